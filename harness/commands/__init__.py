@@ -1,0 +1,1 @@
+"""Command modules: one per area, each with ``register(group)``; commands return an exit code."""

@@ -1,0 +1,146 @@
+"""One exception root for esp-check, one subclass family per layer.
+
+Every error says what failed and how to fix it (``hint``). Only ``harness.cli.main`` turns them into
+process exit codes; library code raises, never exits.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit codes (documented in README.md)."""
+
+    MATCH = 0
+    MISMATCH = 1
+    USAGE = 2
+    INFRASTRUCTURE = 3
+    FIRMWARE_FAULT = 4
+    INTERNAL = 70
+
+
+# When one run has several outcomes, the most important one decides the exit code.
+EXIT_PRECEDENCE: tuple[ExitCode, ...] = (
+    ExitCode.INTERNAL,
+    ExitCode.USAGE,
+    ExitCode.FIRMWARE_FAULT,
+    ExitCode.MISMATCH,
+    ExitCode.INFRASTRUCTURE,
+    ExitCode.MATCH,
+)
+
+
+def combine_exit_codes(codes: Iterable[ExitCode | int]) -> ExitCode:
+    """Pick the exit code of a run with several outcomes: 2, then 4, then 1, then 3, then 0.
+
+    An empty iterable is a MATCH only in the trivial sense; callers must not compare nothing.
+    """
+    present = {ExitCode(int(c)) for c in codes}
+    for code in EXIT_PRECEDENCE:
+        if code in present:
+            return code
+    return ExitCode.MATCH
+
+
+class EspCheckError(Exception):
+    """Root of every error esp-check raises on purpose."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message}\nHint: {self.hint}"
+        return self.message
+
+
+# --- usage / input errors (exit 2) -------------------------------------------------------------
+
+
+class UsageError(EspCheckError):
+    """The user asked for something impossible or gave bad input."""
+
+    exit_code = ExitCode.USAGE
+
+
+class ModelError(UsageError):
+    """The .tflite file is unreadable, corrupt, or uses something esp-check/TFLM cannot run."""
+
+
+class InputDataError(UsageError):
+    """An input file cannot be read or does not fit the model's input tensor."""
+
+
+class LogFormatError(UsageError):
+    """A log/result file given to ``compare`` holds no usable outputs."""
+
+
+class BoardDefinitionError(UsageError):
+    """A board TOML file is missing, malformed or has an invalid field."""
+
+
+class PlanError(UsageError):
+    """A test plan or inventory file is invalid."""
+
+
+class GenerateError(UsageError):
+    """The firmware project cannot be generated (e.g. the arena fits in no memory of the board)."""
+
+
+class IncomparableError(UsageError):
+    """Two runs cannot be compared honestly (same ESP-NN mode, identical firmware, other model...)."""
+
+
+# --- infrastructure errors (exit 3) -----------------------------------------------------------
+
+
+class InfrastructureError(EspCheckError):
+    """Something between the host and the device failed: tooling, port, link, timeout."""
+
+    exit_code = ExitCode.INFRASTRUCTURE
+
+
+class BuildError(InfrastructureError):
+    """The firmware build failed or its tooling is missing."""
+
+
+class PortError(InfrastructureError):
+    """A serial port is missing, busy, or not accessible."""
+
+
+class FlashError(InfrastructureError):
+    """esptool could not sync, write or verify."""
+
+
+class CaptureError(InfrastructureError):
+    """The serial capture was silent, truncated or corrupted (CRC): never a result."""
+
+
+class HostReferenceError(InfrastructureError):
+    """The host reference could not run (backend missing or crashed)."""
+
+
+class BoardBusyError(InfrastructureError):
+    """A board lock could not be taken in time."""
+
+
+# --- firmware faults (exit 4): findings, not hiccups ------------------------------------------
+
+
+class FirmwareFaultError(EspCheckError):
+    """The firmware crashed, aborted or failed to allocate on the device: a finding."""
+
+    exit_code = ExitCode.FIRMWARE_FAULT
+
+
+def exit_code_for(exc: BaseException) -> ExitCode:
+    """Exit code for an exception reaching ``main``: unknown exceptions are internal errors (70)."""
+    if isinstance(exc, EspCheckError):
+        return exc.exit_code
+    return ExitCode.INTERNAL

@@ -1,10 +1,97 @@
-"""CLI commands (placeholder: the owning module fills this in)."""
+"""``esp-check compare A B``: diff two captured runs (and optionally the host reference)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import click
+
+from harness.compare import compare_files
+from harness.errors import EspCheckError, InfrastructureError
+from harness.report import junit_error_tree, junit_tree, print_report, report_dict, write_junit
+
+
+def _raw(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return b""
+
+
+@click.command("compare")
+@click.argument("a", type=click.Path(dir_okay=False))
+@click.argument("b", type=click.Path(dir_okay=False))
+@click.option(
+    "--model",
+    type=click.Path(dir_okay=False),
+    help="The .tflite: output scale/zero point, model hash "
+    "check, and (with --input) the host reference as a third leg.",
+)
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Input the firmware ran (repeat for K inputs, in order); needs --model.",
+)
+@click.option("--scale", type=float, help="Output scale, for logs that do not carry it.")
+@click.option("--zero-point", type=int, help="Output zero point (with --scale).")
+@click.option(
+    "--tolerance-lsb",
+    type=click.FloatRange(min=0),
+    default=0,
+    show_default=True,
+    help="Allowed |A-B| per element (optimized vs ANSI C; ESP-NN promises bit-exact).",
+)
+@click.option(
+    "--ref-tolerance-lsb",
+    type=click.FloatRange(min=0),
+    default=0,
+    show_default=True,
+    help="Allowed difference of each side from the host reference.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report (docs/report-schema.json).")
+@click.option("--junit", type=click.Path(dir_okay=False), help="Also write a JUnit XML report here.")
+def compare_cmd(
+    a: str,
+    b: str,
+    model: str | None,
+    inputs: tuple[str, ...],
+    scale: float | None,
+    zero_point: int | None,
+    tolerance_lsb: float,
+    ref_tolerance_lsb: float,
+    as_json: bool,
+    junit: str | None,
+) -> int:
+    """Compare two captured runs A and B: serial logs (protocol or legacy 'Output:' lines), results
+    JSON or .npy. Exit 0 match, 1 mismatch, 2 usage/input error, 3 corrupted capture, 4 firmware fault."""
+    try:
+        result = compare_files(
+            a,
+            b,
+            model=model,
+            inputs=inputs,
+            scale=scale,
+            zero_point=zero_point,
+            tolerance_lsb=tolerance_lsb,
+            ref_tolerance_lsb=ref_tolerance_lsb,
+        )
+    except EspCheckError as exc:
+        if junit:
+            kind = "infrastructure" if isinstance(exc, InfrastructureError) else type(exc).__name__
+            write_junit(junit_error_tree(str(exc), kind, {a: _raw(a), b: _raw(b)}), junit)
+        raise
+    if junit:
+        write_junit(junit_tree(result), junit)
+    if as_json:
+        click.echo(json.dumps(report_dict(result), indent=2))
+    else:
+        print_report(result)
+    return int(result.exit_code)
 
 
 def register(group: click.Group) -> None:
-    """Add this module's commands to the top-level group."""
-    del group
+    """Add ``compare`` to the top-level group."""
+    group.add_command(compare_cmd)

@@ -1,10 +1,200 @@
-"""CLI commands (placeholder: the owning module fills this in)."""
+"""``esp-check flash-and-compare``: the main job, on a real or simulated board."""
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
+from typing import Any
+
 import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from harness.commands.model_cmds import _input_options, _options
+from harness.errors import ExitCode, UsageError
+
+
+def _console() -> Console:
+    console = Console(stderr=True)
+    return console if console.is_terminal else Console(stderr=True, width=140)
+
+
+@click.command("flash-and-compare")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@_input_options
+@click.option("--board", default="sim", show_default=True, help="Board name (esp-check boards) or TOML file.")
+@click.option(
+    "--port",
+    default=None,
+    help="Serial port: device path, 'auto', rfc2217://host:port, socket://host:port or sim://NAME?... "
+    "(default: auto; on a simulated board, a fresh sim:// board).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default="esp-check-out",
+    show_default=True,
+    help="Artifact directory: projects, build/flash/serial logs, results, report.",
+)
+@click.option(
+    "--tolerance-lsb",
+    type=float,
+    default=0,
+    show_default=True,
+    help="Allowed |optimized - ANSI C| in LSB (ESP-NN promises bit-exactness: 0).",
+)
+@click.option(
+    "--ref-tolerance-lsb",
+    type=float,
+    default=0,
+    show_default=True,
+    help="Allowed |device - host reference| in LSB.",
+)
+@click.option("--no-reference", is_flag=True, help="Skip the host TFLM reference (two-way comparison only).")
+@click.option(
+    "--builder", type=click.Choice(["pio", "idf", "sim"]), default=None, help="Override the board's builder."
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Build cache directory (default: per-user cache).",
+)
+@click.option("--flash-baud", type=int, default=None, help="Flashing baud rate (default: the board's).")
+@click.option("--arena-kb", type=int, default=None, help="Tensor arena size (default: measured + margin).")
+@click.option(
+    "--capture-timeout",
+    type=float,
+    default=180.0,
+    show_default=True,
+    help="Seconds to wait for one run's END record.",
+)
+@click.option(
+    "--silence-timeout",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds without a byte from the board before giving up.",
+)
+@click.option("--build-timeout", type=float, default=1800.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
+@click.option(
+    "--junit",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a JUnit XML report here.",
+)
+def flash_and_compare_cmd(
+    model: Path,
+    inputs: tuple[Path, ...],
+    resize: str,
+    input_color: str,
+    input_range: str | None,
+    input_scale: float | None,
+    input_offset: float | None,
+    input_dtype: str | None,
+    board: str,
+    port: str | None,
+    out_dir: Path,
+    tolerance_lsb: float,
+    ref_tolerance_lsb: float,
+    no_reference: bool,
+    builder: str | None,
+    cache_dir: Path | None,
+    flash_baud: int | None,
+    arena_kb: int | None,
+    capture_timeout: float,
+    silence_timeout: float,
+    build_timeout: float,
+    as_json: bool,
+    junit: Path | None,
+) -> int:
+    """Build MODEL with ESP-NN optimized and ANSI C kernels, run both on the board, compare.
+
+    Exit code: 0 match, 1 mismatch, 2 usage error, 3 infrastructure error, 4 firmware fault.
+    """
+    from harness.flow import StageTimeouts, flash_and_compare
+
+    if not inputs:
+        raise UsageError(
+            "flash-and-compare needs at least one --input", hint="pass --input FILE (repeatable)"
+        )
+    console = _console()
+    t0 = time.monotonic()
+
+    def progress(stage: str, message: str) -> None:
+        style = "red" if message.startswith("failed") else ("green" if message.startswith("done") else "cyan")
+        console.print(f"[dim]{time.monotonic() - t0:7.1f}s[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] {escape(message)}")
+
+    result = flash_and_compare(
+        model,
+        list(inputs),
+        board=board,
+        port=port,
+        out_dir=out_dir,
+        input_options=_options(resize, input_color, input_range, input_scale, input_offset, input_dtype),
+        tolerance_lsb=tolerance_lsb,
+        ref_tolerance_lsb=ref_tolerance_lsb,
+        reference=not no_reference,
+        builder=builder,
+        cache_dir=cache_dir,
+        flash_baud=flash_baud,
+        arena_kb=arena_kb,
+        timeouts=StageTimeouts(
+            build=build_timeout, capture_total=capture_timeout, capture_silence=silence_timeout
+        ),
+        junit=junit,
+        progress=progress,
+    )
+    if as_json:
+        click.echo(json.dumps(json.loads(result.report_path.read_text(encoding="utf-8")), indent=2))
+    else:
+        _print_summary(console, result)
+    return int(result.exit_code)
+
+
+def _print_summary(console: Console, result: Any) -> None:
+    from harness.report import print_report
+
+    if result.comparison is not None:
+        print_report(result.comparison, console)
+    table = Table(title="flash-and-compare" + (" (SIMULATED BOARD)" if result.simulated else ""))
+    for col in ("variant", "firmware", "flash", "capture", "ESP-NN mode", "findings"):
+        table.add_column(col)
+    for v, r in result.variants.items():
+        flash = "-"
+        if r.flash:
+            written = sum(x["bytes_written"] for x in r.flash["regions"])
+            skipped = sum(1 for x in r.flash["regions"] if x["skipped"])
+            flash = f"{written} B written, {skipped} region(s) already there"
+        findings = ", ".join(f"{f['kind']} ({f['severity']})" for f in r.findings) or "-"
+        table.add_row(
+            v,
+            (r.firmware_sha256 or "-")[:12] + (" (cached)" if r.build_cache_hit else ""),
+            flash,
+            "valid" if r.capture_valid else ("; ".join(r.problems)[:60] or "not valid"),
+            r.nn_mode or "-",
+            findings,
+        )
+    console.print(table)
+    for err in result.errors:
+        console.print(f"[red]error:[/red] {escape(err)}")
+    failed = [s for s in result.stages if s.status == "failed"]
+    for s in failed:
+        console.print(f"[red]{escape(s.stage)} \\[{escape(s.variant or '-')}] failed:[/red] {escape(s.detail)}")
+    color = {ExitCode.MATCH: "green", ExitCode.MISMATCH: "red", ExitCode.FIRMWARE_FAULT: "red"}.get(
+        result.exit_code, "yellow"
+    )
+    console.print(
+        f"[bold {color}]verdict: {result.verdict}[/bold {color}] (exit {int(result.exit_code)})"
+        + ("  [SIMULATED: no real ESP32 was used]" if result.simulated else "")
+    )
+    console.print(f"artifacts: {result.out_dir}  report: {result.report_path}")
 
 
 def register(group: click.Group) -> None:
-    """Add this module's commands to the top-level group."""
-    del group
+    """Add ``flash-and-compare`` to the top-level group."""
+    group.add_command(flash_and_compare_cmd)

@@ -1,10 +1,334 @@
-"""CLI commands (placeholder: the owning module fills this in)."""
+"""CLI: ``esp-check boards``, ``generate``, ``build`` (a thin layer over the firmware API)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import click
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from harness.boards import list_boards, load_board
+from harness.build import BUILDERS, BuildResult, build_project
+from harness.errors import ExitCode
+from harness.generate import DEFAULT_VERSIONS, HUMAN_MAX, VARIANTS, GeneratedProject, generate_projects
+
+
+def _console() -> Console:
+    console = Console(highlight=False)
+    # Piped output (CI logs, files) has no width: do not squeeze tables into 80 columns.
+    return console if console.is_terminal else Console(highlight=False, width=160)
+
+
+@click.command("boards")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable list (schema esp-check.boards/1).")
+@click.option(
+    "--board-file",
+    "board_files",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also validate and show this board .toml file (repeatable).",
+)
+def boards_cmd(as_json: bool, board_files: tuple[Path, ...]) -> int:
+    """List the board definitions (boards/*.toml); a bad board file is an error naming the field."""
+    boards = list_boards() + [load_board(p) for p in board_files]
+    if as_json:
+        click.echo(
+            json.dumps({"schema": "esp-check.boards/1", "boards": [b.to_dict() for b in boards]}, indent=2)
+        )
+        return int(ExitCode.MATCH)
+    table = Table(title="Boards", expand=False)
+    for col in ("name", "chip", "flash", "PSRAM", "console", "reset", "MHz", "ESP-NN", "builder"):
+        table.add_column(col, no_wrap=True)
+    for b in boards:
+        psram = f"{b.psram} {b.psram_mb}MB" if b.has_psram else "-"
+        table.add_row(
+            b.name + (" (sim)" if b.simulated else ""),
+            b.chip,
+            b.flash_size,
+            psram,
+            "usb-jtag" if b.console == "usb_serial_jtag" else f"uart {b.monitor_baud}",
+            "usb-jtag" if b.reset == "usb_serial_jtag" else b.reset,
+            str(b.cpu_mhz),
+            b.espnn_path,
+            b.builder,
+        )
+    _console().print(table)
+    return int(ExitCode.MATCH)
+
+
+def _input_options(
+    resize: str,
+    input_color: str,
+    input_range: str | None,
+    input_scale: float | None,
+    input_offset: float | None,
+    input_dtype: str | None,
+) -> Any:
+    from harness.inputs import InputOptions
+
+    return InputOptions(
+        resize=resize,
+        color=input_color,
+        scale=input_scale,
+        offset=input_offset,
+        value_range=input_range,
+        raw_dtype=input_dtype,
+    )
+
+
+def _project_summary(p: GeneratedProject) -> dict[str, Any]:
+    return {
+        "variant": p.variant,
+        "path": str(p.path),
+        "manifest": str(p.manifest_path),
+        "board": p.board.name,
+        "builder": p.board.builder,
+        "arena_bytes": p.arena_bytes,
+        "arena_mem": p.arena_mem,
+        "files": list(p.files),
+    }
+
+
+def _resize_choices() -> tuple[str, ...]:
+    from harness.inputs import RESIZE_POLICIES
+
+    return tuple(RESIZE_POLICIES)
+
+
+def _color_choices() -> tuple[str, ...]:
+    from harness.inputs import COLOR_MODES
+
+    return tuple(COLOR_MODES)
+
+
+def _range_choices() -> tuple[str, ...]:
+    from harness.inputs import NAMED_RANGES
+
+    return tuple(NAMED_RANGES)
+
+
+@click.command("generate")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Input file (image, .npy, raw, C array); repeat for K inputs run in one boot.",
+)
+@click.option("--board", required=True, help="Board name (see `esp-check boards`) or a board .toml file.")
+@click.option(
+    "--variant",
+    type=click.Choice((*VARIANTS, "both")),
+    default="both",
+    show_default=True,
+    help="ESP-NN optimized kernels, ANSI C kernels, or both (one project directory each).",
+)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--arena-kb", type=click.IntRange(min=1), default=None, help="Tensor arena size (default: estimate)."
+)
+@click.option(
+    "--tflm-version", default=None, help=f"espressif/esp-tflite-micro (default {DEFAULT_VERSIONS['tflm']})."
+)
+@click.option(
+    "--esp-nn-version", default=None, help=f"espressif/esp-nn (default {DEFAULT_VERSIONS['espnn']})."
+)
+@click.option(
+    "--platform-version",
+    default=None,
+    help=f"platform-espressif32 for PlatformIO (default {DEFAULT_VERSIONS['platform']}).",
+)
+@click.option(
+    "--human-max",
+    type=click.IntRange(0, 1024),
+    default=HUMAN_MAX,
+    show_default=True,
+    help="Dequantized `Output:` lines printed per output tensor.",
+)
+@click.option("--resize", type=click.Choice(_resize_choices()), default="error", show_default=True)
+@click.option("--input-color", type=click.Choice(_color_choices()), default="auto", show_default=True)
+@click.option("--input-range", type=click.Choice(_range_choices()), default=None)
+@click.option("--input-scale", type=float, default=None, help="real = value * scale + offset")
+@click.option("--input-offset", type=float, default=None)
+@click.option("--input-dtype", default=None, help="Element type of raw binary inputs (int8, float32, ...).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Machine-readable summary (schema esp-check.generate/1)."
+)
+def generate_cmd(
+    model: Path,
+    inputs: tuple[Path, ...],
+    board: str,
+    variant: str,
+    out_dir: Path,
+    arena_kb: int | None,
+    tflm_version: str | None,
+    esp_nn_version: str | None,
+    platform_version: str | None,
+    human_max: int,
+    resize: str,
+    input_color: str,
+    input_range: str | None,
+    input_scale: float | None,
+    input_offset: float | None,
+    input_dtype: str | None,
+    as_json: bool,
+) -> int:
+    """Write firmware projects for MODEL and its inputs: OUT/optimized and OUT/ansi.
+
+    Each is an ESP-IDF project (`idf.py build`) and a PlatformIO project (`pio run`); they differ
+    only in CONFIG_NN_OPTIMIZED / CONFIG_NN_ANSI_C and in their manifest (esp-check.json).
+    """
+    variants = VARIANTS if variant == "both" else (variant,)
+    projects = generate_projects(
+        model,
+        list(inputs),
+        board,
+        out_dir=out_dir,
+        variants=variants,
+        input_options=_input_options(
+            resize, input_color, input_range, input_scale, input_offset, input_dtype
+        ),
+        arena_kb=arena_kb,
+        tflm_version=tflm_version,
+        espnn_version=esp_nn_version,
+        platform_version=platform_version,
+        human_max=human_max,
+    )
+    if as_json:
+        data = {"schema": "esp-check.generate/1", "projects": [_project_summary(p) for p in projects]}
+        click.echo(json.dumps(data, indent=2))
+        return int(ExitCode.MATCH)
+    console = _console()
+    for p in projects:
+        console.print(
+            f"[green]generated[/green] {p.variant:9} {p.path}  (board {p.board.name}, arena "
+            f"{p.arena_bytes // 1024} KB in {p.arena_mem})"
+        )
+    first = projects[0]
+    dirs = " ".join(str(p.path) for p in projects)
+    if first.board.builder == "sim":
+        console.print(f"Build with `esp-check build {dirs}` (packs images for the simulated board).")
+    else:
+        how = "idf.py build" if first.board.builder == "idf" else "pio run"
+        console.print(
+            f"Build with `esp-check build {dirs}` (or `{how}` in each directory); see docs/firmware.md."
+        )
+    return int(ExitCode.MATCH)
+
+
+def run_build_with_progress(project_dir: Path, console: Console, **kwargs: Any) -> BuildResult:
+    """Build with a rich progress line showing the tool's latest output (the full log goes to a file)."""
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.fields[name]}[/bold]"),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("starting", name=f"build {project_dir.name}")
+
+        def on_output(line: str) -> None:
+            text = line.strip()
+            if text:
+                progress.update(task, description=text[:90].replace("[", "\\["))
+
+        return build_project(project_dir, on_output=on_output, **kwargs)
+
+
+@click.command("build")
+@click.argument("project_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--builder", type=click.Choice(BUILDERS), default=None, help="Default: the board's builder.")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Build cache location (default: $ESP_CHECK_CACHE_DIR or the user cache directory).",
+)
+@click.option("--no-cache", is_flag=True, help="Always run the builder; do not read or write the cache.")
+@click.option("--cache-max-mb", type=click.IntRange(min=1), default=2048, show_default=True)
+@click.option(
+    "--platformio-core-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="PLATFORMIO_CORE_DIR for `pio run` (where PlatformIO keeps platforms and toolchains).",
+)
+@click.option("--pio", "pio_path", default=None, help="PlatformIO executable (default: pio on PATH).")
+@click.option("--idf-py", "idf_py", default=None, help="ESP-IDF idf.py (default: idf.py on PATH).")
+@click.option(
+    "--timeout", type=click.FloatRange(min=1), default=None, help="Kill the build after this many seconds."
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result (schema esp-check.build/1).")
+def build_cmd(
+    project_dirs: tuple[Path, ...],
+    builder: str | None,
+    cache_dir: Path | None,
+    no_cache: bool,
+    cache_max_mb: int,
+    platformio_core_dir: Path | None,
+    pio_path: str | None,
+    idf_py: str | None,
+    timeout: float | None,
+    as_json: bool,
+) -> int:
+    """Build generated project directories (e.g. OUT/optimized OUT/ansi), with a content-addressed cache."""
+    progress_console = Console(stderr=True, highlight=False)
+    console = _console()
+    results: list[BuildResult] = []
+    for project in project_dirs:
+        result = run_build_with_progress(
+            project,
+            progress_console,
+            builder=builder,
+            cache_dir=cache_dir,
+            use_cache=not no_cache,
+            max_cache_bytes=cache_max_mb * 1024 * 1024,
+            platformio_core_dir=platformio_core_dir,
+            pio=pio_path,
+            idf_py=idf_py,
+            timeout=timeout,
+        )
+        results.append(result)
+        if not as_json:
+            state = "cache hit" if result.cache_hit else "built"
+            console.print(
+                f"[green]{state}[/green] {project} with {result.builder} (key {result.cache_key[:12]})"
+            )
+            console.print(f"  {result.flasher_args}")
+            for a in result.artifacts:
+                console.print(f"  0x{a.offset:06x}  {a.role:16} {a.path}")
+    if as_json:
+        data = {
+            "schema": "esp-check.build/1",
+            "builds": [
+                {
+                    "project_dir": str(r.project_dir),
+                    "builder": r.builder,
+                    "chip": r.chip,
+                    "cache_hit": r.cache_hit,
+                    "cache_key": r.cache_key,
+                    "firmware_sha256": r.firmware_sha256,
+                    "flasher_args": str(r.flasher_args),
+                    "log": str(r.log_path) if r.log_path else None,
+                    "artifacts": [
+                        {"offset": a.offset, "path": str(a.path), "role": a.role} for a in r.artifacts
+                    ],
+                }
+                for r in results
+            ],
+        }
+        click.echo(json.dumps(data, indent=2))
+    return int(ExitCode.MATCH)
 
 
 def register(group: click.Group) -> None:
     """Add this module's commands to the top-level group."""
-    del group
+    group.add_command(boards_cmd)
+    group.add_command(generate_cmd)
+    group.add_command(build_cmd)

@@ -1,10 +1,475 @@
-"""CLI commands (placeholder: the owning module fills this in)."""
+"""`esp-check inspect` and `esp-check reference`: model facts and the host reference, no board needed."""
 
 from __future__ import annotations
 
+import json
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
 import click
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from harness import opdata
+from harness.errors import ExitCode, InputDataError
+from harness.inputs import COLOR_MODES, NAMED_RANGES, RESIZE_POLICIES, InputOptions, PreparedInput, load_input
+from harness.model import ModelInfo, TensorInfo, load_model
+
+JSON_SCHEMA_INSPECT = "esp-check.inspect/1"
+JSON_SCHEMA_REFERENCE = "esp-check.reference/1"
+_PREVIEW = 16  # values shown per tensor in the terminal
+
+
+def _console() -> Console:
+    """Rich console; when output is piped or captured, wide enough that numbers and names do not wrap."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def _input_options(f: Any) -> Any:
+    """Shared input preprocessing flags."""
+    opts = [
+        click.option(
+            "--input",
+            "inputs",
+            multiple=True,
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Input file (PNG/JPEG/BMP, .npy, raw with --input-dtype, C array). Repeat for "
+            "several runs; a model with N inputs takes N files per run, in input order.",
+        ),
+        click.option(
+            "--resize",
+            type=click.Choice(RESIZE_POLICIES),
+            default="error",
+            show_default=True,
+            help="Image size policy when it differs from the model's.",
+        ),
+        click.option("--input-color", type=click.Choice(COLOR_MODES), default="auto", show_default=True),
+        click.option(
+            "--input-range",
+            type=click.Choice(tuple(NAMED_RANGES)),
+            default=None,
+            help="Normalise 8-bit data to this real range (images default to 0..1).",
+        ),
+        click.option("--input-scale", type=float, default=None, help="real = value * scale + offset"),
+        click.option("--input-offset", type=float, default=None),
+        click.option(
+            "--input-dtype", default=None, help="Element type of raw binary inputs (int8, float32, ...)."
+        ),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _options(
+    resize: str,
+    input_color: str,
+    input_range: str | None,
+    input_scale: float | None,
+    input_offset: float | None,
+    input_dtype: str | None,
+) -> InputOptions:
+    return InputOptions(
+        resize=resize,
+        color=input_color,
+        scale=input_scale,
+        offset=input_offset,
+        value_range=input_range,
+        raw_dtype=input_dtype,
+    )
+
+
+def prepare_runs(info: ModelInfo, paths: Sequence[Path], options: InputOptions) -> list[list[PreparedInput]]:
+    """Group input files into runs (N model inputs per run, in order) and prepare each."""
+    n = len(info.inputs)
+    if len(paths) % n:
+        raise InputDataError(
+            f"{len(paths)} input file(s) for a model with {n} inputs: give {n} files per run",
+            hint="inputs map in order: " + ", ".join(t.name for t in info.inputs),
+        )
+    return [
+        [load_input(p, info.inputs[i], options) for i, p in enumerate(paths[k : k + n])]
+        for k in range(0, len(paths), n)
+    ]
+
+
+def _fmt_scale(t: TensorInfo) -> str:
+    if t.scale is None:
+        return "-"
+    return f"{t.scale:.8g}" + (f" (+{len(t.scales) - 1} ch)" if t.per_channel else "")
+
+
+def _tensor_table(title: str, tensors: Sequence[TensorInfo]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("#", "name", "shape", "dtype", "scale", "zero point", "per-channel"):
+        table.add_column(col, overflow="fold")
+    for t in tensors:
+        table.add_row(
+            str(t.index),
+            t.name,
+            "x".join(map(str, t.shape)) or "scalar",
+            t.dtype,
+            _fmt_scale(t),
+            "-" if t.zero_point is None else str(t.zero_point),
+            "yes" if t.per_channel else "no",
+        )
+    return table
+
+
+def _inspect_data(
+    info: ModelInfo, chip: str | None, runs: list[list[PreparedInput]], arena: Any
+) -> dict[str, Any]:
+    chips = [chip] if chip else list(opdata.FAMILY_CHIPS)
+    accel = {c: opdata.espnn_model_acceleration(info, c) for c in chips}
+    return {
+        "schema": JSON_SCHEMA_INSPECT,
+        "model": {
+            "path": str(info.path),
+            "size_bytes": info.size_bytes,
+            "sha256": info.sha256,
+            "schema_version": info.schema_version,
+            "subgraphs": info.subgraph_count,
+            "kind": info.kind,
+        },
+        "inputs": [t.to_dict() for t in info.inputs],
+        "outputs": [t.to_dict() for t in info.outputs],
+        "ops": [
+            {
+                "index": op.index,
+                "subgraph": op.subgraph,
+                "opcode": op.opcode,
+                "custom_code": op.custom_code,
+                "inputs": list(op.inputs),
+                "outputs": list(op.outputs),
+                "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in op.options.items()},
+            }
+            for op in info.ops
+        ],
+        "op_counts": info.op_counts(),
+        "resolver": {"methods": list(opdata.resolver_methods(info)), "source": opdata.sources()["resolver"]},
+        "espnn": {
+            "source": opdata.sources()["espnn"],
+            "chips": {
+                c: {
+                    "family": opdata.chip_family(c),
+                    "implementation": opdata.family_description(c),
+                    "accelerated_ops": sum(a.accelerated for a in accel[c]),
+                    "ops": [a.to_dict() for a in accel[c]],
+                }
+                for c in chips
+            },
+        },
+        "arena": arena.to_dict() if arena is not None else None,
+        "input_files": [[p.to_dict() for p in run] for run in runs],
+    }
+
+
+def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> None:
+    m = data["model"]
+    console.print(
+        f"[bold]{info.path}[/bold]  {m['size_bytes']:,} B  sha256 {m['sha256'][:16]}...  "
+        f"schema v{m['schema_version']}  kind {m['kind']}  subgraphs {m['subgraphs']}"
+    )
+    if info.kind != "int8":
+        console.print(
+            f"[yellow]note:[/yellow] {info.kind} model: ESP-NN accelerates int8 ops only; "
+            "other ops run TFLM reference kernels in both firmware variants"
+        )
+    console.print(_tensor_table("Inputs", info.inputs))
+    console.print(_tensor_table("Outputs", info.outputs))
+
+    chips = list(data["espnn"]["chips"])
+    accel = {c: {a["index"]: a for a in data["espnn"]["chips"][c]["ops"]} for c in chips}
+    ops_table = Table(
+        title="Operators (execution order, subgraph 0) and ESP-NN acceleration per chip", title_justify="left"
+    )
+    for col in ("#", "opcode", "output shape", *chips):
+        ops_table.add_column(col, overflow="fold")
+    for op in info.main_ops:
+        out = info.tensors[op.outputs[0]] if op.outputs and op.outputs[0] >= 0 else None
+        cells = []
+        for c in chips:
+            a = accel[c][op.index]
+            cells.append(
+                "[green]yes[/green]"
+                if a["accelerated"]
+                else (f"[yellow]{a['short']}[/yellow]" if a["reason"].startswith("fallback") else "-")
+            )
+        ops_table.add_row(str(op.index), op.opcode, "x".join(map(str, out.shape)) if out else "", *cells)
+    console.print(ops_table)
+
+    counts = Table(title="Op counts, resolver registrations, ESP-NN acceleration", title_justify="left")
+    for col in ("opcode", "count", "resolver", *chips):
+        counts.add_column(col, overflow="fold")
+    for opcode, n in data["op_counts"].items():
+        op0 = next(o for o in info.ops if o.opcode == opcode)
+        per_chip = []
+        for c in chips:
+            k = sum(1 for a in accel[c].values() if a["opcode"] == opcode and a["accelerated"])
+            per_chip.append(f"{k}/{n}" if opdata.espnn_accelerated(opcode, c) else "-")
+        counts.add_row(opcode, str(n), opdata.resolver_method(opcode, op0.custom_code), *per_chip)
+    console.print(counts)
+    methods = data["resolver"]["methods"]
+    console.print(
+        f"tflite::MicroMutableOpResolver<{len(methods)}> resolver;  "
+        + " ".join(f"resolver.{mth}();" for mth in methods)
+    )
+    for c in chips:
+        ch = data["espnn"]["chips"][c]
+        console.print(
+            f"ESP-NN on {c}: {ch['implementation']}: {ch['accelerated_ops']}/{len(ch['ops'])} ops accelerated"
+        )
+    console.print(f"[dim]sources: {data['resolver']['source']}; {data['espnn']['source']}[/dim]")
+    arena = data["arena"]
+    if arena is not None:
+        label = "measured" if arena["method"] == "measured" else "[yellow]ROUGH[/yellow]"
+        chip_label = arena["chip"] or "worst case of " + "/".join(opdata.FAMILY_CHIPS)
+        console.print(
+            f"Tensor arena: host {arena['host_bytes']:,} B ({label}), recommended on target "
+            f"{arena['target_bytes']:,} B (= host + ESP-NN scratch {arena['espnn_scratch_bytes']:,} B "
+            f"+ margin {arena['margin_bytes']:,} B, chip {chip_label})"
+        )
+        console.print(f"[dim]{arena['note']}[/dim]")
+    for k, run in enumerate(data["input_files"]):
+        for p in run:
+            r = p["truncating_cast"]
+            console.print(
+                f"Input {p['source']} ({p['kind']}) -> {p['tensor']} {p['dtype']} "
+                f"{'x'.join(map(str, p['shape']))}  sha256 {p['sha256'][:16]}...  run {k}"
+            )
+            for note in p["notes"]:
+                console.print(f"  - {note}")
+            style = "red" if r["differing"] else "green"
+            console.print(
+                "  truncating cast without clamp `(int8_t)(x / scale + zp)` would get "
+                f"[{style}]{r['differing']} of {r['total']}[/{style}] elements wrong "
+                f"(max {r['max_abs_diff']} LSB, {r['wrapped']} wrapped); "
+                f"{r['clamped']} clamped by correct quantization"
+            )
+
+
+@click.command("inspect")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@_input_options
+@click.option(
+    "--chip", default=None, help="Show ESP-NN acceleration and the arena target for this chip only."
+)
+@click.option("--no-arena", is_flag=True, help="Skip the tensor-arena measurement.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema esp-check.inspect/1).")
+def inspect_cmd(
+    model: Path,
+    inputs: tuple[Path, ...],
+    resize: str,
+    input_color: str,
+    input_range: str | None,
+    input_scale: float | None,
+    input_offset: float | None,
+    input_dtype: str | None,
+    chip: str | None,
+    no_arena: bool,
+    as_json: bool,
+) -> int:
+    """Show a model's ops, tensors, resolver registrations, ESP-NN acceleration and arena estimate."""
+    info = load_model(model)
+    if chip is not None:
+        opdata.chip_family(chip)  # validates the name
+    runs = (
+        prepare_runs(
+            info, inputs, _options(resize, input_color, input_range, input_scale, input_offset, input_dtype)
+        )
+        if inputs
+        else []
+    )
+    arena = None
+    if not no_arena:
+        from harness.arena import estimate_arena
+
+        arena = estimate_arena(model, chip=chip)
+    data = _inspect_data(info, chip, runs, arena)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        _print_inspect(_console(), info, data)
+    return int(ExitCode.MATCH)
+
+
+def _tensor_json(arr: np.ndarray, t: TensorInfo) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "name": t.name,
+        "shape": list(arr.shape),
+        "dtype": str(arr.dtype),
+        "scale": t.scale,
+        "zero_point": t.zero_point,
+        "crc32": f"{zlib.crc32(arr.tobytes()) & 0xFFFFFFFF:08X}",
+        "raw": arr.ravel().tolist(),
+    }
+    if t.scale is not None:
+        d["dequantized"] = ((arr.astype(np.float64) - (t.zero_point or 0)) * t.scale).ravel().tolist()
+    return d
+
+
+def _preview(values: np.ndarray) -> str:
+    flat = values.ravel()
+    text = ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in flat[:_PREVIEW].tolist())
+    return text + (f", ... ({flat.size} values)" if flat.size > _PREVIEW else "")
+
+
+@click.command("reference")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@_input_options
+@click.option("--per-layer", is_flag=True, help="Also report every intermediate tensor with its CRC32.")
+@click.option(
+    "--backend",
+    type=click.Choice(("tflm", "litert", "auto")),
+    default="tflm",
+    show_default=True,
+    help="tflm: tflite-micro wheel (Linux x86-64); litert: ai-edge-litert BUILTIN_REF kernels.",
+)
+@click.option(
+    "--save-npy",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write raw outputs (and layers with --per-layer) as .npy files into this directory.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Machine-readable output (schema esp-check.reference/1)."
+)
+def reference_cmd(
+    model: Path,
+    inputs: tuple[Path, ...],
+    resize: str,
+    input_color: str,
+    input_range: str | None,
+    input_scale: float | None,
+    input_offset: float | None,
+    input_dtype: str | None,
+    per_layer: bool,
+    backend: str,
+    save_npy: Path | None,
+    as_json: bool,
+) -> int:
+    """Run MODEL on the host reference kernels: raw and dequantized outputs, optionally per layer."""
+    from harness.reference import compare_backends, run_reference, tflm_available
+
+    info = load_model(model)
+    if not inputs:
+        raise InputDataError("no --input given", hint="pass --input FILE (one per model input per run)")
+    runs = prepare_runs(
+        info, inputs, _options(resize, input_color, input_range, input_scale, input_offset, input_dtype)
+    )
+    result = run_reference(
+        model, [[p.quantized for p in run] for run in runs], per_layer=per_layer, backend=backend
+    )
+    cross: list[Any] = []
+    if result.backend == "litert" and per_layer and tflm_available():
+        cross = compare_backends(model, [[p.quantized for p in run] for run in runs])
+    if save_npy is not None:
+        save_npy.mkdir(parents=True, exist_ok=True)
+        for k, run in enumerate(result.runs):
+            for o, arr in enumerate(run.outputs):
+                np.save(save_npy / f"run{k}.out{o}.npy", arr)
+            for layer in run.layers or []:
+                np.save(save_npy / f"run{k}.op{layer.op_index:03d}.t{layer.tensor_index}.npy", layer.array)
+    data: dict[str, Any] = {
+        "schema": JSON_SCHEMA_REFERENCE,
+        "model": {"path": str(model), "sha256": info.sha256, "size_bytes": info.size_bytes},
+        "backend": result.backend,
+        "backend_version": result.backend_version,
+        "kernels": result.kernels,
+        "authoritative": result.backend == "tflm",
+        "backend_disagreements": [d.to_dict() for d in cross],
+        "runs": [
+            {
+                "inputs": [p.to_dict() for p in runs[k]],
+                "outputs": [_tensor_json(arr, t) for arr, t in zip(run.outputs, info.outputs, strict=True)],
+                "layers": None
+                if run.layers is None
+                else [
+                    {
+                        "op_index": la.op_index,
+                        "opcode": la.opcode,
+                        "tensor_index": la.tensor_index,
+                        "name": la.name,
+                        "shape": list(la.array.shape),
+                        "dtype": str(la.array.dtype),
+                        "crc32": la.crc32_hex,
+                    }
+                    for la in run.layers
+                ],
+            }
+            for k, run in enumerate(result.runs)
+        ],
+    }
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return int(ExitCode.MATCH)
+    console = _console()
+    console.print(f"[bold]{model}[/bold] on {result.backend_version} ({result.kernels})")
+    for k, run in enumerate(result.runs):
+        console.print(
+            f"Run {k}: inputs " + ", ".join(f"{p.source.name} (sha256 {p.sha256[:12]}...)" for p in runs[k])
+        )
+        table = Table(title=f"Run {k} outputs", title_justify="left")
+        for col in ("#", "name", "shape", "dtype", "scale", "zp", "crc32", "argmax"):
+            table.add_column(col, overflow="fold")
+        for o, (arr, t) in enumerate(zip(run.outputs, info.outputs, strict=True)):
+            table.add_row(
+                str(o),
+                t.name,
+                "x".join(map(str, arr.shape)),
+                str(arr.dtype),
+                "-" if t.scale is None else f"{t.scale:.8g}",
+                str(t.zero_point),
+                f"{zlib.crc32(arr.tobytes()) & 0xFFFFFFFF:08X}",
+                str(int(np.argmax(arr))),
+            )
+        console.print(table)
+        for o, (arr, t) in enumerate(zip(run.outputs, info.outputs, strict=True)):
+            console.print(f"  output {o} raw:         {_preview(arr)}")
+            if t.scale is not None:
+                deq = (arr.astype(np.float64) - (t.zero_point or 0)) * t.scale
+                console.print(f"  output {o} dequantized: {_preview(deq)}")
+        if run.layers is not None:
+            lt = Table(title=f"Run {k} per layer", title_justify="left")
+            for col in ("op", "opcode", "tensor", "shape", "dtype", "min", "max", "crc32"):
+                lt.add_column(col)
+            for la in run.layers:
+                lt.add_row(
+                    str(la.op_index),
+                    la.opcode,
+                    str(la.tensor_index),
+                    "x".join(map(str, la.array.shape)),
+                    str(la.array.dtype),
+                    str(la.array.min()),
+                    str(la.array.max()),
+                    la.crc32_hex,
+                )
+            console.print(lt)
+    if result.backend == "litert":
+        if cross:
+            for d in cross:
+                console.print(
+                    f"[yellow]LiteRT differs from TFLM at run {d.run} op {d.op_index} ({d.opcode}): "
+                    f"{d.mismatched} element(s), max {d.max_abs_diff} LSB: LiteRT is not authoritative "
+                    "there[/yellow]"
+                )
+        elif per_layer and tflm_available():
+            console.print("[green]cross-check: LiteRT matches TFLM bit for bit on every layer[/green]")
+        else:
+            console.print(
+                "[dim]LiteRT reference kernels: not cross-checked against TFLM here (TFLM is the "
+                "authoritative reference; run on Linux x86-64 with --backend tflm to confirm)[/dim]"
+            )
+    if save_npy is not None:
+        console.print(f"saved .npy files to {save_npy}")
+    return int(ExitCode.MATCH)
 
 
 def register(group: click.Group) -> None:
     """Add this module's commands to the top-level group."""
-    del group
+    group.add_command(inspect_cmd)
+    group.add_command(reference_cmd)

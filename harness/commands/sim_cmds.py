@@ -1,10 +1,109 @@
-"""CLI commands (placeholder: the owning module fills this in)."""
+"""``esp-check sim ...``: the simulated board (docs/simulator.md)."""
 
 from __future__ import annotations
 
+import sys
+import urllib.parse
+
 import click
+
+from harness.errors import ExitCode
+
+
+def _url(
+    name: str,
+    chip: str,
+    reset: str,
+    flash: str | None,
+    fault: tuple[str, ...],
+    variant_fault: str | None,
+    throttle: int | None,
+    seed: int,
+) -> str:
+    params: dict[str, str] = {"chip": chip, "reset": reset, "seed": str(seed)}
+    if flash:
+        params["flash"] = flash
+    if fault:
+        params["fault"] = ",".join(fault)
+    if variant_fault:
+        params["variant_fault"] = variant_fault
+    if throttle:
+        params["throttle"] = str(throttle)
+    return f"sim://{name}?{urllib.parse.urlencode(params)}"
+
+
+@click.group("sim")
+def sim_group() -> None:
+    """The simulated ESP32 board: real ROM loader protocol, real image formats, simulated results."""
+
+
+@sim_group.command("serve")
+@click.option("--name", default="sim0", show_default=True, help="Board name (state is kept per name).")
+@click.option(
+    "--chip", type=click.Choice(["esp32", "esp32s3", "esp32c3"]), default="esp32s3", show_default=True
+)
+@click.option(
+    "--reset",
+    "reset",
+    type=click.Choice(["classic", "usb_jtag"]),
+    default="classic",
+    show_default=True,
+    help="Reset circuit: DTR/RTS auto-reset (UART bridge) or USB-Serial-JTAG.",
+)
+@click.option(
+    "--flash",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Keep the flash contents in this file (survives restarts; share it between processes).",
+)
+@click.option("--fault", multiple=True, help="Inject a fault (repeatable); see docs/simulator.md.")
+@click.option(
+    "--variant-fault",
+    type=click.Choice(["optimized", "ansi"]),
+    default=None,
+    help="Apply app faults only to images of this variant.",
+)
+@click.option("--throttle", type=int, default=None, help="Limit the board's output to this baud rate.")
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed for deterministic faults.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", "tcp_port", type=int, default=0, show_default=True, help="TCP port (0: a free one).")
+@click.option("--rfc2217", is_flag=True, help="Speak RFC 2217 (DTR/RTS and baud travel) instead of raw TCP.")
+def serve_cmd(
+    name: str,
+    chip: str,
+    reset: str,
+    flash: str | None,
+    fault: tuple[str, ...],
+    variant_fault: str | None,
+    throttle: int | None,
+    seed: int,
+    host: str,
+    tcp_port: int,
+    rfc2217: bool,
+) -> int:
+    """Expose a simulated board over TCP until interrupted (one client at a time).
+
+    Raw TCP clients use socket://HOST:PORT and cannot reset the board (DTR/RTS do not travel over a
+    raw socket); --rfc2217 clients use rfc2217://HOST:PORT and can.
+    """
+    from harness.sim import parse_url
+    from harness.sim.serve import SimServer
+
+    url = _url(name, chip, reset, flash, fault, variant_fault, throttle, seed)
+    parse_url(url)  # validate before binding (raises UsageError, exit 2)
+    server = SimServer(url, host, tcp_port, rfc2217=rfc2217).start()
+    click.echo(f"esp-check SIMULATED BOARD {name} ({chip}, reset={reset}) serving {url}")
+    click.echo(f"listening on {server.address}")
+    sys.stdout.flush()  # a parent process waits for this line to learn the port
+    try:
+        server.wait()
+    except KeyboardInterrupt:
+        click.echo("stopping")
+    finally:
+        server.stop()
+    return int(ExitCode.MATCH)
 
 
 def register(group: click.Group) -> None:
-    """Add this module's commands to the top-level group."""
-    del group
+    """Add ``esp-check sim`` to the top-level group."""
+    group.add_command(sim_group)

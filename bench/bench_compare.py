@@ -1,0 +1,71 @@
+"""Benchmark: compare two 1,000,000-element int8 tensors and parse a ~10 MB protocol capture.
+
+Prints throughput only (no pass/fail on time). Run: ``python bench/bench_compare.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from harness.compare import OutputTensor, compare_tensors
+from harness.emitter import PythonEmitter, RunSpec, TensorSpec, emit_capture, find_c_compiler, make_emitter
+from harness.protocol import parse_capture
+
+INFO = [
+    ("nn", "optimized"), ("target", "esp32s3"), ("chip", "esp32s3"), ("rev", "0.2"), ("cores", 2),
+    ("cpu_mhz", 240), ("idf", "v5.5.3"), ("tflm", "1.3.8"), ("espnn", "1.1.2"),
+    ("model_sha256", "ab" * 32), ("model_bytes", 1), ("inputs", 1), ("outputs", 1),
+]  # fmt: skip
+
+
+def best_of(n: int, fn) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    n = 1_000_000
+    a = rng.integers(-128, 128, n, dtype=np.int16).astype(np.int8)
+    b = a.copy()
+    idx = rng.choice(n, n // 100, replace=False)
+    b[idx] = (b[idx].astype(np.int16) // 2).astype(np.int8)
+    ta = OutputTensor(0, a, raw=True, shape=a.shape, dtype="int8", scale=0.00390625, zero_point=-128)
+    tb = OutputTensor(0, b, raw=True, shape=b.shape, dtype="int8", scale=0.00390625, zero_point=-128)
+    result = compare_tensors(ta, tb)
+    t = best_of(5, lambda: compare_tensors(ta, tb))
+    print(f"compare_tensors: {n:,} int8 elements in {t * 1e3:.1f} ms = {n / t / 1e6:.1f} M elements/s "
+          f"({result.mismatched:,} mismatched, max {result.max_diff_lsb:.0f} LSB)")  # fmt: skip
+
+    # ~10 MB capture: one 7.3 MB tensor -> 76k DATA records of 96 bytes + framing
+    payload = rng.integers(-128, 128, 7_300_000, dtype=np.int16).astype(np.int8).tobytes()
+    chunks: list[bytes] = []
+    spec = RunSpec(b"\x00" * 16, 1, (TensorSpec("int8", (len(payload),), 0.00390625, -128, payload),))
+    t0 = time.perf_counter()
+    emit_capture(PythonEmitter(chunks.append), info=INFO, runs=[spec])
+    t_emit_py = time.perf_counter() - t0
+    raw = b"".join(chunks)
+    mb = len(raw) / 1e6
+    print(f"python emitter: {mb:.1f} MB in {t_emit_py:.2f} s = {mb / t_emit_py:.1f} MB/s")
+    if find_c_compiler() is not None:
+        c_chunks: list[bytes] = []
+        em = make_emitter(c_chunks.append, backend="c")
+        t0 = time.perf_counter()
+        emit_capture(em, info=INFO, runs=[spec])
+        t_emit_c = time.perf_counter() - t0
+        assert b"".join(c_chunks) == raw, "C and Python emitters differ"
+        print(f"C emitter (ctypes, callback per line): {mb:.1f} MB in {t_emit_c:.2f} s = {mb / t_emit_c:.1f} MB/s")
+    cap = parse_capture(raw)
+    assert cap.valid, cap.problems[:3]
+    t = best_of(3, lambda: parse_capture(raw))
+    print(f"parse_capture: {mb:.1f} MB ({raw.count(b'@EC1 '):,} records) in {t:.2f} s = {mb / t:.1f} MB/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,730 @@
+"""Build a generated project with PlatformIO (``pio run``), ESP-IDF (``idf.py build``) or the sim packer.
+
+The driver runs the build tool as an argument list (never a shell), streams its output to a log file
+(and to an optional callback for a progress view), finds the artifacts and their flash offsets from
+the *resolved* configuration (``sdkconfig`` + the built partition table), and writes an ESP-IDF style
+``flasher_args.json`` beside copies of them in ``<project>/esp-check/build/``. Results are cached by
+content (:mod:`harness.cache`): building the same thing twice runs the tool once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from harness import __version__
+from harness.boards import BOOTLOADER_OFFSETS
+from harness.cache import DEFAULT_MAX_BYTES, BuildCache, default_cache_dir
+from harness.errors import BuildError, UsageError
+from harness.generate import DATA_DIR, MANIFEST_NAME, PIO_ENV, read_manifest
+
+BUILDERS = ("pio", "idf", "sim")
+CACHE_FORMAT = 1
+BUILD_SUBDIR = f"{DATA_DIR}/build"
+LOG_NAME = "build.log"
+FLASHER_ARGS = "flasher_args.json"
+FLASH_ARGS = "flash_args"  # the same as esptool's @file argument list (ESP-IDF writes one too)
+ROLE_FILES = {
+    "bootloader": "bootloader.bin",
+    "partition-table": "partition-table.bin",
+    "otadata": "ota_data_initial.bin",
+    "app": "app.bin",
+}
+# Files and directories that are build products or resolved state, not inputs of the build.
+_EXCLUDED_DIRS = {".pio", "build", "managed_components", ".git", "__pycache__"}
+_EXCLUDED_FILES = {MANIFEST_NAME, "dependencies.lock", ".gitignore"}
+
+OutputCallback = Callable[[str], None]
+
+
+class Artifact(NamedTuple):
+    """One file to flash: offset, path, role (bootloader, partition-table, otadata, app)."""
+
+    offset: int
+    path: Path
+    role: str
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What a build produced and where it goes in flash."""
+
+    project_dir: Path
+    builder: str
+    artifacts: tuple[Artifact, ...]
+    app_bin: Path
+    flasher_args: Path
+    log_path: Path | None
+    cache_hit: bool
+    cache_key: str
+    firmware_sha256: str
+    chip: str
+
+    def flash_files(self) -> list[tuple[int, Path]]:
+        """(offset, file) pairs in offset order, as esptool's write-flash takes them."""
+        return [(a.offset, a.path) for a in sorted(self.artifacts)]
+
+
+# --------------------------------------------------------------------------------------------
+# configuration and partition table parsing
+
+
+def parse_sdkconfig(text: str) -> dict[str, str]:
+    """``CONFIG_X=value`` lines of a (resolved) sdkconfig; quotes stripped, ``is not set`` lines skipped."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out
+
+
+PARTITION_MAGIC = b"\xaa\x50"  # bytes AA 50 on flash (gen_esp32part.py MAGIC_BYTES)
+
+
+class PartitionEntry(NamedTuple):
+    label: str
+    type: int
+    subtype: int
+    offset: int
+    size: int
+
+
+def parse_partition_table(data: bytes) -> list[PartitionEntry]:
+    """Entries of an ESP-IDF binary partition table (32-byte rows starting AA 50; the MD5 row ends it)."""
+    entries: list[PartitionEntry] = []
+    for pos in range(0, len(data) - 31, 32):
+        row = data[pos : pos + 32]
+        if row[:2] != PARTITION_MAGIC:
+            break
+        ptype, subtype, offset, size, label = struct.unpack("<BBII16s", row[2:28])
+        name = label.split(b"\0", 1)[0].decode("ascii", "replace")
+        entries.append(PartitionEntry(name, ptype, subtype, offset, size))
+    return entries
+
+
+def _hex(n: int) -> str:
+    return f"0x{n:x}"
+
+
+# --------------------------------------------------------------------------------------------
+# cache key
+
+
+def project_files(project_dir: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every input file of the build (not build products, not resolved state)."""
+    out: dict[str, str] = {}
+    for root, dirs, files in os.walk(project_dir):
+        rel_root = Path(root).relative_to(project_dir)
+        dirs[:] = sorted(
+            d for d in dirs if d not in _EXCLUDED_DIRS and (rel_root / d).as_posix() != BUILD_SUBDIR
+        )
+        for name in sorted(files):
+            rel = (rel_root / name).as_posix()
+            if name in _EXCLUDED_FILES or (
+                name.startswith("sdkconfig") and not name.startswith("sdkconfig.defaults")
+            ):
+                continue
+            if name.endswith((".log", ".lock", ".tmp")):
+                continue
+            out[rel] = hashlib.sha256((Path(root) / name).read_bytes()).hexdigest()
+    return out
+
+
+def cache_key(project_dir: Path, builder: str, manifest: Mapping[str, Any]) -> str:
+    """Hash of everything that changes the binary: rendered files, pinned versions, board, builder."""
+    material = {
+        "format": CACHE_FORMAT,
+        "builder": builder,
+        "board": manifest.get("board"),
+        "board_def": manifest.get("board_def"),
+        "versions": manifest.get("versions"),
+        "files": project_files(project_dir),
+        # The sim packer is esp-check code: a new esp-check may pack differently.
+        "esp_check": __version__ if builder == "sim" else None,
+    }
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# failures
+
+
+_OFFLINE = re.compile(
+    r"You are not connected to the Internet|HTTPClientError|Could not resolve host|"
+    r"Temporary failure in name resolution|Name or service not known|Max retries exceeded|"
+    r"Failed to establish a new connection|Network is unreachable|ConnectionError|"
+    r"Could not find the package with|UnknownPackageError|Cannot establish a connection|"
+    r"component registry|getaddrinfo failed",
+    re.IGNORECASE,
+)
+_TOO_LARGE = re.compile(
+    r"partition is too small|greater than maximum allowed|will not fit in region|region `[^']*' overflowed|"
+    r"does not fit in",
+    re.IGNORECASE,
+)
+_COMPILE = re.compile(r"\berror:|^FAILED:|\*\*\* \[|ninja: build stopped|CMake Error|undefined reference")
+
+
+def _classify_failure(lines: Sequence[str]) -> tuple[str, str, list[str]]:
+    """(what failed, hint, relevant lines) for a failed build log."""
+    for pattern, what, hint in (
+        (
+            _OFFLINE,
+            "the build tool could not download the platform, toolchain or components (offline?)",
+            "connect to the internet once (downloads are cached in PLATFORMIO_CORE_DIR / the IDF component "
+            "cache), or pass --platformio-core-dir pointing at a core directory that already holds "
+            "platform espressif32 and its packages",
+        ),
+        (
+            _TOO_LARGE,
+            "the firmware is larger than its partition or a memory region",
+            "use a smaller model, fewer inputs per firmware, or a board with more flash (the app "
+            "partition is set in partitions.csv)",
+        ),
+        (
+            _COMPILE,
+            "the firmware did not compile",
+            "see the compiler errors above and the full log; if the generated code is at fault, "
+            "please report it with the log",
+        ),
+    ):
+        idx = [i for i, ln in enumerate(lines) if pattern.search(ln)]
+        if idx:
+            # each matching line with the line before it (e.g. "Installing espressif32 ..." + the error)
+            keep = sorted({j for i in idx for j in (i - 1, i) if j >= 0 and lines[j].strip()})
+            return what, hint, [lines[j] for j in keep][-12:]
+    return "the build failed", "see the full log", [ln for ln in lines if ln.strip()][-12:]
+
+
+# --------------------------------------------------------------------------------------------
+# running the tool
+
+
+def _run_streaming(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    on_output: OutputCallback | None,
+    timeout: float | None,
+) -> tuple[int, list[str]]:
+    """Run ``argv`` (no shell), tee its combined output to ``log_path`` and ``on_output``; keep a tail."""
+    tail: list[str] = []
+    timed_out = threading.Event()
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write("$ " + " ".join(argv) + "\n")
+        log.flush()
+        try:
+            proc = subprocess.Popen(
+                list(argv), cwd=str(cwd), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+        except OSError as exc:
+            raise BuildError(
+                f"cannot start {argv[0]}: {exc.strerror or exc}",
+                hint="check that the build tool is installed",
+            ) from exc
+
+        def _kill() -> None:
+            timed_out.set()
+            proc.kill()
+
+        timer = threading.Timer(timeout, _kill) if timeout else None
+        if timer:
+            timer.daemon = True
+            timer.start()
+        try:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                log.write(line + "\n")
+                tail.append(line)
+                if len(tail) > 400:
+                    del tail[:100]
+                if on_output is not None:
+                    on_output(line)
+            rc = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            if timer:
+                timer.cancel()
+        log.write(f"[exit code {rc}]\n")
+    if timed_out.is_set():
+        raise BuildError(
+            f"{Path(argv[0]).name} did not finish within {timeout:.0f} s (killed)",
+            hint=f"see {log_path}; raise the build timeout for a first build that downloads toolchains",
+        )
+    return rc, tail
+
+
+# ESP-IDF's nested build paths break on Windows past ~260 characters (MAX_PATH) and with spaces or
+# non-ASCII characters in the project or PlatformIO core paths (known limitation of the IDF tooling).
+WINDOWS_MAX_BASE_PATH = 80
+
+
+def check_build_paths(project: Path, core_dir: Path | None, *, platform: str = sys.platform) -> None:
+    """Refuse, before a long build fails obscurely, paths that ESP-IDF cannot build from on Windows."""
+    if platform != "win32":
+        return
+    checks = [("project directory", project, "move the project (e.g. --out C:\\esp\\fw)")]
+    if core_dir is not None:
+        checks.append(("PLATFORMIO_CORE_DIR", core_dir, "pass --platformio-core-dir C:\\pio (short, ASCII)"))
+    for label, path, fix in checks:
+        text = str(path)
+        problems = []
+        if " " in text:
+            problems.append("contains a space")
+        if not text.isascii():
+            problems.append("contains non-ASCII characters")
+        if len(text) > WINDOWS_MAX_BASE_PATH:
+            problems.append(f"is {len(text)} characters long (nested build paths exceed Windows' 260 limit)")
+        if problems:
+            raise BuildError(
+                f"the {label} {text} {' and '.join(problems)}: ESP-IDF cannot build from there on Windows",
+                hint=fix,
+            )
+
+
+def _windows_core_dir(env: Mapping[str, str], explicit: str | Path | None) -> Path:
+    if explicit is not None:
+        return Path(explicit)
+    if env.get("PLATFORMIO_CORE_DIR"):
+        return Path(env["PLATFORMIO_CORE_DIR"])
+    return Path(env.get("USERPROFILE", str(Path.home()))) / ".platformio"
+
+
+def _find_tool(explicit: str | Path | None, names: Sequence[str], env: Mapping[str, str]) -> str | None:
+    if explicit is not None:
+        p = Path(explicit)
+        return str(p) if p.is_file() else shutil.which(str(explicit), path=env.get("PATH"))
+    for name in names:
+        found = shutil.which(name, path=env.get("PATH"))
+        if found:
+            return found
+    return None
+
+
+def _tool_failed(tool: str, rc: int, tail: list[str], log_path: Path) -> BuildError:
+    what, hint, relevant = _classify_failure(tail)
+    shown = "\n".join("  " + ln for ln in relevant)
+    return BuildError(
+        f"{tool} failed (exit code {rc}): {what}\n{shown}\nFull log: {log_path}",
+        hint=hint,
+    )
+
+
+def _build_pio(
+    project: Path,
+    env: dict[str, str],
+    log_path: Path,
+    on_output: OutputCallback | None,
+    timeout: float | None,
+    pio: str | Path | None,
+    platformio_core_dir: str | Path | None,
+) -> tuple[dict[str, Path], dict[str, str]]:
+    exe = _find_tool(pio, ("pio", "platformio"), env)
+    if exe is None:
+        raise BuildError(
+            "PlatformIO (`pio`) is not installed or not on PATH",
+            hint="pip install platformio (it is an esp-check dependency), or pass --pio PATH",
+        )
+    check_build_paths(project, _windows_core_dir(env, platformio_core_dir))
+    if platformio_core_dir is not None:
+        env["PLATFORMIO_CORE_DIR"] = str(platformio_core_dir)
+    resolved = project / f"sdkconfig.{PIO_ENV}"
+    defaults = project / "sdkconfig.defaults"
+    if resolved.exists() and defaults.exists() and resolved.stat().st_mtime < defaults.stat().st_mtime:
+        resolved.unlink()  # PlatformIO would keep the stale resolved configuration
+    rc, tail = _run_streaming(
+        [exe, "run", "-d", str(project), "-e", PIO_ENV],
+        cwd=project,
+        env=env,
+        log_path=log_path,
+        on_output=on_output,
+        timeout=timeout,
+    )
+    if rc != 0:
+        raise _tool_failed("pio run", rc, tail, log_path)
+    out = project / ".pio" / "build" / PIO_ENV
+    files = {
+        "app": out / "firmware.bin",
+        "bootloader": out / "bootloader.bin",
+        "partition-table": out / "partitions.bin",
+        "otadata": out / "ota_data_initial.bin",
+    }
+    return files, _read_sdkconfig(resolved)
+
+
+def _build_idf(
+    project: Path,
+    env: dict[str, str],
+    log_path: Path,
+    on_output: OutputCallback | None,
+    timeout: float | None,
+    idf_py: str | Path | None,
+    chip: str,
+) -> tuple[dict[str, Path], dict[str, str]]:
+    exe = _find_tool(idf_py, ("idf.py",), env)
+    if exe is None:
+        raise BuildError(
+            "ESP-IDF's idf.py is not on PATH",
+            hint="install ESP-IDF 5.x and run `. $IDF_PATH/export.sh` first, or pass --idf-py PATH",
+        )
+    check_build_paths(project, None)
+    build = project / "build"
+    rc, tail = _run_streaming(
+        [exe, "-C", str(project), "-B", str(build), f"-DIDF_TARGET={chip}", "build"],
+        cwd=project,
+        env=env,
+        log_path=log_path,
+        on_output=on_output,
+        timeout=timeout,
+    )
+    if rc != 0:
+        raise _tool_failed("idf.py build", rc, tail, log_path)
+    files: dict[str, Path] = {
+        "bootloader": build / "bootloader" / "bootloader.bin",
+        "partition-table": build / "partition_table" / "partition-table.bin",
+        "otadata": build / "ota_data_initial.bin",
+        "app": build / "esp_check_fw.bin",
+    }
+    # ESP-IDF's own flasher_args.json names the app file; prefer it when present.
+    try:
+        idf_args = json.loads((build / FLASHER_ARGS).read_text(encoding="utf-8"))
+        app_file = idf_args.get("app", {}).get("file")
+        if isinstance(app_file, str) and ".." not in Path(app_file).parts:
+            files["app"] = build / app_file
+    except (OSError, ValueError, AttributeError):
+        pass
+    return files, _read_sdkconfig(project / "sdkconfig")
+
+
+def _build_sim(
+    project: Path, log_path: Path, on_output: OutputCallback | None
+) -> tuple[dict[str, Path], dict[str, int]]:
+    from harness.sim.image import build_sim_firmware  # the simulator is optional at import time
+
+    sim_dir = project / BUILD_SUBDIR / "sim"
+    pairs = build_sim_firmware(project, sim_dir)
+    files: dict[str, Path] = {}
+    offsets: dict[str, int] = {}
+    ordered = sorted((int(o), Path(p)) for o, p in pairs)
+    for offset, path in ordered:
+        name = Path(path).name.lower()
+        if "bootloader" in name:
+            role = "bootloader"
+        elif "partition" in name:
+            role = "partition-table"
+        elif "ota_data" in name or "otadata" in name:
+            role = "otadata"
+        else:
+            role = "app"
+        if role in files:
+            raise BuildError(
+                f"the sim packer returned two {role} files", hint="this is a bug; please report it"
+            )
+        files[role] = Path(path)
+        offsets[role] = offset
+    with log_path.open("a", encoding="utf-8") as log:
+        for offset, path in ordered:
+            line = f"sim: packed {Path(path).name} for offset 0x{offset:x}"
+            log.write(line + "\n")
+            if on_output:
+                on_output(line)
+    return files, offsets
+
+
+def _read_sdkconfig(path: Path) -> dict[str, str]:
+    try:
+        return parse_sdkconfig(path.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return {}
+
+
+# --------------------------------------------------------------------------------------------
+# artifacts and flasher_args.json
+
+
+def _layout(
+    files: Mapping[str, Path],
+    sdkconfig: Mapping[str, str],
+    chip: str,
+    project: Path,
+    fixed: Mapping[str, int] | None = None,
+) -> list[tuple[str, int, Path]]:
+    """(role, offset, source file) for what must be flashed; checks the app fits its partition.
+
+    Offsets come from the resolved sdkconfig and the built partition table (``fixed`` when the
+    builder states them itself, as the sim packer does).
+    """
+    for role in ("app", "bootloader", "partition-table"):
+        if role not in files or not files[role].is_file():
+            raise BuildError(
+                f"the build finished but its {role} binary is missing ({files.get(role)})",
+                hint="see the build log; delete .pio/ or build/ in the project and build again",
+            )
+    try:
+        boot_off = int(sdkconfig["CONFIG_BOOTLOADER_OFFSET_IN_FLASH"], 0)
+    except (KeyError, ValueError):
+        boot_off = BOOTLOADER_OFFSETS[chip]
+    try:
+        pt_off = int(sdkconfig["CONFIG_PARTITION_TABLE_OFFSET"], 0)
+    except (KeyError, ValueError):
+        pt_off = 0x8000
+    table = parse_partition_table(files["partition-table"].read_bytes())
+    apps = [p for p in table if p.type == 0x00]
+    if not apps:
+        raise BuildError(
+            f"the built partition table {files['partition-table']} has no app partition",
+            hint="check partitions.csv in the project",
+        )
+    app_part = next((p for p in apps if p.subtype == 0x00), apps[0])  # factory, else the first OTA slot
+    app_size = files["app"].stat().st_size
+    if app_size > app_part.size:
+        raise BuildError(
+            f"the firmware ({app_size} bytes) is larger than its app partition '{app_part.label}' "
+            f"({app_part.size} bytes)",
+            hint="use a smaller model or fewer inputs per firmware, or enlarge the factory partition in "
+            f"{project / 'partitions.csv'} (the board's flash permitting)",
+        )
+    layout = [
+        ("bootloader", boot_off, files["bootloader"]),
+        ("partition-table", pt_off, files["partition-table"]),
+    ]
+    ota = next((p for p in table if p.type == 0x01 and p.subtype == 0x00), None)
+    if ota is not None and "otadata" in files and files["otadata"].is_file():
+        layout.append(("otadata", ota.offset, files["otadata"]))
+    layout.append(("app", app_part.offset, files["app"]))
+    if fixed is not None:
+        layout = [(role, fixed.get(role, off), path) for role, off, path in layout]
+        if fixed.get("app", app_part.offset) != app_part.offset:
+            raise BuildError(
+                f"the app is placed at 0x{fixed['app']:x} but the partition table puts it "
+                f"at 0x{app_part.offset:x}",
+                hint="this is a bug in the image packer; please report it",
+            )
+    return layout
+
+
+def flasher_args(
+    artifacts: Sequence[Artifact], sdkconfig: Mapping[str, str], chip: str, flash_size: str
+) -> dict[str, Any]:
+    """An ESP-IDF style flasher_args.json (paths relative to the file's directory)."""
+    mode = sdkconfig.get("CONFIG_ESPTOOLPY_FLASHMODE", "keep") or "keep"
+    freq = sdkconfig.get("CONFIG_ESPTOOLPY_FLASHFREQ", "keep") or "keep"
+    size = sdkconfig.get("CONFIG_ESPTOOLPY_FLASHSIZE", flash_size) or flash_size
+    data: dict[str, Any] = {
+        "write_flash_args": ["--flash-mode", mode, "--flash-freq", freq, "--flash-size", size],
+        "flash_settings": {"flash_mode": mode, "flash_freq": freq, "flash_size": size},
+        "flash_files": {_hex(a.offset): a.path.name for a in sorted(artifacts)},
+    }
+    for a in artifacts:
+        data[a.role] = {"offset": _hex(a.offset), "file": a.path.name, "encrypted": "false"}
+    data["extra_esptool_args"] = {
+        "after": "hard-reset",
+        "before": "default-reset",
+        "stub": True,
+        "chip": chip,
+    }
+    return data
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _resolved_components(project: Path) -> dict[str, Any] | None:
+    """The component manager's dependencies.lock (what versions the build really resolved), if any."""
+    path = project / "dependencies.lock"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    versions: dict[str, str] = {}
+    try:
+        import yaml
+
+        data = yaml.safe_load(text)
+        deps = data.get("dependencies", {}) if isinstance(data, dict) else {}
+        for name, info in deps.items():
+            if isinstance(info, dict) and "version" in info:
+                versions[str(name)] = str(info["version"])
+    except Exception:
+        versions = {}
+    return {"dependencies_lock": text, "components": versions}
+
+
+def _record_resolved(project: Path, resolved: dict[str, Any]) -> None:
+    path = project / MANIFEST_NAME
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if manifest.get("resolved") == resolved:
+        return
+    manifest["resolved"] = resolved
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------------------------
+# public entry point
+
+
+def build_project(
+    project_dir: str | Path,
+    *,
+    builder: str | None = None,
+    cache_dir: str | Path | None = None,
+    use_cache: bool = True,
+    max_cache_bytes: int = DEFAULT_MAX_BYTES,
+    platformio_core_dir: str | Path | None = None,
+    pio: str | Path | None = None,
+    idf_py: str | Path | None = None,
+    log_path: str | Path | None = None,
+    on_output: OutputCallback | None = None,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> BuildResult:
+    """Build one generated project (or reuse a cached build of identical inputs).
+
+    ``builder`` defaults to the board's (manifest ``builder``). Errors: UsageError for a builder the
+    board cannot use; BuildError (exit 3) for a missing tool, offline downloads, compile errors, or an
+    app larger than its partition -- each naming the log file.
+    """
+    project = Path(project_dir).resolve()
+    manifest = read_manifest(project)
+    board_def = manifest.get("board_def") or {}
+    chip = str(manifest.get("chip") or board_def.get("chip") or "")
+    if chip not in BOOTLOADER_OFFSETS:
+        raise UsageError(f"{project / MANIFEST_NAME}: unknown chip {chip!r}", hint="regenerate the project")
+    board_name = str(manifest.get("board"))
+    default_builder = str(manifest.get("builder") or "pio")
+    chosen = builder or default_builder
+    if chosen not in BUILDERS:
+        raise UsageError(f"unknown builder {chosen!r}", hint=f"builders: {', '.join(BUILDERS)}")
+    if (chosen == "sim") != (default_builder == "sim"):
+        raise UsageError(
+            f"board {board_name} cannot be built with builder {chosen!r}",
+            hint="the simulated board builds only with 'sim', real boards only with 'pio' or 'idf'",
+        )
+    if chosen == "pio" and (chip == "esp32p4" or not board_def.get("pio_board")):
+        raise UsageError(
+            f"board {board_name} ({chip}) cannot be built with PlatformIO's platform-espressif32",
+            hint="use --builder idf (ESP-IDF idf.py)",
+        )
+    flash_size = str(board_def.get("flash_size") or "keep")
+
+    out_dir = project / BUILD_SUBDIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = Path(log_path) if log_path is not None else out_dir / LOG_NAME
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"esp-check {__version__}: building {project} with {chosen}\n", encoding="utf-8")
+
+    key = cache_key(project, chosen, manifest)
+    cache = BuildCache(cache_dir or default_cache_dir(), max_cache_bytes) if use_cache else None
+
+    def finish(files: Mapping[str, Path], meta: Mapping[str, Any], hit: bool) -> BuildResult:
+        offsets: dict[str, int] = {str(k): int(v) for k, v in meta["offsets"].items()}
+        artifacts: list[Artifact] = []
+        for role, offset in offsets.items():
+            dest = out_dir / ROLE_FILES[role]
+            if files[role].resolve() != dest.resolve():
+                shutil.copyfile(files[role], dest)
+            artifacts.append(Artifact(offset, dest, role))
+        artifacts.sort()
+        args = flasher_args(artifacts, meta.get("sdkconfig", {}), chip, flash_size)
+        fa_path = out_dir / FLASHER_ARGS
+        fa_path.write_text(json.dumps(args, indent=4) + "\n", encoding="utf-8")
+        lines = [" ".join(args["write_flash_args"])] + [f"{_hex(a.offset)} {a.path.name}" for a in artifacts]
+        (out_dir / FLASH_ARGS).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        if meta.get("resolved") is not None:
+            _record_resolved(project, meta["resolved"])
+        app = out_dir / ROLE_FILES["app"]
+        return BuildResult(
+            project_dir=project,
+            builder=chosen,
+            artifacts=tuple(artifacts),
+            app_bin=app,
+            flasher_args=fa_path,
+            log_path=log,
+            cache_hit=hit,
+            cache_key=key,
+            firmware_sha256=_sha256_file(app),
+            chip=chip,
+        )
+
+    def run_build() -> tuple[dict[str, Path], dict[str, Any]]:
+        run_env = dict(os.environ if env is None else env)
+        sdk: dict[str, str] = {}
+        fixed: dict[str, int] | None = None
+        if chosen == "pio":
+            files, sdk = _build_pio(project, run_env, log, on_output, timeout, pio, platformio_core_dir)
+        elif chosen == "idf":
+            files, sdk = _build_idf(project, run_env, log, on_output, timeout, idf_py, chip)
+        else:
+            files, fixed = _build_sim(project, log, on_output)
+        layout = _layout(files, sdk, chip, project, fixed)
+        meta: dict[str, Any] = {
+            "offsets": {role: off for role, off, _ in layout},
+            "sdkconfig": {
+                k: v
+                for k, v in sdk.items()
+                if k.startswith(
+                    (
+                        "CONFIG_ESPTOOLPY_",
+                        "CONFIG_PARTITION_TABLE_",
+                        "CONFIG_BOOTLOADER_OFFSET",
+                        "CONFIG_NN_",
+                        "CONFIG_IDF_TARGET",
+                    )
+                )
+            },
+            "resolved": _resolved_components(project),
+            "builder": chosen,
+            "board": board_name,
+        }
+        return {role: path for role, _, path in layout}, meta
+
+    if cache is None:
+        files, meta = run_build()
+        return finish(files, meta, hit=False)
+
+    with cache.lock(key):
+        entry = cache.get(key)
+        if entry is not None:
+            with log.open("a", encoding="utf-8") as f:
+                f.write(f"cache hit {key} ({cache.root}): builder not run\n")
+            if on_output:
+                on_output(f"cache hit {key[:12]}: builder not run")
+            files = {role: entry.file(ROLE_FILES[role]) for role in entry.meta["offsets"]}
+            return finish(files, entry.meta, hit=True)
+        files, meta = run_build()
+        entry = cache.put(key, {ROLE_FILES[role]: path for role, path in files.items()}, meta)
+        return finish(files, meta, hit=False)

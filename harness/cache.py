@@ -1,0 +1,188 @@
+"""Content-addressed build cache: the same rendered project, versions, board and builder give the same key.
+
+A hit means the builder is not run at all. Entries live in ``<root>/entries/<key>/``; an entry is
+written to a temporary directory and renamed into place, so a reader never sees half an entry. One
+lock per key (``filelock``) serializes concurrent builds of the same thing (the second waits, then
+hits); one index lock serializes eviction. The cache is bounded by total size, least recently used first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from harness.errors import BuildError
+
+DEFAULT_MAX_BYTES = 2 * 1024**3
+ENTRY_META = "meta.json"
+_USED_MARK = ".used"
+
+
+def default_cache_dir() -> Path:
+    """``$ESP_CHECK_CACHE_DIR``, else the user cache directory (XDG / macOS / Windows conventions)."""
+    env = os.environ.get("ESP_CHECK_CACHE_DIR")
+    if env:
+        return Path(env)
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "esp-check" / "builds"
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """A cached build: its files (by name inside ``path``) and the metadata stored with them."""
+
+    key: str
+    path: Path
+    meta: dict[str, Any]
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            if p.is_file():
+                total += p.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+class BuildCache:
+    """A size-bounded directory of build results keyed by content hash; safe across processes."""
+
+    def __init__(
+        self, root: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, lock_timeout: float = 3600.0
+    ) -> None:
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.lock_timeout = lock_timeout
+        try:
+            (self.root / "entries").mkdir(parents=True, exist_ok=True)
+            (self.root / "locks").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BuildError(
+                f"cannot create the build cache at {self.root}: {exc.strerror or exc}",
+                hint="pass --cache-dir to a writable directory, or --no-cache",
+            ) from exc
+
+    def _check_key(self, key: str) -> None:
+        if not key or any(c not in "0123456789abcdef" for c in key):
+            raise ValueError(f"invalid cache key {key!r}")
+
+    def entry_dir(self, key: str) -> Path:
+        self._check_key(key)
+        return self.root / "entries" / key
+
+    def lock(self, key: str) -> filelock.BaseFileLock:
+        """The per-key lock: hold it while checking for and building one key."""
+        self._check_key(key)
+        return filelock.FileLock(str(self.root / "locks" / f"{key}.lock"), timeout=self.lock_timeout)
+
+    def _index_lock(self) -> filelock.BaseFileLock:
+        return filelock.FileLock(str(self.root / "index.lock"), timeout=self.lock_timeout)
+
+    def get(self, key: str) -> CacheEntry | None:
+        """The entry for ``key`` if complete (every listed file present with its size), else None."""
+        path = self.entry_dir(key)
+        try:
+            meta = json.loads((path / ENTRY_META).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        files = meta.get("files", {})
+        if not isinstance(files, dict):
+            return None
+        for name, size in files.items():
+            try:
+                if (path / name).stat().st_size != size:
+                    return None
+            except OSError:
+                return None
+        with contextlib.suppress(OSError):
+            (path / _USED_MARK).touch()
+        return CacheEntry(key, path, meta)
+
+    def put(self, key: str, files: dict[str, Path], meta: dict[str, Any]) -> CacheEntry:
+        """Store copies of ``files`` (name in the entry -> source path) and ``meta`` under ``key``."""
+        final = self.entry_dir(key)
+        tmp = self.root / "entries" / f".tmp-{key}-{uuid.uuid4().hex}"
+        tmp.mkdir(parents=True)
+        try:
+            sizes: dict[str, int] = {}
+            for name, src in files.items():
+                if "/" in name or "\\" in name or name in (ENTRY_META, _USED_MARK):
+                    raise ValueError(f"invalid cache file name {name!r}")
+                shutil.copy2(src, tmp / name)
+                sizes[name] = (tmp / name).stat().st_size
+            full_meta = dict(meta, files=sizes, key=key, stored_at=time.time())
+            (tmp / ENTRY_META).write_text(json.dumps(full_meta, indent=2, sort_keys=True), encoding="utf-8")
+            (tmp / _USED_MARK).touch()
+            with self._index_lock():
+                if final.exists():
+                    shutil.rmtree(final, ignore_errors=True)
+                tmp.rename(final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        self.evict(keep=key)
+        return CacheEntry(key, final, full_meta)
+
+    def entries(self) -> list[tuple[str, int, float]]:
+        """(key, bytes, last used time) of every complete entry."""
+        out: list[tuple[str, int, float]] = []
+        for path in (self.root / "entries").iterdir():
+            if path.name.startswith(".tmp-") or not (path / ENTRY_META).is_file():
+                continue
+            try:
+                used = (path / _USED_MARK).stat().st_mtime
+            except OSError:
+                used = 0.0
+            out.append((path.name, _dir_size(path), used))
+        return out
+
+    def total_bytes(self) -> int:
+        return sum(size for _, size, _ in self.entries())
+
+    def evict(self, keep: str | None = None) -> list[str]:
+        """Delete least recently used entries until the cache fits ``max_bytes``; returns deleted keys.
+
+        Entries whose key lock is held (a build or a hit in progress) and ``keep`` are never deleted.
+        """
+        removed: list[str] = []
+        with self._index_lock():
+            entries = sorted(self.entries(), key=lambda e: e[2])
+            total = sum(size for _, size, _ in entries)
+            for key, size, _ in entries:
+                if total <= self.max_bytes:
+                    break
+                if key == keep:
+                    continue
+                lock = self.lock(key)
+                try:
+                    lock.acquire(timeout=0)
+                except filelock.Timeout:
+                    continue
+                try:
+                    shutil.rmtree(self.entry_dir(key), ignore_errors=True)
+                finally:
+                    lock.release()
+                total -= size
+                removed.append(key)
+        return removed

@@ -1,0 +1,773 @@
+"""Quantization-aware comparison of output tensors: optimized vs ANSI C vs the host reference.
+
+Sources are captured logs (protocol or legacy ``Output:`` lines), results JSON, ``.npy`` files, or
+the host reference. Every verdict rests on evidence: a protocol capture must be valid (CRC-checked,
+complete) or the comparison refuses to run (CaptureError, exit 3), and two captures that report the
+same compiled-in ESP-NN mode or different models are refused (IncomparableError, exit 2).
+All metrics are vectorised numpy.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import (
+    ExitCode,
+    IncomparableError,
+    LogFormatError,
+    UsageError,
+    combine_exit_codes,
+)
+from harness.legacy import parse_legacy_log
+from harness.protocol import MARKER, Capture, parse_capture
+
+RESULTS_FORMAT = "esp-check-results"
+RESULTS_VERSION = 1
+PINNED_FRACTION = 0.9  # an output "sits pinned" when this share of elements is at the dtype min/max
+TOPK = 5
+DIFF_LIST_MAX = 64  # per-element LSB diffs are listed in reports for tensors up to this size
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "int8": (-128, 127),
+    "uint8": (0, 255),
+    "int16": (-32768, 32767),
+    "int32": (-(2**31), 2**31 - 1),
+}
+
+
+@dataclass
+class OutputTensor:
+    """One output tensor from any source, with what is known about its quantization."""
+
+    index: int
+    values: np.ndarray  # raw integers when ``raw``, else real values
+    raw: bool
+    shape: tuple[int, ...] | None = None  # None: unknown (legacy logs print a flat list)
+    dtype: str | None = None  # quantized dtype (int8...) when known
+    scale: float | None = None
+    zero_point: int | None = None
+    name: str = ""
+
+
+@dataclass
+class Fault:
+    """A firmware fault (ERROR record) a source reported: a finding, exit 4 (or 2 for stage=input)."""
+
+    source: str
+    stage: str
+    code: int
+    run: int | None
+    msg: str
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.USAGE if self.stage == "input" else ExitCode.FIRMWARE_FAULT
+
+
+@dataclass
+class Source:
+    """One side of a comparison."""
+
+    label: str
+    kind: str  # protocol | legacy | results | npy | reference
+    runs: list[list[OutputTensor]]  # runs[i][o]
+    path: str | None = None
+    nn_mode: str | None = None
+    model_sha256: str | None = None
+    input_sha256: list[str | None] = field(default_factory=list)
+    simulated: bool = False
+    info: dict[str, str] = field(default_factory=dict)
+    faults: list[Fault] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    raw_log: bytes | None = None
+    invoke_us: list[int | None] = field(default_factory=list)
+    backend_version: str | None = None  # reference sources
+
+
+@dataclass
+class TensorComparison:
+    """Metrics for one output tensor of one run between two sources."""
+
+    a: str
+    b: str
+    run: int
+    output: int
+    name: str
+    count: int
+    mismatched: int
+    tolerance_lsb: float
+    units: str  # "lsb" (scale known or both raw), "real" (no scale: exact compare of real values)
+    scale: float | None
+    zero_point: int | None
+    max_abs_diff: float | None  # real units (None when the scale is unknown for raw integers)
+    mean_abs_diff: float | None
+    max_diff_lsb: float | None
+    mean_diff_lsb: float | None
+    rmse: float | None
+    cosine: float | None
+    argmax_a: int | None
+    argmax_b: int | None
+    topk: int
+    topk_agreement: float | None  # share of the top-k indices both sides have in common
+    pinned_a: bool | None
+    pinned_b: bool | None
+    pinned_fraction_a: float | None
+    pinned_fraction_b: float | None
+    diff_lsb: list[float] | None  # |A - B| per element in LSB, for small tensors
+    first_mismatches: list[dict[str, float | int]]
+    values_a: list[float] | None = None  # real values, for small tensors
+    values_b: list[float] | None = None
+
+    @property
+    def match(self) -> bool:
+        return self.mismatched == 0
+
+    @property
+    def argmax_agree(self) -> bool | None:
+        if self.argmax_a is None or self.argmax_b is None:
+            return None
+        return self.argmax_a == self.argmax_b
+
+
+@dataclass
+class CompareResult:
+    """Everything ``esp-check compare`` reports."""
+
+    sources: list[Source]
+    comparisons: list[TensorComparison]
+    faults: list[Fault]
+    warnings: list[str]
+    tolerance_lsb: float
+    ref_tolerance_lsb: float
+    reference_backend: str | None = None
+
+    @property
+    def simulated(self) -> bool:
+        return any(s.simulated for s in self.sources)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        codes: list[ExitCode] = [f.exit_code for f in self.faults]
+        codes += [ExitCode.MISMATCH for c in self.comparisons if not c.match]
+        return combine_exit_codes(codes or [ExitCode.MATCH])
+
+    @property
+    def verdict(self) -> str:
+        return {
+            ExitCode.MATCH: "match",
+            ExitCode.MISMATCH: "mismatch",
+            ExitCode.FIRMWARE_FAULT: "firmware_fault",
+            ExitCode.USAGE: "input_error",
+        }.get(self.exit_code, "error")
+
+
+# ---- loading sources -----------------------------------------------------------------------------
+
+
+def source_from_capture(
+    cap: Capture, label: str, path: str | None = None, raw: bytes | None = None
+) -> Source:
+    """A Source from a parsed protocol capture; refuses (CaptureError, exit 3) an invalid one."""
+    cap.require_valid(path or label)
+    runs = [
+        [
+            OutputTensor(
+                index=t.o,
+                values=t.data,
+                raw=t.dtype != "float32",
+                shape=t.shape,
+                dtype=t.dtype,
+                scale=t.scale if (t.dtype != "float32" and t.scale != 0.0) else None,
+                zero_point=t.zero_point if (t.dtype != "float32" and t.scale != 0.0) else None,
+                name=t.name,
+            )
+            for t in run.outputs
+        ]
+        for run in cap.runs
+    ]
+    faults = [Fault(label, e.stage, e.code, e.i, e.msg) for e in cap.errors]
+    return Source(
+        label=label,
+        kind="protocol",
+        runs=runs,
+        path=path,
+        nn_mode=cap.nn_mode,
+        model_sha256=cap.model_sha256,
+        input_sha256=[r.input_sha256 for r in cap.runs],
+        simulated=cap.simulated,
+        info=dict(cap.info),
+        faults=faults,
+        warnings=list(cap.warnings),
+        raw_log=raw,
+        invoke_us=[r.invoke_us for r in cap.runs],
+    )
+
+
+def _source_from_results(doc: Any, label: str, path: str) -> Source:
+    if isinstance(doc, list):
+        try:
+            vals = np.asarray([float(v) for v in doc], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise LogFormatError(f"{path}: a JSON list must hold numbers only") from None
+        if vals.size == 0:
+            raise LogFormatError(f"{path}: the JSON list is empty")
+        return Source(label, "results", [[OutputTensor(0, vals, raw=False)]], path=path)
+    if not isinstance(doc, dict) or doc.get("format") != RESULTS_FORMAT:
+        raise LogFormatError(
+            f"{path}: not an esp-check results file (format {RESULTS_FORMAT!r}) or a list of numbers",
+            hint="write one with harness.compare.results_document()",
+        )
+    if doc.get("version") != RESULTS_VERSION:
+        raise LogFormatError(f"{path}: results version {doc.get('version')!r} is not supported")
+    try:
+        runs: list[list[OutputTensor]] = []
+        for run in doc["runs"]:
+            outs = []
+            for t in run["outputs"]:
+                dtype = str(t["dtype"])
+                if dtype not in ("int8", "uint8", "int16", "int32", "float32"):
+                    raise LogFormatError(f"{path}: dtype {dtype!r} not supported")
+                data = base64.b64decode(t["data_b64"], validate=True)
+                if f"{zlib.crc32(data):08X}" != t["crc32"]:
+                    raise LogFormatError(
+                        f"{path}: output data does not match its crc32", hint="the file is corrupted"
+                    )
+                shape = tuple(int(d) for d in t["shape"])
+                arr = np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
+                q = dtype != "float32" and t.get("scale") is not None
+                outs.append(
+                    OutputTensor(
+                        int(t["index"]),
+                        arr,
+                        raw=dtype != "float32",
+                        shape=shape,
+                        dtype=dtype,
+                        scale=float(t["scale"]) if q else None,
+                        zero_point=int(t["zero_point"]) if q else None,
+                        name=str(t.get("name", "")),
+                    )
+                )
+            runs.append(outs)
+        return Source(
+            label,
+            "results",
+            runs,
+            path=path,
+            nn_mode=doc.get("nn"),
+            model_sha256=doc.get("model_sha256"),
+            input_sha256=[r.get("input_sha256") for r in doc["runs"]],
+            simulated=bool(doc.get("simulated")),
+            info={str(k): str(v) for k, v in dict(doc.get("info", {})).items()},
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LogFormatError(f"{path}: malformed results file ({type(exc).__name__}: {exc})") from None
+
+
+def results_document(source: Source) -> dict[str, Any]:
+    """Serialise a Source's raw outputs as an esp-check results file (exact bytes, CRC-protected)."""
+    runs = []
+    for k, outs in enumerate(source.runs):
+        tensors = []
+        for t in outs:
+            dtype = t.dtype or ("float32" if not t.raw else str(t.values.dtype))
+            data = np.ascontiguousarray(t.values, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+            tensors.append(
+                {
+                    "index": t.index,
+                    "name": t.name,
+                    "dtype": dtype,
+                    "shape": list(t.shape if t.shape is not None else t.values.shape),
+                    "scale": t.scale,
+                    "zero_point": t.zero_point,
+                    "data_b64": base64.b64encode(data).decode("ascii"),
+                    "crc32": f"{zlib.crc32(data):08X}",
+                }
+            )
+        sha = source.input_sha256[k] if k < len(source.input_sha256) else None
+        runs.append({"index": k, "input_sha256": sha, "outputs": tensors})
+    return {
+        "format": RESULTS_FORMAT,
+        "version": RESULTS_VERSION,
+        "nn": source.nn_mode,
+        "model_sha256": source.model_sha256,
+        "simulated": source.simulated,
+        "info": source.info,
+        "runs": runs,
+    }
+
+
+def load_source(path: str | Path, label: str) -> Source:
+    """Load one side of a comparison from a file (type from extension and content)."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise LogFormatError(f"cannot read {p}: {exc.strerror or exc}", hint="check the path") from None
+    if not data.strip():
+        raise LogFormatError(
+            f"{p} is empty: nothing to compare",
+            hint="capture the serial output again (was the monitor connected at boot?)",
+        )
+    if p.suffix.lower() == ".npy":
+        try:
+            arr = np.load(p, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise LogFormatError(f"{p} is not a readable .npy file: {exc}") from None
+        raw = arr.dtype.kind in "iu"
+        if arr.dtype.kind not in "iuf":
+            raise LogFormatError(f"{p}: .npy dtype {arr.dtype} is not numeric")
+        return Source(
+            label,
+            "npy",
+            [[OutputTensor(0, arr, raw=raw, shape=tuple(arr.shape), dtype=str(arr.dtype) if raw else None)]],
+            path=str(p),
+        )
+    if p.suffix.lower() == ".json":
+        try:
+            doc = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise LogFormatError(f"{p} is not valid JSON: {exc}") from None
+        return _source_from_results(doc, label, str(p))
+    if MARKER in data:
+        return source_from_capture(parse_capture(data), label, str(p), data)
+    values = parse_legacy_log(data)
+    if not values:
+        raise LogFormatError(
+            f"{p} has no 'Output:' lines and no esp-check protocol records: nothing to compare",
+            hint="pass the serial log of a run (esp-check firmware or a sketch printing 'Output: <value>')",
+        )
+    src = Source(
+        label,
+        "legacy",
+        [[OutputTensor(0, np.asarray(values, dtype=np.float64), raw=False)]],
+        path=str(p),
+        raw_log=data,
+    )
+    src.warnings.append(f"{label}: legacy log: the ESP-NN mode and model are not proven by the device")
+    return src
+
+
+# ---- metrics -------------------------------------------------------------------------------------
+
+
+def _snap(real: np.ndarray, scale: float, zp: int) -> np.ndarray | None:
+    """Quantized integers for real values printed from quantized ones; None if off the grid."""
+    if real.size == 0:
+        return real.astype(np.int64)
+    if not np.all(np.isfinite(real)):
+        return None
+    x = real / scale
+    q = np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5))
+    eps = min(0.25, 1e-3 + 6e-7 / scale)  # %.6f prints are off the grid by up to 5e-7
+    if float(np.max(np.abs(x - q))) > eps or float(np.max(np.abs(q))) > 2**40:
+        return None
+    return q.astype(np.int64) + int(zp)
+
+
+def _pinned(q: np.ndarray | None, dtype: str | None) -> float | None:
+    if q is None or dtype not in _INT_RANGES or q.size == 0:
+        return None
+    lo, hi = _INT_RANGES[dtype]
+    return float(np.count_nonzero((q == lo) | (q == hi))) / q.size
+
+
+def _topk(v: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values, ties broken by lower index (= stable argsort), in O(n)."""
+    if k <= 0:
+        return np.zeros(0, dtype=np.intp)
+    kth = np.partition(v, v.size - k)[v.size - k]  # k-th largest value
+    above = np.flatnonzero(v > kth)
+    ties = np.flatnonzero(v == kth)[: k - above.size]
+    cand = np.concatenate([above, ties])
+    return cand[np.lexsort((cand, -v[cand]))]
+
+
+def compare_tensors(
+    a: OutputTensor,
+    b: OutputTensor,
+    *,
+    tolerance_lsb: float = 0,
+    scale: float | None = None,
+    zero_point: int | None = None,
+    dtype: str | None = None,
+    labels: tuple[str, str] = ("A", "B"),
+    run: int = 0,
+) -> TensorComparison:
+    """Compare one output tensor; ``scale``/``zero_point``/``dtype`` fill in what the sources lack."""
+    la, lb = labels
+    if a.values.size != b.values.size:
+        raise IncomparableError(
+            f"run {run} output {a.index}: {la} has {a.values.size} values, {lb} has {b.values.size}",
+            hint="both sides must come from the same model (a truncated legacy log also shows up here)",
+        )
+    if a.shape is not None and b.shape is not None and tuple(a.shape) != tuple(b.shape):
+        raise IncomparableError(
+            f"run {run} output {a.index}: shape {list(a.shape)} ({la}) vs {list(b.shape)} ({lb})"
+        )
+    qa = (a.scale, a.zero_point) if a.scale is not None else None
+    qb = (b.scale, b.zero_point) if b.scale is not None else None
+    if qa is not None and qb is not None and (not math.isclose(qa[0], qb[0], rel_tol=1e-6) or qa[1] != qb[1]):
+        raise IncomparableError(
+            f"run {run} output {a.index}: quantization differs: scale/zp {qa} ({la}) vs {qb} ({lb})",
+            hint="the two runs used different models",
+        )
+    q = qa or qb
+    s = q[0] if q is not None else scale
+    zp = (q[1] if q is not None else zero_point) if s is not None else None
+    if s is not None and zp is None:
+        zp = 0
+    qdtype = a.dtype or b.dtype or dtype or ("int8" if s is not None and zero_point is not None else None)
+    va = a.values.reshape(-1)
+    vb = b.values.reshape(-1)
+
+    def to_int(t: OutputTensor, v: np.ndarray) -> np.ndarray | None:
+        if t.raw:
+            return v.astype(np.int64)
+        if s is not None and zp is not None:
+            return _snap(v.astype(np.float64), s, zp)
+        return None
+
+    ia, ib = to_int(a, va), to_int(b, vb)
+    if ia is not None and ib is not None:
+        d = ia - ib
+        dl = d.astype(np.float64)
+        mism = np.abs(dl) > tolerance_lsb
+        units = "lsb"
+        if s is not None:
+            ra = (ia - zp).astype(np.float64) * s
+            rb = (ib - zp).astype(np.float64) * s
+        else:
+            ra, rb = ia.astype(np.float64), ib.astype(np.float64)
+        lsb: np.ndarray | None = dl
+        real_known = s is not None
+    else:
+        if (a.raw or b.raw) and s is None:
+            raise IncomparableError(
+                f"run {run} output {a.index}: one side holds raw quantized integers, the other real values, "
+                "and the output scale is unknown",
+                hint="pass --scale and --zero-point, or --model",
+            )
+        ra = (
+            ((ia - zp) * s).astype(np.float64)
+            if ia is not None and a.raw and s is not None
+            else va.astype(np.float64)
+        )
+        rb = (
+            ((ib - zp) * s).astype(np.float64)
+            if ib is not None and b.raw and s is not None
+            else vb.astype(np.float64)
+        )
+        both_nan = np.isnan(ra) & np.isnan(rb)
+        with np.errstate(invalid="ignore"):  # inf - inf is NaN: counted as a mismatch below
+            diff = np.where(both_nan | (ra == rb), 0.0, ra - rb)
+        if s is not None:
+            lsb = diff / s
+            mism = ~(np.abs(lsb) <= tolerance_lsb)  # NaN (one side NaN) counts as a mismatch
+            units = "lsb"
+        else:
+            if tolerance_lsb:
+                raise UsageError(
+                    "--tolerance-lsb needs the output scale for real-valued outputs",
+                    hint="pass --scale and --zero-point, or --model",
+                )
+            lsb = None
+            same_bits = (ra == rb) | both_nan
+            mism = ~same_bits
+            units = "real"
+        real_known = True
+    n = int(va.size)
+    int_path = ia is not None and ib is not None
+    alsb = np.abs(lsb) if lsb is not None else None
+    max_lsb: float | None = None
+    mean_lsb: float | None = None
+    if alsb is not None and n and (int_path or not np.all(np.isnan(alsb))):
+        max_lsb, mean_lsb = float(np.nanmax(alsb)), float(np.nanmean(alsb))
+    with np.errstate(invalid="ignore", over="ignore"):
+        ad: np.ndarray
+        if int_path and alsb is not None:  # integers: no NaN/inf to guard against (the fast path)
+            ad = alsb * (s if s is not None else 1.0)
+            finite = True
+        else:
+            ad = np.abs(np.where((np.isnan(ra) & np.isnan(rb)) | (ra == rb), 0.0, ra - rb))
+            finite = bool(np.all(np.isfinite(ad))) if n else True
+        max_abs = float(ad.max()) if n and real_known else None
+        mean_abs = float(ad.mean()) if n and real_known else None
+        rmse = float(np.sqrt(np.mean(ad * ad))) if n and finite else None
+        na, nb = float(np.linalg.norm(ra)), float(np.linalg.norm(rb))
+        cosine = (
+            float(np.dot(ra, rb) / (na * nb)) if n and na > 0 and nb > 0 and math.isfinite(na * nb) else None
+        )
+        if cosine is None and n and na == 0 and nb == 0:
+            cosine = 1.0
+    k = min(TOPK, n)
+    if int_path and ia is not None and ib is not None:
+        ka, kb = ia, ib  # same order as the real values (scale > 0)
+    else:
+        ka = ra if not np.any(np.isnan(ra)) else np.nan_to_num(ra, nan=-np.inf)
+        kb = rb if not np.any(np.isnan(rb)) else np.nan_to_num(rb, nan=-np.inf)
+    topk_agree = (len(set(_topk(ka, k).tolist()) & set(_topk(kb, k).tolist())) / k) if k else None
+    pf_a, pf_b = _pinned(ia, qdtype), _pinned(ib, qdtype)
+    bad = np.flatnonzero(mism)
+    first = [
+        {
+            "index": int(j),
+            "a": float(ra[j]),
+            "b": float(rb[j]),
+            **({"diff_lsb": float(lsb[j])} if lsb is not None else {}),
+        }
+        for j in bad[:10]
+    ]
+    small = n <= DIFF_LIST_MAX
+    return TensorComparison(
+        a=la,
+        b=lb,
+        run=run,
+        output=a.index,
+        name=a.name or b.name,
+        count=n,
+        mismatched=int(bad.size),
+        tolerance_lsb=tolerance_lsb,
+        units=units,
+        scale=s,
+        zero_point=zp,
+        max_abs_diff=max_abs,
+        mean_abs_diff=mean_abs,
+        max_diff_lsb=max_lsb,
+        mean_diff_lsb=mean_lsb,
+        rmse=rmse,
+        cosine=cosine,
+        argmax_a=int(np.argmax(ka)) if n else None,
+        argmax_b=int(np.argmax(kb)) if n else None,
+        topk=k,
+        topk_agreement=topk_agree,
+        pinned_a=None if pf_a is None else pf_a >= PINNED_FRACTION,
+        pinned_b=None if pf_b is None else pf_b >= PINNED_FRACTION,
+        pinned_fraction_a=pf_a,
+        pinned_fraction_b=pf_b,
+        diff_lsb=[float(x) for x in np.abs(lsb)] if small and lsb is not None else None,
+        first_mismatches=first,
+        values_a=[float(x) for x in ra] if small else None,
+        values_b=[float(x) for x in rb] if small else None,
+    )
+
+
+# ---- runs ----------------------------------------------------------------------------------------
+
+
+def _check_identity(a: Source, b: Source) -> None:
+    if a.kind in ("protocol", "results") and b.kind in ("protocol", "results") and (a.nn_mode or b.nn_mode):
+        if a.nn_mode == b.nn_mode:
+            raise IncomparableError(
+                f"{a.label} and {b.label} both report ESP-NN mode {a.nn_mode!r}: "
+                "comparing them proves nothing",
+                hint="compare an optimized build with an ANSI C build (check the sdkconfig.defaults of each)",
+            )
+        for s in (a, b):
+            if s.nn_mode not in ("optimized", "ansi_c"):
+                raise IncomparableError(
+                    f"{s.label} reports ESP-NN mode {s.nn_mode!r}: "
+                    "the firmware does not prove which kernels ran",
+                    hint="rebuild with esp-check's firmware templates",
+                )
+    if a.model_sha256 and b.model_sha256 and a.model_sha256 != b.model_sha256:
+        raise IncomparableError(
+            f"{a.label} and {b.label} ran different models (model_sha256 {a.model_sha256[:12]}... vs "
+            f"{b.model_sha256[:12]}...)",
+            hint="flash both variants generated from the same .tflite",
+        )
+
+
+def compare_sources(
+    a: Source,
+    b: Source,
+    reference: Source | None = None,
+    *,
+    tolerance_lsb: float = 0,
+    ref_tolerance_lsb: float = 0,
+    scale: float | None = None,
+    zero_point: int | None = None,
+    output_quant: Sequence[tuple[float | None, int | None, str | None]] = (),
+) -> CompareResult:
+    """Compare A with B (tolerance_lsb) and each with the reference (ref_tolerance_lsb).
+
+    ``output_quant[o]`` = (scale, zero point, dtype) from the model; ``scale``/``zero_point`` flags
+    apply to every output. Raises IncomparableError when the sources cannot honestly be compared.
+    """
+    if tolerance_lsb < 0 or ref_tolerance_lsb < 0:
+        raise UsageError("tolerances must be >= 0")
+    _check_identity(a, b)
+    sources = [a, b] + ([reference] if reference is not None else [])
+    for s in sources:
+        if (
+            reference is not None
+            and s is not reference
+            and s.model_sha256
+            and reference.model_sha256
+            and s.model_sha256 != reference.model_sha256
+        ):
+            raise IncomparableError(
+                f"{s.label} ran model {s.model_sha256[:12]}..., "
+                f"but --model is {reference.model_sha256[:12]}...",
+                hint="pass the .tflite the firmware was generated from",
+            )
+        if reference is not None and s is not reference:
+            for k, sha in enumerate(s.input_sha256):
+                ref_sha = reference.input_sha256[k] if k < len(reference.input_sha256) else None
+                if sha and ref_sha and sha != ref_sha:
+                    raise IncomparableError(
+                        f"{s.label} run {k} used input {sha[:12]}..., "
+                        f"but --input #{k + 1} quantizes to {ref_sha[:12]}...",
+                        hint="pass the inputs (and preprocessing options) the firmware was generated with",
+                    )
+    faults = [f for s in sources for f in s.faults]
+    warnings = [w for s in sources for w in s.warnings]
+    pairs: list[tuple[Source, Source, float]] = [(a, b, tolerance_lsb)]
+    if reference is not None:
+        pairs += [(a, reference, ref_tolerance_lsb), (b, reference, ref_tolerance_lsb)]
+    comparisons: list[TensorComparison] = []
+    for x, y, tol in pairs:
+        faulted = bool(x.faults or y.faults)
+        if len(x.runs) != len(y.runs) and not faulted:
+            raise IncomparableError(
+                f"{x.label} has {len(x.runs)} runs (inputs), {y.label} has {len(y.runs)}",
+                hint="give the same inputs to both",
+            )
+        for k in range(min(len(x.runs), len(y.runs))):
+            ox, oy = x.runs[k], y.runs[k]
+            if len(ox) != len(oy) and not faulted:
+                raise IncomparableError(f"run {k}: {x.label} has {len(ox)} outputs, {y.label} has {len(oy)}")
+            by_y = {t.index: t for t in oy}
+            for tx in ox:
+                ty = by_y.get(tx.index)
+                if ty is None:
+                    continue
+                mq = output_quant[tx.index] if tx.index < len(output_quant) else (None, None, None)
+                comparisons.append(
+                    compare_tensors(
+                        tx,
+                        ty,
+                        tolerance_lsb=tol,
+                        scale=mq[0] if mq[0] is not None else scale,
+                        zero_point=mq[1] if mq[0] is not None else zero_point,
+                        dtype=mq[2],
+                        labels=(x.label, y.label),
+                        run=k,
+                    )
+                )
+    if not comparisons and not faults:
+        raise IncomparableError("nothing to compare: no run has outputs on both sides")
+    for c in comparisons:
+        for side, pinned in ((c.a, c.pinned_a), (c.b, c.pinned_b)):
+            if pinned:
+                warnings.append(
+                    f"{side} run {c.run} output {c.output}: outputs sit pinned at the dtype min/max "
+                    "(a known symptom of broken optimized kernels)"
+                )
+    return CompareResult(
+        sources,
+        comparisons,
+        faults,
+        warnings,
+        tolerance_lsb,
+        ref_tolerance_lsb,
+        reference.backend_version if reference is not None else None,
+    )
+
+
+def reference_source(
+    model_path: str | Path, input_paths: Sequence[str | Path], backend: str = "tflm"
+) -> Source:
+    """Run the host reference on the model for each input (one input tensor per model)."""
+    from harness.inputs import load_input
+    from harness.model import load_model
+    from harness.reference import run_reference
+
+    info = load_model(model_path)
+    if len(info.inputs) != 1:
+        raise UsageError(
+            f"{model_path} has {len(info.inputs)} inputs; compare --input supports one-input models",
+            hint="compare against a reference .npy per output instead",
+        )
+    prepared = [load_input(p, info.inputs[0]) for p in input_paths]
+    result = run_reference(model_path, [[p.quantized] for p in prepared], backend=backend)
+    runs = [
+        [
+            OutputTensor(
+                o,
+                arr,
+                raw=t.dtype != "float32",
+                shape=tuple(arr.shape),
+                dtype=t.dtype,
+                scale=t.scale if t.dtype != "float32" else None,
+                zero_point=t.zero_point if t.dtype != "float32" else None,
+                name=t.name,
+            )
+            for o, (arr, t) in enumerate(zip(run.outputs, info.outputs, strict=True))
+        ]
+        for run in result.runs
+    ]
+    return Source(
+        "reference",
+        "reference",
+        runs,
+        path=str(model_path),
+        model_sha256=result.model_sha256 or info.sha256,
+        input_sha256=[p.sha256 for p in prepared],
+        backend_version=f"{result.backend_version} ({result.kernels})"
+        if result.kernels
+        else result.backend_version,
+    )
+
+
+def compare_files(
+    a: str | Path,
+    b: str | Path,
+    *,
+    model: str | Path | None = None,
+    inputs: Sequence[str | Path] = (),
+    scale: float | None = None,
+    zero_point: int | None = None,
+    tolerance_lsb: float = 0,
+    ref_tolerance_lsb: float = 0,
+) -> CompareResult:
+    """What ``esp-check compare`` does: load both sides, optionally the host reference, compare."""
+    if inputs and model is None:
+        raise UsageError("--input needs --model (the host reference runs the model on the inputs)")
+    if (scale is None) != (zero_point is None):
+        raise UsageError("--scale and --zero-point go together")
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        raise UsageError(f"--scale {scale} must be a positive number")
+    sa, sb = load_source(a, "A"), load_source(b, "B")
+    ref = None
+    quant: list[tuple[float | None, int | None, str | None]] = []
+    if model is not None:
+        from harness.model import load_model
+
+        info = load_model(model)
+        quant = [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in info.outputs]
+        for s in (sa, sb):
+            if s.model_sha256 and s.model_sha256 != info.sha256:
+                raise IncomparableError(
+                    f"{s.label} ran model {s.model_sha256[:12]}..., --model {model} is {info.sha256[:12]}...",
+                    hint="pass the .tflite the firmware was built from",
+                )
+        if inputs:
+            ref = reference_source(model, inputs)
+    return compare_sources(
+        sa,
+        sb,
+        ref,
+        tolerance_lsb=tolerance_lsb,
+        ref_tolerance_lsb=ref_tolerance_lsb,
+        scale=scale,
+        zero_point=zero_point,
+        output_quant=quant,
+    )

@@ -1,0 +1,36 @@
+"""Hardware layer: serial ports, esptool flashing, console capture, crash classification.
+
+Public surface (see docs/device.md):
+
+- :func:`~harness.device.ports.resolve_port`, :func:`~harness.device.ports.open_port`,
+  :class:`~harness.device.ports.PortSpec`
+- :func:`~harness.device.flash.flash_artifacts` -> :class:`~harness.device.flash.FlashResult`
+- :func:`~harness.device.console.capture_run` -> :class:`~harness.device.console.RawCapture`
+- :func:`~harness.device.classify.classify` -> list of :class:`~harness.device.classify.Finding`
+- :class:`~harness.device.session.DeviceSession`: one open handle for flash then capture
+"""
+
+from harness.device.classify import Finding, Severity, classify, exit_code_for
+from harness.device.console import RawCapture, capture_run
+from harness.device.flash import FlashFailure, FlashProgress, FlashResult, RegionResult, flash_artifacts
+from harness.device.ports import PortSpec, TransportCaps, open_port, resolve_port
+from harness.device.session import DeviceSession
+
+__all__ = [
+    "DeviceSession",
+    "Finding",
+    "FlashFailure",
+    "FlashProgress",
+    "FlashResult",
+    "PortSpec",
+    "RawCapture",
+    "RegionResult",
+    "Severity",
+    "TransportCaps",
+    "capture_run",
+    "classify",
+    "exit_code_for",
+    "flash_artifacts",
+    "open_port",
+    "resolve_port",
+]

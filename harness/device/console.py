@@ -1,0 +1,267 @@
+"""Console capture: reset into the app, read everything the board prints, stop at the protocol's
+END record or a timeout.
+
+One reader thread owns the port while capturing; it writes every byte to the raw log file as it
+arrives (flushed, so a crash of the host loses nothing already received), keeps a bounded copy in
+memory, counts boots, and spots the END line with a cheap line check (the full parser,
+``harness.protocol.parse_capture``, runs afterwards on the bytes). The main thread only waits
+for a stop condition.
+
+Transport facts handled here:
+
+- USB-Serial-JTAG: the reset makes the port vanish; the reader reopens it (bounded wait) through
+  the ``reopen`` callable and keeps reading.
+- socket://: pyserial's ``read(n)`` discards bytes it already received when the peer closes in the
+  middle of the call; we read exactly what is waiting (socket ``recv``) and treat the close as end
+  of stream (``ended_by="disconnect"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import serial
+
+from harness.device.classify import BootCounter
+from harness.device.ports import TransportCaps
+from harness.device.reset import hard_reset_into_app
+
+__all__ = ["ENDED_BY", "RawCapture", "capture_run"]
+
+ENDED_BY = ("end_record", "timeout", "silence", "disconnect", "boot_loop")
+_END_RE = re.compile(rb"@EC1 \d+ END(?: |\r|\n|$)")
+_MAX_LINE = 4096  # longer "lines" (binary noise) are cut for the line checks; the log keeps all bytes
+
+
+@dataclasses.dataclass
+class RawCapture:
+    """What the board printed during one run, and why the capture stopped."""
+
+    data: bytes
+    log_path: Path | None
+    ended_by: str  # one of ENDED_BY
+    duration_s: float
+    boots: int  # boot starts seen in the stream (see classify.BootCounter)
+    resets: int  # resets into the app this capture performed
+    reopens: int  # times the port was reopened after it vanished (USB-Serial-JTAG)
+    dropped_bytes: int  # bytes beyond the in-memory bound (still in the log file)
+    first_byte_s: float | None  # seconds from start to the first byte
+    notes: list[str] = dataclasses.field(default_factory=list)
+    serial: serial.SerialBase | None = dataclasses.field(repr=False, compare=False, default=None)
+
+    @property
+    def complete(self) -> bool:
+        """The END record was seen (the parser still decides whether the records are valid)."""
+        return self.ended_by == "end_record"
+
+
+class _State:
+    def __init__(self, port: serial.SerialBase) -> None:
+        self.port = port
+        self.buf = bytearray()
+        self.dropped = 0
+        self.line = bytearray()
+        self.boots = BootCounter()
+        self.last_data = time.monotonic()
+        self.first_byte: float | None = None
+        self.ended_by: str | None = None
+        self.reopens = 0
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.stop = threading.Event()
+
+
+def _socket_of(port: serial.SerialBase) -> socket.socket | None:
+    """The TCP socket behind a ``socket://`` port (pyserial keeps it in ``_socket``)."""
+    sock = getattr(port, "_socket", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def _read_some(port: serial.SerialBase, wait_s: float) -> bytes:
+    """Read what is available (up to 64 KiB), waiting at most ``wait_s`` for the first byte.
+
+    Raises ``serial.SerialException`` (or OSError) on disconnect *after* everything received
+    before it was returned by earlier calls: no partial data is ever discarded.
+    """
+    sock = _socket_of(port)
+    if sock is not None:
+        ready, _, _ = select.select([sock], [], [], wait_s)
+        if not ready:
+            return b""
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return b""
+        if not data:
+            raise serial.SerialException("socket disconnected")
+        return data
+    waiting = port.in_waiting
+    if waiting:
+        return bytes(port.read(min(waiting, 65536)))
+    return bytes(port.read(1))  # blocks up to port.timeout
+
+
+def _reader(
+    st: _State,
+    log: IO[bytes] | None,
+    max_bytes: int,
+    stop_at_end: bool,
+    max_boots: int | None,
+    reopen: Callable[[], serial.SerialBase] | None,
+    disconnect_is_eof: bool,
+) -> None:
+    try:
+        while not st.stop.is_set():
+            try:
+                chunk = _read_some(st.port, 0.05)
+            except (serial.SerialException, OSError) as exc:
+                if st.stop.is_set():
+                    break
+                if reopen is not None and not disconnect_is_eof:
+                    with contextlib.suppress(Exception):  # the handle is dead; closing is best effort
+                        st.port.close()
+                    try:
+                        st.port = reopen()
+                        st.reopens += 1
+                        continue
+                    except Exception as exc2:
+                        st.error = exc2
+                else:
+                    st.error = exc
+                st.ended_by = "disconnect"
+                break
+            if not chunk:
+                continue
+            now = time.monotonic()
+            st.last_data = now
+            if st.first_byte is None:
+                st.first_byte = now
+            if log is not None:
+                log.write(chunk)
+                log.flush()
+            room = max_bytes - len(st.buf)
+            if room >= len(chunk):
+                st.buf += chunk
+            else:
+                st.buf += chunk[: max(room, 0)]
+                st.dropped += len(chunk) - max(room, 0)
+            if _scan_lines(st, chunk, stop_at_end, max_boots):
+                break
+    finally:
+        st.done.set()
+
+
+def _scan_lines(st: _State, chunk: bytes, stop_at_end: bool, max_boots: int | None) -> bool:
+    """Feed complete lines to the END check and the boot counter; True = stop now."""
+    data = bytes(st.line) + chunk
+    lines = data.split(b"\n")
+    tail = lines.pop()
+    st.line = bytearray(tail[-_MAX_LINE:])
+    for raw in lines:
+        line = raw[-_MAX_LINE:]
+        st.boots.feed(line)
+        if stop_at_end and _END_RE.search(line):
+            st.ended_by = "end_record"
+            return True
+        if max_boots is not None and st.boots.count >= max_boots:
+            st.ended_by = "boot_loop"
+            return True
+    return False
+
+
+def capture_run(
+    port: serial.SerialBase,
+    *,
+    log_path: Path | None = None,
+    reset: str | None = "classic",
+    baud: int | None = None,
+    caps: TransportCaps | None = None,
+    total_timeout: float = 120.0,
+    silence_timeout: float = 30.0,
+    max_bytes: int = 32 * 1024 * 1024,
+    stop_at_end: bool = True,
+    max_boots: int | None = 4,
+    reopen: Callable[[], serial.SerialBase] | None = None,
+) -> RawCapture:
+    """Reset the board into its app (``reset`` = board reset style, ``None`` = don't) and capture.
+
+    Stops at the END record, after ``silence_timeout`` seconds without a byte, after
+    ``total_timeout`` seconds, when the link drops (``disconnect``), or when ``max_boots`` boot
+    starts were seen (``boot_loop``: a board that keeps rebooting never prints END). ``baud`` is the
+    console baud, set before the reset so the first line is read at the right rate. ``caps``
+    (from the PortSpec) says whether a reset is possible at all and whether a dropped link is end
+    of stream (socket://) or a re-enumeration to recover from (``reopen``).
+    """
+    t0 = time.monotonic()
+    notes: list[str] = []
+    resets = 0
+    if baud and (caps is None or caps.baud_change):
+        port.baudrate = baud
+    port.timeout = 0.05
+    if reset is not None:
+        if caps is not None and not (caps.local_reset or caps.server_resets):
+            notes.append("this transport cannot reset the board: capturing without a reset")
+        else:
+            port.reset_input_buffer()
+            try:
+                hard_reset_into_app(port, reset)
+                resets = 1
+            except (serial.SerialException, OSError) as exc:
+                if reset != "usb_serial_jtag":
+                    raise
+                notes.append(f"port dropped during the USB-Serial-JTAG reset ({exc}); reopening")
+    st = _State(port)
+    st.last_data = time.monotonic()
+    log: IO[bytes] | None = None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "ab")  # noqa: SIM115 - closed below, after the reader stopped
+    disconnect_is_eof = caps.disconnect_is_eof if caps is not None else reopen is None
+    thread = threading.Thread(
+        target=_reader,
+        args=(st, log, max_bytes, stop_at_end, max_boots, reopen, disconnect_is_eof),
+        name="esp-check-console",
+        daemon=True,
+    )
+    thread.start()
+    try:
+        deadline = t0 + total_timeout
+        while not st.done.wait(0.02):
+            now = time.monotonic()
+            if now >= deadline:
+                st.ended_by = st.ended_by or "timeout"
+                break
+            if now - st.last_data >= silence_timeout:
+                st.ended_by = st.ended_by or "silence"
+                break
+    finally:
+        st.stop.set()
+        thread.join(5.0)
+        if log is not None:
+            log.close()
+    if st.error is not None:
+        notes.append(f"link closed: {st.error}")
+    if st.dropped:
+        notes.append(f"{st.dropped} bytes beyond the {max_bytes}-byte memory bound are only in the log file")
+    return RawCapture(
+        data=bytes(st.buf),
+        log_path=log_path,
+        ended_by=st.ended_by or "timeout",
+        duration_s=time.monotonic() - t0,
+        boots=st.boots.count,
+        resets=resets,
+        reopens=st.reopens,
+        dropped_bytes=st.dropped,
+        first_byte_s=(st.first_byte - t0) if st.first_byte is not None else None,
+        notes=notes,
+        serial=st.port,
+    )

@@ -1,0 +1,175 @@
+"""Route esptool's log output to a per-flash sink instead of stdout.
+
+esptool 5 logs through one process-wide logger object (``esp_pylib.logger.EspLog.instance``); that
+singleton is the extension point esptool documents for scripting. We install one router there
+(once, idempotently) that hands every call made *on the current thread* to the sink registered
+for that thread, and everything else to the logger that was installed before. So parallel
+flashes in several threads each get their own log, and code that does not flash is unaffected.
+
+Known limit: esptool binds a few one-shot warnings (``PrintOnce(log.warn)``) at import time; those
+go to the previous logger (stdout) whatever we install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
+
+from esp_pylib.logger import EspLog, EspLogBase
+
+__all__ = ["EsptoolLogSink", "capture_esptool_log"]
+
+ProgressFn = Callable[[int, int, str], None]
+
+
+def _plain(args: tuple[Any, ...]) -> str:
+    """Join log arguments and drop rich markup (esptool escapes dynamic text with rich's escape)."""
+    text = " ".join(str(a) for a in args)
+    if "[" not in text:
+        return text
+    try:
+        from rich.text import Text
+
+        return Text.from_markup(text).plain
+    except Exception:  # malformed markup: keep the raw text rather than lose the message
+        return text
+
+
+class EsptoolLogSink:
+    """Collects one flash run's esptool messages: lines in memory, optionally to a file, and
+    progress-bar updates to a callback (current, total, description)."""
+
+    def __init__(self, stream: TextIO | None = None, on_progress: ProgressFn | None = None) -> None:
+        self.lines: list[str] = []
+        self._partial = ""
+        self._stream = stream
+        self._on_progress = on_progress
+
+    def write(self, text: str, end: str = "\n") -> None:
+        self._partial += text + end
+        while "\n" in self._partial:
+            line, self._partial = self._partial.split("\n", 1)
+            self._emit(line)
+
+    def _emit(self, line: str) -> None:
+        line = line.rstrip("\r")
+        self.lines.append(line)
+        if self._stream is not None:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+
+    def progress(self, current: int, total: int, prefix: str) -> None:
+        if self._on_progress is not None:
+            self._on_progress(current, total, prefix.strip())
+
+    def flush(self) -> None:
+        if self._partial:
+            self._emit(self._partial)
+            self._partial = ""
+
+    def text(self) -> str:
+        return "\n".join(self.lines + ([self._partial] if self._partial else []))
+
+
+class _Router(EspLogBase):
+    """The one logger installed into esptool: per-thread sink, else the previous logger."""
+
+    def __init__(self, fallback: EspLogBase | None) -> None:
+        self._fallback = fallback if fallback is not None else EspLog()
+        self._local = threading.local()
+
+    def _sink(self) -> EsptoolLogSink | None:
+        return getattr(self._local, "sink", None)
+
+    def _set_sink(self, sink: EsptoolLogSink | None) -> None:
+        self._local.sink = sink
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        sink = self._sink()
+        if sink is None:
+            self._fallback.print(*args, **kwargs)
+            return
+        sink.write(_plain(args), end=str(kwargs.get("end", "\n")))
+
+    def _tagged(self, tag: str, args: tuple[Any, ...], fallback: Callable[..., None], **kw: Any) -> None:
+        sink = self._sink()
+        if sink is None:
+            fallback(*args, **kw)
+            return
+        suggestion = kw.get("suggestion")
+        sink.write(f"{tag}{_plain(args)}" + (f" ({suggestion})" if suggestion else ""))
+
+    def err(self, *args: Any, suggestion: str | None = None) -> None:
+        self._tagged("Error: ", args, self._fallback.err, suggestion=suggestion)
+
+    def warn(self, *args: Any, suggestion: str | None = None) -> None:
+        self._tagged("Warning: ", args, self._fallback.warn, suggestion=suggestion)
+
+    # esptool still calls the historical names on its logger
+    def warning(self, message: str, suggestion: str | None = None) -> None:
+        self.warn(message, suggestion=suggestion)
+
+    def error(self, message: str, suggestion: str | None = None) -> None:
+        self.err(message, suggestion=suggestion)
+
+    def note(self, *args: Any) -> None:
+        self._tagged("Note: ", args, self._fallback.note)
+
+    def hint(self, *args: Any) -> None:
+        self._tagged("Hint: ", args, self._fallback.hint)
+
+    def debug(self, *args: Any) -> None:
+        sink = self._sink()
+        if sink is None:
+            self._fallback.debug(*args)
+
+    def stage(self, finish: bool = False) -> None:
+        if self._sink() is None:
+            self._fallback.stage(finish=finish)
+
+    def set_verbosity(self, mode: int | str) -> None:
+        self._fallback.set_verbosity(mode)
+
+    def set_info_stream(self, stream: Any) -> None:
+        self._fallback.set_info_stream(stream)
+
+    def progress_bar(
+        self, cur_iter: int, total_iters: int, prefix: str = "", suffix: str = "", bar_length: int = 30
+    ) -> None:
+        sink = self._sink()
+        if sink is None:
+            self._fallback.progress_bar(cur_iter, total_iters, prefix, suffix, bar_length)
+            return
+        sink.progress(cur_iter, total_iters, prefix)
+
+    def counter_line(self, prefix: str, suffix: str, *, final: bool = False) -> None:
+        if self._sink() is None:
+            self._fallback.counter_line(prefix, suffix, final=final)
+
+
+_install_lock = threading.Lock()
+
+
+def _router() -> _Router:
+    with _install_lock:
+        current = EspLog.instance
+        if isinstance(current, _Router):
+            return current
+        router = _Router(current)
+        EspLog.set_logger(router)
+        return router
+
+
+@contextlib.contextmanager
+def capture_esptool_log(sink: EsptoolLogSink) -> Iterator[EsptoolLogSink]:
+    """Send esptool's messages from this thread to ``sink`` for the duration of the block."""
+    router = _router()
+    previous = router._sink()
+    router._set_sink(sink)
+    try:
+        yield sink
+    finally:
+        sink.flush()
+        router._set_sink(previous)

@@ -1,0 +1,566 @@
+"""Serial ports: resolve what the user typed (path, ``auto``, pyserial URL) and open it with errors a
+person can act on.
+
+Transports differ in what they can do, and the flash and console layers ask :class:`TransportCaps`
+instead of guessing from the string:
+
+==============  ===========  ================  ========================================================
+transport       DTR/RTS      auto-reset        notes
+==============  ===========  ================  ========================================================
+device (tty)    yes (ioctl)  yes               USB-UART bridge or USB-Serial-JTAG (re-enumerates on reset)
+pty             no (ioctl    no                a pseudo-terminal cannot carry modem lines
+                fails)
+rfc2217://      forwarded    by the *server*   esptool's ``esp_rfc2217_server`` turns DTR/RTS changes
+                             (one client)      into its own bootloader/hard resets; no USB-JTAG reset
+socket://       no           no                raw TCP (ser2net): esptool cannot reset at all; a peer
+                                               close while reading is end of stream
+sim://          yes          yes               in-process simulated board (harness.sim)
+loop://         no-op        no                pyserial loopback, for tests
+==============  ===========  ================  ========================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import serial
+import serial.tools.list_ports
+
+from harness.errors import PortError
+
+__all__ = [
+    "BY_ID_DIR",
+    "KNOWN_USB_DEVICES",
+    "BoardLike",
+    "PortCandidate",
+    "PortSpec",
+    "Transport",
+    "TransportCaps",
+    "find_port_holders",
+    "list_candidates",
+    "open_port",
+    "resolve_port",
+]
+
+# USB (VID, PID) of the bridges ESP32 dev boards carry, and Espressif's own USB-Serial-JTAG.
+KNOWN_USB_DEVICES: dict[tuple[int, int], str] = {
+    (0x10C4, 0xEA60): "CP210x USB-UART bridge",
+    (0x1A86, 0x7523): "CH340 USB-UART bridge",
+    (0x1A86, 0x55D4): "CH9102 USB-UART bridge",
+    (0x0403, 0x6001): "FTDI FT232R USB-UART bridge",
+    (0x0403, 0x6010): "FTDI FT2232 USB-UART bridge",
+    (0x0403, 0x6014): "FTDI FT232H USB-UART bridge",
+    (0x0403, 0x6015): "FTDI FT231X USB-UART bridge",
+    (0x303A, 0x1001): "Espressif USB-Serial-JTAG",
+}
+USB_SERIAL_JTAG = (0x303A, 0x1001)
+
+# Stable names for USB serial devices on Linux (udev). A module constant so tests can point it at
+# a temporary directory of symlinks.
+BY_ID_DIR = Path("/dev/serial/by-id")
+
+
+class BoardLike(Protocol):
+    """What this layer reads from a board definition (``harness.boards.Board`` fits)."""
+
+    chip: str
+    console: str  # "uart" | "usb_serial_jtag"
+    reset: str  # "classic" | "usb_serial_jtag"
+
+
+class Transport:
+    """Names of the transports (plain strings so they serialize into reports as-is)."""
+
+    DEVICE = "device"
+    PTY = "pty"
+    RFC2217 = "rfc2217"
+    SOCKET = "socket"
+    SIM = "sim"
+    LOOP = "loop"
+    URL = "url"  # any other pyserial URL handler
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportCaps:
+    """What a transport can do; the flash/console layers decide resets from this, not from strings."""
+
+    modem_lines: bool  # DTR/RTS reach the board
+    atomic_modem_lines: bool  # ioctl(TIOCMSET) works (esptool's UnixTightReset needs it)
+    local_reset: bool  # we can reset the board ourselves with DTR/RTS
+    server_resets: bool  # a remote server performs resets when DTR/RTS change (rfc2217)
+    baud_change: bool  # changing the baud rate reaches the board's UART
+    exclusive_lock: bool  # pyserial's exclusive=True is enforced (flock)
+    single_client: bool  # the far end serves one client at a time
+    disconnect_is_eof: bool  # a dropped link means "no more data", not an error to retry
+    notes: str
+
+
+_CAPS: dict[str, TransportCaps] = {
+    Transport.DEVICE: TransportCaps(
+        modem_lines=True,
+        atomic_modem_lines=os.name != "nt",
+        local_reset=True,
+        server_resets=False,
+        baud_change=True,
+        exclusive_lock=True,
+        single_client=False,
+        disconnect_is_eof=False,
+        notes="local serial device; USB-Serial-JTAG ports re-enumerate on reset (reopened by "
+        "serial number or /dev/serial/by-id)",
+    ),
+    Transport.PTY: TransportCaps(
+        modem_lines=False,
+        atomic_modem_lines=False,
+        local_reset=False,
+        server_resets=False,
+        baud_change=False,
+        exclusive_lock=True,
+        single_client=False,
+        disconnect_is_eof=True,
+        notes="pseudo-terminal: DTR/RTS ioctls fail, reset the board by hand",
+    ),
+    Transport.RFC2217: TransportCaps(
+        modem_lines=True,
+        atomic_modem_lines=False,
+        local_reset=False,
+        server_resets=True,
+        baud_change=True,
+        exclusive_lock=False,
+        single_client=True,
+        disconnect_is_eof=False,
+        notes="esptool's esp_rfc2217_server performs its own bootloader/hard resets on DTR/RTS "
+        "changes, has no USB-Serial-JTAG reset and serves one client at a time",
+    ),
+    Transport.SOCKET: TransportCaps(
+        modem_lines=False,
+        atomic_modem_lines=False,
+        local_reset=False,
+        server_resets=False,
+        baud_change=False,
+        exclusive_lock=False,
+        single_client=False,
+        disconnect_is_eof=True,
+        notes="raw TCP: no reset at all (esptool forces no-reset); a peer close ends the stream",
+    ),
+    Transport.SIM: TransportCaps(
+        modem_lines=True,
+        atomic_modem_lines=False,
+        local_reset=True,
+        server_resets=False,
+        baud_change=True,
+        exclusive_lock=False,
+        single_client=False,
+        disconnect_is_eof=False,
+        notes="in-process simulated board (harness.sim); results are simulated",
+    ),
+    Transport.LOOP: TransportCaps(
+        modem_lines=False,
+        atomic_modem_lines=False,
+        local_reset=False,
+        server_resets=False,
+        baud_change=False,
+        exclusive_lock=False,
+        single_client=False,
+        disconnect_is_eof=True,
+        notes="pyserial loopback (tests only)",
+    ),
+    Transport.URL: TransportCaps(
+        modem_lines=False,
+        atomic_modem_lines=False,
+        local_reset=False,
+        server_resets=False,
+        baud_change=False,
+        exclusive_lock=False,
+        single_client=False,
+        disconnect_is_eof=True,
+        notes="other pyserial URL handler: capabilities unknown, treated as reset-less",
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PortCandidate:
+    """One attached serial device as ``list_ports`` reports it (for ``auto`` and error messages)."""
+
+    device: str  # what to open (by-id path when there is one)
+    kernel_device: str  # what list_ports said (/dev/ttyUSB0, COM3, /dev/cu.usbserial-1410)
+    vid: int | None
+    pid: int | None
+    serial_number: str | None
+    description: str
+    location: str | None
+    kind: str | None  # name from KNOWN_USB_DEVICES, None if unknown
+
+    @property
+    def is_usb_serial_jtag(self) -> bool:
+        return (self.vid, self.pid) == USB_SERIAL_JTAG
+
+    def label(self) -> str:
+        ids = f"{self.vid:04X}:{self.pid:04X}" if self.vid is not None and self.pid is not None else "?"
+        sn = f" SN={self.serial_number}" if self.serial_number else ""
+        return f"{self.device} [{ids}{sn}] {self.kind or self.description}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PortSpec:
+    """A resolved port: what to pass to ``serial_for_url`` plus what we know about the transport."""
+
+    spec: str  # what the user gave ("auto", "/dev/ttyUSB0", "rfc2217://host:4000", ...)
+    url: str  # path or URL to open
+    transport: str  # a Transport name
+    caps: TransportCaps
+    usb: PortCandidate | None = None  # USB identity when known (device ports)
+    note: str | None = None  # e.g. "using /dev/cu.X instead of /dev/tty.X"
+
+    @property
+    def reenumerates(self) -> bool:
+        """True for USB-Serial-JTAG: the port vanishes on reset and comes back (maybe renamed)."""
+        return self.usb is not None and self.usb.is_usb_serial_jtag
+
+    def relocate(self) -> str:
+        """The path/URL to open *now*: after a USB re-enumeration the kernel name may have changed.
+
+        by-id paths are stable; otherwise the device is found again by USB serial number.
+        """
+        if self.transport != Transport.DEVICE or self.usb is None or self.url.startswith(str(BY_ID_DIR)):
+            return self.url
+        if self.usb.serial_number:
+            for cand in list_candidates():
+                if cand.serial_number == self.usb.serial_number and (cand.vid, cand.pid) == (
+                    self.usb.vid,
+                    self.usb.pid,
+                ):
+                    return cand.device
+        return self.url
+
+
+def _by_id_links(by_id_dir: Path | None = None) -> dict[str, str]:
+    """Map real device path -> /dev/serial/by-id symlink (Linux only; empty elsewhere)."""
+    directory = by_id_dir if by_id_dir is not None else BY_ID_DIR
+    links: dict[str, str] = {}
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:
+        return links
+    for entry in entries:
+        try:
+            links.setdefault(os.path.realpath(entry), str(entry))
+        except OSError:
+            continue
+    return links
+
+
+def list_candidates(platform: str | None = None) -> list[PortCandidate]:
+    """Serial devices attached now, with stable names where the OS has them.
+
+    Linux: the ``/dev/serial/by-id`` name when present. macOS: only ``/dev/cu.*`` (opening
+    ``/dev/tty.*`` waits for carrier detect). Windows: ``COMx`` as listed.
+    """
+    plat = platform or sys.platform
+    links = _by_id_links() if plat.startswith("linux") else {}
+    out: list[PortCandidate] = []
+    for info in serial.tools.list_ports.comports():
+        kernel = str(info.device)
+        if plat == "darwin" and kernel.startswith("/dev/tty."):
+            continue  # pyserial lists the cu.* twin too; tty.* blocks on open
+        device = links.get(os.path.realpath(kernel), kernel) if links else kernel
+        vid, pid = info.vid, info.pid
+        out.append(
+            PortCandidate(
+                device=device,
+                kernel_device=kernel,
+                vid=vid,
+                pid=pid,
+                serial_number=info.serial_number,
+                description=str(info.description or ""),
+                location=getattr(info, "location", None),
+                kind=KNOWN_USB_DEVICES.get((vid, pid)) if vid is not None and pid is not None else None,
+            )
+        )
+    return out
+
+
+def _transport_of(spec: str) -> str:
+    lower = spec.lower()
+    if "://" not in lower:
+        return Transport.DEVICE
+    scheme = lower.split("://", 1)[0]
+    return {
+        "rfc2217": Transport.RFC2217,
+        "socket": Transport.SOCKET,
+        "sim": Transport.SIM,
+        "loop": Transport.LOOP,
+    }.get(scheme, Transport.URL)
+
+
+def _is_pty(path: str) -> bool:
+    real = os.path.realpath(path)
+    return real.startswith("/dev/pts/") or bool(re.match(r"/dev/tty[p-za-e][0-9a-f]$", real))
+
+
+def resolve_port(
+    spec: str,
+    board: BoardLike | None = None,
+    *,
+    platform: str | None = None,
+) -> PortSpec:
+    """Turn ``--port`` into a :class:`PortSpec`.
+
+    ``auto`` picks the one attached device that looks like an ESP32 board (known USB-UART bridge or
+    Espressif USB-Serial-JTAG; with ``board``, only the console type the board uses). None or
+    several candidates is a :class:`PortError` listing what was found.
+    """
+    plat = platform or sys.platform
+    text = spec.strip()
+    if not text:
+        raise PortError("empty --port", hint="give a device path, 'auto', or a URL like rfc2217://host:port")
+    if text.lower() == "auto":
+        return _resolve_auto(text, board, plat)
+    transport = _transport_of(text)
+    if transport != Transport.DEVICE:
+        return PortSpec(spec=text, url=text, transport=transport, caps=_CAPS[transport])
+    path, note = text, None
+    if plat == "darwin" and text.startswith("/dev/tty."):
+        twin = "/dev/cu." + text[len("/dev/tty.") :]
+        path, note = twin, f"using {twin} instead of {text} (tty.* waits for carrier detect on macOS)"
+    if plat.startswith("linux") and _is_pty(path):
+        return PortSpec(spec=text, url=path, transport=Transport.PTY, caps=_CAPS[Transport.PTY], note=note)
+    usb = _identify(path, plat)
+    return PortSpec(
+        spec=text, url=path, transport=Transport.DEVICE, caps=_CAPS[Transport.DEVICE], usb=usb, note=note
+    )
+
+
+def _identify(path: str, plat: str) -> PortCandidate | None:
+    """USB identity of an explicit path, if list_ports knows it (by real path, so by-id links match)."""
+    real = os.path.realpath(path) if not plat.startswith("win") else path
+    for cand in list_candidates(plat):
+        if path in (cand.device, cand.kernel_device) or real == os.path.realpath(cand.kernel_device):
+            return cand
+    return None
+
+
+def _resolve_auto(spec: str, board: BoardLike | None, plat: str) -> PortSpec:
+    everything = list_candidates(plat)
+    known = [c for c in everything if c.kind is not None]
+    if board is not None:
+        want_jtag = getattr(board, "console", "uart") == "usb_serial_jtag"
+        matching = [c for c in known if c.is_usb_serial_jtag == want_jtag]
+    else:
+        matching = known
+    if len(matching) == 1:
+        cand = matching[0]
+        return PortSpec(
+            spec=spec,
+            url=cand.device,
+            transport=Transport.DEVICE,
+            caps=_CAPS[Transport.DEVICE],
+            usb=cand,
+            note=f"--port auto chose {cand.label()}",
+        )
+    listing = "\n".join(f"  {c.label()}" for c in everything) or "  (no serial ports at all)"
+    what = "an ESP32 board"
+    if board is not None:
+        console = getattr(board, "console", "uart")
+        what = f"a {'USB-Serial-JTAG' if console == 'usb_serial_jtag' else 'USB-UART bridge'} console"
+    if not matching:
+        raise PortError(
+            f"--port auto found no serial port that looks like {what}. Ports seen:\n{listing}",
+            hint="plug the board in (a data cable, not charge-only), check `dmesg` or Device Manager, "
+            "or give --port explicitly",
+        )
+    listing = "\n".join(f"  {c.label()}" for c in matching)
+    raise PortError(
+        f"--port auto is ambiguous: {len(matching)} candidates for {what}:\n{listing}",
+        hint="pass --port with one of the paths above (prefer /dev/serial/by-id/... on Linux)",
+    )
+
+
+def find_port_holders(device: str) -> list[tuple[int, str]]:
+    """Other processes holding ``device`` open (Linux /proc scan; empty list elsewhere or unknown).
+
+    Serial monitors such as ``screen`` or ``idf.py monitor`` do not always take the flock that
+    pyserial's ``exclusive=True`` checks, so this is how "busy" gets a name.
+    """
+    if not sys.platform.startswith("linux"):
+        return []
+    try:
+        target = os.stat(device)
+    except OSError:
+        return []
+    me = os.getpid()
+    holders: list[tuple[int, str]] = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == me:
+            continue
+        try:
+            fds = list((proc / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(fd)
+            except OSError:
+                continue
+            if st.st_rdev == target.st_rdev and st.st_ino == target.st_ino and st.st_dev == target.st_dev:
+                try:
+                    name = (proc / "comm").read_text().strip()
+                except OSError:
+                    name = "?"
+                holders.append((int(proc.name), name))
+                break
+    return holders
+
+
+def _holders_text(holders: Iterable[tuple[int, str]]) -> str:
+    return ", ".join(f"{name} (pid {pid})" for pid, name in holders)
+
+
+def explain_open_error(url: str, exc: BaseException, *, platform: str | None = None) -> PortError:
+    """Map a pyserial/OS open failure to a :class:`PortError` that says what to do.
+
+    Exposed so the mapping is testable without the hardware that produces each errno.
+    """
+    plat = platform or sys.platform
+    code = getattr(exc, "errno", None)
+    text = str(exc)
+    low = text.lower()
+    if code in (errno.ENOENT, errno.ENODEV, errno.ENXIO) or "no such file" in low or "filenotfound" in low:
+        return PortError(
+            f"serial port {url} does not exist ({text})",
+            hint="is the board plugged in? list ports with `python -m serial.tools.list_ports -v` or "
+            "use --port auto; USB-Serial-JTAG boards may re-enumerate under another name after a reset",
+        )
+    if (
+        code in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EBUSY)
+        or "exclusively lock" in low
+        or (plat.startswith("win") and "access is denied" in low)
+    ):
+        holders = _holders_text(find_port_holders(url))
+        held = f" (held by {holders})" if holders else ""
+        return PortError(
+            f"serial port {url} is busy{held}: another program has it open ({text})",
+            hint="close the other serial monitor (idf.py monitor, screen, minicom, Arduino IDE, another "
+            "esp-check run) and try again",
+        )
+    if code in (errno.EACCES, errno.EPERM) or "permission denied" in low:
+        hint = (
+            "add your user to the 'dialout' group (Debian/Ubuntu; 'uucp' on Arch): "
+            "`sudo usermod -aG dialout $USER`, then log out and back in"
+        )
+        if plat == "darwin":
+            hint = "check the device permissions, and that no other program owns the port"
+        return PortError(f"permission denied opening serial port {url} ({text})", hint=hint)
+    if code in (errno.ENOTTY, errno.EISDIR, errno.EINVAL) or "inappropriate ioctl" in low:
+        return PortError(
+            f"{url} is not a serial port ({text})",
+            hint="give the board's serial device (e.g. /dev/ttyUSB0, /dev/ttyACM0, COM3) or a pyserial URL",
+        )
+    if code in (errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EHOSTUNREACH) or "connection refused" in low:
+        return PortError(
+            f"cannot connect to {url} ({text})",
+            hint="is the remote serial server (esp_rfc2217_server / esp-check sim serve / ser2net) "
+            "running and reachable? an RFC2217 server serves one client at a time",
+        )
+    if isinstance(exc, ValueError):
+        return PortError(
+            f"invalid port {url!r}: {text}",
+            hint="use a device path, 'auto', or rfc2217://host:port, socket://host:port, sim://NAME",
+        )
+    return PortError(f"could not open serial port {url}: {text}", hint="check the port name and cable")
+
+
+def open_port(
+    spec: PortSpec | str,
+    baud: int = 115200,
+    *,
+    exclusive: bool = True,
+    timeout: float | None = None,
+    check_holders: bool = True,
+    opener: Callable[..., serial.SerialBase] | None = None,
+) -> serial.SerialBase:
+    """Open a port for flashing and capture, without resetting the board on open.
+
+    ``timeout`` defaults to 0.05 s (3 s on rfc2217://, see below). DTR and RTS are set inactive
+    *before* opening (both lines equal means "run" on the classic
+    auto-reset circuit), and ``exclusive=True`` makes a second opener fail instead of stealing bytes.
+    With ``check_holders`` a local device already open in another process (a monitor that took
+    no lock) is reported as busy too.
+    """
+    ps = spec if isinstance(spec, PortSpec) else resolve_port(spec)
+    url = ps.url
+    make = opener or serial.serial_for_url
+    if timeout is None:
+        # pyserial's RFC 2217 client renegotiates the link on every timeout change and esptool
+        # sets its 3 s default around each command: start there so flashing does not pay for it.
+        timeout = 3.0 if ps.transport == Transport.RFC2217 else 0.05
+    try:
+        kwargs: dict[str, Any] = {"baudrate": baud, "timeout": timeout, "do_not_open": True}
+        if exclusive and ps.transport in (Transport.DEVICE, Transport.PTY):
+            kwargs["exclusive"] = True
+        port = make(url, **kwargs)
+        if ps.caps.modem_lines and ps.transport != Transport.RFC2217:
+            port.dtr = False
+            port.rts = False
+        port.open()
+    except (serial.SerialException, OSError, ValueError) as exc:
+        raise explain_open_error(url, exc) from exc
+    if check_holders and exclusive and ps.transport in (Transport.DEVICE, Transport.PTY):
+        holders = find_port_holders(url)
+        if holders:
+            port.close()
+            raise PortError(
+                f"serial port {url} is busy: also open in {_holders_text(holders)}",
+                hint="close the other serial monitor first; two readers split the bytes between them",
+            )
+    return port
+
+
+def reopen_after_reenumeration(
+    ps: PortSpec,
+    baud: int,
+    *,
+    wait_s: float = 5.0,
+    poll_s: float = 0.05,
+    opener: Callable[[], serial.SerialBase] | None = None,
+) -> serial.SerialBase:
+    """Open the port again after a USB-Serial-JTAG reset made it vanish, waiting at most ``wait_s``.
+
+    The device is looked up again each try (by-id path or USB serial number), since it may come
+    back under another kernel name.
+    """
+    deadline = time.monotonic() + wait_s
+    last: BaseException | None = None
+    while True:
+        try:
+            if opener is not None:
+                return opener()
+            return open_port(dataclasses.replace(ps, url=ps.relocate()), baud, check_holders=False)
+        except (PortError, serial.SerialException, OSError) as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    raise PortError(
+        f"{ps.url} did not come back within {wait_s:.1f} s after the board reset ({last})",
+        hint="USB-Serial-JTAG boards re-enumerate on reset: check the cable/hub, or use the "
+        "/dev/serial/by-id/... path so the port is found again under its stable name",
+    )
+
+
+def caps_for(transport: str) -> TransportCaps:
+    """Capabilities of a transport name (for docs and callers that build a PortSpec by hand)."""
+    return _CAPS[transport]
+
+
+def describe_transports() -> Sequence[tuple[str, TransportCaps]]:
+    """All transports and what they can do (docs/device.md renders the same facts)."""
+    return list(_CAPS.items())

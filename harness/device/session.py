@@ -1,0 +1,136 @@
+"""One board, one open serial handle: flash, then capture, without closing in between.
+
+This is the object the flash-and-compare orchestration uses::
+
+    with DeviceSession("auto", board) as dev:            # opens exclusive=True, no reset on open
+        fr = dev.flash(build.artifacts, log_path=out / "flash.log")   # esptool, stays in the stub
+        cap = dev.capture(out / "serial.log", total_timeout=60)      # reset into app, read to END
+        findings = classify(cap.data, ended_by=cap.ended_by)
+
+The handle may be replaced during the capture (USB-Serial-JTAG re-enumerates on reset); the
+session always holds the current one and closes it on exit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import serial
+
+from harness.device.console import RawCapture, capture_run
+from harness.device.flash import ROM_BAUD, FlashResult, ProgressCallback, flash_artifacts
+from harness.device.ports import BoardLike, PortSpec, open_port, reopen_after_reenumeration, resolve_port
+
+__all__ = ["DeviceSession"]
+
+
+class DeviceSession:
+    """A board on a port: resolve, open once, flash, capture, close."""
+
+    def __init__(
+        self,
+        port: str | PortSpec,
+        board: BoardLike | None = None,
+        *,
+        flash_baud: int | None = None,
+        console_baud: int | None = None,
+        reenumerate_wait_s: float = 5.0,
+    ) -> None:
+        self.spec = port if isinstance(port, PortSpec) else resolve_port(port, board)
+        self.board = board
+        self.flash_baud = flash_baud or int(getattr(board, "flash_baud", 460800))
+        self.console_baud = console_baud or int(getattr(board, "monitor_baud", 115200))
+        self.reset_style = str(getattr(board, "reset", "classic"))
+        self.reenumerate_wait_s = reenumerate_wait_s
+        self.serial: serial.SerialBase | None = None
+
+    @property
+    def reenumerates(self) -> bool:
+        return self.reset_style == "usb_serial_jtag" or self.spec.reenumerates
+
+    def open(self) -> DeviceSession:
+        if self.serial is None or not self.serial.is_open:
+            self.serial = open_port(self.spec, ROM_BAUD, exclusive=True)
+        return self
+
+    def close(self) -> None:
+        if self.serial is not None:
+            try:
+                self.serial.close()
+            finally:
+                self.serial = None
+
+    def __enter__(self) -> DeviceSession:
+        return self.open()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _reopen(self) -> serial.SerialBase:
+        return reopen_after_reenumeration(self.spec, self.console_baud, wait_s=self.reenumerate_wait_s)
+
+    def flash(
+        self,
+        artifacts: Sequence[tuple[int, Path | str]],
+        *,
+        after: str = "no-reset-stub",
+        progress: ProgressCallback | None = None,
+        log_path: Path | None = None,
+        **kwargs: Any,
+    ) -> FlashResult:
+        """Flash and stay in the stub (default): :meth:`capture` then resets into the app itself,
+        after switching the port to the console baud, so the first line is not lost."""
+        self.open()
+        assert self.serial is not None
+        result = flash_artifacts(
+            self.serial,
+            artifacts,
+            expected_chip=kwargs.pop("expected_chip", getattr(self.board, "chip", None)),
+            baud=kwargs.pop("baud", self.flash_baud),
+            reset_style=self.reset_style,
+            after=after,
+            console_baud=self.console_baud,
+            progress=progress,
+            log_path=log_path,
+            port_spec=self.spec,
+            **kwargs,
+        )
+        if result.serial is not None:
+            self.serial = result.serial
+        return result
+
+    def capture(self, log_path: Path | None = None, *, reset: bool = True, **kwargs: Any) -> RawCapture:
+        """Reset into the app (board reset style) and read until END / timeout; see
+        :func:`harness.device.console.capture_run` for the keyword arguments."""
+        self.open()
+        assert self.serial is not None
+        cap = capture_run(
+            self.serial,
+            log_path=log_path,
+            reset=self.reset_style if reset else None,
+            baud=self.console_baud,
+            caps=self.spec.caps,
+            reopen=self._reopen if self.reenumerates else None,
+            **kwargs,
+        )
+        if cap.serial is not None:
+            self.serial = cap.serial
+        return cap
+
+    def describe(self) -> dict[str, Any]:
+        """What reports say about the port (transport, caps, USB identity)."""
+        return {
+            "spec": self.spec.spec,
+            "url": self.spec.url,
+            "transport": self.spec.transport,
+            "caps": dataclasses.asdict(self.spec.caps),
+            "usb": dataclasses.asdict(self.spec.usb) if self.spec.usb else None,
+            "note": self.spec.note,
+            "reset_style": self.reset_style,
+        }

@@ -1,0 +1,638 @@
+"""Output-protocol emitters (docs/protocol.md): the firmware's C emitter via ctypes, or a Python twin.
+
+The simulated board and the contract tests print the protocol through these. Backend ``"c"`` compiles
+``firmware_templates/common/esp_check_proto.c`` (the very file the firmware builds) with the host C
+compiler into a per-user cache; ``"python"`` is a pure-Python implementation that must stay
+byte-identical to it (a contract test checks this); ``"auto"`` prefers C when a compiler exists.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import hashlib
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from harness.errors import BuildError, UsageError
+from harness.resources import templates_dir
+
+LINE_MAX = 240  # bytes per record including \r\n
+BODY_MAX = LINE_MAX - 11  # "*XXXXXXXX\r\n" follows the body
+DATA_CHUNK = 96
+NAME_MAX = 64
+MSG_MAX = 120
+MAX_DIMS = 8
+PROTO_VERSION = 1
+
+DTYPE_SIZES: dict[str, int] = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "float32": 4}
+_NP_DTYPES: dict[str, str] = {"int8": "<i1", "uint8": "<u1", "int16": "<i2", "int32": "<i4", "float32": "<f4"}
+_C_FLAGS = ("-std=c99", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra")
+_SANITIZE = bytes(c if 0x21 <= c <= 0x7E and c != 0x2A else 0x5F for c in range(256))
+_OVERFLOW_TAIL = b" ERROR stage=internal code=0 msg=record_overflow "
+
+
+class ProtocolOverflowError(UsageError):
+    """A record would exceed the protocol's 240-byte line limit (or has an invalid key)."""
+
+
+FieldValue = str | int
+
+
+class Emitter(Protocol):
+    """What firmware-like code calls to print the protocol (same calls as the C API)."""
+
+    backend: str
+
+    def begin(self, fwver: str, sim: bool) -> None: ...
+    def info(self, fields: Sequence[tuple[str, FieldValue]]) -> None: ...
+    def arena(self, size: int, used: int, mem: str) -> None: ...
+    def input(self, i: int, nbytes: int, sha256_hex: str) -> None: ...
+    def time(self, i: int, invoke_us: int) -> None: ...
+    def tensor(
+        self,
+        i: int,
+        o: int,
+        dtype: str,
+        shape: Sequence[int],
+        scale: float,
+        zp: int,
+        data: bytes,
+        name: str = "",
+        human_max: int = 16,
+    ) -> None: ...
+    def error(self, stage: str, code: int, msg: str, i: int | None = None) -> None: ...
+    def end(self, ok: bool) -> None: ...
+
+
+# ---- shared helpers (both backends) --------------------------------------------------------------
+
+
+def _cbytes(value: str | bytes) -> bytes:
+    """What a C string sees: UTF-8 bytes up to the first NUL."""
+    raw = value.encode("utf-8", "replace") if isinstance(value, str) else bytes(value)
+    nul = raw.find(b"\0")
+    return raw if nul < 0 else raw[:nul]
+
+
+def sanitize_value(value: str | bytes, max_len: int = LINE_MAX) -> bytes:
+    """Protocol string value: each byte outside 0x21..0x7E, and '*', becomes '_'; empty is '-'."""
+    raw = _cbytes(value)[:max_len]
+    return raw.translate(_SANITIZE) if raw else b"-"
+
+
+def _key_ok(key: str) -> bool:
+    return (
+        bool(key)
+        and "a" <= key[0] <= "z"
+        and all(("a" <= c <= "z") or ("0" <= c <= "9") or c == "_" for c in key)
+    )
+
+
+def _float32_bits(x: float) -> int:
+    try:
+        return int(struct.unpack("<I", struct.pack("<f", x))[0])
+    except (OverflowError, struct.error) as exc:
+        raise ValueError(f"scale {x!r} is not representable as float32") from exc
+
+
+def _check_int(name: str, v: int, lo: int, hi: int) -> int:
+    if not isinstance(v, int | np.integer) or isinstance(v, bool) or not lo <= int(v) <= hi:
+        raise ValueError(f"{name}={v!r} out of range [{lo}, {hi}]")
+    return int(v)
+
+
+def human_value(dtype: str, raw: bytes, scale_bits: int, zp: int) -> float:
+    """The value an ``Output:`` line shows for one element (same arithmetic as the C emitter)."""
+    q = np.frombuffer(raw, dtype=_NP_DTYPES[dtype], count=1)[0]
+    if dtype == "float32":
+        return float(q)
+    scale = struct.unpack("<f", struct.pack("<I", scale_bits))[0]
+    if scale == 0.0:
+        return float(int(q))
+    return float(int(q) - zp) * scale
+
+
+def format_human(v: float) -> bytes:
+    if math.isnan(v):
+        return b"Output: nan\r\n"
+    if math.isinf(v):
+        return b"Output: -inf\r\n" if v < 0 else b"Output: inf\r\n"
+    return b"Output: %.6f\r\n" % v
+
+
+def _tensor_problem(dtype: str, shape: Sequence[int], nbytes: int) -> str | None:
+    item = DTYPE_SIZES.get(dtype)
+    if item is None:
+        return "bad_dtype"
+    if len(shape) > MAX_DIMS:
+        return "bad_shape"
+    count = 1
+    for d in shape:
+        if d < 0 or (d > 0 and count > (2**64 - 1) // 16 // d):
+            return "bad_shape"
+        count *= d
+    if count * item != nbytes:
+        return "tensor_size"
+    return None
+
+
+# ---- pure-Python emitter -------------------------------------------------------------------------
+
+
+class PythonEmitter:
+    """Pure-Python twin of esp_check_proto.c (byte-identical output)."""
+
+    backend = "python"
+
+    def __init__(self, write: Callable[[bytes], None]) -> None:
+        self._write = write
+        self.seq = 0
+
+    def _emit(self, rtype: str, fields: Sequence[tuple[str, bytes]]) -> bool:
+        body = b"@EC1 %d %s" % (self.seq, rtype.encode("ascii"))
+        ok = True
+        for key, value in fields:
+            if not _key_ok(key):
+                ok = False
+                break
+            body += b" " + key.encode("ascii") + b"=" + value
+        body += b" "
+        if not ok or len(body) > BODY_MAX:
+            body = b"@EC1 %d" % self.seq + _OVERFLOW_TAIL
+            ok = False
+        self._write(body + b"*%08X\r\n" % zlib.crc32(body))
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        return ok
+
+    @staticmethod
+    def _value(v: FieldValue) -> bytes:
+        if isinstance(v, bool):
+            return b"1" if v else b"0"
+        if isinstance(v, int | np.integer):
+            return b"%d" % int(v)
+        return sanitize_value(v)
+
+    def begin(self, fwver: str, sim: bool) -> None:
+        self.seq = 0
+        self._emit(
+            "BEGIN",
+            [
+                ("proto", b"1"),
+                ("fw", b"esp-check"),
+                ("fwver", sanitize_value(fwver)),
+                ("sim", b"1" if sim else b"0"),
+            ],
+        )
+
+    def info(self, fields: Sequence[tuple[str, FieldValue]]) -> None:
+        encoded = [(k, self._value(v)) for k, v in fields]
+        check_record_fits(self.seq, "INFO", encoded)
+        self._emit("INFO", encoded)
+
+    def arena(self, size: int, used: int, mem: str) -> None:
+        self._emit(
+            "ARENA",
+            [
+                ("size", b"%d" % _check_int("size", size, 0, 2**64 - 1)),
+                ("used", b"%d" % _check_int("used", used, 0, 2**64 - 1)),
+                ("mem", sanitize_value(mem)),
+            ],
+        )
+
+    def input(self, i: int, nbytes: int, sha256_hex: str) -> None:
+        self._emit(
+            "INPUT",
+            [
+                ("i", b"%d" % _check_int("i", i, -(2**31), 2**31 - 1)),
+                ("bytes", b"%d" % _check_int("nbytes", nbytes, 0, 2**64 - 1)),
+                ("sha256", sanitize_value(sha256_hex)),
+            ],
+        )
+
+    def time(self, i: int, invoke_us: int) -> None:
+        self._emit(
+            "TIME",
+            [
+                ("i", b"%d" % _check_int("i", i, -(2**31), 2**31 - 1)),
+                ("invoke_us", b"%d" % _check_int("invoke_us", invoke_us, -(2**63), 2**63 - 1)),
+            ],
+        )
+
+    def error(self, stage: str, code: int, msg: str, i: int | None = None) -> None:
+        fields = [
+            ("stage", sanitize_value(stage)),
+            ("code", b"%d" % _check_int("code", code, -(2**31), 2**31 - 1)),
+        ]
+        if i is not None and i >= 0:
+            fields.append(("i", b"%d" % _check_int("i", i, 0, 2**31 - 1)))
+        fields.append(("msg", sanitize_value(msg, MSG_MAX)))
+        self._emit("ERROR", fields)
+
+    def end(self, ok: bool) -> None:
+        self._emit("END", [("status", b"ok" if ok else b"error"), ("records", b"%d" % self.seq)])
+
+    def tensor(
+        self,
+        i: int,
+        o: int,
+        dtype: str,
+        shape: Sequence[int],
+        scale: float,
+        zp: int,
+        data: bytes,
+        name: str = "",
+        human_max: int = 16,
+    ) -> None:
+        i = _check_int("i", i, -(2**31), 2**31 - 1)
+        o = _check_int("o", o, -(2**31), 2**31 - 1)
+        zp = _check_int("zp", zp, -(2**31), 2**31 - 1)
+        dims = [_check_int("dim", d, -(2**31), 2**31 - 1) for d in shape]
+        bits = _float32_bits(scale)
+        data = bytes(data)
+        bad = _tensor_problem(dtype, dims, len(data))
+        if bad is not None:
+            self.error("internal", 0, bad, i)
+            return
+        fields = [
+            ("i", b"%d" % i),
+            ("o", b"%d" % o),
+            ("dtype", dtype.encode("ascii")),
+            ("shape", b"x".join(b"%d" % d for d in dims) if dims else b"-"),
+            ("scale", b"0x%08X" % bits),
+            ("zp", b"%d" % zp),
+            ("bytes", b"%d" % len(data)),
+            ("crc", b"%08X" % zlib.crc32(data)),
+        ]
+        cname = _cbytes(name)
+        if cname:
+            fields.append(("name", sanitize_value(cname, NAME_MAX)))
+        if not self._emit("TENSOR", fields):
+            return
+        for off in range(0, len(data), DATA_CHUNK):
+            chunk = data[off : off + DATA_CHUNK]
+            b64 = base64.b64encode(chunk)
+            if not self._emit(
+                "DATA", [("i", b"%d" % i), ("o", b"%d" % o), ("off", b"%d" % off), ("b64", b64)]
+            ):
+                return
+        item = DTYPE_SIZES[dtype]
+        count = len(data) // item
+        for j in range(min(max(human_max, 0), count)):
+            self._write(format_human(human_value(dtype, data[j * item : (j + 1) * item], bits, zp)))
+
+
+def check_record_fits(seq: int, rtype: str, fields: Sequence[tuple[str, bytes]]) -> None:
+    """Raise ProtocolOverflowError if a record with these fields cannot be emitted as-is."""
+    for key, _ in fields:
+        if not _key_ok(key):
+            raise ProtocolOverflowError(
+                f"invalid protocol key {key!r}", hint="keys must match [a-z][a-z0-9_]*"
+            )
+    length = (
+        len(b"@EC1 %d %s" % (seq, rtype.encode("ascii"))) + sum(2 + len(k) + len(v) for k, v in fields) + 1
+    )
+    if length > BODY_MAX:
+        raise ProtocolOverflowError(
+            f"{rtype} record would be {length + 11} bytes, more than the protocol's {LINE_MAX}",
+            hint="split the fields over several INFO records",
+        )
+
+
+# ---- C emitter through ctypes --------------------------------------------------------------------
+
+_WRITE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_char), ctypes.c_size_t)
+
+
+def emitter_sources() -> tuple[Path, Path]:
+    """The firmware's emitter sources (.c, .h), from the installed wheel's data or the checkout."""
+    common = templates_dir() / "common"
+    return common / "esp_check_proto.c", common / "esp_check_proto.h"
+
+
+def find_c_compiler() -> str | None:
+    """Host C compiler (``$CC``, cc, gcc, clang) or None."""
+    env_cc = os.environ.get("CC")
+    for cand in ([env_cc] if env_cc else []) + ["cc", "gcc", "clang"]:
+        found = shutil.which(cand)
+        if found:
+            return found
+    return None
+
+
+def default_cache_dir() -> Path:
+    """Per-user cache: $ESP_CHECK_CACHE_DIR, else $XDG_CACHE_HOME/esp-check, else ~/.cache/esp-check."""
+    env = os.environ.get("ESP_CHECK_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg) / "esp-check"
+    if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
+        return Path(os.environ["LOCALAPPDATA"]) / "esp-check"
+    return Path.home() / ".cache" / "esp-check"
+
+
+def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) -> Path:
+    """Compile esp_check_proto.c into a shared library, cached by source hash (safe when concurrent)."""
+    cc = compiler or find_c_compiler()
+    if cc is None:
+        raise BuildError(
+            "no host C compiler found for the protocol emitter",
+            hint="install gcc or clang, set $CC, or use the 'python' emitter backend",
+        )
+    src, hdr = emitter_sources()
+    digest = hashlib.sha256()
+    for part in (
+        src.read_bytes(),
+        hdr.read_bytes(),
+        cc.encode(),
+        " ".join(_C_FLAGS).encode(),
+        sys.platform.encode(),
+    ):
+        digest.update(part)
+        digest.update(b"\0")
+    suffix = {"darwin": ".dylib", "win32": ".dll"}.get(sys.platform, ".so")
+    out_dir = (cache_dir or default_cache_dir()) / "emitter"
+    out = out_dir / f"libesp_check_proto-{digest.hexdigest()[:20]}{suffix}"
+    if out.is_file():
+        return out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=".build-", suffix=suffix, dir=out_dir)
+    os.close(fd)
+    try:
+        proc = subprocess.run(
+            [cc, *_C_FLAGS, "-I", str(src.parent), "-o", tmp_name, str(src)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        if proc.returncode != 0:
+            raise BuildError(
+                f"compiling {src.name} with {cc} failed:\n{proc.stderr.strip()[-2000:]}",
+                hint="check the host C compiler, or use the 'python' emitter backend",
+            )
+        os.replace(tmp_name, out)  # atomic: concurrent builders all produce the same bytes
+    finally:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+    return out
+
+
+def _load_library(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    vp, cp, i32, i64, u64, sz = (
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_int32,
+        ctypes.c_int64,
+        ctypes.c_uint64,
+        ctypes.c_size_t,
+    )
+    sigs: dict[str, tuple[object, list[object]]] = {
+        "ecp_sizeof": (sz, []),
+        "ecp_init": (None, [vp, _WRITE_FN, vp]),
+        "ecp_crc32": (ctypes.c_uint32, [ctypes.c_uint32, cp, sz]),
+        "ecp_record_start": (None, [vp, cp]),
+        "ecp_kv_str": (None, [vp, cp, cp]),
+        "ecp_kv_int": (None, [vp, cp, i64]),
+        "ecp_kv_uint": (None, [vp, cp, u64]),
+        "ecp_record_end": (ctypes.c_int, [vp]),
+        "ecp_info_str": (ctypes.c_int, [vp, cp, cp]),
+        "ecp_info_int": (ctypes.c_int, [vp, cp, i64]),
+        "ecp_begin": (ctypes.c_int, [vp, cp, ctypes.c_int]),
+        "ecp_arena": (ctypes.c_int, [vp, u64, u64, cp]),
+        "ecp_input": (ctypes.c_int, [vp, ctypes.c_int, u64, cp]),
+        "ecp_time": (ctypes.c_int, [vp, ctypes.c_int, i64]),
+        "ecp_tensor": (
+            ctypes.c_int,
+            [
+                vp,
+                ctypes.c_int,
+                ctypes.c_int,
+                cp,
+                ctypes.POINTER(i32),
+                ctypes.c_int,
+                ctypes.c_float,
+                i32,
+                cp,
+                sz,
+                cp,
+                ctypes.c_int,
+            ],
+        ),
+        "ecp_error": (ctypes.c_int, [vp, cp, i32, ctypes.c_int, cp]),
+        "ecp_end": (ctypes.c_int, [vp, ctypes.c_int]),
+    }
+    for name, (restype, argtypes) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+class CEmitter:
+    """The firmware's own emitter (esp_check_proto.c) driven through ctypes."""
+
+    backend = "c"
+
+    def __init__(self, write: Callable[[bytes], None], library: Path) -> None:
+        self.lib = _load_library(library)
+        self._user_write = write
+
+        def _cb(_ctx: int | None, buf: ctypes._Pointer[ctypes.c_char], n: int) -> int:
+            write(ctypes.string_at(buf, n))
+            return int(n)
+
+        self._cb = _WRITE_FN(_cb)  # keep a reference: C holds the pointer
+        self.state = ctypes.create_string_buffer(int(self.lib.ecp_sizeof()))
+        self.lib.ecp_init(self.state, self._cb, None)
+        self.seq = 0
+
+    def _sync(self) -> None:
+        # seq is the first field of ecp_t after two pointers
+        off = 2 * ctypes.sizeof(ctypes.c_void_p)
+        self.seq = int(ctypes.c_uint32.from_buffer(self.state, off).value)
+
+    def begin(self, fwver: str, sim: bool) -> None:
+        self.lib.ecp_begin(self.state, _cbytes(fwver), 1 if sim else 0)
+        self._sync()
+
+    def info(self, fields: Sequence[tuple[str, FieldValue]]) -> None:
+        check_record_fits(self.seq, "INFO", [(k, PythonEmitter._value(v)) for k, v in fields])
+        self.lib.ecp_record_start(self.state, b"INFO")
+        for key, value in fields:
+            if isinstance(value, bool):
+                self.lib.ecp_kv_int(self.state, key.encode("ascii"), int(value))
+            elif isinstance(value, int | np.integer):
+                self.lib.ecp_kv_int(
+                    self.state, key.encode("ascii"), _check_int(key, int(value), -(2**63), 2**63 - 1)
+                )
+            else:
+                self.lib.ecp_kv_str(self.state, key.encode("ascii"), _cbytes(value))
+        self.lib.ecp_record_end(self.state)
+        self._sync()
+
+    def arena(self, size: int, used: int, mem: str) -> None:
+        self.lib.ecp_arena(
+            self.state,
+            _check_int("size", size, 0, 2**64 - 1),
+            _check_int("used", used, 0, 2**64 - 1),
+            _cbytes(mem),
+        )
+        self._sync()
+
+    def input(self, i: int, nbytes: int, sha256_hex: str) -> None:
+        self.lib.ecp_input(
+            self.state,
+            _check_int("i", i, -(2**31), 2**31 - 1),
+            _check_int("nbytes", nbytes, 0, 2**64 - 1),
+            _cbytes(sha256_hex),
+        )
+        self._sync()
+
+    def time(self, i: int, invoke_us: int) -> None:
+        self.lib.ecp_time(
+            self.state,
+            _check_int("i", i, -(2**31), 2**31 - 1),
+            _check_int("invoke_us", invoke_us, -(2**63), 2**63 - 1),
+        )
+        self._sync()
+
+    def tensor(
+        self,
+        i: int,
+        o: int,
+        dtype: str,
+        shape: Sequence[int],
+        scale: float,
+        zp: int,
+        data: bytes,
+        name: str = "",
+        human_max: int = 16,
+    ) -> None:
+        dims = [_check_int("dim", d, -(2**31), 2**31 - 1) for d in shape]
+        _float32_bits(scale)  # same validation as the Python twin
+        arr = (ctypes.c_int32 * max(len(dims), 1))(*dims)
+        data = bytes(data)
+        self.lib.ecp_tensor(
+            self.state,
+            _check_int("i", i, -(2**31), 2**31 - 1),
+            _check_int("o", o, -(2**31), 2**31 - 1),
+            dtype.encode("ascii", "replace"),
+            arr,
+            len(dims),
+            scale,
+            _check_int("zp", zp, -(2**31), 2**31 - 1),
+            data,
+            len(data),
+            _cbytes(name),
+            max(-(2**31), min(int(human_max), 2**31 - 1)),
+        )
+        self._sync()
+
+    def error(self, stage: str, code: int, msg: str, i: int | None = None) -> None:
+        self.lib.ecp_error(
+            self.state,
+            _cbytes(stage),
+            _check_int("code", code, -(2**31), 2**31 - 1),
+            -1 if i is None else _check_int("i", i, -(2**31), 2**31 - 1),
+            _cbytes(msg),
+        )
+        self._sync()
+
+    def end(self, ok: bool) -> None:
+        self.lib.ecp_end(self.state, 1 if ok else 0)
+        self._sync()
+
+
+def make_emitter(
+    write: Callable[[bytes], None], *, backend: str = "auto", cache_dir: Path | None = None
+) -> Emitter:
+    """An emitter writing protocol bytes to ``write``: backend ``"c"``, ``"python"`` or ``"auto"``."""
+    if backend not in ("auto", "c", "python"):
+        raise UsageError(f"unknown emitter backend {backend!r}", hint="use 'auto', 'c' or 'python'")
+    if backend == "python" or (backend == "auto" and find_c_compiler() is None):
+        return PythonEmitter(write)
+    return CEmitter(write, build_c_library(cache_dir))
+
+
+# ---- whole-capture helper (simulator, tests) -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One output tensor to emit."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    scale: float
+    zp: int
+    data: bytes
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One input's run: the quantized input bytes, the invoke time and the outputs."""
+
+    input_data: bytes
+    invoke_us: int
+    outputs: tuple[TensorSpec, ...]
+
+
+def pack_info(fields: Sequence[tuple[str, FieldValue]], seq: int = 1) -> list[list[tuple[str, FieldValue]]]:
+    """Greedily pack INFO fields into as few records as fit the line limit (in the given order)."""
+    records: list[list[tuple[str, FieldValue]]] = []
+    cur: list[tuple[str, FieldValue]] = []
+    for item in fields:
+        trial = [*cur, item]
+        try:
+            check_record_fits(seq + len(records), "INFO", [(k, PythonEmitter._value(v)) for k, v in trial])
+        except ProtocolOverflowError:
+            if not cur:
+                raise
+            records.append(cur)
+            cur = [item]
+        else:
+            cur = trial
+    if cur:
+        records.append(cur)
+    return records
+
+
+def emit_capture(
+    em: Emitter,
+    *,
+    info: Sequence[tuple[str, FieldValue]],
+    runs: Sequence[RunSpec],
+    fwver: str = "0.1.0",
+    sim: bool = False,
+    arena: tuple[int, int, str] | None = (65536, 32768, "host"),
+    human_max: int = 16,
+) -> None:
+    """Print a whole, successful boot (BEGIN, INFO, ARENA, per run INPUT/TIME/TENSOR/DATA, END)."""
+    em.begin(fwver, sim)
+    for rec in pack_info(info):
+        em.info(rec)
+    if arena is not None:
+        em.arena(*arena)
+    for i, run in enumerate(runs):
+        em.input(i, len(run.input_data), hashlib.sha256(run.input_data).hexdigest())
+        em.time(i, run.invoke_us)
+        for o, t in enumerate(run.outputs):
+            em.tensor(i, o, t.dtype, t.shape, t.scale, t.zp, t.data, t.name, human_max)
+    em.end(True)

@@ -1,0 +1,579 @@
+"""Render firmware projects (ESP-NN optimized and ANSI C) from the Jinja templates in ``firmware_templates/``.
+
+Each variant is one directory that is both an ESP-IDF project (``idf.py build``) and a PlatformIO
+project (``pio run``). The two variants differ only in ``CONFIG_NN_OPTIMIZED``/``CONFIG_NN_ANSI_C`` and
+in their manifest, so any difference in their outputs comes from the kernels. Rendering is
+deterministic (no timestamps, no absolute paths) so the build cache can key on file contents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import numpy as np
+
+from harness import __version__
+from harness.boards import Board, load_board
+from harness.errors import EspCheckError, GenerateError
+from harness.resources import data_dir, templates_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+VARIANTS: tuple[str, ...] = ("optimized", "ansi")
+NN_SYMBOL = {"optimized": "CONFIG_NN_OPTIMIZED", "ansi": "CONFIG_NN_ANSI_C"}
+NN_REPORTED = {"optimized": "optimized", "ansi": "ansi_c"}  # INFO nn= value the firmware prints
+
+# Pinned versions (checked upstream 2026): platform-espressif32 6.13.0 ships framework-espidf
+# 3.50503.0 = ESP-IDF v5.5.3; esp-tflite-micro 1.3.8 needs IDF >= 5.0 and pulls esp-nn.
+DEFAULT_VERSIONS: dict[str, str] = {
+    "platform": "6.13.0",
+    "tflm": "1.3.8",
+    "espnn": "1.1.2",
+    "idf": "5.5.3",
+}
+PIO_ENV = "esp_check"
+MANIFEST_NAME = "esp-check.json"
+MANIFEST_SCHEMA = "esp-check-project/1"
+DATA_DIR = "esp-check"  # model.tflite and input_<k>.bin copies, build outputs under esp-check/build
+HUMAN_MAX = 16
+MAIN_STACK_BYTES = 16384
+APP_PARTITION_BYTES = 3 * 1024 * 1024  # fits a 540 KB model plus TFLM and ESP-NN with room to spare
+APP_PARTITION_OFFSET = 0x10000
+PSRAM_RESERVE_BYTES = 512 * 1024  # PSRAM left for the rest of the system when the arena goes there
+MAX_INPUTS = 64
+PROTO_FILES = ("esp_check_proto.c", "esp_check_proto.h")
+SUPPORTED_DTYPES = ("int8", "uint8", "int16", "int32", "float32")
+
+_VERSION_RE = re.compile(r"^[0-9A-Za-z.+~-]{1,32}$")
+_METHOD_RE = re.compile(r"^Add[A-Za-z0-9_]{1,64}$")
+_SAFE_CHARS = re.compile(r"[^A-Za-z0-9_.:/-]")
+
+
+# --------------------------------------------------------------------------------------------
+# sanitizing: every model-derived string that reaches C goes through one of these
+
+
+def c_str(value: object, max_len: int = 64) -> str:
+    """Text safe inside a C string literal and in a protocol value: ``[A-Za-z0-9_.:/-]`` only.
+
+    No quote, backslash, ``?`` (trigraphs), ``*`` (comments, protocol CRC marker) or control
+    character can survive; an empty name becomes ``-`` (the protocol's empty value).
+    """
+    text = _SAFE_CHARS.sub("_", str(value))[:max_len]
+    return text or "-"
+
+
+def c_comment(value: object, max_len: int = 80) -> str:
+    """Text safe inside a ``//`` comment (same character set as :func:`c_str`: no newline, no ``*/``)."""
+    return c_str(value, max_len)
+
+
+def _hex_array(data: bytes, per_line: int = 16) -> str:
+    """C initializer body for ``data``: ``0x..,`` values, ``per_line`` per line (deterministic)."""
+    if not data:
+        return "    0x00,"  # a zero-length array is not valid C++; sizes are checked separately
+    h = data.hex()
+    tokens = ["0x" + h[i : i + 2] + "," for i in range(0, len(h), 2)]
+    lines = ["    " + " ".join(tokens[i : i + per_line]) for i in range(0, len(tokens), per_line)]
+    return "\n".join(lines)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass(frozen=True)
+class GeneratedProject:
+    """One rendered project directory (one variant)."""
+
+    variant: str
+    path: Path
+    manifest_path: Path
+    board: Board
+    arena_bytes: int
+    arena_mem: str  # internal | psram
+    files: tuple[str, ...]  # relative paths written by the generator
+    manifest: Mapping[str, Any] = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class ArenaPlan:
+    """How big the arena is and where it lives on the board."""
+
+    bytes: int
+    mem: str  # internal | psram
+    source: str  # "estimate (measured)" | "estimate (rough)" | "--arena-kb"
+    estimate_bytes: int | None
+
+
+def place_arena(arena_bytes: int, board: Board) -> str:
+    """``internal`` or ``psram`` for an ``arena_bytes`` arena on ``board``; GenerateError if neither fits."""
+    internal = board.internal_ram_arena_kb * 1024
+    if arena_bytes <= internal:
+        return "internal"
+    psram = board.psram_mb * 1024 * 1024 - PSRAM_RESERVE_BYTES
+    if board.has_psram and arena_bytes <= psram:
+        return "psram"
+    where = f"{internal // 1024} KB internal RAM"
+    if board.has_psram:
+        where += f" or {max(psram, 0) // 1024} KB usable {board.psram} PSRAM"
+    else:
+        where += " and it has no PSRAM"
+    raise GenerateError(
+        f"the tensor arena needs {arena_bytes // 1024} KB, but board {board.name} offers {where}",
+        hint="use a board with (more) PSRAM (e.g. esp32s3-devkitc-1-n8r8), a smaller model or input "
+        "resolution, or --arena-kb if you know the device needs less than the estimate",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# neighbours' interfaces (imported lazily so `generate` works without the tflite-micro wheel)
+
+
+def _estimate_arena_bytes(model_path: Path, chip: str) -> tuple[int, str]:
+    """Recommended arena bytes for ``chip`` and how they were obtained (``measured`` or ``rough``)."""
+    from harness.arena import estimate_arena  # imported lazily: it may probe TFLM in a subprocess
+
+    estimate = estimate_arena(model_path, chip=chip)
+    return int(estimate.target_bytes), str(estimate.method)
+
+
+def _prepare_inputs(
+    input_paths: Sequence[Path], tensor: Any, options: Any | None
+) -> list[tuple[Path, bytes, Any]]:
+    from harness.inputs import InputOptions, load_input
+
+    opts = options if options is not None else InputOptions()
+    itemsize = np.dtype(tensor.dtype).itemsize
+    expected = tensor.num_elements * itemsize
+    prepared: list[tuple[Path, bytes, Any]] = []
+    for p in input_paths:
+        prep = load_input(p, tensor, opts)
+        q = np.ascontiguousarray(prep.quantized)
+        if str(q.dtype) != tensor.dtype:
+            raise GenerateError(
+                f"input {p} was prepared as {q.dtype}, but the model's input tensor is {tensor.dtype}",
+                hint="this is a bug in input preparation; please report it",
+            )
+        raw = q.astype(q.dtype.newbyteorder("<"), copy=False).tobytes()
+        if len(raw) != expected:
+            raise GenerateError(
+                f"input {p} has {len(raw)} bytes, the model's input tensor {list(tensor.shape)} "
+                f"needs {expected}",
+                hint="give an input with the model's input shape",
+            )
+        prepared.append((Path(p), raw, prep))
+    return prepared
+
+
+# --------------------------------------------------------------------------------------------
+# rendering
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir() / "project")),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # noqa: S701 - we generate C/CMake/INI, not HTML; values are sanitized instead
+    )
+    env.filters["c_str"] = c_str
+    env.filters["c_comment"] = c_comment
+    return env
+
+
+def template_version() -> str:
+    """Version of the firmware templates (printed by the firmware as ``fwver``)."""
+    text = (templates_dir() / "VERSION").read_text(encoding="utf-8").strip()
+    if not _VERSION_RE.match(text):
+        raise EspCheckError(f"firmware_templates/VERSION holds an invalid version {text!r}")
+    return text
+
+
+def _template_names(env: jinja2.Environment) -> list[str]:
+    return sorted(n for n in env.list_templates() if n.endswith(".j2"))
+
+
+def _output_name(template_name: str) -> str:
+    name = template_name[: -len(".j2")]
+    return ".gitignore" if name == "gitignore" else name
+
+
+def _write_if_changed(path: Path, data: bytes) -> bool:
+    """Write ``data``; keep the file (and its mtime) when the content is already the same."""
+    try:
+        if path.read_bytes() == data:
+            return False
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return True
+
+
+def _check_versions(versions: Mapping[str, str]) -> None:
+    for key, value in versions.items():
+        if not isinstance(value, str) or not _VERSION_RE.match(value):
+            raise GenerateError(
+                f"version {key}={value!r} is not a valid version string", hint="use e.g. 1.3.8"
+            )
+
+
+def load_allowlist() -> dict[str, Any]:
+    """The sdkconfig allow-list (harness/data/sdkconfig_allowlist.toml)."""
+    text = (data_dir() / "sdkconfig_allowlist.toml").read_text(encoding="utf-8")
+    return dict(tomllib.loads(text))
+
+
+def check_sdkconfig(text: str, chip: str, allow: Mapping[str, Any], where: str) -> list[str]:
+    """Symbols of a rendered sdkconfig.defaults; GenerateError for any symbol not allowed for ``chip``.
+
+    ESP-IDF silently ignores unknown symbols, so a typo (or a board file's extra symbol) would not fail
+    the build: it would quietly produce a different firmware. Checking here makes it a clear error.
+    """
+    symbols: list[str] = []
+    for line in text.splitlines():
+        m = re.match(r"^(?:# )?(CONFIG_[A-Z0-9_]+)(?:=| is not set$)", line)
+        if not m:
+            continue
+        key = m.group(1)
+        entry = allow["symbols"].get(key)
+        if key in allow.get("forbidden", {}):
+            raise GenerateError(f"{where}: {key} must never be set ({allow['forbidden'][key]})")
+        if entry is None:
+            raise GenerateError(
+                f"{where}: {key} is not in the sdkconfig allow-list "
+                "(ESP-IDF ignores unknown symbols silently)",
+                hint="check the symbol name against the ESP-IDF Kconfig and add it to "
+                "harness/data/sdkconfig_allowlist.toml",
+            )
+        chips = entry.get("chips")
+        if chips is not None and chip not in chips:
+            raise GenerateError(f"{where}: {key} does not exist for {chip} (only {', '.join(chips)})")
+        symbols.append(key)
+    return symbols
+
+
+def _resolver(model: Any) -> list[str]:
+    from harness.opdata import resolver_methods
+
+    methods = list(resolver_methods(model))
+    for m in methods:
+        if not _METHOD_RE.match(m):
+            raise GenerateError(f"op table gives an invalid resolver method name {m!r}")
+    return methods
+
+
+def generate_projects(
+    model_path: str | Path,
+    input_paths: Sequence[str | Path],
+    board: str | Path | Board,
+    *,
+    out_dir: str | Path,
+    variants: Sequence[str] = VARIANTS,
+    input_options: Any | None = None,
+    arena_kb: int | None = None,
+    tflm_version: str | None = None,
+    espnn_version: str | None = None,
+    platform_version: str | None = None,
+    human_max: int = HUMAN_MAX,
+) -> list[GeneratedProject]:
+    """Render one project per variant under ``out_dir/<variant>`` for ``model_path`` and K inputs.
+
+    Raises GenerateError (usage, exit 2) before anything is built when the model cannot be embedded
+    (several input tensors, an unsupported dtype) or the arena fits in no memory of the board.
+    """
+    from harness.model import load_model
+
+    board_def = load_board(board)
+    model_path = Path(model_path)
+    out = Path(out_dir)
+    if not variants:
+        raise GenerateError("no variant requested", hint="use --variant optimized, ansi or both")
+    for v in variants:
+        if v not in VARIANTS:
+            raise GenerateError(f"unknown variant {v!r}", hint="variants: optimized, ansi")
+    if not input_paths:
+        raise GenerateError("at least one --input is needed", hint="pass --input FILE (repeatable)")
+    if len(input_paths) > MAX_INPUTS:
+        raise GenerateError(f"{len(input_paths)} inputs given; at most {MAX_INPUTS} fit in one firmware")
+    if not 0 <= human_max <= 1024:
+        raise GenerateError(f"human_max={human_max} must be between 0 and 1024")
+    versions = dict(DEFAULT_VERSIONS)
+    for key, value in (("tflm", tflm_version), ("espnn", espnn_version), ("platform", platform_version)):
+        if value is not None:
+            versions[key] = value
+    _check_versions(versions)
+
+    model = load_model(model_path)
+    model_bytes = model_path.read_bytes()
+    if len(model.inputs) != 1:
+        raise GenerateError(
+            f"{model_path.name} has {len(model.inputs)} input tensors; the generated firmware "
+            "supports exactly one",
+            hint="multi-input models are not supported yet by `generate`",
+        )
+    tensor = model.inputs[0]
+    for t in (tensor, *model.outputs):
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise GenerateError(
+                f"tensor {c_str(t.name)} has dtype {t.dtype}; the firmware supports "
+                f"{', '.join(SUPPORTED_DTYPES)}",
+                hint="convert the model with integer (int8) inputs and outputs",
+            )
+    if not model.outputs:
+        raise GenerateError(f"{model_path.name} has no output tensors")
+    resolver = _resolver(model)
+
+    if arena_kb is not None:
+        if arena_kb <= 0:
+            raise GenerateError(f"--arena-kb {arena_kb} must be positive")
+        plan = ArenaPlan(arena_kb * 1024, "", "--arena-kb", None)
+    else:
+        est, method = _estimate_arena_bytes(model_path, board_def.chip)
+        plan = ArenaPlan(-(-est // 1024) * 1024, "", f"estimate ({method})", est)
+    plan = ArenaPlan(plan.bytes, place_arena(plan.bytes, board_def), plan.source, plan.estimate_bytes)
+
+    prepared = _prepare_inputs([Path(p) for p in input_paths], tensor, input_options)
+    app_partition = min(APP_PARTITION_BYTES, board_def.flash_bytes - APP_PARTITION_OFFSET)
+    if len(model_bytes) + sum(len(r) for _, r, _ in prepared) > app_partition - 1024 * 1024:
+        raise GenerateError(
+            f"model and inputs ({len(model_bytes) // 1024} KB) leave too little room for the program in the "
+            f"{app_partition // 1024} KB app partition of {board_def.name}",
+            hint="use fewer inputs per firmware or a board with more flash",
+        )
+
+    tv = template_version()
+    env = _environment()
+    allow = load_allowlist()
+    inputs_ctx = [
+        {"source_name": p.name, "sha256": _sha256(raw), "array": _hex_array(raw)} for p, raw, _ in prepared
+    ]
+    outputs_ctx = [
+        {
+            "index": k,
+            "name": c_str(o.name),
+            "dtype": o.dtype,
+            "shape": list(o.shape),
+            "scale": o.scale,
+            "zero_point": o.zero_point,
+        }
+        for k, o in enumerate(model.outputs)
+    ]
+    base_ctx: dict[str, Any] = {
+        "banner": f"Generated by esp-check {__version__} (templates {tv}). "
+        "Regenerate with `esp-check generate`.",
+        "template_version": tv,
+        "board": board_def,
+        "versions": versions,
+        "pio_env": PIO_ENV,
+        "model": {"file_name": model_path.name, "bytes": len(model_bytes), "sha256": _sha256(model_bytes)},
+        "model_array": _hex_array(model_bytes),
+        "inputs": inputs_ctx,
+        "input_bytes": len(prepared[0][1]),
+        "input_dtype": tensor.dtype,
+        "outputs": outputs_ctx,
+        "resolver": resolver,
+        "arena_bytes": plan.bytes,
+        "arena_mem": plan.mem,
+        "human_max": human_max,
+        "main_stack_bytes": MAIN_STACK_BYTES,
+        "app_partition_bytes": app_partition,
+    }
+    proto_dir = templates_dir() / "common"
+    for name in PROTO_FILES:
+        if not (proto_dir / name).is_file():
+            raise EspCheckError(f"firmware_templates/common/{name} is missing", hint="reinstall esp-check")
+
+    projects: list[GeneratedProject] = []
+    for variant in variants:
+        ctx = dict(base_ctx, variant=variant)
+        pdir = out / variant
+        files: dict[str, bytes] = {}
+        for tname in _template_names(env):
+            rel = _output_name(tname)
+            if rel == "platformio.ini" and not board_def.pio_board:
+                continue  # e.g. ESP32-P4: platform-espressif32 6.13.0 cannot build it
+            try:
+                text = env.get_template(tname).render(ctx)
+            except jinja2.UndefinedError as exc:  # a template bug, never user input
+                raise EspCheckError(f"template {tname} uses an undefined value: {exc}") from exc
+            if rel == "sdkconfig.defaults":
+                check_sdkconfig(text, board_def.chip, allow, f"sdkconfig.defaults for board {board_def.name}")
+            files[rel] = text.encode("utf-8")
+        for name in PROTO_FILES:
+            files[f"main/{name}"] = (proto_dir / name).read_bytes()
+        files[f"{DATA_DIR}/model.tflite"] = model_bytes
+        for k, (_, raw, _) in enumerate(prepared):
+            files[f"{DATA_DIR}/input_{k}.bin"] = raw
+
+        manifest = _manifest(
+            variant,
+            board_def,
+            versions,
+            tv,
+            model_path,
+            model_bytes,
+            prepared,
+            tensor,
+            model,
+            outputs_ctx,
+            resolver,
+            plan,
+            human_max,
+            files,
+        )
+        old_files = _previous_files(pdir / MANIFEST_NAME)
+        defaults_changed = False
+        for rel, data in sorted(files.items()):
+            changed = _write_if_changed(pdir / rel, data)
+            defaults_changed |= changed and rel == "sdkconfig.defaults"
+        for rel in sorted(old_files - set(files)):  # files an older generation wrote and this one does not
+            stale = pdir / rel
+            if stale.is_file():
+                stale.unlink()
+        if defaults_changed:
+            # A resolved sdkconfig from an earlier build would override the new defaults.
+            for stale_name in ("sdkconfig", f"sdkconfig.{PIO_ENV}", "sdkconfig.old"):
+                (pdir / stale_name).unlink(missing_ok=True)
+        manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
+        _write_if_changed(pdir / MANIFEST_NAME, manifest_bytes)
+        projects.append(
+            GeneratedProject(
+                variant=variant,
+                path=pdir,
+                manifest_path=pdir / MANIFEST_NAME,
+                board=board_def,
+                arena_bytes=plan.bytes,
+                arena_mem=plan.mem,
+                files=tuple(sorted(files)),
+                manifest=manifest,
+            )
+        )
+    return projects
+
+
+def _previous_files(manifest_path: Path) -> set[str]:
+    try:
+        data = json.loads(manifest_path.read_text(encoding="utf-8"))
+        return {str(k) for k in data.get("files", {}) if ".." not in Path(str(k)).parts}
+    except (OSError, ValueError, AttributeError):
+        return set()
+
+
+def _manifest(
+    variant: str,
+    board: Board,
+    versions: Mapping[str, str],
+    tv: str,
+    model_path: Path,
+    model_bytes: bytes,
+    prepared: Sequence[tuple[Path, bytes, Any]],
+    tensor: Any,
+    model: Any,
+    outputs_ctx: Sequence[Mapping[str, Any]],
+    resolver: Sequence[str],
+    plan: ArenaPlan,
+    human_max: int,
+    files: Mapping[str, bytes],
+) -> dict[str, Any]:
+    board_file_sha = _sha256(board.source.read_bytes()) if board.source and board.source.is_file() else None
+    return {
+        "schema": MANIFEST_SCHEMA,
+        "esp_check_version": __version__,
+        "template_version": tv,
+        "variant": variant,
+        "nn_config": NN_SYMBOL[variant],
+        "nn_expected": NN_REPORTED[variant],
+        "board": board.name,
+        "chip": board.chip,
+        "board_def": {**board.to_dict(), "file_sha256": board_file_sha},
+        "builder": board.builder,
+        "pio_env": PIO_ENV,
+        "console_baud": board.monitor_baud,
+        "versions": {
+            "platformio_platform": f"espressif32@{versions['platform']}",
+            "esp-tflite-micro": versions["tflm"],
+            "esp-nn": versions["espnn"],
+            "esp-idf": versions["idf"],
+        },
+        "model": {
+            "source_name": model_path.name,
+            "file": f"{DATA_DIR}/model.tflite",
+            "bytes": len(model_bytes),
+            "sha256": _sha256(model_bytes),
+            "schema_version": model.schema_version,
+        },
+        "input_tensor": {
+            "name": c_str(tensor.name),
+            "dtype": tensor.dtype,
+            "shape": list(tensor.shape),
+            "scale": tensor.scale,
+            "zero_point": tensor.zero_point,
+        },
+        "inputs": [
+            {
+                "index": k,
+                "source_name": p.name,
+                "source_sha256": _sha256(p.read_bytes()),
+                "file": f"{DATA_DIR}/input_{k}.bin",
+                "bytes": len(raw),
+                "sha256": _sha256(raw),
+            }
+            for k, (p, raw, _) in enumerate(prepared)
+        ],
+        "outputs": list(outputs_ctx),
+        "ops": list(model.distinct_ops),
+        "resolver": list(resolver),
+        "arena_bytes": plan.bytes,
+        "arena_mem": plan.mem,
+        "arena_source": plan.source,
+        "arena_estimate_bytes": plan.estimate_bytes,
+        "human_max": human_max,
+        "files": {rel: _sha256(data) for rel, data in sorted(files.items())},
+        "resolved": None,
+    }
+
+
+def read_manifest(project_dir: str | Path) -> dict[str, Any]:
+    """The ``esp-check.json`` of a generated project; GenerateError if missing or unreadable."""
+    path = Path(project_dir) / MANIFEST_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise GenerateError(
+            f"{project_dir} is not an esp-check project (no {MANIFEST_NAME})",
+            hint="create it with `esp-check generate`",
+        ) from exc
+    except (OSError, ValueError) as exc:
+        raise GenerateError(f"cannot read {path}: {exc}", hint="regenerate the project") from exc
+    if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
+        raise GenerateError(
+            f"{path} is not an esp-check project manifest ({MANIFEST_SCHEMA})",
+            hint="regenerate the project with this esp-check version",
+        )
+    return data
+
+
+def copy_tree_for_bundle(project_dir: Path, dest: Path) -> None:
+    """Copy a generated project without its build outputs (for reproduction bundles)."""
+    ignore = shutil.ignore_patterns(".pio", "build", "managed_components", "*.log")
+    shutil.copytree(project_dir, dest, ignore=ignore, dirs_exist_ok=True)

@@ -1,0 +1,471 @@
+"""Model inputs: read images, .npy, raw binary or C-array text and quantize them for the model.
+
+Rules (see README "Inputs"):
+
+- Quantization uses the model's own input scale/zero point: ``q = round_half_away(real / scale) + zp``,
+  clamped to the dtype range (the rounding TFLite's reference ``Quantize`` uses).
+- Shapes are never silently changed. The only accepted differences are (a) data that is exactly
+  the model shape without its leading batch dimension of 1 (e.g. HWC for a 1xHxWxC model): the
+  batch dimension is added and noted, and (b) flat sources (raw binary, C arrays) that have no
+  shape: their element count must equal the tensor's and they are laid out in the tensor's
+  (row-major, NHWC) order. Images are resized only with an explicit ``resize`` policy.
+- Anything else is an :class:`~harness.errors.InputDataError` naming both shapes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from harness.errors import InputDataError
+from harness.model import TensorInfo
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+RAW_SUFFIXES = (".bin", ".raw", ".dat")
+C_SUFFIXES = (".c", ".h", ".cc", ".cpp", ".hpp", ".txt", ".inc")
+
+RESIZE_POLICIES = ("error", "stretch", "crop", "pad")
+COLOR_MODES = ("auto", "rgb", "grayscale")
+# Named normalisations of 8-bit data (0..255): real = pixel * scale + offset.
+NAMED_RANGES: dict[str, tuple[float, float]] = {
+    "0..1": (1.0 / 255.0, 0.0),
+    "-1..1": (2.0 / 255.0, -1.0),
+    "0..255": (1.0, 0.0),
+}
+DEFAULT_IMAGE_RANGE = "0..1"
+
+_C_TYPES = {
+    "float": "float32",
+    "double": "float64",
+    "int8_t": "int8",
+    "signed char": "int8",
+    "uint8_t": "uint8",
+    "unsigned char": "uint8",
+    "char": "int8",
+    "int16_t": "int16",
+    "short": "int16",
+    "int32_t": "int32",
+    "int": "int32",
+}
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """How to turn a file into the model's input tensor.
+
+    resize: "error" (default: sizes must match), "stretch" (ignore aspect), "crop" (centre-crop to
+    the model's aspect, then resize) or "pad" (letterbox with black); resampling is bilinear.
+    color: "auto" (from the model's channel count), "rgb" or "grayscale" (checked against the model).
+    Normalisation: ``real = value * scale + offset``; either give ``scale``/``offset`` or a named
+    ``value_range`` ("0..1", "-1..1", "0..255") for 8-bit data. Images default to "0..1"; .npy,
+    raw and C-array float data are taken as real values unless scale/offset are given.
+    raw_dtype: element type of a raw binary file (required for raw files).
+    """
+
+    resize: str = "error"
+    color: str = "auto"
+    scale: float | None = None
+    offset: float | None = None
+    value_range: str | None = None
+    raw_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.resize not in RESIZE_POLICIES:
+            raise InputDataError(
+                f"unknown resize policy {self.resize!r}", hint=f"use one of {RESIZE_POLICIES}"
+            )
+        if self.color not in COLOR_MODES:
+            raise InputDataError(f"unknown color mode {self.color!r}", hint=f"use one of {COLOR_MODES}")
+        if self.value_range is not None and self.value_range not in NAMED_RANGES:
+            raise InputDataError(
+                f"unknown input range {self.value_range!r}", hint=f"use one of {tuple(NAMED_RANGES)}"
+            )
+        if self.value_range is not None and (self.scale is not None or self.offset is not None):
+            raise InputDataError("give either a named input range or --input-scale/--input-offset, not both")
+
+
+@dataclass(frozen=True)
+class QuantizationReport:
+    """How a truncating cast without clamping (the original bug-report sketch) would differ.
+
+    The sketch computed ``(int8_t)(x / scale + zero_point)``: C truncates toward zero and an
+    out-of-range value wraps. ``differing`` counts elements where that differs from correct
+    rounding; ``wrapped`` those outside the dtype range; ``clamped`` how many the correct
+    quantization had to clamp.
+    """
+
+    total: int
+    differing: int
+    wrapped: int
+    clamped: int
+    max_abs_diff: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "total": self.total,
+            "differing": self.differing,
+            "wrapped": self.wrapped,
+            "clamped": self.clamped,
+            "max_abs_diff": self.max_abs_diff,
+        }
+
+
+@dataclass(frozen=True)
+class PreparedInput:
+    """One input ready for the model: real values (if known), quantized tensor, hash, report."""
+
+    source: Path
+    real: np.ndarray | None  # float values in the model's real-valued domain (None if given quantized)
+    quantized: np.ndarray  # model dtype and shape: exactly what goes into the input tensor
+    sha256: str  # of quantized.tobytes()
+    report: QuantizationReport
+    tensor: TensorInfo | None = None
+    kind: str = ""  # "image", "npy", "raw", "c-array"
+    prequantized: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "source": str(self.source),
+            "kind": self.kind,
+            "tensor": self.tensor.name if self.tensor else None,
+            "shape": list(self.quantized.shape),
+            "dtype": str(self.quantized.dtype),
+            "sha256": self.sha256,
+            "prequantized": self.prequantized,
+            "notes": list(self.notes),
+            "truncating_cast": self.report.to_dict(),
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# quantization
+
+
+def _dtype_range(dtype: np.dtype) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def quantize(real: np.ndarray, scale: float, zero_point: int, dtype: str | np.dtype) -> np.ndarray:
+    """Quantize with round-half-away-from-zero, then clamp to the dtype range."""
+    dt = np.dtype(dtype)
+    x = np.asarray(real, dtype=np.float64) / float(scale)
+    q = np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5)) + int(zero_point)
+    lo, hi = _dtype_range(dt)
+    return np.clip(q, lo, hi).astype(dt)
+
+
+def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    """Real values of a quantized tensor (float64)."""
+    return (np.asarray(q, dtype=np.float64) - int(zero_point)) * float(scale)
+
+
+def truncation_report(
+    real: np.ndarray, scale: float, zero_point: int, dtype: str | np.dtype
+) -> QuantizationReport:
+    """Compare correct quantization with ``(T)(x / scale + zp)`` (truncate toward zero, wrap)."""
+    dt = np.dtype(dtype)
+    lo, hi = _dtype_range(dt)
+    correct = quantize(real, scale, zero_point, dt).astype(np.int64)
+    x32 = np.asarray(real, dtype=np.float32) / np.float32(scale) + np.float32(zero_point)
+    finite = np.isfinite(x32)
+    naive_wide = np.trunc(np.where(finite, x32, 0)).astype(np.int64)
+    span = hi - lo + 1
+    naive = (naive_wide - lo) % span + lo  # two's-complement wrap of the narrowing cast
+    exact = np.asarray(real, dtype=np.float64) / float(scale)
+    rounded = np.where(exact >= 0, np.floor(exact + 0.5), np.ceil(exact - 0.5)) + int(zero_point)
+    diff = np.abs(naive - correct)
+    return QuantizationReport(
+        total=int(correct.size),
+        differing=int(np.count_nonzero(diff)),
+        wrapped=int(np.count_nonzero((naive_wide < lo) | (naive_wide > hi))),
+        clamped=int(np.count_nonzero((rounded < lo) | (rounded > hi))),
+        max_abs_diff=int(diff.max()) if diff.size else 0,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# readers
+
+
+def _fit_shape(data: np.ndarray, tensor: TensorInfo, source: Path, notes: list[str]) -> np.ndarray:
+    """Accept the exact shape, or the shape without a leading batch dim of 1 (added, noted)."""
+    if tuple(data.shape) == tensor.shape:
+        return data
+    if len(tensor.shape) >= 2 and tensor.shape[0] == 1 and tuple(data.shape) == tensor.shape[1:]:
+        notes.append(f"added batch dimension: {list(data.shape)} -> {list(tensor.shape)}")
+        return data.reshape(tensor.shape)
+    raise InputDataError(
+        f"{source}: input shape {list(data.shape)} does not match model input {tensor.name!r} "
+        f"shape {list(tensor.shape)}",
+        hint="provide data of exactly the model's input shape (a missing leading batch dimension of 1 "
+        "is accepted); esp-check never reshapes silently",
+    )
+
+
+def _fit_flat(data: np.ndarray, tensor: TensorInfo, source: Path, what: str, notes: list[str]) -> np.ndarray:
+    if data.size != tensor.num_elements:
+        raise InputDataError(
+            f"{source}: {what} holds {data.size} elements, model input {tensor.name!r} shape "
+            f"{list(tensor.shape)} needs {tensor.num_elements}",
+            hint="check --input-dtype and that the data matches the model input",
+        )
+    notes.append(f"{what}: {data.size} elements laid out row-major as {list(tensor.shape)}")
+    return data.reshape(tensor.shape)
+
+
+def _image_geometry(tensor: TensorInfo) -> tuple[int, int, int]:
+    shape = tensor.shape
+    if len(shape) == 4 and shape[0] == 1:
+        return shape[1], shape[2], shape[3]
+    if len(shape) == 3:
+        return shape[0], shape[1], shape[2]
+    raise InputDataError(
+        f"model input {tensor.name!r} has shape {list(shape)}, which is not an image (NHWC/HWC)",
+        hint="pass a .npy, raw or C-array file for non-image inputs",
+    )
+
+
+def _read_image(path: Path, tensor: TensorInfo, opts: InputOptions, notes: list[str]) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    h, w, c = _image_geometry(tensor)
+    if c not in (1, 3):
+        raise InputDataError(f"model input {tensor.name!r} has {c} channels; images give 1 (L) or 3 (RGB)")
+    wanted = {"rgb": 3, "grayscale": 1}.get(opts.color, c)
+    if wanted != c:
+        raise InputDataError(
+            f"--input-color {opts.color} gives {wanted} channel(s) but model input {tensor.name!r} "
+            f"shape {list(tensor.shape)} has {c}",
+            hint="omit --input-color (auto) or use the model's channel count",
+        )
+    try:
+        with Image.open(path) as im:
+            im.load()
+            img = im.convert("RGB" if c == 3 else "L")
+    except (UnidentifiedImageError, OSError) as exc:
+        raise InputDataError(f"{path}: cannot read image: {exc}") from exc
+    notes.append(f"image {img.width}x{img.height} converted to {'RGB' if c == 3 else 'grayscale'}")
+    if (img.width, img.height) != (w, h):
+        if opts.resize == "error":
+            raise InputDataError(
+                f"{path}: image is {img.width}x{img.height} (shape {[img.height, img.width, c]}), "
+                f"model input {tensor.name!r} shape {list(tensor.shape)} needs {w}x{h}",
+                hint="resize the image yourself or pass --resize stretch|crop|pad",
+            )
+        img = _resize(img, w, h, opts.resize)
+        notes.append(f"resized to {w}x{h} ({opts.resize}, bilinear)")
+    arr = np.asarray(img, dtype=np.uint8)
+    if c == 1:
+        arr = arr[..., None]
+    return arr.reshape(tensor.shape)
+
+
+def _resize(img: object, w: int, h: int, policy: str) -> object:
+    from PIL import Image
+
+    assert isinstance(img, Image.Image)
+    bilinear = Image.Resampling.BILINEAR
+    if policy == "stretch":
+        return img.resize((w, h), bilinear)
+    src_aspect, dst_aspect = img.width / img.height, w / h
+    if policy == "crop":
+        if src_aspect > dst_aspect:  # too wide: crop width
+            cw = round(img.height * dst_aspect)
+            left = (img.width - cw) // 2
+            box = (left, 0, left + cw, img.height)
+        else:
+            ch = round(img.width / dst_aspect)
+            top = (img.height - ch) // 2
+            box = (0, top, img.width, top + ch)
+        return img.crop(box).resize((w, h), bilinear)
+    # pad (letterbox)
+    factor = min(w / img.width, h / img.height)
+    nw, nh = max(1, round(img.width * factor)), max(1, round(img.height * factor))
+    canvas = Image.new(img.mode, (w, h))
+    canvas.paste(img.resize((nw, nh), bilinear), ((w - nw) // 2, (h - nh) // 2))
+    return canvas
+
+
+_C_DECL = re.compile(
+    r"(?P<type>(?:(?:const|static|volatile|alignas\s*\(\s*\d+\s*\))\s+)*"
+    r"(?:float|double|u?int(?:8|16|32)_t|(?:un)?signed\s+char|char|short|int))\s+"
+    r"[A-Za-z_]\w*\s*\[[^\]]*\]\s*(?:__attribute__\s*\(\(.*?\)\)\s*)?=\s*\{(?P<body>.*?)\}\s*;",
+    re.S,
+)
+_NUMBER = re.compile(r"[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)[fFlLuU]*")
+
+
+def _read_c_array(path: Path) -> tuple[np.ndarray, str]:
+    """First ``type name[...] = {...};`` in a C/C++ text file -> (values, numpy dtype name)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", " ", text)
+    m = _C_DECL.search(text)
+    if m is None:
+        raise InputDataError(
+            f"{path}: no C array definition like `float image[] = {{0.15, ...}};` found",
+            hint="supported element types: float, double, int8_t, uint8_t, int16_t, int32_t",
+        )
+    words = re.sub(r"alignas\s*\(\s*\d+\s*\)", " ", m.group("type")).split()
+    base = " ".join(w for w in words if w not in ("const", "static", "volatile"))
+    dtype = _C_TYPES[base]
+    body = m.group("body")
+    tokens = [t for t in re.split(r"[\s,]+", body) if t]
+    values: list[float] = []
+    for tok in tokens:
+        nm = _NUMBER.fullmatch(tok)
+        if nm is None:
+            raise InputDataError(f"{path}: cannot parse array element {tok!r}")
+        core = (
+            tok.rstrip("fFlLuU") if not tok.lower().startswith(("0x", "-0x", "+0x")) else tok.rstrip("lLuU")
+        )
+        values.append(float(int(core, 16)) if "0x" in core.lower() else float(core))
+    arr = np.asarray(values, dtype=np.float64)
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(np.dtype(dtype))
+        if np.any(arr != np.round(arr)) or np.any(arr < info.min) or np.any(arr > info.max):
+            raise InputDataError(f"{path}: values do not fit the declared C type {base}")
+        return arr.astype(dtype), dtype
+    return arr.astype(dtype), dtype
+
+
+def _normalise(data: np.ndarray, opts: InputOptions, is_8bit_pixels: bool, notes: list[str]) -> np.ndarray:
+    """Real values from raw data: explicit scale/offset, a named range (8-bit data), or as is."""
+    if opts.scale is not None or opts.offset is not None:
+        s = 1.0 if opts.scale is None else float(opts.scale)
+        o = 0.0 if opts.offset is None else float(opts.offset)
+        notes.append(f"normalised: real = value * {s:g} + {o:g}")
+        return data.astype(np.float64) * s + o
+    name = opts.value_range
+    if name is None and is_8bit_pixels:
+        name = DEFAULT_IMAGE_RANGE
+    if name is not None:
+        if not is_8bit_pixels:
+            raise InputDataError(
+                f"named input range {name} applies to 8-bit (0..255) data, not {data.dtype} values",
+                hint="use --input-scale/--input-offset for other data",
+            )
+        s, o = NAMED_RANGES[name]
+        notes.append(f"normalised 0..255 -> {name}")
+        return data.astype(np.float64) * s + o
+    return data.astype(np.float64)
+
+
+def _detect_kind(path: Path, opts: InputOptions) -> str:
+    suffix = path.suffix.lower()
+    if suffix in IMAGE_SUFFIXES:
+        return "image"
+    if suffix == ".npy":
+        return "npy"
+    if suffix in C_SUFFIXES:
+        return "c-array"
+    if opts.raw_dtype is not None or suffix in RAW_SUFFIXES:
+        return "raw"
+    raise InputDataError(
+        f"{path}: cannot tell the input format from the suffix {suffix!r}",
+        hint="use .png/.jpg/.bmp, .npy, a C array file (.c/.h/.txt), or raw binary with --input-dtype",
+    )
+
+
+def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | None = None) -> PreparedInput:
+    """Read ``path`` and prepare it for ``tensor`` (quantize if needed); see the module docstring."""
+    src = Path(path)
+    opts = options or InputOptions()
+    if not src.is_file():
+        raise InputDataError(f"input file not found: {src}", hint="check the --input path")
+    try:
+        model_dt = np.dtype(tensor.dtype)
+    except TypeError as exc:
+        raise InputDataError(f"model input {tensor.name!r} has dtype {tensor.dtype}, not supported") from exc
+    if model_dt.kind not in "iuf":
+        raise InputDataError(f"model input {tensor.name!r} has dtype {tensor.dtype}, not supported")
+    kind = _detect_kind(src, opts)
+    notes: list[str] = []
+    data: np.ndarray
+    pixels = False
+    if kind == "image":
+        data = _read_image(src, tensor, opts, notes)
+        pixels = True
+    elif kind == "npy":
+        try:
+            data = np.load(src, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise InputDataError(f"{src}: not a readable .npy file: {exc}") from exc
+        if data.dtype.kind not in "iuf":
+            raise InputDataError(f"{src}: .npy dtype {data.dtype} is not numeric")
+        data = _fit_shape(data, tensor, src, notes)
+        pixels = data.dtype == np.uint8 and model_dt != np.uint8
+    elif kind == "raw":
+        if opts.raw_dtype is None:
+            raise InputDataError(
+                f"{src}: raw binary input needs its element type",
+                hint="pass --input-dtype (e.g. int8, uint8, float32)",
+            )
+        try:
+            raw_dt = np.dtype(opts.raw_dtype).newbyteorder("<")
+        except TypeError as exc:
+            raise InputDataError(f"unknown --input-dtype {opts.raw_dtype!r}") from exc
+        blob = src.read_bytes()
+        if len(blob) % raw_dt.itemsize:
+            raise InputDataError(
+                f"{src}: {len(blob)} bytes is not a whole number of {raw_dt.name} elements "
+                f"({raw_dt.itemsize} B each)"
+            )
+        data = _fit_flat(
+            np.frombuffer(blob, dtype=raw_dt).astype(raw_dt.newbyteorder("=")),
+            tensor,
+            src,
+            f"raw {raw_dt.name}",
+            notes,
+        )
+        pixels = data.dtype == np.uint8 and model_dt != np.uint8
+    else:
+        values, c_dtype = _read_c_array(src)
+        data = _fit_flat(values, tensor, src, f"C array ({c_dtype})", notes)
+        pixels = data.dtype == np.uint8 and model_dt != np.uint8
+
+    explicit_norm = opts.scale is not None or opts.offset is not None or opts.value_range is not None
+    # Already quantized: the file holds the model's own integer dtype (and no normalisation asked).
+    if model_dt.kind in "iu" and data.dtype == model_dt and not pixels and not explicit_norm:
+        q = np.ascontiguousarray(data.astype(model_dt))
+        notes.append(f"already {model_dt.name}: used as quantized values")
+        real = dequantize(q, tensor.scale, tensor.zero_point or 0) if tensor.scale is not None else None
+        report = QuantizationReport(total=int(q.size), differing=0, wrapped=0, clamped=0, max_abs_diff=0)
+        return PreparedInput(
+            src, real, q, hashlib.sha256(q.tobytes()).hexdigest(), report, tensor, kind, True, tuple(notes)
+        )
+    if data.dtype.kind in "iu" and model_dt.kind in "iu" and not pixels and not explicit_norm:
+        raise InputDataError(
+            f"{src}: integer data of dtype {data.dtype} for model input {tensor.name!r} "
+            f"of dtype {model_dt.name}",
+            hint="give quantized data in the model's dtype, float real values, "
+            "or --input-scale/--input-offset",
+        )
+    real = _normalise(data, opts, pixels, notes)
+    if not np.all(np.isfinite(real)):
+        raise InputDataError(f"{src}: input contains NaN or infinity")
+    if model_dt.kind == "f":
+        q = np.ascontiguousarray(real.astype(model_dt))
+        report = QuantizationReport(total=int(q.size), differing=0, wrapped=0, clamped=0, max_abs_diff=0)
+        notes.append("float model input: no quantization")
+    else:
+        if tensor.scale is None or tensor.scale == 0:
+            raise InputDataError(
+                f"model input {tensor.name!r} is {model_dt.name} without quantization parameters",
+                hint="pass already-quantized data in the model's dtype (.npy or raw with --input-dtype)",
+            )
+        zp = tensor.zero_point or 0
+        q = np.ascontiguousarray(quantize(real, tensor.scale, zp, model_dt))
+        report = truncation_report(real, tensor.scale, zp, model_dt)
+        notes.append(
+            f"quantized with scale {tensor.scale:.9g}, zero point {zp} (round half away from zero, clamp)"
+        )
+    return PreparedInput(
+        src, real, q, hashlib.sha256(q.tobytes()).hexdigest(), report, tensor, kind, False, tuple(notes)
+    )

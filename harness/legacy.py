@@ -1,0 +1,129 @@
+"""Legacy logs: ``Output: <value>`` lines from hand-written sketches and old TFLM builds.
+
+Reads ESP-IDF log prefixes (``I (123) tag: ``), CR/LF mixes, ANSI colour codes, several values per
+line, decimal / ``%e`` / inf / nan, and the old TFLM ``MicroPrintf`` float format that ESP-IDF
+4.4-era builds print: ``[-] ( "Inf" | "NaN" | "1." D "*2^" E )`` (grammar in issue 2 and
+docs/protocol.md). That format is lossless: the token maps back to the exact float32 bits.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+
+from harness.errors import LogFormatError
+
+_SHIFTS = (3, 4, 8, 11, 13, 14, 17, 18, 19, 20, 21, 22, 23)
+_FRACTION_MAX = (1 << 23) - 1
+
+_MICRO_RE = re.compile(r"(-?)(?:(Inf)|(NaN)|1\.([0-9]{1,7})\*2\^(-?[0-9]{1,3}))")
+_DECIMAL_RE = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,4})?")
+_SPECIAL_RE = re.compile(r"[-+]?(?:inf|infinity|nan)", re.IGNORECASE)
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_SEP_RE = re.compile(r"[\s,;]+")
+_LINE_RE = re.compile(r"\r\n|\r|\n")
+OUTPUT_TAG = "Output:"
+
+
+def _scaled(f: int) -> int:
+    return f + sum(f >> s for s in _SHIFTS)
+
+
+def _f32_bits(x: float) -> int:
+    return int(struct.unpack("<I", struct.pack("<f", x))[0])
+
+
+def _f32_from_bits(bits: int) -> float:
+    return float(struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0])
+
+
+def encode_microprintf_float(x: float) -> str:
+    """Format like old TFLM ``MicroPrintf("%f")``: the float32 value of ``x`` as ``1.D*2^E``."""
+    try:
+        bits = _f32_bits(x)
+    except OverflowError:
+        bits = 0xFF800000 if x < 0 else 0x7F800000
+    sign = "-" if bits >> 31 else ""
+    exp = (bits >> 23) & 0xFF
+    frac = bits & _FRACTION_MAX
+    if exp == 0xFF:
+        return sign + ("Inf" if frac == 0 else "NaN")
+    digits = f"{_scaled(frac):07d}".rstrip("0") or "0"
+    return f"{sign}1.{digits}*2^{exp - 127}"
+
+
+def decode_microprintf_bits(token: str) -> int:
+    """float32 bits of a MicroPrintf token; ValueError if the token is not one it can print."""
+    m = _MICRO_RE.fullmatch(token)
+    if m is None:
+        raise ValueError(f"{token!r} is not a MicroPrintf float")
+    sign = 0x80000000 if m.group(1) else 0
+    if m.group(2):
+        return sign | 0x7F800000
+    if m.group(3):
+        return sign | 0x7FC00000
+    digits, e = m.group(4), int(m.group(5))
+    if not -127 <= e <= 127:
+        raise ValueError(f"{token!r}: exponent {e} outside -127..127")
+    target = int(digits.ljust(7, "0"))
+    lo, hi = 0, _FRACTION_MAX  # _scaled is strictly increasing: binary search for the exact fraction
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _scaled(mid) < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    if _scaled(lo) != target:
+        raise ValueError(f"{token!r}: digits {digits} are not ones MicroPrintf prints for any float32")
+    return sign | ((e + 127) << 23) | lo
+
+
+def decode_microprintf_float(token: str) -> float:
+    """Exact float32 value (as a Python float) of a MicroPrintf token such as ``1.0937498*2^-3``."""
+    return _f32_from_bits(decode_microprintf_bits(token))
+
+
+def parse_value(token: str) -> float:
+    """One printed number: MicroPrintf token, decimal, %e, inf or nan. ValueError otherwise."""
+    if "*2^" in token or token.lstrip("-") in ("Inf", "NaN"):
+        return decode_microprintf_float(token)
+    if _DECIMAL_RE.fullmatch(token) or _SPECIAL_RE.fullmatch(token):
+        return float(token)
+    raise ValueError(f"{token!r} is not a number")
+
+
+def parse_legacy_log(text: str | bytes) -> list[float]:
+    """All values printed on ``Output:`` lines, in order (empty list if there are none).
+
+    Raises LogFormatError when an ``Output:`` line carries something that is not a number: a
+    garbled value must not silently disappear from a comparison.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    values: list[float] = []
+    for line_no, line in enumerate(_LINE_RE.split(text), start=1):
+        pos = line.find(OUTPUT_TAG)
+        if pos < 0:
+            continue
+        rest = _ANSI_RE.sub("", line[pos + len(OUTPUT_TAG) :])
+        tokens = [t for t in _SEP_RE.split(rest) if t]
+        if not tokens:
+            raise LogFormatError(
+                f"line {line_no}: 'Output:' line without a value: {line[:80]!r}",
+                hint="the log may be truncated or garbled; capture it again",
+            )
+        for tok in tokens:
+            try:
+                values.append(parse_value(tok))
+            except ValueError as exc:
+                raise LogFormatError(
+                    f"line {line_no}: cannot read {tok[:40]!r} on an Output: line ({exc})",
+                    hint="values may be decimal, %e, inf/nan, or the TFLM MicroPrintf form 1.D*2^E",
+                ) from None
+    return values
+
+
+def is_float32_exact(x: float) -> bool:
+    """True when x is exactly a float32 value (what MicroPrintf tokens decode to)."""
+    return math.isnan(x) or math.isinf(x) or _f32_from_bits(_f32_bits(x)) == x

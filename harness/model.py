@@ -1,0 +1,434 @@
+"""Model inspection: parse a .tflite flatbuffer with the pure-Python ``tflite`` schema package.
+
+This module must work on every OS (no TFLM runtime needed): ``inspect`` and ``generate`` run on
+macOS and Windows too. Flatbuffers in Python do not verify their input, so :func:`load_model`
+checks the file identifier, every index and every vector bound it relies on, and turns any
+parsing failure into a :class:`~harness.errors.ModelError` instead of a traceback (or, later, a
+segfault inside the C++ interpreter that would be handed the same bytes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from harness.errors import ModelError
+
+_EMPTY: Mapping[str, object] = MappingProxyType({})
+
+# Dtypes of tensors that hold activations/data (not shapes/indices).
+_ACTIVATION_DTYPES = {"int8", "uint8", "int16", "float32", "float16"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of the model's main subgraph."""
+
+    index: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype name: "int8", "uint8", "int16", "int32", "float32", ...
+    scale: float | None  # per-tensor scale (first scale if per-channel), None if not quantized
+    zero_point: int | None
+    per_channel: bool = False
+    scales: tuple[float, ...] = ()  # all scales (one per channel if per_channel)
+    zero_points: tuple[int, ...] = ()
+    quantized_dimension: int = 0
+    is_constant: bool = False  # backed by a non-empty buffer in the flatbuffer (weights, biases)
+    is_variable: bool = False
+
+    @property
+    def num_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def quantized(self) -> bool:
+        """True when the tensor carries a scale (int8/int16/... with quantization parameters)."""
+        return self.scale is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the raw tensor data (int4 counted as one byte per element, like TFLM unpacked)."""
+        try:
+            itemsize = np.dtype(self.dtype).itemsize
+        except TypeError:
+            itemsize = 1
+        return self.num_elements * itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description (used by ``inspect --json`` and reports)."""
+        return {
+            "index": self.index,
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "scale": self.scale,
+            "zero_point": self.zero_point,
+            "per_channel": self.per_channel,
+            "num_scales": len(self.scales),
+            "quantized_dimension": self.quantized_dimension,
+        }
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One operator in execution order."""
+
+    index: int
+    opcode: str  # builtin name, e.g. "CONV_2D" (max of builtin_code and deprecated_builtin_code)
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    subgraph: int = 0
+    # Builtin options by snake_case field name, e.g. {"stride_w": 2, "dilation_h_factor": 1,
+    # "padding": "SAME", "fused_activation_function": "RELU6"}. Vectors become tuples.
+    options: Mapping[str, object] = field(default_factory=lambda: _EMPTY, compare=False)
+    custom_code: str | None = None  # for opcode == "CUSTOM"
+    version: int = 1
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What esp-check needs to know about a model, independent of any TFLM runtime."""
+
+    path: Path
+    size_bytes: int
+    sha256: str
+    schema_version: int
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    ops: tuple[OpInfo, ...]
+    tensors: tuple[TensorInfo, ...] = field(default=(), repr=False)
+    subgraph_count: int = 1
+    description: str = ""
+
+    @property
+    def distinct_ops(self) -> tuple[str, ...]:
+        """Distinct opcodes in first-use order (one resolver registration each)."""
+        seen: dict[str, None] = {}
+        for op in self.ops:
+            seen.setdefault(op.opcode, None)
+        return tuple(seen)
+
+    @property
+    def main_ops(self) -> tuple[OpInfo, ...]:
+        """Operators of subgraph 0 in execution order (what per-layer comparison walks)."""
+        return tuple(op for op in self.ops if op.subgraph == 0)
+
+    def op_counts(self) -> dict[str, int]:
+        """Opcode -> number of uses, in first-use order."""
+        counts: dict[str, int] = {}
+        for op in self.ops:
+            counts[op.opcode] = counts.get(op.opcode, 0) + 1
+        return counts
+
+    def tensor(self, index: int) -> TensorInfo:
+        """Main-subgraph tensor by index."""
+        return self.tensors[index]
+
+    @property
+    def kind(self) -> str:
+        """Quantization kind of the activations: "int8", "int16", "uint8", "float" or "mixed".
+
+        "int8" is esp-check's main case (ESP-NN accelerates only int8). "int16" covers 16x8
+        models (int16 activations, int8 weights), e.g. SVDF keyword spotters. Shape/index
+        tensors (int32/int64/bool) are ignored; so are int32 outputs such as argmax.
+        """
+        dtypes = {
+            self.tensors[t].dtype
+            for op in self.main_ops
+            for t in op.outputs
+            if t >= 0 and self.tensors[t].dtype in _ACTIVATION_DTYPES
+        }
+        dtypes |= {t.dtype for t in self.inputs if t.dtype in _ACTIVATION_DTYPES}
+        if not dtypes or dtypes == {"int8"}:
+            return "int8"
+        if dtypes <= {"int8", "int16"}:
+            return "int16"
+        if dtypes == {"uint8"} or dtypes == {"uint8", "int8"}:
+            return "uint8"
+        if dtypes <= {"float32", "float16"}:
+            return "float"
+        return "mixed"
+
+
+# --------------------------------------------------------------------------------------------
+# parsing
+
+
+def _snake(name: str) -> str:
+    s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", s).lower()
+
+
+def _enum_names(enum_cls: type) -> dict[int, str]:
+    return {v: k for k, v in vars(enum_cls).items() if not k.startswith("_") and isinstance(v, int)}
+
+
+def _lazy_tflite() -> Any:
+    try:
+        import tflite
+        import tflite.utils
+    except ImportError as exc:  # pragma: no cover - it is a hard dependency
+        raise ModelError(
+            "the `tflite` flatbuffer schema package is not installed",
+            hint="pip install 'tflite>=2.10' (it is a dependency of esp-check; reinstall esp-check)",
+        ) from exc
+    return tflite
+
+
+_SKIP_SUFFIXES = ("IsNone", "Length", "AsNumpy", "BufferHasIdentifier")
+
+
+def _read_options(tfl: Any, op: Any) -> dict[str, object]:
+    """Builtin options of one operator as a plain dict (snake_case keys, enums as names)."""
+    opt_type = op.BuiltinOptionsType()
+    if opt_type == 0:
+        return {}
+    type_names = _enum_names(tfl.BuiltinOptions)
+    cls_name = type_names.get(opt_type)
+    table = op.BuiltinOptions()
+    cls = getattr(tfl, cls_name, None) if cls_name else None
+    if cls is None or table is None:
+        return {}
+    obj = cls()
+    obj.Init(table.Bytes, table.Pos)
+    padding = _enum_names(tfl.Padding)
+    activation = _enum_names(tfl.ActivationFunctionType)
+    out: dict[str, object] = {}
+    for attr in dir(cls):
+        if attr.startswith("_") or attr in ("Init", "GetRootAs") or attr.startswith("GetRootAs"):
+            continue
+        if attr.endswith(_SKIP_SUFFIXES):
+            continue
+        fn = getattr(obj, attr)
+        if not callable(fn):
+            continue
+        if hasattr(obj, attr + "AsNumpy"):  # vector field
+            length = getattr(obj, attr + "Length")()
+            out[_snake(attr)] = tuple(int(fn(j)) for j in range(length))
+            continue
+        try:
+            value = fn()
+        except TypeError:
+            continue  # accessor needs arguments (nested table): not needed here
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if attr == "Padding" and isinstance(value, int):
+            value = padding.get(value, value)
+        elif attr == "FusedActivationFunction" and isinstance(value, int):
+            value = activation.get(value, value)
+        if isinstance(value, (int, float, bool, str)):
+            out[_snake(attr)] = value
+    return out
+
+
+def _tensor_info(tfl: Any, t: Any, index: int, model: Any, dtype_names: dict[int, str]) -> TensorInfo:
+    name_raw = t.Name()
+    name = name_raw.decode("utf-8", "replace") if name_raw else f"tensor_{index}"
+    shape = tuple(int(x) for x in t.ShapeAsNumpy()) if t.ShapeLength() else ()
+    if any(d < 0 for d in shape):
+        sig = tuple(int(x) for x in t.ShapeSignatureAsNumpy()) if t.ShapeSignatureLength() else shape
+        shape = tuple(1 if d < 0 else d for d in sig)  # dynamic batch -> 1 (TFLM has no dynamic shapes)
+    type_code = t.Type()
+    if type_code not in dtype_names:
+        raise ModelError(f"tensor {index} ({name!r}) has unknown type code {type_code}")
+    dtype = dtype_names[type_code].lower()
+    q = t.Quantization()
+    scales: tuple[float, ...] = ()
+    zps: tuple[int, ...] = ()
+    qdim = 0
+    if q is not None:
+        if q.ScaleLength():
+            scales = tuple(float(s) for s in q.ScaleAsNumpy())
+        if q.ZeroPointLength():
+            zps = tuple(int(z) for z in q.ZeroPointAsNumpy())
+        qdim = int(q.QuantizedDimension())
+    buf_index = t.Buffer()
+    if buf_index < 0 or buf_index >= model.BuffersLength():
+        raise ModelError(f"tensor {index} ({name!r}) refers to buffer {buf_index}, which does not exist")
+    buf = model.Buffers(buf_index)
+    is_const = bool(buf is not None and (buf.DataLength() > 0 or buf.Size() > 0))
+    return TensorInfo(
+        index=index,
+        name=name,
+        shape=shape,
+        dtype=dtype,
+        scale=scales[0] if scales else None,
+        zero_point=(zps[0] if zps else 0) if scales else None,
+        per_channel=len(scales) > 1,
+        scales=scales,
+        zero_points=zps,
+        quantized_dimension=qdim,
+        is_constant=is_const,
+        is_variable=bool(t.IsVariable()),
+    )
+
+
+def _check_buffers(model: Any, size: int) -> None:
+    """Every constant buffer must lie inside the file (catches truncation of the weights)."""
+    for i in range(model.BuffersLength()):
+        buf = model.Buffers(i)
+        if buf is None:
+            continue
+        if buf.DataLength():
+            data = buf.DataAsNumpy()  # np.frombuffer: raises if the vector runs past the end
+            if not isinstance(data, np.ndarray):
+                raise ModelError(f"buffer {i} is unreadable")
+        off, n = int(buf.Offset()), int(buf.Size())
+        if off > 1 and off + n > size:  # external buffers (offset/size): large-model layout
+            raise ModelError(
+                f"buffer {i} lies at bytes {off}..{off + n}, beyond the end of the file ({size} B)"
+            )
+
+
+def _describe_non_tflite(head: bytes) -> str:
+    if head.startswith(b"\x89HDF"):
+        return "it looks like a Keras HDF5 file (.h5), not a converted .tflite model"
+    if head.startswith(b"PK\x03\x04"):
+        return "it looks like a ZIP archive (e.g. a .keras file), not a .tflite model"
+    if head.startswith((b"{", b"[")):
+        return "it looks like a JSON text file, not a .tflite model"
+    if head.lstrip().startswith((b"#", b"//", b"/*", b"unsigned", b"const", b"alignas")):
+        return "it looks like a C source file; pass the .tflite file, not the xxd-style array"
+    return "it does not carry the TFLite file identifier"
+
+
+def _parse(data: bytes, path: Path) -> ModelInfo:
+    tfl = _lazy_tflite()
+    size = len(data)
+    if size < 16:
+        raise ModelError(
+            f"{path}: file is {size} bytes long, too short to be a .tflite model (truncated or empty)",
+            hint="re-export or re-copy the model file",
+        )
+    ident = data[4:8]
+    if ident != b"TFL3":
+        raise ModelError(
+            f"{path}: not a TFLite flatbuffer: {_describe_non_tflite(data[:16])} "
+            f"(bytes 4..8 are {ident!r}, expected b'TFL3')",
+            hint="convert the model with tf.lite.TFLiteConverter (full-integer int8) "
+            "and pass the .tflite file",
+        )
+    (root,) = struct.unpack_from("<I", data, 0)
+    if root + 4 > size:
+        raise ModelError(
+            f"{path}: root table offset {root} is past the end of the file ({size} B): truncated"
+        )
+
+    model = tfl.Model.GetRootAsModel(data, 0)
+    schema_version = int(model.Version())
+    if model.SubgraphsLength() < 1:
+        raise ModelError(f"{path}: the model has no subgraph")
+    _check_buffers(model, size)
+    dtype_names = _enum_names(tfl.TensorType)
+    builtin_names: dict[int, str] = dict(tfl.utils.BUILTIN_OPCODE2NAME)
+
+    from harness import opdata  # local import: opdata imports this module for typing only
+
+    opcodes: list[tuple[str, str | None, int]] = []
+    for i in range(model.OperatorCodesLength()):
+        oc = model.OperatorCodes(i)
+        code = max(int(oc.BuiltinCode()), int(oc.DeprecatedBuiltinCode()))
+        name = builtin_names.get(code)
+        if name is None:
+            name = f"BUILTIN_{code}"
+        custom = oc.CustomCode()
+        opcodes.append((name, custom.decode("utf-8", "replace") if custom else None, int(oc.Version())))
+
+    ops: list[OpInfo] = []
+    main_tensors: tuple[TensorInfo, ...] = ()
+    main_inputs: tuple[TensorInfo, ...] = ()
+    main_outputs: tuple[TensorInfo, ...] = ()
+    for s in range(model.SubgraphsLength()):
+        sg = model.Subgraphs(s)
+        n_tensors = sg.TensorsLength()
+        tensors = tuple(_tensor_info(tfl, sg.Tensors(t), t, model, dtype_names) for t in range(n_tensors))
+
+        def _indices(values: Any, what: str, _n: int = n_tensors, _s: int = s) -> tuple[int, ...]:
+            idx = tuple(int(v) for v in values)
+            for v in idx:
+                if v < -1 or v >= _n:
+                    raise ModelError(f"subgraph {_s}: {what} refers to tensor {v}, which does not exist")
+            return idx
+
+        for k in range(sg.OperatorsLength()):
+            op = sg.Operators(k)
+            oc_index = op.OpcodeIndex()
+            if oc_index >= len(opcodes):
+                raise ModelError(f"op {k}: opcode index {oc_index} is out of range ({len(opcodes)} opcodes)")
+            opcode, custom, version = opcodes[oc_index]
+            where = f"op {k}" if s == 0 else f"op {k} of subgraph {s}"
+            opdata.check_supported(opcode, custom, where=where)
+            ops.append(
+                OpInfo(
+                    index=k,
+                    opcode=opcode,
+                    inputs=_indices(op.InputsAsNumpy() if op.InputsLength() else (), f"{where} input"),
+                    outputs=_indices(op.OutputsAsNumpy() if op.OutputsLength() else (), f"{where} output"),
+                    subgraph=s,
+                    options=MappingProxyType(_read_options(tfl, op)),
+                    custom_code=custom,
+                    version=version,
+                )
+            )
+        if s == 0:
+            main_tensors = tensors
+            ins = _indices(sg.InputsAsNumpy() if sg.InputsLength() else (), "model input")
+            outs = _indices(sg.OutputsAsNumpy() if sg.OutputsLength() else (), "model output")
+            main_inputs = tuple(tensors[i] for i in ins if i >= 0)
+            main_outputs = tuple(tensors[i] for i in outs if i >= 0)
+    if not main_inputs or not main_outputs:
+        raise ModelError(f"{path}: the main subgraph has no inputs or no outputs")
+    desc = model.Description()
+    return ModelInfo(
+        path=path,
+        size_bytes=size,
+        sha256=hashlib.sha256(data).hexdigest(),
+        schema_version=schema_version,
+        inputs=main_inputs,
+        outputs=main_outputs,
+        ops=tuple(ops),
+        tensors=main_tensors,
+        subgraph_count=int(model.SubgraphsLength()),
+        description=desc.decode("utf-8", "replace") if desc else "",
+    )
+
+
+def parse_model_bytes(data: bytes, path: str | Path = "<bytes>") -> ModelInfo:
+    """Parse a model already in memory (``path`` is only used in messages and ``ModelInfo.path``)."""
+    p = Path(path)
+    try:
+        return _parse(bytes(data), p)
+    except ModelError:
+        raise
+    except (struct.error, IndexError, ValueError, TypeError, UnicodeDecodeError, OverflowError) as exc:
+        raise ModelError(
+            f"{p}: the .tflite flatbuffer is corrupted or truncated "
+            f"({'out-of-bounds read' if isinstance(exc, struct.error) else type(exc).__name__}: {exc})",
+            hint="re-export or re-copy the model; compare its size and sha256 with the original",
+        ) from exc
+
+
+def load_model(path: str | Path) -> ModelInfo:
+    """Read and validate a .tflite file; raises ModelError for unreadable, corrupt or unsupported models."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError as exc:
+        raise ModelError(f"model file not found: {p}", hint="check the path") from exc
+    except IsADirectoryError as exc:
+        raise ModelError(f"{p} is a directory, not a .tflite file") from exc
+    except OSError as exc:
+        raise ModelError(f"cannot read model file {p}: {exc.strerror or exc}") from exc
+    return parse_model_bytes(data, p)

@@ -1,0 +1,587 @@
+"""Parser for the esp-check output protocol (docs/protocol.md): serial bytes in, checked results out.
+
+Serial input is hostile: nothing is evaluated, every line is length-checked, and a capture yields
+results only if every validity rule of the spec holds. ``Capture.valid`` is False otherwise, and
+:meth:`Capture.require_valid` turns that into a :class:`~harness.errors.CaptureError` (exit 3), so a
+noisy, truncated or rebooted capture can never be compared as a match.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from harness.errors import CaptureError
+
+PROTO_VERSION = "1"
+LINE_MAX = 240
+DATA_CHUNK = 96
+MARKER = b"@EC1 "
+
+DTYPES: dict[str, str] = {"int8": "<i1", "uint8": "<u1", "int16": "<i2", "int32": "<i4", "float32": "<f4"}
+ITEM_SIZES: dict[str, int] = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "float32": 4}
+REQUIRED_BEGIN = ("proto", "fw", "fwver", "sim")
+REQUIRED_INFO = (
+    "nn",
+    "target",
+    "chip",
+    "rev",
+    "cores",
+    "cpu_mhz",
+    "idf",
+    "tflm",
+    "espnn",
+    "model_sha256",
+    "model_bytes",
+    "inputs",
+    "outputs",
+)
+ERROR_STAGES = ("schema", "resolver", "alloc", "input", "invoke", "output", "internal")
+
+_RECORD_RE = re.compile(
+    rb"@EC1 (0|[1-9][0-9]{0,9}) ([A-Z][A-Z0-9_]{0,15})"
+    rb"((?: [a-z][a-z0-9_]*=[\x21-\x29\x2b-\x7e]+)*) \*([0-9A-F]{8})"
+)
+_TRAILING_ANSI_RE = re.compile(rb"(?:\x1b\[[0-9;]*[A-Za-z]|[ \t])+$")
+# An ESP-IDF log line spliced into a record by another task: "E (1234) task_wdt: ..." (maybe coloured).
+_IDF_LOG_RE = re.compile(rb"(?:\x1b\[[0-9;]*m)?[EWIDV] \([0-9:.]{1,16}\) [^:\r\n]{1,64}: ")
+_INT_RE = re.compile(r"-?(0|[1-9][0-9]{0,19})")
+_UINT_RE = re.compile(r"0|[1-9][0-9]{0,19}")
+_HEX8_RE = re.compile(r"[0-9A-F]{8}")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_SHAPE_RE = re.compile(r"-|(0|[1-9][0-9]{0,9})(x(0|[1-9][0-9]{0,9})){0,7}")
+
+
+def crc32_hex(data: bytes) -> str:
+    """CRC-32 as the protocol writes it: zlib polynomial, 8 upper-case hex digits."""
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08X}"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One CRC-checked record line."""
+
+    seq: int
+    type: str
+    fields: dict[str, str]
+    line: int  # 1-based physical line number in the capture
+
+
+@dataclass
+class CapturedTensor:
+    """One output tensor reassembled from TENSOR + DATA records (CRC verified)."""
+
+    i: int
+    o: int
+    dtype: str
+    shape: tuple[int, ...]
+    scale: float
+    zero_point: int
+    data: np.ndarray  # raw values, dtype/shape as reported
+    name: str = ""
+    crc: str = ""
+
+    @property
+    def quantized(self) -> bool:
+        return self.dtype != "float32" and self.scale != 0.0
+
+
+@dataclass
+class ErrorRecord:
+    stage: str
+    code: int
+    i: int | None
+    msg: str
+    seq: int
+
+
+@dataclass
+class CapturedRun:
+    """One input's invoke: its input hash, timing and outputs."""
+
+    index: int
+    input_bytes: int
+    input_sha256: str
+    invoke_us: int | None = None
+    cycles: int | None = None
+    outputs: list[CapturedTensor] = field(default_factory=list)
+    errors: list[ErrorRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ArenaInfo:
+    size: int
+    used: int
+    mem: str
+
+
+@dataclass
+class Capture:
+    """Everything a capture proved, plus every reason it cannot be trusted (``problems``)."""
+
+    begin: dict[str, str] = field(default_factory=dict)
+    info: dict[str, str] = field(default_factory=dict)
+    arena: ArenaInfo | None = None
+    runs: list[CapturedRun] = field(default_factory=list)
+    errors: list[ErrorRecord] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+    unknown: list[Record] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    end_status: str | None = None
+    boots: int = 0
+    has_records: bool = False  # any line carried the @EC1 marker
+
+    @property
+    def complete(self) -> bool:
+        """END was seen for the first boot."""
+        return self.end_status is not None
+
+    @property
+    def valid(self) -> bool:
+        """Results may be used: BEGIN..END present and no corruption, truncation or inconsistency."""
+        return bool(self.begin) and self.complete and not self.problems
+
+    @property
+    def nn_mode(self) -> str | None:
+        """ESP-NN mode the firmware reported from its compiled-in configuration."""
+        return self.info.get("nn")
+
+    @property
+    def model_sha256(self) -> str | None:
+        return self.info.get("model_sha256")
+
+    @property
+    def simulated(self) -> bool:
+        return self.begin.get("sim") == "1"
+
+    @property
+    def firmware_faulted(self) -> bool:
+        return bool(self.errors) or self.end_status == "error"
+
+    def require_valid(self, source: str = "capture") -> Capture:
+        """Return self, or raise CaptureError (exit 3) listing why this capture is not evidence."""
+        if not self.valid:
+            shown = self.problems[:8] or ["no BEGIN/END records"]
+            more = f" (+{len(self.problems) - 8} more)" if len(self.problems) > 8 else ""
+            raise CaptureError(
+                f"{source}: capture is corrupted or incomplete, so it is not a result: "
+                + "; ".join(shown)
+                + more,
+                hint="re-run the capture (check baud rate, cable and that nothing else prints to the "
+                "console); a reboot mid-run also shows up here",
+            )
+        return self
+
+
+# ---- line level ----------------------------------------------------------------------------------
+
+
+def _split_lines(raw: bytes) -> list[bytes]:
+    lines = raw.split(b"\n")
+    return [ln[:-1] if ln.endswith(b"\r") else ln for ln in lines]
+
+
+def _strip_tail(seg: bytes) -> bytes:
+    """Drop what may follow a record's CRC: CRs, blanks and ANSI colour resets."""
+    seg = seg.rstrip(b"\r")
+    if seg.endswith((b" ", b"\t")) or b"\x1b" in seg:
+        seg = _TRAILING_ANSI_RE.sub(b"", seg)
+    return seg
+
+
+def _check_segment(seg: bytes) -> re.Match[bytes] | None:
+    if len(seg) + 2 > LINE_MAX:
+        return None
+    m = _RECORD_RE.fullmatch(seg)
+    if m is None:
+        return None
+    if zlib.crc32(seg[:-9]) != int(m.group(4), 16):
+        return None
+    return m
+
+
+def _to_record(m: re.Match[bytes], line_no: int) -> tuple[Record | None, str | None]:
+    fields: dict[str, str] = {}
+    for tok in m.group(3).decode("ascii").split(" ")[1:]:
+        key, _, value = tok.partition("=")
+        if key in fields:
+            return None, f"line {line_no}: duplicate field {key!r}"
+        fields[key] = value
+    return Record(int(m.group(1)), m.group(2).decode("ascii"), fields, line_no), None
+
+
+def _scan(raw: bytes, cap: Capture) -> list[Record]:
+    """Find CRC-checked records; corrupted ones become problems (after the first BEGIN) or warnings."""
+    lines = _split_lines(raw)
+    out: list[Record] = []
+    seen_begin = False
+    k = 0
+    n = len(lines)
+    while k < n:
+        line = lines[k]
+        k += 1
+        start = line.find(MARKER)
+        if start < 0:
+            continue
+        cap.has_records = True
+        positions = [start]
+        nxt = line.find(MARKER, start + 1)
+        while nxt >= 0:
+            positions.append(nxt)
+            nxt = line.find(MARKER, nxt + 1)
+        for idx, pos in enumerate(positions):
+            last = idx == len(positions) - 1
+            seg = _strip_tail(line[pos : positions[idx + 1]] if not last else line[pos:])
+            m = _check_segment(seg)
+            if m is None and last and k < n:
+                # Watchdog-splice repair: drop a complete ESP-IDF log line and re-join with the next line.
+                log = _IDF_LOG_RE.search(seg, 5)
+                if log is not None:
+                    joined = _strip_tail(seg[: log.start()] + lines[k])
+                    m2 = _check_segment(joined)
+                    if m2 is not None:
+                        spliced = seg[log.start() :].decode("ascii", "replace")
+                        cap.warnings.append(
+                            f"line {k}: repaired a record split by a log line: {spliced[:120]!r}"
+                        )
+                        m = m2
+                        k += 1
+            if m is None:
+                what = "longer than 240 bytes" if len(seg) + 2 > LINE_MAX else "bad format or CRC"
+                msg = f"line {k}: corrupted record ({what}): {seg[:60].decode('ascii', 'replace')!r}"
+                if seen_begin:
+                    cap.problems.append(msg)
+                else:
+                    cap.warnings.append(msg + " (before the first BEGIN: ignored)")
+                continue
+            rec, err = _to_record(m, k)
+            if rec is None:
+                cap.problems.append(err or f"line {k}: bad record")
+                continue
+            if rec.type == "BEGIN":
+                seen_begin = True
+            out.append(rec)
+    return out
+
+
+# ---- record level --------------------------------------------------------------------------------
+
+
+class _FieldError(Exception):
+    pass
+
+
+def _get(rec: Record, key: str) -> str:
+    try:
+        return rec.fields[key]
+    except KeyError:
+        raise _FieldError(f"{rec.type} record (seq {rec.seq}) lacks field {key!r}") from None
+
+
+def _int(rec: Record, key: str, *, unsigned: bool = False) -> int:
+    v = _get(rec, key)
+    if not (_UINT_RE if unsigned else _INT_RE).fullmatch(v):
+        raise _FieldError(f"{rec.type} record (seq {rec.seq}): {key}={v!r} is not an integer")
+    return int(v)
+
+
+def _opt_int(rec: Record, key: str) -> int | None:
+    return _int(rec, key) if key in rec.fields else None
+
+
+class _Builder:
+    def __init__(self, cap: Capture) -> None:
+        self.cap = cap
+        self.expected_seq = 0
+        self.run_by_index: dict[int, CapturedRun] = {}
+        self.pending: tuple[Record, bytearray, CapturedTensor] | None = None
+        self.stale = 0
+        self.broken = False
+
+    def problem(self, msg: str) -> None:
+        self.cap.problems.append(msg)
+
+    def feed(self, records: list[Record]) -> None:
+        cap = self.cap
+        in_boot = False
+        for rec in records:
+            if rec.type == "BEGIN":
+                cap.boots += 1
+                if cap.boots > 1:
+                    if cap.complete:
+                        cap.warnings.append(
+                            f"line {rec.line}: the device booted again after END; later output ignored"
+                        )
+                    else:
+                        self.problem(
+                            f"line {rec.line}: second BEGIN before END: the device rebooted mid-run "
+                            "(crash, watchdog or brownout); the first boot's records are kept as evidence"
+                        )
+                    break
+                in_boot = True
+            elif not in_boot:
+                self.stale += 1
+                continue
+            if rec.seq != self.expected_seq:
+                self.problem(
+                    f"line {rec.line}: record sequence jumps from {self.expected_seq - 1} to {rec.seq} "
+                    "(lost or repeated lines)"
+                )
+            self.expected_seq = rec.seq + 1
+            cap.records.append(rec)
+            try:
+                self.handle(rec)
+            except _FieldError as exc:
+                self.problem(f"line {rec.line}: {exc}")
+        if self.stale:
+            cap.warnings.append(f"{self.stale} record(s) before the first BEGIN ignored (earlier boot?)")
+
+    def handle(self, rec: Record) -> None:
+        cap = self.cap
+        t = rec.type
+        if self.pending is not None and t != "DATA":
+            prec, buf, _ = self.pending
+            self.problem(
+                f"TENSOR at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
+            )
+            self.pending = None
+        if cap.complete:
+            self.problem(f"line {rec.line}: {t} record after END")
+            return
+        if t == "BEGIN":
+            for key in REQUIRED_BEGIN:
+                _get(rec, key)
+            if rec.seq != 0:
+                self.problem(f"line {rec.line}: BEGIN has seq {rec.seq}, expected 0")
+            if rec.fields["proto"] != PROTO_VERSION:
+                self.problem(
+                    f"line {rec.line}: protocol version {rec.fields['proto']!r} is not supported "
+                    f"(this esp-check reads version {PROTO_VERSION})"
+                )
+            if rec.fields["fw"] != "esp-check":
+                self.problem(f"line {rec.line}: firmware {rec.fields['fw']!r} is not esp-check firmware")
+            if rec.fields["sim"] not in ("0", "1"):
+                self.problem(f"line {rec.line}: sim={rec.fields['sim']!r} must be 0 or 1")
+            cap.begin = dict(rec.fields)
+        elif t == "INFO":
+            for key, value in rec.fields.items():
+                if key in cap.info:
+                    self.problem(f"line {rec.line}: INFO key {key!r} repeated")
+                cap.info[key] = value
+        elif t == "ARENA":
+            if cap.arena is not None:
+                self.problem(f"line {rec.line}: second ARENA record")
+            cap.arena = ArenaInfo(
+                _int(rec, "size", unsigned=True), _int(rec, "used", unsigned=True), _get(rec, "mem")
+            )
+        elif t == "INPUT":
+            i = _int(rec, "i", unsigned=True)
+            sha = _get(rec, "sha256")
+            if not _SHA256_RE.fullmatch(sha):
+                self.problem(f"line {rec.line}: INPUT sha256 {sha[:70]!r} is not 64 lower-case hex digits")
+            if i in self.run_by_index:
+                self.problem(f"line {rec.line}: INPUT i={i} repeated")
+                return
+            new_run = CapturedRun(i, _int(rec, "bytes", unsigned=True), sha)
+            self.run_by_index[i] = new_run
+            cap.runs.append(new_run)
+        elif t == "TIME":
+            run = self._run(rec)
+            if run is not None:
+                if run.invoke_us is not None:
+                    self.problem(f"line {rec.line}: TIME for i={run.index} repeated")
+                run.invoke_us = _int(rec, "invoke_us")
+                run.cycles = _opt_int(rec, "cycles")
+        elif t == "TENSOR":
+            self._tensor(rec)
+        elif t == "DATA":
+            self._data(rec)
+        elif t == "ERROR":
+            stage = _get(rec, "stage")
+            if stage not in ERROR_STAGES:
+                cap.warnings.append(f"line {rec.line}: ERROR stage {stage!r} is not one the spec lists")
+            err = ErrorRecord(
+                stage, _int(rec, "code"), _opt_int(rec, "i"), rec.fields.get("msg", ""), rec.seq
+            )
+            cap.errors.append(err)
+            if err.i is not None and err.i in self.run_by_index:
+                self.run_by_index[err.i].errors.append(err)
+        elif t == "END":
+            status = _get(rec, "status")
+            if status not in ("ok", "error"):
+                self.problem(f"line {rec.line}: END status {status!r} must be ok or error")
+            records = _int(rec, "records", unsigned=True)
+            if records != rec.seq:
+                self.problem(
+                    f"line {rec.line}: END says {records} records came before it, its seq is {rec.seq}"
+                )
+            cap.end_status = status
+        else:
+            cap.unknown.append(rec)
+
+    def _run(self, rec: Record) -> CapturedRun | None:
+        i = _int(rec, "i", unsigned=True)
+        run = self.run_by_index.get(i)
+        if run is None:
+            self.problem(f"line {rec.line}: {rec.type} for i={i} without its INPUT record")
+        return run
+
+    def _tensor(self, rec: Record) -> None:
+        run = self._run(rec)
+        o = _int(rec, "o", unsigned=True)
+        dtype = _get(rec, "dtype")
+        if dtype not in DTYPES:
+            raise _FieldError(f"TENSOR dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        shape_s = _get(rec, "shape")
+        if not _SHAPE_RE.fullmatch(shape_s):
+            raise _FieldError(f"TENSOR shape {shape_s!r} is malformed")
+        shape = () if shape_s == "-" else tuple(int(d) for d in shape_s.split("x"))
+        scale_s = _get(rec, "scale")
+        if not (scale_s.startswith("0x") and _HEX8_RE.fullmatch(scale_s[2:])):
+            raise _FieldError(f"TENSOR scale {scale_s!r} is not 0x + 8 hex digits")
+        scale = float(np.frombuffer(int(scale_s[2:], 16).to_bytes(4, "little"), "<f4")[0])
+        nbytes = _int(rec, "bytes", unsigned=True)
+        crc = _get(rec, "crc")
+        if not _HEX8_RE.fullmatch(crc):
+            raise _FieldError(f"TENSOR crc {crc!r} is not 8 hex digits")
+        count = 1
+        for d in shape:
+            count *= d
+        if count * ITEM_SIZES[dtype] != nbytes:
+            raise _FieldError(f"TENSOR bytes={nbytes} does not match shape {shape_s} x {dtype}")
+        name = rec.fields.get("name", "")
+        tensor = CapturedTensor(
+            run.index if run else -1,
+            o,
+            dtype,
+            shape,
+            scale,
+            _int(rec, "zp"),
+            np.zeros(0),
+            "" if name == "-" else name,
+            crc,
+        )
+        if run is not None and any(t.o == o for t in run.outputs):
+            self.problem(f"line {rec.line}: TENSOR i={run.index} o={o} repeated")
+        self.pending = (rec, bytearray(), tensor)
+        self.broken = False
+        if nbytes == 0:
+            self._finish()
+
+    def _data(self, rec: Record) -> None:
+        if self.pending is None:
+            if not self.broken:  # the TENSOR this DATA belongs to is already reported broken
+                self.problem(f"line {rec.line}: DATA without a TENSOR record")
+            return
+        prec, buf, tensor = self.pending
+        i, o, off = (
+            _int(rec, "i", unsigned=True),
+            _int(rec, "o", unsigned=True),
+            _int(rec, "off", unsigned=True),
+        )
+        if (i, o) != (tensor.i, tensor.o) or off != len(buf):
+            self.problem(
+                f"line {rec.line}: DATA i={i} o={o} off={off} does not continue TENSOR "
+                f"i={tensor.i} o={tensor.o} at offset {len(buf)}"
+            )
+            self.pending = None
+            self.broken = True
+            return
+        try:
+            chunk = base64.b64decode(_get(rec, "b64"), validate=True)
+        except (binascii.Error, ValueError):
+            raise _FieldError("DATA b64 is not valid base64") from None
+        total = int(prec.fields["bytes"])
+        if not 0 < len(chunk) <= DATA_CHUNK or len(buf) + len(chunk) > total:
+            self.problem(f"line {rec.line}: DATA chunk of {len(chunk)} bytes does not fit its TENSOR")
+            self.pending = None
+            self.broken = True
+            return
+        buf.extend(chunk)
+        if len(buf) == total:
+            self._finish()
+
+    def _finish(self) -> None:
+        assert self.pending is not None
+        prec, buf, tensor = self.pending
+        self.pending = None
+        if crc32_hex(bytes(buf)) != tensor.crc:
+            self.problem(f"TENSOR at line {prec.line}: data CRC {crc32_hex(bytes(buf))} != {tensor.crc}")
+            return
+        tensor.data = np.frombuffer(bytes(buf), dtype=DTYPES[tensor.dtype]).reshape(tensor.shape)
+        run = self.run_by_index.get(tensor.i)
+        if run is not None:
+            run.outputs.append(tensor)
+
+    def finish(self) -> None:
+        cap = self.cap
+        if self.pending is not None:
+            prec, buf, _ = self.pending
+            self.problem(
+                f"TENSOR at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
+            )
+        if not cap.has_records:
+            self.problem("no esp-check protocol records (@EC1) in the capture")
+            return
+        if not cap.begin:
+            self.problem("no BEGIN record: the capture missed the start of the run")
+            return
+        if not cap.complete:
+            self.problem("no END record: the capture is truncated (timeout, reset or lost data)")
+        missing = [k for k in REQUIRED_INFO if k not in cap.info]
+        if missing:
+            self.problem(f"required INFO keys missing: {', '.join(missing)}")
+        if cap.end_status == "error" and not cap.errors:
+            self.problem("END status=error without any ERROR record")
+        if cap.end_status == "ok":
+            if cap.errors:
+                self.problem("END status=ok although ERROR records were printed")
+            n_out = cap.info.get("outputs", "")
+            n_in = cap.info.get("inputs", "")
+            if _UINT_RE.fullmatch(n_in) and len(cap.runs) != int(n_in):
+                self.problem(f"INFO inputs={n_in} but {len(cap.runs)} INPUT records")
+            for run in cap.runs:
+                if run.invoke_us is None:
+                    self.problem(f"run i={run.index} has no TIME record")
+                got = sorted(t.o for t in run.outputs)
+                if _UINT_RE.fullmatch(n_out) and got != list(range(int(n_out))):
+                    self.problem(f"run i={run.index}: outputs {got} arrived, expected 0..{int(n_out) - 1}")
+        for run in cap.runs:
+            run.outputs.sort(key=lambda t: t.o)
+
+
+def parse_capture(raw: bytes | str) -> Capture:
+    """Parse a serial capture; never raises on bad content (problems are recorded instead)."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogateescape")
+    cap = Capture()
+    records = _scan(bytes(raw), cap)
+    builder = _Builder(cap)
+    builder.feed(records)
+    builder.finish()
+    return cap
+
+
+def capture_summary(cap: Capture) -> dict[str, Any]:
+    """Small JSON-able identity of a capture, for reports."""
+    return {
+        "begin": dict(cap.begin),
+        "info": dict(cap.info),
+        "arena": None
+        if cap.arena is None
+        else {"size": cap.arena.size, "used": cap.arena.used, "mem": cap.arena.mem},
+        "runs": [
+            {"index": r.index, "input_sha256": r.input_sha256, "invoke_us": r.invoke_us} for r in cap.runs
+        ],
+        "errors": [{"stage": e.stage, "code": e.code, "i": e.i, "msg": e.msg} for e in cap.errors],
+        "warnings": list(cap.warnings),
+        "problems": list(cap.problems),
+        "valid": cap.valid,
+    }

@@ -1,0 +1,315 @@
+"""Reports for a comparison: a rich terminal table, versioned JSON (docs/report-schema.json), JUnit XML.
+
+JUnit mapping (what CI systems understand): one testcase per compared output tensor; a mismatch or a
+firmware fault is a ``<failure>``, an infrastructure problem (corrupted capture, port, timeout) is an
+``<error>``; the raw serial logs go to ``<system-out>``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import socket
+import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from harness import __version__
+from harness.compare import CompareResult, TensorComparison
+
+SCHEMA_ID = "esp-check-compare-report"
+SCHEMA_VERSION = 1
+RAW_LOG_MAX = 256 * 1024  # per source in JUnit system-out (head and tail kept)
+_XML_ILLEGAL = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _num(x: float | None) -> float | str | None:
+    """JSON has no NaN/Infinity: non-finite numbers are written as strings."""
+    if x is None:
+        return None
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def _nums(xs: list[float] | None) -> list[float | str | None] | None:
+    return None if xs is None else [_num(x) for x in xs]
+
+
+def comparison_dict(c: TensorComparison) -> dict[str, Any]:
+    return {
+        "a": c.a,
+        "b": c.b,
+        "run": c.run,
+        "output": c.output,
+        "name": c.name,
+        "verdict": "match" if c.match else "mismatch",
+        "count": c.count,
+        "mismatched": c.mismatched,
+        "tolerance_lsb": c.tolerance_lsb,
+        "units": c.units,
+        "scale": c.scale,
+        "zero_point": c.zero_point,
+        "max_abs_diff": _num(c.max_abs_diff),
+        "mean_abs_diff": _num(c.mean_abs_diff),
+        "max_diff_lsb": _num(c.max_diff_lsb),
+        "mean_diff_lsb": _num(c.mean_diff_lsb),
+        "rmse": _num(c.rmse),
+        "cosine": _num(c.cosine),
+        "argmax_a": c.argmax_a,
+        "argmax_b": c.argmax_b,
+        "argmax_agree": c.argmax_agree,
+        "topk": c.topk,
+        "topk_agreement": c.topk_agreement,
+        "pinned_a": c.pinned_a,
+        "pinned_b": c.pinned_b,
+        "pinned_fraction_a": c.pinned_fraction_a,
+        "pinned_fraction_b": c.pinned_fraction_b,
+        "diff_lsb": _nums(c.diff_lsb),
+        "values_a": _nums(c.values_a),
+        "values_b": _nums(c.values_b),
+        "first_mismatches": [
+            {k: _num(v) if isinstance(v, float) else v for k, v in m.items()} for m in c.first_mismatches
+        ],
+    }
+
+
+def report_dict(result: CompareResult) -> dict[str, Any]:
+    """The JSON report (schema: docs/report-schema.json, ``schema_version`` 1)."""
+    return {
+        "schema": SCHEMA_ID,
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "esp-check", "version": __version__},
+        "reference_backend": result.reference_backend,
+        "simulated": result.simulated,
+        "verdict": result.verdict,
+        "exit_code": int(result.exit_code),
+        "tolerance_lsb": result.tolerance_lsb,
+        "ref_tolerance_lsb": result.ref_tolerance_lsb,
+        "sources": [
+            {
+                "label": s.label,
+                "kind": s.kind,
+                "path": s.path,
+                "nn": s.nn_mode,
+                "model_sha256": s.model_sha256,
+                "simulated": s.simulated,
+                "input_sha256": list(s.input_sha256),
+                "invoke_us": list(s.invoke_us),
+                "info": dict(s.info),
+                "backend_version": s.backend_version,
+            }
+            for s in result.sources
+        ],
+        "comparisons": [comparison_dict(c) for c in result.comparisons],
+        "faults": [
+            {"source": f.source, "stage": f.stage, "code": f.code, "run": f.run, "msg": f.msg}
+            for f in result.faults
+        ],
+        "warnings": list(result.warnings),
+    }
+
+
+def _fmt(x: float | None, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    if float(x).is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:.{digits}g}"
+
+
+def print_report(result: CompareResult, console: Console | None = None) -> None:
+    """Terminal report: per output, one column per compared pair; mismatches in red."""
+    con = console or Console()
+    labels = {s.label: escape(f"{s.label} ({s.nn_mode or s.kind})") for s in result.sources}
+    groups: dict[tuple[int, int], list[TensorComparison]] = {}
+    for c in result.comparisons:
+        groups.setdefault((c.run, c.output), []).append(c)
+    for (run, out), comps in groups.items():
+        name = next((c.name for c in comps if c.name), "")
+        title = f"run {run}, output {out}" + (f" ({escape(name)})" if name else "")
+        if result.simulated:
+            title += " [simulated board]"
+        table = Table(title=title, title_justify="left")
+        table.add_column("metric")
+        for c in comps:
+            table.add_column(f"{labels.get(c.a, c.a)}\nvs {labels.get(c.b, c.b)}", justify="right")
+
+        def row(
+            metric: str, cells: list[str], comps: list[TensorComparison] = comps, table: Table = table
+        ) -> None:
+            styled = [Text(v, style="" if c.match else "red") for v, c in zip(cells, comps, strict=True)]
+            table.add_row(metric, *styled)
+
+        row("elements", [str(c.count) for c in comps])
+        row("mismatched", [f"{c.mismatched} (tol {_fmt(c.tolerance_lsb)} LSB)" for c in comps])
+        row("max |diff| LSB", [_fmt(c.max_diff_lsb) for c in comps])
+        row("mean |diff| LSB", [_fmt(c.mean_diff_lsb, 3) for c in comps])
+        row("max |diff| real", [_fmt(c.max_abs_diff) for c in comps])
+        row("RMSE", [_fmt(c.rmse) for c in comps])
+        row("cosine", [_fmt(c.cosine, 6) for c in comps])
+        row("argmax", [f"{c.argmax_a} vs {c.argmax_b}" for c in comps])
+        row(
+            "top-k overlap",
+            ["-" if c.topk_agreement is None else f"{c.topk_agreement:.0%} of {c.topk}" for c in comps],
+        )
+        row(
+            "pinned min/max",
+            [
+                ", ".join(side for side, p in ((c.a, c.pinned_a), (c.b, c.pinned_b)) if p) or "-"
+                for c in comps
+            ],
+        )
+        table.add_row(
+            "verdict",
+            *[Text("match", style="green") if c.match else Text("MISMATCH", style="bold red") for c in comps],
+        )
+        con.print(table)
+    for c in result.comparisons:
+        if c.match or c.values_a is None or c.values_b is None:
+            continue
+        detail = Table(title=f"{c.a} vs {c.b}, run {c.run} output {c.output}: per element")
+        for col in ("index", c.a, c.b, "|diff| LSB"):
+            detail.add_column(col, justify="right")
+        for j, (va, vb) in enumerate(zip(c.values_a, c.values_b, strict=True)):
+            d = c.diff_lsb[j] if c.diff_lsb is not None else None
+            differs = va != vb and not (math.isnan(va) and math.isnan(vb))
+            detail.add_row(str(j), f"{va:.8g}", f"{vb:.8g}", _fmt(d), style="red" if differs else None)
+        con.print(detail)
+    for f in result.faults:  # device-provided text: escaped, never interpreted as markup
+        detail_text = f" in {f.source}: stage {f.stage}, code {f.code}" + (
+            f", run {f.run}" if f.run is not None else ""
+        )
+        con.print(
+            "[bold red]firmware fault[/]" + escape(detail_text + (f": {f.msg}" if f.msg else "")),
+            highlight=False,
+        )
+    for w in result.warnings:
+        con.print("[yellow]warning:[/] " + escape(w), highlight=False)
+    colour = {"match": "green", "mismatch": "red", "firmware_fault": "red"}.get(result.verdict, "yellow")
+    con.print(f"[bold {colour}]verdict: {result.verdict}[/] (exit {int(result.exit_code)})")
+
+
+# ---- JUnit ---------------------------------------------------------------------------------------
+
+
+def _xml_text(text: str) -> str:
+    return _XML_ILLEGAL.sub("\ufffd", text)
+
+
+def _raw_logs(result: CompareResult | None, extra: dict[str, bytes] | None = None) -> str:
+    logs: dict[str, bytes] = {}
+    if result is not None:
+        for s in result.sources:
+            if s.raw_log is not None:
+                logs[f"{s.label}: {s.path}"] = s.raw_log
+    logs.update(extra or {})
+    parts = []
+    for name, raw in logs.items():
+        if len(raw) > RAW_LOG_MAX:
+            half = RAW_LOG_MAX // 2
+            raw = raw[:half] + b"\n[... %d bytes omitted ...]\n" % (len(raw) - 2 * half) + raw[-half:]
+        parts.append(f"===== {name} =====\n" + raw.decode("utf-8", "replace"))
+    return _xml_text("\n".join(parts))
+
+
+def _suite(root: ET.Element, name: str) -> ET.Element:
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name=name,
+        hostname=socket.gethostname(),
+        timestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
+    )
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", name="esp_check_version", value=__version__)
+    return suite
+
+
+def _finish(root: ET.Element, suite: ET.Element) -> ET.ElementTree:
+    cases = suite.findall("testcase")
+    counts = {
+        "tests": len(cases),
+        "failures": sum(1 for c in cases if c.find("failure") is not None),
+        "errors": sum(1 for c in cases if c.find("error") is not None),
+        "skipped": 0,
+    }
+    for el in (suite, root):
+        for k, v in counts.items():
+            el.set(k, str(v))
+    suite.set("time", "0")
+    ET.indent(root)
+    return ET.ElementTree(root)
+
+
+def junit_tree(result: CompareResult) -> ET.ElementTree:
+    """JUnit XML: one testcase per compared output, plus one per firmware fault."""
+    root = ET.Element("testsuites", name="esp-check")
+    suite = _suite(root, "esp-check compare")
+    props = suite.find("properties")
+    assert props is not None
+    ET.SubElement(props, "property", name="simulated", value=str(result.simulated).lower())
+    if result.reference_backend:
+        ET.SubElement(props, "property", name="reference_backend", value=result.reference_backend)
+    out_text = _raw_logs(result)
+    for c in result.comparisons:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"esp-check.compare.{c.a}_vs_{c.b}",
+            name=f"run{c.run}.output{c.output}" + (f"[{_xml_text(c.name)}]" if c.name else ""),
+            time="0",
+        )
+        if not c.match:
+            msg = (
+                f"{c.mismatched} of {c.count} elements differ beyond {_fmt(c.tolerance_lsb)} LSB "
+                f"(max {_fmt(c.max_diff_lsb)} LSB, argmax {c.argmax_a} vs {c.argmax_b})"
+            )
+            fail = ET.SubElement(case, "failure", message=msg, type="mismatch")
+            fail.text = _xml_text("\n".join(str(m) for m in c.first_mismatches))
+        ET.SubElement(case, "system-out").text = out_text
+    for f in result.faults:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"esp-check.firmware.{f.source}",
+            name=f"fault.{f.stage}" + (f".run{f.run}" if f.run is not None else ""),
+            time="0",
+        )
+        ET.SubElement(
+            case,
+            "failure",
+            message=_xml_text(f"firmware fault at stage {f.stage} (code {f.code}): {f.msg}"),
+            type="firmware_fault",
+        )
+        ET.SubElement(case, "system-out").text = out_text
+    return _finish(root, suite)
+
+
+def junit_error_tree(message: str, kind: str, raw_logs: dict[str, bytes] | None = None) -> ET.ElementTree:
+    """JUnit XML for a comparison that could not run.
+
+    ``kind`` "failure" or "firmware_fault" (a finding, e.g. the device crashed) gives ``<failure>``;
+    anything else (infrastructure, usage) gives ``<error>``.
+    """
+    root = ET.Element("testsuites", name="esp-check")
+    suite = _suite(root, "esp-check compare")
+    case = ET.SubElement(suite, "testcase", classname="esp-check.compare", name="compare", time="0")
+    tag = "failure" if kind in ("failure", "firmware_fault") else "error"
+    ET.SubElement(
+        case, tag, message=_xml_text(message.splitlines()[0] if message else kind), type=kind
+    ).text = _xml_text(message)
+    ET.SubElement(case, "system-out").text = _raw_logs(None, raw_logs)
+    return _finish(root, suite)
+
+
+def write_junit(tree: ET.ElementTree, path: str | Path) -> None:
+    tree.write(str(path), encoding="utf-8", xml_declaration=True)

@@ -1,0 +1,40 @@
+"""Find esp-check's data directories (firmware templates, board files) in a checkout or an installed wheel.
+
+In a repository checkout they sit beside the package (``firmware_templates/``, ``boards/``); the wheel
+force-includes them as ``harness/_data/firmware_templates`` and ``harness/_data/boards``
+(pyproject.toml). Looking in both places keeps one source of truth without copying files around.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.errors import EspCheckError
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _locate(name: str) -> Path:
+    candidates = (_PACKAGE_DIR / "_data" / name, _PACKAGE_DIR.parent / name)
+    for cand in candidates:
+        if cand.is_dir():
+            return cand
+    raise EspCheckError(
+        f"esp-check's '{name}' directory is missing (looked in {', '.join(str(c) for c in candidates)})",
+        hint="reinstall esp-check (pip install --force-reinstall esp-check) or run from a full checkout",
+    )
+
+
+def templates_dir() -> Path:
+    """Directory holding the Jinja firmware templates (``firmware_templates``)."""
+    return _locate("firmware_templates")
+
+
+def boards_dir() -> Path:
+    """Directory holding the built-in board definitions (``boards/*.toml``)."""
+    return _locate("boards")
+
+
+def data_dir() -> Path:
+    """Package data shipped inside ``harness/data`` (allow-lists, op tables)."""
+    return _PACKAGE_DIR / "data"

@@ -1,0 +1,574 @@
+"""What the simulated chip prints when it boots from flash: ROM lines, second-stage bootloader, the
+IDF app start-up log, and the esp-check app itself (the protocol stream of docs/protocol.md, printed
+through ``harness.emitter`` so it cannot drift from the firmware's C emitter), plus injected faults.
+
+The result is a list of :class:`Piece` (bytes at the ROM's 115200 baud, bytes at the console baud,
+or a link event); the board schedules them on its serial line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from harness.sim.chips import ChipSpec
+from harness.sim.faults import FaultSpec, flip_bits
+from harness.sim.image import (
+    PARTITION_TABLE_MAX,
+    PARTITION_TABLE_OFFSET,
+    AppPayload,
+    ImageError,
+    LoadedImage,
+    PartitionTableError,
+    find_payload,
+    load_image,
+    parse_partition_table,
+    type_names,
+)
+
+ROM_BAUD = 115200
+SIM_BANNER = "esp-check SIMULATED BOARD"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One stretch of output: ``kind`` is "rom" (115200 baud), "console" (app baud) or "disconnect"."""
+
+    kind: str
+    data: bytes = b""
+
+
+@dataclass
+class BootResult:
+    pieces: list[Piece]
+    console_baud: int = ROM_BAUD
+    variant: str | None = None
+    faults_applied: list[str] = field(default_factory=list)
+
+
+# ---- ROM text -----------------------------------------------------------------------------------
+
+_RESET_REASONS = {
+    "poweron": ("0x1 (POWERON_RESET)", "0x1 (POWERON)"),
+    "sw": ("0xc (SW_CPU_RESET)", "0xc (RTC_SW_CPU_RST)"),
+    "brownout": ("0xf (BROWNOUT_RST)", "0xf (BROWNOUT_RST)"),
+    "rtcwdt": ("0x10 (RTCWDT_RTC_RESET)", "0x10 (RTCWDT_RTC_RST)"),
+    "usb": ("0x15 (USB_UART_CHIP_RESET)", "0x15 (USB_UART_CHIP_RESET)"),
+}
+_BOOT_MODES = {
+    "esp32": ("0x13 (SPI_FAST_FLASH_BOOT)", "0x3 (DOWNLOAD_BOOT(UART0/UART1/SDIO_REI_REO_V2))"),
+    "esp32s3": ("0x8 (SPI_FAST_FLASH_BOOT)", "0x0 (DOWNLOAD(USB/UART0))"),
+    "esp32c3": ("0xc (SPI_FAST_FLASH_BOOT)", "0x0 (DOWNLOAD(USB/UART0/1))"),
+}
+
+
+def rom_header(chip: ChipSpec, reason: str, download: bool) -> bytes:
+    """First ROM lines after a reset, e.g. ``ets Jun  8 2016 ...`` / ``rst:0x1 (POWERON_RESET),boot:...``."""
+    rst = _RESET_REASONS[reason][0 if chip.name == "esp32" else 1]
+    boot = _BOOT_MODES[chip.name][1 if download else 0]
+    lines = list(chip.rom_banner)
+    if chip.name == "esp32":
+        lines.append("")
+    lines.append(f"rst:{rst},boot:{boot}")
+    if download:
+        if chip.name != "esp32":
+            lines.append("Saved PC:0x40048036" if chip.name == "esp32s3" else "Saved PC:0x40048b82")
+        lines.append("waiting for download")
+    return ("\r\n".join(lines) + "\r\n").encode()
+
+
+def _rom_load_lines(chip: ChipSpec, boot: LoadedImage) -> bytes:
+    if chip.name == "esp32":
+        out = [
+            "configsip: 0, SPIWP:0xee",
+            "clk_drv:0x00,q_drv:0x00,d_drv:0x00,cs0_drv:0x00,hd_drv:0x00,wp_drv:0x00",
+            "mode:DIO, clock div:2",
+        ]
+        out += [f"load:0x{a:08x},len:{len(d)}" for a, d in boot.segments]
+    else:
+        out = ["SPIWP:0xee", "mode:DIO, clock div:1"]
+        out += [f"load:0x{a:08x},len:0x{len(d):x}" for a, d in boot.segments]
+    out.append(f"entry 0x{boot.image.entrypoint:08x}")
+    return ("\r\n".join(out) + "\r\n").encode()
+
+
+class _Clock:
+    """ESP-IDF log timestamps (ms since boot), deterministic."""
+
+    def __init__(self, start: int = 27) -> None:
+        self.ms = start
+
+    def line(self, level: str, tag: str, msg: str, step: int = 3) -> bytes:
+        self.ms += step
+        return f"{level} ({self.ms}) {tag}: {msg}\r\n".encode()
+
+
+# ---- the reference ("the model running on the simulated CPU") ----------------------------------
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    arrays: list[list[np.ndarray]]  # per input: per output
+    backend_version: str
+    arena_used: int
+    n_ops: int
+
+
+def _run_model(payload: AppPayload, cache: dict[str, Any]) -> _Outputs:
+    """Run the embedded model on the embedded inputs with the host TFLM reference (cached per image)."""
+    from harness.model import parse_model_bytes
+    from harness.reference import host_arena_bytes, run_reference
+
+    key = hashlib.sha256(payload.model + b"".join(payload.inputs)).hexdigest()
+    hit = cache.get(key)
+    if isinstance(hit, _Outputs):
+        return hit
+    info = parse_model_bytes(payload.model)
+    tin = info.inputs[0]
+    arrays = [np.frombuffer(raw, dtype=np.dtype(tin.dtype)).reshape(tin.shape) for raw in payload.inputs]
+    res = run_reference(payload.model, [[a] for a in arrays])
+    try:
+        used = int(host_arena_bytes(info))
+    except Exception:  # an estimate only; never fail the boot over it
+        used = 0
+    out = _Outputs([list(r.outputs) for r in res.runs], res.backend_version, used, len(info.ops))
+    cache[key] = out
+    return out
+
+
+def modelled_invoke_us(chip: ChipSpec, payload: AppPayload, n_ops: int) -> int:
+    """A deterministic stand-in for the invoke time (the host's time says nothing about an ESP32).
+
+    Proportional to the model's size and op count, scaled by CPU clock; the optimized variant is
+    modelled 2x faster. Only benchmarks of the simulator itself should look at it.
+    """
+    base = (len(payload.model) // 2 + 400 * n_ops) * 240 // max(1, chip.cpu_mhz)
+    return int(base // 2 if payload.variant == "optimized" else base)
+
+
+# ---- panics -------------------------------------------------------------------------------------
+
+
+def _hex(rng: random.Random, base: int, span: int = 0x40000) -> int:
+    return (base + rng.randrange(0, span)) & ~0x3
+
+
+def panic_text(chip: ChipSpec, kind: str, rng: random.Random) -> bytes:
+    """A Guru Meditation (``kind`` "panic") or abort() report in the chip's architecture's form."""
+    lines: list[str] = []
+    if chip.arch == "xtensa":
+        pc = _hex(rng, 0x400D0000)
+        sp = _hex(rng, 0x3FFB0000, 0x8000)
+        if kind == "abort":
+            lines += [f"abort() was called at PC 0x{pc:08x} on core 0", ""]
+        else:
+            lines += [
+                "Guru Meditation Error: Core  0 panic'ed (LoadProhibited). Exception was unhandled.",
+                "",
+                "Core  0 register dump:",
+            ]
+            regs = [("PC", pc), ("PS", 0x00060030), ("A0", pc | 0x80000000), ("A1", sp)]
+            regs += [(f"A{i}", rng.getrandbits(32)) for i in range(2, 16)]
+            regs += [
+                ("SAR", 0x1D),
+                ("EXCCAUSE", 0x1C),
+                ("EXCVADDR", 0),
+                ("LBEG", 0x4000C2E0),
+                ("LEND", 0x4000C2F6),
+                ("LCOUNT", 0),
+            ]
+            for j in range(0, len(regs), 4):
+                lines.append("".join(f"{n:<8}: 0x{v:08x}  " for n, v in regs[j : j + 4]))
+            lines.append("")
+        frames = " ".join(
+            f"0x{_hex(rng, 0x400D0000):08x}:0x{_hex(rng, 0x3FFB0000, 0x8000):08x}" for _ in range(5)
+        )
+        lines += ["", f"Backtrace: 0x{pc:08x}:0x{sp:08x} {frames}", ""]
+    else:
+        mepc = _hex(rng, 0x42000000)
+        sp = _hex(rng, 0x3FC80000, 0x8000)
+        if kind == "abort":
+            lines += [f"abort() was called at PC 0x{mepc:08x} on core 0", ""]
+            cause = "Breakpoint"
+        else:
+            cause = "Load access fault"
+            lines += [f"Guru Meditation Error: Core  0 panic'ed ({cause}). Exception was unhandled.", ""]
+        lines.append("Core  0 register dump:")
+        regs = [("MEPC", mepc), ("RA", mepc - 0x20), ("SP", sp), ("GP", 0x3FC8B400)]
+        regs += [
+            (n, rng.getrandbits(32))
+            for n in (
+                "TP",
+                "T0",
+                "T1",
+                "T2",
+                "S0/FP",
+                "S1",
+                "A0",
+                "A1",
+                "A2",
+                "A3",
+                "A4",
+                "A5",
+                "A6",
+                "A7",
+                "S2",
+                "S3",
+            )
+        ]
+        regs += [
+            ("MSTATUS", 0x00001881),
+            ("MTVEC", 0x40380001),
+            ("MCAUSE", 0x00000005 if kind == "panic" else 0x00000003),
+            ("MTVAL", 0 if kind == "panic" else 0x00009002),
+            ("MHARTID", 0),
+        ]
+        for j in range(0, len(regs), 4):
+            lines.append("".join(f"{n:<8}: 0x{v:08x}  " for n, v in regs[j : j + 4]))
+        lines += ["", "Stack memory:"]
+        for row in range(8):
+            words = " ".join(f"0x{rng.getrandbits(32):08x}" for _ in range(8))
+            lines.append(f"{sp + row * 32:08x}: {words}")
+        lines.append("")
+    lines += ["", f"ELF file SHA256: {rng.getrandbits(64):016x}", "", "Rebooting...", ""]
+    return "\r\n".join(lines).encode()
+
+
+# ---- boot ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class BootContext:
+    """Everything one boot needs from the board."""
+
+    chip: ChipSpec
+    flash: bytes
+    reason: str  # key of _RESET_REASONS
+    faults: FaultSpec
+    boot_index: int
+    emitter_backend: str
+    cache: dict[str, Any]
+    log: Callable[[str], None] = lambda _m: None
+
+
+def boot_from_flash(ctx: BootContext) -> BootResult:
+    """Everything the chip prints from reset release (IO0 high) until it idles, halts or loops."""
+    pieces: list[Piece] = []
+    faults = ctx.faults
+    loops = max(1, faults.loops)
+    if faults.active("bootloop"):
+        for n in range(loops):
+            reason = ctx.reason if n == 0 else "rtcwdt"
+            pieces.append(Piece("rom", rom_header(ctx.chip, reason, False)))
+            clock = _Clock()
+            pieces.append(Piece("console", clock.line("I", "boot", "ESP-IDF sim 2nd stage bootloader")))
+            pieces.append(Piece("console", clock.line("E", "boot", "esp-check simulated fault: bootloop")))
+        return BootResult(pieces, faults_applied=["bootloop"])
+
+    reason = ctx.reason
+    result = BootResult([])
+    for n in range(loops):
+        one = _boot_once(ctx, reason, n)
+        result.pieces += one.pieces
+        result.console_baud = one.console_baud if n == 0 else result.console_baud
+        result.variant = one.variant
+        result.faults_applied = one.faults_applied
+        if one.reboot_reason is None:
+            break
+        reason = one.reboot_reason
+    return result
+
+
+@dataclass
+class _Once:
+    pieces: list[Piece]
+    console_baud: int = ROM_BAUD
+    variant: str | None = None
+    faults_applied: list[str] = field(default_factory=list)
+    reboot_reason: str | None = None
+
+
+def _invalid(chip: ChipSpec, reason: str, msg: str) -> _Once:
+    head = rom_header(chip, reason, False)
+    return _Once([Piece("rom", head + f"{msg}\r\n".encode())], reboot_reason=None)
+
+
+def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
+    chip = ctx.chip
+    flash = ctx.flash
+    pieces: list[Piece] = [Piece("rom", rom_header(chip, reason, False))]
+    try:
+        boot = load_image(
+            chip, flash, chip.bootloader_offset, PARTITION_TABLE_OFFSET - chip.bootloader_offset
+        )
+    except ImageError as exc:
+        # the ROM retries forever; three rounds are enough evidence of the loop
+        text = b"".join(rom_header(chip, "rtcwdt", False) + f"{exc}\r\n".encode() for _ in range(2))
+        return _Once([Piece("rom", pieces[0].data + f"{exc}\r\n".encode() + text)])
+    pieces.append(Piece("rom", _rom_load_lines(chip, boot)))
+
+    # second-stage bootloader (console baud is only known from the app image; it logs at 115200 here)
+    clock = _Clock()
+    bl: list[bytes] = [
+        clock.line("I", "boot", "ESP-IDF sim 2nd stage bootloader"),
+        clock.line("I", "boot", "compile time Jan  1 2026 00:00:00"),
+        clock.line("I", "boot", f"{'Multicore' if chip.cores > 1 else 'Single core'} bootloader"),
+        clock.line("I", "boot", f"chip revision: v{chip.rev}"),
+        clock.line("I", f"boot.{chip.name}", "SPI Speed      : 80MHz"),
+        clock.line("I", f"boot.{chip.name}", "SPI Mode       : DIO"),
+        clock.line("I", f"boot.{chip.name}", "SPI Flash Size : 4MB"),
+        clock.line("W", "boot", f"{SIM_BANNER}: this is harness.sim, not real hardware"),
+    ]
+    try:
+        parts = parse_partition_table(
+            flash[PARTITION_TABLE_OFFSET : PARTITION_TABLE_OFFSET + PARTITION_TABLE_MAX]
+        )
+    except PartitionTableError as exc:
+        bl.append(clock.line("E", "flash_parts", str(exc)))
+        bl.append(clock.line("E", "boot", "Failed to verify partition table"))
+        bl.append(clock.line("E", "boot", "load partition table error!"))
+        pieces.append(Piece("console", b"".join(bl)))
+        return _Once(pieces)
+    bl.append(clock.line("I", "boot", "Partition Table:"))
+    bl.append(clock.line("I", "boot", "## Label            Usage          Type ST Offset   Length"))
+    for i, p in enumerate(parts):
+        tname, sub = type_names(p)
+        usage = {"nvs": "WiFi data", "phy": "RF data", "factory": "factory app"}.get(sub, f"{tname} {sub}")
+        bl.append(
+            clock.line(
+                "I",
+                "boot",
+                f"{i:2d} {p.label:<16} {usage:<16} {p.type:02x} {p.subtype:02x} {p.offset:08x} {p.size:08x}",
+                1,
+            )
+        )
+    bl.append(clock.line("I", "boot", "End of partition table"))
+    app_part = next((p for p in parts if p.type == 0x00), None)
+    if app_part is None:
+        bl.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
+        pieces.append(Piece("console", b"".join(bl)))
+        return _Once(pieces)
+    try:
+        app = load_image(chip, flash, app_part.offset, app_part.size)
+        payload = find_payload(chip, app)
+    except (ImageError, ValueError) as exc:
+        bl.append(clock.line("E", "esp_image", str(exc)))
+        bl.append(clock.line("E", "boot", "Factory app partition is not bootable"))
+        bl.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
+        pieces.append(Piece("console", b"".join(bl)))
+        return _Once(pieces)
+    pos = app_part.offset + 0x18
+    for i, (addr, data) in enumerate(app.segments):
+        kind = "map" if chip.drom_map_start <= addr < chip.drom_map_start + 0x400000 else "load"
+        bl.append(
+            clock.line(
+                "I",
+                "esp_image",
+                f"segment {i}: paddr={pos + 8:08x} vaddr={addr:08x} "
+                f"size={len(data):05x}h ({len(data):6d}) {kind}",
+                2,
+            )
+        )
+        pos += 8 + len(data)
+    bl.append(clock.line("I", "boot", f"Loaded app from partition at offset 0x{app_part.offset:x}", 20))
+    bl.append(clock.line("I", "boot", "Disabling RNG early entropy source..."))
+    console_baud = int(payload.header.get("console_baud", ROM_BAUD))
+    # the 2nd-stage bootloader and the app both log at the console baud
+    pieces.append(Piece("console", b"".join(bl)))
+    app_out, reboot = _run_app(ctx, payload, clock, n, reason)
+    once = _Once(pieces + app_out.pieces, console_baud, payload.variant, app_out.faults_applied, reboot)
+    return once
+
+
+def _run_app(
+    ctx: BootContext, payload: AppPayload, clock: _Clock, n: int, reason: str
+) -> tuple[BootResult, str | None]:
+    from harness.emitter import make_emitter
+    from harness.model import parse_model_bytes
+
+    chip = ctx.chip
+    faults = ctx.faults
+    variant = payload.variant
+    active = sorted(f for f in faults.names if faults.active(f, variant) and f != "sync_fail")
+    head = [
+        clock.line("I", "cpu_start", f"{'Multicore' if chip.cores > 1 else 'Single core'} app", 40),
+        clock.line("I", "cpu_start", "Pro cpu start user code"),
+        clock.line("I", "cpu_start", f"cpu freq: {chip.cpu_mhz * 1000000} Hz"),
+        clock.line("I", "app_init", "Application information:"),
+        clock.line("I", "app_init", "Project name:     esp-check-fw", 1),
+        clock.line("I", "app_init", f"App version:      {payload.header.get('fwver', '0.0.0')}", 1),
+        clock.line("I", "app_init", f"ESP-IDF:          {payload.header.get('idf', 'sim')}", 1),
+        clock.line("I", "efuse_init", f"Chip rev:         v{chip.rev}", 1),
+        clock.line("I", "heap_init", "Initializing. RAM available for dynamic allocation:", 2),
+        clock.line("I", "spi_flash", "detected chip: generic", 10),
+        clock.line("I", "main_task", "Started on CPU0", 20),
+        clock.line("I", "main_task", "Calling app_main()", 10),
+        clock.line("W", "esp-check", f"{SIM_BANNER} (harness.sim {chip.name}): results are simulated"),
+    ]
+    out = bytearray()
+    emitter = make_emitter(out.extend, backend=ctx.emitter_backend)
+    result = BootResult([Piece("console", b"".join(head))], variant=variant, faults_applied=active)
+    reboot: str | None = None
+    crash: bytes = b""
+
+    emitter.begin(str(payload.header.get("fwver", "0.0.0")), True)
+    emitter.info(
+        [
+            ("nn", payload.nn),
+            ("target", chip.name),
+            ("chip", chip.name),
+            ("rev", chip.rev),
+            ("cores", chip.cores),
+            ("cpu_mhz", chip.cpu_mhz),
+        ]
+    )
+    try:
+        info = parse_model_bytes(payload.model)
+        n_out = len(info.outputs)
+    except Exception:
+        info = None
+        n_out = 0
+    outputs = None
+    if info is not None and len(info.inputs) == 1 and "alloc" not in active:
+        outputs = _run_model(payload, ctx.cache)
+    tflm = outputs.backend_version.replace(" ", "_") if outputs else "sim"
+    emitter.info(
+        [
+            ("idf", str(payload.header.get("idf", "sim"))),
+            ("tflm", tflm),
+            ("espnn", str(payload.header.get("espnn", "sim"))),
+            ("model_bytes", len(payload.model)),
+            ("inputs", len(payload.inputs)),
+            ("outputs", n_out),
+        ]
+    )
+    emitter.info([("model_sha256", hashlib.sha256(payload.model).hexdigest())])
+    if active:
+        emitter.info([("sim_fault", "+".join(active))])
+    ok = True
+    if info is None:
+        emitter.error("schema", -1, "model_schema_version_differs_from_TFLITE_SCHEMA_VERSION", None)
+        ok = False
+    elif "alloc" in active:
+        emitter.error("alloc", 1, "AllocateTensors_failed", None)
+        ok = False
+    elif len(info.inputs) != 1 or outputs is None:
+        emitter.error("input", len(info.inputs), "expected_one_input_tensor", None)
+        ok = False
+    else:
+        size = int(payload.header.get("arena_bytes") or 0) or outputs.arena_used
+        emitter.arena(size, min(size, outputs.arena_used) if outputs.arena_used else size, "host")
+        tin = info.inputs[0]
+        need = tin.num_elements * np.dtype(tin.dtype).itemsize
+        for i, raw in enumerate(payload.inputs):
+            if len(raw) != need:
+                emitter.error("input", len(raw), "input_tensor_size_differs_from_embedded_input", i)
+                ok = False
+                break
+            emitter.input(i, len(raw), hashlib.sha256(raw).hexdigest())
+            if "hang" in active:
+                ok = False
+                crash = b"\x00hang"  # marker: no END
+                break
+            crash_kind = next((k for k in ("panic", "abort", "brownout") if k in active), None)
+            if crash_kind is not None:
+                rng = faults.rng(crash_kind, ctx.boot_index * 100 + n)
+                if crash_kind == "brownout":
+                    crash = b"\r\nBrownout detector was triggered\r\n\r\n"
+                    reboot = "brownout"
+                else:
+                    crash = panic_text(chip, crash_kind, rng)
+                    reboot = "sw"
+                ok = False
+                break
+            emitter.time(i, modelled_invoke_us(chip, payload, outputs.n_ops))
+            for o, (arr, t) in enumerate(zip(outputs.arrays[i], info.outputs, strict=True)):
+                data = _apply_output_faults(arr, active, faults, ctx.boot_index, i, o)
+                emitter.tensor(
+                    i,
+                    o,
+                    t.dtype,
+                    list(t.shape),
+                    float(t.scale or 0.0),
+                    int(t.zero_point or 0),
+                    data,
+                    t.name,
+                    int(payload.header.get("human_max", 16)),
+                )
+    if crash:
+        records = bytes(out)
+        if crash != b"\x00hang":
+            records += crash
+        result.pieces += _line_faults(records, active, faults, ctx.boot_index)
+        return result, reboot
+    emitter.end(ok)
+    tail = clock.line("I", "main_task", "Returned from app_main()", 50)
+    result.pieces += _line_faults(bytes(out) + tail, active, faults, ctx.boot_index)
+    return result, None
+
+
+def _apply_output_faults(
+    arr: np.ndarray, active: list[str], faults: FaultSpec, boot: int, i: int, o: int
+) -> bytes:
+    a = np.array(arr, copy=True)
+    if "pinned" in active:
+        info = np.iinfo(a.dtype) if a.dtype.kind in "iu" else None
+        a[...] = info.min if info is not None else 0
+    if "corrupt" in active:
+        rng = faults.rng("corrupt", i * 1000 + o)  # same elements on every boot: a kernel bug, not noise
+        flat = a.reshape(-1)
+        k = max(1, round(flat.size * faults.corrupt_frac))
+        idx = sorted(rng.sample(range(flat.size), min(k, flat.size)))
+        if a.dtype.kind in "iu":
+            lim = np.iinfo(a.dtype)
+            for j in idx:
+                v = int(flat[j])
+                delta = faults.corrupt_lsb if v + faults.corrupt_lsb <= lim.max else -faults.corrupt_lsb
+                flat[j] = v + delta
+        else:
+            for j in idx:
+                flat[j] = flat[j] + faults.corrupt_lsb
+    del boot
+    return a.tobytes()
+
+
+def _line_faults(data: bytes, active: list[str], faults: FaultSpec, boot: int) -> list[Piece]:
+    """Console-level faults on the app's output: watchdog splice, truncation, disconnect, noise."""
+    if "wdt" in active:
+        lines = data.split(b"\n")
+        cands = [k for k, ln in enumerate(lines) if b"@EC1 " in ln and (b" DATA " in ln or b" TENSOR " in ln)]
+        if cands:
+            rng = faults.rng("wdt", boot)
+            k = rng.choice(cands)
+            ln = lines[k]
+            cut = rng.randrange(ln.index(b"@EC1 ") + 6, len(ln) - 2)
+            msg = (
+                b"E (5312) task_wdt: Task watchdog got triggered. The following tasks/users did not "
+                b"reset the watchdog in time:\r\n"
+            )
+            lines[k] = ln[:cut] + msg + ln[cut:]
+            lines.insert(k + 1, b"E (5312) task_wdt:  - IDLE0 (CPU 0)\r")
+            data = b"\n".join(lines)
+    event: Piece | None = None
+    for name in ("truncate", "disconnect"):
+        if name in active:
+            marks = [m for m in range(len(data)) if data.startswith(b"@EC1 ", m)]
+            if len(marks) > 4:
+                rng = faults.rng(name, boot)
+                k = rng.randrange(len(marks) // 2, len(marks) - 1)
+                cut = rng.randrange(marks[k] + 5, marks[k + 1])
+                data = data[:cut]
+                if name == "disconnect":
+                    event = Piece("disconnect")
+            break
+    if "noise" in active:
+        data = flip_bits(data, faults.noise, faults.rng("noise", boot))
+    pieces = [Piece("console", data)]
+    if event is not None:
+        pieces.append(event)
+    return pieces

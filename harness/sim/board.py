@@ -1,0 +1,591 @@
+"""The simulated board: flash, reset circuit, ROM loader session, and the serial line to the host.
+
+Threading model: every board has one lock (a ``threading.Condition``); all state changes happen
+under it, in the caller's thread (esptool's writes run the loader synchronously; a reset release
+computes the whole boot output at once). Output is a queue of chunks, each with the time its first
+byte is on the wire and a byte rate (unthrottled chunks are available at once). Readers wait on the
+condition with a deadline, so there are no sleeps and no background threads.
+
+Time enters in exactly one place, as on real hardware: after EN rises, IO0 is sampled
+``strap_window`` seconds later (the EN pin's RC delay), from the recorded pin history.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+import urllib.parse
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import serial
+
+from harness.errors import UsageError
+from harness.sim.app import ROM_BAUD, BootContext, boot_from_flash, rom_header
+from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec, get_chip
+from harness.sim.faults import FaultSpec, parse_faults
+from harness.sim.loader import Loader
+
+RESET_STYLES = {
+    "classic": "classic",
+    "uart": "classic",
+    "usb_jtag": "usb_jtag",
+    "usb_serial_jtag": "usb_jtag",
+    "usb": "usb_jtag",
+}
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SIZES = {"1MB": 1 << 20, "2MB": 2 << 20, "4MB": 4 << 20, "8MB": 8 << 20, "16MB": 16 << 20, "32MB": 32 << 20}
+
+
+@dataclass(frozen=True)
+class BoardConfig:
+    """How one simulated board is built (from a ``sim://`` URL or a board file)."""
+
+    chip: ChipSpec
+    reset: str = "classic"  # "classic" (DTR/RTS auto-reset circuit) or "usb_jtag" (USB-Serial-JTAG)
+    flash_path: Path | None = None
+    flash_size: int = 4 << 20
+    faults: FaultSpec = field(default_factory=FaultSpec)
+    throttle: int | None = None  # line rate in baud for board output (None: as fast as the host reads)
+    emitter: str = "auto"
+    strap_window: float = 0.02
+
+
+def parse_url(url: str) -> tuple[str, BoardConfig]:
+    """``sim://NAME?chip=..&reset=..&flash=..&fault=..`` -> (name, config)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "sim":
+        raise UsageError(f"not a sim:// URL: {url!r}", hint="use sim://NAME?chip=esp32s3")
+    name = parts.netloc or parts.path.lstrip("/")
+    if not _NAME_RE.match(name):
+        raise UsageError(
+            f"bad simulated board name {name!r} in {url!r}",
+            hint="use letters, digits, '.', '_' and '-' (max 64)",
+        )
+    params = {k: v[-1] for k, v in urllib.parse.parse_qs(parts.query, keep_blank_values=True).items()}
+    return name, config_from_params(params)
+
+
+def config_from_params(params: dict[str, Any]) -> BoardConfig:
+    """Board config from URL query parameters or a board file's ``[sim]`` table (same keys)."""
+    known = {
+        "chip",
+        "reset",
+        "flash",
+        "flash_size",
+        "fault",
+        "variant_fault",
+        "throttle",
+        "seed",
+        "emitter",
+        "corrupt_lsb",
+        "corrupt_frac",
+        "noise",
+        "fault_count",
+        "loops",
+        "strap_window",
+    }
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise UsageError(
+            f"unknown simulator parameter(s): {', '.join(unknown)}", hint=f"known: {', '.join(sorted(known))}"
+        )
+    chip = get_chip(str(params.get("chip", "esp32s3")))
+    reset = RESET_STYLES.get(str(params.get("reset", "classic")).lower())
+    if reset is None:
+        raise UsageError(f"unknown reset style {params.get('reset')!r}", hint="use classic or usb_jtag")
+    if reset == "usb_jtag" and chip.name == "esp32":
+        raise UsageError(
+            "the ESP32 has no USB-Serial-JTAG peripheral", hint="use reset=classic with chip=esp32"
+        )
+    size_raw = str(params.get("flash_size", "4MB")).upper()
+    if size_raw not in _SIZES:
+        raise UsageError(f"flash_size={size_raw!r} not modelled", hint=f"use one of {', '.join(_SIZES)}")
+    throttle_raw = params.get("throttle")
+    throttle = int(throttle_raw) if throttle_raw not in (None, "", "0") else None
+    emitter = str(params.get("emitter", "auto"))
+    if emitter not in ("auto", "c", "python"):
+        raise UsageError(f"emitter={emitter!r}", hint="use auto, c or python")
+    flash = params.get("flash")
+    return BoardConfig(
+        chip=chip,
+        reset=reset,
+        flash_path=Path(str(flash)) if flash else None,
+        flash_size=_SIZES[size_raw],
+        faults=parse_faults(params),
+        throttle=throttle,
+        emitter=emitter,
+        strap_window=float(params.get("strap_window", 0.02)),
+    )
+
+
+@dataclass
+class _Chunk:
+    data: bytes
+    t0: float
+    rate: float | None  # bytes per second; None: all at t0
+    baud: int | None  # baud the bytes were sent at (None: USB, no baud rate)
+    event: str | None = None  # "disconnect"
+    taken: int = 0
+
+    def ready(self, now: float) -> int:
+        if now < self.t0:
+            return 0
+        if self.rate is None:
+            return len(self.data)
+        return min(len(self.data), int((now - self.t0) * self.rate + 1e-9))
+
+
+@dataclass
+class _Conn:
+    ident: int
+    epoch: int
+    exclusive: bool
+
+
+class SimBoard:
+    """One simulated ESP32-family board. Create through :class:`BoardRegistry`."""
+
+    def __init__(self, name: str, config: BoardConfig) -> None:
+        self.name = name
+        self.config = config
+        self.chip = config.chip
+        self._cond = threading.Condition(threading.RLock())
+        self.flash_size = config.flash_size
+        self.flash = self._load_flash()
+        self.registers: dict[int, int] = dict(self.chip.registers)
+        self.registers.update(self.chip.mac_registers(name))
+        self.uart_baud = ROM_BAUD
+        self.mode = "idle"  # idle (app finished long ago) | reset | rom | app | halted
+        self._chunks: deque[_Chunk] = deque()
+        self._last_end = 0.0
+        self._epoch = 0
+        self._conns: dict[int, _Conn] = {}
+        self._next_conn = 1
+        self.dtr = False
+        self.rts = False
+        self._en_low = False
+        self._pending: tuple[float, list[tuple[float, bool]]] | None = None
+        self._usb_armed = False
+        self._usb_in_reset = False
+        self._usb_download = False
+        self._loader: Loader | None = None
+        self._dirty = False
+        self._cache: dict[str, Any] = {}
+        self.boots = 0
+        self.download_sessions = 0
+        self.flash_bytes_written = 0
+        self._flash_done = 0
+        self.console_baud = ROM_BAUD
+        self.log: deque[str] = deque(maxlen=200)
+
+    # ---- persistence ---------------------------------------------------------------------------
+
+    def _load_flash(self) -> bytearray:
+        path = self.config.flash_path
+        if path is not None and path.exists():
+            data = bytearray(path.read_bytes())
+            if len(data) > self.flash_size:
+                if len(data) not in FLASH_SIZE_CODES:
+                    raise UsageError(
+                        f"flash file {path} is {len(data)} bytes, not a flash size",
+                        hint="delete it or pass the matching flash_size=",
+                    )
+                self.flash_size = len(data)
+            return data + b"\xff" * (self.flash_size - len(data))
+        return bytearray(b"\xff" * self.flash_size)
+
+    def persist(self) -> None:
+        """Write the flash image to its file (atomically), if the board has one and it changed."""
+        with self._cond:
+            path = self.config.flash_path
+            if path is None or not self._dirty:
+                return
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_bytes(bytes(self.flash))
+            os.replace(tmp, path)
+            self._dirty = False
+
+    def program(self, files: list[tuple[int, Path]] | list[tuple[int, bytes]]) -> None:
+        """Put images into flash directly, as a factory-programmed board would hold them.
+
+        For tests and benchmarks that are not about flashing; esptool goes through the ROM loader.
+        """
+        with self._cond:
+            for offset, item in files:
+                data = item if isinstance(item, bytes) else Path(item).read_bytes()
+                if offset < 0 or offset + len(data) > self.flash_size:
+                    raise UsageError(f"image of {len(data)} bytes at 0x{offset:x} does not fit the flash")
+                self.flash[offset:offset + len(data)] = data
+            self._dirty = True
+            self.persist()
+
+    def reconfigure(self, config: BoardConfig) -> None:
+        """Apply a re-opened URL's settings: faults/throttle may change; chip, reset and flash may not."""
+        with self._cond:
+            old = self.config
+            if (config.chip.name, config.reset, config.flash_path) != (
+                old.chip.name,
+                old.reset,
+                old.flash_path,
+            ):
+                raise UsageError(
+                    f"simulated board {self.name!r} already exists as chip={old.chip.name} reset={old.reset} "
+                    f"flash={old.flash_path}",
+                    hint="use another board name, or remove it from the registry first",
+                )
+            self.config = replace(config, flash_size=old.flash_size)
+
+    def _log(self, msg: str) -> None:
+        self.log.append(msg)
+
+    # ---- output queue --------------------------------------------------------------------------
+
+    def _emit(
+        self, data: bytes, baud: int | None, event: str | None = None, now: float | None = None
+    ) -> None:
+        now = time.monotonic() if now is None else now
+        if self.config.reset == "usb_jtag":
+            baud = None
+        t0 = max(now, self._last_end)
+        rate = self.config.throttle / 10.0 if self.config.throttle else None
+        self._chunks.append(_Chunk(bytes(data), t0, rate, baud, event))
+        self._last_end = t0 + (len(data) / rate if rate else 0.0)
+        self._cond.notify_all()
+
+    def _cut_future(self, now: float) -> None:
+        """A reset stops the UART: bytes not yet on the wire never arrive."""
+        kept: deque[_Chunk] = deque()
+        for c in self._chunks:
+            r = c.ready(now)
+            if r >= len(c.data) and (c.event is None or c.t0 <= now):
+                kept.append(c)
+            elif r > c.taken:
+                kept.append(_Chunk(c.data[:r], c.t0, c.rate, c.baud, None, c.taken))
+        self._chunks = kept
+        self._last_end = now
+
+    def _ready(self, now: float) -> tuple[int, bool, float | None]:
+        """(bytes ready, a link event is next, time the next byte/event becomes ready)."""
+        n = 0
+        for c in self._chunks:
+            if c.event is not None:
+                return n, c.t0 <= now, (None if c.t0 <= now else c.t0)
+            r = c.ready(now)
+            n += max(0, r - c.taken)
+            if r < len(c.data):
+                return n, False, (c.t0 if c.rate is None else c.t0 + (r + 1) / c.rate)
+        return n, False, None
+
+    def _take(self, size: int, now: float, port_baud: int) -> bytes:
+        out = bytearray()
+        while self._chunks and len(out) < size:
+            c = self._chunks[0]
+            if c.event is not None:
+                break
+            r = c.ready(now)
+            k = min(r - c.taken, size - len(out))
+            if k <= 0:
+                break
+            part = c.data[c.taken : c.taken + k]
+            if c.baud is not None and c.baud != port_baud:
+                part = _garble(part)
+            out += part
+            c.taken += k
+            if c.taken >= len(c.data):
+                self._chunks.popleft()
+        return bytes(out)
+
+    # ---- connections ---------------------------------------------------------------------------
+
+    def attach(self, exclusive: bool) -> int:
+        with self._cond:
+            if self._conns and (exclusive or any(c.exclusive for c in self._conns.values())):
+                raise serial.SerialException(
+                    16, f"could not open port sim://{self.name}: [Errno 16] Device or resource busy"
+                )
+            ident = self._next_conn
+            self._next_conn += 1
+            self._conns[ident] = _Conn(ident, self._epoch, exclusive)
+            return ident
+
+    def detach(self, ident: int) -> None:
+        with self._cond:
+            conn = self._conns.pop(ident, None)
+            if conn is None:
+                return
+            if conn.epoch == self._epoch and not self._conns:
+                # closing the tty drops DTR and RTS (HUPCL) ...
+                self._set_lines(False, False, time.monotonic())
+                if self.config.reset == "classic":
+                    # ... and what the driver had buffered is gone
+                    self._settle(time.monotonic())
+                    self._chunks.clear()
+            self.persist()
+
+    def _check(self, ident: int) -> None:
+        conn = self._conns.get(ident)
+        if conn is None or conn.epoch != self._epoch:
+            raise serial.SerialException(
+                "device reports readiness to read but returned no data (device disconnected or multiple "
+                "access on port?)"
+            )
+
+    def connected(self, ident: int) -> bool:
+        with self._cond:
+            conn = self._conns.get(ident)
+            return conn is not None and conn.epoch == self._epoch
+
+    def _drop_link(self) -> None:
+        """The USB device leaves the bus (or the cable is pulled): open handles die."""
+        self._epoch += 1
+        self._cond.notify_all()
+
+    # ---- host-facing I/O (called by the pyserial handler) --------------------------------------
+
+    def read(self, ident: int, size: int, timeout: float | None, port_baud: int) -> bytes:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                self._settle(now)
+                self._check(ident)
+                n, event, nxt = self._ready(now)
+                if n >= size or (n > 0 and event):
+                    return self._take(size, now, port_baud)
+                if event:
+                    self._chunks.popleft()
+                    self._log("link dropped (fault disconnect)")
+                    self.mode = "halted"
+                    self._drop_link()
+                    self._check(ident)
+                if deadline is not None and now >= deadline:
+                    return self._take(size, now, port_baud)
+                wake = [t for t in (deadline, nxt, self._pending_time()) if t is not None]
+                self._cond.wait(None if not wake else max(0.0, min(wake) - now))
+
+    def in_waiting(self, ident: int) -> int:
+        with self._cond:
+            now = time.monotonic()
+            self._settle(now)
+            self._check(ident)
+            return self._ready(now)[0]
+
+    def discard_input(self, ident: int) -> None:
+        with self._cond:
+            now = time.monotonic()
+            self._settle(now)
+            self._check(ident)
+            n = self._ready(now)[0]
+            self._take(n, now, 0)
+
+    def write(self, ident: int, data: bytes, port_baud: int) -> None:
+        with self._cond:
+            now = time.monotonic()
+            self._settle(now)
+            self._check(ident)
+            loader = self._loader
+            if self.mode != "rom" or loader is None:
+                return  # the app does not read the console
+            if self.config.reset == "classic" and loader.synced and port_baud != self.uart_baud:
+                self._log(f"host writes at {port_baud} baud, chip listens at {self.uart_baud}: garbage")
+                return
+            was_synced = loader.synced
+            loader.feed(data)
+            if loader.synced and not was_synced:
+                self.uart_baud = port_baud  # the ROM auto-bauds on the SYNC pattern
+            self.flash_bytes_written = self._flash_done + loader.stats["flash_bytes_written"]
+
+    def set_lines(self, ident: int, dtr: bool, rts: bool) -> None:
+        with self._cond:
+            conn = self._conns.get(ident)
+            if conn is None or conn.epoch != self._epoch:
+                return  # control requests to a vanished device go nowhere
+            self._set_lines(dtr, rts, time.monotonic())
+
+    # ---- reset circuit -------------------------------------------------------------------------
+
+    def _pending_time(self) -> float | None:
+        return None if self._pending is None else self._pending[0] + self.config.strap_window
+
+    def _settle(self, now: float) -> None:
+        if self._pending is not None and now >= self._pending[0] + self.config.strap_window:
+            t_rise, history = self._pending
+            self._pending = None
+            sample = t_rise + self.config.strap_window
+            io0_low = False
+            for t, low in history:
+                if t <= sample:
+                    io0_low = low
+            self._boot(download=io0_low, reason="poweron", now=now)
+
+    def _set_lines(self, dtr: bool, rts: bool, now: float) -> None:
+        self._settle(now)
+        self.dtr, self.rts = dtr, rts
+        if self.config.reset == "usb_jtag":
+            self._set_lines_usb(dtr, rts, now)
+            return
+        en_low = rts and not dtr
+        io0_low = dtr and not rts
+        if en_low and not self._en_low:
+            self._en_low = True
+            self._pending = None
+            self._hold_reset(now)
+        elif not en_low and self._en_low:
+            self._en_low = False
+            self._pending = (now, [(now, io0_low)])
+        elif self._pending is not None:
+            self._pending[1].append((now, io0_low))
+
+    def _set_lines_usb(self, dtr: bool, rts: bool, now: float) -> None:
+        """USB-Serial-JTAG: RTS with DTR inactive resets; DTR-then-RTS selects download mode."""
+        if dtr and not rts:
+            self._usb_armed = True
+        elif not dtr and not rts:
+            self._usb_armed = False
+        in_reset = rts and not dtr
+        if in_reset and not self._usb_in_reset:
+            self._usb_in_reset = True
+            self._usb_download = self._usb_armed
+            self._hold_reset(now)
+        elif not in_reset and self._usb_in_reset:
+            self._usb_in_reset = False
+            self._boot(download=self._usb_download, reason="usb", now=now)
+
+    def _hold_reset(self, now: float) -> None:
+        self._cut_future(now)
+        self.mode = "reset"
+        self._end_session()
+        self.persist()
+        self._log("reset asserted")
+
+    def _end_session(self) -> None:
+        if self._loader is not None:
+            self._flash_done += self._loader.stats["flash_bytes_written"]
+            self.flash_bytes_written = self._flash_done
+        self._loader = None
+
+    def _boot(self, download: bool, reason: str, now: float) -> None:
+        self._end_session()
+        self.uart_baud = ROM_BAUD
+        if download:
+            self.mode = "rom"
+            faults = self.config.faults
+            ignore = faults.active("sync_fail") and self.download_sessions < faults.fault_count
+            self.download_sessions += 1
+            self._loader = Loader(self, ignore_sync=ignore, log=self._log)
+            self._log(f"boot: download mode ({reason})")
+            self._emit(rom_header(self.chip, reason, True), ROM_BAUD, now=now)
+            return
+        self.mode = "app"
+        self.boots += 1
+        self._log(f"boot: SPI flash ({reason})")
+        self.persist()
+        ctx = BootContext(
+            chip=self.chip,
+            flash=bytes(self.flash),
+            reason=reason,
+            faults=self.config.faults,
+            boot_index=self.boots,
+            emitter_backend=self.config.emitter,
+            cache=self._cache,
+            log=self._log,
+        )
+        result = boot_from_flash(ctx)
+        self.console_baud = result.console_baud
+        if self.config.reset == "usb_jtag":
+            # the app re-initialises USB: the port vanishes; what the app prints waits for the reopen
+            self._chunks.clear()
+            self._last_end = now
+            self._drop_link()
+        for piece in result.pieces:
+            if piece.kind == "disconnect":
+                self._emit(b"", None, event="disconnect", now=now)
+            else:
+                self._emit(piece.data, ROM_BAUD if piece.kind == "rom" else result.console_baud, now=now)
+
+    # ---- LoaderHost ----------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        self._emit(data, self.uart_baud)
+
+    def set_uart_baud(self, baud: int) -> None:
+        self.uart_baud = baud
+
+    def run_user_code(self) -> None:
+        self._boot(download=False, reason="sw", now=time.monotonic())
+
+    def reboot_chip(self) -> None:
+        self._boot(download=False, reason="sw", now=time.monotonic())
+
+    def soft_reset_to_rom(self) -> None:
+        self._boot(download=True, reason="sw", now=time.monotonic())
+
+    def flash_changed(self) -> None:
+        self._dirty = True
+
+    # ---- introspection (tests, `sim serve`) ----------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        with self._cond:
+            return {
+                "name": self.name,
+                "chip": self.chip.name,
+                "reset": self.config.reset,
+                "mode": self.mode,
+                "boots": self.boots,
+                "download_sessions": self.download_sessions,
+                "flash_bytes_written": self.flash_bytes_written,
+                "stub": bool(self._loader and self._loader.stub),
+                "uart_baud": self.uart_baud,
+                "open_ports": len(self._conns),
+            }
+
+
+def _garble(data: bytes) -> bytes:
+    """Bytes read at the wrong baud rate: framing garbage with the high bit set (never valid text)."""
+    return bytes(((b * 37 + 0x5B) & 0x7F) | 0x80 for b in data)
+
+
+class BoardRegistry:
+    """Simulated boards by name, so a board's state survives closing and reopening its port.
+
+    The sim package owns one instance, :data:`REGISTRY`, because pyserial's URL handlers can only
+    reach shared state through the process (``serial_for_url`` constructs the port class itself).
+    It is the sim's only process-wide state; tests use unique board names and ``remove()``.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._boards: dict[str, SimBoard] = {}
+
+    def get(self, name: str, config: BoardConfig | None = None) -> SimBoard:
+        with self._lock:
+            board = self._boards.get(name)
+            if board is None:
+                if config is None:
+                    raise KeyError(name)
+                board = SimBoard(name, config)
+                self._boards[name] = board
+                return board
+        if config is not None:
+            board.reconfigure(config)
+        return board
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            board = self._boards.pop(name, None)
+        if board is not None:
+            board.persist()
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._boards)
+
+
+REGISTRY = BoardRegistry()

@@ -1,0 +1,175 @@
+"""Per-chip facts the simulated board answers with: detection values, eFuse words, banners, memory map.
+
+Values are chosen so that esptool's own decoding of them (``esptool/targets/*.py``) yields a plausible,
+self-consistent chip: e.g. the ESP32's RTC calibration register and eFuse word 4 make esptool's
+"ROM-calculated crystal" exactly 40 MHz, so its CHANGE_BAUDRATE workaround sends the true baud rate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+
+# esptool's RDID answer: manufacturer 0xEF (Winbond), memory type 0x40, capacity byte = log2(size).
+FLASH_SIZE_CODES: dict[int, int] = {
+    1 * 1024 * 1024: 0x14,
+    2 * 1024 * 1024: 0x15,
+    4 * 1024 * 1024: 0x16,
+    8 * 1024 * 1024: 0x17,
+    16 * 1024 * 1024: 0x18,
+    32 * 1024 * 1024: 0x19,
+}
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """What one chip model looks like from the serial port."""
+
+    name: str  # esptool's lower-case name: esp32, esp32s3, esp32c3
+    display: str  # esptool's CHIP_NAME
+    arch: str  # "xtensa" or "riscv"
+    image_chip_id: int
+    magic_value: int | None  # CHIP_DETECT_MAGIC_REG value (ESP32 and older chips are detected by it)
+    security_info: bool  # ROM answers GET_SECURITY_INFO (ESP32-S2 and later)
+    bootloader_offset: int
+    spi_reg_base: int
+    spi_usr2_offs: int
+    spi_w0_offs: int
+    uart_clkdiv_reg: int
+    drom_map_start: int
+    iram_start: int
+    dram_start: int
+    rom_banner: tuple[str, ...]  # lines before "rst:" on every ROM boot
+    cores: int
+    rev: str  # "major.minor" as esp_chip_info() reports
+    cpu_mhz: int
+    registers: dict[int, int] = field(default_factory=dict)  # eFuse and other read-only words
+    xtal_div: int = 1  # esptool's XTAL_CLK_DIVIDER (UART_CLKDIV = xtal * div / baud)
+
+    def mac_registers(self, name: str) -> dict[int, int]:
+        """eFuse words holding a MAC derived from the board name (stable per board, unique-ish)."""
+        tail = hashlib.sha256(name.encode()).digest()[:3]
+        mac = bytes((0x24, 0x0A, 0xC4)) + tail if self.name == "esp32" else bytes((0x7C, 0xDF, 0xA1)) + tail
+        if self.name == "esp32":
+            # esptool: words = [efuse(2), efuse(1)], packed big-endian, first 2 bytes (CRC) dropped
+            w2 = (0x5A << 16) | (mac[0] << 8) | mac[1]
+            w1 = struct.unpack(">I", mac[2:6])[0]
+            return {0x3FF5A004: w1, 0x3FF5A008: w2}
+        base = 0x60007044 if self.name == "esp32s3" else 0x60008844
+        mac1 = (mac[0] << 8) | mac[1]
+        mac0 = struct.unpack(">I", mac[2:6])[0]
+        return {base: mac0, base + 4: mac1}
+
+    def mac(self, name: str) -> str:
+        regs = self.mac_registers(name)
+        if self.name == "esp32":
+            raw = struct.pack(">II", regs[0x3FF5A008], regs[0x3FF5A004])[2:]
+        else:
+            addrs = sorted(regs)
+            raw = struct.pack(">II", regs[addrs[1]], regs[addrs[0]])[2:]
+        return ":".join(f"{b:02x}" for b in raw)
+
+
+_ESP32_REGS = {
+    0x40001000: 0x00F01D83,  # CHIP_DETECT_MAGIC_REG
+    # eFuse BLK0: word3 = pkg D0WD (1<<9), rev bit0 (1<<15), CPU rated 240 MHz (1<<13)
+    0x3FF5A00C: (1 << 9) | (1 << 15) | (1 << 13),
+    0x3FF5A010: 0x80,  # word4: CK8M frequency calibration (128)
+    0x3FF5A014: 1 << 20,  # word5: rev bit1 -> with APB_CTL_DATE bit31 = v3.0
+    0x3FF6607C: 0x80000000 | 0x16042000,  # APB_CTL_DATE
+    0x3FF5F06C: 800 << 7,  # RTCCALICFG1: 800 * 15625 * 128 / 40 = 40 MHz exactly
+}
+
+_ESP32S3_REGS = {
+    0x40001000: 0x00000009,  # not used by esptool for S3 (chip_id comes from GET_SECURITY_INFO)
+    0x60007044 + 12: 2 << 18,  # BLOCK1 word3: minor revision 2
+    0x60007044 + 20: 0,  # BLOCK1 word5: major revision 0
+    0x6000705C + 16: 1,  # BLOCK2 word4: block version major 1
+}
+
+_ESP32C3_REGS = {
+    0x40001000: 0x1B31506F,
+    0x60008844 + 12: 4 << 18,  # BLOCK1 word3: minor revision 4
+    0x60008844 + 20: 0,
+}
+
+CHIPS: dict[str, ChipSpec] = {
+    "esp32": ChipSpec(
+        name="esp32",
+        display="ESP32",
+        arch="xtensa",
+        image_chip_id=0,
+        magic_value=0x00F01D83,
+        security_info=False,
+        bootloader_offset=0x1000,
+        spi_reg_base=0x3FF42000,
+        spi_usr2_offs=0x24,
+        spi_w0_offs=0x80,
+        uart_clkdiv_reg=0x3FF40014,
+        drom_map_start=0x3F400000,
+        iram_start=0x40080000,
+        dram_start=0x3FFB0000,
+        rom_banner=("ets Jun  8 2016 00:22:57",),
+        cores=2,
+        rev="3.0",
+        cpu_mhz=240,
+        registers=_ESP32_REGS,
+    ),
+    "esp32s3": ChipSpec(
+        name="esp32s3",
+        display="ESP32-S3",
+        arch="xtensa",
+        image_chip_id=9,
+        magic_value=None,
+        security_info=True,
+        bootloader_offset=0x0,
+        spi_reg_base=0x60002000,
+        spi_usr2_offs=0x20,
+        spi_w0_offs=0x58,
+        uart_clkdiv_reg=0x60000014,
+        drom_map_start=0x3C000000,
+        iram_start=0x40378000,
+        dram_start=0x3FC88000,
+        rom_banner=("ESP-ROM:esp32s3-20210327", "Build:Mar 27 2021"),
+        cores=2,
+        rev="0.2",
+        cpu_mhz=240,
+        registers=_ESP32S3_REGS,
+    ),
+    "esp32c3": ChipSpec(
+        name="esp32c3",
+        display="ESP32-C3",
+        arch="riscv",
+        image_chip_id=5,
+        magic_value=None,
+        security_info=True,
+        bootloader_offset=0x0,
+        spi_reg_base=0x60002000,
+        spi_usr2_offs=0x20,
+        spi_w0_offs=0x58,
+        uart_clkdiv_reg=0x60000014,
+        drom_map_start=0x3C000000,
+        iram_start=0x4037C000,
+        dram_start=0x3FC80000,
+        rom_banner=("ESP-ROM:esp32c3-api1-20210207", "Build:Feb  7 2021"),
+        cores=1,
+        rev="0.4",
+        cpu_mhz=160,
+        registers=_ESP32C3_REGS,
+    ),
+}
+
+
+def get_chip(name: str) -> ChipSpec:
+    """Chip spec by esptool name (``esp32``, ``esp32s3``, ``esp32c3``); accepts ``ESP32-S3`` spelling."""
+    key = name.lower().replace("-", "").replace("_", "")
+    try:
+        return CHIPS[key]
+    except KeyError:
+        from harness.errors import UsageError
+
+        raise UsageError(
+            f"the simulated board does not model chip {name!r}",
+            hint=f"use one of: {', '.join(sorted(CHIPS))}",
+        ) from None

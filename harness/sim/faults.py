@@ -1,0 +1,138 @@
+"""Fault injection for the simulated board: parsed from the ``sim://`` URL or a board file's dict.
+
+Every fault is deterministic given ``seed``: the random choices (which elements, where a line is cut,
+which bits flip) come from ``random.Random`` seeded with (seed, fault name, boot count) only.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from harness.errors import UsageError
+
+# name -> one-line description (docs/simulator.md has the long form)
+FAULTS: dict[str, str] = {
+    "corrupt": "some output elements off by `corrupt_lsb` LSB (like the ESP-NN bug)",
+    "pinned": "every output element pinned at the dtype minimum (-128 for int8)",
+    "panic": "Guru Meditation panic during invoke (Xtensa with Backtrace, RISC-V with MEPC/MTVAL)",
+    "abort": "abort() during invoke, then reboot",
+    "hang": "silence after the INPUT record (invoke never returns)",
+    "bootloop": "resets before the app starts, repeatedly",
+    "brownout": "brownout detector triggers during invoke, then reboots",
+    "noise": "bit flips in the console output at rate `noise` per bit",
+    "truncate": "output stops in the middle of the records (no END)",
+    "disconnect": "the port disconnects in the middle of the records",
+    "sync_fail": "the first `fault_count` download-mode sessions do not answer SYNC",
+    "wdt": "task watchdog message spliced into a record line",
+    "alloc": "AllocateTensors fails: ERROR stage=alloc",
+}
+
+VARIANTS = ("optimized", "ansi")
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """Faults to inject. ``variant`` limits app-level faults to images of that variant."""
+
+    names: frozenset[str] = frozenset()
+    variant: str | None = None
+    seed: int = 1
+    corrupt_lsb: int = 3
+    corrupt_frac: float = 0.1
+    noise: float = 1e-4
+    fault_count: int = 1
+    loops: int = 3
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def active(self, name: str, image_variant: str | None = None) -> bool:
+        """Whether fault ``name`` applies (app faults only to the chosen variant, if one is set)."""
+        if name not in self.names:
+            return False
+        if name in ("sync_fail",) or self.variant is None or image_variant is None:
+            return True
+        return _norm_variant(image_variant) == self.variant
+
+    def rng(self, name: str, boot: int) -> random.Random:
+        return random.Random(f"{self.seed}:{name}:{boot}")
+
+
+def _norm_variant(v: str) -> str:
+    v = v.strip().lower()
+    return "ansi" if v in ("ansi", "ansi_c") else v
+
+
+def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSpec:
+    """Build a :class:`FaultSpec` from URL query parameters or a board file's ``[sim]`` table."""
+
+    def one(key: str) -> str | None:
+        v = params.get(key)
+        if v is None:
+            return None
+        if isinstance(v, list):
+            return ",".join(str(x) for x in v)
+        return str(v)
+
+    names: set[str] = set()
+    raw = one("fault")
+    if raw:
+        for part in raw.replace("+", ",").split(","):
+            part = part.strip().lower()
+            if not part:
+                continue
+            if part not in FAULTS:
+                raise UsageError(
+                    f"unknown simulator fault {part!r}",
+                    hint=f"known faults: {', '.join(sorted(FAULTS))}",
+                )
+            names.add(part)
+    variant = one("variant_fault")
+    if variant is not None:
+        variant = _norm_variant(variant)
+        if variant not in VARIANTS:
+            raise UsageError(f"variant_fault={variant!r} is not a variant", hint="use optimized or ansi")
+
+    def num(key: str, default: float, kind: type = float) -> float:
+        v = one(key)
+        if v is None:
+            return default
+        try:
+            return float(kind(v))
+        except ValueError:
+            raise UsageError(f"simulator parameter {key}={v!r} is not a number") from None
+
+    return FaultSpec(
+        names=frozenset(names),
+        variant=variant,
+        seed=int(num("seed", 1, int)),
+        corrupt_lsb=int(num("corrupt_lsb", 3, int)),
+        corrupt_frac=float(num("corrupt_frac", 0.1)),
+        noise=float(num("noise", 1e-4)),
+        fault_count=int(num("fault_count", 1, int)),
+        loops=int(num("loops", 3, int)),
+    )
+
+
+def flip_bits(data: bytes, rate: float, rng: random.Random) -> bytes:
+    """Flip each bit with probability ``rate`` (deterministic for a given rng state)."""
+    if rate <= 0 or not data:
+        return data
+    out = bytearray(data)
+    nbits = len(out) * 8
+    # geometric gaps between flips: O(flips), not O(bits)
+    pos = -1
+    while True:
+        u = rng.random()
+        gap = 1 if rate >= 1 else int(_log1p_neg(u) / _log1p_neg(rate)) + 1
+        pos += gap
+        if pos >= nbits:
+            break
+        out[pos // 8] ^= 1 << (pos % 8)
+    return bytes(out)
+
+
+def _log1p_neg(x: float) -> float:
+    import math
+
+    return math.log(1.0 - x) if x < 1.0 else -math.inf

@@ -1,0 +1,355 @@
+"""Flash images for the simulated board, in the real formats: ESP image (esptool's own classes), an
+ESP-IDF partition table binary (same layout and MD5 row as ``gen_esp32part.py``), and an app whose
+flash-mapped data segment carries the model, the inputs and the protocol settings.
+
+``build_sim_firmware`` is the "sim" builder the build step calls; ``read_boot_chain`` is what the
+simulated ROM + second-stage bootloader do at power-on: find, parse and validate what is in flash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from esptool.bin_image import ELFSection, ESP32FirmwareImage, LoadFirmwareImage
+
+from harness.errors import BuildError
+from harness.sim.chips import ChipSpec, get_chip
+
+PARTITION_TABLE_OFFSET = 0x8000
+PARTITION_TABLE_MAX = 0xC00
+APP_OFFSET = 0x10000
+PAYLOAD_MAGIC = b"ESPCHKSIM1\0\0"
+APP_DESC_MAGIC = 0xABCD5432
+PAYLOAD_FORMAT = 1
+
+_PT_MAGIC = b"\xaa\x50"  # as gen_esp32part.py writes it (bytes AA 50)
+_PT_MD5_MAGIC = b"\xeb\xeb" + b"\xff" * 14
+
+# (type, subtype) names as gen_esp32part.py prints them
+_TYPES = {"app": 0x00, "data": 0x01}
+_SUBTYPES = {
+    "app": {"factory": 0x00, "test": 0x20, **{f"ota_{i}": 0x10 + i for i in range(16)}},
+    "data": {
+        "ota": 0x00,
+        "phy": 0x01,
+        "nvs": 0x02,
+        "coredump": 0x03,
+        "nvs_keys": 0x04,
+        "fat": 0x81,
+        "spiffs": 0x82,
+    },
+}
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One partition table entry."""
+
+    label: str
+    type: int
+    subtype: int
+    offset: int
+    size: int
+    flags: int = 0
+
+
+def default_partitions(app_size: int) -> list[Partition]:
+    """Same layout as firmware_templates/project/partitions.csv.j2: nvs, phy_init, factory app."""
+    app_size = max(0x100000, (app_size + 0xFFFF) // 0x10000 * 0x10000)
+    return [
+        Partition("nvs", 0x01, 0x02, 0x9000, 0x6000),
+        Partition("phy_init", 0x01, 0x01, 0xF000, 0x1000),
+        Partition("factory", 0x00, 0x00, APP_OFFSET, app_size),
+    ]
+
+
+def pack_partition_table(parts: list[Partition]) -> bytes:
+    """Binary partition table: 32-byte entries, an MD5 row over them, 0xFF up to 0xC00 bytes."""
+    out = bytearray()
+    for p in parts:
+        label = p.label.encode("ascii")[:16]
+        out += struct.pack(
+            "<2sBBII16sI", _PT_MAGIC, p.type, p.subtype, p.offset, p.size, label.ljust(16, b"\0"), p.flags
+        )
+    out += _PT_MD5_MAGIC + hashlib.md5(bytes(out), usedforsecurity=False).digest()
+    if len(out) > PARTITION_TABLE_MAX:
+        raise BuildError("partition table too large", hint="use fewer partitions")
+    return bytes(out) + b"\xff" * (PARTITION_TABLE_MAX - len(out))
+
+
+class PartitionTableError(ValueError):
+    """The bytes at the partition table offset are not a valid table (what the bootloader checks)."""
+
+
+def parse_partition_table(data: bytes) -> list[Partition]:
+    """Parse and check a binary table (magic per entry, MD5 row), like the 2nd-stage bootloader."""
+    parts: list[Partition] = []
+    for off in range(0, min(len(data), PARTITION_TABLE_MAX), 32):
+        row = data[off : off + 32]
+        if len(row) < 32 or row == b"\xff" * 32:
+            break
+        if row[:16] == _PT_MD5_MAGIC:
+            if hashlib.md5(data[:off], usedforsecurity=False).digest() != row[16:]:
+                raise PartitionTableError("partition table MD5 mismatch")
+            return parts
+        magic, ptype, subtype, offset, size, label, flags = struct.unpack("<2sBBII16sI", row)
+        if magic != _PT_MAGIC:
+            raise PartitionTableError(f"partition {len(parts)} invalid magic number 0x{magic.hex()}")
+        parts.append(
+            Partition(label.rstrip(b"\0").decode("ascii", "replace"), ptype, subtype, offset, size, flags)
+        )
+    if not parts:
+        raise PartitionTableError("no valid partition table")
+    raise PartitionTableError("partition table has no MD5 row")
+
+
+def type_names(p: Partition) -> tuple[str, str]:
+    tname = {v: k for k, v in _TYPES.items()}.get(p.type, f"0x{p.type:02x}")
+    sub = {v: k for k, v in _SUBTYPES.get(tname, {}).items()}.get(p.subtype, f"0x{p.subtype:02x}")
+    return tname, sub
+
+
+# ---- app payload -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AppPayload:
+    """What the simulated app has "compiled in": the model, the inputs and its settings."""
+
+    header: dict[str, Any]
+    model: bytes
+    inputs: tuple[bytes, ...]
+
+    @property
+    def variant(self) -> str:
+        return str(self.header["variant"])
+
+    @property
+    def nn(self) -> str:
+        return "optimized" if self.variant == "optimized" else "ansi_c"
+
+
+def pack_payload(header: dict[str, Any], model: bytes, inputs: list[bytes]) -> bytes:
+    hdr = dict(header)
+    hdr["format"] = PAYLOAD_FORMAT
+    hdr["model_bytes"] = len(model)
+    hdr["input_bytes"] = [len(b) for b in inputs]
+    raw = json.dumps(hdr, sort_keys=True).encode()
+    return PAYLOAD_MAGIC + struct.pack("<I", len(raw)) + raw + model + b"".join(inputs)
+
+
+def unpack_payload(data: bytes) -> AppPayload:
+    if not data.startswith(PAYLOAD_MAGIC):
+        raise ValueError("no esp-check payload in the app image")
+    pos = len(PAYLOAD_MAGIC)
+    (hlen,) = struct.unpack_from("<I", data, pos)
+    pos += 4
+    header = json.loads(data[pos : pos + hlen].decode())
+    pos += hlen
+    if header.get("format") != PAYLOAD_FORMAT:
+        raise ValueError(f"payload format {header.get('format')} not understood")
+    model = data[pos : pos + int(header["model_bytes"])]
+    pos += len(model)
+    inputs = []
+    for n in header["input_bytes"]:
+        inputs.append(data[pos : pos + int(n)])
+        pos += int(n)
+    if len(model) != header["model_bytes"] or any(
+        len(b) != n for b, n in zip(inputs, header["input_bytes"], strict=True)
+    ):
+        raise ValueError("payload truncated")
+    return AppPayload(header=header, model=model, inputs=tuple(inputs))
+
+
+def _app_desc(project: str, version: str, idf: str) -> bytes:
+    """esp_app_desc_t (256 bytes), as at the start of every IDF app's DROM."""
+
+    def s(v: str, n: int) -> bytes:
+        return v.encode()[: n - 1].ljust(n, b"\0")
+
+    desc = struct.pack("<III", APP_DESC_MAGIC, 0, 0) + b"\0" * 4
+    desc += s(version, 32) + s(project, 32) + s("00:00:00", 16) + s("Jan  1 2026", 16) + s(idf, 32)
+    desc += b"\0" * 32 + struct.pack("<HHB3s", 0, 0xFFFF, 16, b"\0") + b"\0" * 72
+    return desc.ljust(256, b"\0")
+
+
+def _image_class(chip: ChipSpec) -> type[ESP32FirmwareImage]:
+    from esptool.bin_image import ESP32C3FirmwareImage, ESP32S3FirmwareImage
+
+    return {"esp32": ESP32FirmwareImage, "esp32s3": ESP32S3FirmwareImage, "esp32c3": ESP32C3FirmwareImage}[
+        chip.name
+    ]
+
+
+def pack_app_image(chip: ChipSpec, payload: bytes, *, version: str = "0.1.0", idf: str = "sim") -> bytes:
+    """An ESP app image: a DROM (flash-mapped) segment = app descriptor + payload, one IRAM segment."""
+    img = _image_class(chip)()
+    img.flash_mode = 2  # dio
+    img.flash_size_freq = 0x20  # 4MB, 40m
+    code = b"\x00" * 16  # the simulated CPU never executes it; the image format wants an entry segment
+    img.segments = [
+        ELFSection(
+            b".flash.rodata", chip.drom_map_start + 0x20, _app_desc("esp-check-fw", version, idf) + payload, 0
+        ),
+        ELFSection(b".iram0.text", chip.iram_start, code, 0),
+    ]
+    img.entrypoint = chip.iram_start
+    out = img.save(None)
+    assert out is not None
+    return bytes(out)
+
+
+def pack_bootloader_image(chip: ChipSpec) -> bytes:
+    """A second-stage bootloader image (RAM segments only) with the chip id and SHA-256 appended."""
+    img = _image_class(chip)()
+    img.flash_mode = 2
+    img.flash_size_freq = 0x20
+    banner = b"esp-check simulated 2nd stage bootloader\0"
+    img.segments = [
+        ELFSection(b".dram0.data", chip.dram_start + 0x10000, banner.ljust(64, b"\0"), 0),
+        ELFSection(b".iram_loader.text", chip.iram_start + 0x20000, b"\x00" * 32, 0),
+    ]
+    img.entrypoint = chip.iram_start + 0x20000
+    out = img.save(None)
+    assert out is not None
+    return bytes(out)
+
+
+class ImageError(ValueError):
+    """An image in flash fails the checks the ROM / bootloader make (magic, checksum, SHA-256, chip)."""
+
+
+@dataclass
+class LoadedImage:
+    image: Any
+    segments: list[tuple[int, bytes]] = field(default_factory=list)
+
+
+def load_image(chip: ChipSpec, flash: bytes | bytearray, offset: int, max_len: int) -> LoadedImage:
+    """Parse and validate an ESP image at ``offset`` exactly as far as a real boot does."""
+    first = flash[offset : offset + 1]
+    if first != b"\xe9":
+        word = struct.unpack("<I", bytes(flash[offset : offset + 4]).ljust(4, b"\xff"))[0]
+        raise ImageError(f"invalid header: 0x{word:08x}")
+    try:
+        img = LoadFirmwareImage(chip.name, bytes(flash[offset : offset + max_len]))
+    except Exception as exc:  # esptool raises FatalError / struct.error on garbage
+        raise ImageError(f"image at 0x{offset:x} unreadable: {exc}") from exc
+    if getattr(img, "chip_id", chip.image_chip_id) != chip.image_chip_id:
+        raise ImageError(f"mismatching chip ID in image: {img.chip_id} != {chip.image_chip_id}")
+    if img.checksum != img.calculate_checksum():
+        raise ImageError(
+            f"Checksum failed. Calculated 0x{img.calculate_checksum():02x} read 0x{img.checksum:02x}"
+        )
+    if getattr(img, "append_digest", False) and img.stored_digest != img.calc_digest:
+        raise ImageError("Image hash failed - image is corrupt")
+    return LoadedImage(img, [(s.addr, bytes(s.data)) for s in img.segments])
+
+
+def find_payload(chip: ChipSpec, loaded: LoadedImage) -> AppPayload:
+    for addr, data in loaded.segments:
+        if chip.drom_map_start <= addr < chip.drom_map_start + 0x400000 and len(data) > 256:
+            (magic,) = struct.unpack_from("<I", data, 0)
+            if magic == APP_DESC_MAGIC:
+                return unpack_payload(data[256:])
+    raise ImageError("app image has no esp-check payload (not built by the sim builder?)")
+
+
+# ---- the "sim" builder -------------------------------------------------------------------------
+
+
+def _read_manifest(project_dir: Path) -> dict[str, Any]:
+    path = project_dir / "esp-check.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BuildError(
+            f"{path} missing", hint="generate the project with `esp-check generate` first"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise BuildError(f"{path} unreadable: {exc}", hint="regenerate the project") from exc
+    if not isinstance(manifest, dict):
+        raise BuildError(f"{path} is not a JSON object", hint="regenerate the project")
+    return manifest
+
+
+def _input_files(project_dir: Path, manifest: dict[str, Any]) -> list[Path]:
+    data = project_dir / "esp-check"
+    files = sorted(data.glob("input_*.bin"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    declared = manifest.get("inputs")
+    if isinstance(declared, list) and declared and len(declared) != len(files):
+        raise BuildError(
+            f"{project_dir}: manifest lists {len(declared)} inputs but {len(files)} input_<k>.bin "
+            "files exist",
+            hint="regenerate the project",
+        )
+    if not files:
+        raise BuildError(f"{data} holds no input_<k>.bin", hint="regenerate the project with --input")
+    return files
+
+
+def _variant(manifest: dict[str, Any]) -> str:
+    v = str(manifest.get("variant", "")).lower()
+    if v in ("ansi", "ansi_c"):
+        return "ansi"
+    if v == "optimized":
+        return "optimized"
+    raise BuildError(f"manifest variant {v!r} is neither optimized nor ansi", hint="regenerate the project")
+
+
+def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Path]]:
+    """Pack a generated project into bootloader / partition table / app images for the simulated board.
+
+    Returns the esptool (offset, file) list. The app carries the project's model and inputs and the
+    variant from its manifest: the simulator prints ``nn=`` from this compiled-in value.
+    """
+    project_dir = Path(project_dir)
+    build_dir = Path(build_dir)
+    manifest = _read_manifest(project_dir)
+    chip = get_chip(str(manifest.get("chip") or manifest.get("target") or "esp32s3"))
+    model_path = project_dir / "esp-check" / "model.tflite"
+    try:
+        model = model_path.read_bytes()
+    except OSError as exc:
+        raise BuildError(f"{model_path} unreadable: {exc}", hint="regenerate the project") from exc
+    inputs = [p.read_bytes() for p in _input_files(project_dir, manifest)]
+    header: dict[str, Any] = {
+        "variant": _variant(manifest),
+        "chip": chip.name,
+        "board": str(manifest.get("board", "sim")),
+        "fwver": str(manifest.get("template_version") or manifest.get("fwver") or "0.0.0"),
+        "human_max": int(manifest.get("human_max", 16)),
+        "arena_bytes": int(manifest.get("arena_bytes") or manifest.get("arena") or 0),
+        "console_baud": int(manifest.get("console_baud", 115200)),
+        "idf": str(manifest.get("idf", "sim")),
+        "tflm": str(manifest.get("tflm", "sim")),
+        "espnn": str(manifest.get("espnn", "sim")),
+        "model_sha256": hashlib.sha256(model).hexdigest(),
+    }
+    app = pack_app_image(chip, pack_payload(header, model, inputs), version=str(header["fwver"]))
+    build_dir.mkdir(parents=True, exist_ok=True)
+    boot_path = build_dir / "bootloader.bin"
+    pt_path = build_dir / "partition-table.bin"
+    app_path = build_dir / "esp-check-sim.bin"
+    boot_path.write_bytes(pack_bootloader_image(chip))
+    pt_path.write_bytes(pack_partition_table(default_partitions(len(app))))
+    app_path.write_bytes(app)
+    return [(chip.bootloader_offset, boot_path), (PARTITION_TABLE_OFFSET, pt_path), (APP_OFFSET, app_path)]
+
+
+def read_app_payload(chip: ChipSpec, flash: bytes | bytearray) -> tuple[Partition, LoadedImage, AppPayload]:
+    """Convenience for tests and tools: partition table -> factory app -> payload (raises on any error)."""
+    parts = parse_partition_table(
+        bytes(flash[PARTITION_TABLE_OFFSET : PARTITION_TABLE_OFFSET + PARTITION_TABLE_MAX])
+    )
+    app = next((p for p in parts if p.type == 0x00), None)
+    if app is None:
+        raise ImageError("no app partition in the partition table")
+    loaded = load_image(chip, flash, app.offset, app.size)
+    return app, loaded, find_payload(chip, loaded)

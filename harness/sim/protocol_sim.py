@@ -1,0 +1,150 @@
+"""pyserial URL handler ``sim://NAME?...``: a serial port wired to a simulated board.
+
+pyserial finds this module as ``<package>.protocol_sim`` once ``harness.sim`` is in
+``serial.protocol_handler_packages`` (see :func:`harness.sim.register`). Everything that talks to a
+port (esptool, the console reader, ``esp_rfc2217_server``) then works on it unchanged.
+
+Like an RFC2217 link or a pty, the port has no file descriptor: esptool's atomic ``TIOCMSET``
+reset (``UnixTightReset``) cannot run on it and falls back to its classic DTR/RTS sequence.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from serial.serialutil import PortNotOpenError, SerialBase, SerialException
+
+from harness.errors import UsageError
+from harness.sim.board import REGISTRY, SimBoard, parse_url
+
+
+class Serial(SerialBase):
+    """A pyserial port whose other end is a :class:`harness.sim.board.SimBoard`."""
+
+    BAUDRATES = (
+        300,
+        1200,
+        2400,
+        4800,
+        9600,
+        19200,
+        38400,
+        57600,
+        74880,
+        115200,
+        230400,
+        460800,
+        921600,
+        1500000,
+        2000000,
+        3000000,
+    )
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self._board: SimBoard | None = None
+        self._conn = 0
+        super().__init__(*args, **kwargs)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        if self._port is None:
+            raise SerialException("Port must be configured before it can be used.")
+        if self.is_open:  # type: ignore[has-type]
+            raise SerialException("Port is already open.")
+        board = self.from_url(str(self._port))
+        self._conn = board.attach(bool(self._exclusive))
+        self._board = board
+        self.is_open = True
+        self._reconfigure_port()
+        if not self._dsrdtr and not self._rtscts:
+            board.set_lines(self._conn, bool(self._dtr_state), bool(self._rts_state))
+
+    def close(self) -> None:
+        if self.is_open and self._board is not None:
+            self._board.detach(self._conn)
+        self.is_open = False
+
+    def from_url(self, url: str) -> SimBoard:
+        """Find (or create) the board named in the URL, in :data:`harness.sim.board.REGISTRY`."""
+        try:
+            name, config = parse_url(url)
+        except UsageError as exc:
+            raise SerialException(f'expected a string in the form "sim://NAME[?options]": {exc}') from None
+        return REGISTRY.get(name, config)
+
+    def _reconfigure_port(self) -> None:
+        """Nothing to program: the board reads the port's baud rate on every transfer."""
+
+    def _live(self) -> SimBoard:
+        if not self.is_open or self._board is None:
+            raise PortNotOpenError()
+        return self._board
+
+    # ---- data ----------------------------------------------------------------------------------
+
+    @property
+    def in_waiting(self) -> int:
+        return self._live().in_waiting(self._conn)
+
+    def read(self, size: int = 1) -> bytes:
+        board = self._live()
+        if size <= 0:
+            return b""
+        return board.read(self._conn, size, self._timeout, int(self._baudrate))
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        board = self._live()
+        raw = bytes(data)
+        board.write(self._conn, raw, int(self._baudrate))
+        return len(raw)
+
+    def flush(self) -> None:
+        self._live()
+
+    def reset_input_buffer(self) -> None:
+        self._live().discard_input(self._conn)
+
+    def reset_output_buffer(self) -> None:
+        self._live()
+
+    def send_break(self, duration: float = 0.25) -> None:
+        self._live()
+
+    def _update_break_state(self) -> None:
+        self._live()
+
+    def _update_rts_state(self) -> None:
+        self._live().set_lines(self._conn, bool(self._dtr_state), bool(self._rts_state))
+
+    def _update_dtr_state(self) -> None:
+        self._live().set_lines(self._conn, bool(self._dtr_state), bool(self._rts_state))
+
+    @property
+    def cts(self) -> bool:
+        self._live()
+        return True
+
+    @property
+    def dsr(self) -> bool:
+        self._live()
+        return True
+
+    @property
+    def ri(self) -> bool:
+        self._live()
+        return False
+
+    @property
+    def cd(self) -> bool:
+        self._live()
+        return True
+
+    def fileno(self) -> int:
+        """No file descriptor, so no TIOCMSET: esptool then uses its classic reset (like for a pty)."""
+        raise OSError(errno.ENOTTY, "sim:// ports have no file descriptor (no modem-control ioctl)")
+
+    @property
+    def board(self) -> SimBoard:
+        """The simulated board behind this port (for tests and `esp-check sim serve`)."""
+        return self._live()

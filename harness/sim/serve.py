@@ -1,0 +1,216 @@
+"""Expose a simulated board over TCP, for other processes (``esp-check sim serve``).
+
+Two flavours, one client at a time (like ``esp_rfc2217_server``):
+
+- raw TCP (``socket://host:port`` clients): bytes only. DTR/RTS cannot travel over a raw socket, so
+  nobody can reset the board through it; esptool itself switches to ``no-reset`` on ``socket://``.
+- RFC 2217 (``rfc2217://host:port?ign_set_control``): esptool's own ``EspPortManager`` (the
+  protocol engine of ``esp_rfc2217_server``, built on pyserial's ``PortManager``) handles the link:
+  baud rate travels; DTR/RTS changes are *not* forwarded one by one, the server runs esptool's
+  reset sequences locally instead. That is how Espressif's server works, and the simulator shows
+  why: forwarded line changes arrive ~50 ms apart, so IO0 is sampled high and the chip boots the
+  app instead of the ROM loader. The only change from ``esp_rfc2217_server``: the bootloader reset
+  uses esptool's ``ClassicReset`` (plain DTR/RTS writes) because a sim:// port, like a pty, cannot
+  take the ``TIOCMSET`` ioctl of its default ``UnixTightReset``. Like the real server it has no
+  USB-Serial-JTAG reset.
+
+A USB-Serial-JTAG board's port vanishes when it resets into the app; the server reopens it, as a
+real host re-enumerates the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from dataclasses import dataclass, field
+
+import serial
+import serial.rfc2217
+
+from harness.errors import PortError
+
+
+@dataclass
+class SimServer:
+    """A listening server for one ``sim://`` URL. ``start()`` returns at once; ``stop()`` ends it."""
+
+    url: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    rfc2217: bool = False
+    clients_served: int = 0
+    _sock: socket.socket | None = None
+    _thread: threading.Thread | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _ser: serial.SerialBase | None = None
+
+    @property
+    def address(self) -> str:
+        """The pyserial URL a client opens."""
+        if self.rfc2217:
+            return f"rfc2217://{self.host}:{self.port}?ign_set_control"
+        return f"socket://{self.host}:{self.port}"
+
+    def start(self) -> SimServer:
+        from harness.sim import register
+
+        register()
+        try:
+            ser = serial.serial_for_url(self.url, do_not_open=True, exclusive=True)
+            ser.timeout = 0.05
+            ser.dtr = False  # no client yet: leave the reset circuit alone
+            ser.rts = False
+            ser.open()
+        except serial.SerialException as exc:
+            raise PortError(f"cannot open {self.url}: {exc}", hint="check the sim:// URL") from exc
+        self._ser = ser
+        srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            srv.bind((self.host, self.port))
+        except OSError as exc:
+            srv.close()
+            ser.close()
+            raise PortError(
+                f"cannot listen on {self.host}:{self.port}: {exc}",
+                hint="pick another --port (0 chooses a free one)",
+            ) from exc
+        srv.listen(1)
+        srv.settimeout(0.2)
+        self.port = srv.getsockname()[1]
+        self._sock = srv
+        self._thread = threading.Thread(target=self._serve, name=f"sim-serve-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._sock is not None:
+            self._sock.close()
+        if self._ser is not None:
+            self._ser.close()
+
+    def __enter__(self) -> SimServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait(self) -> None:
+        """Block until stopped (the CLI's foreground mode; Ctrl-C raises KeyboardInterrupt)."""
+        while self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout=0.5)
+
+    # ---- internals -----------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        assert self._sock is not None
+        while not self._stop.is_set():
+            try:
+                client, _addr = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            self.clients_served += 1
+            try:
+                self._session(client)
+            finally:
+                with contextlib.suppress(OSError):
+                    client.close()
+
+    def _reopen(self) -> bool:
+        ser = self._ser
+        assert ser is not None
+        with contextlib.suppress(serial.SerialException):
+            ser.close()
+        try:
+            ser.open()
+        except serial.SerialException:
+            return False
+        return True
+
+    def _session(self, client: socket.socket) -> None:
+        ser = self._ser
+        assert ser is not None
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client.settimeout(0.2)
+        lock = threading.Lock()
+        alive = threading.Event()
+        alive.set()
+
+        class _Conn:
+            def write(self, data: bytes) -> None:
+                with lock:
+                    client.sendall(data)
+
+        manager = _port_manager(ser, _Conn()) if self.rfc2217 else None
+        if not self.rfc2217:
+            ser.dtr = True  # a terminal opening the port: both lines active, EN stays high
+            ser.rts = True
+
+        def pump_out() -> None:
+            while alive.is_set() and not self._stop.is_set():
+                try:
+                    data = ser.read(ser.in_waiting or 1)
+                except serial.SerialException:
+                    if not self._reopen():
+                        break
+                    continue
+                if not data:
+                    continue
+                try:
+                    _Conn().write(b"".join(manager.escape(data)) if manager else data)
+                except OSError:
+                    break
+            alive.clear()
+
+        reader = threading.Thread(target=pump_out, name="sim-serve-out", daemon=True)
+        reader.start()
+        try:
+            while alive.is_set() and not self._stop.is_set():
+                try:
+                    data = client.recv(4096)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    break
+                if not data:
+                    break
+                payload = b"".join(manager.filter(data)) if manager else data
+                if payload:
+                    try:
+                        ser.write(payload)
+                    except serial.SerialException:
+                        self._reopen()
+        finally:
+            alive.clear()
+            reader.join(timeout=2)
+            with contextlib.suppress(serial.SerialException, OSError):
+                ser.rts = False  # RTS first: (1,1) -> (1,0) -> (0,0) never pulls EN low
+                ser.dtr = False
+
+
+def _port_manager(ser: serial.SerialBase, conn: object) -> serial.rfc2217.PortManager:
+    """esp_rfc2217_server's EspPortManager, resetting with ClassicReset (no ioctl on sim:// ports)."""
+    from esp_rfc2217_server.esp_port_manager import EspPortManager
+    from esptool.reset import DEFAULT_RESET_DELAY, ClassicReset
+
+    class SimEspPortManager(EspPortManager):
+        def _reset_thread(self) -> None:
+            ClassicReset(self.serial, DEFAULT_RESET_DELAY)()
+
+    return SimEspPortManager(ser, conn, False)
+
+
+def serve_tcp(url: str, host: str = "127.0.0.1", port: int = 0) -> SimServer:
+    """Serve ``url`` over raw TCP (``socket://``); returns the started server."""
+    return SimServer(url, host, port, rfc2217=False).start()
+
+
+def serve_rfc2217(url: str, host: str = "127.0.0.1", port: int = 0) -> SimServer:
+    """Serve ``url`` over RFC 2217 (``rfc2217://``), forwarding DTR/RTS and baud rate."""
+    return SimServer(url, host, port, rfc2217=True).start()

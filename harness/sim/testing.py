@@ -1,0 +1,77 @@
+"""Helpers for tests and benchmarks that drive the simulated board (no pytest dependency).
+
+``make_project`` writes the minimal generated-project layout the "sim" builder reads (manifest,
+``esp-check/model.tflite``, ``esp-check/input_<k>.bin``), for tests that do not run the generator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import serial
+
+END_RE = re.compile(rb"@EC1 \d+ END [^\r\n]*\r?\n")
+
+
+def make_project(
+    root: Path,
+    model: bytes | Path,
+    inputs: Sequence[bytes | np.ndarray],
+    *,
+    variant: str = "optimized",
+    chip: str = "esp32s3",
+    **manifest: Any,
+) -> Path:
+    """A generated-project directory holding only what ``build_sim_firmware`` needs."""
+    root = Path(root)
+    data = root / "esp-check"
+    data.mkdir(parents=True, exist_ok=True)
+    model_bytes = model if isinstance(model, bytes) else Path(model).read_bytes()
+    (data / "model.tflite").write_bytes(model_bytes)
+    raws = [x if isinstance(x, bytes) else np.ascontiguousarray(x).tobytes() for x in inputs]
+    for k, raw in enumerate(raws):
+        (data / f"input_{k}.bin").write_bytes(raw)
+    doc: dict[str, Any] = {
+        "variant": variant,
+        "chip": chip,
+        "board": f"sim-{chip}",
+        "template_version": "0.1.0",
+        "model_sha256": hashlib.sha256(model_bytes).hexdigest(),
+        "inputs": [
+            {"file": f"input_{k}.bin", "sha256": hashlib.sha256(r).hexdigest()} for k, r in enumerate(raws)
+        ],
+        "human_max": 16,
+    }
+    doc.update(manifest)
+    (root / "esp-check.json").write_text(json.dumps(doc, indent=2))
+    return root
+
+
+def read_until_end(port: serial.SerialBase, timeout: float = 10.0, idle: float = 0.5) -> bytes:
+    """Read a console until the protocol's END record, ``idle`` seconds of silence, or ``timeout``."""
+    out = bytearray()
+    deadline = time.monotonic() + timeout
+    old = port.timeout
+    port.timeout = min(idle, 0.1)
+    quiet_since = time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            chunk = port.read(port.in_waiting or 1)
+            now = time.monotonic()
+            if chunk:
+                out += chunk
+                quiet_since = now
+                if END_RE.search(out):
+                    break
+            elif now - quiet_since >= idle:
+                break
+    finally:
+        port.timeout = old
+    return bytes(out)

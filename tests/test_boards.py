@@ -1,0 +1,212 @@
+"""Board definitions (boards/*.toml): every built-in board is valid, bad files name the file and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import resources
+from harness.boards import BOOTLOADER_OFFSETS, Board, list_boards, load_board
+from harness.cli import main
+from harness.errors import BoardDefinitionError, ExitCode
+
+REPO = Path(__file__).resolve().parents[1]
+
+GOOD = """
+name = "my-board"
+description = "test board"
+chip = "esp32s3"
+pio_board = "esp32-s3-devkitc-1"
+flash_size = "8MB"
+psram = "octal"
+psram_mb = 8
+internal_ram_arena_kb = 256
+console = "uart"
+flash_baud = 921600
+monitor_baud = 115200
+reset = "classic"
+cpu_mhz = 240
+espnn_path = "s3"
+builder = "pio"
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "my-board.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_builtin_boards_load_and_cover_the_issue_list() -> None:
+    boards = {b.name: b for b in list_boards()}
+    for name in (
+        "esp32-devkitc",
+        "esp32s3-devkitc-1-n8r8",
+        "esp32s3-devkitc-1-n8r2",
+        "esp32s3-devkitc-1-n8",
+        "esp32c3-devkitm-1",
+        "esp32p4",
+        "sim",
+        "sim-usbjtag",
+    ):
+        assert name in boards, name
+    assert boards["esp32-devkitc"].pio_board == "esp32dev"
+    assert boards["esp32-devkitc"].chip == "esp32" and boards["esp32-devkitc"].psram == "none"
+    assert boards["esp32s3-devkitc-1-n8r8"].psram == "octal"
+    assert boards["esp32s3-devkitc-1-n8r2"].psram == "quad"
+    assert boards["esp32c3-devkitm-1"].cpu_mhz == 160 and boards["esp32c3-devkitm-1"].espnn_path == "generic"
+    assert boards["esp32p4"].builder == "idf" and boards["esp32p4"].espnn_path == "p4"
+    assert boards["sim"].builder == "sim" and boards["sim"].simulated
+    assert (boards["sim"].default_port or "").startswith("sim://")
+    assert boards["sim-usbjtag"].reset == "usb_serial_jtag"
+    # the file name is the board name
+    for b in boards.values():
+        assert b.source is not None and b.source.stem == b.name
+
+
+def test_bootloader_offsets_match_esptool_chip_table() -> None:
+    # esptool's chip classes carry BOOTLOADER_FLASH_OFFSET: our fallback table must agree.
+    from esptool.targets import CHIP_DEFS
+
+    for chip, offset in BOOTLOADER_OFFSETS.items():
+        assert offset == CHIP_DEFS[chip].BOOTLOADER_FLASH_OFFSET, chip
+
+
+def test_load_board_by_name_and_by_path(tmp_path: Path) -> None:
+    b = load_board("esp32-devkitc")
+    assert isinstance(b, Board) and b.chip == "esp32"
+    p = _write(tmp_path, GOOD)
+    custom = load_board(p)
+    assert custom.name == "my-board" and custom.flash_bytes == 8 * 1024 * 1024
+    assert load_board(str(p)) == custom
+
+
+def test_unknown_board_lists_known_ones() -> None:
+    with pytest.raises(BoardDefinitionError) as ei:
+        load_board("esp32-nonexistent")
+    assert "unknown board" in str(ei.value) and "esp32-devkitc" in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        (("chip", '"esp32s3"', '"esp8266"'), "chip", "expected one of"),
+        (("cpu_mhz", "240", "320"), "cpu_mhz", "maximum for esp32s3"),
+        (("cpu_mhz", "240", '"240"'), "cpu_mhz", "must be an integer"),
+        (("psram", '"octal"', '"none"'), "psram_mb", "must be 0"),
+        (("console", '"uart"', '"jtag"'), "console", "expected one of"),
+        (("espnn_path", '"s3"', '"generic"'), "espnn_path", "always builds"),
+        (("builder", '"pio"', '"sim"'), "simulated", "builder"),
+        (("flash_size", '"8MB"', '"7MB"'), "flash_size", "expected one of"),
+        (("monitor_baud", "115200", "12"), "monitor_baud", "baud"),
+    ],
+)
+def test_bad_field_names_file_and_field(
+    tmp_path: Path, change: tuple[str, str, str], field: str, words: str
+) -> None:
+    key, old, new = change
+    text = GOOD.replace(f"{key} = {old}", f"{key} = {new}")
+    assert text != GOOD
+    p = _write(tmp_path, text)
+    with pytest.raises(BoardDefinitionError) as ei:
+        load_board(p)
+    msg = str(ei.value)
+    assert str(p) in msg and f"'{field}'" in msg and words in msg
+    assert ei.value.exit_code == ExitCode.USAGE
+
+
+def test_missing_and_unknown_fields(tmp_path: Path) -> None:
+    p = _write(tmp_path, GOOD.replace('reset = "classic"\n', ""))
+    with pytest.raises(BoardDefinitionError, match="'reset' is missing"):
+        load_board(p)
+    p = _write(tmp_path, GOOD + 'colour = "blue"\n')
+    with pytest.raises(BoardDefinitionError, match="'colour' is not a known board field"):
+        load_board(p)
+
+
+def test_p4_cannot_use_platformio(tmp_path: Path) -> None:
+    text = (
+        GOOD.replace('chip = "esp32s3"', 'chip = "esp32p4"')
+        .replace("cpu_mhz = 240", "cpu_mhz = 360")
+        .replace('espnn_path = "s3"', 'espnn_path = "p4"')
+        .replace('psram = "octal"', 'psram = "hex"')
+    )
+    with pytest.raises(BoardDefinitionError, match="cannot build esp32p4") as ei:
+        load_board(_write(tmp_path, text))
+    assert ei.value.hint and "idf" in ei.value.hint
+
+
+def test_sdkconfig_table_is_validated(tmp_path: Path) -> None:
+    ok = load_board(_write(tmp_path, GOOD + '[sdkconfig]\nCONFIG_FOO_BAR = "y"\n'))
+    assert ok.sdkconfig == {"CONFIG_FOO_BAR": "y"}
+    with pytest.raises(BoardDefinitionError, match=r"sdkconfig\.CONFIG_FOO"):
+        load_board(_write(tmp_path, GOOD + '[sdkconfig]\nCONFIG_FOO = "y\\nCONFIG_NN_ANSI_C=y"\n'))
+    with pytest.raises(BoardDefinitionError, match="not a Kconfig symbol"):
+        load_board(_write(tmp_path, GOOD + '[sdkconfig]\nNN_OPT = "y"\n'))
+
+
+def test_invalid_toml_and_name_mismatch(tmp_path: Path) -> None:
+    with pytest.raises(BoardDefinitionError, match="not valid TOML"):
+        load_board(_write(tmp_path, "name = \n"))
+    d = tmp_path / "dir"
+    d.mkdir()
+    _write(d, GOOD, name="other-name.toml")
+    with pytest.raises(BoardDefinitionError, match=r"other-name\.toml"):
+        list_boards(d)
+
+
+def test_resources_prefer_wheel_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Installed wheel: harness/_data/{firmware_templates,boards} (pyproject force-include).
+    pkg = tmp_path / "site" / "harness"
+    (pkg / "_data" / "boards").mkdir(parents=True)
+    (pkg / "_data" / "firmware_templates").mkdir(parents=True)
+    monkeypatch.setattr(resources, "_PACKAGE_DIR", pkg)
+    assert resources.boards_dir() == pkg / "_data" / "boards"
+    assert resources.templates_dir() == pkg / "_data" / "firmware_templates"
+    # Nothing anywhere: a clear error, not a crash.
+    monkeypatch.setattr(resources, "_PACKAGE_DIR", tmp_path / "nowhere" / "harness")
+    with pytest.raises(Exception, match="firmware_templates"):
+        resources.templates_dir()
+
+
+def test_resources_in_checkout() -> None:
+    assert resources.boards_dir() == REPO / "boards"
+    assert (resources.templates_dir() / "project" / "platformio.ini.j2").is_file()
+
+
+def test_cli_boards_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["boards", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema"] == "esp-check.boards/1"
+    names = [b["name"] for b in data["boards"]]
+    assert "esp32p4" in names and "sim" in names
+    assert main(["boards"]) == 0
+    out = capsys.readouterr().out
+    assert "esp32c3-devkitm-1" in out and "160" in out
+
+
+def test_cli_boards_bad_file_is_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = _write(tmp_path, GOOD.replace('reset = "classic"', 'reset = "magic"'))
+    assert main(["boards", "--board-file", str(p)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "'reset'" in err and "my-board.toml" in err
+
+
+def test_sim_boards_default_ports_parse_with_the_simulator() -> None:
+    sim_board = pytest.importorskip("harness.sim.board")
+    for name, reset in (("sim", "classic"), ("sim-usbjtag", "usb_jtag")):
+        board = load_board(name)
+        assert board.default_port is not None
+        _, cfg = sim_board.parse_url(board.default_port)
+        assert cfg.chip.name == board.chip and cfg.reset == reset
+        assert cfg.flash_size == board.flash_bytes
+
+
+def test_sim_table_only_on_simulated_boards(tmp_path: Path) -> None:
+    with pytest.raises(BoardDefinitionError, match="'sim' is only allowed"):
+        load_board(_write(tmp_path, GOOD + '[sim]\nfault = "panic"\n'))
+    sim_text = (REPO / "boards" / "sim.toml").read_text().replace('name = "sim"', 'name = "my-sim"')
+    b = load_board(_write(tmp_path, sim_text + '\n[sim]\nfault = "panic"\nseed = 3\n', name="my-sim.toml"))
+    assert b.sim == {"fault": "panic", "seed": 3}

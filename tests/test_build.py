@@ -1,0 +1,490 @@
+"""`esp-check build`: the builder subprocess contract, artifacts/offsets, flasher_args.json, cache, failures.
+
+FAKED HERE: the build tools. Real `pio run` / `idf.py build` need the internet to download ESP-IDF and the
+toolchains, so each test puts a stand-in executable named `pio` (and `idf.py`) first on PATH. It is a small
+Python script generated below that records its argv and environment and writes artifacts in the places
+PlatformIO / ESP-IDF write them (a real ESP-IDF binary partition table built from the project's
+partitions.csv, a resolved sdkconfig, dependencies.lock). Everything else -- esp-check's driver, cache,
+locks, offsets, flasher_args.json and the sim builder's real ESP app image -- is real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness import build as b
+from harness.cache import BuildCache
+from harness.cli import main
+from harness.errors import BuildError, ExitCode, UsageError
+from harness.generate import generate_projects
+
+MODELS = Path(__file__).parent / "data" / "models"
+INPUTS = MODELS / "inputs"
+
+# Real PlatformIO 6.2 output when it cannot download the platform (captured on this offline machine on
+# 2026-11-29 from `pio run` on a generated project; banner shortened).
+PIO_OFFLINE_TRANSCRIPT = """\
+Processing esp_check (platform: espressif32 @ 6.13.0; framework: espidf; board: esp32-c3-devkitm-1)
+--------------------------------------------------------------------------------
+Platform Manager: Installing espressif32 @ 6.13.0
+HTTPClientError: """
+
+FAKE_TOOL = r'''
+"""FAKE build tool for esp-check tests (stands in for PlatformIO `pio` and ESP-IDF `idf.py`): it records its
+arguments and writes artifacts where the real tools put them. It compiles nothing."""
+import csv, hashlib, json, os, pathlib, struct, sys, time
+
+tool = pathlib.Path(sys.argv[0]).name
+args = sys.argv[1:]
+with open(os.environ["FAKE_TOOL_RECORD"], "a", encoding="utf-8") as f:
+    f.write(json.dumps({"tool": tool, "argv": args, "core_dir": os.environ.get("PLATFORMIO_CORE_DIR"),
+                        "cwd": os.getcwd()}) + "\n")
+time.sleep(float(os.environ.get("FAKE_TOOL_SLEEP", "0")))
+mode = os.environ.get("FAKE_TOOL_MODE", "ok")
+print("fake " + tool + " starting", flush=True)
+if mode == "offline":
+    print(os.environ["FAKE_OFFLINE_TEXT"], flush=True)
+    sys.exit(1)
+if mode == "compile":
+    print("Compiling .pio/build/esp_check/src/app_main.cc.o")
+    print("main/app_main.cc:12:5: error: 'foo' was not declared in this scope")
+    print("*** [.pio/build/esp_check/src/app_main.cc.o] Error 1")
+    print("========================= [FAILED] Took 3.21 seconds =========================")
+    sys.exit(1)
+
+if tool == "pio":
+    assert args[:2] == ["run", "-d"] and args[3] == "-e", args
+    proj = pathlib.Path(args[2]); env = args[4]
+    out = proj / ".pio" / "build" / env
+    files = {"bootloader": out / "bootloader.bin", "pt": out / "partitions.bin", "app": out / "firmware.bin",
+             "otadata": out / "ota_data_initial.bin"}
+    resolved = proj / ("sdkconfig." + env)
+else:  # idf.py -C proj -B build -DIDF_TARGET=chip build
+    proj = pathlib.Path(args[args.index("-C") + 1]); out = pathlib.Path(args[args.index("-B") + 1])
+    assert args[-1] == "build" and any(a.startswith("-DIDF_TARGET=") for a in args), args
+    files = {"bootloader": out / "bootloader" / "bootloader.bin",
+             "pt": out / "partition_table" / "partition-table.bin",
+             "app": out / "esp_check_fw.bin", "otadata": out / "ota_data_initial.bin"}
+    resolved = proj / "sdkconfig"
+
+defaults = (proj / "sdkconfig.defaults").read_text()
+target = [l.split("=")[1].strip('"') for l in defaults.splitlines() if l.startswith("CONFIG_IDF_TARGET=")][0]
+boot = {"esp32": "0x1000", "esp32p4": "0x2000"}.get(target, "0x0")
+pt_off = os.environ.get("FAKE_PT_OFFSET", "0x8000")
+app_off = os.environ.get("FAKE_APP_OFFSET")
+rows = [r for r in csv.reader(open(proj / "partitions.csv")) if r and not r[0].startswith("#")]
+types = {"app": 0, "data": 1}; subtypes = {"factory": 0, "nvs": 2, "phy": 1, "ota": 0}
+table = b""
+factory_size = 0
+for name, typ, sub, off, size, *_ in [[c.strip() for c in r] for r in rows]:
+    off_i = int(off, 0); size_i = int(size, 0)
+    if sub == "factory":
+        factory_size = size_i
+        if app_off:
+            off_i = int(app_off, 0)
+    table += b"\xaa\x50" + struct.pack("<BBII16sI", types[typ], subtypes[sub], off_i, size_i,
+                                        name.encode().ljust(16, b"\0"), 0)
+table += b"\xeb\xeb" + b"\xff" * 14 + hashlib.md5(table).digest()
+for p in files.values():
+    p.parent.mkdir(parents=True, exist_ok=True)
+files["pt"].write_bytes(table.ljust(0xC00, b"\xff"))
+files["bootloader"].write_bytes(b"\xe9\x03\x02\x20" + b"B" * 1000)
+app_size = factory_size + 16 if mode == "too_big" else 5000
+seed = hashlib.sha256(defaults.encode()).digest()
+files["app"].write_bytes((b"\xe9\x05\x02\x20" + seed * (app_size // 32 + 1))[:app_size])
+resolved.write_text("CONFIG_IDF_TARGET=\"%s\"\nCONFIG_BOOTLOADER_OFFSET_IN_FLASH=%s\n"
+                    "CONFIG_PARTITION_TABLE_OFFSET=%s\nCONFIG_ESPTOOLPY_FLASHMODE=\"dio\"\n"
+                    "CONFIG_ESPTOOLPY_FLASHFREQ=\"80m\"\nCONFIG_ESPTOOLPY_FLASHSIZE=\"4MB\"\n"
+                    % (target, boot, pt_off))
+(proj / "dependencies.lock").write_text(
+    "dependencies:\n  espressif/esp-nn:\n    version: 1.1.2\n  espressif/esp-tflite-micro:\n"
+    "    version: 1.3.8\n  idf:\n    version: 5.5.3\nmanifest_hash: abc\ntarget: %s\nversion: 2.0.0\n"
+    % target)
+if tool != "pio":
+    idf_args = {"app": {"offset": "0x10000", "file": "esp_check_fw.bin"}}
+    (out / "flasher_args.json").write_text(json.dumps(idf_args))
+print("Building " + str(files["app"]))
+print("========================= [SUCCESS] Took 1.00 seconds =========================", flush=True)
+'''
+
+
+@pytest.fixture
+def fake_tools(tmp_path: Path) -> dict[str, object]:
+    """A bin dir with FAKE `pio` and `idf.py` first on PATH, and where their invocations are recorded."""
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    for name in ("pio", "idf.py"):
+        script = bindir / name
+        script.write_text(f"#!{sys.executable}\n" + FAKE_TOOL, encoding="utf-8")
+        script.chmod(0o755)
+    record = tmp_path / "tool-calls.jsonl"
+    env = dict(os.environ)
+    env["PATH"] = str(bindir) + os.pathsep + env.get("PATH", "")
+    env["FAKE_TOOL_RECORD"] = str(record)
+    env["FAKE_OFFLINE_TEXT"] = PIO_OFFLINE_TRANSCRIPT
+    return {"env": env, "record": record, "bindir": bindir}
+
+
+def _calls(fake: dict[str, object]) -> list[dict[str, object]]:
+    record = fake["record"]
+    assert isinstance(record, Path)
+    if not record.exists():
+        return []
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
+def _env(fake: dict[str, object], **extra: str) -> dict[str, str]:
+    env = dict(fake["env"])  # type: ignore[call-overload]
+    env.update(extra)
+    return env
+
+
+def _project(
+    tmp_path: Path, board: str = "esp32-devkitc", variants: tuple[str, ...] = ("optimized", "ansi")
+) -> list[Path]:
+    projects = generate_projects(
+        MODELS / "op_zoo.tflite",
+        [INPUTS / "op_zoo.npy"],
+        board,
+        out_dir=tmp_path / "proj",
+        variants=variants,
+        arena_kb=16,
+    )
+    return [p.path for p in projects]
+
+
+def test_pio_contract_artifacts_and_flasher_args(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    opt, _ = _project(tmp_path)
+    lines: list[str] = []
+    core = tmp_path / "pio-core"
+    res = b.build_project(
+        opt,
+        cache_dir=tmp_path / "cache",
+        env=_env(fake_tools),
+        platformio_core_dir=core,
+        on_output=lines.append,
+    )
+    (call,) = _calls(fake_tools)
+    assert call["tool"] == "pio"
+    assert call["argv"] == ["run", "-d", str(opt.resolve()), "-e", "esp_check"]
+    assert call["core_dir"] == str(core)
+    assert any("[SUCCESS]" in ln for ln in lines)  # output streamed to the callback
+    assert res.log_path is not None and "[SUCCESS]" in res.log_path.read_text()
+    assert not res.cache_hit and res.builder == "pio" and res.chip == "esp32"
+    # offsets: ESP32 bootloader at 0x1000 (from the resolved sdkconfig), table 0x8000, factory app 0x10000
+    assert [(a.offset, a.role) for a in res.artifacts] == [
+        (0x1000, "bootloader"),
+        (0x8000, "partition-table"),
+        (0x10000, "app"),
+    ]
+    for a in res.artifacts:
+        assert a.path.is_file() and a.path.parent == res.flasher_args.parent
+    fa = json.loads(res.flasher_args.read_text())
+    assert fa["flash_files"] == {
+        "0x1000": "bootloader.bin",
+        "0x8000": "partition-table.bin",
+        "0x10000": "app.bin",
+    }
+    assert fa["app"] == {"offset": "0x10000", "file": "app.bin", "encrypted": "false"}
+    assert fa["flash_settings"] == {"flash_mode": "dio", "flash_freq": "80m", "flash_size": "4MB"}
+    assert fa["write_flash_args"] == ["--flash-mode", "dio", "--flash-freq", "80m", "--flash-size", "4MB"]
+    assert fa["extra_esptool_args"]["chip"] == "esp32"
+    assert res.flash_files()[0] == (0x1000, res.flasher_args.parent / "bootloader.bin")
+    import hashlib
+
+    assert res.firmware_sha256 == hashlib.sha256(res.app_bin.read_bytes()).hexdigest()
+    # the resolved component versions are recorded in the manifest after the build
+    manifest = json.loads((opt / "esp-check.json").read_text())
+    assert manifest["resolved"]["components"]["espressif/esp-nn"] == "1.1.2"
+
+
+def test_offsets_come_from_resolved_config_not_constants(
+    tmp_path: Path, fake_tools: dict[str, object]
+) -> None:
+    (opt,) = _project(tmp_path, board="esp32s3-devkitc-1-n8r8", variants=("optimized",))
+    env = _env(fake_tools, FAKE_PT_OFFSET="0xc000", FAKE_APP_OFFSET="0x20000")
+    res = b.build_project(opt, use_cache=False, env=env)
+    assert [(a.offset, a.role) for a in res.artifacts] == [
+        (0x0, "bootloader"),
+        (0xC000, "partition-table"),
+        (0x20000, "app"),
+    ]
+
+
+def test_cache_hit_does_not_call_the_builder(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    opt, ansi = _project(tmp_path)
+    cache = tmp_path / "cache"
+    first = b.build_project(opt, cache_dir=cache, env=_env(fake_tools))
+    # wipe the build outputs: a hit must restore them from the cache
+    for p in (opt / ".pio", opt / "esp-check" / "build"):
+        import shutil
+
+        shutil.rmtree(p)
+    second = b.build_project(opt, cache_dir=cache, env=_env(fake_tools))
+    assert len(_calls(fake_tools)) == 1
+    assert second.cache_hit and second.cache_key == first.cache_key
+    assert second.firmware_sha256 == first.firmware_sha256 and second.app_bin.is_file()
+    assert json.loads(second.flasher_args.read_text()) == json.loads(first.flasher_args.read_text())
+    assert "builder not run" in second.log_path.read_text()  # type: ignore[union-attr]
+    # the other variant differs (sdkconfig.defaults): a miss, and a different firmware
+    other = b.build_project(ansi, cache_dir=cache, env=_env(fake_tools))
+    assert not other.cache_hit and other.cache_key != first.cache_key
+    assert other.firmware_sha256 != first.firmware_sha256
+    assert len(_calls(fake_tools)) == 2
+
+
+def test_cache_key_tracks_inputs_not_products(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    (opt,) = _project(tmp_path, variants=("optimized",))
+    manifest = json.loads((opt / "esp-check.json").read_text())
+    key = b.cache_key(opt, "pio", manifest)
+    # build products, resolved state and the manifest's "resolved" section do not change the key
+    (opt / ".pio" / "build").mkdir(parents=True)
+    (opt / ".pio" / "build" / "x.o").write_bytes(b"obj")
+    (opt / "sdkconfig.esp_check").write_text("CONFIG_X=y\n")
+    (opt / "dependencies.lock").write_text("x")
+    (opt / "esp-check" / "build").mkdir(parents=True, exist_ok=True)
+    (opt / "esp-check" / "build" / "build.log").write_text("log")
+    assert b.cache_key(opt, "pio", manifest) == key
+    # a user edit of a source file, another builder, other pinned versions: a different key
+    assert b.cache_key(opt, "idf", manifest) != key
+    other_versions = dict(manifest, versions=dict(manifest["versions"], **{"esp-nn": "1.1.3"}))
+    assert b.cache_key(opt, "pio", other_versions) != key
+    app = opt / "main" / "app_main.cc"
+    app.write_text(app.read_text() + "\n// local edit\n")
+    assert b.cache_key(opt, "pio", manifest) != key
+    (opt / "main" / "extra.c").write_text("int x;\n")
+    assert len({key, b.cache_key(opt, "pio", manifest)}) == 2
+
+
+@pytest.mark.slow
+def test_concurrent_builds_of_the_same_project_build_once(
+    tmp_path: Path, fake_tools: dict[str, object]
+) -> None:
+    (opt,) = _project(tmp_path, variants=("optimized",))
+    code = textwrap.dedent(
+        f"""
+        from harness.build import build_project
+        r = build_project({str(opt)!r}, cache_dir={str(tmp_path / "cache")!r})
+        print("HIT" if r.cache_hit else "MISS", r.firmware_sha256)
+        """
+    )
+    env = _env(fake_tools, FAKE_TOOL_SLEEP="1.5")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    results = sorted(o[0].split()[0] for o in outs)
+    assert results == ["HIT", "MISS"]
+    assert len({o[0].split()[1] for o in outs}) == 1
+    assert len(_calls(fake_tools)) == 1
+
+
+def test_builder_missing(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    (opt,) = _project(tmp_path, variants=("optimized",))
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    with pytest.raises(BuildError, match=r"PlatformIO .* not installed") as ei:
+        b.build_project(opt, use_cache=False, env=_env(fake_tools, PATH=str(empty)))
+    assert (
+        ei.value.exit_code == ExitCode.INFRASTRUCTURE
+        and ei.value.hint
+        and "pip install platformio" in ei.value.hint
+    )
+    (p4,) = _project(tmp_path / "p4", board="esp32p4", variants=("optimized",))
+    with pytest.raises(BuildError, match=r"idf\.py is not on PATH") as ei:
+        b.build_project(p4, use_cache=False, env=_env(fake_tools, PATH=str(empty)))
+    assert ei.value.hint and "export.sh" in ei.value.hint
+
+
+def test_offline_download_failure_is_recognized(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    (opt,) = _project(tmp_path, variants=("optimized",))
+    with pytest.raises(BuildError) as ei:
+        b.build_project(opt, cache_dir=tmp_path / "cache", env=_env(fake_tools, FAKE_TOOL_MODE="offline"))
+    msg = str(ei.value)
+    assert "could not download" in msg and "offline" in msg
+    assert "Installing espressif32 @ 6.13.0" in msg and "HTTPClientError" in msg  # the relevant lines
+    assert str(opt.resolve() / "esp-check" / "build" / "build.log") in msg
+    assert "PLATFORMIO_CORE_DIR" in (ei.value.hint or "")
+    # a failed build is not cached: the next attempt runs the tool again
+    with pytest.raises(BuildError):
+        b.build_project(opt, cache_dir=tmp_path / "cache", env=_env(fake_tools, FAKE_TOOL_MODE="offline"))
+    assert len(_calls(fake_tools)) == 2
+
+
+def test_compile_error_shows_the_error_lines(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    (opt,) = _project(tmp_path, variants=("optimized",))
+    with pytest.raises(BuildError) as ei:
+        b.build_project(opt, use_cache=False, env=_env(fake_tools, FAKE_TOOL_MODE="compile"))
+    msg = str(ei.value)
+    assert "did not compile" in msg and "'foo' was not declared" in msg
+    assert "fake pio starting" not in msg  # only the relevant lines, the rest is in the log
+    log = opt / "esp-check" / "build" / "build.log"
+    assert "fake pio starting" in log.read_text() and str(log.resolve()) in msg
+
+
+def test_binary_larger_than_partition(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    (opt,) = _project(tmp_path, variants=("optimized",))
+    with pytest.raises(BuildError, match="larger than its app partition 'factory'") as ei:
+        b.build_project(opt, use_cache=False, env=_env(fake_tools, FAKE_TOOL_MODE="too_big"))
+    assert "partitions.csv" in (ei.value.hint or "")
+
+
+def test_stale_resolved_sdkconfig_is_removed(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    (opt,) = _project(tmp_path, variants=("optimized",))
+    stale = opt / "sdkconfig.esp_check"
+    stale.write_text("CONFIG_NN_ANSI_C=y\n")
+    old = (opt / "sdkconfig.defaults").stat().st_mtime - 100
+    os.utime(stale, (old, old))
+    b.build_project(opt, use_cache=False, env=_env(fake_tools))
+    assert "CONFIG_NN_ANSI_C" not in stale.read_text()  # the fake wrote a fresh one after the old was deleted
+
+
+def test_idf_builder_for_p4(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    (p4,) = _project(tmp_path, board="esp32p4", variants=("ansi",))
+    res = b.build_project(p4, cache_dir=tmp_path / "cache", env=_env(fake_tools))
+    (call,) = _calls(fake_tools)
+    assert call["tool"] == "idf.py"
+    assert call["argv"] == [
+        "-C",
+        str(p4.resolve()),
+        "-B",
+        str(p4.resolve() / "build"),
+        "-DIDF_TARGET=esp32p4",
+        "build",
+    ]
+    assert [(a.offset, a.role) for a in res.artifacts] == [
+        (0x2000, "bootloader"),
+        (0x8000, "partition-table"),
+        (0x10000, "app"),
+    ]
+    with pytest.raises(UsageError, match="cannot be built with PlatformIO"):
+        b.build_project(p4, builder="pio", use_cache=False, env=_env(fake_tools))
+
+
+def test_builder_must_suit_the_board(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    (opt,) = _project(tmp_path, variants=("optimized",))
+    with pytest.raises(UsageError, match="cannot be built with builder 'sim'"):
+        b.build_project(opt, builder="sim", use_cache=False, env=_env(fake_tools))
+    (sim,) = _project(tmp_path / "s", board="sim", variants=("optimized",))
+    with pytest.raises(UsageError, match="cannot be built with builder 'pio'"):
+        b.build_project(sim, builder="pio", use_cache=False, env=_env(fake_tools))
+    with pytest.raises(Exception, match="not an esp-check project"):
+        b.build_project(tmp_path, use_cache=False)
+    assert _calls(fake_tools) == []
+
+
+def test_sim_builder_packs_a_real_esp_image_and_caches(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    from esptool.bin_image import LoadFirmwareImage
+
+    opt, ansi = _project(tmp_path, board="sim")
+    cache = tmp_path / "cache"
+    r1 = b.build_project(opt, cache_dir=cache)
+    r2 = b.build_project(ansi, cache_dir=cache)
+    assert _calls(fake_tools) == []  # no external tool for the simulated board
+    assert r1.builder == "sim" and [a.role for a in r1.artifacts] == ["bootloader", "partition-table", "app"]
+    image = LoadFirmwareImage("esp32s3", str(r1.app_bin))
+    assert image.checksum is not None and len(image.segments) >= 1
+    assert r1.firmware_sha256 != r2.firmware_sha256  # the variant is compiled into the image
+    again = b.build_project(opt, cache_dir=cache)
+    assert again.cache_hit and again.firmware_sha256 == r1.firmware_sha256
+    fa = json.loads(again.flasher_args.read_text())
+    assert fa["app"]["offset"] == "0x10000" and fa["extra_esptool_args"]["chip"] == "esp32s3"
+    # real esptool reads the @flash_args file beside flasher_args.json: merge the images with it
+    out = again.flasher_args.parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "esptool", "--chip", "esp32s3", "merge-bin", "-o", "merged.bin",
+         "@flash_args"],
+        cwd=out, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    merged = (out / "merged.bin").read_bytes()
+    assert merged[0x10000 : 0x10000 + again.app_bin.stat().st_size] == again.app_bin.read_bytes()
+    assert merged[0x8000 : 0x8000 + 0xC00] == (out / "partition-table.bin").read_bytes()
+
+
+def test_cache_is_size_bounded_lru_and_respects_locks(tmp_path: Path) -> None:
+    src = tmp_path / "blob"
+    src.write_bytes(b"x" * 1000)
+    cache = BuildCache(tmp_path / "c", max_bytes=2600)
+    keys = ["a" * 64, "b" * 64, "c" * 64, "d" * 64]
+    cache.put(keys[0], {"app.bin": src}, {"offsets": {}})
+    cache.put(keys[1], {"app.bin": src}, {"offsets": {}})
+    # make key 0 the most recently used, key 1 the least
+    os.utime(cache.entry_dir(keys[1]) / ".used", (1, 1))
+    assert cache.get(keys[0]) is not None
+    cache.put(keys[2], {"app.bin": src}, {"offsets": {}})
+    assert cache.get(keys[1]) is None and cache.get(keys[0]) is not None and cache.get(keys[2]) is not None
+    assert cache.total_bytes() <= 2600
+    # an entry whose lock is held (a build using it) is never evicted
+    os.utime(cache.entry_dir(keys[0]) / ".used", (1, 1))
+    with cache.lock(keys[0]):
+        cache.put(keys[3], {"app.bin": src}, {"offsets": {}})
+        assert cache.get(keys[0]) is not None
+    assert cache.get(keys[2]) is None  # the next least recently used went instead
+    # a truncated entry is a miss, not a corrupt hit
+    (cache.entry_dir(keys[3]) / "app.bin").write_bytes(b"short")
+    assert cache.get(keys[3]) is None
+
+
+def test_cli_build_json_and_failure(
+    tmp_path: Path,
+    fake_tools: dict[str, object],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    opt, ansi = _project(tmp_path)
+    for k, v in _env(fake_tools).items():
+        monkeypatch.setenv(k, v)
+    rc = main(["build", str(opt), str(ansi), "--cache-dir", str(tmp_path / "cache"), "--json"])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [x["cache_hit"] for x in data["builds"]] == [False, False]
+    assert data["builds"][0]["artifacts"][0] == {
+        "offset": 0x1000,
+        "path": str(opt.resolve() / "esp-check" / "build" / "bootloader.bin"),
+        "role": "bootloader",
+    }
+    monkeypatch.setenv("FAKE_TOOL_MODE", "compile")
+    rc = main(["build", str(opt), "--no-cache"])
+    assert rc == ExitCode.INFRASTRUCTURE
+    err = capsys.readouterr().err
+    assert "did not compile" in err and "build.log" in err
+
+
+def test_windows_path_limits_are_checked_before_building() -> None:
+    # ESP-IDF as PlatformIO installs it fails under spaces, non-ASCII or long paths on Windows.
+    b.check_build_paths(Path("C:/esp/fw/optimized"), Path("C:/pio"), platform="win32")
+    with pytest.raises(BuildError, match="contains a space") as ei:
+        b.check_build_paths(Path("C:/Users/Ann Lee/fw"), None, platform="win32")
+    assert "--out" in (ei.value.hint or "")
+    with pytest.raises(BuildError, match=r"PLATFORMIO_CORE_DIR .* non-ASCII") as ei:
+        b.check_build_paths(Path("C:/esp/fw"), Path("C:/Users/Jürgen/.platformio"), platform="win32")
+    assert "--platformio-core-dir" in (ei.value.hint or "")
+    with pytest.raises(BuildError, match="characters long"):
+        b.check_build_paths(Path("C:/" + "x" * 100), None, platform="win32")
+    b.check_build_paths(Path("/home/Jürgen Ö/fw"), None, platform="linux")  # fine elsewhere
+
+
+def test_spaces_and_non_ascii_in_project_path(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    out = tmp_path / "mön dir with spaces"
+    projects = generate_projects(
+        MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"], "esp32-devkitc", out_dir=out, arena_kb=16,
+        variants=("optimized",),
+    )  # fmt: skip
+    res = b.build_project(projects[0].path, use_cache=False, env=_env(fake_tools))
+    (call,) = _calls(fake_tools)
+    assert call["argv"][2] == str(projects[0].path.resolve())  # one argument, not split at spaces
+    assert res.app_bin.is_file()
+    manifest = json.loads(projects[0].manifest_path.read_text(encoding="utf-8"))
+    assert all("\\" not in f and not f.startswith("/") for f in manifest["files"])  # relative POSIX paths

@@ -1,0 +1,155 @@
+"""End-to-end ``flash-and-compare`` on the simulated board.
+
+What is real here: the generated projects, the sim builder's ESP app image, esptool 5 (its Python API)
+flashing over a pyserial port, the console capture, the protocol parser, the TFLM host reference and
+the comparison. What is faked: the board itself (``sim://``, harness/sim), the outermost edge.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.errors import ExitCode
+from harness.flow import StageTimeouts, flash_and_compare, sim_port_for
+
+pytest.importorskip("tflite_micro")
+
+MODEL = "cnn_classifier_11.tflite"
+INPUT = "inputs/cnn_classifier_11__ambiguous.png"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("build-cache")
+
+
+def run(models_dir: Path, tmp_path: Path, cache_dir: Path, port: str | None, board: str = "sim"):
+    return flash_and_compare(
+        models_dir / MODEL,
+        [models_dir / INPUT],
+        board=board,
+        port=port,
+        out_dir=tmp_path / "out",
+        cache_dir=cache_dir,
+        timeouts=StageTimeouts(capture_total=30, capture_silence=3),
+    )
+
+
+def report(result) -> dict:
+    return json.loads(result.report_path.read_text())
+
+
+@pytest.mark.parametrize("board", ["sim", "sim-usbjtag"])
+def test_clean_run_matches_on_both_reset_styles(models_dir: Path, tmp_path: Path, cache_dir: Path, board: str):
+    result = run(models_dir, tmp_path, cache_dir, None, board=board)
+    doc = report(result)
+    assert result.exit_code == ExitCode.MATCH, doc
+    assert doc["verdict"] == "match" and doc["simulated"] is True
+    assert doc["variants"]["optimized"]["nn_mode"] == "optimized"
+    assert doc["variants"]["ansi"]["nn_mode"] == "ansi_c"
+    # the two firmwares differ (the ESP-NN setting reached the build) and both were captured
+    assert doc["variants"]["optimized"]["firmware_sha256"] != doc["variants"]["ansi"]["firmware_sha256"]
+    pairs = {(c["a"], c["b"]) for c in doc["comparison"]["comparisons"]}
+    assert pairs == {("optimized", "ansi"), ("optimized", "reference"), ("ansi", "reference")}
+    for v in ("optimized", "ansi"):
+        log = Path(doc["variants"][v]["serial_log"])
+        assert b"@EC1 " in log.read_bytes()
+
+
+def test_second_run_flashes_nothing_and_hits_build_cache(models_dir: Path, tmp_path: Path, cache_dir: Path):
+    port = sim_port_for("esp32s3", "classic", "sim://reflash-test")
+    first = run(models_dir, tmp_path / "1", cache_dir, port)
+    second = run(models_dir, tmp_path / "2", cache_dir, port)
+    assert first.exit_code == second.exit_code == ExitCode.MATCH
+    # the board keeps its flash between runs: the second optimized flash finds the image in place
+    # for the bootloader/partition table; the app differs between variants so it is rewritten.
+    for v in ("optimized", "ansi"):
+        assert second.variants[v].build_cache_hit is True
+    written = [r["bytes_written"] for r in second.variants["optimized"].flash["regions"]]
+    assert written[0] == 0 and written[1] == 0
+
+
+# fault -> exit code the run must end with. None of these may ever be a match.
+FAULTS = [
+    ("fault=corrupt&variant_fault=optimized", ExitCode.MISMATCH),
+    ("fault=pinned&variant_fault=optimized", ExitCode.MISMATCH),
+    ("fault=panic&variant_fault=optimized", ExitCode.FIRMWARE_FAULT),
+    ("fault=abort&variant_fault=ansi", ExitCode.FIRMWARE_FAULT),
+    ("fault=alloc&variant_fault=optimized", ExitCode.FIRMWARE_FAULT),
+    # silence with no watchdog evidence cannot be told from a dead link: infrastructure, never a match
+    ("fault=hang&variant_fault=optimized", ExitCode.INFRASTRUCTURE),
+    ("fault=bootloop&variant_fault=optimized", ExitCode.FIRMWARE_FAULT),
+    ("fault=brownout&variant_fault=optimized", ExitCode.INFRASTRUCTURE),
+    ("fault=truncate&variant_fault=optimized", ExitCode.INFRASTRUCTURE),
+    ("fault=disconnect&variant_fault=optimized", ExitCode.INFRASTRUCTURE),
+    ("fault=noise&noise=0.002", ExitCode.INFRASTRUCTURE),
+]
+
+
+@pytest.mark.parametrize(("query", "expected"), FAULTS, ids=[q.split("&")[0] for q, _ in FAULTS])
+def test_fault_maps_to_exit_code_never_match(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, query: str, expected: ExitCode
+):
+    result = run(models_dir, tmp_path, cache_dir, f"sim://?{query}")
+    doc = report(result)
+    assert result.exit_code == expected, json.dumps(doc["stages"], indent=1)
+    assert doc["verdict"] != "match"
+    assert (tmp_path / "out" / "report.json").exists()
+    # nothing lost: every variant that reached the capture stage has its raw serial log on disk
+    for v in ("optimized", "ansi"):
+        log = doc["variants"][v]["serial_log"]
+        if log:
+            assert Path(log).exists()
+
+
+def test_benign_faults_still_match(models_dir: Path, tmp_path: Path, cache_dir: Path):
+    """A failing first SYNC is retried by esptool's connect loop; a watchdog splice is repaired."""
+    result = run(models_dir, tmp_path, cache_dir, "sim://?fault=sync_fail,wdt")
+    assert result.exit_code == ExitCode.MATCH, report(result)["stages"]
+
+
+def test_corrupt_names_the_output_and_lsb(models_dir: Path, tmp_path: Path, cache_dir: Path):
+    result = run(models_dir, tmp_path, cache_dir, "sim://?fault=corrupt&variant_fault=optimized&corrupt_lsb=5")
+    comps = {(c.a, c.b): c for c in result.comparison.comparisons}
+    assert not comps[("optimized", "ansi")].match
+    assert comps[("optimized", "ansi")].max_diff_lsb >= 1
+    assert comps[("ansi", "reference")].match  # the ANSI build agrees with the host reference
+
+
+def test_cli_main_job_writes_junit(models_dir: Path, tmp_path: Path, cache_dir: Path):
+    junit = tmp_path / "r.xml"
+    code = main(
+        [
+            "flash-and-compare",
+            str(models_dir / MODEL),
+            "--input",
+            str(models_dir / INPUT),
+            "--board",
+            "sim",
+            "--out",
+            str(tmp_path / "o"),
+            "--cache-dir",
+            str(cache_dir),
+            "--junit",
+            str(junit),
+        ]
+    )
+    assert code == 0
+    text = junit.read_text()
+    assert "<testsuite" in text and "failures=\"0\"" in text
+
+
+def test_cli_without_input_is_usage_error(models_dir: Path, tmp_path: Path):
+    assert main(["flash-and-compare", str(models_dir / MODEL), "--out", str(tmp_path)]) == ExitCode.USAGE
+
+
+def test_sim_port_for_keeps_user_parameters():
+    url = sim_port_for("esp32", "classic", "sim://bench1?fault=panic")
+    assert url.startswith("sim://bench1?fault=panic")
+    assert "chip=esp32" in url and "reset=classic" in url
+    fresh = sim_port_for("esp32s3", "usb_serial_jtag", None)
+    assert "reset=usb_jtag" in fresh and fresh != sim_port_for("esp32s3", "usb_serial_jtag", None)

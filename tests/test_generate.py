@@ -1,0 +1,536 @@
+"""Rendering the firmware projects: every board x variant x fixture model, checked with the ecosystem's own
+parsers (PlatformIO's ProjectConfig, YAML, CSV) and against the sdkconfig allow-list.
+
+No ESP-IDF here, so the C++ is not compiled against IDF/TFLM; the parts that need neither (model and input
+arrays, the protocol emitter copy) are compiled with the host compiler in test_generate_compile.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import filecmp
+import json
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+
+from harness import generate as gen
+from harness.boards import list_boards, load_board
+from harness.cli import main
+from harness.errors import ExitCode, GenerateError
+from harness.inputs import load_input
+from harness.model import load_model
+from harness.opdata import resolver_methods
+from harness.resources import data_dir, templates_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+MODELS = Path(__file__).parent / "data" / "models"
+INPUTS = MODELS / "inputs"
+# Arena sizes for the matrix (host TFLM arena from tests/data/models/README.md plus headroom), so the
+# matrix does not run the TFLM arena probe 40 times. The estimator itself is exercised below.
+FIXTURES = {
+    "cnn_classifier_11": 50,
+    "op_zoo": 16,
+    "unet_mbv2_035_48": 220,
+    "unet_mbv2_035_64": 350,
+    "unet_mbv2_035_128": 1300,
+}
+BOARDS = [b.name for b in list_boards()]
+ALLOW = tomllib.loads((data_dir() / "sdkconfig_allowlist.toml").read_text(encoding="utf-8"))
+
+
+def _input(model: str) -> Path:
+    png = INPUTS / f"{model}.png"
+    return png if png.exists() else INPUTS / f"{model}.npy"
+
+
+def _sdkconfig_lines(path: Path) -> dict[str, str | None]:
+    """Symbols of an sdkconfig.defaults: value, or None for '# CONFIG_X is not set'."""
+    out: dict[str, str | None] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^# (CONFIG_[A-Z0-9_]+) is not set$", line)
+        if m:
+            out[m.group(1)] = None
+            continue
+        if not line.strip() or line.startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        assert re.match(r"^CONFIG_[A-Z0-9_]+$", key), f"malformed line {line!r} in {path}"
+        assert value, f"empty value in {line!r}"
+        assert key not in out, f"{key} set twice in {path}"
+        out[key] = value
+    return out
+
+
+def _hex_bytes(text: str, start: str) -> bytes:
+    """Bytes of the C initializer that follows ``start`` in ``text``."""
+    body = text[text.index(start) :]
+    body = body[body.index("{") + 1 : body.index("};")]
+    return bytes(int(tok, 16) for tok in re.findall(r"0x[0-9a-f]{2}", body))
+
+
+def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
+    board = p.board
+    root = p.path
+    manifest = json.loads((root / "esp-check.json").read_text(encoding="utf-8"))
+    assert manifest["variant"] == p.variant and manifest["board"] == board.name
+    assert manifest["chip"] == board.chip
+
+    # --- sdkconfig.defaults against the allow-list
+    sdk = _sdkconfig_lines(root / "sdkconfig.defaults")
+    for key in sdk:
+        assert key in ALLOW["symbols"], f"{key} is not in the allow-list ({board.name})"
+        assert key not in ALLOW["forbidden"], key
+        chips = ALLOW["symbols"][key].get("chips")
+        if chips is not None:
+            assert board.chip in chips, f"{key} does not exist for {board.chip}"
+    wanted, other = ("CONFIG_NN_OPTIMIZED", "CONFIG_NN_ANSI_C")[:: 1 if p.variant == "optimized" else -1]
+    assert sdk[wanted] == "y" and other not in sdk
+    assert sdk["CONFIG_IDF_TARGET"] == f'"{board.chip}"'
+    assert sdk[f"CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_{board.cpu_mhz}"] == "y"
+    assert sdk[f"CONFIG_ESPTOOLPY_FLASHSIZE_{board.flash_size}"] == "y"
+    assert [k for k in sdk if k.startswith("CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_")] == [
+        f"CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_{board.cpu_mhz}"
+    ]
+    assert sdk["CONFIG_ESP_TASK_WDT_INIT"] == "y" and int(sdk["CONFIG_ESP_TASK_WDT_TIMEOUT_S"] or 0) >= 10
+    assert sdk["CONFIG_ESP_TASK_WDT_CHECK_IDLE_TASK_CPU0"] is None  # Invoke runs on CPU0
+    assert int(sdk["CONFIG_ESP_MAIN_TASK_STACK_SIZE"] or 0) >= 8192
+    assert (sdk.get("CONFIG_SPIRAM") == "y") == board.has_psram
+    mode = {
+        "octal": "CONFIG_SPIRAM_MODE_OCT",
+        "quad": "CONFIG_SPIRAM_MODE_QUAD",
+        "hex": "CONFIG_SPIRAM_MODE_HEX",
+    }
+    if board.has_psram:
+        assert sdk[mode[board.psram]] == "y"
+    if board.console == "uart":
+        assert sdk["CONFIG_ESP_CONSOLE_UART_BAUDRATE"] == str(board.monitor_baud)
+    else:
+        assert sdk["CONFIG_ESP_CONSOLE_USB_SERIAL_JTAG"] == "y"
+    for key, value in board.sdkconfig.items():
+        assert sdk[key] == value
+
+    # --- platformio.ini, read by PlatformIO itself (no network)
+    if board.pio_board:
+        from platformio import fs
+        from platformio.project.config import ProjectConfig
+
+        cfg = ProjectConfig(str(root / "platformio.ini"))
+        assert cfg.validate(["esp_check"], silent=True)
+        with fs.cd(
+            str(root)
+        ):  # PlatformIO resolves directories relative to the project, as `pio run -d` does
+            assert Path(cfg.get("platformio", "src_dir")) == (root / "main").resolve()
+        env = "env:esp_check"
+        assert cfg.get(env, "platform") == "espressif32 @ 6.13.0"
+        assert cfg.get(env, "framework") == ["espidf"]
+        assert cfg.get(env, "board") == board.pio_board
+        assert cfg.get(env, "monitor_speed") == board.monitor_baud
+        assert cfg.get(env, "upload_speed") == board.flash_baud
+        assert cfg.get(env, "board_build.partitions") == "partitions.csv"
+    else:
+        assert not (root / "platformio.ini").exists()
+
+    # --- idf_component.yml: pinned exactly
+    comp = yaml.safe_load((root / "main" / "idf_component.yml").read_text(encoding="utf-8"))
+    deps = comp["dependencies"]
+    assert deps["espressif/esp-tflite-micro"]["version"] == "==1.3.8"
+    assert deps["espressif/esp-nn"]["version"] == "==1.1.2"
+
+    # --- partitions.csv: parsed as CSV; app partition fits the model and the flash
+    rows = [
+        [c.strip() for c in r]
+        for r in csv.reader((root / "partitions.csv").read_text(encoding="utf-8").splitlines())
+        if r and not r[0].startswith("#")
+    ]
+    parts = {r[0]: (r[1], r[2], int(r[3], 0), int(r[4], 0)) for r in rows}
+    assert parts["factory"][:2] == ("app", "factory") and parts["factory"][2] == 0x10000
+    model_bytes = (MODELS / f"{model_name}.tflite").stat().st_size
+    assert parts["factory"][3] >= model_bytes + 1024 * 1024
+    end = 0x8000 + 0xC00  # partition table
+    for _, (_, _, off, size) in sorted(parts.items(), key=lambda kv: kv[1][2]):
+        assert off >= end and off % 0x1000 == 0
+        end = off + size
+    assert end <= board.flash_bytes
+
+    # --- CMake: the sources the component lists exist
+    cm = (root / "main" / "CMakeLists.txt").read_text(encoding="utf-8")
+    for src in re.findall(r'"([A-Za-z_]+\.(?:c|cc))"', cm):
+        assert (root / "main" / src).is_file(), src
+    assert "include($ENV{IDF_PATH}/tools/cmake/project.cmake)" in (root / "CMakeLists.txt").read_text()
+
+    # --- the app: resolver, arena, embedded data
+    app = (root / "main" / "app_main.cc").read_text(encoding="utf-8")
+    rendered = re.findall(r"resolver\.(Add\w+)\(\)", app)
+    info = load_model(MODELS / f"{model_name}.tflite")
+    assert rendered == list(resolver_methods(info))
+    assert "MicroMutableOpResolver<kNumOps>" in app and f"kNumOps = {len(rendered)};" in app
+    assert f"kArenaBytes = {p.arena_bytes};" in app
+    assert ("kArenaInPsram = true" in app) == (p.arena_mem == "psram")
+    model_c = (root / "main" / "model_data.cc").read_text(encoding="utf-8")
+    assert "alignas(16) const unsigned char g_esp_check_model[]" in model_c
+    assert _hex_bytes(model_c, "g_esp_check_model[]") == (MODELS / f"{model_name}.tflite").read_bytes()
+    assert (root / "esp-check" / "model.tflite").read_bytes() == (
+        MODELS / f"{model_name}.tflite"
+    ).read_bytes()
+    # the emitter is a verbatim copy
+    for name in ("esp_check_proto.c", "esp_check_proto.h"):
+        assert filecmp.cmp(root / "main" / name, templates_dir() / "common" / name, shallow=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_name", list(FIXTURES))
+def test_every_board_and_variant_renders(model_name: str, tmp_path: Path) -> None:
+    generated = 0
+    for board_name in BOARDS:
+        board = load_board(board_name)
+        try:
+            projects = gen.generate_projects(
+                MODELS / f"{model_name}.tflite",
+                [_input(model_name)],
+                board,
+                out_dir=tmp_path / board_name,
+                arena_kb=FIXTURES[model_name],
+            )
+        except GenerateError as exc:
+            # only ever because the arena fits nowhere on this board, and it must say so
+            assert "tensor arena" in str(exc) and board.name in str(exc)
+            assert FIXTURES[model_name] > board.internal_ram_arena_kb
+            continue
+        assert [p.variant for p in projects] == ["optimized", "ansi"]
+        for p in projects:
+            _check_project(p, model_name)
+        generated += 1
+    assert generated >= 4  # PSRAM boards take even the 128x128 U-Net
+
+
+@pytest.mark.parametrize(
+    ("model_name", "board_name", "expected"),
+    [
+        ("unet_mbv2_035_128", "esp32-devkitc", None),
+        ("unet_mbv2_035_128", "esp32s3-devkitc-1-n8", None),
+        ("unet_mbv2_035_128", "esp32s3-devkitc-1-n8r2", "psram"),
+        ("unet_mbv2_035_128", "esp32s3-devkitc-1-n8r8", "psram"),
+        ("unet_mbv2_035_48", "esp32c3-devkitm-1", None),
+        ("unet_mbv2_035_48", "esp32s3-devkitc-1-n8", "internal"),
+        ("cnn_classifier_11", "esp32-devkitc", "internal"),
+    ],
+)
+def test_arena_placement(model_name: str, board_name: str, expected: str | None) -> None:
+    board = load_board(board_name)
+    arena = FIXTURES[model_name] * 1024
+    if expected is None:
+        with pytest.raises(GenerateError, match="tensor arena needs") as ei:
+            gen.place_arena(arena, board)
+        assert ei.value.hint and "PSRAM" in ei.value.hint
+    else:
+        assert gen.place_arena(arena, board) == expected
+
+
+def test_variants_differ_only_in_nn_setting_and_manifest(tmp_path: Path) -> None:
+    opt, ansi = gen.generate_projects(
+        MODELS / "op_zoo.tflite",
+        [INPUTS / "op_zoo.npy"],
+        "esp32s3-devkitc-1-n8r8",
+        out_dir=tmp_path,
+        arena_kb=16,
+    )
+    cmp = filecmp.dircmp(opt.path, ansi.path)
+    differing: list[str] = []
+
+    def walk(d: filecmp.dircmp[str], prefix: str = "") -> None:
+        assert not d.left_only and not d.right_only
+        differing.extend(prefix + f for f in d.diff_files)
+        for name, sub in d.subdirs.items():
+            walk(sub, prefix + name + "/")
+
+    walk(cmp)
+    assert sorted(differing) == ["esp-check.json", "sdkconfig.defaults"]
+    a = (opt.path / "sdkconfig.defaults").read_text().splitlines()
+    b = (ansi.path / "sdkconfig.defaults").read_text().splitlines()
+    changed = [(x, y) for x, y in zip(a, b, strict=True) if x != y]
+    assert len(a) == len(b) and changed == [("CONFIG_NN_OPTIMIZED=y", "CONFIG_NN_ANSI_C=y")]
+    ma = json.loads((opt.path / "esp-check.json").read_text())
+    mb = json.loads((ansi.path / "esp-check.json").read_text())
+    keys = {k for k in ma if ma[k] != mb[k]}
+    assert keys == {"variant", "nn_config", "nn_expected", "files"}
+
+
+def test_resolver_matches_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for model_name in ("op_zoo", "cnn_classifier_11", "unet_mbv2_035_48"):
+        assert main(["inspect", str(MODELS / f"{model_name}.tflite"), "--json", "--no-arena"]) == 0
+        inspected = json.loads(capsys.readouterr().out)["resolver"]["methods"]
+        (p,) = gen.generate_projects(
+            MODELS / f"{model_name}.tflite",
+            [_input(model_name)],
+            "sim",
+            out_dir=tmp_path / model_name,
+            variants=("ansi",),
+            arena_kb=FIXTURES[model_name],
+        )
+        app = (p.path / "main" / "app_main.cc").read_text()
+        assert re.findall(r"resolver\.(Add\w+)\(\)", app) == inspected
+        assert len(set(inspected)) == len(inspected)  # each op registered once
+        assert json.loads(p.manifest_path.read_text())["resolver"] == inspected
+
+
+def test_rendering_is_deterministic(tmp_path: Path) -> None:
+    args = (MODELS / "cnn_classifier_11.tflite", [INPUTS / "cnn_classifier_11.png"], "esp32c3-devkitm-1")
+    (a,) = gen.generate_projects(*args, out_dir=tmp_path / "one", variants=("optimized",), arena_kb=50)
+    (b,) = gen.generate_projects(
+        *args, out_dir=tmp_path / "two" / "deeper", variants=("optimized",), arena_kb=50
+    )
+    assert a.files == b.files
+    for rel in (*a.files, "esp-check.json"):
+        assert (a.path / rel).read_bytes() == (b.path / rel).read_bytes(), rel
+
+
+def test_k_inputs_embedded_in_order(tmp_path: Path) -> None:
+    model = MODELS / "cnn_classifier_11.tflite"
+    inputs = [
+        INPUTS / "cnn_classifier_11.png",
+        INPUTS / "cnn_classifier_11__ambiguous.npy",
+        INPUTS / "cnn_classifier_11.q.npy",
+    ]
+    (p,) = gen.generate_projects(model, inputs, "sim", out_dir=tmp_path, variants=("optimized",), arena_kb=50)
+    text = (p.path / "main" / "inputs_data.cc").read_text()
+    header = (p.path / "main" / "model_data.h").read_text()
+    assert "kEspCheckNumInputs = 3;" in header
+    manifest = json.loads(p.manifest_path.read_text())
+    tensor = load_model(model).inputs[0]
+    for k, path in enumerate(inputs):
+        expected = load_input(path, tensor).quantized.tobytes()
+        embedded = _hex_bytes(text, f"k_input_{k}[]")
+        assert embedded == expected
+        assert (p.path / "esp-check" / f"input_{k}.bin").read_bytes() == expected
+        assert manifest["inputs"][k]["sha256"] == load_input(path, tensor).sha256
+        assert manifest["inputs"][k]["source_name"] == path.name
+    assert "k_input_0,\n    k_input_1,\n    k_input_2," in text
+
+
+HOSTILE = [
+    '"; system("reboot"); //',
+    "*/ #include <evil.h> /*",
+    "line\nbreak\r\n#define X",
+    "??/ trigraph \\",
+    "ünïcødé name",
+    "",
+    "x" * 500,
+    "@EC1 0 BEGIN *DEADBEEF",
+]
+
+
+def test_hostile_names_are_sanitized(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.model as model_mod
+
+    real = model_mod.load_model
+
+    def hostile_model(path: str | Path) -> model_mod.ModelInfo:
+        info = real(path)
+        outs = tuple(replace(t, name=HOSTILE[k % len(HOSTILE)]) for k, t in enumerate(info.outputs))
+        ins = tuple(replace(t, name=HOSTILE[1]) for t in info.inputs)
+        return replace(info, outputs=outs, inputs=ins)
+
+    monkeypatch.setattr(model_mod, "load_model", hostile_model)
+    # file names reach C comments too: quotes, '*', backslash and a newline are legal in POSIX file names
+    model = tmp_path / 'm*"\n\\.tflite'
+    model.write_bytes((MODELS / "op_zoo.tflite").read_bytes())
+    inp = tmp_path / 'in *\\ "x".npy'
+    inp.write_bytes((INPUTS / "op_zoo.npy").read_bytes())
+    (p,) = gen.generate_projects(
+        model, [inp], "sim", out_dir=tmp_path / "out", variants=("ansi",), arena_kb=16
+    )
+    app = (p.path / "main" / "app_main.cc").read_text()
+    names_block = app[app.index("kOutputNames[kNumOutputs] = {") : app.index("};", app.index("kOutputNames"))]
+    literals = re.findall(r'"([^"]*)"', names_block)
+    assert len(literals) == 2
+    for lit in literals:
+        assert re.fullmatch(r"[A-Za-z0-9_.:/-]{1,64}", lit), lit
+    assert literals[1] == "*/ #include <evil.h> /*".replace("*", "_").replace(" ", "_").replace(
+        "#", "_"
+    ).replace("<", "_").replace(">", "_")
+    for rel in p.files:
+        if rel.endswith((".cc", ".h", ".txt", ".ini", ".csv", ".yml", "defaults")) and "proto" not in rel:
+            text = (p.path / rel).read_text()
+            for bad in ("system(", "#include <evil", "*/ #", '"x"', "??/", "\\\n"):
+                assert bad not in text, (rel, bad)
+            # a comment line can never be closed early or broken
+            for line in text.splitlines():
+                if line.lstrip().startswith("//"):
+                    assert "*/" not in line
+    manifest = json.loads(p.manifest_path.read_text())
+    assert all(re.fullmatch(r"[A-Za-z0-9_.:/-]+", o["name"]) for o in manifest["outputs"])
+
+
+def test_c_str_sanitizer() -> None:
+    assert gen.c_str("conv2d/BiasAdd:0") == "conv2d/BiasAdd:0"
+    assert gen.c_str("") == "-"
+    assert gen.c_str('a"b\\c*d?e\n') == "a_b_c_d_e_"
+    assert len(gen.c_str("y" * 1000)) == 64
+
+
+def test_strict_undefined_in_templates() -> None:
+    env = gen._environment()
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ not_defined }}").render()
+    # every template renders only with a complete context: drop one key and rendering must fail
+    tmpl = env.get_template("main/app_main.cc.j2")
+    with pytest.raises(jinja2.UndefinedError):
+        tmpl.render({"banner": "x"})
+
+
+def test_version_overrides_and_validation(tmp_path: Path) -> None:
+    (p,) = gen.generate_projects(
+        MODELS / "op_zoo.tflite",
+        [INPUTS / "op_zoo.npy"],
+        "esp32-devkitc",
+        out_dir=tmp_path,
+        variants=("optimized",),
+        arena_kb=16,
+        tflm_version="1.3.9",
+        espnn_version="1.1.3",
+        platform_version="6.12.0",
+    )
+    comp = yaml.safe_load((p.path / "main" / "idf_component.yml").read_text())
+    assert comp["dependencies"]["espressif/esp-tflite-micro"]["version"] == "==1.3.9"
+    assert comp["dependencies"]["espressif/esp-nn"]["version"] == "==1.1.3"
+    assert "platform = espressif32 @ 6.12.0" in (p.path / "platformio.ini").read_text()
+    manifest = json.loads(p.manifest_path.read_text())
+    assert manifest["versions"]["esp-tflite-micro"] == "1.3.9"
+    with pytest.raises(GenerateError, match="not a valid version"):
+        gen.generate_projects(
+            MODELS / "op_zoo.tflite",
+            [INPUTS / "op_zoo.npy"],
+            "sim",
+            out_dir=tmp_path / "x",
+            arena_kb=16,
+            tflm_version='1.0"\n  evil/x: "1',
+        )
+
+
+def test_regenerate_keeps_mtimes_and_drops_stale_resolved_config(tmp_path: Path) -> None:
+    args = (MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"])
+    (p,) = gen.generate_projects(
+        *args, "esp32s3-devkitc-1-n8r8", out_dir=tmp_path, variants=("optimized",), arena_kb=16
+    )
+    resolved = p.path / "sdkconfig.esp_check"
+    resolved.write_text("CONFIG_NN_OPTIMIZED=y\n")
+    app_mtime = (p.path / "main" / "app_main.cc").stat().st_mtime_ns
+    gen.generate_projects(
+        *args, "esp32s3-devkitc-1-n8r8", out_dir=tmp_path, variants=("optimized",), arena_kb=16
+    )
+    assert resolved.exists()  # nothing changed: keep PlatformIO's resolved config
+    assert (p.path / "main" / "app_main.cc").stat().st_mtime_ns == app_mtime
+    gen.generate_projects(
+        *args, "esp32s3-devkitc-1-n8", out_dir=tmp_path, variants=("optimized",), arena_kb=16
+    )
+    assert not resolved.exists()  # sdkconfig.defaults changed: the stale resolved config must go
+    assert "CONFIG_SPIRAM" not in (p.path / "sdkconfig.defaults").read_text()
+
+
+def test_p4_project_has_no_platformio_ini_and_stale_file_removed(tmp_path: Path) -> None:
+    args = (MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"])
+    gen.generate_projects(*args, "esp32s3-devkitc-1-n8", out_dir=tmp_path, variants=("ansi",), arena_kb=16)
+    assert (tmp_path / "ansi" / "platformio.ini").exists()
+    (p,) = gen.generate_projects(*args, "esp32p4", out_dir=tmp_path, variants=("ansi",), arena_kb=16)
+    assert not (p.path / "platformio.ini").exists()
+    sdk = _sdkconfig_lines(p.path / "sdkconfig.defaults")
+    assert sdk["CONFIG_ESP32P4_SELECTS_REV_LESS_V3"] == "y" and sdk["CONFIG_SPIRAM_MODE_HEX"] == "y"
+
+
+def test_usage_errors(tmp_path: Path) -> None:
+    m, i = MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"]
+    with pytest.raises(GenerateError, match="unknown variant"):
+        gen.generate_projects(m, i, "sim", out_dir=tmp_path, variants=("fast",), arena_kb=16)
+    with pytest.raises(GenerateError, match="at least one --input"):
+        gen.generate_projects(m, [], "sim", out_dir=tmp_path, arena_kb=16)
+    with pytest.raises(GenerateError, match="tensor arena needs"):
+        gen.generate_projects(m, i, "esp32-devkitc", out_dir=tmp_path, arena_kb=4096)
+    assert not (tmp_path / "optimized").exists()  # nothing written before the checks pass
+
+
+def test_arena_from_estimator(tmp_path: Path) -> None:
+    (p,) = gen.generate_projects(
+        MODELS / "op_zoo.tflite",
+        [INPUTS / "op_zoo.npy"],
+        "esp32-devkitc",
+        out_dir=tmp_path,
+        variants=("ansi",),
+    )
+    manifest = json.loads(p.manifest_path.read_text())
+    assert manifest["arena_source"].startswith("estimate")
+    # the arena is at least what the host TFLM needed for this model (README: 12,640 B) and KB-rounded
+    assert p.arena_bytes >= 12640 and p.arena_bytes % 1024 == 0
+    assert manifest["arena_estimate_bytes"] <= p.arena_bytes
+
+
+def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        [
+            "generate", str(MODELS / "cnn_classifier_11.tflite"),
+            "--input", str(INPUTS / "cnn_classifier_11.png"),
+            "--input", str(INPUTS / "cnn_classifier_11__ambiguous.png"),
+            "--board", "esp32s3-devkitc-1-n8r2", "--out", str(tmp_path), "--arena-kb", "64", "--json",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [p["variant"] for p in data["projects"]] == ["optimized", "ansi"]
+    assert (tmp_path / "ansi" / "esp-check" / "input_1.bin").exists()
+    rc = main(
+        ["generate", str(MODELS / "unet_mbv2_035_128.tflite"),
+         "--input", str(INPUTS / "unet_mbv2_035_128.png"),
+         "--board", "esp32-devkitc", "--out", str(tmp_path / "big"), "--arena-kb", "1300"]
+    )  # fmt: skip
+    assert rc == ExitCode.USAGE
+    assert "tensor arena" in capsys.readouterr().err
+
+
+def test_board_sdkconfig_outside_allowlist_is_refused(tmp_path: Path) -> None:
+    text = (Path(load_board("esp32-devkitc").source or "")).read_text()
+    typo = tmp_path / "typo-board.toml"
+    typo.write_text(
+        text.replace('name = "esp32-devkitc"', 'name = "typo-board"')
+        + '\n[sdkconfig]\nCONFIG_NN_ANSIC = "y"\n'
+    )
+    with pytest.raises(GenerateError, match="CONFIG_NN_ANSIC is not in the sdkconfig allow-list"):
+        gen.generate_projects(
+            MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"], typo, out_dir=tmp_path, arena_kb=16
+        )
+    skip = tmp_path / "skip-board.toml"
+    skip.write_text(
+        text.replace('name = "esp32-devkitc"', 'name = "skip-board"')
+        + '\n[sdkconfig]\nCONFIG_NN_SKIP_NUDGE = "y"\n'
+    )
+    with pytest.raises(GenerateError, match="must never be set"):
+        gen.generate_projects(
+            MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"], skip, out_dir=tmp_path, arena_kb=16
+        )
+    wrong_chip = tmp_path / "c3-board.toml"
+    c3 = (Path(load_board("esp32c3-devkitm-1").source or "")).read_text()
+    wrong_chip.write_text(
+        c3.replace('name = "esp32c3-devkitm-1"', 'name = "c3-board"')
+        + '\n[sdkconfig]\nCONFIG_ESP_TASK_WDT_CHECK_IDLE_TASK_CPU1 = "y"\n'
+    )
+    with pytest.raises(GenerateError, match="does not exist for esp32c3"):
+        gen.generate_projects(
+            MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"], wrong_chip, out_dir=tmp_path, arena_kb=16
+        )
+    assert not (tmp_path / "optimized").exists()
+
+
+def test_allowlist_entries_are_documented() -> None:
+    assert ALLOW["idf_version"] == gen.DEFAULT_VERSIONS["idf"]
+    for key, entry in ALLOW["symbols"].items():
+        assert re.fullmatch(r"CONFIG_[A-Z0-9_]+", key)
+        assert entry["checked_against"] and entry["kconfig"], key
+    assert "CONFIG_NN_SKIP_NUDGE" in ALLOW["forbidden"]

@@ -1,0 +1,220 @@
+"""Host-compiler checks of the generated C/C++ (no ESP-IDF or TFLM here).
+
+- model_data.cc / inputs_data.cc need neither: they are compiled for real with -Werror, linked into a small
+  host program and *run*, which checks the embedded bytes, their 16-byte alignment and the input table.
+- esp_check_proto.c (copied into main/) is compiled with -std=c99 -Werror.
+- app_main.cc needs ESP-IDF and TFLM headers, which are not installed here. It is checked with
+  `g++ -fsyntax-only` against STUB headers written in this file from the documented ESP-IDF 5.x / TFLM
+  APIs (declarations only): this catches template typos and misuse of the declared signatures, not
+  differences from the real headers -- a real `pio run` is still the final word.
+"""
+
+# ruff: noqa: E501  (C declarations in the stub headers below read better unwrapped)
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.generate import generate_projects
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+MODELS = Path(__file__).parent / "data" / "models"
+INPUTS = MODELS / "inputs"
+CXX = shutil.which("g++") or shutil.which("c++")
+CC = shutil.which("gcc") or shutil.which("cc")
+
+pytestmark = [
+    pytest.mark.needs_cc,
+    pytest.mark.skipif(CXX is None or CC is None, reason="no host C/C++ compiler (gcc/g++) on PATH"),
+]
+
+CHECK_MAIN = r"""
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
+#include "model_data.h"
+
+static long file_size(const char* path, unsigned char** out) {
+    FILE* f = std::fopen(path, "rb");
+    if (!f) return -1;
+    std::fseek(f, 0, SEEK_END);
+    long n = std::ftell(f);
+    std::fseek(f, 0, SEEK_SET);
+    *out = new unsigned char[n > 0 ? n : 1];
+    if (std::fread(*out, 1, n, f) != (size_t)n) n = -1;
+    std::fclose(f);
+    return n;
+}
+
+int main(int argc, char** argv) {
+    unsigned char* buf = nullptr;
+    long n = file_size(argv[1], &buf);
+    if (n != (long)g_esp_check_model_len || std::memcmp(buf, g_esp_check_model, n) != 0) return 2;
+    if (reinterpret_cast<uintptr_t>(g_esp_check_model) % 16 != 0) return 3;
+    for (int k = 0; k < kEspCheckNumInputs; ++k) {
+        n = file_size(argv[2 + k], &buf);
+        if (n != (long)kEspCheckInputBytes || std::memcmp(buf, g_esp_check_inputs[k], n) != 0) return 4;
+        if (reinterpret_cast<uintptr_t>(g_esp_check_inputs[k]) % 16 != 0) return 5;
+    }
+    std::printf("ok %d\n", kEspCheckNumInputs);
+    return argc == 2 + kEspCheckNumInputs ? 0 : 6;
+}
+"""
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(argv)}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def test_embedded_data_compiles_links_and_matches(tmp_path: Path) -> None:
+    inputs = [INPUTS / "cnn_classifier_11.png", INPUTS / "cnn_classifier_11__ambiguous.png"]
+    (p,) = generate_projects(
+        MODELS / "cnn_classifier_11.tflite", inputs, "esp32s3-devkitc-1-n8r8", out_dir=tmp_path,
+        variants=("optimized",), arena_kb=64,
+    )  # fmt: skip
+    main_dir = p.path / "main"
+    (tmp_path / "check.cc").write_text(CHECK_MAIN)
+    exe = tmp_path / "check"
+    assert CXX is not None
+    _run(
+        [CXX, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", str(main_dir), "-o", str(exe),
+         str(tmp_path / "check.cc"), str(main_dir / "model_data.cc"), str(main_dir / "inputs_data.cc")],
+        tmp_path,
+    )  # fmt: skip
+    out = _run(
+        [str(exe), str(p.path / "esp-check" / "model.tflite")]
+        + [str(p.path / "esp-check" / f"input_{k}.bin") for k in range(len(inputs))],
+        tmp_path,
+    )
+    assert out.stdout.strip() == "ok 2"
+
+
+def test_emitter_copy_compiles_as_c99(tmp_path: Path) -> None:
+    (p,) = generate_projects(
+        MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"], "esp32c3-devkitm-1", out_dir=tmp_path,
+        variants=("ansi",), arena_kb=16,
+    )  # fmt: skip
+    assert CC is not None
+    _run(
+        [CC, "-std=c99", "-Wall", "-Wextra", "-Werror", "-c", str(p.path / "main" / "esp_check_proto.c"),
+         "-o", str(tmp_path / "proto.o")],
+        tmp_path,
+    )  # fmt: skip
+    assert (tmp_path / "proto.o").stat().st_size > 0
+
+
+# --- stub declarations of the ESP-IDF 5.x and TFLM APIs app_main.cc uses (declarations, no behaviour) ---
+
+STUBS: dict[str, str] = {
+    "sdkconfig.h": """
+#define CONFIG_IDF_TARGET "esp32s3"
+#define CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ 240
+""",
+    "esp_chip_info.h": """
+#include <stdint.h>
+typedef enum { CHIP_ESP32 = 1, CHIP_ESP32S2 = 2, CHIP_ESP32S3 = 9, CHIP_ESP32C3 = 5, CHIP_ESP32C2 = 12,
+               CHIP_ESP32C6 = 13, CHIP_ESP32H2 = 16, CHIP_ESP32P4 = 18 } esp_chip_model_t;
+typedef struct { esp_chip_model_t model; uint32_t features; uint16_t revision; uint8_t cores; } esp_chip_info_t;
+extern "C" void esp_chip_info(esp_chip_info_t* out_info);
+""",
+    "esp_heap_caps.h": """
+#include <stddef.h>
+#include <stdint.h>
+#define MALLOC_CAP_8BIT (1 << 2)
+#define MALLOC_CAP_SPIRAM (1 << 10)
+#define MALLOC_CAP_INTERNAL (1 << 11)
+extern "C" void* heap_caps_aligned_alloc(size_t alignment, size_t size, uint32_t caps);
+""",
+    "esp_idf_version.h": 'extern "C" const char* esp_get_idf_version(void);\n',
+    "esp_system.h": "",
+    "esp_timer.h": '#include <stdint.h>\nextern "C" int64_t esp_timer_get_time(void);\n',
+    "freertos/FreeRTOS.h": "#include <stdint.h>\ntypedef uint32_t TickType_t;\n",
+    "freertos/task.h": 'extern "C" void vTaskDelay(const TickType_t xTicksToDelay);\n',
+    "mbedtls/sha256.h": (
+        "#include <stddef.h>\n"
+        'extern "C" int mbedtls_sha256(const unsigned char* input, size_t ilen, unsigned char* output, int is224);\n'
+    ),
+    "tensorflow/lite/c/common.h": """
+#include <stddef.h>
+#include <stdint.h>
+typedef enum { kTfLiteOk = 0, kTfLiteError = 1 } TfLiteStatus;
+typedef enum { kTfLiteNoType = 0, kTfLiteFloat32 = 1, kTfLiteInt32 = 2, kTfLiteUInt8 = 3, kTfLiteInt64 = 4,
+               kTfLiteInt16 = 7, kTfLiteInt8 = 9 } TfLiteType;
+typedef struct { int size; int data[]; } TfLiteIntArray;
+typedef struct { float scale; int32_t zero_point; } TfLiteQuantizationParams;
+typedef union { int32_t* i32; float* f; char* raw; const char* raw_const; uint8_t* uint8; int8_t* int8; } TfLitePtrUnion;
+typedef struct { TfLiteType type; TfLitePtrUnion data; TfLiteIntArray* dims; TfLiteQuantizationParams params;
+                 size_t bytes; } TfLiteTensor;
+""",
+    "tensorflow/lite/schema/schema_generated.h": """
+#include <stdint.h>
+#define TFLITE_SCHEMA_VERSION (3)
+namespace tflite {
+struct Model { uint32_t version() const; };
+inline const Model* GetModel(const void* buf) { return static_cast<const Model*>(buf); }
+}
+""",
+    "tensorflow/lite/micro/micro_interpreter.h": """
+#include "tensorflow/lite/c/common.h"
+#include "tensorflow/lite/schema/schema_generated.h"
+#include "tensorflow/lite/micro/micro_mutable_op_resolver.h"
+namespace tflite {
+class MicroInterpreter {
+ public:
+  MicroInterpreter(const Model* model, const MicroOpResolver& op_resolver, uint8_t* tensor_arena,
+                   size_t tensor_arena_size);
+  TfLiteStatus AllocateTensors();
+  TfLiteStatus Invoke();
+  TfLiteTensor* input(size_t index);
+  TfLiteTensor* output(size_t index);
+  size_t inputs_size() const;
+  size_t outputs_size() const;
+  size_t arena_used_bytes() const;
+};
+}
+""",
+}
+
+
+def _resolver_header() -> str:
+    """MicroMutableOpResolver stub with every method in harness/data/ops.toml (the pinned TFLM's list)."""
+    table = tomllib.loads((Path(__file__).resolve().parents[1] / "harness" / "data" / "ops.toml").read_text())
+    methods = sorted(set(table["resolver"].values()) | set(table.get("custom", {}).values()))
+    body = "\n".join(f"  TfLiteStatus {m}() {{ return kTfLiteOk; }}" for m in methods)
+    return (
+        '#pragma once\n#include "tensorflow/lite/c/common.h"\nnamespace tflite {\n'
+        "class MicroOpResolver {};\n"
+        "template <unsigned int tOpCount> class MicroMutableOpResolver : public MicroOpResolver {\n public:\n"
+        f"{body}\n}};\n}}\n"
+    )
+
+
+@pytest.mark.parametrize("model_name", ["op_zoo", "unet_mbv2_035_48"])
+def test_app_main_is_valid_cpp_against_stub_headers(tmp_path: Path, model_name: str) -> None:
+    inp = INPUTS / (f"{model_name}.png" if (INPUTS / f"{model_name}.png").exists() else f"{model_name}.npy")
+    projects = generate_projects(
+        MODELS / f"{model_name}.tflite", [inp], "esp32s3-devkitc-1-n8r8", out_dir=tmp_path / "p", arena_kb=400,
+    )  # fmt: skip
+    stubs = tmp_path / "stubs"
+    for rel, text in {**STUBS, "tensorflow/lite/micro/micro_mutable_op_resolver.h": _resolver_header()}.items():
+        (stubs / rel).parent.mkdir(parents=True, exist_ok=True)
+        (stubs / rel).write_text("#pragma once\n" + text if not text.startswith("#pragma") else text)
+    assert CXX is not None
+    for p in projects:
+        nn = "CONFIG_NN_OPTIMIZED" if p.variant == "optimized" else "CONFIG_NN_ANSI_C"
+        _run(
+            [CXX, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", f"-D{nn}=1",
+             '-DESP_CHECK_TFLM_VERSION="1.3.8"', '-DESP_CHECK_ESPNN_VERSION="1.1.2"',
+             "-I", str(stubs), "-I", str(p.path / "main"), str(p.path / "main" / "app_main.cc")],
+            tmp_path,
+        )  # fmt: skip

@@ -1,0 +1,154 @@
+"""Reports: JSON validated against docs/report-schema.json, JUnit XML structure, terminal table."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+from rich.console import Console
+
+from harness.compare import CompareResult, Fault, OutputTensor, Source, compare_files, compare_sources
+from harness.report import (
+    SCHEMA_VERSION,
+    junit_error_tree,
+    junit_tree,
+    print_report,
+    report_dict,
+    write_junit,
+)
+
+ROOT = Path(__file__).parent.parent
+LOGS = Path(__file__).parent / "data" / "logs"
+SCHEMA = json.loads((ROOT / "docs" / "report-schema.json").read_text())
+
+
+def acceptance() -> CompareResult:
+    return compare_files(
+        LOGS / "report_ansi_c.log", LOGS / "report_optimized.log", scale=0.00390625, zero_point=-128
+    )
+
+
+def src(label: str, values: np.ndarray, nn: str, faults: list[Fault] | None = None) -> Source:
+    t = OutputTensor(
+        0, values, raw=True, shape=values.shape, dtype="int8", scale=0.5, zero_point=0, name="out"
+    )
+    return Source(
+        label,
+        "protocol",
+        [[t]],
+        nn_mode=nn,
+        faults=faults or [],
+        raw_log=b"log \x00\x1b[0m " + label.encode(),
+    )
+
+
+def test_schema_is_valid_and_versioned() -> None:
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    assert SCHEMA["properties"]["schema_version"]["const"] == SCHEMA_VERSION
+
+
+def test_json_report_validates_against_schema() -> None:
+    rep = report_dict(acceptance())
+    jsonschema.validate(rep, SCHEMA)
+    assert rep["schema_version"] == 1 and rep["tool"]["name"] == "esp-check" and rep["simulated"] is False
+    assert rep["reference_backend"] is None and rep["exit_code"] == 1
+    json.dumps(rep, allow_nan=False)  # strict JSON: no NaN/Infinity literals
+
+
+def test_json_non_finite_values_are_strings() -> None:
+    a = Source("A", "npy", [[OutputTensor(0, np.array([np.nan, 1.0, np.inf]), raw=False)]])
+    b = Source("B", "npy", [[OutputTensor(0, np.array([0.0, 1.0, np.inf]), raw=False)]])
+    rep = report_dict(compare_sources(a, b))
+    jsonschema.validate(rep, SCHEMA)
+    assert rep["comparisons"][0]["values_a"][0] == "nan" and rep["comparisons"][0]["values_b"][2] == "inf"
+    json.dumps(rep, allow_nan=False)
+
+
+def test_schema_rejects_a_broken_report() -> None:
+    rep = report_dict(acceptance())
+    del rep["comparisons"][0]["mismatched"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(rep, SCHEMA)
+
+
+def test_junit_one_testcase_per_output_and_faults(tmp_path: Path) -> None:
+    good = np.array([1, 2, 3], dtype=np.int8)
+    bad = np.array([1, 2, 9], dtype=np.int8)
+    fault = Fault("B", "alloc", 7, None, "AllocateTensors_failed")
+    result = compare_sources(src("A", good, "optimized"), src("B", bad, "ansi_c", [fault]))
+    path = tmp_path / "junit.xml"
+    write_junit(junit_tree(result), path)
+    root = ET.parse(path).getroot()
+    assert root.tag == "testsuites"
+    suite = root.find("testsuite")
+    assert (
+        suite is not None
+        and suite.get("tests") == "2"
+        and suite.get("failures") == "2"
+        and suite.get("errors") == "0"
+    )
+    cases = suite.findall("testcase")
+    assert (
+        cases[0].get("classname") == "esp-check.compare.A_vs_B"
+        and cases[0].get("name") == "run0.output0[out]"
+    )
+    fail = cases[0].find("failure")
+    assert (
+        fail is not None
+        and fail.get("type") == "mismatch"
+        and "1 of 3 elements differ" in (fail.get("message") or "")
+    )
+    assert cases[1].find("failure").get("type") == "firmware_fault"  # type: ignore[union-attr]
+    out = cases[0].find("system-out")
+    assert out is not None and "log" in (out.text or "") and "\x00" not in (out.text or "")
+    assert result.exit_code == 4  # firmware fault outranks the mismatch
+
+
+def test_junit_match_has_no_failure(tmp_path: Path) -> None:
+    v = np.array([1, 2, 3], dtype=np.int8)
+    tree = junit_tree(compare_sources(src("A", v, "optimized"), src("B", v.copy(), "ansi_c")))
+    root = tree.getroot()
+    assert root.get("tests") == "1" and root.get("failures") == "0"
+    assert root.find("./testsuite/testcase/failure") is None
+
+
+def test_junit_error_tree() -> None:
+    tree = junit_error_tree("A: capture is corrupted\nmore", "infrastructure", {"a.log": b"\xff\x01raw"})
+    root = tree.getroot()
+    err = root.find("./testsuite/testcase/error")
+    assert err is not None and err.get("message") == "A: capture is corrupted" and root.get("errors") == "1"
+    text = root.find("./testsuite/testcase/system-out").text or ""  # type: ignore[union-attr]
+    assert "a.log" in text and "\x01" not in text
+    ET.fromstring(ET.tostring(root))  # well-formed
+
+
+def test_terminal_table_highlights_mismatch() -> None:
+    con = Console(record=True, width=100, color_system="truecolor", force_terminal=True)
+    print_report(acceptance(), con)
+    text = con.export_text(clear=False)
+    assert "MISMATCH" in text and "5 vs 10" in text and "verdict: mismatch" in text
+    styled = con.export_text(styles=True)
+    assert "\x1b[1;31m" in styled and "\x1b[31m" in styled  # mismatch cells in red
+
+
+def test_device_text_is_not_rich_markup() -> None:
+    v = np.array([1, 2, 3], dtype=np.int8)
+    fault = Fault("B", "invoke", 1, 0, "[link=http://x]click[/link][bold]boom")
+    b = src("B", v.copy(), "ansi_c", [fault])
+    a = src("A", v, "optimized")
+    a.runs[0][0].name = "[red]seg"
+    result = compare_sources(a, b)
+    con = Console(record=True, width=120)
+    print_report(result, con)
+    text = con.export_text()
+    assert "[link=http://x]click[/link][bold]boom" in text and "([red]seg)" in text
+
+
+def test_junit_error_tree_firmware_fault_is_a_failure() -> None:
+    root = junit_error_tree("optimized: Guru Meditation Error", "firmware_fault").getroot()
+    assert root.get("failures") == "1" and root.get("errors") == "0"
+    assert root.find("./testsuite/testcase/failure") is not None

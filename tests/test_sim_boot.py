@@ -1,0 +1,132 @@
+"""Booting a flashed sim image: ROM + bootloader + IDF log + the protocol stream (parsed by the real
+parser), the model's outputs from the host TFLM reference, baud-rate honesty, persistence.
+
+Faked: the board (harness.sim). The protocol bytes come from the firmware's C emitter (ctypes).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import serial
+from esp_pylib.serial_reset import hard_reset
+
+import harness.sim as sim
+from harness.protocol import parse_capture
+from harness.sim.board import REGISTRY, SimBoard
+from harness.sim.image import build_sim_firmware
+from harness.sim.testing import make_project, read_until_end
+
+sim.register()
+pytestmark = pytest.mark.needs_cc
+
+
+def _files(tmp: Path, models_dir: Path, variant: str, chip: str = "esp32s3", **manifest: object):
+    x = np.load(models_dir / "inputs" / "cnn_classifier_11.q.npy")
+    y = np.load(models_dir / "inputs" / "cnn_classifier_11__ambiguous.q.npy")
+    proj = make_project(tmp / f"proj-{variant}-{chip}", models_dir / "cnn_classifier_11.tflite", [x, y],
+                        variant=variant, chip=chip, **manifest)
+    return build_sim_firmware(proj, tmp / f"build-{variant}-{chip}")
+
+
+@pytest.fixture
+def board_port() -> Iterator:
+    opened: list[tuple[serial.SerialBase, str]] = []
+
+    def _open(chip: str = "esp32s3", extra: str = "", name: str | None = None, baud: int = 115200):
+        name = name or f"b-{uuid.uuid4().hex[:12]}"
+        port = serial.serial_for_url(f"sim://{name}?chip={chip}&emitter=c{extra}", baudrate=baud, timeout=0.2)
+        opened.append((port, name))
+        return port
+
+    yield _open
+    for port, name in opened:
+        port.close()
+        REGISTRY.remove(name)
+
+
+def boot(port: serial.SerialBase, timeout: float = 15) -> bytes:
+    port.dtr = False  # IO0 high (with DTR and RTS both active, EN cannot be pulled low)
+    hard_reset(port, hold_delay=0.01)
+    return read_until_end(port, timeout=timeout)
+
+
+@pytest.mark.parametrize(("variant", "nn"), [("optimized", "optimized"), ("ansi", "ansi_c")])
+def test_app_boot_prints_valid_protocol_stream(tmp_path: Path, models_dir: Path, board_port, variant: str,
+                                               nn: str) -> None:
+    port = board_port("esp32s3")
+    port.board.program(_files(tmp_path, models_dir, variant))
+    raw = boot(port)
+    assert b"esp-check SIMULATED BOARD" in raw
+    assert b"I (" in raw and b"main_task: Calling app_main()" in raw
+    cap = parse_capture(raw)
+    assert cap.valid, cap.problems
+    assert cap.simulated and cap.begin["sim"] == "1"
+    assert cap.nn_mode == nn  # from the image's compiled-in variant
+    assert cap.info["chip"] == "esp32s3" and cap.info["inputs"] == "2"
+    assert "sim_fault" not in cap.info
+    expected = [np.load(models_dir / "expected" / "cnn_classifier_11.out0.npy"),
+                np.load(models_dir / "expected" / "cnn_classifier_11__ambiguous.out0.npy")]
+    assert len(cap.runs) == 2
+    for run, exp in zip(cap.runs, expected, strict=True):
+        assert np.array_equal(run.outputs[0].data.reshape(exp.shape), exp)
+
+
+def test_rom_banner_at_115200_console_faster(tmp_path: Path, models_dir: Path, board_port) -> None:
+    """The ROM prints at 115200 even when the app's console runs at 921600 (honest baud model)."""
+    name = f"baud-{uuid.uuid4().hex[:8]}"
+    files = _files(tmp_path, models_dir, "optimized", chip="esp32", console_baud=921600)
+    fast = board_port("esp32", name=name, baud=921600)
+    fast.board.program(files)
+    raw = boot(fast)
+    assert b"ets Jun  8 2016" not in raw and b"rst:0x1" not in raw  # banner arrives as garbage
+    assert parse_capture(raw).valid
+    fast.baudrate = 115200
+    raw_slow = boot(fast)
+    assert b"ets Jun  8 2016 00:22:57" in raw_slow and b"rst:0x1 (POWERON_RESET)" in raw_slow
+    assert b"@EC1" not in raw_slow  # ... and now the app's output is the garbage
+    assert not parse_capture(raw_slow).valid
+
+
+def test_empty_flash_boot_loops_on_invalid_header(board_port) -> None:
+    port = board_port("esp32s3")
+    raw = boot(port, timeout=2)
+    assert raw.count(b"invalid header: 0xffffffff") >= 2
+    assert b"@EC1" not in raw
+
+
+def test_flash_survives_reopen_and_registry_and_file(tmp_path: Path, models_dir: Path, board_port) -> None:
+    files = _files(tmp_path, models_dir, "ansi")
+    name = f"persist-{uuid.uuid4().hex[:8]}"
+    flash_file = tmp_path / "flash.bin"
+    port = board_port("esp32s3", extra=f"&flash={flash_file}", name=name)
+    port.board.program(files)
+    port.close()
+    port.open()  # same board: flash kept in the registry
+    assert parse_capture(boot(port)).nn_mode == "ansi_c"
+    port.close()
+    REGISTRY.remove(name)  # board gone from this process; its flash file remains
+    assert flash_file.stat().st_size == 4 << 20
+    again = board_port("esp32s3", extra=f"&flash={flash_file}", name=name)
+    board: SimBoard = again.board
+    assert board.boots == 0  # a new board object ...
+    assert parse_capture(boot(again)).nn_mode == "ansi_c"  # ... booting the persisted image
+
+
+def test_two_names_are_two_boards(tmp_path: Path, models_dir: Path, board_port) -> None:
+    a = board_port("esp32s3")
+    b = board_port("esp32s3")
+    a.board.program(_files(tmp_path, models_dir, "optimized"))
+    assert parse_capture(boot(a)).valid
+    assert b"invalid header" in boot(b, timeout=2)
+
+
+def test_bad_urls_are_rejected() -> None:
+    for url in ("sim://x?chip=esp8266", "sim://x?reset=weird", "sim://x?fault=melt", "sim://bad name",
+                "sim://x?chip=esp32&reset=usb_jtag", "sim://x?colour=red"):
+        with pytest.raises(serial.SerialException):
+            serial.serial_for_url(url)

@@ -1,0 +1,215 @@
+"""Real esptool 5 (esptool.cmds) against the simulated board through a real pyserial URL (sim://).
+
+Faked: only the board itself (harness.sim). esptool, its stub images, pyserial and the reset
+sequences (esp_pylib.serial_reset, the same code esptool runs) are the real ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import serial
+from esp_pylib.serial_reset import classic_bootloader_reset, hard_reset, usb_jtag_bootloader_reset
+from esptool import cmds
+from esptool.util import FatalError
+
+import harness.sim as sim
+from harness.sim.board import REGISTRY, SimBoard
+from harness.sim.image import build_sim_firmware
+from harness.sim.testing import make_project, read_until_end
+
+sim.register()
+
+
+@pytest.fixture(scope="module")
+def firmware(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> dict[str, list[tuple[int, Path]]]:
+    x = np.load(models_dir / "inputs" / "op_zoo.q.npy")
+    out = {}
+    for chip in ("esp32", "esp32s3", "esp32c3"):
+        root = tmp_path_factory.mktemp(f"fw-{chip}")
+        proj = make_project(root / "proj", models_dir / "op_zoo.tflite", [x], chip=chip, variant="optimized")
+        out[chip] = build_sim_firmware(proj, root / "build")
+    return out
+
+
+@pytest.fixture
+def open_port() -> Iterator:
+    opened: list[tuple[serial.SerialBase, str]] = []
+
+    def _open(chip: str = "esp32s3", reset: str = "classic", extra: str = "") -> serial.SerialBase:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        url = f"sim://{name}?chip={chip}&reset={reset}&emitter=c{extra}"
+        port = serial.serial_for_url(url, exclusive=True)
+        opened.append((port, name))
+        return port
+
+    yield _open
+    for port, name in opened:
+        port.close()
+        REGISTRY.remove(name)
+
+
+def _board(port: serial.SerialBase) -> SimBoard:
+    return port.board  # type: ignore[attr-defined, no-any-return]
+
+
+def connect(port: serial.SerialBase, style: str = "classic", attempts: int = 3):
+    """Reset into download mode with esp_pylib's sequence, then let esptool sync (no ioctl reset)."""
+    if style == "classic":
+        classic_bootloader_reset(port, enter_boot_delay=0.05, reset_delay=0.05)
+    else:
+        usb_jtag_bootloader_reset(port, settle_delay=0.02)
+    return cmds.detect_chip(port, 115200, "no-reset", connect_attempts=attempts)
+
+
+@pytest.mark.parametrize(
+    ("chip", "name"), [("esp32", "ESP32"), ("esp32s3", "ESP32-S3"), ("esp32c3", "ESP32-C3")]
+)
+def test_detect_chip_and_efuses(open_port, chip: str, name: str) -> None:
+    port = open_port(chip)
+    esp = connect(port)
+    assert name == esp.CHIP_NAME
+    assert "revision v" in esp.get_chip_description()
+    mac = ":".join(f"{b:02x}" for b in esp.read_mac())
+    assert mac == _board(port).chip.mac(_board(port).name)
+    assert esp.get_crystal_freq() == 40
+    info = cmds._get_flash_info(esp)  # RDID through the SPI user-command registers
+    assert info[2] == "4MB"
+
+
+def test_esp32_rom_has_no_security_info(open_port) -> None:
+    port = open_port("esp32")
+    esp = connect(port)
+    with pytest.raises(FatalError):
+        esp.get_security_info(cache=False)
+    port_s3 = open_port("esp32s3")
+    esp_s3 = connect(port_s3)
+    assert esp_s3.get_security_info(cache=False)["chip_id"] == 9
+
+
+def test_default_reset_sequence_falls_back_to_classic(open_port) -> None:
+    """esptool's own default-reset: its ioctl (tight) reset cannot run on sim://, the classic one works."""
+    port = open_port("esp32s3")
+    esp = cmds.detect_chip(port, 115200, "default-reset", connect_attempts=7)
+    assert esp.CHIP_NAME == "ESP32-S3"
+    assert _board(port).status()["mode"] == "rom"
+    assert _board(port).download_sessions == 1
+
+
+@pytest.mark.parametrize(
+    ("chip", "stub", "compress", "baud"),
+    [
+        ("esp32", False, False, 115200),
+        ("esp32", False, True, 460800),
+        ("esp32s3", True, True, 921600),
+        ("esp32s3", True, False, 115200),
+        ("esp32c3", True, True, 460800),
+    ],
+)
+def test_write_flash_verify_and_skip(
+    open_port, firmware, chip: str, stub: bool, compress: bool, baud: int
+) -> None:
+    port = open_port(chip)
+    esp = connect(port)
+    if stub:
+        esp = cmds.run_stub(esp)
+        assert esp.IS_STUB and _board(port).status()["stub"]
+    if baud != 115200:
+        esp.change_baud(baud)
+        assert _board(port).uart_baud == baud
+    cmds.attach_flash(esp)
+    files = firmware[chip]
+    kw = {"compress": True} if compress else {"no_compress": True}
+    cmds.write_flash(esp, [(o, str(p)) for o, p in files], skip_flashed=True, **kw)  # verifies MD5 itself
+    board = _board(port)
+    for off, path in files:
+        data = path.read_bytes()
+        assert bytes(board.flash[off:off + len(data)]) == data
+        assert esp.flash_md5sum(off, len(data)) == hashlib.md5(data).hexdigest()
+    first = board.flash_bytes_written
+    assert first >= sum(p.stat().st_size for _, p in files)
+    # second run: esptool's skip_flashed compares MD5s and writes nothing
+    cmds.write_flash(esp, [(o, str(p)) for o, p in files], skip_flashed=True, **kw)
+    assert board.flash_bytes_written == first
+    # one changed byte in flash: skip_flashed notices and rewrites that file only
+    off, path = files[-1]
+    board.flash[off + 100] ^= 0xFF
+    cmds.write_flash(esp, [(o, str(p)) for o, p in files], skip_flashed=True, **kw)
+    assert board.flash_bytes_written > first
+    assert bytes(board.flash[off:off + path.stat().st_size]) == path.read_bytes()
+
+
+def test_stub_read_flash_and_erase_region(open_port, firmware) -> None:
+    port = open_port("esp32s3")
+    esp = cmds.run_stub(connect(port))
+    _board(port).program(firmware["esp32s3"])
+    off, path = firmware["esp32s3"][-1]
+    data = path.read_bytes()
+    assert esp.read_flash(off, 0x2000) == data[:0x2000]
+    esp.erase_region(0x10000, 0x1000)
+    assert bytes(_board(port).flash[0x10000:0x11000]) == b"\xff" * 0x1000
+
+
+def test_wrong_baud_after_change_breaks_the_link(open_port) -> None:
+    port = open_port("esp32s3")
+    esp = cmds.run_stub(connect(port))
+    esp.change_baud(460800)
+    esp._set_port_baudrate(115200)  # host side forgets the change: the chip no longer understands us
+    with pytest.raises(FatalError):
+        esp.read_reg(0x40001000, timeout=0.3)
+
+
+def test_classic_reset_selects_boot_mode(open_port, firmware) -> None:
+    port = open_port("esp32")
+    _board(port).program(firmware["esp32"])
+    port.baudrate = 115200  # the ROM and this app's console both print at 115200
+    port.timeout = 0.2
+    classic_bootloader_reset(port, enter_boot_delay=0.05, reset_delay=0.05)
+    rom = read_until_end(port, timeout=2, idle=0.3)
+    assert b"rst:0x1 (POWERON_RESET),boot:0x3 (DOWNLOAD_BOOT" in rom and b"waiting for download" in rom
+    assert b"@EC1" not in rom
+    hard_reset(port, hold_delay=0.05)  # EN pulse with IO0 high: boot from flash
+    app = read_until_end(port, timeout=10)
+    assert b"ets Jun  8 2016 00:22:57" in app
+    assert b"rst:0x1 (POWERON_RESET),boot:0x13 (SPI_FAST_FLASH_BOOT)" in app
+    assert b"@EC1 0 BEGIN" in app and b" END status=ok" in app
+
+
+def test_usb_serial_jtag_reset_and_vanishing_port(open_port, firmware) -> None:
+    port = open_port("esp32s3", reset="usb_jtag")
+    board = _board(port)
+    esp = connect(port, style="usb")  # esp_pylib's USB-Serial-JTAG sequence
+    assert esp.CHIP_NAME == "ESP32-S3"
+    esp = cmds.run_stub(esp)
+    cmds.attach_flash(esp)
+    cmds.write_flash(esp, [(o, str(p)) for o, p in firmware["esp32s3"]], skip_flashed=True)
+    esp.hard_reset()  # esptool's own hard reset: RTS pulse -> the chip boots the app
+    with pytest.raises(serial.SerialException):
+        port.read(1)  # the USB device left the bus
+    port.close()
+    port.open()  # ... and came back
+    port.baudrate = 2000000  # USB-Serial-JTAG has no baud rate: any setting reads the same bytes
+    out = read_until_end(port, timeout=10)
+    assert b"rst:0x15 (USB_UART_CHIP_RESET),boot:0x8 (SPI_FAST_FLASH_BOOT)" in out
+    assert b" END status=ok" in out
+    assert board.boots == 1
+
+
+def test_usb_download_reset_prints_usb_reason(open_port) -> None:
+    port = open_port("esp32c3", reset="usb_jtag")
+    port.timeout = 0.2  # port left at pyserial's 9600 baud: USB-Serial-JTAG has no baud rate
+    usb_jtag_bootloader_reset(port, settle_delay=0.02)
+    out = read_until_end(port, timeout=2, idle=0.3)
+    assert b"ESP-ROM:esp32c3" in out
+    assert b"rst:0x15 (USB_UART_CHIP_RESET),boot:0x0 (DOWNLOAD" in out and b"waiting for download" in out
+
+
+def test_exclusive_open_refuses_second_user(open_port) -> None:
+    port = open_port("esp32s3")
+    with pytest.raises(serial.SerialException, match="busy"):
+        serial.serial_for_url(port.port, exclusive=True)

@@ -1,0 +1,108 @@
+"""Simulated board images: real formats (esptool's image parser, gen_esp32part's table layout)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from esptool.bin_image import LoadFirmwareImage
+
+from harness.errors import BuildError
+from harness.sim.chips import get_chip
+from harness.sim.image import (
+    APP_OFFSET,
+    Partition,
+    PartitionTableError,
+    build_sim_firmware,
+    default_partitions,
+    pack_partition_table,
+    parse_partition_table,
+    read_app_payload,
+)
+from harness.sim.testing import make_project
+
+
+def _project(tmp_path: Path, models_dir: Path, chip: str = "esp32s3", variant: str = "ansi") -> Path:
+    x = np.load(models_dir / "inputs" / "op_zoo.q.npy")
+    return make_project(tmp_path / "proj", models_dir / "op_zoo.tflite", [x, x[..., ::-1].copy()],
+                        variant=variant, chip=chip)
+
+
+def test_partition_table_layout_and_md5_row() -> None:
+    parts = default_partitions(0x40000)
+    raw = pack_partition_table(parts)
+    assert len(raw) == 0xC00
+    # gen_esp32part layout: 32-byte entries, then 0xEBEB + 14x0xFF + MD5 of the entries
+    assert raw[:2] == b"\xaa\x50"
+    md5_row = raw[96:128]
+    assert md5_row[:16] == b"\xeb\xeb" + b"\xff" * 14
+    assert md5_row[16:] == hashlib.md5(raw[:96]).digest()
+    assert raw[128:] == b"\xff" * (0xC00 - 128)
+    assert parse_partition_table(raw) == parts
+    factory = parts[-1]
+    assert (factory.label, factory.type, factory.subtype, factory.offset) == ("factory", 0, 0, APP_OFFSET)
+
+
+def test_partition_table_corruption_detected() -> None:
+    raw = bytearray(pack_partition_table([Partition("factory", 0, 0, 0x10000, 0x100000)]))
+    raw[10] ^= 0x01  # flip a bit in the entry: the MD5 row no longer matches
+    with pytest.raises(PartitionTableError, match="MD5"):
+        parse_partition_table(bytes(raw))
+    with pytest.raises(PartitionTableError):
+        parse_partition_table(b"\xff" * 0xC00)
+
+
+@pytest.mark.parametrize("chip", ["esp32", "esp32s3", "esp32c3"])
+def test_build_sim_firmware_real_esp_images(tmp_path: Path, models_dir: Path, chip: str) -> None:
+    proj = _project(tmp_path, models_dir, chip=chip)
+    files = build_sim_firmware(proj, tmp_path / "build")
+    spec = get_chip(chip)
+    assert [off for off, _ in files] == [spec.bootloader_offset, 0x8000, APP_OFFSET]
+    for off, path in files:
+        if off == 0x8000:
+            continue
+        img = LoadFirmwareImage(chip, path.read_bytes())  # esptool's own parser
+        assert img.chip_id == spec.image_chip_id
+        assert img.checksum == img.calculate_checksum()
+        assert img.stored_digest == img.calc_digest
+    flash = bytearray(b"\xff" * (4 << 20))
+    for off, path in files:
+        data = path.read_bytes()
+        flash[off:off + len(data)] = data
+    _part, _img, payload = read_app_payload(spec, flash)
+    assert payload.variant == "ansi" and payload.nn == "ansi_c"
+    assert payload.model == (models_dir / "op_zoo.tflite").read_bytes()
+    assert len(payload.inputs) == 2 and payload.inputs[0] != payload.inputs[1]
+    assert payload.header["model_sha256"] == hashlib.sha256(payload.model).hexdigest()
+
+
+def test_app_image_corruption_is_detected(tmp_path: Path, models_dir: Path) -> None:
+    proj = _project(tmp_path, models_dir)
+    files = dict((off, p) for off, p in build_sim_firmware(proj, tmp_path / "build"))
+    spec = get_chip("esp32s3")
+    flash = bytearray(b"\xff" * (4 << 20))
+    for off, path in files.items():
+        data = path.read_bytes()
+        flash[off:off + len(data)] = data
+    flash[APP_OFFSET + 0x400] ^= 0x40  # one bit in the model bytes
+    with pytest.raises(ValueError, match=r"Checksum|hash"):
+        read_app_payload(spec, flash)
+
+
+def test_builder_rejects_bad_projects(tmp_path: Path, models_dir: Path) -> None:
+    with pytest.raises(BuildError, match=r"esp-check\.json"):
+        build_sim_firmware(tmp_path / "nothing", tmp_path / "b")
+    proj = _project(tmp_path, models_dir)
+    manifest = json.loads((proj / "esp-check.json").read_text())
+    manifest["variant"] = "fast"
+    (proj / "esp-check.json").write_text(json.dumps(manifest))
+    with pytest.raises(BuildError, match="variant"):
+        build_sim_firmware(proj, tmp_path / "b")
+    manifest["variant"] = "optimized"
+    manifest["inputs"] = ["a", "b", "c"]
+    (proj / "esp-check.json").write_text(json.dumps(manifest))
+    with pytest.raises(BuildError, match="3 inputs"):
+        build_sim_firmware(proj, tmp_path / "b")

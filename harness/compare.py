@@ -430,7 +430,7 @@ def compare_tensors(
 
     def to_int(t: OutputTensor, v: np.ndarray) -> np.ndarray | None:
         if t.raw:
-            return v.astype(np.int64)
+            return v.astype(np.int32 if v.dtype.itemsize <= 2 else np.int64)  # exact, half the memory
         if s is not None and zp is not None:
             return _snap(v.astype(np.float64), s, zp)
         return None

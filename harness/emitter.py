@@ -35,6 +35,8 @@ DATA_CHUNK = 96
 NAME_MAX = 64
 MSG_MAX = 120
 MAX_DIMS = 8
+TAP_MAX_TENSORS = 4  # tensors per side of an OP record
+OPNAME_MAX = 32
 PROTO_VERSION = 1
 
 DTYPE_SIZES: dict[str, int] = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "float32": 4}
@@ -49,6 +51,15 @@ class ProtocolOverflowError(UsageError):
 
 
 FieldValue = str | int
+
+
+@dataclass(frozen=True)
+class TapTensor:
+    """One tensor in an OP record: model tensor index, shape, CRC-32 of its bytes at that moment."""
+
+    t: int
+    shape: tuple[int, ...]
+    crc: int
 
 
 class Emitter(Protocol):
@@ -75,6 +86,29 @@ class Emitter(Protocol):
     ) -> None: ...
     def error(self, stage: str, code: int, msg: str, i: int | None = None) -> None: ...
     def end(self, ok: bool) -> None: ...
+    def op(
+        self,
+        i: int,
+        sub: int,
+        idx: int,
+        opname: str,
+        cycles: int,
+        ins: Sequence[TapTensor],
+        outs: Sequence[TapTensor],
+    ) -> None: ...
+    def op_end(self, i: int, ops: int, dropped: int, ram_bytes: int) -> None: ...
+    def op_dump(
+        self,
+        i: int,
+        idx: int,
+        t: int,
+        role: str,
+        dtype: str,
+        shape: Sequence[int],
+        scale: float,
+        zp: int,
+        data: bytes,
+    ) -> None: ...
 
 
 # ---- shared helpers (both backends) --------------------------------------------------------------
@@ -293,6 +327,107 @@ class PythonEmitter:
         for j in range(min(max(human_max, 0), count)):
             self._write(format_human(human_value(dtype, data[j * item : (j + 1) * item], bits, zp)))
 
+    # ---- tap records ----
+
+    @staticmethod
+    def _tap_list(ts: Sequence[TapTensor]) -> bytes | None:
+        if len(ts) > TAP_MAX_TENSORS:
+            return None
+        parts = []
+        for x in ts:
+            if len(x.shape) > MAX_DIMS:
+                return None
+            shape = b"x".join(b"%d" % d for d in x.shape) if x.shape else b"-"
+            parts.append(b"%d:%s:%08X" % (x.t, shape, x.crc & 0xFFFFFFFF))
+        return b",".join(parts) if parts else b"-"
+
+    def op(
+        self,
+        i: int,
+        sub: int,
+        idx: int,
+        opname: str,
+        cycles: int,
+        ins: Sequence[TapTensor],
+        outs: Sequence[TapTensor],
+    ) -> None:
+        _check_tap_tensors(ins, outs)
+        lin, lout = self._tap_list(ins), self._tap_list(outs)
+        fields = [
+            ("i", b"%d" % _check_int("i", i, -(2**31), 2**31 - 1)),
+            ("sub", b"%d" % _check_int("sub", sub, -(2**31), 2**31 - 1)),
+            ("idx", b"%d" % _check_int("idx", idx, -(2**31), 2**31 - 1)),
+            ("op", sanitize_value(opname, OPNAME_MAX)),
+            ("cycles", b"%d" % _check_int("cycles", cycles, 0, 2**64 - 1)),
+        ]
+        if lin is None or lout is None:
+            fields.append(("-bad", b""))  # invalid key: same overflow ERROR record as the C emitter
+        else:
+            fields += [("in", lin), ("out", lout)]
+        self._emit("OP", fields)
+
+    def op_end(self, i: int, ops: int, dropped: int, ram_bytes: int) -> None:
+        self._emit(
+            "OPEND",
+            [
+                ("i", b"%d" % _check_int("i", i, -(2**31), 2**31 - 1)),
+                ("ops", b"%d" % _check_int("ops", ops, 0, 2**64 - 1)),
+                ("dropped", b"%d" % _check_int("dropped", dropped, 0, 2**64 - 1)),
+                ("ram", b"%d" % _check_int("ram", ram_bytes, 0, 2**64 - 1)),
+            ],
+        )
+
+    def op_dump(
+        self,
+        i: int,
+        idx: int,
+        t: int,
+        role: str,
+        dtype: str,
+        shape: Sequence[int],
+        scale: float,
+        zp: int,
+        data: bytes,
+    ) -> None:
+        i = _check_int("i", i, -(2**31), 2**31 - 1)
+        idx = _check_int("idx", idx, -(2**31), 2**31 - 1)
+        t = _check_int("t", t, -(2**31), 2**31 - 1)
+        zp = _check_int("zp", zp, -(2**31), 2**31 - 1)
+        dims = [_check_int("dim", d, -(2**31), 2**31 - 1) for d in shape]
+        bits = _float32_bits(scale)
+        data = bytes(data)
+        bad = _tensor_problem(dtype, dims, len(data))
+        if bad is None and role not in ("in", "out"):
+            bad = "bad_role"
+        if bad is not None:
+            self.error("internal", 0, bad, i)
+            return
+        head = [("i", b"%d" % i), ("idx", b"%d" % idx), ("t", b"%d" % t), ("role", role.encode())]
+        fields = [
+            *head,
+            ("dtype", dtype.encode("ascii")),
+            ("shape", b"x".join(b"%d" % d for d in dims) if dims else b"-"),
+            ("scale", b"0x%08X" % bits),
+            ("zp", b"%d" % zp),
+            ("bytes", b"%d" % len(data)),
+            ("crc", b"%08X" % zlib.crc32(data)),
+        ]
+        if not self._emit("OPDUMP", fields):
+            return
+        for off in range(0, len(data), DATA_CHUNK):
+            b64 = base64.b64encode(data[off : off + DATA_CHUNK])
+            if not self._emit("OPDATA", [*head, ("off", b"%d" % off), ("b64", b64)]):
+                return
+
+
+def _check_tap_tensors(*sides: Sequence[TapTensor]) -> None:
+    for side in sides:
+        for x in side:
+            _check_int("t", x.t, -(2**31), 2**31 - 1)
+            _check_int("crc", x.crc, 0, 2**32 - 1)
+            for d in x.shape:
+                _check_int("dim", d, -(2**31), 2**31 - 1)
+
 
 def check_record_fits(seq: int, rtype: str, fields: Sequence[tuple[str, bytes]]) -> None:
     """Raise ProtocolOverflowError if a record with these fields cannot be emitted as-is."""
@@ -392,6 +527,28 @@ def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) 
     return out
 
 
+class _CTapTensor(ctypes.Structure):
+    """ecp_tap_tensor_t."""
+
+    _fields_ = [
+        ("t", ctypes.c_int32),
+        ("crc", ctypes.c_uint32),
+        ("ndims", ctypes.c_int32),
+        ("dims", ctypes.c_int32 * MAX_DIMS),
+    ]
+
+
+def _c_tap_array(ts: Sequence[TapTensor]) -> ctypes.Array[_CTapTensor]:
+    arr = (_CTapTensor * max(1, len(ts)))()
+    for k, x in enumerate(ts):
+        arr[k].t = x.t
+        arr[k].crc = x.crc & 0xFFFFFFFF
+        arr[k].ndims = len(x.shape)  # > MAX_DIMS: the C side rejects it (only MAX_DIMS are copied)
+        for d, v in enumerate(x.shape[:MAX_DIMS]):
+            arr[k].dims[d] = v
+    return arr
+
+
 def _load_library(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     vp, cp, i32, i64, u64, sz = (
@@ -436,6 +593,39 @@ def _load_library(path: Path) -> ctypes.CDLL:
         ),
         "ecp_error": (ctypes.c_int, [vp, cp, i32, ctypes.c_int, cp]),
         "ecp_end": (ctypes.c_int, [vp, ctypes.c_int]),
+        "ecp_op": (
+            ctypes.c_int,
+            [
+                vp,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_int,
+                cp,
+                u64,
+                ctypes.POINTER(_CTapTensor),
+                ctypes.c_int,
+                ctypes.POINTER(_CTapTensor),
+                ctypes.c_int,
+            ],
+        ),
+        "ecp_op_end": (ctypes.c_int, [vp, ctypes.c_int, u64, u64, u64]),
+        "ecp_op_dump": (
+            ctypes.c_int,
+            [
+                vp,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_int,
+                cp,
+                cp,
+                ctypes.POINTER(i32),
+                ctypes.c_int,
+                ctypes.c_float,
+                i32,
+                cp,
+                sz,
+            ],
+        ),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)
@@ -556,6 +746,73 @@ class CEmitter:
 
     def end(self, ok: bool) -> None:
         self.lib.ecp_end(self.state, 1 if ok else 0)
+        self._sync()
+
+    def op(
+        self,
+        i: int,
+        sub: int,
+        idx: int,
+        opname: str,
+        cycles: int,
+        ins: Sequence[TapTensor],
+        outs: Sequence[TapTensor],
+    ) -> None:
+        _check_tap_tensors(ins, outs)
+        self.lib.ecp_op(
+            self.state,
+            _check_int("i", i, -(2**31), 2**31 - 1),
+            _check_int("sub", sub, -(2**31), 2**31 - 1),
+            _check_int("idx", idx, -(2**31), 2**31 - 1),
+            _cbytes(opname),
+            _check_int("cycles", cycles, 0, 2**64 - 1),
+            _c_tap_array(ins),
+            len(ins),
+            _c_tap_array(outs),
+            len(outs),
+        )
+        self._sync()
+
+    def op_end(self, i: int, ops: int, dropped: int, ram_bytes: int) -> None:
+        self.lib.ecp_op_end(
+            self.state,
+            _check_int("i", i, -(2**31), 2**31 - 1),
+            _check_int("ops", ops, 0, 2**64 - 1),
+            _check_int("dropped", dropped, 0, 2**64 - 1),
+            _check_int("ram", ram_bytes, 0, 2**64 - 1),
+        )
+        self._sync()
+
+    def op_dump(
+        self,
+        i: int,
+        idx: int,
+        t: int,
+        role: str,
+        dtype: str,
+        shape: Sequence[int],
+        scale: float,
+        zp: int,
+        data: bytes,
+    ) -> None:
+        dims = [_check_int("dim", d, -(2**31), 2**31 - 1) for d in shape]
+        _float32_bits(scale)
+        arr = (ctypes.c_int32 * max(len(dims), 1))(*dims)
+        data = bytes(data)
+        self.lib.ecp_op_dump(
+            self.state,
+            _check_int("i", i, -(2**31), 2**31 - 1),
+            _check_int("idx", idx, -(2**31), 2**31 - 1),
+            _check_int("t", t, -(2**31), 2**31 - 1),
+            _cbytes(role),
+            dtype.encode("ascii", "replace"),
+            arr,
+            len(dims),
+            scale,
+            _check_int("zp", zp, -(2**31), 2**31 - 1),
+            data,
+            len(data),
+        )
         self._sync()
 
 

@@ -70,6 +70,7 @@ class VariantRun:
     findings: list[dict[str, Any]] = field(default_factory=list)
     source: Any | None = None  # harness.compare.Source when the capture was valid
     problems: list[str] = field(default_factory=list)
+    exit_code: ExitCode | None = None  # what this variant's failure implies; None when it ran cleanly
 
 
 @dataclass
@@ -163,11 +164,19 @@ def flash_and_compare(
     timeouts: StageTimeouts | None = None,
     junit: str | Path | None = None,
     progress: ProgressFn | None = None,
+    lock: bool = True,
+    lock_dir: str | Path | None = None,
+    lock_timeout: float = 600.0,
 ) -> FlashAndCompareResult:
     """Run the whole job and return its result; the report is always written to ``out_dir``.
 
     Usage errors found before any hardware is touched (bad model, bad input, unknown board) are
     raised; failures after that are recorded per stage and decide the exit code.
+
+    With ``lock`` (default) the board's cross-process lock (harness.runner.locks, keyed on its USB
+    serial number / server host:port / sim name, in ``lock_dir`` or the default lock directory) is
+    held while flashing and capturing, so a CI runner and this call never share a board; a board
+    still busy after ``lock_timeout`` seconds is an infrastructure error (exit 3).
     """
     from harness.boards import load_board
     from harness.model import load_model
@@ -237,9 +246,7 @@ def flash_and_compare(
         from harness.compare import reference_source
 
         try:
-            ref_source = rec.run(
-                "reference", None, lambda: reference_source(model, list(inputs))
-            )
+            ref_source = rec.run("reference", None, lambda: reference_source(model, list(inputs)))
         except EspCheckError as exc:
             if exc.exit_code == ExitCode.USAGE:
                 raise
@@ -280,15 +287,72 @@ def flash_and_compare(
     if len(builds) < 2:
         return finish()
 
-    # 4. flash + capture each variant on the same board, one after the other
-    for v in VARIANT_ORDER:
-        code = _run_variant(rec, variants[v], builds[v], board_def, port_url, out, limits, flash_baud)
-        if code is not None:
-            codes.append(code)
+    # 4. flash + capture each variant on the same board, one after the other, holding its lock
+    with contextlib.ExitStack() as held:
+        if lock:
+            try:
+                cm = _board_lock(port_url, board_def, lock_dir, lock_timeout, rec)
+                rec.run("lock", None, lambda: held.enter_context(cm))
+            except EspCheckError as exc:
+                errors.append(f"board lock: {exc}")
+                codes.append(exc.exit_code)
+                return finish()
+        for v in VARIANT_ORDER:
+            code = _run_variant(rec, variants[v], builds[v], board_def, port_url, out, limits, flash_baud)
+            variants[v].exit_code = code
+            if code is not None:
+                codes.append(code)
 
     # 5. compare what the device printed
     comparison = _compare(rec, variants, ref_source, info, tolerance_lsb, ref_tolerance_lsb, errors, codes)
     return finish()
+
+
+def _board_lock(
+    port_url: str, board: Any, lock_dir: str | Path | None, timeout: float, rec: _Recorder
+) -> contextlib.AbstractContextManager[Any]:
+    """The lock ``esp-check run`` takes for the same board (a port that does not resolve: no lock)."""
+    from harness.device.ports import resolve_port
+    from harness.runner.locks import board_lock
+
+    try:
+        ps = resolve_port(port_url, board)
+    except EspCheckError:
+        return contextlib.nullcontext()  # the port stage reports it
+    return board_lock(
+        ps,
+        lock_dir=lock_dir,
+        timeout=timeout,
+        owner="esp-check flash-and-compare",
+        on_wait=lambda msg: rec.say("lock", msg),
+    )
+
+
+def flash_and_capture(
+    build: Any,
+    board: Any,
+    port_url: str,
+    out_dir: Path,
+    *,
+    variant: str,
+    timeouts: StageTimeouts | None = None,
+    flash_baud: int | None = None,
+    progress: ProgressFn | None = None,
+) -> tuple[VariantRun, list[StageRecord]]:
+    """Flash one built variant to the board at ``port_url``, capture and verify its run.
+
+    The building block the CI runner shares with ``flash-and-compare``: the returned VariantRun has
+    ``source`` (a comparable harness.compare.Source) only when the device's own records validated
+    and it reported the ESP-NN mode this variant was built for; otherwise ``exit_code`` says why.
+    """
+    rec = _Recorder(progress)
+    run = VariantRun(variant, project_dir=getattr(build, "project_dir", None))
+    run.firmware_sha256 = getattr(build, "firmware_sha256", None)
+    run.build_cache_hit = getattr(build, "cache_hit", None)
+    run.exit_code = _run_variant(
+        rec, run, build, board, port_url, Path(out_dir), timeouts or StageTimeouts(), flash_baud
+    )
+    return run, rec.stages
 
 
 def _run_variant(
@@ -400,6 +464,15 @@ def _run_variant(
         why = "; ".join(cap.problems) or f"capture ended by {raw.ended_by}"
         rec.stages.append(StageRecord("verify", v, "failed", time.monotonic() - t0, why, 3))
         return CaptureError(why).exit_code
+    infra = [f for f in findings if f.severity == Severity.INFRASTRUCTURE]
+    if infra:
+        # The records validated, yet the board browned out / rebooted / lost data around them: keep
+        # the evidence, but never let such a run count as a clean match.
+        why = "; ".join(f.message for f in infra)
+        rec.stages.append(StageRecord("verify", v, "failed", time.monotonic() - t0, why, 3))
+        run.source = source_from_capture(cap, v, str(log_path), raw.data)
+        run.capture_valid = True
+        return ExitCode.INFRASTRUCTURE
     expected = EXPECTED_NN[v]
     if cap.nn_mode != expected:
         rec.stages.append(
@@ -551,6 +624,7 @@ __all__ = [
     "StageRecord",
     "StageTimeouts",
     "VariantRun",
+    "flash_and_capture",
     "flash_and_compare",
     "sim_port_for",
 ]

@@ -56,6 +56,9 @@ _UINT_RE = re.compile(r"0|[1-9][0-9]{0,19}")
 _HEX8_RE = re.compile(r"[0-9A-F]{8}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _SHAPE_RE = re.compile(r"-|(0|[1-9][0-9]{0,9})(x(0|[1-9][0-9]{0,9})){0,7}")
+_TAP_ENTRY_RE = re.compile(r"(-?(?:0|[1-9][0-9]{0,9})):(-|(?:0|[1-9][0-9]{0,9})(?:x(?:0|[1-9][0-9]{0,9})){0,7}):([0-9A-F]{8})")
+_OPNAME_RE = re.compile(r"[A-Za-z0-9_\-]{1,32}")
+TAP_MAX_TENSORS = 4
 
 
 def crc32_hex(data: bytes) -> str:
@@ -101,6 +104,40 @@ class ErrorRecord:
     seq: int
 
 
+@dataclass(frozen=True)
+class TapEntry:
+    """One tensor of an OP record: index, shape and the CRC-32 the device computed."""
+
+    t: int
+    shape: tuple[int, ...]
+    crc: str  # 8 upper-case hex digits
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One executed op of a tapped run: input CRCs before its invoke, output CRCs after it."""
+
+    i: int
+    sub: int
+    idx: int
+    opcode: str
+    cycles: int
+    inputs: tuple[TapEntry, ...]
+    outputs: tuple[TapEntry, ...]
+    seq: int
+
+
+@dataclass(frozen=True)
+class OpDump:
+    """A full tensor an op read (role ``in``) or wrote (``out``), reassembled and CRC-checked."""
+
+    i: int
+    idx: int
+    t: int
+    role: str
+    tensor: CapturedTensor
+
+
 @dataclass
 class CapturedRun:
     """One input's invoke: its input hash, timing and outputs."""
@@ -112,6 +149,9 @@ class CapturedRun:
     cycles: int | None = None
     outputs: list[CapturedTensor] = field(default_factory=list)
     errors: list[ErrorRecord] = field(default_factory=list)
+    ops: list[OpRecord] = field(default_factory=list)  # tap: in print order
+    ops_end: dict[str, int] | None = None  # tap: OPEND fields (ops, dropped, ram)
+    dumps: list[OpDump] = field(default_factory=list)  # tap: OPDUMP tensors
 
 
 @dataclass(frozen=True)
@@ -160,6 +200,11 @@ class Capture:
     @property
     def simulated(self) -> bool:
         return self.begin.get("sim") == "1"
+
+    @property
+    def tapped(self) -> bool:
+        """The firmware says it was built with --tap (INFO tap=1)."""
+        return self.info.get("tap") == "1"
 
     @property
     def firmware_faulted(self) -> bool:
@@ -304,6 +349,7 @@ class _Builder:
         self.pending: tuple[Record, bytearray, CapturedTensor] | None = None
         self.stale = 0
         self.broken = False
+        self.pending_dump: tuple[Record, bytearray, OpDump] | None = None
 
     def problem(self, msg: str) -> None:
         self.cap.problems.append(msg)
@@ -352,6 +398,12 @@ class _Builder:
                 f"TENSOR at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
             )
             self.pending = None
+        if self.pending_dump is not None and t != "OPDATA":
+            prec, buf, _ = self.pending_dump
+            self.problem(
+                f"OPDUMP at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
+            )
+            self.pending_dump = None
         if cap.complete:
             self.problem(f"line {rec.line}: {t} record after END")
             return
@@ -423,8 +475,138 @@ class _Builder:
                     f"line {rec.line}: END says {records} records came before it, its seq is {rec.seq}"
                 )
             cap.end_status = status
+        elif t == "OP":
+            self._op(rec)
+        elif t == "OPEND":
+            run = self._run(rec)
+            if run is not None:
+                if run.ops_end is not None:
+                    self.problem(f"line {rec.line}: OPEND for i={run.index} repeated")
+                end = {k: _int(rec, k, unsigned=True) for k in ("ops", "dropped", "ram")}
+                if end["ops"] != len(run.ops):
+                    self.problem(
+                        f"line {rec.line}: OPEND i={run.index} says ops={end['ops']}, "
+                        f"{len(run.ops)} OP records arrived"
+                    )
+                if end["dropped"]:
+                    cap.warnings.append(
+                        f"run i={run.index}: the device's tap buffer was full, {end['dropped']} op "
+                        "record(s) dropped (later ops are not checked)"
+                    )
+                run.ops_end = end
+        elif t == "OPDUMP":
+            self._opdump(rec)
+        elif t == "OPDATA":
+            self._opdata(rec)
         else:
             cap.unknown.append(rec)
+
+    @staticmethod
+    def _tap_list(rec: Record, key: str) -> tuple[TapEntry, ...]:
+        raw = _get(rec, key)
+        if raw == "-":
+            return ()
+        parts = raw.split(",")
+        if len(parts) > TAP_MAX_TENSORS:
+            raise _FieldError(f"OP record (seq {rec.seq}): {key}= lists more than {TAP_MAX_TENSORS} tensors")
+        out = []
+        for part in parts:
+            m = _TAP_ENTRY_RE.fullmatch(part)
+            if m is None:
+                raise _FieldError(f"OP record (seq {rec.seq}): {key} entry {part[:40]!r} is malformed")
+            shape = () if m.group(2) == "-" else tuple(int(d) for d in m.group(2).split("x"))
+            out.append(TapEntry(int(m.group(1)), shape, m.group(3)))
+        return tuple(out)
+
+    def _op(self, rec: Record) -> None:
+        run = self._run(rec)
+        if run is None:
+            return
+        if run.ops_end is not None:
+            self.problem(f"line {rec.line}: OP after OPEND for i={run.index}")
+        opname = _get(rec, "op")
+        if not _OPNAME_RE.fullmatch(opname):
+            raise _FieldError(f"OP record (seq {rec.seq}): op={opname[:40]!r} is not an op name")
+        op = OpRecord(
+            run.index,
+            _int(rec, "sub", unsigned=True),
+            _int(rec, "idx", unsigned=True),
+            opname,
+            _int(rec, "cycles", unsigned=True),
+            self._tap_list(rec, "in"),
+            self._tap_list(rec, "out"),
+            rec.seq,
+        )
+        if any(o.idx == op.idx and o.sub == op.sub for o in run.ops):
+            self.problem(f"line {rec.line}: OP i={run.index} idx={op.idx} repeated")
+            return
+        run.ops.append(op)
+
+    def _opdump(self, rec: Record) -> None:
+        run = self._run(rec)
+        # same field checks as TENSOR, through a TENSOR-shaped view of the record
+        fields = dict(rec.fields)
+        fields.setdefault("o", "0")
+        role = _get(rec, "role")
+        if role not in ("in", "out"):
+            raise _FieldError(f"OPDUMP role {role!r} must be in or out")
+        idx, t = _int(rec, "idx", unsigned=True), _int(rec, "t")
+        view = Record(rec.seq, "OPDUMP", fields, rec.line)
+        saved, saved_broken = self.pending, self.broken
+        self.pending = None
+        self._tensor(view, register=False)
+        pend = self.pending
+        self.pending, self.broken = saved, saved_broken
+        if pend is None:  # zero bytes: already finished (nothing to dump)
+            return
+        _, _, tensor = pend
+        if run is not None and any(d.idx == idx and d.t == t and d.role == role for d in run.dumps):
+            self.problem(f"line {rec.line}: OPDUMP i={run.index} idx={idx} t={t} role={role} repeated")
+        self.pending_dump = (rec, bytearray(), OpDump(tensor.i, idx, t, role, tensor))
+        if int(rec.fields["bytes"]) == 0:
+            self._dump_done(rec, b"")
+
+    def _opdata(self, rec: Record) -> None:
+        if self.pending_dump is None:
+            self.problem(f"line {rec.line}: OPDATA without an OPDUMP record")
+            return
+        prec, buf, dump = self.pending_dump
+        key = (
+            _int(rec, "i", unsigned=True),
+            _int(rec, "idx", unsigned=True),
+            _int(rec, "t"),
+            _get(rec, "role"),
+        )
+        off = _int(rec, "off", unsigned=True)
+        if key != (dump.i, dump.idx, dump.t, dump.role) or off != len(buf):
+            self.problem(f"line {rec.line}: OPDATA off={off} does not continue OPDUMP at line {prec.line}")
+            self.pending_dump = None
+            return
+        try:
+            chunk = base64.b64decode(_get(rec, "b64"), validate=True)
+        except (binascii.Error, ValueError):
+            raise _FieldError("OPDATA b64 is not valid base64") from None
+        total = int(prec.fields["bytes"])
+        if not 0 < len(chunk) <= DATA_CHUNK or len(buf) + len(chunk) > total:
+            self.problem(f"line {rec.line}: OPDATA chunk of {len(chunk)} bytes does not fit its OPDUMP")
+            self.pending_dump = None
+            return
+        buf.extend(chunk)
+        if len(buf) == total:
+            self._dump_done(prec, bytes(buf))
+
+    def _dump_done(self, prec: Record, data: bytes) -> None:
+        assert self.pending_dump is not None
+        dump = self.pending_dump[2]
+        self.pending_dump = None
+        tensor = dump.tensor
+        if crc32_hex(data) != tensor.crc:
+            self.problem(f"OPDUMP at line {prec.line}: data CRC {crc32_hex(data)} != {tensor.crc}")
+            return
+        tensor.data = np.frombuffer(data, dtype=DTYPES[tensor.dtype]).reshape(tensor.shape)
+        run = self.run_by_index.get(dump.i)
+        if run is not None:
+            run.dumps.append(dump)
 
     def _run(self, rec: Record) -> CapturedRun | None:
         i = _int(rec, "i", unsigned=True)
@@ -433,7 +615,7 @@ class _Builder:
             self.problem(f"line {rec.line}: {rec.type} for i={i} without its INPUT record")
         return run
 
-    def _tensor(self, rec: Record) -> None:
+    def _tensor(self, rec: Record, register: bool = True) -> None:
         run = self._run(rec)
         o = _int(rec, "o", unsigned=True)
         dtype = _get(rec, "dtype")
@@ -468,11 +650,11 @@ class _Builder:
             "" if name == "-" else name,
             crc,
         )
-        if run is not None and any(t.o == o for t in run.outputs):
+        if register and run is not None and any(t.o == o for t in run.outputs):
             self.problem(f"line {rec.line}: TENSOR i={run.index} o={o} repeated")
         self.pending = (rec, bytearray(), tensor)
         self.broken = False
-        if nbytes == 0:
+        if nbytes == 0 and register:
             self._finish()
 
     def _data(self, rec: Record) -> None:
@@ -527,6 +709,11 @@ class _Builder:
             self.problem(
                 f"TENSOR at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
             )
+        if self.pending_dump is not None:
+            prec, buf, _ = self.pending_dump
+            self.problem(
+                f"OPDUMP at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
+            )
         if not cap.has_records:
             self.problem("no esp-check protocol records (@EC1) in the capture")
             return
@@ -538,6 +725,11 @@ class _Builder:
         missing = [k for k in REQUIRED_INFO if k not in cap.info]
         if missing:
             self.problem(f"required INFO keys missing: {', '.join(missing)}")
+        for key in ("cores", "cpu_mhz", "model_bytes", "inputs", "outputs"):
+            if key in cap.info and not _UINT_RE.fullmatch(cap.info[key]):
+                self.problem(f"INFO {key}={cap.info[key][:40]!r} is not an unsigned integer")
+        if "model_sha256" in cap.info and not _SHA256_RE.fullmatch(cap.info["model_sha256"]):
+            self.problem("INFO model_sha256 is not 64 lower-case hex digits")
         if cap.end_status == "error" and not cap.errors:
             self.problem("END status=error without any ERROR record")
         if cap.end_status == "ok":
@@ -553,6 +745,8 @@ class _Builder:
                 got = sorted(t.o for t in run.outputs)
                 if _UINT_RE.fullmatch(n_out) and got != list(range(int(n_out))):
                     self.problem(f"run i={run.index}: outputs {got} arrived, expected 0..{int(n_out) - 1}")
+                if cap.tapped and run.ops_end is None:
+                    self.problem(f"run i={run.index}: tapped firmware (INFO tap=1) printed no OPEND record")
         for run in cap.runs:
             run.outputs.sort(key=lambda t: t.o)
 

@@ -488,3 +488,22 @@ def test_spaces_and_non_ascii_in_project_path(tmp_path: Path, fake_tools: dict[s
     assert res.app_bin.is_file()
     manifest = json.loads(projects[0].manifest_path.read_text(encoding="utf-8"))
     assert all("\\" not in f and not f.startswith("/") for f in manifest["files"])  # relative POSIX paths
+
+
+def test_partition_table_parser_reads_the_sim_packers_tables() -> None:
+    image = pytest.importorskip("harness.sim.image")
+    parts = image.default_partitions(0x123456)
+    parsed = b.parse_partition_table(image.pack_partition_table(parts))
+    assert [(p.label, p.type, p.subtype, p.offset, p.size) for p in parsed] == [
+        (p.label, p.type, p.subtype, p.offset, p.size) for p in parts
+    ]
+    assert b.parse_partition_table(b"\xff" * 0xC00) == []
+
+
+def test_parse_resolved_sdkconfig() -> None:
+    text = (
+        '# comment\nCONFIG_IDF_TARGET="esp32s3"\n# CONFIG_X is not set\n'
+        "CONFIG_PARTITION_TABLE_OFFSET=0xc000\n"
+    )
+    expected = {"CONFIG_IDF_TARGET": "esp32s3", "CONFIG_PARTITION_TABLE_OFFSET": "0xc000"}
+    assert b.parse_sdkconfig(text) == expected

@@ -258,3 +258,55 @@ def test_reference_truncated_model_exit_2(
     p.write_bytes((models_dir / "op_zoo.tflite").read_bytes()[:5000])
     code = main(["reference", str(p), "--input", str(models_dir / "inputs" / "op_zoo.q.npy")])
     assert code == 2 and "truncated" in capsys.readouterr().err
+
+
+@needs_tflm
+def test_float_two_input_model_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from test_model_builder import float_add_model
+
+    model = tmp_path / "add.tflite"
+    model.write_bytes(float_add_model())
+    np.save(tmp_path / "a.npy", np.array([[1.0, 2.0, 3.0, 4.0]], np.float32))
+    np.save(tmp_path / "b.npy", np.array([[0.5, 0.5, -4.0, 0.0]], np.float32))
+    info = _json(
+        capsys,
+        [
+            "inspect",
+            str(model),
+            "--json",
+            "--input",
+            str(tmp_path / "a.npy"),
+            "--input",
+            str(tmp_path / "b.npy"),
+        ],
+    )
+    assert info["model"]["kind"] == "float" and len(info["inputs"]) == 2
+    assert info["arena"]["method"] == "measured"
+    assert [p["tensor"] for p in info["input_files"][0]] == ["a", "b"]
+    ref = _json(
+        capsys,
+        [
+            "reference",
+            str(model),
+            "--json",
+            "--input",
+            str(tmp_path / "a.npy"),
+            "--input",
+            str(tmp_path / "b.npy"),
+        ],
+    )
+    assert ref["runs"][0]["outputs"][0]["raw"] == [1.5, 2.5, -1.0, 4.0]
+    # three files for a two-input model: refused, not guessed
+    code = main(
+        [
+            "reference",
+            str(model),
+            "--input",
+            str(tmp_path / "a.npy"),
+            "--input",
+            str(tmp_path / "b.npy"),
+            "--input",
+            str(tmp_path / "a.npy"),
+        ]
+    )
+    assert code == 2 and "2 files per run" in capsys.readouterr().err

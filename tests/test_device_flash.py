@@ -8,6 +8,7 @@ checked on esptool's own exception texts.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -23,9 +24,9 @@ import harness.sim as sim
 from harness.device.classify import classify, exit_code_for
 from harness.device.esptool_log import EsptoolLogSink, capture_esptool_log
 from harness.device.flash import FlashFailure, FlashProgress, flash_artifacts, map_esptool_error
-from harness.device.ports import resolve_port
+from harness.device.ports import open_port, resolve_port
 from harness.device.session import DeviceSession
-from harness.errors import ExitCode
+from harness.errors import ExitCode, PortError
 from harness.protocol import parse_capture
 from harness.sim.board import REGISTRY
 from harness.sim.image import build_sim_firmware
@@ -80,6 +81,11 @@ def test_flash_then_capture_on_one_handle_then_skip_on_reflash(
         assert fr.bytes_written >= sum(r.size for r in fr.regions)  # uncompressed, padded to 4
         assert 0 < sum(r.bytes_sent for r in fr.regions) < fr.bytes_written  # compressed on the wire
         assert dev.serial is handle  # flashing did not close or replace the handle
+        assert json.loads(json.dumps(fr.to_dict()))["regions"][0]["offset"] == firmware[0][0]
+        assert json.dumps(dev.describe())
+        with pytest.raises(PortError) as busy:  # exclusive: a second opener of this board is refused
+            open_port(url, 115200)
+        assert "busy" in str(busy.value)
         cap = dev.capture(tmp_path / "serial.log", total_timeout=30, silence_timeout=10)
         assert dev.serial is handle
     assert cap.ended_by == "end_record"
@@ -272,7 +278,7 @@ def test_remote_board_over_rfc2217(firmware: list[tuple[int, Path]], sim_url, tm
     finally:
         server.stop()
     assert fr.before == "default-reset"
-    assert cap.ended_by == "end_record"
+    assert cap.ended_by == "end_record", (cap, cap.data[-300:])
     assert parse_capture(cap.data).valid
 
 
@@ -285,3 +291,36 @@ def test_socket_url_cannot_reset_so_flashing_says_so(firmware: list[tuple[int, P
         server.stop()
     assert ei.value.kind in ("no_sync", "wrong_boot_mode")
     assert "socket://" in (ei.value.hint or "")
+
+
+def test_diff_with_rewrites_only_changed_sectors(
+    firmware: list[tuple[int, Path]], sim_url, tmp_path: Path
+) -> None:
+    """esptool's fast re-flash: with the previously flashed files as ``diff_with``, an unchanged file
+    is only MD5-verified and a changed one is written sector by sector."""
+    url = sim_url("classic")
+    app_off, app = firmware[-1]
+    changed = tmp_path / "app-changed.bin"
+    data = bytearray(app.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte in one 4 KiB sector
+    changed.write_bytes(bytes(data))
+    with DeviceSession(url, S3_CLASSIC) as dev:
+        dev.flash(firmware)
+        same = dev.flash(firmware, diff_with=[p for _, p in firmware])
+        assert same.all_skipped and same.bytes_written == 0
+        new = [*firmware[:-1], (app_off, changed)]
+        fast = dev.flash(new, diff_with=[p for _, p in firmware])
+    app_region = fast.regions[-1]
+    assert not app_region.skipped and app_region.verified
+    assert app_region.bytes_written == 0x1000  # exactly the one changed sector
+    assert all(r.skipped for r in fast.regions[:-1])
+
+
+def test_wrong_boot_mode_when_io0_is_sampled_too_late(firmware: list[tuple[int, Path]], sim_url) -> None:
+    """A board whose EN RC delay outlasts the IO0-low pulse boots the app instead of the ROM loader
+    (the simulated board samples IO0 ``strap_window`` s after EN rises): reported as wrong boot mode."""
+    url = sim_url("classic", extra="&strap_window=0.3")
+    with pytest.raises(FlashFailure) as ei, DeviceSession(url, S3_CLASSIC) as dev:
+        dev.flash(firmware, connect_attempts=2)
+    assert ei.value.kind == "wrong_boot_mode"
+    assert "BOOT" in (ei.value.hint or "")

@@ -37,9 +37,15 @@ from harness.emitter import (
 from harness.protocol import parse_capture
 
 HAVE_CC = em_mod.find_c_compiler() is not None
-needs_cc = pytest.mark.skipif(
+_skip_no_cc = pytest.mark.skipif(
     not HAVE_CC, reason="no host C compiler (cc/gcc/clang): C emitter contract not testable"
 )
+
+
+def needs_cc(f):  # type: ignore[no-untyped-def]
+    """Marker ``needs_cc`` plus a skip with a reason when there is no host C compiler."""
+    return pytest.mark.needs_cc(_skip_no_cc(f))
+
 
 NP = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "int32": np.int32, "float32": np.float32}
 FULL_INFO = [
@@ -89,9 +95,8 @@ def tensors(draw: st.DrawFn) -> TensorSpec:
     return TensorSpec(dtype, dims, scale, zp, raw, name)
 
 
+@needs_cc
 def test_c_source_is_portable_c99_and_warning_free(tmp_path: Path) -> None:
-    if not HAVE_CC:
-        pytest.skip("no host C compiler")
     cc = em_mod.find_c_compiler()
     src, hdr = emitter_sources()
     includes = {
@@ -296,6 +301,29 @@ def test_python_backend_without_compiler(monkeypatch: pytest.MonkeyPatch) -> Non
         b"@EC1 0 BEGIN proto=1 fw=esp-check fwver=v sim=0 ")]  # fmt: skip
     with pytest.raises(Exception, match="unknown emitter backend"):
         make_emitter(out.append, backend="rust")
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no host C++ compiler")
+def test_header_is_usable_from_cpp_firmware(tmp_path: Path) -> None:
+    """The firmware's app_main.cc includes the header: it must compile as C++ with C linkage."""
+    src, _ = emitter_sources()
+    main_cc = tmp_path / "main.cc"
+    main_cc.write_text(
+        '#include "esp_check_proto.h"\n'
+        "static int w(void *, const char *, size_t n) { return static_cast<int>(n); }\n"
+        'int main() { ecp_t e; ecp_init(&e, w, nullptr); ecp_begin(&e, "v", 0); return ecp_end(&e, 1); }\n'
+    )
+    obj = tmp_path / "proto.o"
+    cc = em_mod.find_c_compiler() or "gcc"
+    subprocess.run([cc, "-std=c99", "-c", str(src), "-o", str(obj)], check=True)
+    exe = tmp_path / "a.out"
+    proc = subprocess.run(
+        ["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", str(src.parent), str(main_cc), str(obj),
+         "-o", str(exe)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert subprocess.run([str(exe)], check=False).returncode == 0
 
 
 @needs_cc

@@ -44,7 +44,9 @@ def report(result) -> dict:
 
 
 @pytest.mark.parametrize("board", ["sim", "sim-usbjtag"])
-def test_clean_run_matches_on_both_reset_styles(models_dir: Path, tmp_path: Path, cache_dir: Path, board: str):
+def test_clean_run_matches_on_both_reset_styles(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, board: str
+):
     result = run(models_dir, tmp_path, cache_dir, None, board=board)
     doc = report(result)
     assert result.exit_code == ExitCode.MATCH, doc
@@ -113,7 +115,9 @@ def test_benign_faults_still_match(models_dir: Path, tmp_path: Path, cache_dir: 
 
 
 def test_corrupt_names_the_output_and_lsb(models_dir: Path, tmp_path: Path, cache_dir: Path):
-    result = run(models_dir, tmp_path, cache_dir, "sim://?fault=corrupt&variant_fault=optimized&corrupt_lsb=5")
+    result = run(
+        models_dir, tmp_path, cache_dir, "sim://?fault=corrupt&variant_fault=optimized&corrupt_lsb=5"
+    )
     comps = {(c.a, c.b): c for c in result.comparison.comparisons}
     assert not comps[("optimized", "ansi")].match
     assert comps[("optimized", "ansi")].max_diff_lsb >= 1
@@ -140,7 +144,7 @@ def test_cli_main_job_writes_junit(models_dir: Path, tmp_path: Path, cache_dir: 
     )
     assert code == 0
     text = junit.read_text()
-    assert "<testsuite" in text and "failures=\"0\"" in text
+    assert "<testsuite" in text and 'failures="0"' in text
 
 
 def test_cli_without_input_is_usage_error(models_dir: Path, tmp_path: Path):

@@ -374,3 +374,11 @@ def test_spec_example_is_a_valid_capture() -> None:
     em.tensor(0, 0, "int8", [1, 11], 0.00390625, -128, t.data.tobytes(), name=t.name, human_max=3)
     em.end(True)
     assert b"".join(out).decode() == example.replace("\n", "\r\n") + "\r\n"
+
+
+@pytest.mark.parametrize(("key", "value"), [("outputs", "abc"), ("inputs", "-1"), ("model_sha256", "XYZ")])
+def test_malformed_identity_info_is_a_problem(key: str, value: str) -> None:
+    fields = [f"{k}={value if k == key else v}" for k, v in INFO if k not in ("inputs", "outputs")]
+    fields += [f"inputs={value if key == 'inputs' else 0}", f"outputs={value if key == 'outputs' else 1}"]
+    cap = parse_capture(_minimal(info=fields))
+    assert not cap.valid and any(key in p for p in cap.problems), cap.problems

@@ -16,6 +16,7 @@ import serial
 from esp_pylib.serial_reset import hard_reset
 
 import harness.sim as sim
+from harness.errors import UsageError
 from harness.protocol import parse_capture
 from harness.sim.board import REGISTRY, SimBoard
 from harness.sim.image import build_sim_firmware
@@ -130,3 +131,33 @@ def test_bad_urls_are_rejected() -> None:
                 "sim://x?chip=esp32&reset=usb_jtag", "sim://x?colour=red"):
         with pytest.raises(serial.SerialException):
             serial.serial_for_url(url)
+
+
+def test_reopen_inherits_hardware_and_rejects_conflicts() -> None:
+    name = f"re-{uuid.uuid4().hex[:8]}"
+    try:
+        serial.serial_for_url(f"sim://{name}?chip=esp32c3&reset=usb_jtag").close()
+        port = serial.serial_for_url(f"sim://{name}")  # no parameters: the existing board
+        assert (port.board.chip.name, port.board.config.reset) == ("esp32c3", "usb_jtag")
+        port.close()
+        with pytest.raises(serial.SerialException, match="chip=esp32s3"):
+            serial.serial_for_url(f"sim://{name}?chip=esp32s3")
+    finally:
+        REGISTRY.remove(name)
+
+
+def test_board_files_and_url_for() -> None:
+    from harness.boards import load_board
+
+    for board_name in ("sim", "sim-usbjtag"):
+        board = load_board(board_name)
+        url = board.default_port
+        _name, config = sim.parse_url(url)
+        assert config.chip.name == board.chip and config.flash_size == 8 << 20
+        assert config.reset == ("usb_jtag" if board.reset == "usb_serial_jtag" else "classic")
+    url = sim.url_for("x1", {"chip": "esp32", "fault": "corrupt", "variant_fault": "optimized", "seed": 4})
+    _, config = sim.parse_url(url)
+    assert config.faults.names == {"corrupt"}
+    assert (config.faults.variant, config.faults.seed) == ("optimized", 4)
+    with pytest.raises(UsageError, match="unknown simulator parameter"):
+        sim.url_for("x1", {"colour": "red"})

@@ -59,12 +59,23 @@ def _board(port: serial.SerialBase) -> SimBoard:
 
 
 def connect(port: serial.SerialBase, style: str = "classic", attempts: int = 3):
-    """Reset into download mode with esp_pylib's sequence, then let esptool sync (no ioctl reset)."""
-    if style == "classic":
-        classic_bootloader_reset(port, enter_boot_delay=0.05, reset_delay=0.05)
-    else:
-        usb_jtag_bootloader_reset(port, settle_delay=0.02)
-    return cmds.detect_chip(port, 115200, "no-reset", connect_attempts=attempts)
+    """Reset into download mode with esp_pylib's sequence, then let esptool sync (no ioctl reset).
+
+    Like esptool's own connect loop, a failed sync is retried with a fresh reset: IO0 is sampled
+    20 ms after EN rises, and a thread descheduled between two line writes can miss that window.
+    """
+    for attempt in range(attempts):
+        if style == "classic":
+            classic_bootloader_reset(port, enter_boot_delay=0.05, reset_delay=0.05)
+        else:
+            usb_jtag_bootloader_reset(port, settle_delay=0.02)
+        try:
+            return cmds.detect_chip(port, 115200, "no-reset", connect_attempts=2)
+        except FatalError:
+            if attempt == attempts - 1:
+                raise
+            port.open()  # esptool closes the port when it gives up
+    raise AssertionError("unreachable")
 
 
 @pytest.mark.parametrize(

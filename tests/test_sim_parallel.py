@@ -14,6 +14,7 @@ import pytest
 import serial
 from esp_pylib.serial_reset import classic_bootloader_reset
 from esptool import cmds
+from esptool.util import FatalError
 
 import harness.sim as sim
 from harness.protocol import parse_capture
@@ -42,8 +43,15 @@ def test_three_boards_in_parallel_threads(tmp_path: Path, models_dir: Path) -> N
         try:
             port = serial.serial_for_url(f"sim://{names[chip]}?chip={chip}&emitter=c", exclusive=True)
             barrier.wait(timeout=10)
-            classic_bootloader_reset(port, enter_boot_delay=0.02, reset_delay=0.05)
-            esp = cmds.detect_chip(port, 115200, "no-reset", connect_attempts=3)
+            for attempt in range(3):  # re-reset on a failed sync, as esptool's connect loop does
+                classic_bootloader_reset(port, enter_boot_delay=0.02, reset_delay=0.05)
+                try:
+                    esp = cmds.detect_chip(port, 115200, "no-reset", connect_attempts=2)
+                    break
+                except FatalError:
+                    if attempt == 2:
+                        raise
+                    port.open()
             esp = cmds.run_stub(esp)
             esp.change_baud(921600)
             cmds.attach_flash(esp)

@@ -86,7 +86,7 @@ def test_rfc2217_server_resets_for_esptool(s3_files) -> None:
         raw = read_until_end(client, timeout=20, idle=5)
         cap = parse_capture(raw)
         client.close()
-        assert cap.valid, (cap.problems, raw[-600:], REGISTRY.get(name).status(), list(REGISTRY.get(name).log))
+        assert cap.valid, (cap.problems, raw[-600:], REGISTRY.get(name).status())
         assert cap.nn_mode == "ansi_c" and cap.simulated
     finally:
         server.stop()
@@ -156,3 +156,10 @@ def test_esp_rfc2217_server_in_front_of_sim_port(tmp_path: Path, s3_files) -> No
     for off, path in s3_files:
         blob = path.read_bytes()
         assert data[off:off + len(blob)] == blob, out[-2000:]
+
+
+def test_cli_sim_serve_rejects_bad_board_before_binding() -> None:
+    from harness.cli import main
+
+    assert main(["sim", "serve", "--chip", "esp32", "--reset", "usb_jtag", "--port", "0"]) == 2
+    assert main(["sim", "serve", "--fault", "melt", "--port", "0"]) == 2

@@ -356,31 +356,51 @@ static void emit_human(ecp_t *e, double v) {
     }
 }
 
+/* Why a tensor cannot be emitted (NULL if it can); sets *item and *count. */
+static const char *tensor_problem(const char *dtype, const int32_t *dims, int ndims, const uint8_t *data,
+                                  size_t nbytes, size_t *item, uint64_t *count) {
+    int k;
+    *item = dtype_size(dtype);
+    *count = 1;
+    if (*item == 0) {
+        return "bad_dtype";
+    }
+    if (ndims < 0 || ndims > ECP_MAX_DIMS || (ndims > 0 && dims == NULL)) {
+        return "bad_shape";
+    }
+    for (k = 0; k < ndims; k++) {
+        if (dims[k] < 0 || (dims[k] > 0 && *count > UINT64_MAX / 16u / (uint64_t)dims[k])) {
+            return "bad_shape";
+        }
+        *count *= (uint64_t)dims[k];
+    }
+    if (*count * *item != (uint64_t)nbytes || (nbytes > 0 && data == NULL)) {
+        return "tensor_size";
+    }
+    return NULL;
+}
+
+static void put_shape(ecp_t *e, const int32_t *dims, int ndims) {
+    int k;
+    if (ndims == 0) {
+        put(e, "-", 1);
+    }
+    for (k = 0; k < ndims; k++) {
+        if (k > 0) {
+            put(e, "x", 1);
+        }
+        put_i64(e, dims[k]);
+    }
+}
+
 int ecp_tensor(ecp_t *e, int i, int o, const char *dtype, const int32_t *dims, int ndims, float scale,
                int32_t zp, const uint8_t *data, size_t nbytes, const char *name, int human_max) {
-    size_t item = dtype_size(dtype);
-    uint64_t count = 1;
+    size_t item;
+    uint64_t count;
     uint32_t bits;
     size_t off;
-    int k;
-    const char *bad = NULL;
+    const char *bad = tensor_problem(dtype, dims, ndims, data, nbytes, &item, &count);
 
-    if (item == 0) {
-        bad = "bad_dtype";
-    } else if (ndims < 0 || ndims > ECP_MAX_DIMS || (ndims > 0 && dims == NULL)) {
-        bad = "bad_shape";
-    } else {
-        for (k = 0; k < ndims; k++) {
-            if (dims[k] < 0 || (dims[k] > 0 && count > UINT64_MAX / 16u / (uint64_t)dims[k])) {
-                bad = "bad_shape";
-                break;
-            }
-            count *= (uint64_t)dims[k];
-        }
-        if (bad == NULL && (count * item != (uint64_t)nbytes || (nbytes > 0 && data == NULL))) {
-            bad = "tensor_size";
-        }
-    }
     if (bad != NULL) {
         ecp_error(e, "internal", 0, i, bad);
         return -1;
@@ -391,15 +411,7 @@ int ecp_tensor(ecp_t *e, int i, int o, const char *dtype, const int32_t *dims, i
     ecp_kv_int(e, "o", o);
     ecp_kv_str(e, "dtype", dtype);
     put_key(e, "shape");
-    if (ndims == 0) {
-        put(e, "-", 1);
-    }
-    for (k = 0; k < ndims; k++) {
-        if (k > 0) {
-            put(e, "x", 1);
-        }
-        put_i64(e, dims[k]);
-    }
+    put_shape(e, dims, ndims);
     memcpy(&bits, &scale, sizeof bits);
     put_key(e, "scale");
     put(e, "0x", 2);
@@ -434,6 +446,108 @@ int ecp_tensor(ecp_t *e, int i, int o, const char *dtype, const int32_t *dims, i
         uint64_t j;
         for (j = 0; j < nh; j++) {
             emit_human(e, element_value(dtype, data + j * item, scale, zp));
+        }
+    }
+    return 0;
+}
+
+/* ---- tap records (--tap) ------------------------------------------------------------------------ */
+
+/* "t:shape:CRC" entries joined by ',' ("-" for none). */
+static int put_tap_list(ecp_t *e, const char *key, const ecp_tap_tensor_t *ts, int n) {
+    int k;
+    if (n < 0 || n > ECP_TAP_MAX_TENSORS || (n > 0 && ts == NULL)) {
+        return -1;
+    }
+    put_key(e, key);
+    if (n == 0) {
+        put(e, "-", 1);
+    }
+    for (k = 0; k < n; k++) {
+        if (ts[k].ndims < 0 || ts[k].ndims > ECP_MAX_DIMS) {
+            return -1;
+        }
+        if (k > 0) {
+            put(e, ",", 1);
+        }
+        put_i64(e, ts[k].t);
+        put(e, ":", 1);
+        put_shape(e, ts[k].dims, ts[k].ndims);
+        put(e, ":", 1);
+        put_hex32(e, ts[k].crc);
+    }
+    return 0;
+}
+
+int ecp_op(ecp_t *e, int i, int sub, int idx, const char *opname, uint64_t cycles, const ecp_tap_tensor_t *ins,
+           int nin, const ecp_tap_tensor_t *outs, int nout) {
+    ecp_record_start(e, "OP");
+    ecp_kv_int(e, "i", i);
+    ecp_kv_int(e, "sub", sub);
+    ecp_kv_int(e, "idx", idx);
+    put_key(e, "op");
+    put_value(e, opname, ECP_OPNAME_MAX);
+    ecp_kv_uint(e, "cycles", cycles);
+    if (put_tap_list(e, "in", ins, nin) != 0 || put_tap_list(e, "out", outs, nout) != 0) {
+        e->overflow = 1; /* a malformed tensor list: replaced by the overflow ERROR record */
+    }
+    return ecp_record_end(e);
+}
+
+int ecp_op_end(ecp_t *e, int i, uint64_t ops, uint64_t dropped, uint64_t ram_bytes) {
+    ecp_record_start(e, "OPEND");
+    ecp_kv_int(e, "i", i);
+    ecp_kv_uint(e, "ops", ops);
+    ecp_kv_uint(e, "dropped", dropped);
+    ecp_kv_uint(e, "ram", ram_bytes);
+    return ecp_record_end(e);
+}
+
+int ecp_op_dump(ecp_t *e, int i, int idx, int t, const char *role, const char *dtype, const int32_t *dims,
+                int ndims, float scale, int32_t zp, const uint8_t *data, size_t nbytes) {
+    size_t item, off;
+    uint64_t count;
+    uint32_t bits;
+    const char *bad = tensor_problem(dtype, dims, ndims, data, nbytes, &item, &count);
+
+    if (bad == NULL && (role == NULL || (strcmp(role, "in") != 0 && strcmp(role, "out") != 0))) {
+        bad = "bad_role";
+    }
+    if (bad != NULL) {
+        ecp_error(e, "internal", 0, i, bad);
+        return -1;
+    }
+    ecp_record_start(e, "OPDUMP");
+    ecp_kv_int(e, "i", i);
+    ecp_kv_int(e, "idx", idx);
+    ecp_kv_int(e, "t", t);
+    ecp_kv_str(e, "role", role);
+    ecp_kv_str(e, "dtype", dtype);
+    put_key(e, "shape");
+    put_shape(e, dims, ndims);
+    memcpy(&bits, &scale, sizeof bits);
+    put_key(e, "scale");
+    put(e, "0x", 2);
+    put_hex32(e, bits);
+    ecp_kv_int(e, "zp", zp);
+    ecp_kv_uint(e, "bytes", (uint64_t)nbytes);
+    put_key(e, "crc");
+    put_hex32(e, ecp_crc32(0u, data, nbytes));
+    if (ecp_record_end(e) != 0) {
+        return -1;
+    }
+    for (off = 0; off < nbytes; off += ECP_DATA_CHUNK) {
+        size_t n = nbytes - off < ECP_DATA_CHUNK ? nbytes - off : ECP_DATA_CHUNK;
+        ecp_record_start(e, "OPDATA");
+        ecp_kv_int(e, "i", i);
+        ecp_kv_int(e, "idx", idx);
+        ecp_kv_int(e, "t", t);
+        ecp_kv_str(e, "role", role);
+        ecp_kv_uint(e, "off", (uint64_t)off);
+        put_key(e, "b64");
+        put_b64(e, data + off, n);
+        if (ecp_record_end(e) != 0) {
+            return -1;
         }
     }
     return 0;

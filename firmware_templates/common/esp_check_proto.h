@@ -35,6 +35,8 @@ extern "C" {
 #define ECP_NAME_MAX 64    /* TENSOR name= is truncated to this many bytes */
 #define ECP_MSG_MAX 120    /* ERROR msg= is truncated to this many bytes */
 #define ECP_MAX_DIMS 8     /* more dimensions: record_overflow */
+#define ECP_TAP_MAX_TENSORS 4 /* tensors per OP record side (in=/out=); the firmware taps at most this many */
+#define ECP_OPNAME_MAX 32     /* OP op= is truncated to this many bytes */
 
 /* Returns the number of bytes written or a negative value on failure. */
 typedef int (*ecp_write_fn)(void *ctx, const char *buf, size_t len);
@@ -79,6 +81,27 @@ int ecp_time(ecp_t *e, int i, int64_t invoke_us);
  * Returns 0, or -1 if an ERROR record was emitted instead. */
 int ecp_tensor(ecp_t *e, int i, int o, const char *dtype, const int32_t *dims, int ndims, float scale,
                int32_t zp, const uint8_t *data, size_t nbytes, const char *name, int human_max);
+
+/* ---- tap records (docs/protocol.md "Tap records"; only firmware built with --tap prints them) ---- */
+
+/* One tensor an op read or wrote: model tensor index, shape and CRC-32 of its bytes at that moment. */
+typedef struct {
+    int32_t t;
+    uint32_t crc;
+    int32_t ndims;
+    int32_t dims[ECP_MAX_DIMS];
+} ecp_tap_tensor_t;
+
+/* OP record: ins = CRCs taken just before the op's invoke, outs = just after. nin/nout at most
+ * ECP_TAP_MAX_TENSORS (else the record is replaced by the overflow ERROR record). */
+int ecp_op(ecp_t *e, int i, int sub, int idx, const char *opname, uint64_t cycles, const ecp_tap_tensor_t *ins,
+           int nin, const ecp_tap_tensor_t *outs, int nout);
+/* OPEND record after a run's OP records: how many were printed, dropped (buffer full), tap RAM bytes. */
+int ecp_op_end(ecp_t *e, int i, uint64_t ops, uint64_t dropped, uint64_t ram_bytes);
+/* OPDUMP + OPDATA chunks: a full copy of tensor t as op idx saw it (role "in", before its invoke) or
+ * left it (role "out", after). Same validation as ecp_tensor; no human-readable lines. */
+int ecp_op_dump(ecp_t *e, int i, int idx, int t, const char *role, const char *dtype, const int32_t *dims,
+                int ndims, float scale, int32_t zp, const uint8_t *data, size_t nbytes);
 
 /* ERROR record; i < 0 omits the i field; msg may be NULL. */
 int ecp_error(ecp_t *e, const char *stage, int32_t code, int i, const char *msg);

@@ -127,7 +127,8 @@ def flash_and_compare_cmd(
 
     def progress(stage: str, message: str) -> None:
         style = "red" if message.startswith("failed") else ("green" if message.startswith("done") else "cyan")
-        console.print(f"[dim]{time.monotonic() - t0:7.1f}s[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] {escape(message)}")
+        when = f"{time.monotonic() - t0:7.1f}s"
+        console.print(f"[dim]{when}[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] {escape(message)}")
 
     result = flash_and_compare(
         model,
@@ -184,7 +185,9 @@ def _print_summary(console: Console, result: Any) -> None:
         console.print(f"[red]error:[/red] {escape(err)}")
     failed = [s for s in result.stages if s.status == "failed"]
     for s in failed:
-        console.print(f"[red]{escape(s.stage)} \\[{escape(s.variant or '-')}] failed:[/red] {escape(s.detail)}")
+        console.print(
+            f"[red]{escape(s.stage)} \\[{escape(s.variant or '-')}] failed:[/red] {escape(s.detail)}"
+        )
     color = {ExitCode.MATCH: "green", ExitCode.MISMATCH: "red", ExitCode.FIRMWARE_FAULT: "red"}.get(
         result.exit_code, "yellow"
     )

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO
 
 import serial
+from serial.urlhandler import protocol_socket
 
 from harness.device.classify import BootCounter
 from harness.device.ports import TransportCaps
@@ -81,7 +82,13 @@ class _State:
 
 
 def _socket_of(port: serial.SerialBase) -> socket.socket | None:
-    """The TCP socket behind a ``socket://`` port (pyserial keeps it in ``_socket``)."""
+    """The TCP socket behind a ``socket://`` port (pyserial keeps it in ``_socket``).
+
+    Only for the raw socket handler: an ``rfc2217://`` port also has a ``_socket``, but its own
+    reader thread owns it (telnet framing), so it is read through the port's API.
+    """
+    if not isinstance(port, protocol_socket.Serial):
+        return None
     sock = getattr(port, "_socket", None)
     return sock if isinstance(sock, socket.socket) else None
 

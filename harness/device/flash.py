@@ -128,12 +128,12 @@ class FlashResult:
         return all(r.skipped for r in self.regions)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("serial", None)
-        d.pop("esptool_log", None)
+        skip = {"serial", "esptool_log", "regions"}
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
+        d["features"] = list(self.features)
         d["log_path"] = str(self.log_path) if self.log_path else None
-        for r in d["regions"]:
-            r["path"] = str(r["path"])
+        d["regions"] = [{**dataclasses.asdict(r), "path": str(r.path)} for r in self.regions]
+        d["bytes_written"] = self.bytes_written
         return d
 
 
@@ -286,6 +286,25 @@ def _fmt_mac(mac: Any) -> str | None:
     return str(mac)
 
 
+_ROM_BOOT_RE = re.compile(rb"boot:(0x[0-9a-fA-F]+)[^\n]*\n(.*)", re.DOTALL)
+
+
+def _read_rom_banner(ser: serial.SerialBase, wait_s: float = 0.3) -> bytes:
+    """What the ROM printed after our bootloader reset: up to the line after ``boot:0x..``
+    (download mode says ``waiting for download`` there), at most ``wait_s`` seconds. esptool's sync
+    discards it, so this is our only chance to tell "wrong boot mode" from "no answer"."""
+    got = b""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        waiting = ser.in_waiting
+        got += ser.read(waiting) if waiting else b""
+        m = _ROM_BOOT_RE.search(got)
+        if m and b"\n" in m.group(2):
+            break
+        time.sleep(0.01)
+    return got
+
+
 def _connect(
     ser: serial.SerialBase,
     ps: PortSpec,
@@ -309,9 +328,7 @@ def _connect(
             if self_reset:
                 ser.reset_input_buffer()
                 bootloader_reset(ser, reset_style)
-                time.sleep(0.05)
-                waiting = ser.in_waiting
-                boot_log = ser.read(waiting) if waiting else b""
+                boot_log = _read_rom_banner(ser)
             per_try = 1 if tries > 1 else attempts
             if chip:
                 esp = CHIP_DEFS[chip](ser, ROM_BAUD)

@@ -156,7 +156,7 @@ _CAPS: dict[str, TransportCaps] = {
         local_reset=True,
         server_resets=False,
         baud_change=True,
-        exclusive_lock=False,
+        exclusive_lock=True,
         single_client=False,
         disconnect_is_eof=False,
         notes="in-process simulated board (harness.sim); results are simulated",
@@ -504,7 +504,7 @@ def open_port(
         timeout = 3.0 if ps.transport == Transport.RFC2217 else 0.05
     try:
         kwargs: dict[str, Any] = {"baudrate": baud, "timeout": timeout, "do_not_open": True}
-        if exclusive and ps.transport in (Transport.DEVICE, Transport.PTY):
+        if exclusive and ps.transport in (Transport.DEVICE, Transport.PTY, Transport.SIM):
             kwargs["exclusive"] = True
         port = make(url, **kwargs)
         if ps.caps.modem_lines and ps.transport != Transport.RFC2217:

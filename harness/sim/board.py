@@ -53,6 +53,7 @@ class BoardConfig:
     throttle: int | None = None  # line rate in baud for board output (None: as fast as the host reads)
     emitter: str = "auto"
     strap_window: float = 0.02
+    explicit: frozenset[str] = frozenset()  # keys the URL / table named (the rest are defaults)
 
 
 def parse_url(url: str) -> tuple[str, BoardConfig]:
@@ -120,6 +121,7 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         throttle=throttle,
         emitter=emitter,
         strap_window=float(params.get("strap_window", 0.02)),
+        explicit=frozenset(params),
     )
 
 
@@ -226,20 +228,31 @@ class SimBoard:
             self.persist()
 
     def reconfigure(self, config: BoardConfig) -> None:
-        """Apply a re-opened URL's settings: faults/throttle may change; chip, reset and flash may not."""
+        """Apply a re-opened URL's settings.
+
+        Faults, throttle and emitter follow the new URL. Chip, reset style and flash file belong to the
+        hardware: a URL that omits them inherits them (``sim://NAME`` reopens any board), one that
+        names different values is an error.
+        """
         with self._cond:
             old = self.config
-            if (config.chip.name, config.reset, config.flash_path) != (
-                old.chip.name,
-                old.reset,
-                old.flash_path,
-            ):
+            clash = [
+                f"{key}={new!s} (board has {was!s})"
+                for key, new, was in (
+                    ("chip", config.chip.name, old.chip.name),
+                    ("reset", config.reset, old.reset),
+                    ("flash", config.flash_path, old.flash_path),
+                )
+                if key in config.explicit and new != was
+            ]
+            if clash:
                 raise UsageError(
-                    f"simulated board {self.name!r} already exists as chip={old.chip.name} reset={old.reset} "
-                    f"flash={old.flash_path}",
+                    f"simulated board {self.name!r} already exists; the URL asks for {', '.join(clash)}",
                     hint="use another board name, or remove it from the registry first",
                 )
-            self.config = replace(config, flash_size=old.flash_size)
+            self.config = replace(
+                config, chip=old.chip, reset=old.reset, flash_path=old.flash_path, flash_size=old.flash_size
+            )
 
     def _log(self, msg: str) -> None:
         self.log.append(msg)

@@ -69,9 +69,9 @@ class Serial(SerialBase):
         """Find (or create) the board named in the URL, in :data:`harness.sim.board.REGISTRY`."""
         try:
             name, config = parse_url(url)
+            return REGISTRY.get(name, config)
         except UsageError as exc:
-            raise SerialException(f'expected a string in the form "sim://NAME[?options]": {exc}') from None
-        return REGISTRY.get(name, config)
+            raise SerialException(f"could not open {url!r} (form: sim://NAME[?options]): {exc}") from None
 
     def _reconfigure_port(self) -> None:
         """Nothing to program: the board reads the port's baud rate on every transfer."""

@@ -1,0 +1,40 @@
+"""Hardware-in-the-loop CI runner: ``esp-check run PLAN.toml --inventory BENCH.toml``.
+
+Public surface:
+
+- :func:`load_plan` / :class:`Plan` / :class:`Job` - the test plan (harness.runner.plan)
+- :func:`load_inventory` / :class:`Inventory` / :class:`BenchBoard` - the bench (harness.runner.inventory)
+- :func:`run_plan` / :class:`RunOptions` / :class:`RunResult` - scheduling, retries, quarantine
+- :func:`lock_key` / :class:`BoardLock` / :func:`board_lock` - cross-process board locks
+- :func:`write_reports` / :func:`summary_dict` - JSON summary, JUnit XML, Markdown
+
+Format of the files and of the reports: docs/ci.md.
+"""
+
+from __future__ import annotations
+
+from harness.runner.executor import RunOptions, RunResult, run_plan
+from harness.runner.inventory import BenchBoard, Inventory, detect_devices, inventory_snippet, load_inventory
+from harness.runner.locks import BoardLock, board_lock, default_lock_dir, lock_key
+from harness.runner.plan import Job, Plan, load_plan
+from harness.runner.reports import summary_dict, write_reports
+
+__all__ = [
+    "BenchBoard",
+    "BoardLock",
+    "Inventory",
+    "Job",
+    "Plan",
+    "RunOptions",
+    "RunResult",
+    "board_lock",
+    "default_lock_dir",
+    "detect_devices",
+    "inventory_snippet",
+    "load_inventory",
+    "load_plan",
+    "lock_key",
+    "run_plan",
+    "summary_dict",
+    "write_reports",
+]

@@ -1,0 +1,386 @@
+"""Bench inventories (``--inventory BENCH.toml``): the physical boards and how to reach them.
+
+Each ``[[board]]`` has a unique name, a board type (``boards/*.toml``), the console connector in use,
+and exactly one way to reach it: ``port`` (a stable ``/dev/serial/by-id/...`` path, ``rfc2217://``,
+``socket://`` or ``sim://`` URL), ``usb_serial`` (USB serial number) or ``usb_location`` (USB
+port path such as ``1-1.2``). Optional ``power_cycle`` (an argv list, never a shell string) is tried
+once before the board is quarantined. Format: docs/ci.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import EspCheckError, PlanError, PortError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from harness.runner.plan import NAME_RE
+
+CONSOLES = ("uart", "usb_serial_jtag")
+# chips with a USB-Serial-JTAG peripheral (the ESP32 and ESP32-S2 have none)
+USB_JTAG_CHIPS = ("esp32s3", "esp32c3", "esp32c6", "esp32h2", "esp32p4", "esp32c5", "esp32c61")
+_BOARD_KEYS = {
+    "name",
+    "type",
+    "console",
+    "port",
+    "usb_serial",
+    "usb_location",
+    "power_cycle",
+    "power_cycle_timeout_s",
+}
+_TOP_KEYS = {"board", "schema_version"}
+
+
+@dataclass(frozen=True)
+class BenchBoard:
+    """One physical (or simulated) board on the bench."""
+
+    name: str
+    type: str  # board type name or path, as written
+    board: Any  # harness.boards.Board with the console override applied
+    port: str | None = None
+    usb_serial: str | None = None
+    usb_location: str | None = None
+    power_cycle: tuple[str, ...] = ()
+    power_cycle_timeout_s: float = 60.0
+
+    @property
+    def simulated(self) -> bool:
+        return bool(getattr(self.board, "simulated", False))
+
+    def describe_port(self) -> str:
+        if self.port:
+            return self.port
+        if self.usb_serial:
+            return f"USB serial {self.usb_serial}"
+        return f"USB location {self.usb_location}"
+
+    def resolve(self) -> Any:
+        """The :class:`harness.device.ports.PortSpec` to open now (USB boards are looked up again)."""
+        from harness.device.ports import list_candidates, resolve_port
+
+        if self.port:
+            url = self.port
+            if url.startswith("sim://"):
+                from harness.flow import sim_port_for
+
+                url = sim_port_for(self.board.chip, self.board.reset, url)
+            return resolve_port(url, self.board)
+        cands = list_candidates()
+        if self.usb_serial:
+            found = [c for c in cands if c.serial_number == self.usb_serial]
+            what = f"USB serial number {self.usb_serial}"
+        else:
+            found = [c for c in cands if c.location == self.usb_location]
+            what = f"USB location {self.usb_location}"
+        if len(found) != 1:
+            listing = "\n".join(f"  {c.label()}" for c in cands) or "  (no serial ports)"
+            raise PortError(
+                f"board {self.name}: {len(found)} serial devices have {what}. Ports seen:\n{listing}",
+                hint="is it plugged in? `esp-check bench detect` lists serial numbers and locations",
+            )
+        return dataclasses.replace(resolve_port(found[0].device, self.board), usb=found[0])
+
+    def run_power_cycle(self) -> tuple[bool, str]:
+        """Run the power-cycle command (argv, no shell). Returns (ok, output/explanation)."""
+        if not self.power_cycle:
+            return False, "no power_cycle command"
+        try:
+            proc = subprocess.run(
+                list(self.power_cycle),
+                capture_output=True,
+                text=True,
+                timeout=self.power_cycle_timeout_s,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return False, f"power_cycle {self.power_cycle[0]} failed: {exc}"
+        out = (proc.stdout + proc.stderr).strip()[-2000:]
+        return proc.returncode == 0, f"exit {proc.returncode}: {out}"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    boards: tuple[BenchBoard, ...]
+
+    def of_type(self, board_type: str) -> list[BenchBoard]:
+        return [b for b in self.boards if b.type == board_type or b.board.name == board_type]
+
+    def by_name(self, name: str) -> BenchBoard:
+        for b in self.boards:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+
+def _err(path: Path, where: str, fieldname: str, msg: str, hint: str | None = None) -> PlanError:
+    return PlanError(
+        f"inventory {path}: {where}: field '{fieldname}' {msg}",
+        hint=hint or "see docs/ci.md ('Inventory file'); `esp-check bench detect` prints a starting point",
+    )
+
+
+def with_console(board: Any, console: str) -> Any:
+    """The board type with another console connector (an ESP32-S3-DevKitC-1 has UART and USB-JTAG)."""
+    if console == board.console:
+        return board
+    return dataclasses.replace(
+        board, console=console, reset="usb_serial_jtag" if console == "usb_serial_jtag" else "classic"
+    )
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Read and validate an inventory; raises PlanError (exit 2) naming file, board and field."""
+    from harness.boards import load_board
+
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanError(f"inventory file not found: {p}", hint="check the path") from None
+    except OSError as exc:
+        raise PlanError(f"cannot read inventory {p}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanError(
+            f"inventory {p} is not valid TOML: {exc}", hint="see docs/examples/bench.toml"
+        ) from None
+    bad = sorted(set(data) - _TOP_KEYS)
+    if bad:
+        raise _err(p, "top level", bad[0], "is not an inventory field", "boards are [[board]] tables")
+    raw = data.get("board")
+    if not isinstance(raw, list) or not raw:
+        raise _err(p, "top level", "board", "is missing: list the bench's boards as [[board]] tables")
+    base = p.resolve().parent
+    boards: list[BenchBoard] = []
+    seen: set[str] = set()
+    reach_seen: dict[str, str] = {}
+    for i, tab in enumerate(raw):
+        where = f"board #{i + 1}"
+        if not isinstance(tab, dict):
+            raise _err(p, where, "board", "must be a table")
+        name = tab.get("name")
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise _err(p, where, "name", f"must be a name of letters, digits, '_', '.', '-' (got {name!r})")
+        where = f"board {name!r}"
+        if name in seen:
+            raise _err(p, where, "name", "is used twice; board names must be unique")
+        seen.add(name)
+        bad = sorted(set(tab) - _BOARD_KEYS)
+        if bad:
+            raise _err(p, where, bad[0], "is not a board field", f"known: {sorted(_BOARD_KEYS)}")
+        btype = tab.get("type")
+        if not isinstance(btype, str) or not btype:
+            raise _err(p, where, "type", "is missing: give a board type from `esp-check boards`")
+        type_ref = btype
+        if btype.endswith(".toml") and not Path(btype).is_absolute():
+            type_ref = str(base / btype)
+        try:
+            board = load_board(type_ref)
+        except EspCheckError as exc:
+            raise _err(
+                p, where, "type", f"names an unknown board type {btype!r}: {exc.message}", exc.hint
+            ) from None
+        console = tab.get("console", board.console)
+        if console not in CONSOLES:
+            raise _err(p, where, "console", f"must be one of {CONSOLES}, not {console!r}")
+        if console == "usb_serial_jtag" and board.chip not in USB_JTAG_CHIPS:
+            raise _err(p, where, "console", f"is usb_serial_jtag but the {board.chip} has no USB-Serial-JTAG")
+        board = with_console(board, console)
+        reach = {k: tab[k] for k in ("port", "usb_serial", "usb_location") if k in tab}
+        if len(reach) != 1:
+            raise _err(
+                p,
+                where,
+                "port",
+                f"needs exactly one of port / usb_serial / usb_location (got {sorted(reach) or 'none'})",
+            )
+        key, value = next(iter(reach.items()))
+        if not isinstance(value, str) or not value.strip():
+            raise _err(p, where, key, "must be a non-empty string")
+        value = value.strip()
+        if key == "port":
+            if value.lower() == "auto":
+                raise _err(p, where, "port", "cannot be 'auto' on a bench: name the board's port")
+            if "://" in value:
+                scheme = value.split("://", 1)[0].lower()
+                if scheme not in ("rfc2217", "socket", "sim"):
+                    raise _err(
+                        p,
+                        where,
+                        "port",
+                        f"uses unsupported URL scheme {scheme}://",
+                        "use rfc2217://, socket:// or sim://",
+                    )
+                if scheme == "sim" and not board.simulated:
+                    raise _err(p, where, "port", f"is a sim:// URL but board type {btype} is not simulated")
+                if scheme == "sim":
+                    from harness.sim import parse_url
+
+                    try:
+                        parse_url(value)
+                    except EspCheckError as exc:
+                        raise _err(p, where, "port", f"is not a valid sim:// URL: {exc.message}") from None
+        if board.simulated and not (key == "port" and "://" in value):
+            raise _err(
+                p, where, key, "must be a sim://, rfc2217:// or socket:// URL for a simulated board type"
+            )
+        ident = f"{key}={value}"
+        if ident in reach_seen:
+            raise _err(p, where, key, f"{value!r} is also used by board {reach_seen[ident]!r}")
+        reach_seen[ident] = name
+        pc = tab.get("power_cycle", [])
+        if isinstance(pc, str) or not isinstance(pc, list) or not all(isinstance(x, str) and x for x in pc):
+            raise _err(
+                p,
+                where,
+                "power_cycle",
+                "must be a list of strings (argv, run without a shell)",
+                'e.g. power_cycle = ["uhubctl", "-l", "1-1", "-p", "2", "-a", "cycle"]',
+            )
+        pct = tab.get("power_cycle_timeout_s", 60.0)
+        if isinstance(pct, bool) or not isinstance(pct, (int, float)) or pct <= 0:
+            raise _err(p, where, "power_cycle_timeout_s", f"must be a positive number, not {pct!r}")
+        boards.append(
+            BenchBoard(
+                name=name,
+                type=btype,
+                board=board,
+                port=value if key == "port" else None,
+                usb_serial=value if key == "usb_serial" else None,
+                usb_location=value if key == "usb_location" else None,
+                power_cycle=tuple(pc),
+                power_cycle_timeout_s=float(pct),
+            )
+        )
+    return Inventory(path=p, boards=tuple(boards))
+
+
+# ---- bench detect ---------------------------------------------------------------------------------
+
+
+@dataclass
+class DetectedDevice:
+    """One attached serial device for ``esp-check bench detect``."""
+
+    device: str
+    kernel_device: str
+    vid: int | None
+    pid: int | None
+    serial_number: str | None
+    location: str | None
+    description: str
+    kind: str | None
+    chip: str | None = None
+    chip_note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "kernel_device": self.kernel_device,
+            "vid_pid": f"{self.vid:04X}:{self.pid:04X}"
+            if self.vid is not None and self.pid is not None
+            else None,
+            "serial_number": self.serial_number,
+            "location": self.location,
+            "description": self.description,
+            "kind": self.kind,
+            "chip": self.chip,
+            "chip_note": self.chip_note,
+        }
+
+
+def detect_devices(*, probe_chip: bool = False, only_known: bool = False) -> list[DetectedDevice]:
+    """Attached serial devices (pyserial list_ports), optionally asking each for its chip.
+
+    The chip probe runs esptool's detection (it resets the board into the ROM loader and back);
+    a port another program holds is skipped, never stolen.
+    """
+    from harness.device.ports import list_candidates
+
+    out: list[DetectedDevice] = []
+    for c in list_candidates():
+        if only_known and c.kind is None:
+            continue
+        d = DetectedDevice(
+            device=c.device,
+            kernel_device=c.kernel_device,
+            vid=c.vid,
+            pid=c.pid,
+            serial_number=c.serial_number,
+            location=c.location,
+            description=c.description,
+            kind=c.kind,
+        )
+        if probe_chip:
+            d.chip, d.chip_note = _probe_chip(c.device, c.is_usb_serial_jtag)
+        out.append(d)
+    return out
+
+
+def _probe_chip(device: str, usb_jtag: bool) -> tuple[str | None, str | None]:
+    from harness.device.flash import normalize_chip
+    from harness.device.ports import open_port, resolve_port
+    from harness.device.reset import hard_reset_into_app
+
+    try:
+        ser = open_port(resolve_port(device), 115200)
+    except PortError as exc:
+        return None, f"skipped: {exc.message}"
+    style = "usb_serial_jtag" if usb_jtag else "classic"
+    try:
+        import esptool.cmds
+
+        esp = esptool.cmds.detect_chip(ser, 115200, "usb-reset" if usb_jtag else "default-reset", False, 3)
+        name = normalize_chip(str(getattr(esp, "CHIP_NAME", "")))
+        with contextlib.suppress(Exception):
+            hard_reset_into_app(ser, style)  # leave the board running its app again
+        return name, None
+    except Exception as exc:  # esptool raises its own FatalError/SerialException types
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None, f"no answer from the ROM loader: {first}"
+    finally:
+        with contextlib.suppress(Exception):
+            ser.close()
+
+
+def inventory_snippet(devices: Sequence[DetectedDevice], default_type: str = "FILL-ME") -> str:
+    """A ``[[board]]`` TOML snippet per device (stable by-id path, else the USB serial number)."""
+    from harness.boards import list_boards
+
+    by_chip: dict[str, str] = {}
+    with contextlib.suppress(EspCheckError):
+        for b in list_boards():
+            if not b.simulated:
+                by_chip.setdefault(b.chip, b.name)
+    lines = ["# generated by `esp-check bench detect`: check each type and console before use"]
+    for n, d in enumerate(devices, 1):
+        jtag = (d.vid, d.pid) == (0x303A, 0x1001)
+        lines.append("")
+        lines.append("[[board]]")
+        lines.append(f'name = "board{n}"')
+        btype = by_chip.get(d.chip or "", default_type)
+        note = "" if d.chip else "  # chip not probed: pick a type from `esp-check boards`"
+        lines.append(f'type = "{btype}"{note}')
+        lines.append(f'console = "{"usb_serial_jtag" if jtag else "uart"}"')
+        if d.device.startswith("/dev/serial/by-id/") or not d.serial_number:
+            lines.append(f"port = {_toml_str(d.device)}")
+        else:
+            lines.append(f"usb_serial = {_toml_str(d.serial_number)}")
+        lines.append(f"# {d.kind or d.description}; location {d.location or '?'}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,203 @@
+"""Exclusive, cross-process board locks (filelock, ``flock`` on POSIX), keyed on the board's identity.
+
+The key is what stays the same when the ``/dev`` name does not: the USB serial number (a
+USB-Serial-JTAG board re-enumerates as ``ttyACM0``, then ``ttyACM1``), the ``host:port`` of a
+remote RFC 2217 / raw TCP server, or the simulated board's name. ``esp-check run`` and
+``esp-check flash-and-compare`` take the same lock for the same board, so two runners, or a runner
+and a person at the bench, never touch one board at once. The OS drops an ``flock`` when the holding
+process dies, so a crashed run cannot leave a board locked.
+
+Remote boards: an RFC 2217 server (``esp_rfc2217_server``) serves one client at a time. The lock key
+for ``rfc2217://host:port`` is ``net-host-port`` on *this* machine: every runner and person on this
+host that reaches the board through that URL serializes on it. Clients on other hosts are kept out by
+the server itself (one client: a second connection waits in the TCP backlog or is refused); put all
+users of a remote board on one CI host or give them a shared lock directory (e.g. NFS is not safe
+for flock: prefer one host).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import filelock
+
+from harness.errors import BoardBusyError
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def default_lock_dir() -> Path:
+    """``$ESP_CHECK_LOCK_DIR``, else a per-user runtime directory.
+
+    Per-user by default: two accounts sharing a bench must point ``--lock-dir`` (or the environment
+    variable) at one directory both can write, e.g. ``/var/lock/esp-check`` with a shared group.
+    """
+    env = os.environ.get("ESP_CHECK_LOCK_DIR")
+    if env:
+        return Path(env)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "esp-check" / "board-locks"
+    from harness.cache import default_cache_dir
+
+    return default_cache_dir().parent / "board-locks"
+
+
+def _safe(text: str) -> str:
+    return _UNSAFE.sub("_", text).strip("_")[:120] or "board"
+
+
+def _net_host(host: str) -> str:
+    h = host.strip("[]").lower()
+    if h in ("localhost", "::1", "0.0.0.0"):  # noqa: S104 - a name, not a bind
+        return "127.0.0.1"
+    with contextlib.suppress(OSError, UnicodeError):
+        return socket.gethostbyname(h)
+    return h
+
+
+def lock_key(port: Any) -> str:
+    """The lock key for a resolved :class:`harness.device.ports.PortSpec` (or a port string).
+
+    - a USB device with a serial number: ``usb-sn-<serial>`` (not the /dev name);
+    - ``rfc2217://`` / ``socket://``: ``net-<host>-<port>`` (one server, one key, whichever scheme);
+    - ``sim://NAME``: ``sim-NAME``;
+    - anything else: the real path of the device.
+    """
+    from harness.device.ports import PortSpec, Transport, resolve_port
+
+    ps = port if isinstance(port, PortSpec) else resolve_port(str(port))
+    if ps.usb is not None and ps.usb.serial_number:
+        return "usb-sn-" + _safe(ps.usb.serial_number)
+    if ps.transport in (Transport.RFC2217, Transport.SOCKET):
+        parts = urlsplit(ps.url)
+        return f"net-{_safe(_net_host(parts.hostname or ''))}-{parts.port or 0}"
+    if ps.transport == Transport.SIM:
+        parts = urlsplit(ps.url)
+        return "sim-" + _safe(parts.netloc or parts.path.lstrip("/"))
+    if ps.transport in (Transport.DEVICE, Transport.PTY):
+        return "dev-" + _safe(os.path.realpath(ps.url))
+    return "url-" + _safe(ps.url)
+
+
+class BoardLock:
+    """One board's lock. ``acquire`` waits visibly and at most ``timeout`` seconds."""
+
+    def __init__(self, key: str, lock_dir: str | Path | None = None, *, owner: str = "") -> None:
+        self.key = key
+        self.dir = Path(lock_dir) if lock_dir is not None else default_lock_dir()
+        self.path = self.dir / f"{key}.lock"
+        self.info_path = self.dir / f"{key}.owner.json"
+        self.owner = owner or f"esp-check (pid {os.getpid()})"
+        self._lock = filelock.FileLock(str(self.path), thread_local=False)
+        self.acquired_at: float | None = None
+        self.waited_s = 0.0
+
+    def holder(self) -> dict[str, Any] | None:
+        """What the current holder wrote about itself (pid, host, owner, since), if readable."""
+        try:
+            doc = json.loads(self.info_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def describe_holder(self) -> str:
+        h = self.holder()
+        if not h:
+            return "another process"
+        since = h.get("since")
+        age = f", for {time.time() - since:.0f} s" if isinstance(since, (int, float)) else ""
+        return f"{h.get('owner', '?')} (pid {h.get('pid', '?')} on {h.get('host', '?')}{age})"
+
+    def acquire(
+        self,
+        timeout: float,
+        *,
+        on_wait: Callable[[str], None] | None = None,
+        report_every: float = 5.0,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        """Take the lock or raise :class:`BoardBusyError` (exit 3) after ``timeout`` seconds.
+
+        ``on_wait`` is told who holds the board when waiting starts and every ``report_every``
+        seconds after; ``cancel`` (e.g. Ctrl-C) ends the wait early with BoardBusyError too.
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        deadline = t0 + max(timeout, 0.0)
+        next_report = t0
+        while True:
+            slice_s = max(0.0, min(0.25, deadline - time.monotonic()))
+            try:
+                self._lock.acquire(timeout=slice_s, poll_interval=0.02)
+                break
+            except filelock.Timeout:
+                pass
+            now = time.monotonic()
+            if cancel is not None and cancel.is_set():
+                raise BoardBusyError(f"stopped while waiting for board lock {self.key}")
+            if now >= deadline:
+                raise BoardBusyError(
+                    f"board {self.key} is still in use by {self.describe_holder()} after waiting "
+                    f"{timeout:.0f} s (lock {self.path})",
+                    hint="wait for the other run to finish, or raise the wait with --lock-timeout / "
+                    "[run] lock_timeout_s; a lock held by a dead process is released by the OS",
+                )
+            if on_wait is not None and now >= next_report:
+                on_wait(f"waiting for board {self.key}: in use by {self.describe_holder()}")
+                next_report = now + report_every
+        self.waited_s = time.monotonic() - t0
+        self.acquired_at = time.time()
+        doc = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "owner": self.owner,
+            "since": self.acquired_at,
+        }
+        with contextlib.suppress(OSError):
+            tmp = self.info_path.with_name(f".{self.info_path.name}.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(json.dumps(doc), encoding="utf-8")
+            os.replace(tmp, self.info_path)
+
+    def release(self) -> None:
+        if not self._lock.is_locked:
+            return
+        with contextlib.suppress(OSError):
+            h = self.holder()
+            if h and h.get("pid") == os.getpid() and h.get("since") == self.acquired_at:
+                self.info_path.unlink()
+        self._lock.release()
+        self.acquired_at = None
+
+    @property
+    def is_locked(self) -> bool:
+        return bool(self._lock.is_locked)
+
+
+@contextlib.contextmanager
+def board_lock(
+    port: Any,
+    *,
+    lock_dir: str | Path | None = None,
+    timeout: float = 600.0,
+    owner: str = "",
+    on_wait: Callable[[str], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> Iterator[BoardLock]:
+    """Hold the lock of the board behind ``port`` (PortSpec or port string) for a ``with`` block."""
+    lk = BoardLock(lock_key(port), lock_dir, owner=owner)
+    lk.acquire(timeout, on_wait=on_wait, cancel=cancel)
+    try:
+        yield lk
+    finally:
+        lk.release()

@@ -664,13 +664,7 @@ def compare_sources(
                 )
     if not comparisons and not faults:
         raise IncomparableError("nothing to compare: no run has outputs on both sides")
-    for c in comparisons:
-        for side, pinned in ((c.a, c.pinned_a), (c.b, c.pinned_b)):
-            if pinned:
-                warnings.append(
-                    f"{side} run {c.run} output {c.output}: outputs sit pinned at the dtype min/max "
-                    "(a known symptom of broken optimized kernels)"
-                )
+    warnings += _pinned_warnings(comparisons)
     return CompareResult(
         sources,
         comparisons,
@@ -682,10 +676,49 @@ def compare_sources(
     )
 
 
+def _pinned_warnings(comparisons: Sequence[TensorComparison]) -> list[str]:
+    """One warning per (side, run, output) pinned where its counterpart is not, one note per saturation.
+
+    Outputs pinned on one side only are a known symptom of broken optimized kernels. Outputs pinned on
+    every side (a confident softmax) are legitimate, but they hide small kernel differences.
+    """
+    out: list[str] = []
+    pinned_alone: dict[tuple[str, int, int], str] = {}
+    saturated: set[tuple[int, int]] = set()
+    for c in comparisons:
+        if c.pinned_a is None or c.pinned_b is None:
+            continue
+        if c.pinned_a and c.pinned_b:
+            saturated.add((c.run, c.output))
+        elif c.pinned_a or c.pinned_b:
+            side, other = (c.a, c.b) if c.pinned_a else (c.b, c.a)
+            pinned_alone.setdefault((side, c.run, c.output), other)
+    for (side, run, output), other in pinned_alone.items():
+        out.append(
+            f"{side} run {run} output {output}: outputs sit pinned at the dtype min/max while {other}'s "
+            "do not (a known symptom of broken optimized kernels)"
+        )
+    for run, output in sorted(saturated):
+        if not any(k[1:] == (run, output) for k in pinned_alone):
+            out.append(
+                f"run {run} output {output} is saturated (>= {PINNED_FRACTION:.0%} of elements at the dtype "
+                "min/max) on every side: small kernel differences can hide there; add an input whose "
+                "output is less confident"
+            )
+    return out
+
+
 def reference_source(
-    model_path: str | Path, input_paths: Sequence[str | Path], backend: str = "tflm"
+    model_path: str | Path,
+    input_paths: Sequence[str | Path],
+    backend: str = "tflm",
+    input_options: Any | None = None,
 ) -> Source:
-    """Run the host reference on the model for each input (one input tensor per model)."""
+    """Run the host reference on the model for each input (one input tensor per model).
+
+    ``input_options`` (harness.inputs.InputOptions) must be the preprocessing the firmware's inputs
+    were made with, or the input hashes will not match and the comparison is refused.
+    """
     from harness.inputs import load_input
     from harness.model import load_model
     from harness.reference import run_reference
@@ -696,7 +729,7 @@ def reference_source(
             f"{model_path} has {len(info.inputs)} inputs; compare --input supports one-input models",
             hint="compare against a reference .npy per output instead",
         )
-    prepared = [load_input(p, info.inputs[0]) for p in input_paths]
+    prepared = [load_input(p, info.inputs[0], input_options) for p in input_paths]
     result = run_reference(model_path, [[p.quantized] for p in prepared], backend=backend)
     runs = [
         [

@@ -295,6 +295,8 @@ def generate_projects(
     espnn_version: str | None = None,
     platform_version: str | None = None,
     human_max: int = HUMAN_MAX,
+    tap: bool = False,
+    dump_ops: Sequence[int] = (),
 ) -> list[GeneratedProject]:
     """Render one project per variant under ``out_dir/<variant>`` for ``model_path`` and K inputs.
 
@@ -342,6 +344,10 @@ def generate_projects(
     if not model.outputs:
         raise GenerateError(f"{model_path.name} has no output tensors")
     resolver = _resolver(model)
+    from harness.tap import tap_firmware_context
+
+    # --tap / --dump-ops: per-op checksum wrapper tables (None when off); GenerateError on bad op indices
+    tap_ctx = tap_firmware_context(model, tap=tap, dump_ops=dump_ops)
 
     if arena_kb is not None:
         if arena_kb <= 0:
@@ -397,6 +403,7 @@ def generate_projects(
         "human_max": human_max,
         "main_stack_bytes": MAIN_STACK_BYTES,
         "app_partition_bytes": app_partition,
+        "tap": tap_ctx,
     }
     proto_dir = templates_dir() / "common"
     for name in PROTO_FILES:
@@ -454,6 +461,8 @@ def generate_projects(
             # A resolved sdkconfig from an earlier build would override the new defaults.
             for stale_name in ("sdkconfig", f"sdkconfig.{PIO_ENV}", "sdkconfig.old"):
                 (pdir / stale_name).unlink(missing_ok=True)
+        if tap_ctx is not None:
+            manifest["tap"] = tap_ctx["manifest"]
         manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
         _write_if_changed(pdir / MANIFEST_NAME, manifest_bytes)
         projects.append(

@@ -157,3 +157,20 @@ def test_sim_port_for_keeps_user_parameters():
     assert "chip=esp32" in url and "reset=classic" in url
     fresh = sim_port_for("esp32s3", "usb_serial_jtag", None)
     assert "reset=usb_jtag" in fresh and fresh != sim_port_for("esp32s3", "usb_serial_jtag", None)
+
+
+def test_missing_host_reference_is_a_warning_not_a_verdict(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Faked: the host reference is made unavailable (as on Intel macOS); the simulator still runs."""
+    import harness.compare
+    from harness.errors import HostReferenceError
+
+    def unavailable(*args: object, **kwargs: object) -> None:
+        raise HostReferenceError("no host reference backend installed", hint="install tflite-micro")
+
+    monkeypatch.setattr(harness.compare, "reference_source", unavailable)
+    result = run(models_dir, tmp_path, cache_dir, None)
+    assert result.exit_code == ExitCode.MATCH
+    assert any("host reference unavailable" in w for w in result.warnings)
+    assert {(c.a, c.b) for c in result.comparison.comparisons} == {("optimized", "ansi")}

@@ -332,12 +332,13 @@ def test_hostile_input_is_never_evaluated_and_huge_lines_are_bounded() -> None:
 
 
 def test_unknown_record_types_are_kept() -> None:
-    cap = parse_capture(_minimal(b"OP i=0 idx=3 op=CONV_2D in_crc=00000000 out_crc=11111111 cycles=5",
+    # (OP is a tap record now, tests/test_tap_protocol.py; PROF stands for a future record type)
+    cap = parse_capture(_minimal(b"PROF i=0 idx=3 op=CONV_2D in_crc=00000000 out_crc=11111111 cycles=5",
                                  b"INPUT i=0 bytes=1 sha256=" + SHA.encode(), b"TIME i=0 invoke_us=1",
                                  b"TENSOR i=0 o=0 dtype=int8 shape=- scale=0x00000000 zp=0 bytes=1 crc="
                                  + crc32_hex(b"\x07").encode(), b"DATA i=0 o=0 off=0 b64=Bw=="))  # fmt: skip
     assert cap.valid, cap.problems
-    assert [r.type for r in cap.unknown] == ["OP"] and cap.unknown[0].fields["op"] == "CONV_2D"
+    assert [r.type for r in cap.unknown] == ["PROF"] and cap.unknown[0].fields["op"] == "CONV_2D"
     assert cap.runs[0].outputs[0].shape == () and int(cap.runs[0].outputs[0].data) == 7
 
 

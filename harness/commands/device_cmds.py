@@ -87,6 +87,32 @@ def _console() -> Console:
     default=None,
     help="Write a JUnit XML report here.",
 )
+@click.option(
+    "--tap",
+    is_flag=True,
+    help="Per-op checksums on the device: name the first op where optimized departs from ANSI C and "
+    "the host, dump it in a second run, and time every op.",
+)
+@click.option(
+    "--dump-ops",
+    default=None,
+    metavar="17,18",
+    help="With --tap: also dump these ops' input and output tensors in the second run.",
+)
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a self-contained HTML report here.",
+)
+@click.option(
+    "--bundle",
+    "bundle_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a reproduction bundle (.zip) for a bug report here.",
+)
 def flash_and_compare_cmd(
     model: Path,
     inputs: tuple[Path, ...],
@@ -111,6 +137,10 @@ def flash_and_compare_cmd(
     build_timeout: float,
     as_json: bool,
     junit: Path | None,
+    tap: bool = False,
+    dump_ops: str | None = None,
+    html_path: Path | None = None,
+    bundle_path: Path | None = None,
 ) -> int:
     """Build MODEL with ESP-NN optimized and ANSI C kernels, run both on the board, compare.
 
@@ -122,6 +152,11 @@ def flash_and_compare_cmd(
         raise UsageError(
             "flash-and-compare needs at least one --input", hint="pass --input FILE (repeatable)"
         )
+    from harness.tap import parse_op_list
+
+    if dump_ops and not tap:
+        raise UsageError("--dump-ops needs --tap", hint="add --tap")
+    dump_list = parse_op_list(dump_ops)
     console = _console()
     t0 = time.monotonic()
 
@@ -149,6 +184,10 @@ def flash_and_compare_cmd(
         ),
         junit=junit,
         progress=progress,
+        tap=tap,
+        dump_ops=dump_list,
+        html=html_path,
+        bundle=bundle_path,
     )
     if as_json:
         click.echo(json.dumps(json.loads(result.report_path.read_text(encoding="utf-8")), indent=2))
@@ -181,6 +220,10 @@ def _print_summary(console: Console, result: Any) -> None:
             findings,
         )
     console.print(table)
+    if getattr(result, "tap", None) is not None:
+        _print_tap(console, result.tap)
+    for warn in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warn)}")
     for err in result.errors:
         console.print(f"[red]error:[/red] {escape(err)}")
     failed = [s for s in result.stages if s.status == "failed"]
@@ -196,6 +239,40 @@ def _print_summary(console: Console, result: Any) -> None:
         + ("  [SIMULATED: no real ESP32 was used]" if result.simulated else "")
     )
     console.print(f"artifacts: {result.out_dir}  report: {result.report_path}")
+
+
+def _print_tap(console: Console, tap: Any) -> None:
+    """First divergent op, dump analysis and the per-op timing table of a --tap run."""
+    culprit = tap.culprit
+    if culprit is not None:
+        console.print(f"[bold red]tap: {escape(culprit.message)}[/bold red]")
+    else:
+        console.print("[green]tap: optimized, ANSI C and host agree on every op checksum[/green]")
+    for line in tap.summary_lines():
+        console.print(f"  {escape(line)}")
+    if tap.ram_bytes:
+        ram = ", ".join(f"{v} {n} B" for v, n in tap.ram_bytes.items())
+        console.print(f"  tap RAM overhead on the device: {ram}")
+    timing = tap.timing
+    if timing:
+        t = Table(title="per-op time by op type (from the device's cycle counter)")
+        for col in ("op type", "count", "optimized us", "ansi us", "speedup"):
+            t.add_column(col, justify="right" if col != "op type" else "left")
+        for name, row in timing["by_type"].items():
+            sp = row.get("speedup")
+            t.add_row(
+                name,
+                str(row["count"]),
+                f"{row['us'].get('optimized', 0.0):.1f}",
+                f"{row['us'].get('ansi', 0.0):.1f}",
+                f"{sp:.2f}x" if sp else "-",
+            )
+        total = timing["total_us"]
+        sp = timing.get("speedup")
+        t.add_row("total", str(len(timing["ops"])), f"{total.get('optimized', 0.0):.1f}",
+                  f"{total.get('ansi', 0.0):.1f}", f"{sp:.2f}x" if sp else "-")  # fmt: skip
+        console.print(t)
+        console.print("  per-op rows: report.json tap.timing.ops")
 
 
 def register(group: click.Group) -> None:

@@ -160,6 +160,12 @@ def _range_choices() -> tuple[str, ...]:
 @click.option(
     "--json", "as_json", is_flag=True, help="Machine-readable summary (schema esp-check.generate/1)."
 )
+@click.option(
+    "--tap", is_flag=True, help="Per-op checksum and cycle records after each Invoke (tap records)."
+)
+@click.option(
+    "--dump-ops", default=None, metavar="17,18", help="Also dump these ops' tensors (implies --tap)."
+)
 def generate_cmd(
     model: Path,
     inputs: tuple[Path, ...],
@@ -178,6 +184,8 @@ def generate_cmd(
     input_offset: float | None,
     input_dtype: str | None,
     as_json: bool,
+    tap: bool = False,
+    dump_ops: str | None = None,
 ) -> int:
     """Write firmware projects for MODEL and its inputs: OUT/optimized and OUT/ansi.
 
@@ -199,6 +207,8 @@ def generate_cmd(
         espnn_version=esp_nn_version,
         platform_version=platform_version,
         human_max=human_max,
+        tap=tap or bool(dump_ops),
+        dump_ops=_parse_dump_ops(dump_ops),
     )
     if as_json:
         data = {"schema": "esp-check.generate/1", "projects": [_project_summary(p) for p in projects]}
@@ -209,6 +219,12 @@ def generate_cmd(
         console.print(
             f"[green]generated[/green] {p.variant:9} {p.path}  (board {p.board.name}, arena "
             f"{p.arena_bytes // 1024} KB in {p.arena_mem})"
+        )
+    tap_info = projects[0].manifest.get("tap")
+    if tap_info:
+        console.print(
+            f"tap: {tap_info['max_ops']} ops, RAM overhead {tap_info['ram_bytes']} bytes "
+            f"({tap_info['records_ram_bytes']} records + {tap_info['dump_ram_bytes']} dump buffer)"
         )
     first = projects[0]
     dirs = " ".join(str(p.path) for p in projects)
@@ -332,3 +348,9 @@ def register(group: click.Group) -> None:
     group.add_command(boards_cmd)
     group.add_command(generate_cmd)
     group.add_command(build_cmd)
+
+
+def _parse_dump_ops(text: str | None) -> list[int]:
+    from harness.tap import parse_op_list
+
+    return parse_op_list(text)

@@ -280,7 +280,10 @@ class Runner:
             others = [
                 s
                 for s in self.boards.values()
-                if s.bench.board.name == t.board_type and s.status == "ok" and s.bench.name not in t.avoid
+                if s.bench.board.name == t.board_type
+                and s.status == "ok"
+                and s.bench.name not in t.avoid
+                and (t.pinned is None or t.pinned == s.bench.name)
             ]
             return not others
         return True
@@ -293,7 +296,7 @@ class Runner:
             usable = [
                 s
                 for s in self.boards.values()
-                if s.status == "ok"
+                if s.status in ("ok", "power-cycling")
                 and s.bench.board.name == t.board_type
                 and (t.pinned is None or t.pinned == s.bench.name)
             ]
@@ -441,7 +444,7 @@ class Runner:
                     }
                 )
                 self.say(f"[quarantine] {name}: {st.reason}")
-                self._orphan_check()
+        self._orphan_check()  # a requeued task whose boards are all gone ends here, not as "aborted"
         self.cond.notify_all()
 
     # ---- workers ----------------------------------------------------------------------------------

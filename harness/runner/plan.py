@@ -303,6 +303,9 @@ def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
             if key not in tab:
                 raise _err(p, where, key, "is missing")
         s = _settings(p, where, tab, defaults)
+        s["boards"] = tuple(
+            str(base_dir / b) if b.endswith(".toml") and not Path(b).is_absolute() else b for b in s["boards"]
+        )
         if not s["boards"]:
             raise _err(p, where, "boards", "is missing (and [defaults] has none): list board types")
         models: list[Path] = []

@@ -117,26 +117,28 @@ class _Outputs:
     backend_version: str
     arena_used: int
     n_ops: int
+    layers: list[dict[int, np.ndarray]] | None = None  # per input: op output tensor index -> array
 
 
-def _run_model(payload: AppPayload, cache: dict[str, Any]) -> _Outputs:
+def _run_model(payload: AppPayload, cache: dict[str, Any], per_layer: bool = False) -> _Outputs:
     """Run the embedded model on the embedded inputs with the host TFLM reference (cached per image)."""
     from harness.model import parse_model_bytes
     from harness.reference import host_arena_bytes, run_reference
 
-    key = hashlib.sha256(payload.model + b"".join(payload.inputs)).hexdigest()
+    key = hashlib.sha256(payload.model + b"".join(payload.inputs)).hexdigest() + f":{per_layer}"
     hit = cache.get(key)
     if isinstance(hit, _Outputs):
         return hit
     info = parse_model_bytes(payload.model)
     tin = info.inputs[0]
     arrays = [np.frombuffer(raw, dtype=np.dtype(tin.dtype)).reshape(tin.shape) for raw in payload.inputs]
-    res = run_reference(payload.model, [[a] for a in arrays])
+    res = run_reference(payload.model, [[a] for a in arrays], per_layer=per_layer)
     try:
         used = int(host_arena_bytes(info))
     except Exception:  # an estimate only; never fail the boot over it
         used = 0
-    out = _Outputs([list(r.outputs) for r in res.runs], res.backend_version, used, len(info.ops))
+    layers = [{lt.tensor_index: lt.array for lt in r.layers or []} for r in res.runs] if per_layer else None
+    out = _Outputs([list(r.outputs) for r in res.runs], res.backend_version, used, len(info.ops), layers)
     cache[key] = out
     return out
 
@@ -434,8 +436,10 @@ def _run_app(
         info = None
         n_out = 0
     outputs = None
+    tap = bool(payload.header.get("tap"))
+    op_fault = _op_fault(faults, active)
     if info is not None and len(info.inputs) == 1 and "alloc" not in active:
-        outputs = _run_model(payload, ctx.cache)
+        outputs = _run_model(payload, ctx.cache, per_layer=tap or op_fault is not None)
     tflm = outputs.backend_version.replace(" ", "_") if outputs else "sim"
     emitter.info(
         [
@@ -450,6 +454,8 @@ def _run_app(
     emitter.info([("model_sha256", hashlib.sha256(payload.model).hexdigest())])
     if active:
         emitter.info([("sim_fault", "+".join(active))])
+    if tap:
+        emitter.info([("tap", 1)])
     ok = True
     if info is None:
         emitter.error("schema", -1, "model_schema_version_differs_from_TFLITE_SCHEMA_VERSION", None)
@@ -487,7 +493,17 @@ def _run_app(
                 ok = False
                 break
             emitter.time(i, modelled_invoke_us(chip, payload, outputs.n_ops))
-            for o, (arr, t) in enumerate(zip(outputs.arrays[i], info.outputs, strict=True)):
+            sim_ops = None
+            final = list(outputs.arrays[i])
+            if outputs.layers is not None:
+                from harness.sim.tap_sim import simulate_ops
+
+                sim_ops, values = simulate_ops(
+                    info, np.frombuffer(raw, np.dtype(tin.dtype)).reshape(tin.shape), outputs.layers[i],
+                    variant, op_fault,
+                )  # fmt: skip
+                final = [values.get(t.index, a) for t, a in zip(info.outputs, final, strict=True)]
+            for o, (arr, t) in enumerate(zip(final, info.outputs, strict=True)):
                 data = _apply_output_faults(arr, active, faults, ctx.boot_index, i, o)
                 emitter.tensor(
                     i,
@@ -500,6 +516,8 @@ def _run_app(
                     t.name,
                     int(payload.header.get("human_max", 16)),
                 )
+            if tap and sim_ops is not None:
+                _emit_taps(emitter, i, info, sim_ops, [int(k) for k in payload.header.get("dump_ops", [])])
     if crash:
         records = bytes(out)
         if crash != b"\x00hang":
@@ -510,6 +528,50 @@ def _run_app(
     tail = clock.line("I", "main_task", "Returned from app_main()", 50)
     result.pieces += _line_faults(bytes(out) + tail, active, faults, ctx.boot_index)
     return result, None
+
+
+def _op_fault(faults: FaultSpec, active: list[str]) -> Any:
+    from harness.sim.tap_sim import OpFault
+
+    for kind in ("op_corrupt", "op_clobber"):
+        if kind in active and faults.fault_op is not None:
+            return OpFault(
+                kind,
+                faults.fault_op,
+                faults.fault_region,
+                faults.corrupt_lsb,
+                faults.corrupt_frac,
+                faults.seed,
+            )
+    return None
+
+
+def _emit_taps(emitter: Any, i: int, info: Any, sim_ops: list[Any], dump_ops: list[int]) -> None:
+    """OP records, OPEND and the chosen ops' dumps, as the --tap firmware prints them after Invoke."""
+    from harness.emitter import TapTensor
+    from harness.sim.tap_sim import crc32
+    from harness.tap import TAP_RECORD_BYTES
+
+    for so in sim_ops:
+        emitter.op(
+            i,
+            0,
+            so.op.index,
+            so.op.opcode,
+            so.cycles,
+            [TapTensor(t, tuple(a.shape), crc32(a)) for t, a in so.inputs],
+            [TapTensor(t, tuple(a.shape), crc32(a)) for t, a in so.outputs],
+        )
+    dumps = [(so, role, t, a) for so in sim_ops if so.op.index in dump_ops
+             for role, side in (("in", so.inputs), ("out", so.outputs)) for t, a in side]  # fmt: skip
+    ram = TAP_RECORD_BYTES * len(sim_ops) + sum((a.nbytes + 3) // 4 * 4 for *_, a in dumps)
+    emitter.op_end(i, len(sim_ops), 0, ram)
+    for so, role, t, a in dumps:
+        ti = info.tensors[t]
+        emitter.op_dump(
+            i, so.op.index, t, role, str(a.dtype), list(a.shape), float(ti.scale or 0.0),
+            int(ti.zero_point or 0), a.tobytes(),
+        )  # fmt: skip
 
 
 def _apply_output_faults(

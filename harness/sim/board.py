@@ -89,6 +89,8 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         "fault_count",
         "loops",
         "strap_window",
+        "fault_op",
+        "fault_region",
     }
     unknown = sorted(set(params) - known)
     if unknown:

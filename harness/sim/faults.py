@@ -27,7 +27,12 @@ FAULTS: dict[str, str] = {
     "sync_fail": "the first `fault_count` download-mode sessions do not answer SYNC",
     "wdt": "task watchdog message spliced into a record line",
     "alloc": "AllocateTensors fails: ERROR stage=alloc",
+    "op_corrupt": "op `fault_op` writes `fault_region` of its output off by `corrupt_lsb` LSB",
+    "op_clobber": "an input of op `fault_op` is overwritten (`fault_region`) after its producer finished, "
+    "as by another op's scratch-buffer overflow",
 }
+
+OP_REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")
 
 VARIANTS = ("optimized", "ansi")
 
@@ -45,6 +50,8 @@ class FaultSpec:
     fault_count: int = 1
     loops: int = 3
     extra: Mapping[str, str] = field(default_factory=dict)
+    fault_op: int | None = None  # op_corrupt / op_clobber: the op index
+    fault_region: str = "last_row"
 
     def active(self, name: str, image_variant: str | None = None) -> bool:
         """Whether fault ``name`` applies (app faults only to the chosen variant, if one is set)."""
@@ -102,7 +109,19 @@ def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSp
         except ValueError:
             raise UsageError(f"simulator parameter {key}={v!r} is not a number") from None
 
+    fault_op = one("fault_op")
+    if fault_op is not None and not fault_op.isdigit():
+        raise UsageError(f"fault_op={fault_op!r} is not an op index", hint="e.g. fault_op=17")
+    if names & {"op_corrupt", "op_clobber"} and fault_op is None:
+        raise UsageError("op_corrupt/op_clobber need fault_op=<op index>", hint="e.g. fault_op=17")
+    region = (one("fault_region") or "last_row").strip().lower()
+    if region not in OP_REGIONS:
+        raise UsageError(
+            f"fault_region={region!r} is not a region", hint=f"use one of {', '.join(OP_REGIONS)}"
+        )
     return FaultSpec(
+        fault_op=None if fault_op is None else int(fault_op),
+        fault_region=region,
         names=frozenset(names),
         variant=variant,
         seed=int(num("seed", 1, int)),

@@ -331,6 +331,9 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
         "tflm": str(manifest.get("tflm", "sim")),
         "espnn": str(manifest.get("espnn", "sim")),
         "model_sha256": hashlib.sha256(model).hexdigest(),
+        # --tap firmware: per-op records and the ops whose tensors it dumps (generate.py's manifest)
+        "tap": bool((manifest.get("tap") or {}).get("enabled", False)),
+        "dump_ops": [int(k) for k in (manifest.get("tap") or {}).get("dump_ops", [])],
     }
     app = pack_app_image(chip, pack_payload(header, model, inputs), version=str(header["fwver"]))
     build_dir.mkdir(parents=True, exist_ok=True)

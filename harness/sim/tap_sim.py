@@ -1,0 +1,174 @@
+"""Per-op behaviour of the simulated chip for ``--tap`` firmware and op-level faults.
+
+The simulated CPU "executes" the model op by op from the host per-layer reference (every intermediate
+tensor of TFLM's reference kernels). An op fault then changes what one op wrote (``op_corrupt``: a
+region of op k's output off by ``corrupt_lsb``) or what it read (``op_clobber``: an input of op k
+overwritten after its producer finished, as by another op's scratch-buffer overflow). The host cannot
+re-run TFLM from the middle of a graph, so ops downstream of a fault are modelled: each op that reads a
+changed tensor writes its reference output with a deterministic sparse +-1 LSB change (what error
+propagation looks like after requantization), consistently for the tap CRCs, the dumps and the final
+outputs. The simulator never prints where the fault is; the host must find it from the records.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.model import ModelInfo, OpInfo
+
+REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")
+TAP_MAX_TENSORS = 4
+
+# Modelled cycles per output byte (ANSI) and ESP-NN speedup per opcode: deterministic stand-ins.
+_CYCLES_PER_BYTE = {"CONV_2D": 60, "DEPTHWISE_CONV_2D": 25, "FULLY_CONNECTED": 40, "ADD": 6}
+_SPEEDUP = {"CONV_2D": 3.5, "DEPTHWISE_CONV_2D": 2.5, "FULLY_CONNECTED": 2.0, "ADD": 1.3}
+
+
+@dataclass(frozen=True)
+class OpFault:
+    """Where an op fault is injected: kind ``op_corrupt`` or ``op_clobber``, op index, region."""
+
+    kind: str
+    op: int
+    region: str = "last_row"
+    lsb: int = 3
+    frac: float = 0.1
+    seed: int = 1
+
+
+@dataclass(frozen=True)
+class SimOp:
+    """What the tap wrapper sees for one op: (t, array) read before and written after the invoke."""
+
+    op: OpInfo
+    inputs: tuple[tuple[int, np.ndarray], ...]
+    outputs: tuple[tuple[int, np.ndarray], ...]
+    cycles: int
+
+
+def crc32(a: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(a).tobytes()) & 0xFFFFFFFF
+
+
+def tapped_inputs(info: ModelInfo, op: OpInfo) -> list[int]:
+    """The inputs the firmware wrapper checksums: non-constant tensors (not weights), at most 4."""
+    return [t for t in op.inputs if t >= 0 and not info.tensors[t].is_constant][:TAP_MAX_TENSORS]
+
+
+def region_mask(shape: tuple[int, ...], region: str, rng: random.Random, frac: float) -> np.ndarray:
+    """Boolean mask of ``region`` in an NHWC-like tensor (rows = axis -3, columns = axis -2)."""
+    mask = np.zeros(shape, dtype=bool)
+    nd = len(shape)
+    if nd == 0:
+        mask[...] = True
+        return mask
+    row_ax = nd - 3 if nd >= 3 else (0 if nd == 2 else None)
+    col_ax = nd - 2 if nd >= 2 else 0
+
+    def sel(axis: int | None, k: int) -> None:
+        if axis is None:
+            mask[...] = True
+            return
+        idx: list[slice | int] = [slice(None)] * nd
+        idx[axis] = k
+        mask[tuple(idx)] = True
+
+    if region == "last_row":
+        sel(row_ax, -1)
+    elif region == "first_row":
+        sel(row_ax, 0)
+    elif region == "last_col":
+        sel(col_ax, -1)
+    elif region == "first_col":
+        sel(col_ax, 0)
+    elif region == "border":
+        for ax in {row_ax, col_ax} - {None}:
+            sel(ax, 0)
+            sel(ax, -1)
+    elif region == "all":
+        mask[...] = True
+    else:  # random
+        flat = mask.reshape(-1)
+        k = max(1, round(flat.size * frac))
+        flat[rng.sample(range(flat.size), min(k, flat.size))] = True
+    return mask
+
+
+def _bump(a: np.ndarray, mask: np.ndarray, lsb: int) -> np.ndarray:
+    """a + lsb where masked (towards the middle of the range when +lsb would saturate)."""
+    out = np.array(a, copy=True)
+    if out.dtype.kind in "iu":
+        lim = np.iinfo(out.dtype)
+        wide = out.astype(np.int64)
+        up = wide + lsb <= lim.max
+        wide = np.where(mask, np.where(up, wide + lsb, wide - lsb), wide)
+        return wide.astype(out.dtype)
+    return np.where(mask, out + lsb, out).astype(out.dtype)
+
+
+def _modelled_cycles(op: OpInfo, nbytes: int, variant: str) -> int:
+    per = _CYCLES_PER_BYTE.get(op.opcode, 4)
+    cyc = 2000 + nbytes * per
+    if variant == "optimized":
+        cyc = int(cyc / _SPEEDUP.get(op.opcode, 1.0))
+    return int(cyc)
+
+
+def simulate_ops(
+    info: ModelInfo,
+    model_input: np.ndarray,
+    layers: dict[int, np.ndarray],
+    variant: str,
+    fault: OpFault | None,
+) -> tuple[list[SimOp], dict[int, np.ndarray]]:
+    """Run the graph op by op over the reference tensors, applying ``fault``.
+
+    ``layers`` maps tensor index -> reference array for every op output. Returns the tap view of
+    every op and the final value of every tensor (model outputs included).
+    """
+    values: dict[int, np.ndarray] = {t.index: np.asarray(model_input) for t in info.inputs[:1]}
+    producer = {t: o.index for o in info.main_ops for t in o.outputs if t >= 0}
+    clobbered: int | None = None
+    if fault is not None and fault.kind == "op_clobber" and 0 <= fault.op < len(info.main_ops):
+        # the produced input of op k whose producer ran longest ago is overwritten in between
+        cands = [t for t in tapped_inputs(info, info.main_ops[fault.op]) if t in producer]
+        clobbered = min(cands, key=lambda t: producer[t]) if cands else None
+    changed: set[int] = set()
+    ops: list[SimOp] = []
+    for op in info.main_ops:
+        reads = []
+        for t in tapped_inputs(info, op):
+            arr = values.get(t)
+            if arr is None:
+                arr = layers[t]
+            if fault is not None and op.index == fault.op and t == clobbered:
+                rng = random.Random(f"{fault.seed}:op_clobber:{t}")
+                arr = _bump(arr, region_mask(arr.shape, fault.region, rng, fault.frac), fault.lsb)
+                values[t] = arr
+                changed.add(t)
+            reads.append((t, arr))
+        tainted = any(t in changed for t, _ in reads)
+        writes = []
+        for t in op.outputs:
+            if t < 0:
+                continue
+            ref = layers[t]
+            arr = ref
+            if fault is not None and fault.kind == "op_corrupt" and op.index == fault.op:
+                rng = random.Random(f"{fault.seed}:op_corrupt:{t}")
+                arr = _bump(ref, region_mask(ref.shape, fault.region, rng, fault.frac), fault.lsb)
+                changed.add(t)
+            elif tainted:
+                rng = random.Random(f"{fault.seed if fault else 1}:propagate:{t}")
+                mask = region_mask(ref.shape, "random", rng, 0.05)
+                arr = _bump(ref, mask, 1)
+                changed.add(t)
+            values[t] = arr
+            writes.append((t, arr))
+        nbytes = sum(a.nbytes for _, a in writes)
+        ops.append(SimOp(op, tuple(reads), tuple(writes), _modelled_cycles(op, nbytes, variant)))
+    return ops, values

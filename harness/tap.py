@@ -1,0 +1,734 @@
+"""``--tap``: find the op that goes wrong, from per-op checksums the device printed.
+
+Pieces:
+
+- :func:`tap_firmware_context` -- the tables the generated firmware's op wrapper needs (which tensors
+  each op reads/writes, their sizes and shapes, which ops to dump) and its RAM overhead.
+- :func:`host_taps` -- the same per-op CRCs from the host per-layer reference (TFLM reference kernels).
+- :func:`first_divergence` -- walks two op-record streams (device vs device, or device vs host) in
+  execution order and names the first op whose checksums differ, telling a wrong *output* from an
+  input that was *clobbered* after its producer wrote it (the producer's own output CRC and the reader's
+  input CRC, both printed by the same device, disagree).
+- :func:`analyze_dump` -- element-level differences of a dumped tensor in LSB, the fraction affected
+  and where they sit (last row / last column / border / scattered ...).
+- :func:`timing_table` -- per-op time per variant, speedup and totals per op type.
+- :func:`check_outputs_untouched` -- a tapped run's final-output CRCs equal its last op records'.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from harness.errors import GenerateError
+
+TAP_MAX_TENSORS = 4  # per side of an OP record (docs/protocol.md)
+TAP_RECORD_BYTES = 36  # firmware RAM per op: uint32 cycles + 4 input CRCs + 4 output CRCs
+_DTYPE_C = {"int8": "kTfLiteInt8", "uint8": "kTfLiteUInt8", "int16": "kTfLiteInt16",
+            "int32": "kTfLiteInt32", "float32": "kTfLiteFloat32"}  # fmt: skip
+
+
+# ---- firmware side ---------------------------------------------------------------------------------
+
+
+def tapped_inputs(info: Any, op: Any) -> list[int]:
+    """Inputs the wrapper checksums: non-constant tensors (weights/biases are in flash), at most 4."""
+    return [t for t in op.inputs if t >= 0 and not info.tensors[t].is_constant][:TAP_MAX_TENSORS]
+
+
+def tapped_outputs(op: Any) -> list[int]:
+    return [t for t in op.outputs if t >= 0][:TAP_MAX_TENSORS]
+
+
+def parse_op_list(text: str | Sequence[int] | None) -> list[int]:
+    """``"17,18"`` -> [17, 18] (sorted, unique); GenerateError on anything else."""
+    if text is None:
+        return []
+    if not isinstance(text, str):
+        return sorted({int(k) for k in text})
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit():
+            raise GenerateError(f"--dump-ops: {part!r} is not an op index", hint="e.g. --dump-ops 17,18")
+        out.add(int(part))
+    return sorted(out)
+
+
+def tap_firmware_context(info: Any, *, tap: bool, dump_ops: Sequence[int] = ()) -> dict[str, Any] | None:
+    """Template context for the op wrapper (None when neither --tap nor --dump-ops is asked for)."""
+    dump = sorted({int(k) for k in dump_ops})
+    if not tap and not dump:
+        return None
+    ops = list(info.main_ops)
+    if int(getattr(info, "subgraph_count", 1)) > 1:
+        raise GenerateError(
+            "--tap supports models with one subgraph (control-flow ops run other subgraphs)",
+            hint="run without --tap",
+        )
+    bad = [k for k in dump if not 0 <= k < len(ops)]
+    if bad:
+        raise GenerateError(
+            f"--dump-ops {','.join(map(str, bad))}: the model has ops 0..{len(ops) - 1}",
+            hint="`esp-check inspect MODEL` lists the ops with their indices",
+        )
+    for op in ops:
+        if op.opcode == "CUSTOM" and not op.custom_code:
+            raise GenerateError(f"op {op.index} is a custom op without a name: cannot tap it")
+    kinds: list[str] = []
+    for op in ops:
+        key = op.custom_code if op.opcode == "CUSTOM" else op.opcode
+        if key not in kinds:
+            kinds.append(str(key))
+    tensors: dict[int, dict[str, Any]] = {}
+    op_rows = []
+    for op in ops:
+        ins, outs = tapped_inputs(info, op), tapped_outputs(op)
+        for t in ins + outs:
+            ti = info.tensors[t]
+            if ti.dtype not in _DTYPE_C:
+                raise GenerateError(
+                    f"op {op.index} ({op.opcode}) uses tensor {t} of dtype {ti.dtype}: --tap can dump "
+                    f"only {', '.join(_DTYPE_C)}",
+                    hint="run without --tap",
+                )
+            tensors.setdefault(
+                t,
+                {
+                    "t": t,
+                    "shape": list(ti.shape) or [],
+                    "bytes": int(ti.nbytes),
+                    "dtype": ti.dtype,
+                    "scale": float(ti.scale or 0.0),
+                    "zero_point": int(ti.zero_point or 0),
+                },
+            )
+        key = op.custom_code if op.opcode == "CUSTOM" else op.opcode
+        op_rows.append(
+            {
+                "index": op.index,
+                "opcode": op.opcode,
+                "custom": op.custom_code if op.opcode == "CUSTOM" else None,
+                "kind": kinds.index(str(key)),
+                "ins": ins,
+                "outs": outs,
+            }
+        )
+    order = sorted(tensors)
+    slot = {t: k for k, t in enumerate(order)}
+    for row in op_rows:
+        row["in_slots"] = ([slot[t] for t in row["ins"]] + [0] * TAP_MAX_TENSORS)[:TAP_MAX_TENSORS]
+        row["out_slots"] = ([slot[t] for t in row["outs"]] + [0] * TAP_MAX_TENSORS)[:TAP_MAX_TENSORS]
+    dumps = []
+    offset = 0
+    for k in dump:
+        row = op_rows[k]
+        for role, side in (("in", row["ins"]), ("out", row["outs"])):
+            for t in side:
+                dumps.append({"op": k, "slot": slot[t], "t": t, "role": role, "offset": offset})
+                offset += (tensors[t]["bytes"] + 3) // 4 * 4
+    records_ram = TAP_RECORD_BYTES * len(ops)
+    manifest = {
+        "enabled": bool(tap or dump),
+        "dump_ops": dump,
+        "record_bytes": TAP_RECORD_BYTES,
+        "max_ops": len(ops),
+        "records_ram_bytes": records_ram,
+        "dump_ram_bytes": offset,
+        "ram_bytes": records_ram + offset,
+    }
+    return {
+        "kinds": [
+            {"name": kd, "builtin": kd if any(o["opcode"] == kd for o in op_rows) else None} for kd in kinds
+        ],
+        "ops": op_rows,
+        "tensors": [tensors[t] for t in order],
+        "slot": slot,
+        "dumps": dumps,
+        "dump_bytes": offset,
+        "dtype_c": _DTYPE_C,
+        "manifest": manifest,
+    }
+
+
+# ---- host side ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TapOp:
+    """One op's checksums, from the device (a parsed OP record) or the host reference."""
+
+    idx: int
+    opcode: str
+    inputs: tuple[tuple[int, str], ...]  # (tensor index, CRC hex)
+    outputs: tuple[tuple[int, str], ...]
+    cycles: int | None = None
+
+
+def _crc(a: np.ndarray) -> str:
+    return f"{zlib.crc32(np.ascontiguousarray(a).tobytes()) & 0xFFFFFFFF:08X}"
+
+
+def host_taps(
+    model: Any, model_bytes: bytes, inputs: Sequence[np.ndarray], backend: str = "tflm"
+) -> tuple[list[list[TapOp]], list[dict[int, np.ndarray]]]:
+    """Per run: the host reference's TapOp list and every tensor (model input + op outputs) by index."""
+    from harness.reference import run_reference
+
+    res = run_reference(model_bytes, [[a] for a in inputs], per_layer=True, backend=backend)
+    all_ops: list[list[TapOp]] = []
+    all_tensors: list[dict[int, np.ndarray]] = []
+    for arr, run in zip(inputs, res.runs, strict=True):
+        tensors: dict[int, np.ndarray] = {model.inputs[0].index: np.asarray(arr)}
+        for lt in run.layers or []:
+            tensors[lt.tensor_index] = lt.array
+        ops = [
+            TapOp(
+                op.index,
+                op.opcode,
+                tuple((t, _crc(tensors[t])) for t in tapped_inputs(model, op) if t in tensors),
+                tuple((t, _crc(tensors[t])) for t in tapped_outputs(op) if t in tensors),
+            )
+            for op in model.main_ops
+        ]
+        all_ops.append(ops)
+        all_tensors.append(tensors)
+    return all_ops, all_tensors
+
+
+def device_taps(run: Any) -> list[TapOp]:
+    """TapOp list of a parsed CapturedRun (harness.protocol)."""
+    return [
+        TapOp(
+            o.idx,
+            o.opcode,
+            tuple((e.t, e.crc) for e in o.inputs),
+            tuple((e.t, e.crc) for e in o.outputs),
+            o.cycles,
+        )
+        for o in run.ops
+    ]
+
+
+@dataclass
+class Divergence:
+    """The first op where stream ``a`` departs from stream ``b`` (None fields: they agree)."""
+
+    a: str
+    b: str
+    op: int | None = None
+    opcode: str | None = None
+    kind: str | None = None  # "output" | "clobbered_input" | "input"
+    tensor: int | None = None
+    producer: int | None = None  # op that wrote the clobbered tensor
+    ops_compared: int = 0
+    differing_ops: list[int] = field(default_factory=list)
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "a": self.a,
+            "b": self.b,
+            "op": self.op,
+            "opcode": self.opcode,
+            "kind": self.kind,
+            "tensor": self.tensor,
+            "producer": self.producer,
+            "ops_compared": self.ops_compared,
+            "differing_ops": self.differing_ops,
+            "message": self.message,
+        }
+
+
+def first_divergence(a_name: str, a: Sequence[TapOp], b_name: str, b: Sequence[TapOp]) -> Divergence:
+    """Name the first op (execution order) whose checksums differ between ``a`` and ``b``.
+
+    An input CRC in ``a`` that differs from what ``a``'s own producer op printed for the same tensor
+    means the tensor changed *between* the two ops (clobbered), which is reported as such.
+    """
+    res = Divergence(a_name, b_name)
+    b_by = {o.idx: o for o in b}
+    produced: dict[int, tuple[int, str]] = {}  # tensor -> (producer op, CRC it printed) in a
+    for op in a:
+        other = b_by.get(op.idx)
+        if other is None:
+            continue
+        res.ops_compared += 1
+        b_in = dict(other.inputs)
+        b_out = dict(other.outputs)
+        found: tuple[str, int, int | None] | None = None
+        for t, crc in op.inputs:
+            if b_in.get(t, crc) != crc:
+                prod = produced.get(t)
+                if prod is not None and prod[1] != crc:
+                    found = ("clobbered_input", t, prod[0])
+                else:
+                    found = ("input", t, prod[0] if prod else None)
+                break
+        if found is None:
+            for t, crc in op.outputs:
+                if b_out.get(t, crc) != crc:
+                    found = ("output", t, None)
+                    break
+        for t, crc in op.outputs:
+            produced[t] = (op.idx, crc)
+        if found is not None:
+            res.differing_ops.append(op.idx)
+            if res.op is None:
+                res.op, res.opcode = op.idx, op.opcode
+                res.kind, res.tensor, res.producer = found
+    if res.op is None:
+        res.message = f"{a_name} and {b_name} agree on all {res.ops_compared} ops"
+    elif res.kind == "clobbered_input":
+        res.message = (
+            f"op {res.op} ({res.opcode}) read tensor {res.tensor} with a different CRC than op "
+            f"{res.producer} wrote into it on the {a_name} run: the tensor was overwritten between op "
+            f"{res.producer} and op {res.op} (e.g. a scratch-buffer overflow), not computed wrongly "
+            f"by op {res.op}"
+        )
+    elif res.kind == "output":
+        res.message = (
+            f"first divergent op {res.op} ({res.opcode}): same inputs, different output tensor {res.tensor} "
+            f"({a_name} vs {b_name})"
+        )
+    else:
+        res.message = f"first divergent op {res.op} ({res.opcode}): input tensor {res.tensor} already differs"
+    return res
+
+
+# ---- element-level dump analysis ------------------------------------------------------------------
+
+
+@dataclass
+class DumpDiff:
+    """Element-level difference of one dumped tensor against a reference copy."""
+
+    op: int
+    tensor: int
+    role: str
+    against: str
+    shape: tuple[int, ...]
+    elements: int
+    differing: int
+    max_lsb: int
+    lsb_histogram: dict[int, int]
+    region: str
+    rows: list[int]
+    cols: list[int]
+    channels: int
+
+    @property
+    def fraction(self) -> float:
+        return self.differing / self.elements if self.elements else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "tensor": self.tensor,
+            "role": self.role,
+            "against": self.against,
+            "shape": list(self.shape),
+            "elements": self.elements,
+            "differing": self.differing,
+            "fraction": round(self.fraction, 6),
+            "max_lsb": self.max_lsb,
+            "lsb_histogram": {str(k): v for k, v in sorted(self.lsb_histogram.items())},
+            "region": self.region,
+            "rows": self.rows,
+            "cols": self.cols,
+            "channels": self.channels,
+        }
+
+
+def describe_region(mask: np.ndarray) -> tuple[str, list[int], list[int], int]:
+    """Where the True elements of ``mask`` sit: rows = axis -3, columns = axis -2 (NHWC)."""
+    if not mask.any():
+        return "none", [], [], 0
+    nd = mask.ndim
+    if nd < 2:
+        idx = np.nonzero(mask.reshape(-1))[0]
+        n = mask.size
+        if set(idx.tolist()) == {n - 1}:
+            return "last element only", [], [int(n - 1)], 0
+        return ("everywhere" if idx.size == n else f"{idx.size} of {n} elements"), [], idx.tolist()[:64], 0
+    row_ax = nd - 3 if nd >= 3 else nd - 2
+    col_ax = nd - 2 if nd >= 3 else nd - 1
+    other = tuple(a for a in range(nd) if a != row_ax)
+    rows = np.nonzero(mask.any(axis=other))[0].tolist()
+    other = tuple(a for a in range(nd) if a != col_ax)
+    cols = np.nonzero(mask.any(axis=other))[0].tolist()
+    chans = int(np.count_nonzero(mask.any(axis=tuple(range(nd - 1))))) if nd >= 3 else 0
+    h, w = mask.shape[row_ax], mask.shape[col_ax]
+    if mask.all():
+        return "everywhere", rows, cols, chans
+    if nd >= 3 or h > 1:
+        if rows == [h - 1] and h > 1:
+            return f"last row only (row {h - 1} of {h})", rows, cols, chans
+        if rows == [0] and h > 1:
+            return f"first row only (row 0 of {h})", rows, cols, chans
+    if cols == [w - 1] and w > 1:
+        return f"last column only (column {w - 1} of {w})", rows, cols, chans
+    if cols == [0] and w > 1:
+        return f"first column only (column 0 of {w})", rows, cols, chans
+    border = np.zeros(mask.shape, dtype=bool)
+    sl: list[Any] = [slice(None)] * nd
+    for ax, k in ((row_ax, 0), (row_ax, -1), (col_ax, 0), (col_ax, -1)):
+        sl2 = list(sl)
+        sl2[ax] = k
+        border[tuple(sl2)] = True
+    if not (mask & ~border).any():
+        return "border only (first/last rows and columns)", rows, cols, chans
+    return f"scattered over {len(rows)} of {h} rows and {len(cols)} of {w} columns", rows, cols, chans
+
+
+def analyze_dump(op: int, tensor: int, role: str, got: np.ndarray, ref: np.ndarray, against: str) -> DumpDiff:
+    """LSB differences of ``got`` vs ``ref`` (same shape), fraction affected and where."""
+    g = np.asarray(got)
+    r = np.asarray(ref).reshape(g.shape)
+    diff = g.astype(np.int64) - r.astype(np.int64) if g.dtype.kind in "iu" else (g - r).astype(np.float64)
+    mask = diff != 0
+    hist: dict[int, int] = {}
+    if mask.any() and g.dtype.kind in "iu":
+        vals, counts = np.unique(diff[mask], return_counts=True)
+        hist = {int(v): int(c) for v, c in zip(vals, counts, strict=True)}
+    region, rows, cols, chans = describe_region(mask)
+    return DumpDiff(
+        op,
+        tensor,
+        role,
+        against,
+        tuple(g.shape),
+        int(g.size),
+        int(np.count_nonzero(mask)),
+        int(np.abs(diff).max()) if mask.any() else 0,
+        hist,
+        region,
+        rows[:64],
+        cols[:64],
+        chans,
+    )
+
+
+# ---- timing ---------------------------------------------------------------------------------------
+
+
+def timing_table(per_variant: Mapping[str, Sequence[TapOp]], cpu_mhz: Mapping[str, int]) -> dict[str, Any]:
+    """Per op: microseconds per variant and the speedup (ansi / optimized); totals per op type."""
+    names = list(per_variant)
+    by_idx: dict[int, dict[str, Any]] = {}
+    for v in names:
+        mhz = max(1, int(cpu_mhz.get(v, 240)))
+        for o in per_variant[v]:
+            row = by_idx.setdefault(o.idx, {"op": o.idx, "opcode": o.opcode, "us": {}})
+            if o.cycles is not None:
+                row["us"][v] = o.cycles / mhz
+    rows = [by_idx[k] for k in sorted(by_idx)]
+    totals: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        a, b = row["us"].get("ansi"), row["us"].get("optimized")
+        row["speedup"] = (a / b) if a is not None and b else None
+        tot = totals.setdefault(row["opcode"], {"count": 0, "us": {v: 0.0 for v in names}})
+        tot["count"] += 1
+        for v in names:
+            tot["us"][v] += row["us"].get(v, 0.0)
+    for tot in totals.values():
+        a, b = tot["us"].get("ansi"), tot["us"].get("optimized")
+        tot["speedup"] = (a / b) if a and b else None
+    grand = {v: sum(r["us"].get(v, 0.0) for r in rows) for v in names}
+    return {
+        "ops": rows,
+        "by_type": dict(sorted(totals.items(), key=lambda kv: -max(kv[1]["us"].values() or [0]))),
+        "total_us": grand,
+        "speedup": (grand["ansi"] / grand["optimized"])
+        if grand.get("ansi") and grand.get("optimized")
+        else None,
+    }
+
+
+# ---- consistency ----------------------------------------------------------------------------------
+
+
+def check_outputs_untouched(run: Any, output_tensors: Sequence[int]) -> list[str]:
+    """Problems if a tapped run's final outputs are not what its last op records say it wrote."""
+    problems = []
+    last: dict[int, str] = {}
+    for o in run.ops:
+        for e in o.outputs:
+            last[e.t] = e.crc
+    for k, t in enumerate(output_tensors):
+        out = next((x for x in run.outputs if x.o == k), None)
+        if out is None:
+            continue
+        if t not in last:
+            problems.append(f"run i={run.index}: no OP record wrote model output {k} (tensor {t})")
+        elif last[t] != out.crc:
+            problems.append(
+                f"run i={run.index}: output {k} has CRC {out.crc} but the op that wrote tensor {t} "
+                f"printed {last[t]}: the tap changed or raced the outputs"
+            )
+    return problems
+
+
+# ---- flash-and-compare --tap ----------------------------------------------------------------------
+
+
+@dataclass
+class TapResult:
+    """What ``flash-and-compare --tap`` found, per input run, plus the dump run's evidence."""
+
+    runs: list[dict[str, Any]] = field(default_factory=list)  # per input: divergences
+    dump_ops: list[int] = field(default_factory=list)
+    dumps: list[DumpDiff] = field(default_factory=list)
+    timing: dict[str, Any] | None = None
+    ram_bytes: dict[str, int] = field(default_factory=dict)  # per variant, from OPEND
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    images: list[dict[str, Any]] = field(default_factory=list)  # for the HTML report (not in JSON)
+
+    @property
+    def culprit(self) -> Divergence | None:
+        """The first divergence that involves the optimized build (vs ANSI, else vs host)."""
+        for run in self.runs:
+            for key in ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host"):
+                d = run.get(key)
+                if isinstance(d, Divergence) and d.op is not None:
+                    return d
+        return None
+
+    def summary_lines(self) -> list[str]:
+        lines: list[str] = []
+        for run in self.runs:
+            for key in ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host"):
+                d = run.get(key)
+                if isinstance(d, Divergence):
+                    lines.append(f"input {run['i']}: {key.replace('_', ' ')}: {d.message}")
+        for dd in self.dumps:
+            if dd.differing:
+                hist = ", ".join(f"{k:+d} LSB x{v}" for k, v in sorted(dd.lsb_histogram.items()))
+                lines.append(
+                    f"op {dd.op} {dd.role}put tensor {dd.tensor} vs {dd.against}: {dd.differing} of "
+                    f"{dd.elements} elements differ ({100 * dd.fraction:.2f}%), max {dd.max_lsb} LSB "
+                    f"[{hist}], {dd.region}"
+                )
+            else:
+                lines.append(f"op {dd.op} {dd.role}put tensor {dd.tensor} vs {dd.against}: identical")
+        lines += self.notes
+        lines += [f"tap problem: {p}" for p in self.problems]
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "runs": [
+                {k: (v.to_dict() if isinstance(v, Divergence) else v) for k, v in r.items()}
+                for r in self.runs
+            ],
+            "culprit": self.culprit.to_dict() if self.culprit else None,
+            "dump_ops": self.dump_ops,
+            "dumps": [d.to_dict() for d in self.dumps],
+            "timing": self.timing,
+            "ram_bytes": self.ram_bytes,
+            "problems": self.problems,
+            "notes": self.notes,
+            "summary": self.summary_lines(),
+        }
+
+
+def _embedded_inputs(project_dir: Any, model: Any) -> list[np.ndarray]:
+    """The exact quantized input bytes the firmware embedded (from the generated project)."""
+    from pathlib import Path
+
+    from harness.generate import read_manifest
+
+    pdir = Path(project_dir)
+    man = read_manifest(pdir)
+    tin = model.inputs[0]
+    return [
+        np.frombuffer((pdir / str(e["file"])).read_bytes(), dtype=np.dtype(tin.dtype)).reshape(tin.shape)
+        for e in man["inputs"]
+    ]
+
+
+def analyze_captures(
+    model: Any,
+    caps: Mapping[str, Any],
+    host_ops: Sequence[Sequence[TapOp]] | None,
+) -> TapResult:
+    """Divergences per input run between the variants' op records and the host reference."""
+    res = TapResult()
+    outs = [t.index for t in model.outputs]
+    for v, cap in caps.items():
+        if not cap.tapped:
+            res.problems.append(f"the {v} firmware did not report INFO tap=1: it was not built with --tap")
+        for run in cap.runs:
+            res.problems += [f"{v}: {p}" for p in check_outputs_untouched(run, outs)]
+            if run.ops_end is not None:
+                res.ram_bytes[v] = int(run.ops_end["ram"])
+    n = max((len(c.runs) for c in caps.values()), default=0)
+    for i in range(n):
+        row: dict[str, Any] = {"i": i}
+        streams = {v: device_taps(c.runs[i]) for v, c in caps.items() if i < len(c.runs)}
+        if "optimized" in streams and "ansi" in streams:
+            row["optimized_vs_ansi"] = first_divergence(
+                "optimized", streams["optimized"], "ansi", streams["ansi"]
+            )
+        if host_ops is not None and i < len(host_ops):
+            for v in ("optimized", "ansi"):
+                if v in streams:
+                    row[f"{v}_vs_host"] = first_divergence(v, streams[v], "host", host_ops[i])
+        res.runs.append(row)
+    mhz = {v: int(c.info.get("cpu_mhz", "240") or 240) for v, c in caps.items()}
+    if caps and all(c.runs for c in caps.values()):
+        res.timing = timing_table({v: device_taps(c.runs[0]) for v, c in caps.items()}, mhz)
+    return res
+
+
+def ops_to_dump(res: TapResult) -> list[int]:
+    """The culprit op, plus the producer of a clobbered input (to show it wrote the right values)."""
+    d = res.culprit
+    if d is None or d.op is None:
+        return []
+    ops = {d.op}
+    if d.kind == "clobbered_input" and d.producer is not None:
+        ops.add(d.producer)
+    return sorted(ops)
+
+
+def analyze_dump_captures(
+    res: TapResult,
+    caps: Mapping[str, Any],
+    host_tensors: Sequence[Mapping[int, np.ndarray]] | None,
+    run_index: int = 0,
+) -> None:
+    """Element-level comparison of the dump run's tensors: optimized vs ANSI and each vs host."""
+    runs = {v: c.runs[run_index] for v, c in caps.items() if len(c.runs) > run_index}
+    by_key = {v: {(d.idx, d.t, d.role): d for d in r.dumps} for v, r in runs.items()}
+    host = host_tensors[run_index] if host_tensors is not None and len(host_tensors) > run_index else None
+    for key in sorted(by_key.get("optimized", {})):
+        op, t, role = key
+        opt = by_key["optimized"][key].tensor
+        ansi = by_key.get("ansi", {}).get(key)
+        refs: list[tuple[str, np.ndarray]] = []
+        if ansi is not None:
+            refs.append(("ansi", ansi.tensor.data))
+        if host is not None and t in host:
+            refs.append(("host", host[t]))
+        for name, ref in refs:
+            dd = analyze_dump(op, t, role, opt.data, ref, name)
+            res.dumps.append(dd)
+        if refs and opt.data.ndim == 4 and opt.data.shape[0] == 1:
+            name, ref = refs[-1]  # the host reference when there is one
+            image = {"op": op, "t": t, "role": role, "ref_name": name, "got": opt.data}
+            image["ref"] = np.asarray(ref).reshape(opt.data.shape)
+            res.images.append(image)
+
+
+def run_tap_flow(
+    *,
+    model_path: Any,
+    input_paths: Sequence[Any],
+    model: Any,
+    board_def: Any,
+    variants: Mapping[str, Any],
+    port_url: str,
+    out: Any,
+    builder: str | None,
+    cache_dir: Any,
+    input_options: Any,
+    arena_kb: int | None,
+    limits: Any,
+    flash_baud: int | None,
+    reference: bool,
+    lock_cm: Any,
+    say: Any,
+    extra_dump_ops: Sequence[int] = (),
+) -> tuple[TapResult, list[str], list[int]]:
+    """After the tapped runs: analyze them, then dump the culprit op in a second run of both variants.
+
+    Returns (result, error messages, exit codes for infrastructure problems of the dump run).
+    """
+    from pathlib import Path
+
+    from harness.errors import EspCheckError, ExitCode
+    from harness.protocol import parse_capture
+
+    errors: list[str] = []
+    codes: list[int] = []
+    caps = {}
+    for v, run in variants.items():
+        if run.serial_log is not None and Path(run.serial_log).is_file() and run.capture_valid:
+            caps[v] = parse_capture(Path(run.serial_log).read_bytes())
+    if not caps:
+        return TapResult(problems=["no valid tapped capture to analyze"]), errors, codes
+    host_ops = host_tensors = None
+    first_project = next(r.project_dir for r in variants.values() if r.project_dir is not None)
+    arrays = _embedded_inputs(first_project, model)
+    if reference:
+        try:
+            host_ops, host_tensors = host_taps(model, Path(model_path).read_bytes(), arrays)
+        except EspCheckError as exc:
+            errors.append(f"tap: host per-layer reference unavailable: {exc.message}")
+    res = analyze_captures(model, caps, host_ops)
+    dump = sorted(set(ops_to_dump(res)) | {int(k) for k in extra_dump_ops})
+    if not dump:
+        return res, errors, codes
+    res.dump_ops = dump
+    say("tap", f"second run dumping op(s) {','.join(map(str, dump))}")
+    from harness.build import build_project
+    from harness.flow import flash_and_capture
+    from harness.generate import generate_projects
+
+    dump_dir = Path(out) / "tap-dump"
+    try:
+        projects = generate_projects(
+            model_path,
+            list(input_paths),
+            board_def,
+            out_dir=dump_dir / "projects",
+            input_options=input_options,
+            arena_kb=arena_kb,
+            tap=True,
+            dump_ops=dump,
+        )
+        dump_caps = {}
+        with lock_cm:
+            for p in projects:
+                b = build_project(
+                    p.path, builder=builder, cache_dir=cache_dir,
+                    log_path=dump_dir / "logs" / f"build-{p.variant}.log", timeout=limits.build,
+                )  # fmt: skip
+                vr, _stages = flash_and_capture(
+                    b,
+                    board_def,
+                    port_url,
+                    dump_dir,
+                    variant=p.variant,
+                    timeouts=limits,
+                    flash_baud=flash_baud,
+                )
+                if vr.serial_log is None or not vr.capture_valid:
+                    errors.append(f"tap dump run [{p.variant}]: capture failed ({vr.exit_code})")
+                    codes.append(int(vr.exit_code or ExitCode.INFRASTRUCTURE))
+                    continue
+                dump_caps[p.variant] = parse_capture(Path(vr.serial_log).read_bytes())
+    except EspCheckError as exc:
+        errors.append(f"tap dump run: {exc}")
+        codes.append(int(exc.exit_code))
+        return res, errors, codes
+    for v, cap in dump_caps.items():
+        first = caps.get(v)
+        if first is None:
+            continue
+        for r1, r2 in zip(first.runs, cap.runs, strict=False):
+            if [t.crc for t in r1.outputs] != [t.crc for t in r2.outputs]:
+                res.problems.append(
+                    f"{v}: the dump run's outputs differ from the first tapped run's (input {r1.index}): "
+                    "the device is not deterministic or the dump changed the results"
+                )
+    analyze_dump_captures(res, dump_caps, host_tensors)
+    return res, errors, codes

@@ -1,0 +1,490 @@
+"""``esp-check run`` end to end on a bench of simulated boards.
+
+What is real: plan/inventory parsing, the scheduler and its worker threads, filelock board locks,
+the generated projects and the sim builder's images, esptool 5 flashing over real pyserial ports
+(``sim://`` and, for one board, RFC 2217 over TCP served by ``harness.sim.serve`` in a background
+thread), the console capture and parser, the TFLM host reference, the comparison and every report.
+What is faked: the boards themselves (harness.sim), the outermost edge. Faults are injected through
+the simulator's URL parameters (``sync_fail``, ``disconnect``, ``corrupt``, ``panic``), a closed TCP
+port stands for a board whose serial server is down, and ``RunOptions.port_override`` makes one
+attempt of one board see a disconnect (a transient fault: the sim's app faults are otherwise
+permanent).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.errors import ExitCode
+from harness.runner import RunOptions, load_inventory, load_plan, run_plan
+from harness.runner.locks import BoardLock
+
+pytest.importorskip("tflite_micro")
+
+MODELS = ("cnn_classifier_11", "op_zoo", "unet_mbv2_035_48")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("runner-build-cache")
+
+
+@pytest.fixture(scope="module")
+def inputs_dir(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Path:
+    """Each model's fixture input, plus a second one made from it (flipped along the last axis)."""
+    d = tmp_path_factory.mktemp("runner-inputs")
+    for m in MODELS:
+        x = np.load(models_dir / "inputs" / f"{m}.npy")
+        np.save(d / f"{m}.npy", x)
+        np.save(d / f"{m}_flip.npy", np.ascontiguousarray(np.flip(x, axis=-1)))
+    return d
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _uid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def write_plan(
+    path: Path,
+    models_dir: Path,
+    inputs_dir: Path,
+    models: tuple[str, ...],
+    boards: list[str],
+    *,
+    placement: str = "each",
+    retries: int = 2,
+    quarantine_after: int = 3,
+    extra: str = "",
+) -> Path:
+    text = f"""
+[run]
+backoff_s = 0.05
+backoff_max_s = 0.2
+quarantine_after = {quarantine_after}
+lock_timeout_s = 120
+
+[defaults]
+comparisons = ["optimized-vs-ansi", "each-vs-host"]
+timeouts = {{ capture_total = 30, capture_silence = 3 }}
+retries = {retries}
+
+[[job]]
+name = "fixtures"
+models = {json.dumps([str(models_dir / f"{m}.tflite") for m in models])}
+inputs = ["{inputs_dir}/{{model}}.npy", "{inputs_dir}/{{model}}_flip.npy"]
+boards = {json.dumps(boards)}
+placement = "{placement}"
+{extra}
+"""
+    path.write_text(text)
+    return path
+
+
+def remote_job(tmp_path: Path, models_dir: Path, inputs_dir: Path, model: str = "op_zoo") -> str:
+    """A board type for the board behind the RFC 2217 server (boards are data) and a job for it.
+
+    RFC 2217 is slow (each esptool command is a network round trip through the server's port
+    manager), so the remote board runs one model, not the whole matrix.
+    """
+    text = (ROOT / "boards" / "sim.toml").read_text().replace('name = "sim"', 'name = "sim-remote"')
+    (tmp_path / "sim-remote.toml").write_text(text)
+    return f"""
+[[job]]
+name = "remote"
+models = ["{models_dir / (model + ".tflite")}"]
+inputs = ["{inputs_dir}/{{model}}.npy", "{inputs_dir}/{{model}}_flip.npy"]
+boards = ["sim-remote.toml"]
+"""
+
+
+def write_inventory(path: Path, boards: list[tuple[str, str, str]]) -> Path:
+    parts = [f'[[board]]\nname = "{n}"\ntype = "{t}"\nport = "{p}"\n' for n, t, p in boards]
+    path.write_text("\n".join(parts))
+    return path
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def by_board(doc: dict) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for t in doc["tasks"]:
+        out.setdefault(t["board"], []).append(t)
+    return out
+
+
+@pytest.fixture
+def served_board():
+    """A simulated board behind an RFC 2217 server (esptool's EspPortManager) in a background thread."""
+    from harness.sim.board import REGISTRY
+    from harness.sim.serve import serve_rfc2217
+
+    name = _uid("rfc")
+    server = serve_rfc2217(f"sim://{name}?chip=esp32s3&emitter=c")
+    yield server
+    server.stop()
+    REGISTRY.remove(name)
+
+
+@pytest.mark.slow
+def test_three_models_two_inputs_three_boards_all_match(
+    tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path, served_board
+):
+    b1, b2, b3 = _uid("b1"), _uid("b2"), _uid("b3")
+    inv = write_inventory(
+        tmp_path / "bench.toml",
+        [
+            ("b1", "sim", f"sim://{b1}?emitter=c"),
+            ("b2", "sim", f"sim://{b2}?emitter=c"),
+            ("b3", "sim-usbjtag", f"sim://{b3}?emitter=c"),  # USB-Serial-JTAG console: re-enumerates
+            ("remote", "sim-remote.toml", served_board.address),  # over TCP: RFC 2217
+        ],
+    )
+    plan = write_plan(
+        tmp_path / "plan.toml",
+        models_dir,
+        inputs_dir,
+        MODELS,
+        ["sim", "sim-usbjtag"],
+        extra=remote_job(tmp_path, models_dir, inputs_dir),
+    )
+    out = tmp_path / "out"
+    result = run_plan(
+        load_plan(plan),
+        load_inventory(inv),
+        RunOptions(out_dir=out, lock_dir=tmp_path / "locks", cache_dir=cache_dir),
+    )
+    doc = summary(out)
+    assert result.exit_code == ExitCode.MATCH, [(t["id"], t["reason"]) for t in doc["tasks"]]
+    assert doc["verdict"] == "match" and doc["simulated"] is True
+    # 3 models x 3 boards (placement "each") + 1 model on the remote board; 2 inputs x 3 comparisons each
+    assert len(doc["tasks"]) == 10
+    assert {t["board"] for t in doc["tasks"]} == {"b1", "b2", "b3", "remote"}
+    assert doc["counts"]["testcases"] == 10 * 2 * 3 == doc["counts"]["passed"]
+    for t in doc["tasks"]:
+        assert t["verdict"] == "match" and len(t["attempts"]) == 1
+        assert {c["input"].endswith("_flip.npy") for c in t["testcases"]} == {True, False}
+        assert {c["comparison"] for c in t["testcases"]} == {
+            "optimized-vs-ansi",
+            "optimized-vs-reference",
+            "ansi-vs-reference",
+        }
+        for v in ("optimized", "ansi"):
+            log = t["attempts"][0]["variants"][v]["serial_log"]
+            assert Path(log).read_bytes().count(b" END ") == 1  # artifacts kept per attempt
+    # same firmware for the two boards of type "sim": built once, flashed to both
+    for m in MODELS:
+        shas = {
+            t["board"]: t["builds"]["optimized"]["firmware_sha256"]
+            for t in doc["tasks"]
+            if t["job"] == "fixtures" and f"/{m}/" in t["id"]
+        }
+        assert shas["b1"] == shas["b2"] != shas["b3"]  # b3's firmware has a USB-Serial-JTAG console
+    # the served board is locked by its server address, the simulated ones by name: never a /dev path
+    keys = {b["name"]: b["lock_key"] for b in doc["boards"]}
+    assert keys["remote"] == f"net-127.0.0.1-{served_board.port}" and keys["b1"] == f"sim-{b1}"
+    assert served_board.clients_served >= 2  # both variants went through the RFC 2217 server
+    # JUnit: one testcase per task x input x comparison, raw serial log attached
+    root = ET.parse(out / "junit.xml").getroot()
+    cases = root.findall(".//testcase")
+    assert len(cases) == 60 and root.get("failures") == "0" and root.get("errors") == "0"
+    assert all("@EC1 " in (c.findtext("system-out") or "") for c in cases)
+    md = (out / "summary.md").read_text()
+    assert "match" in md and "| 60 | 60 | 0 | 0 |" in md
+
+
+@pytest.mark.slow
+def test_injected_faults_give_retries_quarantine_failures_and_errors(
+    tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path
+):
+    names = {k: _uid(k) for k in ("sync", "disc", "corrupt", "panic")}
+    dead = _free_port()  # nothing listens here: the board's serial server is down
+    inv = write_inventory(
+        tmp_path / "bench.toml",
+        [
+            # esptool tries 7 times inside one connect; the 7 failing sessions fail the first attempt
+            ("sync", "sim", f"sim://{names['sync']}?emitter=c&fault=sync_fail&fault_count=7"),
+            ("disc", "sim", f"sim://{names['disc']}?emitter=c"),
+            ("broken", "sim", f"rfc2217://127.0.0.1:{dead}?ign_set_control"),
+            ("corrupt", "sim", f"sim://{names['corrupt']}?emitter=c&fault=corrupt&variant_fault=optimized"),
+            ("panic", "sim", f"sim://{names['panic']}?emitter=c&fault=panic&variant_fault=optimized"),
+        ],
+    )
+    plan = write_plan(
+        tmp_path / "plan.toml", models_dir, inputs_dir, ("cnn_classifier_11",), ["sim"], quarantine_after=3
+    )
+
+    def transient_disconnect(board, url: str, variant: str, attempt: int) -> str | None:
+        if board.name == "disc" and attempt == 1 and variant == "optimized":
+            return url + "&fault=disconnect"  # the link drops in the middle of the records, once
+        return None
+
+    out = tmp_path / "out"
+    result = run_plan(
+        load_plan(plan),
+        load_inventory(inv),
+        RunOptions(
+            out_dir=out,
+            lock_dir=tmp_path / "locks",
+            cache_dir=cache_dir,
+            port_override=transient_disconnect,
+        ),
+    )
+    doc = summary(out)
+    tasks = {t["board"]: t for t in doc["tasks"]}
+    boards = {b["name"]: b for b in doc["boards"]}
+    # first sync fails -> retried -> match
+    assert [a["exit_code"] for a in tasks["sync"]["attempts"]] == [3, 0]
+    assert "no sync" in tasks["sync"]["attempts"][0]["reason"] and tasks["sync"]["verdict"] == "match"
+    # disconnect mid-run -> retried -> match
+    assert [a["exit_code"] for a in tasks["disc"]["attempts"]] == [3, 0]
+    assert tasks["disc"]["verdict"] == "match"
+    # permanently broken -> retries up to the limit, then quarantined; its task is an error
+    assert [a["exit_code"] for a in tasks["broken"]["attempts"]] == [3, 3, 3]
+    assert boards["broken"]["status"] == "quarantined"
+    assert tasks["broken"]["verdict"] == "infrastructure_error"
+    # a variant corrupting its outputs -> mismatch on the first attempt, never retried
+    assert [a["exit_code"] for a in tasks["corrupt"]["attempts"]] == [1]
+    assert tasks["corrupt"]["verdict"] == "mismatch"
+    # a crash is a finding: re-run once to confirm, never counted against the board
+    assert [a["exit_code"] for a in tasks["panic"]["attempts"]] == [4, 4]
+    assert tasks["panic"]["verdict"] == "firmware_fault" and tasks["panic"]["firmware_fault_confirmed"]
+    assert boards["panic"]["status"] == "ok" and boards["panic"]["consecutive_infra_failures"] == 0
+    for name in ("sync", "disc", "corrupt"):
+        assert boards[name]["status"] == "ok"
+    # exit code precedence: firmware fault (4) over mismatch (1) over infrastructure (3)
+    assert result.exit_code == ExitCode.FIRMWARE_FAULT and doc["exit_code"] == 4
+    # testcases: mismatch/firmware fault are failures, infrastructure is an error
+    cases = {b: {(c["comparison"], c["input_index"]): c for c in t["testcases"]} for b, t in tasks.items()}
+    assert cases["corrupt"][("optimized-vs-ansi", 0)]["status"] == "failure"
+    assert cases["corrupt"][("ansi-vs-reference", 0)]["status"] == "passed"
+    assert cases["panic"][("optimized-vs-ansi", 0)]["type"] == "firmware_fault"
+    assert cases["panic"][("optimized-vs-ansi", 0)]["status"] == "failure"
+    assert cases["panic"][("ansi-vs-reference", 1)]["status"] == "passed"
+    assert {c["status"] for c in cases["broken"].values()} == {"error"}
+    assert {c["status"] for c in cases["sync"].values()} == {"passed"}
+    root = ET.parse(out / "junit.xml").getroot()
+    assert int(root.get("errors")) == 6 and int(root.get("failures")) >= 4
+    kinds = [e["kind"] for e in doc["events"]]
+    assert kinds.count("retry") == 4 and kinds.count("quarantine") == 1 and kinds.count("confirm") == 1
+
+
+@pytest.mark.slow
+def test_quarantined_board_hands_its_jobs_to_another_board(
+    tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path
+):
+    good = _uid("good")
+    inv = write_inventory(
+        tmp_path / "bench.toml",
+        [
+            ("good", "sim", f"sim://{good}?emitter=c"),
+            ("broken", "sim", f"rfc2217://127.0.0.1:{_free_port()}"),
+        ],
+    )
+    plan = write_plan(
+        tmp_path / "plan.toml", models_dir, inputs_dir, MODELS, ["sim"], placement="any", quarantine_after=2
+    )
+    out = tmp_path / "out"
+    result = run_plan(
+        load_plan(plan),
+        load_inventory(inv),
+        RunOptions(out_dir=out, lock_dir=tmp_path / "locks", cache_dir=cache_dir),
+    )
+    doc = summary(out)
+    assert result.exit_code == ExitCode.MATCH, [(t["id"], t["reason"]) for t in doc["tasks"]]
+    assert all(t["verdict"] == "match" and t["board"] == "good" for t in doc["tasks"])
+    broken = next(b for b in doc["boards"] if b["name"] == "broken")
+    # no cascade: the broken board fails at most quarantine_after attempts, then takes no more work
+    assert broken["attempts"] <= 2
+    assert broken["status"] == "quarantined" or broken["attempts"] < 2
+
+
+def test_stop_lets_the_running_attempt_finish_and_aborts_the_rest(
+    tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path
+):
+    name = _uid("stop")
+    inv = write_inventory(tmp_path / "bench.toml", [("only", "sim", f"sim://{name}?emitter=c")])
+    plan = write_plan(tmp_path / "plan.toml", models_dir, inputs_dir, MODELS, ["sim"])
+    stop = threading.Event()
+
+    def progress(msg: str) -> None:
+        if msg.startswith("[start]"):
+            stop.set()  # as the CLI's SIGINT/SIGTERM handler does
+
+    out = tmp_path / "out"
+    result = run_plan(
+        load_plan(plan),
+        load_inventory(inv),
+        RunOptions(
+            out_dir=out, lock_dir=tmp_path / "locks", cache_dir=cache_dir, progress=progress, stop=stop
+        ),
+    )
+    doc = summary(out)
+    verdicts = [t["verdict"] for t in doc["tasks"]]
+    assert verdicts == ["match", "aborted", "aborted"]
+    assert doc["interrupted"] is True and doc["verdict"] == "interrupted"
+    assert result.exit_code == ExitCode.INFRASTRUCTURE
+    root = ET.parse(out / "junit.xml").getroot()
+    assert {e.get("type") for e in root.iter("error")} == {"aborted"}
+    lk = BoardLock(f"sim-{name}", tmp_path / "locks")
+    lk.acquire(0.5)  # released: nobody holds the board any more
+    lk.release()
+
+
+def test_busy_board_waits_visibly_then_gives_up(
+    tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path
+):
+    name = _uid("busy")
+    inv = write_inventory(tmp_path / "bench.toml", [("held", "sim", f"sim://{name}?emitter=c")])
+    plan = write_plan(tmp_path / "plan.toml", models_dir, inputs_dir, ("op_zoo",), ["sim"])
+    holder = BoardLock(f"sim-{name}", tmp_path / "locks", owner="a person at the bench")
+    holder.acquire(1)
+    messages: list[str] = []
+    try:
+        result = run_plan(
+            load_plan(plan),
+            load_inventory(inv),
+            RunOptions(
+                out_dir=tmp_path / "out",
+                lock_dir=tmp_path / "locks",
+                cache_dir=cache_dir,
+                lock_timeout_s=0.6,
+                progress=messages.append,
+            ),
+        )
+    finally:
+        holder.release()
+    assert result.exit_code == ExitCode.INFRASTRUCTURE
+    assert any("a person at the bench" in m for m in messages if m.startswith("[lock]"))
+    doc = summary(tmp_path / "out")
+    assert doc["boards"][0]["status"] == "busy"
+    assert doc["tasks"][0]["verdict"] == "infrastructure_error"
+
+
+def test_flash_and_compare_waits_for_the_runner_lock(tmp_path: Path, models_dir: Path, cache_dir: Path):
+    """A person's flash-and-compare takes the same lock as `esp-check run` for the same board."""
+    from harness.flow import StageTimeouts, flash_and_compare
+
+    name = _uid("fac")
+    holder = BoardLock(f"sim-{name}", tmp_path / "locks", owner="esp-check run plan.toml")
+    holder.acquire(1)
+    try:
+        result = flash_and_compare(
+            models_dir / "op_zoo.tflite",
+            [models_dir / "inputs" / "op_zoo.npy"],
+            board="sim",
+            port=f"sim://{name}",
+            out_dir=tmp_path / "o1",
+            cache_dir=cache_dir,
+            reference=False,
+            timeouts=StageTimeouts(capture_total=30, capture_silence=3),
+            lock_dir=tmp_path / "locks",
+            lock_timeout=0.5,
+        )
+    finally:
+        holder.release()
+    assert result.exit_code == ExitCode.INFRASTRUCTURE
+    assert any("esp-check run plan.toml" in e for e in result.errors)
+    assert all(r.flash is None for r in result.variants.values())  # the board was never touched
+    again = flash_and_compare(
+        models_dir / "op_zoo.tflite",
+        [models_dir / "inputs" / "op_zoo.npy"],
+        board="sim",
+        port=f"sim://{name}",
+        out_dir=tmp_path / "o2",
+        cache_dir=cache_dir,
+        reference=False,
+        timeouts=StageTimeouts(capture_total=30, capture_silence=3),
+        lock_dir=tmp_path / "locks",
+        lock_timeout=0.5,
+    )
+    assert again.exit_code == ExitCode.MATCH
+
+
+def _overlaps(intervals: list[dict]) -> list[tuple[dict, dict]]:
+    bad = []
+    by_key: dict[str, list[dict]] = {}
+    for u in intervals:
+        by_key.setdefault(u["lock_key"], []).append(u)
+    for items in by_key.values():
+        items.sort(key=lambda u: u["start"])
+        for a, b in zip(items, items[1:]):
+            if b["start"] < a["end"]:
+                bad.append((a, b))
+    return bad
+
+
+@pytest.mark.slow
+def test_two_runner_processes_never_share_a_board(
+    tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path, served_board
+):
+    """Two `esp-check run` subprocesses, one inventory: per-board usage intervals never overlap."""
+    inv = write_inventory(
+        tmp_path / "bench.toml",
+        [
+            ("s1", "sim", f"sim://{_uid('shared')}?emitter=c"),  # same name in both processes: one board
+            ("net", "sim-remote.toml", served_board.address),  # one TCP server both processes connect to
+        ],
+    )
+    plan = write_plan(
+        tmp_path / "plan.toml",
+        models_dir,
+        inputs_dir,
+        ("cnn_classifier_11", "op_zoo"),
+        ["sim"],
+        extra=remote_job(tmp_path, models_dir, inputs_dir),
+    )
+    env = dict(os.environ, ESP_CHECK_CACHE_DIR=str(cache_dir))
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "harness.cli",
+                "run",
+                str(plan),
+                "--inventory",
+                str(inv),
+                "--out",
+                str(tmp_path / f"out{i}"),
+                "--lock-dir",
+                str(tmp_path / "locks"),
+                "--no-step-summary",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for i in (1, 2)
+    ]
+    outputs = [p.communicate(timeout=240)[0].decode(errors="replace") for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    usage = summary(tmp_path / "out1")["board_usage"] + summary(tmp_path / "out2")["board_usage"]
+    assert len({u["pid"] for u in usage}) == 2
+    assert len(usage) == 2 * 3  # per process: 2 models on s1, 1 on the remote board; one attempt each
+    assert {u["lock_key"] for u in usage} == {
+        summary(tmp_path / "out1")["boards"][0]["lock_key"],
+        f"net-127.0.0.1-{served_board.port}",
+    }
+    assert all(u["end"] > u["start"] for u in usage)
+    assert _overlaps(usage) == []

@@ -13,6 +13,7 @@ permanent).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -318,6 +319,34 @@ def test_quarantined_board_hands_its_jobs_to_another_board(
     assert broken["status"] == "quarantined" or broken["attempts"] < 2
 
 
+def test_power_cycle_is_tried_once_before_quarantine(
+    tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path
+):
+    marker = tmp_path / "cycles"
+    cycle = [sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write('cycle\\n')", str(marker)]
+    (tmp_path / "bench.toml").write_text(
+        f'[[board]]\nname = "dead"\ntype = "sim"\nport = "rfc2217://127.0.0.1:{_free_port()}"\n'
+        f"power_cycle = {json.dumps(cycle)}\n"
+    )
+    plan = write_plan(
+        tmp_path / "plan.toml", models_dir, inputs_dir, ("op_zoo",), ["sim"], retries=5, quarantine_after=2
+    )
+    out = tmp_path / "out"
+    run_plan(
+        load_plan(plan),
+        load_inventory(tmp_path / "bench.toml"),
+        RunOptions(out_dir=out, lock_dir=tmp_path / "locks", cache_dir=cache_dir),
+    )
+    doc = summary(out)
+    board = doc["boards"][0]
+    assert marker.read_text() == "cycle\n"  # run once, not once per failure
+    assert board["power_cycled"] is True and board["status"] == "quarantined"
+    # 2 failures -> power cycle -> 1 more failure -> quarantined; the 5 allowed retries are not burnt
+    assert [a["exit_code"] for a in doc["tasks"][0]["attempts"]] == [3, 3, 3]
+    assert [e["kind"] for e in doc["events"]] == ["retry", "retry", "power-cycle", "retry", "quarantine"]
+    assert doc["tasks"][0]["verdict"] == "infrastructure_error"
+
+
 def test_stop_lets_the_running_attempt_finish_and_aborts_the_rest(
     tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path
 ):
@@ -427,7 +456,7 @@ def _overlaps(intervals: list[dict]) -> list[tuple[dict, dict]]:
         by_key.setdefault(u["lock_key"], []).append(u)
     for items in by_key.values():
         items.sort(key=lambda u: u["start"])
-        for a, b in zip(items, items[1:]):
+        for a, b in itertools.pairwise(items):
             if b["start"] < a["end"]:
                 bad.append((a, b))
     return bad

@@ -1,0 +1,356 @@
+"""Plan and inventory validation, board lock keys and locks, ``bench detect``, the ``run`` CLI.
+
+Nothing here flashes a board except the CLI test at the end (one simulated board, harness.sim).
+Faked in ``bench detect``: pyserial's ``comports()`` (the attached USB devices), the outermost edge.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+from serial.tools.list_ports_common import ListPortInfo
+
+from harness.cli import main
+from harness.device.ports import PortCandidate, PortSpec, Transport, caps_for
+from harness.errors import BoardBusyError, ExitCode, PlanError
+from harness.runner import load_inventory, load_plan
+from harness.runner.inventory import detect_devices, inventory_snippet
+from harness.runner.locks import BoardLock, board_lock, lock_key
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def plan_text(models_dir: Path, body: str = "", **job: str) -> str:
+    fields = {
+        "name": '"j1"',
+        "models": f'["{models_dir}/op_zoo.tflite"]',
+        "inputs": f'["{models_dir}/inputs/{{model}}.npy"]',
+        "boards": '["sim"]',
+    }
+    fields.update(job)
+    lines = [f"{k} = {v}" for k, v in fields.items() if v is not None]
+    return body + "\n[[job]]\n" + "\n".join(lines) + "\n"
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+# ---- plan --------------------------------------------------------------------------------------
+
+
+def test_plan_defaults_globs_and_model_placeholder(tmp_path: Path, models_dir: Path):
+    text = plan_text(
+        models_dir,
+        '[defaults]\ntolerance_lsb = 1\ncomparisons = ["optimized-vs-ansi"]\n',
+        models=f'["{models_dir}/cnn_*.tflite", "{models_dir}/op_zoo.tflite"]',
+        inputs=f'["{models_dir}/inputs/{{model}}*.npy"]',
+        ref_tolerance_lsb="2",
+    )
+    plan = load_plan(write(tmp_path, "p.toml", text))
+    job = plan.jobs[0]
+    assert [c.name for c in job.cases] == ["cnn_classifier_11", "op_zoo"]
+    cnn = job.cases[0]
+    # {model}*.npy: the plain, ambiguous and .q variants of the cnn inputs, none of op_zoo's
+    assert {p.name for p in cnn.inputs} == {
+        "cnn_classifier_11.npy",
+        "cnn_classifier_11.q.npy",
+        "cnn_classifier_11__ambiguous.npy",
+        "cnn_classifier_11__ambiguous.q.npy",
+    }
+    assert job.tolerance_lsb == 1 and job.ref_tolerance_lsb == 2
+    assert job.pairs == (("optimized", "ansi"),) and not job.needs_reference
+    assert job.retries == 2 and job.placement == "any"
+
+
+@pytest.mark.parametrize(
+    ("job", "body", "field"),
+    [
+        ({"tolerance_lsb": "-1"}, "", "tolerance_lsb"),
+        ({"comparisons": '["optimized-vs-gpu"]'}, "", "comparisons"),
+        ({"boards": '["no-such-board"]'}, "", "boards"),
+        ({"inputs": '["nothing-*.png"]'}, "", "inputs"),
+        ({"models": '["missing.tflite"]'}, "", "models"),
+        ({"timeouts": "{ capture_total = 0 }"}, "", "timeouts.capture_total"),
+        ({"timeouts": "{ flash = 3 }"}, "", "timeouts.flash"),
+        ({"placement": '"random"'}, "", "placement"),
+        ({"retries": "-1"}, "", "retries"),
+        ({"colour": '"red"'}, "", "colour"),
+        ({"input_options": '{ resize = "squash" }'}, "", "input_options"),
+        ({"name": '"bad name!"'}, "", "name"),
+        ({}, "[run]\nquarantine_after = 0\n", "quarantine_after"),
+    ],
+)
+def test_plan_errors_name_file_job_and_field(
+    tmp_path: Path, models_dir: Path, job: dict, body: str, field: str
+):
+    p = write(tmp_path, "plan.toml", plan_text(models_dir, body, **job))
+    with pytest.raises(PlanError) as err:
+        load_plan(p)
+    msg = err.value.message
+    assert str(p) in msg and f"field '{field}'" in msg
+    if field not in ("quarantine_after", "name"):
+        assert "job 'j1'" in msg
+    assert err.value.exit_code == ExitCode.USAGE
+
+
+def test_plan_input_that_does_not_fit_the_model_is_a_plan_error(tmp_path: Path, models_dir: Path):
+    text = plan_text(models_dir, inputs=f'["{models_dir}/inputs/cnn_classifier_11.npy"]')
+    with pytest.raises(PlanError, match=r"field 'inputs'.*cnn_classifier_11.npy does not fit op_zoo"):
+        load_plan(write(tmp_path, "plan.toml", text))
+
+
+def test_plan_duplicate_job_names_and_bad_toml(tmp_path: Path, models_dir: Path):
+    twice = plan_text(models_dir) + plan_text(models_dir)
+    with pytest.raises(PlanError, match="must be unique"):
+        load_plan(write(tmp_path, "a.toml", twice))
+    with pytest.raises(PlanError, match="not valid TOML"):
+        load_plan(write(tmp_path, "b.toml", "[[job]\n"))
+    with pytest.raises(PlanError, match="at least one"):
+        load_plan(write(tmp_path, "c.toml", "[defaults]\nretries = 1\n"))
+
+
+def test_example_plan_and_inventory_in_docs_are_valid():
+    plan = load_plan(ROOT / "docs" / "examples" / "plan.toml", check_files=False)
+    assert plan.jobs and all(j.boards for j in plan.jobs)
+    inv = load_inventory(ROOT / "docs" / "examples" / "bench.toml")
+    assert len(inv.boards) >= 3
+    assert any(b.port and b.port.startswith("rfc2217://") for b in inv.boards)
+    assert any(b.power_cycle for b in inv.boards)
+    assert any(b.usb_serial for b in inv.boards)
+    sim_plan = load_plan(ROOT / "docs" / "examples" / "plan-sim.toml")
+    sim_bench = load_inventory(ROOT / "docs" / "examples" / "bench-sim.toml")
+    assert {b.board.name for b in sim_bench.boards} == set(sim_plan.jobs[0].boards)
+
+
+# ---- inventory ---------------------------------------------------------------------------------
+
+
+def test_inventory_console_override_and_reach(tmp_path: Path):
+    inv = load_inventory(
+        write(
+            tmp_path,
+            "bench.toml",
+            """
+            [[board]]
+            name = "s3-jtag"
+            type = "esp32s3-devkitc-1-n8"
+            console = "usb_serial_jtag"
+            usb_serial = "F4:12:FA:00:11:22"
+            power_cycle = ["uhubctl", "-l", "1-1", "-p", "2", "-a", "cycle"]
+
+            [[board]]
+            name = "remote"
+            type = "esp32-devkitc"
+            port = "rfc2217://lab-pi:4000"
+            """,
+        )
+    )
+    s3, remote = inv.boards
+    assert s3.board.console == "usb_serial_jtag" and s3.board.reset == "usb_serial_jtag"
+    assert s3.power_cycle[0] == "uhubctl" and s3.usb_serial == "F4:12:FA:00:11:22"
+    assert remote.board.console == "uart" and remote.port == "rfc2217://lab-pi:4000"
+
+
+@pytest.mark.parametrize(
+    ("board", "field"),
+    [
+        ('name = "x"\ntype = "esp32-devkitc"\nconsole = "usb_serial_jtag"\nport = "/dev/ttyUSB0"', "console"),
+        ('name = "x"\ntype = "esp32-devkitc"', "port"),
+        ('name = "x"\ntype = "esp32-devkitc"\nport = "/dev/ttyUSB0"\nusb_serial = "1"', "port"),
+        ('name = "x"\ntype = "esp32-devkitc"\nport = "auto"', "port"),
+        ('name = "x"\ntype = "esp32-devkitc"\nport = "telnet://h:1"', "port"),
+        ('name = "x"\ntype = "esp32-devkitc"\nport = "sim://x"', "port"),
+        ('name = "x"\ntype = "sim"\nport = "/dev/ttyUSB0"', "port"),
+        ('name = "x"\ntype = "nope"\nport = "/dev/ttyUSB0"', "type"),
+        (
+            'name = "x"\ntype = "esp32-devkitc"\nport = "/dev/ttyUSB0"\npower_cycle = "uhubctl -a cycle"',
+            "power_cycle",
+        ),
+        ('name = "x"\ntype = "esp32-devkitc"\nport = "/dev/ttyUSB0"\nspeed = 3', "speed"),
+    ],
+)
+def test_inventory_errors_name_file_board_and_field(tmp_path: Path, board: str, field: str):
+    p = write(tmp_path, "bench.toml", "[[board]]\n" + board + "\n")
+    with pytest.raises(PlanError) as err:
+        load_inventory(p)
+    assert str(p) in err.value.message and "board 'x'" in err.value.message
+    assert f"field '{field}'" in err.value.message
+
+
+def test_inventory_same_port_twice_is_an_error(tmp_path: Path):
+    text = '[[board]]\nname = "a"\ntype = "sim"\nport = "sim://same"\n' * 1
+    text += '[[board]]\nname = "b"\ntype = "sim"\nport = "sim://same"\n'
+    with pytest.raises(PlanError, match="also used by board 'a'"):
+        load_inventory(write(tmp_path, "bench.toml", text))
+
+
+def test_power_cycle_runs_argv_without_a_shell(tmp_path: Path):
+    marker = tmp_path / "cycled"
+    text = f"""
+        [[board]]
+        name = "a"
+        type = "sim"
+        port = "sim://pc"
+        power_cycle = ["{sys.executable}", "-c",
+                       "import pathlib,sys; pathlib.Path(sys.argv[1]).write_text('x')", "{marker}"]
+    """
+    board = load_inventory(write(tmp_path, "bench.toml", text)).boards[0]
+    ok, _ = board.run_power_cycle()
+    assert ok and marker.read_text() == "x"
+
+
+# ---- lock keys and locks -----------------------------------------------------------------------
+
+
+def _usb_spec(path: str, serial: str) -> PortSpec:
+    cand = PortCandidate(path, path, 0x303A, 0x1001, serial, "USB JTAG", "1-1.2", "Espressif USB-Serial-JTAG")
+    return PortSpec(path, path, Transport.DEVICE, caps_for(Transport.DEVICE), usb=cand)
+
+
+def test_lock_key_follows_the_board_not_the_dev_path():
+    # a USB-Serial-JTAG board re-enumerates under another name: same key
+    assert lock_key(_usb_spec("/dev/ttyACM0", "F4:12")) == lock_key(_usb_spec("/dev/ttyACM1", "F4:12"))
+    assert lock_key(_usb_spec("/dev/ttyACM0", "F4:12")) != lock_key(_usb_spec("/dev/ttyACM0", "F4:13"))
+    # one remote server, one key, whichever scheme or spelling of the local host
+    assert lock_key("rfc2217://localhost:4000?ign_set_control") == lock_key("socket://127.0.0.1:4000")
+    assert lock_key("rfc2217://127.0.0.1:4000") != lock_key("rfc2217://127.0.0.1:4001")
+    assert lock_key("sim://bench1?chip=esp32") == lock_key("sim://bench1") == "sim-bench1"
+
+
+def test_lock_is_exclusive_across_processes_and_names_its_holder(tmp_path: Path):
+    key = f"sim-{uuid.uuid4().hex[:6]}"
+    script = (
+        "import sys,time; from harness.runner.locks import BoardLock;"
+        f"lk=BoardLock({key!r}, {str(tmp_path)!r}, owner='nightly CI'); lk.acquire(5);"
+        "print('held', flush=True); sys.stdin.readline(); lk.release()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        waits: list[str] = []
+        mine = BoardLock(key, tmp_path)
+        with pytest.raises(BoardBusyError) as err:
+            mine.acquire(0.3, on_wait=waits.append)
+        assert "nightly CI" in err.value.message and f"pid {proc.pid}" in err.value.message
+        assert waits and "nightly CI" in waits[0]
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.wait(timeout=10)
+    with board_lock(f"sim://{key[4:]}", lock_dir=tmp_path, timeout=1) as lk:  # free again
+        assert lk.is_locked and lk.holder() is not None
+    assert not (tmp_path / f"{key}.owner.json").exists()
+
+
+# ---- bench detect ------------------------------------------------------------------------------
+
+
+def _port(device: str, vid: int, pid: int, serial: str, location: str) -> ListPortInfo:
+    info = ListPortInfo(device, skip_link_detection=True)
+    info.vid, info.pid, info.serial_number, info.location = vid, pid, serial, location
+    info.description = "USB device"
+    return info
+
+
+def test_bench_detect_lists_devices_and_prints_an_inventory_snippet(monkeypatch, capsys):
+    import serial.tools.list_ports
+
+    ports = [
+        _port("/dev/ttyUSB7", 0x10C4, 0xEA60, "0001-ab", "1-1.1"),
+        _port("/dev/ttyACM3", 0x303A, 0x1001, "F4:12:FA:00:11:22", "1-1.2"),
+        _port("/dev/ttyS0", 0x1234, 0x5678, "", "pci"),
+    ]
+    monkeypatch.setattr(serial.tools.list_ports, "comports", lambda: ports)
+    devices = detect_devices()
+    assert [d.to_dict()["vid_pid"] for d in devices] == ["10C4:EA60", "303A:1001", "1234:5678"]
+    known = detect_devices(only_known=True)
+    assert [d.device for d in known] == ["/dev/ttyUSB7", "/dev/ttyACM3"]
+    snippet = inventory_snippet(known)
+    assert 'usb_serial = "F4:12:FA:00:11:22"' in snippet and 'console = "usb_serial_jtag"' in snippet
+    assert main(["bench", "detect", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [d["serial_number"] for d in doc] == ["0001-ab", "F4:12:FA:00:11:22"]
+
+
+def test_bench_detect_snippet_is_a_loadable_inventory(tmp_path: Path):
+    from harness.runner.inventory import DetectedDevice
+
+    devs = [
+        DetectedDevice(
+            "/dev/serial/by-id/usb-X",
+            "/dev/ttyUSB0",
+            0x10C4,
+            0xEA60,
+            "s1",
+            "1-1",
+            "d",
+            "CP210x",
+            chip="esp32s3",
+        )
+    ]
+    p = tmp_path / "bench.toml"
+    p.write_text(inventory_snippet(devs))
+    inv = load_inventory(p)
+    assert inv.boards[0].board.chip == "esp32s3" and inv.boards[0].port == "/dev/serial/by-id/usb-X"
+
+
+# ---- the run command ---------------------------------------------------------------------------
+
+
+def test_run_cli_validates_up_front(tmp_path: Path, models_dir: Path, capsys):
+    plan = write(tmp_path, "plan.toml", plan_text(models_dir, boards='["sim-usbjtag"]'))
+    inv = write(tmp_path, "bench.toml", '[[board]]\nname = "a"\ntype = "sim"\nport = "sim://v"\n')
+    # the job wants a board type the bench does not have: usage error before anything runs
+    assert main(["run", str(plan), "-i", str(inv), "--out", str(tmp_path / "o")]) == ExitCode.USAGE
+    assert "no board of that type" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    ok_plan = write(tmp_path, "ok.toml", plan_text(models_dir))
+    assert main(["run", str(ok_plan), "-i", str(inv), "--validate-only"]) == ExitCode.MATCH
+    assert "j1/op_zoo/sim" in capsys.readouterr().out
+
+
+@pytest.mark.needs_tflm
+def test_run_cli_writes_reports_and_the_step_summary(tmp_path: Path, models_dir: Path, monkeypatch):
+    pytest.importorskip("tflite_micro")
+    step = tmp_path / "step.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
+    plan = write(
+        tmp_path, "plan.toml", plan_text(models_dir, timeouts="{ capture_total = 30, capture_silence = 3 }")
+    )
+    inv = write(
+        tmp_path,
+        "bench.toml",
+        f'[[board]]\nname = "a"\ntype = "sim"\nport = "sim://cli-{uuid.uuid4().hex[:6]}"\n',
+    )
+    junit = tmp_path / "r.xml"
+    code = main(
+        [
+            "run",
+            str(plan),
+            "-i",
+            str(inv),
+            "--out",
+            str(tmp_path / "o"),
+            "--junit",
+            str(junit),
+            "--lock-dir",
+            str(tmp_path / "locks"),
+        ]
+    )
+    assert code == ExitCode.MATCH
+    doc = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert doc["schema"] == "esp-check/run-summary" and doc["counts"]["passed"] == 3
+    assert junit.read_text().count("<testcase ") == 3
+    assert "esp-check run" in step.read_text() and "| 3 | 3 | 0 | 0 |" in step.read_text()

@@ -587,7 +587,7 @@ def _compare(
 def result_dict(
     result: FlashAndCompareResult, *, model: Path, inputs: Sequence[Path], seconds: float
 ) -> dict[str, Any]:
-    """The JSON report (``report.json``; schema in docs/report-schema.json, ``kind: flash-and-compare``)."""
+    """The JSON report (``report.json``); schema: docs/flash-and-compare-schema.json."""
     from harness.compare import results_document
     from harness.report import report_dict
 
@@ -646,6 +646,9 @@ def _write_report(
 
 
 def _write_junit(result: FlashAndCompareResult, path: Path) -> None:
+    """The comparison's testcases plus one per variant that did not run cleanly (crash, no capture)."""
+    import xml.etree.ElementTree as ET
+
     from harness.report import junit_error_tree, junit_tree, write_junit
 
     logs = {
@@ -658,6 +661,30 @@ def _write_junit(result: FlashAndCompareResult, path: Path) -> None:
     else:
         kind = "failure" if result.exit_code == ExitCode.FIRMWARE_FAULT else "error"
         tree = junit_error_tree("; ".join(result.errors) or result.verdict, kind, logs)
+    root = tree.getroot()
+    assert root is not None
+    suite = root.find("testsuite")
+    assert suite is not None
+    for v, r in result.variants.items():
+        if r.exit_code is None:
+            continue
+        failed = [s for s in result.stages if s.variant == v and s.status == "failed"]
+        message = "; ".join(s.detail for s in failed) or f"{v} did not run cleanly"
+        case = ET.SubElement(suite, "testcase", classname=f"esp-check.device.{v}", name="run", time="0")
+        tag = "failure" if r.exit_code == ExitCode.FIRMWARE_FAULT else "error"
+        kind = {ExitCode.FIRMWARE_FAULT: "firmware_fault", ExitCode.USAGE: "usage"}.get(
+            r.exit_code, "infrastructure"
+        )
+        el = ET.SubElement(case, tag, message=message.splitlines()[0][:500], type=kind)
+        el.text = message
+        log = logs.get(v, b"").decode("utf-8", "replace")
+        ET.SubElement(case, "system-out").text = "".join(ch for ch in log if ch in "\t\n\r" or ch >= " ")
+    cases = suite.findall("testcase")
+    for counted in (suite, root):
+        counted.set("tests", str(len(cases)))
+        counted.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
+        counted.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
+    ET.indent(root)
     write_junit(tree, path)
 
 

@@ -39,8 +39,19 @@ def run(models_dir: Path, tmp_path: Path, cache_dir: Path, port: str | None, boa
     )
 
 
+SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "flash-and-compare-schema.json").read_text())
+COMPARE_SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "report-schema.json").read_text())
+
+
 def report(result) -> dict:
-    return json.loads(result.report_path.read_text())
+    """report.json, validated against its documented schema (and the embedded compare report)."""
+    import jsonschema
+
+    doc = json.loads(result.report_path.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    if doc["comparison"] is not None:
+        jsonschema.validate(doc["comparison"], COMPARE_SCHEMA)
+    return doc
 
 
 @pytest.mark.parametrize("board", ["sim", "sim-usbjtag"])
@@ -174,3 +185,27 @@ def test_missing_host_reference_is_a_warning_not_a_verdict(
     assert result.exit_code == ExitCode.MATCH
     assert any("host reference unavailable" in w for w in result.warnings)
     assert {(c.a, c.b) for c in result.comparison.comparisons} == {("optimized", "ansi")}
+
+
+def test_junit_names_the_crashed_variant(models_dir: Path, tmp_path: Path, cache_dir: Path):
+    import xml.etree.ElementTree as ET
+
+    junit = tmp_path / "r.xml"
+    result = flash_and_compare(
+        models_dir / MODEL,
+        [models_dir / INPUT],
+        board="sim",
+        port="sim://?fault=panic&variant_fault=optimized",
+        out_dir=tmp_path / "out",
+        cache_dir=cache_dir,
+        timeouts=StageTimeouts(capture_total=30, capture_silence=3),
+        junit=junit,
+    )
+    assert result.exit_code == ExitCode.FIRMWARE_FAULT
+    root = ET.parse(junit).getroot()
+    cases = {(c.get("classname"), c.get("name")): c for c in root.iter("testcase")}
+    crashed = cases[("esp-check.device.optimized", "run")]
+    failure = crashed.find("failure")
+    assert failure is not None and failure.get("type") == "firmware_fault"
+    assert "Guru Meditation" in (crashed.findtext("system-out") or "")
+    assert int(root.get("failures")) >= 1

@@ -234,7 +234,7 @@ def test_injected_faults_give_retries_quarantine_failures_and_errors(
         tmp_path / "plan.toml", models_dir, inputs_dir, ("cnn_classifier_11",), ["sim"], quarantine_after=3
     )
 
-    def transient_disconnect(board, url: str, variant: str, attempt: int) -> str | None:
+    def transient_disconnect(board, url: str, variant: str, attempt: int, task: str) -> str | None:
         if board.name == "disc" and attempt == 1 and variant == "optimized":
             return url + "&fault=disconnect"  # the link drops in the middle of the records, once
         return None

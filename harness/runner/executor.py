@@ -51,9 +51,9 @@ from harness.runner.plan import Job, ModelCase, Plan
 
 VARIANTS = ("optimized", "ansi")
 
-# (board, url, variant, attempt number) -> URL to open instead, or None. A seam for fault injection on
-# simulated benches (tests, bench/bench_soak.py): the board itself is the only thing faked.
-PortOverride = Callable[[BenchBoard, str, str, int], "str | None"]
+# (board, url, variant, attempt number, task id) -> URL to open instead, or None. A seam for fault
+# injection on simulated benches (tests, bench/bench_soak.py): the board itself is the only thing faked.
+PortOverride = Callable[[BenchBoard, str, str, int, str], "str | None"]
 
 
 @dataclass
@@ -603,7 +603,7 @@ class Runner:
             for v in VARIANTS:
                 url = ps.url
                 if self.opt.port_override is not None:
-                    url = self.opt.port_override(bench, ps.url, v, a.n) or ps.url
+                    url = self.opt.port_override(bench, ps.url, v, a.n, t.id) or ps.url
                 run, stages = flash_and_capture(
                     builds[v], bench.board, url, a.dir, variant=v, timeouts=limits
                 )

@@ -63,7 +63,10 @@ def write_plan(path: Path, n: int) -> None:
 def write_inventory(path: Path, boards: int, throttle: int) -> None:
     run = uuid.uuid4().hex[:6]
     q = f"?emitter=c&throttle={throttle}" if throttle else "?emitter=c"
-    entries = [f'[[board]]\nname = "soak{k}"\ntype = "sim"\nport = "sim://soak-{run}-{k}{q}"\n' for k in range(boards)]
+    entries = [
+        f'[[board]]\nname = "soak{k}"\ntype = "sim"\nport = "sim://soak-{run}-{k}{q}"\n'
+        for k in range(boards)
+    ]
     path.write_text("\n".join(entries))
 
 

@@ -310,7 +310,7 @@ def flash_and_compare(
 
     # 4. flash + capture each variant on the same board, one after the other, holding its lock
     with contextlib.ExitStack() as held:
-        if lock:
+        if lock and not (simulated and port is None):  # a fresh simulated board is nobody else's
             try:
                 cm = _board_lock(port_url, board_def, lock_dir, lock_timeout, rec)
                 rec.run("lock", None, lambda: held.enter_context(cm))
@@ -331,7 +331,7 @@ def flash_and_compare(
 
         tap_lock = (
             _board_lock(port_url, board_def, lock_dir, lock_timeout, rec)
-            if lock
+            if lock and not (simulated and port is None)  # same rule as step 4
             else contextlib.nullcontext()
         )
         tap_result, tap_errors, tap_codes = rec.run(

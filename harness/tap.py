@@ -17,6 +17,7 @@ Pieces:
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -116,6 +117,8 @@ def tap_firmware_context(info: Any, *, tap: bool, dump_ops: Sequence[int] = ()) 
                 "opcode": op.opcode,
                 "custom": op.custom_code if op.opcode == "CUSTOM" else None,
                 "kind": kinds.index(str(key)),
+                # what OP op= prints: the protocol allows [A-Za-z0-9_-], at most 32 bytes
+                "record_name": re.sub(r"[^A-Za-z0-9_-]", "_", str(key))[:32] or "-",
                 "ins": ins,
                 "outs": outs,
             }
@@ -230,6 +233,8 @@ class Divergence:
     ops_compared: int = 0
     differing_ops: list[int] = field(default_factory=list)
     message: str = ""
+    layout_mismatch: list[int] = field(default_factory=list)  # ops whose tensor lists differ (not compared)
+    missing: list[int] = field(default_factory=list)  # ops in b without a record in a
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -243,6 +248,8 @@ class Divergence:
             "ops_compared": self.ops_compared,
             "differing_ops": self.differing_ops,
             "message": self.message,
+            "layout_mismatch": self.layout_mismatch,
+            "missing": self.missing,
         }
 
 
@@ -262,6 +269,9 @@ def first_divergence(a_name: str, a: Sequence[TapOp], b_name: str, b: Sequence[T
         res.ops_compared += 1
         b_in = dict(other.inputs)
         b_out = dict(other.outputs)
+        if [t for t, _ in op.inputs] != list(b_in) or [t for t, _ in op.outputs] != list(b_out):
+            res.layout_mismatch.append(op.idx)  # never counted as agreement
+            continue
         found: tuple[str, int, int | None] | None = None
         for t, crc in op.inputs:
             if b_in.get(t, crc) != crc:
@@ -283,8 +293,16 @@ def first_divergence(a_name: str, a: Sequence[TapOp], b_name: str, b: Sequence[T
             if res.op is None:
                 res.op, res.opcode = op.idx, op.opcode
                 res.kind, res.tensor, res.producer = found
+    seen = {o.idx for o in a}
+    res.missing = [o.idx for o in b if o.idx not in seen]
+    res.ops_compared -= len(res.layout_mismatch)
     if res.op is None:
-        res.message = f"{a_name} and {b_name} agree on all {res.ops_compared} ops"
+        res.message = f"{a_name} and {b_name} agree on all {res.ops_compared} ops compared"
+        if res.missing or res.layout_mismatch:
+            res.message += (
+                f" ({len(res.missing)} op(s) without a record in {a_name}, {len(res.layout_mismatch)} with "
+                "different tensor lists: NOT checked)"
+            )
     elif res.kind == "clobbered_input":
         res.message = (
             f"op {res.op} ({res.opcode}) read tensor {res.tensor} with a different CRC than op "
@@ -470,7 +488,8 @@ def check_outputs_untouched(run: Any, output_tensors: Sequence[int]) -> list[str
         elif last[t] != out.crc:
             problems.append(
                 f"run i={run.index}: output {k} has CRC {out.crc} but the op that wrote tensor {t} "
-                f"printed {last[t]}: the tap changed or raced the outputs"
+                f"printed {last[t]}: the output changed after its op ran (overwritten, or the tap "
+                "interfered), so these op checksums do not explain the printed outputs"
             )
     return problems
 
@@ -582,6 +601,12 @@ def analyze_captures(
                 if v in streams:
                     row[f"{v}_vs_host"] = first_divergence(v, streams[v], "host", host_ops[i])
         res.runs.append(row)
+        for key, d in row.items():
+            if isinstance(d, Divergence) and (d.missing or d.layout_mismatch):
+                res.problems.append(
+                    f"input {i} {key}: ops {(d.missing + d.layout_mismatch)[:10]} could not be compared "
+                    "(no record, or different tensor lists)"
+                )
     mhz = {v: int(c.info.get("cpu_mhz", "240") or 240) for v, c in caps.items()}
     if caps and all(c.runs for c in caps.values()):
         res.timing = timing_table({v: device_taps(c.runs[0]) for v, c in caps.items()}, mhz)

@@ -354,3 +354,47 @@ def test_run_cli_writes_reports_and_the_step_summary(tmp_path: Path, models_dir:
     assert doc["schema"] == "esp-check/run-summary" and doc["counts"]["passed"] == 3
     assert junit.read_text().count("<testcase ") == 3
     assert "esp-check run" in step.read_text() and "| 3 | 3 | 0 | 0 |" in step.read_text()
+
+
+def test_usb_boards_are_found_by_serial_number_or_location(tmp_path: Path, monkeypatch):
+    import serial.tools.list_ports
+
+    ports = [
+        _port("/dev/ttyUSB7", 0x10C4, 0xEA60, "0001-ab", "1-1.1:1.0"),
+        _port("/dev/ttyACM3", 0x303A, 0x1001, "F4:12:FA:00:11:22", "1-1.2:1.0"),
+    ]
+    monkeypatch.setattr(serial.tools.list_ports, "comports", lambda: ports)
+    inv = load_inventory(
+        write(
+            tmp_path,
+            "bench.toml",
+            """
+            [[board]]
+            name = "jtag"
+            type = "esp32s3-devkitc-1-n8"
+            console = "usb_serial_jtag"
+            usb_serial = "F4:12:FA:00:11:22"
+
+            [[board]]
+            name = "uart"
+            type = "esp32-devkitc"
+            usb_location = "1-1.1"
+
+            [[board]]
+            name = "gone"
+            type = "esp32-devkitc"
+            usb_serial = "not-plugged-in"
+            """,
+        )
+    )
+    jtag, uart, gone = inv.boards
+    ps = jtag.resolve()
+    assert ps.url == "/dev/ttyACM3" and lock_key(ps) == "usb-sn-F4_12_FA_00_11_22"
+    # the same board after re-enumerating as ttyACM4: same lock
+    ports[1] = _port("/dev/ttyACM4", 0x303A, 0x1001, "F4:12:FA:00:11:22", "1-1.2:1.0")
+    assert jtag.resolve().url == "/dev/ttyACM4" and lock_key(jtag.resolve()) == lock_key(ps)
+    assert uart.resolve().url == "/dev/ttyUSB7"
+    from harness.errors import PortError
+
+    with pytest.raises(PortError, match="0 serial devices have USB serial number not-plugged-in"):
+        gone.resolve()

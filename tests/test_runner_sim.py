@@ -517,3 +517,50 @@ def test_two_runner_processes_never_share_a_board(
     }
     assert all(u["end"] > u["start"] for u in usage)
     assert _overlaps(usage) == []
+
+
+def test_sigterm_stops_the_cli_cleanly(tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path):
+    """SIGTERM (what CI sends on cancel): the running attempt finishes, reports are written, exit 3."""
+    import signal
+
+    name = _uid("term")
+    inv = write_inventory(tmp_path / "bench.toml", [("only", "sim", f"sim://{name}?emitter=c")])
+    plan = write_plan(tmp_path / "plan.toml", models_dir, inputs_dir, MODELS, ["sim"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "run",
+            str(plan),
+            "-i",
+            str(inv),
+            "--out",
+            str(tmp_path / "out"),
+            "--lock-dir",
+            str(tmp_path / "locks"),
+            "--no-step-summary",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, ESP_CHECK_CACHE_DIR=str(cache_dir)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "[start]" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.communicate(timeout=120)[1]
+    assert proc.returncode == ExitCode.INFRASTRUCTURE, "".join(seen) + rest
+    assert "SIGTERM" in rest
+    doc = summary(tmp_path / "out")
+    assert doc["interrupted"] is True
+    assert [t["verdict"] for t in doc["tasks"]] == ["match", "aborted", "aborted"]
+    assert (tmp_path / "out" / "junit.xml").exists() and (tmp_path / "out" / "summary.md").exists()
+    lk = BoardLock(f"sim-{name}", tmp_path / "locks")
+    lk.acquire(0.5)  # the lock went with the process
+    lk.release()

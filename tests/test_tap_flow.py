@@ -149,3 +149,23 @@ def test_output_crc_check_catches_a_tap_that_changed_outputs(models_dir: Path) -
     assert bad.valid
     (problem,) = check_outputs_untouched(bad.runs[0], [9])
     assert "printed 12345678" in problem
+
+
+@pytest.mark.slow
+def test_cli_prints_op_opcode_region_and_report_fits_schema(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    out = tmp_path / "out"
+    port = "sim://?fault=op_corrupt&fault_op=17&fault_region=last_col&variant_fault=optimized"
+    code = main(["flash-and-compare", str(models_dir / MODEL), "--input", str(models_dir / INPUT),
+                 "--port", port, "--tap", "--out", str(out), "--cache-dir", str(cache_dir),
+                 "--capture-timeout", "60", "--silence-timeout", "5"])  # fmt: skip
+    assert code == ExitCode.MISMATCH
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert "first divergent op 17 (CONV_2D)" in err
+    assert "last column only" in err and "per-op time by op type" in err
+    doc = json.loads((out / "report.json").read_text())
+    schema = json.loads((Path(__file__).parents[1] / "docs" / "flash-and-compare-schema.json").read_text())
+    jsonschema.validate(doc, schema)
+    assert doc["tap"]["culprit"]["op"] == 17

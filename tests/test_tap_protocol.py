@@ -81,7 +81,11 @@ def test_tapped_capture_round_trips_identically(libpath: Path) -> None:
     ]
     dump = np.arange(-50, 150, dtype=np.int8).reshape(1, 10, 20)  # 200 bytes: 3 OPDATA chunks
     raw = _both(libpath, lambda em: _tapped_capture(em, ops, (1, 8, "out", dump)))
-    assert b" OP i=0 sub=0 idx=1 op=ADD cycles=200 in=7:1x2x2x8:%08X,3:1x2x2x8:00000005 out=8:1x6:00000009 " % crc in raw
+    assert (
+        b" OP i=0 sub=0 idx=1 op=ADD cycles=200 in=7:1x2x2x8:%08X,3:1x2x2x8:00000005 out=8:1x6:00000009 "
+        % crc
+        in raw
+    )
     cap = parse_capture(raw)
     assert cap.valid, cap.problems
     assert cap.tapped
@@ -211,3 +215,27 @@ def test_parser_checks_opdump_data_crc_and_completeness() -> None:
     assert not cap.valid and any("data CRC" in p for p in cap.problems)
     cap = parse_capture(build("drop"))
     assert not cap.valid
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    dtype=st.sampled_from(["int8", "uint8", "int16", "int32", "float32"]),
+    shape=st.lists(st.integers(0, 7), min_size=0, max_size=4).map(tuple),
+    role=st.sampled_from(["in", "out"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_opdump_contract_random(
+    libpath: Path, dtype: str, shape: tuple[int, ...], role: str, seed: int
+) -> None:
+    """Any dump: byte-identical on both emitters and reassembled bit-exactly by the parser."""
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape)) if shape else 1
+    raw = rng.integers(0, 256, n * np.dtype(dtype).itemsize, dtype=np.uint8).tobytes()
+    arr = np.frombuffer(raw, dtype=dtype).reshape(shape)
+    ops = [("CONV_2D", [TapTensor(0, (1,), 1)], [TapTensor(4, shape, zlib.crc32(raw))])]
+    out = _both(libpath, lambda em: _tapped_capture(em, ops, (0, 4, role, arr)))
+    cap = parse_capture(out)
+    assert cap.valid, cap.problems
+    (d,) = cap.runs[0].dumps
+    assert d.role == role and d.tensor.shape == shape and d.tensor.dtype == dtype
+    assert d.tensor.data.tobytes() == raw

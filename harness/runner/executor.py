@@ -391,7 +391,16 @@ class Runner:
                         a,
                     )
         elif code == ExitCode.INFRASTRUCTURE:
-            self._finish(t, ExitCode.INFRASTRUCTURE, f"{a.reason} (run stopping: not retried)", a)
+            prev_fault = next((x for x in t.attempts if x.exit_code == ExitCode.FIRMWARE_FAULT), None)
+            if prev_fault is not None:  # the finding stands even when its confirmation cannot run
+                self._finish(
+                    t,
+                    ExitCode.FIRMWARE_FAULT,
+                    f"firmware fault (not confirmed: run stopped): {prev_fault.reason}",
+                    prev_fault,
+                )
+            else:
+                t.state = "pending"  # not retried: the run is stopping; reported as aborted
         elif code == ExitCode.FIRMWARE_FAULT:
             t.fault_attempts += 1
             if t.fault_attempts == 1 and not self.stop.is_set():
@@ -579,14 +588,14 @@ class Runner:
             lk.acquire(
                 self.lock_timeout,
                 on_wait=lambda m: self.say(f"[lock] {bench.name}: {m}"),
-                cancel=self.hard_stop,
+                cancel=self.stop,  # a stop request ends the wait: no new work on any board
             )
         except BoardBusyError as exc:
             a.exit_code = int(ExitCode.INFRASTRUCTURE)
             a.reason = exc.message
             a.board_fault = False
             with self.cond:
-                if not self.hard_stop.is_set():
+                if not self.stop.is_set():
                     st.status = "busy"
                     st.reason = exc.message
                     self._orphan_check()
@@ -776,11 +785,12 @@ class Runner:
                     t.state = "aborted"
                     t.exit_code = int(ExitCode.INFRASTRUCTURE)
                     t.verdict = "aborted"
-                    t.reason = (
-                        "run stopped before this task ran"
-                        if was == "pending"
-                        else ("run stopped while this task was running")
-                    )
+                    if was == "running":
+                        t.reason = "run stopped while this task was running"
+                    elif t.attempts:
+                        t.reason = f"run stopped before a retry (last attempt: {t.attempts[-1].reason})"
+                    else:
+                        t.reason = "run stopped before this task ran"
             codes = [ExitCode(t.exit_code) for t in self.tasks if t.exit_code is not None]
         return RunResult(
             plan=self.plan,

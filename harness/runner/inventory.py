@@ -82,7 +82,10 @@ class BenchBoard:
             found = [c for c in cands if c.serial_number == self.usb_serial]
             what = f"USB serial number {self.usb_serial}"
         else:
-            found = [c for c in cands if c.location == self.usb_location]
+            # pyserial reports "1-1.4:1.0" (port path:configuration.interface); either form matches
+            found = [
+                c for c in cands if c.location and self.usb_location in (c.location, c.location.split(":")[0])
+            ]
             what = f"USB location {self.usb_location}"
         if len(found) != 1:
             listing = "\n".join(f"  {c.label()}" for c in cands) or "  (no serial ports)"

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.model_cmds import _input_options, _options
+from harness.commands.common import input_options_from
+from harness.commands.model_cmds import _input_options
 from harness.errors import ExitCode, UsageError
 
 
@@ -171,7 +172,9 @@ def flash_and_compare_cmd(
         board=board,
         port=port,
         out_dir=out_dir,
-        input_options=_options(resize, input_color, input_range, input_scale, input_offset, input_dtype),
+        input_options=input_options_from(
+            resize, input_color, input_range, input_scale, input_offset, input_dtype
+        ),
         tolerance_lsb=tolerance_lsb,
         ref_tolerance_lsb=ref_tolerance_lsb,
         reference=not no_reference,

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from harness.boards import list_boards, load_board
 from harness.build import BUILDERS, BuildResult, build_project
+from harness.commands.common import input_options_from, preprocessing_options
 from harness.errors import ExitCode
 from harness.generate import DEFAULT_VERSIONS, HUMAN_MAX, VARIANTS, GeneratedProject, generate_projects
 
@@ -60,26 +61,6 @@ def boards_cmd(as_json: bool, board_files: tuple[Path, ...]) -> int:
     return int(ExitCode.MATCH)
 
 
-def _input_options(
-    resize: str,
-    input_color: str,
-    input_range: str | None,
-    input_scale: float | None,
-    input_offset: float | None,
-    input_dtype: str | None,
-) -> Any:
-    from harness.inputs import InputOptions
-
-    return InputOptions(
-        resize=resize,
-        color=input_color,
-        scale=input_scale,
-        offset=input_offset,
-        value_range=input_range,
-        raw_dtype=input_dtype,
-    )
-
-
 def _project_summary(p: GeneratedProject) -> dict[str, Any]:
     return {
         "variant": p.variant,
@@ -91,24 +72,6 @@ def _project_summary(p: GeneratedProject) -> dict[str, Any]:
         "arena_mem": p.arena_mem,
         "files": list(p.files),
     }
-
-
-def _resize_choices() -> tuple[str, ...]:
-    from harness.inputs import RESIZE_POLICIES
-
-    return tuple(RESIZE_POLICIES)
-
-
-def _color_choices() -> tuple[str, ...]:
-    from harness.inputs import COLOR_MODES
-
-    return tuple(COLOR_MODES)
-
-
-def _range_choices() -> tuple[str, ...]:
-    from harness.inputs import NAMED_RANGES
-
-    return tuple(NAMED_RANGES)
 
 
 @click.command("generate")
@@ -151,12 +114,7 @@ def _range_choices() -> tuple[str, ...]:
     show_default=True,
     help="Dequantized `Output:` lines printed per output tensor.",
 )
-@click.option("--resize", type=click.Choice(_resize_choices()), default="error", show_default=True)
-@click.option("--input-color", type=click.Choice(_color_choices()), default="auto", show_default=True)
-@click.option("--input-range", type=click.Choice(_range_choices()), default=None)
-@click.option("--input-scale", type=float, default=None, help="real = value * scale + offset")
-@click.option("--input-offset", type=float, default=None)
-@click.option("--input-dtype", default=None, help="Element type of raw binary inputs (int8, float32, ...).")
+@preprocessing_options
 @click.option(
     "--json", "as_json", is_flag=True, help="Machine-readable summary (schema esp-check.generate/1)."
 )
@@ -199,7 +157,7 @@ def generate_cmd(
         board,
         out_dir=out_dir,
         variants=variants,
-        input_options=_input_options(
+        input_options=input_options_from(
             resize, input_color, input_range, input_scale, input_offset, input_dtype
         ),
         arena_kb=arena_kb,

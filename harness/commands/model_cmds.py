@@ -14,8 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from harness import opdata
+from harness.commands.common import input_options_from, preprocessing_options
 from harness.errors import ExitCode, InputDataError
-from harness.inputs import COLOR_MODES, NAMED_RANGES, RESIZE_POLICIES, InputOptions, PreparedInput, load_input
+from harness.inputs import InputOptions, PreparedInput, load_input
 from harness.model import ModelInfo, TensorInfo, load_model
 
 JSON_SCHEMA_INSPECT = "esp-check.inspect/1"
@@ -30,57 +31,16 @@ def _console() -> Console:
 
 
 def _input_options(f: Any) -> Any:
-    """Shared input preprocessing flags."""
-    opts = [
-        click.option(
-            "--input",
-            "inputs",
-            multiple=True,
-            type=click.Path(dir_okay=False, path_type=Path),
-            help="Input file (PNG/JPEG/BMP, .npy, raw with --input-dtype, C array). Repeat for "
-            "several runs; a model with N inputs takes N files per run, in input order.",
-        ),
-        click.option(
-            "--resize",
-            type=click.Choice(RESIZE_POLICIES),
-            default="error",
-            show_default=True,
-            help="Image size policy when it differs from the model's.",
-        ),
-        click.option("--input-color", type=click.Choice(COLOR_MODES), default="auto", show_default=True),
-        click.option(
-            "--input-range",
-            type=click.Choice(tuple(NAMED_RANGES)),
-            default=None,
-            help="Normalise 8-bit data to this real range (images default to 0..1).",
-        ),
-        click.option("--input-scale", type=float, default=None, help="real = value * scale + offset"),
-        click.option("--input-offset", type=float, default=None),
-        click.option(
-            "--input-dtype", default=None, help="Element type of raw binary inputs (int8, float32, ...)."
-        ),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
-
-
-def _options(
-    resize: str,
-    input_color: str,
-    input_range: str | None,
-    input_scale: float | None,
-    input_offset: float | None,
-    input_dtype: str | None,
-) -> InputOptions:
-    return InputOptions(
-        resize=resize,
-        color=input_color,
-        scale=input_scale,
-        offset=input_offset,
-        value_range=input_range,
-        raw_dtype=input_dtype,
-    )
+    """``--input`` (repeatable) plus the shared preprocessing flags."""
+    f = preprocessing_options(f)
+    return click.option(
+        "--input",
+        "inputs",
+        multiple=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Input file (PNG/JPEG/BMP, .npy, raw with --input-dtype, C array). Repeat for "
+        "several runs; a model with N inputs takes N files per run, in input order.",
+    )(f)
 
 
 def prepare_runs(info: ModelInfo, paths: Sequence[Path], options: InputOptions) -> list[list[PreparedInput]]:
@@ -279,7 +239,9 @@ def inspect_cmd(
         opdata.chip_family(chip)  # validates the name
     runs = (
         prepare_runs(
-            info, inputs, _options(resize, input_color, input_range, input_scale, input_offset, input_dtype)
+            info,
+            inputs,
+            input_options_from(resize, input_color, input_range, input_scale, input_offset, input_dtype),
         )
         if inputs
         else []
@@ -359,7 +321,9 @@ def reference_cmd(
     if not inputs:
         raise InputDataError("no --input given", hint="pass --input FILE (one per model input per run)")
     runs = prepare_runs(
-        info, inputs, _options(resize, input_color, input_range, input_scale, input_offset, input_dtype)
+        info,
+        inputs,
+        input_options_from(resize, input_color, input_range, input_scale, input_offset, input_dtype),
     )
     result = run_reference(
         model, [[p.quantized for p in run] for run in runs], per_layer=per_layer, backend=backend

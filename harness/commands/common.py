@@ -1,0 +1,66 @@
+"""Flags and helpers shared by several commands (one definition, so every command reads inputs alike)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from harness.inputs import COLOR_MODES, NAMED_RANGES, RESIZE_POLICIES, InputOptions
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def console(*, stderr: bool = False) -> Console:
+    """Rich console; when output is piped (CI logs, files), wide enough that tables do not wrap."""
+    con = Console(stderr=stderr, highlight=False)
+    return con if con.is_terminal else Console(stderr=stderr, highlight=False, width=160)
+
+
+def preprocessing_options(f: F) -> F:
+    """``--resize``, ``--input-color``, ``--input-range``, ``--input-scale/-offset``, ``--input-dtype``."""
+    opts = [
+        click.option(
+            "--resize",
+            type=click.Choice(RESIZE_POLICIES),
+            default="error",
+            show_default=True,
+            help="Image size policy when it differs from the model's.",
+        ),
+        click.option("--input-color", type=click.Choice(COLOR_MODES), default="auto", show_default=True),
+        click.option(
+            "--input-range",
+            type=click.Choice(tuple(NAMED_RANGES)),
+            default=None,
+            help="Normalise 8-bit data to this real range (images default to 0..1).",
+        ),
+        click.option("--input-scale", type=float, default=None, help="real = value * scale + offset"),
+        click.option("--input-offset", type=float, default=None),
+        click.option(
+            "--input-dtype", default=None, help="Element type of raw binary inputs (int8, float32, ...)."
+        ),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def input_options_from(
+    resize: str,
+    input_color: str,
+    input_range: str | None,
+    input_scale: float | None,
+    input_offset: float | None,
+    input_dtype: str | None,
+) -> InputOptions:
+    """The InputOptions the preprocessing flags describe."""
+    return InputOptions(
+        resize=resize,
+        color=input_color,
+        scale=input_scale,
+        offset=input_offset,
+        value_range=input_range,
+        raw_dtype=input_dtype,
+    )

@@ -351,6 +351,12 @@ def test_run_cli_writes_reports_and_the_step_summary(tmp_path: Path, models_dir:
     )
     assert code == ExitCode.MATCH
     doc = json.loads((tmp_path / "o" / "summary.json").read_text())
+    import jsonschema
+
+    jsonschema.Draft202012Validator.check_schema(
+        json.loads((ROOT / "docs" / "run-summary-schema.json").read_text())
+    )
+    jsonschema.validate(doc, json.loads((ROOT / "docs" / "run-summary-schema.json").read_text()))
     assert doc["schema"] == "esp-check/run-summary" and doc["counts"]["passed"] == 3
     assert junit.read_text().count("<testcase ") == 3
     assert "esp-check run" in step.read_text() and "| 3 | 3 | 0 | 0 |" in step.read_text()

@@ -122,8 +122,16 @@ def write_inventory(path: Path, boards: list[tuple[str, str, str]]) -> Path:
     return path
 
 
+SCHEMA = json.loads((ROOT / "docs" / "run-summary-schema.json").read_text())
+
+
 def summary(out: Path) -> dict:
-    return json.loads((out / "summary.json").read_text())
+    """The run's summary.json, validated against its documented schema."""
+    import jsonschema
+
+    doc = json.loads((out / "summary.json").read_text())
+    jsonschema.validate(doc, SCHEMA)
+    return doc
 
 
 def by_board(doc: dict) -> dict[str, list[dict]]:

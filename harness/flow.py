@@ -196,7 +196,12 @@ def flash_and_compare(
     info = load_model(model)
     simulated = bool(getattr(board_def, "simulated", False))
     if simulated:
-        port_url = sim_port_for(board_def.chip, board_def.reset, port)
+        # A fresh simulated board per run (parallel runs never share one), configured like the
+        # board file's default port (flash size, ...) unless the user gave a sim:// URL.
+        template = port
+        if template is None and board_def.default_port and board_def.default_port.startswith("sim://"):
+            template = "sim://?" + board_def.default_port.partition("?")[2]
+        port_url = sim_port_for(board_def.chip, board_def.reset, template)
     elif port is None:
         port_url = "auto"
     else:

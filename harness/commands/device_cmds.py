@@ -161,37 +161,44 @@ def flash_and_compare_cmd(
     console = _console()
     t0 = time.monotonic()
 
+    status = console.status("starting", spinner="dots")
+
     def progress(stage: str, message: str) -> None:
-        style = "red" if message.startswith("failed") else ("green" if message.startswith("done") else "cyan")
+        """A spinner names the stage in progress; each finished stage leaves one line."""
+        if message == "started":
+            status.update(f"{escape(stage)} ...")
+            return
+        style = "red" if message.startswith("failed") else "green"
         when = f"{time.monotonic() - t0:7.1f}s"
         console.print(f"[dim]{when}[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] {escape(message)}")
 
-    result = flash_and_compare(
-        model,
-        list(inputs),
-        board=board,
-        port=port,
-        out_dir=out_dir,
-        input_options=input_options_from(
-            resize, input_color, input_range, input_scale, input_offset, input_dtype
-        ),
-        tolerance_lsb=tolerance_lsb,
-        ref_tolerance_lsb=ref_tolerance_lsb,
-        reference=not no_reference,
-        builder=builder,
-        cache_dir=cache_dir,
-        flash_baud=flash_baud,
-        arena_kb=arena_kb,
-        timeouts=StageTimeouts(
-            build=build_timeout, capture_total=capture_timeout, capture_silence=silence_timeout
-        ),
-        junit=junit,
-        progress=progress,
-        tap=tap,
-        dump_ops=dump_list,
-        html=html_path,
-        bundle=bundle_path,
-    )
+    with status:
+        result = flash_and_compare(
+            model,
+            list(inputs),
+            board=board,
+            port=port,
+            out_dir=out_dir,
+            input_options=input_options_from(
+                resize, input_color, input_range, input_scale, input_offset, input_dtype
+            ),
+            tolerance_lsb=tolerance_lsb,
+            ref_tolerance_lsb=ref_tolerance_lsb,
+            reference=not no_reference,
+            builder=builder,
+            cache_dir=cache_dir,
+            flash_baud=flash_baud,
+            arena_kb=arena_kb,
+            timeouts=StageTimeouts(
+                build=build_timeout, capture_total=capture_timeout, capture_silence=silence_timeout
+            ),
+            junit=junit,
+            progress=progress,
+            tap=tap,
+            dump_ops=dump_list,
+            html=html_path,
+            bundle=bundle_path,
+        )
     if as_json:
         click.echo(json.dumps(json.loads(result.report_path.read_text(encoding="utf-8")), indent=2))
     else:

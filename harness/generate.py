@@ -154,6 +154,30 @@ def _estimate_arena_bytes(model_path: Path, chip: str) -> tuple[int, str]:
     return int(estimate.target_bytes), str(estimate.method)
 
 
+# Below this share of the measured host arena, TFLM can crash inside AllocateTensors (a kernel's Init
+# dereferences a failed persistent allocation, e.g. REDUCE's InitReduce) instead of returning an error,
+# so the firmware would panic rather than print ERROR stage=alloc. Seen on a host build of the generated
+# firmware with op_zoo: 4 KB segfaults, 8 KB fails cleanly (needs ~12 KB).
+MIN_ARENA_SHARE = 0.5
+
+
+def _refuse_crashing_arena(model_path: Path, arena_kb: int) -> None:
+    """Refuse an --arena-kb so small that TFLM may crash instead of reporting it."""
+    from harness.arena import estimate_arena
+
+    estimate = estimate_arena(model_path)
+    if estimate.method != "measured":
+        return  # a rough estimate is not evidence enough to refuse the user's number
+    floor = int(estimate.host_bytes * MIN_ARENA_SHARE)
+    if arena_kb * 1024 < floor:
+        raise GenerateError(
+            f"--arena-kb {arena_kb} is less than half of the {estimate.host_bytes} bytes the model "
+            "measurably needs: TFLM may crash in AllocateTensors instead of reporting a too-small arena",
+            hint=f"use at least {-(-floor // 1024)} KB (a clean 'ERROR stage=alloc' is expected up to "
+            f"{-(-estimate.host_bytes // 1024)} KB), or omit --arena-kb to use the estimate",
+        )
+
+
 def _prepare_inputs(
     input_paths: Sequence[Path], tensor: Any, options: Any | None
 ) -> list[tuple[Path, bytes, Any]]:
@@ -352,6 +376,7 @@ def generate_projects(
     if arena_kb is not None:
         if arena_kb <= 0:
             raise GenerateError(f"--arena-kb {arena_kb} must be positive")
+        _refuse_crashing_arena(model_path, arena_kb)
         plan = ArenaPlan(arena_kb * 1024, "", "--arena-kb", None)
     else:
         est, method = _estimate_arena_bytes(model_path, board_def.chip)

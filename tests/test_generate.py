@@ -534,3 +534,19 @@ def test_allowlist_entries_are_documented() -> None:
         assert re.fullmatch(r"CONFIG_[A-Z0-9_]+", key)
         assert entry["checked_against"] and entry["kconfig"], key
     assert "CONFIG_NN_SKIP_NUDGE" in ALLOW["forbidden"]
+
+
+def test_arena_far_below_measured_need_is_refused(tmp_path: Path) -> None:
+    """TFLM segfaulted (not ERROR alloc) with 4 KB for op_zoo in a host build of the firmware."""
+    pytest.importorskip("tflite_micro")
+    model = Path(__file__).parent / "data" / "models" / "op_zoo.tflite"
+    inp = Path(__file__).parent / "data" / "models" / "inputs" / "op_zoo.npy"
+    with pytest.raises(GenerateError, match="less than half"):
+        gen.generate_projects(
+            model, [inp], "esp32-devkitc", out_dir=tmp_path / "a", variants=("ansi",), arena_kb=4
+        )
+    # a too-small-but-sane arena is the user's call: the firmware reports ERROR stage=alloc
+    (p,) = gen.generate_projects(
+        model, [inp], "esp32-devkitc", out_dir=tmp_path / "b", variants=("ansi",), arena_kb=8
+    )
+    assert p.arena_bytes == 8 * 1024

@@ -203,3 +203,26 @@ def test_same_seed_same_stream(run) -> None:
     b = run("fault=truncate,wdt&seed=9")
     c = run("fault=truncate,wdt&seed=10")
     assert a == b != c
+
+
+def test_fault_boots_makes_a_fault_transient(images) -> None:
+    """fault_boots=1: the first app boot panics, the next one runs clean (a transient fault)."""
+    name = f"fb-{uuid.uuid4().hex[:12]}"
+    port = serial.serial_for_url(
+        f"sim://{name}?chip=esp32s3&emitter=c&fault=panic&fault_boots=1", baudrate=115200, timeout=0.2
+    )
+    try:
+        port.board.program(images[("esp32s3", "optimized")])
+        port.dtr = False
+        hard_reset(port, hold_delay=0.01)
+        first = read_until_end(port, timeout=10, idle=0.4)
+        assert b"Guru Meditation" in first
+        assert not parse_capture(first).valid
+        hard_reset(port, hold_delay=0.01)
+        second = read_until_end(port, timeout=10, idle=0.4)
+        assert b"Guru Meditation" not in second
+        cap = parse_capture(second)
+        assert cap.valid and cap.nn_mode == "optimized"
+    finally:
+        port.close()
+        REGISTRY.remove(name)

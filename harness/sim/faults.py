@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from harness.errors import UsageError
 
@@ -49,9 +49,19 @@ class FaultSpec:
     noise: float = 1e-4
     fault_count: int = 1
     loops: int = 3
+    fault_boots: int | None = None  # app faults only on the first N app boots of the board (transient)
     extra: Mapping[str, str] = field(default_factory=dict)
     fault_op: int | None = None  # op_corrupt / op_clobber: the op index
     fault_region: str = "last_row"
+
+    def for_boot(self, boot_index: int) -> FaultSpec:
+        """The faults in force on app boot ``boot_index`` (1-based): none once ``fault_boots`` are used up.
+
+        ``sync_fail`` is a download-mode fault with its own budget (``fault_count``) and stays.
+        """
+        if self.fault_boots is None or boot_index <= self.fault_boots:
+            return self
+        return replace(self, names=frozenset(n for n in self.names if n == "sync_fail"))
 
     def active(self, name: str, image_variant: str | None = None) -> bool:
         """Whether fault ``name`` applies (app faults only to the chosen variant, if one is set)."""
@@ -130,6 +140,7 @@ def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSp
         noise=float(num("noise", 1e-4)),
         fault_count=int(num("fault_count", 1, int)),
         loops=int(num("loops", 3, int)),
+        fault_boots=None if one("fault_boots") is None else int(num("fault_boots", 0, int)),
     )
 
 

@@ -18,10 +18,8 @@ from typing import Any
 
 from harness import __version__
 from harness.errors import (
-    CaptureError,
     EspCheckError,
     ExitCode,
-    FirmwareFaultError,
     IncomparableError,
     combine_exit_codes,
 )
@@ -509,7 +507,7 @@ def _run_variant(
     if not cap.valid:
         why = "; ".join(cap.problems) or f"capture ended by {raw.ended_by}"
         rec.stages.append(StageRecord("verify", v, "failed", time.monotonic() - t0, why, 3))
-        return CaptureError(why).exit_code
+        return ExitCode.INFRASTRUCTURE  # a corrupted/truncated capture (CaptureError)
     infra = [f for f in findings if f.severity == Severity.INFRASTRUCTURE]
     if infra:
         # The records validated, yet the board browned out / rebooted / lost data around them: keep
@@ -694,7 +692,6 @@ def _write_junit(result: FlashAndCompareResult, path: Path) -> None:
 
 
 __all__ = [
-    "FirmwareFaultError",
     "FlashAndCompareResult",
     "StageRecord",
     "StageTimeouts",

@@ -300,28 +300,13 @@ class PythonEmitter:
         if bad is not None:
             self.error("internal", 0, bad, i)
             return
-        fields = [
-            ("i", b"%d" % i),
-            ("o", b"%d" % o),
-            ("dtype", dtype.encode("ascii")),
-            ("shape", b"x".join(b"%d" % d for d in dims) if dims else b"-"),
-            ("scale", b"0x%08X" % bits),
-            ("zp", b"%d" % zp),
-            ("bytes", b"%d" % len(data)),
-            ("crc", b"%08X" % zlib.crc32(data)),
-        ]
+        head = [("i", b"%d" % i), ("o", b"%d" % o)]
+        fields = [*head, *_tensor_fields(dtype, dims, bits, zp, data)]
         cname = _cbytes(name)
         if cname:
             fields.append(("name", sanitize_value(cname, NAME_MAX)))
-        if not self._emit("TENSOR", fields):
+        if not self._emit("TENSOR", fields) or not self._emit_chunks("DATA", head, data):
             return
-        for off in range(0, len(data), DATA_CHUNK):
-            chunk = data[off : off + DATA_CHUNK]
-            b64 = base64.b64encode(chunk)
-            if not self._emit(
-                "DATA", [("i", b"%d" % i), ("o", b"%d" % o), ("off", b"%d" % off), ("b64", b64)]
-            ):
-                return
         item = DTYPE_SIZES[dtype]
         count = len(data) // item
         for j in range(min(max(human_max, 0), count)):
@@ -403,21 +388,30 @@ class PythonEmitter:
             self.error("internal", 0, bad, i)
             return
         head = [("i", b"%d" % i), ("idx", b"%d" % idx), ("t", b"%d" % t), ("role", role.encode())]
-        fields = [
-            *head,
-            ("dtype", dtype.encode("ascii")),
-            ("shape", b"x".join(b"%d" % d for d in dims) if dims else b"-"),
-            ("scale", b"0x%08X" % bits),
-            ("zp", b"%d" % zp),
-            ("bytes", b"%d" % len(data)),
-            ("crc", b"%08X" % zlib.crc32(data)),
-        ]
-        if not self._emit("OPDUMP", fields):
-            return
+        if self._emit("OPDUMP", [*head, *_tensor_fields(dtype, dims, bits, zp, data)]):
+            self._emit_chunks("OPDATA", head, data)
+
+    def _emit_chunks(self, rtype: str, head: list[tuple[str, bytes]], data: bytes) -> bool:
+        """DATA/OPDATA records: ``head`` fields, then off and up to DATA_CHUNK bytes as base64."""
         for off in range(0, len(data), DATA_CHUNK):
             b64 = base64.b64encode(data[off : off + DATA_CHUNK])
-            if not self._emit("OPDATA", [*head, ("off", b"%d" % off), ("b64", b64)]):
-                return
+            if not self._emit(rtype, [*head, ("off", b"%d" % off), ("b64", b64)]):
+                return False
+        return True
+
+
+def _tensor_fields(
+    dtype: str, dims: Sequence[int], bits: int, zp: int, data: bytes
+) -> list[tuple[str, bytes]]:
+    """What TENSOR and OPDUMP both say about a tensor: dtype, shape, scale bits, zp, size, CRC32."""
+    return [
+        ("dtype", dtype.encode("ascii")),
+        ("shape", b"x".join(b"%d" % d for d in dims) if dims else b"-"),
+        ("scale", b"0x%08X" % bits),
+        ("zp", b"%d" % zp),
+        ("bytes", b"%d" % len(data)),
+        ("crc", b"%08X" % zlib.crc32(data)),
+    ]
 
 
 def _check_tap_tensors(*sides: Sequence[TapTensor]) -> None:

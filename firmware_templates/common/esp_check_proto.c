@@ -393,22 +393,10 @@ static void put_shape(ecp_t *e, const int32_t *dims, int ndims) {
     }
 }
 
-int ecp_tensor(ecp_t *e, int i, int o, const char *dtype, const int32_t *dims, int ndims, float scale,
-               int32_t zp, const uint8_t *data, size_t nbytes, const char *name, int human_max) {
-    size_t item;
-    uint64_t count;
+/* What TENSOR and OPDUMP both say about a tensor: dtype, shape, scale bits, zp, size, CRC32. */
+static void put_tensor_desc(ecp_t *e, const char *dtype, const int32_t *dims, int ndims, float scale,
+                            int32_t zp, const uint8_t *data, size_t nbytes) {
     uint32_t bits;
-    size_t off;
-    const char *bad = tensor_problem(dtype, dims, ndims, data, nbytes, &item, &count);
-
-    if (bad != NULL) {
-        ecp_error(e, "internal", 0, i, bad);
-        return -1;
-    }
-
-    ecp_record_start(e, "TENSOR");
-    ecp_kv_int(e, "i", i);
-    ecp_kv_int(e, "o", o);
     ecp_kv_str(e, "dtype", dtype);
     put_key(e, "shape");
     put_shape(e, dims, ndims);
@@ -420,6 +408,24 @@ int ecp_tensor(ecp_t *e, int i, int o, const char *dtype, const int32_t *dims, i
     ecp_kv_uint(e, "bytes", (uint64_t)nbytes);
     put_key(e, "crc");
     put_hex32(e, ecp_crc32(0u, data, nbytes));
+}
+
+int ecp_tensor(ecp_t *e, int i, int o, const char *dtype, const int32_t *dims, int ndims, float scale,
+               int32_t zp, const uint8_t *data, size_t nbytes, const char *name, int human_max) {
+    size_t item;
+    uint64_t count;
+    size_t off;
+    const char *bad = tensor_problem(dtype, dims, ndims, data, nbytes, &item, &count);
+
+    if (bad != NULL) {
+        ecp_error(e, "internal", 0, i, bad);
+        return -1;
+    }
+
+    ecp_record_start(e, "TENSOR");
+    ecp_kv_int(e, "i", i);
+    ecp_kv_int(e, "o", o);
+    put_tensor_desc(e, dtype, dims, ndims, scale, zp, data, nbytes);
     if (name != NULL && name[0] != '\0') {
         put_key(e, "name");
         put_value(e, name, ECP_NAME_MAX);
@@ -507,7 +513,6 @@ int ecp_op_dump(ecp_t *e, int i, int idx, int t, const char *role, const char *d
                 int ndims, float scale, int32_t zp, const uint8_t *data, size_t nbytes) {
     size_t item, off;
     uint64_t count;
-    uint32_t bits;
     const char *bad = tensor_problem(dtype, dims, ndims, data, nbytes, &item, &count);
 
     if (bad == NULL && (role == NULL || (strcmp(role, "in") != 0 && strcmp(role, "out") != 0))) {
@@ -522,17 +527,7 @@ int ecp_op_dump(ecp_t *e, int i, int idx, int t, const char *role, const char *d
     ecp_kv_int(e, "idx", idx);
     ecp_kv_int(e, "t", t);
     ecp_kv_str(e, "role", role);
-    ecp_kv_str(e, "dtype", dtype);
-    put_key(e, "shape");
-    put_shape(e, dims, ndims);
-    memcpy(&bits, &scale, sizeof bits);
-    put_key(e, "scale");
-    put(e, "0x", 2);
-    put_hex32(e, bits);
-    ecp_kv_int(e, "zp", zp);
-    ecp_kv_uint(e, "bytes", (uint64_t)nbytes);
-    put_key(e, "crc");
-    put_hex32(e, ecp_crc32(0u, data, nbytes));
+    put_tensor_desc(e, dtype, dims, ndims, scale, zp, data, nbytes);
     if (ecp_record_end(e) != 0) {
         return -1;
     }

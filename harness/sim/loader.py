@@ -330,20 +330,27 @@ class Loader:
         self._respond(op)
         del size
 
-    def _mem_data(self, op: int, data: bytes, chk: int) -> None:
-        if self._mem is None or len(data) < 16:
-            self._fail(op, ERR_FAILED, STUB_ERR_NOT_IN_FLASH_MODE)
-            return
+    def _data_block(self, op: int, data: bytes, chk: int, want_seq: int) -> bytes | None:
+        """The payload of a MEM_DATA/FLASH_DATA packet, or None after answering its error as the ROM does."""
         n, seq, _, _ = struct.unpack_from("<IIII", data)
         block = data[16:]
         if len(block) != n:
             self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
-            return
+            return None
         if checksum(block) != chk & 0xFF:
             self._fail(op, ERR_INVALID_CRC, STUB_ERR_BAD_DATA_CHECKSUM)
-            return
-        if seq != self._mem_seq:
+            return None
+        if seq != want_seq:
             self._fail(op, ERR_FAILED, STUB_ERR_BAD_DATA_LEN)
+            return None
+        return block
+
+    def _mem_data(self, op: int, data: bytes, chk: int) -> None:
+        if self._mem is None or len(data) < 16:
+            self._fail(op, ERR_FAILED, STUB_ERR_NOT_IN_FLASH_MODE)
+            return
+        block = self._data_block(op, data, chk, self._mem_seq)
+        if block is None:
             return
         self._mem_seq += 1
         self.ram[self._mem[3]] += block
@@ -418,16 +425,8 @@ class Loader:
         if sess is None or sess.compressed != (want == CMD["FLASH_DEFL_DATA"]) or len(data) < 16:
             self._fail(op, ERR_FAILED, STUB_ERR_NOT_IN_FLASH_MODE)
             return
-        n, seq, _, _ = struct.unpack_from("<IIII", data)
-        block = data[16:]
-        if len(block) != n:
-            self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
-            return
-        if checksum(block) != chk & 0xFF:
-            self._fail(op, ERR_INVALID_CRC, STUB_ERR_BAD_DATA_CHECKSUM)
-            return
-        if seq != sess.seq:
-            self._fail(op, ERR_FAILED, STUB_ERR_BAD_DATA_LEN)
+        block = self._data_block(op, data, chk, sess.seq)
+        if block is None:
             return
         if sess.compressed:
             assert sess.inflater is not None

@@ -411,7 +411,7 @@ def _run_variant(
 ) -> ExitCode | None:
     """Flash and capture one variant; returns the exit code its failure implies (None if fine)."""
     from harness.compare import source_from_capture
-    from harness.device.classify import Severity, classify
+    from harness.device.classify import classify
     from harness.device.console import capture_run
     from harness.device.flash import flash_artifacts
     from harness.device.ports import open_port, reopen_after_reenumeration, resolve_port
@@ -487,53 +487,52 @@ def _run_variant(
         with contextlib.suppress(Exception):
             ser.close()
 
+    t0 = time.monotonic()
     cap = parse_capture(raw.data)
     findings = classify(raw.data, ended_by=raw.ended_by, parsed=cap)
     run.findings = [f.to_dict() for f in findings]
     run.nn_mode = cap.nn_mode
     run.problems = list(cap.problems)
-    (out / "results").mkdir(parents=True, exist_ok=True)
-    faults = [f for f in findings if f.severity == Severity.FIRMWARE_FAULT]
-    t0 = time.monotonic()
-    if faults or cap.errors:
-        msg = "; ".join(f.message for f in faults) or "; ".join(f"{e.stage}: {e.msg}" for e in cap.errors)
-        rec.stages.append(
-            StageRecord("verify", v, "failed", time.monotonic() - t0, f"firmware fault: {msg}", 4)
-        )
-        if cap.valid:  # a clean ERROR record: keep the source so the fault is reported with it
-            run.source = source_from_capture(cap, v, str(log_path), raw.data)
-            run.capture_valid = True
-        return ExitCode.FIRMWARE_FAULT
-    if not cap.valid:
-        why = "; ".join(cap.problems) or f"capture ended by {raw.ended_by}"
-        rec.stages.append(StageRecord("verify", v, "failed", time.monotonic() - t0, why, 3))
-        return ExitCode.INFRASTRUCTURE  # a corrupted/truncated capture (CaptureError)
-    infra = [f for f in findings if f.severity == Severity.INFRASTRUCTURE]
-    if infra:
-        # The records validated, yet the board browned out / rebooted / lost data around them: keep
-        # the evidence, but never let such a run count as a clean match.
-        why = "; ".join(f.message for f in infra)
-        rec.stages.append(StageRecord("verify", v, "failed", time.monotonic() - t0, why, 3))
+    code, detail, keep = _verdict_evidence(v, cap, findings, raw.ended_by)
+    if keep:
         run.source = source_from_capture(cap, v, str(log_path), raw.data)
         run.capture_valid = True
-        return ExitCode.INFRASTRUCTURE
-    expected = EXPECTED_NN[v]
+    status = "ok" if code is None else "failed"
+    rec.stages.append(
+        StageRecord("verify", v, status, time.monotonic() - t0, detail, None if code is None else int(code))
+    )
+    return code
+
+
+def _verdict_evidence(
+    variant: str, cap: Any, findings: Sequence[Any], ended_by: str
+) -> tuple[ExitCode | None, str, bool]:
+    """What one variant's capture is worth: (exit code or None, detail, keep its outputs as a source).
+
+    Order matters: a firmware fault is a finding even in a broken capture; an invalid capture is never
+    a result; a valid one beside an infrastructure finding is kept as evidence but is never a clean
+    match; a firmware that does not report the ESP-NN mode it was built for proves nothing.
+    """
+    from harness.device.classify import Severity
+
+    faults = [f for f in findings if f.severity == Severity.FIRMWARE_FAULT]
+    if faults or cap.errors:
+        msg = "; ".join(f.message for f in faults) or "; ".join(f"{e.stage}: {e.msg}" for e in cap.errors)
+        # a clean ERROR record keeps the source so the fault is reported with it
+        return ExitCode.FIRMWARE_FAULT, f"firmware fault: {msg}", bool(cap.valid)
+    if not cap.valid:  # corrupted or truncated capture (CaptureError)
+        return ExitCode.INFRASTRUCTURE, "; ".join(cap.problems) or f"capture ended by {ended_by}", False
+    infra = [f for f in findings if f.severity == Severity.INFRASTRUCTURE]
+    if infra:  # records validated, yet the board browned out / rebooted / lost data around them
+        return ExitCode.INFRASTRUCTURE, "; ".join(f.message for f in infra), True
+    expected = EXPECTED_NN[variant]
     if cap.nn_mode != expected:
-        rec.stages.append(
-            StageRecord(
-                "verify",
-                v,
-                "failed",
-                time.monotonic() - t0,
-                f"the {v} firmware reports ESP-NN mode {cap.nn_mode!r}, expected {expected!r}",
-                2,
-            )
+        return (
+            ExitCode.USAGE,
+            f"the {variant} firmware reports ESP-NN mode {cap.nn_mode!r}, expected {expected!r}",
+            False,
         )
-        return ExitCode.USAGE
-    run.source = source_from_capture(cap, v, str(log_path), raw.data)
-    run.capture_valid = True
-    rec.stages.append(StageRecord("verify", v, "ok", time.monotonic() - t0, f"nn={cap.nn_mode}"))
-    return None
+    return None, f"nn={cap.nn_mode}", True
 
 
 def _compare(

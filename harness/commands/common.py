@@ -13,10 +13,10 @@ from harness.inputs import COLOR_MODES, NAMED_RANGES, RESIZE_POLICIES, InputOpti
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def console(*, stderr: bool = False) -> Console:
+def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:
     """Rich console; when output is piped (CI logs, files), wide enough that tables do not wrap."""
-    con = Console(stderr=stderr, highlight=False)
-    return con if con.is_terminal else Console(stderr=stderr, highlight=False, width=160)
+    con = Console(stderr=stderr, highlight=highlight)
+    return con if con.is_terminal else Console(stderr=stderr, highlight=highlight, width=160)
 
 
 def preprocessing_options(f: F) -> F:

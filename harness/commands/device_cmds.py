@@ -12,14 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.common import input_options_from
+from harness.commands.common import input_options_from, make_console
 from harness.commands.model_cmds import _input_options
 from harness.errors import ExitCode, UsageError
-
-
-def _console() -> Console:
-    console = Console(stderr=True)
-    return console if console.is_terminal else Console(stderr=True, width=140)
 
 
 @click.command("flash-and-compare")
@@ -158,7 +153,7 @@ def flash_and_compare_cmd(
     if dump_ops and not tap:
         raise UsageError("--dump-ops needs --tap", hint="add --tap")
     dump_list = parse_op_list(dump_ops)
-    console = _console()
+    console = make_console(stderr=True)
     t0 = time.monotonic()
 
     status = console.status("starting", spinner="dots")

@@ -13,15 +13,9 @@ from rich.table import Table
 
 from harness.boards import list_boards, load_board
 from harness.build import BUILDERS, BuildResult, build_project
-from harness.commands.common import input_options_from, preprocessing_options
+from harness.commands.common import input_options_from, make_console, preprocessing_options
 from harness.errors import ExitCode
 from harness.generate import DEFAULT_VERSIONS, HUMAN_MAX, VARIANTS, GeneratedProject, generate_projects
-
-
-def _console() -> Console:
-    console = Console(highlight=False)
-    # Piped output (CI logs, files) has no width: do not squeeze tables into 80 columns.
-    return console if console.is_terminal else Console(highlight=False, width=160)
 
 
 @click.command("boards")
@@ -57,7 +51,7 @@ def boards_cmd(as_json: bool, board_files: tuple[Path, ...]) -> int:
             b.espnn_path,
             b.builder,
         )
-    _console().print(table)
+    make_console(highlight=False).print(table)
     return int(ExitCode.MATCH)
 
 
@@ -172,7 +166,7 @@ def generate_cmd(
         data = {"schema": "esp-check.generate/1", "projects": [_project_summary(p) for p in projects]}
         click.echo(json.dumps(data, indent=2))
         return int(ExitCode.MATCH)
-    console = _console()
+    console = make_console(highlight=False)
     for p in projects:
         console.print(
             f"[green]generated[/green] {p.variant:9} {p.path}  (board {p.board.name}, arena "
@@ -253,7 +247,7 @@ def build_cmd(
 ) -> int:
     """Build generated project directories (e.g. OUT/optimized OUT/ansi), with a content-addressed cache."""
     progress_console = Console(stderr=True, highlight=False)
-    console = _console()
+    console = make_console(highlight=False)
     results: list[BuildResult] = []
     for project in project_dirs:
         result = run_build_with_progress(

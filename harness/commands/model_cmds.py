@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness import opdata
-from harness.commands.common import input_options_from, preprocessing_options
+from harness.commands.common import input_options_from, make_console, preprocessing_options
 from harness.errors import ExitCode, InputDataError
 from harness.inputs import InputOptions, PreparedInput, load_input
 from harness.model import ModelInfo, TensorInfo, load_model
@@ -22,12 +22,6 @@ from harness.model import ModelInfo, TensorInfo, load_model
 JSON_SCHEMA_INSPECT = "esp-check.inspect/1"
 JSON_SCHEMA_REFERENCE = "esp-check.reference/1"
 _PREVIEW = 16  # values shown per tensor in the terminal
-
-
-def _console() -> Console:
-    """Rich console; when output is piped or captured, wide enough that numbers and names do not wrap."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
 
 
 def _input_options(f: Any) -> Any:
@@ -255,7 +249,7 @@ def inspect_cmd(
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        _print_inspect(_console(), info, data)
+        _print_inspect(make_console(), info, data)
     return int(ExitCode.MATCH)
 
 
@@ -371,7 +365,7 @@ def reference_cmd(
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return int(ExitCode.MATCH)
-    console = _console()
+    console = make_console()
     console.print(f"[bold]{model}[/bold] on {result.backend_version} ({result.kernels})")
     for k, run in enumerate(result.runs):
         console.print(

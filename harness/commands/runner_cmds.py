@@ -17,12 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.commands.common import make_console
 from harness.errors import ExitCode
-
-
-def _console() -> Console:
-    console = Console(stderr=True)
-    return console if console.is_terminal else Console(stderr=True, width=140)
 
 
 @contextlib.contextmanager
@@ -142,7 +138,7 @@ def run_cmd(
     from harness.runner.reports import markdown as render_md
     from harness.runner.reports import write_reports
 
-    console = _console()
+    console = make_console(stderr=True)
     the_plan = load_plan(plan)
     inv = load_inventory(inventory)
     stop, hard = threading.Event(), threading.Event()
@@ -235,7 +231,7 @@ def detect_cmd(probe_chip: bool, show_all: bool, as_json: bool) -> int:
     if as_json:
         click.echo(json.dumps([d.to_dict() for d in devices], indent=2))
         return int(ExitCode.MATCH)
-    console = _console()
+    console = make_console(stderr=True)
     if not devices:
         console.print("no serial devices that look like ESP32 boards" + ("" if show_all else " (try --all)"))
         return int(ExitCode.MATCH)

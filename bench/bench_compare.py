@@ -9,9 +9,16 @@ import time
 
 import numpy as np
 
-from harness.compare import OutputTensor, compare_tensors
-from harness.emitter import PythonEmitter, RunSpec, TensorSpec, emit_capture, find_c_compiler, make_emitter
-from harness.protocol import parse_capture
+from harness.analysis.compare import OutputTensor, compare_tensors
+from harness.protocol.capture import parse_capture
+from harness.protocol.emitter import (
+    PythonEmitter,
+    RunSpec,
+    TensorSpec,
+    emit_capture,
+    find_c_compiler,
+    make_emitter,
+)
 
 INFO = [
     ("nn", "optimized"), ("target", "esp32s3"), ("chip", "esp32s3"), ("rev", "0.2"), ("cores", 2),

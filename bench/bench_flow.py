@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from harness.flow import StageTimeouts, flash_and_compare
+from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "models"

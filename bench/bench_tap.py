@@ -17,11 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.boards import load_board
-from harness.build import build_project
-from harness.flow import StageTimeouts, flash_and_capture
-from harness.generate import generate_projects
-from harness.model import load_model
+from harness.firmware.boards import load_board
+from harness.firmware.build import build_project
+from harness.firmware.generate import generate_projects
+from harness.flows.flash_and_compare import StageTimeouts, flash_and_capture
+from harness.model.loader import load_model
 from harness.sim import register
 
 MODELS = Path(__file__).resolve().parents[1] / "tests" / "data" / "models"

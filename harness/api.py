@@ -11,15 +11,26 @@ the exit code the CLI would use. Example::
 
 from __future__ import annotations
 
-from harness.build import BuildResult, build_project
-from harness.compare import CompareResult, compare_files, compare_sources, load_source, reference_source
+from harness.analysis.compare import (
+    CompareResult,
+    compare_files,
+    compare_sources,
+    load_source,
+    reference_source,
+)
 from harness.errors import EspCheckError, ExitCode, combine_exit_codes
-from harness.flow import FlashAndCompareResult, StageTimeouts, flash_and_capture, flash_and_compare
-from harness.generate import GeneratedProject, generate_projects
-from harness.inputs import InputOptions, PreparedInput, load_input
-from harness.model import ModelInfo, OpInfo, TensorInfo, load_model
-from harness.protocol import Capture, parse_capture
-from harness.reference import ReferenceResult, run_reference
+from harness.firmware.build import BuildResult, build_project
+from harness.firmware.generate import GeneratedProject, generate_projects
+from harness.flows.flash_and_compare import (
+    FlashAndCompareResult,
+    StageTimeouts,
+    flash_and_capture,
+    flash_and_compare,
+)
+from harness.model.inputs import InputOptions, PreparedInput, load_input
+from harness.model.loader import ModelInfo, OpInfo, TensorInfo, load_model
+from harness.model.reference import ReferenceResult, run_reference
+from harness.protocol.capture import Capture, parse_capture
 
 __all__ = [
     "BuildResult",

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from harness import resources
-from harness.boards import BOOTLOADER_OFFSETS, Board, list_boards, load_board
 from harness.cli import main
 from harness.errors import BoardDefinitionError, ExitCode
+from harness.firmware.boards import BOOTLOADER_OFFSETS, Board, list_boards, load_board
 
 REPO = Path(__file__).resolve().parents[1]
 

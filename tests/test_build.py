@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import build as b
-from harness.cache import BuildCache
 from harness.cli import main
 from harness.errors import BuildError, ExitCode, UsageError
-from harness.generate import generate_projects
+from harness.firmware import build as b
+from harness.firmware.cache import BuildCache
+from harness.firmware.generate import generate_projects
 
 MODELS = Path(__file__).parent / "data" / "models"
 INPUTS = MODELS / "inputs"
@@ -270,7 +270,7 @@ def test_concurrent_builds_of_the_same_project_build_once(
     (opt,) = _project(tmp_path, variants=("optimized",))
     code = textwrap.dedent(
         f"""
-        from harness.build import build_project
+        from harness.firmware.build import build_project
         r = build_project({str(opt)!r}, cache_dir={str(tmp_path / "cache")!r})
         print("HIT" if r.cache_hit else "MISS", r.firmware_sha256)
         """

@@ -71,8 +71,8 @@ def test_inspect_human_with_input_and_arena(models_dir: Path, capsys: pytest.Cap
 
 @needs_tflm
 def test_inspect_json_quantization_report(models_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.inputs import load_input
-    from harness.model import load_model
+    from harness.model.inputs import load_input
+    from harness.model.loader import load_model
 
     png = models_dir / "inputs" / "cnn_classifier_11__ambiguous.png"
     data = _json(

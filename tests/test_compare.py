@@ -17,16 +17,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.cli import main
-from harness.compare import (
+from harness.analysis.compare import (
     OutputTensor,
     compare_files,
     compare_tensors,
     load_source,
     results_document,
 )
-from harness.emitter import PythonEmitter, RunSpec, TensorSpec, emit_capture
+from harness.cli import main
 from harness.errors import IncomparableError, LogFormatError, UsageError
+from harness.protocol.emitter import PythonEmitter, RunSpec, TensorSpec, emit_capture
 
 DATA = Path(__file__).parent / "data"
 LOGS = DATA / "logs"

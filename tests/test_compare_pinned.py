@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.compare import OutputTensor, Source, compare_sources
+from harness.analysis.compare import OutputTensor, Source, compare_sources
 
 
 def _src(label: str, values: list[int], nn: str | None) -> Source:

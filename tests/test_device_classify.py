@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.device.classify import BootCounter, Finding, Severity, classify, exit_code_for
+from harness.analysis.classify import BootCounter, Finding, Severity, classify, exit_code_for
 from harness.errors import ExitCode
 
 TRANSCRIPTS = Path(__file__).parent / "data" / "transcripts"
@@ -235,7 +235,7 @@ def test_panic_and_brownout_together_firmware_fault_wins() -> None:
 
 
 def test_parsed_capture_problems_become_corrupted_findings() -> None:
-    class FakeCapture:  # stands in for harness.protocol.Capture (only .valid/.problems are read)
+    class FakeCapture:  # stands in for harness.protocol.capture.Capture (only .valid/.problems are read)
         valid = False
         problems = ("record 7 failed CRC", "seq gap 7->9")
 

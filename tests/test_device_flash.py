@@ -21,13 +21,13 @@ import serial
 from esptool.util import FatalError
 
 import harness.sim as sim
-from harness.device.classify import classify, exit_code_for
+from harness.analysis.classify import classify, exit_code_for
 from harness.device.esptool_log import EsptoolLogSink, capture_esptool_log
 from harness.device.flash import FlashFailure, FlashProgress, flash_artifacts, map_esptool_error
 from harness.device.ports import open_port, resolve_port
 from harness.device.session import DeviceSession
 from harness.errors import ExitCode, PortError
-from harness.protocol import parse_capture
+from harness.protocol.capture import parse_capture
 from harness.sim.board import REGISTRY
 from harness.sim.image import build_sim_firmware
 from harness.sim.serve import serve_rfc2217, serve_tcp

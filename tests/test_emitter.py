@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import emitter as em_mod
-from harness.emitter import (
+from harness.protocol import emitter as em_mod
+from harness.protocol.capture import parse_capture
+from harness.protocol.emitter import (
     LINE_MAX,
     CEmitter,
     ProtocolOverflowError,
@@ -34,7 +35,6 @@ from harness.emitter import (
     pack_info,
     sanitize_value,
 )
-from harness.protocol import parse_capture
 
 HAVE_CC = em_mod.find_c_compiler() is not None
 _skip_no_cc = pytest.mark.skipif(

@@ -14,7 +14,7 @@ import pytest
 
 from harness.cli import main
 from harness.errors import ExitCode
-from harness.flow import StageTimeouts, flash_and_compare, sim_port_for
+from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare, sim_port_for
 
 pytest.importorskip("tflite_micro")
 
@@ -174,13 +174,13 @@ def test_missing_host_reference_is_a_warning_not_a_verdict(
     models_dir: Path, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """Faked: the host reference is made unavailable (as on Intel macOS); the simulator still runs."""
-    import harness.compare
+    import harness.analysis.compare
     from harness.errors import HostReferenceError
 
     def unavailable(*args: object, **kwargs: object) -> None:
         raise HostReferenceError("no host reference backend installed", hint="install tflite-micro")
 
-    monkeypatch.setattr(harness.compare, "reference_source", unavailable)
+    monkeypatch.setattr(harness.analysis.compare, "reference_source", unavailable)
     result = run(models_dir, tmp_path, cache_dir, None)
     assert result.exit_code == ExitCode.MATCH
     assert any("host reference unavailable" in w for w in result.warnings)

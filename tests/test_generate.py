@@ -19,13 +19,13 @@ import jinja2
 import pytest
 import yaml
 
-from harness import generate as gen
-from harness.boards import list_boards, load_board
 from harness.cli import main
 from harness.errors import ExitCode, GenerateError
-from harness.inputs import load_input
-from harness.model import load_model
-from harness.opdata import resolver_methods
+from harness.firmware import generate as gen
+from harness.firmware.boards import list_boards, load_board
+from harness.model.inputs import load_input
+from harness.model.loader import load_model
+from harness.model.opdata import resolver_methods
 from harness.resources import data_dir, templates_dir
 
 if sys.version_info >= (3, 11):
@@ -330,7 +330,7 @@ HOSTILE = [
 
 
 def test_hostile_names_are_sanitized(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import harness.model as model_mod
+    import harness.model.loader as model_mod
 
     real = model_mod.load_model
 

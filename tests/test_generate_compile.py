@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.generate import generate_projects
+from harness.firmware.generate import generate_projects
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from harness.flow import StageTimeouts, flash_and_compare
+from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
 
 pytest.importorskip("tflite_micro")
 

@@ -1,4 +1,4 @@
-"""harness.inputs: every input format gives the fixture's quantized tensor; mismatches fail clearly."""
+"""harness.model.inputs: every input format gives the fixture's quantized tensor; mismatches fail clearly."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from harness.errors import InputDataError
-from harness.inputs import InputOptions, load_input, quantize, truncation_report
-from harness.model import TensorInfo, load_model
+from harness.model.inputs import InputOptions, load_input, quantize, truncation_report
+from harness.model.loader import TensorInfo, load_model
 
 CASES = [
     ("cnn_classifier_11", "cnn_classifier_11"),

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.errors import LogFormatError
-from harness.legacy import (
+from harness.protocol.legacy import (
     decode_microprintf_bits,
     decode_microprintf_float,
     encode_microprintf_float,

@@ -1,4 +1,4 @@
-"""harness.model: parsing the fixture models and rejecting broken or unsupported ones cleanly."""
+"""harness.model.loader: parsing the fixture models and rejecting broken or unsupported ones cleanly."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from test_model_builder import ADD, CONV_2D, CUSTOM, LSH_PROJECTION, Op, T, build_model
 
 from harness.errors import ExitCode, ModelError
-from harness.model import load_model, parse_model_bytes
+from harness.model.loader import load_model, parse_model_bytes
 
 FIXTURES = ["unet_mbv2_035_128", "unet_mbv2_035_64", "unet_mbv2_035_48", "cnn_classifier_11", "op_zoo"]
 

@@ -13,7 +13,7 @@ import flatbuffers
 import numpy as np
 import tflite
 
-from harness.model import parse_model_bytes
+from harness.model.loader import parse_model_bytes
 
 TYPE = {"float32": 0, "int32": 2, "uint8": 3, "int16": 7, "int8": 9}
 

@@ -1,4 +1,4 @@
-"""harness.opdata: resolver registrations and ESP-NN acceleration (table + per-op fallbacks)."""
+"""harness.model.opdata: resolver registrations and ESP-NN acceleration (table + per-op fallbacks)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import tflite.utils
 from test_model_builder import int8_broadcast_add_model, int16_add_model
 
-from harness import opdata
 from harness.errors import ModelError, UsageError
-from harness.model import load_model, parse_model_bytes
+from harness.model import opdata
+from harness.model.loader import load_model, parse_model_bytes
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.emitter import PythonEmitter, RunSpec, TensorSpec, emit_capture
 from harness.errors import CaptureError, ExitCode
-from harness.protocol import crc32_hex, parse_capture
+from harness.protocol.capture import crc32_hex, parse_capture
+from harness.protocol.emitter import PythonEmitter, RunSpec, TensorSpec, emit_capture
 
 INFO = [
     ("nn", "ansi_c"), ("target", "esp32"), ("chip", "esp32"), ("rev", "3.1"), ("cores", 2),

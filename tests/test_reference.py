@@ -1,4 +1,4 @@
-"""harness.reference: bit-exact TFLM reference on every fixture, per-layer tensors, clear failures.
+"""harness.model.reference: bit-exact TFLM reference on every fixture, per-layer tensors, clear failures.
 
 Real TFLM (the tflite-micro wheel) and real LiteRT run here; nothing is faked except, in two
 tests, the *absence* of the tflite_micro module (sys.modules entry set to None).
@@ -16,8 +16,8 @@ import pytest
 from test_model_builder import float_add_model, int8_broadcast_add_model, int16_add_model
 
 from harness.errors import ExitCode, HostReferenceError, InputDataError, ModelError
-from harness.model import load_model
-from harness.reference import compare_backends, get_backend, run_reference
+from harness.model.loader import load_model
+from harness.model.reference import compare_backends, get_backend, run_reference
 
 # The tflite-micro wheel exists only for Linux x86-64: skip elsewhere, but never there (a missing
 # wheel on Linux x86-64 is a broken install and must fail).

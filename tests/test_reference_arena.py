@@ -1,4 +1,4 @@
-"""harness.arena: arena measured by the host TFLM in a subprocess, target margin, rough fallback."""
+"""harness.model.arena: arena measured by the host TFLM in a subprocess, target margin, rough fallback."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import arena
 from harness.errors import HostReferenceError
-from harness.model import load_model
+from harness.model import arena
+from harness.model.loader import load_model
 
 ON_TFLM_PLATFORM = sys.platform == "linux" and platform.machine() == "x86_64"
 
@@ -106,7 +106,7 @@ def test_failed_measurement_falls_back_to_labelled_rough(
         return subprocess.CompletedProcess(args, -11, stdout="", stderr="Segmentation fault")
 
     monkeypatch.setattr(arena, "_run_child", fake_run)
-    monkeypatch.setattr("harness.reference.tflm_available", lambda: True)
+    monkeypatch.setattr("harness.model.reference.tflm_available", lambda: True)
     arena._measure_cached.cache_clear()
     try:
         est = arena.estimate_arena(models_dir / "op_zoo.tflite")

@@ -11,8 +11,15 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from harness.compare import CompareResult, Fault, OutputTensor, Source, compare_files, compare_sources
-from harness.report import (
+from harness.analysis.compare import (
+    CompareResult,
+    Fault,
+    OutputTensor,
+    Source,
+    compare_files,
+    compare_sources,
+)
+from harness.analysis.report import (
     SCHEMA_VERSION,
     junit_error_tree,
     junit_tree,

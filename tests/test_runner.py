@@ -17,11 +17,11 @@ import pytest
 from serial.tools.list_ports_common import ListPortInfo
 
 from harness.cli import main
+from harness.device.locks import BoardLock, board_lock, lock_key
 from harness.device.ports import PortCandidate, PortSpec, Transport, caps_for
 from harness.errors import BoardBusyError, ExitCode, PlanError
 from harness.runner import load_inventory, load_plan
 from harness.runner.inventory import detect_devices, inventory_snippet
-from harness.runner.locks import BoardLock, board_lock, lock_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -229,7 +229,7 @@ def test_lock_key_follows_the_board_not_the_dev_path():
 def test_lock_is_exclusive_across_processes_and_names_its_holder(tmp_path: Path):
     key = f"sim-{uuid.uuid4().hex[:6]}"
     script = (
-        "import sys,time; from harness.runner.locks import BoardLock;"
+        "import sys,time; from harness.device.locks import BoardLock;"
         f"lk=BoardLock({key!r}, {str(tmp_path)!r}, owner='nightly CI'); lk.acquire(5);"
         "print('held', flush=True); sys.stdin.readline(); lk.release()"
     )

@@ -17,7 +17,7 @@ from esp_pylib.serial_reset import hard_reset
 
 import harness.sim as sim
 from harness.errors import UsageError
-from harness.protocol import parse_capture
+from harness.protocol.capture import parse_capture
 from harness.sim.board import REGISTRY, SimBoard
 from harness.sim.image import build_sim_firmware
 from harness.sim.testing import make_project, read_until_end
@@ -147,7 +147,7 @@ def test_reopen_inherits_hardware_and_rejects_conflicts() -> None:
 
 
 def test_board_files_and_url_for() -> None:
-    from harness.boards import load_board
+    from harness.firmware.boards import load_board
 
     for board_name in ("sim", "sim-usbjtag"):
         board = load_board(board_name)

@@ -17,7 +17,7 @@ from esptool import cmds
 from esptool.util import FatalError
 
 import harness.sim as sim
-from harness.protocol import parse_capture
+from harness.protocol.capture import parse_capture
 from harness.sim.board import REGISTRY
 from harness.sim.image import build_sim_firmware
 from harness.sim.testing import make_project, read_until_end

@@ -21,7 +21,7 @@ from esp_pylib.serial_reset import classic_bootloader_reset
 from esptool import cmds
 
 import harness.sim as sim
-from harness.protocol import parse_capture
+from harness.protocol.capture import parse_capture
 from harness.sim.board import REGISTRY
 from harness.sim.image import build_sim_firmware
 from harness.sim.serve import serve_rfc2217, serve_tcp

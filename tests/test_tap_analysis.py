@@ -1,13 +1,12 @@
-"""Unit tests of the tap analysis (harness/tap.py) and the HTML pieces, on hand-made data."""
+"""Unit tests of the tap analysis (harness/analysis/tap.py) and the HTML pieces, on hand-made data."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from harness.errors import GenerateError
-from harness.html_report import checksum_timeline_svg, image_triptych, timing_bars_svg
-from harness.tap import (
+from harness.analysis.html_report import checksum_timeline_svg, image_triptych, timing_bars_svg
+from harness.analysis.tap import (
     TapOp,
     TapResult,
     analyze_dump,
@@ -16,6 +15,7 @@ from harness.tap import (
     parse_op_list,
     timing_table,
 )
+from harness.errors import GenerateError
 
 
 def _mask(region: str) -> np.ndarray:
@@ -142,9 +142,9 @@ def test_sim_op_fault_parameters_are_checked() -> None:
 
 def test_sim_ops_match_host_without_fault_and_change_only_op_k(models_dir) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("tflite_micro")
-    from harness.model import load_model
+    from harness.analysis.tap import host_taps
+    from harness.model.loader import load_model
     from harness.sim.tap_sim import OpFault, simulate_ops
-    from harness.tap import host_taps
 
     path = models_dir / "cnn_classifier_11.tflite"
     info = load_model(path)

@@ -17,7 +17,7 @@ import pytest
 
 from harness.cli import main
 from harness.errors import ExitCode
-from harness.flow import StageTimeouts, flash_and_compare
+from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
 
 pytest.importorskip("tflite_micro")
 
@@ -121,9 +121,9 @@ def test_clean_tapped_run_via_cli_matches_and_times_ops(
 
 def test_output_crc_check_catches_a_tap_that_changed_outputs(models_dir: Path) -> None:
     """check_outputs_untouched compares the last OP record's CRC with the TENSOR record's CRC."""
-    from harness.emitter import PythonEmitter, TapTensor
-    from harness.protocol import parse_capture
-    from harness.tap import check_outputs_untouched
+    from harness.analysis.tap import check_outputs_untouched
+    from harness.protocol.capture import parse_capture
+    from harness.protocol.emitter import PythonEmitter, TapTensor
 
     def cap(out_crc: int) -> bytes:
         lines: list[bytes] = []

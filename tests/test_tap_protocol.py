@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import emitter as em_mod
-from harness.emitter import CEmitter, PythonEmitter, TapTensor, build_c_library
-from harness.protocol import parse_capture
+from harness.protocol import emitter as em_mod
+from harness.protocol.capture import parse_capture
+from harness.protocol.emitter import CEmitter, PythonEmitter, TapTensor, build_c_library
 
 HAVE_CC = em_mod.find_c_compiler() is not None
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="no host C compiler: C emitter contract not testable")
@@ -133,7 +133,7 @@ def test_op_record_contract_random(
         assert len(ins) > 4 or len(outs) > 4 or len(line) > 0  # overflow is the only allowed substitute
         return
     assert len(ins) <= 4 and len(outs) <= 4
-    from harness.protocol import Capture, _Builder, _scan  # record level, no full capture needed
+    from harness.protocol.capture import Capture, _Builder, _scan  # record level, no full capture needed
 
     cap = Capture()
     (_begin, rec) = _scan(raw, cap)
@@ -176,7 +176,7 @@ def test_parser_rejects_inconsistent_tap_records(libpath: Path) -> None:
 
 def test_parser_checks_opdump_data_crc_and_completeness() -> None:
     """Records with valid line CRCs but a tensor CRC that does not match its data, or missing chunks."""
-    from harness.emitter import PythonEmitter
+    from harness.protocol.emitter import PythonEmitter
 
     def build(tamper: str) -> bytes:
         out: list[bytes] = []

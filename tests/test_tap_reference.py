@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.model import load_model
-from harness.tap import first_divergence, host_taps
+from harness.analysis.tap import first_divergence, host_taps
+from harness.model.loader import load_model
 
 pytest.importorskip("tflite_micro")
 pytest.importorskip("ai_edge_litert")

@@ -2,7 +2,7 @@
  * esp-check output protocol emitter, version 1. Spec: docs/protocol.md. See esp_check_proto.h.
  *
  * Portable C99 with no TFLM/IDF dependency and no dynamic memory: the contract tests compile this
- * exact file with the host C compiler and check that harness/protocol.py reads back what it printed.
+ * exact file with the host C compiler and check that harness/protocol/capture.py reads back what it printed.
  */
 #include "esp_check_proto.h"
 

@@ -260,7 +260,7 @@ def classify(
     """Findings in the order their evidence appears (boot loop / end-of-stream findings last).
 
     ``ended_by`` (from :class:`~harness.device.console.RawCapture`) adds silence / no-END /
-    disconnect findings; ``parsed`` (a ``harness.protocol.Capture``) adds one ``corrupted``
+    disconnect findings; ``parsed`` (a ``harness.protocol.capture.Capture``) adds one ``corrupted``
     finding per problem when the records did not validate.
     """
     lines = _decode(raw)

@@ -27,8 +27,8 @@ from harness.errors import (
     UsageError,
     combine_exit_codes,
 )
-from harness.legacy import parse_legacy_log
-from harness.protocol import MARKER, Capture, parse_capture
+from harness.protocol.capture import MARKER, Capture, parse_capture
+from harness.protocol.legacy import parse_legacy_log
 
 RESULTS_FORMAT = "esp-check-results"
 RESULTS_VERSION = 1
@@ -223,7 +223,7 @@ def _source_from_results(doc: Any, label: str, path: str) -> Source:
     if not isinstance(doc, dict) or doc.get("format") != RESULTS_FORMAT:
         raise LogFormatError(
             f"{path}: not an esp-check results file (format {RESULTS_FORMAT!r}) or a list of numbers",
-            hint="write one with harness.compare.results_document()",
+            hint="write one with harness.analysis.compare.results_document()",
         )
     if doc.get("version") != RESULTS_VERSION:
         raise LogFormatError(f"{path}: results version {doc.get('version')!r} is not supported")
@@ -716,12 +716,12 @@ def reference_source(
 ) -> Source:
     """Run the host reference on the model for each input (one input tensor per model).
 
-    ``input_options`` (harness.inputs.InputOptions) must be the preprocessing the firmware's inputs
+    ``input_options`` (harness.model.inputs.InputOptions) must be the preprocessing the firmware's inputs
     were made with, or the input hashes will not match and the comparison is refused.
     """
-    from harness.inputs import load_input
-    from harness.model import load_model
-    from harness.reference import run_reference
+    from harness.model.inputs import load_input
+    from harness.model.loader import load_model
+    from harness.model.reference import run_reference
 
     info = load_model(model_path)
     if len(info.inputs) != 1:
@@ -782,7 +782,7 @@ def compare_files(
     ref = None
     quant: list[tuple[float | None, int | None, str | None]] = []
     if model is not None:
-        from harness.model import load_model
+        from harness.model.loader import load_model
 
         info = load_model(model)
         quant = [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in info.outputs]

@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness import __version__
-from harness.compare import CompareResult, TensorComparison
+from harness.analysis.compare import CompareResult, TensorComparison
 
 SCHEMA_ID = "esp-check-compare-report"
 SCHEMA_VERSION = 1

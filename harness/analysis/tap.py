@@ -182,7 +182,7 @@ def host_taps(
     model: Any, model_bytes: bytes, inputs: Sequence[np.ndarray], backend: str = "tflm"
 ) -> tuple[list[list[TapOp]], list[dict[int, np.ndarray]]]:
     """Per run: the host reference's TapOp list and every tensor (model input + op outputs) by index."""
-    from harness.reference import run_reference
+    from harness.model.reference import run_reference
 
     res = run_reference(model_bytes, [[a] for a in inputs], per_layer=True, backend=backend)
     all_ops: list[list[TapOp]] = []
@@ -206,7 +206,7 @@ def host_taps(
 
 
 def device_taps(run: Any) -> list[TapOp]:
-    """TapOp list of a parsed CapturedRun (harness.protocol)."""
+    """TapOp list of a parsed CapturedRun (harness.protocol.capture)."""
     return [
         TapOp(
             o.idx,
@@ -562,7 +562,7 @@ def _embedded_inputs(project_dir: Any, model: Any) -> list[np.ndarray]:
     """The exact quantized input bytes the firmware embedded (from the generated project)."""
     from pathlib import Path
 
-    from harness.generate import read_manifest
+    from harness.firmware.generate import read_manifest
 
     pdir = Path(project_dir)
     man = read_manifest(pdir)
@@ -680,7 +680,7 @@ def run_tap_flow(
     from pathlib import Path
 
     from harness.errors import EspCheckError, ExitCode
-    from harness.protocol import parse_capture
+    from harness.protocol.capture import parse_capture
 
     errors: list[str] = []
     codes: list[int] = []
@@ -704,9 +704,9 @@ def run_tap_flow(
         return res, errors, codes
     res.dump_ops = dump
     say("tap", f"second run dumping op(s) {','.join(map(str, dump))}")
-    from harness.build import build_project
-    from harness.flow import flash_and_capture
-    from harness.generate import generate_projects
+    from harness.firmware.build import build_project
+    from harness.firmware.generate import generate_projects
+    from harness.flows.flash_and_compare import flash_and_capture
 
     dump_dir = Path(out) / "tap-dump"
     try:

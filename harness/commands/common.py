@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from harness.inputs import COLOR_MODES, NAMED_RANGES, RESIZE_POLICIES, InputOptions
+from harness.model.inputs import COLOR_MODES, NAMED_RANGES, RESIZE_POLICIES, InputOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from harness.compare import compare_files
+from harness.analysis.compare import compare_files
+from harness.analysis.report import junit_error_tree, junit_tree, print_report, report_dict, write_junit
 from harness.errors import EspCheckError, InfrastructureError
-from harness.report import junit_error_tree, junit_tree, print_report, report_dict, write_junit
 
 
 def _raw(path: str) -> bytes:

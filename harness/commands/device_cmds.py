@@ -142,13 +142,13 @@ def flash_and_compare_cmd(
 
     Exit code: 0 match, 1 mismatch, 2 usage error, 3 infrastructure error, 4 firmware fault.
     """
-    from harness.flow import StageTimeouts, flash_and_compare
+    from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
 
     if not inputs:
         raise UsageError(
             "flash-and-compare needs at least one --input", hint="pass --input FILE (repeatable)"
         )
-    from harness.tap import parse_op_list
+    from harness.analysis.tap import parse_op_list
 
     if dump_ops and not tap:
         raise UsageError("--dump-ops needs --tap", hint="add --tap")
@@ -202,7 +202,7 @@ def flash_and_compare_cmd(
 
 
 def _print_summary(console: Console, result: Any) -> None:
-    from harness.report import print_report
+    from harness.analysis.report import print_report
 
     if result.comparison is not None:
         print_report(result.comparison, console)

@@ -11,11 +11,17 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from harness.boards import list_boards, load_board
-from harness.build import BUILDERS, BuildResult, build_project
 from harness.commands.common import input_options_from, make_console, preprocessing_options
 from harness.errors import ExitCode
-from harness.generate import DEFAULT_VERSIONS, HUMAN_MAX, VARIANTS, GeneratedProject, generate_projects
+from harness.firmware.boards import list_boards, load_board
+from harness.firmware.build import BUILDERS, BuildResult, build_project
+from harness.firmware.generate import (
+    DEFAULT_VERSIONS,
+    HUMAN_MAX,
+    VARIANTS,
+    GeneratedProject,
+    generate_projects,
+)
 
 
 @click.command("boards")
@@ -303,6 +309,6 @@ def register(group: click.Group) -> None:
 
 
 def _parse_dump_ops(text: str | None) -> list[int]:
-    from harness.tap import parse_op_list
+    from harness.analysis.tap import parse_op_list
 
     return parse_op_list(text)

@@ -13,11 +13,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from harness import opdata
 from harness.commands.common import input_options_from, make_console, preprocessing_options
 from harness.errors import ExitCode, InputDataError
-from harness.inputs import InputOptions, PreparedInput, load_input
-from harness.model import ModelInfo, TensorInfo, load_model
+from harness.model import opdata
+from harness.model.inputs import InputOptions, PreparedInput, load_input
+from harness.model.loader import ModelInfo, TensorInfo, load_model
 
 JSON_SCHEMA_INSPECT = "esp-check.inspect/1"
 JSON_SCHEMA_REFERENCE = "esp-check.reference/1"
@@ -242,7 +242,7 @@ def inspect_cmd(
     )
     arena = None
     if not no_arena:
-        from harness.arena import estimate_arena
+        from harness.model.arena import estimate_arena
 
         arena = estimate_arena(model, chip=chip)
     data = _inspect_data(info, chip, runs, arena)
@@ -309,7 +309,7 @@ def reference_cmd(
     as_json: bool,
 ) -> int:
     """Run MODEL on the host reference kernels: raw and dequantized outputs, optionally per layer."""
-    from harness.reference import compare_backends, run_reference, tflm_available
+    from harness.model.reference import compare_backends, run_reference, tflm_available
 
     info = load_model(model)
     if not inputs:

@@ -6,11 +6,11 @@ Public surface (see docs/device.md):
   :class:`~harness.device.ports.PortSpec`
 - :func:`~harness.device.flash.flash_artifacts` -> :class:`~harness.device.flash.FlashResult`
 - :func:`~harness.device.console.capture_run` -> :class:`~harness.device.console.RawCapture`
-- :func:`~harness.device.classify.classify` -> list of :class:`~harness.device.classify.Finding`
+- :func:`~harness.analysis.classify.classify` -> list of :class:`~harness.analysis.classify.Finding`
 - :class:`~harness.device.session.DeviceSession`: one open handle for flash then capture
 """
 
-from harness.device.classify import Finding, Severity, classify, exit_code_for
+from harness.analysis.classify import Finding, Severity, classify, exit_code_for
 from harness.device.console import RawCapture, capture_run
 from harness.device.flash import FlashFailure, FlashProgress, FlashResult, RegionResult, flash_artifacts
 from harness.device.ports import PortSpec, TransportCaps, open_port, resolve_port

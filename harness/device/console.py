@@ -4,7 +4,7 @@ END record or a timeout.
 One reader thread owns the port while capturing; it writes every byte to the raw log file as it
 arrives (flushed, so a crash of the host loses nothing already received), keeps a bounded copy in
 memory, counts boots, and spots the END line with a cheap line check (the full parser,
-``harness.protocol.parse_capture``, runs afterwards on the bytes). The main thread only waits
+``harness.protocol.capture.parse_capture``, runs afterwards on the bytes). The main thread only waits
 for a stop condition.
 
 Transport facts handled here:
@@ -32,7 +32,7 @@ from typing import IO
 import serial
 from serial.urlhandler import protocol_socket
 
-from harness.device.classify import BootCounter
+from harness.analysis.classify import BootCounter
 from harness.device.ports import TransportCaps
 from harness.device.reset import hard_reset_into_app
 

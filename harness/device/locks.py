@@ -48,7 +48,7 @@ def default_lock_dir() -> Path:
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime:
         return Path(runtime) / "esp-check" / "board-locks"
-    from harness.cache import default_cache_dir
+    from harness.firmware.cache import default_cache_dir
 
     return default_cache_dir().parent / "board-locks"
 

@@ -69,7 +69,7 @@ BY_ID_DIR = Path("/dev/serial/by-id")
 
 
 class BoardLike(Protocol):
-    """What this layer reads from a board definition (``harness.boards.Board`` fits)."""
+    """What this layer reads from a board definition (``harness.firmware.boards.Board`` fits)."""
 
     chip: str
     console: str  # "uart" | "usb_serial_jtag"

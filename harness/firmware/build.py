@@ -4,7 +4,7 @@ The driver runs the build tool as an argument list (never a shell), streams its 
 (and to an optional callback for a progress view), finds the artifacts and their flash offsets from
 the *resolved* configuration (``sdkconfig`` + the built partition table), and writes an ESP-IDF style
 ``flasher_args.json`` beside copies of them in ``<project>/esp-check/build/``. Results are cached by
-content (:mod:`harness.cache`): building the same thing twice runs the tool once.
+content (:mod:`harness.firmware.cache`): building the same thing twice runs the tool once.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness import __version__
-from harness.boards import BOOTLOADER_OFFSETS
-from harness.cache import DEFAULT_MAX_BYTES, BuildCache, default_cache_dir
 from harness.errors import BuildError, UsageError
-from harness.generate import DATA_DIR, MANIFEST_NAME, PIO_ENV, read_manifest
+from harness.firmware.boards import BOOTLOADER_OFFSETS
+from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, default_cache_dir
+from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, PIO_ENV, read_manifest
 
 BUILDERS = ("pio", "idf", "sim")
 CACHE_FORMAT = 1

@@ -22,8 +22,8 @@ import jinja2
 import numpy as np
 
 from harness import __version__
-from harness.boards import Board, load_board
 from harness.errors import EspCheckError, GenerateError
+from harness.firmware.boards import Board, load_board
 from harness.resources import data_dir, templates_dir
 
 if sys.version_info >= (3, 11):
@@ -148,7 +148,7 @@ def place_arena(arena_bytes: int, board: Board) -> str:
 
 def _estimate_arena_bytes(model_path: Path, chip: str) -> tuple[int, str]:
     """Recommended arena bytes for ``chip`` and how they were obtained (``measured`` or ``rough``)."""
-    from harness.arena import estimate_arena  # imported lazily: it may probe TFLM in a subprocess
+    from harness.model.arena import estimate_arena  # imported lazily: it may probe TFLM in a subprocess
 
     estimate = estimate_arena(model_path, chip=chip)
     return int(estimate.target_bytes), str(estimate.method)
@@ -163,7 +163,7 @@ MIN_ARENA_SHARE = 0.5
 
 def _refuse_crashing_arena(model_path: Path, arena_kb: int) -> None:
     """Refuse an --arena-kb so small that TFLM may crash instead of reporting it."""
-    from harness.arena import estimate_arena
+    from harness.model.arena import estimate_arena
 
     estimate = estimate_arena(model_path)
     if estimate.method != "measured":
@@ -181,7 +181,7 @@ def _refuse_crashing_arena(model_path: Path, arena_kb: int) -> None:
 def _prepare_inputs(
     input_paths: Sequence[Path], tensor: Any, options: Any | None
 ) -> list[tuple[Path, bytes, Any]]:
-    from harness.inputs import InputOptions, load_input
+    from harness.model.inputs import InputOptions, load_input
 
     opts = options if options is not None else InputOptions()
     itemsize = np.dtype(tensor.dtype).itemsize
@@ -297,7 +297,7 @@ def check_sdkconfig(text: str, chip: str, allow: Mapping[str, Any], where: str) 
 
 
 def _resolver(model: Any) -> list[str]:
-    from harness.opdata import resolver_methods
+    from harness.model.opdata import resolver_methods
 
     methods = list(resolver_methods(model))
     for m in methods:
@@ -327,7 +327,7 @@ def generate_projects(
     Raises GenerateError (usage, exit 2) before anything is built when the model cannot be embedded
     (several input tensors, an unsupported dtype) or the arena fits in no memory of the board.
     """
-    from harness.model import load_model
+    from harness.model.loader import load_model
 
     board_def = load_board(board)
     model_path = Path(model_path)
@@ -368,7 +368,7 @@ def generate_projects(
     if not model.outputs:
         raise GenerateError(f"{model_path.name} has no output tensors")
     resolver = _resolver(model)
-    from harness.tap import tap_firmware_context
+    from harness.analysis.tap import tap_firmware_context
 
     # --tap / --dump-ops: per-op checksum wrapper tables (None when off); GenerateError on bad op indices
     tap_ctx = tap_firmware_context(model, tap=tap, dump_ops=dump_ops)

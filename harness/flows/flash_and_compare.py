@@ -66,7 +66,7 @@ class VariantRun:
     capture_valid: bool = False
     nn_mode: str | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)
-    source: Any | None = None  # harness.compare.Source when the capture was valid
+    source: Any | None = None  # harness.analysis.compare.Source when the capture was valid
     problems: list[str] = field(default_factory=list)
     exit_code: ExitCode | None = None  # what this variant's failure implies; None when it ran cleanly
 
@@ -81,12 +81,12 @@ class FlashAndCompareResult:
     simulated: bool
     stages: list[StageRecord]
     variants: dict[str, VariantRun]
-    comparison: Any | None  # harness.compare.CompareResult
+    comparison: Any | None  # harness.analysis.compare.CompareResult
     exit_code: ExitCode
     report_path: Path
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    tap: Any | None = None  # harness.tap.TapResult with --tap
+    tap: Any | None = None  # harness.analysis.tap.TapResult with --tap
 
     @property
     def verdict(self) -> str:
@@ -177,13 +177,13 @@ def flash_and_compare(
     Usage errors found before any hardware is touched (bad model, bad input, unknown board) are
     raised; failures after that are recorded per stage and decide the exit code.
 
-    With ``lock`` (default) the board's cross-process lock (harness.runner.locks, keyed on its USB
+    With ``lock`` (default) the board's cross-process lock (harness.device.locks, keyed on its USB
     serial number / server host:port / sim name, in ``lock_dir`` or the default lock directory) is
     held while flashing and capturing, so a CI runner and this call never share a board; a board
     still busy after ``lock_timeout`` seconds is an infrastructure error (exit 3).
     """
-    from harness.boards import load_board
-    from harness.model import load_model
+    from harness.firmware.boards import load_board
+    from harness.model.loader import load_model
 
     t_all = time.monotonic()
     out = Path(out_dir).resolve()
@@ -231,7 +231,7 @@ def flash_and_compare(
             result, model=Path(model), inputs=[Path(p) for p in inputs], seconds=time.monotonic() - t_all
         )
         if html is not None or bundle is not None:
-            from harness.html_report import write_outputs
+            from harness.analysis.html_report import write_outputs
 
             write_outputs(
                 result, model=Path(model), inputs=[Path(p) for p in inputs], html=html, bundle=bundle
@@ -241,7 +241,7 @@ def flash_and_compare(
         return result
 
     # 1. generate (usage errors propagate: nothing to flash yet)
-    from harness.generate import generate_projects
+    from harness.firmware.generate import generate_projects
 
     projects = rec.run(
         "generate",
@@ -263,7 +263,7 @@ def flash_and_compare(
     # 2. host reference (optional third leg)
     ref_source = None
     if reference:
-        from harness.compare import reference_source
+        from harness.analysis.compare import reference_source
 
         try:
             ref_source = rec.run(
@@ -278,7 +278,7 @@ def flash_and_compare(
             warnings.append(f"host reference unavailable, comparing optimized vs ANSI C only: {exc}")
 
     # 3. build both
-    from harness.build import build_project
+    from harness.firmware.build import build_project
 
     builds: dict[str, Any] = {}
     for v in VARIANT_ORDER:
@@ -330,7 +330,7 @@ def flash_and_compare(
     # 5. compare what the device printed
     comparison = _compare(rec, variants, ref_source, info, tolerance_lsb, ref_tolerance_lsb, errors, codes)
     if tap:  # 6. which op went wrong: per-op checksums, then a second run dumping the culprit
-        from harness.tap import run_tap_flow
+        from harness.analysis.tap import run_tap_flow
 
         tap_lock = (
             _board_lock(port_url, board_def, lock_dir, lock_timeout, rec)
@@ -356,8 +356,8 @@ def _board_lock(
     port_url: str, board: Any, lock_dir: str | Path | None, timeout: float, rec: _Recorder
 ) -> contextlib.AbstractContextManager[Any]:
     """The lock ``esp-check run`` takes for the same board (a port that does not resolve: no lock)."""
+    from harness.device.locks import board_lock
     from harness.device.ports import resolve_port
-    from harness.runner.locks import board_lock
 
     try:
         ps = resolve_port(port_url, board)
@@ -386,7 +386,7 @@ def flash_and_capture(
     """Flash one built variant to the board at ``port_url``, capture and verify its run.
 
     The building block the CI runner shares with ``flash-and-compare``: the returned VariantRun has
-    ``source`` (a comparable harness.compare.Source) only when the device's own records validated
+    ``source`` (a comparable harness.analysis.compare.Source) only when the device's own records validated
     and it reported the ESP-NN mode this variant was built for; otherwise ``exit_code`` says why.
     """
     rec = _Recorder(progress)
@@ -410,12 +410,12 @@ def _run_variant(
     flash_baud: int | None,
 ) -> ExitCode | None:
     """Flash and capture one variant; returns the exit code its failure implies (None if fine)."""
-    from harness.compare import source_from_capture
-    from harness.device.classify import classify
+    from harness.analysis.classify import classify
+    from harness.analysis.compare import source_from_capture
     from harness.device.console import capture_run
     from harness.device.flash import flash_artifacts
     from harness.device.ports import open_port, reopen_after_reenumeration, resolve_port
-    from harness.protocol import parse_capture
+    from harness.protocol.capture import parse_capture
 
     if port_url.startswith("sim://"):
         from harness.sim import register
@@ -513,7 +513,7 @@ def _verdict_evidence(
     a result; a valid one beside an infrastructure finding is kept as evidence but is never a clean
     match; a firmware that does not report the ESP-NN mode it was built for proves nothing.
     """
-    from harness.device.classify import Severity
+    from harness.analysis.classify import Severity
 
     faults = [f for f in findings if f.severity == Severity.FIRMWARE_FAULT]
     if faults or cap.errors:
@@ -545,7 +545,7 @@ def _compare(
     errors: list[str],
     codes: list[ExitCode],
 ) -> Any | None:
-    from harness.compare import compare_sources
+    from harness.analysis.compare import compare_sources
 
     quant = [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in info.outputs]
     a, b = variants["optimized"].source, variants["ansi"].source
@@ -590,8 +590,8 @@ def result_dict(
     result: FlashAndCompareResult, *, model: Path, inputs: Sequence[Path], seconds: float
 ) -> dict[str, Any]:
     """The JSON report (``report.json``); schema: docs/flash-and-compare-schema.json."""
-    from harness.compare import results_document
-    from harness.report import report_dict
+    from harness.analysis.compare import results_document
+    from harness.analysis.report import report_dict
 
     return {
         "schema": "esp-check/flash-and-compare",
@@ -651,7 +651,7 @@ def _write_junit(result: FlashAndCompareResult, path: Path) -> None:
     """The comparison's testcases plus one per variant that did not run cleanly (crash, no capture)."""
     import xml.etree.ElementTree as ET
 
-    from harness.report import junit_error_tree, junit_tree, write_junit
+    from harness.analysis.report import junit_error_tree, junit_tree, write_junit
 
     logs = {
         v: r.serial_log.read_bytes()

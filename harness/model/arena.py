@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import opdata
 from harness.errors import HostReferenceError
-from harness.model import ModelInfo, OpInfo, load_model
+from harness.model import opdata
+from harness.model.loader import ModelInfo, OpInfo, load_model
 
 MARGIN_FRACTION = 0.05
 MARGIN_FIXED = 1024
@@ -240,7 +240,7 @@ def _child(model_path: str) -> int:  # pragma: no cover - runs in the probe subp
     """Probe body: measure with the recording allocator, then confirm at exactly that size."""
     from tflite_micro.python.tflite_micro import runtime
 
-    from harness.reference import host_arena_bytes
+    from harness.model.reference import host_arena_bytes
 
     info = load_model(model_path)
     data = Path(model_path).read_bytes()
@@ -273,12 +273,12 @@ def _child_verify(model_path: str, arena: int) -> int:  # pragma: no cover - sub
 
 def _run_child(args: list[str]) -> subprocess.CompletedProcess[str]:
     # The child must import this very package, also from a checkout that is not installed.
-    package_root = str(Path(__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     try:
         return subprocess.run(
-            [sys.executable, "-m", "harness.arena", *args],
+            [sys.executable, "-m", "harness.model.arena", *args],
             capture_output=True,
             text=True,
             timeout=PROBE_TIMEOUT_S,
@@ -320,7 +320,7 @@ def _measure_cached(path_str: str, sha256: str) -> tuple[int, int | None, int | 
 def _estimate(path_str: str, sha256: str, chip: str | None) -> ArenaEstimate:
     info = load_model(path_str)
     scratch = espnn_scratch_bound(info, chip)
-    from harness.reference import tflm_available
+    from harness.model.reference import tflm_available
 
     failure = ""
     measured: tuple[int, int | None, int | None, bool, str] | None = None

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import InputDataError
-from harness.model import TensorInfo
+from harness.model.loader import TensorInfo
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 RAW_SUFFIXES = (".bin", ".raw", ".dat")

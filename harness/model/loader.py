@@ -334,7 +334,7 @@ def _parse(data: bytes, path: Path) -> ModelInfo:
     dtype_names = _enum_names(tfl.TensorType)
     builtin_names: dict[int, str] = dict(tfl.utils.BUILTIN_OPCODE2NAME)
 
-    from harness import opdata  # local import: opdata imports this module for typing only
+    from harness.model import opdata  # local import: opdata imports this module for typing only
 
     opcodes: list[tuple[str, str | None, int]] = []
     for i in range(model.OperatorCodesLength()):

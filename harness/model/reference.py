@@ -9,7 +9,7 @@ Backends (one small interface, :class:`ReferenceBackend`):
   (they differ from TFLM by up to 43 LSB). Wheels exist for macOS, Windows and Linux.
 - ``auto``: ``tflm`` where importable, else ``litert``.
 
-Models are validated with :func:`harness.model.load_model` before any native code sees them, and
+Models are validated with :func:`harness.model.loader.load_model` before any native code sees them, and
 the TFLM arena is sized generously from the tensor sizes (a too-small arena can crash the wheel).
 """
 
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from harness.errors import HostReferenceError, InputDataError, ModelError
-from harness.model import ModelInfo, TensorInfo, parse_model_bytes
+from harness.model.loader import ModelInfo, TensorInfo, parse_model_bytes
 
 BACKENDS = ("tflm", "litert", "auto")
 
@@ -265,7 +265,7 @@ def _check_one(a: np.ndarray, tensor: TensorInfo, run: int) -> None:
         raise InputDataError(
             f"run {run}: input for {tensor.name!r} is {a.dtype} {list(a.shape)}, the model needs "
             f"{tensor.dtype} {list(tensor.shape)}",
-            hint="prepare inputs with harness.inputs.load_input "
+            hint="prepare inputs with harness.model.inputs.load_input "
             "(it quantizes with the model's scale/zero point)",
         )
 

@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness.device.locks import BoardLock, lock_key
 from harness.errors import (
     BoardBusyError,
     EspCheckError,
@@ -46,7 +47,6 @@ from harness.errors import (
     combine_exit_codes,
 )
 from harness.runner.inventory import BenchBoard, Inventory
-from harness.runner.locks import BoardLock, lock_key
 from harness.runner.plan import Job, ModelCase, Plan
 
 VARIANTS = ("optimized", "ansi")
@@ -104,7 +104,7 @@ class Attempt:
     exit_code: int | None = None
     reason: str = ""
     variants: dict[str, VariantOutcome] = field(default_factory=dict)
-    comparison: Any | None = None  # harness.compare.CompareResult
+    comparison: Any | None = None  # harness.analysis.compare.CompareResult
     board_fault: bool = False  # counts toward the board's quarantine
     testcases: list[dict[str, Any]] = field(default_factory=list)
 
@@ -225,7 +225,7 @@ class Runner:
     # ---- setup ------------------------------------------------------------------------------------
 
     def _make_tasks(self) -> list[Task]:
-        from harness.boards import load_board
+        from harness.firmware.boards import load_board
 
         tasks: list[Task] = []
         for job in self.plan.jobs:
@@ -501,9 +501,9 @@ class Runner:
         )
 
         def make() -> dict[str, Any]:
-            from harness.build import build_project
-            from harness.generate import generate_projects
-            from harness.inputs import InputOptions
+            from harness.firmware.build import build_project
+            from harness.firmware.generate import generate_projects
+            from harness.model.inputs import InputOptions
 
             digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
             fw_dir = self.out / "firmware" / _safe(f"{t.case.name}__{board.name}__{board.console}__{digest}")
@@ -538,7 +538,7 @@ class Runner:
 
     def _reference(self, case: ModelCase) -> Any:
         def make() -> Any:
-            from harness.compare import reference_source
+            from harness.analysis.compare import reference_source
 
             with self.ref_lock:
                 return reference_source(case.model, list(case.inputs))
@@ -546,7 +546,7 @@ class Runner:
         return self.refs.get((str(case.model), tuple(map(str, case.inputs))), make)
 
     def _attempt(self, t: Task, st: BoardState, a: Attempt) -> None:
-        from harness.flow import StageTimeouts, flash_and_capture
+        from harness.flows.flash_and_compare import StageTimeouts, flash_and_capture
 
         bench = st.bench
         assert a.dir is not None
@@ -660,8 +660,8 @@ class Runner:
         self._judge(t, a, runs)
 
     def _judge(self, t: Task, a: Attempt, runs: dict[str, Any]) -> None:
-        from harness.compare import compare_sources
-        from harness.model import load_model
+        from harness.analysis.compare import compare_sources
+        from harness.model.loader import load_model
 
         codes: list[ExitCode] = []
         reasons: list[str] = []
@@ -737,7 +737,7 @@ class Runner:
     def _write_attempt(self, t: Task, a: Attempt) -> None:
         if a.dir is None:
             return
-        from harness.report import report_dict
+        from harness.analysis.report import report_dict
 
         doc = {
             "task": t.id,

@@ -48,7 +48,7 @@ class BenchBoard:
 
     name: str
     type: str  # board type name or path, as written
-    board: Any  # harness.boards.Board with the console override applied
+    board: Any  # harness.firmware.boards.Board with the console override applied
     port: str | None = None
     usb_serial: str | None = None
     usb_location: str | None = None
@@ -73,7 +73,7 @@ class BenchBoard:
         if self.port:
             url = self.port
             if url.startswith("sim://"):
-                from harness.flow import sim_port_for
+                from harness.flows.flash_and_compare import sim_port_for
 
                 url = sim_port_for(self.board.chip, self.board.reset, url)
             return resolve_port(url, self.board)
@@ -146,7 +146,7 @@ def with_console(board: Any, console: str) -> Any:
 
 def load_inventory(path: str | Path) -> Inventory:
     """Read and validate an inventory; raises PlanError (exit 2) naming file, board and field."""
-    from harness.boards import load_board
+    from harness.firmware.boards import load_board
 
     p = Path(path)
     try:
@@ -360,7 +360,7 @@ def _probe_chip(device: str, usb_jtag: bool) -> tuple[str | None, str | None]:
 
 def inventory_snippet(devices: Sequence[DetectedDevice], default_type: str = "FILL-ME") -> str:
     """A ``[[board]]`` TOML snippet per device (stable by-id path, else the USB serial number)."""
-    from harness.boards import list_boards
+    from harness.firmware.boards import list_boards
 
     by_chip: dict[str, str] = {}
     with contextlib.suppress(EspCheckError):

@@ -21,7 +21,7 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-# comparison names in the plan -> (a, b) source-label pairs of harness.compare
+# comparison names in the plan -> (a, b) source-label pairs of harness.analysis.compare
 COMPARISONS: dict[str, tuple[tuple[str, str], ...]] = {
     "optimized-vs-ansi": (("optimized", "ansi"),),
     "optimized-vs-host": (("optimized", "reference"),),
@@ -54,7 +54,7 @@ _INPUT_OPTION_KEYS = {"resize", "color", "scale", "offset", "value_range", "raw_
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Per-stage limits in seconds (mapped onto harness.flow.StageTimeouts)."""
+    """Per-stage limits in seconds (mapped onto harness.flows.flash_and_compare.StageTimeouts)."""
 
     build: float = 1800.0
     capture_total: float = 180.0
@@ -212,7 +212,7 @@ def _settings(path: Path, where: str, table: Mapping[str, Any], base: dict[str, 
                 "is not an input option",
                 f"known: {sorted(_INPUT_OPTION_KEYS)}",
             )
-        from harness.inputs import InputOptions
+        from harness.model.inputs import InputOptions
 
         try:
             InputOptions(**opts)
@@ -336,7 +336,7 @@ def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
                     )
                 files.extend(found)
             files = list(dict.fromkeys(files))
-            from harness.generate import MAX_INPUTS
+            from harness.firmware.generate import MAX_INPUTS
 
             if len(files) > MAX_INPUTS:
                 raise _err(
@@ -372,9 +372,9 @@ def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
 
 def _check_job_files(path: Path, job: Job) -> None:
     """Models parse, inputs fit their model, board types exist: usage errors before any build."""
-    from harness.boards import load_board
-    from harness.inputs import InputOptions, load_input
-    from harness.model import load_model
+    from harness.firmware.boards import load_board
+    from harness.model.inputs import InputOptions, load_input
+    from harness.model.loader import load_model
 
     where = f"job {job.name!r}"
     for b in job.boards:

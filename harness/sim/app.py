@@ -1,6 +1,6 @@
 """What the simulated chip prints when it boots from flash: ROM lines, second-stage bootloader, the
 IDF app start-up log, and the esp-check app itself (the protocol stream of docs/protocol.md, printed
-through ``harness.emitter`` so it cannot drift from the firmware's C emitter), plus injected faults.
+through ``harness.protocol.emitter`` so it cannot drift from the firmware's C emitter), plus injected faults.
 
 The result is a list of :class:`Piece` (bytes at the ROM's 115200 baud, bytes at the console baud,
 or a link event); the board schedules them on its serial line.
@@ -122,8 +122,8 @@ class _Outputs:
 
 def _run_model(payload: AppPayload, cache: dict[str, Any], per_layer: bool = False) -> _Outputs:
     """Run the embedded model on the embedded inputs with the host TFLM reference (cached per image)."""
-    from harness.model import parse_model_bytes
-    from harness.reference import host_arena_bytes, run_reference
+    from harness.model.loader import parse_model_bytes
+    from harness.model.reference import host_arena_bytes, run_reference
 
     key = hashlib.sha256(payload.model + b"".join(payload.inputs)).hexdigest() + f":{per_layer}"
     hit = cache.get(key)
@@ -390,8 +390,8 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
 def _run_app(
     ctx: BootContext, payload: AppPayload, clock: _Clock, n: int, reason: str
 ) -> tuple[BootResult, str | None]:
-    from harness.emitter import make_emitter
-    from harness.model import parse_model_bytes
+    from harness.model.loader import parse_model_bytes
+    from harness.protocol.emitter import make_emitter
 
     chip = ctx.chip
     faults = ctx.faults
@@ -548,9 +548,9 @@ def _op_fault(faults: FaultSpec, active: list[str]) -> Any:
 
 def _emit_taps(emitter: Any, i: int, info: Any, sim_ops: list[Any], dump_ops: list[int]) -> None:
     """OP records, OPEND and the chosen ops' dumps, as the --tap firmware prints them after Invoke."""
-    from harness.emitter import TapTensor
+    from harness.analysis.tap import TAP_RECORD_BYTES
+    from harness.protocol.emitter import TapTensor
     from harness.sim.tap_sim import crc32
-    from harness.tap import TAP_RECORD_BYTES
 
     for so in sim_ops:
         emitter.op(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.model import ModelInfo, OpInfo
+from harness.model.loader import ModelInfo, OpInfo
 
 REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")
 TAP_MAX_TENSORS = 4

@@ -64,3 +64,25 @@ def input_options_from(
         value_range=input_range,
         raw_dtype=input_dtype,
     )
+
+
+class OpListType(click.ParamType):
+    """``17,18`` -> [17, 18] (sorted, unique), checked when the flags are parsed (exit 2 before work)."""
+
+    name = "OPS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> list[int]:
+        if isinstance(value, list):
+            return value
+        out: set[int] = set()
+        for part in str(value).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if not part.isdigit():
+                self.fail(f"{part!r} is not an op index (e.g. 17,18)", param, ctx)
+            out.add(int(part))
+        return sorted(out)
+
+
+OP_LIST = OpListType()

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.common import input_options_from, make_console
+from harness.commands.common import OP_LIST, input_options_from, make_console
 from harness.commands.model_cmds import _input_options
 from harness.errors import ExitCode, UsageError
 
@@ -91,6 +91,7 @@ from harness.errors import ExitCode, UsageError
 )
 @click.option(
     "--dump-ops",
+    type=OP_LIST,
     default=None,
     metavar="17,18",
     help="With --tap: also dump these ops' input and output tensors in the second run.",
@@ -134,7 +135,7 @@ def flash_and_compare_cmd(
     as_json: bool,
     junit: Path | None,
     tap: bool = False,
-    dump_ops: str | None = None,
+    dump_ops: list[int] | None = None,
     html_path: Path | None = None,
     bundle_path: Path | None = None,
 ) -> int:
@@ -148,11 +149,9 @@ def flash_and_compare_cmd(
         raise UsageError(
             "flash-and-compare needs at least one --input", hint="pass --input FILE (repeatable)"
         )
-    from harness.analysis.tap import parse_op_list
-
     if dump_ops and not tap:
         raise UsageError("--dump-ops needs --tap", hint="add --tap")
-    dump_list = parse_op_list(dump_ops)
+    dump_list = list(dump_ops or ())
     console = make_console(stderr=True)
     t0 = time.monotonic()
 

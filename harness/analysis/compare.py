@@ -24,6 +24,7 @@ from harness.errors import (
     IncomparableError,
     LogFormatError,
     UsageError,
+    Verdict,
     combine_exit_codes,
 )
 from harness.protocol.capture import MARKER, Capture, parse_capture
@@ -160,13 +161,8 @@ class CompareResult:
         return combine_exit_codes(codes or [ExitCode.MATCH])
 
     @property
-    def verdict(self) -> str:
-        return {
-            ExitCode.MATCH: "match",
-            ExitCode.MISMATCH: "mismatch",
-            ExitCode.FIRMWARE_FAULT: "firmware_fault",
-            ExitCode.USAGE: "input_error",
-        }.get(self.exit_code, "error")
+    def verdict(self) -> Verdict:
+        return Verdict.from_exit_code(self.exit_code)
 
 
 # ---- loading sources -----------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -86,3 +88,24 @@ class OpListType(click.ParamType):
 
 
 OP_LIST = OpListType()
+
+
+def schema_version_option(f: F) -> F:
+    """``--schema-version N``: the JSON report in an older schema version (deprecated, one release)."""
+    return click.option(
+        "--schema-version",
+        type=click.IntRange(min=1),
+        default=None,
+        help="With --json: write this report schema version (default: the current one; the previous "
+        "one is deprecated and kept for one release).",
+    )(f)
+
+
+def echo_json(render: Callable[[], dict[str, Any]]) -> None:
+    """Print ``render()``'s document; deprecation warnings it raises go to stderr as warning lines."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        doc = render()
+    for w in caught:
+        click.echo(f"warning: {w.message}", err=True)
+    click.echo(json.dumps(doc, indent=2))

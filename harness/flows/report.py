@@ -12,10 +12,11 @@ from harness import __version__
 from harness.analysis.compare import results_document
 from harness.analysis.report import junit_error_tree, junit_tree, report_dict
 from harness.analysis.report import write_junit as write_junit_tree
+from harness.analysis.schemas import compare_v1, versioned
 from harness.errors import ExitCode
 from harness.flows.records import FlashAndCompareResult, StageStatus
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: stage status ok|failed only; the embedded compare report is version 2
 
 
 def result_dict(
@@ -103,3 +104,15 @@ def write_junit(result: FlashAndCompareResult, path: Path) -> None:
         counted.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
     ET.indent(root)
     write_junit_tree(tree, path)
+
+
+def _v1(doc: dict[str, Any]) -> dict[str, Any]:
+    if doc.get("comparison") is not None:
+        doc["comparison"] = compare_v1(doc["comparison"])
+        doc["comparison"]["schema_version"] = 1
+    return doc
+
+
+def report_as(doc: dict[str, Any], schema_version: int | None) -> dict[str, Any]:
+    """report.json as ``schema_version`` (the previous version is deprecated, for one release)."""
+    return versioned(doc, schema_version, what="flash-and-compare report", downgrades={1: _v1})

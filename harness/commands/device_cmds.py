@@ -13,7 +13,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.commands.common import (
+    ARENA_KB,
+    BAUD,
+    LSB,
     OP_LIST,
+    SECONDS,
     echo_json,
     input_options_from,
     make_console,
@@ -43,14 +47,14 @@ from harness.errors import ExitCode, UsageError
 )
 @click.option(
     "--tolerance-lsb",
-    type=float,
+    type=LSB,
     default=0,
     show_default=True,
     help="Allowed |optimized - ANSI C| in LSB (ESP-NN promises bit-exactness: 0).",
 )
 @click.option(
     "--ref-tolerance-lsb",
-    type=float,
+    type=LSB,
     default=0,
     show_default=True,
     help="Allowed |device - host reference| in LSB.",
@@ -65,23 +69,25 @@ from harness.errors import ExitCode, UsageError
     default=None,
     help="Build cache directory (default: per-user cache).",
 )
-@click.option("--flash-baud", type=int, default=None, help="Flashing baud rate (default: the board's).")
-@click.option("--arena-kb", type=int, default=None, help="Tensor arena size (default: measured + margin).")
+@click.option("--flash-baud", type=BAUD, default=None, help="Flashing baud rate (default: the board's).")
+@click.option(
+    "--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: measured + margin)."
+)
 @click.option(
     "--capture-timeout",
-    type=float,
+    type=SECONDS,
     default=180.0,
     show_default=True,
     help="Seconds to wait for one run's END record.",
 )
 @click.option(
     "--silence-timeout",
-    type=float,
+    type=SECONDS,
     default=30.0,
     show_default=True,
     help="Seconds without a byte from the board before giving up.",
 )
-@click.option("--build-timeout", type=float, default=1800.0, show_default=True)
+@click.option("--build-timeout", type=SECONDS, default=1800.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
 @schema_version_option
 @click.option(

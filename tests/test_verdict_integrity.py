@@ -215,3 +215,41 @@ def test_real_board_with_a_missing_port_fails_before_building(
     assert time.monotonic() - t0 < 30
     doc = json.loads((out / "report.json").read_text())
     assert doc["verdict"] == "infrastructure_error"
+
+
+# ---- 11. text from a model or a device never drives the terminal ---------------------------------
+
+HOSTILE = "[link=https://evil.example]x[/link]\x1b]52;c;aGVsbG8=\x07\x1b]0;pwned\x07[bold red]y"
+
+
+def _hostile_model(tmp_path: Path) -> Path:
+    from tests.test_model_builder import Op, T, build_model
+
+    data = build_model(
+        [T(HOSTILE, (1, 4), "float32"), T("b", (1, 4), "float32"), T(HOSTILE + "out", (1, 4), "float32")],
+        [Op(0, [0, 1], [2], add_options=True)],  # ADD
+        inputs=[0, 1],
+        outputs=[2],
+    )
+    path = tmp_path / "hostile.tflite"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("command", ["inspect", "reference"])
+def test_model_text_is_escaped_not_interpreted(tmp_path: Path, command: str) -> None:
+    model = _hostile_model(tmp_path)
+    args = [sys.executable, "-m", "harness.cli", command, str(model)]
+    if command == "reference":
+        pytest.importorskip("tflite_micro")
+        for k in range(2):
+            np.save(tmp_path / f"in{k}.npy", np.full((1, 4), 0.5, dtype=np.float32))
+        args += ["--input", str(tmp_path / "in0.npy"), "--input", str(tmp_path / "in1.npy")]
+    env = dict(os.environ, TERM="xterm-256color", FORCE_COLOR="1", COLUMNS="200")
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout
+    assert b"\x1b]52" not in out and b"\x1b]0;" not in out and b"\x07" not in out
+    assert b"\x1b]8;" not in out, "a model-supplied [link=...] must not become a terminal hyperlink"
+    text = out.decode("utf-8", "replace")
+    assert "[link=https://evil.example]" in text and "\\x1b]52" in text

@@ -647,11 +647,13 @@ _CAPS = {
     0x800: "INTERNAL",
     0x1000: "DEFAULT",
 }
+# application wording for a failed allocation, on the squeezed line (each phrase also without its first
+# character): malloc failed, memory allocation failed, failed to allocate, couldn't/cannot/unable to
+# allocate, out of memory, ESP_ERR_NO_MEM, no mem for ..., IDF's heap_caps_print_heap_info() dump
 _APP_ALLOC = re.compile(
-    r"\bmalloc\w*\s*(?:has\s+)?fail|\b(?:mem(?:ory)?\s*)?alloc(?:ation)?\s*(?:has\s+)?fail"
-    r"|fail(?:ed)?\s*to\s*(?:m|c|re)?alloc|\bout\s+of\s+(?:heap\s+)?memory\b|\bESP_ERR_NO_MEM\b|\bno mem\b"
-    r"|(?:unable|could\s*n[o']?t|cannot|can't)\s+(?:to\s+)?allocate|Heap summary for capabilities",
-    re.IGNORECASE,
+    r"alloc[a-z0-9]{0,6}fail|ailedto(?:m|c|re)?alloc|ailto(?:m|c|re)?alloc"
+    r"|(?:nableto|ouldnt|ouldnot|annot|ant)allocate|utof(?:heap)?memory|errnomem|nomemfor"
+    r"|eapsummaryforcapabilities"
 )
 _BYTES = re.compile(r"(\d+)\s*bytes", re.IGNORECASE)
 
@@ -686,7 +688,7 @@ def _detect_heap_alloc(ctx: _Ctx) -> Found:
                 )
             )
             continue
-        if ln.decoded or i in ctx.explained or not _APP_ALLOC.search(ln.body):
+        if ln.decoded or i in ctx.explained or not _APP_ALLOC.search(ln.sq):
             continue
         m = _BYTES.search(ln.body)
         ctx.explained.add(i)

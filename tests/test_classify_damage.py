@@ -101,7 +101,8 @@ CASES: dict[str, list[str]] = {
         "waiting for download",
     ],
     "task_watchdog": [
-        "E (486012) task_wdt: Task watchdog got triggered. The following tasks did not reset the watchdog in time:"
+        "E (486012) task_wdt: Task watchdog got triggered. The following tasks did not reset the watchdog "
+        "in time:"
     ],
 }
 
@@ -134,7 +135,12 @@ def test_kind_survives_seeded_line_damage(kind: str, damage: str) -> None:
 
 def test_damage_does_not_invent_faults_in_clean_boots() -> None:
     """The same damage on every line of a clean boot and a USB-Serial-JTAG reset finds nothing."""
-    for name in ("boot_esp32s3_idf553_clean.txt", "usb_reset_esp32c3_quoted_clean_boot.txt", "clean_esp32p4_boot.txt"):
+    clean = (
+        "boot_esp32s3_idf553_clean.txt",
+        "usb_reset_esp32c3_quoted_clean_boot.txt",
+        "clean_esp32p4_boot.txt",
+    )
+    for name in clean:
         lines = (TUNING / name).read_text(encoding="utf-8").split("\n")
         for damage, fn in DAMAGE.items():
             for seed in range(10):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from harness.analysis.classify import (
     DETECTORS,
+    KIND_TABLE,
     KINDS,
     BootCounter,
     Finding,
@@ -354,3 +355,17 @@ def test_kind_table_severities_match_the_findings() -> None:
     names = [d.name for d in DETECTORS]
     assert len(names) == len(set(names))
     assert {k for d in DETECTORS for k in d.kinds} <= set(KINDS)
+
+
+def test_docs_list_every_kind_with_its_exit_code() -> None:
+    doc = (Path(__file__).parent.parent / "docs" / "device.md").read_text(encoding="utf-8")
+    exits = {
+        Severity.FIRMWARE_FAULT: "4",
+        Severity.INFRASTRUCTURE: "3",
+        Severity.USAGE: "2",
+        Severity.WARNING: "-",
+    }
+    for info in KIND_TABLE:
+        row = next((ln for ln in doc.splitlines() if ln.startswith(f"| `{info.kind}` |")), None)
+        assert row is not None, f"docs/device.md has no row for {info.kind}"
+        assert row.split("|")[2].strip().startswith(exits[info.severity]), row

@@ -29,6 +29,8 @@ from typing import Any, ClassVar
 
 from harness.errors import ExitCode, combine_exit_codes
 from harness.protocol.capture import MARKER, parse_capture
+from harness.protocol.frames import MAGIC as FRAME_MAGIC
+from harness.protocol.frames import split_stream
 
 __all__ = [
     "DETECTORS",
@@ -1324,11 +1326,13 @@ def classify(
     validate. Without ``parsed``, protocol records in ``raw`` are parsed here (for their ERRORs only).
     """
     records_from = parsed
-    if records_from is None:
-        data = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else raw
-        if MARKER in data:
-            records_from = parse_capture(data)
-    ctx = _Ctx(_decode(raw), records_from)
+    data = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else raw
+    text: bytes | str = raw
+    if FRAME_MAGIC in data:  # resident-loop frames carry raw tensor bytes: never read them as text
+        text = data = split_stream(data).text
+    if records_from is None and MARKER in data:
+        records_from = parse_capture(data)
+    ctx = _Ctx(_decode(text), records_from)
     found: list[tuple[int, Finding]] = []
     for detector in DETECTORS:
         found.extend(detector.run(ctx))

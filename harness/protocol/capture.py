@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import CaptureError
+from harness.protocol.frames import split_stream
 from harness.protocol.spec import TAP_MAX_TENSORS, crc32_hex
 
 PROTO_VERSION = "1"
@@ -174,6 +175,7 @@ class Capture:
     end_status: str | None = None
     boots: int = 0
     has_records: bool = False  # any line carried the @EC1 marker
+    frames: int = 0  # binary frames (docs/protocol.md "Binary frames") removed before the text was parsed
 
     @property
     def complete(self) -> bool:
@@ -753,7 +755,11 @@ def parse_capture(raw: bytes | str) -> Capture:
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogateescape")
     cap = Capture()
-    records = _scan(bytes(raw), cap)
+    # Binary frames of the resident loop (ACKs during a text session, HELLO at boot) are not text:
+    # take them out first; a damaged frame stays in as (binary) text and can never pass as a record.
+    split = split_stream(bytes(raw))
+    cap.frames = len(split.frames)
+    records = _scan(split.text, cap)
     builder = _Builder(cap)
     builder.feed(records)
     builder.finish()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from harness.runner import RunOptions, load_inventory, load_plan
 from harness.runner.executor import Runner
-from harness.runner.paths import MAX_COMPONENT, PREVIOUS_DIR, atomic_write, move_aside, safe_component
+from harness.runner.paths import MARKER, MAX_COMPONENT, PREVIOUS_DIR, atomic_write, move_aside, safe_component
 
 HOSTILE = [
     "..",
@@ -128,7 +128,8 @@ def test_move_aside_keeps_the_previous_reports_and_deletes_outside_ones(tmp_path
     out = tmp_path / "out"
     (out / "jobs" / "j" / "m" / "sim").mkdir(parents=True)
     (out / "jobs" / "j" / "m" / "sim" / "result.json").write_text('{"verdict": "match"}')
-    for name in ("summary.json", "junit.xml", "summary.md", ".summary.json.123.tmp"):
+    (out / "summary.json").write_text(json.dumps({"schema": "esp-check/run-summary", "verdict": "match"}))
+    for name in ("junit.xml", "summary.md", ".summary.json.123.tmp"):
         (out / name).write_text("old")
     (out / "firmware").mkdir()
     (out / "firmware" / "keep").write_text("build")
@@ -136,14 +137,40 @@ def test_move_aside_keeps_the_previous_reports_and_deletes_outside_ones(tmp_path
     junit.write_text("old")
     dest, said = move_aside(out, [junit, tmp_path / "not-there.json"])
     assert dest == out / PREVIOUS_DIR
-    assert sorted(p.name for p in out.iterdir()) == ["firmware", PREVIOUS_DIR]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "firmware", PREVIOUS_DIR]
     assert (dest / "jobs" / "j" / "m" / "sim" / "result.json").exists() and not junit.exists()
-    assert len(said) == 6
-    # a second rerun replaces what the first one moved aside
-    (out / "summary.json").write_text("newer")
+    assert said == [
+        f"moved summary.json, junit.xml, summary.md, jobs, .summary.json.123.tmp to {dest}",
+        f"deleted {junit}",
+    ]
+    # the next rerun replaces what this one moved aside (a killed run left only jobs/: the marker says
+    # the directory is esp-check's)
+    (out / "jobs").mkdir()
     move_aside(out)
-    assert sorted(p.name for p in dest.iterdir()) == ["summary.json"]
+    assert sorted(p.name for p in dest.iterdir()) == [MARKER, "jobs"]
     assert move_aside(tmp_path / "empty") == (None, [])
+    assert (tmp_path / "empty" / MARKER).is_file()
+
+
+def test_move_aside_touches_nothing_esp_check_did_not_write(tmp_path: Path) -> None:
+    """``--out .`` in a project with its own jobs/ must not move (or later delete) that directory."""
+    from harness.errors import UsageError
+
+    mine = tmp_path / "project"
+    (mine / "jobs").mkdir(parents=True)
+    (mine / "jobs" / "deploy.sh").write_text("precious")
+    with pytest.raises(UsageError, match="no esp-check run wrote"):
+        move_aside(mine)
+    assert (mine / "jobs" / "deploy.sh").read_text() == "precious" and not (mine / MARKER).exists()
+    # an esp-check directory whose previous-run/ is someone else's: refused too
+    out = tmp_path / "out"
+    (out / PREVIOUS_DIR).mkdir(parents=True)
+    (out / PREVIOUS_DIR / "notes.txt").write_text("mine")
+    (out / MARKER).write_text("")
+    (out / "junit.xml").write_text("old")
+    with pytest.raises(UsageError, match="not written by esp-check"):
+        move_aside(out)
+    assert (out / PREVIOUS_DIR / "notes.txt").exists() and (out / "junit.xml").exists()
 
 
 def test_atomic_write_leaves_the_old_file_when_the_write_fails(tmp_path: Path, monkeypatch) -> None:

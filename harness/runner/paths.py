@@ -10,11 +10,14 @@ sanitize alike ("a b" and "a_b") still get two directories.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+
+from harness.errors import UsageError
 
 MAX_COMPONENT = 80  # characters; well below every file system's 255-byte limit, hash included
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.@+-]")
@@ -24,6 +27,8 @@ _RESERVED = re.compile(r"^(con|prn|aux|nul|com[0-9¹²³]|lpt[0-9¹²³]|conin\$
 # what a run writes at the top of its out_dir, besides firmware/ (reusable builds, not verdicts)
 REPORT_NAMES = ("summary.json", "junit.xml", "summary.md", "jobs")
 PREVIOUS_DIR = "previous-run"
+MARKER = ".esp-check-run"  # written into every out_dir (and previous-run/) a run uses
+SUMMARY_SCHEMA = "esp-check/run-summary"
 
 
 def safe_component(text: str) -> str:
@@ -43,34 +48,60 @@ def safe_component(text: str) -> str:
     return f"{safe[: MAX_COMPONENT - 9]}-{digest}" if safe else digest
 
 
+def _ours(d: Path) -> bool:
+    """``d`` was written by ``esp-check run``: its marker, or (before markers) a run summary."""
+    if (d / MARKER).is_file():
+        return True
+    try:
+        return json.loads((d / "summary.json").read_text(encoding="utf-8")).get("schema") == SUMMARY_SCHEMA
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def move_aside(out_dir: Path, extra: Iterable[Path] = ()) -> tuple[Path | None, list[str]]:
-    """Move the previous run's reports out of the way before a run starts.
+    """Move the previous run's reports out of the way before a run starts, and mark ``out_dir``.
 
     A run killed with SIGKILL writes no reports; without this, the reports of the run before it
     (summary.json, junit.xml, summary.md, jobs/*/result.json) would still say "match" next to the
     new attempts. They go to ``out_dir/previous-run/`` (replacing what an older run left there);
     report files at other paths (``--junit``, ``--markdown``, ``--json-file``) are deleted. Returns
-    the directory they went to (None when there was nothing) and a line per thing moved or deleted.
+    the directory they went to (None when there was nothing) and lines saying what was moved or deleted.
+
+    Only what esp-check wrote is moved or replaced: a directory holding a ``jobs/`` or ``summary.json``
+    that no esp-check run left (no marker file, no run summary) is refused with a UsageError, before
+    anything is touched.
     """
     found = [out_dir / n for n in REPORT_NAMES if (out_dir / n).exists() or (out_dir / n).is_symlink()]
+    dest = out_dir / PREVIOUS_DIR
+    if found and not _ours(out_dir):
+        raise UsageError(
+            f"--out {out_dir} holds {', '.join(p.name for p in found)}, which no esp-check run wrote",
+            hint="give --out an empty directory or one an earlier `esp-check run` used",
+        )
+    if found and (dest.exists() or dest.is_symlink()) and not (dest / MARKER).is_file():
+        raise UsageError(
+            f"{dest} was not written by esp-check; it would be replaced by the previous run's reports",
+            hint="move it away or choose another --out",
+        )
     found += sorted(out_dir.glob("*.tmp")) if out_dir.is_dir() else []
     said: list[str] = []
-    dest: Path | None = None
     if found:
-        dest = out_dir / PREVIOUS_DIR
-        if dest.is_symlink() or dest.is_file():
-            dest.unlink()
-        elif dest.exists():
+        if dest.exists():
             shutil.rmtree(dest)
         dest.mkdir(parents=True)
+        (dest / MARKER).write_text("reports of an earlier esp-check run\n", encoding="utf-8")
         for p in found:
             os.replace(p, dest / p.name)
-            said.append(f"moved {p.name} to {dest}")
+        said.append(f"moved {', '.join(p.name for p in found)} to {dest}")
     for p in extra:
         if p.is_file() or p.is_symlink():
             p.unlink()
             said.append(f"deleted {p}")
-    return dest, said
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MARKER).write_text(
+        "written by esp-check run: its reports may be moved to previous-run/\n", encoding="utf-8"
+    )
+    return (dest if found else None), said
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:

@@ -19,10 +19,9 @@ from typing import Any
 from harness import __version__
 from harness.analysis.schemas import versioned
 from harness.errors import Verdict
-from harness.runner.paths import atomic_write
+from harness.runner.paths import SUMMARY_SCHEMA, atomic_write
 from harness.runner.results import CaseStatus, CaseType, RunResult, Task, TaskState, Testcase, now_iso
 
-SUMMARY_SCHEMA = "esp-check/run-summary"
 # 2: a task's verdict is always a Verdict (an aborted task: infrastructure_error) and its new `state`
 #    says done or aborted; the run's verdict is always a Verdict (`interrupted` says it was stopped);
 #    counts.aborted counts tasks in state aborted (also counted under their verdict).

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.common import make_console
+from harness.commands.common import SECONDS, make_console
 from harness.errors import ExitCode, UsageError, Verdict
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -155,7 +155,7 @@ def _run_options(f: F) -> F:
         ),
         click.option(
             "--lock-timeout",
-            type=float,
+            type=SECONDS,
             default=None,
             help="Seconds to wait for a board someone else is using (default: plan [run] lock_timeout_s).",
         ),

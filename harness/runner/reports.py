@@ -20,7 +20,16 @@ from harness import __version__
 from harness.analysis.schemas import versioned
 from harness.errors import Verdict
 from harness.runner.paths import SUMMARY_SCHEMA, atomic_write
-from harness.runner.results import CaseStatus, CaseType, RunResult, Task, TaskState, Testcase, now_iso
+from harness.runner.results import (
+    TASK_VERDICTS,
+    CaseStatus,
+    CaseType,
+    RunResult,
+    Task,
+    TaskState,
+    Testcase,
+    now_iso,
+)
 
 # 2: a task's verdict is always a Verdict (an aborted task: infrastructure_error) and its new `state`
 #    says done or aborted; the run's verdict is always a Verdict (`interrupted` says it was stopped);
@@ -101,7 +110,7 @@ def _task_verdict(t: Task) -> Verdict:
 
 def _counts(result: RunResult, tasks: list[dict[str, Any]]) -> dict[str, int]:
     counts: dict[str, int] = {"tasks": len(tasks)}
-    counts.update({str(v): 0 for v in Verdict})
+    counts.update({str(v): 0 for v in TASK_VERDICTS})
     counts.update(
         aborted=sum(1 for t in tasks if t["state"] == TaskState.ABORTED),
         attempts=sum(len(t["attempts"]) for t in tasks),
@@ -172,7 +181,7 @@ def summary_v1(doc: dict[str, Any]) -> dict[str, Any]:
     if doc["interrupted"]:
         doc["verdict"] = "interrupted"
     counts = doc["counts"]
-    for v in Verdict:
+    for v in TASK_VERDICTS:
         counts[str(v)] = sum(1 for t in doc["tasks"] if t["verdict"] == v)
     return doc
 

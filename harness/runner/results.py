@@ -31,6 +31,19 @@ class TaskState(str, Enum):
         return self.value
 
 
+# The verdicts a task (and a run) can get. A run stopped by a signal still ends with the exit code of
+# what it found (3 when nothing else: its unfinished tasks are aborted, infrastructure_error), so
+# Verdict.INTERRUPTED (flash-and-compare's exit 130) never appears in a run summary.
+TASK_VERDICTS: tuple[Verdict, ...] = (
+    Verdict.MATCH,
+    Verdict.MISMATCH,
+    Verdict.FIRMWARE_FAULT,
+    Verdict.INFRASTRUCTURE_ERROR,
+    Verdict.USAGE_ERROR,
+    Verdict.INTERNAL_ERROR,
+)
+
+
 class BoardStatus(str, Enum):
     """Where a board is."""
 

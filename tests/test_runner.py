@@ -474,3 +474,27 @@ def test_run_json_flag_prints_the_summary_and_old_forms_still_work(tmp_path: Pat
     # a version that does not exist is refused before anything runs
     assert main([*base, "--out", str(tmp_path / "o4"), "--schema-version", "7"]) == ExitCode.USAGE
     assert "not available" in capsys.readouterr().err and not (tmp_path / "o4").exists()
+
+
+def test_states_agree_between_code_schema_and_docs():
+    """Every state the runner sets is in docs/run-summary-schema.json and docs/ci.md, and nothing else is."""
+    from harness.runner.results import TASK_VERDICTS, BoardStatus, CaseStatus, CaseType, EventKind, TaskState
+
+    schema = json.loads((ROOT / "docs" / "run-summary-schema.json").read_text())
+    props, defs = schema["properties"], schema["$defs"]
+    task = props["tasks"]["items"]["properties"]
+    assert set(defs["verdict"]["enum"]) == {str(v) for v in TASK_VERDICTS}
+    assert props["verdict"] == {"$ref": "#/$defs/verdict"} and task["verdict"] == {"$ref": "#/$defs/verdict"}
+    assert set(task["state"]["enum"]) == {str(TaskState.DONE), str(TaskState.ABORTED)}
+    assert set(props["boards"]["items"]["properties"]["status"]["enum"]) == {str(s) for s in BoardStatus}
+    assert set(props["events"]["items"]["properties"]["kind"]["enum"]) == {str(k) for k in EventKind}
+    case = defs["testcase"]["properties"]
+    assert set(case["status"]["enum"]) == {str(s) for s in CaseStatus}
+    assert set(case["type"]["enum"]) == {str(t) for t in CaseType}
+    required = set(props["counts"]["required"])
+    assert {str(v) for v in TASK_VERDICTS} | {"aborted"} <= required
+    ci = (ROOT / "docs" / "ci.md").read_text()
+    for value in [*BoardStatus, *TaskState, *EventKind, *CaseStatus, *CaseType, *TASK_VERDICTS]:
+        assert f"`{value}`" in ci, value
+    code = "".join(p.read_text() for p in (ROOT / "harness" / "runner").glob("*.py"))
+    assert "unreachable" not in code  # a board state once named in a comment, never set

@@ -498,3 +498,41 @@ def test_states_agree_between_code_schema_and_docs():
         assert f"`{value}`" in ci, value
     code = "".join(p.read_text() for p in (ROOT / "harness" / "runner").glob("*.py"))
     assert "unreachable" not in code  # a board state once named in a comment, never set
+
+
+@pytest.mark.needs_tflm
+def test_job_input_options_reach_the_host_reference_too(tmp_path: Path, models_dir: Path):
+    """A job's ``input_options`` prepare the firmware's inputs and the host reference's alike.
+
+    Faked: the board (harness.sim). With the reference on default options, its input hashes differ
+    from the firmware's and the comparison is refused instead of made.
+    """
+    pytest.importorskip("tflite_micro")
+    from harness.runner import RunOptions, run_plan
+
+    plan = write(
+        tmp_path,
+        "plan.toml",
+        plan_text(
+            models_dir,
+            models=f'["{models_dir}/cnn_classifier_11.tflite"]',
+            inputs=f'["{models_dir}/inputs/cnn_classifier_11.png"]',
+            input_options='{ value_range = "-1..1" }',
+            timeouts="{ capture_total = 30, capture_silence = 3 }",
+        ),
+    )
+    inv = write(
+        tmp_path,
+        "bench.toml",
+        f'[[board]]\nname = "a"\ntype = "sim"\nport = "sim://io-{uuid.uuid4().hex[:6]}"\n',
+    )
+    result = run_plan(
+        load_plan(plan), load_inventory(inv), RunOptions(out_dir=tmp_path / "o", lock_dir=tmp_path / "locks")
+    )
+    task = result.tasks[0]
+    assert result.exit_code == ExitCode.MATCH, task.reason
+    assert {c.comparison for c in task.decisive.testcases if c.status == "passed"} == {
+        "optimized-vs-ansi",
+        "optimized-vs-reference",
+        "ansi-vs-reference",
+    }

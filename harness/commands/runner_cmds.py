@@ -20,6 +20,7 @@ from rich.table import Table
 
 from harness.commands.common import SECONDS, make_console
 from harness.errors import ExitCode, UsageError, Verdict
+from harness.firmware.boards import BUILDERS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -167,7 +168,7 @@ def _run_options(f: F) -> F:
         ),
         click.option(
             "--builder",
-            type=click.Choice(["pio", "idf", "sim"]),
+            type=click.Choice(BUILDERS),
             default=None,
             help="Override the boards' builder.",
         ),

@@ -32,7 +32,7 @@ from harness.errors import BoardBusyError, EspCheckError, ExitCode, PlanError, V
 from harness.flows.records import StageRecord
 from harness.runner.inventory import BenchBoard, Inventory
 from harness.runner.paths import atomic_write, move_aside, safe_component
-from harness.runner.plan import ModelCase, Plan
+from harness.runner.plan import Plan
 from harness.runner.policy import (
     BoardFacts,
     BoardNext,
@@ -469,14 +469,21 @@ class Runner:
 
         return dict(self.builds.get(key, make))
 
-    def _reference(self, case: ModelCase) -> Any:
+    def _reference(self, t: Task) -> Any:
+        """The host reference of the task's model and inputs, prepared with the job's input options
+        (as the firmware's inputs were: otherwise their hashes differ and nothing is compared)."""
+        options = tuple(sorted(t.job.input_options.items()))
+
         def make() -> Any:
             from harness.analysis.compare import reference_source
+            from harness.model.inputs import InputOptions
 
             with self.ref_lock:
-                return reference_source(case.model, list(case.inputs))
+                return reference_source(
+                    t.case.model, list(t.case.inputs), input_options=InputOptions(**t.job.input_options)
+                )
 
-        return self.refs.get((str(case.model), tuple(map(str, case.inputs))), make)
+        return self.refs.get((str(t.case.model), tuple(map(str, t.case.inputs)), options), make)
 
     def _judge(self, t: Task, a: Attempt, runs: dict[str, Any]) -> None:
         """Compare on the host and set the attempt's exit code, reason and testcases."""
@@ -489,7 +496,7 @@ class Runner:
         ref_problem = None
         if t.job.needs_reference:
             try:
-                ref = self._reference(t.case)
+                ref = self._reference(t)
             except EspCheckError as exc:
                 ref_problem = f"host reference: {exc.message}"
                 codes.append(exc.exit_code)

@@ -1,6 +1,7 @@
 """No function over 100 lines, counted from its first decorator to its last line (HELPER_BRIEF).
 
-Checked here for the modules that already meet it; widen ``CHECKED`` as the others are split.
+Checked for all of harness/. ``NOT_YET`` lists the functions still being split, each capped at its
+current length so it cannot grow; the list only ever shrinks.
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 100
-CHECKED = ["harness/runner", "harness/commands/runner_cmds.py"]
+CHECKED = ["harness"]
+NOT_YET = {
+    "harness/device/flash.py:flash_artifacts": 193,
+    "harness/sim/app.py:_run_app": 149,
+    "harness/firmware/build.py:build_project": 131,
+    "harness/protocol/capture.py:_Builder.handle": 111,
+    "harness/firmware/boards.py:parse_board": 106,
+}
 
 
 def _files(entry: str) -> list[Path]:
@@ -54,4 +62,7 @@ def test_no_function_over_100_lines(entry: str) -> None:
         for name, n in function_lengths(f).items()
         if n > LIMIT
     }
-    assert long == {}
+    over_cap = {k: n for k, n in long.items() if k not in NOT_YET or n > NOT_YET[k]}
+    assert over_cap == {}, "split these into named steps"
+    done = sorted(k for k in NOT_YET if k not in long)
+    assert not done, f"{done} now meet the limit: remove them from NOT_YET"

@@ -801,6 +801,39 @@ def compare_sources(
     )
 
 
+Quant = tuple[float | None, int | None, str | None]
+
+
+def output_quant(outputs: Sequence[Any]) -> list[Quant]:
+    """(scale, zero point, dtype) per model output, as compare_sources takes them."""
+    return [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in outputs]
+
+
+def compare_variants(
+    optimized: Source | None,
+    ansi: Source | None,
+    reference: Source | None,
+    *,
+    tolerance_lsb: float,
+    ref_tolerance_lsb: float,
+    output_quant: Sequence[Quant],
+) -> CompareResult | None:
+    """Optimized vs ANSI C (and each vs the host); a lone valid variant is still checked against the
+    host; None when nothing can honestly be compared (the variants' failures decide the verdict)."""
+    if optimized is not None and ansi is not None:
+        return compare_sources(
+            optimized, ansi, reference, tolerance_lsb=tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
+            output_quant=output_quant,
+        )  # fmt: skip
+    only = optimized if optimized is not None else ansi
+    if only is None or reference is None:
+        return None
+    return compare_sources(
+        only, reference, None, tolerance_lsb=ref_tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
+        output_quant=output_quant,
+    )  # fmt: skip
+
+
 def _pinned_warnings(comparisons: Sequence[TensorComparison]) -> list[str]:
     """One warning per (side, run, output) pinned where its counterpart is not, one note per saturation.
 
@@ -905,14 +938,14 @@ def compare_files(
         raise UsageError(f"--scale {scale} must be a positive number")
     sa, sb = load_source(a, "A"), load_source(b, "B")
     ref = None
-    quant: list[tuple[float | None, int | None, str | None]] = []
+    quant: list[Quant] = []
     if model is None:
         _check_legacy_lengths(sa, sb)
     else:
         from harness.model.loader import load_model
 
         info = load_model(model)
-        quant = [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in info.outputs]
+        quant = output_quant(info.outputs)
         sa, sb = (_fit_legacy(s, info.outputs) for s in (sa, sb))
         for s in (sa, sb):
             if s.model_sha256 and s.model_sha256 != info.sha256:

@@ -395,7 +395,7 @@ def _data_capture(b64: str) -> bytes:
 
 
 def test_non_canonical_base64_is_rejected() -> None:
-    """Strict base64 (docs/protocol.md): unused trailing bits must be zero ("QA==" is the only form of 0x40)."""
+    """Strict base64 (docs/protocol.md): pad bits must be zero ("QA==" is the only form of 0x40)."""
     assert parse_capture(_data_capture("QA==")).valid
     for variant in ("QB==", "QP==", "QA=", "QA"):  # non-zero pad bits; missing padding
         cap = parse_capture(_data_capture(variant))

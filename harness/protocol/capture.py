@@ -771,6 +771,25 @@ class _Builder:
             run.outputs.sort(key=lambda t: t.o)
 
 
+_DEVICE_TEXT_RE = re.compile(
+    rb"ESP-ROM:|^ets [A-Z][a-z]{2} |rst:0x[0-9a-f]+ \(|Guru Meditation Error|abort\(\) was called|"
+    rb"^(?:\x1b\[[0-9;]*m)?[EWIDV] \([0-9:.]{1,16}\) [^:\r\n]{1,64}: ",
+    re.MULTILINE,
+)
+
+
+def looks_like_device_output(raw: bytes) -> bool:
+    """Whether text without records is still an ESP32's serial output, or ends in a partial marker.
+
+    ROM banner, ESP-IDF log lines or a panic without any record: a capture cut off before its first
+    result (infrastructure, exit 3), not a file of the wrong kind (usage, exit 2).
+    """
+    tail = raw.rstrip(b"\r\n")[-len(MARKER) :]
+    if any(tail.endswith(MARKER[:k]) for k in range(1, len(MARKER) + 1)):
+        return True
+    return _DEVICE_TEXT_RE.search(raw[: 1 << 20]) is not None
+
+
 def parse_capture(raw: bytes | str) -> Capture:
     """Parse a serial capture; never raises on bad content (problems are recorded instead)."""
     if isinstance(raw, str):

@@ -7,6 +7,8 @@ force-includes them as ``harness/_data/firmware_templates`` and ``harness/_data/
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from harness.errors import EspCheckError
@@ -38,3 +40,16 @@ def boards_dir() -> Path:
 def data_dir() -> Path:
     """Package data shipped inside ``harness/data`` (allow-lists, op tables)."""
     return _PACKAGE_DIR / "data"
+
+
+def user_cache_dir() -> Path:
+    """Per-user cache: $ESP_CHECK_CACHE_DIR, else $XDG_CACHE_HOME/esp-check, else ~/.cache/esp-check."""
+    env = os.environ.get("ESP_CHECK_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg) / "esp-check"
+    if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
+        return Path(os.environ["LOCALAPPDATA"]) / "esp-check"
+    return Path.home() / ".cache" / "esp-check"

@@ -240,13 +240,16 @@ def flash_and_compare(
             _write_junit(result, Path(junit))
         return result
 
-    # 1. generate (usage errors propagate: nothing to flash yet)
+    # 1. generate (usage errors propagate: nothing to flash yet). First ONE host child runs the
+    # reference on the inputs and measures the arena; generate, the reference leg and the
+    # simulated board then read its cached results (a model that crashes TFLM is refused here).
     from harness.firmware.generate import generate_projects
+    from harness.model.reference import prepare_host_results
 
-    projects = rec.run(
-        "generate",
-        None,
-        lambda: generate_projects(
+    def do_generate() -> Any:
+        if reference:
+            prepare_host_results(model, list(inputs), input_options=input_options, per_layer=tap)
+        return generate_projects(
             model,
             list(inputs),
             board_def,
@@ -254,8 +257,9 @@ def flash_and_compare(
             input_options=input_options,
             arena_kb=arena_kb,
             tap=tap,
-        ),
-    )
+        )
+
+    projects = rec.run("generate", None, do_generate)
     by_variant = {p.variant: p for p in projects}
     for v, p in by_variant.items():
         variants[v].project_dir = p.path

@@ -42,14 +42,20 @@ def data_dir() -> Path:
     return _PACKAGE_DIR / "data"
 
 
-def user_cache_dir() -> Path:
-    """Per-user cache: $ESP_CHECK_CACHE_DIR, else $XDG_CACHE_HOME/esp-check, else ~/.cache/esp-check."""
+def user_cache_dir(kind: str) -> Path:
+    """``<root>/<kind>``: one cache root for builds, the compiled emitter, reference results, ...
+
+    The root is ``$ESP_CHECK_CACHE_DIR`` when set, else the platform's user cache directory
+    (``$XDG_CACHE_HOME`` or ``~/.cache`` on Linux, ``~/Library/Caches`` on macOS, ``%LOCALAPPDATA%``
+    on Windows) plus ``esp-check``.
+    """
     env = os.environ.get("ESP_CHECK_CACHE_DIR")
     if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg) / "esp-check"
-    if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
-        return Path(os.environ["LOCALAPPDATA"]) / "esp-check"
-    return Path.home() / ".cache" / "esp-check"
+        return Path(env) / kind
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "esp-check" / kind

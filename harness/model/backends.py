@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import sys
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,6 +28,7 @@ import numpy as np
 
 from harness.errors import HostReferenceError, InputDataError
 from harness.model.loader import ModelInfo
+from harness.protocol.spec import crc32
 
 BACKENDS = ("tflm", "litert", "auto")
 
@@ -88,11 +88,6 @@ def _dist_version(dist: str) -> str:
         return f"{dist} (version unknown)"
 
 
-def crc32_of(arr: np.ndarray) -> int:
-    """CRC-32 of an array's raw bytes (C order), as the firmware's tap computes it."""
-    return zlib.crc32(np.ascontiguousarray(arr).tobytes()) & 0xFFFFFFFF
-
-
 def _layers_from(info: ModelInfo, get: Any) -> list[LayerTensor]:
     layers: list[LayerTensor] = []
     for op in info.main_ops:
@@ -103,7 +98,7 @@ def _layers_from(info: ModelInfo, get: Any) -> list[LayerTensor]:
             tensor = info.tensors[t]
             if arr.shape != tensor.shape and arr.size == tensor.num_elements:
                 arr = arr.reshape(tensor.shape)
-            layers.append(LayerTensor(op.index, op.opcode, t, tensor.name, arr, crc32_of(arr)))
+            layers.append(LayerTensor(op.index, op.opcode, t, tensor.name, arr, crc32(arr)))
     return layers
 
 

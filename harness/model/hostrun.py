@@ -36,6 +36,7 @@ from harness.errors import EspCheckError, HostReferenceError, InputDataError, Mo
 from harness.model import backends
 from harness.model.backends import ReferenceResult, ReferenceRun, get_backend, tflm_available
 from harness.model.loader import ModelInfo, parse_model_bytes
+from harness.protocol.spec import crc32
 from harness.resources import user_cache_dir
 
 FORMAT = 1
@@ -190,7 +191,7 @@ class _Cache:
 
 def cache_dir() -> Path:
     """Where host results are cached (``$ESP_CHECK_CACHE_DIR`` or the user cache, ``host-reference``)."""
-    return user_cache_dir() / "host-reference"
+    return user_cache_dir("host-reference")
 
 
 # ---- parent side ------------------------------------------------------------------------------------
@@ -215,7 +216,7 @@ def _runs_from_arrays(
             layers = []
             for j, (op_index, opcode, t, name) in enumerate(slots):
                 arr = arrays[f"r{k}_l{j}"]
-                crc = backends.crc32_of(arr)
+                crc = crc32(arr)
                 layers.append(backends.LayerTensor(op_index, opcode, t, name, arr, crc))
         runs.append(ReferenceRun(outputs=outputs, layers=layers))
     return runs

@@ -462,8 +462,8 @@ def find_c_compiler() -> str | None:
 
 
 def default_cache_dir() -> Path:
-    """Per-user cache (:func:`harness.resources.user_cache_dir`)."""
-    return user_cache_dir()
+    """Where the compiled C emitter is kept: ``emitter/`` in esp-check's cache root."""
+    return user_cache_dir("emitter")
 
 
 def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) -> Path:
@@ -486,7 +486,7 @@ def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) 
         digest.update(part)
         digest.update(b"\0")
     suffix = {"darwin": ".dylib", "win32": ".dll"}.get(sys.platform, ".so")
-    out_dir = (cache_dir or default_cache_dir()) / "emitter"
+    out_dir = cache_dir / "emitter" if cache_dir else default_cache_dir()
     out = out_dir / f"libesp_check_proto-{digest.hexdigest()[:20]}{suffix}"
     if out.is_file():
         return out

@@ -19,6 +19,7 @@ Backends (one small interface, :class:`ReferenceBackend`):
 from __future__ import annotations
 
 import importlib.metadata
+import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from harness.errors import HostReferenceError, InputDataError
+from harness.errors import HostReferenceError, InputDataError, ModelError
 from harness.model.loader import ModelInfo
 from harness.protocol.spec import crc32
 
@@ -149,6 +150,11 @@ class TflmBackend:
             )
         except (RuntimeError, ValueError) as exc:
             raise HostReferenceError(f"TFLM could not load the model: {exc}") from exc
+        except (TypeError, IndexError, OverflowError, struct.error) as exc:  # its Python unpack of the file
+            raise ModelError(
+                f"TFLM's wheel cannot read this model file ({type(exc).__name__}: {exc})",
+                hint="the .tflite file is corrupted: re-export or re-copy it",
+            ) from exc
         runs: list[ReferenceRun] = []
         for k, run_inputs in enumerate(inputs):
             try:

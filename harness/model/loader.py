@@ -22,6 +22,7 @@ import numpy as np
 from harness.errors import ModelError
 from harness.model import opdata
 from harness.model.modelinfo import ModelInfo, OpInfo, TensorInfo
+from harness.model.verify import verify_structure
 
 __all__ = ["ModelInfo", "OpInfo", "TensorInfo", "load_model", "parse_model_bytes"]
 
@@ -100,6 +101,8 @@ def _tensor_info(tfl: Any, t: Any, index: int, model: Any, dtype_names: dict[int
     name_raw = t.Name()
     name = name_raw.decode("utf-8", "replace") if name_raw else f"tensor_{index}"
     shape = tuple(int(x) for x in t.ShapeAsNumpy()) if t.ShapeLength() else ()
+    if any(d < -1 for d in shape):
+        raise ModelError(f"tensor {index} ({name!r}) has shape {list(shape)}, which TFLM cannot hold")
     if any(d < 0 for d in shape):
         sig = tuple(int(x) for x in t.ShapeSignatureAsNumpy()) if t.ShapeSignatureLength() else shape
         shape = tuple(1 if d < 0 else d for d in sig)  # dynamic batch -> 1 (TFLM has no dynamic shapes)
@@ -122,6 +125,9 @@ def _tensor_info(tfl: Any, t: Any, index: int, model: Any, dtype_names: dict[int
         raise ModelError(f"tensor {index} ({name!r}) refers to buffer {buf_index}, which does not exist")
     buf = model.Buffers(buf_index)
     is_const = bool(buf is not None and (buf.DataLength() > 0 or buf.Size() > 0))
+    _check_shape(index, name, shape, dtype, is_const)
+    if is_const and t.Sparsity() is None:
+        _check_backing(index, name, shape, dtype, max(int(buf.DataLength()), int(buf.Size())))
     return TensorInfo(
         index=index,
         name=name,
@@ -136,6 +142,75 @@ def _tensor_info(tfl: Any, t: Any, index: int, model: Any, dtype_names: dict[int
         is_constant=is_const,
         is_variable=bool(t.IsVariable()),
     )
+
+
+# Bytes per element of the dense tensor types (int4 is packed two per byte in the file).
+_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "uint64": 8,
+               "int32": 4, "uint32": 4, "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1,
+               "complex64": 8, "complex128": 16}  # fmt: skip
+MAX_RANK = 8
+# No ESP32 has more than 32 MiB of PSRAM: a non-constant tensor over twice that is a corrupted shape.
+MAX_TENSOR_BYTES = 64 * 1024 * 1024
+
+
+def _check_shape(index: int, name: str, shape: tuple[int, ...], dtype: str, is_const: bool) -> None:
+    """Shapes TFLM cannot hold: negative or huge dimensions, too many of them, too many bytes."""
+    if len(shape) > MAX_RANK or any(d < 0 for d in shape):
+        raise ModelError(f"tensor {index} ({name!r}) has shape {list(shape)}, which TFLM cannot hold")
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * _ITEM_BYTES.get(dtype, 1)
+    if not is_const and nbytes > MAX_TENSOR_BYTES:
+        raise ModelError(
+            f"tensor {index} ({name!r}) has shape {list(shape)}: {nbytes} bytes, more than any ESP32 "
+            f"can hold (limit {MAX_TENSOR_BYTES} B)",
+            hint="the file is corrupted (re-export or re-copy it), or the model is not for a microcontroller",
+        )
+
+
+def _check_backing(index: int, name: str, shape: tuple[int, ...], dtype: str, have: int) -> None:
+    """A constant tensor's buffer must hold all its elements (TFLM would read past it)."""
+    n = 1
+    for d in shape:
+        n *= d
+    if dtype == "int4":
+        need = (n + 1) // 2
+    elif dtype in _ITEM_BYTES:
+        need = n * _ITEM_BYTES[dtype]
+    else:
+        return  # strings, resources, variants: no fixed size
+    if have < need:
+        raise ModelError(
+            f"constant tensor {index} ({name!r}) of shape {list(shape)} {dtype} needs {need} bytes, "
+            f"its buffer holds {have}"
+        )
+
+
+def _check_references(model: Any, subgraph_tensors: list[int]) -> None:
+    """Indices outside the tensor lists: metadata buffers, signature defs (TFLM's wheel reads them)."""
+    n_buffers, n_subgraphs = model.BuffersLength(), model.SubgraphsLength()
+    for i in range(model.MetadataLength()):
+        b = model.Metadata(i).Buffer()
+        if not 0 <= b < n_buffers:
+            raise ModelError(f"metadata {i} refers to buffer {b}, which does not exist")
+    for i in range(model.SignatureDefsLength()):
+        sig = model.SignatureDefs(i)
+        s = sig.SubgraphIndex()
+        if not 0 <= s < n_subgraphs:
+            raise ModelError(f"signature {i} refers to subgraph {s}, which does not exist")
+        for k in range(sig.InputsLength() + sig.OutputsLength()):
+            tm = sig.Inputs(k) if k < sig.InputsLength() else sig.Outputs(k - sig.InputsLength())
+            if not 0 <= tm.TensorIndex() < subgraph_tensors[s]:
+                raise ModelError(f"signature {i} refers to tensor {tm.TensorIndex()} of subgraph {s}, "
+                                 "which does not exist")  # fmt: skip
+
+
+def _check_subgraph_options(where: str, options: dict[str, object], n_subgraphs: int) -> None:
+    """IF / WHILE / CALL_ONCE name subgraphs by index."""
+    for key, value in options.items():
+        if key.endswith("subgraph_index") and isinstance(value, int) and not 0 <= value < n_subgraphs:
+            raise ModelError(f"{where}: {key}={value} refers to a subgraph that does not exist")
 
 
 def _check_buffers(model: Any, size: int) -> None:
@@ -179,8 +254,7 @@ def _describe_non_tflite(head: bytes) -> str:
     return "it does not carry the TFLite file identifier"
 
 
-def _parse(data: bytes, path: Path) -> ModelInfo:
-    tfl = _lazy_tflite()
+def _check_header(data: bytes, path: Path) -> None:
     size = len(data)
     if size < 16:
         raise ModelError(
@@ -201,64 +275,85 @@ def _parse(data: bytes, path: Path) -> ModelInfo:
             f"{path}: root table offset {root} is past the end of the file ({size} B): truncated"
         )
 
-    model = tfl.Model.GetRootAsModel(data, 0)
-    schema_version = int(model.Version())
-    if model.SubgraphsLength() < 1:
-        raise ModelError(f"{path}: the model has no subgraph")
-    _check_buffers(model, size)
-    dtype_names = _enum_names(tfl.TensorType)
-    builtin_names: dict[int, str] = dict(tfl.utils.BUILTIN_OPCODE2NAME)
 
+def _opcodes(tfl: Any, model: Any) -> list[tuple[str, str | None, int]]:
+    """(name, custom code, version) per operator code."""
+    builtin_names: dict[int, str] = dict(tfl.utils.BUILTIN_OPCODE2NAME)
     opcodes: list[tuple[str, str | None, int]] = []
     for i in range(model.OperatorCodesLength()):
         oc = model.OperatorCodes(i)
         code = max(_raw_builtin_code(oc), int(oc.DeprecatedBuiltinCode()))
-        name = builtin_names.get(code)
-        if name is None:
-            name = f"BUILTIN_{code}"
+        name = builtin_names.get(code) or f"BUILTIN_{code}"
         custom = oc.CustomCode()
         opcodes.append((name, custom.decode("utf-8", "replace") if custom else None, int(oc.Version())))
+    return opcodes
 
+
+def _subgraph(
+    tfl: Any, model: Any, s: int, opcodes: list[tuple[str, str | None, int]]
+) -> tuple[tuple[TensorInfo, ...], list[OpInfo], tuple[int, ...], tuple[int, ...]]:
+    """Tensors, ops, input and output indices of subgraph ``s``, every index checked."""
+    sg = model.Subgraphs(s)
+    n_tensors = sg.TensorsLength()
+    dtype_names = _enum_names(tfl.TensorType)
+    tensors = tuple(_tensor_info(tfl, sg.Tensors(t), t, model, dtype_names) for t in range(n_tensors))
+
+    def indices(vec: Any, length: int, what: str) -> tuple[int, ...]:
+        idx = tuple(int(v) for v in vec()) if length else ()
+        for v in idx:
+            if v < -1 or v >= n_tensors:
+                raise ModelError(f"subgraph {s}: {what} refers to tensor {v}, which does not exist")
+        return idx
+
+    ops: list[OpInfo] = []
+    for k in range(sg.OperatorsLength()):
+        op = sg.Operators(k)
+        oc_index = op.OpcodeIndex()
+        if oc_index >= len(opcodes):
+            raise ModelError(f"op {k}: opcode index {oc_index} is out of range ({len(opcodes)} opcodes)")
+        opcode, custom, version = opcodes[oc_index]
+        where = f"op {k}" if s == 0 else f"op {k} of subgraph {s}"
+        opdata.check_supported(opcode, custom, where=where)
+        options = _read_options(tfl, op)
+        _check_subgraph_options(where, options, model.SubgraphsLength())
+        indices(op.IntermediatesAsNumpy, op.IntermediatesLength(), f"{where} intermediate")
+        ops.append(
+            OpInfo(
+                index=k,
+                opcode=opcode,
+                inputs=indices(op.InputsAsNumpy, op.InputsLength(), f"{where} input"),
+                outputs=indices(op.OutputsAsNumpy, op.OutputsLength(), f"{where} output"),
+                subgraph=s,
+                options=MappingProxyType(options),
+                custom_code=custom,
+                version=version,
+            )
+        )
+    ins = indices(sg.InputsAsNumpy, sg.InputsLength(), "model input")
+    outs = indices(sg.OutputsAsNumpy, sg.OutputsLength(), "model output")
+    return tensors, ops, ins, outs
+
+
+def _parse(data: bytes, path: Path) -> ModelInfo:
+    tfl = _lazy_tflite()
+    _check_header(data, path)
+    size = len(data)
+    model = tfl.Model.GetRootAsModel(data, 0)
+    verify_structure(tfl, model, size)  # every table, vector and string inside the file
+    if model.SubgraphsLength() < 1:
+        raise ModelError(f"{path}: the model has no subgraph")
+    _check_buffers(model, size)
+    _check_references(model, [model.Subgraphs(s).TensorsLength() for s in range(model.SubgraphsLength())])
+    opcodes = _opcodes(tfl, model)
     ops: list[OpInfo] = []
     main_tensors: tuple[TensorInfo, ...] = ()
     main_inputs: tuple[TensorInfo, ...] = ()
     main_outputs: tuple[TensorInfo, ...] = ()
     for s in range(model.SubgraphsLength()):
-        sg = model.Subgraphs(s)
-        n_tensors = sg.TensorsLength()
-        tensors = tuple(_tensor_info(tfl, sg.Tensors(t), t, model, dtype_names) for t in range(n_tensors))
-
-        def _indices(values: Any, what: str, _n: int = n_tensors, _s: int = s) -> tuple[int, ...]:
-            idx = tuple(int(v) for v in values)
-            for v in idx:
-                if v < -1 or v >= _n:
-                    raise ModelError(f"subgraph {_s}: {what} refers to tensor {v}, which does not exist")
-            return idx
-
-        for k in range(sg.OperatorsLength()):
-            op = sg.Operators(k)
-            oc_index = op.OpcodeIndex()
-            if oc_index >= len(opcodes):
-                raise ModelError(f"op {k}: opcode index {oc_index} is out of range ({len(opcodes)} opcodes)")
-            opcode, custom, version = opcodes[oc_index]
-            where = f"op {k}" if s == 0 else f"op {k} of subgraph {s}"
-            opdata.check_supported(opcode, custom, where=where)
-            ops.append(
-                OpInfo(
-                    index=k,
-                    opcode=opcode,
-                    inputs=_indices(op.InputsAsNumpy() if op.InputsLength() else (), f"{where} input"),
-                    outputs=_indices(op.OutputsAsNumpy() if op.OutputsLength() else (), f"{where} output"),
-                    subgraph=s,
-                    options=MappingProxyType(_read_options(tfl, op)),
-                    custom_code=custom,
-                    version=version,
-                )
-            )
+        tensors, sub_ops, ins, outs = _subgraph(tfl, model, s, opcodes)
+        ops.extend(sub_ops)
         if s == 0:
             main_tensors = tensors
-            ins = _indices(sg.InputsAsNumpy() if sg.InputsLength() else (), "model input")
-            outs = _indices(sg.OutputsAsNumpy() if sg.OutputsLength() else (), "model output")
             main_inputs = tuple(tensors[i] for i in ins if i >= 0)
             main_outputs = tuple(tensors[i] for i in outs if i >= 0)
     if not main_inputs or not main_outputs:
@@ -268,7 +363,7 @@ def _parse(data: bytes, path: Path) -> ModelInfo:
         path=path,
         size_bytes=size,
         sha256=hashlib.sha256(data).hexdigest(),
-        schema_version=schema_version,
+        schema_version=int(model.Version()),
         inputs=main_inputs,
         outputs=main_outputs,
         ops=tuple(ops),

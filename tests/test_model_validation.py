@@ -138,3 +138,26 @@ def test_tflm_wheel_unpack_errors_are_model_errors() -> None:
     bad = _patched(lambda m: _vector_len(m.SignatureDefs(0), 4), 0x7FFFFFF0)
     with pytest.raises(ModelError, match="cannot read this model file"):
         backends.TflmBackend().run(bad, good, [[np.zeros((1, 32, 32, 3), np.int8)]], False)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "w_shape", "needle"),
+    [([0], (5, 12), "needs an input, weights and an output"),
+     ([0, -1, -1], (5, 12), "needs an input, weights and an output"),
+     ([0, 1, -1], (5, 0), "no empty dimension"),
+     ([0, 1, -1], (60,), "rank 2")],
+)  # fmt: skip
+def test_weighted_op_without_usable_weights(inputs: list[int], w_shape: tuple[int, ...], needle: str) -> None:
+    """TFLM divides by weight dimensions and reads inputs it assumes (SIGFPE / SIGSEGV on the host)."""
+    model = build_model(
+        [
+            T("x", (1, 12), "int8", 0.05, 0),
+            T("w", w_shape, "int8", 0.02, 0, data=np.ones(w_shape, np.int8)),
+            T("y", (1, 5), "int8", 0.4, 0),
+        ],
+        [Op(9, inputs, [2])],
+        inputs=[0],
+        outputs=[2],
+    )
+    with pytest.raises(ModelError, match=needle):
+        parse_model_bytes(model)

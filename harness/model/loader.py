@@ -213,6 +213,26 @@ def _check_subgraph_options(where: str, options: dict[str, object], n_subgraphs:
             raise ModelError(f"{where}: {key}={value} refers to a subgraph that does not exist")
 
 
+_WEIGHTED_RANK = {"CONV_2D": 4, "DEPTHWISE_CONV_2D": 4, "FULLY_CONNECTED": 2}
+
+
+def _check_weighted_op(where: str, opcode: str, ins: tuple[int, ...], outs: tuple[int, ...],
+                       tensors: tuple[TensorInfo, ...]) -> None:  # fmt: skip
+    """The ops ESP-NN accelerates (and esp-check's scratch arithmetic reads): input, weights, output
+    present, weights of the right rank and no empty dimension (TFLM divides by them: SIGFPE)."""
+    rank = _WEIGHTED_RANK.get(opcode)
+    if rank is None:
+        return
+    if len(ins) < 2 or min(ins[:2]) < 0 or not outs or outs[0] < 0:
+        raise ModelError(f"{where} ({opcode}) needs an input, weights and an output; it has {ins} -> {outs}")
+    weights = tensors[ins[1]]
+    if len(weights.shape) != rank or 0 in weights.shape or 0 in tensors[ins[0]].shape:
+        raise ModelError(
+            f"{where} ({opcode}): weights of shape {list(weights.shape)} for input "
+            f"{list(tensors[ins[0]].shape)} (TFLM needs rank {rank} and no empty dimension)"
+        )
+
+
 def _check_buffers(model: Any, size: int) -> None:
     """Every constant buffer must lie inside the file (catches truncation of the weights)."""
     for i in range(model.BuffersLength()):
@@ -317,21 +337,24 @@ def _subgraph(
         options = _read_options(tfl, op)
         _check_subgraph_options(where, options, model.SubgraphsLength())
         indices(op.IntermediatesAsNumpy, op.IntermediatesLength(), f"{where} intermediate")
+        ins = indices(op.InputsAsNumpy, op.InputsLength(), f"{where} input")
+        outs = indices(op.OutputsAsNumpy, op.OutputsLength(), f"{where} output")
+        _check_weighted_op(where, opcode, ins, outs, tensors)
         ops.append(
             OpInfo(
                 index=k,
                 opcode=opcode,
-                inputs=indices(op.InputsAsNumpy, op.InputsLength(), f"{where} input"),
-                outputs=indices(op.OutputsAsNumpy, op.OutputsLength(), f"{where} output"),
+                inputs=ins,
+                outputs=outs,
                 subgraph=s,
                 options=MappingProxyType(options),
                 custom_code=custom,
                 version=version,
             )
         )
-    ins = indices(sg.InputsAsNumpy, sg.InputsLength(), "model input")
-    outs = indices(sg.OutputsAsNumpy, sg.OutputsLength(), "model output")
-    return tensors, ops, ins, outs
+    model_ins = indices(sg.InputsAsNumpy, sg.InputsLength(), "model input")
+    model_outs = indices(sg.OutputsAsNumpy, sg.OutputsLength(), "model output")
+    return tensors, ops, model_ins, model_outs
 
 
 def _parse(data: bytes, path: Path) -> ModelInfo:

@@ -219,10 +219,11 @@ def _flip_data(fix_tensor_crc: bool) -> Callable[[bytes, random.Random], bytes]:
         out = _rewrite_record(raw, rng, ("DATA",), change)
         if not fix_tensor_crc or not changed:
             return out
-        tensor = naive_capture(out)
-        if tensor is None:
+        decoded = naive_capture(out)
+        entry = None if decoded is None else decoded["tensors"].get((changed["i"], changed["o"]))  # type: ignore[attr-defined]
+        if entry is None:
             return out
-        data = tensor["tensors"][(changed["i"], changed["o"])][4]  # type: ignore[index]
+        data = entry[4]
 
         def fix(_rtype: str, f: dict[str, str]) -> None:
             if (f.get("i"), f.get("o")) == (changed["i"], changed["o"]):
@@ -444,8 +445,9 @@ def vector_positions(data: bytes) -> tuple[list[int], list[int]]:
         if o:
             start = tab.Vector(o)
             lengths.append(start - 4)
-            if keep:
-                elements.extend(start + elem * j for j in range(tab.VectorLen(o)))
+            n = tab.VectorLen(o)
+            if keep and start + elem * n <= len(data):  # an earlier mutation may have made it huge
+                elements.extend(start + elem * j for j in range(n))
 
     model = tflite.Model.GetRootAsModel(data, 0)
     for slot in (6, 8, 12):  # operator_codes, subgraphs, buffers

@@ -25,7 +25,7 @@ from harness.analysis.compare import (
     results_document,
 )
 from harness.cli import main
-from harness.errors import IncomparableError, LogFormatError, UsageError
+from harness.errors import CaptureError, IncomparableError, LogFormatError, UsageError
 from harness.protocol.emitter import PythonEmitter, RunSpec, TensorSpec, emit_capture
 
 DATA = Path(__file__).parent / "data"
@@ -171,11 +171,12 @@ def test_hostile_json_results_fail_cleanly(
     assert "internal error" not in capsys.readouterr().err
 
 
-def test_truncated_legacy_log_is_incomparable(tmp_path: Path) -> None:
+def test_truncated_legacy_log_is_an_incomplete_capture(tmp_path: Path) -> None:
     short = tmp_path / "short.log"
     short.write_bytes(OPT_LOG.read_bytes().rsplit(b"Output:", 1)[0])
-    with pytest.raises(IncomparableError, match="11 values"):
+    with pytest.raises(CaptureError, match="11 values") as info:
         compare_files(ANSI_LOG, short)
+    assert info.value.exit_code == 3
 
 
 # ---- protocol captures ---------------------------------------------------------------------------
@@ -342,7 +343,7 @@ def test_three_way_with_host_reference(tmp_path: Path, capsys: pytest.CaptureFix
     # a capture of another input is refused
     other = write_capture(tmp_path / "other.log", [expected], nn="ansi_c", model_sha=sha, input_bytes=b"x")
     assert main(["compare", str(a), str(other), "--model", str(model), "--input", str(inp)]) == 2
-    assert "used input" in capsys.readouterr().err
+    assert "ran different inputs" in capsys.readouterr().err
 
 
 def test_model_hash_checked_against_captures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -399,3 +400,63 @@ def test_metrics_equal_a_naive_per_element_computation(
         assert c.cosine == pytest.approx(sum(x * y for x, y in zip(ra, rb, strict=True)) / (na * nb))
     assert c.pinned_fraction_a == pytest.approx(sum(q in (-128, 127) for q in qa) / n)
     assert c.diff_lsb == diffs
+
+
+# ---- logs holding a crash report (issue 11, item 5): the same classifier as flash-and-compare ------
+
+
+def _crashed_capture(path: Path, crash: bytes) -> Path:
+    """A capture whose firmware crashed after its INPUT record: records stop, the panic handler prints."""
+    chunks: list[bytes] = []
+    em = PythonEmitter(chunks.append)
+    em.begin("0.1.0", True)
+    em.info([("nn", "optimized"), ("target", "esp32s3"), ("chip", "esp32s3"), ("rev", "0.2"), ("cores", 2)])
+    em.input(0, 4, hashlib.sha256(b"\x00" * 4).hexdigest())
+    path.write_bytes(b"I (31) boot: ESP-IDF v5.5.3 2nd stage bootloader\r\n" + b"".join(chunks) + crash)
+    return path
+
+
+ABORT = (
+    b"\r\nabort() was called at PC 0x42008a1b on core 0\r\n\r\n\r\n"
+    b"Backtrace: 0x40375a0e:0x3fc9a550 0x4037a0d1:0x3fc9a570 0x42008a1b:0x3fc9a610\r\n\r\n"
+    b"ELF file SHA256: 3f0c21a9b\r\n\r\nRebooting...\r\n"
+)
+PANIC = (
+    b"Guru Meditation Error: Core  0 panic'ed (LoadProhibited). Exception was unhandled.\r\n\r\n"
+    b"Core  0 register dump:\r\nPC      : 0x42011c4e  PS      : 0x00060030  A0      : 0x82011d2a  A1      : "
+    b"0x3fc9b2f0\r\n\r\nBacktrace: 0x42011c4b:0x3fc9b2f0 0x42011d27:0x3fc9b310\r\n"
+)
+
+
+def test_log_with_an_abort_report_is_a_firmware_fault_not_a_corrupted_capture(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = _crashed_capture(tmp_path / "a.log", ABORT)
+    b = write_capture(tmp_path / "b.log", [BASE], nn="ansi_c")
+    code, rep = run_json(capsys, str(a), str(b))
+    assert code == 4 and rep["verdict"] == "firmware_fault"  # was 3, "no END record ... check the cable"
+    (fault,) = rep["faults"]
+    assert fault["source"] == "A" and fault["stage"] == "abort" and "0x42008a1b" in fault["msg"]
+    code, rep = run_json(capsys, str(b), str(_crashed_capture(tmp_path / "p.log", PANIC)))
+    assert code == 4 and rep["faults"][0]["stage"] == "panic" and rep["faults"][0]["source"] == "B"
+
+
+def test_legacy_log_with_a_panic_is_a_firmware_fault(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "sketch.log"
+    log.write_bytes(b"Output: 0.25\r\nOutput: 0.75\r\n" + PANIC)
+    code, rep = run_json(capsys, str(ANSI_LOG), str(log))
+    assert code == 4 and [f["stage"] for f in rep["faults"]] == ["panic"]
+    only_crash = tmp_path / "crash.log"
+    only_crash.write_bytes(PANIC)  # no outputs at all: still the finding, not "nothing to compare"
+    assert run_json(capsys, str(ANSI_LOG), str(only_crash))[0] == 4
+
+
+def test_truncated_log_without_crash_evidence_stays_infrastructure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = _crashed_capture(tmp_path / "a.log", b"")  # records stop, nothing says why
+    b = write_capture(tmp_path / "b.log", [BASE], nn="ansi_c")
+    assert main(["compare", str(a), str(b)]) == 3
+    assert "corrupted or incomplete" in capsys.readouterr().err

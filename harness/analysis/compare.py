@@ -335,30 +335,54 @@ def load_source(path: str | Path, label: str) -> Source:
         except RecursionError:
             raise LogFormatError(f"{p} is not a results file: its JSON is nested too deeply") from None
         return _source_from_results(doc, label, str(p))
-    if MARKER in data:
-        return source_from_capture(parse_capture(data), label, str(p), data)
+    return _source_from_log(data, label, p)
+
+
+def _source_from_log(data: bytes, label: str, p: Path) -> Source:
+    """A serial log: its protocol records (or legacy ``Output:`` lines), read by the same classifier as
+    flash-and-compare, so a log that holds a panic, abort or TFLM error is a firmware fault (exit 4),
+    never "corrupted capture" (3), whether or not its records completed."""
+    cap = parse_capture(data) if MARKER in data else None
+    crashes = _firmware_faults(data, cap, label)
+    if cap is not None:
+        if cap.valid or not crashes:
+            src = source_from_capture(cap, label, str(p), data)  # an invalid one without crash: exit 3
+            src.faults += crashes
+            return src
+        faults = [Fault(label, e.stage, e.code, e.i, e.msg) for e in cap.errors] + crashes
+        return Source(label, "protocol", [], path=str(p), nn_mode=cap.nn_mode, model_sha256=cap.model_sha256,
+                      simulated=cap.simulated, info=dict(cap.info), faults=faults, raw_log=data,
+                      warnings=[f"{label}: the firmware crashed before its records completed"])  # fmt: skip
     values = parse_legacy_log(data)
-    if not values and looks_like_device_output(data):
+    if not values and not crashes and looks_like_device_output(data):
         raise CaptureError(
             f"{p} is a device's serial output without esp-check records or 'Output:' lines: the capture "
             "ended before the first result (truncated)",
             hint="capture again and wait for the END record (or the 'Output:' lines); check the cable, "
             "the baud rate and that the monitor stayed connected",
         )
-    if not values:
+    if not values and not crashes:
         raise LogFormatError(
             f"{p} has no 'Output:' lines and no esp-check protocol records: nothing to compare",
             hint="pass the serial log of a run (esp-check firmware or a sketch printing 'Output: <value>')",
         )
-    src = Source(
-        label,
-        "legacy",
-        [[OutputTensor(0, np.asarray(values, dtype=np.float64), raw=False)]],
-        path=str(p),
-        raw_log=data,
-    )
+    runs = [[OutputTensor(0, np.asarray(values, dtype=np.float64), raw=False)]] if values else []
+    src = Source(label, "legacy", runs, path=str(p), raw_log=data, faults=crashes)
     src.warnings.append(f"{label}: legacy log: the ESP-NN mode and model are not proven by the device")
     return src
+
+
+def _firmware_faults(data: bytes, cap: Capture | None, label: str) -> list[Fault]:
+    """Firmware faults the log's text shows (crash reports, TFLM errors, ...), as compare Faults.
+
+    The device's own ERROR records are left to the capture (they are already Faults)."""
+    from harness.analysis.classify import Severity, classify
+
+    return [
+        Fault(label, f.kind, 0, None, f.message)
+        for f in classify(data, parsed=cap)
+        if f.severity == Severity.FIRMWARE_FAULT and f.details.get("source") != "protocol"
+    ]
 
 
 # ---- metrics -------------------------------------------------------------------------------------
@@ -445,7 +469,7 @@ def compare_tensors(
     if ia is not None and ib is not None:
         d = ia - ib
         dl = d.astype(np.float64)
-        mism = np.abs(dl) > tolerance_lsb
+        mism = ~(np.abs(dl) <= tolerance_lsb)  # never a match by a NaN tolerance (also refused earlier)
         units = "lsb"
         if s is not None:
             ra = (ia - zp).astype(np.float64) * s
@@ -568,8 +592,56 @@ def compare_tensors(
 # ---- runs ----------------------------------------------------------------------------------------
 
 
+def check_tolerances(tolerance_lsb: float, ref_tolerance_lsb: float) -> None:
+    """UsageError unless both tolerances are finite and >= 0 (a NaN tolerance would match anything)."""
+    for name, tol in (("--tolerance-lsb", tolerance_lsb), ("--ref-tolerance-lsb", ref_tolerance_lsb)):
+        if not (math.isfinite(tol) and tol >= 0):
+            raise UsageError(f"{name} {tol} must be a finite number >= 0", hint=f"e.g. {name} 0")
+
+
+def _check_legacy_lengths(a: Source, b: Source) -> None:
+    """Two legacy logs of different lengths: at least one is an incomplete capture (exit 3)."""
+    if a.kind == b.kind == "legacy":
+        na, nb = (sum(t.values.size for run in s.runs for t in run) for s in (a, b))
+        if na != nb:
+            raise CaptureError(
+                f"legacy logs of different lengths: {a.label} has {na} values, {b.label} has {nb}: "
+                "at least one capture is incomplete",
+                hint="capture both runs to the end, or pass --model so each log is checked against "
+                "the model's output size",
+            )
+
+
+def _fit_legacy(src: Source, outputs: Sequence[Any]) -> Source:
+    """A legacy log checked against the model: exactly its output size, split into its outputs.
+
+    A legacy log carries no END record, so its element count is the only completeness check there is:
+    any other count is an incomplete (or foreign) capture, exit 3 and never a match.
+    """
+    if src.kind != "legacy":
+        return src
+    values = np.concatenate([t.values.reshape(-1) for run in src.runs for t in run])
+    sizes = [int(t.num_elements) for t in outputs]
+    if values.size != sum(sizes):
+        raise CaptureError(
+            f"{src.label}: the legacy log has {values.size} output values, the model's outputs have "
+            f"{sum(sizes)}: an incomplete capture",
+            hint="capture the whole run (check the monitor's buffer and that the sketch prints every "
+            "output), or pass the model the firmware ran",
+        )
+    tensors, start = [], 0
+    for k, (t, n) in enumerate(zip(outputs, sizes, strict=True)):
+        part = values[start : start + n].reshape(tuple(t.shape))
+        start += n
+        tensors.append(OutputTensor(k, part, raw=False, shape=tuple(t.shape), name=str(t.name)))
+    src.runs = [tensors]
+    return src
+
+
 def _check_identity(a: Source, b: Source) -> None:
-    if a.kind in ("protocol", "results") and b.kind in ("protocol", "results") and (a.nn_mode or b.nn_mode):
+    crashed = any(s.faults and not s.runs for s in (a, b))  # a crash is the finding; nothing to vouch for
+    proven = ("protocol", "results")
+    if a.kind in proven and b.kind in proven and (a.nn_mode or b.nn_mode) and not crashed:
         if a.nn_mode == b.nn_mode:
             raise IncomparableError(
                 f"{a.label} and {b.label} both report ESP-NN mode {a.nn_mode!r}: "
@@ -585,10 +657,29 @@ def _check_identity(a: Source, b: Source) -> None:
                 )
     if a.model_sha256 and b.model_sha256 and a.model_sha256 != b.model_sha256:
         raise IncomparableError(
-            f"{a.label} and {b.label} ran different models (model_sha256 {a.model_sha256[:12]}... vs "
-            f"{b.model_sha256[:12]}...)",
+            f"{a.label} and {b.label} ran different models (model_sha256 {a.model_sha256} vs "
+            f"{b.model_sha256})",
             hint="flash both variants generated from the same .tflite",
         )
+    for k, (ha, hb) in enumerate(zip(a.input_sha256, b.input_sha256, strict=False)):
+        if ha and hb and ha != hb:
+            raise IncomparableError(
+                f"{a.label} and {b.label} ran different inputs: run {k} input_sha256 {ha} ({a.label}) vs "
+                f"{hb} ({b.label}); their outputs say nothing about the kernels",
+                hint="generate both variants from the same inputs (and preprocessing options)",
+            )
+    for k, (ra, rb) in enumerate(zip(a.runs, b.runs, strict=False)):
+        sa = {t.index: tuple(t.shape) for t in ra if t.shape is not None}
+        sb = {t.index: tuple(t.shape) for t in rb if t.shape is not None}
+        if sa and sb and sa != sb:
+            raise IncomparableError(
+                f"{a.label} and {b.label} have different outputs in run {k}: {_shapes(sa)} vs {_shapes(sb)}",
+                hint="both sides must come from the same model",
+            )
+
+
+def _shapes(shapes: dict[int, tuple[int, ...]]) -> str:
+    return ", ".join(f"output {i} {list(sh)}" for i, sh in sorted(shapes.items()))
 
 
 def compare_sources(
@@ -607,8 +698,7 @@ def compare_sources(
     ``output_quant[o]`` = (scale, zero point, dtype) from the model; ``scale``/``zero_point`` flags
     apply to every output. Raises IncomparableError when the sources cannot honestly be compared.
     """
-    if tolerance_lsb < 0 or ref_tolerance_lsb < 0:
-        raise UsageError("tolerances must be >= 0")
+    check_tolerances(tolerance_lsb, ref_tolerance_lsb)
     _check_identity(a, b)
     sources = [a, b] + ([reference] if reference is not None else [])
     for s in sources:
@@ -656,8 +746,8 @@ def compare_sources(
                 if ty is None:
                     continue
                 mq = output_quant[tx.index] if tx.index < len(output_quant) else (None, None, None)
-                comparisons.append(
-                    compare_tensors(
+                try:
+                    compared = compare_tensors(
                         tx,
                         ty,
                         tolerance_lsb=tol,
@@ -667,7 +757,11 @@ def compare_sources(
                         labels=(x.label, y.label),
                         run=k,
                     )
-                )
+                except IncomparableError:
+                    if not faulted:
+                        raise
+                    continue  # a crashed side's partial outputs: its fault is the finding
+                comparisons.append(compared)
     if not comparisons and not faults:
         raise IncomparableError("nothing to compare: no run has outputs on both sides")
     warnings += _pinned_warnings(comparisons)
@@ -787,11 +881,14 @@ def compare_files(
     sa, sb = load_source(a, "A"), load_source(b, "B")
     ref = None
     quant: list[tuple[float | None, int | None, str | None]] = []
-    if model is not None:
+    if model is None:
+        _check_legacy_lengths(sa, sb)
+    else:
         from harness.model.loader import load_model
 
         info = load_model(model)
         quant = [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in info.outputs]
+        sa, sb = (_fit_legacy(s, info.outputs) for s in (sa, sb))
         for s in (sa, sb):
             if s.model_sha256 and s.model_sha256 != info.sha256:
                 raise IncomparableError(

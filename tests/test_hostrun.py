@@ -159,3 +159,23 @@ def test_flash_and_compare_starts_one_host_child(
     )
     assert result.exit_code == ExitCode.MATCH
     assert len(children) == 1
+
+
+def test_flash_and_compare_refuses_a_crashing_model_and_writes_the_report(
+    models_dir: Path, children: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Faked: the child dies of SIGSEGV. Exit 2 before anything is built, and report.json says why."""
+    import json
+
+    from harness.flows.flash_and_compare import flash_and_compare
+
+    script = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    monkeypatch.setattr(hostrun, "_child_argv", lambda job_dir: [sys.executable, "-c", script])
+    with pytest.raises(ModelError, match="signal 11"):
+        flash_and_compare(
+            models_dir / MODEL, [models_dir / INPUT], board="sim", out_dir=tmp_path / "out",
+            cache_dir=tmp_path / "builds",
+        )  # fmt: skip
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert "crashes TFLM's reference interpreter: signal 11" in json.dumps(doc)
+    assert not (tmp_path / "out" / "logs").exists() or not list((tmp_path / "out" / "logs").glob("build-*"))

@@ -88,6 +88,11 @@ def test_damaged_cache_entry_is_a_miss(models_dir: Path, children: list[Path], t
         entry.write_bytes(entry.read_bytes()[:20])
     b = reference.run_reference(models_dir / MODEL, [[q]]).runs[0].outputs[0]
     assert len(children) == 2 and np.array_equal(a, b)
+    first = arena.estimate_arena(models_dir / MODEL)
+    for entry in (tmp_path / "cache" / "host-reference").glob("*.json"):
+        entry.write_text('{"not": "an arena entry"}')
+    assert arena.estimate_arena(models_dir / MODEL) == first
+    assert len(children) == 4
 
 
 def test_crash_in_the_child_is_a_model_error_exit_2(

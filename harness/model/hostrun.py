@@ -17,6 +17,7 @@ Failures are never cached.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -124,26 +125,28 @@ class _Cache:
         try:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {name: z[name] for name in z.files}
-            os.utime(path)  # least recently used goes first
         except FileNotFoundError:
             return None
         except Exception:  # a damaged entry is a miss (and is replaced)
             with contextlib.suppress(OSError):
                 path.unlink()
             return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # least recently used goes first
         return arrays
 
     def get_json(self, key: str) -> dict[str, Any] | None:
         path = self._path(key, "json")
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
-            os.utime(path)
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
             with contextlib.suppress(OSError):
                 path.unlink()
             return None
+        with contextlib.suppress(OSError):
+            os.utime(path)
         return doc if isinstance(doc, dict) else None
 
     @contextlib.contextmanager
@@ -279,7 +282,8 @@ def host_results(
         arena_key = _digest("arena", info.sha256, tflm_version)
         doc = cache.get_json(arena_key)
         if doc is not None:
-            measured = ArenaMeasurement(**doc)
+            with contextlib.suppress(TypeError):  # an entry of another shape is a miss
+                measured = ArenaMeasurement(**doc)
     else:
         arena = False
     need_ref = reference and ref is None
@@ -295,7 +299,7 @@ def host_results(
         cache.put_arrays(ref_key, _arrays_from_runs(child_runs))
         ref = ReferenceResult(impl.name, impl.version(), child_runs, info.sha256, impl.kernels)
     if need_arena and child_arena is not None:
-        cache.put_json(arena_key, child_arena.__dict__)
+        cache.put_json(arena_key, dataclasses.asdict(child_arena))
         measured = child_arena
     return HostResults(ref, measured, 1)
 

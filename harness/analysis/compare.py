@@ -29,7 +29,7 @@ from harness.errors import (
     combine_exit_codes,
 )
 from harness.model.inputs import InputOptions
-from harness.protocol.capture import MARKER, Capture, parse_capture
+from harness.protocol.capture import MARKER, Capture, looks_like_device_output, parse_capture
 from harness.protocol.legacy import parse_legacy_log
 from harness.protocol.spec import crc32_hex
 
@@ -213,7 +213,7 @@ def _source_from_results(doc: Any, label: str, path: str) -> Source:
     if isinstance(doc, list):
         try:
             vals = np.asarray([float(v) for v in doc], dtype=np.float64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise LogFormatError(f"{path}: a JSON list must hold numbers only") from None
         if vals.size == 0:
             raise LogFormatError(f"{path}: the JSON list is empty")
@@ -265,7 +265,7 @@ def _source_from_results(doc: Any, label: str, path: str) -> Source:
             simulated=bool(doc.get("simulated")),
             info={str(k): str(v) for k, v in dict(doc.get("info", {})).items()},
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise LogFormatError(f"{path}: malformed results file ({type(exc).__name__}: {exc})") from None
 
 
@@ -331,8 +331,10 @@ def load_source(path: str | Path, label: str) -> Source:
     if p.suffix.lower() == ".json":
         try:
             doc = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, ValueError) as exc:  # incl. JSONDecodeError, over-long integers
             raise LogFormatError(f"{p} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise LogFormatError(f"{p} is not a results file: its JSON is nested too deeply") from None
         return _source_from_results(doc, label, str(p))
     return _source_from_log(data, label, p)
 
@@ -353,6 +355,13 @@ def _source_from_log(data: bytes, label: str, p: Path) -> Source:
                       simulated=cap.simulated, info=dict(cap.info), faults=faults, raw_log=data,
                       warnings=[f"{label}: the firmware crashed before its records completed"])  # fmt: skip
     values = parse_legacy_log(data)
+    if not values and not crashes and looks_like_device_output(data):
+        raise CaptureError(
+            f"{p} is a device's serial output without esp-check records or 'Output:' lines: the capture "
+            "ended before the first result (truncated)",
+            hint="capture again and wait for the END record (or the 'Output:' lines); check the cable, "
+            "the baud rate and that the monitor stayed connected",
+        )
     if not values and not crashes:
         raise LogFormatError(
             f"{p} has no 'Output:' lines and no esp-check protocol records: nothing to compare",

@@ -46,6 +46,7 @@ from harness.flows.tap_run import TapRunRequest, run_tap_flow
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, load_model
 from harness.model.opdata import espnn_model_acceleration
+from harness.model.reference import prepare_host_results
 
 
 def sim_port_for(board_chip: str, reset: str, port: str | None) -> str:
@@ -160,6 +161,9 @@ def flash_and_compare(
 
     try:
         _start(run, board, port)
+        if reference:  # ONE host child runs the reference on the inputs and measures the arena;
+            # generate, the reference leg and the simulated board read its cached results
+            prepare_host_results(run.model, run.inputs, input_options=input_options, per_layer=tap)
         projects = generate_firmware(
             run.model, run.inputs, run.board, run.out / "projects", rec=run.rec, input_options=input_options,
             arena_kb=arena_kb, features=FirmwareFeatures(tap=tap),

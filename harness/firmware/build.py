@@ -27,22 +27,34 @@ from harness import __version__
 from harness.errors import BuildError, UsageError
 from harness.firmware.boards import BOOTLOADER_OFFSETS, BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, default_cache_dir
-from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, PIO_ENV, read_manifest
+from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_ENV, read_manifest
+from harness.firmware.layout import VARIANT_SLOTS
+from harness.protocol.model_image import PARTITION_LABEL
 
 CACHE_FORMAT = 1
 BUILD_SUBDIR = f"{DATA_DIR}/build"
 LOG_NAME = "build.log"
 FLASHER_ARGS = "flasher_args.json"
 FLASH_ARGS = "flash_args"  # the same as esptool's @file argument list (ESP-IDF writes one too)
+# Where each artifact goes in the build directory: ESP-IDF's own layout, with exactly one .bin at the top
+# level, the app (pytest-embedded-idf and other tools take the first top-level .bin as the app).
 ROLE_FILES = {
-    "bootloader": "bootloader.bin",
-    "partition-table": "partition-table.bin",
-    "otadata": "ota_data_initial.bin",
+    "bootloader": "bootloader/bootloader.bin",
+    "partition-table": "partition_table/partition-table.bin",
+    "otadata": "ota_data/ota_data_initial.bin",
+    "model": "model/model.bin",
     "app": "app.bin",
 }
+# Flashed by esptool in a flash-and-compare run; otadata is left alone there (the running app switches
+# slots itself, so a repeat run writes nothing), but flasher_args.json lists it for flashing by hand.
+RUN_ROLES = ("bootloader", "partition-table", "model", "app")
+CACHED_ROLES = ("bootloader", "partition-table", "otadata", "app")  # builder products (the model is data)
 # Files and directories that are build products or resolved state, not inputs of the build.
 _EXCLUDED_DIRS = {".pio", "build", "managed_components", ".git", "__pycache__"}
 _EXCLUDED_FILES = {MANIFEST_NAME, "dependencies.lock", ".gitignore"}
+# Data flashed beside the app but never compiled into it: a new model with the same generated code (the
+# same ops, outputs and arena) reuses the built apps. The model image is copied fresh at every build.
+_NOT_BUILD_INPUTS = {f"{DATA_DIR}/model.tflite", MODEL_IMAGE}
 
 OutputCallback = Callable[[str], None]
 
@@ -70,9 +82,13 @@ class BuildResult:
     firmware_sha256: str
     chip: str
 
-    def flash_files(self) -> list[tuple[int, Path]]:
-        """(offset, file) pairs in offset order, as esptool's write-flash takes them."""
-        return [(a.offset, a.path) for a in sorted(self.artifacts)]
+    def flash_files(self, roles: Sequence[str] | None = None) -> list[tuple[int, Path]]:
+        """(offset, file) pairs in offset order, as esptool's write-flash takes them (``roles``: only
+        those roles)."""
+        return [(a.offset, a.path) for a in sorted(self.artifacts) if roles is None or a.role in roles]
+
+    def artifact(self, role: str) -> Artifact | None:
+        return next((a for a in self.artifacts if a.role == role), None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,7 +156,7 @@ def project_files(project_dir: Path) -> dict[str, str]:
                 name.startswith("sdkconfig") and not name.startswith("sdkconfig.defaults")
             ):
                 continue
-            if name.endswith((".log", ".lock", ".tmp")):
+            if name.endswith((".log", ".lock", ".tmp")) or rel in _NOT_BUILD_INPUTS:
                 continue
             out[rel] = hashlib.sha256((Path(root) / name).read_bytes()).hexdigest()
     return out
@@ -428,7 +444,8 @@ def _build_sim(
     pairs = build_sim_firmware(project, sim_dir)
     files: dict[str, Path] = {}
     offsets: dict[str, int] = {}
-    ordered = sorted((int(o), Path(p)) for o, p in pairs)
+    # the model image is the project's own (build._layout adds it): not a product of the packer
+    ordered = sorted((int(o), Path(p)) for o, p in pairs if Path(p).name != "model.bin")
     for offset, path in ordered:
         name = Path(path).name.lower()
         if "bootloader" in name:
@@ -471,11 +488,14 @@ def _layout(
     chip: str,
     project: Path,
     fixed: Mapping[str, int] | None = None,
+    variant: str | None = None,
 ) -> list[tuple[str, int, Path]]:
     """(role, offset, source file) for what must be flashed; checks the app fits its partition.
 
     Offsets come from the resolved sdkconfig and the built partition table (``fixed`` when the
-    builder states them itself, as the sim packer does).
+    builder states them itself, as the sim packer does). The app goes to the factory partition, or to
+    its variant's OTA slot (optimized ``ota_0``, ANSI C ``ota_1``); the project's model image to the
+    ``model`` partition.
     """
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():
@@ -498,13 +518,15 @@ def _layout(
             f"the built partition table {files['partition-table']} has no app partition",
             hint="check partitions.csv in the project",
         )
-    app_part = next((p for p in apps if p.subtype == 0x00), apps[0])  # factory, else the first OTA slot
+    slot = 0x10 + VARIANT_SLOTS.get(variant or "", 0)
+    factory = next((p for p in apps if p.subtype == 0x00), None)
+    app_part = factory or next((p for p in apps if p.subtype == slot), apps[0])
     app_size = files["app"].stat().st_size
     if app_size > app_part.size:
         raise BuildError(
             f"the firmware ({app_size} bytes) is larger than its app partition '{app_part.label}' "
             f"({app_part.size} bytes)",
-            hint="use a smaller model or fewer inputs per firmware, or enlarge the factory partition in "
+            hint="use fewer inputs per firmware, or larger app partitions in "
             f"{project / 'partitions.csv'} (the board's flash permitting)",
         )
     layout = [
@@ -515,6 +537,7 @@ def _layout(
     if ota is not None and "otadata" in files and files["otadata"].is_file():
         layout.append(("otadata", ota.offset, files["otadata"]))
     layout.append(("app", app_part.offset, files["app"]))
+    layout += _model_layout(table, project)
     if fixed is not None:
         layout = [(role, fixed.get(role, off), path) for role, off, path in layout]
         if fixed.get("app", app_part.offset) != app_part.offset:
@@ -524,6 +547,50 @@ def _layout(
                 hint="this is a bug in the image packer; please report it",
             )
     return layout
+
+
+def _rel(a: Artifact) -> str:
+    """An artifact's path relative to the build directory (flasher_args.json, flash_args)."""
+    return ROLE_FILES.get(a.role, a.path.name)
+
+
+def _cache_name(role: str) -> str:
+    return Path(ROLE_FILES[role]).name  # cache entries are flat
+
+
+def _cached_files(entry: Any, project: Path) -> dict[str, Path]:
+    """A cache hit's files by role; the model image is data, not a build product: always the project's."""
+    files = {role: entry.file(_cache_name(role)) for role in entry.meta["offsets"] if role != "model"}
+    if "model" in entry.meta["offsets"]:
+        files["model"] = project / MODEL_IMAGE
+    return files
+
+
+# The resolved configuration a build result keeps (flash settings, offsets, the ESP-NN choice, target).
+_KEPT_CONFIG = (
+    "CONFIG_ESPTOOLPY_",
+    "CONFIG_PARTITION_TABLE_",
+    "CONFIG_BOOTLOADER_OFFSET",
+    "CONFIG_NN_",
+    "CONFIG_IDF_TARGET",
+)
+
+
+def _model_layout(table: Sequence[PartitionEntry], project: Path) -> list[tuple[str, int, Path]]:
+    """The model image for the ``model`` data partition (none in a table without one)."""
+    part = next((p for p in table if p.type == 0x01 and p.label == PARTITION_LABEL), None)
+    if part is None:
+        return []
+    image = project / MODEL_IMAGE
+    if not image.is_file():
+        raise BuildError(f"{image} is missing", hint="regenerate the project with `esp-check generate`")
+    if image.stat().st_size > part.size:
+        raise BuildError(
+            f"the model image ({image.stat().st_size} bytes) is larger than the '{part.label}' partition "
+            f"({part.size} bytes)",
+            hint="regenerate the project: generate refuses models the board cannot hold",
+        )
+    return [("model", part.offset, image)]
 
 
 def flasher_args(
@@ -536,10 +603,10 @@ def flasher_args(
     data: dict[str, Any] = {
         "write_flash_args": ["--flash-mode", mode, "--flash-freq", freq, "--flash-size", size],
         "flash_settings": {"flash_mode": mode, "flash_freq": freq, "flash_size": size},
-        "flash_files": {_hex(a.offset): a.path.name for a in sorted(artifacts)},
+        "flash_files": {_hex(a.offset): _rel(a) for a in sorted(artifacts)},
     }
     for a in artifacts:
-        data[a.role] = {"offset": _hex(a.offset), "file": a.path.name, "encrypted": "false"}
+        data[a.role] = {"offset": _hex(a.offset), "file": _rel(a), "encrypted": "false"}
     data["extra_esptool_args"] = {
         "after": "hard-reset",
         "before": "default-reset",
@@ -654,6 +721,7 @@ def build_project(
         artifacts: list[Artifact] = []
         for role, offset in offsets.items():
             dest = out_dir / ROLE_FILES[role]
+            dest.parent.mkdir(parents=True, exist_ok=True)
             if files[role].resolve() != dest.resolve():
                 shutil.copyfile(files[role], dest)
             artifacts.append(Artifact(offset, dest, role))
@@ -661,7 +729,7 @@ def build_project(
         args = flasher_args(artifacts, meta.get("sdkconfig", {}), chip, flash_size)
         fa_path = out_dir / FLASHER_ARGS
         fa_path.write_text(json.dumps(args, indent=4) + "\n", encoding="utf-8")
-        lines = [" ".join(args["write_flash_args"])] + [f"{_hex(a.offset)} {a.path.name}" for a in artifacts]
+        lines = [" ".join(args["write_flash_args"])] + [f"{_hex(a.offset)} {_rel(a)}" for a in artifacts]
         (out_dir / FLASH_ARGS).write_text("\n".join(lines) + "\n", encoding="utf-8")
         if meta.get("resolved") is not None:
             _record_resolved(project, meta["resolved"])
@@ -689,22 +757,10 @@ def build_project(
             files, sdk = _build_idf(project, run_env, log, on_output, timeout, idf_py, chip)
         else:
             files, fixed = _build_sim(project, log, on_output)
-        layout = _layout(files, sdk, chip, project, fixed)
+        layout = _layout(files, sdk, chip, project, fixed, str(manifest.get("variant") or ""))
         meta: dict[str, Any] = {
             "offsets": {role: off for role, off, _ in layout},
-            "sdkconfig": {
-                k: v
-                for k, v in sdk.items()
-                if k.startswith(
-                    (
-                        "CONFIG_ESPTOOLPY_",
-                        "CONFIG_PARTITION_TABLE_",
-                        "CONFIG_BOOTLOADER_OFFSET",
-                        "CONFIG_NN_",
-                        "CONFIG_IDF_TARGET",
-                    )
-                )
-            },
+            "sdkconfig": {k: v for k, v in sdk.items() if k.startswith(_KEPT_CONFIG)},
             "resolved": _resolved_components(project),
             "builder": chosen,
             "board": board_name,
@@ -722,8 +778,8 @@ def build_project(
                 f.write(f"cache hit {key} ({cache.root}): builder not run\n")
             if on_output:
                 on_output(f"cache hit {key[:12]}: builder not run")
-            files = {role: entry.file(ROLE_FILES[role]) for role in entry.meta["offsets"]}
-            return finish(files, entry.meta, hit=True)
+            return finish(_cached_files(entry, project), entry.meta, hit=True)
         files, meta = run_build()
-        entry = cache.put(key, {ROLE_FILES[role]: path for role, path in files.items()}, meta)
+        products = {_cache_name(role): path for role, path in files.items() if role in CACHED_ROLES}
+        entry = cache.put(key, products, meta)
         return finish(files, meta, hit=False)

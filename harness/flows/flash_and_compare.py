@@ -26,11 +26,12 @@ from harness.analysis.compare import (
 )
 from harness.analysis.tap import TapResult
 from harness.device.locks import board_lock
+from harness.device.loop import LinkStats
 from harness.device.ports import check_present, resolve_port
 from harness.errors import EspCheckError, ExitCode, UsageError, combine_exit_codes
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
-from harness.flows.capture import flash_and_capture, run_variant
+from harness.flows.capture import flash_and_capture, run_variants
 from harness.flows.firmware import Firmware, build_firmware, generate_firmware
 from harness.flows.records import (
     VARIANT_ORDER,
@@ -43,7 +44,7 @@ from harness.flows.records import (
 )
 from harness.flows.report import write_junit, write_report
 from harness.flows.tap_run import TapRunRequest, run_tap_flow
-from harness.model.inputs import InputOptions
+from harness.model.inputs import InputOptions, input_tensor_bytes
 from harness.model.loader import ModelInfo, load_model
 from harness.model.opdata import espnn_model_acceleration
 from harness.model.reference import prepare_host_results
@@ -84,6 +85,8 @@ class _Run:
     warnings: list[str] = field(default_factory=list)
     codes: list[ExitCode] = field(default_factory=list)
     comparison: CompareResult | None = None
+    streamed: list[bytes] = field(default_factory=list)  # the inputs as the device's input tensor takes them
+    link: LinkStats | None = None
     tap: TapResult | None = None
     espnn: dict[str, Any] | None = None
 
@@ -164,10 +167,13 @@ def flash_and_compare(
         if reference:  # ONE host child runs the reference on the inputs and measures the arena;
             # generate, the reference leg and the simulated board read its cached results
             prepare_host_results(run.model, run.inputs, input_options=input_options, per_layer=tap)
+        # the inputs are streamed to the resident firmware, never compiled in: a new input rebuilds and
+        # reflashes nothing (generate still checks them, before anything is built)
         projects = generate_firmware(
             run.model, run.inputs, run.board, run.out / "projects", rec=run.rec, input_options=input_options,
-            arena_kb=arena_kb, features=FirmwareFeatures(tap=tap),
+            arena_kb=arena_kb, features=FirmwareFeatures(tap=tap, embed_inputs=False),
         )  # fmt: skip
+        run.streamed = input_tensor_bytes(run.inputs, run.info.inputs[0], input_options)
         ref_source = _host_reference(run, input_options) if reference else None
         fw = build_firmware(
             projects, rec=run.rec, logs_dir=run.out / "logs", builder=builder, cache_dir=cache_dir,
@@ -296,7 +302,7 @@ def _flash_and_capture_both(
     limits: StageTimeouts,
     flash_baud: int | None,
 ) -> bool:
-    """Flash and capture each variant on the same board, one after the other, holding its lock."""
+    """Flash both variants in one session and stream the inputs to each, holding the board's lock."""
     with contextlib.ExitStack() as held:
         try:
             cm = lock_cm()
@@ -305,11 +311,12 @@ def _flash_and_capture_both(
         except EspCheckError as exc:
             run.failed("board lock", exc)
             return False
+        run.link = run_variants(
+            run.rec, run.variants, fw.builds, run.board, run.port_url, run.out, limits, flash_baud,
+            run.streamed,
+        )  # fmt: skip
         for v in VARIANT_ORDER:
-            vr = run.variants[v]
-            build = fw.builds[v]
-            code = run_variant(run.rec, vr, build, run.board, run.port_url, run.out, limits, flash_baud)
-            vr.exit_code = code
+            code = run.variants[v].exit_code
             if code is not None:
                 run.codes.append(code)
     return True

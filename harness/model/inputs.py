@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -494,3 +495,17 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
     return PreparedInput(
         src, real, q, hashlib.sha256(q.tobytes()).hexdigest(), report, tensor, kind, False, tuple(notes)
     )
+
+
+def tensor_bytes(prepared: PreparedInput) -> bytes:
+    """The quantized input as the device's input tensor holds it: little-endian, C order."""
+    q = np.ascontiguousarray(prepared.quantized)
+    return q.astype(q.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def input_tensor_bytes(
+    paths: Sequence[str | Path], tensor: TensorInfo, options: InputOptions | None = None
+) -> list[bytes]:
+    """Each input prepared for ``tensor`` (usage errors as :func:`load_input`), as tensor bytes."""
+    return [tensor_bytes(load_input(p, tensor, options)) for p in paths]
+

@@ -1,6 +1,7 @@
-"""What the simulated chip prints when it boots from flash: ROM lines, second-stage bootloader, the
-IDF app start-up log, and the esp-check app itself (the protocol stream of docs/protocol.md, printed
-through ``harness.protocol.emitter`` so it cannot drift from the firmware's C emitter), plus injected faults.
+"""What the simulated chip prints when it boots from flash: ROM lines, the second-stage bootloader (it
+reads the partition table and otadata, and boots the app otadata selects, as ESP-IDF's does), then hands
+over to the esp-check app (:mod:`harness.sim.resident`), which maps the model partition and stays in its
+command loop.
 
 The result is a list of :class:`Piece` (bytes at the ROM's 115200 baud, bytes at the console baud,
 or a link event); the board schedules them on its serial line.
@@ -8,39 +9,29 @@ or a link event); the board schedules them on its serial line.
 
 from __future__ import annotations
 
-import hashlib
-import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
-
+from harness.protocol import otadata as ota
+from harness.protocol.model_image import ModelImageError, parse_model_image
 from harness.sim.chips import ChipSpec
-from harness.sim.faults import FaultSpec, flip_bits
+from harness.sim.crash import elf_sha256
 from harness.sim.image import (
+    MODEL_LABEL,
     PARTITION_TABLE_MAX,
     PARTITION_TABLE_OFFSET,
     AppPayload,
     ImageError,
     LoadedImage,
+    Partition,
     PartitionTableError,
     find_payload,
     load_image,
     parse_partition_table,
     type_names,
 )
+from harness.sim.resident import ROM_BAUD, SIM_BANNER, AppEnv, Clock, Piece, SimApp
 
-ROM_BAUD = 115200
-SIM_BANNER = "esp-check SIMULATED BOARD"
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One stretch of output: ``kind`` is "rom" (115200 baud), "console" (app baud) or "disconnect"."""
-
-    kind: str
-    data: bytes = b""
+__all__ = ["ROM_BAUD", "SIM_BANNER", "BootContext", "BootResult", "Piece", "boot_from_flash", "rom_header"]
 
 
 @dataclass
@@ -49,6 +40,7 @@ class BootResult:
     console_baud: int = ROM_BAUD
     variant: str | None = None
     faults_applied: list[str] = field(default_factory=list)
+    app: SimApp | None = None  # the app now running its command loop (None: halted, looping, no app)
 
 
 # ---- ROM text -----------------------------------------------------------------------------------
@@ -97,210 +89,23 @@ def _rom_load_lines(chip: ChipSpec, boot: LoadedImage) -> bytes:
     return ("\r\n".join(out) + "\r\n").encode()
 
 
-class _Clock:
-    """ESP-IDF log timestamps (ms since boot), deterministic."""
-
-    def __init__(self, start: int = 27) -> None:
-        self.ms = start
-
-    def line(self, level: str, tag: str, msg: str, step: int = 3) -> bytes:
-        self.ms += step
-        return f"{level} ({self.ms}) {tag}: {msg}\r\n".encode()
-
-
-# ---- the reference ("the model running on the simulated CPU") ----------------------------------
-
-
-@dataclass(frozen=True)
-class _Outputs:
-    arrays: list[list[np.ndarray]]  # per input: per output
-    backend_version: str
-    arena_used: int
-    n_ops: int
-    layers: list[dict[int, np.ndarray]] | None = None  # per input: op output tensor index -> array
-
-
-def _run_model(payload: AppPayload, cache: dict[str, Any], per_layer: bool = False) -> _Outputs:
-    """Run the embedded model on the embedded inputs with the host TFLM reference (cached per image)."""
-    from harness.model.loader import parse_model_bytes
-    from harness.model.reference import host_arena_bytes, run_reference
-
-    key = hashlib.sha256(payload.model + b"".join(payload.inputs)).hexdigest() + f":{per_layer}"
-    hit = cache.get(key)
-    if isinstance(hit, _Outputs):
-        return hit
-    info = parse_model_bytes(payload.model)
-    tin = info.inputs[0]
-    arrays = [np.frombuffer(raw, dtype=np.dtype(tin.dtype)).reshape(tin.shape) for raw in payload.inputs]
-    res = run_reference(payload.model, [[a] for a in arrays], per_layer=per_layer)
-    try:
-        used = int(host_arena_bytes(info))
-    except Exception:  # an estimate only; never fail the boot over it
-        used = 0
-    layers = [{lt.tensor_index: lt.array for lt in r.layers or []} for r in res.runs] if per_layer else None
-    out = _Outputs([list(r.outputs) for r in res.runs], res.backend_version, used, len(info.ops), layers)
-    cache[key] = out
-    return out
-
-
-def modelled_invoke_us(chip: ChipSpec, payload: AppPayload, n_ops: int) -> int:
-    """A deterministic stand-in for the invoke time (the host's time says nothing about an ESP32).
-
-    Proportional to the model's size and op count, scaled by CPU clock; the optimized variant is
-    modelled 2x faster. Only benchmarks of the simulator itself should look at it.
-    """
-    base = (len(payload.model) // 2 + 400 * n_ops) * 240 // max(1, chip.cpu_mhz)
-    return int(base // 2 if payload.variant == "optimized" else base)
-
-
-# ---- panics -------------------------------------------------------------------------------------
-
-
-def _hex(rng: random.Random, base: int, span: int = 0x40000) -> int:
-    return (base + rng.randrange(0, span)) & ~0x3
-
-
-def _flash_pc(chip: ChipSpec, rng: random.Random) -> int:
-    """An address in the chip's flash-mapped code (0x400Dxxxx on the ESP32, 0x420xxxxx on S3/C3)."""
-    return _hex(rng, chip.irom_start + 0x8000)
-
-
-def _iram_pc(chip: ChipSpec, rng: random.Random) -> int:
-    """An address in the chip's internal instruction RAM (panic_abort & co. live there)."""
-    return _hex(rng, chip.iram_start + 0x1000, 0x10000)
-
-
-def _stack_ptr(chip: ChipSpec, rng: random.Random) -> int:
-    """A task stack address in the chip's data RAM."""
-    return _hex(rng, chip.dram_start + 0x10000, 0x20000)
-
-
-def elf_sha256(chip: ChipSpec, app: LoadedImage) -> str:
-    """The app's "ELF file SHA256": fixed per image and per chip (the same payload built for another chip
-    is another image), never random per boot."""
-    h = hashlib.sha256(chip.name.encode())
-    for addr, data in app.segments:
-        h.update(addr.to_bytes(4, "little") + data)
-    return h.hexdigest()
-
-
-# ESP-IDF v5 prints CONFIG_APP_RETRIEVE_LEN_ELF_SHA (default 9) characters of it, at boot and on a panic
-ELF_SHA_PRINTED = 9
-
-# what a crash prints before its register dump / backtrace, per ``kind``
-_HEADLINES = {
-    "panic": "Guru Meditation Error: Core  0 panic'ed ({cause}). Exception was unhandled.",
-    "abort": "abort() was called at PC 0x{pc:08x} on core 0",
-    "startup": "assert failed: esp_startup_start_app app_startup.c:83 (res == pdTRUE)",
-}
-
-
-def panic_text(chip: ChipSpec, kind: str, rng: random.Random, elf_sha: str = "0" * 64) -> bytes:
-    """A crash report in the chip's own form: ``kind`` "panic" (Guru Meditation), "abort" (abort()) or
-    "startup" (an assert before app_main, e.g. no RAM left for the main task's stack).
-
-    Addresses come from the chip's memory map (an S3 crashes at 0x420xxxxx with stacks at 0x3fcxxxxx,
-    never at the classic ESP32's 0x400dxxxx / 0x3ffbxxxx); Xtensa prints registers and a ``Backtrace:``,
-    RISC-V prints MEPC/MCAUSE/MTVAL and ``Stack memory:`` and no backtrace line.
-    """
-    pc = _flash_pc(chip, rng)
-    cause = "LoadProhibited" if chip.arch == "xtensa" else "Load access fault"
-    lines = [_HEADLINES[kind].format(pc=pc, cause=cause), ""]
-    if chip.arch == "xtensa":
-        lines += _xtensa_report(chip, kind, pc, rng)
-    else:
-        lines += _riscv_report(chip, kind, pc, rng)
-    lines += ["", "", f"ELF file SHA256: {elf_sha[:ELF_SHA_PRINTED]}", "", "Rebooting...", ""]
-    return "\r\n".join(lines).encode()
-
-
-def _dump_rows(regs: list[tuple[str, int]]) -> list[str]:
-    return ["".join(f"{n:<8}: 0x{v:08x}  " for n, v in regs[j : j + 4]) for j in range(0, len(regs), 4)]
-
-
-def _xtensa_report(chip: ChipSpec, kind: str, pc: int, rng: random.Random) -> list[str]:
-    sp = _stack_ptr(chip, rng)
-    lines: list[str] = []
-    frames = [(pc, sp)]
-    if kind == "panic":
-        ret = (_flash_pc(chip, rng) & 0x3FFFFFFF) | 0x80000000  # A0: return address, window bits on top
-        regs = [("PC", pc), ("PS", 0x00060030), ("A0", ret), ("A1", sp)]
-        regs += [(f"A{i}", rng.getrandbits(32)) for i in range(2, 16)]
-        regs += [("SAR", 0x1D), ("EXCCAUSE", 0x1C), ("EXCVADDR", 0), ("LBEG", 0x4000C2E0),
-                 ("LEND", 0x4000C2F6), ("LCOUNT", 0)]  # fmt: skip
-        lines += ["Core  0 register dump:", *_dump_rows(regs), ""]
-    else:  # panic_abort, esp_system_abort, abort()/__assert_func run from IRAM before the caller
-        frames = [(_iram_pc(chip, rng), sp - 0x60 + 0x20 * k) for k in range(3)] + frames
-    frames += [(_flash_pc(chip, rng), sp + 0x20 * (k + 1)) for k in range(4)]
-    lines += ["", "Backtrace: " + " ".join(f"0x{a:08x}:0x{b:08x}" for a, b in frames), ""]
-    return lines
-
-
-def _riscv_report(chip: ChipSpec, kind: str, pc: int, rng: random.Random) -> list[str]:
-    sp = _stack_ptr(chip, rng)
-    mepc = pc if kind == "panic" else _iram_pc(chip, rng)  # an abort stops in panic_abort (IRAM)
-    regs = [("MEPC", mepc), ("RA", mepc - 0x20), ("SP", sp), ("GP", chip.dram_start + 0xB400)]
-    names = (
-        "TP",
-        "T0",
-        "T1",
-        "T2",
-        "S0/FP",
-        "S1",
-        "A0",
-        "A1",
-        "A2",
-        "A3",
-        "A4",
-        "A5",
-        "A6",
-        "A7",
-        "S2",
-        "S3",
-    )
-    regs += [(n, rng.getrandbits(32)) for n in names]
-    regs += [
-        ("MSTATUS", 0x00001881),
-        ("MTVEC", chip.iram_start + 0x4001),
-        ("MCAUSE", 0x00000005 if kind == "panic" else 0x00000003),
-        ("MTVAL", 0 if kind == "panic" else 0x00009002),
-        ("MHARTID", 0),
-    ]
-    lines = ["Core  0 register dump:", *_dump_rows(regs), "", "Stack memory:"]
-    for row in range(8):
-        lines.append(f"{sp + row * 32:08x}: " + " ".join(f"0x{rng.getrandbits(32):08x}" for _ in range(8)))
-    return lines
-
-
 # ---- boot ---------------------------------------------------------------------------------------
 
-
-@dataclass
-class BootContext:
-    """Everything one boot needs from the board."""
-
-    chip: ChipSpec
-    flash: bytes
-    reason: str  # key of _RESET_REASONS
-    faults: FaultSpec
-    boot_index: int
-    emitter_backend: str
-    cache: dict[str, Any]
-    log: Callable[[str], None] = lambda _m: None
+BootContext = AppEnv  # everything one boot needs from the board
 
 
-def boot_from_flash(ctx: BootContext) -> BootResult:
-    """Everything the chip prints from reset release (IO0 high) until it idles, halts or loops."""
-    faults = ctx.faults
-    loops = max(1, faults.loops)
-    reason = ctx.reason
+def boot_from_flash(ctx: BootContext, reason: str) -> BootResult:
+    """Everything the chip prints from reset release (IO0 high) until its app waits for commands, halts or
+    loops (a start-up crash repeats on every boot, ``loops`` boots shown)."""
+    loops = max(1, ctx.faults.loops)
     result = BootResult([])
     for n in range(loops):
-        one = _boot_once(ctx, reason, n)
+        one = _boot_once(ctx, reason)
         result.pieces += one.pieces
         result.console_baud = one.console_baud if n == 0 else result.console_baud
         result.variant = one.variant
         result.faults_applied = one.faults_applied
+        result.app = one.app
         if one.reboot_reason is None:
             break
         reason = one.reboot_reason
@@ -314,14 +119,94 @@ class _Once:
     variant: str | None = None
     faults_applied: list[str] = field(default_factory=list)
     reboot_reason: str | None = None
+    app: SimApp | None = None
 
 
-def _invalid(chip: ChipSpec, reason: str, msg: str) -> _Once:
-    head = rom_header(chip, reason, False)
-    return _Once([Piece("rom", head + f"{msg}\r\n".encode())], reboot_reason=None)
+def _bootloader_lines(chip: ChipSpec, clock: Clock) -> list[bytes]:
+    return [
+        clock.line("I", "boot", "ESP-IDF sim 2nd stage bootloader"),
+        clock.line("I", "boot", "compile time Jan  1 2026 00:00:00"),
+        clock.line("I", "boot", f"{'Multicore' if chip.cores > 1 else 'Single core'} bootloader"),
+        clock.line("I", "boot", f"chip revision: v{chip.rev}"),
+        clock.line("I", f"boot.{chip.name}", "SPI Speed      : 80MHz"),
+        clock.line("I", f"boot.{chip.name}", "SPI Mode       : DIO"),
+        clock.line("I", f"boot.{chip.name}", "SPI Flash Size : 4MB"),
+        clock.line("W", "boot", f"{SIM_BANNER}: this is harness.sim, not real hardware"),
+    ]
 
 
-def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
+def _table_lines(parts: list[Partition], clock: Clock) -> list[bytes]:
+    out = [
+        clock.line("I", "boot", "Partition Table:"),
+        clock.line("I", "boot", "## Label            Usage          Type ST Offset   Length"),
+    ]
+    usages = {"nvs": "WiFi data", "phy": "RF data", "factory": "factory app", "ota": "OTA data"}
+    for i, p in enumerate(parts):
+        tname, sub = type_names(p)
+        usage = usages.get(sub, "OTA app" if sub.startswith("ota_") else f"{tname} {sub}")
+        row = f"{i:2d} {p.label:<16} {usage:<16} {p.type:02x} {p.subtype:02x} {p.offset:08x} {p.size:08x}"
+        out.append(clock.line("I", "boot", row, 1))
+    out.append(clock.line("I", "boot", "End of partition table"))
+    return out
+
+
+def _boot_order(flash: bytearray, parts: list[Partition], clock: Clock, bl: list[bytes]) -> list[Partition]:
+    """The app partitions in the order the bootloader tries them: factory, or the OTA app otadata selects
+    (ota_0 when otadata is empty or damaged), then the others."""
+    apps = [p for p in parts if p.type == 0x00]
+    factory = [p for p in apps if p.subtype == 0x00]
+    otas = [p for p in apps if 0x10 <= p.subtype < 0x20]
+    otad = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
+    slot = None
+    if otad is not None and otas:
+        slot = ota.selected_slot(bytes(flash[otad.offset : otad.offset + otad.size]), len(otas))
+        bl.append(clock.line("I", "boot", f"OTA data selects {'nothing' if slot is None else f'ota_{slot}'}"))
+    first = [otas[slot]] if slot is not None else factory or otas[:1]
+    return first + [p for p in apps if p not in first]
+
+
+def _load_app(
+    ctx: BootContext, parts: list[Partition], clock: Clock, bl: list[bytes]
+) -> tuple[Partition, LoadedImage, AppPayload] | None:
+    for part in _boot_order(ctx.flash, parts, clock, bl):
+        try:
+            app = load_image(ctx.chip, ctx.flash, part.offset, part.size)
+            payload = find_payload(ctx.chip, app)
+        except (ImageError, ValueError) as exc:
+            bl.append(clock.line("E", "esp_image", str(exc)))
+            bl.append(clock.line("E", "boot", f"{part.label} app partition is not bootable"))
+            continue
+        pos = part.offset + 0x18
+        for i, (addr, data) in enumerate(app.segments):
+            kind = "map" if ctx.chip.drom_map_start <= addr < ctx.chip.drom_map_start + 0x400000 else "load"
+            size = f"size={len(data):05x}h ({len(data):6d})"
+            line = f"segment {i}: paddr={pos + 8:08x} vaddr={addr:08x} {size} {kind}"
+            bl.append(clock.line("I", "esp_image", line, 2))
+            pos += 8 + len(data)
+        bl.append(clock.line("I", "boot", f"Loaded app from partition at offset 0x{part.offset:x}", 20))
+        return part, app, payload
+    bl.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
+    return None
+
+
+def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, str | None]:
+    """What the app's esp_partition_mmap of the model partition finds: (model, None) or (b"", why not)."""
+    part = next((p for p in parts if p.type == 0x01 and p.label == MODEL_LABEL), None)
+    if part is None:
+        return b"", "no_model_partition_in_the_partition_table"
+    try:
+        return parse_model_image(flash[part.offset : part.offset + part.size], part.size).model, None
+    except ModelImageError as exc:
+        damaged = "damaged" in str(exc) or "match" in str(exc)
+        return (
+            b"",
+            "model_partition_damaged_sha256_differs"
+            if damaged
+            else "model_partition_holds_no_model_image_flash_it",
+        )
+
+
+def _boot_once(ctx: BootContext, reason: str) -> _Once:
     chip = ctx.chip
     flash = ctx.flash
     pieces: list[Piece] = [Piece("rom", rom_header(chip, reason, False))]
@@ -334,331 +219,34 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
         text = b"".join(rom_header(chip, "rtcwdt", False) + f"{exc}\r\n".encode() for _ in range(2))
         return _Once([Piece("rom", pieces[0].data + f"{exc}\r\n".encode() + text)])
     pieces.append(Piece("rom", _rom_load_lines(chip, boot)))
-
     # second-stage bootloader (console baud is only known from the app image; it logs at 115200 here)
-    clock = _Clock()
-    bl: list[bytes] = [
-        clock.line("I", "boot", "ESP-IDF sim 2nd stage bootloader"),
-        clock.line("I", "boot", "compile time Jan  1 2026 00:00:00"),
-        clock.line("I", "boot", f"{'Multicore' if chip.cores > 1 else 'Single core'} bootloader"),
-        clock.line("I", "boot", f"chip revision: v{chip.rev}"),
-        clock.line("I", f"boot.{chip.name}", "SPI Speed      : 80MHz"),
-        clock.line("I", f"boot.{chip.name}", "SPI Mode       : DIO"),
-        clock.line("I", f"boot.{chip.name}", "SPI Flash Size : 4MB"),
-        clock.line("W", "boot", f"{SIM_BANNER}: this is harness.sim, not real hardware"),
-    ]
+    clock = Clock()
+    bl = _bootloader_lines(chip, clock)
     try:
         parts = parse_partition_table(
-            flash[PARTITION_TABLE_OFFSET : PARTITION_TABLE_OFFSET + PARTITION_TABLE_MAX]
+            bytes(flash[PARTITION_TABLE_OFFSET : PARTITION_TABLE_OFFSET + PARTITION_TABLE_MAX])
         )
     except PartitionTableError as exc:
         bl.append(clock.line("E", "flash_parts", str(exc)))
         bl.append(clock.line("E", "boot", "Failed to verify partition table"))
         bl.append(clock.line("E", "boot", "load partition table error!"))
-        pieces.append(Piece("console", b"".join(bl)))
-        return _Once(pieces)
-    bl.append(clock.line("I", "boot", "Partition Table:"))
-    bl.append(clock.line("I", "boot", "## Label            Usage          Type ST Offset   Length"))
-    for i, p in enumerate(parts):
-        tname, sub = type_names(p)
-        usage = {"nvs": "WiFi data", "phy": "RF data", "factory": "factory app"}.get(sub, f"{tname} {sub}")
-        bl.append(
-            clock.line(
-                "I",
-                "boot",
-                f"{i:2d} {p.label:<16} {usage:<16} {p.type:02x} {p.subtype:02x} {p.offset:08x} {p.size:08x}",
-                1,
-            )
-        )
-    bl.append(clock.line("I", "boot", "End of partition table"))
-    app_part = next((p for p in parts if p.type == 0x00), None)
-    if app_part is None:
-        bl.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
-        pieces.append(Piece("console", b"".join(bl)))
-        return _Once(pieces)
-    try:
-        app = load_image(chip, flash, app_part.offset, app_part.size)
-        payload = find_payload(chip, app)
-    except (ImageError, ValueError) as exc:
-        bl.append(clock.line("E", "esp_image", str(exc)))
-        bl.append(clock.line("E", "boot", "Factory app partition is not bootable"))
-        bl.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
-        pieces.append(Piece("console", b"".join(bl)))
-        return _Once(pieces)
-    pos = app_part.offset + 0x18
-    for i, (addr, data) in enumerate(app.segments):
-        kind = "map" if chip.drom_map_start <= addr < chip.drom_map_start + 0x400000 else "load"
-        bl.append(
-            clock.line(
-                "I",
-                "esp_image",
-                f"segment {i}: paddr={pos + 8:08x} vaddr={addr:08x} "
-                f"size={len(data):05x}h ({len(data):6d}) {kind}",
-                2,
-            )
-        )
-        pos += 8 + len(data)
-    bl.append(clock.line("I", "boot", f"Loaded app from partition at offset 0x{app_part.offset:x}", 20))
+        return _Once([*pieces, Piece("console", b"".join(bl))])
+    bl += _table_lines(parts, clock)
+    ctx.parts = parts
+    loaded = _load_app(ctx, parts, clock, bl)
+    if loaded is None:
+        return _Once([*pieces, Piece("console", b"".join(bl))])
+    part, app, payload = loaded
     bl.append(clock.line("I", "boot", "Disabling RNG early entropy source..."))
     console_baud = int(payload.header.get("console_baud", ROM_BAUD))
-    # the 2nd-stage bootloader and the app both log at the console baud
-    pieces.append(Piece("console", b"".join(bl)))
-    app_out, reboot = _run_app(ctx, payload, clock, n, elf_sha256(chip, app))
-    once = _Once(pieces + app_out.pieces, console_baud, payload.variant, app_out.faults_applied, reboot)
-    return once
-
-
-def _run_app(
-    ctx: BootContext, payload: AppPayload, clock: _Clock, n: int, elf_sha: str
-) -> tuple[BootResult, str | None]:
-    from harness.model.loader import parse_model_bytes
-    from harness.protocol.emitter import make_emitter
-
-    chip = ctx.chip
-    faults = ctx.faults
-    variant = payload.variant
-    active = sorted(f for f in faults.names if faults.active(f, variant) and f != "sync_fail")
-    head = [
-        clock.line("I", "cpu_start", f"{'Multicore' if chip.cores > 1 else 'Single core'} app", 40),
-        clock.line("I", "cpu_start", "Pro cpu start user code"),
-        clock.line("I", "cpu_start", f"cpu freq: {chip.cpu_mhz * 1000000} Hz"),
-        clock.line("I", "app_init", "Application information:"),
-        clock.line("I", "app_init", "Project name:     esp-check-fw", 1),
-        clock.line("I", "app_init", f"App version:      {payload.header.get('fwver', '0.0.0')}", 1),
-        clock.line("I", "app_init", f"ELF file SHA256:  {elf_sha[:ELF_SHA_PRINTED]}...", 1),
-        clock.line("I", "app_init", f"ESP-IDF:          {payload.header.get('idf', 'sim')}", 1),
-        clock.line("I", "efuse_init", f"Chip rev:         v{chip.rev}", 1),
-        clock.line("I", "heap_init", "Initializing. RAM available for dynamic allocation:", 2),
-        clock.line("I", "spi_flash", "detected chip: generic", 10),
-    ]
-    if "bootloop" in active:  # no RAM left for the main task's stack: an assert before app_main, every boot
-        startup = panic_text(chip, "startup", faults.rng("bootloop", ctx.boot_index), elf_sha)
-        return BootResult(
-            [Piece("console", b"".join(head) + startup)], variant=variant, faults_applied=active
-        ), "sw"
-    head += [
-        clock.line("I", "main_task", "Started on CPU0", 20),
-        clock.line("I", "main_task", "Calling app_main()", 10),
-        clock.line("W", "esp-check", f"{SIM_BANNER} (harness.sim {chip.name}): results are simulated"),
-    ]
-    out = bytearray()
-    emitter = make_emitter(out.extend, backend=ctx.emitter_backend)
-    result = BootResult([Piece("console", b"".join(head))], variant=variant, faults_applied=active)
-    reboot: str | None = None
-    crash: bytes = b""
-
-    emitter.begin(str(payload.header.get("fwver", "0.0.0")), True)
-    emitter.info(
-        [
-            ("nn", payload.nn),
-            ("target", chip.name),
-            ("chip", chip.name),
-            ("rev", chip.rev),
-            ("cores", chip.cores),
-            ("cpu_mhz", chip.cpu_mhz),
-        ]
-    )
-    try:
-        info = parse_model_bytes(payload.model)
-        n_out = len(info.outputs)
-    except Exception:
-        info = None
-        n_out = 0
-    outputs = None
-    tap = bool(payload.header.get("tap"))
-    op_fault = _op_fault(faults, active)
-    if info is not None and len(info.inputs) == 1 and "alloc" not in active:
-        outputs = _run_model(payload, ctx.cache, per_layer=tap or op_fault is not None)
-    tflm = outputs.backend_version.replace(" ", "_") if outputs else "sim"
-    emitter.info(
-        [
-            ("idf", str(payload.header.get("idf", "sim"))),
-            ("tflm", tflm),
-            ("espnn", str(payload.header.get("espnn", "sim"))),
-            ("model_bytes", len(payload.model)),
-            ("inputs", len(payload.inputs)),
-            ("outputs", n_out),
-        ]
-    )
-    emitter.info([("model_sha256", hashlib.sha256(payload.model).hexdigest())])
-    if active:
-        emitter.info([("sim_fault", "+".join(active))])
-    if tap:
-        emitter.info([("tap", 1)])
-    ok = True
-    if info is None:
-        emitter.error("schema", -1, "model_schema_version_differs_from_TFLITE_SCHEMA_VERSION", None)
-        ok = False
-    elif "alloc" in active:
-        emitter.error("alloc", 1, "AllocateTensors_failed", None)
-        ok = False
-    elif len(info.inputs) != 1 or outputs is None:
-        emitter.error("input", len(info.inputs), "expected_one_input_tensor", None)
-        ok = False
-    else:
-        size = int(payload.header.get("arena_bytes") or 0) or outputs.arena_used
-        emitter.arena(size, min(size, outputs.arena_used) if outputs.arena_used else size, "host")
-        tin = info.inputs[0]
-        need = tin.num_elements * np.dtype(tin.dtype).itemsize
-        for i, raw in enumerate(payload.inputs):
-            if len(raw) != need:
-                emitter.error("input", len(raw), "input_tensor_size_differs_from_embedded_input", i)
-                ok = False
-                break
-            emitter.input(i, len(raw), hashlib.sha256(raw).hexdigest())
-            if "hang" in active:
-                ok = False
-                crash = b"\x00hang"  # marker: no END
-                break
-            crash_kind = next((k for k in ("panic", "abort", "brownout") if k in active), None)
-            if crash_kind is not None:
-                rng = faults.rng(crash_kind, ctx.boot_index * 100 + n)
-                if crash_kind == "brownout":
-                    crash = b"\r\nBrownout detector was triggered\r\n\r\n"
-                    reboot = "brownout"
-                else:
-                    crash = panic_text(chip, crash_kind, rng, elf_sha)
-                    reboot = "sw"
-                ok = False
-                break
-            emitter.time(i, modelled_invoke_us(chip, payload, outputs.n_ops))
-            sim_ops = None
-            final = list(outputs.arrays[i])
-            if outputs.layers is not None:
-                from harness.sim.tap_sim import simulate_ops
-
-                sim_ops, values = simulate_ops(
-                    info, np.frombuffer(raw, np.dtype(tin.dtype)).reshape(tin.shape), outputs.layers[i],
-                    variant, op_fault,
-                )  # fmt: skip
-                final = [values.get(t.index, a) for t, a in zip(info.outputs, final, strict=True)]
-            for o, (arr, t) in enumerate(zip(final, info.outputs, strict=True)):
-                data = _apply_output_faults(arr, active, faults, ctx.boot_index, i, o)
-                emitter.tensor(
-                    i,
-                    o,
-                    t.dtype,
-                    list(t.shape),
-                    float(t.scale or 0.0),
-                    int(t.zero_point or 0),
-                    data,
-                    t.name,
-                    int(payload.header.get("human_max", 16)),
-                )
-            if tap and sim_ops is not None:
-                _emit_taps(emitter, i, info, sim_ops, [int(k) for k in payload.header.get("dump_ops", [])])
-    if crash:
-        records = bytes(out)
-        if crash != b"\x00hang":
-            records += crash
-        result.pieces += _line_faults(records, active, faults, ctx.boot_index)
-        return result, reboot
-    emitter.end(ok)
-    tail = clock.line("I", "main_task", "Returned from app_main()", 50)
-    result.pieces += _line_faults(bytes(out) + tail, active, faults, ctx.boot_index)
-    return result, None
-
-
-def _op_fault(faults: FaultSpec, active: list[str]) -> Any:
-    from harness.sim.tap_sim import OpFault
-
-    for kind in ("op_corrupt", "op_clobber"):
-        if kind in active and faults.fault_op is not None:
-            return OpFault(
-                kind,
-                faults.fault_op,
-                faults.fault_region,
-                faults.corrupt_lsb,
-                faults.corrupt_frac,
-                faults.seed,
-            )
-    return None
-
-
-def _emit_taps(emitter: Any, i: int, info: Any, sim_ops: list[Any], dump_ops: list[int]) -> None:
-    """OP records, OPEND and the chosen ops' dumps, as the --tap firmware prints them after Invoke."""
-    from harness.protocol.emitter import TapTensor
-    from harness.protocol.spec import TAP_RECORD_BYTES, crc32
-
-    for so in sim_ops:
-        emitter.op(
-            i,
-            0,
-            so.op.index,
-            so.op.opcode,
-            so.cycles,
-            [TapTensor(t, tuple(a.shape), crc32(a)) for t, a in so.inputs],
-            [TapTensor(t, tuple(a.shape), crc32(a)) for t, a in so.outputs],
-        )
-    dumps = [(so, role, t, a) for so in sim_ops if so.op.index in dump_ops
-             for role, side in (("in", so.inputs), ("out", so.outputs)) for t, a in side]  # fmt: skip
-    ram = TAP_RECORD_BYTES * len(sim_ops) + sum((a.nbytes + 3) // 4 * 4 for *_, a in dumps)
-    emitter.op_end(i, len(sim_ops), 0, ram)
-    for so, role, t, a in dumps:
-        ti = info.tensors[t]
-        emitter.op_dump(
-            i, so.op.index, t, role, str(a.dtype), list(a.shape), float(ti.scale or 0.0),
-            int(ti.zero_point or 0), a.tobytes(),
-        )  # fmt: skip
-
-
-def _apply_output_faults(
-    arr: np.ndarray, active: list[str], faults: FaultSpec, boot: int, i: int, o: int
-) -> bytes:
-    a = np.array(arr, copy=True)
-    if "pinned" in active:
-        info = np.iinfo(a.dtype) if a.dtype.kind in "iu" else None
-        a[...] = info.min if info is not None else 0
-    if "corrupt" in active:
-        rng = faults.rng("corrupt", i * 1000 + o)  # same elements on every boot: a kernel bug, not noise
-        flat = a.reshape(-1)
-        k = max(1, round(flat.size * faults.corrupt_frac))
-        idx = sorted(rng.sample(range(flat.size), min(k, flat.size)))
-        if a.dtype.kind in "iu":
-            lim = np.iinfo(a.dtype)
-            for j in idx:
-                v = int(flat[j])
-                delta = faults.corrupt_lsb if v + faults.corrupt_lsb <= lim.max else -faults.corrupt_lsb
-                flat[j] = v + delta
-        else:
-            for j in idx:
-                flat[j] = flat[j] + faults.corrupt_lsb
-    del boot
-    return a.tobytes()
-
-
-def _line_faults(data: bytes, active: list[str], faults: FaultSpec, boot: int) -> list[Piece]:
-    """Console-level faults on the app's output: watchdog splice, truncation, disconnect, noise."""
-    if "wdt" in active:
-        lines = data.split(b"\n")
-        cands = [k for k, ln in enumerate(lines) if b"@EC1 " in ln and (b" DATA " in ln or b" TENSOR " in ln)]
-        if cands:
-            rng = faults.rng("wdt", boot)
-            k = rng.choice(cands)
-            ln = lines[k]
-            cut = rng.randrange(ln.index(b"@EC1 ") + 6, len(ln) - 2)
-            msg = (
-                b"E (5312) task_wdt: Task watchdog got triggered. The following tasks/users did not "
-                b"reset the watchdog in time:\r\n"
-            )
-            lines[k] = ln[:cut] + msg + ln[cut:]
-            lines.insert(k + 1, b"E (5312) task_wdt:  - IDLE0 (CPU 0)\r")
-            data = b"\n".join(lines)
-    event: Piece | None = None
-    for name in ("truncate", "disconnect"):
-        if name in active:
-            marks = [m for m in range(len(data)) if data.startswith(b"@EC1 ", m)]
-            if len(marks) > 4:
-                rng = faults.rng(name, boot)
-                k = rng.randrange(len(marks) // 2, len(marks) - 1)
-                cut = rng.randrange(marks[k] + 5, marks[k + 1])
-                data = data[:cut]
-                if name == "disconnect":
-                    event = Piece("disconnect")
-            break
-    if "noise" in active:
-        data = flip_bits(data, faults.noise, faults.rng("noise", boot))
-    pieces = [Piece("console", data)]
-    if event is not None:
-        pieces.append(event)
-    return pieces
+    pieces.append(
+        Piece("console", b"".join(bl))
+    )  # the 2nd-stage bootloader and the app log at the console baud
+    model, model_error = _map_model(flash, parts)
+    payload = AppPayload(payload.header, model, payload.inputs)
+    slot = part.subtype - 0x10 if 0x10 <= part.subtype < 0x20 else None
+    sim_app = SimApp(ctx, payload, model_error, elf_sha256(chip, app), clock, slot)
+    out, reboot = sim_app.start()
+    ctx.log(f"app: {payload.variant} from {part.label}, model {'ok' if model_error is None else model_error}")
+    return _Once(pieces + out, console_baud, payload.variant, sim_app.active, reboot,
+                 None if reboot else sim_app)  # fmt: skip

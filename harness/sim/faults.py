@@ -30,6 +30,10 @@ FAULTS: dict[str, str] = {
     "op_corrupt": "op `fault_op` writes `fault_region` of its output off by `corrupt_lsb` LSB",
     "op_clobber": "an input of op `fault_op` is overwritten (`fault_region`) after its producer finished, "
     "as by another op's scratch-buffer overflow",
+    # the resident loop's streaming path (docs/protocol.md "Resident loop")
+    "frame_rx": "every `frame_every`-th command frame the device receives has a damaged byte",
+    "frame_tx": "every `frame_every`-th frame the device sends has a damaged byte",
+    "stall": "the device stops answering after `fault_count` RUN commands (a stalled device)",
 }
 
 OP_REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")
@@ -53,6 +57,7 @@ class FaultSpec:
     extra: Mapping[str, str] = field(default_factory=dict)
     fault_op: int | None = None  # op_corrupt / op_clobber: the op index
     fault_region: str = "last_row"
+    frame_every: int = 5  # frame_rx / frame_tx: which frames are damaged
 
     def for_boot(self, boot_index: int) -> FaultSpec:
         """The faults in force on app boot ``boot_index`` (1-based): none once ``fault_boots`` are used up.
@@ -141,6 +146,7 @@ def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSp
         fault_count=int(num("fault_count", 1, int)),
         loops=int(num("loops", 3, int)),
         fault_boots=None if one("fault_boots") is None else int(num("fault_boots", 0, int)),
+        frame_every=max(1, int(num("frame_every", 5, int))),
     )
 
 

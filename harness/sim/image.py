@@ -19,14 +19,17 @@ from typing import Any
 from esptool.bin_image import ELFSection, ESP32FirmwareImage, LoadFirmwareImage
 
 from harness.errors import BuildError
+from harness.protocol.model_image import PARTITION_LABEL as MODEL_LABEL
 from harness.sim.chips import ChipSpec, get_chip
+
+MODEL_IMAGE_FILE = "esp-check/partitions/model.bin"  # where generate writes the model partition image
 
 PARTITION_TABLE_OFFSET = 0x8000
 PARTITION_TABLE_MAX = 0xC00
 APP_OFFSET = 0x10000
 PAYLOAD_MAGIC = b"ESPCHKSIM1\0\0"
 APP_DESC_MAGIC = 0xABCD5432
-PAYLOAD_FORMAT = 1
+PAYLOAD_FORMAT = 2  # 2: the model is not in the app but in the model partition (inputs may be none)
 
 _PT_MAGIC = b"\xaa\x50"  # as gen_esp32part.py writes it (bytes AA 50)
 _PT_MD5_MAGIC = b"\xeb\xeb" + b"\xff" * 14
@@ -60,13 +63,50 @@ class Partition:
 
 
 def default_partitions(app_size: int) -> list[Partition]:
-    """Same layout as firmware_templates/project/partitions.csv.j2: nvs, phy_init, factory app."""
+    """A one-app layout (nvs, phy_init, factory), for tests of images built without a project."""
     app_size = max(0x100000, (app_size + 0xFFFF) // 0x10000 * 0x10000)
     return [
         Partition("nvs", 0x01, 0x02, 0x9000, 0x6000),
         Partition("phy_init", 0x01, 0x01, 0xF000, 0x1000),
         Partition("factory", 0x00, 0x00, APP_OFFSET, app_size),
     ]
+
+
+def _csv_number(text: str, what: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise BuildError(
+            f"partitions.csv: {what} {text!r} is not a number", hint="regenerate the project"
+        ) from None
+
+
+def parse_partitions_csv(text: str) -> list[Partition]:
+    """A project's partitions.csv, as ESP-IDF's gen_esp32part.py reads it (explicit offsets and sizes).
+
+    The subset the generator writes: ``name, type, subtype, offset, size[, flags]`` with type app/data,
+    named or numeric subtypes, hex or decimal offsets and sizes; comments and blank lines skipped.
+    """
+    parts: list[Partition] = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) < 5 or cols[1] not in _TYPES:
+            raise BuildError(f"partitions.csv line {n}: {raw.strip()!r} is not a partition row",
+                             hint="regenerate the project")  # fmt: skip
+        name, tname, sub, off, size = cols[:5]
+        subtype = _SUBTYPES[tname].get(sub)
+        if subtype is None:
+            subtype = _csv_number(sub, "subtype")
+        if not 0 <= subtype <= 0xFE or len(name.encode()) > 16:
+            raise BuildError(f"partitions.csv line {n}: bad subtype or name in {raw.strip()!r}")
+        offset, nbytes = _csv_number(off, "offset"), _csv_number(size, "size")
+        parts.append(Partition(name, _TYPES[tname], subtype, offset, nbytes))
+    if not parts:
+        raise BuildError("partitions.csv holds no partitions", hint="regenerate the project")
+    return parts
 
 
 def pack_partition_table(parts: list[Partition]) -> bytes:
@@ -120,7 +160,8 @@ def type_names(p: Partition) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class AppPayload:
-    """What the simulated app has "compiled in": the model, the inputs and its settings."""
+    """What the simulated app has "compiled in" (its settings and inputs), plus the model it mapped from the
+    model partition at boot (``model`` is empty until then)."""
 
     header: dict[str, Any]
     model: bytes
@@ -135,13 +176,13 @@ class AppPayload:
         return "optimized" if self.variant == "optimized" else "ansi_c"
 
 
-def pack_payload(header: dict[str, Any], model: bytes, inputs: list[bytes]) -> bytes:
+def pack_payload(header: dict[str, Any], inputs: list[bytes]) -> bytes:
     hdr = dict(header)
     hdr["format"] = PAYLOAD_FORMAT
-    hdr["model_bytes"] = len(model)
+    hdr["model_bytes"] = 0
     hdr["input_bytes"] = [len(b) for b in inputs]
     raw = json.dumps(hdr, sort_keys=True).encode()
-    return PAYLOAD_MAGIC + struct.pack("<I", len(raw)) + raw + model + b"".join(inputs)
+    return PAYLOAD_MAGIC + struct.pack("<I", len(raw)) + raw + b"".join(inputs)
 
 
 def unpack_payload(data: bytes) -> AppPayload:
@@ -283,15 +324,13 @@ def _input_files(project_dir: Path, manifest: dict[str, Any]) -> list[Path]:
     data = project_dir / "esp-check"
     files = sorted(data.glob("input_*.bin"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
     declared = manifest.get("inputs")
-    if isinstance(declared, list) and declared and len(declared) != len(files):
+    if isinstance(declared, list) and len(declared) != len(files):
         raise BuildError(
             f"{project_dir}: manifest lists {len(declared)} inputs but {len(files)} input_<k>.bin "
             "files exist",
             hint="regenerate the project",
         )
-    if not files:
-        raise BuildError(f"{data} holds no input_<k>.bin", hint="regenerate the project with --input")
-    return files
+    return files  # none: a resident firmware that takes every input over the link
 
 
 def _variant(manifest: dict[str, Any]) -> str:
@@ -303,23 +342,9 @@ def _variant(manifest: dict[str, Any]) -> str:
     raise BuildError(f"manifest variant {v!r} is neither optimized nor ansi", hint="regenerate the project")
 
 
-def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Path]]:
-    """Pack a generated project into bootloader / partition table / app images for the simulated board.
-
-    Returns the esptool (offset, file) list. The app carries the project's model and inputs and the
-    variant from its manifest: the simulator prints ``nn=`` from this compiled-in value.
-    """
-    project_dir = Path(project_dir)
-    build_dir = Path(build_dir)
-    manifest = _read_manifest(project_dir)
-    chip = get_chip(str(manifest.get("chip") or manifest.get("target") or "esp32s3"))
-    model_path = project_dir / "esp-check" / "model.tflite"
-    try:
-        model = model_path.read_bytes()
-    except OSError as exc:
-        raise BuildError(f"{model_path} unreadable: {exc}", hint="regenerate the project") from exc
-    inputs = [p.read_bytes() for p in _input_files(project_dir, manifest)]
-    header: dict[str, Any] = {
+def _app_header(manifest: dict[str, Any], chip: ChipSpec) -> dict[str, Any]:
+    """The simulated app's compiled-in settings (what the real firmware has from its sources)."""
+    return {
         "variant": _variant(manifest),
         "chip": chip.name,
         "board": str(manifest.get("board", "sim")),
@@ -330,29 +355,100 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
         "idf": str(manifest.get("idf", "sim")),
         "tflm": str(manifest.get("tflm", "sim")),
         "espnn": str(manifest.get("espnn", "sim")),
-        "model_sha256": hashlib.sha256(model).hexdigest(),
+        "window": int((manifest.get("resident") or {}).get("rx_buffer_bytes", 16384)),
         # --tap firmware: per-op records and the ops whose tensors it dumps (generate.py's manifest)
         "tap": bool((manifest.get("tap") or {}).get("enabled", False)),
         "dump_ops": [int(k) for k in (manifest.get("tap") or {}).get("dump_ops", [])],
     }
-    app = pack_app_image(chip, pack_payload(header, model, inputs), version=str(header["fwver"]))
+
+
+def _project_partitions(project_dir: Path) -> list[Partition]:
+    path = project_dir / "partitions.csv"
+    try:
+        return parse_partitions_csv(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BuildError(f"{path} unreadable: {exc}", hint="regenerate the project") from exc
+
+
+def _app_partition(parts: list[Partition], variant: str) -> Partition:
+    """Where this variant's app goes: factory, or its OTA slot (optimized ota_0, ANSI C ota_1)."""
+    slot = 0x10 + (1 if variant == "ansi" else 0)
+    app = next((p for p in parts if p.type == 0x00 and p.subtype == 0x00), None)
+    app = app or next((p for p in parts if p.type == 0x00 and p.subtype == slot), None)
+    if app is None:
+        raise BuildError(
+            "partitions.csv has no app partition for this variant", hint="regenerate the project"
+        )
+    return app
+
+
+def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Path]]:
+    """Pack a generated project into bootloader / partition table / otadata / app (+ the project's model
+    image) for the simulated board.
+
+    Returns the esptool (offset, file) list. The partition table is the project's own partitions.csv;
+    the app goes to its variant's slot and carries the compiled-in inputs and the variant from the
+    manifest (the simulator prints ``nn=`` from this compiled-in value); the model is not in the app but
+    in the model partition, from ``esp-check/partitions/model.bin``.
+    """
+    project_dir = Path(project_dir)
+    build_dir = Path(build_dir)
+    manifest = _read_manifest(project_dir)
+    chip = get_chip(str(manifest.get("chip") or manifest.get("target") or "esp32s3"))
+    parts = _project_partitions(project_dir)
+    header = _app_header(manifest, chip)
+    inputs = [p.read_bytes() for p in _input_files(project_dir, manifest)]
+    app = pack_app_image(chip, pack_payload(header, inputs), version=str(header["fwver"]))
+    app_part = _app_partition(parts, header["variant"])
+    if len(app) > app_part.size:
+        raise BuildError(f"the simulated app ({len(app)} bytes) does not fit {app_part.label}")
     build_dir.mkdir(parents=True, exist_ok=True)
-    boot_path = build_dir / "bootloader.bin"
-    pt_path = build_dir / "partition-table.bin"
-    app_path = build_dir / "esp-check-sim.bin"
-    boot_path.write_bytes(pack_bootloader_image(chip))
-    pt_path.write_bytes(pack_partition_table(default_partitions(len(app))))
-    app_path.write_bytes(app)
-    return [(chip.bootloader_offset, boot_path), (PARTITION_TABLE_OFFSET, pt_path), (APP_OFFSET, app_path)]
+    files = [
+        (chip.bootloader_offset, build_dir / "bootloader.bin", pack_bootloader_image(chip)),
+        (PARTITION_TABLE_OFFSET, build_dir / "partition-table.bin", pack_partition_table(parts)),
+        (app_part.offset, build_dir / "esp-check-sim.bin", app),
+    ]
+    ota = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
+    if ota is not None:
+        files.append((ota.offset, build_dir / "ota_data_initial.bin", b"\xff" * ota.size))
+    out = []
+    for off, path, data in files:
+        path.write_bytes(data)
+        out.append((off, path))
+    model = next((p for p in parts if p.type == 0x01 and p.label == MODEL_LABEL), None)
+    image = project_dir / MODEL_IMAGE_FILE
+    if model is not None and image.is_file():
+        out.append((model.offset, image))
+    return sorted(out)
 
 
 def read_app_payload(chip: ChipSpec, flash: bytes | bytearray) -> tuple[Partition, LoadedImage, AppPayload]:
-    """Convenience for tests and tools: partition table -> factory app -> payload (raises on any error)."""
+    """Convenience for tests and tools: partition table -> selected app -> payload, with the model read
+    from the model partition (raises on any error)."""
+    from harness.protocol.model_image import parse_model_image
+    from harness.protocol.otadata import selected_slot
+
     parts = parse_partition_table(
         bytes(flash[PARTITION_TABLE_OFFSET : PARTITION_TABLE_OFFSET + PARTITION_TABLE_MAX])
     )
-    app = next((p for p in parts if p.type == 0x00), None)
-    if app is None:
+    apps = [p for p in parts if p.type == 0x00]
+    if not apps:
         raise ImageError("no app partition in the partition table")
-    loaded = load_image(chip, flash, app.offset, app.size)
-    return app, loaded, find_payload(chip, loaded)
+    ota = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
+    slot = selected_slot(bytes(flash[ota.offset : ota.offset + ota.size]), len(apps)) if ota else None
+    order = apps[slot:] + apps[:slot] if slot is not None else apps  # then the others, as the bootloader
+    errors = []
+    for app in order:
+        try:
+            loaded = load_image(chip, flash, app.offset, app.size)
+            payload = find_payload(chip, loaded)
+            break
+        except ImageError as exc:
+            errors.append(f"{app.label}: {exc}")
+    else:
+        raise ImageError("no bootable app: " + "; ".join(errors))
+    model = next((p for p in parts if p.type == 0x01 and p.label == MODEL_LABEL), None)
+    if model is not None:
+        image = parse_model_image(flash[model.offset : model.offset + model.size], model.size)
+        payload = AppPayload(payload.header, image.model, payload.inputs)
+    return app, loaded, payload

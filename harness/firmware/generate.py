@@ -23,8 +23,8 @@ import numpy as np
 
 from harness import __version__
 from harness.errors import EspCheckError, GenerateError
-from harness.firmware.boards import Board, load_board
-from harness.resources import data_dir, templates_dir
+from harness.firmware.boards import APP_OFFSET, PARTITION_TABLE_BYTES, Board, load_board
+from harness.resources import data_dir, idf_version_tuple, pinned_versions, templates_dir
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,14 +35,8 @@ VARIANTS: tuple[str, ...] = ("optimized", "ansi")
 NN_SYMBOL = {"optimized": "CONFIG_NN_OPTIMIZED", "ansi": "CONFIG_NN_ANSI_C"}
 NN_REPORTED = {"optimized": "optimized", "ansi": "ansi_c"}  # INFO nn= value the firmware prints
 
-# Pinned versions (checked upstream 2026): platform-espressif32 6.13.0 ships framework-espidf
-# 3.50503.0 = ESP-IDF v5.5.3; esp-tflite-micro 1.3.8 needs IDF >= 5.0 and pulls esp-nn.
-DEFAULT_VERSIONS: dict[str, str] = {
-    "platform": "6.13.0",
-    "tflm": "1.3.8",
-    "espnn": "1.1.2",
-    "idf": "5.5.3",
-}
+# Pinned versions: harness/data/versions.toml [pinned] (platform, tflm, espnn, idf).
+DEFAULT_VERSIONS: dict[str, str] = pinned_versions()
 PIO_ENV = "esp_check"
 MANIFEST_NAME = "esp-check.json"
 MANIFEST_SCHEMA = "esp-check-project/1"
@@ -50,7 +44,7 @@ DATA_DIR = "esp-check"  # model.tflite and input_<k>.bin copies, build outputs u
 HUMAN_MAX = 16
 MAIN_STACK_BYTES = 16384
 APP_PARTITION_BYTES = 3 * 1024 * 1024  # fits a 540 KB model plus TFLM and ESP-NN with room to spare
-APP_PARTITION_OFFSET = 0x10000
+APP_PARTITION_OFFSET = APP_OFFSET
 PSRAM_RESERVE_BYTES = 512 * 1024  # PSRAM left for the rest of the system when the arena goes there
 MAX_INPUTS = 64
 PROTO_FILES = ("esp_check_proto.c", "esp_check_proto.h")
@@ -267,18 +261,22 @@ def load_allowlist() -> dict[str, Any]:
     return dict(tomllib.loads(text))
 
 
-def check_sdkconfig(text: str, chip: str, allow: Mapping[str, Any], where: str) -> list[str]:
+def check_sdkconfig(
+    text: str, chip: str, allow: Mapping[str, Any], where: str, idf_min: str | None = None
+) -> list[str]:
     """Symbols of a rendered sdkconfig.defaults; GenerateError for any symbol not allowed for ``chip``.
 
     ESP-IDF silently ignores unknown symbols, so a typo (or a board file's extra symbol) would not fail
-    the build: it would quietly produce a different firmware. Checking here makes it a clear error.
+    the build: it would quietly produce a different firmware. Checking here makes it a clear error. With
+    ``idf_min`` (the oldest ESP-IDF the project allows), a symbol that only newer releases have is refused
+    too, unless the older ones behave as if it had the value written (``absent_means``).
     """
     symbols: list[str] = []
     for line in text.splitlines():
-        m = re.match(r"^(?:# )?(CONFIG_[A-Z0-9_]+)(?:=| is not set$)", line)
+        m = re.match(r"^(?:# )?(CONFIG_[A-Z0-9_]+)(?:=(.*)| is not set)$", line)
         if not m:
             continue
-        key = m.group(1)
+        key, value = m.group(1), ("n" if m.group(2) is None else m.group(2))
         entry = allow["symbols"].get(key)
         if key in allow.get("forbidden", {}):
             raise GenerateError(f"{where}: {key} must never be set ({allow['forbidden'][key]})")
@@ -292,6 +290,18 @@ def check_sdkconfig(text: str, chip: str, allow: Mapping[str, Any], where: str) 
         chips = entry.get("chips")
         if chips is not None and chip not in chips:
             raise GenerateError(f"{where}: {key} does not exist for {chip} (only {', '.join(chips)})")
+        since = entry.get("idf_since")
+        if (
+            idf_min is not None
+            and since is not None
+            and idf_version_tuple(idf_min) < idf_version_tuple(since)
+            and entry.get("absent_means") != value
+        ):
+            raise GenerateError(
+                f"{where}: {key} exists only from ESP-IDF {since}, but the project allows ESP-IDF "
+                f"{idf_min}, which would ignore it silently and build a different firmware",
+                hint=f'set idf_min = "{since}" (or newer) in the board file',
+            )
         symbols.append(key)
     return symbols
 
@@ -383,6 +393,8 @@ def generate_projects(
         plan = ArenaPlan(-(-est // 1024) * 1024, "", f"estimate ({method})", est)
     plan = ArenaPlan(plan.bytes, place_arena(plan.bytes, board_def), plan.source, plan.estimate_bytes)
 
+    idf_low, idf_below = board_def.idf_range
+    nvs_offset = board_def.partition_table_offset + PARTITION_TABLE_BYTES
     prepared = _prepare_inputs([Path(p) for p in input_paths], tensor, input_options)
     app_partition = min(APP_PARTITION_BYTES, board_def.flash_bytes - APP_PARTITION_OFFSET)
     if len(model_bytes) + sum(len(r) for _, r, _ in prepared) > app_partition - 1024 * 1024:
@@ -428,6 +440,17 @@ def generate_projects(
         "human_max": human_max,
         "main_stack_bytes": MAIN_STACK_BYTES,
         "app_partition_bytes": app_partition,
+        "app_partition_offset": APP_PARTITION_OFFSET,
+        "partition_table_offset": board_def.partition_table_offset,
+        "nvs_offset": nvs_offset,
+        "nvs_bytes": APP_PARTITION_OFFSET - nvs_offset,
+        "idf": {
+            "min": idf_low,
+            "below": idf_below,
+            "range": f">={idf_low},<{idf_below}",
+            "min_c": ", ".join(str(n) for n in idf_version_tuple(idf_low)),
+            "below_c": ", ".join(str(n) for n in idf_version_tuple(idf_below)),
+        },
         "tap": tap_ctx,
     }
     proto_dir = templates_dir() / "common"
@@ -449,7 +472,13 @@ def generate_projects(
             except jinja2.UndefinedError as exc:  # a template bug, never user input
                 raise EspCheckError(f"template {tname} uses an undefined value: {exc}") from exc
             if rel == "sdkconfig.defaults":
-                check_sdkconfig(text, board_def.chip, allow, f"sdkconfig.defaults for board {board_def.name}")
+                check_sdkconfig(
+                    text,
+                    board_def.chip,
+                    allow,
+                    f"sdkconfig.defaults for board {board_def.name}",
+                    idf_min=idf_low,
+                )
             files[rel] = text.encode("utf-8")
         for name in PROTO_FILES:
             files[f"main/{name}"] = (proto_dir / name).read_bytes()
@@ -548,6 +577,7 @@ def _manifest(
             "esp-tflite-micro": versions["tflm"],
             "esp-nn": versions["espnn"],
             "esp-idf": versions["idf"],
+            "esp-idf-supported": ">={},<{}".format(*board.idf_range),
         },
         "model": {
             "source_name": model_path.name,

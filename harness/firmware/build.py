@@ -30,7 +30,7 @@ from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, default_cache_
 from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, PIO_ENV, read_manifest
 
 BUILDERS = ("pio", "idf", "sim")
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the sim packer's bootloader carries the partition table offset
 BUILD_SUBDIR = f"{DATA_DIR}/build"
 LOG_NAME = "build.log"
 FLASHER_ARGS = "flasher_args.json"
@@ -472,11 +472,13 @@ def _layout(
     chip: str,
     project: Path,
     fixed: Mapping[str, int] | None = None,
+    table_offset: int | None = None,
 ) -> list[tuple[str, int, Path]]:
     """(role, offset, source file) for what must be flashed; checks the app fits its partition.
 
     Offsets come from the resolved sdkconfig and the built partition table (``fixed`` when the
-    builder states them itself, as the sim packer does).
+    builder states them itself, as the sim packer does). ``table_offset`` is the board's partition
+    table offset (manifest), used only when the resolved sdkconfig does not say.
     """
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():
@@ -491,7 +493,13 @@ def _layout(
     try:
         pt_off = int(sdkconfig["CONFIG_PARTITION_TABLE_OFFSET"], 0)
     except (KeyError, ValueError):
-        pt_off = 0x8000
+        if table_offset is None:
+            raise BuildError(
+                "neither the resolved sdkconfig (CONFIG_PARTITION_TABLE_OFFSET) nor the project manifest "
+                "(board_def.partition_table_offset) says where the partition table goes",
+                hint="regenerate the project with this esp-check version and build again",
+            ) from None
+        pt_off = table_offset
     table = parse_partition_table(files["partition-table"].read_bytes())
     apps = [p for p in table if p.type == 0x00]
     if not apps:
@@ -640,6 +648,8 @@ def build_project(
             hint="use --builder idf (ESP-IDF idf.py)",
         )
     flash_size = str(board_def.get("flash_size") or "keep")
+    raw_offset = board_def.get("partition_table_offset")
+    table_offset = raw_offset if isinstance(raw_offset, int) and not isinstance(raw_offset, bool) else None
 
     out_dir = project / BUILD_SUBDIR
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -690,7 +700,7 @@ def build_project(
             files, sdk = _build_idf(project, run_env, log, on_output, timeout, idf_py, chip)
         else:
             files, fixed = _build_sim(project, log, on_output)
-        layout = _layout(files, sdk, chip, project, fixed)
+        layout = _layout(files, sdk, chip, project, fixed, table_offset)
         meta: dict[str, Any] = {
             "offsets": {role: off for role, off, _ in layout},
             "sdkconfig": {

@@ -436,6 +436,7 @@ def _run_variant(
                     ser,
                     build.flash_files(),
                     expected_chip=board.chip,
+                    chip_revisions=getattr(board, "chip_revisions", None),
                     baud=flash_baud or board.flash_baud,
                     after="no-reset",
                     reset_style=board.reset,

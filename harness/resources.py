@@ -52,7 +52,7 @@ def data_dir() -> Path:
 _IDF_VERSION = re.compile(r"^([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})$")
 
 
-def idf_version_tuple(text: str) -> tuple[int, int, int]:
+def version_tuple(text: str) -> tuple[int, int, int]:
     """``"5.5.2"`` -> ``(5, 5, 2)``; ValueError for anything that is not MAJOR.MINOR.PATCH."""
     m = _IDF_VERSION.match(text)
     if m is None:
@@ -74,6 +74,6 @@ def idf_support() -> tuple[str, str]:
     """(oldest supported ESP-IDF, first unsupported ESP-IDF) for every board, from versions.toml."""
     table = _versions_table()["idf"]
     low, below = str(table["min"]), str(table["below"])
-    if not idf_version_tuple(low) < idf_version_tuple(below):
+    if not version_tuple(low) < version_tuple(below):
         raise EspCheckError(f"harness/data/versions.toml: [idf] min {low} is not below {below}")
     return low, below

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import jinja2
+import numpy as np
 import pytest
 import yaml
 
@@ -482,6 +483,33 @@ def test_arena_from_estimator(tmp_path: Path) -> None:
     assert manifest["arena_estimate_bytes"] <= p.arena_bytes
 
 
+def test_arena_reserves_the_pinned_espnn_scratch(tmp_path: Path) -> None:
+    """A padded 3x3 first conv on 96x96x3: esp-nn 1.1.2 (pinned) asks for 31212 B of scratch on the S3;
+    later esp-nn formulas say 704 B. The arena must hold the host's need plus the pinned version's."""
+    pytest.importorskip("tflite_micro")
+    from test_model_builder import padded_conv_model
+
+    model = tmp_path / "padded_conv.tflite"
+    model.write_bytes(padded_conv_model())
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.zeros((1, 96, 96, 3), dtype=np.int8))
+    board = "esp32s3-devkitc-1-n8"
+    (p,) = gen.generate_projects(model, [npy], board, out_dir=tmp_path / "o", variants=("optimized",))
+    manifest = json.loads(p.manifest_path.read_text())
+    from harness.model.arena import estimate_arena
+
+    host = estimate_arena(model, chip="esp32s3").host_bytes
+    assert p.arena_bytes >= host + 31212
+    assert manifest["versions"]["esp-nn"] == "1.1.2"
+    assert manifest["arena_espnn_formulas"].startswith("esp-nn 1.1.2: scratch formulas of set 1.1 ")
+    # pinning a later esp-nn changes the formula (and the arena) with it
+    (q,) = gen.generate_projects(
+        model, [npy], "esp32s3-devkitc-1-n8", out_dir=tmp_path / "q", variants=("optimized",),
+        espnn_version="1.2.3",
+    )  # fmt: skip
+    assert host + 704 <= q.arena_bytes < p.arena_bytes
+
+
 def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(
         [
@@ -575,8 +603,8 @@ def test_allowlist_entries_are_documented() -> None:
         assert re.fullmatch(r"CONFIG_[A-Z0-9_]+", key)
         assert entry["checked_against"] and entry["kconfig"], key
         if "idf_since" in entry:  # only meaningful inside the supported range
-            since = resources.idf_version_tuple(entry["idf_since"])
-            assert resources.idf_version_tuple(low) < since < resources.idf_version_tuple(below), key
+            since = resources.version_tuple(entry["idf_since"])
+            assert resources.version_tuple(low) < since < resources.version_tuple(below), key
     assert "CONFIG_NN_SKIP_NUDGE" in ALLOW["forbidden"]
 
 

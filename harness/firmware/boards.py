@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import BoardDefinitionError
-from harness.resources import boards_dir, idf_support, idf_version_tuple
+from harness.resources import boards_dir, idf_support, version_tuple
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -149,7 +149,7 @@ class Board:
     def idf_range(self) -> tuple[str, str]:
         """(oldest, first unsupported) ESP-IDF version for this board's firmware."""
         low, below = idf_support()
-        if self.idf_min is not None and idf_version_tuple(self.idf_min) > idf_version_tuple(low):
+        if self.idf_min is not None and version_tuple(self.idf_min) > version_tuple(low):
             low = self.idf_min
         return low, below
 
@@ -327,12 +327,12 @@ def _check_idf_min(path: Path, data: dict[str, Any]) -> None:
         return
     below = idf_support()[1]  # a minimum below esp-check's own is allowed and has no effect
     try:
-        wanted = idf_version_tuple(data["idf_min"])
+        wanted = version_tuple(data["idf_min"])
     except ValueError:
         raise _err(
             path, "idf_min", f"is {data['idf_min']!r}; expected MAJOR.MINOR.PATCH, e.g. 5.5.2"
         ) from None
-    if not wanted < idf_version_tuple(below):
+    if not wanted < version_tuple(below):
         raise _err(
             path,
             "idf_min",

@@ -24,7 +24,7 @@ import numpy as np
 from harness import __version__
 from harness.errors import EspCheckError, GenerateError
 from harness.firmware.boards import APP_OFFSET, PARTITION_TABLE_BYTES, Board, load_board
-from harness.resources import data_dir, idf_version_tuple, pinned_versions, templates_dir
+from harness.resources import data_dir, pinned_versions, templates_dir, version_tuple
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -114,6 +114,7 @@ class ArenaPlan:
     mem: str  # internal | psram
     source: str  # "estimate (measured)" | "estimate (rough)" | "--arena-kb"
     estimate_bytes: int | None
+    espnn_formulas: str | None = None  # which esp-nn version's scratch formulas the estimate used
 
 
 def place_arena(arena_bytes: int, board: Board) -> str:
@@ -140,12 +141,13 @@ def place_arena(arena_bytes: int, board: Board) -> str:
 # neighbours' interfaces (imported lazily so `generate` works without the tflite-micro wheel)
 
 
-def _estimate_arena_bytes(model_path: Path, chip: str) -> tuple[int, str]:
-    """Recommended arena bytes for ``chip`` and how they were obtained (``measured`` or ``rough``)."""
+def _estimate_arena_bytes(model_path: Path, chip: str, espnn_version: str) -> tuple[int, str, str]:
+    """Recommended arena bytes for ``chip`` with the pinned esp-nn, how they were obtained (``measured``
+    or ``rough``) and which esp-nn version's scratch formulas were used."""
     from harness.model.arena import estimate_arena  # imported lazily: it may probe TFLM in a subprocess
 
-    estimate = estimate_arena(model_path, chip=chip)
-    return int(estimate.target_bytes), str(estimate.method)
+    estimate = estimate_arena(model_path, chip=chip, espnn_version=espnn_version)
+    return int(estimate.target_bytes), str(estimate.method), estimate.espnn_formulas
 
 
 # Below this share of the measured host arena, TFLM can crash inside AllocateTensors (a kernel's Init
@@ -294,7 +296,7 @@ def check_sdkconfig(
         if (
             idf_min is not None
             and since is not None
-            and idf_version_tuple(idf_min) < idf_version_tuple(since)
+            and version_tuple(idf_min) < version_tuple(since)
             and entry.get("absent_means") != value
         ):
             raise GenerateError(
@@ -389,9 +391,11 @@ def generate_projects(
         _refuse_crashing_arena(model_path, arena_kb)
         plan = ArenaPlan(arena_kb * 1024, "", "--arena-kb", None)
     else:
-        est, method = _estimate_arena_bytes(model_path, board_def.chip)
-        plan = ArenaPlan(-(-est // 1024) * 1024, "", f"estimate ({method})", est)
-    plan = ArenaPlan(plan.bytes, place_arena(plan.bytes, board_def), plan.source, plan.estimate_bytes)
+        est, method, formulas = _estimate_arena_bytes(model_path, board_def.chip, versions["espnn"])
+        plan = ArenaPlan(-(-est // 1024) * 1024, "", f"estimate ({method})", est, formulas)
+    plan = ArenaPlan(
+        plan.bytes, place_arena(plan.bytes, board_def), plan.source, plan.estimate_bytes, plan.espnn_formulas
+    )
 
     idf_low, idf_below = board_def.idf_range
     nvs_offset = board_def.partition_table_offset + PARTITION_TABLE_BYTES
@@ -448,8 +452,8 @@ def generate_projects(
             "min": idf_low,
             "below": idf_below,
             "range": f">={idf_low},<{idf_below}",
-            "min_c": ", ".join(str(n) for n in idf_version_tuple(idf_low)),
-            "below_c": ", ".join(str(n) for n in idf_version_tuple(idf_below)),
+            "min_c": ", ".join(str(n) for n in version_tuple(idf_low)),
+            "below_c": ", ".join(str(n) for n in version_tuple(idf_below)),
         },
         "tap": tap_ctx,
     }
@@ -611,6 +615,7 @@ def _manifest(
         "arena_mem": plan.mem,
         "arena_source": plan.source,
         "arena_estimate_bytes": plan.estimate_bytes,
+        "arena_espnn_formulas": plan.espnn_formulas,
         "human_max": human_max,
         "files": {rel: _sha256(data) for rel, data in sorted(files.items())},
         "resolved": None,

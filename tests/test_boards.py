@@ -213,9 +213,14 @@ def test_cli_boards_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["schema"] == "esp-check.boards/1"
     names = [b["name"] for b in data["boards"]]
     assert "esp32p4" in names and "sim" in names
+    p4v3 = next(b for b in data["boards"] if b["name"] == "esp32p4-v3")
+    assert (p4v3["chip_rev_min"], p4v3["chip_rev_max"]) == ("3.0", "3.99")
+    assert p4v3["idf_range"] == ["5.5.2", "6.0.0"]
+    assert p4v3["partition_table_offset"] == 0xC000
     assert main(["boards"]) == 0
     out = capsys.readouterr().out
     assert "esp32c3-devkitm-1" in out and "160" in out
+    assert "v3.0-v3.99" in out and ">=5.5.2,<6.0.0" in out
 
 
 def test_cli_boards_bad_file_is_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,6 +21,36 @@ class ExitCode(enum.IntEnum):
     INTERNAL = 70
 
 
+class Verdict(str, enum.Enum):
+    """The one verdict vocabulary of every report (compare, flash-and-compare, run), from the exit code."""
+
+    MATCH = "match"
+    MISMATCH = "mismatch"
+    USAGE_ERROR = "usage_error"
+    INFRASTRUCTURE_ERROR = "infrastructure_error"
+    FIRMWARE_FAULT = "firmware_fault"
+    INTERNAL_ERROR = "internal_error"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def from_exit_code(cls, code: ExitCode | int) -> Verdict:
+        if int(code) not in _CODES:
+            return cls.INTERNAL_ERROR
+        return _VERDICT_OF.get(ExitCode(int(code)), cls.INTERNAL_ERROR)
+
+
+_CODES = {int(c) for c in ExitCode}
+_VERDICT_OF = {
+    ExitCode.MATCH: Verdict.MATCH,
+    ExitCode.MISMATCH: Verdict.MISMATCH,
+    ExitCode.USAGE: Verdict.USAGE_ERROR,
+    ExitCode.INFRASTRUCTURE: Verdict.INFRASTRUCTURE_ERROR,
+    ExitCode.FIRMWARE_FAULT: Verdict.FIRMWARE_FAULT,
+}
+
+
 # When one run has several outcomes, the most important one decides the exit code.
 EXIT_PRECEDENCE: tuple[ExitCode, ...] = (
     ExitCode.INTERNAL,

@@ -8,6 +8,7 @@ force-includes them as ``harness/_data/firmware_templates`` and ``harness/_data/
 from __future__ import annotations
 
 import functools
+import os
 import re
 import sys
 from pathlib import Path
@@ -47,6 +48,25 @@ def boards_dir() -> Path:
 def data_dir() -> Path:
     """Package data shipped inside ``harness/data`` (allow-lists, op tables)."""
     return _PACKAGE_DIR / "data"
+
+
+def user_cache_dir(kind: str) -> Path:
+    """``<root>/<kind>``: one cache root for builds, the compiled emitter, reference results, ...
+
+    The root is ``$ESP_CHECK_CACHE_DIR`` when set, else the platform's user cache directory
+    (``$XDG_CACHE_HOME`` or ``~/.cache`` on Linux, ``~/Library/Caches`` on macOS, ``%LOCALAPPDATA%``
+    on Windows) plus ``esp-check``.
+    """
+    env = os.environ.get("ESP_CHECK_CACHE_DIR")
+    if env:
+        return Path(env) / kind
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "esp-check" / kind
 
 
 _IDF_VERSION = re.compile(r"^([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})$")

@@ -180,7 +180,7 @@ def test_missing_host_reference_is_a_warning_not_a_verdict(
     def unavailable(*args: object, **kwargs: object) -> None:
         raise HostReferenceError("no host reference backend installed", hint="install tflite-micro")
 
-    monkeypatch.setattr(harness.analysis.compare, "reference_source", unavailable)
+    monkeypatch.setattr(harness.flows.flash_and_compare, "reference_source", unavailable)
     result = run(models_dir, tmp_path, cache_dir, None)
     assert result.exit_code == ExitCode.MATCH
     assert any("host reference unavailable" in w for w in result.warnings)

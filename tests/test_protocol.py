@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.errors import CaptureError, ExitCode
-from harness.protocol.capture import crc32_hex, parse_capture
+from harness.protocol.capture import parse_capture
 from harness.protocol.emitter import PythonEmitter, RunSpec, TensorSpec, emit_capture
+from harness.protocol.spec import crc32_hex
 
 INFO = [
     ("nn", "ansi_c"), ("target", "esp32"), ("chip", "esp32"), ("rev", "3.1"), ("cores", 2),

@@ -61,7 +61,7 @@ def test_schema_is_valid_and_versioned() -> None:
 def test_json_report_validates_against_schema() -> None:
     rep = report_dict(acceptance())
     jsonschema.validate(rep, SCHEMA)
-    assert rep["schema_version"] == 1 and rep["tool"]["name"] == "esp-check" and rep["simulated"] is False
+    assert rep["schema_version"] == 2 and rep["tool"]["name"] == "esp-check" and rep["simulated"] is False
     assert rep["reference_backend"] is None and rep["exit_code"] == 1
     json.dumps(rep, allow_nan=False)  # strict JSON: no NaN/Infinity literals
 

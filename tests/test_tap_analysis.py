@@ -12,10 +12,8 @@ from harness.analysis.tap import (
     analyze_dump,
     describe_region,
     first_divergence,
-    parse_op_list,
     timing_table,
 )
-from harness.errors import GenerateError
 
 
 def _mask(region: str) -> np.ndarray:
@@ -104,10 +102,14 @@ def test_timing_table_speedups_and_totals() -> None:
     assert t["by_type"]["OP0"]["count"] == 1
 
 
-def test_parse_op_list() -> None:
-    assert parse_op_list("18, 17,17") == [17, 18] and parse_op_list(None) == []
-    with pytest.raises(GenerateError):
-        parse_op_list("17,x")
+def test_op_list_flag_is_checked_when_parsed() -> None:
+    import click
+
+    from harness.commands.common import OP_LIST
+
+    assert OP_LIST.convert("18, 17,17", None, None) == [17, 18]
+    with pytest.raises(click.BadParameter):
+        OP_LIST.convert("17,x", None, None)
 
 
 def test_html_pieces_escape_hostile_text_and_draw() -> None:
@@ -152,7 +154,7 @@ def test_sim_ops_match_host_without_fault_and_change_only_op_k(models_dir) -> No
     (host,), (tensors,) = host_taps(info, path.read_bytes(), [q])
     layers = {t: a for t, a in tensors.items() if t != info.inputs[0].index}
     clean, _ = simulate_ops(info, q, layers, "optimized", None)
-    from harness.sim.tap_sim import crc32
+    from harness.protocol.spec import crc32
 
     as_tap = [TapOp(s.op.index, s.op.opcode, tuple((t, f"{crc32(a):08X}") for t, a in s.inputs),
                     tuple((t, f"{crc32(a):08X}") for t, a in s.outputs)) for s in clean]  # fmt: skip

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.analysis.tap import TAP_RECORD_BYTES
 from harness.errors import GenerateError
 from harness.firmware.generate import generate_projects
 from harness.model.loader import load_model
+from harness.protocol.spec import TAP_RECORD_BYTES
 
 MODELS = Path(__file__).parent / "data" / "models"
 INPUTS = MODELS / "inputs"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +24,12 @@ from harness.errors import (
     IncomparableError,
     LogFormatError,
     UsageError,
+    Verdict,
     combine_exit_codes,
 )
 from harness.protocol.capture import MARKER, Capture, parse_capture
 from harness.protocol.legacy import parse_legacy_log
+from harness.protocol.spec import crc32_hex
 
 RESULTS_FORMAT = "esp-check-results"
 RESULTS_VERSION = 1
@@ -160,13 +161,8 @@ class CompareResult:
         return combine_exit_codes(codes or [ExitCode.MATCH])
 
     @property
-    def verdict(self) -> str:
-        return {
-            ExitCode.MATCH: "match",
-            ExitCode.MISMATCH: "mismatch",
-            ExitCode.FIRMWARE_FAULT: "firmware_fault",
-            ExitCode.USAGE: "input_error",
-        }.get(self.exit_code, "error")
+    def verdict(self) -> Verdict:
+        return Verdict.from_exit_code(self.exit_code)
 
 
 # ---- loading sources -----------------------------------------------------------------------------
@@ -236,7 +232,7 @@ def _source_from_results(doc: Any, label: str, path: str) -> Source:
                 if dtype not in ("int8", "uint8", "int16", "int32", "float32"):
                     raise LogFormatError(f"{path}: dtype {dtype!r} not supported")
                 data = base64.b64decode(t["data_b64"], validate=True)
-                if f"{zlib.crc32(data):08X}" != t["crc32"]:
+                if crc32_hex(data) != t["crc32"]:
                     raise LogFormatError(
                         f"{path}: output data does not match its crc32", hint="the file is corrupted"
                     )
@@ -288,7 +284,7 @@ def results_document(source: Source) -> dict[str, Any]:
                     "scale": t.scale,
                     "zero_point": t.zero_point,
                     "data_b64": base64.b64encode(data).decode("ascii"),
-                    "crc32": f"{zlib.crc32(data):08X}",
+                    "crc32": crc32_hex(data),
                 }
             )
         sha = source.input_sha256[k] if k < len(source.input_sha256) else None

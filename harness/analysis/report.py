@@ -22,9 +22,10 @@ from rich.text import Text
 
 from harness import __version__
 from harness.analysis.compare import CompareResult, TensorComparison
+from harness.analysis.schemas import compare_v1, versioned
 
 SCHEMA_ID = "esp-check-compare-report"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: one verdict vocabulary (usage_error, infrastructure_error, internal_error)
 RAW_LOG_MAX = 256 * 1024  # per source in JUnit system-out (head and tail kept)
 _XML_ILLEGAL = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -82,15 +83,15 @@ def comparison_dict(c: TensorComparison) -> dict[str, Any]:
     }
 
 
-def report_dict(result: CompareResult) -> dict[str, Any]:
-    """The JSON report (schema: docs/report-schema.json, ``schema_version`` 1)."""
-    return {
+def report_dict(result: CompareResult, schema_version: int | None = None) -> dict[str, Any]:
+    """The JSON report (schema: docs/report-schema.json); ``schema_version=1`` for the deprecated form."""
+    doc = {
         "schema": SCHEMA_ID,
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "esp-check", "version": __version__},
         "reference_backend": result.reference_backend,
         "simulated": result.simulated,
-        "verdict": result.verdict,
+        "verdict": str(result.verdict),
         "exit_code": int(result.exit_code),
         "tolerance_lsb": result.tolerance_lsb,
         "ref_tolerance_lsb": result.ref_tolerance_lsb,
@@ -116,6 +117,7 @@ def report_dict(result: CompareResult) -> dict[str, Any]:
         ],
         "warnings": list(result.warnings),
     }
+    return versioned(doc, schema_version, what="compare report", downgrades={1: compare_v1})
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -194,7 +196,7 @@ def print_report(result: CompareResult, console: Console | None = None) -> None:
         )
     for w in result.warnings:
         con.print("[yellow]warning:[/] " + escape(w), highlight=False)
-    colour = {"match": "green", "mismatch": "red", "firmware_fault": "red"}.get(result.verdict, "yellow")
+    colour = {"match": "green", "mismatch": "red", "firmware_fault": "red"}.get(str(result.verdict), "yellow")
     con.print(f"[bold {colour}]verdict: {result.verdict}[/] (exit {int(result.exit_code)})")
 
 

@@ -1,9 +1,8 @@
 """``--tap``: find the op that goes wrong, from per-op checksums the device printed.
 
-Pieces:
+Pure functions on captures (the firmware tables are :mod:`harness.firmware.tap_context`, the second
+dump run is driven by :mod:`harness.flows.tap_run`):
 
-- :func:`tap_firmware_context` -- the tables the generated firmware's op wrapper needs (which tensors
-  each op reads/writes, their sizes and shapes, which ops to dump) and its RAM overhead.
 - :func:`host_taps` -- the same per-op CRCs from the host per-layer reference (TFLM reference kernels).
 - :func:`first_divergence` -- walks two op-record streams (device vs device, or device vs host) in
   execution order and names the first op whose checksums differ, telling a wrong *output* from an
@@ -17,148 +16,14 @@ Pieces:
 
 from __future__ import annotations
 
-import re
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from harness.errors import GenerateError
-
-TAP_MAX_TENSORS = 4  # per side of an OP record (docs/protocol.md)
-TAP_RECORD_BYTES = 36  # firmware RAM per op: uint32 cycles + 4 input CRCs + 4 output CRCs
-_DTYPE_C = {"int8": "kTfLiteInt8", "uint8": "kTfLiteUInt8", "int16": "kTfLiteInt16",
-            "int32": "kTfLiteInt32", "float32": "kTfLiteFloat32"}  # fmt: skip
-
-
-# ---- firmware side ---------------------------------------------------------------------------------
-
-
-def tapped_inputs(info: Any, op: Any) -> list[int]:
-    """Inputs the wrapper checksums: non-constant tensors (weights/biases are in flash), at most 4."""
-    return [t for t in op.inputs if t >= 0 and not info.tensors[t].is_constant][:TAP_MAX_TENSORS]
-
-
-def tapped_outputs(op: Any) -> list[int]:
-    return [t for t in op.outputs if t >= 0][:TAP_MAX_TENSORS]
-
-
-def parse_op_list(text: str | Sequence[int] | None) -> list[int]:
-    """``"17,18"`` -> [17, 18] (sorted, unique); GenerateError on anything else."""
-    if text is None:
-        return []
-    if not isinstance(text, str):
-        return sorted({int(k) for k in text})
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if not part.isdigit():
-            raise GenerateError(f"--dump-ops: {part!r} is not an op index", hint="e.g. --dump-ops 17,18")
-        out.add(int(part))
-    return sorted(out)
-
-
-def tap_firmware_context(info: Any, *, tap: bool, dump_ops: Sequence[int] = ()) -> dict[str, Any] | None:
-    """Template context for the op wrapper (None when neither --tap nor --dump-ops is asked for)."""
-    dump = sorted({int(k) for k in dump_ops})
-    if not tap and not dump:
-        return None
-    ops = list(info.main_ops)
-    if int(getattr(info, "subgraph_count", 1)) > 1:
-        raise GenerateError(
-            "--tap supports models with one subgraph (control-flow ops run other subgraphs)",
-            hint="run without --tap",
-        )
-    bad = [k for k in dump if not 0 <= k < len(ops)]
-    if bad:
-        raise GenerateError(
-            f"--dump-ops {','.join(map(str, bad))}: the model has ops 0..{len(ops) - 1}",
-            hint="`esp-check inspect MODEL` lists the ops with their indices",
-        )
-    for op in ops:
-        if op.opcode == "CUSTOM" and not op.custom_code:
-            raise GenerateError(f"op {op.index} is a custom op without a name: cannot tap it")
-    kinds: list[str] = []
-    for op in ops:
-        key = op.custom_code if op.opcode == "CUSTOM" else op.opcode
-        if key not in kinds:
-            kinds.append(str(key))
-    tensors: dict[int, dict[str, Any]] = {}
-    op_rows = []
-    for op in ops:
-        ins, outs = tapped_inputs(info, op), tapped_outputs(op)
-        for t in ins + outs:
-            ti = info.tensors[t]
-            if ti.dtype not in _DTYPE_C:
-                raise GenerateError(
-                    f"op {op.index} ({op.opcode}) uses tensor {t} of dtype {ti.dtype}: --tap can dump "
-                    f"only {', '.join(_DTYPE_C)}",
-                    hint="run without --tap",
-                )
-            tensors.setdefault(
-                t,
-                {
-                    "t": t,
-                    "shape": list(ti.shape) or [],
-                    "bytes": int(ti.nbytes),
-                    "dtype": ti.dtype,
-                    "scale": float(ti.scale or 0.0),
-                    "zero_point": int(ti.zero_point or 0),
-                },
-            )
-        key = op.custom_code if op.opcode == "CUSTOM" else op.opcode
-        op_rows.append(
-            {
-                "index": op.index,
-                "opcode": op.opcode,
-                "custom": op.custom_code if op.opcode == "CUSTOM" else None,
-                "kind": kinds.index(str(key)),
-                # what OP op= prints: the protocol allows [A-Za-z0-9_-], at most 32 bytes
-                "record_name": re.sub(r"[^A-Za-z0-9_-]", "_", str(key))[:32] or "-",
-                "ins": ins,
-                "outs": outs,
-            }
-        )
-    order = sorted(tensors)
-    slot = {t: k for k, t in enumerate(order)}
-    for row in op_rows:
-        row["in_slots"] = ([slot[t] for t in row["ins"]] + [0] * TAP_MAX_TENSORS)[:TAP_MAX_TENSORS]
-        row["out_slots"] = ([slot[t] for t in row["outs"]] + [0] * TAP_MAX_TENSORS)[:TAP_MAX_TENSORS]
-    dumps = []
-    offset = 0
-    for k in dump:
-        row = op_rows[k]
-        for role, side in (("in", row["ins"]), ("out", row["outs"])):
-            for t in side:
-                dumps.append({"op": k, "slot": slot[t], "t": t, "role": role, "offset": offset})
-                offset += (tensors[t]["bytes"] + 3) // 4 * 4
-    records_ram = TAP_RECORD_BYTES * len(ops)
-    manifest = {
-        "enabled": bool(tap or dump),
-        "dump_ops": dump,
-        "record_bytes": TAP_RECORD_BYTES,
-        "max_ops": len(ops),
-        "records_ram_bytes": records_ram,
-        "dump_ram_bytes": offset,
-        "ram_bytes": records_ram + offset,
-    }
-    return {
-        "kinds": [
-            {"name": kd, "builtin": kd if any(o["opcode"] == kd for o in op_rows) else None} for kd in kinds
-        ],
-        "ops": op_rows,
-        "tensors": [tensors[t] for t in order],
-        "slot": slot,
-        "dumps": dumps,
-        "dump_bytes": offset,
-        "dtype_c": _DTYPE_C,
-        "manifest": manifest,
-    }
-
+from harness.model.taps import tapped_inputs, tapped_outputs
+from harness.protocol.spec import crc32_hex
 
 # ---- host side ----------------------------------------------------------------------------------
 
@@ -172,10 +37,6 @@ class TapOp:
     inputs: tuple[tuple[int, str], ...]  # (tensor index, CRC hex)
     outputs: tuple[tuple[int, str], ...]
     cycles: int | None = None
-
-
-def _crc(a: np.ndarray) -> str:
-    return f"{zlib.crc32(np.ascontiguousarray(a).tobytes()) & 0xFFFFFFFF:08X}"
 
 
 def host_taps(
@@ -195,8 +56,8 @@ def host_taps(
             TapOp(
                 op.index,
                 op.opcode,
-                tuple((t, _crc(tensors[t])) for t in tapped_inputs(model, op) if t in tensors),
-                tuple((t, _crc(tensors[t])) for t in tapped_outputs(op) if t in tensors),
+                tuple((t, crc32_hex(tensors[t])) for t in tapped_inputs(model, op) if t in tensors),
+                tuple((t, crc32_hex(tensors[t])) for t in tapped_outputs(op) if t in tensors),
             )
             for op in model.main_ops
         ]
@@ -558,21 +419,6 @@ class TapResult:
         }
 
 
-def _embedded_inputs(project_dir: Any, model: Any) -> list[np.ndarray]:
-    """The exact quantized input bytes the firmware embedded (from the generated project)."""
-    from pathlib import Path
-
-    from harness.firmware.generate import read_manifest
-
-    pdir = Path(project_dir)
-    man = read_manifest(pdir)
-    tin = model.inputs[0]
-    return [
-        np.frombuffer((pdir / str(e["file"])).read_bytes(), dtype=np.dtype(tin.dtype)).reshape(tin.shape)
-        for e in man["inputs"]
-    ]
-
-
 def analyze_captures(
     model: Any,
     caps: Mapping[str, Any],
@@ -651,109 +497,3 @@ def analyze_dump_captures(
             image = {"op": op, "t": t, "role": role, "ref_name": name, "got": opt.data}
             image["ref"] = np.asarray(ref).reshape(opt.data.shape)
             res.images.append(image)
-
-
-def run_tap_flow(
-    *,
-    model_path: Any,
-    input_paths: Sequence[Any],
-    model: Any,
-    board_def: Any,
-    variants: Mapping[str, Any],
-    port_url: str,
-    out: Any,
-    builder: str | None,
-    cache_dir: Any,
-    input_options: Any,
-    arena_kb: int | None,
-    limits: Any,
-    flash_baud: int | None,
-    reference: bool,
-    lock_cm: Any,
-    say: Any,
-    extra_dump_ops: Sequence[int] = (),
-) -> tuple[TapResult, list[str], list[int]]:
-    """After the tapped runs: analyze them, then dump the culprit op in a second run of both variants.
-
-    Returns (result, error messages, exit codes for infrastructure problems of the dump run).
-    """
-    from pathlib import Path
-
-    from harness.errors import EspCheckError, ExitCode
-    from harness.protocol.capture import parse_capture
-
-    errors: list[str] = []
-    codes: list[int] = []
-    caps = {}
-    for v, run in variants.items():
-        if run.serial_log is not None and Path(run.serial_log).is_file() and run.capture_valid:
-            caps[v] = parse_capture(Path(run.serial_log).read_bytes())
-    if not caps:
-        return TapResult(problems=["no valid tapped capture to analyze"]), errors, codes
-    host_ops = host_tensors = None
-    first_project = next(r.project_dir for r in variants.values() if r.project_dir is not None)
-    arrays = _embedded_inputs(first_project, model)
-    if reference:
-        try:
-            host_ops, host_tensors = host_taps(model, Path(model_path).read_bytes(), arrays)
-        except EspCheckError as exc:
-            errors.append(f"tap: host per-layer reference unavailable: {exc.message}")
-    res = analyze_captures(model, caps, host_ops)
-    dump = sorted(set(ops_to_dump(res)) | {int(k) for k in extra_dump_ops})
-    if not dump:
-        return res, errors, codes
-    res.dump_ops = dump
-    say("tap", f"second run dumping op(s) {','.join(map(str, dump))}")
-    from harness.firmware.build import build_project
-    from harness.firmware.generate import generate_projects
-    from harness.flows.flash_and_compare import flash_and_capture
-
-    dump_dir = Path(out) / "tap-dump"
-    try:
-        projects = generate_projects(
-            model_path,
-            list(input_paths),
-            board_def,
-            out_dir=dump_dir / "projects",
-            input_options=input_options,
-            arena_kb=arena_kb,
-            tap=True,
-            dump_ops=dump,
-        )
-        dump_caps = {}
-        with lock_cm:
-            for p in projects:
-                b = build_project(
-                    p.path, builder=builder, cache_dir=cache_dir,
-                    log_path=dump_dir / "logs" / f"build-{p.variant}.log", timeout=limits.build,
-                )  # fmt: skip
-                vr, _stages = flash_and_capture(
-                    b,
-                    board_def,
-                    port_url,
-                    dump_dir,
-                    variant=p.variant,
-                    timeouts=limits,
-                    flash_baud=flash_baud,
-                )
-                if vr.serial_log is None or not vr.capture_valid:
-                    errors.append(f"tap dump run [{p.variant}]: capture failed ({vr.exit_code})")
-                    codes.append(int(vr.exit_code or ExitCode.INFRASTRUCTURE))
-                    continue
-                dump_caps[p.variant] = parse_capture(Path(vr.serial_log).read_bytes())
-    except EspCheckError as exc:
-        errors.append(f"tap dump run: {exc}")
-        codes.append(int(exc.exit_code))
-        return res, errors, codes
-    for v, cap in dump_caps.items():
-        first = caps.get(v)
-        if first is None:
-            continue
-        for r1, r2 in zip(first.runs, cap.runs, strict=False):
-            if [t.crc for t in r1.outputs] != [t.crc for t in r2.outputs]:
-                res.problems.append(
-                    f"{v}: the dump run's outputs differ from the first tapped run's (input {r1.index}): "
-                    "the device is not deterministic or the dump changed the results"
-                )
-    analyze_dump_captures(res, dump_caps, host_tensors)
-    return res, errors, codes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -64,3 +66,46 @@ def input_options_from(
         value_range=input_range,
         raw_dtype=input_dtype,
     )
+
+
+class OpListType(click.ParamType):
+    """``17,18`` -> [17, 18] (sorted, unique), checked when the flags are parsed (exit 2 before work)."""
+
+    name = "OPS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> list[int]:
+        if isinstance(value, list):
+            return value
+        out: set[int] = set()
+        for part in str(value).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if not part.isdigit():
+                self.fail(f"{part!r} is not an op index (e.g. 17,18)", param, ctx)
+            out.add(int(part))
+        return sorted(out)
+
+
+OP_LIST = OpListType()
+
+
+def schema_version_option(f: F) -> F:
+    """``--schema-version N``: the JSON report in an older schema version (deprecated, one release)."""
+    return click.option(
+        "--schema-version",
+        type=click.IntRange(min=1),
+        default=None,
+        help="With --json: write this report schema version (default: the current one; the previous "
+        "one is deprecated and kept for one release).",
+    )(f)
+
+
+def echo_json(render: Callable[[], dict[str, Any]]) -> None:
+    """Print ``render()``'s document; deprecation warnings it raises go to stderr as warning lines."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        doc = render()
+    for w in caught:
+        click.echo(f"warning: {w.message}", err=True)
+    click.echo(json.dumps(doc, indent=2))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from harness.analysis.compare import compare_files
 from harness.analysis.report import junit_error_tree, junit_tree, print_report, report_dict, write_junit
+from harness.commands.common import echo_json, schema_version_option
 from harness.errors import EspCheckError, InfrastructureError
 
 
@@ -52,6 +52,7 @@ def _raw(path: str) -> bytes:
     help="Allowed difference of each side from the host reference.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report (docs/report-schema.json).")
+@schema_version_option
 @click.option("--junit", type=click.Path(dir_okay=False), help="Also write a JUnit XML report here.")
 def compare_cmd(
     a: str,
@@ -63,6 +64,7 @@ def compare_cmd(
     tolerance_lsb: float,
     ref_tolerance_lsb: float,
     as_json: bool,
+    schema_version: int | None,
     junit: str | None,
 ) -> int:
     """Compare two captured runs A and B: serial logs (protocol or legacy 'Output:' lines), results
@@ -86,7 +88,7 @@ def compare_cmd(
     if junit:
         write_junit(junit_tree(result), junit)
     if as_json:
-        click.echo(json.dumps(report_dict(result), indent=2))
+        echo_json(lambda: report_dict(result, schema_version))
     else:
         print_report(result)
     return int(result.exit_code)

@@ -12,7 +12,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.common import input_options_from, make_console
+from harness.commands.common import (
+    OP_LIST,
+    echo_json,
+    input_options_from,
+    make_console,
+    schema_version_option,
+)
 from harness.commands.model_cmds import _input_options
 from harness.errors import ExitCode, UsageError
 
@@ -77,6 +83,7 @@ from harness.errors import ExitCode, UsageError
 )
 @click.option("--build-timeout", type=float, default=1800.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
+@schema_version_option
 @click.option(
     "--junit",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -91,6 +98,7 @@ from harness.errors import ExitCode, UsageError
 )
 @click.option(
     "--dump-ops",
+    type=OP_LIST,
     default=None,
     metavar="17,18",
     help="With --tap: also dump these ops' input and output tensors in the second run.",
@@ -132,9 +140,10 @@ def flash_and_compare_cmd(
     silence_timeout: float,
     build_timeout: float,
     as_json: bool,
+    schema_version: int | None,
     junit: Path | None,
     tap: bool = False,
-    dump_ops: str | None = None,
+    dump_ops: list[int] | None = None,
     html_path: Path | None = None,
     bundle_path: Path | None = None,
 ) -> int:
@@ -148,11 +157,9 @@ def flash_and_compare_cmd(
         raise UsageError(
             "flash-and-compare needs at least one --input", hint="pass --input FILE (repeatable)"
         )
-    from harness.analysis.tap import parse_op_list
-
     if dump_ops and not tap:
         raise UsageError("--dump-ops needs --tap", hint="add --tap")
-    dump_list = parse_op_list(dump_ops)
+    dump_list = list(dump_ops or ())
     console = make_console(stderr=True)
     t0 = time.monotonic()
 
@@ -195,7 +202,10 @@ def flash_and_compare_cmd(
             bundle=bundle_path,
         )
     if as_json:
-        click.echo(json.dumps(json.loads(result.report_path.read_text(encoding="utf-8")), indent=2))
+        doc = json.loads(result.report_path.read_text(encoding="utf-8"))
+        from harness.flows.report import report_as
+
+        echo_json(lambda: report_as(doc, schema_version))
     else:
         _print_summary(console, result)
     return int(result.exit_code)

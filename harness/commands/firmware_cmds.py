@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from harness.commands.common import input_options_from, make_console, preprocessing_options
+from harness.commands.common import OP_LIST, input_options_from, make_console, preprocessing_options
 from harness.errors import ExitCode
 from harness.firmware.boards import format_chip_rev, list_boards, load_board
 from harness.firmware.build import BUILDERS, BuildResult, build_project
@@ -19,6 +19,7 @@ from harness.firmware.generate import (
     DEFAULT_VERSIONS,
     HUMAN_MAX,
     VARIANTS,
+    FirmwareFeatures,
     GeneratedProject,
     generate_projects,
 )
@@ -128,7 +129,11 @@ def _project_summary(p: GeneratedProject) -> dict[str, Any]:
     "--tap", is_flag=True, help="Per-op checksum and cycle records after each Invoke (tap records)."
 )
 @click.option(
-    "--dump-ops", default=None, metavar="17,18", help="Also dump these ops' tensors (implies --tap)."
+    "--dump-ops",
+    type=OP_LIST,
+    default=None,
+    metavar="17,18",
+    help="Also dump these ops' tensors (implies --tap).",
 )
 def generate_cmd(
     model: Path,
@@ -149,7 +154,7 @@ def generate_cmd(
     input_dtype: str | None,
     as_json: bool,
     tap: bool = False,
-    dump_ops: str | None = None,
+    dump_ops: list[int] | None = None,
 ) -> int:
     """Write firmware projects for MODEL and its inputs: OUT/optimized and OUT/ansi.
 
@@ -171,8 +176,7 @@ def generate_cmd(
         espnn_version=esp_nn_version,
         platform_version=platform_version,
         human_max=human_max,
-        tap=tap or bool(dump_ops),
-        dump_ops=_parse_dump_ops(dump_ops),
+        features=FirmwareFeatures(tap=tap or bool(dump_ops), dump_ops=tuple(dump_ops or ())),
     )
     if as_json:
         data = {"schema": "esp-check.generate/1", "projects": [_project_summary(p) for p in projects]}
@@ -229,7 +233,7 @@ def run_build_with_progress(project_dir: Path, console: Console, **kwargs: Any) 
     "--cache-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Build cache location (default: $ESP_CHECK_CACHE_DIR or the user cache directory).",
+    help="Build cache location (default: $ESP_CHECK_CACHE_DIR/builds or the user cache directory).",
 )
 @click.option("--no-cache", is_flag=True, help="Always run the builder; do not read or write the cache.")
 @click.option("--cache-max-mb", type=click.IntRange(min=1), default=2048, show_default=True)
@@ -313,8 +317,3 @@ def register(group: click.Group) -> None:
     group.add_command(generate_cmd)
     group.add_command(build_cmd)
 
-
-def _parse_dump_ops(text: str | None) -> list[int]:
-    from harness.analysis.tap import parse_op_list
-
-    return parse_op_list(text)

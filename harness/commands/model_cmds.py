@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from harness.errors import ExitCode, InputDataError
 from harness.model import opdata
 from harness.model.inputs import InputOptions, PreparedInput, load_input
 from harness.model.loader import ModelInfo, TensorInfo, load_model
+from harness.protocol.spec import crc32_hex
 
 JSON_SCHEMA_INSPECT = "esp-check.inspect/1"
 JSON_SCHEMA_REFERENCE = "esp-check.reference/1"
@@ -268,7 +268,7 @@ def _tensor_json(arr: np.ndarray, t: TensorInfo) -> dict[str, Any]:
         "dtype": str(arr.dtype),
         "scale": t.scale,
         "zero_point": t.zero_point,
-        "crc32": f"{zlib.crc32(arr.tobytes()) & 0xFFFFFFFF:08X}",
+        "crc32": crc32_hex(arr),
         "raw": arr.ravel().tolist(),
     }
     if t.scale is not None:
@@ -390,7 +390,7 @@ def reference_cmd(
                 str(arr.dtype),
                 "-" if t.scale is None else f"{t.scale:.8g}",
                 str(t.zero_point),
-                f"{zlib.crc32(arr.tobytes()) & 0xFFFFFFFF:08X}",
+                crc32_hex(arr),
                 str(int(np.argmax(arr))),
             )
         console.print(table)

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import filelock
 
 from harness.errors import BoardBusyError
+from harness.resources import user_cache_dir
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -48,9 +49,7 @@ def default_lock_dir() -> Path:
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime:
         return Path(runtime) / "esp-check" / "board-locks"
-    from harness.firmware.cache import default_cache_dir
-
-    return default_cache_dir().parent / "board-locks"
+    return user_cache_dir("board-locks")
 
 
 def _safe(text: str) -> str:

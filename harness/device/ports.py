@@ -71,9 +71,12 @@ BY_ID_DIR = Path("/dev/serial/by-id")
 class BoardLike(Protocol):
     """What this layer reads from a board definition (``harness.firmware.boards.Board`` fits)."""
 
-    chip: str
-    console: str  # "uart" | "usb_serial_jtag"
-    reset: str  # "classic" | "usb_serial_jtag"
+    @property
+    def chip(self) -> str: ...
+    @property
+    def console(self) -> str: ...  # "uart" | "usb_serial_jtag"
+    @property
+    def reset(self) -> str: ...  # "classic" | "usb_serial_jtag"
 
 
 class Transport:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -22,6 +20,7 @@ from typing import Any
 import filelock
 
 from harness.errors import BuildError
+from harness.resources import user_cache_dir
 
 DEFAULT_MAX_BYTES = 2 * 1024**3
 ENTRY_META = "meta.json"
@@ -29,17 +28,8 @@ _USED_MARK = ".used"
 
 
 def default_cache_dir() -> Path:
-    """``$ESP_CHECK_CACHE_DIR``, else the user cache directory (XDG / macOS / Windows conventions)."""
-    env = os.environ.get("ESP_CHECK_CACHE_DIR")
-    if env:
-        return Path(env)
-    if sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
-    elif sys.platform == "darwin":
-        base = Path.home() / "Library" / "Caches"
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "esp-check" / "builds"
+    """``builds/`` in esp-check's cache root (:func:`harness.resources.user_cache_dir`)."""
+    return user_cache_dir("builds")
 
 
 @dataclass(frozen=True)

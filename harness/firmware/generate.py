@@ -24,6 +24,9 @@ import numpy as np
 from harness import __version__
 from harness.errors import EspCheckError, GenerateError
 from harness.firmware.boards import APP_OFFSET, PARTITION_TABLE_BYTES, Board, load_board
+from harness.firmware.tap_context import tap_firmware_context
+from harness.model.inputs import InputOptions
+from harness.model.loader import ModelInfo, TensorInfo
 from harness.resources import data_dir, pinned_versions, templates_dir, version_tuple
 
 if sys.version_info >= (3, 11):
@@ -175,7 +178,7 @@ def _refuse_crashing_arena(model_path: Path, arena_kb: int) -> None:
 
 
 def _prepare_inputs(
-    input_paths: Sequence[Path], tensor: Any, options: Any | None
+    input_paths: Sequence[Path], tensor: TensorInfo, options: InputOptions | None
 ) -> list[tuple[Path, bytes, Any]]:
     from harness.model.inputs import InputOptions, load_input
 
@@ -308,7 +311,7 @@ def check_sdkconfig(
     return symbols
 
 
-def _resolver(model: Any) -> list[str]:
+def _resolver(model: ModelInfo) -> list[str]:
     from harness.model.opdata import resolver_methods
 
     methods = list(resolver_methods(model))
@@ -318,6 +321,21 @@ def _resolver(model: Any) -> list[str]:
     return methods
 
 
+@dataclass(frozen=True)
+class FirmwareFeatures:
+    """Optional parts of the firmware, decided by the caller and handed over as plain data.
+
+    ``tap``: per-op checksum records (docs/tap.md); ``dump_ops``: ops whose tensors a second run dumps.
+    """
+
+    tap: bool = False
+    dump_ops: tuple[int, ...] = ()
+
+    @property
+    def tapped(self) -> bool:
+        return self.tap or bool(self.dump_ops)
+
+
 def generate_projects(
     model_path: str | Path,
     input_paths: Sequence[str | Path],
@@ -325,25 +343,71 @@ def generate_projects(
     *,
     out_dir: str | Path,
     variants: Sequence[str] = VARIANTS,
-    input_options: Any | None = None,
+    input_options: InputOptions | None = None,
     arena_kb: int | None = None,
     tflm_version: str | None = None,
     espnn_version: str | None = None,
     platform_version: str | None = None,
     human_max: int = HUMAN_MAX,
+    features: FirmwareFeatures | None = None,
     tap: bool = False,
     dump_ops: Sequence[int] = (),
 ) -> list[GeneratedProject]:
     """Render one project per variant under ``out_dir/<variant>`` for ``model_path`` and K inputs.
 
-    Raises GenerateError (usage, exit 2) before anything is built when the model cannot be embedded
-    (several input tensors, an unsupported dtype) or the arena fits in no memory of the board.
+    ``tap``/``dump_ops`` are shorthands for ``features``. Raises GenerateError (usage, exit 2) before
+    anything is built when the model cannot be embedded (several input tensors, an unsupported dtype)
+    or the arena fits in no memory of the board.
     """
     from harness.model.loader import load_model
 
     board_def = load_board(board)
     model_path = Path(model_path)
-    out = Path(out_dir)
+    feats = features or FirmwareFeatures(tap=tap, dump_ops=tuple(sorted({int(k) for k in dump_ops})))
+    _check_request(variants, input_paths, human_max)
+    versions = _versions(tflm_version, espnn_version, platform_version)
+    model = load_model(model_path)
+    tensor = _check_model(model, model_path)
+    resolver = _resolver(model)
+    # per-op checksum wrapper tables (None when off); GenerateError on bad op indices
+    tap_ctx = tap_firmware_context(model, tap=feats.tapped, dump_ops=feats.dump_ops)
+    plan = _plan_arena(model_path, board_def, arena_kb, versions["espnn"])
+    prepared = _prepare_inputs([Path(p) for p in input_paths], tensor, input_options)
+    model_bytes = model_path.read_bytes()
+    app_partition = _check_fits(model_bytes, prepared, board_def)
+    ctx = _base_context(
+        board_def, versions, model_path, model_bytes, prepared, tensor, model, resolver, plan, human_max
+    )
+    ctx.update(app_partition_bytes=app_partition, tap=tap_ctx)
+    env = _environment()
+    allow = load_allowlist()
+    projects = []
+    for variant in variants:
+        files = _render_files(env, dict(ctx, variant=variant), board_def, allow, model_bytes, prepared)
+        manifest = _manifest(
+            variant, board_def, versions, ctx["template_version"], model_path, model_bytes, prepared,
+            tensor, model, ctx["outputs"], resolver, plan, human_max, files,
+        )  # fmt: skip
+        if tap_ctx is not None:
+            manifest["tap"] = tap_ctx["manifest"]
+        pdir = Path(out_dir) / variant
+        _write_project(pdir, files, manifest)
+        projects.append(
+            GeneratedProject(
+                variant=variant,
+                path=pdir,
+                manifest_path=pdir / MANIFEST_NAME,
+                board=board_def,
+                arena_bytes=plan.bytes,
+                arena_mem=plan.mem,
+                files=tuple(sorted(files)),
+                manifest=manifest,
+            )
+        )
+    return projects
+
+
+def _check_request(variants: Sequence[str], input_paths: Sequence[str | Path], human_max: int) -> None:
     if not variants:
         raise GenerateError("no variant requested", hint="use --variant optimized, ansi or both")
     for v in variants:
@@ -355,14 +419,19 @@ def generate_projects(
         raise GenerateError(f"{len(input_paths)} inputs given; at most {MAX_INPUTS} fit in one firmware")
     if not 0 <= human_max <= 1024:
         raise GenerateError(f"human_max={human_max} must be between 0 and 1024")
+
+
+def _versions(tflm: str | None, espnn: str | None, platform: str | None) -> dict[str, str]:
     versions = dict(DEFAULT_VERSIONS)
-    for key, value in (("tflm", tflm_version), ("espnn", espnn_version), ("platform", platform_version)):
+    for key, value in (("tflm", tflm), ("espnn", espnn), ("platform", platform)):
         if value is not None:
             versions[key] = value
     _check_versions(versions)
+    return versions
 
-    model = load_model(model_path)
-    model_bytes = model_path.read_bytes()
+
+def _check_model(model: ModelInfo, model_path: Path) -> TensorInfo:
+    """The one input tensor the firmware feeds; GenerateError for what it cannot embed."""
     if len(model.inputs) != 1:
         raise GenerateError(
             f"{model_path.name} has {len(model.inputs)} input tensors; the generated firmware "
@@ -379,163 +448,154 @@ def generate_projects(
             )
     if not model.outputs:
         raise GenerateError(f"{model_path.name} has no output tensors")
-    resolver = _resolver(model)
-    from harness.analysis.tap import tap_firmware_context
+    return tensor
 
-    # --tap / --dump-ops: per-op checksum wrapper tables (None when off); GenerateError on bad op indices
-    tap_ctx = tap_firmware_context(model, tap=tap, dump_ops=dump_ops)
 
+def _plan_arena(model_path: Path, board: Board, arena_kb: int | None, espnn_version: str) -> ArenaPlan:
     if arena_kb is not None:
         if arena_kb <= 0:
             raise GenerateError(f"--arena-kb {arena_kb} must be positive")
         _refuse_crashing_arena(model_path, arena_kb)
         plan = ArenaPlan(arena_kb * 1024, "", "--arena-kb", None)
     else:
-        est, method, formulas = _estimate_arena_bytes(model_path, board_def.chip, versions["espnn"])
+        est, method, formulas = _estimate_arena_bytes(model_path, board.chip, espnn_version)
         plan = ArenaPlan(-(-est // 1024) * 1024, "", f"estimate ({method})", est, formulas)
-    plan = ArenaPlan(
-        plan.bytes, place_arena(plan.bytes, board_def), plan.source, plan.estimate_bytes, plan.espnn_formulas
+    return ArenaPlan(
+        plan.bytes, place_arena(plan.bytes, board), plan.source, plan.estimate_bytes, plan.espnn_formulas
     )
 
-    idf_low, idf_below = board_def.idf_range
-    nvs_offset = board_def.partition_table_offset + PARTITION_TABLE_BYTES
-    prepared = _prepare_inputs([Path(p) for p in input_paths], tensor, input_options)
-    app_partition = min(APP_PARTITION_BYTES, board_def.flash_bytes - APP_PARTITION_OFFSET)
+
+def _check_fits(model_bytes: bytes, prepared: Sequence[tuple[Path, bytes, Any]], board: Board) -> int:
+    """The app partition size; GenerateError when model and inputs leave too little room for code."""
+    app_partition = min(APP_PARTITION_BYTES, board.flash_bytes - APP_PARTITION_OFFSET)
     if len(model_bytes) + sum(len(r) for _, r, _ in prepared) > app_partition - 1024 * 1024:
         raise GenerateError(
             f"model and inputs ({len(model_bytes) // 1024} KB) leave too little room for the program in the "
-            f"{app_partition // 1024} KB app partition of {board_def.name}",
+            f"{app_partition // 1024} KB app partition of {board.name}",
             hint="use fewer inputs per firmware or a board with more flash",
         )
+    return app_partition
 
+
+def _base_context(
+    board: Board,
+    versions: Mapping[str, str],
+    model_path: Path,
+    model_bytes: bytes,
+    prepared: Sequence[tuple[Path, bytes, Any]],
+    tensor: TensorInfo,
+    model: ModelInfo,
+    resolver: Sequence[str],
+    plan: ArenaPlan,
+    human_max: int,
+) -> dict[str, Any]:
+    """Template context shared by both variants."""
     tv = template_version()
-    env = _environment()
-    allow = load_allowlist()
-    inputs_ctx = [
-        {"source_name": p.name, "sha256": _sha256(raw), "array": _hex_array(raw)} for p, raw, _ in prepared
-    ]
-    outputs_ctx = [
-        {
-            "index": k,
-            "name": c_str(o.name),
-            "dtype": o.dtype,
-            "shape": list(o.shape),
-            "scale": o.scale,
-            "zero_point": o.zero_point,
-        }
-        for k, o in enumerate(model.outputs)
-    ]
-    base_ctx: dict[str, Any] = {
+    return {
         "banner": f"Generated by esp-check {__version__} (templates {tv}). "
         "Regenerate with `esp-check generate`.",
         "template_version": tv,
-        "board": board_def,
+        "board": board,
         "versions": versions,
         "pio_env": PIO_ENV,
         "model": {"file_name": model_path.name, "bytes": len(model_bytes), "sha256": _sha256(model_bytes)},
         "model_array": _hex_array(model_bytes),
-        "inputs": inputs_ctx,
+        "inputs": [
+            {"source_name": p.name, "sha256": _sha256(raw), "array": _hex_array(raw)}
+            for p, raw, _ in prepared
+        ],
         "input_bytes": len(prepared[0][1]),
         "input_dtype": tensor.dtype,
-        "outputs": outputs_ctx,
-        "resolver": resolver,
+        "outputs": [
+            {
+                "index": k,
+                "name": c_str(o.name),
+                "dtype": o.dtype,
+                "shape": list(o.shape),
+                "scale": o.scale,
+                "zero_point": o.zero_point,
+            }
+            for k, o in enumerate(model.outputs)
+        ],
+        "resolver": list(resolver),
         "arena_bytes": plan.bytes,
         "arena_mem": plan.mem,
         "human_max": human_max,
         "main_stack_bytes": MAIN_STACK_BYTES,
-        "app_partition_bytes": app_partition,
+        **_layout_context(board),
+    }
+
+
+def _layout_context(board: Board) -> dict[str, Any]:
+    """Flash layout and supported ESP-IDF range of ``board`` (partitions.csv, sdkconfig, CMake, C)."""
+    low, below = board.idf_range
+    nvs_offset = board.partition_table_offset + PARTITION_TABLE_BYTES
+    return {
         "app_partition_offset": APP_PARTITION_OFFSET,
-        "partition_table_offset": board_def.partition_table_offset,
+        "partition_table_offset": board.partition_table_offset,
         "nvs_offset": nvs_offset,
         "nvs_bytes": APP_PARTITION_OFFSET - nvs_offset,
         "idf": {
-            "min": idf_low,
-            "below": idf_below,
-            "range": f">={idf_low},<{idf_below}",
-            "min_c": ", ".join(str(n) for n in version_tuple(idf_low)),
-            "below_c": ", ".join(str(n) for n in version_tuple(idf_below)),
+            "min": low,
+            "below": below,
+            "range": f">={low},<{below}",
+            "min_c": ", ".join(str(n) for n in version_tuple(low)),
+            "below_c": ", ".join(str(n) for n in version_tuple(below)),
         },
-        "tap": tap_ctx,
     }
+
+
+def _render_files(
+    env: jinja2.Environment,
+    ctx: Mapping[str, Any],
+    board: Board,
+    allow: Mapping[str, Any],
+    model_bytes: bytes,
+    prepared: Sequence[tuple[Path, bytes, Any]],
+) -> dict[str, bytes]:
+    """Every file of one variant's project, relative path -> bytes."""
     proto_dir = templates_dir() / "common"
     for name in PROTO_FILES:
         if not (proto_dir / name).is_file():
             raise EspCheckError(f"firmware_templates/common/{name} is missing", hint="reinstall esp-check")
+    files: dict[str, bytes] = {}
+    for tname in _template_names(env):
+        rel = _output_name(tname)
+        if rel == "platformio.ini" and not board.pio_board:
+            continue  # e.g. ESP32-P4: platform-espressif32 6.13.0 cannot build it
+        try:
+            text = env.get_template(tname).render(ctx)
+        except jinja2.UndefinedError as exc:  # a template bug, never user input
+            raise EspCheckError(f"template {tname} uses an undefined value: {exc}") from exc
+        if rel == "sdkconfig.defaults":
+            where = f"sdkconfig.defaults for board {board.name}"
+            check_sdkconfig(text, board.chip, allow, where, idf_min=board.idf_range[0])
+        files[rel] = text.encode("utf-8")
+    for name in PROTO_FILES:
+        files[f"main/{name}"] = (proto_dir / name).read_bytes()
+    files[f"{DATA_DIR}/model.tflite"] = model_bytes
+    for k, (_, raw, _) in enumerate(prepared):
+        files[f"{DATA_DIR}/input_{k}.bin"] = raw
+    return files
 
-    projects: list[GeneratedProject] = []
-    for variant in variants:
-        ctx = dict(base_ctx, variant=variant)
-        pdir = out / variant
-        files: dict[str, bytes] = {}
-        for tname in _template_names(env):
-            rel = _output_name(tname)
-            if rel == "platformio.ini" and not board_def.pio_board:
-                continue  # e.g. ESP32-P4: platform-espressif32 6.13.0 cannot build it
-            try:
-                text = env.get_template(tname).render(ctx)
-            except jinja2.UndefinedError as exc:  # a template bug, never user input
-                raise EspCheckError(f"template {tname} uses an undefined value: {exc}") from exc
-            if rel == "sdkconfig.defaults":
-                check_sdkconfig(
-                    text,
-                    board_def.chip,
-                    allow,
-                    f"sdkconfig.defaults for board {board_def.name}",
-                    idf_min=idf_low,
-                )
-            files[rel] = text.encode("utf-8")
-        for name in PROTO_FILES:
-            files[f"main/{name}"] = (proto_dir / name).read_bytes()
-        files[f"{DATA_DIR}/model.tflite"] = model_bytes
-        for k, (_, raw, _) in enumerate(prepared):
-            files[f"{DATA_DIR}/input_{k}.bin"] = raw
 
-        manifest = _manifest(
-            variant,
-            board_def,
-            versions,
-            tv,
-            model_path,
-            model_bytes,
-            prepared,
-            tensor,
-            model,
-            outputs_ctx,
-            resolver,
-            plan,
-            human_max,
-            files,
-        )
-        old_files = _previous_files(pdir / MANIFEST_NAME)
-        defaults_changed = False
-        for rel, data in sorted(files.items()):
-            changed = _write_if_changed(pdir / rel, data)
-            defaults_changed |= changed and rel == "sdkconfig.defaults"
-        for rel in sorted(old_files - set(files)):  # files an older generation wrote and this one does not
-            stale = pdir / rel
-            if stale.is_file():
-                stale.unlink()
-        if defaults_changed:
-            # A resolved sdkconfig from an earlier build would override the new defaults.
-            for stale_name in ("sdkconfig", f"sdkconfig.{PIO_ENV}", "sdkconfig.old"):
-                (pdir / stale_name).unlink(missing_ok=True)
-        if tap_ctx is not None:
-            manifest["tap"] = tap_ctx["manifest"]
-        manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
-        _write_if_changed(pdir / MANIFEST_NAME, manifest_bytes)
-        projects.append(
-            GeneratedProject(
-                variant=variant,
-                path=pdir,
-                manifest_path=pdir / MANIFEST_NAME,
-                board=board_def,
-                arena_bytes=plan.bytes,
-                arena_mem=plan.mem,
-                files=tuple(sorted(files)),
-                manifest=manifest,
-            )
-        )
-    return projects
+def _write_project(pdir: Path, files: Mapping[str, bytes], manifest: Mapping[str, Any]) -> None:
+    """Write what changed (mtimes of unchanged files stay), drop files an older generation wrote."""
+    old_files = _previous_files(pdir / MANIFEST_NAME)
+    defaults_changed = False
+    for rel, data in sorted(files.items()):
+        changed = _write_if_changed(pdir / rel, data)
+        defaults_changed |= changed and rel == "sdkconfig.defaults"
+    for rel in sorted(old_files - set(files)):
+        stale = pdir / rel
+        if stale.is_file():
+            stale.unlink()
+    if defaults_changed:
+        # A resolved sdkconfig from an earlier build would override the new defaults.
+        for stale_name in ("sdkconfig", f"sdkconfig.{PIO_ENV}", "sdkconfig.old"):
+            (pdir / stale_name).unlink(missing_ok=True)
+    manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
+    _write_if_changed(pdir / MANIFEST_NAME, manifest_bytes)
 
 
 def _previous_files(manifest_path: Path) -> set[str]:
@@ -554,8 +614,8 @@ def _manifest(
     model_path: Path,
     model_bytes: bytes,
     prepared: Sequence[tuple[Path, bytes, Any]],
-    tensor: Any,
-    model: Any,
+    tensor: TensorInfo,
+    model: ModelInfo,
     outputs_ctx: Sequence[Mapping[str, Any]],
     resolver: Sequence[str],
     plan: ArenaPlan,

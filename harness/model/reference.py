@@ -16,7 +16,6 @@ the TFLM arena is sized generously from the tensor sizes (a too-small arena can 
 from __future__ import annotations
 
 import importlib.metadata
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 
 from harness.errors import HostReferenceError, InputDataError, ModelError
 from harness.model.loader import ModelInfo, TensorInfo, parse_model_bytes
+from harness.protocol.spec import crc32
 
 BACKENDS = ("tflm", "litert", "auto")
 
@@ -96,7 +96,7 @@ def _layers_from(info: ModelInfo, get: Any) -> list[LayerTensor]:
             if arr.shape != tensor.shape and arr.size == tensor.num_elements:
                 arr = arr.reshape(tensor.shape)
             layers.append(
-                LayerTensor(op.index, op.opcode, t, tensor.name, arr, zlib.crc32(arr.tobytes()) & 0xFFFFFFFF)
+                LayerTensor(op.index, op.opcode, t, tensor.name, arr, crc32(arr))
             )
     return layers
 

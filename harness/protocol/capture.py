@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import CaptureError
+from harness.protocol.spec import TAP_MAX_TENSORS, crc32_hex
 
 PROTO_VERSION = "1"
 LINE_MAX = 240
@@ -60,12 +61,6 @@ _TAP_ENTRY_RE = re.compile(
     r"(-?(?:0|[1-9][0-9]{0,9})):(-|(?:0|[1-9][0-9]{0,9})(?:x(?:0|[1-9][0-9]{0,9})){0,7}):([0-9A-F]{8})"
 )
 _OPNAME_RE = re.compile(r"[A-Za-z0-9_\-]{1,32}")
-TAP_MAX_TENSORS = 4
-
-
-def crc32_hex(data: bytes) -> str:
-    """CRC-32 as the protocol writes it: zlib polynomial, 8 upper-case hex digits."""
-    return f"{zlib.crc32(data) & 0xFFFFFFFF:08X}"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from harness.errors import BuildError, UsageError
-from harness.resources import templates_dir
+from harness.resources import templates_dir, user_cache_dir
 
 LINE_MAX = 240  # bytes per record including \r\n
 BODY_MAX = LINE_MAX - 11  # "*XXXXXXXX\r\n" follows the body
@@ -462,16 +462,8 @@ def find_c_compiler() -> str | None:
 
 
 def default_cache_dir() -> Path:
-    """Per-user cache: $ESP_CHECK_CACHE_DIR, else $XDG_CACHE_HOME/esp-check, else ~/.cache/esp-check."""
-    env = os.environ.get("ESP_CHECK_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg) / "esp-check"
-    if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
-        return Path(os.environ["LOCALAPPDATA"]) / "esp-check"
-    return Path.home() / ".cache" / "esp-check"
+    """Where the compiled C emitter is kept: ``emitter/`` in esp-check's cache root."""
+    return user_cache_dir("emitter")
 
 
 def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) -> Path:
@@ -494,7 +486,7 @@ def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) 
         digest.update(part)
         digest.update(b"\0")
     suffix = {"darwin": ".dylib", "win32": ".dll"}.get(sys.platform, ".so")
-    out_dir = (cache_dir or default_cache_dir()) / "emitter"
+    out_dir = cache_dir / "emitter" if cache_dir else default_cache_dir()
     out = out_dir / f"libesp_check_proto-{digest.hexdigest()[:20]}{suffix}"
     if out.is_file():
         return out

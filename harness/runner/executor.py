@@ -33,8 +33,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,8 @@ from harness.errors import (
     combine_exit_codes,
 )
 from harness.runner.inventory import BenchBoard, Inventory
-from harness.runner.plan import Job, ModelCase, Plan
+from harness.runner.plan import ModelCase, Plan
+from harness.runner.results import VERDICTS, Attempt, BoardState, RunResult, Task, VariantOutcome
 
 VARIANTS = ("optimized", "ansi")
 
@@ -74,99 +74,6 @@ class RunOptions:
     quarantine_after: int | None = None
 
 
-@dataclass
-class VariantOutcome:
-    variant: str
-    exit_code: int | None
-    serial_log: str | None
-    firmware_sha256: str | None
-    build_cache_hit: bool | None
-    flash: dict[str, Any] | None
-    nn_mode: str | None
-    capture_valid: bool
-    problems: list[str]
-    findings: list[dict[str, Any]]
-    stages: list[dict[str, Any]]
-
-
-@dataclass
-class Attempt:
-    """One try of a task on one board (both variants, then the comparison)."""
-
-    n: int
-    board: str
-    port: str = ""
-    lock_key: str = ""
-    dir: Path | None = None
-    started: float | None = None  # wall clock, while holding the board lock
-    ended: float | None = None
-    lock_wait_s: float = 0.0
-    exit_code: int | None = None
-    reason: str = ""
-    variants: dict[str, VariantOutcome] = field(default_factory=dict)
-    comparison: Any | None = None  # harness.analysis.compare.CompareResult
-    board_fault: bool = False  # counts toward the board's quarantine
-    testcases: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
-class Task:
-    id: str
-    index: int
-    job: Job
-    case: ModelCase
-    board_type: str  # canonical Board.name
-    pinned: str | None  # inventory board name (placement "each")
-    dir: Path
-    state: str = "pending"  # pending | running | done | aborted
-    not_before: float = 0.0
-    infra_failures: int = 0
-    fault_attempts: int = 0
-    avoid: set[str] = field(default_factory=set)
-    attempts: list[Attempt] = field(default_factory=list)
-    exit_code: int | None = None
-    verdict: str = "pending"
-    reason: str = ""
-    decisive: Attempt | None = None
-    builds: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-@dataclass
-class BoardState:
-    bench: BenchBoard
-    status: str = "ok"  # ok | quarantined | busy | unreachable
-    reason: str = ""
-    consecutive_infra: int = 0
-    power_cycled: bool = False
-    attempts: int = 0
-    lock_key: str | None = None
-
-
-@dataclass
-class RunResult:
-    """Everything one ``esp-check run`` did; reports are rendered from this."""
-
-    plan: Plan
-    inventory: Inventory
-    out_dir: Path
-    tasks: list[Task]
-    boards: list[BoardState]
-    usage: list[dict[str, Any]]
-    events: list[dict[str, Any]]
-    started: float
-    finished: float
-    interrupted: bool
-    exit_code: ExitCode
-
-
-VERDICTS = {
-    ExitCode.MATCH: "match",
-    ExitCode.MISMATCH: "mismatch",
-    ExitCode.USAGE: "usage_error",
-    ExitCode.INFRASTRUCTURE: "infrastructure_error",
-    ExitCode.FIRMWARE_FAULT: "firmware_fault",
-    ExitCode.INTERNAL: "internal_error",
-}
 
 
 def _safe(text: str) -> str:
@@ -501,38 +408,27 @@ class Runner:
         )
 
         def make() -> dict[str, Any]:
-            from harness.firmware.build import build_project
-            from harness.firmware.generate import generate_projects
+            from harness.flows.firmware import prepare_firmware
+            from harness.flows.records import Recorder
             from harness.model.inputs import InputOptions
 
             digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
             fw_dir = self.out / "firmware" / _safe(f"{t.case.name}__{board.name}__{board.console}__{digest}")
-            projects = generate_projects(
+            fw = prepare_firmware(
                 t.case.model,
                 list(t.case.inputs),
                 board,
-                out_dir=fw_dir,
+                fw_dir,
+                rec=Recorder(),
                 input_options=InputOptions(**t.job.input_options) if t.job.input_options else None,
                 arena_kb=t.job.arena_kb,
+                builder=self.opt.builder,
+                cache_dir=self.opt.cache_dir,
+                timeout=t.job.timeouts.build,
             )
-            builds: dict[str, Any] = {}
-            for p in projects:
-                builds[p.variant] = build_project(
-                    p.path,
-                    builder=self.opt.builder,
-                    cache_dir=self.opt.cache_dir,
-                    log_path=fw_dir / "logs" / f"build-{p.variant}.log",
-                    timeout=t.job.timeouts.build,
-                )
-            if builds["optimized"].firmware_sha256 == builds["ansi"].firmware_sha256:
-                from harness.errors import IncomparableError
-
-                raise IncomparableError(
-                    "the optimized and ANSI C builds are byte-identical: "
-                    "the ESP-NN setting did not reach the build",
-                    hint="delete stale sdkconfig files in the generated projects and run again",
-                )
-            return builds
+            for exc in fw.failures.values():
+                raise exc
+            return dict(fw.builds)
 
         return dict(self.builds.get(key, make))
 
@@ -546,7 +442,8 @@ class Runner:
         return self.refs.get((str(case.model), tuple(map(str, case.inputs))), make)
 
     def _attempt(self, t: Task, st: BoardState, a: Attempt) -> None:
-        from harness.flows.flash_and_compare import StageTimeouts, flash_and_capture
+        from harness.flows.capture import flash_and_capture
+        from harness.flows.records import StageTimeouts
 
         bench = st.bench
         assert a.dir is not None
@@ -628,16 +525,7 @@ class Runner:
                     capture_valid=run.capture_valid,
                     problems=list(run.problems),
                     findings=list(run.findings),
-                    stages=[
-                        {
-                            "stage": s.stage,
-                            "status": s.status,
-                            "seconds": round(s.seconds, 3),
-                            "detail": s.detail,
-                            "exit_code": s.exit_code,
-                        }
-                        for s in stages
-                    ],
+                    stages=[{k: v for k, v in s.to_dict().items() if k != "variant"} for s in stages],
                 )
                 if run.exit_code == ExitCode.INFRASTRUCTURE:
                     break  # the link is bad: do not spend the other variant on it
@@ -883,7 +771,3 @@ def run_plan(plan: Plan, inventory: Inventory, options: RunOptions) -> RunResult
     result = runner.run()
     write_reports(result)
     return result
-
-
-def now_iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

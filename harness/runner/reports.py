@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__
-from harness.runner.executor import RunResult, Task, now_iso
+from harness.runner.results import VERDICTS, RunResult, Task, now_iso
 
 SUMMARY_SCHEMA = "esp-check/run-summary"
 SUMMARY_VERSION = 1
@@ -150,7 +150,6 @@ def summary_dict(result: RunResult) -> dict[str, Any]:
 
 
 def _run_verdict(result: RunResult) -> str:
-    from harness.runner.executor import VERDICTS
 
     if result.interrupted:
         return "interrupted"

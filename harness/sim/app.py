@@ -546,9 +546,8 @@ def _op_fault(faults: FaultSpec, active: list[str]) -> Any:
 
 def _emit_taps(emitter: Any, i: int, info: Any, sim_ops: list[Any], dump_ops: list[int]) -> None:
     """OP records, OPEND and the chosen ops' dumps, as the --tap firmware prints them after Invoke."""
-    from harness.analysis.tap import TAP_RECORD_BYTES
     from harness.protocol.emitter import TapTensor
-    from harness.sim.tap_sim import crc32
+    from harness.protocol.spec import TAP_RECORD_BYTES, crc32
 
     for so in sim_ops:
         emitter.op(

@@ -13,15 +13,14 @@ outputs. The simulator never prints where the fault is; the host must find it fr
 from __future__ import annotations
 
 import random
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from harness.model.loader import ModelInfo, OpInfo
+from harness.model.taps import tapped_inputs
 
 REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")
-TAP_MAX_TENSORS = 4
 
 # Modelled cycles per output byte (ANSI) and ESP-NN speedup per opcode: deterministic stand-ins.
 _CYCLES_PER_BYTE = {"CONV_2D": 60, "DEPTHWISE_CONV_2D": 25, "FULLY_CONNECTED": 40, "ADD": 6}
@@ -48,15 +47,6 @@ class SimOp:
     inputs: tuple[tuple[int, np.ndarray], ...]
     outputs: tuple[tuple[int, np.ndarray], ...]
     cycles: int
-
-
-def crc32(a: np.ndarray) -> int:
-    return zlib.crc32(np.ascontiguousarray(a).tobytes()) & 0xFFFFFFFF
-
-
-def tapped_inputs(info: ModelInfo, op: OpInfo) -> list[int]:
-    """The inputs the firmware wrapper checksums: non-constant tensors (not weights), at most 4."""
-    return [t for t in op.inputs if t >= 0 and not info.tensors[t].is_constant][:TAP_MAX_TENSORS]
 
 
 def region_mask(shape: tuple[int, ...], region: str, rng: random.Random, frac: float) -> np.ndarray:

@@ -1,0 +1,120 @@
+"""Generate and build both variants, and refuse firmware that cannot tell the kernels apart.
+
+The one path flash-and-compare, its ``--tap`` dump run and the CI runner share: each variant's build
+is a stage of its own (a failed build does not stop the other), and two byte-identical images are
+refused, since the ESP-NN setting then never reached the build and any "match" would prove nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.errors import EspCheckError, IncomparableError
+from harness.firmware.boards import Board
+from harness.firmware.build import BuildResult, build_project
+from harness.firmware.generate import FirmwareFeatures, GeneratedProject, generate_projects
+from harness.flows.records import VARIANT_ORDER, Recorder
+from harness.model.inputs import InputOptions
+
+
+@dataclass
+class Firmware:
+    """Both variants' projects and builds; ``failures`` holds the builds that failed, by variant."""
+
+    projects: dict[str, GeneratedProject]
+    builds: dict[str, BuildResult] = field(default_factory=dict)
+    failures: dict[str, EspCheckError] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return all(v in self.builds for v in VARIANT_ORDER)
+
+
+def generate_firmware(
+    model: str | Path,
+    inputs: Sequence[str | Path],
+    board: Board,
+    out_dir: Path,
+    *,
+    rec: Recorder,
+    input_options: InputOptions | None = None,
+    arena_kb: int | None = None,
+    features: FirmwareFeatures | None = None,
+) -> dict[str, GeneratedProject]:
+    """Render both variants (a usage error propagates: nothing to flash yet)."""
+    projects = rec.run(
+        "generate",
+        None,
+        lambda: generate_projects(
+            model,
+            list(inputs),
+            board,
+            out_dir=out_dir,
+            input_options=input_options,
+            arena_kb=arena_kb,
+            features=features,
+        ),
+    )
+    return {p.variant: p for p in projects}
+
+
+def build_firmware(
+    projects: dict[str, GeneratedProject],
+    *,
+    rec: Recorder,
+    logs_dir: Path,
+    builder: str | None = None,
+    cache_dir: str | Path | None = None,
+    timeout: float = 1800.0,
+) -> Firmware:
+    """Build every variant (each its own stage); IncomparableError for byte-identical images."""
+    fw = Firmware(projects)
+    for v in VARIANT_ORDER:
+        project_dir = projects[v].path
+
+        def do_build(project_dir: Path = project_dir, v: str = v) -> BuildResult:
+            return build_project(
+                project_dir,
+                builder=builder,
+                cache_dir=cache_dir,
+                log_path=logs_dir / f"build-{v}.log",
+                timeout=timeout,
+            )
+
+        try:
+            fw.builds[v] = rec.run("build", v, do_build)
+        except EspCheckError as exc:
+            fw.failures[v] = exc
+    if fw.complete and fw.builds["optimized"].firmware_sha256 == fw.builds["ansi"].firmware_sha256:
+        raise IncomparableError(
+            "the optimized and ANSI C builds produced byte-identical firmware: the ESP-NN setting did "
+            "not reach the build",
+            hint="delete the stale sdkconfig.<env> / sdkconfig in both projects and build again",
+        )
+    return fw
+
+
+def prepare_firmware(
+    model: str | Path,
+    inputs: Sequence[str | Path],
+    board: Board,
+    out_dir: Path,
+    *,
+    rec: Recorder,
+    input_options: InputOptions | None = None,
+    arena_kb: int | None = None,
+    features: FirmwareFeatures | None = None,
+    builder: str | None = None,
+    cache_dir: str | Path | None = None,
+    timeout: float = 1800.0,
+) -> Firmware:
+    """Generate into ``out_dir/projects`` and build both, build logs in ``out_dir/logs``."""
+    projects = generate_firmware(
+        model, inputs, board, out_dir / "projects", rec=rec, input_options=input_options,
+        arena_kb=arena_kb, features=features,
+    )  # fmt: skip
+    return build_firmware(
+        projects, rec=rec, logs_dir=out_dir / "logs", builder=builder, cache_dir=cache_dir, timeout=timeout
+    )

@@ -1,0 +1,141 @@
+"""What an orchestrated run records: stages, per-variant outcomes, limits, progress.
+
+Shared by flash-and-compare, its ``--tap`` dump run and the CI runner, so a stage or a variant is
+described (and serialised) one way everywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from harness.analysis.compare import CompareResult, Source
+from harness.analysis.tap import TapResult
+from harness.errors import EspCheckError, ExitCode, Verdict
+
+# variant name in generated projects -> the ESP-NN mode the firmware must report (INFO nn=...)
+EXPECTED_NN = {"optimized": "optimized", "ansi": "ansi_c"}
+VARIANT_ORDER = ("optimized", "ansi")
+
+ProgressFn = Callable[[str, str], None]  # (stage, message)
+T = TypeVar("T")
+
+
+class StageStatus(str, Enum):
+    """How a stage ended."""
+
+    OK = "ok"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class StageTimeouts:
+    """Per-stage limits in seconds. Flash time is bounded by esptool's own per-command timeouts."""
+
+    build: float = 1800.0
+    capture_total: float = 180.0
+    capture_silence: float = 30.0
+
+
+@dataclass
+class StageRecord:
+    """One stage of one run: what happened, how long it took, and why it failed."""
+
+    stage: str
+    variant: str | None
+    status: StageStatus
+    seconds: float
+    detail: str = ""
+    exit_code: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "variant": self.variant,
+            "status": str(self.status),
+            "seconds": round(self.seconds, 3),
+            "detail": self.detail,
+            "exit_code": self.exit_code,
+        }
+
+
+@dataclass
+class VariantRun:
+    """Everything one variant produced; kept even when a stage failed."""
+
+    variant: str
+    project_dir: Path | None = None
+    firmware_sha256: str | None = None
+    build_cache_hit: bool | None = None
+    flash: dict[str, Any] | None = None
+    serial_log: Path | None = None
+    capture_valid: bool = False
+    nn_mode: str | None = None
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    source: Source | None = None  # the device's outputs, only when its capture validated
+    problems: list[str] = field(default_factory=list)
+    exit_code: ExitCode | None = None  # what this variant's failure implies; None when it ran cleanly
+
+
+class Recorder:
+    """Collects stage records and forwards progress events."""
+
+    def __init__(self, progress: ProgressFn | None = None) -> None:
+        self.stages: list[StageRecord] = []
+        self.progress = progress
+
+    def say(self, stage: str, message: str) -> None:
+        if self.progress is not None:
+            self.progress(stage, message)
+
+    def add(
+        self, stage: str, variant: str | None, code: ExitCode | None, seconds: float, detail: str = ""
+    ) -> None:
+        """Record a stage decided elsewhere (no callable to time)."""
+        status = StageStatus.OK if code is None else StageStatus.FAILED
+        self.stages.append(
+            StageRecord(stage, variant, status, seconds, detail, None if code is None else int(code))
+        )
+
+    def run(self, stage: str, variant: str | None, fn: Callable[[], T]) -> T:
+        label = f"{stage} [{variant}]" if variant else stage
+        self.say(label, "started")
+        t0 = time.monotonic()
+        try:
+            value = fn()
+        except EspCheckError as exc:
+            self.add(stage, variant, exc.exit_code, time.monotonic() - t0, str(exc))
+            self.say(label, f"failed: {exc.message}")
+            raise
+        self.add(stage, variant, None, time.monotonic() - t0)
+        self.say(label, f"done in {time.monotonic() - t0:.1f} s")
+        return value
+
+
+@dataclass
+class FlashAndCompareResult:
+    """The outcome of one ``flash-and-compare`` run."""
+
+    out_dir: Path
+    board: str
+    port: str
+    simulated: bool
+    stages: list[StageRecord]
+    variants: dict[str, VariantRun]
+    comparison: CompareResult | None
+    exit_code: ExitCode
+    report_path: Path
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    tap: TapResult | None = None  # with --tap
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.from_exit_code(self.exit_code)

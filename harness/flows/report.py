@@ -1,0 +1,118 @@
+"""flash-and-compare's reports: report.json (docs/flash-and-compare-schema.json) and JUnit XML."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness import __version__
+from harness.analysis.compare import results_document
+from harness.analysis.report import junit_error_tree, junit_tree, report_dict
+from harness.analysis.report import write_junit as write_junit_tree
+from harness.analysis.schemas import compare_v1, versioned
+from harness.errors import ExitCode
+from harness.flows.records import FlashAndCompareResult, StageStatus
+
+SCHEMA_VERSION = 2  # 2: stage status ok|failed only; the embedded compare report is version 2
+
+
+def result_dict(
+    result: FlashAndCompareResult, *, model: Path, inputs: Sequence[Path], seconds: float
+) -> dict[str, Any]:
+    """The JSON report (``report.json``); schema: docs/flash-and-compare-schema.json."""
+    return {
+        "schema": "esp-check/flash-and-compare",
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "verdict": str(result.verdict),
+        "exit_code": int(result.exit_code),
+        "simulated": result.simulated,
+        "board": result.board,
+        "port": result.port,
+        "model": str(model),
+        "inputs": [str(p) for p in inputs],
+        "seconds": round(seconds, 3),
+        "errors": result.errors,
+        "warnings": result.warnings,
+        "stages": [s.to_dict() for s in result.stages],
+        "variants": {
+            v: {
+                "project_dir": str(r.project_dir) if r.project_dir else None,
+                "firmware_sha256": r.firmware_sha256,
+                "build_cache_hit": r.build_cache_hit,
+                "flash": r.flash,
+                "serial_log": str(r.serial_log) if r.serial_log else None,
+                "capture_valid": r.capture_valid,
+                "nn_mode": r.nn_mode,
+                "problems": r.problems,
+                "findings": r.findings,
+                "results": results_document(r.source) if r.source is not None else None,
+            }
+            for v, r in result.variants.items()
+        },
+        "comparison": report_dict(result.comparison) if result.comparison is not None else None,
+        "tap": result.tap.to_dict() if result.tap is not None else None,
+    }
+
+
+def write_report(
+    result: FlashAndCompareResult, *, model: Path, inputs: Sequence[Path], seconds: float
+) -> None:
+    doc = result_dict(result, model=model, inputs=inputs, seconds=seconds)
+    tmp = result.report_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(result.report_path)
+
+
+def write_junit(result: FlashAndCompareResult, path: Path) -> None:
+    """The comparison's testcases plus one per variant that did not run cleanly (crash, no capture)."""
+    logs = {
+        v: r.serial_log.read_bytes()
+        for v, r in result.variants.items()
+        if r.serial_log and r.serial_log.exists()
+    }
+    if result.comparison is not None:
+        tree = junit_tree(result.comparison)
+    else:
+        kind = "failure" if result.exit_code == ExitCode.FIRMWARE_FAULT else "error"
+        tree = junit_error_tree("; ".join(result.errors) or str(result.verdict), kind, logs)
+    root = tree.getroot()
+    assert root is not None
+    suite = root.find("testsuite")
+    assert suite is not None
+    for v, r in result.variants.items():
+        if r.exit_code is None:
+            continue
+        failed = [s for s in result.stages if s.variant == v and s.status == StageStatus.FAILED]
+        message = "; ".join(s.detail for s in failed) or f"{v} did not run cleanly"
+        case = ET.SubElement(suite, "testcase", classname=f"esp-check.device.{v}", name="run", time="0")
+        tag = "failure" if r.exit_code == ExitCode.FIRMWARE_FAULT else "error"
+        kind = {ExitCode.FIRMWARE_FAULT: "firmware_fault", ExitCode.USAGE: "usage"}.get(
+            r.exit_code, "infrastructure"
+        )
+        el = ET.SubElement(case, tag, message=message.splitlines()[0][:500], type=kind)
+        el.text = message
+        log = logs.get(v, b"").decode("utf-8", "replace")
+        ET.SubElement(case, "system-out").text = "".join(ch for ch in log if ch in "\t\n\r" or ch >= " ")
+    cases = suite.findall("testcase")
+    for counted in (suite, root):
+        counted.set("tests", str(len(cases)))
+        counted.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
+        counted.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
+    ET.indent(root)
+    write_junit_tree(tree, path)
+
+
+def _v1(doc: dict[str, Any]) -> dict[str, Any]:
+    if doc.get("comparison") is not None:
+        doc["comparison"] = compare_v1(doc["comparison"])
+        doc["comparison"]["schema_version"] = 1
+    return doc
+
+
+def report_as(doc: dict[str, Any], schema_version: int | None) -> dict[str, Any]:
+    """report.json as ``schema_version`` (the previous version is deprecated, for one release)."""
+    return versioned(doc, schema_version, what="flash-and-compare report", downgrades={1: _v1})

@@ -1,0 +1,180 @@
+"""``--tap``, after the tapped runs: analyze them, then dump the culprit op in a second run.
+
+Orchestration only; the analysis itself is pure functions in :mod:`harness.analysis.tap`. The dump
+run goes through the same generate/build/flash/capture path as the first run (identical firmware is
+refused there too), and its stage records join the run's report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.analysis.tap import (
+    TapResult,
+    analyze_captures,
+    analyze_dump_captures,
+    host_taps,
+    ops_to_dump,
+)
+from harness.errors import EspCheckError, ExitCode
+from harness.firmware.boards import Board
+from harness.firmware.generate import FirmwareFeatures, read_manifest
+from harness.flows.capture import flash_and_capture
+from harness.flows.firmware import prepare_firmware
+from harness.flows.records import VARIANT_ORDER, Recorder, StageTimeouts, VariantRun
+from harness.model.inputs import InputOptions
+from harness.model.loader import ModelInfo
+from harness.protocol.capture import Capture, parse_capture
+
+
+@dataclass(frozen=True)
+class TapRunRequest:
+    """What the dump run needs to rebuild and re-run the same firmware with dumps switched on."""
+
+    model_path: Path
+    input_paths: tuple[Path, ...]
+    model: ModelInfo
+    board: Board
+    port_url: str
+    out: Path
+    builder: str | None = None
+    cache_dir: str | Path | None = None
+    input_options: InputOptions | None = None
+    arena_kb: int | None = None
+    limits: StageTimeouts = field(default_factory=StageTimeouts)
+    flash_baud: int | None = None
+    reference: bool = True
+    extra_dump_ops: tuple[int, ...] = ()
+
+
+@dataclass
+class TapRunOutcome:
+    result: TapResult
+    errors: list[str] = field(default_factory=list)
+    codes: list[ExitCode] = field(default_factory=list)
+
+
+def embedded_inputs(project_dir: Path, model: ModelInfo) -> list[np.ndarray]:
+    """The exact quantized input bytes the firmware embedded (from the generated project)."""
+    man = read_manifest(project_dir)
+    tin = model.inputs[0]
+    dtype = np.dtype(tin.dtype)
+    return [
+        np.frombuffer((project_dir / str(e["file"])).read_bytes(), dtype=dtype).reshape(tin.shape)
+        for e in man["inputs"]
+    ]
+
+
+def run_tap_flow(
+    req: TapRunRequest,
+    variants: Mapping[str, VariantRun],
+    *,
+    rec: Recorder,
+    lock_cm: contextlib.AbstractContextManager[Any] | None = None,
+) -> TapRunOutcome:
+    """Analyze the tapped captures; when an op departs, dump it (and ``extra_dump_ops``) in a second run."""
+    caps = {
+        v: parse_capture(Path(run.serial_log).read_bytes())
+        for v, run in variants.items()
+        if run.serial_log is not None and Path(run.serial_log).is_file() and run.capture_valid
+    }
+    if not caps:
+        return TapRunOutcome(TapResult(problems=["no valid tapped capture to analyze"]))
+    outcome = TapRunOutcome(TapResult())
+    host_ops = host_tensors = None
+    first_project = next(r.project_dir for r in variants.values() if r.project_dir is not None)
+    if req.reference:
+        try:
+            host_ops, host_tensors = host_taps(
+                req.model, req.model_path.read_bytes(), embedded_inputs(Path(first_project), req.model)
+            )
+        except EspCheckError as exc:
+            outcome.errors.append(f"tap: host per-layer reference unavailable: {exc.message}")
+    outcome.result = res = analyze_captures(req.model, caps, host_ops)
+    dump = sorted(set(ops_to_dump(res)) | set(req.extra_dump_ops))
+    if not dump:
+        return outcome
+    res.dump_ops = dump
+    rec.say("tap", f"second run dumping op(s) {','.join(map(str, dump))}")
+    try:
+        dump_caps = _dump_run(req, dump, rec, lock_cm or contextlib.nullcontext(), outcome)
+    except EspCheckError as exc:
+        outcome.errors.append(f"tap dump run: {exc}")
+        outcome.codes.append(exc.exit_code)
+        return outcome
+    res.problems += _nondeterminism(caps, dump_caps)
+    analyze_dump_captures(res, dump_caps, host_tensors)
+    return outcome
+
+
+def _dump_run(
+    req: TapRunRequest,
+    dump: Sequence[int],
+    rec: Recorder,
+    lock_cm: contextlib.AbstractContextManager[Any],
+    outcome: TapRunOutcome,
+) -> dict[str, Capture]:
+    """Rebuild both variants with dumps on, flash and capture each; failures go into ``outcome``."""
+    dump_dir = req.out / "tap-dump"
+    sub = Recorder(rec.progress)
+    try:
+        return _dump_variants(req, dump, sub, lock_cm, outcome, dump_dir)
+    finally:  # the dump run's stages join the report, labelled as such
+        for s in sub.stages:
+            s.stage = f"tap-dump:{s.stage}"
+        rec.stages.extend(sub.stages)
+
+
+def _dump_variants(
+    req: TapRunRequest,
+    dump: Sequence[int],
+    rec: Recorder,
+    lock_cm: contextlib.AbstractContextManager[Any],
+    outcome: TapRunOutcome,
+    dump_dir: Path,
+) -> dict[str, Capture]:
+    fw = prepare_firmware(
+        req.model_path, req.input_paths, req.board, dump_dir, rec=rec, input_options=req.input_options,
+        arena_kb=req.arena_kb, features=FirmwareFeatures(tap=True, dump_ops=tuple(dump)),
+        builder=req.builder, cache_dir=req.cache_dir, timeout=req.limits.build,
+    )  # fmt: skip
+    for v, exc in fw.failures.items():
+        outcome.errors.append(f"tap dump run [{v}]: build: {exc}")
+        outcome.codes.append(exc.exit_code)
+    dump_caps: dict[str, Capture] = {}
+    with lock_cm:
+        for v in VARIANT_ORDER:
+            if v not in fw.builds:
+                continue
+            vr, stages = flash_and_capture(
+                fw.builds[v], req.board, req.port_url, dump_dir, variant=v, timeouts=req.limits,
+                flash_baud=req.flash_baud, progress=rec.progress,
+            )  # fmt: skip
+            rec.stages.extend(stages)
+            if vr.serial_log is None or not vr.capture_valid:
+                outcome.errors.append(f"tap dump run [{v}]: capture failed ({vr.exit_code})")
+                outcome.codes.append(ExitCode(vr.exit_code or ExitCode.INFRASTRUCTURE))
+                continue
+            dump_caps[v] = parse_capture(Path(vr.serial_log).read_bytes())
+    return dump_caps
+
+
+def _nondeterminism(first: Mapping[str, Capture], second: Mapping[str, Capture]) -> list[str]:
+    """The dump run must reproduce the tapped run's outputs; say where it does not."""
+    problems = []
+    for v, cap in second.items():
+        if v not in first:
+            continue
+        for r1, r2 in zip(first[v].runs, cap.runs, strict=False):
+            if [t.crc for t in r1.outputs] != [t.crc for t in r2.outputs]:
+                problems.append(
+                    f"{v}: the dump run's outputs differ from the first tapped run's (input {r1.index}): "
+                    "the device is not deterministic or the dump changed the results"
+                )
+    return problems

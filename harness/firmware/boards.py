@@ -207,32 +207,8 @@ def _choice(path: Path, data: dict[str, Any], key: str, allowed: tuple[str, ...]
         raise _err(path, key, f"is {data[key]!r}; expected one of: {', '.join(allowed)}")
 
 
-def parse_board(data: dict[str, Any], path: Path) -> Board:
-    """Validate one decoded board TOML table; ``path`` is only used in error messages."""
-    unknown = sorted(set(data) - set(_FIELDS) - set(_OPTIONAL))
-    if unknown:
-        raise _err(path, unknown[0], "is not a known board field", hint=f"known fields: {', '.join(_FIELDS)}")
-    for key in _FIELDS:
-        if key not in data:
-            raise _err(path, key, "is missing")
-    for key, typ in {**_FIELDS, **_OPTIONAL}.items():
-        if key not in data:
-            continue
-        value = data[key]
-        if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise _err(path, key, f"must be an integer, got {value!r}")
-        if not isinstance(value, typ):
-            raise _err(path, key, f"must be of type {getattr(typ, '__name__', typ)}, got {value!r}")
-    if not _NAME.match(data["name"]):
-        raise _err(path, "name", f"{data['name']!r} is not a valid board name (lower-case, digits, - _ .)")
-    _choice(path, data, "chip", CHIPS)
-    _choice(path, data, "psram", PSRAM_KINDS)
-    _choice(path, data, "console", CONSOLES)
-    _choice(path, data, "reset", RESET_STYLES)
-    _choice(path, data, "espnn_path", ESPNN_PATHS)
-    _choice(path, data, "builder", BUILDERS)
-    _choice(path, data, "flash_size", FLASH_SIZES)
-    chip = data["chip"]
+def _check_hardware(path: Path, data: dict[str, Any], chip: str) -> None:
+    """Field combinations the chip and the tools cannot have (PSRAM kind, clocks, builder, ESP-NN path)."""
     if data["cpu_mhz"] not in CHIP_MAX_MHZ[chip]:
         allowed = ", ".join(str(m) for m in CHIP_MAX_MHZ[chip])
         raise _err(path, "cpu_mhz", f"is {data['cpu_mhz']}; the maximum for {chip} is {allowed} MHz")
@@ -270,6 +246,35 @@ def parse_board(data: dict[str, Any], path: Path) -> Board:
         raise _err(path, "espnn_path", f'is "generic" but ESP-NN always builds its {chip} path for {chip}')
     if data["console"] == "usb_serial_jtag" and chip in ("esp32", "esp32s2"):
         raise _err(path, "console", f"{chip} has no USB-Serial-JTAG peripheral")
+
+
+def parse_board(data: dict[str, Any], path: Path) -> Board:
+    """Validate one decoded board TOML table; ``path`` is only used in error messages."""
+    unknown = sorted(set(data) - set(_FIELDS) - set(_OPTIONAL))
+    if unknown:
+        raise _err(path, unknown[0], "is not a known board field", hint=f"known fields: {', '.join(_FIELDS)}")
+    for key in _FIELDS:
+        if key not in data:
+            raise _err(path, key, "is missing")
+    for key, typ in {**_FIELDS, **_OPTIONAL}.items():
+        if key not in data:
+            continue
+        value = data[key]
+        if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise _err(path, key, f"must be an integer, got {value!r}")
+        if not isinstance(value, typ):
+            raise _err(path, key, f"must be of type {getattr(typ, '__name__', typ)}, got {value!r}")
+    if not _NAME.match(data["name"]):
+        raise _err(path, "name", f"{data['name']!r} is not a valid board name (lower-case, digits, - _ .)")
+    _choice(path, data, "chip", CHIPS)
+    _choice(path, data, "psram", PSRAM_KINDS)
+    _choice(path, data, "console", CONSOLES)
+    _choice(path, data, "reset", RESET_STYLES)
+    _choice(path, data, "espnn_path", ESPNN_PATHS)
+    _choice(path, data, "builder", BUILDERS)
+    _choice(path, data, "flash_size", FLASH_SIZES)
+    chip = data["chip"]
+    _check_hardware(path, data, chip)
     simulated = bool(data.get("simulated", False))
     if (data["builder"] == "sim") != simulated:
         raise _err(path, "simulated", 'must be true exactly when builder = "sim"')

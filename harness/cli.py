@@ -29,9 +29,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and map outcomes to exit codes (see README: 0 match ... 70 internal)."""
     try:
         rv = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        code = int(ExitCode.INFRASTRUCTURE)
+    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+        click.echo("Interrupted.", err=True)
+        code = int(ExitCode.INTERRUPTED)
     except click.exceptions.ClickException as exc:
         exc.show()
         code = int(ExitCode.USAGE)
@@ -40,9 +40,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EspCheckError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
         code = int(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("Interrupted.", err=True)
-        code = 130
     except Exception:  # the one place that turns surprises into exit 70
         traceback.print_exc()
         click.secho(

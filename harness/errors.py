@@ -19,6 +19,7 @@ class ExitCode(enum.IntEnum):
     INFRASTRUCTURE = 3
     FIRMWARE_FAULT = 4
     INTERNAL = 70
+    INTERRUPTED = 130  # Ctrl-C / SIGINT: the run did not finish (128 + SIGINT, the shell convention)
 
 
 class Verdict(str, enum.Enum):
@@ -30,6 +31,7 @@ class Verdict(str, enum.Enum):
     INFRASTRUCTURE_ERROR = "infrastructure_error"
     FIRMWARE_FAULT = "firmware_fault"
     INTERNAL_ERROR = "internal_error"
+    INTERRUPTED = "interrupted"
 
     def __str__(self) -> str:
         return self.value
@@ -48,11 +50,13 @@ _VERDICT_OF = {
     ExitCode.USAGE: Verdict.USAGE_ERROR,
     ExitCode.INFRASTRUCTURE: Verdict.INFRASTRUCTURE_ERROR,
     ExitCode.FIRMWARE_FAULT: Verdict.FIRMWARE_FAULT,
+    ExitCode.INTERRUPTED: Verdict.INTERRUPTED,
 }
 
 
 # When one run has several outcomes, the most important one decides the exit code.
 EXIT_PRECEDENCE: tuple[ExitCode, ...] = (
+    ExitCode.INTERRUPTED,
     ExitCode.INTERNAL,
     ExitCode.USAGE,
     ExitCode.FIRMWARE_FAULT,

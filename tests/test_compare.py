@@ -25,7 +25,7 @@ from harness.analysis.compare import (
     results_document,
 )
 from harness.cli import main
-from harness.errors import IncomparableError, LogFormatError, UsageError
+from harness.errors import CaptureError, IncomparableError, LogFormatError, UsageError
 from harness.protocol.emitter import PythonEmitter, RunSpec, TensorSpec, emit_capture
 
 DATA = Path(__file__).parent / "data"
@@ -135,11 +135,12 @@ def test_unusable_logs_fail_cleanly(
     assert main(["compare", str(tmp_path / "missing.log"), str(ANSI_LOG)]) == 2
 
 
-def test_truncated_legacy_log_is_incomparable(tmp_path: Path) -> None:
+def test_truncated_legacy_log_is_an_incomplete_capture(tmp_path: Path) -> None:
     short = tmp_path / "short.log"
     short.write_bytes(OPT_LOG.read_bytes().rsplit(b"Output:", 1)[0])
-    with pytest.raises(IncomparableError, match="11 values"):
+    with pytest.raises(CaptureError, match="11 values") as info:
         compare_files(ANSI_LOG, short)
+    assert info.value.exit_code == 3
 
 
 # ---- protocol captures ---------------------------------------------------------------------------
@@ -306,7 +307,7 @@ def test_three_way_with_host_reference(tmp_path: Path, capsys: pytest.CaptureFix
     # a capture of another input is refused
     other = write_capture(tmp_path / "other.log", [expected], nn="ansi_c", model_sha=sha, input_bytes=b"x")
     assert main(["compare", str(a), str(other), "--model", str(model), "--input", str(inp)]) == 2
-    assert "used input" in capsys.readouterr().err
+    assert "ran different inputs" in capsys.readouterr().err
 
 
 def test_model_hash_checked_against_captures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

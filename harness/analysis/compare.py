@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import (
+    CaptureError,
     ExitCode,
     IncomparableError,
     LogFormatError,
@@ -435,7 +436,7 @@ def compare_tensors(
     if ia is not None and ib is not None:
         d = ia - ib
         dl = d.astype(np.float64)
-        mism = np.abs(dl) > tolerance_lsb
+        mism = ~(np.abs(dl) <= tolerance_lsb)  # never a match by a NaN tolerance (also refused earlier)
         units = "lsb"
         if s is not None:
             ra = (ia - zp).astype(np.float64) * s
@@ -558,6 +559,52 @@ def compare_tensors(
 # ---- runs ----------------------------------------------------------------------------------------
 
 
+def check_tolerances(tolerance_lsb: float, ref_tolerance_lsb: float) -> None:
+    """UsageError unless both tolerances are finite and >= 0 (a NaN tolerance would match anything)."""
+    for name, tol in (("--tolerance-lsb", tolerance_lsb), ("--ref-tolerance-lsb", ref_tolerance_lsb)):
+        if not (math.isfinite(tol) and tol >= 0):
+            raise UsageError(f"{name} {tol} must be a finite number >= 0", hint=f"e.g. {name} 0")
+
+
+def _check_legacy_lengths(a: Source, b: Source) -> None:
+    """Two legacy logs of different lengths: at least one is an incomplete capture (exit 3)."""
+    if a.kind == b.kind == "legacy":
+        na, nb = (sum(t.values.size for run in s.runs for t in run) for s in (a, b))
+        if na != nb:
+            raise CaptureError(
+                f"legacy logs of different lengths: {a.label} has {na} values, {b.label} has {nb}: "
+                "at least one capture is incomplete",
+                hint="capture both runs to the end, or pass --model so each log is checked against "
+                "the model's output size",
+            )
+
+
+def _fit_legacy(src: Source, outputs: Sequence[Any]) -> Source:
+    """A legacy log checked against the model: exactly its output size, split into its outputs.
+
+    A legacy log carries no END record, so its element count is the only completeness check there is:
+    any other count is an incomplete (or foreign) capture, exit 3 and never a match.
+    """
+    if src.kind != "legacy":
+        return src
+    values = np.concatenate([t.values.reshape(-1) for run in src.runs for t in run])
+    sizes = [int(t.num_elements) for t in outputs]
+    if values.size != sum(sizes):
+        raise CaptureError(
+            f"{src.label}: the legacy log has {values.size} output values, the model's outputs have "
+            f"{sum(sizes)}: an incomplete capture",
+            hint="capture the whole run (check the monitor's buffer and that the sketch prints every "
+            "output), or pass the model the firmware ran",
+        )
+    tensors, start = [], 0
+    for k, (t, n) in enumerate(zip(outputs, sizes, strict=True)):
+        part = values[start : start + n].reshape(tuple(t.shape))
+        start += n
+        tensors.append(OutputTensor(k, part, raw=False, shape=tuple(t.shape), name=str(t.name)))
+    src.runs = [tensors]
+    return src
+
+
 def _check_identity(a: Source, b: Source) -> None:
     if a.kind in ("protocol", "results") and b.kind in ("protocol", "results") and (a.nn_mode or b.nn_mode):
         if a.nn_mode == b.nn_mode:
@@ -575,10 +622,29 @@ def _check_identity(a: Source, b: Source) -> None:
                 )
     if a.model_sha256 and b.model_sha256 and a.model_sha256 != b.model_sha256:
         raise IncomparableError(
-            f"{a.label} and {b.label} ran different models (model_sha256 {a.model_sha256[:12]}... vs "
-            f"{b.model_sha256[:12]}...)",
+            f"{a.label} and {b.label} ran different models (model_sha256 {a.model_sha256} vs "
+            f"{b.model_sha256})",
             hint="flash both variants generated from the same .tflite",
         )
+    for k, (ha, hb) in enumerate(zip(a.input_sha256, b.input_sha256, strict=False)):
+        if ha and hb and ha != hb:
+            raise IncomparableError(
+                f"{a.label} and {b.label} ran different inputs: run {k} input_sha256 {ha} ({a.label}) vs "
+                f"{hb} ({b.label}); their outputs say nothing about the kernels",
+                hint="generate both variants from the same inputs (and preprocessing options)",
+            )
+    for k, (ra, rb) in enumerate(zip(a.runs, b.runs, strict=False)):
+        sa = {t.index: tuple(t.shape) for t in ra if t.shape is not None}
+        sb = {t.index: tuple(t.shape) for t in rb if t.shape is not None}
+        if sa and sb and sa != sb:
+            raise IncomparableError(
+                f"{a.label} and {b.label} have different outputs in run {k}: {_shapes(sa)} vs {_shapes(sb)}",
+                hint="both sides must come from the same model",
+            )
+
+
+def _shapes(shapes: dict[int, tuple[int, ...]]) -> str:
+    return ", ".join(f"output {i} {list(sh)}" for i, sh in sorted(shapes.items()))
 
 
 def compare_sources(
@@ -597,8 +663,7 @@ def compare_sources(
     ``output_quant[o]`` = (scale, zero point, dtype) from the model; ``scale``/``zero_point`` flags
     apply to every output. Raises IncomparableError when the sources cannot honestly be compared.
     """
-    if tolerance_lsb < 0 or ref_tolerance_lsb < 0:
-        raise UsageError("tolerances must be >= 0")
+    check_tolerances(tolerance_lsb, ref_tolerance_lsb)
     _check_identity(a, b)
     sources = [a, b] + ([reference] if reference is not None else [])
     for s in sources:
@@ -777,11 +842,14 @@ def compare_files(
     sa, sb = load_source(a, "A"), load_source(b, "B")
     ref = None
     quant: list[tuple[float | None, int | None, str | None]] = []
-    if model is not None:
+    if model is None:
+        _check_legacy_lengths(sa, sb)
+    else:
         from harness.model.loader import load_model
 
         info = load_model(model)
         quant = [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in info.outputs]
+        sa, sb = (_fit_legacy(s, info.outputs) for s in (sa, sb))
         for s in (sa, sb):
             if s.model_sha256 and s.model_sha256 != info.sha256:
                 raise IncomparableError(

@@ -120,6 +120,30 @@ def report_dict(result: CompareResult, schema_version: int | None = None) -> dic
     return versioned(doc, schema_version, what="compare report", downgrades={1: compare_v1})
 
 
+_BIDI = frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A))
+
+
+def sanitize_text(text: object) -> str:
+    """Text from a model or a device, made safe for a terminal: control characters (ESC sequences
+    such as OSC 52 clipboard writes or title changes, C1 controls, DEL, bidi overrides) are shown
+    as visible ``\\xNN``/``\\uNNNN`` escapes instead of reaching the terminal."""
+    out = []
+    for ch in str(text):
+        o = ord(ch)
+        if o < 0x20 or 0x7F <= o <= 0x9F:
+            out.append(f"\\x{o:02x}")
+        elif o in _BIDI:
+            out.append(f"\\u{o:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def safe_markup(text: object) -> str:
+    """Untrusted text for a rich markup string: sanitized, and its ``[...]`` shown, not interpreted."""
+    return escape(sanitize_text(text))
+
+
 def _fmt(x: float | None, digits: int = 4) -> str:
     if x is None:
         return "-"
@@ -131,13 +155,13 @@ def _fmt(x: float | None, digits: int = 4) -> str:
 def print_report(result: CompareResult, console: Console | None = None) -> None:
     """Terminal report: per output, one column per compared pair; mismatches in red."""
     con = console or Console()
-    labels = {s.label: escape(f"{s.label} ({s.nn_mode or s.kind})") for s in result.sources}
+    labels = {s.label: safe_markup(f"{s.label} ({s.nn_mode or s.kind})") for s in result.sources}
     groups: dict[tuple[int, int], list[TensorComparison]] = {}
     for c in result.comparisons:
         groups.setdefault((c.run, c.output), []).append(c)
     for (run, out), comps in groups.items():
         name = next((c.name for c in comps if c.name), "")
-        title = f"run {run}, output {out}" + (f" ({escape(name)})" if name else "")
+        title = f"run {run}, output {out}" + (f" ({safe_markup(name)})" if name else "")
         if result.simulated:
             title += " [simulated board]"
         table = Table(title=title, title_justify="left")
@@ -191,11 +215,11 @@ def print_report(result: CompareResult, console: Console | None = None) -> None:
             f", run {f.run}" if f.run is not None else ""
         )
         con.print(
-            "[bold red]firmware fault[/]" + escape(detail_text + (f": {f.msg}" if f.msg else "")),
+            "[bold red]firmware fault[/]" + safe_markup(detail_text + (f": {f.msg}" if f.msg else "")),
             highlight=False,
         )
     for w in result.warnings:
-        con.print("[yellow]warning:[/] " + escape(w), highlight=False)
+        con.print("[yellow]warning:[/] " + safe_markup(w), highlight=False)
     colour = {"match": "green", "mismatch": "red", "firmware_fault": "red"}.get(str(result.verdict), "yellow")
     con.print(f"[bold {colour}]verdict: {result.verdict}[/] (exit {int(result.exit_code)})")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -13,6 +14,28 @@ from rich.console import Console
 from harness.model.inputs import COLOR_MODES, NAMED_RANGES, RESIZE_POLICIES, InputOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class FiniteFloat(click.FloatRange):
+    """A float range that also refuses NaN and infinities (``nan`` passes every ``<``/``>`` check, so a
+    NaN tolerance would quietly turn every mismatch into a match)."""
+
+    name = "finite float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{rv} is not a finite number", param, ctx)
+        return rv
+
+
+# Numeric flags, checked when the command line is parsed: bad values exit 2 before any work is done.
+LSB = FiniteFloat(min=0, max=1e12)  # tolerances in quantization steps
+SECONDS = FiniteFloat(min=0, min_open=True, max=7 * 24 * 3600)  # timeouts
+POSITIVE = FiniteFloat(min=0, min_open=True)  # scales
+FINITE = FiniteFloat()  # offsets
+BAUD = click.IntRange(min=300, max=16_000_000)
+ARENA_KB = click.IntRange(min=1, max=1024 * 1024)
 
 
 def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:
@@ -38,8 +61,8 @@ def preprocessing_options(f: F) -> F:
             default=None,
             help="Normalise 8-bit data to this real range (images default to 0..1).",
         ),
-        click.option("--input-scale", type=float, default=None, help="real = value * scale + offset"),
-        click.option("--input-offset", type=float, default=None),
+        click.option("--input-scale", type=POSITIVE, default=None, help="real = value * scale + offset"),
+        click.option("--input-offset", type=FINITE, default=None),
         click.option(
             "--input-dtype", default=None, help="Element type of raw binary inputs (int8, float32, ...)."
         ),

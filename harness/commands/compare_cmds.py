@@ -8,7 +8,7 @@ import click
 
 from harness.analysis.compare import compare_files
 from harness.analysis.report import junit_error_tree, junit_tree, print_report, report_dict, write_junit
-from harness.commands.common import echo_json, schema_version_option
+from harness.commands.common import LSB, POSITIVE, echo_json, schema_version_option
 from harness.errors import EspCheckError, InfrastructureError
 
 
@@ -35,18 +35,20 @@ def _raw(path: str) -> bytes:
     type=click.Path(dir_okay=False),
     help="Input the firmware ran (repeat for K inputs, in order); needs --model.",
 )
-@click.option("--scale", type=float, help="Output scale, for logs that do not carry it.")
-@click.option("--zero-point", type=int, help="Output zero point (with --scale).")
+@click.option("--scale", type=POSITIVE, help="Output scale, for logs that do not carry it.")
+@click.option(
+    "--zero-point", type=click.IntRange(-(2**31), 2**31 - 1), help="Output zero point (with --scale)."
+)
 @click.option(
     "--tolerance-lsb",
-    type=click.FloatRange(min=0),
+    type=LSB,
     default=0,
     show_default=True,
     help="Allowed |A-B| per element (optimized vs ANSI C; ESP-NN promises bit-exact).",
 )
 @click.option(
     "--ref-tolerance-lsb",
-    type=click.FloatRange(min=0),
+    type=LSB,
     default=0,
     show_default=True,
     help="Allowed difference of each side from the host reference.",

@@ -12,8 +12,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.analysis.report import safe_markup
 from harness.commands.common import (
+    ARENA_KB,
+    BAUD,
+    LSB,
     OP_LIST,
+    SECONDS,
     echo_json,
     input_options_from,
     make_console,
@@ -43,14 +48,14 @@ from harness.errors import ExitCode, UsageError
 )
 @click.option(
     "--tolerance-lsb",
-    type=float,
+    type=LSB,
     default=0,
     show_default=True,
     help="Allowed |optimized - ANSI C| in LSB (ESP-NN promises bit-exactness: 0).",
 )
 @click.option(
     "--ref-tolerance-lsb",
-    type=float,
+    type=LSB,
     default=0,
     show_default=True,
     help="Allowed |device - host reference| in LSB.",
@@ -65,23 +70,25 @@ from harness.errors import ExitCode, UsageError
     default=None,
     help="Build cache directory (default: per-user cache).",
 )
-@click.option("--flash-baud", type=int, default=None, help="Flashing baud rate (default: the board's).")
-@click.option("--arena-kb", type=int, default=None, help="Tensor arena size (default: measured + margin).")
+@click.option("--flash-baud", type=BAUD, default=None, help="Flashing baud rate (default: the board's).")
+@click.option(
+    "--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: measured + margin)."
+)
 @click.option(
     "--capture-timeout",
-    type=float,
+    type=SECONDS,
     default=180.0,
     show_default=True,
     help="Seconds to wait for one run's END record.",
 )
 @click.option(
     "--silence-timeout",
-    type=float,
+    type=SECONDS,
     default=30.0,
     show_default=True,
     help="Seconds without a byte from the board before giving up.",
 )
-@click.option("--build-timeout", type=float, default=1800.0, show_default=True)
+@click.option("--build-timeout", type=SECONDS, default=1800.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
 @schema_version_option
 @click.option(
@@ -172,7 +179,7 @@ def flash_and_compare_cmd(
             return
         style = "red" if message.startswith("failed") else "green"
         when = f"{time.monotonic() - t0:7.1f}s"
-        console.print(f"[dim]{when}[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] {escape(message)}")
+        console.print(f"[dim]{when}[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] {safe_markup(message)}")
 
     with status:
         result = flash_and_compare(
@@ -225,26 +232,26 @@ def _print_summary(console: Console, result: Any) -> None:
             written = sum(x["bytes_written"] for x in r.flash["regions"])
             skipped = sum(1 for x in r.flash["regions"] if x["skipped"])
             flash = f"{written} B written, {skipped} region(s) already there"
-        findings = ", ".join(f"{f['kind']} ({f['severity']})" for f in r.findings) or "-"
+        findings = safe_markup(", ".join(f"{f['kind']} ({f['severity']})" for f in r.findings) or "-")
         table.add_row(
             v,
             (r.firmware_sha256 or "-")[:12] + (" (cached)" if r.build_cache_hit else ""),
             flash,
-            "valid" if r.capture_valid else ("; ".join(r.problems)[:60] or "not valid"),
-            r.nn_mode or "-",
+            "valid" if r.capture_valid else safe_markup("; ".join(r.problems)[:60] or "not valid"),
+            safe_markup(r.nn_mode or "-"),
             findings,
         )
     console.print(table)
     if getattr(result, "tap", None) is not None:
         _print_tap(console, result.tap)
     for warn in result.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(warn)}")
+        console.print(f"[yellow]warning:[/yellow] {safe_markup(warn)}")
     for err in result.errors:
-        console.print(f"[red]error:[/red] {escape(err)}")
+        console.print(f"[red]error:[/red] {safe_markup(err)}")
     failed = [s for s in result.stages if s.status == "failed"]
     for s in failed:
         console.print(
-            f"[red]{escape(s.stage)} \\[{escape(s.variant or '-')}] failed:[/red] {escape(s.detail)}"
+            f"[red]{escape(s.stage)} \\[{escape(s.variant or '-')}] failed:[/red] {safe_markup(s.detail)}"
         )
     color = {ExitCode.MATCH: "green", ExitCode.MISMATCH: "red", ExitCode.FIRMWARE_FAULT: "red"}.get(
         result.exit_code, "yellow"
@@ -260,11 +267,11 @@ def _print_tap(console: Console, tap: Any) -> None:
     """First divergent op, dump analysis and the per-op timing table of a --tap run."""
     culprit = tap.culprit
     if culprit is not None:
-        console.print(f"[bold red]tap: {escape(culprit.message)}[/bold red]")
+        console.print(f"[bold red]tap: {safe_markup(culprit.message)}[/bold red]")
     else:
         console.print("[green]tap: optimized, ANSI C and host agree on every op checksum[/green]")
     for line in tap.summary_lines():
-        console.print(f"  {escape(line)}")
+        console.print(f"  {safe_markup(line)}")
     if tap.ram_bytes:
         ram = ", ".join(f"{v} {n} B" for v, n in tap.ram_bytes.items())
         console.print(f"  tap RAM overhead on the device: {ram}")

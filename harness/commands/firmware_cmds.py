@@ -11,7 +11,14 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from harness.commands.common import OP_LIST, input_options_from, make_console, preprocessing_options
+from harness.commands.common import (
+    ARENA_KB,
+    OP_LIST,
+    SECONDS,
+    input_options_from,
+    make_console,
+    preprocessing_options,
+)
 from harness.errors import ExitCode
 from harness.firmware.boards import format_chip_rev, list_boards, load_board
 from harness.firmware.build import BUILDERS, BuildResult, build_project
@@ -101,7 +108,7 @@ def _project_summary(p: GeneratedProject) -> dict[str, Any]:
 )
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option(
-    "--arena-kb", type=click.IntRange(min=1), default=None, help="Tensor arena size (default: estimate)."
+    "--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: estimate)."
 )
 @click.option(
     "--tflm-version", default=None, help=f"espressif/esp-tflite-micro (default {DEFAULT_VERSIONS['tflm']})."
@@ -246,7 +253,7 @@ def run_build_with_progress(project_dir: Path, console: Console, **kwargs: Any) 
 @click.option("--pio", "pio_path", default=None, help="PlatformIO executable (default: pio on PATH).")
 @click.option("--idf-py", "idf_py", default=None, help="ESP-IDF idf.py (default: idf.py on PATH).")
 @click.option(
-    "--timeout", type=click.FloatRange(min=1), default=None, help="Kill the build after this many seconds."
+    "--timeout", type=SECONDS, default=None, help="Kill the build after this many seconds."
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result (schema esp-check.build/1).")
 def build_cmd(

@@ -12,6 +12,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from harness.analysis.report import safe_markup
 from harness.commands.common import input_options_from, make_console, preprocessing_options
 from harness.errors import ExitCode, InputDataError
 from harness.model import opdata
@@ -64,7 +65,7 @@ def _tensor_table(title: str, tensors: Sequence[TensorInfo]) -> Table:
     for t in tensors:
         table.add_row(
             str(t.index),
-            t.name,
+            safe_markup(t.name),
             "x".join(map(str, t.shape)) or "scalar",
             t.dtype,
             _fmt_scale(t),
@@ -125,7 +126,7 @@ def _inspect_data(
 def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> None:
     m = data["model"]
     console.print(
-        f"[bold]{info.path}[/bold]  {m['size_bytes']:,} B  sha256 {m['sha256'][:16]}...  "
+        f"[bold]{safe_markup(info.path)}[/bold]  {m['size_bytes']:,} B  sha256 {m['sha256'][:16]}...  "
         f"schema v{m['schema_version']}  kind {m['kind']}  subgraphs {m['subgraphs']}"
     )
     if info.kind != "int8":
@@ -153,7 +154,8 @@ def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> N
                 if a["accelerated"]
                 else (f"[yellow]{a['short']}[/yellow]" if a["reason"].startswith("fallback") else "-")
             )
-        ops_table.add_row(str(op.index), op.opcode, "x".join(map(str, out.shape)) if out else "", *cells)
+        shape = "x".join(map(str, out.shape)) if out else ""
+        ops_table.add_row(str(op.index), safe_markup(op.opcode), shape, *cells)
     console.print(ops_table)
 
     counts = Table(title="Op counts, resolver registrations, ESP-NN acceleration", title_justify="left")
@@ -165,12 +167,13 @@ def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> N
         for c in chips:
             k = sum(1 for a in accel[c].values() if a["opcode"] == opcode and a["accelerated"])
             per_chip.append(f"{k}/{n}" if opdata.espnn_accelerated(opcode, c) else "-")
-        counts.add_row(opcode, str(n), opdata.resolver_method(opcode, op0.custom_code), *per_chip)
+        method = opdata.resolver_method(opcode, op0.custom_code)
+        counts.add_row(safe_markup(opcode), str(n), safe_markup(method), *per_chip)
     console.print(counts)
     methods = data["resolver"]["methods"]
     console.print(
         f"tflite::MicroMutableOpResolver<{len(methods)}> resolver;  "
-        + " ".join(f"resolver.{mth}();" for mth in methods)
+        + " ".join(f"resolver.{safe_markup(mth)}();" for mth in methods)
     )
     for c in chips:
         ch = data["espnn"]["chips"][c]
@@ -193,11 +196,11 @@ def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> N
         for p in run:
             r = p["truncating_cast"]
             console.print(
-                f"Input {p['source']} ({p['kind']}) -> {p['tensor']} {p['dtype']} "
+                f"Input {safe_markup(p['source'])} ({p['kind']}) -> {safe_markup(p['tensor'])} {p['dtype']} "
                 f"{'x'.join(map(str, p['shape']))}  sha256 {p['sha256'][:16]}...  run {k}"
             )
             for note in p["notes"]:
-                console.print(f"  - {note}")
+                console.print(f"  - {safe_markup(note)}")
             style = "red" if r["differing"] else "green"
             console.print(
                 "  truncating cast without clamp `(int8_t)(x / scale + zp)` would get "
@@ -374,10 +377,11 @@ def reference_cmd(
         click.echo(json.dumps(data, indent=2))
         return int(ExitCode.MATCH)
     console = make_console()
-    console.print(f"[bold]{model}[/bold] on {result.backend_version} ({result.kernels})")
+    console.print(f"[bold]{safe_markup(model)}[/bold] on {result.backend_version} ({result.kernels})")
     for k, run in enumerate(result.runs):
         console.print(
-            f"Run {k}: inputs " + ", ".join(f"{p.source.name} (sha256 {p.sha256[:12]}...)" for p in runs[k])
+            f"Run {k}: inputs "
+            + ", ".join(f"{safe_markup(p.source.name)} (sha256 {p.sha256[:12]}...)" for p in runs[k])
         )
         table = Table(title=f"Run {k} outputs", title_justify="left")
         for col in ("#", "name", "shape", "dtype", "scale", "zp", "crc32", "argmax"):
@@ -385,7 +389,7 @@ def reference_cmd(
         for o, (arr, t) in enumerate(zip(run.outputs, info.outputs, strict=True)):
             table.add_row(
                 str(o),
-                t.name,
+                safe_markup(t.name),
                 "x".join(map(str, arr.shape)),
                 str(arr.dtype),
                 "-" if t.scale is None else f"{t.scale:.8g}",
@@ -406,7 +410,7 @@ def reference_cmd(
             for la in run.layers:
                 lt.add_row(
                     str(la.op_index),
-                    la.opcode,
+                    safe_markup(la.opcode),
                     str(la.tensor_index),
                     "x".join(map(str, la.array.shape)),
                     str(la.array.dtype),

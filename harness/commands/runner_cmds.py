@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.common import make_console
+from harness.commands.common import SECONDS, make_console
 from harness.errors import ExitCode
 
 
@@ -98,7 +98,7 @@ def _stop_on_signals(stop: threading.Event, hard: threading.Event, console: Cons
 )
 @click.option(
     "--lock-timeout",
-    type=float,
+    type=SECONDS,
     default=None,
     help="Seconds to wait for a board someone else is using (default: plan [run] lock_timeout_s).",
 )

@@ -7,6 +7,7 @@ import urllib.parse
 
 import click
 
+from harness.commands.common import BAUD
 from harness.errors import ExitCode
 
 
@@ -63,10 +64,17 @@ def sim_group() -> None:
     default=None,
     help="Apply app faults only to images of this variant.",
 )
-@click.option("--throttle", type=int, default=None, help="Limit the board's output to this baud rate.")
+@click.option("--throttle", type=BAUD, default=None, help="Limit the board's output to this baud rate.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed for deterministic faults.")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", "tcp_port", type=int, default=0, show_default=True, help="TCP port (0: a free one).")
+@click.option(
+    "--port",
+    "tcp_port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="TCP port (0: a free one).",
+)
 @click.option("--rfc2217", is_flag=True, help="Speak RFC 2217 (DTR/RTS and baud travel) instead of raw TCP.")
 def serve_cmd(
     name: str,

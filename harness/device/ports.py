@@ -427,6 +427,28 @@ def _holders_text(holders: Iterable[tuple[int, str]]) -> str:
     return ", ".join(f"{name} (pid {pid})" for pid, name in holders)
 
 
+def check_present(ps: PortSpec, *, platform: str | None = None) -> None:
+    """PortError now for a local device that does not exist (before minutes of builds find out).
+
+    Network ports are not probed here: connecting would take the one client slot of an RFC2217
+    server; their open fails soon enough. Windows COM names are checked against list_ports.
+    """
+    if ps.transport not in (Transport.DEVICE, Transport.PTY):
+        return
+    plat = platform or sys.platform
+    if plat.startswith("win"):
+        present = any(ps.url.upper() == c.device.upper() for c in list_candidates(plat))
+    else:
+        present = os.path.exists(ps.url)
+    if present:
+        return
+    missing = FileNotFoundError(errno.ENOENT, "No such file or directory")
+    err = explain_open_error(ps.url, missing, platform=plat)
+    attached = [c.label() for c in list_candidates(plat)]
+    listing = "; attached now: " + ", ".join(attached) if attached else "; no serial ports are attached now"
+    raise PortError(err.message, hint=f"{err.hint}{listing}")
+
+
 def explain_open_error(url: str, exc: BaseException, *, platform: str | None = None) -> PortError:
     """Map a pyserial/OS open failure to a :class:`PortError` that says what to do.
 

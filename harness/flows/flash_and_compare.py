@@ -16,10 +16,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from harness.analysis.compare import CompareResult, Source, compare_sources, reference_source
+from harness.analysis.compare import (
+    CompareResult,
+    Source,
+    check_tolerances,
+    compare_sources,
+    reference_source,
+)
+from harness.analysis.tap import TapResult
 from harness.device.locks import board_lock
-from harness.device.ports import resolve_port
-from harness.errors import EspCheckError, ExitCode, combine_exit_codes
+from harness.device.ports import check_present, resolve_port
+from harness.errors import EspCheckError, ExitCode, UsageError, combine_exit_codes
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
 from harness.flows.capture import flash_and_capture, run_variant
@@ -63,18 +70,34 @@ class _Run:
 
     model: Path
     inputs: list[Path]
-    info: ModelInfo
-    board: Board
-    port_url: str
-    fresh_sim: bool  # a simulated board made for this run alone: nobody else's, no lock
     out: Path
     rec: Recorder
+    loaded_board: Board | None = None
+    loaded_model: ModelInfo | None = None
+    port_url: str = ""
+    fresh_sim: bool = False  # a simulated board made for this run alone: nobody else's, no lock
     variants: dict[str, VariantRun] = field(default_factory=lambda: {v: VariantRun(v) for v in VARIANT_ORDER})
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     codes: list[ExitCode] = field(default_factory=list)
     comparison: CompareResult | None = None
-    tap: Any | None = None
+    tap: TapResult | None = None
+
+    @classmethod
+    def empty(
+        cls, model: str | Path, inputs: Sequence[str | Path], out: Path, progress: ProgressFn | None
+    ) -> _Run:
+        return cls(Path(model), [Path(p) for p in inputs], out, Recorder(progress))
+
+    @property
+    def board(self) -> Board:
+        assert self.loaded_board is not None, "used before _start loaded the board"
+        return self.loaded_board
+
+    @property
+    def info(self) -> ModelInfo:
+        assert self.loaded_model is not None, "used before _start loaded the model"
+        return self.loaded_model
 
     def failed(self, what: str, exc: EspCheckError) -> None:
         self.errors.append(f"{what}: {exc}")
@@ -119,7 +142,9 @@ def flash_and_compare(
     """
     t_all = time.monotonic()
     limits = timeouts or StageTimeouts()
-    run = _start(model, inputs, board, port, out_dir, progress)
+    check_tolerances(tolerance_lsb, ref_tolerance_lsb)
+    out = prepare_out_dir(out_dir)
+    run = _Run.empty(model, inputs, out, progress)
 
     def lock_cm() -> contextlib.AbstractContextManager[Any] | None:
         """The board's lock, or None for a simulated board made for this run alone (nobody else's)."""
@@ -130,61 +155,88 @@ def flash_and_compare(
     def finish() -> FlashAndCompareResult:
         return _finish(run, time.monotonic() - t_all, junit=junit, html=html, bundle=bundle)
 
-    projects = generate_firmware(
-        run.model, run.inputs, run.board, run.out / "projects", rec=run.rec, input_options=input_options,
-        arena_kb=arena_kb, features=FirmwareFeatures(tap=tap),
-    )  # fmt: skip
-    ref_source = _host_reference(run, input_options) if reference else None
-    fw = build_firmware(
-        projects, rec=run.rec, logs_dir=run.out / "logs", builder=builder, cache_dir=cache_dir,
-        timeout=limits.build,
-    )  # fmt: skip
-    if not _record_builds(run, fw):
-        return finish()
-    if not _flash_and_capture_both(run, fw, lock_cm, limits, flash_baud):
-        return finish()
-    run.comparison = _compare(run, ref_source, tolerance_lsb, ref_tolerance_lsb)
-    if tap:
-        req = TapRunRequest(
-            run.model, tuple(run.inputs), run.info, run.board, run.port_url, run.out, builder, cache_dir,
-            input_options, arena_kb, limits, flash_baud, reference, tuple(sorted(set(dump_ops))),
+    try:
+        _start(run, board, port)
+        projects = generate_firmware(
+            run.model, run.inputs, run.board, run.out / "projects", rec=run.rec, input_options=input_options,
+            arena_kb=arena_kb, features=FirmwareFeatures(tap=tap),
         )  # fmt: skip
-        outcome = run.rec.run(
-            "tap", None, lambda: run_tap_flow(req, run.variants, rec=run.rec, lock_cm=lock_cm())
-        )
-        run.tap = outcome.result
-        run.errors.extend(outcome.errors)
-        run.codes.extend(outcome.codes)
+        ref_source = _host_reference(run, input_options) if reference else None
+        fw = build_firmware(
+            projects, rec=run.rec, logs_dir=run.out / "logs", builder=builder, cache_dir=cache_dir,
+            timeout=limits.build,
+        )  # fmt: skip
+        if not _record_builds(run, fw) or not _flash_and_capture_both(run, fw, lock_cm, limits, flash_baud):
+            return finish()
+        run.comparison = _compare(run, ref_source, tolerance_lsb, ref_tolerance_lsb)
+        if tap:
+            req = TapRunRequest(
+                run.model, tuple(run.inputs), run.info, run.board, run.port_url, run.out, builder, cache_dir,
+                input_options, arena_kb, limits, flash_baud, reference, tuple(sorted(set(dump_ops))),
+            )  # fmt: skip
+            outcome = run.rec.run(
+                "tap", None, lambda: run_tap_flow(req, run.variants, rec=run.rec, lock_cm=lock_cm())
+            )
+            run.tap = outcome.result
+            run.errors.extend(outcome.errors)
+            run.codes.extend(outcome.codes)
+    except EspCheckError as exc:  # before any hardware: a usage error; the report still says so
+        run.failed("stopped", exc)
+        finish()
+        raise
+    except KeyboardInterrupt:
+        run.errors.append("interrupted (Ctrl-C): the run did not finish")
+        run.codes.append(ExitCode.INTERRUPTED)
+        finish()
+        raise
     return finish()
 
 
-def _start(
-    model: str | Path,
-    inputs: Sequence[str | Path],
-    board: str | Path,
-    port: str | None,
-    out_dir: str | Path,
-    progress: ProgressFn | None,
-) -> _Run:
-    """Load what the run is about and pick the port (usage errors raise: nothing touched yet)."""
+def prepare_out_dir(out_dir: str | Path) -> Path:
+    """The artifact directory, created and proven writable before any work (UsageError otherwise)."""
     out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    board_def = load_board(board)
-    info = load_model(model)
-    simulated = board_def.simulated
-    if simulated:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".esp-check-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        if out.exists() and not out.is_dir():
+            why = "a file of that name is in the way"
+        raise UsageError(
+            f"cannot write the artifact directory {out}: {why}",
+            hint="pass --out a directory you can write (it is created if missing)",
+        ) from None
+    return out
+
+
+def _start(run: _Run, board: str | Path, port: str | None) -> None:
+    """Load the board and model and pick the port (usage errors raise: nothing touched yet).
+
+    A simulated board runs only on a simulator's port (``sim://``); a real board's port is checked
+    here, before two builds that take minutes on a fresh machine.
+    """
+    board_def = run.loaded_board = load_board(board)
+    run.loaded_model = load_model(run.model)
+    if board_def.simulated:
+        if port is not None and not port.startswith("sim://"):
+            raise UsageError(
+                f"board {board_def.name} is a simulated board, but --port {port} is not a simulator's port",
+                hint="omit --port (a fresh simulated board is made), give a sim://NAME?... URL, or name "
+                "the real board with --board (esp-check boards lists them)",
+            )
         # A fresh simulated board per run (parallel runs never share one), configured like the
         # board file's default port (flash size, ...) unless the user gave a sim:// URL.
         template = port
         if template is None and board_def.default_port and board_def.default_port.startswith("sim://"):
             template = "sim://?" + board_def.default_port.partition("?")[2]
-        port_url = sim_port_for(board_def.chip, board_def.reset, template)
+        run.port_url = sim_port_for(board_def.chip, board_def.reset, template)
+        run.fresh_sim = port is None
     else:
-        port_url = port or "auto"
-    return _Run(
-        Path(model), [Path(p) for p in inputs], info, board_def, port_url,
-        simulated and port is None, out, Recorder(progress),
-    )  # fmt: skip
+        run.port_url = port or "auto"
+        ps = run.rec.run("port", None, lambda: resolve_port(run.port_url, board_def))
+        run.rec.run("port-present", None, lambda: check_present(ps))
 
 
 def _host_reference(run: _Run, input_options: InputOptions | None) -> Source | None:
@@ -298,9 +350,9 @@ def _finish(
     """The result, with report.json always written (and JUnit/HTML/bundle when asked for)."""
     result = FlashAndCompareResult(
         out_dir=run.out,
-        board=run.board.name,
+        board=run.loaded_board.name if run.loaded_board else "",
         port=run.port_url,
-        simulated=run.board.simulated,
+        simulated=bool(run.loaded_board and run.loaded_board.simulated),
         stages=run.rec.stages,
         variants=run.variants,
         comparison=run.comparison,

@@ -190,7 +190,7 @@ def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> N
             f"{arena['target_bytes']:,} B (= host + ESP-NN scratch {arena['espnn_scratch_bytes']:,} B "
             f"+ margin {arena['margin_bytes']:,} B, chip {chip_label})"
         )
-        console.print(f"ESP-NN scratch: {arena['espnn_formulas']}")
+        console.print(f"ESP-NN scratch: {safe_markup(arena['espnn_formulas'])}")
         console.print(f"[dim]{arena['note']}[/dim]")
     for k, run in enumerate(data["input_files"]):
         for p in run:

@@ -364,3 +364,63 @@ def test_metrics_equal_a_naive_per_element_computation(
         assert c.cosine == pytest.approx(sum(x * y for x, y in zip(ra, rb, strict=True)) / (na * nb))
     assert c.pinned_fraction_a == pytest.approx(sum(q in (-128, 127) for q in qa) / n)
     assert c.diff_lsb == diffs
+
+
+# ---- logs holding a crash report (issue 11, item 5): the same classifier as flash-and-compare ------
+
+
+def _crashed_capture(path: Path, crash: bytes) -> Path:
+    """A capture whose firmware crashed after its INPUT record: records stop, the panic handler prints."""
+    chunks: list[bytes] = []
+    em = PythonEmitter(chunks.append)
+    em.begin("0.1.0", True)
+    em.info([("nn", "optimized"), ("target", "esp32s3"), ("chip", "esp32s3"), ("rev", "0.2"), ("cores", 2)])
+    em.input(0, 4, hashlib.sha256(b"\x00" * 4).hexdigest())
+    path.write_bytes(b"I (31) boot: ESP-IDF v5.5.3 2nd stage bootloader\r\n" + b"".join(chunks) + crash)
+    return path
+
+
+ABORT = (
+    b"\r\nabort() was called at PC 0x42008a1b on core 0\r\n\r\n\r\n"
+    b"Backtrace: 0x40375a0e:0x3fc9a550 0x4037a0d1:0x3fc9a570 0x42008a1b:0x3fc9a610\r\n\r\n"
+    b"ELF file SHA256: 3f0c21a9b\r\n\r\nRebooting...\r\n"
+)
+PANIC = (
+    b"Guru Meditation Error: Core  0 panic'ed (LoadProhibited). Exception was unhandled.\r\n\r\n"
+    b"Core  0 register dump:\r\nPC      : 0x42011c4e  PS      : 0x00060030  A0      : 0x82011d2a  A1      : "
+    b"0x3fc9b2f0\r\n\r\nBacktrace: 0x42011c4b:0x3fc9b2f0 0x42011d27:0x3fc9b310\r\n"
+)
+
+
+def test_log_with_an_abort_report_is_a_firmware_fault_not_a_corrupted_capture(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = _crashed_capture(tmp_path / "a.log", ABORT)
+    b = write_capture(tmp_path / "b.log", [BASE], nn="ansi_c")
+    code, rep = run_json(capsys, str(a), str(b))
+    assert code == 4 and rep["verdict"] == "firmware_fault"  # was 3, "no END record ... check the cable"
+    (fault,) = rep["faults"]
+    assert fault["source"] == "A" and fault["stage"] == "abort" and "0x42008a1b" in fault["msg"]
+    code, rep = run_json(capsys, str(b), str(_crashed_capture(tmp_path / "p.log", PANIC)))
+    assert code == 4 and rep["faults"][0]["stage"] == "panic" and rep["faults"][0]["source"] == "B"
+
+
+def test_legacy_log_with_a_panic_is_a_firmware_fault(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "sketch.log"
+    log.write_bytes(b"Output: 0.25\r\nOutput: 0.75\r\n" + PANIC)
+    code, rep = run_json(capsys, str(ANSI_LOG), str(log))
+    assert code == 4 and [f["stage"] for f in rep["faults"]] == ["panic"]
+    only_crash = tmp_path / "crash.log"
+    only_crash.write_bytes(PANIC)  # no outputs at all: still the finding, not "nothing to compare"
+    assert run_json(capsys, str(ANSI_LOG), str(only_crash))[0] == 4
+
+
+def test_truncated_log_without_crash_evidence_stays_infrastructure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = _crashed_capture(tmp_path / "a.log", b"")  # records stop, nothing says why
+    b = write_capture(tmp_path / "b.log", [BASE], nn="ansi_c")
+    assert main(["compare", str(a), str(b)]) == 3
+    assert "corrupted or incomplete" in capsys.readouterr().err

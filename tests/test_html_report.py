@@ -78,7 +78,7 @@ def test_bundle_has_what_a_bug_report_needs(tapped_run, models_dir: Path) -> Non
     _, out = tapped_run
     with zipfile.ZipFile(out / "bundle.zip") as z:
         names = set(z.namelist())
-        assert f"model/{MODEL}" in names and "inputs/unet_mbv2_035_48.png" in names
+        assert f"model/{MODEL}" in names and "inputs/0/unet_mbv2_035_48.png" in names
         assert z.read(f"model/{MODEL}") == (models_dir / MODEL).read_bytes()
         for v in ("optimized", "ansi"):
             assert f"projects/{v}/sdkconfig.defaults" in names

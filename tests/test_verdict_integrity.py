@@ -253,3 +253,56 @@ def test_model_text_is_escaped_not_interpreted(tmp_path: Path, command: str) -> 
     assert b"\x1b]8;" not in out, "a model-supplied [link=...] must not become a terminal hyperlink"
     text = out.decode("utf-8", "replace")
     assert "[link=https://evil.example]" in text and "\\x1b]52" in text
+
+
+# ---- 12. smaller defects ---------------------------------------------------------------------------
+
+
+def test_bundle_keeps_two_inputs_with_the_same_file_name(tmp_path: Path) -> None:
+    import types
+    import zipfile
+
+    from harness.analysis.html_report import write_bundle
+
+    inputs = []
+    for k in range(2):
+        d = tmp_path / f"set{k}"
+        d.mkdir()
+        (d / "img.png").write_bytes(bytes([k]) * 8)
+        inputs.append(d / "img.png")
+    doc = {"verdict": "match", "exit_code": 0, "board": "sim", "variants": {}}
+    result = types.SimpleNamespace(out_dir=tmp_path / "out")
+    dest = write_bundle(result, doc, CNN, inputs, tmp_path / "b.zip", None)
+    with zipfile.ZipFile(dest) as z:
+        names = z.namelist()
+        assert len(names) == len(set(names)), names
+        assert z.read("inputs/0/img.png") == b"\x00" * 8 and z.read("inputs/1/img.png") == b"\x01" * 8
+        readme = z.read("README.txt").decode()
+    assert "--input inputs/0/img.png --input inputs/1/img.png" in readme
+
+
+def test_float_model_match_says_espnn_was_not_tested(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("tflite_micro")
+    from tests.test_model_builder import Op, T, build_model
+
+    const = np.array([[0.5, -1.0, 2.0, 0.25]], dtype=np.float32)
+    data = build_model(
+        [T("x", (1, 4), "float32"), T("c", (1, 4), "float32", data=const), T("y", (1, 4), "float32")],
+        [Op(0, [0, 1], [2], add_options=True)],  # ADD: float, so no ESP-NN kernel on any chip
+        inputs=[0],
+        outputs=[2],
+    )
+    model = tmp_path / "float_add.tflite"
+    model.write_bytes(data)
+    np.save(tmp_path / "x.npy", np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32))
+    out = tmp_path / "out"
+    code = main(["flash-and-compare", str(model), "--input", str(tmp_path / "x.npy"), "--out", str(out),
+                 "--cache-dir", str(tmp_path / "cache")])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == ExitCode.MATCH
+    assert "ESP-NN NOT TESTED" in captured.out + captured.err
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["espnn"]["accelerated_ops"] == 0 and doc["espnn"]["ops"] == 1
+    assert any("accelerates none" in w for w in doc["warnings"])

@@ -1,32 +1,45 @@
-"""Classify what a board printed: crashes, resets, power and link problems.
+"""Classify what a board printed: crashes, resets, power, boot-mode and link problems.
 
-``classify(raw)`` reads the raw serial bytes (ESP-IDF logs, ROM banners, panic dumps, protocol
-records) and returns :class:`Finding` objects. Each finding has a severity that maps to an exit
-code: a crash, abort or allocation failure of the firmware is a **firmware fault** (exit 4, a
-finding about the firmware, e.g. an optimized kernel overflowing its scratch buffer); a power,
-flash-content, link or timeout problem is **infrastructure** (exit 3); the task watchdog is a
-**warning** (non-fatal by default). None of them is ever a match. The decisions and their
-reasons are tabled in docs/device.md.
+``classify(raw)`` reads the raw serial bytes (ESP-IDF logs, ROM banners, panic dumps, TFLM errors,
+protocol records) and returns :class:`Finding` objects. Each finding has a severity that maps to an
+exit code: a crash, abort, watchdog or allocation failure of the firmware is a **firmware fault**
+(exit 4, a finding about the firmware, e.g. an optimized kernel overflowing its scratch buffer); a
+power, flash-content, boot-mode, link or timeout problem is **infrastructure** (exit 3); the task
+watchdog is a **warning** (non-fatal by default). None of them is ever a match. The kinds, their
+evidence and exit codes are tabled in :data:`KIND_TABLE` and in docs/device.md.
 
-Serial input is hostile: everything here is regex over decoded text with bounded scans; nothing
-is evaluated.
+The classifier is a table of detectors (:data:`DETECTORS`), each a small function that recognises one
+family of evidence. Real serial text arrives damaged (a lost first character, junk bytes, a lost
+separator, a monitor prefix or another log line spliced in front), so every detector looks for
+*squeezed* anchors: the line lower-cased with everything but letters and digits removed, searched
+anywhere in the line. Details (PC, backtrace, task, numbers) are read leniently from the original text
+and may be missing; the kind never depends on them.
+
+Serial input is hostile: everything here is regex over decoded text with bounded scans; nothing is
+evaluated.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
-import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 from harness.errors import ExitCode, combine_exit_codes
+from harness.protocol.capture import MARKER, parse_capture
 
 __all__ = [
+    "DETECTORS",
     "KINDS",
+    "KIND_TABLE",
     "SEVERITY_EXIT",
+    "STRAP_PINS",
     "BootCounter",
+    "Detector",
     "Finding",
+    "KindInfo",
     "Severity",
     "classify",
     "exit_code_for",
@@ -47,25 +60,126 @@ SEVERITY_EXIT: dict[str, ExitCode | None] = {
     Severity.WARNING: None,
 }
 
-# kind -> default severity (boot_loop depends on its cause, see classify()).
-KINDS: dict[str, str] = {
-    "panic": Severity.FIRMWARE_FAULT,
-    "abort": Severity.FIRMWARE_FAULT,
-    "stack_overflow": Severity.FIRMWARE_FAULT,
-    "heap_corruption": Severity.FIRMWARE_FAULT,
-    "alloc_failure": Severity.FIRMWARE_FAULT,
-    "schema_mismatch": Severity.FIRMWARE_FAULT,
-    "firmware_error": Severity.FIRMWARE_FAULT,
-    "hang": Severity.FIRMWARE_FAULT,
-    "boot_loop": Severity.FIRMWARE_FAULT,
-    "input_error": Severity.USAGE,
-    "brownout": Severity.INFRASTRUCTURE,
-    "boot_failure": Severity.INFRASTRUCTURE,
-    "silence": Severity.INFRASTRUCTURE,
-    "no_end": Severity.INFRASTRUCTURE,
-    "disconnect": Severity.INFRASTRUCTURE,
-    "corrupted": Severity.INFRASTRUCTURE,
-    "task_watchdog": Severity.WARNING,
+
+@dataclasses.dataclass(frozen=True)
+class KindInfo:
+    """One kind of finding: its default severity and what it is recognised by (docs/device.md)."""
+
+    kind: str
+    severity: str
+    evidence: str
+
+
+_FW, _INFRA = Severity.FIRMWARE_FAULT, Severity.INFRASTRUCTURE
+
+# Pure data: every kind classify() can report. boot_loop's severity follows its cause.
+KIND_TABLE: tuple[KindInfo, ...] = (
+    KindInfo(
+        "panic",
+        _FW,
+        "`Guru Meditation Error: Core N panic'ed (reason)`, also damaged; or a register "
+        "dump / `Backtrace:` whose headline was lost",
+    ),
+    KindInfo(
+        "interrupt_watchdog",
+        _FW,
+        "`panic'ed (Interrupt wdt timeout on CPUn)`, also with the core number or the colons lost",
+    ),
+    KindInfo(
+        "stack_overflow",
+        _FW,
+        "`***ERROR*** A stack overflow in task X`, also with leading characters "
+        "lost; `Stack canary watchpoint triggered (X)`; `Stack protection fault`",
+    ),
+    KindInfo("heap_corruption", _FW, "`CORRUPT HEAP: ...`"),
+    KindInfo(
+        "abort",
+        _FW,
+        "`abort() was called at PC`; `assert failed:`; `Stack smashing protect failure`; "
+        "`task_wdt: Aborting.`",
+    ),
+    KindInfo(
+        "alloc_failure",
+        _FW,
+        "IDF `Mem alloc fail. size 0x.. caps 0x..` (abort on failed allocation); "
+        "`heap_caps_malloc was called but failed to allocate`; application wording (`malloc failed`, "
+        "`failed to allocate`, `out of memory`, `ESP_ERR_NO_MEM`); protocol `ERROR stage=alloc`",
+    ),
+    KindInfo(
+        "arena_too_small",
+        _FW,
+        "TFLM `Failed to resize buffer. Requested: N, available M, missing: K`, "
+        "`Failed to allocate memory. Requested...`, `Arena size is too small for all buffers`",
+    ),
+    KindInfo(
+        "missing_op",
+        _FW,
+        "TFLM `Didn't find op for builtin opcode 'X'`, `Failed to get registration from op code X`",
+    ),
+    KindInfo(
+        "tflm_error",
+        _FW,
+        "TFLM `AllocateTensors() failed`, `Failed starting model allocation`, "
+        "`Failed to allocate tensors` with no more specific line",
+    ),
+    KindInfo(
+        "schema_mismatch",
+        _FW,
+        "TFLM `Model provided is schema version X not equal to supported "
+        "version Y`; protocol `ERROR stage=schema`",
+    ),
+    KindInfo("firmware_error", _FW, "protocol `ERROR` with stage resolver/invoke/output/internal"),
+    KindInfo("input_error", Severity.USAGE, "protocol `ERROR stage=input`"),
+    KindInfo("hang", _FW, "no END, capture ended by silence/timeout, the task watchdog fired"),
+    KindInfo(
+        "boot_loop",
+        _FW,
+        "3 or more boots in one run, 2 or more not started by the host; severity "
+        "follows the cause (brownout, boot failure -> 3; a firmware fault -> 4)",
+    ),
+    KindInfo(
+        "unknown",
+        _INFRA,
+        "a boot loop (or a run the console stopped as one) with no evidence of its "
+        "cause: not classified, no evidence",
+    ),
+    KindInfo("brownout", _INFRA, "`Brownout detector was triggered`; `rst:0x.. (..BROWN_OUT..)`"),
+    KindInfo(
+        "boot_failure",
+        _INFRA,
+        "`invalid header: 0x..`, `flash read err`, `csum err`, `Checksum "
+        "failure`, ROM `ets_main.c NNN`, no bootable app, invalid magic byte, image verify failure",
+    ),
+    KindInfo(
+        "download_mode",
+        _INFRA,
+        "ROM banner with a DOWNLOAD boot mode and `waiting for download` (or "
+        "`Download boot modes disabled`); hint names the chip's strap pin and the host reset sequence",
+    ),
+    KindInfo("silence", _INFRA, "capture ended and nothing (or only NULs) was printed"),
+    KindInfo("no_end", _INFRA, "output but no END record and no other evidence (silence/timeout)"),
+    KindInfo("disconnect", _INFRA, "link closed before END"),
+    KindInfo(
+        "corrupted", _INFRA, "the parsed capture's validation problems (CRC, seq gap, truncated tensor)"
+    ),
+    KindInfo(
+        "task_watchdog",
+        Severity.WARNING,
+        "`Task watchdog got triggered` without `Aborting.` (count and task names aggregated)",
+    ),
+)
+KINDS: dict[str, str] = {k.kind: k.severity for k in KIND_TABLE}
+
+# strap pin that selects download mode at reset, per chip (esptool / ESP-IDF "boot mode selection")
+STRAP_PINS: dict[str, str] = {
+    "esp32": "GPIO0",
+    "esp32s2": "GPIO0",
+    "esp32s3": "GPIO0",
+    "esp32c2": "GPIO9",
+    "esp32c3": "GPIO9",
+    "esp32c6": "GPIO9",
+    "esp32h2": "GPIO9",
+    "esp32p4": "GPIO35",
 }
 
 
@@ -77,13 +191,14 @@ class Finding:
     line: int | None = None  # 1-based line of the first evidence line in the decoded capture
     evidence: tuple[str, ...] = ()
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    hint: str | None = None  # what to do about it
 
     @property
     def exit_code(self) -> ExitCode | None:
         return SEVERITY_EXIT[self.severity]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "kind": self.kind,
             "severity": self.severity,
             "message": self.message,
@@ -91,6 +206,9 @@ class Finding:
             "evidence": list(self.evidence),
             "details": self.details,
         }
+        if self.hint:
+            out["hint"] = self.hint
+        return out
 
 
 def exit_code_for(findings: Iterable[Finding]) -> ExitCode | None:
@@ -99,45 +217,7 @@ def exit_code_for(findings: Iterable[Finding]) -> ExitCode | None:
     return combine_exit_codes(codes) if codes else None
 
 
-# --- patterns ----------------------------------------------------------------------------------
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_HEX = r"0x[0-9a-fA-F]{8}"
-_GURU = re.compile(r"Guru Meditation Error: Core\s*(\S*)\s+panic'ed \(([^)]*)\)?")
-_XT_PC = re.compile(r"\bPC\s*:\s*(" + _HEX + ")")
-_XT_EXCVADDR = re.compile(r"EXCVADDR\s*:\s*(" + _HEX + ")")
-_XT_EXCCAUSE = re.compile(r"EXCCAUSE\s*:\s*(" + _HEX + ")")
-_RV_MEPC = re.compile(r"MEPC\s*:\s*(" + _HEX + ")")
-_RV_MTVAL = re.compile(r"MTVAL\s*:\s*(" + _HEX + ")")
-_RV_MCAUSE = re.compile(r"MCAUSE\s*:\s*(" + _HEX + ")")
-_RV_RA = re.compile(r"\bRA\s*:\s*(" + _HEX + ")")
-_STACK_MEM = re.compile(r"^\s*Stack memory:")
-_BACKTRACE = re.compile(r"Backtrace:\s*(.*)")
-_BT_PAIR = re.compile(r"0x([0-9a-fA-F]{8}):0x([0-9a-fA-F]{8})")
-_ABORT = re.compile(r"abort\(\) was called at PC (0x[0-9a-fA-F]+) on core (\d+)")
-_ASSERT = re.compile(r"(assert failed: .*|assertion \".*\" failed: .*)")
-_STACK_OVF = re.compile(r"\*\*\*ERROR\*\*\* A stack overflow in task (.+?) has been detected")
-_CANARY = re.compile(r"Stack canary watchpoint triggered \(([^)]*)\)")
-_SMASH = re.compile(r"Stack smashing protect failure")
-_HEAP = re.compile(r"CORRUPT HEAP: (.*)")
-_TWDT = re.compile(r"Task watchdog got triggered")
-_TWDT_ABORT = re.compile(r"task_wdt: Aborting")
-_TWDT_TASK = re.compile(r"task_wdt:\s+- (\S+) \(CPU")
-_BROWNOUT = re.compile(r"Brownout detector was triggered|rst:0x[0-9a-fA-F]+ \([A-Z_]*BROWN_?OUT[A-Z_]*\)")
-_ALLOC = re.compile(
-    r"(Arena size is too small for all buffers.*|Failed to allocate (?:tail |head |temp )?memory.*|"
-    r"Failed to allocate memory for .*|AllocateTensors\(\) failed.*|Couldn't allocate memory.*|"
-    r"Failed to allocate \d+ bytes.*)"
-)
-_SCHEMA = re.compile(r"(Model provided is schema version \d+ not equal to supported version \d+.*)")
-_BOOT_FAIL = re.compile(
-    r"(invalid header: 0x[0-9a-fA-F]+|flash read err|csum err|No bootable app partitions.*|"
-    r"image at 0x[0-9a-fA-F]+ has invalid magic byte.*|Failed to verify app image.*|"
-    r"ota data partition invalid.*|Detected size\(\d+k\) smaller than the size in the binary image header.*)"
-)
-_RECORD = re.compile(r"(@EC1 (\d+) ERROR (?:[^\r\n*]*? )?)\*([0-9A-F]{8})")
-_FIELD = re.compile(r"([a-z][a-z0-9_]*)=(\S+)")
-_END = re.compile(r"@EC1 \d+ END ")
+# --- boots ---------------------------------------------------------------------------------------
 
 
 class BootCounter:
@@ -172,49 +252,145 @@ class BootCounter:
         return max(self.counts.values())
 
 
-def _decode(raw: bytes | str) -> list[str]:
+# --- decoded lines -------------------------------------------------------------------------------
+
+_LINE_CAP = 2000  # characters of one line that are looked at (real lines are < 300)
+_EVIDENCE_CAP = 300
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_SQUEEZE = re.compile(r"[^a-z0-9]+")
+# monitor prefixes: [12:34:56], [12:34:56.789], 12:34:56.789 -> , 12:34:56.789 > , [19:05:50:673],
+# [2024-02-20T14:56:44Z INFO ], mail/markdown quotes
+_PREFIX = re.compile(
+    r"^(?:\s*(?:\[\d{1,2}:\d{2}:\d{2}(?:[.:]\d{1,3})?\]|\d{1,2}:\d{2}:\d{2}\.\d{3}\s*-?>"
+    r"|\[\d{4}-\d\d-\d\dT[\d:.]+Z?\s*[A-Z]*\s*\]|>(?=\s|$)))+\s?"
+)
+# lines a monitor's backtrace decoder added (idf.py monitor, ESPHome, PlatformIO, espflash)
+_DECODER = re.compile(
+    r"^\s*(?:---\s+)?0x[0-9a-fA-F]{8}\s*(?::\s|-\s)|^\s*(?:WARNING\s+)?Decoded\s+0x|^\s*#\d+\s+0x[0-9a-fA-F]{8}"
+    r"|^\s+at\s+\S|^\s*\(inlined by\)|^\s*--- (?:Warning|WARNING|Error|idf_monitor|esp-idf-monitor|Quit)"
+)
+_ROM_BANNER = re.compile(r"(?:^|[^\w])ets [A-Z][a-z]{2} +\d+ \d{4}|ESP-ROM:\s*esp32", re.IGNORECASE)
+_BOOTLOADER = re.compile(r"boot: ESP-IDF \S+.* 2nd stage bootloader")
+_RST = re.compile(r"rst\s*:?\s*0x([0-9a-fA-F]{1,2})\s*\(?\s*([A-Z0-9_]*)", re.IGNORECASE)
+_BOOT_MODE = re.compile(r"boot\s*:?\s*0x([0-9a-fA-F]{1,2})\s*\(\s*([^\r\n]{0,60})")
+_CRASH_END = ("rebooting", "cpuhalted", "rebootingsystem")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Line:
+    text: str  # ANSI colours stripped, cut to _LINE_CAP
+    body: str  # monitor prefixes stripped
+    sq: str  # lower-case letters and digits only: survives lost separators, junk bytes, backticks
+    decoded: bool  # added by a monitor's backtrace decoder: never a headline of its own
+
+
+def _decode(raw: bytes | str) -> list[_Line]:
     text = raw if isinstance(raw, str) else raw.decode("utf-8", errors="replace")
     text = _ANSI.sub("", text)
-    return [ln.rstrip("\r") for ln in text.replace("\r\n", "\n").split("\n")]
+    out = []
+    for ln in text.replace("\r\n", "\n").split("\n"):
+        ln = ln.rstrip("\r")[:_LINE_CAP]
+        body = _PREFIX.sub("", ln, count=1)
+        out.append(_Line(ln, body, _SQUEEZE.sub("", ln.lower()), bool(_DECODER.search(body))))
+    return out
 
 
-def _record_crc_ok(body: str, crc_hex: str) -> bool:
-    return zlib.crc32(body.encode("latin-1", errors="replace")) == int(crc_hex, 16)
+class _Ctx:
+    """The decoded capture plus which lines a finding already explains."""
+
+    def __init__(self, lines: list[_Line], parsed: Any | None) -> None:
+        self.lines = lines
+        self.parsed = parsed
+        self.claimed: dict[int, str] = {}  # line index -> kind of the crash report it belongs to
+        self.explained: set[int] = set()  # lines of non-crash findings (TFLM, alloc texts, watchdog dumps)
+        self.boot_lines = [i for i, ln in enumerate(lines) if _is_boot_start(ln)]
+
+    def has(self, i: int, anchors: Sequence[str]) -> bool:
+        ln = self.lines[i]
+        return not ln.decoded and _hit(ln.sq, anchors)
+
+    def crash_end(self, start: int, limit: int = 80) -> int:
+        """Last line of the crash report starting at ``start``: up to the next boot or ``Rebooting...``."""
+        n = len(self.lines)
+        for j in range(start + 1, min(n, start + limit)):
+            ln = self.lines[j]
+            if _is_boot_start(ln):
+                return j - 1
+            if not ln.decoded and _SQUEEZE.sub("", ln.body.lower()) in _CRASH_END:
+                return j
+        return min(n, start + limit) - 1
+
+    def claim(self, start: int, end: int, kind: str) -> None:
+        for j in range(start, end + 1):
+            self.claimed.setdefault(j, kind)
+
+    def evidence(self, start: int, end: int | None) -> tuple[str, ...]:
+        stop = start if end is None else end
+        return tuple(ln.text[:_EVIDENCE_CAP] for ln in self.lines[start : min(stop + 1, start + 12)])
 
 
-def _backtrace_after(lines: Sequence[str], start: int, limit: int = 60) -> tuple[int | None, dict[str, Any]]:
-    """Find the Backtrace line after ``start`` (before the next crash or boot) and parse it."""
-    for i in range(start, min(len(lines), start + limit)):
-        if i > start and (_GURU.search(lines[i]) or BootCounter.SIGNALS["rom_rst"].search(lines[i])):
-            break
-        m = _BACKTRACE.search(lines[i])
-        if m:
-            rest = m.group(1)
-            pairs = [(f"0x{pc.lower()}", f"0x{sp.lower()}") for pc, sp in _BT_PAIR.findall(rest)]
-            return i, {"backtrace": pairs, "backtrace_corrupted": "CORRUPTED" in rest}
-    return None, {}
+def _is_boot_start(ln: _Line) -> bool:
+    return bool(
+        _ROM_BANNER.search(ln.text)
+        or (_RST.search(ln.text) and "rst0x" in ln.sq)
+        or _BOOTLOADER.search(ln.text)
+    )
 
 
-def _register_dump(lines: Sequence[str], start: int, limit: int = 40) -> dict[str, Any]:
-    """Registers of the dump following a Guru Meditation line (Xtensa or RISC-V)."""
+def _hit(sq: str, anchors: Sequence[str]) -> bool:
+    """Whether a squeezed line holds an anchor, also when the anchor's first character was lost.
+
+    Anchors are squeezed phrases (``"corruptheap"``); the first character of a line is the one a UART
+    most often loses, and it is usually the first character of the phrase that starts the line.
+    """
+    return any(a[1:] in sq for a in anchors)
+
+
+Found = list[tuple[int, Finding]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Detector:
+    """One family of evidence: the kinds it reports and the function that finds them."""
+
+    name: str
+    kinds: tuple[str, ...]
+    run: Callable[[_Ctx], Found]
+
+
+# --- crash details -------------------------------------------------------------------------------
+
+_HEX = r"0x[0-9a-fA-F]{8}"
+_REGS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (key, re.compile(pat + r"\s*:?\s*(" + _HEX + ")"))
+    for key, pat in (
+        ("pc", r"\bPC"),
+        ("excvaddr", r"EXCVADDR"),
+        ("exccause", r"EXCCAUSE"),
+        ("mepc", r"MEPC"),
+        ("mtval", r"MTVAL"),
+        ("mcause", r"MCAUSE"),
+        ("ra", r"\bRA"),
+    )
+)
+_BT_PAIR = re.compile(r"0x([0-9a-fA-F]{8}):0x([0-9a-fA-F]{8})")
+_CORE = re.compile(r"Core\s*(\d)", re.IGNORECASE)
+_REASON = re.compile(r"panic'?\W?ed\s*\(([^)\r\n]{1,100})\)?", re.IGNORECASE)
+
+
+def _register_dump(ctx: _Ctx, start: int, end: int) -> dict[str, Any]:
+    """Registers of the dump in a crash report (Xtensa or RISC-V)."""
     out: dict[str, Any] = {}
-    for i in range(start, min(len(lines), start + limit)):
-        line = lines[i]
-        if i > start and (_GURU.search(line) or _BACKTRACE.search(line)):
-            break
-        for key, pat in (
-            ("pc", _XT_PC),
-            ("excvaddr", _XT_EXCVADDR),
-            ("exccause", _XT_EXCCAUSE),
-            ("mepc", _RV_MEPC),
-            ("mtval", _RV_MTVAL),
-            ("mcause", _RV_MCAUSE),
-            ("ra", _RV_RA),
-        ):
-            m = pat.search(line)
-            if m and key not in out:
-                out[key] = m.group(1).lower()
-        if _STACK_MEM.search(line):
+    for i in range(start, end + 1):
+        ln = ctx.lines[i]
+        if ln.decoded:
+            continue
+        for key, pat in _REGS:
+            if key not in out:
+                m = pat.search(ln.text)
+                if m:
+                    out[key] = m.group(1).lower()
+        if "stackmemory" in ln.sq:
             out["stack_dump"] = True
     if "mepc" in out:
         out["arch"] = "riscv"
@@ -224,30 +400,913 @@ def _register_dump(lines: Sequence[str], start: int, limit: int = 40) -> dict[st
     return out
 
 
+def _backtrace(ctx: _Ctx, start: int, end: int) -> tuple[int | None, dict[str, Any]]:
+    """The first ``Backtrace:`` line of a crash report, parsed (run-together pairs are split)."""
+    for i in range(start, end + 1):
+        ln = ctx.lines[i]
+        if ln.decoded or "acktrace" not in ln.sq:
+            continue
+        pairs = [(f"0x{pc.lower()}", f"0x{sp.lower()}") for pc, sp in _BT_PAIR.findall(ln.text)]
+        if pairs or "corrupted" in ln.sq:
+            return i, {"backtrace": pairs, "backtrace_corrupted": "corrupted" in ln.sq}
+    return None, {}
+
+
+def _crash(
+    ctx: _Ctx, i: int, kind: str, message: str, details: dict[str, Any], hint: str | None = None
+) -> tuple[int, Finding]:
+    """A crash report starting at line ``i``: registers and backtrace read from it, its lines claimed."""
+    end = ctx.crash_end(i)
+    regs = _register_dump(ctx, i, end)
+    bt_i, bt = _backtrace(ctx, i, end)
+    ctx.claim(i, end, kind)
+    all_details = {**regs, **bt, **{k: v for k, v in details.items() if v is not None}}
+    ev_end = bt_i if bt_i is not None else min(end, i + 3)
+    return i, Finding(kind, KINDS[kind], message, i + 1, ctx.evidence(i, ev_end), all_details, hint)
+
+
+# --- detectors: crashes --------------------------------------------------------------------------
+
+_STACK_OVF = ("stackoverflowintask", "overflowintask")
+_CANARY = ("stackcanarywatchpoint", "canarywatchpointtrig")
+_STACK_GUARD = ("stackprotectionfault",)
+_GURU = ("gurumeditation", "rumeditationerror", "meditationerror")
+_PANICED = re.compile(r"core\d?paniced")
+_TASK = re.compile(r"overflow in task\W*(.+?)\s+has\s+been|overflow in task\W*(\S+)", re.IGNORECASE)
+_PAREN = re.compile(r"\(([^()\r\n]{1,40})\)")
+
+
+def _is_guru(ctx: _Ctx, i: int) -> bool:
+    ln = ctx.lines[i]
+    return not ln.decoded and (_hit(ln.sq, _GURU) or bool(_PANICED.search(ln.sq)))
+
+
+def _detect_stack_overflow(ctx: _Ctx) -> Found:
+    out: Found = []
+    for i, ln in enumerate(ctx.lines):
+        if i in ctx.claimed:
+            continue
+        if ctx.has(i, _STACK_OVF):
+            m = _TASK.search(ln.text)
+            task = (m.group(1) or m.group(2)) if m else None
+            out.append(
+                _crash(
+                    ctx,
+                    i,
+                    "stack_overflow",
+                    f"stack overflow in task {task!r}",
+                    {"task": task, "detector": "freertos_check"},
+                    _STACK_HINT,
+                )
+            )
+        elif ctx.has(i, _CANARY) or ctx.has(i, _STACK_GUARD):
+            start = next((j for j in range(max(0, i - 3), i) if _is_guru(ctx, j) and j not in ctx.claimed), i)
+            m = _PAREN.search(ln.text) if ctx.has(i, _CANARY) else None
+            task = m.group(1) if m else None
+            reason = _REASON.search(ctx.lines[start].text)
+            detector = "watchpoint" if ctx.has(i, _CANARY) else "hw_stack_guard"
+            out.append(
+                _crash(
+                    ctx,
+                    start,
+                    "stack_overflow",
+                    f"stack overflow{' in task ' + repr(task) if task else ''} ({detector})",
+                    {
+                        "task": task,
+                        "detector": detector,
+                        "core": _core(ctx, start),
+                        "reason": reason.group(1).strip() if reason else None,
+                    },
+                    _STACK_HINT,
+                )
+            )
+    return out
+
+
+_STACK_HINT = "give the task a larger stack (xTaskCreate stack size / CONFIG_ESP_MAIN_TASK_STACK_SIZE)"
+
+
+def _core(ctx: _Ctx, i: int) -> str | None:
+    m = _CORE.search(ctx.lines[i].text)
+    return m.group(1) if m else None
+
+
+def _detect_heap_corruption(ctx: _Ctx) -> Found:
+    out: Found = []
+    for i, ln in enumerate(ctx.lines):
+        if i not in ctx.claimed and ctx.has(i, ("corruptheap", "orruptheap")):
+            detail = re.split(r"HEAP\s*:?\s*", ln.text, maxsplit=1, flags=re.IGNORECASE)[-1].strip()[:200]
+            out.append(
+                _crash(
+                    ctx,
+                    i,
+                    "heap_corruption",
+                    f"heap corruption detected: {detail[:120]}",
+                    {"detail": detail},
+                    "something wrote past a heap buffer (e.g. a kernel's scratch buffer); "
+                    "CONFIG_HEAP_POISONING_COMPREHENSIVE narrows it down",
+                )
+            )
+    return out
+
+
+_IWDT = ("interruptwdttimeout", "wdttimeoutoncpu", "nterruptwdttime")
+_CPU = re.compile(r"on\s*CPU\s*(\d)", re.IGNORECASE)
+
+
+def _detect_interrupt_watchdog(ctx: _Ctx) -> Found:
+    out: Found = []
+    for i, ln in enumerate(ctx.lines):
+        if i in ctx.claimed or not ctx.has(i, _IWDT):
+            continue
+        m = _CPU.search(ln.text)
+        cpu = m.group(1) if m else None
+        out.append(
+            _crash(
+                ctx,
+                i,
+                "interrupt_watchdog",
+                f"interrupt watchdog timeout on CPU{cpu if cpu is not None else '?'}: "
+                "interrupts stayed disabled (or an ISR ran) too long",
+                {"cpu": cpu, "core": _core(ctx, i), "reason": "Interrupt wdt timeout"},
+                "look for a critical section or ISR that never ends (the backtrace shows where the CPU was)",
+            )
+        )
+    return out
+
+
+_ABORT_AT = re.compile(
+    r"abort\(?\)?\s*was called at PC\s*(0x[0-9a-fA-F]+)(?:\s*on core\s*(\d))?", re.IGNORECASE
+)
+_ASSERT = re.compile(r"(assert(?:ion)?\W.{0,200}?fail.*|.{0,120}assert failed.*)", re.IGNORECASE)
+
+
+def _abort_kind(ctx: _Ctx, i: int) -> tuple[str, dict[str, Any]] | None:
+    """What makes line ``i`` an abort headline (message and details), if anything."""
+    ln = ctx.lines[i]
+    if ln.decoded:
+        return None
+    sq = ln.sq
+    if _hit(sq, ("stacksmashingprotect",)):
+        return "stack smashing protection failure (abort)", {"reason": "stack smashing"}
+    if _hit(sq, ("taskwdtaborting",)):
+        return (
+            "the task watchdog aborted the firmware (CONFIG_ESP_TASK_WDT_PANIC)",
+            {"reason": "task_watchdog"},
+        )
+    if _hit(sq, ("assertfailed",)) or re.search(r"ssertion.{0,200}failed", sq):
+        m = _ASSERT.search(ln.body)
+        text = (m.group(1) if m else ln.body).strip()[:200]
+        return f"assertion failed: {text[:160]}", {"reason": "assert", "assert": text}
+    if _hit(sq, ("abortwascalled",)):
+        m = _ABORT_AT.search(ln.text)
+        pc = m.group(1).lower() if m else None
+        core = m.group(2) if m else None
+        return f"abort() called at PC {pc or '?'} on core {core or '?'}", {
+            "reason": "abort",
+            "pc": pc,
+            "core": core,
+        }
+    return None
+
+
+def _detect_abort(ctx: _Ctx) -> Found:
+    out: Found = []
+    for i in range(len(ctx.lines)):
+        if i in ctx.claimed:
+            continue
+        hit = _abort_kind(ctx, i)
+        if hit is None:
+            continue
+        message, details = hit
+        if details["reason"] == "task_watchdog":  # the abort() line right after it has the PC
+            for j in range(i + 1, min(len(ctx.lines), i + 4)):
+                m = _ABORT_AT.search(ctx.lines[j].text)
+                if m:
+                    details.update(pc=m.group(1).lower(), core=m.group(2))
+        out.append(_crash(ctx, i, "abort", message, details))
+    return out
+
+
+def _detect_panic(ctx: _Ctx) -> Found:
+    out: Found = []
+    for i in range(len(ctx.lines)):
+        if i in ctx.claimed or not _is_guru(ctx, i):
+            continue
+        text = ctx.lines[i].text
+        m = _REASON.search(text)
+        reason = m.group(1).strip()[:120] if m else None
+        if reason is None:  # "(LoadProhibited)" may wrap onto the next line
+            nxt = ctx.lines[i + 1].text if i + 1 < len(ctx.lines) else ""
+            p = _PAREN.search(nxt)
+            reason = p.group(1).strip() if p else None
+        core = _core(ctx, i)
+        kind = "abort" if reason and reason.lower() == "abort" else "panic"
+        found = _crash(ctx, i, kind, "", {"core": core, "reason": reason})
+        f = found[1]
+        where = f.details.get("pc") or "?"
+        msg = f"panic on core {core or '?'}: {reason or 'reason lost'} at PC {where}"
+        out.append((found[0], dataclasses.replace(f, message=msg)))
+    return out
+
+
+_DUMP = ("registerdump", "exccause", "excvaddr", "mcause", "mepc")
+
+
+def _detect_orphan_crash(ctx: _Ctx) -> Found:
+    """A register dump or backtrace nobody claimed: the crash headline was lost, the report is not."""
+    out: Found = []
+    for i, ln in enumerate(ctx.lines):
+        if i in ctx.claimed or i in ctx.explained or ln.decoded:
+            continue
+        dump = any(a in ln.sq for a in _DUMP) and bool(re.search(_HEX, ln.text) or "registerdump" in ln.sq)
+        trace = "acktrace" in ln.sq and bool(_BT_PAIR.search(ln.text))
+        if dump or trace:
+            found = _crash(ctx, i, "panic", "", {"reason": None, "headline_lost": True})
+            f = found[1]
+            msg = (
+                f"crash report without its headline (the panic line was lost): "
+                f"{'register dump' if dump else 'backtrace'} at PC {f.details.get('pc') or '?'}"
+            )
+            out.append((found[0], dataclasses.replace(f, message=msg)))
+    return out
+
+
+# --- detectors: allocation and TFLM --------------------------------------------------------------
+
+_MEM_ALLOC = ("memallocfail", "emallocfailsize")
+_MEM_ALLOC_RE = re.compile(
+    r"alloc fail\.?\s*size\s*(0x[0-9a-fA-F]+)\s*caps\s*(0x[0-9a-fA-F]+)", re.IGNORECASE
+)
+_CAPS = {
+    0x1: "EXEC",
+    0x2: "32BIT",
+    0x4: "8BIT",
+    0x8: "DMA",
+    0x400: "SPIRAM",
+    0x800: "INTERNAL",
+    0x1000: "DEFAULT",
+}
+# application wording for a failed allocation, on the squeezed line (each phrase also without its first
+# character): malloc failed, memory allocation failed, failed to allocate, couldn't/cannot/unable to
+# allocate, out of memory, ESP_ERR_NO_MEM, no mem for ..., IDF's heap_caps_print_heap_info() dump
+_APP_ALLOC = re.compile(
+    r"alloc[a-z0-9]{0,6}fail|ailedto(?:m|c|re)?alloc|ailto(?:m|c|re)?alloc"
+    r"|(?:nableto|ouldnt|ouldnot|annot|ant)allocate|utof(?:heap)?memory|errnomem|nomemfor"
+    r"|eapsummaryforcapabilities"
+)
+_BYTES = re.compile(r"(\d+)\s*bytes", re.IGNORECASE)
+
+
+def _caps_names(caps: int) -> str:
+    return "|".join(name for bit, name in _CAPS.items() if caps & bit) or f"0x{caps:x}"
+
+
+def _detect_heap_alloc(ctx: _Ctx) -> Found:
+    out: Found = []
+    for i, ln in enumerate(ctx.lines):
+        if i in ctx.claimed:
+            continue
+        if ctx.has(i, _MEM_ALLOC):  # heap_caps_alloc_failed -> esp_system_abort: a crash report
+            m = _MEM_ALLOC_RE.search(ln.text)
+            size = int(m.group(1), 16) if m else None
+            caps = int(m.group(2), 16) if m else None
+            what = (
+                f"{size} bytes with caps {_caps_names(caps)}"
+                if m and size is not None and caps is not None
+                else "size lost"
+            )
+            out.append(
+                _crash(
+                    ctx,
+                    i,
+                    "alloc_failure",
+                    f"heap allocation failed ({what}) and the heap aborted "
+                    "(CONFIG_HEAP_ABORT_WHEN_ALLOCATION_FAILS)",
+                    {"source": "idf_heap", "size": size, "caps": caps},
+                    _ALLOC_HINT,
+                )
+            )
+            continue
+        if ln.decoded or i in ctx.explained or not _APP_ALLOC.search(ln.sq):
+            continue
+        m = _BYTES.search(ln.body)
+        ctx.explained.add(i)
+        out.append(
+            (
+                i,
+                Finding(
+                    "alloc_failure",
+                    _FW,
+                    f"allocation failed: {ln.body.strip()[:160]}",
+                    i + 1,
+                    ctx.evidence(i, i),
+                    {"source": "text", "bytes": int(m.group(1)) if m else None},
+                    _ALLOC_HINT,
+                ),
+            )
+        )
+    return out
+
+
+_ALLOC_HINT = (
+    "the firmware ran out of heap: a smaller tensor arena (--arena-kb) or one in PSRAM leaves more "
+    "internal RAM; check the free heap before the allocation"
+)
+
+_TFLM_MISSING = ("findopforbuiltinopcode", "findopforcustomopcode", "getregistrationfromopcode")
+_TFLM_ARENA = (
+    "failedtoresizebuffer",
+    "arenasizeistoosmall",
+    "failedtoallocatememoryrequested",
+    "failedtoallocatetailmemory",
+    "failedtoallocateheadmemory",
+    "failedtoallocatetempmemory",
+    "failedtoallocatememoryfor",
+    "failedtoallocatepersistent",
+)
+_TFLM_GENERIC = (
+    "allocatetensorsfailed",
+    "failedstartingmodelallocation",
+    "failedtoallocatetensors",
+    "modelallocationstartedbeforefinishing",
+)
+_TFLM_SCHEMA = ("schemaversion",)
+_OP_RE = re.compile(
+    r"opcode\s*'?([A-Z][A-Z0-9_]{1,40})'?(?:\s*version\s*'?(\d+))?|op code\s*([A-Z][A-Z0-9_]{1,40})"
+)
+_NUMS = re.compile(r"Requested:?\s*(\d+),?\s*available:?\s*(\d+),?\s*missing:?\s*(\d+)", re.IGNORECASE)
+_NEEDED = re.compile(r"Needed\s*(\d+)\s*but only\s*(\d+)", re.IGNORECASE)
+_SCHEMA_RE = re.compile(r"schema version\s*(\d+)\s*not equal to supported version\s*(\d+)", re.IGNORECASE)
+_TFLM_BURST = 12  # lines
+
+
+def _tflm_events(ctx: _Ctx) -> list[tuple[int, str]]:
+    events = []
+    for i in range(len(ctx.lines)):
+        if ctx.has(i, _TFLM_MISSING):
+            events.append((i, "missing_op"))
+        elif ctx.has(i, _TFLM_ARENA):
+            events.append((i, "arena_too_small"))
+        elif ctx.has(i, _TFLM_SCHEMA) and "supportedversion" in ctx.lines[i].sq:
+            events.append((i, "schema_mismatch"))
+        elif ctx.has(i, _TFLM_GENERIC) or (
+            events and i - events[-1][0] <= 3 and ctx.has(i, ("invokefailed",))
+        ):
+            events.append((i, "tflm_error"))
+    return events
+
+
+def _detect_tflm(ctx: _Ctx) -> Found:
+    """TFLM's error texts, one finding per burst, the most specific kind winning; numbers become advice."""
+    bursts: list[list[tuple[int, str]]] = []
+    for ev in _tflm_events(ctx):
+        if bursts and ev[0] - bursts[-1][-1][0] <= _TFLM_BURST:
+            bursts[-1].append(ev)
+        else:
+            bursts.append([ev])
+    out: Found = []
+    for burst in bursts:
+        kinds = [k for _, k in burst]
+        kind = next(
+            k for k in ("missing_op", "arena_too_small", "schema_mismatch", "tflm_error") if k in kinds
+        )
+        first, last = burst[0][0], burst[-1][0]
+        ctx.explained.update(i for i, _ in burst)
+        lines = [ctx.lines[i].text for i, _ in burst]
+        message, details, hint = _TFLM_ADVICE[kind](lines)
+        details["source"] = "tflm"
+        out.append((first, Finding(kind, _FW, message, first + 1, ctx.evidence(first, last), details, hint)))
+    return out
+
+
+def _missing_op_advice(lines: list[str]) -> tuple[str, dict[str, Any], str]:
+    op, version = None, None
+    for text in lines:
+        m = _OP_RE.search(text)
+        if m:
+            op = op or m.group(1) or m.group(3)
+            version = version or m.group(2)
+    if op is None:
+        return (
+            "TFLM has no kernel registered for an op of the model (op name lost)",
+            {"op": None},
+            "register every op of the model: esp-check generate does it from the .tflite",
+        )
+    method = _resolver_method(op)
+    ver = f" version {version}" if version else ""
+    if method:
+        hint = (
+            f"the op resolver lacks {op}: add resolver.{method}() (esp-check generate registers every op of "
+            "the model; regenerate the firmware)"
+        )
+    else:
+        hint = f"TFLite Micro has no kernel for {op} at all: convert the model without it"
+    return (
+        f"TFLM could not find op {op}{ver} in the firmware's op resolver",
+        {"op": op, "version": version, "resolver_method": method},
+        hint,
+    )
+
+
+def _resolver_method(op: str) -> str | None:
+    from harness.errors import ModelError
+    from harness.model.opdata import resolver_method
+
+    try:
+        return resolver_method(op)
+    except ModelError:
+        return None
+
+
+def _arena_advice(lines: list[str]) -> tuple[str, dict[str, Any], str]:
+    for text in lines:
+        m = _NUMS.search(text)
+        if m:
+            requested, available, missing = (int(x) for x in m.groups())
+            break
+        n = _NEEDED.search(text)
+        if n:
+            requested, available = int(n.group(1)), int(n.group(2))
+            missing = requested - available
+            break
+    else:
+        return (
+            "the tensor arena is too small for the model (numbers lost)",
+            {},
+            "give the model a larger tensor arena (--arena-kb)",
+        )
+    more_kb = max(1, math.ceil(missing / 1024))
+    details = {"requested": requested, "available": available, "missing": missing, "more_kb": more_kb}
+    return (
+        f"the tensor arena is {missing} bytes short (requested {requested}, available {available})",
+        details,
+        f"grow the tensor arena by at least {more_kb} KB: --arena-kb <current + {more_kb}> "
+        "(more may be needed for the allocations after this one)",
+    )
+
+
+def _schema_advice(lines: list[str]) -> tuple[str, dict[str, Any], str]:
+    for text in lines:
+        m = _SCHEMA_RE.search(text)
+        if m:
+            return (
+                f"the model's schema version {m.group(1)} is not the firmware's {m.group(2)}",
+                {"model_version": int(m.group(1)), "supported": int(m.group(2))},
+                "convert the model with a TFLite converter matching the firmware's TFLM",
+            )
+    return "model schema version mismatch", {}, "convert the model with a matching TFLite converter"
+
+
+def _generic_tflm_advice(lines: list[str]) -> tuple[str, dict[str, Any], str]:
+    return (
+        f"TFLM could not prepare the model: {lines[0].strip()[:160]}",
+        {},
+        "the line before it usually says why (arena size, missing op); enable TFLM's error reporter",
+    )
+
+
+_TFLM_ADVICE: dict[str, Callable[[list[str]], tuple[str, dict[str, Any], str]]] = {
+    "missing_op": _missing_op_advice,
+    "arena_too_small": _arena_advice,
+    "schema_mismatch": _schema_advice,
+    "tflm_error": _generic_tflm_advice,
+}
+
+
+def _detect_protocol_errors(ctx: _Ctx) -> Found:
+    """The parsed capture's own ERROR records (CRC already checked by harness.protocol.capture)."""
+    out: Found = []
+    for rec in list(getattr(ctx.parsed, "records", None) or []):
+        if rec.type != "ERROR":
+            continue
+        stage = rec.fields.get("stage", "internal")
+        msg = rec.fields.get("msg")
+        kind = {"alloc": "alloc_failure", "schema": "schema_mismatch", "input": "input_error"}.get(
+            stage, "firmware_error"
+        )
+        i = max(0, min(len(ctx.lines) - 1, rec.line - 1))
+        ctx.explained.add(i)
+        text = f"the firmware reported an error at stage {stage!r}{' (' + msg + ')' if msg else ''}"
+        details = {
+            "source": "protocol",
+            "stage": stage,
+            "code": rec.fields.get("code"),
+            "seq": rec.seq,
+            "msg": msg,
+        }
+        out.append((i, Finding(kind, KINDS[kind], text, i + 1, ctx.evidence(i, i), details)))
+    return out
+
+
+# --- detectors: power, boot, boot mode, watchdog ----------------------------------------------------
+
+_BROWNOUT = ("brownoutdetector", "rownoutdetectorwas", "brownoutrst", "brownoutreset", "brownoutdetect")
+
+
+def _detect_brownout(ctx: _Ctx) -> Found:
+    out: Found = []
+    for i, ln in enumerate(ctx.lines):
+        if ctx.has(i, _BROWNOUT):
+            out.append(
+                (
+                    i,
+                    Finding(
+                        "brownout",
+                        _INFRA,
+                        "brownout: the supply voltage dropped below the detector threshold",
+                        i + 1,
+                        ctx.evidence(i, i),
+                        {"line": ln.text.strip()[:200]},
+                        "use a better USB cable/port or a powered hub, then rerun",
+                    ),
+                )
+            )
+    return out
+
+
+_BOOT_FAIL = re.compile(
+    r"(invalid header: 0x[0-9a-fA-F]+|flash read err.*|csum err.*|Checksum failure.*|ets_\w+\.c \d+"
+    r"|No bootable app partitions.*|image at 0x[0-9a-fA-F]+ has invalid magic byte.*|invalid magic byte.*"
+    r"|Failed to verify app image.*|ota data partition invalid.*|load partition table error.*"
+    r"|Detected size\(\d+k\) smaller than the size in the binary image header.*|SHA-256 comparison failed.*)",
+    re.IGNORECASE,
+)
+_BOOT_FAIL_SQ = (
+    "invalidheader0x",
+    "flashreaderr",
+    "csumerr",
+    "checksumfailure",
+    "nobootableapp",
+    "invalidmagicbyte",
+    "failedtoverifyappimage",
+    "loadpartitiontableerror",
+    "otadatapartitioninvalid",
+    "smallerthanthesizeinthebinary",
+    "sha256comparisonfailed",
+)
+
+
+def _detect_boot_failure(ctx: _Ctx) -> Found:
+    out: Found = []
+    for i, ln in enumerate(ctx.lines):
+        if ln.decoded:
+            continue
+        m = _BOOT_FAIL.search(ln.text)
+        if not (m or _hit(ln.sq, _BOOT_FAIL_SQ)):
+            continue
+        nxt = " ".join(x.sq for x in ctx.lines[i + 1 : i + 5])
+        if "attemptingtobootanyway" in nxt:  # the bootloader goes on: a warning, not a failure
+            continue
+        detail = (m.group(1) if m else ln.body.strip())[:200]
+        out.append(
+            (
+                i,
+                Finding(
+                    "boot_failure",
+                    _INFRA,
+                    f"the chip could not boot the flashed image: {detail[:120]}",
+                    i + 1,
+                    ctx.evidence(i, i),
+                    {"detail": detail},
+                    "reflash (check the offsets and the flash size/mode in the board file)",
+                ),
+            )
+        )
+    return out
+
+
+_DL_SQ = re.compile(r"boot0x[0-9a-f]{1,2}(?:download|uartboot)|aitingfordownload|ownloadbootmodesdisabled")
+_ROM_CHIP = re.compile(r"ESP-ROM:\s*(esp32[a-z0-9]*)", re.IGNORECASE)
+_ETS_ESP32 = re.compile(r"\bets (?:Jun  ?8 2016|Jul 29 2019)")
+_MODE_CHIP = (  # ROM boot-mode text -> chip, when no banner survived
+    ("DOWNLOAD_BOOT(UART0/UART1/SDIO", "esp32"),
+    ("DOWNLOAD(USB/UART0/SDIO_FEI_FEO", "esp32c6"),
+    ("DOWNLOAD(USB/UART0/SDIO_REI_REO", "esp32c6"),
+    ("DOWNLOAD(USB/UART0/1)", "esp32c3"),
+    ("DOWNLOAD(USB/UART0)", "esp32s3"),
+)
+
+
+def _chip_near(ctx: _Ctx, i: int) -> str | None:
+    for j in range(i, max(-1, i - 6), -1):
+        text = ctx.lines[j].text
+        m = _ROM_CHIP.search(text)
+        if m:
+            return m.group(1).lower()
+        if _ETS_ESP32.search(text):
+            return "esp32"
+    mode = ctx.lines[i].text.upper().replace(" ", "")
+    return next((chip for key, chip in _MODE_CHIP if key.replace(" ", "") in mode), None)
+
+
+def _detect_download_mode(ctx: _Ctx) -> Found:
+    """The ROM waiting for a flasher: one finding per capture, counting the banners (resets)."""
+    hits = [i for i, ln in enumerate(ctx.lines) if not ln.decoded and _DL_SQ.search(ln.sq)]
+    if not hits:
+        return []
+    first = hits[0]
+    chip = next((c for c in (_chip_near(ctx, i) for i in hits) if c), None)
+    resets = [i for i in hits if "boot0x" in ctx.lines[i].sq] or [first]
+    rst = next((m for m in (_RST.search(ctx.lines[i].text) for i in resets) if m), None)
+    reason = rst.group(2).upper() if rst else None
+    mode = _BOOT_MODE.search(ctx.lines[resets[0]].text)
+    pin = STRAP_PINS.get(chip or "")
+    where = (
+        f"{chip}: strap pin {pin}"
+        if chip and pin
+        else "strap pin GPIO0 on ESP32/S2/S3, GPIO9 on C2/C3/C6/H2, GPIO35 on P4"
+    )
+    disabled = any("ownloadbootmodesdisabled" in ctx.lines[i].sq for i in hits)
+    if reason and "USB" in reason:
+        rst_text = f"rst:0x{rst.group(1) if rst else '?'} {reason}"
+        hint = (
+            f"the chip entered download mode on a USB-Serial-JTAG reset ({rst_text}) with the strap not "
+            "necessarily pulled: the host's reset sequence asked the ROM for the serial loader "
+            "(esptool/espflash --before usb-reset, or a monitor toggling DTR/RTS). Reset into the app "
+            f"with a hard reset (esptool --after hard-reset) or press RST ({where})"
+        )
+    else:
+        hint = (
+            f"the boot strap was low at reset ({where}): release BOOT, check the pull-up and the "
+            "DTR/RTS auto-reset circuit, then reset the board"
+        )
+    if disabled:
+        hint += "; this chip's eFuses disable download mode, so it only resets"
+    details = {
+        "chip": chip,
+        "strap_pin": pin,
+        "rst_reason": reason,
+        "banners": len(resets),
+        "boot_mode": mode.group(1) if mode else None,
+        "download_disabled": disabled,
+    }
+    ctx.explained.update(hits)
+    msg = (
+        f"the chip is in download mode (ROM serial loader{', ' + chip if chip else ''}): it never ran the "
+        f"firmware ({len(resets)} reset(s) into download mode)"
+    )
+    return [
+        (
+            first,
+            Finding("download_mode", _INFRA, msg, first + 1, ctx.evidence(first, hits[-1]), details, hint),
+        )
+    ]
+
+
+_TWDT = ("taskwatchdoggottriggered", "askwatchdoggottrigger")
+_TWDT_TASK = re.compile(r"\s-\s+(\S+)\s+\(CPU")
+
+
+def _detect_task_watchdog(ctx: _Ctx) -> Found:
+    """Task watchdog messages: one warning for all of them (and the dumps it prints when non-fatal).
+
+    ``task_wdt: Aborting.`` is left to the abort detector: with CONFIG_ESP_TASK_WDT_PANIC it is a crash.
+    """
+    hits: list[int] = []
+    tasks: list[str] = []
+    for i in range(len(ctx.lines)):
+        if not ctx.has(i, _TWDT):
+            continue
+        hits.append(i)
+        aborting = False
+        j = i
+        while j < len(ctx.lines) and j < i + 10:
+            ln = ctx.lines[j]
+            if (
+                j > i
+                and "taskwdt" not in ln.sq
+                and "taskscurrentlyrunning" not in ln.sq
+                and not re.search(r"cpu\d", ln.sq)
+            ):
+                break
+            t = _TWDT_TASK.search(ln.text)
+            if t:
+                tasks.append(t.group(1))
+            if "taskwdtaborting" in ln.sq:
+                aborting = True
+            else:
+                ctx.explained.add(j)
+            j += 1
+        if (
+            not aborting
+        ):  # IDF 5 prints a backtrace (Xtensa) or registers + stack (RISC-V) of the current core
+            ctx.explained.update(range(j, _dump_end(ctx, j) + 1))
+    if not hits:
+        return []
+    i = hits[0]
+    return [
+        (
+            i,
+            Finding(
+                "task_watchdog",
+                Severity.WARNING,
+                f"task watchdog triggered {len(hits)}x (non-fatal unless CONFIG_ESP_TASK_WDT_PANIC)",
+                i + 1,
+                ctx.evidence(i, i + 3),
+                {"count": len(hits), "tasks": sorted(set(tasks))},
+            ),
+        )
+    ]
+
+
+def _dump_end(ctx: _Ctx, start: int) -> int:
+    """Last line of a non-fatal register/backtrace/stack dump starting at ``start`` (start - 1 if none)."""
+    end = start - 1
+    for j in range(start, min(len(ctx.lines), start + 60)):
+        ln = ctx.lines[j]
+        if (
+            ln.decoded
+            or not ln.sq
+            or any(a in ln.sq for a in (*_DUMP, "acktrace", "stackmemory"))
+            or re.match(r"\s*(?:[0-9a-f]{8}:\s*)?(?:0x[0-9a-f]{8}\s*)+$|\s*[A-Z0-9/]{1,7}\s*:\s*0x", ln.body)
+        ):
+            end = j
+            continue
+        break
+    return end
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+# Order matters: a detector skips lines an earlier one claimed (a stack overflow's abort line is part
+# of the overflow's report, not a second crash).
+DETECTORS: tuple[Detector, ...] = (
+    Detector(
+        "protocol_errors",
+        ("alloc_failure", "schema_mismatch", "firmware_error", "input_error"),
+        _detect_protocol_errors,
+    ),
+    Detector("task_watchdog", ("task_watchdog",), _detect_task_watchdog),
+    Detector("stack_overflow", ("stack_overflow",), _detect_stack_overflow),
+    Detector("heap_corruption", ("heap_corruption",), _detect_heap_corruption),
+    Detector("interrupt_watchdog", ("interrupt_watchdog",), _detect_interrupt_watchdog),
+    Detector("tflm", ("missing_op", "arena_too_small", "schema_mismatch", "tflm_error"), _detect_tflm),
+    Detector("heap_alloc", ("alloc_failure",), _detect_heap_alloc),
+    Detector("abort", ("abort",), _detect_abort),
+    Detector("panic", ("panic", "abort"), _detect_panic),
+    Detector("orphan_crash", ("panic",), _detect_orphan_crash),
+    Detector("brownout", ("brownout",), _detect_brownout),
+    Detector("boot_failure", ("boot_failure",), _detect_boot_failure),
+    Detector("download_mode", ("download_mode",), _detect_download_mode),
+)
+
 _MERGEABLE = ("alloc_failure", "boot_failure", "brownout")
 _MERGE_WINDOW = 10  # lines
 
 
 def _merge_repeats(found: Sequence[tuple[int, Finding]]) -> list[Finding]:
-    """One finding per burst: a boot loop prints ``invalid header`` dozens of times and TFLM prints
-    three lines for one failed allocation; report each once, with a count."""
+    """One finding per burst or repeat: a boot loop prints ``invalid header`` dozens of times and the same
+    panic on every boot; report each once, with a count."""
     out: list[Finding] = []
     last_at: dict[str, tuple[int, int]] = {}  # kind -> (index in out, last line)
+    by_message: dict[tuple[str, str], int] = {}
     for idx, f in found:
         prev = last_at.get(f.kind)
-        if f.kind in _MERGEABLE and f.details.get("source") != "protocol" and prev is not None and (
-            idx - prev[1] <= _MERGE_WINDOW or out[prev[0]].message == f.message
-        ):
-            first = out[prev[0]]
+        same = by_message.get((f.kind, f.message))
+        near = (
+            prev is not None
+            and f.kind in _MERGEABLE
+            and f.details.get("source") != "protocol"
+            and out[prev[0]].details.get("source") == f.details.get("source")
+            and idx - prev[1] <= _MERGE_WINDOW
+        )
+        target = (
+            same
+            if same is not None and f.details.get("source") != "protocol"
+            else (prev[0] if near and prev else None)
+        )
+        if target is not None:
+            first = out[target]
             details = dict(first.details)
             details["count"] = int(details.get("count", 1)) + 1
             evidence = first.evidence if len(first.evidence) >= 12 else (*first.evidence, *f.evidence[:1])
-            out[prev[0]] = dataclasses.replace(first, details=details, evidence=evidence)
-            last_at[f.kind] = (prev[0], idx)
+            out[target] = dataclasses.replace(first, details=details, evidence=evidence)
+            last_at[f.kind] = (target, idx)
             continue
         last_at[f.kind] = (len(out), idx)
+        by_message[(f.kind, f.message)] = len(out)
         out.append(f)
     return out
+
+
+# --- whole-capture findings ------------------------------------------------------------------------
+
+_HOST_RESET = re.compile(r"POWERON|USB_UART|CHIP_USB|EXT_SYS|EXT_RST|PIN_RST", re.IGNORECASE)
+_END = re.compile(r"@EC1 \d+ END ")
+
+
+def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None, threshold: int) -> list[Finding]:
+    """A run that kept rebooting: its cause, or ``unknown`` when nothing it printed explains it.
+
+    Resets the host made (power-on/EN, USB-Serial-JTAG) and resets into download mode are not the
+    firmware restarting itself and do not make a loop.
+    """
+    boots = BootCounter()
+    host = download = 0
+    for ln in ctx.lines:
+        boots.feed(ln.text)
+        m = _RST.search(ln.text)
+        if m and "rst0x" in ln.sq:
+            if _DL_SQ.search(ln.sq):
+                download += 1
+            elif _HOST_RESET.search(m.group(2)):
+                host += 1
+    restarts = boots.count - host - download
+    looped = boots.count >= threshold and restarts >= threshold - 1
+    if not looped and ended_by != "boot_loop":
+        return []
+    kinds = {f.kind for f in found}
+    if "download_mode" in kinds:  # one ROM banner per reset while the strap is held: never a boot loop
+        return []
+    details: dict[str, Any] = {
+        "boots": boots.count,
+        "host_resets": host,
+        "download_resets": download,
+        "signals": dict(boots.counts),
+    }
+    crash = next((f.kind for f in found if f.severity == _FW), None)
+    cause = "brownout" if "brownout" in kinds else "boot_failure" if "boot_failure" in kinds else crash
+    if cause is None:
+        return [
+            Finding(
+                "unknown",
+                _INFRA,
+                f"the board rebooted {boots.count} times during one run and printed no evidence of why "
+                "(no crash, brownout, boot failure or download mode): no evidence, not classified",
+                None,
+                (),
+                {**details, "cause": None, "reason": "no evidence"},
+                "check the supply and the cable and rerun; a firmware that resets itself without a "
+                "panic message (esp_restart, hardware watchdog) also shows up like this",
+            )
+        ]
+    sev = _INFRA if cause in ("brownout", "boot_failure") else _FW
+    return [
+        Finding(
+            "boot_loop",
+            sev,
+            f"the board booted {boots.count} times during one run (cause: {cause})",
+            None,
+            (),
+            {**details, "cause": cause},
+        )
+    ]
+
+
+def _end_of_stream(ctx: _Ctx, found: list[Finding], ended_by: str | None) -> list[Finding]:
+    if ended_by is None or any(_END.search(ln.text) for ln in ctx.lines):
+        return []
+    details = {"ended_by": ended_by}
+    if not any(ln.text.strip().strip("\x00") for ln in ctx.lines):
+        return [
+            Finding(
+                "silence",
+                _INFRA,
+                "the board printed nothing (wrong port or baud, board not running, or nothing reset it)",
+                None,
+                (),
+                details,
+            )
+        ]
+    if ended_by == "disconnect":
+        return [
+            Finding("disconnect", _INFRA, "the serial link closed before the END record", None, (), details)
+        ]
+    if any(f.severity in (_FW, _INFRA) for f in found) or ended_by == "end_record":
+        return []
+    if any(f.kind == "task_watchdog" for f in found):
+        return [
+            Finding(
+                "hang",
+                _FW,
+                "the firmware stopped before the END record while the task watchdog kept firing: it is stuck",
+                None,
+                (),
+                details,
+            )
+        ]
+    return [
+        Finding(
+            "no_end",
+            _INFRA,
+            f"no END record ({ended_by}) and no evidence of why: the run is incomplete",
+            None,
+            (),
+            details,
+        )
+    ]
+
+
+def _corrupted(parsed: Any | None) -> list[Finding]:
+    if parsed is None or getattr(parsed, "valid", True):
+        return []
+    return [
+        Finding(
+            "corrupted", _INFRA, f"capture failed validation: {problem}", None, (), {"problem": str(problem)}
+        )
+        for problem in list(getattr(parsed, "problems", []) or [])[:20]
+    ]
 
 
 def classify(
@@ -260,289 +1319,23 @@ def classify(
     """Findings in the order their evidence appears (boot loop / end-of-stream findings last).
 
     ``ended_by`` (from :class:`~harness.device.console.RawCapture`) adds silence / no-END /
-    disconnect findings; ``parsed`` (a ``harness.protocol.capture.Capture``) adds one ``corrupted``
-    finding per problem when the records did not validate.
+    disconnect findings; ``parsed`` (a ``harness.protocol.capture.Capture``) supplies the device's
+    CRC-checked ERROR records and adds one ``corrupted`` finding per problem when the records did not
+    validate. Without ``parsed``, protocol records in ``raw`` are parsed here (for their ERRORs only).
     """
-    lines = _decode(raw)
-    findings: list[tuple[int, Finding]] = []
-    absorbed: set[int] = set()  # lines explained by a more specific finding (abort after overflow...)
-    boots = BootCounter()
-    twdt_lines: list[int] = []
-    twdt_tasks: list[str] = []
-    saw_end = False
-
-    def add(
-        idx: int,
-        kind: str,
-        message: str,
-        details: dict[str, Any] | None = None,
-        evidence_to: int | None = None,
-        severity: str | None = None,
-    ) -> None:
-        end = evidence_to if evidence_to is not None else idx
-        ev = tuple(ln[:300] for ln in lines[idx : min(end + 1, idx + 12)])
-        findings.append((idx, Finding(kind, severity or KINDS[kind], message, idx + 1, ev, details or {})))
-
-    def absorb_crash_tail(start: int, span: int = 12) -> None:
-        """The abort()/assert/Guru lines a specific error prints right after itself."""
-        for j in range(start, min(len(lines), start + span)):
-            if _ABORT.search(lines[j]) or _ASSERT.search(lines[j]) or _GURU.search(lines[j]):
-                absorbed.add(j)
-
-    for i, line in enumerate(lines):
-        boots.feed(line)
-        if _END.search(line):
-            saw_end = True
-        m = _STACK_OVF.search(line)
-        if m:
-            bt_i, bt = _backtrace_after(lines, i)
-            add(
-                i,
-                "stack_overflow",
-                f"stack overflow in task {m.group(1)!r}",
-                {"task": m.group(1), "detector": "freertos_check", **bt},
-                evidence_to=bt_i,
-            )
-            absorb_crash_tail(i + 1)
-            continue
-        m = _HEAP.search(line)
-        if m:
-            bt_i, bt = _backtrace_after(lines, i)
-            add(
-                i,
-                "heap_corruption",
-                f"heap corruption detected: {m.group(1)[:120]}",
-                {"detail": m.group(1)[:200], **bt},
-                evidence_to=bt_i,
-            )
-            absorb_crash_tail(i + 1)
-            continue
-        m = _GURU.search(line)
-        if m and i not in absorbed:
-            reason = m.group(2).strip()[:120]
-            regs = _register_dump(lines, i + 1)
-            bt_i, bt = _backtrace_after(lines, i)
-            details: dict[str, Any] = {"core": m.group(1), "reason": reason, **regs, **bt}
-            canary = next((c for c in (_CANARY.search(x) for x in lines[i + 1 : i + 4]) if c), None)
-            if canary or reason.lower() == "stack protection fault":
-                details["task"] = canary.group(1) if canary else None
-                details["detector"] = "watchpoint" if canary else "hw_stack_guard"
-                add(
-                    i,
-                    "stack_overflow",
-                    f"stack overflow{' in task ' + repr(canary.group(1)) if canary else ''} ({reason})",
-                    details,
-                    evidence_to=bt_i,
-                )
-            else:
-                where = details.get("pc") or "?"
-                add(
-                    i,
-                    "panic",
-                    f"panic on core {m.group(1)}: {reason} at PC {where}",
-                    details,
-                    evidence_to=bt_i if bt_i is not None else i + 3,
-                )
-            continue
-        if _SMASH.search(line):
-            bt_i, bt = _backtrace_after(lines, i)
-            add(
-                i,
-                "abort",
-                "stack smashing protection failure (abort)",
-                {"reason": "stack smashing", **bt},
-                evidence_to=bt_i,
-            )
-            absorb_crash_tail(i + 1)
-            continue
-        if _TWDT.search(line):
-            twdt_lines.append(i)
-            for t in (_TWDT_TASK.search(x) for x in lines[i + 1 : i + 4]):
-                if t:
-                    twdt_tasks.append(t.group(1))
-            continue
-        if _TWDT_ABORT.search(line):
-            bt_i, bt = _backtrace_after(lines, i)
-            ab = next((a for a in (_ABORT.search(x) for x in lines[i : i + 4]) if a), None)
-            add(
-                i,
-                "abort",
-                "the task watchdog aborted the firmware (CONFIG_ESP_TASK_WDT_PANIC)",
-                {
-                    "reason": "task_watchdog",
-                    "pc": ab.group(1).lower() if ab else None,
-                    "core": ab.group(2) if ab else None,
-                    **bt,
-                },
-                evidence_to=bt_i,
-            )
-            absorb_crash_tail(i + 1)
-            continue
-        m = _ASSERT.search(line)
-        if m and i not in absorbed:
-            bt_i, bt = _backtrace_after(lines, i)
-            add(
-                i,
-                "abort",
-                f"assertion failed: {m.group(1)[:160]}",
-                {"reason": "assert", "assert": m.group(1)[:200], **bt},
-                evidence_to=bt_i,
-            )
-            absorb_crash_tail(i + 1)
-            continue
-        m = _ABORT.search(line)
-        if m and i not in absorbed:
-            bt_i, bt = _backtrace_after(lines, i)
-            add(
-                i,
-                "abort",
-                f"abort() called at PC {m.group(1)} on core {m.group(2)}",
-                {"reason": "abort", "pc": m.group(1).lower(), "core": m.group(2), **bt},
-                evidence_to=bt_i,
-            )
-            continue
-        if _BROWNOUT.search(line):
-            add(
-                i,
-                "brownout",
-                "brownout: the supply voltage dropped below the detector threshold",
-                {"line": line.strip()[:200]},
-            )
-            continue
-        m = _BOOT_FAIL.search(line)
-        if m:
-            add(
-                i,
-                "boot_failure",
-                f"the chip could not boot the flashed image: {m.group(1)[:120]}",
-                {"detail": m.group(1)[:200]},
-            )
-            continue
-        m = _SCHEMA.search(line)
-        if m:
-            add(i, "schema_mismatch", m.group(1)[:200], {"source": "tflm"})
-            continue
-        m = _ALLOC.search(line)
-        if m:
-            add(i, "alloc_failure", f"allocation failed: {m.group(1)[:160]}", {"source": "tflm"})
-            continue
-        m = _RECORD.search(line)
-        if m and _record_crc_ok(m.group(1), m.group(3)):
-            fields = dict(_FIELD.findall(m.group(1)))
-            stage = fields.get("stage", "internal")
-            kind = {"alloc": "alloc_failure", "schema": "schema_mismatch", "input": "input_error"}.get(
-                stage, "firmware_error"
-            )
-            add(
-                i,
-                kind,
-                f"the firmware reported an error at stage {stage!r}"
-                f"{' (' + fields['msg'] + ')' if 'msg' in fields else ''}",
-                {
-                    "source": "protocol",
-                    "stage": stage,
-                    "code": fields.get("code"),
-                    "seq": int(m.group(2)),
-                    "msg": fields.get("msg"),
-                },
-            )
-            continue
-
-    out = _merge_repeats(sorted(findings, key=lambda x: x[0]))
-
-    if twdt_lines:
-        i = twdt_lines[0]
-        out.append(
-            Finding(
-                "task_watchdog",
-                Severity.WARNING,
-                f"task watchdog triggered {len(twdt_lines)}x (non-fatal unless CONFIG_ESP_TASK_WDT_PANIC)",
-                i + 1,
-                tuple(lines[i : i + 4]),
-                {"count": len(twdt_lines), "tasks": sorted(set(twdt_tasks))},
-            )
-        )
-
-    kinds = {f.kind for f in out}
-    if boots.count >= boot_loop_threshold:
-        if "brownout" in kinds:
-            sev, cause = Severity.INFRASTRUCTURE, "brownout"
-        elif "boot_failure" in kinds:
-            sev, cause = Severity.INFRASTRUCTURE, "boot_failure"
-        else:
-            crash = next((f.kind for f in out if f.severity == Severity.FIRMWARE_FAULT), None)
-            sev, cause = Severity.FIRMWARE_FAULT, crash or "unknown"
-        out.append(
-            Finding(
-                "boot_loop",
-                sev,
-                f"the board booted {boots.count} times during one run (cause: {cause})",
-                None,
-                (),
-                {"boots": boots.count, "signals": dict(boots.counts), "cause": cause},
-            )
-        )
-
-    fatal = any(f.severity in (Severity.FIRMWARE_FAULT, Severity.INFRASTRUCTURE) for f in out)
-    if ended_by is not None and not saw_end:
-        nonblank = any(ln.strip().strip("\x00") for ln in lines)
-        if not nonblank:
-            out.append(
-                Finding(
-                    "silence",
-                    Severity.INFRASTRUCTURE,
-                    "the board printed nothing (wrong port or baud, board not running, or nothing reset it)",
-                    None,
-                    (),
-                    {"ended_by": ended_by},
-                )
-            )
-        elif ended_by == "disconnect":
-            out.append(
-                Finding(
-                    "disconnect",
-                    Severity.INFRASTRUCTURE,
-                    "the serial link closed before the END record",
-                    None,
-                    (),
-                    {"ended_by": ended_by},
-                )
-            )
-        elif not fatal:
-            if twdt_lines:
-                out.append(
-                    Finding(
-                        "hang",
-                        Severity.FIRMWARE_FAULT,
-                        "the firmware stopped before the END record while the task watchdog "
-                        "kept firing: it is stuck",
-                        None,
-                        (),
-                        {"ended_by": ended_by},
-                    )
-                )
-            elif ended_by != "end_record":
-                out.append(
-                    Finding(
-                        "no_end",
-                        Severity.INFRASTRUCTURE,
-                        f"no END record ({ended_by}): the run is incomplete",
-                        None,
-                        (),
-                        {"ended_by": ended_by},
-                    )
-                )
-
-    if parsed is not None and not getattr(parsed, "valid", True):
-        for problem in list(getattr(parsed, "problems", []) or [])[:20]:
-            out.append(
-                Finding(
-                    "corrupted",
-                    Severity.INFRASTRUCTURE,
-                    f"capture failed validation: {problem}",
-                    None,
-                    (),
-                    {"problem": str(problem)},
-                )
-            )
+    records_from = parsed
+    if records_from is None:
+        data = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else raw
+        if MARKER in data:
+            records_from = parse_capture(data)
+    ctx = _Ctx(_decode(raw), records_from)
+    found: list[tuple[int, Finding]] = []
+    for detector in DETECTORS:
+        found.extend(detector.run(ctx))
+    warnings = [f for _, f in found if f.kind == "task_watchdog"]
+    out = _merge_repeats(sorted(((i, f) for i, f in found if f.kind != "task_watchdog"), key=lambda x: x[0]))
+    out += warnings
+    out += _boot_loop(ctx, out, ended_by, boot_loop_threshold)
+    out += _end_of_stream(ctx, out, ended_by)
+    out += _corrupted(parsed)
     return out

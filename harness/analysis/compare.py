@@ -333,23 +333,47 @@ def load_source(path: str | Path, label: str) -> Source:
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise LogFormatError(f"{p} is not valid JSON: {exc}") from None
         return _source_from_results(doc, label, str(p))
-    if MARKER in data:
-        return source_from_capture(parse_capture(data), label, str(p), data)
+    return _source_from_log(data, label, p)
+
+
+def _source_from_log(data: bytes, label: str, p: Path) -> Source:
+    """A serial log: its protocol records (or legacy ``Output:`` lines), read by the same classifier as
+    flash-and-compare, so a log that holds a panic, abort or TFLM error is a firmware fault (exit 4),
+    never "corrupted capture" (3), whether or not its records completed."""
+    cap = parse_capture(data) if MARKER in data else None
+    crashes = _firmware_faults(data, cap, label)
+    if cap is not None:
+        if cap.valid or not crashes:
+            src = source_from_capture(cap, label, str(p), data)  # an invalid one without crash: exit 3
+            src.faults += crashes
+            return src
+        faults = [Fault(label, e.stage, e.code, e.i, e.msg) for e in cap.errors] + crashes
+        return Source(label, "protocol", [], path=str(p), nn_mode=cap.nn_mode, model_sha256=cap.model_sha256,
+                      simulated=cap.simulated, info=dict(cap.info), faults=faults, raw_log=data,
+                      warnings=[f"{label}: the firmware crashed before its records completed"])  # fmt: skip
     values = parse_legacy_log(data)
-    if not values:
+    if not values and not crashes:
         raise LogFormatError(
             f"{p} has no 'Output:' lines and no esp-check protocol records: nothing to compare",
             hint="pass the serial log of a run (esp-check firmware or a sketch printing 'Output: <value>')",
         )
-    src = Source(
-        label,
-        "legacy",
-        [[OutputTensor(0, np.asarray(values, dtype=np.float64), raw=False)]],
-        path=str(p),
-        raw_log=data,
-    )
+    runs = [[OutputTensor(0, np.asarray(values, dtype=np.float64), raw=False)]] if values else []
+    src = Source(label, "legacy", runs, path=str(p), raw_log=data, faults=crashes)
     src.warnings.append(f"{label}: legacy log: the ESP-NN mode and model are not proven by the device")
     return src
+
+
+def _firmware_faults(data: bytes, cap: Capture | None, label: str) -> list[Fault]:
+    """Firmware faults the log's text shows (crash reports, TFLM errors, ...), as compare Faults.
+
+    The device's own ERROR records are left to the capture (they are already Faults)."""
+    from harness.analysis.classify import Severity, classify
+
+    return [
+        Fault(label, f.kind, 0, None, f.message)
+        for f in classify(data, parsed=cap)
+        if f.severity == Severity.FIRMWARE_FAULT and f.details.get("source") != "protocol"
+    ]
 
 
 # ---- metrics -------------------------------------------------------------------------------------
@@ -606,7 +630,9 @@ def _fit_legacy(src: Source, outputs: Sequence[Any]) -> Source:
 
 
 def _check_identity(a: Source, b: Source) -> None:
-    if a.kind in ("protocol", "results") and b.kind in ("protocol", "results") and (a.nn_mode or b.nn_mode):
+    crashed = any(s.faults and not s.runs for s in (a, b))  # a crash is the finding; nothing to vouch for
+    proven = ("protocol", "results")
+    if a.kind in proven and b.kind in proven and (a.nn_mode or b.nn_mode) and not crashed:
         if a.nn_mode == b.nn_mode:
             raise IncomparableError(
                 f"{a.label} and {b.label} both report ESP-NN mode {a.nn_mode!r}: "
@@ -711,8 +737,8 @@ def compare_sources(
                 if ty is None:
                     continue
                 mq = output_quant[tx.index] if tx.index < len(output_quant) else (None, None, None)
-                comparisons.append(
-                    compare_tensors(
+                try:
+                    compared = compare_tensors(
                         tx,
                         ty,
                         tolerance_lsb=tol,
@@ -722,7 +748,11 @@ def compare_sources(
                         labels=(x.label, y.label),
                         run=k,
                     )
-                )
+                except IncomparableError:
+                    if not faulted:
+                        raise
+                    continue  # a crashed side's partial outputs: its fault is the finding
+                comparisons.append(compared)
     if not comparisons and not faults:
         raise IncomparableError("nothing to compare: no run has outputs on both sides")
     warnings += _pinned_warnings(comparisons)

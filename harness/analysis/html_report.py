@@ -300,23 +300,27 @@ def write_bundle(result: Any, doc: dict[str, Any], model: Path, inputs: Sequence
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(dest.suffix + ".tmp")
     chips = {v: r.get("flash") for v, r in (doc.get("variants") or {}).items()}
+    # one directory per position: two inputs of the same file name never collide, and order is kept
+    in_arcs = [f"inputs/{k}/{p.name}" for k, p in enumerate(inputs)]
     readme = (
         f"esp-check {__version__} reproduction bundle\n\nverdict: {doc.get('verdict')} "
         f"(exit {doc.get('exit_code')}), board {doc.get('board')}"
         + (" (SIMULATED)" if doc.get("simulated") else "")
-        + "\n\nmodel/        the .tflite\ninputs/       the input files as given\n"
+        + "\n\nmodel/        the .tflite\ninputs/K/     the K-th input file as given\n"
         "projects/     the rendered firmware projects (sdkconfig.defaults, idf_component.yml /\n"
         "              platformio.ini with the pinned esp-tflite-micro / esp-nn versions, esp-check.json)\n"
         "logs/         raw build, flash (esptool) and serial logs\nchip.json     chip info esptool read\n"
         "report.json   the full report" + ("\nreport.html   the HTML report" if html_text else "") + "\n"
-        "\nreproduce: esp-check flash-and-compare model/<model> --input inputs/<file> --board <board>\n"
+        + "\nreproduce: esp-check flash-and-compare "
+        + " ".join([f"model/{model.name}", *(f"--input {arc}" for arc in in_arcs), f"--board {doc.get('board')}"])
+        + "\n"
     )
     skip_dirs = {".pio", "build", "managed_components", "__pycache__"}
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
         z.writestr("README.txt", readme)
         z.write(model, f"model/{model.name}")
-        for p in inputs:
-            z.write(p, f"inputs/{p.name}")
+        for p, arc in zip(inputs, in_arcs, strict=True):
+            z.write(p, arc)
         z.writestr("report.json", json.dumps(doc, indent=2, default=str) + "\n")
         z.writestr("chip.json", json.dumps(chips, indent=2, default=str) + "\n")
         if html_text is not None:

@@ -258,7 +258,9 @@ def _print_summary(console: Console, result: Any) -> None:
     )
     console.print(
         f"[bold {color}]verdict: {result.verdict}[/bold {color}] (exit {int(result.exit_code)})"
-        + ("  [SIMULATED: no real ESP32 was used]" if result.simulated else "")
+        + ("  \\[SIMULATED: no real ESP32 was used]" if result.simulated else "")
+        + ("  [bold yellow]\\[ESP-NN NOT TESTED: it accelerates none of the ops][/bold yellow]"
+           if result.espnn_untested else "")
     )
     console.print(f"artifacts: {result.out_dir}  report: {result.report_path}")
 

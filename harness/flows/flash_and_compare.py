@@ -44,6 +44,7 @@ from harness.flows.report import write_junit, write_report
 from harness.flows.tap_run import TapRunRequest, run_tap_flow
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, load_model
+from harness.model.opdata import espnn_model_acceleration
 
 
 def sim_port_for(board_chip: str, reset: str, port: str | None) -> str:
@@ -82,6 +83,7 @@ class _Run:
     codes: list[ExitCode] = field(default_factory=list)
     comparison: CompareResult | None = None
     tap: TapResult | None = None
+    espnn: dict[str, Any] | None = None
 
     @classmethod
     def empty(
@@ -219,6 +221,13 @@ def _start(run: _Run, board: str | Path, port: str | None) -> None:
     """
     board_def = run.loaded_board = load_board(board)
     run.loaded_model = load_model(run.model)
+    run.espnn = _espnn_coverage(run.loaded_model, board_def.chip)
+    if run.espnn["accelerated_ops"] == 0:
+        run.warnings.append(
+            f"ESP-NN accelerates none of this model's {run.espnn['ops']} ops on {board_def.chip} "
+            f"({run.espnn['why']}): both variants run the same TFLM kernels, so a match here says "
+            "nothing about ESP-NN"
+        )
     if board_def.simulated:
         if port is not None and not port.startswith("sim://"):
             raise UsageError(
@@ -237,6 +246,15 @@ def _start(run: _Run, board: str | Path, port: str | None) -> None:
         run.port_url = port or "auto"
         ps = run.rec.run("port", None, lambda: resolve_port(run.port_url, board_def))
         run.rec.run("port-present", None, lambda: check_present(ps))
+
+
+def _espnn_coverage(info: ModelInfo, chip: str) -> dict[str, Any]:
+    """How many ops ESP-NN accelerates on ``chip``, and why not when none."""
+    accel = espnn_model_acceleration(info, chip)
+    k = sum(a.accelerated for a in accel)
+    reasons = sorted({a.reason for a in accel if not a.accelerated})
+    why = f"{info.kind} model; " + "; ".join(reasons[:3]) if reasons else "no ops"
+    return {"chip": chip, "accelerated_ops": k, "ops": len(accel), "why": why if k == 0 else ""}
 
 
 def _host_reference(run: _Run, input_options: InputOptions | None) -> Source | None:
@@ -361,6 +379,7 @@ def _finish(
         errors=run.errors,
         warnings=run.warnings,
         tap=run.tap,
+        espnn=run.espnn,
     )
     write_report(result, model=run.model, inputs=run.inputs, seconds=seconds)
     if html is not None or bundle is not None:

@@ -135,6 +135,12 @@ class FlashAndCompareResult:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     tap: TapResult | None = None  # with --tap
+    espnn: dict[str, Any] | None = None  # how many of the model's ops ESP-NN accelerates on this chip
+
+    @property
+    def espnn_untested(self) -> bool:
+        """True when ESP-NN accelerates none of the ops: both variants run the same kernels."""
+        return self.espnn is not None and self.espnn["accelerated_ops"] == 0
 
     @property
     def verdict(self) -> Verdict:

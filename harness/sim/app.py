@@ -57,7 +57,7 @@ class BootResult:
 _RESET_REASONS = {
     "poweron": ("0x1 (POWERON_RESET)", "0x1 (POWERON)"),
     "sw": ("0xc (SW_CPU_RESET)", "0xc (RTC_SW_CPU_RST)"),
-    "brownout": ("0xf (BROWNOUT_RST)", "0xf (BROWNOUT_RST)"),
+    "brownout": ("0xf (RTCWDT_BROWN_OUT_RESET)", "0xf (BROWNOUT_RST)"),
     "rtcwdt": ("0x10 (RTCWDT_RTC_RESET)", "0x10 (RTCWDT_RTC_RST)"),
     "usb": ("0x15 (USB_UART_CHIP_RESET)", "0x15 (USB_UART_CHIP_RESET)"),
 }
@@ -161,85 +161,116 @@ def _hex(rng: random.Random, base: int, span: int = 0x40000) -> int:
     return (base + rng.randrange(0, span)) & ~0x3
 
 
-def panic_text(chip: ChipSpec, kind: str, rng: random.Random) -> bytes:
-    """A Guru Meditation (``kind`` "panic") or abort() report in the chip's architecture's form."""
-    lines: list[str] = []
+def _flash_pc(chip: ChipSpec, rng: random.Random) -> int:
+    """An address in the chip's flash-mapped code (0x400Dxxxx on the ESP32, 0x420xxxxx on S3/C3)."""
+    return _hex(rng, chip.irom_start + 0x8000)
+
+
+def _iram_pc(chip: ChipSpec, rng: random.Random) -> int:
+    """An address in the chip's internal instruction RAM (panic_abort & co. live there)."""
+    return _hex(rng, chip.iram_start + 0x1000, 0x10000)
+
+
+def _stack_ptr(chip: ChipSpec, rng: random.Random) -> int:
+    """A task stack address in the chip's data RAM."""
+    return _hex(rng, chip.dram_start + 0x10000, 0x20000)
+
+
+def elf_sha256(chip: ChipSpec, app: LoadedImage) -> str:
+    """The app's "ELF file SHA256": fixed per image and per chip (the same payload built for another chip
+    is another image), never random per boot."""
+    h = hashlib.sha256(chip.name.encode())
+    for addr, data in app.segments:
+        h.update(addr.to_bytes(4, "little") + data)
+    return h.hexdigest()
+
+
+# ESP-IDF v5 prints CONFIG_APP_RETRIEVE_LEN_ELF_SHA (default 9) characters of it, at boot and on a panic
+ELF_SHA_PRINTED = 9
+
+# what a crash prints before its register dump / backtrace, per ``kind``
+_HEADLINES = {
+    "panic": "Guru Meditation Error: Core  0 panic'ed ({cause}). Exception was unhandled.",
+    "abort": "abort() was called at PC 0x{pc:08x} on core 0",
+    "startup": "assert failed: esp_startup_start_app app_startup.c:83 (res == pdTRUE)",
+}
+
+
+def panic_text(chip: ChipSpec, kind: str, rng: random.Random, elf_sha: str = "0" * 64) -> bytes:
+    """A crash report in the chip's own form: ``kind`` "panic" (Guru Meditation), "abort" (abort()) or
+    "startup" (an assert before app_main, e.g. no RAM left for the main task's stack).
+
+    Addresses come from the chip's memory map (an S3 crashes at 0x420xxxxx with stacks at 0x3fcxxxxx,
+    never at the classic ESP32's 0x400dxxxx / 0x3ffbxxxx); Xtensa prints registers and a ``Backtrace:``,
+    RISC-V prints MEPC/MCAUSE/MTVAL and ``Stack memory:`` and no backtrace line.
+    """
+    pc = _flash_pc(chip, rng)
+    cause = "LoadProhibited" if chip.arch == "xtensa" else "Load access fault"
+    lines = [_HEADLINES[kind].format(pc=pc, cause=cause), ""]
     if chip.arch == "xtensa":
-        pc = _hex(rng, 0x400D0000)
-        sp = _hex(rng, 0x3FFB0000, 0x8000)
-        if kind == "abort":
-            lines += [f"abort() was called at PC 0x{pc:08x} on core 0", ""]
-        else:
-            lines += [
-                "Guru Meditation Error: Core  0 panic'ed (LoadProhibited). Exception was unhandled.",
-                "",
-                "Core  0 register dump:",
-            ]
-            regs = [("PC", pc), ("PS", 0x00060030), ("A0", pc | 0x80000000), ("A1", sp)]
-            regs += [(f"A{i}", rng.getrandbits(32)) for i in range(2, 16)]
-            regs += [
-                ("SAR", 0x1D),
-                ("EXCCAUSE", 0x1C),
-                ("EXCVADDR", 0),
-                ("LBEG", 0x4000C2E0),
-                ("LEND", 0x4000C2F6),
-                ("LCOUNT", 0),
-            ]
-            for j in range(0, len(regs), 4):
-                lines.append("".join(f"{n:<8}: 0x{v:08x}  " for n, v in regs[j : j + 4]))
-            lines.append("")
-        frames = " ".join(
-            f"0x{_hex(rng, 0x400D0000):08x}:0x{_hex(rng, 0x3FFB0000, 0x8000):08x}" for _ in range(5)
-        )
-        lines += ["", f"Backtrace: 0x{pc:08x}:0x{sp:08x} {frames}", ""]
+        lines += _xtensa_report(chip, kind, pc, rng)
     else:
-        mepc = _hex(rng, 0x42000000)
-        sp = _hex(rng, 0x3FC80000, 0x8000)
-        if kind == "abort":
-            lines += [f"abort() was called at PC 0x{mepc:08x} on core 0", ""]
-            cause = "Breakpoint"
-        else:
-            cause = "Load access fault"
-            lines += [f"Guru Meditation Error: Core  0 panic'ed ({cause}). Exception was unhandled.", ""]
-        lines.append("Core  0 register dump:")
-        regs = [("MEPC", mepc), ("RA", mepc - 0x20), ("SP", sp), ("GP", 0x3FC8B400)]
-        regs += [
-            (n, rng.getrandbits(32))
-            for n in (
-                "TP",
-                "T0",
-                "T1",
-                "T2",
-                "S0/FP",
-                "S1",
-                "A0",
-                "A1",
-                "A2",
-                "A3",
-                "A4",
-                "A5",
-                "A6",
-                "A7",
-                "S2",
-                "S3",
-            )
-        ]
-        regs += [
-            ("MSTATUS", 0x00001881),
-            ("MTVEC", 0x40380001),
-            ("MCAUSE", 0x00000005 if kind == "panic" else 0x00000003),
-            ("MTVAL", 0 if kind == "panic" else 0x00009002),
-            ("MHARTID", 0),
-        ]
-        for j in range(0, len(regs), 4):
-            lines.append("".join(f"{n:<8}: 0x{v:08x}  " for n, v in regs[j : j + 4]))
-        lines += ["", "Stack memory:"]
-        for row in range(8):
-            words = " ".join(f"0x{rng.getrandbits(32):08x}" for _ in range(8))
-            lines.append(f"{sp + row * 32:08x}: {words}")
-        lines.append("")
-    lines += ["", f"ELF file SHA256: {rng.getrandbits(64):016x}", "", "Rebooting...", ""]
+        lines += _riscv_report(chip, kind, pc, rng)
+    lines += ["", "", f"ELF file SHA256: {elf_sha[:ELF_SHA_PRINTED]}", "", "Rebooting...", ""]
     return "\r\n".join(lines).encode()
+
+
+def _dump_rows(regs: list[tuple[str, int]]) -> list[str]:
+    return ["".join(f"{n:<8}: 0x{v:08x}  " for n, v in regs[j : j + 4]) for j in range(0, len(regs), 4)]
+
+
+def _xtensa_report(chip: ChipSpec, kind: str, pc: int, rng: random.Random) -> list[str]:
+    sp = _stack_ptr(chip, rng)
+    lines: list[str] = []
+    frames = [(pc, sp)]
+    if kind == "panic":
+        ret = (_flash_pc(chip, rng) & 0x3FFFFFFF) | 0x80000000  # A0: return address, window bits on top
+        regs = [("PC", pc), ("PS", 0x00060030), ("A0", ret), ("A1", sp)]
+        regs += [(f"A{i}", rng.getrandbits(32)) for i in range(2, 16)]
+        regs += [("SAR", 0x1D), ("EXCCAUSE", 0x1C), ("EXCVADDR", 0), ("LBEG", 0x4000C2E0),
+                 ("LEND", 0x4000C2F6), ("LCOUNT", 0)]  # fmt: skip
+        lines += ["Core  0 register dump:", *_dump_rows(regs), ""]
+    else:  # panic_abort, esp_system_abort, abort()/__assert_func run from IRAM before the caller
+        frames = [(_iram_pc(chip, rng), sp - 0x60 + 0x20 * k) for k in range(3)] + frames
+    frames += [(_flash_pc(chip, rng), sp + 0x20 * (k + 1)) for k in range(4)]
+    lines += ["", "Backtrace: " + " ".join(f"0x{a:08x}:0x{b:08x}" for a, b in frames), ""]
+    return lines
+
+
+def _riscv_report(chip: ChipSpec, kind: str, pc: int, rng: random.Random) -> list[str]:
+    sp = _stack_ptr(chip, rng)
+    mepc = pc if kind == "panic" else _iram_pc(chip, rng)  # an abort stops in panic_abort (IRAM)
+    regs = [("MEPC", mepc), ("RA", mepc - 0x20), ("SP", sp), ("GP", chip.dram_start + 0xB400)]
+    names = (
+        "TP",
+        "T0",
+        "T1",
+        "T2",
+        "S0/FP",
+        "S1",
+        "A0",
+        "A1",
+        "A2",
+        "A3",
+        "A4",
+        "A5",
+        "A6",
+        "A7",
+        "S2",
+        "S3",
+    )
+    regs += [(n, rng.getrandbits(32)) for n in names]
+    regs += [
+        ("MSTATUS", 0x00001881),
+        ("MTVEC", chip.iram_start + 0x4001),
+        ("MCAUSE", 0x00000005 if kind == "panic" else 0x00000003),
+        ("MTVAL", 0 if kind == "panic" else 0x00009002),
+        ("MHARTID", 0),
+    ]
+    lines = ["Core  0 register dump:", *_dump_rows(regs), "", "Stack memory:"]
+    for row in range(8):
+        lines.append(f"{sp + row * 32:08x}: " + " ".join(f"0x{rng.getrandbits(32):08x}" for _ in range(8)))
+    return lines
 
 
 # ---- boot ---------------------------------------------------------------------------------------
@@ -261,18 +292,8 @@ class BootContext:
 
 def boot_from_flash(ctx: BootContext) -> BootResult:
     """Everything the chip prints from reset release (IO0 high) until it idles, halts or loops."""
-    pieces: list[Piece] = []
     faults = ctx.faults
     loops = max(1, faults.loops)
-    if faults.active("bootloop"):
-        for n in range(loops):
-            reason = ctx.reason if n == 0 else "rtcwdt"
-            pieces.append(Piece("rom", rom_header(ctx.chip, reason, False)))
-            clock = _Clock()
-            pieces.append(Piece("console", clock.line("I", "boot", "ESP-IDF sim 2nd stage bootloader")))
-            pieces.append(Piece("console", clock.line("E", "boot", "esp-check simulated fault: bootloop")))
-        return BootResult(pieces, faults_applied=["bootloop"])
-
     reason = ctx.reason
     result = BootResult([])
     for n in range(loops):
@@ -380,13 +401,13 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
     console_baud = int(payload.header.get("console_baud", ROM_BAUD))
     # the 2nd-stage bootloader and the app both log at the console baud
     pieces.append(Piece("console", b"".join(bl)))
-    app_out, reboot = _run_app(ctx, payload, clock, n, reason)
+    app_out, reboot = _run_app(ctx, payload, clock, n, elf_sha256(chip, app))
     once = _Once(pieces + app_out.pieces, console_baud, payload.variant, app_out.faults_applied, reboot)
     return once
 
 
 def _run_app(
-    ctx: BootContext, payload: AppPayload, clock: _Clock, n: int, reason: str
+    ctx: BootContext, payload: AppPayload, clock: _Clock, n: int, elf_sha: str
 ) -> tuple[BootResult, str | None]:
     from harness.model.loader import parse_model_bytes
     from harness.protocol.emitter import make_emitter
@@ -402,10 +423,18 @@ def _run_app(
         clock.line("I", "app_init", "Application information:"),
         clock.line("I", "app_init", "Project name:     esp-check-fw", 1),
         clock.line("I", "app_init", f"App version:      {payload.header.get('fwver', '0.0.0')}", 1),
+        clock.line("I", "app_init", f"ELF file SHA256:  {elf_sha[:ELF_SHA_PRINTED]}...", 1),
         clock.line("I", "app_init", f"ESP-IDF:          {payload.header.get('idf', 'sim')}", 1),
         clock.line("I", "efuse_init", f"Chip rev:         v{chip.rev}", 1),
         clock.line("I", "heap_init", "Initializing. RAM available for dynamic allocation:", 2),
         clock.line("I", "spi_flash", "detected chip: generic", 10),
+    ]
+    if "bootloop" in active:  # no RAM left for the main task's stack: an assert before app_main, every boot
+        startup = panic_text(chip, "startup", faults.rng("bootloop", ctx.boot_index), elf_sha)
+        return BootResult(
+            [Piece("console", b"".join(head) + startup)], variant=variant, faults_applied=active
+        ), "sw"
+    head += [
         clock.line("I", "main_task", "Started on CPU0", 20),
         clock.line("I", "main_task", "Calling app_main()", 10),
         clock.line("W", "esp-check", f"{SIM_BANNER} (harness.sim {chip.name}): results are simulated"),
@@ -486,7 +515,7 @@ def _run_app(
                     crash = b"\r\nBrownout detector was triggered\r\n\r\n"
                     reboot = "brownout"
                 else:
-                    crash = panic_text(chip, crash_kind, rng)
+                    crash = panic_text(chip, crash_kind, rng, elf_sha)
                     reboot = "sw"
                 ok = False
                 break

@@ -40,6 +40,7 @@ class ChipSpec:
     drom_map_start: int
     iram_start: int
     dram_start: int
+    irom_start: int  # flash-mapped code, where an app's PCs and return addresses point
     rom_banner: tuple[str, ...]  # lines before "rst:" on every ROM boot
     cores: int
     rev: str  # "major.minor" as esp_chip_info() reports
@@ -110,6 +111,7 @@ CHIPS: dict[str, ChipSpec] = {
         drom_map_start=0x3F400000,
         iram_start=0x40080000,
         dram_start=0x3FFB0000,
+        irom_start=0x400D0000,
         rom_banner=("ets Jun  8 2016 00:22:57",),
         cores=2,
         rev="3.0",
@@ -131,6 +133,7 @@ CHIPS: dict[str, ChipSpec] = {
         drom_map_start=0x3C000000,
         iram_start=0x40378000,
         dram_start=0x3FC88000,
+        irom_start=0x42000000,
         rom_banner=("ESP-ROM:esp32s3-20210327", "Build:Mar 27 2021"),
         cores=2,
         rev="0.2",
@@ -152,6 +155,7 @@ CHIPS: dict[str, ChipSpec] = {
         drom_map_start=0x3C000000,
         iram_start=0x4037C000,
         dram_start=0x3FC80000,
+        irom_start=0x42000000,
         rom_banner=("ESP-ROM:esp32c3-api1-20210207", "Build:Feb  7 2021"),
         cores=1,
         rev="0.4",

@@ -19,7 +19,7 @@ FAULTS: dict[str, str] = {
     "panic": "Guru Meditation panic during invoke (Xtensa with Backtrace, RISC-V with MEPC/MTVAL)",
     "abort": "abort() during invoke, then reboot",
     "hang": "silence after the INPUT record (invoke never returns)",
-    "bootloop": "resets before the app starts, repeatedly",
+    "bootloop": "the app asserts during start-up (no RAM left for the main task's stack) on every boot",
     "brownout": "brownout detector triggers during invoke, then reboots",
     "noise": "bit flips in the console output at rate `noise` per bit",
     "truncate": "output stops in the middle of the records (no END)",

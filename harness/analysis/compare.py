@@ -592,7 +592,7 @@ def check_tolerances(tolerance_lsb: float, ref_tolerance_lsb: float) -> None:
 
 def _check_legacy_lengths(a: Source, b: Source) -> None:
     """Two legacy logs of different lengths: at least one is an incomplete capture (exit 3)."""
-    if a.kind == b.kind == "legacy":
+    if a.kind == b.kind == "legacy" and not (a.faults or b.faults):  # a crash is the finding itself
         na, nb = (sum(t.values.size for run in s.runs for t in run) for s in (a, b))
         if na != nb:
             raise CaptureError(
@@ -609,7 +609,7 @@ def _fit_legacy(src: Source, outputs: Sequence[Any]) -> Source:
     A legacy log carries no END record, so its element count is the only completeness check there is:
     any other count is an incomplete (or foreign) capture, exit 3 and never a match.
     """
-    if src.kind != "legacy":
+    if src.kind != "legacy" or src.faults:  # a crashed log is incomplete by nature: the fault decides
         return src
     values = np.concatenate([t.values.reshape(-1) for run in src.runs for t in run])
     sizes = [int(t.num_elements) for t in outputs]

@@ -15,7 +15,6 @@ from harness.commands.common import (
     ARENA_KB,
     OP_LIST,
     SECONDS,
-    input_options_from,
     make_console,
     preprocessing_options,
 )
@@ -30,6 +29,7 @@ from harness.firmware.generate import (
     GeneratedProject,
     generate_projects,
 )
+from harness.model.inputs import InputOptions
 
 
 @click.command("boards")
@@ -153,12 +153,7 @@ def generate_cmd(
     esp_nn_version: str | None,
     platform_version: str | None,
     human_max: int,
-    resize: str,
-    input_color: str,
-    input_range: str | None,
-    input_scale: float | None,
-    input_offset: float | None,
-    input_dtype: str | None,
+    input_options: InputOptions,
     as_json: bool,
     tap: bool = False,
     dump_ops: list[int] | None = None,
@@ -175,9 +170,7 @@ def generate_cmd(
         board,
         out_dir=out_dir,
         variants=variants,
-        input_options=input_options_from(
-            resize, input_color, input_range, input_scale, input_offset, input_dtype
-        ),
+        input_options=input_options,
         arena_kb=arena_kb,
         tflm_version=tflm_version,
         espnn_version=esp_nn_version,
@@ -189,6 +182,12 @@ def generate_cmd(
         data = {"schema": "esp-check.generate/1", "projects": [_project_summary(p) for p in projects]}
         click.echo(json.dumps(data, indent=2))
         return int(ExitCode.MATCH)
+    _print_generated(projects)
+    return int(ExitCode.MATCH)
+
+
+def _print_generated(projects: list[GeneratedProject]) -> None:
+    """Where the projects went, the tap overhead, and how to build them."""
     console = make_console(highlight=False)
     for p in projects:
         console.print(
@@ -210,7 +209,6 @@ def generate_cmd(
         console.print(
             f"Build with `esp-check build {dirs}` (or `{how}` in each directory); see docs/firmware.md."
         )
-    return int(ExitCode.MATCH)
 
 
 def run_build_with_progress(project_dir: Path, console: Console, **kwargs: Any) -> BuildResult:
@@ -269,7 +267,7 @@ def build_cmd(
     as_json: bool,
 ) -> int:
     """Build generated project directories (e.g. OUT/optimized OUT/ansi), with a content-addressed cache."""
-    progress_console = Console(stderr=True, highlight=False)
+    progress_console = make_console(stderr=True, highlight=False)
     console = make_console(highlight=False)
     results: list[BuildResult] = []
     for project in project_dirs:

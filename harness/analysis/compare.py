@@ -28,6 +28,7 @@ from harness.errors import (
     Verdict,
     combine_exit_codes,
 )
+from harness.model.inputs import InputOptions
 from harness.protocol.capture import MARKER, Capture, parse_capture
 from harness.protocol.legacy import parse_legacy_log
 from harness.protocol.spec import crc32_hex
@@ -836,7 +837,7 @@ def reference_source(
     model_path: str | Path,
     input_paths: Sequence[str | Path],
     backend: str = "tflm",
-    input_options: Any | None = None,
+    input_options: InputOptions | None = None,
 ) -> Source:
     """Run the host reference on the model for each input (one input tensor per model).
 

@@ -399,6 +399,33 @@ def _connect(
     raise map_esptool_error(last, stage="connect", ps=ps, boot_log=boot_log) from last
 
 
+def _identify(
+    esp: ESPLoader, ps: PortSpec, expected_chip: str | None, chip_revisions: tuple[int, int] | None
+) -> dict[str, Any]:
+    """What the ROM says about the chip, after refusing (exit 2, before anything is written) another chip
+    than the board's or a revision outside the range its image accepts."""
+    detected = normalize_chip(esp.CHIP_NAME)
+    if expected_chip and normalize_chip(expected_chip) != detected:
+        raise FlashFailure(
+            f"the chip on {ps.url} is {esp.CHIP_NAME}, but the board definition says {expected_chip}",
+            kind="chip_mismatch",
+            retryable=False,
+            hint=_WRONG_CHIP_HINT,
+        )
+    rev = _try(esp.get_chip_revision)
+    rev = rev if isinstance(rev, int) else None
+    check_chip_revision(rev, chip_revisions, esp.CHIP_NAME, ps.url)
+    crystal = _try(esp.get_crystal_freq)
+    return {
+        "chip": detected,
+        "description": _try(esp.get_chip_description),
+        "revision": None if rev is None else _fmt_rev(rev),
+        "features": list(_try(esp.get_chip_features) or []),
+        "mac": _fmt_mac(_try(esp.read_mac)),
+        "crystal_mhz": crystal if isinstance(crystal, int) else None,
+    }
+
+
 def flash_artifacts(
     port: serial.SerialBase | PortSpec | str,
     artifacts: Sequence[tuple[int, Path | str]],
@@ -502,21 +529,7 @@ def flash_artifacts(
                 attempts=max(1, connect_attempts),
                 emit=emit,
             )
-            detected = normalize_chip(esp.CHIP_NAME)
-            if expected_chip and normalize_chip(expected_chip) != detected:
-                raise FlashFailure(
-                    f"the chip on {ps.url} is {esp.CHIP_NAME}, but the board definition says {expected_chip}",
-                    kind="chip_mismatch",
-                    retryable=False,
-                    hint=_WRONG_CHIP_HINT,
-                )
-            description = _try(esp.get_chip_description)
-            rev = _try(esp.get_chip_revision)
-            revision = _fmt_rev(rev) if isinstance(rev, int) else None
-            check_chip_revision(rev if isinstance(rev, int) else None, chip_revisions, esp.CHIP_NAME, ps.url)
-            features = _try(esp.get_chip_features) or []
-            mac = _fmt_mac(_try(esp.read_mac))
-            crystal = _try(esp.get_crystal_freq)
+            facts = _identify(esp, ps, expected_chip, chip_revisions)
             stage = "stub"
             emit(FlashProgress("stub", "uploading the flasher stub"))
             esp = run_stub(esp)
@@ -561,13 +574,13 @@ def flash_artifacts(
                 ser.baudrate = console_baud
             result = FlashResult(
                 port=ps.url,
-                chip=detected,
+                chip=facts["chip"],
                 chip_name=esp.CHIP_NAME,
-                description=description,
-                revision=revision,
-                features=list(features),
-                mac=mac,
-                crystal_mhz=crystal if isinstance(crystal, int) else None,
+                description=facts["description"],
+                revision=facts["revision"],
+                features=facts["features"],
+                mac=facts["mac"],
+                crystal_mhz=facts["crystal_mhz"],
                 flash_size=flash_size,
                 stub=bool(getattr(esp, "IS_STUB", False)),
                 baud=baud if ps.caps.baud_change else ROM_BAUD,

@@ -604,6 +604,31 @@ def _record_resolved(project: Path, resolved: dict[str, Any]) -> None:
 # public entry point
 
 
+def _chip_and_builder(project: Path, manifest: Mapping[str, Any], builder: str | None) -> tuple[str, str]:
+    """The project's chip and the builder to use; UsageError for an unknown chip or a builder the board
+    cannot use (``builder`` None: the board's own)."""
+    board_def = manifest.get("board_def") or {}
+    chip = str(manifest.get("chip") or board_def.get("chip") or "")
+    if chip not in BOOTLOADER_OFFSETS:
+        raise UsageError(f"{project / MANIFEST_NAME}: unknown chip {chip!r}", hint="regenerate the project")
+    board_name = str(manifest.get("board"))
+    default_builder = str(manifest.get("builder") or "pio")
+    chosen = builder or default_builder
+    if chosen not in BUILDERS:
+        raise UsageError(f"unknown builder {chosen!r}", hint=f"builders: {', '.join(BUILDERS)}")
+    if (chosen == "sim") != (default_builder == "sim"):
+        raise UsageError(
+            f"board {board_name} cannot be built with builder {chosen!r}",
+            hint="the simulated board builds only with 'sim', real boards only with 'pio' or 'idf'",
+        )
+    if chosen == "pio" and (chip == "esp32p4" or not board_def.get("pio_board")):
+        raise UsageError(
+            f"board {board_name} ({chip}) cannot be built with PlatformIO's platform-espressif32",
+            hint="use --builder idf (ESP-IDF idf.py)",
+        )
+    return chip, chosen
+
+
 def build_project(
     project_dir: str | Path,
     *,
@@ -628,24 +653,8 @@ def build_project(
     project = Path(project_dir).resolve()
     manifest = read_manifest(project)
     board_def = manifest.get("board_def") or {}
-    chip = str(manifest.get("chip") or board_def.get("chip") or "")
-    if chip not in BOOTLOADER_OFFSETS:
-        raise UsageError(f"{project / MANIFEST_NAME}: unknown chip {chip!r}", hint="regenerate the project")
     board_name = str(manifest.get("board"))
-    default_builder = str(manifest.get("builder") or "pio")
-    chosen = builder or default_builder
-    if chosen not in BUILDERS:
-        raise UsageError(f"unknown builder {chosen!r}", hint=f"builders: {', '.join(BUILDERS)}")
-    if (chosen == "sim") != (default_builder == "sim"):
-        raise UsageError(
-            f"board {board_name} cannot be built with builder {chosen!r}",
-            hint="the simulated board builds only with 'sim', real boards only with 'pio' or 'idf'",
-        )
-    if chosen == "pio" and (chip == "esp32p4" or not board_def.get("pio_board")):
-        raise UsageError(
-            f"board {board_name} ({chip}) cannot be built with PlatformIO's platform-espressif32",
-            hint="use --builder idf (ESP-IDF idf.py)",
-        )
+    chip, chosen = _chip_and_builder(project, manifest, builder)
     flash_size = str(board_def.get("flash_size") or "keep")
     raw_offset = board_def.get("partition_table_offset")
     table_offset = raw_offset if isinstance(raw_offset, int) and not isinstance(raw_offset, bool) else None

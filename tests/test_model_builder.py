@@ -7,6 +7,7 @@ cannot run, float and int16 I/O, several inputs, broadcasting ADD. Other test fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import flatbuffers
@@ -41,7 +42,8 @@ class Op:
     custom: str | None = None
     add_options: bool = False
     extra: dict[str, int] = field(default_factory=dict)
-    conv_options: dict[str, int] | None = None  # Conv2DOptions: padding (0 SAME, 1 VALID), strides, ...
+    # (BuiltinOptions type, writer returning the options table offset), e.g. Conv2DOptions
+    options: tuple[int, Callable[[flatbuffers.Builder], int]] | None = None
 
 
 def _ivec(b: flatbuffers.Builder, start: object, values: list[int]) -> int:
@@ -109,21 +111,14 @@ def build_model(tensors: list[T], ops: list[Op], inputs: list[int], outputs: lis
         ins = _ivec(b, tflite.OperatorStartInputsVector, op.inputs)
         outs = _ivec(b, tflite.OperatorStartOutputsVector, op.outputs)
         opts = None
-        opts_type = 0
+        opts_type = tflite.BuiltinOptions.AddOptions
         if op.add_options:
             tflite.AddOptionsStart(b)
             tflite.AddOptionsAddFusedActivationFunction(b, 0)
-            opts, opts_type = tflite.AddOptionsEnd(b), tflite.BuiltinOptions.AddOptions
-        if op.conv_options is not None:
-            co = op.conv_options
-            tflite.Conv2DOptionsStart(b)
-            tflite.Conv2DOptionsAddPadding(b, co.get("padding", tflite.Padding.SAME))
-            tflite.Conv2DOptionsAddStrideW(b, co.get("stride_w", 1))
-            tflite.Conv2DOptionsAddStrideH(b, co.get("stride_h", 1))
-            tflite.Conv2DOptionsAddFusedActivationFunction(b, co.get("activation", 0))
-            tflite.Conv2DOptionsAddDilationWFactor(b, co.get("dilation_w", 1))
-            tflite.Conv2DOptionsAddDilationHFactor(b, co.get("dilation_h", 1))
-            opts, opts_type = tflite.Conv2DOptionsEnd(b), tflite.BuiltinOptions.Conv2DOptions
+            opts = tflite.AddOptionsEnd(b)
+        elif op.options is not None:
+            opts_type, write = op.options
+            opts = write(b)
         tflite.OperatorStart(b)
         tflite.OperatorAddOpcodeIndex(b, k)
         tflite.OperatorAddInputs(b, ins)
@@ -202,6 +197,24 @@ def int8_broadcast_add_model() -> bytes:
     )
 
 
+def conv2d_options(
+    padding: int = tflite.Padding.SAME, stride: int = 1, dilation: int = 1
+) -> tuple[int, Callable[[flatbuffers.Builder], int]]:
+    """``Op.options`` for a CONV_2D: Conv2DOptions (padding, stride, dilation; no activation)."""
+
+    def write(b: flatbuffers.Builder) -> int:
+        tflite.Conv2DOptionsStart(b)
+        tflite.Conv2DOptionsAddPadding(b, padding)
+        tflite.Conv2DOptionsAddStrideW(b, stride)
+        tflite.Conv2DOptionsAddStrideH(b, stride)
+        tflite.Conv2DOptionsAddFusedActivationFunction(b, 0)
+        tflite.Conv2DOptionsAddDilationWFactor(b, dilation)
+        tflite.Conv2DOptionsAddDilationHFactor(b, dilation)
+        return int(tflite.Conv2DOptionsEnd(b))
+
+    return tflite.BuiltinOptions.Conv2DOptions, write
+
+
 def padded_conv_model(h: int = 96, w: int = 96, c: int = 3, oc: int = 16, seed: int = 0) -> bytes:
     """int8 [1,h,w,c] -> 3x3 CONV_2D, SAME padding, stride 1 -> int8 [1,h,w,oc]: a typical first layer
     (per-tensor quantization; bias scale = input scale * filter scale, as the converter writes it)."""
@@ -214,7 +227,7 @@ def padded_conv_model(h: int = 96, w: int = 96, c: int = 3, oc: int = 16, seed: 
             T("bias", (oc,), "int32", s_in * s_f, 0, rng.integers(-2000, 2000, (oc,))),
             T("features", (1, h, w, oc), "int8", s_out, 3),
         ],
-        [Op(CONV_2D, [0, 1, 2], [3], conv_options={"padding": tflite.Padding.SAME})],
+        [Op(CONV_2D, [0, 1, 2], [3], options=conv2d_options())],
         inputs=[0],
         outputs=[3],
     )

@@ -259,8 +259,18 @@ def _to_record(m: re.Match[bytes], line_no: int) -> tuple[Record | None, str | N
     return Record(int(m.group(1)), m.group(2).decode("ascii"), fields, line_no), None
 
 
-def _scan(raw: bytes, cap: Capture) -> list[Record]:
-    """Find CRC-checked records; corrupted ones become problems (after the first BEGIN) or warnings."""
+def _scan(raw: bytes, cap: Capture, corrupt: list[tuple[int, str]] | None = None) -> list[Record]:
+    """Find CRC-checked records; corrupted ones go to ``corrupt`` (after the first BEGIN) or warnings.
+
+    Whether a corrupted line after the first BEGIN is a problem depends on the records around it (a
+    later boot after a complete END is ignored), which :func:`parse_capture` decides afterwards;
+    without ``corrupt`` they become problems at once.
+    """
+    if corrupt is None:
+        found: list[tuple[int, str]] = []
+        records = _scan(raw, cap, found)
+        cap.problems.extend(msg for _, msg in found)
+        return records
     lines = _split_lines(raw)
     out: list[Record] = []
     seen_begin = False
@@ -299,13 +309,13 @@ def _scan(raw: bytes, cap: Capture) -> list[Record]:
                 what = "longer than 240 bytes" if len(seg) + 2 > LINE_MAX else "bad format or CRC"
                 msg = f"line {k}: corrupted record ({what}): {seg[:60].decode('ascii', 'replace')!r}"
                 if seen_begin:
-                    cap.problems.append(msg)
+                    corrupt.append((k, msg))
                 else:
                     cap.warnings.append(msg + " (before the first BEGIN: ignored)")
                 continue
             rec, err = _to_record(m, k)
             if rec is None:
-                cap.problems.append(err or f"line {k}: bad record")
+                corrupt.append((k, err or f"line {k}: bad record"))
                 continue
             if rec.type == "BEGIN":
                 seen_begin = True
@@ -338,6 +348,18 @@ def _opt_int(rec: Record, key: str) -> int | None:
     return _int(rec, key) if key in rec.fields else None
 
 
+def _b64(rec: Record) -> bytes:
+    """Strict base64 (RFC 4648 with padding, zero pad bits): the one text a chunk encodes to."""
+    text = _get(rec, "b64")
+    try:
+        chunk = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise _FieldError(f"{rec.type} b64 is not valid base64") from None
+    if base64.b64encode(chunk) != text.encode("ascii"):
+        raise _FieldError(f"{rec.type} b64 {text[:16]!r}... is not canonical base64 (non-zero pad bits)")
+    return chunk
+
+
 class _Builder:
     def __init__(self, cap: Capture) -> None:
         self.cap = cap
@@ -347,6 +369,7 @@ class _Builder:
         self.stale = 0
         self.broken = False
         self.pending_dump: tuple[Record, bytearray, OpDump] | None = None
+        self.ignored_from_line: int | None = None  # a later boot after a complete END starts here
 
     def problem(self, msg: str) -> None:
         self.cap.problems.append(msg)
@@ -362,6 +385,7 @@ class _Builder:
                         cap.warnings.append(
                             f"line {rec.line}: the device booted again after END; later output ignored"
                         )
+                        self.ignored_from_line = rec.line
                     else:
                         self.problem(
                             f"line {rec.line}: second BEGIN before END: the device rebooted mid-run "
@@ -579,10 +603,7 @@ class _Builder:
             self.problem(f"line {rec.line}: OPDATA off={off} does not continue OPDUMP at line {prec.line}")
             self.pending_dump = None
             return
-        try:
-            chunk = base64.b64decode(_get(rec, "b64"), validate=True)
-        except (binascii.Error, ValueError):
-            raise _FieldError("OPDATA b64 is not valid base64") from None
+        chunk = _b64(rec)
         total = int(prec.fields["bytes"])
         if not 0 < len(chunk) <= DATA_CHUNK or len(buf) + len(chunk) > total:
             self.problem(f"line {rec.line}: OPDATA chunk of {len(chunk)} bytes does not fit its OPDUMP")
@@ -673,10 +694,7 @@ class _Builder:
             self.pending = None
             self.broken = True
             return
-        try:
-            chunk = base64.b64decode(_get(rec, "b64"), validate=True)
-        except (binascii.Error, ValueError):
-            raise _FieldError("DATA b64 is not valid base64") from None
+        chunk = _b64(rec)
         total = int(prec.fields["bytes"])
         if not 0 < len(chunk) <= DATA_CHUNK or len(buf) + len(chunk) > total:
             self.problem(f"line {rec.line}: DATA chunk of {len(chunk)} bytes does not fit its TENSOR")
@@ -748,14 +766,38 @@ class _Builder:
             run.outputs.sort(key=lambda t: t.o)
 
 
+_DEVICE_TEXT_RE = re.compile(
+    rb"ESP-ROM:|^ets [A-Z][a-z]{2} |rst:0x[0-9a-f]+ \(|Guru Meditation Error|abort\(\) was called|"
+    rb"^(?:\x1b\[[0-9;]*m)?[EWIDV] \([0-9:.]{1,16}\) [^:\r\n]{1,64}: ",
+    re.MULTILINE,
+)
+
+
+def looks_like_device_output(raw: bytes) -> bool:
+    """Whether text without records is still an ESP32's serial output, or ends in a partial marker.
+
+    ROM banner, ESP-IDF log lines or a panic without any record: a capture cut off before its first
+    result (infrastructure, exit 3), not a file of the wrong kind (usage, exit 2).
+    """
+    tail = raw.rstrip(b"\r\n")[-len(MARKER) :]
+    if any(tail.endswith(MARKER[:k]) for k in range(1, len(MARKER) + 1)):
+        return True
+    return _DEVICE_TEXT_RE.search(raw[: 1 << 20]) is not None
+
+
 def parse_capture(raw: bytes | str) -> Capture:
     """Parse a serial capture; never raises on bad content (problems are recorded instead)."""
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogateescape")
     cap = Capture()
-    records = _scan(bytes(raw), cap)
+    corrupt: list[tuple[int, str]] = []
+    records = _scan(bytes(raw), cap, corrupt)
     builder = _Builder(cap)
     builder.feed(records)
+    cut = builder.ignored_from_line
+    cap.problems[:0] = [msg for line, msg in corrupt if cut is None or line < cut]
+    later = [msg for line, msg in corrupt if cut is not None and line >= cut]
+    cap.warnings.extend(msg + " (in a later boot after END: ignored)" for msg in later)
     builder.finish()
     return cap
 

@@ -487,7 +487,7 @@ class Runner:
 
     def _judge(self, t: Task, a: Attempt, runs: dict[str, Any]) -> None:
         """Compare on the host and set the attempt's exit code, reason and testcases."""
-        from harness.analysis.compare import compare_sources
+        from harness.analysis.compare import compare_variants, output_quant
         from harness.model.loader import load_model
 
         codes, reasons = _variant_problems(a, runs)
@@ -501,28 +501,14 @@ class Runner:
                 ref_problem = f"host reference: {exc.message}"
                 codes.append(exc.exit_code)
                 reasons.append(ref_problem)
-        info = load_model(t.case.model)
-        quant = [(o.scale, o.zero_point, o.dtype) if o.scale else (None, None, o.dtype) for o in info.outputs]
-        src = {v: runs[v].source for v in VARIANTS if v in runs and runs[v].source is not None}
+        quant = output_quant(load_model(t.case.model).outputs)
+        src = {v: runs[v].source for v in VARIANTS if v in runs}
         result = None
         try:
-            if len(src) == 2:
-                result = compare_sources(
-                    src["optimized"],
-                    src["ansi"],
-                    ref,
-                    tolerance_lsb=t.job.tolerance_lsb,
-                    ref_tolerance_lsb=t.job.ref_tolerance_lsb,
-                    output_quant=quant,
-                )
-            elif len(src) == 1 and ref is not None:
-                result = compare_sources(
-                    next(iter(src.values())),
-                    ref,
-                    None,
-                    tolerance_lsb=t.job.ref_tolerance_lsb,
-                    output_quant=quant,
-                )
+            result = compare_variants(
+                src.get("optimized"), src.get("ansi"), ref, tolerance_lsb=t.job.tolerance_lsb,
+                ref_tolerance_lsb=t.job.ref_tolerance_lsb, output_quant=quant,
+            )  # fmt: skip
         except EspCheckError as exc:
             codes.append(exc.exit_code)
             reasons.append(f"compare: {exc.message}")

@@ -18,7 +18,6 @@ NOT_YET = {
     "harness/device/flash.py:flash_artifacts": 183,
     "harness/sim/app.py:_run_app": 149,
     "harness/firmware/build.py:build_project": 117,
-    "harness/protocol/capture.py:_Builder.handle": 111,
 }
 
 

@@ -15,10 +15,6 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 100
 CHECKED = ["harness"]
 NOT_YET = {
-    "harness/device/flash.py:flash_artifacts": 193,
-    "harness/firmware/build.py:build_project": 120,
-    "harness/protocol/capture.py:_Builder.handle": 111,
-    "harness/firmware/boards.py:parse_board": 106,
 }
 
 

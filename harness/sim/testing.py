@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,10 +19,18 @@ from typing import Any
 import numpy as np
 import serial
 
+from harness.resources import boards_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 END_RE = re.compile(rb"@EC1 \d+ END [^\r\n]*\r?\n")
-# The generator's layout for a 4 MB board (harness.firmware.layout): two 1 MB app slots, the model after.
+# The generator's layout for a 4 MB board with the table at 0xC000 (harness.firmware.layout): two 1 MB
+# app slots, the model after.
 PARTITIONS_4MB = """\
-nvs,      data, nvs,    0x009000, 0x007000
+nvs,      data, nvs,    0x00D000, 0x003000
 otadata,  data, ota,    0x010000, 0x002000
 ota_0,    app,  ota_0,  0x020000, 0x100000
 ota_1,    app,  ota_1,  0x120000, 0x100000
@@ -52,10 +61,13 @@ def make_project(
     raws = [x if isinstance(x, bytes) else np.ascontiguousarray(x).tobytes() for x in inputs]
     for k, raw in enumerate(raws):
         (data / f"input_{k}.bin").write_bytes(raw)
+    sim_board = tomllib.loads((boards_dir() / "sim.toml").read_text(encoding="utf-8"))
     doc: dict[str, Any] = {
         "variant": variant,
         "chip": chip,
         "board": f"sim-{chip}",
+        # where the partition table goes: the simulated board's own (boards/sim.toml)
+        "board_def": {"partition_table_offset": sim_board["partition_table_offset"]},
         "template_version": "0.1.0",
         "model_sha256": hashlib.sha256(model_bytes).hexdigest(),
         "inputs": [

@@ -131,6 +131,11 @@ KIND_TABLE: tuple[KindInfo, ...] = (
         "version Y`; protocol `ERROR stage=schema`",
     ),
     KindInfo("firmware_error", _FW, "protocol `ERROR` with stage resolver/invoke/output/internal"),
+    KindInfo(
+        "model_partition",
+        _INFRA,
+        "protocol `ERROR stage=model`: the model partition is missing, empty or damaged (not flashed)",
+    ),
     KindInfo("input_error", Severity.USAGE, "protocol `ERROR stage=input`"),
     KindInfo("hang", _FW, "no END, capture ended by silence/timeout, the task watchdog fired"),
     KindInfo(
@@ -161,6 +166,12 @@ KIND_TABLE: tuple[KindInfo, ...] = (
     KindInfo("silence", _INFRA, "capture ended and nothing (or only NULs) was printed"),
     KindInfo("no_end", _INFRA, "output but no END record and no other evidence (silence/timeout)"),
     KindInfo("disconnect", _INFRA, "link closed before END"),
+    KindInfo(
+        "link_repair",
+        _INFRA,
+        "the resident loop's link needed repairs (damaged or lost frames, retransmissions): the results "
+        "are kept as evidence, never a clean match",
+    ),
     KindInfo(
         "corrupted", _INFRA, "the parsed capture's validation problems (CRC, seq gap, truncated tensor)"
     ),
@@ -884,9 +895,12 @@ def _detect_protocol_errors(ctx: _Ctx) -> Found:
             continue
         stage = rec.fields.get("stage", "internal")
         msg = rec.fields.get("msg")
-        kind = {"alloc": "alloc_failure", "schema": "schema_mismatch", "input": "input_error"}.get(
-            stage, "firmware_error"
-        )
+        kind = {
+            "alloc": "alloc_failure",
+            "schema": "schema_mismatch",
+            "input": "input_error",
+            "model": "model_partition",
+        }.get(stage, "firmware_error")
         i = max(0, min(len(ctx.lines) - 1, rec.line - 1))
         ctx.explained.add(i)
         text = f"the firmware reported an error at stage {stage!r}{' (' + msg + ')' if msg else ''}"

@@ -149,7 +149,25 @@ def _run_one(rb: ResidentBoard, run: VariantRun, inputs: Sequence[bytes]) -> Exi
     whole = dataclasses.replace(
         raw, data=boot.raw.data + raw.data, boots=boot.raw.boots, resets=boot.raw.resets
     )
-    return verify_capture(rb.rec, run, whole, log)
+    code = verify_capture(rb.rec, run, whole, log)
+    return link_verdict(run, rb.last_link, code)
+
+
+def link_verdict(run: VariantRun, stats: LinkStats, code: ExitCode | None) -> ExitCode | None:
+    """A session whose link needed repairs is kept as evidence but is never a clean match (exit 3)."""
+    if stats.clean:
+        return code
+    what = (
+        f"{stats.damaged_frames} damaged and {stats.rx_gaps} lost frame(s) from the device, "
+        f"{stats.naks} NAK(s), {stats.retransmitted_frames} frame(s) sent again"
+    )
+    finding = Finding(
+        "link_repair", Severity.INFRASTRUCTURE, f"the serial link needed repairs: {what}", None, (),
+        stats.to_dict(), "check the cable, the hub and the baud rate; the results were checked, but a run "
+        "over a lossy link is never reported as a clean match",
+    )  # fmt: skip
+    run.findings.append(finding.to_dict())
+    return code if code is not None else ExitCode.INFRASTRUCTURE
 
 
 def verify_capture(rec: Recorder, run: VariantRun, raw: RawCapture, log_path: Path) -> ExitCode | None:
@@ -178,6 +196,9 @@ def verdict_evidence(
     match; a firmware that does not report the ESP-NN mode it was built for proves nothing.
     """
     faults = [f for f in findings if f.severity == Severity.FIRMWARE_FAULT]
+    if cap.errors and not faults and all(e.stage == "model" for e in cap.errors):
+        msg = "; ".join(f.message for f in findings if f.kind == "model_partition")
+        return ExitCode.INFRASTRUCTURE, msg or "the model partition holds no valid model image", False
     if faults or cap.errors:
         msg = "; ".join(f.message for f in faults) or "; ".join(f"{e.stage}: {e.msg}" for e in cap.errors)
         # a clean ERROR record keeps the source so the fault is reported with it

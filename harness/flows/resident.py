@@ -88,6 +88,7 @@ class ResidentBoard:
         self.current: Boot | None = None  # the app now running (None: not booted since we came)
         self.link = LinkStats()
         self.lost = False  # the link dropped: reopen the port before the next boot
+        self.last_link = LinkStats()  # the last session's
 
     def _timeouts(self) -> dict[str, float]:
         return {"total_timeout": self.limits.capture_total, "silence_timeout": self.limits.capture_silence}
@@ -191,6 +192,7 @@ class ResidentBoard:
                 notes.append(str(exc))
         self.lost = ended_by == "disconnect"
         boot.next_seq = client.seq
+        self.last_link = client.stats
         self.link.add(client.stats)
         if not client.stats.clean:
             notes.append(f"link repairs: {client.stats.to_dict()}")

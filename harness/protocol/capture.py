@@ -45,7 +45,7 @@ REQUIRED_INFO = (
     "inputs",
     "outputs",
 )
-ERROR_STAGES = ("schema", "resolver", "alloc", "input", "invoke", "output", "internal")
+ERROR_STAGES = ("schema", "resolver", "alloc", "input", "invoke", "output", "internal", "model")
 
 _RECORD_RE = re.compile(
     rb"@EC1 (0|[1-9][0-9]{0,9}) ([A-Z][A-Z0-9_]{0,15})"
@@ -745,7 +745,9 @@ class _Builder:
         for key in ("cores", "cpu_mhz", "model_bytes", "inputs", "outputs"):
             if key in cap.info and not _UINT_RE.fullmatch(cap.info[key]):
                 self.problem(f"INFO {key}={cap.info[key][:40]!r} is not an unsigned integer")
-        if "model_sha256" in cap.info and not _SHA256_RE.fullmatch(cap.info["model_sha256"]):
+        sha = cap.info.get("model_sha256")
+        no_model = sha == "-" and any(e.stage == "model" for e in cap.errors)  # nothing was mapped
+        if sha is not None and not no_model and not _SHA256_RE.fullmatch(sha):
             self.problem("INFO model_sha256 is not 64 lower-case hex digits")
         if cap.end_status == "error" and not cap.errors:
             self.problem("END status=error without any ERROR record")

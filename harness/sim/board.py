@@ -501,7 +501,7 @@ class SimBoard:
         if app is None:
             return
         pieces, reboot = call()
-        busy = max((p.after for p in pieces), default=0.0)
+        busy = max([app.last_busy, *(p.after for p in pieces)])
         self._dirty = True  # the app may have written otadata
         for p in pieces:
             t = start + p.after

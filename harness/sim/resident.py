@@ -134,6 +134,7 @@ class SimApp:
         self._segments: list[tuple[float, bytearray]] = []
         self._busy = 0.0
         self.crash: str | None = None  # panic, abort, brownout: crash text and a reboot follow
+        self.last_busy = 0.0
         self.halted = False
         self.reboot: str | None = None
         self.runs = 0
@@ -431,6 +432,7 @@ class SimApp:
 
     def _collect(self) -> tuple[list[Piece], str | None]:
         segs, self._segments, busy, self._busy = self._segments, [], self._busy, 0.0
+        self.last_busy = busy  # device time the call took, output or not
         pieces = [Piece("console", bytes(d), after) for after, d in segs if d]
         pieces = self._line_faults(pieces)
         reboot = self.reboot

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from harness.analysis.classify import Finding, Severity, classify
@@ -31,7 +31,7 @@ from harness.flows.records import (
     StageTimeouts,
     VariantRun,
 )
-from harness.flows.resident import ResidentBoard, flash_facts
+from harness.flows.resident import Boot, ResidentBoard, flash_facts
 from harness.protocol.capture import Capture, parse_capture
 
 
@@ -74,8 +74,28 @@ def run_variants(
     flash_baud: int | None = None,
     inputs: Sequence[bytes] = (),
 ) -> LinkStats | None:
-    """Flash the variants once (one esptool session), then boot each and stream ``inputs`` to it; each
-    run's ``exit_code`` says what its capture is worth. Returns what crossed the link."""
+    """Flash the variants once (one esptool session), then boot each and stream ``inputs`` to it in a
+    text session; each run's ``exit_code`` says what its capture is worth. Returns what crossed the link."""
+
+    def body(rb: ResidentBoard, order: list[str]) -> None:
+        for v in order:
+            runs[v].exit_code = _run_one(rb, runs[v], inputs)
+
+    return with_board(rec, runs, builds, board, port_url, out, limits, flash_baud, body)
+
+
+def with_board(
+    rec: Recorder,
+    runs: Mapping[str, VariantRun],
+    builds: Mapping[str, BuildResult],
+    board: Board,
+    port_url: str,
+    out: Path,
+    limits: StageTimeouts | None,
+    flash_baud: int | None,
+    body: Callable[[ResidentBoard, list[str]], None],
+) -> LinkStats | None:
+    """Open the board, flash what differs, boot once, then ``body(board, variants in run order)``."""
     limits = limits or StageTimeouts()
     if port_url.startswith("sim://"):
         from harness.sim import register  # the pyserial URL handler for the simulated board
@@ -90,23 +110,25 @@ def run_variants(
         return None
     rb = ResidentBoard(rec, dev, builds, limits)
     try:
-        _flash_then_run(rb, runs, out, inputs)
+        order = _prepare_board(rb, runs, out)
+        if order is not None:
+            body(rb, order)
     finally:
         with contextlib.suppress(Exception):  # closing a dead port must not hide the real outcome
             dev.close()
     return rb.link
 
 
-def _flash_then_run(
-    rb: ResidentBoard, runs: Mapping[str, VariantRun], out: Path, inputs: Sequence[bytes]
-) -> None:
+def _prepare_board(rb: ResidentBoard, runs: Mapping[str, VariantRun], out: Path) -> list[str] | None:
+    """Flash, boot once, and return the variants in run order (the one that booted first: one slot
+    switch less); None when the flash or the first boot failed (each run's exit code says why)."""
     logs = out / "logs"
     try:
         result = rb.flash(logs / "flash.log")
     except EspCheckError as exc:
         for r in runs.values():
             r.exit_code = exc.exit_code
-        return
+        return None
     facts = flash_facts(result, rb.builds)
     for r in runs.values():
         r.flash = facts
@@ -119,20 +141,17 @@ def _flash_then_run(
     except EspCheckError as exc:
         for r in runs.values():
             r.exit_code = exc.exit_code
-        return
+        return None
     booted = first.variant
-    if (
-        booted is not None and booted in runs and booted != order[0]
-    ):  # the booted variant first: one switch less
+    if booted is not None and booted in runs and booted != order[0]:
         order.remove(booted)
         order.insert(0, booted)
         Path(runs[order[1]].serial_log or "").replace(runs[booted].serial_log or "")
-    for v in order:
-        runs[v].exit_code = _run_one(rb, runs[v], inputs)
+    return order
 
 
-def _run_one(rb: ResidentBoard, run: VariantRun, inputs: Sequence[bytes]) -> ExitCode | None:
-    """Boot ``run.variant`` and stream the inputs in a text session; verify what it printed."""
+def boot_variant(rb: ResidentBoard, run: VariantRun) -> Boot | ExitCode | None:
+    """``run.variant``'s app, ready for commands; else what its start-up evidence is worth (exit code)."""
     v = run.variant
     log = run.serial_log
     assert log is not None
@@ -145,6 +164,18 @@ def _run_one(rb: ResidentBoard, run: VariantRun, inputs: Sequence[bytes]) -> Exi
         return exc.exit_code
     if boot.hello is None or boot.hello.init_status != 0 or boot.variant != v:
         return verify_capture(rb.rec, run, boot.raw, log)  # start-up evidence: a fault, a loop, silence
+    run.nn_mode = boot.hello.nn  # compiled in (sdkconfig.h), as INFO nn in a text capture
+    return boot
+
+
+def _run_one(rb: ResidentBoard, run: VariantRun, inputs: Sequence[bytes]) -> ExitCode | None:
+    """Boot ``run.variant`` and stream the inputs in a text session; verify what it printed."""
+    v = run.variant
+    log = run.serial_log
+    assert log is not None
+    boot = boot_variant(rb, run)
+    if not isinstance(boot, Boot):
+        return boot
     raw = rb.rec.run("capture", v, lambda: rb.text_session(boot, inputs, log))
     whole = dataclasses.replace(
         raw, data=boot.raw.data + raw.data, boots=boot.raw.boots, resets=boot.raw.resets

@@ -31,7 +31,16 @@ from harness.device.ports import check_present, resolve_port
 from harness.errors import EspCheckError, ExitCode, UsageError, combine_exit_codes
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
-from harness.flows.capture import flash_and_capture, run_variants
+from harness.flows.capture import flash_and_capture, run_variants, with_board
+from harness.flows.dataset import (
+    DatasetOptions,
+    DatasetOutcome,
+    host_legs,
+    load_inputs,
+    output_specs,
+    run_dataset,
+    verdicts,
+)
 from harness.flows.firmware import Firmware, build_firmware, generate_firmware
 from harness.flows.records import (
     VARIANT_ORDER,
@@ -43,6 +52,7 @@ from harness.flows.records import (
     VariantRun,
 )
 from harness.flows.report import write_junit, write_report
+from harness.flows.resident import ResidentBoard
 from harness.flows.tap_run import TapRunRequest, run_tap_flow
 from harness.model.inputs import InputOptions, input_tensor_bytes
 from harness.model.loader import ModelInfo, load_model
@@ -85,6 +95,7 @@ class _Run:
     warnings: list[str] = field(default_factory=list)
     codes: list[ExitCode] = field(default_factory=list)
     comparison: CompareResult | None = None
+    dataset: DatasetOutcome | None = None
     streamed: list[bytes] = field(default_factory=list)  # the inputs as the device's input tensor takes them
     link: LinkStats | None = None
     tap: TapResult | None = None
@@ -136,6 +147,7 @@ def flash_and_compare(
     dump_ops: Sequence[int] = (),
     html: str | Path | None = None,
     bundle: str | Path | None = None,
+    dataset: DatasetOptions | None = None,
 ) -> FlashAndCompareResult:
     """Run the whole job and return its result; the report is always written to ``out_dir``.
 
@@ -146,6 +158,9 @@ def flash_and_compare(
     serial number / server host:port / sim name, in ``lock_dir`` or the default lock directory) is
     held while flashing and capturing, so a CI runner and this call never share a board; a board
     still busy after ``lock_timeout`` seconds is an infrastructure error (exit 3).
+
+    ``dataset`` runs a whole dataset (``--dataset`` / ``--random-inputs``) instead of ``inputs``
+    (harness.flows.dataset): report.json then has a ``dataset`` section with a verdict per input.
     """
     t_all = time.monotonic()
     limits = timeouts or StageTimeouts()
@@ -164,6 +179,10 @@ def flash_and_compare(
 
     try:
         _start(run, board, port)
+        if dataset is not None:
+            job = _DatasetJob(input_options, reference, builder, cache_dir, arena_kb, limits, flash_baud)
+            _dataset_job(run, dataset, job, lock_cm, tolerance_lsb, ref_tolerance_lsb)
+            return finish()
         if reference:  # ONE host child runs the reference on the inputs and measures the arena;
             # generate, the reference leg and the simulated board read its cached results
             prepare_host_results(run.model, run.inputs, input_options=input_options, per_layer=tap)
@@ -322,6 +341,80 @@ def _flash_and_capture_both(
     return True
 
 
+@dataclass(frozen=True)
+class _DatasetJob:
+    input_options: InputOptions | None
+    reference: bool
+    builder: str | None
+    cache_dir: str | Path | None
+    arena_kb: int | None
+    limits: StageTimeouts
+    flash_baud: int | None
+
+
+def _dataset_job(
+    run: _Run,
+    opts: DatasetOptions,
+    job: _DatasetJob,
+    lock_cm: Callable[[], contextlib.AbstractContextManager[Any] | None],
+    tolerance_lsb: float,
+    ref_tolerance_lsb: float,
+) -> None:
+    """Dataset mode: the inputs are loaded (usage errors before anything is built), the host reference
+    runs on all of them, both variants are built with nothing compiled in, flashed once, and the dataset
+    streams through each; every input gets its verdict."""
+    ds = load_inputs(opts, run.info.inputs[0], job.input_options)
+    outcome = run.dataset = DatasetOutcome(ds)
+    projects = generate_firmware(
+        run.model, [], run.board, run.out / "projects", rec=run.rec, input_options=job.input_options,
+        arena_kb=job.arena_kb, features=FirmwareFeatures(embed_inputs=False),
+    )  # fmt: skip
+    if job.reference:
+        try:
+            outcome.host = host_legs(run.model, run.info, ds, run.rec)
+        except EspCheckError as exc:
+            if exc.exit_code == ExitCode.USAGE:
+                raise
+            run.warnings.append(f"host reference unavailable, comparing optimized vs ANSI C only: {exc}")
+    fw = build_firmware(
+        projects, rec=run.rec, logs_dir=run.out / "logs", builder=job.builder, cache_dir=job.cache_dir,
+        timeout=job.limits.build,
+    )  # fmt: skip
+    if not _record_builds(run, fw):
+        return
+    outputs = output_specs(run.info)
+
+    def body(rb: ResidentBoard, order: list[str]) -> None:
+        outcome.run = run_dataset(
+            rb, run.variants, order, ds, outputs, results=opts.results, repeat=opts.repeat, host=outcome.host
+        )
+
+    with contextlib.ExitStack() as held:
+        try:
+            cm = lock_cm()
+            if cm is not None:
+                run.rec.run("lock", None, lambda: held.enter_context(cm))
+        except EspCheckError as exc:
+            run.failed("board lock", exc)
+            return
+        run.link = with_board(
+            run.rec,
+            run.variants,
+            fw.builds,
+            run.board,
+            run.port_url,
+            run.out,
+            job.limits,
+            job.flash_baud,
+            body,
+        )
+    run.codes += [r.exit_code for r in run.variants.values() if r.exit_code is not None]
+    if outcome.run is not None:
+        verdicts(outcome, run.variants, outputs, tolerance_lsb, ref_tolerance_lsb)
+    run.codes += outcome.codes
+    run.errors += outcome.errors
+
+
 def _board_lock(
     run: _Run, lock_dir: str | Path | None, timeout: float
 ) -> contextlib.AbstractContextManager[Any]:
@@ -386,6 +479,8 @@ def _finish(
         warnings=run.warnings,
         tap=run.tap,
         espnn=run.espnn,
+        dataset=run.dataset.to_dict() if run.dataset is not None else None,
+        link=run.link.to_dict() if run.link is not None else None,
     )
     write_report(result, model=run.model, inputs=run.inputs, seconds=seconds)
     if html is not None or bundle is not None:

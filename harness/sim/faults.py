@@ -34,6 +34,7 @@ FAULTS: dict[str, str] = {
     "frame_rx": "every `frame_every`-th command frame the device receives has a damaged byte",
     "frame_tx": "every `frame_every`-th frame the device sends has a damaged byte",
     "stall": "the device stops answering after `fault_count` RUN commands (a stalled device)",
+    "flaky": "every second invoke changes one output element by 1 LSB (a non-deterministic kernel)",
 }
 
 OP_REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")

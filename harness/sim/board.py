@@ -53,6 +53,7 @@ class BoardConfig:
     throttle: int | None = None  # line rate in baud for board output (None: as fast as the host reads)
     emitter: str = "auto"
     strap_window: float = 0.02
+    boot: str = "auto"  # "auto": IO0 follows the reset circuit; "download": IO0 strapped low (BOOT held)
     explicit: frozenset[str] = frozenset()  # keys the URL / table named (the rest are defaults)
 
 
@@ -92,6 +93,7 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         "strap_window",
         "fault_op",
         "fault_region",
+        "boot",
     }
     unknown = sorted(set(params) - known)
     if unknown:
@@ -115,6 +117,9 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
     if emitter not in ("auto", "c", "python"):
         raise UsageError(f"emitter={emitter!r}", hint="use auto, c or python")
     flash = params.get("flash")
+    boot = str(params.get("boot", "auto")).lower()
+    if boot not in ("auto", "download"):
+        raise UsageError(f"boot={boot!r}", hint="use auto (IO0 from the reset circuit) or download (strapped low)")
     return BoardConfig(
         chip=chip,
         reset=reset,
@@ -124,6 +129,7 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         throttle=throttle,
         emitter=emitter,
         strap_window=float(params.get("strap_window", 0.02)),
+        boot=boot,
         explicit=frozenset(params),
     )
 
@@ -438,7 +444,8 @@ class SimBoard:
             for t, low in history:
                 if t <= sample:
                     io0_low = low
-            self._boot(download=io0_low, reason="poweron", now=now)
+            strapped = self.config.boot == "download"  # IO0 held low (BOOT button, strap): wins
+            self._boot(download=io0_low or strapped, reason="poweron", now=now)
 
     def _set_lines(self, dtr: bool, rts: bool, now: float) -> None:
         self._settle(now)
@@ -467,7 +474,7 @@ class SimBoard:
         in_reset = rts and not dtr
         if in_reset and not self._usb_in_reset:
             self._usb_in_reset = True
-            self._usb_download = self._usb_armed
+            self._usb_download = self._usb_armed or self.config.boot == "download"
             self._hold_reset(now)
         elif not in_reset and self._usb_in_reset:
             self._usb_in_reset = False

@@ -4,6 +4,9 @@ Two flavours, one client at a time (like ``esp_rfc2217_server``):
 
 - raw TCP (``socket://host:port`` clients): bytes only. DTR/RTS cannot travel over a raw socket, so
   nobody can reset the board through it; esptool itself switches to ``no-reset`` on ``socket://``.
+  What a real bench offers instead is a board strapped into download mode (BOOT held, ``boot=download``
+  in the URL, ``sim serve --boot download``): the server powers it on at start and the ROM waits for
+  esptool.
 - RFC 2217 (``rfc2217://host:port?ign_set_control``): esptool's own ``EspPortManager`` (the
   protocol engine of ``esp_rfc2217_server``, built on pyserial's ``PortManager``) handles the link:
   baud rate travels; DTR/RTS changes are *not* forwarded one by one, the server runs esptool's
@@ -65,6 +68,10 @@ class SimServer:
         except serial.SerialException as exc:
             raise PortError(f"cannot open {self.url}: {exc}", hint="check the sim:// URL") from exc
         self._ser = ser
+        if _strapped_for_download(self.url):
+            # a board strapped into download mode (BOOT held) is powered on: EN pulse, the ROM waits
+            ser.rts = True
+            ser.rts = False
         srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -192,6 +199,12 @@ class SimServer:
             with contextlib.suppress(serial.SerialException, OSError):
                 ser.rts = False  # RTS first: (1,1) -> (1,0) -> (0,0) never pulls EN low
                 ser.dtr = False
+
+
+def _strapped_for_download(url: str) -> bool:
+    from harness.sim.board import parse_url
+
+    return parse_url(url)[1].boot == "download"
 
 
 def _port_manager(ser: serial.SerialBase, conn: object) -> serial.rfc2217.PortManager:

@@ -161,3 +161,29 @@ def test_board_files_and_url_for() -> None:
     assert (config.faults.variant, config.faults.seed) == ("optimized", 4)
     with pytest.raises(UsageError, match="unknown simulator parameter"):
         sim.url_for("x1", {"colour": "red"})
+
+
+@pytest.mark.parametrize(("board_mb", "outcome"), [(4, "probe_failed"), (8, "runs"), (16, "larger_warning")])
+def test_flash_size_in_the_image_header_is_checked_at_start_up(
+    tmp_path: Path, models_dir: Path, board_port, board_mb: int, outcome: str
+) -> None:
+    """An image built for 8 MB on a chip with less flash: ESP-IDF's start-up refuses it and the board
+    boot-loops, as on hardware ("Detected size(4096k) smaller than the size in the binary image header")."""
+    from harness.analysis.classify import classify
+
+    files = _files(tmp_path, models_dir, "optimized", board_def={"flash_size": "8MB"})
+    port = board_port("esp32s3", extra=f"&flash_size={board_mb}MB")
+    port.board.program(files)
+    raw = boot(port, timeout=5)
+    assert b"SPI Flash Size : 8MB" in raw  # the 2nd-stage bootloader reads its own header
+    if outcome == "probe_failed":
+        assert raw.count(b"E (") >= 3 and b"@EC1" not in raw
+        assert raw.count(b"spi_flash: Detected size(4096k) smaller than the size in the binary image "
+                         b"header(8192k). Probe failed.") == 3
+        assert raw.count(b"assert failed: do_core_init startup.c:328 (flash_ret == ESP_OK)") == 3
+        kinds = {f.kind for f in classify(raw, ended_by="silence")}
+        assert "boot_failure" in kinds and "boot_loop" in kinds, kinds
+    else:
+        assert parse_capture(raw).valid
+        warned = b"Detected size(16384k) larger than the size in the binary image header(8192k)" in raw
+        assert warned == (outcome == "larger_warning")

@@ -47,8 +47,12 @@ from harness.model.loader import ModelInfo, load_model
 from harness.model.opdata import espnn_model_acceleration
 
 
-def sim_port_for(board_chip: str, reset: str, port: str | None) -> str:
-    """A ``sim://`` URL with a fresh board name unless the user named one (one run, one board)."""
+def sim_port_for(board_chip: str, reset: str, port: str | None, flash_size: str | None = None) -> str:
+    """A ``sim://`` URL with a fresh board name unless the user named one (one run, one board).
+
+    Chip, reset circuit and flash size default to the board definition's, so the simulated chip is the
+    one the firmware was built for (an image built for 8 MB refuses to start on 4 MB, as on hardware).
+    """
     url = port or "sim://"
     parts = urlsplit(url)
     name = parts.netloc or parts.path.lstrip("/")
@@ -61,6 +65,8 @@ def sim_port_for(board_chip: str, reset: str, port: str | None) -> str:
         extra.append(f"chip={board_chip}")
     if "reset" not in keys:
         extra.append(f"reset={'usb_jtag' if reset == 'usb_serial_jtag' else 'classic'}")
+    if "flash_size" not in keys and flash_size:
+        extra.append(f"flash_size={flash_size}")
     query = "&".join([q for q in [query, *extra] if q])
     return urlunsplit(("sim", name, "", query, ""))
 
@@ -240,7 +246,7 @@ def _start(run: _Run, board: str | Path, port: str | None) -> None:
         template = port
         if template is None and board_def.default_port and board_def.default_port.startswith("sim://"):
             template = "sim://?" + board_def.default_port.partition("?")[2]
-        run.port_url = sim_port_for(board_def.chip, board_def.reset, template)
+        run.port_url = sim_port_for(board_def.chip, board_def.reset, template, board_def.flash_size)
         run.fresh_sim = port is None
     else:
         run.port_url = port or "auto"

@@ -26,6 +26,7 @@ from harness.sim.image import (
     LoadedImage,
     PartitionTableError,
     find_payload,
+    header_flash_bytes,
     load_image,
     parse_partition_table,
     type_names,
@@ -192,6 +193,8 @@ _HEADLINES = {
     "panic": "Guru Meditation Error: Core  0 panic'ed ({cause}). Exception was unhandled.",
     "abort": "abort() was called at PC 0x{pc:08x} on core 0",
     "startup": "assert failed: esp_startup_start_app app_startup.c:83 (res == pdTRUE)",
+    # esp_flash_init_default_chip() failed in the start-up's core init (ESP-IDF 5.x)
+    "flash_size": "assert failed: do_core_init startup.c:328 (flash_ret == ESP_OK)",
 }
 
 
@@ -334,6 +337,7 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
         text = b"".join(rom_header(chip, "rtcwdt", False) + f"{exc}\r\n".encode() for _ in range(2))
         return _Once([Piece("rom", pieces[0].data + f"{exc}\r\n".encode() + text)])
     pieces.append(Piece("rom", _rom_load_lines(chip, boot)))
+    header_flash = header_flash_bytes(boot.image)  # the bootloader sets the flash size from its header
 
     # second-stage bootloader (console baud is only known from the app image; it logs at 115200 here)
     clock = _Clock()
@@ -344,7 +348,7 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
         clock.line("I", "boot", f"chip revision: v{chip.rev}"),
         clock.line("I", f"boot.{chip.name}", "SPI Speed      : 80MHz"),
         clock.line("I", f"boot.{chip.name}", "SPI Mode       : DIO"),
-        clock.line("I", f"boot.{chip.name}", "SPI Flash Size : 4MB"),
+        clock.line("I", f"boot.{chip.name}", f"SPI Flash Size : {header_flash >> 20}MB"),
         clock.line("W", "boot", f"{SIM_BANNER}: this is harness.sim, not real hardware"),
     ]
     try:
@@ -403,13 +407,22 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
     console_baud = int(payload.header.get("console_baud", ROM_BAUD))
     # the 2nd-stage bootloader and the app both log at the console baud
     pieces.append(Piece("console", b"".join(bl)))
-    app_out, reboot = _run_app(ctx, payload, clock, n, elf_sha256(chip, app))
+    app_out, reboot = _run_app(ctx, payload, clock, n, elf_sha256(chip, app), header_flash)
     once = _Once(pieces + app_out.pieces, console_baud, payload.variant, app_out.faults_applied, reboot)
     return once
 
 
+def _flash_size_text(detected: int, header: int, relation: str) -> str:
+    """ESP-IDF's spi_flash start-up message when the chip and the image header disagree on the size."""
+    tail = "Probe failed." if relation == "smaller" else "Using the size in the binary image header."
+    return (
+        f"Detected size({detected // 1024}k) {relation} than the size in the binary image header"
+        f"({header // 1024}k). {tail}"
+    )
+
+
 def _run_app(
-    ctx: BootContext, payload: AppPayload, clock: _Clock, n: int, elf_sha: str
+    ctx: BootContext, payload: AppPayload, clock: _Clock, n: int, elf_sha: str, header_flash: int
 ) -> tuple[BootResult, str | None]:
     from harness.model.loader import parse_model_bytes
     from harness.protocol.emitter import make_emitter
@@ -429,8 +442,15 @@ def _run_app(
         clock.line("I", "app_init", f"ESP-IDF:          {payload.header.get('idf', 'sim')}", 1),
         clock.line("I", "efuse_init", f"Chip rev:         v{chip.rev}", 1),
         clock.line("I", "heap_init", "Initializing. RAM available for dynamic allocation:", 2),
-        clock.line("I", "spi_flash", "detected chip: generic", 10),
     ]
+    detected = len(ctx.flash)  # the flash chip's real size (its RDID answer)
+    if detected < header_flash:  # esp_flash_init_default_chip refuses: the start-up asserts, every boot
+        head.append(clock.line("E", "spi_flash", _flash_size_text(detected, header_flash, "smaller"), 10))
+        crash = panic_text(chip, "flash_size", faults.rng("flash_size", ctx.boot_index), elf_sha)
+        return BootResult([Piece("console", b"".join(head) + b"\r\n" + crash)], variant=variant), "sw"
+    if detected > header_flash:
+        head.append(clock.line("W", "spi_flash", _flash_size_text(detected, header_flash, "larger"), 10))
+    head.append(clock.line("I", "spi_flash", "detected chip: generic", 10))
     if "bootloop" in active:  # no RAM left for the main task's stack: an assert before app_main, every boot
         startup = panic_text(chip, "startup", faults.rng("bootloop", ctx.boot_index), elf_sha)
         return BootResult(

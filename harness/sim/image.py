@@ -28,6 +28,11 @@ PAYLOAD_MAGIC = b"ESPCHKSIM1\0\0"
 APP_DESC_MAGIC = 0xABCD5432
 PAYLOAD_FORMAT = 1
 
+# image header byte 3, high nibble: the flash size (esptool's FLASH_SIZES for the ESP32 family); low
+# nibble 0x0 = 40 MHz flash clock
+FLASH_SIZE_CODES = {"1MB": 0x0, "2MB": 0x1, "4MB": 0x2, "8MB": 0x3, "16MB": 0x4, "32MB": 0x5}
+DEFAULT_FLASH_SIZE = "4MB"
+
 _PT_MAGIC = b"\xaa\x50"  # as gen_esp32part.py writes it (bytes AA 50)
 _PT_MD5_MAGIC = b"\xeb\xeb" + b"\xff" * 14
 
@@ -187,11 +192,34 @@ def _image_class(chip: ChipSpec) -> type[ESP32FirmwareImage]:
     ]
 
 
-def pack_app_image(chip: ChipSpec, payload: bytes, *, version: str = "0.1.0", idf: str = "sim") -> bytes:
+def flash_size_freq(flash_size: str) -> int:
+    """Image header byte 3 for ``flash_size`` ("4MB") at 40 MHz, as ESP-IDF's build writes it."""
+    try:
+        return FLASH_SIZE_CODES[flash_size.upper()] << 4
+    except KeyError:
+        raise BuildError(
+            f"flash size {flash_size!r} is not one the simulated board models",
+            hint=f"use one of {', '.join(FLASH_SIZE_CODES)}",
+        ) from None
+
+
+def header_flash_bytes(image: Any) -> int:
+    """The flash size an image header states (byte 3, high nibble), in bytes."""
+    return (1 << 20) << ((int(image.flash_size_freq) >> 4) & 0x7)
+
+
+def pack_app_image(
+    chip: ChipSpec,
+    payload: bytes,
+    *,
+    version: str = "0.1.0",
+    idf: str = "sim",
+    flash_size: str = DEFAULT_FLASH_SIZE,
+) -> bytes:
     """An ESP app image: a DROM (flash-mapped) segment = app descriptor + payload, one IRAM segment."""
     img = _image_class(chip)()
     img.flash_mode = 2  # dio
-    img.flash_size_freq = 0x20  # 4MB, 40m
+    img.flash_size_freq = flash_size_freq(flash_size)
     code = b"\x00" * 16  # the simulated CPU never executes it; the image format wants an entry segment
     img.segments = [
         ELFSection(
@@ -205,11 +233,15 @@ def pack_app_image(chip: ChipSpec, payload: bytes, *, version: str = "0.1.0", id
     return bytes(out)
 
 
-def pack_bootloader_image(chip: ChipSpec) -> bytes:
-    """A second-stage bootloader image (RAM segments only) with the chip id and SHA-256 appended."""
+def pack_bootloader_image(chip: ChipSpec, flash_size: str = DEFAULT_FLASH_SIZE) -> bytes:
+    """A second-stage bootloader image (RAM segments only) with the chip id and SHA-256 appended.
+
+    Its header's flash size is what the app's start-up checks the detected flash against (esptool's
+    ``write-flash --flash-size`` rewrites it there).
+    """
     img = _image_class(chip)()
     img.flash_mode = 2
-    img.flash_size_freq = 0x20
+    img.flash_size_freq = flash_size_freq(flash_size)
     banner = b"esp-check simulated 2nd stage bootloader\0"
     img.segments = [
         ELFSection(b".dram0.data", chip.dram_start + 0x10000, banner.ljust(64, b"\0"), 0),
@@ -335,12 +367,16 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
         "tap": bool((manifest.get("tap") or {}).get("enabled", False)),
         "dump_ops": [int(k) for k in (manifest.get("tap") or {}).get("dump_ops", [])],
     }
-    app = pack_app_image(chip, pack_payload(header, model, inputs), version=str(header["fwver"]))
+    board_def = manifest.get("board_def") if isinstance(manifest.get("board_def"), dict) else {}
+    flash_size = str(board_def.get("flash_size") or manifest.get("flash_size") or DEFAULT_FLASH_SIZE)
+    app = pack_app_image(
+        chip, pack_payload(header, model, inputs), version=str(header["fwver"]), flash_size=flash_size
+    )
     build_dir.mkdir(parents=True, exist_ok=True)
     boot_path = build_dir / "bootloader.bin"
     pt_path = build_dir / "partition-table.bin"
     app_path = build_dir / "esp-check-sim.bin"
-    boot_path.write_bytes(pack_bootloader_image(chip))
+    boot_path.write_bytes(pack_bootloader_image(chip, flash_size=flash_size))
     pt_path.write_bytes(pack_partition_table(default_partitions(len(app))))
     app_path.write_bytes(app)
     return [(chip.bootloader_offset, boot_path), (PARTITION_TABLE_OFFSET, pt_path), (APP_OFFSET, app_path)]

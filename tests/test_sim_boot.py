@@ -6,6 +6,7 @@ Faked: the board (harness.sim). The protocol bytes come from the firmware's C em
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,3 +188,33 @@ def test_flash_size_in_the_image_header_is_checked_at_start_up(
         assert parse_capture(raw).valid
         warned = b"Detected size(16384k) larger than the size in the binary image header(8192k)" in raw
         assert warned == (outcome == "larger_warning")
+
+
+def test_boot_output_takes_time_and_is_received_at_the_hosts_baud_of_that_moment(
+    tmp_path: Path, models_dir: Path, board_port
+) -> None:
+    """esptool hard-resets with the port still at 921600 and a client (pytest-embedded) switches to the
+    console's 115200 only afterwards. On hardware the ROM banner, sent at once, is received as garbage;
+    the app, which starts printing ~0.1 s later, is read cleanly. Bytes already received stay garbage."""
+    port = board_port("esp32s3", baud=921600)
+    port.board.program(_files(tmp_path, models_dir, "optimized"))
+    port.dtr = False
+    hard_reset(port, hold_delay=0.01)
+    time.sleep(0.035)  # EN's RC delay (strap_window, 20 ms), then the ROM prints at once
+    early = port.read(port.in_waiting)  # a reader thread at 921600 takes what is on the wire now
+    port.baudrate = 115200
+    rest = read_until_end(port, timeout=15)
+    assert early and b"ESP-ROM" not in early + rest and b"rst:0x1" not in early + rest  # banner: garbage
+    assert b"@EC1" not in early  # the app had not started yet
+    cap = parse_capture(rest)
+    assert cap.valid, cap.problems
+    assert b"main_task: Calling app_main()" in rest
+
+    # a slow reader: nothing read until after the switch; the banner still arrived at 921600
+    port.baudrate = 921600
+    port.reset_input_buffer()
+    hard_reset(port, hold_delay=0.01)
+    time.sleep(0.035)
+    port.baudrate = 115200
+    late = read_until_end(port, timeout=15)
+    assert b"ESP-ROM" not in late and parse_capture(late).valid

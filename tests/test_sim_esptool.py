@@ -246,12 +246,13 @@ def test_stub_sync_reply_count() -> None:
     from harness.sim.loader import Loader, SlipDecoder, slip_encode
 
     class Host:
-        chip = get_chip("esp32s3")
-        flash = bytearray(b"\xff" * 4096)
-        flash_size = 4096
-        uart_baud = 115200
-        registers: dict[int, int] = {}
-        sent: list[bytes] = []
+        def __init__(self) -> None:
+            self.chip = get_chip("esp32s3")
+            self.flash = bytearray(b"\xff" * 4096)
+            self.flash_size = 4096
+            self.uart_baud = 115200
+            self.registers: dict[int, int] = {}
+            self.sent: list[bytes] = []
 
         def send(self, data: bytes) -> None:
             self.sent.append(data)

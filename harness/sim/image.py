@@ -19,6 +19,7 @@ from typing import Any
 from esptool.bin_image import ELFSection, ESP32FirmwareImage, LoadFirmwareImage
 
 from harness.errors import BuildError
+from harness.sim import elf
 from harness.sim.chips import ChipSpec, get_chip
 
 PARTITION_TABLE_OFFSET = 0x8000
@@ -172,7 +173,11 @@ def unpack_payload(data: bytes) -> AppPayload:
     return AppPayload(header=header, model=model, inputs=tuple(inputs))
 
 
-def _app_desc(project: str, version: str, idf: str) -> bytes:
+APP_DESC_ELF_SHA = 0x90  # esp_app_desc_t.app_elf_sha256 (0xB0 into the .bin, where pytest-embedded reads it)
+PROJECT_NAME = "esp_check_fw"  # the generated projects' CMake project() name
+
+
+def _app_desc(project: str, version: str, idf: str, elf_sha: bytes = b"\0" * 32) -> bytes:
     """esp_app_desc_t (256 bytes), as at the start of every IDF app's DROM."""
 
     def s(v: str, n: int) -> bytes:
@@ -180,8 +185,23 @@ def _app_desc(project: str, version: str, idf: str) -> bytes:
 
     desc = struct.pack("<III", APP_DESC_MAGIC, 0, 0) + b"\0" * 4
     desc += s(version, 32) + s(project, 32) + s("00:00:00", 16) + s("Jan  1 2026", 16) + s(idf, 32)
-    desc += b"\0" * 32 + struct.pack("<HHB3s", 0, 0xFFFF, 16, b"\0") + b"\0" * 72
+    desc += elf_sha + struct.pack("<HHB3s", 0, 0xFFFF, 16, b"\0") + b"\0" * 72
     return desc.ljust(256, b"\0")
+
+
+def app_sections(
+    chip: ChipSpec, payload: bytes, *, version: str, idf: str, elf_sha: bytes = b"\0" * 32
+) -> list[tuple[str, int, bytes, int]]:
+    """(name, address, bytes, SHF flags) of the simulated app: the app description + payload (DROM), the
+    code laid out by harness.sim.elf (flash-mapped IROM and IRAM). The image and the ELF hold the same."""
+    drom = _app_desc(PROJECT_NAME, version, idf, elf_sha) + payload
+    text, iram = elf.section_size(chip, ".flash.text"), elf.section_size(chip, ".iram0.text")
+    code = elf.SHF_ALLOC | elf.SHF_EXECINSTR
+    return [
+        (".flash.rodata", chip.drom_map_start + elf.CODE_OFFSET, drom, elf.SHF_ALLOC),
+        (".flash.text", elf.flash_text_addr(chip), elf.code_bytes(chip, text), code),
+        (".iram0.text", elf.iram_text_addr(chip), elf.code_bytes(chip, iram), code),
+    ]
 
 
 def _image_class(chip: ChipSpec) -> type[ESP32FirmwareImage]:
@@ -215,19 +235,18 @@ def pack_app_image(
     version: str = "0.1.0",
     idf: str = "sim",
     flash_size: str = DEFAULT_FLASH_SIZE,
+    elf_sha: bytes = b"\0" * 32,
 ) -> bytes:
-    """An ESP app image: a DROM (flash-mapped) segment = app descriptor + payload, one IRAM segment."""
+    """An ESP app image of :func:`app_sections` (DROM = app description + payload, IROM and IRAM code);
+    ``elf_sha`` goes into the app description, as ``esptool elf2image --elf-sha256-offset`` puts it."""
     img = _image_class(chip)()
     img.flash_mode = 2  # dio
     img.flash_size_freq = flash_size_freq(flash_size)
-    code = b"\x00" * 16  # the simulated CPU never executes it; the image format wants an entry segment
     img.segments = [
-        ELFSection(
-            b".flash.rodata", chip.drom_map_start + 0x20, _app_desc("esp-check-fw", version, idf) + payload, 0
-        ),
-        ELFSection(b".iram0.text", chip.iram_start, code, 0),
+        ELFSection(name.encode(), addr, data, 0)
+        for name, addr, data, _flags in app_sections(chip, payload, version=version, idf=idf, elf_sha=elf_sha)
     ]
-    img.entrypoint = chip.iram_start
+    img.entrypoint = elf.iram_text_addr(chip)  # call_start_cpu0; the simulated CPU never executes it
     out = img.save(None)
     assert out is not None
     return bytes(out)
@@ -282,6 +301,17 @@ def load_image(chip: ChipSpec, flash: bytes | bytearray, offset: int, max_len: i
     if getattr(img, "append_digest", False) and img.stored_digest != img.calc_digest:
         raise ImageError("Image hash failed - image is corrupt")
     return LoadedImage(img, [(s.addr, bytes(s.data)) for s in img.segments])
+
+
+def app_elf_sha256(chip: ChipSpec, loaded: LoadedImage) -> str | None:
+    """The ``app_elf_sha256`` of the image's app description (hex), or None when it is not set."""
+    for addr, data in loaded.segments:
+        if chip.drom_map_start <= addr < chip.drom_map_start + 0x400000 and len(data) >= 256:
+            (magic,) = struct.unpack_from("<I", data, 0)
+            sha = data[APP_DESC_ELF_SHA : APP_DESC_ELF_SHA + 32]
+            if magic == APP_DESC_MAGIC and any(sha):
+                return sha.hex()
+    return None
 
 
 def find_payload(chip: ChipSpec, loaded: LoadedImage) -> AppPayload:
@@ -367,10 +397,17 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
         "tap": bool((manifest.get("tap") or {}).get("enabled", False)),
         "dump_ops": [int(k) for k in (manifest.get("tap") or {}).get("dump_ops", [])],
     }
-    board_def = manifest.get("board_def") if isinstance(manifest.get("board_def"), dict) else {}
-    flash_size = str(board_def.get("flash_size") or manifest.get("flash_size") or DEFAULT_FLASH_SIZE)
+    board_def = manifest.get("board_def")
+    size = board_def.get("flash_size") if isinstance(board_def, dict) else None
+    flash_size = str(size or manifest.get("flash_size") or DEFAULT_FLASH_SIZE)
+    payload = pack_payload(header, model, inputs)
+    version = str(header["fwver"])
+    # ESP-IDF links the ELF with an empty app_elf_sha256, then puts the ELF's SHA-256 into the .bin
+    sections = app_sections(chip, payload, version=version, idf=str(header["idf"]))
+    elf_bytes = elf.write_elf(chip, sections, elf.iram_text_addr(chip))
+    elf_sha = hashlib.sha256(elf_bytes).digest()
     app = pack_app_image(
-        chip, pack_payload(header, model, inputs), version=str(header["fwver"]), flash_size=flash_size
+        chip, payload, version=version, idf=str(header["idf"]), flash_size=flash_size, elf_sha=elf_sha
     )
     build_dir.mkdir(parents=True, exist_ok=True)
     boot_path = build_dir / "bootloader.bin"
@@ -379,6 +416,7 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     boot_path.write_bytes(pack_bootloader_image(chip, flash_size=flash_size))
     pt_path.write_bytes(pack_partition_table(default_partitions(len(app))))
     app_path.write_bytes(app)
+    app_path.with_suffix(".elf").write_bytes(elf_bytes)  # beside the app, as ESP-IDF leaves <project>.elf
     return [(chip.bootloader_offset, boot_path), (PARTITION_TABLE_OFFSET, pt_path), (APP_OFFSET, app_path)]
 
 

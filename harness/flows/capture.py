@@ -19,6 +19,7 @@ from harness.device.console import RawCapture
 from harness.device.flash import FlashResult
 from harness.device.session import DeviceSession
 from harness.errors import EspCheckError, ExitCode
+from harness.firmware.backtrace import decode_findings
 from harness.firmware.boards import Board
 from harness.firmware.build import BuildResult
 from harness.flows.records import EXPECTED_NN, ProgressFn, Recorder, StageRecord, StageTimeouts, VariantRun
@@ -92,7 +93,7 @@ def run_variant(
     finally:
         with contextlib.suppress(Exception):  # closing a dead port must not hide the real outcome
             dev.close()
-    return verify_capture(rec, run, raw, log_path)
+    return verify_capture(rec, run, raw, log_path, elf=build.elf, chip=build.chip)
 
 
 def flash_facts(fr: FlashResult) -> dict[str, Any]:
@@ -109,11 +110,22 @@ def flash_facts(fr: FlashResult) -> dict[str, Any]:
     }
 
 
-def verify_capture(rec: Recorder, run: VariantRun, raw: RawCapture, log_path: Path) -> ExitCode | None:
-    """Parse and classify what the device printed; keep its outputs only when they are evidence."""
+def verify_capture(
+    rec: Recorder,
+    run: VariantRun,
+    raw: RawCapture,
+    log_path: Path,
+    *,
+    elf: Path | None = None,
+    chip: str = "",
+) -> ExitCode | None:
+    """Parse and classify what the device printed; keep its outputs only when they are evidence.
+
+    Crash findings get their code addresses decoded with the build's ELF (or say why they were not).
+    """
     t0 = time.monotonic()
     cap = parse_capture(raw.data)
-    findings = classify(raw.data, ended_by=raw.ended_by, parsed=cap)
+    findings = decode_findings(classify(raw.data, ended_by=raw.ended_by, parsed=cap), elf, chip)
     run.findings = [f.to_dict() for f in findings]
     run.nn_mode = cap.nn_mode
     run.problems = list(cap.problems)

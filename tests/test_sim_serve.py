@@ -124,6 +124,23 @@ def test_rfc2217_server_resets_for_esptool(s3_files) -> None:
         REGISTRY.remove(name)
 
 
+def test_rfc2217_clients_need_no_ign_set_control(s3_files) -> None:
+    """The server answers the DTR/RTS requests esptool's port manager takes over, so a client opens the
+    plain URL (and waits for answers instead of pyserial's 0.1 s sleep per control request)."""
+    name = f"rfc-{uuid.uuid4().hex[:8]}"
+    server = serve_rfc2217(f"sim://{name}?chip=esp32s3&emitter=c")
+    try:
+        assert "ign_set_control" not in server.address
+        client = serial.serial_for_url(server.address, timeout=3)
+        esp = cmds.detect_chip(client, 115200, "default-reset", connect_attempts=3)  # DTR/RTS: answered
+        assert esp.CHIP_NAME == "ESP32-S3"
+        client.dtr = False  # a lone line change is acknowledged too (pyserial waits for the answer)
+        client.close()
+    finally:
+        server.stop()
+        REGISTRY.remove(name)
+
+
 @pytest.mark.slow
 def test_cli_sim_serve_subprocess(tmp_path: Path) -> None:
     """`esp-check sim serve --rfc2217 --port 0` in its own process; esptool connects from here."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, TypeVar, cast
 
 import click
 from rich.console import Console
@@ -45,7 +47,30 @@ def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:
 
 
 def preprocessing_options(f: F) -> F:
-    """``--resize``, ``--input-color``, ``--input-range``, ``--input-scale/-offset``, ``--input-dtype``."""
+    """``--resize``, ``--input-color``, ``--input-range``, ``--input-scale/-offset``, ``--input-dtype``,
+    handed to the command as one ``input_options: InputOptions`` argument."""
+
+    @functools.wraps(f)
+    def wrapper(
+        *args: Any,
+        resize: str,
+        input_color: str,
+        input_range: str | None,
+        input_scale: float | None,
+        input_offset: float | None,
+        input_dtype: str | None,
+        **kwargs: Any,
+    ) -> Any:
+        opts = InputOptions(
+            resize=resize,
+            color=input_color,
+            scale=input_scale,
+            offset=input_offset,
+            value_range=input_range,
+            raw_dtype=input_dtype,
+        )
+        return f(*args, input_options=opts, **kwargs)
+
     opts = [
         click.option(
             "--resize",
@@ -67,28 +92,23 @@ def preprocessing_options(f: F) -> F:
             "--input-dtype", default=None, help="Element type of raw binary inputs (int8, float32, ...)."
         ),
     ]
+    out: Any = wrapper
     for opt in reversed(opts):
-        f = opt(f)
-    return f
+        out = opt(out)
+    return cast(F, out)
 
 
-def input_options_from(
-    resize: str,
-    input_color: str,
-    input_range: str | None,
-    input_scale: float | None,
-    input_offset: float | None,
-    input_dtype: str | None,
-) -> InputOptions:
-    """The InputOptions the preprocessing flags describe."""
-    return InputOptions(
-        resize=resize,
-        color=input_color,
-        scale=input_scale,
-        offset=input_offset,
-        value_range=input_range,
-        raw_dtype=input_dtype,
-    )
+def input_options(f: F) -> F:
+    """``--input`` (repeatable, as ``inputs``) plus the shared preprocessing flags (``input_options``)."""
+    f = preprocessing_options(f)
+    return click.option(
+        "--input",
+        "inputs",
+        multiple=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Input file (PNG/JPEG/BMP, .npy, raw with --input-dtype, C array). Repeat for "
+        "several runs; a model with N inputs takes N files per run, in input order.",
+    )(f)
 
 
 class OpListType(click.ParamType):
@@ -132,3 +152,14 @@ def echo_json(render: Callable[[], dict[str, Any]]) -> None:
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
     click.echo(json.dumps(doc, indent=2))
+
+
+def with_options(*options: Callable[[Any], Any]) -> Callable[[F], F]:
+    """Apply a table of click options (listed in the order --help shows them)."""
+
+    def apply(f: F) -> F:
+        for opt in reversed(options):
+            f = opt(f)
+        return f
+
+    return apply

@@ -15,12 +15,11 @@ from harness.commands.common import (
     ARENA_KB,
     OP_LIST,
     SECONDS,
-    input_options_from,
     make_console,
     preprocessing_options,
 )
 from harness.errors import ExitCode
-from harness.firmware.boards import list_boards, load_board
+from harness.firmware.boards import format_chip_rev, list_boards, load_board
 from harness.firmware.build import BUILDERS, BuildResult, build_project
 from harness.firmware.generate import (
     DEFAULT_VERSIONS,
@@ -30,6 +29,7 @@ from harness.firmware.generate import (
     GeneratedProject,
     generate_projects,
 )
+from harness.model.inputs import InputOptions
 
 
 @click.command("boards")
@@ -50,13 +50,18 @@ def boards_cmd(as_json: bool, board_files: tuple[Path, ...]) -> int:
         )
         return int(ExitCode.MATCH)
     table = Table(title="Boards", expand=False)
-    for col in ("name", "chip", "flash", "PSRAM", "console", "reset", "MHz", "ESP-NN", "builder"):
+    columns = ("name", "chip", "chip rev", "flash", "PSRAM", "console", "reset", "MHz", "ESP-NN", "builder")
+    for col in (*columns, "ESP-IDF"):
         table.add_column(col, no_wrap=True)
     for b in boards:
         psram = f"{b.psram} {b.psram_mb}MB" if b.has_psram else "-"
+        revs = b.chip_revisions
+        rev = f"v{format_chip_rev(revs[0])}-v{format_chip_rev(revs[1])}" if revs else "any"
+        low, below = b.idf_range
         table.add_row(
             b.name + (" (sim)" if b.simulated else ""),
             b.chip,
+            rev,
             b.flash_size,
             psram,
             "usb-jtag" if b.console == "usb_serial_jtag" else f"uart {b.monitor_baud}",
@@ -64,6 +69,7 @@ def boards_cmd(as_json: bool, board_files: tuple[Path, ...]) -> int:
             str(b.cpu_mhz),
             b.espnn_path,
             b.builder,
+            f">={low},<{below}",
         )
     make_console(highlight=False).print(table)
     return int(ExitCode.MATCH)
@@ -147,12 +153,7 @@ def generate_cmd(
     esp_nn_version: str | None,
     platform_version: str | None,
     human_max: int,
-    resize: str,
-    input_color: str,
-    input_range: str | None,
-    input_scale: float | None,
-    input_offset: float | None,
-    input_dtype: str | None,
+    input_options: InputOptions,
     as_json: bool,
     tap: bool = False,
     dump_ops: list[int] | None = None,
@@ -169,9 +170,7 @@ def generate_cmd(
         board,
         out_dir=out_dir,
         variants=variants,
-        input_options=input_options_from(
-            resize, input_color, input_range, input_scale, input_offset, input_dtype
-        ),
+        input_options=input_options,
         arena_kb=arena_kb,
         tflm_version=tflm_version,
         espnn_version=esp_nn_version,
@@ -183,6 +182,12 @@ def generate_cmd(
         data = {"schema": "esp-check.generate/1", "projects": [_project_summary(p) for p in projects]}
         click.echo(json.dumps(data, indent=2))
         return int(ExitCode.MATCH)
+    _print_generated(projects)
+    return int(ExitCode.MATCH)
+
+
+def _print_generated(projects: list[GeneratedProject]) -> None:
+    """Where the projects went, the tap overhead, and how to build them."""
     console = make_console(highlight=False)
     for p in projects:
         console.print(
@@ -204,7 +209,6 @@ def generate_cmd(
         console.print(
             f"Build with `esp-check build {dirs}` (or `{how}` in each directory); see docs/firmware.md."
         )
-    return int(ExitCode.MATCH)
 
 
 def run_build_with_progress(project_dir: Path, console: Console, **kwargs: Any) -> BuildResult:
@@ -263,7 +267,7 @@ def build_cmd(
     as_json: bool,
 ) -> int:
     """Build generated project directories (e.g. OUT/optimized OUT/ansi), with a content-addressed cache."""
-    progress_console = Console(stderr=True, highlight=False)
+    progress_console = make_console(stderr=True, highlight=False)
     console = make_console(highlight=False)
     results: list[BuildResult] = []
     for project in project_dirs:

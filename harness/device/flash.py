@@ -32,7 +32,7 @@ from esptool.util import FatalError, NotImplementedInROMError, flash_size_bytes
 from harness.device.esptool_log import EsptoolLogSink, capture_esptool_log
 from harness.device.ports import PortSpec, Transport, open_port, resolve_port
 from harness.device.reset import bootloader_reset
-from harness.errors import FlashError
+from harness.errors import ExitCode, FlashError
 
 __all__ = [
     "AFTER_MODES",
@@ -50,9 +50,15 @@ BEFORE_MODES = ("auto", "default-reset", "usb-reset", "no-reset", "no-reset-no-s
 AFTER_MODES = ("hard-reset", "no-reset", "no-reset-stub", "soft-reset", "watchdog-reset")
 
 
+# Failures that are the user's choice of board or arguments, not the link or the tools: exit 2.
+USAGE_KINDS = ("chip_mismatch", "chip_revision", "usage")
+
+
 class FlashFailure(FlashError):
     """A flash step failed. ``kind`` says which (table in docs/device.md); ``retryable`` is False
-    when trying again cannot help (wrong chip, image too large)."""
+    when trying again cannot help (wrong chip, image too large). A wrong board for the chip (another
+    chip, or a revision the board's image does not accept) and bad arguments are usage errors (exit 2),
+    every other kind is infrastructure (exit 3)."""
 
     def __init__(
         self,
@@ -67,6 +73,8 @@ class FlashFailure(FlashError):
         self.kind = kind
         self.retryable = retryable
         self.esptool_message = esptool_message
+        if kind in USAGE_KINDS:
+            self.exit_code = ExitCode.USAGE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +161,32 @@ _BOOT_HINT = (
 _WRONG_CHIP_HINT = (
     "wrong board on this port, or wrong --board: pick the board definition for the attached chip"
 )
+_WRONG_REVISION_HINT = (
+    "pick the board definition built for this silicon (`esp-check boards`; e.g. esp32p4 for ESP32-P4 "
+    "before v3, esp32p4-v3 for v3.x): ESP-IDF builds an image for one range of revisions and the "
+    "bootloader refuses to start it on another"
+)
+
+
+def _fmt_rev(rev: int) -> str:
+    return f"v{rev // 100}.{rev % 100}"
+
+
+def check_chip_revision(rev: int | None, allowed: tuple[int, int] | None, chip_name: str, url: str) -> None:
+    """Refuse, before anything is written, a chip revision outside the board's image range.
+
+    ``rev`` and ``allowed`` use esptool's ``major * 100 + minor``; nothing is checked when either is
+    unknown (esptool could not read the revision, or the board does not say).
+    """
+    if rev is None or allowed is None or allowed[0] <= rev <= allowed[1]:
+        return
+    raise FlashFailure(
+        f"the chip on {url} is {chip_name} revision {_fmt_rev(rev)}, but the board definition's image "
+        f"accepts revisions {_fmt_rev(allowed[0])} to {_fmt_rev(allowed[1])} only: it would not boot",
+        kind="chip_revision",
+        retryable=False,
+        hint=_WRONG_REVISION_HINT,
+    )
 _TOO_LARGE_HINT = (
     "the board definition's flash_size is larger than the real flash chip, or the build is too big: "
     "use the matching board file or a smaller partition layout"
@@ -191,6 +225,14 @@ def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log:
             kind="chip_mismatch",
             retryable=False,
             hint=_WRONG_CHIP_HINT,
+            esptool_message=msg,
+        )
+    if "requires chip revision" in msg:  # esptool's own check of the bootloader image header
+        return FlashFailure(
+            f"the image does not suit the chip on {ps.url}: {first}",
+            kind="chip_revision",
+            retryable=False,
+            hint=_WRONG_REVISION_HINT,
             esptool_message=msg,
         )
     if "Wrong boot mode detected" in msg:
@@ -357,12 +399,40 @@ def _connect(
     raise map_esptool_error(last, stage="connect", ps=ps, boot_log=boot_log) from last
 
 
+def _identify(
+    esp: ESPLoader, ps: PortSpec, expected_chip: str | None, chip_revisions: tuple[int, int] | None
+) -> dict[str, Any]:
+    """What the ROM says about the chip, after refusing (exit 2, before anything is written) another chip
+    than the board's or a revision outside the range its image accepts."""
+    detected = normalize_chip(esp.CHIP_NAME)
+    if expected_chip and normalize_chip(expected_chip) != detected:
+        raise FlashFailure(
+            f"the chip on {ps.url} is {esp.CHIP_NAME}, but the board definition says {expected_chip}",
+            kind="chip_mismatch",
+            retryable=False,
+            hint=_WRONG_CHIP_HINT,
+        )
+    rev = _try(esp.get_chip_revision)
+    rev = rev if isinstance(rev, int) else None
+    check_chip_revision(rev, chip_revisions, esp.CHIP_NAME, ps.url)
+    crystal = _try(esp.get_crystal_freq)
+    return {
+        "chip": detected,
+        "description": _try(esp.get_chip_description),
+        "revision": None if rev is None else _fmt_rev(rev),
+        "features": list(_try(esp.get_chip_features) or []),
+        "mac": _fmt_mac(_try(esp.read_mac)),
+        "crystal_mhz": crystal if isinstance(crystal, int) else None,
+    }
+
+
 def flash_artifacts(
     port: serial.SerialBase | PortSpec | str,
     artifacts: Sequence[tuple[int, Path | str]],
     *,
     chip: str | None = None,
     expected_chip: str | None = None,
+    chip_revisions: tuple[int, int] | None = None,
     baud: int = 460800,
     before: str = "auto",
     after: str = "hard-reset",
@@ -380,7 +450,9 @@ def flash_artifacts(
     ``port`` is an *open* pyserial object (recommended: the same one the capture will read), a
     :class:`PortSpec` or a port string (then it is opened with ``exclusive=True`` and left open in
     ``FlashResult.serial``). ``chip`` forces esptool's chip class (``None`` = detect);
-    ``expected_chip`` is what the board definition says, checked after connecting. ``before`` is an
+    ``expected_chip`` is what the board definition says, checked after connecting, and
+    ``chip_revisions`` the (min, max) revision its image accepts (``Board.chip_revisions``), checked
+    against what esptool reads from the chip before anything is written. ``before`` is an
     esptool connect mode or ``auto`` (chosen from the transport and ``reset_style``). ``after``
     is an esptool reset mode; use ``no-reset-stub`` when the console capture does the reset into
     the app (:func:`harness.device.console.capture_run`). ``console_baud``: after a hard reset,
@@ -457,20 +529,7 @@ def flash_artifacts(
                 attempts=max(1, connect_attempts),
                 emit=emit,
             )
-            detected = normalize_chip(esp.CHIP_NAME)
-            if expected_chip and normalize_chip(expected_chip) != detected:
-                raise FlashFailure(
-                    f"the chip on {ps.url} is {esp.CHIP_NAME}, but the board definition says {expected_chip}",
-                    kind="chip_mismatch",
-                    retryable=False,
-                    hint=_WRONG_CHIP_HINT,
-                )
-            description = _try(esp.get_chip_description)
-            rev = _try(esp.get_chip_revision)
-            revision = f"v{rev // 100}.{rev % 100}" if isinstance(rev, int) else None
-            features = _try(esp.get_chip_features) or []
-            mac = _fmt_mac(_try(esp.read_mac))
-            crystal = _try(esp.get_crystal_freq)
+            facts = _identify(esp, ps, expected_chip, chip_revisions)
             stage = "stub"
             emit(FlashProgress("stub", "uploading the flasher stub"))
             esp = run_stub(esp)
@@ -515,13 +574,13 @@ def flash_artifacts(
                 ser.baudrate = console_baud
             result = FlashResult(
                 port=ps.url,
-                chip=detected,
+                chip=facts["chip"],
                 chip_name=esp.CHIP_NAME,
-                description=description,
-                revision=revision,
-                features=list(features),
-                mac=mac,
-                crystal_mhz=crystal if isinstance(crystal, int) else None,
+                description=facts["description"],
+                revision=facts["revision"],
+                features=facts["features"],
+                mac=facts["mac"],
+                crystal_mhz=facts["crystal_mhz"],
                 flash_size=flash_size,
                 stub=bool(getattr(esp, "IS_STUB", False)),
                 baud=baud if ps.caps.baud_change else ROM_BAUD,

@@ -25,12 +25,13 @@ from typing import Any, NamedTuple
 
 from harness import __version__
 from harness.errors import BuildError, UsageError
-from harness.firmware.boards import BOOTLOADER_OFFSETS
+from harness.firmware.boards import BOOTLOADER_OFFSETS, BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, default_cache_dir
 from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, PIO_ENV, read_manifest
 
-BUILDERS = ("pio", "idf", "sim")
-CACHE_FORMAT = 3  # 3: ESP-IDF build directory layout, the ELF and config/sdkconfig.json are cached
+# 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
+# layout, the ELF and config/sdkconfig.json are cached
+CACHE_FORMAT = 3
 BUILD_SUBDIR = f"{DATA_DIR}/build"
 LOG_NAME = "build.log"
 FLASHER_ARGS = "flasher_args.json"
@@ -559,11 +560,13 @@ def _layout(
     chip: str,
     project: Path,
     fixed: Mapping[str, int] | None = None,
+    table_offset: int | None = None,
 ) -> list[tuple[str, int, Path]]:
     """(role, offset, source file) for what must be flashed; checks the app fits its partition.
 
     Offsets come from the resolved sdkconfig and the built partition table (``fixed`` when the
-    builder states them itself, as the sim packer does).
+    builder states them itself, as the sim packer does). ``table_offset`` is the board's partition
+    table offset (manifest), used only when the resolved sdkconfig does not say.
     """
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():
@@ -578,7 +581,13 @@ def _layout(
     try:
         pt_off = int(sdkconfig["CONFIG_PARTITION_TABLE_OFFSET"], 0)
     except (KeyError, ValueError):
-        pt_off = 0x8000
+        if table_offset is None:
+            raise BuildError(
+                "neither the resolved sdkconfig (CONFIG_PARTITION_TABLE_OFFSET) nor the project manifest "
+                "(board_def.partition_table_offset) says where the partition table goes",
+                hint="regenerate the project with this esp-check version and build again",
+            ) from None
+        pt_off = table_offset
     table = parse_partition_table(files["partition-table"].read_bytes())
     apps = [p for p in table if p.type == 0x00]
     if not apps:
@@ -800,6 +809,31 @@ def _export(
 # public entry point
 
 
+def _chip_and_builder(project: Path, manifest: Mapping[str, Any], builder: str | None) -> tuple[str, str]:
+    """The project's chip and the builder to use; UsageError for an unknown chip or a builder the board
+    cannot use (``builder`` None: the board's own)."""
+    board_def = manifest.get("board_def") or {}
+    chip = str(manifest.get("chip") or board_def.get("chip") or "")
+    if chip not in BOOTLOADER_OFFSETS:
+        raise UsageError(f"{project / MANIFEST_NAME}: unknown chip {chip!r}", hint="regenerate the project")
+    board_name = str(manifest.get("board"))
+    default_builder = str(manifest.get("builder") or "pio")
+    chosen = builder or default_builder
+    if chosen not in BUILDERS:
+        raise UsageError(f"unknown builder {chosen!r}", hint=f"builders: {', '.join(BUILDERS)}")
+    if (chosen == "sim") != (default_builder == "sim"):
+        raise UsageError(
+            f"board {board_name} cannot be built with builder {chosen!r}",
+            hint="the simulated board builds only with 'sim', real boards only with 'pio' or 'idf'",
+        )
+    if chosen == "pio" and (chip == "esp32p4" or not board_def.get("pio_board")):
+        raise UsageError(
+            f"board {board_name} ({chip}) cannot be built with PlatformIO's platform-espressif32",
+            hint="use --builder idf (ESP-IDF idf.py)",
+        )
+    return chip, chosen
+
+
 def build_project(
     project_dir: str | Path,
     *,
@@ -824,25 +858,11 @@ def build_project(
     project = Path(project_dir).resolve()
     manifest = read_manifest(project)
     board_def = manifest.get("board_def") or {}
-    chip = str(manifest.get("chip") or board_def.get("chip") or "")
-    if chip not in BOOTLOADER_OFFSETS:
-        raise UsageError(f"{project / MANIFEST_NAME}: unknown chip {chip!r}", hint="regenerate the project")
     board_name = str(manifest.get("board"))
-    default_builder = str(manifest.get("builder") or "pio")
-    chosen = builder or default_builder
-    if chosen not in BUILDERS:
-        raise UsageError(f"unknown builder {chosen!r}", hint=f"builders: {', '.join(BUILDERS)}")
-    if (chosen == "sim") != (default_builder == "sim"):
-        raise UsageError(
-            f"board {board_name} cannot be built with builder {chosen!r}",
-            hint="the simulated board builds only with 'sim', real boards only with 'pio' or 'idf'",
-        )
-    if chosen == "pio" and (chip == "esp32p4" or not board_def.get("pio_board")):
-        raise UsageError(
-            f"board {board_name} ({chip}) cannot be built with PlatformIO's platform-espressif32",
-            hint="use --builder idf (ESP-IDF idf.py)",
-        )
+    chip, chosen = _chip_and_builder(project, manifest, builder)
     flash_size = str(board_def.get("flash_size") or "keep")
+    raw_offset = board_def.get("partition_table_offset")
+    table_offset = raw_offset if isinstance(raw_offset, int) and not isinstance(raw_offset, bool) else None
 
     out_dir = project / BUILD_SUBDIR
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -867,7 +887,7 @@ def build_project(
             files, sdk = _build_idf(project, run_env, log, on_output, timeout, idf_py, chip)
         else:
             files, fixed = _build_sim(project, log, on_output)
-        layout = _layout(files, sdk, chip, project, fixed)
+        layout = _layout(files, sdk, chip, project, fixed, table_offset)
         extras = _extras(files, out_dir)
         meta: dict[str, Any] = {
             "offsets": {role: off for role, off, _ in layout},

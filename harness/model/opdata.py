@@ -21,7 +21,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from harness.model.loader import ModelInfo, OpInfo
+    from harness.model.modelinfo import ModelInfo, OpInfo
 
 # Chip families shown by `inspect` (one representative chip each).
 FAMILY_CHIPS: tuple[str, ...] = ("esp32", "esp32s3", "esp32p4")
@@ -42,6 +42,11 @@ def _table() -> Mapping[str, Any]:
 def sources() -> dict[str, str]:
     """Where the resolver and ESP-NN tables come from (repository @ commit, files)."""
     return dict(_table()["source"])
+
+
+def espnn_scratch_table() -> list[dict[str, str]]:
+    """ops.toml ``[[espnn_scratch]]``: esp-nn version ranges and the scratch formula set each uses."""
+    return [{str(k): str(v) for k, v in row.items()} for row in _table()["espnn_scratch"]]
 
 
 def resolver_method(opcode: str, custom_code: str | None = None) -> str:

@@ -15,7 +15,6 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 100
 CHECKED = ["harness"]
 NOT_YET = {
-    "harness/device/flash.py:flash_artifacts": 183,
 }
 
 

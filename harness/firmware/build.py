@@ -45,6 +45,7 @@ ROLE_FILES = {
     "app": "app.bin",
 }
 EXTRA_FILES = {"elf": "app.elf", "sdkconfig_json": "sdkconfig.json"}
+_CACHE_NAMES = {**ROLE_FILES, **EXTRA_FILES}
 # ... and in the exported build directory, which follows ESP-IDF's layout: exactly one .bin at the top
 # (the app: pytest-embedded-idf takes the first *.bin it lists there), the other images in
 # subdirectories, <app>.elf, config/sdkconfig.json, flasher_args.json, flash_args,
@@ -857,25 +858,13 @@ def build_project(
     """
     project = Path(project_dir).resolve()
     manifest = read_manifest(project)
-    board_def = manifest.get("board_def") or {}
-    board_name = str(manifest.get("board"))
     chip, chosen = _chip_and_builder(project, manifest, builder)
-    flash_size = str(board_def.get("flash_size") or "keep")
-    raw_offset = board_def.get("partition_table_offset")
-    table_offset = raw_offset if isinstance(raw_offset, int) and not isinstance(raw_offset, bool) else None
-
     out_dir = project / BUILD_SUBDIR
     out_dir.mkdir(parents=True, exist_ok=True)
     log = Path(log_path) if log_path is not None else out_dir / LOG_NAME
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"esp-check {__version__}: building {project} with {chosen}\n", encoding="utf-8")
-
-    key = cache_key(project, chosen, manifest)
-    cache = BuildCache(cache_dir or default_cache_dir(), max_cache_bytes) if use_cache else None
-
-    def finish(files: Mapping[str, Path], meta: Mapping[str, Any], hit: bool) -> BuildResult:
-        res = _export(project, out_dir, manifest, files, meta, flash_size=flash_size, builder=chosen)
-        return replace(res, log_path=log, cache_hit=hit, cache_key=key)
+    job = _BuildJob(project, manifest, chosen, chip, out_dir, log, cache_key(project, chosen, manifest))
 
     def run_build() -> tuple[dict[str, Path], dict[str, Any]]:
         run_env = dict(os.environ if env is None else env)
@@ -887,46 +876,78 @@ def build_project(
             files, sdk = _build_idf(project, run_env, log, on_output, timeout, idf_py, chip)
         else:
             files, fixed = _build_sim(project, log, on_output)
-        layout = _layout(files, sdk, chip, project, fixed, table_offset)
-        extras = _extras(files, out_dir)
-        meta: dict[str, Any] = {
-            "offsets": {role: off for role, off, _ in layout},
-            "sdkconfig": {
-                k: v
-                for k, v in sdk.items()
-                if k.startswith(
-                    (
-                        "CONFIG_ESPTOOLPY_",
-                        "CONFIG_PARTITION_TABLE_",
-                        "CONFIG_BOOTLOADER_OFFSET",
-                        "CONFIG_NN_",
-                        "CONFIG_IDF_TARGET",
-                    )
-                )
-            },
-            "resolved": _resolved_components(project),
-            "builder": chosen,
-            "board": board_name,
-            "extras": sorted(extras),
-        }
-        return {role: path for role, _, path in layout} | extras, meta
+        return _build_meta(job, files, sdk, fixed)
 
-    if cache is None:
-        files, meta = run_build()
-        return finish(files, meta, hit=False)
-
-    with cache.lock(key):
-        entry = cache.get(key)
+    if not use_cache:
+        return _finish(job, *run_build(), hit=False)
+    cache = BuildCache(cache_dir or default_cache_dir(), max_cache_bytes)
+    with cache.lock(job.key):
+        entry = cache.get(job.key)
         if entry is not None:
             with log.open("a", encoding="utf-8") as f:
-                f.write(f"cache hit {key} ({cache.root}): builder not run\n")
+                f.write(f"cache hit {job.key} ({cache.root}): builder not run\n")
             if on_output:
-                on_output(f"cache hit {key[:12]}: builder not run")
-            names = {**ROLE_FILES, **EXTRA_FILES}
+                on_output(f"cache hit {job.key[:12]}: builder not run")
             stored = [*entry.meta["offsets"], *entry.meta.get("extras", [])]
-            files = {role: entry.file(names[role]) for role in stored}
-            return finish(files, entry.meta, hit=True)
+            files = {role: entry.file(_CACHE_NAMES[role]) for role in stored}
+            return _finish(job, files, entry.meta, hit=True)
         files, meta = run_build()
-        names = {**ROLE_FILES, **EXTRA_FILES}
-        entry = cache.put(key, {names[role]: path for role, path in files.items()}, meta)
-        return finish(files, meta, hit=False)
+        cache.put(job.key, {_CACHE_NAMES[role]: path for role, path in files.items()}, meta)
+        return _finish(job, files, meta, hit=False)
+
+
+@dataclass(frozen=True)
+class _BuildJob:
+    """One build_project call: the project, its manifest, the builder and where results go."""
+
+    project: Path
+    manifest: Mapping[str, Any]
+    builder: str
+    chip: str
+    out_dir: Path
+    log: Path
+    key: str
+
+    @property
+    def board_def(self) -> Mapping[str, Any]:
+        return self.manifest.get("board_def") or {}
+
+    @property
+    def table_offset(self) -> int | None:
+        raw = self.board_def.get("partition_table_offset")
+        return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+
+
+_SDKCONFIG_KEPT = (
+    "CONFIG_ESPTOOLPY_",
+    "CONFIG_PARTITION_TABLE_",
+    "CONFIG_BOOTLOADER_OFFSET",
+    "CONFIG_NN_",
+    "CONFIG_IDF_TARGET",
+)
+
+
+def _build_meta(
+    job: _BuildJob, files: Mapping[str, Path], sdk: Mapping[str, str], fixed: dict[str, int] | None
+) -> tuple[dict[str, Path], dict[str, Any]]:
+    """What the cache keeps beside the images: offsets, the flash-relevant sdkconfig, versions."""
+    layout = _layout(dict(files), dict(sdk), job.chip, job.project, fixed, job.table_offset)
+    meta: dict[str, Any] = {
+        "offsets": {role: off for role, off, _ in layout},
+        "sdkconfig": {k: v for k, v in sdk.items() if k.startswith(_SDKCONFIG_KEPT)},
+        "resolved": _resolved_components(job.project),
+        "builder": job.builder,
+        "board": str(job.manifest.get("board")),
+    }
+    extras = _extras(files, job.out_dir)
+    meta["extras"] = sorted(extras)
+    return {role: path for role, _, path in layout} | extras, meta
+
+
+def _finish(job: _BuildJob, files: Mapping[str, Path], meta: Mapping[str, Any], *, hit: bool) -> BuildResult:
+    """Write the build directory (ESP-IDF's layout, see LAYOUT) from a build's or a cache entry's files."""
+    flash_size = str(job.board_def.get("flash_size") or "keep")
+    res = _export(
+        job.project, job.out_dir, job.manifest, files, meta, flash_size=flash_size, builder=job.builder
+    )
+    return replace(res, log_path=job.log, cache_hit=hit, cache_key=job.key)

@@ -344,6 +344,7 @@ def _print_summary(console: Console, result: Any) -> None:
             findings,
         )
     console.print(table)
+    _print_backtraces(console, result)
     if getattr(result, "tap", None) is not None:
         _print_tap(console, result.tap)
     if result.dataset is not None:
@@ -418,6 +419,17 @@ def _print_dataset(console: Console, doc: dict[str, Any]) -> None:
         console.print(f"  after a reset ({reset['variant']}): {reset['inputs']} inputs run again, "
                       f"{len(reset['differing'])} differ")  # fmt: skip
     console.print("  per-input verdicts: report.json dataset.analysis.rows")
+
+
+def _print_backtraces(console: Console, result: Any) -> None:
+    """Each crash's decoded call chain (or why it was not decoded), under the table."""
+    from harness.firmware.backtrace import describe
+
+    for v, r in result.variants.items():
+        for f in r.findings:
+            line = describe(f.get("details") or {})
+            if line:
+                console.print(f"  {escape(v)} {safe_markup(f['kind'])}: {safe_markup(line)}")
 
 
 def _print_tap(console: Console, tap: Any) -> None:

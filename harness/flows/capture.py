@@ -20,6 +20,7 @@ from harness.device.console import RawCapture
 from harness.device.loop import LinkStats
 from harness.device.session import DeviceSession
 from harness.errors import EspCheckError, ExitCode
+from harness.firmware.backtrace import decode_findings
 from harness.firmware.boards import Board
 from harness.firmware.build import BuildResult
 from harness.flows.records import (
@@ -108,7 +109,7 @@ def with_board(
         for r in runs.values():
             r.exit_code = exc.exit_code
         return None
-    rb = ResidentBoard(rec, dev, builds, limits)
+    rb = ResidentBoard(rec, dev, builds, limits, board.simulated)
     try:
         order = _prepare_board(rb, runs, out)
         if order is not None:
@@ -163,7 +164,7 @@ def boot_variant(rb: ResidentBoard, run: VariantRun) -> Boot | ExitCode | None:
     except EspCheckError as exc:
         return exc.exit_code
     if boot.hello is None or boot.hello.init_status != 0 or boot.variant != v:
-        return verify_capture(rb.rec, run, boot.raw, log)  # start-up evidence: a fault, a loop, silence
+        return _verify(rb, run, boot.raw, log)  # start-up evidence: a fault, a loop, silence
     run.nn_mode = boot.hello.nn  # compiled in (sdkconfig.h), as INFO nn in a text capture
     return boot
 
@@ -180,8 +181,16 @@ def _run_one(rb: ResidentBoard, run: VariantRun, inputs: Sequence[bytes]) -> Exi
     whole = dataclasses.replace(
         raw, data=boot.raw.data + raw.data, boots=boot.raw.boots, resets=boot.raw.resets
     )
-    code = verify_capture(rb.rec, run, whole, log)
+    code = _verify(rb, run, whole, log)
     return link_verdict(run, rb.last_link, code)
+
+
+def _verify(rb: ResidentBoard, run: VariantRun, raw: RawCapture, log: Path) -> ExitCode | None:
+    """verify_capture with the variant's ELF (crash addresses) and what the board definition says."""
+    build = rb.builds[run.variant]
+    return verify_capture(
+        rb.rec, run, raw, log, elf=build.elf, chip=build.chip, simulated_board=rb.simulated
+    )
 
 
 def link_verdict(run: VariantRun, stats: LinkStats, code: ExitCode | None) -> ExitCode | None:
@@ -201,15 +210,27 @@ def link_verdict(run: VariantRun, stats: LinkStats, code: ExitCode | None) -> Ex
     return code if code is not None else ExitCode.INFRASTRUCTURE
 
 
-def verify_capture(rec: Recorder, run: VariantRun, raw: RawCapture, log_path: Path) -> ExitCode | None:
-    """Parse and classify what the device printed; keep its outputs only when they are evidence."""
+def verify_capture(
+    rec: Recorder,
+    run: VariantRun,
+    raw: RawCapture,
+    log_path: Path,
+    *,
+    elf: Path | None = None,
+    chip: str = "",
+    simulated_board: bool | None = None,
+) -> ExitCode | None:
+    """Parse and classify what the device printed; keep its outputs only when they are evidence.
+
+    Crash findings get their code addresses decoded with the build's ELF (or say why they were not).
+    """
     t0 = time.monotonic()
     cap = parse_capture(raw.data)
-    findings = classify(raw.data, ended_by=raw.ended_by, parsed=cap)
+    findings = decode_findings(classify(raw.data, ended_by=raw.ended_by, parsed=cap), elf, chip)
     run.findings = [f.to_dict() for f in findings]
     run.nn_mode = cap.nn_mode
     run.problems = list(cap.problems)
-    code, detail, keep = verdict_evidence(run.variant, cap, findings, raw.ended_by)
+    code, detail, keep = verdict_evidence(run.variant, cap, findings, raw.ended_by, simulated_board)
     if keep:
         run.source = source_from_capture(cap, run.variant, str(log_path), raw.data)
         run.capture_valid = True
@@ -218,14 +239,29 @@ def verify_capture(rec: Recorder, run: VariantRun, raw: RawCapture, log_path: Pa
 
 
 def verdict_evidence(
-    variant: str, cap: Capture, findings: Sequence[Finding], ended_by: str
+    variant: str,
+    cap: Capture,
+    findings: Sequence[Finding],
+    ended_by: str,
+    simulated_board: bool | None = None,
 ) -> tuple[ExitCode | None, str, bool]:
     """What one variant's capture is worth: (exit code or None, detail, keep its outputs as a source).
 
-    Order matters: a firmware fault is a finding even in a broken capture; an invalid capture is never
-    a result; a valid one beside an infrastructure finding is kept as evidence but is never a clean
-    match; a firmware that does not report the ESP-NN mode it was built for proves nothing.
+    Order matters: a device that says it is not what the board definition is (a simulator behind a
+    real board's name, or real hardware behind a simulated board's: BEGIN ``sim=``) is a usage error
+    whatever else it printed; a firmware fault is a finding even in a broken capture; an invalid
+    capture is never a result; a valid one beside an infrastructure finding is kept as evidence but is
+    never a clean match; a firmware that does not report the ESP-NN mode it was built for proves nothing.
     """
+    if simulated_board is not None and cap.begin and cap.simulated != simulated_board:
+        said = "a simulator (BEGIN sim=1)" if cap.simulated else "real hardware (BEGIN without sim=1)"
+        board = "a simulated board" if simulated_board else "a real board"
+        return (
+            ExitCode.USAGE,
+            f"the device on the port reports it is {said}, but --board names {board}: its results are "
+            "not what the report would call them",
+            False,
+        )
     faults = [f for f in findings if f.severity == Severity.FIRMWARE_FAULT]
     if cap.errors and not faults and all(e.stage == "model" for e in cap.errors):
         msg = "; ".join(f.message for f in findings if f.kind == "model_partition")

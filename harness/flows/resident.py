@@ -82,9 +82,15 @@ class ResidentBoard:
     """A board with resident esp-check firmware, over one open :class:`DeviceSession`."""
 
     def __init__(
-        self, rec: Recorder, dev: DeviceSession, builds: Mapping[str, BuildResult], limits: StageTimeouts
+        self,
+        rec: Recorder,
+        dev: DeviceSession,
+        builds: Mapping[str, BuildResult],
+        limits: StageTimeouts,
+        simulated: bool | None = None,
     ) -> None:
         self.rec, self.dev, self.builds, self.limits = rec, dev, dict(builds), limits
+        self.simulated = simulated  # what the board definition says (None: unknown)
         self.current: Boot | None = None  # the app now running (None: not booted since we came)
         self.link = LinkStats()
         self.lost = False  # the link dropped: reopen the port before the next boot

@@ -9,7 +9,7 @@ or a link event); the board schedules them on its serial line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from harness.protocol import otadata as ota
 from harness.protocol.model_image import ModelImageError, parse_model_image
@@ -26,6 +26,7 @@ from harness.sim.image import (
     bootloader_max_bytes,
     bootloader_table_offset,
     find_payload,
+    header_flash_bytes,
     load_image,
     parse_partition_table,
     type_names,
@@ -33,6 +34,11 @@ from harness.sim.image import (
 from harness.sim.resident import ROM_BAUD, SIM_BANNER, AppEnv, Clock, Piece, SimApp
 
 __all__ = ["ROM_BAUD", "SIM_BANNER", "BootContext", "BootResult", "Piece", "boot_from_flash", "rom_header"]
+
+# When output starts after the reset is released (seconds): the ROM prints its banner at once and its
+# load lines while it reads the bootloader; the later pieces start at their ESP-IDF log timestamps.
+ROM_LOAD_S = 0.005
+REBOOT_S = 0.02  # from "Rebooting..." to the next ROM banner
 
 
 @dataclass
@@ -100,9 +106,11 @@ def boot_from_flash(ctx: BootContext, reason: str) -> BootResult:
     loops (a start-up crash repeats on every boot, ``loops`` boots shown)."""
     loops = max(1, ctx.faults.loops)
     result = BootResult([])
+    base = 0.0  # when this boot's reset was released, after the first one
     for n in range(loops):
         one = _boot_once(ctx, reason)
-        result.pieces += one.pieces
+        result.pieces += [replace(p, at=base + p.at) for p in one.pieces]
+        base += max(p.at for p in one.pieces) + REBOOT_S
         result.console_baud = one.console_baud if n == 0 else result.console_baud
         result.variant = one.variant
         result.faults_applied = one.faults_applied
@@ -123,7 +131,7 @@ class _Once:
     app: SimApp | None = None
 
 
-def _bootloader_lines(chip: ChipSpec, clock: Clock) -> list[bytes]:
+def _bootloader_lines(chip: ChipSpec, clock: Clock, header_flash: int) -> list[bytes]:
     return [
         clock.line("I", "boot", "ESP-IDF sim 2nd stage bootloader"),
         clock.line("I", "boot", "compile time Jan  1 2026 00:00:00"),
@@ -131,7 +139,7 @@ def _bootloader_lines(chip: ChipSpec, clock: Clock) -> list[bytes]:
         clock.line("I", "boot", f"chip revision: v{chip.rev}"),
         clock.line("I", f"boot.{chip.name}", "SPI Speed      : 80MHz"),
         clock.line("I", f"boot.{chip.name}", "SPI Mode       : DIO"),
-        clock.line("I", f"boot.{chip.name}", "SPI Flash Size : 4MB"),
+        clock.line("I", f"boot.{chip.name}", f"SPI Flash Size : {header_flash >> 20}MB"),
         clock.line("W", "boot", f"{SIM_BANNER}: this is harness.sim, not real hardware"),
     ]
 
@@ -179,7 +187,7 @@ def _load_app(
             continue
         pos = part.offset + 0x18
         for i, (addr, data) in enumerate(app.segments):
-            kind = "map" if ctx.chip.drom_map_start <= addr < ctx.chip.drom_map_start + 0x400000 else "load"
+            kind = "map" if _mapped(ctx.chip, addr) else "load"
             size = f"size={len(data):05x}h ({len(data):6d})"
             line = f"segment {i}: paddr={pos + 8:08x} vaddr={addr:08x} {size} {kind}"
             bl.append(clock.line("I", "esp_image", line, 2))
@@ -188,6 +196,12 @@ def _load_app(
         return part, app, payload
     bl.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
     return None
+
+
+def _mapped(chip: ChipSpec, addr: int) -> bool:
+    """A segment the cache maps from flash (DROM or IROM) rather than one the bootloader copies to RAM."""
+    drom = chip.drom_map_start <= addr < chip.drom_map_start + 0x400000
+    return drom or chip.irom_start <= addr < chip.irom_start + 0x2000000
 
 
 def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, str | None]:
@@ -217,10 +231,12 @@ def _boot_once(ctx: BootContext, reason: str) -> _Once:
         # the ROM retries forever; three rounds are enough evidence of the loop
         text = b"".join(rom_header(chip, "rtcwdt", False) + f"{exc}\r\n".encode() for _ in range(2))
         return _Once([Piece("rom", pieces[0].data + f"{exc}\r\n".encode() + text)])
-    pieces.append(Piece("rom", _rom_load_lines(chip, boot)))
+    pieces.append(Piece("rom", _rom_load_lines(chip, boot), ROM_LOAD_S))
+    header_flash = header_flash_bytes(boot.image)  # the bootloader sets the flash size from its header
     # second-stage bootloader (console baud is only known from the app image; it logs at 115200 here)
     clock = Clock()
-    bl = _bootloader_lines(chip, clock)
+    t_bl = clock.seconds
+    bl = _bootloader_lines(chip, clock, header_flash)
     try:
         table = bootloader_table_offset(boot)  # compiled into the bootloader, as on a real board
         parts = parse_partition_table(bytes(flash[table : table + PARTITION_TABLE_MAX]))
@@ -228,23 +244,23 @@ def _boot_once(ctx: BootContext, reason: str) -> _Once:
         bl.append(clock.line("E", "flash_parts", str(exc)))
         bl.append(clock.line("E", "boot", "Failed to verify partition table"))
         bl.append(clock.line("E", "boot", "load partition table error!"))
-        return _Once([*pieces, Piece("console", b"".join(bl))])
+        return _Once([*pieces, Piece("console", b"".join(bl), t_bl)])
     bl += _table_lines(parts, clock)
     ctx.parts = parts
     loaded = _load_app(ctx, parts, clock, bl)
     if loaded is None:
-        return _Once([*pieces, Piece("console", b"".join(bl))])
+        return _Once([*pieces, Piece("console", b"".join(bl), t_bl)])
     part, app, payload = loaded
     bl.append(clock.line("I", "boot", "Disabling RNG early entropy source..."))
     console_baud = int(payload.header.get("console_baud", ROM_BAUD))
-    pieces.append(
-        Piece("console", b"".join(bl))
-    )  # the 2nd-stage bootloader and the app log at the console baud
+    pieces.append(Piece("console", b"".join(bl), t_bl))  # the bootloader and the app log at the console baud
     model, model_error = _map_model(flash, parts)
     payload = AppPayload(payload.header, model, payload.inputs)
     slot = part.subtype - 0x10 if 0x10 <= part.subtype < 0x20 else None
     sim_app = SimApp(ctx, payload, model_error, elf_sha256(chip, app), clock, slot)
-    out, reboot = sim_app.start()
+    t_app = clock.seconds
+    out, reboot = sim_app.start(header_flash)
+    out = [replace(p, at=t_app + p.at) for p in out]
     ctx.log(f"app: {payload.variant} from {part.label}, model {'ok' if model_error is None else model_error}")
     return _Once(pieces + out, console_baud, payload.variant, sim_app.active, reboot,
                  None if reboot else sim_app)  # fmt: skip

@@ -56,6 +56,7 @@ class BoardConfig:
     strap_window: float = 0.02
     invoke_time: str = "0"  # "model": the app is busy for its modelled invoke time; else seconds
     rx_buffer: int | None = None  # the app's receive buffer (default: the window its image announces)
+    boot: str = "auto"  # "auto": IO0 follows the reset circuit; "download": IO0 strapped low (BOOT held)
     explicit: frozenset[str] = frozenset()  # keys the URL / table named (the rest are defaults)
 
 
@@ -98,6 +99,7 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         "frame_every",
         "invoke_time",
         "rx_buffer",
+        "boot",
     }
     unknown = sorted(set(params) - known)
     if unknown:
@@ -128,6 +130,11 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         except ValueError:
             raise UsageError(f"invoke_time={invoke_time!r}", hint="use model, or seconds") from None
     rx_buffer = params.get("rx_buffer")
+    boot = str(params.get("boot", "auto")).lower()
+    if boot not in ("auto", "download"):
+        raise UsageError(
+            f"boot={boot!r}", hint="use auto (IO0 from the reset circuit) or download (strapped low)"
+        )
     return BoardConfig(
         chip=chip,
         reset=reset,
@@ -139,6 +146,7 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         strap_window=float(params.get("strap_window", 0.02)),
         invoke_time=invoke_time,
         rx_buffer=None if rx_buffer in (None, "") else max(64, int(str(rx_buffer))),
+        boot=boot,
         explicit=frozenset(params),
     )
 
@@ -165,6 +173,7 @@ class _Conn:
     ident: int
     epoch: int
     exclusive: bool
+    baud: int | None = None  # the host UART's rate (None until the port is configured)
 
 
 class SimBoard:
@@ -287,13 +296,18 @@ class SimBoard:
     # ---- output queue --------------------------------------------------------------------------
 
     def _emit(
-        self, data: bytes, baud: int | None, event: str | None = None, now: float | None = None
+        self,
+        data: bytes,
+        baud: int | None,
+        event: str | None = None,
+        now: float | None = None,
+        at: float = 0.0,
     ) -> None:
         if now is None:
             now = self._now if self._now is not None else time.monotonic()
         if self.config.reset == "usb_jtag":
             baud = None
-        t0 = max(now, self._last_end)
+        t0 = max(now + at, self._last_end)
         rate = self.config.throttle / 10.0 if self.config.throttle else None
         self._chunks.append(_Chunk(bytes(data), t0, rate, baud, event))
         self._last_end = t0 + (len(data) / rate if rate else 0.0)
@@ -501,14 +515,13 @@ class SimBoard:
         if app is None:
             return
         pieces, reboot = call()
-        busy = max([app.last_busy, *(p.after for p in pieces)])
+        busy = max([app.last_busy, *(p.at for p in pieces)])
         self._dirty = True  # the app may have written otadata
         for p in pieces:
-            t = start + p.after
             if p.kind == "disconnect":
-                self._emit(b"", None, event="disconnect", now=t)
+                self._emit(b"", None, event="disconnect", now=start, at=p.at)
             else:
-                self._emit(p.data, self.console_baud, now=t)
+                self._emit(p.data, self.console_baud, now=start, at=p.at)
         self._dev_free = start + busy
         if reboot is not None:
             self._app = None
@@ -528,6 +541,33 @@ class SimBoard:
         app = self._app
         self._run_app_call(at, lambda: (app.idle(), None))
         self._idle_at = None
+    def set_port_baud(self, ident: int, baud: int) -> None:
+        """The host changed its UART rate. Bytes already on the wire were received at the old rate:
+        they keep what that made of them (garbage if it was not the rate they were sent at)."""
+        with self._cond:
+            conn = self._conns.get(ident)
+            if conn is None:
+                return
+            old, conn.baud = conn.baud, baud
+            if old is None or old == baud:
+                return
+            now = time.monotonic()
+            self._settle(now)
+            self._latch(now, old)
+
+    def _latch(self, now: float, host_baud: int) -> None:
+        latched: deque[_Chunk] = deque()
+        for c in self._chunks:
+            r = c.ready(now) if c.event is None and c.baud is not None else c.taken
+            if r <= c.taken:
+                latched.append(c)
+                continue
+            part = c.data[c.taken : r]
+            latched.append(_Chunk(part if c.baud == host_baud else _garble(part), c.t0, None, None))
+            if r < len(c.data):
+                t_rest = c.t0 + (r / c.rate if c.rate else 0.0)
+                latched.append(_Chunk(c.data[r:], t_rest, c.rate, c.baud))
+        self._chunks = latched
 
     def set_lines(self, ident: int, dtr: bool, rts: bool) -> None:
         with self._cond:
@@ -551,7 +591,8 @@ class SimBoard:
             for t, low in history:
                 if t <= sample:
                     io0_low = low
-            self._boot(download=io0_low, reason="poweron", now=now)
+            strapped = self.config.boot == "download"  # IO0 held low (BOOT button, strap): wins
+            self._boot(download=io0_low or strapped, reason="poweron", now=now)
 
     def _set_lines(self, dtr: bool, rts: bool, now: float) -> None:
         self._settle(now)
@@ -580,7 +621,7 @@ class SimBoard:
         in_reset = rts and not dtr
         if in_reset and not self._usb_in_reset:
             self._usb_in_reset = True
-            self._usb_download = self._usb_armed
+            self._usb_download = self._usb_armed or self.config.boot == "download"
             self._hold_reset(now)
         elif not in_reset and self._usb_in_reset:
             self._usb_in_reset = False
@@ -641,11 +682,11 @@ class SimBoard:
             self._drop_link()
         for piece in result.pieces:
             if piece.kind == "disconnect":
-                self._emit(b"", None, event="disconnect", now=now + piece.after)
+                self._emit(b"", None, event="disconnect", now=now, at=piece.at)
             else:
                 baud = ROM_BAUD if piece.kind == "rom" else result.console_baud
-                self._emit(piece.data, baud, now=now + piece.after)
-        self._dev_free = max((now + p.after for p in result.pieces), default=now)
+                self._emit(piece.data, baud, now=now, at=piece.at)
+        self._dev_free = max((now + p.at for p in result.pieces), default=now)
 
     # ---- LoaderHost ----------------------------------------------------------------------------
 

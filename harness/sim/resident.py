@@ -6,8 +6,9 @@ The loop is the firmware's own ``esp_check_loop.c`` through ctypes (or its byte-
 model run (the host TFLM reference, in process, one interpreter per model), identity records, the app
 slot switch (it writes otadata as ``esp_ota_set_boot_partition`` does), and the injected faults.
 
-Output is returned as :class:`Piece` lists; each piece carries ``after``, the seconds of device time
-(modelled invokes, with ``invoke_time=model``) that pass before it leaves, so the board can queue it.
+Output is returned as :class:`Piece` lists; each piece carries ``at``, the seconds of device time
+(start-up log timestamps, modelled invokes with ``invoke_time=model``) from the start of the call that
+produced it to its first byte on the wire, so the board can queue it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
 from harness.sim.faults import FaultSpec, flip_bits
-from harness.sim.image import AppPayload, ImageError, Partition, load_image
+from harness.sim.image import PROJECT_NAME, AppPayload, ImageError, Partition, load_image
 
 ROM_BAUD = 115200
 SIM_BANNER = "esp-check SIMULATED BOARD"
@@ -35,11 +36,12 @@ _CACHE_LIMIT = 4096  # reference outputs kept per board (both variants run the s
 @dataclass(frozen=True)
 class Piece:
     """One stretch of output: ``kind`` "rom" (115200 baud), "console" (app baud) or "disconnect";
-    ``after``: seconds of device time from the start of the call that produced it."""
+    ``at``: seconds of device time from the start of the call that produced it (for a boot: from the
+    reset's release) to its first byte on the wire."""
 
     kind: str
     data: bytes = b""
-    after: float = 0.0
+    at: float = 0.0
 
 
 class Clock:
@@ -47,6 +49,11 @@ class Clock:
 
     def __init__(self, start: int = 27) -> None:
         self.ms = start
+
+    @property
+    def seconds(self) -> float:
+        """Now, on the boot's clock: when the next piece starts."""
+        return self.ms / 1000.0
 
     def line(self, level: str, tag: str, msg: str, step: int = 3) -> bytes:
         self.ms += step
@@ -213,40 +220,53 @@ class SimApp:
         )
         return make_loop(cfg, self, backend=self.env.emitter_backend)
 
-    def start(self) -> tuple[list[Piece], str | None]:
-        """Start-up log, the boot text (compiled-in inputs or a start-up failure), HELLO."""
-        chip, clock = self.env.chip, self.clock
+    def start(self, header_flash: int) -> tuple[list[Piece], str | None]:
+        """Start-up log, the boot text (compiled-in inputs or a start-up failure), HELLO. ``header_flash``:
+        the flash size the bootloader's image header states (the start-up checks the chip against it)."""
+        t0 = self.clock.seconds
+        head, crash = self._startup(header_flash)
+        if crash is not None:  # the start-up asserts (flash size, bootloop): every boot
+            return [Piece("console", b"".join(head) + crash)], "sw"
+        self._write(b"".join(head))
+        self._busy = self.clock.seconds - t0  # app_main's output follows the start-up log
+        self._boot_text()
+        if self.crash is None and not self.halted:
+            self.loop.hello()
+        return self._collect()
+
+    def _startup(self, header_flash: int) -> tuple[list[bytes], bytes | None]:
+        """ESP-IDF's start-up log up to app_main, or up to the assert that stops it (the crash text)."""
+        chip, clock, variant = self.env.chip, self.clock, self.payload.variant
         cores = "Multicore" if chip.cores > 1 else "Single core"
         head = [
             clock.line("I", "cpu_start", f"{cores} app", 40),
             clock.line("I", "cpu_start", "Pro cpu start user code"),
             clock.line("I", "cpu_start", f"cpu freq: {chip.cpu_mhz * 1000000} Hz"),
             clock.line("I", "app_init", "Application information:"),
-            clock.line("I", "app_init", "Project name:     esp-check-fw", 1),
+            clock.line("I", "app_init", f"Project name:     {PROJECT_NAME}", 1),
             clock.line("I", "app_init", f"App version:      {self.payload.header.get('fwver', '0.0.0')}", 1),
             clock.line("I", "app_init", f"ELF file SHA256:  {self.elf_sha[:ELF_SHA_PRINTED]}...", 1),
             clock.line("I", "app_init", f"ESP-IDF:          {self.payload.header.get('idf', 'sim')}", 1),
             clock.line("I", "efuse_init", f"Chip rev:         v{chip.rev}", 1),
             clock.line("I", "heap_init", "Initializing. RAM available for dynamic allocation:", 2),
-            clock.line("I", "spi_flash", "detected chip: generic", 10),
         ]
-        if (
-            "bootloop" in self.active
-        ):  # no RAM for the main task's stack: an assert before app_main, every boot
-            startup = panic_text(
-                chip, "startup", self.env.faults.rng("bootloop", self.env.boot_index), self.elf_sha
-            )
-            return [Piece("console", b"".join(head) + startup)], "sw"
+        detected = len(self.env.flash)  # the flash chip's real size (its RDID answer)
+        if detected < header_flash:  # esp_flash_init_default_chip refuses the chip: the core init asserts
+            head.append(clock.line("E", "spi_flash", _flash_size_text(detected, header_flash, "smaller"), 10))
+            rng = self.env.faults.rng("flash_size", self.env.boot_index)
+            return head, b"\r\n" + panic_text(chip, "flash_size", rng, self.elf_sha, variant)
+        if detected > header_flash:
+            head.append(clock.line("W", "spi_flash", _flash_size_text(detected, header_flash, "larger"), 10))
+        head.append(clock.line("I", "spi_flash", "detected chip: generic", 10))
+        if "bootloop" in self.active:  # no RAM left for the main task's stack: an assert before app_main
+            rng = self.env.faults.rng("bootloop", self.env.boot_index)
+            return head, panic_text(chip, "startup", rng, self.elf_sha, variant)
         head += [
             clock.line("I", "main_task", "Started on CPU0", 20),
             clock.line("I", "main_task", "Calling app_main()", 10),
             clock.line("W", "esp-check", f"{SIM_BANNER} (harness.sim {chip.name}): results are simulated"),
         ]
-        self._write(b"".join(head))
-        self._boot_text()
-        if self.crash is None and not self.halted:
-            self.loop.hello()
-        return self._collect()
+        return head, None
 
     def _boot_text(self) -> None:
         inputs = self.payload.inputs
@@ -441,11 +461,12 @@ class SimApp:
         pieces = self._line_faults(pieces)
         reboot = self.reboot
         if self.crash is not None:
-            rng = self.env.faults.rng(self.crash, self.env.boot_index * 100 + self.runs)
+            rng = self.env.faults.rng(self.crash, self.env.boot_index)  # a kernel bug: the same crash
             if self.crash == "brownout":
                 text, reboot = b"\r\nBrownout detector was triggered\r\n\r\n", "brownout"
             else:
-                text, reboot = panic_text(self.env.chip, self.crash, rng, self.elf_sha), "sw"
+                text = panic_text(self.env.chip, self.crash, rng, self.elf_sha, self.payload.variant)
+                reboot = "sw"
             pieces.append(Piece("console", text, busy))
         return pieces, reboot
 
@@ -456,7 +477,7 @@ class SimApp:
         out: list[Piece] = []
         wanted = {"wdt", "truncate", "disconnect"} & set(active)
         if wanted and not self._line_fault_done and sum(p.data.count(b"@EC1 ") for p in pieces) > 2:
-            pieces = [Piece("console", b"".join(p.data for p in pieces), pieces[0].after)]  # one stretch
+            pieces = [Piece("console", b"".join(p.data for p in pieces), pieces[0].at)]  # one stretch
         for p in pieces:
             data = p.data
             if not self._line_fault_done and data.count(b"@EC1 ") > 2:
@@ -464,17 +485,26 @@ class SimApp:
                 if data is not p.data or event is not None:
                     self._line_fault_done = True
                 if event is not None:
-                    out.append(Piece("console", data, p.after))
+                    out.append(Piece("console", data, p.at))
                     if event == "disconnect":
-                        out.append(Piece("disconnect", b"", p.after))
+                        out.append(Piece("disconnect", b"", p.at))
                     self.halted = True
                     return out
             if "noise" in active:
                 data = flip_bits(
                     data, self.env.faults.noise, self.env.faults.rng("noise", self.env.boot_index)
                 )
-            out.append(Piece(p.kind, data, p.after))
+            out.append(Piece(p.kind, data, p.at))
         return out
+
+
+def _flash_size_text(detected: int, header: int, relation: str) -> str:
+    """ESP-IDF's spi_flash start-up message when the chip and the image header disagree on the size."""
+    tail = "Probe failed." if relation == "smaller" else "Using the size in the binary image header."
+    return (
+        f"Detected size({detected // 1024}k) {relation} than the size in the binary image header"
+        f"({header // 1024}k). {tail}"
+    )
 
 
 def _busy_seconds(mode: str, invoke_us: int) -> float:

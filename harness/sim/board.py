@@ -92,6 +92,7 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         "strap_window",
         "fault_op",
         "fault_region",
+        "fault_kind",
     }
     unknown = sorted(set(params) - known)
     if unknown:

@@ -303,6 +303,27 @@ def _variant(manifest: dict[str, Any]) -> str:
     raise BuildError(f"manifest variant {v!r} is neither optimized nor ansi", hint="regenerate the project")
 
 
+_HYBRID_ROW = re.compile(r"^\s*\{ (\d+), (\d+), (k[A-Za-z]+), \d+ \},", re.MULTILINE)
+
+
+def hybrid_table(project_dir: Path) -> list[list[Any]] | None:
+    """``[[op, out_tensor, kind], ...]`` from the kSlots table of a project's main/esp_check_hybrid.cc
+    when main/CMakeLists.txt compiles it (None otherwise): what the simulated wrapper dispatches on."""
+    source = project_dir / "main" / "esp_check_hybrid.cc"
+    cmake = project_dir / "main" / "CMakeLists.txt"
+    try:
+        if '"esp_check_hybrid.cc"' not in cmake.read_text(encoding="utf-8"):
+            return None
+        text = source.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    start = text.find("kSlots[] = {")
+    end = text.find("};", start)
+    if start < 0 or end < 0:
+        raise BuildError(f"{source}: no kSlots table", hint="regenerate the project")
+    return [[int(a), int(b), k] for a, b, k in _HYBRID_ROW.findall(text[start:end])]
+
+
 def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Path]]:
     """Pack a generated project into bootloader / partition table / app images for the simulated board.
 
@@ -334,6 +355,8 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
         # --tap firmware: per-op records and the ops whose tensors it dumps (generate.py's manifest)
         "tap": bool((manifest.get("tap") or {}).get("enabled", False)),
         "dump_ops": [int(k) for k in (manifest.get("tap") or {}).get("dump_ops", [])],
+        # hybrid firmware: the wrapper table as compiled (main/esp_check_hybrid.cc), not as intended
+        "hybrid": hybrid_table(project_dir),
     }
     app = pack_app_image(chip, pack_payload(header, model, inputs), version=str(header["fwver"]))
     build_dir.mkdir(parents=True, exist_ok=True)

@@ -77,7 +77,8 @@ class Bisection:
 
     def __post_init__(self) -> None:
         self.switchable = sorted(set(self.switchable))
-        self.suspects = list(self.switchable)
+        self.found = sorted(set(self.found))  # culprits already known (e.g. from taps): always ANSI C
+        self.suspects = [k for k in self.switchable if k not in self.found]
         self._runs_at_round_start = [0]
         if not self.suspects:
             self.done, self.message = True, "no op the hybrid wrapper can switch: nothing to bisect"
@@ -128,6 +129,10 @@ class Bisection:
             )
             return
         self.suspects = remaining
+
+    def abort(self, why: str) -> None:
+        """Stop: a run could not be judged (an infrastructure failure is not evidence either way)."""
+        self.done, self.success, self.message = True, False, why
 
     def runs_per_culprit(self) -> list[int]:
         """Firmware runs each round took (search runs plus its verify run)."""
@@ -215,9 +220,10 @@ def cost_report(
 def _cost_sentence(doc: Mapping[str, Any]) -> str:
     kept = doc["speedup_kept_percent"]
     sp = doc["speedup"]
+    how = "measured" if doc["measured"] else "estimated from the two builds' per-op cycles"
     head = (
         f"the hybrid keeps {kept:.1f}% of ESP-NN's speedup ({sp['optimized']:.2f}x -> {sp['hybrid']:.2f}x "
-        f"over ANSI C{', measured' if doc['measured'] else ', from the builds per-op cycles'})"
+        f"over ANSI C, {how})"
         if kept is not None and sp["optimized"] and sp["hybrid"]
         else "ESP-NN gives no speedup on this model: the hybrid costs nothing measurable"
     )

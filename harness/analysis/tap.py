@@ -370,6 +370,7 @@ class TapResult:
     dumps: list[DumpDiff] = field(default_factory=list)
     timing: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None  # ESP-NN speedup audit (analysis.hybrid.espnn_audit)
+    repro: list[dict[str, Any]] = field(default_factory=list)  # one-op reproducers (flows.repro)
     ram_bytes: dict[str, int] = field(default_factory=dict)  # per variant, from OPEND
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -402,6 +403,11 @@ class TapResult:
                 )
             else:
                 lines.append(f"op {dd.op} {dd.role}put tensor {dd.tensor} vs {dd.against}: identical")
+        for r in self.repro:
+            lines.append(
+                f"one-op reproducer of op {r['op']} ({r['kind']}): {r.get('dir', '-')}"
+                + ("" if r.get("ok") else f" (NOT verified: {r.get('why', 'no ANSI C output to check')})")
+            )
         if self.audit is not None:
             lines += [f"ESP-NN audit: {k['message']}" for k in self.audit["kinds"]]
         lines += self.notes
@@ -419,6 +425,7 @@ class TapResult:
             "dumps": [d.to_dict() for d in self.dumps],
             "timing": self.timing,
             "audit": self.audit,
+            "repro": self.repro,
             "ram_bytes": self.ram_bytes,
             "problems": self.problems,
             "notes": self.notes,

@@ -483,7 +483,7 @@ def _dropin(st: _State, project: Path) -> dict[str, Any]:
     from harness.model.opdata import resolver_methods
 
     resolver = list(resolver_methods(st.info))
-    evidence = f"Verified by esp-check: {st.res.message}" + (" (SIMULATED board)" if st.res.simulated else "")
+    evidence = f"esp-check: {st.res.message}" + (" (SIMULATED board)" if st.res.simulated else "")
     (dest / "README.md").write_text(readme_snippet(ctx, resolver, evidence=evidence), encoding="utf-8")
     return {
         "dir": str(dest),

@@ -7,6 +7,7 @@ cannot run, float and int16 I/O, several inputs, broadcasting ADD. Other test fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import flatbuffers
@@ -41,6 +42,8 @@ class Op:
     custom: str | None = None
     add_options: bool = False
     extra: dict[str, int] = field(default_factory=dict)
+    # (BuiltinOptions type, writer returning the options table offset), e.g. Conv2DOptions
+    options: tuple[int, Callable[[flatbuffers.Builder], int]] | None = None
 
 
 def _ivec(b: flatbuffers.Builder, start: object, values: list[int]) -> int:
@@ -108,16 +111,20 @@ def build_model(tensors: list[T], ops: list[Op], inputs: list[int], outputs: lis
         ins = _ivec(b, tflite.OperatorStartInputsVector, op.inputs)
         outs = _ivec(b, tflite.OperatorStartOutputsVector, op.outputs)
         opts = None
+        opts_type = tflite.BuiltinOptions.AddOptions
         if op.add_options:
             tflite.AddOptionsStart(b)
             tflite.AddOptionsAddFusedActivationFunction(b, 0)
             opts = tflite.AddOptionsEnd(b)
+        elif op.options is not None:
+            opts_type, write = op.options
+            opts = write(b)
         tflite.OperatorStart(b)
         tflite.OperatorAddOpcodeIndex(b, k)
         tflite.OperatorAddInputs(b, ins)
         tflite.OperatorAddOutputs(b, outs)
         if opts is not None:
-            tflite.OperatorAddBuiltinOptionsType(b, tflite.BuiltinOptions.AddOptions)
+            tflite.OperatorAddBuiltinOptionsType(b, opts_type)
             tflite.OperatorAddBuiltinOptions(b, opts)
         op_offsets.append(tflite.OperatorEnd(b))
 

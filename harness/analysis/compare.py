@@ -28,7 +28,8 @@ from harness.errors import (
     Verdict,
     combine_exit_codes,
 )
-from harness.protocol.capture import MARKER, Capture, parse_capture
+from harness.model.inputs import InputOptions
+from harness.protocol.capture import MARKER, Capture, looks_like_device_output, parse_capture
 from harness.protocol.legacy import parse_legacy_log
 from harness.protocol.spec import crc32_hex
 
@@ -212,7 +213,7 @@ def _source_from_results(doc: Any, label: str, path: str) -> Source:
     if isinstance(doc, list):
         try:
             vals = np.asarray([float(v) for v in doc], dtype=np.float64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise LogFormatError(f"{path}: a JSON list must hold numbers only") from None
         if vals.size == 0:
             raise LogFormatError(f"{path}: the JSON list is empty")
@@ -264,7 +265,7 @@ def _source_from_results(doc: Any, label: str, path: str) -> Source:
             simulated=bool(doc.get("simulated")),
             info={str(k): str(v) for k, v in dict(doc.get("info", {})).items()},
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise LogFormatError(f"{path}: malformed results file ({type(exc).__name__}: {exc})") from None
 
 
@@ -330,8 +331,10 @@ def load_source(path: str | Path, label: str) -> Source:
     if p.suffix.lower() == ".json":
         try:
             doc = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, ValueError) as exc:  # incl. JSONDecodeError, over-long integers
             raise LogFormatError(f"{p} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise LogFormatError(f"{p} is not a results file: its JSON is nested too deeply") from None
         return _source_from_results(doc, label, str(p))
     return _source_from_log(data, label, p)
 
@@ -352,6 +355,13 @@ def _source_from_log(data: bytes, label: str, p: Path) -> Source:
                       simulated=cap.simulated, info=dict(cap.info), faults=faults, raw_log=data,
                       warnings=[f"{label}: the firmware crashed before its records completed"])  # fmt: skip
     values = parse_legacy_log(data)
+    if not values and not crashes and looks_like_device_output(data):
+        raise CaptureError(
+            f"{p} is a device's serial output without esp-check records or 'Output:' lines: the capture "
+            "ended before the first result (truncated)",
+            hint="capture again and wait for the END record (or the 'Output:' lines); check the cable, "
+            "the baud rate and that the monitor stayed connected",
+        )
     if not values and not crashes:
         raise LogFormatError(
             f"{p} has no 'Output:' lines and no esp-check protocol records: nothing to compare",
@@ -800,6 +810,39 @@ def compare_sources(
     )
 
 
+Quant = tuple[float | None, int | None, str | None]
+
+
+def output_quant(outputs: Sequence[Any]) -> list[Quant]:
+    """(scale, zero point, dtype) per model output, as compare_sources takes them."""
+    return [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in outputs]
+
+
+def compare_variants(
+    optimized: Source | None,
+    ansi: Source | None,
+    reference: Source | None,
+    *,
+    tolerance_lsb: float,
+    ref_tolerance_lsb: float,
+    output_quant: Sequence[Quant],
+) -> CompareResult | None:
+    """Optimized vs ANSI C (and each vs the host); a lone valid variant is still checked against the
+    host; None when nothing can honestly be compared (the variants' failures decide the verdict)."""
+    if optimized is not None and ansi is not None:
+        return compare_sources(
+            optimized, ansi, reference, tolerance_lsb=tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
+            output_quant=output_quant,
+        )  # fmt: skip
+    only = optimized if optimized is not None else ansi
+    if only is None or reference is None:
+        return None
+    return compare_sources(
+        only, reference, None, tolerance_lsb=ref_tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
+        output_quant=output_quant,
+    )  # fmt: skip
+
+
 def _pinned_warnings(comparisons: Sequence[TensorComparison]) -> list[str]:
     """One warning per (side, run, output) pinned where its counterpart is not, one note per saturation.
 
@@ -836,7 +879,7 @@ def reference_source(
     model_path: str | Path,
     input_paths: Sequence[str | Path],
     backend: str = "tflm",
-    input_options: Any | None = None,
+    input_options: InputOptions | None = None,
 ) -> Source:
     """Run the host reference on the model for each input (one input tensor per model).
 
@@ -904,14 +947,14 @@ def compare_files(
         raise UsageError(f"--scale {scale} must be a positive number")
     sa, sb = load_source(a, "A"), load_source(b, "B")
     ref = None
-    quant: list[tuple[float | None, int | None, str | None]] = []
+    quant: list[Quant] = []
     if model is None:
         _check_legacy_lengths(sa, sb)
     else:
         from harness.model.loader import load_model
 
         info = load_model(model)
-        quant = [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in info.outputs]
+        quant = output_quant(info.outputs)
         sa, sb = (_fit_legacy(s, info.outputs) for s in (sa, sb))
         for s in (sa, sb):
             if s.model_sha256 and s.model_sha256 != info.sha256:

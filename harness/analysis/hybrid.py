@@ -185,7 +185,7 @@ def cost_report(
     t_hyb = sum(measured_hybrid[k] for k in ops) if measured_hybrid else t_est
 
     def kept(t: int) -> float | None:
-        return None if t_ansi <= t_opt else round(100.0 * (t_ansi - t) / (t_ansi - t_opt), 2)
+        return None if t_ansi <= t_opt else round(100.0 * (t_ansi - t) / (t_ansi - t_opt), 4)
 
     per_op = [
         {
@@ -217,13 +217,18 @@ def cost_report(
     return doc
 
 
+def _percent(p: float) -> str:
+    """98.5% / 99.991%: enough digits that a small cost is not shown as 100%."""
+    return f"{p:.1f}%" if p < 99.9 else f"{p:.3f}%"
+
+
 def _cost_sentence(doc: Mapping[str, Any]) -> str:
     kept = doc["speedup_kept_percent"]
     sp = doc["speedup"]
     how = "measured" if doc["measured"] else "estimated from the two builds' per-op cycles"
     head = (
-        f"the hybrid keeps {kept:.1f}% of ESP-NN's speedup ({sp['optimized']:.2f}x -> {sp['hybrid']:.2f}x "
-        f"over ANSI C, {how})"
+        f"the hybrid keeps {_percent(kept)} of ESP-NN's speedup ({sp['optimized']:.2f}x -> "
+        f"{sp['hybrid']:.2f}x over ANSI C, {how})"
         if kept is not None and sp["optimized"] and sp["hybrid"]
         else "ESP-NN gives no speedup on this model: the hybrid costs nothing measurable"
     )

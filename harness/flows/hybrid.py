@@ -465,7 +465,9 @@ def _deliver(st: _State) -> None:
     assert res.verification is not None and res.verification.project_dir is not None
     res.dropin = _dropin(st, res.verification.project_dir)
     culprits = [c["op"] for c in res.culprits if c["found_by"] != "given"]
-    dump_caps = _reproduce(st, culprits) if culprits else {}
+    dump_caps = {}
+    if culprits and not _reuse_baseline_repro(st, culprits):
+        dump_caps = _reproduce(st, culprits)
     res.cost = _cost(st, dump_caps)
 
 
@@ -544,6 +546,20 @@ def _invoke_cost(st: _State, caps: dict[str, Capture]) -> dict[str, Any]:
     else:
         summary = f"invoke times: {us}"
     return {"invoke_us": us, "speedup_kept_percent": kept, "measured": True, "per_op": [], "summary": summary}
+
+
+def _reuse_baseline_repro(st: _State, ops: list[int]) -> bool:
+    """The baseline's tap dump run already made verified reproducers of exactly these ops: copy them."""
+    base = st.res.baseline
+    made = [r for r in (base.tap.repro if base is not None and base.tap is not None else []) if r.get("ok")]
+    if sorted(r["op"] for r in made) != sorted(ops):
+        return False
+    for r in made:
+        src = Path(r["dir"])
+        dest = st.out / "repro" / src.name
+        shutil.copytree(src, dest, dirs_exist_ok=True)
+        st.res.repro.append({**r, "dir": str(dest)})
+    return True
 
 
 def _reproduce(st: _State, ops: list[int]) -> dict[str, Capture]:

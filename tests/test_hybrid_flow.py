@@ -256,11 +256,15 @@ def test_the_one_op_reproducer_reproduces_on_its_own(
 def test_cli_hybrid(
     models_dir: Path, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    base = [str(models_dir / MODEL), "--input", str(models_dir / INPUT), "--board", "sim",
+    two = ["--input", str(models_dir / INPUT), "--input", str(models_dir / "inputs" / "unet_mbv2_035_48.npy")]
+    base = [str(models_dir / MODEL), *two, "--board", "sim",
             "--cache-dir", str(cache_dir), "--silence-timeout", "3"]  # fmt: skip
     extra = ["--json", "--html", str(tmp_path / "h.html"), "--bundle", str(tmp_path / "b.zip")]
     code = main(["hybrid", *base, "--port", f"sim://?{_corrupt('27')}", "--out", str(tmp_path / "o"), *extra])
     doc = json.loads(capsys.readouterr().out)
+    runs = {(c["a"], c["b"], c["run"]) for c in doc["verification"]["comparison"]["comparisons"]}
+    assert {("hybrid", "ansi", 0), ("hybrid", "ansi", 1), ("hybrid", "reference", 1)} <= runs  # every input
+    assert doc["verification"]["hybrid_records"] == [{"ansi": 1, "fallback": 0}] * 2
     assert (
         code == 0 and doc["ansi_ops"] == [27] and doc["offered"] and doc["verification"]["outcome"] == "good"
     )

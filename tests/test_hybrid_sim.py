@@ -18,6 +18,7 @@ from harness.firmware.boards import load_board
 from harness.firmware.build import build_project
 from harness.firmware.generate import FirmwareFeatures, generate_projects
 from harness.flows.capture import flash_and_capture
+from harness.flows.flash_and_compare import sim_port_for
 from harness.flows.records import StageTimeouts
 from harness.model.hybrid_ops import candidate_ops
 from harness.model.loader import load_model
@@ -40,8 +41,9 @@ def _boot(
     if edit is not None:
         edit(p.path)
     build = build_project(p.path, cache_dir=tmp / "cache")
-    port = f"sim://hs{time.monotonic_ns()}?{query}"
-    vr, _ = flash_and_capture(build, load_board("sim"), port, tmp, variant="optimized",
+    board = load_board("sim")
+    port = sim_port_for(board.chip, board.reset, f"sim://hs{time.monotonic_ns()}?{query}", board.flash_size)
+    vr, _ = flash_and_capture(build, board, port, tmp, variant="optimized",
                               timeouts=StageTimeouts(capture_total=60, capture_silence=3))  # fmt: skip
     return parse_capture(Path(vr.serial_log).read_bytes()), vr  # type: ignore[arg-type]
 

@@ -206,8 +206,15 @@ def test_flash_size_in_the_image_header_is_checked_at_start_up(
         assert raw.count(b"spi_flash: Detected size(4096k) smaller than the size in the binary image "
                          b"header(8192k). Probe failed.") == 3
         assert raw.count(b"assert failed: do_core_init startup.c:328 (flash_ret == ESP_OK)") == 3
-        kinds = {f.kind for f in classify(raw, ended_by="silence")}
-        assert "boot_failure" in kinds and "boot_loop" in kinds, kinds
+        from harness.analysis.classify import exit_code_for
+
+        findings = classify(raw, ended_by="silence")
+        kinds = {f.kind for f in findings}
+        assert "flash_size_mismatch" in kinds and "boot_loop" in kinds, kinds
+        # the start-up assert is the mismatch's consequence: a wrong board file (2), not a crash (4)
+        assert "abort" not in kinds and exit_code_for(findings) == 2
+        mismatch = next(f for f in findings if f.kind == "flash_size_mismatch")
+        assert mismatch.details["chip_kb"] == 4096 and mismatch.details["image_kb"] == 8192
     else:
         assert parse_capture(raw).valid
         warned = b"Detected size(16384k) larger than the size in the binary image header(8192k)" in raw

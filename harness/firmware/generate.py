@@ -24,6 +24,7 @@ import numpy as np
 from harness import __version__
 from harness.errors import EspCheckError, GenerateError
 from harness.firmware.boards import Board, load_board
+from harness.firmware.hybrid_context import hybrid_firmware_context, render_hybrid_files
 from harness.firmware.layout import FlashLayout, check_model_fits, flash_layout
 from harness.firmware.tap_context import tap_firmware_context
 from harness.model.inputs import InputOptions
@@ -334,11 +335,13 @@ class FirmwareFeatures:
     ``embed_inputs``: compile the given inputs into the image (run once at boot, for people flashing by
     hand). Flows stream their inputs over the link instead, so that a new input rebuilds and reflashes
     nothing: they pass ``embed_inputs=False`` and no inputs at all.
+    ``ansi_ops``: op instances the hybrid wrapper runs on esp-nn's ANSI C kernels (docs/hybrid.md).
     """
 
     tap: bool = False
     dump_ops: tuple[int, ...] = ()
     embed_inputs: bool = True
+    ansi_ops: tuple[int, ...] = ()
 
     @property
     def tapped(self) -> bool:
@@ -383,6 +386,10 @@ def generate_projects(
     model_bytes = model_path.read_bytes()
     layout = flash_layout(board_def)
     check_model_fits(layout, len(model_bytes), model_path.name)
+    # hybrid wrapper table (None when every op runs ESP-NN optimized); UsageError on ops it cannot switch
+    hybrid_ctx = hybrid_firmware_context(
+        model, feats.ansi_ops, model_name=c_str(model_path.name), model_sha256=_sha256(model_bytes)
+    )
     plan = _plan_arena(model_path, board_def, arena_kb, versions["espnn"])
     prepared = _prepare_inputs([Path(p) for p in input_paths], tensor, input_options)
     if not feats.embed_inputs:
@@ -390,7 +397,7 @@ def generate_projects(
     ctx = _base_context(
         board_def, versions, model_path, model_bytes, prepared, tensor, model, resolver, plan, human_max
     )
-    ctx.update(tap=tap_ctx, **_layout_context(layout))
+    ctx.update(tap=tap_ctx, hybrid=hybrid_ctx, **_layout_context(layout))
     env = _environment()
     allow = load_allowlist()
     projects = []
@@ -403,6 +410,8 @@ def generate_projects(
         manifest["flash_layout"] = layout.to_dict()
         if tap_ctx is not None:
             manifest["tap"] = tap_ctx["manifest"]
+        if hybrid_ctx is not None:
+            manifest["hybrid"] = {"ansi_ops": hybrid_ctx["ansi_ops"], "kinds": hybrid_ctx["kinds"]}
         pdir = Path(out_dir) / variant
         _write_project(pdir, files, manifest)
         projects.append(
@@ -589,6 +598,8 @@ def _render_files(
         files[rel] = text.encode("utf-8")
     for name in PROTO_FILES:
         files[f"main/{name}"] = (proto_dir / name).read_bytes()
+    if ctx.get("hybrid") is not None:
+        files.update(render_hybrid_files(ctx["hybrid"], str(ctx["banner"]), env.filters))
     files[f"{DATA_DIR}/model.tflite"] = model_bytes
     files[MODEL_IMAGE] = pack_model_image(model_bytes)
     for k, (_, raw, _) in enumerate(prepared):

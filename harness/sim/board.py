@@ -99,6 +99,7 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         "frame_every",
         "invoke_time",
         "rx_buffer",
+        "fault_kind",
         "boot",
     }
     unknown = sorted(set(params) - known)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -75,16 +75,6 @@ class AppEnv:
     log: Callable[[str], None] = lambda _m: None
 
 
-def modelled_invoke_us(chip: ChipSpec, model_len: int, n_ops: int, variant: str) -> int:
-    """A deterministic stand-in for the invoke time (the host's time says nothing about an ESP32).
-
-    Proportional to the model's size and op count, scaled by CPU clock; the optimized variant is
-    modelled 2x faster. Only benchmarks of the simulator itself should look at it.
-    """
-    base = (model_len // 2 + 400 * n_ops) * 240 // max(1, chip.cpu_mhz)
-    return int(base // 2 if variant == "optimized" else base)
-
-
 class _Model:
     """The model running on the simulated CPU: the TFLM reference, one interpreter per model, in process
     (the model already passed the host reference's isolated child process in any flow that gets here)."""
@@ -118,6 +108,10 @@ class _Init:
     msg: str = ""
     arena_used: int = 0
     tflm: str = "sim"
+    dispatch: Any = None  # harness.sim.cycles.Dispatch: which kernel each op runs
+    fallback_ops: int = 0  # hybrid table nodes ESP-NN does not handle (the original kernel runs them)
+    op_fault: Any = None  # harness.sim.tap_sim.OpFault that fires in this image (None: none)
+    cycles: list[int] = field(default_factory=list)  # modelled cycles per op
 
 
 class SimApp:
@@ -138,6 +132,8 @@ class SimApp:
             f for f in faults.names if faults.active(f, payload.variant) and f != "sync_fail"
         )
         self.init = self._initialize(model_error)
+        if self.init.info is not None:
+            self._dispatch(self.init)
         self._segments: list[tuple[float, bytearray]] = []
         self._busy = 0.0
         self.crash: str | None = None  # panic, abort, brownout: crash text and a reboot follow
@@ -175,6 +171,31 @@ class SimApp:
         else:
             init.arena_used, init.tflm = self._arena_and_version(init.info)
         return init
+
+    def _dispatch(self, init: _Init) -> None:
+        """Which kernel each op runs (the image's variant, the hybrid wrapper's table matched to nodes by
+        their first output tensor as the C wrapper does, an ``unoptimized_kind`` fault), the op fault
+        that fires in this image, and the modelled cycles per op."""
+        from harness.model.hybrid_ops import ANSI_KINDS, ansi_path_applies
+        from harness.sim.cycles import Dispatch, op_cycles
+
+        info, faults = init.info, self.env.faults
+        by_out = {o.outputs[0]: o for o in info.main_ops if o.outputs and o.outputs[0] >= 0}
+        ansi: set[int] = set()
+        for _op, out_t, kind in self.payload.header.get("hybrid") or []:
+            op = by_out.get(int(out_t))
+            if op is None or ANSI_KINDS.get(op.opcode, ("",))[0] != kind:
+                continue  # the C wrapper never recognises this row
+            if ansi_path_applies(info, op):
+                ansi.add(op.index)
+            else:
+                init.fallback_ops += 1
+        unopt = faults.fault_kind if "unoptimized_kind" in self.active else None
+        init.dispatch = Dispatch(self.payload.variant, frozenset(ansi), unopt)
+        init.op_fault = _op_fault(faults, init.dispatch, info)
+        kept = [f for f in self.active if f not in _OP_FAULT_NAMES]
+        self.active = sorted(kept + ([init.op_fault.kind] if init.op_fault else []))
+        init.cycles = op_cycles(info, self.env.chip.name, init.dispatch, salt=self.payload.variant)
 
     @staticmethod
     def _arena_and_version(info: Any) -> tuple[int, str]:
@@ -323,12 +344,18 @@ class SimApp:
             em.info([("sim_fault", "+".join(self.active))])
         if p.header.get("tap"):
             em.info([("tap", 1)])
+        table = p.header.get("hybrid")
+        if table is not None:
+            em.info([("hybrid", len(table)), ("ansi_ops", _ops_text([int(r[0]) for r in table]))])
         if arena:
             size = int(p.header.get("arena_bytes") or 0) or self.init.arena_used
             used = min(size, self.init.arena_used) if self.init.arena_used else size
             em.arena(size, used, "host")
 
     def text_extra(self, em: Any, i: int) -> None:
+        if self.payload.header.get("hybrid") is not None and self.init.dispatch is not None:
+            ansi = len(self.init.dispatch.ansi_ops)
+            em.record("HYBRID", [("i", i), ("ansi", ansi), ("fallback", self.init.fallback_ops)])
         if self._last_ops is not None:
             dump = [int(k) for k in self.payload.header.get("dump_ops", [])]
             _emit_taps(em, i, self.init.info, self._last_ops, dump)
@@ -360,17 +387,23 @@ class SimApp:
             return 1, 0, []
         self.runs += 1
         faults = self.env.faults
-        if "hang" in self.active or ("stall" in self.active and self.runs > faults.fault_count):
+        op_fault = self.init.op_fault
+        hang = "hang" in self.active or (op_fault is not None and op_fault.kind == "op_hang")
+        if hang or ("stall" in self.active and self.runs > faults.fault_count):
             self.halted = True
             return -1, 0, []
         crash = next((k for k in ("panic", "abort", "brownout") if k in self.active), None)
+        if crash is None and op_fault is not None and op_fault.kind == "op_panic":
+            crash = "panic"
         if crash is not None:
             self.crash = crash
             return -1, 0, []
         tin = info.inputs[0]
         arr = np.frombuffer(data, np.dtype(tin.dtype)).reshape(tin.shape)
         outs = self._reference(arr, data)
-        us = modelled_invoke_us(self.env.chip, len(self.payload.model), len(info.ops), self.payload.variant)
+        from harness.sim.cycles import invoke_us
+
+        us = invoke_us(self.init.cycles, self.env.chip.cpu_mhz)
         self._busy += _busy_seconds(self.env.invoke_time, us)
         raw = [_apply_output_faults(a, self.active, faults, self.runs - 1, o) for o, a in enumerate(outs)]
         if "flaky" in self.active and self.runs % 2 == 0:  # a kernel that reads uninitialised scratch
@@ -381,14 +414,14 @@ class SimApp:
 
     def _reference(self, arr: np.ndarray, data: bytes) -> list[np.ndarray]:
         info = self.init.info
-        op_fault = _op_fault(self.env.faults, self.active)
+        op_fault = self.init.op_fault
         if self.payload.header.get("tap") or op_fault is not None:
             from harness.model.reference import run_reference
             from harness.sim.tap_sim import simulate_ops
 
             res = run_reference(self.payload.model, [[arr]], per_layer=True)
             layers = {lt.tensor_index: lt.array for lt in res.runs[0].layers or []}
-            sim_ops, values = simulate_ops(info, arr, layers, self.payload.variant, op_fault)
+            sim_ops, values = simulate_ops(info, arr, layers, self.init.dispatch, op_fault, self.init.cycles)
             self._last_ops = sim_ops
             return [values.get(t.index, a) for t, a in zip(info.outputs, res.runs[0].outputs, strict=True)]
         cache = self.env.cache
@@ -516,20 +549,35 @@ def _busy_seconds(mode: str, invoke_us: int) -> float:
         return 0.0
 
 
-def _op_fault(faults: FaultSpec, active: list[str]) -> Any:
+_OP_FAULT_NAMES = ("op_corrupt", "op_clobber", "op_panic", "op_hang")
+
+
+def _op_fault(faults: FaultSpec, dispatch: Any, info: Any) -> Any:
+    """The op fault of this image, or None when there is none or it hits no op this image runs."""
     from harness.sim.tap_sim import OpFault
 
-    for kind in ("op_corrupt", "op_clobber"):
-        if kind in active and faults.fault_op is not None:
-            return OpFault(
-                kind,
-                faults.fault_op,
-                faults.fault_region,
-                faults.corrupt_lsb,
-                faults.corrupt_frac,
-                faults.seed,
-            )
+    if not faults.fault_ops:
+        return None
+    for kind in _OP_FAULT_NAMES:
+        if kind in faults.names:
+            fault = OpFault(
+                kind, faults.fault_ops[0], faults.fault_region, faults.corrupt_lsb, faults.corrupt_frac,
+                faults.seed, faults.fault_ops[1:], faults.variant,
+            )  # fmt: skip
+            hit = any(fault.hits(op.index, dispatch) for op in info.main_ops)
+            return fault if hit else None
     return None
+
+
+def _ops_text(ops: list[int], limit: int = 160) -> str:
+    """INFO ansi_ops as the firmware prints it: ``17,27``, cut with a trailing ``+`` past ``limit``."""
+    text = ""
+    for k, op in enumerate(ops):
+        one = f"{',' if k else ''}{op}"
+        if len(text) + len(one) + 2 > limit + 1:
+            return text + "+"
+        text += one
+    return text or "-"
 
 
 def _emit_taps(emitter: Any, i: int, info: Any, sim_ops: list[Any], dump_ops: list[int]) -> None:

@@ -101,9 +101,19 @@ def _run_options(f: F) -> F:
             "--inventory",
             "-i",
             "inventory",
-            required=True,
+            default=None,
             type=click.Path(dir_okay=False, path_type=Path),
-            help="Bench inventory TOML (the boards and how to reach them; see docs/ci.md).",
+            help="Bench inventory TOML (the boards and how to reach them; see docs/ci.md). Required "
+            "unless --labgrid is given.",
+        ),
+        click.option(
+            "--labgrid",
+            "coordinator",
+            metavar="HOST:PORT",
+            default=None,
+            help="labgrid coordinator: boards are labgrid places, reserved and acquired through "
+            "labgrid-client. Without --inventory, every place tagged esp_check_type=<board type> is a "
+            "board; with it, its `place = ...` boards use this coordinator (docs/ci.md, 'labgrid').",
         ),
         click.option(
             "--out",
@@ -188,7 +198,8 @@ def _run_options(f: F) -> F:
 @_run_options
 def run_cmd(
     plan: Path,
-    inventory: Path,
+    inventory: Path | None,
+    coordinator: str | None,
     out_dir: Path,
     junit: Path | None,
     as_json: bool,
@@ -218,7 +229,7 @@ def run_cmd(
             "a flag now (the summary on stdout); the summary is always in OUT/summary.json",
             err=True,
         )
-    the_plan, inv = _load(plan, inventory)
+    the_plan, inv = _load(plan, inventory, coordinator)
     stop, hard = threading.Event(), threading.Event()
     opts = RunOptions(
         out_dir=out_dir,
@@ -258,10 +269,20 @@ def _check_schema_version(requested: int | None) -> None:
         )
 
 
-def _load(plan: Path, inventory: Path) -> tuple[Any, Any]:
+def _load(plan: Path, inventory: Path | None, coordinator: str | None) -> tuple[Any, Any]:
     from harness.runner import load_inventory, load_plan
+    from harness.runner.inventory import discover_inventory
 
-    return load_plan(plan), load_inventory(inventory)
+    if inventory is None and coordinator is None:
+        raise UsageError(
+            "run needs the boards: --inventory BENCH.toml, or --labgrid HOST:PORT (a labgrid coordinator)",
+            hint="see docs/ci.md",
+        )
+    the_plan = load_plan(plan)
+    if inventory is None:
+        assert coordinator is not None
+        return the_plan, discover_inventory(coordinator)
+    return the_plan, load_inventory(inventory, coordinator=coordinator)
 
 
 def _progress(console: Console) -> Callable[[str], None]:

@@ -1,0 +1,1 @@
+"""esp-check's pytest plugin (placeholder, filled in below)."""

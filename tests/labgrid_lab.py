@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def labgrid_tool(name: str) -> str | None:
-    beside = BIN / name
+def labgrid_tool(name: str, bin_dir: Path = BIN) -> str | None:
+    beside = bin_dir / name
     return str(beside) if beside.exists() else shutil.which(name)
 
 
@@ -77,6 +77,7 @@ class Lab:
     """Coordinator + one exporter + one ``sim serve --rfc2217`` per board; places made on request."""
 
     dir: Path
+    bin: Path = BIN  # the environment whose labgrid and esp-check run (a fresh venv in the install test)
     coordinator: str = ""
     procs: list[subprocess.Popen] = field(default_factory=list)
     sim_ports: dict[str, int] = field(default_factory=dict)
@@ -86,14 +87,14 @@ class Lab:
         self.dir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         self.coordinator = f"127.0.0.1:{port}"
-        self._spawn("coordinator", [labgrid_tool("labgrid-coordinator"), "-l", self.coordinator])
+        self._spawn("coordinator", [labgrid_tool("labgrid-coordinator", self.bin), "-l", self.coordinator])
         for name in boards:
             self.sim_ports[name] = self._sim_serve(name, (sim_args or {}).get(name, []))
         self.power = PowerSwitch()
         self._write_exporter_config(boards)
         self._spawn(
             "exporter",
-            [labgrid_tool("labgrid-exporter"), "-c", self.coordinator, "-n", "bench1", "--hostname",
+            [labgrid_tool("labgrid-exporter", self.bin), "-c", self.coordinator, "-n", "bench1", "--hostname",
              "127.0.0.1", str(self.dir / "exporter.yaml")],
         )  # fmt: skip
         self._wait_resources(len(boards))
@@ -110,7 +111,7 @@ class Lab:
         return proc
 
     def _sim_serve(self, name: str, extra: list[str]) -> int:
-        argv = [sys.executable, "-m", "harness.cli", "sim", "serve", "--name", name, "--rfc2217", "--port", "0"]
+        argv = [str(self.bin / "esp-check"), "sim", "serve", "--name", name, "--rfc2217", "--port", "0"]
         argv += extra
         proc = self._spawn(f"sim-{name}", argv)
         log = self.dir / f"sim-{name}.log"
@@ -157,7 +158,7 @@ class Lab:
         env = dict(os.environ)
         if user:
             env["LG_USERNAME"] = user
-        argv = [labgrid_tool("labgrid-client"), "-x", self.coordinator, *(("-p", place) if place else ()), *args]
+        argv = [labgrid_tool("labgrid-client", self.bin), "-x", self.coordinator, *(("-p", place) if place else ()), *args]
         proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env, timeout=60)
         if proc.returncode != 0:
             raise subprocess.CalledProcessError(proc.returncode, argv, proc.stdout, proc.stderr)

@@ -244,6 +244,8 @@ def run_cmd(
         report_paths=[p for p in (junit, json_file, markdown) if p is not None],
     )
     runner = Runner(the_plan, inv, opts)  # PlanError here: a job's board type is not on the bench
+    if any(b.place for b in inv.boards):
+        _check_serial_package(opts.progress)
     if validate_only:
         return _validate_only(runner)
     with _stop_on_signals(stop, hard, console):
@@ -255,6 +257,18 @@ def run_cmd(
     if as_json:
         click.echo(paths["json"].read_text(encoding="utf-8"), nl=False)
     return int(result.exit_code)
+
+
+def _check_serial_package(progress: Callable[[str], None] | None) -> None:
+    """labgrid and esptool share the ``serial`` package (docs/ci.md): say whose files it is, refuse a broken one."""
+    from harness.device.serialpkg import inspect_serial_package
+    from harness.errors import InfrastructureError
+
+    pkg = inspect_serial_package()
+    if not pkg.ok:
+        raise InfrastructureError(pkg.describe(), hint=f"repair it: {pkg.fix()} (docs/ci.md, 'labgrid')")
+    if progress is not None:
+        progress(f"[labgrid] {pkg.describe()}")
 
 
 def _check_schema_version(requested: int | None) -> None:
@@ -370,6 +384,25 @@ def _print(console: Console, result: Any) -> None:
 @click.group("bench")
 def bench_group() -> None:
     """The boards on this bench (inventory helpers)."""
+
+
+@bench_group.command("check-serial")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def check_serial_cmd(as_json: bool) -> int:
+    """Which distribution's files make up the `serial` package (pyserial / pyserial-labgrid).
+
+    Exit 0 when the package is whole, 3 when files are missing (the output says how to repair it).
+    """
+    from harness.device.serialpkg import inspect_serial_package
+
+    pkg = inspect_serial_package()
+    if as_json:
+        click.echo(json.dumps(pkg.to_dict(), indent=2))
+    else:
+        click.echo(pkg.describe())
+        if not (pkg.ok and pkg.provider):
+            click.echo(f"repair: {pkg.fix()}")
+    return int(ExitCode.MATCH if pkg.ok else ExitCode.INFRASTRUCTURE)
 
 
 @bench_group.command("detect")

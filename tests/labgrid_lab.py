@@ -46,7 +46,7 @@ class PowerSwitch(http.server.ThreadingHTTPServer):
         switch = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 m = re.fullmatch(r"/outlet/(\d+)(?:/([01]))?", self.path)
                 if not m:
                     self.send_error(404)
@@ -100,7 +100,9 @@ class Lab:
         self._wait_resources(len(boards))
         return self
 
-    def _spawn(self, label: str, argv: list[str | None], env: dict[str, str] | None = None) -> subprocess.Popen:
+    def _spawn(
+        self, label: str, argv: list[str | None], env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         assert all(argv), f"{label}: labgrid is not installed"
         log = open(self.dir / f"{label}.log", "w")  # noqa: SIM115 - the process keeps it open
         proc = subprocess.Popen(
@@ -158,7 +160,13 @@ class Lab:
         env = dict(os.environ)
         if user:
             env["LG_USERNAME"] = user
-        argv = [labgrid_tool("labgrid-client", self.bin), "-x", self.coordinator, *(("-p", place) if place else ()), *args]
+        argv = [
+            labgrid_tool("labgrid-client", self.bin),
+            "-x",
+            self.coordinator,
+            *(("-p", place) if place else ()),
+            *args,
+        ]
         proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env, timeout=60)
         if proc.returncode != 0:
             raise subprocess.CalledProcessError(proc.returncode, argv, proc.stdout, proc.stderr)
@@ -173,7 +181,9 @@ class Lab:
         return self.client("show", place=place)
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.dir.glob("*.log"))
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.dir.glob("*.log")
+        )
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

@@ -108,7 +108,9 @@ def assert_released(lab: Lab, place: str) -> None:
     assert place not in lab.client("reservations"), "a reservation was left behind"
 
 
-def test_a_plan_runs_across_two_places(lab, tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path):
+def test_a_plan_runs_across_two_places(
+    lab, tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path
+):
     """Places found by their esp_check_type tag; one task per place; both released at the end."""
     the_lab = lab(["b1", "b2"])
     the_lab.make_place("pl-a", "b1")
@@ -153,9 +155,16 @@ def test_two_runners_contending_for_one_place_never_overlap(
     assert {u["lock_key"] for u in usage} == {"labgrid-only"}
     assert all(u["end"] > u["start"] for u in usage)
     assert _overlaps(usage) == []
-    waits = [a["lock_wait_s"] for n in (1, 2) for t in summary(tmp_path / f"out{n}")["tasks"] for a in t["attempts"]]
+    waits = [
+        a["lock_wait_s"]
+        for n in (1, 2)
+        for t in summary(tmp_path / f"out{n}")["tasks"]
+        for a in t["attempts"]
+    ]
     assert max(waits) > 1.0  # they did contend: one waited for the other
-    assert "released a stale" not in "".join(errs)  # a live runner's acquisition is never taken for a stale one
+    assert "released a stale" not in "".join(
+        errs
+    )  # a live runner's acquisition is never taken for a stale one
     assert_released(the_lab, "only")
 
 
@@ -176,7 +185,9 @@ def test_kill_9_leaves_a_stale_acquisition_that_the_next_run_releases(
     killed.communicate(timeout=60)
     assert killed.returncode == -signal.SIGKILL, "".join(seen) + the_lab.logs()
     shown = the_lab.show("victim")
-    assert "acquired: None" not in shown and f"esp_check={killed.pid}_" in shown, shown  # labgrid never expires it
+    assert "acquired: None" not in shown and f"esp_check={killed.pid}_" in shown, (
+        shown
+    )  # labgrid never expires it
     rerun = run_cli(the_lab, plan, tmp_path / "out2", cache_dir, "--lock-timeout", "60")
     err = finish(rerun)
     assert rerun.returncode == 0, err + the_lab.logs()

@@ -27,7 +27,10 @@ import pytest
 
 from tests.labgrid_lab import ROOT, Lab
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="labgrid labs run on Linux")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(sys.platform != "linux", reason="labgrid labs run on Linux"),
+]
 pytest_plugins = ["pytester"]
 pytest.importorskip("tflite_micro")
 MODEL = "op_zoo"
@@ -38,7 +41,9 @@ def _pip(venv: Path, *args: str, timeout: float = 900) -> subprocess.CompletedPr
         [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
         capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
-    if proc.returncode != 0 and any(w in proc.stderr.lower() for w in ("connection", "network", "resolve host")):
+    if proc.returncode != 0 and any(
+        w in proc.stderr.lower() for w in ("connection", "network", "resolve host")
+    ):
         pytest.skip(f"package index unreachable: {proc.stderr.strip()[-300:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -89,7 +94,9 @@ def _lab_run(venv: Path, tmp: Path, models_dir: Path, env: dict[str, str]) -> tu
 def test_pip_install_esp_check_labgrid_from_scratch(
     fresh: Path, tmp_path: Path, models_dir: Path, cache_env: dict[str, str]
 ):
-    check = subprocess.run([str(fresh / "bin" / "python"), "-m", "pip", "check"], capture_output=True, text=True)
+    check = subprocess.run(
+        [str(fresh / "bin" / "python"), "-m", "pip", "check"], capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stdout  # both distributions' requirements are met
     pkg = _serial_check(fresh)
     assert set(pkg["installed"]) == {"pyserial", "pyserial-labgrid"} and pkg["ok"], pkg
@@ -109,12 +116,17 @@ def test_pip_install_esp_check_labgrid_from_scratch(
 
 
 def test_the_plugin_beside_pytest_embedded_uses_a_dut_port(
-    fresh: Path, pytester: pytest.Pytester, models_dir: Path, cache_env: dict[str, str],
+    fresh: Path,
+    pytester: pytest.Pytester,
+    models_dir: Path,
+    cache_env: dict[str, str],
     monkeypatch: pytest.MonkeyPatch,
 ):
     """pytest-embedded's `dut` holds the port; flash_and_compare(dut=dut) borrows it and gives it back."""
     _pip(fresh, "pytest-embedded~=2.9", "pytest-embedded-serial~=2.9")
-    pytester.makeconftest("import harness.sim\nharness.sim.register()  # pytest-embedded opens sim:// ports\n")
+    pytester.makeconftest(
+        "import harness.sim\nharness.sim.register()  # pytest-embedded opens sim:// ports\n"
+    )
     pytester.makepyfile(
         test_dut=f"""
         MODEL = {str(models_dir / (MODEL + ".tflite"))!r}
@@ -136,7 +148,9 @@ def test_the_plugin_beside_pytest_embedded_uses_a_dut_port(
         "--port", port, "--junitxml", str(pytester.path / "out.xml"), timeout=600,
     )  # fmt: skip
     assert res.ret == 0, res.stdout.str()[-5000:]
-    props = {p.get("name"): p.get("value") for p in ET.parse(pytester.path / "out.xml").getroot().iter("property")}
+    props = {
+        p.get("name"): p.get("value") for p in ET.parse(pytester.path / "out.xml").getroot().iter("property")
+    }
     assert props["esp_check_verdict"] == "match", props
     assert props["esp_check_port"].startswith(port.split("?")[0]) and props["esp_check_simulated"] == "True"
     assert Path(props["esp_check_report"]).exists()

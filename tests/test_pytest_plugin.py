@@ -66,7 +66,8 @@ def test_the_plugin_is_loaded_from_its_entry_point_and_inert(pytester: pytest.Py
 def test_importing_the_plugin_imports_nothing_heavy():
     code = (
         "import sys, harness.pytest_plugin\n"
-        "print(sorted(m for m in ('numpy', 'harness.api', 'serial', 'esptool', 'harness.flows') if m in sys.modules))"
+        "heavy = ('numpy', 'harness.api', 'serial', 'esptool', 'harness.flows')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -90,7 +91,8 @@ def test_flash_and_compare_fixture_gives_the_result_and_junit_properties(
 
         def test_mismatch(flash_and_compare, esp_check_board):
             from dataclasses import replace
-            bad = replace(esp_check_board, port=esp_check_board.port + "&fault=corrupt&variant_fault=optimized")
+            faulty = esp_check_board.port + "&fault=corrupt&variant_fault=optimized"
+            bad = replace(esp_check_board, port=faulty)
             result = flash_and_compare(MODEL, [INPUT], board=bad)
             assert result.verdict == "match"  # fails: the optimized build corrupts outputs
         """

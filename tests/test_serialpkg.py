@@ -24,7 +24,9 @@ def _site(tmp_path: Path) -> Path:
     copied = 0
     for name in ("pyserial", "pyserial-labgrid"):
         for dist in metadata.distributions(name=name):
-            info = Path(str(dist.locate_file(f"{dist.metadata['Name'].replace('-', '_')}-{dist.version}.dist-info")))
+            info = Path(
+                str(dist.locate_file(f"{dist.metadata['Name'].replace('-', '_')}-{dist.version}.dist-info"))
+            )
             if info.is_dir():
                 shutil.copytree(info, site / info.name)
                 copied += 1
@@ -46,7 +48,9 @@ def test_an_uninstall_of_the_other_distribution_is_named_with_its_repair(tmp_pat
     shutil.rmtree(site / "serial" / "urlhandler")  # what `pip uninstall` of one of the two leaves
     pkg = inspect_serial_package([str(site)])
     assert not pkg.ok and "serial/urlhandler/protocol_rfc2217.py" in pkg.missing
-    assert "broken" in pkg.describe() and pkg.fix().startswith("pip install --force-reinstall --no-deps pyserial")
+    assert "broken" in pkg.describe() and pkg.fix().startswith(
+        "pip install --force-reinstall --no-deps pyserial"
+    )
 
 
 def test_a_file_from_neither_distribution_is_reported(tmp_path: Path):

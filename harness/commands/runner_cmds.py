@@ -260,7 +260,7 @@ def run_cmd(
 
 
 def _check_serial_package(progress: Callable[[str], None] | None) -> None:
-    """labgrid and esptool share the ``serial`` package (docs/ci.md): say whose files it is, refuse a broken one."""
+    """labgrid and esptool share the ``serial`` package (docs/ci.md): say whose it is, refuse a broken one."""
     from harness.device.serialpkg import inspect_serial_package
     from harness.errors import InfrastructureError
 

@@ -172,9 +172,7 @@ def parse_show(name: str, text: str) -> PlaceInfo:
         if key == "acquired":
             info.acquired = None if value in ("None", "") else value
         elif key == "tags":
-            info.tags = dict(
-                kv.split("=", 1) for kv in (p.strip() for p in value.split(",")) if "=" in kv
-            )
+            info.tags = dict(kv.split("=", 1) for kv in (p.strip() for p in value.split(",")) if "=" in kv)
         elif key == "comment":
             info.comment = value[:200]
         elif key == "changed":

@@ -42,7 +42,9 @@ class SerialPackage:
         if self.missing:
             return f"the serial package is broken: {len(self.missing)} file(s) missing ({have} installed)"
         if self.provider:
-            return f"serial package files of {self.provider} {self.installed[self.provider]} (installed: {have})"
+            return (
+                f"serial package files of {self.provider} {self.installed[self.provider]} (installed: {have})"
+            )
         return f"serial package files mixed from {have}: {', '.join(self.mixed)}"
 
     def fix(self) -> str:
@@ -85,7 +87,9 @@ def inspect_serial_package(path: list[str] | None = None) -> SerialPackage:
     pkg = SerialPackage()
     records: dict[str, dict[str, tuple[Path, str]]] = {}
     for name in DISTRIBUTIONS:
-        found = list(metadata.distributions(name=name, path=path)) if path else list(metadata.distributions(name=name))
+        found = list(
+            metadata.distributions(name=name, path=path) if path else metadata.distributions(name=name)
+        )
         if not found:
             continue
         dist = found[0]
@@ -93,8 +97,8 @@ def inspect_serial_package(path: list[str] | None = None) -> SerialPackage:
         records[name] = _record(dist)
     owners: dict[str, set[str]] = {name: set() for name in records}
     for name, files in records.items():
-        for rel, (path, want) in sorted(files.items()):
-            have = _sha256(path)
+        for rel, (on_disk, want) in sorted(files.items()):
+            have = _sha256(on_disk)
             if have is None:
                 pkg.missing.append(rel)
             elif have == want:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -252,8 +253,12 @@ def discover_inventory(coordinator: str) -> Inventory:
 
 
 def _place_board_name(place: str) -> str:
-    name = "".join(c if c.isalnum() or c in "_.-" else "_" for c in place).strip(".") or "place"
-    return name if NAME_RE.match(name) else f"place-{name}"
+    """The inventory name of a discovered place: the place name, made a valid board name."""
+    name = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in place)[:64]
+    if NAME_RE.match(name) and name == place:
+        return name
+    digest = hashlib.sha256(place.encode()).hexdigest()[:8]
+    return f"place-{name.strip('._-')[:40]}-{digest}".replace("--", "-")
 
 
 def _read_toml(p: Path) -> dict[str, Any]:

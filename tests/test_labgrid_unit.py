@@ -62,7 +62,9 @@ def test_show_is_read_as_labgrid_prints_it():
     assert info.acquired == "ci-1/runner" and info.reservation == "ABCD12EFGH"
     assert info.tags["esp_check_type"] == "esp32s3-devkitc-1-n8r8" and info.comment == "shelf 2, left"
     assert info.holder_tag == HolderTag(4242, 123456, "ABCD12EFGH")
-    assert "ci-1/runner (esp-check pid 4242, comment 'shelf 2, left', since 2026-11-30" in info.describe_holder()
+    assert (
+        "ci-1/runner (esp-check pid 4242, comment 'shelf 2, left', since 2026-11-30" in info.describe_holder()
+    )
     idle = parse_show("x", "Place 'x':\n  matches:\n  acquired: None\n  acquired resources:\n")
     assert idle.acquired is None and idle.holder_tag is None and idle.describe_holder() == "nobody"
 
@@ -117,7 +119,9 @@ def test_process_identity_survives_pid_reuse_checks():
     me = os.getpid()
     assert process_alive(me, process_start(me))
     assert not process_alive(me, process_start(me) + 1) or process_start(me) == 0
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     assert not process_alive(int(done.stdout), 0)  # exited (and reaped)
     assert not process_alive(0, 0) and not process_alive(-1, 0)
 

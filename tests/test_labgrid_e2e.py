@@ -81,8 +81,12 @@ timeouts = {{ capture_total = 60, capture_silence = 10 }}
     return path
 
 
-def run_cli(lab: Lab, plan: Path, out: Path, cache_dir: Path, *extra: str) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "harness.cli", "run", str(plan), "--labgrid", lab.coordinator]
+def run_cli(
+    lab: Lab, plan: Path, out: Path, cache_dir: Path, *extra: str, inventory: Path | None = None
+) -> subprocess.Popen:
+    """``esp-check run`` as CI runs it: ``--labgrid`` (places found by tag), or an inventory naming places."""
+    where = ["--inventory", str(inventory)] if inventory else ["--labgrid", lab.coordinator]
+    argv = [sys.executable, "-m", "harness.cli", "run", str(plan), *where]
     argv += ["--out", str(out), "--no-step-summary", *extra]
     return subprocess.Popen(
         argv, cwd=ROOT, env=dict(os.environ, ESP_CHECK_CACHE_DIR=str(cache_dir), PYTHONUNBUFFERED="1"),
@@ -147,7 +151,12 @@ def test_two_runners_contending_for_one_place_never_overlap(
     the_lab.make_place("only", "shared")
     plan = write_plan(tmp_path / "plan.toml", models_dir, inputs_dir, ["op_zoo", "cnn_classifier_11"],
                       placement="any")  # fmt: skip
-    procs = [run_cli(the_lab, plan, tmp_path / f"out{i}", cache_dir) for i in (1, 2)]
+    inv = tmp_path / "bench.toml"  # the coordinator named in the inventory this time
+    inv.write_text(
+        f'[labgrid]\ncoordinator = "{the_lab.coordinator}"\n\n'
+        '[[board]]\nname = "b"\ntype = "sim"\nplace = "only"\n'
+    )
+    procs = [run_cli(the_lab, plan, tmp_path / f"out{i}", cache_dir, inventory=inv) for i in (1, 2)]
     errs = [finish(p) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(errs) + the_lab.logs()
     usage = summary(tmp_path / "out1")["board_usage"] + summary(tmp_path / "out2")["board_usage"]
@@ -274,7 +283,11 @@ def test_a_failing_place_is_power_cycled_through_labgrid(
     the_lab.make_place("flaky", "p1")
     plan = write_plan(tmp_path / "plan.toml", models_dir, inputs_dir, ["op_zoo"], placement="any",
                       retries=1, quarantine_after=1)  # fmt: skip
-    proc = run_cli(the_lab, plan, tmp_path / "out", cache_dir)
+    inv = tmp_path / "bench.toml"  # an inventory naming the place; --labgrid gives the coordinator
+    inv.write_text('[[board]]\nname = "flaky-board"\ntype = "sim"\nplace = "flaky"\n')
+    proc = run_cli(
+        the_lab, plan, tmp_path / "out", cache_dir, "--labgrid", the_lab.coordinator, inventory=inv
+    )
     err = finish(proc)
     assert proc.returncode == 3, err
     doc = summary(tmp_path / "out")

@@ -29,6 +29,7 @@ if labgrid_tool("labgrid-coordinator") is None:  # pragma: no cover - CI install
     pytest.skip("labgrid is not installed (pip install 'esp-check[labgrid]')", allow_module_level=True)
 
 pytestmark = pytest.mark.slow
+pytest_plugins = ["pytester"]
 SCHEMA = json.loads((ROOT / "docs" / "run-summary-schema.json").read_text())
 
 
@@ -296,3 +297,47 @@ def test_a_failing_place_is_power_cycled_through_labgrid(
     assert the_lab.power is not None and the_lab.power.calls == [(0, "0"), (0, "1")]
     assert doc["boards"][0]["status"] == "quarantined"
     assert_released(the_lab, "flaky")
+
+
+def test_the_pytest_plugin_holds_a_labgrid_place_for_the_session(
+    lab, pytester: pytest.Pytester, models_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """--esp-check-labgrid/--esp-check-place: the board fixture reserves, acquires and finally releases."""
+    the_lab = lab(["pt1"])
+    the_lab.make_place("plugin-place", "pt1")
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(cache_dir))
+    pytester.makepyfile(
+        test_plugin_on_place=f"""
+        import subprocess
+        MODEL = {str(models_dir / "op_zoo.tflite")!r}
+        INPUT = {str(models_dir / "inputs" / "op_zoo.npy")!r}
+
+        def test_on_the_place(esp_check_board, flash_and_compare):
+            assert esp_check_board.source == "labgrid place plugin-place" and esp_check_board.simulated
+            assert esp_check_board.port.startswith("rfc2217://127.0.0.1:")
+            result = flash_and_compare(MODEL, [INPUT])
+            assert result.verdict == "match", result.errors
+        """
+    )
+    res = pytester.runpytest(
+        "--esp-check-labgrid", the_lab.coordinator, "--esp-check-place", "plugin-place",
+        "--junitxml=out.xml", "-p", "no:cacheprovider", "-p", "no:labgrid",
+    )  # fmt: skip
+    res.assert_outcomes(passed=1)
+    assert "esp_check_verdict" in (pytester.path / "out.xml").read_text()
+    assert_released(the_lab, "plugin-place")
+
+
+def test_an_unknown_place_or_a_dead_coordinator_is_said_at_once(lab, tmp_path: Path):
+    from harness.device.labgrid import LabgridClient, PlaceLease
+    from harness.errors import ExitCode, LabgridError
+
+    the_lab = lab(["u1"])
+    t0 = time.monotonic()
+    with pytest.raises(LabgridError, match="place pattern nope matches nothing") as err:
+        PlaceLease(LabgridClient(the_lab.coordinator), "nope").acquire(60)
+    assert err.value.exit_code == ExitCode.INFRASTRUCTURE
+    with pytest.raises(LabgridError, match="Could not connect to coordinator"):
+        PlaceLease(LabgridClient("127.0.0.1:1"), "x").acquire(60)
+    assert time.monotonic() - t0 < 20  # not after the 60 s wait
+    assert "nope" not in the_lab.client("reservations")

@@ -128,7 +128,7 @@ def test_the_plugin_beside_pytest_embedded_uses_a_dut_port(
         "import harness.sim\nharness.sim.register()  # pytest-embedded opens sim:// ports\n"
     )
     pytester.makepyfile(
-        test_dut=f"""
+        test_plugin_with_dut=f"""
         MODEL = {str(models_dir / (MODEL + ".tflite"))!r}
         INPUT = {str(models_dir / "inputs" / (MODEL + ".npy"))!r}
 

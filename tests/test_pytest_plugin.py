@@ -44,7 +44,7 @@ def test_the_plugin_is_loaded_from_its_entry_point_and_inert(pytester: pytest.Py
     assert pytester.parseconfig().pluginmanager.hasplugin("esp_check")
     assert not pytester.parseconfig("-p", "no:esp_check").pluginmanager.hasplugin("esp_check")
     pytester.makepyfile(
-        test_plain="""
+        test_plugin_inert_plain="""
         import logging
         def test_ok():
             logging.getLogger("x").warning("hello")
@@ -80,7 +80,7 @@ def test_flash_and_compare_fixture_gives_the_result_and_junit_properties(
 ):
     pytest.importorskip("tflite_micro")
     pytester.makepyfile(
-        test_model=f"""
+        test_plugin_on_sim=f"""
         MODEL = {str(models_dir / (MODEL + ".tflite"))!r}
         INPUT = {str(models_dir / "inputs" / (MODEL + ".npy"))!r}
 

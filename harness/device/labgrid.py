@@ -385,7 +385,7 @@ class PlaceLease:
         say = on_wait or (lambda _m: None)
         t0 = time.monotonic()
         deadline = t0 + max(timeout, 0.0)
-        self._clear_own_stale(say)
+        self._clear_own_stale(say, strict=True)  # an unknown place or a dead coordinator: say so now
         while True:
             res = _Reservation(self.client, self.place)
             try:
@@ -444,16 +444,18 @@ class PlaceLease:
             hint="wait for the other user, or raise --lock-timeout / [run] lock_timeout_s",
         )
 
-    def _clear_own_stale(self, say: Callable[[str], None]) -> PlaceInfo | None:
+    def _clear_own_stale(self, say: Callable[[str], None], *, strict: bool = False) -> PlaceInfo | None:
         """Release the place if esp-check on this host and user left it acquired and died.
 
         Stale means all of: acquired by this ``host/user``; tagged ``esp_check`` by a process that no
         longer runs here; still held under the reservation that tag names (so nobody acquired it by
-        hand since). Returns the place as seen (None: could not be read).
+        hand since). Returns the place as seen (None: could not be read; ``strict``: raise instead).
         """
         try:
             info = self.client.show(self.place)
         except LabgridError:
+            if strict:
+                raise
             return None
         tag = info.holder_tag
         if info.acquired != self.me or tag is None or tag.token != info.reservation:

@@ -233,12 +233,19 @@ def _start(run: _Run, board: str | Path, port: str | None) -> None:
             f"({run.espnn['why']}): both variants run the same TFLM kernels, so a match here says "
             "nothing about ESP-NN"
         )
-    if board_def.simulated:
+    if board_def.simulated and port is not None and port.startswith(("rfc2217://", "socket://")):
+        # a simulated board served over the network (`esp-check sim serve`, a labgrid place): its
+        # captures say sim=1; a real board there would print no valid capture, never a match
+        run.port_url = port
+        ps = run.rec.run("port", None, lambda: resolve_port(port, board_def))
+        run.rec.run("port-present", None, lambda: check_present(ps))
+    elif board_def.simulated:
         if port is not None and not port.startswith("sim://"):
             raise UsageError(
                 f"board {board_def.name} is a simulated board, but --port {port} is not a simulator's port",
-                hint="omit --port (a fresh simulated board is made), give a sim://NAME?... URL, or name "
-                "the real board with --board (esp-check boards lists them)",
+                hint="omit --port (a fresh simulated board is made), give a sim://NAME?... URL, an "
+                "rfc2217:// URL of `esp-check sim serve`, or name the real board with --board "
+                "(esp-check boards lists them)",
             )
         # A fresh simulated board per run (parallel runs never share one), configured like the
         # board file's default port (flash size, ...) unless the user gave a sim:// URL.

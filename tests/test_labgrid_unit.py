@@ -18,6 +18,7 @@ from harness.device.labgrid import (
     PlaceInfo,
     parse_env,
     parse_show,
+    pid_namespace,
     process_alive,
     process_start,
     serial_url_of,
@@ -27,7 +28,7 @@ from harness.runner.inventory import _place_board_name, load_inventory
 
 SHOW = """Place 'lab-s3':
   comment: shelf 2, left
-  tags: esp_check=4242_123456_abcd12efgh, esp_check_type=esp32s3-devkitc-1-n8r8
+  tags: esp_check=4242_123456_4026531836_abcd12efgh, esp_check_type=esp32s3-devkitc-1-n8r8
   matches:
     bench1/s3/*
   acquired: ci-1/runner
@@ -61,7 +62,7 @@ def test_show_is_read_as_labgrid_prints_it():
     info = parse_show("lab-s3", SHOW)
     assert info.acquired == "ci-1/runner" and info.reservation == "ABCD12EFGH"
     assert info.tags["esp_check_type"] == "esp32s3-devkitc-1-n8r8" and info.comment == "shelf 2, left"
-    assert info.holder_tag == HolderTag(4242, 123456, "ABCD12EFGH")
+    assert info.holder_tag == HolderTag(4242, 123456, 4026531836, "ABCD12EFGH")
     assert (
         "ci-1/runner (esp-check pid 4242, comment 'shelf 2, left', since 2026-11-30" in info.describe_holder()
     )
@@ -86,9 +87,28 @@ def test_holder_tag_parser_takes_only_its_own_shape(value: str):
 
 
 def test_holder_tag_round_trip_is_lower_case():
-    tag = HolderTag(17, 99, "Q7ZLW5OJRO")
-    assert tag.value() == "17_99_q7zlw5ojro" and HolderTag.parse(tag.value()) == tag
-    assert HolderTag.parse("17_99") is None and HolderTag.parse("x_99_abcd") is None
+    tag = HolderTag(17, 99, 5, "Q7ZLW5OJRO")
+    assert tag.value() == "17_99_5_q7zlw5ojro" and HolderTag.parse(tag.value()) == tag
+    assert HolderTag.parse("17_99_q7zlw5ojro") is None and HolderTag.parse("x_99_5_abcd") is None
+
+
+def test_only_a_process_gone_from_this_pid_namespace_is_judged_dead():
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    gone = int(done.stdout)
+    assert HolderTag(gone, 0, pid_namespace(), "ABCD1234").is_dead_here()
+    assert not HolderTag(gone, 0, pid_namespace() + 1, "ABCD1234").is_dead_here()  # another container
+    assert not HolderTag.mine("ABCD1234").is_dead_here()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        start = process_start(child.pid)
+        assert not HolderTag(child.pid, start, pid_namespace(), "ABCD1234").is_dead_here()  # alive
+        reused = HolderTag(child.pid, start + 7, pid_namespace(), "ABCD1234")  # that pid, another process
+        assert reused.is_dead_here() == (start != 0)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_env_gives_the_serial_port_url():

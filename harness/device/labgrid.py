@@ -13,7 +13,8 @@ A :class:`PlaceLease` is the labgrid counterpart of :class:`harness.device.locks
   place to waiters in order), says who holds the place every few seconds, and gives up after a
   timeout with :class:`BoardBusyError`, cancelling its reservation;
 - once the reservation is allocated it acquires the place and tags it
-  ``esp_check=<pid>_<process start>_<reservation token>``: labgrid acquisitions never expire, so a
+  ``esp_check=<pid>_<process start>_<pid namespace>_<reservation token>``: labgrid acquisitions never
+  expire, so a
   runner killed with SIGKILL leaves its place acquired, and this tag is how the next esp-check run
   from the same host and user knows the acquisition for its own, dead, one (the pid is gone or is
   another process now, and the place is still held under that reservation) and releases it, saying
@@ -104,27 +105,52 @@ def process_alive(pid: int, start: int) -> bool:
     return not (start and now and now != start)
 
 
+def pid_namespace() -> int:
+    """This process's PID namespace (Linux ``/proc/self/ns/pid`` inode), 0 where unknown.
+
+    Two containers may share a host name and user: a pid is only judged in the namespace it lives in.
+    """
+    try:
+        link = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return 0
+    m = re.search(r"\[(\d+)\]", link)
+    return int(m.group(1)) if m else 0
+
+
 @dataclass(frozen=True)
 class HolderTag:
     """What the ``esp_check`` tag on a place says about the esp-check process holding it."""
 
     pid: int
-    start: int
-    token: str
+    start: int  # process start (clock ticks since boot), 0: unknown
+    ns: int  # PID namespace, 0: unknown
+    token: str  # the reservation the place was acquired under
 
     def value(self) -> str:
         # lower case: labgrid's tag values are meant to be [a-z0-9_]; tokens are [A-Z0-9]
-        return f"{self.pid}_{self.start}_{self.token.lower()}"
+        return f"{self.pid}_{self.start}_{self.ns}_{self.token.lower()}"
 
     @classmethod
     def parse(cls, value: str) -> HolderTag | None:
         parts = value.strip().split("_")
-        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+        if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts[:3]):
             return None
-        token = parts[2].upper()
+        token = parts[3].upper()
         if not _TOKEN.match(token):
             return None
-        return cls(int(parts[0]), int(parts[1]), token)
+        return cls(int(parts[0]), int(parts[1]), int(parts[2]), token)
+
+    @classmethod
+    def mine(cls, token: str) -> HolderTag:
+        pid = os.getpid()
+        return cls(pid, process_start(pid), pid_namespace(), token)
+
+    def is_dead_here(self) -> bool:
+        """True only when the process is known to be gone: same PID namespace, pid gone or reused."""
+        if self.pid == os.getpid() or self.ns != pid_namespace():
+            return False  # this process, or one this process cannot see: never judged dead
+        return not process_alive(self.pid, self.start)
 
 
 @dataclass
@@ -460,8 +486,8 @@ class PlaceLease:
         tag = info.holder_tag
         if info.acquired != self.me or tag is None or tag.token != info.reservation:
             return info
-        if tag.pid == os.getpid() or process_alive(tag.pid, tag.start):
-            return info  # another esp-check process of ours (or this one) holds it: wait
+        if not tag.is_dead_here():
+            return info  # a live esp-check process (or one in another PID namespace) holds it: wait
         with contextlib.suppress(LabgridError):
             self.client.set_tag(self.place, TAG, "")
         try:
@@ -494,8 +520,7 @@ class PlaceLease:
         with self._mutex:
             self.acquired_at = time.time()
         try:
-            mine = HolderTag(os.getpid(), process_start(os.getpid()), self.token)
-            self.client.set_tag(self.place, TAG, mine.value())
+            self.client.set_tag(self.place, TAG, HolderTag.mine(self.token).value())
             self.url = self.client.serial_url(self.place, self.port_name)
         except LabgridError:
             self.release()

@@ -321,7 +321,7 @@ def test_the_pytest_plugin_holds_a_labgrid_place_for_the_session(
     )
     res = pytester.runpytest(
         "--esp-check-labgrid", the_lab.coordinator, "--esp-check-place", "plugin-place",
-        "--junitxml=out.xml", "-p", "no:cacheprovider", "-p", "no:labgrid",
+        "--junitxml=out.xml", "-p", "no:cacheprovider", "-p", "no:labgrid", "-p", "no:pytest_embedded",
     )  # fmt: skip
     res.assert_outcomes(passed=1)
     assert "esp_check_verdict" in (pytester.path / "out.xml").read_text()

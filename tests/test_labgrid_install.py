@@ -139,7 +139,8 @@ def test_the_plugin_beside_pytest_embedded_uses_a_dut_port(
             assert dut.serial.proc.is_open  # pytest-embedded has its port back
         """
     )
-    port = f"sim://emb-{uuid.uuid4().hex[:8]}?emitter=c"
+    # the board pytest-embedded opens is the one esp-check flashes: give it the board type's flash size
+    port = f"sim://emb-{uuid.uuid4().hex[:8]}?emitter=c&flash_size=8MB"
     monkeypatch.setenv("ESP_CHECK_CACHE_DIR", cache_env["ESP_CHECK_CACHE_DIR"])
     res = pytester.run(
         str(fresh / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider", "-rs",

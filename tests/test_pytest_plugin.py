@@ -28,6 +28,15 @@ def _props(junit: Path) -> dict[str, dict[str, str]]:
     return out
 
 
+@pytest.fixture(autouse=True)
+def _inner_runs_like_ours(request: pytest.FixtureRequest) -> None:
+    """pytester's runs do not read this project's addopts: block labgrid's and pytest-embedded's plugins
+    there too (with both loaded every test is skipped: labgrid's `target` fixture, docs/ci.md)."""
+    if "pytester" in request.fixturenames:
+        ini = "[pytest]\naddopts = -p no:labgrid -p no:pytest_embedded\n"
+        request.getfixturevalue("pytester").makeini(ini)
+
+
 @pytest.fixture
 def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "plugin-cache"))

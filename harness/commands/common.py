@@ -6,6 +6,7 @@ import json
 import math
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -132,3 +133,35 @@ def echo_json(render: Callable[[], dict[str, Any]]) -> None:
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
     click.echo(json.dumps(doc, indent=2))
+
+
+def native_options(f: F) -> F:
+    """``--components-dir``, ``--sanitize``, ``--jobs``: how native boards build (docs/native.md)."""
+    f = click.option(
+        "--jobs",
+        type=click.IntRange(min=1, max=256),
+        default=None,
+        help="Native boards: parallel compile jobs (default: the number of CPUs).",
+    )(f)
+    f = click.option(
+        "--sanitize",
+        is_flag=True,
+        help="Native boards: build with AddressSanitizer and UndefinedBehaviorSanitizer; a sanitizer "
+        "report is a firmware fault (exit 4).",
+    )(f)
+    return click.option(
+        "--components-dir",
+        type=click.Path(file_okay=False, exists=True, path_type=Path),
+        envvar="ESP_CHECK_COMPONENTS_DIR",
+        default=None,
+        help="Native boards: esp-tflite-micro and esp-nn sources (checkouts or a project's "
+        "managed_components/) instead of the ESP-IDF component manager's download "
+        "[env: ESP_CHECK_COMPONENTS_DIR].",
+    )(f)
+
+
+def native_options_from(components_dir: Path | None, sanitize: bool, jobs: int | None) -> Any:
+    """The :class:`harness.firmware.native.project.NativeOptions` of the three options above."""
+    from harness.firmware.native.project import NativeOptions
+
+    return NativeOptions(components_dir=components_dir, sanitize=sanitize, jobs=jobs)

@@ -22,6 +22,8 @@ from harness.commands.common import (
     echo_json,
     input_options_from,
     make_console,
+    native_options,
+    native_options_from,
     schema_version_option,
 )
 from harness.commands.model_cmds import _input_options
@@ -35,8 +37,8 @@ from harness.errors import ExitCode, UsageError
 @click.option(
     "--port",
     default=None,
-    help="Serial port: device path, 'auto', rfc2217://host:port, socket://host:port or sim://NAME?... "
-    "(default: auto; on a simulated board, a fresh sim:// board).",
+    help="Serial port: device path, 'auto', rfc2217://host:port, socket://host:port, sim://NAME?... or "
+    "native://NAME (default: auto; on a simulated or native board, a fresh one).",
 )
 @click.option(
     "--out",
@@ -62,8 +64,12 @@ from harness.errors import ExitCode, UsageError
 )
 @click.option("--no-reference", is_flag=True, help="Skip the host TFLM reference (two-way comparison only).")
 @click.option(
-    "--builder", type=click.Choice(["pio", "idf", "sim"]), default=None, help="Override the board's builder."
+    "--builder",
+    type=click.Choice(["pio", "idf", "sim", "native"]),
+    default=None,
+    help="Override the board's builder.",
 )
+@native_options
 @click.option(
     "--cache-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -153,6 +159,9 @@ def flash_and_compare_cmd(
     dump_ops: list[int] | None = None,
     html_path: Path | None = None,
     bundle_path: Path | None = None,
+    components_dir: Path | None = None,
+    sanitize: bool = False,
+    jobs: int | None = None,
 ) -> int:
     """Build MODEL with ESP-NN optimized and ANSI C kernels, run both on the board, compare.
 
@@ -207,6 +216,7 @@ def flash_and_compare_cmd(
             dump_ops=dump_list,
             html=html_path,
             bundle=bundle_path,
+            native=native_options_from(components_dir, sanitize, jobs),
         )
     if as_json:
         doc = json.loads(result.report_path.read_text(encoding="utf-8"))
@@ -223,7 +233,9 @@ def _print_summary(console: Console, result: Any) -> None:
 
     if result.comparison is not None:
         print_report(result.comparison, console)
-    table = Table(title="flash-and-compare" + (" (SIMULATED BOARD)" if result.simulated else ""))
+    kind = " (SIMULATED BOARD)" if result.simulated else ""
+    kind = " (NATIVE: built for this PC)" if result.native else kind
+    table = Table(title="flash-and-compare" + kind)
     for col in ("variant", "firmware", "flash", "capture", "ESP-NN mode", "findings"):
         table.add_column(col)
     for v, r in result.variants.items():
@@ -259,9 +271,12 @@ def _print_summary(console: Console, result: Any) -> None:
     console.print(
         f"[bold {color}]verdict: {result.verdict}[/bold {color}] (exit {int(result.exit_code)})"
         + ("  \\[SIMULATED: no real ESP32 was used]" if result.simulated else "")
+        + (f"  \\[NATIVE, {result.native['bits']}-bit: no chip was used]" if result.native else "")
         + ("  [bold yellow]\\[ESP-NN NOT TESTED: it accelerates none of the ops][/bold yellow]"
            if result.espnn_untested else "")
     )
+    if result.native:
+        console.print(f"[bold]{escape(result.native['meaning'])}[/bold]")
     console.print(f"artifacts: {result.out_dir}  report: {result.report_path}")
 
 

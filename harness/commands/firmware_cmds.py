@@ -17,6 +17,8 @@ from harness.commands.common import (
     SECONDS,
     input_options_from,
     make_console,
+    native_options,
+    native_options_from,
     preprocessing_options,
 )
 from harness.errors import ExitCode
@@ -199,6 +201,10 @@ def generate_cmd(
     dirs = " ".join(str(p.path) for p in projects)
     if first.board.builder == "sim":
         console.print(f"Build with `esp-check build {dirs}` (packs images for the simulated board).")
+    elif first.board.is_native:
+        console.print(
+            f"Build with `esp-check build {dirs}` (compiles a program for this PC; docs/native.md)."
+        )
     else:
         how = "idf.py build" if first.board.builder == "idf" else "pio run"
         console.print(
@@ -250,6 +256,7 @@ def run_build_with_progress(project_dir: Path, console: Console, **kwargs: Any) 
     "--timeout", type=SECONDS, default=None, help="Kill the build after this many seconds."
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result (schema esp-check.build/1).")
+@native_options
 def build_cmd(
     project_dirs: tuple[Path, ...],
     builder: str | None,
@@ -261,6 +268,9 @@ def build_cmd(
     idf_py: str | None,
     timeout: float | None,
     as_json: bool,
+    components_dir: Path | None = None,
+    sanitize: bool = False,
+    jobs: int | None = None,
 ) -> int:
     """Build generated project directories (e.g. OUT/optimized OUT/ansi), with a content-addressed cache."""
     progress_console = Console(stderr=True, highlight=False)
@@ -278,6 +288,7 @@ def build_cmd(
             pio=pio_path,
             idf_py=idf_py,
             timeout=timeout,
+            native=native_options_from(components_dir, sanitize, jobs),
         )
         results.append(result)
         if not as_json:

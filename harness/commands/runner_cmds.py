@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.common import SECONDS, make_console
+from harness.commands.common import SECONDS, make_console, native_options, native_options_from
 from harness.errors import ExitCode
 
 
@@ -109,11 +109,15 @@ def _stop_on_signals(stop: threading.Event, hard: threading.Event, console: Cons
     help="Build cache directory.",
 )
 @click.option(
-    "--builder", type=click.Choice(["pio", "idf", "sim"]), default=None, help="Override the boards' builder."
+    "--builder",
+    type=click.Choice(["pio", "idf", "sim", "native"]),
+    default=None,
+    help="Override the boards' builder.",
 )
 @click.option(
     "--validate-only", is_flag=True, help="Check the plan and inventory, print the tasks, run nothing."
 )
+@native_options
 def run_cmd(
     plan: Path,
     inventory: Path,
@@ -127,6 +131,9 @@ def run_cmd(
     cache_dir: Path | None,
     builder: str | None,
     validate_only: bool,
+    components_dir: Path | None = None,
+    sanitize: bool = False,
+    jobs: int | None = None,
 ) -> int:
     """Run every model x input x board x variant of PLAN on the boards of the inventory.
 
@@ -156,6 +163,7 @@ def run_cmd(
         lock_timeout_s=lock_timeout,
         cache_dir=cache_dir,
         builder=builder,
+        native=native_options_from(components_dir, sanitize, jobs),
         owner=f"esp-check run {plan.name} (user {os.environ.get('USER', '?')})",
         progress=progress,
         stop=stop,

@@ -25,7 +25,8 @@ PSRAM_KINDS = ("none", "quad", "octal", "hex")
 CONSOLES = ("uart", "usb_serial_jtag")
 RESET_STYLES = ("classic", "usb_serial_jtag")
 ESPNN_PATHS = ("generic", "s3", "p4")
-BUILDERS = ("pio", "idf", "sim")
+BUILDERS = ("pio", "idf", "sim", "native")
+NATIVE_BITS = (32, 64)
 FLASH_SIZES = ("2MB", "4MB", "8MB", "16MB", "32MB")
 
 # Facts per chip that are not board choices: second-stage bootloader offset (ESP-IDF's
@@ -84,6 +85,7 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "default_port": str,
     "sdkconfig": dict,
     "sim": dict,  # simulator settings (same keys as sim:// URL parameters; validated by harness.sim)
+    "native": dict,  # native target settings (builder = "native"): bits = 32 | 64
 }
 
 
@@ -110,7 +112,17 @@ class Board:
     default_port: str | None = None
     sdkconfig: dict[str, str] = field(default_factory=dict)
     sim: dict[str, str | int | float | bool] = field(default_factory=dict)
+    native: dict[str, int] = field(default_factory=dict)
     source: Path | None = None
+
+    @property
+    def is_native(self) -> bool:
+        """Built for the host PC and run as a program (docs/native.md), not flashed to a chip."""
+        return self.builder == "native"
+
+    @property
+    def native_bits(self) -> int:
+        return int(self.native.get("bits", 64))
 
     @property
     def has_psram(self) -> bool:
@@ -150,6 +162,7 @@ class Board:
             "default_port": self.default_port,
             "sdkconfig": dict(self.sdkconfig),
             "sim": dict(self.sim),
+            "native": dict(self.native),
         }
 
 
@@ -247,6 +260,7 @@ def parse_board(data: dict[str, Any], path: Path) -> Board:
     for key, value in sim_table.items():
         if not re.match(r"^[a-z][a-z0-9_]{0,31}$", key) or not isinstance(value, (str, int, float, bool)):
             raise _err(path, f"sim.{key}", f"must be a simple value under a lower-case key, got {value!r}")
+    native = _native_table(path, data)
     if data.get("default_port") is not None and not re.match(r"^[\x21-\x7e]{1,200}$", data["default_port"]):
         raise _err(path, "default_port", "must be a port name or URL without spaces")
     return Board(
@@ -269,8 +283,32 @@ def parse_board(data: dict[str, Any], path: Path) -> Board:
         default_port=data.get("default_port"),
         sdkconfig=sdkconfig,
         sim=dict(sim_table),
+        native=native,
         source=path,
     )
+
+
+def _native_table(path: Path, data: dict[str, Any]) -> dict[str, int]:
+    """The ``[native]`` table: only for builder = "native", whose ESP-NN path must be the generic C one."""
+    table = data.get("native", {})
+    if data["builder"] != "native":
+        if table:
+            raise _err(path, "native", 'is only allowed for native boards (builder = "native")')
+        return {}
+    if data["espnn_path"] != "generic":
+        raise _err(
+            path,
+            "espnn_path",
+            f'is "{data["espnn_path"]}" but a native build runs only ESP-NN\'s generic C kernels on the host',
+            hint='use espnn_path = "generic" with chip = "esp32", "esp32c3" or "esp32c6"',
+        )
+    unknown = sorted(set(table) - {"bits"})
+    if unknown:
+        raise _err(path, f"native.{unknown[0]}", "is not a native setting", hint="known: bits")
+    bits = table.get("bits", 64)
+    if isinstance(bits, bool) or bits not in NATIVE_BITS:
+        raise _err(path, "native.bits", f"is {bits!r}; expected 32 or 64")
+    return {"bits": int(bits)}
 
 
 def load_board_file(path: Path) -> Board:

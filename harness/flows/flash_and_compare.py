@@ -29,6 +29,7 @@ from harness.device.ports import check_present, resolve_port
 from harness.errors import EspCheckError, ExitCode, UsageError, combine_exit_codes
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
+from harness.firmware.native.project import NATIVE_MEANING, NativeOptions
 from harness.flows.capture import flash_and_capture, run_variant
 from harness.flows.firmware import Firmware, build_firmware, generate_firmware
 from harness.flows.records import (
@@ -131,6 +132,7 @@ def flash_and_compare(
     dump_ops: Sequence[int] = (),
     html: str | Path | None = None,
     bundle: str | Path | None = None,
+    native: NativeOptions | None = None,
 ) -> FlashAndCompareResult:
     """Run the whole job and return its result; the report is always written to ``out_dir``.
 
@@ -141,6 +143,9 @@ def flash_and_compare(
     serial number / server host:port / sim name, in ``lock_dir`` or the default lock directory) is
     held while flashing and capturing, so a CI runner and this call never share a board; a board
     still busy after ``lock_timeout`` seconds is an infrastructure error (exit 3).
+
+    ``native`` configures the builds of a native board (``--board native-esp32``, docs/native.md):
+    component sources, sanitizers.
     """
     t_all = time.monotonic()
     limits = timeouts or StageTimeouts()
@@ -166,7 +171,7 @@ def flash_and_compare(
         ref_source = _host_reference(run, input_options) if reference else None
         fw = build_firmware(
             projects, rec=run.rec, logs_dir=run.out / "logs", builder=builder, cache_dir=cache_dir,
-            timeout=limits.build,
+            timeout=limits.build, native=native,
         )  # fmt: skip
         if not _record_builds(run, fw) or not _flash_and_capture_both(run, fw, lock_cm, limits, flash_baud):
             return finish()
@@ -174,7 +179,7 @@ def flash_and_compare(
         if tap:
             req = TapRunRequest(
                 run.model, tuple(run.inputs), run.info, run.board, run.port_url, run.out, builder, cache_dir,
-                input_options, arena_kb, limits, flash_baud, reference, tuple(sorted(set(dump_ops))),
+                input_options, arena_kb, limits, flash_baud, reference, tuple(sorted(set(dump_ops))), native,
             )  # fmt: skip
             outcome = run.rec.run(
                 "tap", None, lambda: run_tap_flow(req, run.variants, rec=run.rec, lock_cm=lock_cm())
@@ -228,7 +233,16 @@ def _start(run: _Run, board: str | Path, port: str | None) -> None:
             f"({run.espnn['why']}): both variants run the same TFLM kernels, so a match here says "
             "nothing about ESP-NN"
         )
-    if board_def.simulated:
+    if board_def.is_native:
+        if port is not None and not port.startswith("native://"):
+            raise UsageError(
+                f"board {board_def.name} is a native board (the firmware runs as a program on this PC), "
+                f"but --port {port} is not a native:// port",
+                hint="omit --port (a fresh native board is made), or give native://NAME",
+            )
+        run.port_url = port or f"native://esp-check-{uuid.uuid4().hex[:10]}"
+        run.fresh_sim = port is None  # made for this run alone: nobody else's, no lock
+    elif board_def.simulated:
         if port is not None and not port.startswith("sim://"):
             raise UsageError(
                 f"board {board_def.name} is a simulated board, but --port {port} is not a simulator's port",
@@ -327,6 +341,17 @@ def _board_lock(
     )
 
 
+def _native_facts(run: _Run) -> dict[str, Any] | None:
+    """What a native board's results mean, and what each variant's program said it was (INFO)."""
+    if run.loaded_board is None or not run.loaded_board.is_native:
+        return None
+    keys = ("native", "native_bits", "native_sanitize", "idf", "tflm", "espnn")
+    reported = {
+        v: {k: vr.source.info.get(k) for k in keys} for v, vr in run.variants.items() if vr.source is not None
+    }
+    return {"meaning": NATIVE_MEANING, "bits": run.loaded_board.native_bits, "reported": reported}
+
+
 def _compare(
     run: _Run, ref_source: Source | None, tolerance_lsb: float, ref_tolerance_lsb: float
 ) -> CompareResult | None:
@@ -380,6 +405,7 @@ def _finish(
         warnings=run.warnings,
         tap=run.tap,
         espnn=run.espnn,
+        native=_native_facts(run),
     )
     write_report(result, model=run.model, inputs=run.inputs, seconds=seconds)
     if html is not None or bundle is not None:

@@ -136,6 +136,7 @@ class FlashAndCompareResult:
     warnings: list[str] = field(default_factory=list)
     tap: TapResult | None = None  # with --tap
     espnn: dict[str, Any] | None = None  # how many of the model's ops ESP-NN accelerates on this chip
+    native: dict[str, Any] | None = None  # native board: what the result means, what the programs reported
 
     @property
     def espnn_untested(self) -> bool:

@@ -45,6 +45,7 @@ from harness.errors import (
     PlanError,
     combine_exit_codes,
 )
+from harness.firmware.native.project import NativeOptions
 from harness.runner.inventory import BenchBoard, Inventory
 from harness.runner.plan import ModelCase, Plan
 from harness.runner.results import VERDICTS, Attempt, BoardState, RunResult, Task, VariantOutcome
@@ -65,6 +66,7 @@ class RunOptions:
     lock_timeout_s: float | None = None  # None: the plan's [run] lock_timeout_s
     cache_dir: Path | None = None
     builder: str | None = None
+    native: NativeOptions | None = None  # native boards' builds (docs/native.md)
     owner: str = ""
     progress: Callable[[str], None] | None = None
     stop: threading.Event | None = None
@@ -425,6 +427,7 @@ class Runner:
                 builder=self.opt.builder,
                 cache_dir=self.opt.cache_dir,
                 timeout=t.job.timeouts.build,
+                native=self.opt.native,
             )
             for exc in fw.failures.values():
                 raise exc

@@ -218,13 +218,22 @@ def load_inventory(path: str | Path) -> Inventory:
                 raise _err(p, where, "port", "cannot be 'auto' on a bench: name the board's port")
             if "://" in value:
                 scheme = value.split("://", 1)[0].lower()
-                if scheme not in ("rfc2217", "socket", "sim"):
+                if scheme not in ("rfc2217", "socket", "sim", "native"):
                     raise _err(
                         p,
                         where,
                         "port",
                         f"uses unsupported URL scheme {scheme}://",
-                        "use rfc2217://, socket:// or sim://",
+                        "use rfc2217://, socket://, sim:// or native://",
+                    )
+                if (scheme == "native") != board.is_native:
+                    raise _err(
+                        p,
+                        where,
+                        "port",
+                        f"is {'a native:// URL' if scheme == 'native' else 'not a native:// URL'} but board "
+                        f"type {btype} is {'not ' if scheme == 'native' else ''}a native board",
+                        "a native board (builder = native) runs on a native://NAME port, and only there",
                     )
                 if scheme == "sim" and not board.simulated:
                     raise _err(p, where, "port", f"is a sim:// URL but board type {btype} is not simulated")
@@ -235,6 +244,8 @@ def load_inventory(path: str | Path) -> Inventory:
                         parse_url(value)
                     except EspCheckError as exc:
                         raise _err(p, where, "port", f"is not a valid sim:// URL: {exc.message}") from None
+        if board.is_native and not (key == "port" and value.lower().startswith("native://")):
+            raise _err(p, where, key, "must be a native://NAME port for a native board type")
         if board.simulated and not (key == "port" and "://" in value):
             raise _err(
                 p, where, key, "must be a sim://, rfc2217:// or socket:// URL for a simulated board type"

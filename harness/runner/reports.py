@@ -127,6 +127,7 @@ def summary_dict(result: RunResult) -> dict[str, Any]:
         "verdict": _run_verdict(result),
         "interrupted": result.interrupted,
         "simulated": any(b.bench.simulated for b in result.boards),
+        "native": any(b.bench.board.is_native for b in result.boards),
         "counts": counts,
         "boards": [
             {
@@ -221,6 +222,12 @@ def junit_tree(result: RunResult) -> ET.ElementTree:
                 name="simulated",
                 value=str(any(b.bench.simulated for b in result.boards)).lower(),
             )
+            ET.SubElement(
+                props,
+                "property",
+                name="native",
+                value=str(any(b.bench.board.is_native for b in result.boards)).lower(),
+            )
             suites[t.job.name] = suite
         board = _task_board(t) or t.board_type
         out_text = _raw_logs(t)
@@ -286,7 +293,9 @@ def markdown(result: RunResult) -> str:
         "",
         f"Plan `{_md(doc['plan'])}` on `{_md(doc['inventory'])}` — {c['tasks']} tasks, "
         f"{c['attempts']} attempts ({c['retries']} retries), {doc['seconds']:.0f} s"
-        + (" — **simulated boards**" if doc["simulated"] else ""),
+        + (" — **simulated boards**" if doc["simulated"] else "")
+        + (" — **NATIVE boards** (firmware built for the PC: generic ESP-NN C kernels, no chip)"
+           if doc.get("native") else ""),
         "",
         "| testcases | passed | failures | errors |",
         "|---:|---:|---:|---:|",

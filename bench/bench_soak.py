@@ -139,7 +139,9 @@ def soak(tmp: Path, n: int, boards: int, rate: float, throttle: int, seed: int, 
     return {
         "boards": boards,
         "jobs": n,
-        "completed": sum(1 for t in doc["tasks"] if t["verdict"] not in ("aborted", "infrastructure_error")),
+        "completed": sum(
+            1 for t in doc["tasks"] if t["state"] == "done" and t["verdict"] != "infrastructure_error"
+        ),
         "wrong_verdicts": wrong,
         "lost_artifacts": lost_artifacts(doc),
         "attempts": doc["counts"]["attempts"],

@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import flatbuffers
 import numpy as np
+import tflite
 from test_model_builder import Op, T, build_model
 
 COMPONENTS = Path(__file__).parent / "data" / "native_components"
@@ -40,6 +42,27 @@ FAULTS = {
 }
 
 
+def _pool_2x2_valid(b: flatbuffers.Builder) -> int:
+    tflite.Pool2DOptionsStart(b)
+    tflite.Pool2DOptionsAddPadding(b, tflite.Padding.VALID)
+    tflite.Pool2DOptionsAddStrideW(b, 2)
+    tflite.Pool2DOptionsAddStrideH(b, 2)
+    tflite.Pool2DOptionsAddFilterWidth(b, 2)
+    tflite.Pool2DOptionsAddFilterHeight(b, 2)
+    tflite.Pool2DOptionsAddFusedActivationFunction(b, 0)
+    return int(tflite.Pool2DOptionsEnd(b))
+
+
+def _reshape_1x48(b: flatbuffers.Builder) -> int:
+    tflite.ReshapeOptionsStartNewShapeVector(b, 2)
+    for v in (48, 1):
+        b.PrependInt32(v)
+    shape = b.EndVector()
+    tflite.ReshapeOptionsStart(b)
+    tflite.ReshapeOptionsAddNewShape(b, shape)
+    return int(tflite.ReshapeOptionsEnd(b))
+
+
 def write_model(path: Path) -> Path:
     """input [1,8,8,3] -> MAX_POOL_2D 2x2/2 VALID -> [1,4,4,3] -> RESHAPE -> output [1,48] (int8)."""
     q = {"scale": 0.05, "zero_point": -3}
@@ -50,7 +73,10 @@ def write_model(path: Path) -> Path:
             T("shape", (2,), "int32", data=np.array([1, 48], dtype=np.int32)),
             T("output", (1, 48), "int8", **q),
         ],
-        [Op(MAX_POOL_2D, [0], [1], pool=(1, 2, 2, 2, 2)), Op(RESHAPE, [1, 2], [3], new_shape=(1, 48))],
+        [
+            Op(MAX_POOL_2D, [0], [1], options=(tflite.BuiltinOptions.Pool2DOptions, _pool_2x2_valid)),
+            Op(RESHAPE, [1, 2], [3], options=(tflite.BuiltinOptions.ReshapeOptions, _reshape_1x48)),
+        ],
         inputs=[0],
         outputs=[3],
     )

@@ -120,7 +120,7 @@ def test_same_log_twice_matches(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (b"", "is empty"),
         (b"\r\n  \n", "is empty"),
-        (b"I (1) boot: hello\r\nno values\r\n", "no 'Output:' lines"),
+        (b"hello\r\nno values\r\n", "no 'Output:' lines"),
     ],
 )
 def test_unusable_logs_fail_cleanly(
@@ -133,6 +133,42 @@ def test_unusable_logs_fail_cleanly(
     with pytest.raises(LogFormatError):
         load_source(bad, "A")
     assert main(["compare", str(tmp_path / "missing.log"), str(ANSI_LOG)]) == 2
+
+
+@pytest.mark.parametrize("cut", ["before_marker", "in_marker", "boot_banner_only"])
+def test_capture_truncated_before_its_first_record_is_exit_3(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cut: str
+) -> None:
+    """Device output that stops before the first @EC1 record: a truncated capture, never a usage error."""
+    full = write_capture(tmp_path / "full.log", [np.arange(4, dtype=np.int8)], nn="ansi_c").read_bytes()
+    first = full.index(b"@EC1 ")
+    data = {
+        "before_marker": full[:first],
+        "in_marker": full[: first + 3],
+        "boot_banner_only": ANSI_LOG.read_bytes().split(b"Output:")[0],
+    }[cut]
+    a = tmp_path / "a.log"
+    a.write_bytes(data)
+    assert main(["compare", str(a), str(tmp_path / "full.log")]) == 3
+    assert "ended before the first result" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 100_000 + "]" * 100_000,  # RecursionError in the JSON decoder
+        "[" + "9" * 5000 + "]",  # over-long integer (ValueError outside JSONDecodeError)
+        "[" + "9" * 400 + "]",  # too large for a float
+        '{"format": "esp-check-results", "version": 1, "runs": [{"outputs": [{"index": 1e999}]}]}',
+    ],
+)
+def test_hostile_json_results_fail_cleanly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    bad = tmp_path / "deep.json"
+    bad.write_text(text)
+    assert main(["compare", str(bad), str(ANSI_LOG)]) == 2
+    assert "internal error" not in capsys.readouterr().err
 
 
 def test_truncated_legacy_log_is_an_incomplete_capture(tmp_path: Path) -> None:

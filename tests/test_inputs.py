@@ -221,3 +221,42 @@ def test_unknown_format_and_missing_file(models_dir: Path, tmp_path: Path) -> No
         load_input(tmp_path / "x.weird", t)
     with pytest.raises(InputDataError, match="not found"):
         load_input(tmp_path / "missing.npy", t)
+
+
+def _png_header_only(path: Path, width: int, height: int) -> Path:
+    """A PNG whose header says width x height, with a broken IDAT (decoding it fails).
+
+    Built chunk by chunk like any PNG writer; refusing it by its header dimensions is the only way
+    to say what is wrong with it, so the message proves nothing was decoded.
+    """
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    idat = chunk(b"IDAT", b"\x78\x9c\x00\x00")
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + idat + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("side", [14000, 9500])  # DecompressionBombError / only a warning in Pillow
+@pytest.mark.parametrize("resize", ["error", "stretch"])
+def test_huge_image_refused_from_its_header(models_dir: Path, tmp_path: Path, side: int, resize: str) -> None:
+    t = _tensor(models_dir, "cnn_classifier_11")
+    png = _png_header_only(tmp_path / "huge.png", side, side)
+    with pytest.raises(InputDataError) as exc:
+        load_input(png, t, InputOptions(resize=resize))
+    if side == 14000:  # Pillow refuses it before esp-check sees the header
+        assert "too large" in exc.value.message and "megapixels" in exc.value.message
+    else:
+        assert f"{side}x{side}" in exc.value.message
+
+
+def test_image_size_mismatch_refused_before_decoding(models_dir: Path, tmp_path: Path) -> None:
+    """Without --resize a wrong-size image is refused from its header (it would only be thrown away)."""
+    t = _tensor(models_dir, "cnn_classifier_11")
+    png = _png_header_only(tmp_path / "wrong.png", 33, 31)
+    with pytest.raises(InputDataError, match=r"33x31 .*needs \d+x\d+"):
+        load_input(png, t)

@@ -7,6 +7,7 @@ cannot run, float and int16 I/O, several inputs, broadcasting ADD. Other test fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import flatbuffers
@@ -41,9 +42,8 @@ class Op:
     custom: str | None = None
     add_options: bool = False
     extra: dict[str, int] = field(default_factory=dict)
-    # Pool2DOptions: padding (0 SAME, 1 VALID), stride w, stride h, filter w, filter h
-    pool: tuple[int, int, int, int, int] | None = None
-    new_shape: tuple[int, ...] | None = None  # ReshapeOptions
+    # (BuiltinOptions type, writer returning the options table offset), e.g. Conv2DOptions
+    options: tuple[int, Callable[[flatbuffers.Builder], int]] | None = None
 
 
 def _ivec(b: flatbuffers.Builder, start: object, values: list[int]) -> int:
@@ -111,31 +111,19 @@ def build_model(tensors: list[T], ops: list[Op], inputs: list[int], outputs: lis
         ins = _ivec(b, tflite.OperatorStartInputsVector, op.inputs)
         outs = _ivec(b, tflite.OperatorStartOutputsVector, op.outputs)
         opts = None
-        opts_type = None
+        opts_type = tflite.BuiltinOptions.AddOptions
         if op.add_options:
             tflite.AddOptionsStart(b)
             tflite.AddOptionsAddFusedActivationFunction(b, 0)
-            opts, opts_type = tflite.AddOptionsEnd(b), tflite.BuiltinOptions.AddOptions
-        elif op.pool is not None:
-            padding, stride_w, stride_h, filter_w, filter_h = op.pool
-            tflite.Pool2DOptionsStart(b)
-            tflite.Pool2DOptionsAddPadding(b, padding)
-            tflite.Pool2DOptionsAddStrideW(b, stride_w)
-            tflite.Pool2DOptionsAddStrideH(b, stride_h)
-            tflite.Pool2DOptionsAddFilterWidth(b, filter_w)
-            tflite.Pool2DOptionsAddFilterHeight(b, filter_h)
-            tflite.Pool2DOptionsAddFusedActivationFunction(b, 0)
-            opts, opts_type = tflite.Pool2DOptionsEnd(b), tflite.BuiltinOptions.Pool2DOptions
-        elif op.new_shape is not None:
-            shape_vec = _ivec(b, tflite.ReshapeOptionsStartNewShapeVector, list(op.new_shape))
-            tflite.ReshapeOptionsStart(b)
-            tflite.ReshapeOptionsAddNewShape(b, shape_vec)
-            opts, opts_type = tflite.ReshapeOptionsEnd(b), tflite.BuiltinOptions.ReshapeOptions
+            opts = tflite.AddOptionsEnd(b)
+        elif op.options is not None:
+            opts_type, write = op.options
+            opts = write(b)
         tflite.OperatorStart(b)
         tflite.OperatorAddOpcodeIndex(b, k)
         tflite.OperatorAddInputs(b, ins)
         tflite.OperatorAddOutputs(b, outs)
-        if opts is not None and opts_type is not None:
+        if opts is not None:
             tflite.OperatorAddBuiltinOptionsType(b, opts_type)
             tflite.OperatorAddBuiltinOptions(b, opts)
         op_offsets.append(tflite.OperatorEnd(b))

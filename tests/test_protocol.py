@@ -384,3 +384,35 @@ def test_malformed_identity_info_is_a_problem(key: str, value: str) -> None:
     fields += [f"inputs={value if key == 'inputs' else 0}", f"outputs={value if key == 'outputs' else 1}"]
     cap = parse_capture(_minimal(info=fields))
     assert not cap.valid and any(key in p for p in cap.problems), cap.problems
+
+
+def _data_capture(b64: str) -> bytes:
+    """One 1-byte uint8 output whose only DATA record carries ``b64``."""
+    return _minimal(
+        b"INPUT i=0 bytes=5 sha256=" + SHA.encode(), b"TIME i=0 invoke_us=7",
+        f"TENSOR i=0 o=0 dtype=uint8 shape=1 scale=0x3B800000 zp=0 bytes=1 crc={crc32_hex(b'@')}".encode(),
+        f"DATA i=0 o=0 off=0 b64={b64}".encode(),
+    )  # fmt: skip
+
+
+def test_non_canonical_base64_is_rejected() -> None:
+    """Strict base64 (docs/protocol.md): pad bits must be zero ("QA==" is the only form of 0x40)."""
+    assert parse_capture(_data_capture("QA==")).valid
+    for variant in ("QB==", "QP==", "QA=", "QA"):  # non-zero pad bits; missing padding
+        cap = parse_capture(_data_capture(variant))
+        assert not cap.valid and any("base64" in p for p in cap.problems), variant
+
+
+def test_corrupted_record_in_a_later_boot_after_end_is_ignored() -> None:
+    """Spec: a BEGIN after a complete END is a warning, the later boot is ignored, corrupt lines included."""
+    raw = good_capture()
+    later = bytearray(raw)
+    later[raw.index(b" INFO ") + 8] ^= 0x01  # break the later boot's INFO CRC
+    cap = parse_capture(raw + b"ets Jun  8 2016\r\n" + bytes(later))
+    assert cap.valid, cap.problems
+    assert any("booted again after END" in w for w in cap.warnings)
+    assert any("corrupted record" in w for w in cap.warnings)
+    # ... but a corrupted line after END with no new BEGIN still breaks rule 3
+    bad = bytearray(raw[: raw.index(b"\n") + 1])
+    bad[10] ^= 0x01
+    assert not parse_capture(raw + bytes(bad)).valid

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from harness.errors import HostReferenceError
-from harness.model import arena
+from harness.errors import ModelError
+from harness.model import arena, hostrun
 from harness.model.loader import load_model
 
 ON_TFLM_PLATFORM = sys.platform == "linux" and platform.machine() == "x86_64"
@@ -55,7 +54,6 @@ def test_chip_changes_only_the_scratch_term(models_dir: Path) -> None:
     assert generic.espnn_scratch_bytes < s3.espnn_scratch_bytes == worst.espnn_scratch_bytes
     assert generic.target_bytes < s3.target_bytes
     assert arena.estimate_arena(p, chip="esp32s3") == s3
-    assert arena._measure_cached.cache_info().hits >= 2  # one subprocess measurement per model content
 
 
 def test_scratch_bounds(models_dir: Path) -> None:
@@ -78,42 +76,52 @@ def test_rough_fallback_without_tflm(monkeypatch: pytest.MonkeyPatch, models_dir
     # Faked: the wheel's absence (macOS/Windows/ARM).
     monkeypatch.setitem(sys.modules, "tflite_micro", None)
     monkeypatch.setitem(sys.modules, "tflite_micro.python.tflite_micro", None)
-    arena._measure_cached.cache_clear()
-    try:
-        est = arena.estimate_arena(models_dir / "op_zoo.tflite")
-    finally:
-        arena._measure_cached.cache_clear()
+    est = arena.estimate_arena(models_dir / "op_zoo.tflite")
     assert est.method == "rough" and not est.verified
     assert "ROUGH" in est.note
     assert est.target_bytes > est.host_bytes
 
 
-def test_crashing_probe_is_reported_not_fatal(monkeypatch: pytest.MonkeyPatch, models_dir: Path) -> None:
-    # Faked: the probe subprocess dying with SIGSEGV (what a too-small arena can do to the wheel).
-    def fake_run(args: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.CompletedProcess(args, -11, stdout="", stderr="Segmentation fault")
-
-    monkeypatch.setattr(arena, "_run_child", fake_run)
-    with pytest.raises(HostReferenceError, match="exit -11"):
-        arena.measure_host_arena(models_dir / "op_zoo.tflite")
+def _fake_child(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, script: str) -> None:
+    """Faked: the host-reference child process, replaced by a Python one-liner."""
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))  # nothing cached yet
+    monkeypatch.setattr(hostrun, "_child_argv", lambda job_dir: [sys.executable, "-c", script])
 
 
-def test_failed_measurement_falls_back_to_labelled_rough(
-    monkeypatch: pytest.MonkeyPatch, models_dir: Path
+@pytest.mark.needs_tflm
+@pytest.mark.skipif(not ON_TFLM_PLATFORM, reason="tflite-micro wheels exist only for Linux x86-64")
+def test_crashing_probe_refuses_the_model(
+    monkeypatch: pytest.MonkeyPatch, models_dir: Path, tmp_path: Path
 ) -> None:
-    # Faked: a probe subprocess that crashes. inspect/generate still get an estimate, clearly labelled.
-    def fake_run(args: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.CompletedProcess(args, -11, stdout="", stderr="Segmentation fault")
+    # The child dies of SIGSEGV while measuring: the model crashes TFLM, inspect/generate refuse it.
+    _fake_child(monkeypatch, tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    with pytest.raises(ModelError, match=r"crashes TFLM's reference interpreter: signal 11 \(SIGSEGV\)"):
+        arena.estimate_arena(models_dir / "op_zoo.tflite")
 
-    monkeypatch.setattr(arena, "_run_child", fake_run)
-    monkeypatch.setattr("harness.model.reference.tflm_available", lambda: True)
-    arena._measure_cached.cache_clear()
-    try:
-        est = arena.estimate_arena(models_dir / "op_zoo.tflite")
-    finally:
-        arena._measure_cached.cache_clear()
+
+@pytest.mark.needs_tflm
+@pytest.mark.skipif(not ON_TFLM_PLATFORM, reason="tflite-micro wheels exist only for Linux x86-64")
+def test_crash_in_the_confirming_run_only_unverifies(
+    monkeypatch: pytest.MonkeyPatch, models_dir: Path, tmp_path: Path
+) -> None:
+    # The measurement arrived, then the run at exactly that size crashed: a figure, not confirmed.
+    line = '@HOSTRUN {"stage": "measured", "version": "tflite-micro x", "total": 12640, "head": 1, "tail": 2}'
+    _fake_child(monkeypatch, tmp_path, f"import os, signal; print({line!r}, flush=True); os.abort()")
+    est = arena.estimate_arena(models_dir / "op_zoo.tflite")
+    assert est.method == "measured" and est.host_bytes == 12640 and not est.verified
+    assert "NOT confirmed" in est.note
+
+
+@pytest.mark.needs_tflm
+@pytest.mark.skipif(not ON_TFLM_PLATFORM, reason="tflite-micro wheels exist only for Linux x86-64")
+def test_failed_measurement_falls_back_to_labelled_rough(
+    monkeypatch: pytest.MonkeyPatch, models_dir: Path, tmp_path: Path
+) -> None:
+    # The child exits with an error (no signal): inspect/generate still get an estimate, clearly labelled.
+    _fake_child(monkeypatch, tmp_path, "import sys; sys.exit('TFLM said no')")
+    est = arena.estimate_arena(models_dir / "op_zoo.tflite")
     assert est.method == "rough"
-    assert "measurement failed" in est.note and "exit -11" in est.note
+    assert "measurement failed" in est.note and "TFLM said no" in est.note
 
 
 @pytest.mark.needs_tflm

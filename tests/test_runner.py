@@ -404,3 +404,135 @@ def test_usb_boards_are_found_by_serial_number_or_location(tmp_path: Path, monke
 
     with pytest.raises(PortError, match="0 serial devices have USB serial number not-plugged-in"):
         gone.resolve()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        # --json is a flag now: wherever it stands, the PLAN stays the PLAN
+        (["p.toml", "-i", "b.toml", "--json"], ["p.toml", "-i", "b.toml", "--json"]),
+        (["--json", "p.toml", "-i", "b.toml"], ["--json", "p.toml", "-i", "b.toml"]),
+        (
+            ["p.toml", "--json", "--out", "o", "-i", "b.toml"],
+            ["p.toml", "--json", "--out", "o", "-i", "b.toml"],
+        ),
+        # the old form `--json PATH` (deprecated) becomes the hidden --json-file PATH
+        (["p.toml", "-i", "b.toml", "--json", "s.json"], ["p.toml", "-i", "b.toml", "--json-file", "s.json"]),
+        (["--json", "s.json", "p.toml", "-i", "b.toml"], ["--json-file", "s.json", "p.toml", "-i", "b.toml"]),
+        (["p.toml", "--json=s.json", "-i", "b.toml"], ["p.toml", "--json-file", "s.json", "-i", "b.toml"]),
+        (
+            ["-i", "b.toml", "--out", "o", "--json", "s.json", "p.toml"],
+            ["-i", "b.toml", "--out", "o", "--json-file", "s.json", "p.toml"],
+        ),
+    ],
+)
+def test_run_json_is_a_flag_and_the_old_path_form_is_recognised(argv: list[str], expected: list[str]):
+    from harness.commands.runner_cmds import legacy_json_args, run_cmd
+
+    assert legacy_json_args(run_cmd, argv) == expected
+
+
+@pytest.mark.needs_tflm
+def test_run_json_flag_prints_the_summary_and_old_forms_still_work(tmp_path: Path, models_dir: Path, capsys):
+    """``--json`` prints the summary (v2) on stdout; ``--json PATH`` and ``--schema-version 1`` warn."""
+    pytest.importorskip("tflite_micro")
+    plan = write(
+        tmp_path, "plan.toml", plan_text(models_dir, timeouts="{ capture_total = 30, capture_silence = 3 }")
+    )
+    inv = write(
+        tmp_path,
+        "bench.toml",
+        f'[[board]]\nname = "a"\ntype = "sim"\nport = "sim://j-{uuid.uuid4().hex[:6]}"\n',
+    )
+    base = ["run", str(plan), "-i", str(inv), "--lock-dir", str(tmp_path / "locks"), "--no-step-summary"]
+    schema = json.loads((ROOT / "docs" / "run-summary-schema.json").read_text())
+    import jsonschema
+
+    assert main([*base, "--out", str(tmp_path / "o1"), "--json"]) == ExitCode.MATCH
+    out = capsys.readouterr()
+    doc = json.loads(out.out)  # stdout holds the JSON document and nothing else
+    jsonschema.validate(doc, schema)
+    assert doc["schema_version"] == 2 and doc == json.loads((tmp_path / "o1" / "summary.json").read_text())
+    assert "deprecated" not in out.err
+    # the old form: --json PATH writes the summary there, with a deprecation warning
+    legacy = tmp_path / "s.json"
+    assert main([*base, "--out", str(tmp_path / "o2"), "--json", str(legacy)]) == ExitCode.MATCH
+    out = capsys.readouterr()
+    assert out.out == "" and "warning: `run --json PATH` is deprecated" in out.err
+    assert json.loads(legacy.read_text())["verdict"] == "match"
+    # --schema-version 1: every JSON summary in the old form, one warning
+    assert main([*base, "--out", str(tmp_path / "o3"), "--json", "--schema-version", "1"]) == ExitCode.MATCH
+    out = capsys.readouterr()
+    v1 = json.loads(out.out)
+    jsonschema.validate(
+        v1, json.loads((ROOT / "tests" / "data" / "schemas" / "run-summary-v1.json").read_text())
+    )
+    assert v1["schema_version"] == 1 and "state" not in v1["tasks"][0]
+    assert out.err.count("schema_version 1 is deprecated") == 1
+    results = list((tmp_path / "o3" / "jobs").rglob("result.json"))
+    assert results and all(json.loads(r.read_text())["schema_version"] == 1 for r in results)
+    # a version that does not exist is refused before anything runs
+    assert main([*base, "--out", str(tmp_path / "o4"), "--schema-version", "7"]) == ExitCode.USAGE
+    assert "not available" in capsys.readouterr().err and not (tmp_path / "o4").exists()
+
+
+def test_states_agree_between_code_schema_and_docs():
+    """Every state the runner sets is in docs/run-summary-schema.json and docs/ci.md, and nothing else is."""
+    from harness.runner.results import TASK_VERDICTS, BoardStatus, CaseStatus, CaseType, EventKind, TaskState
+
+    schema = json.loads((ROOT / "docs" / "run-summary-schema.json").read_text())
+    props, defs = schema["properties"], schema["$defs"]
+    task = props["tasks"]["items"]["properties"]
+    assert set(defs["verdict"]["enum"]) == {str(v) for v in TASK_VERDICTS}
+    assert props["verdict"] == {"$ref": "#/$defs/verdict"} and task["verdict"] == {"$ref": "#/$defs/verdict"}
+    assert set(task["state"]["enum"]) == {str(TaskState.DONE), str(TaskState.ABORTED)}
+    assert set(props["boards"]["items"]["properties"]["status"]["enum"]) == {str(s) for s in BoardStatus}
+    assert set(props["events"]["items"]["properties"]["kind"]["enum"]) == {str(k) for k in EventKind}
+    case = defs["testcase"]["properties"]
+    assert set(case["status"]["enum"]) == {str(s) for s in CaseStatus}
+    assert set(case["type"]["enum"]) == {str(t) for t in CaseType}
+    required = set(props["counts"]["required"])
+    assert {str(v) for v in TASK_VERDICTS} | {"aborted"} <= required
+    ci = (ROOT / "docs" / "ci.md").read_text()
+    for value in [*BoardStatus, *TaskState, *EventKind, *CaseStatus, *CaseType, *TASK_VERDICTS]:
+        assert f"`{value}`" in ci, value
+    code = "".join(p.read_text() for p in (ROOT / "harness" / "runner").glob("*.py"))
+    assert "unreachable" not in code  # a board state once named in a comment, never set
+
+
+@pytest.mark.needs_tflm
+def test_job_input_options_reach_the_host_reference_too(tmp_path: Path, models_dir: Path):
+    """A job's ``input_options`` prepare the firmware's inputs and the host reference's alike.
+
+    Faked: the board (harness.sim). With the reference on default options, its input hashes differ
+    from the firmware's and the comparison is refused instead of made.
+    """
+    pytest.importorskip("tflite_micro")
+    from harness.runner import RunOptions, run_plan
+
+    plan = write(
+        tmp_path,
+        "plan.toml",
+        plan_text(
+            models_dir,
+            models=f'["{models_dir}/cnn_classifier_11.tflite"]',
+            inputs=f'["{models_dir}/inputs/cnn_classifier_11.png"]',
+            input_options='{ value_range = "-1..1" }',
+            timeouts="{ capture_total = 30, capture_silence = 3 }",
+        ),
+    )
+    inv = write(
+        tmp_path,
+        "bench.toml",
+        f'[[board]]\nname = "a"\ntype = "sim"\nport = "sim://io-{uuid.uuid4().hex[:6]}"\n',
+    )
+    result = run_plan(
+        load_plan(plan), load_inventory(inv), RunOptions(out_dir=tmp_path / "o", lock_dir=tmp_path / "locks")
+    )
+    task = result.tasks[0]
+    assert result.exit_code == ExitCode.MATCH, task.reason
+    assert {c.comparison for c in task.decisive.testcases if c.status == "passed"} == {
+        "optimized-vs-ansi",
+        "optimized-vs-reference",
+        "ansi-vs-reference",
+    }

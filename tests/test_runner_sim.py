@@ -5,10 +5,9 @@ the generated projects and the sim builder's images, esptool 5 flashing over rea
 (``sim://`` and, for one board, RFC 2217 over TCP served by ``harness.sim.serve`` in a background
 thread), the console capture and parser, the TFLM host reference, the comparison and every report.
 What is faked: the boards themselves (harness.sim), the outermost edge. Faults are injected through
-the simulator's URL parameters (``sync_fail``, ``disconnect``, ``corrupt``, ``panic``), a closed TCP
-port stands for a board whose serial server is down, and ``RunOptions.port_override`` makes one
-attempt of one board see a disconnect (a transient fault: the sim's app faults are otherwise
-permanent).
+the simulator's URL parameters (``sync_fail``, ``disconnect``, ``corrupt``, ``panic``; transient ones
+with ``fault_boots=N``, which faults only the board's first N app boots), and a closed TCP port
+stands for a board whose serial server is down.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ import pytest
 from harness.device.locks import BoardLock
 from harness.errors import ExitCode
 from harness.runner import RunOptions, load_inventory, load_plan, run_plan
+from harness.runner.reports import summary_dict
 
 pytest.importorskip("tflite_micro")
 
@@ -123,6 +123,8 @@ def write_inventory(path: Path, boards: list[tuple[str, str, str]]) -> Path:
 
 
 SCHEMA = json.loads((ROOT / "docs" / "run-summary-schema.json").read_text())
+# version 1 of that schema (as released), for the deprecated `--schema-version 1` form
+SCHEMA_V1 = json.loads((ROOT / "tests" / "data" / "schemas" / "run-summary-v1.json").read_text())
 
 
 def summary(out: Path) -> dict:
@@ -225,38 +227,34 @@ def test_three_models_two_inputs_three_boards_all_match(
 def test_injected_faults_give_retries_quarantine_failures_and_errors(
     tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path
 ):
-    names = {k: _uid(k) for k in ("sync", "disc", "corrupt", "panic")}
+    names = {k: _uid(k) for k in ("sync", "disc", "corrupt", "panic", "flaky")}
     dead = _free_port()  # nothing listens here: the board's serial server is down
     inv = write_inventory(
         tmp_path / "bench.toml",
         [
             # esptool tries 7 times inside one connect; the 7 failing sessions fail the first attempt
             ("sync", "sim", f"sim://{names['sync']}?emitter=c&fault=sync_fail&fault_count=7"),
-            ("disc", "sim", f"sim://{names['disc']}?emitter=c"),
+            # the link drops in the middle of the records on the first boot only (the optimized variant)
+            ("disc", "sim", f"sim://{names['disc']}?emitter=c&fault=disconnect&fault_boots=1"),
             ("broken", "sim", f"rfc2217://127.0.0.1:{dead}?ign_set_control"),
             ("corrupt", "sim", f"sim://{names['corrupt']}?emitter=c&fault=corrupt&variant_fault=optimized"),
             ("panic", "sim", f"sim://{names['panic']}?emitter=c&fault=panic&variant_fault=optimized"),
+            # crashes on its first boot only: the confirmation re-run does not reproduce it
+            (
+                "flaky",
+                "sim",
+                f"sim://{names['flaky']}?emitter=c&fault=panic&variant_fault=optimized&fault_boots=1",
+            ),
         ],
     )
     plan = write_plan(
         tmp_path / "plan.toml", models_dir, inputs_dir, ("cnn_classifier_11",), ["sim"], quarantine_after=3
     )
-
-    def transient_disconnect(board, url: str, variant: str, attempt: int, task: str) -> str | None:
-        if board.name == "disc" and attempt == 1 and variant == "optimized":
-            return url + "&fault=disconnect"  # the link drops in the middle of the records, once
-        return None
-
     out = tmp_path / "out"
     result = run_plan(
         load_plan(plan),
         load_inventory(inv),
-        RunOptions(
-            out_dir=out,
-            lock_dir=tmp_path / "locks",
-            cache_dir=cache_dir,
-            port_override=transient_disconnect,
-        ),
+        RunOptions(out_dir=out, lock_dir=tmp_path / "locks", cache_dir=cache_dir),
     )
     doc = summary(out)
     tasks = {t["board"]: t for t in doc["tasks"]}
@@ -278,7 +276,13 @@ def test_injected_faults_give_retries_quarantine_failures_and_errors(
     assert [a["exit_code"] for a in tasks["panic"]["attempts"]] == [4, 4]
     assert tasks["panic"]["verdict"] == "firmware_fault" and tasks["panic"]["firmware_fault_confirmed"]
     assert boards["panic"]["status"] == "ok" and boards["panic"]["consecutive_infra_failures"] == 0
-    for name in ("sync", "disc", "corrupt"):
+    # a crash the re-run does not reproduce is still a firmware fault ("intermittent"), decided by the crash
+    assert [a["exit_code"] for a in tasks["flaky"]["attempts"]] == [4, 0]
+    assert (
+        tasks["flaky"]["verdict"] == "firmware_fault" and tasks["flaky"]["firmware_fault_confirmed"] is False
+    )
+    assert "intermittent" in tasks["flaky"]["reason"] and tasks["flaky"]["decisive_attempt"] == 1
+    for name in ("sync", "disc", "corrupt", "flaky"):
         assert boards[name]["status"] == "ok"
     # exit code precedence: firmware fault (4) over mismatch (1) over infrastructure (3)
     assert result.exit_code == ExitCode.FIRMWARE_FAULT and doc["exit_code"] == 4
@@ -294,7 +298,8 @@ def test_injected_faults_give_retries_quarantine_failures_and_errors(
     root = ET.parse(out / "junit.xml").getroot()
     assert int(root.get("errors")) == 6 and int(root.get("failures")) >= 4
     kinds = [e["kind"] for e in doc["events"]]
-    assert kinds.count("retry") == 4 and kinds.count("quarantine") == 1 and kinds.count("confirm") == 1
+    assert kinds.count("retry") == 4 and kinds.count("quarantine") == 1 and kinds.count("confirm") == 2
+    assert all(t["state"] == "done" for t in doc["tasks"]) and doc["counts"]["aborted"] == 0
 
 
 @pytest.mark.slow
@@ -376,10 +381,20 @@ def test_stop_lets_the_running_attempt_finish_and_aborts_the_rest(
         ),
     )
     doc = summary(out)
-    verdicts = [t["verdict"] for t in doc["tasks"]]
-    assert verdicts == ["match", "aborted", "aborted"]
-    assert doc["interrupted"] is True and doc["verdict"] == "interrupted"
+    assert [t["state"] for t in doc["tasks"]] == ["done", "aborted", "aborted"]
+    assert [t["verdict"] for t in doc["tasks"]] == ["match", "infrastructure_error", "infrastructure_error"]
+    assert doc["interrupted"] is True and doc["verdict"] == "infrastructure_error"
+    assert doc["counts"]["aborted"] == 2 and doc["counts"]["infrastructure_error"] == 2
     assert result.exit_code == ExitCode.INFRASTRUCTURE
+    # the deprecated version 1 form: "aborted" and "interrupted" were verdicts there
+    with pytest.warns(DeprecationWarning, match="schema_version 1 is deprecated"):
+        v1 = summary_dict(result, schema_version=1)
+    import jsonschema
+
+    jsonschema.validate(v1, SCHEMA_V1)
+    assert [t["verdict"] for t in v1["tasks"]] == ["match", "aborted", "aborted"]
+    assert v1["verdict"] == "interrupted" and "state" not in v1["tasks"][0]
+    assert v1["counts"]["aborted"] == 2 and v1["counts"]["infrastructure_error"] == 0
     root = ET.parse(out / "junit.xml").getroot()
     assert {e.get("type") for e in root.iter("error")} == {"aborted"}
     lk = BoardLock(f"sim-{name}", tmp_path / "locks")
@@ -567,8 +582,79 @@ def test_sigterm_stops_the_cli_cleanly(tmp_path: Path, models_dir: Path, inputs_
     assert "SIGTERM" in rest
     doc = summary(tmp_path / "out")
     assert doc["interrupted"] is True
-    assert [t["verdict"] for t in doc["tasks"]] == ["match", "aborted", "aborted"]
+    assert [t["state"] for t in doc["tasks"]] == ["done", "aborted", "aborted"]
     assert (tmp_path / "out" / "junit.xml").exists() and (tmp_path / "out" / "summary.md").exists()
     lk = BoardLock(f"sim-{name}", tmp_path / "locks")
     lk.acquire(0.5)  # the lock went with the process
     lk.release()
+
+
+def _cli_run(
+    plan: Path, inv: Path, out: Path, tmp_path: Path, cache_dir: Path, *extra: str
+) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "harness.cli", "run", str(plan), "-i", str(inv), "--out", str(out)),
+            *("--lock-dir", str(tmp_path / "locks"), "--no-step-summary", *extra),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, ESP_CHECK_CACHE_DIR=str(cache_dir)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_run_killed_with_sigkill_leaves_no_stale_verdict(
+    tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path
+):
+    """kill -9 writes no reports: the previous run's "match" must not stay next to new mismatches."""
+    import signal
+
+    name = _uid("kill")
+    plan = write_plan(
+        tmp_path / "plan.toml", models_dir, inputs_dir, ("cnn_classifier_11", "op_zoo"), ["sim"]
+    )
+    clean = write_inventory(tmp_path / "clean.toml", [("only", "sim", f"sim://{name}?emitter=c")])
+    faulty = write_inventory(
+        tmp_path / "faulty.toml",
+        [("only", "sim", f"sim://{name}?emitter=c&fault=corrupt&variant_fault=optimized")],
+    )
+    out = tmp_path / "out"
+    # 1. a clean run to the end: everything matches
+    first = _cli_run(plan, clean, out, tmp_path, cache_dir)
+    assert first.wait(timeout=240) == ExitCode.MATCH, first.communicate()[1]
+    assert summary(out)["verdict"] == "match"
+    # 2. the bench goes bad; the run is killed with SIGKILL once its first task recorded a mismatch
+    killed = _cli_run(plan, faulty, out, tmp_path, cache_dir)
+    assert killed.stderr is not None
+    seen = []
+    for line in killed.stderr:
+        seen.append(line)
+        if "[start]" in line and "/op_zoo/" in line:  # the first task (cnn_classifier_11) is judged
+            killed.send_signal(signal.SIGKILL)
+            break
+    killed.communicate(timeout=60)
+    assert killed.returncode == -signal.SIGKILL, "".join(seen)
+    attempts = [json.loads(p.read_text()) for p in (out / "jobs").rglob("attempt.json")]
+    assert attempts and {a["exit_code"] for a in attempts} == {1}
+    # no verdict file of the clean run is left beside them: moved aside, and said so
+    assert not [p.name for p in out.iterdir() if p.name in ("summary.json", "junit.xml", "summary.md")]
+    assert not list((out / "jobs").rglob("result.json"))
+    assert any("previous-run" in line for line in seen)
+    assert json.loads((out / "previous-run" / "summary.json").read_text())["verdict"] == "match"
+    # 3. the rerun with the fault finishes: every report says mismatch
+    rerun = _cli_run(plan, faulty, out, tmp_path, cache_dir)
+    assert rerun.wait(timeout=240) == ExitCode.MISMATCH, rerun.communicate()[1]
+    doc = summary(out)
+    assert doc["verdict"] == "mismatch" and doc["previous_run_dir"] == str(out / "previous-run")
+    assert [t["verdict"] for t in doc["tasks"]] == ["mismatch", "mismatch"]
+    results = [json.loads(p.read_text()) for p in (out / "jobs").rglob("result.json")]
+    assert len(results) == 2 and {r["verdict"] for r in results} == {"mismatch"}
+    assert [json.loads(p.read_text())["exit_code"] for p in (out / "jobs").rglob("attempt.json")] == [1, 1]
+    assert int(ET.parse(out / "junit.xml").getroot().get("failures")) > 0
+    assert "mismatch" in (out / "summary.md").read_text().splitlines()[0]
+    # what the killed run left (its attempt, no summary) is now the previous run
+    assert not (out / "previous-run" / "summary.json").exists()
+    assert list((out / "previous-run" / "jobs").rglob("attempt.json"))
+    assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))

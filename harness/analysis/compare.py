@@ -28,7 +28,8 @@ from harness.errors import (
     Verdict,
     combine_exit_codes,
 )
-from harness.protocol.capture import MARKER, Capture, parse_capture
+from harness.model.inputs import InputOptions
+from harness.protocol.capture import MARKER, Capture, looks_like_device_output, parse_capture
 from harness.protocol.legacy import parse_legacy_log
 from harness.protocol.spec import crc32_hex
 
@@ -212,7 +213,7 @@ def _source_from_results(doc: Any, label: str, path: str) -> Source:
     if isinstance(doc, list):
         try:
             vals = np.asarray([float(v) for v in doc], dtype=np.float64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise LogFormatError(f"{path}: a JSON list must hold numbers only") from None
         if vals.size == 0:
             raise LogFormatError(f"{path}: the JSON list is empty")
@@ -264,7 +265,7 @@ def _source_from_results(doc: Any, label: str, path: str) -> Source:
             simulated=bool(doc.get("simulated")),
             info={str(k): str(v) for k, v in dict(doc.get("info", {})).items()},
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise LogFormatError(f"{path}: malformed results file ({type(exc).__name__}: {exc})") from None
 
 
@@ -330,8 +331,10 @@ def load_source(path: str | Path, label: str) -> Source:
     if p.suffix.lower() == ".json":
         try:
             doc = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, ValueError) as exc:  # incl. JSONDecodeError, over-long integers
             raise LogFormatError(f"{p} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise LogFormatError(f"{p} is not a results file: its JSON is nested too deeply") from None
         return _source_from_results(doc, label, str(p))
     return _source_from_log(data, label, p)
 
@@ -352,6 +355,13 @@ def _source_from_log(data: bytes, label: str, p: Path) -> Source:
                       simulated=cap.simulated, info=dict(cap.info), faults=faults, raw_log=data,
                       warnings=[f"{label}: the firmware crashed before its records completed"])  # fmt: skip
     values = parse_legacy_log(data)
+    if not values and not crashes and looks_like_device_output(data):
+        raise CaptureError(
+            f"{p} is a device's serial output without esp-check records or 'Output:' lines: the capture "
+            "ended before the first result (truncated)",
+            hint="capture again and wait for the END record (or the 'Output:' lines); check the cable, "
+            "the baud rate and that the monitor stayed connected",
+        )
     if not values and not crashes:
         raise LogFormatError(
             f"{p} has no 'Output:' lines and no esp-check protocol records: nothing to compare",
@@ -411,6 +421,24 @@ def _topk(v: np.ndarray, k: int) -> np.ndarray:
     return cand[np.lexsort((cand, -v[cand]))]
 
 
+@dataclass
+class _Diff:
+    """Element-wise difference of two tensors, in LSB where the scale is known."""
+
+    ra: np.ndarray  # real values of A (dequantized when the scale is known)
+    rb: np.ndarray
+    ia: np.ndarray | None  # quantized integers when known (raw, or snapped from printed reals)
+    ib: np.ndarray | None
+    lsb: np.ndarray | None  # A - B in LSB, None when the scale is unknown
+    mism: np.ndarray  # bool: beyond the tolerance (NaN counts as beyond)
+    units: str  # lsb | real
+    real_known: bool
+
+    @property
+    def int_path(self) -> bool:
+        return self.ia is not None and self.ib is not None
+
+
 def compare_tensors(
     a: OutputTensor,
     b: OutputTensor,
@@ -423,6 +451,64 @@ def compare_tensors(
     run: int = 0,
 ) -> TensorComparison:
     """Compare one output tensor; ``scale``/``zero_point``/``dtype`` fill in what the sources lack."""
+    la, lb = labels
+    s, zp = _common_quant(a, b, run, labels, scale, zero_point)
+    qdtype = a.dtype or b.dtype or dtype or ("int8" if s is not None and zero_point is not None else None)
+    d = _difference(a, b, s, zp, tolerance_lsb, run)
+    n = int(d.ra.size)
+    stats = _stats(d, s, n)
+    k = min(TOPK, n)
+    ka, kb = _rank_keys(d)
+    topk_agree = (len(set(_topk(ka, k).tolist()) & set(_topk(kb, k).tolist())) / k) if k else None
+    pf_a, pf_b = _pinned(d.ia, qdtype), _pinned(d.ib, qdtype)
+    bad = np.flatnonzero(d.mism)
+    first = [
+        {
+            "index": int(j),
+            "a": float(d.ra[j]),
+            "b": float(d.rb[j]),
+            **({"diff_lsb": float(d.lsb[j])} if d.lsb is not None else {}),
+        }
+        for j in bad[:10]
+    ]
+    small = n <= DIFF_LIST_MAX
+    return TensorComparison(
+        a=la,
+        b=lb,
+        run=run,
+        output=a.index,
+        name=a.name or b.name,
+        count=n,
+        mismatched=int(bad.size),
+        tolerance_lsb=tolerance_lsb,
+        units=d.units,
+        scale=s,
+        zero_point=zp,
+        **stats,
+        argmax_a=int(np.argmax(ka)) if n else None,
+        argmax_b=int(np.argmax(kb)) if n else None,
+        topk=k,
+        topk_agreement=topk_agree,
+        pinned_a=None if pf_a is None else pf_a >= PINNED_FRACTION,
+        pinned_b=None if pf_b is None else pf_b >= PINNED_FRACTION,
+        pinned_fraction_a=pf_a,
+        pinned_fraction_b=pf_b,
+        diff_lsb=[float(x) for x in np.abs(d.lsb)] if small and d.lsb is not None else None,
+        first_mismatches=first,
+        values_a=[float(x) for x in d.ra] if small else None,
+        values_b=[float(x) for x in d.rb] if small else None,
+    )
+
+
+def _common_quant(
+    a: OutputTensor,
+    b: OutputTensor,
+    run: int,
+    labels: tuple[str, str],
+    scale: float | None,
+    zero_point: int | None,
+) -> tuple[float | None, int | None]:
+    """The (scale, zero point) both sides share; IncomparableError when they are not one tensor."""
     la, lb = labels
     if a.values.size != b.values.size:
         raise IncomparableError(
@@ -445,9 +531,14 @@ def compare_tensors(
     zp = (q[1] if q is not None else zero_point) if s is not None else None
     if s is not None and zp is None:
         zp = 0
-    qdtype = a.dtype or b.dtype or dtype or ("int8" if s is not None and zero_point is not None else None)
-    va = a.values.reshape(-1)
-    vb = b.values.reshape(-1)
+    return s, zp
+
+
+def _difference(
+    a: OutputTensor, b: OutputTensor, s: float | None, zp: int | None, tolerance_lsb: float, run: int
+) -> _Diff:
+    """Integers when both sides have them (exact), else real values (NaN-aware)."""
+    va, vb = a.values.reshape(-1), b.values.reshape(-1)
 
     def to_int(t: OutputTensor, v: np.ndarray) -> np.ndarray | None:
         if t.raw:
@@ -458,126 +549,78 @@ def compare_tensors(
 
     ia, ib = to_int(a, va), to_int(b, vb)
     if ia is not None and ib is not None:
-        d = ia - ib
-        dl = d.astype(np.float64)
+        dl = (ia - ib).astype(np.float64)
         mism = ~(np.abs(dl) <= tolerance_lsb)  # never a match by a NaN tolerance (also refused earlier)
-        units = "lsb"
         if s is not None:
-            ra = (ia - zp).astype(np.float64) * s
-            rb = (ib - zp).astype(np.float64) * s
+            ra, rb = (ia - zp).astype(np.float64) * s, (ib - zp).astype(np.float64) * s
         else:
             ra, rb = ia.astype(np.float64), ib.astype(np.float64)
-        lsb: np.ndarray | None = dl
-        real_known = s is not None
-    else:
-        if (a.raw or b.raw) and s is None:
-            raise IncomparableError(
-                f"run {run} output {a.index}: one side holds raw quantized integers, the other real values, "
-                "and the output scale is unknown",
-                hint="pass --scale and --zero-point, or --model",
-            )
-        ra = (
-            ((ia - zp) * s).astype(np.float64)
-            if ia is not None and a.raw and s is not None
-            else va.astype(np.float64)
+        return _Diff(ra, rb, ia, ib, dl, mism, "lsb", s is not None)
+    if (a.raw or b.raw) and s is None:
+        raise IncomparableError(
+            f"run {run} output {a.index}: one side holds raw quantized integers, the other real values, "
+            "and the output scale is unknown",
+            hint="pass --scale and --zero-point, or --model",
         )
-        rb = (
-            ((ib - zp) * s).astype(np.float64)
-            if ib is not None and b.raw and s is not None
-            else vb.astype(np.float64)
+    ra, rb = va.astype(np.float64), vb.astype(np.float64)
+    if s is not None and zp is not None:  # raw integers beside printed reals: dequantize them
+        if ia is not None and a.raw:
+            ra = (ia - zp).astype(np.float64) * s
+        if ib is not None and b.raw:
+            rb = (ib - zp).astype(np.float64) * s
+    both_nan = np.isnan(ra) & np.isnan(rb)
+    with np.errstate(invalid="ignore"):  # inf - inf is NaN: counted as a mismatch below
+        diff = np.where(both_nan | (ra == rb), 0.0, ra - rb)
+    if s is not None:
+        lsb = diff / s
+        return _Diff(ra, rb, ia, ib, lsb, ~(np.abs(lsb) <= tolerance_lsb), "lsb", True)  # NaN: mismatch
+    if tolerance_lsb:
+        raise UsageError(
+            "--tolerance-lsb needs the output scale for real-valued outputs",
+            hint="pass --scale and --zero-point, or --model",
         )
-        both_nan = np.isnan(ra) & np.isnan(rb)
-        with np.errstate(invalid="ignore"):  # inf - inf is NaN: counted as a mismatch below
-            diff = np.where(both_nan | (ra == rb), 0.0, ra - rb)
-        if s is not None:
-            lsb = diff / s
-            mism = ~(np.abs(lsb) <= tolerance_lsb)  # NaN (one side NaN) counts as a mismatch
-            units = "lsb"
-        else:
-            if tolerance_lsb:
-                raise UsageError(
-                    "--tolerance-lsb needs the output scale for real-valued outputs",
-                    hint="pass --scale and --zero-point, or --model",
-                )
-            lsb = None
-            same_bits = (ra == rb) | both_nan
-            mism = ~same_bits
-            units = "real"
-        real_known = True
-    n = int(va.size)
-    int_path = ia is not None and ib is not None
-    alsb = np.abs(lsb) if lsb is not None else None
+    return _Diff(ra, rb, ia, ib, None, ~((ra == rb) | both_nan), "real", True)
+
+
+def _stats(d: _Diff, s: float | None, n: int) -> dict[str, float | None]:
+    """max/mean LSB and absolute differences, RMSE and cosine similarity."""
+    alsb = np.abs(d.lsb) if d.lsb is not None else None
     max_lsb: float | None = None
     mean_lsb: float | None = None
-    if alsb is not None and n and (int_path or not np.all(np.isnan(alsb))):
+    if alsb is not None and n and (d.int_path or not np.all(np.isnan(alsb))):
         max_lsb, mean_lsb = float(np.nanmax(alsb)), float(np.nanmean(alsb))
+    ra, rb = d.ra, d.rb
     with np.errstate(invalid="ignore", over="ignore"):
         ad: np.ndarray
-        if int_path and alsb is not None:  # integers: no NaN/inf to guard against (the fast path)
+        if d.int_path and alsb is not None:  # integers: no NaN/inf to guard against (the fast path)
             ad = alsb * (s if s is not None else 1.0)
             finite = True
         else:
             ad = np.abs(np.where((np.isnan(ra) & np.isnan(rb)) | (ra == rb), 0.0, ra - rb))
             finite = bool(np.all(np.isfinite(ad))) if n else True
-        max_abs = float(ad.max()) if n and real_known else None
-        mean_abs = float(ad.mean()) if n and real_known else None
-        rmse = float(np.sqrt(np.mean(ad * ad))) if n and finite else None
         na, nb = float(np.linalg.norm(ra)), float(np.linalg.norm(rb))
         cosine = (
             float(np.dot(ra, rb) / (na * nb)) if n and na > 0 and nb > 0 and math.isfinite(na * nb) else None
         )
         if cosine is None and n and na == 0 and nb == 0:
             cosine = 1.0
-    k = min(TOPK, n)
-    if int_path and ia is not None and ib is not None:
-        ka, kb = ia, ib  # same order as the real values (scale > 0)
-    else:
-        ka = ra if not np.any(np.isnan(ra)) else np.nan_to_num(ra, nan=-np.inf)
-        kb = rb if not np.any(np.isnan(rb)) else np.nan_to_num(rb, nan=-np.inf)
-    topk_agree = (len(set(_topk(ka, k).tolist()) & set(_topk(kb, k).tolist())) / k) if k else None
-    pf_a, pf_b = _pinned(ia, qdtype), _pinned(ib, qdtype)
-    bad = np.flatnonzero(mism)
-    first = [
-        {
-            "index": int(j),
-            "a": float(ra[j]),
-            "b": float(rb[j]),
-            **({"diff_lsb": float(lsb[j])} if lsb is not None else {}),
+        return {
+            "max_abs_diff": float(ad.max()) if n and d.real_known else None,
+            "mean_abs_diff": float(ad.mean()) if n and d.real_known else None,
+            "max_diff_lsb": max_lsb,
+            "mean_diff_lsb": mean_lsb,
+            "rmse": float(np.sqrt(np.mean(ad * ad))) if n and finite else None,
+            "cosine": cosine,
         }
-        for j in bad[:10]
-    ]
-    small = n <= DIFF_LIST_MAX
-    return TensorComparison(
-        a=la,
-        b=lb,
-        run=run,
-        output=a.index,
-        name=a.name or b.name,
-        count=n,
-        mismatched=int(bad.size),
-        tolerance_lsb=tolerance_lsb,
-        units=units,
-        scale=s,
-        zero_point=zp,
-        max_abs_diff=max_abs,
-        mean_abs_diff=mean_abs,
-        max_diff_lsb=max_lsb,
-        mean_diff_lsb=mean_lsb,
-        rmse=rmse,
-        cosine=cosine,
-        argmax_a=int(np.argmax(ka)) if n else None,
-        argmax_b=int(np.argmax(kb)) if n else None,
-        topk=k,
-        topk_agreement=topk_agree,
-        pinned_a=None if pf_a is None else pf_a >= PINNED_FRACTION,
-        pinned_b=None if pf_b is None else pf_b >= PINNED_FRACTION,
-        pinned_fraction_a=pf_a,
-        pinned_fraction_b=pf_b,
-        diff_lsb=[float(x) for x in np.abs(lsb)] if small and lsb is not None else None,
-        first_mismatches=first,
-        values_a=[float(x) for x in ra] if small else None,
-        values_b=[float(x) for x in rb] if small else None,
-    )
+
+
+def _rank_keys(d: _Diff) -> tuple[np.ndarray, np.ndarray]:
+    """Values to rank for argmax/top-k: the integers when known (same order), NaN ranked lowest."""
+    if d.ia is not None and d.ib is not None:
+        return d.ia, d.ib
+    ka = d.ra if not np.any(np.isnan(d.ra)) else np.nan_to_num(d.ra, nan=-np.inf)
+    kb = d.rb if not np.any(np.isnan(d.rb)) else np.nan_to_num(d.rb, nan=-np.inf)
+    return ka, kb
 
 
 # ---- runs ----------------------------------------------------------------------------------------
@@ -767,6 +810,39 @@ def compare_sources(
     )
 
 
+Quant = tuple[float | None, int | None, str | None]
+
+
+def output_quant(outputs: Sequence[Any]) -> list[Quant]:
+    """(scale, zero point, dtype) per model output, as compare_sources takes them."""
+    return [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in outputs]
+
+
+def compare_variants(
+    optimized: Source | None,
+    ansi: Source | None,
+    reference: Source | None,
+    *,
+    tolerance_lsb: float,
+    ref_tolerance_lsb: float,
+    output_quant: Sequence[Quant],
+) -> CompareResult | None:
+    """Optimized vs ANSI C (and each vs the host); a lone valid variant is still checked against the
+    host; None when nothing can honestly be compared (the variants' failures decide the verdict)."""
+    if optimized is not None and ansi is not None:
+        return compare_sources(
+            optimized, ansi, reference, tolerance_lsb=tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
+            output_quant=output_quant,
+        )  # fmt: skip
+    only = optimized if optimized is not None else ansi
+    if only is None or reference is None:
+        return None
+    return compare_sources(
+        only, reference, None, tolerance_lsb=ref_tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
+        output_quant=output_quant,
+    )  # fmt: skip
+
+
 def _pinned_warnings(comparisons: Sequence[TensorComparison]) -> list[str]:
     """One warning per (side, run, output) pinned where its counterpart is not, one note per saturation.
 
@@ -803,7 +879,7 @@ def reference_source(
     model_path: str | Path,
     input_paths: Sequence[str | Path],
     backend: str = "tflm",
-    input_options: Any | None = None,
+    input_options: InputOptions | None = None,
 ) -> Source:
     """Run the host reference on the model for each input (one input tensor per model).
 
@@ -871,14 +947,14 @@ def compare_files(
         raise UsageError(f"--scale {scale} must be a positive number")
     sa, sb = load_source(a, "A"), load_source(b, "B")
     ref = None
-    quant: list[tuple[float | None, int | None, str | None]] = []
+    quant: list[Quant] = []
     if model is None:
         _check_legacy_lengths(sa, sb)
     else:
         from harness.model.loader import load_model
 
         info = load_model(model)
-        quant = [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in info.outputs]
+        quant = output_quant(info.outputs)
         sa, sb = (_fit_legacy(s, info.outputs) for s in (sa, sb))
         for s in (sa, sb):
             if s.model_sha256 and s.model_sha256 != info.sha256:

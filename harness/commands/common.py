@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 from rich.console import Console
@@ -46,7 +47,30 @@ def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:
 
 
 def preprocessing_options(f: F) -> F:
-    """``--resize``, ``--input-color``, ``--input-range``, ``--input-scale/-offset``, ``--input-dtype``."""
+    """``--resize``, ``--input-color``, ``--input-range``, ``--input-scale/-offset``, ``--input-dtype``,
+    handed to the command as one ``input_options: InputOptions`` argument."""
+
+    @functools.wraps(f)
+    def wrapper(
+        *args: Any,
+        resize: str,
+        input_color: str,
+        input_range: str | None,
+        input_scale: float | None,
+        input_offset: float | None,
+        input_dtype: str | None,
+        **kwargs: Any,
+    ) -> Any:
+        opts = InputOptions(
+            resize=resize,
+            color=input_color,
+            scale=input_scale,
+            offset=input_offset,
+            value_range=input_range,
+            raw_dtype=input_dtype,
+        )
+        return f(*args, input_options=opts, **kwargs)
+
     opts = [
         click.option(
             "--resize",
@@ -68,28 +92,23 @@ def preprocessing_options(f: F) -> F:
             "--input-dtype", default=None, help="Element type of raw binary inputs (int8, float32, ...)."
         ),
     ]
+    out: Any = wrapper
     for opt in reversed(opts):
-        f = opt(f)
-    return f
+        out = opt(out)
+    return cast(F, out)
 
 
-def input_options_from(
-    resize: str,
-    input_color: str,
-    input_range: str | None,
-    input_scale: float | None,
-    input_offset: float | None,
-    input_dtype: str | None,
-) -> InputOptions:
-    """The InputOptions the preprocessing flags describe."""
-    return InputOptions(
-        resize=resize,
-        color=input_color,
-        scale=input_scale,
-        offset=input_offset,
-        value_range=input_range,
-        raw_dtype=input_dtype,
-    )
+def input_options(f: F) -> F:
+    """``--input`` (repeatable, as ``inputs``) plus the shared preprocessing flags (``input_options``)."""
+    f = preprocessing_options(f)
+    return click.option(
+        "--input",
+        "inputs",
+        multiple=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Input file (PNG/JPEG/BMP, .npy, raw with --input-dtype, C array). Repeat for "
+        "several runs; a model with N inputs takes N files per run, in input order.",
+    )(f)
 
 
 class OpListType(click.ParamType):
@@ -135,33 +154,54 @@ def echo_json(render: Callable[[], dict[str, Any]]) -> None:
     click.echo(json.dumps(doc, indent=2))
 
 
+def with_options(*options: Callable[[Any], Any]) -> Callable[[F], F]:
+    """Apply a table of click options (listed in the order --help shows them)."""
+
+    def apply(f: F) -> F:
+        for opt in reversed(options):
+            f = opt(f)
+        return f
+
+    return apply
+
+
 def native_options(f: F) -> F:
-    """``--components-dir``, ``--sanitize``, ``--jobs``: how native boards build (docs/native.md)."""
-    f = click.option(
-        "--jobs",
-        type=click.IntRange(min=1, max=256),
-        default=None,
-        help="Native boards: parallel compile jobs (default: the number of CPUs).",
-    )(f)
-    f = click.option(
-        "--sanitize",
-        is_flag=True,
-        help="Native boards: build with AddressSanitizer and UndefinedBehaviorSanitizer; a sanitizer "
-        "report is a firmware fault (exit 4).",
-    )(f)
-    return click.option(
-        "--components-dir",
-        type=click.Path(file_okay=False, exists=True, path_type=Path),
-        envvar="ESP_CHECK_COMPONENTS_DIR",
-        default=None,
-        help="Native boards: esp-tflite-micro and esp-nn sources (checkouts or a project's "
-        "managed_components/) instead of the ESP-IDF component manager's download "
-        "[env: ESP_CHECK_COMPONENTS_DIR].",
-    )(f)
+    """``--components-dir``, ``--sanitize``, ``--jobs`` (how native boards build, docs/native.md), handed
+    to the command as one ``native: NativeOptions`` argument."""
 
+    @functools.wraps(f)
+    def wrapper(
+        *args: Any, components_dir: Path | None, sanitize: bool, jobs: int | None, **kwargs: Any
+    ) -> Any:
+        from harness.firmware.native.project import NativeOptions
 
-def native_options_from(components_dir: Path | None, sanitize: bool, jobs: int | None) -> Any:
-    """The :class:`harness.firmware.native.project.NativeOptions` of the three options above."""
-    from harness.firmware.native.project import NativeOptions
+        native = NativeOptions(components_dir=components_dir, sanitize=sanitize, jobs=jobs)
+        return f(*args, native=native, **kwargs)
 
-    return NativeOptions(components_dir=components_dir, sanitize=sanitize, jobs=jobs)
+    opts = [
+        click.option(
+            "--components-dir",
+            type=click.Path(file_okay=False, exists=True, path_type=Path),
+            envvar="ESP_CHECK_COMPONENTS_DIR",
+            default=None,
+            help="Native boards: esp-tflite-micro and esp-nn sources (checkouts or a project's "
+            "managed_components/) instead of the ESP-IDF component manager's download "
+            "[env: ESP_CHECK_COMPONENTS_DIR].",
+        ),
+        click.option(
+            "--sanitize",
+            is_flag=True,
+            help="Native boards: build with AddressSanitizer and UndefinedBehaviorSanitizer; a sanitizer "
+            "report is a firmware fault (exit 4).",
+        ),
+        click.option(
+            "--jobs",
+            type=click.IntRange(min=1, max=256),
+            default=None,
+            help="Native boards: parallel compile jobs (default: the number of CPUs).",
+        ),
+    ]
+    out: Any = wrapper
+    for opt in reversed(opts):
+        out = opt(out)
+    return cast(F, out)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import click
 from rich.console import Console
@@ -20,125 +21,158 @@ from harness.commands.common import (
     OP_LIST,
     SECONDS,
     echo_json,
-    input_options_from,
+    input_options,
     make_console,
     native_options,
-    native_options_from,
     schema_version_option,
+    with_options,
 )
-from harness.commands.model_cmds import _input_options
 from harness.errors import ExitCode, UsageError
+from harness.firmware.build import BUILDERS
+from harness.firmware.native.project import NativeOptions
+from harness.flows.records import StageTimeouts
+from harness.model.inputs import InputOptions
+
+F = TypeVar("F", bound=Any)
+
+
+def timeout_options(f: F) -> F:
+    """``--capture-timeout``, ``--silence-timeout``, ``--build-timeout`` as one ``timeouts`` argument."""
+
+    @functools.wraps(f)
+    def wrapper(
+        *args: Any, capture_timeout: float, silence_timeout: float, build_timeout: float, **kw: Any
+    ) -> Any:
+        limits = StageTimeouts(
+            build=build_timeout, capture_total=capture_timeout, capture_silence=silence_timeout
+        )
+        return f(*args, timeouts=limits, **kw)
+
+    return with_options(
+        click.option(
+            "--capture-timeout",
+            type=SECONDS,
+            default=180.0,
+            show_default=True,
+            help="Seconds to wait for one run's END record.",
+        ),
+        click.option(
+            "--silence-timeout",
+            type=SECONDS,
+            default=30.0,
+            show_default=True,
+            help="Seconds without a byte from the board before giving up.",
+        ),
+        click.option("--build-timeout", type=SECONDS, default=1800.0, show_default=True),
+    )(cast(F, wrapper))
+
+
+# flash-and-compare's flags as data, grouped by what they are about
+_BOARD = (
+    click.option(
+        "--board", default="sim", show_default=True, help="Board name (esp-check boards) or TOML file."
+    ),
+    click.option(
+        "--port",
+        default=None,
+        help="Serial port: device path, 'auto', rfc2217://host:port, socket://host:port, sim://NAME?... or "
+        "native://NAME (default: auto; on a simulated or native board, a fresh one).",
+    ),
+    click.option(
+        "--out",
+        "out_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default="esp-check-out",
+        show_default=True,
+        help="Artifact directory: projects, build/flash/serial logs, results, report.",
+    ),
+)
+_VERDICT = (
+    click.option(
+        "--tolerance-lsb",
+        type=LSB,
+        default=0,
+        show_default=True,
+        help="Allowed |optimized - ANSI C| in LSB (ESP-NN promises bit-exactness: 0).",
+    ),
+    click.option(
+        "--ref-tolerance-lsb",
+        type=LSB,
+        default=0,
+        show_default=True,
+        help="Allowed |device - host reference| in LSB.",
+    ),
+    click.option(
+        "--no-reference", is_flag=True, help="Skip the host TFLM reference (two-way comparison only)."
+    ),
+)
+_BUILD = (
+    click.option(
+        "--builder", type=click.Choice(BUILDERS), default=None, help="Override the board's builder."
+    ),
+    click.option(
+        "--cache-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Build cache directory (default: per-user cache).",
+    ),
+    click.option("--flash-baud", type=BAUD, default=None, help="Flashing baud rate (default: the board's)."),
+    click.option(
+        "--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: measured + margin)."
+    ),
+)
+_REPORTS = (
+    click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout."),
+    schema_version_option,
+    click.option(
+        "--junit",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Write a JUnit XML report here.",
+    ),
+    click.option(
+        "--html",
+        "html_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Write a self-contained HTML report here.",
+    ),
+    click.option(
+        "--bundle",
+        "bundle_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Write a reproduction bundle (.zip) for a bug report here.",
+    ),
+)
+_TAP = (
+    click.option(
+        "--tap",
+        is_flag=True,
+        help="Per-op checksums on the device: name the first op where optimized departs from ANSI C and "
+        "the host, dump it in a second run, and time every op.",
+    ),
+    click.option(
+        "--dump-ops",
+        type=OP_LIST,
+        default=None,
+        metavar="17,18",
+        help="With --tap: also dump these ops' input and output tensors in the second run.",
+    ),
+)
 
 
 @click.command("flash-and-compare")
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@_input_options
-@click.option("--board", default="sim", show_default=True, help="Board name (esp-check boards) or TOML file.")
-@click.option(
-    "--port",
-    default=None,
-    help="Serial port: device path, 'auto', rfc2217://host:port, socket://host:port, sim://NAME?... or "
-    "native://NAME (default: auto; on a simulated or native board, a fresh one).",
-)
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default="esp-check-out",
-    show_default=True,
-    help="Artifact directory: projects, build/flash/serial logs, results, report.",
-)
-@click.option(
-    "--tolerance-lsb",
-    type=LSB,
-    default=0,
-    show_default=True,
-    help="Allowed |optimized - ANSI C| in LSB (ESP-NN promises bit-exactness: 0).",
-)
-@click.option(
-    "--ref-tolerance-lsb",
-    type=LSB,
-    default=0,
-    show_default=True,
-    help="Allowed |device - host reference| in LSB.",
-)
-@click.option("--no-reference", is_flag=True, help="Skip the host TFLM reference (two-way comparison only).")
-@click.option(
-    "--builder",
-    type=click.Choice(["pio", "idf", "sim", "native"]),
-    default=None,
-    help="Override the board's builder.",
-)
+@input_options
+@with_options(*_BOARD, *_VERDICT, *_BUILD)
+@timeout_options
+@with_options(*_REPORTS, *_TAP)
 @native_options
-@click.option(
-    "--cache-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Build cache directory (default: per-user cache).",
-)
-@click.option("--flash-baud", type=BAUD, default=None, help="Flashing baud rate (default: the board's).")
-@click.option(
-    "--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: measured + margin)."
-)
-@click.option(
-    "--capture-timeout",
-    type=SECONDS,
-    default=180.0,
-    show_default=True,
-    help="Seconds to wait for one run's END record.",
-)
-@click.option(
-    "--silence-timeout",
-    type=SECONDS,
-    default=30.0,
-    show_default=True,
-    help="Seconds without a byte from the board before giving up.",
-)
-@click.option("--build-timeout", type=SECONDS, default=1800.0, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
-@schema_version_option
-@click.option(
-    "--junit",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write a JUnit XML report here.",
-)
-@click.option(
-    "--tap",
-    is_flag=True,
-    help="Per-op checksums on the device: name the first op where optimized departs from ANSI C and "
-    "the host, dump it in a second run, and time every op.",
-)
-@click.option(
-    "--dump-ops",
-    type=OP_LIST,
-    default=None,
-    metavar="17,18",
-    help="With --tap: also dump these ops' input and output tensors in the second run.",
-)
-@click.option(
-    "--html",
-    "html_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write a self-contained HTML report here.",
-)
-@click.option(
-    "--bundle",
-    "bundle_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write a reproduction bundle (.zip) for a bug report here.",
-)
 def flash_and_compare_cmd(
     model: Path,
     inputs: tuple[Path, ...],
-    resize: str,
-    input_color: str,
-    input_range: str | None,
-    input_scale: float | None,
-    input_offset: float | None,
-    input_dtype: str | None,
+    input_options: InputOptions,
     board: str,
     port: str | None,
     out_dir: Path,
@@ -149,9 +183,7 @@ def flash_and_compare_cmd(
     cache_dir: Path | None,
     flash_baud: int | None,
     arena_kb: int | None,
-    capture_timeout: float,
-    silence_timeout: float,
-    build_timeout: float,
+    timeouts: StageTimeouts,
     as_json: bool,
     schema_version: int | None,
     junit: Path | None,
@@ -159,15 +191,13 @@ def flash_and_compare_cmd(
     dump_ops: list[int] | None = None,
     html_path: Path | None = None,
     bundle_path: Path | None = None,
-    components_dir: Path | None = None,
-    sanitize: bool = False,
-    jobs: int | None = None,
+    native: NativeOptions | None = None,
 ) -> int:
     """Build MODEL with ESP-NN optimized and ANSI C kernels, run both on the board, compare.
 
     Exit code: 0 match, 1 mismatch, 2 usage error, 3 infrastructure error, 4 firmware fault.
     """
-    from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+    from harness.flows.flash_and_compare import flash_and_compare
 
     if not inputs:
         raise UsageError(
@@ -197,9 +227,7 @@ def flash_and_compare_cmd(
             board=board,
             port=port,
             out_dir=out_dir,
-            input_options=input_options_from(
-                resize, input_color, input_range, input_scale, input_offset, input_dtype
-            ),
+            input_options=input_options,
             tolerance_lsb=tolerance_lsb,
             ref_tolerance_lsb=ref_tolerance_lsb,
             reference=not no_reference,
@@ -207,16 +235,14 @@ def flash_and_compare_cmd(
             cache_dir=cache_dir,
             flash_baud=flash_baud,
             arena_kb=arena_kb,
-            timeouts=StageTimeouts(
-                build=build_timeout, capture_total=capture_timeout, capture_silence=silence_timeout
-            ),
+            timeouts=timeouts,
             junit=junit,
             progress=progress,
             tap=tap,
             dump_ops=dump_list,
             html=html_path,
             bundle=bundle_path,
-            native=native_options_from(components_dir, sanitize, jobs),
+            native=native,
         )
     if as_json:
         doc = json.loads(result.report_path.read_text(encoding="utf-8"))
@@ -272,8 +298,11 @@ def _print_summary(console: Console, result: Any) -> None:
         f"[bold {color}]verdict: {result.verdict}[/bold {color}] (exit {int(result.exit_code)})"
         + ("  \\[SIMULATED: no real ESP32 was used]" if result.simulated else "")
         + (f"  \\[NATIVE, {result.native['bits']}-bit: no chip was used]" if result.native else "")
-        + ("  [bold yellow]\\[ESP-NN NOT TESTED: it accelerates none of the ops][/bold yellow]"
-           if result.espnn_untested else "")
+        + (
+            "  [bold yellow]\\[ESP-NN NOT TESTED: it accelerates none of the ops][/bold yellow]"
+            if result.espnn_untested
+            else ""
+        )
     )
     if result.native:
         console.print(f"[bold]{escape(result.native['meaning'])}[/bold]")

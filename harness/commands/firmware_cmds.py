@@ -15,10 +15,8 @@ from harness.commands.common import (
     ARENA_KB,
     OP_LIST,
     SECONDS,
-    input_options_from,
     make_console,
     native_options,
-    native_options_from,
     preprocessing_options,
 )
 from harness.errors import ExitCode
@@ -32,6 +30,7 @@ from harness.firmware.generate import (
     GeneratedProject,
     generate_projects,
 )
+from harness.model.inputs import InputOptions
 
 
 @click.command("boards")
@@ -149,12 +148,7 @@ def generate_cmd(
     esp_nn_version: str | None,
     platform_version: str | None,
     human_max: int,
-    resize: str,
-    input_color: str,
-    input_range: str | None,
-    input_scale: float | None,
-    input_offset: float | None,
-    input_dtype: str | None,
+    input_options: InputOptions,
     as_json: bool,
     tap: bool = False,
     dump_ops: list[int] | None = None,
@@ -171,9 +165,7 @@ def generate_cmd(
         board,
         out_dir=out_dir,
         variants=variants,
-        input_options=input_options_from(
-            resize, input_color, input_range, input_scale, input_offset, input_dtype
-        ),
+        input_options=input_options,
         arena_kb=arena_kb,
         tflm_version=tflm_version,
         espnn_version=esp_nn_version,
@@ -185,6 +177,12 @@ def generate_cmd(
         data = {"schema": "esp-check.generate/1", "projects": [_project_summary(p) for p in projects]}
         click.echo(json.dumps(data, indent=2))
         return int(ExitCode.MATCH)
+    _print_generated(projects)
+    return int(ExitCode.MATCH)
+
+
+def _print_generated(projects: list[GeneratedProject]) -> None:
+    """Where the projects went, the tap overhead, and how to build them."""
     console = make_console(highlight=False)
     for p in projects:
         console.print(
@@ -210,7 +208,6 @@ def generate_cmd(
         console.print(
             f"Build with `esp-check build {dirs}` (or `{how}` in each directory); see docs/firmware.md."
         )
-    return int(ExitCode.MATCH)
 
 
 def run_build_with_progress(project_dir: Path, console: Console, **kwargs: Any) -> BuildResult:
@@ -268,12 +265,10 @@ def build_cmd(
     idf_py: str | None,
     timeout: float | None,
     as_json: bool,
-    components_dir: Path | None = None,
-    sanitize: bool = False,
-    jobs: int | None = None,
+    native: Any = None,
 ) -> int:
     """Build generated project directories (e.g. OUT/optimized OUT/ansi), with a content-addressed cache."""
-    progress_console = Console(stderr=True, highlight=False)
+    progress_console = make_console(stderr=True, highlight=False)
     console = make_console(highlight=False)
     results: list[BuildResult] = []
     for project in project_dirs:
@@ -288,7 +283,7 @@ def build_cmd(
             pio=pio_path,
             idf_py=idf_py,
             timeout=timeout,
-            native=native_options_from(components_dir, sanitize, jobs),
+            native=native,
         )
         results.append(result)
         if not as_json:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.analysis.report import safe_markup
-from harness.commands.common import input_options_from, make_console, preprocessing_options
+from harness.commands.common import input_options, make_console
 from harness.errors import ExitCode, InputDataError
 from harness.model import opdata
 from harness.model.inputs import InputOptions, PreparedInput, load_input
@@ -23,19 +23,6 @@ from harness.protocol.spec import crc32_hex
 JSON_SCHEMA_INSPECT = "esp-check.inspect/1"
 JSON_SCHEMA_REFERENCE = "esp-check.reference/1"
 _PREVIEW = 16  # values shown per tensor in the terminal
-
-
-def _input_options(f: Any) -> Any:
-    """``--input`` (repeatable) plus the shared preprocessing flags."""
-    f = preprocessing_options(f)
-    return click.option(
-        "--input",
-        "inputs",
-        multiple=True,
-        type=click.Path(dir_okay=False, path_type=Path),
-        help="Input file (PNG/JPEG/BMP, .npy, raw with --input-dtype, C array). Repeat for "
-        "several runs; a model with N inputs takes N files per run, in input order.",
-    )(f)
 
 
 def prepare_runs(info: ModelInfo, paths: Sequence[Path], options: InputOptions) -> list[list[PreparedInput]]:
@@ -211,7 +198,7 @@ def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> N
 
 @click.command("inspect")
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@_input_options
+@input_options
 @click.option(
     "--chip", default=None, help="Show ESP-NN acceleration and the arena target for this chip only."
 )
@@ -220,12 +207,7 @@ def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> N
 def inspect_cmd(
     model: Path,
     inputs: tuple[Path, ...],
-    resize: str,
-    input_color: str,
-    input_range: str | None,
-    input_scale: float | None,
-    input_offset: float | None,
-    input_dtype: str | None,
+    input_options: InputOptions,
     chip: str | None,
     no_arena: bool,
     as_json: bool,
@@ -238,7 +220,7 @@ def inspect_cmd(
         prepare_runs(
             info,
             inputs,
-            input_options_from(resize, input_color, input_range, input_scale, input_offset, input_dtype),
+            input_options,
         )
         if inputs
         else []
@@ -277,65 +259,21 @@ def _preview(values: np.ndarray) -> str:
     return text + (f", ... ({flat.size} values)" if flat.size > _PREVIEW else "")
 
 
-@click.command("reference")
-@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@_input_options
-@click.option("--per-layer", is_flag=True, help="Also report every intermediate tensor with its CRC32.")
-@click.option(
-    "--backend",
-    type=click.Choice(("tflm", "litert", "auto")),
-    default="tflm",
-    show_default=True,
-    help="tflm: tflite-micro wheel (Linux x86-64); litert: ai-edge-litert BUILTIN_REF kernels.",
-)
-@click.option(
-    "--save-npy",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Write raw outputs (and layers with --per-layer) as .npy files into this directory.",
-)
-@click.option(
-    "--json", "as_json", is_flag=True, help="Machine-readable output (schema esp-check.reference/1)."
-)
-def reference_cmd(
-    model: Path,
-    inputs: tuple[Path, ...],
-    resize: str,
-    input_color: str,
-    input_range: str | None,
-    input_scale: float | None,
-    input_offset: float | None,
-    input_dtype: str | None,
-    per_layer: bool,
-    backend: str,
-    save_npy: Path | None,
-    as_json: bool,
-) -> int:
-    """Run MODEL on the host reference kernels: raw and dequantized outputs, optionally per layer."""
-    from harness.model.reference import compare_backends, run_reference, tflm_available
+def _save_npy(save_npy: Path, result: Any) -> None:
+    """Raw outputs (and per-layer tensors) as .npy files, named by run, op and tensor."""
+    save_npy.mkdir(parents=True, exist_ok=True)
+    for k, run in enumerate(result.runs):
+        for o, arr in enumerate(run.outputs):
+            np.save(save_npy / f"run{k}.out{o}.npy", arr)
+        for layer in run.layers or []:
+            np.save(save_npy / f"run{k}.op{layer.op_index:03d}.t{layer.tensor_index}.npy", layer.array)
 
-    info = load_model(model)
-    if not inputs:
-        raise InputDataError("no --input given", hint="pass --input FILE (one per model input per run)")
-    runs = prepare_runs(
-        info,
-        inputs,
-        input_options_from(resize, input_color, input_range, input_scale, input_offset, input_dtype),
-    )
-    result = run_reference(
-        model, [[p.quantized for p in run] for run in runs], per_layer=per_layer, backend=backend
-    )
-    cross: list[Any] = []
-    if result.backend == "litert" and per_layer and tflm_available():
-        cross = compare_backends(model, [[p.quantized for p in run] for run in runs])
-    if save_npy is not None:
-        save_npy.mkdir(parents=True, exist_ok=True)
-        for k, run in enumerate(result.runs):
-            for o, arr in enumerate(run.outputs):
-                np.save(save_npy / f"run{k}.out{o}.npy", arr)
-            for layer in run.layers or []:
-                np.save(save_npy / f"run{k}.op{layer.op_index:03d}.t{layer.tensor_index}.npy", layer.array)
-    data: dict[str, Any] = {
+
+def _reference_data(
+    model: Path, info: ModelInfo, runs: list[list[PreparedInput]], result: Any, cross: list[Any]
+) -> dict[str, Any]:
+    """The ``reference --json`` document (schema esp-check.reference/1)."""
+    return {
         "schema": JSON_SCHEMA_REFERENCE,
         "model": {"path": str(model), "sha256": info.sha256, "size_bytes": info.size_bytes},
         "backend": result.backend,
@@ -365,10 +303,22 @@ def reference_cmd(
             for k, run in enumerate(result.runs)
         ],
     }
-    if as_json:
-        click.echo(json.dumps(data, indent=2))
-        return int(ExitCode.MATCH)
-    console = make_console()
+
+
+def _print_reference(
+    console: Console,
+    model: Path,
+    info: ModelInfo,
+    runs: list[list[PreparedInput]],
+    result: Any,
+    cross: list[Any],
+    *,
+    per_layer: bool,
+    save_npy: Path | None,
+) -> None:
+    """The terminal view of a reference run: outputs per run, per-layer CRCs, backend cross-check."""
+    from harness.model.reference import tflm_available
+
     console.print(f"[bold]{safe_markup(model)}[/bold] on {result.backend_version} ({result.kernels})")
     for k, run in enumerate(result.runs):
         console.print(
@@ -428,6 +378,60 @@ def reference_cmd(
             )
     if save_npy is not None:
         console.print(f"saved .npy files to {save_npy}")
+
+
+@click.command("reference")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@input_options
+@click.option("--per-layer", is_flag=True, help="Also report every intermediate tensor with its CRC32.")
+@click.option(
+    "--backend",
+    type=click.Choice(("tflm", "litert", "auto")),
+    default="tflm",
+    show_default=True,
+    help="tflm: tflite-micro wheel (Linux x86-64); litert: ai-edge-litert BUILTIN_REF kernels.",
+)
+@click.option(
+    "--save-npy",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write raw outputs (and layers with --per-layer) as .npy files into this directory.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Machine-readable output (schema esp-check.reference/1)."
+)
+def reference_cmd(
+    model: Path,
+    inputs: tuple[Path, ...],
+    input_options: InputOptions,
+    per_layer: bool,
+    backend: str,
+    save_npy: Path | None,
+    as_json: bool,
+) -> int:
+    """Run MODEL on the host reference kernels: raw and dequantized outputs, optionally per layer."""
+    from harness.model.reference import compare_backends, run_reference, tflm_available
+
+    info = load_model(model)
+    if not inputs:
+        raise InputDataError("no --input given", hint="pass --input FILE (one per model input per run)")
+    runs = prepare_runs(
+        info,
+        inputs,
+        input_options,
+    )
+    result = run_reference(
+        model, [[p.quantized for p in run] for run in runs], per_layer=per_layer, backend=backend
+    )
+    cross: list[Any] = []
+    if result.backend == "litert" and per_layer and tflm_available():
+        cross = compare_backends(model, [[p.quantized for p in run] for run in runs])
+    if save_npy is not None:
+        _save_npy(save_npy, result)
+    if as_json:
+        click.echo(json.dumps(_reference_data(model, info, runs, result, cross), indent=2))
+        return int(ExitCode.MATCH)
+    _print_reference(make_console(), model, info, runs, result, cross, per_layer=per_layer, save_npy=save_npy)
     return int(ExitCode.MATCH)
 
 

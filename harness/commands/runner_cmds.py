@@ -8,17 +8,22 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.common import SECONDS, make_console, native_options, native_options_from
-from harness.errors import ExitCode
+from harness.commands.common import SECONDS, make_console, native_options
+from harness.errors import ExitCode, UsageError, Verdict
+from harness.firmware.boards import BUILDERS
+from harness.firmware.native.project import NativeOptions
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextlib.contextmanager
@@ -50,80 +55,147 @@ def _stop_on_signals(stop: threading.Event, hard: threading.Event, console: Cons
             signal.signal(s, h)
 
 
-@click.command("run")
+class _RunCommand(click.Command):
+    """``run``, reading the deprecated ``--json PATH`` form as the hidden ``--json-file PATH``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, legacy_json_args(self, list(args)))
+
+
+def legacy_json_args(cmd: click.Command, args: list[str]) -> list[str]:
+    """Rewrite ``--json PATH`` / ``--json=PATH`` (before 0.2: a path) to ``--json-file PATH``.
+
+    ``--json`` is a flag now. It took a path before; that form is recognised when the token after
+    ``--json`` is a positional argument and another positional (the PLAN) remains without it.
+    """
+    takes_value = {
+        o
+        for p in cmd.params
+        if isinstance(p, click.Option) and not p.is_flag
+        for o in (*p.opts, *p.secondary_opts)
+    }
+    positional: list[int] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            positional += range(i + 1, len(args))
+            break
+        if a.startswith("--json="):
+            return [*args[:i], "--json-file", a.split("=", 1)[1], *args[i + 1 :]]
+        if a in takes_value:
+            i += 2
+            continue
+        if not (a.startswith("-") and a != "-"):
+            positional.append(i)
+        i += 1
+    for j, a in enumerate(args):
+        if a == "--json" and j + 1 in positional and len(positional) >= 2:
+            return [*args[:j], "--json-file", args[j + 1], *args[j + 2 :]]
+    return args
+
+
+def _run_options(f: F) -> F:
+    """The options of ``run`` (kept apart so the command reads as its steps)."""
+    opts = [
+        click.option(
+            "--inventory",
+            "-i",
+            "inventory",
+            required=True,
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Bench inventory TOML (the boards and how to reach them; see docs/ci.md).",
+        ),
+        click.option(
+            "--out",
+            "out_dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            default="esp-check-run",
+            show_default=True,
+            help="Artifact directory: per-job attempts, logs, summary.json, junit.xml. A previous run's "
+            "reports there are moved to OUT/previous-run/ when the run starts.",
+        ),
+        click.option(
+            "--junit",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="JUnit XML path (default OUT/junit.xml).",
+        ),
+        click.option(
+            "--json",
+            "as_json",
+            is_flag=True,
+            help="Print the JSON summary on stdout (also in OUT/summary.json).",
+        ),
+        click.option(
+            "--json-file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            hidden=True,  # the deprecated `--json PATH` form lands here; removed in the next release
+        ),
+        click.option(
+            "--schema-version",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Write the JSON summaries (stdout, summary.json, result.json) in this schema version "
+            "(default: the current one; 1 is deprecated and kept for one release).",
+        ),
+        click.option(
+            "--markdown",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="Markdown summary path (default OUT/summary.md). Also appended to $GITHUB_STEP_SUMMARY "
+            "when that is set.",
+        ),
+        click.option("--no-step-summary", is_flag=True, help="Do not append to $GITHUB_STEP_SUMMARY."),
+        click.option(
+            "--lock-dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=None,
+            help="Board lock directory shared by everyone using the bench (default: $ESP_CHECK_LOCK_DIR or "
+            "a per-user directory).",
+        ),
+        click.option(
+            "--lock-timeout",
+            type=SECONDS,
+            default=None,
+            help="Seconds to wait for a board someone else is using (default: plan [run] lock_timeout_s).",
+        ),
+        click.option(
+            "--cache-dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=None,
+            help="Build cache directory.",
+        ),
+        click.option(
+            "--builder",
+            type=click.Choice(BUILDERS),
+            default=None,
+            help="Override the boards' builder.",
+        ),
+        click.option(
+            "--validate-only",
+            is_flag=True,
+            help="Check the plan and inventory, print the tasks, run nothing.",
+        ),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+@click.command("run", cls=_RunCommand)
 @click.argument("plan", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--inventory",
-    "-i",
-    "inventory",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Bench inventory TOML (the boards and how to reach them; see docs/ci.md).",
-)
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default="esp-check-run",
-    show_default=True,
-    help="Artifact directory: per-job attempts, logs, summary.json, junit.xml.",
-)
-@click.option(
-    "--junit",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="JUnit XML path (default OUT/junit.xml).",
-)
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="JSON summary path (default OUT/summary.json).",
-)
-@click.option(
-    "--markdown",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Markdown summary path (default OUT/summary.md). Also appended to $GITHUB_STEP_SUMMARY "
-    "when that is set.",
-)
-@click.option("--no-step-summary", is_flag=True, help="Do not append to $GITHUB_STEP_SUMMARY.")
-@click.option(
-    "--lock-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Board lock directory shared by everyone using the bench (default: $ESP_CHECK_LOCK_DIR or "
-    "a per-user directory).",
-)
-@click.option(
-    "--lock-timeout",
-    type=SECONDS,
-    default=None,
-    help="Seconds to wait for a board someone else is using (default: plan [run] lock_timeout_s).",
-)
-@click.option(
-    "--cache-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Build cache directory.",
-)
-@click.option(
-    "--builder",
-    type=click.Choice(["pio", "idf", "sim", "native"]),
-    default=None,
-    help="Override the boards' builder.",
-)
-@click.option(
-    "--validate-only", is_flag=True, help="Check the plan and inventory, print the tasks, run nothing."
-)
+@_run_options
 @native_options
 def run_cmd(
     plan: Path,
     inventory: Path,
     out_dir: Path,
     junit: Path | None,
-    json_path: Path | None,
+    as_json: bool,
+    json_file: Path | None,
+    schema_version: int | None,
     markdown: Path | None,
     no_step_summary: bool,
     lock_dir: Path | None,
@@ -131,24 +203,72 @@ def run_cmd(
     cache_dir: Path | None,
     builder: str | None,
     validate_only: bool,
-    components_dir: Path | None = None,
-    sanitize: bool = False,
-    jobs: int | None = None,
+    native: NativeOptions | None = None,
 ) -> int:
     """Run every model x input x board x variant of PLAN on the boards of the inventory.
 
     Exit code: 0 all matched, 1 a mismatch, 2 usage error, 3 infrastructure errors only, 4 a firmware
     fault (precedence 2, 4, 1, 3, 0).
     """
-    from harness.runner import RunOptions, load_inventory, load_plan
+    from harness.runner import RunOptions
     from harness.runner.executor import Runner
-    from harness.runner.reports import markdown as render_md
-    from harness.runner.reports import write_reports
 
     console = make_console(stderr=True)
-    the_plan = load_plan(plan)
-    inv = load_inventory(inventory)
+    _check_schema_version(schema_version)
+    if json_file is not None:
+        click.echo(
+            "warning: `run --json PATH` is deprecated and will be removed in the next release: --json is "
+            "a flag now (the summary on stdout); the summary is always in OUT/summary.json",
+            err=True,
+        )
+    the_plan, inv = _load(plan, inventory)
     stop, hard = threading.Event(), threading.Event()
+    opts = RunOptions(
+        out_dir=out_dir,
+        lock_dir=lock_dir,
+        lock_timeout_s=lock_timeout,
+        cache_dir=cache_dir,
+        builder=builder,
+        native=native,
+        owner=f"esp-check run {plan.name} (user {os.environ.get('USER', '?')})",
+        progress=_progress(console),
+        stop=stop,
+        hard_stop=hard,
+        report_paths=[p for p in (junit, json_file, markdown) if p is not None],
+    )
+    runner = Runner(the_plan, inv, opts)  # PlanError here: a job's board type is not on the bench
+    if validate_only:
+        return _validate_only(runner)
+    with _stop_on_signals(stop, hard, console):
+        result = runner.run()
+    paths = _write(result, json_file, junit, markdown, schema_version)
+    _step_summary(result, no_step_summary)
+    _print(console, result)
+    console.print(f"summary: {paths['json']}  junit: {paths['junit']}  markdown: {paths['markdown']}")
+    if as_json:
+        click.echo(paths["json"].read_text(encoding="utf-8"), nl=False)
+    return int(result.exit_code)
+
+
+def _check_schema_version(requested: int | None) -> None:
+    """Refuse an unknown summary version before anything runs (not after an hour on the bench)."""
+    from harness.runner.reports import SUMMARY_VERSION
+
+    if requested not in (None, 1, SUMMARY_VERSION):
+        raise UsageError(
+            f"run summary schema_version {requested} is not available (this esp-check writes 1, "
+            f"{SUMMARY_VERSION})",
+            hint=f"use --schema-version {SUMMARY_VERSION}",
+        )
+
+
+def _load(plan: Path, inventory: Path) -> tuple[Any, Any]:
+    from harness.runner import load_inventory, load_plan
+
+    return load_plan(plan), load_inventory(inventory)
+
+
+def _progress(console: Console) -> Callable[[str], None]:
     t0 = time.monotonic()
 
     def progress(msg: str) -> None:
@@ -157,57 +277,71 @@ def run_cmd(
             f"[dim]{time.monotonic() - t0:7.1f}s[/dim] [{style}]{escape(msg)}[/{style}]", highlight=False
         )
 
-    opts = RunOptions(
-        out_dir=out_dir,
-        lock_dir=lock_dir,
-        lock_timeout_s=lock_timeout,
-        cache_dir=cache_dir,
-        builder=builder,
-        native=native_options_from(components_dir, sanitize, jobs),
-        owner=f"esp-check run {plan.name} (user {os.environ.get('USER', '?')})",
-        progress=progress,
-        stop=stop,
-        hard_stop=hard,
+    return progress
+
+
+def _validate_only(runner: Any) -> int:
+    for t in runner.tasks:
+        click.echo(f"{t.id}: {len(t.case.inputs)} input(s), comparisons {', '.join(t.job.comparisons)}")
+    click.echo(
+        f"{len(runner.tasks)} task(s) on {len(runner.inv.boards)} board(s): plan and inventory are valid"
     )
-    runner = Runner(the_plan, inv, opts)  # PlanError here: a job's board type is not on the bench
-    if validate_only:
-        for t in runner.tasks:
-            click.echo(f"{t.id}: {len(t.case.inputs)} input(s), comparisons {', '.join(t.job.comparisons)}")
-        click.echo(f"{len(runner.tasks)} task(s) on {len(inv.boards)} board(s): plan and inventory are valid")
-        return int(ExitCode.MATCH)
-    with _stop_on_signals(stop, hard, console):
-        result = runner.run()
-    paths = write_reports(result, json_path=json_path, junit_path=junit, markdown_path=markdown)
+    return int(ExitCode.MATCH)
+
+
+def _write(
+    result: Any, json_file: Path | None, junit: Path | None, markdown: Path | None, schema_version: int | None
+) -> dict[str, Path]:
+    """Write the reports; a deprecation warning (schema version 1) becomes one warning line."""
+    from harness.runner.reports import write_reports
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        paths = write_reports(
+            result,
+            json_path=json_file,
+            junit_path=junit,
+            markdown_path=markdown,
+            schema_version=schema_version,
+        )
+    for w in caught:
+        click.echo(f"warning: {w.message}", err=True)
+    return paths
+
+
+def _step_summary(result: Any, disabled: bool) -> None:
+    from harness.runner.reports import markdown as render_md
+
     step = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step and not no_step_summary:
+    if step and not disabled:
         with contextlib.suppress(OSError), open(step, "a", encoding="utf-8") as fh:
             fh.write(render_md(result))
-    _print(console, result)
-    console.print(f"summary: {paths['json']}  junit: {paths['junit']}  markdown: {paths['markdown']}")
-    return int(result.exit_code)
 
 
 def _print(console: Console, result: Any) -> None:
+    from harness.runner.results import BoardStatus, TaskState
+
     table = Table(
         title="esp-check run"
         + (" (SIMULATED BOARDS)" if any(b.bench.simulated for b in result.boards) else "")
     )
     for col in ("task", "board", "verdict", "attempts", "detail"):
         table.add_column(col)
-    colours = {"match": "green", "mismatch": "red", "firmware_fault": "red"}
+    colours = {Verdict.MATCH: "green", Verdict.MISMATCH: "red", Verdict.FIRMWARE_FAULT: "red"}
     for t in result.tasks:
         board = t.decisive.board if t.decisive else (t.attempts[-1].board if t.attempts else "-")
         c = colours.get(t.verdict, "yellow")
+        shown = str(t.state) if t.state == TaskState.ABORTED else str(t.verdict)
         table.add_row(
             escape(t.id),
             escape(board),
-            f"[{c}]{t.verdict}[/{c}]",
+            f"[{c}]{shown}[/{c}]",
             str(len(t.attempts)),
-            "" if t.verdict == "match" else escape(t.reason[:100]),
+            "" if t.verdict == Verdict.MATCH else escape(t.reason[:100]),
         )
     console.print(table)
     for b in result.boards:
-        if b.status != "ok":
+        if b.status != BoardStatus.OK:
             console.print(f"[red]board {escape(b.bench.name)} {b.status}:[/red] {escape(b.reason)}")
     colour = "green" if result.exit_code == ExitCode.MATCH else "red"
     console.print(

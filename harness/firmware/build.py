@@ -24,13 +24,12 @@ from typing import Any, NamedTuple
 
 from harness import __version__
 from harness.errors import BuildError, UsageError
-from harness.firmware.boards import BOOTLOADER_OFFSETS
+from harness.firmware.boards import BOOTLOADER_OFFSETS, BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, default_cache_dir
 from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, PIO_ENV, read_manifest
 from harness.firmware.native.project import NativeOptions, plan_native_build, run_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
 
-BUILDERS = ("pio", "idf", "sim", "native")
 CACHE_FORMAT = 1
 BUILD_SUBDIR = f"{DATA_DIR}/build"
 LOG_NAME = "build.log"

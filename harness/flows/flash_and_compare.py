@@ -20,7 +20,8 @@ from harness.analysis.compare import (
     CompareResult,
     Source,
     check_tolerances,
-    compare_sources,
+    compare_variants,
+    output_quant,
     reference_source,
 )
 from harness.analysis.tap import TapResult
@@ -46,6 +47,7 @@ from harness.flows.tap_run import TapRunRequest, run_tap_flow
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, load_model
 from harness.model.opdata import espnn_model_acceleration
+from harness.model.reference import prepare_host_results
 
 
 def sim_port_for(board_chip: str, reset: str, port: str | None) -> str:
@@ -164,6 +166,9 @@ def flash_and_compare(
 
     try:
         _start(run, board, port)
+        if reference:  # ONE host child runs the reference on the inputs and measures the arena;
+            # generate, the reference leg and the simulated board read its cached results
+            prepare_host_results(run.model, run.inputs, input_options=input_options, per_layer=tap)
         projects = generate_firmware(
             run.model, run.inputs, run.board, run.out / "projects", rec=run.rec, input_options=input_options,
             arena_kb=arena_kb, features=FirmwareFeatures(tap=tap),
@@ -355,30 +360,24 @@ def _native_facts(run: _Run) -> dict[str, Any] | None:
 def _compare(
     run: _Run, ref_source: Source | None, tolerance_lsb: float, ref_tolerance_lsb: float
 ) -> CompareResult | None:
-    """Optimized vs ANSI C (and each vs the host); a lone valid variant is still checked vs the host."""
-    quant = [
-        (t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in run.info.outputs
-    ]
-    a, b = run.variants["optimized"].source, run.variants["ansi"].source
-    third: Source | None = ref_source
-    tol = tolerance_lsb
-    if a is None or b is None:  # one variant failed: its partner can still be checked vs the host
-        if ref_source is None or (a is None and b is None):
-            return None
-        a, b, third, tol = a or b, ref_source, None, ref_tolerance_lsb
-    assert a is not None and b is not None
+    """What the device printed, compared (compare_variants decides which legs there are)."""
+    opt, ansi = run.variants["optimized"].source, run.variants["ansi"].source
+    if (opt is None or ansi is None) and (ref_source is None or (opt is None and ansi is None)):
+        return None
     try:
         result = run.rec.run(
             "compare",
             None,
-            lambda: compare_sources(
-                a, b, third, tolerance_lsb=tol, ref_tolerance_lsb=ref_tolerance_lsb, output_quant=quant
+            lambda: compare_variants(
+                opt, ansi, ref_source, tolerance_lsb=tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
+                output_quant=output_quant(run.info.outputs),
             ),
-        )
+        )  # fmt: skip
     except EspCheckError as exc:
         run.failed("compare", exc)
         return None
-    run.codes.append(result.exit_code)
+    if result is not None:
+        run.codes.append(result.exit_code)
     return result
 
 

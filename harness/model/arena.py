@@ -1,9 +1,10 @@
 """Tensor-arena estimate for the firmware's ``tensor_arena``.
 
 Measured: the host TFLM interpreter (``tflite-micro`` wheel) runs the model once with its
-recording allocator and reports the bytes it used (``Arena allocation total``). That runs in a
-*subprocess*, because the wheel can crash (segfault) instead of raising on a too-small arena;
-the child then re-runs the model in an arena of exactly the reported size to confirm it.
+recording allocator and reports the bytes it used (``Arena allocation total``). That runs in the
+host-reference *child process* (:mod:`harness.model.hostrun`, shared with the reference run and
+cached on disk), because the wheel can crash (segfault) instead of raising; the child then re-runs
+the model in an arena of exactly the reported size to confirm it. A crash is a ModelError (exit 2).
 
 Target figure (what the firmware should reserve) = host total + ESP-NN scratch + margin:
 
@@ -22,25 +23,17 @@ lifetimes is returned so ``inspect`` and ``generate`` still work.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
-import os
-import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from harness.errors import HostReferenceError
 from harness.model import opdata
-from harness.model.loader import ModelInfo, OpInfo, load_model
+from harness.model.backends import tflm_available
+from harness.model.hostrun import ArenaMeasurement, host_results
+from harness.model.loader import ModelInfo, OpInfo, load_model, parse_model_bytes
 
 MARGIN_FRACTION = 0.05
 MARGIN_FIXED = 1024
-PROBE_TIMEOUT_S = 120.0
 _ALIGN = 16
 
 
@@ -229,105 +222,34 @@ def _target(host: int, scratch: int) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# subprocess probe
-
-_TOTAL = re.compile(r"Arena allocation total (\d+) bytes")
-_HEAD = re.compile(r"Arena allocation head (\d+) bytes")
-_TAIL = re.compile(r"Arena allocation tail (\d+) bytes")
-
-
-def _child(model_path: str) -> int:  # pragma: no cover - runs in the probe subprocess
-    """Probe body: measure with the recording allocator, then confirm at exactly that size."""
-    from tflite_micro.python.tflite_micro import runtime
-
-    from harness.model.reference import host_arena_bytes
-
-    info = load_model(model_path)
-    data = Path(model_path).read_bytes()
-
-    def run(arena: int, record: bool) -> None:
-        interp = runtime.Interpreter.from_bytes(data, arena_size=arena)
-        for i, t in enumerate(info.inputs):
-            interp.set_input(np.zeros(t.shape, dtype=np.dtype(t.dtype)), i)
-        interp.invoke()
-        if record:
-            sys.stderr.flush()
-            interp.print_allocations()  # C++ writes the report to fd 2
-
-    run(host_arena_bytes(info), True)
-    print(json.dumps({"stage": "measured"}), flush=True)
-    return 0
-
-
-def _child_verify(model_path: str, arena: int) -> int:  # pragma: no cover - subprocess
-    from tflite_micro.python.tflite_micro import runtime
-
-    info = load_model(model_path)
-    interp = runtime.Interpreter.from_bytes(Path(model_path).read_bytes(), arena_size=arena)
-    for i, t in enumerate(info.inputs):
-        interp.set_input(np.zeros(t.shape, dtype=np.dtype(t.dtype)), i)
-    interp.invoke()
-    print(json.dumps({"stage": "verified", "arena": arena}), flush=True)
-    return 0
-
-
-def _run_child(args: list[str]) -> subprocess.CompletedProcess[str]:
-    # The child must import this very package, also from a checkout that is not installed.
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    try:
-        return subprocess.run(
-            [sys.executable, "-m", "harness.model.arena", *args],
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            check=False,
-            env=env,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise HostReferenceError(f"arena probe timed out after {PROBE_TIMEOUT_S:.0f} s") from exc
+# measurement (in the host-reference child process, harness.model.hostrun)
 
 
 def measure_host_arena(model_path: Path) -> tuple[int, int | None, int | None, bool]:
-    """(total, head, tail, verified) from the TFLM recording allocator, in subprocesses."""
-    proc = _run_child(["--probe", str(model_path)])
-    m = _TOTAL.search(proc.stderr)
-    if proc.returncode != 0 or m is None:
-        tail = proc.stderr.strip().splitlines()[-3:]
-        raise HostReferenceError(
-            f"arena probe failed (exit {proc.returncode}): {' | '.join(tail) or 'no output'}",
-            hint="run `esp-check reference` on the model to see the TFLM error",
-        )
-    total = int(m.group(1))
-    head = _HEAD.search(proc.stderr)
-    tail_m = _TAIL.search(proc.stderr)
-    verify = _run_child(["--verify", str(model_path), str(_ceil(total, _ALIGN))])
-    verified = verify.returncode == 0 and '"verified"' in verify.stdout
-    return total, int(head.group(1)) if head else None, int(tail_m.group(1)) if tail_m else None, verified
+    """(total, head, tail, verified) from TFLM's recording allocator, measured in the child process.
+
+    Raises ModelError when the model crashes TFLM, HostReferenceError when TFLM is missing or fails.
+    """
+    m = _measure(Path(model_path).read_bytes())
+    return m.total, m.head, m.tail, m.verified
 
 
-@functools.lru_cache(maxsize=32)
-def _measure_cached(path_str: str, sha256: str) -> tuple[int, int | None, int | None, bool, str]:
-    """Host measurement, pure in (path, content hash): cached per model content within a process."""
-    del sha256  # part of the cache key only
-    from importlib.metadata import version
-
-    total, head, tail, verified = measure_host_arena(Path(path_str))
-    return total, head, tail, verified, f"tflite-micro {version('tflite-micro')}"
+def _measure(data: bytes) -> ArenaMeasurement:
+    measured = host_results(data, parse_model_bytes(data), [], reference=False, arena=True).arena
+    if measured is None:
+        raise HostReferenceError("the tflite-micro wheel is not installed: no arena measurement")
+    return measured
 
 
-def _estimate(path_str: str, sha256: str, chip: str | None) -> ArenaEstimate:
-    info = load_model(path_str)
+def _estimate(data: bytes, info: ModelInfo, chip: str | None) -> ArenaEstimate:
     scratch = espnn_scratch_bound(info, chip)
-    from harness.model.reference import tflm_available
-
     failure = ""
     measured: tuple[int, int | None, int | None, bool, str] | None = None
     if tflm_available():
         try:
-            measured = _measure_cached(path_str, sha256)
-        except HostReferenceError as exc:
+            m = _measure(data)
+            measured = m.total, m.head, m.tail, m.verified, m.backend_version
+        except HostReferenceError as exc:  # a crash (ModelError) is not caught: the model is refused
             failure = f"TFLM measurement failed ({exc.message}); "
     if measured is not None:
         total, head, tail, verified, backend_version = measured
@@ -376,18 +298,9 @@ def estimate_arena(model_path: Path, chip: str | None = None) -> ArenaEstimate:
     """Arena estimate for ``model_path`` (see module docstring).
 
     ``chip`` selects the ESP-NN scratch term (None: the worst case over esp32/esp32s3/esp32p4).
-    The subprocess measurement is cached per model sha256 within the process.
+    The measurement runs in the host-reference child process and is cached on disk by model hash.
+    Raises ModelError when the model crashes TFLM (the device would too).
     """
     p = Path(model_path)
     info = load_model(p)  # validates before any native code sees the file
-    del info
-    sha = hashlib.sha256(p.read_bytes()).hexdigest()
-    return _estimate(str(p.resolve()), sha, chip)
-
-
-if __name__ == "__main__":  # pragma: no cover - probe subprocess entry
-    if len(sys.argv) == 3 and sys.argv[1] == "--probe":
-        sys.exit(_child(sys.argv[2]))
-    if len(sys.argv) == 4 and sys.argv[1] == "--verify":
-        sys.exit(_child_verify(sys.argv[2], int(sys.argv[3])))
-    sys.exit(2)
+    return _estimate(p.read_bytes(), info, chip)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,8 @@ RAW_SUFFIXES = (".bin", ".raw", ".dat")
 C_SUFFIXES = (".c", ".h", ".cc", ".cpp", ".hpp", ".txt", ".inc")
 
 RESIZE_POLICIES = ("error", "stretch", "crop", "pad")
+# Images are refused from their header above this (40 MP: any camera photo; decoded RGB ~120 MB).
+MAX_IMAGE_PIXELS = 40_000_000
 COLOR_MODES = ("auto", "rgb", "grayscale")
 # Named normalisations of 8-bit data (0..255): real = pixel * scale + offset.
 NAMED_RANGES: dict[str, tuple[float, float]] = {
@@ -245,25 +248,47 @@ def _read_image(path: Path, tensor: TensorInfo, opts: InputOptions, notes: list[
             hint="omit --input-color (auto) or use the model's channel count",
         )
     try:
-        with Image.open(path) as im:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # refused below, by size
+            im_cm = Image.open(path)
+        with im_cm as im:
+            _check_image_size(path, im.width, im.height, tensor, opts.resize)  # header only, not decoded
             im.load()
             img = im.convert("RGB" if c == 3 else "L")
+    except Image.DecompressionBombError as exc:
+        raise InputDataError(
+            f"{path}: image is far too large to decode ({exc}); esp-check reads images of at most "
+            f"{MAX_IMAGE_PIXELS / 1e6:.0f} megapixels",
+            hint=f"scale the image down to the model's input size {w}x{h} first",
+        ) from exc
     except (UnidentifiedImageError, OSError) as exc:
         raise InputDataError(f"{path}: cannot read image: {exc}") from exc
     notes.append(f"image {img.width}x{img.height} converted to {'RGB' if c == 3 else 'grayscale'}")
-    if (img.width, img.height) != (w, h):
-        if opts.resize == "error":
-            raise InputDataError(
-                f"{path}: image is {img.width}x{img.height} (shape {[img.height, img.width, c]}), "
-                f"model input {tensor.name!r} shape {list(tensor.shape)} needs {w}x{h}",
-                hint="resize the image yourself or pass --resize stretch|crop|pad",
-            )
+    if (img.width, img.height) != (w, h):  # resize == "error" was refused from the header
         img = _resize(img, w, h, opts.resize)
         notes.append(f"resized to {w}x{h} ({opts.resize}, bilinear)")
     arr = np.asarray(img, dtype=np.uint8)
     if c == 1:
         arr = arr[..., None]
     return arr.reshape(tensor.shape)
+
+
+def _check_image_size(path: Path, width: int, height: int, tensor: TensorInfo, resize: str) -> None:
+    """Refuse from the header what would be decoded only to be thrown away, or could exhaust memory."""
+    h, w, c = _image_geometry(tensor)
+    want = (w, h)
+    if (width, height) != want and resize == "error":
+        raise InputDataError(
+            f"{path}: image is {width}x{height} (shape {[height, width, c]}), "
+            f"model input {tensor.name!r} shape {list(tensor.shape)} needs {w}x{h}",
+            hint="resize the image yourself or pass --resize stretch|crop|pad",
+        )
+    if width * height > MAX_IMAGE_PIXELS:
+        raise InputDataError(
+            f"{path}: image is {width}x{height} ({width * height / 1e6:.1f} megapixels); esp-check reads "
+            f"images of at most {MAX_IMAGE_PIXELS / 1e6:.0f} megapixels",
+            hint=f"scale the image down to the model's input size {want[0]}x{want[1]} first",
+        )
 
 
 def _resize(img: object, w: int, h: int, policy: str) -> object:

@@ -12,155 +12,19 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import flatbuffers
 import numpy as np
 
 from harness.errors import ModelError
+from harness.model import opdata
+from harness.model.modelinfo import ModelInfo, OpInfo, TensorInfo
+from harness.model.verify import verify_structure
 
-_EMPTY: Mapping[str, object] = MappingProxyType({})
-
-# Dtypes of tensors that hold activations/data (not shapes/indices).
-_ACTIVATION_DTYPES = {"int8", "uint8", "int16", "float32", "float16"}
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """One tensor of the model's main subgraph."""
-
-    index: int
-    name: str
-    shape: tuple[int, ...]
-    dtype: str  # numpy dtype name: "int8", "uint8", "int16", "int32", "float32", ...
-    scale: float | None  # per-tensor scale (first scale if per-channel), None if not quantized
-    zero_point: int | None
-    per_channel: bool = False
-    scales: tuple[float, ...] = ()  # all scales (one per channel if per_channel)
-    zero_points: tuple[int, ...] = ()
-    quantized_dimension: int = 0
-    is_constant: bool = False  # backed by a non-empty buffer in the flatbuffer (weights, biases)
-    is_variable: bool = False
-
-    @property
-    def num_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    @property
-    def quantized(self) -> bool:
-        """True when the tensor carries a scale (int8/int16/... with quantization parameters)."""
-        return self.scale is not None
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the raw tensor data (int4 counted as one byte per element, like TFLM unpacked)."""
-        try:
-            itemsize = np.dtype(self.dtype).itemsize
-        except TypeError:
-            itemsize = 1
-        return self.num_elements * itemsize
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready description (used by ``inspect --json`` and reports)."""
-        return {
-            "index": self.index,
-            "name": self.name,
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "scale": self.scale,
-            "zero_point": self.zero_point,
-            "per_channel": self.per_channel,
-            "num_scales": len(self.scales),
-            "quantized_dimension": self.quantized_dimension,
-        }
-
-
-@dataclass(frozen=True)
-class OpInfo:
-    """One operator in execution order."""
-
-    index: int
-    opcode: str  # builtin name, e.g. "CONV_2D" (max of builtin_code and deprecated_builtin_code)
-    inputs: tuple[int, ...]
-    outputs: tuple[int, ...]
-    subgraph: int = 0
-    # Builtin options by snake_case field name, e.g. {"stride_w": 2, "dilation_h_factor": 1,
-    # "padding": "SAME", "fused_activation_function": "RELU6"}. Vectors become tuples.
-    options: Mapping[str, object] = field(default_factory=lambda: _EMPTY, compare=False)
-    custom_code: str | None = None  # for opcode == "CUSTOM"
-    version: int = 1
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What esp-check needs to know about a model, independent of any TFLM runtime."""
-
-    path: Path
-    size_bytes: int
-    sha256: str
-    schema_version: int
-    inputs: tuple[TensorInfo, ...]
-    outputs: tuple[TensorInfo, ...]
-    ops: tuple[OpInfo, ...]
-    tensors: tuple[TensorInfo, ...] = field(default=(), repr=False)
-    subgraph_count: int = 1
-    description: str = ""
-
-    @property
-    def distinct_ops(self) -> tuple[str, ...]:
-        """Distinct opcodes in first-use order (one resolver registration each)."""
-        seen: dict[str, None] = {}
-        for op in self.ops:
-            seen.setdefault(op.opcode, None)
-        return tuple(seen)
-
-    @property
-    def main_ops(self) -> tuple[OpInfo, ...]:
-        """Operators of subgraph 0 in execution order (what per-layer comparison walks)."""
-        return tuple(op for op in self.ops if op.subgraph == 0)
-
-    def op_counts(self) -> dict[str, int]:
-        """Opcode -> number of uses, in first-use order."""
-        counts: dict[str, int] = {}
-        for op in self.ops:
-            counts[op.opcode] = counts.get(op.opcode, 0) + 1
-        return counts
-
-    def tensor(self, index: int) -> TensorInfo:
-        """Main-subgraph tensor by index."""
-        return self.tensors[index]
-
-    @property
-    def kind(self) -> str:
-        """Quantization kind of the activations: "int8", "int16", "uint8", "float" or "mixed".
-
-        "int8" is esp-check's main case (ESP-NN accelerates only int8). "int16" covers 16x8
-        models (int16 activations, int8 weights), e.g. SVDF keyword spotters. Shape/index
-        tensors (int32/int64/bool) are ignored; so are int32 outputs such as argmax.
-        """
-        dtypes = {
-            self.tensors[t].dtype
-            for op in self.main_ops
-            for t in op.outputs
-            if t >= 0 and self.tensors[t].dtype in _ACTIVATION_DTYPES
-        }
-        dtypes |= {t.dtype for t in self.inputs if t.dtype in _ACTIVATION_DTYPES}
-        if not dtypes or dtypes == {"int8"}:
-            return "int8"
-        if dtypes <= {"int8", "int16"}:
-            return "int16"
-        if dtypes == {"uint8"} or dtypes == {"uint8", "int8"}:
-            return "uint8"
-        if dtypes <= {"float32", "float16"}:
-            return "float"
-        return "mixed"
-
+__all__ = ["ModelInfo", "OpInfo", "TensorInfo", "load_model", "parse_model_bytes"]
 
 # --------------------------------------------------------------------------------------------
 # parsing
@@ -237,6 +101,8 @@ def _tensor_info(tfl: Any, t: Any, index: int, model: Any, dtype_names: dict[int
     name_raw = t.Name()
     name = name_raw.decode("utf-8", "replace") if name_raw else f"tensor_{index}"
     shape = tuple(int(x) for x in t.ShapeAsNumpy()) if t.ShapeLength() else ()
+    if any(d < -1 for d in shape):
+        raise ModelError(f"tensor {index} ({name!r}) has shape {list(shape)}, which TFLM cannot hold")
     if any(d < 0 for d in shape):
         sig = tuple(int(x) for x in t.ShapeSignatureAsNumpy()) if t.ShapeSignatureLength() else shape
         shape = tuple(1 if d < 0 else d for d in sig)  # dynamic batch -> 1 (TFLM has no dynamic shapes)
@@ -259,6 +125,9 @@ def _tensor_info(tfl: Any, t: Any, index: int, model: Any, dtype_names: dict[int
         raise ModelError(f"tensor {index} ({name!r}) refers to buffer {buf_index}, which does not exist")
     buf = model.Buffers(buf_index)
     is_const = bool(buf is not None and (buf.DataLength() > 0 or buf.Size() > 0))
+    _check_shape(index, name, shape, dtype, is_const)
+    if is_const and t.Sparsity() is None:
+        _check_backing(index, name, shape, dtype, max(int(buf.DataLength()), int(buf.Size())))
     return TensorInfo(
         index=index,
         name=name,
@@ -273,6 +142,95 @@ def _tensor_info(tfl: Any, t: Any, index: int, model: Any, dtype_names: dict[int
         is_constant=is_const,
         is_variable=bool(t.IsVariable()),
     )
+
+
+# Bytes per element of the dense tensor types (int4 is packed two per byte in the file).
+_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "uint64": 8,
+               "int32": 4, "uint32": 4, "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1,
+               "complex64": 8, "complex128": 16}  # fmt: skip
+MAX_RANK = 8
+# No ESP32 has more than 32 MiB of PSRAM: a non-constant tensor over twice that is a corrupted shape.
+MAX_TENSOR_BYTES = 64 * 1024 * 1024
+
+
+def _check_shape(index: int, name: str, shape: tuple[int, ...], dtype: str, is_const: bool) -> None:
+    """Shapes TFLM cannot hold: negative or huge dimensions, too many of them, too many bytes."""
+    if len(shape) > MAX_RANK or any(d < 0 for d in shape):
+        raise ModelError(f"tensor {index} ({name!r}) has shape {list(shape)}, which TFLM cannot hold")
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * _ITEM_BYTES.get(dtype, 1)
+    if not is_const and nbytes > MAX_TENSOR_BYTES:
+        raise ModelError(
+            f"tensor {index} ({name!r}) has shape {list(shape)}: {nbytes} bytes, more than any ESP32 "
+            f"can hold (limit {MAX_TENSOR_BYTES} B)",
+            hint="the file is corrupted (re-export or re-copy it), or the model is not for a microcontroller",
+        )
+
+
+def _check_backing(index: int, name: str, shape: tuple[int, ...], dtype: str, have: int) -> None:
+    """A constant tensor's buffer must hold all its elements (TFLM would read past it)."""
+    n = 1
+    for d in shape:
+        n *= d
+    if dtype == "int4":
+        need = (n + 1) // 2
+    elif dtype in _ITEM_BYTES:
+        need = n * _ITEM_BYTES[dtype]
+    else:
+        return  # strings, resources, variants: no fixed size
+    if have < need:
+        raise ModelError(
+            f"constant tensor {index} ({name!r}) of shape {list(shape)} {dtype} needs {need} bytes, "
+            f"its buffer holds {have}"
+        )
+
+
+def _check_references(model: Any, subgraph_tensors: list[int]) -> None:
+    """Indices outside the tensor lists: metadata buffers, signature defs (TFLM's wheel reads them)."""
+    n_buffers, n_subgraphs = model.BuffersLength(), model.SubgraphsLength()
+    for i in range(model.MetadataLength()):
+        b = model.Metadata(i).Buffer()
+        if not 0 <= b < n_buffers:
+            raise ModelError(f"metadata {i} refers to buffer {b}, which does not exist")
+    for i in range(model.SignatureDefsLength()):
+        sig = model.SignatureDefs(i)
+        s = sig.SubgraphIndex()
+        if not 0 <= s < n_subgraphs:
+            raise ModelError(f"signature {i} refers to subgraph {s}, which does not exist")
+        for k in range(sig.InputsLength() + sig.OutputsLength()):
+            tm = sig.Inputs(k) if k < sig.InputsLength() else sig.Outputs(k - sig.InputsLength())
+            if not 0 <= tm.TensorIndex() < subgraph_tensors[s]:
+                raise ModelError(f"signature {i} refers to tensor {tm.TensorIndex()} of subgraph {s}, "
+                                 "which does not exist")  # fmt: skip
+
+
+def _check_subgraph_options(where: str, options: dict[str, object], n_subgraphs: int) -> None:
+    """IF / WHILE / CALL_ONCE name subgraphs by index."""
+    for key, value in options.items():
+        if key.endswith("subgraph_index") and isinstance(value, int) and not 0 <= value < n_subgraphs:
+            raise ModelError(f"{where}: {key}={value} refers to a subgraph that does not exist")
+
+
+_WEIGHTED_RANK = {"CONV_2D": 4, "DEPTHWISE_CONV_2D": 4, "FULLY_CONNECTED": 2}
+
+
+def _check_weighted_op(where: str, opcode: str, ins: tuple[int, ...], outs: tuple[int, ...],
+                       tensors: tuple[TensorInfo, ...]) -> None:  # fmt: skip
+    """The ops ESP-NN accelerates (and esp-check's scratch arithmetic reads): input, weights, output
+    present, weights of the right rank and no empty dimension (TFLM divides by them: SIGFPE)."""
+    rank = _WEIGHTED_RANK.get(opcode)
+    if rank is None:
+        return
+    if len(ins) < 2 or min(ins[:2]) < 0 or not outs or outs[0] < 0:
+        raise ModelError(f"{where} ({opcode}) needs an input, weights and an output; it has {ins} -> {outs}")
+    weights = tensors[ins[1]]
+    if len(weights.shape) != rank or 0 in weights.shape or 0 in tensors[ins[0]].shape:
+        raise ModelError(
+            f"{where} ({opcode}): weights of shape {list(weights.shape)} for input "
+            f"{list(tensors[ins[0]].shape)} (TFLM needs rank {rank} and no empty dimension)"
+        )
 
 
 def _check_buffers(model: Any, size: int) -> None:
@@ -292,6 +250,18 @@ def _check_buffers(model: Any, size: int) -> None:
             )
 
 
+def _raw_builtin_code(oc: Any) -> int:
+    """The int32 ``builtin_code`` field itself (vtable slot 10), 0 when absent.
+
+    ``tflite``'s ``OperatorCode.BuiltinCode()`` returns ``deprecated_builtin_code`` whenever this
+    field is below 127, so a file with only ``builtin_code`` set (TFLM's model_editor, other
+    non-TensorFlow writers) would read as ADD. The op is max(deprecated, builtin), as in TFLM's
+    GetBuiltinCode.
+    """
+    o = oc._tab.Offset(10)
+    return int(oc._tab.Get(flatbuffers.number_types.Int32Flags, o + oc._tab.Pos)) if o else 0
+
+
 def _describe_non_tflite(head: bytes) -> str:
     if head.startswith(b"\x89HDF"):
         return "it looks like a Keras HDF5 file (.h5), not a converted .tflite model"
@@ -304,8 +274,7 @@ def _describe_non_tflite(head: bytes) -> str:
     return "it does not carry the TFLite file identifier"
 
 
-def _parse(data: bytes, path: Path) -> ModelInfo:
-    tfl = _lazy_tflite()
+def _check_header(data: bytes, path: Path) -> None:
     size = len(data)
     if size < 16:
         raise ModelError(
@@ -326,66 +295,88 @@ def _parse(data: bytes, path: Path) -> ModelInfo:
             f"{path}: root table offset {root} is past the end of the file ({size} B): truncated"
         )
 
-    model = tfl.Model.GetRootAsModel(data, 0)
-    schema_version = int(model.Version())
-    if model.SubgraphsLength() < 1:
-        raise ModelError(f"{path}: the model has no subgraph")
-    _check_buffers(model, size)
-    dtype_names = _enum_names(tfl.TensorType)
+
+def _opcodes(tfl: Any, model: Any) -> list[tuple[str, str | None, int]]:
+    """(name, custom code, version) per operator code."""
     builtin_names: dict[int, str] = dict(tfl.utils.BUILTIN_OPCODE2NAME)
-
-    from harness.model import opdata  # local import: opdata imports this module for typing only
-
     opcodes: list[tuple[str, str | None, int]] = []
     for i in range(model.OperatorCodesLength()):
         oc = model.OperatorCodes(i)
-        code = max(int(oc.BuiltinCode()), int(oc.DeprecatedBuiltinCode()))
-        name = builtin_names.get(code)
-        if name is None:
-            name = f"BUILTIN_{code}"
+        code = max(_raw_builtin_code(oc), int(oc.DeprecatedBuiltinCode()))
+        name = builtin_names.get(code) or f"BUILTIN_{code}"
         custom = oc.CustomCode()
         opcodes.append((name, custom.decode("utf-8", "replace") if custom else None, int(oc.Version())))
+    return opcodes
 
+
+def _subgraph(
+    tfl: Any, model: Any, s: int, opcodes: list[tuple[str, str | None, int]]
+) -> tuple[tuple[TensorInfo, ...], list[OpInfo], tuple[int, ...], tuple[int, ...]]:
+    """Tensors, ops, input and output indices of subgraph ``s``, every index checked."""
+    sg = model.Subgraphs(s)
+    n_tensors = sg.TensorsLength()
+    dtype_names = _enum_names(tfl.TensorType)
+    tensors = tuple(_tensor_info(tfl, sg.Tensors(t), t, model, dtype_names) for t in range(n_tensors))
+
+    def indices(vec: Any, length: int, what: str) -> tuple[int, ...]:
+        idx = tuple(int(v) for v in vec()) if length else ()
+        for v in idx:
+            if v < -1 or v >= n_tensors:
+                raise ModelError(f"subgraph {s}: {what} refers to tensor {v}, which does not exist")
+        return idx
+
+    ops: list[OpInfo] = []
+    for k in range(sg.OperatorsLength()):
+        op = sg.Operators(k)
+        oc_index = op.OpcodeIndex()
+        if oc_index >= len(opcodes):
+            raise ModelError(f"op {k}: opcode index {oc_index} is out of range ({len(opcodes)} opcodes)")
+        opcode, custom, version = opcodes[oc_index]
+        where = f"op {k}" if s == 0 else f"op {k} of subgraph {s}"
+        opdata.check_supported(opcode, custom, where=where)
+        options = _read_options(tfl, op)
+        _check_subgraph_options(where, options, model.SubgraphsLength())
+        indices(op.IntermediatesAsNumpy, op.IntermediatesLength(), f"{where} intermediate")
+        ins = indices(op.InputsAsNumpy, op.InputsLength(), f"{where} input")
+        outs = indices(op.OutputsAsNumpy, op.OutputsLength(), f"{where} output")
+        _check_weighted_op(where, opcode, ins, outs, tensors)
+        ops.append(
+            OpInfo(
+                index=k,
+                opcode=opcode,
+                inputs=ins,
+                outputs=outs,
+                subgraph=s,
+                options=MappingProxyType(options),
+                custom_code=custom,
+                version=version,
+            )
+        )
+    model_ins = indices(sg.InputsAsNumpy, sg.InputsLength(), "model input")
+    model_outs = indices(sg.OutputsAsNumpy, sg.OutputsLength(), "model output")
+    return tensors, ops, model_ins, model_outs
+
+
+def _parse(data: bytes, path: Path) -> ModelInfo:
+    tfl = _lazy_tflite()
+    _check_header(data, path)
+    size = len(data)
+    model = tfl.Model.GetRootAsModel(data, 0)
+    verify_structure(tfl, model, size)  # every table, vector and string inside the file
+    if model.SubgraphsLength() < 1:
+        raise ModelError(f"{path}: the model has no subgraph")
+    _check_buffers(model, size)
+    _check_references(model, [model.Subgraphs(s).TensorsLength() for s in range(model.SubgraphsLength())])
+    opcodes = _opcodes(tfl, model)
     ops: list[OpInfo] = []
     main_tensors: tuple[TensorInfo, ...] = ()
     main_inputs: tuple[TensorInfo, ...] = ()
     main_outputs: tuple[TensorInfo, ...] = ()
     for s in range(model.SubgraphsLength()):
-        sg = model.Subgraphs(s)
-        n_tensors = sg.TensorsLength()
-        tensors = tuple(_tensor_info(tfl, sg.Tensors(t), t, model, dtype_names) for t in range(n_tensors))
-
-        def _indices(values: Any, what: str, _n: int = n_tensors, _s: int = s) -> tuple[int, ...]:
-            idx = tuple(int(v) for v in values)
-            for v in idx:
-                if v < -1 or v >= _n:
-                    raise ModelError(f"subgraph {_s}: {what} refers to tensor {v}, which does not exist")
-            return idx
-
-        for k in range(sg.OperatorsLength()):
-            op = sg.Operators(k)
-            oc_index = op.OpcodeIndex()
-            if oc_index >= len(opcodes):
-                raise ModelError(f"op {k}: opcode index {oc_index} is out of range ({len(opcodes)} opcodes)")
-            opcode, custom, version = opcodes[oc_index]
-            where = f"op {k}" if s == 0 else f"op {k} of subgraph {s}"
-            opdata.check_supported(opcode, custom, where=where)
-            ops.append(
-                OpInfo(
-                    index=k,
-                    opcode=opcode,
-                    inputs=_indices(op.InputsAsNumpy() if op.InputsLength() else (), f"{where} input"),
-                    outputs=_indices(op.OutputsAsNumpy() if op.OutputsLength() else (), f"{where} output"),
-                    subgraph=s,
-                    options=MappingProxyType(_read_options(tfl, op)),
-                    custom_code=custom,
-                    version=version,
-                )
-            )
+        tensors, sub_ops, ins, outs = _subgraph(tfl, model, s, opcodes)
+        ops.extend(sub_ops)
         if s == 0:
             main_tensors = tensors
-            ins = _indices(sg.InputsAsNumpy() if sg.InputsLength() else (), "model input")
-            outs = _indices(sg.OutputsAsNumpy() if sg.OutputsLength() else (), "model output")
             main_inputs = tuple(tensors[i] for i in ins if i >= 0)
             main_outputs = tuple(tensors[i] for i in outs if i >= 0)
     if not main_inputs or not main_outputs:
@@ -395,7 +386,7 @@ def _parse(data: bytes, path: Path) -> ModelInfo:
         path=path,
         size_bytes=size,
         sha256=hashlib.sha256(data).hexdigest(),
-        schema_version=schema_version,
+        schema_version=int(model.Version()),
         inputs=main_inputs,
         outputs=main_outputs,
         ops=tuple(ops),

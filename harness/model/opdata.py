@@ -21,7 +21,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from harness.model.loader import ModelInfo, OpInfo
+    from harness.model.modelinfo import ModelInfo, OpInfo
 
 # Chip families shown by `inspect` (one representative chip each).
 FAMILY_CHIPS: tuple[str, ...] = ("esp32", "esp32s3", "esp32p4")

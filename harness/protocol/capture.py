@@ -12,8 +12,9 @@ import base64
 import binascii
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -259,8 +260,18 @@ def _to_record(m: re.Match[bytes], line_no: int) -> tuple[Record | None, str | N
     return Record(int(m.group(1)), m.group(2).decode("ascii"), fields, line_no), None
 
 
-def _scan(raw: bytes, cap: Capture) -> list[Record]:
-    """Find CRC-checked records; corrupted ones become problems (after the first BEGIN) or warnings."""
+def _scan(raw: bytes, cap: Capture, corrupt: list[tuple[int, str]] | None = None) -> list[Record]:
+    """Find CRC-checked records; corrupted ones go to ``corrupt`` (after the first BEGIN) or warnings.
+
+    Whether a corrupted line after the first BEGIN is a problem depends on the records around it (a
+    later boot after a complete END is ignored), which :func:`parse_capture` decides afterwards;
+    without ``corrupt`` they become problems at once.
+    """
+    if corrupt is None:
+        found: list[tuple[int, str]] = []
+        records = _scan(raw, cap, found)
+        cap.problems.extend(msg for _, msg in found)
+        return records
     lines = _split_lines(raw)
     out: list[Record] = []
     seen_begin = False
@@ -299,13 +310,13 @@ def _scan(raw: bytes, cap: Capture) -> list[Record]:
                 what = "longer than 240 bytes" if len(seg) + 2 > LINE_MAX else "bad format or CRC"
                 msg = f"line {k}: corrupted record ({what}): {seg[:60].decode('ascii', 'replace')!r}"
                 if seen_begin:
-                    cap.problems.append(msg)
+                    corrupt.append((k, msg))
                 else:
                     cap.warnings.append(msg + " (before the first BEGIN: ignored)")
                 continue
             rec, err = _to_record(m, k)
             if rec is None:
-                cap.problems.append(err or f"line {k}: bad record")
+                corrupt.append((k, err or f"line {k}: bad record"))
                 continue
             if rec.type == "BEGIN":
                 seen_begin = True
@@ -338,7 +349,20 @@ def _opt_int(rec: Record, key: str) -> int | None:
     return _int(rec, key) if key in rec.fields else None
 
 
+def _b64(rec: Record) -> bytes:
+    """Strict base64 (RFC 4648 with padding, zero pad bits): the one text a chunk encodes to."""
+    text = _get(rec, "b64")
+    try:
+        chunk = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise _FieldError(f"{rec.type} b64 is not valid base64") from None
+    if base64.b64encode(chunk) != text.encode("ascii"):
+        raise _FieldError(f"{rec.type} b64 {text[:16]!r}... is not canonical base64 (non-zero pad bits)")
+    return chunk
+
+
 class _Builder:
+    _HANDLERS: ClassVar[dict[str, Callable[[_Builder, Record], None]]]  # record type -> handler (below)
     def __init__(self, cap: Capture) -> None:
         self.cap = cap
         self.expected_seq = 0
@@ -347,6 +371,7 @@ class _Builder:
         self.stale = 0
         self.broken = False
         self.pending_dump: tuple[Record, bytearray, OpDump] | None = None
+        self.ignored_from_line: int | None = None  # a later boot after a complete END starts here
 
     def problem(self, msg: str) -> None:
         self.cap.problems.append(msg)
@@ -362,6 +387,7 @@ class _Builder:
                         cap.warnings.append(
                             f"line {rec.line}: the device booted again after END; later output ignored"
                         )
+                        self.ignored_from_line = rec.line
                     else:
                         self.problem(
                             f"line {rec.line}: second BEGIN before END: the device rebooted mid-run "
@@ -387,7 +413,7 @@ class _Builder:
             cap.warnings.append(f"{self.stale} record(s) before the first BEGIN ignored (earlier boot?)")
 
     def handle(self, rec: Record) -> None:
-        cap = self.cap
+        """Close what a record of another type interrupts, then dispatch on the record type."""
         t = rec.type
         if self.pending is not None and t != "DATA":
             prec, buf, _ = self.pending
@@ -401,102 +427,100 @@ class _Builder:
                 f"OPDUMP at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
             )
             self.pending_dump = None
-        if cap.complete:
+        if self.cap.complete:
             self.problem(f"line {rec.line}: {t} record after END")
             return
-        if t == "BEGIN":
-            for key in REQUIRED_BEGIN:
-                _get(rec, key)
-            if rec.seq != 0:
-                self.problem(f"line {rec.line}: BEGIN has seq {rec.seq}, expected 0")
-            if rec.fields["proto"] != PROTO_VERSION:
-                self.problem(
-                    f"line {rec.line}: protocol version {rec.fields['proto']!r} is not supported "
-                    f"(this esp-check reads version {PROTO_VERSION})"
-                )
-            if rec.fields["fw"] != "esp-check":
-                self.problem(f"line {rec.line}: firmware {rec.fields['fw']!r} is not esp-check firmware")
-            if rec.fields["sim"] not in ("0", "1"):
-                self.problem(f"line {rec.line}: sim={rec.fields['sim']!r} must be 0 or 1")
-            cap.begin = dict(rec.fields)
-        elif t == "INFO":
-            for key, value in rec.fields.items():
-                if key in cap.info:
-                    self.problem(f"line {rec.line}: INFO key {key!r} repeated")
-                cap.info[key] = value
-        elif t == "ARENA":
-            if cap.arena is not None:
-                self.problem(f"line {rec.line}: second ARENA record")
-            cap.arena = ArenaInfo(
-                _int(rec, "size", unsigned=True), _int(rec, "used", unsigned=True), _get(rec, "mem")
-            )
-        elif t == "INPUT":
-            i = _int(rec, "i", unsigned=True)
-            sha = _get(rec, "sha256")
-            if not _SHA256_RE.fullmatch(sha):
-                self.problem(f"line {rec.line}: INPUT sha256 {sha[:70]!r} is not 64 lower-case hex digits")
-            if i in self.run_by_index:
-                self.problem(f"line {rec.line}: INPUT i={i} repeated")
-                return
-            new_run = CapturedRun(i, _int(rec, "bytes", unsigned=True), sha)
-            self.run_by_index[i] = new_run
-            cap.runs.append(new_run)
-        elif t == "TIME":
-            run = self._run(rec)
-            if run is not None:
-                if run.invoke_us is not None:
-                    self.problem(f"line {rec.line}: TIME for i={run.index} repeated")
-                run.invoke_us = _int(rec, "invoke_us")
-                run.cycles = _opt_int(rec, "cycles")
-        elif t == "TENSOR":
-            self._tensor(rec)
-        elif t == "DATA":
-            self._data(rec)
-        elif t == "ERROR":
-            stage = _get(rec, "stage")
-            if stage not in ERROR_STAGES:
-                cap.warnings.append(f"line {rec.line}: ERROR stage {stage!r} is not one the spec lists")
-            err = ErrorRecord(
-                stage, _int(rec, "code"), _opt_int(rec, "i"), rec.fields.get("msg", ""), rec.seq
-            )
-            cap.errors.append(err)
-            if err.i is not None and err.i in self.run_by_index:
-                self.run_by_index[err.i].errors.append(err)
-        elif t == "END":
-            status = _get(rec, "status")
-            if status not in ("ok", "error"):
-                self.problem(f"line {rec.line}: END status {status!r} must be ok or error")
-            records = _int(rec, "records", unsigned=True)
-            if records != rec.seq:
-                self.problem(
-                    f"line {rec.line}: END says {records} records came before it, its seq is {rec.seq}"
-                )
-            cap.end_status = status
-        elif t == "OP":
-            self._op(rec)
-        elif t == "OPEND":
-            run = self._run(rec)
-            if run is not None:
-                if run.ops_end is not None:
-                    self.problem(f"line {rec.line}: OPEND for i={run.index} repeated")
-                end = {k: _int(rec, k, unsigned=True) for k in ("ops", "dropped", "ram")}
-                if end["ops"] != len(run.ops):
-                    self.problem(
-                        f"line {rec.line}: OPEND i={run.index} says ops={end['ops']}, "
-                        f"{len(run.ops)} OP records arrived"
-                    )
-                if end["dropped"]:
-                    cap.warnings.append(
-                        f"run i={run.index}: the device's tap buffer was full, {end['dropped']} op "
-                        "record(s) dropped (later ops are not checked)"
-                    )
-                run.ops_end = end
-        elif t == "OPDUMP":
-            self._opdump(rec)
-        elif t == "OPDATA":
-            self._opdata(rec)
+        handler = self._HANDLERS.get(t)
+        if handler is None:
+            self.cap.unknown.append(rec)
         else:
-            cap.unknown.append(rec)
+            handler(self, rec)
+
+    def _begin(self, rec: Record) -> None:
+        for key in REQUIRED_BEGIN:
+            _get(rec, key)
+        if rec.seq != 0:
+            self.problem(f"line {rec.line}: BEGIN has seq {rec.seq}, expected 0")
+        if rec.fields["proto"] != PROTO_VERSION:
+            self.problem(
+                f"line {rec.line}: protocol version {rec.fields['proto']!r} is not supported "
+                f"(this esp-check reads version {PROTO_VERSION})"
+            )
+        if rec.fields["fw"] != "esp-check":
+            self.problem(f"line {rec.line}: firmware {rec.fields['fw']!r} is not esp-check firmware")
+        if rec.fields["sim"] not in ("0", "1"):
+            self.problem(f"line {rec.line}: sim={rec.fields['sim']!r} must be 0 or 1")
+        self.cap.begin = dict(rec.fields)
+
+    def _info(self, rec: Record) -> None:
+        for key, value in rec.fields.items():
+            if key in self.cap.info:
+                self.problem(f"line {rec.line}: INFO key {key!r} repeated")
+            self.cap.info[key] = value
+
+    def _arena(self, rec: Record) -> None:
+        if self.cap.arena is not None:
+            self.problem(f"line {rec.line}: second ARENA record")
+        self.cap.arena = ArenaInfo(
+            _int(rec, "size", unsigned=True), _int(rec, "used", unsigned=True), _get(rec, "mem")
+        )
+
+    def _input(self, rec: Record) -> None:
+        i = _int(rec, "i", unsigned=True)
+        sha = _get(rec, "sha256")
+        if not _SHA256_RE.fullmatch(sha):
+            self.problem(f"line {rec.line}: INPUT sha256 {sha[:70]!r} is not 64 lower-case hex digits")
+        if i in self.run_by_index:
+            self.problem(f"line {rec.line}: INPUT i={i} repeated")
+            return
+        new_run = CapturedRun(i, _int(rec, "bytes", unsigned=True), sha)
+        self.run_by_index[i] = new_run
+        self.cap.runs.append(new_run)
+
+    def _time(self, rec: Record) -> None:
+        run = self._run(rec)
+        if run is not None:
+            if run.invoke_us is not None:
+                self.problem(f"line {rec.line}: TIME for i={run.index} repeated")
+            run.invoke_us = _int(rec, "invoke_us")
+            run.cycles = _opt_int(rec, "cycles")
+
+    def _error(self, rec: Record) -> None:
+        stage = _get(rec, "stage")
+        if stage not in ERROR_STAGES:
+            self.cap.warnings.append(f"line {rec.line}: ERROR stage {stage!r} is not one the spec lists")
+        err = ErrorRecord(stage, _int(rec, "code"), _opt_int(rec, "i"), rec.fields.get("msg", ""), rec.seq)
+        self.cap.errors.append(err)
+        if err.i is not None and err.i in self.run_by_index:
+            self.run_by_index[err.i].errors.append(err)
+
+    def _end(self, rec: Record) -> None:
+        status = _get(rec, "status")
+        if status not in ("ok", "error"):
+            self.problem(f"line {rec.line}: END status {status!r} must be ok or error")
+        records = _int(rec, "records", unsigned=True)
+        if records != rec.seq:
+            self.problem(f"line {rec.line}: END says {records} records came before it, its seq is {rec.seq}")
+        self.cap.end_status = status
+
+    def _opend(self, rec: Record) -> None:
+        run = self._run(rec)
+        if run is None:
+            return
+        if run.ops_end is not None:
+            self.problem(f"line {rec.line}: OPEND for i={run.index} repeated")
+        end = {k: _int(rec, k, unsigned=True) for k in ("ops", "dropped", "ram")}
+        if end["ops"] != len(run.ops):
+            self.problem(
+                f"line {rec.line}: OPEND i={run.index} says ops={end['ops']}, "
+                f"{len(run.ops)} OP records arrived"
+            )
+        if end["dropped"]:
+            self.cap.warnings.append(
+                f"run i={run.index}: the device's tap buffer was full, {end['dropped']} op "
+                "record(s) dropped (later ops are not checked)"
+            )
+        run.ops_end = end
 
     @staticmethod
     def _tap_list(rec: Record, key: str) -> tuple[TapEntry, ...]:
@@ -579,10 +603,7 @@ class _Builder:
             self.problem(f"line {rec.line}: OPDATA off={off} does not continue OPDUMP at line {prec.line}")
             self.pending_dump = None
             return
-        try:
-            chunk = base64.b64decode(_get(rec, "b64"), validate=True)
-        except (binascii.Error, ValueError):
-            raise _FieldError("OPDATA b64 is not valid base64") from None
+        chunk = _b64(rec)
         total = int(prec.fields["bytes"])
         if not 0 < len(chunk) <= DATA_CHUNK or len(buf) + len(chunk) > total:
             self.problem(f"line {rec.line}: OPDATA chunk of {len(chunk)} bytes does not fit its OPDUMP")
@@ -673,10 +694,7 @@ class _Builder:
             self.pending = None
             self.broken = True
             return
-        try:
-            chunk = base64.b64decode(_get(rec, "b64"), validate=True)
-        except (binascii.Error, ValueError):
-            raise _FieldError("DATA b64 is not valid base64") from None
+        chunk = _b64(rec)
         total = int(prec.fields["bytes"])
         if not 0 < len(chunk) <= DATA_CHUNK or len(buf) + len(chunk) > total:
             self.problem(f"line {rec.line}: DATA chunk of {len(chunk)} bytes does not fit its TENSOR")
@@ -748,14 +766,55 @@ class _Builder:
             run.outputs.sort(key=lambda t: t.o)
 
 
+_DEVICE_TEXT_RE = re.compile(
+    rb"ESP-ROM:|^ets [A-Z][a-z]{2} |rst:0x[0-9a-f]+ \(|Guru Meditation Error|abort\(\) was called|"
+    rb"^(?:\x1b\[[0-9;]*m)?[EWIDV] \([0-9:.]{1,16}\) [^:\r\n]{1,64}: ",
+    re.MULTILINE,
+)
+
+
+def looks_like_device_output(raw: bytes) -> bool:
+    """Whether text without records is still an ESP32's serial output, or ends in a partial marker.
+
+    ROM banner, ESP-IDF log lines or a panic without any record: a capture cut off before its first
+    result (infrastructure, exit 3), not a file of the wrong kind (usage, exit 2).
+    """
+    tail = raw.rstrip(b"\r\n")[-len(MARKER) :]
+    if any(tail.endswith(MARKER[:k]) for k in range(1, len(MARKER) + 1)):
+        return True
+    return _DEVICE_TEXT_RE.search(raw[: 1 << 20]) is not None
+
+
+_Builder._HANDLERS = {
+    "BEGIN": _Builder._begin,
+    "INFO": _Builder._info,
+    "ARENA": _Builder._arena,
+    "INPUT": _Builder._input,
+    "TIME": _Builder._time,
+    "TENSOR": _Builder._tensor,
+    "DATA": _Builder._data,
+    "ERROR": _Builder._error,
+    "END": _Builder._end,
+    "OP": _Builder._op,
+    "OPEND": _Builder._opend,
+    "OPDUMP": _Builder._opdump,
+    "OPDATA": _Builder._opdata,
+}
+
+
 def parse_capture(raw: bytes | str) -> Capture:
     """Parse a serial capture; never raises on bad content (problems are recorded instead)."""
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogateescape")
     cap = Capture()
-    records = _scan(bytes(raw), cap)
+    corrupt: list[tuple[int, str]] = []
+    records = _scan(bytes(raw), cap, corrupt)
     builder = _Builder(cap)
     builder.feed(records)
+    cut = builder.ignored_from_line
+    cap.problems[:0] = [msg for line, msg in corrupt if cut is None or line < cut]
+    later = [msg for line, msg in corrupt if cut is not None and line >= cut]
+    cap.warnings.extend(msg + " (in a later boot after END: ignored)" for msg in later)
     builder.finish()
     return cap
 

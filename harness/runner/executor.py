@@ -7,53 +7,66 @@ content-addressed build cache does the rest), takes the board's lock, flashes an
 variants (a board that already holds an image is not re-written: esptool's MD5 check), releases the
 lock, and compares on the host.
 
-Outcomes of one attempt (the exit-code classes of harness.errors):
-
-- 0 / 1 (match / mismatch): final. A mismatch is never retried.
-- 4 (firmware fault): a finding. Re-run once to confirm; never counted against the board.
-- 3 (infrastructure: no sync, disconnect, timeout, corrupted capture, port gone): retried with
-  exponential backoff up to the job's ``retries``, preferably on another board of the type. A board
-  with ``quarantine_after`` consecutive infrastructure failures runs its power-cycle command once
-  (if it has one) and is quarantined on the next failure: its tasks move to other boards of the type
-  or are reported as errors.
-- 2 (usage, e.g. the firmware reports the wrong ESP-NN mode): final.
-
-A stop request (Ctrl-C / SIGTERM via ``RunOptions.stop``) lets running attempts finish, marks the
-rest aborted and still writes every report.
+What happens after an attempt (retry, confirmation re-run, final verdict, power cycle, quarantine)
+is decided by the pure function :func:`harness.runner.policy.decide`; this module applies its
+decisions. A stop request (Ctrl-C / SIGTERM via ``RunOptions.stop``) lets running attempts finish,
+marks the rest aborted and still writes every report.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.device.locks import BoardLock, lock_key
-from harness.errors import (
-    BoardBusyError,
-    EspCheckError,
-    ExitCode,
-    PlanError,
-    combine_exit_codes,
-)
+from harness.errors import BoardBusyError, EspCheckError, ExitCode, PlanError, Verdict, combine_exit_codes
 from harness.firmware.native.project import NativeOptions
+from harness.flows.records import StageRecord
 from harness.runner.inventory import BenchBoard, Inventory
-from harness.runner.plan import ModelCase, Plan
-from harness.runner.results import VERDICTS, Attempt, BoardState, RunResult, Task, VariantOutcome
+from harness.runner.paths import atomic_write, move_aside, safe_component
+from harness.runner.plan import Plan
+from harness.runner.policy import (
+    BoardFacts,
+    BoardNext,
+    Decision,
+    Decisive,
+    Next,
+    Outcome,
+    Policy,
+    TaskFacts,
+    abort_reason,
+    decide,
+    may_take,
+    orphans,
+)
+from harness.runner.results import (
+    Attempt,
+    BoardState,
+    BoardStatus,
+    CaseStatus,
+    CaseType,
+    EventKind,
+    RunResult,
+    Task,
+    TaskState,
+    Testcase,
+    VariantOutcome,
+)
 
 VARIANTS = ("optimized", "ansi")
 
-# (board, url, variant, attempt number, task id) -> URL to open instead, or None. A seam for fault
-# injection on simulated benches (tests, bench/bench_soak.py): the board itself is the only thing faked.
+# (board, url, variant, attempt number, task id) -> URL to open instead, or None. A seam for random
+# per-attempt fault injection on simulated benches (bench/bench_soak.py); tests use the simulator's
+# own ``fault_boots`` instead. The board itself is the only thing faked.
 PortOverride = Callable[[BenchBoard, str, str, int, str], "str | None"]
 
 
@@ -74,14 +87,9 @@ class RunOptions:
     port_override: PortOverride | None = None
     backoff_s: float | None = None  # None: the plan's [run] settings
     quarantine_after: int | None = None
-
-
-
-
-def _safe(text: str) -> str:
-    import re
-
-    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", text)[:100]
+    # report files outside out_dir this run will write (--junit, --markdown, --json-file): deleted
+    # when the run starts, so a run killed before it writes them leaves no stale verdict behind
+    report_paths: Sequence[Path] = ()
 
 
 class _Memo:
@@ -107,6 +115,10 @@ class _Memo:
         return value
 
 
+def _exit_code(code: int | None) -> ExitCode:
+    return ExitCode(code) if code in {int(c) for c in ExitCode} else ExitCode.INTERNAL
+
+
 class Runner:
     """One run of a plan over an inventory (use :func:`run_plan`)."""
 
@@ -129,6 +141,7 @@ class Runner:
         )
         self.backoff = options.backoff_s if options.backoff_s is not None else plan.run.backoff_s
         self.quarantine_after = options.quarantine_after or plan.run.quarantine_after
+        self.moved_aside: Path | None = None
         self.tasks = self._make_tasks()
 
     # ---- setup ------------------------------------------------------------------------------------
@@ -151,16 +164,16 @@ class Runner:
                 for case in job.cases:
                     for pinned in targets:
                         where = canon + (f"@{pinned}" if pinned else "")
-                        tid = f"{job.name}/{case.name}/{where}"
+                        parts = (job.name, case.name, where)
                         tasks.append(
                             Task(
-                                id=tid,
+                                id="/".join(parts),
                                 index=len(tasks),
                                 job=job,
                                 case=case,
                                 board_type=canon,
                                 pinned=pinned,
-                                dir=self.out / "jobs" / _safe(job.name) / _safe(case.name) / _safe(where),
+                                dir=self.out.joinpath("jobs", *map(safe_component, parts)),
                             )
                         )
         return tasks
@@ -169,199 +182,106 @@ class Runner:
         if self.opt.progress is not None:
             self.opt.progress(msg)
 
-    def event(self, kind: str, message: str, *, board: str | None = None, task: str | None = None) -> None:
+    def event(
+        self, kind: EventKind, message: str, *, board: str | None = None, task: str | None = None
+    ) -> None:
         with self.cond:
             self.events.append(
-                {"t": time.time(), "kind": kind, "board": board, "task": task, "message": message}
+                {"t": time.time(), "kind": kind.value, "board": board, "task": task, "message": message}
             )
         self.say(f"[{kind}] " + (f"{board}: " if board else "") + (f"{task}: " if task else "") + message)
 
+    def policy(self, t: Task) -> Policy:
+        return Policy(
+            retries=t.job.retries,
+            quarantine_after=self.quarantine_after,
+            backoff_s=self.backoff,
+            backoff_max_s=self.plan.run.backoff_max_s,
+        )
+
     # ---- scheduling -------------------------------------------------------------------------------
-
-    def _available(self, name: str) -> bool:
-        return self.boards[name].status == "ok"
-
-    def _can_run(self, t: Task, st: BoardState) -> bool:
-        if t.board_type != st.bench.board.name or (t.pinned is not None and t.pinned != st.bench.name):
-            return False
-        if st.bench.name in t.avoid:
-            # go back to a board that failed this task only if no other usable board of the type is left
-            others = [
-                s
-                for s in self.boards.values()
-                if s.bench.board.name == t.board_type
-                and s.status == "ok"
-                and s.bench.name not in t.avoid
-                and (t.pinned is None or t.pinned == s.bench.name)
-            ]
-            return not others
-        return True
-
-    def _orphan_check(self) -> None:
-        """Pending tasks that no usable board can take any more become errors (caller holds cond)."""
-        for t in self.tasks:
-            if t.state != "pending":
-                continue
-            usable = [
-                s
-                for s in self.boards.values()
-                if s.status in ("ok", "power-cycling")
-                and s.bench.board.name == t.board_type
-                and (t.pinned is None or t.pinned == s.bench.name)
-            ]
-            if not usable:
-                gone = [
-                    f"{s.bench.name} ({s.status}: {s.reason})"
-                    for s in self.boards.values()
-                    if s.bench.board.name == t.board_type and (t.pinned is None or t.pinned == s.bench.name)
-                ]
-                self._finish(
-                    t,
-                    ExitCode.INFRASTRUCTURE,
-                    "no usable board left: " + "; ".join(gone),
-                )
 
     def _next_for(self, st: BoardState) -> Task | None:
         with self.cond:
             while True:
-                if self.stop.is_set() or st.status != "ok":
+                if self.stop.is_set() or st.status != BoardStatus.OK:
                     return None
                 now = time.monotonic()
-                mine = [t for t in self.tasks if t.state == "pending" and self._can_run(t, st)]
+                same_type = [t for t in self.tasks if t.board_type == st.bench.board.name]
+                mine = [
+                    t
+                    for t in same_type
+                    if t.state == TaskState.PENDING and may_take(t, st, self.boards.values())
+                ]
                 ready = [t for t in mine if t.not_before <= now]
                 if ready:
-                    t = ready[0]
-                    t.state = "running"
-                    return t
-                waiting_for_requeue = any(
-                    t.state == "running" and t.board_type == st.bench.board.name for t in self.tasks
-                )
+                    ready[0].state = TaskState.RUNNING
+                    return ready[0]
                 if mine:
                     self.cond.wait(timeout=max(0.01, min(t.not_before for t in mine) - now))
-                elif waiting_for_requeue or any(
-                    t.state == "pending" and t.board_type == st.bench.board.name for t in self.tasks
-                ):
-                    self.cond.wait(timeout=0.5)
+                elif any(t.state in (TaskState.PENDING, TaskState.RUNNING) for t in same_type):
+                    self.cond.wait(timeout=0.5)  # a running task may come back for a retry
                 else:
                     return None
 
     def _finish(self, t: Task, code: ExitCode, reason: str, decisive: Attempt | None = None) -> None:
-        t.state = "done"
+        t.state = TaskState.DONE
         t.exit_code = int(code)
-        t.verdict = VERDICTS.get(code, "internal_error")
+        t.verdict = Verdict.from_exit_code(code)
         t.reason = reason
         if decisive is not None:
             t.decisive = decisive
         self.cond.notify_all()
 
-    def _after_attempt(self, t: Task, st: BoardState, a: Attempt) -> None:
-        """Decide retry / confirm / final, and the board's quarantine (under cond)."""
-        code = ExitCode(a.exit_code if a.exit_code is not None else ExitCode.INTERNAL)
-        name = st.bench.name
-        if a.board_fault:
-            st.consecutive_infra += 1
-        elif code != ExitCode.INFRASTRUCTURE:
-            st.consecutive_infra = 0  # the board talked: it works
-        if code == ExitCode.INFRASTRUCTURE and not self.stop.is_set():
-            t.infra_failures += 1
-            t.avoid.add(name)
-            if t.infra_failures <= t.job.retries:
-                delay = min(self.backoff * (2 ** (t.infra_failures - 1)), self.plan.run.backoff_max_s)
-                t.state = "pending"
-                t.not_before = time.monotonic() + delay
-                self.events.append(
-                    {
-                        "t": time.time(),
-                        "kind": "retry",
-                        "board": name,
-                        "task": t.id,
-                        "message": f"infrastructure failure ({a.reason}); "
-                        f"retry {t.infra_failures}/{t.job.retries} in {delay:.1f} s",
-                    }
-                )
-                self.say(
-                    f"[retry] {t.id} on {name}: {a.reason}; "
-                    f"retry {t.infra_failures}/{t.job.retries} in {delay:.1f} s"
-                )
-            else:
-                prev_fault = next((x for x in t.attempts if x.exit_code == ExitCode.FIRMWARE_FAULT), None)
-                if prev_fault is not None:  # a fault was seen; the confirmation run hit the infrastructure
-                    self._finish(
-                        t,
-                        ExitCode.FIRMWARE_FAULT,
-                        f"firmware fault (confirmation re-run failed: {a.reason})",
-                        prev_fault,
-                    )
-                else:
-                    self._finish(
-                        t,
-                        ExitCode.INFRASTRUCTURE,
-                        f"gave up after {t.infra_failures} infrastructure failure(s): {a.reason}",
-                        a,
-                    )
-        elif code == ExitCode.INFRASTRUCTURE:
-            prev_fault = next((x for x in t.attempts if x.exit_code == ExitCode.FIRMWARE_FAULT), None)
-            if prev_fault is not None:  # the finding stands even when its confirmation cannot run
-                self._finish(
-                    t,
-                    ExitCode.FIRMWARE_FAULT,
-                    f"firmware fault (not confirmed: run stopped): {prev_fault.reason}",
-                    prev_fault,
-                )
-            else:
-                t.state = "pending"  # not retried: the run is stopping; reported as aborted
-        elif code == ExitCode.FIRMWARE_FAULT:
-            t.fault_attempts += 1
-            if t.fault_attempts == 1 and not self.stop.is_set():
-                t.state = "pending"
-                t.not_before = 0.0
-                self.events.append(
-                    {
-                        "t": time.time(),
-                        "kind": "confirm",
-                        "board": name,
-                        "task": t.id,
-                        "message": f"firmware fault ({a.reason}); re-running once to confirm",
-                    }
-                )
-                self.say(f"[confirm] {t.id} on {name}: firmware fault; re-running once to confirm")
-            else:
-                confirmed = t.fault_attempts >= 2
-                self._finish(
-                    t,
-                    ExitCode.FIRMWARE_FAULT,
-                    f"firmware fault{' (confirmed by a re-run)' if confirmed else ''}: {a.reason}",
-                    a,
-                )
-        elif t.fault_attempts:
-            first = next(x for x in t.attempts if x.exit_code == ExitCode.FIRMWARE_FAULT)
-            self._finish(
-                t,
-                ExitCode.FIRMWARE_FAULT,
-                f"firmware fault not reproduced by the re-run (which gave {VERDICTS.get(code, code)}): "
-                f"intermittent crash: {first.reason}",
-                first,
+    def _abort(self, t: Task, reason: str) -> None:
+        t.state = TaskState.ABORTED
+        t.exit_code = int(ExitCode.INFRASTRUCTURE)
+        t.verdict = Verdict.INFRASTRUCTURE_ERROR
+        t.reason = reason
+
+    def _orphan_check(self) -> None:
+        """Pending tasks that no usable board can take any more become errors (caller holds cond)."""
+        for t, reason in orphans(self.tasks, self.boards.values()):
+            self._finish(t, ExitCode.INFRASTRUCTURE, reason)
+
+    def _decide(self, t: Task, st: BoardState, a: Attempt) -> Decision:
+        first = next((x for x in t.attempts if x is not a and x.exit_code == ExitCode.FIRMWARE_FAULT), None)
+        return decide(
+            Outcome(
+                exit_code=_exit_code(a.exit_code),
+                reason=a.reason,
+                board_fault=a.board_fault,
+                host_side=a.host_side,
+                board_busy=a.board_busy,
+            ),
+            TaskFacts(t.infra_failures, t.fault_attempts, first.reason if first is not None else None),
+            BoardFacts(st.status, st.consecutive_infra, bool(st.bench.power_cycle), st.power_cycled),
+            self.policy(t),
+            stopping=self.stop.is_set(),
+        )
+
+    def _apply(self, t: Task, st: BoardState, a: Attempt, d: Decision) -> None:
+        """Carry out a decision of the rules (caller holds cond)."""
+        t.infra_failures, t.fault_attempts = d.infra_failures, d.fault_attempts
+        st.consecutive_infra = d.consecutive_infra
+        if d.avoid_board:
+            t.avoid.add(st.bench.name)
+        for kind, message in d.events:
+            self.event(
+                kind, message, board=st.bench.name, task=None if kind == EventKind.QUARANTINE else t.id
             )
+        if d.next == Next.FINISH:
+            self._finish(t, d.exit_code, d.reason, a if d.decisive == Decisive.THIS else t.first_fault())
+        elif d.next == Next.ABORT:
+            self._abort(t, d.reason)
         else:
-            self._finish(t, code, a.reason, a)
-        # quarantine
-        if a.board_fault and st.consecutive_infra >= self.quarantine_after and st.status == "ok":
-            if st.bench.power_cycle and not st.power_cycled:
-                st.power_cycled = True
-                st.status = "power-cycling"
-            else:
-                st.status = "quarantined"
-                st.reason = f"{st.consecutive_infra} consecutive infrastructure failures (last: {a.reason})"
-                self.events.append(
-                    {
-                        "t": time.time(),
-                        "kind": "quarantine",
-                        "board": name,
-                        "task": None,
-                        "message": st.reason,
-                    }
-                )
-                self.say(f"[quarantine] {name}: {st.reason}")
+            t.state = TaskState.PENDING
+            t.not_before = time.monotonic() + d.delay_s
+        if d.board == BoardNext.POWER_CYCLE:
+            st.status, st.power_cycled = BoardStatus.POWER_CYCLING, True
+        elif d.board in (BoardNext.QUARANTINE, BoardNext.BUSY):
+            st.status = BoardStatus.QUARANTINED if d.board == BoardNext.QUARANTINE else BoardStatus.BUSY
+            st.reason = d.board_reason
         self._orphan_check()  # a requeued task whose boards are all gone ends here, not as "aborted"
         self.cond.notify_all()
 
@@ -372,31 +292,148 @@ class Runner:
             t = self._next_for(st)
             if t is None:
                 return
-            n = len(t.attempts) + 1
-            a = Attempt(n=n, board=st.bench.name, dir=t.dir / f"attempt-{n}-{_safe(st.bench.name)}")
-            t.attempts.append(a)
-            st.attempts += 1
-            try:
-                self._attempt(t, st, a)
-            except Exception as exc:  # a bug must not kill the worker or lose the task's record
-                a.exit_code = int(ExitCode.INTERNAL)
-                a.reason = f"internal error: {type(exc).__name__}: {exc}"
-                a.board_fault = False
-                with contextlib.suppress(Exception):
-                    assert a.dir is not None
-                    a.dir.mkdir(parents=True, exist_ok=True)
-                    (a.dir / "traceback.txt").write_text(traceback.format_exc(), encoding="utf-8")
-            self._write_attempt(t, a)
+            a = self._run_attempt(t, st)
             with self.cond:
-                self._after_attempt(t, st, a)
-                cycle = st.status == "power-cycling"
+                self._apply(t, st, a, self._decide(t, st, a))
+                cycle = st.status == BoardStatus.POWER_CYCLING
+            verdict = Verdict.from_exit_code(_exit_code(a.exit_code))
+            self.say(f"[done] {t.id} attempt {a.n} on {st.bench.name}: {verdict} ({a.reason[:200]})")
             if cycle:
-                ok, out = st.bench.run_power_cycle()
-                self.event("power-cycle", f"{'ok' if ok else 'FAILED'}: {out}", board=st.bench.name)
-                with self.cond:
-                    st.status = "ok"
-                    st.consecutive_infra = self.quarantine_after - 1  # one more failure quarantines it
-                    self.cond.notify_all()
+                self._power_cycle(st)
+
+    def _run_attempt(self, t: Task, st: BoardState) -> Attempt:
+        """One attempt, its record written whatever happens (a bug must not lose it)."""
+        n = len(t.attempts) + 1
+        a = Attempt(n=n, board=st.bench.name, dir=t.dir / safe_component(f"attempt-{n}-{st.bench.name}"))
+        t.attempts.append(a)
+        st.attempts += 1
+        try:
+            self._attempt(t, st, a)
+        except Exception as exc:  # a bug must not kill the worker or lose the task's record
+            a.exit_code = int(ExitCode.INTERNAL)
+            a.reason = f"internal error: {type(exc).__name__}: {exc}"
+            a.board_fault = False
+            with contextlib.suppress(Exception):
+                assert a.dir is not None
+                atomic_write(a.dir / "traceback.txt", traceback.format_exc())
+        self._write_attempt(t, a)
+        return a
+
+    def _power_cycle(self, st: BoardState) -> None:
+        ok, out = st.bench.run_power_cycle()
+        self.event(EventKind.POWER_CYCLE, f"{'ok' if ok else 'FAILED'}: {out}", board=st.bench.name)
+        with self.cond:
+            st.status = BoardStatus.OK  # one more attempt; the next board failure quarantines it
+            self.cond.notify_all()
+
+    # ---- one attempt ------------------------------------------------------------------------------
+
+    def _attempt(self, t: Task, st: BoardState, a: Attempt) -> None:
+        """Firmware (host), then the board (resolve, lock, flash + capture), then compare (host)."""
+        assert a.dir is not None
+        a.dir.mkdir(parents=True, exist_ok=True)
+        self.say(f"[start] {t.id} attempt {a.n} on {st.bench.name}")
+        builds = self._firmware_for(t, st.bench, a)
+        if builds is None:
+            return
+        lk = self._lock_board(st, a)
+        if lk is None:
+            return
+        try:
+            runs = self._capture_variants(t, st.bench, a, builds)
+        finally:
+            self._release(t, st.bench, a, lk)
+        self._judge(t, a, runs)
+
+    def _firmware_for(self, t: Task, bench: BenchBoard, a: Attempt) -> dict[str, Any] | None:
+        """Both builds, or None with the attempt marked as a host-side failure (not retried)."""
+        try:
+            builds = self._firmware(t, bench.board)
+        except EspCheckError as exc:
+            a.exit_code = int(exc.exit_code)
+            a.reason = f"firmware build: {exc.message}"
+            a.host_side = True
+            return None
+        t.builds = {
+            v: {
+                "firmware_sha256": b.firmware_sha256,
+                "cache_hit": b.cache_hit,
+                "project_dir": str(b.project_dir),
+            }
+            for v, b in builds.items()
+        }
+        return builds
+
+    def _lock_board(self, st: BoardState, a: Attempt) -> BoardLock | None:
+        """Resolve the board's port and take its lock, or None with the attempt marked failed."""
+        bench = st.bench
+        try:
+            ps = bench.resolve()
+        except EspCheckError as exc:
+            a.exit_code = int(exc.exit_code)
+            a.reason = f"port: {exc.message}"
+            a.board_fault = exc.exit_code == ExitCode.INFRASTRUCTURE
+            return None
+        a.port = ps.url
+        a.lock_key = st.lock_key = lock_key(ps)
+        lk = BoardLock(
+            a.lock_key, self.opt.lock_dir, owner=self.opt.owner or f"esp-check run {self.plan.path.name}"
+        )
+        try:
+            lk.acquire(
+                self.lock_timeout,
+                on_wait=lambda m: self.say(f"[lock] {bench.name}: {m}"),
+                cancel=self.stop,  # a stop request ends the wait: no new work on any board
+            )
+        except BoardBusyError as exc:
+            a.exit_code = int(ExitCode.INFRASTRUCTURE)
+            a.reason = exc.message
+            a.board_busy = True
+            return None
+        a.lock_wait_s = lk.waited_s
+        a.started = time.time()
+        return lk
+
+    def _capture_variants(
+        self, t: Task, bench: BenchBoard, a: Attempt, builds: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Flash and capture each variant (under the board lock); stop at the first lost link."""
+        from harness.flows.capture import flash_and_capture
+        from harness.flows.records import StageTimeouts
+
+        assert a.dir is not None
+        limits = StageTimeouts(
+            build=t.job.timeouts.build,
+            capture_total=t.job.timeouts.capture_total,
+            capture_silence=t.job.timeouts.capture_silence,
+        )
+        runs: dict[str, Any] = {}
+        for v in VARIANTS:
+            url = a.port
+            if self.opt.port_override is not None:
+                url = self.opt.port_override(bench, a.port, v, a.n, t.id) or a.port
+            run, stages = flash_and_capture(builds[v], bench.board, url, a.dir, variant=v, timeouts=limits)
+            runs[v] = run
+            a.variants[v] = _variant_outcome(v, run, stages)
+            if run.exit_code == ExitCode.INFRASTRUCTURE:
+                break  # the link is bad: do not spend the other variant on it
+        return runs
+
+    def _release(self, t: Task, bench: BenchBoard, a: Attempt, lk: BoardLock) -> None:
+        a.ended = time.time()
+        lk.release()
+        with self.cond:
+            self.usage.append(
+                {
+                    "board": bench.name,
+                    "lock_key": a.lock_key,
+                    "pid": os.getpid(),
+                    "task": t.id,
+                    "attempt": a.n,
+                    "start": a.started,
+                    "end": a.ended,
+                }
+            )
 
     def _firmware(self, t: Task, board: Any) -> dict[str, Any]:
         """Generate + build both variants once per (model, inputs, board type, console, options)."""
@@ -415,12 +452,12 @@ class Runner:
             from harness.model.inputs import InputOptions
 
             digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
-            fw_dir = self.out / "firmware" / _safe(f"{t.case.name}__{board.name}__{board.console}__{digest}")
+            name = safe_component(f"{t.case.name}__{board.name}__{board.console}__{digest}")
             fw = prepare_firmware(
                 t.case.model,
                 list(t.case.inputs),
                 board,
-                fw_dir,
+                self.out / "firmware" / name,
                 rec=Recorder(),
                 input_options=InputOptions(**t.job.input_options) if t.job.input_options else None,
                 arena_kb=t.job.arena_kb,
@@ -435,170 +472,46 @@ class Runner:
 
         return dict(self.builds.get(key, make))
 
-    def _reference(self, case: ModelCase) -> Any:
+    def _reference(self, t: Task) -> Any:
+        """The host reference of the task's model and inputs, prepared with the job's input options
+        (as the firmware's inputs were: otherwise their hashes differ and nothing is compared)."""
+        options = tuple(sorted(t.job.input_options.items()))
+
         def make() -> Any:
             from harness.analysis.compare import reference_source
+            from harness.model.inputs import InputOptions
 
             with self.ref_lock:
-                return reference_source(case.model, list(case.inputs))
-
-        return self.refs.get((str(case.model), tuple(map(str, case.inputs))), make)
-
-    def _attempt(self, t: Task, st: BoardState, a: Attempt) -> None:
-        from harness.flows.capture import flash_and_capture
-        from harness.flows.records import StageTimeouts
-
-        bench = st.bench
-        assert a.dir is not None
-        a.dir.mkdir(parents=True, exist_ok=True)
-        self.say(f"[start] {t.id} attempt {a.n} on {bench.name}")
-        # 1. firmware (host side: a failure here is not the board's fault and is not retried)
-        try:
-            builds = self._firmware(t, bench.board)
-        except EspCheckError as exc:
-            a.exit_code = int(exc.exit_code)
-            a.reason = f"firmware build: {exc.message}"
-            a.board_fault = False
-            if exc.exit_code == ExitCode.INFRASTRUCTURE:
-                a.exit_code = int(ExitCode.INFRASTRUCTURE)
-                t.infra_failures = t.job.retries  # a failed build is not a flaky link: no retry
-            return
-        t.builds = {
-            v: {
-                "firmware_sha256": b.firmware_sha256,
-                "cache_hit": b.cache_hit,
-                "project_dir": str(b.project_dir),
-            }
-            for v, b in builds.items()
-        }
-        # 2. the board: resolve, lock, flash + capture each variant
-        try:
-            ps = bench.resolve()
-        except EspCheckError as exc:
-            a.exit_code = int(exc.exit_code)
-            a.reason = f"port: {exc.message}"
-            a.board_fault = exc.exit_code == ExitCode.INFRASTRUCTURE
-            return
-        a.port = ps.url
-        key = lock_key(ps)
-        a.lock_key = key
-        st.lock_key = key
-        lk = BoardLock(key, self.opt.lock_dir, owner=self.opt.owner or f"esp-check run {self.plan.path.name}")
-        try:
-            lk.acquire(
-                self.lock_timeout,
-                on_wait=lambda m: self.say(f"[lock] {bench.name}: {m}"),
-                cancel=self.stop,  # a stop request ends the wait: no new work on any board
-            )
-        except BoardBusyError as exc:
-            a.exit_code = int(ExitCode.INFRASTRUCTURE)
-            a.reason = exc.message
-            a.board_fault = False
-            with self.cond:
-                if not self.stop.is_set():
-                    st.status = "busy"
-                    st.reason = exc.message
-                    self._orphan_check()
-            return
-        a.lock_wait_s = lk.waited_s
-        a.started = time.time()
-        limits = StageTimeouts(
-            build=t.job.timeouts.build,
-            capture_total=t.job.timeouts.capture_total,
-            capture_silence=t.job.timeouts.capture_silence,
-        )
-        runs: dict[str, Any] = {}
-        try:
-            for v in VARIANTS:
-                url = ps.url
-                if self.opt.port_override is not None:
-                    url = self.opt.port_override(bench, ps.url, v, a.n, t.id) or ps.url
-                run, stages = flash_and_capture(
-                    builds[v], bench.board, url, a.dir, variant=v, timeouts=limits
+                return reference_source(
+                    t.case.model, list(t.case.inputs), input_options=InputOptions(**t.job.input_options)
                 )
-                runs[v] = run
-                a.variants[v] = VariantOutcome(
-                    variant=v,
-                    exit_code=int(run.exit_code) if run.exit_code is not None else None,
-                    serial_log=str(run.serial_log) if run.serial_log else None,
-                    firmware_sha256=run.firmware_sha256,
-                    build_cache_hit=run.build_cache_hit,
-                    flash=run.flash,
-                    nn_mode=run.nn_mode,
-                    capture_valid=run.capture_valid,
-                    problems=list(run.problems),
-                    findings=list(run.findings),
-                    stages=[{k: v for k, v in s.to_dict().items() if k != "variant"} for s in stages],
-                )
-                if run.exit_code == ExitCode.INFRASTRUCTURE:
-                    break  # the link is bad: do not spend the other variant on it
-        finally:
-            a.ended = time.time()
-            lk.release()
-            with self.cond:
-                self.usage.append(
-                    {
-                        "board": bench.name,
-                        "lock_key": key,
-                        "pid": os.getpid(),
-                        "task": t.id,
-                        "attempt": a.n,
-                        "start": a.started,
-                        "end": a.ended,
-                    }
-                )
-        # 3. compare on the host
-        self._judge(t, a, runs)
+
+        return self.refs.get((str(t.case.model), tuple(map(str, t.case.inputs)), options), make)
 
     def _judge(self, t: Task, a: Attempt, runs: dict[str, Any]) -> None:
-        from harness.analysis.compare import compare_sources
+        """Compare on the host and set the attempt's exit code, reason and testcases."""
+        from harness.analysis.compare import compare_variants, output_quant
         from harness.model.loader import load_model
 
-        codes: list[ExitCode] = []
-        reasons: list[str] = []
-        for v in VARIANTS:
-            r = runs.get(v)
-            if r is None:
-                reasons.append(f"{v}: not run (previous variant lost the link)")
-                codes.append(ExitCode.INFRASTRUCTURE)
-                continue
-            if r.exit_code is not None:
-                codes.append(ExitCode(r.exit_code))
-                failed = [s for s in a.variants[v].stages if s["status"] == "failed"]
-                why = failed[-1]["detail"].splitlines()[0] if failed else "failed"
-                reasons.append(f"{v}: {why}")
+        codes, reasons = _variant_problems(a, runs)
         a.board_fault = bool(codes) and combine_exit_codes(codes) == ExitCode.INFRASTRUCTURE
         ref = None
         ref_problem = None
         if t.job.needs_reference:
             try:
-                ref = self._reference(t.case)
+                ref = self._reference(t)
             except EspCheckError as exc:
                 ref_problem = f"host reference: {exc.message}"
                 codes.append(exc.exit_code)
                 reasons.append(ref_problem)
-        info = load_model(t.case.model)
-        quant = [(o.scale, o.zero_point, o.dtype) if o.scale else (None, None, o.dtype) for o in info.outputs]
-        src = {v: runs[v].source for v in VARIANTS if v in runs and runs[v].source is not None}
+        quant = output_quant(load_model(t.case.model).outputs)
+        src = {v: runs[v].source for v in VARIANTS if v in runs}
         result = None
         try:
-            if len(src) == 2:
-                result = compare_sources(
-                    src["optimized"],
-                    src["ansi"],
-                    ref,
-                    tolerance_lsb=t.job.tolerance_lsb,
-                    ref_tolerance_lsb=t.job.ref_tolerance_lsb,
-                    output_quant=quant,
-                )
-            elif len(src) == 1 and ref is not None:
-                result = compare_sources(
-                    next(iter(src.values())),
-                    ref,
-                    None,
-                    tolerance_lsb=t.job.ref_tolerance_lsb,
-                    output_quant=quant,
-                )
+            result = compare_variants(
+                src.get("optimized"), src.get("ansi"), ref, tolerance_lsb=t.job.tolerance_lsb,
+                ref_tolerance_lsb=t.job.ref_tolerance_lsb, output_quant=quant,
+            )  # fmt: skip
         except EspCheckError as exc:
             codes.append(exc.exit_code)
             reasons.append(f"compare: {exc.message}")
@@ -618,9 +531,7 @@ class Runner:
         if mism:
             codes.append(ExitCode.MISMATCH)
             reasons = mism[:3] + reasons
-        if not codes:
-            codes.append(ExitCode.MATCH)
-        code = combine_exit_codes(codes)
+        code = combine_exit_codes(codes or [ExitCode.MATCH])
         a.exit_code = int(code)
         a.reason = "; ".join(dict.fromkeys(reasons)) or ("all compared outputs match" if code == 0 else "")
         a.testcases = _testcases(t, a, runs, result, ref_problem)
@@ -640,49 +551,24 @@ class Runner:
             "ended": a.ended,
             "lock_wait_s": round(a.lock_wait_s, 3),
             "exit_code": a.exit_code,
+            "verdict": str(Verdict.from_exit_code(_exit_code(a.exit_code))),
             "reason": a.reason,
             "board_fault": a.board_fault,
-            "variants": {v: dataclasses.asdict(o) for v, o in a.variants.items()},
+            "variants": {v: o.to_dict() for v, o in a.variants.items()},
             "comparison": report_dict(a.comparison) if a.comparison is not None else None,
         }
         with contextlib.suppress(OSError):
-            a.dir.mkdir(parents=True, exist_ok=True)
-            (a.dir / "attempt.json").write_text(
-                json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8"
-            )
+            atomic_write(a.dir / "attempt.json", json.dumps(doc, indent=1, default=str) + "\n")
 
     # ---- run --------------------------------------------------------------------------------------
 
     def run(self) -> RunResult:
+        """Clear the previous run's reports, run every task on the boards, abort what is left."""
         started = time.time()
-        self.out.mkdir(parents=True, exist_ok=True)
-        threads = []
-        for st in self.boards.values():
-            th = threading.Thread(target=self.worker, args=(st,), name=f"board-{st.bench.name}", daemon=True)
-            th.start()
-            threads.append(th)
-        for th in threads:
-            while th.is_alive():
-                th.join(timeout=0.2)
-                if self.hard_stop.is_set():
-                    break
-            if self.hard_stop.is_set():
-                break
-        with self.cond:
-            interrupted = self.stop.is_set() or self.hard_stop.is_set()
-            for t in self.tasks:
-                if t.state in ("pending", "running"):
-                    was = t.state
-                    t.state = "aborted"
-                    t.exit_code = int(ExitCode.INFRASTRUCTURE)
-                    t.verdict = "aborted"
-                    if was == "running":
-                        t.reason = "run stopped while this task was running"
-                    elif t.attempts:
-                        t.reason = f"run stopped before a retry (last attempt: {t.attempts[-1].reason})"
-                    else:
-                        t.reason = "run stopped before this task ran"
-            codes = [ExitCode(t.exit_code) for t in self.tasks if t.exit_code is not None]
+        self._prepare_out()
+        self._work()
+        interrupted = self._abort_unfinished()
+        codes = [ExitCode(t.exit_code) for t in self.tasks if t.exit_code is not None]
         return RunResult(
             plan=self.plan,
             inventory=self.inv,
@@ -695,14 +581,101 @@ class Runner:
             finished=time.time(),
             interrupted=interrupted,
             exit_code=combine_exit_codes(codes) if codes else ExitCode.INFRASTRUCTURE,
+            moved_aside=self.moved_aside,
         )
+
+    def _prepare_out(self) -> None:
+        """No verdict of an earlier run into the same directory may survive this one."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.moved_aside, said = move_aside(self.out, self.opt.report_paths)
+        for line in said:
+            self.say(f"[out] previous run's reports: {line}")
+
+    def _work(self) -> None:
+        threads = []
+        for st in self.boards.values():
+            th = threading.Thread(target=self.worker, args=(st,), name=f"board-{st.bench.name}", daemon=True)
+            th.start()
+            threads.append(th)
+        for th in threads:
+            while th.is_alive() and not self.hard_stop.is_set():
+                th.join(timeout=0.2)
+
+    def _abort_unfinished(self) -> bool:
+        """Tasks without a verdict when the workers stop are aborted; True when a signal stopped us."""
+        with self.cond:
+            for t in self.tasks:
+                if t.state in (TaskState.PENDING, TaskState.RUNNING):
+                    self._abort(t, abort_reason(t))
+            return self.stop.is_set() or self.hard_stop.is_set()
+
+
+def _variant_outcome(v: str, run: Any, stages: list[StageRecord]) -> VariantOutcome:
+    return VariantOutcome(
+        variant=v,
+        exit_code=int(run.exit_code) if run.exit_code is not None else None,
+        serial_log=str(run.serial_log) if run.serial_log else None,
+        firmware_sha256=run.firmware_sha256,
+        build_cache_hit=run.build_cache_hit,
+        flash=run.flash,
+        nn_mode=run.nn_mode,
+        capture_valid=run.capture_valid,
+        problems=list(run.problems),
+        findings=list(run.findings),
+        stages=list(stages),
+    )
+
+
+def _variant_problems(a: Attempt, runs: dict[str, Any]) -> tuple[list[ExitCode], list[str]]:
+    """Exit codes and reasons of the variants that did not run cleanly (or did not run)."""
+    codes: list[ExitCode] = []
+    reasons: list[str] = []
+    for v in VARIANTS:
+        r = runs.get(v)
+        if r is None:
+            reasons.append(f"{v}: not run (previous variant lost the link)")
+            codes.append(ExitCode.INFRASTRUCTURE)
+        elif r.exit_code is not None:
+            codes.append(ExitCode(r.exit_code))
+            reasons.append(f"{v}: {a.variants[v].failure_detail().splitlines()[0]}")
+    return codes, reasons
+
+
+_Problem = tuple[CaseStatus, CaseType, str]
+
+
+def _side_problem(
+    label: str,
+    k: int,
+    a: Attempt,
+    runs: dict[str, Any],
+    faults: dict[str, list[Any]],
+    ref_problem: str | None,
+) -> _Problem | None:
+    """Why one side of a comparison (a variant or the host reference) has nothing valid for input k."""
+    if label == "reference":
+        return (CaseStatus.ERROR, CaseType.INFRASTRUCTURE, ref_problem) if ref_problem else None
+    for f in faults.get(label, []):
+        if f.run is None or f.run == k:
+            msg = f"{label}: ERROR stage={f.stage} code={f.code} {f.msg}"
+            return CaseStatus.FAILURE, CaseType.FIRMWARE_FAULT, msg
+    r = runs.get(label)
+    if r is None:
+        return CaseStatus.ERROR, CaseType.INFRASTRUCTURE, f"{label} not run: the board link failed before it"
+    if r.exit_code is not None and r.source is None:
+        detail = f"{label}: {a.variants[label].failure_detail()}"
+        code = int(r.exit_code)
+        if code == ExitCode.FIRMWARE_FAULT:
+            return CaseStatus.FAILURE, CaseType.FIRMWARE_FAULT, detail
+        return CaseStatus.ERROR, CaseType.USAGE if code == ExitCode.USAGE else CaseType.INFRASTRUCTURE, detail
+    return None
 
 
 def _testcases(
     t: Task, a: Attempt, runs: dict[str, Any], result: Any | None, ref_problem: str | None
-) -> list[dict[str, Any]]:
+) -> list[Testcase]:
     """One entry per input x requested comparison: passed / failure (mismatch, fault) / error."""
-    out: list[dict[str, Any]] = []
+    out: list[Testcase] = []
     by: dict[tuple[str, str, int], list[Any]] = {}
     faults: dict[str, list[Any]] = {}
     if result is not None:
@@ -710,56 +683,36 @@ def _testcases(
             by.setdefault((c.a, c.b, c.run), []).append(c)
         for f in result.faults:
             faults.setdefault(f.source, []).append(f)
-
-    def side_problem(label: str, k: int) -> tuple[str, str, str] | None:
-        if label == "reference":
-            return ("error", "infrastructure", ref_problem) if ref_problem else None
-        for f in faults.get(label, []):
-            if f.run is None or f.run == k:
-                return ("failure", "firmware_fault", f"{label}: ERROR stage={f.stage} code={f.code} {f.msg}")
-        r = runs.get(label)
-        if r is None:
-            return ("error", "infrastructure", f"{label} not run: the board link failed before it")
-        if r.exit_code is not None and r.source is None:
-            v = a.variants[label]
-            failed = [s for s in v.stages if s["status"] == "failed"]
-            detail = failed[-1]["detail"] if failed else "failed"
-            code = int(r.exit_code)
-            if code == ExitCode.FIRMWARE_FAULT:
-                return ("failure", "firmware_fault", f"{label}: {detail}")
-            kind = "usage" if code == ExitCode.USAGE else "infrastructure"
-            return ("error", kind, f"{label}: {detail}")
-        return None
-
     for k, path in enumerate(t.case.inputs):
         for pa, pb in t.job.pairs:
-            tc: dict[str, Any] = {"input_index": k, "input": str(path), "comparison": f"{pa}-vs-{pb}"}
             comps = by.get((pa, pb, k), [])
-            problems = [p for p in (side_problem(pa, k), side_problem(pb, k)) if p is not None]
+            problems = [
+                p
+                for p in (_side_problem(x, k, a, runs, faults, ref_problem) for x in (pa, pb))
+                if p is not None
+            ]
             bad = [c for c in comps if not c.match]
             if bad:
                 c = bad[0]
-                tc.update(
-                    status="failure",
-                    type="mismatch",
-                    message=f"{c.mismatched} of {c.count} elements of output {c.output} differ "
+                verdict: _Problem = (
+                    CaseStatus.FAILURE,
+                    CaseType.MISMATCH,
+                    f"{c.mismatched} of {c.count} elements of output {c.output} differ "
                     f"beyond {c.tolerance_lsb:g} LSB (max {c.max_diff_lsb} LSB, "
                     f"argmax {c.argmax_a} vs {c.argmax_b})",
                 )
-            elif any(p[0] == "failure" for p in problems):
-                p = next(p for p in problems if p[0] == "failure")
-                tc.update(status="failure", type=p[1], message=p[2])
             elif problems:
-                tc.update(status="error", type=problems[0][1], message=problems[0][2])
+                verdict = next((p for p in problems if p[0] == CaseStatus.FAILURE), problems[0])
             elif comps:
-                tc.update(
-                    status="passed",
-                    type="match",
-                    message=f"{len(comps)} output(s) within {comps[0].tolerance_lsb:g} LSB",
+                n = len(comps)
+                verdict = (
+                    CaseStatus.PASSED,
+                    CaseType.MATCH,
+                    f"{n} output(s) within {comps[0].tolerance_lsb:g} LSB",
                 )
             else:
-                tc.update(status="error", type="infrastructure", message=a.reason or "nothing was compared")
-            out.append(tc)
+                verdict = (CaseStatus.ERROR, CaseType.INFRASTRUCTURE, a.reason or "nothing was compared")
+            out.append(Testcase(k, str(path), f"{pa}-vs-{pb}", *verdict))
     return out
 
 

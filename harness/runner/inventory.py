@@ -59,6 +59,14 @@ class BenchBoard:
     def simulated(self) -> bool:
         return bool(getattr(self.board, "simulated", False))
 
+    def reach(self) -> tuple[str, str]:
+        """(``field=value``, value) of how the board is reached; two boards may not share one."""
+        for key in ("port", "usb_serial", "usb_location"):
+            value = getattr(self, key)
+            if value:
+                return f"{key}={value}", value
+        raise ValueError(f"board {self.name} has no port")
+
     def describe_port(self) -> str:
         if self.port:
             return self.port
@@ -146,11 +154,34 @@ def with_console(board: Any, console: str) -> Any:
 
 def load_inventory(path: str | Path) -> Inventory:
     """Read and validate an inventory; raises PlanError (exit 2) naming file, board and field."""
-    from harness.firmware.boards import load_board
-
     p = Path(path)
+    data = _read_toml(p)
+    bad = sorted(set(data) - _TOP_KEYS)
+    if bad:
+        raise _err(p, "top level", bad[0], "is not an inventory field", "boards are [[board]] tables")
+    raw = data.get("board")
+    if not isinstance(raw, list) or not raw:
+        raise _err(p, "top level", "board", "is missing: list the bench's boards as [[board]] tables")
+    boards: list[BenchBoard] = []
+    reach_seen: dict[str, str] = {}
+    for i, tab in enumerate(raw):
+        board = _bench_board(p, i, tab, {b.name for b in boards})
+        ident, value = board.reach()
+        if ident in reach_seen:
+            raise _err(
+                p,
+                f"board {board.name!r}",
+                ident.split("=")[0],
+                f"{value!r} is also used by board {reach_seen[ident]!r}",
+            )
+        reach_seen[ident] = board.name
+        boards.append(board)
+    return Inventory(path=p, boards=tuple(boards))
+
+
+def _read_toml(p: Path) -> dict[str, Any]:
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PlanError(f"inventory file not found: {p}", hint="check the path") from None
     except OSError as exc:
@@ -159,126 +190,135 @@ def load_inventory(path: str | Path) -> Inventory:
         raise PlanError(
             f"inventory {p} is not valid TOML: {exc}", hint="see docs/examples/bench.toml"
         ) from None
-    bad = sorted(set(data) - _TOP_KEYS)
-    if bad:
-        raise _err(p, "top level", bad[0], "is not an inventory field", "boards are [[board]] tables")
-    raw = data.get("board")
-    if not isinstance(raw, list) or not raw:
-        raise _err(p, "top level", "board", "is missing: list the bench's boards as [[board]] tables")
-    base = p.resolve().parent
-    boards: list[BenchBoard] = []
-    seen: set[str] = set()
-    reach_seen: dict[str, str] = {}
-    for i, tab in enumerate(raw):
-        where = f"board #{i + 1}"
-        if not isinstance(tab, dict):
-            raise _err(p, where, "board", "must be a table")
-        name = tab.get("name")
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            raise _err(p, where, "name", f"must be a name of letters, digits, '_', '.', '-' (got {name!r})")
-        where = f"board {name!r}"
-        if name in seen:
-            raise _err(p, where, "name", "is used twice; board names must be unique")
-        seen.add(name)
-        bad = sorted(set(tab) - _BOARD_KEYS)
-        if bad:
-            raise _err(p, where, bad[0], "is not a board field", f"known: {sorted(_BOARD_KEYS)}")
-        btype = tab.get("type")
-        if not isinstance(btype, str) or not btype:
-            raise _err(p, where, "type", "is missing: give a board type from `esp-check boards`")
-        type_ref = btype
-        if btype.endswith(".toml") and not Path(btype).is_absolute():
-            type_ref = str(base / btype)
-        try:
-            board = load_board(type_ref)
-        except EspCheckError as exc:
-            raise _err(
-                p, where, "type", f"names an unknown board type {btype!r}: {exc.message}", exc.hint
-            ) from None
-        console = tab.get("console", board.console)
-        if console not in CONSOLES:
-            raise _err(p, where, "console", f"must be one of {CONSOLES}, not {console!r}")
-        if console == "usb_serial_jtag" and board.chip not in USB_JTAG_CHIPS:
-            raise _err(p, where, "console", f"is usb_serial_jtag but the {board.chip} has no USB-Serial-JTAG")
-        board = with_console(board, console)
-        reach = {k: tab[k] for k in ("port", "usb_serial", "usb_location") if k in tab}
-        if len(reach) != 1:
-            raise _err(
-                p,
-                where,
-                "port",
-                f"needs exactly one of port / usb_serial / usb_location (got {sorted(reach) or 'none'})",
-            )
-        key, value = next(iter(reach.items()))
-        if not isinstance(value, str) or not value.strip():
-            raise _err(p, where, key, "must be a non-empty string")
-        value = value.strip()
-        if key == "port":
-            if value.lower() == "auto":
-                raise _err(p, where, "port", "cannot be 'auto' on a bench: name the board's port")
-            if "://" in value:
-                scheme = value.split("://", 1)[0].lower()
-                if scheme not in ("rfc2217", "socket", "sim", "native"):
-                    raise _err(
-                        p,
-                        where,
-                        "port",
-                        f"uses unsupported URL scheme {scheme}://",
-                        "use rfc2217://, socket://, sim:// or native://",
-                    )
-                if (scheme == "native") != board.is_native:
-                    raise _err(
-                        p,
-                        where,
-                        "port",
-                        f"is {'a native:// URL' if scheme == 'native' else 'not a native:// URL'} but board "
-                        f"type {btype} is {'not ' if scheme == 'native' else ''}a native board",
-                        "a native board (builder = native) runs on a native://NAME port, and only there",
-                    )
-                if scheme == "sim" and not board.simulated:
-                    raise _err(p, where, "port", f"is a sim:// URL but board type {btype} is not simulated")
-                if scheme == "sim":
-                    from harness.sim import parse_url
 
-                    try:
-                        parse_url(value)
-                    except EspCheckError as exc:
-                        raise _err(p, where, "port", f"is not a valid sim:// URL: {exc.message}") from None
-        if board.is_native and not (key == "port" and value.lower().startswith("native://")):
-            raise _err(p, where, key, "must be a native://NAME port for a native board type")
-        if board.simulated and not (key == "port" and "://" in value):
-            raise _err(
-                p, where, key, "must be a sim://, rfc2217:// or socket:// URL for a simulated board type"
-            )
-        ident = f"{key}={value}"
-        if ident in reach_seen:
-            raise _err(p, where, key, f"{value!r} is also used by board {reach_seen[ident]!r}")
-        reach_seen[ident] = name
-        pc = tab.get("power_cycle", [])
-        if isinstance(pc, str) or not isinstance(pc, list) or not all(isinstance(x, str) and x for x in pc):
-            raise _err(
-                p,
-                where,
-                "power_cycle",
-                "must be a list of strings (argv, run without a shell)",
-                'e.g. power_cycle = ["uhubctl", "-l", "1-1", "-p", "2", "-a", "cycle"]',
-            )
-        pct = tab.get("power_cycle_timeout_s", 60.0)
-        if isinstance(pct, bool) or not isinstance(pct, (int, float)) or pct <= 0:
-            raise _err(p, where, "power_cycle_timeout_s", f"must be a positive number, not {pct!r}")
-        boards.append(
-            BenchBoard(
-                name=name,
-                type=btype,
-                board=board,
-                port=value if key == "port" else None,
-                usb_serial=value if key == "usb_serial" else None,
-                usb_location=value if key == "usb_location" else None,
-                power_cycle=tuple(pc),
-                power_cycle_timeout_s=float(pct),
-            )
+
+def _bench_board(p: Path, i: int, tab: object, seen: set[str]) -> BenchBoard:
+    """One ``[[board]]`` table: name, type and console, how to reach it, its power cycle."""
+    if not isinstance(tab, dict):
+        raise _err(p, f"board #{i + 1}", "board", "must be a table")
+    name = tab.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise _err(
+            p, f"board #{i + 1}", "name", f"must be a name of letters, digits, '_', '.', '-' (got {name!r})"
         )
-    return Inventory(path=p, boards=tuple(boards))
+    where = f"board {name!r}"
+    if name in seen:
+        raise _err(p, where, "name", "is used twice; board names must be unique")
+    bad = sorted(set(tab) - _BOARD_KEYS)
+    if bad:
+        raise _err(p, where, bad[0], "is not a board field", f"known: {sorted(_BOARD_KEYS)}")
+    board = _board_type(p, where, tab)
+    key, value = _reach(p, where, tab, board)
+    return BenchBoard(
+        name=name,
+        type=tab["type"],
+        board=board,
+        port=value if key == "port" else None,
+        usb_serial=value if key == "usb_serial" else None,
+        usb_location=value if key == "usb_location" else None,
+        power_cycle=_power_cycle(p, where, tab.get("power_cycle", [])),
+        power_cycle_timeout_s=_power_cycle_timeout(p, where, tab.get("power_cycle_timeout_s", 60.0)),
+    )
+
+
+def _board_type(p: Path, where: str, tab: dict[str, Any]) -> Any:
+    """The board type (built-in name or .toml relative to the inventory), with its console applied."""
+    from harness.firmware.boards import load_board
+
+    btype = tab.get("type")
+    if not isinstance(btype, str) or not btype:
+        raise _err(p, where, "type", "is missing: give a board type from `esp-check boards`")
+    type_ref = btype
+    if btype.endswith(".toml") and not Path(btype).is_absolute():
+        type_ref = str(p.resolve().parent / btype)
+    try:
+        board = load_board(type_ref)
+    except EspCheckError as exc:
+        raise _err(
+            p, where, "type", f"names an unknown board type {btype!r}: {exc.message}", exc.hint
+        ) from None
+    console = tab.get("console", board.console)
+    if console not in CONSOLES:
+        raise _err(p, where, "console", f"must be one of {CONSOLES}, not {console!r}")
+    if console == "usb_serial_jtag" and board.chip not in USB_JTAG_CHIPS:
+        raise _err(p, where, "console", f"is usb_serial_jtag but the {board.chip} has no USB-Serial-JTAG")
+    return with_console(board, console)
+
+
+def _reach(p: Path, where: str, tab: dict[str, Any], board: Any) -> tuple[str, str]:
+    """Exactly one of port / usb_serial / usb_location, checked: (field, value)."""
+    reach = {k: tab[k] for k in ("port", "usb_serial", "usb_location") if k in tab}
+    if len(reach) != 1:
+        raise _err(
+            p,
+            where,
+            "port",
+            f"needs exactly one of port / usb_serial / usb_location (got {sorted(reach) or 'none'})",
+        )
+    key, value = next(iter(reach.items()))
+    if not isinstance(value, str) or not value.strip():
+        raise _err(p, where, key, "must be a non-empty string")
+    value = value.strip()
+    if key == "port":
+        _check_port_url(p, where, value, board, tab["type"])
+    if board.is_native and not (key == "port" and value.lower().startswith("native://")):
+        raise _err(p, where, key, "must be a native://NAME port for a native board type")
+    if board.simulated and not (key == "port" and "://" in value):
+        raise _err(p, where, key, "must be a sim://, rfc2217:// or socket:// URL for a simulated board type")
+    return key, value
+
+
+def _check_port_url(p: Path, where: str, value: str, board: Any, btype: str) -> None:
+    if value.lower() == "auto":
+        raise _err(p, where, "port", "cannot be 'auto' on a bench: name the board's port")
+    if "://" not in value:
+        return
+    scheme = value.split("://", 1)[0].lower()
+    if scheme not in ("rfc2217", "socket", "sim", "native"):
+        raise _err(
+            p,
+            where,
+            "port",
+            f"uses unsupported URL scheme {scheme}://",
+            "use rfc2217://, socket://, sim:// or native://",
+        )
+    if (scheme == "native") != board.is_native:
+        native = scheme == "native"
+        raise _err(
+            p,
+            where,
+            "port",
+            f"is {'a' if native else 'not a'} native:// URL but board type {btype} is "
+            f"{'not ' if native else ''}a native board",
+            "a native board (builder = native) runs on a native://NAME port, and only there",
+        )
+    if scheme == "sim" and not board.simulated:
+        raise _err(p, where, "port", f"is a sim:// URL but board type {btype} is not simulated")
+    if scheme == "sim":
+        from harness.sim import parse_url
+
+        try:
+            parse_url(value)
+        except EspCheckError as exc:
+            raise _err(p, where, "port", f"is not a valid sim:// URL: {exc.message}") from None
+
+
+def _power_cycle(p: Path, where: str, pc: object) -> tuple[str, ...]:
+    if isinstance(pc, str) or not isinstance(pc, list) or not all(isinstance(x, str) and x for x in pc):
+        raise _err(
+            p,
+            where,
+            "power_cycle",
+            "must be a list of strings (argv, run without a shell)",
+            'e.g. power_cycle = ["uhubctl", "-l", "1-1", "-p", "2", "-a", "cycle"]',
+        )
+    return tuple(pc)
+
+
+def _power_cycle_timeout(p: Path, where: str, pct: object) -> float:
+    if isinstance(pct, bool) or not isinstance(pct, (int, float)) or pct <= 0:
+        raise _err(p, where, "power_cycle_timeout_s", f"must be a positive number, not {pct!r}")
+    return float(pct)
 
 
 # ---- bench detect ---------------------------------------------------------------------------------

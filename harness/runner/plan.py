@@ -153,12 +153,19 @@ def _str_list(path: Path, where: str, key: str, value: object) -> list[str]:
 
 
 def _expand(base: Path, pattern: str, model_stem: str | None) -> list[Path]:
-    text = pattern.replace("{model}", model_stem) if model_stem is not None else pattern
-    p = Path(text).expanduser()
-    full = p if p.is_absolute() else base / p
-    if glob.has_magic(str(full)):
-        return sorted(Path(m) for m in glob.glob(str(full), recursive=True) if Path(m).is_file())
-    return [full] if full.is_file() else []
+    """Files matching ``pattern``; ``{model}`` is the model's stem, matched literally (a stem like
+    ``net[1]`` holds glob characters, which must not turn into a pattern)."""
+    p = Path(pattern).expanduser()
+    full = str(p if p.is_absolute() else base / p)
+    if model_stem is not None and "{model}" in full:
+        if glob.has_magic(full.replace("{model}", "")):
+            full = full.replace("{model}", glob.escape(model_stem))
+        else:
+            literal = Path(full.replace("{model}", model_stem))
+            return [literal] if literal.is_file() else []
+    if glob.has_magic(full):
+        return sorted(Path(m) for m in glob.glob(full, recursive=True) if Path(m).is_file())
+    return [Path(full)] if Path(full).is_file() else []
 
 
 def _timeouts(path: Path, where: str, value: object, base: Timeouts) -> Timeouts:
@@ -229,41 +236,58 @@ def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
     for every model of its job, so a typo fails here and not after an hour of builds.
     """
     p = Path(path)
+    data = _read_toml(p)
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise _err(p, "top level", unknown[0], "is not a plan field", f"known: {sorted(_TOP_KEYS)}")
+    if data.get("schema_version", 1) != 1:
+        raise _err(p, "top level", "schema_version", f"is {data['schema_version']!r}; this esp-check reads 1")
+    run = _run_settings(p, data.get("run", {}))
+    defaults = _defaults(p, data.get("defaults", {}))
+    jobs_raw = data.get("job")
+    if not isinstance(jobs_raw, list) or not jobs_raw:
+        raise _err(p, "top level", "job", "is missing: a plan needs at least one [[job]] table")
+    jobs: list[Job] = []
+    for i, tab in enumerate(jobs_raw):
+        job = _job(p, i, tab, defaults, {j.name for j in jobs})
+        if check_files:
+            _check_job_files(p, job)
+        jobs.append(job)
+    return Plan(path=p, jobs=tuple(jobs), run=run)
+
+
+def _read_toml(p: Path) -> dict[str, Any]:
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PlanError(f"plan file not found: {p}", hint="check the path") from None
     except OSError as exc:
         raise PlanError(f"cannot read plan {p}: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise PlanError(f"plan {p} is not valid TOML: {exc}", hint="see docs/examples/plan.toml") from None
-    base_dir = p.resolve().parent
-    unknown = sorted(set(data) - _TOP_KEYS)
-    if unknown:
-        raise _err(p, "top level", unknown[0], "is not a plan field", f"known: {sorted(_TOP_KEYS)}")
-    if data.get("schema_version", 1) != 1:
-        raise _err(p, "top level", "schema_version", f"is {data['schema_version']!r}; this esp-check reads 1")
 
-    run_tab = data.get("run", {})
+
+def _run_settings(p: Path, run_tab: object) -> RunSettings:
     if not isinstance(run_tab, dict):
         raise _err(p, "[run]", "run", "must be a table")
     bad = sorted(set(run_tab) - _RUN_KEYS)
     if bad:
         raise _err(p, "[run]", bad[0], "is not a run setting", f"known: {sorted(_RUN_KEYS)}")
-    run = RunSettings(
+    return RunSettings(
         backoff_s=_number(p, "[run]", "backoff_s", run_tab.get("backoff_s", 1.0)),
         backoff_max_s=_number(p, "[run]", "backoff_max_s", run_tab.get("backoff_max_s", 30.0)),
         quarantine_after=_int(p, "[run]", "quarantine_after", run_tab.get("quarantine_after", 3), 1),
         lock_timeout_s=_number(p, "[run]", "lock_timeout_s", run_tab.get("lock_timeout_s", 600.0)),
     )
 
-    defaults_tab = data.get("defaults", {})
+
+def _defaults(p: Path, defaults_tab: object) -> dict[str, Any]:
     if not isinstance(defaults_tab, dict):
         raise _err(p, "[defaults]", "defaults", "must be a table")
     bad = sorted(set(defaults_tab) - _DEFAULT_KEYS)
     if bad:
         raise _err(p, "[defaults]", bad[0], "is not a default job field", f"known: {sorted(_DEFAULT_KEYS)}")
-    defaults = _settings(
+    return _settings(
         p,
         "[defaults]",
         defaults_tab,
@@ -280,94 +304,104 @@ def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
         },
     )
 
-    jobs_raw = data.get("job")
-    if not isinstance(jobs_raw, list) or not jobs_raw:
-        raise _err(p, "top level", "job", "is missing: a plan needs at least one [[job]] table")
-    jobs: list[Job] = []
-    seen: set[str] = set()
-    for i, tab in enumerate(jobs_raw):
-        if not isinstance(tab, dict):
-            raise _err(p, f"job #{i + 1}", "job", "must be a table")
-        name = tab.get("name")
-        where = f"job #{i + 1}"
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            raise _err(p, where, "name", f"must be a name of letters, digits, '_', '.', '-' (got {name!r})")
-        where = f"job {name!r}"
-        if name in seen:
-            raise _err(p, where, "name", "is used by two jobs; job names must be unique")
-        seen.add(name)
-        bad = sorted(set(tab) - _JOB_KEYS)
-        if bad:
-            raise _err(p, where, bad[0], "is not a job field", f"known: {sorted(_JOB_KEYS)}")
-        for key in ("models", "inputs"):
-            if key not in tab:
-                raise _err(p, where, key, "is missing")
-        s = _settings(p, where, tab, defaults)
-        s["boards"] = tuple(
-            str(base_dir / b) if b.endswith(".toml") and not Path(b).is_absolute() else b for b in s["boards"]
+
+def _job(p: Path, i: int, tab: object, defaults: dict[str, Any], seen: set[str]) -> Job:
+    """One ``[[job]]`` table: name, fields, board types, models and their inputs."""
+    if not isinstance(tab, dict):
+        raise _err(p, f"job #{i + 1}", "job", "must be a table")
+    name = tab.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise _err(
+            p, f"job #{i + 1}", "name", f"must be a name of letters, digits, '_', '.', '-' (got {name!r})"
         )
-        if not s["boards"]:
-            raise _err(p, where, "boards", "is missing (and [defaults] has none): list board types")
-        models: list[Path] = []
-        for pattern in _str_list(p, where, "models", tab["models"]):
-            found = _expand(base_dir, pattern, None)
+    where = f"job {name!r}"
+    if name in seen:
+        raise _err(p, where, "name", "is used by two jobs; job names must be unique")
+    bad = sorted(set(tab) - _JOB_KEYS)
+    if bad:
+        raise _err(p, where, bad[0], "is not a job field", f"known: {sorted(_JOB_KEYS)}")
+    for key in ("models", "inputs"):
+        if key not in tab:
+            raise _err(p, where, key, "is missing")
+    base_dir = p.resolve().parent
+    s = _settings(p, where, tab, defaults)
+    s["boards"] = tuple(
+        str(base_dir / b) if b.endswith(".toml") and not Path(b).is_absolute() else b for b in s["boards"]
+    )
+    if not s["boards"]:
+        raise _err(p, where, "boards", "is missing (and [defaults] has none): list board types")
+    models = _job_models(p, where, base_dir, tab["models"])
+    cases = _job_cases(p, where, base_dir, models, _str_list(p, where, "inputs", tab["inputs"]))
+    return Job(
+        name=name,
+        cases=tuple(cases),
+        boards=s["boards"],
+        tolerance_lsb=s["tolerance_lsb"],
+        ref_tolerance_lsb=s["ref_tolerance_lsb"],
+        comparisons=s["comparisons"],
+        timeouts=s["timeouts"],
+        retries=s["retries"],
+        placement=s["placement"],
+        arena_kb=s["arena_kb"],
+        input_options=s["input_options"],
+    )
+
+
+def _job_models(p: Path, where: str, base_dir: Path, value: object) -> list[Path]:
+    models: list[Path] = []
+    for pattern in _str_list(p, where, "models", value):
+        found = _expand(base_dir, pattern, None)
+        if not found:
+            raise _err(
+                p,
+                where,
+                "models",
+                f"entry {pattern!r} matches no file",
+                "paths are relative to the plan file",
+            )
+        models.extend(found)
+    return list(dict.fromkeys(models))
+
+
+def _job_cases(
+    p: Path, where: str, base_dir: Path, models: list[Path], input_patterns: list[str]
+) -> list[ModelCase]:
+    """Each model with its inputs ('{model}' in a pattern = the model's file stem)."""
+    from harness.firmware.generate import MAX_INPUTS
+
+    cases: list[ModelCase] = []
+    for m in models:
+        if m.stem in (".", "..") and any("{model}" in x for x in input_patterns):
+            raise _err(
+                p,
+                where,
+                "models",
+                f"has a model file named {m.name!r}, whose stem {m.stem!r} cannot stand "
+                "for '{model}' in a path",
+                "rename the model file",
+            )
+        files: list[Path] = []
+        for pattern in input_patterns:
+            found = _expand(base_dir, pattern, m.stem)
             if not found:
                 raise _err(
                     p,
                     where,
-                    "models",
-                    f"entry {pattern!r} matches no file",
-                    "paths are relative to the plan file",
-                )
-            models.extend(found)
-        input_patterns = _str_list(p, where, "inputs", tab["inputs"])
-        cases: list[ModelCase] = []
-        for m in dict.fromkeys(models):
-            files: list[Path] = []
-            for pattern in input_patterns:
-                found = _expand(base_dir, pattern, m.stem)
-                if not found:
-                    raise _err(
-                        p,
-                        where,
-                        "inputs",
-                        f"entry {pattern!r} matches no file for model {m.name}",
-                        "paths are relative to the plan file; '{model}' stands for the model's file stem",
-                    )
-                files.extend(found)
-            files = list(dict.fromkeys(files))
-            from harness.firmware.generate import MAX_INPUTS
-
-            if len(files) > MAX_INPUTS:
-                raise _err(
-                    p,
-                    where,
                     "inputs",
-                    f"gives {len(files)} inputs for {m.name}; one firmware holds {MAX_INPUTS}",
+                    f"entry {pattern!r} matches no file for model {m.name}",
+                    "paths are relative to the plan file; '{model}' stands for the model's file stem",
                 )
-            cases.append(ModelCase(m, tuple(files)))
-        names = [c.name for c in cases]
-        if len(set(names)) != len(names):
+            files.extend(found)
+        files = list(dict.fromkeys(files))
+        if len(files) > MAX_INPUTS:
             raise _err(
-                p, where, "models", "lists two models with the same file name; split them into two jobs"
+                p, where, "inputs", f"gives {len(files)} inputs for {m.name}; one firmware holds {MAX_INPUTS}"
             )
-        job = Job(
-            name=name,
-            cases=tuple(cases),
-            boards=s["boards"],
-            tolerance_lsb=s["tolerance_lsb"],
-            ref_tolerance_lsb=s["ref_tolerance_lsb"],
-            comparisons=s["comparisons"],
-            timeouts=s["timeouts"],
-            retries=s["retries"],
-            placement=s["placement"],
-            arena_kb=s["arena_kb"],
-            input_options=s["input_options"],
-        )
-        if check_files:
-            _check_job_files(p, job)
-        jobs.append(job)
-    return Plan(path=p, jobs=tuple(jobs), run=run)
+        cases.append(ModelCase(m, tuple(files)))
+    names = [c.name for c in cases]
+    if len(set(names)) != len(names):
+        raise _err(p, where, "models", "lists two models with the same file name; split them into two jobs")
+    return cases
 
 
 def _check_job_files(path: Path, job: Job) -> None:

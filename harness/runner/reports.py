@@ -8,6 +8,7 @@ a firmware fault is a ``<failure>``; an infrastructure problem (and an aborted t
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import socket
@@ -16,10 +17,24 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__
-from harness.runner.results import VERDICTS, RunResult, Task, now_iso
+from harness.analysis.schemas import versioned
+from harness.errors import Verdict
+from harness.runner.paths import SUMMARY_SCHEMA, atomic_write
+from harness.runner.results import (
+    TASK_VERDICTS,
+    CaseStatus,
+    CaseType,
+    RunResult,
+    Task,
+    TaskState,
+    Testcase,
+    now_iso,
+)
 
-SUMMARY_SCHEMA = "esp-check/run-summary"
-SUMMARY_VERSION = 1
+# 2: a task's verdict is always a Verdict (an aborted task: infrastructure_error) and its new `state`
+#    says done or aborted; the run's verdict is always a Verdict (`interrupted` says it was stopped);
+#    counts.aborted counts tasks in state aborted (also counted under their verdict).
+SUMMARY_VERSION = 2
 RAW_LOG_MAX = 128 * 1024  # per serial log in system-out (head and tail kept)
 _XML_ILLEGAL = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -50,69 +65,75 @@ def _variant_doc(o: Any) -> dict[str, Any]:
     }
 
 
-def summary_dict(result: RunResult) -> dict[str, Any]:
-    """The JSON summary (``summary.json``); its schema is documented in docs/ci.md."""
-    counts: dict[str, int] = {
-        "tasks": len(result.tasks),
-        "match": 0,
-        "mismatch": 0,
-        "firmware_fault": 0,
-        "infrastructure_error": 0,
-        "usage_error": 0,
-        "internal_error": 0,
-        "aborted": 0,
-        "attempts": sum(len(t.attempts) for t in result.tasks),
-        "retries": sum(1 for e in result.events if e["kind"] == "retry"),
-        "testcases": 0,
-        "passed": 0,
-        "failures": 0,
-        "errors": 0,
-    }
-    tasks = []
-    for t in result.tasks:
-        counts[t.verdict] = counts.get(t.verdict, 0) + 1
-        cases = testcases_of(t)
-        counts["testcases"] += len(cases)
-        for c in cases:
-            key = {"passed": "passed", "failure": "failures"}.get(c["status"], "errors")
-            counts[key] += 1
-        tasks.append(
-            {
-                "id": t.id,
-                "job": t.job.name,
-                "model": str(t.case.model),
-                "inputs": [str(p) for p in t.case.inputs],
-                "board_type": t.board_type,
-                "placement": t.job.placement,
-                "board": _task_board(t),
-                "verdict": t.verdict,
-                "exit_code": t.exit_code,
-                "reason": t.reason,
-                "artifact_dir": str(t.dir),
-                "firmware_fault_confirmed": (t.fault_attempts >= 2) if t.fault_attempts else None,
-                "builds": t.builds,
-                "decisive_attempt": t.decisive.n if t.decisive is not None else None,
-                "attempts": [
-                    {
-                        "n": a.n,
-                        "board": a.board,
-                        "port": a.port,
-                        "lock_key": a.lock_key,
-                        "started": a.started,
-                        "ended": a.ended,
-                        "lock_wait_s": round(a.lock_wait_s, 3),
-                        "exit_code": a.exit_code,
-                        "reason": a.reason,
-                        "board_fault": a.board_fault,
-                        "dir": str(a.dir) if a.dir else None,
-                        "variants": {v: _variant_doc(o) for v, o in a.variants.items()},
-                    }
-                    for a in t.attempts
-                ],
-                "testcases": cases,
-            }
-        )
+def _attempt_doc(a: Any) -> dict[str, Any]:
     return {
+        "n": a.n,
+        "board": a.board,
+        "port": a.port,
+        "lock_key": a.lock_key,
+        "started": a.started,
+        "ended": a.ended,
+        "lock_wait_s": round(a.lock_wait_s, 3),
+        "exit_code": a.exit_code,
+        "reason": a.reason,
+        "board_fault": a.board_fault,
+        "dir": str(a.dir) if a.dir else None,
+        "variants": {v: _variant_doc(o) for v, o in a.variants.items()},
+    }
+
+
+def _task_doc(t: Task) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "job": t.job.name,
+        "model": str(t.case.model),
+        "inputs": [str(p) for p in t.case.inputs],
+        "board_type": t.board_type,
+        "placement": t.job.placement,
+        "board": _task_board(t),
+        "state": str(t.state),
+        "verdict": str(_task_verdict(t)),
+        "exit_code": t.exit_code,
+        "reason": t.reason,
+        "artifact_dir": str(t.dir),
+        "firmware_fault_confirmed": (t.fault_attempts >= 2) if t.fault_attempts else None,
+        "builds": t.builds,
+        "decisive_attempt": t.decisive.n if t.decisive is not None else None,
+        "attempts": [_attempt_doc(a) for a in t.attempts],
+        "testcases": [c.to_dict() for c in testcases_of(t)],
+    }
+
+
+def _task_verdict(t: Task) -> Verdict:
+    return t.verdict if t.verdict is not None else Verdict.from_exit_code(t.exit_code or 0)
+
+
+def _counts(result: RunResult, tasks: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {"tasks": len(tasks)}
+    counts.update({str(v): 0 for v in TASK_VERDICTS})
+    counts.update(
+        aborted=sum(1 for t in tasks if t["state"] == TaskState.ABORTED),
+        attempts=sum(len(t["attempts"]) for t in tasks),
+        retries=sum(1 for e in result.events if e["kind"] == "retry"),
+        testcases=sum(len(t["testcases"]) for t in tasks),
+        passed=0,
+        failures=0,
+        errors=0,
+    )
+    for t in tasks:
+        counts[t["verdict"]] += 1
+        for c in t["testcases"]:
+            counts[{"passed": "passed", "failure": "failures"}.get(c["status"], "errors")] += 1
+    return counts
+
+
+def summary_dict(result: RunResult, schema_version: int | None = None) -> dict[str, Any]:
+    """The JSON summary (``summary.json``, docs/run-summary-schema.json).
+
+    ``schema_version=1``: the previous form, deprecated (a DeprecationWarning), kept for one release.
+    """
+    tasks = [_task_doc(t) for t in result.tasks]
+    doc = {
         "schema": SUMMARY_SCHEMA,
         "schema_version": SUMMARY_VERSION,
         "tool_version": __version__,
@@ -120,15 +141,16 @@ def summary_dict(result: RunResult) -> dict[str, Any]:
         "plan": str(result.plan.path),
         "inventory": str(result.inventory.path),
         "out_dir": str(result.out_dir),
+        "previous_run_dir": str(result.moved_aside) if result.moved_aside else None,
         "started": now_iso(result.started),
         "finished": now_iso(result.finished),
         "seconds": round(result.finished - result.started, 3),
         "exit_code": int(result.exit_code),
-        "verdict": _run_verdict(result),
+        "verdict": str(result.verdict),
         "interrupted": result.interrupted,
         "simulated": any(b.bench.simulated for b in result.boards),
         "native": any(b.bench.board.is_native for b in result.boards),
-        "counts": counts,
+        "counts": _counts(result, tasks),
         "boards": [
             {
                 "name": b.bench.name,
@@ -136,7 +158,7 @@ def summary_dict(result: RunResult) -> dict[str, Any]:
                 "console": b.bench.board.console,
                 "port": b.bench.describe_port(),
                 "lock_key": b.lock_key,
-                "status": b.status,
+                "status": str(b.status),
                 "reason": b.reason,
                 "attempts": b.attempts,
                 "consecutive_infra_failures": b.consecutive_infra,
@@ -148,31 +170,41 @@ def summary_dict(result: RunResult) -> dict[str, Any]:
         "board_usage": result.usage,
         "events": result.events,
     }
+    return versioned(doc, schema_version, what="run summary", downgrades={1: summary_v1})
 
 
-def _run_verdict(result: RunResult) -> str:
+def summary_v1(doc: dict[str, Any]) -> dict[str, Any]:
+    """Run summary v2 -> v1: "aborted" and "interrupted" were verdicts, there was no task state."""
+    doc.pop("previous_run_dir", None)
+    for t in doc["tasks"]:
+        if t.pop("state", None) == TaskState.ABORTED:
+            t["verdict"] = "aborted"
+    if doc["interrupted"]:
+        doc["verdict"] = "interrupted"
+    counts = doc["counts"]
+    for v in TASK_VERDICTS:
+        counts[str(v)] = sum(1 for t in doc["tasks"] if t["verdict"] == v)
+    return doc
 
-    if result.interrupted:
-        return "interrupted"
-    return VERDICTS.get(result.exit_code, "internal_error")
+
+def task_result_doc(task: dict[str, Any], schema_version: int) -> dict[str, Any]:
+    """``result.json`` of a task: its entry of the summary (same schema version)."""
+    keys = ("id", "state", "verdict", "exit_code", "reason", "testcases")
+    return {"schema_version": schema_version, **{k: task[k] for k in keys if k in task}}
 
 
-def testcases_of(t: Task) -> list[dict[str, Any]]:
+def testcases_of(t: Task) -> list[Testcase]:
     """The task's testcases: from the decisive attempt, or one error per input x comparison."""
-    if t.decisive is not None and t.decisive.testcases and t.verdict != "aborted":
-        return [dict(c) for c in t.decisive.testcases]
-    kind = {"aborted": "aborted", "usage_error": "usage", "internal_error": "internal"}.get(
-        t.verdict, "infrastructure"
-    )
+    if t.decisive is not None and t.decisive.testcases and t.state != TaskState.ABORTED:
+        return list(t.decisive.testcases)
+    if t.state == TaskState.ABORTED:
+        kind = CaseType.ABORTED
+    else:
+        kind = {Verdict.USAGE_ERROR: CaseType.USAGE, Verdict.INTERNAL_ERROR: CaseType.INTERNAL}.get(
+            _task_verdict(t), CaseType.INFRASTRUCTURE
+        )
     return [
-        {
-            "input_index": k,
-            "input": str(p),
-            "comparison": f"{a}-vs-{b}",
-            "status": "error",
-            "type": kind,
-            "message": t.reason or t.verdict,
-        }
+        Testcase(k, str(p), f"{a}-vs-{b}", CaseStatus.ERROR, kind, t.reason or str(_task_verdict(t)))
         for k, p in enumerate(t.case.inputs)
         for a, b in t.job.pairs
     ]
@@ -201,56 +233,14 @@ def _raw_logs(t: Task) -> str:
 
 
 def junit_tree(result: RunResult) -> ET.ElementTree:
+    """One ``<testsuite>`` per job, one ``<testcase>`` per task x input x comparison."""
     root = ET.Element("testsuites", name="esp-check run")
     suites: dict[str, ET.Element] = {}
-    totals = {"tests": 0, "failures": 0, "errors": 0}
     for t in result.tasks:
-        suite = suites.get(t.job.name)
-        if suite is None:
-            suite = ET.SubElement(
-                root,
-                "testsuite",
-                name=t.job.name,
-                hostname=socket.gethostname(),
-                timestamp=now_iso(result.started),
-            )
-            props = ET.SubElement(suite, "properties")
-            ET.SubElement(props, "property", name="esp_check_version", value=__version__)
-            ET.SubElement(
-                props,
-                "property",
-                name="simulated",
-                value=str(any(b.bench.simulated for b in result.boards)).lower(),
-            )
-            ET.SubElement(
-                props,
-                "property",
-                name="native",
-                value=str(any(b.bench.board.is_native for b in result.boards)).lower(),
-            )
-            suites[t.job.name] = suite
-        board = _task_board(t) or t.board_type
-        out_text = _raw_logs(t)
-        secs = sum((a.ended or 0) - (a.started or 0) for a in t.attempts if a.started and a.ended)
-        cases = testcases_of(t)
-        for c in cases:
-            a, _, b = c["comparison"].partition("-vs-")
-            case = ET.SubElement(
-                suite,
-                "testcase",
-                classname=_xml(f"esp-check.{t.job.name}.{t.case.name}.{board}"),
-                name=_xml(f"input{c['input_index']}[{Path(c['input']).name}].{a}_vs_{b}"),
-                time=f"{secs / max(1, len(cases)):.3f}",
-            )
-            if c["status"] == "failure":
-                ET.SubElement(case, "failure", message=_xml(c["message"]), type=c["type"]).text = _xml(
-                    f"task {t.id}: {t.reason}"
-                )
-            elif c["status"] == "error":
-                ET.SubElement(case, "error", message=_xml(c["message"]), type=c["type"]).text = _xml(
-                    f"task {t.id}: {t.reason}\nartifacts: {t.dir}"
-                )
-            ET.SubElement(case, "system-out").text = out_text
+        if t.job.name not in suites:
+            suites[t.job.name] = _suite(root, t.job.name, result)
+        _task_cases(suites[t.job.name], t)
+    totals = {"tests": 0, "failures": 0, "errors": 0}
     for suite in suites.values():
         elems = suite.findall("testcase")
         counts = {
@@ -270,26 +260,65 @@ def junit_tree(result: RunResult) -> ET.ElementTree:
     return ET.ElementTree(root)
 
 
+def _suite(root: ET.Element, name: str, result: RunResult) -> ET.Element:
+    suite = ET.SubElement(
+        root, "testsuite", name=name, hostname=socket.gethostname(), timestamp=now_iso(result.started)
+    )
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", name="esp_check_version", value=__version__)
+    simulated = any(b.bench.simulated for b in result.boards)
+    ET.SubElement(props, "property", name="simulated", value=str(simulated).lower())
+    native = any(b.bench.board.is_native for b in result.boards)
+    ET.SubElement(props, "property", name="native", value=str(native).lower())
+    return suite
+
+
+def _task_cases(suite: ET.Element, t: Task) -> None:
+    board = _task_board(t) or t.board_type
+    out_text = _raw_logs(t)
+    secs = sum((a.ended or 0) - (a.started or 0) for a in t.attempts if a.started and a.ended)
+    cases = testcases_of(t)
+    for c in cases:
+        a, _, b = c.comparison.partition("-vs-")
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=_xml(f"esp-check.{t.job.name}.{t.case.name}.{board}"),
+            name=_xml(f"input{c.input_index}[{Path(c.input).name}].{a}_vs_{b}"),
+            time=f"{secs / max(1, len(cases)):.3f}",
+        )
+        if c.status == CaseStatus.FAILURE:
+            el = ET.SubElement(case, "failure", message=_xml(c.message), type=c.type.value)
+            el.text = _xml(f"task {t.id}: {t.reason}")
+        elif c.status == CaseStatus.ERROR:
+            el = ET.SubElement(case, "error", message=_xml(c.message), type=c.type.value)
+            el.text = _xml(f"task {t.id}: {t.reason}\nartifacts: {t.dir}")
+        ET.SubElement(case, "system-out").text = out_text
+
+
 def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")[:300]
+
+
+_ICON = {
+    "match": "✅",
+    "mismatch": "❌",
+    "firmware_fault": "💥",
+    "infrastructure_error": "⚠️",
+    "usage_error": "⛔",
+    "aborted": "⏹️",
+    "internal_error": "🐞",
+}
 
 
 def markdown(result: RunResult) -> str:
     """A Markdown summary for ``$GITHUB_STEP_SUMMARY`` (or any CI that renders Markdown)."""
     doc = summary_dict(result)
     c = doc["counts"]
-    icon = {
-        "match": "✅",
-        "mismatch": "❌",
-        "firmware_fault": "💥",
-        "infrastructure_error": "⚠️",
-        "usage_error": "⛔",
-        "interrupted": "⏹️",
-        "aborted": "⏹️",
-        "internal_error": "🐞",
-    }
+    stopped = " — **interrupted**" if doc["interrupted"] else ""
     lines = [
-        f"## esp-check run: {icon.get(doc['verdict'], '')} {doc['verdict']} (exit {doc['exit_code']})",
+        f"## esp-check run: {_ICON.get(doc['verdict'], '')} {doc['verdict']} "
+        f"(exit {doc['exit_code']}){stopped}",
         "",
         f"Plan `{_md(doc['plan'])}` on `{_md(doc['inventory'])}` — {c['tasks']} tasks, "
         f"{c['attempts']} attempts ({c['retries']} retries), {doc['seconds']:.0f} s"
@@ -305,10 +334,11 @@ def markdown(result: RunResult) -> str:
         "|---|---|---|---|---:|---|",
     ]
     for t in doc["tasks"]:
+        shown = str(TaskState.ABORTED) if t["state"] == TaskState.ABORTED else t["verdict"]
         lines.append(
             f"| {_md(t['job'])} | {_md(Path(t['model']).name)} | {_md(t['board'] or t['board_type'])} | "
-            f"{icon.get(t['verdict'], '')} {t['verdict']} | {len(t['attempts'])} | "
-            f"{'' if t['verdict'] == 'match' else _md(t['reason'])} |"
+            f"{_ICON.get(shown, '')} {shown} | {len(t['attempts'])} | "
+            f"{'' if shown == 'match' else _md(t['reason'])} |"
         )
     bad_boards = [b for b in doc["boards"] if b["status"] != "ok"]
     if bad_boards:
@@ -324,8 +354,13 @@ def write_reports(
     json_path: Path | None = None,
     junit_path: Path | None = None,
     markdown_path: Path | None = None,
+    schema_version: int | None = None,
 ) -> dict[str, Path]:
-    """Write summary.json, junit.xml and summary.md (default: in the run's out_dir), atomically."""
+    """Write every task's result.json, summary.json, junit.xml and summary.md, each atomically.
+
+    Default paths are in the run's out_dir. ``schema_version`` selects the JSON form (summary and
+    result.json files; 1 is deprecated and warns once).
+    """
     out = result.out_dir
     out.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -333,32 +368,13 @@ def write_reports(
         "junit": junit_path or out / "junit.xml",
         "markdown": markdown_path or out / "summary.md",
     }
-    for t in result.tasks:  # per-task result next to its attempts
-        t.dir.mkdir(parents=True, exist_ok=True)
-        _atomic(
-            t.dir / "result.json",
-            json.dumps(
-                {
-                    "id": t.id,
-                    "verdict": t.verdict,
-                    "exit_code": t.exit_code,
-                    "reason": t.reason,
-                    "testcases": testcases_of(t),
-                },
-                indent=1,
-            )
-            + "\n",
-        )
-    _atomic(paths["json"], json.dumps(summary_dict(result), indent=1, default=str) + "\n")
-    tmp = paths["junit"].with_name(paths["junit"].name + ".tmp")
-    junit_tree(result).write(str(tmp), encoding="utf-8", xml_declaration=True)
-    tmp.replace(paths["junit"])
-    _atomic(paths["markdown"], markdown(result))
+    doc = summary_dict(result, schema_version)
+    for t, task_doc in zip(result.tasks, doc["tasks"], strict=True):  # per-task result next to its attempts
+        text = json.dumps(task_result_doc(task_doc, doc["schema_version"]), indent=1) + "\n"
+        atomic_write(t.dir / "result.json", text)
+    atomic_write(paths["json"], json.dumps(doc, indent=1, default=str) + "\n")
+    buf = io.BytesIO()
+    junit_tree(result).write(buf, encoding="utf-8", xml_declaration=True)
+    atomic_write(paths["junit"], buf.getvalue())
+    atomic_write(paths["markdown"], markdown(result))
     return paths
-
-
-def _atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

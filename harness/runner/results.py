@@ -1,15 +1,122 @@
-"""What a run records: tasks, attempts, board states and the run's result (reports render these)."""
+"""What a run records: tasks, attempts, board states and the run's result (reports render these).
+
+Every state is an enum, and the same values appear in summary.json (docs/run-summary-schema.json) and
+docs/ci.md. Verdicts are :class:`harness.errors.Verdict` (one vocabulary for every report); whether a
+task finished or was aborted is its :class:`TaskState`, not a verdict.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ExitCode
+from harness.errors import ExitCode, Verdict
+from harness.flows.records import StageRecord, StageStatus
 from harness.runner.inventory import BenchBoard, Inventory
 from harness.runner.plan import Job, ModelCase, Plan
+
+
+class TaskState(str, Enum):
+    """Where a task is. Only ``done`` and ``aborted`` appear in reports (they are written at the end)."""
+
+    PENDING = "pending"  # waiting for a board (also between retries)
+    RUNNING = "running"  # an attempt is on a board
+    DONE = "done"  # it has a verdict
+    ABORTED = "aborted"  # the run stopped before it got a verdict (exit 3, verdict infrastructure_error)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The verdicts a task (and a run) can get. A run stopped by a signal still ends with the exit code of
+# what it found (3 when nothing else: its unfinished tasks are aborted, infrastructure_error), so
+# Verdict.INTERRUPTED (flash-and-compare's exit 130) never appears in a run summary.
+TASK_VERDICTS: tuple[Verdict, ...] = (
+    Verdict.MATCH,
+    Verdict.MISMATCH,
+    Verdict.FIRMWARE_FAULT,
+    Verdict.INFRASTRUCTURE_ERROR,
+    Verdict.USAGE_ERROR,
+    Verdict.INTERNAL_ERROR,
+)
+
+
+class BoardStatus(str, Enum):
+    """Where a board is."""
+
+    OK = "ok"  # takes work
+    POWER_CYCLING = "power-cycling"  # its power_cycle command is running (reported only when a second
+    # signal ended the run meanwhile)
+    QUARANTINED = "quarantined"  # quarantine_after consecutive infrastructure failures: no more work
+    BUSY = "busy"  # another process held its lock past lock_timeout_s: no more work (not broken)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class EventKind(str, Enum):
+    """What ``events[]`` of the summary record."""
+
+    RETRY = "retry"
+    CONFIRM = "confirm"
+    QUARANTINE = "quarantine"
+    POWER_CYCLE = "power-cycle"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class CaseStatus(str, Enum):
+    """A testcase's JUnit outcome."""
+
+    PASSED = "passed"
+    FAILURE = "failure"  # a finding: mismatch or firmware fault
+    ERROR = "error"  # no finding could be made: infrastructure, usage, internal, aborted
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class CaseType(str, Enum):
+    """A testcase's kind (JUnit ``type`` of its ``<failure>`` / ``<error>``)."""
+
+    MATCH = "match"
+    MISMATCH = "mismatch"
+    FIRMWARE_FAULT = "firmware_fault"
+    INFRASTRUCTURE = "infrastructure"
+    USAGE = "usage"
+    INTERNAL = "internal"
+    ABORTED = "aborted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Testcase:
+    """One input x comparison of a task."""
+
+    __test__ = False  # not a pytest class
+
+    input_index: int
+    input: str
+    comparison: str  # "<a>-vs-<b>"
+    status: CaseStatus
+    type: CaseType
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input_index": self.input_index,
+            "input": self.input,
+            "comparison": self.comparison,
+            "status": self.status.value,
+            "type": self.type.value,
+            "message": self.message,
+        }
 
 
 @dataclass
@@ -24,7 +131,27 @@ class VariantOutcome:
     capture_valid: bool
     problems: list[str]
     findings: list[dict[str, Any]]
-    stages: list[dict[str, Any]]
+    stages: list[StageRecord]
+
+    def failure_detail(self) -> str:
+        """The detail of the last failed stage ("failed" when no stage says more)."""
+        failed = [s for s in self.stages if s.status == StageStatus.FAILED]
+        return failed[-1].detail if failed else "failed"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "variant": self.variant,
+            "exit_code": self.exit_code,
+            "serial_log": self.serial_log,
+            "firmware_sha256": self.firmware_sha256,
+            "build_cache_hit": self.build_cache_hit,
+            "flash": self.flash,
+            "nn_mode": self.nn_mode,
+            "capture_valid": self.capture_valid,
+            "problems": list(self.problems),
+            "findings": list(self.findings),
+            "stages": [{k: v for k, v in s.to_dict().items() if k != "variant"} for s in self.stages],
+        }
 
 
 @dataclass
@@ -44,7 +171,9 @@ class Attempt:
     variants: dict[str, VariantOutcome] = field(default_factory=dict)
     comparison: Any | None = None  # harness.analysis.compare.CompareResult
     board_fault: bool = False  # counts toward the board's quarantine
-    testcases: list[dict[str, Any]] = field(default_factory=list)
+    host_side: bool = False  # failed before the board was touched (generation, build)
+    board_busy: bool = False  # the board's lock was not free in time
+    testcases: list[Testcase] = field(default_factory=list)
 
 
 @dataclass
@@ -56,23 +185,26 @@ class Task:
     board_type: str  # canonical Board.name
     pinned: str | None  # inventory board name (placement "each")
     dir: Path
-    state: str = "pending"  # pending | running | done | aborted
+    state: TaskState = TaskState.PENDING
     not_before: float = 0.0
     infra_failures: int = 0
     fault_attempts: int = 0
     avoid: set[str] = field(default_factory=set)
     attempts: list[Attempt] = field(default_factory=list)
     exit_code: int | None = None
-    verdict: str = "pending"
+    verdict: Verdict | None = None  # None until the task is done or aborted
     reason: str = ""
     decisive: Attempt | None = None
     builds: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def first_fault(self) -> Attempt | None:
+        return next((a for a in self.attempts if a.exit_code == ExitCode.FIRMWARE_FAULT), None)
 
 
 @dataclass
 class BoardState:
     bench: BenchBoard
-    status: str = "ok"  # ok | quarantined | busy | unreachable
+    status: BoardStatus = BoardStatus.OK
     reason: str = ""
     consecutive_infra: int = 0
     power_cycled: bool = False
@@ -95,16 +227,11 @@ class RunResult:
     finished: float
     interrupted: bool
     exit_code: ExitCode
+    moved_aside: Path | None = None  # where the previous run's reports in out_dir went
 
-
-VERDICTS = {
-    ExitCode.MATCH: "match",
-    ExitCode.MISMATCH: "mismatch",
-    ExitCode.USAGE: "usage_error",
-    ExitCode.INFRASTRUCTURE: "infrastructure_error",
-    ExitCode.FIRMWARE_FAULT: "firmware_fault",
-    ExitCode.INTERNAL: "internal_error",
-}
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.from_exit_code(self.exit_code)
 
 
 def now_iso(t: float) -> str:

@@ -1,0 +1,277 @@
+"""Host reference backends, run in-process: what the host-reference child process executes.
+
+Only :mod:`harness.model.hostrun`'s child calls :meth:`ReferenceBackend.run` and
+:func:`measure_arena`: native interpreters can crash (SIGSEGV, SIGFPE, SIGABRT) or exhaust memory on
+a corrupted model, and that must end a child process with a memory limit, never esp-check itself.
+Everything here may be imported in the parent (availability and version checks import the wheel
+but run no model).
+
+Backends (one small interface, :class:`ReferenceBackend`):
+
+- ``tflm`` (default): the ``tflite-micro`` wheel, i.e. TFLM's own reference kernels, the ones
+  ESP-NN's optimized kernels are supposed to match. Linux x86-64 only.
+- ``litert``: ``ai-edge-litert`` with its *reference* op resolver (``BUILTIN_REF``), which was
+  bit-exact with TFLM on every fixture model; never LiteRT's default optimized kernels or XNNPACK
+  (they differ from TFLM by up to 43 LSB). Wheels exist for macOS, Windows and Linux.
+- ``auto``: ``tflm`` where importable, else ``litert``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import struct
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from harness.errors import HostReferenceError, InputDataError, ModelError
+from harness.model.loader import ModelInfo
+from harness.protocol.spec import crc32
+
+BACKENDS = ("tflm", "litert", "auto")
+
+
+@dataclass(frozen=True)
+class LayerTensor:
+    """One intermediate (op output) tensor after an invoke."""
+
+    op_index: int
+    opcode: str
+    tensor_index: int
+    name: str
+    array: np.ndarray  # raw values, model dtype and shape
+    crc32: int  # zlib.crc32 of array.tobytes()
+
+    @property
+    def crc32_hex(self) -> str:
+        return f"{self.crc32:08X}"
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    """Outputs of one invoke (one set of model inputs)."""
+
+    outputs: list[np.ndarray]
+    layers: list[LayerTensor] | None = None
+
+
+@dataclass(frozen=True)
+class ReferenceResult:
+    """All runs of one model on one backend, with what produced them."""
+
+    backend: str
+    backend_version: str  # e.g. "tflite-micro 0.dev20261023182759"
+    runs: list[ReferenceRun]
+    model_sha256: str = ""
+    kernels: str = ""  # e.g. "TFLM reference kernels"
+
+
+class ReferenceBackend(Protocol):
+    """What a host reference implementation provides."""
+
+    name: str
+    kernels: str
+
+    def version(self) -> str: ...
+
+    def run(
+        self, model_bytes: bytes, info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]], per_layer: bool
+    ) -> list[ReferenceRun]: ...
+
+
+def _dist_version(dist: str) -> str:
+    try:
+        return f"{dist} {importlib.metadata.version(dist)}"
+    except importlib.metadata.PackageNotFoundError:
+        return f"{dist} (version unknown)"
+
+
+def _layers_from(info: ModelInfo, get: Any) -> list[LayerTensor]:
+    layers: list[LayerTensor] = []
+    for op in info.main_ops:
+        for t in op.outputs:
+            if t < 0:
+                continue
+            arr = np.array(get(t), copy=True)
+            tensor = info.tensors[t]
+            if arr.shape != tensor.shape and arr.size == tensor.num_elements:
+                arr = arr.reshape(tensor.shape)
+            layers.append(LayerTensor(op.index, op.opcode, t, tensor.name, arr, crc32(arr)))
+    return layers
+
+
+def host_arena_bytes(info: ModelInfo) -> int:
+    """A generous host arena: every non-constant tensor twice, plus per-op and fixed slack.
+
+    Preserving all tensors disables memory reuse, so the tensors alone are a lower bound.
+    """
+    tensors = sum((t.nbytes + 15) // 16 * 16 for t in info.tensors if not t.is_constant)
+    return 2 * tensors + 16 * 1024 * max(1, len(info.ops)) + 1024 * 1024
+
+
+class TflmBackend:
+    """The ``tflite-micro`` wheel (TFLM reference kernels)."""
+
+    name = "tflm"
+    kernels = "TFLM reference kernels"
+
+    @staticmethod
+    def _runtime() -> Any:
+        try:
+            from tflite_micro.python.tflite_micro import runtime
+        except ImportError as exc:
+            raise HostReferenceError(
+                "the TFLM host reference (`tflite-micro` wheel) is not installed or cannot be imported"
+                f" ({exc})",
+                hint="tflite-micro publishes wheels only for Linux x86-64 (CPython 3.10-3.14): "
+                "pip install 'esp-check' there, or use --backend litert (ai-edge-litert reference kernels)",
+            ) from exc
+        return runtime
+
+    def version(self) -> str:
+        self._runtime()
+        return _dist_version("tflite-micro")
+
+    def run(
+        self, model_bytes: bytes, info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]], per_layer: bool
+    ) -> list[ReferenceRun]:
+        rt = self._runtime()
+        config = (
+            rt.InterpreterConfig.kPreserveAllTensors
+            if per_layer
+            else rt.InterpreterConfig.kAllocationRecording
+        )
+        try:
+            interp = rt.Interpreter.from_bytes(
+                model_bytes, arena_size=host_arena_bytes(info), intrepreter_config=config
+            )
+        except (RuntimeError, ValueError) as exc:
+            raise HostReferenceError(f"TFLM could not load the model: {exc}") from exc
+        except (TypeError, IndexError, OverflowError, struct.error) as exc:  # its Python unpack of the file
+            raise ModelError(
+                f"TFLM's wheel cannot read this model file ({type(exc).__name__}: {exc})",
+                hint="the .tflite file is corrupted: re-export or re-copy it",
+            ) from exc
+        runs: list[ReferenceRun] = []
+        for k, run_inputs in enumerate(inputs):
+            try:
+                if k:
+                    interp.reset()  # every run starts from the same state (stateful models)
+                for i, arr in enumerate(run_inputs):
+                    interp.set_input(np.ascontiguousarray(arr), i)
+                interp.invoke()
+                outputs = [np.array(interp.get_output(i), copy=True) for i in range(len(info.outputs))]
+                layers = (
+                    _layers_from(info, lambda t: interp.GetTensor(t, 0)["tensor_data"]) if per_layer else None
+                )
+            except (RuntimeError, ValueError) as exc:
+                raise HostReferenceError(f"TFLM failed on run {k}: {exc}") from exc
+            runs.append(ReferenceRun(outputs=outputs, layers=layers))
+        return runs
+
+
+class LiteRtBackend:
+    """``ai-edge-litert`` with the BUILTIN_REF op resolver (reference kernels, no delegates)."""
+
+    name = "litert"
+    kernels = "LiteRT reference kernels (BUILTIN_REF)"
+
+    @staticmethod
+    def _module() -> Any:
+        try:
+            from ai_edge_litert import interpreter
+        except ImportError as exc:
+            raise HostReferenceError(
+                f"the LiteRT host reference (`ai-edge-litert`) is not installed ({exc})",
+                hint="pip install ai-edge-litert (wheels for Linux, macOS arm64, Windows)",
+            ) from exc
+        return interpreter
+
+    def version(self) -> str:
+        self._module()
+        return _dist_version("ai-edge-litert")
+
+    def run(
+        self, model_bytes: bytes, info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]], per_layer: bool
+    ) -> list[ReferenceRun]:
+        mod = self._module()
+        runs: list[ReferenceRun] = []
+        for k, run_inputs in enumerate(inputs):
+            try:
+                # A fresh interpreter per run: same starting state, like TFLM's reset().
+                interp = mod.Interpreter(
+                    model_content=model_bytes,
+                    experimental_op_resolver_type=mod.OpResolverType.BUILTIN_REF,
+                    experimental_preserve_all_tensors=per_layer,
+                )
+                interp.allocate_tensors()
+            except (RuntimeError, ValueError) as exc:
+                raise HostReferenceError(
+                    f"LiteRT rejected the model: {exc}",
+                    hint="LiteRT refuses some older models TFLM accepts (e.g. invalid bias quantization); "
+                    "use --backend tflm on Linux x86-64",
+                ) from exc
+            try:
+                details_in = interp.get_input_details()
+                details_out = interp.get_output_details()
+                for i, arr in enumerate(run_inputs):
+                    interp.set_tensor(details_in[i]["index"], np.ascontiguousarray(arr))
+                interp.invoke()
+                outputs = [np.array(interp.get_tensor(d["index"]), copy=True) for d in details_out]
+                layers = _layers_from(info, interp.get_tensor) if per_layer else None
+            except (RuntimeError, ValueError) as exc:
+                raise HostReferenceError(f"LiteRT failed on run {k}: {exc}") from exc
+            runs.append(ReferenceRun(outputs=outputs, layers=layers))
+        return runs
+
+
+def tflm_available() -> bool:
+    """Whether the tflite-micro wheel imports here."""
+    try:
+        TflmBackend._runtime()
+    except HostReferenceError:
+        return False
+    return True
+
+
+def get_backend(name: str = "tflm") -> ReferenceBackend:
+    """Backend by name: "tflm", "litert" or "auto" (tflm where importable, else litert)."""
+    if name == "auto":
+        return TflmBackend() if tflm_available() else LiteRtBackend()
+    if name == "tflm":
+        return TflmBackend()
+    if name == "litert":
+        return LiteRtBackend()
+    raise InputDataError(f"unknown reference backend {name!r}", hint=f"use one of {BACKENDS}")
+
+
+def _zero_run(model_bytes: bytes, info: ModelInfo, arena: int) -> Any:
+    """Load ``model_bytes`` into a TFLM interpreter with ``arena`` bytes and invoke it on zeros."""
+    runtime = TflmBackend._runtime()
+    interp = runtime.Interpreter.from_bytes(model_bytes, arena_size=arena)
+    for i, t in enumerate(info.inputs):
+        interp.set_input(np.zeros(t.shape, dtype=np.dtype(t.dtype)), i)
+    interp.invoke()
+    return interp
+
+
+def record_arena(model_bytes: bytes, info: ModelInfo) -> None:
+    """Run once in a generous arena and let TFLM's recording allocator print its report to fd 2.
+
+    The report (``Arena allocation total/head/tail N bytes``) is written by C++ to the process's
+    standard error; the parent reads it from there.
+    """
+    try:
+        interp = _zero_run(model_bytes, info, host_arena_bytes(info))
+    except (RuntimeError, ValueError) as exc:
+        raise HostReferenceError(f"TFLM could not run the model to measure its arena: {exc}") from exc
+    sys.stderr.flush()
+    interp.print_allocations()
+
+
+def verify_arena(model_bytes: bytes, info: ModelInfo, arena: int) -> None:
+    """Run again in an arena of exactly ``arena`` bytes (a too-small arena may crash the wheel)."""
+    _zero_run(model_bytes, info, arena)

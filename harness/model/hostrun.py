@@ -1,0 +1,519 @@
+"""The host reference and the arena probe, in one child process with a memory limit and a timeout.
+
+The native interpreters (``tflite-micro`` and ``ai-edge-litert`` wheels) crash on some corrupted
+models instead of raising (SIGSEGV, SIGFPE, SIGABRT), or allocate until the host runs out of
+memory. So esp-check never runs a model in its own process: one child does everything a command
+needs (reference outputs for the inputs, per layer if asked, and TFLM's arena measurement with a
+confirming run at exactly that size), under ``RLIMIT_AS`` (``ESP_CHECK_REFERENCE_MEMORY_MB``, default
+4096; not enforced on Windows) and a timeout (``ESP_CHECK_REFERENCE_TIMEOUT`` seconds, default 120).
+A child killed by a signal is a :class:`~harness.errors.ModelError` (exit 2): "this model crashes
+TFLM's reference interpreter: signal N".
+
+Results are cached on disk (``<user cache>/host-reference``) by model hash, input hashes, backend
+version and a hash of the code that computes them, so a repeat run starts no child at all.
+Failures are never cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from harness.errors import EspCheckError, HostReferenceError, InputDataError, ModelError, UsageError
+from harness.model import backends
+from harness.model.backends import ReferenceResult, ReferenceRun, get_backend, tflm_available
+from harness.model.loader import ModelInfo, parse_model_bytes
+from harness.protocol.spec import crc32
+from harness.resources import user_cache_dir
+
+FORMAT = 1
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_MEMORY_MB = 4096
+CACHE_MAX_BYTES = 512 * 1024**2
+_SAY = "@HOSTRUN "  # prefix of the child's result lines on stdout
+_INTERPRETER = {"tflm": "TFLM's", "litert": "LiteRT's"}
+
+
+@dataclass(frozen=True)
+class ArenaMeasurement:
+    """TFLM's recording allocator on the 64-bit host (see :mod:`harness.model.arena`)."""
+
+    total: int
+    head: int | None
+    tail: int | None
+    verified: bool  # a second run in an arena of exactly ``total`` (16-aligned) bytes succeeded
+    backend_version: str
+
+
+@dataclass(frozen=True)
+class HostResults:
+    """What one call obtained; ``children`` is 0 when everything came from the cache."""
+
+    reference: ReferenceResult | None
+    arena: ArenaMeasurement | None
+    children: int
+
+
+def limits() -> tuple[float, int]:
+    """(timeout seconds, memory bytes) for the child, from the environment or the defaults."""
+    out: list[float] = []
+    for var, default in (("ESP_CHECK_REFERENCE_TIMEOUT", DEFAULT_TIMEOUT_S),
+                         ("ESP_CHECK_REFERENCE_MEMORY_MB", float(DEFAULT_MEMORY_MB))):  # fmt: skip
+        text = os.environ.get(var, "")
+        try:
+            value = float(text) if text else default
+        except ValueError:
+            value = -1.0
+        if not (0 < value < 1e7):
+            raise UsageError(
+                f"{var}={text!r} is not a positive number", hint=f"unset it or set e.g. {default:g}"
+            )
+        out.append(value)
+    return out[0], int(out[1] * 1024 * 1024)
+
+
+def _code_hash() -> str:
+    """Hash of the code that computes cached results: a changed esp-check never reads stale ones."""
+    h = hashlib.sha256()
+    for mod in (backends.__file__, __file__):
+        h.update(Path(mod).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(json.dumps([FORMAT, _code_hash(), *parts]).encode()).hexdigest()
+
+
+def _array_id(a: np.ndarray) -> str:
+    c = np.ascontiguousarray(a)
+    return f"{c.dtype.str}:{list(c.shape)}:{hashlib.sha256(c.tobytes()).hexdigest()}"
+
+
+def _savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    with open(path, "wb") as f:
+        np.savez(f, **cast("dict[str, Any]", arrays))
+
+
+# ---- the on-disk cache ----------------------------------------------------------------------------
+
+
+class _Cache:
+    """Files ``<key>.npz`` (reference outputs) and ``<key>.json`` (arena), written atomically."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _path(self, key: str, ext: str) -> Path:
+        return self.root / f"{key}.{ext}"
+
+    def get_arrays(self, key: str) -> dict[str, np.ndarray] | None:
+        path = self._path(key, "npz")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {name: z[name] for name in z.files}
+        except FileNotFoundError:
+            return None
+        except Exception:  # a damaged entry is a miss (and is replaced)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # least recently used goes first
+        return arrays
+
+    def get_json(self, key: str) -> dict[str, Any] | None:
+        path = self._path(key, "json")
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        return doc if isinstance(doc, dict) else None
+
+    @contextlib.contextmanager
+    def _writing(self, key: str, ext: str) -> Iterator[Path]:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{key}.", suffix=f".{ext}")
+            os.close(fd)
+        except OSError:  # no writable cache: results are simply not kept
+            yield Path(os.devnull)
+            return
+        try:
+            yield Path(tmp)
+            os.replace(tmp, self._path(key, ext))
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        self._evict()
+
+    def put_arrays(self, key: str, arrays: dict[str, np.ndarray]) -> None:
+        with self._writing(key, "npz") as tmp:
+            if tmp != Path(os.devnull):
+                _savez(tmp, arrays)
+
+    def put_json(self, key: str, doc: dict[str, Any]) -> None:
+        with self._writing(key, "json") as tmp:
+            if tmp != Path(os.devnull):
+                tmp.write_text(json.dumps(doc), encoding="utf-8")
+
+    def _evict(self) -> None:
+        try:
+            entries = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.root.iterdir() if p.is_file()]
+        except OSError:
+            return
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= CACHE_MAX_BYTES * 0.8:
+                break
+            with contextlib.suppress(OSError):
+                path.unlink()
+                total -= size
+
+
+def cache_dir() -> Path:
+    """Where host results are cached (``$ESP_CHECK_CACHE_DIR`` or the user cache, ``host-reference``)."""
+    return user_cache_dir("host-reference")
+
+
+# ---- parent side ------------------------------------------------------------------------------------
+
+
+def _layer_slots(info: ModelInfo) -> list[tuple[int, str, int, str]]:
+    """(op index, opcode, tensor index, name) of every op output, the order the backends list layers."""
+    return [
+        (op.index, op.opcode, t, info.tensors[t].name) for op in info.main_ops for t in op.outputs if t >= 0
+    ]
+
+
+def _runs_from_arrays(
+    arrays: dict[str, np.ndarray], info: ModelInfo, n_runs: int, per_layer: bool
+) -> list[ReferenceRun]:
+    runs: list[ReferenceRun] = []
+    slots = _layer_slots(info)
+    for k in range(n_runs):
+        outputs = [arrays[f"r{k}_o{o}"] for o in range(len(info.outputs))]
+        layers = None
+        if per_layer:
+            layers = []
+            for j, (op_index, opcode, t, name) in enumerate(slots):
+                arr = arrays[f"r{k}_l{j}"]
+                crc = crc32(arr)
+                layers.append(backends.LayerTensor(op_index, opcode, t, name, arr, crc))
+        runs.append(ReferenceRun(outputs=outputs, layers=layers))
+    return runs
+
+
+def _arrays_from_runs(runs: Sequence[ReferenceRun]) -> dict[str, np.ndarray]:
+    arrays: dict[str, np.ndarray] = {}
+    for k, run in enumerate(runs):
+        for o, a in enumerate(run.outputs):
+            arrays[f"r{k}_o{o}"] = np.asarray(a)
+        for j, lt in enumerate(run.layers or []):
+            arrays[f"r{k}_l{j}"] = lt.array
+    return arrays
+
+
+def host_results(
+    model_bytes: bytes,
+    info: ModelInfo,
+    runs: Sequence[Sequence[np.ndarray]],
+    *,
+    backend: str = "tflm",
+    per_layer: bool = False,
+    reference: bool = True,
+    arena: bool = False,
+) -> HostResults:
+    """Reference outputs of ``runs`` (if ``reference``) and TFLM's arena measurement (if ``arena``
+    and the tflite-micro wheel is importable), from the cache or from one child process.
+
+    ``info`` must be :func:`~harness.model.loader.parse_model_bytes` of ``model_bytes`` and ``runs``
+    arrays that fit it. Raises ModelError when the model crashes the interpreter or needs more than
+    the memory limit, HostReferenceError when the backend is missing, fails or times out.
+    """
+    cache = _Cache(cache_dir())
+    ref: ReferenceResult | None = None
+    ref_key = ""
+    impl = None
+    if reference:
+        impl = get_backend(backend)
+        version = impl.version()  # imports the wheel here: missing -> HostReferenceError, no child
+        ids = [[_array_id(a) for a in run] for run in runs]
+        ref_key = _digest("reference", info.sha256, ids, impl.name, version, per_layer)
+        keys = [ref_key]
+        if not per_layer:  # a per-layer result holds the outputs too
+            keys.append(_digest("reference", info.sha256, ids, impl.name, version, True))
+        for key, layered in zip(keys, (per_layer, True), strict=False):
+            arrays = cache.get_arrays(key)
+            if arrays is not None:
+                try:
+                    got = _runs_from_arrays(arrays, info, len(runs), layered)
+                except KeyError:
+                    continue
+                if not per_layer:
+                    got = [ReferenceRun(outputs=r.outputs) for r in got]
+                ref = ReferenceResult(impl.name, version, got, info.sha256, impl.kernels)
+                break
+    measured: ArenaMeasurement | None = None
+    arena_key = ""
+    if arena and tflm_available():
+        tflm_version = backends.TflmBackend().version()
+        arena_key = _digest("arena", info.sha256, tflm_version)
+        doc = cache.get_json(arena_key)
+        if doc is not None:
+            with contextlib.suppress(TypeError):  # an entry of another shape is a miss
+                measured = ArenaMeasurement(**doc)
+    else:
+        arena = False
+    need_ref = reference and ref is None
+    need_arena = arena and measured is None
+    if not (need_ref or need_arena):
+        return HostResults(ref, measured, 0)
+    name = impl.name if impl is not None else "tflm"
+    child_runs, child_arena = _run_child(
+        model_bytes, info, runs if need_ref else None, name, per_layer, need_arena
+    )
+    if need_ref:
+        assert impl is not None and child_runs is not None
+        cache.put_arrays(ref_key, _arrays_from_runs(child_runs))
+        ref = ReferenceResult(impl.name, impl.version(), child_runs, info.sha256, impl.kernels)
+    if need_arena and child_arena is not None:
+        cache.put_json(arena_key, dataclasses.asdict(child_arena))
+        measured = child_arena
+    return HostResults(ref, measured, 1)
+
+
+def _child_argv(job_dir: Path) -> list[str]:
+    """The child's command line (tests replace it to fake a crashing interpreter)."""
+    return [sys.executable, "-m", "harness.model.hostrun", str(job_dir)]
+
+
+def _spawn(job_dir: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    # The child must import this very package, also from a checkout that is not installed.
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    try:
+        return subprocess.run(
+            _child_argv(job_dir),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            check=False,
+            env=env,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise HostReferenceError(
+            f"the host reference did not finish within {timeout:g} s (child process stopped)",
+            hint="a slow or overloaded machine? set ESP_CHECK_REFERENCE_TIMEOUT=<seconds> to allow more",
+        ) from exc
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return "unknown signal"
+
+
+def _child_error(doc: dict[str, Any], interpreter: str, memory: int) -> EspCheckError:
+    kind, message, hint = str(doc.get("kind")), str(doc.get("message")), doc.get("hint")
+    hint = str(hint) if hint else None
+    if kind == "memory":
+        return ModelError(
+            f"this model needs more than the {memory // 2**20} MiB of memory the host reference may use "
+            f"({message})",
+            hint="a corrupted model (tensor sizes) is the usual cause; if it is genuine, raise "
+            "ESP_CHECK_REFERENCE_MEMORY_MB",
+        )
+    if kind == "model":
+        return ModelError(message, hint=hint)
+    if kind == "input":
+        return InputDataError(message, hint=hint)
+    if kind == "reference":
+        return HostReferenceError(message, hint=hint)
+    return HostReferenceError(f"{interpreter} reference interpreter failed: {message}", hint=hint)
+
+
+def _run_child(
+    model_bytes: bytes,
+    info: ModelInfo,
+    runs: Sequence[Sequence[np.ndarray]] | None,
+    backend: str,
+    per_layer: bool,
+    arena: bool,
+) -> tuple[list[ReferenceRun] | None, ArenaMeasurement | None]:
+    """Start the child for the missing results and turn what it says (or how it died) into results."""
+    timeout, memory = limits()
+    interpreter = _INTERPRETER.get(backend, backend)
+    with tempfile.TemporaryDirectory(prefix="esp-check-host-") as tmp:
+        job_dir = Path(tmp)
+        (job_dir / "model.tflite").write_bytes(model_bytes)
+        if runs is not None:
+            arrays = {f"r{k}_i{i}": a for k, run in enumerate(runs) for i, a in enumerate(run)}
+            _savez(job_dir / "inputs.npz", arrays)
+        job = {"backend": backend, "per_layer": per_layer, "runs": None if runs is None else len(runs),
+               "arena": arena, "memory_bytes": memory}  # fmt: skip
+        (job_dir / "job.json").write_text(json.dumps(job), encoding="utf-8")
+        proc = _spawn(job_dir, timeout)
+        said: dict[str, dict[str, Any]] = {}
+        for line in proc.stdout.splitlines():
+            if line.startswith(_SAY):
+                with contextlib.suppress(ValueError):
+                    doc = json.loads(line[len(_SAY) :])
+                    said[str(doc.get("stage"))] = doc
+        if "error" in said:
+            raise _child_error(said["error"], interpreter, memory)
+        crashed = proc.returncode < 0
+        done_ref = runs is None or "reference" in said
+        if crashed and not (done_ref and (not arena or "measured" in said)):
+            num = -proc.returncode
+            stage = "measuring its tensor arena" if done_ref else "running it"
+            raise ModelError(
+                f"this model crashes {interpreter} reference interpreter: signal {num} ({_signal_name(num)}) "
+                f"while {stage}",
+                hint="the device's TFLM would likely crash the same way: check the model file (re-export or "
+                "re-copy it; compare its sha256 with the original)",
+            )
+        if not crashed and (proc.returncode != 0 or not done_ref or (arena and "measured" not in said)):
+            tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "no output"
+            raise HostReferenceError(f"the host reference child failed (exit {proc.returncode}): {tail}")
+        ref_runs = None
+        if runs is not None:
+            with np.load(job_dir / "reference.npz", allow_pickle=False) as z:
+                arrays = {name: z[name] for name in z.files}
+            ref_runs = _runs_from_arrays(arrays, info, len(runs), per_layer)
+    measured = None
+    if arena:
+        m = said["measured"]
+        measured = ArenaMeasurement(
+            int(m["total"]), m.get("head"), m.get("tail"), "verified" in said, str(m["version"])
+        )
+    return ref_runs, measured
+
+
+# ---- child side ----------------------------------------------------------------------------------------
+
+
+def _say(doc: dict[str, Any]) -> None:
+    sys.stdout.write(_SAY + json.dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
+def _limit_resources(memory: int) -> None:
+    """Address-space limit (MemoryError instead of exhausting the host) and no core files."""
+    try:
+        import resource
+    except ImportError:  # Windows: only the timeout applies
+        return
+    for res, value in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_AS, memory)):
+        with contextlib.suppress(ValueError, OSError):
+            _soft, hard = resource.getrlimit(res)
+            cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(res, (cap, hard))
+
+
+def _allocations(job_dir: Path, model: bytes, info: ModelInfo) -> dict[str, int]:
+    """TFLM's allocation report, printed by C++ to fd 2: captured into a file, then parsed."""
+    import re
+
+    report = job_dir / "allocations.txt"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(report, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.dup2(fd, 2)
+        backends.record_arena(model, info)
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(fd)
+        os.close(saved)
+    text = report.read_text(errors="replace")
+    found = {}
+    for key in ("total", "head", "tail"):
+        m = re.search(rf"Arena allocation {key} (\d+) bytes", text)
+        if m:
+            found[key] = int(m.group(1))
+    if "total" not in found:
+        shown = text.strip()[-200:] or "nothing"
+        raise HostReferenceError(f"TFLM printed no arena allocation report ({shown})")
+    return found
+
+
+def _child_job(job_dir: Path, job: dict[str, Any]) -> None:
+    model = (job_dir / "model.tflite").read_bytes()
+    info = parse_model_bytes(model)
+    if job["runs"] is not None:
+        with np.load(job_dir / "inputs.npz", allow_pickle=False) as z:
+            runs = [[z[f"r{k}_i{i}"] for i in range(len(info.inputs))] for k in range(int(job["runs"]))]
+        result = get_backend(job["backend"]).run(model, info, runs, bool(job["per_layer"]))
+        if len(result) != len(runs) or any(
+            len(r.layers or []) != len(_layer_slots(info)) for r in result if job["per_layer"]
+        ):
+            raise HostReferenceError("the backend returned fewer runs or layers than asked for")
+        _savez(job_dir / "reference.npz", _arrays_from_runs(result))
+        _say({"stage": "reference"})
+    if job["arena"]:
+        found = _allocations(job_dir, model, info)
+        _say({"stage": "measured", "version": backends.TflmBackend().version(), **found})
+        try:
+            backends.verify_arena(model, info, (found["total"] + 15) // 16 * 16)
+        except (RuntimeError, ValueError) as exc:  # too small after all: the figure stays, unconfirmed
+            _say({"stage": "unverified", "message": str(exc)[:200]})
+        else:
+            _say({"stage": "verified"})
+
+
+def child_main(job_dir: Path) -> int:  # pragma: no cover - runs in the child process
+    """Entry of the child: run the job in ``job_dir``, report each finished stage on stdout."""
+    job = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
+    _limit_resources(int(job["memory_bytes"]))
+    try:
+        _child_job(job_dir, job)
+    except MemoryError as exc:
+        _say({"stage": "error", "kind": "memory", "message": f"MemoryError: {exc}"[:300]})
+        return 1
+    except EspCheckError as exc:
+        kind = (
+            "model"
+            if isinstance(exc, ModelError)
+            else "input"
+            if isinstance(exc, InputDataError)
+            else "reference"
+        )
+        _say({"stage": "error", "kind": kind, "message": exc.message, "hint": exc.hint})
+        return 1
+    except Exception as exc:
+        tb = traceback.format_exc().strip().splitlines()[-3:]
+        message = f"{type(exc).__name__}: {exc} ({' | '.join(tb)})"
+        _say({"stage": "error", "kind": "unexpected", "message": message})
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - child process entry
+    sys.exit(child_main(Path(sys.argv[1])) if len(sys.argv) == 2 else 2)

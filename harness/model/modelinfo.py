@@ -1,0 +1,154 @@
+"""What esp-check knows about a model (tensors, ops, I/O), independent of any TFLM runtime.
+
+Kept apart from the parser (:mod:`harness.model.loader`) so that modules the parser uses (the op
+tables in :mod:`harness.model.opdata`) can name these types without an import cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+_EMPTY: Mapping[str, object] = MappingProxyType({})
+
+# Dtypes of tensors that hold activations/data (not shapes/indices).
+_ACTIVATION_DTYPES = {"int8", "uint8", "int16", "float32", "float16"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of the model's main subgraph."""
+
+    index: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype name: "int8", "uint8", "int16", "int32", "float32", ...
+    scale: float | None  # per-tensor scale (first scale if per-channel), None if not quantized
+    zero_point: int | None
+    per_channel: bool = False
+    scales: tuple[float, ...] = ()  # all scales (one per channel if per_channel)
+    zero_points: tuple[int, ...] = ()
+    quantized_dimension: int = 0
+    is_constant: bool = False  # backed by a non-empty buffer in the flatbuffer (weights, biases)
+    is_variable: bool = False
+
+    @property
+    def num_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def quantized(self) -> bool:
+        """True when the tensor carries a scale (int8/int16/... with quantization parameters)."""
+        return self.scale is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the raw tensor data (int4 counted as one byte per element, like TFLM unpacked)."""
+        try:
+            itemsize = np.dtype(self.dtype).itemsize
+        except TypeError:
+            itemsize = 1
+        return self.num_elements * itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description (used by ``inspect --json`` and reports)."""
+        return {
+            "index": self.index,
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "scale": self.scale,
+            "zero_point": self.zero_point,
+            "per_channel": self.per_channel,
+            "num_scales": len(self.scales),
+            "quantized_dimension": self.quantized_dimension,
+        }
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One operator in execution order."""
+
+    index: int
+    opcode: str  # builtin name, e.g. "CONV_2D" (max of builtin_code and deprecated_builtin_code)
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    subgraph: int = 0
+    # Builtin options by snake_case field name, e.g. {"stride_w": 2, "dilation_h_factor": 1,
+    # "padding": "SAME", "fused_activation_function": "RELU6"}. Vectors become tuples.
+    options: Mapping[str, object] = field(default_factory=lambda: _EMPTY, compare=False)
+    custom_code: str | None = None  # for opcode == "CUSTOM"
+    version: int = 1
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What esp-check needs to know about a model, independent of any TFLM runtime."""
+
+    path: Path
+    size_bytes: int
+    sha256: str
+    schema_version: int
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    ops: tuple[OpInfo, ...]
+    tensors: tuple[TensorInfo, ...] = field(default=(), repr=False)
+    subgraph_count: int = 1
+    description: str = ""
+
+    @property
+    def distinct_ops(self) -> tuple[str, ...]:
+        """Distinct opcodes in first-use order (one resolver registration each)."""
+        seen: dict[str, None] = {}
+        for op in self.ops:
+            seen.setdefault(op.opcode, None)
+        return tuple(seen)
+
+    @property
+    def main_ops(self) -> tuple[OpInfo, ...]:
+        """Operators of subgraph 0 in execution order (what per-layer comparison walks)."""
+        return tuple(op for op in self.ops if op.subgraph == 0)
+
+    def op_counts(self) -> dict[str, int]:
+        """Opcode -> number of uses, in first-use order."""
+        counts: dict[str, int] = {}
+        for op in self.ops:
+            counts[op.opcode] = counts.get(op.opcode, 0) + 1
+        return counts
+
+    def tensor(self, index: int) -> TensorInfo:
+        """Main-subgraph tensor by index."""
+        return self.tensors[index]
+
+    @property
+    def kind(self) -> str:
+        """Quantization kind of the activations: "int8", "int16", "uint8", "float" or "mixed".
+
+        "int8" is esp-check's main case (ESP-NN accelerates only int8). "int16" covers 16x8
+        models (int16 activations, int8 weights), e.g. SVDF keyword spotters. Shape/index
+        tensors (int32/int64/bool) are ignored; so are int32 outputs such as argmax.
+        """
+        dtypes = {
+            self.tensors[t].dtype
+            for op in self.main_ops
+            for t in op.outputs
+            if t >= 0 and self.tensors[t].dtype in _ACTIVATION_DTYPES
+        }
+        dtypes |= {t.dtype for t in self.inputs if t.dtype in _ACTIVATION_DTYPES}
+        if not dtypes or dtypes == {"int8"}:
+            return "int8"
+        if dtypes <= {"int8", "int16"}:
+            return "int16"
+        if dtypes == {"uint8"} or dtypes == {"uint8", "int8"}:
+            return "uint8"
+        if dtypes <= {"float32", "float16"}:
+            return "float"
+        return "mixed"

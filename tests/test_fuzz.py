@@ -1,0 +1,68 @@
+"""Bounded, seeded fuzzing of the parsers through the real CLI entry (``harness.cli.main``).
+
+Invariants (issue 11): exit 0 only when both sides' output bytes and identities are equal (checked
+by an independent decoder, tests/fuzzing.py); never exit 70, never a hang; a model that crashes the
+host reference does so in its child process and is exit 2. A signal in this process would end the
+test run itself. ``bench/fuzz.py`` runs the same mutants by the thousand.
+
+Nothing is faked: real emitter output, real fixture models, real tflite-micro in the child.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import fuzzing
+import pytest
+
+SEED = 20260611  # fixed: CI runs the same mutants every time
+N_CAPTURES, N_LEGACY, N_MODELS = 500, 200, 60
+
+
+@pytest.fixture(scope="module")
+def bases() -> tuple[tuple[bytes, bytes], bytes, dict[str, bytes]]:
+    return fuzzing.load_bases()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))  # no result from an earlier run
+    monkeypatch.setenv("ESP_CHECK_REFERENCE_TIMEOUT", "60")
+
+
+def _check(outcomes: list[fuzzing.Outcome]) -> collections.Counter[int | None]:
+    bad = [o for o in outcomes if o.bad]
+    shown = "\n".join(
+        f"{o.target} {o.k} {o.mutation}: exit {o.code} false={o.false_match} {o.detail[-200:]!r}"
+        for o in bad[:10]
+    )
+    assert not bad, f"{len(bad)} mutants broke an invariant:\n{shown}"
+    return collections.Counter(o.code for o in outcomes)
+
+
+def test_unmutated_pair_is_a_match(bases, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The oracle's premise: the two base captures match (so exit 0 is reachable at all)."""
+    (a, b), _, _ = bases
+    (tmp_path / "a.log").write_bytes(a)
+    (tmp_path / "b.log").write_bytes(b)
+    assert fuzzing.run_cli(["compare", str(tmp_path / "a.log"), str(tmp_path / "b.log")])[0] == 0
+    assert fuzzing.same_evidence(fuzzing.naive_capture(a), fuzzing.naive_capture(b))
+
+
+def test_fuzz_captures(bases, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    codes = _check([fuzzing.capture_mutant(SEED, k, bases[0], tmp_path) for k in range(N_CAPTURES)])
+    # the mutants reach every verdict: matches (harmless changes), mismatches (valid changed data
+    # with CRCs recomputed), refusals and corrupted captures
+    assert codes[0] and codes[1] and codes[2] and codes[3], codes
+
+
+def test_fuzz_legacy_logs(bases, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    codes = _check([fuzzing.legacy_mutant(SEED, k, bases[1], tmp_path) for k in range(N_LEGACY)])
+    assert codes[0] and codes[1] and codes[3], codes
+
+
+def test_fuzz_models(bases, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    outcomes = [fuzzing.model_mutant(SEED, k, bases[2], tmp_path) for k in range(N_MODELS)]
+    codes = _check(outcomes)
+    assert codes[0] and codes[2], codes  # some mutants still run, most are refused

@@ -1,0 +1,163 @@
+"""load_model refuses (ModelError, exit 2) what TFLM cannot load, before any interpreter sees it.
+
+Each case is a fixture model (written by the TF converter) with one field patched the way a
+corrupted copy would have it, or a model written with the test builder: the parts the loader never
+read before (signature defs, metadata, intermediates, option subgraph indices), vector lengths that
+claim more elements than the file holds, constant tensors larger than their buffers, activation
+shapes no ESP32 can hold.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import flatbuffers
+import numpy as np
+import pytest
+import tflite
+from test_model_builder import Op, T, build_model
+
+from harness.cli import main
+from harness.errors import ExitCode, ModelError
+from harness.model import backends
+from harness.model.loader import parse_model_bytes
+
+CNN = Path(__file__).parent / "data" / "models" / "cnn_classifier_11.tflite"
+
+
+def _field(obj: object, slot: int) -> int:
+    """File position of a scalar field of a flatbuffer table (it must be present)."""
+    tab = obj._tab  # type: ignore[attr-defined]
+    o = tab.Offset(slot)
+    assert o, "field not present in the fixture"
+    return int(tab.Pos + o)
+
+
+def _vector_len(obj: object, slot: int) -> int:
+    """File position of a vector's length word."""
+    tab = obj._tab  # type: ignore[attr-defined]
+    return int(tab.Vector(tab.Offset(slot))) - 4
+
+
+def _patched(where: Callable[[tflite.Model], int], value: int) -> bytes:
+    data = bytearray(CNN.read_bytes())
+    pos = where(tflite.Model.GetRootAsModel(bytes(data), 0))
+    data[pos : pos + 4] = struct.pack("<I", value)
+    return bytes(data)
+
+
+PATCHES = {
+    # field -> (position in the file, value, what the message names)
+    "signature tensor": (lambda m: _field(m.SignatureDefs(0).Outputs(0), 6), 9999, "tensor 9999 of"),
+    "metadata buffer": (lambda m: _field(m.Metadata(0), 6), 9999, "metadata 0 refers to buffer 9999"),
+    "signature_defs length": (lambda m: _vector_len(m, 18), 0x7FFFFFFF, "elements cannot fit"),
+    "metadata length": (lambda m: _vector_len(m, 16), 0x40000000, "elements cannot fit"),
+    "signature inputs length": (lambda m: _vector_len(m.SignatureDefs(0), 4), 0xFFFFFFF, "cannot fit"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PATCHES))
+def test_corrupted_fields_the_interpreter_reads_are_refused(case: str) -> None:
+    where, value, needle = PATCHES[case]
+    data = _patched(where, value)
+    t0 = time.monotonic()
+    with pytest.raises(ModelError) as err:
+        parse_model_bytes(data)
+    assert needle in str(err.value)
+    assert time.monotonic() - t0 < 5  # a huge length is refused, not iterated (generous bound)
+
+
+def test_refused_by_inspect_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.tflite"
+    bad.write_bytes(_patched(lambda m: _field(m.Metadata(0), 6), 9999))
+    assert main(["inspect", str(bad)]) == ExitCode.USAGE
+    assert "metadata 0 refers to buffer 9999" in capsys.readouterr().err
+
+
+def _fc(weights_shape: tuple[int, ...], weights: np.ndarray, out: int = 5, n_in: int = 12) -> bytes:
+    return build_model(
+        [
+            T("x", (1, n_in), "int8", 0.05, 0),
+            T("w", weights_shape, "int8", 0.02, 0, data=weights),
+            T("y", (1, out), "int8", 0.4, 0),
+        ],
+        [Op(9, [0, 1, -1], [2])],
+        inputs=[0],
+        outputs=[2],
+    )
+
+
+def test_constant_tensor_larger_than_its_buffer() -> None:
+    assert parse_model_bytes(_fc((5, 12), np.ones(60, np.int8))).ops[0].opcode == "FULLY_CONNECTED"
+    with pytest.raises(ModelError, match=r"needs 600 bytes, its buffer holds 60"):
+        parse_model_bytes(_fc((50, 12), np.ones(60, np.int8)))
+
+
+def test_activation_shape_no_esp32_can_hold() -> None:
+    n = 64 * 1024 * 1024 + 1  # one byte more than an activation may take
+    with pytest.raises(ModelError, match="more than any ESP32 can hold"):
+        parse_model_bytes(_fc((5, 12), np.ones(60, np.int8), n_in=n))
+
+
+def test_negative_dimension() -> None:
+    model = build_model(
+        [T("x", (1, -5), "int8", 0.05, 0), T("y", (1, 5), "int8", 0.05, 0)],
+        [Op(0, [0, 0], [1], add_options=True)],
+        inputs=[0],
+        outputs=[1],
+    )
+    with pytest.raises(ModelError, match=r"shape \[1, -5\]"):
+        parse_model_bytes(model)
+
+
+def _call_once(b: flatbuffers.Builder) -> int:
+    tflite.CallOnceOptionsStart(b)
+    tflite.CallOnceOptionsAddInitSubgraphIndex(b, 3)
+    return int(tflite.CallOnceOptionsEnd(b))
+
+
+def test_option_subgraph_index_out_of_range() -> None:
+    model = build_model(
+        [T("x", (1, 4), "int8", 0.05, 0), T("y", (1, 4), "int8", 0.05, 0)],
+        [Op(0, [0, 0], [1], add_options=True),
+         Op(129, [], [], deprecated=127, options=(tflite.BuiltinOptions.CallOnceOptions, _call_once))],
+        inputs=[0],
+        outputs=[1],
+    )  # fmt: skip
+    with pytest.raises(ModelError, match="init_subgraph_index=3 refers to a subgraph that does not exist"):
+        parse_model_bytes(model)
+
+
+@pytest.mark.skipif(not backends.tflm_available(), reason="tflite-micro wheel not installed")
+def test_tflm_wheel_unpack_errors_are_model_errors() -> None:
+    """Should a broken field get past the loader, the wheel's own unpack error is exit 2 too."""
+    good = parse_model_bytes(CNN.read_bytes())
+    bad = _patched(lambda m: _vector_len(m.SignatureDefs(0), 4), 0x7FFFFFF0)
+    with pytest.raises(ModelError, match="cannot read this model file"):
+        backends.TflmBackend().run(bad, good, [[np.zeros((1, 32, 32, 3), np.int8)]], False)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "w_shape", "needle"),
+    [([0], (5, 12), "needs an input, weights and an output"),
+     ([0, -1, -1], (5, 12), "needs an input, weights and an output"),
+     ([0, 1, -1], (5, 0), "no empty dimension"),
+     ([0, 1, -1], (60,), "rank 2")],
+)  # fmt: skip
+def test_weighted_op_without_usable_weights(inputs: list[int], w_shape: tuple[int, ...], needle: str) -> None:
+    """TFLM divides by weight dimensions and reads inputs it assumes (SIGFPE / SIGSEGV on the host)."""
+    model = build_model(
+        [
+            T("x", (1, 12), "int8", 0.05, 0),
+            T("w", w_shape, "int8", 0.02, 0, data=np.ones(w_shape, np.int8)),
+            T("y", (1, 5), "int8", 0.4, 0),
+        ],
+        [Op(9, inputs, [2])],
+        inputs=[0],
+        outputs=[2],
+    )
+    with pytest.raises(ModelError, match=needle):
+        parse_model_bytes(model)

@@ -18,7 +18,6 @@ NOT_YET = {
     "harness/device/flash.py:flash_artifacts": 193,
     "harness/sim/app.py:_run_app": 149,
     "harness/firmware/build.py:build_project": 131,
-    "harness/firmware/boards.py:parse_board": 106,
 }
 
 

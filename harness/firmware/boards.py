@@ -244,16 +244,7 @@ def parse_board(data: dict[str, Any], path: Path) -> Board:
     simulated = bool(data.get("simulated", False))
     if (data["builder"] == "sim") != simulated:
         raise _err(path, "simulated", 'must be true exactly when builder = "sim"')
-    sdk = data.get("sdkconfig", {})
-    sdkconfig: dict[str, str] = {}
-    for key, value in sdk.items():
-        if not _SDKCONFIG_NAME.match(key):
-            raise _err(path, f"sdkconfig.{key}", "is not a Kconfig symbol name (CONFIG_[A-Z0-9_]+)")
-        if not isinstance(value, str) or not _SDKCONFIG_VALUE.match(value):
-            raise _err(
-                path, f"sdkconfig.{key}", f'has an unsupported value {value!r} (y, n, a number or "text")'
-            )
-        sdkconfig[key] = value
+    sdkconfig = _sdkconfig_table(path, data.get("sdkconfig", {}))
     sim_table = data.get("sim", {})
     if sim_table and not simulated:
         raise _err(path, "sim", "is only allowed for simulated boards (builder = \"sim\")")
@@ -286,6 +277,20 @@ def parse_board(data: dict[str, Any], path: Path) -> Board:
         native=native,
         source=path,
     )
+
+
+def _sdkconfig_table(path: Path, sdk: dict[str, Any]) -> dict[str, str]:
+    """The ``[sdkconfig]`` table: Kconfig names with y / n / number / quoted-text values."""
+    sdkconfig: dict[str, str] = {}
+    for key, value in sdk.items():
+        if not _SDKCONFIG_NAME.match(key):
+            raise _err(path, f"sdkconfig.{key}", "is not a Kconfig symbol name (CONFIG_[A-Z0-9_]+)")
+        if not isinstance(value, str) or not _SDKCONFIG_VALUE.match(value):
+            raise _err(
+                path, f"sdkconfig.{key}", f'has an unsupported value {value!r} (y, n, a number or "text")'
+            )
+        sdkconfig[key] = value
+    return sdkconfig
 
 
 def _native_table(path: Path, data: dict[str, Any]) -> dict[str, int]:

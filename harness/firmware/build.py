@@ -537,6 +537,29 @@ def _record_resolved(project: Path, resolved: dict[str, Any]) -> None:
 # public entry point
 
 
+def _choose_builder(builder: str | None, manifest: Mapping[str, Any], chip: str) -> str:
+    """The builder to run: ``builder`` or the board's; UsageError for one the board cannot use."""
+    board_def = manifest.get("board_def") or {}
+    board_name = str(manifest.get("board"))
+    default_builder = str(manifest.get("builder") or "pio")
+    chosen = builder or default_builder
+    if chosen not in BUILDERS:
+        raise UsageError(f"unknown builder {chosen!r}", hint=f"builders: {', '.join(BUILDERS)}")
+    special = ("sim", "native")  # builders that work only for their own kind of board
+    if any((chosen == b) != (default_builder == b) for b in special):
+        raise UsageError(
+            f"board {board_name} cannot be built with builder {chosen!r}",
+            hint="the simulated board builds only with 'sim', native boards only with 'native', real boards "
+            "only with 'pio' or 'idf'",
+        )
+    if chosen == "pio" and (chip == "esp32p4" or not board_def.get("pio_board")):
+        raise UsageError(
+            f"board {board_name} ({chip}) cannot be built with PlatformIO's platform-espressif32",
+            hint="use --builder idf (ESP-IDF idf.py)",
+        )
+    return chosen
+
+
 def build_project(
     project_dir: str | Path,
     *,
@@ -566,23 +589,7 @@ def build_project(
     chip = str(manifest.get("chip") or board_def.get("chip") or "")
     if chip not in BOOTLOADER_OFFSETS:
         raise UsageError(f"{project / MANIFEST_NAME}: unknown chip {chip!r}", hint="regenerate the project")
-    board_name = str(manifest.get("board"))
-    default_builder = str(manifest.get("builder") or "pio")
-    chosen = builder or default_builder
-    if chosen not in BUILDERS:
-        raise UsageError(f"unknown builder {chosen!r}", hint=f"builders: {', '.join(BUILDERS)}")
-    special = ("sim", "native")  # builders that work only for their own kind of board
-    if any((chosen == b) != (default_builder == b) for b in special):
-        raise UsageError(
-            f"board {board_name} cannot be built with builder {chosen!r}",
-            hint="the simulated board builds only with 'sim', native boards only with 'native', real boards "
-            "only with 'pio' or 'idf'",
-        )
-    if chosen == "pio" and (chip == "esp32p4" or not board_def.get("pio_board")):
-        raise UsageError(
-            f"board {board_name} ({chip}) cannot be built with PlatformIO's platform-espressif32",
-            hint="use --builder idf (ESP-IDF idf.py)",
-        )
+    chosen = _choose_builder(builder, manifest, chip)
     flash_size = str(board_def.get("flash_size") or "keep")
 
     out_dir = project / BUILD_SUBDIR
@@ -658,7 +665,7 @@ def build_project(
             },
             "resolved": _resolved_components(project),
             "builder": chosen,
-            "board": board_name,
+            "board": str(manifest.get("board")),
         }
         return {role: path for role, _, path in layout}, meta
 

@@ -69,8 +69,9 @@ def _has_m32() -> bool:
 
 
 def test_fixture_firmware_matches_the_host_reference_and_says_native(work: Path) -> None:
-    res = _run(work, "match")
+    res = _run(work, "match", html=work / "match.html")
     assert res.exit_code == ExitCode.MATCH, res.errors  # type: ignore[attr-defined]
+    assert "NATIVE: the generated firmware compiled for this PC" in (work / "match.html").read_text()
     doc = json.loads((work / "match" / "report.json").read_text())
     jsonschema.validate(doc, SCHEMA)
     assert doc["simulated"] is False and doc["native"]["bits"] == 64

@@ -22,7 +22,7 @@ from native_fixture import COMPONENTS, faulty_components, make_mirror, write_inp
 from harness.cli import main
 from harness.errors import ExitCode
 from harness.firmware.build import build_project
-from harness.firmware.generate import generate_projects
+from harness.firmware.generate import generate_projects, read_manifest
 from harness.firmware.native.project import NativeOptions
 from harness.flows.flash_and_compare import flash_and_compare
 
@@ -105,6 +105,11 @@ def test_a_second_model_reuses_the_compiled_libraries(work: Path, tmp_path: Path
     assert res.builder == "native" and not res.cache_hit and info["reused_libraries"] is True
     assert "libraries already built, compiling main/" in res.log_path.read_text()  # type: ignore[union-attr]
     assert res.app_bin.stat().st_mode & 0o111 and res.artifacts[0].offset == 0
+    resolved = read_manifest(projects[0].path)["resolved"]
+    assert resolved["native"] and resolved["components"] == {
+        "espressif/esp-nn": "0.0.1",
+        "espressif/esp-tflite-micro": "0.0.1",
+    }
 
 
 def test_an_optimized_kernel_off_by_one_is_a_mismatch_and_tap_names_the_op(

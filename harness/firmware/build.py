@@ -737,6 +737,8 @@ def _build_native(
             if cache is not None:
                 cache.put(key, {NATIVE_PROGRAM: program}, meta)
     program.chmod(program.stat().st_mode | 0o111)
+    versions = {c.name.replace("__", "/"): c.version or "unknown" for c in plan.components}
+    _record_resolved(project, {"dependencies_lock": None, "components": versions, "native": True})
     info_path = out_dir / NATIVE_INFO
     info = {"program": program.name, "sha256": _sha256_file(program), "cache_hit": hit, **meta["native"]}
     info_path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")

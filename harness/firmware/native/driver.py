@@ -159,6 +159,12 @@ def build_program(
     (exit 3) with the compiler's errors and the log path when CMake or the compiler fails.
     """
     t0 = time.monotonic()
+    for path in (main_dir, root, *(c.path for c in components)):
+        if any(ch in str(path) for ch in ';"$'):  # CMake list separator / quoting
+            raise BuildError(
+                f"the native build cannot use the path {path}: it contains ';', '\"' or '$'",
+                hint="use --cache-dir / --out / --components-dir paths without those characters",
+            )
     key = tree_key(components, config, idf_version, toolchain)
     tree = root / "trees" / key[:32]
     tree.mkdir(parents=True, exist_ok=True)

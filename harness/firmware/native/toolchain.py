@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -118,7 +119,8 @@ def find_toolchain(bits: int = 64, sanitize: bool = False, env: Mapping[str, str
         cmake=cmake,
         generator=generator,
         version=f"{_first_line([cc, '--version'], e)} / {_first_line([cxx, '--version'], e)}",
-        machine=_first_line([cc, "-dumpmachine"], e) or "unknown",
+        # the triple becomes a C string literal (INFO native=): keep it to [A-Za-z0-9._-]
+        machine=re.sub(r"[^A-Za-z0-9._-]", "_", _first_line([cc, "-dumpmachine"], e)) or "unknown",
         bits=bits,
         sanitize=SANITIZERS if sanitize else (),
     )

@@ -7,11 +7,19 @@ force-includes them as ``harness/_data/firmware_templates`` and ``harness/_data/
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness.errors import EspCheckError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -59,3 +67,33 @@ def user_cache_dir(kind: str) -> Path:
     else:
         base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return base / "esp-check" / kind
+
+
+_IDF_VERSION = re.compile(r"^([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})$")
+
+
+def version_tuple(text: str) -> tuple[int, int, int]:
+    """``"5.5.2"`` -> ``(5, 5, 2)``; ValueError for anything that is not MAJOR.MINOR.PATCH."""
+    m = _IDF_VERSION.match(text)
+    if m is None:
+        raise ValueError(f"{text!r} is not a MAJOR.MINOR.PATCH version")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+@functools.lru_cache(maxsize=1)
+def _versions_table() -> dict[str, Any]:
+    return dict(tomllib.loads((data_dir() / "versions.toml").read_text(encoding="utf-8")))
+
+
+def pinned_versions() -> dict[str, str]:
+    """Component and platform versions esp-check pins (``harness/data/versions.toml`` ``[pinned]``)."""
+    return {str(k): str(v) for k, v in _versions_table()["pinned"].items()}
+
+
+def idf_support() -> tuple[str, str]:
+    """(oldest supported ESP-IDF, first unsupported ESP-IDF) for every board, from versions.toml."""
+    table = _versions_table()["idf"]
+    low, below = str(table["min"]), str(table["below"])
+    if not version_tuple(low) < version_tuple(below):
+        raise EspCheckError(f"harness/data/versions.toml: [idf] min {low} is not below {below}")
+    return low, below

@@ -33,6 +33,9 @@ builder = "pio"
 """
 
 
+PT = "partition_table_offset = "
+
+
 def _write(tmp_path: Path, text: str, name: str = "my-board.toml") -> Path:
     p = tmp_path / name
     p.write_text(text, encoding="utf-8")
@@ -48,6 +51,7 @@ def test_builtin_boards_load_and_cover_the_issue_list() -> None:
         "esp32s3-devkitc-1-n8",
         "esp32c3-devkitm-1",
         "esp32p4",
+        "esp32p4-v3",
         "sim",
         "sim-usbjtag",
     ):
@@ -58,6 +62,17 @@ def test_builtin_boards_load_and_cover_the_issue_list() -> None:
     assert boards["esp32s3-devkitc-1-n8r2"].psram == "quad"
     assert boards["esp32c3-devkitm-1"].cpu_mhz == 160 and boards["esp32c3-devkitm-1"].espnn_path == "generic"
     assert boards["esp32p4"].builder == "idf" and boards["esp32p4"].espnn_path == "p4"
+    # P4 silicon before v3 and v3 need different images (ESP-IDF: "mutually exclusive"): two boards,
+    # each with the revisions its image accepts, the clock its silicon runs and, for v3, the first
+    # ESP-IDF that can build for it at all
+    old, v3 = boards["esp32p4"], boards["esp32p4-v3"]
+    assert old.chip_revisions == (1, 199) and old.cpu_mhz == 360 and old.idf_range[0] == "5.3.0"
+    assert old.sdkconfig["CONFIG_ESP32P4_SELECTS_REV_LESS_V3"] == "y"
+    assert v3.chip_revisions == (300, 399) and v3.cpu_mhz == 400 and v3.idf_range[0] == "5.5.2"
+    assert v3.sdkconfig == {"CONFIG_ESP32P4_SELECTS_REV_LESS_V3": "n", "CONFIG_ESP32P4_REV_MIN_300": "y"}
+    for b in boards.values():  # every built-in board says which revisions its image accepts (a native
+        assert (b.chip_revisions is None) == b.is_native, b.name  # board's program runs on no chip)
+        assert b.partition_table_offset == 0xC000, b.name
     assert boards["sim"].builder == "sim" and boards["sim"].simulated
     assert (boards["sim"].default_port or "").startswith("sim://")
     assert boards["sim-usbjtag"].reset == "usb_serial_jtag"
@@ -101,13 +116,29 @@ def test_unknown_board_lists_known_ones() -> None:
         (("builder", '"pio"', '"sim"'), "simulated", "builder"),
         (("flash_size", '"8MB"', '"7MB"'), "flash_size", "expected one of"),
         (("monitor_baud", "115200", "12"), "monitor_baud", "baud"),
+        (("builder", '"pio"\n', '"pio"\nidf_min = "5.5"\n'), "idf_min", "MAJOR.MINOR.PATCH"),
+        (("builder", '"pio"\n', '"pio"\nidf_min = "6.0.0"\n'), "idf_min", "below 6.0.0 only"),
+        (("builder", '"pio"\n', '"pio"\nchip_rev_min = "3.0"\n'), "chip_rev_max", "is missing"),
+        (
+            ("builder", '"pio"\n', '"pio"\nchip_rev_min = "3.0"\nchip_rev_max = "1.99"\n'),
+            "chip_rev_max",
+            "below chip_rev_min",
+        ),
+        (
+            ("builder", '"pio"\n', '"pio"\nchip_rev_min = "v3"\nchip_rev_max = "3.99"\n'),
+            "chip_rev_min",
+            "expected a chip revision",
+        ),
+        (("builder", '"pio"\n', '"pio"\n' + PT + "0x8800\n"), "partition_table_offset", "4 KB"),
+        (("builder", '"pio"\n', '"pio"\n' + PT + "0xd000\n"), "partition_table_offset", "nvs"),
+        (("builder", '"pio"\n', '"pio"\n' + PT + "0x7000\n"), "partition_table_offset", "0x8000"),
     ],
 )
 def test_bad_field_names_file_and_field(
     tmp_path: Path, change: tuple[str, str, str], field: str, words: str
 ) -> None:
     key, old, new = change
-    text = GOOD.replace(f"{key} = {old}", f"{key} = {new}")
+    text = GOOD.replace(f"{key} = {old}", f"{key} = {new}")  # (an optional field is added after builder)
     assert text != GOOD
     p = _write(tmp_path, text)
     with pytest.raises(BoardDefinitionError) as ei:
@@ -182,9 +213,14 @@ def test_cli_boards_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["schema"] == "esp-check.boards/1"
     names = [b["name"] for b in data["boards"]]
     assert "esp32p4" in names and "sim" in names
+    p4v3 = next(b for b in data["boards"] if b["name"] == "esp32p4-v3")
+    assert (p4v3["chip_rev_min"], p4v3["chip_rev_max"]) == ("3.0", "3.99")
+    assert p4v3["idf_range"] == ["5.5.2", "6.0.0"]
+    assert p4v3["partition_table_offset"] == 0xC000
     assert main(["boards"]) == 0
     out = capsys.readouterr().out
     assert "esp32c3-devkitm-1" in out and "160" in out
+    assert "v3.0-v3.99" in out and ">=5.5.2,<6.0.0" in out
 
 
 def test_cli_boards_bad_file_is_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -210,3 +246,19 @@ def test_sim_table_only_on_simulated_boards(tmp_path: Path) -> None:
     sim_text = (REPO / "boards" / "sim.toml").read_text().replace('name = "sim"', 'name = "my-sim"')
     b = load_board(_write(tmp_path, sim_text + '\n[sim]\nfault = "panic"\nseed = 3\n', name="my-sim.toml"))
     assert b.sim == {"fault": "panic", "seed": 3}
+
+
+def test_optional_fields_default_and_round_trip(tmp_path: Path) -> None:
+    plain = load_board(_write(tmp_path, GOOD))
+    assert plain.chip_revisions is None and plain.idf_min is None  # no check, esp-check's range
+    assert plain.partition_table_offset == 0xC000
+    low, below = resources.idf_support()
+    assert plain.idf_range == (low, below)
+    older = load_board(_write(tmp_path, GOOD + 'idf_min = "5.0.0"\n'))
+    assert older.idf_range == (low, below)  # a board can raise the minimum, never lower it
+    extra = 'idf_min = "5.4.1"\nchip_rev_min = "0.1"\nchip_rev_max = "0.99"\n' + PT + "0x9000\n"
+    b = load_board(_write(tmp_path, GOOD + extra))
+    assert b.idf_range == ("5.4.1", below) and b.chip_revisions == (1, 99)
+    assert b.partition_table_offset == 0x9000
+    d = b.to_dict()
+    assert d["chip_rev_min"] == "0.1" and d["chip_rev_max"] == "0.99" and d["idf_range"] == ["5.4.1", below]

@@ -77,7 +77,10 @@ else:  # idf.py -C proj -B build -DIDF_TARGET=chip build
 defaults = (proj / "sdkconfig.defaults").read_text()
 target = [l.split("=")[1].strip('"') for l in defaults.splitlines() if l.startswith("CONFIG_IDF_TARGET=")][0]
 boot = {"esp32": "0x1000", "esp32p4": "0x2000"}.get(target, "0x0")
-pt_off = os.environ.get("FAKE_PT_OFFSET", "0x8000")
+# like kconfig: the value from sdkconfig.defaults, else ESP-IDF's default 0x8000
+pt_default = [l.split("=")[1] for l in defaults.splitlines()
+              if l.startswith("CONFIG_PARTITION_TABLE_OFFSET=")]
+pt_off = os.environ.get("FAKE_PT_OFFSET", pt_default[0] if pt_default else "0x8000")
 app_off = os.environ.get("FAKE_APP_OFFSET")
 rows = [r for r in csv.reader(open(proj / "partitions.csv")) if r and not r[0].startswith("#")]
 types = {"app": 0, "data": 1}; subtypes = {"factory": 0, "nvs": 2, "phy": 1, "ota": 0}
@@ -103,6 +106,9 @@ resolved.write_text("CONFIG_IDF_TARGET=\"%s\"\nCONFIG_BOOTLOADER_OFFSET_IN_FLASH
                     "CONFIG_PARTITION_TABLE_OFFSET=%s\nCONFIG_ESPTOOLPY_FLASHMODE=\"dio\"\n"
                     "CONFIG_ESPTOOLPY_FLASHFREQ=\"80m\"\nCONFIG_ESPTOOLPY_FLASHSIZE=\"4MB\"\n"
                     % (target, boot, pt_off))
+if os.environ.get("FAKE_NO_PT_OFFSET"):  # an sdkconfig that does not say (e.g. trimmed by hand)
+    resolved.write_text("\n".join(l for l in resolved.read_text().splitlines()
+                                  if not l.startswith("CONFIG_PARTITION_TABLE_OFFSET")) + "\n")
 (proj / "dependencies.lock").write_text(
     "dependencies:\n  espressif/esp-nn:\n    version: 1.1.2\n  espressif/esp-tflite-micro:\n"
     "    version: 1.3.8\n  idf:\n    version: 5.5.3\nmanifest_hash: abc\ntarget: %s\nversion: 2.0.0\n"
@@ -178,10 +184,11 @@ def test_pio_contract_artifacts_and_flasher_args(tmp_path: Path, fake_tools: dic
     assert any("[SUCCESS]" in ln for ln in lines)  # output streamed to the callback
     assert res.log_path is not None and "[SUCCESS]" in res.log_path.read_text()
     assert not res.cache_hit and res.builder == "pio" and res.chip == "esp32"
-    # offsets: ESP32 bootloader at 0x1000 (from the resolved sdkconfig), table 0x8000, factory app 0x10000
+    # offsets: ESP32 bootloader at 0x1000 (from the resolved sdkconfig), table at the board's 0xc000 (the
+    # generated sdkconfig.defaults sets it; the resolved sdkconfig says so), factory app 0x10000
     assert [(a.offset, a.role) for a in res.artifacts] == [
         (0x1000, "bootloader"),
-        (0x8000, "partition-table"),
+        (0xC000, "partition-table"),
         (0x10000, "app"),
     ]
     for a in res.artifacts:
@@ -189,7 +196,7 @@ def test_pio_contract_artifacts_and_flasher_args(tmp_path: Path, fake_tools: dic
     fa = json.loads(res.flasher_args.read_text())
     assert fa["flash_files"] == {
         "0x1000": "bootloader.bin",
-        "0x8000": "partition-table.bin",
+        "0xc000": "partition-table.bin",
         "0x10000": "app.bin",
     }
     assert fa["app"] == {"offset": "0x10000", "file": "app.bin", "encrypted": "false"}
@@ -209,13 +216,25 @@ def test_offsets_come_from_resolved_config_not_constants(
     tmp_path: Path, fake_tools: dict[str, object]
 ) -> None:
     (opt,) = _project(tmp_path, board="esp32s3-devkitc-1-n8r8", variants=("optimized",))
-    env = _env(fake_tools, FAKE_PT_OFFSET="0xc000", FAKE_APP_OFFSET="0x20000")
+    env = _env(fake_tools, FAKE_PT_OFFSET="0x9000", FAKE_APP_OFFSET="0x20000")
     res = b.build_project(opt, use_cache=False, env=env)
     assert [(a.offset, a.role) for a in res.artifacts] == [
         (0x0, "bootloader"),
-        (0xC000, "partition-table"),
+        (0x9000, "partition-table"),  # what the resolved sdkconfig says wins (the bootloader has it)
         (0x20000, "app"),
     ]
+    # a resolved sdkconfig that does not say: the board's offset from the manifest, never a constant
+    res = b.build_project(opt, use_cache=False, env=_env(fake_tools, FAKE_NO_PT_OFFSET="1"))
+    assert [(a.offset, a.role) for a in res.artifacts][1] == (0xC000, "partition-table")
+    manifest = json.loads((opt / "esp-check.json").read_text())
+    manifest["board_def"]["partition_table_offset"] = 0xA000
+    (opt / "esp-check.json").write_text(json.dumps(manifest))
+    res = b.build_project(opt, use_cache=False, env=_env(fake_tools, FAKE_NO_PT_OFFSET="1"))
+    assert [(a.offset, a.role) for a in res.artifacts][1] == (0xA000, "partition-table")
+    del manifest["board_def"]["partition_table_offset"]
+    (opt / "esp-check.json").write_text(json.dumps(manifest))
+    with pytest.raises(BuildError, match="says where the partition table goes"):
+        b.build_project(opt, use_cache=False, env=_env(fake_tools, FAKE_NO_PT_OFFSET="1"))
 
 
 def test_cache_hit_does_not_call_the_builder(tmp_path: Path, fake_tools: dict[str, object]) -> None:
@@ -365,7 +384,7 @@ def test_idf_builder_for_p4(tmp_path: Path, fake_tools: dict[str, object]) -> No
     ]
     assert [(a.offset, a.role) for a in res.artifacts] == [
         (0x2000, "bootloader"),
-        (0x8000, "partition-table"),
+        (0xC000, "partition-table"),  # 40 KB for the P4 bootloader instead of 24 KB below 0x8000
         (0x10000, "app"),
     ]
     with pytest.raises(UsageError, match="cannot be built with PlatformIO"):
@@ -410,7 +429,7 @@ def test_sim_builder_packs_a_real_esp_image_and_caches(tmp_path: Path, fake_tool
     assert proc.returncode == 0, proc.stdout + proc.stderr
     merged = (out / "merged.bin").read_bytes()
     assert merged[0x10000 : 0x10000 + again.app_bin.stat().st_size] == again.app_bin.read_bytes()
-    assert merged[0x8000 : 0x8000 + 0xC00] == (out / "partition-table.bin").read_bytes()
+    assert merged[0xC000 : 0xC000 + 0xC00] == (out / "partition-table.bin").read_bytes()
 
 
 def test_cache_is_size_bounded_lru_and_respects_locks(tmp_path: Path) -> None:
@@ -492,7 +511,7 @@ def test_spaces_and_non_ascii_in_project_path(tmp_path: Path, fake_tools: dict[s
 
 def test_partition_table_parser_reads_the_sim_packers_tables() -> None:
     image = pytest.importorskip("harness.sim.image")
-    parts = image.default_partitions(0x123456)
+    parts = image.default_partitions(0x123456, 0xC000)
     parsed = b.parse_partition_table(image.pack_partition_table(parts))
     assert [(p.label, p.type, p.subtype, p.offset, p.size) for p in parsed] == [
         (p.label, p.type, p.subtype, p.offset, p.size) for p in parts

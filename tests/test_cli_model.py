@@ -95,6 +95,26 @@ def test_inspect_json_quantization_report(models_dir: Path, capsys: pytest.Captu
     assert data["arena"]["host_bytes"] == 25_952
 
 
+def test_inspect_says_which_espnn_scratch_formulas(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_model_builder import padded_conv_model
+
+    model = tmp_path / "padded_conv.tflite"
+    model.write_bytes(padded_conv_model())
+    assert main(["inspect", str(model), "--chip", "esp32s3"]) == 0
+    out = capsys.readouterr().out
+    assert "ESP-NN scratch: esp-nn 1.1.2: scratch formulas of set 1.1" in " ".join(out.split())
+    data = _json(capsys, ["inspect", str(model), "--chip", "esp32s3", "--esp-nn-version", "1.2.3", "--json"])
+    assert data["arena"]["espnn_version"] == "1.2.3" and data["arena"]["espnn_scratch_bytes"] == 704
+    assert "set 1.2.3" in data["arena"]["espnn_formulas"]
+    data = _json(capsys, ["inspect", str(model), "--chip", "esp32s3", "--esp-nn-version", "2.0.0", "--json"])
+    assert data["arena"]["espnn_scratch_bytes"] == 31212 and "largest" in data["arena"]["espnn_formulas"]
+    # the user's version string reaches the console literally, never as rich markup
+    assert main(["inspect", str(model), "--chip", "esp32s3", "--esp-nn-version", "[red]9[/red]"]) == 0
+    assert "esp-nn [red]9[/red] is not a version" in " ".join(capsys.readouterr().out.split())
+
+
 @pytest.mark.parametrize("kind", ["truncated", "corrupted", "text", "empty", "missing"])
 def test_inspect_bad_models_exit_2(
     models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str

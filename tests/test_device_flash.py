@@ -133,8 +133,35 @@ def test_chip_mismatch_is_not_retryable(firmware: list[tuple[int, Path]], sim_ur
         port.close()
     assert ei.value.kind == "chip_mismatch"
     assert not ei.value.retryable
-    assert ei.value.exit_code == ExitCode.INFRASTRUCTURE
+    assert ei.value.exit_code == ExitCode.USAGE  # a wrong board for the chip is a usage error
     assert "ESP32-C3" in str(ei.value)
+
+
+def test_chip_revision_outside_the_boards_range_is_refused_before_writing(
+    firmware: list[tuple[int, Path]], sim_url
+) -> None:
+    """The simulated ESP32-S3 reports v0.2 through its eFuses, read by real esptool. A board whose image
+    accepts only v3.0-v3.99 (as esp32p4-v3's does) is refused before a byte is written: a v3 P4 never
+    reaches app_main with an image for older silicon, so only the flash step can tell."""
+    url = sim_url("classic")
+    port = serial.serial_for_url(url, exclusive=True)
+    try:
+        with pytest.raises(FlashFailure) as ei:
+            flash_artifacts(
+                port, firmware, expected_chip="esp32s3", chip_revisions=(300, 399),
+                port_spec=resolve_port(url),
+            )  # fmt: skip
+        assert set(port.board.flash) == {0xFF}  # nothing written
+        assert ei.value.kind == "chip_revision" and not ei.value.retryable
+        assert ei.value.exit_code == ExitCode.USAGE
+        assert "revision v0.2" in str(ei.value) and "v3.0 to v3.99" in str(ei.value)
+        assert "esp32p4-v3" in (ei.value.hint or "")
+        fr = flash_artifacts(
+            port, firmware, expected_chip="esp32s3", chip_revisions=(0, 99), port_spec=resolve_port(url)
+        )
+        assert fr.revision == "v0.2" and not fr.all_skipped  # inside the range: flashed
+    finally:
+        port.close()
 
 
 def test_image_larger_than_flash(sim_url, tmp_path: Path) -> None:
@@ -199,6 +226,13 @@ def test_missing_artifact_and_bad_modes(tmp_path: Path) -> None:
             True,
         ),
         ("This chip is ESP32-C3, not ESP32-S3. Wrong chip argument?", "connect", "chip_mismatch", False),
+        (  # esptool's own check of the bootloader image header (in its words, our values)
+            "'bootloader.bin' requires chip revision in range v0.1 - v1.99 (this chip is revision v3.1). "
+            "Use --force to flash anyway.",
+            "write",
+            "chip_revision",
+            False,
+        ),
         (
             "File 'app.bin' (length 5000000) at offset 0x00010000 will not fit in 4194304 bytes of flash. "
             "Change the flash_size argument or flashing address.",
@@ -215,6 +249,8 @@ def test_esptool_messages_map_to_actionable_errors(text: str, stage: str, kind: 
     err = map_esptool_error(FatalError(text), stage=stage, ps=resolve_port("/dev/ttyUSB0", platform="linux"))
     assert err.kind == kind
     assert err.retryable is retryable
+    usage = kind in ("chip_mismatch", "chip_revision")
+    assert err.exit_code == (ExitCode.USAGE if usage else ExitCode.INFRASTRUCTURE)
     assert err.esptool_message == text
     assert err.hint
 

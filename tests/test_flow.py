@@ -209,3 +209,25 @@ def test_junit_names_the_crashed_variant(models_dir: Path, tmp_path: Path, cache
     assert failure is not None and failure.get("type") == "firmware_fault"
     assert "Guru Meditation" in (crashed.findtext("system-out") or "")
     assert int(root.get("failures")) >= 1
+
+
+def test_board_for_other_silicon_revision_is_a_usage_error(
+    models_dir: Path, tmp_path: Path, cache_dir: Path
+):
+    """A board whose image accepts v3.x only (like esp32p4-v3) on a chip that reports v0.2: the flash step
+    refuses before writing (exit 2, the board is wrong for the chip), and nothing is compared."""
+    text = (Path(__file__).parents[1] / "boards" / "sim.toml").read_text()
+    assert 'chip_rev_min = "0.0"' in text
+    other = tmp_path / "sim-v3.toml"
+    other.write_text(
+        text.replace('name = "sim"', 'name = "sim-v3"')
+        .replace('chip_rev_min = "0.0"', 'chip_rev_min = "3.0"')
+        .replace('chip_rev_max = "0.99"', 'chip_rev_max = "3.99"')
+    )
+    result = run(models_dir, tmp_path, cache_dir, None, board=str(other))
+    doc = report(result)
+    assert result.exit_code == ExitCode.USAGE
+    assert doc["verdict"] != "match" and doc["comparison"] is None
+    flash = [s for s in doc["stages"] if s["stage"] == "flash"]
+    assert flash and all(s["status"] == "failed" and s["exit_code"] == 2 for s in flash)
+    assert all("revision v0.2" in s["detail"] and "v3.0 to v3.99" in s["detail"] for s in flash)

@@ -16,9 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import jinja2
+import numpy as np
 import pytest
 import yaml
 
+from harness import resources
 from harness.cli import main
 from harness.errors import ExitCode, GenerateError
 from harness.firmware import generate as gen
@@ -119,7 +121,8 @@ def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
     else:
         assert sdk["CONFIG_ESP_CONSOLE_USB_SERIAL_JTAG"] == "y"
     for key, value in board.sdkconfig.items():
-        assert sdk[key] == value
+        assert sdk[key] == (None if value == "n" else value)  # "n" is written as "# KEY is not set"
+    assert sdk["CONFIG_PARTITION_TABLE_OFFSET"] == f"{board.partition_table_offset:#x}"
 
     # --- platformio.ini, read by PlatformIO itself (no network)
     if board.pio_board:
@@ -142,11 +145,14 @@ def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
     else:
         assert not (root / "platformio.ini").exists()
 
-    # --- idf_component.yml: pinned exactly
+    # --- idf_component.yml: pinned exactly; the ESP-IDF range is the board's supported one
     comp = yaml.safe_load((root / "main" / "idf_component.yml").read_text(encoding="utf-8"))
     deps = comp["dependencies"]
     assert deps["espressif/esp-tflite-micro"]["version"] == "==1.3.8"
     assert deps["espressif/esp-nn"]["version"] == "==1.1.2"
+    low, below = board.idf_range
+    assert deps["idf"]["version"] == f">={low},<{below}"
+    assert manifest["versions"]["esp-idf-supported"] == deps["idf"]["version"]
 
     # --- partitions.csv: parsed as CSV; app partition fits the model and the flash
     rows = [
@@ -158,7 +164,11 @@ def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
     assert parts["factory"][:2] == ("app", "factory") and parts["factory"][2] == 0x10000
     model_bytes = (MODELS / f"{model_name}.tflite").stat().st_size
     assert parts["factory"][3] >= model_bytes + 1024 * 1024
-    end = 0x8000 + 0xC00  # partition table
+    # the table moved above ESP-IDF's 0x8000 (bootloader headroom, most of all on the P4 at 0x2000);
+    # nvs starts right after it with at least ESP-IDF's documented minimum of 0x3000 bytes
+    assert board.partition_table_offset == 0xC000
+    assert parts["nvs"][:2] == ("data", "nvs") and parts["nvs"][2] >= 0xD000 and parts["nvs"][3] >= 0x3000
+    end = board.partition_table_offset + 0xC00  # the table itself
     for _, (_, _, off, size) in sorted(parts.items(), key=lambda kv: kv[1][2]):
         assert off >= end and off % 0x1000 == 0
         end = off + size
@@ -475,6 +485,33 @@ def test_arena_from_estimator(tmp_path: Path) -> None:
     assert manifest["arena_estimate_bytes"] <= p.arena_bytes
 
 
+def test_arena_reserves_the_pinned_espnn_scratch(tmp_path: Path) -> None:
+    """A padded 3x3 first conv on 96x96x3: esp-nn 1.1.2 (pinned) asks for 31212 B of scratch on the S3;
+    later esp-nn formulas say 704 B. The arena must hold the host's need plus the pinned version's."""
+    pytest.importorskip("tflite_micro")
+    from test_model_builder import padded_conv_model
+
+    model = tmp_path / "padded_conv.tflite"
+    model.write_bytes(padded_conv_model())
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.zeros((1, 96, 96, 3), dtype=np.int8))
+    board = "esp32s3-devkitc-1-n8"
+    (p,) = gen.generate_projects(model, [npy], board, out_dir=tmp_path / "o", variants=("optimized",))
+    manifest = json.loads(p.manifest_path.read_text())
+    from harness.model.arena import estimate_arena
+
+    host = estimate_arena(model, chip="esp32s3").host_bytes
+    assert p.arena_bytes >= host + 31212
+    assert manifest["versions"]["esp-nn"] == "1.1.2"
+    assert manifest["arena_espnn_formulas"].startswith("esp-nn 1.1.2: scratch formulas of set 1.1 ")
+    # pinning a later esp-nn changes the formula (and the arena) with it
+    (q,) = gen.generate_projects(
+        model, [npy], "esp32s3-devkitc-1-n8", out_dir=tmp_path / "q", variants=("optimized",),
+        espnn_version="1.2.3",
+    )  # fmt: skip
+    assert host + 704 <= q.arena_bytes < p.arena_bytes
+
+
 def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(
         [
@@ -530,11 +567,46 @@ def test_board_sdkconfig_outside_allowlist_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "optimized").exists()
 
 
+def test_symbol_newer_than_the_boards_oldest_idf_is_refused(tmp_path: Path) -> None:
+    """An older ESP-IDF ignores a symbol it does not know: a v3 P4 board without idf_min would build a
+    firmware for silicon before v3 on ESP-IDF 5.3 ... 5.5.1 (the situation issue 13 found)."""
+    text = Path(load_board("esp32p4-v3").source or "").read_text()
+    assert 'idf_min = "5.5.2"\n' in text
+    loose = tmp_path / "p4-loose.toml"
+    text = text.replace('name = "esp32p4-v3"', 'name = "p4-loose"')
+    loose.write_text(text.replace('idf_min = "5.5.2"\n', ""))
+    expected = r"exists only from ESP-IDF 5\.5\.2.*allows ESP-IDF 5\.3\.0"
+    with pytest.raises(GenerateError, match=expected) as ei:
+        gen.generate_projects(
+            MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"], loose, out_dir=tmp_path / "o", arena_kb=16
+        )
+    assert ei.value.exit_code == ExitCode.USAGE and 'idf_min = "5.5.2"' in (ei.value.hint or "")
+    # the board for silicon before v3 may write CONFIG_ESP32P4_SELECTS_REV_LESS_V3=y on ESP-IDF 5.3: the
+    # releases without the option build for exactly that silicon (allow-list: absent_means = "y")
+    (p,) = gen.generate_projects(
+        MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"], "esp32p4", out_dir=tmp_path / "p",
+        variants=("ansi",), arena_kb=16,
+    )  # fmt: skip
+    assert "CONFIG_ESP32P4_SELECTS_REV_LESS_V3=y" in (p.path / "sdkconfig.defaults").read_text()
+    # and check_sdkconfig itself: "is not set" reads as n, which older releases do not behave as
+    allow = gen.load_allowlist()
+    line = "# CONFIG_ESP32P4_SELECTS_REV_LESS_V3 is not set\n"
+    assert gen.check_sdkconfig(line, "esp32p4", allow, "x", idf_min="5.5.2") == [
+        "CONFIG_ESP32P4_SELECTS_REV_LESS_V3"
+    ]
+    with pytest.raises(GenerateError, match="exists only from"):
+        gen.check_sdkconfig(line, "esp32p4", allow, "x", idf_min="5.5.1")
+
+
 def test_allowlist_entries_are_documented() -> None:
     assert ALLOW["idf_version"] == gen.DEFAULT_VERSIONS["idf"]
+    low, below = resources.idf_support()
     for key, entry in ALLOW["symbols"].items():
         assert re.fullmatch(r"CONFIG_[A-Z0-9_]+", key)
         assert entry["checked_against"] and entry["kconfig"], key
+        if "idf_since" in entry:  # only meaningful inside the supported range
+            since = resources.version_tuple(entry["idf_since"])
+            assert resources.version_tuple(low) < since < resources.version_tuple(below), key
     assert "CONFIG_NN_SKIP_NUDGE" in ALLOW["forbidden"]
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.firmware.boards import load_board
 from harness.firmware.generate import generate_projects
 
 if sys.version_info >= (3, 11):
@@ -122,8 +123,13 @@ STUBS: dict[str, str] = {
 """,
     "esp_chip_info.h": """
 #include <stdint.h>
+#include "esp_idf_version.h"
 typedef enum { CHIP_ESP32 = 1, CHIP_ESP32S2 = 2, CHIP_ESP32S3 = 9, CHIP_ESP32C3 = 5, CHIP_ESP32C2 = 12,
-               CHIP_ESP32C6 = 13, CHIP_ESP32H2 = 16, CHIP_ESP32P4 = 18 } esp_chip_model_t;
+               CHIP_ESP32C6 = 13, CHIP_ESP32H2 = 16,
+#if ESP_IDF_VERSION >= ESP_IDF_VERSION_VAL(5, 2, 0)  /* as in the real header: P4 from ESP-IDF 5.2 */
+               CHIP_ESP32P4 = 18
+#endif
+               } esp_chip_model_t;
 typedef struct { esp_chip_model_t model; uint32_t features; uint16_t revision; uint8_t cores; } esp_chip_info_t;
 extern "C" void esp_chip_info(esp_chip_info_t* out_info);
 """,
@@ -135,13 +141,26 @@ extern "C" void esp_chip_info(esp_chip_info_t* out_info);
 #define MALLOC_CAP_INTERNAL (1 << 11)
 extern "C" void* heap_caps_aligned_alloc(size_t alignment, size_t size, uint32_t caps);
 """,
-    "esp_idf_version.h": 'extern "C" const char* esp_get_idf_version(void);\n',
+    # the macros as ESP-IDF defines them; the version defaults to 5.5.3 and tests set others with -D
+    "esp_idf_version.h": """
+#ifndef ESP_IDF_VERSION_MAJOR
+#define ESP_IDF_VERSION_MAJOR 5
+#define ESP_IDF_VERSION_MINOR 5
+#define ESP_IDF_VERSION_PATCH 3
+#endif
+#define ESP_IDF_VERSION_VAL(major, minor, patch) ((major << 16) | (minor << 8) | (patch))
+#define ESP_IDF_VERSION ESP_IDF_VERSION_VAL(ESP_IDF_VERSION_MAJOR, ESP_IDF_VERSION_MINOR, ESP_IDF_VERSION_PATCH)
+extern "C" const char* esp_get_idf_version(void);
+""",
     "esp_system.h": "",
     "esp_timer.h": '#include <stdint.h>\nextern "C" int64_t esp_timer_get_time(void);\n',
     "freertos/FreeRTOS.h": "#include <stdint.h>\ntypedef uint32_t TickType_t;\n",
     "freertos/task.h": 'extern "C" void vTaskDelay(const TickType_t xTicksToDelay);\n',
+    # IDF 6 (Mbed TLS 4) has no such header: the stub errors out the way the missing file would
     "mbedtls/sha256.h": (
         "#include <stddef.h>\n"
+        '#include "esp_idf_version.h"\n'
+        "#if ESP_IDF_VERSION_MAJOR >= 6\n#error mbedtls/sha256.h: No such file or directory\n#endif\n"
         'extern "C" int mbedtls_sha256(const unsigned char* input, size_t ilen, unsigned char* output, int is224);\n'
     ),
     "tensorflow/lite/c/common.h": """
@@ -199,6 +218,12 @@ def _resolver_header() -> str:
     )
 
 
+def _write_stubs(stubs: Path) -> None:
+    for rel, text in {**STUBS, "tensorflow/lite/micro/micro_mutable_op_resolver.h": _resolver_header()}.items():
+        (stubs / rel).parent.mkdir(parents=True, exist_ok=True)
+        (stubs / rel).write_text("#pragma once\n" + text if not text.startswith("#pragma") else text)
+
+
 @pytest.mark.parametrize("model_name", ["op_zoo", "unet_mbv2_035_48"])
 def test_app_main_is_valid_cpp_against_stub_headers(tmp_path: Path, model_name: str) -> None:
     inp = INPUTS / (f"{model_name}.png" if (INPUTS / f"{model_name}.png").exists() else f"{model_name}.npy")
@@ -206,9 +231,7 @@ def test_app_main_is_valid_cpp_against_stub_headers(tmp_path: Path, model_name: 
         MODELS / f"{model_name}.tflite", [inp], "esp32s3-devkitc-1-n8r8", out_dir=tmp_path / "p", arena_kb=400,
     )  # fmt: skip
     stubs = tmp_path / "stubs"
-    for rel, text in {**STUBS, "tensorflow/lite/micro/micro_mutable_op_resolver.h": _resolver_header()}.items():
-        (stubs / rel).parent.mkdir(parents=True, exist_ok=True)
-        (stubs / rel).write_text("#pragma once\n" + text if not text.startswith("#pragma") else text)
+    _write_stubs(stubs)
     assert CXX is not None
     for p in projects:
         nn = "CONFIG_NN_OPTIMIZED" if p.variant == "optimized" else "CONFIG_NN_ANSI_C"
@@ -218,3 +241,47 @@ def test_app_main_is_valid_cpp_against_stub_headers(tmp_path: Path, model_name: 
              "-I", str(stubs), "-I", str(p.path / "main"), str(p.path / "main" / "app_main.cc")],
             tmp_path,
         )  # fmt: skip
+
+
+# (board, ESP-IDF version the stub headers claim, accepted?). The range comes from
+# harness/data/versions.toml (5.3.0 up to, not including, 6.0.0) and the board's idf_min (esp32p4-v3: 5.5.2).
+IDF_CASES = [
+    ("esp32s3-devkitc-1-n8r8", (5, 1, 7), False),  # no CHIP_ESP32P4 yet: only our message may appear
+    ("esp32s3-devkitc-1-n8r8", (5, 2, 5), False),
+    ("esp32s3-devkitc-1-n8r8", (5, 3, 0), True),
+    ("esp32s3-devkitc-1-n8r8", (5, 5, 3), True),
+    ("esp32s3-devkitc-1-n8r8", (6, 0, 0), False),  # Mbed TLS 4: no mbedtls/sha256.h
+    ("esp32p4", (5, 3, 0), True),
+    ("esp32p4-v3", (5, 5, 1), False),  # no option to build for v3 silicon yet
+    ("esp32p4-v3", (5, 5, 2), True),
+    ("esp32p4-v3", (6, 0, 2), False),
+]
+
+
+@pytest.mark.parametrize(("board", "idf", "accepted"), IDF_CASES)
+def test_supported_idf_range_is_enforced_at_compile_time(
+    tmp_path: Path, board: str, idf: tuple[int, int, int], accepted: bool
+) -> None:
+    """The generated app refuses, with one clear message, every ESP-IDF outside the board's range."""
+    (p,) = generate_projects(
+        MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"], board, out_dir=tmp_path / "p",
+        variants=("ansi",), arena_kb=64,
+    )  # fmt: skip
+    stubs = tmp_path / "stubs"
+    _write_stubs(stubs)
+    assert CXX is not None
+    major, minor, patch = idf
+    proc = subprocess.run(
+        [CXX, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-DCONFIG_NN_ANSI_C=1",
+         f"-DESP_IDF_VERSION_MAJOR={major}", f"-DESP_IDF_VERSION_MINOR={minor}", f"-DESP_IDF_VERSION_PATCH={patch}",
+         "-I", str(stubs), "-I", str(p.path / "main"), str(p.path / "main" / "app_main.cc")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    if accepted:
+        assert proc.returncode == 0, proc.stderr
+        return
+    assert proc.returncode != 0
+    low, below = load_board(board).idf_range
+    first_error = next(line for line in proc.stderr.splitlines() if "error" in line)
+    assert f"this firmware supports ESP-IDF >={low},<{below} for board {board}" in first_error
+    assert "CHIP_ESP32P4" not in proc.stderr  # the guarded case never breaks an old IDF's build

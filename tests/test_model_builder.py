@@ -197,6 +197,42 @@ def int8_broadcast_add_model() -> bytes:
     )
 
 
+def conv2d_options(
+    padding: int = tflite.Padding.SAME, stride: int = 1, dilation: int = 1
+) -> tuple[int, Callable[[flatbuffers.Builder], int]]:
+    """``Op.options`` for a CONV_2D: Conv2DOptions (padding, stride, dilation; no activation)."""
+
+    def write(b: flatbuffers.Builder) -> int:
+        tflite.Conv2DOptionsStart(b)
+        tflite.Conv2DOptionsAddPadding(b, padding)
+        tflite.Conv2DOptionsAddStrideW(b, stride)
+        tflite.Conv2DOptionsAddStrideH(b, stride)
+        tflite.Conv2DOptionsAddFusedActivationFunction(b, 0)
+        tflite.Conv2DOptionsAddDilationWFactor(b, dilation)
+        tflite.Conv2DOptionsAddDilationHFactor(b, dilation)
+        return int(tflite.Conv2DOptionsEnd(b))
+
+    return tflite.BuiltinOptions.Conv2DOptions, write
+
+
+def padded_conv_model(h: int = 96, w: int = 96, c: int = 3, oc: int = 16, seed: int = 0) -> bytes:
+    """int8 [1,h,w,c] -> 3x3 CONV_2D, SAME padding, stride 1 -> int8 [1,h,w,oc]: a typical first layer
+    (per-tensor quantization; bias scale = input scale * filter scale, as the converter writes it)."""
+    rng = np.random.default_rng(seed)
+    s_in, s_f, s_out = 1 / 128, 0.02, 0.05
+    return build_model(
+        [
+            T("image", (1, h, w, c), "int8", s_in, -1),
+            T("filter", (oc, 3, 3, c), "int8", s_f, 0, rng.integers(-127, 128, (oc, 3, 3, c))),
+            T("bias", (oc,), "int32", s_in * s_f, 0, rng.integers(-2000, 2000, (oc,))),
+            T("features", (1, h, w, oc), "int8", s_out, 3),
+        ],
+        [Op(CONV_2D, [0, 1, 2], [3], options=conv2d_options())],
+        inputs=[0],
+        outputs=[3],
+    )
+
+
 def test_builder_round_trip() -> None:
     info = parse_model_bytes(float_add_model())
     assert [t.name for t in info.inputs] == ["a", "b"]
@@ -210,3 +246,12 @@ def test_builder_int16_kind() -> None:
     info = parse_model_bytes(int16_add_model())
     assert info.kind == "int16"
     assert info.inputs[0].dtype == "int16" and info.inputs[0].scale == np.float32(0.001)
+
+
+def test_builder_conv_options_read_back() -> None:
+    info = parse_model_bytes(padded_conv_model())
+    (op,) = info.ops
+    assert op.opcode == "CONV_2D" and op.options["padding"] == "SAME"
+    assert op.options["stride_h"] == op.options["stride_w"] == 1
+    assert info.tensors[op.inputs[1]].shape == (16, 3, 3, 3) and info.tensors[op.inputs[1]].is_constant
+    assert info.outputs[0].shape == (1, 96, 96, 16) and info.kind == "int8"

@@ -25,6 +25,7 @@ from harness.firmware.build import build_project
 from harness.firmware.generate import generate_projects, read_manifest
 from harness.firmware.native.project import NativeOptions
 from harness.flows.flash_and_compare import flash_and_compare
+from harness.protocol.capture import parse_capture
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [
@@ -80,6 +81,7 @@ def test_fixture_firmware_matches_the_host_reference_and_says_native(work: Path)
         reported = doc["native"]["reported"][v]
         assert reported["native_bits"] == "64" and reported["native_sanitize"] == "none"
         assert reported["tflm"] == "0.0.1" and reported["idf"] == "native-standins-1"
+        assert reported["tflm_from"] == "manifest"  # --components-dir: the component's own version line
         assert doc["variants"][v]["flash"]["chip"] == "native" and doc["variants"][v]["capture_valid"]
     assert {s["label"] for s in doc["comparison"]["sources"]} == {"optimized", "ansi", "reference"}
     assert (
@@ -194,6 +196,12 @@ def test_default_sources_come_from_the_component_manager(
         ("espressif__esp-tflite-micro", "0.0.1", "component-manager"),
     ]
     assert info["warnings"] == []  # exactly the pinned versions
+    # main/CMakeLists.txt read them from the component manager's dependencies.lock, as in ESP-IDF
+    cap = parse_capture(
+        subprocess.run([str(res.app_bin)], capture_output=True, check=True, timeout=60).stdout
+    )
+    assert cap.valid and cap.info["tflm"] == "0.0.1" and cap.info["tflm_from"] == "lock:service"
+    assert cap.info["espnn_from"] == "lock:service" and cap.info["native_bits"] == "64"
 
 
 def test_cli_and_runner_say_native(work: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

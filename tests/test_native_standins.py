@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.firmware.native.config import resolve, sdkconfig_h
+from harness.firmware.native.config import idf_api_h, resolve, sdkconfig_h
 from harness.firmware.native.driver import STANDINS_DIR
 
 CC = shutil.which("cc") or shutil.which("gcc")
@@ -55,7 +55,9 @@ int main(int argc, char **argv) {
     esp_chip_info(&info);
     printf("chip model=%d cores=%d rev=%d features=%u\n", (int)info.model, info.cores, info.revision,
            (unsigned)info.features);
-    printf("idf %s\n", esp_get_idf_version());
+    printf("idf %s api %d.%d.%d >=5.3:%d <6:%d\n", esp_get_idf_version(), ESP_IDF_VERSION_MAJOR,
+           ESP_IDF_VERSION_MINOR, ESP_IDF_VERSION_PATCH, ESP_IDF_VERSION >= ESP_IDF_VERSION_VAL(5, 3, 0),
+           ESP_IDF_VERSION < ESP_IDF_VERSION_VAL(6, 0, 0));
     for (size_t a = 1; a <= 64; a *= 2) {
         void *p = heap_caps_aligned_alloc(a, 100, MALLOC_CAP_INTERNAL | MALLOC_CAP_8BIT);
         printf("align %u ok=%d aligned=%d\n", (unsigned)a, p != NULL, p != NULL && ((uintptr_t)p % a) == 0);
@@ -78,6 +80,7 @@ def _build(tmp: Path, *flags: str) -> Path:
     config.mkdir(exist_ok=True)
     defaults = {"CONFIG_IDF_TARGET": '"esp32"', "CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_240": "y"}
     (config / "sdkconfig.h").write_text(sdkconfig_h(resolve(defaults)))
+    (config / "esp_check_idf_api.h").write_text(idf_api_h("5.5.3"))
     (tmp / "driver.c").write_text(DRIVER)
     exe = tmp / "driver"
     assert CC is not None
@@ -121,7 +124,8 @@ def test_chip_info_heap_version_timer_delay(driver: Path) -> None:
     out = subprocess.run([str(driver)], capture_output=True, text=True, check=True).stdout.splitlines()
     wall_us = (time.monotonic() - t0) * 1e6
     assert out[0] == "chip model=999 cores=1 rev=0 features=0"  # CHIP_POSIX_LINUX, as ESP-IDF's host build
-    assert out[1] == "idf native-standins-1"  # never an ESP-IDF version
+    # never an ESP-IDF version string; the API level is the project's pinned ESP-IDF (the template checks it)
+    assert out[1] == "idf native-standins-1 api 5.5.3 >=5.3:1 <6:1"
     for line in out[2:9]:
         assert line.endswith("ok=1 aligned=1"), line
     assert out[9] == "align3 null=1"  # a non-power-of-two alignment is refused, like ESP-IDF's

@@ -77,6 +77,29 @@ def test_app_boot_prints_valid_protocol_stream(tmp_path: Path, models_dir: Path,
         assert np.array_equal(run.outputs[0].data.reshape(exp.shape), exp)
 
 
+def test_bootloader_finds_the_table_where_the_board_put_it(
+    tmp_path: Path, models_dir: Path, board_port
+) -> None:
+    """The partition table offset is board data: the simulated bootloader carries it (as a real one has
+    CONFIG_PARTITION_TABLE_OFFSET compiled in) and boots from a table at 0x9000 as well as 0xc000."""
+    files = _files(tmp_path, models_dir, "ansi", board_def={"partition_table_offset": 0x9000})
+    assert [off for off, _ in files][1] == 0x9000
+    port = board_port("esp32s3")
+    port.board.program(files)
+    raw = boot(port)
+    assert b"Partition Table:" in raw and parse_capture(raw).valid
+    # a bootloader that looks for its table where there is none stops like ESP-IDF's does
+    port.board.program([(0x9000, _erased(tmp_path))])
+    raw = boot(port, timeout=3)
+    assert b"load partition table error!" in raw and b"@EC1" not in raw
+
+
+def _erased(tmp_path: Path) -> Path:
+    blank = tmp_path / "blank.bin"
+    blank.write_bytes(b"\xff" * 0x1000)
+    return blank
+
+
 def test_rom_banner_at_115200_console_faster(tmp_path: Path, models_dir: Path, board_port) -> None:
     """The ROM prints at 115200 even when the app's console runs at 921600 (honest baud model)."""
     name = f"baud-{uuid.uuid4().hex[:8]}"

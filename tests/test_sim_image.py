@@ -32,18 +32,21 @@ def _project(tmp_path: Path, models_dir: Path, chip: str = "esp32s3", variant: s
 
 
 def test_partition_table_layout_and_md5_row() -> None:
-    parts = default_partitions(0x40000)
+    parts = default_partitions(0x40000, 0xC000)
     raw = pack_partition_table(parts)
     assert len(raw) == 0xC00
     # gen_esp32part layout: 32-byte entries, then 0xEBEB + 14x0xFF + MD5 of the entries
     assert raw[:2] == b"\xaa\x50"
-    md5_row = raw[96:128]
+    md5_row = raw[64:96]
     assert md5_row[:16] == b"\xeb\xeb" + b"\xff" * 14
-    assert md5_row[16:] == hashlib.md5(raw[:96]).digest()
-    assert raw[128:] == b"\xff" * (0xC00 - 128)
+    assert md5_row[16:] == hashlib.md5(raw[:64]).digest()
+    assert raw[96:] == b"\xff" * (0xC00 - 96)
     assert parse_partition_table(raw) == parts
-    factory = parts[-1]
+    nvs, factory = parts
+    assert (nvs.label, nvs.offset, nvs.size) == ("nvs", 0xD000, 0x3000)  # right after the table
     assert (factory.label, factory.type, factory.subtype, factory.offset) == ("factory", 0, 0, APP_OFFSET)
+    with pytest.raises(BuildError, match="no room for nvs"):
+        default_partitions(0x40000, 0xE000)
 
 
 def test_partition_table_corruption_detected() -> None:
@@ -60,9 +63,10 @@ def test_build_sim_firmware_real_esp_images(tmp_path: Path, models_dir: Path, ch
     proj = _project(tmp_path, models_dir, chip=chip)
     files = build_sim_firmware(proj, tmp_path / "build")
     spec = get_chip(chip)
-    assert [off for off, _ in files] == [spec.bootloader_offset, 0x8000, APP_OFFSET]
+    # the partition table goes where the board says (boards/sim.toml: 0xc000), not ESP-IDF's 0x8000
+    assert [off for off, _ in files] == [spec.bootloader_offset, 0xC000, APP_OFFSET]
     for off, path in files:
-        if off == 0x8000:
+        if off == 0xC000:
             continue
         img = LoadFirmwareImage(chip, path.read_bytes())  # esptool's own parser
         assert img.chip_id == spec.image_chip_id
@@ -77,6 +81,32 @@ def test_build_sim_firmware_real_esp_images(tmp_path: Path, models_dir: Path, ch
     assert payload.model == (models_dir / "op_zoo.tflite").read_bytes()
     assert len(payload.inputs) == 2 and payload.inputs[0] != payload.inputs[1]
     assert payload.header["model_sha256"] == hashlib.sha256(payload.model).hexdigest()
+
+
+def test_table_offset_travels_from_the_manifest_through_the_bootloader(
+    tmp_path: Path, models_dir: Path
+) -> None:
+    proj = _project(tmp_path, models_dir)
+    manifest = json.loads((proj / "esp-check.json").read_text())
+    manifest["board_def"]["partition_table_offset"] = 0x9000
+    (proj / "esp-check.json").write_text(json.dumps(manifest))
+    files = build_sim_firmware(proj, tmp_path / "build")
+    assert [off for off, _ in files][1] == 0x9000
+    flash = bytearray(b"\xff" * (4 << 20))
+    for off, path in files:
+        data = path.read_bytes()
+        flash[off:off + len(data)] = data
+    spec = get_chip("esp32s3")
+    app, _img, _payload = read_app_payload(spec, flash)  # found via the offset in the bootloader image
+    assert app.offset == APP_OFFSET
+    flash[0xC000:0xC000 + 0xC00] = flash[0x9000:0x9000 + 0xC00]  # a table where the bootloader does not look
+    flash[0x9000:0x9000 + 0xC00] = b"\xff" * 0xC00
+    with pytest.raises(PartitionTableError):
+        read_app_payload(spec, flash)
+    del manifest["board_def"]
+    (proj / "esp-check.json").write_text(json.dumps(manifest))
+    with pytest.raises(BuildError, match="partition_table_offset"):
+        build_sim_firmware(proj, tmp_path / "b2")
 
 
 def test_app_image_corruption_is_detected(tmp_path: Path, models_dir: Path) -> None:

@@ -20,7 +20,7 @@ from harness.commands.common import (
     preprocessing_options,
 )
 from harness.errors import ExitCode
-from harness.firmware.boards import list_boards, load_board
+from harness.firmware.boards import format_chip_rev, list_boards, load_board
 from harness.firmware.build import BUILDERS, BuildResult, build_project
 from harness.firmware.generate import (
     DEFAULT_VERSIONS,
@@ -51,13 +51,18 @@ def boards_cmd(as_json: bool, board_files: tuple[Path, ...]) -> int:
         )
         return int(ExitCode.MATCH)
     table = Table(title="Boards", expand=False)
-    for col in ("name", "chip", "flash", "PSRAM", "console", "reset", "MHz", "ESP-NN", "builder"):
+    columns = ("name", "chip", "chip rev", "flash", "PSRAM", "console", "reset", "MHz", "ESP-NN", "builder")
+    for col in (*columns, "ESP-IDF"):
         table.add_column(col, no_wrap=True)
     for b in boards:
         psram = f"{b.psram} {b.psram_mb}MB" if b.has_psram else "-"
+        revs = b.chip_revisions
+        rev = f"v{format_chip_rev(revs[0])}-v{format_chip_rev(revs[1])}" if revs else "any"
+        low, below = b.idf_range
         table.add_row(
             b.name + (" (sim)" if b.simulated else ""),
             b.chip,
+            rev,
             b.flash_size,
             psram,
             "usb-jtag" if b.console == "usb_serial_jtag" else f"uart {b.monitor_baud}",
@@ -65,6 +70,7 @@ def boards_cmd(as_json: bool, board_files: tuple[Path, ...]) -> int:
             str(b.cpu_mhz),
             b.espnn_path,
             b.builder,
+            f">={low},<{below}",
         )
     make_console(highlight=False).print(table)
     return int(ExitCode.MATCH)

@@ -177,6 +177,7 @@ def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> N
             f"{arena['target_bytes']:,} B (= host + ESP-NN scratch {arena['espnn_scratch_bytes']:,} B "
             f"+ margin {arena['margin_bytes']:,} B, chip {chip_label})"
         )
+        console.print(f"ESP-NN scratch: {safe_markup(arena['espnn_formulas'])}")
         console.print(f"[dim]{arena['note']}[/dim]")
     for k, run in enumerate(data["input_files"]):
         for p in run:
@@ -203,6 +204,12 @@ def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> N
     "--chip", default=None, help="Show ESP-NN acceleration and the arena target for this chip only."
 )
 @click.option("--no-arena", is_flag=True, help="Skip the tensor-arena measurement.")
+@click.option(
+    "--esp-nn-version",
+    default=None,
+    help="esp-nn version whose scratch-buffer formulas the arena target uses (default: the version "
+    "`generate` pins).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema esp-check.inspect/1).")
 def inspect_cmd(
     model: Path,
@@ -210,6 +217,7 @@ def inspect_cmd(
     input_options: InputOptions,
     chip: str | None,
     no_arena: bool,
+    esp_nn_version: str | None,
     as_json: bool,
 ) -> int:
     """Show a model's ops, tensors, resolver registrations, ESP-NN acceleration and arena estimate."""
@@ -229,7 +237,7 @@ def inspect_cmd(
     if not no_arena:
         from harness.model.arena import estimate_arena
 
-        arena = estimate_arena(model, chip=chip)
+        arena = estimate_arena(model, chip=chip, espnn_version=esp_nn_version)
     data = _inspect_data(info, chip, runs, arena)
     if as_json:
         click.echo(json.dumps(data, indent=2))

@@ -32,7 +32,7 @@ from esptool.util import FatalError, NotImplementedInROMError, flash_size_bytes
 from harness.device.esptool_log import EsptoolLogSink, capture_esptool_log
 from harness.device.ports import PortSpec, Transport, open_port, resolve_port
 from harness.device.reset import bootloader_reset
-from harness.errors import FlashError
+from harness.errors import ExitCode, FlashError
 
 __all__ = [
     "AFTER_MODES",
@@ -50,9 +50,15 @@ BEFORE_MODES = ("auto", "default-reset", "usb-reset", "no-reset", "no-reset-no-s
 AFTER_MODES = ("hard-reset", "no-reset", "no-reset-stub", "soft-reset", "watchdog-reset")
 
 
+# Failures that are the user's choice of board or arguments, not the link or the tools: exit 2.
+USAGE_KINDS = ("chip_mismatch", "chip_revision", "usage")
+
+
 class FlashFailure(FlashError):
     """A flash step failed. ``kind`` says which (table in docs/device.md); ``retryable`` is False
-    when trying again cannot help (wrong chip, image too large)."""
+    when trying again cannot help (wrong chip, image too large). A wrong board for the chip (another
+    chip, or a revision the board's image does not accept) and bad arguments are usage errors (exit 2),
+    every other kind is infrastructure (exit 3)."""
 
     def __init__(
         self,
@@ -67,6 +73,8 @@ class FlashFailure(FlashError):
         self.kind = kind
         self.retryable = retryable
         self.esptool_message = esptool_message
+        if kind in USAGE_KINDS:
+            self.exit_code = ExitCode.USAGE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +161,34 @@ _BOOT_HINT = (
 _WRONG_CHIP_HINT = (
     "wrong board on this port, or wrong --board: pick the board definition for the attached chip"
 )
+_WRONG_REVISION_HINT = (
+    "pick the board definition built for this silicon (`esp-check boards`; e.g. esp32p4 for ESP32-P4 "
+    "before v3, esp32p4-v3 for v3.x): ESP-IDF builds an image for one range of revisions and the "
+    "bootloader refuses to start it on another"
+)
+
+
+def _fmt_rev(rev: int) -> str:
+    return f"v{rev // 100}.{rev % 100}"
+
+
+def check_chip_revision(rev: int | None, allowed: tuple[int, int] | None, chip_name: str, url: str) -> None:
+    """Refuse, before anything is written, a chip revision outside the board's image range.
+
+    ``rev`` and ``allowed`` use esptool's ``major * 100 + minor``; nothing is checked when either is
+    unknown (esptool could not read the revision, or the board does not say).
+    """
+    if rev is None or allowed is None or allowed[0] <= rev <= allowed[1]:
+        return
+    raise FlashFailure(
+        f"the chip on {url} is {chip_name} revision {_fmt_rev(rev)}, but the board definition's image "
+        f"accepts revisions {_fmt_rev(allowed[0])} to {_fmt_rev(allowed[1])} only: it would not boot",
+        kind="chip_revision",
+        retryable=False,
+        hint=_WRONG_REVISION_HINT,
+    )
+
+
 _TOO_LARGE_HINT = (
     "the board definition's flash_size is larger than the real flash chip, or the build is too big: "
     "use the matching board file or a smaller partition layout"
@@ -191,6 +227,14 @@ def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log:
             kind="chip_mismatch",
             retryable=False,
             hint=_WRONG_CHIP_HINT,
+            esptool_message=msg,
+        )
+    if "requires chip revision" in msg:  # esptool's own check of the bootloader image header
+        return FlashFailure(
+            f"the image does not suit the chip on {ps.url}: {first}",
+            kind="chip_revision",
+            retryable=False,
+            hint=_WRONG_REVISION_HINT,
             esptool_message=msg,
         )
     if "Wrong boot mode detected" in msg:
@@ -357,12 +401,40 @@ def _connect(
     raise map_esptool_error(last, stage="connect", ps=ps, boot_log=boot_log) from last
 
 
+def _identify(
+    esp: ESPLoader, ps: PortSpec, expected_chip: str | None, chip_revisions: tuple[int, int] | None
+) -> dict[str, Any]:
+    """What the ROM says about the chip, after refusing (exit 2, before anything is written) another chip
+    than the board's or a revision outside the range its image accepts."""
+    detected = normalize_chip(esp.CHIP_NAME)
+    if expected_chip and normalize_chip(expected_chip) != detected:
+        raise FlashFailure(
+            f"the chip on {ps.url} is {esp.CHIP_NAME}, but the board definition says {expected_chip}",
+            kind="chip_mismatch",
+            retryable=False,
+            hint=_WRONG_CHIP_HINT,
+        )
+    rev = _try(esp.get_chip_revision)
+    rev = rev if isinstance(rev, int) else None
+    check_chip_revision(rev, chip_revisions, esp.CHIP_NAME, ps.url)
+    crystal = _try(esp.get_crystal_freq)
+    return {
+        "chip": detected,
+        "description": _try(esp.get_chip_description),
+        "revision": None if rev is None else _fmt_rev(rev),
+        "features": list(_try(esp.get_chip_features) or []),
+        "mac": _fmt_mac(_try(esp.read_mac)),
+        "crystal_mhz": crystal if isinstance(crystal, int) else None,
+    }
+
+
 def flash_artifacts(
     port: serial.SerialBase | PortSpec | str,
     artifacts: Sequence[tuple[int, Path | str]],
     *,
     chip: str | None = None,
     expected_chip: str | None = None,
+    chip_revisions: tuple[int, int] | None = None,
     baud: int = 460800,
     before: str = "auto",
     after: str = "hard-reset",
@@ -377,16 +449,104 @@ def flash_artifacts(
 ) -> FlashResult:
     """Write ``artifacts`` ((offset, file) pairs, e.g. from ``BuildResult.artifacts``) to the board.
 
-    ``port`` is an *open* pyserial object (recommended: the same one the capture will read), a
-    :class:`PortSpec` or a port string (then it is opened with ``exclusive=True`` and left open in
-    ``FlashResult.serial``). ``chip`` forces esptool's chip class (``None`` = detect);
-    ``expected_chip`` is what the board definition says, checked after connecting. ``before`` is an
-    esptool connect mode or ``auto`` (chosen from the transport and ``reset_style``). ``after``
-    is an esptool reset mode; use ``no-reset-stub`` when the console capture does the reset into
-    the app (:func:`harness.device.console.capture_run`). ``console_baud``: after a hard reset,
-    switch the port to this baud so the app's output is read at the right rate.
+    ``port``: an *open* pyserial object (best: the one the capture will read), a PortSpec or a port
+    string (opened ``exclusive=True``, left open in ``FlashResult.serial``). ``chip`` forces esptool's
+    chip class; ``expected_chip`` and ``chip_revisions`` (the board's) are checked before anything is
+    written. ``before``: an esptool connect mode or ``auto``; ``after``: an esptool reset mode
+    (``no-reset-stub`` when the capture resets into the app). ``console_baud``: the baud to switch
+    to after a hard reset, so the app's first line is read at the right rate.
     """
     t0 = time.monotonic()
+    items = _checked_items(artifacts, after)
+    if isinstance(port, serial.SerialBase):
+        ser = port
+        ps = port_spec or resolve_port(str(port.port))
+    else:
+        ps = port if isinstance(port, PortSpec) else resolve_port(port)
+        ser = open_port(ps, ROM_BAUD, exclusive=True)
+    chip_cls = _chip_class(chip)
+    mode, self_reset = _resolve_before(before, ps, reset_style)
+    regions = [
+        RegionResult(
+            offset=off,
+            path=path,
+            size=path.stat().st_size,
+            md5=hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest(),
+        )
+        for off, path in items
+    ]
+    log = _FlashLog(log_path, progress, [off for off, _ in items])
+    stage = "connect"
+    try:
+        with capture_esptool_log(log.sink):
+            esp, attempts_used = _connect(
+                ser, ps, chip=chip_cls, mode=mode, self_reset=self_reset, reset_style=reset_style,
+                attempts=max(1, connect_attempts), emit=log.emit,
+            )  # fmt: skip
+            facts = _identify(esp, ps, expected_chip, chip_revisions)
+            stage = "stub"
+            log.emit(FlashProgress("stub", "uploading the flasher stub"))
+            esp = run_stub(esp)
+            stage = "baud"
+            _change_baud(esp, ps, baud, log.emit)
+            stage = "attach"
+            attach_flash(esp)
+            flash_size = _try(lambda: detect_flash_size(esp))
+            _check_fits(regions, flash_size, ps)
+            stage = "write"
+            _write_regions(esp, regions, log, skip_flashed=skip_flashed, diff_with=diff_with)
+            stage = "reset"
+            log.emit(FlashProgress("reset", f"after flashing: {after}"))
+            reset_chip(esp, after)
+            if after == "hard-reset" and console_baud:
+                ser.baudrate = console_baud
+            result = FlashResult(
+                port=ps.url,
+                chip_name=esp.CHIP_NAME,
+                **facts,
+                flash_size=flash_size,
+                stub=bool(getattr(esp, "IS_STUB", False)),
+                baud=baud if ps.caps.baud_change else ROM_BAUD,
+                before=mode if not self_reset else f"harness-reset+{mode}",
+                after=after,
+                connect_attempts=attempts_used,
+                regions=regions,
+                duration_s=time.monotonic() - t0,
+                log_path=log_path,
+                esptool_log=log.sink.text(),
+                serial=ser,
+            )
+            skipped = sum(r.skipped for r in regions)
+            done = f"{result.bytes_written} bytes written, {skipped}/{len(regions)} regions already in flash"
+            log.emit(FlashProgress("done", done))
+    except FlashFailure:
+        raise
+    except (FatalError, serial.SerialException, OSError) as exc:
+        raise map_esptool_error(exc, stage=stage, ps=ps) from exc
+    finally:
+        log.close()
+    return result
+
+
+def _write_regions(
+    esp: ESPLoader,
+    regions: Sequence[RegionResult],
+    log: _FlashLog,
+    *,
+    skip_flashed: bool,
+    diff_with: Sequence[Path | str | None] | None,
+) -> None:
+    """Each region in offset order (``diff_with``: rewrite only changed sectors; else MD5-skip)."""
+    diffs = list(diff_with) if diff_with else []
+    for i, r in enumerate(regions):
+        log.region = i
+        diff = diffs[i] if i < len(diffs) else None
+        _write_region(esp, r, skip_flashed=skip_flashed and not diffs, diff=diff)
+    log.region = None
+
+
+def _checked_items(artifacts: Sequence[tuple[int, Path | str]], after: str) -> list[tuple[int, Path]]:
+    """(offset, file) pairs that exist; FlashFailure(usage) for anything a flash cannot start with."""
     if after not in AFTER_MODES:
         raise FlashFailure(
             f"unknown after-mode {after!r}", kind="usage", retryable=False, hint=f"use {AFTER_MODES}"
@@ -402,154 +562,76 @@ def flash_artifacts(
                 retryable=False,
                 hint="build the project first (esp-check build)",
             )
-    if isinstance(port, serial.SerialBase):
-        ser = port
-        ps = port_spec or resolve_port(str(port.port))
+    return items
+
+
+def _chip_class(chip: str | None) -> str | None:
+    """esptool's chip key for a forced ``chip``; None means detect."""
+    if not chip:
+        return None
+    key = normalize_chip(chip)
+    if key not in CHIP_DEFS:
+        raise FlashFailure(f"esptool does not know chip {chip!r}", kind="usage", retryable=False)
+    return key
+
+
+class _FlashLog:
+    """The flash log file (esptool's output plus our stage lines) and progress events per region."""
+
+    def __init__(self, path: Path | None, progress: ProgressCallback | None, offsets: list[int]) -> None:
+        self.file: TextIO | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self.progress = progress
+        self.offsets = offsets
+        self.region: int | None = None
+        self.sink = EsptoolLogSink(stream=self.file, on_progress=self._on_bar)
+
+    def emit(self, ev: FlashProgress) -> None:
+        if self.file is not None and ev.stage != "write":
+            self.file.write(f"[esp-check] {ev.stage}: {ev.message}\n")
+            self.file.flush()
+        if self.progress is not None:
+            self.progress(ev)
+
+    def _on_bar(self, cur: int, total: int, desc: str) -> None:
+        idx = self.region
+        off = self.offsets[idx] if idx is not None else None
+        self.emit(FlashProgress("write", desc or "writing", region=idx, offset=off, done=cur, total=total))
+
+    def close(self) -> None:
+        self.sink.flush()
+        if self.file is not None:
+            self.file.close()
+
+
+def _change_baud(esp: ESPLoader, ps: PortSpec, baud: int, emit: Callable[[FlashProgress], None]) -> None:
+    """Switch to the flashing baud where the transport can (RFC2217 can, a raw socket cannot)."""
+    if not baud or baud == ROM_BAUD:
+        return
+    if ps.caps.baud_change:
+        emit(FlashProgress("baud", f"changing baud to {baud}"))
+        with contextlib.suppress(NotImplementedInROMError):
+            esp.change_baud(baud)
     else:
-        ps = port if isinstance(port, PortSpec) else resolve_port(port)
-        ser = open_port(ps, ROM_BAUD, exclusive=True)
-    chip_cls = None
-    if chip:
-        key = normalize_chip(chip)
-        if key not in CHIP_DEFS:
-            raise FlashFailure(f"esptool does not know chip {chip!r}", kind="usage", retryable=False)
-        chip_cls = key
-    mode, self_reset = _resolve_before(before, ps, reset_style)
+        emit(FlashProgress("baud", f"{ps.transport} cannot change the board's baud; staying at {ROM_BAUD}"))
 
-    log_file: TextIO | None = None
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in finally
-    region_idx: list[int | None] = [None]
 
-    def emit(ev: FlashProgress) -> None:
-        if log_file is not None and ev.stage != "write":
-            log_file.write(f"[esp-check] {ev.stage}: {ev.message}\n")
-            log_file.flush()
-        if progress is not None:
-            progress(ev)
-
-    def on_bar(cur: int, total: int, desc: str) -> None:
-        idx = region_idx[0]
-        off = items[idx][0] if idx is not None else None
-        emit(FlashProgress("write", desc or "writing", region=idx, offset=off, done=cur, total=total))
-
-    sink = EsptoolLogSink(stream=log_file, on_progress=on_bar)
-    regions = [
-        RegionResult(
-            offset=off,
-            path=path,
-            size=path.stat().st_size,
-            md5=hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest(),
-        )
-        for off, path in items
-    ]
-    stage = "connect"
-    try:
-        with capture_esptool_log(sink):
-            esp, attempts_used = _connect(
-                ser,
-                ps,
-                chip=chip_cls,
-                mode=mode,
-                self_reset=self_reset,
-                reset_style=reset_style,
-                attempts=max(1, connect_attempts),
-                emit=emit,
+def _check_fits(regions: Sequence[RegionResult], flash_size: str | None, ps: PortSpec) -> None:
+    """FlashFailure(image_too_large) before writing a region past the end of the chip's flash."""
+    flash_bytes = flash_size_bytes(flash_size) if flash_size else None
+    if flash_bytes is None:
+        return
+    for r in regions:
+        if r.offset + r.size > flash_bytes:
+            raise FlashFailure(
+                f"{r.path.name} ({r.size} bytes at {r.offset:#x}) does not fit in the "
+                f"{flash_size} flash of the chip on {ps.url}",
+                kind="image_too_large",
+                retryable=False,
+                hint=_TOO_LARGE_HINT,
             )
-            detected = normalize_chip(esp.CHIP_NAME)
-            if expected_chip and normalize_chip(expected_chip) != detected:
-                raise FlashFailure(
-                    f"the chip on {ps.url} is {esp.CHIP_NAME}, but the board definition says {expected_chip}",
-                    kind="chip_mismatch",
-                    retryable=False,
-                    hint=_WRONG_CHIP_HINT,
-                )
-            description = _try(esp.get_chip_description)
-            rev = _try(esp.get_chip_revision)
-            revision = f"v{rev // 100}.{rev % 100}" if isinstance(rev, int) else None
-            features = _try(esp.get_chip_features) or []
-            mac = _fmt_mac(_try(esp.read_mac))
-            crystal = _try(esp.get_crystal_freq)
-            stage = "stub"
-            emit(FlashProgress("stub", "uploading the flasher stub"))
-            esp = run_stub(esp)
-            if baud and baud != ROM_BAUD:
-                stage = "baud"
-                if ps.caps.baud_change:
-                    emit(FlashProgress("baud", f"changing baud to {baud}"))
-                    with contextlib.suppress(NotImplementedInROMError):
-                        esp.change_baud(baud)
-                else:
-                    emit(
-                        FlashProgress(
-                            "baud", f"{ps.transport} cannot change the board's baud; staying at {ROM_BAUD}"
-                        )
-                    )
-            stage = "attach"
-            attach_flash(esp)
-            flash_size = _try(lambda: detect_flash_size(esp))
-            flash_bytes = flash_size_bytes(flash_size) if flash_size else None
-            if flash_bytes is not None:
-                for r in regions:
-                    if r.offset + r.size > flash_bytes:
-                        raise FlashFailure(
-                            f"{r.path.name} ({r.size} bytes at {r.offset:#x}) does not fit in the "
-                            f"{flash_size} flash of the chip on {ps.url}",
-                            kind="image_too_large",
-                            retryable=False,
-                            hint=_TOO_LARGE_HINT,
-                        )
-            stage = "write"
-            diffs = list(diff_with) if diff_with else []
-            for i, r in enumerate(regions):
-                region_idx[0] = i
-                _write_region(
-                    esp, r, skip_flashed=skip_flashed and not diffs, diff=diffs[i] if i < len(diffs) else None
-                )
-            region_idx[0] = None
-            stage = "reset"
-            emit(FlashProgress("reset", f"after flashing: {after}"))
-            reset_chip(esp, after)
-            if after == "hard-reset" and console_baud:
-                ser.baudrate = console_baud
-            result = FlashResult(
-                port=ps.url,
-                chip=detected,
-                chip_name=esp.CHIP_NAME,
-                description=description,
-                revision=revision,
-                features=list(features),
-                mac=mac,
-                crystal_mhz=crystal if isinstance(crystal, int) else None,
-                flash_size=flash_size,
-                stub=bool(getattr(esp, "IS_STUB", False)),
-                baud=baud if ps.caps.baud_change else ROM_BAUD,
-                before=mode if not self_reset else f"harness-reset+{mode}",
-                after=after,
-                connect_attempts=attempts_used,
-                regions=regions,
-                duration_s=time.monotonic() - t0,
-                log_path=log_path,
-                esptool_log=sink.text(),
-                serial=ser,
-            )
-            emit(
-                FlashProgress(
-                    "done",
-                    f"{result.bytes_written} bytes written, "
-                    f"{sum(r.skipped for r in regions)}/{len(regions)} regions already in flash",
-                )
-            )
-    except FlashFailure:
-        raise
-    except (FatalError, serial.SerialException, OSError) as exc:
-        raise map_esptool_error(exc, stage=stage, ps=ps) from exc
-    finally:
-        sink.flush()
-        if log_file is not None:
-            log_file.close()
-    return result
 
 
 def _write_region(esp: ESPLoader, r: RegionResult, *, skip_flashed: bool, diff: Path | str | None) -> None:

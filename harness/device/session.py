@@ -102,6 +102,7 @@ class DeviceSession:
             self.serial,
             artifacts,
             expected_chip=kwargs.pop("expected_chip", getattr(self.board, "chip", None)),
+            chip_revisions=kwargs.pop("chip_revisions", getattr(self.board, "chip_revisions", None)),
             baud=kwargs.pop("baud", self.flash_baud),
             reset_style=self.reset_style,
             after=after,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import BoardDefinitionError
-from harness.resources import boards_dir
+from harness.resources import boards_dir, idf_support, version_tuple
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -57,11 +57,20 @@ CHIP_MAX_MHZ: dict[str, tuple[int, ...]] = {
     "esp32c6": (160,),
     "esp32p4": (360, 400),
 }
+# Where the partition table goes unless a board says otherwise. ESP-IDF's default 0x8000 leaves the
+# ESP32-P4 bootloader (at 0x2000) about 1.4 KB of headroom; esp-tflite-micro's examples moved the table
+# to 0xc000 on every target for that reason, and so do we. The layout after it (partitions.csv.j2):
+# nvs from the table's next sector up to the app at APP_OFFSET.
+DEFAULT_PARTITION_TABLE_OFFSET = 0xC000
+APP_OFFSET = 0x10000
+MIN_NVS_BYTES = 0x3000  # ESP-IDF's documented minimum for a read-write NVS partition
+PARTITION_TABLE_BYTES = 0x1000  # one sector (the table itself is at most 0xC00 bytes)
 # What a board may add to sdkconfig.defaults: Kconfig names only, values restricted to y/n/ints/quoted.
 _SDKCONFIG_NAME = re.compile(r"^CONFIG_[A-Z0-9_]+$")
 _SDKCONFIG_VALUE = re.compile(r'^(y|n|-?[0-9]+|0x[0-9a-fA-F]+|"[A-Za-z0-9_.:/ -]*")$')
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _PIO_BOARD = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+_CHIP_REV = re.compile(r"^([0-9]{1,2})\.([0-9]{1,2})$")
 
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "name": str,
@@ -86,6 +95,10 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "sdkconfig": dict,
     "sim": dict,  # simulator settings (same keys as sim:// URL parameters; validated by harness.sim)
     "native": dict,  # native target settings (builder = "native"): bits = 32 | 64
+    "idf_min": str,  # oldest ESP-IDF this board needs, when newer than harness/data/versions.toml's
+    "chip_rev_min": str,  # chip revisions the built image accepts ("major.minor"), checked at flash time
+    "chip_rev_max": str,
+    "partition_table_offset": int,
 }
 
 
@@ -112,6 +125,10 @@ class Board:
     default_port: str | None = None
     sdkconfig: dict[str, str] = field(default_factory=dict)
     sim: dict[str, str | int | float | bool] = field(default_factory=dict)
+    idf_min: str | None = None  # raises harness/data/versions.toml's minimum for this board
+    chip_rev_min: int | None = None  # esptool's major * 100 + minor
+    chip_rev_max: int | None = None
+    partition_table_offset: int = DEFAULT_PARTITION_TABLE_OFFSET
     native: dict[str, int] = field(default_factory=dict)
     source: Path | None = None
 
@@ -140,6 +157,21 @@ class Board:
     def flash_bytes(self) -> int:
         return int(self.flash_size[:-2]) * 1024 * 1024
 
+    @property
+    def idf_range(self) -> tuple[str, str]:
+        """(oldest, first unsupported) ESP-IDF version for this board's firmware."""
+        low, below = idf_support()
+        if self.idf_min is not None and version_tuple(self.idf_min) > version_tuple(low):
+            low = self.idf_min
+        return low, below
+
+    @property
+    def chip_revisions(self) -> tuple[int, int] | None:
+        """(min, max) chip revision as major * 100 + minor, or None when the board does not say."""
+        if self.chip_rev_min is None or self.chip_rev_max is None:
+            return None
+        return self.chip_rev_min, self.chip_rev_max
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly view (``esp-check boards --json`` and manifests)."""
         return {
@@ -162,8 +194,18 @@ class Board:
             "default_port": self.default_port,
             "sdkconfig": dict(self.sdkconfig),
             "sim": dict(self.sim),
+            "idf_min": self.idf_min,
+            "idf_range": list(self.idf_range),
+            "chip_rev_min": format_chip_rev(self.chip_rev_min),
+            "chip_rev_max": format_chip_rev(self.chip_rev_max),
+            "partition_table_offset": self.partition_table_offset,
             "native": dict(self.native),
         }
+
+
+def format_chip_rev(rev: int | None) -> str | None:
+    """esptool's ``major * 100 + minor`` as ``"major.minor"`` (None stays None)."""
+    return None if rev is None else f"{rev // 100}.{rev % 100}"
 
 
 def _err(path: Path, fieldname: str, msg: str, hint: str | None = None) -> BoardDefinitionError:
@@ -178,32 +220,8 @@ def _choice(path: Path, data: dict[str, Any], key: str, allowed: tuple[str, ...]
         raise _err(path, key, f"is {data[key]!r}; expected one of: {', '.join(allowed)}")
 
 
-def parse_board(data: dict[str, Any], path: Path) -> Board:
-    """Validate one decoded board TOML table; ``path`` is only used in error messages."""
-    unknown = sorted(set(data) - set(_FIELDS) - set(_OPTIONAL))
-    if unknown:
-        raise _err(path, unknown[0], "is not a known board field", hint=f"known fields: {', '.join(_FIELDS)}")
-    for key in _FIELDS:
-        if key not in data:
-            raise _err(path, key, "is missing")
-    for key, typ in {**_FIELDS, **_OPTIONAL}.items():
-        if key not in data:
-            continue
-        value = data[key]
-        if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise _err(path, key, f"must be an integer, got {value!r}")
-        if not isinstance(value, typ):
-            raise _err(path, key, f"must be of type {getattr(typ, '__name__', typ)}, got {value!r}")
-    if not _NAME.match(data["name"]):
-        raise _err(path, "name", f"{data['name']!r} is not a valid board name (lower-case, digits, - _ .)")
-    _choice(path, data, "chip", CHIPS)
-    _choice(path, data, "psram", PSRAM_KINDS)
-    _choice(path, data, "console", CONSOLES)
-    _choice(path, data, "reset", RESET_STYLES)
-    _choice(path, data, "espnn_path", ESPNN_PATHS)
-    _choice(path, data, "builder", BUILDERS)
-    _choice(path, data, "flash_size", FLASH_SIZES)
-    chip = data["chip"]
+def _check_hardware(path: Path, data: dict[str, Any], chip: str) -> None:
+    """Field combinations the chip and the tools cannot have (PSRAM kind, clocks, builder, ESP-NN path)."""
     if data["cpu_mhz"] not in CHIP_MAX_MHZ[chip]:
         allowed = ", ".join(str(m) for m in CHIP_MAX_MHZ[chip])
         raise _err(path, "cpu_mhz", f"is {data['cpu_mhz']}; the maximum for {chip} is {allowed} MHz")
@@ -241,19 +259,50 @@ def parse_board(data: dict[str, Any], path: Path) -> Board:
         raise _err(path, "espnn_path", f'is "generic" but ESP-NN always builds its {chip} path for {chip}')
     if data["console"] == "usb_serial_jtag" and chip in ("esp32", "esp32s2"):
         raise _err(path, "console", f"{chip} has no USB-Serial-JTAG peripheral")
+
+
+def parse_board(data: dict[str, Any], path: Path) -> Board:
+    """Validate one decoded board TOML table; ``path`` is only used in error messages."""
+    unknown = sorted(set(data) - set(_FIELDS) - set(_OPTIONAL))
+    if unknown:
+        raise _err(path, unknown[0], "is not a known board field", hint=f"known fields: {', '.join(_FIELDS)}")
+    for key in _FIELDS:
+        if key not in data:
+            raise _err(path, key, "is missing")
+    for key, typ in {**_FIELDS, **_OPTIONAL}.items():
+        if key not in data:
+            continue
+        value = data[key]
+        if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise _err(path, key, f"must be an integer, got {value!r}")
+        if not isinstance(value, typ):
+            raise _err(path, key, f"must be of type {getattr(typ, '__name__', typ)}, got {value!r}")
+    if not _NAME.match(data["name"]):
+        raise _err(path, "name", f"{data['name']!r} is not a valid board name (lower-case, digits, - _ .)")
+    _choice(path, data, "chip", CHIPS)
+    _choice(path, data, "psram", PSRAM_KINDS)
+    _choice(path, data, "console", CONSOLES)
+    _choice(path, data, "reset", RESET_STYLES)
+    _choice(path, data, "espnn_path", ESPNN_PATHS)
+    _choice(path, data, "builder", BUILDERS)
+    _choice(path, data, "flash_size", FLASH_SIZES)
+    chip = data["chip"]
+    _check_hardware(path, data, chip)
     simulated = bool(data.get("simulated", False))
     if (data["builder"] == "sim") != simulated:
         raise _err(path, "simulated", 'must be true exactly when builder = "sim"')
     sdkconfig = _sdkconfig_table(path, data.get("sdkconfig", {}))
     sim_table = data.get("sim", {})
     if sim_table and not simulated:
-        raise _err(path, "sim", "is only allowed for simulated boards (builder = \"sim\")")
+        raise _err(path, "sim", 'is only allowed for simulated boards (builder = "sim")')
     for key, value in sim_table.items():
         if not re.match(r"^[a-z][a-z0-9_]{0,31}$", key) or not isinstance(value, (str, int, float, bool)):
             raise _err(path, f"sim.{key}", f"must be a simple value under a lower-case key, got {value!r}")
-    native = _native_table(path, data)
     if data.get("default_port") is not None and not re.match(r"^[\x21-\x7e]{1,200}$", data["default_port"]):
         raise _err(path, "default_port", "must be a port name or URL without spaces")
+    _check_idf_min(path, data)
+    rev_min, rev_max = _chip_revs(path, data)
+    pt_offset = _partition_table_offset(path, data)
     return Board(
         name=data["name"],
         description=data["description"],
@@ -274,7 +323,11 @@ def parse_board(data: dict[str, Any], path: Path) -> Board:
         default_port=data.get("default_port"),
         sdkconfig=sdkconfig,
         sim=dict(sim_table),
-        native=native,
+        idf_min=data.get("idf_min"),
+        chip_rev_min=rev_min,
+        chip_rev_max=rev_max,
+        partition_table_offset=pt_offset,
+        native=_native_table(path, data),
         source=path,
     )
 
@@ -314,6 +367,59 @@ def _native_table(path: Path, data: dict[str, Any]) -> dict[str, int]:
     if isinstance(bits, bool) or bits not in NATIVE_BITS:
         raise _err(path, "native.bits", f"is {bits!r}; expected 32 or 64")
     return {"bits": int(bits)}
+
+
+def _check_idf_min(path: Path, data: dict[str, Any]) -> None:
+    if "idf_min" not in data:
+        return
+    below = idf_support()[1]  # a minimum below esp-check's own is allowed and has no effect
+    try:
+        wanted = version_tuple(data["idf_min"])
+    except ValueError:
+        raise _err(
+            path, "idf_min", f"is {data['idf_min']!r}; expected MAJOR.MINOR.PATCH, e.g. 5.5.2"
+        ) from None
+    if not wanted < version_tuple(below):
+        raise _err(
+            path,
+            "idf_min",
+            f"is {data['idf_min']}, but esp-check's firmware supports ESP-IDF below {below} only",
+            hint="see harness/data/versions.toml for why",
+        )
+
+
+def _chip_revs(path: Path, data: dict[str, Any]) -> tuple[int | None, int | None]:
+    present = [k for k in ("chip_rev_min", "chip_rev_max") if k in data]
+    if not present:
+        return None, None
+    if len(present) == 1:
+        other = "chip_rev_max" if present[0] == "chip_rev_min" else "chip_rev_min"
+        raise _err(path, other, "is missing (give both chip_rev_min and chip_rev_max, or neither)")
+    revs: list[int] = []
+    for key in ("chip_rev_min", "chip_rev_max"):
+        m = _CHIP_REV.match(data[key])
+        if m is None or int(m.group(2)) > 99:
+            raise _err(path, key, f'is {data[key]!r}; expected a chip revision such as "3.0" or "1.99"')
+        revs.append(int(m.group(1)) * 100 + int(m.group(2)))
+    if revs[0] > revs[1]:
+        raise _err(
+            path, "chip_rev_max", f"is {data['chip_rev_max']}, below chip_rev_min {data['chip_rev_min']}"
+        )
+    return revs[0], revs[1]
+
+
+def _partition_table_offset(path: Path, data: dict[str, Any]) -> int:
+    offset = int(data.get("partition_table_offset", DEFAULT_PARTITION_TABLE_OFFSET))
+    boot = BOOTLOADER_OFFSETS[data["chip"]]
+    highest = APP_OFFSET - PARTITION_TABLE_BYTES - MIN_NVS_BYTES
+    if offset % 0x1000 or not 0x8000 <= offset <= highest or offset <= boot:
+        raise _err(
+            path,
+            "partition_table_offset",
+            f"is {offset:#x}; expected a 4 KB-aligned offset from 0x8000 to {highest:#x} (the table is "
+            f"followed by nvs, at least {MIN_NVS_BYTES:#x} bytes, before the app at {APP_OFFSET:#x})",
+        )
+    return offset
 
 
 def load_board_file(path: Path) -> Board:

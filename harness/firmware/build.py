@@ -30,7 +30,7 @@ from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, PIO_ENV, read_man
 from harness.firmware.native.project import NativeOptions, plan_native_build, run_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the sim packer's bootloader carries the partition table offset
 BUILD_SUBDIR = f"{DATA_DIR}/build"
 LOG_NAME = "build.log"
 FLASHER_ARGS = "flasher_args.json"
@@ -412,11 +412,13 @@ def _layout(
     chip: str,
     project: Path,
     fixed: Mapping[str, int] | None = None,
+    table_offset: int | None = None,
 ) -> list[tuple[str, int, Path]]:
     """(role, offset, source file) for what must be flashed; checks the app fits its partition.
 
     Offsets come from the resolved sdkconfig and the built partition table (``fixed`` when the
-    builder states them itself, as the sim packer does).
+    builder states them itself, as the sim packer does). ``table_offset`` is the board's partition
+    table offset (manifest), used only when the resolved sdkconfig does not say.
     """
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():
@@ -431,7 +433,13 @@ def _layout(
     try:
         pt_off = int(sdkconfig["CONFIG_PARTITION_TABLE_OFFSET"], 0)
     except (KeyError, ValueError):
-        pt_off = 0x8000
+        if table_offset is None:
+            raise BuildError(
+                "neither the resolved sdkconfig (CONFIG_PARTITION_TABLE_OFFSET) nor the project manifest "
+                "(board_def.partition_table_offset) says where the partition table goes",
+                hint="regenerate the project with this esp-check version and build again",
+            ) from None
+        pt_off = table_offset
     table = parse_partition_table(files["partition-table"].read_bytes())
     apps = [p for p in table if p.type == 0x00]
     if not apps:
@@ -537,9 +545,13 @@ def _record_resolved(project: Path, resolved: dict[str, Any]) -> None:
 # public entry point
 
 
-def _choose_builder(builder: str | None, manifest: Mapping[str, Any], chip: str) -> str:
-    """The builder to run: ``builder`` or the board's; UsageError for one the board cannot use."""
+def _chip_and_builder(project: Path, manifest: Mapping[str, Any], builder: str | None) -> tuple[str, str]:
+    """The project's chip and the builder to use; UsageError for an unknown chip or a builder the board
+    cannot use (``builder`` None: the board's own)."""
     board_def = manifest.get("board_def") or {}
+    chip = str(manifest.get("chip") or board_def.get("chip") or "")
+    if chip not in BOOTLOADER_OFFSETS:
+        raise UsageError(f"{project / MANIFEST_NAME}: unknown chip {chip!r}", hint="regenerate the project")
     board_name = str(manifest.get("board"))
     default_builder = str(manifest.get("builder") or "pio")
     chosen = builder or default_builder
@@ -557,7 +569,7 @@ def _choose_builder(builder: str | None, manifest: Mapping[str, Any], chip: str)
             f"board {board_name} ({chip}) cannot be built with PlatformIO's platform-espressif32",
             hint="use --builder idf (ESP-IDF idf.py)",
         )
-    return chosen
+    return chip, chosen
 
 
 def build_project(
@@ -580,62 +592,23 @@ def build_project(
 
     ``builder`` defaults to the board's (manifest ``builder``). Errors: UsageError for a builder the
     board cannot use; BuildError (exit 3) for a missing tool, offline downloads, compile errors, or an
-    app larger than its partition -- each naming the log file. ``native`` configures native boards'
-    builds (docs/native.md).
+    app larger than its partition -- each naming the log file. ``native``: native boards' builds.
     """
     project = Path(project_dir).resolve()
     manifest = read_manifest(project)
-    board_def = manifest.get("board_def") or {}
-    chip = str(manifest.get("chip") or board_def.get("chip") or "")
-    if chip not in BOOTLOADER_OFFSETS:
-        raise UsageError(f"{project / MANIFEST_NAME}: unknown chip {chip!r}", hint="regenerate the project")
-    chosen = _choose_builder(builder, manifest, chip)
-    flash_size = str(board_def.get("flash_size") or "keep")
-
+    chip, chosen = _chip_and_builder(project, manifest, builder)
     out_dir = project / BUILD_SUBDIR
     out_dir.mkdir(parents=True, exist_ok=True)
     log = Path(log_path) if log_path is not None else out_dir / LOG_NAME
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"esp-check {__version__}: building {project} with {chosen}\n", encoding="utf-8")
-
     if chosen == "native":
         return _build_native(
             project, manifest, native or NativeOptions(), log, out_dir,
             cache_dir=cache_dir, use_cache=use_cache, max_cache_bytes=max_cache_bytes, on_output=on_output,
             timeout=timeout, env=env,
         )  # fmt: skip
-    key = cache_key(project, chosen, manifest)
-    cache = BuildCache(cache_dir or default_cache_dir(), max_cache_bytes) if use_cache else None
-
-    def finish(files: Mapping[str, Path], meta: Mapping[str, Any], hit: bool) -> BuildResult:
-        offsets: dict[str, int] = {str(k): int(v) for k, v in meta["offsets"].items()}
-        artifacts: list[Artifact] = []
-        for role, offset in offsets.items():
-            dest = out_dir / ROLE_FILES[role]
-            if files[role].resolve() != dest.resolve():
-                shutil.copyfile(files[role], dest)
-            artifacts.append(Artifact(offset, dest, role))
-        artifacts.sort()
-        args = flasher_args(artifacts, meta.get("sdkconfig", {}), chip, flash_size)
-        fa_path = out_dir / FLASHER_ARGS
-        fa_path.write_text(json.dumps(args, indent=4) + "\n", encoding="utf-8")
-        lines = [" ".join(args["write_flash_args"])] + [f"{_hex(a.offset)} {a.path.name}" for a in artifacts]
-        (out_dir / FLASH_ARGS).write_text("\n".join(lines) + "\n", encoding="utf-8")
-        if meta.get("resolved") is not None:
-            _record_resolved(project, meta["resolved"])
-        app = out_dir / ROLE_FILES["app"]
-        return BuildResult(
-            project_dir=project,
-            builder=chosen,
-            artifacts=tuple(artifacts),
-            app_bin=app,
-            flasher_args=fa_path,
-            log_path=log,
-            cache_hit=hit,
-            cache_key=key,
-            firmware_sha256=_sha256_file(app),
-            chip=chip,
-        )
+    job = _BuildJob(project, manifest, chosen, chip, out_dir, log, cache_key(project, chosen, manifest))
 
     def run_build() -> tuple[dict[str, Path], dict[str, Any]]:
         run_env = dict(os.environ if env is None else env)
@@ -647,44 +620,102 @@ def build_project(
             files, sdk = _build_idf(project, run_env, log, on_output, timeout, idf_py, chip)
         else:
             files, fixed = _build_sim(project, log, on_output)
-        layout = _layout(files, sdk, chip, project, fixed)
-        meta: dict[str, Any] = {
-            "offsets": {role: off for role, off, _ in layout},
-            "sdkconfig": {
-                k: v
-                for k, v in sdk.items()
-                if k.startswith(
-                    (
-                        "CONFIG_ESPTOOLPY_",
-                        "CONFIG_PARTITION_TABLE_",
-                        "CONFIG_BOOTLOADER_OFFSET",
-                        "CONFIG_NN_",
-                        "CONFIG_IDF_TARGET",
-                    )
-                )
-            },
-            "resolved": _resolved_components(project),
-            "builder": chosen,
-            "board": str(manifest.get("board")),
-        }
-        return {role: path for role, _, path in layout}, meta
+        return _build_meta(job, files, sdk, fixed)
 
-    if cache is None:
-        files, meta = run_build()
-        return finish(files, meta, hit=False)
-
-    with cache.lock(key):
-        entry = cache.get(key)
+    if not use_cache:
+        return _finish(job, *run_build(), hit=False)
+    cache = BuildCache(cache_dir or default_cache_dir(), max_cache_bytes)
+    with cache.lock(job.key):
+        entry = cache.get(job.key)
         if entry is not None:
             with log.open("a", encoding="utf-8") as f:
-                f.write(f"cache hit {key} ({cache.root}): builder not run\n")
+                f.write(f"cache hit {job.key} ({cache.root}): builder not run\n")
             if on_output:
-                on_output(f"cache hit {key[:12]}: builder not run")
+                on_output(f"cache hit {job.key[:12]}: builder not run")
             files = {role: entry.file(ROLE_FILES[role]) for role in entry.meta["offsets"]}
-            return finish(files, entry.meta, hit=True)
+            return _finish(job, files, entry.meta, hit=True)
         files, meta = run_build()
-        entry = cache.put(key, {ROLE_FILES[role]: path for role, path in files.items()}, meta)
-        return finish(files, meta, hit=False)
+        cache.put(job.key, {ROLE_FILES[role]: path for role, path in files.items()}, meta)
+        return _finish(job, files, meta, hit=False)
+
+
+@dataclass(frozen=True)
+class _BuildJob:
+    """One build_project call: the project, its manifest, the builder and where results go."""
+
+    project: Path
+    manifest: Mapping[str, Any]
+    builder: str
+    chip: str
+    out_dir: Path
+    log: Path
+    key: str
+
+    @property
+    def board_def(self) -> Mapping[str, Any]:
+        return self.manifest.get("board_def") or {}
+
+    @property
+    def table_offset(self) -> int | None:
+        raw = self.board_def.get("partition_table_offset")
+        return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+
+
+_SDKCONFIG_KEPT = (
+    "CONFIG_ESPTOOLPY_",
+    "CONFIG_PARTITION_TABLE_",
+    "CONFIG_BOOTLOADER_OFFSET",
+    "CONFIG_NN_",
+    "CONFIG_IDF_TARGET",
+)
+
+
+def _build_meta(
+    job: _BuildJob, files: Mapping[str, Path], sdk: Mapping[str, str], fixed: dict[str, int] | None
+) -> tuple[dict[str, Path], dict[str, Any]]:
+    """What the cache keeps beside the images: offsets, the flash-relevant sdkconfig, versions."""
+    layout = _layout(dict(files), dict(sdk), job.chip, job.project, fixed, job.table_offset)
+    meta: dict[str, Any] = {
+        "offsets": {role: off for role, off, _ in layout},
+        "sdkconfig": {k: v for k, v in sdk.items() if k.startswith(_SDKCONFIG_KEPT)},
+        "resolved": _resolved_components(job.project),
+        "builder": job.builder,
+        "board": str(job.manifest.get("board")),
+    }
+    return {role: path for role, _, path in layout}, meta
+
+
+def _finish(job: _BuildJob, files: Mapping[str, Path], meta: Mapping[str, Any], *, hit: bool) -> BuildResult:
+    """Copy the images into the build directory, write flasher_args.json / flash_args, describe it."""
+    offsets: dict[str, int] = {str(k): int(v) for k, v in meta["offsets"].items()}
+    artifacts: list[Artifact] = []
+    for role, offset in offsets.items():
+        dest = job.out_dir / ROLE_FILES[role]
+        if files[role].resolve() != dest.resolve():
+            shutil.copyfile(files[role], dest)
+        artifacts.append(Artifact(offset, dest, role))
+    artifacts.sort()
+    flash_size = str(job.board_def.get("flash_size") or "keep")
+    args = flasher_args(artifacts, meta.get("sdkconfig", {}), job.chip, flash_size)
+    fa_path = job.out_dir / FLASHER_ARGS
+    fa_path.write_text(json.dumps(args, indent=4) + "\n", encoding="utf-8")
+    lines = [" ".join(args["write_flash_args"])] + [f"{_hex(a.offset)} {a.path.name}" for a in artifacts]
+    (job.out_dir / FLASH_ARGS).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    if meta.get("resolved") is not None:
+        _record_resolved(job.project, meta["resolved"])
+    app = job.out_dir / ROLE_FILES["app"]
+    return BuildResult(
+        project_dir=job.project,
+        builder=job.builder,
+        artifacts=tuple(artifacts),
+        app_bin=app,
+        flasher_args=fa_path,
+        log_path=job.log,
+        cache_hit=hit,
+        cache_key=job.key,
+        firmware_sha256=_sha256_file(app),
+        chip=job.chip,
+    )
 
 
 # --------------------------------------------------------------------------------------------

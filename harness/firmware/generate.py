@@ -23,11 +23,11 @@ import numpy as np
 
 from harness import __version__
 from harness.errors import EspCheckError, GenerateError
-from harness.firmware.boards import Board, load_board
+from harness.firmware.boards import APP_OFFSET, PARTITION_TABLE_BYTES, Board, load_board
 from harness.firmware.tap_context import tap_firmware_context
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, TensorInfo
-from harness.resources import data_dir, templates_dir
+from harness.resources import data_dir, pinned_versions, templates_dir, version_tuple
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,14 +38,8 @@ VARIANTS: tuple[str, ...] = ("optimized", "ansi")
 NN_SYMBOL = {"optimized": "CONFIG_NN_OPTIMIZED", "ansi": "CONFIG_NN_ANSI_C"}
 NN_REPORTED = {"optimized": "optimized", "ansi": "ansi_c"}  # INFO nn= value the firmware prints
 
-# Pinned versions (checked upstream 2026): platform-espressif32 6.13.0 ships framework-espidf
-# 3.50503.0 = ESP-IDF v5.5.3; esp-tflite-micro 1.3.8 needs IDF >= 5.0 and pulls esp-nn.
-DEFAULT_VERSIONS: dict[str, str] = {
-    "platform": "6.13.0",
-    "tflm": "1.3.8",
-    "espnn": "1.1.2",
-    "idf": "5.5.3",
-}
+# Pinned versions: harness/data/versions.toml [pinned] (platform, tflm, espnn, idf).
+DEFAULT_VERSIONS: dict[str, str] = pinned_versions()
 PIO_ENV = "esp_check"
 MANIFEST_NAME = "esp-check.json"
 MANIFEST_SCHEMA = "esp-check-project/1"
@@ -53,7 +47,7 @@ DATA_DIR = "esp-check"  # model.tflite and input_<k>.bin copies, build outputs u
 HUMAN_MAX = 16
 MAIN_STACK_BYTES = 16384
 APP_PARTITION_BYTES = 3 * 1024 * 1024  # fits a 540 KB model plus TFLM and ESP-NN with room to spare
-APP_PARTITION_OFFSET = 0x10000
+APP_PARTITION_OFFSET = APP_OFFSET
 PSRAM_RESERVE_BYTES = 512 * 1024  # PSRAM left for the rest of the system when the arena goes there
 MAX_INPUTS = 64
 PROTO_FILES = ("esp_check_proto.c", "esp_check_proto.h")
@@ -123,6 +117,7 @@ class ArenaPlan:
     mem: str  # internal | psram
     source: str  # "estimate (measured)" | "estimate (rough)" | "--arena-kb"
     estimate_bytes: int | None
+    espnn_formulas: str | None = None  # which esp-nn version's scratch formulas the estimate used
 
 
 def place_arena(arena_bytes: int, board: Board) -> str:
@@ -149,12 +144,13 @@ def place_arena(arena_bytes: int, board: Board) -> str:
 # neighbours' interfaces (imported lazily so `generate` works without the tflite-micro wheel)
 
 
-def _estimate_arena_bytes(model_path: Path, chip: str) -> tuple[int, str]:
-    """Recommended arena bytes for ``chip`` and how they were obtained (``measured`` or ``rough``)."""
+def _estimate_arena_bytes(model_path: Path, chip: str, espnn_version: str) -> tuple[int, str, str]:
+    """Recommended arena bytes for ``chip`` with the pinned esp-nn, how they were obtained (``measured``
+    or ``rough``) and which esp-nn version's scratch formulas were used."""
     from harness.model.arena import estimate_arena  # imported lazily: it may probe TFLM in a subprocess
 
-    estimate = estimate_arena(model_path, chip=chip)
-    return int(estimate.target_bytes), str(estimate.method)
+    estimate = estimate_arena(model_path, chip=chip, espnn_version=espnn_version)
+    return int(estimate.target_bytes), str(estimate.method), estimate.espnn_formulas
 
 
 # Below this share of the measured host arena, TFLM can crash inside AllocateTensors (a kernel's Init
@@ -270,18 +266,22 @@ def load_allowlist() -> dict[str, Any]:
     return dict(tomllib.loads(text))
 
 
-def check_sdkconfig(text: str, chip: str, allow: Mapping[str, Any], where: str) -> list[str]:
+def check_sdkconfig(
+    text: str, chip: str, allow: Mapping[str, Any], where: str, idf_min: str | None = None
+) -> list[str]:
     """Symbols of a rendered sdkconfig.defaults; GenerateError for any symbol not allowed for ``chip``.
 
     ESP-IDF silently ignores unknown symbols, so a typo (or a board file's extra symbol) would not fail
-    the build: it would quietly produce a different firmware. Checking here makes it a clear error.
+    the build: it would quietly produce a different firmware. Checking here makes it a clear error. With
+    ``idf_min`` (the oldest ESP-IDF the project allows), a symbol that only newer releases have is refused
+    too, unless the older ones behave as if it had the value written (``absent_means``).
     """
     symbols: list[str] = []
     for line in text.splitlines():
-        m = re.match(r"^(?:# )?(CONFIG_[A-Z0-9_]+)(?:=| is not set$)", line)
+        m = re.match(r"^(?:# )?(CONFIG_[A-Z0-9_]+)(?:=(.*)| is not set)$", line)
         if not m:
             continue
-        key = m.group(1)
+        key, value = m.group(1), ("n" if m.group(2) is None else m.group(2))
         entry = allow["symbols"].get(key)
         if key in allow.get("forbidden", {}):
             raise GenerateError(f"{where}: {key} must never be set ({allow['forbidden'][key]})")
@@ -295,6 +295,18 @@ def check_sdkconfig(text: str, chip: str, allow: Mapping[str, Any], where: str) 
         chips = entry.get("chips")
         if chips is not None and chip not in chips:
             raise GenerateError(f"{where}: {key} does not exist for {chip} (only {', '.join(chips)})")
+        since = entry.get("idf_since")
+        if (
+            idf_min is not None
+            and since is not None
+            and version_tuple(idf_min) < version_tuple(since)
+            and entry.get("absent_means") != value
+        ):
+            raise GenerateError(
+                f"{where}: {key} exists only from ESP-IDF {since}, but the project allows ESP-IDF "
+                f"{idf_min}, which would ignore it silently and build a different firmware",
+                hint=f'set idf_min = "{since}" (or newer) in the board file',
+            )
         symbols.append(key)
     return symbols
 
@@ -359,7 +371,7 @@ def generate_projects(
     resolver = _resolver(model)
     # per-op checksum wrapper tables (None when off); GenerateError on bad op indices
     tap_ctx = tap_firmware_context(model, tap=feats.tapped, dump_ops=feats.dump_ops)
-    plan = _plan_arena(model_path, board_def, arena_kb)
+    plan = _plan_arena(model_path, board_def, arena_kb, versions["espnn"])
     prepared = _prepare_inputs([Path(p) for p in input_paths], tensor, input_options)
     model_bytes = model_path.read_bytes()
     app_partition = _check_fits(model_bytes, prepared, board_def)
@@ -439,16 +451,18 @@ def _check_model(model: ModelInfo, model_path: Path) -> TensorInfo:
     return tensor
 
 
-def _plan_arena(model_path: Path, board: Board, arena_kb: int | None) -> ArenaPlan:
+def _plan_arena(model_path: Path, board: Board, arena_kb: int | None, espnn_version: str) -> ArenaPlan:
     if arena_kb is not None:
         if arena_kb <= 0:
             raise GenerateError(f"--arena-kb {arena_kb} must be positive")
         _refuse_crashing_arena(model_path, arena_kb)
         plan = ArenaPlan(arena_kb * 1024, "", "--arena-kb", None)
     else:
-        est, method = _estimate_arena_bytes(model_path, board.chip)
-        plan = ArenaPlan(-(-est // 1024) * 1024, "", f"estimate ({method})", est)
-    return ArenaPlan(plan.bytes, place_arena(plan.bytes, board), plan.source, plan.estimate_bytes)
+        est, method, formulas = _estimate_arena_bytes(model_path, board.chip, espnn_version)
+        plan = ArenaPlan(-(-est // 1024) * 1024, "", f"estimate ({method})", est, formulas)
+    return ArenaPlan(
+        plan.bytes, place_arena(plan.bytes, board), plan.source, plan.estimate_bytes, plan.espnn_formulas
+    )
 
 
 def _check_fits(model_bytes: bytes, prepared: Sequence[tuple[Path, bytes, Any]], board: Board) -> int:
@@ -508,6 +522,26 @@ def _base_context(
         "arena_mem": plan.mem,
         "human_max": human_max,
         "main_stack_bytes": MAIN_STACK_BYTES,
+        **_layout_context(board),
+    }
+
+
+def _layout_context(board: Board) -> dict[str, Any]:
+    """Flash layout and supported ESP-IDF range of ``board`` (partitions.csv, sdkconfig, CMake, C)."""
+    low, below = board.idf_range
+    nvs_offset = board.partition_table_offset + PARTITION_TABLE_BYTES
+    return {
+        "app_partition_offset": APP_PARTITION_OFFSET,
+        "partition_table_offset": board.partition_table_offset,
+        "nvs_offset": nvs_offset,
+        "nvs_bytes": APP_PARTITION_OFFSET - nvs_offset,
+        "idf": {
+            "min": low,
+            "below": below,
+            "range": f">={low},<{below}",
+            "min_c": ", ".join(str(n) for n in version_tuple(low)),
+            "below_c": ", ".join(str(n) for n in version_tuple(below)),
+        },
     }
 
 
@@ -534,7 +568,8 @@ def _render_files(
         except jinja2.UndefinedError as exc:  # a template bug, never user input
             raise EspCheckError(f"template {tname} uses an undefined value: {exc}") from exc
         if rel == "sdkconfig.defaults":
-            check_sdkconfig(text, board.chip, allow, f"sdkconfig.defaults for board {board.name}")
+            where = f"sdkconfig.defaults for board {board.name}"
+            check_sdkconfig(text, board.chip, allow, where, idf_min=board.idf_range[0])
         files[rel] = text.encode("utf-8")
     for name in PROTO_FILES:
         files[f"main/{name}"] = (proto_dir / name).read_bytes()
@@ -606,6 +641,7 @@ def _manifest(
             "esp-tflite-micro": versions["tflm"],
             "esp-nn": versions["espnn"],
             "esp-idf": versions["idf"],
+            "esp-idf-supported": ">={},<{}".format(*board.idf_range),
         },
         "model": {
             "source_name": model_path.name,
@@ -639,6 +675,7 @@ def _manifest(
         "arena_mem": plan.mem,
         "arena_source": plan.source,
         "arena_estimate_bytes": plan.estimate_bytes,
+        "arena_espnn_formulas": plan.espnn_formulas,
         "human_max": human_max,
         "files": {rel: _sha256(data) for rel, data in sorted(files.items())},
         "resolved": None,

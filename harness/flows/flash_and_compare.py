@@ -350,7 +350,7 @@ def _native_facts(run: _Run) -> dict[str, Any] | None:
     """What a native board's results mean, and what each variant's program said it was (INFO)."""
     if run.loaded_board is None or not run.loaded_board.is_native:
         return None
-    keys = ("native", "native_bits", "native_sanitize", "idf", "tflm", "espnn")
+    keys = ("native", "native_bits", "native_sanitize", "idf", "tflm", "tflm_from", "espnn", "espnn_from")
     reported = {
         v: {k: vr.source.info.get(k) for k in keys} for v, vr in run.variants.items() if vr.source is not None
     }

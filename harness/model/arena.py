@@ -12,7 +12,9 @@ Target figure (what the firmware should reserve) = host total + ESP-NN scratch +
   upper bound for them; planned tensor memory is the same. No extra term.
 - ESP-NN scratch buffers (requested in Prepare by the optimized conv/depthwise/softmax kernels)
   are not allocated by the host's reference kernels. They live only while their op runs, so the
-  largest one is added (sizes from esp-nn's own scratch-size arithmetic, see ``_op_scratch``).
+  largest one is added. Sizes follow esp-nn's own scratch getters *of the esp-nn version the
+  project pins* (they changed between releases: ``FORMULA_SETS``, ops.toml ``[[espnn_scratch]]``);
+  for a version esp-check does not know, the largest of all known formulas.
 - Safety margin: ``MARGIN_FRACTION`` of the host total plus ``MARGIN_FIXED`` bytes, rounded up to 1 KiB.
 
 The device's own ``arena_used_bytes()`` report is the authoritative figure.
@@ -23,6 +25,8 @@ lifetimes is returned so ``inspect`` and ``generate`` still work.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +35,7 @@ from harness.model import opdata
 from harness.model.backends import tflm_available
 from harness.model.hostrun import ArenaMeasurement, host_results
 from harness.model.loader import ModelInfo, OpInfo, load_model, parse_model_bytes
+from harness.resources import pinned_versions, version_tuple
 
 MARGIN_FRACTION = 0.05
 MARGIN_FIXED = 1024
@@ -52,6 +57,8 @@ class ArenaEstimate:
     verified: bool = False  # the child re-ran the model in an arena of exactly host_bytes
     backend_version: str = ""
     note: str = ""
+    espnn_version: str = ""  # esp-nn version the scratch term is for
+    espnn_formulas: str = ""  # which esp-nn version's scratch formulas were used, and why
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -66,6 +73,8 @@ class ArenaEstimate:
             "verified": self.verified,
             "backend_version": self.backend_version,
             "note": self.note,
+            "espnn_version": self.espnn_version,
+            "espnn_formulas": self.espnn_formulas,
         }
 
 
@@ -86,76 +95,222 @@ def _same_pad(size: int, out: int, stride: int, filt: int, dilation: int, paddin
     return max(0, (out - 1) * stride + eff - size) // 2
 
 
-def _s3_conv_scratch(
-    h: int, w: int, c: int, fh: int, fw: int, oh: int, ow: int, oc: int, ph: int, pw: int, sh: int, sw: int
-) -> int:
-    """Scratch esp-nn's ESP32-S3 int8 conv requests (arithmetic of esp-nn @ d45b843)."""
-    align = 64
-    if fh == 1 and fw == 1 and ph == 0 and pw == 0 and sh == 1 and sw == 1:
-        c8 = _ceil(c, 8)
-        transpose = 0 if w * h < 8 else 2 * 8 * c8
-        input_scratch = w * h * c8 if c % 8 else 0
-        return input_scratch + c8 * oc + transpose + align
-    row, window = fw * c, fw * fh * c
+@dataclass(frozen=True)
+class ConvGeometry:
+    """What esp-tflite-micro passes to esp-nn's scratch getters for one conv / depthwise conv."""
+
+    h: int  # input height, width, channels
+    w: int
+    c: int
+    fh: int  # filter height, width
+    fw: int
+    oh: int  # output height, width, channels
+    ow: int
+    oc: int
+    ph: int  # TFLM's padding on the leading side (op_data.padding)
+    pw: int
+    sh: int  # strides
+    sw: int
+    mult: int = 1  # depthwise channel multiplier
+
+
+# Each formula below restates, in Python, the arithmetic of one esp-nn scratch getter (C int semantics,
+# including its unclamped differences). Which one applies depends on the esp-nn version: ops.toml
+# [[espnn_scratch]] and FORMULA_SETS.
+
+
+def _conv_s3_until_1_2_0(g: ConvGeometry) -> int:
+    """esp_nn_get_conv_scratch_size_esp32s3 of esp-nn 1.0.0 ... 1.2.0 (also the P4 getter to 1.2.2)."""
+    align = 32
+    if g.fh == 1 and g.fw == 1 and g.ph == 0 and g.pw == 0 and g.sh == 1 and g.sw == 1:
+        c8 = _ceil(g.c, 8)
+        transpose = 0 if g.w * g.h < 8 else 2 * 8 * c8
+        input_scratch = g.w * g.h * c8 if g.c % 8 else 0
+        return input_scratch + c8 * g.oc + transpose + align
+    input_scratch = 0 if g.ph == 0 and g.pw == 0 else (g.w + 2 * g.pw) * (g.h + 2 * g.ph) * g.c
+    return input_scratch + g.fw * g.fh * _ceil(g.c, 16) * g.oc + align + g.oc * 4
+
+
+def _conv_s3_im2col(g: ConvGeometry, align: int) -> int:
+    """esp_nn_get_conv_scratch_size_esp32s3 from esp-nn 1.2.1 (align 32) and 1.2.3 (align 64)."""
+    if g.fh == 1 and g.fw == 1 and g.ph == 0 and g.pw == 0 and g.sh == 1 and g.sw == 1:
+        c8 = _ceil(g.c, 8)
+        transpose = 0 if g.w * g.h < 8 else 2 * 8 * c8
+        input_scratch = g.w * g.h * c8 if g.c % 8 else 0
+        return input_scratch + c8 * g.oc + transpose + align
+    row, window = g.fw * g.c, g.fw * g.fh * g.c
     if row < 16 <= window:  # im2col path
         wa = _ceil(window, 16)
-        return oc * 4 + 16 + oc * wa + 16 + wa + align
-    input_scratch = 0 if ph == 0 and pw == 0 else (w + 2 * pw) * (h + 2 * ph) * c
-    filter_scratch = fw * fh * _ceil(c, 16) * oc
-    filter_align = _ceil(row, 16) * fh * oc
-    pad_r = max(0, ow * sw + fw - 1 - w)
-    pad_b = max(0, oh * sh + fh - 1 - h)
-    boundary = (w + pad_r) * (h + pad_b) * c if pad_r or pad_b else 0
-    return input_scratch + filter_scratch + filter_align + boundary + align + oc * 4
+        return g.oc * 4 + 16 + g.oc * wa + 16 + wa + align
+    input_scratch = 0 if g.ph == 0 and g.pw == 0 else (g.w + 2 * g.pw) * (g.h + 2 * g.ph) * g.c
+    filter_scratch = g.fw * g.fh * _ceil(g.c, 16) * g.oc
+    filter_align = _ceil(row, 16) * g.fh * g.oc
+    pad_r = max(0, g.ow * g.sw + g.fw - 1 - g.w)
+    pad_b = max(0, g.oh * g.sh + g.fh - 1 - g.h)
+    boundary = (g.w + pad_r) * (g.h + pad_b) * g.c if pad_r or pad_b else 0
+    return input_scratch + filter_scratch + filter_align + boundary + align + g.oc * 4
 
 
-def _s3_dw_scratch(
-    h: int, w: int, c: int, fh: int, fw: int, mult: int, oh: int, ow: int, ph: int, pw: int, sh: int, sw: int
-) -> int:
-    """Scratch esp-nn's ESP32-S3 int8 depthwise conv requests (arithmetic of esp-nn @ d45b843)."""
-    filter_size = fw * fh * c * mult
-    if mult == 1 and c % 8 == 0:
-        if fw == 3 and fh == 3:
-            if c % 16 == 0:
-                if pw or ph:
-                    tw, th = 2 * pw, 2 * ph
-                else:
-                    tw, th = ow * sw + fw - 1 - w, oh * sh + fh - 1 - h
-                if tw or th:
-                    full = (w + tw) * (h + th) * c
-                    return filter_size + (full if full <= 40 * 1024 else (w + tw) * fh * c) + 16
-                return filter_size + 16
-            if c >= 12:
-                c16 = _ceil(c, 16)
-                tw = 2 * pw + max(0, ow * sw + 2 - w)
-                th = 2 * ph + max(0, oh * sh + 2 - h)
-                return 9 * c16 + (w + tw) * (h + th) * c16 + ow * oh * c16 + 64
-            return 2 * (filter_size + w * h * c) + 32
-        total = 2 * (filter_size + w * h * c)
-        return total + 32 if total <= 48 * 1024 else 2 * filter_size + 2 * w * fh * c + 32
-    if mult == 1 and c > 3:
-        c8 = _ceil(c, 8)
-        inp = _ceil(2 * fw * fh * c8, 16)
-        out = _ceil(inp + 2 * w * h * c8, 16)
-        bias = _ceil(out + ow * oh * c8, 16)
-        return bias + 12 * c8 + 16
-    if mult % 4 == 0:
-        return 2 * (filter_size + w * h * c) + 32
+def _dw_s3_until_1_2_0(g: ConvGeometry, tail: int) -> int:
+    """esp_nn_get_depthwise_conv_scratch_size_esp32s3 of esp-nn 1.0.0 ... 1.2.0 (s16 tail 16, then 32)."""
+    filter_size = g.fw * g.fh * g.c * g.mult
+    if g.mult == 1 and g.c % 8 == 0 and g.fw == 3 and g.fh == 3:
+        if g.c % 16 == 0:
+            if g.pw or g.ph:
+                tw, th = 2 * g.pw, 2 * g.ph
+            else:  # may be negative: the C code does not clamp
+                tw, th = g.ow * g.sw + g.fw - 1 - g.w, g.oh * g.sh + g.fh - 1 - g.h
+            if tw or th:
+                return filter_size + (g.w + tw) * (g.h + th) * g.c + 16
+            return filter_size + 16
+        return 2 * (filter_size + g.w * g.h * g.c) + tail
+    if g.mult % 4 == 0:
+        return 2 * (filter_size + g.w * g.h * g.c) + tail
     return 32
 
 
-def _op_scratch(op: OpInfo, info: ModelInfo, family: str) -> int:
-    """ESP-NN scratch bytes one accelerated op requests in Prepare on a chip family.
+def _dw_s3_tiled(g: ConvGeometry) -> int:
+    """esp_nn_get_depthwise_conv_scratch_size_esp32s3 from esp-nn 1.2.1 (unchanged in 1.2.3)."""
+    filter_size = g.fw * g.fh * g.c * g.mult
+    if g.mult == 1 and g.c % 8 == 0:
+        if g.fw == 3 and g.fh == 3:
+            if g.c % 16 == 0:
+                if g.pw or g.ph:
+                    tw, th = 2 * g.pw, 2 * g.ph
+                else:
+                    tw, th = g.ow * g.sw + g.fw - 1 - g.w, g.oh * g.sh + g.fh - 1 - g.h
+                if tw or th:
+                    full = (g.w + tw) * (g.h + th) * g.c
+                    return filter_size + (full if full <= 40 * 1024 else (g.w + tw) * g.fh * g.c) + 16
+                return filter_size + 16
+            if g.c >= 12:
+                c16 = _ceil(g.c, 16)
+                tw = 2 * g.pw + max(0, g.ow * g.sw + 2 - g.w)
+                th = 2 * g.ph + max(0, g.oh * g.sh + 2 - g.h)
+                return 9 * c16 + (g.w + tw) * (g.h + th) * c16 + g.ow * g.oh * c16 + 64
+            return 2 * (filter_size + g.w * g.h * g.c) + 32
+        total = 2 * (filter_size + g.w * g.h * g.c)
+        return total + 32 if total <= 48 * 1024 else 2 * filter_size + 2 * g.w * g.fh * g.c + 32
+    if g.mult == 1 and g.c > 3:
+        c8 = _ceil(g.c, 8)
+        inp = _ceil(2 * g.fw * g.fh * c8, 16)
+        out = _ceil(inp + 2 * g.w * g.h * c8, 16)
+        bias = _ceil(out + g.ow * g.oh * c8, 16)
+        return bias + 12 * c8 + 16
+    if g.mult % 4 == 0:
+        return 2 * (filter_size + g.w * g.h * g.c) + 32
+    return 32
 
-    ESP32-S3 sizes follow esp-nn's own ``esp_nn_get_*_scratch_size_esp32s3`` arithmetic; ESP32-P4's
-    functions request no more than that for these shapes, so the S3 figure is used as its bound;
-    the generic optimized C conv/depthwise kernels request none. Softmax needs 4 bytes per class.
+
+_P4_L1D_BUDGET = 32768
+
+
+def _conv_p4_1_2_3(g: ConvGeometry) -> int:
+    """esp_nn_get_conv_scratch_size_esp32p4 of esp-nn 1.2.3."""
+    align, acc = 32, g.oc * 4
+    if g.fh == 1 and g.fw == 1 and g.ph == 0 and g.pw == 0 and g.sh == 1 and g.sw == 1:
+        if g.c < 16:
+            return acc + 16 * g.oc + 32 + align
+        c8 = _ceil(g.c, 8)
+        transpose = 0 if g.w * g.h < 8 else 2 * 8 * c8
+        return (g.w * g.h * c8 if g.c % 8 else 0) + c8 * g.oc + transpose + align
+    if g.ph == 0 and g.pw == 0 and g.fw * g.c >= 16:
+        return g.fw * g.fh * _ceil(g.c, 16) * g.oc + align + acc
+    if g.fw * g.fh * g.c >= 16:
+        return acc + g.fw * g.fh * g.c + align
+    eff = _ceil(-(-16 // g.fw), 16)
+    if g.ph == 0 and g.pw == 0:
+        return acc + g.fw * g.fh * eff * g.oc + g.w * g.h * eff + align
+    padded_w = g.w + 2 * g.pw
+    full = padded_w * (g.h + 2 * g.ph) * g.c
+    if full + acc <= _P4_L1D_BUDGET:
+        return full + g.fw * g.fh * _ceil(g.c, 16) * g.oc + align + acc
+    eff_c, filt = (eff, g.fw * g.fh * eff * g.oc) if g.fw * g.c < 16 else (g.c, 0)
+    row = padded_w * eff_c
+    budget = _P4_L1D_BUDGET - acc - filt
+    tile = 1
+    if budget > 0 and g.fh * row <= budget:
+        tile = min((budget - g.fh * row) // (g.sh * row) + 1, g.oh)
+    return ((tile - 1) * g.sh + g.fh + 2 * g.ph) * row + filt + align + acc
+
+
+def _none(g: ConvGeometry) -> int:
+    """esp-nn's generic optimized C (and the P4 depthwise) getters: no scratch."""
+    del g
+    return 0
+
+
+ScratchFn = Callable[[ConvGeometry], int]
+# formula set -> (family, op) -> getter; families as opdata.chip_family names them
+FORMULA_SETS: dict[str, dict[tuple[str, str], ScratchFn]] = {
+    "1.1": {
+        ("esp32s3", "CONV_2D"): _conv_s3_until_1_2_0,
+        ("esp32s3", "DEPTHWISE_CONV_2D"): lambda g: _dw_s3_until_1_2_0(g, 16),
+        ("esp32p4", "CONV_2D"): _conv_s3_until_1_2_0,
+        ("esp32p4", "DEPTHWISE_CONV_2D"): _none,
+    },
+    "1.2.0": {
+        ("esp32s3", "CONV_2D"): _conv_s3_until_1_2_0,
+        ("esp32s3", "DEPTHWISE_CONV_2D"): lambda g: _dw_s3_until_1_2_0(g, 32),
+        ("esp32p4", "CONV_2D"): _conv_s3_until_1_2_0,
+        ("esp32p4", "DEPTHWISE_CONV_2D"): _none,
+    },
+    "1.2.1": {
+        ("esp32s3", "CONV_2D"): lambda g: _conv_s3_im2col(g, 32),
+        ("esp32s3", "DEPTHWISE_CONV_2D"): _dw_s3_tiled,
+        ("esp32p4", "CONV_2D"): _conv_s3_until_1_2_0,
+        ("esp32p4", "DEPTHWISE_CONV_2D"): _none,
+    },
+    "1.2.3": {
+        ("esp32s3", "CONV_2D"): lambda g: _conv_s3_im2col(g, 64),
+        ("esp32s3", "DEPTHWISE_CONV_2D"): _dw_s3_tiled,
+        ("esp32p4", "CONV_2D"): _conv_p4_1_2_3,
+        ("esp32p4", "DEPTHWISE_CONV_2D"): _none,
+    },
+}
+
+_ESPNN_VERSION = re.compile(r"^([0-9]{1,4})\.([0-9]{1,4})\.([0-9]{1,4})(?:~[0-9]{1,4})?$")
+
+
+@dataclass(frozen=True)
+class ScratchFormulas:
+    """Which esp-nn scratch formula set(s) an estimate used, and why (shown by ``inspect``)."""
+
+    espnn_version: str
+    sets: tuple[str, ...]  # one set when the version is known; every set (their maximum) otherwise
+    note: str
+
+
+def espnn_formulas(espnn_version: str | None = None) -> ScratchFormulas:
+    """The scratch formula set for an esp-nn version (default: the pinned one, harness/data/versions.toml).
+
+    A version no row of ops.toml ``[[espnn_scratch]]`` covers (newer, older, a pre-release or git
+    reference) gets every known set, and the estimate takes the largest request per op.
     """
+    version = espnn_version if espnn_version is not None else pinned_versions()["espnn"]
+    rows = opdata.espnn_scratch_table()
+    m = _ESPNN_VERSION.match(version)
+    if m is not None:
+        v = tuple(int(x) for x in m.groups())
+        for row in rows:
+            if version_tuple(row["min"]) <= v < version_tuple(row["below"]):
+                return ScratchFormulas(
+                    version,
+                    (row["set"],),
+                    f"esp-nn {version}: scratch formulas of set {row['set']} ({row['source']})",
+                )
+    sets = tuple(row["set"] for row in rows)
+    return ScratchFormulas(
+        version,
+        sets,
+        f"esp-nn {version} is not a version esp-check has the scratch formulas of: the largest of the "
+        f"{', '.join(sets)} formulas per op",
+    )
+
+
+def conv_geometry(op: OpInfo, info: ModelInfo) -> ConvGeometry:
+    """The dimensions esp-tflite-micro hands esp-nn's getters for a CONV_2D / DEPTHWISE_CONV_2D op."""
     t = info.tensors
-    if op.opcode == "SOFTMAX":
-        return 4 * _nhwc(t[op.inputs[0]].shape)[2]
-    if op.opcode not in ("CONV_2D", "DEPTHWISE_CONV_2D") or family == "generic":
-        return 0
     h, w, c = _nhwc(t[op.inputs[0]].shape)
     oh, ow, oc = _nhwc(t[op.outputs[0]].shape)
     fshape = t[op.inputs[1]].shape
@@ -164,22 +319,44 @@ def _op_scratch(op: OpInfo, info: ModelInfo, family: str) -> int:
     sh, sw = int(str(o.get("stride_h", 1))), int(str(o.get("stride_w", 1)))
     ph = _same_pad(h, oh, sh, fh, int(str(o.get("dilation_h_factor", 1))), o.get("padding"))
     pw = _same_pad(w, ow, sw, fw, int(str(o.get("dilation_w_factor", 1))), o.get("padding"))
-    if op.opcode == "CONV_2D":
-        return _s3_conv_scratch(h, w, c, fh, fw, oh, ow, oc, ph, pw, sh, sw)
-    mult = int(str(o.get("depth_multiplier", 1))) or max(1, oc // max(1, c))
-    return _s3_dw_scratch(h, w, c, fh, fw, mult, oh, ow, ph, pw, sh, sw)
+    mult = 1
+    if op.opcode == "DEPTHWISE_CONV_2D":
+        mult = int(str(o.get("depth_multiplier", 1))) or max(1, oc // max(1, c))
+    return ConvGeometry(h, w, c, fh, fw, oh, ow, oc, ph, pw, sh, sw, mult)
 
 
-def espnn_scratch_bound(info: ModelInfo, chip: str | None = None) -> int:
-    """Largest ESP-NN scratch buffer any op of ``info`` may request on ``chip`` (None: any chip)."""
+def _op_scratch(op: OpInfo, info: ModelInfo, family: str, sets: Sequence[str]) -> int:
+    """ESP-NN scratch bytes one op requests in Prepare on a chip family (largest over ``sets``).
+
+    esp-tflite-micro asks for it for every int8 CONV_2D / DEPTHWISE_CONV_2D (also those its Eval then
+    runs on the reference kernel, e.g. dilated ones) and every int8 SOFTMAX: 4 bytes times
+    ``input->dims->data[1]``, in every esp-nn version. The generic optimized C getters request none.
+    """
+    t = info.tensors
+    if not op.inputs or op.inputs[0] < 0 or t[op.inputs[0]].dtype != "int8":
+        return 0
+    if op.opcode == "SOFTMAX":
+        shape = t[op.inputs[0]].shape
+        out = t[op.outputs[0]] if op.outputs and op.outputs[0] >= 0 else None
+        if out is None or out.dtype != "int8":
+            return 0
+        return 4 * (shape[1] if len(shape) >= 2 else shape[0] if shape else 1)
+    if op.opcode not in ("CONV_2D", "DEPTHWISE_CONV_2D") or family == "generic":
+        return 0
+    g = conv_geometry(op, info)
+    return max(FORMULA_SETS[s][(family, op.opcode)](g) for s in sets)
+
+
+def espnn_scratch_bound(info: ModelInfo, chip: str | None = None, espnn_version: str | None = None) -> int:
+    """Largest ESP-NN scratch buffer any op of ``info`` requests on ``chip`` (None: any chip) with the
+    given esp-nn version (None: the pinned one)."""
+    sets = espnn_formulas(espnn_version).sets
     chips = [chip] if chip else list(opdata.FAMILY_CHIPS)
     best = 0
     for c in chips:
         family = opdata.chip_family(c)
-        accel = {a.index for a in opdata.espnn_model_acceleration(info, c) if a.accelerated}
         for op in info.main_ops:
-            if op.index in accel:
-                best = max(best, _op_scratch(op, info, family))
+            best = max(best, _op_scratch(op, info, family, sets))
     return best
 
 
@@ -241,8 +418,10 @@ def _measure(data: bytes) -> ArenaMeasurement:
     return measured
 
 
-def _estimate(data: bytes, info: ModelInfo, chip: str | None) -> ArenaEstimate:
-    scratch = espnn_scratch_bound(info, chip)
+def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str | None) -> ArenaEstimate:
+    formulas = espnn_formulas(espnn_version)
+    scratch = espnn_scratch_bound(info, chip, formulas.espnn_version)
+    ver, used = formulas.espnn_version, formulas.note
     failure = ""
     measured: tuple[int, int | None, int | None, bool, str] | None = None
     if tflm_available():
@@ -265,6 +444,8 @@ def _estimate(data: bytes, info: ModelInfo, chip: str | None) -> ArenaEstimate:
             tail_bytes=tail,
             verified=verified,
             backend_version=backend_version,
+            espnn_version=ver,
+            espnn_formulas=used,
             note=(
                 "host TFLM recording allocator (64-bit, reference kernels)"
                 + (
@@ -285,6 +466,8 @@ def _estimate(data: bytes, info: ModelInfo, chip: str | None) -> ArenaEstimate:
         espnn_scratch_bytes=scratch,
         margin_bytes=margin,
         chip=chip,
+        espnn_version=ver,
+        espnn_formulas=used,
         note=(
             failure
             + "ROUGH estimate from tensor lifetimes"
@@ -294,13 +477,17 @@ def _estimate(data: bytes, info: ModelInfo, chip: str | None) -> ArenaEstimate:
     )
 
 
-def estimate_arena(model_path: Path, chip: str | None = None) -> ArenaEstimate:
+def estimate_arena(
+    model_path: Path, chip: str | None = None, espnn_version: str | None = None
+) -> ArenaEstimate:
     """Arena estimate for ``model_path`` (see module docstring).
 
-    ``chip`` selects the ESP-NN scratch term (None: the worst case over esp32/esp32s3/esp32p4).
+    ``chip`` selects the ESP-NN scratch term (None: the worst case over esp32/esp32s3/esp32p4) and
+    ``espnn_version`` the esp-nn release whose scratch formulas apply (None: the pinned one; an
+    unknown version gets the largest of all known formulas).
     The measurement runs in the host-reference child process and is cached on disk by model hash.
     Raises ModelError when the model crashes TFLM (the device would too).
     """
     p = Path(model_path)
     info = load_model(p)  # validates before any native code sees the file
-    return _estimate(p.read_bytes(), info, chip)
+    return _estimate(p.read_bytes(), info, chip, espnn_version)

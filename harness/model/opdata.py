@@ -44,6 +44,11 @@ def sources() -> dict[str, str]:
     return dict(_table()["source"])
 
 
+def espnn_scratch_table() -> list[dict[str, str]]:
+    """ops.toml ``[[espnn_scratch]]``: esp-nn version ranges and the scratch formula set each uses."""
+    return [{str(k): str(v) for k, v in row.items()} for row in _table()["espnn_scratch"]]
+
+
 def resolver_method(opcode: str, custom_code: str | None = None) -> str:
     """``MicroMutableOpResolver`` method registering ``opcode`` (e.g. CONV_2D -> AddConv2D).
 

@@ -20,11 +20,12 @@ from harness.sim.chips import ChipSpec
 from harness.sim.faults import FaultSpec, flip_bits
 from harness.sim.image import (
     PARTITION_TABLE_MAX,
-    PARTITION_TABLE_OFFSET,
     AppPayload,
     ImageError,
     LoadedImage,
     PartitionTableError,
+    bootloader_max_bytes,
+    bootloader_table_offset,
     find_payload,
     load_image,
     parse_partition_table,
@@ -326,9 +327,7 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
     flash = ctx.flash
     pieces: list[Piece] = [Piece("rom", rom_header(chip, reason, False))]
     try:
-        boot = load_image(
-            chip, flash, chip.bootloader_offset, PARTITION_TABLE_OFFSET - chip.bootloader_offset
-        )
+        boot = load_image(chip, flash, chip.bootloader_offset, bootloader_max_bytes(chip))
     except ImageError as exc:
         # the ROM retries forever; three rounds are enough evidence of the loop
         text = b"".join(rom_header(chip, "rtcwdt", False) + f"{exc}\r\n".encode() for _ in range(2))
@@ -348,10 +347,9 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
         clock.line("W", "boot", f"{SIM_BANNER}: this is harness.sim, not real hardware"),
     ]
     try:
-        parts = parse_partition_table(
-            flash[PARTITION_TABLE_OFFSET : PARTITION_TABLE_OFFSET + PARTITION_TABLE_MAX]
-        )
-    except PartitionTableError as exc:
+        table = bootloader_table_offset(boot)  # compiled into the bootloader, as on a real board
+        parts = parse_partition_table(flash[table : table + PARTITION_TABLE_MAX])
+    except (PartitionTableError, ImageError) as exc:
         bl.append(clock.line("E", "flash_parts", str(exc)))
         bl.append(clock.line("E", "boot", "Failed to verify partition table"))
         bl.append(clock.line("E", "boot", "load partition table error!"))

@@ -2,8 +2,13 @@
 ESP-IDF partition table binary (same layout and MD5 row as ``gen_esp32part.py``), and an app whose
 flash-mapped data segment carries the model, the inputs and the protocol settings.
 
-``build_sim_firmware`` is the "sim" builder the build step calls; ``read_boot_chain`` is what the
+``build_sim_firmware`` is the "sim" builder the build step calls; ``read_app_payload`` is what the
 simulated ROM + second-stage bootloader do at power-on: find, parse and validate what is in flash.
+
+Where the partition table sits is board data (``partition_table_offset`` in boards/*.toml, copied
+into the project manifest). As a real second-stage bootloader has ``CONFIG_PARTITION_TABLE_OFFSET``
+compiled in, the simulated one carries the offset in its data segment, and the simulated boot reads
+it from the bootloader image in flash: nothing here assumes ESP-IDF's default 0x8000.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from esptool.bin_image import ELFSection, ESP32FirmwareImage, LoadFirmwareImage
 from harness.errors import BuildError
 from harness.sim.chips import ChipSpec, get_chip
 
-PARTITION_TABLE_OFFSET = 0x8000
 PARTITION_TABLE_MAX = 0xC00
+PARTITION_TABLE_SECTOR = 0x1000
+MIN_NVS_BYTES = 0x3000
 APP_OFFSET = 0x10000
+_BOOTLOADER_PT_MARKER = b"ESPCHK-PT-OFFSET"  # followed by the offset as a little-endian u32
 PAYLOAD_MAGIC = b"ESPCHKSIM1\0\0"
 APP_DESC_MAGIC = 0xABCD5432
 PAYLOAD_FORMAT = 1
@@ -59,12 +66,18 @@ class Partition:
     flags: int = 0
 
 
-def default_partitions(app_size: int) -> list[Partition]:
-    """Same layout as firmware_templates/project/partitions.csv.j2: nvs, phy_init, factory app."""
+def default_partitions(app_size: int, table_offset: int) -> list[Partition]:
+    """Same layout as firmware_templates/project/partitions.csv.j2: nvs right after the table, factory app."""
+    nvs = table_offset + PARTITION_TABLE_SECTOR
+    if table_offset % PARTITION_TABLE_SECTOR or APP_OFFSET - nvs < MIN_NVS_BYTES:
+        raise BuildError(
+            f"partition table offset {table_offset:#x} leaves no room for nvs before the app at "
+            f"{APP_OFFSET:#x}",
+            hint="fix partition_table_offset in the board file and regenerate the project",
+        )
     app_size = max(0x100000, (app_size + 0xFFFF) // 0x10000 * 0x10000)
     return [
-        Partition("nvs", 0x01, 0x02, 0x9000, 0x6000),
-        Partition("phy_init", 0x01, 0x01, 0xF000, 0x1000),
+        Partition("nvs", 0x01, 0x02, nvs, APP_OFFSET - nvs),
         Partition("factory", 0x00, 0x00, APP_OFFSET, app_size),
     ]
 
@@ -205,14 +218,19 @@ def pack_app_image(chip: ChipSpec, payload: bytes, *, version: str = "0.1.0", id
     return bytes(out)
 
 
-def pack_bootloader_image(chip: ChipSpec) -> bytes:
-    """A second-stage bootloader image (RAM segments only) with the chip id and SHA-256 appended."""
+def pack_bootloader_image(chip: ChipSpec, table_offset: int) -> bytes:
+    """A second-stage bootloader image (RAM segments only) with the chip id and SHA-256 appended.
+
+    Its data segment holds the partition table offset, as a real bootloader has
+    CONFIG_PARTITION_TABLE_OFFSET compiled in.
+    """
     img = _image_class(chip)()
     img.flash_mode = 2
     img.flash_size_freq = 0x20
-    banner = b"esp-check simulated 2nd stage bootloader\0"
+    banner = b"esp-check simulated 2nd stage bootloader\0".ljust(48, b"\0")
+    banner += _BOOTLOADER_PT_MARKER + struct.pack("<I", table_offset)
     img.segments = [
-        ELFSection(b".dram0.data", chip.dram_start + 0x10000, banner.ljust(64, b"\0"), 0),
+        ELFSection(b".dram0.data", chip.dram_start + 0x10000, banner.ljust(96, b"\0"), 0),
         ELFSection(b".iram_loader.text", chip.iram_start + 0x20000, b"\x00" * 32, 0),
     ]
     img.entrypoint = chip.iram_start + 0x20000
@@ -250,6 +268,22 @@ def load_image(chip: ChipSpec, flash: bytes | bytearray, offset: int, max_len: i
     if getattr(img, "append_digest", False) and img.stored_digest != img.calc_digest:
         raise ImageError("Image hash failed - image is corrupt")
     return LoadedImage(img, [(s.addr, bytes(s.data)) for s in img.segments])
+
+
+def bootloader_max_bytes(chip: ChipSpec) -> int:
+    """Bytes of flash the bootloader may span: from its offset up to the app (it ends before the table)."""
+    return APP_OFFSET - chip.bootloader_offset
+
+
+def bootloader_table_offset(loaded: LoadedImage) -> int:
+    """The partition table offset compiled into a (simulated) second-stage bootloader image."""
+    for _addr, data in loaded.segments:
+        pos = data.find(_BOOTLOADER_PT_MARKER)
+        if pos >= 0 and pos + len(_BOOTLOADER_PT_MARKER) + 4 <= len(data):
+            (offset,) = struct.unpack_from("<I", data, pos + len(_BOOTLOADER_PT_MARKER))
+            if offset % PARTITION_TABLE_SECTOR == 0 and 0 < offset < APP_OFFSET:
+                return int(offset)
+    raise ImageError("bootloader image holds no partition table offset (not built by the sim builder?)")
 
 
 def find_payload(chip: ChipSpec, loaded: LoadedImage) -> AppPayload:
@@ -303,16 +337,30 @@ def _variant(manifest: dict[str, Any]) -> str:
     raise BuildError(f"manifest variant {v!r} is neither optimized nor ansi", hint="regenerate the project")
 
 
+def _table_offset(project_dir: Path, manifest: dict[str, Any]) -> int:
+    board_def = manifest.get("board_def")
+    offset = board_def.get("partition_table_offset") if isinstance(board_def, dict) else None
+    if not isinstance(offset, int) or isinstance(offset, bool):
+        raise BuildError(
+            f"{project_dir / 'esp-check.json'} does not say where the partition table goes "
+            "(board_def.partition_table_offset)",
+            hint="regenerate the project with this esp-check version",
+        )
+    return offset
+
+
 def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Path]]:
     """Pack a generated project into bootloader / partition table / app images for the simulated board.
 
     Returns the esptool (offset, file) list. The app carries the project's model and inputs and the
-    variant from its manifest: the simulator prints ``nn=`` from this compiled-in value.
+    variant from its manifest: the simulator prints ``nn=`` from this compiled-in value. The partition
+    table goes where the board says (manifest ``board_def.partition_table_offset``).
     """
     project_dir = Path(project_dir)
     build_dir = Path(build_dir)
     manifest = _read_manifest(project_dir)
     chip = get_chip(str(manifest.get("chip") or manifest.get("target") or "esp32s3"))
+    table_offset = _table_offset(project_dir, manifest)
     model_path = project_dir / "esp-check" / "model.tflite"
     try:
         model = model_path.read_bytes()
@@ -340,17 +388,18 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     boot_path = build_dir / "bootloader.bin"
     pt_path = build_dir / "partition-table.bin"
     app_path = build_dir / "esp-check-sim.bin"
-    boot_path.write_bytes(pack_bootloader_image(chip))
-    pt_path.write_bytes(pack_partition_table(default_partitions(len(app))))
+    boot_path.write_bytes(pack_bootloader_image(chip, table_offset))
+    pt_path.write_bytes(pack_partition_table(default_partitions(len(app), table_offset)))
     app_path.write_bytes(app)
-    return [(chip.bootloader_offset, boot_path), (PARTITION_TABLE_OFFSET, pt_path), (APP_OFFSET, app_path)]
+    return [(chip.bootloader_offset, boot_path), (table_offset, pt_path), (APP_OFFSET, app_path)]
 
 
 def read_app_payload(chip: ChipSpec, flash: bytes | bytearray) -> tuple[Partition, LoadedImage, AppPayload]:
-    """Convenience for tests and tools: partition table -> factory app -> payload (raises on any error)."""
-    parts = parse_partition_table(
-        bytes(flash[PARTITION_TABLE_OFFSET : PARTITION_TABLE_OFFSET + PARTITION_TABLE_MAX])
-    )
+    """Convenience for tests and tools: bootloader -> partition table -> factory app -> payload (raises on
+    any error)."""
+    boot = load_image(chip, flash, chip.bootloader_offset, bootloader_max_bytes(chip))
+    table = bootloader_table_offset(boot)
+    parts = parse_partition_table(bytes(flash[table : table + PARTITION_TABLE_MAX]))
     app = next((p for p in parts if p.type == 0x00), None)
     if app is None:
         raise ImageError("no app partition in the partition table")

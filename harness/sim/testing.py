@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,13 @@ from typing import Any
 
 import numpy as np
 import serial
+
+from harness.resources import boards_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 END_RE = re.compile(rb"@EC1 \d+ END [^\r\n]*\r?\n")
 
@@ -38,10 +46,13 @@ def make_project(
     raws = [x if isinstance(x, bytes) else np.ascontiguousarray(x).tobytes() for x in inputs]
     for k, raw in enumerate(raws):
         (data / f"input_{k}.bin").write_bytes(raw)
+    sim_board = tomllib.loads((boards_dir() / "sim.toml").read_text(encoding="utf-8"))
     doc: dict[str, Any] = {
         "variant": variant,
         "chip": chip,
         "board": f"sim-{chip}",
+        # where the partition table goes: the simulated board's own (boards/sim.toml)
+        "board_def": {"partition_table_offset": sim_board["partition_table_offset"]},
         "template_version": "0.1.0",
         "model_sha256": hashlib.sha256(model_bytes).hexdigest(),
         "inputs": [

@@ -54,6 +54,7 @@ class ComponentSource:
     version: str | None  # ``version:`` of its idf_component.yml (None: not stated, e.g. a git checkout)
     origin: str  # "components-dir" | "component-manager"
     sha256: str = ""  # content hash of the tree (see tree_sha256)
+    lock: Path | None = None  # the component manager's dependencies.lock that resolved it, if any
 
     def describe(self) -> dict[str, str | None]:
         return {
@@ -118,7 +119,16 @@ def find_components(
                 hint=f"put a checkout of {short} there (or point --components-dir at a project's "
                 "managed_components/)",
             )
-        found.append(ComponentSource(name, hit, component_version(hit), "components-dir"))
+        lock = hit.parent.parent / "dependencies.lock" if hit.parent.name == "managed_components" else None
+        found.append(
+            ComponentSource(
+                name,
+                hit,
+                component_version(hit),
+                "components-dir",
+                lock=lock if lock and lock.is_file() else None,
+            )
+        )
     return found
 
 
@@ -222,7 +232,7 @@ def download_components(
                 raise _download_failed(rc, tail)
             done.write_text("ok\n", encoding="utf-8")
     comps = find_components(project / "managed_components", names)
-    return [replace(c, origin="component-manager") for c in comps]
+    return [replace(c, origin="component-manager", lock=project / "dependencies.lock") for c in comps]
 
 
 def _download_failed(rc: int, tail: Sequence[str]) -> BuildError:

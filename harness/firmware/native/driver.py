@@ -28,7 +28,7 @@ import filelock
 
 from harness.errors import BuildError
 from harness.firmware.native.components import ComponentSource, tree_sha256
-from harness.firmware.native.config import sdkconfig_cmake, sdkconfig_h
+from harness.firmware.native.config import idf_api_h, sdkconfig_cmake, sdkconfig_h
 from harness.firmware.native.toolchain import Toolchain
 from harness.firmware.toolrun import OutputCallback, run_streaming
 
@@ -108,9 +108,16 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 
 def configure_command(
-    tc: Toolchain, tree: Path, main_dir: Path, components: Sequence[ComponentSource]
+    tc: Toolchain,
+    tree: Path,
+    main_dir: Path,
+    components: Sequence[ComponentSource],
+    dependencies_lock: Path | None = None,
 ) -> list[str]:
-    """The ``cmake`` configure argument list for one tree (no shell; lists joined with ``;``)."""
+    """The ``cmake`` configure argument list for one tree (no shell; lists joined with ``;``).
+
+    ``dependencies_lock``: the component manager's lock the components came from (main's CMakeLists
+    reads the versions there first, as in ESP-IDF)."""
     comps = ";".join(f"{c.name}={c.path}" for c in components)
     return [
         tc.cmake,
@@ -129,6 +136,8 @@ def configure_command(
         f"-DESP_CHECK_CONFIG_DIR={tree / 'config'}",
         f"-DESP_CHECK_COMPONENTS={comps}",
         f"-DESP_CHECK_MAIN_DIR={main_dir}",
+        f"-DESP_CHECK_PROJECT_DIR={main_dir.parent}",
+        f"-DESP_CHECK_DEPENDENCIES_LOCK={dependencies_lock or ''}",
         f"-DESP_CHECK_NATIVE_HOST={tc.machine}",
         f"-DESP_CHECK_NATIVE_SANITIZE={tc.sanitize_label}",
     ]
@@ -152,6 +161,7 @@ def build_program(
     timeout: float | None = None,
     jobs: int | None = None,
     env: Mapping[str, str] | None = None,
+    dependencies_lock: Path | None = None,
 ) -> NativeProgram:
     """Build ``main_dir`` (a component directory with ``app_main``) with ``components`` into ``out``.
 
@@ -174,6 +184,7 @@ def build_program(
         reused = (tree / "built").is_file()
         _write_if_changed(tree / "config" / "sdkconfig.h", sdkconfig_h(config))
         _write_if_changed(tree / "config" / "sdkconfig.cmake", sdkconfig_cmake(config, idf_version))
+        _write_if_changed(tree / "config" / "esp_check_idf_api.h", idf_api_h(idf_version))
         _write_if_changed(
             tree / "esp-check-tree.json",
             json.dumps(
@@ -192,7 +203,7 @@ def build_program(
             state = "libraries already built, compiling main/" if reused else f"first build: compiling {what}"
             log.write(f"native: tree {tree} ({state})\n")
         for argv in (
-            configure_command(toolchain, tree, main_dir.resolve(), components),
+            configure_command(toolchain, tree, main_dir.resolve(), components, dependencies_lock),
             build_command(toolchain, tree, n_jobs),
         ):
             rc, tail = run_streaming(

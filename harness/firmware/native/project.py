@@ -157,6 +157,7 @@ def run_native_build(
         timeout=timeout,
         jobs=jobs,
         env=env,
+        dependencies_lock=next((c.lock for c in plan.components if c.lock is not None), None),
     )
 
 

@@ -1,0 +1,184 @@
+"""main/CMakeLists.txt's version report, run by the real CMake (no ESP-IDF here).
+
+The generated main/CMakeLists.txt is included, unchanged, by a tiny CMake project whose only fakes are
+the ESP-IDF build API functions it calls (idf_component_register, idf_build_get_property,
+idf_component_get_property) and target_compile_definitions, which records what would be compiled in.
+The dependencies.lock fixtures are written the way the IDF component manager writes them (lock format
+2.0.0: a registry ("service") dependency, a git dependency whose version is the commit, and the idf
+entry); the component manifests the way registry archives and git checkouts carry them.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness.firmware.generate import generate_projects
+
+MODELS = Path(__file__).parent / "data" / "models"
+CMAKE = shutil.which("cmake")
+
+pytestmark = pytest.mark.skipif(CMAKE is None, reason="no cmake on PATH")
+
+HARNESS = """cmake_minimum_required(VERSION 3.16)
+project(esp_check_cmake_harness NONE)
+set(COMPONENT_LIB __idf_main)
+function(idf_component_register)
+endfunction()
+function(idf_build_get_property var prop)
+  if(prop STREQUAL "BUILD_COMPONENTS")
+    set(${var} "espressif__esp-nn;espressif__esp-tflite-micro" PARENT_SCOPE)
+  elseif(prop STREQUAL "PROJECT_DIR")
+    set(${var} "${FAKE_PROJECT_DIR}" PARENT_SCOPE)
+  elseif(prop STREQUAL "DEPENDENCIES_LOCK")
+    set(${var} "${FAKE_DEPENDENCIES_LOCK}" PARENT_SCOPE)
+  endif()
+endfunction()
+function(idf_component_get_property var component prop)
+  set(${var} "${FAKE_PROJECT_DIR}/managed_components/${component}" PARENT_SCOPE)
+endfunction()
+function(target_compile_definitions target scope)
+  file(WRITE "${CMAKE_BINARY_DIR}/definitions.txt" "${ARGN}")
+endfunction()
+include("${MAIN_CMAKELISTS}")
+"""
+
+GIT_COMMIT = "596b08401a63da3a2e1b40868c442f582a99ae26"
+LOCK = f"""dependencies:
+  espressif/esp-nn:
+    component_hash: null
+    dependencies:
+    - name: idf
+      require: private
+      version: '>=4.2'
+    source:
+      git: https://github.com/espressif/esp-nn.git
+      path: .
+      type: git
+    version: {GIT_COMMIT}
+  espressif/esp-tflite-micro:
+    component_hash: 7d1a3b5c9e2f4a6b8c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b
+    dependencies:
+    - name: espressif/esp-nn
+      require: private
+      version: '>=1.1.1'
+    - name: idf
+      require: private
+      version: '>=5.0'
+    source:
+      registry_url: https://components.espressif.com/
+      type: service
+    version: 1.3.8
+  idf:
+    source:
+      type: idf
+    version: 5.5.3
+direct_dependencies:
+- espressif/esp-nn
+- espressif/esp-tflite-micro
+- idf
+manifest_hash: 4b7c3e1f0a2d9c8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b
+target: esp32s3
+version: 2.0.0
+"""
+
+
+@pytest.fixture(scope="module")
+def main_cmakelists(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gen")
+    (p,) = generate_projects(
+        MODELS / "op_zoo.tflite", [MODELS / "inputs" / "op_zoo.npy"], "esp32s3-devkitc-1-n8", out_dir=out,
+        variants=("ansi",), arena_kb=16,
+    )  # fmt: skip
+    return p.path / "main" / "CMakeLists.txt"
+
+
+def _project(root: Path, lock: str | None, espnn_manifest: str | None, tflm_manifest: str | None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for comp, text in (("espressif__esp-nn", espnn_manifest), ("espressif__esp-tflite-micro", tflm_manifest)):
+        d = root / "managed_components" / comp
+        d.mkdir(parents=True, exist_ok=True)
+        if text is not None:
+            (d / "idf_component.yml").write_text(text)
+    if lock is not None:
+        (root / "dependencies.lock").write_bytes(lock.encode())
+    return root
+
+
+def _configure(main: Path, project: Path, build: Path, lock_property: str = "") -> dict[str, str]:
+    harness = build.parent / (build.name + "-src")
+    harness.mkdir(parents=True, exist_ok=True)
+    (harness / "CMakeLists.txt").write_text(HARNESS)
+    assert CMAKE is not None
+    proc = subprocess.run(
+        [CMAKE, "-S", str(harness), "-B", str(build), f"-DMAIN_CMAKELISTS={main}",
+         f"-DFAKE_PROJECT_DIR={project}", f"-DFAKE_DEPENDENCIES_LOCK={lock_property}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    defs: dict[str, str] = {}
+    for item in (build / "definitions.txt").read_text().split(";"):
+        key, _, value = item.partition("=")
+        defs[key] = value.strip('"')
+    return defs
+
+
+def test_lock_wins_and_names_the_source(main_cmakelists: Path, tmp_path: Path) -> None:
+    # an esp-nn master checkout's manifest says 1.2.3: the lock's commit is what was built
+    proj = _project(tmp_path / "p", LOCK, 'version: "1.2.3"\n', 'version: "1.3.8"\n')
+    defs = _configure(main_cmakelists, proj, tmp_path / "b")
+    assert defs == {
+        "ESP_CHECK_TFLM_VERSION": "1.3.8",
+        "ESP_CHECK_TFLM_VERSION_FROM": "lock:service",
+        "ESP_CHECK_ESPNN_VERSION": GIT_COMMIT,
+        "ESP_CHECK_ESPNN_VERSION_FROM": "lock:git",
+    }
+
+
+def test_manifest_when_no_lock_and_unknown_when_neither(main_cmakelists: Path, tmp_path: Path) -> None:
+    # registry archive of esp-tflite-micro (version injected); esp-nn v1.1.2 git checkout (no version)
+    proj = _project(tmp_path / "p", None, "description: Optimized NN functions\n", 'version: "1.3.8"\n')
+    defs = _configure(main_cmakelists, proj, tmp_path / "b")
+    assert (defs["ESP_CHECK_TFLM_VERSION"], defs["ESP_CHECK_TFLM_VERSION_FROM"]) == ("1.3.8", "manifest")
+    assert (defs["ESP_CHECK_ESPNN_VERSION"], defs["ESP_CHECK_ESPNN_VERSION_FROM"]) == ("unknown", "none")
+
+
+def test_lock_path_property_and_crlf(main_cmakelists: Path, tmp_path: Path) -> None:
+    proj = _project(tmp_path / "p", None, None, None)
+    (proj / "dependencies.lock.esp32s3").write_bytes(LOCK.replace("\n", "\r\n").encode())
+    defs = _configure(main_cmakelists, proj, tmp_path / "b", lock_property="dependencies.lock.esp32s3")
+    assert defs["ESP_CHECK_ESPNN_VERSION"] == GIT_COMMIT and defs["ESP_CHECK_TFLM_VERSION"] == "1.3.8"
+
+
+def test_dependency_versions_inside_an_entry_are_not_its_version(
+    main_cmakelists: Path, tmp_path: Path
+) -> None:
+    # esp-nn's own version line missing: its dependency's '>=4.2' (deeper indented) must not be taken
+    lock = LOCK.replace(f"    version: {GIT_COMMIT}\n", "")
+    proj = _project(tmp_path / "p", lock, 'version: "1.1.2"\n', None)
+    defs = _configure(main_cmakelists, proj, tmp_path / "b")
+    assert (defs["ESP_CHECK_ESPNN_VERSION"], defs["ESP_CHECK_ESPNN_VERSION_FROM"]) == ("1.1.2", "manifest")
+
+
+def test_hostile_or_mangled_locks_never_reach_c(main_cmakelists: Path, tmp_path: Path) -> None:
+    """Fuzz: random edits of a real-shaped lock. The compiled-in values stay within the C/protocol-safe
+    character set and every source label is one of the documented ones."""
+    rng = random.Random(13)
+    pieces = ['"', "'", ";", "\\", "$", "{", "}", " ", "\t", "\n", "#", ":", "x" * 300, "é", "\x00"]
+    for k in range(12):
+        text = LOCK.replace(GIT_COMMIT, f'1.1.2" -DEVIL={k}') if k == 0 else LOCK
+        chars = list(text)
+        for _ in range(rng.randint(1, 12)):
+            pos = rng.randrange(len(chars))
+            chars[pos : pos + rng.randint(0, 3)] = list(rng.choice(pieces))
+        proj = _project(tmp_path / f"p{k}", "".join(chars).replace("\x00", ""), None, 'version: "1.3.8"\n')
+        defs = _configure(main_cmakelists, proj, tmp_path / f"b{k}")
+        for key in ("ESP_CHECK_TFLM_VERSION", "ESP_CHECK_ESPNN_VERSION"):
+            value = defs[key]
+            assert value and all(c.isalnum() or c in ".+~-" for c in value) and value.isascii(), (k, value)
+            assert re.fullmatch(r"lock:[a-z_]+|manifest|none", defs[key + "_FROM"]), (k, defs)

@@ -113,6 +113,10 @@ if os.environ.get("FAKE_NO_PT_OFFSET"):  # an sdkconfig that does not say (e.g. 
     "dependencies:\n  espressif/esp-nn:\n    version: 1.1.2\n  espressif/esp-tflite-micro:\n"
     "    version: 1.3.8\n  idf:\n    version: 5.5.3\nmanifest_hash: abc\ntarget: %s\nversion: 2.0.0\n"
     % target)
+(files["app"].parent / files["app"].name.replace(".bin", ".elf")).write_bytes(b"\x7fELF fake " + seed)
+if os.environ.get("FAKE_TOOL_CONFGEN", "1") == "1":  # ESP-IDF's confgen writes config/sdkconfig.json
+    (out / "config").mkdir(exist_ok=True)
+    (out / "config" / "sdkconfig.json").write_text(json.dumps({"IDF_TARGET": target, "FAKE_CONFGEN": True}))
 if tool != "pio":
     idf_args = {"app": {"offset": "0x10000", "file": "esp_check_fw.bin"}}
     (out / "flasher_args.json").write_text(json.dumps(idf_args))
@@ -192,18 +196,18 @@ def test_pio_contract_artifacts_and_flasher_args(tmp_path: Path, fake_tools: dic
         (0x10000, "app"),
     ]
     for a in res.artifacts:
-        assert a.path.is_file() and a.path.parent == res.flasher_args.parent
+        assert a.path.is_file() and res.flasher_args.parent in a.path.parents
     fa = json.loads(res.flasher_args.read_text())
     assert fa["flash_files"] == {
-        "0x1000": "bootloader.bin",
-        "0xc000": "partition-table.bin",
-        "0x10000": "app.bin",
+        "0x1000": "bootloader/bootloader.bin",
+        "0xc000": "partition_table/partition-table.bin",
+        "0x10000": "esp_check_fw.bin",
     }
-    assert fa["app"] == {"offset": "0x10000", "file": "app.bin", "encrypted": "false"}
+    assert fa["app"] == {"offset": "0x10000", "file": "esp_check_fw.bin", "encrypted": "false"}
     assert fa["flash_settings"] == {"flash_mode": "dio", "flash_freq": "80m", "flash_size": "4MB"}
     assert fa["write_flash_args"] == ["--flash-mode", "dio", "--flash-freq", "80m", "--flash-size", "4MB"]
     assert fa["extra_esptool_args"]["chip"] == "esp32"
-    assert res.flash_files()[0] == (0x1000, res.flasher_args.parent / "bootloader.bin")
+    assert res.flash_files()[0] == (0x1000, res.flasher_args.parent / "bootloader" / "bootloader.bin")
     import hashlib
 
     assert res.firmware_sha256 == hashlib.sha256(res.app_bin.read_bytes()).hexdigest()
@@ -429,7 +433,7 @@ def test_sim_builder_packs_a_real_esp_image_and_caches(tmp_path: Path, fake_tool
     assert proc.returncode == 0, proc.stdout + proc.stderr
     merged = (out / "merged.bin").read_bytes()
     assert merged[0x10000 : 0x10000 + again.app_bin.stat().st_size] == again.app_bin.read_bytes()
-    assert merged[0xC000 : 0xC000 + 0xC00] == (out / "partition-table.bin").read_bytes()
+    assert merged[0xC000 : 0xC000 + 0xC00] == (out / "partition_table" / "partition-table.bin").read_bytes()
 
 
 def test_cache_is_size_bounded_lru_and_respects_locks(tmp_path: Path) -> None:
@@ -471,7 +475,7 @@ def test_cli_build_json_and_failure(
     assert [x["cache_hit"] for x in data["builds"]] == [False, False]
     assert data["builds"][0]["artifacts"][0] == {
         "offset": 0x1000,
-        "path": str(opt.resolve() / "esp-check" / "build" / "bootloader.bin"),
+        "path": str(opt.resolve() / "esp-check" / "build" / "bootloader" / "bootloader.bin"),
         "role": "bootloader",
     }
     monkeypatch.setenv("FAKE_TOOL_MODE", "compile")
@@ -526,3 +530,93 @@ def test_parse_resolved_sdkconfig() -> None:
     )
     expected = {"CONFIG_IDF_TARGET": "esp32s3", "CONFIG_PARTITION_TABLE_OFFSET": "0xc000"}
     assert b.parse_sdkconfig(text) == expected
+
+
+# ---- ESP-IDF build directory layout (issue 16 item 6) -------------------------------------------------
+
+
+def _top_level(build_dir: Path) -> dict[str, list[str]]:
+    names = sorted(p.name for p in build_dir.iterdir() if p.is_file())
+    return {ext: [n for n in names if n.endswith(ext)] for ext in (".bin", ".elf")}
+
+
+def _check_idf_layout(res: b.BuildResult, chip: str) -> None:
+    """What ESP-IDF leaves and what its tools read: the real pytest-embedded-idf IdfApp parses it."""
+    from pytest_embedded_idf.app import IdfApp
+
+    out = res.flasher_args.parent
+    assert _top_level(out) == {".bin": ["esp_check_fw.bin"], ".elf": ["esp_check_fw.elf"]}
+    assert (out / "bootloader" / "bootloader.bin").is_file()
+    assert (out / "partition_table" / "partition-table.bin").is_file()
+    fa = json.loads(res.flasher_args.read_text())
+    assert all((out / f).is_file() for f in fa["flash_files"].values())
+    assert res.app_bin == out / "esp_check_fw.bin" and res.elf == out / "esp_check_fw.elf"
+    desc = json.loads((out / "project_description.json").read_text())
+    assert (out / desc["app_bin"]).is_file() and (out / desc["app_elf"]).is_file() and desc["target"] == chip
+    sdk = json.loads((out / "config" / "sdkconfig.json").read_text())
+    assert sdk["IDF_TARGET"] == chip
+    app = IdfApp(app_path=str(res.project_dir), build_dir=str(out))  # the real client's parser
+    assert Path(app.bin_file) == res.app_bin.resolve() and Path(app.elf_file) == res.elf.resolve()
+    assert app.target == chip
+    assert [(f.offset, Path(f.file_path)) for f in app.flash_files] == [
+        (a.offset, a.path.resolve()) for a in res.artifacts
+    ]
+    lines = (out / "flash_args").read_text().split("\n")
+    assert lines[0].startswith("--flash-mode") and "bootloader/bootloader.bin" in lines[1]
+
+
+def test_sim_build_directory_follows_esp_idf_layout(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    opt, ansi = _project(tmp_path, board="sim")
+    stale = opt / "esp-check" / "build"
+    stale.mkdir(parents=True, exist_ok=True)
+    (stale / "bootloader.bin").write_bytes(b"old flat layout")  # an older esp-check's top-level image
+    res = b.build_project(opt, cache_dir=tmp_path / "cache")
+    _check_idf_layout(res, "esp32s3")
+    sdk = json.loads((res.flasher_args.parent / "config" / "sdkconfig.json").read_text())
+    assert sdk["NN_OPTIMIZED"] is True and "NN_ANSI_C" not in sdk and sdk["IDF_TARGET_ARCH_XTENSA"] is True
+    assert sdk["ESPTOOLPY_FLASHSIZE"] == "8MB"
+    other = b.build_project(ansi, cache_dir=tmp_path / "cache")
+    other_sdk = json.loads((other.flasher_args.parent / "config" / "sdkconfig.json").read_text())
+    assert other_sdk["NN_ANSI_C"] is True
+    import shutil
+
+    shutil.rmtree(res.flasher_args.parent)
+    again = b.build_project(opt, cache_dir=tmp_path / "cache")  # a cache hit restores the whole layout
+    assert again.cache_hit
+    _check_idf_layout(again, "esp32s3")
+    assert again.elf is not None and again.elf.read_bytes() == res.elf.read_bytes()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("confgen_json", [True, False])
+def test_platformio_build_is_exported_in_esp_idf_layout(
+    tmp_path: Path, fake_tools: dict[str, object], confgen_json: bool
+) -> None:
+    """.pio/build/esp_check (firmware.bin, bootloader.bin, partitions.bin, firmware.elf, config/) exported
+    as an ESP-IDF build directory; without PlatformIO's config/sdkconfig.json it is written from the
+    resolved sdkconfig."""
+    (opt,) = _project(tmp_path, board="esp32s3-devkitc-1-n8r8", variants=("optimized",))
+    env = _env(fake_tools, FAKE_TOOL_CONFGEN="1" if confgen_json else "0")
+    res = b.build_project(opt, use_cache=False, env=env)
+    _check_idf_layout(res, "esp32s3")
+    pio_out = opt / ".pio" / "build" / "esp_check"
+    assert res.app_bin.read_bytes() == (pio_out / "firmware.bin").read_bytes()
+    assert res.elf is not None and res.elf.read_bytes() == (pio_out / "firmware.elf").read_bytes()
+    sdk = json.loads((res.flasher_args.parent / "config" / "sdkconfig.json").read_text())
+    if confgen_json:
+        assert sdk == json.loads((pio_out / "config" / "sdkconfig.json").read_text())
+    else:  # from sdkconfig.esp_check: booleans, numbers and strings as ESP-IDF's confgen writes them
+        table = next(a for a in res.artifacts if a.role == "partition-table")
+        assert sdk["PARTITION_TABLE_OFFSET"] == table.offset and sdk["ESPTOOLPY_FLASHMODE"] == "dio"
+        assert sdk["IDF_TARGET"] == "esp32s3"
+
+
+def test_sdkconfig_json_types() -> None:
+    text = ('CONFIG_IDF_TARGET="esp32c3"\nCONFIG_NN_OPTIMIZED=y\n# CONFIG_NN_ANSI_C is not set\n'
+            "CONFIG_PARTITION_TABLE_OFFSET=0xc000\nCONFIG_ESP_MAIN_TASK_STACK_SIZE=20480\n")  # fmt: skip
+    assert b.sdkconfig_json(text) == {
+        "IDF_TARGET": "esp32c3",
+        "NN_OPTIMIZED": True,
+        "NN_ANSI_C": False,
+        "PARTITION_TABLE_OFFSET": 0xC000,
+        "ESP_MAIN_TASK_STACK_SIZE": 20480,
+    }

@@ -209,6 +209,16 @@ def test_junit_names_the_crashed_variant(models_dir: Path, tmp_path: Path, cache
     assert failure is not None and failure.get("type") == "firmware_fault"
     assert "Guru Meditation" in (crashed.findtext("system-out") or "")
     assert int(root.get("failures")) >= 1
+    # the crash is decoded with the build's ELF, or says why not (no Xtensa addr2line on this machine)
+    from harness.firmware.backtrace import find_addr2line
+
+    (panic,) = [f for f in report(result)["variants"]["optimized"]["findings"] if f["kind"] == "panic"]
+    assert panic["details"]["count"] == 3  # a kernel bug crashes at the same place on every boot
+    decode = panic["details"]["decode"]
+    if find_addr2line("esp32s3")[0] is None:
+        assert decode["status"] == "skipped" and "xtensa-esp32s3-elf-addr2line" in decode["why"]
+    else:
+        assert panic["details"]["decoded"][0]["function"] == "esp_nn_conv_s8_esp32s3"
 
 
 def test_board_for_other_silicon_revision_is_a_usage_error(

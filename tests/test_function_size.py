@@ -15,7 +15,6 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 100
 CHECKED = ["harness"]
 NOT_YET = {
-    "harness/sim/app.py:_run_app": 149,
 }
 
 

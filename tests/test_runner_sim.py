@@ -150,7 +150,7 @@ def served_board():
     from harness.sim.serve import serve_rfc2217
 
     name = _uid("rfc")
-    server = serve_rfc2217(f"sim://{name}?chip=esp32s3&emitter=c")
+    server = serve_rfc2217(f"sim://{name}?chip=esp32s3&emitter=c&flash_size=8MB")  # as boards/sim.toml
     yield server
     server.stop()
     REGISTRY.remove(name)

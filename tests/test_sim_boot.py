@@ -6,6 +6,7 @@ Faked: the board (harness.sim). The protocol bytes come from the firmware's C em
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,3 +185,67 @@ def test_board_files_and_url_for() -> None:
     assert (config.faults.variant, config.faults.seed) == ("optimized", 4)
     with pytest.raises(UsageError, match="unknown simulator parameter"):
         sim.url_for("x1", {"colour": "red"})
+
+
+@pytest.mark.parametrize(("board_mb", "outcome"), [(4, "probe_failed"), (8, "runs"), (16, "larger_warning")])
+def test_flash_size_in_the_image_header_is_checked_at_start_up(
+    tmp_path: Path, models_dir: Path, board_port, board_mb: int, outcome: str
+) -> None:
+    """An image built for 8 MB on a chip with less flash: ESP-IDF's start-up refuses it and the board
+    boot-loops, as on hardware ("Detected size(4096k) smaller than the size in the binary image header")."""
+    from harness.analysis.classify import classify
+
+    board_def = {"flash_size": "8MB", "partition_table_offset": 0xC000}
+    files = _files(tmp_path, models_dir, "optimized", board_def=board_def)
+    port = board_port("esp32s3", extra=f"&flash_size={board_mb}MB")
+    port.board.program(files)
+    raw = boot(port, timeout=5)
+    assert b"SPI Flash Size : 8MB" in raw  # the 2nd-stage bootloader reads its own header
+    if outcome == "probe_failed":
+        assert raw.count(b"E (") >= 3 and b"@EC1" not in raw
+        assert raw.count(b"spi_flash: Detected size(4096k) smaller than the size in the binary image "
+                         b"header(8192k). Probe failed.") == 3
+        assert raw.count(b"assert failed: do_core_init startup.c:328 (flash_ret == ESP_OK)") == 3
+        from harness.analysis.classify import exit_code_for
+
+        findings = classify(raw, ended_by="silence")
+        kinds = {f.kind for f in findings}
+        assert "flash_size_mismatch" in kinds and "boot_loop" in kinds, kinds
+        # the start-up assert is the mismatch's consequence: a wrong board file (2), not a crash (4)
+        assert "abort" not in kinds and exit_code_for(findings) == 2
+        mismatch = next(f for f in findings if f.kind == "flash_size_mismatch")
+        assert mismatch.details["chip_kb"] == 4096 and mismatch.details["image_kb"] == 8192
+    else:
+        assert parse_capture(raw).valid
+        warned = b"Detected size(16384k) larger than the size in the binary image header(8192k)" in raw
+        assert warned == (outcome == "larger_warning")
+
+
+def test_boot_output_takes_time_and_is_received_at_the_hosts_baud_of_that_moment(
+    tmp_path: Path, models_dir: Path, board_port
+) -> None:
+    """esptool hard-resets with the port still at 921600 and a client (pytest-embedded) switches to the
+    console's 115200 only afterwards. On hardware the ROM banner, sent at once, is received as garbage;
+    the app, which starts printing ~0.1 s later, is read cleanly. Bytes already received stay garbage."""
+    port = board_port("esp32s3", baud=921600)
+    port.board.program(_files(tmp_path, models_dir, "optimized"))
+    port.dtr = False
+    hard_reset(port, hold_delay=0.01)
+    time.sleep(0.035)  # EN's RC delay (strap_window, 20 ms), then the ROM prints at once
+    early = port.read(port.in_waiting)  # a reader thread at 921600 takes what is on the wire now
+    port.baudrate = 115200
+    rest = read_until_end(port, timeout=15)
+    assert early and b"ESP-ROM" not in early + rest and b"rst:0x1" not in early + rest  # banner: garbage
+    assert b"@EC1" not in early  # the app had not started yet
+    cap = parse_capture(rest)
+    assert cap.valid, cap.problems
+    assert b"main_task: Calling app_main()" in rest
+
+    # a slow reader: nothing read until after the switch; the banner still arrived at 921600
+    port.baudrate = 921600
+    port.reset_input_buffer()
+    hard_reset(port, hold_delay=0.01)
+    time.sleep(0.035)
+    port.baudrate = 115200
+    late = read_until_end(port, timeout=15)
+    assert b"ESP-ROM" not in late and parse_capture(late).valid

@@ -224,3 +224,47 @@ def test_exclusive_open_refuses_second_user(open_port) -> None:
     port = open_port("esp32s3")
     with pytest.raises(serial.SerialException, match="busy"):
         serial.serial_for_url(port.port, exclusive=True)
+
+
+def test_a_running_stub_answers_sync_eight_times_like_espressifs(open_port) -> None:
+    """A host that cannot reset the chip (raw socket://, pty) re-connects to a stub that is still running:
+    Espressif's stub answers one SYNC eight times with value 0, and esptool 5 reads all eight."""
+    port = open_port("esp32s3")
+    cmds.run_stub(connect(port))
+    port.close()  # the host goes away; the chip keeps running the stub (nobody resets it)
+    port.open()
+    port.dtr = port.rts = False
+    port.timeout = 0.5
+    esp = cmds.detect_chip(port, 115200, "no-reset", connect_attempts=1)
+    assert esp.CHIP_NAME == "ESP32-S3" and esp.sync_stub_detected
+    # and the stub still works for the re-connected host
+    assert cmds.run_stub(esp).IS_STUB and esp.read_reg(0x40001000) == 9
+
+
+def test_stub_sync_reply_count() -> None:
+    from harness.sim.chips import get_chip
+    from harness.sim.loader import Loader, SlipDecoder, slip_encode
+
+    class Host:
+        def __init__(self) -> None:
+            self.chip = get_chip("esp32s3")
+            self.flash = bytearray(b"\xff" * 4096)
+            self.flash_size = 4096
+            self.uart_baud = 115200
+            self.registers: dict[int, int] = {}
+            self.sent: list[bytes] = []
+
+        def send(self, data: bytes) -> None:
+            self.sent.append(data)
+
+        def __getattr__(self, name: str):
+            return lambda *a: None
+
+    host = Host()
+    loader = Loader(host)  # type: ignore[arg-type]
+    loader.stub = True
+    sync = b"\x00\x08\x24\x00\x00\x00\x00\x00" + b"\x07\x07\x12\x20" + b"\x55" * 32
+    loader.feed(slip_encode(sync))
+    frames = SlipDecoder().feed(b"".join(host.sent))
+    assert len(frames) == 8
+    assert all(f[:2] == b"\x01\x08" and f[4:8] == b"\0\0\0\0" for f in frames)  # value 0: the stub

@@ -150,3 +150,43 @@ def test_sim_bootloop_is_a_startup_assert_on_every_boot(run, chip: str) -> None:
     assert kinds == ["abort", "boot_loop"], kinds
     assert findings[0].details["count"] == 3  # the same crash on every boot, reported once
     assert exit_code_for(findings) == ExitCode.FIRMWARE_FAULT
+
+
+def test_printed_elf_sha256_is_the_sha256_of_the_elf_file(run, images) -> None:
+    """What the app prints at boot and in a crash report is the SHA-256 of the ELF the build left beside
+    the image (ESP-IDF's app description field), so it matches the build a developer decodes with."""
+    import hashlib
+
+    text = run("fault=abort&loops=1", "esp32s3").decode("latin-1")
+    boot, crash = _elf_hashes(text)
+    elf = images[("esp32s3", "optimized")][-1][1].with_suffix(".elf")
+    want = hashlib.sha256(elf.read_bytes()).hexdigest()[:9]
+    assert boot == [want] and crash == [want]
+
+
+@pytest.mark.parametrize("chip", ["esp32", "esp32s3", "esp32c3"])
+@pytest.mark.parametrize("variant", ["optimized", "ansi"])
+def test_crash_addresses_are_functions_of_the_apps_elf(run, images, chip: str, variant: str) -> None:
+    """Every code address in a simulated crash report lies in a function of the app's ELF, and the
+    faulting one is the variant's ESP-NN kernel (ESP-NN's S3 assembly only for optimized on an S3)."""
+    from elftools.elf.elffile import ELFFile
+
+    elf = images[(chip, variant)][-1][1].with_suffix(".elf")
+    with elf.open("rb") as f:
+        table = ELFFile(f).get_section_by_name(".symtab")
+        sized = [s for s in table.iter_symbols() if s["st_size"]]
+        syms = [(s["st_value"], s["st_value"] + s["st_size"], s.name) for s in sized]
+
+    def func(addr: int) -> str | None:
+        return next((n for lo, hi, n in syms if lo <= addr < hi), None)
+
+    text = run("fault=panic&loops=1", chip, variant).decode("latin-1")
+    if chip == "esp32c3":
+        pcs = [int(v, 16) for v in re.findall(r"\b(?:MEPC|RA)\s*: 0x([0-9a-f]{8})", text)]
+    else:
+        (bt,) = re.findall(r"Backtrace: (.*)", text)
+        pcs = [int(pc, 16) for pc, _ in re.findall(r"0x([0-9a-f]{8}):0x([0-9a-f]{8})", bt)]
+    names = [func(pc) for pc in pcs]
+    assert None not in names, [hex(p) for p in pcs]
+    s3_asm = (chip, variant) == ("esp32s3", "optimized")
+    assert names[0] == ("esp_nn_conv_s8_esp32s3" if s3_asm else "esp_nn_conv_s8_ansi")

@@ -136,3 +136,45 @@ def test_builder_rejects_bad_projects(tmp_path: Path, models_dir: Path) -> None:
     (proj / "esp-check.json").write_text(json.dumps(manifest))
     with pytest.raises(BuildError, match="3 inputs"):
         build_sim_firmware(proj, tmp_path / "b")
+
+
+@pytest.mark.parametrize("chip", ["esp32", "esp32s3", "esp32c3"])
+def test_sim_builder_writes_an_elf_real_tools_read(tmp_path: Path, models_dir: Path, chip: str) -> None:
+    """The ELF beside the app: pyelftools (what esp-idf-panic-decoder uses) and binutils' readelf read it;
+    its sections are the image's segments; its SHA-256 is in the app description, where ESP-IDF puts it
+    (0xB0 into the .bin: what pytest-embedded's --confirm-target-elf-sha256 reads)."""
+    import shutil
+    import subprocess
+
+    from elftools.elf.elffile import ELFFile
+    from esp_idf_panic_decoder.pc_address_matcher import PcAddressMatcher
+
+    files = build_sim_firmware(_project(tmp_path, models_dir, chip=chip), tmp_path / "b")
+    app_path = files[-1][1]
+    elf_path = app_path.with_suffix(".elf")
+    with elf_path.open("rb") as f:
+        elf = ELFFile(f)
+        assert elf["e_machine"] == ("EM_XTENSA" if chip != "esp32c3" else "EM_RISCV") and elf.elfclass == 32
+        sections = {s.name: s for s in elf.iter_sections()}
+        symbols = sections[".symtab"].iter_symbols()
+        funcs = {s.name: s["st_value"] for s in symbols if s["st_info"]["type"] == "STT_FUNC"}
+        assert {"app_main", "panic_abort", "esp_nn_conv_s8_ansi"} <= set(funcs)
+        image = LoadFirmwareImage(chip, str(app_path))
+        by_addr = {seg.addr: bytes(seg.data) for seg in image.segments}
+        for name in (".flash.rodata", ".flash.text", ".iram0.text"):
+            sec = sections[name]
+            data = by_addr[sec["sh_addr"]]
+            if name == ".flash.rodata":  # the image's copy carries the ELF's SHA-256 in the app description
+                n = len(sec.data())
+                assert data[:0x90] == sec.data()[:0x90] and data[0xB0:n] == sec.data()[0xB0:]
+            else:
+                assert data[: len(sec.data())] == sec.data()
+        assert image.entrypoint == elf["e_entry"] == funcs["call_start_cpu0"]
+    digest = hashlib.sha256(elf_path.read_bytes()).digest()
+    assert app_path.read_bytes()[0xB0:0xD0] == digest
+    assert PcAddressMatcher(str(elf_path)).is_executable_address(funcs["app_main"] + 8)
+    if shutil.which("readelf"):
+        proc = subprocess.run(["readelf", "-W", "-h", "-l", "-S", "-s", str(elf_path)], capture_output=True,
+                              text=True, timeout=30)  # fmt: skip
+        assert proc.returncode == 0 and not proc.stderr, proc.stderr
+        assert "app_main" in proc.stdout and "EXEC (Executable file)" in proc.stdout

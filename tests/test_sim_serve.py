@@ -65,6 +65,37 @@ def test_raw_tcp_serves_bytes_but_cannot_reset(s3_files) -> None:
         REGISTRY.remove(name)
 
 
+def test_raw_tcp_board_strapped_into_download_mode(s3_files) -> None:
+    """What a bench offers raw TCP clients: a board with BOOT held, powered on by the server."""
+    name = f"tcp-{uuid.uuid4().hex[:8]}"
+    server = serve_tcp(f"sim://{name}?chip=esp32s3&emitter=c&boot=download")
+    try:
+        client = serial.serial_for_url(server.address, timeout=0.5)
+        esp = cmds.detect_chip(client, 115200, "no-reset", connect_attempts=2)  # nobody reset it from here
+        assert esp.CHIP_NAME == "ESP32-S3"
+        client.close()
+        board = REGISTRY.get(name)
+        assert board.download_sessions == 1 and board.boots == 0
+    finally:
+        server.stop()
+        REGISTRY.remove(name)
+
+
+def test_strap_wins_over_the_reset_circuit() -> None:
+    name = f"strap-{uuid.uuid4().hex[:8]}"
+    port = serial.serial_for_url(f"sim://{name}?chip=esp32c3&boot=download", baudrate=115200, timeout=0.3)
+    try:
+        port.dtr = False
+        port.rts = True  # EN low with IO0 released by the circuit: a plain hard reset ...
+        port.rts = False
+        out = read_until_end(port, timeout=2, idle=0.3)
+        assert b"waiting for download" in out  # ... but BOOT is held: the ROM waits for a host
+        assert REGISTRY.get(name).boots == 0
+    finally:
+        port.close()
+        REGISTRY.remove(name)
+
+
 @pytest.mark.slow
 def test_rfc2217_server_resets_for_esptool(s3_files) -> None:
     name = f"rfc-{uuid.uuid4().hex[:8]}"
@@ -88,6 +119,23 @@ def test_rfc2217_server_resets_for_esptool(s3_files) -> None:
         client.close()
         assert cap.valid, (cap.problems, raw[-600:], REGISTRY.get(name).status())
         assert cap.nn_mode == "ansi_c" and cap.simulated
+    finally:
+        server.stop()
+        REGISTRY.remove(name)
+
+
+def test_rfc2217_clients_need_no_ign_set_control(s3_files) -> None:
+    """The server answers the DTR/RTS requests esptool's port manager takes over, so a client opens the
+    plain URL (and waits for answers instead of pyserial's 0.1 s sleep per control request)."""
+    name = f"rfc-{uuid.uuid4().hex[:8]}"
+    server = serve_rfc2217(f"sim://{name}?chip=esp32s3&emitter=c")
+    try:
+        assert "ign_set_control" not in server.address
+        client = serial.serial_for_url(server.address, timeout=3)
+        esp = cmds.detect_chip(client, 115200, "default-reset", connect_attempts=3)  # DTR/RTS: answered
+        assert esp.CHIP_NAME == "ESP32-S3"
+        client.dtr = False  # a lone line change is acknowledged too (pyserial waits for the answer)
+        client.close()
     finally:
         server.stop()
         REGISTRY.remove(name)
@@ -163,3 +211,5 @@ def test_cli_sim_serve_rejects_bad_board_before_binding() -> None:
 
     assert main(["sim", "serve", "--chip", "esp32", "--reset", "usb_jtag", "--port", "0"]) == 2
     assert main(["sim", "serve", "--fault", "melt", "--port", "0"]) == 2
+    assert main(["sim", "serve", "--boot", "sideways", "--port", "0"]) == 2
+    assert main(["sim", "serve", "--flash-size", "3MB", "--port", "0"]) == 2

@@ -200,6 +200,41 @@ def test_simulated_board_refuses_a_real_port(tmp_path: Path, capsys: pytest.Capt
     assert not (out / "projects").exists()
 
 
+@pytest.mark.parametrize("port", ["/dev/ttyUSB0", "COM3", "auto", "/dev/serial/by-id/usb-Silicon_Labs-if00"])
+def test_simulated_board_refuses_every_device_path(tmp_path: Path, port: str) -> None:
+    """A served simulator is reached by URL (rfc2217://, socket://); a device path is real hardware."""
+    out = tmp_path / "out"
+    code = main(["flash-and-compare", str(CNN), "--input", str(CNN_IN), "--board", "sim", "--port", port,
+                 "--out", str(out)])  # fmt: skip
+    assert code == ExitCode.USAGE and not (out / "projects").exists()
+
+
+def _stream(sim: bool) -> bytes:
+    from harness.protocol.emitter import make_emitter
+
+    out = bytearray()
+    e = make_emitter(out.extend, backend="python")
+    e.begin("0.1.0", sim)
+    e.info([("nn", "optimized"), ("target", "esp32s3")])
+    e.end(True)
+    return bytes(out)
+
+
+@pytest.mark.parametrize(("device_sim", "board_sim"), [(False, True), (True, False)])
+def test_device_that_is_not_what_the_board_says_is_never_a_result(device_sim: bool, board_sim: bool) -> None:
+    """--board sim in front of real hardware (BEGIN without sim=1) is not silently reported as simulated,
+    and a simulator behind a real board's name is not reported as hardware: usage error, outputs unused."""
+    from harness.flows.capture import verdict_evidence
+    from harness.protocol.capture import parse_capture
+
+    cap = parse_capture(_stream(device_sim))
+    assert cap.simulated == device_sim  # (an incomplete stream: the identity check comes first)
+    code, detail, keep = verdict_evidence("optimized", cap, [], "end_record", board_sim)
+    assert code == ExitCode.USAGE and not keep
+    assert ("sim=1" in detail) and ("simulated board" if board_sim else "real board") in detail
+    assert verdict_evidence("optimized", cap, [], "end_record", device_sim)[0] != ExitCode.USAGE  # consistent
+
+
 def test_real_board_with_a_missing_port_fails_before_building(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -22,6 +22,7 @@ evaluated.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -46,7 +47,9 @@ __all__ = [
 ]
 
 
-class Severity:
+class Severity(str, enum.Enum):
+    """How a finding counts; the value is what reports print."""
+
     FIRMWARE_FAULT = "firmware_fault"  # exit 4
     INFRASTRUCTURE = "infrastructure"  # exit 3
     USAGE = "usage"  # exit 2 (protocol ERROR stage=input: what was embedded is wrong)
@@ -162,6 +165,13 @@ KIND_TABLE: tuple[KindInfo, ...] = (
         _INFRA,
         "`invalid header: 0x..`, `flash read err`, `csum err`, `Checksum "
         "failure`, ROM `ets_main.c NNN`, no bootable app, invalid magic byte, image verify failure",
+    ),
+    KindInfo(
+        "flash_size_mismatch",
+        Severity.USAGE,
+        "ESP-IDF start-up `Detected size(NNNNk) smaller than the size in the binary image header(MMMMk)`: "
+        "the board file promises more flash than the chip has (the abort and boot loop that follow are "
+        "its consequence, not a firmware fault)",
     ),
     KindInfo(
         "download_mode",
@@ -972,6 +982,9 @@ def _detect_boot_failure(ctx: _Ctx) -> Found:
         if "attemptingtobootanyway" in nxt:  # the bootloader goes on: a warning, not a failure
             continue
         detail = (m.group(1) if m else ln.body.strip())[:200]
+        if "smallerthanthesizeinthebinary" in ln.sq:
+            out.append((i, _flash_size_finding(ctx, i, detail)))
+            continue
         out.append(
             (
                 i,
@@ -987,6 +1000,28 @@ def _detect_boot_failure(ctx: _Ctx) -> Found:
             )
         )
     return out
+
+
+_FLASH_SIZES = re.compile(r"size\((\d+)k\).*?header\((\d+)k\)", re.IGNORECASE)
+
+
+def _flash_size_finding(ctx: _Ctx, i: int, detail: str) -> Finding:
+    """The image was built for more flash than the chip has: the board file is wrong (exit 2)."""
+    m = _FLASH_SIZES.search(ctx.lines[i].text)
+    sizes = {"chip_kb": int(m.group(1)), "image_kb": int(m.group(2))} if m else {}
+    what = ""
+    if m:
+        what = f" ({sizes['chip_kb'] // 1024} MB chip, image built for {sizes['image_kb'] // 1024} MB)"
+    return Finding(
+        "flash_size_mismatch",
+        Severity.USAGE,
+        f"the image was built for more flash than the chip has{what}: ESP-IDF refuses to start",
+        i + 1,
+        ctx.evidence(i, i),
+        {"detail": detail, **sizes},
+        "use the board file that matches the module (`esptool flash-id` prints the real size), or "
+        "lower flash_size in the board file, then rebuild",
+    )
 
 
 _DL_SQ = re.compile(r"boot0x[0-9a-f]{1,2}(?:download|uartboot)|aitingfordownload|ownloadbootmodesdisabled")
@@ -1271,7 +1306,7 @@ DETECTORS: tuple[Detector, ...] = (
     Detector("panic", ("panic", "abort"), _detect_panic),
     Detector("orphan_crash", ("panic",), _detect_orphan_crash),
     Detector("brownout", ("brownout",), _detect_brownout),
-    Detector("boot_failure", ("boot_failure",), _detect_boot_failure),
+    Detector("boot_failure", ("boot_failure", "flash_size_mismatch"), _detect_boot_failure),
     Detector("download_mode", ("download_mode",), _detect_download_mode),
     Detector("native_exit", ("native_exit",), _detect_native_exit),
 )
@@ -1351,7 +1386,8 @@ def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None, threshold:
         "signals": dict(boots.counts),
     }
     crash = next((f.kind for f in found if f.severity == _FW), None)
-    cause = "brownout" if "brownout" in kinds else "boot_failure" if "boot_failure" in kinds else crash
+    infra_causes = ("flash_size_mismatch", "brownout", "boot_failure")
+    cause = next((k for k in infra_causes if k in kinds), crash)
     if cause is None:
         return [
             Finding(
@@ -1366,7 +1402,7 @@ def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None, threshold:
                 "panic message (esp_restart, hardware watchdog) also shows up like this",
             )
         ]
-    sev = _INFRA if cause in ("brownout", "boot_failure") else _FW
+    sev = {"flash_size_mismatch": Severity.USAGE, "brownout": _INFRA, "boot_failure": _INFRA}.get(cause, _FW)
     return [
         Finding(
             "boot_loop",
@@ -1460,6 +1496,9 @@ def classify(
     for detector in DETECTORS:
         found.extend(detector.run(ctx))
     warnings = [f for _, f in found if f.kind == "task_watchdog"]
+    if any(f.kind == "flash_size_mismatch" for _, f in found):
+        # ESP-IDF's start-up aborts after that message, on every boot: a consequence, not a fault
+        found = [(i, f) for i, f in found if f.kind not in ("abort", "panic", "orphan_crash")]
     out = _merge_repeats(sorted(((i, f) for i, f in found if f.kind != "task_watchdog"), key=lambda x: x[0]))
     out += warnings
     out += _boot_loop(ctx, out, ended_by, boot_loop_threshold)

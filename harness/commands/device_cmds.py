@@ -280,6 +280,7 @@ def _print_summary(console: Console, result: Any) -> None:
             findings,
         )
     console.print(table)
+    _print_backtraces(console, result)
     if getattr(result, "tap", None) is not None:
         _print_tap(console, result.tap)
     for warn in result.warnings:
@@ -307,6 +308,17 @@ def _print_summary(console: Console, result: Any) -> None:
     if result.native:
         console.print(f"[bold]{escape(result.native['meaning'])}[/bold]")
     console.print(f"artifacts: {result.out_dir}  report: {result.report_path}")
+
+
+def _print_backtraces(console: Console, result: Any) -> None:
+    """Each crash's decoded call chain (or why it was not decoded), under the table."""
+    from harness.firmware.backtrace import describe
+
+    for v, r in result.variants.items():
+        for f in r.findings:
+            line = describe(f.get("details") or {})
+            if line:
+                console.print(f"  {escape(v)} {safe_markup(f['kind'])}: {safe_markup(line)}")
 
 
 def _print_tap(console: Console, tap: Any) -> None:

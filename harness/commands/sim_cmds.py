@@ -20,8 +20,12 @@ def _url(
     variant_fault: str | None,
     throttle: int | None,
     seed: int,
+    flash_size: str,
+    boot: str,
 ) -> str:
-    params: dict[str, str] = {"chip": chip, "reset": reset, "seed": str(seed)}
+    params: dict[str, str] = {"chip": chip, "reset": reset, "seed": str(seed), "flash_size": flash_size}
+    if boot != "auto":
+        params["boot"] = boot
     if flash:
         params["flash"] = flash
     if fault:
@@ -57,6 +61,20 @@ def sim_group() -> None:
     default=None,
     help="Keep the flash contents in this file (survives restarts; share it between processes).",
 )
+@click.option(
+    "--flash-size",
+    type=click.Choice(["1MB", "2MB", "4MB", "8MB", "16MB", "32MB"], case_sensitive=False),
+    default=None,
+    help="SPI flash size (default: the simulated board's, boards/sim.toml).",
+)
+@click.option(
+    "--boot",
+    type=click.Choice(["auto", "download"]),
+    default="auto",
+    show_default=True,
+    help="auto: IO0 follows the reset circuit; download: strapped into download mode (BOOT held), "
+    "powered on at start - what raw TCP clients need, since DTR/RTS cannot travel over a socket.",
+)
 @click.option("--fault", multiple=True, help="Inject a fault (repeatable); see docs/simulator.md.")
 @click.option(
     "--variant-fault",
@@ -81,6 +99,8 @@ def serve_cmd(
     chip: str,
     reset: str,
     flash: str | None,
+    flash_size: str | None,
+    boot: str,
     fault: tuple[str, ...],
     variant_fault: str | None,
     throttle: int | None,
@@ -92,15 +112,20 @@ def serve_cmd(
     """Expose a simulated board over TCP until interrupted (one client at a time).
 
     Raw TCP clients use socket://HOST:PORT and cannot reset the board (DTR/RTS do not travel over a
-    raw socket); --rfc2217 clients use rfc2217://HOST:PORT and can.
+    raw socket): use --boot download for esptool over raw TCP. --rfc2217 clients use
+    rfc2217://HOST:PORT and can reset it.
     """
+    from harness.firmware.boards import load_board
     from harness.sim import parse_url
     from harness.sim.serve import SimServer
 
-    url = _url(name, chip, reset, flash, fault, variant_fault, throttle, seed)
+    size = (flash_size or load_board("sim").flash_size).upper()
+    url = _url(name, chip, reset, flash, fault, variant_fault, throttle, seed, size, boot)
     parse_url(url)  # validate before binding (raises UsageError, exit 2)
     server = SimServer(url, host, tcp_port, rfc2217=rfc2217).start()
-    click.echo(f"esp-check SIMULATED BOARD {name} ({chip}, reset={reset}) serving {url}")
+    click.echo(
+        f"esp-check SIMULATED BOARD {name} ({chip}, {size} flash, reset={reset}, boot={boot}) serving {url}"
+    )
     click.echo(f"listening on {server.address}")
     sys.stdout.flush()  # a parent process waits for this line to learn the port
     try:

@@ -18,7 +18,7 @@ import shutil
 import struct
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -30,16 +30,44 @@ from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, PIO_ENV, read_man
 from harness.firmware.native.project import NativeOptions, plan_native_build, run_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
 
-CACHE_FORMAT = 2  # 2: the sim packer's bootloader carries the partition table offset
+# 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
+# layout, the ELF and config/sdkconfig.json are cached
+CACHE_FORMAT = 3
 BUILD_SUBDIR = f"{DATA_DIR}/build"
 LOG_NAME = "build.log"
 FLASHER_ARGS = "flasher_args.json"
 FLASH_ARGS = "flash_args"  # the same as esptool's @file argument list (ESP-IDF writes one too)
+APP_NAME = "esp_check_fw"  # the generated projects' CMake project() name: ESP-IDF names the app after it
+# Names of a build's files inside a cache entry (flat) ...
 ROLE_FILES = {
     "bootloader": "bootloader.bin",
     "partition-table": "partition-table.bin",
     "otadata": "ota_data_initial.bin",
     "app": "app.bin",
+}
+EXTRA_FILES = {"elf": "app.elf", "sdkconfig_json": "sdkconfig.json"}
+_CACHE_NAMES = {**ROLE_FILES, **EXTRA_FILES}
+# ... and in the exported build directory, which follows ESP-IDF's layout: exactly one .bin at the top
+# (the app: pytest-embedded-idf takes the first *.bin it lists there), the other images in
+# subdirectories, <app>.elf, config/sdkconfig.json, flasher_args.json, flash_args,
+# project_description.json.
+LAYOUT = {
+    "bootloader": "bootloader/bootloader.bin",
+    "partition-table": "partition_table/partition-table.bin",
+    "otadata": "ota_data/ota_data_initial.bin",
+    "app": f"{APP_NAME}.bin",
+    "elf": f"{APP_NAME}.elf",
+    "sdkconfig_json": "config/sdkconfig.json",
+}
+PROJECT_DESCRIPTION = "project_description.json"
+# what ESP-IDF's project_description.json calls monitor_toolprefix (its addr2line is <prefix>addr2line)
+TOOLPREFIX = {
+    "esp32": "xtensa-esp32-elf-",
+    "esp32s2": "xtensa-esp32s2-elf-",
+    "esp32s3": "xtensa-esp32s3-elf-",
+    "esp32c3": "riscv32-esp-elf-",
+    "esp32c6": "riscv32-esp-elf-",
+    "esp32p4": "riscv32-esp-elf-",
 }
 # Files and directories that are build products or resolved state, not inputs of the build.
 _EXCLUDED_DIRS = {".pio", "build", "managed_components", ".git", "__pycache__"}
@@ -70,6 +98,7 @@ class BuildResult:
     cache_key: str
     firmware_sha256: str
     chip: str
+    elf: Path | None = None  # the app's ELF (symbols for backtrace decoding), when the builder made one
 
     def flash_files(self) -> list[tuple[int, Path]]:
         """(offset, file) pairs in offset order, as esptool's write-flash takes them."""
@@ -92,6 +121,32 @@ def parse_sdkconfig(text: str) -> dict[str, str]:
         if len(value) >= 2 and value[0] == value[-1] == '"':
             value = value[1:-1]
         out[key.strip()] = value
+    return out
+
+
+_NOT_SET = re.compile(r"^#\s*CONFIG_([A-Za-z0-9_]+) is not set\s*$")
+
+
+def sdkconfig_json(text: str) -> dict[str, Any]:
+    """An sdkconfig as ESP-IDF's ``config/sdkconfig.json`` has it: names without ``CONFIG_``, ``y`` and
+    ``is not set`` as booleans, decimal and hex numbers as integers, the rest as strings."""
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        unset = _NOT_SET.match(line.strip())
+        if unset:
+            out[unset.group(1)] = False
+    for key, value in parse_sdkconfig(text).items():
+        if not key.startswith("CONFIG_"):
+            continue
+        name = key[len("CONFIG_") :]
+        if value in ("y", "n"):
+            out[name] = value == "y"
+        elif re.fullmatch(r"-?\d+", value):
+            out[name] = int(value)
+        elif re.fullmatch(r"0[xX][0-9a-fA-F]+", value):
+            out[name] = int(value, 16)
+        else:
+            out[name] = value
     return out
 
 
@@ -312,6 +367,9 @@ def _build_pio(
         "bootloader": out / "bootloader.bin",
         "partition-table": out / "partitions.bin",
         "otadata": out / "ota_data_initial.bin",
+        "elf": out / "firmware.elf",
+        "sdkconfig_json": out / "config" / "sdkconfig.json",  # ESP-IDF's confgen output, when there
+        "sdkconfig": resolved,
     }
     return files, _read_sdkconfig(resolved)
 
@@ -347,7 +405,10 @@ def _build_idf(
         "bootloader": build / "bootloader" / "bootloader.bin",
         "partition-table": build / "partition_table" / "partition-table.bin",
         "otadata": build / "ota_data_initial.bin",
-        "app": build / "esp_check_fw.bin",
+        "app": build / f"{APP_NAME}.bin",
+        "elf": build / f"{APP_NAME}.elf",
+        "sdkconfig_json": build / "config" / "sdkconfig.json",
+        "sdkconfig": project / "sdkconfig",
     }
     # ESP-IDF's own flasher_args.json names the app file; prefer it when present.
     try:
@@ -355,6 +416,7 @@ def _build_idf(
         app_file = idf_args.get("app", {}).get("file")
         if isinstance(app_file, str) and ".." not in Path(app_file).parts:
             files["app"] = build / app_file
+            files["elf"] = (build / app_file).with_suffix(".elf")
     except (OSError, ValueError, AttributeError):
         pass
     return files, _read_sdkconfig(project / "sdkconfig")
@@ -386,6 +448,10 @@ def _build_sim(
             )
         files[role] = Path(path)
         offsets[role] = offset
+    elf = files["app"].with_suffix(".elf")
+    if elf.is_file():
+        files["elf"] = elf
+    files["sdkconfig_json"] = _sim_sdkconfig_json(project, sim_dir)
     with log_path.open("a", encoding="utf-8") as log:
         for offset, path in ordered:
             line = f"sim: packed {Path(path).name} for offset 0x{offset:x}"
@@ -393,6 +459,30 @@ def _build_sim(
             if on_output:
                 on_output(line)
     return files, offsets
+
+
+def _sim_sdkconfig_json(project: Path, out: Path) -> Path:
+    """config/sdkconfig.json for a sim build: the project's sdkconfig.defaults (no Kconfig resolution runs)
+    plus the resolved symbols tools look for (target, its architecture, the flash size)."""
+    try:
+        text = (project / "sdkconfig.defaults").read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    doc = sdkconfig_json(text)
+    manifest = read_manifest(project)
+    board_def = manifest.get("board_def") or {}
+    chip = str(manifest.get("chip") or board_def.get("chip") or doc.get("IDF_TARGET") or "")
+    doc["IDF_TARGET"] = chip
+    doc[f"IDF_TARGET_{chip.upper()}"] = True
+    arch = "RISCV" if TOOLPREFIX.get(chip, "").startswith("riscv") else "XTENSA"
+    doc[f"IDF_TARGET_ARCH_{arch}"] = True
+    sizes = [k.split("_")[-1] for k, v in doc.items() if k.startswith("ESPTOOLPY_FLASHSIZE_") and v is True]
+    size = sizes[0] if sizes else None
+    if size or board_def.get("flash_size"):
+        doc["ESPTOOLPY_FLASHSIZE"] = size or str(board_def["flash_size"])
+    path = out / "sdkconfig.json"
+    path.write_text(json.dumps(doc, indent=4, sort_keys=True) + "\n", encoding="utf-8")
+    return path
 
 
 def _read_sdkconfig(path: Path) -> dict[str, str]:
@@ -475,20 +565,90 @@ def _layout(
     return layout
 
 
-def flasher_args(
-    artifacts: Sequence[Artifact], sdkconfig: Mapping[str, str], chip: str, flash_size: str
+def _extras(files: Mapping[str, Path], out_dir: Path) -> dict[str, Path]:
+    """The build's non-flashed outputs tools want: the ELF and config/sdkconfig.json (written from the
+    resolved sdkconfig when the builder did not leave one)."""
+    out: dict[str, Path] = {}
+    elf = files.get("elf")
+    if elf is not None and elf.is_file():
+        out["elf"] = elf
+    given = files.get("sdkconfig_json")
+    if given is not None and given.is_file():
+        out["sdkconfig_json"] = given
+        return out
+    resolved = files.get("sdkconfig")
+    if resolved is not None and resolved.is_file():
+        path = out_dir / LAYOUT["sdkconfig_json"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = sdkconfig_json(resolved.read_text(encoding="utf-8", errors="replace"))
+        path.write_text(json.dumps(doc, indent=4, sort_keys=True) + "\n", encoding="utf-8")
+        out["sdkconfig_json"] = path
+    return out
+
+
+def _clear_layout(out_dir: Path) -> None:
+    """Remove top-level images and ELFs of an earlier build (or an older esp-check's flat layout): tools
+    take the first ``*.bin`` / ``*.elf`` they find at the top of a build directory."""
+    for path in out_dir.iterdir():
+        if path.is_file() and path.suffix in (".bin", ".elf"):
+            path.unlink()
+
+
+def _place(src: Path, dest: Path) -> Path:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if src.resolve() != dest.resolve():
+        shutil.copyfile(src, dest)
+    return dest
+
+
+def _fwver(manifest: Mapping[str, Any]) -> str:
+    return str(manifest.get("template_version") or "0.0.0")
+
+
+def project_description(
+    project: Path, out_dir: Path, manifest: Mapping[str, Any], chip: str, elf: Path | None, *, fwver: str
 ) -> dict[str, Any]:
-    """An ESP-IDF style flasher_args.json (paths relative to the file's directory)."""
+    """The fields of ESP-IDF's project_description.json that tools read (monitor, test runners), for
+    the exported build directory (paths in it, files relative to it)."""
+    board_def = manifest.get("board_def") or {}
+    return {
+        "project_name": APP_NAME,
+        "project_version": fwver,
+        "project_path": str(project),
+        "build_dir": str(out_dir),
+        "target": chip,
+        "build_type": "flash_app",
+        "app_bin": LAYOUT["app"],
+        "app_elf": LAYOUT["elf"] if elf is not None else "",
+        "config_file": str(out_dir / LAYOUT["sdkconfig_json"]),
+        "monitor_baudrate": int(board_def.get("monitor_baud") or 115200),
+        "monitor_toolprefix": TOOLPREFIX.get(chip, ""),
+        "generated_by": f"esp-check {__version__} (builder {manifest.get('builder') or 'pio'})",
+    }
+
+
+def flasher_args(
+    artifacts: Sequence[Artifact],
+    sdkconfig: Mapping[str, str],
+    chip: str,
+    flash_size: str,
+    base: Path | None = None,
+) -> dict[str, Any]:
+    """An ESP-IDF style flasher_args.json (paths relative to ``base``, the file's directory)."""
+
+    def rel(p: Path) -> str:
+        return p.relative_to(base).as_posix() if base is not None else p.name
+
     mode = sdkconfig.get("CONFIG_ESPTOOLPY_FLASHMODE", "keep") or "keep"
     freq = sdkconfig.get("CONFIG_ESPTOOLPY_FLASHFREQ", "keep") or "keep"
     size = sdkconfig.get("CONFIG_ESPTOOLPY_FLASHSIZE", flash_size) or flash_size
     data: dict[str, Any] = {
         "write_flash_args": ["--flash-mode", mode, "--flash-freq", freq, "--flash-size", size],
         "flash_settings": {"flash_mode": mode, "flash_freq": freq, "flash_size": size},
-        "flash_files": {_hex(a.offset): a.path.name for a in sorted(artifacts)},
+        "flash_files": {_hex(a.offset): rel(a.path) for a in sorted(artifacts)},
     }
     for a in artifacts:
-        data[a.role] = {"offset": _hex(a.offset), "file": a.path.name, "encrypted": "false"}
+        data[a.role] = {"offset": _hex(a.offset), "file": rel(a.path), "encrypted": "false"}
     data["extra_esptool_args"] = {
         "after": "hard-reset",
         "before": "default-reset",
@@ -539,6 +699,52 @@ def _record_resolved(project: Path, resolved: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     tmp.replace(path)
+
+
+def _export(
+    project: Path,
+    out_dir: Path,
+    manifest: Mapping[str, Any],
+    files: Mapping[str, Path],
+    meta: Mapping[str, Any],
+    *,
+    flash_size: str,
+    builder: str,
+) -> BuildResult:
+    """Write the build directory (ESP-IDF's layout, see LAYOUT) from a build's or a cache entry's files."""
+    chip = str(manifest.get("chip") or (manifest.get("board_def") or {}).get("chip") or "")
+    offsets: dict[str, int] = {str(k): int(v) for k, v in meta["offsets"].items()}
+    _clear_layout(out_dir)
+    artifacts = sorted(
+        Artifact(off, _place(files[role], out_dir / LAYOUT[role]), role) for role, off in offsets.items()
+    )
+    elf = _place(files["elf"], out_dir / LAYOUT["elf"]) if "elf" in files else None
+    if "sdkconfig_json" in files:
+        _place(files["sdkconfig_json"], out_dir / LAYOUT["sdkconfig_json"])
+    args = flasher_args(artifacts, meta.get("sdkconfig", {}), chip, flash_size, out_dir)
+    fa_path = out_dir / FLASHER_ARGS
+    fa_path.write_text(json.dumps(args, indent=4) + "\n", encoding="utf-8")
+    lines = [" ".join(args["write_flash_args"])]
+    lines += [f"{_hex(a.offset)} {a.path.relative_to(out_dir).as_posix()}" for a in artifacts]
+    (out_dir / FLASH_ARGS).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    description = project_description(project, out_dir, manifest, chip, elf, fwver=_fwver(manifest))
+    (out_dir / PROJECT_DESCRIPTION).write_text(json.dumps(description, indent=4) + "\n", encoding="utf-8")
+    if meta.get("resolved") is not None:
+        _record_resolved(project, meta["resolved"])
+    app = out_dir / LAYOUT["app"]
+    return BuildResult(
+        project_dir=project,
+        builder=builder,
+        artifacts=tuple(artifacts),
+        app_bin=app,
+        flasher_args=fa_path,
+        log_path=None,
+        cache_hit=False,
+        cache_key="",
+        firmware_sha256=_sha256_file(app),
+        chip=chip,
+        elf=elf,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -632,10 +838,11 @@ def build_project(
                 f.write(f"cache hit {job.key} ({cache.root}): builder not run\n")
             if on_output:
                 on_output(f"cache hit {job.key[:12]}: builder not run")
-            files = {role: entry.file(ROLE_FILES[role]) for role in entry.meta["offsets"]}
+            stored = [*entry.meta["offsets"], *entry.meta.get("extras", [])]
+            files = {role: entry.file(_CACHE_NAMES[role]) for role in stored}
             return _finish(job, files, entry.meta, hit=True)
         files, meta = run_build()
-        cache.put(job.key, {ROLE_FILES[role]: path for role, path in files.items()}, meta)
+        cache.put(job.key, {_CACHE_NAMES[role]: path for role, path in files.items()}, meta)
         return _finish(job, files, meta, hit=False)
 
 
@@ -682,40 +889,18 @@ def _build_meta(
         "builder": job.builder,
         "board": str(job.manifest.get("board")),
     }
-    return {role: path for role, _, path in layout}, meta
+    extras = _extras(files, job.out_dir)
+    meta["extras"] = sorted(extras)
+    return {role: path for role, _, path in layout} | extras, meta
 
 
 def _finish(job: _BuildJob, files: Mapping[str, Path], meta: Mapping[str, Any], *, hit: bool) -> BuildResult:
-    """Copy the images into the build directory, write flasher_args.json / flash_args, describe it."""
-    offsets: dict[str, int] = {str(k): int(v) for k, v in meta["offsets"].items()}
-    artifacts: list[Artifact] = []
-    for role, offset in offsets.items():
-        dest = job.out_dir / ROLE_FILES[role]
-        if files[role].resolve() != dest.resolve():
-            shutil.copyfile(files[role], dest)
-        artifacts.append(Artifact(offset, dest, role))
-    artifacts.sort()
+    """Write the build directory (ESP-IDF's layout, see LAYOUT) from a build's or a cache entry's files."""
     flash_size = str(job.board_def.get("flash_size") or "keep")
-    args = flasher_args(artifacts, meta.get("sdkconfig", {}), job.chip, flash_size)
-    fa_path = job.out_dir / FLASHER_ARGS
-    fa_path.write_text(json.dumps(args, indent=4) + "\n", encoding="utf-8")
-    lines = [" ".join(args["write_flash_args"])] + [f"{_hex(a.offset)} {a.path.name}" for a in artifacts]
-    (job.out_dir / FLASH_ARGS).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    if meta.get("resolved") is not None:
-        _record_resolved(job.project, meta["resolved"])
-    app = job.out_dir / ROLE_FILES["app"]
-    return BuildResult(
-        project_dir=job.project,
-        builder=job.builder,
-        artifacts=tuple(artifacts),
-        app_bin=app,
-        flasher_args=fa_path,
-        log_path=job.log,
-        cache_hit=hit,
-        cache_key=job.key,
-        firmware_sha256=_sha256_file(app),
-        chip=job.chip,
+    res = _export(
+        job.project, job.out_dir, job.manifest, files, meta, flash_size=flash_size, builder=job.builder
     )
+    return replace(res, log_path=job.log, cache_hit=hit, cache_key=job.key)
 
 
 # --------------------------------------------------------------------------------------------

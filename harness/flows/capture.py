@@ -19,6 +19,7 @@ from harness.device.console import RawCapture
 from harness.device.flash import FlashResult
 from harness.device.session import DeviceSession
 from harness.errors import EspCheckError, ExitCode
+from harness.firmware.backtrace import decode_findings
 from harness.firmware.boards import Board
 from harness.firmware.build import BuildResult
 from harness.flows.records import EXPECTED_NN, ProgressFn, Recorder, StageRecord, StageTimeouts, VariantRun
@@ -92,7 +93,9 @@ def run_variant(
     finally:
         with contextlib.suppress(Exception):  # closing a dead port must not hide the real outcome
             dev.close()
-    return verify_capture(rec, run, raw, log_path)
+    return verify_capture(
+        rec, run, raw, log_path, elf=build.elf, chip=build.chip, simulated_board=board.simulated
+    )
 
 
 def flash_facts(fr: FlashResult) -> dict[str, Any]:
@@ -109,15 +112,27 @@ def flash_facts(fr: FlashResult) -> dict[str, Any]:
     }
 
 
-def verify_capture(rec: Recorder, run: VariantRun, raw: RawCapture, log_path: Path) -> ExitCode | None:
-    """Parse and classify what the device printed; keep its outputs only when they are evidence."""
+def verify_capture(
+    rec: Recorder,
+    run: VariantRun,
+    raw: RawCapture,
+    log_path: Path,
+    *,
+    elf: Path | None = None,
+    chip: str = "",
+    simulated_board: bool | None = None,
+) -> ExitCode | None:
+    """Parse and classify what the device printed; keep its outputs only when they are evidence.
+
+    Crash findings get their code addresses decoded with the build's ELF (or say why they were not).
+    """
     t0 = time.monotonic()
     cap = parse_capture(raw.data)
-    findings = classify(raw.data, ended_by=raw.ended_by, parsed=cap)
+    findings = decode_findings(classify(raw.data, ended_by=raw.ended_by, parsed=cap), elf, chip)
     run.findings = [f.to_dict() for f in findings]
     run.nn_mode = cap.nn_mode
     run.problems = list(cap.problems)
-    code, detail, keep = verdict_evidence(run.variant, cap, findings, raw.ended_by)
+    code, detail, keep = verdict_evidence(run.variant, cap, findings, raw.ended_by, simulated_board)
     if keep:
         run.source = source_from_capture(cap, run.variant, str(log_path), raw.data)
         run.capture_valid = True
@@ -126,14 +141,29 @@ def verify_capture(rec: Recorder, run: VariantRun, raw: RawCapture, log_path: Pa
 
 
 def verdict_evidence(
-    variant: str, cap: Capture, findings: Sequence[Finding], ended_by: str
+    variant: str,
+    cap: Capture,
+    findings: Sequence[Finding],
+    ended_by: str,
+    simulated_board: bool | None = None,
 ) -> tuple[ExitCode | None, str, bool]:
     """What one variant's capture is worth: (exit code or None, detail, keep its outputs as a source).
 
-    Order matters: a firmware fault is a finding even in a broken capture; an invalid capture is never
-    a result; a valid one beside an infrastructure finding is kept as evidence but is never a clean
-    match; a firmware that does not report the ESP-NN mode it was built for proves nothing.
+    Order matters: a device that says it is not what the board definition is (a simulator behind a
+    real board's name, or real hardware behind a simulated board's: BEGIN ``sim=``) is a usage error
+    whatever else it printed; a firmware fault is a finding even in a broken capture; an invalid
+    capture is never a result; a valid one beside an infrastructure finding is kept as evidence but is
+    never a clean match; a firmware that does not report the ESP-NN mode it was built for proves nothing.
     """
+    if simulated_board is not None and cap.begin and cap.simulated != simulated_board:
+        said = "a simulator (BEGIN sim=1)" if cap.simulated else "real hardware (BEGIN without sim=1)"
+        board = "a simulated board" if simulated_board else "a real board"
+        return (
+            ExitCode.USAGE,
+            f"the device on the port reports it is {said}, but --board names {board}: its results are "
+            "not what the report would call them",
+            False,
+        )
     faults = [f for f in findings if f.severity == Severity.FIRMWARE_FAULT]
     if faults or cap.errors:
         msg = "; ".join(f.message for f in faults) or "; ".join(f"{e.stage}: {e.msg}" for e in cap.errors)

@@ -50,8 +50,12 @@ from harness.model.opdata import espnn_model_acceleration
 from harness.model.reference import prepare_host_results
 
 
-def sim_port_for(board_chip: str, reset: str, port: str | None) -> str:
-    """A ``sim://`` URL with a fresh board name unless the user named one (one run, one board)."""
+def sim_port_for(board_chip: str, reset: str, port: str | None, flash_size: str | None = None) -> str:
+    """A ``sim://`` URL with a fresh board name unless the user named one (one run, one board).
+
+    Chip, reset circuit and flash size default to the board definition's, so the simulated chip is the
+    one the firmware was built for (an image built for 8 MB refuses to start on 4 MB, as on hardware).
+    """
     url = port or "sim://"
     parts = urlsplit(url)
     name = parts.netloc or parts.path.lstrip("/")
@@ -64,6 +68,8 @@ def sim_port_for(board_chip: str, reset: str, port: str | None) -> str:
         extra.append(f"chip={board_chip}")
     if "reset" not in keys:
         extra.append(f"reset={'usb_jtag' if reset == 'usb_serial_jtag' else 'classic'}")
+    if "flash_size" not in keys and flash_size:
+        extra.append(f"flash_size={flash_size}")
     query = "&".join([q for q in [query, *extra] if q])
     return urlunsplit(("sim", name, "", query, ""))
 
@@ -223,11 +229,16 @@ def prepare_out_dir(out_dir: str | Path) -> Path:
     return out
 
 
+SERVED_SIM_SCHEMES = ("rfc2217://", "socket://")
+
+
 def _start(run: _Run, board: str | Path, port: str | None) -> None:
     """Load the board and model and pick the port (usage errors raise: nothing touched yet).
 
-    A simulated board runs only on a simulator's port (``sim://``); a real board's port is checked
-    here, before two builds that take minutes on a fresh machine.
+    A simulated board runs only on a simulator's port: ``sim://`` in this process, or the
+    ``rfc2217://`` / ``socket://`` URL of a served one (never a device path: a tty is real hardware).
+    Whether the device is a simulator is then decided by what it prints (BEGIN ``sim=1``), not by the
+    URL. A real board's port is checked here, before two builds that take minutes on a fresh machine.
     """
     board_def = run.loaded_board = load_board(board)
     run.loaded_model = load_model(run.model)
@@ -247,19 +258,26 @@ def _start(run: _Run, board: str | Path, port: str | None) -> None:
             )
         run.port_url = port or f"native://esp-check-{uuid.uuid4().hex[:10]}"
         run.fresh_sim = port is None  # made for this run alone: nobody else's, no lock
+    elif board_def.simulated and port is not None and port.startswith(SERVED_SIM_SCHEMES):
+        # a simulator served by `esp-check sim serve` (or esp_rfc2217_server in front of a sim:// port):
+        # reached like a remote board; its BEGIN record must say sim=1 (verify_capture checks it)
+        run.port_url = port
+        ps = run.rec.run("port", None, lambda: resolve_port(port, board_def))
+        run.rec.run("port-present", None, lambda: check_present(ps))
     elif board_def.simulated:
         if port is not None and not port.startswith("sim://"):
             raise UsageError(
                 f"board {board_def.name} is a simulated board, but --port {port} is not a simulator's port",
-                hint="omit --port (a fresh simulated board is made), give a sim://NAME?... URL, or name "
-                "the real board with --board (esp-check boards lists them)",
+                hint="omit --port (a fresh simulated board is made), give a sim://NAME?... URL or the "
+                "rfc2217:// / socket:// URL of `esp-check sim serve`, or name the real board with --board "
+                "(esp-check boards lists them)",
             )
         # A fresh simulated board per run (parallel runs never share one), configured like the
         # board file's default port (flash size, ...) unless the user gave a sim:// URL.
         template = port
         if template is None and board_def.default_port and board_def.default_port.startswith("sim://"):
             template = "sim://?" + board_def.default_port.partition("?")[2]
-        run.port_url = sim_port_for(board_def.chip, board_def.reset, template)
+        run.port_url = sim_port_for(board_def.chip, board_def.reset, template, board_def.flash_size)
         run.fresh_sim = port is None
     else:
         run.port_url = port or "auto"

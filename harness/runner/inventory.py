@@ -83,7 +83,7 @@ class BenchBoard:
             if url.startswith("sim://"):
                 from harness.flows.flash_and_compare import sim_port_for
 
-                url = sim_port_for(self.board.chip, self.board.reset, url)
+                url = sim_port_for(self.board.chip, self.board.reset, url, self.board.flash_size)
             return resolve_port(url, self.board)
         cands = list_candidates()
         if self.usb_serial:

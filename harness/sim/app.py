@@ -11,22 +11,26 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from harness.sim.chips import ChipSpec
+from harness.sim.elf import chain as elf_chain
 from harness.sim.faults import FaultSpec, flip_bits
 from harness.sim.image import (
     PARTITION_TABLE_MAX,
+    PROJECT_NAME,
     AppPayload,
     ImageError,
     LoadedImage,
     PartitionTableError,
+    app_elf_sha256,
     bootloader_max_bytes,
     bootloader_table_offset,
     find_payload,
+    header_flash_bytes,
     load_image,
     parse_partition_table,
     type_names,
@@ -36,12 +40,20 @@ ROM_BAUD = 115200
 SIM_BANNER = "esp-check SIMULATED BOARD"
 
 
+# When output starts after the reset is released (seconds): the ROM prints its banner at once and its
+# load lines while it reads the bootloader; the later pieces start at their ESP-IDF log timestamps.
+ROM_LOAD_S = 0.005
+REBOOT_S = 0.02  # from "Rebooting..." to the next ROM banner
+
+
 @dataclass(frozen=True)
 class Piece:
-    """One stretch of output: ``kind`` is "rom" (115200 baud), "console" (app baud) or "disconnect"."""
+    """One stretch of output: ``kind`` is "rom" (115200 baud), "console" (app baud) or "disconnect";
+    ``at``: seconds after the reset was released when its first byte is on the wire."""
 
     kind: str
     data: bytes = b""
+    at: float = 0.0
 
 
 @dataclass
@@ -104,6 +116,11 @@ class _Clock:
     def __init__(self, start: int = 27) -> None:
         self.ms = start
 
+    @property
+    def seconds(self) -> float:
+        """Now, on the boot's clock: when the next piece starts."""
+        return self.ms / 1000.0
+
     def line(self, level: str, tag: str, msg: str, step: int = 3) -> bytes:
         self.ms += step
         return f"{level} ({self.ms}) {tag}: {msg}\r\n".encode()
@@ -161,24 +178,21 @@ def _hex(rng: random.Random, base: int, span: int = 0x40000) -> int:
     return (base + rng.randrange(0, span)) & ~0x3
 
 
-def _flash_pc(chip: ChipSpec, rng: random.Random) -> int:
-    """An address in the chip's flash-mapped code (0x400Dxxxx on the ESP32, 0x420xxxxx on S3/C3)."""
-    return _hex(rng, chip.irom_start + 0x8000)
-
-
-def _iram_pc(chip: ChipSpec, rng: random.Random) -> int:
-    """An address in the chip's internal instruction RAM (panic_abort & co. live there)."""
-    return _hex(rng, chip.iram_start + 0x1000, 0x10000)
-
-
 def _stack_ptr(chip: ChipSpec, rng: random.Random) -> int:
     """A task stack address in the chip's data RAM."""
     return _hex(rng, chip.dram_start + 0x10000, 0x20000)
 
 
 def elf_sha256(chip: ChipSpec, app: LoadedImage) -> str:
-    """The app's "ELF file SHA256": fixed per image and per chip (the same payload built for another chip
-    is another image), never random per boot."""
+    """The app's "ELF file SHA256", as ESP-IDF prints it: the ``app_elf_sha256`` of the image's app
+    description (the SHA-256 of the ELF file the sim builder wrote beside the image).
+
+    An image without one (packed without an ELF) gets a hash derived from its segments and the chip:
+    still fixed per image and per chip, never random per boot.
+    """
+    stored = app_elf_sha256(chip, app)
+    if stored is not None:
+        return stored
     h = hashlib.sha256(chip.name.encode())
     for addr, data in app.segments:
         h.update(addr.to_bytes(4, "little") + data)
@@ -193,24 +207,41 @@ _HEADLINES = {
     "panic": "Guru Meditation Error: Core  0 panic'ed ({cause}). Exception was unhandled.",
     "abort": "abort() was called at PC 0x{pc:08x} on core 0",
     "startup": "assert failed: esp_startup_start_app app_startup.c:83 (res == pdTRUE)",
+    # esp_flash_init_default_chip() failed in the start-up's core init (ESP-IDF 5.x)
+    "flash_size": "assert failed: do_core_init startup.c:328 (flash_ret == ESP_OK)",
 }
 
 
-def panic_text(chip: ChipSpec, kind: str, rng: random.Random, elf_sha: str = "0" * 64) -> bytes:
-    """A crash report in the chip's own form: ``kind`` "panic" (Guru Meditation), "abort" (abort()) or
-    "startup" (an assert before app_main, e.g. no RAM left for the main task's stack).
+# the call chain a crash report shows, innermost first (harness.sim.elf.CHAINS)
+_CHAINS = {
+    "panic": ("invoke",),
+    "abort": ("abort", "invoke"),
+    "startup": ("assert", "startup"),
+    "flash_size": ("assert", "flash_size"),
+}
 
-    Addresses come from the chip's memory map (an S3 crashes at 0x420xxxxx with stacks at 0x3fcxxxxx,
-    never at the classic ESP32's 0x400dxxxx / 0x3ffbxxxx); Xtensa prints registers and a ``Backtrace:``,
-    RISC-V prints MEPC/MCAUSE/MTVAL and ``Stack memory:`` and no backtrace line.
+
+def panic_text(
+    chip: ChipSpec, kind: str, rng: random.Random, elf_sha: str = "0" * 64, variant: str = "ansi"
+) -> bytes:
+    """A crash report in the chip's own form: ``kind`` "panic" (Guru Meditation), "abort" (abort()),
+    "startup" (an assert before app_main, e.g. no RAM left for the main task's stack) or "flash_size"
+    (the start-up's flash probe failed).
+
+    Code addresses are functions of the app's ELF (harness.sim.elf: the variant's ESP-NN kernel, TFLM,
+    the firmware, ESP-IDF's panic path), so a decoder given that ELF names them; stacks come from the
+    chip's data RAM (an S3 crashes at 0x420xxxxx with stacks at 0x3fcxxxxx, never at the classic ESP32's
+    0x400dxxxx / 0x3ffbxxxx). Xtensa prints registers and a ``Backtrace:``, RISC-V prints
+    MEPC/MCAUSE/MTVAL and ``Stack memory:`` and no backtrace line.
     """
-    pc = _flash_pc(chip, rng)
+    frames = [a for part in _CHAINS[kind] for a in elf_chain(chip, part, variant, rng)]
+    caller = frames[0] if kind == "panic" else frames[3]  # abort(): the PC that called it
     cause = "LoadProhibited" if chip.arch == "xtensa" else "Load access fault"
-    lines = [_HEADLINES[kind].format(pc=pc, cause=cause), ""]
+    lines = [_HEADLINES[kind].format(pc=caller, cause=cause), ""]
     if chip.arch == "xtensa":
-        lines += _xtensa_report(chip, kind, pc, rng)
+        lines += _xtensa_report(chip, kind, frames, rng)
     else:
-        lines += _riscv_report(chip, kind, pc, rng)
+        lines += _riscv_report(chip, kind, frames, rng)
     lines += ["", "", f"ELF file SHA256: {elf_sha[:ELF_SHA_PRINTED]}", "", "Rebooting...", ""]
     return "\r\n".join(lines).encode()
 
@@ -219,28 +250,28 @@ def _dump_rows(regs: list[tuple[str, int]]) -> list[str]:
     return ["".join(f"{n:<8}: 0x{v:08x}  " for n, v in regs[j : j + 4]) for j in range(0, len(regs), 4)]
 
 
-def _xtensa_report(chip: ChipSpec, kind: str, pc: int, rng: random.Random) -> list[str]:
+def _xtensa_report(chip: ChipSpec, kind: str, frames: list[int], rng: random.Random) -> list[str]:
     sp = _stack_ptr(chip, rng)
     lines: list[str] = []
-    frames = [(pc, sp)]
     if kind == "panic":
-        ret = (_flash_pc(chip, rng) & 0x3FFFFFFF) | 0x80000000  # A0: return address, window bits on top
-        regs = [("PC", pc), ("PS", 0x00060030), ("A0", ret), ("A1", sp)]
+        ret = (frames[1] & 0x3FFFFFFF) | 0x80000000  # A0: the return address, window bits on top
+        regs = [("PC", frames[0]), ("PS", 0x00060030), ("A0", ret), ("A1", sp)]
         regs += [(f"A{i}", rng.getrandbits(32)) for i in range(2, 16)]
         regs += [("SAR", 0x1D), ("EXCCAUSE", 0x1C), ("EXCVADDR", 0), ("LBEG", 0x4000C2E0),
                  ("LEND", 0x4000C2F6), ("LCOUNT", 0)]  # fmt: skip
         lines += ["Core  0 register dump:", *_dump_rows(regs), ""]
-    else:  # panic_abort, esp_system_abort, abort()/__assert_func run from IRAM before the caller
-        frames = [(_iram_pc(chip, rng), sp - 0x60 + 0x20 * k) for k in range(3)] + frames
-    frames += [(_flash_pc(chip, rng), sp + 0x20 * (k + 1)) for k in range(4)]
-    lines += ["", "Backtrace: " + " ".join(f"0x{a:08x}:0x{b:08x}" for a, b in frames), ""]
+        sps = [sp + 0x20 * k for k in range(len(frames))]
+    else:  # panic_abort, esp_system_abort, abort()/__assert_func run from IRAM, below the caller's frame
+        sps = [sp - 0x60 + 0x20 * k for k in range(len(frames))]
+    pairs = zip(frames, sps, strict=True)
+    lines += ["", "Backtrace: " + " ".join(f"0x{a:08x}:0x{b:08x}" for a, b in pairs), ""]
     return lines
 
 
-def _riscv_report(chip: ChipSpec, kind: str, pc: int, rng: random.Random) -> list[str]:
+def _riscv_report(chip: ChipSpec, kind: str, frames: list[int], rng: random.Random) -> list[str]:
     sp = _stack_ptr(chip, rng)
-    mepc = pc if kind == "panic" else _iram_pc(chip, rng)  # an abort stops in panic_abort (IRAM)
-    regs = [("MEPC", mepc), ("RA", mepc - 0x20), ("SP", sp), ("GP", chip.dram_start + 0xB400)]
+    # MEPC: where it stopped (an abort stops in panic_abort, in IRAM); RA: the return address
+    regs = [("MEPC", frames[0]), ("RA", frames[1]), ("SP", sp), ("GP", chip.dram_start + 0xB400)]
     names = (
         "TP",
         "T0",
@@ -296,9 +327,11 @@ def boot_from_flash(ctx: BootContext) -> BootResult:
     loops = max(1, faults.loops)
     reason = ctx.reason
     result = BootResult([])
+    base = 0.0  # when this boot's reset was released, after the first one
     for n in range(loops):
         one = _boot_once(ctx, reason, n)
-        result.pieces += one.pieces
+        result.pieces += [replace(p, at=base + p.at) for p in one.pieces]
+        base += max(p.at for p in one.pieces) + REBOOT_S
         result.console_baud = one.console_baud if n == 0 else result.console_baud
         result.variant = one.variant
         result.faults_applied = one.faults_applied
@@ -332,10 +365,12 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
         # the ROM retries forever; three rounds are enough evidence of the loop
         text = b"".join(rom_header(chip, "rtcwdt", False) + f"{exc}\r\n".encode() for _ in range(2))
         return _Once([Piece("rom", pieces[0].data + f"{exc}\r\n".encode() + text)])
-    pieces.append(Piece("rom", _rom_load_lines(chip, boot)))
+    pieces.append(Piece("rom", _rom_load_lines(chip, boot), ROM_LOAD_S))
+    header_flash = header_flash_bytes(boot.image)  # the bootloader sets the flash size from its header
 
     # second-stage bootloader (console baud is only known from the app image; it logs at 115200 here)
     clock = _Clock()
+    t_bl = clock.seconds
     bl: list[bytes] = [
         clock.line("I", "boot", "ESP-IDF sim 2nd stage bootloader"),
         clock.line("I", "boot", "compile time Jan  1 2026 00:00:00"),
@@ -343,7 +378,7 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
         clock.line("I", "boot", f"chip revision: v{chip.rev}"),
         clock.line("I", f"boot.{chip.name}", "SPI Speed      : 80MHz"),
         clock.line("I", f"boot.{chip.name}", "SPI Mode       : DIO"),
-        clock.line("I", f"boot.{chip.name}", "SPI Flash Size : 4MB"),
+        clock.line("I", f"boot.{chip.name}", f"SPI Flash Size : {header_flash >> 20}MB"),
         clock.line("W", "boot", f"{SIM_BANNER}: this is harness.sim, not real hardware"),
     ]
     try:
@@ -353,7 +388,7 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
         bl.append(clock.line("E", "flash_parts", str(exc)))
         bl.append(clock.line("E", "boot", "Failed to verify partition table"))
         bl.append(clock.line("E", "boot", "load partition table error!"))
-        pieces.append(Piece("console", b"".join(bl)))
+        pieces.append(Piece("console", b"".join(bl), t_bl))
         return _Once(pieces)
     bl.append(clock.line("I", "boot", "Partition Table:"))
     bl.append(clock.line("I", "boot", "## Label            Usage          Type ST Offset   Length"))
@@ -372,7 +407,7 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
     app_part = next((p for p in parts if p.type == 0x00), None)
     if app_part is None:
         bl.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
-        pieces.append(Piece("console", b"".join(bl)))
+        pieces.append(Piece("console", b"".join(bl), t_bl))
         return _Once(pieces)
     try:
         app = load_image(chip, flash, app_part.offset, app_part.size)
@@ -381,11 +416,14 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
         bl.append(clock.line("E", "esp_image", str(exc)))
         bl.append(clock.line("E", "boot", "Factory app partition is not bootable"))
         bl.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
-        pieces.append(Piece("console", b"".join(bl)))
+        pieces.append(Piece("console", b"".join(bl), t_bl))
         return _Once(pieces)
     pos = app_part.offset + 0x18
     for i, (addr, data) in enumerate(app.segments):
-        kind = "map" if chip.drom_map_start <= addr < chip.drom_map_start + 0x400000 else "load"
+        mapped = chip.drom_map_start <= addr < chip.drom_map_start + 0x400000 or chip.irom_start <= addr < (
+            chip.irom_start + 0x2000000
+        )
+        kind = "map" if mapped else "load"
         bl.append(
             clock.line(
                 "I",
@@ -400,89 +438,82 @@ def _boot_once(ctx: BootContext, reason: str, n: int) -> _Once:
     bl.append(clock.line("I", "boot", "Disabling RNG early entropy source..."))
     console_baud = int(payload.header.get("console_baud", ROM_BAUD))
     # the 2nd-stage bootloader and the app both log at the console baud
-    pieces.append(Piece("console", b"".join(bl)))
-    app_out, reboot = _run_app(ctx, payload, clock, n, elf_sha256(chip, app))
+    pieces.append(Piece("console", b"".join(bl), t_bl))
+    app_out, reboot = _run_app(ctx, payload, clock, n, elf_sha256(chip, app), header_flash)
     once = _Once(pieces + app_out.pieces, console_baud, payload.variant, app_out.faults_applied, reboot)
     return once
 
 
+def _flash_size_text(detected: int, header: int, relation: str) -> str:
+    """ESP-IDF's spi_flash start-up message when the chip and the image header disagree on the size."""
+    tail = "Probe failed." if relation == "smaller" else "Using the size in the binary image header."
+    return (
+        f"Detected size({detected // 1024}k) {relation} than the size in the binary image header"
+        f"({header // 1024}k). {tail}"
+    )
+
+
+def _startup(
+    ctx: BootContext, payload: AppPayload, clock: _Clock, elf_sha: str, header_flash: int, active: list[str]
+) -> tuple[list[bytes], bytes | None]:
+    """ESP-IDF's start-up log up to app_main, or up to the assert that stops it (the crash text)."""
+    chip, variant = ctx.chip, payload.variant
+    head = [
+        clock.line("I", "cpu_start", f"{'Multicore' if chip.cores > 1 else 'Single core'} app", 40),
+        clock.line("I", "cpu_start", "Pro cpu start user code"),
+        clock.line("I", "cpu_start", f"cpu freq: {chip.cpu_mhz * 1000000} Hz"),
+        clock.line("I", "app_init", "Application information:"),
+        clock.line("I", "app_init", f"Project name:     {PROJECT_NAME}", 1),
+        clock.line("I", "app_init", f"App version:      {payload.header.get('fwver', '0.0.0')}", 1),
+        clock.line("I", "app_init", f"ELF file SHA256:  {elf_sha[:ELF_SHA_PRINTED]}...", 1),
+        clock.line("I", "app_init", f"ESP-IDF:          {payload.header.get('idf', 'sim')}", 1),
+        clock.line("I", "efuse_init", f"Chip rev:         v{chip.rev}", 1),
+        clock.line("I", "heap_init", "Initializing. RAM available for dynamic allocation:", 2),
+    ]
+    detected = len(ctx.flash)  # the flash chip's real size (its RDID answer)
+    if detected < header_flash:  # esp_flash_init_default_chip refuses the chip: the core init asserts
+        head.append(clock.line("E", "spi_flash", _flash_size_text(detected, header_flash, "smaller"), 10))
+        rng = ctx.faults.rng("flash_size", ctx.boot_index)
+        return head, b"\r\n" + panic_text(chip, "flash_size", rng, elf_sha, variant)
+    if detected > header_flash:
+        head.append(clock.line("W", "spi_flash", _flash_size_text(detected, header_flash, "larger"), 10))
+    head.append(clock.line("I", "spi_flash", "detected chip: generic", 10))
+    if "bootloop" in active:  # no RAM left for the main task's stack: an assert before app_main
+        rng = ctx.faults.rng("bootloop", ctx.boot_index)
+        return head, panic_text(chip, "startup", rng, elf_sha, variant)
+    head += [
+        clock.line("I", "main_task", "Started on CPU0", 20),
+        clock.line("I", "main_task", "Calling app_main()", 10),
+        clock.line("W", "esp-check", f"{SIM_BANNER} (harness.sim {chip.name}): results are simulated"),
+    ]
+    return head, None
+
+
 def _run_app(
-    ctx: BootContext, payload: AppPayload, clock: _Clock, n: int, elf_sha: str
+    ctx: BootContext, payload: AppPayload, clock: _Clock, n: int, elf_sha: str, header_flash: int
 ) -> tuple[BootResult, str | None]:
-    from harness.model.loader import parse_model_bytes
     from harness.protocol.emitter import make_emitter
 
     chip = ctx.chip
     faults = ctx.faults
     variant = payload.variant
     active = sorted(f for f in faults.names if faults.active(f, variant) and f != "sync_fail")
-    head = [
-        clock.line("I", "cpu_start", f"{'Multicore' if chip.cores > 1 else 'Single core'} app", 40),
-        clock.line("I", "cpu_start", "Pro cpu start user code"),
-        clock.line("I", "cpu_start", f"cpu freq: {chip.cpu_mhz * 1000000} Hz"),
-        clock.line("I", "app_init", "Application information:"),
-        clock.line("I", "app_init", "Project name:     esp-check-fw", 1),
-        clock.line("I", "app_init", f"App version:      {payload.header.get('fwver', '0.0.0')}", 1),
-        clock.line("I", "app_init", f"ELF file SHA256:  {elf_sha[:ELF_SHA_PRINTED]}...", 1),
-        clock.line("I", "app_init", f"ESP-IDF:          {payload.header.get('idf', 'sim')}", 1),
-        clock.line("I", "efuse_init", f"Chip rev:         v{chip.rev}", 1),
-        clock.line("I", "heap_init", "Initializing. RAM available for dynamic allocation:", 2),
-        clock.line("I", "spi_flash", "detected chip: generic", 10),
-    ]
-    if "bootloop" in active:  # no RAM left for the main task's stack: an assert before app_main, every boot
-        startup = panic_text(chip, "startup", faults.rng("bootloop", ctx.boot_index), elf_sha)
-        return BootResult(
-            [Piece("console", b"".join(head) + startup)], variant=variant, faults_applied=active
-        ), "sw"
-    head += [
-        clock.line("I", "main_task", "Started on CPU0", 20),
-        clock.line("I", "main_task", "Calling app_main()", 10),
-        clock.line("W", "esp-check", f"{SIM_BANNER} (harness.sim {chip.name}): results are simulated"),
-    ]
+    t_head = clock.seconds
+    head, crash_at_start = _startup(ctx, payload, clock, elf_sha, header_flash, active)
+    if crash_at_start is not None:  # the start-up asserts (flash size, bootloop): every boot
+        piece = Piece("console", b"".join(head) + crash_at_start, t_head)
+        return BootResult([piece], variant=variant, faults_applied=active), "sw"
     out = bytearray()
     emitter = make_emitter(out.extend, backend=ctx.emitter_backend)
-    result = BootResult([Piece("console", b"".join(head))], variant=variant, faults_applied=active)
+    result = BootResult([Piece("console", b"".join(head), t_head)], variant=variant, faults_applied=active)
+    t_app = clock.seconds  # app_main's records follow the start-up log (the invoke takes no modelled time)
     reboot: str | None = None
     crash: bytes = b""
 
-    emitter.begin(str(payload.header.get("fwver", "0.0.0")), True)
-    emitter.info(
-        [
-            ("nn", payload.nn),
-            ("target", chip.name),
-            ("chip", chip.name),
-            ("rev", chip.rev),
-            ("cores", chip.cores),
-            ("cpu_mhz", chip.cpu_mhz),
-        ]
-    )
-    try:
-        info = parse_model_bytes(payload.model)
-        n_out = len(info.outputs)
-    except Exception:
-        info = None
-        n_out = 0
-    outputs = None
     tap = bool(payload.header.get("tap"))
     op_fault = _op_fault(faults, active)
-    if info is not None and len(info.inputs) == 1 and "alloc" not in active:
-        outputs = _run_model(payload, ctx.cache, per_layer=tap or op_fault is not None)
-    tflm = outputs.backend_version.replace(" ", "_") if outputs else "sim"
-    emitter.info(
-        [
-            ("idf", str(payload.header.get("idf", "sim"))),
-            ("tflm", tflm),
-            ("espnn", str(payload.header.get("espnn", "sim"))),
-            ("model_bytes", len(payload.model)),
-            ("inputs", len(payload.inputs)),
-            ("outputs", n_out),
-        ]
-    )
-    emitter.info([("model_sha256", hashlib.sha256(payload.model).hexdigest())])
-    if active:
-        emitter.info([("sim_fault", "+".join(active))])
-    if tap:
-        emitter.info([("tap", 1)])
+    info, outputs = _load_and_run(payload, ctx, active, per_layer=tap or op_fault is not None)
+    _print_identity(emitter, payload, chip, info, outputs, active, tap)
     ok = True
     if info is None:
         emitter.error("schema", -1, "model_schema_version_differs_from_TFLITE_SCHEMA_VERSION", None)
@@ -510,51 +541,109 @@ def _run_app(
                 break
             crash_kind = next((k for k in ("panic", "abort", "brownout") if k in active), None)
             if crash_kind is not None:
-                rng = faults.rng(crash_kind, ctx.boot_index * 100 + n)
+                rng = faults.rng(crash_kind, ctx.boot_index)  # a kernel bug: the same crash on every boot
                 if crash_kind == "brownout":
                     crash = b"\r\nBrownout detector was triggered\r\n\r\n"
                     reboot = "brownout"
                 else:
-                    crash = panic_text(chip, crash_kind, rng, elf_sha)
+                    crash = panic_text(chip, crash_kind, rng, elf_sha, variant)
                     reboot = "sw"
                 ok = False
                 break
             emitter.time(i, modelled_invoke_us(chip, payload, outputs.n_ops))
-            sim_ops = None
-            final = list(outputs.arrays[i])
-            if outputs.layers is not None:
-                from harness.sim.tap_sim import simulate_ops
-
-                sim_ops, values = simulate_ops(
-                    info, np.frombuffer(raw, np.dtype(tin.dtype)).reshape(tin.shape), outputs.layers[i],
-                    variant, op_fault,
-                )  # fmt: skip
-                final = [values.get(t.index, a) for t, a in zip(info.outputs, final, strict=True)]
-            for o, (arr, t) in enumerate(zip(final, info.outputs, strict=True)):
-                data = _apply_output_faults(arr, active, faults, ctx.boot_index, i, o)
-                emitter.tensor(
-                    i,
-                    o,
-                    t.dtype,
-                    list(t.shape),
-                    float(t.scale or 0.0),
-                    int(t.zero_point or 0),
-                    data,
-                    t.name,
-                    int(payload.header.get("human_max", 16)),
-                )
-            if tap and sim_ops is not None:
-                _emit_taps(emitter, i, info, sim_ops, [int(k) for k in payload.header.get("dump_ops", [])])
+            _print_outputs(emitter, i, raw, info, outputs, payload, ctx, active, op_fault, tap)
     if crash:
         records = bytes(out)
         if crash != b"\x00hang":
             records += crash
-        result.pieces += _line_faults(records, active, faults, ctx.boot_index)
+        result.pieces += _line_faults(records, active, faults, ctx.boot_index, t_app)
         return result, reboot
     emitter.end(ok)
     tail = clock.line("I", "main_task", "Returned from app_main()", 50)
-    result.pieces += _line_faults(bytes(out) + tail, active, faults, ctx.boot_index)
+    result.pieces += _line_faults(bytes(out) + tail, active, faults, ctx.boot_index, t_app)
     return result, None
+
+
+def _load_and_run(
+    payload: AppPayload, ctx: BootContext, active: list[str], per_layer: bool
+) -> tuple[Any, _Outputs | None]:
+    """The embedded model (None: not a model this TFLM reads) and its outputs on every embedded input."""
+    from harness.model.loader import parse_model_bytes
+
+    try:
+        info = parse_model_bytes(payload.model)
+    except Exception:
+        return None, None
+    if len(info.inputs) != 1 or "alloc" in active:
+        return info, None
+    return info, _run_model(payload, ctx.cache, per_layer=per_layer)
+
+
+def _print_identity(
+    emitter: Any, payload: AppPayload, chip: ChipSpec, info: Any, outputs: _Outputs | None, active: list[str],
+    tap: bool,
+) -> None:  # fmt: skip
+    """BEGIN and the INFO records, from the image's compiled-in values, as app_main.cc prints them."""
+    emitter.begin(str(payload.header.get("fwver", "0.0.0")), True)
+    emitter.info(
+        [
+            ("nn", payload.nn),
+            ("target", chip.name),
+            ("chip", chip.name),
+            ("rev", chip.rev),
+            ("cores", chip.cores),
+            ("cpu_mhz", chip.cpu_mhz),
+        ]
+    )
+    tflm = outputs.backend_version.replace(" ", "_") if outputs else "sim"
+    emitter.info(
+        [
+            ("idf", str(payload.header.get("idf", "sim"))),
+            ("tflm", tflm),
+            ("espnn", str(payload.header.get("espnn", "sim"))),
+            ("model_bytes", len(payload.model)),
+            ("inputs", len(payload.inputs)),
+            ("outputs", len(info.outputs) if info is not None else 0),
+        ]
+    )
+    emitter.info([("model_sha256", hashlib.sha256(payload.model).hexdigest())])
+    if active:
+        emitter.info([("sim_fault", "+".join(active))])
+    if tap:
+        emitter.info([("tap", 1)])
+
+
+def _print_outputs(
+    emitter: Any, i: int, raw: bytes, info: Any, outputs: _Outputs, payload: AppPayload, ctx: BootContext,
+    active: list[str], op_fault: Any, tap: bool,
+) -> None:  # fmt: skip
+    """Input ``i``'s TENSOR/DATA records (and with --tap its OP records), after injected faults."""
+    tin = info.inputs[0]
+    sim_ops = None
+    final = list(outputs.arrays[i])
+    if outputs.layers is not None:
+        from harness.sim.tap_sim import simulate_ops
+
+        sim_ops, values = simulate_ops(
+            info, np.frombuffer(raw, np.dtype(tin.dtype)).reshape(tin.shape), outputs.layers[i],
+            payload.variant, op_fault,
+        )  # fmt: skip
+        final = [values.get(t.index, a) for t, a in zip(info.outputs, final, strict=True)]
+    for o, (arr, t) in enumerate(zip(final, info.outputs, strict=True)):
+        data = _apply_output_faults(arr, active, ctx.faults, ctx.boot_index, i, o)
+        emitter.tensor(
+            i,
+            o,
+            t.dtype,
+            list(t.shape),
+            float(t.scale or 0.0),
+            int(t.zero_point or 0),
+            data,
+            t.name,
+            int(payload.header.get("human_max", 16)),
+        )
+    if tap and sim_ops is not None:
+        _emit_taps(emitter, i, info, sim_ops, [int(k) for k in payload.header.get("dump_ops", [])])
 
 
 def _op_fault(faults: FaultSpec, active: list[str]) -> Any:
@@ -625,7 +714,7 @@ def _apply_output_faults(
     return a.tobytes()
 
 
-def _line_faults(data: bytes, active: list[str], faults: FaultSpec, boot: int) -> list[Piece]:
+def _line_faults(data: bytes, active: list[str], faults: FaultSpec, boot: int, at: float) -> list[Piece]:
     """Console-level faults on the app's output: watchdog splice, truncation, disconnect, noise."""
     if "wdt" in active:
         lines = data.split(b"\n")
@@ -652,11 +741,11 @@ def _line_faults(data: bytes, active: list[str], faults: FaultSpec, boot: int) -
                 cut = rng.randrange(marks[k] + 5, marks[k + 1])
                 data = data[:cut]
                 if name == "disconnect":
-                    event = Piece("disconnect")
+                    event = Piece("disconnect", at=at)
             break
     if "noise" in active:
         data = flip_bits(data, faults.noise, faults.rng("noise", boot))
-    pieces = [Piece("console", data)]
+    pieces = [Piece("console", data, at)]
     if event is not None:
         pieces.append(event)
     return pieces

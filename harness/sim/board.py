@@ -53,6 +53,7 @@ class BoardConfig:
     throttle: int | None = None  # line rate in baud for board output (None: as fast as the host reads)
     emitter: str = "auto"
     strap_window: float = 0.02
+    boot: str = "auto"  # "auto": IO0 follows the reset circuit; "download": IO0 strapped low (BOOT held)
     explicit: frozenset[str] = frozenset()  # keys the URL / table named (the rest are defaults)
 
 
@@ -92,6 +93,7 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         "strap_window",
         "fault_op",
         "fault_region",
+        "boot",
     }
     unknown = sorted(set(params) - known)
     if unknown:
@@ -115,6 +117,11 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
     if emitter not in ("auto", "c", "python"):
         raise UsageError(f"emitter={emitter!r}", hint="use auto, c or python")
     flash = params.get("flash")
+    boot = str(params.get("boot", "auto")).lower()
+    if boot not in ("auto", "download"):
+        raise UsageError(
+            f"boot={boot!r}", hint="use auto (IO0 from the reset circuit) or download (strapped low)"
+        )
     return BoardConfig(
         chip=chip,
         reset=reset,
@@ -124,6 +131,7 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         throttle=throttle,
         emitter=emitter,
         strap_window=float(params.get("strap_window", 0.02)),
+        boot=boot,
         explicit=frozenset(params),
     )
 
@@ -150,6 +158,7 @@ class _Conn:
     ident: int
     epoch: int
     exclusive: bool
+    baud: int | None = None  # the host UART's rate (None until the port is configured)
 
 
 class SimBoard:
@@ -263,12 +272,17 @@ class SimBoard:
     # ---- output queue --------------------------------------------------------------------------
 
     def _emit(
-        self, data: bytes, baud: int | None, event: str | None = None, now: float | None = None
+        self,
+        data: bytes,
+        baud: int | None,
+        event: str | None = None,
+        now: float | None = None,
+        at: float = 0.0,
     ) -> None:
         now = time.monotonic() if now is None else now
         if self.config.reset == "usb_jtag":
             baud = None
-        t0 = max(now, self._last_end)
+        t0 = max(now + at, self._last_end)
         rate = self.config.throttle / 10.0 if self.config.throttle else None
         self._chunks.append(_Chunk(bytes(data), t0, rate, baud, event))
         self._last_end = t0 + (len(data) / rate if rate else 0.0)
@@ -417,6 +431,34 @@ class SimBoard:
                 self.uart_baud = port_baud  # the ROM auto-bauds on the SYNC pattern
             self.flash_bytes_written = self._flash_done + loader.stats["flash_bytes_written"]
 
+    def set_port_baud(self, ident: int, baud: int) -> None:
+        """The host changed its UART rate. Bytes already on the wire were received at the old rate:
+        they keep what that made of them (garbage if it was not the rate they were sent at)."""
+        with self._cond:
+            conn = self._conns.get(ident)
+            if conn is None:
+                return
+            old, conn.baud = conn.baud, baud
+            if old is None or old == baud:
+                return
+            now = time.monotonic()
+            self._settle(now)
+            self._latch(now, old)
+
+    def _latch(self, now: float, host_baud: int) -> None:
+        latched: deque[_Chunk] = deque()
+        for c in self._chunks:
+            r = c.ready(now) if c.event is None and c.baud is not None else c.taken
+            if r <= c.taken:
+                latched.append(c)
+                continue
+            part = c.data[c.taken : r]
+            latched.append(_Chunk(part if c.baud == host_baud else _garble(part), c.t0, None, None))
+            if r < len(c.data):
+                t_rest = c.t0 + (r / c.rate if c.rate else 0.0)
+                latched.append(_Chunk(c.data[r:], t_rest, c.rate, c.baud))
+        self._chunks = latched
+
     def set_lines(self, ident: int, dtr: bool, rts: bool) -> None:
         with self._cond:
             conn = self._conns.get(ident)
@@ -438,7 +480,8 @@ class SimBoard:
             for t, low in history:
                 if t <= sample:
                     io0_low = low
-            self._boot(download=io0_low, reason="poweron", now=now)
+            strapped = self.config.boot == "download"  # IO0 held low (BOOT button, strap): wins
+            self._boot(download=io0_low or strapped, reason="poweron", now=now)
 
     def _set_lines(self, dtr: bool, rts: bool, now: float) -> None:
         self._settle(now)
@@ -467,7 +510,7 @@ class SimBoard:
         in_reset = rts and not dtr
         if in_reset and not self._usb_in_reset:
             self._usb_in_reset = True
-            self._usb_download = self._usb_armed
+            self._usb_download = self._usb_armed or self.config.boot == "download"
             self._hold_reset(now)
         elif not in_reset and self._usb_in_reset:
             self._usb_in_reset = False
@@ -521,9 +564,10 @@ class SimBoard:
             self._drop_link()
         for piece in result.pieces:
             if piece.kind == "disconnect":
-                self._emit(b"", None, event="disconnect", now=now)
+                self._emit(b"", None, event="disconnect", now=now, at=piece.at)
             else:
-                self._emit(piece.data, ROM_BAUD if piece.kind == "rom" else result.console_baud, now=now)
+                baud = ROM_BAUD if piece.kind == "rom" else result.console_baud
+                self._emit(piece.data, baud, now=now, at=piece.at)
 
     # ---- LoaderHost ----------------------------------------------------------------------------
 

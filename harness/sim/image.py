@@ -24,6 +24,7 @@ from typing import Any
 from esptool.bin_image import ELFSection, ESP32FirmwareImage, LoadFirmwareImage
 
 from harness.errors import BuildError
+from harness.sim import elf
 from harness.sim.chips import ChipSpec, get_chip
 
 PARTITION_TABLE_MAX = 0xC00
@@ -34,6 +35,11 @@ _BOOTLOADER_PT_MARKER = b"ESPCHK-PT-OFFSET"  # followed by the offset as a littl
 PAYLOAD_MAGIC = b"ESPCHKSIM1\0\0"
 APP_DESC_MAGIC = 0xABCD5432
 PAYLOAD_FORMAT = 1
+
+# image header byte 3, high nibble: the flash size (esptool's FLASH_SIZES for the ESP32 family); low
+# nibble 0x0 = 40 MHz flash clock
+FLASH_SIZE_CODES = {"1MB": 0x0, "2MB": 0x1, "4MB": 0x2, "8MB": 0x3, "16MB": 0x4, "32MB": 0x5}
+DEFAULT_FLASH_SIZE = "4MB"
 
 _PT_MAGIC = b"\xaa\x50"  # as gen_esp32part.py writes it (bytes AA 50)
 _PT_MD5_MAGIC = b"\xeb\xeb" + b"\xff" * 14
@@ -180,7 +186,11 @@ def unpack_payload(data: bytes) -> AppPayload:
     return AppPayload(header=header, model=model, inputs=tuple(inputs))
 
 
-def _app_desc(project: str, version: str, idf: str) -> bytes:
+APP_DESC_ELF_SHA = 0x90  # esp_app_desc_t.app_elf_sha256 (0xB0 into the .bin, where pytest-embedded reads it)
+PROJECT_NAME = "esp_check_fw"  # the generated projects' CMake project() name
+
+
+def _app_desc(project: str, version: str, idf: str, elf_sha: bytes = b"\0" * 32) -> bytes:
     """esp_app_desc_t (256 bytes), as at the start of every IDF app's DROM."""
 
     def s(v: str, n: int) -> bytes:
@@ -188,8 +198,23 @@ def _app_desc(project: str, version: str, idf: str) -> bytes:
 
     desc = struct.pack("<III", APP_DESC_MAGIC, 0, 0) + b"\0" * 4
     desc += s(version, 32) + s(project, 32) + s("00:00:00", 16) + s("Jan  1 2026", 16) + s(idf, 32)
-    desc += b"\0" * 32 + struct.pack("<HHB3s", 0, 0xFFFF, 16, b"\0") + b"\0" * 72
+    desc += elf_sha + struct.pack("<HHB3s", 0, 0xFFFF, 16, b"\0") + b"\0" * 72
     return desc.ljust(256, b"\0")
+
+
+def app_sections(
+    chip: ChipSpec, payload: bytes, *, version: str, idf: str, elf_sha: bytes = b"\0" * 32
+) -> list[tuple[str, int, bytes, int]]:
+    """(name, address, bytes, SHF flags) of the simulated app: the app description + payload (DROM), the
+    code laid out by harness.sim.elf (flash-mapped IROM and IRAM). The image and the ELF hold the same."""
+    drom = _app_desc(PROJECT_NAME, version, idf, elf_sha) + payload
+    text, iram = elf.section_size(chip, ".flash.text"), elf.section_size(chip, ".iram0.text")
+    code = elf.SHF_ALLOC | elf.SHF_EXECINSTR
+    return [
+        (".flash.rodata", chip.drom_map_start + elf.CODE_OFFSET, drom, elf.SHF_ALLOC),
+        (".flash.text", elf.flash_text_addr(chip), elf.code_bytes(chip, text), code),
+        (".iram0.text", elf.iram_text_addr(chip), elf.code_bytes(chip, iram), code),
+    ]
 
 
 def _image_class(chip: ChipSpec) -> type[ESP32FirmwareImage]:
@@ -200,33 +225,56 @@ def _image_class(chip: ChipSpec) -> type[ESP32FirmwareImage]:
     ]
 
 
-def pack_app_image(chip: ChipSpec, payload: bytes, *, version: str = "0.1.0", idf: str = "sim") -> bytes:
-    """An ESP app image: a DROM (flash-mapped) segment = app descriptor + payload, one IRAM segment."""
+def flash_size_freq(flash_size: str) -> int:
+    """Image header byte 3 for ``flash_size`` ("4MB") at 40 MHz, as ESP-IDF's build writes it."""
+    try:
+        return FLASH_SIZE_CODES[flash_size.upper()] << 4
+    except KeyError:
+        raise BuildError(
+            f"flash size {flash_size!r} is not one the simulated board models",
+            hint=f"use one of {', '.join(FLASH_SIZE_CODES)}",
+        ) from None
+
+
+def header_flash_bytes(image: Any) -> int:
+    """The flash size an image header states (byte 3, high nibble), in bytes."""
+    return (1 << 20) << ((int(image.flash_size_freq) >> 4) & 0x7)
+
+
+def pack_app_image(
+    chip: ChipSpec,
+    payload: bytes,
+    *,
+    version: str = "0.1.0",
+    idf: str = "sim",
+    flash_size: str = DEFAULT_FLASH_SIZE,
+    elf_sha: bytes = b"\0" * 32,
+) -> bytes:
+    """An ESP app image of :func:`app_sections` (DROM = app description + payload, IROM and IRAM code);
+    ``elf_sha`` goes into the app description, as ``esptool elf2image --elf-sha256-offset`` puts it."""
     img = _image_class(chip)()
     img.flash_mode = 2  # dio
-    img.flash_size_freq = 0x20  # 4MB, 40m
-    code = b"\x00" * 16  # the simulated CPU never executes it; the image format wants an entry segment
+    img.flash_size_freq = flash_size_freq(flash_size)
     img.segments = [
-        ELFSection(
-            b".flash.rodata", chip.drom_map_start + 0x20, _app_desc("esp-check-fw", version, idf) + payload, 0
-        ),
-        ELFSection(b".iram0.text", chip.iram_start, code, 0),
+        ELFSection(name.encode(), addr, data, 0)
+        for name, addr, data, _flags in app_sections(chip, payload, version=version, idf=idf, elf_sha=elf_sha)
     ]
-    img.entrypoint = chip.iram_start
+    img.entrypoint = elf.iram_text_addr(chip)  # call_start_cpu0; the simulated CPU never executes it
     out = img.save(None)
     assert out is not None
     return bytes(out)
 
 
-def pack_bootloader_image(chip: ChipSpec, table_offset: int) -> bytes:
+def pack_bootloader_image(chip: ChipSpec, table_offset: int, flash_size: str = DEFAULT_FLASH_SIZE) -> bytes:
     """A second-stage bootloader image (RAM segments only) with the chip id and SHA-256 appended.
 
     Its data segment holds the partition table offset, as a real bootloader has
-    CONFIG_PARTITION_TABLE_OFFSET compiled in.
+    CONFIG_PARTITION_TABLE_OFFSET compiled in. Its header's flash size is what the app's start-up
+    checks the detected flash against (esptool's ``write-flash --flash-size`` rewrites it there).
     """
     img = _image_class(chip)()
     img.flash_mode = 2
-    img.flash_size_freq = 0x20
+    img.flash_size_freq = flash_size_freq(flash_size)
     banner = b"esp-check simulated 2nd stage bootloader\0".ljust(48, b"\0")
     banner += _BOOTLOADER_PT_MARKER + struct.pack("<I", table_offset)
     img.segments = [
@@ -268,6 +316,17 @@ def load_image(chip: ChipSpec, flash: bytes | bytearray, offset: int, max_len: i
     if getattr(img, "append_digest", False) and img.stored_digest != img.calc_digest:
         raise ImageError("Image hash failed - image is corrupt")
     return LoadedImage(img, [(s.addr, bytes(s.data)) for s in img.segments])
+
+
+def app_elf_sha256(chip: ChipSpec, loaded: LoadedImage) -> str | None:
+    """The ``app_elf_sha256`` of the image's app description (hex), or None when it is not set."""
+    for addr, data in loaded.segments:
+        if chip.drom_map_start <= addr < chip.drom_map_start + 0x400000 and len(data) >= 256:
+            (magic,) = struct.unpack_from("<I", data, 0)
+            sha = data[APP_DESC_ELF_SHA : APP_DESC_ELF_SHA + 32]
+            if magic == APP_DESC_MAGIC and any(sha):
+                return sha.hex()
+    return None
 
 
 def bootloader_max_bytes(chip: ChipSpec) -> int:
@@ -383,14 +442,26 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
         "tap": bool((manifest.get("tap") or {}).get("enabled", False)),
         "dump_ops": [int(k) for k in (manifest.get("tap") or {}).get("dump_ops", [])],
     }
-    app = pack_app_image(chip, pack_payload(header, model, inputs), version=str(header["fwver"]))
+    board_def = manifest.get("board_def")
+    size = board_def.get("flash_size") if isinstance(board_def, dict) else None
+    flash_size = str(size or manifest.get("flash_size") or DEFAULT_FLASH_SIZE)
+    payload = pack_payload(header, model, inputs)
+    version = str(header["fwver"])
+    # ESP-IDF links the ELF with an empty app_elf_sha256, then puts the ELF's SHA-256 into the .bin
+    sections = app_sections(chip, payload, version=version, idf=str(header["idf"]))
+    elf_bytes = elf.write_elf(chip, sections, elf.iram_text_addr(chip))
+    elf_sha = hashlib.sha256(elf_bytes).digest()
+    app = pack_app_image(
+        chip, payload, version=version, idf=str(header["idf"]), flash_size=flash_size, elf_sha=elf_sha
+    )
     build_dir.mkdir(parents=True, exist_ok=True)
     boot_path = build_dir / "bootloader.bin"
     pt_path = build_dir / "partition-table.bin"
     app_path = build_dir / "esp-check-sim.bin"
-    boot_path.write_bytes(pack_bootloader_image(chip, table_offset))
+    boot_path.write_bytes(pack_bootloader_image(chip, table_offset, flash_size=flash_size))
     pt_path.write_bytes(pack_partition_table(default_partitions(len(app), table_offset)))
     app_path.write_bytes(app)
+    app_path.with_suffix(".elf").write_bytes(elf_bytes)  # beside the app, as ESP-IDF leaves <project>.elf
     return [(chip.bootloader_offset, boot_path), (table_offset, pt_path), (APP_OFFSET, app_path)]
 
 

@@ -271,11 +271,12 @@ class Loader:
             self._log("sync ignored (fault sync_fail)")
             return
         self.synced = True
-        if self.stub:
-            self._respond(CMD["SYNC"], 0)
-            return
-        for _ in range(8):  # the ROM answers one SYNC packet eight times; esptool reads all of them
-            self._respond(CMD["SYNC"], 0x20120707)
+        # The ROM answers one SYNC packet eight times and esptool reads all eight. Espressif's stub does
+        # the same (value 0, so esptool knows the stub is still running) so that a host which could not
+        # reset the chip can re-sync with a running stub.
+        value = 0 if self.stub else 0x20120707
+        for _ in range(8):
+            self._respond(CMD["SYNC"], value)
 
     def _ok(self, op: int, data: bytes, chk: int) -> None:
         self._respond(op)

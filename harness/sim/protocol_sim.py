@@ -74,7 +74,9 @@ class Serial(SerialBase):
             raise SerialException(f"could not open {url!r} (form: sim://NAME[?options]): {exc}") from None
 
     def _reconfigure_port(self) -> None:
-        """Nothing to program: the board reads the port's baud rate on every transfer."""
+        """Tell the board the host UART's new rate: what was received before stays as received."""
+        if self.is_open and self._board is not None:
+            self._board.set_port_baud(self._conn, int(self._baudrate))
 
     def _live(self) -> SimBoard:
         if not self.is_open or self._board is None:

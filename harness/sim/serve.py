@@ -4,7 +4,10 @@ Two flavours, one client at a time (like ``esp_rfc2217_server``):
 
 - raw TCP (``socket://host:port`` clients): bytes only. DTR/RTS cannot travel over a raw socket, so
   nobody can reset the board through it; esptool itself switches to ``no-reset`` on ``socket://``.
-- RFC 2217 (``rfc2217://host:port?ign_set_control``): esptool's own ``EspPortManager`` (the
+  What a real bench offers instead is a board strapped into download mode (BOOT held, ``boot=download``
+  in the URL, ``sim serve --boot download``): the server powers it on at start and the ROM waits for
+  esptool.
+- RFC 2217 (``rfc2217://host:port``): esptool's own ``EspPortManager`` (the
   protocol engine of ``esp_rfc2217_server``, built on pyserial's ``PortManager``) handles the link:
   baud rate travels; DTR/RTS changes are *not* forwarded one by one, the server runs esptool's
   reset sequences locally instead. That is how Espressif's server works, and the simulator shows
@@ -49,7 +52,8 @@ class SimServer:
     def address(self) -> str:
         """The pyserial URL a client opens."""
         if self.rfc2217:
-            return f"rfc2217://{self.host}:{self.port}?ign_set_control"
+            # no ?ign_set_control needed: this server answers every control request (see _port_manager)
+            return f"rfc2217://{self.host}:{self.port}"
         return f"socket://{self.host}:{self.port}"
 
     def start(self) -> SimServer:
@@ -65,6 +69,10 @@ class SimServer:
         except serial.SerialException as exc:
             raise PortError(f"cannot open {self.url}: {exc}", hint="check the sim:// URL") from exc
         self._ser = ser
+        if _strapped_for_download(self.url):
+            # a board strapped into download mode (BOOT held) is powered on: EN pulse, the ROM waits
+            ser.rts = True
+            ser.rts = False
         srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -194,14 +202,44 @@ class SimServer:
                 ser.dtr = False
 
 
+def _strapped_for_download(url: str) -> bool:
+    from harness.sim.board import parse_url
+
+    return parse_url(url)[1].boot == "download"
+
+
+_LINE_CONTROLS = (
+    serial.rfc2217.SET_CONTROL_DTR_ON,
+    serial.rfc2217.SET_CONTROL_DTR_OFF,
+    serial.rfc2217.SET_CONTROL_RTS_ON,
+    serial.rfc2217.SET_CONTROL_RTS_OFF,
+)
+
+
 def _port_manager(ser: serial.SerialBase, conn: object) -> serial.rfc2217.PortManager:
-    """esp_rfc2217_server's EspPortManager, resetting with ClassicReset (no ioctl on sim:// ports)."""
+    """esp_rfc2217_server's EspPortManager, resetting with ClassicReset (no ioctl on sim:// ports), and
+    acknowledging the DTR/RTS requests it takes over.
+
+    EspPortManager never answers those, so clients must open ``?ign_set_control``, and then pyserial
+    sleeps 0.1 s after every control request: each line change, and each port-settings change (which
+    esptool makes around nearly every command, by changing the timeout). Answering them lets a client
+    open plain ``rfc2217://host:port`` and wait only for the answer (pyserial polls every 50 ms).
+    """
     from esp_rfc2217_server.esp_port_manager import EspPortManager
     from esptool.reset import DEFAULT_RESET_DELAY, ClassicReset
 
     class SimEspPortManager(EspPortManager):
         def _reset_thread(self) -> None:
             ClassicReset(self.serial, DEFAULT_RESET_DELAY)()
+
+        def _telnet_process_subnegotiation(self, suboption: bytes) -> None:
+            super()._telnet_process_subnegotiation(suboption)
+            if (
+                suboption[0:1] == serial.rfc2217.COM_PORT_OPTION
+                and suboption[1:2] == serial.rfc2217.SET_CONTROL
+                and suboption[2:3] in _LINE_CONTROLS
+            ):
+                self.rfc2217_send_subnegotiation(serial.rfc2217.SERVER_SET_CONTROL, suboption[2:3])
 
     return SimEspPortManager(ser, conn, False)
 

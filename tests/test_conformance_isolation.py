@@ -1,0 +1,24 @@
+"""The real client packages are installed (the `test` extra) but stay out of this project's own run.
+
+pytest-embedded registers a `pytest11` entry point, so once installed it would load into every pytest
+run: its options, fixtures and hooks would join ours. pyproject's addopts block it (`-p no:pytest_embedded`);
+the conformance tests run it in a pytest subprocess of their own.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+
+def test_pytest_embedded_is_installed_but_not_loaded_here(pytestconfig: pytest.Config) -> None:
+    entry_points = importlib.metadata.entry_points(group="pytest11")
+    names = {ep.name for ep in entry_points}
+    if "pytest_embedded" not in names:
+        pytest.skip("pytest-embedded is not installed (pip install -e '.[test]')")
+    assert not pytestconfig.pluginmanager.has_plugin("pytest_embedded")
+    assert pytestconfig.pluginmanager.is_blocked("pytest_embedded")
+    # the only pytest11 plugins of the environment that load here are the ones this suite expects
+    loaded = {n for n in names if pytestconfig.pluginmanager.has_plugin(n)}
+    assert loaded <= {"hypothesispytest", "anyio"}, loaded

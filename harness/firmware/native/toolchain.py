@@ -50,6 +50,10 @@ class Toolchain:
         if self.sanitize:
             flags += [
                 f"-fsanitize={','.join(self.sanitize)}",
+                # left-shifting a negative value is undefined in ISO C but defined by GCC, the compiler
+                # that builds the firmware for the chips (two's complement; esp-nn relies on it in its
+                # requantization and add kernels): not a finding. Shift exponents stay checked.
+                "-fno-sanitize=shift-base",
                 "-fno-sanitize-recover=all",
                 "-fno-omit-frame-pointer",
                 "-g",

@@ -27,6 +27,7 @@ from harness.flows.flash_and_compare import (
     flash_and_capture,
     flash_and_compare,
 )
+from harness.flows.hybrid import HybridOptions, HybridResult, hybrid
 from harness.model.inputs import InputOptions, PreparedInput, load_input
 from harness.model.loader import ModelInfo, OpInfo, TensorInfo, load_model
 from harness.model.reference import ReferenceResult, run_reference
@@ -40,6 +41,8 @@ __all__ = [
     "ExitCode",
     "FlashAndCompareResult",
     "GeneratedProject",
+    "HybridOptions",
+    "HybridResult",
     "InputOptions",
     "ModelInfo",
     "OpInfo",
@@ -54,6 +57,7 @@ __all__ = [
     "flash_and_capture",
     "flash_and_compare",
     "generate_projects",
+    "hybrid",
     "load_input",
     "load_model",
     "load_source",

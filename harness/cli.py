@@ -9,7 +9,15 @@ from collections.abc import Sequence
 import click
 
 from harness import __version__
-from harness.commands import compare_cmds, device_cmds, firmware_cmds, model_cmds, runner_cmds, sim_cmds
+from harness.commands import (
+    compare_cmds,
+    device_cmds,
+    firmware_cmds,
+    hybrid_cmds,
+    model_cmds,
+    runner_cmds,
+    sim_cmds,
+)
 from harness.errors import EspCheckError, ExitCode
 
 ISSUE_URL = "https://github.com/esp-check/esp-check/issues"
@@ -21,7 +29,7 @@ def cli() -> None:
     """Check TFLite Micro int8 models on ESP32: ESP-NN optimized vs ANSI C vs host reference."""
 
 
-for _module in (model_cmds, compare_cmds, firmware_cmds, device_cmds, runner_cmds, sim_cmds):
+for _module in (model_cmds, compare_cmds, firmware_cmds, device_cmds, hybrid_cmds, runner_cmds, sim_cmds):
     _module.register(cli)
 
 

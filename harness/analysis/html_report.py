@@ -18,7 +18,7 @@ import html
 import io
 import json
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,38 @@ def timing_bars_svg(timing: dict[str, Any] | None) -> str:
             parts.append(f'<text x="{left + plot_w + 6}" y="{y + 2 * bar}" font-size="9">{sp:.2f}x</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def audit_html(audit: Mapping[str, Any] | None) -> str:
+    """The audit table: op, kind, ESP-NN on this chip (and why not), cycles of both builds, speedup."""
+    if not audit:
+        return ""
+    band = float(audit.get("noise_band", 0.1))
+    h = [
+        "<h2>ESP-NN speedup audit</h2>",
+        f"<p>chip {_e(audit.get('chip'))}; an op ESP-NN should accelerate whose speedup is within "
+        f"1 &plusmn; {band:.0%} runs at ANSI C speed; below 1 &minus; {band:.0%} it is slower optimized.</p>",
+    ]
+    for k in audit.get("kinds") or []:
+        h.append(f"<div class='culprit'><b>{_e(k['message'])}</b></div>")
+    h.append(
+        "<table><tr><th>op</th><th>kind</th><th>ESP-NN on this chip</th><th>cycles optimized</th>"
+        "<th>cycles ANSI C</th><th>speedup</th><th>flag</th></tr>"
+    )
+    for r in audit.get("rows") or []:
+        espnn = "yes" if r["espnn"] else f"no: {r['reason']}"
+        sp = f"{r['speedup']:.2f}x" if r.get("speedup") is not None else "-"
+        flag = {"ansi_speed": "runs at ANSI C speed", "slower": "slower optimized"}.get(r.get("flag") or "", "")
+        cls = " class='bad'" if flag else ""
+        h.append(
+            f"<tr{cls}><td class='num'>{_e(r['op'])}</td><td>{_e(r['kind'])}</td><td>{_e(espnn)}</td>"
+            f"<td class='num'>{_e(r.get('cycles_optimized') if r.get('cycles_optimized') is not None else '-')}</td>"
+            f"<td class='num'>{_e(r.get('cycles_ansi') if r.get('cycles_ansi') is not None else '-')}</td>"
+            f"<td class='num'>{_e(sp)}</td><td>{_e(flag)}</td></tr>"
+        )
+    h.append("</table>")
+    return "\n".join(h)
+
 
 
 # ---- images ------------------------------------------------------------------------------------------
@@ -279,6 +311,7 @@ def render_html(result: Any, doc: dict[str, Any]) -> str:
                 )
             h.append("</table>")
             h.append(timing_bars_svg(timing))
+        h.append(audit_html(tdoc.get("audit")))
     h.append("<h2>Stages</h2><table><tr><th>stage</th><th>variant</th><th>status</th><th>seconds</th>"
              "<th>detail</th></tr>")  # fmt: skip
     for s in doc.get("stages") or []:
@@ -314,6 +347,8 @@ def write_bundle(result: Any, doc: dict[str, Any], model: Path, inputs: Sequence
         "              platformio.ini with the pinned esp-tflite-micro / esp-nn versions, esp-check.json)\n"
         "logs/         raw build, flash (esptool) and serial logs\nchip.json     chip info esptool read\n"
         "report.json   the full report" + ("\nreport.html   the HTML report" if html_text else "") + "\n"
+        + ("repro/        the culprit op alone: one-op .tflite, captured input, ANSI C / optimized outputs\n"
+           if (out / "repro").is_dir() else "")
         + "\nreproduce: esp-check flash-and-compare "
         + " ".join([f"model/{model.name}", *(f"--input {arc}" for arc in in_arcs), f"--board {doc.get('board')}"])
         + "\n"
@@ -329,7 +364,7 @@ def write_bundle(result: Any, doc: dict[str, Any], model: Path, inputs: Sequence
         if html_text is not None:
             z.writestr("report.html", html_text)
         for sub, arc in (("projects", "projects"), ("logs", "logs"), ("tap-dump/logs", "logs/tap-dump"),
-                         ("tap-dump/projects", "projects/tap-dump")):  # fmt: skip
+                         ("tap-dump/projects", "projects/tap-dump"), ("repro", "repro")):  # fmt: skip
             root = out / sub
             if not root.is_dir():
                 continue

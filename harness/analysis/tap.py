@@ -12,6 +12,7 @@ dump run is driven by :mod:`harness.flows.tap_run`):
   and where they sit (last row / last column / border / scattered ...).
 - :func:`timing_table` -- per-op time per variant, speedup and totals per op type.
 - :func:`check_outputs_untouched` -- a tapped run's final-output CRCs equal its last op records'.
+- the ESP-NN speedup audit of both variants' per-op cycles (:func:`harness.analysis.hybrid.espnn_audit`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.analysis.hybrid import espnn_audit
+from harness.errors import EspCheckError
 from harness.model.taps import tapped_inputs, tapped_outputs
 from harness.protocol.spec import crc32_hex
 
@@ -366,6 +369,8 @@ class TapResult:
     dump_ops: list[int] = field(default_factory=list)
     dumps: list[DumpDiff] = field(default_factory=list)
     timing: dict[str, Any] | None = None
+    audit: dict[str, Any] | None = None  # ESP-NN speedup audit (analysis.hybrid.espnn_audit)
+    repro: list[dict[str, Any]] = field(default_factory=list)  # one-op reproducers (flows.repro)
     ram_bytes: dict[str, int] = field(default_factory=dict)  # per variant, from OPEND
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -398,6 +403,13 @@ class TapResult:
                 )
             else:
                 lines.append(f"op {dd.op} {dd.role}put tensor {dd.tensor} vs {dd.against}: identical")
+        for r in self.repro:
+            lines.append(
+                f"one-op reproducer of op {r['op']} ({r['kind']}): {r.get('dir', '-')}"
+                + ("" if r.get("ok") else f" (NOT verified: {r.get('why', 'no ANSI C output to check')})")
+            )
+        if self.audit is not None:
+            lines += [f"ESP-NN audit: {k['message']}" for k in self.audit["kinds"]]
         lines += self.notes
         lines += [f"tap problem: {p}" for p in self.problems]
         return lines
@@ -412,6 +424,8 @@ class TapResult:
             "dump_ops": self.dump_ops,
             "dumps": [d.to_dict() for d in self.dumps],
             "timing": self.timing,
+            "audit": self.audit,
+            "repro": self.repro,
             "ram_bytes": self.ram_bytes,
             "problems": self.problems,
             "notes": self.notes,
@@ -456,7 +470,26 @@ def analyze_captures(
     mhz = {v: int(c.info.get("cpu_mhz", "240") or 240) for v, c in caps.items()}
     if caps and all(c.runs for c in caps.values()):
         res.timing = timing_table({v: device_taps(c.runs[0]) for v, c in caps.items()}, mhz)
+        res.audit = audit_captures(model, caps)
     return res
+
+
+def op_cycles(cap: Any, run_index: int = 0) -> dict[int, int]:
+    """Op index -> CPU cycles of one tapped run (ops without a cycle count are left out)."""
+    if len(cap.runs) <= run_index:
+        return {}
+    return {o.idx: int(o.cycles) for o in cap.runs[run_index].ops if o.cycles is not None}
+
+
+def audit_captures(model: Any, caps: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ESP-NN speedup audit of tapped optimized and ANSI C runs (None without both, or unknown chip)."""
+    if "optimized" not in caps or "ansi" not in caps:
+        return None
+    chip = caps["optimized"].info.get("chip") or caps["optimized"].info.get("target") or ""
+    try:
+        return espnn_audit(model, chip, op_cycles(caps["optimized"]), op_cycles(caps["ansi"]))
+    except EspCheckError:  # a chip the ESP-NN table does not know: no expectation to audit against
+        return None
 
 
 def ops_to_dump(res: TapResult) -> list[int]:

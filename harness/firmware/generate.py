@@ -24,6 +24,7 @@ import numpy as np
 from harness import __version__
 from harness.errors import EspCheckError, GenerateError
 from harness.firmware.boards import APP_OFFSET, PARTITION_TABLE_BYTES, Board, load_board
+from harness.firmware.hybrid_context import hybrid_firmware_context, render_hybrid_files
 from harness.firmware.tap_context import tap_firmware_context
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, TensorInfo
@@ -325,11 +326,13 @@ def _resolver(model: ModelInfo) -> list[str]:
 class FirmwareFeatures:
     """Optional parts of the firmware, decided by the caller and handed over as plain data.
 
-    ``tap``: per-op checksum records (docs/tap.md); ``dump_ops``: ops whose tensors a second run dumps.
+    ``tap``: per-op checksum records (docs/tap.md); ``dump_ops``: ops whose tensors a second run dumps;
+    ``ansi_ops``: op instances the hybrid wrapper runs on esp-nn's ANSI C kernels (docs/hybrid.md).
     """
 
     tap: bool = False
     dump_ops: tuple[int, ...] = ()
+    ansi_ops: tuple[int, ...] = ()
 
     @property
     def tapped(self) -> bool:
@@ -371,14 +374,18 @@ def generate_projects(
     resolver = _resolver(model)
     # per-op checksum wrapper tables (None when off); GenerateError on bad op indices
     tap_ctx = tap_firmware_context(model, tap=feats.tapped, dump_ops=feats.dump_ops)
+    model_bytes = model_path.read_bytes()
+    # hybrid wrapper table (None when every op runs ESP-NN optimized); UsageError on ops it cannot switch
+    hybrid_ctx = hybrid_firmware_context(
+        model, feats.ansi_ops, model_name=c_str(model_path.name), model_sha256=_sha256(model_bytes)
+    )
     plan = _plan_arena(model_path, board_def, arena_kb, versions["espnn"])
     prepared = _prepare_inputs([Path(p) for p in input_paths], tensor, input_options)
-    model_bytes = model_path.read_bytes()
     app_partition = _check_fits(model_bytes, prepared, board_def)
     ctx = _base_context(
         board_def, versions, model_path, model_bytes, prepared, tensor, model, resolver, plan, human_max
     )
-    ctx.update(app_partition_bytes=app_partition, tap=tap_ctx)
+    ctx.update(app_partition_bytes=app_partition, tap=tap_ctx, hybrid=hybrid_ctx)
     env = _environment()
     allow = load_allowlist()
     projects = []
@@ -390,6 +397,8 @@ def generate_projects(
         )  # fmt: skip
         if tap_ctx is not None:
             manifest["tap"] = tap_ctx["manifest"]
+        if hybrid_ctx is not None:
+            manifest["hybrid"] = {"ansi_ops": hybrid_ctx["ansi_ops"], "kinds": hybrid_ctx["kinds"]}
         pdir = Path(out_dir) / variant
         _write_project(pdir, files, manifest)
         projects.append(
@@ -573,6 +582,8 @@ def _render_files(
         files[rel] = text.encode("utf-8")
     for name in PROTO_FILES:
         files[f"main/{name}"] = (proto_dir / name).read_bytes()
+    if ctx.get("hybrid") is not None:
+        files.update(render_hybrid_files(ctx["hybrid"], str(ctx["banner"]), env.filters))
     files[f"{DATA_DIR}/model.tflite"] = model_bytes
     for k, (_, raw, _) in enumerate(prepared):
         files[f"{DATA_DIR}/input_{k}.bin"] = raw

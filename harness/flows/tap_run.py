@@ -60,6 +60,7 @@ class TapRunOutcome:
     result: TapResult
     errors: list[str] = field(default_factory=list)
     codes: list[ExitCode] = field(default_factory=list)
+    captures: dict[str, Capture] = field(default_factory=dict)  # dump_run: the dump run's captures
 
 
 def embedded_inputs(project_dir: Path, model: ModelInfo) -> list[np.ndarray]:
@@ -112,6 +113,41 @@ def run_tap_flow(
         return outcome
     res.problems += _nondeterminism(caps, dump_caps)
     analyze_dump_captures(res, dump_caps, host_tensors)
+    d = res.culprit
+    if d is not None and d.op is not None and d.kind == "output":
+        res.repro = reproducers(req, [d.op], dump_caps)
+    return outcome
+
+
+def reproducers(
+    req: TapRunRequest, ops: Sequence[int], dump_caps: Mapping[str, Capture]
+) -> list[dict[str, Any]]:
+    """One-op reproducers (harness.flows.repro) for ``ops`` from a dump run, under ``req.out/repro``."""
+    from harness.flows.repro import write_reproducer
+
+    return [
+        write_reproducer(req.model_path, req.model, k, dump_caps, req.out / "repro", req.board.name)
+        for k in ops
+    ]
+
+
+def dump_run(
+    req: TapRunRequest,
+    ops: Sequence[int],
+    rec: Recorder,
+    lock_cm: contextlib.AbstractContextManager[Any] | None = None,
+    subdir: str = "tap-dump",
+) -> TapRunOutcome:
+    """Both variants rebuilt with ``--tap --dump-ops ops`` and run, and reproducers of ``ops`` written."""
+    outcome = TapRunOutcome(TapResult(dump_ops=sorted(ops)))
+    try:
+        caps = _dump_run(req, ops, rec, lock_cm or contextlib.nullcontext(), outcome, subdir)
+    except EspCheckError as exc:
+        outcome.errors.append(f"dump run: {exc}")
+        outcome.codes.append(exc.exit_code)
+        return outcome
+    outcome.captures = caps
+    outcome.result.repro = reproducers(req, ops, caps)
     return outcome
 
 
@@ -121,15 +157,16 @@ def _dump_run(
     rec: Recorder,
     lock_cm: contextlib.AbstractContextManager[Any],
     outcome: TapRunOutcome,
+    subdir: str = "tap-dump",
 ) -> dict[str, Capture]:
     """Rebuild both variants with dumps on, flash and capture each; failures go into ``outcome``."""
-    dump_dir = req.out / "tap-dump"
+    dump_dir = req.out / subdir
     sub = Recorder(rec.progress)
     try:
         return _dump_variants(req, dump, sub, lock_cm, outcome, dump_dir)
     finally:  # the dump run's stages join the report, labelled as such
         for s in sub.stages:
-            s.stage = f"tap-dump:{s.stage}"
+            s.stage = f"{subdir}:{s.stage}"
         rec.stages.extend(sub.stages)
 
 

@@ -62,6 +62,7 @@ _TAP_ENTRY_RE = re.compile(
     r"(-?(?:0|[1-9][0-9]{0,9})):(-|(?:0|[1-9][0-9]{0,9})(?:x(?:0|[1-9][0-9]{0,9})){0,7}):([0-9A-F]{8})"
 )
 _OPNAME_RE = re.compile(r"[A-Za-z0-9_\-]{1,32}")
+_ANSI_OPS_RE = re.compile(r"-|[0-9]{1,6}(,[0-9]{1,6})*\+?")  # INFO ansi_ops of hybrid firmware
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ class CapturedRun:
     errors: list[ErrorRecord] = field(default_factory=list)
     ops: list[OpRecord] = field(default_factory=list)  # tap: in print order
     ops_end: dict[str, int] | None = None  # tap: OPEND fields (ops, dropped, ram)
+    hybrid: dict[str, int] | None = None  # hybrid firmware: HYBRID fields (ansi, fallback)
     dumps: list[OpDump] = field(default_factory=list)  # tap: OPDUMP tensors
 
 
@@ -203,6 +205,17 @@ class Capture:
     def tapped(self) -> bool:
         """The firmware says it was built with --tap (INFO tap=1)."""
         return self.info.get("tap") == "1"
+
+    @property
+    def hybrid_ops(self) -> tuple[tuple[int, ...], bool] | None:
+        """Hybrid firmware (INFO hybrid=N): the op indices it says run ANSI C, and whether the list
+        was cut short (a trailing ``+``); None for firmware without the hybrid wrapper."""
+        if "hybrid" not in self.info:
+            return None
+        text = self.info.get("ansi_ops", "-")
+        cut = text.endswith("+")
+        parts = [p for p in text.rstrip("+").split(",") if p and p != "-"]
+        return tuple(int(p) for p in parts if p.isdigit()), cut
 
     @property
     def firmware_faulted(self) -> bool:
@@ -522,6 +535,15 @@ class _Builder:
             )
         run.ops_end = end
 
+    def _hybrid(self, rec: Record) -> None:
+        """HYBRID i= ansi= fallback=: how many invokes the hybrid wrapper sent to ANSI C in run i."""
+        run = self._run(rec)
+        if run is None:
+            return
+        if run.hybrid is not None:
+            self.problem(f"line {rec.line}: HYBRID for i={run.index} repeated")
+        run.hybrid = {k: _int(rec, k, unsigned=True) for k in ("ansi", "fallback")}
+
     @staticmethod
     def _tap_list(rec: Record, key: str) -> tuple[TapEntry, ...]:
         raw = _get(rec, key)
@@ -740,7 +762,9 @@ class _Builder:
         missing = [k for k in REQUIRED_INFO if k not in cap.info]
         if missing:
             self.problem(f"required INFO keys missing: {', '.join(missing)}")
-        for key in ("cores", "cpu_mhz", "model_bytes", "inputs", "outputs"):
+        if "hybrid" in cap.info and not _ANSI_OPS_RE.fullmatch(cap.info.get("ansi_ops", "")):
+            self.problem("INFO hybrid without a valid ansi_ops list (e.g. ansi_ops=17,27)")
+        for key in ("cores", "cpu_mhz", "model_bytes", "inputs", "outputs", "hybrid"):
             if key in cap.info and not _UINT_RE.fullmatch(cap.info[key]):
                 self.problem(f"INFO {key}={cap.info[key][:40]!r} is not an unsigned integer")
         if "model_sha256" in cap.info and not _SHA256_RE.fullmatch(cap.info["model_sha256"]):
@@ -762,6 +786,8 @@ class _Builder:
                     self.problem(f"run i={run.index}: outputs {got} arrived, expected 0..{int(n_out) - 1}")
                 if cap.tapped and run.ops_end is None:
                     self.problem(f"run i={run.index}: tapped firmware (INFO tap=1) printed no OPEND record")
+                if "hybrid" in cap.info and run.hybrid is None:
+                    self.problem(f"run i={run.index}: hybrid firmware (INFO hybrid) printed no HYBRID record")
         for run in cap.runs:
             run.outputs.sort(key=lambda t: t.o)
 
@@ -797,6 +823,7 @@ _Builder._HANDLERS = {
     "END": _Builder._end,
     "OP": _Builder._op,
     "OPEND": _Builder._opend,
+    "HYBRID": _Builder._hybrid,
     "OPDUMP": _Builder._opdump,
     "OPDATA": _Builder._opdata,
 }

@@ -69,6 +69,7 @@ class Emitter(Protocol):
 
     def begin(self, fwver: str, sim: bool) -> None: ...
     def info(self, fields: Sequence[tuple[str, FieldValue]]) -> None: ...
+    def record(self, rtype: str, fields: Sequence[tuple[str, FieldValue]]) -> None: ...
     def arena(self, size: int, used: int, mem: str) -> None: ...
     def input(self, i: int, nbytes: int, sha256_hex: str) -> None: ...
     def time(self, i: int, invoke_us: int) -> None: ...
@@ -232,9 +233,13 @@ class PythonEmitter:
         )
 
     def info(self, fields: Sequence[tuple[str, FieldValue]]) -> None:
+        self.record("INFO", fields)
+
+    def record(self, rtype: str, fields: Sequence[tuple[str, FieldValue]]) -> None:
+        """Any record of key=value fields (INFO, HYBRID): ecp_record_start / ecp_kv_* / ecp_record_end."""
         encoded = [(k, self._value(v)) for k, v in fields]
-        check_record_fits(self.seq, "INFO", encoded)
-        self._emit("INFO", encoded)
+        check_record_fits(self.seq, rtype, encoded)
+        self._emit(rtype, encoded)
 
     def arena(self, size: int, used: int, mem: str) -> None:
         self._emit(
@@ -425,6 +430,8 @@ def _check_tap_tensors(*sides: Sequence[TapTensor]) -> None:
 
 def check_record_fits(seq: int, rtype: str, fields: Sequence[tuple[str, bytes]]) -> None:
     """Raise ProtocolOverflowError if a record with these fields cannot be emitted as-is."""
+    if not (rtype.isascii() and rtype.isalnum() and rtype[:1].isupper() and rtype == rtype.upper()):
+        raise ProtocolOverflowError(f"invalid record type {rtype!r}", hint="types are upper-case, e.g. INFO")
     for key, _ in fields:
         if not _key_ok(key):
             raise ProtocolOverflowError(
@@ -648,8 +655,12 @@ class CEmitter:
         self._sync()
 
     def info(self, fields: Sequence[tuple[str, FieldValue]]) -> None:
-        check_record_fits(self.seq, "INFO", [(k, PythonEmitter._value(v)) for k, v in fields])
-        self.lib.ecp_record_start(self.state, b"INFO")
+        self.record("INFO", fields)
+
+    def record(self, rtype: str, fields: Sequence[tuple[str, FieldValue]]) -> None:
+        """Any record of key=value fields, through ecp_record_start / ecp_kv_* / ecp_record_end."""
+        check_record_fits(self.seq, rtype, [(k, PythonEmitter._value(v)) for k, v in fields])
+        self.lib.ecp_record_start(self.state, rtype.encode("ascii"))
         for key, value in fields:
             if isinstance(value, bool):
                 self.lib.ecp_kv_int(self.state, key.encode("ascii"), int(value))

@@ -161,16 +161,6 @@ def _run_model(payload: AppPayload, cache: dict[str, Any], per_layer: bool = Fal
     return out
 
 
-def modelled_invoke_us(chip: ChipSpec, payload: AppPayload, n_ops: int) -> int:
-    """A deterministic stand-in for the invoke time (the host's time says nothing about an ESP32).
-
-    Proportional to the model's size and op count, scaled by CPU clock; the optimized variant is
-    modelled 2x faster. Only benchmarks of the simulator itself should look at it.
-    """
-    base = (len(payload.model) // 2 + 400 * n_ops) * 240 // max(1, chip.cpu_mhz)
-    return int(base // 2 if payload.variant == "optimized" else base)
-
-
 # ---- panics -------------------------------------------------------------------------------------
 
 
@@ -494,7 +484,6 @@ def _run_app(
 ) -> tuple[BootResult, str | None]:
     from harness.protocol.emitter import make_emitter
 
-    chip = ctx.chip
     faults = ctx.faults
     variant = payload.variant
     active = sorted(f for f in faults.names if faults.active(f, variant) and f != "sync_fail")
@@ -504,161 +493,214 @@ def _run_app(
         piece = Piece("console", b"".join(head) + crash_at_start, t_head)
         return BootResult([piece], variant=variant, faults_applied=active), "sw"
     out = bytearray()
-    emitter = make_emitter(out.extend, backend=ctx.emitter_backend)
-    result = BootResult([Piece("console", b"".join(head), t_head)], variant=variant, faults_applied=active)
+    app = _App(ctx, payload, list(active), make_emitter(out.extend, backend=ctx.emitter_backend))
+    result = BootResult([Piece("console", b"".join(head), t_head)], variant=variant)
     t_app = clock.seconds  # app_main's records follow the start-up log (the invoke takes no modelled time)
-    reboot: str | None = None
-    crash: bytes = b""
-
-    tap = bool(payload.header.get("tap"))
-    op_fault = _op_fault(faults, active)
-    info, outputs = _load_and_run(payload, ctx, active, per_layer=tap or op_fault is not None)
-    _print_identity(emitter, payload, chip, info, outputs, active, tap)
-    ok = True
-    if info is None:
-        emitter.error("schema", -1, "model_schema_version_differs_from_TFLITE_SCHEMA_VERSION", None)
-        ok = False
-    elif "alloc" in active:
-        emitter.error("alloc", 1, "AllocateTensors_failed", None)
-        ok = False
-    elif len(info.inputs) != 1 or outputs is None:
-        emitter.error("input", len(info.inputs), "expected_one_input_tensor", None)
-        ok = False
-    else:
-        size = int(payload.header.get("arena_bytes") or 0) or outputs.arena_used
-        emitter.arena(size, min(size, outputs.arena_used) if outputs.arena_used else size, "host")
-        tin = info.inputs[0]
-        need = tin.num_elements * np.dtype(tin.dtype).itemsize
-        for i, raw in enumerate(payload.inputs):
-            if len(raw) != need:
-                emitter.error("input", len(raw), "input_tensor_size_differs_from_embedded_input", i)
-                ok = False
-                break
-            emitter.input(i, len(raw), hashlib.sha256(raw).hexdigest())
-            if "hang" in active:
-                ok = False
-                crash = b"\x00hang"  # marker: no END
-                break
-            crash_kind = next((k for k in ("panic", "abort", "brownout") if k in active), None)
-            if crash_kind is not None:
-                rng = faults.rng(crash_kind, ctx.boot_index)  # a kernel bug: the same crash on every boot
-                if crash_kind == "brownout":
-                    crash = b"\r\nBrownout detector was triggered\r\n\r\n"
-                    reboot = "brownout"
-                else:
-                    crash = panic_text(chip, crash_kind, rng, elf_sha, variant)
-                    reboot = "sw"
-                ok = False
-                break
-            emitter.time(i, modelled_invoke_us(chip, payload, outputs.n_ops))
-            _print_outputs(emitter, i, raw, info, outputs, payload, ctx, active, op_fault, tap)
-    if crash:
+    ok = _app_body(app, elf_sha)
+    result.faults_applied = app.active
+    if app.crash:
         records = bytes(out)
-        if crash != b"\x00hang":
-            records += crash
-        result.pieces += _line_faults(records, active, faults, ctx.boot_index, t_app)
-        return result, reboot
-    emitter.end(ok)
+        if app.crash != _HANG:
+            records += app.crash
+        result.pieces += _line_faults(records, app.active, faults, ctx.boot_index, t_app)
+        return result, app.reboot
+    app.emitter.end(ok)
     tail = clock.line("I", "main_task", "Returned from app_main()", 50)
-    result.pieces += _line_faults(bytes(out) + tail, active, faults, ctx.boot_index, t_app)
+    result.pieces += _line_faults(bytes(out) + tail, app.active, faults, ctx.boot_index, t_app)
     return result, None
 
 
-def _load_and_run(
-    payload: AppPayload, ctx: BootContext, active: list[str], per_layer: bool
-) -> tuple[Any, _Outputs | None]:
-    """The embedded model (None: not a model this TFLM reads) and its outputs on every embedded input."""
+_HANG = b"\x00hang"  # crash marker: the app stops printing (no END)
+
+
+@dataclass
+class _App:
+    """One boot of the simulated app: what it has compiled in, how each op dispatches, what it printed."""
+
+    ctx: BootContext
+    payload: AppPayload
+    active: list[str]
+    emitter: Any
+    info: Any = None  # ModelInfo, None when the embedded model does not parse
+    outputs: _Outputs | None = None
+    dispatch: Any = None  # harness.sim.cycles.Dispatch
+    fallback_ops: int = 0  # hybrid table nodes ESP-NN does not handle (the original kernel runs them)
+    op_fault: Any = None  # harness.sim.tap_sim.OpFault
+    crash: bytes = b""
+    reboot: str | None = None
+
+    @property
+    def tap(self) -> bool:
+        return bool(self.payload.header.get("tap"))
+
+
+def _app_body(app: _App, elf_sha: str) -> bool:
+    """BEGIN, INFO, ARENA and the runs; False when the app stops with an ERROR (or a crash)."""
+    em, payload, chip = app.emitter, app.payload, app.ctx.chip
+    em.begin(str(payload.header.get("fwver", "0.0.0")), True)
+    em.info([("nn", payload.nn), ("target", chip.name), ("chip", chip.name), ("rev", chip.rev),
+             ("cores", chip.cores), ("cpu_mhz", chip.cpu_mhz)])  # fmt: skip
+    _load_model(app)
+    tflm = app.outputs.backend_version.replace(" ", "_") if app.outputs else "sim"
+    n_out = len(app.info.outputs) if app.info is not None else 0
+    em.info([("idf", str(payload.header.get("idf", "sim"))), ("tflm", tflm),
+             ("espnn", str(payload.header.get("espnn", "sim"))), ("model_bytes", len(payload.model)),
+             ("inputs", len(payload.inputs)), ("outputs", n_out)])  # fmt: skip
+    em.info([("model_sha256", hashlib.sha256(payload.model).hexdigest())])
+    if app.active:
+        em.info([("sim_fault", "+".join(app.active))])
+    if app.tap:
+        em.info([("tap", 1)])
+    table = payload.header.get("hybrid")
+    if table is not None:
+        em.info([("hybrid", len(table)), ("ansi_ops", _ops_text([int(r[0]) for r in table]))])
+    if app.info is None:
+        em.error("schema", -1, "model_schema_version_differs_from_TFLITE_SCHEMA_VERSION", None)
+        return False
+    if "alloc" in app.active:
+        em.error("alloc", 1, "AllocateTensors_failed", None)
+        return False
+    if len(app.info.inputs) != 1 or app.outputs is None:
+        em.error("input", len(app.info.inputs), "expected_one_input_tensor", None)
+        return False
+    size = int(payload.header.get("arena_bytes") or 0) or app.outputs.arena_used
+    used = app.outputs.arena_used
+    em.arena(size, min(size, used) if used else size, "host")
+    return _run_inputs(app, elf_sha)
+
+
+def _ops_text(ops: list[int], limit: int = 160) -> str:
+    """INFO ansi_ops as the firmware prints it: ``17,27``, cut with a trailing ``+`` past ``limit``."""
+    text = ""
+    for k, op in enumerate(ops):
+        one = f"{',' if k else ''}{op}"
+        if len(text) + len(one) + 2 > limit + 1:
+            return text + "+"
+        text += one
+    return text or "-"
+
+
+def _load_model(app: _App) -> None:
+    """Parse the embedded model, work out each op's kernel (hybrid table, faults) and run the reference."""
     from harness.model.loader import parse_model_bytes
 
     try:
-        info = parse_model_bytes(payload.model)
+        app.info = parse_model_bytes(app.payload.model)
     except Exception:
-        return None, None
-    if len(info.inputs) != 1 or "alloc" in active:
-        return info, None
-    return info, _run_model(payload, ctx.cache, per_layer=per_layer)
-
-
-def _print_identity(
-    emitter: Any, payload: AppPayload, chip: ChipSpec, info: Any, outputs: _Outputs | None, active: list[str],
-    tap: bool,
-) -> None:  # fmt: skip
-    """BEGIN and the INFO records, from the image's compiled-in values, as app_main.cc prints them."""
-    emitter.begin(str(payload.header.get("fwver", "0.0.0")), True)
-    emitter.info(
-        [
-            ("nn", payload.nn),
-            ("target", chip.name),
-            ("chip", chip.name),
-            ("rev", chip.rev),
-            ("cores", chip.cores),
-            ("cpu_mhz", chip.cpu_mhz),
-        ]
+        app.info = None
+        return
+    app.dispatch, app.fallback_ops = _dispatch(app)
+    app.op_fault = _op_fault(app.ctx.faults, app.dispatch, app.info)
+    app.active = sorted(
+        [f for f in app.active if f not in _OP_FAULT_NAMES] + ([app.op_fault.kind] if app.op_fault else [])
     )
-    tflm = outputs.backend_version.replace(" ", "_") if outputs else "sim"
-    emitter.info(
-        [
-            ("idf", str(payload.header.get("idf", "sim"))),
-            ("tflm", tflm),
-            ("espnn", str(payload.header.get("espnn", "sim"))),
-            ("model_bytes", len(payload.model)),
-            ("inputs", len(payload.inputs)),
-            ("outputs", len(info.outputs) if info is not None else 0),
-        ]
-    )
-    emitter.info([("model_sha256", hashlib.sha256(payload.model).hexdigest())])
-    if active:
-        emitter.info([("sim_fault", "+".join(active))])
-    if tap:
-        emitter.info([("tap", 1)])
+    if len(app.info.inputs) == 1 and "alloc" not in app.active:
+        per_layer = app.tap or app.op_fault is not None
+        app.outputs = _run_model(app.payload, app.ctx.cache, per_layer=per_layer)
 
 
-def _print_outputs(
-    emitter: Any, i: int, raw: bytes, info: Any, outputs: _Outputs, payload: AppPayload, ctx: BootContext,
-    active: list[str], op_fault: Any, tap: bool,
-) -> None:  # fmt: skip
-    """Input ``i``'s TENSOR/DATA records (and with --tap its OP records), after injected faults."""
+_OP_FAULT_NAMES = ("op_corrupt", "op_clobber", "op_panic", "op_hang")
+
+
+def _dispatch(app: _App) -> tuple[Any, int]:
+    """Which kernel each op runs: the image's variant, the hybrid wrapper's table (matched to nodes by
+    their first output tensor, as the C wrapper does) and an ``unoptimized_kind`` fault."""
+    from harness.model.hybrid_ops import ANSI_KINDS, ansi_path_applies
+    from harness.sim.cycles import Dispatch
+
+    info = app.info
+    by_out = {o.outputs[0]: o for o in info.main_ops if o.outputs and o.outputs[0] >= 0}
+    ansi: set[int] = set()
+    fallback = 0
+    for _op, out_t, kind in app.payload.header.get("hybrid") or []:
+        op = by_out.get(int(out_t))
+        if op is None or ANSI_KINDS.get(op.opcode, ("",))[0] != kind:
+            continue  # the C wrapper never recognises this row
+        if ansi_path_applies(info, op):
+            ansi.add(op.index)
+        else:
+            fallback += 1
+    faults = app.ctx.faults
+    unopt = faults.fault_kind if "unoptimized_kind" in app.active else None
+    return Dispatch(app.payload.variant, frozenset(ansi), unopt), fallback
+
+
+def _run_inputs(app: _App, elf_sha: str) -> bool:
+    """Per embedded input: INPUT, then a crash, or TIME, TENSOR/DATA, HYBRID and the tap records."""
+    from harness.sim.cycles import invoke_us, op_cycles
+
+    em, payload, info, chip = app.emitter, app.payload, app.info, app.ctx.chip
+    assert info is not None and app.outputs is not None
     tin = info.inputs[0]
-    sim_ops = None
-    final = list(outputs.arrays[i])
-    if outputs.layers is not None:
-        from harness.sim.tap_sim import simulate_ops
-
-        sim_ops, values = simulate_ops(
-            info, np.frombuffer(raw, np.dtype(tin.dtype)).reshape(tin.shape), outputs.layers[i],
-            payload.variant, op_fault,
-        )  # fmt: skip
-        final = [values.get(t.index, a) for t, a in zip(info.outputs, final, strict=True)]
-    for o, (arr, t) in enumerate(zip(final, info.outputs, strict=True)):
-        data = _apply_output_faults(arr, active, ctx.faults, ctx.boot_index, i, o)
-        emitter.tensor(
-            i,
-            o,
-            t.dtype,
-            list(t.shape),
-            float(t.scale or 0.0),
-            int(t.zero_point or 0),
-            data,
-            t.name,
-            int(payload.header.get("human_max", 16)),
-        )
-    if tap and sim_ops is not None:
-        _emit_taps(emitter, i, info, sim_ops, [int(k) for k in payload.header.get("dump_ops", [])])
+    need = tin.num_elements * np.dtype(tin.dtype).itemsize
+    cycles = op_cycles(info, chip.name, app.dispatch, salt=payload.variant)
+    for i, raw in enumerate(payload.inputs):
+        if len(raw) != need:
+            em.error("input", len(raw), "input_tensor_size_differs_from_embedded_input", i)
+            return False
+        em.input(i, len(raw), hashlib.sha256(raw).hexdigest())
+        if _crashes(app, elf_sha):
+            return False
+        em.time(i, invoke_us(cycles, chip.cpu_mhz))
+        arr = np.frombuffer(raw, np.dtype(tin.dtype)).reshape(tin.shape)
+        final, sim_ops = _outputs_of(app, i, arr, cycles)
+        for o, (out, t) in enumerate(zip(final, info.outputs, strict=True)):
+            data = _apply_output_faults(out, app.active, app.ctx.faults, app.ctx.boot_index, i, o)
+            em.tensor(i, o, t.dtype, list(t.shape), float(t.scale or 0.0), int(t.zero_point or 0), data,
+                      t.name, int(payload.header.get("human_max", 16)))  # fmt: skip
+        if payload.header.get("hybrid") is not None:
+            hybrid = [("i", i), ("ansi", len(app.dispatch.ansi_ops)), ("fallback", app.fallback_ops)]
+            em.record("HYBRID", hybrid)
+        if app.tap and sim_ops is not None:
+            _emit_taps(em, i, info, sim_ops, [int(k) for k in payload.header.get("dump_ops", [])])
+    return True
 
 
-def _op_fault(faults: FaultSpec, active: list[str]) -> Any:
+def _crashes(app: _App, elf_sha: str) -> bool:
+    """A crash or hang during this invoke (whole-app faults, or an op fault that fires in this image)."""
+    faults, chip = app.ctx.faults, app.ctx.chip
+    if "hang" in app.active or (app.op_fault is not None and app.op_fault.kind == "op_hang"):
+        app.crash = _HANG
+        return True
+    kind = next((k for k in ("panic", "abort", "brownout") if k in app.active), None)
+    if kind is None and app.op_fault is not None and app.op_fault.kind == "op_panic":
+        kind = "panic"
+    if kind is None:
+        return False
+    rng = faults.rng(kind, app.ctx.boot_index)  # a kernel bug: the same crash on every boot
+    if kind == "brownout":
+        app.crash, app.reboot = b"\r\nBrownout detector was triggered\r\n\r\n", "brownout"
+    else:
+        app.crash, app.reboot = panic_text(chip, kind, rng, elf_sha, app.payload.variant), "sw"
+    return True
+
+
+def _outputs_of(app: _App, i: int, arr: np.ndarray, cycles: list[int]) -> tuple[list[np.ndarray], Any]:
+    """The run's final outputs and (per-layer runs) the ops' tap view, with op faults applied."""
+    assert app.outputs is not None and app.info is not None
+    final = list(app.outputs.arrays[i])
+    if app.outputs.layers is None:
+        return final, None
+    from harness.sim.tap_sim import simulate_ops
+
+    sim_ops, values = simulate_ops(app.info, arr, app.outputs.layers[i], app.dispatch, app.op_fault, cycles)
+    return [values.get(t.index, a) for t, a in zip(app.info.outputs, final, strict=True)], sim_ops
+
+
+def _op_fault(faults: FaultSpec, dispatch: Any, info: Any) -> Any:
+    """The op fault of this image, or None when there is none or it hits no op this image runs."""
     from harness.sim.tap_sim import OpFault
 
-    for kind in ("op_corrupt", "op_clobber"):
-        if kind in active and faults.fault_op is not None:
-            return OpFault(
-                kind,
-                faults.fault_op,
-                faults.fault_region,
-                faults.corrupt_lsb,
-                faults.corrupt_frac,
-                faults.seed,
-            )
+    if not faults.fault_ops:
+        return None
+    for kind in _OP_FAULT_NAMES:
+        if kind in faults.names:
+            fault = OpFault(
+                kind, faults.fault_ops[0], faults.fault_region, faults.corrupt_lsb, faults.corrupt_frac,
+                faults.seed, faults.fault_ops[1:], faults.variant,
+            )  # fmt: skip
+            hit = any(fault.hits(op.index, dispatch) for op in info.main_ops)
+            return fault if hit else None
     return None
 
 

@@ -93,6 +93,7 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         "strap_window",
         "fault_op",
         "fault_region",
+        "fault_kind",
         "boot",
     }
     unknown = sorted(set(params) - known)

@@ -30,7 +30,15 @@ FAULTS: dict[str, str] = {
     "op_corrupt": "op `fault_op` writes `fault_region` of its output off by `corrupt_lsb` LSB",
     "op_clobber": "an input of op `fault_op` is overwritten (`fault_region`) after its producer finished, "
     "as by another op's scratch-buffer overflow",
+    "op_panic": "Guru Meditation panic inside op `fault_op` (where that op runs the `variant_fault` kernel)",
+    "op_hang": "the invoke never returns once op `fault_op` starts (where it runs the `variant_fault` one)",
+    "unoptimized_kind": "op kind `fault_kind` compiled without ESP-NN optimization in the optimized build: "
+    "the same outputs at ANSI C speed",
 }
+
+# faults that act on single ops (fault_op=K or K1,K2,...): in a hybrid image only where op K runs the
+# kernel of `variant_fault` (an op sent to ANSI C no longer runs the faulty optimized kernel)
+OP_FAULTS = ("op_corrupt", "op_clobber", "op_panic", "op_hang")
 
 OP_REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")
 
@@ -51,8 +59,14 @@ class FaultSpec:
     loops: int = 3
     fault_boots: int | None = None  # app faults only on the first N app boots of the board (transient)
     extra: Mapping[str, str] = field(default_factory=dict)
-    fault_op: int | None = None  # op_corrupt / op_clobber: the op index
+    fault_ops: tuple[int, ...] = ()  # op faults: the op indices (fault_op=17 or fault_op=17,27)
     fault_region: str = "last_row"
+    fault_kind: str | None = None  # unoptimized_kind: the op kind, e.g. CONV_2D
+
+    @property
+    def fault_op(self) -> int | None:
+        """The first faulty op (the only one unless several were given)."""
+        return self.fault_ops[0] if self.fault_ops else None
 
     def for_boot(self, boot_index: int) -> FaultSpec:
         """The faults in force on app boot ``boot_index`` (1-based): none once ``fault_boots`` are used up.
@@ -120,18 +134,23 @@ def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSp
             raise UsageError(f"simulator parameter {key}={v!r} is not a number") from None
 
     fault_op = one("fault_op")
-    if fault_op is not None and not fault_op.isdigit():
-        raise UsageError(f"fault_op={fault_op!r} is not an op index", hint="e.g. fault_op=17")
-    if names & {"op_corrupt", "op_clobber"} and fault_op is None:
-        raise UsageError("op_corrupt/op_clobber need fault_op=<op index>", hint="e.g. fault_op=17")
+    parts = [p.strip() for p in (fault_op or "").split(",")]
+    if fault_op is not None and not all(p.isdigit() for p in parts):
+        raise UsageError(f"fault_op={fault_op!r} is not an op index (or a list)", hint="e.g. fault_op=17,27")
+    if names & set(OP_FAULTS) and fault_op is None:
+        raise UsageError(f"{'/'.join(OP_FAULTS)} need fault_op=<op index>", hint="e.g. fault_op=17")
+    kind = one("fault_kind")
+    if "unoptimized_kind" in names and not kind:
+        raise UsageError("unoptimized_kind needs fault_kind=<op kind>", hint="e.g. fault_kind=CONV_2D")
     region = (one("fault_region") or "last_row").strip().lower()
     if region not in OP_REGIONS:
         raise UsageError(
             f"fault_region={region!r} is not a region", hint=f"use one of {', '.join(OP_REGIONS)}"
         )
     return FaultSpec(
-        fault_op=None if fault_op is None else int(fault_op),
+        fault_ops=tuple(sorted({int(p) for p in parts})) if fault_op is not None else (),
         fault_region=region,
+        fault_kind=kind.strip().upper() if kind else None,
         names=frozenset(names),
         variant=variant,
         seed=int(num("seed", 1, int)),

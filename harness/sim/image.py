@@ -396,6 +396,27 @@ def _variant(manifest: dict[str, Any]) -> str:
     raise BuildError(f"manifest variant {v!r} is neither optimized nor ansi", hint="regenerate the project")
 
 
+_HYBRID_ROW = re.compile(r"^\s*\{ (\d+), (\d+), (k[A-Za-z]+), \d+ \},", re.MULTILINE)
+
+
+def hybrid_table(project_dir: Path) -> list[list[Any]] | None:
+    """``[[op, out_tensor, kind], ...]`` from the kSlots table of a project's main/esp_check_hybrid.cc
+    when main/CMakeLists.txt compiles it (None otherwise): what the simulated wrapper dispatches on."""
+    source = project_dir / "main" / "esp_check_hybrid.cc"
+    cmake = project_dir / "main" / "CMakeLists.txt"
+    try:
+        if '"esp_check_hybrid.cc"' not in cmake.read_text(encoding="utf-8"):
+            return None
+        text = source.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    start = text.find("kSlots[] = {")
+    end = text.find("};", start)
+    if start < 0 or end < 0:
+        raise BuildError(f"{source}: no kSlots table", hint="regenerate the project")
+    return [[int(a), int(b), k] for a, b, k in _HYBRID_ROW.findall(text[start:end])]
+
+
 def _table_offset(project_dir: Path, manifest: dict[str, Any]) -> int:
     board_def = manifest.get("board_def")
     offset = board_def.get("partition_table_offset") if isinstance(board_def, dict) else None
@@ -441,6 +462,8 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
         # --tap firmware: per-op records and the ops whose tensors it dumps (generate.py's manifest)
         "tap": bool((manifest.get("tap") or {}).get("enabled", False)),
         "dump_ops": [int(k) for k in (manifest.get("tap") or {}).get("dump_ops", [])],
+        # hybrid firmware: the wrapper table as compiled (main/esp_check_hybrid.cc), not as intended
+        "hybrid": hybrid_table(project_dir),
     }
     board_def = manifest.get("board_def")
     size = board_def.get("flash_size") if isinstance(board_def, dict) else None

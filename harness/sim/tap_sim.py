@@ -13,23 +13,22 @@ outputs. The simulator never prints where the fault is; the host must find it fr
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from harness.model.loader import ModelInfo, OpInfo
 from harness.model.taps import tapped_inputs
+from harness.sim.cycles import Dispatch, op_cycles
 
 REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")
-
-# Modelled cycles per output byte (ANSI) and ESP-NN speedup per opcode: deterministic stand-ins.
-_CYCLES_PER_BYTE = {"CONV_2D": 60, "DEPTHWISE_CONV_2D": 25, "FULLY_CONNECTED": 40, "ADD": 6}
-_SPEEDUP = {"CONV_2D": 3.5, "DEPTHWISE_CONV_2D": 2.5, "FULLY_CONNECTED": 2.0, "ADD": 1.3}
 
 
 @dataclass(frozen=True)
 class OpFault:
-    """Where an op fault is injected: kind ``op_corrupt`` or ``op_clobber``, op index, region."""
+    """Where an op fault is injected: kind (``op_corrupt``, ``op_clobber``, ``op_panic``, ``op_hang``), op
+    index (plus ``more_ops``), region; ``variant``: the kernel that is faulty (None: both)."""
 
     kind: str
     op: int
@@ -37,6 +36,15 @@ class OpFault:
     lsb: int = 3
     frac: float = 0.1
     seed: int = 1
+    more_ops: tuple[int, ...] = ()
+    variant: str | None = None
+
+    def hits(self, op: int, dispatch: Dispatch) -> bool:
+        """The fault fires at op ``op`` of an image with this dispatch (a faulty optimized kernel is
+        not run where the hybrid table sends the op to ANSI C, and vice versa)."""
+        if op != self.op and op not in self.more_ops:
+            return False
+        return self.variant is None or dispatch.kernel(op) == self.variant
 
 
 @dataclass(frozen=True)
@@ -100,30 +108,32 @@ def _bump(a: np.ndarray, mask: np.ndarray, lsb: int) -> np.ndarray:
     return np.where(mask, out + lsb, out).astype(out.dtype)
 
 
-def _modelled_cycles(op: OpInfo, nbytes: int, variant: str) -> int:
-    per = _CYCLES_PER_BYTE.get(op.opcode, 4)
-    cyc = 2000 + nbytes * per
-    if variant == "optimized":
-        cyc = int(cyc / _SPEEDUP.get(op.opcode, 1.0))
-    return int(cyc)
-
-
 def simulate_ops(
     info: ModelInfo,
     model_input: np.ndarray,
     layers: dict[int, np.ndarray],
-    variant: str,
+    variant: str | Dispatch,
     fault: OpFault | None,
+    cycles: Sequence[int] | None = None,
 ) -> tuple[list[SimOp], dict[int, np.ndarray]]:
-    """Run the graph op by op over the reference tensors, applying ``fault``.
+    """Run the graph op by op over the reference tensors, applying ``fault`` where it hits.
 
-    ``layers`` maps tensor index -> reference array for every op output. Returns the tap view of
-    every op and the final value of every tensor (model outputs included).
+    ``layers`` maps tensor index -> reference array for every op output; ``variant`` is the image's
+    variant or its per-op :class:`Dispatch`; ``cycles`` the modelled cycles per op (default: the
+    ESP32-S3 model of :mod:`harness.sim.cycles`). Returns the tap view of every op and the final value
+    of every tensor (model outputs included).
     """
+    dispatch = variant if isinstance(variant, Dispatch) else Dispatch(variant)
+    cyc = list(cycles) if cycles is not None else op_cycles(info, "esp32s3", dispatch)
     values: dict[int, np.ndarray] = {t.index: np.asarray(model_input) for t in info.inputs[:1]}
     producer = {t: o.index for o in info.main_ops for t in o.outputs if t >= 0}
     clobbered: int | None = None
-    if fault is not None and fault.kind == "op_clobber" and 0 <= fault.op < len(info.main_ops):
+    if (
+        fault is not None
+        and fault.kind == "op_clobber"
+        and 0 <= fault.op < len(info.main_ops)
+        and fault.hits(fault.op, dispatch)
+    ):
         # the produced input of op k whose producer ran longest ago is overwritten in between
         cands = [t for t in tapped_inputs(info, info.main_ops[fault.op]) if t in producer]
         clobbered = min(cands, key=lambda t: producer[t]) if cands else None
@@ -148,7 +158,7 @@ def simulate_ops(
                 continue
             ref = layers[t]
             arr = ref
-            if fault is not None and fault.kind == "op_corrupt" and op.index == fault.op:
+            if fault is not None and fault.kind == "op_corrupt" and fault.hits(op.index, dispatch):
                 rng = random.Random(f"{fault.seed}:op_corrupt:{t}")
                 arr = _bump(ref, region_mask(ref.shape, fault.region, rng, fault.frac), fault.lsb)
                 changed.add(t)
@@ -159,6 +169,5 @@ def simulate_ops(
                 changed.add(t)
             values[t] = arr
             writes.append((t, arr))
-        nbytes = sum(a.nbytes for _, a in writes)
-        ops.append(SimOp(op, tuple(reads), tuple(writes), _modelled_cycles(op, nbytes, variant)))
+        ops.append(SimOp(op, tuple(reads), tuple(writes), cyc[op.index] if op.index < len(cyc) else 0))
     return ops, values

@@ -1,0 +1,346 @@
+"""Hybrid firmware, host side: bisection, what the hybrid costs, the ESP-NN speedup audit (docs/hybrid.md).
+
+Pure functions and a small state machine; the runs themselves are :mod:`harness.flows.hybrid`.
+
+- :class:`Bisection` -- which ops to send to ANSI C next when taps cannot name the op (a crash, a hang,
+  no RAM for the tap buffers): optimized only on half of the suspect range, halving it, then one run to
+  verify the culprit; at most ``ceil(log2(N)) + 1`` runs per culprit, repeated until a run is good.
+- :func:`cost_report` -- from per-op cycles: how much of ESP-NN's speedup the hybrid keeps, and what each
+  op sent to ANSI C costs.
+- :func:`espnn_audit` -- per op: ESP-NN expected on this chip (and why not), cycles of both builds,
+  speedup; flags ops expected to be accelerated that run at ANSI C speed (within a noise band) and ops
+  that are slower optimized, and names a whole kind that looks compiled without optimization.
+- :func:`hybrid_evidence` -- what a hybrid capture itself says about its dispatch (INFO and HYBRID).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.model.loader import ModelInfo
+from harness.model.opdata import espnn_model_acceleration
+
+NOISE_BAND = 0.10  # a speedup within 1 +- 10 % is "the same speed" (per-op cycle counts of one run)
+
+
+# ---- bisection ------------------------------------------------------------------------------------
+
+
+@dataclass
+class BisectStep:
+    """One firmware run of a bisection: the ops that ran optimized / ANSI C and what happened."""
+
+    run: int
+    phase: str  # "search" | "verify"
+    optimized: list[int]
+    ansi: list[int]
+    bad: bool | None = None
+    why: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "phase": self.phase,
+            "optimized_ops": _ranges(self.optimized),
+            "ansi_ops": _ranges(self.ansi),
+            "result": None if self.bad is None else ("bad" if self.bad else "good"),
+            "why": self.why,
+        }
+
+
+@dataclass
+class Bisection:
+    """Find the switchable ops whose optimized kernel makes a run bad (crash, hang or wrong outputs).
+
+    ``switchable`` are the ops the hybrid wrapper can send to ANSI C; the run with all of them
+    optimized is known bad (the baseline). Each search run keeps ESP-NN optimized only on the first
+    half of the suspect range (ANSI C everywhere else, found culprits included): bad -> the culprit is in
+    that half, good -> in the other half. A single op left is a culprit; one more run with only the
+    culprits on ANSI C verifies it. Assumes one faulty op breaks a run on its own (no interaction): a
+    wrong guess shows up as a bad verify run and costs another round, within ``max_culprits``.
+    """
+
+    switchable: list[int]
+    max_culprits: int = 4
+    found: list[int] = field(default_factory=list)
+    steps: list[BisectStep] = field(default_factory=list)
+    suspects: list[int] = field(default_factory=list)
+    done: bool = False
+    success: bool = False
+    message: str = ""
+    _half: list[int] = field(default_factory=list)
+    _runs_at_round_start: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.switchable = sorted(set(self.switchable))
+        self.found = sorted(set(self.found))  # culprits already known (e.g. from taps): always ANSI C
+        self.suspects = [k for k in self.switchable if k not in self.found]
+        self._runs_at_round_start = [0]
+        if not self.suspects:
+            self.done, self.message = True, "no op the hybrid wrapper can switch: nothing to bisect"
+
+    @property
+    def bound_per_culprit(self) -> int:
+        """ceil(log2(N)) + 1 runs, N = the switchable ops."""
+        return math.ceil(math.log2(max(1, len(self.switchable)))) + 1
+
+    def next_ansi_ops(self) -> list[int] | None:
+        """The ops the next run sends to ANSI C (None when the bisection is over)."""
+        if self.done:
+            return None
+        if len(self.suspects) == 1:
+            self.found.append(self.suspects[0])
+            self.suspects = []
+        if not self.suspects:  # verify: only the culprits on ANSI C
+            ansi = sorted(self.found)
+            self._add("verify", ansi)
+            return ansi
+        self._half = self.suspects[: len(self.suspects) // 2]
+        ansi = sorted(set(self.switchable) - set(self._half))
+        self._add("search", ansi)
+        return ansi
+
+    def _add(self, phase: str, ansi: list[int]) -> None:
+        optimized = sorted(set(self.switchable) - set(ansi))
+        self.steps.append(BisectStep(len(self.steps) + 1, phase, optimized, ansi))
+
+    def record(self, bad: bool, why: str = "") -> None:
+        """The result of the run :meth:`next_ansi_ops` proposed."""
+        step = self.steps[-1]
+        step.bad, step.why = bad, why
+        if step.phase == "search":
+            self.suspects = self._half if bad else [k for k in self.suspects if k not in self._half]
+            return
+        self._runs_at_round_start.append(len(self.steps))
+        if not bad:
+            self.done, self.success = True, True
+            self.message = f"ops {_ranges(self.found)} on ANSI C make the run good"
+            return
+        remaining = [k for k in self.switchable if k not in self.found]
+        if len(self.found) >= self.max_culprits or not remaining:
+            self.done = True
+            self.message = (
+                f"still bad with ops {_ranges(self.found)} on ANSI C after {len(self.found)} round(s): "
+                "stopped (the failure may need several ops together, or lie outside the ESP-NN kernels)"
+            )
+            return
+        self.suspects = remaining
+
+    def abort(self, why: str) -> None:
+        """Stop: a run could not be judged (an infrastructure failure is not evidence either way)."""
+        self.done, self.success, self.message = True, False, why
+
+    def runs_per_culprit(self) -> list[int]:
+        """Firmware runs each round took (search runs plus its verify run)."""
+        marks = self._runs_at_round_start + ([len(self.steps)] if not self.done else [])
+        return [b - a for a, b in itertools.pairwise(marks) if b > a]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "switchable_ops": len(self.switchable),
+            "bound_per_culprit": self.bound_per_culprit,
+            "culprits": sorted(self.found),
+            "runs": len(self.steps),
+            "runs_per_culprit": self.runs_per_culprit(),
+            "success": self.success,
+            "message": self.message,
+            "steps": [s.to_dict() for s in self.steps],
+        }
+
+
+def _ranges(ops: Sequence[int]) -> str:
+    """``0-16,18-56`` for humans and reports (sorted, unique)."""
+    runs: list[list[int]] = []
+    for v in sorted(set(ops)):
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "-"
+
+
+# ---- cost -----------------------------------------------------------------------------------------
+
+
+def cost_report(
+    info: ModelInfo,
+    optimized: Mapping[int, int],
+    ansi: Mapping[int, int],
+    ansi_ops: Sequence[int],
+    cpu_mhz: int,
+    measured_hybrid: Mapping[int, int] | None = None,
+) -> dict[str, Any]:
+    """What the hybrid costs, from per-op cycles of the optimized and the ANSI C build (and of the hybrid
+    itself when a tapped hybrid run measured them): the share of ESP-NN's speedup it keeps, and per op
+    sent to ANSI C the extra cycles."""
+    ops = sorted(set(optimized) & set(ansi))
+    chosen = set(ansi_ops)
+    t_opt = sum(optimized[k] for k in ops)
+    t_ansi = sum(ansi[k] for k in ops)
+    t_est = sum(ansi[k] if k in chosen else optimized[k] for k in ops)
+    t_hyb = sum(measured_hybrid[k] for k in ops) if measured_hybrid else t_est
+
+    def kept(t: int) -> float | None:
+        return None if t_ansi <= t_opt else round(100.0 * (t_ansi - t) / (t_ansi - t_opt), 4)
+
+    per_op = [
+        {
+            "op": k,
+            "kind": info.main_ops[k].opcode if k < len(info.main_ops) else "?",
+            "cycles_optimized": optimized.get(k),
+            "cycles_ansi": ansi.get(k),
+            "extra_cycles": (ansi[k] - optimized[k]) if k in ansi and k in optimized else None,
+        }
+        for k in sorted(chosen)
+    ]
+    mhz = max(1, int(cpu_mhz))
+    doc = {
+        "cycles": {"optimized": t_opt, "ansi": t_ansi, "hybrid": t_hyb, "hybrid_estimate": t_est},
+        "ms": {
+            k: round(v / mhz / 1000.0, 3)
+            for k, v in (("optimized", t_opt), ("ansi", t_ansi), ("hybrid", t_hyb))
+        },
+        "speedup": {
+            "optimized": round(t_ansi / t_opt, 3) if t_opt else None,
+            "hybrid": round(t_ansi / t_hyb, 3) if t_hyb else None,
+        },
+        "speedup_kept_percent": kept(t_hyb),
+        "measured": measured_hybrid is not None,
+        "per_op": per_op,
+        "cpu_mhz": mhz,
+    }
+    doc["summary"] = _cost_sentence(doc)
+    return doc
+
+
+def _percent(p: float) -> str:
+    """98.5% / 99.991%: enough digits that a small cost is not shown as 100%."""
+    return f"{p:.1f}%" if p < 99.9 else f"{p:.3f}%"
+
+
+def _cost_sentence(doc: Mapping[str, Any]) -> str:
+    kept = doc["speedup_kept_percent"]
+    sp = doc["speedup"]
+    how = "measured" if doc["measured"] else "estimated from the two builds' per-op cycles"
+    head = (
+        f"the hybrid keeps {_percent(kept)} of ESP-NN's speedup ({sp['optimized']:.2f}x -> "
+        f"{sp['hybrid']:.2f}x over ANSI C, {how})"
+        if kept is not None and sp["optimized"] and sp["hybrid"]
+        else "ESP-NN gives no speedup on this model: the hybrid costs nothing measurable"
+    )
+    ops = "; ".join(
+        f"op {r['op']} ({r['kind']}) costs {r['extra_cycles']:,} cycles more "
+        f"({r['extra_cycles'] / doc['cpu_mhz'] / 1000.0:.3f} ms at {doc['cpu_mhz']} MHz)"
+        for r in doc["per_op"]
+        if r["extra_cycles"] is not None
+    )
+    return head + (f"; {ops}" if ops else "")
+
+
+# ---- ESP-NN speedup audit -------------------------------------------------------------------------
+
+
+def espnn_audit(
+    info: ModelInfo,
+    chip: str,
+    optimized: Mapping[int, int],
+    ansi: Mapping[int, int],
+    noise_band: float = NOISE_BAND,
+) -> dict[str, Any]:
+    """Per op: ESP-NN expected on ``chip`` (with the reason when not), cycles of both builds, speedup.
+
+    Flags an op ``ansi_speed`` when ESP-NN should accelerate it but its speedup is within
+    ``1 +- noise_band``, and ``slower`` when it runs slower optimized by more than the band. A kind
+    whose every expected-accelerated op runs at ANSI C speed is named: only a measured speedup shows
+    whether the optimization is in effect (e.g. the Kconfig macros not visible where esp_nn.h is
+    included compile the wrapper with the ANSI C functions, silently).
+    """
+    accel = {a.index: a for a in espnn_model_acceleration(info, chip)}
+    rows: list[dict[str, Any]] = []
+    for op in info.main_ops:
+        a = accel.get(op.index)
+        c_opt, c_ansi = optimized.get(op.index), ansi.get(op.index)
+        speedup = (c_ansi / c_opt) if c_opt and c_ansi else None
+        flag = None
+        if speedup is not None and speedup < 1.0 - noise_band:
+            flag = "slower"
+        elif speedup is not None and a is not None and a.accelerated and speedup <= 1.0 + noise_band:
+            flag = "ansi_speed"
+        rows.append(
+            {
+                "op": op.index,
+                "kind": op.opcode,
+                "espnn": bool(a and a.accelerated),
+                "reason": a.reason if a else "",
+                "cycles_optimized": c_opt,
+                "cycles_ansi": c_ansi,
+                "speedup": round(speedup, 3) if speedup is not None else None,
+                "flag": flag,
+            }
+        )
+    return {
+        "chip": chip,
+        "noise_band": noise_band,
+        "rows": rows,
+        "flagged_ops": [r["op"] for r in rows if r["flag"]],
+        "kinds": _kind_findings(rows),
+    }
+
+
+def _kind_findings(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        expected = [r for r in rows if r["kind"] == kind and r["espnn"] and r["speedup"] is not None]
+        at_ansi = [r for r in expected if r["flag"] == "ansi_speed"]
+        slower = [r for r in rows if r["kind"] == kind and r["flag"] == "slower"]
+        if expected and len(at_ansi) == len(expected):
+            out.append(
+                {
+                    "kind": kind,
+                    "finding": "not_optimized",
+                    "ops": [r["op"] for r in at_ansi],
+                    "message": f"{kind}: all {len(expected)} op(s) ESP-NN should accelerate run at ANSI C "
+                    "speed: this kernel was most likely compiled without ESP-NN optimization (check that "
+                    "CONFIG_NN_OPTIMIZED reaches esp_nn.h where esp-tflite-micro includes it)",
+                }
+            )
+        elif at_ansi or slower:
+            out.append(
+                {
+                    "kind": kind,
+                    "finding": "some_ops",
+                    "ops": [r["op"] for r in at_ansi + slower],
+                    "message": f"{kind}: {len(at_ansi)} op(s) at ANSI C speed, {len(slower)} slower "
+                    f"optimized (of {len(expected)} expected to be accelerated)",
+                }
+            )
+    return out
+
+
+# ---- what the hybrid capture says about itself ----------------------------------------------------
+
+
+def hybrid_evidence(cap: Any, ansi_ops: Sequence[int], expected_ansi_invokes: int) -> list[str]:
+    """Problems with a hybrid capture's own account of its dispatch (empty: it says what was built)."""
+    problems: list[str] = []
+    printed = cap.hybrid_ops
+    want = sorted(set(ansi_ops))
+    if printed is None:
+        return ["the firmware did not print INFO hybrid: it is not the hybrid build"]
+    ops, cut = printed
+    if (not cut and list(ops) != want) or (cut and list(ops) != want[: len(ops)]):
+        problems.append(f"the firmware's table sends ops {_ranges(ops)} to ANSI C, expected {_ranges(want)}")
+    for run in cap.runs:
+        h = run.hybrid
+        if h is None:
+            problems.append(f"run {run.index}: no HYBRID record")
+        elif h["ansi"] != expected_ansi_invokes:
+            problems.append(
+                f"run {run.index}: {h['ansi']} invokes went to ANSI C, expected {expected_ansi_invokes} "
+                f"({h['fallback']} ran the original kernel)"
+            )
+    return problems

@@ -1,0 +1,215 @@
+"""``esp-check hybrid``: firmware that keeps ESP-NN everywhere except the ops that break (docs/hybrid.md)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from harness.analysis.report import safe_markup
+from harness.commands.common import (
+    OP_LIST,
+    FiniteFloat,
+    input_options,
+    make_console,
+    native_options,
+    with_options,
+)
+from harness.commands.device_cmds import _BUILD, timeout_options
+from harness.errors import ExitCode, UsageError
+from harness.firmware.native.project import NativeOptions
+from harness.flows.records import StageTimeouts
+from harness.model.inputs import InputOptions
+
+_WHERE = (
+    click.option(
+        "--board", default="sim", show_default=True, help="Board name (esp-check boards) or TOML file."
+    ),
+    click.option(
+        "--port",
+        default=None,
+        help="Serial port, as for flash-and-compare (default: auto; a fresh sim:// board if simulated).",
+    ),
+    click.option(
+        "--out",
+        "out_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default="esp-check-hybrid",
+        show_default=True,
+        help="Artifact directory: baseline/, runs/, hybrid-dropin/, repro/, report.json.",
+    ),
+    click.option("--no-reference", is_flag=True, help="Verify against the ANSI C build only (no host)."),
+)
+_CHOICE = (
+    click.option(
+        "--ansi-ops", type=OP_LIST, default=None, metavar="17,18", help="Run these op instances on ANSI C."
+    ),
+    click.option(
+        "--ansi-kinds",
+        default=None,
+        metavar="CONV_2D,ADD",
+        help="Run every op of these kinds on ANSI C.",
+    ),
+    click.option(
+        "--bisect",
+        is_flag=True,
+        help="Find the ops by bisection (ANSI C on halves of the op range) instead of taps: for crashes, "
+        "hangs or too little RAM for the tap buffers.",
+    ),
+    click.option(
+        "--max-rounds",
+        type=click.IntRange(1, 32),
+        default=4,
+        show_default=True,
+        help="At most this many tap rounds / culprits found by bisection.",
+    ),
+    click.option(
+        "--noise-band",
+        type=FiniteFloat(min=0.0, max=0.9),
+        default=0.10,
+        show_default=True,
+        help="ESP-NN audit: a speedup within 1 +- this counts as ANSI C speed.",
+    ),
+)
+_OUTPUT = (
+    click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout."),
+    click.option(
+        "--html",
+        "html_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Write a self-contained HTML report here.",
+    ),
+    click.option(
+        "--bundle",
+        "bundle_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Write a zip for an upstream report (drop-in files, one-op reproducers, logs).",
+    ),
+)
+
+
+@click.command("hybrid")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@input_options
+@with_options(*_WHERE, *_BUILD)
+@timeout_options
+@with_options(*_CHOICE, *_OUTPUT)
+@native_options
+def hybrid_cmd(
+    model: Path,
+    inputs: tuple[Path, ...],
+    input_options: InputOptions,
+    board: str,
+    port: str | None,
+    out_dir: Path,
+    no_reference: bool,
+    builder: str | None,
+    cache_dir: Path | None,
+    flash_baud: int | None,
+    arena_kb: int | None,
+    timeouts: StageTimeouts,
+    ansi_ops: list[int] | None,
+    ansi_kinds: str | None,
+    bisect: bool,
+    max_rounds: int,
+    noise_band: float,
+    as_json: bool,
+    html_path: Path | None,
+    bundle_path: Path | None,
+    native: NativeOptions | None = None,
+) -> int:
+    """Build MODEL's firmware with ESP-NN optimized kernels except the ops that break, which run esp-nn's
+    ANSI C kernels; verify it bit for bit against the ANSI C build and the host reference.
+
+    The ops come from the taps (where optimized first departs, round after round), from --ansi-ops /
+    --ansi-kinds, or from --bisect. Exit code: 0 a verified hybrid is offered (or none was needed),
+    1 no hybrid verified, 2 usage error, 3 infrastructure error, 4 firmware fault and no fix found.
+    """
+    from harness.flows.hybrid import HybridOptions, hybrid
+
+    if not inputs:
+        raise UsageError("hybrid needs at least one --input", hint="pass --input FILE (repeatable)")
+    if bisect and (ansi_ops or ansi_kinds):
+        raise UsageError("--bisect finds the ops itself", hint="drop --ansi-ops/--ansi-kinds, or --bisect")
+    kinds = tuple(k.strip() for k in (ansi_kinds or "").split(",") if k.strip())
+    opts = HybridOptions(tuple(ansi_ops or ()), kinds, bisect, max_rounds, noise_band)
+    console = make_console(stderr=True)
+    t0 = time.monotonic()
+
+    def progress(stage: str, message: str) -> None:
+        if message == "started":
+            return
+        style = "red" if message.startswith("failed") else "green"
+        console.print(f"[dim]{time.monotonic() - t0:7.1f}s[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] "
+                      f"{safe_markup(message)}")  # fmt: skip
+
+    result = hybrid(
+        model, list(inputs), board=board, port=port, out_dir=out_dir, options=opts,
+        input_options=input_options, arena_kb=arena_kb, builder=builder, cache_dir=cache_dir,
+        flash_baud=flash_baud, timeouts=timeouts, reference=not no_reference, progress=progress,
+        html=html_path, bundle=bundle_path, native=native,
+    )  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(json.loads(result.report_path.read_text(encoding="utf-8")), indent=2))
+    else:
+        print_hybrid(console, result)
+    return int(result.exit_code)
+
+
+def print_hybrid(console: Console, result: Any) -> None:
+    """Culprits, runs, cost, drop-in, reproducers, audit findings, the verdict line."""
+    for c in result.culprits:
+        how = safe_markup(c["found_by"])
+        console.print(f"[bold]op {c['op']} ({c['kind']})[/bold] runs ANSI C (found by {how})")
+    if result.runs:
+        t = Table(title="hybrid firmware runs" + (" (SIMULATED BOARD)" if result.simulated else ""))
+        for col in ("run", "ops on ANSI C", "tapped", "result", "why"):
+            t.add_column(col)
+        for r in result.runs:
+            t.add_row(r.label, ",".join(map(str, r.ansi_ops)) or "-", "yes" if r.tapped else "no", r.outcome,
+                      safe_markup(r.why[:70]))  # fmt: skip
+        console.print(t)
+    if result.bisection is not None:
+        b = result.bisection.to_dict()
+        console.print(
+            f"bisection: {b['runs']} run(s) over {b['switchable_ops']} switchable ops, per culprit "
+            f"{b['runs_per_culprit']} (bound ceil(log2 N)+1 = {b['bound_per_culprit']}): "
+            f"{safe_markup(b['message'])}"
+        )
+    if result.cost:
+        console.print(f"cost: {safe_markup(result.cost['summary'])}")
+    if result.dropin:
+        console.print(f"drop-in files: {safe_markup(result.dropin['dir'])} (README.md says how to add them)")
+        for line in result.dropin["registration"]:
+            console.print(f"    {safe_markup(line)}")
+    for r in result.repro:
+        ok = "verified on the host" if r.get("ok") else f"NOT verified: {r.get('why', '')}"
+        where = safe_markup(str(r.get("dir", "-")))
+        console.print(f"one-op reproducer of op {r['op']}: {where} ({safe_markup(ok)})")
+    for k in (result.audit or {}).get("kinds", []):
+        console.print(f"[yellow]ESP-NN audit:[/yellow] {safe_markup(k['message'])}")
+    for note in result.notes:
+        console.print(f"note: {safe_markup(note)}")
+    for warn in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {safe_markup(warn)}")
+    for err in result.errors:
+        console.print(f"[red]error:[/red] {safe_markup(err)}")
+    color = "green" if result.exit_code == ExitCode.MATCH else "red"
+    console.print(
+        f"[bold {color}]{safe_markup(result.message)}[/bold {color}] (exit {int(result.exit_code)})"
+        + ("  \\[SIMULATED: no real ESP32 was used]" if result.simulated else "")
+    )
+    console.print(f"artifacts: {result.out_dir}  report: {result.report_path}")
+
+
+def register(group: click.Group) -> None:
+    """Add ``hybrid`` to the top-level group."""
+    group.add_command(hybrid_cmd)

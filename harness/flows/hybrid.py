@@ -1,0 +1,589 @@
+"""``esp-check hybrid``: from a finding to a fix -- ESP-NN optimized everywhere except the ops that break.
+
+Read as named steps (docs/hybrid.md):
+
+1. **baseline** -- ``flash-and-compare`` of the optimized and the ANSI C build (``--tap`` unless
+   bisecting): the ANSI C run is what every hybrid must equal, the host reference the second witness.
+2. **choose** the ops that run ANSI C: given (``--ansi-ops`` / ``--ansi-kinds``); from the taps (the op
+   where optimized first departs, then a tapped hybrid run with it on ANSI C, again, until the run
+   matches, at most ``max_rounds``); or by **bisection** (:class:`harness.analysis.hybrid.Bisection`)
+   when taps cannot help (a crash or hang, ``--bisect``).
+3. **verify** the plain hybrid firmware (the one a user ships): its own records must show the table
+   and the ANSI C dispatch, and its outputs must equal the ANSI C build and the host reference bit for
+   bit on every input. Otherwise no hybrid is offered.
+4. **deliver** the drop-in pair, resolver lines and README (the files the verified firmware compiled),
+   the cost from per-op cycles, the ESP-NN speedup audit, and one-op reproducers of the culprits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.analysis.compare import CompareResult, Source, compare_sources
+from harness.analysis.hybrid import NOISE_BAND, Bisection, cost_report, hybrid_evidence
+from harness.analysis.tap import Divergence, device_taps, first_divergence, op_cycles
+from harness.errors import EspCheckError, ExitCode, UsageError, combine_exit_codes
+from harness.firmware.boards import Board, load_board
+from harness.firmware.build import build_project
+from harness.firmware.generate import FirmwareFeatures, generate_projects
+from harness.firmware.hybrid_context import HEADER, SOURCE, hybrid_firmware_context, readme_snippet
+from harness.firmware.native.project import NativeOptions
+from harness.flows.capture import flash_and_capture
+from harness.flows.flash_and_compare import flash_and_compare, prepare_out_dir
+from harness.flows.records import FlashAndCompareResult, ProgressFn, Recorder, StageTimeouts, VariantRun
+from harness.flows.tap_run import TapRunRequest, dump_run
+from harness.model.hybrid_ops import ansi_path_applies, candidate_ops, format_ops, select_ansi_ops, switchable
+from harness.model.inputs import InputOptions
+from harness.model.loader import ModelInfo, load_model
+from harness.protocol.capture import Capture, parse_capture
+
+
+@dataclass(frozen=True)
+class HybridOptions:
+    """How the ops are chosen: given (``ansi_ops``/``ansi_kinds``), from the taps, or by ``bisect``."""
+
+    ansi_ops: tuple[int, ...] = ()
+    ansi_kinds: tuple[str, ...] = ()
+    bisect: bool = False
+    max_rounds: int = 4  # tap iterations / culprits a bisection may find
+    noise_band: float = NOISE_BAND
+
+    @property
+    def manual(self) -> bool:
+        return bool(self.ansi_ops or self.ansi_kinds)
+
+
+@dataclass
+class HybridRun:
+    """One hybrid firmware run: which ops ran ANSI C, and whether the run was good (bit-exact, clean)."""
+
+    label: str
+    ansi_ops: list[int]
+    tapped: bool
+    outcome: str = "error"  # good | bad | error
+    why: str = ""
+    variant: VariantRun | None = None
+    capture: Capture | None = None
+    comparison: CompareResult | None = None
+    divergence: Divergence | None = None
+    exit_code: ExitCode | None = None
+    project_dir: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        h = [r.hybrid for r in self.capture.runs] if self.capture is not None else []
+        return {
+            "label": self.label,
+            "ansi_ops": self.ansi_ops,
+            "tapped": self.tapped,
+            "outcome": self.outcome,
+            "why": self.why,
+            "exit_code": None if self.exit_code is None else int(self.exit_code),
+            "serial_log": str(self.variant.serial_log) if self.variant and self.variant.serial_log else None,
+            "project_dir": str(self.project_dir) if self.project_dir else None,
+            "hybrid_records": h,
+            "invoke_us": [r.invoke_us for r in self.capture.runs] if self.capture is not None else [],
+            "next_divergence": self.divergence.to_dict() if self.divergence is not None else None,
+        }
+
+
+@dataclass
+class HybridResult:
+    """Everything ``esp-check hybrid`` found and made; report.json holds the same (docs/hybrid.md)."""
+
+    out_dir: Path
+    report_path: Path
+    board: str = ""
+    port: str = ""
+    simulated: bool = False
+    mode: str = "taps"  # taps | manual | bisect
+    ansi_ops: list[int] = field(default_factory=list)
+    offered: bool = False
+    message: str = ""
+    exit_code: ExitCode = ExitCode.INFRASTRUCTURE
+    baseline: FlashAndCompareResult | None = None
+    culprits: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[HybridRun] = field(default_factory=list)
+    bisection: Bisection | None = None
+    verification: HybridRun | None = None
+    cost: dict[str, Any] | None = None
+    audit: dict[str, Any] | None = None
+    dropin: dict[str, Any] | None = None
+    repro: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class _State:
+    """One hybrid command while its steps run."""
+
+    model_path: Path
+    inputs: list[Path]
+    info: ModelInfo
+    board: Board
+    res: HybridResult
+    opts: HybridOptions
+    rec: Recorder
+    input_options: InputOptions | None = None
+    arena_kb: int | None = None
+    builder: str | None = None
+    cache_dir: str | Path | None = None
+    flash_baud: int | None = None
+    limits: StageTimeouts = field(default_factory=StageTimeouts)
+    reference: bool = True
+    native: NativeOptions | None = None  # native boards' builds (docs/native.md)
+    codes: list[ExitCode] = field(default_factory=list)
+    ansi_source: Source | None = None
+    ref_source: Source | None = None
+
+    @property
+    def out(self) -> Path:
+        return self.res.out_dir
+
+
+def hybrid(
+    model: str | Path,
+    inputs: Sequence[str | Path],
+    *,
+    board: str | Path = "sim",
+    port: str | None = None,
+    out_dir: str | Path = "esp-check-hybrid",
+    options: HybridOptions | None = None,
+    input_options: InputOptions | None = None,
+    arena_kb: int | None = None,
+    builder: str | None = None,
+    cache_dir: str | Path | None = None,
+    flash_baud: int | None = None,
+    timeouts: StageTimeouts | None = None,
+    reference: bool = True,
+    progress: ProgressFn | None = None,
+    html: str | Path | None = None,
+    bundle: str | Path | None = None,
+    native: NativeOptions | None = None,
+) -> HybridResult:
+    """Find the ops to run on ANSI C, verify the hybrid firmware bit for bit, hand over its files.
+
+    Usage errors (bad model, input, board, an op the wrapper cannot switch) raise before any hardware
+    is touched; everything after is recorded and decides the exit code (0: a verified hybrid is
+    offered, or nothing needed fixing).
+    """
+    t0 = time.monotonic()
+    opts = options or HybridOptions()
+    out = prepare_out_dir(out_dir)
+    info = load_model(model)
+    if opts.manual:
+        select_ansi_ops(info, opts.ansi_ops, opts.ansi_kinds)  # UsageError before anything runs
+    if not inputs:
+        raise UsageError("hybrid needs at least one --input", hint="pass --input FILE (repeatable)")
+    res = HybridResult(out, out / "report.json")
+    res.mode = "manual" if opts.manual else ("bisect" if opts.bisect else "taps")
+    st = _State(Path(model), [Path(p) for p in inputs], info, load_board(board), res, opts,
+                Recorder(progress), input_options, arena_kb, builder, cache_dir, flash_baud,
+                timeouts or StageTimeouts(), reference, native)  # fmt: skip
+    try:
+        if _baseline(st, port):
+            with _board_lock(st, fresh_sim=port is None):
+                _choose(st)
+                _verify(st)
+                if res.offered:
+                    _deliver(st)
+    except KeyboardInterrupt:
+        res.errors.append("interrupted (Ctrl-C): the run did not finish")
+        st.codes.append(ExitCode.INTERRUPTED)
+        raise
+    finally:
+        res.seconds = time.monotonic() - t0
+        _finish(st, html, bundle)
+    return res
+
+
+def _board_lock(st: _State, *, fresh_sim: bool) -> contextlib.AbstractContextManager[Any]:
+    """The board's lock for the hybrid runs (the baseline took and released its own); none for a
+    simulated board made for this command alone."""
+    if (st.res.simulated or st.board.is_native) and fresh_sim:
+        return contextlib.nullcontext()
+    from harness.device.locks import board_lock
+    from harness.device.ports import resolve_port
+
+    return board_lock(
+        resolve_port(st.res.port, st.board), owner="esp-check hybrid", on_wait=lambda m: st.rec.say("lock", m)
+    )
+
+
+# ---- 1. baseline ----------------------------------------------------------------------------------
+
+
+def _baseline(st: _State, port: str | None) -> bool:
+    """flash-and-compare both builds; False when there is nothing to do or nothing to verify against."""
+    res = st.res
+    base = flash_and_compare(
+        st.model_path, st.inputs, board=st.board.source or st.board.name, port=port,
+        out_dir=st.out / "baseline",
+        input_options=st.input_options, reference=st.reference, builder=st.builder, cache_dir=st.cache_dir,
+        flash_baud=st.flash_baud, arena_kb=st.arena_kb, timeouts=st.limits, progress=st.rec.progress,
+        tap=not st.opts.bisect, native=st.native,
+    )  # fmt: skip
+    res.baseline, res.board, res.port, res.simulated = base, base.board, base.port, base.simulated
+    res.warnings += base.warnings
+    res.audit = base.tap.audit if base.tap is not None else None
+    ansi = base.variants["ansi"]
+    if ansi.source is None or ansi.exit_code is not None:
+        res.message = "the ANSI C build did not run cleanly: there is nothing to verify a hybrid against"
+        st.codes.append(ansi.exit_code or ExitCode.INFRASTRUCTURE)
+        return False
+    st.ansi_source = ansi.source
+    comp = base.comparison
+    st.ref_source = next((s for s in comp.sources if s.kind == "reference"), None) if comp else None
+    if st.ref_source is None:
+        res.warnings.append("no host reference: hybrids are verified against the ANSI C build only")
+    bad_ref = [c for c in (comp.comparisons if comp else []) if c.a == "ansi" and not c.match]
+    if bad_ref:
+        res.message = (
+            "the ANSI C build itself differs from the host reference: no hybrid can be bit-exact with both "
+            "(an esp-nn ANSI C or TFLM problem, not an optimization one)"
+        )
+        st.codes.append(ExitCode.MISMATCH)
+        return False
+    st.codes.append(base.exit_code)  # what the optimized build did: the finding if no hybrid is offered
+    if base.exit_code == ExitCode.MATCH and not st.opts.manual:
+        res.message = "the optimized build already matches ANSI C and the host reference: no hybrid needed"
+        return False
+    return True
+
+
+# ---- 2. choose ------------------------------------------------------------------------------------
+
+
+def _choose(st: _State) -> None:
+    """Set ``res.ansi_ops``: given, from the taps (then bisection if they cannot name an op), or bisected."""
+    if st.opts.manual:
+        st.res.ansi_ops = list(select_ansi_ops(st.info, st.opts.ansi_ops, st.opts.ansi_kinds))
+        st.res.culprits = [_culprit(st, k, "given") for k in st.res.ansi_ops]
+        return
+    if st.opts.bisect:
+        _bisect(st, [])
+        return
+    found, why = _iterate(st)
+    if why:
+        st.res.notes.append(f"taps could not finish the job ({why}): bisecting")
+        st.res.mode = "taps+bisect"
+        _bisect(st, found)
+
+
+def _culprit(st: _State, op: int, how: str) -> dict[str, Any]:
+    return {"op": op, "kind": st.info.main_ops[op].opcode, "found_by": how}
+
+
+def _iterate(st: _State) -> tuple[list[int], str]:
+    """Tap rounds; returns (ops found, why bisection must take over -- empty when done or stopped)."""
+    base = st.res.baseline
+    assert base is not None
+    d = base.tap.culprit if base.tap is not None else None
+    found: list[int] = []
+    for round_no in range(1, st.opts.max_rounds + 1):
+        op, why = _next_op(st, d, found)
+        if op is None:
+            return found, why
+        found.append(op)
+        st.res.culprits.append(_culprit(st, op, f"tap (round {round_no})"))
+        run = _run_hybrid(st, found, tap=True, label=f"tap-{round_no}")
+        if run.outcome == "good":
+            st.res.ansi_ops = sorted(found)
+            return found, ""
+        if run.outcome == "error":
+            st.res.message = f"hybrid run {run.label} failed: {run.why}"
+            st.codes.append(run.exit_code or ExitCode.INFRASTRUCTURE)
+            return found, ""
+        d = run.divergence
+    st.res.message = (
+        f"still no match after {st.opts.max_rounds} round(s) with ops {format_ops(found)} on ANSI C"
+    )
+    return found, ""
+
+
+def _next_op(st: _State, d: Divergence | None, found: list[int]) -> tuple[int | None, str]:
+    """The op to send to ANSI C next from a divergence, or None and why taps cannot tell."""
+    if d is None or d.op is None:
+        return None, "the optimized run printed no departing op checksums (crashed, hung or not tapped)"
+    if d.kind == "clobbered_input":
+        return None, f"{d.message}; the op that overwrote it is not the one that read it"
+    if d.kind != "output" or d.op in found:
+        return None, f"op {d.op}: {d.message}"
+    op = st.info.main_ops[d.op]
+    if not switchable(op):
+        st.res.message = (
+            f"op {d.op} ({op.opcode}) departs first, but it has no ESP-NN kernel: both builds run the same "
+            "TFLM kernel there, so no op can be switched to ANSI C to fix it"
+        )
+        return None, ""
+    return d.op, ""
+
+
+def _bisect(st: _State, found: list[int]) -> None:
+    """Bisection over the switchable ops (known bad: optimized everywhere except ``found``)."""
+    bis = Bisection(candidate_ops(st.info), max_culprits=st.opts.max_rounds, found=list(found))
+    st.res.bisection = bis
+    while (ansi := bis.next_ansi_ops()) is not None:
+        run = _run_hybrid(st, ansi, tap=False, label=f"bisect-{len(bis.steps)}")
+        if run.outcome == "error":
+            bis.abort(f"run {run.label} failed: {run.why}")
+            st.res.message = bis.message
+            st.codes.append(run.exit_code or ExitCode.INFRASTRUCTURE)
+            break
+        bis.record(run.outcome == "bad", run.why)
+    if bis.success:
+        st.res.ansi_ops = sorted(bis.found)
+        st.res.culprits += [_culprit(st, k, "bisection") for k in bis.found if k not in found]
+    elif not st.res.message:
+        st.res.message = bis.message
+
+
+# ---- one hybrid firmware run ----------------------------------------------------------------------
+
+
+def _run_hybrid(st: _State, ansi_ops: Sequence[int], *, tap: bool, label: str) -> HybridRun:
+    """Generate, build, flash and capture the optimized build with ``ansi_ops`` on ANSI C; judge it."""
+    run = HybridRun(label, sorted(set(ansi_ops)), tap)
+    st.res.runs.append(run)
+    d = st.out / "runs" / label
+    feats = FirmwareFeatures(tap=tap, ansi_ops=tuple(run.ansi_ops))
+    rec = Recorder(st.rec.progress)
+    try:
+        (project,) = rec.run("generate", label, lambda: generate_projects(
+            st.model_path, st.inputs, st.board, out_dir=d / "projects", variants=("optimized",),
+            input_options=st.input_options, arena_kb=st.arena_kb, features=feats,
+        ))  # fmt: skip
+        run.project_dir = project.path
+        build = rec.run("build", label, lambda: build_project(
+            project.path, builder=st.builder, cache_dir=st.cache_dir, log_path=d / "logs" / "build.log",
+            timeout=st.limits.build, native=st.native,
+        ))  # fmt: skip
+    except UsageError:
+        raise
+    except EspCheckError as exc:
+        run.why, run.exit_code = str(exc), exc.exit_code
+        return run
+    finally:
+        st.rec.stages += [dataclasses.replace(s, stage=f"{label}:{s.stage}") for s in rec.stages]
+    vr, stages = flash_and_capture(build, st.board, st.res.port, d, variant="optimized", timeouts=st.limits,
+                                   flash_baud=st.flash_baud, progress=st.rec.progress)  # fmt: skip
+    st.rec.stages += [dataclasses.replace(s, stage=f"{label}:{s.stage}") for s in stages]
+    _judge(st, run, vr)
+    tail = f": {run.why}" if run.why else ""
+    st.rec.say(label, f"ANSI C on ops {format_ops(run.ansi_ops) or '-'}: {run.outcome}{tail}")
+    return run
+
+
+def _judge(st: _State, run: HybridRun, vr: VariantRun) -> None:
+    """good: clean capture, the dispatch it printed is the one asked for, bit-exact vs ANSI C and host."""
+    run.variant, run.exit_code = vr, vr.exit_code
+    if vr.serial_log is not None and Path(vr.serial_log).is_file():
+        run.capture = parse_capture(Path(vr.serial_log).read_bytes())
+    if vr.exit_code == ExitCode.FIRMWARE_FAULT:
+        run.outcome, run.why = "bad", "crash: " + "; ".join(f["message"] for f in vr.findings[:1])
+        return
+    if _hung(run.capture, vr):
+        run.outcome, run.why = "bad", "hang: the invoke never returned (INPUT printed, then silence)"
+        return
+    if vr.exit_code is not None or vr.source is None or run.capture is None:
+        run.why = "; ".join(vr.problems[:2]) or f"capture failed (exit {vr.exit_code})"
+        return
+    expected = sum(1 for k in run.ansi_ops if ansi_path_applies(st.info, st.info.main_ops[k]))
+    evidence = hybrid_evidence(run.capture, run.ansi_ops, expected)
+    if evidence:
+        run.why = "the firmware's own records do not show the requested dispatch: " + "; ".join(evidence)
+        return
+    assert st.ansi_source is not None
+    quant = [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in st.info.outputs]
+    hyb = dataclasses.replace(vr.source, label="hybrid")
+    run.comparison = compare_sources(hyb, st.ansi_source, st.ref_source, output_quant=quant)
+    bad = [c for c in run.comparison.comparisons if not c.match and "hybrid" in (c.a, c.b)]
+    run.outcome = "good" if not bad and not run.comparison.faults else "bad"
+    run.why = "; ".join(f"{c.mismatched} of {c.count} elements differ from {c.b}" for c in bad[:2])
+    if run.tapped:
+        run.divergence = _divergence(st, run.capture)
+
+
+def _hung(cap: Capture | None, vr: VariantRun) -> bool:
+    """INPUT printed, then silence until the timeout (no END, no crash report): the invoke never returned."""
+    silent = any(f.get("kind") in ("no_end", "hang") for f in vr.findings)
+    return bool(silent and cap is not None and cap.runs and cap.runs[-1].invoke_us is None)
+
+
+def _divergence(st: _State, cap: Capture) -> Divergence | None:
+    """First op where the tapped hybrid departs from the tapped ANSI C baseline (first input that does)."""
+    base = st.res.baseline
+    if base is None or base.variants["ansi"].serial_log is None:
+        return None
+    ansi = parse_capture(Path(base.variants["ansi"].serial_log).read_bytes())
+    for run, ref in zip(cap.runs, ansi.runs, strict=False):
+        d = first_divergence("hybrid", device_taps(run), "ansi", device_taps(ref))
+        if d.op is not None:
+            return d
+    return None
+
+
+# ---- 3. verify ------------------------------------------------------------------------------------
+
+
+def _verify(st: _State) -> None:
+    """The plain hybrid firmware (no taps: what a user ships), judged like every hybrid run."""
+    res = st.res
+    if not res.ansi_ops:
+        if not res.message:
+            res.message = "no op set was found that makes the optimized build match"
+        return
+    last = res.runs[-1] if res.runs else None
+    reuse = last is not None and not last.tapped and last.ansi_ops == res.ansi_ops and last.outcome == "good"
+    run = last if reuse and last is not None else _run_hybrid(st, res.ansi_ops, tap=False, label="verify")
+    res.verification = run
+    res.offered = run.outcome == "good"
+    ops = format_ops(res.ansi_ops)
+    if res.offered:
+        n = len(st.inputs)
+        res.message = (
+            f"hybrid verified: ESP-NN optimized except op(s) {ops} on ANSI C; bit-exact with the ANSI C "
+            f"build and the host reference on {'all ' + str(n) + ' inputs' if n > 1 else 'the input'}"
+        )
+    else:
+        res.message = f"the hybrid with op(s) {ops} on ANSI C did not verify ({run.why}): not offered"
+        st.codes.append(run.exit_code or ExitCode.MISMATCH)
+
+
+# ---- 4. deliver -----------------------------------------------------------------------------------
+
+
+def _deliver(st: _State) -> None:
+    """Drop-in files, cost, one-op reproducers."""
+    res = st.res
+    assert res.verification is not None and res.verification.project_dir is not None
+    res.dropin = _dropin(st, res.verification.project_dir)
+    culprits = [c["op"] for c in res.culprits if c["found_by"] != "given"]
+    dump_caps = {}
+    if culprits and not _reuse_baseline_repro(st, culprits):
+        dump_caps = _reproduce(st, culprits)
+    res.cost = _cost(st, dump_caps)
+
+
+def _dropin(st: _State, project: Path) -> dict[str, Any]:
+    """The verified firmware's own esp_check_hybrid.{h,cc}, with the resolver lines and a README."""
+    dest = st.out / "hybrid-dropin"
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in (HEADER, SOURCE):
+        shutil.copyfile(project / "main" / name, dest / name)
+    ctx = hybrid_firmware_context(
+        st.info, st.res.ansi_ops, model_name=st.model_path.name, model_sha256=st.info.sha256
+    )
+    assert ctx is not None
+    from harness.firmware.hybrid_context import registration_lines
+    from harness.model.opdata import resolver_methods
+
+    resolver = list(resolver_methods(st.info))
+    evidence = f"esp-check: {st.res.message}" + (" (SIMULATED board)" if st.res.simulated else "")
+    (dest / "README.md").write_text(readme_snippet(ctx, resolver, evidence=evidence), encoding="utf-8")
+    return {
+        "dir": str(dest),
+        "files": [HEADER, SOURCE, "README.md"],
+        "registration": registration_lines(ctx, resolver),
+        "from_project": str(project),
+    }
+
+
+def _cost(st: _State, dump_caps: dict[str, Capture]) -> dict[str, Any] | None:
+    """From per-op cycles of both builds (the tapped baseline, else the tapped reproducer dump run); a
+    tapped hybrid run with the same ops measures the hybrid itself."""
+    caps = _baseline_caps(st)
+    if not (caps.get("ansi") and op_cycles(caps["ansi"])) and dump_caps.get("ansi"):
+        caps = {**caps, **{v: c for v, c in dump_caps.items() if op_cycles(c)}}
+    if "ansi" not in caps:
+        return None
+    mhz = int(caps["ansi"].info.get("cpu_mhz", "240") or 240)
+    measured = next(
+        (op_cycles(r.capture) for r in reversed(st.res.runs)
+         if r.tapped and r.outcome == "good" and r.ansi_ops == st.res.ansi_ops and r.capture is not None),
+        None,
+    )  # fmt: skip
+    if "optimized" in caps and op_cycles(caps["optimized"]) and op_cycles(caps["ansi"]):
+        opt, ansi = op_cycles(caps["optimized"]), op_cycles(caps["ansi"])
+        return cost_report(st.info, opt, ansi, st.res.ansi_ops, mhz, measured)
+    return _invoke_cost(st, caps)
+
+
+def _baseline_caps(st: _State) -> dict[str, Capture]:
+    base = st.res.baseline
+    out: dict[str, Capture] = {}
+    for v, r in (base.variants.items() if base is not None else []):
+        if r.serial_log is not None and Path(r.serial_log).is_file():
+            out[v] = parse_capture(Path(r.serial_log).read_bytes())
+    return out
+
+
+def _invoke_cost(st: _State, caps: dict[str, Capture]) -> dict[str, Any]:
+    """Without per-op cycles (bisection, no taps): the measured invoke times of the three builds."""
+    ver = st.res.verification
+
+    def first_us(cap: Capture | None) -> int | None:
+        return cap.runs[0].invoke_us if cap is not None and cap.runs else None
+
+    us = {"optimized": first_us(caps.get("optimized")), "ansi": first_us(caps.get("ansi")),
+          "hybrid": first_us(ver.capture if ver else None)}  # fmt: skip
+    kept = None
+    if us["optimized"] and us["ansi"] and us["hybrid"] and us["ansi"] > us["optimized"]:
+        kept = round(100.0 * (us["ansi"] - us["hybrid"]) / (us["ansi"] - us["optimized"]), 2)
+    if kept is not None:
+        summary = f"the hybrid keeps {kept:.1f}% of ESP-NN's speedup (invoke times: {us})"
+    elif us["optimized"] is None and us["hybrid"] and us["ansi"]:
+        summary = (
+            f"the optimized build never finished an invoke; the hybrid takes {us['hybrid']} us, ANSI C "
+            f"{us['ansi']} us ({us['ansi'] / us['hybrid']:.2f}x faster than ANSI C)"
+        )
+    else:
+        summary = f"invoke times: {us}"
+    return {"invoke_us": us, "speedup_kept_percent": kept, "measured": True, "per_op": [], "summary": summary}
+
+
+def _reuse_baseline_repro(st: _State, ops: list[int]) -> bool:
+    """The baseline's tap dump run already made verified reproducers of exactly these ops: copy them."""
+    base = st.res.baseline
+    made = [r for r in (base.tap.repro if base is not None and base.tap is not None else []) if r.get("ok")]
+    if sorted(r["op"] for r in made) != sorted(ops):
+        return False
+    for r in made:
+        src = Path(r["dir"])
+        dest = st.out / "repro" / src.name
+        shutil.copytree(src, dest, dirs_exist_ok=True)
+        st.res.repro.append({**r, "dir": str(dest)})
+    return True
+
+
+def _reproduce(st: _State, ops: list[int]) -> dict[str, Capture]:
+    """A dump run of both builds for the culprits, then one-op reproducers under ``out/repro``."""
+    req = TapRunRequest(
+        st.model_path, tuple(st.inputs), st.info, st.board, st.res.port, st.out, st.builder, st.cache_dir,
+        st.input_options, st.arena_kb, st.limits, st.flash_baud, st.reference,
+    )  # fmt: skip
+    outcome = dump_run(req, ops, st.rec, contextlib.nullcontext(), subdir="repro-dump")
+    st.res.warnings += [f"reproducer: {e}" for e in outcome.errors]
+    st.res.repro = outcome.result.repro
+    return outcome.captures
+
+
+# ---- report ---------------------------------------------------------------------------------------
+
+
+def _finish(st: _State, html: str | Path | None, bundle: str | Path | None) -> None:
+    from harness.flows.hybrid_report import write_hybrid_outputs
+
+    res = st.res
+    res.exit_code = ExitCode.MATCH if res.offered else combine_exit_codes(st.codes or [ExitCode.MISMATCH])
+    res.errors += list(res.baseline.errors if res.baseline else [])
+    write_hybrid_outputs(res, st.rec.stages, model=st.model_path, inputs=st.inputs, html=html, bundle=bundle)

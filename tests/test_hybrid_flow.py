@@ -1,0 +1,280 @@
+"""Acceptance of issue 15 on the simulated board: ``esp-check hybrid`` finds the ops that break, builds
+a firmware that keeps ESP-NN everywhere else, and verifies it bit for bit.
+
+Real: the generated projects (the hybrid wrapper's table in main/esp_check_hybrid.cc, which the sim
+builder reads as compiled), esptool flashing over a pyserial port, the console capture, the protocol
+parser (INFO hybrid, HYBRID records, tap records), the TFLM host reference, the comparison and the
+bisection. Faked: the board (``sim://``): it models the hybrid dispatch (an op fault of the optimized
+kernel at op k disappears when the table sends op k to ANSI C), per-op crashes and the cycle model. The
+simulator never says where a fault is: the ops below are found from what the runs printed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.cli import main
+from harness.errors import ExitCode
+from harness.flows.flash_and_compare import flash_and_compare
+from harness.flows.hybrid import HybridOptions, HybridResult, hybrid
+from harness.flows.records import StageTimeouts
+from harness.model.hybrid_ops import candidate_ops
+from harness.model.loader import load_model
+
+pytest.importorskip("tflite_micro")
+
+MODEL = "unet_mbv2_035_48.tflite"
+INPUT = "inputs/unet_mbv2_035_48.png"
+LIMITS = StageTimeouts(capture_total=60, capture_silence=3)
+BOUND = math.ceil(math.log2(57)) + 1  # 57 switchable ops in the U-Net 48: 7 runs per culprit
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hybrid-build-cache")
+
+
+def run_hybrid(models_dir: Path, out: Path, cache_dir: Path, query: str, **kw: object) -> HybridResult:
+    return hybrid(
+        models_dir / MODEL, [models_dir / INPUT], board="sim", port=f"sim://?{query}" if query else None,
+        out_dir=out, cache_dir=cache_dir, timeouts=LIMITS, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _corrupt(ops: str) -> str:
+    return f"fault=op_corrupt&fault_op={ops}&variant_fault=optimized"
+
+
+def _check_verified(res: HybridResult, ops: list[int]) -> None:
+    """Offered only with its own evidence: the table it printed, ANSI C dispatch counts, bit-exactness."""
+    assert res.offered and res.exit_code == ExitCode.MATCH, (res.message, res.errors)
+    assert res.ansi_ops == ops
+    ver = res.verification
+    assert ver is not None and not ver.tapped and ver.outcome == "good" and ver.capture is not None
+    assert ver.capture.hybrid_ops == (tuple(ops), False)
+    assert [r.hybrid for r in ver.capture.runs] == [{"ansi": len(ops), "fallback": 0}]
+    comp = ver.comparison
+    assert comp is not None and not comp.faults
+    pairs = {(c.a, c.b) for c in comp.comparisons}
+    assert {("hybrid", "ansi"), ("hybrid", "reference"), ("ansi", "reference")} <= pairs
+    assert all(c.mismatched == 0 and c.tolerance_lsb == 0 for c in comp.comparisons)
+    assert res.baseline is not None and res.baseline.exit_code != ExitCode.MATCH  # there was something to fix
+
+
+def _check_deliverables(res: HybridResult, ops: list[int]) -> None:
+    assert (
+        res.dropin is not None and res.verification is not None and res.verification.project_dir is not None
+    )
+    drop, main_dir = Path(res.dropin["dir"]), res.verification.project_dir / "main"
+    for name in ("esp_check_hybrid.h", "esp_check_hybrid.cc"):  # the files the verified firmware compiled
+        assert (drop / name).read_bytes() == (main_dir / name).read_bytes()
+    app = (main_dir / "app_main.cc").read_text()
+    assert all(line.rstrip(";") in app for line in res.dropin["registration"])
+    assert res.cost is not None and 0 < res.cost["speedup_kept_percent"] <= 100
+    assert "of ESP-NN's speedup" in res.cost["summary"] and "100.0" not in res.cost["summary"]
+    for k in ops:
+        assert f"op {k} " in res.cost["summary"]
+    assert sorted(r["op"] for r in res.repro) == ops and all(r["ok"] for r in res.repro), res.repro
+    doc = json.loads(res.report_path.read_text())
+    assert (
+        doc["schema"] == "esp-check/hybrid" and doc["offered"] and doc["ansi_ops"] == ops and doc["simulated"]
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("k", "opcode"), [(4, "DEPTHWISE_CONV_2D"), (17, "CONV_2D"), (27, "ADD"), (54, "CONV_2D")]
+)
+def test_taps_name_op_k_alone_and_the_hybrid_verifies(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, k: int, opcode: str
+) -> None:
+    res = run_hybrid(models_dir, tmp_path / "out", cache_dir, _corrupt(str(k)))
+    assert res.culprits == [{"op": k, "kind": opcode, "found_by": "tap (round 1)"}]
+    assert [r.label for r in res.runs] == ["tap-1", "verify"] and res.bisection is None
+    _check_verified(res, [k])
+    _check_deliverables(res, [k])
+    assert res.cost is not None and res.cost["measured"]  # the tapped hybrid run measured its own cycles
+    per_op = res.cost["per_op"]
+    assert [r["op"] for r in per_op] == [k] and per_op[0]["extra_cycles"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [4, 17, 27, 54])
+def test_bisect_finds_the_same_op_within_the_bound(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, k: int
+) -> None:
+    res = run_hybrid(
+        models_dir, tmp_path / "out", cache_dir, _corrupt(str(k)), options=HybridOptions(bisect=True)
+    )
+    bis = res.bisection
+    assert bis is not None and bis.success and bis.found == [k]
+    assert (
+        bis.bound_per_culprit == BOUND
+        and len(bis.steps) <= BOUND
+        and bis.runs_per_culprit() == [len(bis.steps)]
+    )
+    _check_verified(res, [k])
+    assert res.verification is res.runs[-1]  # the bisection's own verify run is the plain hybrid firmware
+    assert res.cost is not None and 0 < res.cost["speedup_kept_percent"] <= 100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("crash", ["op_panic", "op_hang"])
+def test_a_crash_at_op_33_is_bisected(models_dir: Path, tmp_path: Path, cache_dir: Path, crash: str) -> None:
+    res = run_hybrid(
+        models_dir, tmp_path / "out", cache_dir, f"fault={crash}&fault_op=33&variant_fault=optimized"
+    )
+    assert res.baseline is not None and res.baseline.exit_code in (
+        ExitCode.FIRMWARE_FAULT,
+        ExitCode.INFRASTRUCTURE,
+    )
+    assert any("bisecting" in n for n in res.notes)  # the taps had nothing to say: the run never finished
+    bis = res.bisection
+    assert bis is not None and bis.found == [33] and len(bis.steps) <= BOUND
+    bad = [s for s in bis.steps if s.bad]
+    assert (
+        bad
+        and all(33 in s.optimized for s in bad)
+        and all(33 not in s.optimized for s in bis.steps if s.bad is False)
+    )
+    assert all(s.why.startswith("crash" if crash == "op_panic" else "hang") for s in bad)
+    _check_verified(res, [33])
+    assert (
+        res.repro and res.repro[0]["input_from"] == "ansi" and res.repro[0]["ok"]
+    )  # the optimized build crashed
+
+
+@pytest.mark.slow
+def test_two_faulty_ops_are_both_found_and_the_hybrid_matches(
+    models_dir: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    res = run_hybrid(models_dir, tmp_path / "taps", cache_dir, _corrupt("17,27"))
+    assert [c["op"] for c in res.culprits] == [17, 27] and [r.label for r in res.runs] == [
+        "tap-1",
+        "tap-2",
+        "verify",
+    ]
+    assert res.runs[0].divergence is not None and res.runs[0].divergence.op == 27  # round 2 named op 27
+    _check_verified(res, [17, 27])
+    _check_deliverables(res, [17, 27])
+    bis = run_hybrid(
+        models_dir, tmp_path / "bisect", cache_dir, _corrupt("17,27"), options=HybridOptions(bisect=True)
+    )
+    assert bis.bisection is not None and sorted(bis.bisection.found) == [17, 27]
+    assert len(bis.bisection.runs_per_culprit()) == 2 and all(
+        n <= BOUND for n in bis.bisection.runs_per_culprit()
+    )
+    _check_verified(bis, [17, 27])
+
+
+@pytest.mark.slow
+def test_given_ops_are_verified_and_a_wrong_choice_is_not_offered(
+    models_dir: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    right = run_hybrid(
+        models_dir, tmp_path / "right", cache_dir, _corrupt("17"), options=HybridOptions(ansi_ops=(17,))
+    )
+    _check_verified(right, [17])
+    assert right.culprits == [{"op": 17, "kind": "CONV_2D", "found_by": "given"}] and right.repro == []
+    wrong = run_hybrid(
+        models_dir, tmp_path / "wrong", cache_dir, _corrupt("17"), options=HybridOptions(ansi_ops=(18,))
+    )
+    assert not wrong.offered and wrong.exit_code == ExitCode.MISMATCH and wrong.dropin is None
+    assert wrong.verification is not None and wrong.verification.outcome == "bad"
+    assert "not offered" in wrong.message and not (tmp_path / "wrong" / "hybrid-dropin").exists()
+
+
+@pytest.mark.slow
+def test_no_hybrid_when_ansi_c_itself_is_wrong_or_nothing_is(
+    models_dir: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    both = run_hybrid(
+        models_dir, tmp_path / "both", cache_dir, "fault=op_corrupt&fault_op=17"
+    )  # both kernels
+    assert not both.offered and both.exit_code == ExitCode.MISMATCH and both.runs == []
+    assert "ANSI C build itself differs from the host reference" in both.message
+    clean = run_hybrid(models_dir, tmp_path / "clean", cache_dir, "")
+    assert clean.exit_code == ExitCode.MATCH and not clean.offered and clean.runs == []
+    assert "no hybrid needed" in clean.message
+
+
+@pytest.mark.slow
+def test_audit_flags_the_kind_compiled_without_optimization_and_no_other(
+    models_dir: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    info = load_model(models_dir / MODEL)
+    dw = [o.index for o in info.main_ops if o.opcode == "DEPTHWISE_CONV_2D"]
+    res = flash_and_compare(
+        models_dir / MODEL, [models_dir / INPUT], board="sim", port="sim://?fault=unoptimized_kind&fault_kind=DEPTHWISE_CONV_2D",
+        out_dir=tmp_path / "out", cache_dir=cache_dir, timeouts=LIMITS, tap=True, html=tmp_path / "r.html",
+    )  # fmt: skip
+    assert res.exit_code == ExitCode.MATCH  # same outputs: only the speed gives it away
+    audit = res.tap.audit if res.tap is not None else None
+    assert audit is not None and audit["chip"] == "esp32s3"
+    assert [k["kind"] for k in audit["kinds"]] == ["DEPTHWISE_CONV_2D"]
+    assert audit["kinds"][0]["finding"] == "not_optimized" and sorted(audit["flagged_ops"]) == dw
+    assert "ESP-NN speedup audit" in (tmp_path / "r.html").read_text()
+    doc = json.loads(res.report_path.read_text())
+    assert doc["tap"]["audit"]["flagged_ops"] == audit["flagged_ops"]
+    clean = flash_and_compare(
+        models_dir / MODEL, [models_dir / INPUT], board="sim", out_dir=tmp_path / "clean",
+        cache_dir=cache_dir, timeouts=LIMITS, tap=True,
+    )  # fmt: skip
+    assert clean.tap is not None and clean.tap.audit is not None
+    assert clean.tap.audit["flagged_ops"] == [] and clean.tap.audit["kinds"] == []
+    speedups = [r["speedup"] for r in clean.tap.audit["rows"] if r["espnn"]]
+    assert len(speedups) == len(candidate_ops(info)) and min(speedups) > 1.1  # outside the noise band
+
+
+@pytest.mark.slow
+def test_the_one_op_reproducer_reproduces_on_its_own(
+    models_dir: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    res = run_hybrid(models_dir, tmp_path / "out", cache_dir, _corrupt("17"))
+    rep = Path(res.repro[0]["dir"])
+    one = load_model(rep / "model.tflite")
+    assert [o.opcode for o in one.main_ops] == ["CONV_2D"] and one.main_ops[0].options == load_model(
+        models_dir / MODEL).main_ops[17].options  # fmt: skip
+    expected, observed = np.load(rep / "expected_ansi.npy"), np.load(rep / "observed_optimized.npy")
+    assert np.count_nonzero(expected != observed) == res.repro[0]["optimized_differs"] > 0
+    # the same kernel fault, now at op 0 of the one-op model, shows up on its own; without it, a match
+    args = rep / "model.tflite", [rep / "input_0.npy"]
+    bad = flash_and_compare(*args, board="sim", port=f"sim://?{_corrupt('0')}", out_dir=tmp_path / "r1",
+                            cache_dir=cache_dir, timeouts=LIMITS)  # fmt: skip
+    good = flash_and_compare(
+        *args, board="sim", out_dir=tmp_path / "r2", cache_dir=cache_dir, timeouts=LIMITS
+    )
+    assert bad.exit_code == ExitCode.MISMATCH and good.exit_code == ExitCode.MATCH
+
+
+@pytest.mark.slow
+def test_cli_hybrid(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    two = ["--input", str(models_dir / INPUT), "--input", str(models_dir / "inputs" / "unet_mbv2_035_48.npy")]
+    base = [str(models_dir / MODEL), *two, "--board", "sim",
+            "--cache-dir", str(cache_dir), "--silence-timeout", "3"]  # fmt: skip
+    extra = ["--json", "--html", str(tmp_path / "h.html"), "--bundle", str(tmp_path / "b.zip")]
+    code = main(["hybrid", *base, "--port", f"sim://?{_corrupt('27')}", "--out", str(tmp_path / "o"), *extra])
+    doc = json.loads(capsys.readouterr().out)
+    runs = {(c["a"], c["b"], c["run"]) for c in doc["verification"]["comparison"]["comparisons"]}
+    assert {("hybrid", "ansi", 0), ("hybrid", "ansi", 1), ("hybrid", "reference", 1)} <= runs  # every input
+    assert doc["verification"]["hybrid_records"] == [{"ansi": 1, "fallback": 0}] * 2
+    assert (
+        code == 0 and doc["ansi_ops"] == [27] and doc["offered"] and doc["verification"]["outcome"] == "good"
+    )
+    assert doc["cost"]["speedup_kept_percent"] > 0 and doc["firmware_runs"] == 2
+    assert "HYBRID OFFERED" in (tmp_path / "h.html").read_text()
+    import zipfile
+
+    names = zipfile.ZipFile(tmp_path / "b.zip").namelist()
+    assert {"hybrid-dropin/esp_check_hybrid.cc", "hybrid-dropin/README.md", "report.json"} <= set(names)
+    assert any(n.startswith("repro/op27_ADD/") and n.endswith("model.tflite") for n in names)
+    assert main(["hybrid", *base, "--ansi-ops", "48", "--out", str(tmp_path / "u1")]) == 2
+    assert main(["hybrid", *base, "--ansi-ops", "17", "--bisect", "--out", str(tmp_path / "u2")]) == 2
+    assert main(["hybrid", *base, "--ansi-kinds", "LOGISTIC", "--out", str(tmp_path / "u3")]) == 2

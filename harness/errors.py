@@ -164,6 +164,10 @@ class BoardBusyError(InfrastructureError):
     """A board lock could not be taken in time."""
 
 
+class LabgridError(InfrastructureError):
+    """labgrid-client failed: coordinator unreachable, place unknown, resource missing."""
+
+
 # --- firmware faults (exit 4): findings, not hiccups ------------------------------------------
 
 

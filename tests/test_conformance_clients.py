@@ -182,7 +182,8 @@ def test_pytest_embedded_flashes_our_build_and_sees_the_end_record(
     env = {k: v for k, v in os.environ.items() if k not in ("ESPBAUD", "PYTEST_ADDOPTS")}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-c", str(tests / "pytest.ini"), "--rootdir", str(tests), "-q",
-         "-p", "no:cacheprovider", "--embedded-services", "esp,idf", "--port", url, "--target", "esp32s3",
+         "-p", "no:cacheprovider", "-p", "no:labgrid",  # labgrid's `target` fixture shadows pytest-embedded's
+         "--embedded-services", "esp,idf", "--port", url, "--target", "esp32s3",
          "--app-path", str(build.project_dir), "--build-dir", str(build.flasher_args.parent), "test_dut.py"],
         cwd=tests, capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip

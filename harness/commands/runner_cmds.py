@@ -102,9 +102,19 @@ def _run_options(f: F) -> F:
             "--inventory",
             "-i",
             "inventory",
-            required=True,
+            default=None,
             type=click.Path(dir_okay=False, path_type=Path),
-            help="Bench inventory TOML (the boards and how to reach them; see docs/ci.md).",
+            help="Bench inventory TOML (the boards and how to reach them; see docs/ci.md). Required "
+            "unless --labgrid is given.",
+        ),
+        click.option(
+            "--labgrid",
+            "coordinator",
+            metavar="HOST:PORT",
+            default=None,
+            help="labgrid coordinator: boards are labgrid places, reserved and acquired through "
+            "labgrid-client. Without --inventory, every place tagged esp_check_type=<board type> is a "
+            "board; with it, its `place = ...` boards use this coordinator (docs/ci.md, 'labgrid').",
         ),
         click.option(
             "--out",
@@ -190,7 +200,8 @@ def _run_options(f: F) -> F:
 @native_options
 def run_cmd(
     plan: Path,
-    inventory: Path,
+    inventory: Path | None,
+    coordinator: str | None,
     out_dir: Path,
     junit: Path | None,
     as_json: bool,
@@ -221,7 +232,7 @@ def run_cmd(
             "a flag now (the summary on stdout); the summary is always in OUT/summary.json",
             err=True,
         )
-    the_plan, inv = _load(plan, inventory)
+    the_plan, inv = _load(plan, inventory, coordinator)
     stop, hard = threading.Event(), threading.Event()
     opts = RunOptions(
         out_dir=out_dir,
@@ -237,6 +248,8 @@ def run_cmd(
         report_paths=[p for p in (junit, json_file, markdown) if p is not None],
     )
     runner = Runner(the_plan, inv, opts)  # PlanError here: a job's board type is not on the bench
+    if any(b.place for b in inv.boards):
+        _check_serial_package(opts.progress)
     if validate_only:
         return _validate_only(runner)
     with _stop_on_signals(stop, hard, console):
@@ -248,6 +261,18 @@ def run_cmd(
     if as_json:
         click.echo(paths["json"].read_text(encoding="utf-8"), nl=False)
     return int(result.exit_code)
+
+
+def _check_serial_package(progress: Callable[[str], None] | None) -> None:
+    """labgrid and esptool share the ``serial`` package (docs/ci.md): say whose it is, refuse a broken one."""
+    from harness.device.serialpkg import inspect_serial_package
+    from harness.errors import InfrastructureError
+
+    pkg = inspect_serial_package()
+    if not pkg.ok:
+        raise InfrastructureError(pkg.describe(), hint=f"repair it: {pkg.fix()} (docs/ci.md, 'labgrid')")
+    if progress is not None:
+        progress(f"[labgrid] {pkg.describe()}")
 
 
 def _check_schema_version(requested: int | None) -> None:
@@ -262,10 +287,20 @@ def _check_schema_version(requested: int | None) -> None:
         )
 
 
-def _load(plan: Path, inventory: Path) -> tuple[Any, Any]:
+def _load(plan: Path, inventory: Path | None, coordinator: str | None) -> tuple[Any, Any]:
     from harness.runner import load_inventory, load_plan
+    from harness.runner.inventory import discover_inventory
 
-    return load_plan(plan), load_inventory(inventory)
+    if inventory is None and coordinator is None:
+        raise UsageError(
+            "run needs the boards: --inventory BENCH.toml, or --labgrid HOST:PORT (a labgrid coordinator)",
+            hint="see docs/ci.md",
+        )
+    the_plan = load_plan(plan)
+    if inventory is None:
+        assert coordinator is not None
+        return the_plan, discover_inventory(coordinator)
+    return the_plan, load_inventory(inventory, coordinator=coordinator)
 
 
 def _progress(console: Console) -> Callable[[str], None]:
@@ -353,6 +388,25 @@ def _print(console: Console, result: Any) -> None:
 @click.group("bench")
 def bench_group() -> None:
     """The boards on this bench (inventory helpers)."""
+
+
+@bench_group.command("check-serial")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def check_serial_cmd(as_json: bool) -> int:
+    """Which distribution's files make up the `serial` package (pyserial / pyserial-labgrid).
+
+    Exit 0 when the package is whole, 3 when files are missing (the output says how to repair it).
+    """
+    from harness.device.serialpkg import inspect_serial_package
+
+    pkg = inspect_serial_package()
+    if as_json:
+        click.echo(json.dumps(pkg.to_dict(), indent=2))
+    else:
+        click.echo(pkg.describe())
+        if not (pkg.ok and pkg.provider):
+            click.echo(f"repair: {pkg.fix()}")
+    return int(ExitCode.MATCH if pkg.ok else ExitCode.INFRASTRUCTURE)
 
 
 @bench_group.command("detect")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.device.labgrid import LabgridClient, PlaceLease
 from harness.device.locks import BoardLock, lock_key
 from harness.errors import BoardBusyError, EspCheckError, ExitCode, PlanError, Verdict, combine_exit_codes
 from harness.firmware.native.project import NativeOptions
@@ -142,6 +143,7 @@ class Runner:
         self.backoff = options.backoff_s if options.backoff_s is not None else plan.run.backoff_s
         self.quarantine_after = options.quarantine_after or plan.run.quarantine_after
         self.moved_aside: Path | None = None
+        self.leases: list[PlaceLease] = []  # labgrid places this run may hold (released at the end)
         self.tasks = self._make_tasks()
 
     # ---- setup ------------------------------------------------------------------------------------
@@ -255,7 +257,7 @@ class Runner:
                 board_busy=a.board_busy,
             ),
             TaskFacts(t.infra_failures, t.fault_attempts, first.reason if first is not None else None),
-            BoardFacts(st.status, st.consecutive_infra, bool(st.bench.power_cycle), st.power_cycled),
+            BoardFacts(st.status, st.consecutive_infra, st.bench.can_power_cycle, st.power_cycled),
             self.policy(t),
             stopping=self.stop.is_set(),
         )
@@ -320,11 +322,22 @@ class Runner:
         return a
 
     def _power_cycle(self, st: BoardState) -> None:
-        ok, out = st.bench.run_power_cycle()
+        ok, out = self._place_power_cycle(st.bench) if st.bench.place else st.bench.run_power_cycle()
         self.event(EventKind.POWER_CYCLE, f"{'ok' if ok else 'FAILED'}: {out}", board=st.bench.name)
         with self.cond:
             st.status = BoardStatus.OK  # one more attempt; the next board failure quarantines it
             self.cond.notify_all()
+
+    def _place_power_cycle(self, bench: BenchBoard) -> tuple[bool, str]:
+        """Power-cycle a labgrid place through labgrid's power driver (``labgrid-client power cycle``)."""
+        lease = self._lease(bench)
+        try:
+            self._take_place(bench, lease)
+            return lease.power_cycle()
+        except EspCheckError as exc:
+            return False, f"labgrid: {exc.message}"
+        finally:
+            lease.release()
 
     # ---- one attempt ------------------------------------------------------------------------------
 
@@ -364,9 +377,11 @@ class Runner:
         }
         return builds
 
-    def _lock_board(self, st: BoardState, a: Attempt) -> BoardLock | None:
+    def _lock_board(self, st: BoardState, a: Attempt) -> BoardLock | PlaceLease | None:
         """Resolve the board's port and take its lock, or None with the attempt marked failed."""
         bench = st.bench
+        if bench.place:
+            return self._lease_place(st, a)
         try:
             ps = bench.resolve()
         except EspCheckError as exc:
@@ -394,6 +409,48 @@ class Runner:
         a.started = time.time()
         return lk
 
+    def _lease(self, bench: BenchBoard) -> PlaceLease:
+        """A lease on the board's labgrid place, tracked so the run releases it whatever happens."""
+        assert bench.place is not None and bench.coordinator is not None
+        lease = PlaceLease(LabgridClient(bench.coordinator), bench.place)
+        with self.cond:
+            self.leases.append(lease)
+        return lease
+
+    def _take_place(self, bench: BenchBoard, lease: PlaceLease) -> None:
+        """Wait for and acquire the place (BoardBusyError / LabgridError as the lock would)."""
+        lease.acquire(
+            self.lock_timeout,
+            on_wait=lambda m: self.say(f"[labgrid] {bench.name}: {m}"),
+            cancel=self.stop,
+        )
+        for note in lease.notes:
+            self.event(EventKind.STALE_RELEASED, note, board=bench.name)
+
+    def _lease_place(self, st: BoardState, a: Attempt) -> PlaceLease | None:
+        """Reserve and acquire the board's labgrid place; its NetworkSerialPort is the port."""
+        bench = st.bench
+        lease = self._lease(bench)
+        a.lock_key = st.lock_key = lease.key
+        try:
+            self._take_place(bench, lease)
+        except BoardBusyError as exc:
+            a.exit_code = int(ExitCode.INFRASTRUCTURE)
+            a.reason = exc.message
+            a.board_busy = True
+            return None
+        except EspCheckError as exc:  # the coordinator, the place or its serial port resource
+            a.exit_code = int(exc.exit_code)
+            a.reason = f"labgrid: {exc.message}"
+            a.board_fault = False
+            return None
+        assert lease.url is not None
+        self.say(f"[labgrid] {bench.name}: acquired place {lease.place} (serial port {lease.url})")
+        a.port = lease.url
+        a.lock_wait_s = lease.waited_s
+        a.started = time.time()
+        return lease
+
     def _capture_variants(
         self, t: Task, bench: BenchBoard, a: Attempt, builds: dict[str, Any]
     ) -> dict[str, Any]:
@@ -419,7 +476,7 @@ class Runner:
                 break  # the link is bad: do not spend the other variant on it
         return runs
 
-    def _release(self, t: Task, bench: BenchBoard, a: Attempt, lk: BoardLock) -> None:
+    def _release(self, t: Task, bench: BenchBoard, a: Attempt, lk: BoardLock | PlaceLease) -> None:
         a.ended = time.time()
         lk.release()
         with self.cond:
@@ -566,7 +623,10 @@ class Runner:
         """Clear the previous run's reports, run every task on the boards, abort what is left."""
         started = time.time()
         self._prepare_out()
-        self._work()
+        try:
+            self._work()
+        finally:  # also on a crash or a second Ctrl-C: no labgrid place stays acquired by us
+            self.release_places()
         interrupted = self._abort_unfinished()
         codes = [ExitCode(t.exit_code) for t in self.tasks if t.exit_code is not None]
         return RunResult(
@@ -583,6 +643,15 @@ class Runner:
             exit_code=combine_exit_codes(codes) if codes else ExitCode.INFRASTRUCTURE,
             moved_aside=self.moved_aside,
         )
+
+    def release_places(self) -> None:
+        """Release every labgrid place this run still holds or is reserving."""
+        with self.cond:
+            leases = list(self.leases)
+        for lease in leases:
+            if lease.is_locked:
+                self.say(f"[labgrid] releasing place {lease.place}")
+            lease.release()
 
     def _prepare_out(self) -> None:
         """No verdict of an earlier run into the same directory may survive this one."""

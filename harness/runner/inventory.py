@@ -2,15 +2,18 @@
 
 Each ``[[board]]`` has a unique name, a board type (``boards/*.toml``), the console connector in use,
 and exactly one way to reach it: ``port`` (a stable ``/dev/serial/by-id/...`` path, ``rfc2217://``,
-``socket://`` or ``sim://`` URL), ``usb_serial`` (USB serial number) or ``usb_location`` (USB
-port path such as ``1-1.2``). Optional ``power_cycle`` (an argv list, never a shell string) is tried
-once before the board is quarantined. Format: docs/ci.md.
+``socket://`` or ``sim://`` URL), ``usb_serial`` (USB serial number), ``usb_location`` (USB
+port path such as ``1-1.2``) or ``place`` (a labgrid place: reserved and acquired through the
+coordinator of ``[labgrid] coordinator`` or ``--labgrid``, its serial port is the place's
+NetworkSerialPort). Optional ``power_cycle`` (an argv list, never a shell string) is tried once before
+the board is quarantined; a labgrid place is power-cycled through labgrid. Format: docs/ci.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,10 +39,12 @@ _BOARD_KEYS = {
     "port",
     "usb_serial",
     "usb_location",
+    "place",
     "power_cycle",
     "power_cycle_timeout_s",
 }
-_TOP_KEYS = {"board", "schema_version"}
+_TOP_KEYS = {"board", "schema_version", "labgrid"}
+_REACH_KEYS = ("port", "usb_serial", "usb_location", "place")
 
 
 @dataclass(frozen=True)
@@ -54,20 +59,29 @@ class BenchBoard:
     usb_location: str | None = None
     power_cycle: tuple[str, ...] = ()
     power_cycle_timeout_s: float = 60.0
+    place: str | None = None  # a labgrid place ...
+    coordinator: str | None = None  # ... on this labgrid coordinator (host:port)
 
     @property
     def simulated(self) -> bool:
         return bool(getattr(self.board, "simulated", False))
 
+    @property
+    def can_power_cycle(self) -> bool:
+        """A power-cycle command, or a labgrid place (labgrid says whether it has a power resource)."""
+        return bool(self.power_cycle) or self.place is not None
+
     def reach(self) -> tuple[str, str]:
         """(``field=value``, value) of how the board is reached; two boards may not share one."""
-        for key in ("port", "usb_serial", "usb_location"):
+        for key in _REACH_KEYS:
             value = getattr(self, key)
             if value:
                 return f"{key}={value}", value
         raise ValueError(f"board {self.name} has no port")
 
     def describe_port(self) -> str:
+        if self.place:
+            return f"labgrid place {self.place} ({self.coordinator})"
         if self.port:
             return self.port
         if self.usb_serial:
@@ -75,9 +89,14 @@ class BenchBoard:
         return f"USB location {self.usb_location}"
 
     def resolve(self) -> Any:
-        """The :class:`harness.device.ports.PortSpec` to open now (USB boards are looked up again)."""
+        """The :class:`harness.device.ports.PortSpec` to open now (USB boards are looked up again).
+
+        A labgrid place has no port before it is acquired: see :class:`harness.device.labgrid.PlaceLease`.
+        """
         from harness.device.ports import list_candidates, resolve_port
 
+        if self.place:
+            raise PortError(f"board {self.name} is labgrid place {self.place}: acquire it first")
         if self.port:
             url = self.port
             if url.startswith("sim://"):
@@ -152,8 +171,11 @@ def with_console(board: Any, console: str) -> Any:
     )
 
 
-def load_inventory(path: str | Path) -> Inventory:
-    """Read and validate an inventory; raises PlanError (exit 2) naming file, board and field."""
+def load_inventory(path: str | Path, *, coordinator: str | None = None) -> Inventory:
+    """Read and validate an inventory; raises PlanError (exit 2) naming file, board and field.
+
+    ``coordinator`` (``run --labgrid``) overrides the file's ``[labgrid] coordinator`` for its places.
+    """
     p = Path(path)
     data = _read_toml(p)
     bad = sorted(set(data) - _TOP_KEYS)
@@ -162,10 +184,18 @@ def load_inventory(path: str | Path) -> Inventory:
     raw = data.get("board")
     if not isinstance(raw, list) or not raw:
         raise _err(p, "top level", "board", "is missing: list the bench's boards as [[board]] tables")
+    coordinator = coordinator or _coordinator(p, data.get("labgrid"))
     boards: list[BenchBoard] = []
     reach_seen: dict[str, str] = {}
     for i, tab in enumerate(raw):
         board = _bench_board(p, i, tab, {b.name for b in boards})
+        if board.place:
+            if not coordinator:
+                raise _err(
+                    p, f"board {board.name!r}", "place", "needs a labgrid coordinator",
+                    "give `--labgrid HOST:PORT` or `[labgrid] coordinator = \"HOST:PORT\"` in the inventory",
+                )  # fmt: skip
+            board = dataclasses.replace(board, coordinator=coordinator)
         ident, value = board.reach()
         if ident in reach_seen:
             raise _err(
@@ -177,6 +207,58 @@ def load_inventory(path: str | Path) -> Inventory:
         reach_seen[ident] = board.name
         boards.append(board)
     return Inventory(path=p, boards=tuple(boards))
+
+
+def _coordinator(p: Path, table: object) -> str | None:
+    """``[labgrid] coordinator = "host:port"`` (optional)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict) or set(table) - {"coordinator"}:
+        raise _err(p, "[labgrid]", "labgrid", 'must be a table with one key, coordinator = "HOST:PORT"')
+    value = table.get("coordinator")
+    if not isinstance(value, str) or not value.strip():
+        raise _err(p, "[labgrid]", "coordinator", "must be a non-empty HOST:PORT string")
+    return value.strip()
+
+
+def discover_inventory(coordinator: str) -> Inventory:
+    """The boards of a labgrid lab: every place tagged ``esp_check_type=<board type>``.
+
+    ``esp-check run PLAN --labgrid HOST:PORT`` without ``--inventory``. The optional tag
+    ``esp_check_console`` picks the console connector. Places without the type tag are not boards
+    for esp-check and are left alone.
+    """
+    from harness.device.labgrid import CONSOLE_TAG, TYPE_TAG, LabgridClient
+
+    client = LabgridClient(coordinator)
+    where = Path(f"labgrid-{coordinator}")
+    boards: list[BenchBoard] = []
+    for name in client.places():
+        info = client.show(name)
+        btype = info.tags.get(TYPE_TAG)
+        if not btype:
+            continue
+        tab: dict[str, Any] = {"name": _place_board_name(name), "type": btype, "place": name}
+        if CONSOLE_TAG in info.tags:
+            tab["console"] = info.tags[CONSOLE_TAG]
+        board = _bench_board(where, len(boards), tab, {b.name for b in boards})
+        boards.append(dataclasses.replace(board, coordinator=coordinator))
+    if not boards:
+        raise PlanError(
+            f"labgrid coordinator {coordinator} has no place tagged {TYPE_TAG}=<board type>",
+            hint=f"tag each board's place: labgrid-client -x {coordinator} -p PLACE set-tags "
+            f"{TYPE_TAG}=esp32s3-devkitc-1-n8r8 (or pass --inventory with place = ... entries)",
+        )
+    return Inventory(path=where, boards=tuple(boards))
+
+
+def _place_board_name(place: str) -> str:
+    """The inventory name of a discovered place: the place name, made a valid board name."""
+    name = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in place)[:64]
+    if NAME_RE.match(name) and name == place:
+        return name
+    digest = hashlib.sha256(place.encode()).hexdigest()[:8]
+    return f"place-{name.strip('._-')[:40]}-{digest}".replace("--", "-")
 
 
 def _read_toml(p: Path) -> dict[str, Any]:
@@ -216,6 +298,7 @@ def _bench_board(p: Path, i: int, tab: object, seen: set[str]) -> BenchBoard:
         port=value if key == "port" else None,
         usb_serial=value if key == "usb_serial" else None,
         usb_location=value if key == "usb_location" else None,
+        place=value if key == "place" else None,
         power_cycle=_power_cycle(p, where, tab.get("power_cycle", [])),
         power_cycle_timeout_s=_power_cycle_timeout(p, where, tab.get("power_cycle_timeout_s", 60.0)),
     )
@@ -246,14 +329,14 @@ def _board_type(p: Path, where: str, tab: dict[str, Any]) -> Any:
 
 
 def _reach(p: Path, where: str, tab: dict[str, Any], board: Any) -> tuple[str, str]:
-    """Exactly one of port / usb_serial / usb_location, checked: (field, value)."""
-    reach = {k: tab[k] for k in ("port", "usb_serial", "usb_location") if k in tab}
+    """Exactly one of port / usb_serial / usb_location / place, checked: (field, value)."""
+    reach = {k: tab[k] for k in _REACH_KEYS if k in tab}
     if len(reach) != 1:
         raise _err(
             p,
             where,
             "port",
-            f"needs exactly one of port / usb_serial / usb_location (got {sorted(reach) or 'none'})",
+            f"needs exactly one of port / usb_serial / usb_location / place (got {sorted(reach) or 'none'})",
         )
     key, value = next(iter(reach.items()))
     if not isinstance(value, str) or not value.strip():
@@ -263,8 +346,11 @@ def _reach(p: Path, where: str, tab: dict[str, Any], board: Any) -> tuple[str, s
         _check_port_url(p, where, value, board, tab["type"])
     if board.is_native and not (key == "port" and value.lower().startswith("native://")):
         raise _err(p, where, key, "must be a native://NAME port for a native board type")
-    if board.simulated and not (key == "port" and "://" in value):
-        raise _err(p, where, key, "must be a sim://, rfc2217:// or socket:// URL for a simulated board type")
+    if board.simulated and not ((key == "port" and "://" in value) or key == "place"):
+        raise _err(
+            p, where, key,
+            "must be a sim://, rfc2217:// or socket:// URL (or a labgrid place) for a simulated board type",
+        )  # fmt: skip
     return key, value
 
 

@@ -64,6 +64,7 @@ class EventKind(str, Enum):
     CONFIRM = "confirm"
     QUARANTINE = "quarantine"
     POWER_CYCLE = "power-cycle"
+    STALE_RELEASED = "stale-released"  # a labgrid place a killed esp-check run left acquired, released
 
     def __str__(self) -> str:
         return self.value

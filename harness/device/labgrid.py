@@ -1,0 +1,546 @@
+"""Boards in a labgrid lab: places reserved, acquired and released through ``labgrid-client``.
+
+labgrid (a coordinator, exporters that own the boards, *places* that group a board's resources) is
+how labs share boards between many hosts. esp-check drives it only through its documented command
+line client, ``labgrid-client`` (``reserve``, ``acquire``, ``set-tags``, ``env``, ``power``,
+``release``, ``cancel-reservation``), never through labgrid's internal Python session API: the CLI
+is labgrid's stable interface, and running it as a subprocess keeps labgrid's grpc/asyncio machinery
+(and its own ``serial`` package, see docs/ci.md) out of esp-check's process.
+
+A :class:`PlaceLease` is the labgrid counterpart of :class:`harness.device.locks.BoardLock`:
+
+- it waits in labgrid's reservation queue (``reserve --wait name=PLACE``: the coordinator hands the
+  place to waiters in order), says who holds the place every few seconds, and gives up after a
+  timeout with :class:`BoardBusyError`, cancelling its reservation;
+- once the reservation is allocated it acquires the place and tags it
+  ``esp_check=<pid>_<process start>_<pid namespace>_<reservation token>``: labgrid acquisitions never
+  expire, so a
+  runner killed with SIGKILL leaves its place acquired, and this tag is how the next esp-check run
+  from the same host and user knows the acquisition for its own, dead, one (the pid is gone or is
+  another process now, and the place is still held under that reservation) and releases it, saying
+  so. Anything else (another user, the same user by hand, a live esp-check process) is waited for;
+  operators release such places with ``labgrid-client -p PLACE release --kick``;
+- ``release`` removes the tag, releases the place and cancels the reservation.
+
+The serial port is the place's ``NetworkSerialPort`` (from ``labgrid-client env``): an RFC 2217
+endpoint (``esp_rfc2217_server`` or ``esp-check sim serve --rfc2217`` on the exporter host) that
+esptool and the console open as ``rfc2217://host:port?ign_set_control``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from harness.errors import BoardBusyError, LabgridError
+
+TAG = "esp_check"  # the tag key esp-check puts on a place it holds
+TYPE_TAG = "esp_check_type"  # the board type of a place, for `esp-check run --labgrid` without inventory
+CONSOLE_TAG = "esp_check_console"  # optional: uart | usb_serial_jtag
+_TOKEN = re.compile(r"^[A-Z0-9]{4,64}$")
+_INSTALL_HINT = "install labgrid beside esp-check: pip install 'esp-check[labgrid]' (docs/ci.md)"
+
+
+def find_client() -> str:
+    """The ``labgrid-client`` executable: on PATH, else next to this Python (an unactivated venv)."""
+    found = shutil.which("labgrid-client")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / ("labgrid-client.exe" if os.name == "nt" else "labgrid-client")
+    if beside.exists():
+        return str(beside)
+    raise LabgridError("labgrid-client was not found on PATH", hint=_INSTALL_HINT)
+
+
+def identity() -> str:
+    """``host/user`` as labgrid-client reports this process's acquisitions (LG_HOSTNAME/LG_USERNAME)."""
+    host = os.environ.get("LG_HOSTNAME") or socket.gethostname()
+    user = os.environ.get("LG_USERNAME") or getpass.getuser()
+    return f"{host}/{user}"
+
+
+def process_start(pid: int) -> int:
+    """A process's start time in clock ticks since boot (Linux), 0 where it cannot be read.
+
+    With the pid it identifies a process across pid reuse: a dead runner's pid given to another
+    process later has another start time.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return 0
+    # the command name (field 2) is in parentheses and may hold spaces: split after its last ')'
+    fields = stat[stat.rfind(")") + 2 :].split()
+    with contextlib.suppress(IndexError, ValueError):
+        return int(fields[19])  # field 22 of proc(5); fields[0] is field 3
+    return 0
+
+
+def process_alive(pid: int, start: int) -> bool:
+    """Is process ``pid`` (started at ``start``, 0 = unknown) still running on this host?"""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, owned by someone else
+    except OSError:
+        return False
+    now = process_start(pid)
+    return not (start and now and now != start)
+
+
+def pid_namespace() -> int:
+    """This process's PID namespace (Linux ``/proc/self/ns/pid`` inode), 0 where unknown.
+
+    Two containers may share a host name and user: a pid is only judged in the namespace it lives in.
+    """
+    try:
+        link = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return 0
+    m = re.search(r"\[(\d+)\]", link)
+    return int(m.group(1)) if m else 0
+
+
+@dataclass(frozen=True)
+class HolderTag:
+    """What the ``esp_check`` tag on a place says about the esp-check process holding it."""
+
+    pid: int
+    start: int  # process start (clock ticks since boot), 0: unknown
+    ns: int  # PID namespace, 0: unknown
+    token: str  # the reservation the place was acquired under
+
+    def value(self) -> str:
+        # lower case: labgrid's tag values are meant to be [a-z0-9_]; tokens are [A-Z0-9]
+        return f"{self.pid}_{self.start}_{self.ns}_{self.token.lower()}"
+
+    @classmethod
+    def parse(cls, value: str) -> HolderTag | None:
+        parts = value.strip().split("_")
+        if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts[:3]):
+            return None
+        token = parts[3].upper()
+        if not _TOKEN.match(token):
+            return None
+        return cls(int(parts[0]), int(parts[1]), int(parts[2]), token)
+
+    @classmethod
+    def mine(cls, token: str) -> HolderTag:
+        pid = os.getpid()
+        return cls(pid, process_start(pid), pid_namespace(), token)
+
+    def is_dead_here(self) -> bool:
+        """True only when the process is known to be gone: same PID namespace, pid gone or reused."""
+        if self.pid == os.getpid() or self.ns != pid_namespace():
+            return False  # this process, or one this process cannot see: never judged dead
+        return not process_alive(self.pid, self.start)
+
+
+@dataclass
+class PlaceInfo:
+    """A place as ``labgrid-client -p NAME show`` prints it (only the fields esp-check uses)."""
+
+    name: str
+    acquired: str | None = None  # "host/user"
+    tags: dict[str, str] = field(default_factory=dict)
+    comment: str = ""
+    changed: str = ""
+    reservation: str | None = None
+
+    @property
+    def holder_tag(self) -> HolderTag | None:
+        value = self.tags.get(TAG)
+        return HolderTag.parse(value) if value else None
+
+    def describe_holder(self) -> str:
+        """``host/user`` plus what is known: the esp-check pid, the comment, since when."""
+        who = self.acquired or "nobody"
+        tag = self.holder_tag
+        parts = [f"esp-check pid {tag.pid}"] if tag else []
+        if self.comment:
+            parts.append(f"comment {self.comment!r}")
+        if self.changed:
+            parts.append(f"since {self.changed}")
+        return who + (f" ({', '.join(parts)})" if parts else "")
+
+
+def parse_show(name: str, text: str) -> PlaceInfo:
+    """Parse ``labgrid-client -p NAME show``: the place's own lines (two-space indent, ``key: value``).
+
+    Resource lines after them (``Acquired resource ...``) are ignored; unknown keys too. Hostile or
+    garbled text yields a PlaceInfo with what could be read, never an exception.
+    """
+    info = PlaceInfo(name)
+    for line in text.splitlines():
+        if not line.startswith("  ") or line.startswith("   "):
+            continue
+        key, sep, value = line.strip().partition(": ")
+        if not sep:
+            continue
+        value = value.strip()
+        if key == "acquired":
+            info.acquired = None if value in ("None", "") else value
+        elif key == "tags":
+            info.tags = dict(kv.split("=", 1) for kv in (p.strip() for p in value.split(",")) if "=" in kv)
+        elif key == "comment":
+            info.comment = value[:200]
+        elif key == "changed":
+            info.changed = value[:40]
+        elif key == "reservation":
+            info.reservation = value if _TOKEN.match(value) else None
+    return info
+
+
+def parse_env(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """``labgrid-client -p NAME env`` (YAML): the place's resources as ``(class, args)`` pairs."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise LabgridError(f"labgrid-client env printed no valid YAML: {exc}") from None
+    out: list[tuple[str, dict[str, Any]]] = []
+    targets = doc.get("targets") if isinstance(doc, dict) else None
+    for target in (targets or {}).values() if isinstance(targets, dict) else ():
+        resources = target.get("resources") if isinstance(target, dict) else None
+        for entry in resources if isinstance(resources, list) else ():
+            if isinstance(entry, dict):
+                out.extend((str(k), v if isinstance(v, dict) else {}) for k, v in entry.items())
+    return out
+
+
+def serial_url_of(place: str, resources: list[tuple[str, dict[str, Any]]], name: str | None = None) -> str:
+    """The pyserial URL of the place's NetworkSerialPort (``name``: when the place has several)."""
+    ports = [a for c, a in resources if c == "NetworkSerialPort" and (name is None or a.get("name") == name)]
+    if len(ports) != 1:
+        what = "no NetworkSerialPort" if not ports else f"{len(ports)} NetworkSerialPorts"
+        raise LabgridError(
+            f"labgrid place {place} has {what}" + (f" named {name!r}" if name else ""),
+            hint="export the board's RFC 2217 server (esp_rfc2217_server) as a NetworkSerialPort and "
+            "match it to the place (docs/ci.md, 'labgrid'); name it when a place has several",
+        )
+    args = ports[0]
+    host, port = str(args.get("host", "")), args.get("port")
+    if not host or not isinstance(port, int) or not 0 < port < 65536:
+        raise LabgridError(f"labgrid place {place}: NetworkSerialPort has no usable host/port: {args}")
+    if host.count(":") > 1 and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 literal in a URL
+    if str(args.get("protocol", "rfc2217")) == "raw":
+        return f"socket://{host}:{port}"
+    return f"rfc2217://{host}:{port}?ign_set_control"
+
+
+class LabgridClient:
+    """``labgrid-client -x COORDINATOR ...``: one subprocess per command, argv lists, no shell."""
+
+    def __init__(self, coordinator: str, *, exe: str | None = None, timeout: float = 60.0) -> None:
+        self.coordinator = coordinator
+        self.exe = exe
+        self.timeout = timeout
+
+    def argv(self, *args: str, place: str | None = None) -> list[str]:
+        exe = self.exe or find_client()
+        return [exe, "-x", self.coordinator, *(("-p", place) if place else ()), *args]
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def run(self, *args: str, place: str | None = None) -> str:
+        """Run one command; its stdout, or :class:`LabgridError` with what labgrid-client said."""
+        argv = self.argv(*args, place=place)
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=self.timeout, env=self.env(), check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise LabgridError(
+                f"labgrid-client {' '.join(args)} did not answer within {self.timeout:.0f} s "
+                f"(coordinator {self.coordinator})",
+                hint="is labgrid-coordinator running and reachable at that address?",
+            ) from None
+        except OSError as exc:
+            raise LabgridError(f"cannot run {argv[0]}: {exc}", hint=_INSTALL_HINT) from None
+        if proc.returncode != 0:
+            said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+            raise LabgridError(
+                f"labgrid-client {' '.join(args)}"
+                + (f" (place {place})" if place else "")
+                + f" failed (exit {proc.returncode}): {' / '.join(said[-3:])[:500]}",
+                hint=f"coordinator {self.coordinator}; `labgrid-client -x {self.coordinator} places` lists "
+                "the places",
+            )
+        return proc.stdout
+
+    def places(self) -> list[str]:
+        """Place names (``labgrid-client places``: name, aliases in parentheses, comment)."""
+        return [line.split()[0] for line in self.run("places").splitlines() if line.strip()]
+
+    def show(self, place: str) -> PlaceInfo:
+        return parse_show(place, self.run("show", place=place))
+
+    def serial_url(self, place: str, name: str | None = None) -> str:
+        """The NetworkSerialPort of a place this process holds, as a pyserial URL."""
+        return serial_url_of(place, parse_env(self.run("env", place=place)), name)
+
+    def set_tag(self, place: str, key: str, value: str) -> None:
+        """Set (empty value: delete) one tag of the place."""
+        self.run("set-tags", f"{key}={value}", place=place)
+
+    def power_cycle(self, place: str, delay: float | None = None) -> tuple[bool, str]:
+        """``labgrid-client power cycle`` through the place's power resource (the place is held)."""
+        args = ["power", "cycle", *(("-t", f"{delay:g}") if delay is not None else ())]
+        try:
+            out = self.run(*args, place=place)
+        except LabgridError as exc:
+            return False, exc.message
+        return True, out.strip() or f"power cycled place {place} through labgrid"
+
+    def cancel(self, token: str) -> None:
+        with contextlib.suppress(LabgridError):
+            self.run("cancel-reservation", token)
+
+
+class _Reservation:
+    """``labgrid-client reserve --wait --shell name=PLACE`` running in the background.
+
+    Its first line (``export LG_TOKEN=...``) comes at once; it exits 0 when the coordinator has
+    allocated the place to us. stdout goes to a temporary file: no pipe to drain, no reader thread.
+    """
+
+    def __init__(self, client: LabgridClient, place: str) -> None:
+        self.client = client
+        self._out: IO[str] = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._err: IO[str] = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115
+        argv = client.argv("reserve", "--wait", "--shell", f"name={place}")
+        try:
+            self.proc = subprocess.Popen(argv, stdout=self._out, stderr=self._err, env=client.env())
+        except OSError as exc:
+            self.close()
+            raise LabgridError(f"cannot run {argv[0]}: {exc}", hint=_INSTALL_HINT) from None
+        self.token: str | None = None
+
+    def poll(self) -> bool | None:
+        """True: allocated; None: still waiting; raises LabgridError when the client failed."""
+        if self.token is None:
+            self._out.seek(0)
+            m = re.search(r"LG_TOKEN=([A-Z0-9]+)", self._out.read())
+            self.token = m.group(1) if m else None
+        rc = self.proc.poll()
+        if rc is None:
+            return None
+        if rc == 0 and self.token:
+            return True
+        self._err.seek(0)
+        said = " / ".join(self._err.read().strip().splitlines()[-3:])[:500]
+        raise LabgridError(
+            f"labgrid-client reserve failed (exit {rc}): {said or 'no reservation token'}",
+            hint=f"is labgrid-coordinator running at {self.client.coordinator}?",
+        )
+
+    def stop(self) -> None:
+        """End the waiting client (it exits on SIGTERM) and cancel the reservation it made."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.poll_token()
+        if self.token:
+            self.client.cancel(self.token)
+
+    def poll_token(self) -> None:
+        with contextlib.suppress(LabgridError):
+            self.poll()
+
+    def close(self) -> None:
+        for fh in (self._out, self._err):
+            with contextlib.suppress(OSError):
+                fh.close()
+
+
+class PlaceLease:
+    """Exclusive use of one labgrid place: reserve (waiting visibly), acquire, tag; release."""
+
+    def __init__(self, client: LabgridClient, place: str, *, port_name: str | None = None) -> None:
+        self.client = client
+        self.place = place
+        self.port_name = port_name
+        self.key = f"labgrid-{place}"
+        self.me = identity()
+        self.token: str | None = None
+        self.url: str | None = None
+        self.waited_s = 0.0
+        self.acquired_at: float | None = None
+        self.notes: list[str] = []  # what the lease did beyond the obvious (a stale acquisition released)
+        self._mutex = threading.Lock()
+
+    @property
+    def is_locked(self) -> bool:
+        return self.acquired_at is not None
+
+    # ---- waiting --------------------------------------------------------------------------------
+
+    def acquire(
+        self,
+        timeout: float,
+        *,
+        on_wait: Callable[[str], None] | None = None,
+        report_every: float = 5.0,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        """Hold the place, or raise :class:`BoardBusyError` (exit 3) after ``timeout`` seconds."""
+        say = on_wait or (lambda _m: None)
+        t0 = time.monotonic()
+        deadline = t0 + max(timeout, 0.0)
+        self._clear_own_stale(say, strict=True)  # an unknown place or a dead coordinator: say so now
+        while True:
+            res = _Reservation(self.client, self.place)
+            try:
+                allocated = self._wait_allocated(res, deadline, say, report_every, cancel)
+            finally:
+                res.close()
+            if not allocated:
+                raise self._busy(timeout, cancel)
+            self.token = res.token
+            if self._take(say):
+                break
+            if time.monotonic() >= deadline:
+                raise self._busy(timeout, cancel)
+        self.waited_s = time.monotonic() - t0
+        self.acquired_at = time.time()
+
+    def _wait_allocated(
+        self,
+        res: _Reservation,
+        deadline: float,
+        say: Callable[[str], None],
+        report_every: float,
+        cancel: threading.Event | None,
+    ) -> bool:
+        """Poll the waiting reservation; report the holder; release our own stale acquisition."""
+        next_report = time.monotonic() + 0.5  # a free place is allocated at once: say nothing then
+        while True:
+            try:
+                if res.poll():
+                    return True
+            except LabgridError:
+                res.stop()
+                raise
+            now = time.monotonic()
+            if (cancel is not None and cancel.is_set()) or now >= deadline:
+                res.stop()
+                return False
+            if now >= next_report:
+                info = self._clear_own_stale(say)
+                if info is not None and info.acquired:
+                    say(f"waiting for labgrid place {self.place}: acquired by {info.describe_holder()}")
+                next_report = now + report_every
+            time.sleep(0.1)
+
+    def _busy(self, timeout: float, cancel: threading.Event | None) -> BoardBusyError:
+        if cancel is not None and cancel.is_set():
+            return BoardBusyError(f"stopped while waiting for labgrid place {self.place}")
+        try:
+            holder = self.client.show(self.place).describe_holder()
+        except LabgridError as exc:
+            holder = f"? ({exc.message})"
+        release = f"labgrid-client -x {self.client.coordinator} -p {self.place} release"
+        return BoardBusyError(
+            f"labgrid place {self.place} is still acquired by {holder} after waiting {timeout:.0f} s "
+            f"(if that acquisition is stale, its owner or an operator releases it: {release} --kick)",
+            hint="wait for the other user, or raise --lock-timeout / [run] lock_timeout_s",
+        )
+
+    def _clear_own_stale(self, say: Callable[[str], None], *, strict: bool = False) -> PlaceInfo | None:
+        """Release the place if esp-check on this host and user left it acquired and died.
+
+        Stale means all of: acquired by this ``host/user``; tagged ``esp_check`` by a process that no
+        longer runs here; still held under the reservation that tag names (so nobody acquired it by
+        hand since). Returns the place as seen (None: could not be read; ``strict``: raise instead).
+        """
+        try:
+            info = self.client.show(self.place)
+        except LabgridError:
+            if strict:
+                raise
+            return None
+        tag = info.holder_tag
+        if info.acquired != self.me or tag is None or tag.token != info.reservation:
+            return info
+        if not tag.is_dead_here():
+            return info  # a live esp-check process (or one in another PID namespace) holds it: wait
+        with contextlib.suppress(LabgridError):
+            self.client.set_tag(self.place, TAG, "")
+        try:
+            self.client.run("release", place=self.place)
+        except LabgridError as exc:
+            say(f"labgrid place {self.place}: could not release a stale acquisition: {exc.message}")
+            return info
+        self.client.cancel(tag.token)
+        note = (
+            f"labgrid place {self.place}: released a stale acquisition by esp-check pid {tag.pid} "
+            f"on {self.me} (that process is gone: killed or crashed)"
+        )
+        self.notes.append(note)
+        say(note)
+        info.acquired = None
+        return info
+
+    # ---- holding --------------------------------------------------------------------------------
+
+    def _take(self, say: Callable[[str], None]) -> bool:
+        """Acquire the place allocated to our reservation, tag it, find its serial port."""
+        assert self.token is not None
+        try:
+            self.client.run("acquire", place=self.place)
+        except LabgridError as exc:
+            say(f"labgrid place {self.place}: acquire failed, queueing again: {exc.message}")
+            self.client.cancel(self.token)
+            self.token = None
+            return False
+        with self._mutex:
+            self.acquired_at = time.time()
+        try:
+            self.client.set_tag(self.place, TAG, HolderTag.mine(self.token).value())
+            self.url = self.client.serial_url(self.place, self.port_name)
+        except LabgridError:
+            self.release()
+            raise
+        return True
+
+    def release(self) -> None:
+        """Untag, release, cancel the reservation; safe to call twice and from another thread."""
+        with self._mutex:
+            if self.acquired_at is None and self.token is None:
+                return
+            held, token = self.acquired_at is not None, self.token
+            self.acquired_at, self.token = None, None
+        if held:
+            with contextlib.suppress(LabgridError):
+                self.client.set_tag(self.place, TAG, "")
+            with contextlib.suppress(LabgridError):
+                self.client.run("release", place=self.place)
+        if token:
+            self.client.cancel(token)
+
+    def power_cycle(self, delay: float | None = None) -> tuple[bool, str]:
+        return self.client.power_cycle(self.place, delay)

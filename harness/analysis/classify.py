@@ -133,6 +133,19 @@ KIND_TABLE: tuple[KindInfo, ...] = (
         "TFLM `Model provided is schema version X not equal to supported "
         "version Y`; protocol `ERROR stage=schema`",
     ),
+    KindInfo(
+        "sanitizer",
+        _FW,
+        "native target built with `--sanitize`: `==PID==ERROR: AddressSanitizer: <error>` (also Leak/Memory/"
+        "ThreadSanitizer) or `file:line:col: runtime error: <what>` (UndefinedBehaviorSanitizer), through "
+        "its `SUMMARY:` line",
+    ),
+    KindInfo(
+        "native_exit",
+        _FW,
+        "native target: `esp-check native: the program was killed by signal N (SIGX)` / `exited with "
+        "status N` (the native board's report of an abnormal end, when no sanitizer report explains it)",
+    ),
     KindInfo("firmware_error", _FW, "protocol `ERROR` with stage resolver/invoke/output/internal"),
     KindInfo(
         "model_partition",
@@ -1178,6 +1191,116 @@ def _dump_end(ctx: _Ctx, start: int) -> int:
     return end
 
 
+# --- detectors: native target (host program) -------------------------------------------------------
+
+_SAN_HEAD = re.compile(r"ERROR:\s*(Address|Leak|Memory|Thread)Sanitizer:?\s*([\w-]*)")
+_UBSAN_HEAD = re.compile(r"(\S+?):(\d+):(?:\d+:)?\s*runtime error:\s*(.{0,200})")
+_SAN_SUMMARY = re.compile(r"SUMMARY:\s*(\w+Sanitizer):?\s*(.{0,240})")
+_SAN_FRAME = re.compile(r"#(\d+)\s+0x[0-9a-fA-F]+\s+in\s+(\S+)\s*(\S*)")
+_SAN_ACCESS = re.compile(r"^(READ|WRITE) of size (\d+)")
+_NATIVE_EXIT = re.compile(
+    r"esp-check native: the program (?:was killed by signal (\d+) \((\w+)\)|exited with status (-?\d+))"
+)
+
+
+def _sanitizer_head(ln: _Line) -> tuple[str, str, str | None] | None:
+    """(sanitizer, error, location) when the line starts a sanitizer report."""
+    m = _SAN_HEAD.search(ln.text)
+    if m:
+        return f"{m.group(1)}Sanitizer", m.group(2) or "error", None
+    u = _UBSAN_HEAD.search(ln.text)
+    if u:
+        return "UndefinedBehaviorSanitizer", u.group(3).strip(), f"{u.group(1)}:{u.group(2)}"
+    return None
+
+
+def _short_frame(frame: str) -> str:
+    """``func /long/path/file.c:12`` -> ``func (file.c:12)`` for the one-line message."""
+    func, _, where = frame.partition(" ")
+    return f"{func} ({where.rsplit('/', 1)[-1]})" if where else func
+
+
+def _detect_sanitizer(ctx: _Ctx) -> Found:
+    """A sanitizer report of a native build: the headline, the access, the first frames, the summary."""
+    out: Found = []
+    n = len(ctx.lines)
+    for i, ln in enumerate(ctx.lines):
+        if i in ctx.claimed:
+            continue
+        head = _sanitizer_head(ln)
+        if head is None:
+            continue
+        sanitizer, error, where = head
+        end = next((j for j in range(i, min(n, i + 400)) if _SAN_SUMMARY.search(ctx.lines[j].text)), None)
+        stop = end if end is not None else min(n - 1, i + 60)
+        frames: list[str] = []
+        access = None
+        for j in range(i, stop + 1):
+            text = ctx.lines[j].text.strip()
+            fm = _SAN_FRAME.search(text)
+            if fm and len(frames) < 8:
+                frames.append(f"{fm.group(2)} {fm.group(3)}".strip())
+            am = _SAN_ACCESS.search(text)
+            if am and access is None:
+                access = f"{am.group(1)} of size {am.group(2)}"
+        summary = _SAN_SUMMARY.search(ctx.lines[end].text) if end is not None else None
+        ctx.claim(i, stop, "sanitizer")
+        top = _short_frame(frames[0]) if frames else where
+        message = f"{sanitizer}: {error}" + (f" in {top}" if top else "")
+        frame_lines = [j for j in range(i + 1, stop + 1) if _SAN_FRAME.search(ctx.lines[j].text)]
+        evidence_idx = [i, *frame_lines[:4]]
+        if end is not None and end not in evidence_idx:
+            evidence_idx.append(end)
+        details: dict[str, Any] = {
+            "sanitizer": sanitizer,
+            "error": error,
+            "access": access,
+            "location": where,
+            "frames": frames,
+            "summary": summary.group(0).strip() if summary else None,
+        }
+        out.append(
+            (
+                i,
+                Finding(
+                    "sanitizer",
+                    _FW,
+                    message[:300],
+                    i + 1,
+                    tuple(ctx.lines[j].text[:_EVIDENCE_CAP] for j in evidence_idx),
+                    {k: v for k, v in details.items() if v not in (None, [])},
+                    "the native build found undefined behaviour or an out-of-bounds access in the firmware "
+                    "or a kernel (e.g. an ESP-NN scratch buffer too small); the frames name the code",
+                ),
+            )
+        )
+    return out
+
+
+def _detect_native_exit(ctx: _Ctx) -> Found:
+    """The native board's line for a program that ended abnormally, unless a sanitizer explained it."""
+    if any(kind == "sanitizer" for kind in ctx.claimed.values()):
+        return []
+    out: Found = []
+    for i, ln in enumerate(ctx.lines):
+        m = _NATIVE_EXIT.search(ln.text)
+        if m is None or i in ctx.claimed:
+            continue
+        if m.group(1):
+            signo, name = int(m.group(1)), m.group(2)
+            message = f"the native program was killed by signal {signo} ({name})"
+            details: dict[str, Any] = {"signal": signo, "signal_name": name}
+        else:
+            status = int(m.group(3))
+            message = f"the native program exited with status {status}"
+            details = {"status": status}
+        ctx.claim(i, i, "native_exit")
+        hint = "rebuild with --sanitize: AddressSanitizer/UBSan name the faulting code"
+        evidence = (ln.text[:_EVIDENCE_CAP],)
+        out.append((i, Finding("native_exit", _FW, message, i + 1, evidence, details, hint)))
+    return out
+
+
 # --- the table ------------------------------------------------------------------------------------
 
 # Order matters: a detector skips lines an earlier one claimed (a stack overflow's abort line is part
@@ -1188,6 +1311,7 @@ DETECTORS: tuple[Detector, ...] = (
         ("alloc_failure", "schema_mismatch", "firmware_error", "input_error"),
         _detect_protocol_errors,
     ),
+    Detector("sanitizer", ("sanitizer",), _detect_sanitizer),
     Detector("task_watchdog", ("task_watchdog",), _detect_task_watchdog),
     Detector("stack_overflow", ("stack_overflow",), _detect_stack_overflow),
     Detector("heap_corruption", ("heap_corruption",), _detect_heap_corruption),
@@ -1200,6 +1324,7 @@ DETECTORS: tuple[Detector, ...] = (
     Detector("brownout", ("brownout",), _detect_brownout),
     Detector("boot_failure", ("boot_failure", "flash_size_mismatch"), _detect_boot_failure),
     Detector("download_mode", ("download_mode",), _detect_download_mode),
+    Detector("native_exit", ("native_exit",), _detect_native_exit),
 )
 
 _MERGEABLE = ("alloc_failure", "boot_failure", "brownout")
@@ -1322,6 +1447,8 @@ def _end_of_stream(ctx: _Ctx, found: list[Finding], ended_by: str | None) -> lis
             )
         ]
     if ended_by == "disconnect":
+        if any(f.kind in ("sanitizer", "native_exit") for f in found):
+            return []  # a native program that ended: its report says why the stream ended
         return [
             Finding("disconnect", _INFRA, "the serial link closed before the END record", None, (), details)
         ]

@@ -235,6 +235,8 @@ def render_html(result: Any, doc: dict[str, Any]) -> str:
     ]
     if doc.get("simulated"):
         h.append("<div class='sim'>SIMULATED BOARD: no real ESP32 was used for these results.</div>")
+    if doc.get("native"):
+        h.append(f"<div class='sim'>{_e(doc['native'].get('meaning', 'NATIVE'))}</div>")
     for err in doc.get("errors") or []:
         h.append(f"<div class='bad'>error: {_e(err)}</div>")
     # device identity
@@ -339,6 +341,7 @@ def write_bundle(result: Any, doc: dict[str, Any], model: Path, inputs: Sequence
         f"esp-check {__version__} reproduction bundle\n\nverdict: {doc.get('verdict')} "
         f"(exit {doc.get('exit_code')}), board {doc.get('board')}"
         + (" (SIMULATED)" if doc.get("simulated") else "")
+        + (" (NATIVE: the firmware built for a PC, generic ESP-NN C kernels, no chip)" if doc.get("native") else "")
         + "\n\nmodel/        the .tflite\ninputs/K/     the K-th input file as given\n"
         "projects/     the rendered firmware projects (sdkconfig.defaults, idf_component.yml /\n"
         "              platformio.ini with the pinned esp-tflite-micro / esp-nn versions, esp-check.json)\n"

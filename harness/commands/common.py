@@ -163,3 +163,45 @@ def with_options(*options: Callable[[Any], Any]) -> Callable[[F], F]:
         return f
 
     return apply
+
+
+def native_options(f: F) -> F:
+    """``--components-dir``, ``--sanitize``, ``--jobs`` (how native boards build, docs/native.md), handed
+    to the command as one ``native: NativeOptions`` argument."""
+
+    @functools.wraps(f)
+    def wrapper(
+        *args: Any, components_dir: Path | None, sanitize: bool, jobs: int | None, **kwargs: Any
+    ) -> Any:
+        from harness.firmware.native.project import NativeOptions
+
+        native = NativeOptions(components_dir=components_dir, sanitize=sanitize, jobs=jobs)
+        return f(*args, native=native, **kwargs)
+
+    opts = [
+        click.option(
+            "--components-dir",
+            type=click.Path(file_okay=False, exists=True, path_type=Path),
+            envvar="ESP_CHECK_COMPONENTS_DIR",
+            default=None,
+            help="Native boards: esp-tflite-micro and esp-nn sources (checkouts or a project's "
+            "managed_components/) instead of the ESP-IDF component manager's download "
+            "[env: ESP_CHECK_COMPONENTS_DIR].",
+        ),
+        click.option(
+            "--sanitize",
+            is_flag=True,
+            help="Native boards: build with AddressSanitizer and UndefinedBehaviorSanitizer; a sanitizer "
+            "report is a firmware fault (exit 4).",
+        ),
+        click.option(
+            "--jobs",
+            type=click.IntRange(min=1, max=256),
+            default=None,
+            help="Native boards: parallel compile jobs (default: the number of CPUs).",
+        ),
+    ]
+    out: Any = wrapper
+    for opt in reversed(opts):
+        out = opt(out)
+    return cast(F, out)

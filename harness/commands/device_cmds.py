@@ -23,11 +23,13 @@ from harness.commands.common import (
     echo_json,
     input_options,
     make_console,
+    native_options,
     schema_version_option,
     with_options,
 )
 from harness.errors import ExitCode, UsageError
 from harness.firmware.build import BUILDERS
+from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageTimeouts
 from harness.model.inputs import InputOptions
 
@@ -73,8 +75,8 @@ _BOARD = (
     click.option(
         "--port",
         default=None,
-        help="Serial port: device path, 'auto', rfc2217://host:port, socket://host:port or sim://NAME?... "
-        "(default: auto; on a simulated board, a fresh sim:// board).",
+        help="Serial port: device path, 'auto', rfc2217://host:port, socket://host:port, sim://NAME?... or "
+        "native://NAME (default: auto; on a simulated or native board, a fresh one).",
     ),
     click.option(
         "--out",
@@ -204,6 +206,7 @@ _DATASET = (
 @with_options(*_BOARD, *_VERDICT, *_BUILD)
 @timeout_options
 @with_options(*_REPORTS, *_TAP, *_DATASET)
+@native_options
 def flash_and_compare_cmd(
     model: Path,
     inputs: tuple[Path, ...],
@@ -232,6 +235,7 @@ def flash_and_compare_cmd(
     results: str = "full",
     labels: Path | None = None,
     repeat: int = 1,
+    native: NativeOptions | None = None,
 ) -> int:
     """Build MODEL with ESP-NN optimized and ANSI C kernels, run both on the board, compare.
 
@@ -280,6 +284,7 @@ def flash_and_compare_cmd(
             html=html_path,
             bundle=bundle_path,
             dataset=data,
+            native=native,
         )
     if as_json:
         doc = json.loads(result.report_path.read_text(encoding="utf-8"))
@@ -325,7 +330,9 @@ def _print_summary(console: Console, result: Any) -> None:
 
     if result.comparison is not None:
         print_report(result.comparison, console)
-    table = Table(title="flash-and-compare" + (" (SIMULATED BOARD)" if result.simulated else ""))
+    kind = " (SIMULATED BOARD)" if result.simulated else ""
+    kind = " (NATIVE: built for this PC)" if result.native else kind
+    table = Table(title="flash-and-compare" + kind)
     for col in ("variant", "firmware", "flash", "capture", "ESP-NN mode", "findings"):
         table.add_column(col)
     for v, r in result.variants.items():
@@ -364,12 +371,15 @@ def _print_summary(console: Console, result: Any) -> None:
     console.print(
         f"[bold {color}]verdict: {result.verdict}[/bold {color}] (exit {int(result.exit_code)})"
         + ("  \\[SIMULATED: no real ESP32 was used]" if result.simulated else "")
+        + (f"  \\[NATIVE, {result.native['bits']}-bit: no chip was used]" if result.native else "")
         + (
             "  [bold yellow]\\[ESP-NN NOT TESTED: it accelerates none of the ops][/bold yellow]"
             if result.espnn_untested
             else ""
         )
     )
+    if result.native:
+        console.print(f"[bold]{escape(result.native['meaning'])}[/bold]")
     console.print(f"artifacts: {result.out_dir}  report: {result.report_path}")
 
 

@@ -16,6 +16,7 @@ from harness.commands.common import (
     OP_LIST,
     SECONDS,
     make_console,
+    native_options,
     preprocessing_options,
 )
 from harness.errors import ExitCode
@@ -204,6 +205,10 @@ def _print_generated(projects: list[GeneratedProject]) -> None:
     dirs = " ".join(str(p.path) for p in projects)
     if first.board.builder == "sim":
         console.print(f"Build with `esp-check build {dirs}` (packs images for the simulated board).")
+    elif first.board.is_native:
+        console.print(
+            f"Build with `esp-check build {dirs}` (compiles a program for this PC; docs/native.md)."
+        )
     else:
         how = "idf.py build" if first.board.builder == "idf" else "pio run"
         console.print(
@@ -254,6 +259,7 @@ def run_build_with_progress(project_dir: Path, console: Console, **kwargs: Any) 
     "--timeout", type=SECONDS, default=None, help="Kill the build after this many seconds."
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result (schema esp-check.build/1).")
+@native_options
 def build_cmd(
     project_dirs: tuple[Path, ...],
     builder: str | None,
@@ -265,6 +271,7 @@ def build_cmd(
     idf_py: str | None,
     timeout: float | None,
     as_json: bool,
+    native: Any = None,
 ) -> int:
     """Build generated project directories (e.g. OUT/optimized OUT/ansi), with a content-addressed cache."""
     progress_console = make_console(stderr=True, highlight=False)
@@ -282,6 +289,7 @@ def build_cmd(
             pio=pio_path,
             idf_py=idf_py,
             timeout=timeout,
+            native=native,
         )
         results.append(result)
         if not as_json:

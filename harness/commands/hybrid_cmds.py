@@ -13,9 +13,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.analysis.report import safe_markup
-from harness.commands.common import OP_LIST, FiniteFloat, input_options, make_console, with_options
+from harness.commands.common import (
+    OP_LIST,
+    FiniteFloat,
+    input_options,
+    make_console,
+    native_options,
+    with_options,
+)
 from harness.commands.device_cmds import _BUILD, timeout_options
 from harness.errors import ExitCode, UsageError
+from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageTimeouts
 from harness.model.inputs import InputOptions
 
@@ -94,6 +102,7 @@ _OUTPUT = (
 @with_options(*_WHERE, *_BUILD)
 @timeout_options
 @with_options(*_CHOICE, *_OUTPUT)
+@native_options
 def hybrid_cmd(
     model: Path,
     inputs: tuple[Path, ...],
@@ -115,6 +124,7 @@ def hybrid_cmd(
     as_json: bool,
     html_path: Path | None,
     bundle_path: Path | None,
+    native: NativeOptions | None = None,
 ) -> int:
     """Build MODEL's firmware with ESP-NN optimized kernels except the ops that break, which run esp-nn's
     ANSI C kernels; verify it bit for bit against the ANSI C build and the host reference.
@@ -145,7 +155,7 @@ def hybrid_cmd(
         model, list(inputs), board=board, port=port, out_dir=out_dir, options=opts,
         input_options=input_options, arena_kb=arena_kb, builder=builder, cache_dir=cache_dir,
         flash_baud=flash_baud, timeouts=timeouts, reference=not no_reference, progress=progress,
-        html=html_path, bundle=bundle_path,
+        html=html_path, bundle=bundle_path, native=native,
     )  # fmt: skip
     if as_json:
         click.echo(json.dumps(json.loads(result.report_path.read_text(encoding="utf-8")), indent=2))

@@ -18,9 +18,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.common import SECONDS, make_console
+from harness.commands.common import SECONDS, make_console, native_options
 from harness.errors import ExitCode, UsageError, Verdict
 from harness.firmware.boards import BUILDERS
+from harness.firmware.native.project import NativeOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -196,6 +197,7 @@ def _run_options(f: F) -> F:
 @click.command("run", cls=_RunCommand)
 @click.argument("plan", type=click.Path(dir_okay=False, path_type=Path))
 @_run_options
+@native_options
 def run_cmd(
     plan: Path,
     inventory: Path | None,
@@ -212,6 +214,7 @@ def run_cmd(
     cache_dir: Path | None,
     builder: str | None,
     validate_only: bool,
+    native: NativeOptions | None = None,
 ) -> int:
     """Run every model x input x board x variant of PLAN on the boards of the inventory.
 
@@ -237,6 +240,7 @@ def run_cmd(
         lock_timeout_s=lock_timeout,
         cache_dir=cache_dir,
         builder=builder,
+        native=native,
         owner=f"esp-check run {plan.name} (user {os.environ.get('USER', '?')})",
         progress=_progress(console),
         stop=stop,

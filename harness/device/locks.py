@@ -70,7 +70,7 @@ def lock_key(port: Any) -> str:
 
     - a USB device with a serial number: ``usb-sn-<serial>`` (not the /dev name);
     - ``rfc2217://`` / ``socket://``: ``net-<host>-<port>`` (one server, one key, whichever scheme);
-    - ``sim://NAME``: ``sim-NAME``;
+    - ``sim://NAME``: ``sim-NAME``; ``native://NAME``: ``native-NAME``;
     - anything else: the real path of the device.
     """
     from harness.device.ports import PortSpec, Transport, resolve_port
@@ -84,6 +84,9 @@ def lock_key(port: Any) -> str:
     if ps.transport == Transport.SIM:
         parts = urlsplit(ps.url)
         return "sim-" + _safe(parts.netloc or parts.path.lstrip("/"))
+    if ps.transport == Transport.NATIVE:
+        parts = urlsplit(ps.url)
+        return "native-" + _safe(parts.netloc or parts.path.lstrip("/"))
     if ps.transport in (Transport.DEVICE, Transport.PTY):
         return "dev-" + _safe(os.path.realpath(ps.url))
     return "url-" + _safe(ps.url)

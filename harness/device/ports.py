@@ -15,6 +15,8 @@ rfc2217://      forwarded    by the *server*   esptool's ``esp_rfc2217_server`` 
 socket://       no           no                raw TCP (ser2net): esptool cannot reset at all; a peer
                                                close while reading is end of stream
 sim://          yes          yes               in-process simulated board (harness.sim)
+native://       yes          yes               a host program built by the native target (protocol_native):
+                                               reset restarts it, its exit ends the stream
 loop://         no-op        no                pyserial loopback, for tests
 ==============  ===========  ================  ========================================================
 """
@@ -34,6 +36,7 @@ from typing import Any, Protocol
 import serial
 import serial.tools.list_ports
 
+from harness.device.protocol_native import register as register_native
 from harness.errors import PortError
 
 __all__ = [
@@ -87,6 +90,7 @@ class Transport:
     RFC2217 = "rfc2217"
     SOCKET = "socket"
     SIM = "sim"
+    NATIVE = "native"
     LOOP = "loop"
     URL = "url"  # any other pyserial URL handler
 
@@ -163,6 +167,18 @@ _CAPS: dict[str, TransportCaps] = {
         single_client=False,
         disconnect_is_eof=False,
         notes="in-process simulated board (harness.sim); results are simulated",
+    ),
+    Transport.NATIVE: TransportCaps(
+        modem_lines=True,
+        atomic_modem_lines=False,
+        local_reset=True,
+        server_resets=False,
+        baud_change=True,
+        exclusive_lock=False,
+        single_client=False,
+        disconnect_is_eof=True,
+        notes="native board: the firmware built for this PC, run as a program (reset restarts it; "
+        "its end is the end of the stream); results are NATIVE, no chip is involved",
     ),
     Transport.LOOP: TransportCaps(
         modem_lines=False,
@@ -300,6 +316,7 @@ def _transport_of(spec: str) -> str:
         "rfc2217": Transport.RFC2217,
         "socket": Transport.SOCKET,
         "sim": Transport.SIM,
+        "native": Transport.NATIVE,
         "loop": Transport.LOOP,
     }.get(scheme, Transport.URL)
 
@@ -523,6 +540,8 @@ def open_port(
     ps = spec if isinstance(spec, PortSpec) else resolve_port(spec)
     url = ps.url
     make = opener or serial.serial_for_url
+    if ps.transport == Transport.NATIVE:
+        register_native()  # pyserial finds harness.device.protocol_native for native://
     if timeout is None:
         # pyserial's RFC 2217 client renegotiates the link on every timeout change and esptool
         # sets its 3 s default around each command: start there so flashing does not pay for it.

@@ -24,7 +24,15 @@ import serial
 from harness.device.console import RawCapture, capture_run
 from harness.device.flash import ROM_BAUD, FlashResult, ProgressCallback, flash_artifacts
 from harness.device.loop import LinkError, LoopClient
-from harness.device.ports import BoardLike, PortSpec, open_port, reopen_after_reenumeration, resolve_port
+from harness.device.native import install_program
+from harness.device.ports import (
+    BoardLike,
+    PortSpec,
+    Transport,
+    open_port,
+    reopen_after_reenumeration,
+    resolve_port,
+)
 from harness.protocol import frames as fr
 
 __all__ = ["DeviceSession"]
@@ -90,6 +98,8 @@ class DeviceSession:
         after switching the port to the console baud, so the first line is not lost."""
         self.open()
         assert self.serial is not None
+        if self.spec.transport == Transport.NATIVE:  # a native board: install the program, no esptool
+            return install_program(self.serial, artifacts, log_path=log_path)
         result = flash_artifacts(
             self.serial,
             artifacts,

@@ -25,7 +25,8 @@ PSRAM_KINDS = ("none", "quad", "octal", "hex")
 CONSOLES = ("uart", "usb_serial_jtag")
 RESET_STYLES = ("classic", "usb_serial_jtag")
 ESPNN_PATHS = ("generic", "s3", "p4")
-BUILDERS = ("pio", "idf", "sim")
+BUILDERS = ("pio", "idf", "sim", "native")
+NATIVE_BITS = (32, 64)
 FLASH_SIZES = ("2MB", "4MB", "8MB", "16MB", "32MB")
 
 # Facts per chip that are not board choices: second-stage bootloader offset (ESP-IDF's
@@ -93,6 +94,7 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "default_port": str,
     "sdkconfig": dict,
     "sim": dict,  # simulator settings (same keys as sim:// URL parameters; validated by harness.sim)
+    "native": dict,  # native target settings (builder = "native"): bits = 32 | 64
     "idf_min": str,  # oldest ESP-IDF this board needs, when newer than harness/data/versions.toml's
     "chip_rev_min": str,  # chip revisions the built image accepts ("major.minor"), checked at flash time
     "chip_rev_max": str,
@@ -127,7 +129,17 @@ class Board:
     chip_rev_min: int | None = None  # esptool's major * 100 + minor
     chip_rev_max: int | None = None
     partition_table_offset: int = DEFAULT_PARTITION_TABLE_OFFSET
+    native: dict[str, int] = field(default_factory=dict)
     source: Path | None = None
+
+    @property
+    def is_native(self) -> bool:
+        """Built for the host PC and run as a program (docs/native.md), not flashed to a chip."""
+        return self.builder == "native"
+
+    @property
+    def native_bits(self) -> int:
+        return int(self.native.get("bits", 64))
 
     @property
     def has_psram(self) -> bool:
@@ -187,6 +199,7 @@ class Board:
             "chip_rev_min": format_chip_rev(self.chip_rev_min),
             "chip_rev_max": format_chip_rev(self.chip_rev_max),
             "partition_table_offset": self.partition_table_offset,
+            "native": dict(self.native),
         }
 
 
@@ -278,16 +291,7 @@ def parse_board(data: dict[str, Any], path: Path) -> Board:
     simulated = bool(data.get("simulated", False))
     if (data["builder"] == "sim") != simulated:
         raise _err(path, "simulated", 'must be true exactly when builder = "sim"')
-    sdk = data.get("sdkconfig", {})
-    sdkconfig: dict[str, str] = {}
-    for key, value in sdk.items():
-        if not _SDKCONFIG_NAME.match(key):
-            raise _err(path, f"sdkconfig.{key}", "is not a Kconfig symbol name (CONFIG_[A-Z0-9_]+)")
-        if not isinstance(value, str) or not _SDKCONFIG_VALUE.match(value):
-            raise _err(
-                path, f"sdkconfig.{key}", f'has an unsupported value {value!r} (y, n, a number or "text")'
-            )
-        sdkconfig[key] = value
+    sdkconfig = _sdkconfig_table(path, data.get("sdkconfig", {}))
     sim_table = data.get("sim", {})
     if sim_table and not simulated:
         raise _err(path, "sim", 'is only allowed for simulated boards (builder = "sim")')
@@ -323,8 +327,46 @@ def parse_board(data: dict[str, Any], path: Path) -> Board:
         chip_rev_min=rev_min,
         chip_rev_max=rev_max,
         partition_table_offset=pt_offset,
+        native=_native_table(path, data),
         source=path,
     )
+
+
+def _sdkconfig_table(path: Path, sdk: dict[str, Any]) -> dict[str, str]:
+    """The ``[sdkconfig]`` table: Kconfig names with y / n / number / quoted-text values."""
+    sdkconfig: dict[str, str] = {}
+    for key, value in sdk.items():
+        if not _SDKCONFIG_NAME.match(key):
+            raise _err(path, f"sdkconfig.{key}", "is not a Kconfig symbol name (CONFIG_[A-Z0-9_]+)")
+        if not isinstance(value, str) or not _SDKCONFIG_VALUE.match(value):
+            raise _err(
+                path, f"sdkconfig.{key}", f'has an unsupported value {value!r} (y, n, a number or "text")'
+            )
+        sdkconfig[key] = value
+    return sdkconfig
+
+
+def _native_table(path: Path, data: dict[str, Any]) -> dict[str, int]:
+    """The ``[native]`` table: only for builder = "native", whose ESP-NN path must be the generic C one."""
+    table = data.get("native", {})
+    if data["builder"] != "native":
+        if table:
+            raise _err(path, "native", 'is only allowed for native boards (builder = "native")')
+        return {}
+    if data["espnn_path"] != "generic":
+        raise _err(
+            path,
+            "espnn_path",
+            f'is "{data["espnn_path"]}" but a native build runs only ESP-NN\'s generic C kernels on the host',
+            hint='use espnn_path = "generic" with chip = "esp32", "esp32c3" or "esp32c6"',
+        )
+    unknown = sorted(set(table) - {"bits"})
+    if unknown:
+        raise _err(path, f"native.{unknown[0]}", "is not a native setting", hint="known: bits")
+    bits = table.get("bits", 64)
+    if isinstance(bits, bool) or bits not in NATIVE_BITS:
+        raise _err(path, "native.bits", f"is {bits!r}; expected 32 or 64")
+    return {"bits": int(bits)}
 
 
 def _check_idf_min(path: Path, data: dict[str, Any]) -> None:

@@ -9,15 +9,14 @@ content (:mod:`harness.firmware.cache`): building the same thing twice runs the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
 import struct
-import subprocess
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +28,8 @@ from harness.firmware.boards import BOOTLOADER_OFFSETS, BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, default_cache_dir
 from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_ENV, read_manifest
 from harness.firmware.layout import VARIANT_SLOTS
+from harness.firmware.native.project import NativeOptions, plan_native_build, run_native_build
+from harness.firmware.toolrun import run_streaming as _run_streaming
 from harness.protocol.model_image import PARTITION_LABEL
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
@@ -284,66 +285,6 @@ def _classify_failure(lines: Sequence[str]) -> tuple[str, str, list[str]]:
 
 # --------------------------------------------------------------------------------------------
 # running the tool
-
-
-def _run_streaming(
-    argv: Sequence[str],
-    *,
-    cwd: Path,
-    env: Mapping[str, str],
-    log_path: Path,
-    on_output: OutputCallback | None,
-    timeout: float | None,
-) -> tuple[int, list[str]]:
-    """Run ``argv`` (no shell), tee its combined output to ``log_path`` and ``on_output``; keep a tail."""
-    tail: list[str] = []
-    timed_out = threading.Event()
-    with log_path.open("a", encoding="utf-8") as log:
-        log.write("$ " + " ".join(argv) + "\n")
-        log.flush()
-        try:
-            proc = subprocess.Popen(
-                list(argv), cwd=str(cwd), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-            )
-        except OSError as exc:
-            raise BuildError(
-                f"cannot start {argv[0]}: {exc.strerror or exc}",
-                hint="check that the build tool is installed",
-            ) from exc
-
-        def _kill() -> None:
-            timed_out.set()
-            proc.kill()
-
-        timer = threading.Timer(timeout, _kill) if timeout else None
-        if timer:
-            timer.daemon = True
-            timer.start()
-        try:
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                log.write(line + "\n")
-                tail.append(line)
-                if len(tail) > 400:
-                    del tail[:100]
-                if on_output is not None:
-                    on_output(line)
-            rc = proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            if timer:
-                timer.cancel()
-        log.write(f"[exit code {rc}]\n")
-    if timed_out.is_set():
-        raise BuildError(
-            f"{Path(argv[0]).name} did not finish within {timeout:.0f} s (killed)",
-            hint=f"see {log_path}; raise the build timeout for a first build that downloads toolchains",
-        )
-    return rc, tail
 
 
 # ESP-IDF's nested build paths break on Windows past ~260 characters (MAX_PATH) and with spaces or
@@ -869,10 +810,12 @@ def _chip_and_builder(project: Path, manifest: Mapping[str, Any], builder: str |
     chosen = builder or default_builder
     if chosen not in BUILDERS:
         raise UsageError(f"unknown builder {chosen!r}", hint=f"builders: {', '.join(BUILDERS)}")
-    if (chosen == "sim") != (default_builder == "sim"):
+    special = ("sim", "native")  # builders that work only for their own kind of board
+    if any((chosen == b) != (default_builder == b) for b in special):
         raise UsageError(
             f"board {board_name} cannot be built with builder {chosen!r}",
-            hint="the simulated board builds only with 'sim', real boards only with 'pio' or 'idf'",
+            hint="the simulated board builds only with 'sim', native boards only with 'native', real boards "
+            "only with 'pio' or 'idf'",
         )
     if chosen == "pio" and (chip == "esp32p4" or not board_def.get("pio_board")):
         raise UsageError(
@@ -896,12 +839,13 @@ def build_project(
     on_output: OutputCallback | None = None,
     timeout: float | None = None,
     env: Mapping[str, str] | None = None,
+    native: NativeOptions | None = None,
 ) -> BuildResult:
     """Build one generated project (or reuse a cached build of identical inputs).
 
     ``builder`` defaults to the board's (manifest ``builder``). Errors: UsageError for a builder the
     board cannot use; BuildError (exit 3) for a missing tool, offline downloads, compile errors, or an
-    app larger than its partition -- each naming the log file.
+    app larger than its partition -- each naming the log file. ``native``: native boards' builds.
     """
     project = Path(project_dir).resolve()
     manifest = read_manifest(project)
@@ -911,6 +855,12 @@ def build_project(
     log = Path(log_path) if log_path is not None else out_dir / LOG_NAME
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"esp-check {__version__}: building {project} with {chosen}\n", encoding="utf-8")
+    if chosen == "native":
+        return _build_native(
+            project, manifest, native or NativeOptions(), log, out_dir,
+            cache_dir=cache_dir, use_cache=use_cache, max_cache_bytes=max_cache_bytes, on_output=on_output,
+            timeout=timeout, env=env,
+        )  # fmt: skip
     job = _BuildJob(project, manifest, chosen, chip, out_dir, log, cache_key(project, chosen, manifest))
 
     def run_build() -> tuple[dict[str, Path], dict[str, Any]]:
@@ -998,3 +948,72 @@ def _finish(job: _BuildJob, files: Mapping[str, Path], meta: Mapping[str, Any], 
         job.project, job.out_dir, job.manifest, files, meta, flash_size=flash_size, builder=job.builder
     )
     return replace(res, log_path=job.log, cache_hit=hit, cache_key=job.key)
+
+
+# --------------------------------------------------------------------------------------------
+# native target (docs/native.md): a host program instead of flash images
+
+NATIVE_PROGRAM = "native_app"
+NATIVE_INFO = "native.json"
+
+
+def _build_native(
+    project: Path,
+    manifest: Mapping[str, Any],
+    options: NativeOptions,
+    log: Path,
+    out_dir: Path,
+    *,
+    cache_dir: str | Path | None,
+    use_cache: bool,
+    max_cache_bytes: int,
+    on_output: OutputCallback | None,
+    timeout: float | None,
+    env: Mapping[str, str] | None,
+) -> BuildResult:
+    """Build a native board's project into ``esp-check/build/native_app`` (cached like the other builders,
+    keyed on the project files and the native library key: sources, compiler, flags)."""
+    base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = base / "native" if use_cache else out_dir / "native-work"
+    plan = plan_native_build(project, manifest, options, root=root, log_path=log, on_output=on_output,
+                             timeout=timeout, env=env)  # fmt: skip
+    files = project_files(project)
+    material = {"format": CACHE_FORMAT, "builder": "native", "files": files, "native": plan.key}
+    key = hashlib.sha256(json.dumps(material, sort_keys=True).encode("utf-8")).hexdigest()
+    program = out_dir / NATIVE_PROGRAM
+    meta: dict[str, Any] = {"offsets": {"app": 0}, "builder": "native", "native": plan.describe()}
+    cache = BuildCache(base, max_cache_bytes) if use_cache else None
+    hit = False
+    with cache.lock(key) if cache is not None else contextlib.nullcontext():
+        entry = cache.get(key) if cache is not None else None
+        if entry is not None:
+            shutil.copy2(entry.file(NATIVE_PROGRAM), program)
+            hit = True
+            with log.open("a", encoding="utf-8") as f:
+                f.write(f"cache hit {key} ({base}): compiler not run\n")
+            if on_output:
+                on_output(f"cache hit {key[:12]}: compiler not run")
+        else:
+            built = run_native_build(plan, program, log_path=log, on_output=on_output, timeout=timeout,
+                                     jobs=options.jobs, env=env)  # fmt: skip
+            meta["native"]["reused_libraries"] = built.reused_tree
+            if cache is not None:
+                cache.put(key, {NATIVE_PROGRAM: program}, meta)
+    program.chmod(program.stat().st_mode | 0o111)
+    versions = {c.name.replace("__", "/"): c.version or "unknown" for c in plan.components}
+    _record_resolved(project, {"dependencies_lock": None, "components": versions, "native": True})
+    info_path = out_dir / NATIVE_INFO
+    info = {"program": program.name, "sha256": _sha256_file(program), "cache_hit": hit, **meta["native"]}
+    info_path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return BuildResult(
+        project_dir=project,
+        builder="native",
+        artifacts=(Artifact(0, program, "app"),),
+        app_bin=program,
+        flasher_args=info_path,
+        log_path=log,
+        cache_hit=hit,
+        cache_key=key,
+        firmware_sha256=info["sha256"],
+        chip=str(manifest.get("chip") or ""),
+    )

@@ -15,6 +15,7 @@ from harness.errors import EspCheckError, IncomparableError
 from harness.firmware.boards import Board
 from harness.firmware.build import BuildResult, build_project
 from harness.firmware.generate import FirmwareFeatures, GeneratedProject, generate_projects
+from harness.firmware.native.project import NativeOptions
 from harness.flows.records import VARIANT_ORDER, Recorder
 from harness.model.inputs import InputOptions
 
@@ -68,8 +69,10 @@ def build_firmware(
     builder: str | None = None,
     cache_dir: str | Path | None = None,
     timeout: float = 1800.0,
+    native: NativeOptions | None = None,
 ) -> Firmware:
-    """Build every variant (each its own stage); IncomparableError for byte-identical images."""
+    """Build every variant (each its own stage); IncomparableError for byte-identical images.
+    ``native`` configures native boards' builds (docs/native.md)."""
     fw = Firmware(projects)
     for v in VARIANT_ORDER:
         project_dir = projects[v].path
@@ -81,6 +84,7 @@ def build_firmware(
                 cache_dir=cache_dir,
                 log_path=logs_dir / f"build-{v}.log",
                 timeout=timeout,
+                native=native,
             )
 
         try:
@@ -109,6 +113,7 @@ def prepare_firmware(
     builder: str | None = None,
     cache_dir: str | Path | None = None,
     timeout: float = 1800.0,
+    native: NativeOptions | None = None,
 ) -> Firmware:
     """Generate into ``out_dir/projects`` and build both, build logs in ``out_dir/logs``."""
     projects = generate_firmware(
@@ -116,5 +121,6 @@ def prepare_firmware(
         arena_kb=arena_kb, features=features,
     )  # fmt: skip
     return build_firmware(
-        projects, rec=rec, logs_dir=out_dir / "logs", builder=builder, cache_dir=cache_dir, timeout=timeout
+        projects, rec=rec, logs_dir=out_dir / "logs", builder=builder, cache_dir=cache_dir, timeout=timeout,
+        native=native,
     )

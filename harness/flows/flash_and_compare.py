@@ -31,6 +31,7 @@ from harness.device.ports import check_present, resolve_port
 from harness.errors import EspCheckError, ExitCode, UsageError, combine_exit_codes
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
+from harness.firmware.native.project import NATIVE_MEANING, NativeOptions
 from harness.flows.capture import flash_and_capture, run_variants, with_board
 from harness.flows.dataset import (
     DatasetOptions,
@@ -154,6 +155,7 @@ def flash_and_compare(
     html: str | Path | None = None,
     bundle: str | Path | None = None,
     dataset: DatasetOptions | None = None,
+    native: NativeOptions | None = None,
 ) -> FlashAndCompareResult:
     """Run the whole job and return its result; the report is always written to ``out_dir``.
 
@@ -167,6 +169,8 @@ def flash_and_compare(
 
     ``dataset`` runs a whole dataset (``--dataset`` / ``--random-inputs``) instead of ``inputs``
     (harness.flows.dataset): report.json then has a ``dataset`` section with a verdict per input.
+    ``native`` configures the builds of a native board (``--board native-esp32``, docs/native.md):
+    component sources, sanitizers.
     """
     t_all = time.monotonic()
     limits = timeouts or StageTimeouts()
@@ -186,7 +190,9 @@ def flash_and_compare(
     try:
         _start(run, board, port)
         if dataset is not None:
-            job = _DatasetJob(input_options, reference, builder, cache_dir, arena_kb, limits, flash_baud)
+            job = _DatasetJob(
+                input_options, reference, builder, cache_dir, arena_kb, limits, flash_baud, native
+            )
             _dataset_job(run, dataset, job, lock_cm, tolerance_lsb, ref_tolerance_lsb)
             return finish()
         if reference:  # ONE host child runs the reference on the inputs and measures the arena;
@@ -202,7 +208,7 @@ def flash_and_compare(
         ref_source = _host_reference(run, input_options) if reference else None
         fw = build_firmware(
             projects, rec=run.rec, logs_dir=run.out / "logs", builder=builder, cache_dir=cache_dir,
-            timeout=limits.build,
+            timeout=limits.build, native=native,
         )  # fmt: skip
         if not _record_builds(run, fw) or not _flash_and_capture_both(run, fw, lock_cm, limits, flash_baud):
             return finish()
@@ -210,7 +216,7 @@ def flash_and_compare(
         if tap:
             req = TapRunRequest(
                 run.model, tuple(run.inputs), run.info, run.board, run.port_url, run.out, builder, cache_dir,
-                input_options, arena_kb, limits, flash_baud, reference, tuple(sorted(set(dump_ops))),
+                input_options, arena_kb, limits, flash_baud, reference, tuple(sorted(set(dump_ops))), native,
             )  # fmt: skip
             outcome = run.rec.run(
                 "tap", None, lambda: run_tap_flow(req, run.variants, rec=run.rec, lock_cm=lock_cm())
@@ -269,7 +275,16 @@ def _start(run: _Run, board: str | Path, port: str | None) -> None:
             f"({run.espnn['why']}): both variants run the same TFLM kernels, so a match here says "
             "nothing about ESP-NN"
         )
-    if board_def.simulated and port is not None and port.startswith(SERVED_SIM_SCHEMES):
+    if board_def.is_native:
+        if port is not None and not port.startswith("native://"):
+            raise UsageError(
+                f"board {board_def.name} is a native board (the firmware runs as a program on this PC), "
+                f"but --port {port} is not a native:// port",
+                hint="omit --port (a fresh native board is made), or give native://NAME",
+            )
+        run.port_url = port or f"native://esp-check-{uuid.uuid4().hex[:10]}"
+        run.fresh_sim = port is None  # made for this run alone: nobody else's, no lock
+    elif board_def.simulated and port is not None and port.startswith(SERVED_SIM_SCHEMES):
         # a simulator served by `esp-check sim serve` (or esp_rfc2217_server in front of a sim:// port):
         # reached like a remote board; its BEGIN record must say sim=1 (verify_capture checks it)
         run.port_url = port
@@ -368,6 +383,7 @@ class _DatasetJob:
     arena_kb: int | None
     limits: StageTimeouts
     flash_baud: int | None
+    native: NativeOptions | None = None
 
 
 def _dataset_job(
@@ -396,7 +412,7 @@ def _dataset_job(
             run.warnings.append(f"host reference unavailable, comparing optimized vs ANSI C only: {exc}")
     fw = build_firmware(
         projects, rec=run.rec, logs_dir=run.out / "logs", builder=job.builder, cache_dir=job.cache_dir,
-        timeout=job.limits.build,
+        timeout=job.limits.build, native=job.native,
     )  # fmt: skip
     if not _record_builds(run, fw):
         return
@@ -450,6 +466,17 @@ def _board_lock(
     )
 
 
+def _native_facts(run: _Run) -> dict[str, Any] | None:
+    """What a native board's results mean, and what each variant's program said it was (INFO)."""
+    if run.loaded_board is None or not run.loaded_board.is_native:
+        return None
+    keys = ("native", "native_bits", "native_sanitize", "idf", "tflm", "tflm_from", "espnn", "espnn_from")
+    reported = {
+        v: {k: vr.source.info.get(k) for k in keys} for v, vr in run.variants.items() if vr.source is not None
+    }
+    return {"meaning": NATIVE_MEANING, "bits": run.loaded_board.native_bits, "reported": reported}
+
+
 def _compare(
     run: _Run, ref_source: Source | None, tolerance_lsb: float, ref_tolerance_lsb: float
 ) -> CompareResult | None:
@@ -499,6 +526,7 @@ def _finish(
         espnn=run.espnn,
         dataset=run.dataset.to_dict() if run.dataset is not None else None,
         link=run.link.to_dict() if run.link is not None else None,
+        native=_native_facts(run),
     )
     write_report(result, model=run.model, inputs=run.inputs, seconds=seconds)
     if html is not None or bundle is not None:

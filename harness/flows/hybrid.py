@@ -34,6 +34,7 @@ from harness.firmware.boards import Board, load_board
 from harness.firmware.build import build_project
 from harness.firmware.generate import FirmwareFeatures, generate_projects
 from harness.firmware.hybrid_context import HEADER, SOURCE, hybrid_firmware_context, readme_snippet
+from harness.firmware.native.project import NativeOptions
 from harness.flows.capture import flash_and_capture
 from harness.flows.flash_and_compare import flash_and_compare, prepare_out_dir
 from harness.flows.records import FlashAndCompareResult, ProgressFn, Recorder, StageTimeouts, VariantRun
@@ -139,6 +140,7 @@ class _State:
     flash_baud: int | None = None
     limits: StageTimeouts = field(default_factory=StageTimeouts)
     reference: bool = True
+    native: NativeOptions | None = None  # native boards' builds (docs/native.md)
     codes: list[ExitCode] = field(default_factory=list)
     ansi_source: Source | None = None
     ref_source: Source | None = None
@@ -166,6 +168,7 @@ def hybrid(
     progress: ProgressFn | None = None,
     html: str | Path | None = None,
     bundle: str | Path | None = None,
+    native: NativeOptions | None = None,
 ) -> HybridResult:
     """Find the ops to run on ANSI C, verify the hybrid firmware bit for bit, hand over its files.
 
@@ -185,7 +188,7 @@ def hybrid(
     res.mode = "manual" if opts.manual else ("bisect" if opts.bisect else "taps")
     st = _State(Path(model), [Path(p) for p in inputs], info, load_board(board), res, opts,
                 Recorder(progress), input_options, arena_kb, builder, cache_dir, flash_baud,
-                timeouts or StageTimeouts(), reference)  # fmt: skip
+                timeouts or StageTimeouts(), reference, native)  # fmt: skip
     try:
         if _baseline(st, port):
             with _board_lock(st, fresh_sim=port is None):
@@ -206,7 +209,7 @@ def hybrid(
 def _board_lock(st: _State, *, fresh_sim: bool) -> contextlib.AbstractContextManager[Any]:
     """The board's lock for the hybrid runs (the baseline took and released its own); none for a
     simulated board made for this command alone."""
-    if st.res.simulated and fresh_sim:
+    if (st.res.simulated or st.board.is_native) and fresh_sim:
         return contextlib.nullcontext()
     from harness.device.locks import board_lock
     from harness.device.ports import resolve_port
@@ -227,7 +230,7 @@ def _baseline(st: _State, port: str | None) -> bool:
         out_dir=st.out / "baseline",
         input_options=st.input_options, reference=st.reference, builder=st.builder, cache_dir=st.cache_dir,
         flash_baud=st.flash_baud, arena_kb=st.arena_kb, timeouts=st.limits, progress=st.rec.progress,
-        tap=not st.opts.bisect,
+        tap=not st.opts.bisect, native=st.native,
     )  # fmt: skip
     res.baseline, res.board, res.port, res.simulated = base, base.board, base.port, base.simulated
     res.warnings += base.warnings
@@ -362,7 +365,7 @@ def _run_hybrid(st: _State, ansi_ops: Sequence[int], *, tap: bool, label: str) -
         run.project_dir = project.path
         build = rec.run("build", label, lambda: build_project(
             project.path, builder=st.builder, cache_dir=st.cache_dir, log_path=d / "logs" / "build.log",
-            timeout=st.limits.build,
+            timeout=st.limits.build, native=st.native,
         ))  # fmt: skip
     except UsageError:
         raise

@@ -138,6 +138,7 @@ class FlashAndCompareResult:
     espnn: dict[str, Any] | None = None  # how many of the model's ops ESP-NN accelerates on this chip
     dataset: dict[str, Any] | None = None  # --dataset / --random-inputs: per-input verdicts, agreement
     link: dict[str, Any] | None = None  # what crossed the serial link in the resident loop
+    native: dict[str, Any] | None = None  # native board: what the result means, what the programs reported
 
     @property
     def espnn_untested(self) -> bool:

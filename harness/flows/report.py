@@ -30,6 +30,7 @@ def result_dict(
         "verdict": str(result.verdict),
         "exit_code": int(result.exit_code),
         "simulated": result.simulated,
+        "native": result.native,
         "board": result.board,
         "port": result.port,
         "model": str(model),

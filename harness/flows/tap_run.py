@@ -25,6 +25,7 @@ from harness.analysis.tap import (
 from harness.errors import EspCheckError, ExitCode
 from harness.firmware.boards import Board
 from harness.firmware.generate import FirmwareFeatures
+from harness.firmware.native.project import NativeOptions
 from harness.flows.capture import flash_and_capture
 from harness.flows.firmware import prepare_firmware
 from harness.flows.records import VARIANT_ORDER, Recorder, StageTimeouts, VariantRun
@@ -51,6 +52,7 @@ class TapRunRequest:
     flash_baud: int | None = None
     reference: bool = True
     extra_dump_ops: tuple[int, ...] = ()
+    native: NativeOptions | None = None
 
 
 @dataclass
@@ -175,7 +177,7 @@ def _dump_variants(
     fw = prepare_firmware(
         req.model_path, req.input_paths, req.board, dump_dir, rec=rec, input_options=req.input_options,
         arena_kb=req.arena_kb, features=FirmwareFeatures(tap=True, dump_ops=tuple(dump), embed_inputs=False),
-        builder=req.builder, cache_dir=req.cache_dir, timeout=req.limits.build,
+        builder=req.builder, cache_dir=req.cache_dir, timeout=req.limits.build, native=req.native,
     )  # fmt: skip
     streamed = input_tensor_bytes(req.input_paths, req.model.inputs[0], req.input_options)
     for v, exc in fw.failures.items():

@@ -30,6 +30,7 @@ from typing import Any
 from harness.device.labgrid import LabgridClient, PlaceLease
 from harness.device.locks import BoardLock, lock_key
 from harness.errors import BoardBusyError, EspCheckError, ExitCode, PlanError, Verdict, combine_exit_codes
+from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageRecord
 from harness.runner.inventory import BenchBoard, Inventory
 from harness.runner.paths import atomic_write, move_aside, safe_component
@@ -79,6 +80,7 @@ class RunOptions:
     lock_timeout_s: float | None = None  # None: the plan's [run] lock_timeout_s
     cache_dir: Path | None = None
     builder: str | None = None
+    native: NativeOptions | None = None  # native boards' builds (docs/native.md)
     owner: str = ""
     progress: Callable[[str], None] | None = None
     stop: threading.Event | None = None
@@ -532,6 +534,7 @@ class Runner:
                 builder=self.opt.builder,
                 cache_dir=self.opt.cache_dir,
                 timeout=t.job.timeouts.build,
+                native=self.opt.native,
             )
             for exc in fw.failures.values():
                 raise exc

@@ -344,6 +344,8 @@ def _reach(p: Path, where: str, tab: dict[str, Any], board: Any) -> tuple[str, s
     value = value.strip()
     if key == "port":
         _check_port_url(p, where, value, board, tab["type"])
+    if board.is_native and not (key == "port" and value.lower().startswith("native://")):
+        raise _err(p, where, key, "must be a native://NAME port for a native board type")
     if board.simulated and not ((key == "port" and "://" in value) or key == "place"):
         raise _err(
             p, where, key,
@@ -358,13 +360,23 @@ def _check_port_url(p: Path, where: str, value: str, board: Any, btype: str) -> 
     if "://" not in value:
         return
     scheme = value.split("://", 1)[0].lower()
-    if scheme not in ("rfc2217", "socket", "sim"):
+    if scheme not in ("rfc2217", "socket", "sim", "native"):
         raise _err(
             p,
             where,
             "port",
             f"uses unsupported URL scheme {scheme}://",
-            "use rfc2217://, socket:// or sim://",
+            "use rfc2217://, socket://, sim:// or native://",
+        )
+    if (scheme == "native") != board.is_native:
+        native = scheme == "native"
+        raise _err(
+            p,
+            where,
+            "port",
+            f"is {'a' if native else 'not a'} native:// URL but board type {btype} is "
+            f"{'not ' if native else ''}a native board",
+            "a native board (builder = native) runs on a native://NAME port, and only there",
         )
     if scheme == "sim" and not board.simulated:
         raise _err(p, where, "port", f"is a sim:// URL but board type {btype} is not simulated")

@@ -149,6 +149,7 @@ def summary_dict(result: RunResult, schema_version: int | None = None) -> dict[s
         "verdict": str(result.verdict),
         "interrupted": result.interrupted,
         "simulated": any(b.bench.simulated for b in result.boards),
+        "native": any(b.bench.board.is_native for b in result.boards),
         "counts": _counts(result, tasks),
         "boards": [
             {
@@ -267,6 +268,8 @@ def _suite(root: ET.Element, name: str, result: RunResult) -> ET.Element:
     ET.SubElement(props, "property", name="esp_check_version", value=__version__)
     simulated = any(b.bench.simulated for b in result.boards)
     ET.SubElement(props, "property", name="simulated", value=str(simulated).lower())
+    native = any(b.bench.board.is_native for b in result.boards)
+    ET.SubElement(props, "property", name="native", value=str(native).lower())
     return suite
 
 
@@ -319,7 +322,9 @@ def markdown(result: RunResult) -> str:
         "",
         f"Plan `{_md(doc['plan'])}` on `{_md(doc['inventory'])}` — {c['tasks']} tasks, "
         f"{c['attempts']} attempts ({c['retries']} retries), {doc['seconds']:.0f} s"
-        + (" — **simulated boards**" if doc["simulated"] else ""),
+        + (" — **simulated boards**" if doc["simulated"] else "")
+        + (" — **NATIVE boards** (firmware built for the PC: generic ESP-NN C kernels, no chip)"
+           if doc.get("native") else ""),
         "",
         "| testcases | passed | failures | errors |",
         "|---:|---:|---:|---:|",

@@ -1,0 +1,1 @@
+"""The native target: the generated firmware built for the PC with the ESP-IDF stand-ins (docs/native.md)."""

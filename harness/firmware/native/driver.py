@@ -1,0 +1,236 @@
+"""Build a main component and its component sources into a host program, with the ESP-IDF stand-ins.
+
+The components' own ``CMakeLists.txt`` files are built by real CMake through the build-system
+stand-in (``standins/idf_standins.cmake``), the way ESP-IDF builds them. One CMake build tree per
+**library key** lives in the cache (``<cache>/native/trees/<key>``): the key covers the component
+sources (content hashes), the generated ``sdkconfig.h``, the ESP-IDF version the project pins, the
+stand-ins, the compiler identity and every flag (word size, sanitizers). The main component is
+swapped into that tree per build, so a second model on the same tree compiles only its own
+``main/`` sources (the first build of esp-tflite-micro takes minutes). One lock per tree serializes
+builds that share it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from harness.errors import BuildError
+from harness.firmware.native.components import ComponentSource, tree_sha256
+from harness.firmware.native.config import idf_api_h, sdkconfig_cmake, sdkconfig_h
+from harness.firmware.native.toolchain import Toolchain
+from harness.firmware.toolrun import OutputCallback, run_streaming
+
+STANDINS_DIR = Path(__file__).resolve().parent / "standins"
+TREE_FORMAT = 1
+PROGRAM = "esp_check_native_app"
+_ERROR_LINE = re.compile(
+    r"\berror:|^FAILED:|CMake Error|undefined reference|ld returned|\*\*\* \[|ninja: build stopped|"
+    r"cannot find -l|fatal error"
+)
+
+
+@dataclass(frozen=True)
+class NativeProgram:
+    """A built host program and what it was built from."""
+
+    path: Path
+    key: str
+    tree: Path
+    toolchain: Toolchain
+    components: tuple[ComponentSource, ...]
+    reused_tree: bool  # the libraries were already built in this tree (only main/ compiled)
+    seconds: float
+
+    def describe(self) -> dict[str, Any]:
+        """Provenance for manifests and reports."""
+        return {
+            "key": self.key,
+            "host": self.toolchain.machine,
+            "bits": self.toolchain.bits,
+            "sanitize": self.toolchain.sanitize_label,
+            "compiler": self.toolchain.version,
+            "cxx_flags": self.toolchain.cxx_flags,
+            "components": [c.describe() for c in self.components],
+        }
+
+
+def standins_sha256() -> str:
+    """Content hash of what is compiled from the stand-ins (headers, sources, CMake files): a new
+    esp-check with different stand-ins gets new trees; their README does not count."""
+    h = hashlib.sha256()
+    for rel in ("CMakeLists.txt", "idf_standins.cmake", "include", "src"):
+        h.update(
+            rel.encode() + b"\0" + tree_sha256(STANDINS_DIR / rel).encode()
+            if (STANDINS_DIR / rel).is_dir()
+            else rel.encode() + b"\0" + hashlib.sha256((STANDINS_DIR / rel).read_bytes()).digest()
+        )
+    return h.hexdigest()
+
+
+def tree_key(
+    components: Sequence[ComponentSource], config: Mapping[str, str], idf_version: str, toolchain: Toolchain
+) -> str:
+    """The library key: everything that changes the compiled components, and nothing of main/."""
+    if any(not c.sha256 for c in components):
+        raise ValueError("components must be snapshotted (content-hashed) before they are keyed")
+    material = {
+        "format": TREE_FORMAT,
+        "standins": standins_sha256(),
+        "toolchain": toolchain.identity(),
+        "config": dict(config),
+        "idf_version": idf_version,
+        "components": [[c.name, c.sha256] for c in components],
+    }
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return  # unchanged: keep the mtime, so nothing that includes it rebuilds
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def configure_command(
+    tc: Toolchain,
+    tree: Path,
+    main_dir: Path,
+    components: Sequence[ComponentSource],
+    dependencies_lock: Path | None = None,
+) -> list[str]:
+    """The ``cmake`` configure argument list for one tree (no shell; lists joined with ``;``).
+
+    ``dependencies_lock``: the component manager's lock the components came from (main's CMakeLists
+    reads the versions there first, as in ESP-IDF)."""
+    comps = ";".join(f"{c.name}={c.path}" for c in components)
+    return [
+        tc.cmake,
+        "-S",
+        str(STANDINS_DIR),
+        "-B",
+        str(tree / "build"),
+        "-G",
+        tc.generator,
+        f"-DCMAKE_C_COMPILER={tc.cc}",
+        f"-DCMAKE_CXX_COMPILER={tc.cxx}",
+        f"-DCMAKE_C_FLAGS={' '.join(tc.common_flags)}",
+        f"-DCMAKE_CXX_FLAGS={' '.join(tc.cxx_flags)}",
+        f"-DCMAKE_EXE_LINKER_FLAGS={' '.join(tc.common_flags)}",
+        "-DCMAKE_BUILD_TYPE=",
+        f"-DESP_CHECK_CONFIG_DIR={tree / 'config'}",
+        f"-DESP_CHECK_COMPONENTS={comps}",
+        f"-DESP_CHECK_MAIN_DIR={main_dir}",
+        f"-DESP_CHECK_PROJECT_DIR={main_dir.parent}",
+        f"-DESP_CHECK_DEPENDENCIES_LOCK={dependencies_lock or ''}",
+        f"-DESP_CHECK_NATIVE_HOST={tc.machine}",
+        f"-DESP_CHECK_NATIVE_SANITIZE={tc.sanitize_label}",
+    ]
+
+
+def build_command(tc: Toolchain, tree: Path, jobs: int) -> list[str]:
+    return [tc.cmake, "--build", str(tree / "build"), "--target", PROGRAM, "--parallel", str(jobs)]
+
+
+def build_program(
+    main_dir: Path,
+    components: Sequence[ComponentSource],
+    config: Mapping[str, str],
+    toolchain: Toolchain,
+    *,
+    root: Path,
+    out: Path,
+    idf_version: str,
+    log_path: Path,
+    on_output: OutputCallback | None = None,
+    timeout: float | None = None,
+    jobs: int | None = None,
+    env: Mapping[str, str] | None = None,
+    dependencies_lock: Path | None = None,
+) -> NativeProgram:
+    """Build ``main_dir`` (a component directory with ``app_main``) with ``components`` into ``out``.
+
+    ``components`` must come from :func:`~harness.firmware.native.components.snapshot`. BuildError
+    (exit 3) with the compiler's errors and the log path when CMake or the compiler fails.
+    """
+    t0 = time.monotonic()
+    for path in (main_dir, root, *(c.path for c in components)):
+        if any(ch in str(path) for ch in ';"$'):  # CMake list separator / quoting
+            raise BuildError(
+                f"the native build cannot use the path {path}: it contains ';', '\"' or '$'",
+                hint="use --cache-dir / --out / --components-dir paths without those characters",
+            )
+    key = tree_key(components, config, idf_version, toolchain)
+    tree = root / "trees" / key[:32]
+    tree.mkdir(parents=True, exist_ok=True)
+    run_env = dict(os.environ if env is None else env)
+    n_jobs = jobs or os.cpu_count() or 2
+    with filelock.FileLock(str(tree / "tree.lock"), timeout=7200):
+        reused = (tree / "built").is_file()
+        _write_if_changed(tree / "config" / "sdkconfig.h", sdkconfig_h(config))
+        _write_if_changed(tree / "config" / "sdkconfig.cmake", sdkconfig_cmake(config, idf_version))
+        _write_if_changed(tree / "config" / "esp_check_idf_api.h", idf_api_h(idf_version))
+        _write_if_changed(
+            tree / "esp-check-tree.json",
+            json.dumps(
+                {
+                    "key": key,
+                    "toolchain": toolchain.identity(),
+                    "components": [c.describe() for c in components],
+                    "idf_version": idf_version,
+                },
+                indent=2,
+            )
+            + "\n",
+        )
+        what = ", ".join(f"{c.name} {c.version or '(no version)'}" for c in components)
+        with log_path.open("a", encoding="utf-8") as log:
+            state = "libraries already built, compiling main/" if reused else f"first build: compiling {what}"
+            log.write(f"native: tree {tree} ({state})\n")
+        for argv in (
+            configure_command(toolchain, tree, main_dir.resolve(), components, dependencies_lock),
+            build_command(toolchain, tree, n_jobs),
+        ):
+            rc, tail = run_streaming(
+                argv, cwd=tree, env=run_env, log_path=log_path, on_output=on_output, timeout=timeout
+            )
+            if rc != 0:
+                raise _failed(argv, rc, tail, log_path)
+        built = tree / "build" / PROGRAM
+        if not built.is_file():
+            raise BuildError(f"the native build finished but {built} is missing", hint=f"see {log_path}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.copy2(built, tmp)
+        tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR)
+        tmp.replace(out)
+        (tree / "built").write_text(key + "\n", encoding="utf-8")
+    return NativeProgram(out, key, tree, toolchain, tuple(components), reused, time.monotonic() - t0)
+
+
+def _failed(argv: Sequence[str], rc: int, tail: Sequence[str], log_path: Path) -> BuildError:
+    step = (
+        "CMake could not configure the native build" if "--build" not in argv else "the native build failed"
+    )
+    errors = [ln for ln in tail if _ERROR_LINE.search(ln)]
+    shown = "\n".join("  " + ln[:300] for ln in (errors or [ln for ln in tail if ln.strip()])[-12:])
+    return BuildError(
+        f"{step} (exit code {rc}):\n{shown}\nFull log: {log_path}",
+        hint="the component sources or the host compiler rejected something; a component that needs "
+        "ESP-IDF APIs beyond the stand-ins (docs/native.md) cannot build natively",
+    )

@@ -1,0 +1,8 @@
+/* ESP-IDF STAND-IN for esp-check's native target (not ESP-IDF / FreeRTOS): tick type and rate. */
+#pragma once
+#include <stdint.h>
+typedef uint32_t TickType_t;
+typedef int BaseType_t;
+#define configTICK_RATE_HZ 1000
+#define portTICK_PERIOD_MS (1000 / configTICK_RATE_HZ)
+#define pdMS_TO_TICKS(ms) ((TickType_t)(((uint64_t)(ms) * configTICK_RATE_HZ) / 1000))

@@ -1,0 +1,289 @@
+"""The native build's pieces: the Kconfig stand-in, the toolchain flags, the command lines, the cache keys,
+finding and snapshotting component sources, and the ESP-IDF component manager's download path.
+
+What is real: the host compiler (toolchain probe), the ESP-IDF component manager (its own
+``prepare_dependencies`` entry point and its ``compote component pack``) run as subprocesses, a local
+component mirror in the layout ``compote registry sync`` writes. What is faked: nothing is faked; the
+registry is simply unreachable (a closed local port), as it is in CI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from native_fixture import COMPONENTS, make_mirror
+
+from harness.errors import BuildError, ExitCode
+from harness.firmware.native import components as comps
+from harness.firmware.native.config import parse_defaults, resolve, sdkconfig_cmake, sdkconfig_h
+from harness.firmware.native.driver import build_command, configure_command, tree_key
+from harness.firmware.native.toolchain import Toolchain, find_toolchain
+from harness.firmware.toolrun import run_streaming
+
+DEFAULTS = """# comment
+CONFIG_IDF_TARGET="esp32"
+CONFIG_NN_ANSI_C=y
+CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_240=y
+CONFIG_ESP_MAIN_TASK_STACK_SIZE=16384
+CONFIG_PARTITION_TABLE_OFFSET=0x8000
+# CONFIG_ESP_TASK_WDT_CHECK_IDLE_TASK_CPU0 is not set
+CONFIG_PARTITION_TABLE_CUSTOM_FILENAME="partitions.csv"
+"""
+
+
+def test_kconfig_standin_derives_what_kconfig_would() -> None:
+    cfg = resolve(parse_defaults(DEFAULTS))
+    assert cfg["CONFIG_IDF_TARGET_ESP32"] == "y"
+    assert cfg["CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ"] == "240"
+    assert cfg["CONFIG_NN_ANSI_C"] == "y" and "CONFIG_NN_OPTIMIZED" not in cfg
+    assert cfg["CONFIG_NN_OPTIMIZATIONS"] == "0"
+    assert "CONFIG_ESP_TASK_WDT_CHECK_IDLE_TASK_CPU0" not in cfg  # "is not set" is not defined
+    h = sdkconfig_h(cfg)
+    assert "#define CONFIG_NN_ANSI_C 1\n" in h and '#define CONFIG_IDF_TARGET "esp32"\n' in h
+    assert "#define CONFIG_PARTITION_TABLE_OFFSET 0x8000\n" in h
+    assert '#define CONFIG_PARTITION_TABLE_CUSTOM_FILENAME "partitions.csv"\n' in h
+    cm = sdkconfig_cmake(cfg, "5.5.3")
+    assert 'set(CONFIG_IDF_TARGET_ESP32 "y")' in cm and "set(IDF_VERSION_MAJOR 5)" in cm
+    assert "set(IDF_VERSION_MINOR 5)" in cm and 'set(IDF_TARGET "esp32")' in cm
+
+
+def test_esp_nn_default_choice_is_optimized_and_both_is_refused() -> None:
+    cfg = resolve({"CONFIG_IDF_TARGET": '"esp32c3"'})
+    assert (
+        cfg["CONFIG_NN_OPTIMIZED"] == "y" and cfg["CONFIG_NN_OPTIMIZATIONS"] == "1"
+    )  # esp-nn's Kconfig default
+    assert cfg["CONFIG_IDF_TARGET_ESP32C3"] == "y"
+    with pytest.raises(BuildError, match="both"):
+        resolve({"CONFIG_IDF_TARGET": '"esp32"', "CONFIG_NN_OPTIMIZED": "y", "CONFIG_NN_ANSI_C": "y"})
+    with pytest.raises(BuildError, match="CONFIG_IDF_TARGET"):
+        resolve({"CONFIG_NN_OPTIMIZED": "y"})
+
+
+def test_string_values_are_escaped_for_c_and_cmake() -> None:
+    cfg = {"CONFIG_IDF_TARGET": '"esp32"', "CONFIG_X": '"a\\"b;$c"'}
+    cfg = resolve(cfg)
+    assert '#define CONFIG_X "a\\\\\\"b;$c"' in sdkconfig_h(cfg)  # backslash and quote escaped in C
+    assert 'set(CONFIG_X "a\\\\\\"b\\;\\$c")' in sdkconfig_cmake(cfg, "5.1")  # and ; $ for CMake
+    with pytest.raises(BuildError, match="printable"):
+        sdkconfig_h({"CONFIG_Y": '"\x01"'})
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=400))
+def test_parse_defaults_never_crashes_on_garbage(text: str) -> None:
+    try:
+        out = parse_defaults(text)
+    except BuildError as exc:
+        assert exc.exit_code == ExitCode.INFRASTRUCTURE
+        return
+    assert all(k.startswith("CONFIG_") for k in out)
+
+
+TC = Toolchain("/usr/bin/cc", "/usr/bin/c++", "/usr/bin/cmake", "Ninja", "gcc 12", "x86_64-linux-gnu", 64)
+
+
+def test_flags_for_word_size_and_sanitizers() -> None:
+    assert TC.common_flags == ["-m64", "-O2"]
+    assert TC.cxx_flags == ["-m64", "-O2", "-fno-exceptions", "-fno-rtti"]
+    san = dataclasses.replace(TC, bits=32, sanitize=("address", "undefined"))
+    assert san.common_flags[:2] == ["-m32", "-O2"]
+    assert "-fsanitize=address,undefined" in san.common_flags
+    assert "-fno-sanitize-recover=all" in san.common_flags  # the first report ends the program
+    assert "-fno-sanitize=shift-base" in san.common_flags  # GCC defines it; esp-nn relies on it
+    assert san.sanitize_label == "address+undefined" and TC.sanitize_label == "none"
+
+
+def _component(tmp: Path, name: str, text: str = "x") -> comps.ComponentSource:
+    d = tmp / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "CMakeLists.txt").write_text(text)
+    return comps.ComponentSource(name, d, "1.0", "components-dir", comps.tree_sha256(d))
+
+
+def test_library_key_covers_sources_config_compiler_flags_and_idf_version(tmp_path: Path) -> None:
+    a = _component(tmp_path, "a")
+    cfg = resolve(parse_defaults(DEFAULTS))
+    base = tree_key([a], cfg, "5.5.3", TC)
+    assert tree_key([a], cfg, "5.5.3", TC) == base
+    changed = [
+        tree_key([_component(tmp_path / "2", "a", "y")], cfg, "5.5.3", TC),  # component content
+        tree_key([a], {**cfg, "CONFIG_NN_OPTIMIZED": "y"}, "5.5.3", TC),  # configuration (variant)
+        tree_key([a], cfg, "5.1.0", TC),  # pinned ESP-IDF version (component CMake branches)
+        tree_key([a], cfg, "5.5.3", dataclasses.replace(TC, bits=32)),  # word size
+        tree_key([a], cfg, "5.5.3", dataclasses.replace(TC, sanitize=("address", "undefined"))),
+        tree_key([a], cfg, "5.5.3", dataclasses.replace(TC, version="gcc 13")),  # compiler identity
+        tree_key([a], cfg, "5.5.3", dataclasses.replace(TC, cxx="/usr/bin/clang++")),
+    ]
+    assert len({base, *changed}) == len(changed) + 1
+    with pytest.raises(ValueError, match="snapshot"):
+        tree_key([dataclasses.replace(a, sha256="")], cfg, "5.5.3", TC)
+
+
+def test_command_lines_are_argument_lists(tmp_path: Path) -> None:
+    a = _component(tmp_path, "espressif__esp-nn")
+    b = _component(tmp_path, "espressif__esp-tflite-micro")
+    argv = configure_command(dataclasses.replace(TC, bits=32), tmp_path / "tree", tmp_path / "main", [a, b])
+    assert argv[:2] == ["/usr/bin/cmake", "-S"] and "-G" in argv and argv[argv.index("-G") + 1] == "Ninja"
+    assert f"-DESP_CHECK_COMPONENTS=espressif__esp-nn={a.path};espressif__esp-tflite-micro={b.path}" in argv
+    assert "-DCMAKE_C_FLAGS=-m32 -O2" in argv and "-DCMAKE_EXE_LINKER_FLAGS=-m32 -O2" in argv
+    assert f"-DESP_CHECK_MAIN_DIR={tmp_path / 'main'}" in argv
+    assert "-DESP_CHECK_NATIVE_HOST=x86_64-linux-gnu" in argv and "-DESP_CHECK_NATIVE_SANITIZE=none" in argv
+    assert build_command(TC, tmp_path / "tree", 3) == [
+        "/usr/bin/cmake", "--build", str(tmp_path / "tree" / "build"), "--target", "esp_check_native_app",
+        "--parallel", "3",
+    ]  # fmt: skip
+
+
+@pytest.mark.needs_cc
+def test_toolchain_probe_links_a_program_or_explains(tmp_path: Path) -> None:
+    if shutil.which("cmake") is None or shutil.which("cc") is None or shutil.which("c++") is None:
+        pytest.skip("no cmake or no host compiler")
+    tc = find_toolchain(64, False)
+    assert tc.bits == 64 and tc.machine and tc.generator in ("Ninja", "Unix Makefiles")
+    assert tc.version.count(" / ") == 1  # C and C++ compiler identities, both in the cache key
+    only_compilers = tmp_path / "bin"
+    only_compilers.mkdir()
+    for tool in ("cc", "c++", "as", "ld"):
+        found = shutil.which(tool)
+        if found:
+            (only_compilers / tool).symlink_to(found)
+    with pytest.raises(BuildError, match="CMake is not installed") as exc:
+        find_toolchain(64, False, env={"PATH": str(only_compilers)})
+    assert exc.value.hint and "cmake" in exc.value.hint
+
+
+def test_missing_compiler_or_cmake_is_an_infrastructure_error(tmp_path: Path) -> None:
+    with pytest.raises(BuildError) as exc:
+        find_toolchain(64, False, env={"PATH": str(tmp_path)})
+    assert exc.value.exit_code == ExitCode.INFRASTRUCTURE and "compiler" in str(exc.value)
+    assert exc.value.hint and "install" in exc.value.hint
+    with pytest.raises(BuildError, match="32- or 64-bit"):
+        find_toolchain(16, False)
+
+
+def test_find_components_by_short_name_build_name_or_managed_components(tmp_path: Path) -> None:
+    found = comps.find_components(COMPONENTS)
+    assert [c.name for c in found] == ["espressif__esp-nn", "espressif__esp-tflite-micro"]
+    assert [c.version for c in found] == ["0.0.1", "0.0.1"] and {c.origin for c in found} == {
+        "components-dir"
+    }
+    project = tmp_path / "proj"
+    shutil.copytree(COMPONENTS / "esp-nn", project / "managed_components" / "espressif__esp-nn")
+    shutil.copytree(
+        COMPONENTS / "esp-tflite-micro", project / "managed_components" / "espressif__esp-tflite-micro"
+    )
+    assert [c.path.name for c in comps.find_components(project)] == [
+        "espressif__esp-nn",
+        "espressif__esp-tflite-micro",
+    ]
+    (tmp_path / "only" / "esp-nn").mkdir(parents=True)
+    (tmp_path / "only" / "esp-nn" / "CMakeLists.txt").write_text("")
+    with pytest.raises(BuildError, match=r"esp-tflite-micro.*found: esp-nn") as exc:
+        comps.find_components(tmp_path / "only")
+    assert exc.value.hint and "--components-dir" in exc.value.hint
+    with pytest.raises(BuildError, match="not a directory"):
+        comps.find_components(tmp_path / "missing")
+
+
+def test_version_is_read_from_the_manifest_or_none(tmp_path: Path) -> None:
+    (tmp_path / "idf_component.yml").write_text('description: x\nversion: "1.3.8"\n')
+    assert comps.component_version(tmp_path) == "1.3.8"
+    (tmp_path / "idf_component.yml").write_text("description: a git checkout has no version line\n")
+    assert comps.component_version(tmp_path) is None
+
+
+def test_snapshot_copies_by_content_once_and_skips_vcs(tmp_path: Path) -> None:
+    src = tmp_path / "esp-nn"
+    shutil.copytree(COMPONENTS / "esp-nn", src)
+    (src / ".git").mkdir()
+    (src / ".git" / "HEAD").write_text("ref")
+    before = comps.tree_sha256(src)
+    (src / ".git" / "HEAD").write_text("other ref")  # VCS state is not a source
+    assert comps.tree_sha256(src) == before
+    comp = comps.ComponentSource("espressif__esp-nn", src, "0.0.1", "components-dir")
+    (snap,) = comps.snapshot([comp], tmp_path / "root")
+    assert snap.sha256 == before and snap.path != src and not (snap.path / ".git").exists()
+    assert comps.tree_sha256(snap.path) == before
+    (src / "src" / "pooling" / "esp_nn_max_pool_opt.c").write_text("/* edited */\n")
+    (snap2,) = comps.snapshot([comp], tmp_path / "root")
+    assert snap2.path != snap.path and snap.path.is_dir()  # new content, new snapshot; the old one stays
+
+
+def test_component_manager_command_is_the_one_esp_idf_runs(tmp_path: Path) -> None:
+    argv = comps.component_manager_command(tmp_path / "p", tmp_path / "b")
+    assert argv[1:3] == ["-m", "idf_component_manager.prepare_components"]
+    assert "prepare_dependencies" in argv and "--managed_components_list_file" in argv
+    env = comps.component_manager_env({"PATH": "/bin"}, tmp_path, "5.5.3", "esp32")
+    assert env["IDF_VERSION"] == "5.5.3" and env["IDF_TARGET"] == "esp32" and Path(env["IDF_PATH"]).is_dir()
+    assert (
+        comps.component_manager_env({"IDF_PATH": "/opt/idf"}, tmp_path, "5.5.3", "esp32")["IDF_PATH"]
+        == "/opt/idf"
+    )
+
+
+MAIN_MANIFEST = """dependencies:
+  idf:
+    version: ">=5.1"
+  espressif/esp-tflite-micro:
+    version: "==0.0.1"
+  espressif/esp-nn:
+    version: "==0.0.1"
+"""
+
+
+def _download(tmp_path: Path, extra_env: dict[str, str]) -> list[comps.ComponentSource]:
+    pytest.importorskip("idf_component_manager")
+    manifest = tmp_path / "main" / "idf_component.yml"
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(MAIN_MANIFEST)
+    log = tmp_path / "build.log"
+    env = {
+        **os.environ,
+        "IDF_COMPONENT_REGISTRY_URL": "http://127.0.0.1:9",  # no registry here (closed port), as in CI
+        "IDF_COMPONENT_CACHE_PATH": str(tmp_path / "cm-cache"),
+        **extra_env,
+    }
+    if "IDF_COMPONENT_LOCAL_STORAGE_URL" not in extra_env:
+        env.pop("IDF_COMPONENT_LOCAL_STORAGE_URL", None)  # no mirror the user may have configured
+
+    def run(argv: list[str], cwd: Path, e: dict[str, str]) -> tuple[int, list[str]]:
+        return run_streaming(argv, cwd=cwd, env=e, log_path=log, on_output=None, timeout=300)
+
+    return comps.download_components(
+        manifest, tmp_path / "root", idf_version="5.5.3", target="esp32", run=run, env=env
+    )
+
+
+def test_download_without_registry_fails_at_the_registry_call_with_a_hint(tmp_path: Path) -> None:
+    with pytest.raises(BuildError) as exc:
+        _download(tmp_path, {})
+    assert exc.value.exit_code == ExitCode.INFRASTRUCTURE
+    assert "component manager could not provide" in str(exc.value)
+    assert "connection" in str(exc.value).lower()  # the component manager's own words about the registry
+    assert (
+        exc.value.hint and "--components-dir" in exc.value.hint and "compote registry sync" in exc.value.hint
+    )
+
+
+def test_download_from_a_local_mirror_gives_the_pinned_components(tmp_path: Path) -> None:
+    pytest.importorskip("idf_component_manager")
+    (tmp_path / "pack").mkdir()
+    mirror = make_mirror(tmp_path / "mirror", tmp_path / "pack")
+    got = _download(tmp_path, {"IDF_COMPONENT_LOCAL_STORAGE_URL": mirror.as_uri()})
+    assert [(c.name, c.version, c.origin) for c in got] == [
+        ("espressif__esp-nn", "0.0.1", "component-manager"),
+        ("espressif__esp-tflite-micro", "0.0.1", "component-manager"),
+    ]
+    for c in got:  # the same sources as the fixture tree the mirror was packed from
+        short = comps.FIRMWARE_COMPONENTS[c.name]
+        assert (c.path / "CMakeLists.txt").read_text() == (COMPONENTS / short / "CMakeLists.txt").read_text()
+    lock = got[0].path.parents[1] / "dependencies.lock"
+    assert "espressif/esp-tflite-micro" in lock.read_text()
+    # a second resolution of the same pins reuses the download (no component manager run)
+    assert _download(tmp_path, {"IDF_COMPONENT_LOCAL_STORAGE_URL": "file:///nonexistent"}) == got

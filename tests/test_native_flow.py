@@ -1,0 +1,235 @@
+"""The native target end to end against the stand-in component tree (tests/data/native_components).
+
+What is real: the generated firmware (app_main.cc, the C emitter), the native driver running real CMake
+and the host compiler over the components' own CMakeLists.txt, the ESP-IDF stand-ins, the native://
+port running the program, the console capture, parser, classifier, comparison, --tap analysis, the
+host TFLM reference, the runner and the reports. What is faked: the component sources are a labelled
+TEST FIXTURE (same layout and entry points as esp-tflite-micro and esp-nn, trivial kernels), since CI
+has no upstream sources; faults are injected into its optimized kernel on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+from native_fixture import COMPONENTS, faulty_components, make_mirror, write_input, write_model
+
+from harness.cli import main
+from harness.errors import ExitCode
+from harness.firmware.build import build_project
+from harness.firmware.generate import generate_projects, read_manifest
+from harness.firmware.native.project import NativeOptions
+from harness.flows.flash_and_compare import flash_and_compare
+from harness.protocol.capture import parse_capture
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.needs_cc,
+    pytest.mark.skipif(
+        shutil.which("cmake") is None or shutil.which("c++") is None,
+        reason="needs cmake and a host C++ compiler",
+    ),
+]
+SCHEMA = json.loads((ROOT / "docs" / "flash-and-compare-schema.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("native-flow")
+    write_model(d / "pool.tflite")
+    write_input(d / "in0.npy", seed=7)
+    write_input(d / "in1.npy", seed=8)
+    (d / "cache").mkdir()
+    return d
+
+
+def _run(work: Path, out: str, components: Path = COMPONENTS, **kw: object) -> object:
+    native = NativeOptions(components_dir=components, sanitize=bool(kw.pop("sanitize", False)))
+    return flash_and_compare(
+        work / "pool.tflite",
+        [work / "in0.npy"],
+        board=str(kw.pop("board", "native-esp32")),
+        out_dir=work / out,
+        cache_dir=work / "cache",
+        native=native,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _has_m32() -> bool:
+    probe = subprocess.run(
+        ["c++", "-m32", "-x", "c++", "-", "-o", "/dev/null"], input=b"int main(){}", capture_output=True
+    )
+    return probe.returncode == 0
+
+
+def test_fixture_firmware_matches_the_host_reference_and_says_native(work: Path) -> None:
+    res = _run(work, "match", html=work / "match.html")
+    assert res.exit_code == ExitCode.MATCH, res.errors  # type: ignore[attr-defined]
+    assert "NATIVE: the generated firmware compiled for this PC" in (work / "match.html").read_text()
+    doc = json.loads((work / "match" / "report.json").read_text())
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["simulated"] is False and doc["native"]["bits"] == 64
+    assert "generic C kernels" in doc["native"]["meaning"] and "S3/P4 assembly" in doc["native"]["meaning"]
+    for v in ("optimized", "ansi"):
+        reported = doc["native"]["reported"][v]
+        assert reported["native_bits"] == "64" and reported["native_sanitize"] == "none"
+        assert reported["tflm"] == "0.0.1" and reported["idf"] == "native-standins-1"
+        assert reported["tflm_from"] == "manifest"  # --components-dir: the component's own version line
+        assert doc["variants"][v]["flash"]["chip"] == "native" and doc["variants"][v]["capture_valid"]
+    assert {s["label"] for s in doc["comparison"]["sources"]} == {"optimized", "ansi", "reference"}
+    assert (
+        doc["variants"]["optimized"]["nn_mode"] == "optimized"
+        and doc["variants"]["ansi"]["nn_mode"] == "ansi_c"
+    )
+    log = (work / "match" / "logs" / "build-optimized.log").read_text()
+    assert "the project pins 1.3.8" in log  # fixture 0.0.1 built where 1.3.8 is pinned: said, not hidden
+    again = _run(work, "match-again")
+    assert again.exit_code == ExitCode.MATCH  # type: ignore[attr-defined]
+    assert all(r.build_cache_hit for r in again.variants.values())  # type: ignore[attr-defined]
+
+
+def test_a_second_model_reuses_the_compiled_libraries(work: Path, tmp_path: Path) -> None:
+    _run(work, "warm")  # the trees exist (or are made here)
+    projects = generate_projects(
+        work / "pool.tflite", [work / "in1.npy"], "native-esp32", out_dir=tmp_path / "p"
+    )
+    res = build_project(
+        projects[0].path, cache_dir=work / "cache", native=NativeOptions(components_dir=COMPONENTS)
+    )
+    info = json.loads(res.flasher_args.read_text())
+    assert res.builder == "native" and not res.cache_hit and info["reused_libraries"] is True
+    assert "libraries already built, compiling main/" in res.log_path.read_text()  # type: ignore[union-attr]
+    assert res.app_bin.stat().st_mode & 0o111 and res.artifacts[0].offset == 0
+    resolved = read_manifest(projects[0].path)["resolved"]
+    assert resolved["native"] and resolved["components"] == {
+        "espressif/esp-nn": "0.0.1",
+        "espressif/esp-tflite-micro": "0.0.1",
+    }
+
+
+def test_an_optimized_kernel_off_by_one_is_a_mismatch_and_tap_names_the_op(
+    work: Path, tmp_path: Path
+) -> None:
+    comps = faulty_components(tmp_path / "comps", "off_by_one")
+    res = _run(work, "offbyone", comps, tap=True)
+    assert res.exit_code == ExitCode.MISMATCH  # type: ignore[attr-defined]
+    culprit = res.tap.culprit  # type: ignore[attr-defined]
+    assert culprit is not None and culprit.op == 0 and culprit.opcode == "MAX_POOL_2D"
+
+
+def test_a_scratch_overrun_under_the_sanitizer_is_a_firmware_fault(work: Path, tmp_path: Path) -> None:
+    comps = faulty_components(tmp_path / "comps", "scratch_overrun")
+    plain = _run(work, "overrun-plain", comps)
+    assert plain.exit_code == ExitCode.MATCH  # type: ignore[attr-defined]  # invisible without a sanitizer
+    res = _run(work, "overrun", comps, sanitize=True)
+    assert res.exit_code == ExitCode.FIRMWARE_FAULT  # type: ignore[attr-defined]
+    doc = json.loads((work / "overrun" / "report.json").read_text())
+    jsonschema.validate(doc, SCHEMA)
+    (finding,) = [f for f in doc["variants"]["optimized"]["findings"] if f["kind"] == "sanitizer"]
+    assert finding["details"]["error"] == "heap-buffer-overflow"
+    assert finding["details"]["access"].startswith("WRITE of size 1")
+    assert finding["details"]["frames"][0].startswith("esp_nn_max_pool_s8_opt")
+    assert "esp_nn_max_pool_opt.c" in finding["message"]
+    assert doc["native"]["reported"]["ansi"]["native_sanitize"] == "address+undefined"
+    assert doc["variants"]["ansi"]["findings"] == [] and doc["variants"]["ansi"]["capture_valid"]
+
+
+def test_undefined_behaviour_under_the_sanitizer_is_a_firmware_fault(work: Path, tmp_path: Path) -> None:
+    comps = faulty_components(tmp_path / "comps", "signed_overflow")
+    res = _run(work, "ubsan", comps, sanitize=True)
+    assert res.exit_code == ExitCode.FIRMWARE_FAULT  # type: ignore[attr-defined]
+    findings = res.variants["optimized"].findings  # type: ignore[attr-defined]
+    (f,) = [f for f in findings if f["kind"] == "sanitizer"]
+    assert f["details"]["sanitizer"] == "UndefinedBehaviorSanitizer"
+    assert "signed integer overflow" in f["details"]["error"]
+    assert (
+        f["details"]["location"].endswith("esp_nn_max_pool_opt.c:36")
+        or "esp_nn_max_pool_opt.c" in f["message"]
+    )
+
+
+def test_a_crash_without_sanitizer_is_a_firmware_fault_named_by_its_signal(
+    work: Path, tmp_path: Path
+) -> None:
+    comps = faulty_components(tmp_path / "comps", "segfault")
+    res = _run(work, "segv", comps)
+    assert res.exit_code == ExitCode.FIRMWARE_FAULT  # type: ignore[attr-defined]
+    kinds = [f["kind"] for f in res.variants["optimized"].findings]  # type: ignore[attr-defined]
+    assert kinds[0] == "native_exit" and set(kinds) <= {"native_exit", "corrupted"}  # (no END record)
+    assert res.variants["optimized"].findings[0]["details"]["signal_name"] == "SIGSEGV"  # type: ignore[attr-defined]
+
+
+def test_32_bit_build(work: Path) -> None:
+    if not _has_m32():
+        pytest.skip("the host toolchain cannot build -m32 programs (apt install gcc-multilib g++-multilib)")
+    res = _run(work, "m32", board="native-esp32-m32")
+    assert res.exit_code == ExitCode.MATCH  # type: ignore[attr-defined]
+    assert res.native["bits"] == 32  # type: ignore[attr-defined]
+    assert {r["native_bits"] for r in res.native["reported"].values()} == {"32"}  # type: ignore[attr-defined]
+
+
+def test_default_sources_come_from_the_component_manager(
+    work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("idf_component_manager")
+    (tmp_path / "pack").mkdir()
+    mirror = make_mirror(tmp_path / "mirror", tmp_path / "pack")
+    monkeypatch.setenv("IDF_COMPONENT_LOCAL_STORAGE_URL", mirror.as_uri())
+    monkeypatch.setenv("IDF_COMPONENT_REGISTRY_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("IDF_COMPONENT_CACHE_PATH", str(tmp_path / "cm-cache"))
+    monkeypatch.delenv("ESP_CHECK_COMPONENTS_DIR", raising=False)
+    projects = generate_projects(
+        work / "pool.tflite", [work / "in0.npy"], "native-esp32", out_dir=tmp_path / "p",
+        tflm_version="0.0.1", espnn_version="0.0.1",
+    )  # fmt: skip
+    res = build_project(projects[0].path, cache_dir=tmp_path / "cache")
+    info = json.loads(res.flasher_args.read_text())
+    assert [(c["name"], c["version"], c["origin"]) for c in info["components"]] == [
+        ("espressif__esp-nn", "0.0.1", "component-manager"),
+        ("espressif__esp-tflite-micro", "0.0.1", "component-manager"),
+    ]
+    assert info["warnings"] == []  # exactly the pinned versions
+    # main/CMakeLists.txt read them from the component manager's dependencies.lock, as in ESP-IDF
+    cap = parse_capture(
+        subprocess.run([str(res.app_bin)], capture_output=True, check=True, timeout=60).stdout
+    )
+    assert cap.valid and cap.info["tflm"] == "0.0.1" and cap.info["tflm_from"] == "lock:service"
+    assert cap.info["espnn_from"] == "lock:service" and cap.info["native_bits"] == "64"
+
+
+def test_cli_and_runner_say_native(work: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        ["flash-and-compare", str(work / "pool.tflite"), "--input", str(work / "in0.npy"), "--board",
+         "native-esp32", "--components-dir", str(COMPONENTS), "--cache-dir", str(work / "cache"),
+         "--out", str(tmp_path / "cli")],
+    )  # fmt: skip
+    out = capsys.readouterr()
+    text = " ".join((out.out + out.err).split())  # rich wraps long lines
+    assert code == 0, text
+    assert "NATIVE, 64-bit: no chip was used" in text and "generic C kernels" in text
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        f'[defaults]\ncomparisons = ["optimized-vs-ansi", "each-vs-host"]\n'
+        f'timeouts = {{ capture_total = 60, capture_silence = 10 }}\n\n[[job]]\nname = "native"\n'
+        f'models = ["{work / "pool.tflite"}"]\ninputs = ["{work / "in0.npy"}", "{work / "in1.npy"}"]\n'
+        f'boards = ["native-esp32"]\n'
+    )
+    bench = tmp_path / "bench.toml"
+    bench.write_text('[[board]]\nname = "pc-1"\ntype = "native-esp32"\nport = "native://bench-pc-1"\n')
+    code = main(
+        ["run", str(plan), "--inventory", str(bench), "--out", str(tmp_path / "run"), "--cache-dir",
+         str(work / "cache"), "--components-dir", str(COMPONENTS), "--lock-dir", str(tmp_path / "locks"),
+         "--no-step-summary"],
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    jsonschema.validate(summary, json.loads((ROOT / "docs" / "run-summary-schema.json").read_text()))
+    assert summary["native"] is True and summary["simulated"] is False
+    assert summary["counts"]["tasks"] == 1 and summary["counts"]["match"] == 1  # both inputs in one firmware

@@ -1,0 +1,159 @@
+"""The native board's port (``native://``): install ("flash"), reset, stream, end of program.
+
+What is real: pyserial's URL dispatch (``serial_for_url``), the device layer's DeviceSession, open_port,
+the DTR/RTS reset sequences of esp-pylib, the console capture thread and the classifier, and small
+host programs compiled here with the host C compiler (the board's "firmware"). Nothing is faked.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import serial
+
+from harness.analysis.classify import classify
+from harness.device.ports import Transport, open_port, resolve_port
+from harness.device.protocol_native import EXIT_LINE, ProgramEnded, exit_line, register
+from harness.device.session import DeviceSession
+
+CC = shutil.which("cc") or shutil.which("gcc")
+pytestmark = [pytest.mark.needs_cc, pytest.mark.skipif(CC is None, reason="no host C compiler")]
+
+PROGRAM = r"""
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    static int boots;
+    setvbuf(stdout, NULL, _IONBF, 0);
+    printf("hello from %s\r\n", MODE);
+    if (strcmp(MODE, "echo") == 0) {
+        char line[64];
+        if (fgets(line, sizeof line, stdin)) printf("got %s", line);
+        return 0;
+    }
+    if (strcmp(MODE, "segv") == 0) raise(SIGSEGV);
+    if (strcmp(MODE, "exit3") == 0) { fprintf(stderr, "oops on stderr\n"); return 3; }
+    if (strcmp(MODE, "forever") == 0) { for (;;) { printf("tick\r\n"); usleep(20000); } }
+    printf("@EC1 0 END status=ok records=0 *00000000\r\n");
+    (void)boots; (void)argc; (void)argv;
+    return 0;
+}
+"""
+BOARD = type("B", (), {"chip": "esp32", "console": "uart", "reset": "classic", "monitor_baud": 115200})()
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("native-programs")
+    (d / "p.c").write_text(PROGRAM)
+    out = {}
+    assert CC is not None
+    for mode in ("ok", "echo", "segv", "exit3", "forever"):
+        exe = d / mode
+        subprocess.run([CC, f'-DMODE="{mode}"', str(d / "p.c"), "-o", str(exe)], check=True)
+        out[mode] = exe
+    return out
+
+
+def test_url_resolves_to_the_native_transport_and_opens_through_pyserial() -> None:
+    ps = resolve_port("native://bench-1")
+    assert ps.transport == Transport.NATIVE and ps.caps.local_reset and ps.caps.disconnect_is_eof
+    port = open_port(ps)
+    try:
+        assert type(port).__module__ == "harness.device.protocol_native" and port.name == "bench-1"
+        assert port.read(10) == b""  # nothing flashed, nothing runs: a blank board is silent
+    finally:
+        port.close()
+    register()
+    with pytest.raises(serial.SerialException, match="native://NAME"):
+        serial.serial_for_url("native://bad name!")
+
+
+def test_flash_then_capture_runs_the_installed_copy(programs: dict[str, Path], tmp_path: Path) -> None:
+    exe = tmp_path / "fw"
+    shutil.copy2(programs["ok"], exe)
+    with DeviceSession("native://t-ok", BOARD) as dev:
+        fr = dev.flash([(0, exe)], log_path=tmp_path / "flash.log")
+        assert fr.chip == "native" and fr.regions[0].bytes_written == exe.stat().st_size
+        assert "installed fw" in (tmp_path / "flash.log").read_text()
+        exe.unlink()  # the board keeps what was flashed, whatever happens to the build
+        cap = dev.capture(tmp_path / "serial.log", total_timeout=20, silence_timeout=5)
+    assert cap.ended_by == "end_record" and cap.resets == 1
+    assert cap.data.startswith(b"hello from ok\r\n") and b"END status=ok" in cap.data
+    assert (tmp_path / "serial.log").read_bytes() == cap.data
+
+
+def test_a_second_reset_restarts_the_program_and_drops_old_output(
+    programs: dict[str, Path], tmp_path: Path
+) -> None:
+    with DeviceSession("native://t-forever", BOARD) as dev:
+        dev.flash([(0, programs["forever"])])
+        first = dev.capture(total_timeout=0.5, silence_timeout=5)
+        second = dev.capture(total_timeout=0.5, silence_timeout=5)
+    for cap in (first, second):
+        assert cap.ended_by == "timeout" and cap.data.startswith(b"hello from forever\r\ntick")
+        assert cap.data.count(b"hello") == 1  # one boot per reset, nothing left over from the last one
+
+
+@pytest.mark.parametrize(
+    ("mode", "line", "kind"),
+    [
+        ("segv", f"{EXIT_LINE} was killed by signal 11 (SIGSEGV)", "native_exit"),
+        ("exit3", f"{EXIT_LINE} exited with status 3", "native_exit"),
+    ],
+)
+def test_an_abnormal_end_is_reported_and_ends_the_stream(
+    programs: dict[str, Path], mode: str, line: str, kind: str
+) -> None:
+    with DeviceSession(f"native://t-{mode}", BOARD) as dev:
+        dev.flash([(0, programs[mode])])
+        cap = dev.capture(total_timeout=20, silence_timeout=10)
+    assert cap.ended_by == "disconnect" and cap.duration_s < 10  # no waiting for a silence timeout
+    text = cap.data.decode()
+    assert text.startswith(f"hello from {mode}") and text.rstrip().endswith(line)
+    if mode == "exit3":
+        assert "oops on stderr" in text  # stderr is part of the stream (sanitizer reports go there)
+    findings = classify(cap.data, ended_by=cap.ended_by)
+    assert [f.kind for f in findings] == [kind]  # not a "disconnect": the program's end is the finding
+    assert findings[0].exit_code == 4
+
+
+def test_a_clean_exit_without_end_is_a_disconnect_not_a_fault(tmp_path: Path) -> None:
+    assert exit_line(0) is None
+    src = tmp_path / "q.c"
+    src.write_text('#include <stdio.h>\nint main(void) { puts("bye"); return 0; }\n')
+    assert CC is not None
+    subprocess.run([CC, str(src), "-o", str(tmp_path / "q")], check=True)
+    with DeviceSession("native://t-quiet", BOARD) as dev:
+        dev.flash([(0, tmp_path / "q")])
+        cap = dev.capture(total_timeout=20, silence_timeout=10)
+    assert cap.ended_by == "disconnect" and cap.data == b"bye\n"
+    assert [f.kind for f in classify(cap.data, ended_by=cap.ended_by)] == ["disconnect"]
+
+
+def test_writes_reach_the_programs_stdin(programs: dict[str, Path]) -> None:
+    port = open_port("native://t-echo")
+    try:
+        port.install(programs["echo"])
+        port.dtr, port.rts = False, True  # EN low (classic circuit)
+        port.rts = False  # EN released with IO0 high: boot
+        assert port.write(b"ping\n") == 5
+        data = b""
+        with pytest.raises(ProgramEnded):
+            for _ in range(400):
+                data += port.read(64)
+        assert data == b"hello from echo\r\ngot ping\n"
+    finally:
+        port.close()
+
+
+def test_exit_lines_name_the_signal() -> None:
+    assert exit_line(-6) == f"{EXIT_LINE} was killed by signal 6 (SIGABRT)\r\n"
+    assert exit_line(1) == f"{EXIT_LINE} exited with status 1\r\n"
+    assert "unknown signal" in str(exit_line(-200))

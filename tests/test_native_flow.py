@@ -106,7 +106,11 @@ def test_a_second_model_reuses_the_compiled_libraries(work: Path, tmp_path: Path
     info = json.loads(res.flasher_args.read_text())
     assert res.builder == "native" and not res.cache_hit and info["reused_libraries"] is True
     assert "libraries already built, compiling main/" in res.log_path.read_text()  # type: ignore[union-attr]
-    assert res.app_bin.stat().st_mode & 0o111 and res.artifacts[0].offset == 0
+    assert res.app_bin.stat().st_mode & 0o111
+    # laid out as on a chip: the table, otadata, the program in the optimized slot (ota_0), the model
+    roles = {a.role: a.offset for a in res.artifacts}
+    assert set(roles) == {"partition-table", "otadata", "app", "model"}
+    assert roles["app"] == 0x20000 and res.artifact("app").path == res.app_bin  # type: ignore[union-attr]
     resolved = read_manifest(projects[0].path)["resolved"]
     assert resolved["native"] and resolved["components"] == {
         "espressif/esp-nn": "0.0.1",

@@ -206,4 +206,3 @@ class _append:
     def __exit__(self, *exc: object) -> None:
         if self.f is not None:
             self.f.close()
-

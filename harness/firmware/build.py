@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +30,7 @@ from harness.firmware.layout import VARIANT_SLOTS
 from harness.firmware.native.project import NativeOptions, plan_native_build, run_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
 from harness.protocol.model_image import PARTITION_LABEL
+from harness.protocol.partition_table import PartitionEntry, parse_partition_table
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
 # layout, the ELF and config/sdkconfig.json are cached
@@ -162,30 +162,6 @@ def sdkconfig_json(text: str) -> dict[str, Any]:
         else:
             out[name] = value
     return out
-
-
-PARTITION_MAGIC = b"\xaa\x50"  # bytes AA 50 on flash (gen_esp32part.py MAGIC_BYTES)
-
-
-class PartitionEntry(NamedTuple):
-    label: str
-    type: int
-    subtype: int
-    offset: int
-    size: int
-
-
-def parse_partition_table(data: bytes) -> list[PartitionEntry]:
-    """Entries of an ESP-IDF binary partition table (32-byte rows starting AA 50; the MD5 row ends it)."""
-    entries: list[PartitionEntry] = []
-    for pos in range(0, len(data) - 31, 32):
-        row = data[pos : pos + 32]
-        if row[:2] != PARTITION_MAGIC:
-            break
-        ptype, subtype, offset, size, label = struct.unpack("<BBII16s", row[2:28])
-        name = label.split(b"\0", 1)[0].decode("ascii", "replace")
-        entries.append(PartitionEntry(name, ptype, subtype, offset, size))
-    return entries
 
 
 def _hex(n: int) -> str:
@@ -1002,13 +978,16 @@ def _build_native(
     program.chmod(program.stat().st_mode | 0o111)
     versions = {c.name.replace("__", "/"): c.version or "unknown" for c in plan.components}
     _record_resolved(project, {"dependencies_lock": None, "components": versions, "native": True})
+    artifacts = _native_layout(project, manifest, out_dir, program)
     info_path = out_dir / NATIVE_INFO
     info = {"program": program.name, "sha256": _sha256_file(program), "cache_hit": hit, **meta["native"]}
+    info["flash"] = {a.role: {"offset": _hex(a.offset), "file": a.path.relative_to(out_dir).as_posix()}
+                     for a in artifacts}  # fmt: skip
     info_path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return BuildResult(
         project_dir=project,
         builder="native",
-        artifacts=(Artifact(0, program, "app"),),
+        artifacts=tuple(artifacts),
         app_bin=program,
         flasher_args=info_path,
         log_path=log,
@@ -1017,3 +996,45 @@ def _build_native(
         firmware_sha256=info["sha256"],
         chip=str(manifest.get("chip") or ""),
     )
+
+
+def _native_layout(
+    project: Path, manifest: Mapping[str, Any], out_dir: Path, program: Path
+) -> list[Artifact]:
+    """What a native board's "flash" takes, at the offsets a chip would: the partition table packed from
+    the project's partitions.csv, blank otadata, the program in its variant's app slot (the native board
+    keeps host programs beside its flash image: one does not fit a chip's slot) and the model image in
+    the model partition. A project without a partition table (an older template) is the program alone."""
+    from harness.sim.image import pack_partition_table, parse_partitions_csv  # packer shared with the sim
+
+    csv_path = project / "partitions.csv"
+    if not csv_path.is_file():
+        return [Artifact(0, program, "app")]
+    try:
+        parts = parse_partitions_csv(csv_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BuildError(f"{csv_path} unreadable: {exc}", hint="regenerate the project") from exc
+    board_def = manifest.get("board_def") or {}
+    raw = board_def.get("partition_table_offset")
+    table_off = raw if isinstance(raw, int) and not isinstance(raw, bool) else 0x8000
+    table_path = out_dir / LAYOUT["partition-table"]
+    table_path.parent.mkdir(parents=True, exist_ok=True)
+    table_path.write_bytes(pack_partition_table(parts))
+    table = parse_partition_table(table_path.read_bytes())
+    slot = 0x10 + VARIANT_SLOTS.get(str(manifest.get("variant") or ""), 0)
+    apps = [p for p in table if p.type == 0x00]
+    app = next((p for p in apps if p.subtype == 0x00), None) or next(
+        (p for p in apps if p.subtype == slot), None
+    )
+    if app is None:
+        raise BuildError(f"{csv_path} has no app partition for this variant", hint="regenerate the project")
+    out = [Artifact(table_off, table_path, "partition-table"), Artifact(app.offset, program, "app")]
+    ota = next((p for p in table if p.type == 0x01 and p.subtype == 0x00), None)
+    if ota is not None:
+        ota_path = out_dir / LAYOUT["otadata"]
+        ota_path.parent.mkdir(parents=True, exist_ok=True)
+        ota_path.write_bytes(b"\xff" * ota.size)
+        out.append(Artifact(ota.offset, ota_path, "otadata"))
+    for _role, offset, image in _model_layout(table, project):
+        out.append(Artifact(offset, _place(image, out_dir / LAYOUT["model"]), "model"))
+    return sorted(out)

@@ -282,7 +282,8 @@ def _start(run: _Run, board: str | Path, port: str | None) -> None:
                 f"but --port {port} is not a native:// port",
                 hint="omit --port (a fresh native board is made), or give native://NAME",
             )
-        run.port_url = port or f"native://esp-check-{uuid.uuid4().hex[:10]}"
+        size = f"?flash={board_def.flash_size}" if board_def.flash_size else ""  # the board's flash
+        run.port_url = port or f"native://esp-check-{uuid.uuid4().hex[:10]}{size}"
         run.fresh_sim = port is None  # made for this run alone: nobody else's, no lock
     elif board_def.simulated and port is not None and port.startswith(SERVED_SIM_SCHEMES):
         # a simulator served by `esp-check sim serve` (or esp_rfc2217_server in front of a sim:// port):

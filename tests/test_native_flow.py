@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import jsonschema
@@ -24,6 +25,7 @@ from harness.errors import ExitCode
 from harness.firmware.build import build_project
 from harness.firmware.generate import generate_projects, read_manifest
 from harness.firmware.native.project import NativeOptions
+from harness.flows.dataset import DatasetOptions
 from harness.flows.flash_and_compare import flash_and_compare
 from harness.protocol.capture import parse_capture
 
@@ -93,6 +95,53 @@ def test_fixture_firmware_matches_the_host_reference_and_says_native(work: Path)
     again = _run(work, "match-again")
     assert again.exit_code == ExitCode.MATCH  # type: ignore[attr-defined]
     assert all(r.build_cache_hit for r in again.variants.values())  # type: ignore[attr-defined]
+
+
+def _written(doc: dict) -> int:
+    return sum(
+        r["bytes_written"] for v in doc["variants"].values() for r in (v["flash"] or {}).get("regions", [])
+    )
+
+
+def test_the_resident_loop_on_a_native_board_flashes_once_and_streams(work: Path) -> None:
+    """Both programs go to their app slots of one native board with the model partition; the ANSI C app
+    is reached by the running app's slot switch (BOOT: otadata, esp_restart), inputs and outputs cross
+    stdin/stdout as binary frames. A second input rewrites nothing; a dataset of random inputs drawn by
+    the firmware itself streams through the same flashed board."""
+    port = f"native://loop-{uuid.uuid4().hex[:8]}?flash=4MB"
+    first = _run(work, "loop-1", port=port)
+    assert first.exit_code == ExitCode.MATCH, first.errors  # type: ignore[attr-defined]
+    doc = json.loads((work / "loop-1" / "report.json").read_text())
+    jsonschema.validate(doc, SCHEMA)
+    regions = {(r["role"], r["offset"]) for v in doc["variants"].values() for r in v["flash"]["regions"]}
+    assert {("app", 0x20000), ("app", 0x120000), ("model", 0x220000)} <= regions
+    assert _written(doc) > 0
+    serial_ansi = (work / "loop-1" / "logs" / "serial-ansi.log").read_bytes()
+    assert b"Loaded app from partition at offset 0x120000 (ota_1)" in serial_ansi  # the slot switch
+    link = doc["link"]  # the input went down as frames (a text session: the records come back as text)
+    assert link["tx_payload"] >= 2 * 64 and link["frames_sent"] >= 4 and link["damaged_frames"] == 0
+
+    # another input, the same board: nothing rebuilt, nothing written
+    second = flash_and_compare(
+        work / "pool.tflite", [work / "in1.npy"], board="native-esp32", out_dir=work / "loop-2",
+        cache_dir=work / "cache", native=NativeOptions(components_dir=COMPONENTS), port=port,
+    )  # fmt: skip
+    assert second.exit_code == ExitCode.MATCH, second.errors
+    doc2 = json.loads((work / "loop-2" / "report.json").read_text())
+    assert _written(doc2) == 0 and all(r.build_cache_hit for r in second.variants.values())
+
+    data = flash_and_compare(
+        work / "pool.tflite", [], board="native-esp32", out_dir=work / "loop-ds", cache_dir=work / "cache",
+        native=NativeOptions(components_dir=COMPONENTS), port=port,
+        dataset=DatasetOptions(random_inputs=12, seed=5, results="crc"),
+    )  # fmt: skip
+    assert data.exit_code == ExitCode.MATCH, data.errors
+    ds = json.loads((work / "loop-ds" / "report.json").read_text())
+    jsonschema.validate(ds, SCHEMA)
+    a = ds["dataset"]["analysis"]
+    assert a["verdicts"] == {"match": 12} and a["agreement"]["optimized_vs_host"]["bit_exact"] == 12
+    assert all(s["tx_payload"] == 0 for s in ds["dataset"]["link"].values())  # drawn on the device
+    assert _written(ds) == 0
 
 
 def test_a_second_model_reuses_the_compiled_libraries(work: Path, tmp_path: Path) -> None:

@@ -159,18 +159,11 @@ def flash_and_compare(
 ) -> FlashAndCompareResult:
     """Run the whole job and return its result; the report is always written to ``out_dir``.
 
-    Usage errors found before any hardware is touched (bad model, bad input, unknown board) are
-    raised; failures after that are recorded per stage and decide the exit code.
-
-    With ``lock`` (default) the board's cross-process lock (harness.device.locks, keyed on its USB
-    serial number / server host:port / sim name, in ``lock_dir`` or the default lock directory) is
-    held while flashing and capturing, so a CI runner and this call never share a board; a board
-    still busy after ``lock_timeout`` seconds is an infrastructure error (exit 3).
-
-    ``dataset`` runs a whole dataset (``--dataset`` / ``--random-inputs``) instead of ``inputs``
-    (harness.flows.dataset): report.json then has a ``dataset`` section with a verdict per input.
-    ``native`` configures the builds of a native board (``--board native-esp32``, docs/native.md):
-    component sources, sanitizers.
+    Usage errors found before any hardware is touched are raised; later failures are recorded per
+    stage and decide the exit code. With ``lock`` the board's cross-process lock (harness.device.locks,
+    in ``lock_dir``) is held while flashing and capturing; a board still busy after ``lock_timeout``
+    seconds is an infrastructure error (exit 3). ``dataset``: a whole dataset instead of ``inputs``
+    (docs/dataset.md); ``native``: a native board's builds (docs/native.md).
     """
     t_all = time.monotonic()
     limits = timeouts or StageTimeouts()

@@ -41,14 +41,16 @@ static uint8_t buf[4096];
 static int echo(void) {  /* every byte back, as read, until stdin ends and the ring is empty */
     if (uart_driver_install(0, 64, 0, 0, NULL, 0) != ESP_OK) return 1;
     if (uart_driver_install(0, 64, 0, 0, NULL, 0) != ESP_ERR_INVALID_STATE) return 2;
-    size_t most = 0;
-    for (int idle = 0; idle < 3;) {
+    size_t most = 0, total = 0;
+    /* stop after 0.5 s of silence once bytes came (5 s before the first: a loaded machine starts slowly) */
+    for (int idle = 0; idle < (total > 0 ? 10 : 100);) {
         size_t avail = 0;
         if (uart_get_buffered_data_len(0, &avail) != ESP_OK) return 3;
         if (avail > most) most = avail;
         int n = uart_read_bytes(0, buf, avail > 0 ? (uint32_t)avail : 1, pdMS_TO_TICKS(avail > 0 ? 0 : 50));
         if (n <= 0) { ++idle; continue; }
         idle = 0;
+        total += (size_t)n;
         if (uart_write_bytes(0, buf, (size_t)n) != n) return 4;
     }
     fprintf(stderr, "most=%u\n", (unsigned)most);
@@ -132,7 +134,9 @@ def test_the_uart_stand_in_is_binary_safe_and_bounded_by_its_ring(driver: Path, 
     assert run.returncode == 0, run.stderr
     assert run.stdout == data
     most = int(run.stderr.decode().strip().split("=")[1])
-    assert 1 <= most <= 64
+    assert most <= 64  # never more than the ring, however much waits in the pipe
+    if len(data) > 64:
+        assert most == 64  # the ring filled up (the rest waited in the pipe), and nothing was lost
 
 
 def _board(tmp: Path) -> tuple[Path, dict[str, str], bytes]:

@@ -238,3 +238,65 @@ def test_cli_dataset_run_with_labels(tmp_path: Path, models_dir: Path, sim_port,
     rc = main(["flash-and-compare", str(models_dir / MODEL), "--dataset", str(data),
                "--input", str(src / "cnn_classifier_11.png"), "--out", str(tmp_path / "o2")])  # fmt: skip
     assert rc == 2
+
+
+# ---- --tap-inputs: the tap flow on chosen inputs of a dataset -----------------------------------------
+
+
+def test_tap_inputs_name_the_faulty_op_of_a_chosen_dataset_input(
+    tmp_path: Path, models_dir: Path, sim_port
+) -> None:
+    """A wrong optimized CONV_2D (op 3, injected by the simulated board, never printed by it): the
+    dataset finds the inputs that differ, and the tap run on input 4 and on the worst one names op 3
+    from the device's per-op records alone."""
+    port = sim_port(
+        "&fault=op_corrupt&fault_op=3&fault_region=last_row&variant_fault=optimized&corrupt_lsb=2"
+    )
+    r = _run(models_dir, tmp_path / "o", port, random_inputs=6, seed=2, tap_inputs=("4", "worst"))
+    assert r.exit_code == ExitCode.MISMATCH, (r.errors, r.stages)
+    assert r.tap is not None and r.tap.culprit is not None, r.errors
+    assert (r.tap.culprit.op, r.tap.culprit.opcode, r.tap.culprit.kind) == (3, "CONV_2D", "output")
+    assert (r.tap.culprit.a, r.tap.culprit.b) == ("optimized", "ansi")
+    doc = _doc(r)
+    assert doc["tap"]["culprit"]["op"] == 3
+    tapped = doc["dataset"]["tap_inputs"]
+    worst = doc["dataset"]["analysis"]["disagreeing"][0]["index"]
+    assert [d["index"] for d in tapped] == ([4] if worst == 4 else [4, worst])
+    tensor = load_model(models_dir / MODEL).inputs[0]
+    first = np.load(tapped[0]["file"])
+    assert first.dtype == np.dtype(tensor.dtype) and first.tobytes() == prng_bytes(
+        2, 4, tensor.dtype, first.nbytes
+    )
+    assert any(s.stage.startswith("tap:") for s in r.stages)
+
+
+def test_tap_inputs_on_a_clean_dataset_find_no_divergence(
+    tmp_path: Path, models_dir: Path, sim_port, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    rc = main(["flash-and-compare", str(models_dir / MODEL), "--random-inputs", "4", "--seed", "9",
+               "--board", "sim", "--port", sim_port(), "--out", str(tmp_path / "o"),
+               "--tap-inputs", "1,worst"])  # fmt: skip
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 0, err
+    assert "agree on every op checksum" in err and "tapped input 1 (index)" in err
+    assert "no input disagrees" in err
+    doc = _doc(type("R", (), {"report_path": tmp_path / "o" / "report.json"})())
+    assert doc["tap"]["culprit"] is None and [d["index"] for d in doc["dataset"]["tap_inputs"]] == [1]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--random-inputs", "5", "--tap-inputs", "5"], "the dataset has 5 input(s)"),
+        (["--random-inputs", "5", "--tap-inputs", "2,x"], "neither a dataset index"),
+        (["--random-inputs", "5", "--tap-inputs", "-1"], "neither a dataset index"),
+        (["--random-inputs", "5", "--tap"], "--tap-inputs"),
+        (["--input", "x.png", "--tap-inputs", "1"], "needs --dataset"),
+    ],
+)
+def test_tap_inputs_usage_errors(
+    tmp_path: Path, models_dir: Path, capsys, args: list[str], says: str
+) -> None:  # type: ignore[no-untyped-def]
+    rc = main(["flash-and-compare", str(models_dir / MODEL), "--out", str(tmp_path / "o"), *args])
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 2 and says in err, err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -197,6 +198,13 @@ _DATASET = (
         show_default=True,
         help="Invoke each input N times and flag any change (and re-run after a reset).",
     ),
+    click.option(
+        "--tap-inputs",
+        default=None,
+        metavar="3,17,worst",
+        help="After the dataset run, run --tap on these inputs: dataset indices (from 0) and/or 'worst' "
+        "(the top-ranked disagreeing input). They are written as .npy under OUT/tap-inputs.",
+    ),
 )
 
 
@@ -235,6 +243,7 @@ def flash_and_compare_cmd(
     results: str = "full",
     labels: Path | None = None,
     repeat: int = 1,
+    tap_inputs: str | None = None,
     native: NativeOptions | None = None,
 ) -> int:
     """Build MODEL with ESP-NN optimized and ANSI C kernels, run both on the board, compare.
@@ -244,8 +253,13 @@ def flash_and_compare_cmd(
     from harness.flows.flash_and_compare import flash_and_compare
 
     data = _dataset_options(bool(inputs), tap, dataset, random_inputs, seed, results, labels, repeat)
-    if dump_ops and not tap:
-        raise UsageError("--dump-ops needs --tap", hint="add --tap")
+    if tap_inputs is not None:
+        if data is None:
+            raise UsageError("--tap-inputs needs --dataset or --random-inputs", hint="with --input: --tap")
+        data = dataclasses.replace(data, tap_inputs=tuple(t.strip() for t in tap_inputs.split(",")))
+        data.check()
+    if dump_ops and not (tap or tap_inputs):
+        raise UsageError("--dump-ops needs --tap (or --tap-inputs in a dataset run)", hint="add --tap")
     dump_list = list(dump_ops or ())
     console = make_console(stderr=True)
     t0 = time.monotonic()
@@ -319,7 +333,10 @@ def _dataset_options(
     if has_inputs:
         raise UsageError("--input and --dataset/--random-inputs exclude each other", hint="give one")
     if tap:
-        raise UsageError("--tap runs on --input files", hint="pass the dataset inputs to check as --input")
+        raise UsageError(
+            "--tap runs on --input files; in a dataset run, name the inputs to tap",
+            hint="use --tap-inputs 3,17 (dataset indices) or --tap-inputs worst",
+        )
     data = DatasetOptions(dataset, random_inputs, seed, results, labels, repeat)
     data.check()
     return data
@@ -356,6 +373,10 @@ def _print_summary(console: Console, result: Any) -> None:
         _print_tap(console, result.tap)
     if result.dataset is not None:
         _print_dataset(console, result.dataset)
+        for d in result.dataset.get("tap_inputs") or []:
+            console.print(f"  tapped input {d['index']} ({d['chosen_as']}): {safe_markup(d['file'])}")
+        for note in result.dataset.get("tap_notes") or []:
+            console.print(f"  [yellow]{safe_markup(note)}[/yellow]")
     for warn in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {safe_markup(warn)}")
     for err in result.errors:

@@ -329,6 +329,7 @@ class DatasetOptions:
     results: str = "full"  # full | crc
     labels: str | Path | None = None
     repeat: int = 1
+    tap_inputs: tuple[str, ...] = ()  # dataset indices ("3") and/or "worst": tapped after the run
 
     def check(self) -> None:
         if (self.source is None) == (self.random_inputs is None):
@@ -339,6 +340,22 @@ class DatasetOptions:
             raise UsageError(f"--repeat {self.repeat}: give 1 to 1000")
         if self.labels is not None and self.random_inputs is not None:
             raise UsageError("--labels needs --dataset (random inputs have no labels)")
+        for t in self.tap_inputs:
+            if t != "worst" and not (t.isascii() and t.isdigit()):
+                raise UsageError(
+                    f"--tap-inputs {t!r} is neither a dataset index nor 'worst'",
+                    hint="give comma-separated indices counted from 0 (report.json dataset.analysis.rows) "
+                    "and/or 'worst' (the top-ranked disagreeing input), e.g. --tap-inputs 3,17,worst",
+                )
+
+    def check_tap_indices(self, n: int) -> None:
+        """Every index of ``tap_inputs`` is one of the dataset's ``n`` inputs (before anything is built)."""
+        bad = [t for t in self.tap_inputs if t != "worst" and int(t) >= n]
+        if bad:
+            raise UsageError(
+                f"--tap-inputs {bad[0]}: the dataset has {n} input(s), indices 0..{n - 1}",
+                hint="indices count from 0 in the dataset's order (report.json dataset.analysis.rows)",
+            )
 
 
 @dataclasses.dataclass
@@ -350,6 +367,8 @@ class DatasetOutcome:
     codes: list[ExitCode] = dataclasses.field(default_factory=list)
     errors: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
+    tap_inputs: list[dict[str, Any]] | None = None  # --tap-inputs: the inputs tapped, as written out
+    tap_notes: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         ds = self.dataset
@@ -366,16 +385,53 @@ class DatasetOutcome:
             doc["link"] = {v: s.to_dict() for v, s in self.run.link.items()}
             doc["passes"] = self.run.passes
             doc["after_reset"] = self.run.after_reset
+        if self.tap_inputs is not None:
+            doc["tap_inputs"] = self.tap_inputs
+            doc["tap_notes"] = self.tap_notes
         return doc
+
+
+def pick_tap_inputs(outcome: DatasetOutcome, spec: Sequence[str]) -> list[tuple[int, str]]:
+    """``--tap-inputs``: (index, why) per chosen input, in order, without repeats. ``worst`` is the
+    top-ranked disagreeing input of the analysis; when none disagrees it picks nothing (and says so)."""
+    picked: dict[int, str] = {}
+    for t in spec:
+        if t != "worst":
+            picked.setdefault(int(t), "index")
+            continue
+        worst = outcome.analysis.disagreeing(1) if outcome.analysis is not None else []
+        if worst:
+            picked.setdefault(worst[0].index, "worst")
+        else:
+            outcome.tap_notes.append("--tap-inputs worst: no input disagrees, so none was picked for it")
+    return list(picked.items())
+
+
+def write_tap_inputs(
+    ds: Dataset, picks: Sequence[tuple[int, str]], tensor: TensorInfo, where: Path
+) -> list[dict[str, Any]]:
+    """Each chosen input as the exact tensor the device ran, in a .npy of the model's dtype (taken as
+    already quantized by --input): the tap run and a bug report reproduce it from this file."""
+    where.mkdir(parents=True, exist_ok=True)
+    dtype = np.dtype(tensor.dtype).newbyteorder("<")
+    out = []
+    for i, why in picks:
+        path = where / f"input-{i:05d}.npy"
+        np.save(path, np.frombuffer(ds.items[i].data, dtype=dtype).reshape(tensor.shape).astype(tensor.dtype))
+        out.append({"index": i, "name": ds.items[i].name, "chosen_as": why, "file": str(path)})
+    return out
 
 
 def load_inputs(opts: DatasetOptions, tensor: TensorInfo, input_options: InputOptions | None) -> Dataset:
     """The dataset the options name (usage errors before any hardware)."""
     opts.check()
     if opts.random_inputs is not None:
-        return random_dataset(opts.random_inputs, opts.seed, tensor)
-    assert opts.source is not None
-    return load_dataset(opts.source, tensor, input_options, opts.labels)
+        ds = random_dataset(opts.random_inputs, opts.seed, tensor)
+    else:
+        assert opts.source is not None
+        ds = load_dataset(opts.source, tensor, input_options, opts.labels)
+    opts.check_tap_indices(len(ds))
+    return ds
 
 
 HOST_CHUNK = 256  # inputs per host reference child (bounded time and memory per child)

@@ -39,8 +39,10 @@ from harness.flows.dataset import (
     host_legs,
     load_inputs,
     output_specs,
+    pick_tap_inputs,
     run_dataset,
     verdicts,
+    write_tap_inputs,
 )
 from harness.flows.firmware import Firmware, build_firmware, generate_firmware
 from harness.flows.records import (
@@ -184,9 +186,12 @@ def flash_and_compare(
         _start(run, board, port)
         if dataset is not None:
             job = _DatasetJob(
-                input_options, reference, builder, cache_dir, arena_kb, limits, flash_baud, native
-            )
+                input_options, reference, builder, cache_dir, arena_kb, limits, flash_baud, native,
+                tuple(sorted(set(dump_ops))),
+            )  # fmt: skip
             _dataset_job(run, dataset, job, lock_cm, tolerance_lsb, ref_tolerance_lsb)
+            if dataset.tap_inputs and run.dataset is not None and run.dataset.run is not None:
+                _dataset_tap(run, dataset, job, lock_cm)
             return finish()
         if reference:  # ONE host child runs the reference on the inputs and measures the arena;
             # generate, the reference leg and the simulated board read its cached results
@@ -378,6 +383,7 @@ class _DatasetJob:
     limits: StageTimeouts
     flash_baud: int | None
     native: NativeOptions | None = None
+    dump_ops: tuple[int, ...] = ()
 
 
 def _dataset_job(
@@ -441,6 +447,58 @@ def _dataset_job(
         verdicts(outcome, run.variants, outputs, tolerance_lsb, ref_tolerance_lsb)
     run.codes += outcome.codes
     run.errors += outcome.errors
+
+
+def _dataset_tap(
+    run: _Run,
+    opts: DatasetOptions,
+    job: _DatasetJob,
+    lock_cm: Callable[[], contextlib.AbstractContextManager[Any] | None],
+) -> None:
+    """``--tap-inputs``: the chosen dataset inputs, written as .npy files under ``tap-inputs/``, run
+    through a tapped build of both variants (as ``--tap --input`` would) and analysed by the tap flow.
+    Its stages are labelled ``tap:``, its artifacts go under ``tap/``; the dataset's verdict stands."""
+    outcome = run.dataset
+    assert outcome is not None
+    picks = pick_tap_inputs(outcome, opts.tap_inputs)
+    outcome.tap_inputs = write_tap_inputs(outcome.dataset, picks, run.info.inputs[0], run.out / "tap-inputs")
+    if not picks:
+        return
+    paths = [Path(d["file"]) for d in outcome.tap_inputs]
+    sub = _Run(run.model, paths, run.out / "tap", Recorder(run.rec.progress), run.loaded_board,
+               run.loaded_model, run.port_url, run.fresh_sim)  # fmt: skip
+    try:
+        if job.reference:
+            prepare_host_results(run.model, paths, per_layer=True)
+        projects = generate_firmware(
+            run.model, paths, run.board, sub.out / "projects", rec=sub.rec, arena_kb=job.arena_kb,
+            features=FirmwareFeatures(tap=True, embed_inputs=False),
+        )  # fmt: skip
+        sub.streamed = input_tensor_bytes(paths, run.info.inputs[0], None)
+        fw = build_firmware(
+            projects, rec=sub.rec, logs_dir=sub.out / "logs", builder=job.builder, cache_dir=job.cache_dir,
+            timeout=job.limits.build, native=job.native,
+        )  # fmt: skip
+        if _record_builds(sub, fw) and _flash_and_capture_both(sub, fw, lock_cm, job.limits, job.flash_baud):
+            req = TapRunRequest(
+                run.model, tuple(paths), run.info, run.board, run.port_url, sub.out, job.builder,
+                job.cache_dir, None, job.arena_kb, job.limits, job.flash_baud, job.reference,
+                job.dump_ops, job.native,
+            )  # fmt: skip
+            tapped = sub.rec.run(
+                "tap", None, lambda: run_tap_flow(req, sub.variants, rec=sub.rec, lock_cm=lock_cm())
+            )
+            run.tap = tapped.result
+            sub.errors += tapped.errors
+            sub.codes += tapped.codes
+    except EspCheckError as exc:
+        sub.failed("tap run", exc)
+    finally:
+        for s in sub.rec.stages:
+            s.stage = f"tap:{s.stage}"
+        run.rec.stages.extend(sub.rec.stages)
+        run.errors += [f"tap run: {e}" for e in sub.errors]
+        run.codes += sub.codes
 
 
 def _board_lock(

@@ -190,8 +190,6 @@ def flash_and_compare(
                 tuple(sorted(set(dump_ops))),
             )  # fmt: skip
             _dataset_job(run, dataset, job, lock_cm, tolerance_lsb, ref_tolerance_lsb)
-            if dataset.tap_inputs and run.dataset is not None and run.dataset.run is not None:
-                _dataset_tap(run, dataset, job, lock_cm)
             return finish()
         if reference:  # ONE host child runs the reference on the inputs and measures the arena;
             # generate, the reference leg and the simulated board read its cached results
@@ -447,6 +445,8 @@ def _dataset_job(
         verdicts(outcome, run.variants, outputs, tolerance_lsb, ref_tolerance_lsb)
     run.codes += outcome.codes
     run.errors += outcome.errors
+    if opts.tap_inputs and outcome.run is not None:
+        _dataset_tap(run, opts, job, lock_cm)
 
 
 def _dataset_tap(

@@ -346,6 +346,9 @@ class Runner:
         assert a.dir is not None
         a.dir.mkdir(parents=True, exist_ok=True)
         self.say(f"[start] {t.id} attempt {a.n} on {st.bench.name}")
+        if t.job.data is not None:
+            self._dataset_attempt(t, st, a)
+            return
         builds = self._firmware_for(t, st.bench, a)
         if builds is None:
             return
@@ -357,6 +360,38 @@ class Runner:
         finally:
             self._release(t, st.bench, a, lk)
         self._judge(t, a, runs)
+
+    def _dataset_attempt(self, t: Task, st: BoardState, a: Attempt) -> None:
+        """A dataset job: flash-and-compare --dataset on the locked board (it builds through the shared
+        cache, flashes only what differs from what the board holds, streams the dataset, judges)."""
+        from harness.flows.flash_and_compare import flash_and_compare
+        from harness.flows.records import StageTimeouts
+        from harness.model.inputs import InputOptions
+        from harness.runner.plan import dataset_options
+
+        assert a.dir is not None
+        lk = self._lock_board(st, a)
+        if lk is None:
+            return
+        tmo = t.job.timeouts
+        try:
+            result = flash_and_compare(
+                t.case.model, [], board=st.bench.board, port=a.port, out_dir=a.dir,
+                input_options=InputOptions(**t.job.input_options) if t.job.input_options else None,
+                tolerance_lsb=t.job.tolerance_lsb, ref_tolerance_lsb=t.job.ref_tolerance_lsb,
+                reference=t.job.needs_reference, builder=self.opt.builder, cache_dir=self.opt.cache_dir,
+                arena_kb=t.job.arena_kb, lock=False, dataset=dataset_options(t.job, t.case),
+                timeouts=StageTimeouts(tmo.build, tmo.capture_total, tmo.capture_silence),
+                native=self.opt.native,
+            )  # fmt: skip
+        except EspCheckError as exc:  # before the board was touched: generation, a dataset that broke
+            a.exit_code = int(exc.exit_code)
+            a.reason = f"dataset job: {exc.message}"
+            a.host_side = True
+            return
+        finally:
+            self._release(t, st.bench, a, lk)
+        _judge_dataset(t, a, result)
 
     def _firmware_for(self, t: Task, bench: BenchBoard, a: Attempt) -> dict[str, Any] | None:
         """Both builds, or None with the attempt marked as a host-side failure (not retried)."""
@@ -706,6 +741,49 @@ def _variant_outcome(v: str, run: Any, stages: list[StageRecord]) -> VariantOutc
         findings=list(run.findings),
         stages=list(stages),
     )
+
+
+def _judge_dataset(t: Task, a: Attempt, result: Any) -> None:
+    """A dataset attempt's verdict is flash-and-compare's; its figures go into the run summary."""
+    code = ExitCode(result.exit_code)
+    a.exit_code = int(code)
+    a.board_fault = code == ExitCode.INFRASTRUCTURE
+    a.variants = {
+        v: _variant_outcome(v, r, [s for s in result.stages if s.variant == v])
+        for v, r in result.variants.items()
+    }
+    t.builds = {
+        v: {
+            "firmware_sha256": r.firmware_sha256,
+            "cache_hit": r.build_cache_hit,
+            "project_dir": str(r.project_dir),
+        }
+        for v, r in result.variants.items()
+        if r.firmware_sha256
+    }
+    doc = result.dataset or {}
+    an = doc.get("analysis") or {}
+    a.dataset = {
+        "source": doc.get("source"),
+        "random_seed": doc.get("random_seed"),
+        "inputs": doc.get("inputs", 0),
+        "verdicts": dict(an.get("verdicts") or {}),
+        "agreement": {k: v.get("agreement") for k, v in (an.get("agreement") or {}).items()},
+        "report": str(result.report_path),
+    }
+    counts = ", ".join(f"{k} {n}" for k, n in sorted(a.dataset["verdicts"].items()))
+    what = f"dataset of {a.dataset['inputs']} inputs: {counts or 'no verdicts'}"
+    a.reason = "; ".join([what, *result.errors[:3]])
+    a.testcases = [Testcase(0, str(doc.get("source")), "dataset", *_dataset_case(code, what))]
+
+
+def _dataset_case(code: ExitCode, what: str) -> tuple[CaseStatus, CaseType, str]:
+    if code == ExitCode.MATCH:
+        return CaseStatus.PASSED, CaseType.MATCH, what
+    if code in (ExitCode.MISMATCH, ExitCode.FIRMWARE_FAULT):
+        kind = CaseType.MISMATCH if code == ExitCode.MISMATCH else CaseType.FIRMWARE_FAULT
+        return CaseStatus.FAILURE, kind, what
+    return CaseStatus.ERROR, CaseType.USAGE if code == ExitCode.USAGE else CaseType.INFRASTRUCTURE, what
 
 
 def _variant_problems(a: Attempt, runs: dict[str, Any]) -> tuple[list[ExitCode], list[str]]:

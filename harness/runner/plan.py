@@ -45,8 +45,10 @@ _JOB_KEYS = {
     "placement",
     "arena_kb",
     "input_options",
+    *("dataset", "random_inputs", "seed", "results", "labels", "repeat"),
 }
-_DEFAULT_KEYS = _JOB_KEYS - {"name", "models", "inputs", "boards"} | {"boards"}
+_DATASET_KEYS = ("dataset", "random_inputs", "seed", "results", "labels", "repeat")
+_DEFAULT_KEYS = _JOB_KEYS - {"name", "models", "inputs", "boards", *_DATASET_KEYS} | {"boards"}
 _TOP_KEYS = {"defaults", "job", "schema_version", "run"}
 _RUN_KEYS = {"backoff_s", "backoff_max_s", "quarantine_after", "lock_timeout_s"}
 _INPUT_OPTION_KEYS = {"resize", "color", "scale", "offset", "value_range", "raw_dtype"}
@@ -67,10 +69,22 @@ class ModelCase:
 
     model: Path
     inputs: tuple[Path, ...]
+    dataset: Path | None = None  # the job's ``dataset`` resolved for this model ('{model}' expanded)
+    labels: Path | None = None
 
     @property
     def name(self) -> str:
         return self.model.stem
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A job's dataset settings (flash-and-compare --dataset/--random-inputs; the paths are per case)."""
+
+    random_inputs: int | None = None
+    seed: int = 0
+    results: str = "full"
+    repeat: int = 1
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,7 @@ class Job:
     placement: str = "any"  # any: one free board per type; each: every inventory board of the type
     arena_kb: int | None = None
     input_options: Mapping[str, Any] = field(default_factory=dict)
+    data: DatasetSpec | None = None  # a dataset job: each case streams its dataset (or random inputs)
 
     @property
     def pairs(self) -> tuple[tuple[str, str], ...]:
@@ -320,9 +335,11 @@ def _job(p: Path, i: int, tab: object, defaults: dict[str, Any], seen: set[str])
     bad = sorted(set(tab) - _JOB_KEYS)
     if bad:
         raise _err(p, where, bad[0], "is not a job field", f"known: {sorted(_JOB_KEYS)}")
-    for key in ("models", "inputs"):
-        if key not in tab:
-            raise _err(p, where, key, "is missing")
+    if "models" not in tab:
+        raise _err(p, where, "models", "is missing")
+    data = _dataset_spec(p, where, tab)
+    if data is None and "inputs" not in tab:
+        raise _err(p, where, "inputs", "is missing", "give inputs, a dataset or random_inputs (docs/ci.md)")
     base_dir = p.resolve().parent
     s = _settings(p, where, tab, defaults)
     s["boards"] = tuple(
@@ -331,7 +348,10 @@ def _job(p: Path, i: int, tab: object, defaults: dict[str, Any], seen: set[str])
     if not s["boards"]:
         raise _err(p, where, "boards", "is missing (and [defaults] has none): list board types")
     models = _job_models(p, where, base_dir, tab["models"])
-    cases = _job_cases(p, where, base_dir, models, _str_list(p, where, "inputs", tab["inputs"]))
+    if data is None:
+        cases = _job_cases(p, where, base_dir, models, _str_list(p, where, "inputs", tab["inputs"]))
+    else:
+        cases = _dataset_cases(p, where, base_dir, models, tab)
     return Job(
         name=name,
         cases=tuple(cases),
@@ -344,7 +364,65 @@ def _job(p: Path, i: int, tab: object, defaults: dict[str, Any], seen: set[str])
         placement=s["placement"],
         arena_kb=s["arena_kb"],
         input_options=s["input_options"],
+        data=data,
     )
+
+
+def _dataset_spec(p: Path, where: str, tab: Mapping[str, Any]) -> DatasetSpec | None:
+    """The job's dataset fields, checked as flash-and-compare checks its options (None: no dataset)."""
+    has = [k for k in ("dataset", "random_inputs") if k in tab]
+    if not has:
+        extra = [k for k in _DATASET_KEYS if k in tab]
+        if extra:
+            raise _err(p, where, extra[0], "needs 'dataset' or 'random_inputs' in the same job")
+        return None
+    if len(has) == 2:
+        raise _err(p, where, "random_inputs", "and 'dataset' exclude each other", "split them into two jobs")
+    if "inputs" in tab:
+        raise _err(p, where, has[0], "and 'inputs' exclude each other", "split them into two jobs")
+    if "dataset" in tab and (not isinstance(tab["dataset"], str) or not tab["dataset"]):
+        raise _err(p, where, "dataset", f"must be a path (got {tab['dataset']!r})")
+    if "labels" in tab and (
+        "random_inputs" in tab or not isinstance(tab["labels"], str) or not tab["labels"]
+    ):
+        raise _err(
+            p, where, "labels", "must be a path, and only with 'dataset' (random inputs have no labels)"
+        )
+    results = tab.get("results", "full")
+    if results not in ("full", "crc"):
+        raise _err(p, where, "results", f"must be 'full' or 'crc', not {results!r}")
+    n = None
+    if "random_inputs" in tab:
+        n = _int(p, where, "random_inputs", tab["random_inputs"], 1)
+        if n > 100_000:
+            raise _err(p, where, "random_inputs", f"must be <= 100000, not {n}")
+    seed = _int(p, where, "seed", tab.get("seed", 0))
+    if seed > 2**64 - 1:
+        raise _err(p, where, "seed", "must fit in 64 bits")
+    repeat = _int(p, where, "repeat", tab.get("repeat", 1), 1)
+    if repeat > 1000:
+        raise _err(p, where, "repeat", f"must be <= 1000, not {repeat}")
+    return DatasetSpec(random_inputs=n, seed=seed, results=results, repeat=repeat)
+
+
+def _dataset_cases(
+    p: Path, where: str, base_dir: Path, models: list[Path], tab: Mapping[str, Any]
+) -> list[ModelCase]:
+    """Each model with its dataset and labels paths ('{model}' = the model's file stem, literally)."""
+
+    def resolve(key: str, m: Path) -> Path | None:
+        if key not in tab:
+            return None
+        if "{model}" in tab[key] and m.stem in (".", ".."):
+            raise _err(p, where, "models", f"has a model file named {m.name!r}: no stem for '{{model}}'")
+        path = Path(tab[key].replace("{model}", m.stem)).expanduser()
+        return path if path.is_absolute() else base_dir / path
+
+    cases = [ModelCase(m, (), resolve("dataset", m), resolve("labels", m)) for m in models]
+    names = [c.name for c in cases]
+    if len(set(names)) != len(names):
+        raise _err(p, where, "models", "lists two models with the same file name; split them into two jobs")
+    return cases
 
 
 def _job_models(p: Path, where: str, base_dir: Path, value: object) -> list[Path]:
@@ -431,6 +509,8 @@ def _check_job_files(path: Path, job: Job) -> None:
                 "models",
                 f"{case.model.name} has {len(info.inputs)} input tensors; one is supported",
             )
+        if job.data is not None:
+            _check_dataset(path, where, job, case, info, options)
         for f in case.inputs:
             try:
                 load_input(f, info.inputs[0], options)
@@ -438,3 +518,32 @@ def _check_job_files(path: Path, job: Job) -> None:
                 raise _err(
                     path, where, "inputs", f"{f.name} does not fit {case.model.name}: {exc.message}", exc.hint
                 ) from None
+
+
+def dataset_options(job: Job, case: ModelCase) -> Any:
+    """The flash-and-compare DatasetOptions of a dataset job's case (None for a job of input files)."""
+    from harness.flows.dataset import DatasetOptions
+
+    if job.data is None:
+        return None
+    d = job.data
+    return DatasetOptions(case.dataset, d.random_inputs, d.seed, d.results, case.labels, d.repeat)
+
+
+def _check_dataset(path: Path, where: str, job: Job, case: ModelCase, info: Any, options: Any) -> None:
+    """The case's dataset loads for its model (missing path, bad files, bad labels: here, not later)."""
+    from harness.flows.dataset import load_inputs
+
+    for key, f in (("dataset", case.dataset), ("labels", case.labels)):
+        if f is not None and not f.exists():
+            raise _err(
+                path, where, key, f"{f} does not exist (for model {case.model.name})",
+                "paths are relative to the plan file; '{model}' stands for the model's file stem",
+            )  # fmt: skip
+    field_name = "dataset" if case.dataset is not None else "random_inputs"
+    try:
+        load_inputs(dataset_options(job, case), info.inputs[0], options)
+    except EspCheckError as exc:
+        raise _err(
+            path, where, field_name, f"does not fit {case.model.name}: {exc.message}", exc.hint
+        ) from None

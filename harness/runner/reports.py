@@ -79,6 +79,7 @@ def _attempt_doc(a: Any) -> dict[str, Any]:
         "board_fault": a.board_fault,
         "dir": str(a.dir) if a.dir else None,
         "variants": {v: _variant_doc(o) for v, o in a.variants.items()},
+        "dataset": a.dataset,
     }
 
 
@@ -101,7 +102,16 @@ def _task_doc(t: Task) -> dict[str, Any]:
         "decisive_attempt": t.decisive.n if t.decisive is not None else None,
         "attempts": [_attempt_doc(a) for a in t.attempts],
         "testcases": [c.to_dict() for c in testcases_of(t)],
+        "dataset": _task_dataset(t),
     }
+
+
+def _task_dataset(t: Task) -> dict[str, Any] | None:
+    """A dataset job's figures from its decisive attempt (the last one when none decided)."""
+    if t.job.data is None:
+        return None
+    a = t.decisive or (t.attempts[-1] if t.attempts else None)
+    return a.dataset if a is not None else None
 
 
 def _task_verdict(t: Task) -> Verdict:
@@ -203,8 +213,12 @@ def testcases_of(t: Task) -> list[Testcase]:
         kind = {Verdict.USAGE_ERROR: CaseType.USAGE, Verdict.INTERNAL_ERROR: CaseType.INTERNAL}.get(
             _task_verdict(t), CaseType.INFRASTRUCTURE
         )
+    why = t.reason or str(_task_verdict(t))
+    if t.job.data is not None:  # a dataset job is one testcase (its per-input verdicts: its report.json)
+        source = t.case.dataset or f"random inputs (seed {t.job.data.seed})"
+        return [Testcase(0, str(source), "dataset", CaseStatus.ERROR, kind, why)]
     return [
-        Testcase(k, str(p), f"{a}-vs-{b}", CaseStatus.ERROR, kind, t.reason or str(_task_verdict(t)))
+        Testcase(k, str(p), f"{a}-vs-{b}", CaseStatus.ERROR, kind, why)
         for k, p in enumerate(t.case.inputs)
         for a, b in t.job.pairs
     ]
@@ -323,8 +337,11 @@ def markdown(result: RunResult) -> str:
         f"Plan `{_md(doc['plan'])}` on `{_md(doc['inventory'])}` — {c['tasks']} tasks, "
         f"{c['attempts']} attempts ({c['retries']} retries), {doc['seconds']:.0f} s"
         + (" — **simulated boards**" if doc["simulated"] else "")
-        + (" — **NATIVE boards** (firmware built for the PC: generic ESP-NN C kernels, no chip)"
-           if doc.get("native") else ""),
+        + (
+            " — **NATIVE boards** (firmware built for the PC: generic ESP-NN C kernels, no chip)"
+            if doc.get("native")
+            else ""
+        ),
         "",
         "| testcases | passed | failures | errors |",
         "|---:|---:|---:|---:|",

@@ -175,6 +175,7 @@ class Attempt:
     host_side: bool = False  # failed before the board was touched (generation, build)
     board_busy: bool = False  # the board's lock was not free in time
     testcases: list[Testcase] = field(default_factory=list)
+    dataset: dict[str, Any] | None = None  # a dataset job: inputs, verdict counts, agreement per pair
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -252,7 +253,11 @@ def test_tap_inputs_name_the_faulty_op_of_a_chosen_dataset_input(
     port = sim_port(
         "&fault=op_corrupt&fault_op=3&fault_region=last_row&variant_fault=optimized&corrupt_lsb=2"
     )
-    r = _run(models_dir, tmp_path / "o", port, random_inputs=6, seed=2, tap_inputs=("4", "worst"))
+    r = flash_and_compare(
+        models_dir / MODEL, [], board="sim", port=port, out_dir=tmp_path / "o", bundle=tmp_path / "b.zip",
+        dataset=DatasetOptions(random_inputs=6, seed=2, tap_inputs=("4", "worst")),
+        timeouts=StageTimeouts(capture_total=60, capture_silence=4),
+    )  # fmt: skip
     assert r.exit_code == ExitCode.MISMATCH, (r.errors, r.stages)
     assert r.tap is not None and r.tap.culprit is not None, r.errors
     assert (r.tap.culprit.op, r.tap.culprit.opcode, r.tap.culprit.kind) == (3, "CONV_2D", "output")
@@ -268,6 +273,8 @@ def test_tap_inputs_name_the_faulty_op_of_a_chosen_dataset_input(
         2, 4, tensor.dtype, first.nbytes
     )
     assert any(s.stage.startswith("tap:") for s in r.stages)
+    with zipfile.ZipFile(tmp_path / "b.zip") as z:  # the bug-report bundle carries the tapped inputs
+        assert z.read("inputs/0/input-00004.npy") == Path(tapped[0]["file"]).read_bytes()
 
 
 def test_tap_inputs_on_a_clean_dataset_find_no_divergence(

@@ -584,7 +584,9 @@ def _finish(
     if html is not None or bundle is not None:
         from harness.analysis.html_report import write_outputs
 
-        write_outputs(result, model=run.model, inputs=run.inputs, html=html, bundle=bundle)
+        tapped = [Path(d["file"]) for d in (run.dataset.tap_inputs or [])] if run.dataset else []
+        # a dataset run's bundle carries the inputs it tapped (the dataset itself stays where it is)
+        write_outputs(result, model=run.model, inputs=run.inputs or tapped, html=html, bundle=bundle)
     if junit is not None:
         write_junit(result, Path(junit))
     return result

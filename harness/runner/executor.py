@@ -384,10 +384,11 @@ class Runner:
                 timeouts=StageTimeouts(tmo.build, tmo.capture_total, tmo.capture_silence),
                 native=self.opt.native,
             )  # fmt: skip
-        except EspCheckError as exc:  # before the board was touched: generation, a dataset that broke
+        except EspCheckError as exc:  # raised before flashing: generation, the dataset, the port
             a.exit_code = int(exc.exit_code)
             a.reason = f"dataset job: {exc.message}"
-            a.host_side = True
+            a.host_side = exc.exit_code != ExitCode.INFRASTRUCTURE
+            a.board_fault = exc.exit_code == ExitCode.INFRASTRUCTURE
             return
         finally:
             self._release(t, st.bench, a, lk)

@@ -369,14 +369,14 @@ def _print_summary(console: Console, result: Any) -> None:
         )
     console.print(table)
     _print_backtraces(console, result)
-    if getattr(result, "tap", None) is not None:
-        _print_tap(console, result.tap)
-    if result.dataset is not None:
+    if result.dataset is not None:  # the dataset first, then the tap run on its chosen inputs
         _print_dataset(console, result.dataset)
         for d in result.dataset.get("tap_inputs") or []:
             console.print(f"  tapped input {d['index']} ({d['chosen_as']}): {safe_markup(d['file'])}")
         for note in result.dataset.get("tap_notes") or []:
             console.print(f"  [yellow]{safe_markup(note)}[/yellow]")
+    if getattr(result, "tap", None) is not None:
+        _print_tap(console, result.tap)
     for warn in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {safe_markup(warn)}")
     for err in result.errors:

@@ -1,0 +1,100 @@
+"""``esp-check sweep``: ESP-NN kernel geometry sweeps with sanitizers, three ways (docs/sweep.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from harness import api
+from harness.analysis.sweep_cases import OPS
+from harness.commands.common import make_console
+
+
+@click.command("sweep")
+@click.option(
+    "--components-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="ESP_CHECK_COMPONENTS_DIR",
+    help="directory holding esp-nn and esp-tflite-micro (env ESP_CHECK_COMPONENTS_DIR)",
+)
+@click.option(
+    "--espnn",
+    "espnn_dir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="the esp-nn component directory to sweep (wins over --components-dir)",
+)
+@click.option(
+    "--tflm",
+    "tflm_dir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="the esp-tflite-micro directory whose reference kernels judge esp-nn",
+)
+@click.option("--op", "ops", multiple=True, type=click.Choice(list(OPS)), help="ops to sweep (default: all)")
+@click.option(
+    "--cases",
+    "cases_per_op",
+    type=click.IntRange(1, 10_000_000),
+    default=200,
+    show_default=True,
+    help="cases per op",
+)
+@click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
+@click.option("--all", "api_space", is_flag=True, help="the raw API space, not only what TFLite produces")
+@click.option("--no-sanitize", is_flag=True, help="skip the ASan+UBSan build (faster, blind to overruns)")
+@click.option("--bits", type=click.Choice(["32", "64"]), default="64", show_default=True)
+@click.option("--jobs", type=click.IntRange(1, 256), default=None, help="parallel compile jobs")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("esp-check-sweep"),
+    show_default=True,
+)
+def sweep_cmd(
+    components_dir: Path | None,
+    espnn_dir: Path | None,
+    tflm_dir: Path | None,
+    ops: tuple[str, ...],
+    cases_per_op: int,
+    seed: int,
+    api_space: bool,
+    no_sanitize: bool,
+    bits: str,
+    jobs: int | None,
+    out_dir: Path,
+) -> int:
+    """Call esp-nn's kernels directly (optimized vs ANSI C vs TFLM's reference) over generated geometries."""
+    con = make_console()
+    options = api.SweepOptions(
+        ops=ops or tuple(OPS),
+        cases_per_op=cases_per_op,
+        seed=seed,
+        api_space=api_space,
+        sanitize=not no_sanitize,
+        components_dir=components_dir,
+        espnn_dir=espnn_dir,
+        tflm_dir=tflm_dir,
+        bits=int(bits),
+        jobs=jobs,
+    )
+    result = api.sweep(options, out_dir, progress=lambda m: con.print(f"[dim]{m}[/dim]"))
+    con.print(
+        f"NATIVE sweep: {result.cases} cases in {result.seconds:.1f} s ({result.cases_per_second:.0f}/s); "
+        f"reference {'compiled' if result.reference else 'NOT available (opt vs ANSI only)'}"
+    )
+    for f in result.findings:
+        where = "TFLite-reachable" if f["tflite_reachable"] else "API-only"
+        extra = f.get("sanitizer", {}).get("error") or f.get("crash") or ""
+        con.print(
+            f"  {f['kind']:<18} {f['op']:<15} {f['class']:<32} {f['cases']:>5} case(s)  {where}  {extra}",
+            highlight=False,
+            markup=False,
+        )
+    verdict = {0: "no finding", 1: "findings (wrong values)", 4: "findings (sanitizer report or crash)"}
+    con.print(f"{verdict[result.exit_code]}; report: {out_dir / 'sweep.json'}")
+    return result.exit_code
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(sweep_cmd)

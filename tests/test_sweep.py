@@ -1,0 +1,161 @@
+"""esp-check sweep (docs/sweep.md): case generation, the driver's output parser, and the real driver
+built against the native target's stand-in component tree (tests/data/native_components, a labelled
+TEST FIXTURE with max-pool kernels only) with faults injected into its optimized kernel.
+
+Nothing is faked here: the driver is compiled by the native build (CMake, the host compiler) and run.
+The fixture has no TFLM reference kernels, so these runs compare optimized vs ANSI C only (the report
+says so); the three-way comparison against real sources is recorded in docs/sweep.md.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from native_fixture import COMPONENTS, FAULT_MARK, OPT_KERNEL, faulty_components
+
+from harness.analysis import sweep_cases as sc
+from harness.analysis.sweep_findings import parse_outputs, parse_result, sanitizer_report
+from harness.analysis.sweep_repro import repro_model
+from harness.cli import main
+from harness.flows.sweep import SweepOptions, sweep
+
+needs_build = pytest.mark.skipif(
+    shutil.which("cmake") is None or shutil.which("c++") is None, reason="needs cmake and a host C++ compiler"
+)
+
+
+def test_quantize_multiplier_matches_tflite_arithmetic() -> None:
+    assert sc.quantize_multiplier(0.5) == (1 << 30, 0)
+    assert sc.quantize_multiplier(0.25) == (1 << 30, -1)
+    assert sc.quantize_multiplier(1.0) == (1 << 30, 1)
+    assert sc.quantize_multiplier(0.0) == (0, 0)
+    m, s = sc.quantize_multiplier(0.0123)
+    assert abs(m * 2.0 ** (s - 31) - 0.0123) < 1e-9
+
+
+def test_softmax_params_as_tflm_prepare() -> None:
+    # beta 1, input scale 1/16: real multiplier 2**22 -> mult 2**30, left shift 23; radius 31 * 2**26 / 2**23
+    assert sc.softmax_params(1 / 16) == (1 << 30, 23, -248)
+
+
+@pytest.mark.parametrize(("size", "k", "stride"), [(5, 3, 1), (6, 3, 2), (7, 2, 2), (1, 5, 1), (10, 1, 3)])
+def test_tflite_padding(size: int, k: int, stride: int) -> None:
+    out, pad = sc.tflite_padding(size, k, stride, True)
+    assert out == -(-size // stride)
+    total = max((out - 1) * stride + k - size, 0)
+    assert pad == total // 2  # the extra row/column of an odd total goes to the end, as TFLite does
+    out_v, pad_v = sc.tflite_padding(size, k, stride, False)
+    assert pad_v == 0 and out_v == (size - k) // stride + 1
+
+
+def test_generated_cases_are_reproducible_and_reachable() -> None:
+    a = [c.line() for c in sc.generate(list(sc.OPS), 20, seed=3)]
+    b = [c.line() for c in sc.generate(list(sc.OPS), 20, seed=3)]
+    assert a == b and len(a) == 160
+    assert a != [c.line() for c in sc.generate(list(sc.OPS), 20, seed=4)]
+    for c in sc.generate(["conv", "depthwise", "max_pool"], 50, seed=1):
+        assert c.reachable and c.params[0] > 0
+    grouped = [c for c in sc.generate(["conv"], 40, seed=1) if c.meta["groups"] > 1]
+    assert grouped and all(c.meta["ic"] == c.meta["fc"] * c.meta["groups"] for c in grouped)
+
+
+def test_repro_model_reads_back_with_the_case_tensors() -> None:
+    from harness.model.loader import parse_model_bytes
+
+    import random
+
+    case = sc.conv_case(random.Random(5), grouped=True)
+    data, x = repro_model(case)
+    info = parse_model_bytes(data)
+    assert [op.opcode for op in info.main_ops] == ["CONV_2D"]
+    assert x.dtype == np.int8 and list(x.shape) == [1, case.meta["ih"], case.meta["iw"], case.meta["ic"]]
+    assert np.array_equal(x.ravel(), sc.int8_values(case.seed, 0, x.size, case.lo, case.hi))
+
+
+def test_parse_result_strict() -> None:
+    r = parse_result("R 7 0 0 2 48 0000abcd 0000abcd 00000000 3:1:5 - - 16 0 1")
+    assert r is not None and r.id == 7 and r.status == (0, 0, 2) and r.alias
+    assert r.opt_ansi is not None and (r.opt_ansi.count, r.opt_ansi.max_abs, r.opt_ansi.first) == (3, 1, 5)
+    assert r.opt_ref is None
+    assert parse_result("R 7 0 0 2 48 0000abcd 0000abcd") is None
+    assert parse_result("R 7 9 0 2 48 0000abcd 0000abcd 00000000 - - - 0 0 0") is None
+    assert parse_outputs("O 3 7f80 - 7f7f") == (3, (b"\x7f\x80", None, b"\x7f\x7f"))
+
+
+@given(st.text(max_size=200))
+def test_parsers_never_raise(text: str) -> None:
+    for line in text.splitlines() or [text]:
+        parse_result(line)
+        parse_outputs(line)
+    sanitizer_report(text)
+
+
+def _espnn(tmp: Path, fault: str | None) -> Path:
+    if fault is None:
+        dest = tmp / "clean"
+        shutil.copytree(COMPONENTS, dest)
+        return dest / "esp-nn"
+    if fault == "rounding":  # drop the last bit of odd results: a changed rounding in the optimized kernel
+        dest = tmp / "rounding"
+        shutil.copytree(COMPONENTS, dest)
+        src = dest / OPT_KERNEL
+        src.write_text(src.read_text().replace(FAULT_MARK, "out[c] = (int8_t)(v & ~1);"), encoding="utf-8")
+        return dest / "esp-nn"
+    return faulty_components(tmp / fault, fault) / "esp-nn"
+
+
+def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None, sanitize: bool) -> tuple[int, dict]:
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / f"out-{fault}"
+    opts = SweepOptions(ops=("max_pool",), cases_per_op=60, espnn_dir=_espnn(tmp_path, fault), sanitize=sanitize)
+    result = sweep(opts, out)
+    return result.exit_code, json.loads((out / "sweep.json").read_text())
+
+
+@needs_build
+@pytest.mark.slow
+def test_clean_fixture_sweeps_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, report = _run(tmp_path, monkeypatch, None, sanitize=True)
+    assert code == 0 and report["findings"] == []
+    assert report["reference_compiled"] is False  # the fixture has no reference kernels: said, not hidden
+    assert sum(row["opt_vs_ansi"] for row in report["coverage"]) == 60  # two functions, so real coverage
+
+
+@needs_build
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["off_by_one", "rounding"])
+def test_injected_value_fault_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+    code, report = _run(tmp_path, monkeypatch, fault, sanitize=False)
+    assert code == 1
+    kinds = {f["kind"] for f in report["findings"]}
+    assert kinds == {"opt_vs_ansi"}
+    assert all(f["op"] == "max_pool" and f["tflite_reachable"] for f in report["findings"])
+    repro = report["findings"][0]["repro"]
+    assert repro["model"] == "model.tflite" and Path(repro["dir"], "input.npy").is_file()
+
+
+@needs_build
+@pytest.mark.slow
+def test_scratch_overrun_is_a_sanitizer_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, report = _run(tmp_path, monkeypatch, "scratch_overrun", sanitize=True)
+    assert code == 4
+    san = [f for f in report["findings"] if f["kind"] == "sanitizer"]
+    assert san and "heap-buffer-overflow" in san[0]["sanitizer"]["error"]
+    assert sum(f["cases"] for f in san) == 60  # every case stopped the sanitized driver, and the rest ran on
+
+
+@needs_build
+@pytest.mark.slow
+def test_cli_sweep_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    espnn = _espnn(tmp_path, "off_by_one")
+    rc = main(["sweep", "--espnn", str(espnn), "--op", "max_pool", "--cases", "10", "--no-sanitize",
+               "--out", str(tmp_path / "o")])  # fmt: skip
+    assert rc == 1
+    assert main(["sweep", "--op", "nope"]) == 2

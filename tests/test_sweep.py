@@ -66,9 +66,9 @@ def test_generated_cases_are_reproducible_and_reachable() -> None:
 
 
 def test_repro_model_reads_back_with_the_case_tensors() -> None:
-    from harness.model.loader import parse_model_bytes
-
     import random
+
+    from harness.model.loader import parse_model_bytes
 
     case = sc.conv_case(random.Random(5), grouped=True)
     data, x = repro_model(case)
@@ -110,10 +110,14 @@ def _espnn(tmp: Path, fault: str | None) -> Path:
     return faulty_components(tmp / fault, fault) / "esp-nn"
 
 
-def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None, sanitize: bool) -> tuple[int, dict]:
+def _run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None, sanitize: bool
+) -> tuple[int, dict]:
     monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / f"out-{fault}"
-    opts = SweepOptions(ops=("max_pool",), cases_per_op=60, espnn_dir=_espnn(tmp_path, fault), sanitize=sanitize)
+    opts = SweepOptions(
+        ops=("max_pool",), cases_per_op=60, espnn_dir=_espnn(tmp_path, fault), sanitize=sanitize
+    )
     result = sweep(opts, out)
     return result.exit_code, json.loads((out / "sweep.json").read_text())
 
@@ -155,7 +159,19 @@ def test_scratch_overrun_is_a_sanitizer_finding(tmp_path: Path, monkeypatch: pyt
 def test_cli_sweep_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
     espnn = _espnn(tmp_path, "off_by_one")
-    rc = main(["sweep", "--espnn", str(espnn), "--op", "max_pool", "--cases", "10", "--no-sanitize",
-               "--out", str(tmp_path / "o")])  # fmt: skip
+    rc = main(
+        [
+            "sweep",
+            "--espnn",
+            str(espnn),
+            "--op",
+            "max_pool",
+            "--cases",
+            "10",
+            "--no-sanitize",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert rc == 1
     assert main(["sweep", "--op", "nope"]) == 2

@@ -114,6 +114,44 @@ def test_a_second_model_reuses_the_compiled_libraries(work: Path, tmp_path: Path
     }
 
 
+def test_trees_survive_a_moved_esp_check_install(
+    work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree made by one esp-check install is reused by another at a different path (a new venv, an
+    upgrade with the same stand-ins): CMake's source directory is the tree's own copy of the
+    stand-ins, and a tree configured from elsewhere (trees of earlier esp-checks) is configured anew."""
+    from harness.firmware.native import driver
+
+    _run(work, "warm")
+    moved = tmp_path / "site-packages" / "standins"
+    shutil.copytree(driver.STANDINS_DIR, moved)
+    monkeypatch.setattr(driver, "STANDINS_DIR", moved)  # the same content at another install path
+    write_input(tmp_path / "in11.npy", seed=11)  # a project of its own: the program cache misses
+    projects = generate_projects(
+        work / "pool.tflite", [tmp_path / "in11.npy"], "native-esp32", out_dir=tmp_path / "p"
+    )
+    res = build_project(
+        projects[0].path, cache_dir=work / "cache", native=NativeOptions(components_dir=COMPONENTS)
+    )
+    assert not res.cache_hit and json.loads(res.flasher_args.read_text())["reused_libraries"] is True
+    tree_caches = list((work / "cache").rglob("build/CMakeCache.txt"))
+    assert tree_caches
+    # old trees configured straight from an installed package's stand-ins are configured afresh
+    for cache in tree_caches:
+        text = cache.read_text()
+        home = next(ln for ln in text.splitlines() if ln.startswith("CMAKE_HOME_DIRECTORY:"))
+        cache.write_text(text.replace(home, f"CMAKE_HOME_DIRECTORY:INTERNAL={tmp_path / 'gone'}"))
+    write_input(tmp_path / "in12.npy", seed=12)  # again a new project, on the old trees
+    third = generate_projects(
+        work / "pool.tflite", [tmp_path / "in12.npy"], "native-esp32", out_dir=tmp_path / "q"
+    )
+    again = build_project(
+        third[0].path, cache_dir=work / "cache", native=NativeOptions(components_dir=COMPONENTS)
+    )
+    assert not again.cache_hit
+    assert again.builder == "native" and again.app_bin.is_file()
+
+
 def test_an_optimized_kernel_off_by_one_is_a_mismatch_and_tap_names_the_op(
     work: Path, tmp_path: Path
 ) -> None:

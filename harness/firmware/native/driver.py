@@ -113,16 +113,18 @@ def configure_command(
     main_dir: Path,
     components: Sequence[ComponentSource],
     dependencies_lock: Path | None = None,
+    standins: Path | None = None,
 ) -> list[str]:
     """The ``cmake`` configure argument list for one tree (no shell; lists joined with ``;``).
 
     ``dependencies_lock``: the component manager's lock the components came from (main's CMakeLists
-    reads the versions there first, as in ESP-IDF)."""
+    reads the versions there first, as in ESP-IDF). ``standins``: the tree's own copy of the stand-ins
+    (:func:`_snapshot_standins`); the installed package's directory when not given."""
     comps = ";".join(f"{c.name}={c.path}" for c in components)
     return [
         tc.cmake,
         "-S",
-        str(STANDINS_DIR),
+        str(standins or STANDINS_DIR),
         "-B",
         str(tree / "build"),
         "-G",
@@ -141,6 +143,38 @@ def configure_command(
         f"-DESP_CHECK_NATIVE_HOST={tc.machine}",
         f"-DESP_CHECK_NATIVE_SANITIZE={tc.sanitize_label}",
     ]
+
+
+def _snapshot_standins(tree: Path) -> Path:
+    """The tree's own copy of the stand-ins, CMake's source directory.
+
+    CMake remembers its source directory in the build tree, and the tree outlives the esp-check
+    install that made it (a new venv, an upgrade, another checkout with the same stand-ins content
+    has the same key): building from the installed package's path would then fail to configure. The
+    key covers the stand-ins' content, so the copy made once is the right one for the tree."""
+    dest = tree / "standins"
+    if not (dest / "CMakeLists.txt").is_file():
+        tmp = tree / "standins.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(STANDINS_DIR, tmp, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.replace(dest)
+    return dest
+
+
+def _forget_moved_build(build: Path, source: Path) -> None:
+    """Remove a CMake build directory configured from another source directory (trees made before the
+    stand-ins were copied into them): CMake refuses to reuse it, so it is configured afresh."""
+    cache = build / "CMakeCache.txt"
+    try:
+        text = cache.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return
+    for line in text.splitlines():
+        if line.startswith("CMAKE_HOME_DIRECTORY:"):
+            if Path(line.split("=", 1)[-1]).resolve() != source.resolve():
+                shutil.rmtree(build, ignore_errors=True)
+            return
 
 
 def build_command(tc: Toolchain, tree: Path, jobs: int) -> list[str]:
@@ -198,12 +232,14 @@ def build_program(
             )
             + "\n",
         )
+        standins = _snapshot_standins(tree)
+        _forget_moved_build(tree / "build", standins)
         what = ", ".join(f"{c.name} {c.version or '(no version)'}" for c in components)
         with log_path.open("a", encoding="utf-8") as log:
             state = "libraries already built, compiling main/" if reused else f"first build: compiling {what}"
             log.write(f"native: tree {tree} ({state})\n")
         for argv in (
-            configure_command(toolchain, tree, main_dir.resolve(), components, dependencies_lock),
+            configure_command(toolchain, tree, main_dir.resolve(), components, dependencies_lock, standins),
             build_command(toolchain, tree, n_jobs),
         ):
             rc, tail = run_streaming(

@@ -137,6 +137,7 @@ class FlashAndCompareResult:
     tap: TapResult | None = None  # with --tap
     espnn: dict[str, Any] | None = None  # how many of the model's ops ESP-NN accelerates on this chip
     native: dict[str, Any] | None = None  # native board: what the result means, what the programs reported
+    reference_refused: dict[str, Any] | None = None  # the host reference aborted (flows/refused.py)
 
     @property
     def espnn_untested(self) -> bool:

@@ -17,13 +17,15 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from native_fixture import COMPONENTS, FAULT_MARK, OPT_KERNEL, faulty_components
+from native_fixture import COMPONENTS, FAULT_MARK, OPT_KERNEL, faulty_components, write_model
 
 from harness.analysis import sweep_cases as sc
 from harness.analysis.sweep_findings import parse_outputs, parse_result, sanitizer_report
+from harness.analysis.sweep_model import CHANNEL_DELTAS, model_cases
 from harness.analysis.sweep_repro import repro_model
 from harness.cli import main
 from harness.flows.sweep import SweepOptions, sweep
+from harness.model.loader import load_model
 
 needs_build = pytest.mark.skipif(
     shutil.which("cmake") is None or shutil.which("c++") is None, reason="needs cmake and a host C++ compiler"
@@ -175,3 +177,56 @@ def test_cli_sweep_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     )
     assert rc == 1
     assert main(["sweep", "--op", "nope"]) == 2
+
+
+MODELS = Path(__file__).parent / "data" / "models"
+
+
+def test_from_model_takes_each_ops_real_geometry_and_its_neighbours() -> None:
+    info = load_model(MODELS / "cnn_classifier_11.tflite")
+    cases, skipped = model_cases(info)
+    assert skipped == [] and [c.id for c in cases] == list(range(1, len(cases) + 1))
+    assert all(c.reachable for c in cases)  # neighbours are computed with TFLite's padding rule
+    conv = [c for c in cases if c.meta["model_op"] == 0]
+    own = conv[0]
+    assert own.op == "conv" and own.meta["variant"] == "model"
+    # op 0: input [1,32,32,3], filter [16,3,3,3], SAME, stride 1 -> [1,32,32,16]
+    assert own.params[:13] == [32, 32, 3, 3, 3, 3, 16, 32, 32, 1, 1, 1, 1]
+    assert own.meta["in_scale"] == pytest.approx(info.tensors[info.main_ops[0].inputs[0]].scale)
+    assert own.meta["in_zp"] == info.tensors[info.main_ops[0].inputs[0]].zero_point
+    w = info.tensors[info.main_ops[0].inputs[1]]
+    assert own.meta["w_scales"] == pytest.approx(list(w.scales), rel=1e-6)  # its per-channel scales
+    variants = {c.meta["variant"] for c in conv}
+    assert {"s2 SAME", "s1 VALID", "s2 VALID", "h-1 w+0", "h+0 w+1"} <= variants
+    assert {f"oc{d:+d}" for d in CHANNEL_DELTAS} <= variants
+    assert {f"fc{d:+d}" for d in (-2, -1, 1, 8)} <= variants
+    pool = [c for c in cases if c.meta["model_op"] == 1]  # MAX_POOL_2D 2x2/2 VALID on [1,32,32,16]
+    assert pool[0].op == "max_pool" and pool[0].params[:11] == [32, 32, 16, 16, 16, 2, 2, 2, 2, 0, 0]
+    swept = {f"op{op.index}" for op in info.main_ops if op.opcode != "RESHAPE"}
+    assert {c.klass.split()[0] for c in cases} == swept
+
+
+def test_from_model_says_which_ops_it_cannot_sweep() -> None:
+    cases, skipped = model_cases(load_model(MODELS / "op_zoo.tflite"))
+    assert {(s["opcode"], s["why"].split()[0]) for s in skipped} == {
+        ("CONV_2D", "dilated"),
+        ("DEPTHWISE_CONV_2D", "dilated"),
+    }
+    assert {c.op for c in cases} >= {"conv", "depthwise", "fully_connected", "add", "mul", "softmax"}
+
+
+@needs_build
+@pytest.mark.slow
+def test_cli_from_model_catches_a_fault_in_the_models_own_geometry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    model = write_model(tmp_path / "pool.tflite")  # MAX_POOL_2D 2x2/2 VALID on [1,8,8,3], then RESHAPE
+    args = ["sweep", "--from-model", str(model), "--no-sanitize"]
+    assert main([*args, "--espnn", str(COMPONENTS / "esp-nn"), "--out", str(tmp_path / "clean")]) == 0
+    clean = json.loads((tmp_path / "clean" / "sweep.json").read_text())
+    assert clean["cases"] == 1 + 4 + 3 + 10  # own, spatial +-1, other strides/paddings, channels 3-2..3+8
+    rc = main([*args, "--espnn", str(_espnn(tmp_path, "off_by_one")), "--out", str(tmp_path / "bad")])
+    bad = json.loads((tmp_path / "bad" / "sweep.json").read_text())
+    assert rc == 1 and bad["findings"] and all(f["class"].startswith("op0 ") for f in bad["findings"])
+    assert main([*args, "--op", "conv", "--espnn", str(COMPONENTS / "esp-nn")]) == 2  # nothing left to sweep

@@ -170,6 +170,26 @@ def _requant(rng: random.Random, in_scale: float, n: int, per_channel: bool, api
     return {"w_scales": w, "out_scale": out_scale, "mult": [m for m, _ in ms], "shift": [s for _, s in ms]}
 
 
+def _quant(
+    rng: random.Random, over: dict[str, Any], n: int, per_channel: bool, api: bool
+) -> tuple[float, int, int, dict[str, Any]]:
+    """(input scale, input zero point, output zero point, requantization): random, or a model's own.
+
+    ``over["quant"]`` (from --from-model) holds ``in_scale``, ``in_zp``, ``out_zp``, ``out_scale`` and
+    the weight scales ``w_scales`` (reused cyclically when a neighbour has more channels).
+    """
+    q = over.pop("quant", None)
+    if q is None:
+        in_scale, in_zp = _f32(rng.uniform(0.005, 0.1)), rng.randint(-128, 127)
+        out_zp = rng.randint(-128, 127)
+        return in_scale, in_zp, out_zp, _requant(rng, in_scale, n, per_channel, api)
+    ws = [_f32(q["w_scales"][i % len(q["w_scales"])]) for i in range(n if per_channel else 1)]
+    ms = [quantize_multiplier(q["in_scale"] * w / q["out_scale"]) for w in ws]
+    rq = {"w_scales": ws, "out_scale": _f32(q["out_scale"])}
+    rq.update({"mult": [m for m, _ in ms], "shift": [t for _, t in ms]})
+    return _f32(q["in_scale"]), int(q["in_zp"]), int(q["out_zp"]), rq
+
+
 def _conv(rng: random.Random, api: bool, grouped: bool) -> dict[str, Any]:
     k = rng.choice((1, 1, 3, 3, 5, 2, 7))
     kh, kw = (k, k) if rng.random() < 0.8 else (k, rng.choice((1, 3)))
@@ -200,11 +220,12 @@ def _conv(rng: random.Random, api: bool, grouped: bool) -> dict[str, Any]:
 
 
 def conv_case(rng: random.Random, api: bool = False, grouped: bool = False, **over: Any) -> Case:
+    over = dict(over)
+    quant = {"quant": over.pop("quant")} if "quant" in over else {}
     g = {**_conv(rng, api, grouped), **over}
     if g["oh"] < 1 or g["ow"] < 1:
         g["ih"], g["iw"], g["oh"], g["ow"], g["ph"], g["pw"] = g["kh"], g["kw"], 1, 1, 0, 0
-    in_scale, in_zp, out_zp = _f32(rng.uniform(0.005, 0.1)), rng.randint(-128, 127), rng.randint(-128, 127)
-    rq = _requant(rng, in_scale, g["oc"], per_channel=True, api=api)
+    in_scale, in_zp, out_zp, rq = _quant(rng, quant, g["oc"], per_channel=True, api=api)
     act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
     p = [
         g["ih"],
@@ -257,6 +278,8 @@ def _reachable_2d(g: dict[str, Any]) -> bool:
 
 
 def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
+    over = dict(over)
+    quant = {"quant": over.pop("quant")} if "quant" in over else {}
     g = _conv(rng, api, False)
     g["ic"] = rng.choice((1, 2, 3, 4, 8, 15, 16, 17, 24, 32))
     g["mult_ch"] = rng.choice((1, 1, 1, 2, 4))
@@ -264,8 +287,7 @@ def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
     g["oc"] = g["ic"] * g["mult_ch"]
     if g["oh"] < 1 or g["ow"] < 1:
         g["ih"], g["iw"], g["oh"], g["ow"], g["ph"], g["pw"] = g["kh"], g["kw"], 1, 1, 0, 0
-    in_scale, in_zp, out_zp = _f32(rng.uniform(0.005, 0.1)), rng.randint(-128, 127), rng.randint(-128, 127)
-    rq = _requant(rng, in_scale, g["oc"], per_channel=True, api=api)
+    in_scale, in_zp, out_zp, rq = _quant(rng, quant, g["oc"], per_channel=True, api=api)
     act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
     p = [
         g["ih"],
@@ -308,8 +330,8 @@ def fc_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
     row = over.get("row", rng.choice((1, 3, 4, 7, 8, 15, 16, 17, 31, 64, 100, 257)))
     oc = over.get("oc", rng.choice((1, 2, 3, 8, 10, 16, 17)))
     per_ch = over.get("per_channel", rng.random() < 0.5)
-    in_scale, in_zp, out_zp = _f32(rng.uniform(0.005, 0.1)), rng.randint(-128, 127), rng.randint(-128, 127)
-    rq = _requant(rng, in_scale, oc if per_ch else 1, per_channel=per_ch, api=api)
+    quant = {"quant": over["quant"]} if "quant" in over else {}
+    in_scale, in_zp, out_zp, rq = _quant(rng, quant, oc if per_ch else 1, per_channel=per_ch, api=api)
     act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
     w_off = rng.randint(-127, 127) if api else 0  # TFLM: int8 weights are symmetric (zero point 0)
     p = [row, oc, -in_zp, w_off, out_zp, amin, amax, 1 << 12, int(per_ch), *rq["mult"], *rq["shift"]]
@@ -362,9 +384,14 @@ def pool_case(rng: random.Random, op: str, api: bool = False, **over: Any) -> Ca
     same = rng.random() < 0.5
     ih, oh, ph = _spatial(rng, k, stride, same, api)
     iw, ow, pw = _spatial(rng, k, stride, same, api)
+    ch = rng.choice((1, 3, 4, 8, 16, 17, 32))
+    if "ih" in over:  # a model's own geometry (--from-model): square filter and stride as esp-nn takes them
+        k, stride, same = over["k"], over["stride"], over["same"]
+        ih, iw, ch = over["ih"], over["iw"], over["ch"]
+        oh, ph = tflite_padding(ih, k, stride, same)
+        ow, pw = tflite_padding(iw, k, stride, same)
     if oh < 1 or ow < 1:
         ih, iw, oh, ow, ph, pw = k, k, 1, 1, 0, 0
-    ch = rng.choice((1, 3, 4, 8, 16, 17, 32))
     zp = rng.randint(-128, 127)
     act, amin, amax = _act(rng, zp, 0.05)
     g = {

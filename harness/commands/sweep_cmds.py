@@ -9,6 +9,7 @@ import click
 from harness import api
 from harness.analysis.sweep_cases import OPS
 from harness.commands.common import make_console
+from harness.errors import UsageError
 
 
 @click.command("sweep")
@@ -39,6 +40,13 @@ from harness.commands.common import make_console
     show_default=True,
     help="cases per op",
 )
+@click.option(
+    "--from-model",
+    "from_model",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="sweep this .tflite's own esp-nn op geometries and their neighbours (channels -8..+8, "
+    "spatial +-1, each stride and padding) instead of generated ones; --op filters them",
+)
 @click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
 @click.option("--all", "api_space", is_flag=True, help="the raw API space, not only what TFLite produces")
 @click.option("--no-sanitize", is_flag=True, help="skip the ASan+UBSan build (faster, blind to overruns)")
@@ -57,6 +65,7 @@ def sweep_cmd(
     tflm_dir: Path | None,
     ops: tuple[str, ...],
     cases_per_op: int,
+    from_model: Path | None,
     seed: int,
     api_space: bool,
     no_sanitize: bool,
@@ -78,6 +87,24 @@ def sweep_cmd(
         bits=int(bits),
         jobs=jobs,
     )
+    if from_model is not None:
+        from harness.analysis.sweep_model import model_cases
+        from harness.model.loader import load_model
+
+        cases, skipped = model_cases(load_model(from_model), seed)
+        cases = [c for c in cases if c.op in options.ops]
+        for k, c in enumerate(cases, 1):
+            c.id = k
+        for sk in skipped:
+            con.print(
+                f"[yellow]not swept:[/yellow] op {sk['op']} {sk['opcode']}: {sk['why']}", highlight=False
+            )
+        if not cases:
+            raise UsageError(
+                f"{from_model} has no int8 op that esp-nn runs (of those asked for with --op)",
+                hint="give an int8 model with conv, depthwise, fully connected, add, mul, pooling or softmax",
+            )
+        options.cases = cases
     result = api.sweep(options, out_dir, progress=lambda m: con.print(f"[dim]{m}[/dim]"))
     con.print(
         f"NATIVE sweep: {result.cases} cases in {result.seconds:.1f} s ({result.cases_per_second:.0f}/s); "

@@ -230,3 +230,19 @@ def test_cli_from_model_catches_a_fault_in_the_models_own_geometry(
     bad = json.loads((tmp_path / "bad" / "sweep.json").read_text())
     assert rc == 1 and bad["findings"] and all(f["class"].startswith("op0 ") for f in bad["findings"])
     assert main([*args, "--op", "conv", "--espnn", str(COMPONENTS / "esp-nn")]) == 2  # nothing left to sweep
+
+
+def test_findings_group_by_a_coarse_geometry_family() -> None:
+    from harness.analysis.sweep_findings import CaseVerdict, family, group
+
+    def conv(klass: str) -> CaseVerdict:
+        return CaseVerdict(sc.Case("conv", 1, -128, 127, [1] * 20, klass, True), None, ["sanitizer"])
+
+    vs = [conv(k) for k in ("3x3 s1 SAME grouped c<8", "5x5 s2 VALID grouped c>=16", "1x1 s1 SAME grouped c<8")]
+    vs.append(CaseVerdict(sc.Case("conv", 2, -128, 127, [1] * 20, "3x3 s1 SAME c<8", True), None, []))
+    groups = group(vs)
+    assert [(g["class"], g["cases"]) for g in groups] == [("grouped 1x1", 1), ("grouped KxK", 2)]
+    assert groups[1]["classes"] == {"3x3 s1 SAME grouped c<8": 1, "5x5 s2 VALID grouped c>=16": 1}
+    assert family("depthwise", "op4 3x3 s2 SAME mult2 c<8") == "op4 KxK mult>1"
+    assert family("softmax", "depth>=512 near-max") == "depth>=512 near-max"
+    assert family("max_pool", "2x2 s2 VALID c<8") == "VALID"

@@ -177,19 +177,49 @@ class Coverage:
         ]
 
 
+def family(op: str, klass: str) -> str:
+    """A coarser geometry class for grouping findings: what bugs have followed, not every filter size.
+
+    conv: 1x1 or KxK, grouped or not; depthwise: 1x1 or KxK, multiplier 1 or more; fully connected:
+    per-channel or per-tensor; pooling: the padding; add and mul: one family; softmax: its own class.
+    A --from-model prefix (``opN``) is kept, so each model op stays apart.
+    """
+    words = klass.split()
+    prefix = [words.pop(0)] if words and words[0].startswith("op") and words[0][2:].isdigit() else []
+    size = ("1x1" if words and words[0] == "1x1" else "KxK") if words else ""
+    if op == "conv":
+        fam = ["grouped", size] if "grouped" in words else [size]
+    elif op == "depthwise":
+        fam = [size, "mult1" if "mult1" in words else "mult>1"]
+    elif op == "fully_connected":
+        fam = words[:1]
+    elif op in ("avg_pool", "max_pool"):
+        fam = [w for w in words if w in ("SAME", "VALID", "pad*")]
+    elif op in ("add", "mul"):
+        fam = ["any size"]
+    else:
+        fam = words
+    return " ".join(prefix + fam)
+
+
 def group(verdicts: list[CaseVerdict]) -> list[dict[str, Any]]:
-    """Findings grouped by kernel, geometry class and kind; each group keeps its smallest case."""
+    """Findings grouped by kernel, geometry family (:func:`family`) and kind; each keeps its smallest
+    case and how many cases of each finer geometry class it holds."""
     groups: dict[tuple[str, str, str], list[CaseVerdict]] = defaultdict(list)
     for v in verdicts:
         for kind in v.kinds:
-            groups[(v.case.op, v.case.klass, kind)].append(v)
+            groups[(v.case.op, family(v.case.op, v.case.klass), kind)].append(v)
     out = []
-    for (op, klass, kind), vs in sorted(groups.items(), key=lambda kv: (KINDS.index(kv[0][2]), kv[0][:2])):
+    for (op, fam, kind), vs in sorted(groups.items(), key=lambda kv: (KINDS.index(kv[0][2]), kv[0][:2])):
         smallest = min(vs, key=lambda v: (len(v.case.params), sum(abs(x) for x in v.case.params[:9])))
+        classes: dict[str, int] = defaultdict(int)
+        for v in vs:
+            classes[v.case.klass] += 1
         out.append(
             {
                 "op": op,
-                "class": klass,
+                "class": fam,
+                "classes": dict(sorted(classes.items())),
                 "kind": kind,
                 "cases": len(vs),
                 "tflite_reachable": any(v.case.reachable for v in vs),

@@ -238,7 +238,8 @@ def test_findings_group_by_a_coarse_geometry_family() -> None:
     def conv(klass: str) -> CaseVerdict:
         return CaseVerdict(sc.Case("conv", 1, -128, 127, [1] * 20, klass, True), None, ["sanitizer"])
 
-    vs = [conv(k) for k in ("3x3 s1 SAME grouped c<8", "5x5 s2 VALID grouped c>=16", "1x1 s1 SAME grouped c<8")]
+    fine = ("3x3 s1 SAME grouped c<8", "5x5 s2 VALID grouped c>=16", "1x1 s1 SAME grouped c<8")
+    vs = [conv(k) for k in fine]
     vs.append(CaseVerdict(sc.Case("conv", 2, -128, 127, [1] * 20, "3x3 s1 SAME c<8", True), None, []))
     groups = group(vs)
     assert [(g["class"], g["cases"]) for g in groups] == [("grouped 1x1", 1), ("grouped KxK", 2)]

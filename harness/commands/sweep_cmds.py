@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -88,23 +89,7 @@ def sweep_cmd(
         jobs=jobs,
     )
     if from_model is not None:
-        from harness.analysis.sweep_model import model_cases
-        from harness.model.loader import load_model
-
-        cases, skipped = model_cases(load_model(from_model), seed)
-        cases = [c for c in cases if c.op in options.ops]
-        for k, c in enumerate(cases, 1):
-            c.id = k
-        for sk in skipped:
-            con.print(
-                f"[yellow]not swept:[/yellow] op {sk['op']} {sk['opcode']}: {sk['why']}", highlight=False
-            )
-        if not cases:
-            raise UsageError(
-                f"{from_model} has no int8 op that esp-nn runs (of those asked for with --op)",
-                hint="give an int8 model with conv, depthwise, fully connected, add, mul, pooling or softmax",
-            )
-        options.cases = cases
+        options.cases = _model_cases(con, from_model, seed, options.ops)
     result = api.sweep(options, out_dir, progress=lambda m: con.print(f"[dim]{m}[/dim]"))
     con.print(
         f"NATIVE sweep: {result.cases} cases in {result.seconds:.1f} s ({result.cases_per_second:.0f}/s); "
@@ -121,6 +106,25 @@ def sweep_cmd(
     verdict = {0: "no finding", 1: "findings (wrong values)", 4: "findings (sanitizer report or crash)"}
     con.print(f"{verdict[result.exit_code]}; report: {out_dir / 'sweep.json'}")
     return result.exit_code
+
+
+def _model_cases(con: Any, from_model: Path, seed: int, ops: tuple[str, ...]) -> list[Any]:
+    """The cases of ``--from-model``, filtered by ``--op``; the ops it cannot sweep are printed."""
+    from harness.analysis.sweep_model import model_cases
+    from harness.model.loader import load_model
+
+    cases, skipped = model_cases(load_model(from_model), seed)
+    cases = [c for c in cases if c.op in ops]
+    for k, c in enumerate(cases, 1):
+        c.id = k
+    for sk in skipped:
+        con.print(f"[yellow]not swept:[/yellow] op {sk['op']} {sk['opcode']}: {sk['why']}", highlight=False)
+    if not cases:
+        raise UsageError(
+            f"{from_model} has no int8 op that esp-nn runs (of those asked for with --op)",
+            hint="give an int8 model with conv, depthwise, fully connected, add, mul, pooling or softmax",
+        )
+    return cases
 
 
 def register(cli: click.Group) -> None:

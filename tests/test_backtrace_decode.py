@@ -20,8 +20,8 @@ import pytest
 
 from harness.analysis.classify import classify
 from harness.firmware import backtrace as bt
-from harness.sim.app import panic_text
 from harness.sim.chips import get_chip
+from harness.sim.crash import panic_text
 from harness.sim.image import build_sim_firmware
 from harness.sim.testing import make_project
 
@@ -55,6 +55,11 @@ return_site:
     ret
     .size app_main, .-app_main
 """
+
+
+def _sim_elf(files: list) -> Path:
+    """The ELF the sim builder left beside the app (the model partition's image comes last in the list)."""
+    return next(p for _, p in files if p.name == "esp-check-sim.bin").with_suffix(".elf")
 
 
 def _riscv_report(mepc: int, ra: int) -> str:
@@ -121,7 +126,7 @@ def test_simulated_c3_crash_decodes_with_the_sim_elf(tmp_path: Path, models_dir:
     proj = make_project(tmp_path / "p", models_dir / "op_zoo.tflite", [x], chip="esp32c3",
                         variant="optimized")  # fmt: skip
     files = build_sim_firmware(proj, tmp_path / "b")
-    elf = files[-1][1].with_suffix(".elf")
+    elf = _sim_elf(files)
     text = panic_text(get_chip("esp32c3"), kind, random.Random(7), variant="optimized").decode()
     (crash,) = [f for f in bt.decode_findings(classify(text), elf, "esp32c3") if f.kind == kind]
     names = [fr["function"] for fr in crash.details["decoded"]]
@@ -154,7 +159,7 @@ def test_no_addr2line_means_the_finding_says_decoding_was_skipped_and_why(
 ) -> None:
     x = np.load(models_dir / "inputs" / "op_zoo.q.npy")
     proj = make_project(tmp_path / "p", models_dir / "op_zoo.tflite", [x], chip="esp32s3")
-    elf = build_sim_firmware(proj, tmp_path / "b")[-1][1].with_suffix(".elf")
+    elf = _sim_elf(build_sim_firmware(proj, tmp_path / "b"))
     text = panic_text(get_chip("esp32s3"), "panic", random.Random(1)).decode()
     (panic,) = bt.decode_findings(classify(text), elf, "esp32s3", _bare_env(tmp_path))
     decode = panic.details["decode"]
@@ -183,7 +188,7 @@ def test_xtensa_backtrace_decodes_where_a_toolchain_exists(tmp_path: Path, model
     x = np.load(models_dir / "inputs" / "op_zoo.q.npy")
     proj = make_project(tmp_path / "p", models_dir / "op_zoo.tflite", [x], chip="esp32s3",
                         variant="optimized")  # fmt: skip
-    elf = build_sim_firmware(proj, tmp_path / "b")[-1][1].with_suffix(".elf")
+    elf = _sim_elf(build_sim_firmware(proj, tmp_path / "b"))
     text = panic_text(get_chip("esp32s3"), "panic", random.Random(3), variant="optimized").decode()
     (panic,) = bt.decode_findings(classify(text), elf, "esp32s3")
     assert panic.details["decoded"][0]["function"] == "esp_nn_conv_s8_esp32s3"

@@ -83,22 +83,28 @@ pt_default = [l.split("=")[1] for l in defaults.splitlines()
 pt_off = os.environ.get("FAKE_PT_OFFSET", pt_default[0] if pt_default else "0x8000")
 app_off = os.environ.get("FAKE_APP_OFFSET")
 rows = [r for r in csv.reader(open(proj / "partitions.csv")) if r and not r[0].startswith("#")]
-types = {"app": 0, "data": 1}; subtypes = {"factory": 0, "nvs": 2, "phy": 1, "ota": 0}
+types = {"app": 0, "data": 1}
+subtypes = {"factory": 0, "nvs": 2, "phy": 1, "ota": 0, "ota_0": 0x10, "ota_1": 0x11}
 table = b""
 factory_size = 0
+ota_size = 0
 for name, typ, sub, off, size, *_ in [[c.strip() for c in r] for r in rows]:
     off_i = int(off, 0); size_i = int(size, 0)
-    if sub == "factory":
+    if typ == "app" and not factory_size:  # the first app partition (factory, or ota_0)
         factory_size = size_i
         if app_off:
             off_i = int(app_off, 0)
-    table += b"\xaa\x50" + struct.pack("<BBII16sI", types[typ], subtypes[sub], off_i, size_i,
-                                        name.encode().ljust(16, b"\0"), 0)
+    if typ == "data" and sub == "ota":
+        ota_size = size_i
+    table += b"\xaa\x50" + struct.pack("<BBII16sI", types[typ], subtypes.get(sub) if sub in subtypes
+                                        else int(sub, 0), off_i, size_i, name.encode().ljust(16, b"\0"), 0)
 table += b"\xeb\xeb" + b"\xff" * 14 + hashlib.md5(table).digest()
 for p in files.values():
     p.parent.mkdir(parents=True, exist_ok=True)
 files["pt"].write_bytes(table.ljust(0xC00, b"\xff"))
 files["bootloader"].write_bytes(b"\xe9\x03\x02\x20" + b"B" * 1000)
+if ota_size:  # gen_esp32part / PlatformIO: an empty otadata image when the table has otadata
+    files["otadata"].write_bytes(b"\xff" * ota_size)
 app_size = factory_size + 16 if mode == "too_big" else 5000
 seed = hashlib.sha256(defaults.encode()).digest()
 files["app"].write_bytes((b"\xe9\x05\x02\x20" + seed * (app_size // 32 + 1))[:app_size])
@@ -188,26 +194,36 @@ def test_pio_contract_artifacts_and_flasher_args(tmp_path: Path, fake_tools: dic
     assert any("[SUCCESS]" in ln for ln in lines)  # output streamed to the callback
     assert res.log_path is not None and "[SUCCESS]" in res.log_path.read_text()
     assert not res.cache_hit and res.builder == "pio" and res.chip == "esp32"
-    # offsets: ESP32 bootloader at 0x1000 (from the resolved sdkconfig), table at the board's 0xc000 (the
-    # generated sdkconfig.defaults sets it; the resolved sdkconfig says so), factory app 0x10000
+    # offsets: ESP32 bootloader at 0x1000 (from the resolved sdkconfig), the table at the board's 0xc000,
+    # otadata, the optimized app in ota_0, the model partition (docs/firmware.md "Flash layout", 4 MB)
     assert [(a.offset, a.role) for a in res.artifacts] == [
         (0x1000, "bootloader"),
         (0xC000, "partition-table"),
-        (0x10000, "app"),
+        (0x10000, "otadata"),
+        (0x20000, "app"),
+        (0x220000, "model"),
     ]
+    build_dir = res.flasher_args.parent
     for a in res.artifacts:
-        assert a.path.is_file() and res.flasher_args.parent in a.path.parents
+        assert a.path.is_file() and build_dir in a.path.parents
+    # one .bin at the top level, the app (pytest-embedded-idf takes the first top-level .bin as the app)
+    assert sorted(p.name for p in build_dir.glob("*.bin")) == ["esp_check_fw.bin"]
     fa = json.loads(res.flasher_args.read_text())
     assert fa["flash_files"] == {
         "0x1000": "bootloader/bootloader.bin",
         "0xc000": "partition_table/partition-table.bin",
-        "0x10000": "esp_check_fw.bin",
+        "0x10000": "ota_data/ota_data_initial.bin",
+        "0x20000": "esp_check_fw.bin",
+        "0x220000": "model/model.bin",
     }
-    assert fa["app"] == {"offset": "0x10000", "file": "esp_check_fw.bin", "encrypted": "false"}
+    assert fa["app"] == {"offset": "0x20000", "file": "esp_check_fw.bin", "encrypted": "false"}
+    image = (opt / "esp-check" / "partitions" / "model.bin").read_bytes()
+    assert (build_dir / "model" / "model.bin").read_bytes() == image
     assert fa["flash_settings"] == {"flash_mode": "dio", "flash_freq": "80m", "flash_size": "4MB"}
     assert fa["write_flash_args"] == ["--flash-mode", "dio", "--flash-freq", "80m", "--flash-size", "4MB"]
     assert fa["extra_esptool_args"]["chip"] == "esp32"
-    assert res.flash_files()[0] == (0x1000, res.flasher_args.parent / "bootloader" / "bootloader.bin")
+    assert res.flash_files()[0] == (0x1000, build_dir / "bootloader" / "bootloader.bin")
+    assert [off for off, _ in res.flash_files(b.RUN_ROLES)] == [0x1000, 0xC000, 0x20000, 0x220000]
     import hashlib
 
     assert res.firmware_sha256 == hashlib.sha256(res.app_bin.read_bytes()).hexdigest()
@@ -220,12 +236,14 @@ def test_offsets_come_from_resolved_config_not_constants(
     tmp_path: Path, fake_tools: dict[str, object]
 ) -> None:
     (opt,) = _project(tmp_path, board="esp32s3-devkitc-1-n8r8", variants=("optimized",))
-    env = _env(fake_tools, FAKE_PT_OFFSET="0x9000", FAKE_APP_OFFSET="0x20000")
+    env = _env(fake_tools, FAKE_PT_OFFSET="0x9000", FAKE_APP_OFFSET="0x30000")
     res = b.build_project(opt, use_cache=False, env=env)
     assert [(a.offset, a.role) for a in res.artifacts] == [
         (0x0, "bootloader"),
-        (0x9000, "partition-table"),  # what the resolved sdkconfig says wins (the bootloader has it)
-        (0x20000, "app"),
+        (0x9000, "partition-table"),  # what the resolved sdkconfig says wins
+        (0x10000, "otadata"),
+        (0x30000, "app"),
+        (0x220000, "model"),
     ]
     # a resolved sdkconfig that does not say: the board's offset from the manifest, never a constant
     res = b.build_project(opt, use_cache=False, env=_env(fake_tools, FAKE_NO_PT_OFFSET="1"))
@@ -358,7 +376,7 @@ def test_compile_error_shows_the_error_lines(tmp_path: Path, fake_tools: dict[st
 
 def test_binary_larger_than_partition(tmp_path: Path, fake_tools: dict[str, object]) -> None:
     (opt,) = _project(tmp_path, variants=("optimized",))
-    with pytest.raises(BuildError, match="larger than its app partition 'factory'") as ei:
+    with pytest.raises(BuildError, match="larger than its app partition 'ota_0'") as ei:
         b.build_project(opt, use_cache=False, env=_env(fake_tools, FAKE_TOOL_MODE="too_big"))
     assert "partitions.csv" in (ei.value.hint or "")
 
@@ -388,8 +406,10 @@ def test_idf_builder_for_p4(tmp_path: Path, fake_tools: dict[str, object]) -> No
     ]
     assert [(a.offset, a.role) for a in res.artifacts] == [
         (0x2000, "bootloader"),
-        (0xC000, "partition-table"),  # 40 KB for the P4 bootloader instead of 24 KB below 0x8000
-        (0x10000, "app"),
+        (0xC000, "partition-table"),  # 40 KB for the P4 bootloader instead of 24 KB
+        (0x10000, "otadata"),
+        (0x120000, "app"),  # the ANSI C app goes to ota_1
+        (0x220000, "model"),
     ]
     with pytest.raises(UsageError, match="cannot be built with PlatformIO"):
         b.build_project(p4, builder="pio", use_cache=False, env=_env(fake_tools))
@@ -415,14 +435,17 @@ def test_sim_builder_packs_a_real_esp_image_and_caches(tmp_path: Path, fake_tool
     r1 = b.build_project(opt, cache_dir=cache)
     r2 = b.build_project(ansi, cache_dir=cache)
     assert _calls(fake_tools) == []  # no external tool for the simulated board
-    assert r1.builder == "sim" and [a.role for a in r1.artifacts] == ["bootloader", "partition-table", "app"]
+    roles = ["bootloader", "partition-table", "otadata", "app", "model"]
+    assert r1.builder == "sim" and [a.role for a in r1.artifacts] == roles
+    assert [a.offset for a in r1.artifacts if a.role == "app"] == [0x20000]
+    assert [a.offset for a in r2.artifacts if a.role == "app"] == [0x120000]
     image = LoadFirmwareImage("esp32s3", str(r1.app_bin))
     assert image.checksum is not None and len(image.segments) >= 1
     assert r1.firmware_sha256 != r2.firmware_sha256  # the variant is compiled into the image
     again = b.build_project(opt, cache_dir=cache)
     assert again.cache_hit and again.firmware_sha256 == r1.firmware_sha256
     fa = json.loads(again.flasher_args.read_text())
-    assert fa["app"]["offset"] == "0x10000" and fa["extra_esptool_args"]["chip"] == "esp32s3"
+    assert fa["app"]["offset"] == "0x20000" and fa["extra_esptool_args"]["chip"] == "esp32s3"
     # real esptool reads the @flash_args file beside flasher_args.json: merge the images with it
     out = again.flasher_args.parent
     proc = subprocess.run(
@@ -432,8 +455,10 @@ def test_sim_builder_packs_a_real_esp_image_and_caches(tmp_path: Path, fake_tool
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     merged = (out / "merged.bin").read_bytes()
-    assert merged[0x10000 : 0x10000 + again.app_bin.stat().st_size] == again.app_bin.read_bytes()
+    assert merged[0x20000 : 0x20000 + again.app_bin.stat().st_size] == again.app_bin.read_bytes()
     assert merged[0xC000 : 0xC000 + 0xC00] == (out / "partition_table" / "partition-table.bin").read_bytes()
+    model = (out / "model" / "model.bin").read_bytes()
+    assert merged[0x220000 : 0x220000 + len(model)] == model
 
 
 def test_cache_is_size_bounded_lru_and_respects_locks(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.firmware.build import BuildResult, build_project
+from harness.firmware.build import BuildResult, build_project, parse_partition_table
 from harness.firmware.generate import generate_projects
 from harness.protocol.capture import parse_capture
 from harness.sim.chips import get_chip
@@ -107,8 +107,8 @@ def test_esptool_image_info_on_every_produced_image(build: BuildResult) -> None:
     out = build.flasher_args.parent
     elf_sha = hashlib.sha256(build.elf.read_bytes()).hexdigest()  # type: ignore[union-attr]
     for a in build.artifacts:
-        if a.role == "partition-table":
-            continue  # not an ESP image: a table (checked by gen_esp32part's rules in test_sim_image.py)
+        if a.role in ("partition-table", "otadata", "model"):
+            continue  # not ESP images: a table (gen_esp32part's rules, test_sim_image.py), data partitions
         text = esptool(None, "--chip", "esp32s3", "image-info", str(a.path), cwd=out, timeout=60)
         assert "Checksum:" in text and "(valid)" in text and "invalid" not in text.lower(), text
         assert re.search(r"Validation hash: [0-9a-f]{64} \(valid\)", text), text
@@ -154,10 +154,12 @@ def test_esptool_cli_over_raw_tcp_to_a_board_strapped_for_download(
     verified = esptool(url, "verify-flash", *_flash_params(written, build), *_flash_files(build), cwd=out)
     assert verified.count(VERIFIED) == len(build.artifacts)
     app = build.app_bin.read_bytes()
-    esptool(url, "read-flash", "0x10000", hex(len(app)), str(tmp_path / "app.bin"))
+    app_offset = next(a.offset for a in build.artifacts if a.role == "app")
+    esptool(url, "read-flash", hex(app_offset), hex(len(app)), str(tmp_path / "app.bin"))
     assert (tmp_path / "app.bin").read_bytes() == app
-    esptool(url, "erase-region", "0x9000", "0x6000")  # the nvs partition
-    esptool(url, "read-flash", "0x9000", "0x1000", str(tmp_path / "nvs.bin"))
+    nvs = next(p for p in parse_partition_table(table.path.read_bytes()) if p.label == "nvs")
+    esptool(url, "erase-region", hex(nvs.offset), hex(nvs.size))
+    esptool(url, "read-flash", hex(nvs.offset), "0x1000", str(tmp_path / "nvs.bin"))
     assert (tmp_path / "nvs.bin").read_bytes() == b"\xff" * 0x1000
 
 

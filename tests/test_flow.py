@@ -213,7 +213,8 @@ def test_junit_names_the_crashed_variant(models_dir: Path, tmp_path: Path, cache
     from harness.firmware.backtrace import find_addr2line
 
     (panic,) = [f for f in report(result)["variants"]["optimized"]["findings"] if f["kind"] == "panic"]
-    assert panic["details"]["count"] == 3  # a kernel bug crashes at the same place on every boot
+    # the resident app crashes on the input it was sent, then reboots and waits: one crash, reported once
+    assert panic["details"].get("count", 1) == 1
     decode = panic["details"]["decode"]
     if find_addr2line("esp32s3")[0] is None:
         assert decode["status"] == "skipped" and "xtensa-esp32s3-elf-addr2line" in decode["why"]

@@ -28,6 +28,7 @@ from harness.firmware.boards import list_boards, load_board
 from harness.model.inputs import load_input
 from harness.model.loader import load_model
 from harness.model.opdata import resolver_methods
+from harness.protocol.model_image import parse_model_image
 from harness.resources import data_dir, templates_dir
 
 if sys.version_info >= (3, 11):
@@ -142,6 +143,7 @@ def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
         assert cfg.get(env, "monitor_speed") == board.monitor_baud
         assert cfg.get(env, "upload_speed") == board.flash_baud
         assert cfg.get(env, "board_build.partitions") == "partitions.csv"
+        assert cfg.get(env, "extra_scripts") == ["pre:esp-check/pio_flash_model.py"]
     else:
         assert not (root / "platformio.ini").exists()
 
@@ -161,9 +163,13 @@ def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
         if r and not r[0].startswith("#")
     ]
     parts = {r[0]: (r[1], r[2], int(r[3], 0), int(r[4], 0)) for r in rows}
-    assert parts["factory"][:2] == ("app", "factory") and parts["factory"][2] == 0x10000
-    model_bytes = (MODELS / f"{model_name}.tflite").stat().st_size
-    assert parts["factory"][3] >= model_bytes + 1024 * 1024
+    # two app slots (optimized ota_0, ANSI C ota_1), otadata, the model in its own data partition
+    assert [(k, v[:2]) for k, v in parts.items()] == [("nvs", ("data", "nvs")), ("otadata", ("data", "ota")),
+        ("ota_0", ("app", "ota_0")), ("ota_1", ("app", "ota_1")), ("model", ("data", "0x40"))]  # fmt: skip
+    assert parts["ota_0"][3] == parts["ota_1"][3] >= 0x100000 and parts["ota_0"][2] % 0x10000 == 0
+    image = (root / "esp-check" / "partitions" / "model.bin").read_bytes()
+    assert parse_model_image(image).model == (MODELS / f"{model_name}.tflite").read_bytes()
+    assert parts["model"][3] >= len(image)
     # the table moved above ESP-IDF's 0x8000 (bootloader headroom, most of all on the P4 at 0x2000);
     # nvs starts right after it with at least ESP-IDF's documented minimum of 0x3000 bytes
     assert board.partition_table_offset == 0xC000
@@ -188,14 +194,14 @@ def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
     assert "MicroMutableOpResolver<kNumOps>" in app and f"kNumOps = {len(rendered)};" in app
     assert f"kArenaBytes = {p.arena_bytes};" in app
     assert ("kArenaInPsram = true" in app) == (p.arena_mem == "psram")
-    model_c = (root / "main" / "model_data.cc").read_text(encoding="utf-8")
-    assert "alignas(16) const unsigned char g_esp_check_model[]" in model_c
-    assert _hex_bytes(model_c, "g_esp_check_model[]") == (MODELS / f"{model_name}.tflite").read_bytes()
+    assert not (root / "main" / "model_data.cc").exists()  # the model is not compiled into the app
+    header = (root / "main" / "model_data.h").read_text(encoding="utf-8")
+    assert 'kEspCheckModelPartition = "model"' in header and "kEspCheckModelSubtype = 0x40" in header
     assert (root / "esp-check" / "model.tflite").read_bytes() == (
         MODELS / f"{model_name}.tflite"
     ).read_bytes()
     # the emitter is a verbatim copy
-    for name in ("esp_check_proto.c", "esp_check_proto.h"):
+    for name in gen.PROTO_FILES:
         assert filecmp.cmp(root / "main" / name, templates_dir() / "common" / name, shallow=False)
 
 

@@ -2,7 +2,10 @@
 
 The generated main/CMakeLists.txt is included, unchanged, by a tiny CMake project whose only fakes are
 the ESP-IDF build API functions it calls (idf_component_register, idf_build_get_property,
-idf_component_get_property) and target_compile_definitions, which records what would be compiled in.
+idf_component_get_property, partition_table_get_partition_info -- which looks the partition up in the
+generated partitions.csv, as ESP-IDF looks it up in the table built from that file --,
+esptool_py_flash_to_partition) and target_compile_definitions; the last two record what would be flashed
+by `idf.py flash` and what would be compiled in.
 The dependencies.lock fixtures are written the way the IDF component manager writes them (lock format
 2.0.0: a registry ("service") dependency, a git dependency whose version is the commit, and the idf
 entry); the component manifests the way registry archives and git checkouts carry them.
@@ -44,6 +47,25 @@ function(idf_component_get_property var component prop)
 endfunction()
 function(target_compile_definitions target scope)
   file(WRITE "${CMAKE_BINARY_DIR}/definitions.txt" "${ARGN}")
+endfunction()
+get_filename_component(main_dir "${MAIN_CMAKELISTS}" DIRECTORY)
+function(partition_table_get_partition_info var args info)
+  separate_arguments(a UNIX_COMMAND "${args}")
+  list(GET a 1 name)
+  file(STRINGS "${main_dir}/../partitions.csv" rows)
+  foreach(row IN LISTS rows)
+    if(row MATCHES "^${name}[ \t]*,[^,]*,[^,]*,[ \t]*(0x[0-9A-Fa-f]+)[ \t]*,[ \t]*(0x[0-9A-Fa-f]+)")
+      if(info STREQUAL "offset")
+        set(${var} "${CMAKE_MATCH_1}" PARENT_SCOPE)
+      elseif(info STREQUAL "size")
+        set(${var} "${CMAKE_MATCH_2}" PARENT_SCOPE)
+      endif()
+    endif()
+  endforeach()
+endfunction()
+function(esptool_py_flash_to_partition target partition image)
+  partition_table_get_partition_info(offset "--partition-name ${partition}" "offset")
+  file(APPEND "${CMAKE_BINARY_DIR}/flash.txt" "${target};${partition};${offset};${image}\n")
 endfunction()
 include("${MAIN_CMAKELISTS}")
 """
@@ -182,3 +204,40 @@ def test_hostile_or_mangled_locks_never_reach_c(main_cmakelists: Path, tmp_path:
             value = defs[key]
             assert value and all(c.isalnum() or c in ".+~-" for c in value) and value.isascii(), (k, value)
             assert re.fullmatch(r"lock:[a-z_]+|manifest|none", defs[key + "_FROM"]), (k, defs)
+
+
+def test_idf_flash_writes_the_model_partition(main_cmakelists: Path, tmp_path: Path) -> None:
+    """`idf.py flash` also flashes the model image into the model partition (esptool_py_flash_to_partition):
+    the call names the `flash` target, the partition partitions.csv declares, and the image generate wrote."""
+    from harness.protocol.model_image import parse_model_image
+
+    proj = _project(tmp_path / "p", LOCK, None, None)
+    _configure(main_cmakelists, proj, tmp_path / "b")
+    (line,) = (tmp_path / "b" / "flash.txt").read_text().splitlines()
+    target, partition, offset, image = line.split(";")
+    assert (target, partition) == ("flash", "model")
+    csv = (main_cmakelists.parent.parent / "partitions.csv").read_text()
+    assert re.search(rf"^model,\s+data,\s+0x40,\s+{offset},", csv, re.M), (offset, csv)
+    path = Path(image).resolve()
+    assert path == (main_cmakelists.parent.parent / "esp-check" / "partitions" / "model.bin").resolve()
+    assert parse_model_image(path.read_bytes()).model == (MODELS / "op_zoo.tflite").read_bytes()
+
+
+def test_a_table_without_the_model_partition_stops_the_build(main_cmakelists: Path, tmp_path: Path) -> None:
+    gen = tmp_path / "gen"
+    shutil.copytree(main_cmakelists.parent.parent, gen)
+    csv = gen / "partitions.csv"
+    csv.write_text("".join(ln for ln in csv.read_text().splitlines(True) if not ln.startswith("model")))
+    harness = tmp_path / "b-src"
+    harness.mkdir()
+    (harness / "CMakeLists.txt").write_text(HARNESS)
+    assert CMAKE is not None
+    main = gen / "main" / "CMakeLists.txt"
+    proj = _project(tmp_path / "p", LOCK, None, None)
+    proc = subprocess.run(
+        [CMAKE, "-S", str(harness), "-B", str(tmp_path / "b"), f"-DMAIN_CMAKELISTS={main}",
+         f"-DFAKE_PROJECT_DIR={proj}", "-DFAKE_DEPENDENCIES_LOCK="],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "has no 'model' partition" in proc.stderr
+

@@ -41,6 +41,7 @@ CHECK_MAIN = r"""
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include "esp_check_frame.h"
 #include "model_data.h"
 
 static long file_size(const char* path, unsigned char** out) {
@@ -55,18 +56,28 @@ static long file_size(const char* path, unsigned char** out) {
     return n;
 }
 
+// argv: model partition image, the .tflite, then the K input files
 int main(int argc, char** argv) {
+    unsigned char* image = nullptr;
+    unsigned char* model = nullptr;
+    long ni = file_size(argv[1], &image);
+    long nm = file_size(argv[2], &model);
+    // the checks app_main.cc's MapModel makes on the mapped partition
+    if (ni < (long)kEspCheckModelHeaderBytes || std::memcmp(image, "ECMODEL1", 8) != 0) return 2;
+    if (ecf_get_u32(image + 8) != kEspCheckModelHeaderBytes) return 3;
+    if (ecf_crc32(0u, image, 48) != ecf_get_u32(image + 48)) return 4;
+    uint32_t len = ecf_get_u32(image + 12);
+    if ((long)len != nm || std::memcmp(image + kEspCheckModelHeaderBytes, model, len) != 0) return 5;
+    if (kEspCheckModelHeaderBytes % 16 != 0) return 6;  // the mapped model stays 16-byte aligned
     unsigned char* buf = nullptr;
-    long n = file_size(argv[1], &buf);
-    if (n != (long)g_esp_check_model_len || std::memcmp(buf, g_esp_check_model, n) != 0) return 2;
-    if (reinterpret_cast<uintptr_t>(g_esp_check_model) % 16 != 0) return 3;
     for (int k = 0; k < kEspCheckNumInputs; ++k) {
-        n = file_size(argv[2 + k], &buf);
-        if (n != (long)kEspCheckInputBytes || std::memcmp(buf, g_esp_check_inputs[k], n) != 0) return 4;
-        if (reinterpret_cast<uintptr_t>(g_esp_check_inputs[k]) % 16 != 0) return 5;
+        long n = file_size(argv[3 + k], &buf);
+        if (n != (long)kEspCheckInputBytes || std::memcmp(buf, g_esp_check_inputs[k], n) != 0) return 7;
+        if (reinterpret_cast<uintptr_t>(g_esp_check_inputs[k]) % 16 != 0) return 8;
     }
+    if (kEspCheckNumInputs == 0 && g_esp_check_inputs[0] != nullptr) return 9;
     std::printf("ok %d\n", kEspCheckNumInputs);
-    return argc == 2 + kEspCheckNumInputs ? 0 : 6;
+    return argc == 3 + kEspCheckNumInputs ? 0 : 10;
 }
 """
 
@@ -77,41 +88,52 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def test_embedded_data_compiles_links_and_matches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("embed", [True, False])
+def test_embedded_data_compiles_links_and_matches(tmp_path: Path, embed: bool) -> None:
+    from harness.firmware.generate import FirmwareFeatures
+
     inputs = [INPUTS / "cnn_classifier_11.png", INPUTS / "cnn_classifier_11__ambiguous.png"]
     (p,) = generate_projects(
-        MODELS / "cnn_classifier_11.tflite", inputs, "esp32s3-devkitc-1-n8r8", out_dir=tmp_path,
-        variants=("optimized",), arena_kb=64,
+        MODELS / "cnn_classifier_11.tflite", inputs if embed else [], "esp32s3-devkitc-1-n8r8", out_dir=tmp_path,
+        variants=("optimized",), arena_kb=64, features=FirmwareFeatures(embed_inputs=embed),
     )  # fmt: skip
     main_dir = p.path / "main"
     (tmp_path / "check.cc").write_text(CHECK_MAIN)
     exe = tmp_path / "check"
-    assert CXX is not None
+    assert CXX is not None and CC is not None
+    objs = []
+    for name in ("esp_check_proto", "esp_check_frame"):
+        obj = tmp_path / f"{name}.o"
+        _run([CC, "-std=c99", "-Wall", "-Wextra", "-Werror", "-c", str(main_dir / f"{name}.c"), "-o", str(obj)],
+             tmp_path)  # fmt: skip
+        objs.append(str(obj))
     _run(
         [CXX, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", str(main_dir), "-o", str(exe),
-         str(tmp_path / "check.cc"), str(main_dir / "model_data.cc"), str(main_dir / "inputs_data.cc")],
+         str(tmp_path / "check.cc"), str(main_dir / "inputs_data.cc"), *objs],
         tmp_path,
     )  # fmt: skip
+    k = len(inputs) if embed else 0
     out = _run(
-        [str(exe), str(p.path / "esp-check" / "model.tflite")]
-        + [str(p.path / "esp-check" / f"input_{k}.bin") for k in range(len(inputs))],
+        [str(exe), str(p.path / "esp-check" / "partitions" / "model.bin"), str(p.path / "esp-check" / "model.tflite")]
+        + [str(p.path / "esp-check" / f"input_{j}.bin") for j in range(k)],
         tmp_path,
     )
-    assert out.stdout.strip() == "ok 2"
+    assert out.stdout.strip() == f"ok {k}"
 
 
-def test_emitter_copy_compiles_as_c99(tmp_path: Path) -> None:
+def test_portable_c_copies_compile_as_c99(tmp_path: Path) -> None:
     (p,) = generate_projects(
         MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"], "esp32c3-devkitm-1", out_dir=tmp_path,
         variants=("ansi",), arena_kb=16,
     )  # fmt: skip
     assert CC is not None
-    _run(
-        [CC, "-std=c99", "-Wall", "-Wextra", "-Werror", "-c", str(p.path / "main" / "esp_check_proto.c"),
-         "-o", str(tmp_path / "proto.o")],
-        tmp_path,
-    )  # fmt: skip
-    assert (tmp_path / "proto.o").stat().st_size > 0
+    for name in ("esp_check_proto", "esp_check_frame", "esp_check_loop"):
+        _run(
+            [CC, "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-c", str(p.path / "main" / f"{name}.c"),
+             "-o", str(tmp_path / f"{name}.o")],
+            tmp_path,
+        )  # fmt: skip
+        assert (tmp_path / f"{name}.o").stat().st_size > 0
 
 
 # --- stub declarations of the ESP-IDF 5.x and TFLM APIs app_main.cc uses (declarations, no behaviour) ---
@@ -120,6 +142,7 @@ STUBS: dict[str, str] = {
     "sdkconfig.h": """
 #define CONFIG_IDF_TARGET "esp32s3"
 #define CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ 240
+#define CONFIG_ESP_CONSOLE_UART_NUM 0
 """,
     "esp_chip_info.h": """
 #include <stdint.h>
@@ -140,6 +163,7 @@ extern "C" void esp_chip_info(esp_chip_info_t* out_info);
 #define MALLOC_CAP_SPIRAM (1 << 10)
 #define MALLOC_CAP_INTERNAL (1 << 11)
 extern "C" void* heap_caps_aligned_alloc(size_t alignment, size_t size, uint32_t caps);
+extern "C" void* heap_caps_malloc(size_t size, uint32_t caps);
 """,
     # the macros as ESP-IDF defines them; the version defaults to 5.5.3 and tests set others with -D
     "esp_idf_version.h": """
@@ -152,9 +176,69 @@ extern "C" void* heap_caps_aligned_alloc(size_t alignment, size_t size, uint32_t
 #define ESP_IDF_VERSION ESP_IDF_VERSION_VAL(ESP_IDF_VERSION_MAJOR, ESP_IDF_VERSION_MINOR, ESP_IDF_VERSION_PATCH)
 extern "C" const char* esp_get_idf_version(void);
 """,
-    "esp_system.h": "",
+    "esp_system.h": 'extern "C" void esp_restart(void);\n',
+    "esp_err.h": """
+#include <stdint.h>
+typedef int esp_err_t;
+#define ESP_OK 0
+#define ESP_ERR_NOT_FOUND 0x105
+""",
+    "esp_partition.h": """
+#include <stddef.h>
+#include <stdint.h>
+#include "esp_err.h"
+typedef enum { ESP_PARTITION_TYPE_APP = 0x00, ESP_PARTITION_TYPE_DATA = 0x01 } esp_partition_type_t;
+typedef enum { ESP_PARTITION_SUBTYPE_APP_FACTORY = 0x00, ESP_PARTITION_SUBTYPE_APP_OTA_0 = 0x10,
+               ESP_PARTITION_SUBTYPE_APP_OTA_1 = 0x11, ESP_PARTITION_SUBTYPE_ANY = 0xff } esp_partition_subtype_t;
+typedef enum { ESP_PARTITION_MMAP_DATA, ESP_PARTITION_MMAP_INST } esp_partition_mmap_memory_t;
+typedef uint32_t esp_partition_mmap_handle_t;
+typedef struct { void* flash_chip; esp_partition_type_t type; esp_partition_subtype_t subtype; uint32_t address;
+                 uint32_t size; uint32_t erase_size; char label[17]; bool encrypted; bool readonly; } esp_partition_t;
+extern "C" const esp_partition_t* esp_partition_find_first(esp_partition_type_t type, esp_partition_subtype_t subtype,
+                                                           const char* label);
+extern "C" esp_err_t esp_partition_mmap(const esp_partition_t* partition, size_t offset, size_t size,
+                                        esp_partition_mmap_memory_t memory, const void** out_ptr,
+                                        esp_partition_mmap_handle_t* out_handle);
+""",
+    "esp_ota_ops.h": """
+#include "esp_partition.h"
+extern "C" const esp_partition_t* esp_ota_get_running_partition(void);
+extern "C" esp_err_t esp_ota_set_boot_partition(const esp_partition_t* partition);
+""",
+    "driver/uart.h": """
+#include <stddef.h>
+#include <stdint.h>
+#include "esp_err.h"
+#include "freertos/FreeRTOS.h"
+typedef int uart_port_t;
+typedef void* QueueHandle_t;
+extern "C" esp_err_t uart_driver_install(uart_port_t uart_num, int rx_buffer_size, int tx_buffer_size,
+                                         int queue_size, QueueHandle_t* uart_queue, int intr_alloc_flags);
+extern "C" int uart_write_bytes(uart_port_t uart_num, const void* src, size_t size);
+extern "C" int uart_read_bytes(uart_port_t uart_num, void* buf, uint32_t length, TickType_t ticks_to_wait);
+extern "C" esp_err_t uart_wait_tx_done(uart_port_t uart_num, TickType_t ticks_to_wait);
+extern "C" esp_err_t uart_get_buffered_data_len(uart_port_t uart_num, size_t* size);
+""",
+    "driver/uart_vfs.h": 'extern "C" void uart_vfs_dev_use_driver(int uart_num);\n',
+    "esp_vfs_dev.h": 'extern "C" void esp_vfs_dev_uart_use_driver(int uart_num);\n',
+    "driver/usb_serial_jtag.h": """
+#include <stddef.h>
+#include <stdint.h>
+#include "esp_err.h"
+#include "freertos/FreeRTOS.h"
+typedef struct { uint32_t tx_buffer_size; uint32_t rx_buffer_size; } usb_serial_jtag_driver_config_t;
+#define USB_SERIAL_JTAG_DRIVER_CONFIG_DEFAULT() { 256, 256 }
+extern "C" esp_err_t usb_serial_jtag_driver_install(usb_serial_jtag_driver_config_t* cfg);
+extern "C" int usb_serial_jtag_read_bytes(void* buf, uint32_t length, TickType_t ticks_to_wait);
+extern "C" int usb_serial_jtag_write_bytes(const void* src, size_t size, TickType_t ticks_to_wait);
+""",
+    "driver/usb_serial_jtag_vfs.h": 'extern "C" void usb_serial_jtag_vfs_use_driver(void);\n',
+    "esp_vfs_usb_serial_jtag.h": 'extern "C" void esp_vfs_usb_serial_jtag_use_driver(void);\n',
     "esp_timer.h": '#include <stdint.h>\nextern "C" int64_t esp_timer_get_time(void);\n',
-    "freertos/FreeRTOS.h": "#include <stdint.h>\ntypedef uint32_t TickType_t;\n",
+    "freertos/FreeRTOS.h": (
+        "#include <stdint.h>\ntypedef uint32_t TickType_t;\n#define portMAX_DELAY ((TickType_t)0xffffffffUL)\n"
+        "#define pdMS_TO_TICKS(ms) ((TickType_t)(ms))\n"
+    ),
     "freertos/task.h": 'extern "C" void vTaskDelay(const TickType_t xTicksToDelay);\n',
     # IDF 6 (Mbed TLS 4) has no such header: the stub errors out the way the missing file would
     "mbedtls/sha256.h": (
@@ -224,11 +308,20 @@ def _write_stubs(stubs: Path) -> None:
         (stubs / rel).write_text("#pragma once\n" + text if not text.startswith("#pragma") else text)
 
 
-@pytest.mark.parametrize("model_name", ["op_zoo", "unet_mbv2_035_48"])
-def test_app_main_is_valid_cpp_against_stub_headers(tmp_path: Path, model_name: str) -> None:
+@pytest.mark.parametrize(
+    ("model_name", "board", "embed"),
+    [("op_zoo", "esp32s3-devkitc-1-n8r8", True), ("unet_mbv2_035_48", "esp32s3-devkitc-1-n8r8", True),
+     ("op_zoo", "sim-usbjtag", False)],  # the USB-Serial-JTAG console, no compiled-in inputs
+)  # fmt: skip
+def test_app_main_is_valid_cpp_against_stub_headers(
+    tmp_path: Path, model_name: str, board: str, embed: bool
+) -> None:
+    from harness.firmware.generate import FirmwareFeatures
+
     inp = INPUTS / (f"{model_name}.png" if (INPUTS / f"{model_name}.png").exists() else f"{model_name}.npy")
     projects = generate_projects(
-        MODELS / f"{model_name}.tflite", [inp], "esp32s3-devkitc-1-n8r8", out_dir=tmp_path / "p", arena_kb=400,
+        MODELS / f"{model_name}.tflite", [inp] if embed else [], board, out_dir=tmp_path / "p", arena_kb=400,
+        features=FirmwareFeatures(embed_inputs=embed),
     )  # fmt: skip
     stubs = tmp_path / "stubs"
     _write_stubs(stubs)

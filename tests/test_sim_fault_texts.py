@@ -62,6 +62,11 @@ def images(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> dict[t
     return out
 
 
+def _elf(files: list) -> Path:
+    """The ELF the sim builder left beside the app (the model partition's image comes last in the list)."""
+    return next(p for _, p in files if p.name == "esp-check-sim.bin").with_suffix(".elf")
+
+
 @pytest.fixture
 def run(images) -> Iterator:
     opened: list[tuple[serial.SerialBase, str]] = []
@@ -159,7 +164,7 @@ def test_printed_elf_sha256_is_the_sha256_of_the_elf_file(run, images) -> None:
 
     text = run("fault=abort&loops=1", "esp32s3").decode("latin-1")
     boot, crash = _elf_hashes(text)
-    elf = images[("esp32s3", "optimized")][-1][1].with_suffix(".elf")
+    elf = _elf(images[("esp32s3", "optimized")])
     want = hashlib.sha256(elf.read_bytes()).hexdigest()[:9]
     assert boot == [want] and crash == [want]
 
@@ -171,7 +176,7 @@ def test_crash_addresses_are_functions_of_the_apps_elf(run, images, chip: str, v
     faulting one is the variant's ESP-NN kernel (ESP-NN's S3 assembly only for optimized on an S3)."""
     from elftools.elf.elffile import ELFFile
 
-    elf = images[(chip, variant)][-1][1].with_suffix(".elf")
+    elf = _elf(images[(chip, variant)])
     with elf.open("rb") as f:
         table = ELFFile(f).get_section_by_name(".symtab")
         sized = [s for s in table.iter_symbols() if s["st_size"]]

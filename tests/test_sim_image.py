@@ -63,10 +63,11 @@ def test_build_sim_firmware_real_esp_images(tmp_path: Path, models_dir: Path, ch
     proj = _project(tmp_path, models_dir, chip=chip)
     files = build_sim_firmware(proj, tmp_path / "build")
     spec = get_chip(chip)
-    # the partition table goes where the board says (boards/sim.toml: 0xc000), not ESP-IDF's 0x8000
-    assert [off for off, _ in files] == [spec.bootloader_offset, 0xC000, APP_OFFSET]
+    # bootloader, the table where the board says (boards/sim.toml: 0xc000), otadata, the ANSI C app in
+    # ota_1, the model image (testing.PARTITIONS_4MB)
+    assert [off for off, _ in files] == [spec.bootloader_offset, 0xC000, 0x10000, 0x120000, 0x220000]
     for off, path in files:
-        if off == 0xC000:
+        if off in (0xC000, 0x10000, 0x220000):
             continue
         img = LoadFirmwareImage(chip, path.read_bytes())  # esptool's own parser
         assert img.chip_id == spec.image_chip_id
@@ -80,7 +81,7 @@ def test_build_sim_firmware_real_esp_images(tmp_path: Path, models_dir: Path, ch
     assert payload.variant == "ansi" and payload.nn == "ansi_c"
     assert payload.model == (models_dir / "op_zoo.tflite").read_bytes()
     assert len(payload.inputs) == 2 and payload.inputs[0] != payload.inputs[1]
-    assert payload.header["model_sha256"] == hashlib.sha256(payload.model).hexdigest()
+    assert "model_sha256" not in payload.header  # the app is the same whatever the model bytes are
 
 
 def test_table_offset_travels_from_the_manifest_through_the_bootloader(
@@ -98,7 +99,7 @@ def test_table_offset_travels_from_the_manifest_through_the_bootloader(
         flash[off:off + len(data)] = data
     spec = get_chip("esp32s3")
     app, _img, _payload = read_app_payload(spec, flash)  # found via the offset in the bootloader image
-    assert app.offset == APP_OFFSET
+    assert app.offset == 0x120000  # the ANSI C app, in ota_1
     flash[0xC000:0xC000 + 0xC00] = flash[0x9000:0x9000 + 0xC00]  # a table where the bootloader does not look
     flash[0x9000:0x9000 + 0xC00] = b"\xff" * 0xC00
     with pytest.raises(PartitionTableError):
@@ -117,9 +118,14 @@ def test_app_image_corruption_is_detected(tmp_path: Path, models_dir: Path) -> N
     for off, path in files.items():
         data = path.read_bytes()
         flash[off:off + len(data)] = data
-    flash[APP_OFFSET + 0x400] ^= 0x40  # one bit in the model bytes
+    damaged = bytearray(flash)
+    damaged[0x120000 + 0x400] ^= 0x40  # one bit in the app image
     with pytest.raises(ValueError, match=r"Checksum|hash"):
-        read_app_payload(spec, flash)
+        read_app_payload(spec, damaged)
+    damaged = bytearray(flash)
+    damaged[0x220000 + 0x400] ^= 0x40  # one bit in the model partition
+    with pytest.raises(ValueError, match="SHA-256"):
+        read_app_payload(spec, damaged)
 
 
 def test_builder_rejects_bad_projects(tmp_path: Path, models_dir: Path) -> None:
@@ -150,7 +156,7 @@ def test_sim_builder_writes_an_elf_real_tools_read(tmp_path: Path, models_dir: P
     from esp_idf_panic_decoder.pc_address_matcher import PcAddressMatcher
 
     files = build_sim_firmware(_project(tmp_path, models_dir, chip=chip), tmp_path / "b")
-    app_path = files[-1][1]
+    app_path = next(p for _, p in files if p.name == "esp-check-sim.bin")  # the model image comes last
     elf_path = app_path.with_suffix(".elf")
     with elf_path.open("rb") as f:
         elf = ELFFile(f)

@@ -30,6 +30,8 @@ from typing import Any, ClassVar
 
 from harness.errors import ExitCode, combine_exit_codes
 from harness.protocol.capture import MARKER, parse_capture
+from harness.protocol.frames import MAGIC as FRAME_MAGIC
+from harness.protocol.frames import split_stream
 
 __all__ = [
     "DETECTORS",
@@ -145,6 +147,11 @@ KIND_TABLE: tuple[KindInfo, ...] = (
         "status N` (the native board's report of an abnormal end, when no sanitizer report explains it)",
     ),
     KindInfo("firmware_error", _FW, "protocol `ERROR` with stage resolver/invoke/output/internal"),
+    KindInfo(
+        "model_partition",
+        _INFRA,
+        "protocol `ERROR stage=model`: the model partition is missing, empty or damaged (not flashed)",
+    ),
     KindInfo("input_error", Severity.USAGE, "protocol `ERROR stage=input`"),
     KindInfo("hang", _FW, "no END, capture ended by silence/timeout, the task watchdog fired"),
     KindInfo(
@@ -182,6 +189,12 @@ KIND_TABLE: tuple[KindInfo, ...] = (
     KindInfo("silence", _INFRA, "capture ended and nothing (or only NULs) was printed"),
     KindInfo("no_end", _INFRA, "output but no END record and no other evidence (silence/timeout)"),
     KindInfo("disconnect", _INFRA, "link closed before END"),
+    KindInfo(
+        "link_repair",
+        _INFRA,
+        "the resident loop's link needed repairs (damaged or lost frames, retransmissions): the results "
+        "are kept as evidence, never a clean match",
+    ),
     KindInfo(
         "corrupted", _INFRA, "the parsed capture's validation problems (CRC, seq gap, truncated tensor)"
     ),
@@ -905,9 +918,12 @@ def _detect_protocol_errors(ctx: _Ctx) -> Found:
             continue
         stage = rec.fields.get("stage", "internal")
         msg = rec.fields.get("msg")
-        kind = {"alloc": "alloc_failure", "schema": "schema_mismatch", "input": "input_error"}.get(
-            stage, "firmware_error"
-        )
+        kind = {
+            "alloc": "alloc_failure",
+            "schema": "schema_mismatch",
+            "input": "input_error",
+            "model": "model_partition",
+        }.get(stage, "firmware_error")
         i = max(0, min(len(ctx.lines) - 1, rec.line - 1))
         ctx.explained.add(i)
         text = f"the firmware reported an error at stage {stage!r}{' (' + msg + ')' if msg else ''}"
@@ -1487,11 +1503,13 @@ def classify(
     validate. Without ``parsed``, protocol records in ``raw`` are parsed here (for their ERRORs only).
     """
     records_from = parsed
-    if records_from is None:
-        data = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else raw
-        if MARKER in data:
-            records_from = parse_capture(data)
-    ctx = _Ctx(_decode(raw), records_from)
+    data = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else raw
+    text: bytes | str = raw
+    if FRAME_MAGIC in data:  # resident-loop frames carry raw tensor bytes: never read them as text
+        text = data = split_stream(data).text
+    if records_from is None and MARKER in data:
+        records_from = parse_capture(data)
+    ctx = _Ctx(_decode(text), records_from)
     found: list[tuple[int, Finding]] = []
     for detector in DETECTORS:
         found.extend(detector.run(ctx))

@@ -72,6 +72,8 @@ class Fault:
 
     @property
     def exit_code(self) -> ExitCode:
+        if self.stage == "model":  # the model partition was not flashed: not the firmware's fault
+            return ExitCode.INFRASTRUCTURE
         return ExitCode.USAGE if self.stage == "input" else ExitCode.FIRMWARE_FAULT
 
 

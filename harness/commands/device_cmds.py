@@ -162,12 +162,50 @@ _TAP = (
 )
 
 
+_DATASET = (
+    click.option(
+        "--dataset",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="Run a whole dataset instead of --input: a folder of inputs (a sub-folder per class gives "
+        "labels), an .npz (x[, y]) or a .txt list of paths. Inputs are streamed to the board.",
+    ),
+    click.option(
+        "--random-inputs",
+        type=click.IntRange(1, 100_000),
+        default=None,
+        help="Run N random inputs drawn on the device by its PRNG (no upload; the host replays them).",
+    ),
+    click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True),
+    click.option(
+        "--results",
+        type=click.Choice(["full", "crc"]),
+        default="full",
+        show_default=True,
+        help="full: every output comes back; crc: CRC-32s only, and the inputs whose CRC differs in full.",
+    ),
+    click.option(
+        "--labels",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Labels for accuracy: CSV (name,label) or JSON ({name: label}).",
+    ),
+    click.option(
+        "--repeat",
+        type=click.IntRange(1, 1000),
+        default=1,
+        show_default=True,
+        help="Invoke each input N times and flag any change (and re-run after a reset).",
+    ),
+)
+
+
 @click.command("flash-and-compare")
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @input_options
 @with_options(*_BOARD, *_VERDICT, *_BUILD)
 @timeout_options
-@with_options(*_REPORTS, *_TAP)
+@with_options(*_REPORTS, *_TAP, *_DATASET)
 @native_options
 def flash_and_compare_cmd(
     model: Path,
@@ -191,6 +229,12 @@ def flash_and_compare_cmd(
     dump_ops: list[int] | None = None,
     html_path: Path | None = None,
     bundle_path: Path | None = None,
+    dataset: Path | None = None,
+    random_inputs: int | None = None,
+    seed: int = 0,
+    results: str = "full",
+    labels: Path | None = None,
+    repeat: int = 1,
     native: NativeOptions | None = None,
 ) -> int:
     """Build MODEL with ESP-NN optimized and ANSI C kernels, run both on the board, compare.
@@ -199,10 +243,7 @@ def flash_and_compare_cmd(
     """
     from harness.flows.flash_and_compare import flash_and_compare
 
-    if not inputs:
-        raise UsageError(
-            "flash-and-compare needs at least one --input", hint="pass --input FILE (repeatable)"
-        )
+    data = _dataset_options(bool(inputs), tap, dataset, random_inputs, seed, results, labels, repeat)
     if dump_ops and not tap:
         raise UsageError("--dump-ops needs --tap", hint="add --tap")
     dump_list = list(dump_ops or ())
@@ -242,6 +283,7 @@ def flash_and_compare_cmd(
             dump_ops=dump_list,
             html=html_path,
             bundle=bundle_path,
+            dataset=data,
             native=native,
         )
     if as_json:
@@ -252,6 +294,35 @@ def flash_and_compare_cmd(
     else:
         _print_summary(console, result)
     return int(result.exit_code)
+
+
+def _dataset_options(
+    has_inputs: bool,
+    tap: bool,
+    dataset: Path | None,
+    random_inputs: int | None,
+    seed: int,
+    results: str,
+    labels: Path | None,
+    repeat: int,
+) -> Any:
+    """The checked DatasetOptions, or None for a run on --input files."""
+    from harness.flows.dataset import DatasetOptions
+
+    if dataset is None and random_inputs is None:
+        if not has_inputs:
+            raise UsageError(
+                "flash-and-compare needs at least one --input (or --dataset / --random-inputs)",
+                hint="pass --input FILE (repeatable)",
+            )
+        return None
+    if has_inputs:
+        raise UsageError("--input and --dataset/--random-inputs exclude each other", hint="give one")
+    if tap:
+        raise UsageError("--tap runs on --input files", hint="pass the dataset inputs to check as --input")
+    data = DatasetOptions(dataset, random_inputs, seed, results, labels, repeat)
+    data.check()
+    return data
 
 
 def _print_summary(console: Console, result: Any) -> None:
@@ -285,6 +356,8 @@ def _print_summary(console: Console, result: Any) -> None:
     _print_backtraces(console, result)
     if getattr(result, "tap", None) is not None:
         _print_tap(console, result.tap)
+    if result.dataset is not None:
+        _print_dataset(console, result.dataset)
     for warn in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {safe_markup(warn)}")
     for err in result.errors:
@@ -311,6 +384,54 @@ def _print_summary(console: Console, result: Any) -> None:
     if result.native:
         console.print(f"[bold]{escape(result.native['meaning'])}[/bold]")
     console.print(f"artifacts: {result.out_dir}  report: {result.report_path}")
+
+
+def _print_dataset(console: Console, doc: dict[str, Any]) -> None:
+    """Verdict counts, agreement, LSB per output, top-1 / accuracy and the worst inputs of a dataset run."""
+    a = doc.get("analysis")
+    if a is None:
+        console.print("[yellow]dataset: no results to analyse[/yellow]")
+        return
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(a["verdicts"].items()))
+    console.print(f"dataset {safe_markup(str(doc['source']))}: {doc['inputs']} inputs: {counts}")
+    t = Table(title="agreement over the dataset")
+    for col in (
+        "pair",
+        "compared",
+        "bit-exact",
+        "within tolerance",
+        "max LSB per output",
+        "mean LSB per output",
+    ):
+        t.add_column(col)
+    for pair, s in a["agreement"].items():
+        mean = ", ".join("-" if m is None else f"{m:.4g}" for m in s["mean_lsb_per_output"])
+        t.add_row(pair.replace("_vs_", " vs "), str(s["compared"]), str(s["bit_exact"]),
+                  f"{s['within_tolerance']} ({(s['agreement'] or 0) * 100:.1f}%)",
+                  ", ".join(f"{m:g}" for m in s["max_lsb_per_output"]) or "-", mean or "-")  # fmt: skip
+    console.print(t)
+    for pair, s in (a.get("top1_agreement") or {}).items():
+        console.print(f"  top-1 {pair.replace('_vs_', ' vs ')}: {s['agree']}/{s['compared']}")
+    for leg, s in (a.get("accuracy") or {}).items():
+        if s["labelled"]:
+            share = 100 * s["correct"] / s["labelled"]
+            console.print(f"  accuracy {leg}: {s['correct']}/{s['labelled']} ({share:.1f}%)")
+    bad = a.get("disagreeing") or []
+    if bad:
+        t = Table(title="inputs that disagree, largest difference first")
+        for col in ("input", "verdict", "opt vs ansi", "opt vs host", "ansi vs host"):
+            t.add_column(col)
+        pairs = ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host")
+        for r in bad[:10]:
+            lsb = r["max_lsb"]
+            cells = [str(lsb.get(p, "-")) for p in pairs]
+            t.add_row(safe_markup(f"{r['index']} {r['name']}"), r["verdict"], *cells)
+        console.print(t)
+    reset = doc.get("after_reset")
+    if reset:
+        console.print(f"  after a reset ({reset['variant']}): {reset['inputs']} inputs run again, "
+                      f"{len(reset['differing'])} differ")  # fmt: skip
+    console.print("  per-input verdicts: report.json dataset.analysis.rows")
 
 
 def _print_backtraces(console: Console, result: Any) -> None:

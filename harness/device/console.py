@@ -35,10 +35,12 @@ from serial.urlhandler import protocol_socket
 from harness.analysis.classify import BootCounter
 from harness.device.ports import TransportCaps
 from harness.device.reset import hard_reset_into_app
+from harness.protocol.frames import RSP_HELLO, Frame, FrameDecoder
 
 __all__ = ["ENDED_BY", "RawCapture", "capture_run"]
 
-ENDED_BY = ("end_record", "timeout", "silence", "disconnect", "boot_loop")
+# "hello": the resident firmware is ready for commands; "restart": it booted again mid-command
+ENDED_BY = ("end_record", "hello", "frame", "timeout", "silence", "disconnect", "boot_loop", "restart")
 _END_RE = re.compile(rb"@EC1 \d+ END(?: |\r|\n|$)")
 _MAX_LINE = 4096  # longer "lines" (binary noise) are cut for the line checks; the log keeps all bytes
 
@@ -57,6 +59,8 @@ class RawCapture:
     dropped_bytes: int  # bytes beyond the in-memory bound (still in the log file)
     first_byte_s: float | None  # seconds from start to the first byte
     notes: list[str] = dataclasses.field(default_factory=list)
+    hello: bytes | None = None  # the resident firmware's HELLO payload, when the capture stopped at it
+    stop_frame: Frame | None = None  # the frame ``stop_on_frame`` accepted (HELLO, or e.g. a refusal)
     serial: serial.SerialBase | None = dataclasses.field(repr=False, compare=False, default=None)
 
     @property
@@ -79,6 +83,9 @@ class _State:
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.stop = threading.Event()
+        self.frames: FrameDecoder | None = None  # set when the capture stops at a frame
+        self.stop_on_frame: Callable[[Frame], bool] | None = None
+        self.stop_frame: Frame | None = None
 
 
 def _socket_of(port: serial.SerialBase) -> socket.socket | None:
@@ -168,7 +175,14 @@ def _reader(
 
 
 def _scan_lines(st: _State, chunk: bytes, stop_at_end: bool, max_boots: int | None) -> bool:
-    """Feed complete lines to the END check and the boot counter; True = stop now."""
+    """Feed complete lines to the END check and the boot counter, and bytes to the HELLO check;
+    True = stop now."""
+    if st.frames is not None and st.stop_on_frame is not None:
+        for item in st.frames.feed(chunk):
+            if isinstance(item, Frame) and st.stop_on_frame(item):
+                st.stop_frame = item
+                st.ended_by = "hello" if item.type == RSP_HELLO else "frame"
+                return True
     data = bytes(st.line) + chunk
     lines = data.split(b"\n")
     tail = lines.pop()
@@ -198,6 +212,8 @@ def capture_run(
     stop_at_end: bool = True,
     max_boots: int | None = 4,
     reopen: Callable[[], serial.SerialBase] | None = None,
+    stop_at_hello: bool = False,
+    stop_on_frame: Callable[[Frame], bool] | None = None,
 ) -> RawCapture:
     """Reset the board into its app (``reset`` = board reset style, ``None`` = don't) and capture.
 
@@ -228,6 +244,9 @@ def capture_run(
                 notes.append(f"port dropped during the USB-Serial-JTAG reset ({exc}); reopening")
     st = _State(port)
     st.last_data = time.monotonic()
+    if stop_at_hello or stop_on_frame is not None:
+        st.frames = FrameDecoder()
+        st.stop_on_frame = stop_on_frame or (lambda f: f.type == RSP_HELLO)
     log: IO[bytes] | None = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -271,4 +290,6 @@ def capture_run(
         first_byte_s=(st.first_byte - t0) if st.first_byte is not None else None,
         notes=notes,
         serial=st.port,
+        hello=st.stop_frame.payload if st.stop_frame and st.stop_frame.type == RSP_HELLO else None,
+        stop_frame=st.stop_frame,
     )

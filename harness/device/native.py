@@ -23,34 +23,43 @@ __all__ = ["install_program"]
 def install_program(
     port: serial.SerialBase, artifacts: Sequence[tuple[int, Path | str]], *, log_path: Path | None = None
 ) -> FlashResult:
-    """Install the one program of a native build on the native board behind ``port``."""
+    """Write a native build's files to the native board behind ``port``, each at its flash offset (a
+    bare program at offset 0 alone is installed as it is); regions the board already holds are skipped."""
     t0 = time.monotonic()
     if not isinstance(port, NativeSerial):
         raise FlashFailure(
             "a native build can only be installed on a native:// port", kind="usage", retryable=False,
             hint="use the native board's port (omit --port, or give native://NAME)",
         )  # fmt: skip
-    if len(artifacts) != 1:
-        raise FlashFailure(
-            f"a native build is one program, got {len(artifacts)} files", kind="usage", retryable=False,
-            hint="build the project with the native builder",
-        )  # fmt: skip
-    offset, path = artifacts[0]
-    program = Path(path)
-    try:
-        size, sha = port.install(program)
-    except OSError as exc:
-        raise FlashFailure(
-            f"cannot install {program} on native board {port.name}: {exc.strerror or exc}",
-            kind="usage", retryable=False, hint="rebuild the project",
-        ) from exc  # fmt: skip
+    if not artifacts:
+        raise FlashFailure("nothing to flash", kind="usage", retryable=False, hint="build the project first")
+    regions: list[RegionResult] = []
+    lines: list[str] = []
+    for offset, path in sorted(artifacts, key=lambda a: a[0]):
+        t1 = time.monotonic()
+        file = Path(path)
+        try:
+            if offset == 0 and len(artifacts) == 1:
+                size, sha = port.install(file)
+                written = size
+            else:
+                size, sha, written = port.write_region(offset, file)
+        except OSError as exc:
+            raise FlashFailure(
+                f"cannot write {file} at 0x{offset:x} on native board {port.name}: {exc.strerror or exc}",
+                kind="usage", retryable=False, hint="rebuild the project",
+            ) from exc  # fmt: skip
+        what = "the board already holds it: skipped" if written == 0 else "written"
+        lines.append(f"native: installed {file.name} at 0x{offset:x} ({size} B, sha256 {sha[:16]}; {what})\n")
+        md5 = hashlib.md5(file.read_bytes(), usedforsecurity=False).hexdigest()
+        region = RegionResult(offset, file, size, md5, skipped=written == 0, bytes_written=written)
+        region.seconds, region.verified = time.monotonic() - t1, True
+        regions.append(region)
     seconds = time.monotonic() - t0
-    line = f"native: installed {program.name} ({size} bytes, sha256 {sha}) on native://{port.name}\n"
+    text = "".join(lines) + f"native: native://{port.name} flashed\n"
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text(line, encoding="utf-8")
-    md5 = hashlib.md5(program.read_bytes(), usedforsecurity=False).hexdigest()
-    region = RegionResult(offset, program, size, md5, bytes_written=size, seconds=seconds, verified=True)
+        log_path.write_text(text, encoding="utf-8")
     return FlashResult(
         port=f"native://{port.name}",
         chip="native",
@@ -66,9 +75,9 @@ def install_program(
         before="none",
         after="none",
         connect_attempts=0,
-        regions=[region],
+        regions=regions,
         duration_s=seconds,
         log_path=log_path,
-        esptool_log=line,
+        esptool_log=text,
         serial=port,
     )

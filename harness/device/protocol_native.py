@@ -4,11 +4,23 @@ The native target (docs/native.md) builds the generated firmware as a program fo
 port makes that program behave like a board behind a serial port, so the flash-and-capture path,
 ``--tap`` and the runner use it unchanged:
 
-- **flash** (:meth:`Serial.install`, called by :class:`harness.device.session.DeviceSession`) copies
-  the built program into the port's own directory: the board keeps what was flashed, whatever
-  happens to the build directory afterwards;
+- **flash** (:meth:`Serial.write_region`, called for each (offset, file) by
+  :func:`harness.device.native.install_program`) writes into the board's own directory, which is its
+  flash: one image file (``flash.bin``, the board's flash size, erased to ``FF``) takes every region at
+  its offset, as esptool writes them (partition table, otadata, the model partition); a region at the
+  offset of an app partition of the table there is a host program, kept beside it as
+  ``apps/0x<offset>`` (a host program does not fit a chip's app slot). A region whose bytes the board
+  already holds is skipped (nothing written). A bare program "flashed" at offset 0 (no partition table:
+  the native board has no bootloader there) is :meth:`Serial.install`;
 - **reset**: the classic auto-reset lines (RTS drives EN, DTR drives IO0, as on a DevKit). EN pulled
-  low stops the running program; EN released with IO0 high starts the installed program afresh;
+  low stops the running program; EN released with IO0 high runs the **boot stand-in**, the native
+  board's second-stage bootloader: it reads the partition table, picks the app slot as ESP-IDF's
+  bootloader does (otadata's valid entry with the highest sequence number, else the factory app or
+  ``ota_0``), says so in one line (``esp-check native boot: Loaded app from partition at offset 0x...``)
+  and starts that slot's program with the flash image, the table and slot offsets and its own directory
+  in the environment (the stand-ins' ``esp_partition_*``, ``esp_ota_*`` use them). A program that calls
+  ``esp_restart()`` (a software reset: the stand-in leaves a marker) is booted again the same way,
+  with its output kept;
 - **read** returns what the program writes to stdout and stderr (one pipe, so a sanitizer report on
   stderr lands where the firmware's output stopped), **write** feeds its stdin (bytes beyond what the
   pipe holds are dropped, like a full UART FIFO);
@@ -22,6 +34,7 @@ pyserial finds this module once ``harness.device`` is in ``serial.protocol_handl
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import hashlib
@@ -34,9 +47,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import serial
 from serial.serialutil import PortNotOpenError, SerialBase, SerialException
+
+from harness.protocol import otadata
+from harness.protocol.partition_table import TABLE_MAX_BYTES, PartitionEntry, parse_partition_table
 
 _PACKAGE = "harness.device"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -49,6 +66,35 @@ SANITIZER_ENV = {
 }
 EXIT_LINE = "esp-check native: the program"  # start of the line reporting an abnormal end
 _MAX_BUFFER = 64 * 1024 * 1024
+DEFAULT_FLASH_BYTES = 4 << 20
+_MAX_FLASH_BYTES = 128 << 20
+# Where the boot stand-in looks for the partition table (CONFIG_PARTITION_TABLE_OFFSET: ESP-IDF's
+# default first, then the other 4 KB boundaries a board file may choose below otadata).
+TABLE_OFFSETS = (0x8000, *range(0x9000, 0x10000, 0x1000))
+SW_RESET_MARKER = "sw_reset"  # left by the esp_restart() stand-in (standins/src/flash.c)
+BOOT_LINE = "esp-check native boot:"
+_SIZE = re.compile(r"^([0-9]{1,3})MB$")
+
+
+_boards: dict[str, tuple[Path, int]] = {}  # the native boards of this process: name -> (dir, flash size)
+
+
+def _board_dir(name: str, flash_bytes: int) -> tuple[Path, int, bool]:
+    """The directory of board ``name`` (made on first use; its flash survives closing the port, as a
+    board's does, until this process ends): (dir, flash size, made now)."""
+    with _register_lock:
+        known = _boards.get(name)
+        if known is not None and known[0].is_dir():
+            return known[0], known[1], False
+        path = Path(tempfile.mkdtemp(prefix=f"esp-check-native-{name}-"))
+        _boards[name] = (path, flash_bytes)
+        return path, flash_bytes, True
+
+
+@atexit.register
+def _remove_boards() -> None:
+    for path, _ in _boards.values():
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def register() -> None:
@@ -87,6 +133,8 @@ class Serial(SerialBase):
         self._dir: Path | None = None
         self._program: Path | None = None
         self._en_low = False
+        self._flash_bytes = DEFAULT_FLASH_BYTES
+        self._life = threading.RLock()  # program start/stop: the reader thread restarts on esp_restart()
         self.name = ""
         super().__init__(*args, **kwargs)
 
@@ -101,15 +149,24 @@ class Serial(SerialBase):
         name = url[len("native://") :].split("?", 1)[0].strip("/") if url.startswith("native://") else ""
         if not _NAME.match(name):
             raise SerialException(f"could not open {url!r}: expected native://NAME (letters, digits, . _ -)")
+        query = parse_qs(urlsplit(url).query)
+        size_text = (query.get("flash") or ["4MB"])[0]
+        m = _SIZE.match(size_text)
+        if m is None or not 0 < (int(m.group(1)) << 20) <= _MAX_FLASH_BYTES:
+            raise SerialException(f"could not open {url!r}: flash={size_text} is not a flash size like 4MB")
         self.name = name
-        self._dir = Path(tempfile.mkdtemp(prefix=f"esp-check-native-{name}-"))
+        self._dir, self._flash_bytes, fresh = _board_dir(name, int(m.group(1)) << 20)
+        if fresh:
+            (self._dir / "apps").mkdir()
+            self._erase()
+        bare = self._dir / "program"
+        self._program = bare if bare.is_file() else None
         self.is_open = True
 
     def close(self) -> None:
+        """Stop the program; the board keeps its flash (until this process ends), as a board does."""
         self._stop_program()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+        self._dir = None
         self.is_open = False
 
     def _reconfigure_port(self) -> None:
@@ -121,17 +178,111 @@ class Serial(SerialBase):
 
     # ---- "flash" and reset -----------------------------------------------------------------------
 
+    def _erase(self) -> None:
+        """A blank board: flash all FF, no programs."""
+        assert self._dir is not None
+        with open(self._dir / "flash.bin", "wb") as f:
+            f.write(b"\xff" * self._flash_bytes)
+        for old in (self._dir / "apps").iterdir():
+            old.unlink()
+
     def install(self, program: str | Path) -> tuple[int, str]:
-        """Copy ``program`` into this board (stopping what runs); returns (size, sha256)."""
+        """A bare program at offset 0 (no partition table): erase the board, keep ``program``; returns
+        (size, sha256)."""
         self._live()
         assert self._dir is not None
         self._stop_program()
+        self._erase()
         dest = self._dir / "program"
         shutil.copy2(program, dest)
         dest.chmod(dest.stat().st_mode | 0o100)
         self._program = dest
         data = dest.read_bytes()
         return len(data), hashlib.sha256(data).hexdigest()
+
+    @property
+    def flash_path(self) -> Path:
+        assert self._dir is not None
+        return self._dir / "flash.bin"
+
+    def table(self) -> tuple[int, list[PartitionEntry]] | None:
+        """The partition table in flash (its offset and entries), as the boot stand-in finds it."""
+        with open(self.flash_path, "rb") as f:
+            for off in TABLE_OFFSETS:
+                f.seek(off)
+                entries = parse_partition_table(f.read(TABLE_MAX_BYTES))
+                if entries:
+                    return off, entries
+        return None
+
+    def write_region(self, offset: int, path: str | Path) -> tuple[int, str, int]:
+        """Write one file at ``offset`` (see the module docstring): a host program when ``offset`` starts
+        an app partition of the table in flash, else bytes of the flash image. Returns (size, sha256,
+        bytes written); 0 written when the board already holds those bytes."""
+        self._live()
+        assert self._dir is not None
+        data = Path(path).read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        found = self.table()
+        apps = {p.offset for p in found[1] if p.type == 0x00} if found else set()
+        if offset in apps:
+            dest = self._dir / "apps" / f"0x{offset:x}"
+            if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == sha:
+                return len(data), sha, 0
+            self._stop_program()
+            tmp = dest.with_suffix(".new")
+            tmp.write_bytes(data)
+            tmp.chmod(0o700)
+            tmp.replace(dest)
+            return len(data), sha, len(data)
+        if offset < 0 or offset + len(data) > self._flash_bytes:
+            raise OSError(
+                errno.EFBIG,
+                f"0x{offset:x}+{len(data)} bytes is beyond the board's {self._flash_bytes >> 20} MB of flash",
+            )
+        with open(self.flash_path, "r+b") as f:
+            f.seek(offset)
+            if f.read(len(data)) == data:
+                return len(data), sha, 0
+            self._stop_program()
+            f.seek(offset)
+            f.write(data)
+        return len(data), sha, len(data)
+
+    def _boot_choice(self) -> tuple[Path, dict[str, str], str] | None:
+        """The boot stand-in: which program to start, its environment and the line it prints."""
+        assert self._dir is not None
+        found = self.table()
+        if found is None:
+            if self._program is None:
+                return None  # nothing flashed: a blank board prints nothing
+            return self._program, {}, ""
+        table_off, parts = found
+        ota_apps = sorted(
+            (p for p in parts if p.type == 0x00 and 0x10 <= p.subtype <= 0x1F), key=lambda p: p.subtype
+        )
+        app: PartitionEntry | None = None
+        ota = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
+        if ota is not None and ota_apps:
+            with open(self.flash_path, "rb") as f:
+                f.seek(ota.offset)
+                chosen = otadata.selected_slot(f.read(ota.size), len(ota_apps))
+            if chosen is not None:
+                app = ota_apps[chosen]
+        app = app or next((p for p in parts if p.type == 0x00 and p.subtype == 0x00), None)
+        app = app or (ota_apps[0] if ota_apps else None)
+        program = self._dir / "apps" / f"0x{app.offset:x}" if app is not None else None
+        if app is None or program is None or not program.is_file():
+            where = f"{app.label} at 0x{app.offset:x}" if app is not None else "the partition table"
+            return None if app is None else (Path(), {}, f"{BOOT_LINE} no app image in {where}\r\n")
+        env = {
+            "ESP_CHECK_NATIVE_FLASH": str(self.flash_path),
+            "ESP_CHECK_NATIVE_TABLE_OFFSET": f"0x{table_off:x}",
+            "ESP_CHECK_NATIVE_APP_OFFSET": f"0x{app.offset:x}",
+            "ESP_CHECK_NATIVE_BOARD_DIR": str(self._dir),
+        }
+        line = f"{BOOT_LINE} Loaded app from partition at offset 0x{app.offset:x} ({app.label})\r\n"
+        return program, env, line
 
     def _lines_changed(self) -> None:
         """Classic auto-reset circuit: EN is low while RTS is asserted and DTR is not."""
@@ -150,49 +301,65 @@ class Serial(SerialBase):
     def _update_dtr_state(self) -> None:
         self._lines_changed()
 
-    def _start_program(self) -> None:
-        self._stop_program()
-        if self._program is None:
-            return  # nothing flashed: a blank board prints nothing
-        env = dict(os.environ)
-        for key, value in SANITIZER_ENV.items():
-            env.setdefault(key, value)
-        with self._cond:
-            self._generation += 1
-            generation = self._generation
-            self._buf.clear()
-            self._ended = False
-        proc = subprocess.Popen(
-            [str(self._program)],
-            cwd=str(self._dir),
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        assert proc.stdin is not None
-        os.set_blocking(proc.stdin.fileno(), False)
-        self._proc = proc
-        threading.Thread(
-            target=self._pump, args=(proc, generation), name="esp-check-native", daemon=True
-        ).start()
+    def _start_program(self, keep_output: bool = False) -> None:
+        """Boot: the boot stand-in picks the program; ``keep_output`` after a software reset (the
+        output before it is still to be read, as a UART's would be)."""
+        with self._life:
+            self._stop_program()
+            choice = self._boot_choice()
+            if choice is None:
+                return
+            program, extra, line = choice
+            env = dict(os.environ)
+            for key, value in SANITIZER_ENV.items():
+                env.setdefault(key, value)
+            env.update(extra)
+            with self._cond:
+                self._generation += 1
+                generation = self._generation
+                if not keep_output:
+                    self._buf.clear()
+                self._ended = False
+                self._buf += line.encode("ascii")
+                self._cond.notify_all()
+            if not program.name:  # the table names an app slot that holds no program: the boot stops
+                return
+            assert self._dir is not None
+            with contextlib.suppress(FileNotFoundError):
+                (self._dir / SW_RESET_MARKER).unlink()
+            proc = subprocess.Popen(
+                [str(program)],
+                cwd=str(self._dir),
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            assert proc.stdin is not None
+            os.set_blocking(proc.stdin.fileno(), False)
+            self._proc = proc
+            threading.Thread(
+                target=self._pump, args=(proc, generation), name="esp-check-native", daemon=True
+            ).start()
 
     def _stop_program(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with self._cond:
-            self._generation += 1  # output still in flight from this program is dropped
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
+        with self._life:
+            proc, self._proc = self._proc, None
+            if proc is None:
+                return
+            with self._cond:
+                self._generation += 1  # output still in flight from this program is dropped
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
 
     def _pump(self, proc: subprocess.Popen[bytes], generation: int) -> None:
-        """Move the program's output into the buffer; at EOF, add its exit line and mark the end."""
+        """Move the program's output into the buffer; at EOF, a software reset boots again, any other
+        end adds its exit line and marks the end."""
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
         while True:
@@ -209,6 +376,12 @@ class Serial(SerialBase):
                     self._buf += chunk
                 self._cond.notify_all()
         rc = proc.wait()
+        marker = self._dir / SW_RESET_MARKER if self._dir is not None else None
+        if rc == 0 and marker is not None and marker.exists():
+            with self._life:
+                if generation == self._generation and self._proc is proc:
+                    self._start_program(keep_output=True)
+            return
         line = exit_line(rc)
         with self._cond:
             if generation != self._generation:

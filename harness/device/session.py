@@ -23,6 +23,7 @@ import serial
 
 from harness.device.console import RawCapture, capture_run
 from harness.device.flash import ROM_BAUD, FlashResult, ProgressCallback, flash_artifacts
+from harness.device.loop import LinkError, LoopClient
 from harness.device.native import install_program
 from harness.device.ports import (
     BoardLike,
@@ -32,6 +33,7 @@ from harness.device.ports import (
     reopen_after_reenumeration,
     resolve_port,
 )
+from harness.protocol import frames as fr
 
 __all__ = ["DeviceSession"]
 
@@ -145,3 +147,62 @@ class DeviceSession:
             "note": self.spec.note,
             "reset_style": self.reset_style,
         }
+
+    # ---- the resident loop (docs/protocol.md "Resident loop") ---------------------------------------
+
+    def boot(self, log_path: Path | None = None, *, reset: bool = True, **kwargs: Any) -> RawCapture:
+        """Reset into the app (``reset``) or just listen (after a slot switch), and read until the resident
+        firmware's HELLO frame (``RawCapture.hello``), a timeout, silence, a boot loop or a lost link."""
+        kwargs.setdefault("max_boots", 4)
+        return self.capture(log_path, reset=reset, stop_at_end=False, stop_at_hello=True, **kwargs)
+
+    def client(self, hello: fr.Hello, log: Any = None, **kwargs: Any) -> LoopClient:
+        """A loop client on the open handle (``log``: a binary file every received byte goes to)."""
+        self.open()
+        assert self.serial is not None
+        return LoopClient(self.serial, hello, log, **kwargs)
+
+    def switch_slot(
+        self, hello: fr.Hello, slot: int, log_path: Path | None = None, *, seq: int = 0, **kwargs: Any
+    ) -> RawCapture:
+        """Ask the running app to boot ``slot`` next (BOOT, command ``seq``), then read its reply and its
+        reboot up to the new HELLO.
+
+        LinkError when the app refuses (its status names the ESP-IDF error, e.g. an invalid image)."""
+        self.open()
+        assert self.serial is not None
+        try:
+            self.serial.write(fr.encode_frame(fr.CMD_BOOT, seq, bytes([slot])))
+        except (serial.SerialException, OSError) as exc:
+            raise LinkError(f"the serial link was lost before the slot switch ({exc})") from exc
+
+        def refused(f: fr.Frame) -> bool:
+            return f.type == fr.RSP_HELLO or (f.type == fr.RSP_BOOT and fr.decode_boot(f.payload)[1] != 0)
+
+        kwargs.setdefault("max_boots", 4)
+        cap = self.capture(log_path, reset=False, stop_at_end=False, stop_on_frame=refused, **kwargs)
+        if cap.stop_frame is not None and cap.stop_frame.type == fr.RSP_BOOT:
+            status = fr.decode_boot(cap.stop_frame.payload)[1]
+            raise LinkError(
+                f"the running app refused to boot ota_{slot} next (status 0x{status & 0xFFFFFFFF:x})",
+                hint="that slot holds no valid image: flash both variants again",
+            )
+        return cap
+
+
+class _append:
+    """A binary append handle for an optional log path (context manager)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.f: Any = None
+
+    def __enter__(self) -> Any:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.f = open(self.path, "ab")
+        return self.f
+
+    def __exit__(self, *exc: object) -> None:
+        if self.f is not None:
+            self.f.close()

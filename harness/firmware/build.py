@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,13 +25,16 @@ from harness import __version__
 from harness.errors import BuildError, UsageError
 from harness.firmware.boards import BOOTLOADER_OFFSETS, BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, default_cache_dir
-from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, PIO_ENV, read_manifest
+from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_ENV, read_manifest
+from harness.firmware.layout import VARIANT_SLOTS
 from harness.firmware.native.project import NativeOptions, plan_native_build, run_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
+from harness.protocol.model_image import PARTITION_LABEL
+from harness.protocol.partition_table import PartitionEntry, parse_partition_table
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
 # layout, the ELF and config/sdkconfig.json are cached
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4  # 4: the model image is data (never cached, not in the key); apps go to their OTA slot
 BUILD_SUBDIR = f"{DATA_DIR}/build"
 LOG_NAME = "build.log"
 FLASHER_ARGS = "flasher_args.json"
@@ -44,6 +46,7 @@ ROLE_FILES = {
     "partition-table": "partition-table.bin",
     "otadata": "ota_data_initial.bin",
     "app": "app.bin",
+    "model": "model.bin",
 }
 EXTRA_FILES = {"elf": "app.elf", "sdkconfig_json": "sdkconfig.json"}
 _CACHE_NAMES = {**ROLE_FILES, **EXTRA_FILES}
@@ -55,11 +58,18 @@ LAYOUT = {
     "bootloader": "bootloader/bootloader.bin",
     "partition-table": "partition_table/partition-table.bin",
     "otadata": "ota_data/ota_data_initial.bin",
+    "model": "model/model.bin",
     "app": f"{APP_NAME}.bin",
     "elf": f"{APP_NAME}.elf",
     "sdkconfig_json": "config/sdkconfig.json",
 }
 PROJECT_DESCRIPTION = "project_description.json"
+# Flashed by esptool in a flash-and-compare run; otadata is left alone there (the running app switches
+# slots itself, so a repeat run writes nothing), but flasher_args.json lists it for flashing by hand.
+RUN_ROLES = ("bootloader", "partition-table", "model", "app")
+# Data flashed beside the app but never compiled into it: a new model with the same generated code (the
+# same ops, outputs and arena) reuses the built apps. The model image is copied fresh at every build.
+_NOT_BUILD_INPUTS = {f"{DATA_DIR}/model.tflite", MODEL_IMAGE}
 # what ESP-IDF's project_description.json calls monitor_toolprefix (its addr2line is <prefix>addr2line)
 TOOLPREFIX = {
     "esp32": "xtensa-esp32-elf-",
@@ -100,9 +110,13 @@ class BuildResult:
     chip: str
     elf: Path | None = None  # the app's ELF (symbols for backtrace decoding), when the builder made one
 
-    def flash_files(self) -> list[tuple[int, Path]]:
-        """(offset, file) pairs in offset order, as esptool's write-flash takes them."""
-        return [(a.offset, a.path) for a in sorted(self.artifacts)]
+    def flash_files(self, roles: Sequence[str] | None = None) -> list[tuple[int, Path]]:
+        """(offset, file) pairs in offset order, as esptool's write-flash takes them (``roles``: only
+        those roles)."""
+        return [(a.offset, a.path) for a in sorted(self.artifacts) if roles is None or a.role in roles]
+
+    def artifact(self, role: str) -> Artifact | None:
+        return next((a for a in self.artifacts if a.role == role), None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,30 +164,6 @@ def sdkconfig_json(text: str) -> dict[str, Any]:
     return out
 
 
-PARTITION_MAGIC = b"\xaa\x50"  # bytes AA 50 on flash (gen_esp32part.py MAGIC_BYTES)
-
-
-class PartitionEntry(NamedTuple):
-    label: str
-    type: int
-    subtype: int
-    offset: int
-    size: int
-
-
-def parse_partition_table(data: bytes) -> list[PartitionEntry]:
-    """Entries of an ESP-IDF binary partition table (32-byte rows starting AA 50; the MD5 row ends it)."""
-    entries: list[PartitionEntry] = []
-    for pos in range(0, len(data) - 31, 32):
-        row = data[pos : pos + 32]
-        if row[:2] != PARTITION_MAGIC:
-            break
-        ptype, subtype, offset, size, label = struct.unpack("<BBII16s", row[2:28])
-        name = label.split(b"\0", 1)[0].decode("ascii", "replace")
-        entries.append(PartitionEntry(name, ptype, subtype, offset, size))
-    return entries
-
-
 def _hex(n: int) -> str:
     return f"0x{n:x}"
 
@@ -196,7 +186,7 @@ def project_files(project_dir: Path) -> dict[str, str]:
                 name.startswith("sdkconfig") and not name.startswith("sdkconfig.defaults")
             ):
                 continue
-            if name.endswith((".log", ".lock", ".tmp")):
+            if name.endswith((".log", ".lock", ".tmp")) or rel in _NOT_BUILD_INPUTS:
                 continue
             out[rel] = hashlib.sha256((Path(root) / name).read_bytes()).hexdigest()
     return out
@@ -431,7 +421,8 @@ def _build_sim(
     pairs = build_sim_firmware(project, sim_dir)
     files: dict[str, Path] = {}
     offsets: dict[str, int] = {}
-    ordered = sorted((int(o), Path(p)) for o, p in pairs)
+    # the model image is the project's own (build._layout adds it): not a product of the packer
+    ordered = sorted((int(o), Path(p)) for o, p in pairs if Path(p).name != "model.bin")
     for offset, path in ordered:
         name = Path(path).name.lower()
         if "bootloader" in name:
@@ -503,12 +494,15 @@ def _layout(
     project: Path,
     fixed: Mapping[str, int] | None = None,
     table_offset: int | None = None,
+    variant: str | None = None,
 ) -> list[tuple[str, int, Path]]:
     """(role, offset, source file) for what must be flashed; checks the app fits its partition.
 
     Offsets come from the resolved sdkconfig and the built partition table (``fixed`` when the
     builder states them itself, as the sim packer does). ``table_offset`` is the board's partition
-    table offset (manifest), used only when the resolved sdkconfig does not say.
+    table offset (manifest), used only when the resolved sdkconfig does not say. The app goes to the
+    factory partition, or to its variant's OTA slot (optimized ``ota_0``, ANSI C ``ota_1``); the
+    project's model image to the ``model`` partition.
     """
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():
@@ -537,13 +531,15 @@ def _layout(
             f"the built partition table {files['partition-table']} has no app partition",
             hint="check partitions.csv in the project",
         )
-    app_part = next((p for p in apps if p.subtype == 0x00), apps[0])  # factory, else the first OTA slot
+    slot = 0x10 + VARIANT_SLOTS.get(variant or "", 0)
+    factory = next((p for p in apps if p.subtype == 0x00), None)
+    app_part = factory or next((p for p in apps if p.subtype == slot), apps[0])
     app_size = files["app"].stat().st_size
     if app_size > app_part.size:
         raise BuildError(
             f"the firmware ({app_size} bytes) is larger than its app partition '{app_part.label}' "
             f"({app_part.size} bytes)",
-            hint="use a smaller model or fewer inputs per firmware, or enlarge the factory partition in "
+            hint="use fewer inputs per firmware, or larger app partitions in "
             f"{project / 'partitions.csv'} (the board's flash permitting)",
         )
     layout = [
@@ -554,6 +550,7 @@ def _layout(
     if ota is not None and "otadata" in files and files["otadata"].is_file():
         layout.append(("otadata", ota.offset, files["otadata"]))
     layout.append(("app", app_part.offset, files["app"]))
+    layout += _model_layout(table, project)
     if fixed is not None:
         layout = [(role, fixed.get(role, off), path) for role, off, path in layout]
         if fixed.get("app", app_part.offset) != app_part.offset:
@@ -563,6 +560,32 @@ def _layout(
                 hint="this is a bug in the image packer; please report it",
             )
     return layout
+
+
+def _cached_files(entry: Any, project: Path) -> dict[str, Path]:
+    """A cache hit's files by role; the model image is data, not a build product: always the project's."""
+    stored = [*entry.meta["offsets"], *entry.meta.get("extras", [])]
+    files = {role: entry.file(_CACHE_NAMES[role]) for role in stored if role != "model"}
+    if "model" in entry.meta["offsets"]:
+        files["model"] = project / MODEL_IMAGE
+    return files
+
+
+def _model_layout(table: Sequence[PartitionEntry], project: Path) -> list[tuple[str, int, Path]]:
+    """The model image for the ``model`` data partition (none in a table without one)."""
+    part = next((p for p in table if p.type == 0x01 and p.label == PARTITION_LABEL), None)
+    if part is None:
+        return []
+    image = project / MODEL_IMAGE
+    if not image.is_file():
+        raise BuildError(f"{image} is missing", hint="regenerate the project with `esp-check generate`")
+    if image.stat().st_size > part.size:
+        raise BuildError(
+            f"the model image ({image.stat().st_size} bytes) is larger than the '{part.label}' partition "
+            f"({part.size} bytes)",
+            hint="regenerate the project: generate refuses models the board cannot hold",
+        )
+    return [("model", part.offset, image)]
 
 
 def _extras(files: Mapping[str, Path], out_dir: Path) -> dict[str, Path]:
@@ -838,11 +861,10 @@ def build_project(
                 f.write(f"cache hit {job.key} ({cache.root}): builder not run\n")
             if on_output:
                 on_output(f"cache hit {job.key[:12]}: builder not run")
-            stored = [*entry.meta["offsets"], *entry.meta.get("extras", [])]
-            files = {role: entry.file(_CACHE_NAMES[role]) for role in stored}
-            return _finish(job, files, entry.meta, hit=True)
+            return _finish(job, _cached_files(entry, job.project), entry.meta, hit=True)
         files, meta = run_build()
-        cache.put(job.key, {_CACHE_NAMES[role]: path for role, path in files.items()}, meta)
+        products = {_CACHE_NAMES[role]: path for role, path in files.items() if role != "model"}
+        cache.put(job.key, products, meta)
         return _finish(job, files, meta, hit=False)
 
 
@@ -881,7 +903,8 @@ def _build_meta(
     job: _BuildJob, files: Mapping[str, Path], sdk: Mapping[str, str], fixed: dict[str, int] | None
 ) -> tuple[dict[str, Path], dict[str, Any]]:
     """What the cache keeps beside the images: offsets, the flash-relevant sdkconfig, versions."""
-    layout = _layout(dict(files), dict(sdk), job.chip, job.project, fixed, job.table_offset)
+    variant = str(job.manifest.get("variant") or "")
+    layout = _layout(dict(files), dict(sdk), job.chip, job.project, fixed, job.table_offset, variant)
     meta: dict[str, Any] = {
         "offsets": {role: off for role, off, _ in layout},
         "sdkconfig": {k: v for k, v in sdk.items() if k.startswith(_SDKCONFIG_KEPT)},
@@ -955,13 +978,16 @@ def _build_native(
     program.chmod(program.stat().st_mode | 0o111)
     versions = {c.name.replace("__", "/"): c.version or "unknown" for c in plan.components}
     _record_resolved(project, {"dependencies_lock": None, "components": versions, "native": True})
+    artifacts = _native_layout(project, manifest, out_dir, program)
     info_path = out_dir / NATIVE_INFO
     info = {"program": program.name, "sha256": _sha256_file(program), "cache_hit": hit, **meta["native"]}
+    info["flash"] = {a.role: {"offset": _hex(a.offset), "file": a.path.relative_to(out_dir).as_posix()}
+                     for a in artifacts}  # fmt: skip
     info_path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return BuildResult(
         project_dir=project,
         builder="native",
-        artifacts=(Artifact(0, program, "app"),),
+        artifacts=tuple(artifacts),
         app_bin=program,
         flasher_args=info_path,
         log_path=log,
@@ -970,3 +996,45 @@ def _build_native(
         firmware_sha256=info["sha256"],
         chip=str(manifest.get("chip") or ""),
     )
+
+
+def _native_layout(
+    project: Path, manifest: Mapping[str, Any], out_dir: Path, program: Path
+) -> list[Artifact]:
+    """What a native board's "flash" takes, at the offsets a chip would: the partition table packed from
+    the project's partitions.csv, blank otadata, the program in its variant's app slot (the native board
+    keeps host programs beside its flash image: one does not fit a chip's slot) and the model image in
+    the model partition. A project without a partition table (an older template) is the program alone."""
+    from harness.sim.image import pack_partition_table, parse_partitions_csv  # packer shared with the sim
+
+    csv_path = project / "partitions.csv"
+    if not csv_path.is_file():
+        return [Artifact(0, program, "app")]
+    try:
+        parts = parse_partitions_csv(csv_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BuildError(f"{csv_path} unreadable: {exc}", hint="regenerate the project") from exc
+    board_def = manifest.get("board_def") or {}
+    raw = board_def.get("partition_table_offset")
+    table_off = raw if isinstance(raw, int) and not isinstance(raw, bool) else 0x8000
+    table_path = out_dir / LAYOUT["partition-table"]
+    table_path.parent.mkdir(parents=True, exist_ok=True)
+    table_path.write_bytes(pack_partition_table(parts))
+    table = parse_partition_table(table_path.read_bytes())
+    slot = 0x10 + VARIANT_SLOTS.get(str(manifest.get("variant") or ""), 0)
+    apps = [p for p in table if p.type == 0x00]
+    app = next((p for p in apps if p.subtype == 0x00), None) or next(
+        (p for p in apps if p.subtype == slot), None
+    )
+    if app is None:
+        raise BuildError(f"{csv_path} has no app partition for this variant", hint="regenerate the project")
+    out = [Artifact(table_off, table_path, "partition-table"), Artifact(app.offset, program, "app")]
+    ota = next((p for p in table if p.type == 0x01 and p.subtype == 0x00), None)
+    if ota is not None:
+        ota_path = out_dir / LAYOUT["otadata"]
+        ota_path.parent.mkdir(parents=True, exist_ok=True)
+        ota_path.write_bytes(b"\xff" * ota.size)
+        out.append(Artifact(ota.offset, ota_path, "otadata"))
+    for _role, offset, image in _model_layout(table, project):
+        out.append(Artifact(offset, _place(image, out_dir / LAYOUT["model"]), "model"))
+    return sorted(out)

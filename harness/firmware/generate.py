@@ -23,11 +23,13 @@ import numpy as np
 
 from harness import __version__
 from harness.errors import EspCheckError, GenerateError
-from harness.firmware.boards import APP_OFFSET, PARTITION_TABLE_BYTES, Board, load_board
+from harness.firmware.boards import Board, load_board
 from harness.firmware.hybrid_context import hybrid_firmware_context, render_hybrid_files
+from harness.firmware.layout import FlashLayout, check_model_fits, flash_layout
 from harness.firmware.tap_context import tap_firmware_context
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, TensorInfo
+from harness.protocol.model_image import HEADER_BYTES, pack_model_image
 from harness.resources import data_dir, pinned_versions, templates_dir, version_tuple
 
 if sys.version_info >= (3, 11):
@@ -47,11 +49,14 @@ MANIFEST_SCHEMA = "esp-check-project/1"
 DATA_DIR = "esp-check"  # model.tflite and input_<k>.bin copies, build outputs under esp-check/build
 HUMAN_MAX = 16
 MAIN_STACK_BYTES = 16384
-APP_PARTITION_BYTES = 3 * 1024 * 1024  # fits a 540 KB model plus TFLM and ESP-NN with room to spare
-APP_PARTITION_OFFSET = APP_OFFSET
 PSRAM_RESERVE_BYTES = 512 * 1024  # PSRAM left for the rest of the system when the arena goes there
 MAX_INPUTS = 64
-PROTO_FILES = ("esp_check_proto.c", "esp_check_proto.h")
+# The portable C the firmware compiles next to app_main.cc: text emitter, binary frames, command loop.
+PROTO_FILES = tuple(f"esp_check_{name}{ext}" for name in ("proto", "frame", "loop") for ext in (".c", ".h"))
+MODEL_IMAGE = f"{DATA_DIR}/partitions/model.bin"  # the model partition (harness.protocol.model_image)
+PIO_EXTRA_SCRIPT = f"{DATA_DIR}/pio_flash_model.py"
+# Resident loop buffers: the driver's RX ring is the flow-control window the host may fill.
+RESIDENT = {"rx_buffer_bytes": 16384, "tx_buffer_bytes": 8192}
 SUPPORTED_DTYPES = ("int8", "uint8", "int16", "int32", "float32")
 
 _VERSION_RE = re.compile(r"^[0-9A-Za-z.+~-]{1,32}$")
@@ -327,11 +332,15 @@ class FirmwareFeatures:
     """Optional parts of the firmware, decided by the caller and handed over as plain data.
 
     ``tap``: per-op checksum records (docs/tap.md); ``dump_ops``: ops whose tensors a second run dumps;
+    ``embed_inputs``: compile the given inputs into the image (run once at boot, for people flashing by
+    hand). Flows stream their inputs over the link instead, so that a new input rebuilds and reflashes
+    nothing: they pass ``embed_inputs=False`` and no inputs at all.
     ``ansi_ops``: op instances the hybrid wrapper runs on esp-nn's ANSI C kernels (docs/hybrid.md).
     """
 
     tap: bool = False
     dump_ops: tuple[int, ...] = ()
+    embed_inputs: bool = True
     ansi_ops: tuple[int, ...] = ()
 
     @property
@@ -367,7 +376,7 @@ def generate_projects(
     board_def = load_board(board)
     model_path = Path(model_path)
     feats = features or FirmwareFeatures(tap=tap, dump_ops=tuple(sorted({int(k) for k in dump_ops})))
-    _check_request(variants, input_paths, human_max)
+    _check_request(variants, input_paths, human_max, feats.embed_inputs)
     versions = _versions(tflm_version, espnn_version, platform_version)
     model = load_model(model_path)
     tensor = _check_model(model, model_path)
@@ -375,17 +384,20 @@ def generate_projects(
     # per-op checksum wrapper tables (None when off); GenerateError on bad op indices
     tap_ctx = tap_firmware_context(model, tap=feats.tapped, dump_ops=feats.dump_ops)
     model_bytes = model_path.read_bytes()
+    layout = flash_layout(board_def)
+    check_model_fits(layout, len(model_bytes), model_path.name)
     # hybrid wrapper table (None when every op runs ESP-NN optimized); UsageError on ops it cannot switch
     hybrid_ctx = hybrid_firmware_context(
         model, feats.ansi_ops, model_name=c_str(model_path.name), model_sha256=_sha256(model_bytes)
     )
     plan = _plan_arena(model_path, board_def, arena_kb, versions["espnn"])
     prepared = _prepare_inputs([Path(p) for p in input_paths], tensor, input_options)
-    app_partition = _check_fits(model_bytes, prepared, board_def)
+    if not feats.embed_inputs:
+        prepared = []  # validated above; the flow streams them
     ctx = _base_context(
         board_def, versions, model_path, model_bytes, prepared, tensor, model, resolver, plan, human_max
     )
-    ctx.update(app_partition_bytes=app_partition, tap=tap_ctx, hybrid=hybrid_ctx)
+    ctx.update(tap=tap_ctx, hybrid=hybrid_ctx, **_layout_context(layout))
     env = _environment()
     allow = load_allowlist()
     projects = []
@@ -395,6 +407,7 @@ def generate_projects(
             variant, board_def, versions, ctx["template_version"], model_path, model_bytes, prepared,
             tensor, model, ctx["outputs"], resolver, plan, human_max, files,
         )  # fmt: skip
+        manifest["flash_layout"] = layout.to_dict()
         if tap_ctx is not None:
             manifest["tap"] = tap_ctx["manifest"]
         if hybrid_ctx is not None:
@@ -416,15 +429,17 @@ def generate_projects(
     return projects
 
 
-def _check_request(variants: Sequence[str], input_paths: Sequence[str | Path], human_max: int) -> None:
+def _check_request(
+    variants: Sequence[str], input_paths: Sequence[str | Path], human_max: int, embed: bool
+) -> None:
     if not variants:
         raise GenerateError("no variant requested", hint="use --variant optimized, ansi or both")
     for v in variants:
         if v not in VARIANTS:
             raise GenerateError(f"unknown variant {v!r}", hint="variants: optimized, ansi")
-    if not input_paths:
+    if embed and not input_paths:
         raise GenerateError("at least one --input is needed", hint="pass --input FILE (repeatable)")
-    if len(input_paths) > MAX_INPUTS:
+    if embed and len(input_paths) > MAX_INPUTS:
         raise GenerateError(f"{len(input_paths)} inputs given; at most {MAX_INPUTS} fit in one firmware")
     if not 0 <= human_max <= 1024:
         raise GenerateError(f"human_max={human_max} must be between 0 and 1024")
@@ -474,16 +489,22 @@ def _plan_arena(model_path: Path, board: Board, arena_kb: int | None, espnn_vers
     )
 
 
-def _check_fits(model_bytes: bytes, prepared: Sequence[tuple[Path, bytes, Any]], board: Board) -> int:
-    """The app partition size; GenerateError when model and inputs leave too little room for code."""
-    app_partition = min(APP_PARTITION_BYTES, board.flash_bytes - APP_PARTITION_OFFSET)
-    if len(model_bytes) + sum(len(r) for _, r, _ in prepared) > app_partition - 1024 * 1024:
-        raise GenerateError(
-            f"model and inputs ({len(model_bytes) // 1024} KB) leave too little room for the program in the "
-            f"{app_partition // 1024} KB app partition of {board.name}",
-            hint="use fewer inputs per firmware or a board with more flash",
-        )
-    return app_partition
+def _layout_context(layout: FlashLayout) -> dict[str, Any]:
+    """Flash layout values for partitions.csv, sdkconfig, CMake, the PlatformIO script and the C++."""
+    part = layout.model_partition
+    return {
+        "partitions": list(layout.rows),
+        "partition_table_offset": layout.table_offset,
+        "model_partition": {
+            "name": part.name,
+            "subtype": part.subtype,
+            "offset": part.offset,
+            "size": part.size,
+            "header_bytes": HEADER_BYTES,
+            "image": MODEL_IMAGE,
+        },
+        "resident": dict(RESIDENT),
+    }
 
 
 def _base_context(
@@ -513,7 +534,7 @@ def _base_context(
             {"source_name": p.name, "sha256": _sha256(raw), "array": _hex_array(raw)}
             for p, raw, _ in prepared
         ],
-        "input_bytes": len(prepared[0][1]),
+        "input_bytes": tensor.num_elements * np.dtype(tensor.dtype).itemsize,
         "input_dtype": tensor.dtype,
         "outputs": [
             {
@@ -531,19 +552,14 @@ def _base_context(
         "arena_mem": plan.mem,
         "human_max": human_max,
         "main_stack_bytes": MAIN_STACK_BYTES,
-        **_layout_context(board),
+        **_idf_context(board),
     }
 
 
-def _layout_context(board: Board) -> dict[str, Any]:
-    """Flash layout and supported ESP-IDF range of ``board`` (partitions.csv, sdkconfig, CMake, C)."""
+def _idf_context(board: Board) -> dict[str, Any]:
+    """The supported ESP-IDF range of ``board`` (CMake, the C++ version check)."""
     low, below = board.idf_range
-    nvs_offset = board.partition_table_offset + PARTITION_TABLE_BYTES
     return {
-        "app_partition_offset": APP_PARTITION_OFFSET,
-        "partition_table_offset": board.partition_table_offset,
-        "nvs_offset": nvs_offset,
-        "nvs_bytes": APP_PARTITION_OFFSET - nvs_offset,
         "idf": {
             "min": low,
             "below": below,
@@ -570,7 +586,7 @@ def _render_files(
     files: dict[str, bytes] = {}
     for tname in _template_names(env):
         rel = _output_name(tname)
-        if rel == "platformio.ini" and not board.pio_board:
+        if rel in ("platformio.ini", PIO_EXTRA_SCRIPT) and not board.pio_board:
             continue  # e.g. ESP32-P4: platform-espressif32 6.13.0 cannot build it
         try:
             text = env.get_template(tname).render(ctx)
@@ -585,6 +601,7 @@ def _render_files(
     if ctx.get("hybrid") is not None:
         files.update(render_hybrid_files(ctx["hybrid"], str(ctx["banner"]), env.filters))
     files[f"{DATA_DIR}/model.tflite"] = model_bytes
+    files[MODEL_IMAGE] = pack_model_image(model_bytes)
     for k, (_, raw, _) in enumerate(prepared):
         files[f"{DATA_DIR}/input_{k}.bin"] = raw
     return files
@@ -657,6 +674,7 @@ def _manifest(
         "model": {
             "source_name": model_path.name,
             "file": f"{DATA_DIR}/model.tflite",
+            "partition_image": MODEL_IMAGE,
             "bytes": len(model_bytes),
             "sha256": _sha256(model_bytes),
             "schema_version": model.schema_version,

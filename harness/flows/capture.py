@@ -1,28 +1,38 @@
-"""Flash one built variant, capture its run, and decide what the capture is worth.
+"""Flash built variants, stream the inputs to the resident firmware, and decide what each capture is worth.
 
-The single flash-and-capture path: flash-and-compare, its ``--tap`` dump run and the CI runner all
-come through :func:`flash_and_capture`, which drives one :class:`harness.device.session.DeviceSession`
-(one open handle from flash to capture, re-opened after USB re-enumeration and always closed).
+The single flash-and-capture path: flash-and-compare (both variants in one session, :func:`run_variants`),
+its ``--tap`` dump run and the CI runner (:func:`flash_and_capture`, one variant) all come through here,
+over one :class:`harness.device.session.DeviceSession` (one open handle from flash to the last capture,
+re-opened after USB re-enumeration and always closed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from harness.analysis.classify import Finding, Severity, classify
 from harness.analysis.compare import source_from_capture
 from harness.device.console import RawCapture
-from harness.device.flash import FlashResult
+from harness.device.loop import LinkStats
 from harness.device.session import DeviceSession
 from harness.errors import EspCheckError, ExitCode
 from harness.firmware.backtrace import decode_findings
 from harness.firmware.boards import Board
 from harness.firmware.build import BuildResult
-from harness.flows.records import EXPECTED_NN, ProgressFn, Recorder, StageRecord, StageTimeouts, VariantRun
+from harness.flows.records import (
+    EXPECTED_NN,
+    VARIANT_ORDER,
+    ProgressFn,
+    Recorder,
+    StageRecord,
+    StageTimeouts,
+    VariantRun,
+)
+from harness.flows.resident import Boot, ResidentBoard, flash_facts
 from harness.protocol.capture import Capture, parse_capture
 
 
@@ -33,11 +43,12 @@ def flash_and_capture(
     out_dir: Path,
     *,
     variant: str,
+    inputs: Sequence[bytes] = (),
     timeouts: StageTimeouts | None = None,
     flash_baud: int | None = None,
     progress: ProgressFn | None = None,
 ) -> tuple[VariantRun, list[StageRecord]]:
-    """Flash one built variant to the board at ``port_url``, capture and verify its run.
+    """Flash one built variant to the board at ``port_url``, stream ``inputs`` to it, verify its run.
 
     The returned VariantRun has ``source`` (the device's outputs) only when its own records
     validated and it reported the ESP-NN mode this variant was built for; otherwise ``exit_code``
@@ -47,69 +58,156 @@ def flash_and_capture(
     run = VariantRun(variant, project_dir=build.project_dir)
     run.firmware_sha256 = build.firmware_sha256
     run.build_cache_hit = build.cache_hit
-    run.exit_code = run_variant(rec, run, build, board, port_url, Path(out_dir), timeouts, flash_baud)
+    run_variants(
+        rec, {variant: run}, {variant: build}, board, port_url, Path(out_dir), timeouts, flash_baud, inputs
+    )
     return run, rec.stages
 
 
-def run_variant(
+def run_variants(
     rec: Recorder,
-    run: VariantRun,
-    build: BuildResult,
+    runs: Mapping[str, VariantRun],
+    builds: Mapping[str, BuildResult],
     board: Board,
     port_url: str,
     out: Path,
     limits: StageTimeouts | None = None,
     flash_baud: int | None = None,
-) -> ExitCode | None:
-    """Flash and capture one variant into ``run``; returns the exit code its failure implies."""
+    inputs: Sequence[bytes] = (),
+) -> LinkStats | None:
+    """Flash the variants once (one esptool session), then boot each and stream ``inputs`` to it in a
+    text session; each run's ``exit_code`` says what its capture is worth. Returns what crossed the link."""
+
+    def body(rb: ResidentBoard, order: list[str]) -> None:
+        for v in order:
+            runs[v].exit_code = _run_one(rb, runs[v], inputs)
+
+    return with_board(rec, runs, builds, board, port_url, out, limits, flash_baud, body)
+
+
+def with_board(
+    rec: Recorder,
+    runs: Mapping[str, VariantRun],
+    builds: Mapping[str, BuildResult],
+    board: Board,
+    port_url: str,
+    out: Path,
+    limits: StageTimeouts | None,
+    flash_baud: int | None,
+    body: Callable[[ResidentBoard, list[str]], None],
+) -> LinkStats | None:
+    """Open the board, flash what differs, boot once, then ``body(board, variants in run order)``."""
     limits = limits or StageTimeouts()
     if port_url.startswith("sim://"):
         from harness.sim import register  # the pyserial URL handler for the simulated board
 
         register()
-    v = run.variant
     try:
-        dev = rec.run("port", v, lambda: DeviceSession(port_url, board, flash_baud=flash_baud))
-        rec.run("open", v, dev.open)
+        dev = rec.run("port", None, lambda: DeviceSession(port_url, board, flash_baud=flash_baud))
+        rec.run("open", None, dev.open)
     except EspCheckError as exc:
-        return exc.exit_code
+        for r in runs.values():
+            r.exit_code = exc.exit_code
+        return None
+    rb = ResidentBoard(rec, dev, builds, limits, board.simulated)
     try:
-        fr = rec.run(
-            "flash", v, lambda: dev.flash(build.flash_files(), log_path=out / "logs" / f"flash-{v}.log")
-        )
-        run.flash = flash_facts(fr)
-        log_path = out / "logs" / f"serial-{v}.log"
-        log_path.unlink(missing_ok=True)
-        run.serial_log = log_path
-        raw = rec.run(
-            "capture",
-            v,
-            lambda: dev.capture(
-                log_path, total_timeout=limits.capture_total, silence_timeout=limits.capture_silence
-            ),
-        )
-    except EspCheckError as exc:
-        return exc.exit_code
+        order = _prepare_board(rb, runs, out)
+        if order is not None:
+            body(rb, order)
     finally:
         with contextlib.suppress(Exception):  # closing a dead port must not hide the real outcome
             dev.close()
+    return rb.link
+
+
+def _prepare_board(rb: ResidentBoard, runs: Mapping[str, VariantRun], out: Path) -> list[str] | None:
+    """Flash, boot once, and return the variants in run order (the one that booted first: one slot
+    switch less); None when the flash or the first boot failed (each run's exit code says why)."""
+    logs = out / "logs"
+    try:
+        result = rb.flash(logs / "flash.log")
+    except EspCheckError as exc:
+        for r in runs.values():
+            r.exit_code = exc.exit_code
+        return None
+    facts = flash_facts(result, rb.builds)
+    for r in runs.values():
+        r.flash = facts
+        log = logs / f"serial-{r.variant}.log"
+        log.unlink(missing_ok=True)
+        r.serial_log = log
+    order = sorted(runs, key=lambda v: VARIANT_ORDER.index(v) if v in VARIANT_ORDER else 9)
+    try:
+        first = rb.ensure(order[0], runs[order[0]].serial_log or logs / "serial.log")
+    except EspCheckError as exc:
+        for r in runs.values():
+            r.exit_code = exc.exit_code
+        return None
+    booted = first.variant
+    if booted is not None and booted in runs and booted != order[0]:
+        order.remove(booted)
+        order.insert(0, booted)
+        Path(runs[order[1]].serial_log or "").replace(runs[booted].serial_log or "")
+    return order
+
+
+def boot_variant(rb: ResidentBoard, run: VariantRun) -> Boot | ExitCode | None:
+    """``run.variant``'s app, ready for commands; else what its start-up evidence is worth (exit code)."""
+    v = run.variant
+    log = run.serial_log
+    assert log is not None
+    try:
+        boot = rb.ensure(v, log)
+        if boot.variant != v and rb.current is None:  # no app runs to ask for the switch: esptool does it
+            rb.select_with_esptool(v, log.with_name(f"flash-select-{v}.log"))
+            boot = rb.ensure(v, log)
+    except EspCheckError as exc:
+        return exc.exit_code
+    if boot.hello is None or boot.hello.init_status != 0 or boot.variant != v:
+        return _verify(rb, run, boot.raw, log)  # start-up evidence: a fault, a loop, silence
+    run.nn_mode = boot.hello.nn  # compiled in (sdkconfig.h), as INFO nn in a text capture
+    return boot
+
+
+def _run_one(rb: ResidentBoard, run: VariantRun, inputs: Sequence[bytes]) -> ExitCode | None:
+    """Boot ``run.variant`` and stream the inputs in a text session; verify what it printed."""
+    v = run.variant
+    log = run.serial_log
+    assert log is not None
+    boot = boot_variant(rb, run)
+    if not isinstance(boot, Boot):
+        return boot
+    raw = rb.rec.run("capture", v, lambda: rb.text_session(boot, inputs, log))
+    whole = dataclasses.replace(
+        raw, data=boot.raw.data + raw.data, boots=boot.raw.boots, resets=boot.raw.resets
+    )
+    code = _verify(rb, run, whole, log)
+    return link_verdict(run, rb.last_link, code)
+
+
+def _verify(rb: ResidentBoard, run: VariantRun, raw: RawCapture, log: Path) -> ExitCode | None:
+    """verify_capture with the variant's ELF (crash addresses) and what the board definition says."""
+    build = rb.builds[run.variant]
     return verify_capture(
-        rec, run, raw, log_path, elf=build.elf, chip=build.chip, simulated_board=board.simulated
+        rb.rec, run, raw, log, elf=build.elf, chip=build.chip, simulated_board=rb.simulated
     )
 
 
-def flash_facts(fr: FlashResult) -> dict[str, Any]:
-    """What report.json says about one flash: chip, revision, MAC, bytes written per region."""
-    return {
-        "chip": fr.chip,
-        "revision": fr.revision,
-        "mac": fr.mac,
-        "regions": [
-            {"offset": r.offset, "size": r.size, "skipped": r.skipped, "bytes_written": r.bytes_written}
-            for r in fr.regions
-        ],
-        "seconds": round(fr.duration_s, 3),
-    }
+def link_verdict(run: VariantRun, stats: LinkStats, code: ExitCode | None) -> ExitCode | None:
+    """A session whose link needed repairs is kept as evidence but is never a clean match (exit 3)."""
+    if stats.clean:
+        return code
+    what = (
+        f"{stats.damaged_frames} damaged and {stats.rx_gaps} lost frame(s) from the device, "
+        f"{stats.naks} NAK(s), {stats.retransmitted_frames} frame(s) sent again"
+    )
+    finding = Finding(
+        "link_repair", Severity.INFRASTRUCTURE, f"the serial link needed repairs: {what}", None, (),
+        stats.to_dict(), "check the cable, the hub and the baud rate; the results were checked, but a run "
+        "over a lossy link is never reported as a clean match",
+    )  # fmt: skip
+    run.findings.append(finding.to_dict())
+    return code if code is not None else ExitCode.INFRASTRUCTURE
 
 
 def verify_capture(
@@ -165,6 +263,9 @@ def verdict_evidence(
             False,
         )
     faults = [f for f in findings if f.severity == Severity.FIRMWARE_FAULT]
+    if cap.errors and not faults and all(e.stage == "model" for e in cap.errors):
+        msg = "; ".join(f.message for f in findings if f.kind == "model_partition")
+        return ExitCode.INFRASTRUCTURE, msg or "the model partition holds no valid model image", False
     if faults or cap.errors:
         msg = "; ".join(f.message for f in faults) or "; ".join(f"{e.stage}: {e.msg}" for e in cap.errors)
         # a clean ERROR record keeps the source so the fault is reported with it

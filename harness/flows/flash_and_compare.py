@@ -26,12 +26,22 @@ from harness.analysis.compare import (
 )
 from harness.analysis.tap import TapResult
 from harness.device.locks import board_lock
+from harness.device.loop import LinkStats
 from harness.device.ports import check_present, resolve_port
 from harness.errors import EspCheckError, ExitCode, ReferenceRefusedError, UsageError, combine_exit_codes
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
 from harness.firmware.native.project import NATIVE_MEANING, NativeOptions
-from harness.flows.capture import flash_and_capture, run_variant
+from harness.flows.capture import flash_and_capture, run_variants, with_board
+from harness.flows.dataset import (
+    DatasetOptions,
+    DatasetOutcome,
+    host_legs,
+    load_inputs,
+    output_specs,
+    run_dataset,
+    verdicts,
+)
 from harness.flows.firmware import Firmware, build_firmware, generate_firmware
 from harness.flows.records import (
     VARIANT_ORDER,
@@ -44,8 +54,9 @@ from harness.flows.records import (
 )
 from harness.flows.refused import refusal_finding
 from harness.flows.report import write_junit, write_report
+from harness.flows.resident import ResidentBoard
 from harness.flows.tap_run import TapRunRequest, run_tap_flow
-from harness.model.inputs import InputOptions
+from harness.model.inputs import InputOptions, input_tensor_bytes
 from harness.model.loader import ModelInfo, load_model
 from harness.model.opdata import espnn_model_acceleration
 from harness.model.reference import prepare_host_results
@@ -92,6 +103,9 @@ class _Run:
     warnings: list[str] = field(default_factory=list)
     codes: list[ExitCode] = field(default_factory=list)
     comparison: CompareResult | None = None
+    dataset: DatasetOutcome | None = None
+    streamed: list[bytes] = field(default_factory=list)  # the inputs as the device's input tensor takes them
+    link: LinkStats | None = None
     tap: TapResult | None = None
     espnn: dict[str, Any] | None = None
     refused: ReferenceRefusedError | None = None  # the host reference aborted (flows/refused.py)
@@ -142,20 +156,16 @@ def flash_and_compare(
     dump_ops: Sequence[int] = (),
     html: str | Path | None = None,
     bundle: str | Path | None = None,
+    dataset: DatasetOptions | None = None,
     native: NativeOptions | None = None,
 ) -> FlashAndCompareResult:
     """Run the whole job and return its result; the report is always written to ``out_dir``.
 
-    Usage errors found before any hardware is touched (bad model, bad input, unknown board) are
-    raised; failures after that are recorded per stage and decide the exit code.
-
-    With ``lock`` (default) the board's cross-process lock (harness.device.locks, keyed on its USB
-    serial number / server host:port / sim name, in ``lock_dir`` or the default lock directory) is
-    held while flashing and capturing, so a CI runner and this call never share a board; a board
-    still busy after ``lock_timeout`` seconds is an infrastructure error (exit 3).
-
-    ``native`` configures the builds of a native board (``--board native-esp32``, docs/native.md):
-    component sources, sanitizers.
+    Usage errors found before any hardware is touched are raised; later failures are recorded per
+    stage and decide the exit code. With ``lock`` the board's cross-process lock (harness.device.locks,
+    in ``lock_dir``) is held while flashing and capturing; a board still busy after ``lock_timeout``
+    seconds is an infrastructure error (exit 3). ``dataset``: a whole dataset instead of ``inputs``
+    (docs/dataset.md); ``native``: a native board's builds (docs/native.md).
     """
     t_all = time.monotonic()
     limits = timeouts or StageTimeouts()
@@ -174,13 +184,22 @@ def flash_and_compare(
 
     try:
         _start(run, board, port)
+        if dataset is not None:
+            job = _DatasetJob(
+                input_options, reference, builder, cache_dir, arena_kb, limits, flash_baud, native
+            )
+            _dataset_job(run, dataset, job, lock_cm, tolerance_lsb, ref_tolerance_lsb)
+            return finish()
         if reference:  # ONE host child runs the reference on the inputs and measures the arena;
             # generate, the reference leg and the simulated board read its cached results
             prepare_host_results(run.model, run.inputs, input_options=input_options, per_layer=tap)
+        # the inputs are streamed to the resident firmware, never compiled in: a new input rebuilds and
+        # reflashes nothing (generate still checks them, before anything is built)
         projects = generate_firmware(
             run.model, run.inputs, run.board, run.out / "projects", rec=run.rec, input_options=input_options,
-            arena_kb=arena_kb, features=FirmwareFeatures(tap=tap),
+            arena_kb=arena_kb, features=FirmwareFeatures(tap=tap, embed_inputs=False),
         )  # fmt: skip
+        run.streamed = input_tensor_bytes(run.inputs, run.info.inputs[0], input_options)
         ref_source = _host_reference(run, input_options) if reference else None
         fw = build_firmware(
             projects, rec=run.rec, logs_dir=run.out / "logs", builder=builder, cache_dir=cache_dir,
@@ -258,7 +277,8 @@ def _start(run: _Run, board: str | Path, port: str | None) -> None:
                 f"but --port {port} is not a native:// port",
                 hint="omit --port (a fresh native board is made), or give native://NAME",
             )
-        run.port_url = port or f"native://esp-check-{uuid.uuid4().hex[:10]}"
+        size = f"?flash={board_def.flash_size}" if board_def.flash_size else ""  # the board's flash
+        run.port_url = port or f"native://esp-check-{uuid.uuid4().hex[:10]}{size}"
         run.fresh_sim = port is None  # made for this run alone: nobody else's, no lock
     elif board_def.simulated and port is not None and port.startswith(SERVED_SIM_SCHEMES):
         # a simulator served by `esp-check sim serve` (or esp_rfc2217_server in front of a sim:// port):
@@ -333,7 +353,7 @@ def _flash_and_capture_both(
     limits: StageTimeouts,
     flash_baud: int | None,
 ) -> bool:
-    """Flash and capture each variant on the same board, one after the other, holding its lock."""
+    """Flash both variants in one session and stream the inputs to each, holding the board's lock."""
     with contextlib.ExitStack() as held:
         try:
             cm = lock_cm()
@@ -342,14 +362,90 @@ def _flash_and_capture_both(
         except EspCheckError as exc:
             run.failed("board lock", exc)
             return False
+        run.link = run_variants(
+            run.rec, run.variants, fw.builds, run.board, run.port_url, run.out, limits, flash_baud,
+            run.streamed,
+        )  # fmt: skip
         for v in VARIANT_ORDER:
-            vr = run.variants[v]
-            build = fw.builds[v]
-            code = run_variant(run.rec, vr, build, run.board, run.port_url, run.out, limits, flash_baud)
-            vr.exit_code = code
+            code = run.variants[v].exit_code
             if code is not None:
                 run.codes.append(code)
     return True
+
+
+@dataclass(frozen=True)
+class _DatasetJob:
+    input_options: InputOptions | None
+    reference: bool
+    builder: str | None
+    cache_dir: str | Path | None
+    arena_kb: int | None
+    limits: StageTimeouts
+    flash_baud: int | None
+    native: NativeOptions | None = None
+
+
+def _dataset_job(
+    run: _Run,
+    opts: DatasetOptions,
+    job: _DatasetJob,
+    lock_cm: Callable[[], contextlib.AbstractContextManager[Any] | None],
+    tolerance_lsb: float,
+    ref_tolerance_lsb: float,
+) -> None:
+    """Dataset mode: the inputs are loaded (usage errors before anything is built), the host reference
+    runs on all of them, both variants are built with nothing compiled in, flashed once, and the dataset
+    streams through each; every input gets its verdict."""
+    ds = load_inputs(opts, run.info.inputs[0], job.input_options)
+    outcome = run.dataset = DatasetOutcome(ds)
+    projects = generate_firmware(
+        run.model, [], run.board, run.out / "projects", rec=run.rec, input_options=job.input_options,
+        arena_kb=job.arena_kb, features=FirmwareFeatures(embed_inputs=False),
+    )  # fmt: skip
+    if job.reference:
+        try:
+            outcome.host = host_legs(run.model, run.info, ds, run.rec)
+        except EspCheckError as exc:
+            if exc.exit_code == ExitCode.USAGE:
+                raise
+            run.warnings.append(f"host reference unavailable, comparing optimized vs ANSI C only: {exc}")
+    fw = build_firmware(
+        projects, rec=run.rec, logs_dir=run.out / "logs", builder=job.builder, cache_dir=job.cache_dir,
+        timeout=job.limits.build, native=job.native,
+    )  # fmt: skip
+    if not _record_builds(run, fw):
+        return
+    outputs = output_specs(run.info)
+
+    def body(rb: ResidentBoard, order: list[str]) -> None:
+        outcome.run = run_dataset(
+            rb, run.variants, order, ds, outputs, results=opts.results, repeat=opts.repeat, host=outcome.host
+        )
+
+    with contextlib.ExitStack() as held:
+        try:
+            cm = lock_cm()
+            if cm is not None:
+                run.rec.run("lock", None, lambda: held.enter_context(cm))
+        except EspCheckError as exc:
+            run.failed("board lock", exc)
+            return
+        run.link = with_board(
+            run.rec,
+            run.variants,
+            fw.builds,
+            run.board,
+            run.port_url,
+            run.out,
+            job.limits,
+            job.flash_baud,
+            body,
+        )
+    run.codes += [r.exit_code for r in run.variants.values() if r.exit_code is not None]
+    if outcome.run is not None:
+        verdicts(outcome, run.variants, outputs, tolerance_lsb, ref_tolerance_lsb)
+    run.codes += outcome.codes
+    run.errors += outcome.errors
 
 
 def _board_lock(
@@ -431,6 +527,8 @@ def _finish(
         warnings=run.warnings,
         tap=run.tap,
         espnn=run.espnn,
+        dataset=run.dataset.to_dict() if run.dataset is not None else None,
+        link=run.link.to_dict() if run.link is not None else None,
         native=_native_facts(run),
         reference_refused=refused,
     )

@@ -136,6 +136,8 @@ class FlashAndCompareResult:
     warnings: list[str] = field(default_factory=list)
     tap: TapResult | None = None  # with --tap
     espnn: dict[str, Any] | None = None  # how many of the model's ops ESP-NN accelerates on this chip
+    dataset: dict[str, Any] | None = None  # --dataset / --random-inputs: per-input verdicts, agreement
+    link: dict[str, Any] | None = None  # what crossed the serial link in the resident loop
     native: dict[str, Any] | None = None  # native board: what the result means, what the programs reported
     reference_refused: dict[str, Any] | None = None  # the host reference aborted (flows/refused.py)
 

@@ -58,6 +58,8 @@ def result_dict(
         "tap": result.tap.to_dict() if result.tap is not None else None,
         "espnn": result.espnn,
         "reference_refused": result.reference_refused,
+        "link": result.link,
+        "dataset": result.dataset,
     }
 
 

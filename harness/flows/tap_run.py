@@ -24,12 +24,12 @@ from harness.analysis.tap import (
 )
 from harness.errors import EspCheckError, ExitCode
 from harness.firmware.boards import Board
-from harness.firmware.generate import FirmwareFeatures, read_manifest
+from harness.firmware.generate import FirmwareFeatures
 from harness.firmware.native.project import NativeOptions
 from harness.flows.capture import flash_and_capture
 from harness.flows.firmware import prepare_firmware
 from harness.flows.records import VARIANT_ORDER, Recorder, StageTimeouts, VariantRun
-from harness.model.inputs import InputOptions
+from harness.model.inputs import InputOptions, input_tensor_bytes
 from harness.model.loader import ModelInfo
 from harness.protocol.capture import Capture, parse_capture
 
@@ -63,14 +63,13 @@ class TapRunOutcome:
     captures: dict[str, Capture] = field(default_factory=dict)  # dump_run: the dump run's captures
 
 
-def embedded_inputs(project_dir: Path, model: ModelInfo) -> list[np.ndarray]:
-    """The exact quantized input bytes the firmware embedded (from the generated project)."""
-    man = read_manifest(project_dir)
-    tin = model.inputs[0]
-    dtype = np.dtype(tin.dtype)
+def streamed_inputs(req: TapRunRequest) -> list[np.ndarray]:
+    """The exact quantized input tensors the firmware was given (the bytes the flow streams to it)."""
+    tin = req.model.inputs[0]
+    dtype = np.dtype(tin.dtype).newbyteorder("<")
     return [
-        np.frombuffer((project_dir / str(e["file"])).read_bytes(), dtype=dtype).reshape(tin.shape)
-        for e in man["inputs"]
+        np.frombuffer(raw, dtype=dtype).reshape(tin.shape)
+        for raw in input_tensor_bytes(req.input_paths, tin, req.input_options)
     ]
 
 
@@ -91,12 +90,9 @@ def run_tap_flow(
         return TapRunOutcome(TapResult(problems=["no valid tapped capture to analyze"]))
     outcome = TapRunOutcome(TapResult())
     host_ops = host_tensors = None
-    first_project = next(r.project_dir for r in variants.values() if r.project_dir is not None)
     if req.reference:
         try:
-            host_ops, host_tensors = host_taps(
-                req.model, req.model_path.read_bytes(), embedded_inputs(Path(first_project), req.model)
-            )
+            host_ops, host_tensors = host_taps(req.model, req.model_path.read_bytes(), streamed_inputs(req))
         except EspCheckError as exc:
             outcome.errors.append(f"tap: host per-layer reference unavailable: {exc.message}")
     outcome.result = res = analyze_captures(req.model, caps, host_ops)
@@ -180,9 +176,10 @@ def _dump_variants(
 ) -> dict[str, Capture]:
     fw = prepare_firmware(
         req.model_path, req.input_paths, req.board, dump_dir, rec=rec, input_options=req.input_options,
-        arena_kb=req.arena_kb, features=FirmwareFeatures(tap=True, dump_ops=tuple(dump)),
+        arena_kb=req.arena_kb, features=FirmwareFeatures(tap=True, dump_ops=tuple(dump), embed_inputs=False),
         builder=req.builder, cache_dir=req.cache_dir, timeout=req.limits.build, native=req.native,
     )  # fmt: skip
+    streamed = input_tensor_bytes(req.input_paths, req.model.inputs[0], req.input_options)
     for v, exc in fw.failures.items():
         outcome.errors.append(f"tap dump run [{v}]: build: {exc}")
         outcome.codes.append(exc.exit_code)
@@ -192,8 +189,8 @@ def _dump_variants(
             if v not in fw.builds:
                 continue
             vr, stages = flash_and_capture(
-                fw.builds[v], req.board, req.port_url, dump_dir, variant=v, timeouts=req.limits,
-                flash_baud=req.flash_baud, progress=rec.progress,
+                fw.builds[v], req.board, req.port_url, dump_dir, variant=v, inputs=streamed,
+                timeouts=req.limits, flash_baud=req.flash_baud, progress=rec.progress,
             )  # fmt: skip
             rec.stages.extend(stages)
             if vr.serial_log is None or not vr.capture_valid:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -454,7 +455,34 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
         values, c_dtype = _read_c_array(src)
         data = _fit_flat(values, tensor, src, f"C array ({c_dtype})", notes)
         pixels = data.dtype == np.uint8 and model_dt != np.uint8
+    return _prepare(src, data, tensor, opts, kind, pixels, notes)
 
+
+def prepare_array(
+    data: np.ndarray, tensor: TensorInfo, options: InputOptions | None = None, *, source: str = "array"
+) -> PreparedInput:
+    """An in-memory array (e.g. one entry of a dataset .npz) prepared for ``tensor`` as a .npy file
+    holding it would be (``source`` names it in messages)."""
+    src = Path(source)
+    if data.dtype.kind not in "iuf":
+        raise InputDataError(f"{source}: dtype {data.dtype} is not numeric")
+    notes: list[str] = []
+    data = _fit_shape(np.asarray(data), tensor, src, notes)
+    pixels = data.dtype == np.uint8 and np.dtype(tensor.dtype) != np.uint8
+    return _prepare(src, data, tensor, options or InputOptions(), "npy", pixels, notes)
+
+
+def _prepare(
+    src: Path,
+    data: np.ndarray,
+    tensor: TensorInfo,
+    opts: InputOptions,
+    kind: str,
+    pixels: bool,
+    notes: list[str],
+) -> PreparedInput:
+    """Quantize (or take as already quantized) what was read from ``src``."""
+    model_dt = np.dtype(tensor.dtype)
     explicit_norm = opts.scale is not None or opts.offset is not None or opts.value_range is not None
     # Already quantized: the file holds the model's own integer dtype (and no normalisation asked).
     if model_dt.kind in "iu" and data.dtype == model_dt and not pixels and not explicit_norm:
@@ -494,3 +522,17 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
     return PreparedInput(
         src, real, q, hashlib.sha256(q.tobytes()).hexdigest(), report, tensor, kind, False, tuple(notes)
     )
+
+
+def tensor_bytes(prepared: PreparedInput) -> bytes:
+    """The quantized input as the device's input tensor holds it: little-endian, C order."""
+    q = np.ascontiguousarray(prepared.quantized)
+    return q.astype(q.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def input_tensor_bytes(
+    paths: Sequence[str | Path], tensor: TensorInfo, options: InputOptions | None = None
+) -> list[bytes]:
+    """Each input prepared for ``tensor`` (usage errors as :func:`load_input`), as tensor bytes."""
+    return [tensor_bytes(load_input(p, tensor, options)) for p in paths]
+

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from harness.errors import CaptureError
+from harness.protocol.frames import split_stream
 from harness.protocol.spec import TAP_MAX_TENSORS, crc32_hex
 
 PROTO_VERSION = "1"
@@ -44,7 +45,7 @@ REQUIRED_INFO = (
     "inputs",
     "outputs",
 )
-ERROR_STAGES = ("schema", "resolver", "alloc", "input", "invoke", "output", "internal")
+ERROR_STAGES = ("schema", "resolver", "alloc", "input", "invoke", "output", "internal", "model")
 
 _RECORD_RE = re.compile(
     rb"@EC1 (0|[1-9][0-9]{0,9}) ([A-Z][A-Z0-9_]{0,15})"
@@ -177,6 +178,7 @@ class Capture:
     end_status: str | None = None
     boots: int = 0
     has_records: bool = False  # any line carried the @EC1 marker
+    frames: int = 0  # binary frames (docs/protocol.md "Binary frames") removed before the text was parsed
 
     @property
     def complete(self) -> bool:
@@ -767,7 +769,9 @@ class _Builder:
         for key in ("cores", "cpu_mhz", "model_bytes", "inputs", "outputs", "hybrid"):
             if key in cap.info and not _UINT_RE.fullmatch(cap.info[key]):
                 self.problem(f"INFO {key}={cap.info[key][:40]!r} is not an unsigned integer")
-        if "model_sha256" in cap.info and not _SHA256_RE.fullmatch(cap.info["model_sha256"]):
+        sha = cap.info.get("model_sha256")
+        no_model = sha == "-" and any(e.stage == "model" for e in cap.errors)  # nothing was mapped
+        if sha is not None and not no_model and not _SHA256_RE.fullmatch(sha):
             self.problem("INFO model_sha256 is not 64 lower-case hex digits")
         if cap.end_status == "error" and not cap.errors:
             self.problem("END status=error without any ERROR record")
@@ -834,8 +838,12 @@ def parse_capture(raw: bytes | str) -> Capture:
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogateescape")
     cap = Capture()
+    # Binary frames of the resident loop (ACKs during a text session, HELLO at boot) are not text:
+    # take them out first; a damaged frame stays in as (binary) text and can never pass as a record.
+    split = split_stream(bytes(raw))
+    cap.frames = len(split.frames)
     corrupt: list[tuple[int, str]] = []
-    records = _scan(bytes(raw), cap, corrupt)
+    records = _scan(split.text, cap, corrupt)
     builder = _Builder(cap)
     builder.feed(records)
     cut = builder.ignored_from_line

@@ -84,7 +84,7 @@ class Emitter(Protocol):
         data: bytes,
         name: str = "",
         human_max: int = 16,
-    ) -> None: ...
+    ) -> bool: ...
     def error(self, stage: str, code: int, msg: str, i: int | None = None) -> None: ...
     def end(self, ok: bool) -> None: ...
     def op(
@@ -294,7 +294,7 @@ class PythonEmitter:
         data: bytes,
         name: str = "",
         human_max: int = 16,
-    ) -> None:
+    ) -> bool:
         i = _check_int("i", i, -(2**31), 2**31 - 1)
         o = _check_int("o", o, -(2**31), 2**31 - 1)
         zp = _check_int("zp", zp, -(2**31), 2**31 - 1)
@@ -304,18 +304,19 @@ class PythonEmitter:
         bad = _tensor_problem(dtype, dims, len(data))
         if bad is not None:
             self.error("internal", 0, bad, i)
-            return
+            return False
         head = [("i", b"%d" % i), ("o", b"%d" % o)]
         fields = [*head, *_tensor_fields(dtype, dims, bits, zp, data)]
         cname = _cbytes(name)
         if cname:
             fields.append(("name", sanitize_value(cname, NAME_MAX)))
         if not self._emit("TENSOR", fields) or not self._emit_chunks("DATA", head, data):
-            return
+            return False
         item = DTYPE_SIZES[dtype]
         count = len(data) // item
         for j in range(min(max(human_max, 0), count)):
             self._write(format_human(human_value(dtype, data[j * item : (j + 1) * item], bits, zp)))
+        return True
 
     # ---- tap records ----
 
@@ -458,6 +459,17 @@ def emitter_sources() -> tuple[Path, Path]:
     return common / "esp_check_proto.c", common / "esp_check_proto.h"
 
 
+# Every portable C file the firmware compiles next to app_main.cc (emitter, frames, command loop), in
+# the order they are compiled into the host library.
+C_SOURCES = ("esp_check_proto", "esp_check_frame", "esp_check_loop")
+
+
+def c_sources() -> list[Path]:
+    """All portable C sources and headers of firmware_templates/common (.c and .h per name)."""
+    common = templates_dir() / "common"
+    return [common / f"{name}{ext}" for name in C_SOURCES for ext in (".c", ".h")]
+
+
 def find_c_compiler() -> str | None:
     """Host C compiler (``$CC``, cc, gcc, clang) or None."""
     env_cc = os.environ.get("CC")
@@ -474,18 +486,19 @@ def default_cache_dir() -> Path:
 
 
 def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) -> Path:
-    """Compile esp_check_proto.c into a shared library, cached by source hash (safe when concurrent)."""
+    """Compile the portable C files (emitter, frames, loop) into one shared library, cached by source hash
+    (safe when concurrent)."""
     cc = compiler or find_c_compiler()
     if cc is None:
         raise BuildError(
             "no host C compiler found for the protocol emitter",
             hint="install gcc or clang, set $CC, or use the 'python' emitter backend",
         )
-    src, hdr = emitter_sources()
+    sources = c_sources()
+    c_files = [str(p) for p in sources if p.suffix == ".c"]
     digest = hashlib.sha256()
     for part in (
-        src.read_bytes(),
-        hdr.read_bytes(),
+        *(p.read_bytes() for p in sources),
         cc.encode(),
         " ".join(_C_FLAGS).encode(),
         sys.platform.encode(),
@@ -502,7 +515,7 @@ def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) 
     os.close(fd)
     try:
         proc = subprocess.run(
-            [cc, *_C_FLAGS, "-I", str(src.parent), "-o", tmp_name, str(src)],
+            [cc, *_C_FLAGS, "-I", str(sources[0].parent), "-o", tmp_name, *c_files],
             capture_output=True,
             text=True,
             check=False,
@@ -510,7 +523,8 @@ def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) 
         )
         if proc.returncode != 0:
             raise BuildError(
-                f"compiling {src.name} with {cc} failed:\n{proc.stderr.strip()[-2000:]}",
+                f"compiling {', '.join(Path(p).name for p in c_files)} with {cc} failed:\n"
+                f"{proc.stderr.strip()[-2000:]}",
                 hint="check the host C compiler, or use the 'python' emitter backend",
             )
         os.replace(tmp_name, out)  # atomic: concurrent builders all produce the same bytes
@@ -710,12 +724,12 @@ class CEmitter:
         data: bytes,
         name: str = "",
         human_max: int = 16,
-    ) -> None:
+    ) -> bool:
         dims = [_check_int("dim", d, -(2**31), 2**31 - 1) for d in shape]
         _float32_bits(scale)  # same validation as the Python twin
         arr = (ctypes.c_int32 * max(len(dims), 1))(*dims)
         data = bytes(data)
-        self.lib.ecp_tensor(
+        rc = self.lib.ecp_tensor(
             self.state,
             _check_int("i", i, -(2**31), 2**31 - 1),
             _check_int("o", o, -(2**31), 2**31 - 1),
@@ -730,6 +744,7 @@ class CEmitter:
             max(-(2**31), min(int(human_max), 2**31 - 1)),
         )
         self._sync()
+        return int(rc) == 0
 
     def error(self, stage: str, code: int, msg: str, i: int | None = None) -> None:
         self.lib.ecp_error(

@@ -465,11 +465,14 @@ class Runner:
             capture_silence=t.job.timeouts.capture_silence,
         )
         runs: dict[str, Any] = {}
+        streamed = self._streamed_inputs(t)
         for v in VARIANTS:
             url = a.port
             if self.opt.port_override is not None:
                 url = self.opt.port_override(bench, a.port, v, a.n, t.id) or a.port
-            run, stages = flash_and_capture(builds[v], bench.board, url, a.dir, variant=v, timeouts=limits)
+            run, stages = flash_and_capture(
+                builds[v], bench.board, url, a.dir, variant=v, inputs=streamed, timeouts=limits
+            )
             runs[v] = run
             a.variants[v] = _variant_outcome(v, run, stages)
             if run.exit_code == ExitCode.INFRASTRUCTURE:
@@ -492,11 +495,19 @@ class Runner:
                 }
             )
 
+    def _streamed_inputs(self, t: Task) -> list[bytes]:
+        """The task's inputs as the device's input tensor takes them (streamed to the resident firmware)."""
+        from harness.model.inputs import InputOptions, input_tensor_bytes
+        from harness.model.loader import load_model
+
+        opts = InputOptions(**t.job.input_options) if t.job.input_options else None
+        return input_tensor_bytes(list(t.case.inputs), load_model(t.case.model).inputs[0], opts)
+
     def _firmware(self, t: Task, board: Any) -> dict[str, Any]:
-        """Generate + build both variants once per (model, inputs, board type, console, options)."""
+        """Generate + build both variants once per (model, board type, console, options): the inputs are
+        streamed, so jobs with other inputs reuse the same firmware (and what is already flashed)."""
         key = (
             str(t.case.model),
-            tuple(map(str, t.case.inputs)),
             board.name,
             board.console,
             t.job.arena_kb,
@@ -504,6 +515,7 @@ class Runner:
         )
 
         def make() -> dict[str, Any]:
+            from harness.firmware.generate import FirmwareFeatures
             from harness.flows.firmware import prepare_firmware
             from harness.flows.records import Recorder
             from harness.model.inputs import InputOptions
@@ -512,12 +524,13 @@ class Runner:
             name = safe_component(f"{t.case.name}__{board.name}__{board.console}__{digest}")
             fw = prepare_firmware(
                 t.case.model,
-                list(t.case.inputs),
+                [],
                 board,
                 self.out / "firmware" / name,
                 rec=Recorder(),
                 input_options=InputOptions(**t.job.input_options) if t.job.input_options else None,
                 arena_kb=t.job.arena_kb,
+                features=FirmwareFeatures(embed_inputs=False),
                 builder=self.opt.builder,
                 cache_dir=self.opt.cache_dir,
                 timeout=t.job.timeouts.build,

@@ -29,6 +29,7 @@ from harness.sim.app import ROM_BAUD, BootContext, boot_from_flash, rom_header
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec, get_chip
 from harness.sim.faults import FaultSpec, parse_faults
 from harness.sim.loader import Loader
+from harness.sim.resident import Piece, SimApp
 
 RESET_STYLES = {
     "classic": "classic",
@@ -50,9 +51,11 @@ class BoardConfig:
     flash_path: Path | None = None
     flash_size: int = 4 << 20
     faults: FaultSpec = field(default_factory=FaultSpec)
-    throttle: int | None = None  # line rate in baud for board output (None: as fast as the host reads)
+    throttle: int | None = None  # line rate in baud, both directions (None: as fast as the host reads)
     emitter: str = "auto"
     strap_window: float = 0.02
+    invoke_time: str = "0"  # "model": the app is busy for its modelled invoke time; else seconds
+    rx_buffer: int | None = None  # the app's receive buffer (default: the window its image announces)
     boot: str = "auto"  # "auto": IO0 follows the reset circuit; "download": IO0 strapped low (BOOT held)
     explicit: frozenset[str] = frozenset()  # keys the URL / table named (the rest are defaults)
 
@@ -93,6 +96,9 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         "strap_window",
         "fault_op",
         "fault_region",
+        "frame_every",
+        "invoke_time",
+        "rx_buffer",
         "fault_kind",
         "boot",
     }
@@ -118,6 +124,13 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
     if emitter not in ("auto", "c", "python"):
         raise UsageError(f"emitter={emitter!r}", hint="use auto, c or python")
     flash = params.get("flash")
+    invoke_time = str(params.get("invoke_time", "0"))
+    if invoke_time != "model":
+        try:
+            float(invoke_time)
+        except ValueError:
+            raise UsageError(f"invoke_time={invoke_time!r}", hint="use model, or seconds") from None
+    rx_buffer = params.get("rx_buffer")
     boot = str(params.get("boot", "auto")).lower()
     if boot not in ("auto", "download"):
         raise UsageError(
@@ -132,6 +145,8 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
         throttle=throttle,
         emitter=emitter,
         strap_window=float(params.get("strap_window", 0.02)),
+        invoke_time=invoke_time,
+        rx_buffer=None if rx_buffer in (None, "") else max(64, int(str(rx_buffer))),
         boot=boot,
         explicit=frozenset(params),
     )
@@ -197,6 +212,15 @@ class SimBoard:
         self._flash_done = 0
         self.console_baud = ROM_BAUD
         self.log: deque[str] = deque(maxlen=200)
+        # the running app's receive side (resident loop): line, receive buffer, busy device
+        self._app: SimApp | None = None
+        self._rx_line_free = 0.0  # when the host-to-device line is free again (throttled writes)
+        self._dev_free = 0.0  # device time when it finishes what it was given
+        self._inflight: deque[tuple[float, float, int]] = deque()  # (arrival, consumed, bytes) in the buffer
+        self._idle_at: float | None = None  # the receive buffer runs empty then: send batches, ACK
+        self._now: float | None = None  # device-side time of the output being emitted (throttled input)
+        self.rx_dropped = 0  # bytes lost because the receive buffer was full (host ignored flow control)
+        self.rx_bytes = 0
 
     # ---- persistence ---------------------------------------------------------------------------
 
@@ -280,7 +304,8 @@ class SimBoard:
         now: float | None = None,
         at: float = 0.0,
     ) -> None:
-        now = time.monotonic() if now is None else now
+        if now is None:
+            now = self._now if self._now is not None else time.monotonic()
         if self.config.reset == "usb_jtag":
             baud = None
         t0 = max(now + at, self._last_end)
@@ -397,7 +422,7 @@ class SimBoard:
                     self._check(ident)
                 if deadline is not None and now >= deadline:
                     return self._take(size, now, port_baud)
-                wake = [t for t in (deadline, nxt, self._pending_time()) if t is not None]
+                wake = [t for t in (deadline, nxt, self._pending_time(), self._idle_at) if t is not None]
                 self._cond.wait(None if not wake else max(0.0, min(wake) - now))
 
     def in_waiting(self, ident: int) -> int:
@@ -420,18 +445,103 @@ class SimBoard:
             now = time.monotonic()
             self._settle(now)
             self._check(ident)
+            if self.mode == "app" and self._app is not None:
+                self._app_write(bytes(data), now, port_baud)
+                return
             loader = self._loader
             if self.mode != "rom" or loader is None:
-                return  # the app does not read the console
+                return  # nothing reads the console
             if self.config.reset == "classic" and loader.synced and port_baud != self.uart_baud:
                 self._log(f"host writes at {port_baud} baud, chip listens at {self.uart_baud}: garbage")
                 return
             was_synced = loader.synced
-            loader.feed(data)
+            self._now = self._arrival(now, len(data))  # the loader answers once the request is in
+            try:
+                loader.feed(data)
+            finally:
+                self._now = None
             if loader.synced and not was_synced:
                 self.uart_baud = port_baud  # the ROM auto-bauds on the SYNC pattern
             self.flash_bytes_written = self._flash_done + loader.stats["flash_bytes_written"]
 
+    # ---- the resident app's receive side ------------------------------------------------------------
+
+    def _arrival(self, now: float, n: int) -> float:
+        """When the last of ``n`` bytes written now has crossed the (throttled) host-to-device line."""
+        start = max(now, self._rx_line_free)
+        end = start + (n * 10.0 / self.config.throttle if self.config.throttle else 0.0)
+        self._rx_line_free = end
+        return end
+
+    def _rx_capacity(self) -> int:
+        if self.config.rx_buffer is not None:
+            return self.config.rx_buffer
+        app = self._app
+        return int(app.payload.header.get("window", 16384)) if app is not None else 16384
+
+    def _app_write(self, data: bytes, now: float, port_baud: int) -> None:
+        """Bytes for the running app: they cross the line at its rate, wait in the app's receive buffer
+        (of real size: what does not fit is lost) while it is busy, and are processed in order."""
+        if self.config.reset == "classic" and port_baud != self.console_baud:
+            self._log(f"host writes at {port_baud} baud, the app listens at {self.console_baud}: garbage")
+            return
+        step = 256
+        for k in range(0, len(data), step):
+            chunk = data[k : k + step]
+            arrival = self._arrival(now, len(chunk))
+            while self._inflight and self._inflight[0][1] <= arrival:
+                self._inflight.popleft()
+            held = sum(n for a, _c, n in self._inflight if a <= arrival)
+            room = max(0, self._rx_capacity() - held)
+            if len(chunk) > room:
+                self.rx_dropped += len(chunk) - room
+                self._log(f"receive buffer full: {len(chunk) - room} bytes lost")
+                chunk = chunk[:room]
+            if not chunk:
+                continue
+            start = max(arrival, self._dev_free)
+            if self._idle_at is not None and arrival <= self._idle_at:
+                self._idle_at = None  # the device finds these bytes before it goes idle
+            self._run_app_call(start, lambda c=chunk: self._app_rx(c))
+            self._inflight.append((arrival, start, len(chunk)))
+            self.rx_bytes += len(chunk)
+
+    def _app_rx(self, chunk: bytes) -> tuple[list[Piece], str | None]:
+        assert self._app is not None
+        return self._app.rx(chunk)
+
+    def _run_app_call(self, start: float, call: Any) -> None:
+        """Run one app step that starts at device time ``start``; queue its output; reboot if it says so."""
+        app = self._app
+        if app is None:
+            return
+        pieces, reboot = call()
+        busy = max([app.last_busy, *(p.at for p in pieces)])
+        self._dirty = True  # the app may have written otadata
+        for p in pieces:
+            if p.kind == "disconnect":
+                self._emit(b"", None, event="disconnect", now=start, at=p.at)
+            else:
+                self._emit(p.data, self.console_baud, now=start, at=p.at)
+        self._dev_free = start + busy
+        if reboot is not None:
+            self._app = None
+            self._idle_at = None
+            self._log(f"app restarts ({reboot})")
+            self._boot(download=False, reason="sw" if reboot == "sw" else reboot, now=self._dev_free)
+        elif app.halted:
+            self._idle_at = None  # silent from now on (hang, stall, cut output)
+        else:
+            self._idle_at = self._dev_free
+
+    def _app_settle(self, now: float) -> None:
+        """The receive buffer ran empty at ``_idle_at`` and nothing new came: the app flushes and ACKs."""
+        if self._idle_at is None or now < self._idle_at or self._app is None:
+            return
+        at, self._idle_at = self._idle_at, None
+        app = self._app
+        self._run_app_call(at, lambda: (app.idle(), None))
+        self._idle_at = None
     def set_port_baud(self, ident: int, baud: int) -> None:
         """The host changed its UART rate. Bytes already on the wire were received at the old rate:
         they keep what that made of them (garbage if it was not the rate they were sent at)."""
@@ -473,6 +583,7 @@ class SimBoard:
         return None if self._pending is None else self._pending[0] + self.config.strap_window
 
     def _settle(self, now: float) -> None:
+        self._app_settle(now)
         if self._pending is not None and now >= self._pending[0] + self.config.strap_window:
             t_rise, history = self._pending
             self._pending = None
@@ -520,6 +631,9 @@ class SimBoard:
     def _hold_reset(self, now: float) -> None:
         self._cut_future(now)
         self.mode = "reset"
+        self._app = None
+        self._idle_at = None
+        self._inflight.clear()
         self._end_session()
         self.persist()
         self._log("reset asserted")
@@ -548,16 +662,20 @@ class SimBoard:
         self.persist()
         ctx = BootContext(
             chip=self.chip,
-            flash=bytes(self.flash),
-            reason=reason,
+            flash=self.flash,  # the app may write otadata (slot switch)
+            parts=[],
             faults=self.config.faults.for_boot(self.boots),
             boot_index=self.boots,
             emitter_backend=self.config.emitter,
             cache=self._cache,
+            invoke_time=self.config.invoke_time,
             log=self._log,
         )
-        result = boot_from_flash(ctx)
+        result = boot_from_flash(ctx, reason)
         self.console_baud = result.console_baud
+        self._app = result.app
+        self._inflight.clear()
+        self._idle_at = None
         if self.config.reset == "usb_jtag":
             # the app re-initialises USB: the port vanishes; what the app prints waits for the reopen
             self._chunks.clear()
@@ -569,6 +687,7 @@ class SimBoard:
             else:
                 baud = ROM_BAUD if piece.kind == "rom" else result.console_baud
                 self._emit(piece.data, baud, now=now, at=piece.at)
+        self._dev_free = max((now + p.at for p in result.pieces), default=now)
 
     # ---- LoaderHost ----------------------------------------------------------------------------
 
@@ -602,6 +721,8 @@ class SimBoard:
                 "boots": self.boots,
                 "download_sessions": self.download_sessions,
                 "flash_bytes_written": self.flash_bytes_written,
+                "rx_bytes": self.rx_bytes,
+                "rx_dropped": self.rx_dropped,
                 "stub": bool(self._loader and self._loader.stub),
                 "uart_baud": self.uart_baud,
                 "open_ports": len(self._conns),

@@ -30,6 +30,11 @@ FAULTS: dict[str, str] = {
     "op_corrupt": "op `fault_op` writes `fault_region` of its output off by `corrupt_lsb` LSB",
     "op_clobber": "an input of op `fault_op` is overwritten (`fault_region`) after its producer finished, "
     "as by another op's scratch-buffer overflow",
+    # the resident loop's streaming path (docs/protocol.md "Resident loop")
+    "frame_rx": "every `frame_every`-th command frame the device receives has a damaged byte",
+    "frame_tx": "every `frame_every`-th frame the device sends has a damaged byte",
+    "stall": "the device stops answering after `fault_count` RUN commands (a stalled device)",
+    "flaky": "every second invoke changes one output element by 1 LSB (a non-deterministic kernel)",
     "op_panic": "Guru Meditation panic inside op `fault_op` (where that op runs the `variant_fault` kernel)",
     "op_hang": "the invoke never returns once op `fault_op` starts (where it runs the `variant_fault` one)",
     "unoptimized_kind": "op kind `fault_kind` compiled without ESP-NN optimization in the optimized build: "
@@ -61,6 +66,7 @@ class FaultSpec:
     extra: Mapping[str, str] = field(default_factory=dict)
     fault_ops: tuple[int, ...] = ()  # op faults: the op indices (fault_op=17 or fault_op=17,27)
     fault_region: str = "last_row"
+    frame_every: int = 5  # frame_rx / frame_tx: which frames are damaged
     fault_kind: str | None = None  # unoptimized_kind: the op kind, e.g. CONV_2D
 
     @property
@@ -160,6 +166,7 @@ def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSp
         fault_count=int(num("fault_count", 1, int)),
         loops=int(num("loops", 3, int)),
         fault_boots=None if one("fault_boots") is None else int(num("fault_boots", 0, int)),
+        frame_every=max(1, int(num("frame_every", 5, int))),
     )
 
 

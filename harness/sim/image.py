@@ -24,8 +24,11 @@ from typing import Any
 from esptool.bin_image import ELFSection, ESP32FirmwareImage, LoadFirmwareImage
 
 from harness.errors import BuildError
+from harness.protocol.model_image import PARTITION_LABEL as MODEL_LABEL
 from harness.sim import elf
 from harness.sim.chips import ChipSpec, get_chip
+
+MODEL_IMAGE_FILE = "esp-check/partitions/model.bin"  # where generate writes the model partition image
 
 PARTITION_TABLE_MAX = 0xC00
 PARTITION_TABLE_SECTOR = 0x1000
@@ -34,7 +37,7 @@ APP_OFFSET = 0x10000
 _BOOTLOADER_PT_MARKER = b"ESPCHK-PT-OFFSET"  # followed by the offset as a little-endian u32
 PAYLOAD_MAGIC = b"ESPCHKSIM1\0\0"
 APP_DESC_MAGIC = 0xABCD5432
-PAYLOAD_FORMAT = 1
+PAYLOAD_FORMAT = 2  # 2: the model is not in the app but in the model partition (inputs may be none)
 
 # image header byte 3, high nibble: the flash size (esptool's FLASH_SIZES for the ESP32 family); low
 # nibble 0x0 = 40 MHz flash clock
@@ -73,7 +76,8 @@ class Partition:
 
 
 def default_partitions(app_size: int, table_offset: int) -> list[Partition]:
-    """Same layout as firmware_templates/project/partitions.csv.j2: nvs right after the table, factory app."""
+    """A one-app layout (nvs right after the table, factory app), for tests of images built without a
+    project (generated projects bring their own partitions.csv)."""
     nvs = table_offset + PARTITION_TABLE_SECTOR
     if table_offset % PARTITION_TABLE_SECTOR or APP_OFFSET - nvs < MIN_NVS_BYTES:
         raise BuildError(
@@ -86,6 +90,43 @@ def default_partitions(app_size: int, table_offset: int) -> list[Partition]:
         Partition("nvs", 0x01, 0x02, nvs, APP_OFFSET - nvs),
         Partition("factory", 0x00, 0x00, APP_OFFSET, app_size),
     ]
+
+
+def _csv_number(text: str, what: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise BuildError(
+            f"partitions.csv: {what} {text!r} is not a number", hint="regenerate the project"
+        ) from None
+
+
+def parse_partitions_csv(text: str) -> list[Partition]:
+    """A project's partitions.csv, as ESP-IDF's gen_esp32part.py reads it (explicit offsets and sizes).
+
+    The subset the generator writes: ``name, type, subtype, offset, size[, flags]`` with type app/data,
+    named or numeric subtypes, hex or decimal offsets and sizes; comments and blank lines skipped.
+    """
+    parts: list[Partition] = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) < 5 or cols[1] not in _TYPES:
+            raise BuildError(f"partitions.csv line {n}: {raw.strip()!r} is not a partition row",
+                             hint="regenerate the project")  # fmt: skip
+        name, tname, sub, off, size = cols[:5]
+        subtype = _SUBTYPES[tname].get(sub)
+        if subtype is None:
+            subtype = _csv_number(sub, "subtype")
+        if not 0 <= subtype <= 0xFE or len(name.encode()) > 16:
+            raise BuildError(f"partitions.csv line {n}: bad subtype or name in {raw.strip()!r}")
+        offset, nbytes = _csv_number(off, "offset"), _csv_number(size, "size")
+        parts.append(Partition(name, _TYPES[tname], subtype, offset, nbytes))
+    if not parts:
+        raise BuildError("partitions.csv holds no partitions", hint="regenerate the project")
+    return parts
 
 
 def pack_partition_table(parts: list[Partition]) -> bytes:
@@ -139,7 +180,8 @@ def type_names(p: Partition) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class AppPayload:
-    """What the simulated app has "compiled in": the model, the inputs and its settings."""
+    """What the simulated app has "compiled in" (its settings and inputs), plus the model it mapped from the
+    model partition at boot (``model`` is empty until then)."""
 
     header: dict[str, Any]
     model: bytes
@@ -154,13 +196,13 @@ class AppPayload:
         return "optimized" if self.variant == "optimized" else "ansi_c"
 
 
-def pack_payload(header: dict[str, Any], model: bytes, inputs: list[bytes]) -> bytes:
+def pack_payload(header: dict[str, Any], inputs: list[bytes]) -> bytes:
     hdr = dict(header)
     hdr["format"] = PAYLOAD_FORMAT
-    hdr["model_bytes"] = len(model)
+    hdr["model_bytes"] = 0
     hdr["input_bytes"] = [len(b) for b in inputs]
     raw = json.dumps(hdr, sort_keys=True).encode()
-    return PAYLOAD_MAGIC + struct.pack("<I", len(raw)) + raw + model + b"".join(inputs)
+    return PAYLOAD_MAGIC + struct.pack("<I", len(raw)) + raw + b"".join(inputs)
 
 
 def unpack_payload(data: bytes) -> AppPayload:
@@ -376,15 +418,13 @@ def _input_files(project_dir: Path, manifest: dict[str, Any]) -> list[Path]:
     data = project_dir / "esp-check"
     files = sorted(data.glob("input_*.bin"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
     declared = manifest.get("inputs")
-    if isinstance(declared, list) and declared and len(declared) != len(files):
+    if isinstance(declared, list) and len(declared) != len(files):
         raise BuildError(
             f"{project_dir}: manifest lists {len(declared)} inputs but {len(files)} input_<k>.bin "
             "files exist",
             hint="regenerate the project",
         )
-    if not files:
-        raise BuildError(f"{data} holds no input_<k>.bin", hint="regenerate the project with --input")
-    return files
+    return files  # none: a resident firmware that takes every input over the link
 
 
 def _variant(manifest: dict[str, Any]) -> str:
@@ -429,25 +469,9 @@ def _table_offset(project_dir: Path, manifest: dict[str, Any]) -> int:
     return offset
 
 
-def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Path]]:
-    """Pack a generated project into bootloader / partition table / app images for the simulated board.
-
-    Returns the esptool (offset, file) list. The app carries the project's model and inputs and the
-    variant from its manifest: the simulator prints ``nn=`` from this compiled-in value. The partition
-    table goes where the board says (manifest ``board_def.partition_table_offset``).
-    """
-    project_dir = Path(project_dir)
-    build_dir = Path(build_dir)
-    manifest = _read_manifest(project_dir)
-    chip = get_chip(str(manifest.get("chip") or manifest.get("target") or "esp32s3"))
-    table_offset = _table_offset(project_dir, manifest)
-    model_path = project_dir / "esp-check" / "model.tflite"
-    try:
-        model = model_path.read_bytes()
-    except OSError as exc:
-        raise BuildError(f"{model_path} unreadable: {exc}", hint="regenerate the project") from exc
-    inputs = [p.read_bytes() for p in _input_files(project_dir, manifest)]
-    header: dict[str, Any] = {
+def _app_header(manifest: dict[str, Any], chip: ChipSpec, project_dir: Path) -> dict[str, Any]:
+    """The simulated app's compiled-in settings (what the real firmware has from its sources)."""
+    return {
         "variant": _variant(manifest),
         "chip": chip.name,
         "board": str(manifest.get("board", "sim")),
@@ -458,17 +482,56 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
         "idf": str(manifest.get("idf", "sim")),
         "tflm": str(manifest.get("tflm", "sim")),
         "espnn": str(manifest.get("espnn", "sim")),
-        "model_sha256": hashlib.sha256(model).hexdigest(),
+        "window": int((manifest.get("resident") or {}).get("rx_buffer_bytes", 16384)),
         # --tap firmware: per-op records and the ops whose tensors it dumps (generate.py's manifest)
         "tap": bool((manifest.get("tap") or {}).get("enabled", False)),
         "dump_ops": [int(k) for k in (manifest.get("tap") or {}).get("dump_ops", [])],
         # hybrid firmware: the wrapper table as compiled (main/esp_check_hybrid.cc), not as intended
         "hybrid": hybrid_table(project_dir),
     }
+
+
+def _project_partitions(project_dir: Path) -> list[Partition]:
+    path = project_dir / "partitions.csv"
+    try:
+        return parse_partitions_csv(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BuildError(f"{path} unreadable: {exc}", hint="regenerate the project") from exc
+
+
+def _app_partition(parts: list[Partition], variant: str) -> Partition:
+    """Where this variant's app goes: factory, or its OTA slot (optimized ota_0, ANSI C ota_1)."""
+    slot = 0x10 + (1 if variant == "ansi" else 0)
+    app = next((p for p in parts if p.type == 0x00 and p.subtype == 0x00), None)
+    app = app or next((p for p in parts if p.type == 0x00 and p.subtype == slot), None)
+    if app is None:
+        raise BuildError(
+            "partitions.csv has no app partition for this variant", hint="regenerate the project"
+        )
+    return app
+
+
+def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Path]]:
+    """Pack a generated project into bootloader / partition table / otadata / app (+ the project's model
+    image) for the simulated board.
+
+    Returns the esptool (offset, file) list. The partition table is the project's own partitions.csv;
+    the app goes to its variant's slot and carries the compiled-in inputs and the variant from the
+    manifest (the simulator prints ``nn=`` from this compiled-in value); the model is not in the app but
+    in the model partition, from ``esp-check/partitions/model.bin``.
+    """
+    project_dir = Path(project_dir)
+    build_dir = Path(build_dir)
+    manifest = _read_manifest(project_dir)
+    chip = get_chip(str(manifest.get("chip") or manifest.get("target") or "esp32s3"))
+    table_offset = _table_offset(project_dir, manifest)
+    parts = _project_partitions(project_dir)
+    header = _app_header(manifest, chip, project_dir)
+    inputs = [p.read_bytes() for p in _input_files(project_dir, manifest)]
     board_def = manifest.get("board_def")
     size = board_def.get("flash_size") if isinstance(board_def, dict) else None
     flash_size = str(size or manifest.get("flash_size") or DEFAULT_FLASH_SIZE)
-    payload = pack_payload(header, model, inputs)
+    payload = pack_payload(header, inputs)
     version = str(header["fwver"])
     # ESP-IDF links the ELF with an empty app_elf_sha256, then puts the ELF's SHA-256 into the .bin
     sections = app_sections(chip, payload, version=version, idf=str(header["idf"]))
@@ -477,25 +540,59 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     app = pack_app_image(
         chip, payload, version=version, idf=str(header["idf"]), flash_size=flash_size, elf_sha=elf_sha
     )
+    app_part = _app_partition(parts, header["variant"])
+    if len(app) > app_part.size:
+        raise BuildError(f"the simulated app ({len(app)} bytes) does not fit {app_part.label}")
     build_dir.mkdir(parents=True, exist_ok=True)
-    boot_path = build_dir / "bootloader.bin"
-    pt_path = build_dir / "partition-table.bin"
-    app_path = build_dir / "esp-check-sim.bin"
-    boot_path.write_bytes(pack_bootloader_image(chip, table_offset, flash_size=flash_size))
-    pt_path.write_bytes(pack_partition_table(default_partitions(len(app), table_offset)))
-    app_path.write_bytes(app)
-    app_path.with_suffix(".elf").write_bytes(elf_bytes)  # beside the app, as ESP-IDF leaves <project>.elf
-    return [(chip.bootloader_offset, boot_path), (table_offset, pt_path), (APP_OFFSET, app_path)]
+    boot = pack_bootloader_image(chip, table_offset, flash_size=flash_size)
+    files = [
+        (chip.bootloader_offset, build_dir / "bootloader.bin", boot),
+        (table_offset, build_dir / "partition-table.bin", pack_partition_table(parts)),
+        (app_part.offset, build_dir / "esp-check-sim.bin", app),
+        (-1, build_dir / "esp-check-sim.elf", elf_bytes),  # beside the app, as ESP-IDF leaves <project>.elf
+    ]
+    ota = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
+    if ota is not None:
+        files.append((ota.offset, build_dir / "ota_data_initial.bin", b"\xff" * ota.size))
+    out = []
+    for off, path, data in files:
+        path.write_bytes(data)
+        if off >= 0:
+            out.append((off, path))
+    model = next((p for p in parts if p.type == 0x01 and p.label == MODEL_LABEL), None)
+    image = project_dir / MODEL_IMAGE_FILE
+    if model is not None and image.is_file():
+        out.append((model.offset, image))
+    return sorted(out)
 
 
 def read_app_payload(chip: ChipSpec, flash: bytes | bytearray) -> tuple[Partition, LoadedImage, AppPayload]:
-    """Convenience for tests and tools: bootloader -> partition table -> factory app -> payload (raises on
-    any error)."""
+    """Convenience for tests and tools: bootloader -> partition table -> the app otadata selects -> payload,
+    with the model read from the model partition (raises on any error)."""
+    from harness.protocol.model_image import parse_model_image
+    from harness.protocol.otadata import selected_slot
+
     boot = load_image(chip, flash, chip.bootloader_offset, bootloader_max_bytes(chip))
     table = bootloader_table_offset(boot)
     parts = parse_partition_table(bytes(flash[table : table + PARTITION_TABLE_MAX]))
-    app = next((p for p in parts if p.type == 0x00), None)
-    if app is None:
+    apps = [p for p in parts if p.type == 0x00]
+    if not apps:
         raise ImageError("no app partition in the partition table")
-    loaded = load_image(chip, flash, app.offset, app.size)
-    return app, loaded, find_payload(chip, loaded)
+    ota = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
+    slot = selected_slot(bytes(flash[ota.offset : ota.offset + ota.size]), len(apps)) if ota else None
+    order = apps[slot:] + apps[:slot] if slot is not None else apps  # then the others, as the bootloader
+    errors = []
+    for app in order:
+        try:
+            loaded = load_image(chip, flash, app.offset, app.size)
+            payload = find_payload(chip, loaded)
+            break
+        except ImageError as exc:
+            errors.append(f"{app.label}: {exc}")
+    else:
+        raise ImageError("no bootable app: " + "; ".join(errors))
+    model = next((p for p in parts if p.type == 0x01 and p.label == MODEL_LABEL), None)
+    if model is not None:
+        image = parse_model_image(flash[model.offset : model.offset + model.size], model.size)
+        payload = AppPayload(payload.header, image.model, payload.inputs)
+    return app, loaded, payload

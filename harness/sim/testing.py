@@ -1,7 +1,8 @@
 """Helpers for tests and benchmarks that drive the simulated board (no pytest dependency).
 
 ``make_project`` writes the minimal generated-project layout the "sim" builder reads (manifest,
-``esp-check/model.tflite``, ``esp-check/input_<k>.bin``), for tests that do not run the generator.
+partitions.csv, ``esp-check/model.tflite`` and its partition image, ``esp-check/input_<k>.bin``), for
+tests that do not run the generator.
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 END_RE = re.compile(rb"@EC1 \d+ END [^\r\n]*\r?\n")
+# The generator's layout for a 4 MB board with the table at 0xC000 (harness.firmware.layout): two 1 MB
+# app slots, the model after.
+PARTITIONS_4MB = """\
+nvs,      data, nvs,    0x00D000, 0x003000
+otadata,  data, ota,    0x010000, 0x002000
+ota_0,    app,  ota_0,  0x020000, 0x100000
+ota_1,    app,  ota_1,  0x120000, 0x100000
+model,    data, 0x40,   0x220000, 0x1E0000
+"""
 
 
 def make_project(
@@ -41,8 +51,13 @@ def make_project(
     root = Path(root)
     data = root / "esp-check"
     data.mkdir(parents=True, exist_ok=True)
+    from harness.protocol.model_image import pack_model_image
+
     model_bytes = model if isinstance(model, bytes) else Path(model).read_bytes()
     (data / "model.tflite").write_bytes(model_bytes)
+    (data / "partitions").mkdir(exist_ok=True)
+    (data / "partitions" / "model.bin").write_bytes(pack_model_image(model_bytes))
+    (root / "partitions.csv").write_text(PARTITIONS_4MB)
     raws = [x if isinstance(x, bytes) else np.ascontiguousarray(x).tobytes() for x in inputs]
     for k, raw in enumerate(raws):
         (data / f"input_{k}.bin").write_bytes(raw)

@@ -20,6 +20,7 @@ DERIVED = {
     "CONFIG_NN_OPTIMIZED / CONFIG_NN_ANSI_C": "esp-nn's Kconfig choice (default NN_OPTIMIZED)",
     "CONFIG_NN_OPTIMIZATIONS": "esp-nn's Kconfig: 1 for NN_OPTIMIZED, 0 for NN_ANSI_C",
     "CONFIG_FREERTOS_HZ": "the stand-in tick rate (1000 Hz, freertos/FreeRTOS.h)",
+    "CONFIG_ESP_CONSOLE_UART / CONFIG_ESP_CONSOLE_UART_NUM": "Kconfig: CONSOLE_UART_DEFAULT is UART0",
 }
 _NAME = re.compile(r"^CONFIG_[A-Z0-9_]{1,100}$")
 _NUMBER = re.compile(r"^(-?[0-9]+|0x[0-9a-fA-F]+)$")
@@ -73,6 +74,9 @@ def resolve(defaults: Mapping[str, str]) -> dict[str, str]:
         config["CONFIG_NN_OPTIMIZED"] = "y"  # esp-nn's Kconfig default
     config["CONFIG_NN_OPTIMIZATIONS"] = "0" if ansi else "1"
     config["CONFIG_FREERTOS_HZ"] = "1000"
+    if config.get("CONFIG_ESP_CONSOLE_UART_DEFAULT") == "y":
+        config["CONFIG_ESP_CONSOLE_UART_NUM"] = "0"  # what Kconfig derives for the default console UART
+        config["CONFIG_ESP_CONSOLE_UART"] = "y"
     return dict(sorted(config.items()))
 
 

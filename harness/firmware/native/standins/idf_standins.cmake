@@ -122,3 +122,38 @@ endfunction()
 
 function(idf_component_optional_requires)
 endfunction()
+
+# partition_table_get_partition_info(): ESP-IDF runs parttool.py on the built table; this stand-in reads
+# the project's partitions.csv (PROJECT_DIR) for "--partition-name NAME" and the "offset" or "size".
+function(partition_table_get_partition_info result get_part_info_args part_info)
+    set(value "")
+    get_property(project_dir GLOBAL PROPERTY ESP_CHECK_BUILD_PROJECT_DIR)
+    if(get_part_info_args MATCHES "--partition-name[ \t]+([A-Za-z0-9_]+)" AND EXISTS "${project_dir}/partitions.csv")
+        set(wanted "${CMAKE_MATCH_1}")
+        file(STRINGS "${project_dir}/partitions.csv" rows)
+        foreach(row IN LISTS rows)
+            string(REGEX REPLACE "#.*$" "" row "${row}")
+            string(REPLACE " " "" row "${row}")
+            string(REPLACE "\t" "" row "${row}")
+            string(REPLACE "," ";" cols "${row}")
+            list(LENGTH cols n)
+            if(n GREATER 4)
+                list(GET cols 0 name)
+                if(name STREQUAL wanted)
+                    if(part_info STREQUAL "offset")
+                        list(GET cols 3 value)
+                    elseif(part_info STREQUAL "size")
+                        list(GET cols 4 value)
+                    endif()
+                endif()
+            endif()
+        endforeach()
+    endif()
+    set(${result} "${value}" PARENT_SCOPE)
+endfunction()
+
+# esptool_py_flash_to_partition(): ESP-IDF adds the file to `idf.py flash`; the native board's "flash" is
+# done by esp-check (the build lists the model image as an artifact), so this only records the call.
+function(esptool_py_flash_to_partition target_name partition_name binary_path)
+    set_property(GLOBAL APPEND PROPERTY ESP_CHECK_FLASH_TO_PARTITION "${partition_name}=${binary_path}")
+endfunction()

@@ -1,5 +1,5 @@
 /* ESP-IDF STAND-INS for esp-check's native target (not ESP-IDF): timer, cycle counter, chip info,
- * heap_caps, IDF version, task delay, restart. See ../README.md. */
+ * heap_caps, IDF version, task delay (restart: flash.c). See ../README.md. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <stdint.h>
@@ -87,9 +87,4 @@ void vTaskDelay(const TickType_t xTicksToDelay) {
     struct timespec ts = {(time_t)(ms / 1000u), (long)((ms % 1000u) * 1000000u)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
-}
-
-void esp_restart(void) {
-    fflush(stdout);
-    exit(0);
 }

@@ -6,3 +6,4 @@ typedef int BaseType_t;
 #define configTICK_RATE_HZ 1000
 #define portTICK_PERIOD_MS (1000 / configTICK_RATE_HZ)
 #define pdMS_TO_TICKS(ms) ((TickType_t)(((uint64_t)(ms) * configTICK_RATE_HZ) / 1000))
+#define portMAX_DELAY ((TickType_t)0xffffffffUL)

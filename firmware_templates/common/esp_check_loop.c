@@ -1,0 +1,413 @@
+/* esp-check resident command loop, version 1 (see esp_check_loop.h and docs/protocol.md). */
+#include "esp_check_loop.h"
+
+#include <string.h>
+
+#define HELLO_FIXED 52
+#define FWVER_MAX 32
+#define ERROR_MSG_MAX 120
+
+size_t ecl_sizeof(void) { return sizeof(ecl_t); }
+
+static void send_frame(ecl_t *l, uint8_t type, const uint8_t *payload, size_t len) {
+    size_t n = ecf_encode(l->tx, sizeof(l->tx), type, 0, l->tx_seq, payload, len);
+    if (n == 0) return; /* cannot happen: every caller bounds len by ECF_MAX_PAYLOAD */
+    l->tx_seq++;
+    l->cfg.write(l->cfg.ctx, l->tx, n);
+}
+
+static void flush_batch(ecl_t *l) {
+    if (l->batch_len > 0) {
+        send_frame(l, ECL_RSP_RESULT, l->batch, l->batch_len);
+        l->batch_len = 0;
+    }
+}
+
+static void send_ack(ecl_t *l) {
+    uint8_t p[4];
+    ecf_put_u16(p, l->rx_expected);
+    ecf_put_u16(p + 2, 0);
+    send_frame(l, ECL_RSP_ACK, p, sizeof(p));
+    l->consumed_since_ack = 0;
+}
+
+static void send_nak(ecl_t *l, uint8_t reason) {
+    uint8_t p[4];
+    if (l->nak_pending) return;
+    ecf_put_u16(p, l->rx_expected);
+    p[2] = reason;
+    p[3] = 0;
+    flush_batch(l);
+    send_frame(l, ECL_RSP_NAK, p, sizeof(p));
+    l->nak_pending = 1;
+    l->stats_naks++;
+}
+
+void ecl_error(ecl_t *l, uint32_t id, uint8_t stage, int32_t code, const char *msg) {
+    uint8_t p[9 + ERROR_MSG_MAX];
+    size_t n = 0;
+    flush_batch(l);
+    ecf_put_u32(p, id);
+    ecf_put_u32(p + 4, (uint32_t)code);
+    p[8] = stage;
+    while (msg != NULL && msg[n] != '\0' && n < ERROR_MSG_MAX) {
+        unsigned char c = (unsigned char)msg[n];
+        p[9 + n] = (c >= 0x21 && c <= 0x7E && c != '*') ? c : '_';
+        n++;
+    }
+    send_frame(l, ECL_RSP_ERROR, p, 9 + n);
+}
+
+void ecl_hello(ecl_t *l) {
+    uint8_t p[HELLO_FIXED + 4 * ECL_MAX_OUTPUTS + 1 + FWVER_MAX];
+    const ecl_config_t *c = &l->cfg;
+    size_t k, pos, vlen = 0;
+    memset(p, 0, sizeof(p));
+    p[0] = ECF_VERSION;
+    p[1] = (uint8_t)((c->sim ? 1u : 0u) | (c->tap ? 2u : 0u));
+    p[2] = c->nn;
+    p[3] = c->slot;
+    p[4] = c->init_status;
+    p[5] = c->input_dtype;
+    ecf_put_u16(p + 6, ECF_MAX_PAYLOAD);
+    ecf_put_u32(p + 8, c->window);
+    ecf_put_u32(p + 12, (uint32_t)c->input_bytes);
+    ecf_put_u16(p + 16, (uint16_t)c->n_outputs);
+    if (c->model_sha256 != NULL) memcpy(p + 20, c->model_sha256, 32);
+    pos = HELLO_FIXED;
+    for (k = 0; k < c->n_outputs; k++, pos += 4) ecf_put_u32(p + pos, (uint32_t)c->outputs[k].bytes);
+    while (c->fwver != NULL && c->fwver[vlen] != '\0' && vlen < FWVER_MAX) vlen++;
+    p[pos++] = (uint8_t)vlen;
+    for (k = 0; k < vlen; k++) {
+        unsigned char ch = (unsigned char)c->fwver[k];
+        p[pos++] = (ch >= 0x21 && ch <= 0x7E) ? ch : '_';
+    }
+    flush_batch(l);
+    send_frame(l, ECL_RSP_HELLO, p, pos);
+}
+
+int ecl_init(ecl_t *l, const ecl_config_t *cfg) {
+    memset(l, 0, sizeof(*l));
+    l->cfg = *cfg;
+    ecf_decoder_init(&l->dec, ECF_MAX_PAYLOAD);
+    if (cfg->write == NULL || cfg->invoke == NULL || cfg->n_outputs > ECL_MAX_OUTPUTS ||
+        (cfg->n_outputs > 0 && cfg->outputs == NULL)) {
+        return -1;
+    }
+    if (cfg->window < ECF_MAX_FRAME) l->cfg.window = ECF_MAX_FRAME;
+    return 0;
+}
+
+/* ---- RUN ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    uint32_t id;
+    uint8_t source, results, text;
+    uint16_t repeat, n_expect;
+    uint64_t seed;
+    const uint8_t *expected; /* n_expect little-endian u32 */
+} run_cmd_t;
+
+static int parse_run(const ecl_t *l, const ecf_frame_t *f, run_cmd_t *r) {
+    if (f->len < ECL_RUN_FIXED) return 0;
+    r->id = ecf_get_u32(f->payload);
+    r->source = f->payload[4];
+    r->results = f->payload[5];
+    r->text = f->payload[6];
+    r->repeat = ecf_get_u16(f->payload + 8);
+    r->n_expect = ecf_get_u16(f->payload + 10);
+    r->seed = ecf_get_u64(f->payload + 12);
+    r->expected = f->payload + ECL_RUN_FIXED;
+    if ((size_t)f->len != ECL_RUN_FIXED + 4u * r->n_expect) return 0;
+    if (r->n_expect != 0 && r->n_expect != l->cfg.n_outputs) return 0;
+    if (r->source > ECL_SRC_PRNG || r->results > ECL_RES_FULL_IF_DIFFERENT || r->text > 1 || r->repeat == 0) {
+        return 0;
+    }
+    return 1;
+}
+
+static void output_crcs(const ecl_t *l, uint32_t *out) {
+    size_t o;
+    for (o = 0; o < l->cfg.n_outputs; o++) out[o] = ecf_crc32(0u, l->cfg.outputs[o].data, l->cfg.outputs[o].bytes);
+}
+
+static void run_text(ecl_t *l, const run_cmd_t *r) {
+    const ecl_config_t *c = &l->cfg;
+    char sha[65];
+    uint32_t us = 0;
+    int rc;
+    size_t o;
+    c->sha256_hex(c->ctx, c->staging, c->input_bytes, sha);
+    ecp_input(c->ecp, (int)r->id, c->input_bytes, sha);
+    rc = c->invoke(c->ctx, c->staging, c->input_bytes, &us);
+    if (rc < 0) {
+        l->status = ECL_HALTED;
+        return;
+    }
+    if (rc > 0) {
+        ecp_error(c->ecp, "invoke", rc, (int)r->id, "Invoke_failed");
+        l->session_error = 1;
+        return;
+    }
+    ecp_time(c->ecp, (int)r->id, (int64_t)us);
+    for (o = 0; o < c->n_outputs; o++) {
+        const ecl_output_t *t = &c->outputs[o];
+        if (ecp_tensor(c->ecp, (int)r->id, (int)o, t->dtype, t->dims, t->ndims, t->scale, t->zp, t->data, t->bytes,
+                       t->name, c->human_max) != 0) {
+            l->session_error = 1;
+            return;
+        }
+    }
+    if (c->text_extra != NULL) c->text_extra(c->ctx, c->ecp, (int)r->id);
+}
+
+static void append(ecl_t *l, const uint8_t *data, size_t n) {
+    memcpy(l->batch + l->batch_len, data, n);
+    l->batch_len += n;
+}
+
+static void send_data_frames(ecl_t *l, uint32_t id) {
+    uint8_t p[ECF_MAX_PAYLOAD];
+    const size_t chunk = ECF_MAX_PAYLOAD - ECL_DATA_FIXED;
+    size_t o;
+    for (o = 0; o < l->cfg.n_outputs; o++) {
+        const ecl_output_t *t = &l->cfg.outputs[o];
+        size_t off = 0;
+        while (off < t->bytes) {
+            size_t n = t->bytes - off < chunk ? t->bytes - off : chunk;
+            ecf_put_u32(p, id);
+            ecf_put_u16(p + 4, (uint16_t)o);
+            ecf_put_u32(p + 6, (uint32_t)off);
+            memcpy(p + ECL_DATA_FIXED, t->data + off, n);
+            send_frame(l, ECL_RSP_DATA, p, ECL_DATA_FIXED + n);
+            off += n;
+        }
+    }
+}
+
+/* Queue one RESULT record (docs/protocol.md "RESULT"): inline data when the record fits one frame. */
+static void emit_record(ecl_t *l, uint8_t *rec, size_t rec_len, int full) {
+    size_t data_len = 0, o;
+    for (o = 0; o < l->cfg.n_outputs; o++) data_len += l->cfg.outputs[o].bytes;
+    if (!full) {
+        if (l->batch_len + rec_len > ECF_MAX_PAYLOAD) flush_batch(l);
+        append(l, rec, rec_len);
+        return;
+    }
+    if (rec_len + data_len <= ECF_MAX_PAYLOAD) {
+        if (l->batch_len + rec_len + data_len > ECF_MAX_PAYLOAD) flush_batch(l);
+        rec[5] |= ECL_FL_INLINE;
+        append(l, rec, rec_len);
+        for (o = 0; o < l->cfg.n_outputs; o++) append(l, l->cfg.outputs[o].data, l->cfg.outputs[o].bytes);
+        return;
+    }
+    if (l->batch_len + rec_len > ECF_MAX_PAYLOAD) flush_batch(l);
+    rec[5] |= ECL_FL_DATA_FRAMES;
+    append(l, rec, rec_len);
+    flush_batch(l);
+    send_data_frames(l, ecf_get_u32(rec));
+}
+
+static void run_binary(ecl_t *l, const run_cmd_t *r) {
+    const ecl_config_t *c = &l->cfg;
+    uint8_t rec[ECL_REC_FIXED + 8 * ECL_MAX_OUTPUTS + 4];
+    uint32_t now[ECL_MAX_OUTPUTS];
+    uint32_t us = 0, first_us = 0;
+    uint16_t done = 0, first_diff = 0;
+    uint8_t status = ECL_ST_OK, flags = 0;
+    size_t o, pos;
+    int full = 0;
+    const uint32_t input_crc = ecf_crc32(0u, c->staging, c->input_bytes);
+    while (done < r->repeat) {
+        int rc = c->invoke(c->ctx, c->staging, c->input_bytes, &us);
+        if (rc < 0) {
+            l->status = ECL_HALTED;
+            return;
+        }
+        if (rc > 0) {
+            status = ECL_ST_INVOKE_FAILED;
+            first_us = (uint32_t)rc; /* the invoke_us field carries the error status */
+            break;
+        }
+        if (done == 0) {
+            first_us = us;
+            output_crcs(l, l->crc_first);
+        } else if (!(flags & ECL_FL_NONDETERMINISTIC)) {
+            output_crcs(l, now);
+            if (memcmp(now, l->crc_first, 4 * c->n_outputs) != 0) {
+                flags |= ECL_FL_NONDETERMINISTIC;
+                first_diff = done;
+                memcpy(l->crc_diff, now, 4 * c->n_outputs);
+            }
+        }
+        done++;
+    }
+    ecf_put_u32(rec, r->id);
+    rec[4] = status;
+    rec[5] = flags;
+    ecf_put_u16(rec + 6, done);
+    ecf_put_u32(rec + 8, first_us);
+    ecf_put_u32(rec + 12, input_crc);
+    ecf_put_u32(rec + 16, 0);
+    pos = ECL_REC_FIXED;
+    for (o = 0; o < c->n_outputs; o++, pos += 4) ecf_put_u32(rec + pos, status == ECL_ST_OK ? l->crc_first[o] : 0);
+    if (flags & ECL_FL_NONDETERMINISTIC) {
+        ecf_put_u16(rec + pos, first_diff);
+        ecf_put_u16(rec + pos + 2, 0);
+        pos += 4;
+        for (o = 0; o < c->n_outputs; o++, pos += 4) ecf_put_u32(rec + pos, l->crc_diff[o]);
+    }
+    if (status == ECL_ST_OK) {
+        if (r->results == ECL_RES_FULL) full = 1;
+        if (r->results == ECL_RES_FULL_IF_DIFFERENT) {
+            full = r->n_expect == 0;
+            for (o = 0; o < r->n_expect; o++) full |= ecf_get_u32(r->expected + 4 * o) != l->crc_first[o];
+        }
+    }
+    emit_record(l, rec, pos, full);
+}
+
+static void do_run(ecl_t *l, const ecf_frame_t *f) {
+    run_cmd_t r;
+    const ecl_config_t *c = &l->cfg;
+    if (!parse_run(l, f, &r) || (r.text && !l->session_open) || c->staging == NULL) {
+        ecl_error(l, f->len >= 4 ? ecf_get_u32(f->payload) : ECL_NO_ID, ECL_STAGE_PROTOCOL, f->len, "bad_run_command");
+        l->loaded = 0;
+        return;
+    }
+    l->stats_runs++;
+    if (r.source == ECL_SRC_PRNG) {
+        ecf_prng_fill(r.seed, r.id, c->input_dtype, c->staging, c->input_bytes);
+    } else if (l->loaded != c->input_bytes) {
+        uint8_t rec[ECL_REC_FIXED + 4 * ECL_MAX_OUTPUTS];
+        l->loaded = 0;
+        if (r.text) {
+            flush_batch(l);
+            ecp_error(c->ecp, "input", 0, (int)r.id, "input_not_loaded");
+            l->session_error = 1;
+            return;
+        }
+        memset(rec, 0, sizeof(rec));
+        ecf_put_u32(rec, r.id);
+        rec[4] = ECL_ST_INPUT_INCOMPLETE;
+        emit_record(l, rec, ECL_REC_FIXED + 4 * c->n_outputs, 0);
+        return;
+    }
+    l->loaded = 0;
+    if (r.text) {
+        flush_batch(l);
+        run_text(l, &r);
+    } else {
+        run_binary(l, &r);
+    }
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------- */
+
+static void do_load(ecl_t *l, const ecf_frame_t *f) {
+    uint32_t off;
+    size_t n;
+    if (f->len < 4 || l->cfg.staging == NULL) {
+        ecl_error(l, ECL_NO_ID, ECL_STAGE_PROTOCOL, f->len, "bad_load_command");
+        return;
+    }
+    off = ecf_get_u32(f->payload);
+    n = (size_t)f->len - 4;
+    if (off > l->cfg.input_bytes || n > l->cfg.input_bytes - off) {
+        ecl_error(l, ECL_NO_ID, ECL_STAGE_INPUT, (int32_t)off, "load_beyond_input_tensor");
+        l->loaded = 0;
+        return;
+    }
+    memcpy(l->cfg.staging + off, f->payload + 4, n);
+    l->loaded += n;
+}
+
+static void dispatch(ecl_t *l, const ecf_frame_t *f) {
+    uint8_t p[8];
+    switch (f->type) {
+        case ECL_CMD_HELLO: ecl_hello(l); break;
+        case ECL_CMD_LOAD: do_load(l, f); break;
+        case ECL_CMD_RUN: do_run(l, f); break;
+        case ECL_CMD_SESSION:
+            flush_batch(l);
+            if (l->cfg.ecp == NULL || l->cfg.session_begin == NULL || l->cfg.sha256_hex == NULL) {
+                ecl_error(l, ECL_NO_ID, ECL_STAGE_PROTOCOL, 0, "no_text_sessions");
+                break;
+            }
+            l->session_open = 1;
+            l->session_error = 0;
+            l->cfg.ecp->seq = 0;
+            l->cfg.session_begin(l->cfg.ctx, l->cfg.ecp, f->len >= 4 ? ecf_get_u32(f->payload) : 0u);
+            break;
+        case ECL_CMD_END:
+            flush_batch(l);
+            if (!l->session_open || l->cfg.ecp == NULL) {
+                ecl_error(l, ECL_NO_ID, ECL_STAGE_PROTOCOL, 0, "end_without_session");
+                break;
+            }
+            ecp_end(l->cfg.ecp, !l->session_error);
+            l->session_open = 0;
+            break;
+        case ECL_CMD_SYNC:
+            flush_batch(l);
+            memset(p, 0, sizeof(p));
+            if (f->len >= 4) memcpy(p, f->payload, 4);
+            send_frame(l, ECL_RSP_SYNC, p, 4);
+            break;
+        case ECL_CMD_BOOT: {
+            int rc = f->len >= 1 && f->payload[0] <= 1 && l->cfg.boot_slot != NULL
+                         ? l->cfg.boot_slot(l->cfg.ctx, f->payload[0])
+                         : -1;
+            flush_batch(l);
+            p[0] = f->len >= 1 ? f->payload[0] : 0xFF;
+            p[1] = p[2] = p[3] = 0;
+            ecf_put_u32(p + 4, (uint32_t)rc);
+            send_frame(l, ECL_RSP_BOOT, p, 8);
+            if (rc == 0) l->status = ECL_REBOOT;
+            break;
+        }
+        default: ecl_error(l, ECL_NO_ID, ECL_STAGE_PROTOCOL, f->type, "unknown_command"); break;
+    }
+}
+
+static void on_frame(void *ctx, const ecf_frame_t *f) {
+    ecl_t *l = (ecl_t *)ctx;
+    int16_t d;
+    if (l->status != ECL_OK) return;
+    if (l->dec.bad_headers + l->dec.bad_crc != l->bad_seen) {
+        l->bad_seen = l->dec.bad_headers + l->dec.bad_crc;
+        send_nak(l, ECL_NAK_BAD_FRAME);
+    }
+    d = (int16_t)(uint16_t)(f->seq - l->rx_expected);
+    if (d < 0) { /* a retransmission of something already done: say again where we are */
+        l->stats_dups++;
+        send_ack(l);
+        return;
+    }
+    if (d > 0) { /* a frame before this one was lost */
+        send_nak(l, ECL_NAK_GAP);
+        return;
+    }
+    l->nak_pending = 0;
+    l->rx_expected++;
+    l->consumed_since_ack += (uint32_t)(ECF_HEADER + f->len + ECF_TRAILER);
+    if (l->consumed_since_ack >= l->cfg.window / 4) send_ack(l);
+    dispatch(l, f);
+}
+
+int ecl_rx(ecl_t *l, const uint8_t *data, size_t len) {
+    if (l->status != ECL_OK) return l->status;
+    ecf_decoder_feed(&l->dec, data, len, on_frame, l);
+    if (l->status == ECL_OK && l->dec.bad_headers + l->dec.bad_crc != l->bad_seen) {
+        l->bad_seen = l->dec.bad_headers + l->dec.bad_crc;
+        send_nak(l, ECL_NAK_BAD_FRAME);
+    }
+    return l->status;
+}
+
+int ecl_idle(ecl_t *l) {
+    if (l->status != ECL_OK) return l->status;
+    flush_batch(l);
+    if (l->consumed_since_ack > 0) send_ack(l);
+    return l->status;
+}

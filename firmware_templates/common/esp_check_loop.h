@@ -1,0 +1,150 @@
+/*
+ * esp-check resident command loop, version 1 (spec: docs/protocol.md "Resident loop").
+ *
+ * Portable C99 state machine, no allocation, no ESP-IDF: the firmware feeds it the bytes its UART /
+ * USB-Serial-JTAG driver received (ecl_rx) and tells it when the receive buffer ran empty (ecl_idle);
+ * the loop decodes binary frames, enforces sequence numbers, acknowledges what it consumed (windowed flow
+ * control), and runs the commands through the callbacks in ecl_config_t: load input bytes, invoke the
+ * model R times, send CRC-32s or full outputs in batched RESULT frames, print text records for a text
+ * session, switch the app slot. The simulated board runs this same file through ctypes.
+ */
+#ifndef ESP_CHECK_LOOP_H
+#define ESP_CHECK_LOOP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "esp_check_frame.h"
+#include "esp_check_proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ECL_MAX_OUTPUTS 16
+
+/* host -> device */
+#define ECL_CMD_HELLO 0x01
+#define ECL_CMD_LOAD 0x02
+#define ECL_CMD_RUN 0x03
+#define ECL_CMD_SESSION 0x04
+#define ECL_CMD_END 0x05
+#define ECL_CMD_SYNC 0x06
+#define ECL_CMD_BOOT 0x07
+/* device -> host */
+#define ECL_RSP_HELLO 0x80
+#define ECL_RSP_ACK 0x81
+#define ECL_RSP_NAK 0x82
+#define ECL_RSP_RESULT 0x83
+#define ECL_RSP_DATA 0x84
+#define ECL_RSP_ERROR 0x85
+#define ECL_RSP_SYNC 0x86
+#define ECL_RSP_BOOT 0x87
+
+/* RUN fields */
+#define ECL_SRC_LOADED 0
+#define ECL_SRC_PRNG 1
+#define ECL_RES_CRC 0
+#define ECL_RES_FULL 1
+#define ECL_RES_FULL_IF_DIFFERENT 2
+#define ECL_RUN_FIXED 20 /* bytes before the expected CRCs */
+
+/* RESULT record */
+#define ECL_REC_FIXED 20 /* id, status, flags, repeats, invoke_us, input_crc */
+#define ECL_ST_OK 0
+#define ECL_ST_INVOKE_FAILED 1
+#define ECL_ST_INPUT_INCOMPLETE 2
+#define ECL_FL_NONDETERMINISTIC 0x01
+#define ECL_FL_INLINE 0x02
+#define ECL_FL_DATA_FRAMES 0x04
+#define ECL_DATA_FIXED 10 /* DATA payload: u32 id, u16 o, u32 offset */
+
+/* NAK reasons */
+#define ECL_NAK_BAD_FRAME 1
+#define ECL_NAK_GAP 2
+
+/* ERROR stages (text ERROR record stage names in docs/protocol.md) */
+#define ECL_STAGE_SCHEMA 1
+#define ECL_STAGE_RESOLVER 2
+#define ECL_STAGE_ALLOC 3
+#define ECL_STAGE_INPUT 4
+#define ECL_STAGE_INVOKE 5
+#define ECL_STAGE_OUTPUT 6
+#define ECL_STAGE_INTERNAL 7
+#define ECL_STAGE_MODEL 8
+#define ECL_STAGE_PROTOCOL 9
+#define ECL_NO_ID 0xFFFFFFFFu
+
+/* ecl_rx / ecl_idle results */
+#define ECL_OK 0
+#define ECL_HALTED 1 /* invoke reported that the device stopped (crash, hang): nothing more is processed */
+#define ECL_REBOOT 2 /* BOOT succeeded and its reply was sent: the app should restart now */
+
+typedef struct {
+    const uint8_t *data; /* the output tensor's bytes (stable after AllocateTensors) */
+    size_t bytes;
+    const char *dtype; /* "int8", "uint8", "int16", "int32", "float32" */
+    int32_t dims[ECP_MAX_DIMS];
+    int32_t ndims;
+    float scale;
+    int32_t zp;
+    const char *name;
+} ecl_output_t;
+
+typedef struct {
+    int (*write)(void *ctx, const uint8_t *buf, size_t len);
+    /* Run the model once on `input` (n bytes): 0 ok, > 0 a TFLM error status, < 0 the device stops. */
+    int (*invoke)(void *ctx, const uint8_t *input, size_t n, uint32_t *invoke_us);
+    /* Text session: print BEGIN + INFO (inputs = K) + ARENA through e (its seq was reset to 0). */
+    void (*session_begin)(void *ctx, ecp_t *e, uint32_t inputs);
+    void (*text_extra)(void *ctx, ecp_t *e, int i); /* after a text run's outputs (tap records); may be NULL */
+    void (*sha256_hex)(void *ctx, const uint8_t *data, size_t n, char *out65);
+    int (*boot_slot)(void *ctx, uint8_t slot); /* 0: the next boot runs `slot`; else an error code */
+    void *ctx;
+    ecp_t *ecp;
+    uint8_t *staging; /* input_bytes: LOAD writes here, RUN copies it into the input tensor per invoke */
+    size_t input_bytes;
+    uint8_t input_dtype; /* ECF_DT_* */
+    const ecl_output_t *outputs;
+    size_t n_outputs; /* at most ECL_MAX_OUTPUTS */
+    uint32_t window;  /* receive buffer bytes the host may have in flight */
+    int32_t human_max;
+    uint8_t sim, tap, nn, slot, init_status; /* HELLO: nn 1 optimized, 2 ansi_c; slot 0xFF unknown */
+    const uint8_t *model_sha256;             /* 32 bytes (NULL: zeros) */
+    const char *fwver;
+} ecl_config_t;
+
+typedef struct {
+    ecl_config_t cfg;
+    ecf_decoder_t dec;
+    uint16_t rx_expected;
+    uint16_t tx_seq;
+    int nak_pending;
+    uint32_t bad_seen; /* decoder bad_headers + bad_crc already answered */
+    uint32_t consumed_since_ack;
+    size_t loaded; /* staging bytes written since the last RUN */
+    int session_open;
+    int session_error;
+    int status; /* ECL_OK, ECL_HALTED or ECL_REBOOT */
+    size_t batch_len;
+    uint32_t crc_first[ECL_MAX_OUTPUTS];
+    uint32_t crc_diff[ECL_MAX_OUTPUTS];
+    uint8_t batch[ECF_MAX_PAYLOAD];
+    uint8_t tx[ECF_MAX_FRAME];
+    uint32_t stats_runs, stats_naks, stats_dups;
+} ecl_t;
+
+size_t ecl_sizeof(void);
+/* 0, or -1 for a configuration the loop cannot serve (too many outputs, no staging buffer ...) */
+int ecl_init(ecl_t *l, const ecl_config_t *cfg);
+void ecl_hello(ecl_t *l);
+int ecl_rx(ecl_t *l, const uint8_t *data, size_t len);
+int ecl_idle(ecl_t *l);
+/* An ERROR frame outside any command (e.g. the model partition is missing at boot). */
+void ecl_error(ecl_t *l, uint32_t id, uint8_t stage, int32_t code, const char *msg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ESP_CHECK_LOOP_H */

@@ -1,0 +1,293 @@
+"""The host side of the resident loop (docs/protocol.md "Resident loop"): frames over an open port.
+
+:class:`LoopClient` sends command frames under the device's flow-control window (never more than
+``HELLO window`` bytes unacknowledged, so the device's receive buffer cannot overflow while it is busy
+in Invoke), retransmits from the sequence number a ``NAK`` names (go-back-N, also after an ACK timeout),
+and reads everything the device sends: every byte goes to the raw serial log as it arrives, frames are
+decoded (ACK/NAK handled here, the rest queued for the caller), text is kept for the caller's checks.
+
+Single-threaded: every wait pumps the port. What the link did (bytes each way, payload bytes, frames,
+retransmissions, NAKs, damaged frames) is counted in :class:`LinkStats` for reports and benchmarks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import IO
+
+import serial
+
+from harness.errors import CaptureError
+from harness.protocol import frames as fr
+
+__all__ = ["DeviceRestarted", "LinkError", "LinkStats", "LoopClient"]
+
+MAX_RETRANSMITS = 8
+
+
+class LinkError(CaptureError):
+    """The resident loop's link failed: the device stalled, or frames kept getting lost (exit 3)."""
+
+
+class DeviceRestarted(LinkError):
+    """The device booted again in the middle of a command (a crash, a watchdog, a brownout): its text,
+    already in the log, says why."""
+
+
+@dataclasses.dataclass
+class LinkStats:
+    """What crossed the link (each direction: all bytes, and the payload bytes among them)."""
+
+    tx_bytes: int = 0
+    tx_payload: int = 0  # input tensor bytes sent in LOAD frames
+    rx_bytes: int = 0
+    rx_payload: int = 0  # output tensor bytes received (inline or DATA)
+    frames_sent: int = 0
+    frames_received: int = 0
+    retransmitted_frames: int = 0
+    naks: int = 0
+    damaged_frames: int = 0  # device-to-host candidates that failed their checks
+    rx_gaps: int = 0  # device frames lost (a gap in the device's sequence numbers)
+    seconds: float = 0.0
+
+    def add(self, other: LinkStats) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @property
+    def clean(self) -> bool:
+        """No repair was needed: nothing damaged, lost or sent twice."""
+        return not (self.retransmitted_frames or self.naks or self.damaged_frames or self.rx_gaps)
+
+    def to_dict(self) -> dict[str, float | int]:
+        d: dict[str, float | int] = dataclasses.asdict(self)
+        d["seconds"] = round(self.seconds, 3)
+        d["efficiency_host_to_device"] = round(self.tx_payload / self.tx_bytes, 4) if self.tx_bytes else 0.0
+        d["efficiency_device_to_host"] = round(self.rx_payload / self.rx_bytes, 4) if self.rx_bytes else 0.0
+        return d
+
+
+class LoopClient:
+    """Command frames out, frames and text in, over a port whose app already sent HELLO."""
+
+    def __init__(
+        self,
+        port: serial.SerialBase,
+        hello: fr.Hello,
+        log: IO[bytes] | None = None,
+        *,
+        stall_timeout: float = 30.0,
+        ack_timeout: float = 3.0,
+        respect_window: bool = True,
+        on_text: Callable[[bytes], None] | None = None,
+        seq: int = 0,
+    ) -> None:
+        self.port = port
+        self.hello = hello
+        self.log = log
+        self.stall_timeout = stall_timeout
+        self.ack_timeout = ack_timeout
+        self.window = hello.window if respect_window else 1 << 40
+        self.on_text = on_text
+        self.dec = fr.FrameDecoder()
+        self.seq = seq & 0xFFFF  # the next command's seq: 0 after a boot, then it continues across clients
+        self.unacked: deque[tuple[int, bytes]] = deque()  # (seq, frame bytes) sent, not yet acknowledged
+        self.inbox: deque[fr.Frame] = deque()
+        self.text = bytearray()
+        self.raw = bytearray()  # every byte received, in order (also written to ``log``)
+        self.restarted = False  # an unsolicited HELLO arrived: the device booted again
+        self.stats = LinkStats()
+        self.rx_expected: int | None = None  # the device's next seq (None until its first frame here)
+        self.last_rx = time.monotonic()
+        self._last_progress = time.monotonic()
+        self._retries = 0
+        self._t0 = time.monotonic()
+        port.timeout = 0
+
+    # ---- receiving --------------------------------------------------------------------------------
+
+    def pump(self, wait: float = 0.0) -> bool:
+        """Read what the device sent (waiting up to ``wait`` s for the first byte); True if bytes came."""
+        try:
+            return self._pump(wait)
+        except (serial.SerialException, OSError) as exc:
+            raise LinkError(f"resident loop: the serial link was lost ({exc})") from exc
+
+    def _pump(self, wait: float) -> bool:
+        port = self.port
+        n = port.in_waiting
+        if not n and wait > 0:
+            port.timeout = wait
+            first = port.read(1)
+            port.timeout = 0
+            if not first:
+                return False
+            data = first + (port.read(port.in_waiting) if port.in_waiting else b"")
+        elif n:
+            data = port.read(n)
+        else:
+            return False
+        self._ingest(bytes(data))
+        return True
+
+    def _ingest(self, data: bytes) -> None:
+        now = time.monotonic()
+        self.last_rx = now
+        self.stats.rx_bytes += len(data)
+        self.raw += data
+        if self.log is not None:
+            self.log.write(data)
+            self.log.flush()
+        bad_before = self.dec.stats.bad
+        for item in self.dec.feed(data):
+            if isinstance(item, fr.Frame):
+                self._on_frame(item)
+            else:
+                self.text += item
+                if self.on_text is not None:
+                    self.on_text(item)
+        self.stats.damaged_frames += self.dec.stats.bad - bad_before
+
+    def _on_frame(self, f: fr.Frame) -> None:
+        self.stats.frames_received += 1
+        if self.rx_expected is not None and f.seq != self.rx_expected:
+            self.stats.rx_gaps += (f.seq - self.rx_expected) & 0xFFFF
+        self.rx_expected = (f.seq + 1) & 0xFFFF
+        if f.type == fr.RSP_ACK:
+            self._acked(fr.decode_ack(f.payload))
+        elif f.type == fr.RSP_HELLO:
+            self.restarted = True  # a new boot: everything in flight is gone
+        elif f.type == fr.RSP_NAK:
+            seq, _reason = fr.decode_nak(f.payload)
+            self.stats.naks += 1
+            self._acked(seq)
+            self._retransmit(f"the device asked again for frame {seq}")
+        else:
+            self.inbox.append(f)
+
+    def _acked(self, next_seq: int) -> None:
+        """Everything before ``next_seq`` left the device's receive buffer."""
+        progressed = False
+        while self.unacked and ((next_seq - self.unacked[0][0]) & 0xFFFF) - 1 < 0x8000:
+            if self.unacked[0][0] == next_seq:
+                break
+            self.unacked.popleft()
+            progressed = True
+        if progressed:
+            self._last_progress = time.monotonic()
+            self._retries = 0
+
+    def _retransmit(self, why: str) -> None:
+        if not self.unacked:
+            return
+        self._retries += 1
+        if self._retries > MAX_RETRANSMITS:
+            raise LinkError(
+                f"resident loop: frames kept getting lost ({why}; {MAX_RETRANSMITS} retransmissions)",
+                hint="check the cable and the baud rate; a device that drops bytes it has room for is "
+                "a firmware problem",
+            )
+        for _seq, frame in self.unacked:
+            self._write(frame)
+            self.stats.retransmitted_frames += 1
+        self._last_progress = time.monotonic()
+
+    # ---- sending ----------------------------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self.port.write(data)
+        except (serial.SerialException, OSError) as exc:
+            raise LinkError(f"resident loop: the serial link was lost ({exc})") from exc
+        self.stats.tx_bytes += len(data)
+
+    def in_flight(self) -> int:
+        return sum(len(f) for _, f in self.unacked)
+
+    def send(self, ftype: int, payload: bytes = b"") -> int:
+        """Send one command frame once the window has room for it; returns its seq."""
+        frame = fr.encode_frame(ftype, self.seq, payload)
+        while self.unacked and self.in_flight() + len(frame) > self.window:
+            self._wait_progress("room in the device's receive buffer")
+        self._write(frame)
+        self.unacked.append((self.seq, frame))
+        self.stats.frames_sent += 1
+        if not self.unacked or len(self.unacked) == 1:
+            self._last_progress = time.monotonic()
+        seq = self.seq
+        self.seq = (self.seq + 1) & 0xFFFF
+        return seq
+
+    def _wait_progress(self, what: str) -> None:
+        """Pump once; retransmit after an ACK timeout; LinkError when the device stalls."""
+        self.pump(0.02)
+        if self.restarted:
+            raise DeviceRestarted(f"the device restarted while esp-check waited for {what}")
+        now = time.monotonic()
+        idle = now - max(self._last_progress, self.last_rx)
+        if self.unacked and now - self._last_progress > self.ack_timeout and now - self.last_rx > 0.2:
+            self._retransmit("no acknowledgement")
+        if idle > self.stall_timeout:
+            raise LinkError(
+                f"resident loop: the device stopped answering while esp-check waited for {what} "
+                f"({idle:.0f} s of silence)",
+                hint="a stalled device: see the serial log; raise --capture-silence for very slow models",
+            )
+
+    def wait_frame(self, ftype: int, what: str, timeout: float | None = None) -> fr.Frame:
+        """The next frame of ``ftype`` (others stay queued in order)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            for f in self.inbox:
+                if f.type == ftype:
+                    self.inbox.remove(f)
+                    return f
+            if deadline is not None and time.monotonic() > deadline:
+                raise LinkError(f"resident loop: no {what} within {timeout:.0f} s")
+            self._wait_progress(what)
+
+    def wait_text(self, marker: bytes, what: str) -> None:
+        """Pump until ``marker`` is in the text received so far (e.g. an END record)."""
+        while marker not in self.text:
+            self._wait_progress(what)
+
+    # ---- commands ---------------------------------------------------------------------------------
+
+    def load(self, data: bytes) -> None:
+        """The input tensor bytes, in LOAD frames (the device copies them into its staging buffer)."""
+        chunk = fr.MAX_PAYLOAD - 4
+        for off in range(0, len(data), chunk):
+            part = data[off : off + chunk]
+            self.send(fr.CMD_LOAD, fr.encode_load(off, part))
+            self.stats.tx_payload += len(part)
+
+    def sync(self, token: int = 0) -> None:
+        """Everything sent so far has been run and its results sent (SYNC / SYNC_ACK)."""
+        self.send(fr.CMD_SYNC, token.to_bytes(4, "little"))
+        while True:
+            f = self.wait_frame(fr.RSP_SYNC, "the device to finish its queued commands")
+            if f.payload[:4] == token.to_bytes(4, "little"):
+                break
+        self._finish()
+
+    def _finish(self) -> None:
+        """Wait until every command frame is acknowledged (so a later session starts clean)."""
+        while self.unacked:
+            self._wait_progress("the last acknowledgement")
+        self.stats.seconds = time.monotonic() - self._t0
+
+    def text_session(self, inputs: list[bytes]) -> None:
+        """SESSION, LOAD + RUN text per input, END: the device prints a complete text capture, read into
+        ``self.text`` (callers check it with the protocol parser)."""
+        self.send(fr.CMD_SESSION, len(inputs).to_bytes(4, "little"))
+        for k, data in enumerate(inputs):
+            self.load(data)
+            self.send(fr.CMD_RUN, fr.encode_run(k, text=True))
+        self.send(fr.CMD_END)
+        self.wait_text(b" END status=", "the END record of the text session")
+        while b"\n" not in self.text[self.text.rindex(b" END status=") :]:
+            self._wait_progress("the end of the END record")
+        self._finish()

@@ -1,0 +1,161 @@
+"""The flash layout of a board, generated from its flash size (docs/firmware.md "Flash layout").
+
+Both variants stay resident: the ESP-NN optimized app in ``ota_0``, the ANSI C app in ``ota_1``, the
+model in its own ``model`` data partition that both map with ``esp_partition_mmap``, and ``otadata`` to
+choose which app boots (the running app switches it on the host's ``BOOT`` command). The table depends on
+the board only, never on the model or the inputs, so changing either rewrites neither the table nor,
+when the generated code is unchanged, an app.
+
+How large a model can be on a board: the model partition (minus the 64-byte image header), and the
+chip's flash data window that ``esp_partition_mmap`` maps into (shared with the app's own read-only
+data, so one app slot of it is kept free).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness.errors import GenerateError
+from harness.firmware.boards import Board
+from harness.protocol.model_image import HEADER_BYTES, PARTITION_LABEL, PARTITION_SUBTYPE
+
+NVS_MIN_BYTES = 0x3000  # ESP-IDF's minimum for a read-write NVS partition
+OTADATA_OFFSET = 0x10000
+OTADATA_BYTES = 0x2000  # two sectors, as ESP-IDF's otadata always is
+FIRST_APP_OFFSET = 0x20000  # apps start on 64 KB boundaries (MMU page)
+DEFAULT_TABLE_OFFSET = 0x8000
+# Variant -> OTA app slot. ESP-IDF boots ota_0 while otadata is empty, so a board flashed by hand
+# (`idf.py flash` writes an empty otadata) runs whichever variant was flashed last into ota_0.
+VARIANT_SLOTS = {"optimized": 0, "ansi": 1}
+
+# Flash a chip can memory-map for data (ESP-IDF soc.h, SOC_DROM_LOW..SOC_DROM_HIGH). The app's own
+# rodata shares the window. ESP32-S2 is taken as its DROM0 bus only (conservative, not measured).
+MMAP_WINDOW_BYTES = {
+    "esp32": 0x3F800000 - 0x3F400000,  # 4 MB
+    "esp32s2": 4 << 20,
+    "esp32s3": 0x3E000000 - 0x3C000000,  # 32 MB (shared with instruction fetch on the S3's MMU)
+    "esp32c3": 8 << 20,
+    "esp32c6": 16 << 20,
+    "esp32p4": 0x44000000 - 0x40000000,  # 64 MB
+}
+
+
+def app_slot_bytes(flash_bytes: int) -> int:
+    """Size of each app slot: 1 MB (TFLM + ESP-NN + esp-check without the model), 512 KB on 2 MB flash."""
+    return 0x80000 if flash_bytes <= (2 << 20) else 0x100000
+
+
+@dataclass(frozen=True)
+class PartitionRow:
+    """One partitions.csv row."""
+
+    name: str
+    type: str  # app | data
+    subtype: str  # nvs, ota, ota_0, ota_1, or 0xNN
+    offset: int
+    size: int
+
+    def csv(self) -> str:
+        cols = f"{self.name + ',':<9} {self.type + ',':<5} {self.subtype + ',':<7}"
+        return f"{cols} 0x{self.offset:06X}, 0x{self.size:06X}"
+
+
+@dataclass(frozen=True)
+class FlashLayout:
+    board: str
+    chip: str
+    flash_bytes: int
+    table_offset: int
+    rows: tuple[PartitionRow, ...]
+
+    def row(self, name: str) -> PartitionRow:
+        return next(r for r in self.rows if r.name == name)
+
+    @property
+    def app_slot_bytes(self) -> int:
+        return self.row("ota_0").size
+
+    @property
+    def model_partition(self) -> PartitionRow:
+        return self.row(PARTITION_LABEL)
+
+    @property
+    def mmap_window_bytes(self) -> int:
+        return MMAP_WINDOW_BYTES.get(self.chip, 4 << 20)
+
+    @property
+    def model_max_bytes(self) -> int:
+        """Largest .tflite the board takes: partition minus header, and what the data window leaves."""
+        by_partition = self.model_partition.size - HEADER_BYTES
+        by_window = self.mmap_window_bytes - self.app_slot_bytes - HEADER_BYTES
+        return max(0, min(by_partition, by_window))
+
+    def slot_offset(self, variant: str) -> int:
+        return self.row(f"ota_{VARIANT_SLOTS[variant]}").offset
+
+    def csv(self) -> str:
+        return "\n".join(r.csv() for r in self.rows) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "flash_bytes": self.flash_bytes,
+            "partition_table_offset": self.table_offset,
+            "partitions": [
+                {"name": r.name, "type": r.type, "subtype": r.subtype, "offset": r.offset, "size": r.size}
+                for r in self.rows
+            ],
+            "app_slot_bytes": self.app_slot_bytes,
+            "model_partition_bytes": self.model_partition.size,
+            "mmap_window_bytes": self.mmap_window_bytes,
+            "model_max_bytes": self.model_max_bytes,
+            "slots": {v: f"ota_{s}" for v, s in VARIANT_SLOTS.items()},
+        }
+
+
+def flash_layout(board: Board) -> FlashLayout:
+    """The partition table for ``board`` (GenerateError when its flash cannot hold two apps and a model)."""
+    table = int(getattr(board, "partition_table_offset", DEFAULT_TABLE_OFFSET))
+    nvs = table + 0x1000
+    if table % 0x1000 or OTADATA_OFFSET - nvs < NVS_MIN_BYTES:
+        raise GenerateError(
+            f"board {board.name}: partition table offset 0x{table:x} leaves less than "
+            f"{NVS_MIN_BYTES // 1024} KB for nvs below otadata at 0x{OTADATA_OFFSET:x}",
+            hint="use a partition_table_offset of at most 0xC000 (4 KB aligned) in the board file",
+        )
+    slot = app_slot_bytes(board.flash_bytes)
+    model_off = FIRST_APP_OFFSET + 2 * slot
+    model_size = board.flash_bytes - model_off
+    if model_size < 0x10000:
+        raise GenerateError(
+            f"board {board.name}: {board.flash_size} of flash leaves no room for a model partition after "
+            f"two {slot // 1024} KB app slots",
+            hint="use a board with at least 2 MB of flash",
+        )
+    rows = (
+        PartitionRow("nvs", "data", "nvs", nvs, OTADATA_OFFSET - nvs),
+        PartitionRow("otadata", "data", "ota", OTADATA_OFFSET, OTADATA_BYTES),
+        PartitionRow("ota_0", "app", "ota_0", FIRST_APP_OFFSET, slot),
+        PartitionRow("ota_1", "app", "ota_1", FIRST_APP_OFFSET + slot, slot),
+        PartitionRow(PARTITION_LABEL, "data", f"0x{PARTITION_SUBTYPE:02x}", model_off, model_size),
+    )
+    return FlashLayout(board.name, board.chip, board.flash_bytes, table, rows)
+
+
+def check_model_fits(layout: FlashLayout, model_bytes: int, model_name: str) -> None:
+    """GenerateError (exit 2, before anything is built) for a model larger than the board takes."""
+    if model_bytes <= layout.model_max_bytes:
+        return
+    mp = layout.model_partition.size
+    why = (
+        f"its model partition holds {mp - HEADER_BYTES} bytes"
+        if mp - HEADER_BYTES <= layout.mmap_window_bytes - layout.app_slot_bytes - HEADER_BYTES
+        else f"{layout.chip} maps at most {layout.mmap_window_bytes // (1 << 20)} MB of flash for data, "
+        f"one app slot of it taken by the app"
+    )
+    raise GenerateError(
+        f"{model_name} is {model_bytes} bytes, but board {layout.board} takes models up to "
+        f"{layout.model_max_bytes} bytes: {why}",
+        hint="use a smaller model (fewer or quantized weights) or a board with more flash "
+        "(`esp-check boards` lists each board's limit)",
+    )

@@ -1,0 +1,442 @@
+"""``flash-and-compare --dataset`` / ``--random-inputs``: many inputs through the resident firmware.
+
+Both variants are flashed once; each is booted once (the running app switches slots) and the whole
+dataset streams through it in binary frames (docs/protocol.md "Resident loop"): uploaded inputs in LOAD
+frames, random inputs drawn by the device itself. With ``--results full`` every output comes back; with
+``crc`` only CRC-32s, plus the full outputs of every input whose CRC differs from the expected one (the
+host reference's, then the first variant's) -- and a last pass fetches whatever a comparison still needs.
+``--repeat R`` invokes each input R times and flags any change; the board is then reset and the first
+inputs are run again, to compare a fresh boot with the first run.
+
+Every result is checked before it counts: its input CRC-32 must be the host's (so the device ran exactly
+those bytes, and its PRNG matched the host's replica), its outputs must have the CRC-32s it reported.
+Inputs whose result was lost on the link are run again (and the run is no longer a clean match).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.analysis.dataset import DatasetAnalysis, Leg, OutputSpec, analyze, host_leg
+from harness.device.loop import DeviceRestarted, LinkError, LinkStats, LoopClient
+from harness.errors import ExitCode, UsageError
+from harness.flows.capture import boot_variant, link_verdict
+from harness.flows.records import Recorder, VariantRun
+from harness.flows.resident import Boot, ResidentBoard
+from harness.model.dataset import Dataset, load_dataset, random_dataset
+from harness.model.inputs import InputOptions
+from harness.model.loader import ModelInfo, TensorInfo
+from harness.protocol import frames as fr
+
+RESET_CHECK_INPUTS = 16
+MAX_PASSES = 4  # a dataset pass and up to three re-runs of the inputs whose results were lost
+_FETCH = "fetch"
+
+
+@dataclasses.dataclass
+class DatasetRun:
+    """What the board returned for the dataset, per variant, and how the link fared."""
+
+    legs: dict[str, list[Leg]]
+    link: dict[str, LinkStats] = dataclasses.field(default_factory=dict)
+    passes: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    after_reset: dict[str, Any] | None = None
+    errors: list[str] = dataclasses.field(default_factory=list)
+    codes: list[ExitCode] = dataclasses.field(default_factory=list)
+
+
+class _Collector:
+    """RESULT and DATA frames -> one record per input, with its full outputs when they came."""
+
+    def __init__(self, output_bytes: Sequence[int]) -> None:
+        self.sizes = list(output_bytes)
+        self.records: dict[int, fr.ResultRecord] = {}
+        self.device_errors: list[fr.DeviceError] = []
+        self.problems: list[str] = []
+        self.payload = 0
+
+    def take(self, client: LoopClient) -> None:
+        while client.inbox:
+            f = client.inbox.popleft()
+            try:
+                self._frame(f)
+            except fr.FrameFormatError as exc:
+                self.problems.append(f"{f.name} frame {f.seq}: {exc}")
+
+    def _frame(self, f: fr.Frame) -> None:
+        if f.type == fr.RSP_RESULT:
+            for rec in fr.decode_results(f.payload, self.sizes):
+                if rec.data is not None:
+                    self.payload += sum(len(d) for d in rec.data)
+                self.records[rec.ident] = rec
+        elif f.type == fr.RSP_DATA:
+            chunk = fr.decode_data(f.payload)
+            got = self.records.get(chunk.ident)
+            if got is None or not got.wants_data_frames or chunk.output >= len(self.sizes):
+                raise fr.FrameFormatError(f"DATA for input {chunk.ident} that announced none")
+            buf = got.pending.setdefault(chunk.output, bytearray())
+            if chunk.offset != len(buf) or len(buf) + len(chunk.data) > self.sizes[chunk.output]:
+                raise fr.FrameFormatError(f"DATA for input {chunk.ident} output {chunk.output} out of order")
+            buf += chunk.data
+            self.payload += len(chunk.data)
+        elif f.type == fr.RSP_ERROR:
+            self.device_errors.append(fr.decode_error(f.payload))
+
+    def leg(self, i: int, data: bytes, outputs: Sequence[OutputSpec]) -> Leg:
+        """The checked result of input ``i`` (``data``: the input bytes the host meant)."""
+        rec = self.records.get(i)
+        if rec is None:
+            return Leg("missing", detail="no result came back")
+        if rec.status == fr.ST_INVOKE_FAILED:
+            return Leg("invoke_failed", detail=f"Invoke returned status {rec.invoke_us}")
+        if rec.status != fr.ST_OK:
+            return Leg("invalid", detail=f"status {rec.status} (the input did not arrive whole)")
+        if rec.input_crc != zlib.crc32(data) & 0xFFFFFFFF:
+            return Leg("invalid", detail="the device ran other input bytes than the host sent or drew")
+        raw = rec.data
+        if rec.wants_data_frames:
+            if any(len(rec.pending.get(o, b"")) != n for o, n in enumerate(self.sizes)):
+                return Leg("missing", detail="its outputs' DATA frames did not all come back")
+            raw = [bytes(rec.pending[o]) for o in range(len(self.sizes))]
+        arrays = None
+        if raw is not None and rec.nondeterministic and _crcs(raw) != list(rec.crcs):
+            raw = None  # the last repeat's outputs, not the first's: the record's CRC-32s stand alone
+        if raw is not None:
+            if _crcs(raw) != list(rec.crcs):
+                return Leg("invalid", detail="its outputs do not have the CRC-32s it reported")
+            arrays = [
+                np.frombuffer(b, np.dtype(o.dtype).newbyteorder("<")).reshape(o.shape)
+                for b, o in zip(raw, outputs, strict=True)
+            ]
+        return Leg("ok", rec.crcs, arrays, rec.nondeterministic, rec.invoke_us)
+
+
+def _crcs(raw: Sequence[bytes]) -> list[int]:
+    return [zlib.crc32(b) & 0xFFFFFFFF for b in raw]
+
+
+def _stream(
+    rb: ResidentBoard,
+    boot: Boot,
+    ds: Dataset,
+    ids: Sequence[int],
+    outputs: Sequence[OutputSpec],
+    log_path: Path,
+    *,
+    results: int,
+    repeat: int,
+    expected: Mapping[int, tuple[int, ...]],
+) -> tuple[dict[int, Leg], LinkStats, list[str]]:
+    """Run ``ids`` of the dataset on the booted app; their checked legs, the link's figures, problems."""
+    assert boot.hello is not None
+    hello = boot.hello
+    problems: list[str] = []
+    with open(log_path, "ab") as log:
+        client = rb.dev.client(hello, log, stall_timeout=rb.limits.capture_silence, seq=boot.next_seq)
+        col = _Collector(hello.output_bytes)
+        try:
+            for i in ids:
+                exp = expected.get(i, ())
+                mode = results if (results != fr.RES_FULL_IF_DIFFERENT or exp) else fr.RES_CRC
+                if ds.random:
+                    run = fr.encode_run(i, source=fr.SRC_PRNG, seed=ds.seed or 0, results=mode,
+                                        repeat=repeat, expected=exp)  # fmt: skip
+                else:
+                    client.load(ds.items[i].data)
+                    run = fr.encode_run(i, results=mode, repeat=repeat, expected=exp)
+                client.send(fr.CMD_RUN, run)
+                col.take(client)
+            client.sync(len(ids))
+        except DeviceRestarted as exc:
+            rb.current = None
+            problems.append(f"the {hello.nn} app restarted in the middle of the dataset: {exc}")
+        except LinkError as exc:
+            rb.current, rb.lost = None, "link was lost" in str(exc)
+            problems.append(str(exc))
+        col.take(client)
+    boot.next_seq = client.seq
+    client.stats.rx_payload += col.payload
+    rb.link.add(client.stats)  # the run's total (report.json "link")
+    problems += col.problems + [f"device ERROR {e.stage}: {e.msg}" for e in col.device_errors]
+    return {i: col.leg(i, ds.items[i].data, outputs) for i in ids}, client.stats, problems
+
+
+_TRANSIENT = ("missing", "invalid")  # lost or damaged on the way: worth running again
+
+
+def run_dataset(
+    rb: ResidentBoard,
+    runs: Mapping[str, VariantRun],
+    order: Sequence[str],
+    ds: Dataset,
+    outputs: Sequence[OutputSpec],
+    *,
+    results: str,
+    repeat: int,
+    host: Sequence[Leg] | None,
+) -> DatasetRun:
+    """Every variant in ``order`` over the whole dataset (with retries, fetches and the reset check)."""
+    n = len(ds.items)
+    out = DatasetRun({v: [Leg("missing", detail="not run") for _ in range(n)] for v in runs})
+    mode = fr.RES_FULL if results == "full" else fr.RES_FULL_IF_DIFFERENT
+    done: list[str] = []
+    for v in order:
+        boot = boot_variant(rb, runs[v])
+        if not isinstance(boot, Boot):
+            out.errors.append(f"{v}: the app did not start: see {runs[v].serial_log}")
+            out.codes.append(boot or ExitCode.INFRASTRUCTURE)
+            continue
+        expected = _expected(host, [out.legs[d] for d in done]) if mode == fr.RES_FULL_IF_DIFFERENT else {}
+        _passes(rb, boot, runs[v], out, ds, outputs, range(n), mode, repeat, expected)
+        done.append(v)
+    if mode == fr.RES_FULL_IF_DIFFERENT:
+        _fetch(rb, runs, list(reversed(done)), out, ds, outputs, host)
+    if repeat >= 2 and done:
+        out.after_reset = _after_reset(rb, runs, done[-1], out, ds, outputs)
+    return out
+
+
+def _expected(host: Sequence[Leg] | None, earlier: Sequence[Sequence[Leg]]) -> dict[int, tuple[int, ...]]:
+    """The CRC-32s a variant is expected to print: the first earlier variant's, else the host's."""
+    exp: dict[int, tuple[int, ...]] = {}
+    for legs in [*earlier, host or []]:
+        for i, leg in enumerate(legs):
+            if i not in exp and leg.ok and leg.crcs is not None:
+                exp[i] = leg.crcs
+    return exp
+
+
+def _passes(
+    rb: ResidentBoard,
+    boot: Boot,
+    run: VariantRun,
+    out: DatasetRun,
+    ds: Dataset,
+    outputs: Sequence[OutputSpec],
+    ids: Sequence[int],
+    mode: int,
+    repeat: int,
+    expected: Mapping[int, tuple[int, ...]],
+) -> None:
+    """The main pass over ``ids``, then more for inputs whose results were lost or damaged (at most
+    ``MAX_PASSES`` in all, and only while a pass still brings some of them back)."""
+    v = run.variant
+    assert run.serial_log is not None
+    for attempt in range(1, MAX_PASSES + 1):
+        if rb.current is not boot:  # the app restarted or the link dropped: boot it again
+            again = boot_variant(rb, run)
+            if not isinstance(again, Boot):
+                break
+            boot = again
+
+        def one(
+            ids: Sequence[int] = ids, boot: Boot = boot, log: Path = run.serial_log
+        ) -> tuple[dict[int, Leg], LinkStats, list[str]]:
+            return _stream(rb, boot, ds, ids, outputs, log, results=mode, repeat=repeat, expected=expected)
+
+        legs, stats, problems = rb.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
+        for i, leg in legs.items():
+            out.legs[v][i] = leg
+        out.link.setdefault(v, LinkStats()).add(stats)
+        out.passes.setdefault(v, []).append(
+            {"inputs": len(ids), "problems": problems, "link": stats.to_dict()}
+        )
+        lost = [i for i, leg in legs.items() if leg.status in _TRANSIENT]
+        if not lost or len(lost) == len(ids):
+            break
+        ids = lost
+        out.link[v].retransmitted_frames += len(ids)  # a re-run is a repair: never a clean match
+
+
+def _fetch(
+    rb: ResidentBoard,
+    runs: Mapping[str, VariantRun],
+    order: Sequence[str],
+    out: DatasetRun,
+    ds: Dataset,
+    outputs: Sequence[OutputSpec],
+    host: Sequence[Leg] | None,
+) -> None:
+    """--results crc: fetch in full the outputs a comparison still needs (a CRC differs and no leg with
+    the same CRC-32s holds the bytes)."""
+    for v in order:
+        need = []
+        for i, leg in enumerate(out.legs[v]):
+            if not leg.ok or leg.data is not None:
+                continue
+            others = [out.legs[w][i] for w in out.legs if w != v] + ([host[i]] if host else [])
+            differ = any(o.ok and o.crcs != leg.crcs for o in others)
+            inferable = any(o.ok and o.crcs == leg.crcs and o.data is not None for o in others)
+            if differ and not inferable:
+                need.append(i)
+        if not need:
+            continue
+        boot = boot_variant(rb, runs[v])
+        if not isinstance(boot, Boot):
+            out.errors.append(f"{v}: could not boot to fetch {len(need)} input(s) in full")
+            continue
+        _passes(rb, boot, runs[v], out, ds, outputs, need, fr.RES_FULL, 1, {})
+
+
+def _after_reset(
+    rb: ResidentBoard,
+    runs: Mapping[str, VariantRun],
+    variant: str,
+    out: DatasetRun,
+    ds: Dataset,
+    outputs: Sequence[OutputSpec],
+) -> dict[str, Any]:
+    """Reset the board, run the first inputs again on ``variant``: a fresh boot must give the same CRCs."""
+    ids = list(range(min(RESET_CHECK_INPUTS, len(ds.items))))
+    rb.current = None  # the next boot is a reset
+    boot = boot_variant(rb, runs[variant])
+    if not isinstance(boot, Boot):
+        return {"variant": variant, "inputs": 0, "differing": [], "problem": "the app did not start again"}
+    legs, stats, problems = rb.rec.run(
+        "after-reset", variant,
+        lambda: _stream(rb, boot, ds, ids, outputs, runs[variant].serial_log or Path("serial.log"),
+                        results=fr.RES_CRC, repeat=1, expected={}),
+    )  # fmt: skip
+    out.link.setdefault(variant, LinkStats()).add(stats)
+    first = out.legs[variant]
+    differing = [i for i in ids if legs[i].ok and first[i].ok and legs[i].crcs != first[i].crcs]
+    lost = [i for i in ids if not legs[i].ok]
+    return {
+        "variant": variant,
+        "inputs": len(ids),
+        "differing": differing,
+        "not_run": lost,
+        "problems": problems,
+    }
+
+
+# ---- the job: load, host reference, firmware, board, verdicts ---------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetOptions:
+    """What ``--dataset`` / ``--random-inputs`` asked for."""
+
+    source: str | Path | None = None  # directory, .npz or .txt list
+    random_inputs: int | None = None
+    seed: int = 0
+    results: str = "full"  # full | crc
+    labels: str | Path | None = None
+    repeat: int = 1
+
+    def check(self) -> None:
+        if (self.source is None) == (self.random_inputs is None):
+            raise UsageError("give either --dataset or --random-inputs", hint="one source of inputs per run")
+        if self.results not in ("full", "crc"):
+            raise UsageError(f"--results {self.results!r}", hint="use full or crc")
+        if not 1 <= self.repeat <= 1000:
+            raise UsageError(f"--repeat {self.repeat}: give 1 to 1000")
+        if self.labels is not None and self.random_inputs is not None:
+            raise UsageError("--labels needs --dataset (random inputs have no labels)")
+
+
+@dataclasses.dataclass
+class DatasetOutcome:
+    dataset: Dataset
+    analysis: DatasetAnalysis | None = None
+    run: DatasetRun | None = None
+    host: list[Leg] | None = None
+    codes: list[ExitCode] = dataclasses.field(default_factory=list)
+    errors: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        ds = self.dataset
+        doc: dict[str, Any] = {
+            "source": ds.source,
+            "random_seed": ds.seed,
+            "inputs": len(ds.items),
+            "classes": ds.classes,
+            "host_reference": self.host is not None,
+        }
+        if self.analysis is not None:
+            doc["analysis"] = self.analysis.to_dict()
+        if self.run is not None:
+            doc["link"] = {v: s.to_dict() for v, s in self.run.link.items()}
+            doc["passes"] = self.run.passes
+            doc["after_reset"] = self.run.after_reset
+        return doc
+
+
+def load_inputs(opts: DatasetOptions, tensor: TensorInfo, input_options: InputOptions | None) -> Dataset:
+    """The dataset the options name (usage errors before any hardware)."""
+    opts.check()
+    if opts.random_inputs is not None:
+        return random_dataset(opts.random_inputs, opts.seed, tensor)
+    assert opts.source is not None
+    return load_dataset(opts.source, tensor, input_options, opts.labels)
+
+
+HOST_CHUNK = 256  # inputs per host reference child (bounded time and memory per child)
+
+
+def host_legs(model: Path, info: ModelInfo, ds: Dataset, rec: Recorder) -> list[Leg]:
+    """The host reference's outputs for every input (cached on disk by the hostrun child)."""
+    from harness.model.reference import run_reference
+
+    tin = info.inputs[0]
+    dt = np.dtype(tin.dtype).newbyteorder("<")
+    model_bytes = model.read_bytes()
+
+    def run() -> list[Leg]:
+        legs: list[Leg] = []
+        for k in range(0, len(ds.items), HOST_CHUNK):
+            part = ds.items[k : k + HOST_CHUNK]
+            arrays = [[np.frombuffer(it.data, dt).reshape(tin.shape)] for it in part]
+            legs += [host_leg(r.outputs) for r in run_reference(model_bytes, arrays).runs]
+        return legs
+
+    return rec.run("reference", None, run)
+
+
+def output_specs(info: ModelInfo) -> list[OutputSpec]:
+    return [OutputSpec(t.dtype, tuple(t.shape), t.name) for t in info.outputs]
+
+
+def verdicts(
+    outcome: DatasetOutcome,
+    runs: Mapping[str, VariantRun],
+    outputs: Sequence[OutputSpec],
+    tolerance_lsb: float,
+    ref_tolerance_lsb: float,
+) -> None:
+    """Per-input verdicts and the exit codes they, the link and the reset check imply."""
+    run = outcome.run
+    assert run is not None
+    ds = outcome.dataset
+    legs: dict[str, Sequence[Leg]] = {v: run.legs[v] for v in ("optimized", "ansi") if v in run.legs}
+    if outcome.host is not None:
+        legs["host"] = outcome.host
+    labels = [ds.label_index(it) for it in ds.items]
+    outcome.analysis = analyze(
+        [it.name for it in ds.items], labels, outputs, legs,
+        tolerance_lsb=tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
+    )  # fmt: skip
+    outcome.codes.append(outcome.analysis.exit_code)
+    for v, legs_v in run.legs.items():
+        if v in runs:
+            runs[v].capture_valid = all(leg.ok for leg in legs_v)
+    outcome.codes += run.codes
+    outcome.errors += run.errors
+    for v, stats in run.link.items():
+        if not stats.clean and v in runs:
+            code = link_verdict(runs[v], stats, None)
+            outcome.codes.append(code or ExitCode.INFRASTRUCTURE)
+    reset = run.after_reset
+    if reset is not None and reset.get("differing"):
+        outcome.codes.append(ExitCode.MISMATCH)
+        outcome.errors.append(
+            f"after a reset, the {reset['variant']} app gave other outputs for input(s) "
+            f"{reset['differing'][:10]}: it is not deterministic across boots"
+        )

@@ -1,0 +1,207 @@
+"""Resident firmware on one board: flash both variants once, boot the slot each run needs, stream the
+inputs (docs/protocol.md "Resident loop", docs/firmware.md "Flash layout").
+
+Both variants live in the board's two app slots and share the model partition, so one esptool session
+writes what differs (every region is skipped when flash already holds it: a repeat run writes 0 bytes)
+and the running app switches slots itself (``BOOT``: it writes otadata on the device). Only when no app
+is running to ask (a variant that never reaches HELLO) does the host select the slot with esptool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import serial
+
+from harness.device.console import RawCapture
+from harness.device.flash import FlashResult
+from harness.device.loop import DeviceRestarted, LinkError, LinkStats
+from harness.device.session import DeviceSession
+from harness.errors import EspCheckError
+from harness.firmware.build import RUN_ROLES, BuildResult
+from harness.firmware.layout import VARIANT_SLOTS
+from harness.flows.records import EXPECTED_NN, Recorder, StageTimeouts
+from harness.protocol import frames as fr
+from harness.protocol import otadata
+
+VARIANT_OF_NN = {nn: v for v, nn in EXPECTED_NN.items()}
+_LOADED_APP_RE = re.compile(rb"Loaded app from partition at offset 0x([0-9a-fA-F]+)")
+
+
+@dataclasses.dataclass
+class Boot:
+    """One boot into the app: what it printed, its HELLO, and which variant it is (None: unknown)."""
+
+    raw: RawCapture
+    hello: fr.Hello | None
+    variant: str | None
+    next_seq: int = 0  # the next command frame's sequence number on this boot
+
+
+def merged_flash_files(builds: Mapping[str, BuildResult]) -> list[tuple[int, Path]]:
+    """One esptool write for both variants: bootloader, table and model once, each app in its slot."""
+    first = next(iter(builds.values()))
+    files = first.flash_files([r for r in RUN_ROLES if r != "app"])
+    for b in builds.values():
+        files += b.flash_files(["app"])
+    return sorted(files)
+
+
+def flash_facts(fr_: FlashResult, builds: Mapping[str, BuildResult]) -> dict[str, Any]:
+    """What report.json says about the flash: chip, revision, MAC, bytes written per region."""
+    owner = {
+        a.offset: (a.role, v if a.role == "app" else None) for v, b in builds.items() for a in b.artifacts
+    }
+    return {
+        "chip": fr_.chip,
+        "revision": fr_.revision,
+        "mac": fr_.mac,
+        "regions": [
+            {
+                "offset": r.offset,
+                "role": owner.get(r.offset, ("?", None))[0],
+                "variant": owner.get(r.offset, ("?", None))[1],
+                "size": r.size,
+                "skipped": r.skipped,
+                "bytes_written": r.bytes_written,
+            }
+            for r in fr_.regions
+        ],
+        "bytes_written": fr_.bytes_written,
+        "seconds": round(fr_.duration_s, 3),
+    }
+
+
+class ResidentBoard:
+    """A board with resident esp-check firmware, over one open :class:`DeviceSession`."""
+
+    def __init__(
+        self,
+        rec: Recorder,
+        dev: DeviceSession,
+        builds: Mapping[str, BuildResult],
+        limits: StageTimeouts,
+        simulated: bool | None = None,
+    ) -> None:
+        self.rec, self.dev, self.builds, self.limits = rec, dev, dict(builds), limits
+        self.simulated = simulated  # what the board definition says (None: unknown)
+        self.current: Boot | None = None  # the app now running (None: not booted since we came)
+        self.link = LinkStats()
+        self.lost = False  # the link dropped: reopen the port before the next boot
+        self.last_link = LinkStats()  # the last session's
+
+    def _timeouts(self) -> dict[str, float]:
+        return {"total_timeout": self.limits.capture_total, "silence_timeout": self.limits.capture_silence}
+
+    def flash(self, log_path: Path) -> FlashResult:
+        """Write both variants, the table and the model (what flash already holds is skipped)."""
+        result = self.rec.run(
+            "flash", None, lambda: self.dev.flash(merged_flash_files(self.builds), log_path=log_path)
+        )
+        self.current = None
+        return result
+
+    def _variant_of(self, raw: RawCapture, hello: fr.Hello | None) -> str | None:
+        if hello is not None:
+            return VARIANT_OF_NN.get(hello.nn)
+        found = _LOADED_APP_RE.findall(raw.data)  # the last boot's line counts
+        if not found:
+            return None
+        offset = int(found[-1], 16)
+        return next(
+            (v for v, b in self.builds.items() if (a := b.artifact("app")) and a.offset == offset), None
+        )
+
+    def _booted(self, raw: RawCapture) -> Boot:
+        hello = None
+        if raw.hello is not None:
+            try:
+                hello = fr.decode_hello(raw.hello)
+            except fr.FrameFormatError:
+                hello = None
+        boot = Boot(raw, hello, self._variant_of(raw, hello))
+        self.current = boot if hello is not None and hello.init_status == 0 else None
+        return boot
+
+    def ensure(self, variant: str, log_path: Path) -> Boot:
+        """Boot the app of ``variant`` (a reset the first time, then the running app's own slot switch)."""
+
+        def go() -> Boot:
+            cur = self.current
+            if cur is not None and cur.variant == variant:
+                return cur
+            if self.lost:  # as a fresh session would: close the dead handle, open the port again
+                with contextlib.suppress(Exception):
+                    self.dev.close()
+                self.dev.open()
+                self.lost = False
+            if cur is None:
+                cur = self._booted(self.dev.boot(log_path, reset=True, **self._timeouts()))
+                if cur.variant == variant or self.current is None or variant not in VARIANT_SLOTS:
+                    return cur  # the wanted app, or a start-up failure (its evidence), or no slots
+            assert cur.hello is not None
+            slot = VARIANT_SLOTS[variant]
+            return self._booted(
+                self.dev.switch_slot(cur.hello, slot, log_path, seq=cur.next_seq, **self._timeouts())
+            )
+
+        def guarded() -> Boot:
+            try:
+                boot = go()
+            except (serial.SerialException, OSError) as exc:
+                self.lost, self.current = True, None
+                raise LinkError(f"the serial link was lost while booting the {variant} app ({exc})") from exc
+            self.lost = boot.raw.ended_by == "disconnect"
+            return boot
+
+        return self.rec.run("boot", variant, guarded)
+
+    def select_with_esptool(self, variant: str, log_path: Path) -> None:
+        """No app runs to ask for a slot switch: write otadata selecting ``variant``'s slot (esptool)."""
+        b = self.builds[variant]
+        ota = b.artifact("otadata")
+        if ota is None or variant not in VARIANT_SLOTS:
+            return
+        data = otadata.select(b"\xff" * ota.path.stat().st_size, VARIANT_SLOTS[variant], 2)
+        path = ota.path.parent / f"select-{variant}.bin"
+        path.write_bytes(data)
+        self.rec.run("select-slot", variant, lambda: self.dev.flash([(ota.offset, path)], log_path=log_path))
+        self.current = None
+
+    def text_session(self, boot: Boot, inputs: Sequence[bytes], log_path: Path) -> RawCapture:
+        """Stream ``inputs`` in a text session; the device's text capture (with the boot before it in the
+        log) is what the protocol parser then checks."""
+        t0 = time.monotonic()
+        assert boot.hello is not None
+        hello, seq = boot.hello, boot.next_seq
+        ended_by = "end_record"
+        notes: list[str] = []
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            client = self.dev.client(hello, log, stall_timeout=self.limits.capture_silence, seq=seq)
+            try:
+                client.text_session(list(inputs))
+            except DeviceRestarted as exc:
+                ended_by, self.current = "restart", None
+                notes.append(str(exc))
+            except LinkError as exc:
+                ended_by, self.current = ("disconnect" if "link was lost" in str(exc) else "silence"), None
+                notes.append(str(exc))
+            except EspCheckError as exc:  # a lost port: the capture is what arrived
+                ended_by, self.current = "disconnect", None
+                notes.append(str(exc))
+        self.lost = ended_by == "disconnect"
+        boot.next_seq = client.seq
+        self.last_link = client.stats
+        self.link.add(client.stats)
+        if not client.stats.clean:
+            notes.append(f"link repairs: {client.stats.to_dict()}")
+        return RawCapture(
+            bytes(client.raw), log_path, ended_by, time.monotonic() - t0, 0, 0, 0, 0, None, notes
+        )

@@ -1,0 +1,228 @@
+"""Datasets for ``flash-and-compare --dataset`` / ``--random-inputs`` (docs/dataset.md).
+
+A dataset is a list of inputs, each already in the model's input tensor format (the bytes the host
+streams to the resident firmware), with an optional label. Sources:
+
+- a directory: every input file in it (images, .npy, raw, C arrays; the extensions ``--input`` takes),
+  sorted by path; with sub-directories, each sub-directory is a class and its name the label
+  (folder-per-class, as Keras' ``image_dataset_from_directory`` and torchvision's ``ImageFolder``);
+- an ``.npz``: one array of N inputs (key ``x``, ``inputs``, ``images``, or the only array) and optionally
+  N labels (key ``y`` or ``labels``);
+- a ``.txt`` list: one input path per line (relative to the list), ``#`` comments and blank lines
+  skipped, optionally ``path,label``;
+- ``--random-inputs N --seed S``: N inputs drawn by the device's PRNG (harness.protocol.frames.prng_bytes,
+  docs/protocol.md "Random inputs"), which costs no upload at all.
+
+``--labels FILE`` (CSV ``name,label`` with an optional header, or JSON ``{name: label}``) adds or
+overrides labels by input name (the file name, or the path relative to the dataset directory). Labels are
+class indices (integers) or class names; names map to indices in sorted order (as the folder-per-class
+loaders above do).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from harness.errors import InputDataError
+from harness.model.inputs import (
+    C_SUFFIXES,
+    IMAGE_SUFFIXES,
+    RAW_SUFFIXES,
+    InputOptions,
+    load_input,
+    prepare_array,
+    tensor_bytes,
+)
+from harness.model.loader import TensorInfo
+from harness.protocol.frames import prng_bytes
+
+MAX_ITEMS = 100_000
+INPUT_SUFFIXES = (*IMAGE_SUFFIXES, ".npy", *RAW_SUFFIXES, *(s for s in C_SUFFIXES if s != ".txt"))
+
+
+@dataclass(frozen=True)
+class DatasetItem:
+    """One input: a name for reports, the input tensor bytes, its label (class name or index) if known."""
+
+    name: str
+    data: bytes
+    label: str | None = None
+
+
+@dataclass
+class Dataset:
+    items: list[DatasetItem]
+    source: str  # what the user named (path, or "random")
+    seed: int | None = None  # random inputs: the PRNG seed (the device draws them)
+    classes: list[str] = field(default_factory=list)  # label names in index order (empty: integer labels)
+
+    @property
+    def random(self) -> bool:
+        return self.seed is not None
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def label_index(self, item: DatasetItem) -> int | None:
+        """The class index of ``item``'s label (None without a label)."""
+        if item.label is None:
+            return None
+        if self.classes:
+            return self.classes.index(item.label)
+        return int(item.label)
+
+
+def random_dataset(n: int, seed: int, tensor: TensorInfo) -> Dataset:
+    """``n`` inputs from the device's PRNG with ``seed`` (the host's bit-exact replica)."""
+    if not 1 <= n <= MAX_ITEMS:
+        raise InputDataError(f"--random-inputs {n}: give 1 to {MAX_ITEMS} inputs")
+    if not 0 <= seed < 1 << 64:
+        raise InputDataError(f"--seed {seed}: give an unsigned 64-bit integer")
+    nbytes = tensor.num_elements * np.dtype(tensor.dtype).itemsize
+    items = [DatasetItem(f"random#{i}", prng_bytes(seed, i, tensor.dtype, nbytes)) for i in range(n)]
+    return Dataset(items, "random", seed)
+
+
+def load_dataset(
+    path: str | Path,
+    tensor: TensorInfo,
+    options: InputOptions | None = None,
+    labels: str | Path | None = None,
+) -> Dataset:
+    """The dataset at ``path`` (directory, .npz or .txt list), each input prepared for ``tensor``."""
+    src = Path(path)
+    if src.is_dir():
+        ds = _from_directory(src, tensor, options)
+    elif src.suffix.lower() == ".npz":
+        ds = _from_npz(src, tensor, options)
+    elif src.suffix.lower() in (".txt", ".lst", ".list"):
+        ds = _from_list(src, tensor, options)
+    else:
+        raise InputDataError(
+            f"--dataset {src}: not a directory, .npz or .txt list"
+            + ("" if src.exists() else " (it does not exist)"),
+            hint="give a folder of inputs (a sub-folder per class for labels), an .npz, or a list of paths",
+        )
+    if not ds.items:
+        raise InputDataError(
+            f"--dataset {src} holds no inputs", hint=f"input files end in {', '.join(INPUT_SUFFIXES)}"
+        )
+    if len(ds.items) > MAX_ITEMS:
+        raise InputDataError(f"--dataset {src} holds {len(ds.items)} inputs; at most {MAX_ITEMS}")
+    if labels is not None:
+        _apply_labels(ds, Path(labels))
+    _index_classes(ds)
+    return ds
+
+
+def _from_directory(root: Path, tensor: TensorInfo, options: InputOptions | None) -> Dataset:
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in INPUT_SUFFIXES)
+    per_class = any(p.parent != root for p in files)
+    items = []
+    for p in files:
+        rel = p.relative_to(root)
+        label = rel.parts[0] if per_class and len(rel.parts) > 1 else None
+        items.append(DatasetItem(rel.as_posix(), tensor_bytes(load_input(p, tensor, options)), label))
+    return Dataset(items, str(root))
+
+
+_X_KEYS = ("x", "inputs", "images")
+_Y_KEYS = ("y", "labels")
+
+
+def _from_npz(path: Path, tensor: TensorInfo, options: InputOptions | None) -> Dataset:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputDataError(f"{path}: not a readable .npz file: {exc}") from exc
+    xkey = next((k for k in _X_KEYS if k in arrays), None)
+    if xkey is None and len(arrays) == 1:
+        xkey = next(iter(arrays))
+    if xkey is None:
+        raise InputDataError(
+            f"{path}: which array holds the inputs? keys: {', '.join(sorted(arrays))}",
+            hint=f"name it one of {', '.join(_X_KEYS)} (and the labels {' or '.join(_Y_KEYS)})",
+        )
+    x = arrays[xkey]
+    ykey = next((k for k in _Y_KEYS if k in arrays), None)
+    y = arrays[ykey] if ykey is not None else None
+    if x.ndim < 1 or (y is not None and len(y) != len(x)):
+        raise InputDataError(f"{path}: {xkey} and {ykey} do not have the same number of entries")
+    items = []
+    for i in range(len(x)):
+        prep = prepare_array(x[i], tensor, options, source=f"{path.name}[{i}]")
+        label = None if y is None else str(y[i].item() if hasattr(y[i], "item") else y[i])
+        items.append(DatasetItem(f"{path.name}[{i}]", tensor_bytes(prep), label))
+    return Dataset(items, str(path))
+
+
+def _from_list(path: Path, tensor: TensorInfo, options: InputOptions | None) -> Dataset:
+    items = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, label = line.partition(",")
+        p = (path.parent / name.strip()).resolve()
+        if not p.is_file():
+            raise InputDataError(f"{path} line {n}: {name.strip()} does not exist")
+        items.append(
+            DatasetItem(name.strip(), tensor_bytes(load_input(p, tensor, options)), label.strip() or None)
+        )
+    return Dataset(items, str(path))
+
+
+def _apply_labels(ds: Dataset, path: Path) -> None:
+    """Labels by input name from a CSV (``name,label``) or JSON (``{name: label}``) file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputDataError(f"--labels {path}: {exc.strerror or exc}") from exc
+    mapping: dict[str, str] = {}
+    if path.suffix.lower() == ".json":
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise InputDataError(f"--labels {path}: not JSON ({exc})") from exc
+        if not isinstance(doc, dict) or not all(isinstance(v, (str, int)) for v in doc.values()):
+            raise InputDataError(f"--labels {path}: expected an object mapping input names to labels")
+        mapping = {str(k): str(v) for k, v in doc.items()}
+    else:
+        for row in csv.reader(text.splitlines()):
+            if (
+                len(row) >= 2
+                and row[0].strip()
+                and not (not mapping and row[0].strip().lower() in ("name", "file"))
+            ):
+                mapping[row[0].strip()] = row[1].strip()
+    hits = 0
+    for k, item in enumerate(ds.items):
+        label = mapping.get(item.name, mapping.get(Path(item.name).name))
+        if label is not None:
+            ds.items[k] = DatasetItem(item.name, item.data, label)
+            hits += 1
+    if hits == 0:
+        raise InputDataError(
+            f"--labels {path} names none of the dataset's {len(ds.items)} inputs",
+            hint="use the input file names (or paths relative to the dataset directory) as keys",
+        )
+
+
+def _index_classes(ds: Dataset) -> None:
+    labels = [it.label for it in ds.items if it.label is not None]
+    if not labels:
+        return
+    if all(lb.lstrip("-").isdigit() for lb in labels):
+        return  # integer class indices
+    ds.classes = sorted(set(labels))
+
+
+def dataset_names(ds: Dataset) -> Sequence[str]:
+    return [it.name for it in ds.items]

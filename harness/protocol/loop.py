@@ -1,0 +1,377 @@
+"""The resident command loop's device side, in Python: the twin of esp_check_loop.c.
+
+The simulated board runs the firmware's own C loop through ctypes (:mod:`harness.protocol.native`) when a
+host C compiler exists, and this twin otherwise; a contract test feeds both the same command streams and
+requires byte-identical output. It is written after the C file, decision for decision (sequence numbers,
+ACK/NAK policy, RESULT batching), so the docs/protocol.md rules have two implementations that must agree.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from harness.protocol import frames as fr
+
+ECL_OK, ECL_HALTED, ECL_REBOOT = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class LoopOutput:
+    """One output tensor as the loop sees it (text records need the metadata)."""
+
+    bytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    scale: float
+    zp: int
+    name: str
+
+
+class LoopHost(Protocol):
+    """What the application gives the loop (the C side's ecl_config_t callbacks)."""
+
+    def write(self, data: bytes) -> None: ...
+    def invoke(self, data: bytes) -> tuple[int, int, list[bytes]]:
+        """-> (rc, invoke_us, output bytes per output): rc 0 ok, > 0 TFLM error, < 0 the device stops."""
+        ...
+
+    def session_begin(self, emitter: Any, inputs: int) -> None: ...
+    def text_extra(self, emitter: Any, i: int) -> None: ...
+    def sha256_hex(self, data: bytes) -> str: ...
+    def boot_slot(self, slot: int) -> int: ...
+
+
+@dataclass
+class LoopConfig:
+    input_bytes: int
+    input_dtype: str
+    outputs: Sequence[LoopOutput]
+    window: int
+    human_max: int = 16
+    sim: bool = True
+    tap: bool = False
+    nn: str = "unknown"
+    slot: int | None = None
+    init_status: int = 0
+    model_sha256: str = ""
+    fwver: str = "0.0.0"
+
+
+@dataclass
+class _Run:
+    ident: int
+    source: int
+    results: int
+    text: bool
+    repeat: int
+    n_expect: int
+    seed: int
+    expected: tuple[int, ...]
+
+
+@dataclass
+class DeviceLoop:
+    """State machine of esp_check_loop.c (ecl_t); ``emitter`` prints the text records."""
+
+    cfg: LoopConfig
+    host: LoopHost
+    emitter: Any  # harness.protocol.emitter.Emitter with a ``seq`` attribute
+    dec: fr.FrameDecoder = field(default_factory=fr.FrameDecoder)
+    rx_expected: int = 0
+    tx_seq: int = 0
+    nak_pending: bool = False
+    bad_seen: int = 0
+    consumed_since_ack: int = 0
+    loaded: int = 0
+    session_open: bool = False
+    session_error: bool = False
+    status: int = ECL_OK
+    batch: bytearray = field(default_factory=bytearray)
+    staging: bytearray = field(default_factory=bytearray)
+    outputs_now: list[bytes] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=lambda: {"runs": 0, "naks": 0, "dups": 0})
+
+    def __post_init__(self) -> None:
+        self.cfg.window = max(self.cfg.window, fr.MAX_FRAME)
+        self.staging = bytearray(self.cfg.input_bytes)
+        self.outputs_now = [bytes(o.bytes) for o in self.cfg.outputs]
+
+    # ---- sending ----------------------------------------------------------------------------------
+
+    def _send(self, ftype: int, payload: bytes) -> None:
+        self.host.write(fr.encode_frame(ftype, self.tx_seq, payload))
+        self.tx_seq = (self.tx_seq + 1) & 0xFFFF
+
+    def _flush(self) -> None:
+        if self.batch:
+            self._send(fr.RSP_RESULT, bytes(self.batch))
+            self.batch.clear()
+
+    def _ack(self) -> None:
+        self._send(fr.RSP_ACK, struct.pack("<HH", self.rx_expected, 0))
+        self.consumed_since_ack = 0
+
+    def _nak(self, reason: int) -> None:
+        if self.nak_pending:
+            return
+        self._flush()
+        self._send(fr.RSP_NAK, struct.pack("<HBB", self.rx_expected, reason, 0))
+        self.nak_pending = True
+        self.stats["naks"] += 1
+
+    def error(self, ident: int, stage: int, code: int, msg: str) -> None:
+        self._flush()
+        raw = msg.encode("utf-8", "replace")[: fr.ERROR_MSG_MAX]
+        clean = bytes(c if 0x21 <= c <= 0x7E and c != 0x2A else 0x5F for c in raw)
+        self._send(fr.RSP_ERROR, struct.pack("<IIB", ident & 0xFFFFFFFF, code & 0xFFFFFFFF, stage) + clean)
+
+    def hello(self) -> None:
+        c = self.cfg
+        h = fr.Hello(
+            fr.VERSION, c.sim, c.tap, c.nn, c.slot, c.init_status, c.input_dtype, fr.MAX_PAYLOAD, c.window,
+            c.input_bytes, tuple(o.bytes for o in c.outputs), c.model_sha256, "",
+        )  # fmt: skip
+        fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: fr.FWVER_MAX])
+        payload = fr.encode_hello(h)[:-1] + bytes([len(fw)]) + fw
+        self._flush()
+        self._send(fr.RSP_HELLO, payload)
+
+    # ---- receiving --------------------------------------------------------------------------------
+
+    def rx(self, data: bytes) -> int:
+        if self.status != ECL_OK:
+            return self.status
+        self.dec.feed(data, on_frame=self._on_frame)
+        if self.status == ECL_OK and self.dec.stats.bad != self.bad_seen:
+            self.bad_seen = self.dec.stats.bad
+            self._nak(fr.NAK_BAD_FRAME)
+        return self.status
+
+    def idle(self) -> int:
+        if self.status != ECL_OK:
+            return self.status
+        self._flush()
+        if self.consumed_since_ack > 0:
+            self._ack()
+        return self.status
+
+    def _on_frame(self, f: fr.Frame) -> None:
+        if self.status != ECL_OK:
+            return
+        if self.dec.stats.bad != self.bad_seen:  # bad candidates before this frame: NAK them first
+            self.bad_seen = self.dec.stats.bad
+            self._nak(fr.NAK_BAD_FRAME)
+        d = (f.seq - self.rx_expected) & 0xFFFF
+        if d >= 0x8000:
+            self.stats["dups"] += 1
+            self._ack()
+            return
+        if d > 0:
+            self._nak(fr.NAK_GAP)
+            return
+        self.nak_pending = False
+        self.rx_expected = (self.rx_expected + 1) & 0xFFFF
+        self.consumed_since_ack += f.size
+        if self.consumed_since_ack >= self.cfg.window // 4:
+            self._ack()
+        self._dispatch(f)
+
+    def _dispatch(self, f: fr.Frame) -> None:
+        handlers: dict[int, Callable[[fr.Frame], None]] = {
+            fr.CMD_HELLO: lambda _f: self.hello(),
+            fr.CMD_LOAD: self._load,
+            fr.CMD_RUN: self._run,
+            fr.CMD_SESSION: self._session,
+            fr.CMD_END: self._end,
+            fr.CMD_SYNC: self._sync,
+            fr.CMD_BOOT: self._boot,
+        }
+        handler = handlers.get(f.type)
+        if handler is None:
+            self.error(fr.NO_ID, fr.STAGE_CODES["protocol"], f.type, "unknown_command")
+        else:
+            handler(f)
+
+    # ---- commands ---------------------------------------------------------------------------------
+
+    def _load(self, f: fr.Frame) -> None:
+        if len(f.payload) < 4:
+            self.error(fr.NO_ID, fr.STAGE_CODES["protocol"], len(f.payload), "bad_load_command")
+            return
+        off = struct.unpack_from("<I", f.payload)[0]
+        n = len(f.payload) - 4
+        if off > self.cfg.input_bytes or n > self.cfg.input_bytes - off:
+            self.error(fr.NO_ID, fr.STAGE_CODES["input"], _i32(off), "load_beyond_input_tensor")
+            self.loaded = 0
+            return
+        self.staging[off : off + n] = f.payload[4:]
+        self.loaded += n
+
+    def _session(self, f: fr.Frame) -> None:
+        self._flush()
+        self.session_open = True
+        self.session_error = False
+        self.emitter.seq = 0
+        inputs = struct.unpack_from("<I", f.payload)[0] if len(f.payload) >= 4 else 0
+        self.host.session_begin(self.emitter, inputs)
+
+    def _end(self, f: fr.Frame) -> None:
+        self._flush()
+        if not self.session_open:
+            self.error(fr.NO_ID, fr.STAGE_CODES["protocol"], 0, "end_without_session")
+            return
+        self.emitter.end(not self.session_error)
+        self.session_open = False
+
+    def _sync(self, f: fr.Frame) -> None:
+        self._flush()
+        token = (f.payload[:4] if len(f.payload) >= 4 else b"").ljust(4, b"\0")
+        self._send(fr.RSP_SYNC, token)
+
+    def _boot(self, f: fr.Frame) -> None:
+        slot = f.payload[0] if f.payload else 0xFF
+        rc = self.host.boot_slot(slot) if f.payload and slot <= 1 else -1
+        self._flush()
+        self._send(fr.RSP_BOOT, bytes([slot, 0, 0, 0]) + struct.pack("<i", rc))
+        if rc == 0:
+            self.status = ECL_REBOOT
+
+    def _parse_run(self, f: fr.Frame) -> _Run | None:
+        p = f.payload
+        if len(p) < fr.RUN_FIXED:
+            return None
+        ident, source, results, text, _, repeat, n_expect, seed = struct.unpack_from("<IBBBBHHQ", p)
+        if len(p) != fr.RUN_FIXED + 4 * n_expect or n_expect not in (0, len(self.cfg.outputs)):
+            return None
+        if source > fr.SRC_PRNG or results > fr.RES_FULL_IF_DIFFERENT or text > 1 or repeat == 0:
+            return None
+        expected = struct.unpack_from(f"<{n_expect}I", p, fr.RUN_FIXED)
+        return _Run(ident, source, results, bool(text), repeat, n_expect, seed, tuple(expected))
+
+    def _run(self, f: fr.Frame) -> None:
+        r = self._parse_run(f)
+        if r is None or (r.text and not self.session_open):
+            ident = struct.unpack_from("<I", f.payload)[0] if len(f.payload) >= 4 else fr.NO_ID
+            self.error(ident, fr.STAGE_CODES["protocol"], len(f.payload), "bad_run_command")
+            self.loaded = 0
+            return
+        self.stats["runs"] += 1
+        if r.source == fr.SRC_PRNG:
+            self.staging[:] = fr.prng_bytes(r.seed, r.ident, self.cfg.input_dtype, self.cfg.input_bytes)
+        elif self.loaded != self.cfg.input_bytes:
+            self.loaded = 0
+            if r.text:
+                self._flush()
+                self.emitter.error("input", 0, "input_not_loaded", r.ident)
+                self.session_error = True
+                return
+            rec = struct.pack("<IBBHIII", r.ident, fr.ST_INPUT_INCOMPLETE, 0, 0, 0, 0, 0)
+            self._emit_record(bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), full=False)
+            return
+        self.loaded = 0
+        if r.text:
+            self._flush()
+            self._run_text(r)
+        else:
+            self._run_binary(r)
+
+    def _invoke(self) -> tuple[int, int]:
+        rc, us, outs = self.host.invoke(bytes(self.staging))
+        if rc == 0:
+            if len(outs) != len(self.cfg.outputs) or any(
+                len(b) != o.bytes for b, o in zip(outs, self.cfg.outputs, strict=True)
+            ):
+                raise ValueError("invoke returned outputs of the wrong size")
+            self.outputs_now = list(outs)
+        return rc, us
+
+    def _run_text(self, r: _Run) -> None:
+        em = self.emitter
+        em.input(r.ident, self.cfg.input_bytes, self.host.sha256_hex(bytes(self.staging)))
+        rc, us = self._invoke()
+        if rc < 0:
+            self.status = ECL_HALTED
+            return
+        if rc > 0:
+            em.error("invoke", rc, "Invoke_failed", r.ident)
+            self.session_error = True
+            return
+        em.time(r.ident, us)
+        for o, (t, data) in enumerate(zip(self.cfg.outputs, self.outputs_now, strict=True)):
+            shape = list(t.shape)
+            if not em.tensor(r.ident, o, t.dtype, shape, t.scale, t.zp, data, t.name, self.cfg.human_max):
+                self.session_error = True
+                return
+        self.host.text_extra(em, r.ident)
+
+    def _crcs(self) -> list[int]:
+        return [fr.crc32(b) for b in self.outputs_now]
+
+    def _run_binary(self, r: _Run) -> None:
+        n = len(self.cfg.outputs)
+        input_crc = fr.crc32(self.staging)
+        done, first_us, status, flags, first_diff = 0, 0, fr.ST_OK, 0, 0
+        first: list[int] = [0] * n
+        diff: list[int] = []
+        while done < r.repeat:
+            rc, us = self._invoke()
+            if rc < 0:
+                self.status = ECL_HALTED
+                return
+            if rc > 0:
+                status, first_us = fr.ST_INVOKE_FAILED, rc
+                break
+            if done == 0:
+                first_us, first = us, self._crcs()
+            elif not flags & fr.FL_NONDETERMINISTIC:
+                now = self._crcs()
+                if now != first:
+                    flags |= fr.FL_NONDETERMINISTIC
+                    first_diff, diff = done, now
+            done += 1
+        head = (r.ident, status, flags, done, first_us & 0xFFFFFFFF, input_crc, 0)
+        rec = bytearray(struct.pack("<IBBHIII", *head))
+        rec += b"".join(struct.pack("<I", c if status == fr.ST_OK else 0) for c in first)
+        if flags & fr.FL_NONDETERMINISTIC:
+            rec += struct.pack("<HH", first_diff, 0) + b"".join(struct.pack("<I", c) for c in diff)
+        full = False
+        if status == fr.ST_OK:
+            if r.results == fr.RES_FULL:
+                full = True
+            elif r.results == fr.RES_FULL_IF_DIFFERENT:
+                full = r.n_expect == 0 or any(e != c for e, c in zip(r.expected, first, strict=False))
+        self._emit_record(rec, full)
+
+    def _emit_record(self, rec: bytearray, full: bool) -> None:
+        data_len = sum(o.bytes for o in self.cfg.outputs)
+        if not full:
+            if len(self.batch) + len(rec) > fr.MAX_PAYLOAD:
+                self._flush()
+            self.batch += rec
+            return
+        if len(rec) + data_len <= fr.MAX_PAYLOAD:
+            if len(self.batch) + len(rec) + data_len > fr.MAX_PAYLOAD:
+                self._flush()
+            rec[5] |= fr.FL_INLINE
+            self.batch += rec
+            for b in self.outputs_now:
+                self.batch += b
+            return
+        if len(self.batch) + len(rec) > fr.MAX_PAYLOAD:
+            self._flush()
+        rec[5] |= fr.FL_DATA_FRAMES
+        self.batch += rec
+        self._flush()
+        ident = struct.unpack_from("<I", rec)[0]
+        chunk = fr.MAX_PAYLOAD - fr.DATA_FIXED
+        for o, b in enumerate(self.outputs_now):
+            for off in range(0, len(b), chunk):
+                self._send(fr.RSP_DATA, struct.pack("<IHI", ident, o, off) + b[off : off + chunk])
+
+
+def _i32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v

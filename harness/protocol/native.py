@@ -1,0 +1,286 @@
+"""The firmware's portable C (frames, command loop) driven through ctypes.
+
+The same shared library as the C emitter (:func:`harness.protocol.emitter.build_c_library` compiles
+esp_check_proto.c, esp_check_frame.c and esp_check_loop.c together). The simulated board runs the
+firmware's own command loop through :class:`CDeviceLoop`; contract tests compare the C frame decoder and
+loop with their Python twins (:mod:`harness.protocol.frames`, :mod:`harness.protocol.loop`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from harness.protocol import frames as fr
+from harness.protocol.emitter import (
+    MAX_DIMS,
+    CEmitter,
+    PythonEmitter,
+    build_c_library,
+    find_c_compiler,
+)
+from harness.protocol.loop import DeviceLoop, LoopConfig, LoopHost
+
+_u8p = ctypes.POINTER(ctypes.c_uint8)
+
+
+class _Frame(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_uint8),
+        ("flags", ctypes.c_uint8),
+        ("seq", ctypes.c_uint16),
+        ("len", ctypes.c_uint16),
+        ("payload", _u8p),
+    ]
+
+
+class _Decoder(ctypes.Structure):
+    _fields_ = [
+        ("buf", ctypes.c_uint8 * fr.MAX_FRAME),
+        ("have", ctypes.c_size_t),
+        ("max_payload", ctypes.c_size_t),
+        ("frames", ctypes.c_uint32),
+        ("bad_headers", ctypes.c_uint32),
+        ("bad_crc", ctypes.c_uint32),
+        ("skipped", ctypes.c_uint32),
+    ]
+
+
+class _Output(ctypes.Structure):
+    _fields_ = [
+        ("data", _u8p),
+        ("bytes", ctypes.c_size_t),
+        ("dtype", ctypes.c_char_p),
+        ("dims", ctypes.c_int32 * MAX_DIMS),
+        ("ndims", ctypes.c_int32),
+        ("scale", ctypes.c_float),
+        ("zp", ctypes.c_int32),
+        ("name", ctypes.c_char_p),
+    ]
+
+
+_FRAME_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(_Frame))
+_WRITE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, _u8p, ctypes.c_size_t)
+_INVOKE = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, _u8p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint32)
+)
+_SESSION = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32)
+_EXTRA = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+_SHA = ctypes.CFUNCTYPE(None, ctypes.c_void_p, _u8p, ctypes.c_size_t, ctypes.c_void_p)
+_BOOT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint8)
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [
+        ("write", _WRITE),
+        ("invoke", _INVOKE),
+        ("session_begin", _SESSION),
+        ("text_extra", _EXTRA),
+        ("sha256_hex", _SHA),
+        ("boot_slot", _BOOT),
+        ("ctx", ctypes.c_void_p),
+        ("ecp", ctypes.c_void_p),
+        ("staging", _u8p),
+        ("input_bytes", ctypes.c_size_t),
+        ("input_dtype", ctypes.c_uint8),
+        ("outputs", ctypes.POINTER(_Output)),
+        ("n_outputs", ctypes.c_size_t),
+        ("window", ctypes.c_uint32),
+        ("human_max", ctypes.c_int32),
+        ("sim", ctypes.c_uint8),
+        ("tap", ctypes.c_uint8),
+        ("nn", ctypes.c_uint8),
+        ("slot", ctypes.c_uint8),
+        ("init_status", ctypes.c_uint8),
+        ("model_sha256", _u8p),
+        ("fwver", ctypes.c_char_p),
+    ]
+
+
+_LIBS: dict[Path, ctypes.CDLL] = {}
+
+
+def load_library(cache_dir: Path | None = None) -> ctypes.CDLL:
+    """The compiled portable C (built once per source hash), with the frame and loop signatures set."""
+    path = build_c_library(cache_dir)
+    lib = _LIBS.get(path)
+    if lib is not None:
+        return lib
+    lib = ctypes.CDLL(str(path))
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    sigs: dict[str, tuple[Any, list[Any]]] = {
+        "ecf_encode": (sz, [_u8p, sz, ctypes.c_uint8, ctypes.c_uint8, ctypes.c_uint16, ctypes.c_char_p, sz]),
+        "ecf_decoder_init": (None, [ctypes.POINTER(_Decoder), sz]),
+        "ecf_decoder_sizeof": (sz, []),
+        "ecf_decoder_feed": (None, [ctypes.POINTER(_Decoder), ctypes.c_char_p, sz, _FRAME_CB, vp]),
+        "ecf_prng_fill": (None, [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint8, _u8p, sz]),
+        "ecl_sizeof": (sz, []),
+        "ecl_init": (ctypes.c_int, [vp, ctypes.POINTER(_Config)]),
+        "ecl_hello": (None, [vp]),
+        "ecl_rx": (ctypes.c_int, [vp, ctypes.c_char_p, sz]),
+        "ecl_idle": (ctypes.c_int, [vp]),
+        "ecl_error": (None, [vp, ctypes.c_uint32, ctypes.c_uint8, ctypes.c_int32, ctypes.c_char_p]),
+        "ecp_sizeof": (sz, []),
+    }
+    for name, (restype, argtypes) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    if lib.ecf_decoder_sizeof() != ctypes.sizeof(_Decoder):
+        raise RuntimeError("ecf_decoder_t layout differs from harness.protocol.native's mirror")
+    _LIBS[path] = lib
+    return lib
+
+
+def c_encode_frame(lib: ctypes.CDLL, ftype: int, seq: int, payload: bytes, flags: int = 0) -> bytes:
+    out = (ctypes.c_uint8 * fr.MAX_FRAME)()
+    n = lib.ecf_encode(out, len(out), ftype, flags, seq, payload, len(payload))
+    return bytes(out[:n])
+
+
+def c_prng(lib: ctypes.CDLL, seed: int, index: int, dtype: str, nbytes: int) -> bytes:
+    out = (ctypes.c_uint8 * max(nbytes, 1))()
+    lib.ecf_prng_fill(seed, index, fr.DTYPE_CODES.get(dtype, 0), out, nbytes)
+    return bytes(out[:nbytes])
+
+
+class CFrameDecoder:
+    """esp_check_frame.c's streaming decoder (frames and counters; text is dropped, as on the device)."""
+
+    def __init__(self, lib: ctypes.CDLL, max_payload: int = fr.MAX_PAYLOAD) -> None:
+        self.lib = lib
+        self.state = _Decoder()
+        lib.ecf_decoder_init(ctypes.byref(self.state), max_payload)
+        self._got: list[fr.Frame] = []
+
+        def _cb(_ctx: int | None, f: Any) -> None:
+            c = f.contents
+            self._got.append(fr.Frame(c.type, c.seq, ctypes.string_at(c.payload, c.len), c.flags))
+
+        self._cb = _FRAME_CB(_cb)
+
+    def feed(self, data: bytes) -> list[fr.Frame]:
+        self._got = []
+        self.lib.ecf_decoder_feed(ctypes.byref(self.state), data, len(data), self._cb, None)
+        return self._got
+
+    @property
+    def stats(self) -> fr.DecoderStats:
+        s = self.state
+        return fr.DecoderStats(s.frames, s.bad_headers, s.bad_crc, s.skipped)
+
+
+class CDeviceLoop:
+    """esp_check_loop.c driven through ctypes, with the same interface as :class:`DeviceLoop`."""
+
+    def __init__(self, lib: ctypes.CDLL, cfg: LoopConfig, host: LoopHost, emitter: CEmitter) -> None:
+        self.lib, self.cfg, self.host, self.emitter = lib, cfg, host, emitter
+        self.staging = (ctypes.c_uint8 * max(cfg.input_bytes, 1))()
+        self._out_bufs = [(ctypes.c_uint8 * max(o.bytes, 1))() for o in cfg.outputs]
+        self._outs = (_Output * max(len(cfg.outputs), 1))()
+        self._keep: list[Any] = []
+        for k, o in enumerate(cfg.outputs):
+            x = self._outs[k]
+            x.data = ctypes.cast(self._out_bufs[k], _u8p)
+            x.bytes = o.bytes
+            x.dtype = self._c(o.dtype)
+            x.ndims = len(o.shape)
+            for d, v in enumerate(o.shape[:MAX_DIMS]):
+                x.dims[d] = v
+            x.scale = o.scale
+            x.zp = o.zp
+            x.name = self._c(o.name)
+        self._sha = (ctypes.c_uint8 * 32).from_buffer_copy(
+            bytes.fromhex(cfg.model_sha256) if cfg.model_sha256 else bytes(32)
+        )
+        self._callbacks = self._make_callbacks()
+        c = _Config(*self._callbacks)
+        c.ecp = ctypes.cast(emitter.state, ctypes.c_void_p)
+        c.staging = ctypes.cast(self.staging, _u8p)
+        c.input_bytes = cfg.input_bytes
+        c.input_dtype = fr.DTYPE_CODES.get(cfg.input_dtype, 0)
+        c.outputs = self._outs
+        c.n_outputs = len(cfg.outputs)
+        c.window = cfg.window
+        c.human_max = cfg.human_max
+        c.sim, c.tap, c.nn = int(cfg.sim), int(cfg.tap), fr.NN_CODES.get(cfg.nn, 0)
+        c.slot = 0xFF if cfg.slot is None else cfg.slot
+        c.init_status = cfg.init_status
+        c.model_sha256 = ctypes.cast(self._sha, _u8p)
+        c.fwver = self._c(cfg.fwver)
+        self._config = c
+        self.state = ctypes.create_string_buffer(int(lib.ecl_sizeof()))
+        if lib.ecl_init(self.state, ctypes.byref(c)) != 0:
+            raise ValueError("the C loop refused its configuration (too many outputs?)")
+
+    def _c(self, s: str) -> bytes:
+        b = s.encode("utf-8", "replace")
+        self._keep.append(b)
+        return b
+
+    def _make_callbacks(self) -> tuple[Any, ...]:
+        host, em = self.host, self.emitter
+
+        def write(_ctx: Any, buf: Any, n: int) -> int:
+            host.write(ctypes.string_at(buf, n))
+            return int(n)
+
+        def invoke(_ctx: Any, data: Any, n: int, us: Any) -> int:
+            rc, t, outs = host.invoke(ctypes.string_at(data, n))
+            if rc == 0:
+                for buf, b in zip(self._out_bufs, outs, strict=True):
+                    ctypes.memmove(buf, b, len(b))
+                us[0] = t & 0xFFFFFFFF
+            return int(rc)
+
+        def session(_ctx: Any, _e: Any, inputs: int) -> None:
+            em._sync()
+            host.session_begin(em, int(inputs))
+
+        def extra(_ctx: Any, _e: Any, i: int) -> None:
+            em._sync()
+            host.text_extra(em, int(i))
+
+        def sha(_ctx: Any, data: Any, n: int, out: Any) -> None:
+            hexd = host.sha256_hex(ctypes.string_at(data, n)).encode("ascii")[:64]
+            ctypes.memmove(out, hexd + b"\0", len(hexd) + 1)
+
+        def boot(_ctx: Any, slot: int) -> int:
+            return int(host.boot_slot(int(slot)))
+
+        return (_WRITE(write), _INVOKE(invoke), _SESSION(session), _EXTRA(extra), _SHA(sha), _BOOT(boot))
+
+    def rx(self, data: bytes) -> int:
+        return int(self.lib.ecl_rx(self.state, bytes(data), len(data)))
+
+    def idle(self) -> int:
+        return int(self.lib.ecl_idle(self.state))
+
+    def hello(self) -> None:
+        self.lib.ecl_hello(self.state)
+
+    def error(self, ident: int, stage: int, code: int, msg: str) -> None:
+        self.lib.ecl_error(self.state, ident & 0xFFFFFFFF, stage, code, msg.encode("utf-8", "replace"))
+
+
+def make_loop(
+    cfg: LoopConfig, host: LoopHost, *, backend: str = "auto", cache_dir: Path | None = None
+) -> DeviceLoop | CDeviceLoop:
+    """The device loop for the simulated board: the firmware's C loop, or its Python twin."""
+    if backend == "python" or (backend == "auto" and find_c_compiler() is None):
+        return DeviceLoop(cfg, host, PythonEmitter(host.write))
+    lib = load_library(cache_dir)
+    emitter = CEmitter(host.write, build_c_library(cache_dir))
+    return CDeviceLoop(lib, cfg, host, emitter)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+__all__ = [
+    "CDeviceLoop", "CFrameDecoder", "c_encode_frame", "c_prng", "load_library", "make_loop", "sha256_hex",
+]  # fmt: skip
+

@@ -1,0 +1,63 @@
+"""ESP-IDF's otadata, as the second-stage bootloader reads it and ``esp_ota_set_boot_partition`` writes it
+(the simulated board's bootloader and app, and the host when it must select a slot with esptool).
+
+The otadata partition holds two sectors; each starts with an ``esp_ota_select_entry_t`` (little-endian
+``u32 ota_seq``, 20 bytes ``seq_label``, ``u32 ota_state``, ``u32 crc``), the CRC being ESP-IDF's
+``esp_rom_crc32_le(UINT32_MAX, &ota_seq, 4)`` (= ``zlib.crc32(seq, 0xFFFFFFFF)``). The valid entry with the
+highest sequence number wins; it selects OTA app ``(seq - 1) % number_of_ota_apps``. Erased otadata
+(all ``0xFF``) selects nothing: the bootloader then boots the factory app, or ``ota_0``.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+SECTOR = 0x1000
+ENTRY = 32
+STATE_INVALID = 3
+STATE_ABORTED = 4
+STATE_VALID = 2
+
+
+def _crc(seq: int) -> int:
+    return zlib.crc32(struct.pack("<I", seq), 0xFFFFFFFF) & 0xFFFFFFFF
+
+
+def _entries(otadata: bytes) -> list[tuple[int, int]]:
+    """(sector index, seq) of every valid entry."""
+    out = []
+    for k in range(2):
+        raw = otadata[k * SECTOR : k * SECTOR + ENTRY]
+        if len(raw) < ENTRY:
+            continue
+        seq, state, crc = struct.unpack_from("<I", raw)[0], *struct.unpack_from("<II", raw, 24)
+        if seq in (0, 0xFFFFFFFF) or crc != _crc(seq) or state in (STATE_INVALID, STATE_ABORTED):
+            continue
+        out.append((k, seq))
+    return out
+
+
+def selected_slot(otadata: bytes, n_slots: int) -> int | None:
+    """The OTA app index otadata selects, or None when it selects nothing (erased or damaged)."""
+    entries = _entries(otadata)
+    if not entries or n_slots <= 0:
+        return None
+    seq = max(s for _, s in entries)
+    return (seq - 1) % n_slots
+
+
+def select(otadata: bytes, slot: int, n_slots: int) -> bytes:
+    """New otadata contents after ``esp_ota_set_boot_partition(ota_<slot>)``: a new entry in the sector
+    that does not hold the active one, with the next sequence number that maps to ``slot``."""
+    entries = _entries(otadata)
+    top = max((s for _, s in entries), default=0)
+    active = max(entries, key=lambda e: e[1])[0] if entries else 1
+    seq = top + 1
+    while (seq - 1) % n_slots != slot:
+        seq += 1
+    entry = struct.pack("<I20sII", seq, b"\xff" * 20, STATE_VALID, _crc(seq))
+    out = bytearray(otadata.ljust(2 * SECTOR, b"\xff"))
+    sector = 1 - active
+    out[sector * SECTOR : (sector + 1) * SECTOR] = entry + b"\xff" * (SECTOR - ENTRY)
+    return bytes(out)

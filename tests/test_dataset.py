@@ -1,0 +1,240 @@
+"""Dataset mode: loading datasets, per-input verdicts, and whole runs on the simulated board.
+
+What is faked: the board (harness.sim, running the firmware's own C loop) and, in the analysis unit
+tests, the legs (hand-made results). The host reference is the real TFLM wheel, the frames and the
+client the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.analysis.dataset import Leg, OutputSpec, analyze, host_leg
+from harness.cli import main
+from harness.errors import ExitCode, InputDataError
+from harness.flows.dataset import DatasetOptions
+from harness.flows.flash_and_compare import flash_and_compare
+from harness.flows.records import StageTimeouts
+from harness.model.dataset import load_dataset, random_dataset
+from harness.model.loader import load_model
+from harness.protocol.frames import prng_bytes
+from harness.sim.board import REGISTRY
+
+MODEL = "cnn_classifier_11.tflite"
+
+
+@pytest.fixture(scope="module")
+def tensor(models_dir: Path):  # type: ignore[no-untyped-def]
+    return load_model(models_dir / MODEL).inputs[0]
+
+
+# ---- loading ------------------------------------------------------------------------------------------
+
+
+def test_folder_per_class_gives_labels(tmp_path: Path, models_dir: Path, tensor) -> None:  # type: ignore[no-untyped-def]
+    src = models_dir / "inputs"
+    for cls, name in (("cat", "cnn_classifier_11.png"), ("dog", "cnn_classifier_11__ambiguous.png")):
+        (tmp_path / cls).mkdir()
+        (tmp_path / cls / name).write_bytes((src / name).read_bytes())
+    (tmp_path / "dog" / "notes.md").write_text("not an input")
+    ds = load_dataset(tmp_path, tensor)
+    assert [it.name for it in ds.items] == [
+        "cat/cnn_classifier_11.png",
+        "dog/cnn_classifier_11__ambiguous.png",
+    ]
+    assert [it.label for it in ds.items] == ["cat", "dog"] and ds.classes == ["cat", "dog"]
+    assert [ds.label_index(it) for it in ds.items] == [0, 1]
+    from harness.model.inputs import input_tensor_bytes
+
+    assert ds.items[0].data == input_tensor_bytes([src / "cnn_classifier_11.png"], tensor)[0]
+
+
+def test_npz_list_and_label_files(tmp_path: Path, models_dir: Path, tensor) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(2)
+    x = rng.integers(-128, 128, (5, 1, 32, 32, 3), dtype=np.int8)
+    np.savez(tmp_path / "d.npz", x=x, y=np.array([3, 1, 4, 1, 5]))
+    ds = load_dataset(tmp_path / "d.npz", tensor)
+    assert [it.data for it in ds.items] == [a.tobytes() for a in x]
+    assert [ds.label_index(it) for it in ds.items] == [3, 1, 4, 1, 5] and ds.classes == []
+    src = models_dir / "inputs"
+    (tmp_path / "list.txt").write_text(
+        f"# two files\n{src / 'cnn_classifier_11.png'},7\n\n{src / 'cnn_classifier_11.npy'}\n"
+    )
+    ds = load_dataset(tmp_path / "list.txt", tensor)
+    assert [it.label for it in ds.items] == ["7", None]
+    (tmp_path / "labels.json").write_text(json.dumps({"cnn_classifier_11.npy": 2}))
+    ds = load_dataset(tmp_path / "list.txt", tensor, labels=tmp_path / "labels.json")
+    assert [ds.label_index(it) for it in ds.items] == [7, 2]
+    (tmp_path / "labels.csv").write_text("name,label\ncnn_classifier_11.png,9\n")
+    ds = load_dataset(tmp_path / "list.txt", tensor, labels=tmp_path / "labels.csv")
+    assert [ds.label_index(it) for it in ds.items] == [9, None]
+
+
+def test_bad_datasets_are_usage_errors(tmp_path: Path, tensor) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "empty").mkdir()
+    np.savez(tmp_path / "two.npz", a=np.zeros(3), b=np.zeros(3))
+    (tmp_path / "l.txt").write_text("missing.png\n")
+    np.savez(tmp_path / "ok.npz", x=np.zeros((2, 1, 32, 32, 3), np.int8))
+    (tmp_path / "none.json").write_text(json.dumps({"other": 1}))
+    for path, labels, msg in (
+        (tmp_path / "empty", None, "holds no inputs"),
+        (tmp_path / "two.npz", None, "which array holds the inputs"),
+        (tmp_path / "l.txt", None, "does not exist"),
+        (tmp_path / "x.csv", None, "not a directory, .npz or .txt"),
+        (tmp_path / "ok.npz", tmp_path / "none.json", "names none of the dataset"),
+    ):
+        with pytest.raises(InputDataError, match=msg):
+            load_dataset(path, tensor, labels=labels)
+
+
+def test_random_inputs_are_the_device_prngs(tensor) -> None:  # type: ignore[no-untyped-def]
+    ds = random_dataset(4, 99, tensor)
+    assert ds.random and ds.seed == 99 and len(ds) == 4
+    assert [it.data for it in ds.items] == [prng_bytes(99, i, "int8", 3072) for i in range(4)]
+    with pytest.raises(InputDataError):
+        random_dataset(0, 1, tensor)
+
+
+# ---- the per-input analysis ---------------------------------------------------------------------------
+
+OUT = [OutputSpec("int8", (1, 4), "class")]
+
+
+def _leg(values: list[int], data: bool = True, **kw: object) -> Leg:
+    a = np.array([values], np.int8)
+    return Leg("ok", (zlib.crc32(a.tobytes()),), [a] if data else None, **kw)  # type: ignore[arg-type]
+
+
+def test_crc_equality_data_differences_and_unknowns() -> None:
+    host = [host_leg([np.array([[1, 2, 9, 4]], np.int8)]) for _ in range(5)]
+    opt = [_leg([1, 2, 9, 4], data=False), _leg([1, 2, 9, 7]), _leg([1, 2, 9, 5], data=False),
+           Leg("invoke_failed", detail="status 1"), _leg([1, 2, 9, 4], nondeterministic=True)]  # fmt: skip
+    ansi = [_leg([1, 2, 9, 4], data=False), _leg([1, 2, 9, 4], data=False), _leg([1, 2, 9, 4], data=False),
+            _leg([1, 2, 9, 4]), Leg("missing")]  # fmt: skip
+    a = analyze(
+        [f"in{i}" for i in range(5)], [2, 2, 2, None, 0], OUT, {"optimized": opt, "ansi": ansi, "host": host}
+    )
+    assert [r.verdict for r in a.rows] == ["match", "mismatch", "incomplete", "device_error", "incomplete"]
+    assert a.rows[0].lsb == {"optimized_vs_ansi": 0.0, "optimized_vs_host": 0.0, "ansi_vs_host": 0.0}
+    assert a.rows[1].lsb["optimized_vs_ansi"] == 3.0  # ANSI C's bytes inferred from the host's equal CRC
+    assert a.rows[2].lsb["optimized_vs_ansi"] is None  # CRCs differ, nothing fetched: never "agreement"
+    assert a.exit_code == ExitCode.FIRMWARE_FAULT  # device error > mismatch > incomplete
+    assert a.classifier and a.top1["optimized_vs_ansi"] == {"compared": 2, "agree": 2}
+    assert a.accuracy["host"] == {"labelled": 4, "correct": 3}  # argmax 2 on inputs 0-2, label 0 on input 4
+    assert [r.index for r in a.disagreeing()] == [1]
+    pairs = a.to_dict()["agreement"]
+    assert pairs["optimized_vs_ansi"]["max_lsb_per_output"] == [3.0]
+    assert pairs["optimized_vs_ansi"]["mean_lsb_per_output"] == [3.0 / 8]  # 2 inputs x 4 elements
+
+
+def test_nondeterminism_is_a_mismatch() -> None:
+    legs = {"optimized": [_leg([1, 2, 3, 4], nondeterministic=True)], "ansi": [_leg([1, 2, 3, 4])]}
+    a = analyze(["x"], [None], OUT, legs)
+    assert a.rows[0].verdict == "nondeterministic" and a.exit_code == ExitCode.MISMATCH
+
+
+# ---- whole runs on the simulated board ----------------------------------------------------------------
+
+
+@pytest.fixture
+def sim_port():  # type: ignore[no-untyped-def]
+    names: list[str] = []
+
+    def make(query: str = "") -> str:
+        name = f"ds-{uuid.uuid4().hex[:10]}"
+        names.append(name)
+        return f"sim://{name}?emitter=c{query}"
+
+    yield make
+    for n in names:
+        REGISTRY.remove(n)
+
+
+def _run(models_dir: Path, out: Path, port: str, **opts: object):  # type: ignore[no-untyped-def]
+    return flash_and_compare(
+        models_dir / MODEL, [], board="sim", port=port, out_dir=out, dataset=DatasetOptions(**opts),  # type: ignore[arg-type]
+        timeouts=StageTimeouts(capture_total=60, capture_silence=4),
+    )  # fmt: skip
+
+
+def _doc(result) -> dict:  # type: ignore[no-untyped-def]
+    import jsonschema
+
+    doc = json.loads(result.report_path.read_text())
+    schema = json.loads((Path(__file__).parents[1] / "docs" / "flash-and-compare-schema.json").read_text())
+    jsonschema.validate(doc, schema)
+    return doc
+
+
+@pytest.mark.parametrize("results", ["full", "crc"])
+def test_random_inputs_match_and_crc_mode_fetches_nothing_when_equal(
+    tmp_path: Path, models_dir: Path, sim_port, results: str
+) -> None:
+    r = _run(models_dir, tmp_path / "o", sim_port(), random_inputs=24, seed=11, results=results)
+    assert r.exit_code == ExitCode.MATCH, (r.errors, r.stages)
+    doc = _doc(r)
+    a = doc["dataset"]["analysis"]
+    assert a["verdicts"] == {"match": 24} and a["agreement"]["optimized_vs_ansi"]["bit_exact"] == 24
+    link = doc["dataset"]["link"]
+    assert all(s["tx_payload"] == 0 for s in link.values())  # random inputs: nothing uploaded
+    got = sum(s["rx_payload"] for s in link.values())
+    assert got == (2 * 24 * 11 if results == "full" else 0)  # crc: equal to the host, no output sent
+
+
+def test_a_kernel_bug_over_a_dataset_is_found_and_ranked(tmp_path: Path, models_dir: Path, sim_port) -> None:
+    """--results crc with a wrong optimized kernel: every input differs, each is fetched in full from
+    both sides, ranked by LSB; the CLI exits 1."""
+    port = sim_port("&fault=corrupt&variant_fault=optimized&corrupt_lsb=2&corrupt_frac=0.3")
+    r = _run(models_dir, tmp_path / "o", port, random_inputs=10, seed=3, results="crc")
+    assert r.exit_code == ExitCode.MISMATCH
+    a = _doc(r)["dataset"]["analysis"]
+    assert a["verdicts"] == {"mismatch": 10}
+    assert a["agreement"]["optimized_vs_ansi"]["max_lsb_per_output"] == [2.0]
+    assert a["agreement"]["ansi_vs_host"]["bit_exact"] == 10
+    assert len(a["disagreeing"]) == 10 and a["disagreeing"][0]["max_lsb"]["optimized_vs_ansi"] == 2.0
+
+
+def test_repeat_finds_a_nondeterministic_kernel(tmp_path: Path, models_dir: Path, sim_port) -> None:
+    r = _run(models_dir, tmp_path / "o", sim_port("&fault=flaky&variant_fault=ansi"), random_inputs=6,
+             seed=1, repeat=2)  # fmt: skip
+    assert r.exit_code == ExitCode.MISMATCH
+    doc = _doc(r)
+    assert doc["dataset"]["analysis"]["verdicts"] == {"nondeterministic": 6}
+    assert doc["dataset"]["after_reset"]["variant"] in ("optimized", "ansi")
+
+
+@pytest.mark.parametrize("fault", ["frame_tx&frame_every=3", "frame_rx&frame_every=4", "stall&fault_count=3"])
+def test_streaming_faults_in_a_dataset_never_match(
+    tmp_path: Path, models_dir: Path, sim_port, fault: str
+) -> None:
+    r = _run(models_dir, tmp_path / "o", sim_port(f"&fault={fault}&variant_fault=optimized"),
+             random_inputs=12, seed=5)  # fmt: skip
+    assert r.exit_code == ExitCode.INFRASTRUCTURE, r.errors
+    doc = _doc(r)
+    assert doc["verdict"] != "match"
+    verdicts = doc["dataset"]["analysis"]["verdicts"]
+    # repaired (inputs whose results were lost are run again) or incomplete: never a mismatch, never clean
+    assert set(verdicts) <= {"match", "incomplete"} and sum(verdicts.values()) == 12
+    assert verdicts.get("match", 0) >= 6
+    assert any(f["kind"] == "link_repair" for f in r.variants["optimized"].findings)
+
+
+def test_cli_dataset_run_with_labels(tmp_path: Path, models_dir: Path, sim_port, capsys) -> None:  # type: ignore[no-untyped-def]
+    src = models_dir / "inputs"
+    data = tmp_path / "data"
+    for k, name in (("4", "cnn_classifier_11.png"), ("9", "cnn_classifier_11__ambiguous.png")):
+        (data / k).mkdir(parents=True)  # folder-per-class, integer folder names are class indices
+        (data / k / name).write_bytes((src / name).read_bytes())
+    rc = main(["flash-and-compare", str(models_dir / MODEL), "--dataset", str(data), "--board", "sim",
+               "--port", sim_port(), "--out", str(tmp_path / "o"), "--results", "crc"])  # fmt: skip
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 0 and "2 inputs: match 2" in err and "accuracy host:" in err, err
+    rc = main(["flash-and-compare", str(models_dir / MODEL), "--dataset", str(data),
+               "--input", str(src / "cnn_classifier_11.png"), "--out", str(tmp_path / "o2")])  # fmt: skip
+    assert rc == 2

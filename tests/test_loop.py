@@ -1,0 +1,351 @@
+"""The resident command loop (docs/protocol.md "Resident loop"): esp_check_loop.c and its Python twin.
+
+What is faked: the model. ``App.invoke`` stands in for TFLM (outputs derived from the input bytes by
+hashing, with an optional non-deterministic invoke); everything else -- frame codec, command handling,
+flow control, batching, text records -- is the firmware's own C (through ctypes) or its Python twin,
+and both must print byte-identical streams for the same commands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness.protocol import frames as fr
+from harness.protocol.capture import parse_capture
+from harness.protocol.emitter import find_c_compiler
+from harness.protocol.loop import LoopConfig, LoopOutput
+from harness.protocol.native import make_loop
+
+HAVE_CC = find_c_compiler() is not None
+BACKENDS = ["python", pytest.param("c", marks=pytest.mark.skipif(not HAVE_CC, reason="no host C compiler"))]
+COMMON = Path(__file__).resolve().parent.parent / "firmware_templates" / "common"
+OUT_BYTES = (2304, 11)
+
+
+class App:
+    """The application side of the loop, with a stand-in model (see the module docstring)."""
+
+    def __init__(self, *, flaky_invoke: int | None = None, fail_first_byte: int | None = None) -> None:
+        self.out = bytearray()
+        self.invokes = 0
+        self.flaky_invoke = flaky_invoke
+        self.fail_first_byte = fail_first_byte
+        self.booted: list[int] = []
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def invoke(self, data: bytes) -> tuple[int, int, list[bytes]]:
+        self.invokes += 1
+        if self.fail_first_byte is not None and data[:1] == bytes([self.fail_first_byte]):
+            return 3, 0, []
+        h = hashlib.sha256(data).digest()
+        outs = [(h * 80)[: OUT_BYTES[0]], h[: OUT_BYTES[1]]]
+        if self.invokes == self.flaky_invoke:
+            outs[1] = bytes(OUT_BYTES[1])
+        return 0, 1000 + len(data) % 97, outs
+
+    def session_begin(self, em, inputs: int) -> None:  # type: ignore[no-untyped-def]
+        em.begin("0.1.0", True)
+        em.info([("nn", "optimized"), ("target", "esp32s3"), ("chip", "esp32s3"), ("rev", "0.2"),
+                 ("cores", 2), ("cpu_mhz", 240)])  # fmt: skip
+        em.info([("idf", "v5.5.3"), ("tflm", "sim"), ("espnn", "sim"), ("model_bytes", 1000),
+                 ("inputs", inputs), ("outputs", 2)])  # fmt: skip
+        em.info([("model_sha256", "ab" * 32)])
+        em.arena(4096, 2048, "host")
+
+    def text_extra(self, em, i: int) -> None:  # type: ignore[no-untyped-def]
+        return None
+
+    def sha256_hex(self, data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
+    def boot_slot(self, slot: int) -> int:
+        self.booted.append(slot)
+        return 0 if slot == 1 else 0x103
+
+
+def config(window: int = 16384) -> LoopConfig:
+    return LoopConfig(
+        input_bytes=6912, input_dtype="int8", window=window, nn="optimized", slot=0, model_sha256="ab" * 32,
+        outputs=[LoopOutput(OUT_BYTES[0], "int8", (1, 48, 48, 1), 0.5, -3, "mask"),
+                 LoopOutput(OUT_BYTES[1], "int8", (1, 11), 0.25, 0, "class")],
+    )  # fmt: skip
+
+
+class Script:
+    """Host-side command frames with consecutive sequence numbers."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.seq = 0
+
+    def add(self, ftype: int, payload: bytes = b"") -> Script:
+        self.frames.append(fr.encode_frame(ftype, self.seq, payload))
+        self.seq += 1
+        return self
+
+    def load(self, data: bytes, chunk: int = 4000) -> Script:
+        for off in range(0, len(data), chunk):
+            self.add(fr.CMD_LOAD, fr.encode_load(off, data[off : off + chunk]))
+        return self
+
+    def run(self, ident: int, **kw: object) -> Script:
+        return self.add(fr.CMD_RUN, fr.encode_run(ident, **kw))  # type: ignore[arg-type]
+
+
+def play(backend: str, frames: list[bytes], app: App | None = None, cfg: LoopConfig | None = None) -> App:
+    app = app or App()
+    loop = make_loop(cfg or config(), app, backend=backend)
+    loop.hello()
+    for f in frames:
+        loop.rx(f)
+    loop.idle()
+    return app
+
+
+def responses(app: App) -> tuple[list[fr.Frame], dict[int, fr.ResultRecord], bytes]:
+    split = fr.split_stream(bytes(app.out))
+    results: dict[int, fr.ResultRecord] = {}
+    for f in split.frames:
+        if f.type == fr.RSP_RESULT:
+            for r in fr.decode_results(f.payload, OUT_BYTES):
+                results[r.ident] = r
+        elif f.type == fr.RSP_DATA:
+            d = fr.decode_data(f.payload)
+            results[d.ident].pending.setdefault(d.output, bytearray()).extend(d.data)
+    return split.frames, results, split.text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loaded_and_random_inputs_run_with_full_and_crc_results(backend: str) -> None:
+    data = random.Random(1).randbytes(6912)
+    s = Script().load(data).run(0, results=fr.RES_FULL)
+    s.run(1, source=fr.SRC_PRNG, seed=77, results=fr.RES_CRC)
+    frames, res, _ = responses(play(backend, s.add(fr.CMD_SYNC, b"tok1").frames))
+    names = [f.name for f in frames]
+    assert names[0] == "HELLO" and names[-2:] == ["SYNC_ACK", "ACK"]  # idle: ACK what was consumed
+    assert frames[-2].payload == b"tok1"
+    hello = fr.decode_hello(frames[0].payload)
+    got = (hello.nn, hello.input_bytes, hello.output_bytes, hello.window)
+    assert got == ("optimized", 6912, OUT_BYTES, 16384)
+    want = App().invoke(data)[2]
+    assert res[0].input_crc == fr.crc32(data) and res[0].data == want
+    assert res[0].crcs == tuple(fr.crc32(b) for b in want)
+    prng = fr.prng_bytes(77, 1, "int8", 6912)  # the host's replica of the device PRNG
+    assert res[1].input_crc == fr.crc32(prng) and res[1].data is None
+    assert res[1].crcs == tuple(fr.crc32(b) for b in App().invoke(prng)[2])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_full_data_only_when_a_crc_differs_from_expected(backend: str) -> None:
+    right = tuple(fr.crc32(b) for b in App().invoke(fr.prng_bytes(5, 3, "int8", 6912))[2])
+    s = Script().run(3, source=fr.SRC_PRNG, seed=5, results=fr.RES_FULL_IF_DIFFERENT, expected=right)
+    s.run(4, source=fr.SRC_PRNG, seed=5, results=fr.RES_FULL_IF_DIFFERENT, expected=(right[0], 0))
+    _, res, _ = responses(play(backend, s.frames))
+    assert res[3].data is None
+    assert res[4].data is not None and res[4].flags & fr.FL_INLINE
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_repeat_flags_a_nondeterministic_invoke(backend: str) -> None:
+    s = Script().run(0, source=fr.SRC_PRNG, seed=1, repeat=4, results=fr.RES_CRC)
+    _, res, _ = responses(play(backend, s.frames, App(flaky_invoke=3)))
+    r = res[0]
+    assert r.repeats == 4 and r.nondeterministic and r.diff_repeat == 2
+    assert r.diff_crcs is not None and r.diff_crcs[0] == r.crcs[0] and r.diff_crcs[1] != r.crcs[1]
+    _, res, _ = responses(play(backend, s.frames, App()))
+    assert not res[0].nondeterministic and res[0].repeats == 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_large_outputs_go_in_data_frames(backend: str) -> None:
+    cfg = config()
+    cfg.outputs = [LoopOutput(5000, "int8", (1, 5000), 1.0, 0, "big")]
+
+    class Big(App):
+        def invoke(self, data: bytes) -> tuple[int, int, list[bytes]]:
+            return 0, 9, [(hashlib.sha256(data).digest() * 200)[:5000]]
+
+    app = play(backend, Script().run(0, source=fr.SRC_PRNG, seed=2).frames, Big(), cfg)
+    split = fr.split_stream(bytes(app.out))
+    results = [f for f in split.frames if f.type == fr.RSP_RESULT]
+    (rec,) = [r for f in results for r in fr.decode_results(f.payload, [5000])]
+    chunks = [fr.decode_data(f.payload) for f in split.frames if f.type == fr.RSP_DATA]
+    assert rec.wants_data_frames and [c.offset for c in chunks] == [0, fr.MAX_PAYLOAD - fr.DATA_FIXED]
+    assert b"".join(c.data for c in chunks) == Big().invoke(fr.prng_bytes(2, 0, "int8", 6912))[2][0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_small_results_are_batched(backend: str) -> None:
+    s = Script()
+    for i in range(40):
+        s.run(i, source=fr.SRC_PRNG, seed=3, results=fr.RES_CRC)
+    frames, res, _ = responses(play(backend, s.frames))
+    result_frames = [f for f in frames if f.type == fr.RSP_RESULT]
+    assert sorted(res) == list(range(40)) and len(result_frames) == 1  # all 40 records in one frame
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_input_errors_are_reported_not_run(backend: str) -> None:
+    s = Script().add(fr.CMD_LOAD, fr.encode_load(6900, bytes(20)))  # beyond the input tensor
+    s.add(fr.CMD_LOAD, fr.encode_load(0, bytes(100))).run(7)  # incomplete input
+    s.add(fr.CMD_RUN, b"\x01\x02")  # malformed RUN
+    s.add(0x3F)  # unknown command
+    app = play(backend, s.frames)
+    frames, res, _ = responses(app)
+    errors = [fr.decode_error(f.payload) for f in frames if f.type == fr.RSP_ERROR]
+    assert [(e.stage, e.msg) for e in errors] == [("input", "load_beyond_input_tensor"),
+                                                  ("protocol", "bad_run_command"),
+                                                  ("protocol", "unknown_command")]  # fmt: skip
+    assert res[7].status == fr.ST_INPUT_INCOMPLETE and app.invokes == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_invoke_failure_is_a_status(backend: str) -> None:
+    s = Script().load(b"\xee" + bytes(6911)).run(0, results=fr.RES_FULL)
+    _, res, _ = responses(play(backend, s.frames, App(fail_first_byte=0xEE)))
+    assert res[0].status == fr.ST_INVOKE_FAILED and res[0].invoke_us == 3 and res[0].data is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_corrupted_lost_and_repeated_frames(backend: str) -> None:
+    s = Script().run(0, source=fr.SRC_PRNG, results=fr.RES_CRC).run(1, source=fr.SRC_PRNG, results=fr.RES_CRC)
+    good = list(s.frames)
+    bad = bytearray(good[1])
+    bad[14] ^= 0x10
+    # frame 1 corrupted, frame 1 lost entirely, frame 0 repeated, then the retransmission
+    stream = [good[0], bytes(bad), good[0], good[1]]
+    frames, res, _ = responses(play(backend, stream))
+    naks = [fr.decode_nak(f.payload) for f in frames if f.type == fr.RSP_NAK]
+    assert naks == [(1, fr.NAK_BAD_FRAME)]
+    assert sorted(res) == [0, 1]  # each run exactly once, in order
+    gap = responses(play(backend, [good[1], good[0], good[1]]))[0]
+    assert [fr.decode_nak(f.payload) for f in gap if f.type == fr.RSP_NAK] == [(0, fr.NAK_GAP)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_acks_follow_the_window(backend: str) -> None:
+    data = bytes(6912)
+    s = Script()
+    for i in range(6):
+        s.load(data).run(i, results=fr.RES_CRC)
+    cfg = config(window=8192)
+    frames, _, _ = responses(play(backend, s.frames, cfg=cfg))
+    acks = [fr.decode_ack(f.payload) for f in frames if f.type == fr.RSP_ACK]
+    sizes = [len(f) for f in s.frames]
+    # every ACK names the next expected seq; between two ACKs at most window/4 bytes (+1 frame) went by
+    assert acks[-1] == len(s.frames) and acks == sorted(acks)
+    prev = 0
+    for a in acks[:-1]:
+        assert sum(sizes[prev:a]) >= cfg.window // 4
+        prev = a
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_text_session_prints_a_valid_capture(backend: str) -> None:
+    inputs = [random.Random(k).randbytes(6912) for k in range(2)]
+    s = Script().add(fr.CMD_SESSION, struct.pack("<I", 2))
+    for k, data in enumerate(inputs):
+        s.load(data).run(k, text=True)
+    s.add(fr.CMD_END)
+    _, _, text = responses(play(backend, s.frames))
+    cap = parse_capture(bytes(play(backend, s.frames).out))  # frames (HELLO, ACKs) interleaved
+    assert cap.valid, cap.problems
+    assert [r.input_sha256 for r in cap.runs] == [hashlib.sha256(d).hexdigest() for d in inputs]
+    assert [r.outputs[1].data.tobytes() for r in cap.runs] == [App().invoke(d)[2][1] for d in inputs]
+    assert b"Output: " in text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_boot_switch_reply_then_reboot(backend: str) -> None:
+    from harness.protocol.loop import ECL_REBOOT
+
+    app = App()
+    loop = make_loop(config(), app, backend=backend)
+    assert loop.rx(Script().add(fr.CMD_BOOT, b"\x00").frames[0]) == 0  # refused: no reboot
+    s = Script()
+    s.seq = 1
+    assert loop.rx(s.add(fr.CMD_BOOT, b"\x01").frames[0]) == ECL_REBOOT
+    replies = [fr.decode_boot(f.payload) for f in fr.split_stream(bytes(app.out)).frames]
+    assert replies == [(0, 0x103), (1, 0)] and app.booted == [0, 1]
+
+
+def _script(rng: random.Random) -> list[bytes]:
+    s = Script()
+    for _ in range(rng.randrange(1, 25)):
+        k = rng.random()
+        if k < 0.3:
+            s.load(rng.randbytes(rng.choice([6912, 100, 7000])), rng.choice([1000, 4000]))
+        elif k < 0.7:
+            s.run(rng.randrange(100), source=rng.randrange(2), results=rng.randrange(3),
+                  repeat=rng.randrange(1, 4), seed=rng.getrandbits(64),
+                  expected=rng.choice([(), (rng.getrandbits(32), rng.getrandbits(32))]))  # fmt: skip
+        elif k < 0.8:
+            s.add(fr.CMD_SESSION, struct.pack("<I", rng.randrange(4)))
+        elif k < 0.85:
+            s.run(rng.randrange(5), text=True)
+        elif k < 0.9:
+            s.add(fr.CMD_END)
+        else:
+            s.add(rng.choice([fr.CMD_SYNC, fr.CMD_HELLO, 0x55]), rng.randbytes(rng.randrange(6)))
+    out = []
+    for f in s.frames:
+        r = rng.random()
+        if r < 0.05:
+            f = bytes(b ^ (1 if i == rng.randrange(len(f)) else 0) for i, b in enumerate(f))
+        elif r < 0.08:
+            continue  # lost
+        out.append(f)
+        if rng.random() < 0.03:
+            out.append(f)  # duplicated
+    return out
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no host C compiler")
+def test_c_loop_and_python_twin_print_identical_streams() -> None:
+    rng = random.Random(1130)
+    for trial in range(150):
+        script = _script(rng)
+        a = play("c", script, App(flaky_invoke=rng.choice([None, 2])))
+        b = play("python", script, App(flaky_invoke=a.flaky_invoke))
+        assert bytes(a.out) == bytes(b.out), f"trial {trial}"
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc with AddressSanitizer")
+def test_c_decoder_and_loop_under_sanitizers(tmp_path: Path) -> None:
+    """Seeded hostile input (valid scripts, mutated, plus raw noise) through the C decoder and loop."""
+    exe = tmp_path / "fuzz_loop"
+    sources = [str(p) for p in sorted(COMMON.glob("esp_check_*.c"))]
+    build = subprocess.run(
+        ["gcc", "-std=c99", "-g", "-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+         "-Wall", "-Wextra", "-Werror", "-I", str(COMMON), str(COMMON.parent.parent / "tests/c/fuzz_loop.c"),
+         *sources, "-o", str(exe)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if build.returncode != 0 and "sanitize" in build.stderr:
+        pytest.skip(f"sanitizer runtime not available: {build.stderr[-200:]}")
+    assert build.returncode == 0, build.stderr
+    rng = random.Random(7)
+    files = []
+    for k in range(300):
+        data = b"".join(_script(rng)) if k % 3 else rng.randbytes(rng.randrange(20000))
+        if k % 5 == 0:
+            data = bytearray(data)
+            for _ in range(rng.randrange(1, 30)):
+                if data:
+                    data[rng.randrange(len(data))] = rng.randrange(256)
+            data = bytes(data)
+        p = tmp_path / f"case{k}.bin"
+        p.write_bytes(data)
+        files.append(str(p))
+    run = subprocess.run([str(exe), *files], capture_output=True, text=True, check=False, timeout=300)
+    ok = run.returncode == 0 and "ERROR" not in run.stderr and run.stdout.startswith("ok")
+    assert ok, run.stderr[-2000:]

@@ -1,0 +1,311 @@
+"""Resident firmware: the flash layout per board, flashing by hand, the simulated bootloader and app slots,
+flow control under a slow device, the streaming faults, and what a repeat run writes.
+
+What is faked: the board (harness.sim, the firmware's own C loop inside it) and, for the PlatformIO
+script, the SCons environment PlatformIO hands to extra scripts (a recorder of ``env.Append``). esptool,
+pyserial, the frame codec and the host client are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import time
+import uuid
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import serial
+
+from harness.device.loop import LinkError, LoopClient
+from harness.device.session import DeviceSession
+from harness.errors import ExitCode, GenerateError
+from harness.firmware.boards import list_boards, load_board
+from harness.firmware.generate import FirmwareFeatures, generate_projects
+from harness.firmware.layout import check_model_fits, flash_layout
+from harness.flows.flash_and_compare import flash_and_compare
+from harness.flows.records import StageTimeouts
+from harness.protocol import frames as fr
+from harness.protocol import otadata
+from harness.protocol.model_image import HEADER_BYTES, parse_model_image
+from harness.sim.board import REGISTRY
+from harness.sim.image import build_sim_firmware
+from harness.sim.testing import make_project
+
+MODEL = "cnn_classifier_11.tflite"
+INPUTS = ["inputs/cnn_classifier_11.png", "inputs/cnn_classifier_11__ambiguous.png"]
+
+
+# ---- the flash layout, per board ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list_boards())
+def test_partition_layout_per_board(name: str) -> None:
+    board = load_board(name)
+    lay = flash_layout(board)
+    rows = {r.name: r for r in lay.rows}
+    assert list(rows) == ["nvs", "otadata", "ota_0", "ota_1", "model"]
+    assert lay.table_offset == board.partition_table_offset
+    assert rows["nvs"].offset == board.partition_table_offset + 0x1000 and rows["nvs"].size >= 0x3000
+    assert rows["otadata"].size == 0x2000
+    assert rows["ota_0"].size == rows["ota_1"].size >= 0x80000
+    assert all(r.offset % 0x10000 == 0 for r in (rows["ota_0"], rows["ota_1"], rows["model"]))
+    end = board.partition_table_offset + 0xC00
+    for r in lay.rows:  # in order, no overlap, inside the flash
+        assert r.offset >= end and r.offset % 0x1000 == 0, r
+        end = r.offset + r.size
+    assert end == board.flash_bytes  # the model partition takes the rest
+    assert 0 < lay.model_max_bytes <= rows["model"].size - HEADER_BYTES
+    assert lay.model_max_bytes <= lay.mmap_window_bytes - lay.app_slot_bytes
+    assert (
+        lay.slot_offset("optimized") == rows["ota_0"].offset
+        and lay.slot_offset("ansi") == rows["ota_1"].offset
+    )
+
+
+def test_a_model_too_large_for_the_board_is_refused_before_building(tmp_path: Path) -> None:
+    from test_model_builder import padded_conv_model
+
+    big = tmp_path / "big.tflite"
+    big.write_bytes(padded_conv_model(h=4, w=4, c=512, oc=512))  # 2.4 MB of weights
+    board = load_board("esp32-devkitc")  # 4 MB flash: models up to ~1.9 MB
+    limit = flash_layout(board).model_max_bytes
+    assert big.stat().st_size > limit
+    with pytest.raises(GenerateError) as ei:
+        generate_projects(
+            big, [], board, out_dir=tmp_path / "p", features=FirmwareFeatures(embed_inputs=False)
+        )
+    msg = str(ei.value)
+    assert f"takes models up to {limit} bytes" in msg and "esp32-devkitc" in msg and "model partition" in msg
+    assert ei.value.exit_code == ExitCode.USAGE and not (tmp_path / "p").exists()
+    # the ESP32's 4 MB data window limits a 16 MB board, however large its model partition
+    import dataclasses
+
+    wide = flash_layout(dataclasses.replace(board, flash_size="16MB"))
+    assert wide.model_partition.size > 12 << 20 and wide.model_max_bytes == (3 << 20) - HEADER_BYTES
+    with pytest.raises(GenerateError, match="maps at most 4 MB of flash for data"):
+        check_model_fits(wide, 4 << 20, "m.tflite")
+
+
+def test_pio_upload_flashes_the_model_partition_too(tmp_path: Path, models_dir: Path) -> None:
+    """The generated PlatformIO extra script, run the way PlatformIO runs it (``pre:``, with its SCons
+    environment): it adds the model image at the model partition's offset to FLASH_EXTRA_IMAGES."""
+    (p,) = generate_projects(
+        models_dir / MODEL, [], "esp32s3-devkitc-1-n8r8", out_dir=tmp_path, variants=("ansi",),
+        features=FirmwareFeatures(embed_inputs=False),
+    )  # fmt: skip
+    ini = (p.path / "platformio.ini").read_text()
+    assert "extra_scripts = pre:esp-check/pio_flash_model.py" in ini
+
+    class Env:
+        def __init__(self) -> None:
+            self.appended: dict[str, list] = {}
+
+        def Append(self, **kw: list) -> None:
+            for k, v in kw.items():
+                self.appended.setdefault(k, []).extend(v)
+
+    env = Env()
+    script = (p.path / "esp-check" / "pio_flash_model.py").read_text()
+    exec(compile(script, "pio_flash_model.py", "exec"), {"Import": lambda _name: None, "env": env})
+    (offset, image) = env.appended["FLASH_EXTRA_IMAGES"][0]
+    csv = (p.path / "partitions.csv").read_text()
+    m = re.search(r"^model,\s+data,\s+0x40,\s+(0x[0-9A-F]+),", csv, re.M)
+    assert m is not None and int(offset, 16) == int(m.group(1), 16)
+    path = Path(image.replace("$PROJECT_DIR", str(p.path)))
+    assert parse_model_image(path.read_bytes()).model == (models_dir / MODEL).read_bytes()
+
+
+def test_otadata_is_esp_idfs() -> None:
+    # esp_rom_crc32_le(UINT32_MAX, &seq, 4) for seq 1: 0x4743989A, the CRC of the well-known entry that
+    # makes ESP-IDF's bootloader boot ota_0
+    assert zlib.crc32(struct.pack("<I", 1), 0xFFFFFFFF) == 0x4743989A
+    erased = b"\xff" * 0x2000
+    assert otadata.selected_slot(erased, 2) is None
+    data = erased
+    for slot in (1, 0, 0, 1, 1):
+        data = otadata.select(data, slot, 2)
+        assert otadata.selected_slot(data, 2) == slot
+    entry = data[:32] if data[:4] != b"\xff" * 4 else data[0x1000:0x1020]
+    seq, crc = struct.unpack_from("<I", entry)[0], struct.unpack_from("<I", entry, 28)[0]
+    assert crc == zlib.crc32(struct.pack("<I", seq), 0xFFFFFFFF)
+    newest = 0x1000 if struct.unpack_from("<I", data, 0x1000)[0] > struct.unpack_from("<I", data, 0)[0] else 0
+    damaged = bytearray(data)
+    damaged[newest] ^= 1  # its CRC no longer matches: the older entry decides
+    older = struct.unpack_from("<I", data, 0x1000 - newest)[0]
+    assert otadata.selected_slot(bytes(damaged), 2) == (older - 1) % 2
+
+
+# ---- the simulated board: slots, model partition ----------------------------------------------------
+
+
+@pytest.fixture
+def board_url():  # type: ignore[no-untyped-def]
+    import harness.sim
+
+    harness.sim.register()
+    names: list[str] = []
+
+    def make(extra: str = "") -> str:
+        name = f"res-{uuid.uuid4().hex[:10]}"
+        names.append(name)
+        return f"sim://{name}?chip=esp32s3&emitter=c{extra}"
+
+    yield make
+    for n in names:
+        REGISTRY.remove(n)
+
+
+def _images(tmp_path: Path, models_dir: Path) -> dict[str, list[tuple[int, Path]]]:
+    """Both variants of the resident firmware (no compiled-in inputs), as the sim builder packs them."""
+    return {
+        v: build_sim_firmware(
+            make_project(tmp_path / v, models_dir / MODEL, [], variant=v), tmp_path / f"b-{v}"
+        )
+        for v in ("optimized", "ansi")
+    }
+
+
+def _program_both(port: serial.SerialBase, images: dict) -> None:
+    files = {off: p for v in ("optimized", "ansi") for off, p in images[v]}
+    port.board.program(sorted(files.items()))  # type: ignore[attr-defined]
+
+
+def _hello(dev: DeviceSession, log: Path, reset: bool = True) -> fr.Hello:
+    cap = dev.boot(log, reset=reset, total_timeout=10, silence_timeout=5)
+    assert cap.hello is not None, cap.data[-400:]
+    return fr.decode_hello(cap.hello)
+
+
+def test_bootloader_follows_otadata_and_the_app_switches_slots(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    images = _images(tmp_path, models_dir)
+    url = board_url()
+    with DeviceSession(url, load_board("sim")) as dev:
+        _program_both(dev.serial, images)
+        h = _hello(dev, tmp_path / "a.log")
+        assert (h.nn, h.slot) == ("optimized", 0)  # empty otadata: ota_0
+        cap = dev.switch_slot(h, 1, tmp_path / "b.log", seq=0, total_timeout=10, silence_timeout=5)
+        h2 = fr.decode_hello(cap.hello or b"")
+        assert (h2.nn, h2.slot) == ("ansi_c", 1) and b"OTA data selects ota_1" in cap.data
+        assert _hello(dev, tmp_path / "c.log").nn == "ansi_c"  # a reset keeps the selection: it is in flash
+        board = dev.serial.board  # type: ignore[union-attr]
+        board.flash[0x120000:0x120010] = b"\xff" * 16  # the selected image damaged: the bootloader falls back
+        cap = dev.boot(tmp_path / "d.log", reset=True, total_timeout=10, silence_timeout=5)
+        assert (
+            fr.decode_hello(cap.hello or b"").nn == "optimized"
+            and b"ota_1 app partition is not bootable" in cap.data
+        )
+
+
+def test_missing_model_partition_is_an_infrastructure_error(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    images = _images(tmp_path, models_dir)
+    url = board_url()
+    with DeviceSession(url, load_board("sim")) as dev:
+        _program_both(dev.serial, images)
+        dev.serial.board.flash[0x220000:0x220040] = b"\xff" * 64  # type: ignore[union-attr]
+        cap = dev.boot(tmp_path / "a.log", reset=True, total_timeout=10, silence_timeout=5)
+    h = fr.decode_hello(cap.hello or b"")
+    assert h.init_stage == "model"
+    from harness.analysis.classify import classify
+    from harness.protocol.capture import parse_capture
+
+    parsed = parse_capture(cap.data)
+    assert [(e.stage, e.msg) for e in parsed.errors] == [
+        ("model", "model_partition_holds_no_model_image_flash_it")
+    ]
+    kinds = {f.kind: f.exit_code for f in classify(cap.data, ended_by=cap.ended_by, parsed=parsed)}
+    assert kinds == {"model_partition": ExitCode.INFRASTRUCTURE}
+
+
+# ---- flow control under a slow device --------------------------------------------------------------
+
+
+def _stream(
+    url: str, tmp_path: Path, models_dir: Path, respect_window: bool
+) -> tuple[dict, LoopClient, object]:
+    images = _images(tmp_path, models_dir)
+    results: dict[int, fr.ResultRecord] = {}
+    with DeviceSession(url, load_board("sim")) as dev:
+        _program_both(dev.serial, images)
+        h = _hello(dev, tmp_path / "s.log")
+        board = dev.serial.board  # type: ignore[union-attr]
+        with open(tmp_path / "s.log", "ab") as log:
+            c = dev.client(h, log, stall_timeout=5, ack_timeout=1, respect_window=respect_window)
+            rng = np.random.default_rng(1)
+            try:
+                for i in range(12):  # 12 x 3 KB inputs + commands: more than twice the 16 KB window
+                    c.load(rng.integers(-128, 128, h.input_bytes, dtype=np.int8).tobytes())
+                    c.send(fr.CMD_RUN, fr.encode_run(i, results=fr.RES_CRC))
+                c.sync(7)
+            except LinkError:
+                pass
+            for f in c.inbox:
+                if f.type == fr.RSP_RESULT:
+                    for r in fr.decode_results(f.payload, h.output_bytes):
+                        results[r.ident] = r
+    return results, c, board
+
+
+def test_flow_control_never_overruns_a_slow_device(tmp_path: Path, models_dir: Path, board_url) -> None:
+    url = board_url("&invoke_time=0.05&throttle=921600")  # busy 50 ms per invoke, a 921600 baud link
+    t0 = time.monotonic()
+    results, client, board = _stream(url, tmp_path, models_dir, respect_window=True)
+    assert sorted(results) == list(range(12)) and all(r.status == fr.ST_OK for r in results.values())
+    assert board.rx_dropped == 0 and client.stats.clean  # type: ignore[attr-defined]
+    assert client.stats.tx_payload == 12 * 3072
+    assert time.monotonic() - t0 >= 12 * 0.05  # the device really was busy
+
+
+def test_a_host_ignoring_flow_control_loses_bytes_and_never_gets_a_clean_run(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    url = board_url("&invoke_time=0.05")
+    _results, client, board = _stream(url, tmp_path, models_dir, respect_window=False)
+    assert board.rx_dropped > 0  # type: ignore[attr-defined]
+    assert not client.stats.clean  # NAKs and retransmissions (or a link failure): never a clean match
+
+
+# ---- streaming faults and bytes written, through flash-and-compare -----------------------------------
+
+
+def _fc(models_dir: Path, out: Path, port: str, inputs: list[str] = INPUTS):  # type: ignore[no-untyped-def]
+    return flash_and_compare(
+        models_dir / MODEL, [models_dir / i for i in inputs], board="sim", port=port, out_dir=out,
+        timeouts=StageTimeouts(capture_total=40, capture_silence=4),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", ["frame_rx&frame_every=3", "frame_tx&frame_every=2", "stall&fault_count=1"])
+def test_streaming_faults_never_match(tmp_path: Path, models_dir: Path, board_url, fault: str) -> None:
+    result = _fc(models_dir, tmp_path / "out", board_url(f"&fault={fault}&variant_fault=ansi"))
+    assert result.exit_code == ExitCode.INFRASTRUCTURE, result.errors
+    doc = json.loads(result.report_path.read_text())
+    assert doc["verdict"] != "match"
+    ansi = result.variants["ansi"]
+    if fault.startswith("stall"):
+        assert ansi.source is None  # nothing complete came back
+    else:
+        assert any(f["kind"] == "link_repair" for f in ansi.findings), ansi.findings
+    assert result.variants["optimized"].exit_code is None  # the clean variant stays clean
+
+
+def test_repeat_run_and_new_inputs_write_nothing(tmp_path: Path, models_dir: Path, board_url) -> None:
+    url = board_url("&flash_size=8MB")
+    first = _fc(models_dir, tmp_path / "a", url)
+    assert first.exit_code == ExitCode.MATCH, first.errors
+    flash = first.variants["optimized"].flash
+    assert flash is not None and flash["bytes_written"] > 0
+    for out, inputs in (("b", INPUTS), ("c", INPUTS[1:])):  # the same run again; another input only
+        again = _fc(models_dir, tmp_path / out, url, inputs)
+        assert again.exit_code == ExitCode.MATCH, again.errors
+        facts = again.variants["ansi"].flash
+        assert facts is not None and facts["bytes_written"] == 0
+        assert all(r["skipped"] for r in facts["regions"])
+        assert {r["role"] for r in facts["regions"]} == {"bootloader", "partition-table", "model", "app"}

@@ -28,6 +28,7 @@ from harness.flows.flash_and_compare import (
     flash_and_compare,
 )
 from harness.flows.hybrid import HybridOptions, HybridResult, hybrid
+from harness.flows.sweep import SweepOptions, SweepResult, sweep
 from harness.model.inputs import InputOptions, PreparedInput, load_input
 from harness.model.loader import ModelInfo, OpInfo, TensorInfo, load_model
 from harness.model.reference import ReferenceResult, run_reference
@@ -49,6 +50,8 @@ __all__ = [
     "PreparedInput",
     "ReferenceResult",
     "StageTimeouts",
+    "SweepOptions",
+    "SweepResult",
     "TensorInfo",
     "build_project",
     "combine_exit_codes",
@@ -64,4 +67,5 @@ __all__ = [
     "parse_capture",
     "reference_source",
     "run_reference",
+    "sweep",
 ]

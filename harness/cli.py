@@ -17,6 +17,7 @@ from harness.commands import (
     model_cmds,
     runner_cmds,
     sim_cmds,
+    sweep_cmds,
 )
 from harness.errors import EspCheckError, ExitCode
 
@@ -29,7 +30,17 @@ def cli() -> None:
     """Check TFLite Micro int8 models on ESP32: ESP-NN optimized vs ANSI C vs host reference."""
 
 
-for _module in (model_cmds, compare_cmds, firmware_cmds, device_cmds, hybrid_cmds, runner_cmds, sim_cmds):
+_COMMANDS = (
+    model_cmds,
+    compare_cmds,
+    firmware_cmds,
+    device_cmds,
+    hybrid_cmds,
+    runner_cmds,
+    sim_cmds,
+    sweep_cmds,
+)
+for _module in _COMMANDS:
     _module.register(cli)
 
 

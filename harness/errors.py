@@ -107,6 +107,18 @@ class ModelError(UsageError):
     """The .tflite file is unreadable, corrupt, or uses something esp-check/TFLM cannot run."""
 
 
+class ReferenceRefusedError(ModelError):
+    """TFLM's reference interpreter aborted (SIGABRT) inside Invoke: a kernel check refuses these values.
+
+    Alone it is a model error (exit 2). ``flash-and-compare`` catches it and still runs both variants:
+    the device's esp-nn kernels may return values where the reference refuses (docs/flash-and-compare.md).
+    """
+
+    def __init__(self, message: str, *, hint: str | None = None, run: int | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.run = run  # the input run it aborted on; None: the zero-input arena probe
+
+
 class InputDataError(UsageError):
     """An input file cannot be read or does not fit the model's input tensor."""
 

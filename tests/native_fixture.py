@@ -1,7 +1,7 @@
 """Helpers for the native-target tests: the stand-in component tree, its model, faults, a local mirror.
 
 The component tree (tests/data/native_components, a labelled TEST FIXTURE) has the layout and entry
-points of esp-tflite-micro and esp-nn with trivial kernels (MAX_POOL_2D through esp-nn, RESHAPE), so
+points of esp-tflite-micro and esp-nn with trivial kernels (MAX_POOL_2D through esp-nn, RESHAPE, SOFTMAX), so
 the native driver compiles and runs the real generated firmware against it in CI.
 """
 
@@ -19,7 +19,7 @@ import tflite
 from test_model_builder import Op, T, build_model
 
 COMPONENTS = Path(__file__).parent / "data" / "native_components"
-MAX_POOL_2D, RESHAPE = 17, 22
+MAX_POOL_2D, RESHAPE, SOFTMAX = 17, 22, 25
 FAULT_MARK = "out[c] = (int8_t)v; /* FIXTURE-FAULT */"
 OPT_KERNEL = Path("esp-nn") / "src" / "pooling" / "esp_nn_max_pool_opt.c"
 
@@ -88,6 +88,66 @@ def write_input(path: Path, seed: int = 7) -> Path:
     """An int8 input (taken as already quantized) for :func:`write_model`."""
     rng = np.random.default_rng(seed)
     np.save(path, rng.integers(-128, 128, size=(1, 8, 8, 3)).astype(np.int8))
+    return path
+
+
+REFUSED_DEPTH = 1024  # a softmax row this long, near its maximum, makes TFLM's reference abort
+
+
+def _pool_2x2_valid_stride_2(b: flatbuffers.Builder) -> int:
+    return _pool_2x2_valid(b)
+
+
+def _reshape_row(b: flatbuffers.Builder) -> int:
+    tflite.ReshapeOptionsStartNewShapeVector(b, 2)
+    for v in (REFUSED_DEPTH, 1):
+        b.PrependInt32(v)
+    shape = b.EndVector()
+    tflite.ReshapeOptionsStart(b)
+    tflite.ReshapeOptionsAddNewShape(b, shape)
+    return int(tflite.ReshapeOptionsEnd(b))
+
+
+def _softmax_beta_1(b: flatbuffers.Builder) -> int:
+    tflite.SoftmaxOptionsStart(b)
+    tflite.SoftmaxOptionsAddBeta(b, 1.0)
+    return int(tflite.SoftmaxOptionsEnd(b))
+
+
+def write_refused_model(path: Path) -> Path:
+    """A model TFLM's reference refuses on near-flat inputs, while the fixture's kernels run it.
+
+    input [1,2,2*D,1] -> MAX_POOL_2D 2x2/2 VALID -> pooled [1,1,D,1] (output 0, through esp-nn, where
+    faults are injected) -> RESHAPE [1,D] -> SOFTMAX -> probs (output 1), D = 1024. A softmax row of 512
+    or more entries near its maximum fails the reference kernel's ``exponent <= 31`` check (SIGABRT).
+    """
+    q = {"scale": 0.05, "zero_point": 0}
+    data = build_model(
+        [
+            T("input", (1, 2, 2 * REFUSED_DEPTH, 1), "int8", **q),
+            T("pooled", (1, 1, REFUSED_DEPTH, 1), "int8", **q),
+            T("shape", (2,), "int32", data=np.array([1, REFUSED_DEPTH], dtype=np.int32)),
+            T("row", (1, REFUSED_DEPTH), "int8", **q),
+            T("probs", (1, REFUSED_DEPTH), "int8", scale=1.0 / 256, zero_point=-128),
+        ],
+        [
+            Op(
+                MAX_POOL_2D, [0], [1], options=(tflite.BuiltinOptions.Pool2DOptions, _pool_2x2_valid_stride_2)
+            ),
+            Op(RESHAPE, [1, 2], [3], options=(tflite.BuiltinOptions.ReshapeOptions, _reshape_row)),
+            Op(SOFTMAX, [3], [4], options=(tflite.BuiltinOptions.SoftmaxOptions, _softmax_beta_1)),
+        ],
+        inputs=[0],
+        outputs=[1, 4],
+    )
+    path.write_bytes(data)
+    return path
+
+
+def write_refused_input(path: Path, seed: int = 3) -> Path:
+    """Near-flat int8 values (99..101) for :func:`write_refused_model`: the reference refuses them."""
+    rng = np.random.default_rng(seed)
+    np.save(path, rng.integers(99, 102, size=(1, 2, 2 * REFUSED_DEPTH, 1)).astype(np.int8))
     return path
 
 

@@ -18,7 +18,15 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from native_fixture import COMPONENTS, faulty_components, make_mirror, write_input, write_model
+from native_fixture import (
+    COMPONENTS,
+    faulty_components,
+    make_mirror,
+    write_input,
+    write_model,
+    write_refused_input,
+    write_refused_model,
+)
 
 from harness.cli import main
 from harness.errors import ExitCode
@@ -331,3 +339,39 @@ def test_cli_and_runner_say_native(work: Path, tmp_path: Path, capsys: pytest.Ca
     jsonschema.validate(summary, json.loads((ROOT / "docs" / "run-summary-schema.json").read_text()))
     assert summary["native"] is True and summary["simulated"] is False
     assert summary["counts"]["tasks"] == 1 and summary["counts"]["match"] == 1  # both inputs in one firmware
+
+
+def test_a_refused_host_reference_still_runs_both_variants_and_is_never_a_match(
+    work: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TFLM's reference aborts on a 1024-entry softmax row near its maximum; the fixture's kernels do not.
+
+    Both variants run; they agree (exit 1, "host reference refused", their values given), or, with a
+    fault injected into the optimized max pool (output 0), they disagree: still exit 1, said so.
+    """
+    model = write_refused_model(tmp_path / "softmax.tflite")
+    inp = write_refused_input(tmp_path / "flat.npy")
+    args = ["flash-and-compare", str(model), "--input", str(inp), "--board", "native-esp32",
+            "--components-dir", str(COMPONENTS), "--cache-dir", str(work / "cache")]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "agree")]) == ExitCode.MISMATCH
+    printed = " ".join(capsys.readouterr())
+    assert "HOST REFERENCE REFUSED" in printed and "verdict: mismatch (exit 1)" in printed
+    doc = json.loads((tmp_path / "agree" / "report.json").read_text())
+    jsonschema.validate(doc, SCHEMA)
+    refused = doc["reference_refused"]
+    assert doc["exit_code"] == 1 and refused["variants_agree"] is True and refused["mismatched"] == 0
+    assert "optimized and ANSI C agree" in refused["summary"] and refused["reference_run"] == 0
+    for v in ("optimized", "ansi"):  # the softmax output, as the fixture kernel computes it, is printed
+        probs = next(x for x in refused["values"][v] if x["output"] == 1)
+        assert probs == {"run": 0, "output": 1, "count": 1024, "distinct": 1, "values": [-128]}
+    assert {s["label"] for s in doc["comparison"]["sources"]} == {"optimized", "ansi"}
+    assert [s["status"] for s in doc["stages"] if s["stage"] == "reference"] == ["failed"]
+
+    broken = faulty_components(tmp_path / "off_by_one", "off_by_one")
+    res = flash_and_compare(
+        model, [inp], board="native-esp32", out_dir=tmp_path / "disagree", cache_dir=work / "cache",
+        native=NativeOptions(components_dir=broken),
+    )  # fmt: skip
+    assert res.exit_code == ExitCode.MISMATCH and res.reference_refused is not None
+    assert res.reference_refused["variants_agree"] is False and res.reference_refused["mismatched"] > 0
+    assert "DISAGREE" in res.reference_refused["summary"]

@@ -152,7 +152,9 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
-def print_report(result: CompareResult, console: Console | None = None) -> None:
+def print_report(
+    result: CompareResult, console: Console | None = None, *, verdict_label: str = "verdict"
+) -> None:
     """Terminal report: per output, one column per compared pair; mismatches in red."""
     con = console or Console()
     labels = {s.label: safe_markup(f"{s.label} ({s.nn_mode or s.kind})") for s in result.sources}
@@ -221,7 +223,8 @@ def print_report(result: CompareResult, console: Console | None = None) -> None:
     for w in result.warnings:
         con.print("[yellow]warning:[/] " + safe_markup(w), highlight=False)
     colour = {"match": "green", "mismatch": "red", "firmware_fault": "red"}.get(str(result.verdict), "yellow")
-    con.print(f"[bold {colour}]verdict: {result.verdict}[/] (exit {int(result.exit_code)})")
+    code = f" (exit {int(result.exit_code)})" if verdict_label == "verdict" else ""
+    con.print(f"[bold {colour}]{escape(verdict_label)}: {result.verdict}[/]{code}")
 
 
 # ---- JUnit ---------------------------------------------------------------------------------------

@@ -345,8 +345,10 @@ def _dataset_options(
 def _print_summary(console: Console, result: Any) -> None:
     from harness.analysis.report import print_report
 
+    refused = getattr(result, "reference_refused", None)
     if result.comparison is not None:
-        print_report(result.comparison, console)
+        label = "optimized vs ANSI C only (the host reference refused)" if refused else "verdict"
+        print_report(result.comparison, console, verdict_label=label)
     kind = " (SIMULATED BOARD)" if result.simulated else ""
     kind = " (NATIVE: built for this PC)" if result.native else kind
     table = Table(title="flash-and-compare" + kind)
@@ -393,6 +395,7 @@ def _print_summary(console: Console, result: Any) -> None:
         f"[bold {color}]verdict: {result.verdict}[/bold {color}] (exit {int(result.exit_code)})"
         + ("  \\[SIMULATED: no real ESP32 was used]" if result.simulated else "")
         + (f"  \\[NATIVE, {result.native['bits']}-bit: no chip was used]" if result.native else "")
+        + ("  [bold red]\\[HOST REFERENCE REFUSED: no match claimed][/bold red]" if refused else "")
         + (
             "  [bold yellow]\\[ESP-NN NOT TESTED: it accelerates none of the ops][/bold yellow]"
             if result.espnn_untested

@@ -28,7 +28,7 @@ from harness.analysis.tap import TapResult
 from harness.device.locks import board_lock
 from harness.device.loop import LinkStats
 from harness.device.ports import check_present, resolve_port
-from harness.errors import EspCheckError, ExitCode, UsageError, combine_exit_codes
+from harness.errors import EspCheckError, ExitCode, ReferenceRefusedError, UsageError, combine_exit_codes
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
 from harness.firmware.native.project import NATIVE_MEANING, NativeOptions
@@ -54,6 +54,7 @@ from harness.flows.records import (
     StageTimeouts,
     VariantRun,
 )
+from harness.flows.refused import refusal_finding
 from harness.flows.report import write_junit, write_report
 from harness.flows.resident import ResidentBoard
 from harness.flows.tap_run import TapRunRequest, run_tap_flow
@@ -109,6 +110,7 @@ class _Run:
     link: LinkStats | None = None
     tap: TapResult | None = None
     espnn: dict[str, Any] | None = None
+    refused: ReferenceRefusedError | None = None  # the host reference aborted (flows/refused.py)
 
     @classmethod
     def empty(
@@ -325,6 +327,9 @@ def _host_reference(run: _Run, input_options: InputOptions | None) -> Source | N
             None,
             lambda: reference_source(run.model, run.inputs, backend="auto", input_options=input_options),
         )
+    except ReferenceRefusedError as exc:  # both variants still run; _finish gives the verdict
+        run.refused = exc
+        return None
     except EspCheckError as exc:
         if exc.exit_code == ExitCode.USAGE:
             raise
@@ -562,6 +567,10 @@ def _finish(
     bundle: str | Path | None,
 ) -> FlashAndCompareResult:
     """The result, with report.json always written (and JUnit/HTML/bundle when asked for)."""
+    refused = None if run.refused is None else refusal_finding(run.refused, run.variants, run.comparison)
+    if refused is not None:
+        run.errors.append(refused["summary"])
+        run.codes.append(ExitCode(refused["exit_code"]))
     result = FlashAndCompareResult(
         out_dir=run.out,
         board=run.loaded_board.name if run.loaded_board else "",
@@ -579,6 +588,7 @@ def _finish(
         dataset=run.dataset.to_dict() if run.dataset is not None else None,
         link=run.link.to_dict() if run.link is not None else None,
         native=_native_facts(run),
+        reference_refused=refused,
     )
     write_report(result, model=run.model, inputs=run.inputs, seconds=seconds)
     if html is not None or bundle is not None:

@@ -139,6 +139,7 @@ class FlashAndCompareResult:
     dataset: dict[str, Any] | None = None  # --dataset / --random-inputs: per-input verdicts, agreement
     link: dict[str, Any] | None = None  # what crossed the serial link in the resident loop
     native: dict[str, Any] | None = None  # native board: what the result means, what the programs reported
+    reference_refused: dict[str, Any] | None = None  # the host reference aborted (flows/refused.py)
 
     @property
     def espnn_untested(self) -> bool:

@@ -57,6 +57,7 @@ def result_dict(
         "comparison": report_dict(result.comparison) if result.comparison is not None else None,
         "tap": result.tap.to_dict() if result.tap is not None else None,
         "espnn": result.espnn,
+        "reference_refused": result.reference_refused,
         "link": result.link,
         "dataset": result.dataset,
     }

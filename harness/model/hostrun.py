@@ -7,7 +7,9 @@ needs (reference outputs for the inputs, per layer if asked, and TFLM's arena me
 confirming run at exactly that size), under ``RLIMIT_AS`` (``ESP_CHECK_REFERENCE_MEMORY_MB``, default
 4096; not enforced on Windows) and a timeout (``ESP_CHECK_REFERENCE_TIMEOUT`` seconds, default 120).
 A child killed by a signal is a :class:`~harness.errors.ModelError` (exit 2): "this model crashes
-TFLM's reference interpreter: signal N".
+TFLM's reference interpreter: signal N". The child announces every Invoke on stdout; a SIGABRT right
+after one is a :class:`~harness.errors.ReferenceRefusedError` (a kernel's check refused the values, the
+model itself loaded), which flash-and-compare turns into its own finding.
 
 Results are cached on disk (``<user cache>/host-reference``) by model hash, input hashes, backend
 version and a hash of the code that computes them, so a repeat run starts no child at all.
@@ -33,7 +35,14 @@ from typing import Any, cast
 
 import numpy as np
 
-from harness.errors import EspCheckError, HostReferenceError, InputDataError, ModelError, UsageError
+from harness.errors import (
+    EspCheckError,
+    HostReferenceError,
+    InputDataError,
+    ModelError,
+    ReferenceRefusedError,
+    UsageError,
+)
 from harness.model import backends
 from harness.model.backends import ReferenceResult, ReferenceRun, get_backend, tflm_available
 from harness.model.loader import ModelInfo, parse_model_bytes
@@ -358,6 +367,20 @@ def _child_error(doc: dict[str, Any], interpreter: str, memory: int) -> EspCheck
     return HostReferenceError(f"{interpreter} reference interpreter failed: {message}", hint=hint)
 
 
+def _refused(run: object, interpreter: str) -> ReferenceRefusedError:
+    """The child aborted after announcing an Invoke: a kernel's check (TFLITE_CHECK) refused the values."""
+    k = run if isinstance(run, int) else None
+    on = f"input run {k}" if k is not None else "all-zero inputs (its arena probe)"
+    return ReferenceRefusedError(
+        f"{interpreter} reference interpreter refuses this model: it aborted (SIGABRT) inside Invoke "
+        f"on {on}, after loading the model and allocating its tensors; one of its kernels' checks "
+        "(TFLITE_CHECK) rejects these values",
+        hint="the device's esp-nn kernels may still return values here: flash-and-compare runs both "
+        "variants and reports what they gave (exit 1, never a match)",
+        run=k,
+    )
+
+
 def _run_child(
     model_bytes: bytes,
     info: ModelInfo,
@@ -380,17 +403,21 @@ def _run_child(
         (job_dir / "job.json").write_text(json.dumps(job), encoding="utf-8")
         proc = _spawn(job_dir, timeout)
         said: dict[str, dict[str, Any]] = {}
+        last = ""
         for line in proc.stdout.splitlines():
             if line.startswith(_SAY):
                 with contextlib.suppress(ValueError):
                     doc = json.loads(line[len(_SAY) :])
-                    said[str(doc.get("stage"))] = doc
+                    last = str(doc.get("stage"))
+                    said[last] = doc
         if "error" in said:
             raise _child_error(said["error"], interpreter, memory)
         crashed = proc.returncode < 0
         done_ref = runs is None or "reference" in said
         if crashed and not (done_ref and (not arena or "measured" in said)):
             num = -proc.returncode
+            if num == signal.SIGABRT and last == "invoke":
+                raise _refused(said["invoke"].get("run"), interpreter)
             stage = "measuring its tensor arena" if done_ref else "running it"
             raise ModelError(
                 f"this model crashes {interpreter} reference interpreter: signal {num} ({_signal_name(num)}) "
@@ -492,6 +519,7 @@ def child_main(job_dir: Path) -> int:  # pragma: no cover - runs in the child pr
     """Entry of the child: run the job in ``job_dir``, report each finished stage on stdout."""
     job = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
     _limit_resources(int(job["memory_bytes"]))
+    backends.set_invoke_hook(lambda run: _say({"stage": "invoke", "run": run}))
     try:
         _child_job(job_dir, job)
     except MemoryError as exc:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import HostReferenceError, InputDataError, ModelError
+from harness.errors import HostReferenceError, InputDataError, ModelError, ReferenceRefusedError
 from harness.model.backends import (
     BACKENDS,
     LayerTensor,
@@ -140,8 +140,8 @@ def prepare_host_results(
     estimate (``generate``), the reference leg of the comparison and the simulated board all read
     the cache afterwards. Only for one-input models (as the comparison); others probe the arena only.
 
-    Raises ModelError when the model crashes the interpreter; a missing or failing backend is left
-    for the stages that need it to report (HostReferenceError is swallowed here).
+    Raises ModelError when the model crashes the interpreter; a missing or failing backend, or a
+    reference that refuses the values (ReferenceRefusedError), is left for the stages that need it.
     """
     from harness.model.inputs import load_input
 
@@ -152,7 +152,7 @@ def prepare_host_results(
     try:
         name = get_backend(backend).name
         host_results(data, info, runs, backend=name, per_layer=per_layer, reference=bool(runs), arena=True)
-    except HostReferenceError:
+    except (HostReferenceError, ReferenceRefusedError):  # a refusal: the reference stage reports it
         pass
 
 

@@ -1,5 +1,5 @@
 // TEST FIXTURE standing in for TFLM's interpreter (esp-check tests/data/native_components).
-// Reads one-subgraph .tflite flatbuffers (tensors, buffers, operators, Pool2DOptions), places every
+// Reads one-subgraph .tflite flatbuffers (tensors, buffers, operators, Pool2DOptions, SoftmaxOptions), places every
 // non-constant tensor in the arena, and runs the ops in order through their registrations. It trusts
 // the model: it is only ever given the test suite's own models.
 #include "tensorflow/lite/micro/micro_interpreter.h"
@@ -35,6 +35,13 @@ struct Table {
   }
   int32_t Int(int id, int32_t def) const { const uint8_t* f = Field(id); return f ? I32(f) : def; }
   int8_t Byte(int id, int8_t def) const { const uint8_t* f = Field(id); return f ? static_cast<int8_t>(*f) : def; }
+  float Float(int id, float def) const {
+    const uint8_t* f = Field(id);
+    if (f == nullptr) return def;
+    float v;
+    memcpy(&v, f, 4);
+    return v;
+  }
   Table Sub(int id) const { const uint8_t* f = Field(id); return f ? Table{f + U32(f)} : Table{}; }
   Vec Vector(int id) const {
     const uint8_t* f = Field(id);
@@ -176,6 +183,15 @@ TfLiteStatus MicroInterpreter::AllocateTensors() {
       p->filter_width = opt.Int(3, 1);
       p->filter_height = opt.Int(4, 1);
       p->activation = static_cast<TfLiteFusedActivation>(opt.Byte(5, 0));
+      o.node.builtin_data = p;
+    }
+    if (builtin == BuiltinOperator_SOFTMAX) {  // SoftmaxOptions.beta and the scales the kernel needs
+      FixtureSoftmaxParams* p = static_cast<FixtureSoftmaxParams*>(Alloc(sizeof(FixtureSoftmaxParams)));
+      if (p == nullptr || ins.size < 1 || outs.size < 1) return kTfLiteError;
+      p->beta = op.Sub(4).Float(0, 1.0f);
+      p->input_scale = tensors_[ins.Int(0)].params.scale;
+      p->output_scale = tensors_[outs.Int(0)].params.scale;
+      p->output_zero_point = tensors_[outs.Int(0)].params.zero_point;
       o.node.builtin_data = p;
     }
     if (reg->prepare != nullptr && reg->prepare(&context_, &o.node) != kTfLiteOk) return kTfLiteError;

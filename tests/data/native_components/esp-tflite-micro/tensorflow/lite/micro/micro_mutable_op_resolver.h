@@ -1,5 +1,5 @@
 // TEST FIXTURE standing in for TFLM's MicroMutableOpResolver (esp-check tests/data/native_components):
-// the same class template and method names, for the two ops the fixture has.
+// the same class template and method names, for the three ops the fixture has.
 #pragma once
 #include "tensorflow/lite/c/common.h"
 #include "tensorflow/lite/micro/kernels/kernels.h"
@@ -20,6 +20,7 @@ class MicroMutableOpResolver : public MicroOpResolver {
  public:
   TfLiteStatus AddMaxPool2D() { return AddBuiltin(BuiltinOperator_MAX_POOL_2D, Register_MAX_POOL_2D()); }
   TfLiteStatus AddReshape() { return AddBuiltin(BuiltinOperator_RESHAPE, Register_RESHAPE()); }
+  TfLiteStatus AddSoftmax() { return AddBuiltin(BuiltinOperator_SOFTMAX, Register_SOFTMAX()); }
 
   const TFLMRegistration* FindOp(BuiltinOperator op) const override {
     for (unsigned int i = 0; i < count_; ++i) {

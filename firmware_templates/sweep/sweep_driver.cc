@@ -1,0 +1,636 @@
+/* esp-check kernel sweep driver (docs/sweep.md). Not firmware: a host program built by the native
+ * target against the esp-nn sources under test (and esp-tflite-micro's reference kernels).
+ *
+ * stdin: one case per line, integers only: ID OP SEED LO HI PARAMS... (harness/analysis/sweep_cases.py
+ * writes them; the parameter order per op is in the run_* functions below). Data comes from SEED
+ * (sweep_value()), so esp-check can rebuild any case's tensors in Python for a reproduction.
+ * stdout: one line per case, written after all three kernels returned:
+ *   R ID OPT ANSI REF N CRC_OPT CRC_ANSI CRC_REF D_OA D_OR D_AR SCR_OPT SCR_ANSI ALIAS
+ * OPT/ANSI/REF: 0 ran, 1 absent from these sources, 2 refused (a TFLM check aborted), 3 no
+ * reference compiled in. D_XY: "count:max_abs:first_index" of the elements that differ (bit for bit).
+ * ALIAS: 1 when CONFIG_NN_OPTIMIZED maps this kernel to the ANSI C function (the same code twice).
+ * With ESP_CHECK_SWEEP_DUMP=1 in the environment, also "O ID opt_hex ansi_hex ref_hex".
+ * Every buffer is allocated at exactly its size (so AddressSanitizer sees one element too far), scratch
+ * exactly as esp-nn's getter asks (NULL for 0, as esp-tflite-micro does), outputs pre-filled with a
+ * different pattern per variant (an element a kernel does not write shows up as a difference).
+ * A line that is not a valid case ends the program with exit code 2. */
+#include <dlfcn.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sdkconfig.h"
+#include "esp_nn.h"
+#if __has_include("esp_nn_defs.h")
+#include "esp_nn_defs.h"
+#define SWEEP_HAVE_DEFS 1
+#endif
+
+#if defined(ESP_CHECK_SWEEP_REFERENCE)
+#include "tensorflow/lite/kernels/internal/reference/integer_ops/conv.h"
+#include "tensorflow/lite/kernels/internal/reference/integer_ops/depthwise_conv.h"
+#include "tensorflow/lite/kernels/internal/reference/integer_ops/fully_connected.h"
+#include "tensorflow/lite/kernels/internal/reference/integer_ops/add.h"
+#include "tensorflow/lite/kernels/internal/reference/integer_ops/mul.h"
+#include "tensorflow/lite/kernels/internal/reference/integer_ops/pooling.h"
+#include "tensorflow/lite/kernels/internal/reference/softmax.h"
+#endif
+
+#define SWEEP_STR(x) #x
+#define SWEEP_XSTR(x) SWEEP_STR(x)
+
+extern "C" void app_main(void);
+
+namespace {
+
+enum { RAN = 0, ABSENT = 1, REFUSED = 2, NO_REF = 3 };
+enum { OP_CONV = 1, OP_DW = 2, OP_FC = 3, OP_ADD = 4, OP_MUL = 5, OP_AVG = 6, OP_MAX = 7, OP_SOFTMAX = 8 };
+const int kMaxParams = 4200;
+const int32_t kMaxElems = 1 << 24;
+
+uint64_t mix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* The value of element i of stream s (0 input, 1 second input / filter, 2 bias) of a case. */
+uint64_t sweep_value(uint64_t seed, uint64_t stream, uint64_t i) {
+  return mix((((seed << 4) | stream) << 32) | (i & 0xffffffffull));
+}
+
+int8_t *fill_s8(uint64_t seed, uint64_t stream, int32_t n, int32_t lo, int32_t hi) {
+  int8_t *p = static_cast<int8_t *>(malloc(n > 0 ? n : 1));
+  uint64_t span = static_cast<uint64_t>(hi - lo + 1);
+  for (int32_t i = 0; i < n; ++i) p[i] = static_cast<int8_t>(lo + static_cast<int32_t>(sweep_value(seed, stream, i) % span));
+  return p;
+}
+
+int32_t *fill_s32(uint64_t seed, int32_t n, int32_t range) {
+  int32_t *p = static_cast<int32_t *>(malloc(sizeof(int32_t) * (n > 0 ? n : 1)));
+  uint64_t span = 2ull * static_cast<uint64_t>(range) + 1;
+  for (int32_t i = 0; i < n; ++i) p[i] = -range + static_cast<int32_t>(sweep_value(seed, 2, i) % span);
+  return p;
+}
+
+int8_t *out_buf(int32_t n, int pattern) {
+  int8_t *p = static_cast<int8_t *>(malloc(n > 0 ? n : 1));
+  memset(p, pattern, n > 0 ? n : 1);
+  return p;
+}
+
+void *sym(const char *name) { return dlsym(RTLD_DEFAULT, name); }
+
+struct Case {
+  long id;
+  int op;
+  uint64_t seed;
+  int32_t lo, hi;
+  int32_t p[kMaxParams];
+  int np;
+};
+
+struct Result {
+  int status[3];  // opt, ansi, ref
+  int32_t n;
+  int8_t *out[3];
+  int scratch[2];
+  int alias;
+};
+
+sigjmp_buf g_abort_jmp;
+volatile sig_atomic_t g_in_reference = 0;
+
+void on_abort(int sig) {
+  if (g_in_reference) siglongjmp(g_abort_jmp, 1);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void *scratch_alloc(int size) { return size > 0 ? malloc(static_cast<size_t>(size)) : nullptr; }
+
+#if defined(SWEEP_HAVE_DEFS)
+typedef void (*conv_fn)(const data_dims_t *, const int8_t *, const data_dims_t *, const int8_t *, const int32_t *,
+                        const data_dims_t *, int8_t *, const conv_params_t *, const quant_data_t *);
+typedef int (*conv_size_fn)(const data_dims_t *, const data_dims_t *, const data_dims_t *, const conv_params_t *);
+typedef void (*dw_fn)(const data_dims_t *, const int8_t *, const data_dims_t *, const int8_t *, const int32_t *,
+                      const data_dims_t *, int8_t *, const dw_conv_params_t *, const quant_data_t *);
+typedef int (*dw_size_fn)(const data_dims_t *, const data_dims_t *, const data_dims_t *, const dw_conv_params_t *);
+typedef void (*set_fn)(const void *);
+#endif
+typedef void (*fc_fn)(const int8_t *, int32_t, uint16_t, const int8_t *, int32_t, const int32_t *, int8_t *, uint16_t,
+                      int32_t, int32_t, int32_t, int32_t, int32_t);
+typedef void (*fc_ch_fn)(const int8_t *, int32_t, uint16_t, const int8_t *, int32_t, const int32_t *, int8_t *,
+                         uint16_t, int32_t, const int32_t *, const int32_t *, int32_t, int32_t);
+typedef void (*add_fn)(const int8_t *, const int8_t *, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t,
+                       int8_t *, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t);
+typedef void (*mul_fn)(const int8_t *, const int8_t *, int32_t, int32_t, int8_t *, int32_t, int32_t, int32_t, int32_t,
+                       int32_t, int32_t);
+typedef void (*pool_fn)(const int8_t *, uint16_t, uint16_t, int8_t *, uint16_t, uint16_t, uint16_t, uint16_t, uint16_t,
+                        uint16_t, uint16_t, uint16_t, int32_t, int32_t, uint16_t);
+typedef int32_t (*sm_size_fn)(int32_t, int32_t);
+typedef void (*sm_set_fn)(void *);
+typedef void (*sm_fn)(const int8_t *, int32_t, int32_t, int32_t, int32_t, int32_t, int8_t *);
+
+/* The esp-nn names a variant calls: [0] ANSI C, [1] what esp_nn.h maps the generic name to. */
+struct Names {
+  const char *fn[2], *size[2], *set[2];
+};
+const Names kConv = {{"esp_nn_conv_s8_ansi", SWEEP_XSTR(esp_nn_conv_s8)},
+                     {"esp_nn_get_conv_scratch_size_ansi", SWEEP_XSTR(esp_nn_get_conv_scratch_size)},
+                     {"esp_nn_set_conv_scratch_buf_ansi", SWEEP_XSTR(esp_nn_set_conv_scratch_buf)}};
+const Names kDw = {{"esp_nn_depthwise_conv_s8_ansi", SWEEP_XSTR(esp_nn_depthwise_conv_s8)},
+                   {"esp_nn_get_depthwise_conv_scratch_size_ansi", SWEEP_XSTR(esp_nn_get_depthwise_conv_scratch_size)},
+                   {"esp_nn_set_depthwise_conv_scratch_buf_ansi", SWEEP_XSTR(esp_nn_set_depthwise_conv_scratch_buf)}};
+const char *const kFc[2] = {"esp_nn_fully_connected_s8_ansi", SWEEP_XSTR(esp_nn_fully_connected_s8)};
+const char *const kFcCh[2] = {"esp_nn_fully_connected_per_ch_s8_ansi", SWEEP_XSTR(esp_nn_fully_connected_per_ch_s8)};
+const char *const kAdd[2] = {"esp_nn_add_elementwise_s8_ansi", SWEEP_XSTR(esp_nn_add_elementwise_s8)};
+const char *const kMul[2] = {"esp_nn_mul_elementwise_s8_ansi", SWEEP_XSTR(esp_nn_mul_elementwise_s8)};
+const char *const kAvg[2] = {"esp_nn_avg_pool_s8_ansi", SWEEP_XSTR(esp_nn_avg_pool_s8)};
+const char *const kMax[2] = {"esp_nn_max_pool_s8_ansi", SWEEP_XSTR(esp_nn_max_pool_s8)};
+const Names kSoftmax = {{"esp_nn_softmax_s8_ansi", SWEEP_XSTR(esp_nn_softmax_s8)},
+                        {"esp_nn_get_softmax_scratch_size_ansi", SWEEP_XSTR(esp_nn_get_softmax_scratch_size)},
+                        {"esp_nn_set_softmax_scratch_buf_ansi", SWEEP_XSTR(esp_nn_set_softmax_scratch_buf)}};
+
+bool need(const Case &c, int n) {
+  if (c.np < n) {
+    fprintf(stderr, "esp-check sweep: case %ld has %d parameters, op %d needs %d\n", c.id, c.np, c.op, n);
+    exit(2);
+  }
+  return true;
+}
+
+void start(Result &r, int32_t n) {
+  r.n = n;
+  r.out[0] = out_buf(n, 0x55);
+  r.out[1] = out_buf(n, 0xAA);
+  r.out[2] = out_buf(n, 0x33);
+  r.status[0] = r.status[1] = ABSENT;
+  r.status[2] = NO_REF;
+  r.scratch[0] = r.scratch[1] = 0;
+}
+
+#define REFERENCE(call)                        \
+  do {                                         \
+    g_in_reference = 1;                        \
+    if (sigsetjmp(g_abort_jmp, 1) == 0) {      \
+      call;                                    \
+      r.status[2] = RAN;                       \
+    } else {                                   \
+      r.status[2] = REFUSED;                   \
+    }                                          \
+    g_in_reference = 0;                        \
+  } while (0)
+
+/* CONV: in_h in_w in_c f_h f_w f_c out_c out_h out_w stride_h stride_w pad_h pad_w in_off out_off
+ * act_min act_max bias_range mult[out_c] shift[out_c] */
+void run_conv(const Case &c, Result &r) {
+  need(c, 18);
+  const int32_t *p = c.p;
+  int32_t ih = p[0], iw = p[1], ic = p[2], fh = p[3], fw = p[4], fc = p[5], oc = p[6], oh = p[7], ow = p[8];
+  need(c, 18 + 2 * oc);
+  start(r, oh * ow * oc);
+  int8_t *in = fill_s8(c.seed, 0, ih * iw * ic, c.lo, c.hi);
+  int8_t *filt = fill_s8(c.seed, 1, oc * fh * fw * fc, -127, 127);
+  int32_t *bias = fill_s32(c.seed, oc, p[17]);
+  int32_t *mult = static_cast<int32_t *>(malloc(sizeof(int32_t) * oc));
+  int32_t *shift = static_cast<int32_t *>(malloc(sizeof(int32_t) * oc));
+  memcpy(mult, p + 18, sizeof(int32_t) * oc);
+  memcpy(shift, p + 18 + oc, sizeof(int32_t) * oc);
+#if defined(SWEEP_HAVE_DEFS)
+  data_dims_t in_d = {iw, ih, ic, 1}, f_d = {fw, fh, fc, 0}, o_d = {ow, oh, oc, 1};
+  conv_params_t cp = {p[13], p[14], {p[10], p[9]}, {p[12], p[11]}, {0, 0}, {p[15], p[16]}};
+  quant_data_t q = {shift, mult};
+  for (int v = 0; v < 2; ++v) {
+    conv_fn fn = reinterpret_cast<conv_fn>(sym(kConv.fn[v]));
+    conv_size_fn sz = reinterpret_cast<conv_size_fn>(sym(kConv.size[v]));
+    set_fn set = reinterpret_cast<set_fn>(sym(kConv.set[v]));
+    if (!fn) continue;
+    r.scratch[v] = sz ? sz(&in_d, &f_d, &o_d, &cp) : 0;
+    void *scratch = scratch_alloc(r.scratch[v]);
+    if (set) set(scratch);
+    fn(&in_d, in, &f_d, filt, bias, &o_d, r.out[v], &cp, &q);
+    if (set) set(nullptr);
+    free(scratch);
+    r.status[v] = RAN;
+  }
+#endif
+#if defined(ESP_CHECK_SWEEP_REFERENCE)
+  tflite::ConvParams rp = {};
+  rp.padding_values.width = p[12];
+  rp.padding_values.height = p[11];
+  rp.stride_width = p[10];
+  rp.stride_height = p[9];
+  rp.dilation_width_factor = rp.dilation_height_factor = 1;
+  rp.input_offset = p[13];
+  rp.output_offset = p[14];
+  rp.quantized_activation_min = p[15];
+  rp.quantized_activation_max = p[16];
+  int32_t is[4] = {1, ih, iw, ic}, fs[4] = {oc, fh, fw, fc}, bs[1] = {oc}, os[4] = {1, oh, ow, oc};
+  REFERENCE(tflite::reference_integer_ops::ConvPerChannel(
+      rp, mult, shift, tflite::RuntimeShape(4, is), in, tflite::RuntimeShape(4, fs), filt, tflite::RuntimeShape(1, bs),
+      bias, tflite::RuntimeShape(4, os), r.out[2]));
+#endif
+  free(in), free(filt), free(bias), free(mult), free(shift);
+}
+
+/* DEPTHWISE: in_h in_w in_c f_h f_w ch_mult out_h out_w stride_h stride_w pad_h pad_w in_off out_off
+ * act_min act_max bias_range mult[out_c] shift[out_c] (out_c = in_c * ch_mult) */
+void run_dw(const Case &c, Result &r) {
+  need(c, 17);
+  const int32_t *p = c.p;
+  int32_t ih = p[0], iw = p[1], ic = p[2], fh = p[3], fw = p[4], cm = p[5], oh = p[6], ow = p[7], oc = ic * cm;
+  need(c, 17 + 2 * oc);
+  start(r, oh * ow * oc);
+  int8_t *in = fill_s8(c.seed, 0, ih * iw * ic, c.lo, c.hi);
+  int8_t *filt = fill_s8(c.seed, 1, fh * fw * oc, -127, 127);
+  int32_t *bias = fill_s32(c.seed, oc, p[16]);
+  int32_t *mult = static_cast<int32_t *>(malloc(sizeof(int32_t) * oc));
+  int32_t *shift = static_cast<int32_t *>(malloc(sizeof(int32_t) * oc));
+  memcpy(mult, p + 17, sizeof(int32_t) * oc);
+  memcpy(shift, p + 17 + oc, sizeof(int32_t) * oc);
+#if defined(SWEEP_HAVE_DEFS)
+  data_dims_t in_d = {iw, ih, ic, 1}, f_d = {fw, fh, oc, 1}, o_d = {ow, oh, oc, 1};
+  dw_conv_params_t cp = {p[12], p[13], cm, {p[9], p[8]}, {p[11], p[10]}, {0, 0}, {p[14], p[15]}};
+  quant_data_t q = {shift, mult};
+  for (int v = 0; v < 2; ++v) {
+    dw_fn fn = reinterpret_cast<dw_fn>(sym(kDw.fn[v]));
+    dw_size_fn sz = reinterpret_cast<dw_size_fn>(sym(kDw.size[v]));
+    set_fn set = reinterpret_cast<set_fn>(sym(kDw.set[v]));
+    if (!fn) continue;
+    r.scratch[v] = sz ? sz(&in_d, &f_d, &o_d, &cp) : 0;
+    void *scratch = scratch_alloc(r.scratch[v]);
+    if (set) set(scratch);
+    fn(&in_d, in, &f_d, filt, bias, &o_d, r.out[v], &cp, &q);
+    if (set) set(nullptr);
+    free(scratch);
+    r.status[v] = RAN;
+  }
+#endif
+#if defined(ESP_CHECK_SWEEP_REFERENCE)
+  tflite::DepthwiseParams rp = {};
+  rp.padding_values.width = p[11];
+  rp.padding_values.height = p[10];
+  rp.stride_width = p[9];
+  rp.stride_height = p[8];
+  rp.dilation_width_factor = rp.dilation_height_factor = 1;
+  rp.depth_multiplier = cm;
+  rp.input_offset = p[12];
+  rp.output_offset = p[13];
+  rp.quantized_activation_min = p[14];
+  rp.quantized_activation_max = p[15];
+  int32_t is[4] = {1, ih, iw, ic}, fs[4] = {1, fh, fw, oc}, bs[1] = {oc}, os[4] = {1, oh, ow, oc};
+  REFERENCE(tflite::reference_integer_ops::DepthwiseConvPerChannel(
+      rp, mult, shift, tflite::RuntimeShape(4, is), in, tflite::RuntimeShape(4, fs), filt, tflite::RuntimeShape(1, bs),
+      bias, tflite::RuntimeShape(4, os), r.out[2]));
+#endif
+  free(in), free(filt), free(bias), free(mult), free(shift);
+}
+
+/* FULLY_CONNECTED: row_len out_c in_off filter_off out_off act_min act_max bias_range per_channel
+ * mult[per_channel ? out_c : 1] shift[...] */
+void run_fc(const Case &c, Result &r) {
+  need(c, 9);
+  const int32_t *p = c.p;
+  int32_t row = p[0], oc = p[1], per_ch = p[8], nq = per_ch ? oc : 1;
+  need(c, 9 + 2 * nq);
+  start(r, oc);
+  int8_t *in = fill_s8(c.seed, 0, row, c.lo, c.hi);
+  int8_t *filt = fill_s8(c.seed, 1, oc * row, -127, 127);
+  int32_t *bias = fill_s32(c.seed, oc, p[7]);
+  int32_t *mult = static_cast<int32_t *>(malloc(sizeof(int32_t) * nq));
+  int32_t *shift = static_cast<int32_t *>(malloc(sizeof(int32_t) * nq));
+  memcpy(mult, p + 9, sizeof(int32_t) * nq);
+  memcpy(shift, p + 9 + nq, sizeof(int32_t) * nq);
+  for (int v = 0; v < 2; ++v) {
+    if (per_ch) {
+      fc_ch_fn fn = reinterpret_cast<fc_ch_fn>(sym(kFcCh[v]));
+      if (!fn) continue;
+      fn(in, p[2], static_cast<uint16_t>(row), filt, p[3], bias, r.out[v], static_cast<uint16_t>(oc), p[4], shift, mult,
+         p[5], p[6]);
+    } else {
+      fc_fn fn = reinterpret_cast<fc_fn>(sym(kFc[v]));
+      if (!fn) continue;
+      fn(in, p[2], static_cast<uint16_t>(row), filt, p[3], bias, r.out[v], static_cast<uint16_t>(oc), p[4], shift[0],
+         mult[0], p[5], p[6]);
+    }
+    r.status[v] = RAN;
+  }
+#if defined(ESP_CHECK_SWEEP_REFERENCE)
+  tflite::FullyConnectedParams rp = {};
+  rp.input_offset = p[2];
+  rp.weights_offset = p[3];
+  rp.output_offset = p[4];
+  rp.output_multiplier = mult[0];
+  rp.output_shift = shift[0];
+  rp.quantized_activation_min = p[5];
+  rp.quantized_activation_max = p[6];
+  int32_t is[2] = {1, row}, fs[2] = {oc, row}, bs[1] = {oc}, os[2] = {1, oc};
+  if (per_ch) {
+    int *ishift = static_cast<int *>(malloc(sizeof(int) * nq));
+    for (int k = 0; k < nq; ++k) ishift[k] = shift[k];
+    REFERENCE((tflite::reference_integer_ops::FullyConnectedPerChannel<int8_t, int8_t, int8_t, int32_t>(
+        rp, mult, ishift, tflite::RuntimeShape(2, is), in, tflite::RuntimeShape(2, fs), filt,
+        tflite::RuntimeShape(1, bs), bias, tflite::RuntimeShape(2, os), r.out[2])));
+    free(ishift);
+  } else {
+    REFERENCE((tflite::reference_integer_ops::FullyConnected<int8_t, int8_t, int8_t, int32_t>(
+        rp, tflite::RuntimeShape(2, is), in, tflite::RuntimeShape(2, fs), filt, tflite::RuntimeShape(1, bs), bias,
+        tflite::RuntimeShape(2, os), r.out[2])));
+  }
+#endif
+  free(in), free(filt), free(bias), free(mult), free(shift);
+}
+
+/* ADD: size in1_off in2_off in1_mult in2_mult in1_shift in2_shift left_shift out_off out_mult out_shift
+ * act_min act_max.  MUL: size in1_off in2_off out_off out_mult out_shift act_min act_max */
+void run_add_mul(const Case &c, Result &r) {
+  const bool add = c.op == OP_ADD;
+  need(c, add ? 13 : 8);
+  const int32_t *p = c.p;
+  int32_t n = p[0];
+  start(r, n);
+  int8_t *a = fill_s8(c.seed, 0, n, c.lo, c.hi);
+  int8_t *b = fill_s8(c.seed, 1, n, c.lo, c.hi);
+  for (int v = 0; v < 2; ++v) {
+    if (add) {
+      add_fn fn = reinterpret_cast<add_fn>(sym(kAdd[v]));
+      if (!fn) continue;
+      fn(a, b, p[1], p[2], p[3], p[4], p[5], p[6], p[7], r.out[v], p[8], p[9], p[10], p[11], p[12], n);
+    } else {
+      mul_fn fn = reinterpret_cast<mul_fn>(sym(kMul[v]));
+      if (!fn) continue;
+      fn(a, b, p[1], p[2], r.out[v], p[3], p[4], p[5], p[6], p[7], n);
+    }
+    r.status[v] = RAN;
+  }
+#if defined(ESP_CHECK_SWEEP_REFERENCE)
+  tflite::ArithmeticParams rp = {};
+  rp.input1_offset = p[1];
+  rp.input2_offset = p[2];
+  int32_t s[1] = {n};
+  tflite::RuntimeShape sh(1, s);
+  if (add) {
+    rp.input1_multiplier = p[3];
+    rp.input2_multiplier = p[4];
+    rp.input1_shift = p[5];
+    rp.input2_shift = p[6];
+    rp.left_shift = p[7];
+    rp.output_offset = p[8];
+    rp.output_multiplier = p[9];
+    rp.output_shift = p[10];
+    rp.quantized_activation_min = p[11];
+    rp.quantized_activation_max = p[12];
+    REFERENCE(tflite::reference_integer_ops::Add(rp, sh, a, sh, b, sh, r.out[2]));
+  } else {
+    rp.output_offset = p[3];
+    rp.output_multiplier = p[4];
+    rp.output_shift = p[5];
+    rp.quantized_activation_min = p[6];
+    rp.quantized_activation_max = p[7];
+    REFERENCE(tflite::reference_integer_ops::Mul(rp, sh, a, sh, b, sh, r.out[2]));
+  }
+#endif
+  free(a), free(b);
+}
+
+/* AVERAGE_POOL_2D / MAX_POOL_2D: in_h in_w ch out_h out_w stride_h stride_w f_h f_w pad_h pad_w
+ * act_min act_max */
+void run_pool(const Case &c, Result &r) {
+  need(c, 13);
+  const int32_t *p = c.p;
+  int32_t ih = p[0], iw = p[1], ch = p[2], oh = p[3], ow = p[4];
+  start(r, oh * ow * ch);
+  int8_t *in = fill_s8(c.seed, 0, ih * iw * ch, c.lo, c.hi);
+  const char *const *names = c.op == OP_AVG ? kAvg : kMax;
+  for (int v = 0; v < 2; ++v) {
+    pool_fn fn = reinterpret_cast<pool_fn>(sym(names[v]));
+    if (!fn) continue;
+    fn(in, iw, ih, r.out[v], ow, oh, p[6], p[5], p[8], p[7], p[10], p[9], p[11], p[12], ch);
+    r.status[v] = RAN;
+  }
+#if defined(ESP_CHECK_SWEEP_REFERENCE)
+  tflite::PoolParams rp = {};
+  rp.stride_height = p[5];
+  rp.stride_width = p[6];
+  rp.filter_height = p[7];
+  rp.filter_width = p[8];
+  rp.padding_values.height = p[9];
+  rp.padding_values.width = p[10];
+  rp.quantized_activation_min = p[11];
+  rp.quantized_activation_max = p[12];
+  int32_t is[4] = {1, ih, iw, ch}, os[4] = {1, oh, ow, ch};
+  if (c.op == OP_AVG) {
+    bool ok = true;
+    REFERENCE(ok = tflite::reference_integer_ops::AveragePool(rp, tflite::RuntimeShape(4, is), in,
+                                                              tflite::RuntimeShape(4, os), r.out[2]));
+    if (!ok) r.status[2] = REFUSED;  // AveragePool returns false for a window with no element
+  } else {
+    REFERENCE(tflite::reference_integer_ops::MaxPool(rp, tflite::RuntimeShape(4, is), in, tflite::RuntimeShape(4, os),
+                                                     r.out[2]));
+  }
+#endif
+  free(in);
+}
+
+/* SOFTMAX: rows depth mult left_shift diff_min */
+void run_softmax(const Case &c, Result &r) {
+  need(c, 5);
+  const int32_t *p = c.p;
+  int32_t rows = p[0], depth = p[1];
+  start(r, rows * depth);
+  int8_t *in = fill_s8(c.seed, 0, rows * depth, c.lo, c.hi);
+  for (int v = 0; v < 2; ++v) {
+    sm_fn fn = reinterpret_cast<sm_fn>(sym(kSoftmax.fn[v]));
+    sm_size_fn sz = reinterpret_cast<sm_size_fn>(sym(kSoftmax.size[v]));
+    sm_set_fn set = reinterpret_cast<sm_set_fn>(sym(kSoftmax.set[v]));
+    if (!fn) continue;
+    r.scratch[v] = sz ? sz(depth, rows) : 0;
+    void *scratch = scratch_alloc(r.scratch[v]);
+    if (set) set(scratch);
+    fn(in, rows, depth, p[2], p[3], p[4], r.out[v]);
+    if (set) set(nullptr);
+    free(scratch);
+    r.status[v] = RAN;
+  }
+#if defined(ESP_CHECK_SWEEP_REFERENCE)
+  tflite::SoftmaxParams rp = {};
+  rp.input_multiplier = p[2];
+  rp.input_left_shift = p[3];
+  rp.diff_min = p[4];
+  int32_t s[2] = {rows, depth};
+  REFERENCE((tflite::reference_ops::Softmax<int8_t, int8_t>(rp, tflite::RuntimeShape(2, s), in,
+                                                            tflite::RuntimeShape(2, s), r.out[2])));
+#endif
+  free(in);
+}
+
+int alias_of(int op) {
+  const char *const *pair = nullptr;
+  switch (op) {
+    case OP_CONV: pair = kConv.fn; break;
+    case OP_DW: pair = kDw.fn; break;
+    case OP_FC: pair = kFc; break;
+    case OP_ADD: pair = kAdd; break;
+    case OP_MUL: pair = kMul; break;
+    case OP_AVG: pair = kAvg; break;
+    case OP_MAX: pair = kMax; break;
+    case OP_SOFTMAX: pair = kSoftmax.fn; break;
+    default: return 0;
+  }
+  void *a = sym(pair[0]), *b = sym(pair[1]);
+  return a != nullptr && a == b;
+}
+
+uint32_t crc32(const int8_t *p, int32_t n) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (int32_t i = 0; i < n; ++i) {
+    c ^= static_cast<uint8_t>(p[i]);
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+  }
+  return ~c;
+}
+
+void diff(const Result &r, int a, int b, char *out, size_t cap) {
+  if (r.status[a] != RAN || r.status[b] != RAN) {
+    snprintf(out, cap, "-");
+    return;
+  }
+  int32_t count = 0, maxabs = 0, first = -1;
+  for (int32_t i = 0; i < r.n; ++i) {
+    int32_t d = r.out[a][i] - r.out[b][i];
+    if (d) {
+      if (first < 0) first = i;
+      ++count;
+      if ((d < 0 ? -d : d) > maxabs) maxabs = d < 0 ? -d : d;
+    }
+  }
+  snprintf(out, cap, "%ld:%ld:%ld", static_cast<long>(count), static_cast<long>(maxabs), static_cast<long>(first));
+}
+
+bool read_case(Case &c) {
+  static char line[65536];
+  for (;;) {
+    if (!fgets(line, sizeof line, stdin)) return false;
+    if (line[0] != '\n' && line[0] != '#') break;
+  }
+  char *s = line, *end = nullptr;
+  long long v[5];
+  for (int k = 0; k < 5; ++k) {
+    v[k] = strtoll(s, &end, 10);
+    if (end == s) {
+      fprintf(stderr, "esp-check sweep: malformed case line\n");
+      exit(2);
+    }
+    s = end;
+  }
+  c.id = static_cast<long>(v[0]);
+  c.op = static_cast<int>(v[1]);
+  c.seed = static_cast<uint64_t>(v[2]) & 0x0FFFFFFFull;
+  c.lo = static_cast<int32_t>(v[3]);
+  c.hi = static_cast<int32_t>(v[4]);
+  if (c.lo < -128 || c.hi > 127 || c.lo > c.hi) {
+    fprintf(stderr, "esp-check sweep: case %ld: input range %d..%d is not int8\n", c.id, c.lo, c.hi);
+    exit(2);
+  }
+  c.np = 0;
+  for (;;) {
+    long long x = strtoll(s, &end, 10);
+    if (end == s) break;
+    if (c.np >= kMaxParams || x < INT32_MIN || x > INT32_MAX) {
+      fprintf(stderr, "esp-check sweep: case %ld: too many or out-of-range parameters\n", c.id);
+      exit(2);
+    }
+    c.p[c.np++] = static_cast<int32_t>(x);
+    s = end;
+  }
+  return true;
+}
+
+/* Sizes a case asks for, bounded before anything is allocated (the input is not trusted). */
+bool sane(const Case &c) {
+  int dims = 0, minimum = 0;
+  switch (c.op) {
+    case OP_CONV: dims = 13, minimum = 18; break;
+    case OP_DW: dims = 12, minimum = 17; break;
+    case OP_FC: dims = 2, minimum = 9; break;
+    case OP_ADD: dims = 1, minimum = 13; break;
+    case OP_MUL: dims = 1, minimum = 8; break;
+    case OP_AVG: case OP_MAX: dims = 11, minimum = 13; break;
+    case OP_SOFTMAX: dims = 2, minimum = 5; break;
+    default: return false;
+  }
+  if (c.np < minimum) return false;
+  for (int k = 0; k < dims; ++k)
+    if (c.p[k] < 0 || c.p[k] > 65535) return false;
+  long long n = 0;
+  const int32_t *p = c.p;
+  switch (c.op) {
+    case OP_CONV: n = 1LL * p[6] * p[3] * p[4] * p[5] + 1LL * p[0] * p[1] * p[2] + 1LL * p[6] * p[7] * p[8]; break;
+    case OP_DW: n = 1LL * p[2] * p[5] * (1LL * p[3] * p[4] + 1LL * p[6] * p[7]) + 1LL * p[0] * p[1] * p[2]; break;
+    case OP_FC: n = 1LL * p[0] * p[1]; break;
+    case OP_ADD: case OP_MUL: n = p[0]; break;
+    case OP_AVG: case OP_MAX: n = 1LL * p[0] * p[1] * p[2] + 1LL * p[3] * p[4] * p[2]; break;
+    default: n = 1LL * p[0] * p[1]; break;
+  }
+  return n <= kMaxElems;
+}
+
+void hex(const Result &r, int v) {
+  putchar(' ');
+  if (r.status[v] != RAN) {
+    putchar('-');
+    return;
+  }
+  for (int32_t i = 0; i < r.n; ++i) printf("%02x", static_cast<uint8_t>(r.out[v][i]));
+}
+
+}  // namespace
+
+extern "C" void app_main(void) {
+  signal(SIGABRT, on_abort);
+  const char *dump_env = getenv("ESP_CHECK_SWEEP_DUMP");
+  const bool dump = dump_env && dump_env[0] == '1';
+  static Case c;
+  printf("SWEEP-DRIVER 1 reference=%d\n",
+#if defined(ESP_CHECK_SWEEP_REFERENCE)
+         1
+#else
+         0
+#endif
+  );
+  while (read_case(c)) {
+    if (!sane(c)) {
+      fprintf(stderr, "esp-check sweep: case %ld (op %d): geometry out of bounds\n", c.id, c.op);
+      exit(2);
+    }
+    Result r = {};
+    switch (c.op) {
+      case OP_CONV: run_conv(c, r); break;
+      case OP_DW: run_dw(c, r); break;
+      case OP_FC: run_fc(c, r); break;
+      case OP_ADD: case OP_MUL: run_add_mul(c, r); break;
+      case OP_AVG: case OP_MAX: run_pool(c, r); break;
+      case OP_SOFTMAX: run_softmax(c, r); break;
+      default: fprintf(stderr, "esp-check sweep: unknown op %d\n", c.op); exit(2);
+    }
+    char oa[64], orf[64], ar[64];
+    diff(r, 0, 1, oa, sizeof oa);
+    diff(r, 0, 2, orf, sizeof orf);
+    diff(r, 1, 2, ar, sizeof ar);
+    printf("R %ld %d %d %d %ld %08x %08x %08x %s %s %s %d %d %d\n", c.id, r.status[0], r.status[1], r.status[2],
+           static_cast<long>(r.n), crc32(r.out[0], r.n), crc32(r.out[1], r.n), crc32(r.out[2], r.n), oa, orf, ar,
+           r.scratch[0], r.scratch[1], alias_of(c.op));
+    if (dump) {
+      printf("O %ld", c.id);
+      hex(r, 0), hex(r, 1), hex(r, 2);
+      putchar('\n');
+    }
+    fflush(stdout);
+    for (int v = 0; v < 3; ++v) free(r.out[v]);
+  }
+}

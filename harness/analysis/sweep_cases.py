@@ -1,0 +1,464 @@
+"""Kernel-sweep cases (docs/sweep.md): geometries and quantization as TFLite produces them, or raw API space.
+
+A case is everything the sweep driver (``firmware_templates/sweep/sweep_driver.cc``) needs to call one
+esp-nn kernel, its ANSI C twin and TFLM's reference: the geometry, offsets, activation range, requant
+multipliers and shifts, and a seed from which the driver derives the tensors (:func:`values`, the
+same function in Python, rebuilds them for a reproduction). Quantized parameters are computed the way
+TFLM's kernels compute them from tensor scales (``QuantizeMultiplier`` and friends), and the scales are
+kept, so a finding can be written back as a one-op .tflite that TFLM turns into the very same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+OPS = {
+    "conv": 1,
+    "depthwise": 2,
+    "fully_connected": 3,
+    "add": 4,
+    "mul": 5,
+    "avg_pool": 6,
+    "max_pool": 7,
+    "softmax": 8,
+}
+OP_NAMES = {v: k for k, v in OPS.items()}
+MASK64 = (1 << 64) - 1
+
+
+# --------------------------------------------------------------------------------------------
+# the driver's data (must match sweep_value() in sweep_driver.cc)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def values(seed: int, stream: int, n: int) -> np.ndarray:
+    """The driver's raw 64-bit values for elements 0..n-1 of ``stream`` of the case with ``seed``."""
+    base = np.uint64((((seed & 0x0FFFFFFF) << 4) | stream) << 32)
+    return _mix(base | np.arange(n, dtype=np.uint64))
+
+
+def int8_values(seed: int, stream: int, n: int, lo: int, hi: int) -> np.ndarray:
+    span = np.uint64(hi - lo + 1)
+    return (lo + (values(seed, stream, n) % span).astype(np.int64)).astype(np.int8)
+
+
+def bias_values(seed: int, n: int, rng: int) -> np.ndarray:
+    span = np.uint64(2 * rng + 1)
+    return (-rng + (values(seed, 2, n) % span).astype(np.int64)).astype(np.int32)
+
+
+# --------------------------------------------------------------------------------------------
+# TFLite's arithmetic for quantized parameters (tensorflow/lite/kernels/internal/quantization_util.cc)
+
+
+def quantize_multiplier(d: float) -> tuple[int, int]:
+    """(multiplier, shift) of ``d`` as TFLite's QuantizeMultiplier computes them."""
+    if d == 0.0:
+        return 0, 0
+    frac, exp = math.frexp(d)
+    q = round(frac * (1 << 31))
+    if q == 1 << 31:
+        q //= 2
+        exp += 1
+    if exp < -31:
+        return 0, 0
+    return int(q), int(exp)
+
+
+def softmax_params(input_scale: float, beta: float = 1.0) -> tuple[int, int, int]:
+    """(input_multiplier, input_left_shift, diff_min) as TFLM's softmax Prepare computes them."""
+    bits = 5  # kScaledDiffIntegerBits
+    real = min(beta * input_scale * (1 << (31 - bits)), (1 << 31) - 1.0)
+    mult, shift = quantize_multiplier(real)
+    radius = ((1 << bits) - 1) * (1 << (31 - bits)) / (1 << shift)
+    return mult, shift, -math.floor(radius)
+
+
+def tflite_padding(size: int, k: int, stride: int, same: bool) -> tuple[int, int]:
+    """(output size, leading pad) as TFLite computes them (ComputePaddingHeightWidth, dilation 1)."""
+    if same:
+        out = (size + stride - 1) // stride
+        total = max((out - 1) * stride + k - size, 0)
+        return out, total // 2
+    return (size - k) // stride + 1, 0
+
+
+def api_out(size: int, k: int, stride: int, pad: int) -> int:
+    """Output size of a raw API call with leading pad ``pad`` (trailing pad as far as it takes)."""
+    return (size + 2 * pad - k) // stride + 1
+
+
+# --------------------------------------------------------------------------------------------
+# cases
+
+
+@dataclass
+class Case:
+    """One kernel call; ``params`` in the driver's order for ``op``; ``meta`` what made them."""
+
+    op: str
+    seed: int
+    lo: int
+    hi: int
+    params: list[int]
+    klass: str
+    reachable: bool
+    meta: dict[str, Any] = field(default_factory=dict)
+    id: int = 0
+
+    def line(self) -> str:
+        return " ".join(str(x) for x in (self.id, OPS[self.op], self.seed, self.lo, self.hi, *self.params))
+
+
+def _f32(x: float) -> float:
+    return float(np.float32(x))
+
+
+def _act(rng: random.Random, zp: int, scale: float) -> tuple[str, int, int]:
+    kind = rng.choice(("NONE", "NONE", "RELU", "RELU6"))
+    if kind == "NONE":
+        return kind, -128, 127
+    lo = max(-128, zp)
+    hi = (
+        127 if kind == "RELU" else min(127, zp + math.floor(float(np.float32(6.0) / np.float32(scale)) + 0.5))
+    )
+    return kind, lo, max(lo, hi)
+
+
+def _ch_bucket(c: int) -> str:
+    return "c<8" if c < 8 else "c8-15" if c < 16 else "c>=16"
+
+
+def _spatial(rng: random.Random, k: int, stride: int, same: bool, api: bool) -> tuple[int, int, int]:
+    """(input size, output size, pad) along one axis."""
+    lo = 1 if same or api else k
+    size = rng.randint(lo, max(lo, 12))
+    if api:
+        pad = rng.randint(0, max(0, k - 1))
+        size = max(size, k - 2 * pad)
+        return size, api_out(size, k, stride, pad), pad
+    out, pad = tflite_padding(size, k, stride, same)
+    return size, out, pad
+
+
+def _requant(rng: random.Random, in_scale: float, n: int, per_channel: bool, api: bool) -> dict[str, Any]:
+    if api:
+        return {
+            "mult": [rng.randint(1 << 30, (1 << 31) - 1) for _ in range(n)],
+            "shift": [rng.randint(-31, 1) for _ in range(n)],
+        }
+    w = (
+        [_f32(rng.uniform(0.001, 0.05))] * n
+        if not per_channel
+        else [_f32(rng.uniform(0.001, 0.05)) for _ in range(n)]
+    )
+    out_scale = _f32(in_scale * w[0] * rng.uniform(20, 4000))
+    ms = [quantize_multiplier(in_scale * ws / out_scale) for ws in w]
+    return {"w_scales": w, "out_scale": out_scale, "mult": [m for m, _ in ms], "shift": [s for _, s in ms]}
+
+
+def _quant(
+    rng: random.Random, over: dict[str, Any], n: int, per_channel: bool, api: bool
+) -> tuple[float, int, int, dict[str, Any]]:
+    """(input scale, input zero point, output zero point, requantization): random, or a model's own.
+
+    ``over["quant"]`` (from --from-model) holds ``in_scale``, ``in_zp``, ``out_zp``, ``out_scale`` and
+    the weight scales ``w_scales`` (reused cyclically when a neighbour has more channels).
+    """
+    q = over.pop("quant", None)
+    if q is None:
+        in_scale, in_zp = _f32(rng.uniform(0.005, 0.1)), rng.randint(-128, 127)
+        out_zp = rng.randint(-128, 127)
+        return in_scale, in_zp, out_zp, _requant(rng, in_scale, n, per_channel, api)
+    ws = [_f32(q["w_scales"][i % len(q["w_scales"])]) for i in range(n if per_channel else 1)]
+    ms = [quantize_multiplier(q["in_scale"] * w / q["out_scale"]) for w in ws]
+    rq = {"w_scales": ws, "out_scale": _f32(q["out_scale"])}
+    rq.update({"mult": [m for m, _ in ms], "shift": [t for _, t in ms]})
+    return _f32(q["in_scale"]), int(q["in_zp"]), int(q["out_zp"]), rq
+
+
+def _conv(rng: random.Random, api: bool, grouped: bool) -> dict[str, Any]:
+    k = rng.choice((1, 1, 3, 3, 5, 2, 7))
+    kh, kw = (k, k) if rng.random() < 0.8 else (k, rng.choice((1, 3)))
+    stride = rng.choice((1, 1, 2)) if not api else rng.randint(1, 4)
+    same = rng.random() < 0.6
+    ih, oh, ph = _spatial(rng, kh, stride, same, api)
+    iw, ow, pw = _spatial(rng, kw, stride, same, api)
+    fc = rng.choice((1, 2, 3, 4, 8, 15, 16, 17, 24, 32, 33))
+    groups = rng.choice((2, 3, 4)) if grouped else 1
+    oc = rng.choice((1, 2, 3, 4, 7, 8, 16, 17, 32)) * groups
+    return {
+        "ih": ih,
+        "iw": iw,
+        "ic": fc * groups,
+        "kh": kh,
+        "kw": kw,
+        "fc": fc,
+        "oc": oc,
+        "oh": oh,
+        "ow": ow,
+        "sh": stride,
+        "sw": stride,
+        "ph": ph,
+        "pw": pw,
+        "same": same,
+        "groups": groups,
+    }
+
+
+def conv_case(rng: random.Random, api: bool = False, grouped: bool = False, **over: Any) -> Case:
+    over = dict(over)
+    quant = {"quant": over.pop("quant")} if "quant" in over else {}
+    g = {**_conv(rng, api, grouped), **over}
+    if g["oh"] < 1 or g["ow"] < 1:
+        g["ih"], g["iw"], g["oh"], g["ow"], g["ph"], g["pw"] = g["kh"], g["kw"], 1, 1, 0, 0
+    in_scale, in_zp, out_zp, rq = _quant(rng, quant, g["oc"], per_channel=True, api=api)
+    act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
+    p = [
+        g["ih"],
+        g["iw"],
+        g["ic"],
+        g["kh"],
+        g["kw"],
+        g["fc"],
+        g["oc"],
+        g["oh"],
+        g["ow"],
+        g["sh"],
+        g["sw"],
+        g["ph"],
+        g["pw"],
+        -in_zp,
+        out_zp,
+        amin,
+        amax,
+        1 << 12,
+        *rq["mult"],
+        *rq["shift"],
+    ]
+    pad = "SAME" if g["same"] else "VALID"
+    klass = (
+        f"{g['kh']}x{g['kw']} s{g['sh']} {pad if not api else 'pad*'} "
+        f"{'grouped ' if g['groups'] > 1 else ''}{_ch_bucket(g['fc'])}"
+    )
+    reach = not api or _reachable_2d(g)
+    meta = {
+        **g,
+        **rq,
+        "in_scale": in_scale,
+        "in_zp": in_zp,
+        "out_zp": out_zp,
+        "act": act,
+        "bias_range": 1 << 12,
+    }
+    return Case("conv", rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, reach, meta)
+
+
+def _reachable_2d(g: dict[str, Any]) -> bool:
+    for same in (True, False):
+        oh, ph = tflite_padding(g["ih"], g["kh"], g["sh"], same)
+        ow, pw = tflite_padding(g["iw"], g["kw"], g["sw"], same)
+        if (oh, ph, ow, pw) == (g["oh"], g["ph"], g["ow"], g["pw"]) and oh > 0 and ow > 0:
+            g["same"] = same
+            return True
+    return False
+
+
+def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
+    over = dict(over)
+    quant = {"quant": over.pop("quant")} if "quant" in over else {}
+    g = _conv(rng, api, False)
+    g["ic"] = rng.choice((1, 2, 3, 4, 8, 15, 16, 17, 24, 32))
+    g["mult_ch"] = rng.choice((1, 1, 1, 2, 4))
+    g.update(over)
+    g["oc"] = g["ic"] * g["mult_ch"]
+    if g["oh"] < 1 or g["ow"] < 1:
+        g["ih"], g["iw"], g["oh"], g["ow"], g["ph"], g["pw"] = g["kh"], g["kw"], 1, 1, 0, 0
+    in_scale, in_zp, out_zp, rq = _quant(rng, quant, g["oc"], per_channel=True, api=api)
+    act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
+    p = [
+        g["ih"],
+        g["iw"],
+        g["ic"],
+        g["kh"],
+        g["kw"],
+        g["mult_ch"],
+        g["oh"],
+        g["ow"],
+        g["sh"],
+        g["sw"],
+        g["ph"],
+        g["pw"],
+        -in_zp,
+        out_zp,
+        amin,
+        amax,
+        1 << 12,
+        *rq["mult"],
+        *rq["shift"],
+    ]
+    pad = "SAME" if g["same"] else "VALID"
+    where = pad if not api else "pad*"
+    klass = f"{g['kh']}x{g['kw']} s{g['sh']} {where} mult{g['mult_ch']} {_ch_bucket(g['ic'])}"
+    reach = not api or _reachable_2d(g)
+    meta = {
+        **g,
+        **rq,
+        "in_scale": in_scale,
+        "in_zp": in_zp,
+        "out_zp": out_zp,
+        "act": act,
+        "bias_range": 1 << 12,
+    }
+    return Case("depthwise", rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, reach, meta)
+
+
+def fc_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
+    row = over.get("row", rng.choice((1, 3, 4, 7, 8, 15, 16, 17, 31, 64, 100, 257)))
+    oc = over.get("oc", rng.choice((1, 2, 3, 8, 10, 16, 17)))
+    per_ch = over.get("per_channel", rng.random() < 0.5)
+    quant = {"quant": over["quant"]} if "quant" in over else {}
+    in_scale, in_zp, out_zp, rq = _quant(rng, quant, oc if per_ch else 1, per_channel=per_ch, api=api)
+    act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
+    w_off = rng.randint(-127, 127) if api else 0  # TFLM: int8 weights are symmetric (zero point 0)
+    p = [row, oc, -in_zp, w_off, out_zp, amin, amax, 1 << 12, int(per_ch), *rq["mult"], *rq["shift"]]
+    klass = f"{'per-channel' if per_ch else 'per-tensor'} row%4={row % 4} {_ch_bucket(row)}"
+    meta = {
+        "row": row,
+        "oc": oc,
+        "per_channel": per_ch,
+        **rq,
+        "in_scale": in_scale,
+        "in_zp": in_zp,
+        "out_zp": out_zp,
+        "act": act,
+        "bias_range": 1 << 12,
+    }
+    return Case(
+        "fully_connected", rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, not api or w_off == 0, meta
+    )
+
+
+def add_mul_case(rng: random.Random, op: str, api: bool = False, **over: Any) -> Case:
+    n = over.get("size", rng.choice((1, 3, 4, 7, 8, 16, 17, 33, 100, 1000)))
+    s1, s2, so = (_f32(rng.uniform(0.005, 0.2)) for _ in range(3))
+    z1, z2, zo = (rng.randint(-128, 127) for _ in range(3))
+    act, amin, amax = _act(rng, zo, so)
+    meta: dict[str, Any] = {"size": n, "scales": [s1, s2, so], "zps": [z1, z2, zo], "act": act}
+    if op == "add":
+        twice = 2 * max(s1, s2)
+        (m1, sh1), (m2, sh2) = quantize_multiplier(s1 / twice), quantize_multiplier(s2 / twice)
+        mo, sho = quantize_multiplier(twice / ((1 << 20) * so))
+        p = [n, -z1, -z2, m1, m2, sh1, sh2, 20, zo, mo, sho, amin, amax]
+    else:
+        mo, sho = quantize_multiplier(s1 * s2 / so)
+        p = [n, -z1, -z2, zo, mo, sho, amin, amax]
+    return Case(
+        op,
+        rng.randint(0, 0x0FFFFFFF),
+        -128,
+        127,
+        p,
+        f"size%4={n % 4} {'n<16' if n < 16 else 'n>=16'}",
+        True,
+        meta,
+    )
+
+
+def pool_case(rng: random.Random, op: str, api: bool = False, **over: Any) -> Case:
+    k = rng.choice((2, 2, 3, 5))
+    stride = rng.choice((1, 2, 2)) if not api else rng.randint(1, 3)
+    same = rng.random() < 0.5
+    ih, oh, ph = _spatial(rng, k, stride, same, api)
+    iw, ow, pw = _spatial(rng, k, stride, same, api)
+    ch = rng.choice((1, 3, 4, 8, 16, 17, 32))
+    if "ih" in over:  # a model's own geometry (--from-model): square filter and stride as esp-nn takes them
+        k, stride, same = over["k"], over["stride"], over["same"]
+        ih, iw, ch = over["ih"], over["iw"], over["ch"]
+        oh, ph = tflite_padding(ih, k, stride, same)
+        ow, pw = tflite_padding(iw, k, stride, same)
+    if oh < 1 or ow < 1:
+        ih, iw, oh, ow, ph, pw = k, k, 1, 1, 0, 0
+    zp = rng.randint(-128, 127)
+    act, amin, amax = _act(rng, zp, 0.05)
+    g = {
+        "ih": ih,
+        "iw": iw,
+        "oh": oh,
+        "ow": ow,
+        "kh": k,
+        "kw": k,
+        "sh": stride,
+        "sw": stride,
+        "ph": ph,
+        "pw": pw,
+        "same": same,
+        "ch": ch,
+    }
+    p = [ih, iw, ch, oh, ow, stride, stride, k, k, ph, pw, amin, amax]
+    klass = f"{k}x{k} s{stride} {('SAME' if same else 'VALID') if not api else 'pad*'} {_ch_bucket(ch)}"
+    reach = not api or _reachable_2d(g)
+    meta = {**g, "scale": 0.05, "zp": zp, "act": act}
+    return Case(op, rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, reach, meta)
+
+
+def softmax_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
+    depth = over.get("depth", rng.choice((1, 2, 10, 100, 255, 256, 511, 512, 513, 1000, 1024, 2000)))
+    rows = over.get("rows", rng.choice((1, 1, 2, 3)))
+    scale = over.get(
+        "scale", _f32(rng.choice((1 / 16, 0.05, 0.1, 0.25, 1.0)) if not api else rng.uniform(1e-3, 2))
+    )
+    mult, shift, diff_min = softmax_params(scale)
+    near = over.get("near_max", rng.random() < 0.5)
+    hi = 127 if near else rng.randint(0, 127)
+    lo = hi - over.get("spread", rng.choice((0, 1, 2))) if near else -128
+    klass = f"depth{'>=512' if depth >= 512 else '<512'} {'near-max' if near else 'spread'}"
+    meta = {"rows": rows, "depth": depth, "in_scale": scale, "in_zp": rng.randint(-128, 127) if api else 0}
+    return Case(
+        "softmax",
+        rng.randint(0, 0x0FFFFFFF),
+        max(-128, lo),
+        hi,
+        [rows, depth, mult, shift, diff_min],
+        klass,
+        True,
+        meta,
+    )
+
+
+def generate(ops: Sequence[str], per_op: int, seed: int = 0, api: bool = False) -> Iterator[Case]:
+    """``per_op`` cases of every op in ``ops`` (ids from 1), reproducible from ``seed``."""
+    next_id = 1
+    for op in ops:
+        rng = random.Random(f"{seed}:{op}:{api}")
+        for k in range(per_op):
+            if op == "conv":
+                case = conv_case(rng, api, grouped=k % 4 == 3)
+            elif op == "depthwise":
+                case = depthwise_case(rng, api)
+            elif op == "fully_connected":
+                case = fc_case(rng, api)
+            elif op in ("add", "mul"):
+                case = add_mul_case(rng, op, api)
+            elif op in ("avg_pool", "max_pool"):
+                case = pool_case(rng, op, api)
+            elif op == "softmax":
+                case = softmax_case(rng, api)
+            else:
+                raise ValueError(f"unknown op {op!r}")
+            case.id = next_id
+            next_id += 1
+            yield case

@@ -1,0 +1,229 @@
+"""What the sweep driver printed, judged (docs/sweep.md): results, findings, coverage.
+
+The driver's output is parsed strictly (a line that does not parse is not a result, and a case with no
+result is never counted as passing). Classification per case, every kind that applies:
+
+- ``opt_vs_ansi``: the optimized kernel and the ANSI C kernel differ (only when they are two functions);
+- ``both_vs_reference``: optimized == ANSI C, both != TFLM's reference;
+- ``one_vs_reference``: exactly one esp-nn variant differs from the reference (with ``opt_vs_ansi``);
+- ``reference_refuses``: a TFLM check aborted the reference while esp-nn returned a value;
+- ``sanitizer``: AddressSanitizer / UndefinedBehaviorSanitizer stopped the driver in this case;
+- ``crash``: the driver died in this case without a sanitizer report (a signal or an exit code).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.analysis.sweep_cases import Case
+
+RAN, ABSENT, REFUSED, NO_REF = 0, 1, 2, 3
+STATUS = {RAN: "ran", ABSENT: "absent", REFUSED: "refused", NO_REF: "no-reference"}
+_R = re.compile(
+    r"^R (\d+) ([0-3]) ([0-3]) ([0-3]) (\d+) ([0-9a-f]{8}) ([0-9a-f]{8}) ([0-9a-f]{8}) "
+    r"(-|\d+:\d+:-?\d+) (-|\d+:\d+:-?\d+) (-|\d+:\d+:-?\d+) (-?\d+) (-?\d+) ([01])$"
+)
+_O = re.compile(r"^O (\d+) (-|[0-9a-f]*) (-|[0-9a-f]*) (-|[0-9a-f]*)$")
+KINDS = ("sanitizer", "crash", "reference_refuses", "opt_vs_ansi", "both_vs_reference", "one_vs_reference")
+
+
+@dataclass(frozen=True)
+class Diff:
+    count: int
+    max_abs: int
+    first: int
+
+
+@dataclass
+class Result:
+    """One case's line from the driver."""
+
+    id: int
+    status: tuple[int, int, int]  # optimized, ANSI C, reference
+    n: int
+    crc: tuple[str, str, str]
+    opt_ansi: Diff | None
+    opt_ref: Diff | None
+    ansi_ref: Diff | None
+    scratch: tuple[int, int]
+    alias: bool
+    outputs: tuple[bytes | None, bytes | None, bytes | None] | None = None
+
+
+def _diff(text: str) -> Diff | None:
+    if text == "-":
+        return None
+    c, m, f = (int(x) for x in text.split(":"))
+    return Diff(c, m, f)
+
+
+def parse_result(line: str) -> Result | None:
+    """A ``R`` line, or None when ``line`` is not one (never a guess)."""
+    m = _R.match(line.strip())
+    if not m:
+        return None
+    g = m.groups()
+    return Result(
+        int(g[0]),
+        (int(g[1]), int(g[2]), int(g[3])),
+        int(g[4]),
+        (g[5], g[6], g[7]),
+        _diff(g[8]),
+        _diff(g[9]),
+        _diff(g[10]),
+        (int(g[11]), int(g[12])),
+        g[13] == "1",
+    )
+
+
+def parse_outputs(line: str) -> tuple[int, tuple[bytes | None, ...]] | None:
+    """An ``O`` line (ESP_CHECK_SWEEP_DUMP=1): the case id and the three output tensors."""
+    m = _O.match(line.strip())
+    if not m:
+        return None
+    outs = tuple(None if h == "-" else bytes.fromhex(h) for h in m.groups()[1:])
+    return int(m.group(1)), outs
+
+
+_SAN_ERROR = re.compile(r"(ERROR: (?:Address|Undefined\w*|Leak)Sanitizer: .*|runtime error: .*)")
+_FRAME = re.compile(r"#\d+ 0x[0-9a-f]+ in (\S+)")
+
+
+def sanitizer_report(text: str) -> dict[str, Any] | None:
+    """The error line, the first frames and the summary of a sanitizer report in ``text``."""
+    m = _SAN_ERROR.search(text)
+    if not m:
+        return None
+    frames = _FRAME.findall(text[m.start() :])[:6]
+    summary = next((ln.strip() for ln in text.splitlines() if ln.startswith("SUMMARY:")), "")
+    where = next((f for f in frames if f.startswith("esp_nn")), frames[0] if frames else "")
+    return {"error": m.group(1)[:300], "frames": frames, "summary": summary[:300], "in": where}
+
+
+@dataclass
+class CaseVerdict:
+    case: Case
+    result: Result | None
+    kinds: list[str]
+    sanitizer: dict[str, Any] | None = None
+    crash: str | None = None
+
+
+def judge(
+    case: Case, result: Result | None, sanitizer: dict[str, Any] | None, crash: str | None
+) -> CaseVerdict:
+    """Every finding kind that applies to one case (an empty list: the case passed)."""
+    kinds: list[str] = []
+    if sanitizer:
+        kinds.append("sanitizer")
+    elif crash:
+        kinds.append("crash")
+    if result is not None:
+        so, sa, sr = result.status
+        if sr == REFUSED and RAN in (so, sa):
+            kinds.append("reference_refuses")
+        if so == RAN and sa == RAN and not result.alias and result.opt_ansi and result.opt_ansi.count:
+            kinds.append("opt_vs_ansi")
+        if sr == RAN:
+            bad_o = so == RAN and result.opt_ref is not None and result.opt_ref.count > 0
+            bad_a = sa == RAN and result.ansi_ref is not None and result.ansi_ref.count > 0
+            if bad_o and bad_a and result.opt_ansi is not None and result.opt_ansi.count == 0:
+                kinds.append("both_vs_reference")
+            elif bad_o or bad_a:
+                kinds.append("one_vs_reference")
+    return CaseVerdict(case, result, kinds, sanitizer, crash)
+
+
+@dataclass
+class Coverage:
+    """Per op and geometry class: cases run, compared opt-vs-ANSI for real, compared with the reference."""
+
+    cases: Counter[tuple[str, str]] = field(default_factory=Counter)
+    opt_vs_ansi: Counter[tuple[str, str]] = field(default_factory=Counter)
+    aliased: Counter[tuple[str, str]] = field(default_factory=Counter)
+    reference: Counter[tuple[str, str]] = field(default_factory=Counter)
+    absent: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def add(self, v: CaseVerdict) -> None:
+        key = (v.case.op, v.case.klass)
+        self.cases[key] += 1
+        r = v.result
+        if r is None:
+            return
+        if RAN not in r.status[:2]:
+            self.absent[key] += 1
+        elif r.alias:
+            self.aliased[key] += 1  # ANSI C vs ANSI C: not coverage of an optimized kernel
+        elif r.status[0] == r.status[1] == RAN:
+            self.opt_vs_ansi[key] += 1
+        if r.status[2] == RAN and RAN in r.status[:2]:
+            self.reference[key] += 1
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "op": op,
+                "class": k,
+                "cases": n,
+                "opt_vs_ansi": self.opt_vs_ansi[(op, k)],
+                "ansi_vs_ansi": self.aliased[(op, k)],
+                "vs_reference": self.reference[(op, k)],
+                "absent": self.absent[(op, k)],
+            }
+            for (op, k), n in sorted(self.cases.items())
+        ]
+
+
+def family(op: str, klass: str) -> str:
+    """A coarser geometry class for grouping findings: what bugs have followed, not every filter size.
+
+    conv: 1x1 or KxK, grouped or not; depthwise: 1x1 or KxK, multiplier 1 or more; fully connected:
+    per-channel or per-tensor; pooling: the padding; add and mul: one family; softmax: its own class.
+    A --from-model prefix (``opN``) is kept, so each model op stays apart.
+    """
+    words = klass.split()
+    prefix = [words.pop(0)] if words and words[0].startswith("op") and words[0][2:].isdigit() else []
+    size = ("1x1" if words and words[0] == "1x1" else "KxK") if words else ""
+    if op == "conv":
+        fam = ["grouped", size] if "grouped" in words else [size]
+    elif op == "depthwise":
+        fam = [size, "mult1" if "mult1" in words else "mult>1"]
+    elif op == "fully_connected":
+        fam = words[:1]
+    elif op in ("avg_pool", "max_pool"):
+        fam = [w for w in words if w in ("SAME", "VALID", "pad*")]
+    elif op in ("add", "mul"):
+        fam = ["any size"]
+    else:
+        fam = words
+    return " ".join(prefix + fam)
+
+
+def group(verdicts: list[CaseVerdict]) -> list[dict[str, Any]]:
+    """Findings grouped by kernel, geometry family (:func:`family`) and kind; each keeps its smallest
+    case and how many cases of each finer geometry class it holds."""
+    groups: dict[tuple[str, str, str], list[CaseVerdict]] = defaultdict(list)
+    for v in verdicts:
+        for kind in v.kinds:
+            groups[(v.case.op, family(v.case.op, v.case.klass), kind)].append(v)
+    out = []
+    for (op, fam, kind), vs in sorted(groups.items(), key=lambda kv: (KINDS.index(kv[0][2]), kv[0][:2])):
+        smallest = min(vs, key=lambda v: (len(v.case.params), sum(abs(x) for x in v.case.params[:9])))
+        classes: dict[str, int] = defaultdict(int)
+        for v in vs:
+            classes[v.case.klass] += 1
+        out.append(
+            {
+                "op": op,
+                "class": fam,
+                "classes": dict(sorted(classes.items())),
+                "kind": kind,
+                "cases": len(vs),
+                "tflite_reachable": any(v.case.reachable for v in vs),
+                "example": smallest,
+            }
+        )
+    return out

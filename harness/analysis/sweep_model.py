@@ -1,0 +1,201 @@
+"""``esp-check sweep --from-model M``: the geometries of a user's model, and their neighbours.
+
+Every int8 op of the model that esp-tflite-micro routes to esp-nn (conv, grouped conv, depthwise,
+fully connected, add, mul, average and max pooling, softmax) becomes one case with its real shapes,
+padding, strides and quantization (input/output scales and zero points, the filter's per-channel
+scales). Its neighbours vary one thing at a time: channels -8..+8, each spatial axis -1/+1, and every
+stride (1, 2) with both paddings (SAME, VALID), as TFLite would compute them. Ops the sweep cannot
+call (dilated convolutions, broadcasting ADD/MUL, non-int8 tensors) are listed as skipped, with why.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from harness.analysis.sweep_cases import (
+    Case,
+    add_mul_case,
+    conv_case,
+    depthwise_case,
+    fc_case,
+    pool_case,
+    softmax_case,
+    tflite_padding,
+)
+from harness.model.modelinfo import ModelInfo, OpInfo, TensorInfo
+
+CHANNEL_DELTAS = tuple(d for d in range(-8, 9) if d)
+_POOLS = {"AVERAGE_POOL_2D": "avg_pool", "MAX_POOL_2D": "max_pool"}
+
+
+def _quant(info: ModelInfo, op: OpInfo, weights: int | None) -> dict[str, Any]:
+    t_in, t_out = info.tensors[op.inputs[0]], info.tensors[op.outputs[0]]
+    w = info.tensors[op.inputs[weights]] if weights is not None else None
+    w_scales = list(w.scales) if w is not None and w.scales else [w.scale if w and w.scale else 0.01]
+    return {"in_scale": t_in.scale, "in_zp": t_in.zero_point or 0, "out_zp": t_out.zero_point or 0,
+            "out_scale": t_out.scale, "w_scales": w_scales}  # fmt: skip
+
+
+def _int8(info: ModelInfo, op: OpInfo) -> bool:
+    ts = [info.tensors[i] for i in (op.inputs[0], op.outputs[0]) if i >= 0]
+    return all(t.dtype == "int8" and t.scale is not None for t in ts)
+
+
+def _nhwc(t: TensorInfo) -> tuple[int, int, int]:
+    shape = (1,) * (4 - len(t.shape)) + tuple(t.shape)
+    return shape[1], shape[2], shape[3]
+
+
+def _geometry(ih: int, iw: int, kh: int, kw: int, stride: int, same: bool) -> dict[str, Any]:
+    oh, ph = tflite_padding(ih, kh, stride, same)
+    ow, pw = tflite_padding(iw, kw, stride, same)
+    return {"ih": ih, "iw": iw, "kh": kh, "kw": kw, "oh": oh, "ow": ow, "sh": stride, "sw": stride,
+            "ph": ph, "pw": pw, "same": same}  # fmt: skip
+
+
+def _spatial_variants(base: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The model's own, each spatial axis +-1, every stride and padding (as TFLite computes them)."""
+    ih, iw, kh, kw, stride, same = base["ih"], base["iw"], base["kh"], base["kw"], base["sh"], base["same"]
+    yield "model", _geometry(ih, iw, kh, kw, stride, same)
+    for dh, dw in ((-1, 0), (1, 0), (0, -1), (0, 1)):
+        if ih + dh >= 1 and iw + dw >= 1:
+            yield f"h{dh:+d} w{dw:+d}", _geometry(ih + dh, iw + dw, kh, kw, stride, same)
+    for s in (1, 2):
+        for p in (True, False):
+            if (s, p) != (stride, same):
+                yield f"s{s} {'SAME' if p else 'VALID'}", _geometry(ih, iw, kh, kw, s, p)
+
+
+def _conv_like(info: ModelInfo, op: OpInfo, depthwise: bool) -> tuple[list[dict[str, Any]], str]:
+    """Override dicts for conv_case / depthwise_case (with a ``variant`` label), or why not."""
+    o = op.options
+    if o.get("dilation_h_factor", 1) != 1 or o.get("dilation_w_factor", 1) != 1:
+        return [], "dilated (esp-nn is not called for it)"
+    if o.get("stride_h", 1) != o.get("stride_w", 1):
+        return [], "different strides along H and W (the sweep uses one)"
+    ih, iw, ic = _nhwc(info.tensors[op.inputs[0]])
+    f = info.tensors[op.inputs[1]].shape
+    if len(f) != 4:
+        return [], f"filter shape {list(f)}"
+    kh, kw = f[1], f[2]
+    base = _geometry(ih, iw, kh, kw, int(str(o.get("stride_h", 1))), o.get("padding", "SAME") == "SAME")
+    q = _quant(info, op, 1)
+    out: list[dict[str, Any]] = []
+    if depthwise:
+        mult = max(1, f[3] // max(1, ic))
+        for label, g in _spatial_variants(base):
+            out.append({**g, "ic": ic, "mult_ch": mult, "quant": q, "variant": label})
+        for d in CHANNEL_DELTAS:
+            if ic + d >= 1:
+                out.append({**base, "ic": ic + d, "mult_ch": mult, "quant": q, "variant": f"ic{d:+d}"})
+        return out, ""
+    oc, fc = f[0], f[3]
+    groups = max(1, ic // max(1, fc))
+    common = {"fc": fc, "ic": fc * groups, "oc": oc, "groups": groups, "quant": q}
+    for label, g in _spatial_variants(base):
+        out.append({**g, **common, "variant": label})
+    for d in CHANNEL_DELTAS:
+        if fc + d >= 1:
+            out.append({**base, **common, "fc": fc + d, "ic": (fc + d) * groups, "variant": f"fc{d:+d}"})
+        if oc + d >= groups and (oc + d) % groups == 0:
+            out.append({**base, **common, "oc": oc + d, "variant": f"oc{d:+d}"})
+    return out, ""
+
+
+def _cases_of(info: ModelInfo, op: OpInfo, rng: random.Random) -> tuple[list[Case], str]:
+    """The cases of one op (own geometry first, then its neighbours), or why none."""
+    name = op.opcode
+    o = op.options
+    if name in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        overs, why = _conv_like(info, op, name == "DEPTHWISE_CONV_2D")
+        make: Callable[..., Case] = depthwise_case if name == "DEPTHWISE_CONV_2D" else conv_case
+        return [_tag(make(rng, **{k: v for k, v in ov.items() if k != "variant"}), op, ov["variant"])
+                for ov in overs], why  # fmt: skip
+    if name == "FULLY_CONNECTED":
+        w = info.tensors[op.inputs[1]]
+        if len(w.shape) != 2:
+            return [], f"weights shape {list(w.shape)}"
+        oc, row = w.shape
+        q = _quant(info, op, 1)
+        pc = w.per_channel
+        cases = [_tag(fc_case(rng, row=row, oc=oc, per_channel=pc, quant=q), op, "model")]
+        for d in CHANNEL_DELTAS:
+            if row + d >= 1:
+                cases.append(
+                    _tag(fc_case(rng, row=row + d, oc=oc, per_channel=pc, quant=q), op, f"row{d:+d}")
+                )
+            if oc + d >= 1:
+                cases.append(_tag(fc_case(rng, row=row, oc=oc + d, per_channel=pc, quant=q), op, f"oc{d:+d}"))
+        return cases, ""
+    if name in ("ADD", "MUL"):
+        a, b = (info.tensors[i] for i in op.inputs[:2])
+        if a.shape != b.shape:
+            return [], "broadcasting (esp-tflite-micro calls esp-nn only for equal shapes)"
+        n = a.num_elements
+        sizes = [n] + [n + d for d in CHANNEL_DELTAS if n + d >= 1]
+        return [_tag(add_mul_case(rng, name.lower(), size=s), op, "model" if s == n else f"n{s - n:+d}")
+                for s in sizes], ""  # fmt: skip
+    if name in _POOLS:
+        ih, iw, ch = _nhwc(info.tensors[op.inputs[0]])
+        k, stride = int(str(o.get("filter_height", 2))), int(str(o.get("stride_h", 1)))
+        if o.get("filter_width") != k or o.get("stride_w") != stride:
+            return [], "non-square filter or stride (the sweep's pooling cases are square)"
+        base = _geometry(ih, iw, k, k, stride, o.get("padding", "SAME") == "SAME")
+        pool = _POOLS[name]
+        cases = [
+            _tag(
+                pool_case(rng, pool, k=k, stride=g["sh"], same=g["same"], ih=g["ih"], iw=g["iw"], ch=ch),
+                op,
+                lab,
+            )
+            for lab, g in _spatial_variants(base)
+        ]
+        same = base["same"]
+        cases += [
+            _tag(
+                pool_case(rng, pool, k=k, stride=stride, same=same, ih=ih, iw=iw, ch=ch + d), op, f"ch{d:+d}"
+            )
+            for d in CHANNEL_DELTAS
+            if ch + d >= 1
+        ]
+        return cases, ""
+    if name == "SOFTMAX":
+        t = info.tensors[op.inputs[0]]
+        depth = t.shape[-1] if t.shape else 1
+        rows = max(1, t.num_elements // max(1, depth))
+        cases = []
+        for d in (0, *CHANNEL_DELTAS):
+            for near in (True, False):
+                if depth + d >= 1:
+                    c = softmax_case(rng, depth=depth + d, rows=rows, scale=t.scale, near_max=near, spread=1)
+                    cases.append(_tag(c, op, f"depth{d:+d}" if d else "model"))
+        return cases, ""
+    return [], ""
+
+
+def _tag(case: Case, op: OpInfo, variant: str) -> Case:
+    case.meta["model_op"] = op.index
+    case.meta["variant"] = variant
+    case.klass = f"op{op.index} {case.klass}"
+    return case
+
+
+def model_cases(info: ModelInfo, seed: int = 0) -> tuple[list[Case], list[dict[str, Any]]]:
+    """Cases for every esp-nn op of ``info`` and its neighbours (ids from 1), and the ops skipped."""
+    cases: list[Case] = []
+    skipped: list[dict[str, Any]] = []
+    for op in info.main_ops:
+        if not _int8(info, op):
+            if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD", "MUL", "SOFTMAX",
+                             *_POOLS):  # fmt: skip
+                skipped.append({"op": op.index, "opcode": op.opcode, "why": "not int8"})
+            continue
+        got, why = _cases_of(info, op, random.Random(f"{seed}:{op.index}"))
+        if why:
+            skipped.append({"op": op.index, "opcode": op.opcode, "why": why})
+        cases.extend(got)
+    for k, c in enumerate(cases, 1):
+        c.id = k
+    return cases, skipped

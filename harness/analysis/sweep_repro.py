@@ -1,0 +1,250 @@
+"""A kernel-sweep finding as a one-op .tflite plus its input (docs/sweep.md), for ``flash-and-compare``.
+
+The tensors are the driver's own (rebuilt from the case's seed, ``harness.analysis.sweep_cases``), the
+quantization is the case's scales, so TFLM's Prepare computes the same multipliers, shifts and
+activation range the driver passed to esp-nn. A second operand of ADD / MUL is a constant tensor, so
+every reproduction has one input (``input.npy``, int8, the model's input shape). A case from the raw API
+space that TFLite cannot express gets no .tflite: ``case.txt`` (the driver's input line) reproduces it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import flatbuffers
+import numpy as np
+
+from harness.analysis.sweep_cases import Case, bias_values, int8_values
+from harness.analysis.sweep_findings import Result
+from harness.errors import ModelError
+from harness.model.extract import _buffer, _finish, _vec
+
+ACT = {"NONE": 0, "RELU": 1, "RELU6": 3}
+CODES = {
+    "conv": 3,
+    "depthwise": 4,
+    "fully_connected": 9,
+    "add": 0,
+    "mul": 18,
+    "avg_pool": 1,
+    "max_pool": 17,
+    "softmax": 25,
+}
+INT8, INT32 = 9, 2
+
+
+class _Writer:
+    """Tensors and buffers of one single-op model."""
+
+    def __init__(self, size: int) -> None:
+        import tflite
+
+        self.tfl = tflite
+        self.b = flatbuffers.Builder(size + 4096)
+        self.buffers = [_buffer(tflite, self.b, None)]
+        self.tensors: list[int] = []
+
+    def tensor(
+        self,
+        name: str,
+        shape: list[int],
+        dtype: int,
+        scales: list[float],
+        zps: list[int],
+        qdim: int = 0,
+        data: np.ndarray | None = None,
+    ) -> int:
+        tfl, b = self.tfl, self.b
+        buf = 0
+        if data is not None:
+            self.buffers.append(_buffer(tfl, b, np.ascontiguousarray(data).tobytes()))
+            buf = len(self.buffers) - 1
+        n = b.CreateString(name)
+        shp = _vec(b, tfl.TensorStartShapeVector, shape, b.PrependInt32)
+        sv = _vec(b, tfl.QuantizationParametersStartScaleVector, scales, b.PrependFloat32)
+        zv = _vec(b, tfl.QuantizationParametersStartZeroPointVector, zps, b.PrependInt64)
+        tfl.QuantizationParametersStart(b)
+        tfl.QuantizationParametersAddScale(b, sv)
+        tfl.QuantizationParametersAddZeroPoint(b, zv)
+        tfl.QuantizationParametersAddQuantizedDimension(b, qdim)
+        q = tfl.QuantizationParametersEnd(b)
+        tfl.TensorStart(b)
+        tfl.TensorAddShape(b, shp)
+        tfl.TensorAddType(b, dtype)
+        tfl.TensorAddBuffer(b, buf)
+        tfl.TensorAddName(b, n)
+        tfl.TensorAddQuantization(b, q)
+        self.tensors.append(int(tfl.TensorEnd(b)))
+        return len(self.tensors) - 1
+
+    def finish(self, code: int, inputs: list[int], output: int, options: tuple[int, int] | None) -> bytes:
+        tfl, b = self.tfl, self.b
+        tfl.OperatorCodeStart(b)
+        tfl.OperatorCodeAddBuiltinCode(b, code)
+        tfl.OperatorCodeAddDeprecatedBuiltinCode(b, min(code, 127))
+        tfl.OperatorCodeAddVersion(b, 1)
+        code_off = int(tfl.OperatorCodeEnd(b))
+        ins = _vec(b, tfl.OperatorStartInputsVector, inputs, b.PrependInt32)
+        outs = _vec(b, tfl.OperatorStartOutputsVector, [output], b.PrependInt32)
+        tfl.OperatorStart(b)
+        tfl.OperatorAddOpcodeIndex(b, 0)
+        tfl.OperatorAddInputs(b, ins)
+        tfl.OperatorAddOutputs(b, outs)
+        if options is not None:
+            tfl.OperatorAddBuiltinOptionsType(b, options[0])
+            tfl.OperatorAddBuiltinOptions(b, options[1])
+        op = int(tfl.OperatorEnd(b))
+        return _finish(tfl, b, self.tensors, op, code_off, self.buffers, [0], [output])
+
+
+def _conv_like(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
+    m, tfl, b = case.meta, w.tfl, w.b
+    dw = case.op == "depthwise"
+    oc = m["oc"]
+    fshape = [1, m["kh"], m["kw"], oc] if dw else [oc, m["kh"], m["kw"], m["fc"]]
+    filt = int8_values(case.seed, 1, int(np.prod(fshape)), -127, 127).reshape(fshape)
+    bias = bias_values(case.seed, oc, m["bias_range"])
+    w.tensor("input", [1, m["ih"], m["iw"], m["ic"]], INT8, [m["in_scale"]], [m["in_zp"]])
+    w.tensor("filter", fshape, INT8, m["w_scales"], [0] * oc, 3 if dw else 0, filt)
+    w.tensor("bias", [oc], INT32, [m["in_scale"] * s for s in m["w_scales"]], [0] * oc, 0, bias)
+    out = w.tensor("output", [1, m["oh"], m["ow"], oc], INT8, [m["out_scale"]], [m["out_zp"]])
+    pad = tfl.Padding.SAME if m["same"] else tfl.Padding.VALID
+    if dw:
+        tfl.DepthwiseConv2DOptionsStart(b)
+        tfl.DepthwiseConv2DOptionsAddPadding(b, pad)
+        tfl.DepthwiseConv2DOptionsAddStrideW(b, m["sw"])
+        tfl.DepthwiseConv2DOptionsAddStrideH(b, m["sh"])
+        tfl.DepthwiseConv2DOptionsAddDepthMultiplier(b, m["mult_ch"])
+        tfl.DepthwiseConv2DOptionsAddFusedActivationFunction(b, ACT[m["act"]])
+        tfl.DepthwiseConv2DOptionsAddDilationWFactor(b, 1)
+        tfl.DepthwiseConv2DOptionsAddDilationHFactor(b, 1)
+        opts = (tfl.BuiltinOptions.DepthwiseConv2DOptions, int(tfl.DepthwiseConv2DOptionsEnd(b)))
+    else:
+        tfl.Conv2DOptionsStart(b)
+        tfl.Conv2DOptionsAddPadding(b, pad)
+        tfl.Conv2DOptionsAddStrideW(b, m["sw"])
+        tfl.Conv2DOptionsAddStrideH(b, m["sh"])
+        tfl.Conv2DOptionsAddFusedActivationFunction(b, ACT[m["act"]])
+        tfl.Conv2DOptionsAddDilationWFactor(b, 1)
+        tfl.Conv2DOptionsAddDilationHFactor(b, 1)
+        opts = (tfl.BuiltinOptions.Conv2DOptions, int(tfl.Conv2DOptionsEnd(b)))
+    return [0, 1, 2], out, opts
+
+
+def _fc(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
+    m, tfl, b = case.meta, w.tfl, w.b
+    row, oc = m["row"], m["oc"]
+    scales = m["w_scales"] if m["per_channel"] else m["w_scales"][:1]
+    filt = int8_values(case.seed, 1, oc * row, -127, 127).reshape(oc, row)
+    bias = bias_values(case.seed, oc, m["bias_range"])
+    w.tensor("input", [1, row], INT8, [m["in_scale"]], [m["in_zp"]])
+    w.tensor("filter", [oc, row], INT8, scales, [0] * len(scales), 0, filt)
+    w.tensor("bias", [oc], INT32, [m["in_scale"] * s for s in scales], [0] * len(scales), 0, bias)
+    out = w.tensor("output", [1, oc], INT8, [m["out_scale"]], [m["out_zp"]])
+    tfl.FullyConnectedOptionsStart(b)
+    tfl.FullyConnectedOptionsAddFusedActivationFunction(b, ACT[m["act"]])
+    return [0, 1, 2], out, (tfl.BuiltinOptions.FullyConnectedOptions, int(tfl.FullyConnectedOptionsEnd(b)))
+
+
+def _binary(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
+    m, tfl, b = case.meta, w.tfl, w.b
+    n, (s1, s2, so), (z1, z2, zo) = m["size"], m["scales"], m["zps"]
+    w.tensor("input", [1, n], INT8, [s1], [z1])
+    w.tensor("operand", [1, n], INT8, [s2], [z2], 0, int8_values(case.seed, 1, n, case.lo, case.hi))
+    out = w.tensor("output", [1, n], INT8, [so], [zo])
+    if case.op == "add":
+        tfl.AddOptionsStart(b)
+        tfl.AddOptionsAddFusedActivationFunction(b, ACT[m["act"]])
+        return [0, 1], out, (tfl.BuiltinOptions.AddOptions, int(tfl.AddOptionsEnd(b)))
+    tfl.MulOptionsStart(b)
+    tfl.MulOptionsAddFusedActivationFunction(b, ACT[m["act"]])
+    return [0, 1], out, (tfl.BuiltinOptions.MulOptions, int(tfl.MulOptionsEnd(b)))
+
+
+def _pool(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
+    m, tfl, b = case.meta, w.tfl, w.b
+    w.tensor("input", [1, m["ih"], m["iw"], m["ch"]], INT8, [m["scale"]], [m["zp"]])
+    out = w.tensor("output", [1, m["oh"], m["ow"], m["ch"]], INT8, [m["scale"]], [m["zp"]])
+    tfl.Pool2DOptionsStart(b)
+    tfl.Pool2DOptionsAddPadding(b, tfl.Padding.SAME if m["same"] else tfl.Padding.VALID)
+    tfl.Pool2DOptionsAddStrideW(b, m["sw"])
+    tfl.Pool2DOptionsAddStrideH(b, m["sh"])
+    tfl.Pool2DOptionsAddFilterWidth(b, m["kw"])
+    tfl.Pool2DOptionsAddFilterHeight(b, m["kh"])
+    tfl.Pool2DOptionsAddFusedActivationFunction(b, ACT[m["act"]])
+    return [0], out, (tfl.BuiltinOptions.Pool2DOptions, int(tfl.Pool2DOptionsEnd(b)))
+
+
+def _softmax(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
+    m, tfl, b = case.meta, w.tfl, w.b
+    w.tensor("input", [m["rows"], m["depth"]], INT8, [m["in_scale"]], [m["in_zp"]])
+    out = w.tensor("output", [m["rows"], m["depth"]], INT8, [1.0 / 256], [-128])
+    tfl.SoftmaxOptionsStart(b)
+    tfl.SoftmaxOptionsAddBeta(b, 1.0)
+    return [0], out, (tfl.BuiltinOptions.SoftmaxOptions, int(tfl.SoftmaxOptionsEnd(b)))
+
+
+_BUILD = {
+    "conv": _conv_like,
+    "depthwise": _conv_like,
+    "fully_connected": _fc,
+    "add": _binary,
+    "mul": _binary,
+    "avg_pool": _pool,
+    "max_pool": _pool,
+    "softmax": _softmax,
+}
+
+
+def repro_model(case: Case) -> tuple[bytes, np.ndarray]:
+    """(.tflite bytes, int8 input) of a TFLite-reachable case; ModelError for an API-only one."""
+    if not case.reachable:
+        raise ModelError(f"{case.op} case {case.id} is API-only: TFLite cannot express it as a model")
+    w = _Writer(64 * 1024)
+    ins, out, opts = _BUILD[case.op](w, case)
+    data = w.finish(CODES[case.op], ins, out, opts)
+    shape = _input_shape(case)
+    x = int8_values(case.seed, 0, int(np.prod(shape)), case.lo, case.hi).reshape(shape)
+    return data, x
+
+
+def _input_shape(case: Case) -> list[int]:
+    m = case.meta
+    if case.op in ("conv", "depthwise"):
+        return [1, m["ih"], m["iw"], m["ic"]]
+    if case.op in ("avg_pool", "max_pool"):
+        return [1, m["ih"], m["iw"], m["ch"]]
+    if case.op == "fully_connected":
+        return [1, m["row"]]
+    if case.op == "softmax":
+        return [m["rows"], m["depth"]]
+    return [1, m["size"]]
+
+
+def write_repro(case: Case, directory: Path, result: Result | None) -> dict[str, Any]:
+    """``case.txt`` always; ``model.tflite`` + ``input.npy`` when TFLite can express the case."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "case.txt").write_text(case.line() + "\n", encoding="utf-8")
+    info: dict[str, Any] = {"dir": str(directory), "case": "case.txt"}
+    if result is not None and result.outputs is not None:
+        info["outputs"] = {
+            k: (v.hex() if v is not None else None)
+            for k, v in zip(("optimized", "ansi_c", "reference"), result.outputs, strict=True)
+        }
+    try:
+        model, x = repro_model(case)
+    except ModelError as exc:
+        info["model"] = None
+        info["why_no_model"] = exc.message
+    else:
+        (directory / "model.tflite").write_bytes(model)
+        np.save(directory / "input.npy", x)
+        info["model"] = "model.tflite"
+        info["input"] = "input.npy"
+        info["command"] = (
+            f"esp-check flash-and-compare {directory}/model.tflite --input {directory}/input.npy"
+        )
+    (directory / "finding.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return info

@@ -1,0 +1,131 @@
+"""``esp-check sweep``: ESP-NN kernel geometry sweeps with sanitizers, three ways (docs/sweep.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from harness import api
+from harness.analysis.sweep_cases import OPS
+from harness.commands.common import make_console
+from harness.errors import UsageError
+
+
+@click.command("sweep")
+@click.option(
+    "--components-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="ESP_CHECK_COMPONENTS_DIR",
+    help="directory holding esp-nn and esp-tflite-micro (env ESP_CHECK_COMPONENTS_DIR)",
+)
+@click.option(
+    "--espnn",
+    "espnn_dir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="the esp-nn component directory to sweep (wins over --components-dir)",
+)
+@click.option(
+    "--tflm",
+    "tflm_dir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="the esp-tflite-micro directory whose reference kernels judge esp-nn",
+)
+@click.option("--op", "ops", multiple=True, type=click.Choice(list(OPS)), help="ops to sweep (default: all)")
+@click.option(
+    "--cases",
+    "cases_per_op",
+    type=click.IntRange(1, 10_000_000),
+    default=200,
+    show_default=True,
+    help="cases per op",
+)
+@click.option(
+    "--from-model",
+    "from_model",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="sweep this .tflite's own esp-nn op geometries and their neighbours (channels -8..+8, "
+    "spatial +-1, each stride and padding) instead of generated ones; --op filters them",
+)
+@click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
+@click.option("--all", "api_space", is_flag=True, help="the raw API space, not only what TFLite produces")
+@click.option("--no-sanitize", is_flag=True, help="skip the ASan+UBSan build (faster, blind to overruns)")
+@click.option("--bits", type=click.Choice(["32", "64"]), default="64", show_default=True)
+@click.option("--jobs", type=click.IntRange(1, 256), default=None, help="parallel compile jobs")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("esp-check-sweep"),
+    show_default=True,
+)
+def sweep_cmd(
+    components_dir: Path | None,
+    espnn_dir: Path | None,
+    tflm_dir: Path | None,
+    ops: tuple[str, ...],
+    cases_per_op: int,
+    from_model: Path | None,
+    seed: int,
+    api_space: bool,
+    no_sanitize: bool,
+    bits: str,
+    jobs: int | None,
+    out_dir: Path,
+) -> int:
+    """Call esp-nn's kernels directly (optimized vs ANSI C vs TFLM's reference) over generated geometries."""
+    con = make_console()
+    options = api.SweepOptions(
+        ops=ops or tuple(OPS),
+        cases_per_op=cases_per_op,
+        seed=seed,
+        api_space=api_space,
+        sanitize=not no_sanitize,
+        components_dir=components_dir,
+        espnn_dir=espnn_dir,
+        tflm_dir=tflm_dir,
+        bits=int(bits),
+        jobs=jobs,
+    )
+    if from_model is not None:
+        options.cases = _model_cases(con, from_model, seed, options.ops)
+    result = api.sweep(options, out_dir, progress=lambda m: con.print(f"[dim]{m}[/dim]"))
+    con.print(
+        f"NATIVE sweep: {result.cases} cases in {result.seconds:.1f} s ({result.cases_per_second:.0f}/s); "
+        f"reference {'compiled' if result.reference else 'NOT available (opt vs ANSI only)'}"
+    )
+    for f in result.findings:
+        where = "TFLite-reachable" if f["tflite_reachable"] else "API-only"
+        extra = f.get("sanitizer", {}).get("error") or f.get("crash") or ""
+        con.print(
+            f"  {f['kind']:<18} {f['op']:<15} {f['class']:<32} {f['cases']:>5} case(s)  {where}  {extra}",
+            highlight=False,
+            markup=False,
+        )
+    verdict = {0: "no finding", 1: "findings (wrong values)", 4: "findings (sanitizer report or crash)"}
+    con.print(f"{verdict[result.exit_code]}; report: {out_dir / 'sweep.json'}")
+    return result.exit_code
+
+
+def _model_cases(con: Any, from_model: Path, seed: int, ops: tuple[str, ...]) -> list[Any]:
+    """The cases of ``--from-model``, filtered by ``--op``; the ops it cannot sweep are printed."""
+    from harness.analysis.sweep_model import model_cases
+    from harness.model.loader import load_model
+
+    cases, skipped = model_cases(load_model(from_model), seed)
+    cases = [c for c in cases if c.op in ops]
+    for k, c in enumerate(cases, 1):
+        c.id = k
+    for sk in skipped:
+        con.print(f"[yellow]not swept:[/yellow] op {sk['op']} {sk['opcode']}: {sk['why']}", highlight=False)
+    if not cases:
+        raise UsageError(
+            f"{from_model} has no int8 op that esp-nn runs (of those asked for with --op)",
+            hint="give an int8 model with conv, depthwise, fully connected, add, mul, pooling or softmax",
+        )
+    return cases
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(sweep_cmd)

@@ -1,0 +1,141 @@
+"""Build the kernel-sweep driver (docs/sweep.md) for the host: esp-nn + TFLM reference kernels.
+
+The driver (``firmware_templates/sweep/``) is a main component for :func:`build_program`: one library
+tree holds esp-nn alone, compiled from the sources given (``CONFIG_NN_OPTIMIZED`` on a generic chip, so
+both the ANSI C and the generic optimized kernels are in it); the driver compiles TFLM's reference
+integer kernels itself, from esp-tflite-micro's ``tensorflow/lite/kernels/internal`` (``common.cc``,
+``runtime_shape.cc`` and the reference headers, with gemmlowp's fixed-point header it vendors). A tree
+without those files gives a driver that reports the reference as not compiled in (the CI fixture).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import BuildError
+from harness.firmware.native.components import ComponentSource, find_components, snapshot
+from harness.firmware.native.config import resolve
+from harness.firmware.native.driver import NativeProgram, build_program
+from harness.firmware.native.toolchain import find_toolchain
+from harness.firmware.toolrun import OutputCallback
+from harness.resources import templates_dir
+
+SWEEP_IDF_VERSION = "5.5.3"  # the API level the stand-ins present; no ESP-IDF code is compiled
+DRIVER_FILES = ("CMakeLists.txt", "sweep_driver.cc")
+ESPNN = "espressif__esp-nn"
+TFLM = "espressif__esp-tflite-micro"
+
+
+@dataclass(frozen=True)
+class SweepSources:
+    """Where the kernels under test (esp-nn) and the reference kernels (esp-tflite-micro) come from."""
+
+    espnn: ComponentSource
+    tflm: ComponentSource | None
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "esp-nn": self.espnn.describe(),
+            "esp-tflite-micro": self.tflm.describe() if self.tflm else None,
+        }
+
+
+def has_reference(tflm: ComponentSource | None) -> bool:
+    """True when ``tflm`` holds the reference integer kernels the driver compiles."""
+    return tflm is not None and (tflm.path / "tensorflow/lite/kernels/internal/common.cc").is_file()
+
+
+def find_sweep_sources(
+    components_dir: Path | None, espnn_dir: Path | None = None, tflm_dir: Path | None = None
+) -> tuple[ComponentSource, ComponentSource | None]:
+    """esp-nn (required) and esp-tflite-micro (optional: the reference) from the directories given.
+
+    ``espnn_dir`` / ``tflm_dir`` are component directories themselves and win over ``components_dir``."""
+    espnn = tflm = None
+    if espnn_dir is not None:
+        espnn = find_components(Path(espnn_dir).parent, [Path(espnn_dir).name])[0]
+        espnn = ComponentSource(ESPNN, espnn.path, espnn.version, "components-dir")
+    if tflm_dir is not None:
+        found = find_components(Path(tflm_dir).parent, [Path(tflm_dir).name])[0]
+        tflm = ComponentSource(TFLM, found.path, found.version, "components-dir")
+    if components_dir is not None:
+        if espnn is None:
+            espnn = find_components(components_dir, [ESPNN])[0]
+        if tflm is None:
+            try:
+                tflm = find_components(components_dir, [TFLM])[0]
+            except BuildError:
+                tflm = None
+    if espnn is None:
+        raise BuildError(
+            "the sweep needs esp-nn sources: none were given",
+            hint="pass --components-dir DIR (holding esp-nn and esp-tflite-micro) or --espnn DIR, or set "
+            "ESP_CHECK_COMPONENTS_DIR",
+        )
+    return espnn, tflm
+
+
+def _main_dir(root: Path, tflm: ComponentSource | None) -> Path:
+    """The driver's main component, made once per driver source + reference tree."""
+    src = templates_dir() / "sweep"
+    h = hashlib.sha256()
+    for name in DRIVER_FILES:
+        h.update(name.encode() + b"\0" + (src / name).read_bytes())
+    tflm_path = str(tflm.path) if has_reference(tflm) and tflm is not None else ""
+    h.update(tflm_path.encode())
+    main = root / "sweep-main" / h.hexdigest()[:20]
+    if not (main / "sweep_paths.cmake").is_file():
+        tmp = main.with_name(main.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in DRIVER_FILES:
+            shutil.copy2(src / name, tmp / name)
+        (tmp / "sweep_paths.cmake").write_text(
+            "# written by esp-check (harness/firmware/native/sweep_build.py)\n"
+            f'set(ESP_CHECK_SWEEP_TFLM "{tflm_path}")\n',
+            encoding="utf-8",
+        )
+        try:
+            tmp.rename(main)
+        except OSError:  # made by another process meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+    return main
+
+
+def build_sweep_driver(
+    espnn: ComponentSource,
+    tflm: ComponentSource | None,
+    *,
+    sanitize: bool,
+    root: Path,
+    out: Path,
+    log_path: Path,
+    bits: int = 64,
+    jobs: int | None = None,
+    on_output: OutputCallback | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[NativeProgram, SweepSources]:
+    """Snapshot the sources and build the driver into ``out`` (BuildError, exit 3, when it fails)."""
+    toolchain = find_toolchain(bits, sanitize, env)
+    snap = snapshot([espnn] + ([tflm] if tflm is not None else []), root)
+    espnn_s = snap[0]
+    tflm_s = snap[1] if tflm is not None else None
+    config = resolve({"CONFIG_IDF_TARGET": '"esp32"', "CONFIG_NN_OPTIMIZED": "y"})
+    program = build_program(
+        _main_dir(root, tflm_s),
+        [espnn_s],
+        config,
+        toolchain,
+        root=root,
+        out=out,
+        idf_version=SWEEP_IDF_VERSION,
+        log_path=log_path,
+        on_output=on_output,
+        jobs=jobs,
+        env=env,
+    )
+    return program, SweepSources(espnn_s, tflm_s)

@@ -1,0 +1,92 @@
+"""flash-and-compare when the host reference refuses the model: the variants still decide what is said.
+
+TFLM's reference kernels abort on some values that esp-nn's kernels happily compute (a softmax row of
+512 or more entries near its maximum: the reference's ``0 <= exponent && exponent <= 31`` check aborts,
+while esp-nn v1.2.0 returns 127 everywhere, docs/sweep.md). The host reference runs in a child process
+(harness.model.hostrun), so the abort is a :class:`~harness.errors.ReferenceRefusedError`, not a crash
+of esp-check. Both variants are still built, run and compared with each other; this module turns that
+into the ``reference_refused`` finding of report.json. Its exit code is 1 (no verified match): with no
+reference there is nothing to verify the device against, so it is never 0, and it is not 2 because the
+model and the inputs are valid and run on the device (docs/flash-and-compare.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from harness.analysis.compare import CompareResult
+from harness.errors import ExitCode, ReferenceRefusedError
+from harness.flows.records import VARIANT_ORDER, VariantRun
+
+EXIT_CODE = ExitCode.MISMATCH
+_SHOWN = 8  # distinct values listed per output
+
+
+def _values(vr: VariantRun) -> list[dict[str, Any]]:
+    """Per run and output of one variant: element count and its distinct values (the first few)."""
+    out: list[dict[str, Any]] = []
+    if vr.source is None:
+        return out
+    for k, run in enumerate(vr.source.runs):
+        for t in run:
+            flat = np.asarray(t.values).reshape(-1)
+            distinct = np.unique(flat)
+            shown = [v.item() for v in distinct[:_SHOWN]]
+            out.append({"run": k, "output": t.index, "count": int(flat.size), "distinct": int(distinct.size),
+                        "values": shown})  # fmt: skip
+    return out
+
+
+def _describe(values: list[dict[str, Any]]) -> str:
+    parts = []
+    for v in values:
+        if v["distinct"] == 1:
+            what = f"every one {v['values'][0]}"
+        else:
+            more = ", ..." if v["distinct"] > len(v["values"]) else ""
+            what = f"{v['distinct']} distinct: {', '.join(str(x) for x in v['values'])}{more}"
+        parts.append(f"run {v['run']} output {v['output']}: {v['count']} values, {what}")
+    return "; ".join(parts)
+
+
+def refusal_finding(
+    refused: ReferenceRefusedError, variants: Mapping[str, VariantRun], comparison: CompareResult | None
+) -> dict[str, Any]:
+    """The ``reference_refused`` finding: what the reference said, and whether the variants agree.
+
+    ``comparison`` is optimized vs ANSI C (there is no reference leg); None when a variant gave no
+    valid capture, in which case ``variants_agree`` is None and the variants' own findings stand.
+    """
+    ran = [v for v in VARIANT_ORDER if variants[v].source is not None]
+    agree: bool | None = None
+    mismatched = 0
+    if comparison is not None and len(ran) == len(VARIANT_ORDER):
+        mismatched = sum(c.mismatched for c in comparison.comparisons)
+        agree = not comparison.faults and all(c.match for c in comparison.comparisons)
+    head = "host reference refused: TFLM's reference aborts on this model (SIGABRT in Invoke"
+    head += f" on input run {refused.run})" if refused.run is not None else ")"
+    values = {v: _values(variants[v]) for v in ran}
+    if agree is True:
+        tail = f"optimized and ANSI C agree: {_describe(values['optimized'])}"
+    elif agree is False:
+        tail = (
+            f"optimized and ANSI C DISAGREE ({mismatched} element(s) differ); optimized: "
+            f"{_describe(values['optimized'])}; ANSI C: {_describe(values['ansi'])}"
+        )
+    elif ran:
+        tail = f"only {ran[0]} gave outputs: {_describe(values[ran[0]])}"
+    else:
+        tail = "neither variant gave outputs"
+    return {
+        "kind": "reference_refused",
+        "summary": f"{head}; {tail}. Nothing verifies these outputs: no match is claimed",
+        "reference": refused.message,
+        "reference_run": refused.run,
+        "variants_agree": agree,
+        "mismatched": mismatched,
+        "values": values,
+        "exit_code": int(EXIT_CODE),
+    }

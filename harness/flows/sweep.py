@@ -1,0 +1,260 @@
+"""``esp-check sweep``: hunt ESP-NN kernel bugs on purpose, on the native target (docs/sweep.md).
+
+Builds the sweep driver twice from the same sources (with AddressSanitizer + UndefinedBehaviorSanitizer,
+and without, unless ``sanitize=False``), feeds it generated cases, and judges what it printed. A case
+that stops the sanitized driver is a ``sanitizer`` finding and is run again alone on the plain driver,
+so its values (optimized, ANSI C, reference) are still compared; the sweep then goes on with the next
+case. Findings get a reproduction (a one-op .tflite plus its input, ``harness.model.sweep_repro``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.analysis.sweep_cases import OPS, Case, generate
+from harness.analysis.sweep_findings import (
+    CaseVerdict,
+    Coverage,
+    Result,
+    group,
+    judge,
+    parse_outputs,
+    parse_result,
+    sanitizer_report,
+)
+from harness.analysis.sweep_repro import write_repro
+from harness.errors import EspCheckError, ExitCode, UsageError
+from harness.firmware.native.sweep_build import build_sweep_driver, find_sweep_sources, has_reference
+from harness.firmware.native.toolchain import SANITIZER_ENV
+
+CASE_TIMEOUT_S = 60.0
+
+
+@dataclass
+class SweepOptions:
+    ops: tuple[str, ...] = tuple(OPS)
+    cases_per_op: int = 200
+    seed: int = 0
+    api_space: bool = False  # --all: the raw API space, beyond what TFLite produces
+    sanitize: bool = True
+    components_dir: Path | None = None
+    espnn_dir: Path | None = None
+    tflm_dir: Path | None = None
+    bits: int = 64
+    jobs: int | None = None
+    cases: list[Case] | None = None  # given cases (--from-model), instead of generated ones
+
+
+@dataclass
+class SweepResult:
+    out_dir: Path
+    findings: list[dict[str, Any]]
+    coverage: list[dict[str, Any]]
+    cases: int
+    seconds: float
+    cases_per_second: float
+    reference: bool
+    sources: dict[str, Any]
+    verdicts: list[CaseVerdict] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """4 for a sanitizer report or a crash, 1 for a wrong value, else 0 (the brief's precedence)."""
+        kinds = {f["kind"] for f in self.findings}
+        if kinds & {"sanitizer", "crash"}:
+            return int(ExitCode.FIRMWARE_FAULT)
+        return int(ExitCode.MISMATCH) if kinds else int(ExitCode.MATCH)
+
+
+@dataclass
+class _Run:
+    results: dict[int, Result]
+    stopped: dict[int, tuple[int, str]]  # case id -> (exit code, stderr)
+
+
+def run_driver(program: Path, cases: Sequence[Case], *, dump: bool = False, sanitized: bool = False) -> _Run:
+    """Run ``cases`` through the driver; a case that stops it is recorded and the rest run on."""
+    env = dict(os.environ)
+    if sanitized:
+        for k, v in SANITIZER_ENV.items():
+            env.setdefault(k, v)
+    if dump:
+        env["ESP_CHECK_SWEEP_DUMP"] = "1"
+    results: dict[int, Result] = {}
+    stopped: dict[int, tuple[int, str]] = {}
+    todo = list(cases)
+    while todo:
+        with tempfile.TemporaryFile("w+") as fin:
+            fin.write("".join(c.line() + "\n" for c in todo))
+            fin.seek(0)
+            try:
+                proc = subprocess.run(
+                    [str(program)],
+                    stdin=fin,
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    check=False,
+                    timeout=CASE_TIMEOUT_S + 0.05 * len(todo),
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise EspCheckError(
+                    f"the sweep driver did not finish {len(todo)} cases in time",
+                    hint="a kernel may loop forever: sweep fewer cases or one op at a time",
+                ) from exc
+        for line in proc.stdout.splitlines():
+            r = parse_result(line)
+            if r is not None:
+                results[r.id] = r
+            o = parse_outputs(line)
+            if o is not None and o[0] in results:
+                results[o[0]].outputs = (o[1][0], o[1][1], o[1][2])
+        if proc.returncode == 2:
+            raise EspCheckError(f"the sweep driver refused its input: {proc.stderr.strip()[-300:]}")
+        if proc.returncode == 0:
+            missing = [c.id for c in todo if c.id not in results]
+            if missing:
+                raise EspCheckError(f"the sweep driver exited 0 without a result for cases {missing[:5]}")
+            break
+        first = next((k for k, c in enumerate(todo) if c.id not in results), None)
+        if first is None:
+            raise EspCheckError(f"the sweep driver failed (exit {proc.returncode}) after its last case")
+        stopped[todo[first].id] = (proc.returncode, proc.stderr[-20000:])
+        todo = todo[first + 1 :]
+    return _Run(results, stopped)
+
+
+def _crash_text(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+
+
+def judge_runs(cases: Sequence[Case], main: _Run, plain: _Run | None) -> list[CaseVerdict]:
+    """Verdicts from the (sanitized) run, with the plain run's values for cases that stopped it."""
+    out = []
+    for c in cases:
+        san = crash = None
+        result = main.results.get(c.id)
+        if c.id in main.stopped:
+            code, err = main.stopped[c.id]
+            san = sanitizer_report(err)
+            crash = None if san else _crash_text(code)
+            if plain is not None:
+                result = plain.results.get(c.id)
+                if c.id in plain.stopped and san is None:
+                    crash = _crash_text(plain.stopped[c.id][0])
+        out.append(judge(c, result, san, crash))
+    return out
+
+
+def sweep(
+    options: SweepOptions, out_dir: str | Path, *, progress: Callable[[str], None] | None = None
+) -> SweepResult:
+    """Build, run, judge and write ``sweep.json`` plus one reproduction per finding group."""
+    say = progress or (lambda _m: None)
+    bad = [op for op in options.ops if op not in OPS]
+    if bad:
+        raise UsageError(f"unknown op(s) {', '.join(bad)}", hint=f"choose from {', '.join(OPS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    root = (
+        Path(os.environ.get("ESP_CHECK_CACHE_DIR") or Path.home() / ".cache" / "esp-check")
+        / "builds"
+        / "native"
+    )
+    espnn, tflm = find_sweep_sources(options.components_dir, options.espnn_dir, options.tflm_dir)
+    log = out / "build.log"
+    programs = {}
+    for sanitized in (True, False) if options.sanitize else (False,):
+        say(f"building the sweep driver ({'ASan+UBSan' if sanitized else 'plain'})")
+        prog, sources = build_sweep_driver(
+            espnn,
+            tflm,
+            sanitize=sanitized,
+            root=root,
+            out=out / "bin" / f"sweep-{'san' if sanitized else 'plain'}",
+            log_path=log,
+            bits=options.bits,
+            jobs=options.jobs,
+        )
+        programs[sanitized] = prog.path
+    cases = options.cases or list(
+        generate(options.ops, options.cases_per_op, options.seed, options.api_space)
+    )
+    say(f"running {len(cases)} cases")
+    t0 = time.monotonic()
+    main = run_driver(programs[options.sanitize], cases, sanitized=options.sanitize)
+    plain = None
+    if options.sanitize and main.stopped:
+        again = [c for c in cases if c.id in main.stopped]
+        plain = run_driver(programs[False], again)
+    seconds = time.monotonic() - t0
+    verdicts = judge_runs(cases, main, plain)
+    coverage = Coverage()
+    for v in verdicts:
+        coverage.add(v)
+    groups = group(verdicts)
+    findings = _with_repros(groups, programs[False], out)
+    result = SweepResult(
+        out,
+        findings,
+        coverage.rows(),
+        len(cases),
+        seconds,
+        len(cases) / max(seconds, 1e-9),
+        has_reference(sources.tflm),
+        sources.describe(),
+        verdicts,
+    )
+    (out / "sweep.json").write_text(json.dumps(_report(result), indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+def _with_repros(groups: list[dict[str, Any]], plain: Path, out: Path) -> list[dict[str, Any]]:
+    """Each group's example run again with its outputs dumped, and written as a reproduction."""
+    examples = [g["example"].case for g in groups]
+    dumped = run_driver(plain, examples, dump=True) if examples else _Run({}, {})
+    findings = []
+    for k, g in enumerate(groups):
+        case: Case = g["example"].case
+        r = dumped.results.get(case.id)
+        f = {key: v for key, v in g.items() if key != "example"}
+        f["example"] = {"line": case.line(), "meta": case.meta, "reachable": case.reachable}
+        if g["example"].sanitizer:
+            f["sanitizer"] = g["example"].sanitizer
+        if g["example"].crash:
+            f["crash"] = g["example"].crash
+        if r is not None:
+            f["example"]["status"] = list(r.status)
+            f["example"]["diff"] = {
+                name: d.__dict__ if d else None
+                for name, d in (("opt_ansi", r.opt_ansi), ("opt_ref", r.opt_ref), ("ansi_ref", r.ansi_ref))
+            }
+        try:
+            f["repro"] = write_repro(case, out / "repro" / f"{k:03d}-{case.op}-{g['kind']}", r)
+        except EspCheckError as exc:
+            f["repro"] = {"error": str(exc)}
+        findings.append(f)
+    return findings
+
+
+def _report(r: SweepResult) -> dict[str, Any]:
+    return {
+        "schema": "esp-check-sweep/1",
+        "target": "NATIVE: generic ESP-NN C kernels compiled for this host; no S3/P4 assembly ran",
+        "sources": r.sources,
+        "reference_compiled": r.reference,
+        "cases": r.cases,
+        "seconds": round(r.seconds, 3),
+        "cases_per_second": round(r.cases_per_second, 1),
+        "exit_code": r.exit_code,
+        "findings": r.findings,
+        "coverage": r.coverage,
+    }

@@ -135,7 +135,9 @@ def test_corrupt_names_the_output_and_lsb(models_dir: Path, tmp_path: Path, cach
     assert comps[("ansi", "reference")].match  # the ANSI build agrees with the host reference
 
 
-def test_cli_main_job_writes_junit(models_dir: Path, tmp_path: Path, cache_dir: Path):
+def test_cli_main_job_writes_junit(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+):
     junit = tmp_path / "r.xml"
     code = main(
         [
@@ -156,6 +158,11 @@ def test_cli_main_job_writes_junit(models_dir: Path, tmp_path: Path, cache_dir: 
     assert code == 0
     text = junit.read_text()
     assert "<testsuite" in text and 'failures="0"' in text
+    # both variants were flashed in one esptool session: its bytes are shown once, not per variant
+    cap = capsys.readouterr()
+    out = " ".join((cap.out + cap.err).split())
+    assert out.count("B written") == 1, out
+    assert "same esptool" in out
 
 
 def test_cli_without_input_is_usage_error(models_dir: Path, tmp_path: Path):

@@ -354,12 +354,17 @@ def _print_summary(console: Console, result: Any) -> None:
     table = Table(title="flash-and-compare" + kind)
     for col in ("variant", "firmware", "flash", "capture", "ESP-NN mode", "findings"):
         table.add_column(col)
+    shown: list[tuple[str, Any]] = []  # both variants are flashed in one esptool session: show it once
     for v, r in result.variants.items():
         flash = "-"
-        if r.flash:
+        same = next((w for w, f in shown if r.flash and f == r.flash), None)
+        if same is not None:
+            flash = f"same esptool session as {same}"
+        elif r.flash:
             written = sum(x["bytes_written"] for x in r.flash["regions"])
             skipped = sum(1 for x in r.flash["regions"] if x["skipped"])
             flash = f"{written} B written, {skipped} region(s) already there"
+            shown.append((v, r.flash))
         findings = safe_markup(", ".join(f"{f['kind']} ({f['severity']})" for f in r.findings) or "-")
         table.add_row(
             v,

@@ -114,12 +114,6 @@ void on_abort(int sig) {
 void *scratch_alloc(int size) { return size > 0 ? malloc(static_cast<size_t>(size)) : nullptr; }
 
 #if defined(SWEEP_HAVE_DEFS)
-typedef void (*conv_fn)(const data_dims_t *, const int8_t *, const data_dims_t *, const int8_t *, const int32_t *,
-                        const data_dims_t *, int8_t *, const conv_params_t *, const quant_data_t *);
-typedef int (*conv_size_fn)(const data_dims_t *, const data_dims_t *, const data_dims_t *, const conv_params_t *);
-typedef void (*dw_fn)(const data_dims_t *, const int8_t *, const data_dims_t *, const int8_t *, const int32_t *,
-                      const data_dims_t *, int8_t *, const dw_conv_params_t *, const quant_data_t *);
-typedef int (*dw_size_fn)(const data_dims_t *, const data_dims_t *, const data_dims_t *, const dw_conv_params_t *);
 typedef void (*set_fn)(const void *);
 #endif
 typedef void (*fc_fn)(const int8_t *, int32_t, uint16_t, const int8_t *, int32_t, const int32_t *, int8_t *, uint16_t,
@@ -146,6 +140,31 @@ const Names kConv = {{"esp_nn_conv_s8_ansi", SWEEP_XSTR(esp_nn_conv_s8)},
 const Names kDw = {{"esp_nn_depthwise_conv_s8_ansi", SWEEP_XSTR(esp_nn_depthwise_conv_s8)},
                    {"esp_nn_get_depthwise_conv_scratch_size_ansi", SWEEP_XSTR(esp_nn_get_depthwise_conv_scratch_size)},
                    {"esp_nn_set_depthwise_conv_scratch_buf_ansi", SWEEP_XSTR(esp_nn_set_depthwise_conv_scratch_buf)}};
+#if defined(SWEEP_HAVE_DEFS)
+/* Both esp-nn variants of a conv-shaped kernel (conv, depthwise: Params is their params struct): scratch
+ * exactly as the variant's own getter asks, handed over through its setter, freed after the call. */
+template <typename Params>
+void run_conv_variants(const Names &k, Result &r, const data_dims_t &in_d, const int8_t *in, const data_dims_t &f_d,
+                       const int8_t *filt, const int32_t *bias, const data_dims_t &o_d, const Params &cp,
+                       const quant_data_t &q) {
+  typedef void (*kernel_fn)(const data_dims_t *, const int8_t *, const data_dims_t *, const int8_t *, const int32_t *,
+                            const data_dims_t *, int8_t *, const Params *, const quant_data_t *);
+  typedef int (*size_fn)(const data_dims_t *, const data_dims_t *, const data_dims_t *, const Params *);
+  for (int v = 0; v < 2; ++v) {
+    kernel_fn fn = reinterpret_cast<kernel_fn>(sym(k.fn[v]));
+    size_fn sz = reinterpret_cast<size_fn>(sym(k.size[v]));
+    set_fn set = reinterpret_cast<set_fn>(sym(k.set[v]));
+    if (!fn) continue;
+    r.scratch[v] = sz ? sz(&in_d, &f_d, &o_d, &cp) : 0;
+    void *scratch = scratch_alloc(r.scratch[v]);
+    if (set) set(scratch);
+    fn(&in_d, in, &f_d, filt, bias, &o_d, r.out[v], &cp, &q);
+    if (set) set(nullptr);
+    free(scratch);
+    r.status[v] = RAN;
+  }
+}
+#endif
 const char *const kFc[2] = {"esp_nn_fully_connected_s8_ansi", SWEEP_XSTR(esp_nn_fully_connected_s8)};
 const char *const kFcCh[2] = {"esp_nn_fully_connected_per_ch_s8_ansi", SWEEP_XSTR(esp_nn_fully_connected_per_ch_s8)};
 const char *const kAdd[2] = {"esp_nn_add_elementwise_s8_ansi", SWEEP_XSTR(esp_nn_add_elementwise_s8)};
@@ -205,19 +224,7 @@ void run_conv(const Case &c, Result &r) {
   data_dims_t in_d = {iw, ih, ic, 1}, f_d = {fw, fh, fc, 0}, o_d = {ow, oh, oc, 1};
   conv_params_t cp = {p[13], p[14], {p[10], p[9]}, {p[12], p[11]}, {0, 0}, {p[15], p[16]}};
   quant_data_t q = {shift, mult};
-  for (int v = 0; v < 2; ++v) {
-    conv_fn fn = reinterpret_cast<conv_fn>(sym(kConv.fn[v]));
-    conv_size_fn sz = reinterpret_cast<conv_size_fn>(sym(kConv.size[v]));
-    set_fn set = reinterpret_cast<set_fn>(sym(kConv.set[v]));
-    if (!fn) continue;
-    r.scratch[v] = sz ? sz(&in_d, &f_d, &o_d, &cp) : 0;
-    void *scratch = scratch_alloc(r.scratch[v]);
-    if (set) set(scratch);
-    fn(&in_d, in, &f_d, filt, bias, &o_d, r.out[v], &cp, &q);
-    if (set) set(nullptr);
-    free(scratch);
-    r.status[v] = RAN;
-  }
+  run_conv_variants(kConv, r, in_d, in, f_d, filt, bias, o_d, cp, q);
 #endif
 #if defined(ESP_CHECK_SWEEP_REFERENCE)
   tflite::ConvParams rp = {};
@@ -257,19 +264,7 @@ void run_dw(const Case &c, Result &r) {
   data_dims_t in_d = {iw, ih, ic, 1}, f_d = {fw, fh, oc, 1}, o_d = {ow, oh, oc, 1};
   dw_conv_params_t cp = {p[12], p[13], cm, {p[9], p[8]}, {p[11], p[10]}, {0, 0}, {p[14], p[15]}};
   quant_data_t q = {shift, mult};
-  for (int v = 0; v < 2; ++v) {
-    dw_fn fn = reinterpret_cast<dw_fn>(sym(kDw.fn[v]));
-    dw_size_fn sz = reinterpret_cast<dw_size_fn>(sym(kDw.size[v]));
-    set_fn set = reinterpret_cast<set_fn>(sym(kDw.set[v]));
-    if (!fn) continue;
-    r.scratch[v] = sz ? sz(&in_d, &f_d, &o_d, &cp) : 0;
-    void *scratch = scratch_alloc(r.scratch[v]);
-    if (set) set(scratch);
-    fn(&in_d, in, &f_d, filt, bias, &o_d, r.out[v], &cp, &q);
-    if (set) set(nullptr);
-    free(scratch);
-    r.status[v] = RAN;
-  }
+  run_conv_variants(kDw, r, in_d, in, f_d, filt, bias, o_d, cp, q);
 #endif
 #if defined(ESP_CHECK_SWEEP_REFERENCE)
   tflite::DepthwiseParams rp = {};

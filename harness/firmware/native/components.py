@@ -138,18 +138,23 @@ def snapshot(components: Sequence[ComponentSource], root: Path) -> list[Componen
     for comp in components:
         digest = tree_sha256(comp.path)
         dest = root / "sources" / f"{comp.name}-{digest[:20]}"
-        if not (dest / "CMakeLists.txt").is_file():
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.parent / f".tmp-{dest.name}-{uuid.uuid4().hex[:8]}"
-            shutil.copytree(
-                comp.path, tmp, symlinks=False, ignore=shutil.ignore_patterns(*_SKIP_DIRS, *_SKIP_FILES)
-            )
-            try:
-                tmp.rename(dest)
-            except OSError:  # another process made the same snapshot first
-                shutil.rmtree(tmp, ignore_errors=True)
+        copy_once(comp.path, dest)
         out.append(replace(comp, path=dest, sha256=digest))
     return out
+
+
+def copy_once(src: Path, dest: Path) -> Path:
+    """Copy the source tree ``src`` to ``dest`` unless a complete copy is there (it has its
+    CMakeLists.txt): copied beside it and renamed into place, so a half-made copy is never used."""
+    if not (dest / "CMakeLists.txt").is_file():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f".tmp-{dest.name}-{uuid.uuid4().hex[:8]}"
+        shutil.copytree(src, tmp, symlinks=False, ignore=shutil.ignore_patterns(*_SKIP_DIRS, *_SKIP_FILES))
+        try:
+            tmp.rename(dest)
+        except OSError:  # another process made the same copy first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
 
 
 # --------------------------------------------------------------------------------------------

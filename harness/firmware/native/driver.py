@@ -27,7 +27,7 @@ from typing import Any
 import filelock
 
 from harness.errors import BuildError
-from harness.firmware.native.components import ComponentSource, tree_sha256
+from harness.firmware.native.components import ComponentSource, copy_once, tree_sha256
 from harness.firmware.native.config import idf_api_h, sdkconfig_cmake, sdkconfig_h
 from harness.firmware.native.toolchain import Toolchain
 from harness.firmware.toolrun import OutputCallback, run_streaming
@@ -152,14 +152,7 @@ def _snapshot_standins(tree: Path) -> Path:
     install that made it (a new venv, an upgrade, another checkout with the same stand-ins content
     has the same key): building from the installed package's path would then fail to configure. The
     key covers the stand-ins' content, so the copy made once is the right one for the tree."""
-    dest = tree / "standins"
-    if not (dest / "CMakeLists.txt").is_file():
-        tmp = tree / "standins.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(STANDINS_DIR, tmp, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.replace(dest)
-    return dest
+    return copy_once(STANDINS_DIR, tree / "standins")
 
 
 def _forget_moved_build(build: Path, source: Path) -> None:

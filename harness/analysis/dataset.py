@@ -10,6 +10,7 @@ Nothing unknown is ever counted as agreement: an input with a missing or invalid
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,9 +77,10 @@ class PairStats:
             "bit_exact": self.equal,
             "within_tolerance": self.within,
             "agreement": round(self.within / n, 6) if n else None,
-            "max_lsb_per_output": [round(x, 6) for x in self.max_lsb],
+            "max_lsb_per_output": [json_number(round(x, 6)) for x in self.max_lsb],
             "mean_lsb_per_output": [
-                round(s / e, 9) if e else None for s, e in zip(self.sum_abs, self.elements, strict=True)
+                json_number(round(s / e, 9)) if e else None
+                for s, e in zip(self.sum_abs, self.elements, strict=True)
             ],
         }
 
@@ -102,7 +104,7 @@ class Row:
             "name": self.name,
             "label": self.label,
             "verdict": self.verdict,
-            "max_lsb": self.lsb,
+            "max_lsb": {k: json_number(v) for k, v in self.lsb.items()},
             "top1": self.top1,
             "invoke_us": self.invoke_us,
             "detail": self.detail,
@@ -160,9 +162,24 @@ class DatasetAnalysis:
 
 
 def _diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a - b| per element. Float outputs: a NaN or an infinity on one side that the other side does not
+    have at the same element is an infinite difference (never hidden by a max or a tolerance); two NaNs,
+    or two equal infinities, do not differ in value (their bits may: the CRC-32s say so)."""
     if a.dtype.kind in "iu":
         return np.abs(a.astype(np.int64) - b.astype(np.int64)).astype(np.float64).reshape(-1)
-    return np.abs(a.astype(np.float64) - b.astype(np.float64)).reshape(-1)
+    x, y = a.astype(np.float64).reshape(-1), b.astype(np.float64).reshape(-1)
+    same = (x == y) | (np.isnan(x) & np.isnan(y))
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(np.where(same, 0.0, x - y))
+    return np.where(np.isnan(d), np.inf, d)
+
+
+def json_number(x: float | None) -> float | str | None:
+    """A float for report.json: non-finite values as the strings "inf" / "-inf" / "nan" (bare NaN or
+    Infinity tokens are not JSON)."""
+    if x is None or math.isfinite(x):
+        return x
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
 def _compare(x: Leg, y: Leg, stats: PairStats, sizes: Sequence[int], tol: float) -> tuple[float | None, str]:
@@ -281,24 +298,32 @@ def analyze(
 def _verdict(
     legs: Mapping[str, Leg], lsb: Mapping[str, float | None], tol: float, ref_tol: float, why: list[str]
 ) -> tuple[str, str]:
+    """Findings first (a failed invoke, a non-deterministic input, a difference that was measured), then
+    what is unknown: a finding stays a finding when another leg of the same input is missing."""
     devices = [(v, legs[v]) for v in ("optimized", "ansi") if v in legs]
+    missing = [f"{v}: {leg.status} {leg.detail}".strip() for v, leg in devices if not leg.ok] + why
+    unknown = f" (also: {'; '.join(missing)})" if missing else ""
     failed = [
         f"{v}: {leg.status} {leg.detail}".strip() for v, leg in devices if leg.status == "invoke_failed"
     ]
     if failed:
         return "device_error", "; ".join(failed)
-    missing = [f"{v}: {leg.status} {leg.detail}".strip() for v, leg in devices if not leg.ok]
-    if missing or why:
-        return "incomplete", "; ".join(missing + why)
-    nondet = [v for v, leg in devices if leg.nondeterministic]
+    nondet = [v for v, leg in devices if leg.ok and leg.nondeterministic]
     if nondet:
-        return (
-            "nondeterministic",
-            f"{', '.join(nondet)}: the same input gave different outputs across repeats",
+        return "nondeterministic", "; ".join(
+            f"{v}: {legs[v].detail or 'the same input gave different outputs across repeats'}" for v in nondet
         )
-    if (lsb.get("optimized_vs_ansi") or 0) > tol:
-        return "mismatch", f"optimized vs ANSI C differ by {lsb['optimized_vs_ansi']:g}"
-    host = [(k, x) for k, x in lsb.items() if k.endswith("_vs_host") and x is not None and x > ref_tol]
-    if host:
-        return "mismatch", "; ".join(f"{k} differ by {x:g}" for k, x in host)
+    found = []
+    oa = lsb.get("optimized_vs_ansi")
+    if oa is not None and oa > tol:
+        found.append(f"optimized vs ANSI C differ by {oa:g}")
+    found += [
+        f"{k} differ by {x:g}"
+        for k, x in lsb.items()
+        if k.endswith("_vs_host") and x is not None and x > ref_tol
+    ]
+    if found:
+        return "mismatch", "; ".join(found) + unknown
+    if missing:
+        return "incomplete", "; ".join(missing)
     return "match", ""

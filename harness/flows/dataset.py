@@ -23,12 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from harness.analysis.classify import Finding, Severity, classify
 from harness.analysis.dataset import DatasetAnalysis, Leg, OutputSpec, analyze, host_leg
 from harness.device.loop import DeviceRestarted, LinkError, LinkStats, LoopClient
 from harness.errors import ExitCode, UsageError
+from harness.firmware.backtrace import decode_findings
 from harness.flows.capture import boot_variant, link_verdict
 from harness.flows.records import Recorder, VariantRun
-from harness.flows.resident import Boot, ResidentBoard
+from harness.flows.resident import VARIANT_OF_NN, Boot, ResidentBoard
 from harness.model.dataset import Dataset, load_dataset, random_dataset
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, TensorInfo
@@ -164,7 +166,43 @@ def _stream(
     client.stats.rx_payload += col.payload
     rb.link.add(client.stats)  # the run's total (report.json "link")
     problems += col.problems + [f"device ERROR {e.stage}: {e.msg}" for e in col.device_errors]
-    return {i: col.leg(i, ds.items[i].data, outputs) for i in ids}, client.stats, problems
+    legs = {i: col.leg(i, ds.items[i].data, outputs) for i in ids}
+    faults = _crashes(rb, hello.nn, bytes(client.raw))
+    if faults:  # the device crashed: the input it was running has no result, and that is the finding
+        why = "; ".join(f.message for f in faults)
+        problems.append(f"firmware fault while streaming: {why}")
+        crashed = next((i for i in ids if legs[i].status == "missing"), None)
+        if crashed is not None:
+            legs[crashed] = Leg(
+                "invoke_failed", detail=f"the device crashed while it ran (or sent) this input: {why}"
+            )
+        rb.faults.extend(faults)
+    return legs, client.stats, problems
+
+
+def _crashes(rb: ResidentBoard, nn: str, raw: bytes) -> list[Finding]:
+    """Firmware faults (a panic, an abort, a watchdog reset, a TFLM error) in what the device printed
+    while it streamed, classified like a single run's capture and decoded with the variant's ELF."""
+    found = [f for f in classify(raw) if f.severity == Severity.FIRMWARE_FAULT]
+    build = rb.builds.get(VARIANT_OF_NN.get(nn, ""))
+    return decode_findings(found, build.elf, build.chip) if found and build is not None else found
+
+
+def _second_result(first: Leg, again: Leg) -> Leg:
+    """An input run again (a re-fetch in full, a re-run after a lost result) keeps what the first result
+    proved: when both are valid their CRC-32s must be equal. A re-run that differs never replaces the
+    first record: the input is non-deterministic on the device (or a result was altered on the link),
+    a finding either way."""
+    if not (first.ok and again.ok) or first.crcs is None or again.crcs is None:
+        return again if again.ok or not first.ok else first
+    if first.crcs == again.crcs:
+        return again
+    hexes = [" ".join(f"{c:08X}" for c in x) for x in (first.crcs, again.crcs)]
+    return Leg(
+        "ok", first.crcs, None, True, first.invoke_us,
+        f"run again, the same input gave other outputs (CRC-32 {hexes[0]}, then {hexes[1]}): the "
+        "device is not deterministic on it, or a result was altered on the link",
+    )  # fmt: skip
 
 
 _TRANSIENT = ("missing", "invalid")  # lost or damaged on the way: worth running again
@@ -242,7 +280,12 @@ def _passes(
 
         legs, stats, problems = rb.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
         for i, leg in legs.items():
-            out.legs[v][i] = leg
+            out.legs[v][i] = _second_result(out.legs[v][i], leg)
+        if rb.faults:  # a crash is a finding of this variant, never a link hiccup to retry away
+            run.findings += [f.to_dict() for f in rb.faults]
+            out.codes.append(ExitCode.FIRMWARE_FAULT)
+            out.errors.append(f"{v}: firmware fault while streaming the dataset: {rb.faults[0].message}")
+            rb.faults.clear()
         out.link.setdefault(v, LinkStats()).add(stats)
         out.passes.setdefault(v, []).append(
             {"inputs": len(ids), "problems": problems, "link": stats.to_dict()}

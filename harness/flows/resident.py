@@ -19,6 +19,7 @@ from typing import Any
 
 import serial
 
+from harness.analysis.classify import Finding
 from harness.device.console import RawCapture
 from harness.device.flash import FlashResult
 from harness.device.loop import DeviceRestarted, LinkError, LinkStats
@@ -95,6 +96,7 @@ class ResidentBoard:
         self.link = LinkStats()
         self.lost = False  # the link dropped: reopen the port before the next boot
         self.last_link = LinkStats()  # the last session's
+        self.faults: list[Finding] = []  # firmware faults seen while streaming, until a flow takes them
 
     def _timeouts(self) -> dict[str, float]:
         return {"total_timeout": self.limits.capture_total, "silence_timeout": self.limits.capture_silence}

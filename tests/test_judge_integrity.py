@@ -1,0 +1,131 @@
+"""The judge's invariants in dataset mode: no false match, no lost crash, no result taken on trust.
+
+Each test here reproduces a way an earlier version gave a false match or hid a firmware fault, on the
+simulated board (the board is the only fake: its faults are injected through the ``sim://`` URL; the
+frames, the loop client, the host TFLM reference and the verdict code are the real ones).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.analysis.dataset import Leg, OutputSpec, analyze
+from harness.errors import ExitCode
+from harness.flows.dataset import DatasetOptions
+from harness.flows.flash_and_compare import flash_and_compare
+from harness.flows.records import StageTimeouts
+from harness.sim.board import REGISTRY
+from test_model_builder import ADD, Op, T, build_model
+
+DEQUANTIZE, LOG = 6, 73
+
+
+def log_model() -> bytes:
+    """int8 ADD -> DEQUANTIZE -> LOG: a float32 output with NaN (log of a negative) and -inf (log 0)."""
+    const = np.arange(-8, 8, dtype=np.int8).reshape(1, 16)
+    return build_model(
+        [
+            T("x", (1, 16), "int8", 0.05, 0),
+            T("c", (1, 16), "int8", 0.05, 0, const),
+            T("s", (1, 16), "int8", 0.1, 0),
+            T("f", (1, 16), "float32"),
+            T("y", (1, 16), "float32"),
+        ],
+        [Op(ADD, [0, 1], [2], add_options=True), Op(DEQUANTIZE, [2], [3]), Op(LOG, [3], [4])],
+        inputs=[0],
+        outputs=[4],
+    )
+
+
+@pytest.fixture
+def sim_port():  # type: ignore[no-untyped-def]
+    names: list[str] = []
+
+    def make(query: str) -> str:
+        name = f"judge-{uuid.uuid4().hex[:10]}"
+        names.append(name)
+        return f"sim://{name}?{query}"
+
+    yield make
+    for n in names:
+        REGISTRY.remove(n)
+
+
+def _strict_json(path: Path) -> dict:  # type: ignore[type-arg]
+    def refuse(token: str) -> None:
+        raise AssertionError(f"{path} holds the bare token {token}: not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)  # type: ignore[no-any-return]
+
+
+def _run(model: Path, out: Path, port: str, reference: bool = True, **opts: object):  # type: ignore[no-untyped-def]
+    return flash_and_compare(
+        model, [], board="sim", port=port, out_dir=out, dataset=DatasetOptions(**opts),  # type: ignore[arg-type]
+        timeouts=StageTimeouts(capture_total=60, capture_silence=4), reference=reference,
+    )  # fmt: skip
+
+
+# ---- NaN / inf in float outputs -------------------------------------------------------------------
+
+
+def _float_leg(values: list[float]) -> Leg:
+    a = np.array(values, dtype=np.float32)
+    import zlib
+
+    return Leg("ok", (zlib.crc32(a.tobytes()),), [a])
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "differs"),
+    [
+        ([1.0, float("nan")], [1.0, 2.0], True),  # NaN on one side only
+        ([1.0, 2.0], [float("nan"), 2.0], True),
+        ([float("inf"), 2.0], [3.0, 2.0], True),
+        ([float("-inf"), 2.0], [float("inf"), 2.0], True),
+        ([float("nan"), float("-inf")], [float("nan"), float("-inf")], False),  # the same on both sides
+    ],
+)
+def test_non_finite_float_outputs_are_differences_only_where_the_sides_differ(
+    a: list[float], b: list[float], differs: bool
+) -> None:
+    outs = [OutputSpec("float32", (2,))]
+    res = analyze(["x"], [None], outs, {"optimized": [_float_leg(a)], "ansi": [_float_leg(b)]})
+    assert res.rows[0].verdict == ("mismatch" if differs else "match")
+    doc = json.dumps(res.to_dict(), allow_nan=False)  # raises on a bare NaN / Infinity
+    assert ('"inf"' in doc) == differs
+
+
+@pytest.mark.parametrize("results", ["full", "crc"])
+def test_dataset_with_nan_outputs_finds_the_corrupt_variant(tmp_path: Path, sim_port, results: str) -> None:  # type: ignore[no-untyped-def]
+    model = tmp_path / "log.tflite"
+    model.write_bytes(log_model())
+    r = _run(model, tmp_path / "o", sim_port("fault=corrupt&variant_fault=optimized"), random_inputs=20, seed=1,
+             results=results)  # fmt: skip
+    assert r.exit_code == ExitCode.MISMATCH, r.errors
+    doc = _strict_json(r.report_path)
+    verdicts = doc["dataset"]["analysis"]["verdicts"]
+    assert verdicts.get("mismatch", 0) >= 1 and "match" in verdicts
+    worst = doc["dataset"]["analysis"]["agreement"]["optimized_vs_ansi"]["max_lsb_per_output"][0]
+    assert worst == "inf" or (isinstance(worst, float) and math.isfinite(worst) and worst > 0)
+
+
+# ---- a result fetched twice must agree with itself ------------------------------------------------
+
+
+def test_crc_mode_refetch_that_differs_is_nondeterminism_not_a_replacement(
+    tmp_path: Path, models_dir: Path, sim_port
+) -> None:  # type: ignore[no-untyped-def]
+    """--results crc: the optimized variant's CRC-only results are fetched again in full; the flaky
+    kernel gives other outputs the second time. The second result must not silently replace the first."""
+    r = _run(models_dir / "cnn_classifier_11.tflite", tmp_path / "o", sim_port("fault=flaky&variant_fault=optimized"),
+             random_inputs=2, seed=3, results="crc", reference=False)  # fmt: skip
+    assert r.exit_code == ExitCode.MISMATCH, r.errors
+    rows = _strict_json(r.report_path)["dataset"]["analysis"]["rows"]
+    bad = [row for row in rows if row["verdict"] == "nondeterministic"]
+    assert bad and "run again" in bad[0]["detail"]

@@ -129,3 +129,49 @@ def test_crc_mode_refetch_that_differs_is_nondeterminism_not_a_replacement(
     rows = _strict_json(r.report_path)["dataset"]["analysis"]["rows"]
     bad = [row for row in rows if row["verdict"] == "nondeterministic"]
     assert bad and "run again" in bad[0]["detail"]
+
+
+# ---- a crash in a stream is a firmware fault, in flash-and-compare and in the runner ---------------
+
+
+def test_dataset_crash_text_is_a_firmware_fault_not_a_link_hiccup(
+    tmp_path: Path, models_dir: Path, sim_port
+) -> None:  # type: ignore[no-untyped-def]
+    r = _run(models_dir / "cnn_classifier_11.tflite", tmp_path / "o", sim_port("fault=panic&variant_fault=optimized"),
+             random_inputs=6, seed=3, results="crc")  # fmt: skip
+    assert r.exit_code == ExitCode.FIRMWARE_FAULT, r.errors
+    doc = _strict_json(r.report_path)
+    assert doc["dataset"]["analysis"]["verdicts"].get("device_error", 0) >= 1
+    kinds = {f["kind"] for f in doc["variants"]["optimized"]["findings"]}
+    assert "panic" in kinds, kinds
+    assert not any(f["kind"] == "panic" for f in doc["variants"]["ansi"]["findings"])
+
+
+def test_runner_keeps_a_dataset_crash_that_a_retry_does_not_reproduce(tmp_path: Path, models_dir: Path) -> None:
+    """The board crashes on its first app boot only (fault_boots=1): the confirmation re-run matches,
+    and the task still ends as a firmware fault (intermittent), never as a match."""
+    from harness.runner import RunOptions, load_inventory, load_plan, run_plan
+
+    name = f"judge-run-{uuid.uuid4().hex[:8]}"
+    inv = tmp_path / "bench.toml"
+    inv.write_text(
+        f'[[board]]\nname = "b1"\ntype = "sim"\n'
+        f'port = "sim://{name}?emitter=c&fault=panic&variant_fault=optimized&fault_boots=1"\n'
+    )
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        '[run]\nbackoff_s = 0.05\n\n[defaults]\nboards = ["sim"]\n'
+        "timeouts = { capture_total = 60, capture_silence = 4 }\n"
+        f'\n[[job]]\nname = "rnd"\nmodels = ["{models_dir}/cnn_classifier_11.tflite"]\n'
+        'random_inputs = 6\nseed = 3\nresults = "crc"\n'
+    )
+    out = tmp_path / "out"
+    try:
+        opts = RunOptions(out_dir=out, lock_dir=tmp_path / "locks", cache_dir=tmp_path / "cache")
+        result = run_plan(load_plan(plan), load_inventory(inv), opts)
+    finally:
+        REGISTRY.remove(name)
+    doc = _strict_json(out / "summary.json")
+    (task,) = doc["tasks"]
+    assert result.exit_code == ExitCode.FIRMWARE_FAULT, task["reason"]
+    assert task["firmware_fault_confirmed"] is not None

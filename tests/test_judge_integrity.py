@@ -175,3 +175,39 @@ def test_runner_keeps_a_dataset_crash_that_a_retry_does_not_reproduce(tmp_path: 
     (task,) = doc["tasks"]
     assert result.exit_code == ExitCode.FIRMWARE_FAULT, task["reason"]
     assert task["firmware_fault_confirmed"] is not None
+
+
+# ---- a model the host TFLM cannot allocate is the model's problem (exit 2) --------------------------
+
+
+def _unallocatable_model(workdir: Path) -> tuple[Path, Path]:
+    """Fuzz mutant 110 of seed 4242 (tests/fuzzing.py, as ``bench/fuzz.py --replay model 110 --seed
+    4242`` keeps it): a cnn_classifier_11 whose flatbuffer still verifies but which TFLM cannot allocate."""
+    import random
+
+    from fuzzing import MODEL_MUTATIONS, load_bases, mutate
+
+    _, _, bases = load_bases()
+    rng = random.Random("4242:model:110")
+    name = rng.choice(sorted(bases))
+    data, _how = mutate(bases[name], rng, MODEL_MUTATIONS)
+    model = workdir / "m.tflite"
+    model.write_bytes(data)
+    from harness.model.loader import load_model
+
+    x = workdir / "x0.npy"
+    t = load_model(model).inputs[0]
+    np.save(x, np.zeros(t.shape, dtype=np.dtype(t.dtype)))
+    return model, x
+
+
+@pytest.mark.parametrize("mode", ["single", "dataset"])
+def test_a_model_tflm_cannot_allocate_is_a_usage_error(tmp_path: Path, mode: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    from harness.cli import main
+
+    model, x = _unallocatable_model(tmp_path)
+    how = ["--input", str(x)] if mode == "single" else ["--random-inputs", "3"]
+    rc = main(["flash-and-compare", str(model), *how, "--board", "sim", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == ExitCode.USAGE, err
+    assert "allocate" in err and "cannot load this model" in err

@@ -166,8 +166,13 @@ class TflmBackend:
             interp = rt.Interpreter.from_bytes(
                 model_bytes, arena_size=host_arena_bytes(info), intrepreter_config=config
             )
-        except (RuntimeError, ValueError) as exc:
-            raise HostReferenceError(f"TFLM could not load the model: {exc}") from exc
+        except (RuntimeError, ValueError) as exc:  # TFLM itself refuses the model (allocation, ops)
+            raise ModelError(
+                f"TFLM's reference interpreter cannot load this model: {str(exc).strip()}",
+                hint="TFLM, the library the firmware runs, refuses it with an arena far larger than any "
+                "ESP32's: the model is not one TFLM can run (`esp-check inspect MODEL` lists its ops and "
+                "tensors); re-export it",
+            ) from exc
         except (TypeError, IndexError, OverflowError, struct.error) as exc:  # its Python unpack of the file
             raise ModelError(
                 f"TFLM's wheel cannot read this model file ({type(exc).__name__}: {exc})",

@@ -211,3 +211,24 @@ def test_a_model_tflm_cannot_allocate_is_a_usage_error(tmp_path: Path, mode: str
     err = capsys.readouterr().err
     assert rc == ExitCode.USAGE, err
     assert "allocate" in err and "cannot load this model" in err
+
+
+# ---- hybrid: a culprit op only from firmware evidence ----------------------------------------------
+
+
+@pytest.mark.parametrize("bisect", [True, False])
+def test_hybrid_names_no_op_when_the_baseline_failed_on_the_link(
+    tmp_path: Path, models_dir: Path, sim_port, bisect: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """frame_tx damages the optimized app's frames: the baseline is an infrastructure error, which says
+    nothing against any op. Bisection (or taps) must not name a culprit from runs that all come back good."""
+    from harness.flows.hybrid import HybridOptions, hybrid
+
+    res = hybrid(
+        models_dir / "cnn_classifier_11.tflite", [models_dir / "inputs" / "cnn_classifier_11.png"], board="sim",
+        port=sim_port("emitter=c&fault=frame_tx&variant_fault=optimized"), out_dir=tmp_path / "o",
+        options=HybridOptions(bisect=bisect), timeouts=StageTimeouts(capture_total=60, capture_silence=4),
+    )  # fmt: skip
+    assert res.exit_code == ExitCode.INFRASTRUCTURE, res.message
+    assert not res.offered and res.culprits == [] and res.ansi_ops == []
+    assert "no evidence against the optimized build" in res.message

@@ -257,6 +257,15 @@ def _baseline(st: _State, port: str | None) -> bool:
     if base.exit_code == ExitCode.MATCH and not st.opts.manual:
         res.message = "the optimized build already matches ANSI C and the host reference: no hybrid needed"
         return False
+    if base.exit_code not in (ExitCode.MISMATCH, ExitCode.FIRMWARE_FAULT) and not st.opts.manual:
+        # a culprit op is named only from firmware evidence: a baseline that failed on the link, the
+        # port or the build proves nothing wrong with the optimized kernels, so there is nothing to find
+        res.message = (
+            f"the baseline ended with exit {int(base.exit_code)} ({base.verdict}), not with a mismatch or "
+            "a firmware fault: there is no evidence against the optimized build to find the ops of; fix "
+            "what the baseline reports (baseline/report.json) and run again"
+        )
+        return False
     return True
 
 

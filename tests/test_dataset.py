@@ -123,7 +123,9 @@ def test_crc_equality_data_differences_and_unknowns() -> None:
     )
     # input 4: ANSI C's result is missing, but the optimized one is non-deterministic: a finding stays a
     # finding whatever else is unknown (findings before incompleteness, as the exit-code precedence)
-    assert [r.verdict for r in a.rows] == ["match", "mismatch", "incomplete", "device_error", "nondeterministic"]
+    assert [r.verdict for r in a.rows] == [
+        "match", "mismatch", "incomplete", "device_error", "nondeterministic"
+    ]  # fmt: skip
     assert a.rows[0].lsb == {"optimized_vs_ansi": 0.0, "optimized_vs_host": 0.0, "ansi_vs_host": 0.0}
     assert a.rows[1].lsb["optimized_vs_ansi"] == 3.0  # ANSI C's bytes inferred from the host's equal CRC
     assert a.rows[2].lsb["optimized_vs_ansi"] is None  # CRCs differ, nothing fetched: never "agreement"

@@ -165,5 +165,14 @@ def test_payload_decoders_only_raise_format_errors(p: bytes, outs: list[int]) ->
 
 
 def test_hello_round_trip() -> None:
-    h = fr.Hello(1, True, False, "ansi_c", 1, 0, "int8", 4096, 16384, 6912, (2304, 11), "ab" * 32, "0.1.0")
+    h = fr.Hello(fr.VERSION, True, False, "ansi_c", 1, 0, "int8", 4096, 16384, 6912, (2304, 11), "ab" * 32,
+                 "0.1.0", 0xDEADBEEF, "cd" * 32, "")  # fmt: skip
     assert fr.decode_hello(fr.encode_hello(h)) == h
+    assert h.key == fr.key_crc(0xDEADBEEF, "ansi_c") != fr.key_crc(0xDEADBEEF, "optimized")
+
+
+def test_hello_of_another_frame_protocol_is_refused_with_a_fix() -> None:
+    h = fr.Hello(2, False, False, "optimized", 0, 0, "int8", 4096, 4096, 4, (4,), "", "x")
+    old = bytes([1]) + fr.encode_hello(h)[1:]
+    with pytest.raises(fr.FrameFormatError, match="rebuild and flash"):
+        fr.decode_hello(old)

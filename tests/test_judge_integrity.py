@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_model_builder import ADD, Op, T, build_model
 
 from harness.analysis.dataset import Leg, OutputSpec, analyze
 from harness.errors import ExitCode
@@ -21,9 +22,9 @@ from harness.flows.dataset import DatasetOptions
 from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.records import StageTimeouts
 from harness.sim.board import REGISTRY
-from test_model_builder import ADD, Op, T, build_model
 
 DEQUANTIZE, LOG = 6, 73
+CNN = "cnn_classifier_11.tflite"
 
 
 def log_model() -> bytes:
@@ -105,8 +106,8 @@ def test_non_finite_float_outputs_are_differences_only_where_the_sides_differ(
 def test_dataset_with_nan_outputs_finds_the_corrupt_variant(tmp_path: Path, sim_port, results: str) -> None:  # type: ignore[no-untyped-def]
     model = tmp_path / "log.tflite"
     model.write_bytes(log_model())
-    r = _run(model, tmp_path / "o", sim_port("fault=corrupt&variant_fault=optimized"), random_inputs=20, seed=1,
-             results=results)  # fmt: skip
+    port = sim_port("fault=corrupt&variant_fault=optimized")
+    r = _run(model, tmp_path / "o", port, random_inputs=20, seed=1, results=results)
     assert r.exit_code == ExitCode.MISMATCH, r.errors
     doc = _strict_json(r.report_path)
     verdicts = doc["dataset"]["analysis"]["verdicts"]
@@ -123,8 +124,8 @@ def test_crc_mode_refetch_that_differs_is_nondeterminism_not_a_replacement(
 ) -> None:  # type: ignore[no-untyped-def]
     """--results crc: the optimized variant's CRC-only results are fetched again in full; the flaky
     kernel gives other outputs the second time. The second result must not silently replace the first."""
-    r = _run(models_dir / "cnn_classifier_11.tflite", tmp_path / "o", sim_port("fault=flaky&variant_fault=optimized"),
-             random_inputs=2, seed=3, results="crc", reference=False)  # fmt: skip
+    port = sim_port("fault=flaky&variant_fault=optimized")
+    r = _run(models_dir / CNN, tmp_path / "o", port, random_inputs=2, seed=3, results="crc", reference=False)
     assert r.exit_code == ExitCode.MISMATCH, r.errors
     rows = _strict_json(r.report_path)["dataset"]["analysis"]["rows"]
     bad = [row for row in rows if row["verdict"] == "nondeterministic"]
@@ -137,8 +138,8 @@ def test_crc_mode_refetch_that_differs_is_nondeterminism_not_a_replacement(
 def test_dataset_crash_text_is_a_firmware_fault_not_a_link_hiccup(
     tmp_path: Path, models_dir: Path, sim_port
 ) -> None:  # type: ignore[no-untyped-def]
-    r = _run(models_dir / "cnn_classifier_11.tflite", tmp_path / "o", sim_port("fault=panic&variant_fault=optimized"),
-             random_inputs=6, seed=3, results="crc")  # fmt: skip
+    port = sim_port("fault=panic&variant_fault=optimized")
+    r = _run(models_dir / CNN, tmp_path / "o", port, random_inputs=6, seed=3, results="crc")
     assert r.exit_code == ExitCode.FIRMWARE_FAULT, r.errors
     doc = _strict_json(r.report_path)
     assert doc["dataset"]["analysis"]["verdicts"].get("device_error", 0) >= 1
@@ -147,7 +148,9 @@ def test_dataset_crash_text_is_a_firmware_fault_not_a_link_hiccup(
     assert not any(f["kind"] == "panic" for f in doc["variants"]["ansi"]["findings"])
 
 
-def test_runner_keeps_a_dataset_crash_that_a_retry_does_not_reproduce(tmp_path: Path, models_dir: Path) -> None:
+def test_runner_keeps_a_dataset_crash_that_a_retry_does_not_reproduce(
+    tmp_path: Path, models_dir: Path
+) -> None:
     """The board crashes on its first app boot only (fault_boots=1): the confirmation re-run matches,
     and the task still ends as a firmware fault (intermittent), never as a match."""
     from harness.runner import RunOptions, load_inventory, load_plan, run_plan
@@ -225,7 +228,7 @@ def test_hybrid_names_no_op_when_the_baseline_failed_on_the_link(
     from harness.flows.hybrid import HybridOptions, hybrid
 
     res = hybrid(
-        models_dir / "cnn_classifier_11.tflite", [models_dir / "inputs" / "cnn_classifier_11.png"], board="sim",
+        models_dir / CNN, [models_dir / "inputs" / "cnn_classifier_11.png"], board="sim",
         port=sim_port("emitter=c&fault=frame_tx&variant_fault=optimized"), out_dir=tmp_path / "o",
         options=HybridOptions(bisect=bisect), timeouts=StageTimeouts(capture_total=60, capture_silence=4),
     )  # fmt: skip

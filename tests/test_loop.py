@@ -72,9 +72,14 @@ class App:
         return 0 if slot == 1 else 0x103
 
 
+SESSION = 0x5EED5EED  # the boot's session id in these tests: every command frame carries its key
+KEY = fr.key_crc(SESSION, "optimized")
+
+
 def config(window: int = 16384) -> LoopConfig:
     return LoopConfig(
         input_bytes=6912, input_dtype="int8", window=window, nn="optimized", slot=0, model_sha256="ab" * 32,
+        session=SESSION,
         outputs=[LoopOutput(OUT_BYTES[0], "int8", (1, 48, 48, 1), 0.5, -3, "mask"),
                  LoopOutput(OUT_BYTES[1], "int8", (1, 11), 0.25, 0, "class")],
     )  # fmt: skip
@@ -83,12 +88,13 @@ def config(window: int = 16384) -> LoopConfig:
 class Script:
     """Host-side command frames with consecutive sequence numbers."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: int = KEY) -> None:
         self.frames: list[bytes] = []
         self.seq = 0
+        self.key = key
 
     def add(self, ftype: int, payload: bytes = b"") -> Script:
-        self.frames.append(fr.encode_frame(ftype, self.seq, payload))
+        self.frames.append(fr.encode_frame(ftype, self.seq, payload, key=self.key))
         self.seq += 1
         return self
 
@@ -274,7 +280,7 @@ def test_boot_switch_reply_then_reboot(backend: str) -> None:
     s = Script()
     s.seq = 1
     assert loop.rx(s.add(fr.CMD_BOOT, b"\x01").frames[0]) == ECL_REBOOT
-    replies = [fr.decode_boot(f.payload) for f in fr.split_stream(bytes(app.out)).frames]
+    replies = [fr.decode_boot(f.payload) for f in fr.split_stream(bytes(app.out), key=KEY).frames]
     assert replies == [(0, 0x103), (1, 0)] and app.booted == [0, 1]
 
 
@@ -349,3 +355,56 @@ def test_c_decoder_and_loop_under_sanitizers(tmp_path: Path) -> None:
     run = subprocess.run([str(exe), *files], capture_output=True, text=True, check=False, timeout=300)
     ok = run.returncode == 0 and "ERROR" not in run.stderr and run.stdout.startswith("ok")
     assert ok, run.stderr[-2000:]
+
+
+# ---- the boot key and the HELLO line (docs/protocol.md "Boot key") -----------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hello_is_one_printable_line_that_the_host_decodes_at_any_split(backend: str) -> None:
+    app = play(backend, [])
+    line = bytes(app.out)
+    assert line.startswith(b"\r\n@ECH HELLO ") and line.endswith(b"\r\n") and line.count(b"\n") == 2
+    assert all(0x20 <= c <= 0x7E for c in line.strip())  # a serial monitor shows one line of text
+    for cut in range(len(line) + 1):
+        dec = fr.FrameDecoder()
+        items = dec.feed(line[:cut]) + dec.feed(line[cut:])
+        hellos = [fr.decode_hello(f.payload) for f in items if isinstance(f, fr.Frame)]
+        assert [(h.session, h.nn) for h in hellos] == [(SESSION, "optimized")], cut
+        assert dec.key == KEY
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_commands_of_another_boot_are_refused_by_the_device(backend: str) -> None:
+    """A command keyed for another session (a host still talking to the previous boot) is a damaged
+    frame to this boot: NAKed, never run."""
+    app = App()
+    stale = Script(key=fr.key_crc(SESSION ^ 1, "optimized")).run(0, source=fr.SRC_PRNG, seed=1)
+    play(backend, stale.frames, app)
+    frames, results, _ = responses(app)
+    assert results == {} and app.invokes == 0
+    assert [f.name for f in frames][:2] == ["HELLO", "NAK"]
+
+
+def test_result_frames_of_an_earlier_boot_are_dropped_and_counted() -> None:
+    """Two boots of the same firmware: the first boot's RESULT frame replayed after the second boot's
+    HELLO (same seq, a valid CRC under the first boot's key) is never taken for the second boot's."""
+    boots = []
+    for session in (0x1111, 0x2222):
+        cfg = config()
+        cfg.session = session
+        app = App()
+        key = fr.key_crc(session, "optimized")
+        play("python", Script(key=key).run(0, source=fr.SRC_PRNG, seed=session, results=fr.RES_CRC)
+             .add(fr.CMD_SYNC, b"t").frames, app, cfg)  # fmt: skip
+        boots.append(bytes(app.out))
+    first, second = boots
+    hello2_end = second.index(b"\r\n", 4) + 2
+    first_result = next(f for f in fr.split_stream(first).frames if f.type == fr.RSP_RESULT)
+    old_key = fr.key_crc(0x1111, "optimized")
+    replay = fr.encode_frame(fr.RSP_RESULT, first_result.seq, first_result.payload, key=old_key)
+    spliced = first + second[:hello2_end] + replay + second[hello2_end:]
+    split = fr.split_stream(spliced)
+    results = [fr.decode_results(f.payload, OUT_BYTES)[0] for f in split.frames if f.type == fr.RSP_RESULT]
+    assert split.stats.stale == 1 and len(results) == 2  # one per boot: the replay was dropped
+    assert replay not in split.text

@@ -1,4 +1,4 @@
-/* esp-check binary frames, version 1: encoder, streaming decoder, input PRNG (see esp_check_frame.h). */
+/* esp-check binary frames, version 2: encoder, streaming decoder, input PRNG (see esp_check_frame.h). */
 #include "esp_check_frame.h"
 
 #include <string.h>
@@ -30,8 +30,39 @@ uint32_t ecf_get_u32(const uint8_t *p) {
 
 uint64_t ecf_get_u64(const uint8_t *p) { return (uint64_t)ecf_get_u32(p) | ((uint64_t)ecf_get_u32(p + 4) << 32); }
 
+uint32_t ecf_key_crc(uint32_t session, uint8_t nn) {
+    uint8_t k[5];
+    ecf_put_u32(k, session);
+    k[4] = nn;
+    return ecf_crc32(0u, k, sizeof(k));
+}
+
+int ecf_keyed(uint8_t type) { return type != ECF_TYPE_HELLO_Q && type != ECF_TYPE_HELLO; }
+
+size_t ecf_b64(char *out, size_t cap, const uint8_t *in, size_t n) {
+    static const char A[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t k, w = 0;
+    if (out == NULL || (n + 2) / 3 > cap / 4) return 0;
+    for (k = 0; k < n; k += 3) {
+        uint32_t v = (uint32_t)in[k] << 16;
+        size_t left = n - k;
+        if (left > 1) v |= (uint32_t)in[k + 1] << 8;
+        if (left > 2) v |= (uint32_t)in[k + 2];
+        out[w++] = A[(v >> 18) & 63u];
+        out[w++] = A[(v >> 12) & 63u];
+        out[w++] = left > 1 ? A[(v >> 6) & 63u] : '=';
+        out[w++] = left > 2 ? A[v & 63u] : '=';
+    }
+    return w;
+}
+
 size_t ecf_encode(uint8_t *out, size_t cap, uint8_t type, uint8_t flags, uint16_t seq, const uint8_t *payload,
                   size_t len) {
+    return ecf_encode_keyed(out, cap, type, flags, seq, payload, len, 0u);
+}
+
+size_t ecf_encode_keyed(uint8_t *out, size_t cap, uint8_t type, uint8_t flags, uint16_t seq,
+                        const uint8_t *payload, size_t len, uint32_t key) {
     size_t total;
     uint32_t crc;
     if (out == NULL || len > ECF_MAX_PAYLOAD || (len > 0 && payload == NULL)) return 0;
@@ -45,12 +76,14 @@ size_t ecf_encode(uint8_t *out, size_t cap, uint8_t type, uint8_t flags, uint16_
     ecf_put_u16(out + 6, (uint16_t)len);
     ecf_put_u16(out + 8, (uint16_t)(len ^ 0xFFFFu));
     if (len > 0) memmove(out + ECF_HEADER, payload, len);
-    crc = ecf_crc32(0u, out, ECF_HEADER + len);
+    crc = ecf_crc32(ecf_keyed(type) ? key : 0u, out, ECF_HEADER + len);
     ecf_put_u32(out + ECF_HEADER + len, crc);
     return total;
 }
 
 size_t ecf_decoder_sizeof(void) { return sizeof(ecf_decoder_t); }
+
+void ecf_decoder_set_key(ecf_decoder_t *d, uint32_t key) { d->key = key; }
 
 void ecf_decoder_init(ecf_decoder_t *d, size_t max_payload) {
     memset(d, 0, sizeof(*d));
@@ -97,7 +130,8 @@ static int step(ecf_decoder_t *d, ecf_frame_cb cb, void *ctx) {
     }
     total = ECF_HEADER + (size_t)len + ECF_TRAILER;
     if (d->have < total) return 1;
-    if (ecf_crc32(0u, d->buf, ECF_HEADER + len) != ecf_get_u32(d->buf + ECF_HEADER + len)) {
+    if (ecf_crc32(ecf_keyed(d->buf[2]) ? d->key : 0u, d->buf, ECF_HEADER + len) !=
+        ecf_get_u32(d->buf + ECF_HEADER + len)) {
         d->bad_crc++;
         resync(d);
         return 0;

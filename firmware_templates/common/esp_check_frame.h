@@ -1,5 +1,5 @@
 /*
- * esp-check binary frames, version 1 (spec: docs/protocol.md "Binary frames").
+ * esp-check binary frames, version 2 (spec: docs/protocol.md "Binary frames").
  *
  * Portable C99, no allocation: the encoder writes into the caller's buffer, the streaming decoder keeps
  * one frame in a fixed buffer inside ecf_decoder_t. Input is hostile: every length is checked against
@@ -14,7 +14,12 @@
  *   6  u16   len   (payload bytes, <= ECF_MAX_PAYLOAD)
  *   8  u16   len ^ 0xFFFF
  *  10  len   payload
- *  10+len u32 CRC-32 (zlib polynomial) of bytes 0 .. 9+len
+ *  10+len u32 CRC-32 (zlib polynomial) of the boot key, then bytes 0 .. 9+len
+ *
+ * The boot key binds every frame but HELLO and HELLO? to one boot of one variant: the CRC-32 starts from
+ * ecf_key_crc(session, nn) (the session id the device drew at boot and announced in its HELLO, and its
+ * compiled-in ESP-NN mode) instead of 0, so a frame of another boot, or of the other variant, fails its
+ * CRC and is dropped like a damaged one. HELLO is sent as one text line, "@ECH HELLO <base64 frame>".
  *
  * Also here: the device-side input PRNG (SplitMix64, docs/protocol.md "Random inputs") and little-endian
  * field helpers shared by the command loop.
@@ -29,13 +34,16 @@
 extern "C" {
 #endif
 
-#define ECF_VERSION 1
+#define ECF_VERSION 2
 #define ECF_MAGIC0 0xECu
 #define ECF_MAGIC1 0xF5u
 #define ECF_HEADER 10
 #define ECF_TRAILER 4
 #define ECF_MAX_PAYLOAD 4096
 #define ECF_MAX_FRAME (ECF_HEADER + ECF_MAX_PAYLOAD + ECF_TRAILER)
+#define ECF_TYPE_HELLO_Q 0x01u /* the two frame types whose CRC is not keyed (they set up the session) */
+#define ECF_TYPE_HELLO 0x80u
+#define ECF_HELLO_LINE_PREFIX "\r\n@ECH HELLO "
 
 /* dtype codes (HELLO input_dtype, random inputs) */
 #define ECF_DT_UNKNOWN 0
@@ -63,17 +71,30 @@ typedef struct {
     uint32_t bad_headers; /* magic matched, length field inconsistent or too large */
     uint32_t bad_crc;     /* complete candidate whose CRC-32 failed */
     uint32_t skipped;     /* bytes dropped outside frames (noise, text, rejected candidates' first bytes) */
+    uint32_t key;         /* the boot key's CRC (ecf_key_crc): where a keyed frame's CRC starts; 0 none */
 } ecf_decoder_t;
 
 uint32_t ecf_crc32(uint32_t crc, const uint8_t *data, size_t len); /* zlib.crc32 compatible */
+
+/* The boot key: CRC-32 of the 5 bytes session (u32 little-endian) and nn. */
+uint32_t ecf_key_crc(uint32_t session, uint8_t nn);
+/* 1 when a frame of this type carries the boot key in its CRC (every type but HELLO? and HELLO). */
+int ecf_keyed(uint8_t type);
 
 /* Encode one frame into out (cap bytes). Returns the frame size, or 0 if len > ECF_MAX_PAYLOAD or the frame
  * does not fit in cap. payload may be NULL when len is 0. */
 size_t ecf_encode(uint8_t *out, size_t cap, uint8_t type, uint8_t flags, uint16_t seq, const uint8_t *payload,
                   size_t len);
+/* The same with the boot key's CRC (ecf_key_crc) as the CRC's start for keyed types. */
+size_t ecf_encode_keyed(uint8_t *out, size_t cap, uint8_t type, uint8_t flags, uint16_t seq,
+                        const uint8_t *payload, size_t len, uint32_t key);
+/* Standard base64 (RFC 4648, padded) of in[0..n) into out; returns the characters written, or 0 when
+ * they would not fit in cap (no NUL is written). */
+size_t ecf_b64(char *out, size_t cap, const uint8_t *in, size_t n);
 
 void ecf_decoder_init(ecf_decoder_t *d, size_t max_payload);
 size_t ecf_decoder_sizeof(void); /* sizeof(ecf_decoder_t), for foreign-function callers */
+void ecf_decoder_set_key(ecf_decoder_t *d, uint32_t key); /* keyed frames must then carry this key */
 /* Feed received bytes; cb is called once per valid frame, in order. Never reads or writes out of bounds,
  * whatever the bytes. */
 void ecf_decoder_feed(ecf_decoder_t *d, const uint8_t *data, size_t len, ecf_frame_cb cb, void *ctx);

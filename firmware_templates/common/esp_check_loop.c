@@ -1,16 +1,16 @@
-/* esp-check resident command loop, version 1 (see esp_check_loop.h and docs/protocol.md). */
+/* esp-check resident command loop, version 2 (see esp_check_loop.h and docs/protocol.md). */
 #include "esp_check_loop.h"
 
 #include <string.h>
 
-#define HELLO_FIXED 52
+#define HELLO_FIXED 120
 #define FWVER_MAX 32
 #define ERROR_MSG_MAX 120
 
 size_t ecl_sizeof(void) { return sizeof(ecl_t); }
 
 static void send_frame(ecl_t *l, uint8_t type, const uint8_t *payload, size_t len) {
-    size_t n = ecf_encode(l->tx, sizeof(l->tx), type, 0, l->tx_seq, payload, len);
+    size_t n = ecf_encode_keyed(l->tx, sizeof(l->tx), type, 0, l->tx_seq, payload, len, l->key);
     if (n == 0) return; /* cannot happen: every caller bounds len by ECF_MAX_PAYLOAD */
     l->tx_seq++;
     l->cfg.write(l->cfg.ctx, l->tx, n);
@@ -60,8 +60,10 @@ void ecl_error(ecl_t *l, uint32_t id, uint8_t stage, int32_t code, const char *m
 
 void ecl_hello(ecl_t *l) {
     uint8_t p[HELLO_FIXED + 4 * ECL_MAX_OUTPUTS + 1 + FWVER_MAX];
+    /* "\r\n@ECH HELLO " + base64 of the whole frame + "\r\n": one line of text in a serial monitor */
+    char line[sizeof(ECF_HELLO_LINE_PREFIX) + 4 * ((ECF_HEADER + sizeof(p) + ECF_TRAILER + 2) / 3) + 2];
     const ecl_config_t *c = &l->cfg;
-    size_t k, pos, vlen = 0;
+    size_t k, pos, vlen = 0, n, w;
     memset(p, 0, sizeof(p));
     p[0] = ECF_VERSION;
     p[1] = (uint8_t)((c->sim ? 1u : 0u) | (c->tap ? 2u : 0u));
@@ -73,7 +75,10 @@ void ecl_hello(ecl_t *l) {
     ecf_put_u32(p + 8, c->window);
     ecf_put_u32(p + 12, (uint32_t)c->input_bytes);
     ecf_put_u16(p + 16, (uint16_t)c->n_outputs);
-    if (c->model_sha256 != NULL) memcpy(p + 20, c->model_sha256, 32);
+    ecf_put_u32(p + 20, c->session);
+    if (c->model_sha256 != NULL) memcpy(p + 24, c->model_sha256, 32);
+    if (c->app_sha256 != NULL) memcpy(p + 56, c->app_sha256, 32);
+    if (c->other_sha256 != NULL) memcpy(p + 88, c->other_sha256, 32);
     pos = HELLO_FIXED;
     for (k = 0; k < c->n_outputs; k++, pos += 4) ecf_put_u32(p + pos, (uint32_t)c->outputs[k].bytes);
     while (c->fwver != NULL && c->fwver[vlen] != '\0' && vlen < FWVER_MAX) vlen++;
@@ -83,7 +88,17 @@ void ecl_hello(ecl_t *l) {
         p[pos++] = (ch >= 0x21 && ch <= 0x7E) ? ch : '_';
     }
     flush_batch(l);
-    send_frame(l, ECL_RSP_HELLO, p, pos);
+    n = ecf_encode_keyed(l->tx, sizeof(l->tx), ECL_RSP_HELLO, 0, l->tx_seq, p, pos, l->key);
+    if (n == 0) return;
+    l->tx_seq++;
+    w = sizeof(ECF_HELLO_LINE_PREFIX) - 1;
+    memcpy(line, ECF_HELLO_LINE_PREFIX, w);
+    k = ecf_b64(line + w, sizeof(line) - w - 2, l->tx, n);
+    if (k == 0) return; /* cannot happen: line is sized for the largest HELLO */
+    w += k;
+    line[w++] = '\r';
+    line[w++] = '\n';
+    l->cfg.write(l->cfg.ctx, (const uint8_t *)line, w);
 }
 
 int ecl_init(ecl_t *l, const ecl_config_t *cfg) {
@@ -95,6 +110,8 @@ int ecl_init(ecl_t *l, const ecl_config_t *cfg) {
         return -1;
     }
     if (cfg->window < ECF_MAX_FRAME) l->cfg.window = ECF_MAX_FRAME;
+    l->key = ecf_key_crc(cfg->session, cfg->nn);
+    ecf_decoder_set_key(&l->dec, l->key);
     return 0;
 }
 

@@ -1,5 +1,5 @@
 /*
- * esp-check resident command loop, version 1 (spec: docs/protocol.md "Resident loop").
+ * esp-check resident command loop, version 2 (spec: docs/protocol.md "Resident loop").
  *
  * Portable C99 state machine, no allocation, no ESP-IDF: the firmware feeds it the bytes its UART /
  * USB-Serial-JTAG driver received (ecl_rx) and tells it when the receive buffer ran empty (ecl_idle);
@@ -112,6 +112,9 @@ typedef struct {
     uint8_t sim, tap, nn, slot, init_status; /* HELLO: nn 1 optimized, 2 ansi_c; slot 0xFF unknown */
     const uint8_t *model_sha256;             /* 32 bytes (NULL: zeros) */
     const char *fwver;
+    uint32_t session;            /* this boot's session id (drawn at boot, never 0): keys every frame's CRC */
+    const uint8_t *app_sha256;   /* 32 bytes: the running app image's SHA-256 (NULL: zeros, unknown) */
+    const uint8_t *other_sha256; /* 32 bytes: the other app slot's image SHA-256 (NULL: zeros, unknown) */
 } ecl_config_t;
 
 typedef struct {
@@ -132,6 +135,7 @@ typedef struct {
     uint8_t batch[ECF_MAX_PAYLOAD];
     uint8_t tx[ECF_MAX_FRAME];
     uint32_t stats_runs, stats_naks, stats_dups;
+    uint32_t key; /* ecf_key_crc(session, nn): the CRC start of every keyed frame, both directions */
 } ecl_t;
 
 size_t ecl_sizeof(void);

@@ -214,6 +214,7 @@ def capture_run(
     reopen: Callable[[], serial.SerialBase] | None = None,
     stop_at_hello: bool = False,
     stop_on_frame: Callable[[Frame], bool] | None = None,
+    frame_key: int = 0,
 ) -> RawCapture:
     """Reset the board into its app (``reset`` = board reset style, ``None`` = don't) and capture.
 
@@ -245,7 +246,7 @@ def capture_run(
     st = _State(port)
     st.last_data = time.monotonic()
     if stop_at_hello or stop_on_frame is not None:
-        st.frames = FrameDecoder()
+        st.frames = FrameDecoder(key=frame_key)  # the running boot's key: its BOOTING reply is keyed
         st.stop_on_frame = stop_on_frame or (lambda f: f.type == RSP_HELLO)
     log: IO[bytes] | None = None
     if log_path is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO
 
 import serial
@@ -51,6 +51,7 @@ class LinkStats:
     naks: int = 0
     damaged_frames: int = 0  # device-to-host candidates that failed their checks
     rx_gaps: int = 0  # device frames lost (a gap in the device's sequence numbers)
+    stale_frames: int = 0  # whole frames of an earlier boot (another session's key): dropped, never used
     seconds: float = 0.0
 
     def add(self, other: LinkStats) -> None:
@@ -84,6 +85,7 @@ class LoopClient:
         respect_window: bool = True,
         on_text: Callable[[bytes], None] | None = None,
         seq: int = 0,
+        stale_keys: Sequence[int] = (),
     ) -> None:
         self.port = port
         self.hello = hello
@@ -92,7 +94,9 @@ class LoopClient:
         self.ack_timeout = ack_timeout
         self.window = hello.window if respect_window else 1 << 40
         self.on_text = on_text
-        self.dec = fr.FrameDecoder()
+        # frames of this boot only: an earlier boot's (stale_keys) are dropped and counted
+        self.dec = fr.FrameDecoder(key=hello.key, stale_keys=stale_keys)
+        self.key = hello.key
         self.seq = seq & 0xFFFF  # the next command's seq: 0 after a boot, then it continues across clients
         self.unacked: deque[tuple[int, bytes]] = deque()  # (seq, frame bytes) sent, not yet acknowledged
         self.inbox: deque[fr.Frame] = deque()
@@ -141,7 +145,7 @@ class LoopClient:
         if self.log is not None:
             self.log.write(data)
             self.log.flush()
-        bad_before = self.dec.stats.bad
+        bad_before, stale_before = self.dec.stats.bad, self.dec.stats.stale
         for item in self.dec.feed(data):
             if isinstance(item, fr.Frame):
                 self._on_frame(item)
@@ -150,6 +154,7 @@ class LoopClient:
                 if self.on_text is not None:
                     self.on_text(item)
         self.stats.damaged_frames += self.dec.stats.bad - bad_before
+        self.stats.stale_frames += self.dec.stats.stale - stale_before
 
     def _on_frame(self, f: fr.Frame) -> None:
         self.stats.frames_received += 1
@@ -209,7 +214,7 @@ class LoopClient:
 
     def send(self, ftype: int, payload: bytes = b"") -> int:
         """Send one command frame once the window has room for it; returns its seq."""
-        frame = fr.encode_frame(ftype, self.seq, payload)
+        frame = fr.encode_frame(ftype, self.seq, payload, key=self.key)
         while self.unacked and self.in_flight() + len(frame) > self.window:
             self._wait_progress("room in the device's receive buffer")
         self._write(frame)

@@ -172,7 +172,7 @@ class DeviceSession:
         self.open()
         assert self.serial is not None
         try:
-            self.serial.write(fr.encode_frame(fr.CMD_BOOT, seq, bytes([slot])))
+            self.serial.write(fr.encode_frame(fr.CMD_BOOT, seq, bytes([slot]), key=hello.key))
         except (serial.SerialException, OSError) as exc:
             raise LinkError(f"the serial link was lost before the slot switch ({exc})") from exc
 
@@ -180,7 +180,9 @@ class DeviceSession:
             return f.type == fr.RSP_HELLO or (f.type == fr.RSP_BOOT and fr.decode_boot(f.payload)[1] != 0)
 
         kwargs.setdefault("max_boots", 4)
-        cap = self.capture(log_path, reset=False, stop_at_end=False, stop_on_frame=refused, **kwargs)
+        cap = self.capture(
+            log_path, reset=False, stop_at_end=False, stop_on_frame=refused, frame_key=hello.key, **kwargs
+        )
         if cap.stop_frame is not None and cap.stop_frame.type == fr.RSP_BOOT:
             status = fr.decode_boot(cap.stop_frame.payload)[1]
             raise LinkError(

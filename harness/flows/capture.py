@@ -166,6 +166,16 @@ def boot_variant(rb: ResidentBoard, run: VariantRun) -> Boot | ExitCode | None:
     if boot.hello is None or boot.hello.init_status != 0 or boot.variant != v:
         return _verify(rb, run, boot.raw, log)  # start-up evidence: a fault, a loop, silence
     run.nn_mode = boot.hello.nn  # compiled in (sdkconfig.h), as INFO nn in a text capture
+    want = rb.model_sha256()
+    if want and boot.hello.model_sha256 != want:  # identity: the device runs the model it was given
+        rb.current = None
+        msg = (
+            f"the {v} app reports model SHA-256 {boot.hello.model_sha256[:16]}... in its HELLO, but the "
+            f"model esp-check flashed is {want[:16]}...: its results would be of another model"
+        )
+        run.problems.append(msg)
+        rb.rec.add("verify", v, ExitCode.USAGE, 0.0, msg)
+        return ExitCode.USAGE
     return boot
 
 

@@ -140,7 +140,10 @@ def _stream(
     hello = boot.hello
     problems: list[str] = []
     with open(log_path, "ab") as log:
-        client = rb.dev.client(hello, log, stall_timeout=rb.limits.capture_silence, seq=boot.next_seq)
+        client = rb.dev.client(
+            hello, log, stall_timeout=rb.limits.capture_silence, seq=boot.next_seq,
+            stale_keys=rb.stale_keys(hello),
+        )  # fmt: skip
         col = _Collector(hello.output_bytes)
         try:
             for i in ids:

@@ -30,6 +30,7 @@ from harness.firmware.layout import VARIANT_SLOTS
 from harness.flows.records import EXPECTED_NN, Recorder, StageTimeouts
 from harness.protocol import frames as fr
 from harness.protocol import otadata
+from harness.protocol.model_image import ModelImageError, parse_model_image
 
 VARIANT_OF_NN = {nn: v for v, nn in EXPECTED_NN.items()}
 _LOADED_APP_RE = re.compile(rb"Loaded app from partition at offset 0x([0-9a-fA-F]+)")
@@ -97,6 +98,24 @@ class ResidentBoard:
         self.lost = False  # the link dropped: reopen the port before the next boot
         self.last_link = LinkStats()  # the last session's
         self.faults: list[Finding] = []  # firmware faults seen while streaming, until a flow takes them
+        self.keys: list[int] = []  # the boot keys of every boot seen (docs/protocol.md "Boot key")
+        self._model_sha: str | None = None
+
+    def model_sha256(self) -> str:
+        """SHA-256 of the model esp-check flashed (from the model partition image it wrote), or ""."""
+        if self._model_sha is None:
+            self._model_sha = ""
+            for b in self.builds.values():
+                art = b.artifact("model")
+                if art is not None and art.path.is_file():
+                    with contextlib.suppress(ModelImageError, OSError):
+                        self._model_sha = parse_model_image(art.path.read_bytes()).sha256
+                    break
+        return self._model_sha
+
+    def stale_keys(self, hello: fr.Hello) -> list[int]:
+        """Earlier boots' keys: their frames are dropped and counted, never used."""
+        return [k for k in self.keys if k != hello.key]
 
     def _timeouts(self) -> dict[str, float]:
         return {"total_timeout": self.limits.capture_total, "silence_timeout": self.limits.capture_silence}
@@ -129,6 +148,8 @@ class ResidentBoard:
                 hello = None
         boot = Boot(raw, hello, self._variant_of(raw, hello))
         self.current = boot if hello is not None and hello.init_status == 0 else None
+        if hello is not None and hello.key not in self.keys:
+            self.keys.append(hello.key)
         return boot
 
     def ensure(self, variant: str, log_path: Path) -> Boot:
@@ -186,7 +207,10 @@ class ResidentBoard:
         notes: list[str] = []
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
-            client = self.dev.client(hello, log, stall_timeout=self.limits.capture_silence, seq=seq)
+            client = self.dev.client(
+                hello, log, stall_timeout=self.limits.capture_silence, seq=seq,
+                stale_keys=self.stale_keys(hello),
+            )  # fmt: skip
             try:
                 client.text_session(list(inputs))
             except DeviceRestarted as exc:

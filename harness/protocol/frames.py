@@ -9,6 +9,9 @@ back as text, in order, so IDF log lines and text records interleaved with frame
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 import struct
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-VERSION = 1
+VERSION = 2
 MAGIC = b"\xec\xf5"
 HEADER = 10
 TRAILER = 4
@@ -41,7 +44,9 @@ REC_FIXED = 20
 ST_OK, ST_INVOKE_FAILED, ST_INPUT_INCOMPLETE = 0, 1, 2
 FL_NONDETERMINISTIC, FL_INLINE, FL_DATA_FRAMES = 0x01, 0x02, 0x04
 DATA_FIXED = 10
-HELLO_FIXED = 52
+HELLO_FIXED = 120
+HELLO_LINE = b"@ECH HELLO "  # the HELLO frame travels as one text line: this, base64 of the frame, CRLF
+HELLO_LINE_MAX = 512  # longer than any HELLO line: a longer candidate is text
 NAK_BAD_FRAME, NAK_GAP = 1, 2
 NO_ID = 0xFFFFFFFF
 MAX_OUTPUTS = 16
@@ -61,8 +66,20 @@ class FrameFormatError(ValueError):
     """A frame passed its CRC but its payload does not have the layout its type requires."""
 
 
-def crc32(data: bytes | bytearray | memoryview) -> int:
-    return zlib.crc32(data) & 0xFFFFFFFF
+def crc32(data: bytes | bytearray | memoryview, start: int = 0) -> int:
+    return zlib.crc32(data, start) & 0xFFFFFFFF
+
+
+def key_crc(session: int, nn: str | int) -> int:
+    """The boot key (docs/protocol.md "Boot key"): CRC-32 of the session id (u32 LE) and the nn code. A
+    keyed frame's CRC-32 starts from it, so a frame of another boot or variant fails its check."""
+    code = nn if isinstance(nn, int) else NN_CODES.get(nn, 0)
+    return crc32(struct.pack("<IB", session & 0xFFFFFFFF, code & 0xFF))
+
+
+def keyed(ftype: int) -> bool:
+    """Every frame type but HELLO? and HELLO (which set the session up) carries the boot key."""
+    return ftype not in (CMD_HELLO, RSP_HELLO)
 
 
 # ---- frames ---------------------------------------------------------------------------------------
@@ -87,14 +104,20 @@ class Frame:
         return TYPE_NAMES.get(self.type, f"0x{self.type:02x}")
 
 
-def encode_frame(ftype: int, seq: int, payload: bytes = b"", flags: int = 0) -> bytes:
-    """One frame: magic, type, flags, seq, len, len ^ 0xFFFF, payload, CRC-32 of all that."""
+def encode_frame(ftype: int, seq: int, payload: bytes = b"", flags: int = 0, key: int = 0) -> bytes:
+    """One frame: magic, type, flags, seq, len, len ^ 0xFFFF, payload, CRC-32 of all that (starting from
+    the boot key ``key`` for keyed types)."""
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"frame payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
     n = len(payload)
     head = MAGIC + struct.pack("<BBHHH", ftype & 0xFF, flags & 0xFF, seq & 0xFFFF, n, n ^ 0xFFFF)
     body = head + bytes(payload)
-    return body + struct.pack("<I", crc32(body))
+    return body + struct.pack("<I", crc32(body, key if keyed(ftype) else 0))
+
+
+def hello_line(frame: bytes) -> bytes:
+    """The text line a HELLO frame travels as (readable in a serial monitor; docs/protocol.md)."""
+    return b"\r\n" + HELLO_LINE + base64.b64encode(frame) + b"\r\n"
 
 
 @dataclass
@@ -103,6 +126,7 @@ class DecoderStats:
     bad_headers: int = 0
     bad_crc: int = 0
     skipped: int = 0
+    stale: int = 0  # whole frames of an earlier boot (they pass under an earlier boot key): dropped
 
     @property
     def bad(self) -> int:
@@ -115,20 +139,44 @@ class FrameDecoder:
     ``feed`` returns, in stream order, :class:`Frame` objects and ``bytes`` runs that are not part of a
     valid frame (text, noise, rejected candidates). A candidate waiting for its remaining bytes is held
     back; :meth:`flush` releases it as text at the end of a stream.
+
+    ``key`` is the boot key (:func:`key_crc`) keyed frames must carry; ``stale_keys`` are earlier boots'
+    keys: a frame that passes under one of them is a whole frame of another boot, dropped and counted
+    (``stats.stale``), never delivered. ``hello_lines`` (the host side): a HELLO that arrives as its text
+    line (``@ECH HELLO <base64>``) is delivered as the HELLO frame it encodes. With no stale keys and no
+    HELLO lines the decisions are the C decoder's, byte for byte.
     """
 
-    def __init__(self, max_payload: int = MAX_PAYLOAD) -> None:
+    def __init__(
+        self,
+        max_payload: int = MAX_PAYLOAD,
+        *,
+        key: int = 0,
+        stale_keys: Sequence[int] = (),
+        hello_lines: bool = True,
+    ) -> None:
         self.max_payload = min(max_payload, MAX_PAYLOAD)
         self.buf = bytearray()
         self.stats = DecoderStats()
+        self.key = key
+        self.stale_keys = tuple(k for k in stale_keys if k != key)
+        self.hello_lines = hello_lines
+        self._line = bytearray()  # text held back: a HELLO line that has not ended yet
 
     def feed(
         self, data: bytes | bytearray | memoryview, on_frame: Callable[[Frame], None] | None = None
     ) -> list[Frame | bytes]:
         """Decode ``data``; with ``on_frame`` each frame is handed over the moment it completes (as the C
-        decoder's callback is) instead of being returned."""
+        decoder's callback is) instead of being returned (HELLO lines are then not looked for)."""
         out: list[Frame | bytes] = []
         text = bytearray()
+        host = self.hello_lines and on_frame is None
+
+        def emit_text() -> None:  # text before a frame candidate: a HELLO line in it sets the key first
+            if text:
+                out.extend(self._hello_text(bytes(text)) if host else [bytes(text)])
+                text.clear()
+
         pos = 0
         data = bytes(data)
         n = len(data)
@@ -146,29 +194,89 @@ class FrameDecoder:
                 self.buf += data[pos : pos + take]
                 pos += take
             while self.buf:
+                if host and self.buf[0] == MAGIC[0]:
+                    emit_text()
                 got = self._step(text)
                 if got is None:
                     break
                 if isinstance(got, Frame):
-                    if text:
-                        out.append(bytes(text))
-                        text.clear()
-                    if on_frame is not None:
+                    emit_text()
+                    if host:
+                        self._deliver(got, out)
+                    elif on_frame is not None:
                         on_frame(got)
                     else:
                         out.append(got)
             if self.buf and pos >= n:
                 break
-        if text:
-            out.append(bytes(text))
+        emit_text()
         return out
+
+    def _deliver(self, frame: Frame, out: list[Frame | bytes]) -> None:
+        """Host side: a binary frame ends any held partial line; a HELLO sets the key of what follows."""
+        if self._line:
+            out.append(bytes(self._line))
+            self._line.clear()
+        if frame.type == RSP_HELLO:
+            self._follow(frame)
+        out.append(frame)
+
+    def _follow(self, frame: Frame) -> None:
+        """A HELLO starts (or repeats) a boot: its key is the key of the frames after it."""
+        try:
+            key = decode_hello(frame.payload).key
+        except FrameFormatError:
+            return
+        if key != self.key:
+            if self.key:
+                self.stale_keys = (*self.stale_keys, self.key)
+            self.key = key
+            self.stale_keys = tuple(k for k in self.stale_keys if k != key)
 
     def flush(self) -> bytes:
         """Bytes of an incomplete candidate at the end of the stream (as text)."""
-        rest = bytes(self.buf)
-        self.stats.skipped += len(rest)
+        rest = bytes(self._line) + bytes(self.buf)
+        self.stats.skipped += len(self.buf)
         self.buf.clear()
+        self._line.clear()
         return rest
+
+    # ---- HELLO lines (host side) --------------------------------------------------------------------
+
+    def _hello_text(self, text: bytes) -> list[Frame | bytes]:
+        """Split ``text`` (after what was held) into text runs and the HELLO frames of complete HELLO
+        lines; hold a partial one back."""
+        out: list[Frame | bytes] = []
+        text = bytes(self._line) + text
+        self._line.clear()
+        while text:
+            at = text.find(HELLO_LINE)
+            if at < 0:
+                keep = _partial_prefix(text, HELLO_LINE)  # the line may start at the very end
+                if text[: len(text) - keep]:
+                    out.append(text[: len(text) - keep])
+                self._line += text[len(text) - keep :]
+                break
+            if at:
+                out.append(text[:at])
+            end = text.find(b"\n", at)
+            if end < 0:
+                if len(text) - at > HELLO_LINE_MAX:
+                    out.append(text[at:])
+                else:
+                    self._line += text[at:]
+                break
+            frame = _hello_from_line(text[at + len(HELLO_LINE) : end])
+            if frame is None:
+                out.append(text[at : end + 1])
+            else:
+                self.stats.frames += 1
+                self._follow(frame)
+                out.append(frame)
+            text = text[end + 1 :]
+        return out
+
+    # ---- binary frames ------------------------------------------------------------------------------
 
     def _drop(self, k: int, text: bytearray) -> None:
         text += self.buf[:k]
@@ -201,14 +309,49 @@ class FrameDecoder:
         total = HEADER + length + TRAILER
         if len(buf) < total:
             return None
-        if crc32(memoryview(buf)[: HEADER + length]) != struct.unpack_from("<I", buf, HEADER + length)[0]:
+        body = memoryview(buf)[: HEADER + length]
+        got = struct.unpack_from("<I", buf, HEADER + length)[0]
+        if crc32(body, self.key if keyed(ftype) else 0) != got:
+            stale = keyed(ftype) and any(crc32(body, k) == got for k in self.stale_keys)
+            del body
+            if stale:  # a whole, intact frame of an earlier boot: never used, never text
+                self.stats.stale += 1
+                del buf[:total]
+                return True
             self.stats.bad_crc += 1
             self._resync(text)
             return True
+        del body
         frame = Frame(ftype, seq, bytes(buf[HEADER : HEADER + length]), flags)
         del buf[:total]
         self.stats.frames += 1
         return frame
+
+
+def _partial_prefix(text: bytes, marker: bytes) -> int:
+    """How many bytes at the end of ``text`` are the start of ``marker``."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0
+
+
+_B64_LINE = re.compile(rb"[A-Za-z0-9+/]+={0,2}\r?")
+
+
+def _hello_from_line(body: bytes) -> Frame | None:
+    """The HELLO frame a HELLO line's base64 holds: exactly one whole, valid, unkeyed HELLO frame."""
+    if len(body) > HELLO_LINE_MAX or not _B64_LINE.fullmatch(body):
+        return None
+    try:
+        raw = base64.b64decode(body.rstrip(b"\r"), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    dec = FrameDecoder(hello_lines=False)
+    items = dec.feed(raw)
+    if len(items) != 1 or dec.buf or not isinstance(items[0], Frame) or items[0].type != RSP_HELLO:
+        return None
+    return items[0]
 
 
 @dataclass
@@ -220,11 +363,14 @@ class SplitStream:
     stats: DecoderStats
 
 
-def split_stream(raw: bytes) -> SplitStream:
-    """Remove every valid frame from ``raw``; everything else (text, damaged frames) stays as text."""
-    if MAGIC not in raw:  # the common case of a text-only log: nothing to do
+def split_stream(raw: bytes, key: int = 0) -> SplitStream:
+    """Remove every valid frame from ``raw``; everything else (text, damaged frames) stays as text.
+
+    Keyed frames are checked with the key of the last HELLO before them (``key``: before any HELLO);
+    whole frames of an earlier boot are dropped and counted (``stats.stale``)."""
+    if MAGIC not in raw and HELLO_LINE not in raw:  # the common case of a text-only log: nothing to do
         return SplitStream(raw, [], DecoderStats(skipped=len(raw)))
-    dec = FrameDecoder()
+    dec = FrameDecoder(key=key)
     text = bytearray()
     frames: list[Frame] = []
     for item in dec.feed(raw):
@@ -288,27 +434,49 @@ class Hello:
     output_bytes: tuple[int, ...]
     model_sha256: str
     fwver: str
+    session: int = 0  # this boot's session id: with ``nn``, the boot key of every other frame
+    app_sha256: str = ""  # the running app image's SHA-256 ("" unknown)
+    other_sha256: str = ""  # the other app slot's image SHA-256 ("" unknown)
 
     @property
     def init_stage(self) -> str | None:
         return None if self.init_status == 0 else STAGES.get(self.init_status, f"code{self.init_status}")
 
+    @property
+    def key(self) -> int:
+        """The boot key this boot's keyed frames carry (both directions)."""
+        return key_crc(self.session, self.nn)
+
+
+def _sha_bytes(hexd: str) -> bytes:
+    return bytes.fromhex(hexd) if hexd else b"\0" * 32
+
+
+def _sha_hex(raw: bytes) -> str:
+    return "" if raw == b"\0" * 32 else raw.hex()
+
 
 def encode_hello(h: Hello) -> bytes:
     fw = h.fwver.encode("ascii", "replace")[:FWVER_MAX]
     head = struct.pack(
-        "<BBBBBBHIIHH",
+        "<BBBBBBHIIHHI",
         h.proto, int(h.sim) | (2 if h.tap else 0), NN_CODES.get(h.nn, 0),
         0xFF if h.slot is None else h.slot, h.init_status, DTYPE_CODES.get(h.input_dtype, 0),
-        h.max_payload, h.window, h.input_bytes, len(h.output_bytes), 0,
+        h.max_payload, h.window, h.input_bytes, len(h.output_bytes), 0, h.session & 0xFFFFFFFF,
     )  # fmt: skip
-    sha = bytes.fromhex(h.model_sha256) if h.model_sha256 else b"\0" * 32
-    return head + sha + b"".join(struct.pack("<I", n) for n in h.output_bytes) + bytes([len(fw)]) + fw
+    shas = _sha_bytes(h.model_sha256) + _sha_bytes(h.app_sha256) + _sha_bytes(h.other_sha256)
+    outs = b"".join(struct.pack("<I", n) for n in h.output_bytes)
+    return head + shas + outs + bytes([len(fw)]) + fw
 
 
 def decode_hello(p: bytes) -> Hello:
     _need(p, HELLO_FIXED + 1, "HELLO")
-    proto, flags, nn, slot, init, dt, maxp, window, in_bytes, n_out, _ = struct.unpack_from("<BBBBBBHIIHH", p)
+    if p[0] != VERSION:
+        raise FrameFormatError(
+            f"HELLO of frame protocol {p[0]}, esp-check speaks {VERSION}: rebuild and flash the firmware"
+        )
+    fields = struct.unpack_from("<BBBBBBHIIHHI", p)
+    proto, flags, nn, slot, init, dt, maxp, window, in_bytes, n_out, _, session = fields
     if n_out > MAX_OUTPUTS:
         raise FrameFormatError(f"HELLO announces {n_out} outputs (at most {MAX_OUTPUTS})")
     _need(p, HELLO_FIXED + 4 * n_out + 1, "HELLO")
@@ -320,7 +488,8 @@ def decode_hello(p: bytes) -> Hello:
     fw = p[pos + 1 : pos + 1 + vlen].decode("ascii", "replace")
     return Hello(
         proto, bool(flags & 1), bool(flags & 2), NN_NAMES.get(nn, "unknown"), None if slot == 0xFF else slot,
-        init, DTYPE_NAMES.get(dt, "unknown"), maxp, window, in_bytes, tuple(outs), p[20:52].hex(), fw,
+        init, DTYPE_NAMES.get(dt, "unknown"), maxp, window, in_bytes, tuple(outs), p[24:56].hex(), fw,
+        session, _sha_hex(p[56:88]), _sha_hex(p[88:120]),
     )  # fmt: skip
 
 

@@ -58,6 +58,9 @@ class LoopConfig:
     init_status: int = 0
     model_sha256: str = ""
     fwver: str = "0.0.0"
+    session: int = 0  # this boot's session id (docs/protocol.md "Boot key")
+    app_sha256: str = ""
+    other_sha256: str = ""
 
 
 @dataclass
@@ -79,7 +82,7 @@ class DeviceLoop:
     cfg: LoopConfig
     host: LoopHost
     emitter: Any  # harness.protocol.emitter.Emitter with a ``seq`` attribute
-    dec: fr.FrameDecoder = field(default_factory=fr.FrameDecoder)
+    dec: fr.FrameDecoder = field(default_factory=lambda: fr.FrameDecoder(hello_lines=False))
     rx_expected: int = 0
     tx_seq: int = 0
     nak_pending: bool = False
@@ -96,13 +99,15 @@ class DeviceLoop:
 
     def __post_init__(self) -> None:
         self.cfg.window = max(self.cfg.window, fr.MAX_FRAME)
+        self.key = fr.key_crc(self.cfg.session, self.cfg.nn)
+        self.dec.key = self.key
         self.staging = bytearray(self.cfg.input_bytes)
         self.outputs_now = [bytes(o.bytes) for o in self.cfg.outputs]
 
     # ---- sending ----------------------------------------------------------------------------------
 
     def _send(self, ftype: int, payload: bytes) -> None:
-        self.host.write(fr.encode_frame(ftype, self.tx_seq, payload))
+        self.host.write(fr.encode_frame(ftype, self.tx_seq, payload, key=self.key))
         self.tx_seq = (self.tx_seq + 1) & 0xFFFF
 
     def _flush(self) -> None:
@@ -132,12 +137,15 @@ class DeviceLoop:
         c = self.cfg
         h = fr.Hello(
             fr.VERSION, c.sim, c.tap, c.nn, c.slot, c.init_status, c.input_dtype, fr.MAX_PAYLOAD, c.window,
-            c.input_bytes, tuple(o.bytes for o in c.outputs), c.model_sha256, "",
+            c.input_bytes, tuple(o.bytes for o in c.outputs), c.model_sha256, "", c.session, c.app_sha256,
+            c.other_sha256,
         )  # fmt: skip
         fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: fr.FWVER_MAX])
         payload = fr.encode_hello(h)[:-1] + bytes([len(fw)]) + fw
         self._flush()
-        self._send(fr.RSP_HELLO, payload)
+        frame = fr.encode_frame(fr.RSP_HELLO, self.tx_seq, payload)
+        self.tx_seq = (self.tx_seq + 1) & 0xFFFF
+        self.host.write(fr.hello_line(frame))
 
     # ---- receiving --------------------------------------------------------------------------------
 

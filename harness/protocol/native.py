@@ -45,6 +45,7 @@ class _Decoder(ctypes.Structure):
         ("bad_headers", ctypes.c_uint32),
         ("bad_crc", ctypes.c_uint32),
         ("skipped", ctypes.c_uint32),
+        ("key", ctypes.c_uint32),
     ]
 
 
@@ -96,6 +97,9 @@ class _Config(ctypes.Structure):
         ("init_status", ctypes.c_uint8),
         ("model_sha256", _u8p),
         ("fwver", ctypes.c_char_p),
+        ("session", ctypes.c_uint32),
+        ("app_sha256", _u8p),
+        ("other_sha256", _u8p),
     ]
 
 
@@ -112,6 +116,12 @@ def load_library(cache_dir: Path | None = None) -> ctypes.CDLL:
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
     sigs: dict[str, tuple[Any, list[Any]]] = {
         "ecf_encode": (sz, [_u8p, sz, ctypes.c_uint8, ctypes.c_uint8, ctypes.c_uint16, ctypes.c_char_p, sz]),
+        "ecf_encode_keyed": (
+            sz,
+            [_u8p, sz, ctypes.c_uint8, ctypes.c_uint8, ctypes.c_uint16, ctypes.c_char_p, sz, ctypes.c_uint32],
+        ),
+        "ecf_key_crc": (ctypes.c_uint32, [ctypes.c_uint32, ctypes.c_uint8]),
+        "ecf_decoder_set_key": (None, [ctypes.POINTER(_Decoder), ctypes.c_uint32]),
         "ecf_decoder_init": (None, [ctypes.POINTER(_Decoder), sz]),
         "ecf_decoder_sizeof": (sz, []),
         "ecf_decoder_feed": (None, [ctypes.POINTER(_Decoder), ctypes.c_char_p, sz, _FRAME_CB, vp]),
@@ -134,9 +144,11 @@ def load_library(cache_dir: Path | None = None) -> ctypes.CDLL:
     return lib
 
 
-def c_encode_frame(lib: ctypes.CDLL, ftype: int, seq: int, payload: bytes, flags: int = 0) -> bytes:
+def c_encode_frame(
+    lib: ctypes.CDLL, ftype: int, seq: int, payload: bytes, flags: int = 0, key: int = 0
+) -> bytes:
     out = (ctypes.c_uint8 * fr.MAX_FRAME)()
-    n = lib.ecf_encode(out, len(out), ftype, flags, seq, payload, len(payload))
+    n = lib.ecf_encode_keyed(out, len(out), ftype, flags, seq, payload, len(payload), key)
     return bytes(out[:n])
 
 
@@ -149,10 +161,11 @@ def c_prng(lib: ctypes.CDLL, seed: int, index: int, dtype: str, nbytes: int) -> 
 class CFrameDecoder:
     """esp_check_frame.c's streaming decoder (frames and counters; text is dropped, as on the device)."""
 
-    def __init__(self, lib: ctypes.CDLL, max_payload: int = fr.MAX_PAYLOAD) -> None:
+    def __init__(self, lib: ctypes.CDLL, max_payload: int = fr.MAX_PAYLOAD, key: int = 0) -> None:
         self.lib = lib
         self.state = _Decoder()
         lib.ecf_decoder_init(ctypes.byref(self.state), max_payload)
+        lib.ecf_decoder_set_key(ctypes.byref(self.state), key)
         self._got: list[fr.Frame] = []
 
         def _cb(_ctx: int | None, f: Any) -> None:
@@ -192,8 +205,9 @@ class CDeviceLoop:
             x.scale = o.scale
             x.zp = o.zp
             x.name = self._c(o.name)
-        self._sha = (ctypes.c_uint8 * 32).from_buffer_copy(
-            bytes.fromhex(cfg.model_sha256) if cfg.model_sha256 else bytes(32)
+        self._sha, self._app_sha, self._other_sha = (
+            (ctypes.c_uint8 * 32).from_buffer_copy(bytes.fromhex(h) if h else bytes(32))
+            for h in (cfg.model_sha256, cfg.app_sha256, cfg.other_sha256)
         )
         self._callbacks = self._make_callbacks()
         c = _Config(*self._callbacks)
@@ -210,6 +224,9 @@ class CDeviceLoop:
         c.init_status = cfg.init_status
         c.model_sha256 = ctypes.cast(self._sha, _u8p)
         c.fwver = self._c(cfg.fwver)
+        c.session = cfg.session & 0xFFFFFFFF
+        c.app_sha256 = ctypes.cast(self._app_sha, _u8p)
+        c.other_sha256 = ctypes.cast(self._other_sha, _u8p)
         self._config = c
         self.state = ctypes.create_string_buffer(int(lib.ecl_sizeof()))
         if lib.ecl_init(self.state, ctypes.byref(c)) != 0:

@@ -238,6 +238,9 @@ class SimApp:
             init_status=self.init.stage,
             model_sha256=hashlib.sha256(self.payload.model).hexdigest() if self.payload.model else "",
             fwver=str(self.payload.header.get("fwver", "0.0.0")),
+            # a new one at every boot, as the firmware draws with esp_random() (never 0); seeded by the
+            # board's seed, the boot and the image, so a simulated run replays byte for byte
+            session=self.env.faults.rng(f"session:{self.elf_sha}", self.env.boot_index).getrandbits(32) | 1,
         )
         return make_loop(cfg, self, backend=self.env.emitter_backend)
 
@@ -315,11 +318,16 @@ class SimApp:
 
     def write(self, data: bytes) -> None:
         data = bytes(data)
-        if "frame_tx" in self.active and data[:2] == fr.MAGIC:
+        line = data.startswith(b"\r\n" + fr.HELLO_LINE)  # the HELLO frame, as its text line
+        if "frame_tx" in self.active and (data[:2] == fr.MAGIC or line):
             self.frames_out += 1
             if self.frames_out % self.env.faults.frame_every == 0:
                 damaged = bytearray(data)
-                damaged[min(len(damaged) - 1, fr.HEADER + 1)] ^= 0x40  # a flipped bit in the payload or CRC
+                if line:  # another base64 letter: the line still decodes, the frame's CRC fails
+                    at = 2 + len(fr.HELLO_LINE) + 16
+                    damaged[at] = ord("B") if damaged[at] == ord("A") else ord("A")
+                else:
+                    damaged[min(len(damaged) - 1, fr.HEADER + 1)] ^= 0x40  # a flipped bit in payload or CRC
                 data = bytes(damaged)
         self._write(data)
 

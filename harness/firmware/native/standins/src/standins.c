@@ -12,6 +12,7 @@
 #include "esp_cpu.h"
 #include "esp_heap_caps.h"
 #include "esp_idf_version.h"
+#include "esp_random.h"
 #include "esp_system.h"
 #include "esp_timer.h"
 #include "freertos/task.h"
@@ -51,6 +52,17 @@ void esp_chip_info(esp_chip_info_t *out_info) {
 }
 
 const char *esp_get_idf_version(void) { return ESP_CHECK_STANDINS_VERSION; }
+
+uint32_t esp_random(void) {
+    uint32_t v = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f != NULL) {
+        if (fread(&v, sizeof(v), 1, f) != 1) v = 0;
+        fclose(f);
+    }
+    if (v == 0) v = (uint32_t)monotonic_ns() ^ 0x9E3779B9u; /* no /dev/urandom: still differs per boot */
+    return v;
+}
 
 void *heap_caps_malloc(size_t size, uint32_t caps) {
     (void)caps;

@@ -2,6 +2,12 @@
 
     python bench/fuzz.py --captures 5000 --legacy 1000 --models 1000 --seed 1
     python bench/fuzz.py --replay model 17 --seed 1      # one mutant again, with esp-check's message
+    python bench/fuzz.py --captures 0 --legacy 0 --models 0 --frames 1000   # resident-loop tampering
+
+``--frames``: each trial is a dataset run on a served simulated board (clean, or with corrupt optimized
+kernels) through a man in the middle that damages, drops, reorders, replays across boots or forges
+one thing in the frame stream (tests/tamper.py); a false match or an exit code of the wrong class counts
+as an offending trial.
 
 Mutants and the oracle are in tests/fuzzing.py (shared with the bounded CI test tests/test_fuzz.py).
 The mutants run in a worker process that notes each mutant before running it, so a crash of the
@@ -40,6 +46,8 @@ def _worker(target: str, start: int, end: int, seed: int, log: Path) -> int:
     # esp-check in this process may not take the machine down: past this it gets MemoryError (exit 70)
     resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY, WORKER_MEMORY))
 
+    if target == "frames":
+        return _frames_worker(start, end, seed, log)
     captures, legacy, models = fuzzing.load_bases()
     run = {
         "capture": lambda k, d: fuzzing.capture_mutant(seed, k, captures, d),
@@ -54,6 +62,26 @@ def _worker(target: str, start: int, end: int, seed: int, log: Path) -> int:
             f.write(json.dumps({"k": k, **{key: getattr(o, key) for key in (
                 "mutation", "code", "false_match", "contained_crash", "detail")}}) + "\n")  # fmt: skip
             f.flush()
+    return 0
+
+
+def _frames_worker(start: int, end: int, seed: int, log: Path) -> int:
+    import shutil
+
+    import tamper
+
+    servers = tamper.Servers()
+    try:
+        with open(log, "a", encoding="utf-8") as f, tempfile.TemporaryDirectory() as tmp:
+            for k in range(start, end):
+                f.write(json.dumps({"begin": k}) + "\n")
+                f.flush()
+                doc = tamper.fuzz_trial(seed, k, tmp, servers)
+                f.write(json.dumps({"k": k, **doc}) + "\n")
+                f.flush()
+                shutil.rmtree(Path(tmp) / f"t{k}", ignore_errors=True)
+    finally:
+        servers.close()
     return 0
 
 
@@ -147,6 +175,7 @@ def main() -> int:
     ap.add_argument("--captures", type=int, default=5000)
     ap.add_argument("--legacy", type=int, default=1000)
     ap.add_argument("--models", type=int, default=1000)
+    ap.add_argument("--frames", type=int, default=0, help="tamper trials on the resident loop (~7 s each)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--replay", nargs=2, metavar=("TARGET", "K"))
     args = ap.parse_args()
@@ -154,7 +183,9 @@ def main() -> int:
         return _replay(args.replay[0], int(args.replay[1]), args.seed)
     bad = 0
     with tempfile.TemporaryDirectory(prefix="esp-check-fuzz-") as tmp:
-        for target, n in (("capture", args.captures), ("legacy", args.legacy), ("model", args.models)):
+        targets = (("capture", args.captures), ("legacy", args.legacy), ("model", args.models),
+                   ("frames", args.frames))  # fmt: skip
+        for target, n in targets:
             if n <= 0:
                 continue
             t0 = time.monotonic()

@@ -235,3 +235,23 @@ def test_hybrid_names_no_op_when_the_baseline_failed_on_the_link(
     assert res.exit_code == ExitCode.INFRASTRUCTURE, res.message
     assert not res.offered and res.culprits == [] and res.ansi_ops == []
     assert "no evidence against the optimized build" in res.message
+
+
+# ---- a long Invoke is not a lossy link ------------------------------------------------------------
+
+
+def test_an_invoke_longer_than_the_ack_timeout_is_a_clean_match(
+    tmp_path: Path, models_dir: Path, sim_port
+) -> None:  # type: ignore[no-untyped-def]
+    """The board is busy 3.5 s per invoke (longer than the loop client's 3 s acknowledgement timeout):
+    the client probes with a new SYNC frame instead of sending frames again, so nothing is repaired
+    and the run is a clean match (it used to end as exit 3 with a link_repair finding)."""
+    r = flash_and_compare(
+        models_dir / CNN, [], board="sim", port=sim_port("invoke_time=3.5"), out_dir=tmp_path / "o",
+        dataset=DatasetOptions(random_inputs=2, seed=1, results="full"),
+        timeouts=StageTimeouts(capture_total=60, capture_silence=8),
+    )  # fmt: skip
+    assert r.exit_code == ExitCode.MATCH, r.errors
+    link = _strict_json(r.report_path)["dataset"]["link"]
+    assert all(v["retransmitted_frames"] == 0 and v["naks"] == 0 for v in link.values()), link
+    assert sum(v["probes"] for v in link.values()) >= 1, link

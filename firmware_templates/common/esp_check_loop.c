@@ -229,7 +229,7 @@ static void run_binary(ecl_t *l, const run_cmd_t *r) {
     const ecl_config_t *c = &l->cfg;
     uint8_t rec[ECL_REC_FIXED + 8 * ECL_MAX_OUTPUTS + 4];
     uint32_t now[ECL_MAX_OUTPUTS];
-    uint32_t us = 0, first_us = 0;
+    uint32_t us = 0, first_us = 0, busy_us = 0;
     uint16_t done = 0, first_diff = 0;
     uint8_t status = ECL_ST_OK, flags = 0;
     size_t o, pos;
@@ -246,6 +246,7 @@ static void run_binary(ecl_t *l, const run_cmd_t *r) {
             first_us = (uint32_t)rc; /* the invoke_us field carries the error status */
             break;
         }
+        busy_us = busy_us + us < busy_us ? 0xFFFFFFFFu : busy_us + us;
         if (done == 0) {
             first_us = us;
             output_crcs(l, l->crc_first);
@@ -282,6 +283,10 @@ static void run_binary(ecl_t *l, const run_cmd_t *r) {
         }
     }
     emit_record(l, rec, pos, full);
+    if (busy_us >= ECL_FLUSH_AFTER_US) { /* a long run: its result and an ACK go out now, not after the queue */
+        flush_batch(l);
+        if (l->consumed_since_ack > 0) send_ack(l);
+    }
 }
 
 static void do_run(ecl_t *l, const ecf_frame_t *f) {

@@ -58,6 +58,7 @@ extern "C" {
 #define ECL_FL_INLINE 0x02
 #define ECL_FL_DATA_FRAMES 0x04
 #define ECL_DATA_FIXED 10 /* DATA payload: u32 id, u16 o, u32 offset */
+#define ECL_FLUSH_AFTER_US 100000u /* a RUN whose invokes took this long sends its result and an ACK at once */
 
 /* NAK reasons */
 #define ECL_NAK_BAD_FRAME 1

@@ -26,6 +26,7 @@ from harness.protocol import frames as fr
 __all__ = ["DeviceRestarted", "LinkError", "LinkStats", "LoopClient"]
 
 MAX_RETRANSMITS = 8
+PROBE_TOKEN = 0xEC5F0000  # SYNC tokens of probes (low 16 bits count them); sync() waits for its own
 
 
 class LinkError(CaptureError):
@@ -52,6 +53,7 @@ class LinkStats:
     damaged_frames: int = 0  # device-to-host candidates that failed their checks
     rx_gaps: int = 0  # device frames lost (a gap in the device's sequence numbers)
     stale_frames: int = 0  # whole frames of an earlier boot (another session's key): dropped, never used
+    probes: int = 0  # SYNC probes sent while the device was silent (a long Invoke): not repairs
     seconds: float = 0.0
 
     def add(self, other: LinkStats) -> None:
@@ -107,6 +109,7 @@ class LoopClient:
         self.rx_expected: int | None = None  # the device's next seq (None until its first frame here)
         self.last_rx = time.monotonic()
         self._last_progress = time.monotonic()
+        self._last_probe = 0.0
         self._retries = 0
         self._t0 = time.monotonic()
         port.timeout = 0
@@ -214,9 +217,25 @@ class LoopClient:
 
     def send(self, ftype: int, payload: bytes = b"") -> int:
         """Send one command frame once the window has room for it; returns its seq."""
-        frame = fr.encode_frame(ftype, self.seq, payload, key=self.key)
-        while self.unacked and self.in_flight() + len(frame) > self.window:
+        size = fr.HEADER + len(payload) + fr.TRAILER
+        while self.unacked and self.in_flight() + size > self.window:
             self._wait_progress("room in the device's receive buffer")
+        return self._send_now(fr.encode_frame(ftype, self.seq, payload, key=self.key))  # seq: after probes
+
+    def _probe(self) -> None:
+        """No acknowledgement for ``ack_timeout``: the device may be busy in a long Invoke (our frames
+        wait in its receive buffer) or a frame may be lost at the tail. A new SYNC frame tells them apart
+        without sending anything twice: behind a busy device it waits its turn; after a lost frame the
+        device sees the gap and NAKs at once, and that NAK starts the go-back-N resend (a repair). With
+        the window full the device has consumed nothing: it is busy, and nothing is sent."""
+        self._last_probe = time.monotonic()
+        if self.in_flight() + fr.HEADER + 4 + fr.TRAILER > self.window:
+            return
+        self.stats.probes += 1
+        token = (PROBE_TOKEN | (self.stats.probes & 0xFFFF)).to_bytes(4, "little")
+        self._send_now(fr.encode_frame(fr.CMD_SYNC, self.seq, token, key=self.key))
+
+    def _send_now(self, frame: bytes) -> int:
         self._write(frame)
         self.unacked.append((self.seq, frame))
         self.stats.frames_sent += 1
@@ -227,14 +246,15 @@ class LoopClient:
         return seq
 
     def _wait_progress(self, what: str) -> None:
-        """Pump once; retransmit after an ACK timeout; LinkError when the device stalls."""
+        """Pump once; probe after an ACK timeout; LinkError when the device stalls."""
         self.pump(0.02)
         if self.restarted:
             raise DeviceRestarted(f"the device restarted while esp-check waited for {what}")
         now = time.monotonic()
         idle = now - max(self._last_progress, self.last_rx)
-        if self.unacked and now - self._last_progress > self.ack_timeout and now - self.last_rx > 0.2:
-            self._retransmit("no acknowledgement")
+        quiet = now - max(self._last_progress, self._last_probe)
+        if self.unacked and quiet > self.ack_timeout and now - self.last_rx > 0.2:
+            self._probe()
         if idle > self.stall_timeout:
             raise LinkError(
                 f"resident loop: the device stopped answering while esp-check waited for {what} "

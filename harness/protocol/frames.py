@@ -52,6 +52,7 @@ NO_ID = 0xFFFFFFFF
 MAX_OUTPUTS = 16
 FWVER_MAX = 32
 ERROR_MSG_MAX = 120
+FLUSH_AFTER_US = 100_000  # a RUN whose invokes took this long sends its result (and an ACK) at once
 
 STAGES = {1: "schema", 2: "resolver", 3: "alloc", 4: "input", 5: "invoke", 6: "output", 7: "internal",
           8: "model", 9: "protocol"}  # fmt: skip

@@ -321,7 +321,7 @@ class DeviceLoop:
     def _run_binary(self, r: _Run) -> None:
         n = len(self.cfg.outputs)
         input_crc = fr.crc32(self.staging)
-        done, first_us, status, flags, first_diff = 0, 0, fr.ST_OK, 0, 0
+        done, first_us, status, flags, first_diff, busy_us = 0, 0, fr.ST_OK, 0, 0, 0
         first: list[int] = [0] * n
         diff: list[int] = []
         while done < r.repeat:
@@ -332,6 +332,7 @@ class DeviceLoop:
             if rc > 0:
                 status, first_us = fr.ST_INVOKE_FAILED, rc
                 break
+            busy_us = min(busy_us + us, 0xFFFFFFFF)
             if done == 0:
                 first_us, first = us, self._crcs()
             elif not flags & fr.FL_NONDETERMINISTIC:
@@ -352,6 +353,10 @@ class DeviceLoop:
             elif r.results == fr.RES_FULL_IF_DIFFERENT:
                 full = r.n_expect == 0 or any(e != c for e, c in zip(r.expected, first, strict=False))
         self._emit_record(rec, full)
+        if busy_us >= fr.FLUSH_AFTER_US:  # a long run: its result and an ACK go out now, not after the queue
+            self._flush()
+            if self.consumed_since_ack > 0:
+                self._ack()
 
     def _emit_record(self, rec: bytearray, full: bool) -> None:
         data_len = sum(o.bytes for o in self.cfg.outputs)

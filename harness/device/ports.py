@@ -37,7 +37,7 @@ import serial
 import serial.tools.list_ports
 
 from harness.device.protocol_native import register as register_native
-from harness.errors import PortError
+from harness.errors import PortError, UsageError
 
 __all__ = [
     "BY_ID_DIR",
@@ -598,6 +598,26 @@ def reopen_after_reenumeration(
         hint="USB-Serial-JTAG boards re-enumerate on reset: check the cable/hub, or use the "
         "/dev/serial/by-id/... path so the port is found again under its stable name",
     )
+
+
+RAW_TCP_SIMULATOR = (
+    "a simulated board behind raw TCP (socket://) can never run its app: DTR/RTS do not travel over a "
+    "raw socket and nobody can press its buttons, so after flashing it stays in the ROM loader"
+)
+RAW_TCP_SIMULATOR_HINT = (
+    "serve the board with `esp-check sim serve --rfc2217` (or esp_rfc2217_server in front of its sim:// "
+    "port) and give that rfc2217://HOST:PORT URL"
+)
+
+
+def refuse_raw_tcp_simulator(url: str, board_name: str) -> None:
+    """Refuse a ``socket://`` port for a simulated board type at once (UsageError), not after minutes of
+    flash retries and a silent capture: the limit is known before anything is touched."""
+    if url.strip().lower().startswith("socket://"):
+        raise UsageError(
+            f"board {board_name} is simulated and {url} is a raw TCP port: {RAW_TCP_SIMULATOR}",
+            hint=RAW_TCP_SIMULATOR_HINT,
+        )
 
 
 def caps_for(transport: str) -> TransportCaps:

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.common import SECONDS, make_console, native_options
+from harness.commands.common import WAIT_SECONDS, make_console, native_options
 from harness.errors import ExitCode, UsageError, Verdict
 from harness.firmware.boards import BUILDERS
 from harness.firmware.native.project import NativeOptions
@@ -166,9 +166,10 @@ def _run_options(f: F) -> F:
         ),
         click.option(
             "--lock-timeout",
-            type=SECONDS,
+            type=WAIT_SECONDS,
             default=None,
-            help="Seconds to wait for a board someone else is using (default: plan [run] lock_timeout_s).",
+            help="Seconds to wait for a board someone else is using; 0 skips a held board at once "
+            "(default: plan [run] lock_timeout_s).",
         ),
         click.option(
             "--cache-dir",

@@ -1,7 +1,13 @@
-"""Thin click CLI over the public API. Only :func:`main` exits the process."""
+"""Thin click CLI over the public API. Only :func:`main` exits the process.
+
+Commands load lazily (click's lazy-group pattern): ``esp-check --version`` imports click and nothing of
+the tool, and a command imports its own module only when it runs. So ``esp-check bench check-serial``
+works in the venv it exists for, one whose ``serial`` package is broken or missing.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import traceback
 from collections.abc import Sequence
@@ -9,39 +15,78 @@ from collections.abc import Sequence
 import click
 
 from harness import __version__
-from harness.commands import (
-    compare_cmds,
-    device_cmds,
-    firmware_cmds,
-    hybrid_cmds,
-    model_cmds,
-    runner_cmds,
-    sim_cmds,
-    sweep_cmds,
-)
-from harness.errors import EspCheckError, ExitCode
+from harness.errors import EspCheckError, ExitCode, InfrastructureError
 
 ISSUE_URL = "https://github.com/esp-check/esp-check/issues"
 
+# command name -> "module:attribute" of its click command; the module is imported when the command runs
+# (or when `--help` lists it). Top-level listing order is this table's order.
+LAZY_COMMANDS: dict[str, str] = {
+    "inspect": "harness.commands.model_cmds:inspect_cmd",
+    "reference": "harness.commands.model_cmds:reference_cmd",
+    "compare": "harness.commands.compare_cmds:compare_cmd",
+    "boards": "harness.commands.firmware_cmds:boards_cmd",
+    "generate": "harness.commands.firmware_cmds:generate_cmd",
+    "build": "harness.commands.firmware_cmds:build_cmd",
+    "flash-and-compare": "harness.commands.device_cmds:flash_and_compare_cmd",
+    "hybrid": "harness.commands.hybrid_cmds:hybrid_cmd",
+    "run": "harness.commands.runner_cmds:run_cmd",
+    "bench": "harness.commands.bench_cmds:bench_group",
+    "sim": "harness.commands.sim_cmds:sim_group",
+    "sweep": "harness.commands.sweep_cmds:sweep_cmd",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use from a ``name -> "module:attr"`` table."""
+
+    def __init__(self, *args: object, lazy: dict[str, str], **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.lazy = lazy
+        self._listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*self.lazy, *sorted(n for n in super().list_commands(ctx) if n not in self.lazy)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.lazy:
+            return super().get_command(ctx, cmd_name)
+        module_name, _, attr = self.lazy[cmd_name].partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "harness").partition(".")[0] == "harness":
+                raise  # a module of this tool missing is a bug (exit 70), not the environment
+            if self._listing:
+                # `--help` lists every command: one that cannot load here says why instead of
+                # taking the whole listing down
+                return click.Command(cmd_name, help=f"(unavailable: needs the Python package {exc.name!r})")
+            raise InfrastructureError(
+                f"`esp-check {cmd_name}` needs the Python package {exc.name!r}, which cannot be imported "
+                f"here ({exc}). Reinstall esp-check's dependencies (pip install esp-check); for the "
+                "`serial` package shared by pyserial and labgrid's fork, run `esp-check bench check-serial`."
+            ) from exc
+        command = getattr(module, attr)
+        if not isinstance(command, click.Command):  # a wrong table entry is a bug, not a usage error
+            raise TypeError(f"{self.lazy[cmd_name]} is {type(command).__name__}, not a click command")
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            self._listing = False
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy=LAZY_COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="esp-check")
 def cli() -> None:
     """Check TFLite Micro int8 models on ESP32: ESP-NN optimized vs ANSI C vs host reference."""
-
-
-_COMMANDS = (
-    model_cmds,
-    compare_cmds,
-    firmware_cmds,
-    device_cmds,
-    hybrid_cmds,
-    runner_cmds,
-    sim_cmds,
-    sweep_cmds,
-)
-for _module in _COMMANDS:
-    _module.register(cli)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """Port resolution and open errors.
 
-Faked here (and only here): the list of attached USB devices. ``serial.tools.list_ports.comports``
-is monkeypatched to return ListPortInfo objects built by hand, since this machine has no USB
-serial devices. Opening, locking and busy detection use real pseudo-terminals and real files.
+Faked here (and only here): the list of attached USB devices. The OS enumeration behind
+``esp_pylib.serial_ports`` (pyserial's ``comports``, which esptool's port list reads) is
+monkeypatched to return ListPortInfo objects built by hand, since this machine has no USB serial
+devices. Opening, locking and busy detection use real pseudo-terminals and real files.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import esp_pylib.serial_ports
 import pytest
 import serial
 from serial.tools.list_ports_common import ListPortInfo
@@ -45,7 +47,8 @@ def fake_port(
 @pytest.fixture
 def fake_comports(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     devices: list[ListPortInfo] = []
-    monkeypatch.setattr(ports.serial.tools.list_ports, "comports", lambda *a, **k: list(devices))
+    # the OS enumeration behind esptool's own port list (esp_pylib.serial_ports), which esp-check uses
+    monkeypatch.setattr(esp_pylib.serial_ports, "_comports", lambda *a, **k: list(devices))
     monkeypatch.setattr(ports, "BY_ID_DIR", tmp_path / "by-id")
     return devices
 
@@ -309,3 +312,17 @@ def test_open_loop_url_roundtrip() -> None:
         assert p.read(3) == b"abc"
     finally:
         p.close()
+
+
+def test_the_port_list_is_esptools_own(fake_comports: list[ListPortInfo]) -> None:
+    """esp-check lists ports as esptool does (esp_pylib.serial_ports): Espressif's USB devices first."""
+    fake_comports += [
+        fake_port("/dev/ttyS0", None, None),
+        fake_port("/dev/ttyUSB0", 0x10C4, 0xEA60, "0001"),
+        fake_port("/dev/ttyACM0", 0x303A, 0x1001, "F4:12:FA:00:11:22"),
+    ]
+    esptool_order = [p.device for p in esp_pylib.serial_ports.get_port_list()]
+    assert [c.kernel_device for c in ports.list_candidates("linux")] == esptool_order
+    assert esptool_order[0] == "/dev/ttyACM0"  # the Espressif VID leads, whatever the OS order
+    only = ports.list_candidates("linux", vids=[0x10C4], pids=[0xEA60])
+    assert [c.kernel_device for c in only] == ["/dev/ttyUSB0"]

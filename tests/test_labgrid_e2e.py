@@ -202,6 +202,7 @@ def test_kill_9_leaves_a_stale_acquisition_that_the_next_run_releases(
     err = finish(rerun)
     assert rerun.returncode == 0, err + the_lab.logs()
     assert f"released a stale acquisition by esp-check pid {killed.pid}" in err
+    assert err.count("released a stale acquisition") == 1, err  # said once, as the run's event
     events = summary(tmp_path / "out2")["events"]
     assert [e["kind"] for e in events] == ["stale-released"] and str(killed.pid) in events[0]["message"]
     assert_released(the_lab, "victim")
@@ -341,3 +342,29 @@ def test_an_unknown_place_or_a_dead_coordinator_is_said_at_once(lab, tmp_path: P
         PlaceLease(LabgridClient("127.0.0.1:1"), "x").acquire(60)
     assert time.monotonic() - t0 < 20  # not after the 60 s wait
     assert "nope" not in the_lab.client("reservations")
+
+
+def test_lock_timeout_0_takes_a_free_place_and_skips_a_held_one(lab):
+    """0 s of waiting: labgrid-client's own start-up does not count, so a free place is taken; a
+    place another user holds is skipped, named with its holder, its waiting reservation cancelled."""
+    from harness.device.labgrid import LabgridClient, PlaceLease
+    from harness.errors import BoardBusyError
+
+    the_lab = lab(["z1", "z2"])
+    the_lab.make_place("free", "z1")
+    the_lab.make_place("held", "z2")
+    the_lab.client("acquire", place="held", user="alice")
+    client = LabgridClient(the_lab.coordinator)
+    lease = PlaceLease(client, "free")
+    lease.acquire(0)
+    try:
+        assert lease.is_locked and lease.url is not None and lease.url.startswith("rfc2217://127.0.0.1:")
+    finally:
+        lease.release()
+    assert_released(the_lab, "free")
+    busy = PlaceLease(client, "held")
+    with pytest.raises(BoardBusyError) as err:
+        busy.acquire(0)
+    busy.release()  # waits for the reservation's cancellation, which runs in the background
+    assert "/alice" in err.value.message and "release --kick" in err.value.message, err.value.message
+    assert "held" not in the_lab.client("reservations")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,11 +64,29 @@ def test_show_is_read_as_labgrid_prints_it():
     assert info.acquired == "ci-1/runner" and info.reservation == "ABCD12EFGH"
     assert info.tags["esp_check_type"] == "esp32s3-devkitc-1-n8r8" and info.comment == "shelf 2, left"
     assert info.holder_tag == HolderTag(4242, 123456, 4026531836, "ABCD12EFGH")
+    # a tag without its acquisition time (esp-check < 0.2): labgrid's "changed" is only the last change
     assert (
-        "ci-1/runner (esp-check pid 4242, comment 'shelf 2, left', since 2026-11-30" in info.describe_holder()
+        "ci-1/runner (esp-check pid 4242, comment 'shelf 2, left', place last changed 2026-11-30"
+        in info.describe_holder()
     )
     idle = parse_show("x", "Place 'x':\n  matches:\n  acquired: None\n  acquired resources:\n")
     assert idle.acquired is None and idle.holder_tag is None and idle.describe_holder() == "nobody"
+
+
+def test_the_holder_is_described_with_its_acquisition_time_not_the_places_last_change():
+    acquired = 1_796_000_000  # a time of its own, not the place's last change
+    shown = SHOW.replace("4026531836_abcd12efgh", f"4026531836_abcd12efgh_{acquired}")
+    info = parse_show("lab-s3", shown)
+    assert info.holder_tag == HolderTag(4242, 123456, 4026531836, "ABCD12EFGH", acquired)
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(acquired))
+    said = info.describe_holder()
+    assert f"acquired {at}, " in said and " s ago" in said and "changed" not in said, said
+
+
+def test_a_tag_left_by_an_earlier_acquisition_says_nothing_about_the_holder_now():
+    later = parse_show("lab-s3", SHOW.replace("reservation: ABCD12EFGH", "reservation: ZZZZ9999"))
+    assert later.holder_tag is not None and later.current_tag is None
+    assert "esp-check pid" not in later.describe_holder()
 
 
 @settings(max_examples=300, deadline=None)
@@ -89,6 +108,9 @@ def test_holder_tag_parser_takes_only_its_own_shape(value: str):
 def test_holder_tag_round_trip_is_lower_case():
     tag = HolderTag(17, 99, 5, "Q7ZLW5OJRO")
     assert tag.value() == "17_99_5_q7zlw5ojro" and HolderTag.parse(tag.value()) == tag
+    timed = HolderTag(17, 99, 5, "Q7ZLW5OJRO", 1_796_000_000)
+    assert timed.value() == "17_99_5_q7zlw5ojro_1796000000" and HolderTag.parse(timed.value()) == timed
+    assert HolderTag.mine("ABCD1234").since > 0
     assert HolderTag.parse("17_99_q7zlw5ojro") is None and HolderTag.parse("x_99_5_abcd") is None
 
 

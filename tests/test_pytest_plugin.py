@@ -155,3 +155,52 @@ def test_a_port_without_a_board_type_is_a_usage_error(pytester: pytest.Pytester)
     res = pytester.runpytest("--esp-check-port", "sim://x")
     assert res.ret != 0
     assert "--esp-check-port needs --esp-check-board TYPE" in res.stdout.str() + res.stderr.str()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("cache")
+def test_a_failed_assertion_on_the_result_says_why(pytester: pytest.Pytester, models_dir: Path):
+    """`assert result.verdict == "match", result.summary`, as docs/ci.md writes it: a mismatch, a crash
+    and a board that is not there each say what happened (``result.errors`` alone printed `[]`)."""
+    pytest.importorskip("tflite_micro")
+    pytester.makepyfile(
+        test_why=f"""
+        from dataclasses import replace
+        MODEL = {str(models_dir / (MODEL + ".tflite"))!r}
+        INPUT = {str(models_dir / "inputs" / (MODEL + ".npy"))!r}
+
+        def _run(flash_and_compare, board, port):
+            return flash_and_compare(MODEL, [INPUT], board=replace(board, port=port))
+
+        def test_mismatch(flash_and_compare, esp_check_board):
+            port = esp_check_board.port + "&fault=corrupt&variant_fault=optimized"
+            result = _run(flash_and_compare, esp_check_board, port)
+            assert result.verdict == "match", result.summary
+
+        def test_crash(flash_and_compare, esp_check_board):
+            port = esp_check_board.port + "&fault=panic&variant_fault=optimized"
+            result = _run(flash_and_compare, esp_check_board, port)
+            assert result.verdict == "match", result.summary
+
+        def test_no_board(flash_and_compare, esp_check_board):
+            result = _run(flash_and_compare, esp_check_board, "rfc2217://127.0.0.1:9")
+            assert result.verdict == "match", result.summary
+        """
+    )
+    name = f"why-{uuid.uuid4().hex[:8]}"
+    res = pytester.runpytest(
+        "--esp-check-board", "sim", "--esp-check-port", f"sim://{name}?emitter=c", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    res.assert_outcomes(failed=3)
+    said = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"^E\s+AssertionError: ((\w+) \(exit \d\) on sim.*)$", res.stdout.str(), re.M)
+    }
+    said = {v: k for k, v in said.items()}  # verdict -> its line
+    assert set(said) == {"mismatch", "firmware_fault", "infrastructure_error"}, res.stdout.str()
+    assert "values differ by more than" in said["mismatch"], said
+    assert said["firmware_fault"].startswith("firmware_fault (exit 4) on sim [SIMULATED]: optimized: "), said
+    assert re.search(r"panic|Guru Meditation", said["firmware_fault"], re.I), said
+    assert said["infrastructure_error"].startswith("infrastructure_error (exit 3) on sim [SIMULATED]: "), said
+    assert "cannot connect to rfc2217://127.0.0.1:9" in said["infrastructure_error"], said
+    assert "AssertionError: []" not in res.stdout.str()

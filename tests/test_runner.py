@@ -265,23 +265,26 @@ def _port(device: str, vid: int, pid: int, serial: str, location: str) -> ListPo
 
 
 def test_bench_detect_lists_devices_and_prints_an_inventory_snippet(monkeypatch, capsys):
-    import serial.tools.list_ports
+    import esp_pylib.serial_ports
 
     ports = [
         _port("/dev/ttyUSB7", 0x10C4, 0xEA60, "0001-ab", "1-1.1"),
         _port("/dev/ttyACM3", 0x303A, 0x1001, "F4:12:FA:00:11:22", "1-1.2"),
         _port("/dev/ttyS0", 0x1234, 0x5678, "", "pci"),
     ]
-    monkeypatch.setattr(serial.tools.list_ports, "comports", lambda: ports)
+    # FAKED: the OS enumeration behind esptool's port list (esp_pylib.serial_ports), which esp-check uses
+    monkeypatch.setattr(esp_pylib.serial_ports, "_comports", lambda: ports)
+    monkeypatch.setattr(esp_pylib.serial_ports.sys, "platform", "linux")
     devices = detect_devices()
-    assert [d.to_dict()["vid_pid"] for d in devices] == ["10C4:EA60", "303A:1001", "1234:5678"]
+    # esptool's order: Espressif's own USB device first, then the known bridge names, then the rest
+    assert [d.to_dict()["vid_pid"] for d in devices] == ["303A:1001", "10C4:EA60", "1234:5678"]
     known = detect_devices(only_known=True)
-    assert [d.device for d in known] == ["/dev/ttyUSB7", "/dev/ttyACM3"]
+    assert [d.device for d in known] == ["/dev/ttyACM3", "/dev/ttyUSB7"]
     snippet = inventory_snippet(known)
     assert 'usb_serial = "F4:12:FA:00:11:22"' in snippet and 'console = "usb_serial_jtag"' in snippet
     assert main(["bench", "detect", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert [d["serial_number"] for d in doc] == ["0001-ab", "F4:12:FA:00:11:22"]
+    assert [d["serial_number"] for d in doc] == ["F4:12:FA:00:11:22", "0001-ab"]
 
 
 def test_bench_detect_snippet_is_a_loadable_inventory(tmp_path: Path):
@@ -363,13 +366,14 @@ def test_run_cli_writes_reports_and_the_step_summary(tmp_path: Path, models_dir:
 
 
 def test_usb_boards_are_found_by_serial_number_or_location(tmp_path: Path, monkeypatch):
-    import serial.tools.list_ports
+    import esp_pylib.serial_ports
 
     ports = [
         _port("/dev/ttyUSB7", 0x10C4, 0xEA60, "0001-ab", "1-1.1:1.0"),
         _port("/dev/ttyACM3", 0x303A, 0x1001, "F4:12:FA:00:11:22", "1-1.2:1.0"),
     ]
-    monkeypatch.setattr(serial.tools.list_ports, "comports", lambda: ports)
+    # FAKED: the OS enumeration behind esptool's port list (esp_pylib.serial_ports), which esp-check uses
+    monkeypatch.setattr(esp_pylib.serial_ports, "_comports", lambda: ports)
     inv = load_inventory(
         write(
             tmp_path,

@@ -64,3 +64,20 @@ def test_a_file_from_neither_distribution_is_reported(tmp_path: Path):
 def test_no_distribution_at_all(tmp_path: Path):
     pkg = inspect_serial_package([str(tmp_path)])
     assert not pkg.ok and pkg.describe() == "no pyserial distribution is installed"
+
+
+def test_the_fork_alone_is_refused_with_the_repair_that_satisfies_pip_check(tmp_path: Path):
+    """pyserial uninstalled, the fork's files whole again: `pip check` still says esptool needs pyserial."""
+    site = _site(tmp_path)
+    infos = list(site.glob("pyserial-*.dist-info"))
+    if not infos or not list(site.glob("pyserial_labgrid-*.dist-info")):
+        pytest.skip("needs both pyserial and pyserial-labgrid installed")
+    shutil.rmtree(infos[0])  # `pip uninstall pyserial` removes its record; the files are the fork's
+    pkg = inspect_serial_package([str(site)])
+    assert set(pkg.installed) == {"pyserial-labgrid"} and not pkg.missing
+    assert not pkg.ok and pkg.unmet == ["pyserial"], pkg.to_dict()
+    assert "pip check" in pkg.describe()
+    assert pkg.fix() == (
+        "pip install --no-deps pyserial && pip install --force-reinstall --no-deps pyserial-labgrid"
+    )
+    assert pkg.to_dict()["fix"] == pkg.fix()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -213,3 +214,25 @@ def test_cli_sim_serve_rejects_bad_board_before_binding() -> None:
     assert main(["sim", "serve", "--fault", "melt", "--port", "0"]) == 2
     assert main(["sim", "serve", "--boot", "sideways", "--port", "0"]) == 2
     assert main(["sim", "serve", "--flash-size", "3MB", "--port", "0"]) == 2
+
+
+def test_a_client_that_vanishes_mid_handshake_does_not_take_the_board_away(s3_files) -> None:
+    """Clients connect and reset the connection at once (SO_LINGER 0: the server's telnet
+    negotiation hits a dead socket); the next real client (pyserial + esptool) still gets the board."""
+    name = f"rfc-{uuid.uuid4().hex[:8]}"
+    server = serve_rfc2217(f"sim://{name}?chip=esp32s3&emitter=c")
+    try:
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", server.port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+            time.sleep(0.3)
+        assert server._thread is not None and server._thread.is_alive()
+        client = serial.serial_for_url(server.address, timeout=3)
+        esp = cmds.detect_chip(client, 115200, "default-reset", connect_attempts=3)
+        assert esp.CHIP_NAME == "ESP32-S3"
+        client.close()
+        assert server.clients_served == 4 and server.sessions_failed >= 1, server.last_error
+    finally:
+        server.stop()
+        REGISTRY.remove(name)

@@ -34,6 +34,7 @@ class FiniteFloat(click.FloatRange):
 # Numeric flags, checked when the command line is parsed: bad values exit 2 before any work is done.
 LSB = FiniteFloat(min=0, max=1e12)  # tolerances in quantization steps
 SECONDS = FiniteFloat(min=0, min_open=True, max=7 * 24 * 3600)  # timeouts
+WAIT_SECONDS = FiniteFloat(min=0, max=7 * 24 * 3600)  # waits for a held board: 0 = do not wait
 POSITIVE = FiniteFloat(min=0, min_open=True)  # scales
 FINITE = FiniteFloat()  # offsets
 BAUD = click.IntRange(min=300, max=16_000_000)

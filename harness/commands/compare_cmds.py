@@ -94,8 +94,3 @@ def compare_cmd(
     else:
         print_report(result)
     return int(result.exit_code)
-
-
-def register(group: click.Group) -> None:
-    """Add ``compare`` to the top-level group."""
-    group.add_command(compare_cmd)

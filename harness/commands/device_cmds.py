@@ -503,8 +503,3 @@ def _print_tap(console: Console, tap: Any) -> None:
                   f"{total.get('ansi', 0.0):.1f}", f"{sp:.2f}x" if sp else "-")  # fmt: skip
         console.print(t)
         console.print("  per-op rows: report.json tap.timing.ops")
-
-
-def register(group: click.Group) -> None:
-    """Add ``flash-and-compare`` to the top-level group."""
-    group.add_command(flash_and_compare_cmd)

@@ -108,9 +108,7 @@ def _project_summary(p: GeneratedProject) -> dict[str, Any]:
     help="ESP-NN optimized kernels, ANSI C kernels, or both (one project directory each).",
 )
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option(
-    "--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: estimate)."
-)
+@click.option("--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: estimate).")
 @click.option(
     "--tflm-version", default=None, help=f"espressif/esp-tflite-micro (default {DEFAULT_VERSIONS['tflm']})."
 )
@@ -255,9 +253,7 @@ def run_build_with_progress(project_dir: Path, console: Console, **kwargs: Any) 
 )
 @click.option("--pio", "pio_path", default=None, help="PlatformIO executable (default: pio on PATH).")
 @click.option("--idf-py", "idf_py", default=None, help="ESP-IDF idf.py (default: idf.py on PATH).")
-@click.option(
-    "--timeout", type=SECONDS, default=None, help="Kill the build after this many seconds."
-)
+@click.option("--timeout", type=SECONDS, default=None, help="Kill the build after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result (schema esp-check.build/1).")
 @native_options
 def build_cmd(
@@ -322,11 +318,3 @@ def build_cmd(
         }
         click.echo(json.dumps(data, indent=2))
     return int(ExitCode.MATCH)
-
-
-def register(group: click.Group) -> None:
-    """Add this module's commands to the top-level group."""
-    group.add_command(boards_cmd)
-    group.add_command(generate_cmd)
-    group.add_command(build_cmd)
-

@@ -208,8 +208,3 @@ def print_hybrid(console: Console, result: Any) -> None:
         + ("  \\[SIMULATED: no real ESP32 was used]" if result.simulated else "")
     )
     console.print(f"artifacts: {result.out_dir}  report: {result.report_path}")
-
-
-def register(group: click.Group) -> None:
-    """Add ``hybrid`` to the top-level group."""
-    group.add_command(hybrid_cmd)

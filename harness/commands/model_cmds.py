@@ -441,9 +441,3 @@ def reference_cmd(
         return int(ExitCode.MATCH)
     _print_reference(make_console(), model, info, runs, result, cross, per_layer=per_layer, save_npy=save_npy)
     return int(ExitCode.MATCH)
-
-
-def register(group: click.Group) -> None:
-    """Add this module's commands to the top-level group."""
-    group.add_command(inspect_cmd)
-    group.add_command(reference_cmd)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import threading
@@ -18,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.common import SECONDS, make_console, native_options
+from harness.commands.common import WAIT_SECONDS, make_console, native_options
 from harness.errors import ExitCode, UsageError, Verdict
 from harness.firmware.boards import BUILDERS
 from harness.firmware.native.project import NativeOptions
@@ -167,9 +166,10 @@ def _run_options(f: F) -> F:
         ),
         click.option(
             "--lock-timeout",
-            type=SECONDS,
+            type=WAIT_SECONDS,
             default=None,
-            help="Seconds to wait for a board someone else is using (default: plan [run] lock_timeout_s).",
+            help="Seconds to wait for a board someone else is using; 0 skips a held board at once "
+            "(default: plan [run] lock_timeout_s).",
         ),
         click.option(
             "--cache-dir",
@@ -383,73 +383,3 @@ def _print(console: Console, result: Any) -> None:
         f"[bold {colour}]exit {int(result.exit_code)}[/bold {colour}]"
         + (" (interrupted)" if result.interrupted else "")
     )
-
-
-@click.group("bench")
-def bench_group() -> None:
-    """The boards on this bench (inventory helpers)."""
-
-
-@bench_group.command("check-serial")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def check_serial_cmd(as_json: bool) -> int:
-    """Which distribution's files make up the `serial` package (pyserial / pyserial-labgrid).
-
-    Exit 0 when the package is whole, 3 when files are missing (the output says how to repair it).
-    """
-    from harness.device.serialpkg import inspect_serial_package
-
-    pkg = inspect_serial_package()
-    if as_json:
-        click.echo(json.dumps(pkg.to_dict(), indent=2))
-    else:
-        click.echo(pkg.describe())
-        if not (pkg.ok and pkg.provider):
-            click.echo(f"repair: {pkg.fix()}")
-    return int(ExitCode.MATCH if pkg.ok else ExitCode.INFRASTRUCTURE)
-
-
-@bench_group.command("detect")
-@click.option(
-    "--probe-chip",
-    is_flag=True,
-    help="Ask each free port's ROM loader for its chip (resets the board; busy ports are skipped).",
-)
-@click.option(
-    "--all", "show_all", is_flag=True, help="Also list serial devices that are not known ESP32 bridges."
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table and a snippet.")
-def detect_cmd(probe_chip: bool, show_all: bool, as_json: bool) -> int:
-    """List attached serial devices (VID:PID, serial number, chip) and print an inventory snippet."""
-    from harness.runner.inventory import detect_devices, inventory_snippet
-
-    devices = detect_devices(probe_chip=probe_chip, only_known=not show_all)
-    if as_json:
-        click.echo(json.dumps([d.to_dict() for d in devices], indent=2))
-        return int(ExitCode.MATCH)
-    console = make_console(stderr=True)
-    if not devices:
-        console.print("no serial devices that look like ESP32 boards" + ("" if show_all else " (try --all)"))
-        return int(ExitCode.MATCH)
-    table = Table(title="serial devices")
-    for col in ("port", "VID:PID", "serial number", "location", "kind", "chip"):
-        table.add_column(col)
-    for d in devices:
-        doc = d.to_dict()
-        table.add_row(
-            escape(d.device),
-            doc["vid_pid"] or "-",
-            escape(d.serial_number or "-"),
-            escape(d.location or "-"),
-            escape(d.kind or d.description),
-            escape(d.chip or (d.chip_note or "-")),
-        )
-    console.print(table)
-    click.echo(inventory_snippet(devices))
-    return int(ExitCode.MATCH)
-
-
-def register(group: click.Group) -> None:
-    """Add ``run`` and ``bench`` to the top-level group."""
-    group.add_command(run_cmd)
-    group.add_command(bench_group)

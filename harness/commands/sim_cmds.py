@@ -135,8 +135,3 @@ def serve_cmd(
     finally:
         server.stop()
     return int(ExitCode.MATCH)
-
-
-def register(group: click.Group) -> None:
-    """Add ``esp-check sim`` to the top-level group."""
-    group.add_command(sim_group)

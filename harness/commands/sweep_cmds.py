@@ -125,7 +125,3 @@ def _model_cases(con: Any, from_model: Path, seed: int, ops: tuple[str, ...]) ->
             hint="give an int8 model with conv, depthwise, fully connected, add, mul, pooling or softmax",
         )
     return cases
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(sweep_cmd)

@@ -52,6 +52,28 @@ TYPE_TAG = "esp_check_type"  # the board type of a place, for `esp-check run --l
 CONSOLE_TAG = "esp_check_console"  # optional: uart | usb_serial_jtag
 _TOKEN = re.compile(r"^[A-Z0-9]{4,64}$")
 _INSTALL_HINT = "install labgrid beside esp-check: pip install 'esp-check[labgrid]' (docs/ci.md)"
+# The coordinator allocates a free place when the reservation is made, and `reserve --wait` sees it
+# at its first poll (later polls come every 1 s): a place not allocated this long after the token is
+# someone else's (acquired, or reserved), and only then is it read and the wait clock started
+ALLOCATION_GRACE_S = 1.5
+
+
+def _background(
+    fn: Callable[..., object], *args: str, errors: list[LabgridError] | None = None
+) -> threading.Thread:
+    """Run one labgrid-client call in a thread (calls that need not wait for each other overlap);
+    a LabgridError goes to ``errors`` (or is dropped: best-effort clean-up calls)."""
+
+    def run() -> None:
+        try:
+            fn(*args)
+        except LabgridError as exc:
+            if errors is not None:
+                errors.append(exc)
+
+    thread = threading.Thread(target=run, name="labgrid-client", daemon=True)
+    thread.start()
+    return thread
 
 
 def find_client() -> str:
@@ -126,25 +148,29 @@ class HolderTag:
     start: int  # process start (clock ticks since boot), 0: unknown
     ns: int  # PID namespace, 0: unknown
     token: str  # the reservation the place was acquired under
+    since: int = 0  # when the place was acquired (Unix time, s), 0: unknown (a tag of esp-check < 0.2)
 
     def value(self) -> str:
         # lower case: labgrid's tag values are meant to be [a-z0-9_]; tokens are [A-Z0-9]
-        return f"{self.pid}_{self.start}_{self.ns}_{self.token.lower()}"
+        since = f"_{self.since}" if self.since else ""
+        return f"{self.pid}_{self.start}_{self.ns}_{self.token.lower()}{since}"
 
     @classmethod
     def parse(cls, value: str) -> HolderTag | None:
         parts = value.strip().split("_")
-        if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts[:3]):
+        numbers = parts[:3] + parts[4:]
+        if len(parts) not in (4, 5) or not all(p.isascii() and p.isdigit() for p in numbers):
             return None
         token = parts[3].upper()
         if not _TOKEN.match(token):
             return None
-        return cls(int(parts[0]), int(parts[1]), int(parts[2]), token)
+        since = int(parts[4]) if len(parts) == 5 else 0
+        return cls(int(parts[0]), int(parts[1]), int(parts[2]), token, since)
 
     @classmethod
     def mine(cls, token: str) -> HolderTag:
         pid = os.getpid()
-        return cls(pid, process_start(pid), pid_namespace(), token)
+        return cls(pid, process_start(pid), pid_namespace(), token, int(time.time()))
 
     def is_dead_here(self) -> bool:
         """True only when the process is known to be gone: same PID namespace, pid gone or reused."""
@@ -169,15 +195,25 @@ class PlaceInfo:
         value = self.tags.get(TAG)
         return HolderTag.parse(value) if value else None
 
-    def describe_holder(self) -> str:
-        """``host/user`` plus what is known: the esp-check pid, the comment, since when."""
-        who = self.acquired or "nobody"
+    @property
+    def current_tag(self) -> HolderTag | None:
+        """The esp-check tag when it belongs to the acquisition in place now (same reservation); a tag
+        left by an earlier esp-check acquisition says nothing about a later holder."""
         tag = self.holder_tag
+        return tag if tag is not None and self.acquired and tag.token == self.reservation else None
+
+    def describe_holder(self) -> str:
+        """``host/user`` plus what is known: the esp-check pid and acquisition time, the comment."""
+        who = self.acquired or "nobody"
+        tag = self.current_tag
         parts = [f"esp-check pid {tag.pid}"] if tag else []
         if self.comment:
             parts.append(f"comment {self.comment!r}")
-        if self.changed:
-            parts.append(f"since {self.changed}")
+        if tag is not None and tag.since:
+            at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tag.since))
+            parts.append(f"acquired {at}, {max(0, int(time.time()) - tag.since)} s ago")
+        elif self.changed:  # labgrid shows no acquisition time: its last change is all there is
+            parts.append(f"place last changed {self.changed}")
         return who + (f" ({', '.join(parts)})" if parts else "")
 
 
@@ -354,18 +390,20 @@ class _Reservation:
             hint=f"is labgrid-coordinator running at {self.client.coordinator}?",
         )
 
-    def stop(self) -> None:
-        """End the waiting client (it exits on SIGTERM) and cancel the reservation it made."""
+    def stop(self) -> threading.Thread | None:
+        """End the waiting client and cancel the reservation it made, in the background (a
+        ``cancel-reservation`` costs a labgrid-client start-up); returns that thread to join."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+                self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:  # it only waits: nothing to lose by killing it
                 self.proc.kill()
                 self.proc.wait()
         self.poll_token()
-        if self.token:
-            self.client.cancel(self.token)
+        if not self.token:
+            return None
+        return _background(self.client.cancel, self.token)
 
     def poll_token(self) -> None:
         with contextlib.suppress(LabgridError):
@@ -378,7 +416,13 @@ class _Reservation:
 
 
 class PlaceLease:
-    """Exclusive use of one labgrid place: reserve (waiting visibly), acquire, tag; release."""
+    """Exclusive use of one labgrid place: reserve (waiting visibly), acquire, tag; release.
+
+    Each labgrid-client call costs a process start-up (0.3-5 s), so a free place costs no call beyond
+    the needed ones (no ``show``: the coordinator allocates a free place at once), and calls that need
+    not wait for each other run side by side: ``set-tags`` with ``env`` after ``acquire``, untagging
+    with ``cancel-reservation`` before ``release``. Seven calls per attempt, four one after the other.
+    """
 
     def __init__(self, client: LabgridClient, place: str, *, port_name: str | None = None) -> None:
         self.client = client
@@ -392,6 +436,10 @@ class PlaceLease:
         self.acquired_at: float | None = None
         self.notes: list[str] = []  # what the lease did beyond the obvious (a stale acquisition released)
         self._mutex = threading.Lock()
+        self._deadline: float | None = None  # set once the place is seen held by someone else
+        self._seen: PlaceInfo | None = None  # the place as last read (for the busy message)
+        self._background: list[threading.Thread] = []
+        self._note: Callable[[str], None] = lambda _m: None
 
     @property
     def is_locked(self) -> bool:
@@ -404,18 +452,25 @@ class PlaceLease:
         timeout: float,
         *,
         on_wait: Callable[[str], None] | None = None,
+        on_note: Callable[[str], None] | None = None,
         report_every: float = 5.0,
         cancel: threading.Event | None = None,
     ) -> None:
-        """Hold the place, or raise :class:`BoardBusyError` (exit 3) after ``timeout`` seconds."""
+        """Hold the place, or raise :class:`BoardBusyError` (exit 3) once someone else has held it for
+        ``timeout`` seconds while we waited (0: a held place is skipped at once).
+
+        The clock runs only while the place is known to be held by someone else: labgrid-client's
+        own start-up never counts, and a free place is always taken. ``on_note`` hears what the
+        lease did beyond the obvious (a stale acquisition of ours released; default ``on_wait``).
+        """
         say = on_wait or (lambda _m: None)
+        self._note = on_note or say
         t0 = time.monotonic()
-        deadline = t0 + max(timeout, 0.0)
-        self._clear_own_stale(say, strict=True)  # an unknown place or a dead coordinator: say so now
+        self._deadline = None
         while True:
-            res = _Reservation(self.client, self.place)
+            res = _Reservation(self.client, self.place)  # starts while `show` runs
             try:
-                allocated = self._wait_allocated(res, deadline, say, report_every, cancel)
+                allocated = self._wait_allocated(res, timeout, say, report_every, cancel)
             finally:
                 res.close()
             if not allocated:
@@ -423,46 +478,79 @@ class PlaceLease:
             self.token = res.token
             if self._take(say):
                 break
-            if time.monotonic() >= deadline:
+            self._held(timeout)  # someone acquired it by hand between allocation and our acquire
+            if time.monotonic() >= (self._deadline or 0.0):
                 raise self._busy(timeout, cancel)
         self.waited_s = time.monotonic() - t0
-        self.acquired_at = time.time()
+
+    def _held(self, timeout: float) -> None:
+        """Start the wait clock: the place is held by someone else from now on."""
+        if self._deadline is None:
+            self._deadline = time.monotonic() + max(timeout, 0.0)
+
+    def _first_look(self, res: _Reservation, timeout: float, say: Callable[[str], None]) -> None:
+        """The place was not allocated to us at once: read it (an unknown place or a dead coordinator
+        raises now), release our own stale acquisition, else start the clock and say who holds it."""
+        try:
+            info = self._clear_own_stale(strict=True)
+        except LabgridError:
+            self._keep(res.stop())
+            raise
+        if info is not None and info.acquired is None and info.reservation is None:
+            return  # free now (a stale acquisition of ours was released): ours at the next poll
+        self._held(timeout)  # acquired, or allocated to someone else's reservation
+        if info is not None and info.acquired:
+            say(f"waiting for labgrid place {self.place}: acquired by {info.describe_holder()}")
 
     def _wait_allocated(
         self,
         res: _Reservation,
-        deadline: float,
+        timeout: float,
         say: Callable[[str], None],
         report_every: float,
         cancel: threading.Event | None,
     ) -> bool:
-        """Poll the waiting reservation; report the holder; release our own stale acquisition."""
-        next_report = time.monotonic() + 0.5  # a free place is allocated at once: say nothing then
+        """Poll the waiting reservation. A free place is allocated at once and costs no other call;
+        otherwise look at the place once, then report its holder every ``report_every`` s."""
+        started = time.monotonic()
+        answered: float | None = None  # when the coordinator handed out our reservation token
+        next_report: float | None = None  # None: not looked at the place yet
         while True:
             try:
                 if res.poll():
                     return True
             except LabgridError:
-                res.stop()
+                self._keep(res.stop())
                 raise
             now = time.monotonic()
-            if (cancel is not None and cancel.is_set()) or now >= deadline:
-                res.stop()
+            if answered is None and res.token:
+                answered = now
+            if answered is None and now - started >= self.client.timeout:
+                self._keep(res.stop())
+                raise LabgridError(
+                    f"labgrid-client reserve got no reservation from {self.client.coordinator} within "
+                    f"{self.client.timeout:.0f} s",
+                    hint="is labgrid-coordinator running and reachable at that address?",
+                )
+            if next_report is None and answered is not None and now - answered >= ALLOCATION_GRACE_S:
+                self._first_look(res, timeout, say)
+                now = time.monotonic()
+                next_report = now + report_every
+            if (cancel is not None and cancel.is_set()) or now >= (self._deadline or float("inf")):
+                self._keep(res.stop())
                 return False
-            if now >= next_report:
-                info = self._clear_own_stale(say)
+            if next_report is not None and now >= next_report:
+                info = self._clear_own_stale()
                 if info is not None and info.acquired:
                     say(f"waiting for labgrid place {self.place}: acquired by {info.describe_holder()}")
                 next_report = now + report_every
-            time.sleep(0.1)
+            time.sleep(0.05)
 
     def _busy(self, timeout: float, cancel: threading.Event | None) -> BoardBusyError:
         if cancel is not None and cancel.is_set():
             return BoardBusyError(f"stopped while waiting for labgrid place {self.place}")
-        try:
-            holder = self.client.show(self.place).describe_holder()
-        except LabgridError as exc:
-            holder = f"? ({exc.message})"
+        seen = self._seen  # as read while waiting: no further labgrid-client call before saying so
+        holder = seen.describe_holder() if seen is not None and seen.acquired else "someone else"
         release = f"labgrid-client -x {self.client.coordinator} -p {self.place} release"
         return BoardBusyError(
             f"labgrid place {self.place} is still acquired by {holder} after waiting {timeout:.0f} s "
@@ -470,7 +558,7 @@ class PlaceLease:
             hint="wait for the other user, or raise --lock-timeout / [run] lock_timeout_s",
         )
 
-    def _clear_own_stale(self, say: Callable[[str], None], *, strict: bool = False) -> PlaceInfo | None:
+    def _clear_own_stale(self, *, strict: bool = False) -> PlaceInfo | None:
         """Release the place if esp-check on this host and user left it acquired and died.
 
         Stale means all of: acquired by this ``host/user``; tagged ``esp_check`` by a process that no
@@ -483,64 +571,77 @@ class PlaceLease:
             if strict:
                 raise
             return None
+        self._seen = info
         tag = info.holder_tag
         if info.acquired != self.me or tag is None or tag.token != info.reservation:
             return info
         if not tag.is_dead_here():
             return info  # a live esp-check process (or one in another PID namespace) holds it: wait
-        with contextlib.suppress(LabgridError):
-            self.client.set_tag(self.place, TAG, "")
         try:
             self.client.run("release", place=self.place)
         except LabgridError as exc:
-            say(f"labgrid place {self.place}: could not release a stale acquisition: {exc.message}")
+            self._note(f"labgrid place {self.place}: could not release a stale acquisition: {exc.message}")
             return info
-        self.client.cancel(tag.token)
+        self._keep(_background(self.client.cancel, tag.token))
         note = (
             f"labgrid place {self.place}: released a stale acquisition by esp-check pid {tag.pid} "
             f"on {self.me} (that process is gone: killed or crashed)"
         )
         self.notes.append(note)
-        say(note)
+        self._note(note)
         info.acquired = None
         return info
 
     # ---- holding --------------------------------------------------------------------------------
 
     def _take(self, say: Callable[[str], None]) -> bool:
-        """Acquire the place allocated to our reservation, tag it, find its serial port."""
+        """Acquire the place allocated to our reservation, then tag it and find its serial port."""
         assert self.token is not None
         try:
             self.client.run("acquire", place=self.place)
         except LabgridError as exc:
             say(f"labgrid place {self.place}: acquire failed, queueing again: {exc.message}")
-            self.client.cancel(self.token)
+            self._keep(_background(self.client.cancel, self.token))
             self.token = None
             return False
         with self._mutex:
             self.acquired_at = time.time()
+        tag = HolderTag.mine(self.token).value()
+        errors: list[LabgridError] = []
+        tagging = _background(self.client.set_tag, self.place, TAG, tag, errors=errors)
         try:
-            self.client.set_tag(self.place, TAG, HolderTag.mine(self.token).value())
             self.url = self.client.serial_url(self.place, self.port_name)
+            tagging.join()
+            if errors:
+                raise errors[0]
         except LabgridError:
+            tagging.join()
             self.release()
             raise
         return True
 
     def release(self) -> None:
-        """Untag, release, cancel the reservation; safe to call twice and from another thread."""
+        """Untag and cancel the reservation (side by side), then release; safe to call twice and from
+        another thread. Untagging goes first so that it can never land on the next holder's tag."""
         with self._mutex:
-            if self.acquired_at is None and self.token is None:
-                return
+            background, self._background = self._background, []
             held, token = self.acquired_at is not None, self.token
             self.acquired_at, self.token = None, None
+        steps = [_background(self.client.cancel, token)] if token else []
+        if held:
+            steps.append(_background(self.client.set_tag, self.place, TAG, ""))
+        for thread in steps:
+            thread.join(timeout=self.client.timeout)
         if held:
             with contextlib.suppress(LabgridError):
-                self.client.set_tag(self.place, TAG, "")
-            with contextlib.suppress(LabgridError):
                 self.client.run("release", place=self.place)
-        if token:
-            self.client.cancel(token)
+        for thread in background:
+            thread.join(timeout=self.client.timeout)
+
+    def _keep(self, thread: threading.Thread | None) -> None:
+        if thread is not None:
+            with self._mutex:
+                self._background.append(thread)
 
     def power_cycle(self, delay: float | None = None) -> tuple[bool, str]:
         return self.client.power_cycle(self.place, delay)

@@ -13,6 +13,7 @@ retransmissions, NAKs, damaged frames) is counted in :class:`LinkStats` for repo
 from __future__ import annotations
 
 import dataclasses
+import select
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -124,20 +125,13 @@ class LoopClient:
             raise LinkError(f"resident loop: the serial link was lost ({exc})") from exc
 
     def _pump(self, wait: float) -> bool:
+        # port.timeout stays 0 (set once): pyserial's RFC 2217 client renegotiates every port setting
+        # on each timeout change, which fails while the board is busy (an invoke of more than 3 s)
         port = self.port
-        n = port.in_waiting
-        if not n and wait > 0:
-            port.timeout = wait
-            first = port.read(1)
-            port.timeout = 0
-            if not first:
-                return False
-            data = first + (port.read(port.in_waiting) if port.in_waiting else b"")
-        elif n:
-            data = port.read(n)
-        else:
+        n = port.in_waiting or (_wait_readable(port, wait) if wait > 0 else 0)
+        if not n:
             return False
-        self._ingest(bytes(data))
+        self._ingest(bytes(port.read(n)))
         return True
 
     def _ingest(self, data: bytes) -> None:
@@ -316,3 +310,25 @@ class LoopClient:
         while b"\n" not in self.text[self.text.rindex(b" END status=") :]:
             self._wait_progress("the end of the END record")
         self._finish()
+
+
+def _wait_readable(port: serial.SerialBase, wait: float) -> int:
+    """Bytes waiting after at most ``wait`` s, without touching ``port.timeout``: ``select`` on the
+    port's descriptor where it has one (tty, socket://), else polling ``in_waiting`` (rfc2217://, whose
+    reader thread queues bytes; sim://, native://)."""
+    deadline = time.monotonic() + wait
+    fileno = getattr(port, "fileno", None)
+    if fileno is not None:
+        try:
+            fd = fileno()
+        except (OSError, AttributeError, NotImplementedError, ValueError, serial.SerialException):
+            fd = None
+        if isinstance(fd, int) and fd >= 0:
+            select.select([fd], [], [], wait)
+            return int(port.in_waiting)
+    while True:
+        n = int(port.in_waiting)
+        left = deadline - time.monotonic()
+        if n or left <= 0:
+            return n
+        time.sleep(min(0.002, left))

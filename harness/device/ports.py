@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import serial
-import serial.tools.list_ports
+from esp_pylib.serial_ports import get_port_list
 
 from harness.device.protocol_native import register as register_native
-from harness.errors import PortError
+from harness.errors import PortError, UsageError
 
 __all__ = [
     "BY_ID_DIR",
@@ -251,12 +251,9 @@ class PortSpec:
         """
         if self.transport != Transport.DEVICE or self.usb is None or self.url.startswith(str(BY_ID_DIR)):
             return self.url
-        if self.usb.serial_number:
-            for cand in list_candidates():
-                if cand.serial_number == self.usb.serial_number and (cand.vid, cand.pid) == (
-                    self.usb.vid,
-                    self.usb.pid,
-                ):
+        if self.usb.serial_number and self.usb.vid is not None and self.usb.pid is not None:
+            for cand in list_candidates(vids=[self.usb.vid], pids=[self.usb.pid]):
+                if cand.serial_number == self.usb.serial_number:  # exact: get_port_list's is a substring
                     return cand.device
         return self.url
 
@@ -277,16 +274,20 @@ def _by_id_links(by_id_dir: Path | None = None) -> dict[str, str]:
     return links
 
 
-def list_candidates(platform: str | None = None) -> list[PortCandidate]:
+def list_candidates(
+    platform: str | None = None, *, vids: list[int] | None = None, pids: list[int] | None = None
+) -> list[PortCandidate]:
     """Serial devices attached now, with stable names where the OS has them.
 
-    Linux: the ``/dev/serial/by-id`` name when present. macOS: only ``/dev/cu.*`` (opening
-    ``/dev/tty.*`` waits for carrier detect). Windows: ``COMx`` as listed.
+    The list is esptool's own (``esp_pylib.serial_ports.get_port_list``: the OS's ports minus
+    macOS's built-in virtual ones, Espressif's USB devices first, ``vids`` / ``pids`` filters). Linux:
+    the ``/dev/serial/by-id`` name when present. macOS: only ``/dev/cu.*`` (opening ``/dev/tty.*``
+    waits for carrier detect). Windows: ``COMx`` as listed.
     """
     plat = platform or sys.platform
     links = _by_id_links() if plat.startswith("linux") else {}
     out: list[PortCandidate] = []
-    for info in serial.tools.list_ports.comports():
+    for info in get_port_list(vids=vids, pids=pids):
         kernel = str(info.device)
         if plat == "darwin" and kernel.startswith("/dev/tty."):
             continue  # pyserial lists the cu.* twin too; tty.* blocks on open
@@ -598,6 +599,26 @@ def reopen_after_reenumeration(
         hint="USB-Serial-JTAG boards re-enumerate on reset: check the cable/hub, or use the "
         "/dev/serial/by-id/... path so the port is found again under its stable name",
     )
+
+
+RAW_TCP_SIMULATOR = (
+    "a simulated board behind raw TCP (socket://) can never run its app: DTR/RTS do not travel over a "
+    "raw socket and nobody can press its buttons, so after flashing it stays in the ROM loader"
+)
+RAW_TCP_SIMULATOR_HINT = (
+    "serve the board with `esp-check sim serve --rfc2217` (or esp_rfc2217_server in front of its sim:// "
+    "port) and give that rfc2217://HOST:PORT URL"
+)
+
+
+def refuse_raw_tcp_simulator(url: str, board_name: str) -> None:
+    """Refuse a ``socket://`` port for a simulated board type at once (UsageError), not after minutes of
+    flash retries and a silent capture: the limit is known before anything is touched."""
+    if url.strip().lower().startswith("socket://"):
+        raise UsageError(
+            f"board {board_name} is simulated and {url} is a raw TCP port: {RAW_TCP_SIMULATOR}",
+            hint=RAW_TCP_SIMULATOR_HINT,
+        )
 
 
 def caps_for(transport: str) -> TransportCaps:

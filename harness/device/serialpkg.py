@@ -33,7 +33,13 @@ class SerialPackage:
 
     @property
     def ok(self) -> bool:
-        return bool(self.installed) and not self.missing
+        return bool(self.installed) and not self.missing and not self.unmet
+
+    @property
+    def unmet(self) -> list[str]:
+        """Required distributions not installed by name: esptool and esp-check require ``pyserial``, so
+        a venv whose ``serial`` files come from pyserial-labgrid alone still fails ``pip check``."""
+        return [] if not self.installed or "pyserial" in self.installed else ["pyserial"]
 
     def describe(self) -> str:
         have = ", ".join(f"{d} {v}" for d, v in sorted(self.installed.items())) or "none"
@@ -41,6 +47,11 @@ class SerialPackage:
             return "no pyserial distribution is installed"
         if self.missing:
             return f"the serial package is broken: {len(self.missing)} file(s) missing ({have} installed)"
+        if self.unmet:
+            return (
+                f"pyserial is not installed ({have} installed): esptool and esp-check require it by name, "
+                "so `pip check` reports it and the next `pip install` may delete the shared serial files"
+            )
         if self.provider:
             return (
                 f"serial package files of {self.provider} {self.installed[self.provider]} (installed: {have})"
@@ -50,7 +61,9 @@ class SerialPackage:
     def fix(self) -> str:
         """The one command that makes the package whole again (labgrid's fork: a superset)."""
         name = "pyserial-labgrid" if "pyserial-labgrid" in self.installed else "pyserial"
-        return f"pip install --force-reinstall --no-deps {name}"
+        again = f"pip install --force-reinstall --no-deps {name}"
+        # pyserial first, then the fork over it: both recorded as installed, the fork's files on disk
+        return f"pip install --no-deps pyserial && {again}" if self.unmet else again
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +72,7 @@ class SerialPackage:
             "ok": self.ok,
             "missing": list(self.missing),
             "mixed": list(self.mixed),
+            "unmet": self.unmet,
             "summary": self.describe(),
             "fix": None if self.ok and self.provider else self.fix(),
         }

@@ -27,7 +27,7 @@ from harness.analysis.compare import (
 from harness.analysis.tap import TapResult
 from harness.device.locks import board_lock
 from harness.device.loop import LinkStats
-from harness.device.ports import check_present, resolve_port
+from harness.device.ports import check_present, refuse_raw_tcp_simulator, resolve_port
 from harness.errors import EspCheckError, ExitCode, ReferenceRefusedError, UsageError, combine_exit_codes
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
@@ -253,14 +253,15 @@ def prepare_out_dir(out_dir: str | Path) -> Path:
     return out
 
 
-SERVED_SIM_SCHEMES = ("rfc2217://", "socket://")
+SERVED_SIM_SCHEMES = ("rfc2217://",)  # socket:// cannot reset a served simulator: refused in _start
 
 
 def _start(run: _Run, board: str | Path, port: str | None) -> None:
     """Load the board and model and pick the port (usage errors raise: nothing touched yet).
 
     A simulated board runs only on a simulator's port: ``sim://`` in this process, or the
-    ``rfc2217://`` / ``socket://`` URL of a served one (never a device path: a tty is real hardware).
+    ``rfc2217://`` URL of a served one (never a device path: a tty is real hardware; never raw TCP
+    ``socket://``: nothing could reset the board into its app).
     Whether the device is a simulator is then decided by what it prints (BEGIN ``sim=1``), not by the
     URL. A real board's port is checked here, before two builds that take minutes on a fresh machine.
     """
@@ -290,11 +291,13 @@ def _start(run: _Run, board: str | Path, port: str | None) -> None:
         ps = run.rec.run("port", None, lambda: resolve_port(port, board_def))
         run.rec.run("port-present", None, lambda: check_present(ps))
     elif board_def.simulated:
+        if port is not None:
+            refuse_raw_tcp_simulator(port, board_def.name)
         if port is not None and not port.startswith("sim://"):
             raise UsageError(
                 f"board {board_def.name} is a simulated board, but --port {port} is not a simulator's port",
                 hint="omit --port (a fresh simulated board is made), give a sim://NAME?... URL or the "
-                "rfc2217:// / socket:// URL of `esp-check sim serve`, or name the real board with --board "
+                "rfc2217:// URL of `esp-check sim serve --rfc2217`, or name the real board with --board "
                 "(esp-check boards lists them)",
             )
         # A fresh simulated board per run (parallel runs never share one), configured like the

@@ -149,3 +149,46 @@ class FlashAndCompareResult:
     @property
     def verdict(self) -> Verdict:
         return Verdict.from_exit_code(self.exit_code)
+
+    @property
+    def summary(self) -> str:
+        """One line: the verdict and the first piece of evidence behind it (what a failed assertion
+        should say; the full account is in ``report_path``)."""
+        head = f"{self.verdict} (exit {int(self.exit_code)}) on {self.board}" + (
+            " [SIMULATED]" if self.simulated else ""
+        )
+        why = _first_reason(self)
+        return f"{head}: {why}" if why else f"{head}; report: {self.report_path}"
+
+
+def _first_reason(result: FlashAndCompareResult) -> str:
+    """The evidence that decided the verdict, most specific first."""
+    if result.exit_code == ExitCode.MATCH:
+        cmp = result.comparison
+        if cmp is None:
+            return ""
+        n = len(cmp.comparisons)
+        return f"{n} output comparison(s) agree within {cmp.tolerance_lsb:g} LSB"
+    for run in result.variants.values():  # a crash, a timeout, a lost link, as the device showed it
+        if run.exit_code is not None and run.exit_code != ExitCode.MATCH:
+            said = next((str(f.get("message")) for f in run.findings if f.get("message")), "")
+            said = said or (run.problems[0] if run.problems else "")
+            if said:
+                return f"{run.variant}: {said}"
+    if result.comparison is not None:
+        for fault in result.comparison.faults:
+            return f"{fault.source} reported an error at stage {fault.stage}: {fault.msg}"
+        for c in result.comparison.comparisons:
+            if not c.match:
+                worst = f", max {c.max_diff_lsb:g} LSB" if c.max_diff_lsb is not None else ""
+                return (
+                    f"{c.a} vs {c.b}, run {c.run} output {c.name}: {c.mismatched}/{c.count} values differ "
+                    f"by more than {c.tolerance_lsb:g} LSB{worst}"
+                )
+    if result.errors:
+        return result.errors[0]
+    failed = [s for s in result.stages if s.status == StageStatus.FAILED]
+    if failed:
+        s = failed[-1]
+        return f"stage {s.stage}" + (f" ({s.variant})" if s.variant else "") + f" failed: {s.detail}"
+    return ""

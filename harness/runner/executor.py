@@ -458,10 +458,9 @@ class Runner:
         lease.acquire(
             self.lock_timeout,
             on_wait=lambda m: self.say(f"[labgrid] {bench.name}: {m}"),
+            on_note=lambda m: self.event(EventKind.STALE_RELEASED, m, board=bench.name),  # says it too
             cancel=self.stop,
         )
-        for note in lease.notes:
-            self.event(EventKind.STALE_RELEASED, note, board=bench.name)
 
     def _lease_place(self, st: BoardState, a: Attempt) -> PlaceLease | None:
         """Reserve and acquire the board's labgrid place; its NetworkSerialPort is the port."""

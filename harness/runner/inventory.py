@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.device.ports import RAW_TCP_SIMULATOR, RAW_TCP_SIMULATOR_HINT
 from harness.errors import EspCheckError, PlanError, PortError
 
 try:
@@ -349,7 +350,7 @@ def _reach(p: Path, where: str, tab: dict[str, Any], board: Any) -> tuple[str, s
     if board.simulated and not ((key == "port" and "://" in value) or key == "place"):
         raise _err(
             p, where, key,
-            "must be a sim://, rfc2217:// or socket:// URL (or a labgrid place) for a simulated board type",
+            "must be a sim:// or rfc2217:// URL (or a labgrid place) for a simulated board type",
         )  # fmt: skip
     return key, value
 
@@ -378,6 +379,8 @@ def _check_port_url(p: Path, where: str, value: str, board: Any, btype: str) -> 
             f"{'not ' if native else ''}a native board",
             "a native board (builder = native) runs on a native://NAME port, and only there",
         )
+    if scheme == "socket" and board.simulated:
+        raise _err(p, where, "port", f"is raw TCP: {RAW_TCP_SIMULATOR}", RAW_TCP_SIMULATOR_HINT)
     if scheme == "sim" and not board.simulated:
         raise _err(p, where, "port", f"is a sim:// URL but board type {btype} is not simulated")
     if scheme == "sim":

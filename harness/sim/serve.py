@@ -43,6 +43,8 @@ class SimServer:
     port: int = 0
     rfc2217: bool = False
     clients_served: int = 0
+    sessions_failed: int = 0  # sessions a client ended abruptly (the server carried on)
+    last_error: str | None = None
     _sock: socket.socket | None = None
     _thread: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -126,6 +128,10 @@ class SimServer:
             self.clients_served += 1
             try:
                 self._session(client)
+            except OSError as exc:  # also serial.SerialException: a client gone mid-handshake
+                # (BrokenPipe, reset) ends its own session only; the board stays served for the next
+                self.sessions_failed += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
             finally:
                 with contextlib.suppress(OSError):
                     client.close()

@@ -645,3 +645,32 @@ def test_sdkconfig_json_types() -> None:
         "PARTITION_TABLE_OFFSET": 0xC000,
         "ESP_MAIN_TASK_STACK_SIZE": 20480,
     }
+
+
+@pytest.mark.parametrize(("board", "builder"), [("esp32-devkitc", "pio"), ("esp32p4", "idf"), ("sim", "sim")])
+def test_each_build_directory_boots_its_own_variant(
+    board: str, builder: str, tmp_path: Path, fake_tools: dict[str, object]
+) -> None:
+    """The exported build directory of each variant, flashed on its own (flash_args, flasher_args.json):
+    the app sits in its slot and the otadata flashed with it selects that slot; a cache hit too. The
+    builders' own ota_data_initial.bin is erased (it boots ota_0): on the old code the ANSI C build
+    directory flashed the ANSI C app to ota_1 and booted whatever sat in ota_0."""
+    from harness.firmware.layout import VARIANT_SLOTS
+    from harness.protocol.otadata import selected_slot
+
+    for variant in ("optimized", "ansi"):
+        (proj,) = _project(tmp_path / variant, board=board, variants=(variant,))
+        for hit in (False, True):
+            res = b.build_project(proj, cache_dir=tmp_path / "cache", env=_env(fake_tools))
+            assert res.cache_hit is hit
+            table = b.parse_partition_table(res.artifact("partition-table").path.read_bytes())  # type: ignore[union-attr]
+            slots = [p for p in table if p.type == 0x00 and 0x10 <= p.subtype < 0x20]
+            own = VARIANT_SLOTS[variant]
+            out = res.flasher_args.parent
+            fa = json.loads(res.flasher_args.read_text())
+            assert int(fa["app"]["offset"], 16) == slots[own].offset
+            otadata = (out / fa["otadata"]["file"]).read_bytes()
+            assert len(otadata) == 0x2000 and (selected_slot(otadata, len(slots)) or 0) == own
+            pairs = [ln.split() for ln in (out / "flash_args").read_text().splitlines()[1:]]
+            assert [int(o, 16) for o, f in pairs if f == "esp_check_fw.bin"] == [slots[own].offset]
+            assert [(out / f).read_bytes() for o, f in pairs if int(o, 16) == 0x10000] == [otadata]

@@ -143,7 +143,10 @@ def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
         assert cfg.get(env, "monitor_speed") == board.monitor_baud
         assert cfg.get(env, "upload_speed") == board.flash_baud
         assert cfg.get(env, "board_build.partitions") == "partitions.csv"
-        assert cfg.get(env, "extra_scripts") == ["pre:esp-check/pio_flash_model.py"]
+        assert cfg.get(env, "extra_scripts") == [
+            "pre:esp-check/pio_flash_model.py",
+            "post:esp-check/pio_boot_slot.py",
+        ]
     else:
         assert not (root / "platformio.ini").exists()
 
@@ -630,3 +633,75 @@ def test_arena_far_below_measured_need_is_refused(tmp_path: Path) -> None:
         model, [inp], "esp32-devkitc", out_dir=tmp_path / "b", variants=("ansi",), arena_kb=8
     )
     assert p.arena_bytes == 8 * 1024
+
+
+class _PioEnv:
+    """A stand-in for PlatformIO's SCons environment as platform-espressif32 6.13.0 leaves it for
+    `pio run -t upload` (builder/main.py, frameworks/espidf.py): the app at the default boot partition
+    (ota_0, ESP32_APP_OFFSET), an erased ota_data_initial.bin at otadata in FLASH_EXTRA_IMAGES and, as
+    offset/file pairs, in UPLOADERFLAGS; the command is `$UPLOADERFLAGS $ESP32_APP_OFFSET $SOURCE`."""
+
+    def __init__(self, project: Path, images: list[tuple[str, str]], app_offset: str) -> None:
+        self.vars: dict[str, object] = {
+            "PROJECT_DIR": str(project),
+            "PIOENV": "esp_check",
+            "ESP32_APP_OFFSET": app_offset,
+            "FLASH_EXTRA_IMAGES": images,
+            "UPLOADERFLAGS": ["write_flash", "-z", *(x for pair in images for x in pair)],
+        }
+
+    def subst(self, text: str) -> str:
+        return re.sub(r"\$(\w+)", lambda m: str(self.vars[m.group(1)]), text)
+
+    def get(self, key: str, default: object = None) -> object:
+        return self.vars.get(key, default)
+
+    def Replace(self, **kw: object) -> None:
+        self.vars.update(kw)
+
+    def Append(self, **kw: list[object]) -> None:
+        for k, v in kw.items():
+            self.vars.setdefault(k, [])
+            self.vars[k] = [*self.vars[k], *v]  # type: ignore[misc]
+
+    def upload_pairs(self) -> dict[int, str]:
+        flags = self.vars["UPLOADERFLAGS"] + [self.vars["ESP32_APP_OFFSET"], "firmware.bin"]  # type: ignore[operator]
+        pairs = flags[flags.index("-z") + 1 :]
+        return {int(pairs[k], 16): pairs[k + 1] for k in range(0, len(pairs), 2)}
+
+
+@pytest.mark.parametrize("variant", ["optimized", "ansi"])
+@pytest.mark.parametrize("resolved", [False, True])
+def test_pio_upload_of_each_project_boots_its_own_variant(
+    variant: str, resolved: bool, tmp_path: Path
+) -> None:
+    """`pio run -t upload` in each project, with the generated extra scripts run the way PlatformIO runs
+    them (pre: before the platform's scripts, post: after): the app goes to its own slot, and the otadata
+    uploaded with it boots that slot. On the old project the ANSI C app went to ota_0 with an erased
+    otadata. ``resolved``: the variant read from PlatformIO's sdkconfig.esp_check after a build."""
+    from harness.firmware.layout import VARIANT_SLOTS
+    from harness.protocol.otadata import selected_slot
+
+    (p,) = gen.generate_projects(
+        MODELS / "cnn_classifier_11.tflite", [], "esp32s3-devkitc-1-n8r8", out_dir=tmp_path,
+        variants=(variant,), features=gen.FirmwareFeatures(embed_inputs=False),
+    )  # fmt: skip
+    if resolved:  # a resolved configuration wins over the defaults: same variant line, other layout
+        text = (p.path / "sdkconfig.defaults").read_text()
+        (p.path / "sdkconfig.esp_check").write_text("# resolved\n" + text)
+        (p.path / "sdkconfig.defaults").write_text("")
+    rows = {r["name"]: r["offset"] for r in p.manifest["flash_layout"]["partitions"]}
+    blank = tmp_path / "ota_data_initial.bin"
+    blank.write_bytes(b"\xff" * 0x2000)
+    env = _PioEnv(p.path, [("0x0", "bootloader.bin"), ("0xc000", "partitions.bin"),
+                           (hex(rows["otadata"]), str(blank))], hex(rows["ota_0"]))  # fmt: skip
+    for script in ("pio_flash_model.py", "pio_boot_slot.py"):
+        code = (p.path / "esp-check" / script).read_text()
+        exec(compile(code, script, "exec"), {"Import": lambda _name: None, "env": env})
+    pairs = env.upload_pairs()
+    own = VARIANT_SLOTS[variant]
+    assert [off for off, f in pairs.items() if f == "firmware.bin"] == [rows[f"ota_{own}"]]
+    otadata = Path(env.subst(pairs[rows["otadata"]]))
+    assert (selected_slot(otadata.read_bytes(), 2) or 0) == own
+    extra = dict(env.vars["FLASH_EXTRA_IMAGES"])  # type: ignore[call-overload]
+    assert Path(env.subst(extra[hex(rows["otadata"])])) == otadata

@@ -29,6 +29,7 @@ from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_
 from harness.firmware.layout import VARIANT_SLOTS
 from harness.firmware.native.project import NativeOptions, plan_native_build, run_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
+from harness.protocol import otadata
 from harness.protocol.model_image import PARTITION_LABEL
 from harness.protocol.partition_table import PartitionEntry, parse_partition_table
 
@@ -609,6 +610,22 @@ def _extras(files: Mapping[str, Path], out_dir: Path) -> dict[str, Path]:
     return out
 
 
+def _select_own_slot(artifacts: Sequence[Artifact], variant: str) -> None:
+    """Make the build directory's ``ota_data_initial.bin`` boot the app it holds (erased for ``ota_0``, an
+    entry selecting ``ota_1`` for the ANSI C app): ESP-IDF's and PlatformIO's own file is always erased, so
+    flashing the ANSI C build directory on its own would boot whatever sits in ``ota_0``."""
+    ota = next((a for a in artifacts if a.role == "otadata"), None)
+    table = next((a for a in artifacts if a.role == "partition-table"), None)
+    if ota is None or table is None:
+        return
+    apps = [p for p in parse_partition_table(table.path.read_bytes()) if p.type == 0x00]
+    slots = [p for p in apps if 0x10 <= p.subtype < 0x20]
+    if any(p.subtype == 0x00 for p in apps) or not slots:
+        return  # a factory app boots from erased otadata
+    slot = VARIANT_SLOTS.get(variant, 0)
+    ota.path.write_bytes(otadata.initial(ota.path.stat().st_size, slot, len(slots)))
+
+
 def _clear_layout(out_dir: Path) -> None:
     """Remove top-level images and ELFs of an earlier build (or an older esp-check's flat layout): tools
     take the first ``*.bin`` / ``*.elf`` they find at the top of a build directory."""
@@ -741,6 +758,7 @@ def _export(
     artifacts = sorted(
         Artifact(off, _place(files[role], out_dir / LAYOUT[role]), role) for role, off in offsets.items()
     )
+    _select_own_slot(artifacts, str(manifest.get("variant") or ""))
     elf = _place(files["elf"], out_dir / LAYOUT["elf"]) if "elf" in files else None
     if "sdkconfig_json" in files:
         _place(files["sdkconfig_json"], out_dir / LAYOUT["sdkconfig_json"])
@@ -1033,7 +1051,9 @@ def _native_layout(
     if ota is not None:
         ota_path = out_dir / LAYOUT["otadata"]
         ota_path.parent.mkdir(parents=True, exist_ok=True)
-        ota_path.write_bytes(b"\xff" * ota.size)
+        slots = sum(1 for p in apps if 0x10 <= p.subtype < 0x20)
+        own = VARIANT_SLOTS.get(str(manifest.get("variant") or ""), 0) if app.subtype != 0x00 else 0
+        ota_path.write_bytes(otadata.initial(ota.size, own, max(slots, 1)))
         out.append(Artifact(ota.offset, ota_path, "otadata"))
     for _role, offset, image in _model_layout(table, project):
         out.append(Artifact(offset, _place(image, out_dir / LAYOUT["model"]), "model"))

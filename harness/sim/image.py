@@ -24,6 +24,7 @@ from typing import Any
 from esptool.bin_image import ELFSection, ESP32FirmwareImage, LoadFirmwareImage
 
 from harness.errors import BuildError
+from harness.protocol import otadata
 from harness.protocol.model_image import PARTITION_LABEL as MODEL_LABEL
 from harness.sim import elf
 from harness.sim.chips import ChipSpec, get_chip
@@ -553,7 +554,10 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     ]
     ota = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
     if ota is not None:
-        files.append((ota.offset, build_dir / "ota_data_initial.bin", b"\xff" * ota.size))
+        slots = [p for p in parts if p.type == 0x00 and 0x10 <= p.subtype < 0x20]
+        own = slots.index(app_part) if app_part in slots else 0
+        data = otadata.initial(ota.size, own, len(slots)) if slots else b"\xff" * ota.size
+        files.append((ota.offset, build_dir / "ota_data_initial.bin", data))
     out = []
     for off, path, data in files:
         path.write_bytes(data)

@@ -139,6 +139,40 @@ def test_esptool_image_info_on_every_produced_image(build: BuildResult) -> None:
             assert "Project name: esp_check_fw" in text and f"ELF file SHA256: {elf_sha}" in text
 
 
+def test_esptool_image_info_shows_the_boards_revision_range(build: BuildResult) -> None:
+    """The bootloader and the app carry the board's chip revisions (sim: v0.0 - v0.99) in their extended
+    header, as ESP-IDF writes CONFIG_ESP_REV_MIN_FULL / MAX_FULL (old code: max 0, "v0.0")."""
+    for role in ("bootloader", "app"):
+        path = next(a.path for a in build.artifacts if a.role == role)
+        text = esptool(None, "--chip", "esp32s3", "image-info", str(path), timeout=60)
+        assert "Minimal chip revision: v0.0" in text and "Maximal chip revision: v0.99" in text, text
+
+
+def test_esptool_cli_refuses_a_build_for_other_chip_revisions(
+    serve: Callable[..., tuple[str, str]], tmp_path: Path
+) -> None:
+    """A board file whose image accepts v0.3 - v0.99 only, flashed by hand with `esptool write-flash
+    @flash_args` to the simulated ESP32-S3 (revision v0.2): esptool itself refuses the bootloader, before
+    it writes anything, as it would refuse an ESP-IDF build for other silicon. On the old code the image
+    header said nothing (max_rev_full 0), and esptool skipped its check."""
+    board = tmp_path / "sim-rev3.toml"
+    text = (Path(__file__).parent.parent / "boards" / "sim.toml").read_text()
+    board.write_text(
+        text.replace('name = "sim"', 'name = "sim-rev3"').replace(
+            'chip_rev_min = "0.0"', 'chip_rev_min = "0.3"'
+        )
+    )
+    (proj,) = generate_projects(MODEL, [INPUT], str(board), out_dir=tmp_path / "fw", variants=("optimized",))
+    res = build_project(proj.path, use_cache=False)
+    url, _ = serve("--rfc2217")
+    argv = [sys.executable, "-m", "esptool", "--port", url, "write-flash", "@flash_args"]
+    proc = subprocess.run(argv, cwd=res.flasher_args.parent, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-2000:]
+    assert "requires chip revision in range v0.3 - v0.99 (this chip is revision v0.2)" in out, out[-2000:]
+    assert "Wrote " not in out  # refused before writing anything
+
+
 def test_esptool_cli_over_rfc2217(build: BuildResult, serve: Callable[..., tuple[str, str]]) -> None:
     """chip-id, then write-flash @flash_args at 921600 and verify-flash with what esptool wrote."""
     url, _ = serve("--rfc2217")

@@ -117,7 +117,10 @@ def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
         assert sdk[mode[board.psram]] == "y"
     elif board.has_psram:
         assert not any(k.startswith("CONFIG_SPIRAM_MODE_") for k in sdk)
-    if board.console == "uart":
+    if board.console == "uart" and board.monitor_baud == 115200:  # ESP-IDF's default console and baud
+        assert sdk["CONFIG_ESP_CONSOLE_UART_DEFAULT"] == "y" and "CONFIG_ESP_CONSOLE_UART_BAUDRATE" not in sdk
+    elif board.console == "uart":
+        assert sdk["CONFIG_ESP_CONSOLE_UART_CUSTOM"] == "y"
         assert sdk["CONFIG_ESP_CONSOLE_UART_BAUDRATE"] == str(board.monitor_baud)
     else:
         assert sdk["CONFIG_ESP_CONSOLE_USB_SERIAL_JTAG"] == "y"
@@ -705,3 +708,49 @@ def test_pio_upload_of_each_project_boots_its_own_variant(
     assert (selected_slot(otadata.read_bytes(), 2) or 0) == own
     extra = dict(env.vars["FLASH_EXTRA_IMAGES"])  # type: ignore[call-overload]
     assert Path(env.subst(extra[hex(rows["otadata"])])) == otadata
+
+
+@pytest.mark.parametrize("baud", [921600, 115200])
+def test_console_baud_other_than_115200_uses_the_custom_console(baud: int, tmp_path: Path) -> None:
+    """A board whose console talks at 921600: ESP-IDF takes CONFIG_ESP_CONSOLE_UART_BAUDRATE only with
+    CONFIG_ESP_CONSOLE_UART_CUSTOM=y (its Kconfig prompt depends on it; kconfgen drops the value under the
+    default console, as kconfgen over ESP-IDF v5.3.5 / v5.4.4 / v5.5.3 confirmed: docs/firmware.md). The old
+    template wrote the baud under CONFIG_ESP_CONSOLE_UART_DEFAULT=y: firmware that talked at 115200."""
+    text = (resources.boards_dir() / "esp32s3-devkitc-1-n8.toml").read_text()
+    board = tmp_path / "fast-console.toml"
+    board.write_text(re.sub(r"(?m)^monitor_baud = \d+$", f"monitor_baud = {baud}", text).replace(
+        'name = "esp32s3-devkitc-1-n8"', 'name = "fast-console"'))  # fmt: skip
+    (p,) = gen.generate_projects(
+        MODELS / "cnn_classifier_11.tflite", [], str(board), out_dir=tmp_path / "fw", variants=("ansi",),
+        features=gen.FirmwareFeatures(embed_inputs=False),
+    )  # fmt: skip
+    text = (p.path / "sdkconfig.defaults").read_text()
+    sdk = dict(ln.split("=", 1) for ln in text.splitlines() if ln.startswith("CONFIG_"))
+    if baud == 115200:
+        assert (
+            sdk.get("CONFIG_ESP_CONSOLE_UART_DEFAULT") == "y"
+            and "CONFIG_ESP_CONSOLE_UART_BAUDRATE" not in sdk
+        )
+    else:
+        assert (
+            sdk["CONFIG_ESP_CONSOLE_UART_CUSTOM"] == "y"
+            and sdk["CONFIG_ESP_CONSOLE_UART_CUSTOM_NUM_0"] == "y"
+        )
+        assert sdk["CONFIG_ESP_CONSOLE_UART_BAUDRATE"] == str(baud)
+        assert "CONFIG_ESP_CONSOLE_UART_DEFAULT" not in sdk
+
+
+def test_allowlist_requires_the_custom_console_for_the_baud() -> None:
+    """The rule kconfgen confirmed, recorded in the allow-list (`requires`): a console baud under the
+    default console, or a baud outside the Kconfig range, is refused before anything is built."""
+    allow = gen.load_allowlist()
+    base = 'CONFIG_IDF_TARGET="esp32"\n'
+    with pytest.raises(GenerateError, match="takes effect only with CONFIG_ESP_CONSOLE_UART_CUSTOM=y"):
+        text = base + "CONFIG_ESP_CONSOLE_UART_DEFAULT=y\nCONFIG_ESP_CONSOLE_UART_BAUDRATE=921600\n"
+        gen.check_sdkconfig(text, "esp32", allow, "t")
+    custom = base + "CONFIG_ESP_CONSOLE_UART_CUSTOM=y\nCONFIG_ESP_CONSOLE_UART_CUSTOM_NUM_0=y\n"
+    assert "CONFIG_ESP_CONSOLE_UART_BAUDRATE" in gen.check_sdkconfig(
+        custom + "CONFIG_ESP_CONSOLE_UART_BAUDRATE=921600\n", "esp32", allow, "t"
+    )
+    with pytest.raises(GenerateError, match=r"outside ESP-IDF's range 1200\.\.4000000"):
+        gen.check_sdkconfig(custom + "CONFIG_ESP_CONSOLE_UART_BAUDRATE=5000000\n", "esp32", allow, "t")

@@ -289,11 +289,13 @@ def check_sdkconfig(
     too, unless the older ones behave as if it had the value written (``absent_means``).
     """
     symbols: list[str] = []
+    values: dict[str, str] = {}
     for line in text.splitlines():
         m = re.match(r"^(?:# )?(CONFIG_[A-Z0-9_]+)(?:=(.*)| is not set)$", line)
         if not m:
             continue
         key, value = m.group(1), ("n" if m.group(2) is None else m.group(2))
+        values[key] = value
         entry = allow["symbols"].get(key)
         if key in allow.get("forbidden", {}):
             raise GenerateError(f"{where}: {key} must never be set ({allow['forbidden'][key]})")
@@ -320,6 +322,17 @@ def check_sdkconfig(
                 hint=f'set idf_min = "{since}" (or newer) in the board file',
             )
         symbols.append(key)
+    for key in symbols:
+        low, high = allow["symbols"][key].get("range", (None, None))
+        if low is not None and not (values[key].isdigit() and low <= int(values[key]) <= high):
+            raise GenerateError(f"{where}: {key}={values[key]} is outside ESP-IDF's range {low}..{high}")
+        missing = [need for need in allow["symbols"][key].get("requires", ()) if values.get(need) != "y"]
+        if missing:
+            raise GenerateError(
+                f"{where}: {key} takes effect only with {', '.join(f'{n}=y' for n in missing)}: ESP-IDF's "
+                "Kconfig would drop its value silently and build a different firmware",
+                hint=f"set {', '.join(missing)} too (harness/data/sdkconfig_allowlist.toml, `requires`)",
+            )
     return symbols
 
 

@@ -754,3 +754,33 @@ def test_allowlist_requires_the_custom_console_for_the_baud() -> None:
     )
     with pytest.raises(GenerateError, match=r"outside ESP-IDF's range 1200\.\.4000000"):
         gen.check_sdkconfig(custom + "CONFIG_ESP_CONSOLE_UART_BAUDRATE=5000000\n", "esp32", allow, "t")
+
+
+def _function_body(source: str, signature: str) -> str:
+    start = source.index("{", source.index(signature))
+    depth = 0
+    for pos in range(start, len(source)):
+        depth += {"{": 1, "}": -1}.get(source[pos], 0)
+        if depth == 0:
+            return source[start : pos + 1]
+    raise AssertionError(f"unbalanced braces after {signature}")
+
+
+@pytest.mark.parametrize("tap", [False, True])
+def test_no_tick_is_slept_per_invoke(tap: bool, tmp_path: Path) -> None:
+    """The generated Invoke callback sleeps no FreeRTOS tick per invoke (10 ms on a chip at ESP-IDF's
+    default 100 Hz: 10 s per 1,000 dataset inputs, with the old unconditional vTaskDelay(1)): its only
+    vTaskDelay is behind the once-a-second idle check. Checked in the source, not by timing a run."""
+    (p,) = gen.generate_projects(
+        MODELS / "cnn_classifier_11.tflite", [], "esp32s3-devkitc-1-n8r8", out_dir=tmp_path,
+        variants=("ansi",), features=gen.FirmwareFeatures(embed_inputs=False, tap=tap),
+    )  # fmt: skip
+    source = (p.path / "main" / "app_main.cc").read_text()
+    body = _function_body(
+        source, "int Invoke(void* ctx, const uint8_t* input, size_t n, uint32_t* invoke_us)"
+    )
+    guard = "if (end_us - g_app.idle_tick_us >= kIdleTickEveryUs) {"
+    assert body.count("vTaskDelay(") == 1 and body.count(guard) == 1
+    assert _function_body(body, guard).count("vTaskDelay(1)") == 1
+    every = re.search(r"constexpr int64_t kIdleTickEveryUs = (\d+);", source)
+    assert every is not None and int(every.group(1)) >= 1_000_000  # at most 1 % of the time at 10 ms/tick

@@ -10,8 +10,10 @@ locks, offsets, flasher_args.json and the sim builder's real ESP app image -- is
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -674,3 +676,35 @@ def test_each_build_directory_boots_its_own_variant(
             pairs = [ln.split() for ln in (out / "flash_args").read_text().splitlines()[1:]]
             assert [int(o, 16) for o, f in pairs if f == "esp_check_fw.bin"] == [slots[own].offset]
             assert [(out / f).read_bytes() for o, f in pairs if int(o, 16) == 0x10000] == [otadata]
+
+
+def test_build_directory_has_the_gdbinit_prefix_map(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    """`gdbinit/prefix_map`, where ESP-IDF's build writes it: ESP-IDF's own line for a build without a
+    prefix map (sim), the builder's own file when it wrote one (pio, also from the cache). gdb, run the way
+    pytest-embedded-idf's panic decoding runs it (`--command` the path IdfDut picks), then reads it without
+    a warning; the old build directory had none ("No such file or directory")."""
+    (sim,) = _project(tmp_path / "s", board="sim", variants=("optimized",))
+    res = b.build_project(sim, cache_dir=tmp_path / "cache", env=_env(fake_tools))
+    out = res.flasher_args.parent
+    assert (
+        out / "gdbinit" / "prefix_map"
+    ).read_text() == "# There is no prefix map defined for the project.\n"
+    gdb = shutil.which("gdb")
+    if gdb is not None and importlib.util.find_spec("pytest_embedded_idf") is not None:
+        from types import SimpleNamespace
+
+        from pytest_embedded_idf.dut import IdfDut
+
+        path = IdfDut._get_prefix_map_path(SimpleNamespace(app=SimpleNamespace(binary_path=str(out))))  # type: ignore[arg-type]
+        proc = subprocess.run(
+            [gdb, "--batch", "-n", "--command", path], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0 and "No such file" not in proc.stdout + proc.stderr, proc.stderr
+    (opt,) = _project(tmp_path / "p", variants=("optimized",))
+    own = opt / ".pio" / "build" / "esp_check" / "gdbinit" / "prefix_map"
+    own.parent.mkdir(parents=True)
+    own.write_text("set substitute-path /IDF_PROJECT /src/project\n")
+    for hit in (False, True):
+        res = b.build_project(opt, cache_dir=tmp_path / "cache", env=_env(fake_tools))
+        assert res.cache_hit is hit
+        assert (res.flasher_args.parent / "gdbinit" / "prefix_map").read_text() == own.read_text()

@@ -49,7 +49,7 @@ ROLE_FILES = {
     "app": "app.bin",
     "model": "model.bin",
 }
-EXTRA_FILES = {"elf": "app.elf", "sdkconfig_json": "sdkconfig.json"}
+EXTRA_FILES = {"elf": "app.elf", "sdkconfig_json": "sdkconfig.json", "prefix_map": "prefix_map.gdbinit"}
 _CACHE_NAMES = {**ROLE_FILES, **EXTRA_FILES}
 # ... and in the exported build directory, which follows ESP-IDF's layout: exactly one .bin at the top
 # (the app: pytest-embedded-idf takes the first *.bin it lists there), the other images in
@@ -63,7 +63,11 @@ LAYOUT = {
     "app": f"{APP_NAME}.bin",
     "elf": f"{APP_NAME}.elf",
     "sdkconfig_json": "config/sdkconfig.json",
+    "prefix_map": "gdbinit/prefix_map",
 }
+# What ESP-IDF's prefix_map.cmake writes into gdbinit/prefix_map without CONFIG_APP_REPRODUCIBLE_BUILD: gdb
+# reads it with --command (pytest-embedded-idf's panic decoding does) and warns when it is missing.
+NO_PREFIX_MAP = "# There is no prefix map defined for the project.\n"
 PROJECT_DESCRIPTION = "project_description.json"
 # Flashed by esptool in a flash-and-compare run; otadata is left alone there (the running app switches
 # slots itself, so a repeat run writes nothing), but flasher_args.json lists it for flashing by hand.
@@ -360,6 +364,7 @@ def _build_pio(
         "otadata": out / "ota_data_initial.bin",
         "elf": out / "firmware.elf",
         "sdkconfig_json": out / "config" / "sdkconfig.json",  # ESP-IDF's confgen output, when there
+        "prefix_map": out / "gdbinit" / "prefix_map",
         "sdkconfig": resolved,
     }
     return files, _read_sdkconfig(resolved)
@@ -399,6 +404,7 @@ def _build_idf(
         "app": build / f"{APP_NAME}.bin",
         "elf": build / f"{APP_NAME}.elf",
         "sdkconfig_json": build / "config" / "sdkconfig.json",
+        "prefix_map": build / "gdbinit" / "prefix_map",
         "sdkconfig": project / "sdkconfig",
     }
     # ESP-IDF's own flasher_args.json names the app file; prefer it when present.
@@ -593,9 +599,10 @@ def _extras(files: Mapping[str, Path], out_dir: Path) -> dict[str, Path]:
     """The build's non-flashed outputs tools want: the ELF and config/sdkconfig.json (written from the
     resolved sdkconfig when the builder did not leave one)."""
     out: dict[str, Path] = {}
-    elf = files.get("elf")
-    if elf is not None and elf.is_file():
-        out["elf"] = elf
+    for role in ("elf", "prefix_map"):
+        path = files.get(role)
+        if path is not None and path.is_file():
+            out[role] = path
     given = files.get("sdkconfig_json")
     if given is not None and given.is_file():
         out["sdkconfig_json"] = given
@@ -762,6 +769,11 @@ def _export(
     elf = _place(files["elf"], out_dir / LAYOUT["elf"]) if "elf" in files else None
     if "sdkconfig_json" in files:
         _place(files["sdkconfig_json"], out_dir / LAYOUT["sdkconfig_json"])
+    if "prefix_map" in files:
+        _place(files["prefix_map"], out_dir / LAYOUT["prefix_map"])
+    else:  # the sim builder, or a build that wrote none: ESP-IDF's own file for a non-reproducible build
+        (out_dir / "gdbinit").mkdir(exist_ok=True)
+        (out_dir / LAYOUT["prefix_map"]).write_text(NO_PREFIX_MAP, encoding="utf-8")
     args = flasher_args(artifacts, meta.get("sdkconfig", {}), chip, flash_size, out_dir)
     fa_path = out_dir / FLASHER_ARGS
     fa_path.write_text(json.dumps(args, indent=4) + "\n", encoding="utf-8")

@@ -3,6 +3,11 @@ extra) against the Kconfig files of each supported ESP-IDF release: every ESP-ID
 must come out with the value it wrote (kconfgen drops silently what a symbol's dependencies hide, e.g. a
 console baud without the custom console).
 
+esp-idf-kconfig is not in the `test` extra: it brings textual and platformdirs, whose pytest11 plugin
+would load into this suite (tests/test_conformance_isolation.py), for a test that needs trees from
+outside the repository anyway. Install it where this test runs (`pip install esp-idf-kconfig`, or
+`pip install --target DIR esp-idf-kconfig` and DIR on PYTHONPATH for this run).
+
 Opt-in: the Kconfig trees stay out of the repository. ESP_CHECK_IDF_KCONFIG_DIR names a directory with one
 ESP-IDF tree per release (only its Kconfig* and sdkconfig.rename* files are read), e.g. from a clone::
 
@@ -37,7 +42,10 @@ pytestmark = [
     pytest.mark.skipif(
         not TREES.is_dir(), reason="ESP_CHECK_IDF_KCONFIG_DIR (ESP-IDF Kconfig trees) not set"
     ),
-    pytest.mark.skipif(importlib.util.find_spec("kconfgen") is None, reason="esp-idf-kconfig not installed"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("kconfgen") is None,
+        reason="esp-idf-kconfig not installed (pip install esp-idf-kconfig)",
+    ),
 ]
 
 

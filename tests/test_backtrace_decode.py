@@ -192,3 +192,43 @@ def test_xtensa_backtrace_decodes_where_a_toolchain_exists(tmp_path: Path, model
     text = panic_text(get_chip("esp32s3"), "panic", random.Random(3), variant="optimized").decode()
     (panic,) = bt.decode_findings(classify(text), elf, "esp32s3")
     assert panic.details["decoded"][0]["function"] == "esp_nn_conv_s8_esp32s3"
+
+
+def _itanium_names_are_well_formed(name: str) -> bool:
+    """A Python check of a nested Itanium name (`_ZN` <len><id>... `E`): every length prefix is the length
+    of the identifier that follows (what c++filt needs to demangle it)."""
+    import re as _re
+
+    if not name.startswith("_ZN"):
+        return True
+    pos = 3
+    while pos < len(name) and name[pos] != "E":
+        m = _re.match(r"\d+", name[pos:])
+        if m is None:
+            return False
+        n, pos = int(m.group()), pos + len(m.group())
+        ident = name[pos : pos + n]
+        if len(ident) != n or not _re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ident):
+            return False
+        pos += n
+        if name[pos : pos + 1].isalpha() and name[pos] != "E":
+            return False  # the identifier ran on: its length prefix was too short
+    return pos < len(name)
+
+
+@pytest.mark.parametrize("chip", ["esp32", "esp32s3", "esp32c3"])
+def test_every_mangled_symbol_of_the_sim_elf_demangles(chip: str) -> None:
+    """Every C++ symbol of the simulator's ELF demangles, with c++filt (binutils) when installed and by
+    its length prefixes always: the old `_ZN6tflite10MicroGraph15InvokeSubgraphEi` (a 14-letter name with
+    a 15 prefix) stayed raw in every decoded backtrace."""
+    from harness.sim import elf
+
+    names = [s.name for s in elf.layout(get_chip(chip)) if s.name.startswith("_Z")]
+    assert "_ZN6tflite10MicroGraph14InvokeSubgraphEi" in names
+    bad = [n for n in names if not _itanium_names_are_well_formed(n)]
+    assert not bad, bad
+    cxxfilt = shutil.which("c++filt")
+    if cxxfilt is not None:
+        out = subprocess.run([cxxfilt, *names], capture_output=True, text=True, check=True).stdout.split("\n")
+        raw = [n for n, d in zip(names, out, strict=False) if d == n]
+        assert not raw, f"c++filt left these raw: {raw}"

@@ -10,8 +10,10 @@ locks, offsets, flasher_args.json and the sim builder's real ESP app image -- is
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -645,3 +647,64 @@ def test_sdkconfig_json_types() -> None:
         "PARTITION_TABLE_OFFSET": 0xC000,
         "ESP_MAIN_TASK_STACK_SIZE": 20480,
     }
+
+
+@pytest.mark.parametrize(("board", "builder"), [("esp32-devkitc", "pio"), ("esp32p4", "idf"), ("sim", "sim")])
+def test_each_build_directory_boots_its_own_variant(
+    board: str, builder: str, tmp_path: Path, fake_tools: dict[str, object]
+) -> None:
+    """The exported build directory of each variant, flashed on its own (flash_args, flasher_args.json):
+    the app sits in its slot and the otadata flashed with it selects that slot; a cache hit too. The
+    builders' own ota_data_initial.bin is erased (it boots ota_0): on the old code the ANSI C build
+    directory flashed the ANSI C app to ota_1 and booted whatever sat in ota_0."""
+    from harness.firmware.layout import VARIANT_SLOTS
+    from harness.protocol.otadata import selected_slot
+
+    for variant in ("optimized", "ansi"):
+        (proj,) = _project(tmp_path / variant, board=board, variants=(variant,))
+        for hit in (False, True):
+            res = b.build_project(proj, cache_dir=tmp_path / "cache", env=_env(fake_tools))
+            assert res.cache_hit is hit
+            table = b.parse_partition_table(res.artifact("partition-table").path.read_bytes())  # type: ignore[union-attr]
+            slots = [p for p in table if p.type == 0x00 and 0x10 <= p.subtype < 0x20]
+            own = VARIANT_SLOTS[variant]
+            out = res.flasher_args.parent
+            fa = json.loads(res.flasher_args.read_text())
+            assert int(fa["app"]["offset"], 16) == slots[own].offset
+            otadata = (out / fa["otadata"]["file"]).read_bytes()
+            assert len(otadata) == 0x2000 and (selected_slot(otadata, len(slots)) or 0) == own
+            pairs = [ln.split() for ln in (out / "flash_args").read_text().splitlines()[1:]]
+            assert [int(o, 16) for o, f in pairs if f == "esp_check_fw.bin"] == [slots[own].offset]
+            assert [(out / f).read_bytes() for o, f in pairs if int(o, 16) == 0x10000] == [otadata]
+
+
+def test_build_directory_has_the_gdbinit_prefix_map(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    """`gdbinit/prefix_map`, where ESP-IDF's build writes it: ESP-IDF's own line for a build without a
+    prefix map (sim), the builder's own file when it wrote one (pio, also from the cache). gdb, run the way
+    pytest-embedded-idf's panic decoding runs it (`--command` the path IdfDut picks), then reads it without
+    a warning; the old build directory had none ("No such file or directory")."""
+    (sim,) = _project(tmp_path / "s", board="sim", variants=("optimized",))
+    res = b.build_project(sim, cache_dir=tmp_path / "cache", env=_env(fake_tools))
+    out = res.flasher_args.parent
+    assert (
+        out / "gdbinit" / "prefix_map"
+    ).read_text() == "# There is no prefix map defined for the project.\n"
+    gdb = shutil.which("gdb")
+    if gdb is not None and importlib.util.find_spec("pytest_embedded_idf") is not None:
+        from types import SimpleNamespace
+
+        from pytest_embedded_idf.dut import IdfDut
+
+        path = IdfDut._get_prefix_map_path(SimpleNamespace(app=SimpleNamespace(binary_path=str(out))))  # type: ignore[arg-type]
+        proc = subprocess.run(
+            [gdb, "--batch", "-n", "--command", path], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0 and "No such file" not in proc.stdout + proc.stderr, proc.stderr
+    (opt,) = _project(tmp_path / "p", variants=("optimized",))
+    own = opt / ".pio" / "build" / "esp_check" / "gdbinit" / "prefix_map"
+    own.parent.mkdir(parents=True)
+    own.write_text("set substitute-path /IDF_PROJECT /src/project\n")
+    for hit in (False, True):
+        res = b.build_project(opt, cache_dir=tmp_path / "cache", env=_env(fake_tools))
+        assert res.cache_hit is hit
+        assert (res.flasher_args.parent / "gdbinit" / "prefix_map").read_text() == own.read_text()

@@ -52,6 +52,29 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
     return build_project(proj.path, use_cache=False)
 
 
+@pytest.fixture(scope="module")
+def ansi_build(build: BuildResult) -> BuildResult:
+    """The ANSI C firmware of the same model for the same board (its app lives in ota_1)."""
+    (proj,) = generate_projects(MODEL, [INPUT], "sim", out_dir=build.project_dir.parent, variants=("ansi",))
+    return build_project(proj.path, use_cache=False)
+
+
+def _capture_after_reset(url: str, timeout: float = 90) -> bytes:
+    """What the board prints after a classic DTR/RTS reset (EN pulled low, then released), up to END."""
+    import serial
+
+    seen = b""
+    with serial.serial_for_url(url, baudrate=115200, timeout=0.5) as port:
+        port.dtr = False
+        port.rts = True
+        time.sleep(0.1)
+        port.rts = False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not END.search(seen):
+            seen += port.read(4096)
+    return seen
+
+
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[str, str]]]:
     """Start `esp-check sim serve ARGS` in its own process: returns (URL it prints, board name)."""
@@ -116,6 +139,40 @@ def test_esptool_image_info_on_every_produced_image(build: BuildResult) -> None:
             assert "Project name: esp_check_fw" in text and f"ELF file SHA256: {elf_sha}" in text
 
 
+def test_esptool_image_info_shows_the_boards_revision_range(build: BuildResult) -> None:
+    """The bootloader and the app carry the board's chip revisions (sim: v0.0 - v0.99) in their extended
+    header, as ESP-IDF writes CONFIG_ESP_REV_MIN_FULL / MAX_FULL (old code: max 0, "v0.0")."""
+    for role in ("bootloader", "app"):
+        path = next(a.path for a in build.artifacts if a.role == role)
+        text = esptool(None, "--chip", "esp32s3", "image-info", str(path), timeout=60)
+        assert "Minimal chip revision: v0.0" in text and "Maximal chip revision: v0.99" in text, text
+
+
+def test_esptool_cli_refuses_a_build_for_other_chip_revisions(
+    serve: Callable[..., tuple[str, str]], tmp_path: Path
+) -> None:
+    """A board file whose image accepts v0.3 - v0.99 only, flashed by hand with `esptool write-flash
+    @flash_args` to the simulated ESP32-S3 (revision v0.2): esptool itself refuses the bootloader, before
+    it writes anything, as it would refuse an ESP-IDF build for other silicon. On the old code the image
+    header said nothing (max_rev_full 0), and esptool skipped its check."""
+    board = tmp_path / "sim-rev3.toml"
+    text = (Path(__file__).parent.parent / "boards" / "sim.toml").read_text()
+    board.write_text(
+        text.replace('name = "sim"', 'name = "sim-rev3"').replace(
+            'chip_rev_min = "0.0"', 'chip_rev_min = "0.3"'
+        )
+    )
+    (proj,) = generate_projects(MODEL, [INPUT], str(board), out_dir=tmp_path / "fw", variants=("optimized",))
+    res = build_project(proj.path, use_cache=False)
+    url, _ = serve("--rfc2217")
+    argv = [sys.executable, "-m", "esptool", "--port", url, "write-flash", "@flash_args"]
+    proc = subprocess.run(argv, cwd=res.flasher_args.parent, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-2000:]
+    assert "requires chip revision in range v0.3 - v0.99 (this chip is revision v0.2)" in out, out[-2000:]
+    assert "Wrote " not in out  # refused before writing anything
+
+
 def test_esptool_cli_over_rfc2217(build: BuildResult, serve: Callable[..., tuple[str, str]]) -> None:
     """chip-id, then write-flash @flash_args at 921600 and verify-flash with what esptool wrote."""
     url, _ = serve("--rfc2217")
@@ -163,7 +220,40 @@ def test_esptool_cli_over_raw_tcp_to_a_board_strapped_for_download(
     assert (tmp_path / "nvs.bin").read_bytes() == b"\xff" * 0x1000
 
 
+def test_esptool_write_flash_of_the_ansi_build_directory_boots_the_ansi_app(
+    build: BuildResult, ansi_build: BuildResult, serve: Callable[..., tuple[str, str]], tmp_path: Path
+) -> None:
+    """A board holding the optimized build (the usual order), then `esptool write-flash @flash_args` in the
+    ANSI C build directory, as a user flashes it by hand: the board boots the ANSI C app (nn=ansi_c), not
+    the optimized app still in ota_0. On the old code the ANSI build's otadata was erased, so ota_0 ran."""
+    url, _ = serve("--rfc2217", "--flash", str(_flash_file(build, tmp_path / "flash.bin")))
+    written = esptool(url, "write-flash", "@flash_args", cwd=ansi_build.flasher_args.parent)
+    assert written.count("Hash of data verified") == len(ansi_build.artifacts), written[-2000:]
+    cap = parse_capture(_capture_after_reset(url))
+    assert cap.valid and cap.simulated, cap.problems
+    assert cap.nn_mode == "ansi_c"
+
+
 # ---- pytest-embedded ------------------------------------------------------------------------------
+
+
+def _pytest_embedded(tests: Path, url: str, build: BuildResult, body: str, *extra: str) -> None:
+    """Run pytest with pytest-embedded (`--embedded-services esp,idf`) on ``build``'s directory: one test
+    whose body is ``body``; fails unless it passes."""
+    tests.mkdir()
+    (tests / "pytest.ini").write_text("[pytest]\n")  # not this project's config (which blocks the plugin)
+    (tests / "test_dut.py").write_text("def test_dut(dut):\n" + body)
+    env = {k: v for k, v in os.environ.items() if k not in ("ESPBAUD", "PYTEST_ADDOPTS")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(tests / "pytest.ini"), "--rootdir", str(tests), "-q",
+         "-p", "no:cacheprovider", "-p", "no:labgrid",  # labgrid's `target` fixture shadows pytest-embedded's
+         "--embedded-services", "esp,idf", "--port", url, "--target", "esp32s3",
+         "--app-path", str(build.project_dir), "--build-dir", str(build.flasher_args.parent), *extra,
+         "test_dut.py"],
+        cwd=tests, capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "1 passed" in proc.stdout
 
 
 def test_pytest_embedded_flashes_our_build_and_sees_the_end_record(
@@ -173,24 +263,27 @@ def test_pytest_embedded_flashes_our_build_and_sees_the_end_record(
     the default ESPBAUD (921600) and hard-resets, and `dut.expect` reads the app's END record at 115200."""
     _need("pytest_embedded_idf")
     url, _ = serve("--rfc2217")
-    tests = tmp_path / "pe"
-    tests.mkdir()
-    (tests / "pytest.ini").write_text("[pytest]\n")  # not this project's config (which blocks the plugin)
-    (tests / "test_dut.py").write_text(
-        "def test_end_record(dut):\n"
+    body = (
         "    dut.expect(r'@EC1 0 BEGIN .*sim=1', timeout=60)\n"
         "    dut.expect(r'@EC1 \\d+ END status=ok', timeout=60)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("ESPBAUD", "PYTEST_ADDOPTS")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", str(tests / "pytest.ini"), "--rootdir", str(tests), "-q",
-         "-p", "no:cacheprovider", "-p", "no:labgrid",  # labgrid's `target` fixture shadows pytest-embedded's
-         "--embedded-services", "esp,idf", "--port", url, "--target", "esp32s3",
-         "--app-path", str(build.project_dir), "--build-dir", str(build.flasher_args.parent), "test_dut.py"],
-        cwd=tests, capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "1 passed" in proc.stdout
+    _pytest_embedded(tmp_path / "pe", url, build, body)
+
+
+def test_pytest_embedded_build_dir_of_the_ansi_build_runs_the_ansi_app(
+    build: BuildResult, ansi_build: BuildResult, serve: Callable[..., tuple[str, str]], tmp_path: Path
+) -> None:
+    """pytest-embedded `--build-dir` on the ANSI C build directory, on a board that holds the optimized
+    build (the usual order): the app that prints its records is the ANSI C one (`INFO nn=ansi_c`), with
+    `--confirm-target-elf-sha256 y` as users run it. On the old code the optimized app in ota_0 ran."""
+    _need("pytest_embedded_idf")
+    url, _ = serve("--rfc2217", "--flash", str(_flash_file(build, tmp_path / "flash.bin")))
+    body = (
+        "    dut.expect(r'@EC1 0 BEGIN .*sim=1', timeout=60)\n"
+        "    dut.expect(r' nn=ansi_c', timeout=60)\n"
+        "    dut.expect(r'@EC1 \\d+ END status=ok', timeout=60)\n"
+    )
+    _pytest_embedded(tmp_path / "pe", url, ansi_build, body, "--confirm-target-elf-sha256", "y")
 
 
 # ---- esp-idf-monitor ------------------------------------------------------------------------------

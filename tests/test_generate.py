@@ -117,7 +117,10 @@ def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
         assert sdk[mode[board.psram]] == "y"
     elif board.has_psram:
         assert not any(k.startswith("CONFIG_SPIRAM_MODE_") for k in sdk)
-    if board.console == "uart":
+    if board.console == "uart" and board.monitor_baud == 115200:  # ESP-IDF's default console and baud
+        assert sdk["CONFIG_ESP_CONSOLE_UART_DEFAULT"] == "y" and "CONFIG_ESP_CONSOLE_UART_BAUDRATE" not in sdk
+    elif board.console == "uart":
+        assert sdk["CONFIG_ESP_CONSOLE_UART_CUSTOM"] == "y"
         assert sdk["CONFIG_ESP_CONSOLE_UART_BAUDRATE"] == str(board.monitor_baud)
     else:
         assert sdk["CONFIG_ESP_CONSOLE_USB_SERIAL_JTAG"] == "y"
@@ -143,7 +146,10 @@ def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
         assert cfg.get(env, "monitor_speed") == board.monitor_baud
         assert cfg.get(env, "upload_speed") == board.flash_baud
         assert cfg.get(env, "board_build.partitions") == "partitions.csv"
-        assert cfg.get(env, "extra_scripts") == ["pre:esp-check/pio_flash_model.py"]
+        assert cfg.get(env, "extra_scripts") == [
+            "pre:esp-check/pio_flash_model.py",
+            "post:esp-check/pio_boot_slot.py",
+        ]
     else:
         assert not (root / "platformio.ini").exists()
 
@@ -630,3 +636,151 @@ def test_arena_far_below_measured_need_is_refused(tmp_path: Path) -> None:
         model, [inp], "esp32-devkitc", out_dir=tmp_path / "b", variants=("ansi",), arena_kb=8
     )
     assert p.arena_bytes == 8 * 1024
+
+
+class _PioEnv:
+    """A stand-in for PlatformIO's SCons environment as platform-espressif32 6.13.0 leaves it for
+    `pio run -t upload` (builder/main.py, frameworks/espidf.py): the app at the default boot partition
+    (ota_0, ESP32_APP_OFFSET), an erased ota_data_initial.bin at otadata in FLASH_EXTRA_IMAGES and, as
+    offset/file pairs, in UPLOADERFLAGS; the command is `$UPLOADERFLAGS $ESP32_APP_OFFSET $SOURCE`."""
+
+    def __init__(self, project: Path, images: list[tuple[str, str]], app_offset: str) -> None:
+        self.vars: dict[str, object] = {
+            "PROJECT_DIR": str(project),
+            "PIOENV": "esp_check",
+            "ESP32_APP_OFFSET": app_offset,
+            "FLASH_EXTRA_IMAGES": images,
+            "UPLOADERFLAGS": ["write_flash", "-z", *(x for pair in images for x in pair)],
+        }
+
+    def subst(self, text: str) -> str:
+        return re.sub(r"\$(\w+)", lambda m: str(self.vars[m.group(1)]), text)
+
+    def get(self, key: str, default: object = None) -> object:
+        return self.vars.get(key, default)
+
+    def Replace(self, **kw: object) -> None:
+        self.vars.update(kw)
+
+    def Append(self, **kw: list[object]) -> None:
+        for k, v in kw.items():
+            self.vars.setdefault(k, [])
+            self.vars[k] = [*self.vars[k], *v]  # type: ignore[misc]
+
+    def upload_pairs(self) -> dict[int, str]:
+        flags = self.vars["UPLOADERFLAGS"] + [self.vars["ESP32_APP_OFFSET"], "firmware.bin"]  # type: ignore[operator]
+        pairs = flags[flags.index("-z") + 1 :]
+        return {int(pairs[k], 16): pairs[k + 1] for k in range(0, len(pairs), 2)}
+
+
+@pytest.mark.parametrize("variant", ["optimized", "ansi"])
+@pytest.mark.parametrize("resolved", [False, True])
+def test_pio_upload_of_each_project_boots_its_own_variant(
+    variant: str, resolved: bool, tmp_path: Path
+) -> None:
+    """`pio run -t upload` in each project, with the generated extra scripts run the way PlatformIO runs
+    them (pre: before the platform's scripts, post: after): the app goes to its own slot, and the otadata
+    uploaded with it boots that slot. On the old project the ANSI C app went to ota_0 with an erased
+    otadata. ``resolved``: the variant read from PlatformIO's sdkconfig.esp_check after a build."""
+    from harness.firmware.layout import VARIANT_SLOTS
+    from harness.protocol.otadata import selected_slot
+
+    (p,) = gen.generate_projects(
+        MODELS / "cnn_classifier_11.tflite", [], "esp32s3-devkitc-1-n8r8", out_dir=tmp_path,
+        variants=(variant,), features=gen.FirmwareFeatures(embed_inputs=False),
+    )  # fmt: skip
+    if resolved:  # a resolved configuration wins over the defaults: same variant line, other layout
+        text = (p.path / "sdkconfig.defaults").read_text()
+        (p.path / "sdkconfig.esp_check").write_text("# resolved\n" + text)
+        (p.path / "sdkconfig.defaults").write_text("")
+    rows = {r["name"]: r["offset"] for r in p.manifest["flash_layout"]["partitions"]}
+    blank = tmp_path / "ota_data_initial.bin"
+    blank.write_bytes(b"\xff" * 0x2000)
+    env = _PioEnv(p.path, [("0x0", "bootloader.bin"), ("0xc000", "partitions.bin"),
+                           (hex(rows["otadata"]), str(blank))], hex(rows["ota_0"]))  # fmt: skip
+    for script in ("pio_flash_model.py", "pio_boot_slot.py"):
+        code = (p.path / "esp-check" / script).read_text()
+        exec(compile(code, script, "exec"), {"Import": lambda _name: None, "env": env})
+    pairs = env.upload_pairs()
+    own = VARIANT_SLOTS[variant]
+    assert [off for off, f in pairs.items() if f == "firmware.bin"] == [rows[f"ota_{own}"]]
+    otadata = Path(env.subst(pairs[rows["otadata"]]))
+    assert (selected_slot(otadata.read_bytes(), 2) or 0) == own
+    extra = dict(env.vars["FLASH_EXTRA_IMAGES"])  # type: ignore[call-overload]
+    assert Path(env.subst(extra[hex(rows["otadata"])])) == otadata
+
+
+@pytest.mark.parametrize("baud", [921600, 115200])
+def test_console_baud_other_than_115200_uses_the_custom_console(baud: int, tmp_path: Path) -> None:
+    """A board whose console talks at 921600: ESP-IDF takes CONFIG_ESP_CONSOLE_UART_BAUDRATE only with
+    CONFIG_ESP_CONSOLE_UART_CUSTOM=y (its Kconfig prompt depends on it; kconfgen drops the value under the
+    default console, as kconfgen over ESP-IDF v5.3.5 / v5.4.4 / v5.5.3 confirmed: docs/firmware.md). The old
+    template wrote the baud under CONFIG_ESP_CONSOLE_UART_DEFAULT=y: firmware that talked at 115200."""
+    text = (resources.boards_dir() / "esp32s3-devkitc-1-n8.toml").read_text()
+    board = tmp_path / "fast-console.toml"
+    board.write_text(re.sub(r"(?m)^monitor_baud = \d+$", f"monitor_baud = {baud}", text).replace(
+        'name = "esp32s3-devkitc-1-n8"', 'name = "fast-console"'))  # fmt: skip
+    (p,) = gen.generate_projects(
+        MODELS / "cnn_classifier_11.tflite", [], str(board), out_dir=tmp_path / "fw", variants=("ansi",),
+        features=gen.FirmwareFeatures(embed_inputs=False),
+    )  # fmt: skip
+    text = (p.path / "sdkconfig.defaults").read_text()
+    sdk = dict(ln.split("=", 1) for ln in text.splitlines() if ln.startswith("CONFIG_"))
+    if baud == 115200:
+        assert (
+            sdk.get("CONFIG_ESP_CONSOLE_UART_DEFAULT") == "y"
+            and "CONFIG_ESP_CONSOLE_UART_BAUDRATE" not in sdk
+        )
+    else:
+        assert (
+            sdk["CONFIG_ESP_CONSOLE_UART_CUSTOM"] == "y"
+            and sdk["CONFIG_ESP_CONSOLE_UART_CUSTOM_NUM_0"] == "y"
+        )
+        assert sdk["CONFIG_ESP_CONSOLE_UART_BAUDRATE"] == str(baud)
+        assert "CONFIG_ESP_CONSOLE_UART_DEFAULT" not in sdk
+
+
+def test_allowlist_requires_the_custom_console_for_the_baud() -> None:
+    """The rule kconfgen confirmed, recorded in the allow-list (`requires`): a console baud under the
+    default console, or a baud outside the Kconfig range, is refused before anything is built."""
+    allow = gen.load_allowlist()
+    base = 'CONFIG_IDF_TARGET="esp32"\n'
+    with pytest.raises(GenerateError, match="takes effect only with CONFIG_ESP_CONSOLE_UART_CUSTOM=y"):
+        text = base + "CONFIG_ESP_CONSOLE_UART_DEFAULT=y\nCONFIG_ESP_CONSOLE_UART_BAUDRATE=921600\n"
+        gen.check_sdkconfig(text, "esp32", allow, "t")
+    custom = base + "CONFIG_ESP_CONSOLE_UART_CUSTOM=y\nCONFIG_ESP_CONSOLE_UART_CUSTOM_NUM_0=y\n"
+    assert "CONFIG_ESP_CONSOLE_UART_BAUDRATE" in gen.check_sdkconfig(
+        custom + "CONFIG_ESP_CONSOLE_UART_BAUDRATE=921600\n", "esp32", allow, "t"
+    )
+    with pytest.raises(GenerateError, match=r"outside ESP-IDF's range 1200\.\.4000000"):
+        gen.check_sdkconfig(custom + "CONFIG_ESP_CONSOLE_UART_BAUDRATE=5000000\n", "esp32", allow, "t")
+
+
+def _function_body(source: str, signature: str) -> str:
+    start = source.index("{", source.index(signature))
+    depth = 0
+    for pos in range(start, len(source)):
+        depth += {"{": 1, "}": -1}.get(source[pos], 0)
+        if depth == 0:
+            return source[start : pos + 1]
+    raise AssertionError(f"unbalanced braces after {signature}")
+
+
+@pytest.mark.parametrize("tap", [False, True])
+def test_no_tick_is_slept_per_invoke(tap: bool, tmp_path: Path) -> None:
+    """The generated Invoke callback sleeps no FreeRTOS tick per invoke (10 ms on a chip at ESP-IDF's
+    default 100 Hz: 10 s per 1,000 dataset inputs, with the old unconditional vTaskDelay(1)): its only
+    vTaskDelay is behind the once-a-second idle check. Checked in the source, not by timing a run."""
+    (p,) = gen.generate_projects(
+        MODELS / "cnn_classifier_11.tflite", [], "esp32s3-devkitc-1-n8r8", out_dir=tmp_path,
+        variants=("ansi",), features=gen.FirmwareFeatures(embed_inputs=False, tap=tap),
+    )  # fmt: skip
+    source = (p.path / "main" / "app_main.cc").read_text()
+    body = _function_body(
+        source, "int Invoke(void* ctx, const uint8_t* input, size_t n, uint32_t* invoke_us)"
+    )
+    guard = "if (end_us - g_app.idle_tick_us >= kIdleTickEveryUs) {"
+    assert body.count("vTaskDelay(") == 1 and body.count(guard) == 1
+    assert _function_body(body, guard).count("vTaskDelay(1)") == 1
+    every = re.search(r"constexpr int64_t kIdleTickEveryUs = (\d+);", source)
+    assert every is not None and int(every.group(1)) >= 1_000_000  # at most 1 % of the time at 10 ms/tick

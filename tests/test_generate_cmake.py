@@ -13,6 +13,7 @@ entry); the component manifests the way registry archives and git checkouts carr
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import shutil
@@ -241,3 +242,95 @@ def test_a_table_without_the_model_partition_stops_the_build(main_cmakelists: Pa
     )  # fmt: skip
     assert proc.returncode != 0 and "has no 'model' partition" in proc.stderr
 
+
+# ---- the top-level CMakeLists.txt: `idf.py flash` of each project boots its own variant -------------
+
+# A stand-in for $IDF_PATH/tools/cmake/project.cmake (faked: ESP-IDF itself is not here). Its `project()`
+# does what ESP-IDF v5.5's does for the flash arguments: the sdkconfig's CONFIG_ values become variables,
+# esptool_py puts the app at the default boot partition (`--partition-boot-default`: the first app, ota_0)
+# and app_update an erased ota_data_initial.bin at otadata, through the same target properties
+# (esptool_py_flash_target_image); flasher_args.json and flash_args are generated from those properties
+# after the whole project was read, as ESP-IDF's flasher_args.json.in and <target>_args are.
+FAKE_IDF_PROJECT = r"""
+function(idf_build_get_property var prop)
+  if(prop STREQUAL "BUILD_DIR")
+    set(${var} "${CMAKE_BINARY_DIR}" PARENT_SCOPE)
+  endif()
+endfunction()
+function(fake_flash_image target name offset image)
+  file(RELATIVE_PATH image "${CMAKE_BINARY_DIR}" "${image}")
+  set_property(TARGET ${target} APPEND PROPERTY FLASH_FILE "\"${offset}\" : \"${image}\"")
+  set_property(TARGET ${target} APPEND PROPERTY FLASH_ENTRY
+    "\"${name}\" : { \"offset\" : \"${offset}\", \"file\" : \"${image}\", \"encrypted\" : \"false\" }")
+  set_property(TARGET ${target} APPEND PROPERTY IMAGES "${offset} ${image}")
+endfunction()
+macro(project name)
+  _project(${name} NONE)
+  file(STRINGS "${CMAKE_SOURCE_DIR}/sdkconfig.defaults" lines REGEX "^CONFIG_NN_[A-Z_]+=y$")
+  foreach(line IN LISTS lines)
+    string(REPLACE "=y" "" sym "${line}")
+    set(${sym} y)
+  endforeach()
+  file(STRINGS "${CMAKE_SOURCE_DIR}/partitions.csv" rows REGEX "^(otadata|ota_0) *,")
+  foreach(row IN LISTS rows)
+    string(REGEX MATCH "0x[0-9A-Fa-f]+" off "${row}")
+    if(row MATCHES "^otadata")
+      set(otadata_offset ${off})
+    else()
+      set(boot_offset ${off})
+    endif()
+  endforeach()
+  foreach(t flash app-flash otadata-flash)
+    add_custom_target(${t})
+  endforeach()
+  fake_flash_image(flash app ${boot_offset} "${CMAKE_BINARY_DIR}/${name}.bin")
+  fake_flash_image(app-flash app ${boot_offset} "${CMAKE_BINARY_DIR}/${name}.bin")
+  fake_flash_image(flash otadata ${otadata_offset} "${CMAKE_BINARY_DIR}/ota_data_initial.bin")
+  fake_flash_image(otadata-flash otadata ${otadata_offset} "${CMAKE_BINARY_DIR}/ota_data_initial.bin")
+  file(GENERATE OUTPUT "${CMAKE_BINARY_DIR}/flasher_args.json" CONTENT
+"{ \"flash_files\" : { $<JOIN:$<TARGET_PROPERTY:flash,FLASH_FILE>,,> },
+  $<JOIN:$<TARGET_PROPERTY:flash,FLASH_ENTRY>,,> }
+")
+  foreach(t flash app-flash)
+    file(GENERATE OUTPUT "${CMAKE_BINARY_DIR}/${t}_args"
+         CONTENT "$<JOIN:$<TARGET_PROPERTY:${t},IMAGES>,\n>\n")
+  endforeach()
+endmacro()
+"""
+
+
+@pytest.mark.parametrize("variant", ["optimized", "ansi"])
+def test_idf_flash_of_each_project_boots_its_own_variant(variant: str, tmp_path: Path) -> None:
+    """flasher_args.json, flash_args and app-flash_args of `idf.py build` in each project: the app goes to
+    its own slot and the otadata flashed with it boots that slot. On the old template the ANSI C project's
+    app went to ota_0 (ESP-IDF's default boot partition) with an erased otadata."""
+    import json
+
+    from harness.firmware.layout import VARIANT_SLOTS
+    from harness.protocol.otadata import selected_slot
+
+    (p,) = generate_projects(
+        MODELS / "op_zoo.tflite", [MODELS / "inputs" / "op_zoo.npy"], "esp32s3-devkitc-1-n8",
+        out_dir=tmp_path, variants=(variant,), arena_kb=16,
+    )  # fmt: skip
+    idf = tmp_path / "idf"
+    (idf / "tools" / "cmake").mkdir(parents=True)
+    (idf / "tools" / "cmake" / "project.cmake").write_text(FAKE_IDF_PROJECT)
+    build = tmp_path / "build"
+    assert CMAKE is not None
+    proc = subprocess.run([CMAKE, "-S", str(p.path), "-B", str(build)], capture_output=True, text=True,
+                          timeout=120, check=False, env={**os.environ, "IDF_PATH": str(idf)})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    slots = {r["name"]: r["offset"] for r in p.manifest["flash_layout"]["partitions"]}
+    own = VARIANT_SLOTS[variant]
+    args = json.loads((build / "flasher_args.json").read_text())
+    assert int(args["app"]["offset"], 16) == slots[f"ota_{own}"]
+    otadata = (build / args["otadata"]["file"]).resolve()
+    assert int(args["otadata"]["offset"], 16) == slots["otadata"]
+    assert args["flash_files"][args["otadata"]["offset"]] == args["otadata"]["file"]
+    assert args["flash_files"][args["app"]["offset"]] == "esp_check_fw.bin"
+    flashed = otadata.read_bytes() if otadata.is_file() else b"\xff" * 0x2000  # ESP-IDF writes it blank
+    assert (selected_slot(flashed, 2) or 0) == own
+    for name in ("flash_args", "app-flash_args"):
+        pairs = dict(line.split(" ", 1) for line in (build / name).read_text().splitlines() if line)
+        assert {int(k, 16) for k, v in pairs.items() if v == "esp_check_fw.bin"} == {slots[f"ota_{own}"]}

@@ -37,6 +37,7 @@ DRIVER = r"""
 #include "freertos/FreeRTOS.h"
 #include "freertos/task.h"
 #include "mbedtls/sha256.h"
+#include "sdkconfig.h"
 
 static unsigned char buf[1 << 20];
 
@@ -70,6 +71,8 @@ int main(int argc, char **argv) {
     int64_t t1 = esp_timer_get_time();
     uint32_t c1 = esp_cpu_get_cycle_count();
     printf("delay_us %lld cycles %lu\n", (long long)(t1 - t0), (unsigned long)(c1 - c0));
+    printf("tick_hz %d ms_per_tick %d ticks_10ms %u hz %d\n", configTICK_RATE_HZ, portTICK_PERIOD_MS,
+           (unsigned)pdMS_TO_TICKS(10), CONFIG_FREERTOS_HZ);
     return 0;
 }
 """
@@ -180,3 +183,12 @@ def test_sdkconfig_header_reaches_esp_nn_through_esp_timer(tmp_path: Path) -> No
             subprocess.run([str(exe)], capture_output=True, text=True, env=dict(os.environ)).stdout.strip()
             == variant
         )
+
+
+def test_the_tick_is_esp_idfs_default(driver: Path) -> None:
+    """The native board's FreeRTOS tick is a chip's (ESP-IDF's default CONFIG_FREERTOS_HZ=100: 10 ms), and
+    sdkconfig.h says the same: a vTaskDelay(1) in the firmware costs a native run what it costs a board
+    (the old stand-in ticked at 1000 Hz, hiding 9 ms of every tick the firmware slept)."""
+    out = subprocess.run([str(driver)], capture_output=True, text=True, check=True).stdout
+    line = next(ln for ln in out.splitlines() if ln.startswith("tick_hz"))
+    assert line.split() == ["tick_hz", "100", "ms_per_tick", "10", "ticks_10ms", "1", "hz", "100"]

@@ -98,7 +98,7 @@ def test_pio_upload_flashes_the_model_partition_too(tmp_path: Path, models_dir: 
         features=FirmwareFeatures(embed_inputs=False),
     )  # fmt: skip
     ini = (p.path / "platformio.ini").read_text()
-    assert "extra_scripts = pre:esp-check/pio_flash_model.py" in ini
+    assert "pre:esp-check/pio_flash_model.py" in ini
 
     class Env:
         def __init__(self) -> None:
@@ -170,7 +170,9 @@ def _images(tmp_path: Path, models_dir: Path) -> dict[str, list[tuple[int, Path]
 
 
 def _program_both(port: serial.SerialBase, images: dict) -> None:
-    files = {off: p for v in ("optimized", "ansi") for off, p in images[v]}
+    # the optimized build's files win where both have one: its otadata is erased (boots ota_0); the ANSI C
+    # build's selects ota_1, so that flashing that build on its own boots it (docs/firmware.md)
+    files = {off: p for v in ("ansi", "optimized") for off, p in images[v]}
     port.board.program(sorted(files.items()))  # type: ignore[attr-defined]
 
 

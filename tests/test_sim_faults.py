@@ -42,8 +42,13 @@ def images(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> dict[t
 def run(images) -> Iterator:
     names: list[tuple[serial.SerialBase, str]] = []
 
-    def _run(query: str, chip: str = "esp32s3", variant: str = "optimized", timeout: float = 10,
-             name: str | None = None) -> bytes:
+    def _run(
+        query: str,
+        chip: str = "esp32s3",
+        variant: str = "optimized",
+        timeout: float = 10,
+        name: str | None = None,
+    ) -> bytes:
         name = name or f"f-{uuid.uuid4().hex[:12]}"
         url = f"sim://{name}?chip={chip}&emitter=c&{query}"
         port = serial.serial_for_url(url, baudrate=115200, timeout=0.2)
@@ -147,8 +152,9 @@ def test_noise_is_seeded_and_detected(run) -> None:
 
 def test_disconnect_mid_run(images) -> None:
     name = f"d-{uuid.uuid4().hex[:12]}"
-    port = serial.serial_for_url(f"sim://{name}?chip=esp32s3&emitter=c&fault=disconnect&seed=2",
-                                 baudrate=115200, timeout=0.2)
+    port = serial.serial_for_url(
+        f"sim://{name}?chip=esp32s3&emitter=c&fault=disconnect&seed=2", baudrate=115200, timeout=0.2
+    )
     try:
         port.board.program(images[("esp32s3", "optimized")])
         port.dtr = False
@@ -180,8 +186,9 @@ def test_first_sync_fails_then_connects(images) -> None:
 
 def test_throttle_delivers_at_line_rate_and_intact(images) -> None:
     name = f"t-{uuid.uuid4().hex[:12]}"
-    port = serial.serial_for_url(f"sim://{name}?chip=esp32s3&emitter=c&throttle=115200", baudrate=115200,
-                                 timeout=0.2)
+    port = serial.serial_for_url(
+        f"sim://{name}?chip=esp32s3&emitter=c&throttle=115200", baudrate=115200, timeout=0.2
+    )
     try:
         port.board.program(images[("esp32s3", "optimized")])
         port.dtr = False
@@ -226,3 +233,29 @@ def test_fault_boots_makes_a_fault_transient(images) -> None:
     finally:
         port.close()
         REGISTRY.remove(name)
+
+
+def test_a_crash_hits_the_same_place_on_every_reset(images) -> None:
+    """A served C3 panic board reset three times by the host: the same MEPC, RA and stack every time (the
+    crash is seeded by the image and the fault: a kernel bug faults where it faults). The old simulator
+    seeded it with the boot number, so MEPC moved with every reset. Another image crashes elsewhere."""
+    texts: dict[str, list[bytes]] = {}
+    for variant in ("optimized", "ansi"):
+        name = f"same-{uuid.uuid4().hex[:12]}"
+        port = serial.serial_for_url(
+            f"sim://{name}?chip=esp32c3&emitter=c&fault=panic&loops=1", baudrate=115200, timeout=0.2
+        )
+        try:
+            port.board.program(images[("esp32c3", variant)])
+            port.dtr = False
+            for _ in range(3):
+                hard_reset(port, hold_delay=0.01)
+                raw = read_until_end(port, timeout=10, idle=0.4)
+                start = raw.index(b"Guru Meditation")
+                texts.setdefault(variant, []).append(raw[start : raw.index(b"Rebooting...", start)])
+        finally:
+            port.close()
+            REGISTRY.remove(name)
+    for variant, crashes in texts.items():
+        assert b"MEPC    : 0x" in crashes[0] and len(set(crashes)) == 1, (variant, crashes)
+    assert texts["optimized"][0] != texts["ansi"][0]  # seeded by the image: its own kernel, its own stack

@@ -29,6 +29,7 @@ from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_
 from harness.firmware.layout import VARIANT_SLOTS
 from harness.firmware.native.project import NativeOptions, plan_native_build, run_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
+from harness.protocol import otadata
 from harness.protocol.model_image import PARTITION_LABEL
 from harness.protocol.partition_table import PartitionEntry, parse_partition_table
 
@@ -48,7 +49,7 @@ ROLE_FILES = {
     "app": "app.bin",
     "model": "model.bin",
 }
-EXTRA_FILES = {"elf": "app.elf", "sdkconfig_json": "sdkconfig.json"}
+EXTRA_FILES = {"elf": "app.elf", "sdkconfig_json": "sdkconfig.json", "prefix_map": "prefix_map.gdbinit"}
 _CACHE_NAMES = {**ROLE_FILES, **EXTRA_FILES}
 # ... and in the exported build directory, which follows ESP-IDF's layout: exactly one .bin at the top
 # (the app: pytest-embedded-idf takes the first *.bin it lists there), the other images in
@@ -62,7 +63,11 @@ LAYOUT = {
     "app": f"{APP_NAME}.bin",
     "elf": f"{APP_NAME}.elf",
     "sdkconfig_json": "config/sdkconfig.json",
+    "prefix_map": "gdbinit/prefix_map",
 }
+# What ESP-IDF's prefix_map.cmake writes into gdbinit/prefix_map without CONFIG_APP_REPRODUCIBLE_BUILD: gdb
+# reads it with --command (pytest-embedded-idf's panic decoding does) and warns when it is missing.
+NO_PREFIX_MAP = "# There is no prefix map defined for the project.\n"
 PROJECT_DESCRIPTION = "project_description.json"
 # Flashed by esptool in a flash-and-compare run; otadata is left alone there (the running app switches
 # slots itself, so a repeat run writes nothing), but flasher_args.json lists it for flashing by hand.
@@ -359,6 +364,7 @@ def _build_pio(
         "otadata": out / "ota_data_initial.bin",
         "elf": out / "firmware.elf",
         "sdkconfig_json": out / "config" / "sdkconfig.json",  # ESP-IDF's confgen output, when there
+        "prefix_map": out / "gdbinit" / "prefix_map",
         "sdkconfig": resolved,
     }
     return files, _read_sdkconfig(resolved)
@@ -398,6 +404,7 @@ def _build_idf(
         "app": build / f"{APP_NAME}.bin",
         "elf": build / f"{APP_NAME}.elf",
         "sdkconfig_json": build / "config" / "sdkconfig.json",
+        "prefix_map": build / "gdbinit" / "prefix_map",
         "sdkconfig": project / "sdkconfig",
     }
     # ESP-IDF's own flasher_args.json names the app file; prefer it when present.
@@ -592,9 +599,10 @@ def _extras(files: Mapping[str, Path], out_dir: Path) -> dict[str, Path]:
     """The build's non-flashed outputs tools want: the ELF and config/sdkconfig.json (written from the
     resolved sdkconfig when the builder did not leave one)."""
     out: dict[str, Path] = {}
-    elf = files.get("elf")
-    if elf is not None and elf.is_file():
-        out["elf"] = elf
+    for role in ("elf", "prefix_map"):
+        path = files.get(role)
+        if path is not None and path.is_file():
+            out[role] = path
     given = files.get("sdkconfig_json")
     if given is not None and given.is_file():
         out["sdkconfig_json"] = given
@@ -607,6 +615,22 @@ def _extras(files: Mapping[str, Path], out_dir: Path) -> dict[str, Path]:
         path.write_text(json.dumps(doc, indent=4, sort_keys=True) + "\n", encoding="utf-8")
         out["sdkconfig_json"] = path
     return out
+
+
+def _select_own_slot(artifacts: Sequence[Artifact], variant: str) -> None:
+    """Make the build directory's ``ota_data_initial.bin`` boot the app it holds (erased for ``ota_0``, an
+    entry selecting ``ota_1`` for the ANSI C app): ESP-IDF's and PlatformIO's own file is always erased, so
+    flashing the ANSI C build directory on its own would boot whatever sits in ``ota_0``."""
+    ota = next((a for a in artifacts if a.role == "otadata"), None)
+    table = next((a for a in artifacts if a.role == "partition-table"), None)
+    if ota is None or table is None:
+        return
+    apps = [p for p in parse_partition_table(table.path.read_bytes()) if p.type == 0x00]
+    slots = [p for p in apps if 0x10 <= p.subtype < 0x20]
+    if any(p.subtype == 0x00 for p in apps) or not slots:
+        return  # a factory app boots from erased otadata
+    slot = VARIANT_SLOTS.get(variant, 0)
+    ota.path.write_bytes(otadata.initial(ota.path.stat().st_size, slot, len(slots)))
 
 
 def _clear_layout(out_dir: Path) -> None:
@@ -741,9 +765,15 @@ def _export(
     artifacts = sorted(
         Artifact(off, _place(files[role], out_dir / LAYOUT[role]), role) for role, off in offsets.items()
     )
+    _select_own_slot(artifacts, str(manifest.get("variant") or ""))
     elf = _place(files["elf"], out_dir / LAYOUT["elf"]) if "elf" in files else None
     if "sdkconfig_json" in files:
         _place(files["sdkconfig_json"], out_dir / LAYOUT["sdkconfig_json"])
+    if "prefix_map" in files:
+        _place(files["prefix_map"], out_dir / LAYOUT["prefix_map"])
+    else:  # the sim builder, or a build that wrote none: ESP-IDF's own file for a non-reproducible build
+        (out_dir / "gdbinit").mkdir(exist_ok=True)
+        (out_dir / LAYOUT["prefix_map"]).write_text(NO_PREFIX_MAP, encoding="utf-8")
     args = flasher_args(artifacts, meta.get("sdkconfig", {}), chip, flash_size, out_dir)
     fa_path = out_dir / FLASHER_ARGS
     fa_path.write_text(json.dumps(args, indent=4) + "\n", encoding="utf-8")
@@ -1033,7 +1063,9 @@ def _native_layout(
     if ota is not None:
         ota_path = out_dir / LAYOUT["otadata"]
         ota_path.parent.mkdir(parents=True, exist_ok=True)
-        ota_path.write_bytes(b"\xff" * ota.size)
+        slots = sum(1 for p in apps if 0x10 <= p.subtype < 0x20)
+        own = VARIANT_SLOTS.get(str(manifest.get("variant") or ""), 0) if app.subtype != 0x00 else 0
+        ota_path.write_bytes(otadata.initial(ota.size, own, max(slots, 1)))
         out.append(Artifact(ota.offset, ota_path, "otadata"))
     for _role, offset, image in _model_layout(table, project):
         out.append(Artifact(offset, _place(image, out_dir / LAYOUT["model"]), "model"))

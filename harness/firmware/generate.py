@@ -25,10 +25,11 @@ from harness import __version__
 from harness.errors import EspCheckError, GenerateError
 from harness.firmware.boards import Board, load_board
 from harness.firmware.hybrid_context import hybrid_firmware_context, render_hybrid_files
-from harness.firmware.layout import FlashLayout, check_model_fits, flash_layout
+from harness.firmware.layout import OTADATA_BYTES, VARIANT_SLOTS, FlashLayout, check_model_fits, flash_layout
 from harness.firmware.tap_context import tap_firmware_context
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, TensorInfo
+from harness.protocol import otadata
 from harness.protocol.model_image import HEADER_BYTES, pack_model_image
 from harness.resources import data_dir, pinned_versions, templates_dir, version_tuple
 
@@ -55,6 +56,11 @@ MAX_INPUTS = 64
 PROTO_FILES = tuple(f"esp_check_{name}{ext}" for name in ("proto", "frame", "loop") for ext in (".c", ".h"))
 MODEL_IMAGE = f"{DATA_DIR}/partitions/model.bin"  # the model partition (harness.protocol.model_image)
 PIO_EXTRA_SCRIPT = f"{DATA_DIR}/pio_flash_model.py"
+PIO_BOOT_SCRIPT = f"{DATA_DIR}/pio_boot_slot.py"
+# otadata selecting the ANSI C app's slot: what `idf.py flash` / `pio run -t upload` of the ANSI C project
+# write instead of the framework's erased otadata (which boots ota_0, the optimized app). The same bytes
+# in both projects; the ANSI C project's build picks it from its sdkconfig (CONFIG_NN_ANSI_C).
+OTADATA_ANSI_IMAGE = f"{DATA_DIR}/partitions/ota_data_ansi.bin"
 # Resident loop buffers: the driver's RX ring is the flow-control window the host may fill.
 RESIDENT = {"rx_buffer_bytes": 16384, "tx_buffer_bytes": 8192}
 SUPPORTED_DTYPES = ("int8", "uint8", "int16", "int32", "float32")
@@ -283,11 +289,13 @@ def check_sdkconfig(
     too, unless the older ones behave as if it had the value written (``absent_means``).
     """
     symbols: list[str] = []
+    values: dict[str, str] = {}
     for line in text.splitlines():
         m = re.match(r"^(?:# )?(CONFIG_[A-Z0-9_]+)(?:=(.*)| is not set)$", line)
         if not m:
             continue
         key, value = m.group(1), ("n" if m.group(2) is None else m.group(2))
+        values[key] = value
         entry = allow["symbols"].get(key)
         if key in allow.get("forbidden", {}):
             raise GenerateError(f"{where}: {key} must never be set ({allow['forbidden'][key]})")
@@ -314,6 +322,17 @@ def check_sdkconfig(
                 hint=f'set idf_min = "{since}" (or newer) in the board file',
             )
         symbols.append(key)
+    for key in symbols:
+        low, high = allow["symbols"][key].get("range", (None, None))
+        if low is not None and not (values[key].isdigit() and low <= int(values[key]) <= high):
+            raise GenerateError(f"{where}: {key}={values[key]} is outside ESP-IDF's range {low}..{high}")
+        missing = [need for need in allow["symbols"][key].get("requires", ()) if values.get(need) != "y"]
+        if missing:
+            raise GenerateError(
+                f"{where}: {key} takes effect only with {', '.join(f'{n}=y' for n in missing)}: ESP-IDF's "
+                "Kconfig would drop its value silently and build a different firmware",
+                hint=f"set {', '.join(missing)} too (harness/data/sdkconfig_allowlist.toml, `requires`)",
+            )
     return symbols
 
 
@@ -504,6 +523,12 @@ def _layout_context(layout: FlashLayout) -> dict[str, Any]:
             "image": MODEL_IMAGE,
         },
         "resident": dict(RESIDENT),
+        "boot": {
+            "ansi_slot": f"ota_{VARIANT_SLOTS['ansi']}",
+            "ansi_offset": layout.slot_offset("ansi"),
+            "otadata_offset": layout.row("otadata").offset,
+            "otadata_image": OTADATA_ANSI_IMAGE,
+        },
     }
 
 
@@ -586,7 +611,7 @@ def _render_files(
     files: dict[str, bytes] = {}
     for tname in _template_names(env):
         rel = _output_name(tname)
-        if rel in ("platformio.ini", PIO_EXTRA_SCRIPT) and not board.pio_board:
+        if rel in ("platformio.ini", PIO_EXTRA_SCRIPT, PIO_BOOT_SCRIPT) and not board.pio_board:
             continue  # e.g. ESP32-P4: platform-espressif32 6.13.0 cannot build it
         try:
             text = env.get_template(tname).render(ctx)
@@ -602,6 +627,7 @@ def _render_files(
         files.update(render_hybrid_files(ctx["hybrid"], str(ctx["banner"]), env.filters))
     files[f"{DATA_DIR}/model.tflite"] = model_bytes
     files[MODEL_IMAGE] = pack_model_image(model_bytes)
+    files[OTADATA_ANSI_IMAGE] = otadata.initial(OTADATA_BYTES, VARIANT_SLOTS["ansi"], len(VARIANT_SLOTS))
     for k, (_, raw, _) in enumerate(prepared):
         files[f"{DATA_DIR}/input_{k}.bin"] = raw
     return files

@@ -61,3 +61,12 @@ def select(otadata: bytes, slot: int, n_slots: int) -> bytes:
     sector = 1 - active
     out[sector * SECTOR : (sector + 1) * SECTOR] = entry + b"\xff" * (SECTOR - ENTRY)
     return bytes(out)
+
+
+def initial(size: int, slot: int, n_slots: int) -> bytes:
+    """The ``ota_data_initial.bin`` that boots ``ota_<slot>`` on a board flashed by hand: erased (which boots
+    ``ota_0``, as ESP-IDF's own file) for slot 0, else one valid entry selecting ``slot``. Flashing a build
+    directory on its own then runs the app it holds, whatever the board ran before."""
+    blank = b"\xff" * max(size, 2 * SECTOR)
+    out = blank if slot == 0 else select(blank, slot, n_slots)
+    return out[:size] if size >= 2 * SECTOR else out

@@ -47,6 +47,9 @@ class ChipSpec:
     cpu_mhz: int
     registers: dict[int, int] = field(default_factory=dict)  # eFuse and other read-only words
     xtal_div: int = 1  # esptool's XTAL_CLK_DIVIDER (UART_CLKDIV = xtal * div / baud)
+    # the chip revisions an ESP-IDF image for this chip accepts by default (esptool's major * 100 + minor:
+    # CONFIG_ESP_REV_MIN_FULL / CONFIG_ESP_REV_MAX_FULL from Kconfig.hw_support, the same in v5.3 ... v5.5.3)
+    image_revs: tuple[int, int] = (0, 99)
 
     def mac_registers(self, name: str) -> dict[int, int]:
         """eFuse words holding a MAC derived from the board name (stable per board, unique-ish)."""
@@ -117,6 +120,7 @@ CHIPS: dict[str, ChipSpec] = {
         rev="3.0",
         cpu_mhz=240,
         registers=_ESP32_REGS,
+        image_revs=(0, 399),
     ),
     "esp32s3": ChipSpec(
         name="esp32s3",
@@ -161,6 +165,7 @@ CHIPS: dict[str, ChipSpec] = {
         rev="0.4",
         cpu_mhz=160,
         registers=_ESP32C3_REGS,
+        image_revs=(3, 199),
     ),
 }
 

@@ -60,8 +60,19 @@ _CHAINS = {
 }
 
 
+def crash_rng(chip: ChipSpec, kind: str, elf_sha: str, variant: str) -> random.Random:
+    """The random source of one crash: seeded by the image (its ELF SHA-256, the variant, the chip) and the
+    fault, never by the boot. A kernel bug faults at the same PC with the same stack on every reset, so a
+    user decoding it (or comparing two resets) sees one crash, as on hardware."""
+    return random.Random(f"crash:{chip.name}:{elf_sha}:{variant}:{kind}")
+
+
 def panic_text(
-    chip: ChipSpec, kind: str, rng: random.Random, elf_sha: str = "0" * 64, variant: str = "ansi"
+    chip: ChipSpec,
+    kind: str,
+    rng: random.Random | None = None,
+    elf_sha: str = "0" * 64,
+    variant: str = "ansi",
 ) -> bytes:
     """A crash report in the chip's own form: ``kind`` "panic" (Guru Meditation), "abort" (abort()),
     "startup" (an assert before app_main, e.g. no RAM left for the main task's stack) or "flash_size"
@@ -72,7 +83,12 @@ def panic_text(
     chip's data RAM (an S3 crashes at 0x420xxxxx with stacks at 0x3fcxxxxx, never at the classic ESP32's
     0x400dxxxx / 0x3ffbxxxx). Xtensa prints registers and a ``Backtrace:``, RISC-V prints
     MEPC/MCAUSE/MTVAL and ``Stack memory:`` and no backtrace line.
+
+    Every address and register value comes from :func:`crash_rng` (image and fault): ``rng``, the
+    caller's per-boot source, is not used for them (kept for callers that still pass it).
     """
+    del rng  # a crash is the image's and the fault's, the same on every boot
+    rng = crash_rng(chip, kind, elf_sha, variant)
     frames = [a for part in _CHAINS[kind] for a in elf_chain(chip, part, variant, rng)]
     caller = frames[0] if kind == "panic" else frames[3]  # abort(): the PC that called it
     cause = "LoadProhibited" if chip.arch == "xtensa" else "Load access fault"

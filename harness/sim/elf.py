@@ -42,7 +42,7 @@ _FLASH_FUNCS = (
     ("app_main", 0x120),
     ("_ZN12_GLOBAL__N_13RunEP5ecp_t", 0x480),  # (anonymous namespace)::Run(ecp_t*) in app_main.cc
     ("_ZN6tflite16MicroInterpreter6InvokeEv", 0x140),
-    ("_ZN6tflite10MicroGraph15InvokeSubgraphEi", 0x1C0),
+    ("_ZN6tflite10MicroGraph14InvokeSubgraphEi", 0x1C0),
     ("_ZN6tflite12_GLOBAL__N_14EvalEP13TfLiteContextP10TfLiteNode", 0x2A0),  # conv Eval
     ("esp_nn_conv_s8_ansi", 0x3C0),
     ("esp_nn_conv_s8_esp32s3", 0x900),
@@ -59,7 +59,7 @@ CHAINS = {
     "invoke": (
         "KERNEL",
         "_ZN6tflite12_GLOBAL__N_14EvalEP13TfLiteContextP10TfLiteNode",
-        "_ZN6tflite10MicroGraph15InvokeSubgraphEi",
+        "_ZN6tflite10MicroGraph14InvokeSubgraphEi",
         "_ZN6tflite16MicroInterpreter6InvokeEv",
         "_ZN12_GLOBAL__N_13RunEP5ecp_t",
     ),

@@ -24,6 +24,7 @@ from typing import Any
 from esptool.bin_image import ELFSection, ESP32FirmwareImage, LoadFirmwareImage
 
 from harness.errors import BuildError
+from harness.protocol import otadata
 from harness.protocol.model_image import PARTITION_LABEL as MODEL_LABEL
 from harness.sim import elf
 from harness.sim.chips import ChipSpec, get_chip
@@ -283,6 +284,15 @@ def header_flash_bytes(image: Any) -> int:
     return (1 << 20) << ((int(image.flash_size_freq) >> 4) & 0x7)
 
 
+def _set_revisions(img: Any, chip: ChipSpec, revs: tuple[int, int] | None) -> None:
+    """The chip revisions the image accepts, in its extended header as ESP-IDF's build writes them
+    (``elf2image --min-rev-full/--max-rev-full``, and the legacy ``--min-rev``: the major revision on the
+    ESP32, the minor one on the C3): esptool's write-flash refuses a bootloader for another revision."""
+    low, high = revs if revs is not None else chip.image_revs
+    img.min_rev_full, img.max_rev_full = low, high
+    img.min_rev = low // 100 if chip.name == "esp32" else low % 100 if chip.name == "esp32c3" else 0
+
+
 def pack_app_image(
     chip: ChipSpec,
     payload: bytes,
@@ -291,12 +301,15 @@ def pack_app_image(
     idf: str = "sim",
     flash_size: str = DEFAULT_FLASH_SIZE,
     elf_sha: bytes = b"\0" * 32,
+    revs: tuple[int, int] | None = None,
 ) -> bytes:
     """An ESP app image of :func:`app_sections` (DROM = app description + payload, IROM and IRAM code);
-    ``elf_sha`` goes into the app description, as ``esptool elf2image --elf-sha256-offset`` puts it."""
+    ``elf_sha`` goes into the app description, as ``esptool elf2image --elf-sha256-offset`` puts it.
+    ``revs``: the chip revisions it accepts (default: the chip's ESP-IDF defaults)."""
     img = _image_class(chip)()
     img.flash_mode = 2  # dio
     img.flash_size_freq = flash_size_freq(flash_size)
+    _set_revisions(img, chip, revs)
     img.segments = [
         ELFSection(name.encode(), addr, data, 0)
         for name, addr, data, _flags in app_sections(chip, payload, version=version, idf=idf, elf_sha=elf_sha)
@@ -307,16 +320,23 @@ def pack_app_image(
     return bytes(out)
 
 
-def pack_bootloader_image(chip: ChipSpec, table_offset: int, flash_size: str = DEFAULT_FLASH_SIZE) -> bytes:
+def pack_bootloader_image(
+    chip: ChipSpec,
+    table_offset: int,
+    flash_size: str = DEFAULT_FLASH_SIZE,
+    revs: tuple[int, int] | None = None,
+) -> bytes:
     """A second-stage bootloader image (RAM segments only) with the chip id and SHA-256 appended.
 
     Its data segment holds the partition table offset, as a real bootloader has
     CONFIG_PARTITION_TABLE_OFFSET compiled in. Its header's flash size is what the app's start-up
-    checks the detected flash against (esptool's ``write-flash --flash-size`` rewrites it there).
+    checks the detected flash against (esptool's ``write-flash --flash-size`` rewrites it there), and
+    its revision range what esptool's write-flash checks the chip against (``revs``, as the app's).
     """
     img = _image_class(chip)()
     img.flash_mode = 2
     img.flash_size_freq = flash_size_freq(flash_size)
+    _set_revisions(img, chip, revs)
     banner = b"esp-check simulated 2nd stage bootloader\0".ljust(48, b"\0")
     banner += _BOOTLOADER_PT_MARKER + struct.pack("<I", table_offset)
     img.segments = [
@@ -499,6 +519,20 @@ def _project_partitions(project_dir: Path) -> list[Partition]:
         raise BuildError(f"{path} unreadable: {exc}", hint="regenerate the project") from exc
 
 
+def _board_revisions(board_def: object) -> tuple[int, int] | None:
+    """The board's ``chip_rev_min`` / ``chip_rev_max`` ("major.minor") as esptool's major * 100 + minor, or
+    None (the chip's defaults) when the manifest does not give both."""
+    if not isinstance(board_def, dict):
+        return None
+    out = []
+    for key in ("chip_rev_min", "chip_rev_max"):
+        m = re.fullmatch(r"(\d{1,2})\.(\d{1,2})", str(board_def.get(key) or ""))
+        if m is None:
+            return None
+        out.append(int(m.group(1)) * 100 + int(m.group(2)))
+    return (out[0], out[1]) if out[0] <= out[1] else None
+
+
 def _app_partition(parts: list[Partition], variant: str) -> Partition:
     """Where this variant's app goes: factory, or its OTA slot (optimized ota_0, ANSI C ota_1)."""
     slot = 0x10 + (1 if variant == "ansi" else 0)
@@ -537,14 +571,16 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     sections = app_sections(chip, payload, version=version, idf=str(header["idf"]))
     elf_bytes = elf.write_elf(chip, sections, elf.iram_text_addr(chip))
     elf_sha = hashlib.sha256(elf_bytes).digest()
+    revs = _board_revisions(board_def)
     app = pack_app_image(
-        chip, payload, version=version, idf=str(header["idf"]), flash_size=flash_size, elf_sha=elf_sha
-    )
+        chip, payload, version=version, idf=str(header["idf"]), flash_size=flash_size, elf_sha=elf_sha,
+        revs=revs,
+    )  # fmt: skip
     app_part = _app_partition(parts, header["variant"])
     if len(app) > app_part.size:
         raise BuildError(f"the simulated app ({len(app)} bytes) does not fit {app_part.label}")
     build_dir.mkdir(parents=True, exist_ok=True)
-    boot = pack_bootloader_image(chip, table_offset, flash_size=flash_size)
+    boot = pack_bootloader_image(chip, table_offset, flash_size=flash_size, revs=revs)
     files = [
         (chip.bootloader_offset, build_dir / "bootloader.bin", boot),
         (table_offset, build_dir / "partition-table.bin", pack_partition_table(parts)),
@@ -553,7 +589,10 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     ]
     ota = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
     if ota is not None:
-        files.append((ota.offset, build_dir / "ota_data_initial.bin", b"\xff" * ota.size))
+        slots = [p for p in parts if p.type == 0x00 and 0x10 <= p.subtype < 0x20]
+        own = slots.index(app_part) if app_part in slots else 0
+        data = otadata.initial(ota.size, own, len(slots)) if slots else b"\xff" * ota.size
+        files.append((ota.offset, build_dir / "ota_data_initial.bin", data))
     out = []
     for off, path, data in files:
         path.write_bytes(data)

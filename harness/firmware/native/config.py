@@ -19,8 +19,9 @@ DERIVED = {
     "CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ": "the CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_<N> choice",
     "CONFIG_NN_OPTIMIZED / CONFIG_NN_ANSI_C": "esp-nn's Kconfig choice (default NN_OPTIMIZED)",
     "CONFIG_NN_OPTIMIZATIONS": "esp-nn's Kconfig: 1 for NN_OPTIMIZED, 0 for NN_ANSI_C",
-    "CONFIG_FREERTOS_HZ": "the stand-in tick rate (1000 Hz, freertos/FreeRTOS.h)",
-    "CONFIG_ESP_CONSOLE_UART / CONFIG_ESP_CONSOLE_UART_NUM": "Kconfig: CONSOLE_UART_DEFAULT is UART0",
+    "CONFIG_FREERTOS_HZ": "the stand-in tick rate (100 Hz, ESP-IDF's default, freertos/FreeRTOS.h)",
+    "CONFIG_ESP_CONSOLE_UART / CONFIG_ESP_CONSOLE_UART_NUM": "Kconfig: CONSOLE_UART_DEFAULT and "
+    "CONSOLE_UART_CUSTOM_NUM_0 are UART0",
 }
 _NAME = re.compile(r"^CONFIG_[A-Z0-9_]{1,100}$")
 _NUMBER = re.compile(r"^(-?[0-9]+|0x[0-9a-fA-F]+)$")
@@ -73,8 +74,12 @@ def resolve(defaults: Mapping[str, str]) -> dict[str, str]:
     if not ansi:
         config["CONFIG_NN_OPTIMIZED"] = "y"  # esp-nn's Kconfig default
     config["CONFIG_NN_OPTIMIZATIONS"] = "0" if ansi else "1"
-    config["CONFIG_FREERTOS_HZ"] = "1000"
-    if config.get("CONFIG_ESP_CONSOLE_UART_DEFAULT") == "y":
+    config["CONFIG_FREERTOS_HZ"] = "100"
+    custom0 = (
+        config.get("CONFIG_ESP_CONSOLE_UART_CUSTOM") == "y"
+        and config.get("CONFIG_ESP_CONSOLE_UART_CUSTOM_NUM_0") == "y"
+    )
+    if config.get("CONFIG_ESP_CONSOLE_UART_DEFAULT") == "y" or custom0:
         config["CONFIG_ESP_CONSOLE_UART_NUM"] = "0"  # what Kconfig derives for the default console UART
         config["CONFIG_ESP_CONSOLE_UART"] = "y"
     return dict(sorted(config.items()))

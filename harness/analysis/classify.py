@@ -26,7 +26,9 @@ import enum
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, overload
+
+import numpy as np
 
 from harness.errors import ExitCode, combine_exit_codes
 from harness.protocol.capture import MARKER, parse_capture
@@ -320,26 +322,64 @@ class _Line:
     decoded: bool  # added by a monitor's backtrace decoder: never a headline of its own
 
 
-def _decode(raw: bytes | str) -> list[_Line]:
+def _line(raw_line: str) -> _Line:
+    ln = raw_line.rstrip("\r")[:_LINE_CAP]
+    body = _PREFIX.sub("", ln, count=1)
+    return _Line(ln, body, _SQUEEZE.sub("", ln.lower()), bool(_DECODER.search(body)))
+
+
+class _Lines(Sequence[_Line]):
+    """The capture's lines, each decoded (prefix, squeeze, decoder mark) only when a detector looks at it:
+    a 25 MB log has ~700,000 lines, and the detectors read the few near evidence (``_Ctx.hot``)."""
+
+    def __init__(self, raw_lines: list[str]) -> None:
+        self._raw = raw_lines
+        self._cache: dict[int, _Line] = {}
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @overload
+    def __getitem__(self, i: int) -> _Line: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[_Line]: ...
+    def __getitem__(self, i: int | slice) -> _Line | list[_Line]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self._raw)))]
+        if i < 0:
+            i += len(self._raw)
+        ln = self._cache.get(i)
+        if ln is None:
+            ln = self._cache[i] = _line(self._raw[i])
+        return ln
+
+
+def _text(raw: bytes | str) -> str:
+    """The capture as text: UTF-8 (damage replaced), ANSI colours stripped, ``\r\n`` made ``\n``."""
     text = raw if isinstance(raw, str) else raw.decode("utf-8", errors="replace")
-    text = _ANSI.sub("", text)
-    out = []
-    for ln in text.replace("\r\n", "\n").split("\n"):
-        ln = ln.rstrip("\r")[:_LINE_CAP]
-        body = _PREFIX.sub("", ln, count=1)
-        out.append(_Line(ln, body, _SQUEEZE.sub("", ln.lower()), bool(_DECODER.search(body))))
-    return out
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return text.replace("\r\n", "\n")
+
+
+def _decode(raw: bytes | str) -> _Lines:
+    return _Lines(_text(raw).split("\n"))
 
 
 class _Ctx:
     """The decoded capture plus which lines a finding already explains."""
 
-    def __init__(self, lines: list[_Line], parsed: Any | None) -> None:
+    def __init__(self, lines: _Lines, parsed: Any | None, hot: Sequence[int]) -> None:
         self.lines = lines
         self.parsed = parsed
+        # the lines that may start evidence (a superset of every detector's anchors, see _hot_lines):
+        # the detectors look only at these and the lines near them
+        self.hot = hot
         self.claimed: dict[int, str] = {}  # line index -> kind of the crash report it belongs to
         self.explained: set[int] = set()  # lines of non-crash findings (TFLM, alloc texts, watchdog dumps)
-        self.boot_lines = [i for i, ln in enumerate(lines) if _is_boot_start(ln)]
+        self.boot_lines = [i for i in hot if _is_boot_start(lines[i])]
+        self.has_end = False  # an END record in the text (set by _context)
+        self.printed = True  # anything but blanks and NULs (set by _context)
 
     def has(self, i: int, anchors: Sequence[str]) -> bool:
         ln = self.lines[i]
@@ -479,7 +519,8 @@ def _is_guru(ctx: _Ctx, i: int) -> bool:
 
 def _detect_stack_overflow(ctx: _Ctx) -> Found:
     out: Found = []
-    for i, ln in enumerate(ctx.lines):
+    for i in ctx.hot:
+        ln = ctx.lines[i]
         if i in ctx.claimed:
             continue
         if ctx.has(i, _STACK_OVF):
@@ -529,7 +570,8 @@ def _core(ctx: _Ctx, i: int) -> str | None:
 
 def _detect_heap_corruption(ctx: _Ctx) -> Found:
     out: Found = []
-    for i, ln in enumerate(ctx.lines):
+    for i in ctx.hot:
+        ln = ctx.lines[i]
         if i not in ctx.claimed and ctx.has(i, ("corruptheap", "orruptheap")):
             detail = re.split(r"HEAP\s*:?\s*", ln.text, maxsplit=1, flags=re.IGNORECASE)[-1].strip()[:200]
             out.append(
@@ -552,7 +594,8 @@ _CPU = re.compile(r"on\s*CPU\s*(\d)", re.IGNORECASE)
 
 def _detect_interrupt_watchdog(ctx: _Ctx) -> Found:
     out: Found = []
-    for i, ln in enumerate(ctx.lines):
+    for i in ctx.hot:
+        ln = ctx.lines[i]
         if i in ctx.claimed or not ctx.has(i, _IWDT):
             continue
         m = _CPU.search(ln.text)
@@ -608,7 +651,7 @@ def _abort_kind(ctx: _Ctx, i: int) -> tuple[str, dict[str, Any]] | None:
 
 def _detect_abort(ctx: _Ctx) -> Found:
     out: Found = []
-    for i in range(len(ctx.lines)):
+    for i in ctx.hot:
         if i in ctx.claimed:
             continue
         hit = _abort_kind(ctx, i)
@@ -626,7 +669,7 @@ def _detect_abort(ctx: _Ctx) -> Found:
 
 def _detect_panic(ctx: _Ctx) -> Found:
     out: Found = []
-    for i in range(len(ctx.lines)):
+    for i in ctx.hot:
         if i in ctx.claimed or not _is_guru(ctx, i):
             continue
         text = ctx.lines[i].text
@@ -652,7 +695,8 @@ _DUMP = ("registerdump", "exccause", "excvaddr", "mcause", "mepc")
 def _detect_orphan_crash(ctx: _Ctx) -> Found:
     """A register dump or backtrace nobody claimed: the crash headline was lost, the report is not."""
     out: Found = []
-    for i, ln in enumerate(ctx.lines):
+    for i in ctx.hot:
+        ln = ctx.lines[i]
         if i in ctx.claimed or i in ctx.explained or ln.decoded:
             continue
         dump = any(a in ln.sq for a in _DUMP) and bool(re.search(_HEX, ln.text) or "registerdump" in ln.sq)
@@ -700,7 +744,8 @@ def _caps_names(caps: int) -> str:
 
 def _detect_heap_alloc(ctx: _Ctx) -> Found:
     out: Found = []
-    for i, ln in enumerate(ctx.lines):
+    for i in ctx.hot:
+        ln = ctx.lines[i]
         if i in ctx.claimed:
             continue
         if ctx.has(i, _MEM_ALLOC):  # heap_caps_alloc_failed -> esp_system_abort: a crash report
@@ -779,7 +824,7 @@ _TFLM_BURST = 12  # lines
 
 def _tflm_events(ctx: _Ctx) -> list[tuple[int, str]]:
     events = []
-    for i in range(len(ctx.lines)):
+    for i in ctx.hot:
         if ctx.has(i, _TFLM_MISSING):
             events.append((i, "missing_op"))
         elif ctx.has(i, _TFLM_ARENA):
@@ -945,7 +990,8 @@ _BROWNOUT = ("brownoutdetector", "rownoutdetectorwas", "brownoutrst", "brownoutr
 
 def _detect_brownout(ctx: _Ctx) -> Found:
     out: Found = []
-    for i, ln in enumerate(ctx.lines):
+    for i in ctx.hot:
+        ln = ctx.lines[i]
         if ctx.has(i, _BROWNOUT):
             out.append(
                 (
@@ -988,7 +1034,8 @@ _BOOT_FAIL_SQ = (
 
 def _detect_boot_failure(ctx: _Ctx) -> Found:
     out: Found = []
-    for i, ln in enumerate(ctx.lines):
+    for i in ctx.hot:
+        ln = ctx.lines[i]
         if ln.decoded:
             continue
         m = _BOOT_FAIL.search(ln.text)
@@ -1066,7 +1113,7 @@ def _chip_near(ctx: _Ctx, i: int) -> str | None:
 
 def _detect_download_mode(ctx: _Ctx) -> Found:
     """The ROM waiting for a flasher: one finding per capture, counting the banners (resets)."""
-    hits = [i for i, ln in enumerate(ctx.lines) if not ln.decoded and _DL_SQ.search(ln.sq)]
+    hits = [i for i in ctx.hot if not ctx.lines[i].decoded and _DL_SQ.search(ctx.lines[i].sq)]
     if not hits:
         return []
     first = hits[0]
@@ -1129,7 +1176,7 @@ def _detect_task_watchdog(ctx: _Ctx) -> Found:
     """
     hits: list[int] = []
     tasks: list[str] = []
-    for i in range(len(ctx.lines)):
+    for i in ctx.hot:
         if not ctx.has(i, _TWDT):
             continue
         hits.append(i)
@@ -1224,7 +1271,8 @@ def _detect_sanitizer(ctx: _Ctx) -> Found:
     """A sanitizer report of a native build: the headline, the access, the first frames, the summary."""
     out: Found = []
     n = len(ctx.lines)
-    for i, ln in enumerate(ctx.lines):
+    for i in ctx.hot:
+        ln = ctx.lines[i]
         if i in ctx.claimed:
             continue
         head = _sanitizer_head(ln)
@@ -1282,7 +1330,8 @@ def _detect_native_exit(ctx: _Ctx) -> Found:
     if any(kind == "sanitizer" for kind in ctx.claimed.values()):
         return []
     out: Found = []
-    for i, ln in enumerate(ctx.lines):
+    for i in ctx.hot:
+        ln = ctx.lines[i]
         m = _NATIVE_EXIT.search(ln.text)
         if m is None or i in ctx.claimed:
             continue
@@ -1366,10 +1415,90 @@ def _merge_repeats(found: Sequence[tuple[int, Finding]]) -> list[Finding]:
     return out
 
 
+# --- which lines the detectors look at ------------------------------------------------------------
+
+# Every anchor and trigger of the detectors above and of the boot counting, as patterns over the squeezed
+# text (lower-case letters and digits, lines kept). A line none of them hits cannot start evidence; the
+# detectors still read the lines around a hit (crash report, dump, burst) through the lazy _Lines.
+_HOT_ANCHORS: tuple[str, ...] = (
+    *_STACK_OVF, *_CANARY, *_STACK_GUARD, *_GURU, *_IWDT, *_DUMP, *_MEM_ALLOC, *_TFLM_MISSING,
+    *_TFLM_ARENA, *_TFLM_GENERIC, *_TFLM_SCHEMA, *_BROWNOUT, *_BOOT_FAIL_SQ, *_TWDT,
+    "corruptheap", "stacksmashingprotect", "taskwdtaborting", "assertfailed", "abortwascalled",
+    "acktrace", "invokefailed", "sanitizer", "runtimeerror", "espchecknativetheprogram",
+    "rst0x", "espromesp32", "2ndstagebootloader", "procpustartusercode", "maintaskstartedoncpu0",
+)  # fmt: skip
+_HOT_PATTERNS: tuple[str, ...] = (
+    _PANICED.pattern,
+    _APP_ALLOC.pattern,
+    _DL_SQ.pattern,
+    r"ssertion[a-z0-9]{0,200}failed",
+    r"ets[a-z0-9]*c[0-9]",  # ROM `ets_main.c 371`
+    r"ets[a-z]{3}[0-9]",  # ROM banner `ets Jul 29 2019`
+    r"ec1[0-9]+begin",  # protocol BEGIN
+)
+_KEEP = bytes(range(ord("a"), ord("z") + 1)) + b"0123456789\n"
+_DROP = bytes(c for c in range(256) if c not in _KEEP)
+_HOT_CAP = 50_000  # hot lines looked at: the first and the last half (a hostile log of nothing but anchors)
+
+
+def _top_level_alternatives(pattern: str) -> list[str]:
+    """``a|b(?:c|d)|e`` -> ``[a, b(?:c|d), e]``: alone, each alternative has a literal prefix to skip to."""
+    out, depth, start, i = [], 0, 0, 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "|" and depth == 0:
+            out.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    return [*out, pattern[start:]]
+
+
+# literal anchors are found with bytes.find (_hit: their first character may be lost), the rest with one
+# regex per alternative (an alternation of ~100 branches is ten times slower than this, issue 28)
+_HOT_LITERALS: tuple[bytes, ...] = tuple(sorted({a[1:].encode("ascii") for a in _HOT_ANCHORS}))
+_HOT_RES: tuple[re.Pattern[bytes], ...] = tuple(
+    re.compile(alt.replace(r"\d", "[0-9]").encode("ascii"))
+    for p in _HOT_PATTERNS
+    for alt in _top_level_alternatives(p)
+)
+
+
+def _hot_offsets(sq: bytes) -> list[int]:
+    found: list[int] = []
+    for lit in _HOT_LITERALS:
+        i = sq.find(lit)
+        while i >= 0:
+            found.append(i)
+            i = sq.find(lit, i + 1)
+    for pat in _HOT_RES:
+        found.extend(m.start() for m in pat.finditer(sq))
+    return found
+
+
+def _hot_lines(text: str) -> list[int]:
+    """Indices of the lines (``text.split("\n")``) that hold an anchor of some detector, found in one
+    pass per anchor over the squeezed text instead of line by line (issue 28: a 25 MB log in seconds)."""
+    sq = text.lower().encode("ascii", "ignore").translate(None, _DROP)
+    offsets = _hot_offsets(sq)
+    if not offsets:
+        return []
+    newlines = np.flatnonzero(np.frombuffer(sq, dtype=np.uint8) == 10)
+    lines = np.unique(np.searchsorted(newlines, np.asarray(offsets, dtype=np.int64)))
+    out = [int(x) for x in lines]
+    if len(out) > _HOT_CAP:
+        out = out[: _HOT_CAP // 2] + out[-_HOT_CAP // 2 :]
+    return out
+
+
 # --- whole-capture findings ------------------------------------------------------------------------
 
 _HOST_RESET = re.compile(r"POWERON|USB_UART|CHIP_USB|EXT_SYS|EXT_RST|PIN_RST", re.IGNORECASE)
 _END = re.compile(r"@EC1 \d+ END ")
+_PRINTED = re.compile(r"[^\s\x00]")
 
 
 def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None, threshold: int) -> list[Finding]:
@@ -1380,7 +1509,8 @@ def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None, threshold:
     """
     boots = BootCounter()
     host = download = 0
-    for ln in ctx.lines:
+    for i in ctx.hot:
+        ln = ctx.lines[i]
         boots.feed(ln.text)
         m = _RST.search(ln.text)
         if m and "rst0x" in ln.sq:
@@ -1432,10 +1562,10 @@ def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None, threshold:
 
 
 def _end_of_stream(ctx: _Ctx, found: list[Finding], ended_by: str | None) -> list[Finding]:
-    if ended_by is None or any(_END.search(ln.text) for ln in ctx.lines):
+    if ended_by is None or ctx.has_end:
         return []
     details = {"ended_by": ended_by}
-    if not any(ln.text.strip().strip("\x00") for ln in ctx.lines):
+    if not ctx.printed:
         return [
             Finding(
                 "silence",
@@ -1488,6 +1618,22 @@ def _corrupted(parsed: Any | None) -> list[Finding]:
     ]
 
 
+def _has_end(text: str) -> bool:
+    """Whether a line holds an END record within the part of it the classifier reads."""
+    return any(m.end() - (text.rfind("\n", 0, m.start()) + 1) <= _LINE_CAP for m in _END.finditer(text))
+
+
+def _context(raw: bytes | str, parsed: Any | None) -> _Ctx:
+    text = _text(raw)
+    lines = _Lines(text.split("\n"))
+    ctx = _Ctx(lines, parsed, _hot_lines(text))
+    ctx.has_end = _has_end(text)
+    ctx.printed = bool(_PRINTED.search(text)) or any(  # only NULs and blanks: the exact per-line rule
+        lines[i].text.strip().strip("\x00") for i in range(min(len(lines), 100_000))
+    )
+    return ctx
+
+
 def classify(
     raw: bytes | str,
     *,
@@ -1509,7 +1655,7 @@ def classify(
         text = data = split_stream(data).text
     if records_from is None and MARKER in data:
         records_from = parse_capture(data)
-    ctx = _Ctx(_decode(text), records_from)
+    ctx = _context(text, records_from)
     found: list[tuple[int, Finding]] = []
     for detector in DETECTORS:
         found.extend(detector.run(ctx))

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import InputDataError
+from harness.model.files import INPUT_MAX_BYTES, MiB, check_regular, read_regular
 from harness.model.inputs import (
     C_SUFFIXES,
     IMAGE_SUFFIXES,
@@ -43,6 +44,7 @@ from harness.model.loader import TensorInfo
 from harness.protocol.frames import prng_bytes
 
 MAX_ITEMS = 100_000
+DATASET_MAX_BYTES = 1024 * MiB  # an .npz of MAX_ITEMS inputs
 INPUT_SUFFIXES = (*IMAGE_SUFFIXES, ".npy", *RAW_SUFFIXES, *(s for s in C_SUFFIXES if s != ".txt"))
 
 
@@ -122,7 +124,8 @@ def load_dataset(
 
 
 def _from_directory(root: Path, tensor: TensorInfo, options: InputOptions | None) -> Dataset:
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in INPUT_SUFFIXES)
+    # not only regular files: a FIFO or device named like an input is refused by load_input, not skipped
+    files = sorted(p for p in root.rglob("*") if not p.is_dir() and p.suffix.lower() in INPUT_SUFFIXES)
     per_class = any(p.parent != root for p in files)
     items = []
     for p in files:
@@ -137,6 +140,7 @@ _Y_KEYS = ("y", "labels")
 
 
 def _from_npz(path: Path, tensor: TensorInfo, options: InputOptions | None) -> Dataset:
+    check_regular(path, what="dataset", max_bytes=DATASET_MAX_BYTES, error=InputDataError)
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
@@ -165,7 +169,7 @@ def _from_npz(path: Path, tensor: TensorInfo, options: InputOptions | None) -> D
 
 def _from_list(path: Path, tensor: TensorInfo, options: InputOptions | None) -> Dataset:
     items = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(_read_text(path, "dataset list").splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -179,12 +183,17 @@ def _from_list(path: Path, tensor: TensorInfo, options: InputOptions | None) -> 
     return Dataset(items, str(path))
 
 
+def _read_text(path: Path, what: str) -> str:
+    data = read_regular(path, what=what, max_bytes=INPUT_MAX_BYTES, error=InputDataError)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputDataError(f"{what} {path} is not UTF-8 text ({exc})") from None
+
+
 def _apply_labels(ds: Dataset, path: Path) -> None:
     """Labels by input name from a CSV (``name,label``) or JSON (``{name: label}``) file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputDataError(f"--labels {path}: {exc.strerror or exc}") from exc
+    text = _read_text(path, "--labels file")
     mapping: dict[str, str] = {}
     if path.suffix.lower() == ".json":
         try:

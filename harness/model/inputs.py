@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import InputDataError
+from harness.model.files import INPUT_MAX_BYTES, check_regular, read_regular
 from harness.model.loader import TensorInfo
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
@@ -403,8 +404,7 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
     """Read ``path`` and prepare it for ``tensor`` (quantize if needed); see the module docstring."""
     src = Path(path)
     opts = options or InputOptions()
-    if not src.is_file():
-        raise InputDataError(f"input file not found: {src}", hint="check the --input path")
+    check_regular(src, what="input file", max_bytes=INPUT_MAX_BYTES, error=InputDataError)
     try:
         model_dt = np.dtype(tensor.dtype)
     except TypeError as exc:
@@ -437,7 +437,7 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
             raw_dt = np.dtype(opts.raw_dtype).newbyteorder("<")
         except TypeError as exc:
             raise InputDataError(f"unknown --input-dtype {opts.raw_dtype!r}") from exc
-        blob = src.read_bytes()
+        blob = read_regular(src, what="input file", max_bytes=INPUT_MAX_BYTES, error=InputDataError)
         if len(blob) % raw_dt.itemsize:
             raise InputDataError(
                 f"{src}: {len(blob)} bytes is not a whole number of {raw_dt.name} elements "

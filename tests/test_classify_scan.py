@@ -68,3 +68,14 @@ def test_legacy_output_lines_keep_their_numbers_and_exact_values() -> None:
     values = parse_legacy_log(text.rsplit("\n", 1)[0])
     assert values[:2] == [1.5, -2000.0] and values[2] == 0.13671875 and values[4] == 0.5
     assert values[3] != values[3]  # nan
+
+
+@pytest.mark.parametrize("chunk", [5, 7, 16, 1 << 22])
+def test_the_gram_scan_finds_every_anchor_across_chunk_boundaries(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 4-gram pass runs in chunks: an anchor that straddles two chunks is found like any other."""
+    monkeypatch.setattr(cl, "_CHUNK", chunk)
+    body = b"xx".join(cl._HOT_LITERALS) + b"\nabc"
+    want = {i for lit in cl._HOT_LITERALS for i in range(len(body)) if body.startswith(lit, i)}
+    assert want <= set(cl._hot_offsets(body))

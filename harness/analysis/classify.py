@@ -1587,11 +1587,15 @@ def _top_level_alternatives(pattern: str) -> list[str]:
 
 # literal anchors are found with bytes.find (_hit: their first character may be lost), the rest with one
 # regex per alternative (an alternation of ~100 branches is ten times slower than this, issue 28)
-_HOT_LITERALS: tuple[bytes, ...] = tuple(sorted({a[1:].encode("ascii") for a in _HOT_ANCHORS}))
+_HOT_ALTERNATIVES = [alt for p in _HOT_PATTERNS for alt in _top_level_alternatives(p)]
+_HOT_LITERALS: tuple[bytes, ...] = tuple(
+    sorted(
+        {a[1:].encode("ascii") for a in _HOT_ANCHORS}
+        | {alt.encode("ascii") for alt in _HOT_ALTERNATIVES if alt.isalnum()}  # a regex that is a word
+    )
+)
 _HOT_RES: tuple[re.Pattern[bytes], ...] = tuple(
-    re.compile(alt.replace(r"\d", "[0-9]").encode("ascii"))
-    for p in _HOT_PATTERNS
-    for alt in _top_level_alternatives(p)
+    re.compile(alt.replace(r"\d", "[0-9]").encode("ascii")) for alt in _HOT_ALTERNATIVES if not alt.isalnum()
 )
 
 

@@ -1566,7 +1566,7 @@ _HOT_PATTERNS: tuple[str, ...] = (
 )
 _KEEP = bytes(range(ord("a"), ord("z") + 1)) + b"0123456789\n"
 _DROP = bytes(c for c in range(256) if c not in _KEEP)
-_HOT_CAP = 50_000  # hot lines looked at: the first and the last half (a hostile log of nothing but anchors)
+_HOT_CAP = 20_000  # hot lines looked at: the first and the last half (a hostile log of nothing but anchors)
 
 
 def _top_level_alternatives(pattern: str) -> list[str]:

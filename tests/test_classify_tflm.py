@@ -151,3 +151,13 @@ def test_bootloader_errors_are_boot_failures(line: str) -> None:
     findings = classify(f"I (30) boot: ESP-IDF v5.5.3 2nd stage bootloader\n{line}\n".encode())
     assert [f.kind for f in findings] == ["boot_failure"]
     assert exit_code_for(findings) == ExitCode.INFRASTRUCTURE
+
+
+def test_banner_counting_stays_tied_to_the_roms_date_line() -> None:
+    counter = cl.BootCounter()
+    for line in ("I (123) app: inputs are 10 1000 bytes", "W (9) app: steps Jul 2019", "xs Jul 29 2019"):
+        counter.feed(line)
+    assert counter.count == 0
+    for line in ("ets Jul 29 2019 12:21:46", "ts Jun  8 2016 00:22:57", "SP-ROM:esp32c3-api1-20210207"):
+        counter.feed(line)
+    assert counter.counts["rom_banner"] == 3

@@ -269,7 +269,11 @@ def exit_code_for(findings: Iterable[Finding]) -> ExitCode | None:
 
 # The ROM banner (`ets Jul 29 2019 12:21:46`, `ESP-ROM:esp32c3-api1-20210207`), also spliced after
 # other text or with its first letters lost.
-_ROM_BANNER_RE = re.compile(r"(?:ets|ts|\bs) [A-Z][a-z]{2} +\d{1,2} \d{4}\b|-ROM:\s*esp32", re.IGNORECASE)
+_ROM_BANNER_RE = re.compile(
+    r"(?:ets|ts|\bs) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +\d{1,2} (?:19|20)\d\d\b"
+    r"|-ROM:\s*esp32",
+    re.IGNORECASE,
+)
 _ROM_BOOT = re.compile(r"0x[0-9a-fA-F]{1,2} ?\([A-Z0-9_]{2,}\), ?boot:0x[0-9a-fA-F]{1,2}")
 
 

@@ -1,11 +1,14 @@
-"""Benchmark: compare two 1,000,000-element int8 tensors and parse a ~10 MB protocol capture.
+"""Benchmark: compare two 1,000,000-element int8 tensors, parse a ~10 MB protocol capture, and run
+`esp-check compare` on two realistic 25 MB text logs (issue 28: goal under 5 s; was 116 s).
 
 Prints throughput only (no pass/fail on time). Run: ``python bench/bench_compare.py``.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -90,5 +93,42 @@ def main() -> None:
     print(f"parse_capture: {mb:.1f} MB ({raw.count(b'@EC1 '):,} records) in {t:.2f} s = {mb / t:.1f} MB/s")
 
 
+def realistic_log(target: int = 25_000_000) -> bytes:
+    """A 25 MB serial log as a long legacy-sketch run prints it: ESP-IDF log lines (some coloured),
+    ``Output:`` lines, a boot banner; no fault."""
+    rng = np.random.default_rng(1)
+    lines = ["ets Jul 29 2019 12:21:46", "rst:0x1 (POWERON_RESET),boot:0x13 (SPI_FAST_FLASH_BOOT)"]
+    size, i = 0, 0
+    while size < target:
+        i += 1
+        if i % 3 == 0:
+            ln = f"I ({i * 7}) app: invoke {i} took {int(rng.integers(1000, 9000))} us, free heap 123456"
+        elif i % 3 == 1:
+            ln = "Output: " + " ".join(f"{v:.6f}" for v in rng.random(8))
+        else:
+            ln = f"\x1b[0;32mI ({i * 7}) tflite: arena used {int(rng.integers(10000, 90000))} bytes\x1b[0m"
+        lines.append(ln)
+        size += len(ln) + 2
+    return ("\r\n".join(lines) + "\r\n").encode()
+
+
+def bench_compare_cli(tmp: Path) -> None:
+    from harness.analysis.compare import compare_files
+
+    raw = realistic_log()
+    a, b = tmp / "a.log", tmp / "b.log"
+    a.write_bytes(raw)
+    b.write_bytes(raw)
+    t0 = time.perf_counter()
+    result = compare_files(a, b)
+    t = time.perf_counter() - t0
+    mb = len(raw) / 1e6
+    print(
+        f"compare (legacy text logs): 2 x {mb:.1f} MB in {t:.2f} s (goal < 5 s), exit {int(result.exit_code)}"
+    )
+
+
 if __name__ == "__main__":
     main()
+    with tempfile.TemporaryDirectory() as d:
+        bench_compare_cli(Path(d))

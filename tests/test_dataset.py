@@ -44,6 +44,7 @@ def test_folder_per_class_gives_labels(tmp_path: Path, models_dir: Path, tensor)
         (tmp_path / cls).mkdir()
         (tmp_path / cls / name).write_bytes((src / name).read_bytes())
     (tmp_path / "dog" / "notes.md").write_text("not an input")
+    (tmp_path / "classes.txt").write_text("cat\ndog\n")  # issue 28: names need the class list
     ds = load_dataset(tmp_path, tensor)
     assert [it.name for it in ds.items] == [
         "cat/cnn_classifier_11.png",
@@ -311,3 +312,46 @@ def test_tap_inputs_usage_errors(
     rc = main(["flash-and-compare", str(models_dir / MODEL), "--out", str(tmp_path / "o"), *args])
     err = " ".join(capsys.readouterr().err.split())
     assert rc == 2 and says in err, err
+
+
+# ---- class names need the model's class list (issue 28, item 5) ---------------------------------------
+
+
+def _two_class_folders(root: Path, models_dir: Path, names: tuple[str, str]) -> None:
+    src = models_dir / "inputs"
+    for cls, name in zip(names, ("cnn_classifier_11.png", "cnn_classifier_11__ambiguous.png"), strict=True):
+        (root / cls).mkdir(parents=True)
+        (root / cls / name).write_bytes((src / name).read_bytes())
+
+
+def test_folder_names_without_a_class_list_are_refused(tmp_path: Path, models_dir: Path, tensor) -> None:  # type: ignore[no-untyped-def]
+    """micro_speech's classes are silence, unknown, yes, no: sorted folder names `no`, `yes` would map
+    to outputs 0 and 1, both wrong. Without the list there is no right answer: refuse."""
+    _two_class_folders(tmp_path / "d", models_dir, ("yes", "no"))
+    with pytest.raises(InputDataError, match="class names") as exc:
+        load_dataset(tmp_path / "d", tensor)
+    assert "classes.txt" in (exc.value.hint or "")
+
+
+def test_the_class_list_gives_the_output_index(tmp_path: Path, models_dir: Path, tensor) -> None:  # type: ignore[no-untyped-def]
+    _two_class_folders(tmp_path / "d", models_dir, ("yes", "no"))
+    (tmp_path / "d" / "classes.txt").write_text("# micro_speech\nsilence\nunknown\nyes\nno\n")
+    ds = load_dataset(tmp_path / "d", tensor)
+    assert {it.label: ds.label_index(it) for it in ds.items} == {"yes": 2, "no": 3}
+    beside = tmp_path / "e"
+    _two_class_folders(beside / "test", models_dir, ("yes", "no"))
+    (beside / "classes.txt").write_text("silence\nunknown\nyes\nno\n")  # beside the dataset folder
+    ds2 = load_dataset(beside / "test", tensor)
+    assert {it.label: ds2.label_index(it) for it in ds2.items} == {"yes": 2, "no": 3}
+    api = load_dataset(tmp_path / "d", tensor, classes=["no", "yes"])
+    assert {it.label: api.label_index(it) for it in api.items} == {"yes": 1, "no": 0}
+
+
+def test_a_folder_the_class_list_lacks_is_refused(tmp_path: Path, models_dir: Path, tensor) -> None:  # type: ignore[no-untyped-def]
+    _two_class_folders(tmp_path / "d", models_dir, ("yes", "maybe"))
+    (tmp_path / "d" / "classes.txt").write_text("silence\nunknown\nyes\nno\n")
+    with pytest.raises(InputDataError, match="'maybe' is not in the class list"):
+        load_dataset(tmp_path / "d", tensor)
+    (tmp_path / "d" / "classes.txt").write_text("yes\nyes\n")
+    with pytest.raises(InputDataError, match="listed twice"):
+        load_dataset(tmp_path / "d", tensor)

@@ -260,3 +260,50 @@ def test_image_size_mismatch_refused_before_decoding(models_dir: Path, tmp_path:
     png = _png_header_only(tmp_path / "wrong.png", 33, 31)
     with pytest.raises(InputDataError, match=r"33x31 .*needs \d+x\d+"):
         load_input(png, t)
+
+
+# ---- the default image range follows the input tensor's quantization (issue 28, item 9) ----------------
+
+
+def test_an_image_for_a_minus_one_to_one_model_is_read_as_minus_one_to_one(
+    tmp_path: Path, models_dir: Path
+) -> None:
+    """op_zoo's input is quantized like TFLM's person_detect (scale 1/127.5, zero point -1): its real
+    range is -1..1, so a black pixel is -1.0 (int8 -128), not 0.0 (int8 -1) as the 0..1 default made it."""
+    from harness.model.inputs import default_image_range
+
+    t = _tensor(models_dir, "op_zoo")
+    assert default_image_range(t).name == "-1..1" and default_image_range(t).matched
+    img = np.zeros((15, 15, 3), np.uint8)
+    img[0, 0] = 255
+    Image.fromarray(img).save(tmp_path / "x.png")
+    p = load_input(tmp_path / "x.png", t)
+    assert p.quantized.reshape(-1)[3] == -128 and p.quantized.reshape(-1)[0] == 126  # 1.0 / scale = 127.49...
+    assert any("input range -1..1 by default" in n for n in p.notes)
+    explicit = load_input(tmp_path / "x.png", t, InputOptions(value_range="0..1"))
+    assert explicit.quantized.reshape(-1)[3] == -1  # --input-range still decides
+
+
+def test_the_default_range_of_other_quantizations(models_dir: Path) -> None:
+    from harness.model.inputs import default_image_range
+
+    assert default_image_range(_tensor(models_dir, "cnn_classifier_11")).name == "0..1"  # 1/255, -128
+    unet = default_image_range(_tensor(models_dir, "unet_mbv2_035_48"))  # spans 0..9.02: no named range
+    assert unet.name == "0..1" and not unet.matched and "no named range fits" in unet.reason
+    t255 = TensorInfo(0, "in", (1, 4), "int8", 1.0, -128)
+    assert default_image_range(t255).name == "0..255"
+    flt = TensorInfo(0, "in", (1, 4), "float32", None, None)
+    assert default_image_range(flt).name == "0..1" and "assumed" in default_image_range(flt).reason
+
+
+def test_inspect_says_which_range_it_uses(models_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from harness.cli import main
+
+    assert main(["inspect", str(models_dir / "op_zoo.tflite"), "--no-arena"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "8-bit data (images) for input" in out and "is read as -1..1" in out
+    assert main(["inspect", str(models_dir / "unet_mbv2_035_48.tflite"), "--no-arena", "--json"]) == 0
+    rng = json.loads(capsys.readouterr().out)["inputs"][0]["image_range"]
+    assert rng["name"] == "0..1" and rng["from_quantization"] is False

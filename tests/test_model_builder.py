@@ -29,6 +29,8 @@ class T:
     scale: float | None = None
     zero_point: int = 0
     data: np.ndarray | None = None
+    scales: tuple[float, ...] | None = None  # per-channel scales (zero points 0), instead of `scale`
+    qdim: int | None = None  # quantized_dimension, written when given
 
 
 @dataclass
@@ -74,16 +76,24 @@ def build_model(tensors: list[T], ops: list[Op], inputs: list[int], outputs: lis
         name = b.CreateString(t.name)
         shape = _ivec(b, tflite.TensorStartShapeVector, list(t.shape))
         q = None
-        if t.scale is not None:
-            tflite.QuantizationParametersStartScaleVector(b, 1)
-            b.PrependFloat32(t.scale)
+        if t.scale is not None or t.scales is not None:
+            scales = list(t.scales) if t.scales is not None else [t.scale]
+            zps = [0] * len(scales) if t.scales is not None else [t.zero_point]
+            tflite.QuantizationParametersStartScaleVector(b, len(scales))
+            for sc in reversed(scales):
+                b.PrependFloat32(sc)
             sv = b.EndVector()
-            tflite.QuantizationParametersStartZeroPointVector(b, 1)
-            b.PrependInt64(t.zero_point)
+            tflite.QuantizationParametersStartZeroPointVector(b, len(zps))
+            for zp in reversed(zps):
+                b.PrependInt64(zp)
             zv = b.EndVector()
             tflite.QuantizationParametersStart(b)
             tflite.QuantizationParametersAddScale(b, sv)
             tflite.QuantizationParametersAddZeroPoint(b, zv)
+            if t.qdim is not None:
+                b.ForceDefaults(True)
+                tflite.QuantizationParametersAddQuantizedDimension(b, t.qdim)
+                b.ForceDefaults(False)
             q = tflite.QuantizationParametersEnd(b)
         tflite.TensorStart(b)
         tflite.TensorAddShape(b, shape)

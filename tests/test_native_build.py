@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from native_fixture import COMPONENTS, make_mirror
 
-from harness.errors import BuildError, ExitCode
+from harness.errors import BuildError, ExitCode, UsageError
 from harness.firmware.native import components as comps
 from harness.firmware.native.config import parse_defaults, resolve, sdkconfig_cmake, sdkconfig_h
 from harness.firmware.native.driver import build_command, configure_command, tree_key
@@ -184,11 +184,13 @@ def test_find_components_by_short_name_build_name_or_managed_components(tmp_path
     ]
     (tmp_path / "only" / "esp-nn").mkdir(parents=True)
     (tmp_path / "only" / "esp-nn" / "CMakeLists.txt").write_text("")
-    with pytest.raises(BuildError, match=r"esp-tflite-micro.*found: esp-nn") as exc:
+    # a wrong --components-dir is the user's input: exit 2, not 3 (issue 28 item 12)
+    with pytest.raises(UsageError, match=r"esp-tflite-micro.*found: esp-nn") as exc:
         comps.find_components(tmp_path / "only")
     assert exc.value.hint and "--components-dir" in exc.value.hint
-    with pytest.raises(BuildError, match="not a directory"):
+    with pytest.raises(UsageError, match="not a directory") as missing:
         comps.find_components(tmp_path / "missing")
+    assert missing.value.exit_code == ExitCode.USAGE and not isinstance(missing.value, BuildError)
 
 
 def test_version_is_read_from_the_manifest_or_none(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ All metrics are vectorised numpy.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import math
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from harness.errors import (
     Verdict,
     combine_exit_codes,
 )
+from harness.model.files import LOG_MAX_BYTES, read_regular
 from harness.model.inputs import InputOptions
 from harness.protocol.capture import MARKER, Capture, looks_like_device_output, parse_capture
 from harness.protocol.legacy import parse_legacy_log
@@ -307,10 +309,14 @@ def results_document(source: Source) -> dict[str, Any]:
 def load_source(path: str | Path, label: str) -> Source:
     """Load one side of a comparison from a file (type from extension and content)."""
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise LogFormatError(f"cannot read {p}: {exc.strerror or exc}", hint="check the path") from None
+    data = read_regular(
+        p,
+        what="capture",
+        max_bytes=LOG_MAX_BYTES,
+        error=LogFormatError,
+        big_hint="compare reads one captured run (a flash-and-compare capture is a few MB): cut the log "
+        "to the run it holds",
+    )
     if not data.strip():
         raise LogFormatError(
             f"{p} is empty: nothing to compare",
@@ -318,7 +324,7 @@ def load_source(path: str | Path, label: str) -> Source:
         )
     if p.suffix.lower() == ".npy":
         try:
-            arr = np.load(p, allow_pickle=False)
+            arr = np.load(io.BytesIO(data), allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
             raise LogFormatError(f"{p} is not a readable .npy file: {exc}") from None
         raw = arr.dtype.kind in "iu"

@@ -85,7 +85,8 @@ def preprocessing_options(f: F) -> F:
             "--input-range",
             type=click.Choice(tuple(NAMED_RANGES)),
             default=None,
-            help="Normalise 8-bit data to this real range (images default to 0..1).",
+            help="Normalise 8-bit data to this real range (default: the range the input tensor's "
+            "quantization spans, else 0..1; `inspect` says which).",
         ),
         click.option("--input-scale", type=POSITIVE, default=None, help="real = value * scale + offset"),
         click.option("--input-offset", type=FINITE, default=None),

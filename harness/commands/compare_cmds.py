@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from harness.analysis.compare import compare_files
 from harness.analysis.report import junit_error_tree, junit_tree, print_report, report_dict, write_junit
 from harness.commands.common import LSB, POSITIVE, echo_json, schema_version_option
 from harness.errors import EspCheckError, InfrastructureError
+from harness.model.files import LOG_MAX_BYTES, read_regular
 
 
 def _raw(path: str) -> bytes:
+    """The file for the JUnit report's attachment: nothing for a FIFO, a device or an absurd size."""
     try:
-        return Path(path).read_bytes()
-    except OSError:
+        return read_regular(path, what="capture", max_bytes=LOG_MAX_BYTES)
+    except EspCheckError:
         return b""
 
 

@@ -16,7 +16,7 @@ from harness.analysis.report import safe_markup
 from harness.commands.common import input_options, make_console
 from harness.errors import ExitCode, InputDataError
 from harness.model import opdata
-from harness.model.inputs import InputOptions, PreparedInput, load_input
+from harness.model.inputs import InputOptions, PreparedInput, default_image_range, load_input
 from harness.model.loader import ModelInfo, TensorInfo, load_model
 from harness.protocol.spec import crc32_hex
 
@@ -77,7 +77,7 @@ def _inspect_data(
             "subgraphs": info.subgraph_count,
             "kind": info.kind,
         },
-        "inputs": [t.to_dict() for t in info.inputs],
+        "inputs": [{**t.to_dict(), "image_range": default_image_range(t).to_dict()} for t in info.inputs],
         "outputs": [t.to_dict() for t in info.outputs],
         "ops": [
             {
@@ -122,6 +122,13 @@ def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> N
             "other ops run TFLM reference kernels in both firmware variants"
         )
     console.print(_tensor_table("Inputs", info.inputs))
+    for t, d in zip(info.inputs, data["inputs"], strict=True):
+        rng = d["image_range"]
+        style = "" if rng["from_quantization"] else "[yellow]warning:[/yellow] "
+        console.print(
+            f"{style}8-bit data (images) for input {safe_markup(t.name)} is read as {rng['name']} unless "
+            f"--input-range says otherwise ({safe_markup(rng['reason'])})"
+        )
     console.print(_tensor_table("Outputs", info.outputs))
 
     chips = list(data["espnn"]["chips"])

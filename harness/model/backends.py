@@ -197,6 +197,32 @@ class TflmBackend:
         return runs
 
 
+_QDIM_SLOT = 16  # QuantizationParameters.quantized_dimension's vtable offset in the TFLite schema
+
+
+def litert_compatible(model_bytes: bytes) -> bytes:
+    """``model_bytes`` with the one quantization detail LiteRT refuses and TFLM ignores made valid.
+
+    TFLM's stock person_detect (and other converter output of its time) gives its 1-D bias tensors the
+    filter's ``quantized_dimension`` (3); LiteRT refuses a dimension outside the tensor's rank, TFLM never
+    reads it. A 1-D tensor has one dimension, so 0 is the only one its per-channel scales can run along:
+    writing 0 there changes no number (issue 28, item 12). Other tensors are left as they are.
+    """
+    import tflite
+
+    buf = bytearray(model_bytes)
+    model = tflite.Model.GetRootAsModel(buf, 0)
+    for s in range(model.SubgraphsLength()):
+        sub = model.Subgraphs(s)
+        for t in range(sub.TensorsLength()):
+            tensor = sub.Tensors(t)
+            q = tensor.Quantization()
+            slot = q._tab.Offset(_QDIM_SLOT) if q is not None else 0
+            if slot and tensor.ShapeLength() == 1 and q.QuantizedDimension() != 0:
+                struct.pack_into("<i", buf, q._tab.Pos + slot, 0)
+    return bytes(buf)
+
+
 class LiteRtBackend:
     """``ai-edge-litert`` with the BUILTIN_REF op resolver (reference kernels, no delegates)."""
 
@@ -222,6 +248,7 @@ class LiteRtBackend:
         self, model_bytes: bytes, info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]], per_layer: bool
     ) -> list[ReferenceRun]:
         mod = self._module()
+        model_bytes = litert_compatible(model_bytes)
         runs: list[ReferenceRun] = []
         for k, run_inputs in enumerate(inputs):
             try:
@@ -232,11 +259,11 @@ class LiteRtBackend:
                     experimental_preserve_all_tensors=per_layer,
                 )
                 interp.allocate_tensors()
-            except (RuntimeError, ValueError) as exc:
-                raise HostReferenceError(
+            except (RuntimeError, ValueError) as exc:  # the model, not the host: exit 2
+                raise ModelError(
                     f"LiteRT rejected the model: {exc}",
-                    hint="LiteRT refuses some older models TFLM accepts (e.g. invalid bias quantization); "
-                    "use --backend tflm on Linux x86-64",
+                    hint="LiteRT refuses some models TFLM accepts (e.g. a quantization detail TFLM never "
+                    "reads); use --backend tflm on Linux x86-64, or re-convert the model",
                 ) from exc
             try:
                 details_in = interp.get_input_details()

@@ -15,8 +15,10 @@ streams to the resident firmware), with an optional label. Sources:
 
 ``--labels FILE`` (CSV ``name,label`` with an optional header, or JSON ``{name: label}``) adds or
 overrides labels by input name (the file name, or the path relative to the dataset directory). Labels are
-class indices (integers) or class names; names map to indices in sorted order (as the folder-per-class
-loaders above do).
+class indices (integers) or class names. Names need the model's class list, in output index order: a
+``classes.txt`` (one name per line, line 1 = output 0) in the dataset folder or beside the dataset (or
+``classes=`` from the API). A name the list lacks is refused. Sorting the names would be a guess: a
+``yes``/``no`` folder pair on micro_speech (yes = 2, no = 3) scored 0/2 that way (issue 28).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import InputDataError
+from harness.model.files import INPUT_MAX_BYTES, MiB, check_regular, read_regular
 from harness.model.inputs import (
     C_SUFFIXES,
     IMAGE_SUFFIXES,
@@ -43,6 +46,7 @@ from harness.model.loader import TensorInfo
 from harness.protocol.frames import prng_bytes
 
 MAX_ITEMS = 100_000
+DATASET_MAX_BYTES = 1024 * MiB  # an .npz of MAX_ITEMS inputs
 INPUT_SUFFIXES = (*IMAGE_SUFFIXES, ".npy", *RAW_SUFFIXES, *(s for s in C_SUFFIXES if s != ".txt"))
 
 
@@ -73,7 +77,7 @@ class Dataset:
         """The class index of ``item``'s label (None without a label)."""
         if item.label is None:
             return None
-        if self.classes:
+        if item.label in self.classes:
             return self.classes.index(item.label)
         return int(item.label)
 
@@ -94,8 +98,12 @@ def load_dataset(
     tensor: TensorInfo,
     options: InputOptions | None = None,
     labels: str | Path | None = None,
+    classes: Sequence[str] | None = None,
 ) -> Dataset:
-    """The dataset at ``path`` (directory, .npz or .txt list), each input prepared for ``tensor``."""
+    """The dataset at ``path`` (directory, .npz or .txt list), each input prepared for ``tensor``.
+
+    ``classes``: the class names in output index order, for labels that are names; without it, a
+    ``classes.txt`` in or beside the dataset is read (see the module docstring)."""
     src = Path(path)
     if src.is_dir():
         ds = _from_directory(src, tensor, options)
@@ -117,12 +125,13 @@ def load_dataset(
         raise InputDataError(f"--dataset {src} holds {len(ds.items)} inputs; at most {MAX_ITEMS}")
     if labels is not None:
         _apply_labels(ds, Path(labels))
-    _index_classes(ds)
+    _index_classes(ds, src, classes)
     return ds
 
 
 def _from_directory(root: Path, tensor: TensorInfo, options: InputOptions | None) -> Dataset:
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in INPUT_SUFFIXES)
+    # not only regular files: a FIFO or device named like an input is refused by load_input, not skipped
+    files = sorted(p for p in root.rglob("*") if not p.is_dir() and p.suffix.lower() in INPUT_SUFFIXES)
     per_class = any(p.parent != root for p in files)
     items = []
     for p in files:
@@ -137,6 +146,7 @@ _Y_KEYS = ("y", "labels")
 
 
 def _from_npz(path: Path, tensor: TensorInfo, options: InputOptions | None) -> Dataset:
+    check_regular(path, what="dataset", max_bytes=DATASET_MAX_BYTES, error=InputDataError)
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
@@ -165,7 +175,7 @@ def _from_npz(path: Path, tensor: TensorInfo, options: InputOptions | None) -> D
 
 def _from_list(path: Path, tensor: TensorInfo, options: InputOptions | None) -> Dataset:
     items = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(_read_text(path, "dataset list").splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -179,12 +189,17 @@ def _from_list(path: Path, tensor: TensorInfo, options: InputOptions | None) -> 
     return Dataset(items, str(path))
 
 
+def _read_text(path: Path, what: str) -> str:
+    data = read_regular(path, what=what, max_bytes=INPUT_MAX_BYTES, error=InputDataError)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputDataError(f"{what} {path} is not UTF-8 text ({exc})") from None
+
+
 def _apply_labels(ds: Dataset, path: Path) -> None:
     """Labels by input name from a CSV (``name,label``) or JSON (``{name: label}``) file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputDataError(f"--labels {path}: {exc.strerror or exc}") from exc
+    text = _read_text(path, "--labels file")
     mapping: dict[str, str] = {}
     if path.suffix.lower() == ".json":
         try:
@@ -215,13 +230,63 @@ def _apply_labels(ds: Dataset, path: Path) -> None:
         )
 
 
-def _index_classes(ds: Dataset) -> None:
-    labels = [it.label for it in ds.items if it.label is not None]
-    if not labels:
-        return
-    if all(lb.lstrip("-").isdigit() for lb in labels):
-        return  # integer class indices
-    ds.classes = sorted(set(labels))
+CLASSES_FILE = "classes.txt"
+
+
+def _is_index(label: str) -> bool:
+    return label.isdigit()
+
+
+def _classes_file(src: Path) -> Path | None:
+    """``classes.txt`` in the dataset folder, else beside the dataset (folder or file)."""
+    for cand in ((src / CLASSES_FILE) if src.is_dir() else None, src.parent / CLASSES_FILE):
+        if cand is not None and cand.exists():
+            return cand
+    return None
+
+
+def read_classes(path: Path) -> list[str]:
+    """Class names in output index order: one per line, ``#`` comments and blank lines skipped."""
+    names = [ln.strip() for ln in _read_text(path, "class list").splitlines()]
+    names = [n for n in names if n and not n.startswith("#")]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if not names or dup:
+        raise InputDataError(
+            f"class list {path}: " + (f"{dup[0]!r} is listed twice" if dup else "names no class"),
+            hint="one class name per line, in the model's output order (line 1 = output 0)",
+        )
+    return names
+
+
+def _index_classes(ds: Dataset, src: Path, classes: Sequence[str] | None) -> None:
+    """Which output index each label is: integers are indices; names need the class list."""
+    labels = sorted({it.label for it in ds.items if it.label is not None})
+    names = [lb for lb in labels if not _is_index(lb)]
+    if not names:
+        return  # integer class indices (a folder per index: 0/, 1/, ...)
+    where = _classes_file(src) if classes is None else None
+    if classes is None and where is None:
+        raise InputDataError(
+            f"--dataset {src}: the labels are class names ({', '.join(names[:5])}"
+            f"{', ...' if len(names) > 5 else ''}), but which output of the model is each?",
+            hint=f"write {CLASSES_FILE} in the dataset folder or beside the dataset: the class names, "
+            "one per line, in output order (line 1 = output 0); or name the folders (labels) by index",
+        )
+    listed = list(classes) if classes is not None else read_classes(where) if where else []
+    unknown = [n for n in names if n not in listed]
+    if unknown:
+        raise InputDataError(
+            f"--dataset {src}: label {unknown[0]!r} is not in the class list "
+            f"({where or 'classes='}: {', '.join(listed[:8])}{', ...' if len(listed) > 8 else ''})",
+            hint="rename the folder (label) to a class of the list, or add the class to the list "
+            "at its output index",
+        )
+    bad = [lb for lb in labels if _is_index(lb) and int(lb) >= len(listed)]
+    if bad:
+        raise InputDataError(
+            f"--dataset {src}: label {bad[0]} is past the class list's {len(listed)} classes"
+        )
+    ds.classes = listed
 
 
 def dataset_names(ds: Dataset) -> Sequence[str]:

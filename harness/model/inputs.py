@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import InputDataError
+from harness.model.files import INPUT_MAX_BYTES, check_regular, read_regular
 from harness.model.loader import TensorInfo
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
@@ -40,7 +41,8 @@ NAMED_RANGES: dict[str, tuple[float, float]] = {
     "-1..1": (2.0 / 255.0, -1.0),
     "0..255": (1.0, 0.0),
 }
-DEFAULT_IMAGE_RANGE = "0..1"
+DEFAULT_IMAGE_RANGE = "0..1"  # when the input tensor's quantization does not say (a float input)
+_RANGE_SLACK = 0.05  # a named range matches the tensor's real range within 5 % of its span at each end
 
 _C_TYPES = {
     "float": "float32",
@@ -65,7 +67,8 @@ class InputOptions:
     the model's aspect, then resize) or "pad" (letterbox with black); resampling is bilinear.
     color: "auto" (from the model's channel count), "rgb" or "grayscale" (checked against the model).
     Normalisation: ``real = value * scale + offset``; either give ``scale``/``offset`` or a named
-    ``value_range`` ("0..1", "-1..1", "0..255") for 8-bit data. Images default to "0..1"; .npy,
+    ``value_range`` ("0..1", "-1..1", "0..255") for 8-bit data. Images default to the named range the
+    input tensor's quantization spans (:func:`default_image_range`; "0..1" when it says nothing); .npy,
     raw and C-array float data are taken as real values unless scale/offset are given.
     raw_dtype: element type of a raw binary file (required for raw files).
     """
@@ -361,7 +364,58 @@ def _read_c_array(path: Path) -> tuple[np.ndarray, str]:
     return arr.astype(dtype), dtype
 
 
-def _normalise(data: np.ndarray, opts: InputOptions, is_8bit_pixels: bool, notes: list[str]) -> np.ndarray:
+@dataclass(frozen=True)
+class DefaultRange:
+    """The named range 8-bit data (images) is normalised to when none is given, and why."""
+
+    name: str
+    reason: str
+    matched: bool  # False: no named range fits the tensor's real range (0..1 is a guess: warn)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "reason": self.reason, "from_quantization": self.matched}
+
+
+def default_image_range(tensor: TensorInfo) -> DefaultRange:
+    """The input range that fits ``tensor``: the named range nearest to the real range its int8/int16
+    quantization can represent (person_detect: scale 1/127.5, zero point -1 -> -0.996..1.004 -> -1..1).
+    A model trained on -1..1 fed 0..1 gets the wrong class silently (issue 28, item 9)."""
+    dt = np.dtype(tensor.dtype)
+    if dt.kind not in "iu" or dt.itemsize > 2 or not tensor.scale or tensor.per_channel:
+        return DefaultRange(
+            DEFAULT_IMAGE_RANGE,
+            f"{dt.name} input without one quantization scale: {DEFAULT_IMAGE_RANGE} assumed",
+            dt.kind == "f",
+        )
+    lo_q, hi_q = _dtype_range(dt)
+    zp = tensor.zero_point or 0
+    lo, hi = (lo_q - zp) * tensor.scale, (hi_q - zp) * tensor.scale
+    span = hi - lo
+    best = min(NAMED_RANGES, key=lambda n: abs(_ends(n)[0] - lo) + abs(_ends(n)[1] - hi))
+    b_lo, b_hi = _ends(best)
+    fits = abs(b_lo - lo) <= _RANGE_SLACK * span and abs(b_hi - hi) <= _RANGE_SLACK * span
+    what = (
+        f"the input tensor's quantization (scale {tensor.scale:.6g}, zero point {zp}) spans "
+        f"{lo:.4g}..{hi:.4g}"
+    )
+    if fits:
+        return DefaultRange(best, f"{what}: {best}", True)
+    return DefaultRange(
+        DEFAULT_IMAGE_RANGE,
+        f"{what}, which no named range fits: {DEFAULT_IMAGE_RANGE} assumed; give --input-range or "
+        "--input-scale/--input-offset",
+        False,
+    )
+
+
+def _ends(name: str) -> tuple[float, float]:
+    s, o = NAMED_RANGES[name]
+    return o, 255 * s + o
+
+
+def _normalise(
+    data: np.ndarray, opts: InputOptions, is_8bit_pixels: bool, notes: list[str], tensor: TensorInfo
+) -> np.ndarray:
     """Real values from raw data: explicit scale/offset, a named range (8-bit data), or as is."""
     if opts.scale is not None or opts.offset is not None:
         s = 1.0 if opts.scale is None else float(opts.scale)
@@ -370,7 +424,10 @@ def _normalise(data: np.ndarray, opts: InputOptions, is_8bit_pixels: bool, notes
         return data.astype(np.float64) * s + o
     name = opts.value_range
     if name is None and is_8bit_pixels:
-        name = DEFAULT_IMAGE_RANGE
+        default = default_image_range(tensor)
+        name = default.name
+        notes.append(f"input range {name} by default: {default.reason}" if default.matched else
+                     f"warning: {default.reason}")  # fmt: skip
     if name is not None:
         if not is_8bit_pixels:
             raise InputDataError(
@@ -403,8 +460,7 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
     """Read ``path`` and prepare it for ``tensor`` (quantize if needed); see the module docstring."""
     src = Path(path)
     opts = options or InputOptions()
-    if not src.is_file():
-        raise InputDataError(f"input file not found: {src}", hint="check the --input path")
+    check_regular(src, what="input file", max_bytes=INPUT_MAX_BYTES, error=InputDataError)
     try:
         model_dt = np.dtype(tensor.dtype)
     except TypeError as exc:
@@ -437,7 +493,7 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
             raw_dt = np.dtype(opts.raw_dtype).newbyteorder("<")
         except TypeError as exc:
             raise InputDataError(f"unknown --input-dtype {opts.raw_dtype!r}") from exc
-        blob = src.read_bytes()
+        blob = read_regular(src, what="input file", max_bytes=INPUT_MAX_BYTES, error=InputDataError)
         if len(blob) % raw_dt.itemsize:
             raise InputDataError(
                 f"{src}: {len(blob)} bytes is not a whole number of {raw_dt.name} elements "
@@ -500,7 +556,7 @@ def _prepare(
             hint="give quantized data in the model's dtype, float real values, "
             "or --input-scale/--input-offset",
         )
-    real = _normalise(data, opts, pixels, notes)
+    real = _normalise(data, opts, pixels, notes, tensor)
     if not np.all(np.isfinite(real)):
         raise InputDataError(f"{src}: input contains NaN or infinity")
     if model_dt.kind == "f":
@@ -535,4 +591,3 @@ def input_tensor_bytes(
 ) -> list[bytes]:
     """Each input prepared for ``tensor`` (usage errors as :func:`load_input`), as tensor bytes."""
     return [tensor_bytes(load_input(p, tensor, options)) for p in paths]
-

@@ -21,6 +21,7 @@ import numpy as np
 
 from harness.errors import ModelError
 from harness.model import opdata
+from harness.model.files import MODEL_MAX_BYTES, read_regular
 from harness.model.modelinfo import ModelInfo, OpInfo, TensorInfo
 from harness.model.verify import verify_structure
 
@@ -414,12 +415,11 @@ def parse_model_bytes(data: bytes, path: str | Path = "<bytes>") -> ModelInfo:
 def load_model(path: str | Path) -> ModelInfo:
     """Read and validate a .tflite file; raises ModelError for unreadable, corrupt or unsupported models."""
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError as exc:
-        raise ModelError(f"model file not found: {p}", hint="check the path") from exc
-    except IsADirectoryError as exc:
-        raise ModelError(f"{p} is a directory, not a .tflite file") from exc
-    except OSError as exc:
-        raise ModelError(f"cannot read model file {p}: {exc.strerror or exc}") from exc
+    data = read_regular(
+        p,
+        what="model file",
+        max_bytes=MODEL_MAX_BYTES,
+        error=ModelError,
+        big_hint="a TFLite Micro model for an ESP32 fits in its flash: check the path",
+    )
     return parse_model_bytes(data, p)

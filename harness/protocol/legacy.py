@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import struct
+from collections.abc import Iterator
 
 from harness.errors import LogFormatError
 
@@ -23,6 +24,11 @@ _SPECIAL_RE = re.compile(r"[-+]?(?:inf|infinity|nan)", re.IGNORECASE)
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _SEP_RE = re.compile(r"[\s,;]+")
 _LINE_RE = re.compile(r"\r\n|\r|\n")
+# one Output: line of plain decimals (no MicroPrintf token, inf, nan or comma): float() reads each
+# exactly. The number is written without ambiguity (digits, then an optional fraction) so that a hostile
+# line cannot make the regex backtrack quadratically.
+_NUM = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,4})?"
+_PLAIN_RE = re.compile(rf"[ \t]*(?:{_NUM}[ \t]+)*{_NUM}[ \t]*")
 OUTPUT_TAG = "Output:"
 
 
@@ -102,11 +108,16 @@ def parse_legacy_log(text: str | bytes) -> list[float]:
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     values: list[float] = []
-    for line_no, line in enumerate(_LINE_RE.split(text), start=1):
+    for line_no, line in _output_lines(text):
         pos = line.find(OUTPUT_TAG)
-        if pos < 0:
+        rest = (
+            _ANSI_RE.sub("", line[pos + len(OUTPUT_TAG) :])
+            if "\x1b" in line
+            else line[pos + len(OUTPUT_TAG) :]
+        )
+        if _PLAIN_RE.fullmatch(rest):  # the common case: plain decimals, read in one go
+            values.extend(map(float, rest.split()))
             continue
-        rest = _ANSI_RE.sub("", line[pos + len(OUTPUT_TAG) :])
         tokens = [t for t in _SEP_RE.split(rest) if t]
         if not tokens:
             raise LogFormatError(
@@ -122,6 +133,25 @@ def parse_legacy_log(text: str | bytes) -> list[float]:
                     hint="values may be decimal, %e, inf/nan, or the TFLM MicroPrintf form 1.D*2^E",
                 ) from None
     return values
+
+
+def _output_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line) of the lines holding ``Output:``, found by a forward scan: the lines
+    between them are counted, never split out (a 25 MB log is read in well under a second)."""
+    line_no, line_start = 1, 0
+    pos = text.find(OUTPUT_TAG)
+    while pos >= 0:
+        line_no += _count_breaks(text, line_start, pos)
+        line_start = max(text.rfind("\n", 0, pos), text.rfind("\r", 0, pos)) + 1
+        end = _LINE_RE.search(text, pos)
+        stop = end.start() if end else len(text)
+        yield line_no, text[line_start:stop]
+        pos = text.find(OUTPUT_TAG, stop)
+
+
+def _count_breaks(text: str, start: int, stop: int) -> int:
+    """Line breaks (``\r\n``, ``\r`` or ``\n``, as _LINE_RE splits) in ``text[start:stop]``."""
+    return text.count("\n", start, stop) + text.count("\r", start, stop) - text.count("\r\n", start, stop)
 
 
 def is_float32_exact(x: float) -> bool:

@@ -14,7 +14,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import ipaddress
+import os
+import re
 import subprocess
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,16 +202,64 @@ def load_inventory(path: str | Path, *, coordinator: str | None = None) -> Inven
                 )  # fmt: skip
             board = dataclasses.replace(board, coordinator=coordinator)
         ident, value = board.reach()
+        if board.port:
+            ident = f"port={port_identity(board.port)}"
         if ident in reach_seen:
+            same = "" if board.port is None else f" (both are {ident.split('=', 1)[1]})"
             raise _err(
                 p,
                 f"board {board.name!r}",
                 ident.split("=")[0],
-                f"{value!r} is also used by board {reach_seen[ident]!r}",
+                f"{value!r} is also used by board {reach_seen[ident]!r}{same}",
+                "one physical board appears once in an inventory",
             )
         reach_seen[ident] = board.name
         boards.append(board)
     return Inventory(path=p, boards=tuple(boards))
+
+
+_LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+
+
+def _host_identity(host: str) -> str:
+    """A host name or address as one spelling: case and a trailing dot dropped, addresses in their
+    canonical form, every loopback name and address as ``loopback``. Other names are not resolved (no
+    network look-up while reading an inventory)."""
+    host = host.strip("[]").rstrip(".").lower()
+    if host in _LOOPBACK:
+        return "loopback"
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return "loopback" if addr.is_loopback else str(addr)
+
+
+def port_identity(port: str) -> str:
+    """What a ``port`` value reaches, spelled one way, for the inventory's duplicate check (issue 28):
+
+    - ``rfc2217://`` / ``socket://``: scheme, host (see :func:`_host_identity`) and port; the query
+      (``?ign_set_control``, ``?logging=debug``) sets client options, not the endpoint;
+    - ``sim://`` / ``native://``: the board's name (its options are in the query);
+    - a device path: normalized (``/dev/./ttyUSB0``) and its symlinks followed (``/dev/serial/by-id/...``
+      is its ``/dev/ttyUSB0``); a Windows ``COMn`` in upper case.
+    """
+    if "://" in port:
+        parts = urllib.parse.urlsplit(port)
+        scheme = parts.scheme.lower()
+        if scheme in ("sim", "native"):
+            return f"{scheme}://{parts.netloc.lower() or parts.path.strip('/').lower()}"
+        try:
+            port_no = parts.port
+        except ValueError:
+            port_no = None
+        host = _host_identity(parts.hostname or "")
+        return f"{scheme}://{host}:{port_no if port_no is not None else parts.netloc.rsplit(':', 1)[-1]}"
+    if re.fullmatch(r"(?i)com\d+", port):
+        return port.upper()
+    return os.path.realpath(os.path.normpath(port))
 
 
 def _coordinator(p: Path, table: object) -> str | None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import filelock
 
-from harness.errors import BuildError
+from harness.errors import BuildError, UsageError
 
 # ESP-IDF build name -> short name, in dependency order (esp-tflite-micro needs esp-nn).
 FIRMWARE_COMPONENTS: dict[str, str] = {
@@ -96,10 +96,11 @@ def tree_sha256(path: Path) -> str:
 def find_components(
     directory: str | Path, names: Sequence[str] = tuple(FIRMWARE_COMPONENTS)
 ) -> list[ComponentSource]:
-    """The components ``names`` (build names) in ``directory``; BuildError (exit 3) listing what is there."""
+    """The components ``names`` (build names) in ``directory``; UsageError (exit 2: the option names the
+    wrong place, issue 28 item 12) listing what is there."""
     base = Path(directory).expanduser().resolve()
     if not base.is_dir():
-        raise BuildError(
+        raise UsageError(
             f"--components-dir {base} is not a directory",
             hint="give a directory holding esp-tflite-micro and esp-nn (checkouts, or a project's "
             "managed_components/)",
@@ -113,7 +114,7 @@ def find_components(
         )
         if hit is None:
             present = sorted(p.name for r in roots if r.is_dir() for p in r.iterdir() if p.is_dir())
-            raise BuildError(
+            raise UsageError(
                 f"component {name} ({short}) is not in {base}: no {name}/ or {short}/ with a CMakeLists.txt "
                 f"(found: {', '.join(present) or 'nothing'})",
                 hint=f"put a checkout of {short} there (or point --components-dir at a project's "

@@ -221,12 +221,19 @@ class LoopClient:
         wait in its receive buffer) or a frame may be lost at the tail. A new SYNC frame tells them apart
         without sending anything twice: behind a busy device it waits its turn; after a lost frame the
         device sees the gap and NAKs at once, and that NAK starts the go-back-N resend (a repair). With
-        the window full the device has consumed nothing: it is busy, and nothing is sent."""
+        the window full the device has consumed nothing: it is busy, and nothing is sent.
+
+        Not quite nothing: the filler below is in no frame, so the window must have room for it too."""
         self._last_probe = time.monotonic()
-        if self.in_flight() + fr.HEADER + 4 + fr.TRAILER > self.window:
+        # zero bytes first, as many as the largest frame in flight: if the tail of one was lost, the
+        # device's decoder holds its start and would swallow a bare probe; the zeros complete it (its CRC
+        # fails: a NAK). Behind a busy device they are noise its decoder skips (no magic byte in them).
+        filler = bytes(max((len(f) for _, f in self.unacked), default=0))
+        if self.in_flight() + len(filler) + fr.HEADER + 4 + fr.TRAILER > self.window:
             return
         self.stats.probes += 1
         token = (PROBE_TOKEN | (self.stats.probes & 0xFFFF)).to_bytes(4, "little")
+        self._write(filler)
         self._send_now(fr.encode_frame(fr.CMD_SYNC, self.seq, token, key=self.key))
 
     def _send_now(self, frame: bytes) -> int:

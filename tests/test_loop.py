@@ -408,3 +408,25 @@ def test_result_frames_of_an_earlier_boot_are_dropped_and_counted() -> None:
     results = [fr.decode_results(f.payload, OUT_BYTES)[0] for f in split.frames if f.type == fr.RSP_RESULT]
     assert split.stats.stale == 1 and len(results) == 2  # one per boot: the replay was dropped
     assert replay not in split.text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_full_results_cost_at_most_the_output_bytes_plus_16_per_input(backend: str) -> None:
+    """Small outputs: a deterministic record with its outputs inline carries no CRC-32s (14 bytes of
+    header), so device-to-host bytes per input approach the output bytes plus a small constant."""
+    cfg = config()
+    cfg.outputs = [LoopOutput(11, "int8", (1, 11), 0.25, 0, "class")]
+    app = App()
+    app.invoke = lambda data: (0, 1000, [hashlib.sha256(data).digest()[:11]])  # type: ignore[method-assign]
+    n = 300
+    s = Script()
+    for i in range(n):
+        s.run(i, source=fr.SRC_PRNG, seed=5, results=fr.RES_FULL)
+    play(backend, s.add(fr.CMD_SYNC, b"t").frames, app, cfg)
+    split = fr.split_stream(bytes(app.out))
+    recs = [r for f in split.frames if f.type == fr.RSP_RESULT for r in fr.decode_results(f.payload, [11])]
+    assert sorted(r.ident for r in recs) == list(range(n))
+    assert all(r.crcs == (fr.crc32(r.data[0]),) for r in recs if r.data is not None)
+    hello = bytes(app.out).index(b"\r\n", 4) + 2  # the HELLO line is not per-input traffic
+    per_input = (len(app.out) - hello) / n
+    assert per_input <= 11 + 16, per_input

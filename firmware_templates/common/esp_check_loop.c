@@ -202,14 +202,23 @@ static void send_data_frames(ecl_t *l, uint32_t id) {
     }
 }
 
-/* Queue one RESULT record (docs/protocol.md "RESULT"): inline data when the record fits one frame. */
-static void emit_record(ecl_t *l, uint8_t *rec, size_t rec_len, int full) {
+/* Queue one RESULT record (docs/protocol.md "Result record"): inline data when the record fits one frame.
+ * crc_at: where the record's per-output CRC-32 block starts; a deterministic record whose outputs go inline
+ * leaves it out (the host computes the CRC-32s from the bytes, which the frame's own CRC protects). */
+static void emit_record(ecl_t *l, uint8_t *rec, size_t rec_len, size_t crc_at, int full) {
     size_t data_len = 0, o;
     for (o = 0; o < l->cfg.n_outputs; o++) data_len += l->cfg.outputs[o].bytes;
     if (!full) {
         if (l->batch_len + rec_len > ECF_MAX_PAYLOAD) flush_batch(l);
         append(l, rec, rec_len);
         return;
+    }
+    if (!(rec[5] & ECL_FL_NONDETERMINISTIC)) {
+        const size_t crcs = 4 * l->cfg.n_outputs;
+        if (rec_len - crcs + data_len <= ECF_MAX_PAYLOAD) {
+            memmove(rec + crc_at, rec + crc_at + crcs, rec_len - crc_at - crcs);
+            rec_len -= crcs;
+        }
     }
     if (rec_len + data_len <= ECF_MAX_PAYLOAD) {
         if (l->batch_len + rec_len + data_len > ECF_MAX_PAYLOAD) flush_batch(l);
@@ -232,7 +241,7 @@ static void run_binary(ecl_t *l, const run_cmd_t *r) {
     uint32_t us = 0, first_us = 0, busy_us = 0;
     uint16_t done = 0, first_diff = 0;
     uint8_t status = ECL_ST_OK, flags = 0;
-    size_t o, pos;
+    size_t o, pos, crc_at;
     int full = 0;
     const uint32_t input_crc = ecf_crc32(0u, c->staging, c->input_bytes);
     while (done < r->repeat) {
@@ -260,19 +269,21 @@ static void run_binary(ecl_t *l, const run_cmd_t *r) {
         }
         done++;
     }
+    if (r->repeat > 1) flags |= ECL_FL_REPEATS;
     ecf_put_u32(rec, r->id);
     rec[4] = status;
     rec[5] = flags;
-    ecf_put_u16(rec + 6, done);
-    ecf_put_u32(rec + 8, first_us);
-    ecf_put_u32(rec + 12, input_crc);
-    ecf_put_u32(rec + 16, 0);
+    ecf_put_u32(rec + 6, first_us);
+    ecf_put_u32(rec + 10, input_crc);
     pos = ECL_REC_FIXED;
+    if (flags & ECL_FL_REPEATS) {
+        ecf_put_u16(rec + pos, done);
+        ecf_put_u16(rec + pos + 2, first_diff);
+        pos += 4;
+    }
+    crc_at = pos;
     for (o = 0; o < c->n_outputs; o++, pos += 4) ecf_put_u32(rec + pos, status == ECL_ST_OK ? l->crc_first[o] : 0);
     if (flags & ECL_FL_NONDETERMINISTIC) {
-        ecf_put_u16(rec + pos, first_diff);
-        ecf_put_u16(rec + pos + 2, 0);
-        pos += 4;
         for (o = 0; o < c->n_outputs; o++, pos += 4) ecf_put_u32(rec + pos, l->crc_diff[o]);
     }
     if (status == ECL_ST_OK) {
@@ -282,7 +293,7 @@ static void run_binary(ecl_t *l, const run_cmd_t *r) {
             for (o = 0; o < r->n_expect; o++) full |= ecf_get_u32(r->expected + 4 * o) != l->crc_first[o];
         }
     }
-    emit_record(l, rec, pos, full);
+    emit_record(l, rec, pos, crc_at, full);
     if (busy_us >= ECL_FLUSH_AFTER_US) { /* a long run: its result and an ACK go out now, not after the queue */
         flush_batch(l);
         if (l->consumed_since_ack > 0) send_ack(l);
@@ -312,7 +323,7 @@ static void do_run(ecl_t *l, const ecf_frame_t *f) {
         memset(rec, 0, sizeof(rec));
         ecf_put_u32(rec, r.id);
         rec[4] = ECL_ST_INPUT_INCOMPLETE;
-        emit_record(l, rec, ECL_REC_FIXED + 4 * c->n_outputs, 0);
+        emit_record(l, rec, ECL_REC_FIXED + 4 * c->n_outputs, ECL_REC_FIXED, 0);
         return;
     }
     l->loaded = 0;

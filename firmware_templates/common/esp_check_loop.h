@@ -50,13 +50,14 @@ extern "C" {
 #define ECL_RUN_FIXED 20 /* bytes before the expected CRCs */
 
 /* RESULT record */
-#define ECL_REC_FIXED 20 /* id, status, flags, repeats, invoke_us, input_crc */
+#define ECL_REC_FIXED 14 /* id, status, flags, invoke_us, input_crc */
 #define ECL_ST_OK 0
 #define ECL_ST_INVOKE_FAILED 1
 #define ECL_ST_INPUT_INCOMPLETE 2
 #define ECL_FL_NONDETERMINISTIC 0x01
 #define ECL_FL_INLINE 0x02
 #define ECL_FL_DATA_FRAMES 0x04
+#define ECL_FL_REPEATS 0x08 /* u16 invokes done + u16 first differing repeat follow (RUN repeat > 1) */
 #define ECL_DATA_FIXED 10 /* DATA payload: u32 id, u16 o, u32 offset */
 #define ECL_FLUSH_AFTER_US 100000u /* a RUN whose invokes took this long sends its result and an ACK at once */
 

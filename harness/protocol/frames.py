@@ -40,9 +40,9 @@ SRC_LOADED, SRC_PRNG = 0, 1
 RES_CRC, RES_FULL, RES_FULL_IF_DIFFERENT = 0, 1, 2
 RESULTS_MODES = {"crc": RES_CRC, "full": RES_FULL, "auto": RES_FULL_IF_DIFFERENT}
 RUN_FIXED = 20
-REC_FIXED = 20
+REC_FIXED = 14
 ST_OK, ST_INVOKE_FAILED, ST_INPUT_INCOMPLETE = 0, 1, 2
-FL_NONDETERMINISTIC, FL_INLINE, FL_DATA_FRAMES = 0x01, 0x02, 0x04
+FL_NONDETERMINISTIC, FL_INLINE, FL_DATA_FRAMES, FL_REPEATS = 0x01, 0x02, 0x04, 0x08
 DATA_FIXED = 10
 HELLO_FIXED = 120
 HELLO_LINE = b"@ECH HELLO "  # the HELLO frame travels as one text line: this, base64 of the frame, CRLF
@@ -540,32 +540,47 @@ class ResultRecord:
 
 
 def decode_results(p: bytes, output_bytes: Sequence[int]) -> list[ResultRecord]:
-    """All records of one RESULT payload; FrameFormatError for any inconsistency (nothing partial)."""
+    """All records of one RESULT payload; FrameFormatError for any inconsistency (nothing partial).
+
+    A deterministic record with its outputs inline carries no CRC-32s: they are computed here from the
+    bytes (which the frame's CRC protected), so every record comes back with ``crcs``."""
     n = len(output_bytes)
     total = sum(output_bytes)
     pos = 0
     recs: list[ResultRecord] = []
+    known = FL_NONDETERMINISTIC | FL_INLINE | FL_DATA_FRAMES | FL_REPEATS
     while pos < len(p):
-        _need(p[pos:], REC_FIXED + 4 * n, "RESULT record")
-        ident, status, flags, reps, us, in_crc, _ = struct.unpack_from("<IBBHIII", p, pos)
-        if flags & ~(FL_NONDETERMINISTIC | FL_INLINE | FL_DATA_FRAMES) or (flags & FL_INLINE and
-                                                                            flags & FL_DATA_FRAMES):
+        _need(p[pos:], REC_FIXED, "RESULT record")
+        ident, status, flags, us, in_crc = struct.unpack_from("<IBBII", p, pos)
+        bad = flags & ~known or (flags & FL_INLINE and flags & FL_DATA_FRAMES)
+        if bad or (flags & FL_NONDETERMINISTIC and not flags & FL_REPEATS):
             raise FrameFormatError(f"RESULT record for input {ident} has invalid flags 0x{flags:02x}")
         pos += REC_FIXED
-        crcs = struct.unpack_from(f"<{n}I", p, pos)
-        pos += 4 * n
-        rec = ResultRecord(ident, status, flags, reps, us, in_crc, tuple(crcs))
+        reps, diff_at = 1, 0
+        if flags & FL_REPEATS:
+            _need(p[pos:], 4, "RESULT repeats block")
+            reps, diff_at = struct.unpack_from("<HH", p, pos)
+            pos += 4
+        inline_only = flags & FL_INLINE and not flags & FL_NONDETERMINISTIC
+        crcs: tuple[int, ...] = ()
+        if not inline_only:
+            _need(p[pos:], 4 * n, "RESULT CRC-32s")
+            crcs = tuple(struct.unpack_from(f"<{n}I", p, pos))
+            pos += 4 * n
+        rec = ResultRecord(ident, status, flags, reps, us, in_crc, crcs)
         if flags & FL_NONDETERMINISTIC:
-            _need(p[pos:], 4 + 4 * n, "RESULT nondeterminism block")
-            rec.diff_repeat = struct.unpack_from("<H", p, pos)[0]
-            rec.diff_crcs = tuple(struct.unpack_from(f"<{n}I", p, pos + 4))
-            pos += 4 + 4 * n
+            _need(p[pos:], 4 * n, "RESULT nondeterminism block")
+            rec.diff_repeat = diff_at
+            rec.diff_crcs = tuple(struct.unpack_from(f"<{n}I", p, pos))
+            pos += 4 * n
         if flags & FL_INLINE:
             _need(p[pos:], total, "RESULT inline data")
             rec.data = []
             for size in output_bytes:
                 rec.data.append(p[pos : pos + size])
                 pos += size
+            if inline_only:
+                rec.crcs = tuple(crc32(d) for d in rec.data)
         recs.append(rec)
     return recs
 

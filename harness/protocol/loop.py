@@ -276,8 +276,8 @@ class DeviceLoop:
                 self.emitter.error("input", 0, "input_not_loaded", r.ident)
                 self.session_error = True
                 return
-            rec = struct.pack("<IBBHIII", r.ident, fr.ST_INPUT_INCOMPLETE, 0, 0, 0, 0, 0)
-            self._emit_record(bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), full=False)
+            rec = struct.pack("<IBBII", r.ident, fr.ST_INPUT_INCOMPLETE, 0, 0, 0)
+            self._emit_record(bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), fr.REC_FIXED, full=False)
             return
         self.loaded = 0
         if r.text:
@@ -341,30 +341,37 @@ class DeviceLoop:
                     flags |= fr.FL_NONDETERMINISTIC
                     first_diff, diff = done, now
             done += 1
-        head = (r.ident, status, flags, done, first_us & 0xFFFFFFFF, input_crc, 0)
-        rec = bytearray(struct.pack("<IBBHIII", *head))
+        if r.repeat > 1:
+            flags |= fr.FL_REPEATS
+        rec = bytearray(struct.pack("<IBBII", r.ident, status, flags, first_us & 0xFFFFFFFF, input_crc))
+        if flags & fr.FL_REPEATS:
+            rec += struct.pack("<HH", done, first_diff)
+        crc_at = len(rec)
         rec += b"".join(struct.pack("<I", c if status == fr.ST_OK else 0) for c in first)
         if flags & fr.FL_NONDETERMINISTIC:
-            rec += struct.pack("<HH", first_diff, 0) + b"".join(struct.pack("<I", c) for c in diff)
+            rec += b"".join(struct.pack("<I", c) for c in diff)
         full = False
         if status == fr.ST_OK:
             if r.results == fr.RES_FULL:
                 full = True
             elif r.results == fr.RES_FULL_IF_DIFFERENT:
                 full = r.n_expect == 0 or any(e != c for e, c in zip(r.expected, first, strict=False))
-        self._emit_record(rec, full)
+        self._emit_record(rec, crc_at, full)
         if busy_us >= fr.FLUSH_AFTER_US:  # a long run: its result and an ACK go out now, not after the queue
             self._flush()
             if self.consumed_since_ack > 0:
                 self._ack()
 
-    def _emit_record(self, rec: bytearray, full: bool) -> None:
+    def _emit_record(self, rec: bytearray, crc_at: int, full: bool) -> None:
         data_len = sum(o.bytes for o in self.cfg.outputs)
         if not full:
             if len(self.batch) + len(rec) > fr.MAX_PAYLOAD:
                 self._flush()
             self.batch += rec
             return
+        crcs = 4 * len(self.cfg.outputs)
+        if not rec[5] & fr.FL_NONDETERMINISTIC and len(rec) - crcs + data_len <= fr.MAX_PAYLOAD:
+            del rec[crc_at : crc_at + crcs]  # inline and deterministic: the host computes them
         if len(rec) + data_len <= fr.MAX_PAYLOAD:
             if len(self.batch) + len(rec) + data_len > fr.MAX_PAYLOAD:
                 self._flush()

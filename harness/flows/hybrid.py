@@ -257,7 +257,8 @@ def _baseline(st: _State, port: str | None) -> bool:
     if base.exit_code == ExitCode.MATCH and not st.opts.manual:
         res.message = "the optimized build already matches ANSI C and the host reference: no hybrid needed"
         return False
-    if base.exit_code not in (ExitCode.MISMATCH, ExitCode.FIRMWARE_FAULT) and not st.opts.manual:
+    evidence = base.exit_code in (ExitCode.MISMATCH, ExitCode.FIRMWARE_FAULT) or _baseline_hung(base)
+    if not evidence and not st.opts.manual:
         # a culprit op is named only from firmware evidence: a baseline that failed on the link, the
         # port or the build proves nothing wrong with the optimized kernels, so there is nothing to find
         res.message = (
@@ -267,6 +268,15 @@ def _baseline(st: _State, port: str | None) -> bool:
         )
         return False
     return True
+
+
+def _baseline_hung(base: FlashAndCompareResult) -> bool:
+    """The optimized build printed an input and then nothing (an invoke that never returned): firmware
+    evidence, unlike a link that failed (bisection then finds the op that hangs)."""
+    opt = base.variants.get("optimized")
+    if opt is None or opt.serial_log is None or not Path(opt.serial_log).is_file():
+        return False
+    return _hung(parse_capture(Path(opt.serial_log).read_bytes()), opt)
 
 
 # ---- 2. choose ------------------------------------------------------------------------------------

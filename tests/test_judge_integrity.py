@@ -255,3 +255,21 @@ def test_an_invoke_longer_than_the_ack_timeout_is_a_clean_match(
     link = _strict_json(r.report_path)["dataset"]["link"]
     assert all(v["retransmitted_frames"] == 0 and v["naks"] == 0 for v in link.values()), link
     assert sum(v["probes"] for v in link.values()) >= 1, link
+
+
+def test_hybrid_names_no_op_for_a_crash_that_does_not_come_back(
+    tmp_path: Path, models_dir: Path, sim_port
+) -> None:  # type: ignore[no-untyped-def]
+    """The optimized build crashes on the board's first boot only (fault_boots=1). Bisection would find
+    every later run good and name the last op it tried; the confirmation run shows the failure does not
+    come back, so no op is named and the crash stays a firmware fault (exit 4)."""
+    from harness.flows.hybrid import HybridOptions, hybrid
+
+    res = hybrid(
+        models_dir / CNN, [models_dir / "inputs" / "cnn_classifier_11.png"], board="sim",
+        port=sim_port("emitter=c&fault=panic&variant_fault=optimized&fault_boots=1"), out_dir=tmp_path / "o",
+        options=HybridOptions(bisect=True), timeouts=StageTimeouts(capture_total=60, capture_silence=4),
+    )  # fmt: skip
+    assert res.exit_code == ExitCode.FIRMWARE_FAULT, res.message
+    assert not res.offered and res.culprits == [] and res.ansi_ops == []
+    assert "intermittent" in res.message

@@ -349,6 +349,8 @@ def _next_op(st: _State, d: Divergence | None, found: list[int]) -> tuple[int | 
 
 def _bisect(st: _State, found: list[int]) -> None:
     """Bisection over the switchable ops (known bad: optimized everywhere except ``found``)."""
+    if not found and not _failure_reproduces(st):
+        return
     bis = Bisection(candidate_ops(st.info), max_culprits=st.opts.max_rounds, found=list(found))
     st.res.bisection = bis
     while (ansi := bis.next_ansi_ops()) is not None:
@@ -364,6 +366,26 @@ def _bisect(st: _State, found: list[int]) -> None:
         st.res.culprits += [_culprit(st, k, "bisection") for k in bis.found if k not in found]
     elif not st.res.message:
         st.res.message = bis.message
+
+
+def _failure_reproduces(st: _State) -> bool:
+    """Bisection stands on one premise: the firmware with every op optimized fails. Run it once more
+    first: a crash that does not come back (an intermittent fault) names no op, it stays a finding."""
+    run = _run_hybrid(st, [], tap=False, label="bisect-confirm")
+    if run.outcome == "bad":
+        return True
+    if run.outcome == "error":
+        st.res.message = f"the run confirming the baseline's failure failed: {run.why}"
+        st.codes.append(run.exit_code or ExitCode.INFRASTRUCTURE)
+        return False
+    st.res.message = (
+        "the optimized build's failure did not come back when it ran again (every op optimized, clean "
+        "this time): an intermittent fault, so no op can be named from it; the baseline's evidence is "
+        "in baseline/report.json"
+    )
+    base = st.res.baseline
+    st.codes.append(base.exit_code if base is not None else ExitCode.FIRMWARE_FAULT)  # the finding stands
+    return False
 
 
 # ---- one hybrid firmware run ----------------------------------------------------------------------
@@ -417,7 +439,8 @@ def _judge(st: _State, run: HybridRun, vr: VariantRun) -> None:
         run.why = "; ".join(vr.problems[:2]) or f"capture failed (exit {vr.exit_code})"
         return
     expected = sum(1 for k in run.ansi_ops if ansi_path_applies(st.info, st.info.main_ops[k]))
-    evidence = hybrid_evidence(run.capture, run.ansi_ops, expected)
+    # no op on ANSI C: the plain optimized build, which has no wrapper table to account for
+    evidence = hybrid_evidence(run.capture, run.ansi_ops, expected) if run.ansi_ops else []
     if evidence:
         run.why = "the firmware's own records do not show the requested dispatch: " + "; ".join(evidence)
         return

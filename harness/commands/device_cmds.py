@@ -106,6 +106,12 @@ _VERDICT = (
     click.option(
         "--no-reference", is_flag=True, help="Skip the host TFLM reference (two-way comparison only)."
     ),
+    click.option(
+        "--allow-untested",
+        is_flag=True,
+        help="Run a model in which ESP-NN accelerates no op on the board's chip (a float or int16 model): "
+        "refused with exit 2 without it, since both variants run the same kernels.",
+    ),
 )
 _BUILD = (
     click.option(
@@ -225,6 +231,7 @@ def flash_and_compare_cmd(
     tolerance_lsb: float,
     ref_tolerance_lsb: float,
     no_reference: bool,
+    allow_untested: bool,
     builder: str | None,
     cache_dir: Path | None,
     flash_baud: int | None,
@@ -299,6 +306,7 @@ def flash_and_compare_cmd(
             bundle=bundle_path,
             dataset=data,
             native=native,
+            allow_untested=allow_untested,
         )
     if as_json:
         doc = json.loads(result.report_path.read_text(encoding="utf-8"))

@@ -160,6 +160,7 @@ def flash_and_compare(
     bundle: str | Path | None = None,
     dataset: DatasetOptions | None = None,
     native: NativeOptions | None = None,
+    allow_untested: bool = False,
 ) -> FlashAndCompareResult:
     """Run the whole job and return its result; the report is always written to ``out_dir``.
 
@@ -167,7 +168,9 @@ def flash_and_compare(
     stage and decide the exit code. With ``lock`` the board's cross-process lock (harness.device.locks,
     in ``lock_dir``) is held while flashing and capturing; a board still busy after ``lock_timeout``
     seconds is an infrastructure error (exit 3). ``dataset``: a whole dataset instead of ``inputs``
-    (docs/dataset.md); ``native``: a native board's builds (docs/native.md).
+    (docs/dataset.md); ``native``: a native board's builds (docs/native.md). A model in which ESP-NN
+    accelerates no op on the board's chip is refused (UsageError, exit 2: both variants would run the same
+    kernels) unless ``allow_untested``; then it runs, and the report says ESP-NN was not tested.
     """
     t_all = time.monotonic()
     limits = timeouts or StageTimeouts()
@@ -185,7 +188,7 @@ def flash_and_compare(
         return _finish(run, time.monotonic() - t_all, junit=junit, html=html, bundle=bundle)
 
     try:
-        _start(run, board, port)
+        _start(run, board, port, allow_untested)
         if dataset is not None:
             job = _DatasetJob(
                 input_options, reference, builder, cache_dir, arena_kb, limits, flash_baud, native,
@@ -256,7 +259,7 @@ def prepare_out_dir(out_dir: str | Path) -> Path:
 SERVED_SIM_SCHEMES = ("rfc2217://", "socket://")
 
 
-def _start(run: _Run, board: str | Path, port: str | None) -> None:
+def _start(run: _Run, board: str | Path, port: str | None, allow_untested: bool = False) -> None:
     """Load the board and model and pick the port (usage errors raise: nothing touched yet).
 
     A simulated board runs only on a simulator's port: ``sim://`` in this process, or the
@@ -268,11 +271,19 @@ def _start(run: _Run, board: str | Path, port: str | None) -> None:
     run.loaded_model = load_model(run.model)
     run.espnn = _espnn_coverage(run.loaded_model, board_def.chip)
     if run.espnn["accelerated_ops"] == 0:
-        run.warnings.append(
+        untested = (
             f"ESP-NN accelerates none of this model's {run.espnn['ops']} ops on {board_def.chip} "
             f"({run.espnn['why']}): both variants run the same TFLM kernels, so a match here says "
             "nothing about ESP-NN"
         )
+        if not allow_untested:
+            raise UsageError(
+                untested,
+                hint="esp-check inspect MODEL lists what ESP-NN accelerates per chip (an int8 model is "
+                "what it accelerates); pass --allow-untested to run it anyway (the verdict then says "
+                "ESP-NN NOT TESTED)",
+            )
+        run.warnings.append(untested)
     if board_def.is_native:
         if port is not None and not port.startswith("native://"):
             raise UsageError(

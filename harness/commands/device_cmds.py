@@ -337,9 +337,16 @@ def _dataset_options(
                 "flash-and-compare needs at least one --input (or --dataset / --random-inputs)",
                 hint="pass --input FILE (repeatable)",
             )
+        _refuse_given(
+            DATASET_ONLY,
+            "only to a dataset run, not to --input files",
+            "drop it, or run --dataset DIR / --random-inputs N",
+        )
         return None
     if has_inputs:
         raise UsageError("--input and --dataset/--random-inputs exclude each other", hint="give one")
+    if dataset is not None:
+        _refuse_given(("seed",), "only to --random-inputs (a dataset's inputs are given)", hint="drop --seed")
     if tap:
         raise UsageError(
             "--tap runs on --input files; in a dataset run, name the inputs to tap",
@@ -348,6 +355,25 @@ def _dataset_options(
     data = DatasetOptions(dataset, random_inputs, seed, results, labels, repeat)
     data.check()
     return data
+
+
+# flags that mean something only in a dataset run (--tap-inputs is refused on its own, with a hint)
+DATASET_ONLY = ("repeat", "labels", "results", "seed")
+
+
+def _refuse_given(names: tuple[str, ...], why: str, hint: str) -> None:
+    """Refuse the flags among ``names`` the user gave (not defaults): a flag that does not apply would
+    otherwise be ignored silently (e.g. --repeat 3 on --input files checks no determinism)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return
+    given = [
+        n for n in names if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)
+    ]
+    if given:
+        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        verb = "applies" if len(given) == 1 else "apply"
+        raise UsageError(f"{flags} {verb} {why}", hint=hint)
 
 
 def _print_summary(console: Console, result: Any) -> None:

@@ -189,6 +189,7 @@ def flash_and_compare(
 
     try:
         _start(run, board, port, allow_untested)
+        _check_dump_ops(dump_ops, run.info)
         if dataset is not None:
             job = _DatasetJob(
                 input_options, reference, builder, cache_dir, arena_kb, limits, flash_baud, native,
@@ -319,6 +320,17 @@ def _start(run: _Run, board: str | Path, port: str | None, allow_untested: bool 
         run.port_url = port or "auto"
         ps = run.rec.run("port", None, lambda: resolve_port(run.port_url, board_def))
         run.rec.run("port-present", None, lambda: check_present(ps))
+
+
+def _check_dump_ops(dump_ops: Sequence[int], info: ModelInfo) -> None:
+    """``--dump-ops`` names ops of this model (refused before anything is built, not after the run)."""
+    bad = sorted(i for i in set(dump_ops) if not 0 <= i < len(info.ops))
+    if bad:
+        raise UsageError(
+            f"--dump-ops {','.join(map(str, bad))}: the model has {len(info.ops)} op(s), "
+            f"indices 0..{len(info.ops) - 1}",
+            hint="esp-check inspect MODEL lists the ops with their indices",
+        )
 
 
 def _espnn_coverage(info: ModelInfo, chip: str) -> dict[str, Any]:

@@ -1,0 +1,72 @@
+"""flash-and-compare's run lifecycle and command line (issue 28): flags that do not apply, stale reports,
+full disks, SIGTERM, terminal output.
+
+Nothing is faked unless a test says so: the board is the simulated one (``sim``), the CLI is
+``harness.cli.main`` as the console script calls it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.errors import ExitCode
+
+MODELS = Path(__file__).parent / "data" / "models"
+MODEL = MODELS / "cnn_classifier_11.tflite"
+PNG = MODELS / "inputs" / "cnn_classifier_11.png"
+
+
+def _fac(out: Path, *extra: str) -> list[str]:
+    return ["flash-and-compare", str(MODEL), "--input", str(PNG), "--board", "sim", "--out", str(out), *extra]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [("--repeat", "3"), ("--labels", "LABELS"), ("--results", "crc"), ("--seed", "5"), ("--seed", "0")],
+)
+def test_dataset_flags_with_input_files_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: tuple[str, str]
+) -> None:
+    """Each was ignored silently with --input (exit 0, no determinism check, no accuracy): now exit 2,
+    naming the flag, before anything is built (report.json records no build stage)."""
+    labels = tmp_path / "labels.csv"
+    labels.write_text("cnn_classifier_11.png,4\n")
+    args = [a.replace("LABELS", str(labels)) for a in flags]
+    assert main(_fac(tmp_path / "o", *args)) == ExitCode.USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{flags[0]} applies only to a dataset run" in err, err
+
+
+def test_seed_with_a_dataset_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "a.png").write_bytes(PNG.read_bytes())
+    args = [
+        "flash-and-compare",
+        str(MODEL),
+        "--dataset",
+        str(data),
+        "--seed",
+        "3",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert main(args) == ExitCode.USAGE
+    assert "--seed applies only to --random-inputs" in " ".join(capsys.readouterr().err.split())
+
+
+def test_dump_ops_out_of_range_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--dump-ops 999 was refused only after a full run: now before anything is generated or built."""
+    out = tmp_path / "o"
+    assert main(_fac(out, "--tap", "--dump-ops", "3,999")) == ExitCode.USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--dump-ops 999: the model has" in err, err
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["verdict"] == "usage_error"
+    assert not [s for s in doc["stages"] if s["stage"] in ("generate", "build")], doc["stages"]

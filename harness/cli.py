@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import click
 
@@ -19,7 +23,7 @@ from harness.commands import (
     sim_cmds,
     sweep_cmds,
 )
-from harness.errors import EspCheckError, ExitCode
+from harness.errors import EspCheckError, ExitCode, Terminated
 
 ISSUE_URL = "https://github.com/esp-check/esp-check/issues"
 
@@ -44,13 +48,39 @@ for _module in _COMMANDS:
     _module.register(cli)
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in the main thread, so a command stops as on Ctrl-C (reports
+    written, child processes and temp folders cleaned up); a second SIGTERM ends the process at once.
+    Commands that handle signals themselves (``run``) install their own handler inside this one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the next one is not caught: it really stops
+        raise Terminated(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):  # the handler may have fired: restore what was there
+            signal.signal(signal.SIGTERM, old)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and map outcomes to exit codes (see README: 0 match ... 70 internal)."""
     try:
-        rv = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
-    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
-        click.echo("Interrupted.", err=True)
-        code = int(ExitCode.INTERRUPTED)
+        with sigterm_as_interrupt():
+            rv = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:  # click turns Ctrl-C into Abort
+        if isinstance(exc, Terminated) or isinstance(exc.__cause__, Terminated):
+            click.echo("Terminated (SIGTERM).", err=True)
+            code = int(ExitCode.TERMINATED)
+        else:
+            click.echo("Interrupted.", err=True)
+            code = int(ExitCode.INTERRUPTED)
     except click.exceptions.ClickException as exc:
         exc.show()
         code = int(ExitCode.USAGE)

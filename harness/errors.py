@@ -20,6 +20,7 @@ class ExitCode(enum.IntEnum):
     FIRMWARE_FAULT = 4
     INTERNAL = 70
     INTERRUPTED = 130  # Ctrl-C / SIGINT: the run did not finish (128 + SIGINT, the shell convention)
+    TERMINATED = 143  # SIGTERM (timeout(1), docker stop, a CI cancel): handled as Ctrl-C is (128 + SIGTERM)
 
 
 class Verdict(str, enum.Enum):
@@ -51,11 +52,13 @@ _VERDICT_OF = {
     ExitCode.INFRASTRUCTURE: Verdict.INFRASTRUCTURE_ERROR,
     ExitCode.FIRMWARE_FAULT: Verdict.FIRMWARE_FAULT,
     ExitCode.INTERRUPTED: Verdict.INTERRUPTED,
+    ExitCode.TERMINATED: Verdict.INTERRUPTED,
 }
 
 
 # When one run has several outcomes, the most important one decides the exit code.
 EXIT_PRECEDENCE: tuple[ExitCode, ...] = (
+    ExitCode.TERMINATED,
     ExitCode.INTERRUPTED,
     ExitCode.INTERNAL,
     ExitCode.USAGE,
@@ -76,6 +79,12 @@ def combine_exit_codes(codes: Iterable[ExitCode | int]) -> ExitCode:
         if code in present:
             return code
     return ExitCode.MATCH
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: raised in the main thread by ``harness.cli.main``'s handler, so a run stops as on
+    Ctrl-C (its ``finally`` blocks and ``except KeyboardInterrupt`` reports run) and exits 143. Not an
+    error of esp-check's: like KeyboardInterrupt, it is outside the ``EspCheckError`` family."""
 
 
 class EspCheckError(Exception):

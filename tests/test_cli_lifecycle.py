@@ -70,3 +70,41 @@ def test_dump_ops_out_of_range_is_refused_before_the_run(
     doc = json.loads((out / "report.json").read_text())
     assert doc["verdict"] == "usage_error"
     assert not [s for s in doc["stages"] if s["stage"] in ("generate", "build")], doc["stages"]
+
+
+def test_sigterm_is_handled_like_ctrl_c(tmp_path: Path) -> None:
+    """timeout(1), docker stop and CI cancels send SIGTERM: exit 143, a report that says interrupted
+    (not the previous run's "match"), and the host reference child's temp folder removed. The signal
+    is sent while that child runs (its folder exists), to the real CLI in a subprocess."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out, tmp = tmp_path / "o", tmp_path / "tmp"
+    out.mkdir()
+    tmp.mkdir()
+    (out / "report.json").write_text(json.dumps({"verdict": "match", "exit_code": 0}))
+    env = dict(os.environ, TMPDIR=str(tmp), ESP_CHECK_CACHE_DIR=str(tmp_path / "cache"))
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", *_fac(out)], cwd=root, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp.glob("esp-check-host-*")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert list(tmp.glob("esp-check-host-*")), "the host reference child never started"
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err  # 128 + SIGTERM
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["verdict"] == "interrupted" and doc["exit_code"] == 143, doc
+    assert any("interrupted (SIGTERM)" in e for e in doc["errors"]), doc["errors"]
+    assert list(tmp.glob("esp-check-host-*")) == []
+    assert list(out.glob("*.tmp")) == []

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -269,19 +270,8 @@ def flash_and_compare_cmd(
         raise UsageError("--dump-ops needs --tap (or --tap-inputs in a dataset run)", hint="add --tap")
     dump_list = list(dump_ops or ())
     console = make_console(stderr=True)
-    t0 = time.monotonic()
-
     status = console.status("starting", spinner="dots")
-
-    def progress(stage: str, message: str) -> None:
-        """A spinner names the stage in progress; each finished stage leaves one line."""
-        if message == "started":
-            status.update(f"{escape(stage)} ...")
-            return
-        style = "red" if message.startswith("failed") else "green"
-        when = f"{time.monotonic() - t0:7.1f}s"
-        console.print(f"[dim]{when}[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] {safe_markup(message)}")
-
+    progress = _progress(console, status)
     with status:
         result = flash_and_compare(
             model,
@@ -316,6 +306,21 @@ def flash_and_compare_cmd(
     else:
         _print_summary(console, result)
     return int(result.exit_code)
+
+
+def _progress(console: Console, status: Any) -> Callable[[str, str], None]:
+    """A spinner names the stage in progress; each finished stage leaves one line."""
+    t0 = time.monotonic()
+
+    def progress(stage: str, message: str) -> None:
+        if message == "started":
+            status.update(f"{escape(stage)} ...")
+            return
+        style = "red" if message.startswith("failed") else "green"
+        when = f"{time.monotonic() - t0:7.1f}s"
+        console.print(f"[dim]{when}[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] {safe_markup(message)}")
+
+    return progress
 
 
 def _dataset_options(

@@ -28,7 +28,14 @@ from harness.analysis.tap import TapResult
 from harness.device.locks import board_lock
 from harness.device.loop import LinkStats
 from harness.device.ports import check_present, resolve_port
-from harness.errors import EspCheckError, ExitCode, ReferenceRefusedError, UsageError, combine_exit_codes
+from harness.errors import (
+    EspCheckError,
+    ExitCode,
+    ReferenceRefusedError,
+    Terminated,
+    UsageError,
+    combine_exit_codes,
+)
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
 from harness.firmware.native.project import NATIVE_MEANING, NativeOptions
@@ -216,26 +223,37 @@ def flash_and_compare(
             return finish()
         run.comparison = _compare(run, ref_source, tolerance_lsb, ref_tolerance_lsb)
         if tap:
-            req = TapRunRequest(
+            _tap(run, lock_cm, TapRunRequest(
                 run.model, tuple(run.inputs), run.info, run.board, run.port_url, run.out, builder, cache_dir,
                 input_options, arena_kb, limits, flash_baud, reference, tuple(sorted(set(dump_ops))), native,
-            )  # fmt: skip
-            outcome = run.rec.run(
-                "tap", None, lambda: run_tap_flow(req, run.variants, rec=run.rec, lock_cm=lock_cm())
-            )
-            run.tap = outcome.result
-            run.errors.extend(outcome.errors)
-            run.codes.extend(outcome.codes)
+            ))  # fmt: skip
     except EspCheckError as exc:  # before any hardware: a usage error; the report still says so
         run.failed("stopped", exc)
         finish()
         raise
-    except KeyboardInterrupt:
-        run.errors.append("interrupted (Ctrl-C): the run did not finish")
-        run.codes.append(ExitCode.INTERRUPTED)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (harness.cli turns it into Terminated)
+        _interrupted(run, exc)
         finish()
         raise
     return finish()
+
+
+def _tap(
+    run: _Run, lock_cm: Callable[[], contextlib.AbstractContextManager[Any] | None], req: TapRunRequest
+) -> None:
+    """``--tap``: the tap flow after the comparison (its dump run, timing, culprit)."""
+    cm = lock_cm()
+    outcome = run.rec.run("tap", None, lambda: run_tap_flow(req, run.variants, rec=run.rec, lock_cm=cm))
+    run.tap = outcome.result
+    run.errors.extend(outcome.errors)
+    run.codes.extend(outcome.codes)
+
+
+def _interrupted(run: _Run, exc: KeyboardInterrupt) -> None:
+    """A run stopped by Ctrl-C (exit 130) or SIGTERM (143): its report says so, never a verdict."""
+    how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+    run.errors.append(f"interrupted ({how}): the run did not finish")
+    run.codes.append(ExitCode.TERMINATED if isinstance(exc, Terminated) else ExitCode.INTERRUPTED)
 
 
 def prepare_out_dir(out_dir: str | Path) -> Path:

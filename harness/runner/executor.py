@@ -9,8 +9,9 @@ lock, and compares on the host.
 
 What happens after an attempt (retry, confirmation re-run, final verdict, power cycle, quarantine)
 is decided by the pure function :func:`harness.runner.policy.decide`; this module applies its
-decisions. A stop request (Ctrl-C / SIGTERM via ``RunOptions.stop``) lets running attempts finish,
-marks the rest aborted and still writes every report.
+decisions. A stop request (Ctrl-C via ``RunOptions.stop``) lets running attempts finish, marks the rest
+aborted and still writes every report; a hard stop (SIGTERM, or a second signal: ``hard_stop``) abandons
+the running attempts too: what they return afterwards is not recorded.
 """
 
 from __future__ import annotations
@@ -296,6 +297,8 @@ class Runner:
                 return
             a = self._run_attempt(t, st)
             with self.cond:
+                if self.hard_stop.is_set():  # abandoned: its task is aborted, whatever came back late
+                    return
                 self._apply(t, st, a, self._decide(t, st, a))
                 cycle = st.status == BoardStatus.POWER_CYCLING
             verdict = Verdict.from_exit_code(_exit_code(a.exit_code))

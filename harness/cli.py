@@ -23,7 +23,7 @@ from harness.commands import (
     sim_cmds,
     sweep_cmds,
 )
-from harness.errors import EspCheckError, ExitCode, Terminated
+from harness.errors import DISK_FULL_ERRNOS, EspCheckError, ExitCode, Terminated, write_error
 
 ISSUE_URL = "https://github.com/esp-check/esp-check/issues"
 
@@ -89,18 +89,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EspCheckError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
         code = int(exc.exit_code)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL_ERRNOS:
+            return _internal_error()
+        click.secho(f"error: {write_error(exc, 'a file')}", fg="red", err=True)
+        code = int(ExitCode.INFRASTRUCTURE)
     except Exception:  # the one place that turns surprises into exit 70
-        traceback.print_exc()
-        click.secho(
-            f"internal error: this is a bug in esp-check {__version__}. Please report it with the "
-            f"traceback above at {ISSUE_URL}",
-            fg="red",
-            err=True,
-        )
-        code = int(ExitCode.INTERNAL)
+        code = _internal_error()
     else:
         code = int(rv) if isinstance(rv, int) else 0
     return code
+
+
+def _internal_error() -> int:
+    """The traceback of an exception esp-check did not expect, and where to report it (exit 70)."""
+    traceback.print_exc()
+    click.secho(
+        f"internal error: this is a bug in esp-check {__version__}. Please report it with the "
+        f"traceback above at {ISSUE_URL}",
+        fg="red",
+        err=True,
+    )
+    return int(ExitCode.INTERNAL)
 
 
 def entry() -> None:  # pragma: no cover - console-script shim

@@ -7,6 +7,7 @@ process exit codes; library code raises, never exits.
 from __future__ import annotations
 
 import enum
+import errno
 from collections.abc import Iterable
 
 
@@ -175,6 +176,28 @@ class FlashError(InfrastructureError):
 
 class CaptureError(InfrastructureError):
     """The serial capture was silent, truncated or corrupted (CRC): never a result."""
+
+
+class DiskFullError(InfrastructureError):
+    """No space left (or the quota reached) where esp-check writes: a host problem, exit 3."""
+
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
+def write_error(exc: OSError, what: str) -> InfrastructureError:
+    """The error for an OSError while writing ``what`` (a log, a report): a full disk says so and how
+    to fix it; anything else names the file and the system's reason. Both are exit 3."""
+    where = f"{exc.filename} ({what})" if exc.filename and str(exc.filename) not in what else what
+    if exc.errno in DISK_FULL_ERRNOS:
+        return DiskFullError(
+            f"no space left on the device while writing {where}",
+            hint="free space on that disk, or give --out a directory on another one",
+        )
+    return InfrastructureError(
+        f"cannot write {where}: {exc.strerror or exc}",
+        hint="check that the directory is writable and its disk healthy",
+    )
 
 
 class HostReferenceError(InfrastructureError):

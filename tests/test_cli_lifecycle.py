@@ -7,10 +7,16 @@ Nothing is faked unless a test says so: the board is the simulated one (``sim``)
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import serial
 
 from harness.cli import main
 from harness.errors import ExitCode
@@ -108,3 +114,92 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path: Path) -> None:
     assert any("interrupted (SIGTERM)" in e for e in doc["errors"]), doc["errors"]
     assert list(tmp.glob("esp-check-host-*")) == []
     assert list(out.glob("*.tmp")) == []
+
+
+# ---- a full disk: exit 3 with a clear message, no *.tmp, no earlier "match" left -------------------
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``where`` (needs root and mount(8)); skips with the reason where it
+    cannot mount. This is a real full disk, not a fake: the kernel returns ENOSPC."""
+    where.mkdir(parents=True, exist_ok=True)
+    if shutil.which("mount") is None:
+        pytest.skip("no mount(8) here: the full-disk test needs a small tmpfs")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(
+            f"cannot mount a small tmpfs for the full-disk test: {done.stderr.strip() or done.returncode}"
+        )
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
+
+
+def _fill(mnt: Path) -> None:
+    """Write a filler file until the file system is full."""
+    with open(mnt / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+
+
+def test_console_thread_survives_a_full_disk_and_says_so(tmp_path: Path) -> None:
+    """The serial log cannot be written: the capture stops with exit 3 naming the full disk, the reader
+    thread does not die with a traceback, and it is not reported as a lost serial link. The port is a
+    real pyserial loop:// port holding what a board printed."""
+    from harness.device.console import capture_run
+    from harness.errors import InfrastructureError
+
+    died: list[str] = []
+    old = threading.excepthook
+    threading.excepthook = lambda args: died.append(
+        f"{args.thread.name if args.thread else '?'}: {args.exc_value}"
+    )
+    try:
+        with small_tmpfs(tmp_path / "mnt", "64k") as mnt:
+            _fill(mnt)
+            port = serial.serial_for_url("loop://", timeout=0.05)
+            port.write(b"ESP-ROM:esp32s3-20210327\r\n" + b"I (1) app: hello\r\n" * 100)  # < loop:// buffer
+            with pytest.raises(
+                InfrastructureError, match="no space left on the device while writing the serial log"
+            ):
+                capture_run(
+                    port, log_path=mnt / "serial.log", reset=None, silence_timeout=2, total_timeout=10
+                )
+    finally:
+        threading.excepthook = old
+    assert died == []
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
+
+
+def test_full_disk_is_exit_3_and_leaves_no_stale_match(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """flash-and-compare with --out on a tmpfs too small for its artifacts, at sizes where the projects,
+    the serial logs or report.json no longer fit: always exit 3 with a clear message (never 70 and a
+    traceback), no *.tmp left, and the earlier report.json ("match") is gone, not left beside the new logs."""
+    with small_tmpfs(tmp_path / "big", "16m") as big:
+        assert main(_fac(big / "o")) == ExitCode.MATCH
+        needed = _du(big / "o")
+    capsys.readouterr()
+    sizes = sorted({64 * 1024, needed // 2, needed - 32 * 1024, needed - 16 * 1024, needed - 4096})
+    for k, size in enumerate(sizes):
+        with small_tmpfs(tmp_path / f"m{k}", f"{size // 4096 * 4}k") as mnt:
+            out = mnt / "o"
+            out.mkdir()
+            (out / "report.json").write_text(json.dumps({"verdict": "match", "exit_code": 0}))
+            code = main(_fac(out))
+            err = " ".join(capsys.readouterr().err.split())
+            assert code == ExitCode.INFRASTRUCTURE, (size, needed, err)
+            assert "no space left on the device while writing" in err and "Traceback" not in err, err
+            assert "serial link was lost" not in err, err
+            assert list(out.rglob("*.tmp")) == []
+            report = out / "report.json"
+            if report.exists():  # written after all (the space sufficed for it): it says what happened
+                assert json.loads(report.read_text())["verdict"] == "infrastructure_error"

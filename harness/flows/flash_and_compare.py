@@ -29,12 +29,14 @@ from harness.device.locks import board_lock
 from harness.device.loop import LinkStats
 from harness.device.ports import check_present, resolve_port
 from harness.errors import (
+    DISK_FULL_ERRNOS,
     EspCheckError,
     ExitCode,
     ReferenceRefusedError,
     Terminated,
     UsageError,
     combine_exit_codes,
+    write_error,
 )
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
@@ -62,7 +64,7 @@ from harness.flows.records import (
     VariantRun,
 )
 from harness.flows.refused import refusal_finding
-from harness.flows.report import write_junit, write_report
+from harness.flows.report import discard_report, write_junit, write_report
 from harness.flows.resident import ResidentBoard
 from harness.flows.tap_run import TapRunRequest, run_tap_flow
 from harness.model.inputs import InputOptions, input_tensor_bytes
@@ -183,6 +185,7 @@ def flash_and_compare(
     limits = timeouts or StageTimeouts()
     check_tolerances(tolerance_lsb, ref_tolerance_lsb)
     out = prepare_out_dir(out_dir)
+    discard_report(out)
     run = _Run.empty(model, inputs, out, progress)
 
     def lock_cm() -> contextlib.AbstractContextManager[Any] | None:
@@ -235,6 +238,14 @@ def flash_and_compare(
         _interrupted(run, exc)
         finish()
         raise
+    except OSError as exc:  # writing an artifact (a project, a log) failed: the host's disk, exit 3
+        if exc.errno not in DISK_FULL_ERRNOS:
+            raise
+        err = write_error(exc, f"the artifacts in {run.out}")
+        run.failed("stopped", err)
+        with contextlib.suppress(EspCheckError):  # no room for the report either: write_report cleans up
+            finish()
+        raise err from None
     return finish()
 
 

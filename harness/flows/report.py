@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from harness.analysis.compare import results_document
 from harness.analysis.report import junit_error_tree, junit_tree, report_dict
 from harness.analysis.report import write_junit as write_junit_tree
 from harness.analysis.schemas import compare_v1, versioned
-from harness.errors import ExitCode
+from harness.errors import ExitCode, write_error
 from harness.flows.records import FlashAndCompareResult, StageStatus
 
 SCHEMA_VERSION = 2  # 2: stage status ok|failed only; the embedded compare report is version 2
@@ -66,10 +67,30 @@ def result_dict(
 def write_report(
     result: FlashAndCompareResult, *, model: Path, inputs: Sequence[Path], seconds: float
 ) -> None:
+    """report.json, replaced atomically. When it cannot be written (a full disk), no half file and no
+    earlier report stays behind: an old "match" beside this run's logs would be a false verdict."""
     doc = result_dict(result, model=model, inputs=inputs, seconds=seconds)
     tmp = result.report_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(result.report_path)
+    try:
+        tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+        tmp.replace(result.report_path)
+    except OSError as exc:
+        for stale in (tmp, result.report_path):
+            with contextlib.suppress(OSError):
+                stale.unlink(missing_ok=True)
+        raise write_error(exc, str(result.report_path)) from None
+
+
+def discard_report(out_dir: Path) -> None:
+    """Remove an earlier run's report.json (and a left-over .tmp) before this run writes its own: if
+    this run cannot finish its report (killed, disk full), no earlier verdict is left to be read as its."""
+    for name in ("report.json", "report.json.tmp"):
+        path = out_dir / name
+        try:
+            if path.is_file() or path.is_symlink():
+                path.unlink()
+        except OSError as exc:
+            raise write_error(exc, f"the earlier {path}") from None
 
 
 def write_junit(result: FlashAndCompareResult, path: Path) -> None:

@@ -203,3 +203,57 @@ def test_full_disk_is_exit_3_and_leaves_no_stale_match(
             report = out / "report.json"
             if report.exists():  # written after all (the space sufficed for it): it says what happened
                 assert json.loads(report.read_text())["verdict"] == "infrastructure_error"
+
+
+# ---- stale or clobbered reports ---------------------------------------------------------------------
+
+
+def _old_match(out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    report = out / "report.json"
+    report.write_text(json.dumps({"verdict": "match", "exit_code": 0}))
+    return report
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--tolerance-lsb", "nan"),  # click's check of the value
+        ("--random-inputs", "0"),  # click's range
+        ("--no-such-flag",),  # click's parser
+        ("--dataset", "DIR"),  # the command's own check: --input and --dataset exclude each other
+    ],
+)
+def test_usage_errors_before_the_run_replace_the_old_match(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: tuple[str, ...]
+) -> None:
+    """A refused command line exits 2 and leaves report.json saying usage_error, as the run's own usage
+    errors do, not the previous run's "match"."""
+    (tmp_path / "d").mkdir()
+    report = _old_match(tmp_path / "o")
+    args = [f.replace("DIR", str(tmp_path / "d")) for f in flags]
+    assert main([*_fac(tmp_path / "o"), *args]) == ExitCode.USAGE
+    capsys.readouterr()
+    doc = json.loads(report.read_text())
+    assert doc["verdict"] == "usage_error" and doc["exit_code"] == 2, doc
+    assert doc["errors"] and doc["schema"] == "esp-check/flash-and-compare"
+
+
+def test_usage_error_creates_no_report_where_there_was_none(tmp_path: Path) -> None:
+    assert main([*_fac(tmp_path / "o"), "--tolerance-lsb", "nan"]) == ExitCode.USAGE
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flag", ["--bundle", "--html", "--junit"])
+def test_a_report_file_onto_report_json_or_the_model_is_refused(tmp_path: Path, flag: str) -> None:
+    """--bundle OUT/report.json replaced report.json with a zip and exited 0: refused (exit 2), and
+    report.json is still JSON; pointing it at the model is refused too (the model stays intact)."""
+    out = tmp_path / "o"
+    assert main([*_fac(out), flag, str(out / "report.json")]) == ExitCode.USAGE
+    assert json.loads((out / "report.json").read_text())["verdict"] == "usage_error"
+    model = tmp_path / "m.tflite"
+    model.write_bytes(MODEL.read_bytes())
+    args = _fac(out)
+    args[1] = str(model)
+    assert main([*args, flag, str(model)]) == ExitCode.USAGE
+    assert model.read_bytes() == MODEL.read_bytes()

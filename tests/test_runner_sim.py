@@ -649,14 +649,17 @@ def test_a_run_killed_with_sigkill_leaves_no_stale_verdict(
     rerun = _cli_run(plan, faulty, out, tmp_path, cache_dir)
     assert rerun.wait(timeout=240) == ExitCode.MISMATCH, rerun.communicate()[1]
     doc = summary(out)
-    assert doc["verdict"] == "mismatch" and doc["previous_run_dir"] == str(out / "previous-run")
+    assert doc["verdict"] == "mismatch"
+    assert doc["previous_run_dir"] == str(out / "previous-run" / "incomplete-run")
     assert [t["verdict"] for t in doc["tasks"]] == ["mismatch", "mismatch"]
     results = [json.loads(p.read_text()) for p in (out / "jobs").rglob("result.json")]
     assert len(results) == 2 and {r["verdict"] for r in results} == {"mismatch"}
     assert [json.loads(p.read_text())["exit_code"] for p in (out / "jobs").rglob("attempt.json")] == [1, 1]
     assert int(ET.parse(out / "junit.xml").getroot().get("failures")) > 0
     assert "mismatch" in (out / "summary.md").read_text().splitlines()[0]
-    # what the killed run left (its attempt, no summary) is now the previous run
-    assert not (out / "previous-run" / "summary.json").exists()
-    assert list((out / "previous-run" / "jobs").rglob("attempt.json"))
+    # what the killed run left (its attempt, no summary) is kept apart: the last complete run's summary
+    # and JUnit (the clean run's "match") are not lost
+    assert list((out / "previous-run" / "incomplete-run" / "jobs").rglob("attempt.json"))
+    assert json.loads((out / "previous-run" / "summary.json").read_text())["verdict"] == "match"
+    assert (out / "previous-run" / "junit.xml").exists()
     assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))

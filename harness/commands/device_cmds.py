@@ -215,7 +215,49 @@ _DATASET = (
 )
 
 
-@click.command("flash-and-compare")
+class _FlashAndCompareCommand(click.Command):
+    """flash-and-compare, whose usage errors found before the run (click's checks of the flags, flags
+    that exclude each other) rewrite an earlier report.json in --out as usage_error, as the run's own
+    usage errors do: the last run's "match" must not stay beside a command line that was refused."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # click's parser consumes the list
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            _refused(_out_in_args(given), exc.format_message())
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            if not ctx.meta.get(_FLOW_STARTED):  # the flow writes its own report
+                _refused(ctx.params.get("out_dir") or Path("esp-check-out"), exc.message)
+            raise
+
+
+_FLOW_STARTED = "esp_check.flow_started"
+
+
+def _out_in_args(args: list[str]) -> Path:
+    """The --out an unparsable command line names (its last one), or the default."""
+    out = "esp-check-out"
+    for i, a in enumerate(args):
+        if a == "--out" and i + 1 < len(args):
+            out = args[i + 1]
+        elif a.startswith("--out="):
+            out = a.split("=", 1)[1]
+    return Path(out)
+
+
+def _refused(out_dir: Path, message: str) -> None:
+    from harness.flows.report import write_refusal
+
+    write_refusal(Path(out_dir), message)
+
+
+@click.command("flash-and-compare", cls=_FlashAndCompareCommand)
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @input_options
 @with_options(*_BOARD, *_VERDICT, *_BUILD)
@@ -272,6 +314,7 @@ def flash_and_compare_cmd(
     console = make_console(stderr=True)
     status = console.status("starting", spinner="dots")
     progress = _progress(console, status)
+    click.get_current_context().meta[_FLOW_STARTED] = True
     with status:
         result = flash_and_compare(
             model,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,6 +187,7 @@ def flash_and_compare(
     out = prepare_out_dir(out_dir)
     discard_report(out)
     run = _Run.empty(model, inputs, out, progress)
+    _refuse_clobbering(run, junit=junit, html=html, bundle=bundle)
 
     def lock_cm() -> contextlib.AbstractContextManager[Any] | None:
         """The board's lock, or None for a simulated board made for this run alone (nobody else's)."""
@@ -197,7 +198,7 @@ def flash_and_compare(
     def finish() -> FlashAndCompareResult:
         return _finish(run, time.monotonic() - t_all, junit=junit, html=html, bundle=bundle)
 
-    try:
+    with _stopped(run, finish):
         _start(run, board, port, allow_untested)
         _check_dump_ops(dump_ops, run.info)
         if dataset is not None:
@@ -230,7 +231,16 @@ def flash_and_compare(
                 run.model, tuple(run.inputs), run.info, run.board, run.port_url, run.out, builder, cache_dir,
                 input_options, arena_kb, limits, flash_baud, reference, tuple(sorted(set(dump_ops))), native,
             ))  # fmt: skip
-    except EspCheckError as exc:  # before any hardware: a usage error; the report still says so
+    return finish()
+
+
+@contextlib.contextmanager
+def _stopped(run: _Run, finish: Callable[[], FlashAndCompareResult]) -> Iterator[None]:
+    """A run that stops early still writes its report, saying why: a usage error found before any
+    hardware (or any EspCheckError that escaped a stage), Ctrl-C or SIGTERM, a full disk (exit 3)."""
+    try:
+        yield
+    except EspCheckError as exc:
         run.failed("stopped", exc)
         finish()
         raise
@@ -246,7 +256,28 @@ def flash_and_compare(
         with contextlib.suppress(EspCheckError):  # no room for the report either: write_report cleans up
             finish()
         raise err from None
-    return finish()
+
+
+def _refuse_clobbering(
+    run: _Run, *, junit: str | Path | None, html: str | Path | None, bundle: str | Path | None
+) -> None:
+    """--junit/--html/--bundle must not overwrite report.json, a log or project of this run, the model or
+    an input, or each other (``--bundle OUT/report.json`` replaced the report with a zip, exit 0)."""
+    mine = {run.out / "report.json": "this run's report.json", run.model.resolve(): "the model"}
+    mine.update({p.resolve(): "an input" for p in run.inputs})
+    taken: dict[Path, str] = {}
+    for flag, given in (("--junit", junit), ("--html", html), ("--bundle", bundle)):
+        if given is None:
+            continue
+        path = Path(given).resolve()
+        inside = next((d for d in ("logs", "projects") if path.is_relative_to(run.out / d)), None)
+        clash = mine.get(path) or taken.get(path) or (f"this run's {inside}/ directory" if inside else None)
+        if clash is not None:
+            exc = UsageError(f"{flag} {given} would overwrite {clash}", hint=f"give {flag} another path")
+            run.failed("stopped", exc)
+            _finish(run, 0.0, junit=None, html=None, bundle=None)
+            raise exc
+        taken[path] = f"the {flag} file"
 
 
 def _tap(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import sys
 import threading
@@ -13,6 +14,7 @@ from typing import Any
 import click
 
 from harness import __version__
+from harness.analysis.report import sanitize_text
 from harness.commands import (
     compare_cmds,
     device_cmds,
@@ -46,6 +48,24 @@ _COMMANDS = (
 )
 for _module in _COMMANDS:
     _module.register(cli)
+
+# click's default short help stops at the first ". " (so "(e.g." cut the command list mid-parenthesis)
+_SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\betc)\.(?=\s|$)")
+
+
+def _first_sentence(text: str) -> str:
+    """The help's first sentence, whole (the command list wraps it), never cut inside parentheses."""
+    para = " ".join(text.strip().split("\n\n")[0].split())
+    for m in _SENTENCE_END.finditer(para):
+        head = para[: m.end()]
+        if head.count("(") == head.count(")"):
+            return head
+    return para
+
+
+for _cmd in cli.commands.values():
+    if _cmd.short_help is None and _cmd.help:
+        _cmd.short_help = _first_sentence(_cmd.help)
 
 
 @contextlib.contextmanager
@@ -86,8 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(ExitCode.USAGE)
     except click.exceptions.Exit as exc:
         code = int(exc.exit_code)
-    except EspCheckError as exc:
-        click.secho(f"error: {exc}", fg="red", err=True)
+    except EspCheckError as exc:  # escape sequences in a path are shown escaped (click strips them)
+        text = "\n".join(sanitize_text(line) for line in str(exc).split("\n"))
+        click.secho(f"error: {text}", fg="red", err=True)
         code = int(exc.exit_code)
     except OSError as exc:
         if exc.errno not in DISK_FULL_ERRNOS:

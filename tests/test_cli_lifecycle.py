@@ -257,3 +257,99 @@ def test_a_report_file_onto_report_json_or_the_model_is_refused(tmp_path: Path, 
     args[1] = str(model)
     assert main([*args, flag, str(model)]) == ExitCode.USAGE
     assert model.read_bytes() == MODEL.read_bytes()
+
+
+# ---- terminal polish ----------------------------------------------------------------------------------
+
+
+def test_terminal_output_says_each_thing_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One verdict line; the comparison table says SIMULATED; one boot stage per variant; column headers
+    without "optimized (optimized)" / "ansi (ansi_c)"; in --json mode stdout is the JSON and the verdict
+    line goes to stderr."""
+    assert main(_fac(tmp_path / "o")) == ExitCode.MATCH
+    err = capsys.readouterr().err
+    assert sum("verdict: match" in line for line in err.splitlines()) == 1, err
+    title = next(line for line in err.splitlines() if line.startswith("run 0, output 0"))
+    assert "SIMULATED" in title, err
+    assert sum("boot [optimized]" in line for line in err.splitlines()) == 1, err
+    assert "optimized (optimized)" not in err and "ansi (ansi_c)" not in err, err
+    assert main([*_fac(tmp_path / "o"), "--json"]) == ExitCode.MATCH
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["verdict"] == "match"
+    assert [line for line in captured.err.splitlines() if "verdict:" in line] == [
+        "verdict: match (exit 0)  [SIMULATED: no real ESP32 was used]"
+    ]
+
+
+def test_help_and_command_list_read_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    """--input-offset's help had "[x<=None]"; the command list cut build's line at "(e.g."."""
+    assert main(["flash-and-compare", "--help"]) == 0
+    assert "x<=None" not in capsys.readouterr().out
+    assert main(["--help"]) == 0
+    listing = " ".join(capsys.readouterr().out.split())
+    assert (
+        "Build generated project directories (e.g. OUT/optimized OUT/ansi), with a content-addressed"
+        in listing
+    )
+
+
+def test_input_errors_say_what_the_file_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A FIFO given as --input is not "not found"; a scale that overflows is an input error, not a numpy
+    RuntimeWarning; a path with an escape sequence is shown escaped, not stripped."""
+    import os
+
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    assert main(["flash-and-compare", str(MODEL), "--input", str(fifo), "--out", str(tmp_path / "o")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "is not a regular file" in err and "not found" not in err, err
+    npy = tmp_path / "x.npy"
+    import numpy as np
+
+    np.save(npy, np.full((1, 32, 32, 3), 200, dtype=np.uint8))
+    with warnings_as_errors():
+        code = main(
+            [*_fac(tmp_path / "o2")[:3], str(npy), "--input-scale", "1e308", "--out", str(tmp_path / "o2")]
+        )
+    assert code == 2
+    assert "infinities" in " ".join(capsys.readouterr().err.split())
+    odd = tmp_path / "a\x1b[2Jb.png"
+    assert main(["flash-and-compare", str(MODEL), "--input", str(odd), "--out", str(tmp_path / "o3")]) == 2
+    err = capsys.readouterr().err
+    assert "a\\x1b[2Jb.png" in err and "\x1b" not in err, err
+
+
+@contextlib.contextmanager
+def warnings_as_errors() -> Iterator[None]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        yield
+
+
+def test_a_failed_build_is_said_once_with_real_line_breaks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each build error is printed once (not again as a failed stage), and its hint on its own line, not
+    after a literal \\x0a. (The sim board refuses the pio builder: a build failure with a hint.)"""
+    args = [*_fac(tmp_path / "o"), "--builder", "pio", "--cache-dir", str(tmp_path / "cache")]
+    assert main(args) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "\\x0a" not in err, err
+    said = [line for line in err.splitlines() if "cannot be built with builder" in line]
+    assert len([line for line in said if "optimized" in line]) == 2, err  # its progress line, its error
+    assert (
+        sum(line.strip().startswith("Hint: the simulated board builds only") for line in err.splitlines())
+        == 2
+    )
+
+
+def test_findings_show_their_severity_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A finding showed "(Severity.INFRASTRUCTURE)": its value is what the table says. The simulated board
+    browns out in the optimized app (an injected fault, docs/simulator.md)."""
+    port = "sim://?fault=brownout&variant_fault=optimized"
+    assert main([*_fac(tmp_path / "o"), "--port", port]) == ExitCode.INFRASTRUCTURE
+    err = " ".join(capsys.readouterr().err.split())
+    assert "brownout (infrastructure)" in err.replace("│ ", "").replace(" │", ""), err
+    assert "Severity." not in err, err

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.analysis.report import safe_markup
+from harness.analysis.report import safe_lines, safe_markup
 from harness.commands.common import (
     ARENA_KB,
     BAUD,
@@ -346,6 +346,7 @@ def flash_and_compare_cmd(
         from harness.flows.report import report_as
 
         echo_json(lambda: report_as(doc, schema_version))
+        _print_verdict(console, result)  # stdout holds the JSON; the one verdict line goes to stderr
     else:
         _print_summary(console, result)
     return int(result.exit_code)
@@ -428,9 +429,9 @@ def _print_summary(console: Console, result: Any) -> None:
     from harness.analysis.report import print_report
 
     refused = getattr(result, "reference_refused", None)
-    if result.comparison is not None:
-        label = "optimized vs ANSI C only (the host reference refused)" if refused else "verdict"
-        print_report(result.comparison, console, verdict_label=label)
+    if result.comparison is not None:  # the run's one verdict line comes last (_print_verdict)
+        label = "optimized vs ANSI C only (the host reference refused)" if refused else None
+        print_report(result.comparison, console, verdict_label=label, simulated=result.simulated)
     kind = " (SIMULATED BOARD)" if result.simulated else ""
     kind = " (NATIVE: built for this PC)" if result.native else kind
     table = Table(title="flash-and-compare" + kind)
@@ -447,7 +448,10 @@ def _print_summary(console: Console, result: Any) -> None:
             skipped = sum(1 for x in r.flash["regions"] if x["skipped"])
             flash = f"{written} B written, {skipped} region(s) already there"
             shown.append((v, r.flash))
-        findings = safe_markup(", ".join(f"{f['kind']} ({f['severity']})" for f in r.findings) or "-")
+        findings = safe_markup(
+            ", ".join(f"{f['kind']} ({getattr(f['severity'], 'value', f['severity'])})" for f in r.findings)
+            or "-"
+        )
         table.add_row(
             v,
             (r.firmware_sha256 or "-")[:12] + (" (cached)" if r.build_cache_hit else ""),
@@ -467,14 +471,20 @@ def _print_summary(console: Console, result: Any) -> None:
     if getattr(result, "tap", None) is not None:
         _print_tap(console, result.tap)
     for warn in result.warnings:
-        console.print(f"[yellow]warning:[/yellow] {safe_markup(warn)}")
+        console.print(f"[yellow]warning:[/yellow] {safe_lines(warn)}")
     for err in result.errors:
-        console.print(f"[red]error:[/red] {safe_markup(err)}")
-    failed = [s for s in result.stages if s.status == "failed"]
-    for s in failed:
-        console.print(
-            f"[red]{escape(s.stage)} \\[{escape(s.variant or '-')}] failed:[/red] {safe_markup(s.detail)}"
-        )
+        console.print(f"[red]error:[/red] {safe_lines(err)}")
+    for s in result.stages:  # a failed stage whose error is already listed above is not said twice
+        if s.status == "failed" and not any(s.detail and s.detail in e for e in result.errors):
+            console.print(
+                f"[red]{escape(s.stage)} \\[{escape(s.variant or '-')}] failed:[/red] {safe_lines(s.detail)}"
+            )
+    _print_verdict(console, result)
+
+
+def _print_verdict(console: Console, result: Any) -> None:
+    """The run's one verdict line, with what it rests on, then where the artifacts are."""
+    refused = getattr(result, "reference_refused", None)
     color = {ExitCode.MATCH: "green", ExitCode.MISMATCH: "red", ExitCode.FIRMWARE_FAULT: "red"}.get(
         result.exit_code, "yellow"
     )

@@ -367,7 +367,14 @@ def _normalise(data: np.ndarray, opts: InputOptions, is_8bit_pixels: bool, notes
         s = 1.0 if opts.scale is None else float(opts.scale)
         o = 0.0 if opts.offset is None else float(opts.offset)
         notes.append(f"normalised: real = value * {s:g} + {o:g}")
-        return data.astype(np.float64) * s + o
+        with np.errstate(over="ignore", invalid="ignore"):  # said below, not as a numpy warning
+            real = data.astype(np.float64) * s + o
+        if not np.all(np.isfinite(real)):
+            raise InputDataError(
+                f"--input-scale {s:g} / --input-offset {o:g} turn this input's values into infinities",
+                hint="give the scale and offset that map the data to the model's real input range",
+            )
+        return real
     name = opts.value_range
     if name is None and is_8bit_pixels:
         name = DEFAULT_IMAGE_RANGE
@@ -404,7 +411,8 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
     src = Path(path)
     opts = options or InputOptions()
     if not src.is_file():
-        raise InputDataError(f"input file not found: {src}", hint="check the --input path")
+        what = "is not a regular file (a FIFO, device or directory)" if src.exists() else "not found"
+        raise InputDataError(f"input file {what}: {src}", hint="check the --input path")
     try:
         model_dt = np.dtype(tensor.dtype)
     except TypeError as exc:

@@ -353,3 +353,83 @@ def test_findings_show_their_severity_by_name(tmp_path: Path, capsys: pytest.Cap
     err = " ".join(capsys.readouterr().err.split())
     assert "brownout (infrastructure)" in err.replace("│ ", "").replace(" │", ""), err
     assert "Severity." not in err, err
+
+
+# ---- the README: a plain user install, the pytest-plugin example ----------------------------------------
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+# what only the `test` extra installs (pyproject.toml): the main job must not need any of it
+TEST_ONLY = ("pytest", "_pytest", "hypothesis", "jsonschema", "mypy", "importlinter", "uv", "labgrid",
+             "pytest_embedded", "pytest_embedded_serial_esp", "pytest_embedded_idf", "esp_idf_monitor",
+             "idf_component_manager", "ai_edge_litert")  # fmt: skip
+_BLOCK = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError("blocked: only the test extra installs " + name)
+sys.meta_path.insert(0, _Block())
+from harness.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _block(lang: str, after: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"```{lang}\n", text.index(after)) + len(lang) + 4
+    return text[start : text.index("```", start)]
+
+
+def test_readme_quick_start_is_a_plain_install_that_runs_the_main_job(tmp_path: Path) -> None:
+    """The quick start installs esp-check alone (no test extra: 2.5 min, labgrid, mypy...), and its
+    command runs the main job on the simulated board with every test-extra package made unimportable."""
+    import os
+    import shlex
+    import sys
+
+    block = _block("sh", "## Quick start")
+    installs = [line for line in block.splitlines() if line.startswith("pip install")]
+    assert installs and all("[" not in line.split("#")[0] for line in installs), installs
+    command = block.split("esp-check flash-and-compare", 1)[1].replace("\\\n", " ").split("\n")[0]
+    args = shlex.split(command.replace("--out esp-check-out", f"--out {tmp_path / 'o'}"))
+    root = README.parent
+    env = dict(os.environ, PYTHONPATH=str(root), ESP_CHECK_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run(
+        [sys.executable, "-c", _BLOCK.format(blocked=set(TEST_ONLY)), "flash-and-compare", *args],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "verdict: match" in done.stderr and "SIMULATED" in done.stderr
+
+
+def test_readme_pytest_example_passes_or_fails_loudly(tmp_path: Path) -> None:
+    """The README's pytest-plugin example, run as the README says (pytest with the installed plugins, in a
+    directory of its own): it passes; and where labgrid's plugin would skip it (labgrid and pytest-embedded
+    installed, no -p no:labgrid), it fails with the hint instead of exiting 0 "skipped"."""
+    import importlib.util
+    import os
+    import shlex
+    import sys
+
+    example = _block("python", "## In your pytest suite")
+    (tmp_path / "test_example.py").write_text(example, encoding="utf-8")
+    shutil.copy(MODEL, tmp_path / "kws.tflite")
+    shutil.copy(MODELS / "inputs" / "cnn_classifier_11.npy", tmp_path / "yes.npy")
+    command = shlex.split(example.split("# pytest", 1)[1].splitlines()[0])
+    env = dict(os.environ, PYTHONPATH=str(README.parent), ESP_CHECK_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("PYTEST_ADDOPTS", None)
+
+    def pytest_run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra, *command],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+    clash = all(importlib.util.find_spec(m) for m in ("labgrid", "pytest_embedded"))
+    done = pytest_run(*(["-p", "no:labgrid"] if clash else []))  # as the README says to
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:]
+    if not clash:
+        pytest.skip("labgrid and pytest-embedded are not both installed: nothing skips the example here")
+    loud = pytest_run()
+    assert loud.returncode != 0 and "labgrid's pytest plugin skipped this test" in loud.stdout, loud.stdout
+    assert "-p no:labgrid" in loud.stdout and "1 skipped" not in loud.stdout

@@ -166,6 +166,11 @@ class BuildError(InfrastructureError):
     """The firmware build failed or its tooling is missing."""
 
 
+class PlatformUnreachableError(BuildError):
+    """The build tool could not download its platform, toolchain or components (offline): every other
+    build of the same tool would fail the same way, so a run stops building with it after the first."""
+
+
 class PortError(InfrastructureError):
     """A serial port is missing, busy, or not accessible."""
 

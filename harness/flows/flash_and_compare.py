@@ -377,6 +377,11 @@ def _start(run: _Run, board: str | Path, port: str | None, allow_untested: bool 
         run.port_url = sim_port_for(board_def.chip, board_def.reset, template, board_def.flash_size)
         run.fresh_sim = port is None
     else:
+        if port is not None and port.startswith("sim://"):  # else minutes of real builds, then a failure
+            raise UsageError(
+                f"board {board_def.name} is a real board, but --port {port} is a simulated board's",
+                hint="give the board's serial port (or --port auto), or --board sim for the simulator",
+            )
         run.port_url = port or "auto"
         ps = run.rec.run("port", None, lambda: resolve_port(run.port_url, board_def))
         run.rec.run("port-present", None, lambda: check_present(ps))

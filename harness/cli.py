@@ -7,15 +7,27 @@ works in the venv it exists for, one whose ``serial`` package is broken or missi
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import re
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import click
 
 from harness import __version__
-from harness.errors import EspCheckError, ExitCode, InfrastructureError
+from harness.errors import (
+    DISK_FULL_ERRNOS,
+    EspCheckError,
+    ExitCode,
+    InfrastructureError,
+    Terminated,
+    write_error,
+)
 
 ISSUE_URL = "https://github.com/esp-check/esp-check/issues"
 
@@ -35,6 +47,20 @@ LAZY_COMMANDS: dict[str, str] = {
     "sim": "harness.commands.sim_cmds:sim_group",
     "sweep": "harness.commands.sweep_cmds:sweep_cmd",
 }
+
+
+# click's default short help stops at the first ". " (so "(e.g." cut the command list mid-parenthesis)
+_SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\betc)\.(?=\s|$)")
+
+
+def _first_sentence(text: str) -> str:
+    """The help's first sentence, whole (the command list wraps it), never cut inside parentheses."""
+    para = " ".join(text.strip().split("\n\n")[0].split())
+    for m in _SENTENCE_END.finditer(para):
+        head = para[: m.end()]
+        if head.count("(") == head.count(")"):
+            return head
+    return para
 
 
 class LazyGroup(click.Group):
@@ -69,6 +95,8 @@ class LazyGroup(click.Group):
         command = getattr(module, attr)
         if not isinstance(command, click.Command):  # a wrong table entry is a bug, not a usage error
             raise TypeError(f"{self.lazy[cmd_name]} is {type(command).__name__}, not a click command")
+        if command.short_help is None and command.help:
+            command.short_help = _first_sentence(command.help)
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -89,33 +117,73 @@ def cli() -> None:
     """Check TFLite Micro int8 models on ESP32: ESP-NN optimized vs ANSI C vs host reference."""
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in the main thread, so a command stops as on Ctrl-C (reports
+    written, child processes and temp folders cleaned up); a second SIGTERM ends the process at once.
+    Commands that handle signals themselves (``run``) install their own handler inside this one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the next one is not caught: it really stops
+        raise Terminated(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):  # the handler may have fired: restore what was there
+            signal.signal(signal.SIGTERM, old)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and map outcomes to exit codes (see README: 0 match ... 70 internal)."""
     try:
-        rv = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
-    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
-        click.echo("Interrupted.", err=True)
-        code = int(ExitCode.INTERRUPTED)
+        with sigterm_as_interrupt():
+            rv = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:  # click turns Ctrl-C into Abort
+        if isinstance(exc, Terminated) or isinstance(exc.__cause__, Terminated):
+            click.echo("Terminated (SIGTERM).", err=True)
+            code = int(ExitCode.TERMINATED)
+        else:
+            click.echo("Interrupted.", err=True)
+            code = int(ExitCode.INTERRUPTED)
     except click.exceptions.ClickException as exc:
         exc.show()
         code = int(ExitCode.USAGE)
     except click.exceptions.Exit as exc:
         code = int(exc.exit_code)
-    except EspCheckError as exc:
-        click.secho(f"error: {exc}", fg="red", err=True)
+    except EspCheckError as exc:  # escape sequences in a path are shown escaped (click strips them)
+        # loaded here, not at start-up: `esp-check --version` imports nothing of the tool
+        from harness.analysis.report import sanitize_text
+
+        text = "\n".join(sanitize_text(line) for line in str(exc).split("\n"))
+        click.secho(f"error: {text}", fg="red", err=True)
         code = int(exc.exit_code)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL_ERRNOS:
+            return _internal_error()
+        click.secho(f"error: {write_error(exc, 'a file')}", fg="red", err=True)
+        code = int(ExitCode.INFRASTRUCTURE)
     except Exception:  # the one place that turns surprises into exit 70
-        traceback.print_exc()
-        click.secho(
-            f"internal error: this is a bug in esp-check {__version__}. Please report it with the "
-            f"traceback above at {ISSUE_URL}",
-            fg="red",
-            err=True,
-        )
-        code = int(ExitCode.INTERNAL)
+        code = _internal_error()
     else:
         code = int(rv) if isinstance(rv, int) else 0
     return code
+
+
+def _internal_error() -> int:
+    """The traceback of an exception esp-check did not expect, and where to report it (exit 70)."""
+    traceback.print_exc()
+    click.secho(
+        f"internal error: this is a bug in esp-check {__version__}. Please report it with the "
+        f"traceback above at {ISSUE_URL}",
+        fg="red",
+        err=True,
+    )
+    return int(ExitCode.INTERNAL)
 
 
 def entry() -> None:  # pragma: no cover - console-script shim

@@ -7,6 +7,7 @@ process exit codes; library code raises, never exits.
 from __future__ import annotations
 
 import enum
+import errno
 from collections.abc import Iterable
 
 
@@ -20,6 +21,7 @@ class ExitCode(enum.IntEnum):
     FIRMWARE_FAULT = 4
     INTERNAL = 70
     INTERRUPTED = 130  # Ctrl-C / SIGINT: the run did not finish (128 + SIGINT, the shell convention)
+    TERMINATED = 143  # SIGTERM (timeout(1), docker stop, a CI cancel): handled as Ctrl-C is (128 + SIGTERM)
 
 
 class Verdict(str, enum.Enum):
@@ -51,11 +53,13 @@ _VERDICT_OF = {
     ExitCode.INFRASTRUCTURE: Verdict.INFRASTRUCTURE_ERROR,
     ExitCode.FIRMWARE_FAULT: Verdict.FIRMWARE_FAULT,
     ExitCode.INTERRUPTED: Verdict.INTERRUPTED,
+    ExitCode.TERMINATED: Verdict.INTERRUPTED,
 }
 
 
 # When one run has several outcomes, the most important one decides the exit code.
 EXIT_PRECEDENCE: tuple[ExitCode, ...] = (
+    ExitCode.TERMINATED,
     ExitCode.INTERRUPTED,
     ExitCode.INTERNAL,
     ExitCode.USAGE,
@@ -76,6 +80,12 @@ def combine_exit_codes(codes: Iterable[ExitCode | int]) -> ExitCode:
         if code in present:
             return code
     return ExitCode.MATCH
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: raised in the main thread by ``harness.cli.main``'s handler, so a run stops as on
+    Ctrl-C (its ``finally`` blocks and ``except KeyboardInterrupt`` reports run) and exits 143. Not an
+    error of esp-check's: like KeyboardInterrupt, it is outside the ``EspCheckError`` family."""
 
 
 class EspCheckError(Exception):
@@ -156,6 +166,11 @@ class BuildError(InfrastructureError):
     """The firmware build failed or its tooling is missing."""
 
 
+class PlatformUnreachableError(BuildError):
+    """The build tool could not download its platform, toolchain or components (offline): every other
+    build of the same tool would fail the same way, so a run stops building with it after the first."""
+
+
 class PortError(InfrastructureError):
     """A serial port is missing, busy, or not accessible."""
 
@@ -166,6 +181,28 @@ class FlashError(InfrastructureError):
 
 class CaptureError(InfrastructureError):
     """The serial capture was silent, truncated or corrupted (CRC): never a result."""
+
+
+class DiskFullError(InfrastructureError):
+    """No space left (or the quota reached) where esp-check writes: a host problem, exit 3."""
+
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
+def write_error(exc: OSError, what: str) -> InfrastructureError:
+    """The error for an OSError while writing ``what`` (a log, a report): a full disk says so and how
+    to fix it; anything else names the file and the system's reason. Both are exit 3."""
+    where = f"{exc.filename} ({what})" if exc.filename and str(exc.filename) not in what else what
+    if exc.errno in DISK_FULL_ERRNOS:
+        return DiskFullError(
+            f"no space left on the device while writing {where}",
+            hint="free space on that disk, or give --out a directory on another one",
+        )
+    return InfrastructureError(
+        f"cannot write {where}: {exc.strerror or exc}",
+        hint="check that the directory is writable and its disk healthy",
+    )
 
 
 class HostReferenceError(InfrastructureError):

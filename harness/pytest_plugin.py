@@ -1,8 +1,11 @@
 """esp-check inside your pytest suite: a board fixture and ``flash_and_compare`` (pytest11 entry point).
 
 Installed with esp-check, so pytest loads it in every run in the environment; it is inert unless
-used: it adds options (group ``esp-check``) and fixtures, and no hook that changes collection,
-reporting or logging. Nothing heavy is imported until a fixture runs.
+used: it adds options (group ``esp-check``) and fixtures, and no hook that changes collection or
+logging. One report hook, for tests that use its fixtures only: labgrid's pytest plugin, installed with
+labgrid, skips every test without ``--lg-env`` once pytest-embedded's fixtures request ``target`` (the
+name both plugins define), so such a test would be "skipped", exit 0; it fails instead, saying so and
+how to fix it (``-p no:labgrid``). Nothing heavy is imported until a fixture runs.
 
 - ``esp_check_board`` (session): the board under test, from ``--esp-check-board TYPE
   --esp-check-port PORT``, from ``--esp-check-inventory BENCH.toml [--esp-check-board-name NAME]``,
@@ -123,6 +126,31 @@ def _labgrid_board(config: pytest.Config) -> Iterator[EspCheckBoard | None]:
         yield EspCheckBoard(board, lease.url, f"labgrid place {place}", _simulated(board))
     finally:
         lease.release()
+
+
+LABGRID_SKIP = "missing environment config (use --lg-env)"  # labgrid's env fixture, without --lg-env
+_ESP_CHECK_FIXTURES = ("flash_and_compare", "esp_check_board")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test using esp-check's fixtures that labgrid's plugin skipped fails, loudly (not exit 0)."""
+    outcome: Any = yield
+    rep = outcome.get_result()
+    if rep.when != "setup" or not rep.skipped:
+        return
+    if not any(f in getattr(item, "fixturenames", ()) for f in _ESP_CHECK_FIXTURES):
+        return
+    reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 else ""
+    if LABGRID_SKIP not in str(reason):
+        return
+    rep.outcome = "failed"
+    rep.longrepr = (
+        f"esp-check: labgrid's pytest plugin skipped this test ({reason}): labgrid is installed and "
+        "pytest-embedded's fixtures request `target`, a fixture labgrid's plugin also defines, which needs "
+        "a labgrid environment. This test never ran. Run pytest with `-p no:labgrid` (or give --lg-env), "
+        "or uninstall labgrid from this environment (docs/ci.md, 'esp-check inside your pytest suite')."
+    )
 
 
 def _warn(message: str) -> None:

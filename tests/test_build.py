@@ -708,3 +708,91 @@ def test_build_directory_has_the_gdbinit_prefix_map(tmp_path: Path, fake_tools: 
         res = b.build_project(opt, cache_dir=tmp_path / "cache", env=_env(fake_tools))
         assert res.cache_hit is hit
         assert (res.flasher_args.parent / "gdbinit" / "prefix_map").read_text() == own.read_text()
+
+
+# ---- esp-check run on an offline bench: ports checked first, the platform download tried once ----------
+
+
+def _offline_bench(tmp_path: Path, port: str) -> tuple[Path, Path]:
+    """A plan of three models on one real board type (two jobs' worth of firmware), and its inventory."""
+    import numpy as np
+
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    models = ("cnn_classifier_11", "op_zoo", "unet_mbv2_035_48")
+    for m in models:
+        np.save(inputs / f"{m}.npy", np.load(INPUTS / f"{m}.npy"))
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        '[[job]]\nname = "offline"\n'
+        f"models = {json.dumps([str(MODELS / f'{m}.tflite') for m in models])}\n"
+        f'inputs = ["{inputs}/{{model}}.npy"]\nboards = ["esp32s3-devkitc-1-n8r8"]\n'
+    )
+    inv = tmp_path / "bench.toml"
+    inv.write_text(f'[[board]]\nname = "s3"\ntype = "esp32s3-devkitc-1-n8r8"\nport = "{port}"\n')
+    return plan, inv
+
+
+def test_run_tries_an_unreachable_platform_once(
+    tmp_path: Path, fake_tools: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FAKED: `pio` (the stand-in, offline: it prints PlatformIO's own HTTPClientError transcript) and the
+    board's serial port (a pty that exists; nothing is flashed: no firmware gets built). The first build
+    finds the platform unreachable; the run builds nothing more (each build retried the download for 2-3
+    minutes: 14 minutes to exit 3) and every task says why."""
+    master, slave = os.openpty()
+    try:
+        plan, inv = _offline_bench(tmp_path, os.ttyname(slave))
+        for k, v in _env(fake_tools, FAKE_TOOL_MODE="offline").items():
+            monkeypatch.setenv(k, v)
+        out = tmp_path / "out"
+        args = ["run", str(plan), "-i", str(inv), "--out", str(out), "--lock-dir", str(tmp_path / "locks"),
+                "--cache-dir", str(tmp_path / "cache"), "--no-step-summary"]  # fmt: skip
+        assert main(args) == ExitCode.INFRASTRUCTURE
+    finally:
+        os.close(master)
+        os.close(slave)
+    firmware_dirs = {Path(c["argv"][2]).parent.parent for c in _calls(fake_tools)}  # pio run -d PROJECT
+    assert len(firmware_dirs) == 1, _calls(fake_tools)  # one firmware (its two variants) tried, no more
+    tasks = json.loads((out / "summary.json").read_text())["tasks"]
+    assert len(tasks) == 3
+    reasons = [t["reason"] for t in tasks]
+    assert sum("could not download the platform" in r for r in reasons) == 3, reasons
+    assert (
+        sum("an earlier build of this run found that pio cannot reach its platform" in r for r in reasons)
+        == 2
+    )
+
+
+def test_run_checks_the_ports_before_building(tmp_path: Path, fake_tools: dict[str, object]) -> None:
+    """FAKED: `pio` (the stand-in; it must not be called). A board whose port does not exist takes no
+    work: the run ends at once, nothing is built, and the tasks say the port is missing."""
+    plan, inv = _offline_bench(tmp_path, str(tmp_path / "ttyUSB-not-there"))
+    out = tmp_path / "out"
+    env = _env(fake_tools)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", str(plan), "-i", str(inv), "--out", str(out),
+         "--lock-dir", str(tmp_path / "locks"), "--cache-dir", str(tmp_path / "cache"), "--no-step-summary"],
+        env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert done.returncode == ExitCode.INFRASTRUCTURE, done.stderr[-2000:]
+    assert _calls(fake_tools) == []
+    doc = json.loads((out / "summary.json").read_text())
+    assert "port missing when the run started" in doc["boards"][0]["reason"]
+    assert all(t["verdict"] == "infrastructure_error" for t in doc["tasks"])
+
+
+def test_flash_and_compare_refuses_a_sim_port_for_a_real_board(
+    tmp_path: Path, fake_tools: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FAKED: `pio` (the stand-in; it must not be called). A real board with a sim:// port spent two
+    minutes in `pio` before failing: it is a usage error before anything is built."""
+    for k, v in _env(fake_tools, FAKE_TOOL_MODE="offline").items():
+        monkeypatch.setenv(k, v)
+    args = ["flash-and-compare", str(MODELS / "cnn_classifier_11.tflite"), "--input",
+            str(INPUTS / "cnn_classifier_11.png"), "--board", "esp32s3-devkitc-1-n8r8", "--port", "sim://x",
+            "--out", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    assert main(args) == ExitCode.USAGE
+    assert _calls(fake_tools) == []
+    doc = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert "is a real board, but --port sim://x is a simulated board's" in " ".join(doc["errors"])

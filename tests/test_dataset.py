@@ -73,9 +73,22 @@ def test_npz_list_and_label_files(tmp_path: Path, models_dir: Path, tensor) -> N
     (tmp_path / "labels.json").write_text(json.dumps({"cnn_classifier_11.npy": 2}))
     ds = load_dataset(tmp_path / "list.txt", tensor, labels=tmp_path / "labels.json")
     assert [ds.label_index(it) for it in ds.items] == [7, 2]
-    (tmp_path / "labels.csv").write_text("name,label\ncnn_classifier_11.png,9\n")
+    (tmp_path / "labels.csv").write_text("name,label\ncnn_classifier_11.png,9\ncnn_classifier_11.npy,1\n")
     ds = load_dataset(tmp_path / "list.txt", tensor, labels=tmp_path / "labels.csv")
-    assert [ds.label_index(it) for it in ds.items] == [9, None]
+    assert [ds.label_index(it) for it in ds.items] == [9, 1]
+
+
+def test_labels_file_covering_some_inputs_is_refused(tmp_path: Path, models_dir: Path, tensor) -> None:  # type: ignore[no-untyped-def]
+    """A --labels file that leaves inputs unlabelled would give an accuracy over part of the dataset
+    ("0/1" for 3 inputs) that reads as the whole's: refused, naming what it misses."""
+    src = models_dir / "inputs"
+    names = ("cnn_classifier_11.png", "cnn_classifier_11.npy", "cnn_classifier_11__ambiguous.png")
+    (tmp_path / "list.txt").write_text("".join(f"{src / n}\n" for n in names))
+    (tmp_path / "labels.csv").write_text("cnn_classifier_11.png,4\n")
+    with pytest.raises(
+        InputDataError, match=r"no label for 2 of the dataset's 3 inputs \(\S*cnn_classifier_11\.npy"
+    ):
+        load_dataset(tmp_path / "list.txt", tensor, labels=tmp_path / "labels.csv")
 
 
 def test_bad_datasets_are_usage_errors(tmp_path: Path, tensor) -> None:  # type: ignore[no-untyped-def]

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.analysis.hybrid import Bisection, _ranges, cost_report, espnn_audit, hybrid_evidence
+from harness.analysis.hybrid import Bisection, _ranges, cost_report, espnn_audit, hybrid_evidence, invoke_cost
 from harness.errors import UsageError
 from harness.model.hybrid_ops import ANSI_KINDS, candidate_ops, format_ops, select_ansi_ops
 from harness.model.loader import load_model
@@ -144,6 +144,47 @@ def test_audit_flags_ansi_speed_and_slower_ops_within_the_noise_band(unet) -> No
     # ADD has no ESP-NN kernel on the ESP32 (generic C): not expected, so never "at ANSI C speed"
     plain = espnn_audit(unet, "esp32", {**opt, 27: 2_000}, ansi)
     assert not any(r["flag"] for r in plain["rows"] if r["kind"] == "ADD")
+
+
+def test_audit_gives_tiny_ops_and_native_boards_no_verdict(unet) -> None:  # type: ignore[no-untyped-def]
+    """A 2-element SOFTMAX at 1.03x was called "most likely compiled without ESP-NN optimization": an op
+    whose ANSI C time is below the floor (mostly per-op overhead) gets no verdict; on a native board no op
+    does (the timing is the PC's)."""
+    ops = unet.main_ops
+    ansi = {o.index: 10_000 for o in ops}
+    opt = {o.index: 2_000 for o in ops}
+    dw = [o.index for o in ops if o.opcode == "DEPTHWISE_CONV_2D"]
+    for k in dw:
+        ansi[k], opt[k] = 2_000, 1_940  # tiny: 1.03x, below the floor
+    audit = espnn_audit(unet, "esp32s3", opt, ansi)
+    assert not set(dw) & set(audit["flagged_ops"])
+    assert "DEPTHWISE_CONV_2D" not in {k["kind"] for k in audit["kinds"]}
+    assert {r["no_verdict"] for r in audit["rows"] if r["op"] in dw} == {"below_floor"}
+    opt_slow = {**opt, **{k: 9_900 for k in range(len(ops)) if k not in dw}}
+    native = espnn_audit(unet, "esp32", opt_slow, ansi, native=True)
+    assert native["flagged_ops"] == [] and native["kinds"] == [] and "native board" in native["note"]
+
+
+def test_cost_claims_need_a_speedup_above_the_noise_and_a_chip(unet) -> None:  # type: ignore[no-untyped-def]
+    """On a native board with a fault in esp-nn's depthwise kernel, bisection printed "the hybrid keeps
+    -10285.5% of ESP-NN's speedup" from invoke times optimized 977, ANSI 1060, hybrid 9597 us."""
+    seen = invoke_cost({"optimized": 977, "ansi": 1060, "hybrid": 9597})
+    assert seen["speedup_kept_percent"] is None and "%" not in seen["summary"], seen
+    assert "no speedup above the noise" in seen["summary"]
+    slow = invoke_cost({"optimized": 500, "ansi": 1060, "hybrid": 9597})
+    assert slow["speedup_kept_percent"] is None and "not comparable" in slow["summary"]
+    good = invoke_cost({"optimized": 500, "ansi": 1000, "hybrid": 550})
+    assert good["speedup_kept_percent"] == 90.0 and "keeps 90.0%" in good["summary"]
+    native = invoke_cost({"optimized": 500, "ansi": 1000, "hybrid": 550}, native=True)
+    assert native["speedup_kept_percent"] is None and "native board" in native["summary"]
+    n = len(unet.main_ops)
+    opt, ansi = {k: 1000 for k in range(n)}, {k: 4000 for k in range(n)}
+    doc = cost_report(unet, opt, ansi, [17], 240, native=True)
+    assert (
+        doc["speedup_kept_percent"] is None and "keeps" not in doc["summary"] and "native" in doc["summary"]
+    )
+    near = cost_report(unet, opt, {k: 1030 for k in range(n)}, [17], 240)
+    assert near["speedup_kept_percent"] is None and "no speedup above the noise" in near["summary"]
 
 
 def _capture(info_fields: list[tuple[str, object]], hybrid_records: list[tuple[int, int]]) -> bytes:

@@ -17,7 +17,15 @@ from hypothesis import strategies as st
 
 from harness.runner import RunOptions, load_inventory, load_plan
 from harness.runner.executor import Runner
-from harness.runner.paths import MARKER, MAX_COMPONENT, PREVIOUS_DIR, atomic_write, move_aside, safe_component
+from harness.runner.paths import (
+    INCOMPLETE_DIR,
+    MARKER,
+    MAX_COMPONENT,
+    PREVIOUS_DIR,
+    atomic_write,
+    move_aside,
+    safe_component,
+)
 
 HOSTILE = [
     "..",
@@ -143,11 +151,21 @@ def test_move_aside_keeps_the_previous_reports_and_deletes_outside_ones(tmp_path
         f"moved summary.json, junit.xml, summary.md, jobs, .summary.json.123.tmp to {dest}",
         f"deleted {junit}",
     ]
-    # the next rerun replaces what this one moved aside (a killed run left only jobs/: the marker says
-    # the directory is esp-check's)
-    (out / "jobs").mkdir()
+    # a killed run left only jobs/ (the marker says the directory is esp-check's): what it left goes to
+    # previous-run/incomplete-run/, and the last complete run's summary and JUnit stay in previous-run/
+    (out / "jobs" / "k").mkdir(parents=True)
+    moved, said = move_aside(out)
+    assert moved == dest / INCOMPLETE_DIR and (moved / "jobs" / "k").is_dir()
+    assert said == [
+        f"moved jobs to {moved}",
+        f"(a run that did not finish; the last complete run's reports stay in {dest})",
+    ]
+    assert json.loads((dest / "summary.json").read_text())["verdict"] == "match"
+    assert (dest / "junit.xml").exists() and (dest / "jobs" / "j" / "m" / "sim" / "result.json").exists()
+    # the next complete run's reports replace both
+    (out / "summary.json").write_text(json.dumps({"schema": "esp-check/run-summary", "verdict": "mismatch"}))
     move_aside(out)
-    assert sorted(p.name for p in dest.iterdir()) == [MARKER, "jobs"]
+    assert sorted(p.name for p in dest.iterdir()) == [MARKER, "summary.json"]
     assert move_aside(tmp_path / "empty") == (None, [])
     assert (tmp_path / "empty" / MARKER).is_file()
 

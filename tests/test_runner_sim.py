@@ -543,7 +543,8 @@ def test_two_runner_processes_never_share_a_board(
 
 
 def test_sigterm_stops_the_cli_cleanly(tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path):
-    """SIGTERM (what CI sends on cancel): the running attempt finishes, reports are written, exit 3."""
+    """SIGTERM (what CI sends on cancel, then SIGKILL a few seconds later): the running attempt is
+    abandoned at once (not waited for), every task is aborted, reports are written, exit 3."""
     import signal
 
     name = _uid("term")
@@ -582,7 +583,8 @@ def test_sigterm_stops_the_cli_cleanly(tmp_path: Path, models_dir: Path, inputs_
     assert "SIGTERM" in rest
     doc = summary(tmp_path / "out")
     assert doc["interrupted"] is True
-    assert [t["state"] for t in doc["tasks"]] == ["done", "aborted", "aborted"]
+    assert [t["state"] for t in doc["tasks"]] == ["aborted", "aborted", "aborted"]
+    assert doc["tasks"][0]["reason"] == "run stopped while this task was running"
     assert (tmp_path / "out" / "junit.xml").exists() and (tmp_path / "out" / "summary.md").exists()
     lk = BoardLock(f"sim-{name}", tmp_path / "locks")
     lk.acquire(0.5)  # the lock went with the process
@@ -647,14 +649,17 @@ def test_a_run_killed_with_sigkill_leaves_no_stale_verdict(
     rerun = _cli_run(plan, faulty, out, tmp_path, cache_dir)
     assert rerun.wait(timeout=240) == ExitCode.MISMATCH, rerun.communicate()[1]
     doc = summary(out)
-    assert doc["verdict"] == "mismatch" and doc["previous_run_dir"] == str(out / "previous-run")
+    assert doc["verdict"] == "mismatch"
+    assert doc["previous_run_dir"] == str(out / "previous-run" / "incomplete-run")
     assert [t["verdict"] for t in doc["tasks"]] == ["mismatch", "mismatch"]
     results = [json.loads(p.read_text()) for p in (out / "jobs").rglob("result.json")]
     assert len(results) == 2 and {r["verdict"] for r in results} == {"mismatch"}
     assert [json.loads(p.read_text())["exit_code"] for p in (out / "jobs").rglob("attempt.json")] == [1, 1]
     assert int(ET.parse(out / "junit.xml").getroot().get("failures")) > 0
     assert "mismatch" in (out / "summary.md").read_text().splitlines()[0]
-    # what the killed run left (its attempt, no summary) is now the previous run
-    assert not (out / "previous-run" / "summary.json").exists()
-    assert list((out / "previous-run" / "jobs").rglob("attempt.json"))
+    # what the killed run left (its attempt, no summary) is kept apart: the last complete run's summary
+    # and JUnit (the clean run's "match") are not lost
+    assert list((out / "previous-run" / "incomplete-run" / "jobs").rglob("attempt.json"))
+    assert json.loads((out / "previous-run" / "summary.json").read_text())["verdict"] == "match"
+    assert (out / "previous-run" / "junit.xml").exists()
     assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))

@@ -316,9 +316,11 @@ def test_bundle_keeps_two_inputs_with_the_same_file_name(tmp_path: Path) -> None
     assert "--input inputs/0/img.png --input inputs/1/img.png" in readme
 
 
-def test_float_model_match_says_espnn_was_not_tested(
+def test_float_model_is_refused_unless_allow_untested(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A model with no op ESP-NN accelerates is exit 2 (not a CI-passing "match"); --allow-untested runs
+    it and the verdict says ESP-NN was not tested. Nothing is faked: the simulated board runs it."""
     pytest.importorskip("tflite_micro")
     from tests.test_model_builder import Op, T, build_model
 
@@ -333,8 +335,13 @@ def test_float_model_match_says_espnn_was_not_tested(
     model.write_bytes(data)
     np.save(tmp_path / "x.npy", np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32))
     out = tmp_path / "out"
-    code = main(["flash-and-compare", str(model), "--input", str(tmp_path / "x.npy"), "--out", str(out),
-                 "--cache-dir", str(tmp_path / "cache")])  # fmt: skip
+    args = ["flash-and-compare", str(model), "--input", str(tmp_path / "x.npy"), "--out", str(out),
+            "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    assert main(args) == ExitCode.USAGE
+    refused = capsys.readouterr()
+    assert "accelerates none" in refused.err and "--allow-untested" in refused.err
+    assert json.loads((out / "report.json").read_text())["verdict"] == "usage_error"
+    code = main([*args, "--allow-untested"])
     captured = capsys.readouterr()
     assert code == ExitCode.MATCH
     assert "ESP-NN NOT TESTED" in captured.out + captured.err

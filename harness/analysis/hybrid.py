@@ -25,6 +25,13 @@ from harness.model.loader import ModelInfo
 from harness.model.opdata import espnn_model_acceleration
 
 NOISE_BAND = 0.10  # a speedup within 1 +- 10 % is "the same speed" (per-op cycle counts of one run)
+# An op that takes fewer ANSI C cycles than this gets no audit verdict: its time is mostly the fixed
+# per-op cost (TFLM's dispatch, the tap's own records), which no kernel optimization changes, so its
+# "speedup" says nothing about ESP-NN (a 2-element SOFTMAX at 1.03x is not a kernel compiled without it).
+MIN_AUDIT_CYCLES = 4000
+NATIVE_NO_CLAIM = (
+    "native board: the timing is this PC's, not a chip's, so no speedup or cost is claimed from it"
+)
 
 
 # ---- bisection ------------------------------------------------------------------------------------
@@ -173,10 +180,14 @@ def cost_report(
     ansi_ops: Sequence[int],
     cpu_mhz: int,
     measured_hybrid: Mapping[int, int] | None = None,
+    *,
+    native: bool = False,
+    noise_band: float = NOISE_BAND,
 ) -> dict[str, Any]:
     """What the hybrid costs, from per-op cycles of the optimized and the ANSI C build (and of the hybrid
     itself when a tapped hybrid run measured them): the share of ESP-NN's speedup it keeps, and per op
-    sent to ANSI C the extra cycles."""
+    sent to ANSI C the extra cycles. A share is claimed only from a speedup above the noise band and a
+    hybrid time between the two builds' (within the band); on a native board, none at all."""
     ops = sorted(set(optimized) & set(ansi))
     chosen = set(ansi_ops)
     t_opt = sum(optimized[k] for k in ops)
@@ -185,7 +196,11 @@ def cost_report(
     t_hyb = sum(measured_hybrid[k] for k in ops) if measured_hybrid else t_est
 
     def kept(t: int) -> float | None:
-        return None if t_ansi <= t_opt else round(100.0 * (t_ansi - t) / (t_ansi - t_opt), 4)
+        if native or t_opt <= 0 or t_ansi <= t_opt * (1.0 + noise_band):  # no speedup above the noise
+            return None
+        if not t_opt * (1.0 - noise_band) <= t <= t_ansi * (1.0 + noise_band):
+            return None  # the hybrid timed outside the two builds' range: not comparable, no claim
+        return round(100.0 * (t_ansi - t) / (t_ansi - t_opt), 4)
 
     per_op = [
         {
@@ -212,6 +227,8 @@ def cost_report(
         "measured": measured_hybrid is not None,
         "per_op": per_op,
         "cpu_mhz": mhz,
+        "native": native,
+        "noise_band": noise_band,
     }
     doc["summary"] = _cost_sentence(doc)
     return doc
@@ -222,16 +239,30 @@ def _percent(p: float) -> str:
     return f"{p:.1f}%" if p < 99.9 else f"{p:.3f}%"
 
 
-def _cost_sentence(doc: Mapping[str, Any]) -> str:
-    kept = doc["speedup_kept_percent"]
-    sp = doc["speedup"]
+def _cost_head(doc: Mapping[str, Any]) -> str:
+    """The cost claim, or why there is none."""
+    kept, sp, c = doc["speedup_kept_percent"], doc["speedup"], doc["cycles"]
     how = "measured" if doc["measured"] else "estimated from the two builds' per-op cycles"
-    head = (
-        f"the hybrid keeps {_percent(kept)} of ESP-NN's speedup ({sp['optimized']:.2f}x -> "
-        f"{sp['hybrid']:.2f}x over ANSI C, {how})"
-        if kept is not None and sp["optimized"] and sp["hybrid"]
-        else "ESP-NN gives no speedup on this model: the hybrid costs nothing measurable"
+    if doc.get("native"):
+        return NATIVE_NO_CLAIM
+    if kept is not None and sp["optimized"] and sp["hybrid"]:
+        return (
+            f"the hybrid keeps {_percent(kept)} of ESP-NN's speedup ({sp['optimized']:.2f}x -> "
+            f"{sp['hybrid']:.2f}x over ANSI C, {how})"
+        )
+    if not sp["optimized"] or sp["optimized"] <= 1.0 + doc.get("noise_band", NOISE_BAND):
+        got = f" ({sp['optimized']:.2f}x)" if sp["optimized"] else ""
+        return f"ESP-NN gives no speedup above the noise on this model{got}: no cost is claimed"
+    return (
+        f"the hybrid's time ({c['hybrid']:,} cycles, {how}) is outside the optimized and ANSI C builds' "
+        f"({c['optimized']:,} and {c['ansi']:,}): not comparable, no share of the speedup is claimed"
     )
+
+
+def _cost_sentence(doc: Mapping[str, Any]) -> str:
+    head = _cost_head(doc)
+    if doc.get("native"):
+        return head
     ops = "; ".join(
         f"op {r['op']} ({r['kind']}) costs {r['extra_cycles']:,} cycles more "
         f"({r['extra_cycles'] / doc['cpu_mhz'] / 1000.0:.3f} ms at {doc['cpu_mhz']} MHz)"
@@ -239,6 +270,45 @@ def _cost_sentence(doc: Mapping[str, Any]) -> str:
         if r["extra_cycles"] is not None
     )
     return head + (f"; {ops}" if ops else "")
+
+
+def invoke_cost(
+    us: Mapping[str, int | None], *, native: bool = False, noise_band: float = NOISE_BAND
+) -> dict[str, Any]:
+    """Without per-op cycles (a bisection without taps): the cost from the three builds' measured invoke
+    times (``optimized``, ``ansi``, ``hybrid``, in us), under the same rules as :func:`cost_report`."""
+    opt, ansi, hyb = us.get("optimized"), us.get("ansi"), us.get("hybrid")
+    kept = None
+    if native:
+        summary = NATIVE_NO_CLAIM + f" (invoke times: {dict(us)})"
+    elif opt and ansi and hyb and ansi > opt * (1.0 + noise_band):
+        if opt * (1.0 - noise_band) <= hyb <= ansi * (1.0 + noise_band):
+            kept = round(100.0 * (ansi - hyb) / (ansi - opt), 2)
+            summary = f"the hybrid keeps {kept:.1f}% of ESP-NN's speedup (invoke times: {dict(us)})"
+        else:
+            summary = (
+                f"the hybrid's invoke ({hyb} us) is outside the optimized and ANSI C builds' "
+                f"({opt} and {ansi} us): not comparable, no share of the speedup is claimed"
+            )
+    elif opt is None and hyb and ansi:
+        summary = (
+            f"the optimized build never finished an invoke; the hybrid takes {hyb} us, ANSI C "
+            f"{ansi} us ({ansi / hyb:.2f}x faster than ANSI C)"
+        )
+    elif opt and ansi:
+        summary = (
+            f"ESP-NN gives no speedup above the noise on this model ({ansi / opt:.2f}x): no cost is claimed"
+        )
+    else:
+        summary = f"invoke times: {dict(us)}"
+    return {
+        "invoke_us": dict(us),
+        "speedup_kept_percent": kept,
+        "measured": True,
+        "per_op": [],
+        "summary": summary,
+        "native": native,
+    }
 
 
 # ---- ESP-NN speedup audit -------------------------------------------------------------------------
@@ -250,8 +320,14 @@ def espnn_audit(
     optimized: Mapping[int, int],
     ansi: Mapping[int, int],
     noise_band: float = NOISE_BAND,
+    *,
+    native: bool = False,
+    min_cycles: int = MIN_AUDIT_CYCLES,
 ) -> dict[str, Any]:
     """Per op: ESP-NN expected on ``chip`` (with the reason when not), cycles of both builds, speedup.
+
+    An op below ``min_cycles`` ANSI C cycles gets no verdict (``no_verdict: below_floor``): its time is
+    mostly per-op overhead. On a native board (``native``) no op gets one: the timing is the PC's.
 
     Flags an op ``ansi_speed`` when ESP-NN should accelerate it but its speedup is within
     ``1 +- noise_band``, and ``slower`` when it runs slower optimized by more than the band. A kind
@@ -266,9 +342,13 @@ def espnn_audit(
         c_opt, c_ansi = optimized.get(op.index), ansi.get(op.index)
         speedup = (c_ansi / c_opt) if c_opt and c_ansi else None
         flag = None
-        if speedup is not None and speedup < 1.0 - noise_band:
+        small = c_ansi is not None and c_ansi < min_cycles
+        no_verdict = "native" if native else ("below_floor" if small else None)
+        if no_verdict is not None or speedup is None:
+            pass
+        elif speedup < 1.0 - noise_band:
             flag = "slower"
-        elif speedup is not None and a is not None and a.accelerated and speedup <= 1.0 + noise_band:
+        elif a is not None and a.accelerated and speedup <= 1.0 + noise_band:
             flag = "ansi_speed"
         rows.append(
             {
@@ -280,11 +360,15 @@ def espnn_audit(
                 "cycles_ansi": c_ansi,
                 "speedup": round(speedup, 3) if speedup is not None else None,
                 "flag": flag,
+                "no_verdict": no_verdict,
             }
         )
     return {
         "chip": chip,
         "noise_band": noise_band,
+        "min_cycles": min_cycles,
+        "native": native,
+        "note": NATIVE_NO_CLAIM if native else "",
         "rows": rows,
         "flagged_ops": [r["op"] for r in rows if r["flag"]],
         "kinds": _kind_findings(rows),
@@ -294,7 +378,11 @@ def espnn_audit(
 def _kind_findings(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for kind in dict.fromkeys(r["kind"] for r in rows):
-        expected = [r for r in rows if r["kind"] == kind and r["espnn"] and r["speedup"] is not None]
+        expected = [
+            r
+            for r in rows
+            if r["kind"] == kind and r["espnn"] and r["speedup"] is not None and not r.get("no_verdict")
+        ]
         at_ansi = [r for r in expected if r["flag"] == "ansi_speed"]
         slower = [r for r in rows if r["kind"] == kind and r["flag"] == "slower"]
         if expected and len(at_ansi) == len(expected):

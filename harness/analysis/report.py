@@ -144,6 +144,12 @@ def safe_markup(text: object) -> str:
     return escape(sanitize_text(text))
 
 
+def safe_lines(text: object, indent: str = "  ") -> str:
+    """Multi-line untrusted text (an error with its hint, a build log excerpt) for rich markup: each line
+    sanitized and escaped, line breaks kept (not shown as a literal ``\\x0a``), later lines indented."""
+    return f"\n{indent}".join(safe_markup(line) for line in str(text).splitlines() or [""])
+
+
 def _fmt(x: float | None, digits: int = 4) -> str:
     if x is None:
         return "-"
@@ -152,20 +158,35 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+# a label and the ESP-NN mode / kind that says the same thing: no "ansi (ansi_c)" in headers
+_SAME_MODE = {("ansi", "ansi_c")}  # besides a label equal to its mode
+
+
+def _source_label(label: str, mode: str) -> str:
+    """``label (mode)``, or just ``label`` where the mode repeats it."""
+    return label if (label, mode) in _SAME_MODE or label == mode else f"{label} ({mode})"
+
+
 def print_report(
-    result: CompareResult, console: Console | None = None, *, verdict_label: str = "verdict"
+    result: CompareResult,
+    console: Console | None = None,
+    *,
+    verdict_label: str | None = "verdict",
+    simulated: bool | None = None,
 ) -> None:
-    """Terminal report: per output, one column per compared pair; mismatches in red."""
+    """Terminal report: per output, one column per compared pair; mismatches in red. ``verdict_label``
+    None: no verdict line (the caller prints the run's one); ``simulated`` overrides the result's flag."""
     con = console or Console()
-    labels = {s.label: safe_markup(f"{s.label} ({s.nn_mode or s.kind})") for s in result.sources}
+    labels = {s.label: safe_markup(_source_label(s.label, s.nn_mode or s.kind)) for s in result.sources}
+    simulated = result.simulated if simulated is None else simulated
     groups: dict[tuple[int, int], list[TensorComparison]] = {}
     for c in result.comparisons:
         groups.setdefault((c.run, c.output), []).append(c)
     for (run, out), comps in groups.items():
         name = next((c.name for c in comps if c.name), "")
         title = f"run {run}, output {out}" + (f" ({safe_markup(name)})" if name else "")
-        if result.simulated:
-            title += " [simulated board]"
+        if simulated:
+            title += " \\[SIMULATED board]"
         table = Table(title=title, title_justify="left")
         table.add_column("metric")
         for c in comps:
@@ -222,6 +243,8 @@ def print_report(
         )
     for w in result.warnings:
         con.print("[yellow]warning:[/] " + safe_markup(w), highlight=False)
+    if verdict_label is None:
+        return
     colour = {"match": "green", "mismatch": "red", "firmware_fault": "red"}.get(str(result.verdict), "yellow")
     code = f" (exit {int(result.exit_code)})" if verdict_label == "verdict" else ""
     con.print(f"[bold {colour}]{escape(verdict_label)}: {result.verdict}[/]{code}")

@@ -487,7 +487,8 @@ def audit_captures(model: Any, caps: Mapping[str, Any]) -> dict[str, Any] | None
         return None
     chip = caps["optimized"].info.get("chip") or caps["optimized"].info.get("target") or ""
     try:
-        return espnn_audit(model, chip, op_cycles(caps["optimized"]), op_cycles(caps["ansi"]))
+        native = bool(caps["optimized"].info.get("native"))  # a PC's timing: no audit claim
+        return espnn_audit(model, chip, op_cycles(caps["optimized"]), op_cycles(caps["ansi"]), native=native)
     except EspCheckError:  # a chip the ESP-NN table does not know: no expectation to audit against
         return None
 

@@ -24,6 +24,11 @@ class FiniteFloat(click.FloatRange):
 
     name = "finite float"
 
+    def _describe_range(self) -> str:
+        if self.min is None and self.max is None:
+            return "finite"  # not click's "x<=None"
+        return super()._describe_range()
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         rv = super().convert(value, param, ctx)
         if not math.isfinite(rv):

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -14,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.analysis.report import safe_markup
+from harness.analysis.report import safe_lines, safe_markup
 from harness.commands.common import (
     ARENA_KB,
     BAUD,
@@ -105,6 +106,12 @@ _VERDICT = (
     ),
     click.option(
         "--no-reference", is_flag=True, help="Skip the host TFLM reference (two-way comparison only)."
+    ),
+    click.option(
+        "--allow-untested",
+        is_flag=True,
+        help="Run a model in which ESP-NN accelerates no op on the board's chip (a float or int16 model): "
+        "refused with exit 2 without it, since both variants run the same kernels.",
     ),
 )
 _BUILD = (
@@ -208,7 +215,49 @@ _DATASET = (
 )
 
 
-@click.command("flash-and-compare")
+class _FlashAndCompareCommand(click.Command):
+    """flash-and-compare, whose usage errors found before the run (click's checks of the flags, flags
+    that exclude each other) rewrite an earlier report.json in --out as usage_error, as the run's own
+    usage errors do: the last run's "match" must not stay beside a command line that was refused."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # click's parser consumes the list
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            _refused(_out_in_args(given), exc.format_message())
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            if not ctx.meta.get(_FLOW_STARTED):  # the flow writes its own report
+                _refused(ctx.params.get("out_dir") or Path("esp-check-out"), exc.message)
+            raise
+
+
+_FLOW_STARTED = "esp_check.flow_started"
+
+
+def _out_in_args(args: list[str]) -> Path:
+    """The --out an unparsable command line names (its last one), or the default."""
+    out = "esp-check-out"
+    for i, a in enumerate(args):
+        if a == "--out" and i + 1 < len(args):
+            out = args[i + 1]
+        elif a.startswith("--out="):
+            out = a.split("=", 1)[1]
+    return Path(out)
+
+
+def _refused(out_dir: Path, message: str) -> None:
+    from harness.flows.report import write_refusal
+
+    write_refusal(Path(out_dir), message)
+
+
+@click.command("flash-and-compare", cls=_FlashAndCompareCommand)
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @input_options
 @with_options(*_BOARD, *_VERDICT, *_BUILD)
@@ -225,6 +274,7 @@ def flash_and_compare_cmd(
     tolerance_lsb: float,
     ref_tolerance_lsb: float,
     no_reference: bool,
+    allow_untested: bool,
     builder: str | None,
     cache_dir: Path | None,
     flash_baud: int | None,
@@ -262,19 +312,9 @@ def flash_and_compare_cmd(
         raise UsageError("--dump-ops needs --tap (or --tap-inputs in a dataset run)", hint="add --tap")
     dump_list = list(dump_ops or ())
     console = make_console(stderr=True)
-    t0 = time.monotonic()
-
     status = console.status("starting", spinner="dots")
-
-    def progress(stage: str, message: str) -> None:
-        """A spinner names the stage in progress; each finished stage leaves one line."""
-        if message == "started":
-            status.update(f"{escape(stage)} ...")
-            return
-        style = "red" if message.startswith("failed") else "green"
-        when = f"{time.monotonic() - t0:7.1f}s"
-        console.print(f"[dim]{when}[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] {safe_markup(message)}")
-
+    progress = _progress(console, status)
+    click.get_current_context().meta[_FLOW_STARTED] = True
     with status:
         result = flash_and_compare(
             model,
@@ -299,15 +339,32 @@ def flash_and_compare_cmd(
             bundle=bundle_path,
             dataset=data,
             native=native,
+            allow_untested=allow_untested,
         )
     if as_json:
         doc = json.loads(result.report_path.read_text(encoding="utf-8"))
         from harness.flows.report import report_as
 
         echo_json(lambda: report_as(doc, schema_version))
+        _print_verdict(console, result)  # stdout holds the JSON; the one verdict line goes to stderr
     else:
         _print_summary(console, result)
     return int(result.exit_code)
+
+
+def _progress(console: Console, status: Any) -> Callable[[str, str], None]:
+    """A spinner names the stage in progress; each finished stage leaves one line."""
+    t0 = time.monotonic()
+
+    def progress(stage: str, message: str) -> None:
+        if message == "started":
+            status.update(f"{escape(stage)} ...")
+            return
+        style = "red" if message.startswith("failed") else "green"
+        when = f"{time.monotonic() - t0:7.1f}s"
+        console.print(f"[dim]{when}[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] {safe_markup(message)}")
+
+    return progress
 
 
 def _dataset_options(
@@ -329,9 +386,16 @@ def _dataset_options(
                 "flash-and-compare needs at least one --input (or --dataset / --random-inputs)",
                 hint="pass --input FILE (repeatable)",
             )
+        _refuse_given(
+            DATASET_ONLY,
+            "only to a dataset run, not to --input files",
+            "drop it, or run --dataset DIR / --random-inputs N",
+        )
         return None
     if has_inputs:
         raise UsageError("--input and --dataset/--random-inputs exclude each other", hint="give one")
+    if dataset is not None:
+        _refuse_given(("seed",), "only to --random-inputs (a dataset's inputs are given)", hint="drop --seed")
     if tap:
         raise UsageError(
             "--tap runs on --input files; in a dataset run, name the inputs to tap",
@@ -342,13 +406,32 @@ def _dataset_options(
     return data
 
 
+# flags that mean something only in a dataset run (--tap-inputs is refused on its own, with a hint)
+DATASET_ONLY = ("repeat", "labels", "results", "seed")
+
+
+def _refuse_given(names: tuple[str, ...], why: str, hint: str) -> None:
+    """Refuse the flags among ``names`` the user gave (not defaults): a flag that does not apply would
+    otherwise be ignored silently (e.g. --repeat 3 on --input files checks no determinism)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return
+    given = [
+        n for n in names if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)
+    ]
+    if given:
+        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        verb = "applies" if len(given) == 1 else "apply"
+        raise UsageError(f"{flags} {verb} {why}", hint=hint)
+
+
 def _print_summary(console: Console, result: Any) -> None:
     from harness.analysis.report import print_report
 
     refused = getattr(result, "reference_refused", None)
-    if result.comparison is not None:
-        label = "optimized vs ANSI C only (the host reference refused)" if refused else "verdict"
-        print_report(result.comparison, console, verdict_label=label)
+    if result.comparison is not None:  # the run's one verdict line comes last (_print_verdict)
+        label = "optimized vs ANSI C only (the host reference refused)" if refused else None
+        print_report(result.comparison, console, verdict_label=label, simulated=result.simulated)
     kind = " (SIMULATED BOARD)" if result.simulated else ""
     kind = " (NATIVE: built for this PC)" if result.native else kind
     table = Table(title="flash-and-compare" + kind)
@@ -365,7 +448,10 @@ def _print_summary(console: Console, result: Any) -> None:
             skipped = sum(1 for x in r.flash["regions"] if x["skipped"])
             flash = f"{written} B written, {skipped} region(s) already there"
             shown.append((v, r.flash))
-        findings = safe_markup(", ".join(f"{f['kind']} ({f['severity']})" for f in r.findings) or "-")
+        findings = safe_markup(
+            ", ".join(f"{f['kind']} ({getattr(f['severity'], 'value', f['severity'])})" for f in r.findings)
+            or "-"
+        )
         table.add_row(
             v,
             (r.firmware_sha256 or "-")[:12] + (" (cached)" if r.build_cache_hit else ""),
@@ -385,14 +471,20 @@ def _print_summary(console: Console, result: Any) -> None:
     if getattr(result, "tap", None) is not None:
         _print_tap(console, result.tap)
     for warn in result.warnings:
-        console.print(f"[yellow]warning:[/yellow] {safe_markup(warn)}")
+        console.print(f"[yellow]warning:[/yellow] {safe_lines(warn)}")
     for err in result.errors:
-        console.print(f"[red]error:[/red] {safe_markup(err)}")
-    failed = [s for s in result.stages if s.status == "failed"]
-    for s in failed:
-        console.print(
-            f"[red]{escape(s.stage)} \\[{escape(s.variant or '-')}] failed:[/red] {safe_markup(s.detail)}"
-        )
+        console.print(f"[red]error:[/red] {safe_lines(err)}")
+    for s in result.stages:  # a failed stage whose error is already listed above is not said twice
+        if s.status == "failed" and not any(s.detail and s.detail in e for e in result.errors):
+            console.print(
+                f"[red]{escape(s.stage)} \\[{escape(s.variant or '-')}] failed:[/red] {safe_lines(s.detail)}"
+            )
+    _print_verdict(console, result)
+
+
+def _print_verdict(console: Console, result: Any) -> None:
+    """The run's one verdict line, with what it rests on, then where the artifacts are."""
+    refused = getattr(result, "reference_refused", None)
     color = {ExitCode.MATCH: "green", ExitCode.MISMATCH: "red", ExitCode.FIRMWARE_FAULT: "red"}.get(
         result.exit_code, "yellow"
     )

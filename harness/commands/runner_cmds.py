@@ -27,16 +27,20 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 @contextlib.contextmanager
 def _stop_on_signals(stop: threading.Event, hard: threading.Event, console: Console) -> Iterator[None]:
-    """First Ctrl-C / SIGTERM: finish running attempts, abort the rest. Second: stop waiting."""
+    """First Ctrl-C: finish running attempts, abort the rest. A second signal, or SIGTERM (timeout(1),
+    docker stop and CI cancels send it, then kill the process after a few seconds): abandon the running
+    attempts now, abort the rest, write the reports."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, _frame: Any) -> None:
         name = signal.Signals(signum).name
-        if stop.is_set():
+        if stop.is_set() or signum == signal.SIGTERM:
+            again = " again" if stop.is_set() else ""
+            stop.set()
             hard.set()
-            console.print(f"[red]{name} again: abandoning running attempts; writing reports[/red]")
+            console.print(f"[red]{name}{again}: abandoning running attempts; writing reports[/red]")
         else:
             stop.set()
             console.print(

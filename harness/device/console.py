@@ -35,6 +35,7 @@ from serial.urlhandler import protocol_socket
 from harness.analysis.classify import BootCounter
 from harness.device.ports import TransportCaps
 from harness.device.reset import hard_reset_into_app
+from harness.errors import EspCheckError, write_error
 from harness.protocol.frames import RSP_HELLO, Frame, FrameDecoder
 
 __all__ = ["ENDED_BY", "RawCapture", "capture_run"]
@@ -86,6 +87,7 @@ class _State:
         self.frames: FrameDecoder | None = None  # set when the capture stops at a frame
         self.stop_on_frame: Callable[[Frame], bool] | None = None
         self.stop_frame: Frame | None = None
+        self.log_error: EspCheckError | None = None  # the serial log could not be written
 
 
 def _socket_of(port: serial.SerialBase) -> socket.socket | None:
@@ -160,8 +162,12 @@ def _reader(
             if st.first_byte is None:
                 st.first_byte = now
             if log is not None:
-                log.write(chunk)
-                log.flush()
+                try:
+                    log.write(chunk)
+                    log.flush()
+                except OSError as exc:  # a full disk: the capture stops, said as such (not a lost link)
+                    st.log_error = write_error(exc, f"the serial log {getattr(log, 'name', '')}".rstrip())
+                    break
             room = max_bytes - len(st.buf)
             if room >= len(chunk):
                 st.buf += chunk
@@ -274,7 +280,10 @@ def capture_run(
         st.stop.set()
         thread.join(5.0)
         if log is not None:
-            log.close()
+            with contextlib.suppress(OSError):  # its buffer is empty, or the error was recorded
+                log.close()
+    if st.log_error is not None:
+        raise st.log_error
     if st.error is not None:
         notes.append(f"link closed: {st.error}")
     if st.dropped:

@@ -21,7 +21,7 @@ from typing import IO
 
 import serial
 
-from harness.errors import CaptureError
+from harness.errors import CaptureError, write_error
 from harness.protocol import frames as fr
 
 __all__ = ["DeviceRestarted", "LinkError", "LinkStats", "LoopClient"]
@@ -140,8 +140,11 @@ class LoopClient:
         self.stats.rx_bytes += len(data)
         self.raw += data
         if self.log is not None:
-            self.log.write(data)
-            self.log.flush()
+            try:
+                self.log.write(data)
+                self.log.flush()
+            except OSError as exc:  # a full disk is not a lost link (pump's OSError means the link)
+                raise write_error(exc, f"the serial log {getattr(self.log, 'name', '')}".rstrip()) from None
         bad_before, stale_before = self.dec.stats.bad, self.dec.stats.stale
         for item in self.dec.feed(data):
             if isinstance(item, fr.Frame):

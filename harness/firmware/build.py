@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness import __version__
-from harness.errors import BuildError, UsageError
+from harness.errors import BuildError, PlatformUnreachableError, UsageError
 from harness.firmware.boards import BOOTLOADER_OFFSETS, BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, default_cache_dir
 from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_ENV, read_manifest
@@ -318,7 +318,8 @@ def _find_tool(explicit: str | Path | None, names: Sequence[str], env: Mapping[s
 def _tool_failed(tool: str, rc: int, tail: list[str], log_path: Path) -> BuildError:
     what, hint, relevant = _classify_failure(tail)
     shown = "\n".join("  " + ln for ln in relevant)
-    return BuildError(
+    offline = any(_OFFLINE.search(ln) for ln in relevant)
+    return (PlatformUnreachableError if offline else BuildError)(
         f"{tool} failed (exit code {rc}): {what}\n{shown}\nFull log: {log_path}",
         hint=hint,
     )

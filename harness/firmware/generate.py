@@ -259,8 +259,12 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    except OSError:  # a full disk: no half-written .tmp left behind
+        tmp.unlink(missing_ok=True)
+        raise
     return True
 
 

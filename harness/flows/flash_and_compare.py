@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,16 @@ from harness.analysis.tap import TapResult
 from harness.device.locks import board_lock
 from harness.device.loop import LinkStats
 from harness.device.ports import check_present, refuse_raw_tcp_simulator, resolve_port
-from harness.errors import EspCheckError, ExitCode, ReferenceRefusedError, UsageError, combine_exit_codes
+from harness.errors import (
+    DISK_FULL_ERRNOS,
+    EspCheckError,
+    ExitCode,
+    ReferenceRefusedError,
+    Terminated,
+    UsageError,
+    combine_exit_codes,
+    write_error,
+)
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
 from harness.firmware.native.project import NATIVE_MEANING, NativeOptions
@@ -55,7 +64,7 @@ from harness.flows.records import (
     VariantRun,
 )
 from harness.flows.refused import refusal_finding
-from harness.flows.report import write_junit, write_report
+from harness.flows.report import discard_report, write_junit, write_report
 from harness.flows.resident import ResidentBoard
 from harness.flows.tap_run import TapRunRequest, run_tap_flow
 from harness.model.inputs import InputOptions, input_tensor_bytes
@@ -160,6 +169,7 @@ def flash_and_compare(
     bundle: str | Path | None = None,
     dataset: DatasetOptions | None = None,
     native: NativeOptions | None = None,
+    allow_untested: bool = False,
 ) -> FlashAndCompareResult:
     """Run the whole job and return its result; the report is always written to ``out_dir``.
 
@@ -167,13 +177,17 @@ def flash_and_compare(
     stage and decide the exit code. With ``lock`` the board's cross-process lock (harness.device.locks,
     in ``lock_dir``) is held while flashing and capturing; a board still busy after ``lock_timeout``
     seconds is an infrastructure error (exit 3). ``dataset``: a whole dataset instead of ``inputs``
-    (docs/dataset.md); ``native``: a native board's builds (docs/native.md).
+    (docs/dataset.md); ``native``: a native board's builds (docs/native.md). A model in which ESP-NN
+    accelerates no op on the board's chip is refused (UsageError, exit 2: both variants would run the same
+    kernels) unless ``allow_untested``; then it runs, and the report says ESP-NN was not tested.
     """
     t_all = time.monotonic()
     limits = timeouts or StageTimeouts()
     check_tolerances(tolerance_lsb, ref_tolerance_lsb)
     out = prepare_out_dir(out_dir)
+    discard_report(out)
     run = _Run.empty(model, inputs, out, progress)
+    _refuse_clobbering(run, junit=junit, html=html, bundle=bundle)
 
     def lock_cm() -> contextlib.AbstractContextManager[Any] | None:
         """The board's lock, or None for a simulated board made for this run alone (nobody else's)."""
@@ -184,8 +198,9 @@ def flash_and_compare(
     def finish() -> FlashAndCompareResult:
         return _finish(run, time.monotonic() - t_all, junit=junit, html=html, bundle=bundle)
 
-    try:
-        _start(run, board, port)
+    with _stopped(run, finish):
+        _start(run, board, port, allow_untested)
+        _check_dump_ops(dump_ops, run.info)
         if dataset is not None:
             job = _DatasetJob(
                 input_options, reference, builder, cache_dir, arena_kb, limits, flash_baud, native,
@@ -212,26 +227,75 @@ def flash_and_compare(
             return finish()
         run.comparison = _compare(run, ref_source, tolerance_lsb, ref_tolerance_lsb)
         if tap:
-            req = TapRunRequest(
+            _tap(run, lock_cm, TapRunRequest(
                 run.model, tuple(run.inputs), run.info, run.board, run.port_url, run.out, builder, cache_dir,
                 input_options, arena_kb, limits, flash_baud, reference, tuple(sorted(set(dump_ops))), native,
-            )  # fmt: skip
-            outcome = run.rec.run(
-                "tap", None, lambda: run_tap_flow(req, run.variants, rec=run.rec, lock_cm=lock_cm())
-            )
-            run.tap = outcome.result
-            run.errors.extend(outcome.errors)
-            run.codes.extend(outcome.codes)
-    except EspCheckError as exc:  # before any hardware: a usage error; the report still says so
+            ))  # fmt: skip
+    return finish()
+
+
+@contextlib.contextmanager
+def _stopped(run: _Run, finish: Callable[[], FlashAndCompareResult]) -> Iterator[None]:
+    """A run that stops early still writes its report, saying why: a usage error found before any
+    hardware (or any EspCheckError that escaped a stage), Ctrl-C or SIGTERM, a full disk (exit 3)."""
+    try:
+        yield
+    except EspCheckError as exc:
         run.failed("stopped", exc)
         finish()
         raise
-    except KeyboardInterrupt:
-        run.errors.append("interrupted (Ctrl-C): the run did not finish")
-        run.codes.append(ExitCode.INTERRUPTED)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (harness.cli turns it into Terminated)
+        _interrupted(run, exc)
         finish()
         raise
-    return finish()
+    except OSError as exc:  # writing an artifact (a project, a log) failed: the host's disk, exit 3
+        if exc.errno not in DISK_FULL_ERRNOS:
+            raise
+        err = write_error(exc, f"the artifacts in {run.out}")
+        run.failed("stopped", err)
+        with contextlib.suppress(EspCheckError):  # no room for the report either: write_report cleans up
+            finish()
+        raise err from None
+
+
+def _refuse_clobbering(
+    run: _Run, *, junit: str | Path | None, html: str | Path | None, bundle: str | Path | None
+) -> None:
+    """--junit/--html/--bundle must not overwrite report.json, a log or project of this run, the model or
+    an input, or each other (``--bundle OUT/report.json`` replaced the report with a zip, exit 0)."""
+    mine = {run.out / "report.json": "this run's report.json", run.model.resolve(): "the model"}
+    mine.update({p.resolve(): "an input" for p in run.inputs})
+    taken: dict[Path, str] = {}
+    for flag, given in (("--junit", junit), ("--html", html), ("--bundle", bundle)):
+        if given is None:
+            continue
+        path = Path(given).resolve()
+        inside = next((d for d in ("logs", "projects") if path.is_relative_to(run.out / d)), None)
+        clash = mine.get(path) or taken.get(path) or (f"this run's {inside}/ directory" if inside else None)
+        if clash is not None:
+            exc = UsageError(f"{flag} {given} would overwrite {clash}", hint=f"give {flag} another path")
+            run.failed("stopped", exc)
+            _finish(run, 0.0, junit=None, html=None, bundle=None)
+            raise exc
+        taken[path] = f"the {flag} file"
+
+
+def _tap(
+    run: _Run, lock_cm: Callable[[], contextlib.AbstractContextManager[Any] | None], req: TapRunRequest
+) -> None:
+    """``--tap``: the tap flow after the comparison (its dump run, timing, culprit)."""
+    cm = lock_cm()
+    outcome = run.rec.run("tap", None, lambda: run_tap_flow(req, run.variants, rec=run.rec, lock_cm=cm))
+    run.tap = outcome.result
+    run.errors.extend(outcome.errors)
+    run.codes.extend(outcome.codes)
+
+
+def _interrupted(run: _Run, exc: KeyboardInterrupt) -> None:
+    """A run stopped by Ctrl-C (exit 130) or SIGTERM (143): its report says so, never a verdict."""
+    how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+    run.errors.append(f"interrupted ({how}): the run did not finish")
+    run.codes.append(ExitCode.TERMINATED if isinstance(exc, Terminated) else ExitCode.INTERRUPTED)
 
 
 def prepare_out_dir(out_dir: str | Path) -> Path:
@@ -256,7 +320,7 @@ def prepare_out_dir(out_dir: str | Path) -> Path:
 SERVED_SIM_SCHEMES = ("rfc2217://",)  # socket:// cannot reset a served simulator: refused in _start
 
 
-def _start(run: _Run, board: str | Path, port: str | None) -> None:
+def _start(run: _Run, board: str | Path, port: str | None, allow_untested: bool = False) -> None:
     """Load the board and model and pick the port (usage errors raise: nothing touched yet).
 
     A simulated board runs only on a simulator's port: ``sim://`` in this process, or the
@@ -269,11 +333,19 @@ def _start(run: _Run, board: str | Path, port: str | None) -> None:
     run.loaded_model = load_model(run.model)
     run.espnn = _espnn_coverage(run.loaded_model, board_def.chip)
     if run.espnn["accelerated_ops"] == 0:
-        run.warnings.append(
+        untested = (
             f"ESP-NN accelerates none of this model's {run.espnn['ops']} ops on {board_def.chip} "
             f"({run.espnn['why']}): both variants run the same TFLM kernels, so a match here says "
             "nothing about ESP-NN"
         )
+        if not allow_untested:
+            raise UsageError(
+                untested,
+                hint="esp-check inspect MODEL lists what ESP-NN accelerates per chip (an int8 model is "
+                "what it accelerates); pass --allow-untested to run it anyway (the verdict then says "
+                "ESP-NN NOT TESTED)",
+            )
+        run.warnings.append(untested)
     if board_def.is_native:
         if port is not None and not port.startswith("native://"):
             raise UsageError(
@@ -308,9 +380,25 @@ def _start(run: _Run, board: str | Path, port: str | None) -> None:
         run.port_url = sim_port_for(board_def.chip, board_def.reset, template, board_def.flash_size)
         run.fresh_sim = port is None
     else:
+        if port is not None and port.startswith("sim://"):  # else minutes of real builds, then a failure
+            raise UsageError(
+                f"board {board_def.name} is a real board, but --port {port} is a simulated board's",
+                hint="give the board's serial port (or --port auto), or --board sim for the simulator",
+            )
         run.port_url = port or "auto"
         ps = run.rec.run("port", None, lambda: resolve_port(run.port_url, board_def))
         run.rec.run("port-present", None, lambda: check_present(ps))
+
+
+def _check_dump_ops(dump_ops: Sequence[int], info: ModelInfo) -> None:
+    """``--dump-ops`` names ops of this model (refused before anything is built, not after the run)."""
+    bad = sorted(i for i in set(dump_ops) if not 0 <= i < len(info.ops))
+    if bad:
+        raise UsageError(
+            f"--dump-ops {','.join(map(str, bad))}: the model has {len(info.ops)} op(s), "
+            f"indices 0..{len(info.ops) - 1}",
+            hint="esp-check inspect MODEL lists the ops with their indices",
+        )
 
 
 def _espnn_coverage(info: ModelInfo, chip: str) -> dict[str, Any]:

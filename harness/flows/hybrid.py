@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis.compare import CompareResult, Source, compare_sources
-from harness.analysis.hybrid import NOISE_BAND, Bisection, cost_report, hybrid_evidence
+from harness.analysis.hybrid import NOISE_BAND, Bisection, cost_report, hybrid_evidence, invoke_cost
 from harness.analysis.tap import Divergence, device_taps, first_divergence, op_cycles
 from harness.errors import EspCheckError, ExitCode, UsageError, combine_exit_codes
 from harness.firmware.boards import Board, load_board
@@ -556,7 +556,8 @@ def _cost(st: _State, dump_caps: dict[str, Capture]) -> dict[str, Any] | None:
     )  # fmt: skip
     if "optimized" in caps and op_cycles(caps["optimized"]) and op_cycles(caps["ansi"]):
         opt, ansi = op_cycles(caps["optimized"]), op_cycles(caps["ansi"])
-        return cost_report(st.info, opt, ansi, st.res.ansi_ops, mhz, measured)
+        native = bool(caps["ansi"].info.get("native"))  # a PC's timing: no cost claim (analysis.hybrid)
+        return cost_report(st.info, opt, ansi, st.res.ansi_ops, mhz, measured, native=native)
     return _invoke_cost(st, caps)
 
 
@@ -578,19 +579,8 @@ def _invoke_cost(st: _State, caps: dict[str, Capture]) -> dict[str, Any]:
 
     us = {"optimized": first_us(caps.get("optimized")), "ansi": first_us(caps.get("ansi")),
           "hybrid": first_us(ver.capture if ver else None)}  # fmt: skip
-    kept = None
-    if us["optimized"] and us["ansi"] and us["hybrid"] and us["ansi"] > us["optimized"]:
-        kept = round(100.0 * (us["ansi"] - us["hybrid"]) / (us["ansi"] - us["optimized"]), 2)
-    if kept is not None:
-        summary = f"the hybrid keeps {kept:.1f}% of ESP-NN's speedup (invoke times: {us})"
-    elif us["optimized"] is None and us["hybrid"] and us["ansi"]:
-        summary = (
-            f"the optimized build never finished an invoke; the hybrid takes {us['hybrid']} us, ANSI C "
-            f"{us['ansi']} us ({us['ansi'] / us['hybrid']:.2f}x faster than ANSI C)"
-        )
-    else:
-        summary = f"invoke times: {us}"
-    return {"invoke_us": us, "speedup_kept_percent": kept, "measured": True, "per_op": [], "summary": summary}
+    native = any(bool(c.info.get("native")) for c in caps.values())  # a PC's timing: no claim
+    return invoke_cost(us, native=native)
 
 
 def _reuse_baseline_repro(st: _State, ops: list[int]) -> bool:

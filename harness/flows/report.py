@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -13,14 +14,14 @@ from harness.analysis.compare import results_document
 from harness.analysis.report import junit_error_tree, junit_tree, report_dict
 from harness.analysis.report import write_junit as write_junit_tree
 from harness.analysis.schemas import compare_v1, versioned
-from harness.errors import ExitCode
-from harness.flows.records import FlashAndCompareResult, StageStatus
+from harness.errors import EspCheckError, ExitCode, write_error
+from harness.flows.records import VARIANT_ORDER, FlashAndCompareResult, StageStatus, VariantRun
 
 SCHEMA_VERSION = 2  # 2: stage status ok|failed only; the embedded compare report is version 2
 
 
 def result_dict(
-    result: FlashAndCompareResult, *, model: Path, inputs: Sequence[Path], seconds: float
+    result: FlashAndCompareResult, *, model: Path | None, inputs: Sequence[Path], seconds: float
 ) -> dict[str, Any]:
     """The JSON report (``report.json``); schema: docs/flash-and-compare-schema.json."""
     return {
@@ -33,7 +34,7 @@ def result_dict(
         "native": result.native,
         "board": result.board,
         "port": result.port,
-        "model": str(model),
+        "model": str(model) if model is not None else "",
         "inputs": [str(p) for p in inputs],
         "seconds": round(seconds, 3),
         "errors": result.errors,
@@ -64,12 +65,48 @@ def result_dict(
 
 
 def write_report(
-    result: FlashAndCompareResult, *, model: Path, inputs: Sequence[Path], seconds: float
+    result: FlashAndCompareResult, *, model: Path | None, inputs: Sequence[Path], seconds: float
 ) -> None:
+    """report.json, replaced atomically. When it cannot be written (a full disk), no half file and no
+    earlier report stays behind: an old "match" beside this run's logs would be a false verdict."""
     doc = result_dict(result, model=model, inputs=inputs, seconds=seconds)
     tmp = result.report_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(result.report_path)
+    try:
+        tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+        tmp.replace(result.report_path)
+    except OSError as exc:
+        for stale in (tmp, result.report_path):
+            with contextlib.suppress(OSError):
+                stale.unlink(missing_ok=True)
+        raise write_error(exc, str(result.report_path)) from None
+
+
+def write_refusal(out_dir: Path, message: str) -> None:
+    """Replace an earlier report.json in ``out_dir`` by one that says usage_error (exit 2, ``message``):
+    a command line refused before the run (click's checks, exclusive flags) must not leave the last
+    run's "match" in place. Nothing is created where no report was."""
+    report = out_dir / "report.json"
+    if not report.is_file():
+        return
+    result = FlashAndCompareResult(
+        out_dir=out_dir, board="", port="", simulated=False, stages=[],
+        variants={v: VariantRun(v) for v in VARIANT_ORDER}, comparison=None, exit_code=ExitCode.USAGE,
+        report_path=report, errors=[f"stopped: {message}"],
+    )  # fmt: skip
+    with contextlib.suppress(EspCheckError):  # cannot be written: write_report removed the old one
+        write_report(result, model=None, inputs=[], seconds=0.0)
+
+
+def discard_report(out_dir: Path) -> None:
+    """Remove an earlier run's report.json (and a left-over .tmp) before this run writes its own: if
+    this run cannot finish its report (killed, disk full), no earlier verdict is left to be read as its."""
+    for name in ("report.json", "report.json.tmp"):
+        path = out_dir / name
+        try:
+            if path.is_file() or path.is_symlink():
+                path.unlink()
+        except OSError as exc:
+            raise write_error(exc, f"the earlier {path}") from None
 
 
 def write_junit(result: FlashAndCompareResult, path: Path) -> None:

@@ -157,8 +157,6 @@ class ResidentBoard:
 
         def go() -> Boot:
             cur = self.current
-            if cur is not None and cur.variant == variant:
-                return cur
             if self.lost:  # as a fresh session would: close the dead handle, open the port again
                 with contextlib.suppress(Exception):
                     self.dev.close()
@@ -183,6 +181,8 @@ class ResidentBoard:
             self.lost = boot.raw.ended_by == "disconnect"
             return boot
 
+        if self.current is not None and self.current.variant == variant:
+            return self.current  # already running: no boot, and no second "boot" stage in the report
         return self.rec.run("boot", variant, guarded)
 
     def select_with_esptool(self, variant: str, log_path: Path) -> None:

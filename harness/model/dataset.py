@@ -228,6 +228,14 @@ def _apply_labels(ds: Dataset, path: Path) -> None:
             f"--labels {path} names none of the dataset's {len(ds.items)} inputs",
             hint="use the input file names (or paths relative to the dataset directory) as keys",
         )
+    missing = [it.name for it in ds.items if it.label is None]
+    if missing:  # accuracy over the labelled part only would read as the whole dataset's
+        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        raise InputDataError(
+            f"--labels {path} gives no label for {len(missing)} of the dataset's {len(ds.items)} inputs "
+            f"({shown}): the accuracy would count only the others",
+            hint="label every input (by file name, or path relative to the dataset directory)",
+        )
 
 
 CLASSES_FILE = "classes.txt"

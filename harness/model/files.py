@@ -63,11 +63,12 @@ def _check_stat(
     st: os.stat_result, p: Path, what: str, max_bytes: int, error: type[UsageError], big_hint: str
 ) -> None:
     if not stat.S_ISREG(st.st_mode):
+        kind = _kind(st.st_mode)
         raise _refuse(
             error,
             p,
             what,
-            _kind(st.st_mode),
+            kind if kind == "not a regular file" else f"{kind}, not a regular file",
             "give the path of a regular file (not a pipe, device or directory)",
         )
     if st.st_size > max_bytes:

@@ -421,7 +421,14 @@ def _normalise(
         s = 1.0 if opts.scale is None else float(opts.scale)
         o = 0.0 if opts.offset is None else float(opts.offset)
         notes.append(f"normalised: real = value * {s:g} + {o:g}")
-        return data.astype(np.float64) * s + o
+        with np.errstate(over="ignore", invalid="ignore"):  # said below, not as a numpy warning
+            real = data.astype(np.float64) * s + o
+        if not np.all(np.isfinite(real)):
+            raise InputDataError(
+                f"--input-scale {s:g} / --input-offset {o:g} turn this input's values into infinities",
+                hint="give the scale and offset that map the data to the model's real input range",
+            )
+        return real
     name = opts.value_range
     if name is None and is_8bit_pixels:
         default = default_image_range(tensor)

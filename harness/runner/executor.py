@@ -9,8 +9,9 @@ lock, and compares on the host.
 
 What happens after an attempt (retry, confirmation re-run, final verdict, power cycle, quarantine)
 is decided by the pure function :func:`harness.runner.policy.decide`; this module applies its
-decisions. A stop request (Ctrl-C / SIGTERM via ``RunOptions.stop``) lets running attempts finish,
-marks the rest aborted and still writes every report.
+decisions. A stop request (Ctrl-C via ``RunOptions.stop``) lets running attempts finish, marks the rest
+aborted and still writes every report; a hard stop (SIGTERM, or a second signal: ``hard_stop``) abandons
+the running attempts too: what they return afterwards is not recorded.
 """
 
 from __future__ import annotations
@@ -29,7 +30,16 @@ from typing import Any
 
 from harness.device.labgrid import LabgridClient, PlaceLease
 from harness.device.locks import BoardLock, lock_key
-from harness.errors import BoardBusyError, EspCheckError, ExitCode, PlanError, Verdict, combine_exit_codes
+from harness.errors import (
+    BoardBusyError,
+    BuildError,
+    EspCheckError,
+    ExitCode,
+    PlanError,
+    PlatformUnreachableError,
+    Verdict,
+    combine_exit_codes,
+)
 from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageRecord
 from harness.runner.inventory import BenchBoard, Inventory
@@ -144,6 +154,7 @@ class Runner:
         self.quarantine_after = options.quarantine_after or plan.run.quarantine_after
         self.moved_aside: Path | None = None
         self.leases: list[PlaceLease] = []  # labgrid places this run may hold (released at the end)
+        self.offline_tools: dict[str, BuildError] = {}  # tool -> its first "cannot reach its platform"
         self.tasks = self._make_tasks()
 
     # ---- setup ------------------------------------------------------------------------------------
@@ -296,6 +307,8 @@ class Runner:
                 return
             a = self._run_attempt(t, st)
             with self.cond:
+                if self.hard_stop.is_set():  # abandoned: its task is aborted, whatever came back late
+                    return
                 self._apply(t, st, a, self._decide(t, st, a))
                 cycle = st.status == BoardStatus.POWER_CYCLING
             verdict = Verdict.from_exit_code(_exit_code(a.exit_code))
@@ -549,7 +562,10 @@ class Runner:
             tuple(sorted(t.job.input_options.items())),
         )
 
+        tool = self.opt.builder or board.builder
+
         def make() -> dict[str, Any]:
+            self._refuse_if_offline(tool)
             from harness.firmware.generate import FirmwareFeatures
             from harness.flows.firmware import prepare_firmware
             from harness.flows.records import Recorder
@@ -572,10 +588,25 @@ class Runner:
                 native=self.opt.native,
             )
             for exc in fw.failures.values():
+                if isinstance(exc, PlatformUnreachableError):
+                    with self.cond:
+                        self.offline_tools.setdefault(tool, exc)
                 raise exc
             return dict(fw.builds)
 
         return dict(self.builds.get(key, make))
+
+    def _refuse_if_offline(self, tool: str) -> None:
+        """Once a build found that ``tool`` cannot reach its platform (offline), no other build of this
+        run tries again (each would spend minutes retrying the download): they fail at once, saying why."""
+        with self.cond:
+            first = self.offline_tools.get(tool)
+        if first is not None:
+            raise BuildError(
+                f"not built: an earlier build of this run found that {tool} cannot reach its platform "
+                f"({first.message.splitlines()[0]})",
+                hint=first.hint,
+            )
 
     def _reference(self, t: Task) -> Any:
         """The host reference of the task's model and inputs, prepared with the job's input options
@@ -671,6 +702,7 @@ class Runner:
         """Clear the previous run's reports, run every task on the boards, abort what is left."""
         started = time.time()
         self._prepare_out()
+        self._check_ports()
         try:
             self._work()
         finally:  # also on a crash or a second Ctrl-C: no labgrid place stays acquired by us
@@ -707,6 +739,24 @@ class Runner:
         self.moved_aside, said = move_aside(self.out, self.opt.report_paths)
         for line in said:
             self.say(f"[out] previous run's reports: {line}")
+
+    def _check_ports(self) -> None:
+        """Before any build: a board whose port does not exist now takes no work (its tasks go to the
+        other boards of its type, or end at once with "no usable board left")."""
+        from harness.device.ports import check_present
+
+        for st in self.boards.values():
+            if st.bench.place:  # a labgrid place has a port only once acquired
+                continue
+            try:
+                check_present(st.bench.resolve())
+            except EspCheckError as exc:
+                with self.cond:
+                    st.status = BoardStatus.QUARANTINED
+                    st.reason = f"port missing when the run started: {exc.message}"
+                self.event(EventKind.QUARANTINE, st.reason, board=st.bench.name)
+        with self.cond:
+            self._orphan_check()
 
     def _work(self) -> None:
         threads = []

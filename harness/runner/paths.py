@@ -27,6 +27,7 @@ _RESERVED = re.compile(r"^(con|prn|aux|nul|com[0-9¹²³]|lpt[0-9¹²³]|conin\$
 # what a run writes at the top of its out_dir, besides firmware/ (reusable builds, not verdicts)
 REPORT_NAMES = ("summary.json", "junit.xml", "summary.md", "jobs")
 PREVIOUS_DIR = "previous-run"
+INCOMPLETE_DIR = "incomplete-run"  # under previous-run/: what a run that did not finish (kill -9) left
 MARKER = ".esp-check-run"  # written into every out_dir (and previous-run/) a run uses
 SUMMARY_SCHEMA = "esp-check/run-summary"
 
@@ -63,9 +64,11 @@ def move_aside(out_dir: Path, extra: Iterable[Path] = ()) -> tuple[Path | None, 
 
     A run killed with SIGKILL writes no reports; without this, the reports of the run before it
     (summary.json, junit.xml, summary.md, jobs/*/result.json) would still say "match" next to the
-    new attempts. They go to ``out_dir/previous-run/`` (replacing what an older run left there);
-    report files at other paths (``--junit``, ``--markdown``, ``--json-file``) are deleted. Returns
-    the directory they went to (None when there was nothing) and lines saying what was moved or deleted.
+    new attempts. They go to ``out_dir/previous-run/`` (replacing what an older run left there). What
+    a run that did not finish left (no summary.json: killed) goes to ``previous-run/incomplete-run/``
+    instead, so the last complete run's summary and JUnit stay in ``previous-run/``. Report files at
+    other paths (``--junit``, ``--markdown``, ``--json-file``) are deleted. Returns the directory they
+    went to (None when there was nothing) and lines saying what was moved or deleted.
 
     Only what esp-check wrote is moved or replaced: a directory holding a ``jobs/`` or ``summary.json``
     that no esp-check run left (no marker file, no run summary) is refused with a UsageError, before
@@ -83,16 +86,21 @@ def move_aside(out_dir: Path, extra: Iterable[Path] = ()) -> tuple[Path | None, 
             f"{dest} was not written by esp-check; it would be replaced by the previous run's reports",
             hint="move it away or choose another --out",
         )
+    complete = (out_dir / "summary.json").is_file()  # the run before finished (a killed one wrote none)
     found += sorted(out_dir.glob("*.tmp")) if out_dir.is_dir() else []
     said: list[str] = []
+    target = dest if complete else dest / INCOMPLETE_DIR
     if found:
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.mkdir(parents=True)
-        (dest / MARKER).write_text("reports of an earlier esp-check run\n", encoding="utf-8")
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        for d in {dest, target}:
+            (d / MARKER).write_text("reports of an earlier esp-check run\n", encoding="utf-8")
         for p in found:
-            os.replace(p, dest / p.name)
-        said.append(f"moved {', '.join(p.name for p in found)} to {dest}")
+            os.replace(p, target / p.name)
+        said.append(f"moved {', '.join(p.name for p in found)} to {target}")
+        if not complete and (dest / "summary.json").is_file():
+            said.append(f"(a run that did not finish; the last complete run's reports stay in {dest})")
     for p in extra:
         if p.is_file() or p.is_symlink():
             p.unlink()
@@ -101,7 +109,7 @@ def move_aside(out_dir: Path, extra: Iterable[Path] = ()) -> tuple[Path | None, 
     (out_dir / MARKER).write_text(
         "written by esp-check run: its reports may be moved to previous-run/\n", encoding="utf-8"
     )
-    return (dest if found else None), said
+    return (target if found else None), said
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:

@@ -138,6 +138,7 @@ class SimApp:
             self._dispatch(self.init)
         self._segments: list[tuple[float, bytearray]] = []
         self._busy = 0.0
+        self._since_tick = 0.0  # busy seconds since the firmware last gave the idle task a tick
         self.crash: str | None = None  # panic, abort, brownout: crash text and a reboot follow
         self.last_busy = 0.0
         self.halted = False
@@ -414,7 +415,9 @@ class SimApp:
         from harness.sim.cycles import invoke_us
 
         us = invoke_us(self.init.cycles, self.env.chip.cpu_mhz)
-        self._busy += _busy_seconds(self.env.invoke_time, us)
+        busy = _busy_seconds(self.env.invoke_time, us)
+        tick, self._since_tick = idle_tick(self._since_tick, busy)
+        self._busy += busy + tick
         raw = [_apply_output_faults(a, self.active, faults, self.runs - 1, o) for o, a in enumerate(outs)]
         if "flaky" in self.active and self.runs % 2 == 0:  # a kernel that reads uninitialised scratch
             first = bytearray(raw[0])
@@ -548,6 +551,20 @@ def _flash_size_text(detected: int, header: int, relation: str) -> str:
         f"Detected size({detected // 1024}k) {relation} than the size in the binary image header"
         f"({header // 1024}k). {tail}"
     )
+
+
+FREERTOS_TICK_S = 0.01  # ESP-IDF's default CONFIG_FREERTOS_HZ=100
+IDLE_TICK_EVERY_S = 1.0  # app_main.cc's kIdleTickEveryUs: one tick at most once a second of invokes
+
+
+def idle_tick(since_tick: float, busy: float) -> tuple[float, float]:
+    """The firmware's idle-task tick in the time model: (extra busy seconds for this invoke, busy seconds
+    since the last tick). Back-to-back invokes sleep one FreeRTOS tick once a second of them, as the
+    generated app_main.cc does; an invoke that takes no modelled time adds none."""
+    since = since_tick + busy
+    if busy > 0 and since >= IDLE_TICK_EVERY_S:
+        return FREERTOS_TICK_S, 0.0
+    return 0.0, since
 
 
 def _busy_seconds(mode: str, invoke_us: int) -> float:

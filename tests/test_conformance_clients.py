@@ -28,6 +28,7 @@ import pytest
 from harness.firmware.build import BuildResult, build_project, parse_partition_table
 from harness.firmware.generate import generate_projects
 from harness.protocol.capture import parse_capture
+from harness.protocol.frames import Frame, FrameDecoder, decode_hello
 from harness.sim.chips import get_chip
 
 pytestmark = pytest.mark.slow
@@ -36,6 +37,7 @@ MODELS = Path(__file__).parent / "data" / "models"
 MODEL = MODELS / "cnn_classifier_11.tflite"
 INPUT = MODELS / "inputs" / "cnn_classifier_11__ambiguous.png"
 END = re.compile(rb"@EC1 \d+ END status=ok")
+HELLO_LINE = re.compile(rb"@ECH HELLO [A-Za-z0-9+/]+={0,2}\r*\n")
 VERIFIED = "Verification successful (digest matched)"  # esptool 5 verify-flash, per region
 
 
@@ -70,7 +72,7 @@ def _capture_after_reset(url: str, timeout: float = 90) -> bytes:
         time.sleep(0.1)
         port.rts = False
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not END.search(seen):
+        while time.monotonic() < deadline and not (END.search(seen) and HELLO_LINE.search(seen)):
             seen += port.read(4096)
     return seen
 
@@ -266,6 +268,8 @@ def test_pytest_embedded_flashes_our_build_and_sees_the_end_record(
     body = (
         "    dut.expect(r'@EC1 0 BEGIN .*sim=1', timeout=60)\n"
         "    dut.expect(r'@EC1 \\d+ END status=ok', timeout=60)\n"
+        # the resident loop's HELLO after boot is one line of text (it used to be ~45 binary bytes)
+        "    dut.expect(r'@ECH HELLO [A-Za-z0-9+/]+={0,2}\\r?\\n', timeout=60)\n"
     )
     _pytest_embedded(tmp_path / "pe", url, build, body)
 
@@ -317,7 +321,7 @@ def test_esp_idf_monitor_resets_and_shows_boot_log_and_records(
     seen = b""
     try:
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not END.search(seen):
+        while time.monotonic() < deadline and not (END.search(seen) and HELLO_LINE.search(seen)):
             ready, _, _ = select.select([master], [], [], 0.5)
             if ready:
                 try:
@@ -333,6 +337,11 @@ def test_esp_idf_monitor_resets_and_shows_boot_log_and_records(
     text = re.sub(rb"\x1b\[[0-9;]*m", b"", seen)  # the monitor colours IDF log lines
     cap = parse_capture(text)
     assert cap.valid and cap.simulated and cap.nn_mode == "optimized", cap.problems
+    # the HELLO the app sends after its records reads as one line of text on the screen, and is the frame
+    hello = HELLO_LINE.search(text)
+    assert hello is not None and all(c < 0x80 for c in text[END.search(text).end() :]), text[-600:]  # type: ignore[union-attr]
+    frames = [f for f in FrameDecoder().feed(hello.group(0)) if isinstance(f, Frame)]
+    assert [decode_hello(f.payload).nn for f in frames] == ["optimized"]
 
 
 # ---- esp-check's own commands against a served simulator ------------------------------------------

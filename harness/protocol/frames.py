@@ -337,7 +337,7 @@ def _partial_prefix(text: bytes, marker: bytes) -> int:
     return 0
 
 
-_B64_LINE = re.compile(rb"[A-Za-z0-9+/]+={0,2}\r?")
+_B64_LINE = re.compile(rb"[A-Za-z0-9+/]+={0,2}\r*")
 
 
 def _hello_from_line(body: bytes) -> Frame | None:

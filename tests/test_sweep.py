@@ -146,6 +146,49 @@ def test_injected_value_fault_is_caught(tmp_path: Path, monkeypatch: pytest.Monk
     assert repro["model"] == "model.tflite" and Path(repro["dir"], "input.npy").is_file()
 
 
+def _max_pool(case: sc.Case) -> np.ndarray:
+    """What max pooling must give for ``case`` (the driver's own input, rebuilt from its seed)."""
+    ih, iw, ch, oh, ow, sh, sw, kh, kw, ph, pw, amin, amax = case.params
+    x = sc.int8_values(case.seed, 0, ih * iw * ch, case.lo, case.hi).astype(np.int32).reshape(ih, iw, ch)
+    out = np.full((oh, ow, ch), -128, dtype=np.int32)
+    for oy in range(oh):
+        for ox in range(ow):
+            y0, x0 = oy * sh - ph, ox * sw - pw
+            win = x[max(y0, 0) : max(y0 + kh, 0), max(x0, 0) : max(x0 + kw, 0)]
+            if win.size:
+                out[oy, ox] = np.maximum(out[oy, ox], win.reshape(-1, ch).max(axis=0))
+    return np.clip(out, amin, amax).astype(np.int8).ravel()
+
+
+@needs_build
+@pytest.mark.slow
+@pytest.mark.parametrize("side", ["optimized", "ansi_c"])
+def test_a_one_sided_fault_is_blamed_on_its_own_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, side: str
+) -> None:
+    # issue 27 defect 1: the driver's slot 0 must be the optimized kernel, as sweep.json reads it.
+    # The fault (+1 on every element below 127) goes into ONE kernel of the stand-in tree; the right
+    # answer is computed here from the case's own tensors, so the test knows which side is wrong.
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    espnn = faulty_components(tmp_path / side, "off_by_one", side=side) / "esp-nn"
+    out = tmp_path / "out"
+    result = sweep(SweepOptions(ops=("max_pool",), cases_per_op=12, espnn_dir=espnn, sanitize=False), out)
+    report = json.loads((out / "sweep.json").read_text())
+    assert result.exit_code == 1 and report["findings"]
+    by_id = {v.case.id: v.case for v in result.verdicts}
+    other = "ansi_c" if side == "optimized" else "optimized"
+    for f in report["findings"]:
+        case = by_id[int(f["example"]["line"].split()[0])]
+        right = _max_pool(case)
+        outs = {
+            k: np.frombuffer(bytes.fromhex(v), dtype=np.int8) for k, v in f["repro"]["outputs"].items() if v
+        }
+        assert np.array_equal(outs[other], right), f"{other} is the clean kernel, yet its output is wrong"
+        assert not np.array_equal(outs[side], right), f"{side} carries the fault, yet its output is right"
+        wrong = outs[side] != right
+        assert np.array_equal(outs[side][wrong].astype(np.int32), right[wrong].astype(np.int32) + 1)
+
+
 @needs_build
 @pytest.mark.slow
 def test_scratch_overrun_is_a_sanitizer_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -130,16 +130,17 @@ typedef int32_t (*sm_size_fn)(int32_t, int32_t);
 typedef void (*sm_set_fn)(void *);
 typedef void (*sm_fn)(const int8_t *, int32_t, int32_t, int32_t, int32_t, int32_t, int8_t *);
 
-/* The esp-nn names a variant calls: [0] ANSI C, [1] what esp_nn.h maps the generic name to. */
+/* The esp-nn names a variant calls: [0] what esp_nn.h maps the generic name to (the optimized variant),
+ * [1] ANSI C. The slot order is the output order (R ID OPT ANSI REF ...): slot 0 is always optimized. */
 struct Names {
   const char *fn[2], *size[2], *set[2];
 };
-const Names kConv = {{"esp_nn_conv_s8_ansi", SWEEP_XSTR(esp_nn_conv_s8)},
-                     {"esp_nn_get_conv_scratch_size_ansi", SWEEP_XSTR(esp_nn_get_conv_scratch_size)},
-                     {"esp_nn_set_conv_scratch_buf_ansi", SWEEP_XSTR(esp_nn_set_conv_scratch_buf)}};
-const Names kDw = {{"esp_nn_depthwise_conv_s8_ansi", SWEEP_XSTR(esp_nn_depthwise_conv_s8)},
-                   {"esp_nn_get_depthwise_conv_scratch_size_ansi", SWEEP_XSTR(esp_nn_get_depthwise_conv_scratch_size)},
-                   {"esp_nn_set_depthwise_conv_scratch_buf_ansi", SWEEP_XSTR(esp_nn_set_depthwise_conv_scratch_buf)}};
+const Names kConv = {{SWEEP_XSTR(esp_nn_conv_s8), "esp_nn_conv_s8_ansi"},
+                     {SWEEP_XSTR(esp_nn_get_conv_scratch_size), "esp_nn_get_conv_scratch_size_ansi"},
+                     {SWEEP_XSTR(esp_nn_set_conv_scratch_buf), "esp_nn_set_conv_scratch_buf_ansi"}};
+const Names kDw = {{SWEEP_XSTR(esp_nn_depthwise_conv_s8), "esp_nn_depthwise_conv_s8_ansi"},
+                   {SWEEP_XSTR(esp_nn_get_depthwise_conv_scratch_size), "esp_nn_get_depthwise_conv_scratch_size_ansi"},
+                   {SWEEP_XSTR(esp_nn_set_depthwise_conv_scratch_buf), "esp_nn_set_depthwise_conv_scratch_buf_ansi"}};
 #if defined(SWEEP_HAVE_DEFS)
 /* Both esp-nn variants of a conv-shaped kernel (conv, depthwise: Params is their params struct): scratch
  * exactly as the variant's own getter asks, handed over through its setter, freed after the call. */
@@ -165,15 +166,15 @@ void run_conv_variants(const Names &k, Result &r, const data_dims_t &in_d, const
   }
 }
 #endif
-const char *const kFc[2] = {"esp_nn_fully_connected_s8_ansi", SWEEP_XSTR(esp_nn_fully_connected_s8)};
-const char *const kFcCh[2] = {"esp_nn_fully_connected_per_ch_s8_ansi", SWEEP_XSTR(esp_nn_fully_connected_per_ch_s8)};
-const char *const kAdd[2] = {"esp_nn_add_elementwise_s8_ansi", SWEEP_XSTR(esp_nn_add_elementwise_s8)};
-const char *const kMul[2] = {"esp_nn_mul_elementwise_s8_ansi", SWEEP_XSTR(esp_nn_mul_elementwise_s8)};
-const char *const kAvg[2] = {"esp_nn_avg_pool_s8_ansi", SWEEP_XSTR(esp_nn_avg_pool_s8)};
-const char *const kMax[2] = {"esp_nn_max_pool_s8_ansi", SWEEP_XSTR(esp_nn_max_pool_s8)};
-const Names kSoftmax = {{"esp_nn_softmax_s8_ansi", SWEEP_XSTR(esp_nn_softmax_s8)},
-                        {"esp_nn_get_softmax_scratch_size_ansi", SWEEP_XSTR(esp_nn_get_softmax_scratch_size)},
-                        {"esp_nn_set_softmax_scratch_buf_ansi", SWEEP_XSTR(esp_nn_set_softmax_scratch_buf)}};
+const char *const kFc[2] = {SWEEP_XSTR(esp_nn_fully_connected_s8), "esp_nn_fully_connected_s8_ansi"};
+const char *const kFcCh[2] = {SWEEP_XSTR(esp_nn_fully_connected_per_ch_s8), "esp_nn_fully_connected_per_ch_s8_ansi"};
+const char *const kAdd[2] = {SWEEP_XSTR(esp_nn_add_elementwise_s8), "esp_nn_add_elementwise_s8_ansi"};
+const char *const kMul[2] = {SWEEP_XSTR(esp_nn_mul_elementwise_s8), "esp_nn_mul_elementwise_s8_ansi"};
+const char *const kAvg[2] = {SWEEP_XSTR(esp_nn_avg_pool_s8), "esp_nn_avg_pool_s8_ansi"};
+const char *const kMax[2] = {SWEEP_XSTR(esp_nn_max_pool_s8), "esp_nn_max_pool_s8_ansi"};
+const Names kSoftmax = {{SWEEP_XSTR(esp_nn_softmax_s8), "esp_nn_softmax_s8_ansi"},
+                        {SWEEP_XSTR(esp_nn_get_softmax_scratch_size), "esp_nn_get_softmax_scratch_size_ansi"},
+                        {SWEEP_XSTR(esp_nn_set_softmax_scratch_buf), "esp_nn_set_softmax_scratch_buf_ansi"}};
 
 bool need(const Case &c, int n) {
   if (c.np < n) {

@@ -80,6 +80,26 @@ def test_repro_model_reads_back_with_the_case_tensors() -> None:
     assert np.array_equal(x.ravel(), sc.int8_values(case.seed, 0, x.size, case.lo, case.hi))
 
 
+def test_all_space_repro_never_lacks_scales(tmp_path: Path) -> None:
+    # issue 27 defect 2: in --all, a case with a TFLite geometry but raw multipliers (no w_scales) made
+    # the repro writer raise KeyError (exit 70, no sweep.json). Now a case is TFLite-reachable only when
+    # its scales give TFLM the very multipliers and shifts the driver passed; every other one is API-only.
+    from harness.analysis.sweep_repro import write_repro
+
+    cases = list(sc.generate(["conv", "depthwise", "fully_connected"], 60, seed=2, api=True))
+    reach = [c for c in cases if c.reachable]
+    assert reach and len(reach) < len(cases)
+    for c in cases:
+        info = write_repro(c, tmp_path / f"c{c.id}", None)
+        assert (info["model"] == "model.tflite") == c.reachable, info.get("why_no_model")
+    for c in reach:
+        n = c.meta["oc"]
+        scales = c.meta["w_scales"] if len(c.meta["w_scales"]) == n else c.meta["w_scales"] * n
+        tflm = [sc.quantize_multiplier(c.meta["in_scale"] * w / c.meta["out_scale"]) for w in scales]
+        assert [m for m, _ in tflm][: len(c.meta["mult"])] == c.meta["mult"]
+        assert [s for _, s in tflm][: len(c.meta["shift"])] == c.meta["shift"]
+
+
 def test_parse_result_strict() -> None:
     r = parse_result("R 7 0 0 2 48 0000abcd 0000abcd 00000000 3:1:5 - - 16 0 1")
     assert r is not None and r.id == 7 and r.status == (0, 0, 2) and r.alias

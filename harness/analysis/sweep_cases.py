@@ -155,7 +155,10 @@ def _spatial(rng: random.Random, k: int, stride: int, same: bool, api: bool) -> 
 
 
 def _requant(rng: random.Random, in_scale: float, n: int, per_channel: bool, api: bool) -> dict[str, Any]:
-    if api:
+    """Multipliers and shifts: from float32 tensor scales as TFLM computes them (``w_scales`` and
+    ``out_scale`` kept, so a .tflite gives the same numbers), or, for half of the ``--all`` cases, drawn
+    raw (no scales behind them: such a case is API-only whatever its geometry, :func:`from_scales`)."""
+    if api and rng.random() < 0.5:
         return {
             "mult": [rng.randint(1 << 30, (1 << 31) - 1) for _ in range(n)],
             "shift": [rng.randint(-31, 1) for _ in range(n)],
@@ -168,6 +171,11 @@ def _requant(rng: random.Random, in_scale: float, n: int, per_channel: bool, api
     out_scale = _f32(in_scale * w[0] * rng.uniform(20, 4000))
     ms = [quantize_multiplier(in_scale * ws / out_scale) for ws in w]
     return {"w_scales": w, "out_scale": out_scale, "mult": [m for m, _ in ms], "shift": [s for _, s in ms]}
+
+
+def from_scales(rq: dict[str, Any]) -> bool:
+    """Whether a requantization came from tensor scales (so a .tflite can carry it), not drawn raw."""
+    return "w_scales" in rq and "out_scale" in rq
 
 
 def _quant(
@@ -254,7 +262,7 @@ def conv_case(rng: random.Random, api: bool = False, grouped: bool = False, **ov
         f"{g['kh']}x{g['kw']} s{g['sh']} {pad if not api else 'pad*'} "
         f"{'grouped ' if g['groups'] > 1 else ''}{_ch_bucket(g['fc'])}"
     )
-    reach = not api or _reachable_2d(g)
+    reach = from_scales(rq) and (not api or _reachable_2d(g))
     meta = {
         **g,
         **rq,
@@ -313,7 +321,7 @@ def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
     pad = "SAME" if g["same"] else "VALID"
     where = pad if not api else "pad*"
     klass = f"{g['kh']}x{g['kw']} s{g['sh']} {where} mult{g['mult_ch']} {_ch_bucket(g['ic'])}"
-    reach = not api or _reachable_2d(g)
+    reach = from_scales(rq) and (not api or _reachable_2d(g))
     meta = {
         **g,
         **rq,
@@ -348,7 +356,14 @@ def fc_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
         "bias_range": 1 << 12,
     }
     return Case(
-        "fully_connected", rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, not api or w_off == 0, meta
+        "fully_connected",
+        rng.randint(0, 0x0FFFFFFF),
+        -128,
+        127,
+        p,
+        klass,
+        from_scales(rq) and (not api or w_off == 0),
+        meta,
     )
 
 

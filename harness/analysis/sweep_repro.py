@@ -16,7 +16,7 @@ from typing import Any
 import flatbuffers
 import numpy as np
 
-from harness.analysis.sweep_cases import Case, bias_values, int8_values
+from harness.analysis.sweep_cases import Case, bias_values, from_scales, int8_values
 from harness.analysis.sweep_findings import Result
 from harness.errors import ModelError
 from harness.model.extract import _buffer, _finish, _vec
@@ -202,6 +202,11 @@ def repro_model(case: Case) -> tuple[bytes, np.ndarray]:
     """(.tflite bytes, int8 input) of a TFLite-reachable case; ModelError for an API-only one."""
     if not case.reachable:
         raise ModelError(f"{case.op} case {case.id} is API-only: TFLite cannot express it as a model")
+    if case.op in ("conv", "depthwise", "fully_connected") and not from_scales(case.meta):
+        raise ModelError(
+            f"{case.op} case {case.id} has raw multipliers and shifts (--all) with no tensor scales behind "
+            "them: no .tflite gives TFLM the same numbers"
+        )
     w = _Writer(64 * 1024)
     ins, out, opts = _BUILD[case.op](w, case)
     data = w.finish(CODES[case.op], ins, out, opts)

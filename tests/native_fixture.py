@@ -41,6 +41,12 @@ FAULTS = {
     "signed_overflow": (
         "{ volatile int32_t big = 2147483647; out[c] = (int8_t)(v + (big + channels) - big - channels); }"
     ),
+    # 64 bytes written past the end of the output after its last element: no sanitizer, glibc aborts
+    # (SIGABRT) when the driver frees its buffers, after the case's result was printed
+    "heap_smash": (
+        "out[c] = (int8_t)v;"
+        " if (oy == output_ht - 1 && ox == output_wd - 1 && c == channels - 1) memset(out + c + 1, 0x7f, 64);"
+    ),
     # a plain crash (no sanitizer needed): the program dies with SIGSEGV
     "segfault": "{ volatile int8_t *nowhere = (volatile int8_t *)0; *nowhere = (int8_t)v; }",
 }

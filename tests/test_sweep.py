@@ -133,13 +133,12 @@ def _espnn(tmp: Path, fault: str | None) -> Path:
 
 
 def _run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None, sanitize: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None, sanitize: bool, cases: int = 60
 ) -> tuple[int, dict]:
     monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
-    out = tmp_path / f"out-{fault}"
-    opts = SweepOptions(
-        ops=("max_pool",), cases_per_op=60, espnn_dir=_espnn(tmp_path, fault), sanitize=sanitize
-    )
+    out = tmp_path / f"out-{fault}-{cases}"
+    espnn = _espnn(tmp_path / str(cases), fault)
+    opts = SweepOptions(ops=("max_pool",), cases_per_op=cases, espnn_dir=espnn, sanitize=sanitize)
     result = sweep(opts, out)
     return result.exit_code, json.loads((out / "sweep.json").read_text())
 
@@ -217,6 +216,23 @@ def test_scratch_overrun_is_a_sanitizer_finding(tmp_path: Path, monkeypatch: pyt
     san = [f for f in report["findings"] if f["kind"] == "sanitizer"]
     assert san and "heap-buffer-overflow" in san[0]["sanitizer"]["error"]
     assert sum(f["cases"] for f in san) == 60  # every case stopped the sanitized driver, and the rest ran on
+
+
+@needs_build
+@pytest.mark.slow
+def test_a_death_after_the_last_result_is_a_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 27 defect 4: a heap overflow that glibc only notices when the driver frees the case's
+    # buffers (after its result line) ended the sweep with "failed after its last case", exit 70 and
+    # no report. Every death is a finding of the case that was running, never an internal error.
+    code, report = _run(tmp_path, monkeypatch, "heap_smash", sanitize=False)
+    assert code == 4
+    crash = [f for f in report["findings"] if f["kind"] == "crash"]
+    assert sum(f["cases"] for f in crash) == 60  # each case smashes the heap: each is blamed, none skipped
+    assert all("signal 6" in f["crash"] for f in crash)
+    code, report = _run(
+        tmp_path, monkeypatch, "heap_smash", sanitize=False, cases=1
+    )  # dies after its only case
+    assert code == 4 and [f["cases"] for f in report["findings"] if f["kind"] == "crash"] == [1]
 
 
 @needs_build

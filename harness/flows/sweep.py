@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -77,62 +78,81 @@ class SweepResult:
 @dataclass
 class _Run:
     results: dict[int, Result]
-    stopped: dict[int, tuple[int, str]]  # case id -> (exit code, stderr)
+    stopped: dict[int, tuple[int | None, str]]  # case id -> (exit code, None when hung; stderr)
+    finished: set[int] = field(default_factory=set)  # cases whose "D" line (buffers freed) came
+
+
+_DONE = re.compile(r"^D (\d+)$")
+
+
+def _run_once(program: Path, todo: Sequence[Case], env: dict[str, str]) -> tuple[int | None, str, str]:
+    """One driver process over ``todo``: (exit code, or None when it hung and was killed; stdout; stderr)."""
+    with tempfile.TemporaryFile("w+") as fin:
+        fin.write("".join(c.line() + "\n" for c in todo))
+        fin.seek(0)
+        try:
+            proc = subprocess.run(
+                [str(program)],
+                stdin=fin,
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+                timeout=CASE_TIMEOUT_S + 0.05 * len(todo),
+            )
+        except subprocess.TimeoutExpired as exc:  # stdout/stderr are bytes here, whatever text= says
+            out, err = (
+                x.decode("utf-8", "replace") if isinstance(x, bytes) else (x or "")
+                for x in (exc.stdout, exc.stderr)
+            )
+            return None, out, err
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def run_driver(program: Path, cases: Sequence[Case], *, dump: bool = False, sanitized: bool = False) -> _Run:
-    """Run ``cases`` through the driver; a case that stops it is recorded and the rest run on."""
+    """Run ``cases`` through the driver; a case that stops it is recorded and the rest run on.
+
+    Every death of the driver is a case's: the first case whose buffers were not freed (no ``D`` line),
+    or, when every case was over and the driver still died (at exit), the last one. A hang is killed.
+    """
     env = dict(os.environ)
     if sanitized:
         for k, v in SANITIZER_ENV.items():
             env.setdefault(k, v)
     if dump:
         env["ESP_CHECK_SWEEP_DUMP"] = "1"
-    results: dict[int, Result] = {}
-    stopped: dict[int, tuple[int, str]] = {}
+    run = _Run({}, {})
     todo = list(cases)
     while todo:
-        with tempfile.TemporaryFile("w+") as fin:
-            fin.write("".join(c.line() + "\n" for c in todo))
-            fin.seek(0)
-            try:
-                proc = subprocess.run(
-                    [str(program)],
-                    stdin=fin,
-                    capture_output=True,
-                    text=True,
-                    env=env,
-                    check=False,
-                    timeout=CASE_TIMEOUT_S + 0.05 * len(todo),
-                )
-            except subprocess.TimeoutExpired as exc:
-                raise EspCheckError(
-                    f"the sweep driver did not finish {len(todo)} cases in time",
-                    hint="a kernel may loop forever: sweep fewer cases or one op at a time",
-                ) from exc
-        for line in proc.stdout.splitlines():
+        code, stdout, stderr = _run_once(program, todo, env)
+        for line in stdout.splitlines():
             r = parse_result(line)
             if r is not None:
-                results[r.id] = r
+                run.results[r.id] = r
             o = parse_outputs(line)
-            if o is not None and o[0] in results:
-                results[o[0]].outputs = (o[1][0], o[1][1], o[1][2])
-        if proc.returncode == 2:
-            raise EspCheckError(f"the sweep driver refused its input: {proc.stderr.strip()[-300:]}")
-        if proc.returncode == 0:
-            missing = [c.id for c in todo if c.id not in results]
+            if o is not None and o[0] in run.results:
+                run.results[o[0]].outputs = (o[1][0], o[1][1], o[1][2])
+            d = _DONE.match(line.strip())
+            if d:
+                run.finished.add(int(d.group(1)))
+        if code == 2 and "esp-check sweep:" in stderr:
+            raise EspCheckError(f"the sweep driver refused its input: {stderr.strip()[-300:]}")
+        if code == 0:
+            missing = [c.id for c in todo if c.id not in run.finished]
             if missing:
-                raise EspCheckError(f"the sweep driver exited 0 without a result for cases {missing[:5]}")
+                raise EspCheckError(f"the sweep driver exited 0 without finishing cases {missing[:5]}")
             break
-        first = next((k for k, c in enumerate(todo) if c.id not in results), None)
-        if first is None:
-            raise EspCheckError(f"the sweep driver failed (exit {proc.returncode}) after its last case")
-        stopped[todo[first].id] = (proc.returncode, proc.stderr[-20000:])
+        first = next((k for k, c in enumerate(todo) if c.id not in run.finished), len(todo) - 1)
+        if todo[first].id in run.finished:
+            stderr += "\n(esp-check: the driver died after its last case was over; that case is blamed)"
+        run.stopped[todo[first].id] = (code, stderr[-20000:])
         todo = todo[first + 1 :]
-    return _Run(results, stopped)
+    return run
 
 
-def _crash_text(code: int) -> str:
+def _crash_text(code: int | None) -> str:
+    if code is None:
+        return "hung: no result in time, killed"
     return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
 
 

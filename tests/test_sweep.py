@@ -237,6 +237,30 @@ def test_a_death_after_the_last_result_is_a_finding(tmp_path: Path, monkeypatch:
 
 @needs_build
 @pytest.mark.slow
+def test_the_printed_reproduction_runs_on_the_swept_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 27 defect 5: the command lacked --board native-esp32 --components-dir, so it ran on the
+    # simulated board (outputs from the host reference) and said "match". Run it as printed: the
+    # native board builds the faulty stand-in tree (nothing faked) and must see the mismatch.
+    import shlex
+
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    comps = faulty_components(tmp_path / "comps", "off_by_one")
+    opts = SweepOptions(ops=("max_pool",), cases_per_op=30, components_dir=comps, sanitize=False)
+    sweep(opts, tmp_path / "out")
+    report = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    # the stand-in TFLM glue runs MAX_POOL_2D without a fused activation only
+    command = next(f for f in report["findings"] if f["example"]["meta"]["act"] == "NONE")["repro"]["command"]
+    argv = shlex.split(command)
+    assert argv[:2] == ["esp-check", "flash-and-compare"]
+    assert argv[argv.index("--board") + 1] == "native-esp32"
+    assert Path(argv[argv.index("--components-dir") + 1]).resolve() == comps.resolve()
+    assert main([*argv[1:], "--out", str(tmp_path / "fc")]) == 1
+
+
+@needs_build
+@pytest.mark.slow
 def test_cli_sweep_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
     espnn = _espnn(tmp_path, "off_by_one")

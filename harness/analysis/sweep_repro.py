@@ -10,6 +10,7 @@ space that TFLite cannot express gets no .tflite: ``case.txt`` (the driver's inp
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -228,8 +229,13 @@ def _input_shape(case: Case) -> list[int]:
     return [1, m["size"]]
 
 
-def write_repro(case: Case, directory: Path, result: Result | None) -> dict[str, Any]:
-    """``case.txt`` always; ``model.tflite`` + ``input.npy`` when TFLite can express the case."""
+def write_repro(
+    case: Case, directory: Path, result: Result | None, board_args: list[str] | None = None
+) -> dict[str, Any]:
+    """``case.txt`` always; ``model.tflite`` + ``input.npy`` when TFLite can express the case.
+
+    ``board_args`` (e.g. ``--board native-esp32 --components-dir DIR``) go into the printed command, so
+    it runs on the kernels the sweep found the bug in; without them the command is not given."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "case.txt").write_text(case.line() + "\n", encoding="utf-8")
     info: dict[str, Any] = {"dir": str(directory), "case": "case.txt"}
@@ -248,8 +254,21 @@ def write_repro(case: Case, directory: Path, result: Result | None) -> dict[str,
         np.save(directory / "input.npy", x)
         info["model"] = "model.tflite"
         info["input"] = "input.npy"
-        info["command"] = (
-            f"esp-check flash-and-compare {directory}/model.tflite --input {directory}/input.npy"
-        )
+        if not board_args:
+            info["why_no_command"] = (
+                "no esp-tflite-micro sources were given (--tflm or --components-dir): no native firmware "
+                "can be built to run the model on these esp-nn sources"
+            )
+        else:
+            info["command"] = shlex.join(
+                [
+                    "esp-check",
+                    "flash-and-compare",
+                    str(directory / "model.tflite"),
+                    "--input",
+                    str(directory / "input.npy"),
+                    *board_args,
+                ]
+            )
     (directory / "finding.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return info

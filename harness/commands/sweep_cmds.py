@@ -103,6 +103,8 @@ def sweep_cmd(
             highlight=False,
             markup=False,
         )
+        if f.get("repro", {}).get("command"):
+            con.print(f"      reproduce: {f['repro']['command']}", highlight=False, markup=False)
     verdict = {0: "no finding", 1: "findings (wrong values)", 4: "findings (sanitizer report or crash)"}
     con.print(f"{verdict[result.exit_code]}; report: {out_dir / 'sweep.json'}")
     return result.exit_code

@@ -33,6 +33,7 @@ from harness.analysis.sweep_findings import (
 )
 from harness.analysis.sweep_repro import write_repro
 from harness.errors import EspCheckError, ExitCode, UsageError
+from harness.firmware.native.components import ComponentSource
 from harness.firmware.native.sweep_build import build_sweep_driver, find_sweep_sources, has_reference
 from harness.firmware.native.toolchain import SANITIZER_ENV
 
@@ -221,7 +222,7 @@ def sweep(
     for v in verdicts:
         coverage.add(v)
     groups = group(verdicts)
-    findings = _with_repros(groups, programs[False], out)
+    findings = _with_repros(groups, programs[False], out, native_board_args(espnn, tflm, out))
     result = SweepResult(
         out,
         findings,
@@ -237,7 +238,29 @@ def sweep(
     return result
 
 
-def _with_repros(groups: list[dict[str, Any]], plain: Path, out: Path) -> list[dict[str, Any]]:
+def native_board_args(espnn: ComponentSource, tflm: ComponentSource | None, out: Path) -> list[str] | None:
+    """``--board native-esp32 --components-dir DIR``: the board a reproduction must run on to meet the
+    very esp-nn sources swept (the default simulated board computes its outputs from the host reference,
+    so it says "match"). DIR is the sources' common parent, or ``out/components`` with links to both.
+    None when there is no esp-tflite-micro to build a firmware from."""
+    if tflm is None:
+        return None
+    if espnn.path.parent.resolve() == tflm.path.parent.resolve():
+        where = espnn.path.parent.resolve()
+    else:
+        where = out.resolve() / "components"
+        where.mkdir(parents=True, exist_ok=True)
+        for src, name in ((espnn, "esp-nn"), (tflm, "esp-tflite-micro")):
+            link = where / name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(src.path.resolve(), target_is_directory=True)
+    return ["--board", "native-esp32", "--components-dir", str(where)]
+
+
+def _with_repros(
+    groups: list[dict[str, Any]], plain: Path, out: Path, board_args: list[str] | None
+) -> list[dict[str, Any]]:
     """Each group's example run again with its outputs dumped, and written as a reproduction."""
     examples = [g["example"].case for g in groups]
     dumped = run_driver(plain, examples, dump=True) if examples else _Run({}, {})
@@ -258,7 +281,8 @@ def _with_repros(groups: list[dict[str, Any]], plain: Path, out: Path) -> list[d
                 for name, d in (("opt_ansi", r.opt_ansi), ("opt_ref", r.opt_ref), ("ansi_ref", r.ansi_ref))
             }
         try:
-            f["repro"] = write_repro(case, out / "repro" / f"{k:03d}-{case.op}-{g['kind']}", r)
+            args = board_args and [*board_args, *(["--sanitize"] if g["kind"] == "sanitizer" else [])]
+            f["repro"] = write_repro(case, out / "repro" / f"{k:03d}-{case.op}-{g['kind']}", r, args)
         except EspCheckError as exc:
             f["repro"] = {"error": str(exc)}
         findings.append(f)

@@ -24,6 +24,8 @@ from harness.analysis.sweep_findings import parse_outputs, parse_result, sanitiz
 from harness.analysis.sweep_model import CHANNEL_DELTAS, model_cases
 from harness.analysis.sweep_repro import repro_model
 from harness.cli import main
+from harness.firmware.native.components import ComponentSource
+from harness.firmware.native.sweep_build import CONV_GLUE, grouped_conv_refusal
 from harness.flows.sweep import SweepOptions, sweep
 from harness.model.loader import load_model
 
@@ -98,6 +100,40 @@ def test_all_space_repro_never_lacks_scales(tmp_path: Path) -> None:
         tflm = [sc.quantize_multiplier(c.meta["in_scale"] * w / c.meta["out_scale"]) for w in scales]
         assert [m for m, _ in tflm][: len(c.meta["mult"])] == c.meta["mult"]
         assert [s for _, s in tflm][: len(c.meta["shift"])] == c.meta["shift"]
+
+
+def _tflm_with_conv_glue(tmp: Path, body: str) -> ComponentSource:
+    glue = tmp / "esp-tflite-micro" / CONV_GLUE
+    glue.parent.mkdir(parents=True)
+    glue.write_text(body, encoding="utf-8")
+    (tmp / "esp-tflite-micro" / "idf_component.yml").write_text('version: "1.3.8"\n', encoding="utf-8")
+    return ComponentSource("espressif__esp-tflite-micro", tmp / "esp-tflite-micro", "1.3.8", "components-dir")
+
+
+def test_grouped_conv_is_api_only_when_the_tflm_glue_refuses_it(tmp_path: Path) -> None:
+    # issue 27 defect 6: esp-tflite-micro v1.3.8's conv Eval checks MatchingDim(input, 3, filter, 3),
+    # which aborts on a grouped conv: such findings must not be called TFLite-reachable nor get a .tflite.
+    # The glue here is a two-line stand-in written by the test (only the check matters).
+    from harness.analysis.sweep_findings import CaseVerdict, group
+    from harness.analysis.sweep_repro import write_repro
+    from harness.flows.sweep import mark_grouped_conv
+
+    refusing = _tflm_with_conv_glue(
+        tmp_path / "a", "const int input_depth = MatchingDim(input_shape, 3, filter_shape, 3);\n"
+    )
+    passing = _tflm_with_conv_glue(tmp_path / "b", "const int input_depth = filter_shape.Dims(3) * groups;\n")
+    assert grouped_conv_refusal(passing) == ""
+    assert "MatchingDim" in grouped_conv_refusal(refusing) and "1.3.8" in grouped_conv_refusal(refusing)
+    assert "unknown" in grouped_conv_refusal(None)
+    cases = list(sc.generate(["conv"], 40, seed=1))
+    mark_grouped_conv(cases, grouped_conv_refusal(refusing))
+    grouped = [c for c in cases if c.meta["groups"] > 1]
+    assert grouped and not any(c.reachable for c in grouped)
+    assert all(c.reachable for c in cases if c.meta["groups"] == 1)
+    info = write_repro(grouped[0], tmp_path / "repro", None)
+    assert info["model"] is None and "MatchingDim" in info["why_no_model"]
+    [g] = group([CaseVerdict(grouped[0], None, ["sanitizer"])])
+    assert g["tflite_reachable"] is False and "esp-nn's API" in g["why_api_only"]
 
 
 def test_parse_result_strict() -> None:

@@ -202,6 +202,13 @@ def family(op: str, klass: str) -> str:
     return " ".join(prefix + fam)
 
 
+def _why_api_only(vs: list[CaseVerdict]) -> str:
+    """Why a group's cases do not reach esp-nn through TFLite, when one says (grouped conv)."""
+    if any(v.case.reachable for v in vs):
+        return ""
+    return next((str(v.case.meta["why_api_only"]) for v in vs if v.case.meta.get("why_api_only")), "")
+
+
 def group(verdicts: list[CaseVerdict]) -> list[dict[str, Any]]:
     """Findings grouped by kernel, geometry family (:func:`family`) and kind; each keeps its smallest
     case and how many cases of each finer geometry class it holds."""
@@ -223,6 +230,7 @@ def group(verdicts: list[CaseVerdict]) -> list[dict[str, Any]]:
                 "kind": kind,
                 "cases": len(vs),
                 "tflite_reachable": any(v.case.reachable for v in vs),
+                **({"why_api_only": why} if (why := _why_api_only(vs)) else {}),
                 "example": smallest,
             }
         )

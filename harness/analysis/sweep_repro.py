@@ -202,7 +202,8 @@ _BUILD = {
 def repro_model(case: Case) -> tuple[bytes, np.ndarray]:
     """(.tflite bytes, int8 input) of a TFLite-reachable case; ModelError for an API-only one."""
     if not case.reachable:
-        raise ModelError(f"{case.op} case {case.id} is API-only: TFLite cannot express it as a model")
+        why = case.meta.get("why_api_only") or "TFLite cannot express it as a model"
+        raise ModelError(f"{case.op} case {case.id} is API-only: {why}")
     if case.op in ("conv", "depthwise", "fully_connected") and not from_scales(case.meta):
         raise ModelError(
             f"{case.op} case {case.id} has raw multipliers and shifts (--all) with no tensor scales behind "

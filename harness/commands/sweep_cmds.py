@@ -103,6 +103,8 @@ def sweep_cmd(
             highlight=False,
             markup=False,
         )
+        if f.get("why_api_only"):
+            con.print(f"      API-only: {f['why_api_only']}", highlight=False, markup=False)
         if f.get("repro", {}).get("command"):
             con.print(f"      reproduce: {f['repro']['command']}", highlight=False, markup=False)
     verdict = {0: "no finding", 1: "findings (wrong values)", 4: "findings (sanitizer report or crash)"}

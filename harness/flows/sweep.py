@@ -34,7 +34,12 @@ from harness.analysis.sweep_findings import (
 from harness.analysis.sweep_repro import write_repro
 from harness.errors import EspCheckError, ExitCode, UsageError
 from harness.firmware.native.components import ComponentSource
-from harness.firmware.native.sweep_build import build_sweep_driver, find_sweep_sources, has_reference
+from harness.firmware.native.sweep_build import (
+    build_sweep_driver,
+    find_sweep_sources,
+    grouped_conv_refusal,
+    has_reference,
+)
 from harness.firmware.native.toolchain import SANITIZER_ENV
 
 CASE_TIMEOUT_S = 60.0
@@ -151,6 +156,16 @@ def run_driver(program: Path, cases: Sequence[Case], *, dump: bool = False, sani
     return run
 
 
+def mark_grouped_conv(cases: Sequence[Case], why: str) -> None:
+    """Grouped convs are API-only when the esp-tflite-micro glue refuses them (``why``, not empty)."""
+    if not why:
+        return
+    for c in cases:
+        if c.op == "conv" and int(c.meta.get("groups", 1)) > 1 and c.reachable:
+            c.reachable = False
+            c.meta["why_api_only"] = why
+
+
 def _crash_text(code: int | None) -> str:
     if code is None:
         return "hung: no result in time, killed"
@@ -209,6 +224,7 @@ def sweep(
     cases = options.cases or list(
         generate(options.ops, options.cases_per_op, options.seed, options.api_space)
     )
+    mark_grouped_conv(cases, grouped_conv_refusal(tflm))
     say(f"running {len(cases)} cases")
     t0 = time.monotonic()
     main = run_driver(programs[options.sanitize], cases, sanitized=options.sanitize)

@@ -165,7 +165,12 @@ def faulty_components(dest: Path, fault: str, side: str = "optimized") -> Path:
     """A copy of the fixture tree with ``fault`` (a key of FAULTS) injected into one kernel only:
     the optimized one (``side="optimized"``) or the ANSI C one (``side="ansi_c"``)."""
     shutil.copytree(COMPONENTS, dest)
-    src = dest / (OPT_KERNEL if side == "optimized" else ANSI_KERNEL)
+    return inject(dest, fault, side)
+
+
+def inject(tree: Path, fault: str, side: str = "optimized") -> Path:
+    """Inject ``fault`` into one kernel of the fixture tree copy ``tree`` (each side once at most)."""
+    src = tree / (OPT_KERNEL if side == "optimized" else ANSI_KERNEL)
     text = src.read_text(encoding="utf-8")
     if side == "optimized":
         assert FAULT_MARK in text, "the fixture's fault marker moved"
@@ -174,8 +179,8 @@ def faulty_components(dest: Path, fault: str, side: str = "optimized") -> Path:
         assert ANSI_MARK in text, "the fixture's ANSI C store moved"
         inject = FAULTS[fault].replace("out[c]", "output[(oy * output_wd + ox) * channels + c]")
         text = text.replace(ANSI_MARK, "{ int32_t v = best; " + inject + " } /* injected by the test */")
-    src.write_text("#include <stdlib.h>\n" + text, encoding="utf-8")
-    return dest
+    src.write_text("#include <stdlib.h>\n#include <string.h>\n" + text, encoding="utf-8")
+    return tree
 
 
 def make_mirror(dest: Path, tmp: Path) -> Path:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from native_fixture import COMPONENTS, FAULT_MARK, OPT_KERNEL, faulty_components, write_model
+from native_fixture import COMPONENTS, FAULT_MARK, OPT_KERNEL, faulty_components, inject, write_model
 
 from harness.analysis import sweep_cases as sc
 from harness.analysis.sweep_findings import parse_outputs, parse_result, sanitizer_report
@@ -252,6 +252,32 @@ def test_scratch_overrun_is_a_sanitizer_finding(tmp_path: Path, monkeypatch: pyt
     san = [f for f in report["findings"] if f["kind"] == "sanitizer"]
     assert san and "heap-buffer-overflow" in san[0]["sanitizer"]["error"]
     assert sum(f["cases"] for f in san) == 60  # every case stopped the sanitized driver, and the rest ran on
+
+
+@needs_build
+@pytest.mark.slow
+def test_each_variant_is_sanitized_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 27 defect 3: the first sanitizer report aborted the process, so a variant with UB hid the
+    # other variant's errors in the same case. Here both kernels of the stand-in tree are faulty: ANSI C
+    # has a signed overflow (UBSan), the optimized one a scratch overrun (ASan). Both must be reported,
+    # in every case, as two groups: one per variant and error type.
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    comps = inject(faulty_components(tmp_path / "both", "signed_overflow", side="ansi_c"), "scratch_overrun")
+    out = tmp_path / "out"
+    result = sweep(SweepOptions(ops=("max_pool",), cases_per_op=20, espnn_dir=comps / "esp-nn"), out)
+    report = json.loads((out / "sweep.json").read_text())
+    assert result.exit_code == 4
+    san = [f for f in report["findings"] if f["kind"] == "sanitizer"]
+    seen: dict[tuple[str, str, str], int] = {}
+    for f in san:  # one group per geometry family (SAME, VALID), variant and error
+        key = (f["variant"], f["sanitizer"]["type"], f["sanitizer"]["in"])
+        seen[key] = seen.get(key, 0) + f["cases"]
+    assert seen == {
+        ("optimized", "heap-buffer-overflow", "esp_nn_max_pool_s8_opt"): 20,
+        ("ansi_c", "signed integer overflow", "esp_nn_max_pool_s8_ansi"): 20,
+    }
+    assert all(any(".c:" in a for a in f["sanitizer"]["at"]) for f in san)  # file:line of the frames
+    assert not [f for f in report["findings"] if f["kind"] not in ("sanitizer",)]  # the values agree
 
 
 @needs_build

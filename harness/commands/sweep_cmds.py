@@ -97,7 +97,8 @@ def sweep_cmd(
     )
     for f in result.findings:
         where = "TFLite-reachable" if f["tflite_reachable"] else "API-only"
-        extra = f.get("sanitizer", {}).get("error") or f.get("crash") or ""
+        san = f.get("sanitizer")
+        extra = f"{f['variant']}: {san['error']}" if san else f.get("crash") or ""
         con.print(
             f"  {f['kind']:<18} {f['op']:<15} {f['class']:<32} {f['cases']:>5} case(s)  {where}  {extra}",
             highlight=False,

@@ -115,7 +115,14 @@ def _run_once(program: Path, todo: Sequence[Case], env: dict[str, str]) -> tuple
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def run_driver(program: Path, cases: Sequence[Case], *, dump: bool = False, sanitized: bool = False) -> _Run:
+def run_driver(
+    program: Path,
+    cases: Sequence[Case],
+    *,
+    dump: bool = False,
+    sanitized: bool = False,
+    variants: str = "oar",
+) -> _Run:
     """Run ``cases`` through the driver; a case that stops it is recorded and the rest run on.
 
     Every death of the driver is a case's: the first case whose buffers were not freed (no ``D`` line),
@@ -127,6 +134,7 @@ def run_driver(program: Path, cases: Sequence[Case], *, dump: bool = False, sani
             env.setdefault(k, v)
     if dump:
         env["ESP_CHECK_SWEEP_DUMP"] = "1"
+    env["ESP_CHECK_SWEEP_VARIANTS"] = variants  # o optimized, a ANSI C, r reference
     run = _Run({}, {})
     todo = list(cases)
     while todo:
@@ -172,21 +180,69 @@ def _crash_text(code: int | None) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
 
 
-def judge_runs(cases: Sequence[Case], main: _Run, plain: _Run | None) -> list[CaseVerdict]:
-    """Verdicts from the (sanitized) run, with the plain run's values for cases that stopped it."""
+VARIANTS = (("optimized", "o"), ("ansi_c", "a"), ("reference", "r"))
+
+
+@dataclass
+class _Evidence:
+    """Everything the runs said about the cases: the values, and who stopped where."""
+
+    plain: _Run
+    sanitized: dict[str, _Run] = field(default_factory=dict)  # variant -> its own sanitized run
+    crashed: dict[int, list[str]] = field(default_factory=dict)  # case id -> "variant: how it died"
+
+
+def _split_stopped(program: Path, cases: Sequence[Case], ev: _Evidence) -> None:
+    """A case that killed the plain driver is run again one variant at a time: the crash is then that
+    variant's, and the values of the variants that survive (run together again) are still compared."""
+    for c in cases:
+        if c.id not in ev.plain.stopped:
+            continue
+        dead, alive = [], ""
+        for name, letter in VARIANTS:
+            alone = run_driver(program, [c], variants=letter)
+            if c.id in alone.stopped:
+                dead.append(f"{name}: {_crash_text(alone.stopped[c.id][0])}")
+            else:
+                alive += letter
+        if not dead:  # only together (a heap the first one corrupted): the case's, not one variant's
+            dead.append(f"all variants together: {_crash_text(ev.plain.stopped[c.id][0])}")
+        ev.crashed[c.id] = dead
+        if alive and len(alive) < len(VARIANTS):
+            again = run_driver(program, [c], variants=alive)
+            if c.id in again.results:
+                ev.plain.results[c.id] = again.results[c.id]
+
+
+def collect(programs: dict[bool, Path], cases: Sequence[Case], sanitize: bool) -> _Evidence:
+    """The plain driver runs every case (the values); with ``sanitize``, each esp-nn variant then runs
+    alone under ASan+UBSan, so one variant's sanitizer stop never hides the other's."""
+    ev = _Evidence(run_driver(programs[False], cases))
+    _split_stopped(programs[False], cases, ev)
+    if sanitize:
+        for name, letter in VARIANTS[:2]:
+            ev.sanitized[name] = run_driver(programs[True], cases, sanitized=True, variants=letter)
+    return ev
+
+
+def judge_runs(cases: Sequence[Case], ev: _Evidence) -> list[CaseVerdict]:
+    """Verdicts from the plain run's values, each variant's sanitizer reports, and the crashes."""
     out = []
     for c in cases:
-        san = crash = None
-        result = main.results.get(c.id)
-        if c.id in main.stopped:
-            code, err = main.stopped[c.id]
-            san = sanitizer_report(err)
-            crash = None if san else _crash_text(code)
-            if plain is not None:
-                result = plain.results.get(c.id)
-                if c.id in plain.stopped and san is None:
-                    crash = _crash_text(plain.stopped[c.id][0])
-        out.append(judge(c, result, san, crash))
+        reports, crashes = [], []
+        for name, run in ev.sanitized.items():
+            if c.id in run.stopped:
+                code, err = run.stopped[c.id]
+                rep = sanitizer_report(err)
+                if rep is not None:
+                    reports.append({"variant": name, **rep})
+                else:
+                    crashes.append(f"{name} (sanitized): {_crash_text(code)}")
+        sanitized_dead = {r["variant"] for r in reports} | {x.split(" ")[0] for x in crashes}
+        for text in ev.crashed.get(c.id, []):
+            if text.split(":")[0] not in sanitized_dead:
+                crashes.append(text)
+        out.append(judge(c, ev.plain.results.get(c.id), reports, crashes))
     return out
 
 
@@ -227,13 +283,8 @@ def sweep(
     mark_grouped_conv(cases, grouped_conv_refusal(tflm))
     say(f"running {len(cases)} cases")
     t0 = time.monotonic()
-    main = run_driver(programs[options.sanitize], cases, sanitized=options.sanitize)
-    plain = None
-    if options.sanitize and main.stopped:
-        again = [c for c in cases if c.id in main.stopped]
-        plain = run_driver(programs[False], again)
+    verdicts = judge_runs(cases, collect(programs, cases, options.sanitize))
     seconds = time.monotonic() - t0
-    verdicts = judge_runs(cases, main, plain)
     coverage = Coverage()
     for v in verdicts:
         coverage.add(v)
@@ -286,10 +337,10 @@ def _with_repros(
         r = dumped.results.get(case.id)
         f = {key: v for key, v in g.items() if key != "example"}
         f["example"] = {"line": case.line(), "meta": case.meta, "reachable": case.reachable}
-        if g["example"].sanitizer:
-            f["sanitizer"] = g["example"].sanitizer
-        if g["example"].crash:
-            f["crash"] = g["example"].crash
+        if g.get("sanitizer"):
+            f["sanitizer"] = g["sanitizer"]
+        if g.get("crash"):
+            f["crash"] = g["crash"]
         if r is not None:
             f["example"]["status"] = list(r.status)
             f["example"]["diff"] = {

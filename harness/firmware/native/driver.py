@@ -12,14 +12,17 @@ builds that share it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import socket
 import stat
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,7 @@ from harness.errors import BuildError
 from harness.firmware.native.components import ComponentSource, copy_once, tree_sha256
 from harness.firmware.native.config import idf_api_h, sdkconfig_cmake, sdkconfig_h
 from harness.firmware.native.toolchain import Toolchain
-from harness.firmware.toolrun import OutputCallback, run_streaming
+from harness.firmware.toolrun import NOTE, OutputCallback, run_streaming
 
 STANDINS_DIR = Path(__file__).resolve().parent / "standins"
 TREE_FORMAT = 1
@@ -170,6 +173,57 @@ def _forget_moved_build(build: Path, source: Path) -> None:
             return
 
 
+LOCK_WAIT_S = 7200.0
+LOCK_NOTE_EVERY_S = 60.0
+
+
+def _owner(tree: Path) -> str:
+    """Who holds ``tree``'s lock, as its holder wrote it (pid, host, command, since when)."""
+    try:
+        o = json.loads((tree / "tree.lock.owner").read_text(encoding="utf-8"))
+        since = time.strftime("%H:%M:%S", time.localtime(float(o["since"])))
+        return f"pid {o['pid']} on {o['host']} since {since}: {o['command'][:200]}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that did not say who it is"
+
+
+@contextlib.contextmanager
+def tree_lock(tree: Path, log_path: Path, on_output: OutputCallback | None) -> Iterator[None]:
+    """The build tree's lock. A build that has to wait says so, on whose build, in the log and as an
+    ``esp-check:`` note (again every minute); the wait is not part of any build time-out. BuildError
+    after LOCK_WAIT_S."""
+    lock = filelock.FileLock(str(tree / "tree.lock"))
+    t0, wait = time.monotonic(), 0.0
+    while True:
+        try:
+            lock.acquire(timeout=wait)
+            break
+        except filelock.Timeout:
+            waited = time.monotonic() - t0
+            note = (
+                f"{NOTE}waiting for another build of the same native tree ({waited:.0f} s so far): "
+                f"{_owner(tree)}; lock {tree / 'tree.lock'}"
+            )
+            with log_path.open("a", encoding="utf-8") as log:
+                log.write(note + "\n")
+            if on_output is not None:
+                on_output(note)
+            wait = LOCK_NOTE_EVERY_S
+            if waited > LOCK_WAIT_S:
+                raise BuildError(
+                    f"another build has held the native build tree {tree} for over {LOCK_WAIT_S:.0f} s: "
+                    f"{_owner(tree)}",
+                    hint="wait for it to finish, or stop it if it is stuck",
+                ) from None
+    try:
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        owner["command"] = " ".join(sys.argv)
+        _write_if_changed(tree / "tree.lock.owner", json.dumps(owner) + "\n")
+        yield
+    finally:
+        lock.release()
+
+
 def build_command(tc: Toolchain, tree: Path, jobs: int) -> list[str]:
     return [tc.cmake, "--build", str(tree / "build"), "--target", PROGRAM, "--parallel", str(jobs)]
 
@@ -207,7 +261,7 @@ def build_program(
     tree.mkdir(parents=True, exist_ok=True)
     run_env = dict(os.environ if env is None else env)
     n_jobs = jobs or os.cpu_count() or 2
-    with filelock.FileLock(str(tree / "tree.lock"), timeout=7200):
+    with tree_lock(tree, log_path, on_output):
         reused = (tree / "built").is_file()
         _write_if_changed(tree / "config" / "sdkconfig.h", sdkconfig_h(config))
         _write_if_changed(tree / "config" / "sdkconfig.cmake", sdkconfig_cmake(config, idf_version))

@@ -321,6 +321,68 @@ def test_the_printed_reproduction_runs_on_the_swept_sources(
     assert main([*argv[1:], "--out", str(tmp_path / "fc")]) == 1
 
 
+def _build_c_repro(repro_dir: Path, espnn: Path, work: Path, sanitize: bool) -> Path:
+    """Build ``repro.c`` exactly as its own first comment says, from a directory holding ``esp-nn/``."""
+    import shlex
+    import subprocess
+
+    work.mkdir()
+    (work / "esp-nn").symlink_to(espnn.resolve(), target_is_directory=True)
+    shutil.copy(repro_dir / "repro.c", work / "repro.c")
+    line = next(ln for ln in (work / "repro.c").read_text().splitlines() if ln.startswith("//   cc "))
+    argv = shlex.split(line[len("//   ") :])
+    assert ("-fsanitize=address,undefined" in argv) == sanitize
+    expanded = [str(p.relative_to(work)) for a in argv if "*" in a for p in sorted(work.glob(a))]
+    argv = [a for a in argv if "*" not in a] + expanded  # the shell's glob, done here without a shell
+    subprocess.run(argv, cwd=work, check=True, capture_output=True, text=True, timeout=300)
+    return work / "repro"
+
+
+@needs_build
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_each_finding_gets_a_report_and_a_standalone_c_repro(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 27: report.md (kernel, version, geometry, expected against got, frames) and repro.c, which
+    # calls esp-nn's API directly with the data inline, builds with cc alone and exits non-zero; one
+    # directory per example case. The faulty stand-in tree is the esp-nn here (nothing faked).
+    import subprocess
+
+    code, report = _run(tmp_path, monkeypatch, "off_by_one", sanitize=False, cases=20)
+    assert code == 1
+    dirs = {f["repro"]["dir"] for f in report["findings"]}
+    assert len(dirs) == len({f["example"]["line"] for f in report["findings"]})
+    d = Path(sorted(dirs)[0])
+    md = (d / "report.md").read_text()
+    assert md.startswith("# esp_nn_max_pool_s8 / esp_nn_max_pool_s8_ansi") and "optimized != ANSI C" in md
+    assert "| element | where | optimized | ANSI C |" in md
+    espnn = tmp_path / "20" / "off_by_one" / "esp-nn"
+    prog = _build_c_repro(d, espnn, tmp_path / "c", sanitize=False)
+    runs = [subprocess.run([str(prog)], capture_output=True, text=True, timeout=60) for _ in range(2)]
+    assert runs[0].returncode == 1 and runs[0].stdout == runs[1].stdout  # fails, the same way each time
+    assert (
+        "optimized (esp_nn_max_pool_s8): " in runs[0].stdout
+        and " values differ from ANSI C" in runs[0].stdout
+    )
+    row = next(ln for ln in md.splitlines() if ln.startswith("| ") and ln[2].isdigit())
+    i, _, opt, ansi = (c.strip() for c in row.strip("|").split("|"))
+    assert f"[{int(i):5d}] ANSI C: got {int(opt):4d}, expected {int(ansi):4d}" in runs[0].stdout
+
+    code, report = _run(tmp_path, monkeypatch, "scratch_overrun", sanitize=True, cases=4)
+    assert code == 4
+    san = next(f for f in report["findings"] if f["kind"] == "sanitizer")
+    assert "esp_nn_max_pool_s8_opt" in (Path(san["repro"]["dir"]) / "report.md").read_text()
+    espnn = tmp_path / "4" / "scratch_overrun" / "esp-nn"
+    prog = _build_c_repro(Path(san["repro"]["dir"]), espnn, tmp_path / "c-san", sanitize=True)
+    run = subprocess.run([str(prog)], capture_output=True, text=True, timeout=60)
+    assert (
+        run.returncode != 0
+        and "heap-buffer-overflow" in run.stderr
+        and "esp_nn_max_pool_s8_opt" in run.stderr
+    )
+
+
 @needs_build
 @pytest.mark.slow
 def test_cli_sweep_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from harness.analysis.sweep_cases import OPS, Case, generate
 from harness.analysis.sweep_findings import (
+    RAN,
     CaseVerdict,
     Coverage,
     Result,
@@ -31,6 +32,7 @@ from harness.analysis.sweep_findings import (
     parse_result,
     sanitizer_report,
 )
+from harness.analysis.sweep_report import c_repro, headline_of, report_md
 from harness.analysis.sweep_repro import write_repro
 from harness.errors import EspCheckError, ExitCode, UsageError
 from harness.firmware.native.components import ComponentSource
@@ -289,7 +291,9 @@ def sweep(
     for v in verdicts:
         coverage.add(v)
     groups = group(verdicts)
-    findings = _with_repros(groups, programs[False], out, native_board_args(espnn, tflm, out))
+    findings = _with_repros(
+        groups, programs[False], out, native_board_args(espnn, tflm, out), sources.describe()
+    )
     result = SweepResult(
         out,
         findings,
@@ -325,34 +329,56 @@ def native_board_args(espnn: ComponentSource, tflm: ComponentSource | None, out:
     return ["--board", "native-esp32", "--components-dir", str(where)]
 
 
+def _finding(g: dict[str, Any], r: Result | None) -> dict[str, Any]:
+    """A group as sweep.json keeps it: its example's line, meta, status and differences."""
+    case: Case = g["example"].case
+    f = {key: v for key, v in g.items() if key != "example"}
+    f["example"] = {"line": case.line(), "meta": case.meta, "reachable": case.reachable}
+    if r is not None:
+        f["example"]["status"] = list(r.status)
+        f["example"]["diff"] = {
+            name: d.__dict__ if d else None
+            for name, d in (("opt_ansi", r.opt_ansi), ("opt_ref", r.opt_ref), ("ansi_ref", r.ansi_ref))
+        }
+    return f
+
+
 def _with_repros(
-    groups: list[dict[str, Any]], plain: Path, out: Path, board_args: list[str] | None
+    groups: list[dict[str, Any]],
+    plain: Path,
+    out: Path,
+    board_args: list[str] | None,
+    sources: dict[str, Any],
 ) -> list[dict[str, Any]]:
-    """Each group's example run again with its outputs dumped, and written as a reproduction."""
-    examples = [g["example"].case for g in groups]
-    dumped = run_driver(plain, examples, dump=True) if examples else _Run({}, {})
-    findings = []
-    for k, g in enumerate(groups):
-        case: Case = g["example"].case
-        r = dumped.results.get(case.id)
-        f = {key: v for key, v in g.items() if key != "example"}
-        f["example"] = {"line": case.line(), "meta": case.meta, "reachable": case.reachable}
-        if g.get("sanitizer"):
-            f["sanitizer"] = g["sanitizer"]
-        if g.get("crash"):
-            f["crash"] = g["crash"]
-        if r is not None:
-            f["example"]["status"] = list(r.status)
-            f["example"]["diff"] = {
-                name: d.__dict__ if d else None
-                for name, d in (("opt_ansi", r.opt_ansi), ("opt_ref", r.opt_ref), ("ansi_ref", r.ansi_ref))
-            }
+    """Each group's example run again with its outputs dumped; one reproduction directory per example
+    case (the groups it stands for share it): case.txt, finding.json, report.md, repro.c, and a .tflite
+    where TFLite reaches it."""
+    examples = {g["example"].case.id: g["example"].case for g in groups}
+    dumped = run_driver(plain, list(examples.values()), dump=True) if examples else _Run({}, {})
+    findings = [_finding(g, dumped.results.get(g["example"].case.id)) for g in groups]
+    by_case: dict[int, list[dict[str, Any]]] = {}
+    for f, g in zip(findings, groups, strict=True):
+        by_case.setdefault(g["example"].case.id, []).append(f)
+    for k, (cid, fs) in enumerate(by_case.items()):
+        case, r = examples[cid], dumped.results.get(cid)
+        sanitize = any(f["kind"] == "sanitizer" for f in fs)
+        words = fs[0]["class"].replace(">=", " ge ").replace("<", " lt ").replace(">", " gt ")
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", words).strip("-") or "all"
+        where = out / "repro" / f"{k:03d}-{case.op}-{slug}"
         try:
-            args = board_args and [*board_args, *(["--sanitize"] if g["kind"] == "sanitizer" else [])]
-            f["repro"] = write_repro(case, out / "repro" / f"{k:03d}-{case.op}-{g['kind']}", r, args)
+            args = board_args and [*board_args, *(["--sanitize"] if sanitize else [])]
+            info = write_repro(case, where, r, args)
+            outputs = r.outputs if r is not None else None
+            expected = outputs[2] if outputs is not None and r is not None and r.status[2] == RAN else None
+            (where / "repro.c").write_text(c_repro(case, expected, sanitize), encoding="utf-8")
+            (where / "report.md").write_text(
+                report_md(case, fs, outputs, sources, info.get("command")), encoding="utf-8"
+            )
+            info.update({"report": "report.md", "c_repro": "repro.c", "headline": headline_of(case, fs)})
         except EspCheckError as exc:
-            f["repro"] = {"error": str(exc)}
-        findings.append(f)
+            info = {"error": str(exc)}
+        for f in fs:
+            f["repro"] = info
     return findings
 
 

@@ -138,8 +138,12 @@ def _act(rng: random.Random, zp: int, scale: float) -> tuple[str, int, int]:
     return kind, lo, max(lo, hi)
 
 
-def _ch_bucket(c: int) -> str:
+def ch_bucket(c: int) -> str:
+    """The channel-count bucket of a geometry class."""
     return "c<8" if c < 8 else "c8-15" if c < 16 else "c>=16"
+
+
+_ch_bucket = ch_bucket
 
 
 def _spatial(rng: random.Random, k: int, stride: int, same: bool, api: bool) -> tuple[int, int, int]:

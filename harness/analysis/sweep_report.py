@@ -273,8 +273,8 @@ def report_md(
     out = [f"# {headline}", ""]
     out.append(f"- kernel: `{opt}` (as `esp_nn_generic_opt.h` maps it) and `{ansi}`")
     out.append(
-        f"- esp-nn: {espnn.get('version') or 'version not stated'} at `{espnn.get('path', '?')}`"
-        f" (content sha256 {str(espnn.get('sha256', ''))[:16]})"
+        f"- esp-nn: {espnn.get('version') or 'version not stated'}"
+        f" (source tree content sha256 {str(espnn.get('sha256', ''))[:16]})"
     )
     out.append(
         f"- reference: TFLM reference kernels of esp-tflite-micro {tflm.get('version') or '(not given)'}"

@@ -34,6 +34,7 @@ from harness.analysis.sweep_findings import (
 )
 from harness.analysis.sweep_report import c_repro, headline_of, report_md
 from harness.analysis.sweep_repro import write_repro
+from harness.analysis.sweep_shrink import smaller
 from harness.errors import EspCheckError, ExitCode, UsageError
 from harness.firmware.native.components import ComponentSource
 from harness.firmware.native.sweep_build import (
@@ -60,6 +61,7 @@ class SweepOptions:
     bits: int = 64
     jobs: int | None = None
     cases: list[Case] | None = None  # given cases (--from-model), instead of generated ones
+    shrink: bool = True  # shrink each finding's example before writing it
 
 
 @dataclass
@@ -291,6 +293,9 @@ def sweep(
     for v in verdicts:
         coverage.add(v)
     groups = group(verdicts)
+    if options.shrink and groups:
+        say(f"shrinking the examples of {len(groups)} finding group(s)")
+        shrink_examples(groups, programs, max(c.id for c in cases) + 1)
     findings = _with_repros(
         groups, programs[False], out, native_board_args(espnn, tflm, out), sources.describe()
     )
@@ -307,6 +312,72 @@ def sweep(
     )
     (out / "sweep.json").write_text(json.dumps(_report(result), indent=2) + "\n", encoding="utf-8")
     return result
+
+
+SHRINK_ROUNDS = 60
+_LETTER = dict(VARIANTS)
+
+
+def _wants(groups: Sequence[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+    """What must still hold on a smaller case: (kind, variant, error type, function) per group."""
+    out = []
+    for g in groups:
+        san = g.get("sanitizer") or {}
+        out.append((g["kind"], g.get("variant", ""), san.get("type", ""), san.get("in", "")))
+    return out
+
+
+def _holding(
+    programs: dict[bool, Path], cands: list[Case], wants: list[tuple[str, str, str, str]]
+) -> Case | None:
+    """The first of ``cands`` on which every one of ``wants`` still holds (each candidate run for real)."""
+    plain = run_driver(programs[False], cands)
+    alone: dict[tuple[bool, str], _Run] = {}
+    for kind, variant, _t, _f in wants:
+        if kind in ("sanitizer", "crash") and (kind == "sanitizer", variant) not in alone:
+            prog = programs[kind == "sanitizer"]
+            letter = _LETTER.get(variant, "oar")
+            alone[(kind == "sanitizer", variant)] = run_driver(
+                prog, cands, sanitized=kind == "sanitizer", variants=letter
+            )
+    for c in cands:
+        ok = True
+        for kind, variant, etype, where in wants:
+            if kind == "sanitizer":
+                stop = alone[(True, variant)].stopped.get(c.id)
+                rep = sanitizer_report(stop[1]) if stop else None
+                ok = ok and rep is not None and (rep["type"], rep["in"]) == (etype, where)
+            elif kind == "crash":
+                ok = ok and c.id in alone[(False, variant)].stopped
+            else:
+                ok = ok and kind in judge(c, plain.results.get(c.id)).kinds
+        if ok:
+            return c
+    return None
+
+
+def shrink_examples(groups: list[dict[str, Any]], programs: dict[bool, Path], first_id: int) -> None:
+    """Replace each group's example by the smallest case (greedy, :func:`sweep_shrink.smaller`) on which
+    all the findings of the groups sharing that example still hold; ``shrunk_from`` keeps the original."""
+    by_case: dict[int, list[dict[str, Any]]] = {}
+    for g in groups:
+        by_case.setdefault(g["example"].case.id, []).append(g)
+    next_id = first_id
+    for gs in by_case.values():
+        original: Case = gs[0]["example"].case
+        cur, wants = original, _wants(gs)
+        for _ in range(SHRINK_ROUNDS):
+            cands = list(smaller(cur))
+            for c in cands:
+                c.id, next_id = next_id, next_id + 1
+            found = _holding(programs, cands, wants) if cands else None
+            if found is None:
+                break
+            cur = found
+        if cur is not original:
+            for g in gs:
+                g["example"] = CaseVerdict(cur, None, [g["kind"]])
+                g["shrunk_from"] = original.line()
 
 
 def native_board_args(espnn: ComponentSource, tflm: ComponentSource | None, out: Path) -> list[str] | None:
@@ -372,7 +443,8 @@ def _with_repros(
             expected = outputs[2] if outputs is not None and r is not None and r.status[2] == RAN else None
             (where / "repro.c").write_text(c_repro(case, expected, sanitize), encoding="utf-8")
             (where / "report.md").write_text(
-                report_md(case, fs, outputs, sources, info.get("command")), encoding="utf-8"
+                report_md(case, fs, outputs, sources, info.get("command"), fs[0].get("shrunk_from")),
+                encoding="utf-8",
             )
             info.update({"report": "report.md", "c_repro": "repro.c", "headline": headline_of(case, fs)})
         except EspCheckError as exc:

@@ -136,6 +136,25 @@ def test_grouped_conv_is_api_only_when_the_tflm_glue_refuses_it(tmp_path: Path) 
     assert g["tflite_reachable"] is False and "esp-nn's API" in g["why_api_only"]
 
 
+def test_the_draw_reaches_the_geometry_it_used_to_miss() -> None:
+    # issue 27 "geometry it never draws": each of these now comes up in a default (TFLite) draw of 400
+    # cases per op, or in --all for the API-only padded 1x1 conv
+    conv = list(sc.generate(["conv"], 400, seed=0))
+    dw = list(sc.generate(["depthwise"], 400, seed=0))
+    api = list(sc.generate(["conv"], 400, seed=0, api=True))
+    assert {c.meta["mult_ch"] for c in dw} >= {1, 2, 3, 4, 5, 8}
+    assert any(c.meta["sh"] != c.meta["sw"] and c.reachable for c in conv + dw)
+    assert any(max(c.meta["shift"]) > 0 and c.reachable for c in conv + dw)  # effective scale >= 1
+    assert any(c.meta["kh"] == c.meta["kw"] == 1 and (c.meta["ph"] or c.meta["pw"]) for c in api)
+    assert not any(c.reachable for c in api if c.meta["kh"] == c.meta["kw"] == 1 and c.meta["ph"])
+    assert {c.meta["bias_range"] for c in conv} >= {1 << 12, 1 << 16, 1 << 20}
+    assert any(max(c.meta["ih"], c.meta["iw"]) > 12 for c in conv)
+    for c in conv + dw:  # TFLite's arithmetic still gives exactly the drawn geometry and multipliers
+        oh, _ = sc.tflite_padding(c.meta["ih"], c.meta["kh"], c.meta["sh"], c.meta["same"])
+        ow, _ = sc.tflite_padding(c.meta["iw"], c.meta["kw"], c.meta["sw"], c.meta["same"])
+        assert (oh, ow) == (c.meta["oh"], c.meta["ow"])
+
+
 def test_parse_result_strict() -> None:
     r = parse_result("R 7 0 0 2 48 0000abcd 0000abcd 00000000 3:1:5 - - 16 0 1")
     assert r is not None and r.id == 7 and r.status == (0, 0, 2) and r.alias
@@ -313,11 +332,14 @@ def test_the_printed_reproduction_runs_on_the_swept_sources(
 
     monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
     comps = faulty_components(tmp_path / "comps", "off_by_one")
-    opts = SweepOptions(ops=("max_pool",), cases_per_op=30, components_dir=comps, sanitize=False)
+    # the stand-in TFLM glue runs MAX_POOL_2D without a fused activation only: sweep such cases
+    cases = [c for c in sc.generate(["max_pool"], 30, seed=0) if c.meta["act"] == "NONE"]
+    for k, c in enumerate(cases, 1):
+        c.id = k
+    opts = SweepOptions(ops=("max_pool",), cases=cases, components_dir=comps, sanitize=False)
     sweep(opts, tmp_path / "out")
     report = json.loads((tmp_path / "out" / "sweep.json").read_text())
-    # the stand-in TFLM glue runs MAX_POOL_2D without a fused activation only
-    command = next(f for f in report["findings"] if f["example"]["meta"]["act"] == "NONE")["repro"]["command"]
+    command = report["findings"][0]["repro"]["command"]
     argv = shlex.split(command)
     assert argv[:2] == ["esp-check", "flash-and-compare"]
     assert argv[argv.index("--board") + 1] == "native-esp32"

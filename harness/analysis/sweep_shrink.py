@@ -130,9 +130,11 @@ def klass_of(case: Case) -> str:
     p, pad = case.params, next((w for w in words if w in ("SAME", "VALID", "pad*")), "")
     if case.op == "conv":
         grouped = "grouped " if p[2] != p[5] else ""
-        return f"{prefix}{p[3]}x{p[4]} s{p[9]} {pad} {grouped}{ch_bucket(p[5])}"
+        strides = f"s{p[9]}" if p[9] == p[10] else f"s{p[9]}x{p[10]}"
+        return f"{prefix}{p[3]}x{p[4]} {strides} {pad} {grouped}{ch_bucket(p[5])}"
     if case.op == "depthwise":
-        return f"{prefix}{p[3]}x{p[4]} s{p[8]} {pad} mult{p[5]} {ch_bucket(p[2])}"
+        strides = f"s{p[8]}" if p[8] == p[9] else f"s{p[8]}x{p[9]}"
+        return f"{prefix}{p[3]}x{p[4]} {strides} {pad} mult{p[5]} {ch_bucket(p[2])}"
     if case.op in ("avg_pool", "max_pool"):
         return f"{prefix}{p[7]}x{p[8]} s{p[5]} {pad} {ch_bucket(p[2])}"
     if case.op == "softmax":

@@ -143,7 +143,9 @@ def test_the_draw_reaches_the_geometry_it_used_to_miss() -> None:
     dw = list(sc.generate(["depthwise"], 400, seed=0))
     api = list(sc.generate(["conv"], 400, seed=0, api=True))
     assert {c.meta["mult_ch"] for c in dw} >= {1, 2, 3, 4, 5, 8}
+    pool = list(sc.generate(["max_pool"], 400, seed=0))
     assert any(c.meta["sh"] != c.meta["sw"] and c.reachable for c in conv + dw)
+    assert any(c.meta["sh"] != c.meta["sw"] and c.reachable for c in pool)
     assert any(max(c.meta["shift"]) > 0 and c.reachable for c in conv + dw)  # effective scale >= 1
     assert any(c.meta["kh"] == c.meta["kw"] == 1 and (c.meta["ph"] or c.meta["pw"]) for c in api)
     assert not any(c.reachable for c in api if c.meta["kh"] == c.meta["kw"] == 1 and c.meta["ph"])

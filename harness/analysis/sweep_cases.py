@@ -420,12 +420,15 @@ def add_mul_case(rng: random.Random, op: str, api: bool = False, **over: Any) ->
 def pool_case(rng: random.Random, op: str, api: bool = False, **over: Any) -> Case:
     k = rng.choice((2, 2, 3, 5))
     stride = rng.choice((1, 2, 2)) if not api else rng.randint(1, 3)
+    # one in five: a different stride along W (TFLite allows it)
+    stride_w = stride if rng.random() < 0.8 else (rng.choice((1, 2)) if not api else rng.randint(1, 3))
     same = rng.random() < 0.5
     ih, oh, ph = _spatial(rng, k, stride, same, api)
-    iw, ow, pw = _spatial(rng, k, stride, same, api)
+    iw, ow, pw = _spatial(rng, k, stride_w, same, api)
     ch = rng.choice((1, 3, 4, 8, 16, 17, 32))
     if "ih" in over:  # a model's own geometry (--from-model): square filter and stride as esp-nn takes them
         k, stride, same = over["k"], over["stride"], over["same"]
+        stride_w = stride
         ih, iw, ch = over["ih"], over["iw"], over["ch"]
         oh, ph = tflite_padding(ih, k, stride, same)
         ow, pw = tflite_padding(iw, k, stride, same)
@@ -441,14 +444,14 @@ def pool_case(rng: random.Random, op: str, api: bool = False, **over: Any) -> Ca
         "kh": k,
         "kw": k,
         "sh": stride,
-        "sw": stride,
+        "sw": stride_w,
         "ph": ph,
         "pw": pw,
         "same": same,
         "ch": ch,
     }
-    p = [ih, iw, ch, oh, ow, stride, stride, k, k, ph, pw, amin, amax]
-    klass = f"{k}x{k} s{stride} {('SAME' if same else 'VALID') if not api else 'pad*'} {_ch_bucket(ch)}"
+    p = [ih, iw, ch, oh, ow, stride, stride_w, k, k, ph, pw, amin, amax]
+    klass = f"{k}x{k} {_strides(g)} {('SAME' if same else 'VALID') if not api else 'pad*'} {_ch_bucket(ch)}"
     reach = not api or _reachable_2d(g)
     meta = {**g, "scale": 0.05, "zp": zp, "act": act}
     return Case(op, rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, reach, meta)

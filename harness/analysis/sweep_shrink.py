@@ -136,7 +136,8 @@ def klass_of(case: Case) -> str:
         strides = f"s{p[8]}" if p[8] == p[9] else f"s{p[8]}x{p[9]}"
         return f"{prefix}{p[3]}x{p[4]} {strides} {pad} mult{p[5]} {ch_bucket(p[2])}"
     if case.op in ("avg_pool", "max_pool"):
-        return f"{prefix}{p[7]}x{p[8]} s{p[5]} {pad} {ch_bucket(p[2])}"
+        strides = f"s{p[5]}" if p[5] == p[6] else f"s{p[5]}x{p[6]}"
+        return f"{prefix}{p[7]}x{p[8]} {strides} {pad} {ch_bucket(p[2])}"
     if case.op == "softmax":
         return f"{prefix}depth{'>=512' if p[1] >= 512 else '<512'} {words[-1]}"
     if case.op == "fully_connected":

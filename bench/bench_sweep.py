@@ -69,7 +69,7 @@ MUTANTS = [
      "for (; ch_mult_idx < ch_mult - (ch_mult > 4); ch_mult_idx++) {", "depthwise"),
     ("dw-per-channel", "per-channel", _DW,
      "result = esp_nn_multiply_by_quantized_mult_fast(result, *out_mult++, *out_shift++);",
-     "result = esp_nn_multiply_by_quantized_mult_fast(result, *out_mult++, out_shift[0]); out_shift++;", "depthwise"),
+     "result = esp_nn_multiply_by_quantized_mult_fast(result, *out_mult++, quant_data->shift[0]); out_shift++;", "depthwise"),
 ]  # fmt: skip
 
 

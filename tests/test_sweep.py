@@ -432,6 +432,26 @@ def test_examples_are_shrunk_and_two_sweeps_write_the_same_reports(
     assert reports[0] == reports[1]
 
 
+def test_the_components_dir_of_the_command_holds_the_swept_trees(tmp_path: Path) -> None:
+    # --components-dir must find these very trees by the names flash-and-compare looks for: a parent
+    # holding "espnn-master" and "tflm-v1.3.8" does not, so links to both are made under the output.
+    from harness.flows.sweep import native_board_args
+
+    for name in ("espnn-master", "tflm-v1.3.8"):
+        shutil.copytree(
+            COMPONENTS / ("esp-nn" if name.startswith("espnn") else "esp-tflite-micro"), tmp_path / name
+        )
+    espnn = ComponentSource("espressif__esp-nn", tmp_path / "espnn-master", None, "components-dir")
+    tflm = ComponentSource("espressif__esp-tflite-micro", tmp_path / "tflm-v1.3.8", None, "components-dir")
+    args = native_board_args(espnn, tflm, tmp_path / "out")
+    assert args is not None
+    where = Path(args[args.index("--components-dir") + 1])
+    assert where == (tmp_path / "out" / "components").resolve()
+    assert (where / "esp-nn").resolve() == espnn.path.resolve()
+    assert (where / "esp-tflite-micro").resolve() == tflm.path.resolve()
+    assert native_board_args(espnn, None, tmp_path / "out") is None  # no TFLM: no firmware, no command
+
+
 @needs_build
 @pytest.mark.slow
 def test_cli_sweep_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,8 +36,10 @@ from harness.analysis.sweep_report import c_repro, headline_of, report_md
 from harness.analysis.sweep_repro import write_repro
 from harness.analysis.sweep_shrink import smaller
 from harness.errors import EspCheckError, ExitCode, UsageError
-from harness.firmware.native.components import ComponentSource
+from harness.firmware.native.components import ComponentSource, find_components
 from harness.firmware.native.sweep_build import (
+    ESPNN,
+    TFLM,
     build_sweep_driver,
     find_sweep_sources,
     grouped_conv_refusal,
@@ -387,8 +389,13 @@ def native_board_args(espnn: ComponentSource, tflm: ComponentSource | None, out:
     None when there is no esp-tflite-micro to build a firmware from."""
     if tflm is None:
         return None
-    if espnn.path.parent.resolve() == tflm.path.parent.resolve():
-        where = espnn.path.parent.resolve()
+    parent = espnn.path.parent.resolve()
+    try:  # the common parent, when flash-and-compare's lookup finds these very two trees there
+        found = [c.path.resolve() for c in find_components(parent, [ESPNN, TFLM])]
+    except EspCheckError:
+        found = []
+    if found == [espnn.path.resolve(), tflm.path.resolve()]:
+        where = parent
     else:
         where = out.resolve() / "components"
         where.mkdir(parents=True, exist_ok=True)

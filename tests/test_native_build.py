@@ -389,3 +389,22 @@ def test_a_build_waiting_for_the_tree_lock_says_on_whose(tmp_path: Path) -> None
     )
     assert f"pid {holder.pid} on " in notes[0] and notes[0].split("; lock ")[0].endswith(": -c")  # its argv
     assert notes[0] in (tmp_path / "build.log").read_text()
+
+
+def test_ccache_is_the_compiler_launcher_when_present(tmp_path: Path) -> None:
+    # issue 27 defect 7: the optimized and ANSI C trees share most esp-tflite-micro objects through
+    # ccache. A directory on PATH with an executable named ccache stands in for an installed one.
+    from harness.firmware.native.driver import ccache_env, compiler_launcher
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "ccache"
+    tool.write_text('#!/bin/sh\nexec "$@"\n')
+    tool.chmod(0o755)
+    assert compiler_launcher({"PATH": str(bin_dir)}) == [
+        f"-DCMAKE_C_COMPILER_LAUNCHER={tool}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={tool}"
+    ]  # fmt: skip
+    assert compiler_launcher({"PATH": str(bin_dir), "ESP_CHECK_CCACHE": "0"}) == []
+    assert compiler_launcher({"PATH": str(tmp_path / "empty")}) == []
+    env = ccache_env(tmp_path / "root")
+    assert env["CCACHE_BASEDIR"] == str((tmp_path / "root").resolve()) and env["CCACHE_NOHASHDIR"] == "1"

@@ -224,6 +224,24 @@ def tree_lock(tree: Path, log_path: Path, on_output: OutputCallback | None) -> I
         lock.release()
 
 
+def compiler_launcher(env: Mapping[str, str]) -> list[str]:
+    """``ccache`` as CMake's compiler launcher when it is on PATH (ESP_CHECK_CCACHE=0 turns it off).
+
+    The optimized and the ANSI C variant are two trees (their sdkconfig.h differ), yet most of
+    esp-tflite-micro's sources never read sdkconfig.h: compiled once, they are reused by the other
+    tree, the other word size of the same flags, and the next component version's unchanged files."""
+    if env.get("ESP_CHECK_CCACHE", "1").lower() in ("0", "no", "off", "false"):
+        return []
+    found = shutil.which("ccache", path=env.get("PATH"))
+    return [f"-DCMAKE_C_COMPILER_LAUNCHER={found}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={found}"] if found else []
+
+
+def ccache_env(root: Path) -> dict[str, str]:
+    """What makes ccache hit across trees: paths under the cache root are hashed relative to the build
+    directory (the same from every tree), and the build directory itself is not hashed."""
+    return {"CCACHE_BASEDIR": str(root.resolve()), "CCACHE_NOHASHDIR": "1"}
+
+
 def build_command(tc: Toolchain, tree: Path, jobs: int) -> list[str]:
     return [tc.cmake, "--build", str(tree / "build"), "--target", PROGRAM, "--parallel", str(jobs)]
 
@@ -285,10 +303,13 @@ def build_program(
         with log_path.open("a", encoding="utf-8") as log:
             state = "libraries already built, compiling main/" if reused else f"first build: compiling {what}"
             log.write(f"native: tree {tree} ({state})\n")
-        for argv in (
-            configure_command(toolchain, tree, main_dir.resolve(), components, dependencies_lock, standins),
-            build_command(toolchain, tree, n_jobs),
-        ):
+        configure = configure_command(
+            toolchain, tree, main_dir.resolve(), components, dependencies_lock, standins
+        )
+        if not (tree / "build" / "CMakeCache.txt").is_file():  # a new tree (an old one keeps its setting)
+            configure += compiler_launcher(run_env)
+        run_env.update(ccache_env(root))
+        for argv in (configure, build_command(toolchain, tree, n_jobs)):
             rc, tail = run_streaming(
                 argv, cwd=tree, env=run_env, log_path=log_path, on_output=on_output, timeout=timeout
             )

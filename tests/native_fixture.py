@@ -22,6 +22,10 @@ COMPONENTS = Path(__file__).parent / "data" / "native_components"
 MAX_POOL_2D, RESHAPE, SOFTMAX = 17, 22, 25
 FAULT_MARK = "out[c] = (int8_t)v; /* FIXTURE-FAULT */"
 OPT_KERNEL = Path("esp-nn") / "src" / "pooling" / "esp_nn_max_pool_opt.c"
+# The ANSI C kernel's store, where a one-sided fault goes into the ANSI side instead (the same FAULTS
+# text works there: it writes ``out[c]`` from ``v``).
+ANSI_KERNEL = Path("esp-nn") / "src" / "pooling" / "esp_nn_max_pool_ansi.c"
+ANSI_MARK = "output[(oy * output_wd + ox) * channels + c] = (int8_t)best;"
 
 # What the tests inject into the fixture's optimized max-pool kernel (replacing the FIXTURE-FAULT line).
 FAULTS = {
@@ -36,6 +40,12 @@ FAULTS = {
     # signed overflow (UndefinedBehaviorSanitizer); the value is still right
     "signed_overflow": (
         "{ volatile int32_t big = 2147483647; out[c] = (int8_t)(v + (big + channels) - big - channels); }"
+    ),
+    # 64 bytes written past the end of the output after its last element: no sanitizer, glibc aborts
+    # (SIGABRT) when the driver frees its buffers, after the case's result was printed
+    "heap_smash": (
+        "out[c] = (int8_t)v;"
+        " if (oy == output_ht - 1 && ox == output_wd - 1 && c == channels - 1) memset(out + c + 1, 0x7f, 64);"
     ),
     # a plain crash (no sanitizer needed): the program dies with SIGSEGV
     "segfault": "{ volatile int8_t *nowhere = (volatile int8_t *)0; *nowhere = (int8_t)v; }",
@@ -151,15 +161,26 @@ def write_refused_input(path: Path, seed: int = 3) -> Path:
     return path
 
 
-def faulty_components(dest: Path, fault: str) -> Path:
-    """A copy of the fixture tree with ``fault`` (a key of FAULTS) injected into the optimized kernel."""
+def faulty_components(dest: Path, fault: str, side: str = "optimized") -> Path:
+    """A copy of the fixture tree with ``fault`` (a key of FAULTS) injected into one kernel only:
+    the optimized one (``side="optimized"``) or the ANSI C one (``side="ansi_c"``)."""
     shutil.copytree(COMPONENTS, dest)
-    src = dest / OPT_KERNEL
+    return inject(dest, fault, side)
+
+
+def inject(tree: Path, fault: str, side: str = "optimized") -> Path:
+    """Inject ``fault`` into one kernel of the fixture tree copy ``tree`` (each side once at most)."""
+    src = tree / (OPT_KERNEL if side == "optimized" else ANSI_KERNEL)
     text = src.read_text(encoding="utf-8")
-    assert FAULT_MARK in text, "the fixture's fault marker moved"
-    text = text.replace(FAULT_MARK, FAULTS[fault] + " /* injected by the test */")
-    src.write_text("#include <stdlib.h>\n" + text, encoding="utf-8")
-    return dest
+    if side == "optimized":
+        assert FAULT_MARK in text, "the fixture's fault marker moved"
+        text = text.replace(FAULT_MARK, FAULTS[fault] + " /* injected by the test */")
+    else:
+        assert ANSI_MARK in text, "the fixture's ANSI C store moved"
+        inject = FAULTS[fault].replace("out[c]", "output[(oy * output_wd + ox) * channels + c]")
+        text = text.replace(ANSI_MARK, "{ int32_t v = best; " + inject + " } /* injected by the test */")
+    src.write_text("#include <stdlib.h>\n#include <string.h>\n" + text, encoding="utf-8")
+    return tree
 
 
 def make_mirror(dest: Path, tmp: Path) -> Path:

@@ -12,6 +12,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,9 +25,9 @@ from native_fixture import COMPONENTS, make_mirror
 from harness.errors import BuildError, ExitCode, UsageError
 from harness.firmware.native import components as comps
 from harness.firmware.native.config import parse_defaults, resolve, sdkconfig_cmake, sdkconfig_h
-from harness.firmware.native.driver import build_command, configure_command, tree_key
+from harness.firmware.native.driver import build_command, configure_command, tree_key, tree_lock
 from harness.firmware.native.toolchain import Toolchain, find_toolchain
-from harness.firmware.toolrun import run_streaming
+from harness.firmware.toolrun import notes_only, run_streaming
 
 DEFAULTS = """# comment
 CONFIG_IDF_TARGET="esp32"
@@ -289,3 +292,121 @@ def test_download_from_a_local_mirror_gives_the_pinned_components(tmp_path: Path
     assert "espressif/esp-tflite-micro" in lock.read_text()
     # a second resolution of the same pins reuses the download (no component manager run)
     assert _download(tmp_path, {"IDF_COMPONENT_LOCAL_STORAGE_URL": "file:///nonexistent"}) == got
+
+
+# --- issue 27 defect 7: the build limit counts silence; a limit kills the whole process group at once;
+# long builds report ninja's n/N; a build waiting for another's tree lock says on whose. The tools here
+# are small Python scripts run as real subprocesses (standing in for cmake/ninja: nothing is faked in
+# run_streaming itself).
+
+
+def _script(tmp: Path, body: str) -> list[str]:
+    path = tmp / "tool.py"
+    path.write_text("import os, subprocess, sys, time\n" + body, encoding="utf-8")
+    return [sys.executable, "-u", str(path)]
+
+
+def test_the_build_limit_counts_silence_not_total_time(tmp_path: Path) -> None:
+    # prints a line every 0.2 s for 2.4 s: longer in all than the 1 s limit, never silent for 1 s
+    argv = _script(
+        tmp_path, "for k in range(12):\n    print(f'[{k + 1}/12] step', flush=True)\n    time.sleep(0.2)\n"
+    )
+    rc, tail = run_streaming(
+        argv, cwd=tmp_path, env=os.environ, log_path=tmp_path / "l", on_output=None, timeout=1.0
+    )
+    assert rc == 0 and tail[-1] == "[12/12] step"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has died (only its parent has not reaped it)
+
+
+def test_a_silent_build_is_killed_with_its_child_processes(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    argv = _script(
+        tmp_path,
+        "child = subprocess.Popen(['sleep', '120'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
+        "print('compiling', flush=True)\n"
+        "time.sleep(120)\n",
+    )
+    with pytest.raises(BuildError) as exc:
+        run_streaming(
+            argv, cwd=tmp_path, env=os.environ, log_path=tmp_path / "l", on_output=None, timeout=1.0
+        )
+    assert "printed nothing for 1 s" in exc.value.message and exc.value.exit_code == ExitCode.INFRASTRUCTURE
+    pid = int(pidfile.read_text())
+    for _ in range(50):  # SIGKILL is delivered asynchronously: let the kernel finish it
+        if not _alive(pid):
+            break
+        time.sleep(0.1)
+    assert not _alive(pid), "the tool's child (a compiler, say) outlived the limit"
+
+
+def test_long_builds_report_ninjas_steps(tmp_path: Path) -> None:
+    argv = _script(
+        tmp_path, "for k in range(1, 4):\n    print(f'[{k}/3] Building C object x{k}.o', flush=True)\n"
+    )
+    seen: list[str] = []
+    run_streaming(
+        argv, cwd=tmp_path, env=os.environ, log_path=tmp_path / "l", on_output=seen.append, timeout=None
+    )
+    notes: list[str] = []
+    for line in seen:
+        notes_only(notes.append)(line)
+    assert notes[0].endswith(tuple(f"step 1/3 (33%, {s} s)" for s in range(5)))
+    assert any("step 3/3 (100%" in n for n in notes)
+
+
+def test_a_build_waiting_for_the_tree_lock_says_on_whose(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from pathlib import Path\n"
+         "from harness.firmware.native.driver import tree_lock\n"
+         f"with tree_lock(Path({str(tree)!r}), Path({str(tmp_path / 'h.log')!r}), None):\n"
+         "    print('held', flush=True); sys.stdin.readline()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdin is not None
+    assert holder.stdout.readline().strip() == "held"
+    notes: list[str] = []
+
+    def on_output(line: str) -> None:
+        notes.append(line)
+        holder.stdin.write("release\n")  # the first note came: let the other build finish
+        holder.stdin.flush()
+
+    with tree_lock(tree, tmp_path / "build.log", on_output):
+        pass
+    holder.wait(timeout=60)
+    assert len(notes) == 1 and notes[0].startswith(
+        "esp-check: waiting for another build of the same native tree"
+    )
+    assert f"pid {holder.pid} on " in notes[0] and notes[0].split("; lock ")[0].endswith(": -c")  # its argv
+    assert notes[0] in (tmp_path / "build.log").read_text()
+
+
+def test_ccache_is_the_compiler_launcher_when_present(tmp_path: Path) -> None:
+    # issue 27 defect 7: the optimized and ANSI C trees share most esp-tflite-micro objects through
+    # ccache. A directory on PATH with an executable named ccache stands in for an installed one.
+    from harness.firmware.native.driver import ccache_env, compiler_launcher
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "ccache"
+    tool.write_text('#!/bin/sh\nexec "$@"\n')
+    tool.chmod(0o755)
+    assert compiler_launcher({"PATH": str(bin_dir)}) == [
+        f"-DCMAKE_C_COMPILER_LAUNCHER={tool}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={tool}"
+    ]  # fmt: skip
+    assert compiler_launcher({"PATH": str(bin_dir), "ESP_CHECK_CCACHE": "0"}) == []
+    assert compiler_launcher({"PATH": str(tmp_path / "empty")}) == []
+    env = ccache_env(tmp_path / "root")
+    assert env["CCACHE_BASEDIR"] == str((tmp_path / "root").resolve()) and env["CCACHE_NOHASHDIR"] == "1"

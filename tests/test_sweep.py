@@ -17,13 +17,15 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from native_fixture import COMPONENTS, FAULT_MARK, OPT_KERNEL, faulty_components, write_model
+from native_fixture import COMPONENTS, FAULT_MARK, OPT_KERNEL, faulty_components, inject, write_model
 
 from harness.analysis import sweep_cases as sc
 from harness.analysis.sweep_findings import parse_outputs, parse_result, sanitizer_report
 from harness.analysis.sweep_model import CHANNEL_DELTAS, model_cases
 from harness.analysis.sweep_repro import repro_model
 from harness.cli import main
+from harness.firmware.native.components import ComponentSource
+from harness.firmware.native.sweep_build import CONV_GLUE, grouped_conv_refusal
 from harness.flows.sweep import SweepOptions, sweep
 from harness.model.loader import load_model
 
@@ -80,6 +82,81 @@ def test_repro_model_reads_back_with_the_case_tensors() -> None:
     assert np.array_equal(x.ravel(), sc.int8_values(case.seed, 0, x.size, case.lo, case.hi))
 
 
+def test_all_space_repro_never_lacks_scales(tmp_path: Path) -> None:
+    # issue 27 defect 2: in --all, a case with a TFLite geometry but raw multipliers (no w_scales) made
+    # the repro writer raise KeyError (exit 70, no sweep.json). Now a case is TFLite-reachable only when
+    # its scales give TFLM the very multipliers and shifts the driver passed; every other one is API-only.
+    from harness.analysis.sweep_repro import write_repro
+
+    cases = list(sc.generate(["conv", "depthwise", "fully_connected"], 60, seed=2, api=True))
+    reach = [c for c in cases if c.reachable]
+    assert reach and len(reach) < len(cases)
+    for c in cases:
+        info = write_repro(c, tmp_path / f"c{c.id}", None)
+        assert (info["model"] == "model.tflite") == c.reachable, info.get("why_no_model")
+    for c in reach:
+        n = c.meta["oc"]
+        scales = c.meta["w_scales"] if len(c.meta["w_scales"]) == n else c.meta["w_scales"] * n
+        tflm = [sc.quantize_multiplier(c.meta["in_scale"] * w / c.meta["out_scale"]) for w in scales]
+        assert [m for m, _ in tflm][: len(c.meta["mult"])] == c.meta["mult"]
+        assert [s for _, s in tflm][: len(c.meta["shift"])] == c.meta["shift"]
+
+
+def _tflm_with_conv_glue(tmp: Path, body: str) -> ComponentSource:
+    glue = tmp / "esp-tflite-micro" / CONV_GLUE
+    glue.parent.mkdir(parents=True)
+    glue.write_text(body, encoding="utf-8")
+    (tmp / "esp-tflite-micro" / "idf_component.yml").write_text('version: "1.3.8"\n', encoding="utf-8")
+    return ComponentSource("espressif__esp-tflite-micro", tmp / "esp-tflite-micro", "1.3.8", "components-dir")
+
+
+def test_grouped_conv_is_api_only_when_the_tflm_glue_refuses_it(tmp_path: Path) -> None:
+    # issue 27 defect 6: esp-tflite-micro v1.3.8's conv Eval checks MatchingDim(input, 3, filter, 3),
+    # which aborts on a grouped conv: such findings must not be called TFLite-reachable nor get a .tflite.
+    # The glue here is a two-line stand-in written by the test (only the check matters).
+    from harness.analysis.sweep_findings import CaseVerdict, group
+    from harness.analysis.sweep_repro import write_repro
+    from harness.flows.sweep import mark_grouped_conv
+
+    refusing = _tflm_with_conv_glue(
+        tmp_path / "a", "const int input_depth = MatchingDim(input_shape, 3, filter_shape, 3);\n"
+    )
+    passing = _tflm_with_conv_glue(tmp_path / "b", "const int input_depth = filter_shape.Dims(3) * groups;\n")
+    assert grouped_conv_refusal(passing) == ""
+    assert "MatchingDim" in grouped_conv_refusal(refusing) and "1.3.8" in grouped_conv_refusal(refusing)
+    assert "unknown" in grouped_conv_refusal(None)
+    cases = list(sc.generate(["conv"], 40, seed=1))
+    mark_grouped_conv(cases, grouped_conv_refusal(refusing))
+    grouped = [c for c in cases if c.meta["groups"] > 1]
+    assert grouped and not any(c.reachable for c in grouped)
+    assert all(c.reachable for c in cases if c.meta["groups"] == 1)
+    info = write_repro(grouped[0], tmp_path / "repro", None)
+    assert info["model"] is None and "MatchingDim" in info["why_no_model"]
+    [g] = group([CaseVerdict(grouped[0], None, ["sanitizer"])])
+    assert g["tflite_reachable"] is False and "esp-nn's API" in g["why_api_only"]
+
+
+def test_the_draw_reaches_the_geometry_it_used_to_miss() -> None:
+    # issue 27 "geometry it never draws": each of these now comes up in a default (TFLite) draw of 400
+    # cases per op, or in --all for the API-only padded 1x1 conv
+    conv = list(sc.generate(["conv"], 400, seed=0))
+    dw = list(sc.generate(["depthwise"], 400, seed=0))
+    api = list(sc.generate(["conv"], 400, seed=0, api=True))
+    assert {c.meta["mult_ch"] for c in dw} >= {1, 2, 3, 4, 5, 8}
+    pool = list(sc.generate(["max_pool"], 400, seed=0))
+    assert any(c.meta["sh"] != c.meta["sw"] and c.reachable for c in conv + dw)
+    assert any(c.meta["sh"] != c.meta["sw"] and c.reachable for c in pool)
+    assert any(max(c.meta["shift"]) > 0 and c.reachable for c in conv + dw)  # effective scale >= 1
+    assert any(c.meta["kh"] == c.meta["kw"] == 1 and (c.meta["ph"] or c.meta["pw"]) for c in api)
+    assert not any(c.reachable for c in api if c.meta["kh"] == c.meta["kw"] == 1 and c.meta["ph"])
+    assert {c.meta["bias_range"] for c in conv} >= {1 << 12, 1 << 16, 1 << 20}
+    assert any(max(c.meta["ih"], c.meta["iw"]) > 12 for c in conv)
+    for c in conv + dw:  # TFLite's arithmetic still gives exactly the drawn geometry and multipliers
+        oh, _ = sc.tflite_padding(c.meta["ih"], c.meta["kh"], c.meta["sh"], c.meta["same"])
+        ow, _ = sc.tflite_padding(c.meta["iw"], c.meta["kw"], c.meta["sw"], c.meta["same"])
+        assert (oh, ow) == (c.meta["oh"], c.meta["ow"])
+
+
 def test_parse_result_strict() -> None:
     r = parse_result("R 7 0 0 2 48 0000abcd 0000abcd 00000000 3:1:5 - - 16 0 1")
     assert r is not None and r.id == 7 and r.status == (0, 0, 2) and r.alias
@@ -113,13 +190,12 @@ def _espnn(tmp: Path, fault: str | None) -> Path:
 
 
 def _run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None, sanitize: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None, sanitize: bool, cases: int = 60
 ) -> tuple[int, dict]:
     monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
-    out = tmp_path / f"out-{fault}"
-    opts = SweepOptions(
-        ops=("max_pool",), cases_per_op=60, espnn_dir=_espnn(tmp_path, fault), sanitize=sanitize
-    )
+    out = tmp_path / f"out-{fault}-{cases}"
+    espnn = _espnn(tmp_path / str(cases), fault)
+    opts = SweepOptions(ops=("max_pool",), cases_per_op=cases, espnn_dir=espnn, sanitize=sanitize)
     result = sweep(opts, out)
     return result.exit_code, json.loads((out / "sweep.json").read_text())
 
@@ -146,6 +222,53 @@ def test_injected_value_fault_is_caught(tmp_path: Path, monkeypatch: pytest.Monk
     assert repro["model"] == "model.tflite" and Path(repro["dir"], "input.npy").is_file()
 
 
+def _max_pool(case: sc.Case) -> np.ndarray:
+    """What max pooling must give for ``case`` (the driver's own input, rebuilt from its seed)."""
+    ih, iw, ch, oh, ow, sh, sw, kh, kw, ph, pw, amin, amax = case.params
+    x = sc.int8_values(case.seed, 0, ih * iw * ch, case.lo, case.hi).astype(np.int32).reshape(ih, iw, ch)
+    out = np.full((oh, ow, ch), -128, dtype=np.int32)
+    for oy in range(oh):
+        for ox in range(ow):
+            y0, x0 = oy * sh - ph, ox * sw - pw
+            win = x[max(y0, 0) : max(y0 + kh, 0), max(x0, 0) : max(x0 + kw, 0)]
+            if win.size:
+                out[oy, ox] = np.maximum(out[oy, ox], win.reshape(-1, ch).max(axis=0))
+    return np.clip(out, amin, amax).astype(np.int8).ravel()
+
+
+@needs_build
+@pytest.mark.slow
+@pytest.mark.parametrize("side", ["optimized", "ansi_c"])
+def test_a_one_sided_fault_is_blamed_on_its_own_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, side: str
+) -> None:
+    # issue 27 defect 1: the driver's slot 0 must be the optimized kernel, as sweep.json reads it.
+    # The fault (+1 on every element below 127) goes into ONE kernel of the stand-in tree; the right
+    # answer is computed here from the case's own tensors, so the test knows which side is wrong.
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    espnn = faulty_components(tmp_path / side, "off_by_one", side=side) / "esp-nn"
+    out = tmp_path / "out"
+    result = sweep(SweepOptions(ops=("max_pool",), cases_per_op=12, espnn_dir=espnn, sanitize=False), out)
+    report = json.loads((out / "sweep.json").read_text())
+    assert result.exit_code == 1 and report["findings"]
+
+    def case_of(line: str) -> sc.Case:  # the example as the driver ran it (shrunk: not among the verdicts)
+        _id, _op, seed, lo, hi, *params = (int(x) for x in line.split())
+        return sc.Case("max_pool", seed, lo, hi, params, "", True)
+
+    other = "ansi_c" if side == "optimized" else "optimized"
+    for f in report["findings"]:
+        case = case_of(f["example"]["line"])
+        right = _max_pool(case)
+        outs = {
+            k: np.frombuffer(bytes.fromhex(v), dtype=np.int8) for k, v in f["repro"]["outputs"].items() if v
+        }
+        assert np.array_equal(outs[other], right), f"{other} is the clean kernel, yet its output is wrong"
+        assert not np.array_equal(outs[side], right), f"{side} carries the fault, yet its output is right"
+        wrong = outs[side] != right
+        assert np.array_equal(outs[side][wrong].astype(np.int32), right[wrong].astype(np.int32) + 1)
+
+
 @needs_build
 @pytest.mark.slow
 def test_scratch_overrun_is_a_sanitizer_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,6 +277,179 @@ def test_scratch_overrun_is_a_sanitizer_finding(tmp_path: Path, monkeypatch: pyt
     san = [f for f in report["findings"] if f["kind"] == "sanitizer"]
     assert san and "heap-buffer-overflow" in san[0]["sanitizer"]["error"]
     assert sum(f["cases"] for f in san) == 60  # every case stopped the sanitized driver, and the rest ran on
+
+
+@needs_build
+@pytest.mark.slow
+def test_each_variant_is_sanitized_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 27 defect 3: the first sanitizer report aborted the process, so a variant with UB hid the
+    # other variant's errors in the same case. Here both kernels of the stand-in tree are faulty: ANSI C
+    # has a signed overflow (UBSan), the optimized one a scratch overrun (ASan). Both must be reported,
+    # in every case, as two groups: one per variant and error type.
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    comps = inject(faulty_components(tmp_path / "both", "signed_overflow", side="ansi_c"), "scratch_overrun")
+    out = tmp_path / "out"
+    result = sweep(SweepOptions(ops=("max_pool",), cases_per_op=20, espnn_dir=comps / "esp-nn"), out)
+    report = json.loads((out / "sweep.json").read_text())
+    assert result.exit_code == 4
+    san = [f for f in report["findings"] if f["kind"] == "sanitizer"]
+    seen: dict[tuple[str, str, str], int] = {}
+    for f in san:  # one group per geometry family (SAME, VALID), variant and error
+        key = (f["variant"], f["sanitizer"]["type"], f["sanitizer"]["in"])
+        seen[key] = seen.get(key, 0) + f["cases"]
+    assert seen == {
+        ("optimized", "heap-buffer-overflow", "esp_nn_max_pool_s8_opt"): 20,
+        ("ansi_c", "signed integer overflow", "esp_nn_max_pool_s8_ansi"): 20,
+    }
+    assert all(any(".c:" in a for a in f["sanitizer"]["at"]) for f in san)  # file:line of the frames
+    assert not [f for f in report["findings"] if f["kind"] not in ("sanitizer",)]  # the values agree
+
+
+@needs_build
+@pytest.mark.slow
+def test_a_death_after_the_last_result_is_a_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 27 defect 4: a heap overflow that glibc only notices when the driver frees the case's
+    # buffers (after its result line) ended the sweep with "failed after its last case", exit 70 and
+    # no report. Every death is a finding of the case that was running, never an internal error.
+    code, report = _run(tmp_path, monkeypatch, "heap_smash", sanitize=False)
+    assert code == 4
+    crash = [f for f in report["findings"] if f["kind"] == "crash"]
+    assert sum(f["cases"] for f in crash) == 60  # each case smashes the heap: each is blamed, none skipped
+    assert all("signal 6" in f["crash"] for f in crash)
+    code, report = _run(
+        tmp_path, monkeypatch, "heap_smash", sanitize=False, cases=1
+    )  # dies after its only case
+    assert code == 4 and [f["cases"] for f in report["findings"] if f["kind"] == "crash"] == [1]
+
+
+@needs_build
+@pytest.mark.slow
+def test_the_printed_reproduction_runs_on_the_swept_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 27 defect 5: the command lacked --board native-esp32 --components-dir, so it ran on the
+    # simulated board (outputs from the host reference) and said "match". Run it as printed: the
+    # native board builds the faulty stand-in tree (nothing faked) and must see the mismatch.
+    import shlex
+
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    comps = faulty_components(tmp_path / "comps", "off_by_one")
+    # the stand-in TFLM glue runs MAX_POOL_2D without a fused activation only: sweep such cases
+    cases = [c for c in sc.generate(["max_pool"], 30, seed=0) if c.meta["act"] == "NONE"]
+    for k, c in enumerate(cases, 1):
+        c.id = k
+    opts = SweepOptions(ops=("max_pool",), cases=cases, components_dir=comps, sanitize=False)
+    sweep(opts, tmp_path / "out")
+    report = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    command = report["findings"][0]["repro"]["command"]
+    argv = shlex.split(command)
+    assert argv[:2] == ["esp-check", "flash-and-compare"]
+    assert argv[argv.index("--board") + 1] == "native-esp32"
+    assert Path(argv[argv.index("--components-dir") + 1]).resolve() == comps.resolve()
+    assert main([*argv[1:], "--out", str(tmp_path / "fc")]) == 1
+
+
+def _build_c_repro(repro_dir: Path, espnn: Path, work: Path, sanitize: bool) -> Path:
+    """Build ``repro.c`` exactly as its own first comment says, from a directory holding ``esp-nn/``."""
+    import shlex
+    import subprocess
+
+    work.mkdir()
+    (work / "esp-nn").symlink_to(espnn.resolve(), target_is_directory=True)
+    shutil.copy(repro_dir / "repro.c", work / "repro.c")
+    line = next(ln for ln in (work / "repro.c").read_text().splitlines() if ln.startswith("//   cc "))
+    argv = shlex.split(line[len("//   ") :])
+    assert ("-fsanitize=address,undefined" in argv) == sanitize
+    expanded = [str(p.relative_to(work)) for a in argv if "*" in a for p in sorted(work.glob(a))]
+    argv = [a for a in argv if "*" not in a] + expanded  # the shell's glob, done here without a shell
+    subprocess.run(argv, cwd=work, check=True, capture_output=True, text=True, timeout=300)
+    return work / "repro"
+
+
+@needs_build
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_each_finding_gets_a_report_and_a_standalone_c_repro(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 27: report.md (kernel, version, geometry, expected against got, frames) and repro.c, which
+    # calls esp-nn's API directly with the data inline, builds with cc alone and exits non-zero; one
+    # directory per example case. The faulty stand-in tree is the esp-nn here (nothing faked).
+    import subprocess
+
+    code, report = _run(tmp_path, monkeypatch, "off_by_one", sanitize=False, cases=20)
+    assert code == 1
+    dirs = {f["repro"]["dir"] for f in report["findings"]}
+    assert len(dirs) == len({f["example"]["line"] for f in report["findings"]})
+    d = Path(sorted(dirs)[0])
+    md = (d / "report.md").read_text()
+    assert md.startswith("# esp_nn_max_pool_s8 / esp_nn_max_pool_s8_ansi") and "optimized != ANSI C" in md
+    assert "| element | where | optimized | ANSI C |" in md
+    espnn = tmp_path / "20" / "off_by_one" / "esp-nn"
+    prog = _build_c_repro(d, espnn, tmp_path / "c", sanitize=False)
+    runs = [subprocess.run([str(prog)], capture_output=True, text=True, timeout=60) for _ in range(2)]
+    assert runs[0].returncode == 1 and runs[0].stdout == runs[1].stdout  # fails, the same way each time
+    assert (
+        "optimized (esp_nn_max_pool_s8): " in runs[0].stdout
+        and " values differ from ANSI C" in runs[0].stdout
+    )
+    row = next(ln for ln in md.splitlines() if ln.startswith("| ") and ln[2].isdigit())
+    i, _, opt, ansi = (c.strip() for c in row.strip("|").split("|"))
+    assert f"[{int(i):5d}] ANSI C: got {int(opt):4d}, expected {int(ansi):4d}" in runs[0].stdout
+
+    code, report = _run(tmp_path, monkeypatch, "scratch_overrun", sanitize=True, cases=4)
+    assert code == 4
+    san = next(f for f in report["findings"] if f["kind"] == "sanitizer")
+    assert "esp_nn_max_pool_s8_opt" in (Path(san["repro"]["dir"]) / "report.md").read_text()
+    espnn = tmp_path / "4" / "scratch_overrun" / "esp-nn"
+    prog = _build_c_repro(Path(san["repro"]["dir"]), espnn, tmp_path / "c-san", sanitize=True)
+    run = subprocess.run([str(prog)], capture_output=True, text=True, timeout=60)
+    assert (
+        run.returncode != 0
+        and "heap-buffer-overflow" in run.stderr
+        and "esp_nn_max_pool_s8_opt" in run.stderr
+    )
+
+
+@needs_build
+@pytest.mark.slow
+def test_examples_are_shrunk_and_two_sweeps_write_the_same_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 27: each example is shrunk while its finding holds (here: the off-by-one in the optimized
+    # max pool of the stand-in tree shows on any geometry, so one channel and the smallest input that
+    # still has an output are left), and a second sweep writes byte-identical reports.
+    reports = []
+    for k in range(2):
+        code, report = _run(tmp_path / str(k), monkeypatch, "off_by_one", sanitize=False, cases=12)
+        assert code == 1 and all(f.get("shrunk_from") for f in report["findings"])
+        for f in report["findings"]:
+            ih, iw, ch, oh, ow = (int(x) for x in f["example"]["line"].split()[5:10])
+            before = [int(x) for x in f["shrunk_from"].split()[5:8]]
+            assert ch == 1 and ih * iw < before[0] * before[1] * before[2] and oh * ow >= 1
+            assert f["example"]["meta"]["ch"] == 1
+        reports.append(sorted(Path(f["repro"]["dir"], "report.md").read_text() for f in report["findings"]))
+    assert reports[0] == reports[1]
+
+
+def test_the_components_dir_of_the_command_holds_the_swept_trees(tmp_path: Path) -> None:
+    # --components-dir must find these very trees by the names flash-and-compare looks for: a parent
+    # holding "espnn-master" and "tflm-v1.3.8" does not, so links to both are made under the output.
+    from harness.flows.sweep import native_board_args
+
+    for name in ("espnn-master", "tflm-v1.3.8"):
+        shutil.copytree(
+            COMPONENTS / ("esp-nn" if name.startswith("espnn") else "esp-tflite-micro"), tmp_path / name
+        )
+    espnn = ComponentSource("espressif__esp-nn", tmp_path / "espnn-master", None, "components-dir")
+    tflm = ComponentSource("espressif__esp-tflite-micro", tmp_path / "tflm-v1.3.8", None, "components-dir")
+    args = native_board_args(espnn, tflm, tmp_path / "out")
+    assert args is not None
+    where = Path(args[args.index("--components-dir") + 1])
+    assert where == (tmp_path / "out" / "components").resolve()
+    assert (where / "esp-nn").resolve() == espnn.path.resolve()
+    assert (where / "esp-tflite-micro").resolve() == tflm.path.resolve()
+    assert native_board_args(espnn, None, tmp_path / "out") is None  # no TFLM: no firmware, no command
 
 
 @needs_build

@@ -123,6 +123,11 @@ class Case:
         return " ".join(str(x) for x in (self.id, OPS[self.op], self.seed, self.lo, self.hi, *self.params))
 
 
+def bias_range(rng: random.Random) -> int:
+    """The bias values' range: +-4096 mostly, one in four up to +-2**16 or +-2**20."""
+    return rng.choice((1 << 12, 1 << 12, 1 << 12, 1 << 12, 1 << 12, 1 << 12, 1 << 16, 1 << 20))
+
+
 def _f32(x: float) -> float:
     return float(np.float32(x))
 
@@ -138,16 +143,22 @@ def _act(rng: random.Random, zp: int, scale: float) -> tuple[str, int, int]:
     return kind, lo, max(lo, hi)
 
 
-def _ch_bucket(c: int) -> str:
+def ch_bucket(c: int) -> str:
+    """The channel-count bucket of a geometry class."""
     return "c<8" if c < 8 else "c8-15" if c < 16 else "c>=16"
 
 
+_ch_bucket = ch_bucket
+
+
 def _spatial(rng: random.Random, k: int, stride: int, same: bool, api: bool) -> tuple[int, int, int]:
-    """(input size, output size, pad) along one axis."""
+    """(input size, output size, pad) along one axis: mostly up to 12, one in eight up to 40. In the
+    API space the leading pad goes up to the filter size minus 1, and to 1 for a 1x1 filter (a padded
+    1x1 conv is API-only, and a path the optimized kernels take)."""
     lo = 1 if same or api else k
-    size = rng.randint(lo, max(lo, 12))
+    size = rng.randint(lo, max(lo, 40 if rng.random() < 0.125 else 12))
     if api:
-        pad = rng.randint(0, max(0, k - 1))
+        pad = rng.randint(0, max(1, k - 1))
         size = max(size, k - 2 * pad)
         return size, api_out(size, k, stride, pad), pad
     out, pad = tflite_padding(size, k, stride, same)
@@ -155,7 +166,10 @@ def _spatial(rng: random.Random, k: int, stride: int, same: bool, api: bool) -> 
 
 
 def _requant(rng: random.Random, in_scale: float, n: int, per_channel: bool, api: bool) -> dict[str, Any]:
-    if api:
+    """Multipliers and shifts: from float32 tensor scales as TFLM computes them (``w_scales`` and
+    ``out_scale`` kept, so a .tflite gives the same numbers), or, for half of the ``--all`` cases, drawn
+    raw (no scales behind them: such a case is API-only whatever its geometry, :func:`from_scales`)."""
+    if api and rng.random() < 0.5:
         return {
             "mult": [rng.randint(1 << 30, (1 << 31) - 1) for _ in range(n)],
             "shift": [rng.randint(-31, 1) for _ in range(n)],
@@ -165,9 +179,18 @@ def _requant(rng: random.Random, in_scale: float, n: int, per_channel: bool, api
         if not per_channel
         else [_f32(rng.uniform(0.001, 0.05)) for _ in range(n)]
     )
-    out_scale = _f32(in_scale * w[0] * rng.uniform(20, 4000))
+    # one in eight: an output scale below input x weight scale, so the effective scale is >= 1 and the
+    # requantization shift positive (a left shift); otherwise 1/4000..1/20 (shift <= -4)
+    out_scale = _f32(
+        in_scale * w[0] * (rng.uniform(0.25, 1.0) if rng.random() < 0.125 else rng.uniform(20, 4000))
+    )
     ms = [quantize_multiplier(in_scale * ws / out_scale) for ws in w]
     return {"w_scales": w, "out_scale": out_scale, "mult": [m for m, _ in ms], "shift": [s for _, s in ms]}
+
+
+def from_scales(rq: dict[str, Any]) -> bool:
+    """Whether a requantization came from tensor scales (so a .tflite can carry it), not drawn raw."""
+    return "w_scales" in rq and "out_scale" in rq
 
 
 def _quant(
@@ -194,9 +217,11 @@ def _conv(rng: random.Random, api: bool, grouped: bool) -> dict[str, Any]:
     k = rng.choice((1, 1, 3, 3, 5, 2, 7))
     kh, kw = (k, k) if rng.random() < 0.8 else (k, rng.choice((1, 3)))
     stride = rng.choice((1, 1, 2)) if not api else rng.randint(1, 4)
+    # one in five: a different stride along W (TFLite allows it)
+    stride_w = stride if rng.random() < 0.8 else (rng.choice((1, 2)) if not api else rng.randint(1, 4))
     same = rng.random() < 0.6
     ih, oh, ph = _spatial(rng, kh, stride, same, api)
-    iw, ow, pw = _spatial(rng, kw, stride, same, api)
+    iw, ow, pw = _spatial(rng, kw, stride_w, same, api)
     fc = rng.choice((1, 2, 3, 4, 8, 15, 16, 17, 24, 32, 33))
     groups = rng.choice((2, 3, 4)) if grouped else 1
     oc = rng.choice((1, 2, 3, 4, 7, 8, 16, 17, 32)) * groups
@@ -211,7 +236,7 @@ def _conv(rng: random.Random, api: bool, grouped: bool) -> dict[str, Any]:
         "oh": oh,
         "ow": ow,
         "sh": stride,
-        "sw": stride,
+        "sw": stride_w,
         "ph": ph,
         "pw": pw,
         "same": same,
@@ -227,6 +252,7 @@ def conv_case(rng: random.Random, api: bool = False, grouped: bool = False, **ov
         g["ih"], g["iw"], g["oh"], g["ow"], g["ph"], g["pw"] = g["kh"], g["kw"], 1, 1, 0, 0
     in_scale, in_zp, out_zp, rq = _quant(rng, quant, g["oc"], per_channel=True, api=api)
     act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
+    br = bias_range(rng)
     p = [
         g["ih"],
         g["iw"],
@@ -245,16 +271,16 @@ def conv_case(rng: random.Random, api: bool = False, grouped: bool = False, **ov
         out_zp,
         amin,
         amax,
-        1 << 12,
+        br,
         *rq["mult"],
         *rq["shift"],
     ]
     pad = "SAME" if g["same"] else "VALID"
     klass = (
-        f"{g['kh']}x{g['kw']} s{g['sh']} {pad if not api else 'pad*'} "
+        f"{g['kh']}x{g['kw']} {_strides(g)} {pad if not api else 'pad*'} "
         f"{'grouped ' if g['groups'] > 1 else ''}{_ch_bucket(g['fc'])}"
     )
-    reach = not api or _reachable_2d(g)
+    reach = from_scales(rq) and (not api or _reachable_2d(g))
     meta = {
         **g,
         **rq,
@@ -262,9 +288,13 @@ def conv_case(rng: random.Random, api: bool = False, grouped: bool = False, **ov
         "in_zp": in_zp,
         "out_zp": out_zp,
         "act": act,
-        "bias_range": 1 << 12,
+        "bias_range": br,
     }
     return Case("conv", rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, reach, meta)
+
+
+def _strides(g: dict[str, Any]) -> str:
+    return f"s{g['sh']}" if g["sh"] == g["sw"] else f"s{g['sh']}x{g['sw']}"
 
 
 def _reachable_2d(g: dict[str, Any]) -> bool:
@@ -282,13 +312,14 @@ def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
     quant = {"quant": over.pop("quant")} if "quant" in over else {}
     g = _conv(rng, api, False)
     g["ic"] = rng.choice((1, 2, 3, 4, 8, 15, 16, 17, 24, 32))
-    g["mult_ch"] = rng.choice((1, 1, 1, 2, 4))
+    g["mult_ch"] = rng.choice((1, 1, 1, 2, 3, 4, 5, 8))
     g.update(over)
     g["oc"] = g["ic"] * g["mult_ch"]
     if g["oh"] < 1 or g["ow"] < 1:
         g["ih"], g["iw"], g["oh"], g["ow"], g["ph"], g["pw"] = g["kh"], g["kw"], 1, 1, 0, 0
     in_scale, in_zp, out_zp, rq = _quant(rng, quant, g["oc"], per_channel=True, api=api)
     act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
+    br = bias_range(rng)
     p = [
         g["ih"],
         g["iw"],
@@ -306,14 +337,14 @@ def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
         out_zp,
         amin,
         amax,
-        1 << 12,
+        br,
         *rq["mult"],
         *rq["shift"],
     ]
     pad = "SAME" if g["same"] else "VALID"
     where = pad if not api else "pad*"
-    klass = f"{g['kh']}x{g['kw']} s{g['sh']} {where} mult{g['mult_ch']} {_ch_bucket(g['ic'])}"
-    reach = not api or _reachable_2d(g)
+    klass = f"{g['kh']}x{g['kw']} {_strides(g)} {where} mult{g['mult_ch']} {_ch_bucket(g['ic'])}"
+    reach = from_scales(rq) and (not api or _reachable_2d(g))
     meta = {
         **g,
         **rq,
@@ -321,7 +352,7 @@ def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
         "in_zp": in_zp,
         "out_zp": out_zp,
         "act": act,
-        "bias_range": 1 << 12,
+        "bias_range": br,
     }
     return Case("depthwise", rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, reach, meta)
 
@@ -334,7 +365,8 @@ def fc_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
     in_scale, in_zp, out_zp, rq = _quant(rng, quant, oc if per_ch else 1, per_channel=per_ch, api=api)
     act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
     w_off = rng.randint(-127, 127) if api else 0  # TFLM: int8 weights are symmetric (zero point 0)
-    p = [row, oc, -in_zp, w_off, out_zp, amin, amax, 1 << 12, int(per_ch), *rq["mult"], *rq["shift"]]
+    br = bias_range(rng)
+    p = [row, oc, -in_zp, w_off, out_zp, amin, amax, br, int(per_ch), *rq["mult"], *rq["shift"]]
     klass = f"{'per-channel' if per_ch else 'per-tensor'} row%4={row % 4} {_ch_bucket(row)}"
     meta = {
         "row": row,
@@ -345,10 +377,17 @@ def fc_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
         "in_zp": in_zp,
         "out_zp": out_zp,
         "act": act,
-        "bias_range": 1 << 12,
+        "bias_range": br,
     }
     return Case(
-        "fully_connected", rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, not api or w_off == 0, meta
+        "fully_connected",
+        rng.randint(0, 0x0FFFFFFF),
+        -128,
+        127,
+        p,
+        klass,
+        from_scales(rq) and (not api or w_off == 0),
+        meta,
     )
 
 
@@ -381,12 +420,15 @@ def add_mul_case(rng: random.Random, op: str, api: bool = False, **over: Any) ->
 def pool_case(rng: random.Random, op: str, api: bool = False, **over: Any) -> Case:
     k = rng.choice((2, 2, 3, 5))
     stride = rng.choice((1, 2, 2)) if not api else rng.randint(1, 3)
+    # one in five: a different stride along W (TFLite allows it)
+    stride_w = stride if rng.random() < 0.8 else (rng.choice((1, 2)) if not api else rng.randint(1, 3))
     same = rng.random() < 0.5
     ih, oh, ph = _spatial(rng, k, stride, same, api)
-    iw, ow, pw = _spatial(rng, k, stride, same, api)
+    iw, ow, pw = _spatial(rng, k, stride_w, same, api)
     ch = rng.choice((1, 3, 4, 8, 16, 17, 32))
     if "ih" in over:  # a model's own geometry (--from-model): square filter and stride as esp-nn takes them
         k, stride, same = over["k"], over["stride"], over["same"]
+        stride_w = stride
         ih, iw, ch = over["ih"], over["iw"], over["ch"]
         oh, ph = tflite_padding(ih, k, stride, same)
         ow, pw = tflite_padding(iw, k, stride, same)
@@ -402,14 +444,14 @@ def pool_case(rng: random.Random, op: str, api: bool = False, **over: Any) -> Ca
         "kh": k,
         "kw": k,
         "sh": stride,
-        "sw": stride,
+        "sw": stride_w,
         "ph": ph,
         "pw": pw,
         "same": same,
         "ch": ch,
     }
-    p = [ih, iw, ch, oh, ow, stride, stride, k, k, ph, pw, amin, amax]
-    klass = f"{k}x{k} s{stride} {('SAME' if same else 'VALID') if not api else 'pad*'} {_ch_bucket(ch)}"
+    p = [ih, iw, ch, oh, ow, stride, stride_w, k, k, ph, pw, amin, amax]
+    klass = f"{k}x{k} {_strides(g)} {('SAME' if same else 'VALID') if not api else 'pad*'} {_ch_bucket(ch)}"
     reach = not api or _reachable_2d(g)
     meta = {**g, "scale": 0.05, "zp": zp, "act": act}
     return Case(op, rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, reach, meta)

@@ -89,18 +89,46 @@ def parse_outputs(line: str) -> tuple[int, tuple[bytes | None, ...]] | None:
 
 
 _SAN_ERROR = re.compile(r"(ERROR: (?:Address|Undefined\w*|Leak)Sanitizer: .*|runtime error: .*)")
-_FRAME = re.compile(r"#\d+ 0x[0-9a-f]+ in (\S+)")
+_FRAME = re.compile(r"#\d+ 0x[0-9a-f]+ in (\S+)(?: (\S+?:\d+)(?::\d+)?)?")
+_UB_AT = re.compile(r"(\S+?:\d+):\d+: runtime error:")
+_NUMBER = re.compile(r"0x[0-9a-fA-F]+|-?\d+")
+
+
+def error_type(error: str) -> str:
+    """What kind of error a sanitizer reported, without its numbers: the grouping key.
+
+    ``ERROR: AddressSanitizer: heap-buffer-overflow on address 0x...`` -> ``heap-buffer-overflow``;
+    ``runtime error: shift exponent 32 is too large for 32-bit type 'int'`` -> ``shift exponent N is too
+    large for N-bit type 'int'``."""
+    if error.startswith("ERROR:"):
+        words = error.split("Sanitizer:", 1)[-1].split()
+        return words[0] if words else error[:60]
+    text = error.split("runtime error:", 1)[-1].strip().split(": ")[0]
+    return _NUMBER.sub("N", text)[:120]
 
 
 def sanitizer_report(text: str) -> dict[str, Any] | None:
-    """The error line, the first frames and the summary of a sanitizer report in ``text``."""
+    """The error line, its type, the first frames (with file:line where the report gives them) and
+    the summary of a sanitizer report in ``text``."""
     m = _SAN_ERROR.search(text)
     if not m:
         return None
-    frames = _FRAME.findall(text[m.start() :])[:6]
+    found = _FRAME.findall(text[m.start() :])[:6]
+    frames = [f for f, _ in found]
+    at = [f"{f} {where.rsplit('/', 1)[-1]}" if where else f for f, where in found]
+    ub = _UB_AT.search(text)
+    if ub:
+        at.insert(0, f"reported at {ub.group(1).rsplit('/', 1)[-1]}")
     summary = next((ln.strip() for ln in text.splitlines() if ln.startswith("SUMMARY:")), "")
     where = next((f for f in frames if f.startswith("esp_nn")), frames[0] if frames else "")
-    return {"error": m.group(1)[:300], "frames": frames, "summary": summary[:300], "in": where}
+    return {
+        "error": m.group(1)[:300],
+        "type": error_type(m.group(1)),
+        "frames": frames,
+        "at": at,
+        "summary": summary[:300],
+        "in": where,
+    }
 
 
 @dataclass
@@ -108,18 +136,21 @@ class CaseVerdict:
     case: Case
     result: Result | None
     kinds: list[str]
-    sanitizer: dict[str, Any] | None = None
-    crash: str | None = None
+    sanitizers: list[dict[str, Any]] = field(default_factory=list)  # one per variant it stopped
+    crashes: list[str] = field(default_factory=list)  # "variant: how it died"
 
 
 def judge(
-    case: Case, result: Result | None, sanitizer: dict[str, Any] | None, crash: str | None
+    case: Case,
+    result: Result | None,
+    sanitizers: list[dict[str, Any]] | None = None,
+    crashes: list[str] | None = None,
 ) -> CaseVerdict:
     """Every finding kind that applies to one case (an empty list: the case passed)."""
     kinds: list[str] = []
-    if sanitizer:
+    if sanitizers:
         kinds.append("sanitizer")
-    elif crash:
+    if crashes:
         kinds.append("crash")
     if result is not None:
         so, sa, sr = result.status
@@ -134,7 +165,7 @@ def judge(
                 kinds.append("both_vs_reference")
             elif bad_o or bad_a:
                 kinds.append("one_vs_reference")
-    return CaseVerdict(case, result, kinds, sanitizer, crash)
+    return CaseVerdict(case, result, kinds, list(sanitizers or []), list(crashes or []))
 
 
 @dataclass
@@ -202,16 +233,42 @@ def family(op: str, klass: str) -> str:
     return " ".join(prefix + fam)
 
 
+def _why_api_only(vs: list[CaseVerdict]) -> str:
+    """Why a group's cases do not reach esp-nn through TFLite, when one says (grouped conv)."""
+    if any(v.case.reachable for v in vs):
+        return ""
+    return next((str(v.case.meta["why_api_only"]) for v in vs if v.case.meta.get("why_api_only")), "")
+
+
+def _details(v: CaseVerdict, kind: str) -> list[tuple[str, dict[str, Any]]]:
+    """(sub-key, what the finding keeps) per distinct error of ``kind`` in one case: a sanitizer report
+    per variant and error type (and the function it is in), a crash per variant; one for other kinds."""
+    if kind == "sanitizer" and v.sanitizers:
+        return [
+            (f"{r['variant']}: {r['type']} in {r['in']}", {"variant": r["variant"], "sanitizer": r})
+            for r in v.sanitizers
+        ]
+    if kind == "crash" and v.crashes:
+        return [(c.split(":")[0], {"variant": c.split(":")[0], "crash": c}) for c in v.crashes]
+    return [("", {})]
+
+
 def group(verdicts: list[CaseVerdict]) -> list[dict[str, Any]]:
-    """Findings grouped by kernel, geometry family (:func:`family`) and kind; each keeps its smallest
-    case and how many cases of each finer geometry class it holds."""
-    groups: dict[tuple[str, str, str], list[CaseVerdict]] = defaultdict(list)
+    """Findings grouped by kernel, geometry family (:func:`family`), kind and, for sanitizer reports
+    and crashes, the variant and the error type; each keeps its smallest case and how many cases of
+    each finer geometry class it holds."""
+    groups: dict[tuple[str, str, str, str], list[tuple[CaseVerdict, dict[str, Any]]]] = defaultdict(list)
     for v in verdicts:
         for kind in v.kinds:
-            groups[(v.case.op, family(v.case.op, v.case.klass), kind)].append(v)
+            for sub, detail in _details(v, kind):
+                groups[(v.case.op, family(v.case.op, v.case.klass), kind, sub)].append((v, detail))
     out = []
-    for (op, fam, kind), vs in sorted(groups.items(), key=lambda kv: (KINDS.index(kv[0][2]), kv[0][:2])):
-        smallest = min(vs, key=lambda v: (len(v.case.params), sum(abs(x) for x in v.case.params[:9])))
+    order = sorted(groups.items(), key=lambda kv: (KINDS.index(kv[0][2]), kv[0][:2], kv[0][3]))
+    for (op, fam, kind, sub), items in order:
+        vs = [v for v, _ in items]
+        smallest, detail = min(
+            items, key=lambda it: (len(it[0].case.params), sum(abs(x) for x in it[0].case.params[:9]))
+        )
         classes: dict[str, int] = defaultdict(int)
         for v in vs:
             classes[v.case.klass] += 1
@@ -221,9 +278,12 @@ def group(verdicts: list[CaseVerdict]) -> list[dict[str, Any]]:
                 "class": fam,
                 "classes": dict(sorted(classes.items())),
                 "kind": kind,
+                **({"error": sub} if sub else {}),
                 "cases": len(vs),
                 "tflite_reachable": any(v.case.reachable for v in vs),
+                **({"why_api_only": why} if (why := _why_api_only(vs)) else {}),
                 "example": smallest,
+                **detail,
             }
         )
     return out

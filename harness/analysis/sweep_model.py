@@ -48,23 +48,27 @@ def _nhwc(t: TensorInfo) -> tuple[int, int, int]:
     return shape[1], shape[2], shape[3]
 
 
-def _geometry(ih: int, iw: int, kh: int, kw: int, stride: int, same: bool) -> dict[str, Any]:
+def _geometry(
+    ih: int, iw: int, kh: int, kw: int, stride: int, same: bool, stride_w: int | None = None
+) -> dict[str, Any]:
+    sw = stride if stride_w is None else stride_w
     oh, ph = tflite_padding(ih, kh, stride, same)
-    ow, pw = tflite_padding(iw, kw, stride, same)
-    return {"ih": ih, "iw": iw, "kh": kh, "kw": kw, "oh": oh, "ow": ow, "sh": stride, "sw": stride,
+    ow, pw = tflite_padding(iw, kw, sw, same)
+    return {"ih": ih, "iw": iw, "kh": kh, "kw": kw, "oh": oh, "ow": ow, "sh": stride, "sw": sw,
             "ph": ph, "pw": pw, "same": same}  # fmt: skip
 
 
 def _spatial_variants(base: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     """The model's own, each spatial axis +-1, every stride and padding (as TFLite computes them)."""
     ih, iw, kh, kw, stride, same = base["ih"], base["iw"], base["kh"], base["kw"], base["sh"], base["same"]
-    yield "model", _geometry(ih, iw, kh, kw, stride, same)
+    sw = base["sw"]
+    yield "model", _geometry(ih, iw, kh, kw, stride, same, sw)
     for dh, dw in ((-1, 0), (1, 0), (0, -1), (0, 1)):
         if ih + dh >= 1 and iw + dw >= 1:
-            yield f"h{dh:+d} w{dw:+d}", _geometry(ih + dh, iw + dw, kh, kw, stride, same)
+            yield f"h{dh:+d} w{dw:+d}", _geometry(ih + dh, iw + dw, kh, kw, stride, same, sw)
     for s in (1, 2):
         for p in (True, False):
-            if (s, p) != (stride, same):
+            if (s, s, p) != (stride, sw, same):
                 yield f"s{s} {'SAME' if p else 'VALID'}", _geometry(ih, iw, kh, kw, s, p)
 
 
@@ -73,14 +77,13 @@ def _conv_like(info: ModelInfo, op: OpInfo, depthwise: bool) -> tuple[list[dict[
     o = op.options
     if o.get("dilation_h_factor", 1) != 1 or o.get("dilation_w_factor", 1) != 1:
         return [], "dilated (esp-nn is not called for it)"
-    if o.get("stride_h", 1) != o.get("stride_w", 1):
-        return [], "different strides along H and W (the sweep uses one)"
     ih, iw, ic = _nhwc(info.tensors[op.inputs[0]])
     f = info.tensors[op.inputs[1]].shape
     if len(f) != 4:
         return [], f"filter shape {list(f)}"
     kh, kw = f[1], f[2]
-    base = _geometry(ih, iw, kh, kw, int(str(o.get("stride_h", 1))), o.get("padding", "SAME") == "SAME")
+    sh, sw = int(str(o.get("stride_h", 1))), int(str(o.get("stride_w", 1)))
+    base = _geometry(ih, iw, kh, kw, sh, o.get("padding", "SAME") == "SAME", sw)
     q = _quant(info, op, 1)
     out: list[dict[str, Any]] = []
     if depthwise:

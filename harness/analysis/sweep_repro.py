@@ -10,13 +10,14 @@ space that TFLite cannot express gets no .tflite: ``case.txt`` (the driver's inp
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
 import flatbuffers
 import numpy as np
 
-from harness.analysis.sweep_cases import Case, bias_values, int8_values
+from harness.analysis.sweep_cases import Case, bias_values, from_scales, int8_values
 from harness.analysis.sweep_findings import Result
 from harness.errors import ModelError
 from harness.model.extract import _buffer, _finish, _vec
@@ -201,7 +202,13 @@ _BUILD = {
 def repro_model(case: Case) -> tuple[bytes, np.ndarray]:
     """(.tflite bytes, int8 input) of a TFLite-reachable case; ModelError for an API-only one."""
     if not case.reachable:
-        raise ModelError(f"{case.op} case {case.id} is API-only: TFLite cannot express it as a model")
+        why = case.meta.get("why_api_only") or "TFLite cannot express it as a model"
+        raise ModelError(f"{case.op} case {case.id} is API-only: {why}")
+    if case.op in ("conv", "depthwise", "fully_connected") and not from_scales(case.meta):
+        raise ModelError(
+            f"{case.op} case {case.id} has raw multipliers and shifts (--all) with no tensor scales behind "
+            "them: no .tflite gives TFLM the same numbers"
+        )
     w = _Writer(64 * 1024)
     ins, out, opts = _BUILD[case.op](w, case)
     data = w.finish(CODES[case.op], ins, out, opts)
@@ -223,8 +230,13 @@ def _input_shape(case: Case) -> list[int]:
     return [1, m["size"]]
 
 
-def write_repro(case: Case, directory: Path, result: Result | None) -> dict[str, Any]:
-    """``case.txt`` always; ``model.tflite`` + ``input.npy`` when TFLite can express the case."""
+def write_repro(
+    case: Case, directory: Path, result: Result | None, board_args: list[str] | None = None
+) -> dict[str, Any]:
+    """``case.txt`` always; ``model.tflite`` + ``input.npy`` when TFLite can express the case.
+
+    ``board_args`` (e.g. ``--board native-esp32 --components-dir DIR``) go into the printed command, so
+    it runs on the kernels the sweep found the bug in; without them the command is not given."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "case.txt").write_text(case.line() + "\n", encoding="utf-8")
     info: dict[str, Any] = {"dir": str(directory), "case": "case.txt"}
@@ -243,8 +255,21 @@ def write_repro(case: Case, directory: Path, result: Result | None) -> dict[str,
         np.save(directory / "input.npy", x)
         info["model"] = "model.tflite"
         info["input"] = "input.npy"
-        info["command"] = (
-            f"esp-check flash-and-compare {directory}/model.tflite --input {directory}/input.npy"
-        )
+        if not board_args:
+            info["why_no_command"] = (
+                "no esp-tflite-micro sources were given (--tflm or --components-dir): no native firmware "
+                "can be built to run the model on these esp-nn sources"
+            )
+        else:
+            info["command"] = shlex.join(
+                [
+                    "esp-check",
+                    "flash-and-compare",
+                    str(directory / "model.tflite"),
+                    "--input",
+                    str(directory / "input.npy"),
+                    *board_args,
+                ]
+            )
     (directory / "finding.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return info

@@ -65,7 +65,13 @@ def timeout_options(f: F) -> F:
             show_default=True,
             help="Seconds without a byte from the board before giving up.",
         ),
-        click.option("--build-timeout", type=SECONDS, default=1800.0, show_default=True),
+        click.option(
+            "--build-timeout",
+            type=SECONDS,
+            default=1800.0,
+            show_default=True,
+            help="Seconds a build may print nothing before it is stopped (silence, not total time).",
+        ),
     )(cast(F, wrapper))
 
 

@@ -51,6 +51,7 @@ from harness.errors import UsageError
 @click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
 @click.option("--all", "api_space", is_flag=True, help="the raw API space, not only what TFLite produces")
 @click.option("--no-sanitize", is_flag=True, help="skip the ASan+UBSan build (faster, blind to overruns)")
+@click.option("--no-shrink", is_flag=True, help="write each finding's example as drawn, not shrunk")
 @click.option("--bits", type=click.Choice(["32", "64"]), default="64", show_default=True)
 @click.option("--jobs", type=click.IntRange(1, 256), default=None, help="parallel compile jobs")
 @click.option(
@@ -70,6 +71,7 @@ def sweep_cmd(
     seed: int,
     api_space: bool,
     no_sanitize: bool,
+    no_shrink: bool,
     bits: str,
     jobs: int | None,
     out_dir: Path,
@@ -82,6 +84,7 @@ def sweep_cmd(
         seed=seed,
         api_space=api_space,
         sanitize=not no_sanitize,
+        shrink=not no_shrink,
         components_dir=components_dir,
         espnn_dir=espnn_dir,
         tflm_dir=tflm_dir,
@@ -95,17 +98,27 @@ def sweep_cmd(
         f"NATIVE sweep: {result.cases} cases in {result.seconds:.1f} s ({result.cases_per_second:.0f}/s); "
         f"reference {'compiled' if result.reference else 'NOT available (opt vs ANSI only)'}"
     )
-    for f in result.findings:
+    _print_findings(con, result.findings)
+    verdict = {0: "no finding", 1: "findings (wrong values)", 4: "findings (sanitizer report or crash)"}
+    con.print(f"{verdict[result.exit_code]}; report: {out_dir / 'sweep.json'}")
+    return result.exit_code
+
+
+def _print_findings(con: Any, findings: list[dict[str, Any]]) -> None:
+    """One line per finding group, then what reaches it and how to reproduce it."""
+    for f in findings:
         where = "TFLite-reachable" if f["tflite_reachable"] else "API-only"
-        extra = f.get("sanitizer", {}).get("error") or f.get("crash") or ""
+        san = f.get("sanitizer")
+        extra = f"{f['variant']}: {san['error']}" if san else f.get("crash") or ""
         con.print(
             f"  {f['kind']:<18} {f['op']:<15} {f['class']:<32} {f['cases']:>5} case(s)  {where}  {extra}",
             highlight=False,
             markup=False,
         )
-    verdict = {0: "no finding", 1: "findings (wrong values)", 4: "findings (sanitizer report or crash)"}
-    con.print(f"{verdict[result.exit_code]}; report: {out_dir / 'sweep.json'}")
-    return result.exit_code
+        if f.get("why_api_only"):
+            con.print(f"      API-only: {f['why_api_only']}", highlight=False, markup=False)
+        if f.get("repro", {}).get("command"):
+            con.print(f"      reproduce: {f['repro']['command']}", highlight=False, markup=False)
 
 
 def _model_cases(con: Any, from_model: Path, seed: int, ops: tuple[str, ...]) -> list[Any]:

@@ -1,15 +1,68 @@
-"""Run a build tool as an argument list (never a shell), teeing its output to a log and a callback."""
+"""Run a build tool as an argument list (never a shell), teeing its output to a log and a callback.
+
+The time limit is on **silence**, not on total time: a build that keeps printing (ninja prints a line per
+finished step) runs as long as it takes; one that prints nothing for ``timeout`` seconds is stopped.
+The tool runs in its own process group, and the whole group is killed (the compilers cmake and ninja
+started included), so a limit takes effect at once instead of when the last compiler exits. Long
+builds report their progress (ninja's ``[n/N]``) as ``esp-check:`` notes through the callback.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from harness.errors import BuildError
 
 OutputCallback = Callable[[str], None]
+NOTE = "esp-check: "  # lines esp-check adds to a tool's output (progress, waits), not the tool's own
+PROGRESS_EVERY_S = 30.0
+_STEP = re.compile(r"^\[(\d+)/(\d+)\]")
+
+
+def notes_only(callback: Callable[[str], None]) -> OutputCallback:
+    """An output callback that passes on esp-check's own notes (progress, lock waits), prefix removed."""
+
+    def forward(line: str) -> None:
+        if line.startswith(NOTE):
+            callback(line[len(NOTE) :])
+
+    return forward
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill ``proc`` and every process of its group (it leads its own session)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+
+
+class _Progress:
+    """ninja's ``[n/N]`` steps as a note every PROGRESS_EVERY_S seconds (and at the last step)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.t0 = time.monotonic()
+        self.last = -PROGRESS_EVERY_S
+
+    def note(self, line: str) -> str | None:
+        m = _STEP.match(line)
+        if not m:
+            return None
+        n, total = int(m.group(1)), int(m.group(2))
+        now = time.monotonic() - self.t0
+        if n != total and now - self.last < PROGRESS_EVERY_S and n != 1:
+            return None
+        self.last = now
+        return f"{NOTE}{self.name}: step {n}/{total} ({100 * n // max(total, 1)}%, {now:.0f} s)"
 
 
 def run_streaming(
@@ -21,15 +74,27 @@ def run_streaming(
     on_output: OutputCallback | None,
     timeout: float | None,
 ) -> tuple[int, list[str]]:
-    """Run ``argv`` (no shell), tee its combined output to ``log_path`` and ``on_output``; keep a tail."""
+    """Run ``argv`` (no shell), tee its combined output to ``log_path`` and ``on_output``; keep a tail.
+
+    ``timeout``: seconds without a line of output before the tool and its children are killed
+    (BuildError, exit 3); None for no limit."""
     tail: list[str] = []
-    timed_out = threading.Event()
+    silent = threading.Event()
+    finished = threading.Event()
+    last_output = [time.monotonic()]
+    t0 = time.monotonic()
+    name = Path(argv[0]).name
     with log_path.open("a", encoding="utf-8") as log:
         log.write("$ " + " ".join(argv) + "\n")
         log.flush()
         try:
             proc = subprocess.Popen(
-                list(argv), cwd=str(cwd), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+                list(argv),
+                cwd=str(cwd),
+                env=dict(env),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: killed as a whole
             )
         except OSError as exc:
             raise BuildError(
@@ -37,17 +102,22 @@ def run_streaming(
                 hint="check that the build tool is installed",
             ) from exc
 
-        def _kill() -> None:
-            timed_out.set()
-            proc.kill()
+        def _watch() -> None:
+            assert timeout is not None
+            while not finished.wait(min(1.0, timeout / 4)):
+                if time.monotonic() - last_output[0] > timeout:
+                    silent.set()
+                    _kill_group(proc)
+                    return
 
-        timer = threading.Timer(timeout, _kill) if timeout else None
-        if timer:
-            timer.daemon = True
-            timer.start()
+        watcher = threading.Thread(target=_watch, daemon=True) if timeout else None
+        if watcher:
+            watcher.start()
+        progress = _Progress(name)
         try:
             assert proc.stdout is not None
             for raw in proc.stdout:
+                last_output[0] = time.monotonic()
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
                 log.write(line + "\n")
                 tail.append(line)
@@ -55,18 +125,23 @@ def run_streaming(
                     del tail[:100]
                 if on_output is not None:
                     on_output(line)
+                    note = progress.note(line)
+                    if note:
+                        on_output(note)
             rc = proc.wait()
         except BaseException:
-            proc.kill()
+            _kill_group(proc)
             proc.wait()
             raise
         finally:
-            if timer:
-                timer.cancel()
+            finished.set()
+            _kill_group(proc)  # nothing of the group outlives its leader (a compiler left behind)
         log.write(f"[exit code {rc}]\n")
-    if timed_out.is_set():
+    if silent.is_set():
         raise BuildError(
-            f"{Path(argv[0]).name} did not finish within {timeout:.0f} s (killed)",
-            hint=f"see {log_path}; raise the build timeout for a first build that downloads toolchains",
+            f"{name} printed nothing for {timeout:.0f} s and was killed, with its child processes "
+            f"({time.monotonic() - t0:.0f} s after it started)",
+            hint=f"see {log_path}; a build that prints nothing that long is stuck, or the machine is "
+            "overloaded: raise the build time-out (it counts silence, not total time)",
         )
     return rc, tail

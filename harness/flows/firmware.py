@@ -7,6 +7,7 @@ refused, since the ESP-NN setting then never reached the build and any "match" w
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from harness.firmware.boards import Board
 from harness.firmware.build import BuildResult, build_project
 from harness.firmware.generate import FirmwareFeatures, GeneratedProject, generate_projects
 from harness.firmware.native.project import NativeOptions
+from harness.firmware.toolrun import notes_only
 from harness.flows.records import VARIANT_ORDER, Recorder
 from harness.model.inputs import InputOptions
 
@@ -85,6 +87,7 @@ def build_firmware(
                 log_path=logs_dir / f"build-{v}.log",
                 timeout=timeout,
                 native=native,
+                on_output=notes_only(functools.partial(rec.say, f"build [{v}]")),  # progress, lock waits
             )
 
         try:

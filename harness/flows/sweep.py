@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -21,6 +22,7 @@ from typing import Any
 
 from harness.analysis.sweep_cases import OPS, Case, generate
 from harness.analysis.sweep_findings import (
+    RAN,
     CaseVerdict,
     Coverage,
     Result,
@@ -30,9 +32,19 @@ from harness.analysis.sweep_findings import (
     parse_result,
     sanitizer_report,
 )
+from harness.analysis.sweep_report import c_repro, headline_of, report_md
 from harness.analysis.sweep_repro import write_repro
+from harness.analysis.sweep_shrink import smaller
 from harness.errors import EspCheckError, ExitCode, UsageError
-from harness.firmware.native.sweep_build import build_sweep_driver, find_sweep_sources, has_reference
+from harness.firmware.native.components import ComponentSource, find_components
+from harness.firmware.native.sweep_build import (
+    ESPNN,
+    TFLM,
+    build_sweep_driver,
+    find_sweep_sources,
+    grouped_conv_refusal,
+    has_reference,
+)
 from harness.firmware.native.toolchain import SANITIZER_ENV
 
 CASE_TIMEOUT_S = 60.0
@@ -51,6 +63,7 @@ class SweepOptions:
     bits: int = 64
     jobs: int | None = None
     cases: list[Case] | None = None  # given cases (--from-model), instead of generated ones
+    shrink: bool = True  # shrink each finding's example before writing it
 
 
 @dataclass
@@ -77,80 +90,165 @@ class SweepResult:
 @dataclass
 class _Run:
     results: dict[int, Result]
-    stopped: dict[int, tuple[int, str]]  # case id -> (exit code, stderr)
+    stopped: dict[int, tuple[int | None, str]]  # case id -> (exit code, None when hung; stderr)
+    finished: set[int] = field(default_factory=set)  # cases whose "D" line (buffers freed) came
 
 
-def run_driver(program: Path, cases: Sequence[Case], *, dump: bool = False, sanitized: bool = False) -> _Run:
-    """Run ``cases`` through the driver; a case that stops it is recorded and the rest run on."""
+_DONE = re.compile(r"^D (\d+)$")
+
+
+def _run_once(program: Path, todo: Sequence[Case], env: dict[str, str]) -> tuple[int | None, str, str]:
+    """One driver process over ``todo``: (exit code, or None when it hung and was killed; stdout; stderr)."""
+    with tempfile.TemporaryFile("w+") as fin:
+        fin.write("".join(c.line() + "\n" for c in todo))
+        fin.seek(0)
+        try:
+            proc = subprocess.run(
+                [str(program)],
+                stdin=fin,
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+                timeout=CASE_TIMEOUT_S + 0.05 * len(todo),
+            )
+        except subprocess.TimeoutExpired as exc:  # stdout/stderr are bytes here, whatever text= says
+            out, err = (
+                x.decode("utf-8", "replace") if isinstance(x, bytes) else (x or "")
+                for x in (exc.stdout, exc.stderr)
+            )
+            return None, out, err
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def run_driver(
+    program: Path,
+    cases: Sequence[Case],
+    *,
+    dump: bool = False,
+    sanitized: bool = False,
+    variants: str = "oar",
+) -> _Run:
+    """Run ``cases`` through the driver; a case that stops it is recorded and the rest run on.
+
+    Every death of the driver is a case's: the first case whose buffers were not freed (no ``D`` line),
+    or, when every case was over and the driver still died (at exit), the last one. A hang is killed.
+    """
     env = dict(os.environ)
     if sanitized:
         for k, v in SANITIZER_ENV.items():
             env.setdefault(k, v)
     if dump:
         env["ESP_CHECK_SWEEP_DUMP"] = "1"
-    results: dict[int, Result] = {}
-    stopped: dict[int, tuple[int, str]] = {}
+    env["ESP_CHECK_SWEEP_VARIANTS"] = variants  # o optimized, a ANSI C, r reference
+    run = _Run({}, {})
     todo = list(cases)
     while todo:
-        with tempfile.TemporaryFile("w+") as fin:
-            fin.write("".join(c.line() + "\n" for c in todo))
-            fin.seek(0)
-            try:
-                proc = subprocess.run(
-                    [str(program)],
-                    stdin=fin,
-                    capture_output=True,
-                    text=True,
-                    env=env,
-                    check=False,
-                    timeout=CASE_TIMEOUT_S + 0.05 * len(todo),
-                )
-            except subprocess.TimeoutExpired as exc:
-                raise EspCheckError(
-                    f"the sweep driver did not finish {len(todo)} cases in time",
-                    hint="a kernel may loop forever: sweep fewer cases or one op at a time",
-                ) from exc
-        for line in proc.stdout.splitlines():
+        code, stdout, stderr = _run_once(program, todo, env)
+        for line in stdout.splitlines():
             r = parse_result(line)
             if r is not None:
-                results[r.id] = r
+                run.results[r.id] = r
             o = parse_outputs(line)
-            if o is not None and o[0] in results:
-                results[o[0]].outputs = (o[1][0], o[1][1], o[1][2])
-        if proc.returncode == 2:
-            raise EspCheckError(f"the sweep driver refused its input: {proc.stderr.strip()[-300:]}")
-        if proc.returncode == 0:
-            missing = [c.id for c in todo if c.id not in results]
+            if o is not None and o[0] in run.results:
+                run.results[o[0]].outputs = (o[1][0], o[1][1], o[1][2])
+            d = _DONE.match(line.strip())
+            if d:
+                run.finished.add(int(d.group(1)))
+        if code == 2 and "esp-check sweep:" in stderr:
+            raise EspCheckError(f"the sweep driver refused its input: {stderr.strip()[-300:]}")
+        if code == 0:
+            missing = [c.id for c in todo if c.id not in run.finished]
             if missing:
-                raise EspCheckError(f"the sweep driver exited 0 without a result for cases {missing[:5]}")
+                raise EspCheckError(f"the sweep driver exited 0 without finishing cases {missing[:5]}")
             break
-        first = next((k for k, c in enumerate(todo) if c.id not in results), None)
-        if first is None:
-            raise EspCheckError(f"the sweep driver failed (exit {proc.returncode}) after its last case")
-        stopped[todo[first].id] = (proc.returncode, proc.stderr[-20000:])
+        first = next((k for k, c in enumerate(todo) if c.id not in run.finished), len(todo) - 1)
+        if todo[first].id in run.finished:
+            stderr += "\n(esp-check: the driver died after its last case was over; that case is blamed)"
+        run.stopped[todo[first].id] = (code, stderr[-20000:])
         todo = todo[first + 1 :]
-    return _Run(results, stopped)
+    return run
 
 
-def _crash_text(code: int) -> str:
+def mark_grouped_conv(cases: Sequence[Case], why: str) -> None:
+    """Grouped convs are API-only when the esp-tflite-micro glue refuses them (``why``, not empty)."""
+    if not why:
+        return
+    for c in cases:
+        if c.op == "conv" and int(c.meta.get("groups", 1)) > 1 and c.reachable:
+            c.reachable = False
+            c.meta["why_api_only"] = why
+
+
+def _crash_text(code: int | None) -> str:
+    if code is None:
+        return "hung: no result in time, killed"
     return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
 
 
-def judge_runs(cases: Sequence[Case], main: _Run, plain: _Run | None) -> list[CaseVerdict]:
-    """Verdicts from the (sanitized) run, with the plain run's values for cases that stopped it."""
+VARIANTS = (("optimized", "o"), ("ansi_c", "a"), ("reference", "r"))
+
+
+@dataclass
+class _Evidence:
+    """Everything the runs said about the cases: the values, and who stopped where."""
+
+    plain: _Run
+    sanitized: dict[str, _Run] = field(default_factory=dict)  # variant -> its own sanitized run
+    crashed: dict[int, list[str]] = field(default_factory=dict)  # case id -> "variant: how it died"
+
+
+def _split_stopped(program: Path, cases: Sequence[Case], ev: _Evidence) -> None:
+    """A case that killed the plain driver is run again one variant at a time: the crash is then that
+    variant's, and the values of the variants that survive (run together again) are still compared."""
+    for c in cases:
+        if c.id not in ev.plain.stopped:
+            continue
+        dead, alive = [], ""
+        for name, letter in VARIANTS:
+            alone = run_driver(program, [c], variants=letter)
+            if c.id in alone.stopped:
+                dead.append(f"{name}: {_crash_text(alone.stopped[c.id][0])}")
+            else:
+                alive += letter
+        if not dead:  # only together (a heap the first one corrupted): the case's, not one variant's
+            dead.append(f"all variants together: {_crash_text(ev.plain.stopped[c.id][0])}")
+        ev.crashed[c.id] = dead
+        if alive and len(alive) < len(VARIANTS):
+            again = run_driver(program, [c], variants=alive)
+            if c.id in again.results:
+                ev.plain.results[c.id] = again.results[c.id]
+
+
+def collect(programs: dict[bool, Path], cases: Sequence[Case], sanitize: bool) -> _Evidence:
+    """The plain driver runs every case (the values); with ``sanitize``, each esp-nn variant then runs
+    alone under ASan+UBSan, so one variant's sanitizer stop never hides the other's."""
+    ev = _Evidence(run_driver(programs[False], cases))
+    _split_stopped(programs[False], cases, ev)
+    if sanitize:
+        for name, letter in VARIANTS[:2]:
+            ev.sanitized[name] = run_driver(programs[True], cases, sanitized=True, variants=letter)
+    return ev
+
+
+def judge_runs(cases: Sequence[Case], ev: _Evidence) -> list[CaseVerdict]:
+    """Verdicts from the plain run's values, each variant's sanitizer reports, and the crashes."""
     out = []
     for c in cases:
-        san = crash = None
-        result = main.results.get(c.id)
-        if c.id in main.stopped:
-            code, err = main.stopped[c.id]
-            san = sanitizer_report(err)
-            crash = None if san else _crash_text(code)
-            if plain is not None:
-                result = plain.results.get(c.id)
-                if c.id in plain.stopped and san is None:
-                    crash = _crash_text(plain.stopped[c.id][0])
-        out.append(judge(c, result, san, crash))
+        reports, crashes = [], []
+        for name, run in ev.sanitized.items():
+            if c.id in run.stopped:
+                code, err = run.stopped[c.id]
+                rep = sanitizer_report(err)
+                if rep is not None:
+                    reports.append({"variant": name, **rep})
+                else:
+                    crashes.append(f"{name} (sanitized): {_crash_text(code)}")
+        sanitized_dead = {r["variant"] for r in reports} | {x.split(" ")[0] for x in crashes}
+        for text in ev.crashed.get(c.id, []):
+            if text.split(":")[0] not in sanitized_dead:
+                crashes.append(text)
+        out.append(judge(c, ev.plain.results.get(c.id), reports, crashes))
     return out
 
 
@@ -188,20 +286,21 @@ def sweep(
     cases = options.cases or list(
         generate(options.ops, options.cases_per_op, options.seed, options.api_space)
     )
+    mark_grouped_conv(cases, grouped_conv_refusal(tflm))
     say(f"running {len(cases)} cases")
     t0 = time.monotonic()
-    main = run_driver(programs[options.sanitize], cases, sanitized=options.sanitize)
-    plain = None
-    if options.sanitize and main.stopped:
-        again = [c for c in cases if c.id in main.stopped]
-        plain = run_driver(programs[False], again)
+    verdicts = judge_runs(cases, collect(programs, cases, options.sanitize))
     seconds = time.monotonic() - t0
-    verdicts = judge_runs(cases, main, plain)
     coverage = Coverage()
     for v in verdicts:
         coverage.add(v)
     groups = group(verdicts)
-    findings = _with_repros(groups, programs[False], out)
+    if options.shrink and groups:
+        say(f"shrinking the examples of {len(groups)} finding group(s)")
+        shrink_examples(groups, programs, max(c.id for c in cases) + 1)
+    findings = _with_repros(
+        groups, programs[False], out, native_board_args(espnn, tflm, out), sources.describe()
+    )
     result = SweepResult(
         out,
         findings,
@@ -217,31 +316,148 @@ def sweep(
     return result
 
 
-def _with_repros(groups: list[dict[str, Any]], plain: Path, out: Path) -> list[dict[str, Any]]:
-    """Each group's example run again with its outputs dumped, and written as a reproduction."""
-    examples = [g["example"].case for g in groups]
-    dumped = run_driver(plain, examples, dump=True) if examples else _Run({}, {})
-    findings = []
-    for k, g in enumerate(groups):
-        case: Case = g["example"].case
-        r = dumped.results.get(case.id)
-        f = {key: v for key, v in g.items() if key != "example"}
-        f["example"] = {"line": case.line(), "meta": case.meta, "reachable": case.reachable}
-        if g["example"].sanitizer:
-            f["sanitizer"] = g["example"].sanitizer
-        if g["example"].crash:
-            f["crash"] = g["example"].crash
-        if r is not None:
-            f["example"]["status"] = list(r.status)
-            f["example"]["diff"] = {
-                name: d.__dict__ if d else None
-                for name, d in (("opt_ansi", r.opt_ansi), ("opt_ref", r.opt_ref), ("ansi_ref", r.ansi_ref))
-            }
+SHRINK_ROUNDS = 60
+_LETTER = dict(VARIANTS)
+
+
+def _wants(groups: Sequence[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+    """What must still hold on a smaller case: (kind, variant, error type, function) per group."""
+    out = []
+    for g in groups:
+        san = g.get("sanitizer") or {}
+        out.append((g["kind"], g.get("variant", ""), san.get("type", ""), san.get("in", "")))
+    return out
+
+
+def _holding(
+    programs: dict[bool, Path], cands: list[Case], wants: list[tuple[str, str, str, str]]
+) -> Case | None:
+    """The first of ``cands`` on which every one of ``wants`` still holds (each candidate run for real)."""
+    plain = run_driver(programs[False], cands)
+    alone: dict[tuple[bool, str], _Run] = {}
+    for kind, variant, _t, _f in wants:
+        if kind in ("sanitizer", "crash") and (kind == "sanitizer", variant) not in alone:
+            prog = programs[kind == "sanitizer"]
+            letter = _LETTER.get(variant, "oar")
+            alone[(kind == "sanitizer", variant)] = run_driver(
+                prog, cands, sanitized=kind == "sanitizer", variants=letter
+            )
+    for c in cands:
+        ok = True
+        for kind, variant, etype, where in wants:
+            if kind == "sanitizer":
+                stop = alone[(True, variant)].stopped.get(c.id)
+                rep = sanitizer_report(stop[1]) if stop else None
+                ok = ok and rep is not None and (rep["type"], rep["in"]) == (etype, where)
+            elif kind == "crash":
+                ok = ok and c.id in alone[(False, variant)].stopped
+            else:
+                ok = ok and kind in judge(c, plain.results.get(c.id)).kinds
+        if ok:
+            return c
+    return None
+
+
+def shrink_examples(groups: list[dict[str, Any]], programs: dict[bool, Path], first_id: int) -> None:
+    """Replace each group's example by the smallest case (greedy, :func:`sweep_shrink.smaller`) on which
+    all the findings of the groups sharing that example still hold; ``shrunk_from`` keeps the original."""
+    by_case: dict[int, list[dict[str, Any]]] = {}
+    for g in groups:
+        by_case.setdefault(g["example"].case.id, []).append(g)
+    next_id = first_id
+    for gs in by_case.values():
+        original: Case = gs[0]["example"].case
+        cur, wants = original, _wants(gs)
+        for _ in range(SHRINK_ROUNDS):
+            cands = list(smaller(cur))
+            for c in cands:
+                c.id, next_id = next_id, next_id + 1
+            found = _holding(programs, cands, wants) if cands else None
+            if found is None:
+                break
+            cur = found
+        if cur is not original:
+            for g in gs:
+                g["example"] = CaseVerdict(cur, None, [g["kind"]])
+                g["shrunk_from"] = original.line()
+
+
+def native_board_args(espnn: ComponentSource, tflm: ComponentSource | None, out: Path) -> list[str] | None:
+    """``--board native-esp32 --components-dir DIR``: the board a reproduction must run on to meet the
+    very esp-nn sources swept (the default simulated board computes its outputs from the host reference,
+    so it says "match"). DIR is the sources' common parent, or ``out/components`` with links to both.
+    None when there is no esp-tflite-micro to build a firmware from."""
+    if tflm is None:
+        return None
+    parent = espnn.path.parent.resolve()
+    try:  # the common parent, when flash-and-compare's lookup finds these very two trees there
+        found = [c.path.resolve() for c in find_components(parent, [ESPNN, TFLM])]
+    except EspCheckError:
+        found = []
+    if found == [espnn.path.resolve(), tflm.path.resolve()]:
+        where = parent
+    else:
+        where = out.resolve() / "components"
+        where.mkdir(parents=True, exist_ok=True)
+        for src, name in ((espnn, "esp-nn"), (tflm, "esp-tflite-micro")):
+            link = where / name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(src.path.resolve(), target_is_directory=True)
+    return ["--board", "native-esp32", "--components-dir", str(where)]
+
+
+def _finding(g: dict[str, Any], r: Result | None) -> dict[str, Any]:
+    """A group as sweep.json keeps it: its example's line, meta, status and differences."""
+    case: Case = g["example"].case
+    f = {key: v for key, v in g.items() if key != "example"}
+    f["example"] = {"line": case.line(), "meta": case.meta, "reachable": case.reachable}
+    if r is not None:
+        f["example"]["status"] = list(r.status)
+        f["example"]["diff"] = {
+            name: d.__dict__ if d else None
+            for name, d in (("opt_ansi", r.opt_ansi), ("opt_ref", r.opt_ref), ("ansi_ref", r.ansi_ref))
+        }
+    return f
+
+
+def _with_repros(
+    groups: list[dict[str, Any]],
+    plain: Path,
+    out: Path,
+    board_args: list[str] | None,
+    sources: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Each group's example run again with its outputs dumped; one reproduction directory per example
+    case (the groups it stands for share it): case.txt, finding.json, report.md, repro.c, and a .tflite
+    where TFLite reaches it."""
+    examples = {g["example"].case.id: g["example"].case for g in groups}
+    dumped = run_driver(plain, list(examples.values()), dump=True) if examples else _Run({}, {})
+    findings = [_finding(g, dumped.results.get(g["example"].case.id)) for g in groups]
+    by_case: dict[int, list[dict[str, Any]]] = {}
+    for f, g in zip(findings, groups, strict=True):
+        by_case.setdefault(g["example"].case.id, []).append(f)
+    for k, (cid, fs) in enumerate(by_case.items()):
+        case, r = examples[cid], dumped.results.get(cid)
+        sanitize = any(f["kind"] == "sanitizer" for f in fs)
+        words = fs[0]["class"].replace(">=", " ge ").replace("<", " lt ").replace(">", " gt ")
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", words).strip("-") or "all"
+        where = out / "repro" / f"{k:03d}-{case.op}-{slug}"
         try:
-            f["repro"] = write_repro(case, out / "repro" / f"{k:03d}-{case.op}-{g['kind']}", r)
+            args = board_args and [*board_args, *(["--sanitize"] if sanitize else [])]
+            info = write_repro(case, where, r, args)
+            outputs = r.outputs if r is not None else None
+            expected = outputs[2] if outputs is not None and r is not None and r.status[2] == RAN else None
+            (where / "repro.c").write_text(c_repro(case, expected, sanitize), encoding="utf-8")
+            (where / "report.md").write_text(
+                report_md(case, fs, outputs, sources, info.get("command"), fs[0].get("shrunk_from")),
+                encoding="utf-8",
+            )
+            info.update({"report": "report.md", "c_repro": "repro.c", "headline": headline_of(case, fs)})
         except EspCheckError as exc:
-            f["repro"] = {"error": str(exc)}
-        findings.append(f)
+            info = {"error": str(exc)}
+        for f in fs:
+            f["repro"] = info
     return findings
 
 

@@ -12,14 +12,17 @@ builds that share it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import socket
 import stat
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,7 @@ from harness.errors import BuildError
 from harness.firmware.native.components import ComponentSource, copy_once, tree_sha256
 from harness.firmware.native.config import idf_api_h, sdkconfig_cmake, sdkconfig_h
 from harness.firmware.native.toolchain import Toolchain
-from harness.firmware.toolrun import OutputCallback, run_streaming
+from harness.firmware.toolrun import NOTE, OutputCallback, run_streaming
 
 STANDINS_DIR = Path(__file__).resolve().parent / "standins"
 TREE_FORMAT = 1
@@ -170,6 +173,75 @@ def _forget_moved_build(build: Path, source: Path) -> None:
             return
 
 
+LOCK_WAIT_S = 7200.0
+LOCK_NOTE_EVERY_S = 60.0
+
+
+def _owner(tree: Path) -> str:
+    """Who holds ``tree``'s lock, as its holder wrote it (pid, host, command, since when)."""
+    try:
+        o = json.loads((tree / "tree.lock.owner").read_text(encoding="utf-8"))
+        since = time.strftime("%H:%M:%S", time.localtime(float(o["since"])))
+        return f"pid {o['pid']} on {o['host']} since {since}: {o['command'][:200]}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that did not say who it is"
+
+
+@contextlib.contextmanager
+def tree_lock(tree: Path, log_path: Path, on_output: OutputCallback | None) -> Iterator[None]:
+    """The build tree's lock. A build that has to wait says so, on whose build, in the log and as an
+    ``esp-check:`` note (again every minute); the wait is not part of any build time-out. BuildError
+    after LOCK_WAIT_S."""
+    lock = filelock.FileLock(str(tree / "tree.lock"))
+    t0, wait = time.monotonic(), 0.0
+    while True:
+        try:
+            lock.acquire(timeout=wait)
+            break
+        except filelock.Timeout:
+            waited = time.monotonic() - t0
+            note = (
+                f"{NOTE}waiting for another build of the same native tree ({waited:.0f} s so far): "
+                f"{_owner(tree)}; lock {tree / 'tree.lock'}"
+            )
+            with log_path.open("a", encoding="utf-8") as log:
+                log.write(note + "\n")
+            if on_output is not None:
+                on_output(note)
+            wait = LOCK_NOTE_EVERY_S
+            if waited > LOCK_WAIT_S:
+                raise BuildError(
+                    f"another build has held the native build tree {tree} for over {LOCK_WAIT_S:.0f} s: "
+                    f"{_owner(tree)}",
+                    hint="wait for it to finish, or stop it if it is stuck",
+                ) from None
+    try:
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        owner["command"] = " ".join(sys.argv)
+        _write_if_changed(tree / "tree.lock.owner", json.dumps(owner) + "\n")
+        yield
+    finally:
+        lock.release()
+
+
+def compiler_launcher(env: Mapping[str, str]) -> list[str]:
+    """``ccache`` as CMake's compiler launcher when it is on PATH (ESP_CHECK_CCACHE=0 turns it off).
+
+    The optimized and the ANSI C variant are two trees (their sdkconfig.h differ), yet most of
+    esp-tflite-micro's sources never read sdkconfig.h: compiled once, they are reused by the other
+    tree, the other word size of the same flags, and the next component version's unchanged files."""
+    if env.get("ESP_CHECK_CCACHE", "1").lower() in ("0", "no", "off", "false"):
+        return []
+    found = shutil.which("ccache", path=env.get("PATH"))
+    return [f"-DCMAKE_C_COMPILER_LAUNCHER={found}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={found}"] if found else []
+
+
+def ccache_env(root: Path) -> dict[str, str]:
+    """What makes ccache hit across trees: paths under the cache root are hashed relative to the build
+    directory (the same from every tree), and the build directory itself is not hashed."""
+    return {"CCACHE_BASEDIR": str(root.resolve()), "CCACHE_NOHASHDIR": "1"}
+
+
 def build_command(tc: Toolchain, tree: Path, jobs: int) -> list[str]:
     return [tc.cmake, "--build", str(tree / "build"), "--target", PROGRAM, "--parallel", str(jobs)]
 
@@ -207,7 +279,7 @@ def build_program(
     tree.mkdir(parents=True, exist_ok=True)
     run_env = dict(os.environ if env is None else env)
     n_jobs = jobs or os.cpu_count() or 2
-    with filelock.FileLock(str(tree / "tree.lock"), timeout=7200):
+    with tree_lock(tree, log_path, on_output):
         reused = (tree / "built").is_file()
         _write_if_changed(tree / "config" / "sdkconfig.h", sdkconfig_h(config))
         _write_if_changed(tree / "config" / "sdkconfig.cmake", sdkconfig_cmake(config, idf_version))
@@ -231,10 +303,13 @@ def build_program(
         with log_path.open("a", encoding="utf-8") as log:
             state = "libraries already built, compiling main/" if reused else f"first build: compiling {what}"
             log.write(f"native: tree {tree} ({state})\n")
-        for argv in (
-            configure_command(toolchain, tree, main_dir.resolve(), components, dependencies_lock, standins),
-            build_command(toolchain, tree, n_jobs),
-        ):
+        configure = configure_command(
+            toolchain, tree, main_dir.resolve(), components, dependencies_lock, standins
+        )
+        if not (tree / "build" / "CMakeCache.txt").is_file():  # a new tree (an old one keeps its setting)
+            configure += compiler_launcher(run_env)
+        run_env.update(ccache_env(root))
+        for argv in (configure, build_command(toolchain, tree, n_jobs)):
             rc, tail = run_streaming(
                 argv, cwd=tree, env=run_env, log_path=log_path, on_output=on_output, timeout=timeout
             )

@@ -11,6 +11,7 @@ without those files gives a driver that reports the reference as not compiled in
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +48,31 @@ class SweepSources:
 def has_reference(tflm: ComponentSource | None) -> bool:
     """True when ``tflm`` holds the reference integer kernels the driver compiles."""
     return tflm is not None and (tflm.path / "tensorflow/lite/kernels/internal/common.cc").is_file()
+
+
+_GROUPS_CHECK = re.compile(r"MatchingDim\(\s*input_shape\s*,\s*3\s*,\s*filter_shape\s*,\s*3\s*\)")
+CONV_GLUE = Path("tensorflow/lite/micro/kernels/esp_nn/conv.cc")
+
+
+def grouped_conv_refusal(tflm: ComponentSource | None) -> str:
+    """Why a grouped conv does not reach esp-nn through ``tflm``'s conv glue ("" when it does).
+
+    esp-tflite-micro's ``kernels/esp_nn/conv.cc`` (v1.3.8 and others) asks ``MatchingDim(input_shape, 3,
+    filter_shape, 3)``: its TFLITE_DCHECK aborts when the input channels differ from the filter's, so
+    a grouped conv aborts in Eval before esp-nn is called. Read from the sources given, not assumed."""
+    if tflm is None:
+        return "no esp-tflite-micro sources were given: whether its conv glue passes groups on is unknown"
+    glue = tflm.path / CONV_GLUE
+    version = f"esp-tflite-micro {tflm.version or '(version not stated)'}"
+    if not glue.is_file():
+        return f"{version} has no {CONV_GLUE}: whether a grouped conv reaches esp-nn is unknown"
+    if _GROUPS_CHECK.search(glue.read_text(encoding="utf-8", errors="replace")):
+        return (
+            f"{version}'s {CONV_GLUE} aborts on a grouped conv (MatchingDim(input_shape, 3, filter_shape, 3) "
+            "fails when the input channels differ from the filter's): reached only through esp-nn's API, "
+            "or through glue versions without that check"
+        )
+    return ""
 
 
 def find_sweep_sources(

@@ -1,0 +1,160 @@
+"""Smaller neighbours of a sweep case, for shrinking a finding's example (docs/sweep.md).
+
+Like a property-based test's shrinker: :func:`smaller` proposes cases one step smaller than ``case``
+(fewer channels, a smaller spatial size or filter, one row, a narrower input range, no bias), each
+with its parameters and meta recomputed as the generator computes them (output size and padding by
+TFLite's rule for a TFLite case, so it stays TFLite-reachable; per-channel multipliers cut to the new
+channel count). The caller keeps the first candidate on which the finding still holds, and repeats.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+from harness.analysis.sweep_cases import Case, api_out, ch_bucket, tflite_padding
+
+
+def _fewer(n: int, step: int = 1, floor: int = 1) -> list[int]:
+    """Smaller values than ``n`` (multiples of ``step``, at least ``floor``), the smallest first."""
+    out = {floor, (n // 2) // step * step, n - step}
+    return sorted(v for v in out if floor <= v < n and v % step == 0)
+
+
+def _spatial(g: dict[str, Any], api: bool) -> None:
+    """Output size and padding of ``g`` after a change, as the case's kind computes them."""
+    for axis, k, s in (("h", "kh", "sh"), ("w", "kw", "sw")):
+        size = g[f"i{axis}"]
+        if api:
+            pad = min(g[f"p{axis}"], g[k] - 1)
+            g[f"p{axis}"], g[f"o{axis}"] = pad, api_out(size, g[k], g[s], pad)
+        else:
+            g[f"o{axis}"], g[f"p{axis}"] = tflite_padding(size, g[k], g[s], bool(g["same"]))
+
+
+def _geometry_moves(g: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for key in ("ih", "iw", "kh", "kw"):
+        for v in _fewer(int(g[key])):
+            yield {key: v}
+
+
+def _conv_like(case: Case) -> Iterator[Case]:
+    m, p, dw = case.meta, case.params, case.op == "depthwise"
+    api = "pad*" in case.klass
+    moves: list[dict[str, Any]] = []
+    if dw:
+        moves += [{"ic": v} for v in _fewer(p[2])] + [{"mult_ch": v} for v in _fewer(p[5])]
+    else:
+        groups = int(m.get("groups", 1))
+        moves += [{"oc": v} for v in _fewer(p[6], groups, groups)]
+        moves += [{"fc": v} for v in _fewer(p[5])]
+    moves += list(_geometry_moves(m)) + [{"bias_range": 0}] * (p[16 if dw else 17] != 0)
+    for move in moves:
+        g = {**copy.deepcopy(m), **move}
+        if dw:
+            g["oc"] = g["ic"] * g["mult_ch"]
+        else:
+            g["ic"] = g["fc"] * int(g.get("groups", 1))
+        _spatial(g, api)
+        if g["oh"] < 1 or g["ow"] < 1:
+            continue
+        yield _rebuild_conv(case, g)
+
+
+def _rebuild_conv(case: Case, g: dict[str, Any]) -> Case:
+    p, dw = case.params, case.op == "depthwise"
+    oc = g["oc"]
+    q = 17 if dw else 18
+    old_oc = p[2] * p[5] if dw else p[6]
+    mult, shift = p[q : q + old_oc][:oc], p[q + old_oc : q + 2 * old_oc][:oc]
+    for key in ("mult", "shift", "w_scales"):
+        if isinstance(g.get(key), list) and len(g[key]) >= oc:
+            g[key] = g[key][:oc]
+    if dw:
+        head = [g["ih"], g["iw"], g["ic"], g["kh"], g["kw"], g["mult_ch"], g["oh"], g["ow"]]
+    else:
+        head = [g["ih"], g["iw"], g["ic"], g["kh"], g["kw"], g["fc"], g["oc"], g["oh"], g["ow"]]
+    tail = p[len(head) + 2 + 2 : q - 1]  # offsets and activation range, unchanged
+    params = [*head, g["sh"], g["sw"], g["ph"], g["pw"], *tail, g.get("bias_range", p[q - 1]), *mult, *shift]
+    return Case(case.op, case.seed, case.lo, case.hi, params, case.klass, case.reachable, g)
+
+
+def _pool(case: Case) -> Iterator[Case]:
+    m = case.meta
+    api = "pad*" in case.klass
+    moves = [{"ch": v} for v in _fewer(int(m["ch"]))] + [
+        {k: v} for k in ("ih", "iw") for v in _fewer(int(m[k]))
+    ]
+    for move in moves:
+        g = {**copy.deepcopy(m), **move}
+        _spatial(g, api)
+        if g["oh"] < 1 or g["ow"] < 1:
+            continue
+        p = case.params
+        params = [g["ih"], g["iw"], g["ch"], g["oh"], g["ow"], g["sh"], g["sw"], g["kh"], g["kw"]]
+        params += [g["ph"], g["pw"], *p[11:13]]
+        yield Case(case.op, case.seed, case.lo, case.hi, params, case.klass, case.reachable, g)
+
+
+def _flat(case: Case) -> Iterator[Case]:
+    """Fully connected (row length, outputs), add/mul (size), softmax (rows, row length)."""
+    p, m = case.params, case.meta
+    if case.op == "softmax":
+        for key, idx in (("rows", 0), ("depth", 1)):
+            for v in _fewer(p[idx]):
+                params = list(p)
+                params[idx] = v
+                yield Case(case.op, case.seed, case.lo, case.hi, params, case.klass, True, {**m, key: v})
+    elif case.op == "fully_connected":
+        nq = p[1] if p[8] else 1
+        for key, idx in (("row", 0), ("oc", 1)):
+            for v in _fewer(p[idx]):
+                params = list(p)
+                params[idx] = v
+                g = {**copy.deepcopy(m), key: v}
+                if idx == 1 and p[8]:
+                    params = params[:9] + p[9 : 9 + v] + p[9 + nq : 9 + nq + v]
+                    g["w_scales"] = m.get("w_scales", [])[:v]
+                yield Case(case.op, case.seed, case.lo, case.hi, params, case.klass, case.reachable, g)
+    else:
+        for v in _fewer(p[0]):
+            g = {**m, "size": v}
+            yield Case(case.op, case.seed, case.lo, case.hi, [v, *p[1:]], case.klass, True, g)
+
+
+def klass_of(case: Case) -> str:
+    """The geometry class of a shrunk case, as the generator names it (an ``opN`` prefix kept)."""
+    words = case.klass.split()
+    prefix = words[0] + " " if words and words[0].startswith("op") and words[0][2:].isdigit() else ""
+    p, pad = case.params, next((w for w in words if w in ("SAME", "VALID", "pad*")), "")
+    if case.op == "conv":
+        grouped = "grouped " if p[2] != p[5] else ""
+        strides = f"s{p[9]}" if p[9] == p[10] else f"s{p[9]}x{p[10]}"
+        return f"{prefix}{p[3]}x{p[4]} {strides} {pad} {grouped}{ch_bucket(p[5])}"
+    if case.op == "depthwise":
+        strides = f"s{p[8]}" if p[8] == p[9] else f"s{p[8]}x{p[9]}"
+        return f"{prefix}{p[3]}x{p[4]} {strides} {pad} mult{p[5]} {ch_bucket(p[2])}"
+    if case.op in ("avg_pool", "max_pool"):
+        strides = f"s{p[5]}" if p[5] == p[6] else f"s{p[5]}x{p[6]}"
+        return f"{prefix}{p[7]}x{p[8]} {strides} {pad} {ch_bucket(p[2])}"
+    if case.op == "softmax":
+        return f"{prefix}depth{'>=512' if p[1] >= 512 else '<512'} {words[-1]}"
+    if case.op == "fully_connected":
+        return f"{prefix}{'per-channel' if p[8] else 'per-tensor'} row%4={p[0] % 4} {ch_bucket(p[0])}"
+    return f"{prefix}size%4={p[0] % 4} {'n<16' if p[0] < 16 else 'n>=16'}"
+
+
+def smaller(case: Case) -> Iterator[Case]:
+    """Cases one step smaller than ``case`` (see the module's doc), then a narrower input range."""
+    if case.op in ("conv", "depthwise"):
+        found = _conv_like(case)
+    elif case.op in ("avg_pool", "max_pool"):
+        found = _pool(case)
+    else:
+        found = _flat(case)
+    for c in found:
+        c.klass = klass_of(c)
+        yield c
+    if case.op != "softmax" and (case.lo, case.hi) != (-8, 7) and case.lo <= -8 and case.hi >= 7:
+        yield Case(case.op, case.seed, -8, 7, list(case.params), case.klass, case.reachable, dict(case.meta))

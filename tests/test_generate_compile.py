@@ -156,6 +156,10 @@ typedef enum { CHIP_ESP32 = 1, CHIP_ESP32S2 = 2, CHIP_ESP32S3 = 9, CHIP_ESP32C3 
 typedef struct { esp_chip_model_t model; uint32_t features; uint16_t revision; uint8_t cores; } esp_chip_info_t;
 extern "C" void esp_chip_info(esp_chip_info_t* out_info);
 """,
+    "esp_random.h": """
+#include <stdint.h>
+extern "C" uint32_t esp_random(void);
+""",
     "esp_heap_caps.h": """
 #include <stddef.h>
 #include <stdint.h>

@@ -68,7 +68,7 @@ def _check_stat(
             error,
             p,
             what,
-            kind if kind == "not a regular file" else f"{kind}, not a regular file",
+            kind if kind == "not a regular file" else f"{kind}, so it is not a regular file",
             "give the path of a regular file (not a pipe, device or directory)",
         )
     if st.st_size > max_bytes:

@@ -55,6 +55,7 @@ class LinkStats:
     rx_gaps: int = 0  # device frames lost (a gap in the device's sequence numbers)
     stale_frames: int = 0  # whole frames of an earlier boot (another session's key): dropped, never used
     probes: int = 0  # SYNC probes sent while the device was silent (a long Invoke): not repairs
+    results: int = 0  # input results received (RESULT records): the per-input figures divide by it
     seconds: float = 0.0
 
     def add(self, other: LinkStats) -> None:
@@ -66,11 +67,18 @@ class LinkStats:
         """No repair was needed: nothing damaged, lost or sent twice."""
         return not (self.retransmitted_frames or self.naks or self.damaged_frames or self.rx_gaps)
 
-    def to_dict(self) -> dict[str, float | int]:
-        d: dict[str, float | int] = dataclasses.asdict(self)
+    def to_dict(self) -> dict[str, float | int | None]:
+        d: dict[str, float | int | None] = dataclasses.asdict(self)
         d["seconds"] = round(self.seconds, 3)
         d["efficiency_host_to_device"] = round(self.tx_payload / self.tx_bytes, 4) if self.tx_bytes else 0.0
         d["efficiency_device_to_host"] = round(self.rx_payload / self.rx_bytes, 4) if self.rx_bytes else 0.0
+        # per input, whatever the mode (CRC-only results and random inputs have no payload to divide by):
+        # bytes each way per result, and the device's bytes beyond the output bytes themselves
+        n = self.results
+        d["bytes_per_input_host_to_device"] = round(self.tx_bytes / n, 2) if n else None
+        d["bytes_per_input_device_to_host"] = round(self.rx_bytes / n, 2) if n else None
+        extra = self.rx_bytes - self.rx_payload
+        d["overhead_per_input_device_to_host"] = round(extra / n, 2) if n else None
         return d
 
 

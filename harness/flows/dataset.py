@@ -167,6 +167,7 @@ def _stream(
         col.take(client)
     boot.next_seq = client.seq
     client.stats.rx_payload += col.payload
+    client.stats.results += len(col.records)
     rb.link.add(client.stats)  # the run's total (report.json "link")
     problems += col.problems + [f"device ERROR {e.stage}: {e.msg}" for e in col.device_errors]
     legs = {i: col.leg(i, ds.items[i].data, outputs) for i in ids}

@@ -21,6 +21,8 @@ from harness.analysis.sweep_cases import Case, bias_values, from_scales, int8_va
 from harness.analysis.sweep_findings import Result
 from harness.errors import ModelError
 from harness.model.extract import _buffer, _finish, _vec
+from harness.model.loader import parse_model_bytes
+from harness.model.opdata import espnn_model_acceleration
 
 ACT = {"NONE": 0, "RELU": 1, "RELU6": 3}
 CODES = {
@@ -261,6 +263,10 @@ def write_repro(
                 "can be built to run the model on these esp-nn sources"
             )
         else:
+            # the native board's chip (esp32) maps some kernels the sweep calls (pooling, for one) to
+            # ANSI C in both builds: flash-and-compare would refuse the model as untested by ESP-NN
+            accel = espnn_model_acceleration(parse_model_bytes(model), "esp32")
+            untested = not any(a.accelerated for a in accel)
             info["command"] = shlex.join(
                 [
                     "esp-check",
@@ -269,6 +275,7 @@ def write_repro(
                     "--input",
                     str(directory / "input.npy"),
                     *board_args,
+                    *(["--allow-untested"] if untested else []),
                 ]
             )
     (directory / "finding.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")

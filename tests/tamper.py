@@ -21,7 +21,6 @@ Kinds (device to host unless named ``tx_``):
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import random
 import socket
@@ -144,14 +143,11 @@ def _hello_lines(chunk: bytes) -> list[tuple[int, int, fr.Hello, bytes]]:
         end = chunk.find(b"\n", pos)
         if end < 0:
             break
-        try:
-            frame = base64.b64decode(chunk[pos + len(fr.HELLO_LINE) : end].rstrip(b"\r"), validate=True)
-            items = fr.FrameDecoder(hello_lines=False).feed(frame)
-            f = items[0] if len(items) == 1 and isinstance(items[0], fr.Frame) else None
-            if f is not None and f.type == fr.RSP_HELLO:
+        f = fr.hello_from_line(chunk[pos + len(fr.HELLO_LINE) : end])  # esp-check's own line reader
+        if f is not None:
+            with contextlib.suppress(fr.FrameFormatError):
+                frame = fr.encode_frame(f.type, f.seq, f.payload, f.flags)  # HELLO is unkeyed: the same bytes
                 out.append((pos, end + 1, fr.decode_hello(f.payload), frame))
-        except (ValueError, fr.FrameFormatError):
-            pass
         pos = chunk.find(fr.HELLO_LINE, end)
     return out
 

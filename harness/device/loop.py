@@ -231,10 +231,9 @@ class LoopClient:
         """No acknowledgement for ``ack_timeout``: the device may be busy in a long Invoke (our frames
         wait in its receive buffer) or a frame may be lost at the tail. A new SYNC frame tells them apart
         without sending anything twice: behind a busy device it waits its turn; after a lost frame the
-        device sees the gap and NAKs at once, and that NAK starts the go-back-N resend (a repair). With
-        the window full the device has consumed nothing: it is busy, and nothing is sent.
-
-        Not quite nothing: the filler below is in no frame, so the window must have room for it too."""
+        device sees the gap and NAKs at once, and that NAK starts the go-back-N resend (a repair). When
+        the window has no room for the probe and its filler, the device has not consumed what it holds:
+        it is busy, and nothing is sent."""
         self._last_probe = time.monotonic()
         # zero bytes first, as many as the largest frame in flight: if the tail of one was lost, the
         # device's decoder holds its start and would swallow a bare probe; the zeros complete it (its CRC

@@ -134,8 +134,9 @@ def _stream(
     results: int,
     repeat: int,
     expected: Mapping[int, tuple[int, ...]],
-) -> tuple[dict[int, Leg], LinkStats, list[str]]:
-    """Run ``ids`` of the dataset on the booted app; their checked legs, the link's figures, problems."""
+) -> _Streamed:
+    """Run ``ids`` of the dataset on the booted app: their checked legs, the link's figures, problems and
+    the firmware faults the device printed."""
     assert boot.hello is not None
     hello = boot.hello
     problems: list[str] = []
@@ -180,8 +181,25 @@ def _stream(
             legs[crashed] = Leg(
                 "invoke_failed", detail=f"the device crashed while it ran (or sent) this input: {why}"
             )
-        rb.faults.extend(faults)
-    return legs, client.stats, problems
+    return _Streamed(legs, client.stats, problems, faults)
+
+
+@dataclasses.dataclass
+class _Streamed:
+    """What one stream over the booted app brought back."""
+
+    legs: dict[int, Leg]
+    stats: LinkStats
+    problems: list[str]
+    faults: list[Finding]  # firmware faults in what the device printed while it streamed
+
+
+def _record_faults(out: DatasetRun, run: VariantRun, faults: Sequence[Finding]) -> None:
+    """A crash is a finding of this variant, never a link hiccup to retry away."""
+    if faults:
+        run.findings += [f.to_dict() for f in faults]
+        out.codes.append(ExitCode.FIRMWARE_FAULT)
+        out.errors.append(f"{run.variant}: firmware fault while streaming the dataset: {faults[0].message}")
 
 
 def _crashes(rb: ResidentBoard, nn: str, raw: bytes) -> list[Finding]:
@@ -277,19 +295,14 @@ def _passes(
                 break
             boot = again
 
-        def one(
-            ids: Sequence[int] = ids, boot: Boot = boot, log: Path = run.serial_log
-        ) -> tuple[dict[int, Leg], LinkStats, list[str]]:
+        def one(ids: Sequence[int] = ids, boot: Boot = boot, log: Path = run.serial_log) -> _Streamed:
             return _stream(rb, boot, ds, ids, outputs, log, results=mode, repeat=repeat, expected=expected)
 
-        legs, stats, problems = rb.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
+        streamed = rb.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
+        legs, stats, problems = streamed.legs, streamed.stats, streamed.problems
         for i, leg in legs.items():
             out.legs[v][i] = _second_result(out.legs[v][i], leg)
-        if rb.faults:  # a crash is a finding of this variant, never a link hiccup to retry away
-            run.findings += [f.to_dict() for f in rb.faults]
-            out.codes.append(ExitCode.FIRMWARE_FAULT)
-            out.errors.append(f"{v}: firmware fault while streaming the dataset: {rb.faults[0].message}")
-            rb.faults.clear()
+        _record_faults(out, run, streamed.faults)
         out.link.setdefault(v, LinkStats()).add(stats)
         out.passes.setdefault(v, []).append(
             {"inputs": len(ids), "problems": problems, "link": stats.to_dict()}
@@ -345,12 +358,14 @@ def _after_reset(
     boot = boot_variant(rb, runs[variant])
     if not isinstance(boot, Boot):
         return {"variant": variant, "inputs": 0, "differing": [], "problem": "the app did not start again"}
-    legs, stats, problems = rb.rec.run(
+    streamed = rb.rec.run(
         "after-reset", variant,
         lambda: _stream(rb, boot, ds, ids, outputs, runs[variant].serial_log or Path("serial.log"),
                         results=fr.RES_CRC, repeat=1, expected={}),
     )  # fmt: skip
-    out.link.setdefault(variant, LinkStats()).add(stats)
+    legs, problems = streamed.legs, streamed.problems
+    out.link.setdefault(variant, LinkStats()).add(streamed.stats)
+    _record_faults(out, runs[variant], streamed.faults)
     first = out.legs[variant]
     differing = [i for i in ids if legs[i].ok and first[i].ok and legs[i].crcs != first[i].crcs]
     lost = [i for i in ids if not legs[i].ok]

@@ -19,7 +19,6 @@ from typing import Any
 
 import serial
 
-from harness.analysis.classify import Finding
 from harness.device.console import RawCapture
 from harness.device.flash import FlashResult
 from harness.device.loop import DeviceRestarted, LinkError, LinkStats
@@ -97,7 +96,6 @@ class ResidentBoard:
         self.link = LinkStats()
         self.lost = False  # the link dropped: reopen the port before the next boot
         self.last_link = LinkStats()  # the last session's
-        self.faults: list[Finding] = []  # firmware faults seen while streaming, until a flow takes them
         self.keys: list[int] = []  # the boot keys of every boot seen (docs/protocol.md "Boot key")
         self._model_sha: str | None = None
 

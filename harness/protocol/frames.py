@@ -267,7 +267,7 @@ class FrameDecoder:
                 else:
                     self._line += text[at:]
                 break
-            frame = _hello_from_line(text[at + len(HELLO_LINE) : end])
+            frame = hello_from_line(text[at + len(HELLO_LINE) : end])
             if frame is None:
                 out.append(text[at : end + 1])
             else:
@@ -340,8 +340,9 @@ def _partial_prefix(text: bytes, marker: bytes) -> int:
 _B64_LINE = re.compile(rb"[A-Za-z0-9+/]+={0,2}\r*")
 
 
-def _hello_from_line(body: bytes) -> Frame | None:
-    """The HELLO frame a HELLO line's base64 holds: exactly one whole, valid, unkeyed HELLO frame."""
+def hello_from_line(body: bytes) -> Frame | None:
+    """The HELLO frame a HELLO line's base64 (what follows ``HELLO_LINE``, up to the line's end) holds:
+    exactly one whole, valid, unkeyed HELLO frame, else None."""
     if len(body) > HELLO_LINE_MAX or not _B64_LINE.fullmatch(body):
         return None
     try:

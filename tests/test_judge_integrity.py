@@ -219,19 +219,23 @@ def test_a_model_tflm_cannot_allocate_is_a_usage_error(tmp_path: Path, mode: str
 # ---- hybrid: a culprit op only from firmware evidence ----------------------------------------------
 
 
+def _hybrid(models_dir: Path, tmp_path: Path, port: str, bisect: bool):  # type: ignore[no-untyped-def]
+    from harness.flows.hybrid import HybridOptions, hybrid
+
+    return hybrid(
+        models_dir / CNN, [models_dir / "inputs" / "cnn_classifier_11.png"], board="sim", port=port,
+        out_dir=tmp_path / "o", options=HybridOptions(bisect=bisect),
+        timeouts=StageTimeouts(capture_total=60, capture_silence=4),
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("bisect", [True, False])
 def test_hybrid_names_no_op_when_the_baseline_failed_on_the_link(
     tmp_path: Path, models_dir: Path, sim_port, bisect: bool
 ) -> None:  # type: ignore[no-untyped-def]
     """frame_tx damages the optimized app's frames: the baseline is an infrastructure error, which says
     nothing against any op. Bisection (or taps) must not name a culprit from runs that all come back good."""
-    from harness.flows.hybrid import HybridOptions, hybrid
-
-    res = hybrid(
-        models_dir / CNN, [models_dir / "inputs" / "cnn_classifier_11.png"], board="sim",
-        port=sim_port("emitter=c&fault=frame_tx&variant_fault=optimized"), out_dir=tmp_path / "o",
-        options=HybridOptions(bisect=bisect), timeouts=StageTimeouts(capture_total=60, capture_silence=4),
-    )  # fmt: skip
+    res = _hybrid(models_dir, tmp_path, sim_port("emitter=c&fault=frame_tx&variant_fault=optimized"), bisect)
     assert res.exit_code == ExitCode.INFRASTRUCTURE, res.message
     assert not res.offered and res.culprits == [] and res.ansi_ops == []
     assert "no evidence against the optimized build" in res.message
@@ -263,13 +267,8 @@ def test_hybrid_names_no_op_for_a_crash_that_does_not_come_back(
     """The optimized build crashes on the board's first boot only (fault_boots=1). Bisection would find
     every later run good and name the last op it tried; the confirmation run shows the failure does not
     come back, so no op is named and the crash stays a firmware fault (exit 4)."""
-    from harness.flows.hybrid import HybridOptions, hybrid
-
-    res = hybrid(
-        models_dir / CNN, [models_dir / "inputs" / "cnn_classifier_11.png"], board="sim",
-        port=sim_port("emitter=c&fault=panic&variant_fault=optimized&fault_boots=1"), out_dir=tmp_path / "o",
-        options=HybridOptions(bisect=True), timeouts=StageTimeouts(capture_total=60, capture_silence=4),
-    )  # fmt: skip
+    port = sim_port("emitter=c&fault=panic&variant_fault=optimized&fault_boots=1")
+    res = _hybrid(models_dir, tmp_path, port, bisect=True)
     assert res.exit_code == ExitCode.FIRMWARE_FAULT, res.message
     assert not res.offered and res.culprits == [] and res.ansi_ops == []
     assert "intermittent" in res.message

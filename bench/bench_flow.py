@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+from harness.flows.job import JobOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "models"
@@ -64,9 +65,11 @@ def main() -> None:
                 board="sim",
                 port=port,
                 out_dir=Path(tmp) / f"run{k}",
-                cache_dir=Path(tmp) / "cache",
-                flash_baud=args.baud,
-                timeouts=StageTimeouts(capture_total=600, capture_silence=60),
+                options=JobOptions(
+                    cache_dir=Path(tmp) / "cache",
+                    flash_baud=args.baud,
+                    timeouts=StageTimeouts(capture_total=600, capture_silence=60),
+                ),
             )
             runs.append((time.monotonic() - t0, result))
         print(f"model {model.name}, input {inp.name}, simulated line rate {args.baud} baud")

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.flows.hybrid import HybridOptions, hybrid  # noqa: E402
+from harness.flows.job import JobOptions  # noqa: E402
 from harness.flows.records import StageTimeouts  # noqa: E402
 from harness.model.hybrid_ops import candidate_ops  # noqa: E402
 from harness.model.loader import load_model  # noqa: E402
@@ -49,9 +50,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for k, (name, query, bisect) in enumerate(SCENARIOS):
             t0 = time.monotonic()
-            res = hybrid(MODEL, [INPUT], board="sim", port=f"sim://?{query}", out_dir=Path(tmp) / str(k),
-                         options=HybridOptions(bisect=bisect), cache_dir=Path(tmp) / "cache",
-                         timeouts=StageTimeouts(capture_total=60, capture_silence=3))  # fmt: skip
+            res = hybrid(
+                MODEL,
+                [INPUT],
+                board="sim",
+                port=f"sim://?{query}",
+                out_dir=Path(tmp) / str(k),
+                options=HybridOptions(bisect=bisect),
+                job=JobOptions(
+                    cache_dir=Path(tmp) / "cache", timeouts=StageTimeouts(capture_total=60, capture_silence=3)
+                ),
+            )
             per = res.bisection.runs_per_culprit() if res.bisection is not None else "-"
             kept = res.cost.get("speedup_kept_percent") if res.cost else None
             ops = ",".join(map(str, res.ansi_ops)) if res.offered else "not offered"

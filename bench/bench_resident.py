@@ -28,6 +28,7 @@ import numpy as np
 
 from harness.flows.dataset import DatasetOptions
 from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+from harness.flows.job import JobOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "models"
@@ -61,9 +62,18 @@ def _run(
 ) -> tuple[float, Any]:
     t0 = time.monotonic()
     res = flash_and_compare(
-        model, inputs, board="sim", port=port, out_dir=tmp / tag, cache_dir=tmp / "cache", flash_baud=baud,
-        timeouts=StageTimeouts(capture_total=3600, capture_silence=120), **kw,
-    )  # fmt: skip
+        model,
+        inputs,
+        board="sim",
+        port=port,
+        out_dir=tmp / tag,
+        **kw,
+        options=JobOptions(
+            cache_dir=tmp / "cache",
+            flash_baud=baud,
+            timeouts=StageTimeouts(capture_total=3600, capture_silence=120),
+        ),
+    )
     wall = time.monotonic() - t0
     if res.exit_code != 0:
         print(f"  !! {tag}: exit {res.exit_code} {res.errors[:2]}")

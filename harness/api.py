@@ -7,6 +7,8 @@ the exit code the CLI would use. Example::
     info = api.load_model("model.tflite")
     result = api.flash_and_compare("model.tflite", ["img.png"], board="sim", out_dir="out")
     print(result.verdict, result.exit_code)
+    # options beyond model, inputs, board, port and out_dir go in one JobOptions:
+    api.flash_and_compare("model.tflite", ["img.png"], options=api.JobOptions(tolerance_lsb=1, tap=True))
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from harness.firmware.build import BuildResult, build_project
 from harness.firmware.generate import GeneratedProject, generate_projects
 from harness.flows.flash_and_compare import (
     FlashAndCompareResult,
+    JobOptions,
+    JobSpec,
     StageTimeouts,
     flash_and_capture,
     flash_and_compare,
+    run_job,
 )
 from harness.flows.hybrid import HybridOptions, HybridResult, hybrid
 from harness.flows.sweep import SweepOptions, SweepResult, sweep
@@ -45,6 +50,8 @@ __all__ = [
     "HybridOptions",
     "HybridResult",
     "InputOptions",
+    "JobOptions",
+    "JobSpec",
     "ModelInfo",
     "OpInfo",
     "PreparedInput",
@@ -66,6 +73,7 @@ __all__ = [
     "load_source",
     "parse_capture",
     "reference_source",
+    "run_job",
     "run_reference",
     "sweep",
 ]

@@ -212,7 +212,7 @@ def flash_and_compare(request: pytest.FixtureRequest, tmp_path: Path) -> Callabl
 
     ``board``: an :class:`EspCheckBoard` (default: the ``esp_check_board`` fixture); ``dut``: a
     pytest-embedded dut whose port to use (with ``board_type=``); ``options``: those of
-    :func:`harness.api.flash_and_compare` (``tolerance_lsb``, ``reference``, ``tap``, ...).
+    :class:`harness.api.JobOptions` (``tolerance_lsb``, ``reference``, ``tap``, ...), and ``out_dir``.
     """
     calls = [0]
 
@@ -231,10 +231,14 @@ def flash_and_compare(request: pytest.FixtureRequest, tmp_path: Path) -> Callabl
             board = EspCheckBoard.from_dut(dut, board_type or (board.board if board else "sim"))
         board = board or request.getfixturevalue("esp_check_board")
         calls[0] += 1
-        options.setdefault("out_dir", _artifact_dir(request.config, request.node, tmp_path, calls[0]))
+        out_dir = options.pop("out_dir", None)
+        out_dir = out_dir or _artifact_dir(request.config, request.node, tmp_path, calls[0])
         options.setdefault("lock_timeout", request.config.getoption("esp_check_lock_timeout"))
+        job = api.JobOptions(**options)  # a TypeError names an option that does not exist
         with _dut_port_released(dut) if dut is not None else contextlib.nullcontext():
-            result = api.flash_and_compare(model, list(inputs), board=board.board, port=board.port, **options)
+            result = api.flash_and_compare(
+                model, list(inputs), board=board.board, port=board.port, out_dir=out_dir, options=job
+            )
         # user_properties directly, not the record_property fixture: the same <property> elements in
         # junit.xml without its warning under pytest's default junit_family (xunit2)
         _record(lambda k, v: request.node.user_properties.append((k, v)), board, result)

@@ -28,6 +28,7 @@ import struct
 import threading
 from dataclasses import dataclass, field
 
+from harness.flows.job import JobOptions
 from harness.protocol import frames as fr
 
 IAC, SB, SE = 255, 250, 240
@@ -417,10 +418,16 @@ def run_trial(servers: Servers, kind: str, board: str, seed: int, model: str, ou
     stale, detail = 0, ""
     try:
         res = flash_and_compare(
-            Path(model), [], board="sim", port=proxy.address, out_dir=Path(out),
-            dataset=DatasetOptions(random_inputs=10, seed=seed, results="crc"),
-            timeouts=StageTimeouts(capture_total=30, capture_silence=2),
-        )  # fmt: skip
+            Path(model),
+            [],
+            board="sim",
+            port=proxy.address,
+            out_dir=Path(out),
+            options=JobOptions(
+                dataset=DatasetOptions(random_inputs=10, seed=seed, results="crc"),
+                timeouts=StageTimeouts(capture_total=30, capture_silence=2),
+            ),
+        )
         code, detail = int(res.exit_code), "; ".join(res.errors[:2])
         link = json.loads(res.report_path.read_text()).get("dataset", {}).get("link", {})
         stale = sum(int(v.get("stale_frames", 0)) for v in link.values())

@@ -21,6 +21,7 @@ from harness.cli import main
 from harness.errors import ExitCode, InputDataError
 from harness.flows.dataset import DatasetOptions
 from harness.flows.flash_and_compare import flash_and_compare
+from harness.flows.job import JobOptions
 from harness.flows.records import StageTimeouts
 from harness.model.dataset import load_dataset, random_dataset
 from harness.model.loader import load_model
@@ -177,9 +178,15 @@ def sim_port():  # type: ignore[no-untyped-def]
 
 def _run(models_dir: Path, out: Path, port: str, **opts: object):  # type: ignore[no-untyped-def]
     return flash_and_compare(
-        models_dir / MODEL, [], board="sim", port=port, out_dir=out, dataset=DatasetOptions(**opts),  # type: ignore[arg-type]
-        timeouts=StageTimeouts(capture_total=60, capture_silence=4),
-    )  # fmt: skip
+        models_dir / MODEL,
+        [],
+        board="sim",
+        port=port,
+        out_dir=out,
+        options=JobOptions(
+            dataset=DatasetOptions(**opts), timeouts=StageTimeouts(capture_total=60, capture_silence=4)
+        ),
+    )
 
 
 def _doc(result) -> dict:  # type: ignore[no-untyped-def]
@@ -272,10 +279,17 @@ def test_tap_inputs_name_the_faulty_op_of_a_chosen_dataset_input(
         "&fault=op_corrupt&fault_op=3&fault_region=last_row&variant_fault=optimized&corrupt_lsb=2"
     )
     r = flash_and_compare(
-        models_dir / MODEL, [], board="sim", port=port, out_dir=tmp_path / "o", bundle=tmp_path / "b.zip",
-        dataset=DatasetOptions(random_inputs=6, seed=2, tap_inputs=("4", "worst")),
-        timeouts=StageTimeouts(capture_total=60, capture_silence=4),
-    )  # fmt: skip
+        models_dir / MODEL,
+        [],
+        board="sim",
+        port=port,
+        out_dir=tmp_path / "o",
+        options=JobOptions(
+            bundle=tmp_path / "b.zip",
+            dataset=DatasetOptions(random_inputs=6, seed=2, tap_inputs=("4", "worst")),
+            timeouts=StageTimeouts(capture_total=60, capture_silence=4),
+        ),
+    )
     assert r.exit_code == ExitCode.MISMATCH, (r.errors, r.stages)
     assert r.tap is not None and r.tap.culprit is not None, r.errors
     assert (r.tap.culprit.op, r.tap.culprit.opcode, r.tap.culprit.kind) == (3, "CONV_2D", "output")

@@ -15,6 +15,7 @@ import pytest
 from harness.cli import main
 from harness.errors import ExitCode
 from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare, sim_port_for
+from harness.flows.job import JobOptions
 
 pytest.importorskip("tflite_micro")
 
@@ -34,8 +35,7 @@ def run(models_dir: Path, tmp_path: Path, cache_dir: Path, port: str | None, boa
         board=board,
         port=port,
         out_dir=tmp_path / "out",
-        cache_dir=cache_dir,
-        timeouts=StageTimeouts(capture_total=30, capture_silence=3),
+        options=JobOptions(cache_dir=cache_dir, timeouts=StageTimeouts(capture_total=30, capture_silence=3)),
     )
 
 
@@ -204,9 +204,9 @@ def test_junit_names_the_crashed_variant(models_dir: Path, tmp_path: Path, cache
         board="sim",
         port="sim://?fault=panic&variant_fault=optimized",
         out_dir=tmp_path / "out",
-        cache_dir=cache_dir,
-        timeouts=StageTimeouts(capture_total=30, capture_silence=3),
-        junit=junit,
+        options=JobOptions(
+            cache_dir=cache_dir, timeouts=StageTimeouts(capture_total=30, capture_silence=3), junit=junit
+        ),
     )
     assert result.exit_code == ExitCode.FIRMWARE_FAULT
     root = ET.parse(junit).getroot()

@@ -17,6 +17,7 @@ from test_model_builder import Op, T, build_model
 
 from harness.cli import main
 from harness.errors import ExitCode, HostReferenceError, ModelError, UsageError
+from harness.flows.job import JobOptions
 from harness.model import arena, hostrun, reference
 from harness.model.loader import load_model
 
@@ -159,8 +160,9 @@ def test_flash_and_compare_starts_one_host_child(
         [models_dir / INPUT],
         board="sim",
         out_dir=tmp_path / "out",
-        cache_dir=tmp_path / "builds",
-        timeouts=StageTimeouts(capture_total=30, capture_silence=3),
+        options=JobOptions(
+            cache_dir=tmp_path / "builds", timeouts=StageTimeouts(capture_total=30, capture_silence=3)
+        ),
     )
     assert result.exit_code == ExitCode.MATCH
     assert len(children) == 1
@@ -178,9 +180,12 @@ def test_flash_and_compare_refuses_a_crashing_model_and_writes_the_report(
     monkeypatch.setattr(hostrun, "_child_argv", lambda job_dir: [sys.executable, "-c", script])
     with pytest.raises(ModelError, match="signal 11"):
         flash_and_compare(
-            models_dir / MODEL, [models_dir / INPUT], board="sim", out_dir=tmp_path / "out",
-            cache_dir=tmp_path / "builds",
-        )  # fmt: skip
+            models_dir / MODEL,
+            [models_dir / INPUT],
+            board="sim",
+            out_dir=tmp_path / "out",
+            options=JobOptions(cache_dir=tmp_path / "builds"),
+        )
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
     assert "crashes TFLM's reference interpreter: signal 11" in json.dumps(doc)
     assert not (tmp_path / "out" / "logs").exists() or not list((tmp_path / "out" / "logs").glob("build-*"))

@@ -21,6 +21,7 @@ import pytest
 from PIL import Image
 
 from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+from harness.flows.job import JobOptions
 
 pytest.importorskip("tflite_micro")
 
@@ -38,11 +39,13 @@ def tapped_run(models_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # t
         board="sim",
         port="sim://?fault=op_corrupt&fault_op=60&fault_region=last_row&variant_fault=optimized",
         out_dir=out / "out",
-        cache_dir=out / "cache",
-        timeouts=StageTimeouts(capture_total=60, capture_silence=5),
-        tap=True,
-        html=out / "report.html",
-        bundle=out / "bundle.zip",
+        options=JobOptions(
+            cache_dir=out / "cache",
+            timeouts=StageTimeouts(capture_total=60, capture_silence=5),
+            tap=True,
+            html=out / "report.html",
+            bundle=out / "bundle.zip",
+        ),
     )
     return result, out
 

@@ -22,6 +22,7 @@ from harness.cli import main
 from harness.errors import ExitCode
 from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.hybrid import HybridOptions, HybridResult, hybrid
+from harness.flows.job import JobOptions
 from harness.flows.records import StageTimeouts
 from harness.model.hybrid_ops import candidate_ops
 from harness.model.loader import load_model
@@ -41,9 +42,14 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_hybrid(models_dir: Path, out: Path, cache_dir: Path, query: str, **kw: object) -> HybridResult:
     return hybrid(
-        models_dir / MODEL, [models_dir / INPUT], board="sim", port=f"sim://?{query}" if query else None,
-        out_dir=out, cache_dir=cache_dir, timeouts=LIMITS, **kw,  # type: ignore[arg-type]
-    )  # fmt: skip
+        models_dir / MODEL,
+        [models_dir / INPUT],
+        board="sim",
+        port=f"sim://?{query}" if query else None,
+        out_dir=out,
+        **kw,
+        job=JobOptions(cache_dir=cache_dir, timeouts=LIMITS),
+    )
 
 
 def _corrupt(ops: str) -> str:
@@ -210,9 +216,13 @@ def test_audit_flags_the_kind_compiled_without_optimization_and_no_other(
     info = load_model(models_dir / MODEL)
     dw = [o.index for o in info.main_ops if o.opcode == "DEPTHWISE_CONV_2D"]
     res = flash_and_compare(
-        models_dir / MODEL, [models_dir / INPUT], board="sim", port="sim://?fault=unoptimized_kind&fault_kind=DEPTHWISE_CONV_2D",
-        out_dir=tmp_path / "out", cache_dir=cache_dir, timeouts=LIMITS, tap=True, html=tmp_path / "r.html",
-    )  # fmt: skip
+        models_dir / MODEL,
+        [models_dir / INPUT],
+        board="sim",
+        port="sim://?fault=unoptimized_kind&fault_kind=DEPTHWISE_CONV_2D",
+        out_dir=tmp_path / "out",
+        options=JobOptions(cache_dir=cache_dir, timeouts=LIMITS, tap=True, html=tmp_path / "r.html"),
+    )
     assert res.exit_code == ExitCode.MATCH  # same outputs: only the speed gives it away
     audit = res.tap.audit if res.tap is not None else None
     assert audit is not None and audit["chip"] == "esp32s3"
@@ -222,9 +232,12 @@ def test_audit_flags_the_kind_compiled_without_optimization_and_no_other(
     doc = json.loads(res.report_path.read_text())
     assert doc["tap"]["audit"]["flagged_ops"] == audit["flagged_ops"]
     clean = flash_and_compare(
-        models_dir / MODEL, [models_dir / INPUT], board="sim", out_dir=tmp_path / "clean",
-        cache_dir=cache_dir, timeouts=LIMITS, tap=True,
-    )  # fmt: skip
+        models_dir / MODEL,
+        [models_dir / INPUT],
+        board="sim",
+        out_dir=tmp_path / "clean",
+        options=JobOptions(cache_dir=cache_dir, timeouts=LIMITS, tap=True),
+    )
     assert clean.tap is not None and clean.tap.audit is not None
     assert clean.tap.audit["flagged_ops"] == [] and clean.tap.audit["kinds"] == []
     speedups = [r["speedup"] for r in clean.tap.audit["rows"] if r["espnn"]]
@@ -244,10 +257,15 @@ def test_the_one_op_reproducer_reproduces_on_its_own(
     assert np.count_nonzero(expected != observed) == res.repro[0]["optimized_differs"] > 0
     # the same kernel fault, now at op 0 of the one-op model, shows up on its own; without it, a match
     args = rep / "model.tflite", [rep / "input_0.npy"]
-    bad = flash_and_compare(*args, board="sim", port=f"sim://?{_corrupt('0')}", out_dir=tmp_path / "r1",
-                            cache_dir=cache_dir, timeouts=LIMITS)  # fmt: skip
+    bad = flash_and_compare(
+        *args,
+        board="sim",
+        port=f"sim://?{_corrupt('0')}",
+        out_dir=tmp_path / "r1",
+        options=JobOptions(cache_dir=cache_dir, timeouts=LIMITS),
+    )
     good = flash_and_compare(
-        *args, board="sim", out_dir=tmp_path / "r2", cache_dir=cache_dir, timeouts=LIMITS
+        *args, board="sim", out_dir=tmp_path / "r2", options=JobOptions(cache_dir=cache_dir, timeouts=LIMITS)
     )
     assert bad.exit_code == ExitCode.MISMATCH and good.exit_code == ExitCode.MATCH
 

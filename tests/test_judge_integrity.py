@@ -20,6 +20,7 @@ from harness.analysis.dataset import Leg, OutputSpec, analyze
 from harness.errors import ExitCode
 from harness.flows.dataset import DatasetOptions
 from harness.flows.flash_and_compare import flash_and_compare
+from harness.flows.job import JobOptions
 from harness.flows.records import StageTimeouts
 from harness.sim.board import REGISTRY
 
@@ -67,9 +68,17 @@ def _strict_json(path: Path) -> dict:  # type: ignore[type-arg]
 
 def _run(model: Path, out: Path, port: str, reference: bool = True, **opts: object):  # type: ignore[no-untyped-def]
     return flash_and_compare(
-        model, [], board="sim", port=port, out_dir=out, dataset=DatasetOptions(**opts),  # type: ignore[arg-type]
-        timeouts=StageTimeouts(capture_total=60, capture_silence=4), reference=reference,
-    )  # fmt: skip
+        model,
+        [],
+        board="sim",
+        port=port,
+        out_dir=out,
+        options=JobOptions(
+            dataset=DatasetOptions(**opts),
+            timeouts=StageTimeouts(capture_total=60, capture_silence=4),
+            reference=reference,
+        ),
+    )
 
 
 # ---- NaN / inf in float outputs -------------------------------------------------------------------
@@ -223,10 +232,14 @@ def _hybrid(models_dir: Path, tmp_path: Path, port: str, bisect: bool):  # type:
     from harness.flows.hybrid import HybridOptions, hybrid
 
     return hybrid(
-        models_dir / CNN, [models_dir / "inputs" / "cnn_classifier_11.png"], board="sim", port=port,
-        out_dir=tmp_path / "o", options=HybridOptions(bisect=bisect),
-        timeouts=StageTimeouts(capture_total=60, capture_silence=4),
-    )  # fmt: skip
+        models_dir / CNN,
+        [models_dir / "inputs" / "cnn_classifier_11.png"],
+        board="sim",
+        port=port,
+        out_dir=tmp_path / "o",
+        options=HybridOptions(bisect=bisect),
+        job=JobOptions(timeouts=StageTimeouts(capture_total=60, capture_silence=4)),
+    )
 
 
 @pytest.mark.parametrize("bisect", [True, False])
@@ -251,10 +264,16 @@ def test_an_invoke_longer_than_the_ack_timeout_is_a_clean_match(
     the client probes with a new SYNC frame instead of sending frames again, so nothing is repaired
     and the run is a clean match (it used to end as exit 3 with a link_repair finding)."""
     r = flash_and_compare(
-        models_dir / CNN, [], board="sim", port=sim_port("invoke_time=3.5"), out_dir=tmp_path / "o",
-        dataset=DatasetOptions(random_inputs=2, seed=1, results="full"),
-        timeouts=StageTimeouts(capture_total=60, capture_silence=8),
-    )  # fmt: skip
+        models_dir / CNN,
+        [],
+        board="sim",
+        port=sim_port("invoke_time=3.5"),
+        out_dir=tmp_path / "o",
+        options=JobOptions(
+            dataset=DatasetOptions(random_inputs=2, seed=1, results="full"),
+            timeouts=StageTimeouts(capture_total=60, capture_silence=8),
+        ),
+    )
     assert r.exit_code == ExitCode.MATCH, r.errors
     link = _strict_json(r.report_path)["dataset"]["link"]
     assert all(v["retransmitted_frames"] == 0 and v["naks"] == 0 for v in link.values()), link

@@ -20,6 +20,7 @@ from harness.errors import ExitCode
 from harness.flows.dataset import DatasetOptions
 from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.hybrid import HybridOptions, hybrid
+from harness.flows.job import JobOptions
 from harness.flows.records import StageTimeouts
 from harness.sim.board import REGISTRY
 
@@ -74,18 +75,32 @@ def port():  # type: ignore[no-untyped-def]
 def _run(mode: str, url: str, models_dir: Path, out: Path) -> ExitCode:
     model, image = models_dir / MODEL, models_dir / IMAGE
     if mode == "hybrid":
-        res = hybrid(model, [image], board="sim", port=url, out_dir=out, timeouts=LIMITS,
-                     options=HybridOptions(bisect=True))  # fmt: skip
+        res = hybrid(
+            model,
+            [image],
+            board="sim",
+            port=url,
+            out_dir=out,
+            options=HybridOptions(bisect=True),
+            job=JobOptions(timeouts=LIMITS),
+        )
         assert res.exit_code == OK or not res.offered, res.message  # a hybrid is offered only as a match
         return res.exit_code
     if mode in ("single", "tap"):
         r = flash_and_compare(
-            model, [image], board="sim", port=url, out_dir=out, timeouts=LIMITS, tap=mode == "tap"
+            model,
+            [image],
+            board="sim",
+            port=url,
+            out_dir=out,
+            options=JobOptions(timeouts=LIMITS, tap=mode == "tap"),
         )
     else:
         results = "crc" if mode == "ds_crc" else "full"
         ds = DatasetOptions(random_inputs=4, seed=3, results=results)
-        r = flash_and_compare(model, [], board="sim", port=url, out_dir=out, timeouts=LIMITS, dataset=ds)
+        r = flash_and_compare(
+            model, [], board="sim", port=url, out_dir=out, options=JobOptions(timeouts=LIMITS, dataset=ds)
+        )
     assert r.report_path.is_file()  # nothing lost: the report is written whatever happened
     return r.exit_code
 

@@ -35,6 +35,7 @@ from harness.firmware.generate import generate_projects, read_manifest
 from harness.firmware.native.project import NativeOptions
 from harness.flows.dataset import DatasetOptions
 from harness.flows.flash_and_compare import flash_and_compare
+from harness.flows.job import JobOptions
 from harness.protocol.capture import parse_capture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,10 +67,8 @@ def _run(work: Path, out: str, components: Path = COMPONENTS, **kw: object) -> o
         [work / "in0.npy"],
         board=str(kw.pop("board", "native-esp32")),
         out_dir=work / out,
-        cache_dir=work / "cache",
-        native=native,
-        allow_untested=True,  # the fixture's stand-in esp-nn runs its max pool: not what ESP-NN maps on esp32
-        **kw,  # type: ignore[arg-type]
+        **kw,
+        options=JobOptions(cache_dir=work / "cache", native=native, allow_untested=True),
     )
 
 
@@ -132,19 +131,32 @@ def test_the_resident_loop_on_a_native_board_flashes_once_and_streams(work: Path
 
     # another input, the same board: nothing rebuilt, nothing written
     second = flash_and_compare(
-        work / "pool.tflite", [work / "in1.npy"], board="native-esp32", out_dir=work / "loop-2",
-        cache_dir=work / "cache", native=NativeOptions(components_dir=COMPONENTS), port=port,
-        allow_untested=True,
-    )  # fmt: skip
+        work / "pool.tflite",
+        [work / "in1.npy"],
+        board="native-esp32",
+        out_dir=work / "loop-2",
+        port=port,
+        options=JobOptions(
+            cache_dir=work / "cache", native=NativeOptions(components_dir=COMPONENTS), allow_untested=True
+        ),
+    )
     assert second.exit_code == ExitCode.MATCH, second.errors
     doc2 = json.loads((work / "loop-2" / "report.json").read_text())
     assert _written(doc2) == 0 and all(r.build_cache_hit for r in second.variants.values())
 
     data = flash_and_compare(
-        work / "pool.tflite", [], board="native-esp32", out_dir=work / "loop-ds", cache_dir=work / "cache",
-        native=NativeOptions(components_dir=COMPONENTS), port=port, allow_untested=True,
-        dataset=DatasetOptions(random_inputs=12, seed=5, results="crc"),
-    )  # fmt: skip
+        work / "pool.tflite",
+        [],
+        board="native-esp32",
+        out_dir=work / "loop-ds",
+        port=port,
+        options=JobOptions(
+            cache_dir=work / "cache",
+            native=NativeOptions(components_dir=COMPONENTS),
+            allow_untested=True,
+            dataset=DatasetOptions(random_inputs=12, seed=5, results="crc"),
+        ),
+    )
     assert data.exit_code == ExitCode.MATCH, data.errors
     ds = json.loads((work / "loop-ds" / "report.json").read_text())
     jsonschema.validate(ds, SCHEMA)
@@ -372,9 +384,14 @@ def test_a_refused_host_reference_still_runs_both_variants_and_is_never_a_match(
 
     broken = faulty_components(tmp_path / "off_by_one", "off_by_one")
     res = flash_and_compare(
-        model, [inp], board="native-esp32", out_dir=tmp_path / "disagree", cache_dir=work / "cache",
-        native=NativeOptions(components_dir=broken), allow_untested=True,
-    )  # fmt: skip
+        model,
+        [inp],
+        board="native-esp32",
+        out_dir=tmp_path / "disagree",
+        options=JobOptions(
+            cache_dir=work / "cache", native=NativeOptions(components_dir=broken), allow_untested=True
+        ),
+    )
     assert res.exit_code == ExitCode.MISMATCH and res.reference_refused is not None
     assert res.reference_refused["variants_agree"] is False and res.reference_refused["mismatched"] > 0
     assert "DISAGREE" in res.reference_refused["summary"]

@@ -22,6 +22,7 @@ from harness.errors import ExitCode
 from harness.firmware.native.components import component_version, find_components
 from harness.firmware.native.project import NativeOptions
 from harness.flows.flash_and_compare import flash_and_compare
+from harness.flows.job import JobOptions
 
 COMPONENTS = os.environ.get("ESP_CHECK_COMPONENTS_DIR")
 MODELS = Path(__file__).parent / "data" / "models"
@@ -77,8 +78,9 @@ def test_real_components_three_way(model: str, inputs: list[str], tmp_path: Path
         [MODELS / "inputs" / i for i in inputs],
         board="native-esp32",
         out_dir=tmp_path,
-        native=NativeOptions(components_dir=Path(str(COMPONENTS))),
-        tap=model == "cnn_classifier_11",
+        options=JobOptions(
+            native=NativeOptions(components_dir=Path(str(COMPONENTS))), tap=model == "cnn_classifier_11"
+        ),
     )
     assert res.exit_code == EXPECTED[version][model], res.errors
     if res.exit_code == ExitCode.FIRMWARE_FAULT:  # a crash in both variants, named by the native board

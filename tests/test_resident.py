@@ -27,6 +27,7 @@ from harness.firmware.boards import list_boards, load_board
 from harness.firmware.generate import FirmwareFeatures, generate_projects
 from harness.firmware.layout import check_model_fits, flash_layout
 from harness.flows.flash_and_compare import flash_and_compare
+from harness.flows.job import JobOptions
 from harness.flows.records import StageTimeouts
 from harness.protocol import frames as fr
 from harness.protocol import otadata
@@ -279,9 +280,13 @@ def test_a_host_ignoring_flow_control_loses_bytes_and_never_gets_a_clean_run(
 
 def _fc(models_dir: Path, out: Path, port: str, inputs: list[str] = INPUTS):  # type: ignore[no-untyped-def]
     return flash_and_compare(
-        models_dir / MODEL, [models_dir / i for i in inputs], board="sim", port=port, out_dir=out,
-        timeouts=StageTimeouts(capture_total=40, capture_silence=4),
-    )  # fmt: skip
+        models_dir / MODEL,
+        [models_dir / i for i in inputs],
+        board="sim",
+        port=port,
+        out_dir=out,
+        options=JobOptions(timeouts=StageTimeouts(capture_total=40, capture_silence=4)),
+    )
 
 
 @pytest.mark.parametrize("fault", ["frame_rx&frame_every=3", "frame_tx&frame_every=2", "stall&fault_count=1"])

@@ -28,6 +28,7 @@ import pytest
 
 from harness.device.locks import BoardLock
 from harness.errors import ExitCode
+from harness.flows.job import JobOptions
 from harness.runner import RunOptions, load_inventory, load_plan, run_plan
 from harness.runner.reports import summary_dict
 
@@ -446,11 +447,13 @@ def test_flash_and_compare_waits_for_the_runner_lock(tmp_path: Path, models_dir:
             board="sim",
             port=f"sim://{name}",
             out_dir=tmp_path / "o1",
-            cache_dir=cache_dir,
-            reference=False,
-            timeouts=StageTimeouts(capture_total=30, capture_silence=3),
-            lock_dir=tmp_path / "locks",
-            lock_timeout=0.5,
+            options=JobOptions(
+                cache_dir=cache_dir,
+                reference=False,
+                timeouts=StageTimeouts(capture_total=30, capture_silence=3),
+                lock_dir=tmp_path / "locks",
+                lock_timeout=0.5,
+            ),
         )
     finally:
         holder.release()
@@ -463,11 +466,13 @@ def test_flash_and_compare_waits_for_the_runner_lock(tmp_path: Path, models_dir:
         board="sim",
         port=f"sim://{name}",
         out_dir=tmp_path / "o2",
-        cache_dir=cache_dir,
-        reference=False,
-        timeouts=StageTimeouts(capture_total=30, capture_silence=3),
-        lock_dir=tmp_path / "locks",
-        lock_timeout=0.5,
+        options=JobOptions(
+            cache_dir=cache_dir,
+            reference=False,
+            timeouts=StageTimeouts(capture_total=30, capture_silence=3),
+            lock_dir=tmp_path / "locks",
+            lock_timeout=0.5,
+        ),
     )
     assert again.exit_code == ExitCode.MATCH
 

@@ -18,6 +18,7 @@ import pytest
 from harness.cli import main
 from harness.errors import ExitCode
 from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+from harness.flows.job import JobOptions
 
 pytest.importorskip("tflite_micro")
 
@@ -37,10 +38,10 @@ def run_tap(models_dir: Path, out: Path, cache_dir: Path, query: str, **kw: obje
         board="sim",
         port=f"sim://?{query}" if query else None,
         out_dir=out,
-        cache_dir=cache_dir,
-        timeouts=StageTimeouts(capture_total=60, capture_silence=5),
-        tap=True,
-        **kw,  # type: ignore[arg-type]
+        **kw,
+        options=JobOptions(
+            cache_dir=cache_dir, timeouts=StageTimeouts(capture_total=60, capture_silence=5), tap=True
+        ),
     )
 
 

@@ -306,7 +306,7 @@ def flash_and_compare_cmd(
 
     Exit code: 0 match, 1 mismatch, 2 usage error, 3 infrastructure error, 4 firmware fault.
     """
-    from harness.flows.flash_and_compare import flash_and_compare
+    from harness.flows.flash_and_compare import JobOptions, flash_and_compare
 
     data = _dataset_options(bool(inputs), tap, dataset, random_inputs, seed, results, labels, repeat)
     if tap_inputs is not None:
@@ -322,30 +322,14 @@ def flash_and_compare_cmd(
     progress = _progress(console, status)
     click.get_current_context().meta[_FLOW_STARTED] = True
     with status:
+        options = JobOptions(
+            input_options=input_options, tolerance_lsb=tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
+            reference=not no_reference, builder=builder, cache_dir=cache_dir, flash_baud=flash_baud,
+            arena_kb=arena_kb, timeouts=timeouts, junit=junit, tap=tap, dump_ops=tuple(dump_list),
+            html=html_path, bundle=bundle_path, dataset=data, native=native, allow_untested=allow_untested,
+        )  # fmt: skip
         result = flash_and_compare(
-            model,
-            list(inputs),
-            board=board,
-            port=port,
-            out_dir=out_dir,
-            input_options=input_options,
-            tolerance_lsb=tolerance_lsb,
-            ref_tolerance_lsb=ref_tolerance_lsb,
-            reference=not no_reference,
-            builder=builder,
-            cache_dir=cache_dir,
-            flash_baud=flash_baud,
-            arena_kb=arena_kb,
-            timeouts=timeouts,
-            junit=junit,
-            progress=progress,
-            tap=tap,
-            dump_ops=dump_list,
-            html=html_path,
-            bundle=bundle_path,
-            dataset=data,
-            native=native,
-            allow_untested=allow_untested,
+            model, list(inputs), board=board, port=port, out_dir=out_dir, options=options, progress=progress
         )
     if as_json:
         doc = json.loads(result.report_path.read_text(encoding="utf-8"))

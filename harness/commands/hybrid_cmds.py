@@ -134,13 +134,17 @@ def hybrid_cmd(
     1 no hybrid verified, 2 usage error, 3 infrastructure error, 4 firmware fault and no fix found.
     """
     from harness.flows.hybrid import HybridOptions, hybrid
+    from harness.flows.job import JobOptions
 
     if not inputs:
         raise UsageError("hybrid needs at least one --input", hint="pass --input FILE (repeatable)")
     if bisect and (ansi_ops or ansi_kinds):
         raise UsageError("--bisect finds the ops itself", hint="drop --ansi-ops/--ansi-kinds, or --bisect")
     kinds = tuple(k.strip() for k in (ansi_kinds or "").split(",") if k.strip())
-    opts = HybridOptions(tuple(ansi_ops or ()), kinds, bisect, max_rounds, noise_band)
+    opts = HybridOptions(
+        ansi_ops=tuple(ansi_ops or ()), ansi_kinds=kinds, bisect=bisect, max_rounds=max_rounds,
+        noise_band=noise_band,
+    )  # fmt: skip
     console = make_console(stderr=True)
     t0 = time.monotonic()
 
@@ -151,12 +155,14 @@ def hybrid_cmd(
         console.print(f"[dim]{time.monotonic() - t0:7.1f}s[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] "
                       f"{safe_markup(message)}")  # fmt: skip
 
-    result = hybrid(
-        model, list(inputs), board=board, port=port, out_dir=out_dir, options=opts,
+    job = JobOptions(
         input_options=input_options, arena_kb=arena_kb, builder=builder, cache_dir=cache_dir,
-        flash_baud=flash_baud, timeouts=timeouts, reference=not no_reference, progress=progress,
-        html=html_path, bundle=bundle_path, native=native,
+        flash_baud=flash_baud, timeouts=timeouts, reference=not no_reference, html=html_path,
+        bundle=bundle_path, native=native,
     )  # fmt: skip
+    result = hybrid(
+        model, list(inputs), board=board, port=port, out_dir=out_dir, options=opts, job=job, progress=progress
+    )
     if as_json:
         click.echo(json.dumps(json.loads(result.report_path.read_text(encoding="utf-8")), indent=2))
     else:

@@ -1,7 +1,8 @@
 """Flash built variants, stream the inputs to the resident firmware, and decide what each capture is worth.
 
-The single flash-and-capture path: flash-and-compare (both variants in one session, :func:`run_variants`),
-its ``--tap`` dump run and the CI runner (:func:`flash_and_capture`, one variant) all come through here,
+The single flash-and-capture path: every job of the pipeline (both variants in one session,
+:func:`with_board`) and the one-variant runs of hybrid and the tap dump run (:func:`flash_and_capture`)
+come through here,
 over one :class:`harness.device.session.DeviceSession` (one open handle from flash to the last capture,
 re-opened after USB re-enumeration and always closed).
 """
@@ -21,7 +22,6 @@ from harness.device.loop import LinkStats
 from harness.device.session import DeviceSession
 from harness.errors import EspCheckError, ExitCode
 from harness.firmware.backtrace import decode_findings
-from harness.firmware.boards import Board
 from harness.firmware.build import BuildResult
 from harness.flows.records import (
     EXPECTED_NN,
@@ -33,13 +33,13 @@ from harness.flows.records import (
     VariantRun,
 )
 from harness.flows.resident import Boot, ResidentBoard, flash_facts
+from harness.flows.targets import Target
 from harness.protocol.capture import Capture, parse_capture
 
 
 def flash_and_capture(
     build: BuildResult,
-    board: Board,
-    port_url: str,
+    target: Target,
     out_dir: Path,
     *,
     variant: str,
@@ -48,7 +48,7 @@ def flash_and_capture(
     flash_baud: int | None = None,
     progress: ProgressFn | None = None,
 ) -> tuple[VariantRun, list[StageRecord]]:
-    """Flash one built variant to the board at ``port_url``, stream ``inputs`` to it, verify its run.
+    """Flash one built variant to ``target``, stream ``inputs`` to it, verify its run.
 
     The returned VariantRun has ``source`` (the device's outputs) only when its own records
     validated and it reported the ESP-NN mode this variant was built for; otherwise ``exit_code``
@@ -58,39 +58,23 @@ def flash_and_capture(
     run = VariantRun(variant, project_dir=build.project_dir)
     run.firmware_sha256 = build.firmware_sha256
     run.build_cache_hit = build.cache_hit
-    run_variants(
-        rec, {variant: run}, {variant: build}, board, port_url, Path(out_dir), timeouts, flash_baud, inputs
-    )
-    return run, rec.stages
-
-
-def run_variants(
-    rec: Recorder,
-    runs: Mapping[str, VariantRun],
-    builds: Mapping[str, BuildResult],
-    board: Board,
-    port_url: str,
-    out: Path,
-    limits: StageTimeouts | None = None,
-    flash_baud: int | None = None,
-    inputs: Sequence[bytes] = (),
-) -> LinkStats | None:
-    """Flash the variants once (one esptool session), then boot each and stream ``inputs`` to it in a
-    text session; each run's ``exit_code`` says what its capture is worth. Returns what crossed the link."""
 
     def body(rb: ResidentBoard, order: list[str]) -> None:
-        for v in order:
-            runs[v].exit_code = _run_one(rb, runs[v], inputs)
+        run.exit_code = stream_inputs(rb, run, inputs)
 
-    return with_board(rec, runs, builds, board, port_url, out, limits, flash_baud, body)
+    with_board(
+        rec, {variant: run}, {variant: build}, target=target, out=Path(out_dir), limits=timeouts,
+        flash_baud=flash_baud, body=body,
+    )  # fmt: skip
+    return run, rec.stages
 
 
 def with_board(
     rec: Recorder,
     runs: Mapping[str, VariantRun],
     builds: Mapping[str, BuildResult],
-    board: Board,
-    port_url: str,
+    *,
+    target: Target,
     out: Path,
     limits: StageTimeouts | None,
     flash_baud: int | None,
@@ -98,18 +82,16 @@ def with_board(
 ) -> LinkStats | None:
     """Open the board, flash what differs, boot once, then ``body(board, variants in run order)``."""
     limits = limits or StageTimeouts()
-    if port_url.startswith("sim://"):
-        from harness.sim import register  # the pyserial URL handler for the simulated board
-
-        register()
+    target.prepare()
     try:
-        dev = rec.run("port", None, lambda: DeviceSession(port_url, board, flash_baud=flash_baud))
+        url, board = target.port_url, target.board
+        dev = rec.run("port", None, lambda: DeviceSession(url, board, flash_baud=flash_baud))
         rec.run("open", None, dev.open)
     except EspCheckError as exc:
         for r in runs.values():
             r.exit_code = exc.exit_code
         return None
-    rb = ResidentBoard(rec, dev, builds, limits, board.simulated)
+    rb = ResidentBoard(rec, dev, builds, limits, target.expects_sim)
     try:
         order = _prepare_board(rb, runs, out)
         if order is not None:
@@ -179,7 +161,7 @@ def boot_variant(rb: ResidentBoard, run: VariantRun) -> Boot | ExitCode | None:
     return boot
 
 
-def _run_one(rb: ResidentBoard, run: VariantRun, inputs: Sequence[bytes]) -> ExitCode | None:
+def stream_inputs(rb: ResidentBoard, run: VariantRun, inputs: Sequence[bytes]) -> ExitCode | None:
     """Boot ``run.variant`` and stream the inputs in a text session; verify what it printed."""
     v = run.variant
     log = run.serial_log

@@ -8,13 +8,12 @@ its compiled-in ESP-NN mode, and the model/input hashes it computed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, cast
 
 from harness.analysis.compare import (
     CompareResult,
@@ -25,9 +24,7 @@ from harness.analysis.compare import (
     reference_source,
 )
 from harness.analysis.tap import TapResult
-from harness.device.locks import board_lock
 from harness.device.loop import LinkStats
-from harness.device.ports import check_present, refuse_raw_tcp_simulator, resolve_port
 from harness.errors import (
     DISK_FULL_ERRNOS,
     EspCheckError,
@@ -40,8 +37,7 @@ from harness.errors import (
 )
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
-from harness.firmware.native.project import NATIVE_MEANING, NativeOptions
-from harness.flows.capture import flash_and_capture, run_variants, with_board
+from harness.flows.capture import flash_and_capture, stream_inputs, with_board
 from harness.flows.dataset import (
     DatasetOptions,
     DatasetOutcome,
@@ -54,6 +50,7 @@ from harness.flows.dataset import (
     write_tap_inputs,
 )
 from harness.flows.firmware import Firmware, build_firmware, generate_firmware
+from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import (
     VARIANT_ORDER,
     FlashAndCompareResult,
@@ -67,48 +64,23 @@ from harness.flows.refused import refusal_finding
 from harness.flows.report import discard_report, write_junit, write_report
 from harness.flows.resident import ResidentBoard
 from harness.flows.tap_run import TapRunRequest, run_tap_flow
-from harness.model.inputs import InputOptions, input_tensor_bytes
+from harness.flows.targets import Target, open_target, sim_port_for
+from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo, load_model
 from harness.model.opdata import espnn_model_acceleration
 from harness.model.reference import prepare_host_results
 
 
-def sim_port_for(board_chip: str, reset: str, port: str | None, flash_size: str | None = None) -> str:
-    """A ``sim://`` URL with a fresh board name unless the user named one (one run, one board).
-
-    Chip, reset circuit and flash size default to the board definition's, so the simulated chip is the
-    one the firmware was built for (an image built for 8 MB refuses to start on 4 MB, as on hardware).
-    """
-    url = port or "sim://"
-    parts = urlsplit(url)
-    name = parts.netloc or parts.path.lstrip("/")
-    if not name:
-        name = f"esp-check-{uuid.uuid4().hex[:10]}"
-    query = parts.query
-    keys = {kv.split("=", 1)[0] for kv in query.split("&") if kv}
-    extra = []
-    if "chip" not in keys:
-        extra.append(f"chip={board_chip}")
-    if "reset" not in keys:
-        extra.append(f"reset={'usb_jtag' if reset == 'usb_serial_jtag' else 'classic'}")
-    if "flash_size" not in keys and flash_size:
-        extra.append(f"flash_size={flash_size}")
-    query = "&".join([q for q in [query, *extra] if q])
-    return urlunsplit(("sim", name, "", query, ""))
-
-
 @dataclass
 class _Run:
-    """The state of one flash-and-compare run while its steps execute."""
+    """The state of one job while its stages execute."""
 
-    model: Path
-    inputs: list[Path]
+    spec: JobSpec
     out: Path
     rec: Recorder
     loaded_board: Board | None = None
     loaded_model: ModelInfo | None = None
-    port_url: str = ""
-    fresh_sim: bool = False  # a simulated board made for this run alone: nobody else's, no lock
+    loaded_target: Target | None = None
     variants: dict[str, VariantRun] = field(default_factory=lambda: {v: VariantRun(v) for v in VARIANT_ORDER})
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -121,117 +93,226 @@ class _Run:
     espnn: dict[str, Any] | None = None
     refused: ReferenceRefusedError | None = None  # the host reference aborted (flows/refused.py)
 
-    @classmethod
-    def empty(
-        cls, model: str | Path, inputs: Sequence[str | Path], out: Path, progress: ProgressFn | None
-    ) -> _Run:
-        return cls(Path(model), [Path(p) for p in inputs], out, Recorder(progress))
+    @property
+    def model(self) -> Path:
+        return self.spec.model
+
+    @property
+    def inputs(self) -> list[Path]:
+        return list(self.spec.inputs)
+
+    @property
+    def opts(self) -> JobOptions:
+        return self.spec.options
 
     @property
     def board(self) -> Board:
-        assert self.loaded_board is not None, "used before _start loaded the board"
+        assert self.loaded_board is not None, "used before _prepare loaded the board"
         return self.loaded_board
 
     @property
     def info(self) -> ModelInfo:
-        assert self.loaded_model is not None, "used before _start loaded the model"
+        assert self.loaded_model is not None, "used before _prepare loaded the model"
         return self.loaded_model
+
+    @property
+    def target(self) -> Target:
+        assert self.loaded_target is not None, "used before _prepare chose the target"
+        return self.loaded_target
+
+    @property
+    def port_url(self) -> str:
+        return self.loaded_target.port_url if self.loaded_target is not None else ""
 
     def failed(self, what: str, exc: EspCheckError) -> None:
         self.errors.append(f"{what}: {exc}")
         self.codes.append(exc.exit_code)
 
+    def lock(self) -> contextlib.AbstractContextManager[Any] | None:
+        """The board's lock while it is flashed and captured (None: not asked for, or a private board)."""
+        if not self.opts.lock:
+            return None
+        return cast(
+            "contextlib.AbstractContextManager[Any] | None",
+            self.target.lock(
+                lock_dir=self.opts.lock_dir, timeout=self.opts.lock_timeout,
+                owner="esp-check flash-and-compare", on_wait=lambda msg: self.rec.say("lock", msg),
+            ),
+        )  # fmt: skip
+
 
 def flash_and_compare(
     model: str | Path,
-    inputs: Sequence[str | Path],
+    inputs: Sequence[str | Path] = (),
     *,
     board: str | Path = "sim",
     port: str | None = None,
     out_dir: str | Path = "esp-check-out",
-    input_options: InputOptions | None = None,
-    tolerance_lsb: float = 0,
-    ref_tolerance_lsb: float = 0,
-    reference: bool = True,
-    builder: str | None = None,
-    cache_dir: str | Path | None = None,
-    flash_baud: int | None = None,
-    arena_kb: int | None = None,
-    timeouts: StageTimeouts | None = None,
-    junit: str | Path | None = None,
+    options: JobOptions | None = None,
     progress: ProgressFn | None = None,
-    lock: bool = True,
-    lock_dir: str | Path | None = None,
-    lock_timeout: float = 600.0,
-    tap: bool = False,
-    dump_ops: Sequence[int] = (),
-    html: str | Path | None = None,
-    bundle: str | Path | None = None,
-    dataset: DatasetOptions | None = None,
-    native: NativeOptions | None = None,
-    allow_untested: bool = False,
 ) -> FlashAndCompareResult:
-    """Run the whole job and return its result; the report is always written to ``out_dir``.
+    """Check ``model`` on ``inputs`` (or ``options.dataset``) on ``board``: :func:`run_job` of that spec.
 
     Usage errors found before any hardware is touched are raised; later failures are recorded per
-    stage and decide the exit code. With ``lock`` the board's cross-process lock (harness.device.locks,
-    in ``lock_dir``) is held while flashing and capturing; a board still busy after ``lock_timeout``
-    seconds is an infrastructure error (exit 3). ``dataset``: a whole dataset instead of ``inputs``
-    (docs/dataset.md); ``native``: a native board's builds (docs/native.md). A model in which ESP-NN
-    accelerates no op on the board's chip is refused (UsageError, exit 2: both variants would run the same
-    kernels) unless ``allow_untested``; then it runs, and the report says ESP-NN was not tested.
+    stage and decide the exit code; the report is always written to ``out_dir``.
+    """
+    spec = JobSpec.of(model, inputs, board=board, port=port, out_dir=out_dir, options=options)
+    return run_job(spec, progress)
+
+
+def run_job(spec: JobSpec, progress: ProgressFn | None = None) -> FlashAndCompareResult:
+    """The one pipeline every mode runs: prepare -> acquire -> execute -> judge -> report.
+
+    - **prepare**: the board, the model, the target (its port refused or checked before any build), the
+      ESP-NN coverage (a model in which ESP-NN accelerates no op on the chip is refused, UsageError exit
+      2, unless ``allow_untested``), the workload's inputs;
+    - **acquire**: the board's lock (``esp-check run`` takes the same one; none for a private board),
+      held while flashing and capturing, and a board still busy after ``lock_timeout`` s is exit 3;
+    - **execute**: the workload (single inputs or a dataset, with ``--tap`` after) generates, builds,
+      flashes what differs and streams its inputs to the resident firmware;
+    - **judge**: every capture through :func:`harness.flows.capture.verify_capture` and the frame checks,
+      then the comparison (single) or the per-input verdicts (dataset);
+    - **report**: report.json always, JUnit/HTML/bundle when asked for, even when a stage failed.
     """
     t_all = time.monotonic()
-    limits = timeouts or StageTimeouts()
-    check_tolerances(tolerance_lsb, ref_tolerance_lsb)
-    out = prepare_out_dir(out_dir)
+    check_tolerances(spec.options.tolerance_lsb, spec.options.ref_tolerance_lsb)
+    out = prepare_out_dir(spec.out_dir)
     discard_report(out)
-    run = _Run.empty(model, inputs, out, progress)
-    _refuse_clobbering(run, junit=junit, html=html, bundle=bundle)
-
-    def lock_cm() -> contextlib.AbstractContextManager[Any] | None:
-        """The board's lock, or None for a simulated board made for this run alone (nobody else's)."""
-        if not lock or run.fresh_sim:
-            return None
-        return _board_lock(run, lock_dir, lock_timeout)
+    run = _Run(spec, out, Recorder(progress))
+    _refuse_clobbering(run)
 
     def finish() -> FlashAndCompareResult:
-        return _finish(run, time.monotonic() - t_all, junit=junit, html=html, bundle=bundle)
+        return _finish(run, time.monotonic() - t_all)
 
     with _stopped(run, finish):
-        _start(run, board, port, allow_untested)
-        _check_dump_ops(dump_ops, run.info)
-        if dataset is not None:
-            job = _DatasetJob(
-                input_options, reference, builder, cache_dir, arena_kb, limits, flash_baud, native,
-                tuple(sorted(set(dump_ops))),
-            )  # fmt: skip
-            _dataset_job(run, dataset, job, lock_cm, tolerance_lsb, ref_tolerance_lsb)
-            return finish()
-        if reference:  # ONE host child runs the reference on the inputs and measures the arena;
+        _prepare(run)
+        workload: Workload = DatasetWorkload() if spec.options.dataset is not None else InputsWorkload()
+        workload.execute(run)
+    return finish()
+
+
+class Workload:
+    """What one job runs on the board: its inputs, how they stream, and how they are judged."""
+
+    def execute(self, run: _Run) -> None:
+        raise NotImplementedError
+
+
+class InputsWorkload(Workload):
+    """The job's inputs (``--input``), streamed to both variants; ``--tap`` then analyses the runs."""
+
+    def execute(self, run: _Run) -> None:
+        o = run.opts
+        if o.reference:  # ONE host child runs the reference on the inputs and measures the arena;
             # generate, the reference leg and the simulated board read its cached results
-            prepare_host_results(run.model, run.inputs, input_options=input_options, per_layer=tap)
+            prepare_host_results(run.model, run.inputs, input_options=o.input_options, per_layer=o.tap)
         # the inputs are streamed to the resident firmware, never compiled in: a new input rebuilds and
         # reflashes nothing (generate still checks them, before anything is built)
-        projects = generate_firmware(
-            run.model, run.inputs, run.board, run.out / "projects", rec=run.rec, input_options=input_options,
-            arena_kb=arena_kb, features=FirmwareFeatures(tap=tap, embed_inputs=False),
+        features = FirmwareFeatures(tap=o.tap, embed_inputs=False)
+        fw = _firmware(run, run.inputs, features, before_build=self.host)
+        if fw is None:
+            return
+        streamed = run.streamed
+
+        def body(rb: ResidentBoard, order: list[str]) -> None:
+            for v in order:
+                run.variants[v].exit_code = stream_inputs(rb, run.variants[v], streamed)
+
+        if not _on_board(run, fw, body):
+            return
+        run.comparison = _compare(run, self.ref_source)
+        if o.tap:
+            _tap(run, tap_request(run.spec, run.info, run.target, run.out))
+
+    ref_source: Source | None = None
+
+    def host(self, run: _Run) -> None:
+        run.streamed = input_tensor_bytes(run.inputs, run.info.inputs[0], run.opts.input_options)
+        self.ref_source = _host_reference(run) if run.opts.reference else None
+
+
+class DatasetWorkload(Workload):
+    """A dataset (docs/dataset.md): loaded first (usage errors before anything is built), the host
+    reference on all of it, both variants built with nothing compiled in, flashed once, the dataset
+    streamed through each; every input gets its verdict. ``--tap-inputs`` then taps chosen inputs."""
+
+    def execute(self, run: _Run) -> None:
+        opts = run.opts.dataset
+        assert opts is not None
+        ds = load_inputs(opts, run.info.inputs[0], run.opts.input_options)
+        outcome = run.dataset = DatasetOutcome(ds)
+
+        def host(run: _Run) -> None:
+            if not run.opts.reference:
+                return
+            try:
+                outcome.host = host_legs(run.model, run.info, ds, run.rec)
+            except EspCheckError as exc:
+                if exc.exit_code == ExitCode.USAGE:
+                    raise
+                run.warnings.append(f"host reference unavailable, comparing optimized vs ANSI C only: {exc}")
+
+        fw = _firmware(run, [], FirmwareFeatures(embed_inputs=False), before_build=host)
+        if fw is None:
+            return
+        outputs = output_specs(run.info)
+
+        def body(rb: ResidentBoard, order: list[str]) -> None:
+            outcome.run = run_dataset(
+                rb, run.variants, order, ds, outputs, results=opts.results, repeat=opts.repeat,
+                host=outcome.host,
+            )  # fmt: skip
+
+        if not _on_board(run, fw, body):
+            return
+        if outcome.run is not None:
+            verdicts(outcome, run.variants, outputs, run.opts.tolerance_lsb, run.opts.ref_tolerance_lsb)
+        run.codes += outcome.codes
+        run.errors += outcome.errors
+        if opts.tap_inputs and outcome.run is not None:
+            _dataset_tap(run, opts)
+
+
+def _firmware(
+    run: _Run, inputs: Sequence[Path], features: FirmwareFeatures, *, before_build: Callable[[_Run], None]
+) -> Firmware | None:
+    """Generate both variants, run the host side (``before_build``: it overlaps nothing yet, but it
+    must fail before minutes of building), build; None when a build failed (nothing to flash)."""
+    o = run.opts
+    projects = generate_firmware(
+        run.model, inputs, run.board, run.out / "projects", rec=run.rec, input_options=o.input_options,
+        arena_kb=o.arena_kb, features=features,
+    )  # fmt: skip
+    before_build(run)
+    fw = build_firmware(
+        projects, rec=run.rec, logs_dir=run.out / "logs", builder=o.builder, cache_dir=o.cache_dir,
+        timeout=o.timeouts.build, native=o.native,
+    )  # fmt: skip
+    return fw if _record_builds(run, fw) else None
+
+
+def _on_board(run: _Run, fw: Firmware, body: Callable[[ResidentBoard, list[str]], None]) -> bool:
+    """acquire + execute: hold the board's lock, flash what differs, boot, ``body``; the variants' exit
+    codes join the run's. False when the lock could not be taken."""
+    with contextlib.ExitStack() as held:
+        try:
+            cm = run.lock()
+            if cm is not None:
+                run.rec.run("lock", None, lambda: held.enter_context(cm))
+        except EspCheckError as exc:
+            run.failed("board lock", exc)
+            return False
+        run.link = with_board(
+            run.rec, run.variants, fw.builds, target=run.target, out=run.out, limits=run.opts.timeouts,
+            flash_baud=run.opts.flash_baud, body=body,
         )  # fmt: skip
-        run.streamed = input_tensor_bytes(run.inputs, run.info.inputs[0], input_options)
-        ref_source = _host_reference(run, input_options) if reference else None
-        fw = build_firmware(
-            projects, rec=run.rec, logs_dir=run.out / "logs", builder=builder, cache_dir=cache_dir,
-            timeout=limits.build, native=native,
-        )  # fmt: skip
-        if not _record_builds(run, fw) or not _flash_and_capture_both(run, fw, lock_cm, limits, flash_baud):
-            return finish()
-        run.comparison = _compare(run, ref_source, tolerance_lsb, ref_tolerance_lsb)
-        if tap:
-            _tap(run, lock_cm, TapRunRequest(
-                run.model, tuple(run.inputs), run.info, run.board, run.port_url, run.out, builder, cache_dir,
-                input_options, arena_kb, limits, flash_baud, reference, tuple(sorted(set(dump_ops))), native,
-            ))  # fmt: skip
-    return finish()
+    run.codes += [r.exit_code for r in run.variants.values() if r.exit_code is not None]
+    return True
+
+
+def tap_request(spec: JobSpec, info: ModelInfo, target: Target, out: Path) -> TapRunRequest:
+    """What the tap flow needs of a job (its dump run rebuilds the same firmware with dumps on)."""
+    return TapRunRequest(spec=spec, info=info, target=target, out=out)
 
 
 @contextlib.contextmanager
@@ -258,15 +339,14 @@ def _stopped(run: _Run, finish: Callable[[], FlashAndCompareResult]) -> Iterator
         raise err from None
 
 
-def _refuse_clobbering(
-    run: _Run, *, junit: str | Path | None, html: str | Path | None, bundle: str | Path | None
-) -> None:
+def _refuse_clobbering(run: _Run) -> None:
     """--junit/--html/--bundle must not overwrite report.json, a log or project of this run, the model or
     an input, or each other (``--bundle OUT/report.json`` replaced the report with a zip, exit 0)."""
     mine = {run.out / "report.json": "this run's report.json", run.model.resolve(): "the model"}
     mine.update({p.resolve(): "an input" for p in run.inputs})
     taken: dict[Path, str] = {}
-    for flag, given in (("--junit", junit), ("--html", html), ("--bundle", bundle)):
+    flags = (("--junit", run.opts.junit), ("--html", run.opts.html), ("--bundle", run.opts.bundle))
+    for flag, given in flags:
         if given is None:
             continue
         path = Path(given).resolve()
@@ -275,16 +355,14 @@ def _refuse_clobbering(
         if clash is not None:
             exc = UsageError(f"{flag} {given} would overwrite {clash}", hint=f"give {flag} another path")
             run.failed("stopped", exc)
-            _finish(run, 0.0, junit=None, html=None, bundle=None)
+            _finish(run, 0.0, reports=False)
             raise exc
         taken[path] = f"the {flag} file"
 
 
-def _tap(
-    run: _Run, lock_cm: Callable[[], contextlib.AbstractContextManager[Any] | None], req: TapRunRequest
-) -> None:
+def _tap(run: _Run, req: TapRunRequest) -> None:
     """``--tap``: the tap flow after the comparison (its dump run, timing, culprit)."""
-    cm = lock_cm()
+    cm = run.lock()
     outcome = run.rec.run("tap", None, lambda: run_tap_flow(req, run.variants, rec=run.rec, lock_cm=cm))
     run.tap = outcome.result
     run.errors.extend(outcome.errors)
@@ -317,28 +395,20 @@ def prepare_out_dir(out_dir: str | Path) -> Path:
     return out
 
 
-SERVED_SIM_SCHEMES = ("rfc2217://",)  # socket:// cannot reset a served simulator: refused in _start
-
-
-def _start(run: _Run, board: str | Path, port: str | None, allow_untested: bool = False) -> None:
-    """Load the board and model and pick the port (usage errors raise: nothing touched yet).
-
-    A simulated board runs only on a simulator's port: ``sim://`` in this process, or the
-    ``rfc2217://`` URL of a served one (never a device path: a tty is real hardware; never raw TCP
-    ``socket://``: nothing could reset the board into its app).
-    Whether the device is a simulator is then decided by what it prints (BEGIN ``sim=1``), not by the
-    URL. A real board's port is checked here, before two builds that take minutes on a fresh machine.
-    """
-    board_def = run.loaded_board = load_board(board)
+def _prepare(run: _Run) -> None:
+    """Load the board and model, choose the target and check its port (usage errors raise: nothing has
+    been touched yet), and refuse a model ESP-NN does not touch on the board's chip."""
+    board = run.loaded_board = load_board(run.spec.board)
     run.loaded_model = load_model(run.model)
-    run.espnn = _espnn_coverage(run.loaded_model, board_def.chip)
+    run.loaded_target = open_target(board, run.spec.port)
+    run.espnn = _espnn_coverage(run.loaded_model, board.chip)
     if run.espnn["accelerated_ops"] == 0:
         untested = (
-            f"ESP-NN accelerates none of this model's {run.espnn['ops']} ops on {board_def.chip} "
+            f"ESP-NN accelerates none of this model's {run.espnn['ops']} ops on {board.chip} "
             f"({run.espnn['why']}): both variants run the same TFLM kernels, so a match here says "
             "nothing about ESP-NN"
         )
-        if not allow_untested:
+        if not run.opts.allow_untested:
             raise UsageError(
                 untested,
                 hint="esp-check inspect MODEL lists what ESP-NN accelerates per chip (an int8 model is "
@@ -346,48 +416,8 @@ def _start(run: _Run, board: str | Path, port: str | None, allow_untested: bool 
                 "ESP-NN NOT TESTED)",
             )
         run.warnings.append(untested)
-    if board_def.is_native:
-        if port is not None and not port.startswith("native://"):
-            raise UsageError(
-                f"board {board_def.name} is a native board (the firmware runs as a program on this PC), "
-                f"but --port {port} is not a native:// port",
-                hint="omit --port (a fresh native board is made), or give native://NAME",
-            )
-        size = f"?flash={board_def.flash_size}" if board_def.flash_size else ""  # the board's flash
-        run.port_url = port or f"native://esp-check-{uuid.uuid4().hex[:10]}{size}"
-        run.fresh_sim = port is None  # made for this run alone: nobody else's, no lock
-    elif board_def.simulated and port is not None and port.startswith(SERVED_SIM_SCHEMES):
-        # a simulator served by `esp-check sim serve` (or esp_rfc2217_server in front of a sim:// port):
-        # reached like a remote board; its BEGIN record must say sim=1 (verify_capture checks it)
-        run.port_url = port
-        ps = run.rec.run("port", None, lambda: resolve_port(port, board_def))
-        run.rec.run("port-present", None, lambda: check_present(ps))
-    elif board_def.simulated:
-        if port is not None:
-            refuse_raw_tcp_simulator(port, board_def.name)
-        if port is not None and not port.startswith("sim://"):
-            raise UsageError(
-                f"board {board_def.name} is a simulated board, but --port {port} is not a simulator's port",
-                hint="omit --port (a fresh simulated board is made), give a sim://NAME?... URL or the "
-                "rfc2217:// URL of `esp-check sim serve --rfc2217`, or name the real board with --board "
-                "(esp-check boards lists them)",
-            )
-        # A fresh simulated board per run (parallel runs never share one), configured like the
-        # board file's default port (flash size, ...) unless the user gave a sim:// URL.
-        template = port
-        if template is None and board_def.default_port and board_def.default_port.startswith("sim://"):
-            template = "sim://?" + board_def.default_port.partition("?")[2]
-        run.port_url = sim_port_for(board_def.chip, board_def.reset, template, board_def.flash_size)
-        run.fresh_sim = port is None
-    else:
-        if port is not None and port.startswith("sim://"):  # else minutes of real builds, then a failure
-            raise UsageError(
-                f"board {board_def.name} is a real board, but --port {port} is a simulated board's",
-                hint="give the board's serial port (or --port auto), or --board sim for the simulator",
-            )
-        run.port_url = port or "auto"
-        ps = run.rec.run("port", None, lambda: resolve_port(run.port_url, board_def))
-        run.rec.run("port-present", None, lambda: check_present(ps))
+    _check_dump_ops(run.opts.dump_ops, run.info)
+    run.target.check(run.rec)
 
 
 def _check_dump_ops(dump_ops: Sequence[int], info: ModelInfo) -> None:
@@ -410,13 +440,15 @@ def _espnn_coverage(info: ModelInfo, chip: str) -> dict[str, Any]:
     return {"chip": chip, "accelerated_ops": k, "ops": len(accel), "why": why if k == 0 else ""}
 
 
-def _host_reference(run: _Run, input_options: InputOptions | None) -> Source | None:
+def _host_reference(run: _Run) -> Source | None:
     """The host reference leg; missing it is a loud warning, not a failure (device vs device stands)."""
     try:
         return run.rec.run(
             "reference",
             None,
-            lambda: reference_source(run.model, run.inputs, backend="auto", input_options=input_options),
+            lambda: reference_source(
+                run.model, run.inputs, backend="auto", input_options=run.opts.input_options
+            ),
         )
     except ReferenceRefusedError as exc:  # both variants still run; _finish gives the verdict
         run.refused = exc
@@ -440,153 +472,23 @@ def _record_builds(run: _Run, fw: Firmware) -> bool:
     return fw.complete
 
 
-def _flash_and_capture_both(
-    run: _Run,
-    fw: Firmware,
-    lock_cm: Callable[[], contextlib.AbstractContextManager[Any] | None],
-    limits: StageTimeouts,
-    flash_baud: int | None,
-) -> bool:
-    """Flash both variants in one session and stream the inputs to each, holding the board's lock."""
-    with contextlib.ExitStack() as held:
-        try:
-            cm = lock_cm()
-            if cm is not None:
-                run.rec.run("lock", None, lambda: held.enter_context(cm))
-        except EspCheckError as exc:
-            run.failed("board lock", exc)
-            return False
-        run.link = run_variants(
-            run.rec, run.variants, fw.builds, run.board, run.port_url, run.out, limits, flash_baud,
-            run.streamed,
-        )  # fmt: skip
-        for v in VARIANT_ORDER:
-            code = run.variants[v].exit_code
-            if code is not None:
-                run.codes.append(code)
-    return True
-
-
-@dataclass(frozen=True)
-class _DatasetJob:
-    input_options: InputOptions | None
-    reference: bool
-    builder: str | None
-    cache_dir: str | Path | None
-    arena_kb: int | None
-    limits: StageTimeouts
-    flash_baud: int | None
-    native: NativeOptions | None = None
-    dump_ops: tuple[int, ...] = ()
-
-
-def _dataset_job(
-    run: _Run,
-    opts: DatasetOptions,
-    job: _DatasetJob,
-    lock_cm: Callable[[], contextlib.AbstractContextManager[Any] | None],
-    tolerance_lsb: float,
-    ref_tolerance_lsb: float,
-) -> None:
-    """Dataset mode: the inputs are loaded (usage errors before anything is built), the host reference
-    runs on all of them, both variants are built with nothing compiled in, flashed once, and the dataset
-    streams through each; every input gets its verdict."""
-    ds = load_inputs(opts, run.info.inputs[0], job.input_options)
-    outcome = run.dataset = DatasetOutcome(ds)
-    projects = generate_firmware(
-        run.model, [], run.board, run.out / "projects", rec=run.rec, input_options=job.input_options,
-        arena_kb=job.arena_kb, features=FirmwareFeatures(embed_inputs=False),
-    )  # fmt: skip
-    if job.reference:
-        try:
-            outcome.host = host_legs(run.model, run.info, ds, run.rec)
-        except EspCheckError as exc:
-            if exc.exit_code == ExitCode.USAGE:
-                raise
-            run.warnings.append(f"host reference unavailable, comparing optimized vs ANSI C only: {exc}")
-    fw = build_firmware(
-        projects, rec=run.rec, logs_dir=run.out / "logs", builder=job.builder, cache_dir=job.cache_dir,
-        timeout=job.limits.build, native=job.native,
-    )  # fmt: skip
-    if not _record_builds(run, fw):
-        return
-    outputs = output_specs(run.info)
-
-    def body(rb: ResidentBoard, order: list[str]) -> None:
-        outcome.run = run_dataset(
-            rb, run.variants, order, ds, outputs, results=opts.results, repeat=opts.repeat, host=outcome.host
-        )
-
-    with contextlib.ExitStack() as held:
-        try:
-            cm = lock_cm()
-            if cm is not None:
-                run.rec.run("lock", None, lambda: held.enter_context(cm))
-        except EspCheckError as exc:
-            run.failed("board lock", exc)
-            return
-        run.link = with_board(
-            run.rec,
-            run.variants,
-            fw.builds,
-            run.board,
-            run.port_url,
-            run.out,
-            job.limits,
-            job.flash_baud,
-            body,
-        )
-    run.codes += [r.exit_code for r in run.variants.values() if r.exit_code is not None]
-    if outcome.run is not None:
-        verdicts(outcome, run.variants, outputs, tolerance_lsb, ref_tolerance_lsb)
-    run.codes += outcome.codes
-    run.errors += outcome.errors
-    if opts.tap_inputs and outcome.run is not None:
-        _dataset_tap(run, opts, job, lock_cm)
-
-
-def _dataset_tap(
-    run: _Run,
-    opts: DatasetOptions,
-    job: _DatasetJob,
-    lock_cm: Callable[[], contextlib.AbstractContextManager[Any] | None],
-) -> None:
-    """``--tap-inputs``: the chosen dataset inputs, written as .npy files under ``tap-inputs/``, run
-    through a tapped build of both variants (as ``--tap --input`` would) and analysed by the tap flow.
-    Its stages are labelled ``tap:``, its artifacts go under ``tap/``; the dataset's verdict stands."""
+def _dataset_tap(run: _Run, opts: DatasetOptions) -> None:
+    """``--tap-inputs``: the chosen dataset inputs, written as .npy files under ``tap-inputs/``, run as a
+    job of their own (``--tap --input`` of them, through this same pipeline) under ``tap/``. Its stages
+    are labelled ``tap:``; the dataset's verdict stands."""
     outcome = run.dataset
     assert outcome is not None
     picks = pick_tap_inputs(outcome, opts.tap_inputs)
     outcome.tap_inputs = write_tap_inputs(outcome.dataset, picks, run.info.inputs[0], run.out / "tap-inputs")
     if not picks:
         return
-    paths = [Path(d["file"]) for d in outcome.tap_inputs]
-    sub = _Run(run.model, paths, run.out / "tap", Recorder(run.rec.progress), run.loaded_board,
-               run.loaded_model, run.port_url, run.fresh_sim)  # fmt: skip
+    paths = tuple(Path(d["file"]) for d in outcome.tap_inputs)
+    tapped = run.opts.replace(dataset=None, tap=True, input_options=None, junit=None, html=None, bundle=None)
+    spec = dataclasses.replace(run.spec, inputs=paths, out_dir=run.out / "tap", options=tapped)
+    sub = _Run(spec, spec.out_dir, Recorder(run.rec.progress), run.loaded_board, run.loaded_model, run.target)
     try:
-        if job.reference:
-            prepare_host_results(run.model, paths, per_layer=True)
-        projects = generate_firmware(
-            run.model, paths, run.board, sub.out / "projects", rec=sub.rec, arena_kb=job.arena_kb,
-            features=FirmwareFeatures(tap=True, embed_inputs=False),
-        )  # fmt: skip
-        sub.streamed = input_tensor_bytes(paths, run.info.inputs[0], None)
-        fw = build_firmware(
-            projects, rec=sub.rec, logs_dir=sub.out / "logs", builder=job.builder, cache_dir=job.cache_dir,
-            timeout=job.limits.build, native=job.native,
-        )  # fmt: skip
-        if _record_builds(sub, fw) and _flash_and_capture_both(sub, fw, lock_cm, job.limits, job.flash_baud):
-            req = TapRunRequest(
-                run.model, tuple(paths), run.info, run.board, run.port_url, sub.out, job.builder,
-                job.cache_dir, None, job.arena_kb, job.limits, job.flash_baud, job.reference,
-                job.dump_ops, job.native,
-            )  # fmt: skip
-            tapped = sub.rec.run(
-                "tap", None, lambda: run_tap_flow(req, sub.variants, rec=sub.rec, lock_cm=lock_cm())
-            )
-            run.tap = tapped.result
-            sub.errors += tapped.errors
-            sub.codes += tapped.codes
+        InputsWorkload().execute(sub)
+        run.tap = sub.tap
     except EspCheckError as exc:
         sub.failed("tap run", exc)
     finally:
@@ -594,40 +496,13 @@ def _dataset_tap(
             s.stage = f"tap:{s.stage}"
         run.rec.stages.extend(sub.rec.stages)
         run.errors += [f"tap run: {e}" for e in sub.errors]
-        run.codes += sub.codes
+        codes = list(sub.codes)
+        if sub.comparison is not None:  # the dataset's verdict stands: the tap run's own is not a second one
+            codes.remove(sub.comparison.exit_code)
+        run.codes += [c for c in codes if c != ExitCode.MATCH]
 
 
-def _board_lock(
-    run: _Run, lock_dir: str | Path | None, timeout: float
-) -> contextlib.AbstractContextManager[Any]:
-    """The lock ``esp-check run`` takes for the same board (a port that does not resolve: no lock)."""
-    try:
-        ps = resolve_port(run.port_url, run.board)
-    except EspCheckError:
-        return contextlib.nullcontext()  # the port stage reports it
-    return board_lock(
-        ps,
-        lock_dir=lock_dir,
-        timeout=timeout,
-        owner="esp-check flash-and-compare",
-        on_wait=lambda msg: run.rec.say("lock", msg),
-    )
-
-
-def _native_facts(run: _Run) -> dict[str, Any] | None:
-    """What a native board's results mean, and what each variant's program said it was (INFO)."""
-    if run.loaded_board is None or not run.loaded_board.is_native:
-        return None
-    keys = ("native", "native_bits", "native_sanitize", "idf", "tflm", "tflm_from", "espnn", "espnn_from")
-    reported = {
-        v: {k: vr.source.info.get(k) for k in keys} for v, vr in run.variants.items() if vr.source is not None
-    }
-    return {"meaning": NATIVE_MEANING, "bits": run.loaded_board.native_bits, "reported": reported}
-
-
-def _compare(
-    run: _Run, ref_source: Source | None, tolerance_lsb: float, ref_tolerance_lsb: float
-) -> CompareResult | None:
+def _compare(run: _Run, ref_source: Source | None) -> CompareResult | None:
     """What the device printed, compared (compare_variants decides which legs there are)."""
     opt, ansi = run.variants["optimized"].source, run.variants["ansi"].source
     if (opt is None or ansi is None) and (ref_source is None or (opt is None and ansi is None)):
@@ -637,8 +512,8 @@ def _compare(
             "compare",
             None,
             lambda: compare_variants(
-                opt, ansi, ref_source, tolerance_lsb=tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
-                output_quant=output_quant(run.info.outputs),
+                opt, ansi, ref_source, tolerance_lsb=run.opts.tolerance_lsb,
+                ref_tolerance_lsb=run.opts.ref_tolerance_lsb, output_quant=output_quant(run.info.outputs),
             ),
         )  # fmt: skip
     except EspCheckError as exc:
@@ -649,15 +524,9 @@ def _compare(
     return result
 
 
-def _finish(
-    run: _Run,
-    seconds: float,
-    *,
-    junit: str | Path | None,
-    html: str | Path | None,
-    bundle: str | Path | None,
-) -> FlashAndCompareResult:
-    """The result, with report.json always written (and JUnit/HTML/bundle when asked for)."""
+def _finish(run: _Run, seconds: float, *, reports: bool = True) -> FlashAndCompareResult:
+    """The result, with report.json always written (and JUnit/HTML/bundle when asked for and ``reports``)."""
+    html, bundle, junit = (run.opts.html, run.opts.bundle, run.opts.junit) if reports else (None, None, None)
     refused = None if run.refused is None else refusal_finding(run.refused, run.variants, run.comparison)
     if refused is not None:
         run.errors.append(refused["summary"])
@@ -666,7 +535,7 @@ def _finish(
         out_dir=run.out,
         board=run.loaded_board.name if run.loaded_board else "",
         port=run.port_url,
-        simulated=bool(run.loaded_board and run.loaded_board.simulated),
+        simulated=bool(run.loaded_target and run.loaded_target.simulated),
         stages=run.rec.stages,
         variants=run.variants,
         comparison=run.comparison,
@@ -678,7 +547,7 @@ def _finish(
         espnn=run.espnn,
         dataset=run.dataset.to_dict() if run.dataset is not None else None,
         link=run.link.to_dict() if run.link is not None else None,
-        native=_native_facts(run),
+        native=run.loaded_target.facts(run.variants) if run.loaded_target else None,
         reference_refused=refused,
     )
     write_report(result, model=run.model, inputs=run.inputs, seconds=seconds)
@@ -695,10 +564,13 @@ def _finish(
 
 __all__ = [
     "FlashAndCompareResult",
+    "JobOptions",
+    "JobSpec",
     "StageRecord",
     "StageTimeouts",
     "VariantRun",
     "flash_and_capture",
     "flash_and_compare",
+    "run_job",
     "sim_port_for",
 ]

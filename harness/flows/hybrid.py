@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from harness.analysis.compare import CompareResult, Source, compare_sources
 from harness.analysis.hybrid import NOISE_BAND, Bisection, cost_report, hybrid_evidence, invoke_cost
@@ -34,13 +34,13 @@ from harness.firmware.boards import Board, load_board
 from harness.firmware.build import build_project
 from harness.firmware.generate import FirmwareFeatures, generate_projects
 from harness.firmware.hybrid_context import HEADER, SOURCE, hybrid_firmware_context, readme_snippet
-from harness.firmware.native.project import NativeOptions
 from harness.flows.capture import flash_and_capture
-from harness.flows.flash_and_compare import flash_and_compare, prepare_out_dir
-from harness.flows.records import FlashAndCompareResult, ProgressFn, Recorder, StageTimeouts, VariantRun
+from harness.flows.flash_and_compare import prepare_out_dir, run_job
+from harness.flows.job import JobOptions, JobSpec
+from harness.flows.records import FlashAndCompareResult, ProgressFn, Recorder, VariantRun
 from harness.flows.tap_run import TapRunRequest, dump_run
+from harness.flows.targets import Target, open_target
 from harness.model.hybrid_ops import ansi_path_applies, candidate_ops, format_ops, select_ansi_ops, switchable
-from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, load_model
 from harness.protocol.capture import Capture, parse_capture
 
@@ -124,30 +124,30 @@ class HybridResult:
 
 @dataclass
 class _State:
-    """One hybrid command while its steps run."""
+    """One hybrid command while its steps run: its job (model, inputs, board, options) and findings."""
 
-    model_path: Path
-    inputs: list[Path]
+    spec: JobSpec
     info: ModelInfo
     board: Board
     res: HybridResult
     opts: HybridOptions
     rec: Recorder
-    input_options: InputOptions | None = None
-    arena_kb: int | None = None
-    builder: str | None = None
-    cache_dir: str | Path | None = None
-    flash_baud: int | None = None
-    limits: StageTimeouts = field(default_factory=StageTimeouts)
-    reference: bool = True
-    native: NativeOptions | None = None  # native boards' builds (docs/native.md)
     codes: list[ExitCode] = field(default_factory=list)
     ansi_source: Source | None = None
     ref_source: Source | None = None
+    target: Target | None = None  # the baseline's (the hybrid runs go to the same board)
 
     @property
     def out(self) -> Path:
         return self.res.out_dir
+
+    @property
+    def job(self) -> JobOptions:
+        return self.spec.options
+
+    @property
+    def inputs(self) -> list[Path]:
+        return list(self.spec.inputs)
 
 
 def hybrid(
@@ -158,23 +158,15 @@ def hybrid(
     port: str | None = None,
     out_dir: str | Path = "esp-check-hybrid",
     options: HybridOptions | None = None,
-    input_options: InputOptions | None = None,
-    arena_kb: int | None = None,
-    builder: str | None = None,
-    cache_dir: str | Path | None = None,
-    flash_baud: int | None = None,
-    timeouts: StageTimeouts | None = None,
-    reference: bool = True,
+    job: JobOptions | None = None,
     progress: ProgressFn | None = None,
-    html: str | Path | None = None,
-    bundle: str | Path | None = None,
-    native: NativeOptions | None = None,
 ) -> HybridResult:
     """Find the ops to run on ANSI C, verify the hybrid firmware bit for bit, hand over its files.
 
-    Usage errors (bad model, input, board, an op the wrapper cannot switch) raise before any hardware
-    is touched; everything after is recorded and decides the exit code (0: a verified hybrid is
-    offered, or nothing needed fixing).
+    ``job``: how each run is built and judged, as for flash-and-compare (its ``html``/``bundle`` are this
+    command's reports). Usage errors (bad model, input, board, an op the wrapper cannot switch) raise
+    before any hardware is touched; everything after is recorded and decides the exit code (0: a verified
+    hybrid is offered, or nothing needed fixing).
     """
     t0 = time.monotonic()
     opts = options or HybridOptions()
@@ -186,12 +178,11 @@ def hybrid(
         raise UsageError("hybrid needs at least one --input", hint="pass --input FILE (repeatable)")
     res = HybridResult(out, out / "report.json")
     res.mode = "manual" if opts.manual else ("bisect" if opts.bisect else "taps")
-    st = _State(Path(model), [Path(p) for p in inputs], info, load_board(board), res, opts,
-                Recorder(progress), input_options, arena_kb, builder, cache_dir, flash_baud,
-                timeouts or StageTimeouts(), reference, native)  # fmt: skip
+    spec = JobSpec.of(model, inputs, board=board, port=port, out_dir=out, options=job)
+    st = _State(spec, info, load_board(board), res, opts, Recorder(progress))
     try:
-        if _baseline(st, port):
-            with _board_lock(st, fresh_sim=port is None):
+        if _baseline(st):
+            with _board_lock(st):
                 _choose(st)
                 _verify(st)
                 if res.offered:
@@ -202,37 +193,34 @@ def hybrid(
         raise
     finally:
         res.seconds = time.monotonic() - t0
-        _finish(st, html, bundle)
+        _finish(st)
     return res
 
 
-def _board_lock(st: _State, *, fresh_sim: bool) -> contextlib.AbstractContextManager[Any]:
+def _board_lock(st: _State) -> contextlib.AbstractContextManager[Any]:
     """The board's lock for the hybrid runs (the baseline took and released its own); none for a
-    simulated board made for this command alone."""
-    if (st.res.simulated or st.board.is_native) and fresh_sim:
-        return contextlib.nullcontext()
-    from harness.device.locks import board_lock
-    from harness.device.ports import resolve_port
-
-    return board_lock(
-        resolve_port(st.res.port, st.board), owner="esp-check hybrid", on_wait=lambda m: st.rec.say("lock", m)
-    )
+    board made for this command alone."""
+    assert st.target is not None
+    cm = st.target.lock(
+        lock_dir=st.job.lock_dir, timeout=st.job.lock_timeout, owner="esp-check hybrid",
+        on_wait=lambda m: st.rec.say("lock", m),
+    )  # fmt: skip
+    return cast("contextlib.AbstractContextManager[Any]", cm or contextlib.nullcontext())
 
 
 # ---- 1. baseline ----------------------------------------------------------------------------------
 
 
-def _baseline(st: _State, port: str | None) -> bool:
+def _baseline(st: _State) -> bool:
     """flash-and-compare both builds; False when there is nothing to do or nothing to verify against."""
     res = st.res
-    base = flash_and_compare(
-        st.model_path, st.inputs, board=st.board.source or st.board.name, port=port,
-        out_dir=st.out / "baseline",
-        input_options=st.input_options, reference=st.reference, builder=st.builder, cache_dir=st.cache_dir,
-        flash_baud=st.flash_baud, arena_kb=st.arena_kb, timeouts=st.limits, progress=st.rec.progress,
-        tap=not st.opts.bisect, native=st.native,
-    )  # fmt: skip
+    baseline = st.job.replace(tap=not st.opts.bisect, html=None, bundle=None, junit=None)
+    spec = dataclasses.replace(st.spec, out_dir=st.out / "baseline", options=baseline)
+    base = run_job(spec, st.rec.progress)
     res.baseline, res.board, res.port, res.simulated = base, base.board, base.port, base.simulated
+    # the hybrid runs go to the board the baseline ran on (a fresh simulated board: the same one)
+    kind = open_target(st.board, st.spec.port)
+    st.target = type(kind)(st.board, base.port, private=kind.private)
     res.warnings += base.warnings
     res.audit = base.tap.audit if base.tap is not None else None
     ansi = base.variants["ansi"]
@@ -398,15 +386,16 @@ def _run_hybrid(st: _State, ansi_ops: Sequence[int], *, tap: bool, label: str) -
     d = st.out / "runs" / label
     feats = FirmwareFeatures(tap=tap, ansi_ops=tuple(run.ansi_ops))
     rec = Recorder(st.rec.progress)
+    job = st.job
     try:
         (project,) = rec.run("generate", label, lambda: generate_projects(
-            st.model_path, st.inputs, st.board, out_dir=d / "projects", variants=("optimized",),
-            input_options=st.input_options, arena_kb=st.arena_kb, features=feats,
+            st.spec.model, st.inputs, st.board, out_dir=d / "projects", variants=("optimized",),
+            input_options=job.input_options, arena_kb=job.arena_kb, features=feats,
         ))  # fmt: skip
         run.project_dir = project.path
         build = rec.run("build", label, lambda: build_project(
-            project.path, builder=st.builder, cache_dir=st.cache_dir, log_path=d / "logs" / "build.log",
-            timeout=st.limits.build, native=st.native,
+            project.path, builder=job.builder, cache_dir=job.cache_dir, log_path=d / "logs" / "build.log",
+            timeout=job.timeouts.build, native=job.native,
         ))  # fmt: skip
     except UsageError:
         raise
@@ -415,8 +404,11 @@ def _run_hybrid(st: _State, ansi_ops: Sequence[int], *, tap: bool, label: str) -
         return run
     finally:
         st.rec.stages += [dataclasses.replace(s, stage=f"{label}:{s.stage}") for s in rec.stages]
-    vr, stages = flash_and_capture(build, st.board, st.res.port, d, variant="optimized", timeouts=st.limits,
-                                   flash_baud=st.flash_baud, progress=st.rec.progress)  # fmt: skip
+    assert st.target is not None
+    vr, stages = flash_and_capture(
+        build, st.target, d, variant="optimized", timeouts=job.timeouts, flash_baud=job.flash_baud,
+        progress=st.rec.progress,
+    )  # fmt: skip
     st.rec.stages += [dataclasses.replace(s, stage=f"{label}:{s.stage}") for s in stages]
     _judge(st, run, vr)
     tail = f": {run.why}" if run.why else ""
@@ -523,7 +515,7 @@ def _dropin(st: _State, project: Path) -> dict[str, Any]:
     for name in (HEADER, SOURCE):
         shutil.copyfile(project / "main" / name, dest / name)
     ctx = hybrid_firmware_context(
-        st.info, st.res.ansi_ops, model_name=st.model_path.name, model_sha256=st.info.sha256
+        st.info, st.res.ansi_ops, model_name=st.spec.model.name, model_sha256=st.info.sha256
     )
     assert ctx is not None
     from harness.firmware.hybrid_context import registration_lines
@@ -599,10 +591,9 @@ def _reuse_baseline_repro(st: _State, ops: list[int]) -> bool:
 
 def _reproduce(st: _State, ops: list[int]) -> dict[str, Capture]:
     """A dump run of both builds for the culprits, then one-op reproducers under ``out/repro``."""
-    req = TapRunRequest(
-        st.model_path, tuple(st.inputs), st.info, st.board, st.res.port, st.out, st.builder, st.cache_dir,
-        st.input_options, st.arena_kb, st.limits, st.flash_baud, st.reference,
-    )  # fmt: skip
+    assert st.target is not None
+    req = TapRunRequest(spec=dataclasses.replace(st.spec, options=st.job.replace(dump_ops=())), info=st.info,
+                        target=st.target, out=st.out)  # fmt: skip
     outcome = dump_run(req, ops, st.rec, contextlib.nullcontext(), subdir="repro-dump")
     st.res.warnings += [f"reproducer: {e}" for e in outcome.errors]
     st.res.repro = outcome.result.repro
@@ -612,10 +603,12 @@ def _reproduce(st: _State, ops: list[int]) -> dict[str, Capture]:
 # ---- report ---------------------------------------------------------------------------------------
 
 
-def _finish(st: _State, html: str | Path | None, bundle: str | Path | None) -> None:
+def _finish(st: _State) -> None:
     from harness.flows.hybrid_report import write_hybrid_outputs
 
     res = st.res
     res.exit_code = ExitCode.MATCH if res.offered else combine_exit_codes(st.codes or [ExitCode.MISMATCH])
     res.errors += list(res.baseline.errors if res.baseline else [])
-    write_hybrid_outputs(res, st.rec.stages, model=st.model_path, inputs=st.inputs, html=html, bundle=bundle)
+    write_hybrid_outputs(
+        res, st.rec.stages, model=st.spec.model, inputs=st.inputs, html=st.job.html, bundle=st.job.bundle
+    )

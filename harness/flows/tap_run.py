@@ -23,36 +23,29 @@ from harness.analysis.tap import (
     ops_to_dump,
 )
 from harness.errors import EspCheckError, ExitCode
-from harness.firmware.boards import Board
 from harness.firmware.generate import FirmwareFeatures
-from harness.firmware.native.project import NativeOptions
 from harness.flows.capture import flash_and_capture
 from harness.flows.firmware import prepare_firmware
-from harness.flows.records import VARIANT_ORDER, Recorder, StageTimeouts, VariantRun
-from harness.model.inputs import InputOptions, input_tensor_bytes
+from harness.flows.job import JobOptions, JobSpec
+from harness.flows.records import VARIANT_ORDER, Recorder, VariantRun
+from harness.flows.targets import Target
+from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo
 from harness.protocol.capture import Capture, parse_capture
 
 
 @dataclass(frozen=True)
 class TapRunRequest:
-    """What the dump run needs to rebuild and re-run the same firmware with dumps switched on."""
+    """What the dump run needs to rebuild and re-run the same job's firmware with dumps switched on."""
 
-    model_path: Path
-    input_paths: tuple[Path, ...]
-    model: ModelInfo
-    board: Board
-    port_url: str
+    spec: JobSpec
+    info: ModelInfo
+    target: Target
     out: Path
-    builder: str | None = None
-    cache_dir: str | Path | None = None
-    input_options: InputOptions | None = None
-    arena_kb: int | None = None
-    limits: StageTimeouts = field(default_factory=StageTimeouts)
-    flash_baud: int | None = None
-    reference: bool = True
-    extra_dump_ops: tuple[int, ...] = ()
-    native: NativeOptions | None = None
+
+    @property
+    def opts(self) -> JobOptions:
+        return self.spec.options
 
 
 @dataclass
@@ -65,11 +58,11 @@ class TapRunOutcome:
 
 def streamed_inputs(req: TapRunRequest) -> list[np.ndarray]:
     """The exact quantized input tensors the firmware was given (the bytes the flow streams to it)."""
-    tin = req.model.inputs[0]
+    tin = req.info.inputs[0]
     dtype = np.dtype(tin.dtype).newbyteorder("<")
     return [
         np.frombuffer(raw, dtype=dtype).reshape(tin.shape)
-        for raw in input_tensor_bytes(req.input_paths, tin, req.input_options)
+        for raw in input_tensor_bytes(req.spec.inputs, tin, req.opts.input_options)
     ]
 
 
@@ -90,13 +83,13 @@ def run_tap_flow(
         return TapRunOutcome(TapResult(problems=["no valid tapped capture to analyze"]))
     outcome = TapRunOutcome(TapResult())
     host_ops = host_tensors = None
-    if req.reference:
+    if req.opts.reference:
         try:
-            host_ops, host_tensors = host_taps(req.model, req.model_path.read_bytes(), streamed_inputs(req))
+            host_ops, host_tensors = host_taps(req.info, req.spec.model.read_bytes(), streamed_inputs(req))
         except EspCheckError as exc:
             outcome.errors.append(f"tap: host per-layer reference unavailable: {exc.message}")
-    outcome.result = res = analyze_captures(req.model, caps, host_ops)
-    dump = sorted(set(ops_to_dump(res)) | set(req.extra_dump_ops))
+    outcome.result = res = analyze_captures(req.info, caps, host_ops)
+    dump = sorted(set(ops_to_dump(res)) | set(req.opts.dump_ops))
     if not dump:
         return outcome
     res.dump_ops = dump
@@ -122,7 +115,7 @@ def reproducers(
     from harness.flows.repro import write_reproducer
 
     return [
-        write_reproducer(req.model_path, req.model, k, dump_caps, req.out / "repro", req.board.name)
+        write_reproducer(req.spec.model, req.info, k, dump_caps, req.out / "repro", req.target.board.name)
         for k in ops
     ]
 
@@ -174,12 +167,13 @@ def _dump_variants(
     outcome: TapRunOutcome,
     dump_dir: Path,
 ) -> dict[str, Capture]:
+    o = req.opts
     fw = prepare_firmware(
-        req.model_path, req.input_paths, req.board, dump_dir, rec=rec, input_options=req.input_options,
-        arena_kb=req.arena_kb, features=FirmwareFeatures(tap=True, dump_ops=tuple(dump), embed_inputs=False),
-        builder=req.builder, cache_dir=req.cache_dir, timeout=req.limits.build, native=req.native,
+        req.spec.model, req.spec.inputs, req.target.board, dump_dir, rec=rec, input_options=o.input_options,
+        arena_kb=o.arena_kb, features=FirmwareFeatures(tap=True, dump_ops=tuple(dump), embed_inputs=False),
+        builder=o.builder, cache_dir=o.cache_dir, timeout=o.timeouts.build, native=o.native,
     )  # fmt: skip
-    streamed = input_tensor_bytes(req.input_paths, req.model.inputs[0], req.input_options)
+    streamed = input_tensor_bytes(req.spec.inputs, req.info.inputs[0], req.opts.input_options)
     for v, exc in fw.failures.items():
         outcome.errors.append(f"tap dump run [{v}]: build: {exc}")
         outcome.codes.append(exc.exit_code)
@@ -189,8 +183,8 @@ def _dump_variants(
             if v not in fw.builds:
                 continue
             vr, stages = flash_and_capture(
-                fw.builds[v], req.board, req.port_url, dump_dir, variant=v, inputs=streamed,
-                timeouts=req.limits, flash_baud=req.flash_baud, progress=rec.progress,
+                fw.builds[v], req.target, dump_dir, variant=v, inputs=streamed, timeouts=o.timeouts,
+                flash_baud=o.flash_baud, progress=rec.progress,
             )  # fmt: skip
             rec.stages.extend(stages)
             if vr.serial_log is None or not vr.capture_valid:

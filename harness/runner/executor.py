@@ -377,7 +377,7 @@ class Runner:
     def _dataset_attempt(self, t: Task, st: BoardState, a: Attempt) -> None:
         """A dataset job: flash-and-compare --dataset on the locked board (it builds through the shared
         cache, flashes only what differs from what the board holds, streams the dataset, judges)."""
-        from harness.flows.flash_and_compare import flash_and_compare
+        from harness.flows.flash_and_compare import JobOptions, flash_and_compare
         from harness.flows.records import StageTimeouts
         from harness.model.inputs import InputOptions
         from harness.runner.plan import dataset_options
@@ -386,17 +386,18 @@ class Runner:
         lk = self._lock_board(st, a)
         if lk is None:
             return
-        tmo = t.job.timeouts
+        limits = t.job.timeouts
+        job = JobOptions(
+            input_options=InputOptions(**t.job.input_options) if t.job.input_options else None,
+            tolerance_lsb=t.job.tolerance_lsb, ref_tolerance_lsb=t.job.ref_tolerance_lsb,
+            reference=t.job.needs_reference, builder=self.opt.builder, cache_dir=self.opt.cache_dir,
+            arena_kb=t.job.arena_kb, lock=False, dataset=dataset_options(t.job, t.case),
+            timeouts=StageTimeouts(limits.build, limits.capture_total, limits.capture_silence),
+            native=self.opt.native,
+        )  # fmt: skip
         try:
-            result = flash_and_compare(
-                t.case.model, [], board=st.bench.board, port=a.port, out_dir=a.dir,
-                input_options=InputOptions(**t.job.input_options) if t.job.input_options else None,
-                tolerance_lsb=t.job.tolerance_lsb, ref_tolerance_lsb=t.job.ref_tolerance_lsb,
-                reference=t.job.needs_reference, builder=self.opt.builder, cache_dir=self.opt.cache_dir,
-                arena_kb=t.job.arena_kb, lock=False, dataset=dataset_options(t.job, t.case),
-                timeouts=StageTimeouts(tmo.build, tmo.capture_total, tmo.capture_silence),
-                native=self.opt.native,
-            )  # fmt: skip
+            board = st.bench.board
+            result = flash_and_compare(t.case.model, board=board, port=a.port, out_dir=a.dir, options=job)
         except EspCheckError as exc:  # raised before flashing: generation, the dataset, the port
             a.exit_code = int(exc.exit_code)
             a.reason = f"dataset job: {exc.message}"
@@ -505,6 +506,7 @@ class Runner:
         """Flash and capture each variant (under the board lock); stop at the first lost link."""
         from harness.flows.capture import flash_and_capture
         from harness.flows.records import StageTimeouts
+        from harness.flows.targets import target_class
 
         assert a.dir is not None
         limits = StageTimeouts(
@@ -518,8 +520,9 @@ class Runner:
             url = a.port
             if self.opt.port_override is not None:
                 url = self.opt.port_override(bench, a.port, v, a.n, t.id) or a.port
+            target = target_class(bench.board, url)(bench.board, url)
             run, stages = flash_and_capture(
-                builds[v], bench.board, url, a.dir, variant=v, inputs=streamed, timeouts=limits
+                builds[v], target, a.dir, variant=v, inputs=streamed, timeouts=limits
             )
             runs[v] = run
             a.variants[v] = _variant_outcome(v, run, stages)

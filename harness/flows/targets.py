@@ -1,0 +1,234 @@
+"""Targets: where a job runs. One class per kind of board, behind one interface, as pytest-embedded's
+``Dut`` subclasses and labgrid's drivers are; the flows ask the target, they never branch on the kind.
+
+- :class:`RealTarget`: an ESP32 on a serial port (a device path, ``auto``, ``rfc2217://``, ``socket://``);
+- :class:`SimTarget`: the simulated board in this process (``sim://``), a fresh one per job unless named;
+- :class:`ServedSimTarget`: a simulated board served by ``esp-check sim serve --rfc2217``, reached like
+  a remote board;
+- :class:`NativeTarget`: the firmware compiled for this PC against the real kernel sources (``native://``).
+
+Each owns its port choice (and what ports it refuses, before anything is built), its lock policy, what
+must be done before a session opens, and what its results mean in a report (``meaning``). Whether the
+device on the port is a simulator is still decided by what it prints (BEGIN ``sim=1``): ``expects_sim``
+is what the judge holds it to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+from urllib.parse import urlsplit, urlunsplit
+
+from harness.device.locks import board_lock
+from harness.device.ports import RAW_TCP_SIMULATOR, RAW_TCP_SIMULATOR_HINT, check_present, resolve_port
+from harness.errors import EspCheckError, UsageError
+from harness.firmware.boards import Board
+from harness.firmware.native.project import NATIVE_MEANING
+from harness.flows.records import Recorder, VariantRun
+
+LockFactory = Callable[[], contextlib.AbstractContextManager[Any] | None]
+
+
+class Target:
+    """A board kind. ``port_url`` is the port this job uses; ``private`` when the board was made for
+    this job alone (nobody else can reach it: no lock)."""
+
+    kind: ClassVar[str] = ""
+    meaning: ClassVar[str] = ""  # what its results are, in reports: "" (a real chip), SIMULATED, NATIVE
+    expects_sim: ClassVar[bool] = False  # what the device's BEGIN record must say (sim=1 or not)
+    schemes: ClassVar[tuple[str, ...]] = ()  # the port URL schemes it takes ("" for a device path)
+
+    def __init__(self, board: Board, port_url: str, *, private: bool = False) -> None:
+        self.board, self.port_url, self.private = board, port_url, private
+
+    @classmethod
+    def claims(cls, board: Board, port: str | None) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def make(cls, board: Board, port: str | None) -> Target:
+        """The target on ``port`` (None: the board kind's default); UsageError for a port it cannot use."""
+        raise NotImplementedError
+
+    @classmethod
+    def check_spec(cls, board: Board, scheme: str) -> str | None:
+        """Why a bench inventory's port of ``scheme`` ("" for a device path) cannot reach this board
+        kind, or None when it can."""
+        if scheme in cls.schemes:
+            return None
+        return f"a {cls.kind} board type runs on {' or '.join(s + '://' for s in cls.schemes)} ports only"
+
+    @property
+    def simulated(self) -> bool:
+        return self.expects_sim
+
+    def check(self, rec: Recorder) -> None:
+        """Before anything is built: the port exists (a real port that is missing fails in seconds, not
+        after two builds that take minutes on a fresh machine)."""
+        ps = rec.run("port", None, lambda: resolve_port(self.port_url, self.board))
+        rec.run("port-present", None, lambda: check_present(ps))
+
+    def prepare(self) -> None:
+        """Before a session opens on the port (a pyserial URL handler to register, ...)."""
+
+    def lock(self, *, lock_dir: Any, timeout: float, owner: str, on_wait: Callable[[str], None]) -> Any:
+        """The board's cross-process lock (the one ``esp-check run`` takes), or None for a private board."""
+        if self.private:
+            return None
+        try:
+            ps = resolve_port(self.port_url, self.board)
+        except EspCheckError:
+            return contextlib.nullcontext()  # the port stage reports it
+        return board_lock(ps, lock_dir=lock_dir, timeout=timeout, owner=owner, on_wait=on_wait)
+
+    def facts(self, variants: Mapping[str, VariantRun]) -> dict[str, Any] | None:
+        """What report.json says about the target beyond its name (None: nothing)."""
+        return None
+
+
+class RealTarget(Target):
+    kind = "real"
+    schemes = ("", "rfc2217", "socket")
+
+    @classmethod
+    def claims(cls, board: Board, port: str | None) -> bool:
+        return not board.simulated and not board.is_native
+
+    @classmethod
+    def make(cls, board: Board, port: str | None) -> Target:
+        if port is not None and _scheme(port) in ("sim", "native"):  # else minutes of builds, then a failure
+            raise UsageError(
+                f"board {board.name} is a real board, but --port {port} is a {_scheme(port)} board's",
+                hint="give the board's serial port (or --port auto), or --board sim for the simulator",
+            )
+        return cls(board, port or "auto")
+
+
+class SimTarget(Target):
+    kind = "simulated"
+    meaning = "SIMULATED"
+    expects_sim = True
+    schemes = ("sim", "rfc2217")
+
+    @classmethod
+    def claims(cls, board: Board, port: str | None) -> bool:
+        return board.simulated and _scheme(port or "sim://") != "rfc2217"
+
+    @classmethod
+    def make(cls, board: Board, port: str | None) -> Target:
+        if port is not None and _scheme(port) != "sim":
+            if _scheme(port) == "socket":
+                raise UsageError(
+                    f"board {board.name} is simulated and {port} is a raw TCP port: {RAW_TCP_SIMULATOR}",
+                    hint=RAW_TCP_SIMULATOR_HINT,
+                )
+            raise UsageError(
+                f"board {board.name} is a simulated board, but --port {port} is not a simulator's port",
+                hint="omit --port (a fresh simulated board is made), give a sim://NAME?... URL or the "
+                "rfc2217:// URL of `esp-check sim serve --rfc2217`, or name the real board with --board "
+                "(esp-check boards lists them)",
+            )
+        # A fresh simulated board per job (parallel jobs never share one), configured like the board
+        # file's default port (flash size, ...) unless the user gave a sim:// URL.
+        template = port
+        default = board.default_port or ""
+        if template is None and _scheme(default) == "sim":
+            template = "sim://?" + default.partition("?")[2]
+        return cls(
+            board, sim_port_for(board.chip, board.reset, template, board.flash_size), private=port is None
+        )
+
+    def check(self, rec: Recorder) -> None:
+        """An in-process board is always there."""
+
+    def prepare(self) -> None:
+        from harness.sim import register  # the pyserial URL handler for the simulated board
+
+        register()
+
+
+class ServedSimTarget(Target):
+    """A simulator served by `esp-check sim serve` (or esp_rfc2217_server in front of a sim:// port):
+    reached like a remote board; its BEGIN record must still say sim=1."""
+
+    kind = "served"
+    meaning = "SIMULATED"
+    expects_sim = True
+    schemes = ("rfc2217",)
+
+    @classmethod
+    def claims(cls, board: Board, port: str | None) -> bool:
+        return board.simulated and port is not None and _scheme(port) == "rfc2217"
+
+    @classmethod
+    def make(cls, board: Board, port: str | None) -> Target:
+        assert port is not None
+        return cls(board, port)
+
+    @classmethod
+    def check_spec(cls, board: Board, scheme: str) -> str | None:
+        return SimTarget.check_spec(board, scheme)
+
+
+class NativeTarget(Target):
+    kind = "native"
+    meaning = "NATIVE"
+    schemes = ("native",)
+
+    @classmethod
+    def claims(cls, board: Board, port: str | None) -> bool:
+        return board.is_native
+
+    @classmethod
+    def make(cls, board: Board, port: str | None) -> Target:
+        if port is not None and _scheme(port) != "native":
+            raise UsageError(
+                f"board {board.name} is a native board (the firmware runs as a program on this PC), "
+                f"but --port {port} is not a native:// port",
+                hint="omit --port (a fresh native board is made), or give native://NAME",
+            )
+        size = f"?flash={board.flash_size}" if board.flash_size else ""  # the board's flash
+        return cls(board, port or f"native://esp-check-{uuid.uuid4().hex[:10]}{size}", private=port is None)
+
+    def facts(self, variants: Mapping[str, VariantRun]) -> dict[str, Any] | None:
+        """What a native board's results mean, and what each variant's program said it was (INFO)."""
+        keys = ("native", "native_bits", "native_sanitize", "idf", "tflm", "tflm_from", "espnn", "espnn_from")
+        reported = {v: {k: r.source.info.get(k) for k in keys} for v, r in variants.items() if r.source}
+        return {"meaning": NATIVE_MEANING, "bits": self.board.native_bits, "reported": reported}
+
+
+TARGETS: tuple[type[Target], ...] = (NativeTarget, ServedSimTarget, SimTarget, RealTarget)
+
+
+def target_class(board: Board, port: str | None = None) -> type[Target]:
+    """The kind of target ``board`` is on ``port``."""
+    return next(t for t in TARGETS if t.claims(board, port))
+
+
+def open_target(board: Board, port: str | None) -> Target:
+    """The target for ``board`` on ``port`` (None: its default); UsageError for a port it cannot use."""
+    return target_class(board, port).make(board, port)
+
+
+def _scheme(url: str) -> str:
+    return url.split("://", 1)[0].strip().lower() if "://" in url else ""
+
+
+def sim_port_for(board_chip: str, reset: str, port: str | None, flash_size: str | None = None) -> str:
+    """A ``sim://`` URL with a fresh board name unless the user named one (one run, one board).
+
+    Chip, reset circuit and flash size default to the board definition's, so the simulated chip is the
+    one the firmware was built for (an image built for 8 MB refuses to start on 4 MB, as on hardware).
+    """
+    parts = urlsplit(port or "sim://")
+    name = parts.netloc or parts.path.lstrip("/") or f"esp-check-{uuid.uuid4().hex[:10]}"
+    keys = {kv.split("=", 1)[0] for kv in parts.query.split("&") if kv}
+    extra = [] if "chip" in keys else [f"chip={board_chip}"]
+    if "reset" not in keys:
+        extra.append(f"reset={'usb_jtag' if reset == 'usb_serial_jtag' else 'classic'}")
+    if "flash_size" not in keys and flash_size:
+        extra.append(f"flash_size={flash_size}")
+    query = "&".join([q for q in [parts.query, *extra] if q])
+    return urlunsplit(("sim", name, "", query, ""))

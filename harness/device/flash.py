@@ -301,16 +301,11 @@ def _resolve_before(before: str, ps: PortSpec, reset_style: str) -> tuple[str, b
         return "no-reset", True
     if before != "auto":
         return before, False
-    if ps.transport == Transport.DEVICE:
-        if reset_style == "usb_serial_jtag" or (ps.usb is not None and ps.usb.is_usb_serial_jtag):
-            return "usb-reset", False
-        return "default-reset", False
-    if ps.transport == Transport.RFC2217:
-        return "default-reset", False  # the server turns our DTR/RTS changes into its own resets
-    if ps.transport == Transport.SIM:
-        # esptool's POSIX sequence needs an ioctl on a tty; the simulator takes plain DTR/RTS writes
-        return "no-reset", True
-    return "no-reset", False  # socket://, pty, loop://: nothing can reset the board
+    if ps.transport == Transport.DEVICE and (
+        reset_style == "usb_serial_jtag" or (ps.usb is not None and ps.usb.is_usb_serial_jtag)
+    ):
+        return "usb-reset", False
+    return ps.caps.esptool_before, ps.caps.harness_reset  # socket://, pty, loop://: nothing can reset
 
 
 def _try(fn: Callable[[], Any]) -> Any:

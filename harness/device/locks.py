@@ -73,21 +73,17 @@ def lock_key(port: Any) -> str:
     - ``sim://NAME``: ``sim-NAME``; ``native://NAME``: ``native-NAME``;
     - anything else: the real path of the device.
     """
-    from harness.device.ports import PortSpec, Transport, resolve_port
+    from harness.device.ports import PortSpec, resolve_port
 
     ps = port if isinstance(port, PortSpec) else resolve_port(str(port))
     if ps.usb is not None and ps.usb.serial_number:
         return "usb-sn-" + _safe(ps.usb.serial_number)
-    if ps.transport in (Transport.RFC2217, Transport.SOCKET):
-        parts = urlsplit(ps.url)
+    parts = urlsplit(ps.url)
+    if ps.caps.lock_by == "net":
         return f"net-{_safe(_net_host(parts.hostname or ''))}-{parts.port or 0}"
-    if ps.transport == Transport.SIM:
-        parts = urlsplit(ps.url)
-        return "sim-" + _safe(parts.netloc or parts.path.lstrip("/"))
-    if ps.transport == Transport.NATIVE:
-        parts = urlsplit(ps.url)
-        return "native-" + _safe(parts.netloc or parts.path.lstrip("/"))
-    if ps.transport in (Transport.DEVICE, Transport.PTY):
+    if ps.caps.lock_by == "name":
+        return f"{ps.transport}-" + _safe(parts.netloc or parts.path.lstrip("/"))
+    if ps.caps.lock_by == "path":
         return "dev-" + _safe(os.path.realpath(ps.url))
     return "url-" + _safe(ps.url)
 

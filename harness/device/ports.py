@@ -37,7 +37,7 @@ import serial
 from esp_pylib.serial_ports import get_port_list
 
 from harness.device.protocol_native import register as register_native
-from harness.errors import PortError, UsageError
+from harness.errors import PortError
 
 __all__ = [
     "BY_ID_DIR",
@@ -108,6 +108,10 @@ class TransportCaps:
     single_client: bool  # the far end serves one client at a time
     disconnect_is_eof: bool  # a dropped link means "no more data", not an error to retry
     notes: str
+    esptool_before: str = "no-reset"  # esptool's connect mode on it (a USB-Serial-JTAG device: usb-reset)
+    harness_reset: bool = False  # esp-check toggles DTR/RTS into the bootloader itself first
+    lock_by: str = "url"  # the board lock's key: "path" (real path), "net" (host:port), "name" (URL name)
+    installs_program: bool = False  # "flashing" installs a host program (a native board), not esptool
 
 
 _CAPS: dict[str, TransportCaps] = {
@@ -122,6 +126,8 @@ _CAPS: dict[str, TransportCaps] = {
         disconnect_is_eof=False,
         notes="local serial device; USB-Serial-JTAG ports re-enumerate on reset (reopened by "
         "serial number or /dev/serial/by-id)",
+        esptool_before="default-reset",
+        lock_by="path",
     ),
     Transport.PTY: TransportCaps(
         modem_lines=False,
@@ -133,6 +139,7 @@ _CAPS: dict[str, TransportCaps] = {
         single_client=False,
         disconnect_is_eof=True,
         notes="pseudo-terminal: DTR/RTS ioctls fail, reset the board by hand",
+        lock_by="path",
     ),
     Transport.RFC2217: TransportCaps(
         modem_lines=True,
@@ -145,6 +152,8 @@ _CAPS: dict[str, TransportCaps] = {
         disconnect_is_eof=False,
         notes="esptool's esp_rfc2217_server performs its own bootloader/hard resets on DTR/RTS "
         "changes, has no USB-Serial-JTAG reset and serves one client at a time",
+        esptool_before="default-reset",  # the server turns our DTR/RTS changes into its own resets
+        lock_by="net",
     ),
     Transport.SOCKET: TransportCaps(
         modem_lines=False,
@@ -156,6 +165,7 @@ _CAPS: dict[str, TransportCaps] = {
         single_client=False,
         disconnect_is_eof=True,
         notes="raw TCP: no reset at all (esptool forces no-reset); a peer close ends the stream",
+        lock_by="net",
     ),
     Transport.SIM: TransportCaps(
         modem_lines=True,
@@ -167,6 +177,8 @@ _CAPS: dict[str, TransportCaps] = {
         single_client=False,
         disconnect_is_eof=False,
         notes="in-process simulated board (harness.sim); results are simulated",
+        harness_reset=True,  # esptool's POSIX sequence needs a tty ioctl; the simulator takes plain writes
+        lock_by="name",
     ),
     Transport.NATIVE: TransportCaps(
         modem_lines=True,
@@ -179,6 +191,8 @@ _CAPS: dict[str, TransportCaps] = {
         disconnect_is_eof=True,
         notes="native board: the firmware built for this PC, run as a program (reset restarts it; "
         "its end is the end of the stream); results are NATIVE, no chip is involved",
+        lock_by="name",
+        installs_program=True,
     ),
     Transport.LOOP: TransportCaps(
         modem_lines=False,
@@ -541,7 +555,7 @@ def open_port(
     ps = spec if isinstance(spec, PortSpec) else resolve_port(spec)
     url = ps.url
     make = opener or serial.serial_for_url
-    if ps.transport == Transport.NATIVE:
+    if ps.caps.installs_program:
         register_native()  # pyserial finds harness.device.protocol_native for native://
     if timeout is None:
         # pyserial's RFC 2217 client renegotiates the link on every timeout change and esptool
@@ -549,7 +563,7 @@ def open_port(
         timeout = 3.0 if ps.transport == Transport.RFC2217 else 0.05
     try:
         kwargs: dict[str, Any] = {"baudrate": baud, "timeout": timeout, "do_not_open": True}
-        if exclusive and ps.transport in (Transport.DEVICE, Transport.PTY, Transport.SIM):
+        if exclusive and ps.caps.exclusive_lock:
             kwargs["exclusive"] = True
         port = make(url, **kwargs)
         if ps.caps.modem_lines and ps.transport != Transport.RFC2217:
@@ -609,16 +623,6 @@ RAW_TCP_SIMULATOR_HINT = (
     "serve the board with `esp-check sim serve --rfc2217` (or esp_rfc2217_server in front of its sim:// "
     "port) and give that rfc2217://HOST:PORT URL"
 )
-
-
-def refuse_raw_tcp_simulator(url: str, board_name: str) -> None:
-    """Refuse a ``socket://`` port for a simulated board type at once (UsageError), not after minutes of
-    flash retries and a silent capture: the limit is known before anything is touched."""
-    if url.strip().lower().startswith("socket://"):
-        raise UsageError(
-            f"board {board_name} is simulated and {url} is a raw TCP port: {RAW_TCP_SIMULATOR}",
-            hint=RAW_TCP_SIMULATOR_HINT,
-        )
 
 
 def caps_for(transport: str) -> TransportCaps:

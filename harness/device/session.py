@@ -28,7 +28,6 @@ from harness.device.native import install_program
 from harness.device.ports import (
     BoardLike,
     PortSpec,
-    Transport,
     open_port,
     reopen_after_reenumeration,
     resolve_port,
@@ -98,7 +97,7 @@ class DeviceSession:
         after switching the port to the console baud, so the first line is not lost."""
         self.open()
         assert self.serial is not None
-        if self.spec.transport == Transport.NATIVE:  # a native board: install the program, no esptool
+        if self.spec.caps.installs_program:  # a native board: install the program, no esptool
             return install_program(self.serial, artifacts, log_path=log_path)
         result = flash_artifacts(
             self.serial,

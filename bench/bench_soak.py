@@ -79,7 +79,7 @@ class FaultInjector:
         self.lock = threading.Lock()
         self.injected = 0
 
-    def __call__(self, board, url: str, variant: str, attempt: int, task: str) -> str | None:
+    def __call__(self, board, url: str, attempt: int, task: str) -> str | None:
         i = int(task.split("/")[0][3:])
         extra = []
         want = expected_verdict(i)
@@ -87,18 +87,17 @@ class FaultInjector:
             extra.append("fault=corrupt&variant_fault=optimized")
         elif want == "firmware_fault":
             extra.append("fault=panic&variant_fault=optimized")
-        if variant == "optimized":  # one draw per attempt
-            with self.lock:
-                hit = self.rng.random() < self.rate
-                kind = self.rng.choice(TRANSIENT)
-                seed = self.rng.randrange(1 << 30)
-            if hit:
-                self.injected += 1
-                if extra:  # keep the finding, add the transient fault on top (same fault= list)
-                    name = "corrupt" if want == "mismatch" else "panic"
-                    extra = [f"fault={name},{kind}&variant_fault=optimized&noise=0.002&seed={seed}"]
-                else:
-                    extra.append(f"fault={kind}&noise=0.002&seed={seed}")
+        with self.lock:  # one draw per attempt
+            hit = self.rng.random() < self.rate
+            kind = self.rng.choice(TRANSIENT)
+            seed = self.rng.randrange(1 << 30)
+        if hit:
+            self.injected += 1
+            if extra:  # keep the finding, add the transient fault on top (same fault= list)
+                name = "corrupt" if want == "mismatch" else "panic"
+                extra = [f"fault={name},{kind}&variant_fault=optimized&noise=0.002&seed={seed}"]
+            else:
+                extra.append(f"fault={kind}&noise=0.002&seed={seed}")
         return url + "&" + "&".join(extra) if extra else None
 
 

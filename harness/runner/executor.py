@@ -75,10 +75,10 @@ from harness.runner.results import (
 
 VARIANTS = ("optimized", "ansi")
 
-# (board, url, variant, attempt number, task id) -> URL to open instead, or None. A seam for random
+# (board, url, attempt number, task id) -> URL to open instead, or None. A seam for random
 # per-attempt fault injection on simulated benches (bench/bench_soak.py); tests use the simulator's
 # own ``fault_boots`` instead. The board itself is the only thing faked.
-PortOverride = Callable[[BenchBoard, str, str, int, str], "str | None"]
+PortOverride = Callable[[BenchBoard, str, int, str], "str | None"]
 
 
 @dataclass
@@ -355,58 +355,57 @@ class Runner:
     # ---- one attempt ------------------------------------------------------------------------------
 
     def _attempt(self, t: Task, st: BoardState, a: Attempt) -> None:
-        """Firmware (host), then the board (resolve, lock, flash + capture), then compare (host)."""
+        """The firmware built once per key (host side, before the board is locked), then the job on the
+        locked board through the one pipeline (:func:`harness.flows.flash_and_compare.run_job`: its
+        judge checks every capture); this module turns its result into the attempt's verdict."""
+        from harness.flows.flash_and_compare import run_job
+
         assert a.dir is not None
         a.dir.mkdir(parents=True, exist_ok=True)
         self.say(f"[start] {t.id} attempt {a.n} on {st.bench.name}")
-        if t.job.data is not None:
-            self._dataset_attempt(t, st, a)
-            return
-        builds = self._firmware_for(t, st.bench, a)
-        if builds is None:
+        if t.job.data is None and self._firmware_for(t, st.bench, a) is None:
             return
         lk = self._lock_board(st, a)
         if lk is None:
             return
         try:
-            runs = self._capture_variants(t, st.bench, a, builds)
-        finally:
-            self._release(t, st.bench, a, lk)
-        self._judge(t, a, runs)
-
-    def _dataset_attempt(self, t: Task, st: BoardState, a: Attempt) -> None:
-        """A dataset job: flash-and-compare --dataset on the locked board (it builds through the shared
-        cache, flashes only what differs from what the board holds, streams the dataset, judges)."""
-        from harness.flows.flash_and_compare import JobOptions, flash_and_compare
-        from harness.flows.records import StageTimeouts
-        from harness.model.inputs import InputOptions
-        from harness.runner.plan import dataset_options
-
-        assert a.dir is not None
-        lk = self._lock_board(st, a)
-        if lk is None:
-            return
-        limits = t.job.timeouts
-        job = JobOptions(
-            input_options=InputOptions(**t.job.input_options) if t.job.input_options else None,
-            tolerance_lsb=t.job.tolerance_lsb, ref_tolerance_lsb=t.job.ref_tolerance_lsb,
-            reference=t.job.needs_reference, builder=self.opt.builder, cache_dir=self.opt.cache_dir,
-            arena_kb=t.job.arena_kb, lock=False, dataset=dataset_options(t.job, t.case),
-            timeouts=StageTimeouts(limits.build, limits.capture_total, limits.capture_silence),
-            native=self.opt.native,
-        )  # fmt: skip
-        try:
-            board = st.bench.board
-            result = flash_and_compare(t.case.model, board=board, port=a.port, out_dir=a.dir, options=job)
+            result = run_job(self._job_spec(t, st.bench, a))
         except EspCheckError as exc:  # raised before flashing: generation, the dataset, the port
             a.exit_code = int(exc.exit_code)
-            a.reason = f"dataset job: {exc.message}"
+            a.reason = f"{'dataset ' if t.job.data is not None else ''}job: {exc.message}"
             a.host_side = exc.exit_code != ExitCode.INFRASTRUCTURE
             a.board_fault = exc.exit_code == ExitCode.INFRASTRUCTURE
             return
         finally:
             self._release(t, st.bench, a, lk)
-        _judge_dataset(t, a, result)
+        if t.job.data is not None:
+            _judge_dataset(t, a, result)
+        else:
+            _judge_inputs(t, a, result)
+
+    def _job_spec(self, t: Task, bench: BenchBoard, a: Attempt) -> Any:
+        """The task as a job of the pipeline: its board and port, no lock (the runner holds it)."""
+        from harness.flows.job import JobOptions, JobSpec
+        from harness.flows.records import StageTimeouts
+        from harness.model.inputs import InputOptions
+        from harness.runner.plan import dataset_options
+
+        limits = t.job.timeouts
+        options = JobOptions(
+            input_options=InputOptions(**t.job.input_options) if t.job.input_options else None,
+            tolerance_lsb=t.job.tolerance_lsb, ref_tolerance_lsb=t.job.ref_tolerance_lsb,
+            reference=t.job.needs_reference, builder=self.opt.builder, cache_dir=self.opt.cache_dir,
+            arena_kb=t.job.arena_kb, lock=False,
+            dataset=dataset_options(t.job, t.case) if t.job.data is not None else None,
+            timeouts=StageTimeouts(limits.build, limits.capture_total, limits.capture_silence),
+            native=self.opt.native,
+        )  # fmt: skip
+        assert a.dir is not None
+        inputs = () if t.job.data is not None else tuple(Path(p) for p in t.case.inputs)
+        port = a.port
+        if self.opt.port_override is not None:
+            port = self.opt.port_override(bench, a.port, a.n, t.id) or a.port
+        return JobSpec(Path(t.case.model), inputs, bench.board, port, a.dir, options)
 
     def _firmware_for(self, t: Task, bench: BenchBoard, a: Attempt) -> dict[str, Any] | None:
         """Both builds, or None with the attempt marked as a host-side failure (not retried)."""
@@ -500,36 +499,6 @@ class Runner:
         a.started = time.time()
         return lease
 
-    def _capture_variants(
-        self, t: Task, bench: BenchBoard, a: Attempt, builds: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Flash and capture each variant (under the board lock); stop at the first lost link."""
-        from harness.flows.capture import flash_and_capture
-        from harness.flows.records import StageTimeouts
-        from harness.flows.targets import target_class
-
-        assert a.dir is not None
-        limits = StageTimeouts(
-            build=t.job.timeouts.build,
-            capture_total=t.job.timeouts.capture_total,
-            capture_silence=t.job.timeouts.capture_silence,
-        )
-        runs: dict[str, Any] = {}
-        streamed = self._streamed_inputs(t)
-        for v in VARIANTS:
-            url = a.port
-            if self.opt.port_override is not None:
-                url = self.opt.port_override(bench, a.port, v, a.n, t.id) or a.port
-            target = target_class(bench.board, url)(bench.board, url)
-            run, stages = flash_and_capture(
-                builds[v], target, a.dir, variant=v, inputs=streamed, timeouts=limits
-            )
-            runs[v] = run
-            a.variants[v] = _variant_outcome(v, run, stages)
-            if run.exit_code == ExitCode.INFRASTRUCTURE:
-                break  # the link is bad: do not spend the other variant on it
-        return runs
-
     def _release(self, t: Task, bench: BenchBoard, a: Attempt, lk: BoardLock | PlaceLease) -> None:
         a.ended = time.time()
         lk.release()
@@ -545,14 +514,6 @@ class Runner:
                     "end": a.ended,
                 }
             )
-
-    def _streamed_inputs(self, t: Task) -> list[bytes]:
-        """The task's inputs as the device's input tensor takes them (streamed to the resident firmware)."""
-        from harness.model.inputs import InputOptions, input_tensor_bytes
-        from harness.model.loader import load_model
-
-        opts = InputOptions(**t.job.input_options) if t.job.input_options else None
-        return input_tensor_bytes(list(t.case.inputs), load_model(t.case.model).inputs[0], opts)
 
     def _firmware(self, t: Task, board: Any) -> dict[str, Any]:
         """Generate + build both variants once per (model, board type, console, options): the inputs are
@@ -610,70 +571,6 @@ class Runner:
                 f"({first.message.splitlines()[0]})",
                 hint=first.hint,
             )
-
-    def _reference(self, t: Task) -> Any:
-        """The host reference of the task's model and inputs, prepared with the job's input options
-        (as the firmware's inputs were: otherwise their hashes differ and nothing is compared)."""
-        options = tuple(sorted(t.job.input_options.items()))
-
-        def make() -> Any:
-            from harness.analysis.compare import reference_source
-            from harness.model.inputs import InputOptions
-
-            with self.ref_lock:
-                return reference_source(
-                    t.case.model, list(t.case.inputs), input_options=InputOptions(**t.job.input_options)
-                )
-
-        return self.refs.get((str(t.case.model), tuple(map(str, t.case.inputs)), options), make)
-
-    def _judge(self, t: Task, a: Attempt, runs: dict[str, Any]) -> None:
-        """Compare on the host and set the attempt's exit code, reason and testcases."""
-        from harness.analysis.compare import compare_variants, output_quant
-        from harness.model.loader import load_model
-
-        codes, reasons = _variant_problems(a, runs)
-        a.board_fault = bool(codes) and combine_exit_codes(codes) == ExitCode.INFRASTRUCTURE
-        ref = None
-        ref_problem = None
-        if t.job.needs_reference:
-            try:
-                ref = self._reference(t)
-            except EspCheckError as exc:
-                ref_problem = f"host reference: {exc.message}"
-                codes.append(exc.exit_code)
-                reasons.append(ref_problem)
-        quant = output_quant(load_model(t.case.model).outputs)
-        src = {v: runs[v].source for v in VARIANTS if v in runs}
-        result = None
-        try:
-            result = compare_variants(
-                src.get("optimized"), src.get("ansi"), ref, tolerance_lsb=t.job.tolerance_lsb,
-                ref_tolerance_lsb=t.job.ref_tolerance_lsb, output_quant=quant,
-            )  # fmt: skip
-        except EspCheckError as exc:
-            codes.append(exc.exit_code)
-            reasons.append(f"compare: {exc.message}")
-        a.comparison = result
-        pairs = set(t.job.pairs)
-        mism = []
-        if result is not None:
-            for c in result.comparisons:
-                if (c.a, c.b) in pairs and not c.match:
-                    mism.append(
-                        f"{c.a} vs {c.b} input {c.run} output {c.output}: {c.mismatched}/{c.count} "
-                        f"differ (max {c.max_diff_lsb} LSB)"
-                    )
-            for f in result.faults:
-                codes.append(f.exit_code)
-                reasons.append(f"{f.source}: ERROR stage={f.stage} code={f.code} {f.msg}")
-        if mism:
-            codes.append(ExitCode.MISMATCH)
-            reasons = mism[:3] + reasons
-        code = combine_exit_codes(codes or [ExitCode.MATCH])
-        a.exit_code = int(code)
-        a.reason = "; ".join(dict.fromkeys(reasons)) or ("all compared outputs match" if code == 0 else "")
-        a.testcases = _testcases(t, a, runs, result, ref_problem)
 
     def _write_attempt(self, t: Task, a: Attempt) -> None:
         if a.dir is None:
@@ -796,11 +693,46 @@ def _variant_outcome(v: str, run: Any, stages: list[StageRecord]) -> VariantOutc
     )
 
 
-def _judge_dataset(t: Task, a: Attempt, result: Any) -> None:
-    """A dataset attempt's verdict is flash-and-compare's; its figures go into the run summary."""
-    code = ExitCode(result.exit_code)
+def _judge_inputs(t: Task, a: Attempt, result: Any) -> None:
+    """An attempt with inputs: the pipeline judged each capture; the plan's pairs pick the comparisons
+    that decide the task, and each input x pair is a testcase."""
+    runs = result.variants
+    _attempt_facts(t, a, result)
+    codes, reasons = _variant_problems(a, runs)
+    a.board_fault = bool(codes) and combine_exit_codes(codes) == ExitCode.INFRASTRUCTURE
+    comp = result.comparison
+    ref_problem = None
+    if t.job.needs_reference and not (comp is not None and any(s.kind == "reference" for s in comp.sources)):
+        why = next((w for w in result.warnings if "host reference" in w), "the host reference did not run")
+        ref_problem = f"host reference: {why}"
+        codes.append(ExitCode.INFRASTRUCTURE)
+        reasons.append(ref_problem)
+    if result.reference_refused:
+        codes.append(ExitCode(result.reference_refused["exit_code"]))
+        reasons.append(result.reference_refused["summary"])
+    pairs = set(t.job.pairs)
+    mismatched = []
+    for c in comp.comparisons if comp is not None else []:
+        if (c.a, c.b) in pairs and not c.match:
+            mismatched.append(
+                f"{c.a} vs {c.b} input {c.run} output {c.output}: {c.mismatched}/{c.count} "
+                f"differ (max {c.max_diff_lsb} LSB)"
+            )
+    for f in comp.faults if comp is not None else []:
+        codes.append(f.exit_code)
+        reasons.append(f"{f.source}: ERROR stage={f.stage} code={f.code} {f.msg}")
+    if mismatched:
+        codes.append(ExitCode.MISMATCH)
+        reasons = mismatched[:3] + reasons
+    code = combine_exit_codes(codes or [ExitCode.MATCH])
     a.exit_code = int(code)
-    a.board_fault = code == ExitCode.INFRASTRUCTURE
+    a.reason = "; ".join(dict.fromkeys(reasons)) or ("all compared outputs match" if code == 0 else "")
+    a.comparison = comp
+    a.testcases = _testcases(t, a, runs, comp, ref_problem)
+
+
+def _attempt_facts(t: Task, a: Attempt, result: Any) -> None:
+    """What every attempt records from the pipeline's result: each variant's outcome, the builds."""
     a.variants = {
         v: _variant_outcome(v, r, [s for s in result.stages if s.variant == v])
         for v, r in result.variants.items()
@@ -814,6 +746,14 @@ def _judge_dataset(t: Task, a: Attempt, result: Any) -> None:
         for v, r in result.variants.items()
         if r.firmware_sha256
     }
+
+
+def _judge_dataset(t: Task, a: Attempt, result: Any) -> None:
+    """A dataset attempt's verdict is flash-and-compare's; its figures go into the run summary."""
+    code = ExitCode(result.exit_code)
+    a.exit_code = int(code)
+    a.board_fault = code == ExitCode.INFRASTRUCTURE
+    _attempt_facts(t, a, result)
     doc = result.dataset or {}
     an = doc.get("analysis") or {}
     a.dataset = {

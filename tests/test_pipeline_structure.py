@@ -35,7 +35,9 @@ MAX_KIND_BRANCHES = 10
 
 
 def _modules() -> list[tuple[str, ast.Module]]:
-    return [(str(p.relative_to(HARNESS)), ast.parse(p.read_text(encoding="utf-8"))) for p in HARNESS.rglob("*.py")]
+    return [
+        (str(p.relative_to(HARNESS)), ast.parse(p.read_text(encoding="utf-8"))) for p in HARNESS.rglob("*.py")
+    ]
 
 
 def test_the_main_entry_points_take_at_most_8_parameters() -> None:
@@ -48,7 +50,16 @@ def test_the_main_entry_points_take_at_most_8_parameters() -> None:
 def test_every_flash_and_compare_option_is_a_job_option() -> None:
     """A JobOptions field for each knob the CLI has (so the API reaches all of them), with its default."""
     fields = set(JobOptions.__dataclass_fields__)
-    for knob in ("tolerance_lsb", "reference", "tap", "dump_ops", "dataset", "native", "junit", "lock_timeout"):
+    for knob in (
+        "tolerance_lsb",
+        "reference",
+        "tap",
+        "dump_ops",
+        "dataset",
+        "native",
+        "junit",
+        "lock_timeout",
+    ):
         assert knob in fields
     spec = JobSpec.of("m.tflite", ["a.npy"], board="sim", out_dir="o")
     assert spec.options == JobOptions() and spec.inputs == (Path("a.npy"),)

@@ -24,10 +24,11 @@ from harness.analysis.tap import (
 )
 from harness.errors import EspCheckError, ExitCode
 from harness.firmware.generate import FirmwareFeatures
-from harness.flows.capture import flash_and_capture
+from harness.flows.capture import stream_inputs, with_board
 from harness.flows.firmware import prepare_firmware
 from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import VARIANT_ORDER, Recorder, VariantRun
+from harness.flows.resident import ResidentBoard
 from harness.flows.targets import Target
 from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo
@@ -177,21 +178,24 @@ def _dump_variants(
     for v, exc in fw.failures.items():
         outcome.errors.append(f"tap dump run [{v}]: build: {exc}")
         outcome.codes.append(exc.exit_code)
+    runs = {v: VariantRun(v, project_dir=b.project_dir) for v, b in fw.builds.items()}
+
+    def body(rb: ResidentBoard, order: list[str]) -> None:
+        for v in order:
+            runs[v].exit_code = stream_inputs(rb, runs[v], streamed)
+
+    with lock_cm:  # both variants over one session, as the job itself ran them
+        with_board(
+            rec, runs, fw.builds, target=req.target, out=dump_dir, limits=o.timeouts, flash_baud=o.flash_baud,
+            body=body,
+        )  # fmt: skip
     dump_caps: dict[str, Capture] = {}
-    with lock_cm:
-        for v in VARIANT_ORDER:
-            if v not in fw.builds:
-                continue
-            vr, stages = flash_and_capture(
-                fw.builds[v], req.target, dump_dir, variant=v, inputs=streamed, timeouts=o.timeouts,
-                flash_baud=o.flash_baud, progress=rec.progress,
-            )  # fmt: skip
-            rec.stages.extend(stages)
-            if vr.serial_log is None or not vr.capture_valid:
-                outcome.errors.append(f"tap dump run [{v}]: capture failed ({vr.exit_code})")
-                outcome.codes.append(ExitCode(vr.exit_code or ExitCode.INFRASTRUCTURE))
-                continue
-            dump_caps[v] = parse_capture(Path(vr.serial_log).read_bytes())
+    for v, vr in sorted(runs.items(), key=lambda kv: VARIANT_ORDER.index(kv[0])):
+        if vr.serial_log is None or not vr.capture_valid:
+            outcome.errors.append(f"tap dump run [{v}]: capture failed ({vr.exit_code})")
+            outcome.codes.append(ExitCode(vr.exit_code or ExitCode.INFRASTRUCTURE))
+            continue
+        dump_caps[v] = parse_capture(Path(vr.serial_log).read_bytes())
     return dump_caps
 
 

@@ -27,11 +27,13 @@ import dataclasses
 import errno
 import os
 import re
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import serial
 from esp_pylib.serial_ports import get_port_list
@@ -459,12 +461,16 @@ def _holders_text(holders: Iterable[tuple[int, str]]) -> str:
     return ", ".join(f"{name} (pid {pid})" for pid, name in holders)
 
 
-def check_present(ps: PortSpec, *, platform: str | None = None) -> None:
-    """PortError now for a local device that does not exist (before minutes of builds find out).
+def check_present(ps: PortSpec, *, platform: str | None = None, probe_timeout: float = 3.0) -> None:
+    """PortError now for a port that is not there (before minutes of builds find out).
 
-    Network ports are not probed here: connecting would take the one client slot of an RFC2217
-    server; their open fails soon enough. Windows COM names are checked against list_ports.
+    A local device must exist (Windows COM names are checked against list_ports). A network port
+    (``rfc2217://``, ``socket://``) must accept a TCP connection: the probe connects and closes at once,
+    so the server's one client slot is free again before the builds start.
     """
+    if ps.caps.lock_by == "net":
+        _probe_network(ps.url, probe_timeout)
+        return
     if ps.transport not in (Transport.DEVICE, Transport.PTY):
         return
     plat = platform or sys.platform
@@ -479,6 +485,20 @@ def check_present(ps: PortSpec, *, platform: str | None = None) -> None:
     attached = [c.label() for c in list_candidates(plat)]
     listing = "; attached now: " + ", ".join(attached) if attached else "; no serial ports are attached now"
     raise PortError(err.message, hint=f"{err.hint}{listing}")
+
+
+def _probe_network(url: str, timeout: float) -> None:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "", parts.port or 0), timeout=timeout):
+            pass
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise PortError(
+            f"nothing answers at {url}: {why}",
+            hint="start the server first (esptool's esp_rfc2217_server, `esp-check sim serve --rfc2217`, "
+            "ser2net) and check the host name and port (checked before building: nothing was built)",
+        ) from None
 
 
 def explain_open_error(url: str, exc: BaseException, *, platform: str | None = None) -> PortError:

@@ -2,10 +2,10 @@
 
 Scheduling: every (job, model, board type) is a *task* (``placement = "each"``: one task per
 inventory board of the type). A worker takes a task its board can run, gets the firmware (generated
-and built once per model x inputs x board type x console, shared by every board that needs it; the
-content-addressed build cache does the rest), takes the board's lock, flashes and captures both
-variants (a board that already holds an image is not re-written: esptool's MD5 check), releases the
-lock, and compares on the host.
+and built once per model x board type x console, shared by every board that needs it, before the board
+is locked; the content-addressed build cache does the rest), takes the board's lock, and runs the task
+as a job of the one pipeline (:func:`harness.flows.flash_and_compare.run_job`: flash what differs,
+stream, judge), then releases the lock. The runner only turns the job's result into the attempt.
 
 What happens after an attempt (retry, confirmation re-run, final verdict, power cycle, quarantine)
 is decided by the pure function :func:`harness.runner.policy.decide`; this module applies its
@@ -701,10 +701,9 @@ def _judge_inputs(t: Task, a: Attempt, result: Any) -> None:
     codes, reasons = _variant_problems(a, runs)
     a.board_fault = bool(codes) and combine_exit_codes(codes) == ExitCode.INFRASTRUCTURE
     comp = result.comparison
-    ref_problem = None
-    if t.job.needs_reference and not (comp is not None and any(s.kind == "reference" for s in comp.sources)):
-        why = next((w for w in result.warnings if "host reference" in w), "the host reference did not run")
-        ref_problem = f"host reference: {why}"
+    missing = [w for w in result.warnings if "host reference unavailable" in w]
+    ref_problem = f"host reference: {missing[0]}" if missing else None
+    if t.job.needs_reference and ref_problem is not None:
         codes.append(ExitCode.INFRASTRUCTURE)
         reasons.append(ref_problem)
     if result.reference_refused:
@@ -733,8 +732,9 @@ def _judge_inputs(t: Task, a: Attempt, result: Any) -> None:
 
 def _attempt_facts(t: Task, a: Attempt, result: Any) -> None:
     """What every attempt records from the pipeline's result: each variant's outcome, the builds."""
+    # the stages of both variants' session (port, flash, ...) belong to each: a failed flash explains both
     a.variants = {
-        v: _variant_outcome(v, r, [s for s in result.stages if s.variant == v])
+        v: _variant_outcome(v, r, [s for s in result.stages if s.variant in (v, None)])
         for v, r in result.variants.items()
     }
     t.builds = {

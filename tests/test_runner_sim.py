@@ -347,7 +347,9 @@ def test_power_cycle_is_tried_once_before_quarantine(
     marker = tmp_path / "cycles"
     cycle = [sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write('cycle\\n')", str(marker)]
     (tmp_path / "bench.toml").write_text(
-        f'[[board]]\nname = "dead"\ntype = "sim"\nport = "rfc2217://127.0.0.1:{_free_port()}"\n'
+        # a board that never answers the ROM loader (a server that is down is found before any build)
+        f'[[board]]\nname = "dead"\ntype = "sim"\n'
+        f'port = "sim://{_uid("dead")}?emitter=c&fault=sync_fail&fault_count=100000"\n'
         f"power_cycle = {json.dumps(cycle)}\n"
     )
     plan = write_plan(

@@ -26,11 +26,11 @@ from harness.errors import ExitCode, GenerateError
 from harness.firmware.boards import list_boards, load_board
 from harness.firmware.generate import FirmwareFeatures, generate_projects
 from harness.firmware.layout import check_model_fits, flash_layout
+from harness.flashfmt import otadata
+from harness.flashfmt.model_image import HEADER_BYTES, parse_model_image
 from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.records import StageTimeouts
 from harness.protocol import frames as fr
-from harness.protocol import otadata
-from harness.protocol.model_image import HEADER_BYTES, parse_model_image
 from harness.sim.board import REGISTRY
 from harness.sim.image import build_sim_firmware
 from harness.sim.testing import make_project

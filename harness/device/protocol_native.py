@@ -47,13 +47,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
 import serial
 from serial.serialutil import PortNotOpenError, SerialBase, SerialException
 
-from harness.protocol import otadata
-from harness.protocol.partition_table import TABLE_MAX_BYTES, PartitionEntry, parse_partition_table
+from harness.flashfmt.otadata import boot_order
+from harness.flashfmt.partitions import APP, TABLE_MAX_BYTES, Partition, table_rows
 
 _PACKAGE = "harness.device"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -102,6 +103,11 @@ def register() -> None:
     with _register_lock:
         if _PACKAGE not in serial.protocol_handler_packages:
             serial.protocol_handler_packages.append(_PACKAGE)
+
+
+def _read_at(f: BinaryIO, offset: int, size: int) -> bytes:
+    f.seek(offset)
+    return f.read(size)
 
 
 class ProgramEnded(SerialException):
@@ -205,12 +211,12 @@ class Serial(SerialBase):
         assert self._dir is not None
         return self._dir / "flash.bin"
 
-    def table(self) -> tuple[int, list[PartitionEntry]] | None:
+    def table(self) -> tuple[int, list[Partition]] | None:
         """The partition table in flash (its offset and entries), as the boot stand-in finds it."""
         with open(self.flash_path, "rb") as f:
             for off in TABLE_OFFSETS:
                 f.seek(off)
-                entries = parse_partition_table(f.read(TABLE_MAX_BYTES))
+                entries = table_rows(f.read(TABLE_MAX_BYTES))
                 if entries:
                     return off, entries
         return None
@@ -224,7 +230,7 @@ class Serial(SerialBase):
         data = Path(path).read_bytes()
         sha = hashlib.sha256(data).hexdigest()
         found = self.table()
-        apps = {p.offset for p in found[1] if p.type == 0x00} if found else set()
+        apps = {p.offset for p in found[1] if p.type == APP} if found else set()
         if offset in apps:
             dest = self._dir / "apps" / f"0x{offset:x}"
             if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == sha:
@@ -258,19 +264,8 @@ class Serial(SerialBase):
                 return None  # nothing flashed: a blank board prints nothing
             return self._program, {}, ""
         table_off, parts = found
-        ota_apps = sorted(
-            (p for p in parts if p.type == 0x00 and 0x10 <= p.subtype <= 0x1F), key=lambda p: p.subtype
-        )
-        app: PartitionEntry | None = None
-        ota = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
-        if ota is not None and ota_apps:
-            with open(self.flash_path, "rb") as f:
-                f.seek(ota.offset)
-                chosen = otadata.selected_slot(f.read(ota.size), len(ota_apps))
-            if chosen is not None:
-                app = ota_apps[chosen]
-        app = app or next((p for p in parts if p.type == 0x00 and p.subtype == 0x00), None)
-        app = app or (ota_apps[0] if ota_apps else None)
+        with open(self.flash_path, "rb") as f:
+            app = next(iter(boot_order(parts, lambda offset, size: _read_at(f, offset, size)).apps), None)
         program = self._dir / "apps" / f"0x{app.offset:x}" if app is not None else None
         if app is None or program is None or not program.is_file():
             where = f"{app.label} at 0x{app.offset:x}" if app is not None else "the partition table"

@@ -11,25 +11,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from harness.protocol import otadata as ota
-from harness.protocol.model_image import ModelImageError, parse_model_image
+from harness.flashfmt.model_image import PARTITION_LABEL, ModelImageError, parse_model_image
+from harness.flashfmt.otadata import boot_order
+from harness.flashfmt.partitions import (
+    DATA,
+    OTA_0,
+    TABLE_MAX_BYTES,
+    Partition,
+    PartitionTableError,
+    find,
+    parse_partition_table,
+)
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import elf_sha256
 from harness.sim.image import (
-    MODEL_LABEL,
-    PARTITION_TABLE_MAX,
     AppPayload,
     ImageError,
     LoadedImage,
-    Partition,
-    PartitionTableError,
     bootloader_max_bytes,
     bootloader_table_offset,
     find_payload,
     header_flash_bytes,
     load_image,
-    parse_partition_table,
-    type_names,
 )
 from harness.sim.resident import ROM_BAUD, SIM_BANNER, AppEnv, Clock, Piece, SimApp
 
@@ -151,7 +154,7 @@ def _table_lines(parts: list[Partition], clock: Clock) -> list[bytes]:
     ]
     usages = {"nvs": "WiFi data", "phy": "RF data", "factory": "factory app", "ota": "OTA data"}
     for i, p in enumerate(parts):
-        tname, sub = type_names(p)
+        tname, sub = p.type_names()
         usage = usages.get(sub, "OTA app" if sub.startswith("ota_") else f"{tname} {sub}")
         row = f"{i:2d} {p.label:<16} {usage:<16} {p.type:02x} {p.subtype:02x} {p.offset:08x} {p.size:08x}"
         out.append(clock.line("I", "boot", row, 1))
@@ -160,18 +163,13 @@ def _table_lines(parts: list[Partition], clock: Clock) -> list[bytes]:
 
 
 def _boot_order(flash: bytearray, parts: list[Partition], clock: Clock, bl: list[bytes]) -> list[Partition]:
-    """The app partitions in the order the bootloader tries them: factory, or the OTA app otadata selects
-    (ota_0 when otadata is empty or damaged), then the others."""
-    apps = [p for p in parts if p.type == 0x00]
-    factory = [p for p in apps if p.subtype == 0x00]
-    otas = [p for p in apps if 0x10 <= p.subtype < 0x20]
-    otad = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
-    slot = None
-    if otad is not None and otas:
-        slot = ota.selected_slot(bytes(flash[otad.offset : otad.offset + otad.size]), len(otas))
-        bl.append(clock.line("I", "boot", f"OTA data selects {'nothing' if slot is None else f'ota_{slot}'}"))
-    first = [otas[slot]] if slot is not None else factory or otas[:1]
-    return first + [p for p in apps if p not in first]
+    """The app partitions in the order the bootloader tries them (the boot rule of harness.flashfmt), with
+    the line it logs about otadata."""
+    order = boot_order(parts, lambda offset, size: bytes(flash[offset : offset + size]))
+    if order.read_otadata:
+        slot = "nothing" if order.slot is None else f"ota_{order.slot}"
+        bl.append(clock.line("I", "boot", f"OTA data selects {slot}"))
+    return order.apps
 
 
 def _load_app(
@@ -206,7 +204,7 @@ def _mapped(chip: ChipSpec, addr: int) -> bool:
 
 def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, str | None]:
     """What the app's esp_partition_mmap of the model partition finds: (model, None) or (b"", why not)."""
-    part = next((p for p in parts if p.type == 0x01 and p.label == MODEL_LABEL), None)
+    part = find(parts, DATA, label=PARTITION_LABEL)
     if part is None:
         return b"", "no_model_partition_in_the_partition_table"
     try:
@@ -239,7 +237,7 @@ def _boot_once(ctx: BootContext, reason: str) -> _Once:
     bl = _bootloader_lines(chip, clock, header_flash)
     try:
         table = bootloader_table_offset(boot)  # compiled into the bootloader, as on a real board
-        parts = parse_partition_table(bytes(flash[table : table + PARTITION_TABLE_MAX]))
+        parts = parse_partition_table(bytes(flash[table : table + TABLE_MAX_BYTES]))
     except (PartitionTableError, ImageError) as exc:
         bl.append(clock.line("E", "flash_parts", str(exc)))
         bl.append(clock.line("E", "boot", "Failed to verify partition table"))
@@ -256,7 +254,7 @@ def _boot_once(ctx: BootContext, reason: str) -> _Once:
     pieces.append(Piece("console", b"".join(bl), t_bl))  # the bootloader and the app log at the console baud
     model, model_error = _map_model(flash, parts)
     payload = AppPayload(payload.header, model, payload.inputs)
-    slot = part.subtype - 0x10 if 0x10 <= part.subtype < 0x20 else None
+    slot = part.subtype - OTA_0 if part.is_ota_app else None
     sim_app = SimApp(ctx, payload, model_error, elf_sha256(chip, app), clock, slot)
     t_app = clock.seconds
     out, reboot = sim_app.start(header_flash)

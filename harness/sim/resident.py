@@ -20,13 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from harness.flashfmt import otadata
+from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, Partition, find
 from harness.protocol import frames as fr
-from harness.protocol import otadata as ota
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
 from harness.sim.faults import FaultSpec, flip_bits
-from harness.sim.image import PROJECT_NAME, AppPayload, ImageError, Partition, load_image
+from harness.sim.image import PROJECT_NAME, AppPayload, ImageError, load_image
 
 ROM_BAUD = 115200
 SIM_BANNER = "esp-check SIMULATED BOARD"
@@ -376,18 +377,18 @@ class SimApp:
 
     def boot_slot(self, slot: int) -> int:
         """esp_ota_set_boot_partition: validate the image in that slot, write the next otadata entry."""
-        apps = [p for p in self.env.parts if p.type == 0x00 and p.subtype in (0x10, 0x11)]
-        otad = next((p for p in self.env.parts if p.type == 0x01 and p.subtype == 0x00), None)
-        target = next((p for p in apps if p.subtype == 0x10 + slot), None)
-        if target is None or otad is None:
+        apps = [p for p in self.env.parts if p.is_ota_app]
+        ota = find(self.env.parts, DATA, OTADATA)
+        target = find(apps, APP, OTA_0 + slot)
+        if target is None or ota is None:
             return 0x105  # ESP_ERR_NOT_FOUND
         try:
             load_image(self.env.chip, self.env.flash, target.offset, target.size)
         except ImageError:
             return 0x1503  # ESP_ERR_OTA_VALIDATE_FAILED
         flash = self.env.flash
-        new = ota.select(bytes(flash[otad.offset : otad.offset + otad.size]), slot, len(apps))
-        flash[otad.offset : otad.offset + len(new)] = new
+        new = otadata.select(bytes(flash[ota.offset : ota.offset + ota.size]), slot, len(apps))
+        flash[ota.offset : ota.offset + len(new)] = new
         self.env.log(f"app: otadata now selects ota_{slot}")
         return 0
 

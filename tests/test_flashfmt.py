@@ -33,7 +33,7 @@ from harness.flashfmt.partitions import (
     table_rows,
 )
 from harness.protocol.capture import parse_capture
-from harness.sim.board import REGISTRY
+from harness.sim.board import remove_board
 from harness.sim.image import build_sim_firmware
 from harness.sim.testing import PARTITIONS_4MB, make_project, read_until_end
 
@@ -127,7 +127,7 @@ def test_simulated_board_boots_the_slot_otadata_selects_with_ota_rows_swapped(
         assert cap.nn_mode == nn
     finally:
         port.close()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 @pytest.mark.parametrize("slot", [None, 0, 1])

@@ -34,7 +34,6 @@ pyserial finds this module once ``harness.device`` is in ``serial.protocol_handl
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import hashlib
@@ -50,15 +49,14 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
-import serial
 from serial.serialutil import PortNotOpenError, SerialBase, SerialException
 
 from harness.flashfmt.otadata import boot_order
 from harness.flashfmt.partitions import APP, TABLE_MAX_BYTES, Partition, table_rows
+from harness.inprocess import BOARDS
 
 _PACKAGE = "harness.device"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_register_lock = threading.Lock()
 # Sanitizer runtime settings for a native program (unless the user set them): a report ends the
 # program (a firmware fault); leaks at exit are not faults (firmware never exits on a device).
 SANITIZER_ENV = {
@@ -77,32 +75,20 @@ BOOT_LINE = "esp-check native boot:"
 _SIZE = re.compile(r"^([0-9]{1,3})MB$")
 
 
-_boards: dict[str, tuple[Path, int]] = {}  # the native boards of this process: name -> (dir, flash size)
+class NativeBoard:
+    """A native board's state that outlives its port: its directory (its flash image and programs) and
+    flash size. It lives in harness.inprocess.BOARDS until the process ends, as a board keeps its flash;
+    the directory is removed when the board is dropped or at exit (``TemporaryDirectory``'s finalizer)."""
 
-
-def _board_dir(name: str, flash_bytes: int) -> tuple[Path, int, bool]:
-    """The directory of board ``name`` (made on first use; its flash survives closing the port, as a
-    board's does, until this process ends): (dir, flash size, made now)."""
-    with _register_lock:
-        known = _boards.get(name)
-        if known is not None and known[0].is_dir():
-            return known[0], known[1], False
-        path = Path(tempfile.mkdtemp(prefix=f"esp-check-native-{name}-"))
-        _boards[name] = (path, flash_bytes)
-        return path, flash_bytes, True
-
-
-@atexit.register
-def _remove_boards() -> None:
-    for path, _ in _boards.values():
-        shutil.rmtree(path, ignore_errors=True)
+    def __init__(self, name: str, flash_bytes: int) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"esp-check-native-{name}-")
+        self.path = Path(self._tmp.name)
+        self.flash_bytes = flash_bytes
 
 
 def register() -> None:
     """Add ``harness.device`` to pyserial's URL handler packages (idempotent)."""
-    with _register_lock:
-        if _PACKAGE not in serial.protocol_handler_packages:
-            serial.protocol_handler_packages.append(_PACKAGE)
+    BOARDS.register_handlers(_PACKAGE)
 
 
 def _read_at(f: BinaryIO, offset: int, size: int) -> bytes:
@@ -161,7 +147,12 @@ class Serial(SerialBase):
         if m is None or not 0 < (int(m.group(1)) << 20) <= _MAX_FLASH_BYTES:
             raise SerialException(f"could not open {url!r}: flash={size_text} is not a flash size like 4MB")
         self.name = name
-        self._dir, self._flash_bytes, fresh = _board_dir(name, int(m.group(1)) << 20)
+        make = lambda: NativeBoard(name, int(m.group(1)) << 20)  # noqa: E731
+        board, fresh = BOARDS.get("native", name, make)
+        if not board.path.is_dir():  # removed behind this process's back: a blank board again
+            BOARDS.remove("native", name)
+            board, fresh = BOARDS.get("native", name, make)
+        self._dir, self._flash_bytes = board.path, board.flash_bytes
         if fresh:
             (self._dir / "apps").mkdir()
             self._erase()

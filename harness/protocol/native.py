@@ -103,16 +103,10 @@ class _Config(ctypes.Structure):
     ]
 
 
-_LIBS: dict[Path, ctypes.CDLL] = {}
-
-
 def load_library(cache_dir: Path | None = None) -> ctypes.CDLL:
-    """The compiled portable C (built once per source hash), with the frame and loop signatures set."""
-    path = build_c_library(cache_dir)
-    lib = _LIBS.get(path)
-    if lib is not None:
-        return lib
-    lib = ctypes.CDLL(str(path))
+    """The compiled portable C (built once per source hash), with the frame and loop signatures set: a
+    new handle for the caller to keep (the dynamic loader maps the library once per process)."""
+    lib = ctypes.CDLL(str(build_c_library(cache_dir)))
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
     sigs: dict[str, tuple[Any, list[Any]]] = {
         "ecf_encode": (sz, [_u8p, sz, ctypes.c_uint8, ctypes.c_uint8, ctypes.c_uint16, ctypes.c_char_p, sz]),
@@ -140,7 +134,6 @@ def load_library(cache_dir: Path | None = None) -> ctypes.CDLL:
         fn.argtypes = argtypes
     if lib.ecf_decoder_sizeof() != ctypes.sizeof(_Decoder):
         raise RuntimeError("ecf_decoder_t layout differs from harness.protocol.native's mirror")
-    _LIBS[path] = lib
     return lib
 
 
@@ -300,4 +293,3 @@ def sha256_hex(data: bytes) -> str:
 __all__ = [
     "CDeviceLoop", "CFrameDecoder", "c_encode_frame", "c_prng", "load_library", "make_loop", "sha256_hex",
 ]  # fmt: skip
-

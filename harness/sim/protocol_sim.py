@@ -15,7 +15,7 @@ import errno
 from serial.serialutil import PortNotOpenError, SerialBase, SerialException
 
 from harness.errors import UsageError
-from harness.sim.board import REGISTRY, SimBoard, parse_url
+from harness.sim.board import SimBoard, get_board, parse_url
 
 
 class Serial(SerialBase):
@@ -66,10 +66,10 @@ class Serial(SerialBase):
         self.is_open = False
 
     def from_url(self, url: str) -> SimBoard:
-        """Find (or create) the board named in the URL, in :data:`harness.sim.board.REGISTRY`."""
+        """Find (or create) the board named in the URL (:func:`harness.sim.board.get_board`)."""
         try:
             name, config = parse_url(url)
-            return REGISTRY.get(name, config)
+            return get_board(name, config)
         except UsageError as exc:
             raise SerialException(f"could not open {url!r} (form: sim://NAME[?options]): {exc}") from None
 

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness import __version__
+from harness.chips import CHIPS
 from harness.errors import BuildError, PlatformUnreachableError, UsageError
-from harness.firmware.boards import BOOTLOADER_OFFSETS, BUILDERS
+from harness.firmware.boards import BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, default_cache_dir
 from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_ENV, read_manifest
 from harness.firmware.native.project import NativeOptions, plan_native_build, run_native_build
@@ -84,15 +85,6 @@ RUN_ROLES = ("bootloader", "partition-table", "model", "app")
 # Data flashed beside the app but never compiled into it: a new model with the same generated code (the
 # same ops, outputs and arena) reuses the built apps. The model image is copied fresh at every build.
 _NOT_BUILD_INPUTS = {f"{DATA_DIR}/model.tflite", MODEL_IMAGE}
-# what ESP-IDF's project_description.json calls monitor_toolprefix (its addr2line is <prefix>addr2line)
-TOOLPREFIX = {
-    "esp32": "xtensa-esp32-elf-",
-    "esp32s2": "xtensa-esp32s2-elf-",
-    "esp32s3": "xtensa-esp32s3-elf-",
-    "esp32c3": "riscv32-esp-elf-",
-    "esp32c6": "riscv32-esp-elf-",
-    "esp32p4": "riscv32-esp-elf-",
-}
 # Files and directories that are build products or resolved state, not inputs of the build.
 _EXCLUDED_DIRS = {".pio", "build", "managed_components", ".git", "__pycache__"}
 _EXCLUDED_FILES = {MANIFEST_NAME, "dependencies.lock", ".gitignore"}
@@ -482,7 +474,7 @@ def _sim_sdkconfig_json(project: Path, out: Path) -> Path:
     chip = str(manifest.get("chip") or board_def.get("chip") or doc.get("IDF_TARGET") or "")
     doc["IDF_TARGET"] = chip
     doc[f"IDF_TARGET_{chip.upper()}"] = True
-    arch = "RISCV" if TOOLPREFIX.get(chip, "").startswith("riscv") else "XTENSA"
+    arch = "RISCV" if chip in CHIPS and CHIPS[chip].arch == "riscv" else "XTENSA"
     doc[f"IDF_TARGET_ARCH_{arch}"] = True
     sizes = [k.split("_")[-1] for k, v in doc.items() if k.startswith("ESPTOOLPY_FLASHSIZE_") and v is True]
     size = sizes[0] if sizes else None
@@ -530,7 +522,7 @@ def _layout(
     try:
         boot_off = int(sdkconfig["CONFIG_BOOTLOADER_OFFSET_IN_FLASH"], 0)
     except (KeyError, ValueError):
-        boot_off = BOOTLOADER_OFFSETS[chip]
+        boot_off = CHIPS[chip].bootloader_offset
     try:
         pt_off = int(sdkconfig["CONFIG_PARTITION_TABLE_OFFSET"], 0)
     except (KeyError, ValueError):
@@ -674,7 +666,7 @@ def project_description(
         "app_elf": LAYOUT["elf"] if elf is not None else "",
         "config_file": str(out_dir / LAYOUT["sdkconfig_json"]),
         "monitor_baudrate": int(board_def.get("monitor_baud") or 115200),
-        "monitor_toolprefix": TOOLPREFIX.get(chip, ""),
+        "monitor_toolprefix": CHIPS[chip].toolprefix if chip in CHIPS else "",
         "generated_by": f"esp-check {__version__} (builder {manifest.get('builder') or 'pio'})",
     }
 
@@ -814,7 +806,7 @@ def _chip_and_builder(project: Path, manifest: Mapping[str, Any], builder: str |
     cannot use (``builder`` None: the board's own)."""
     board_def = manifest.get("board_def") or {}
     chip = str(manifest.get("chip") or board_def.get("chip") or "")
-    if chip not in BOOTLOADER_OFFSETS:
+    if chip not in CHIPS:
         raise UsageError(f"{project / MANIFEST_NAME}: unknown chip {chip!r}", hint="regenerate the project")
     board_name = str(manifest.get("board"))
     default_builder = str(manifest.get("builder") or "pio")

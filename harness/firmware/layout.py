@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from harness.chips import CHIPS
 from harness.errors import GenerateError
 from harness.firmware.boards import Board
 from harness.flashfmt.model_image import HEADER_BYTES, PARTITION_LABEL, PARTITION_SUBTYPE
@@ -27,17 +28,6 @@ OTADATA_BYTES = 0x2000  # two sectors, as ESP-IDF's otadata always is
 FIRST_APP_OFFSET = 0x20000  # apps start on 64 KB boundaries (MMU page)
 DEFAULT_TABLE_OFFSET = 0x8000
 NVS = 0x02  # data subtype nvs
-
-# Flash a chip can memory-map for data (ESP-IDF soc.h, SOC_DROM_LOW..SOC_DROM_HIGH). The app's own
-# rodata shares the window. ESP32-S2 is taken as its DROM0 bus only (conservative, not measured).
-MMAP_WINDOW_BYTES = {
-    "esp32": 0x3F800000 - 0x3F400000,  # 4 MB
-    "esp32s2": 4 << 20,
-    "esp32s3": 0x3E000000 - 0x3C000000,  # 32 MB (shared with instruction fetch on the S3's MMU)
-    "esp32c3": 8 << 20,
-    "esp32c6": 16 << 20,
-    "esp32p4": 0x44000000 - 0x40000000,  # 64 MB
-}
 
 
 def app_slot_bytes(flash_bytes: int) -> int:
@@ -66,7 +56,7 @@ class FlashLayout:
 
     @property
     def mmap_window_bytes(self) -> int:
-        return MMAP_WINDOW_BYTES.get(self.chip, 4 << 20)
+        return CHIPS[self.chip].mmap_window_bytes if self.chip in CHIPS else 4 << 20
 
     @property
     def model_max_bytes(self) -> int:

@@ -62,17 +62,12 @@ _RESET_REASONS = {
     "rtcwdt": ("0x10 (RTCWDT_RTC_RESET)", "0x10 (RTCWDT_RTC_RST)"),
     "usb": ("0x15 (USB_UART_CHIP_RESET)", "0x15 (USB_UART_CHIP_RESET)"),
 }
-_BOOT_MODES = {
-    "esp32": ("0x13 (SPI_FAST_FLASH_BOOT)", "0x3 (DOWNLOAD_BOOT(UART0/UART1/SDIO_REI_REO_V2))"),
-    "esp32s3": ("0x8 (SPI_FAST_FLASH_BOOT)", "0x0 (DOWNLOAD(USB/UART0))"),
-    "esp32c3": ("0xc (SPI_FAST_FLASH_BOOT)", "0x0 (DOWNLOAD(USB/UART0/1))"),
-}
 
 
 def rom_header(chip: ChipSpec, reason: str, download: bool) -> bytes:
     """First ROM lines after a reset, e.g. ``ets Jun  8 2016 ...`` / ``rst:0x1 (POWERON_RESET),boot:...``."""
     rst = _RESET_REASONS[reason][0 if chip.name == "esp32" else 1]
-    boot = _BOOT_MODES[chip.name][1 if download else 0]
+    boot = chip.boot_modes[1 if download else 0]
     lines = list(chip.rom_banner)
     if chip.name == "esp32":
         lines.append("")

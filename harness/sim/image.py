@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from esptool.bin_image import ELFSection, ESP32FirmwareImage, LoadFirmwareImage
+from esptool.targets import CHIP_DEFS
 
 from harness.errors import BuildError
 from harness.flashfmt import otadata
@@ -161,11 +162,7 @@ def app_sections(
 
 
 def _image_class(chip: ChipSpec) -> type[ESP32FirmwareImage]:
-    from esptool.bin_image import ESP32C3FirmwareImage, ESP32S3FirmwareImage
-
-    return {"esp32": ESP32FirmwareImage, "esp32s3": ESP32S3FirmwareImage, "esp32c3": ESP32C3FirmwareImage}[
-        chip.name
-    ]
+    return CHIP_DEFS[chip.name].BOOTLOADER_IMAGE
 
 
 def flash_size_freq(flash_size: str) -> int:

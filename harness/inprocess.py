@@ -13,11 +13,13 @@ releases them itself when it is dropped or at exit.
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import serial
+from serial.serialutil import PortNotOpenError, SerialBase
 
 B = TypeVar("B")
 
@@ -46,15 +48,60 @@ class InProcessBoards:
         with self._lock:
             return self._boards.pop((scheme, name), None)
 
-    def names(self, scheme: str) -> list[str]:
-        with self._lock:
-            return sorted(n for s, n in self._boards if s == scheme)
-
     def register_handlers(self, package: str) -> None:
         """Add ``package`` to pyserial's URL handler packages (idempotent)."""
         with self._lock:
             if package not in serial.protocol_handler_packages:
                 serial.protocol_handler_packages.append(package)
+
+
+class InProcessPort(SerialBase):
+    """What the ports of in-process boards share: modem lines that read as a DevKit's USB bridge does (CTS,
+    DSR, CD high, RI low), no break, nothing held on the way out, and no file descriptor, so no
+    ``TIOCMSET``: esptool then uses its classic DTR/RTS reset, as for a pty or an RFC2217 link."""
+
+    SCHEME = ""  # the URL scheme, for messages
+
+    def _live(self) -> Any:
+        if not self.is_open:
+            raise PortNotOpenError()
+        return None
+
+    def flush(self) -> None:
+        self._live()
+
+    def reset_output_buffer(self) -> None:
+        self._live()
+
+    def send_break(self, duration: float = 0.25) -> None:
+        self._live()
+
+    def _update_break_state(self) -> None:
+        self._live()
+
+    @property
+    def cts(self) -> bool:
+        self._live()
+        return True
+
+    @property
+    def dsr(self) -> bool:
+        self._live()
+        return True
+
+    @property
+    def ri(self) -> bool:
+        self._live()
+        return False
+
+    @property
+    def cd(self) -> bool:
+        self._live()
+        return True
+
+    def fileno(self) -> int:
+        why = f"{self.SCHEME}:// ports have no file descriptor (no modem-control ioctl)"
+        raise OSError(errno.ENOTTY, why)
 
 
 BOARDS = InProcessBoards()  # the one process-wide table (why: the module docstring)

@@ -49,11 +49,11 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
-from serial.serialutil import PortNotOpenError, SerialBase, SerialException
+from serial.serialutil import SerialException
 
 from harness.flashfmt.otadata import boot_order
 from harness.flashfmt.partitions import APP, TABLE_MAX_BYTES, Partition, table_rows
-from harness.inprocess import BOARDS
+from harness.inprocess import BOARDS, InProcessPort
 
 _PACKAGE = "harness.device"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -113,8 +113,10 @@ def exit_line(returncode: int) -> str | None:
     return f"{EXIT_LINE} exited with status {returncode}\r\n"
 
 
-class Serial(SerialBase):
+class Serial(InProcessPort):
     """A pyserial port whose far end is a native program (see the module docstring)."""
+
+    SCHEME = "native"
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         self._cond = threading.Condition()
@@ -168,10 +170,6 @@ class Serial(SerialBase):
 
     def _reconfigure_port(self) -> None:
         """Nothing to configure: a pipe has no baud rate."""
-
-    def _live(self) -> None:
-        if not self.is_open:
-            raise PortNotOpenError()
 
     # ---- "flash" and reset -----------------------------------------------------------------------
 
@@ -416,46 +414,10 @@ class Serial(SerialBase):
                     raise
         return len(raw)
 
-    def flush(self) -> None:
-        self._live()
-
     def reset_input_buffer(self) -> None:
         self._live()
         with self._cond:
             self._buf.clear()
-
-    def reset_output_buffer(self) -> None:
-        self._live()
-
-    def send_break(self, duration: float = 0.25) -> None:
-        self._live()
-
-    def _update_break_state(self) -> None:
-        self._live()
-
-    @property
-    def cts(self) -> bool:
-        self._live()
-        return True
-
-    @property
-    def dsr(self) -> bool:
-        self._live()
-        return True
-
-    @property
-    def ri(self) -> bool:
-        self._live()
-        return False
-
-    @property
-    def cd(self) -> bool:
-        self._live()
-        return True
-
-    def fileno(self) -> int:
-        """No file descriptor (no modem-control ioctl), like the simulator's port."""
-        raise OSError(errno.ENOTTY, "native:// ports have no file descriptor")
 
     @property
     def program(self) -> Path | None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from harness.flashfmt import otadata
 from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, Partition, find
-from harness.protocol import frames as fr
+from harness.protocol import frames
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
@@ -159,18 +159,18 @@ class SimApp:
 
         init = _Init()
         if model_error is not None:
-            init.stage, init.msg = fr.STAGE_CODES["model"], model_error
+            init.stage, init.msg = frames.STAGE_CODES["model"], model_error
             return init
         try:
             init.info = parse_model_bytes(self.payload.model)
         except Exception:
-            init.stage, init.code = fr.STAGE_CODES["schema"], -1
+            init.stage, init.code = frames.STAGE_CODES["schema"], -1
             init.msg = "model_schema_version_differs_from_TFLITE_SCHEMA_VERSION"
             return init
         if "alloc" in self.active:
-            init.stage, init.code, init.msg = fr.STAGE_CODES["alloc"], 1, "AllocateTensors_failed"
+            init.stage, init.code, init.msg = frames.STAGE_CODES["alloc"], 1, "AllocateTensors_failed"
         elif len(init.info.inputs) != 1:
-            init.stage, init.code = fr.STAGE_CODES["input"], len(init.info.inputs)
+            init.stage, init.code = frames.STAGE_CODES["input"], len(init.info.inputs)
             init.msg = "expected_one_input_tensor"
         else:
             init.arena_used, init.tflm = self._arena_and_version(init.info)
@@ -303,7 +303,7 @@ class SimApp:
         em = self.loop.emitter
         self.session_begin(em, len(inputs), arena=not self.init.stage)
         if self.init.stage:
-            stage = fr.STAGES.get(self.init.stage, "internal")
+            stage = frames.STAGES.get(self.init.stage, "internal")
             em.error(stage, self.init.code, self.init.msg, None)
             em.end(False)
             return
@@ -322,16 +322,16 @@ class SimApp:
 
     def write(self, data: bytes) -> None:
         data = bytes(data)
-        line = data.startswith(b"\r\n" + fr.HELLO_LINE)  # the HELLO frame, as its text line
-        if "frame_tx" in self.active and (data[:2] == fr.MAGIC or line):
+        line = data.startswith(b"\r\n" + frames.HELLO_LINE)  # the HELLO frame, as its text line
+        if "frame_tx" in self.active and (data[:2] == frames.MAGIC or line):
             self.frames_out += 1
             if self.frames_out % self.env.faults.frame_every == 0:
                 damaged = bytearray(data)
                 if line:  # another base64 letter: the line still decodes, the frame's CRC fails
-                    at = 2 + len(fr.HELLO_LINE) + 16
+                    at = 2 + len(frames.HELLO_LINE) + 16
                     damaged[at] = ord("B") if damaged[at] == ord("A") else ord("A")
-                else:
-                    damaged[min(len(damaged) - 1, fr.HEADER + 1)] ^= 0x40  # a flipped bit in payload or CRC
+                else:  # a flipped bit in payload or CRC
+                    damaged[min(len(damaged) - 1, frames.HEADER + 1)] ^= 0x40
                 data = bytes(damaged)
         self._write(data)
 
@@ -488,7 +488,7 @@ class SimApp:
         elif self._flip_at is not None:
             self._flip_at -= len(out)
         while True:
-            k = data.find(fr.MAGIC, pos)
+            k = data.find(frames.MAGIC, pos)
             if k < 0:
                 break
             self.frames_in += 1

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import serial
-from serial.serialutil import PortNotOpenError, SerialBase
+from serial.serialutil import PortNotOpenError, SerialBase, SerialException
 
 B = TypeVar("B")
 
@@ -61,6 +61,14 @@ class InProcessPort(SerialBase):
     ``TIOCMSET``: esptool then uses its classic DTR/RTS reset, as for a pty or an RFC2217 link."""
 
     SCHEME = ""  # the URL scheme, for messages
+
+    def _url_to_open(self) -> str:
+        """The URL ``open()`` is to open (SerialException when it cannot open now)."""
+        if self._port is None:
+            raise SerialException("Port must be configured before it can be used.")
+        if self.is_open:
+            raise SerialException("Port is already open.")
+        return str(self._port)
 
     def _live(self) -> Any:
         if not self.is_open:

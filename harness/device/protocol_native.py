@@ -135,11 +135,7 @@ class Serial(InProcessPort):
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def open(self) -> None:
-        if self._port is None:
-            raise SerialException("Port must be configured before it can be used.")
-        if self.is_open:  # type: ignore[has-type]
-            raise SerialException("Port is already open.")
-        url = str(self._port)
+        url = self._url_to_open()
         name = url[len("native://") :].split("?", 1)[0].strip("/") if url.startswith("native://") else ""
         if not _NAME.match(name):
             raise SerialException(f"could not open {url!r}: expected native://NAME (letters, digits, . _ -)")

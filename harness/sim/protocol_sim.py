@@ -49,11 +49,7 @@ class Serial(InProcessPort):
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def open(self) -> None:
-        if self._port is None:
-            raise SerialException("Port must be configured before it can be used.")
-        if self.is_open:  # type: ignore[has-type]
-            raise SerialException("Port is already open.")
-        board = self.from_url(str(self._port))
+        board = self.from_url(self._url_to_open())
         self._conn = board.attach(bool(self._exclusive))
         self._board = board
         self.is_open = True

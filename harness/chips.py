@@ -51,7 +51,7 @@ CHIPS: dict[str, Chip] = {
         Chip("esp32c6", "riscv", 1, (160,), 0x0, "riscv32-esp-elf-", "GPIO9", True, 16 << 20),
         Chip("esp32p4", "riscv", 2, (360, 400), 0x2000, "riscv32-esp-elf-", "GPIO35", True, 64 << 20),
     )
-}  # fmt: skip
+}
 BOARD_CHIPS = tuple(CHIPS)  # the chips a board file may name
 # Chips no board file may name, whose ROM output the classifier still reads: their strap pins.
 OTHER_STRAP_PINS = {"esp32c2": "GPIO9", "esp32h2": "GPIO9"}

@@ -30,9 +30,16 @@ OTADATA = 0x00  # data subtype "ota"
 TYPE_NAMES = {"app": APP, "data": DATA}
 SUBTYPE_NAMES = {
     "app": {"factory": FACTORY, "test": TEST, **{f"ota_{i}": OTA_0 + i for i in range(16)}},
-    "data": {"ota": OTADATA, "phy": 0x01, "nvs": 0x02, "coredump": 0x03, "nvs_keys": 0x04, "fat": 0x81,
-             "spiffs": 0x82},
-}  # fmt: skip
+    "data": {
+        "ota": OTADATA,
+        "phy": 0x01,
+        "nvs": 0x02,
+        "coredump": 0x03,
+        "nvs_keys": 0x04,
+        "fat": 0x81,
+        "spiffs": 0x82,
+    },
+}
 # Variant -> OTA app slot. ESP-IDF boots ota_0 while otadata is empty, so a board flashed by hand
 # (`idf.py flash` writes an empty otadata) runs whichever variant was flashed last into ota_0.
 VARIANT_SLOTS = {"optimized": 0, "ansi": 1}
@@ -157,14 +164,14 @@ def parse_partition_table(data: bytes) -> list[Partition]:
     raise PartitionTableError("partition table has no MD5 row")
 
 
-def find(parts: Sequence[Partition], ptype: int, subtype: int | None = None, label: str | None = None) -> (
-    Partition | None
-):  # fmt: skip
+def find(
+    parts: Sequence[Partition], ptype: int, subtype: int | None = None, label: str | None = None
+) -> Partition | None:
     """The first entry of that type (and subtype, and label, when given)."""
-    return next(
-        (p for p in parts if p.type == ptype and subtype in (None, p.subtype) and label in (None, p.label)),
-        None,
+    found = (
+        p for p in parts if p.type == ptype and subtype in (None, p.subtype) and label in (None, p.label)
     )
+    return next(found, None)
 
 
 def variant_app(parts: Sequence[Partition], variant: str | None) -> Partition | None:

@@ -1,4 +1,4 @@
-"""No global mutable state in harness/: read from the source (ast), nothing runs.
+"""No global mutable state in harness/: read from the source (ast), and one native board's lifetime (run).
 
 A function that writes into a module-level dict, list or set, rebinds a module global, or a module-level
 instance of a class whose methods change its attributes, is process-wide state: it outlives every run,
@@ -9,6 +9,9 @@ with its reason.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 HARNESS = Path(__file__).resolve().parents[1] / "harness"
@@ -129,3 +132,24 @@ def test_the_scan_sees_each_kind_of_global_state(tmp_path: Path) -> None:
         "def pure(x):\n    y = {}\n    y[x] = 1\n    return y\n"
     )
     assert {name for _, name, _ in _findings(src, tmp_path)} == {"_CACHE", "_hook", "REG"}
+
+
+def test_a_native_boards_directory_outlives_its_port_but_not_the_process(tmp_path: Path) -> None:
+    """The native board owns its directory (no module-level list and atexit hook): closing the port keeps
+    its flash, the end of the process removes it."""
+    code = (
+        "import serial\n"
+        "from harness.device.protocol_native import register\n"
+        "register()\n"
+        "port = serial.serial_for_url('native://gs-board')\n"
+        "first = port._dir\n"
+        "port.close()\n"
+        "again = serial.serial_for_url('native://gs-board')\n"
+        "assert again._dir == first and first.is_dir()\n"
+        "again.close()\n"
+        "print(first)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(HARNESS.parent), "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    board_dir = Path(out.stdout.strip())
+    assert board_dir.parent == tmp_path and not board_dir.exists()

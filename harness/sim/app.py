@@ -157,37 +157,39 @@ def _table_lines(parts: list[Partition], clock: Clock) -> list[bytes]:
     return out
 
 
-def _boot_order(flash: bytearray, parts: list[Partition], clock: Clock, bl: list[bytes]) -> list[Partition]:
+def _boot_order(
+    flash: bytearray, parts: list[Partition], clock: Clock, boot_log: list[bytes]
+) -> list[Partition]:
     """The app partitions in the order the bootloader tries them (the boot rule of harness.flashfmt), with
     the line it logs about otadata."""
     order = boot_order(parts, lambda offset, size: bytes(flash[offset : offset + size]))
     if order.read_otadata:
         slot = "nothing" if order.slot is None else f"ota_{order.slot}"
-        bl.append(clock.line("I", "boot", f"OTA data selects {slot}"))
+        boot_log.append(clock.line("I", "boot", f"OTA data selects {slot}"))
     return order.apps
 
 
 def _load_app(
-    ctx: BootContext, parts: list[Partition], clock: Clock, bl: list[bytes]
+    ctx: BootContext, parts: list[Partition], clock: Clock, boot_log: list[bytes]
 ) -> tuple[Partition, LoadedImage, AppPayload] | None:
-    for part in _boot_order(ctx.flash, parts, clock, bl):
+    for part in _boot_order(ctx.flash, parts, clock, boot_log):
         try:
             app = load_image(ctx.chip, ctx.flash, part.offset, part.size)
             payload = find_payload(ctx.chip, app)
         except (ImageError, ValueError) as exc:
-            bl.append(clock.line("E", "esp_image", str(exc)))
-            bl.append(clock.line("E", "boot", f"{part.label} app partition is not bootable"))
+            boot_log.append(clock.line("E", "esp_image", str(exc)))
+            boot_log.append(clock.line("E", "boot", f"{part.label} app partition is not bootable"))
             continue
         pos = part.offset + 0x18
         for i, (addr, data) in enumerate(app.segments):
             kind = "map" if _mapped(ctx.chip, addr) else "load"
             size = f"size={len(data):05x}h ({len(data):6d})"
             line = f"segment {i}: paddr={pos + 8:08x} vaddr={addr:08x} {size} {kind}"
-            bl.append(clock.line("I", "esp_image", line, 2))
+            boot_log.append(clock.line("I", "esp_image", line, 2))
             pos += 8 + len(data)
-        bl.append(clock.line("I", "boot", f"Loaded app from partition at offset 0x{part.offset:x}", 20))
+        boot_log.append(clock.line("I", "boot", f"Loaded app from partition at offset 0x{part.offset:x}", 20))
         return part, app, payload
-    bl.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
+    boot_log.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
     return None
 
 
@@ -228,25 +230,26 @@ def _boot_once(ctx: BootContext, reason: str) -> _Once:
     header_flash = header_flash_bytes(boot.image)  # the bootloader sets the flash size from its header
     # second-stage bootloader (console baud is only known from the app image; it logs at 115200 here)
     clock = Clock()
-    t_bl = clock.seconds
-    bl = _bootloader_lines(chip, clock, header_flash)
+    t_boot = clock.seconds
+    boot_log = _bootloader_lines(chip, clock, header_flash)
     try:
         table = bootloader_table_offset(boot)  # compiled into the bootloader, as on a real board
         parts = parse_partition_table(bytes(flash[table : table + TABLE_MAX_BYTES]))
     except (PartitionTableError, ImageError) as exc:
-        bl.append(clock.line("E", "flash_parts", str(exc)))
-        bl.append(clock.line("E", "boot", "Failed to verify partition table"))
-        bl.append(clock.line("E", "boot", "load partition table error!"))
-        return _Once([*pieces, Piece("console", b"".join(bl), t_bl)])
-    bl += _table_lines(parts, clock)
+        boot_log.append(clock.line("E", "flash_parts", str(exc)))
+        boot_log.append(clock.line("E", "boot", "Failed to verify partition table"))
+        boot_log.append(clock.line("E", "boot", "load partition table error!"))
+        return _Once([*pieces, Piece("console", b"".join(boot_log), t_boot)])
+    boot_log += _table_lines(parts, clock)
     ctx.parts = parts
-    loaded = _load_app(ctx, parts, clock, bl)
+    loaded = _load_app(ctx, parts, clock, boot_log)
     if loaded is None:
-        return _Once([*pieces, Piece("console", b"".join(bl), t_bl)])
+        return _Once([*pieces, Piece("console", b"".join(boot_log), t_boot)])
     part, app, payload = loaded
-    bl.append(clock.line("I", "boot", "Disabling RNG early entropy source..."))
+    boot_log.append(clock.line("I", "boot", "Disabling RNG early entropy source..."))
     console_baud = int(payload.header.get("console_baud", ROM_BAUD))
-    pieces.append(Piece("console", b"".join(bl), t_bl))  # the bootloader and the app log at the console baud
+    # the bootloader and the app log at the console baud
+    pieces.append(Piece("console", b"".join(boot_log), t_boot))
     model, model_error = _map_model(flash, parts)
     payload = AppPayload(payload.header, model, payload.inputs)
     slot = part.subtype - OTA_0 if part.is_ota_app else None

@@ -51,6 +51,7 @@ class BootResult:
     variant: str | None = None
     faults_applied: list[str] = field(default_factory=list)
     app: SimApp | None = None  # the app now running its command loop (None: halted, looping, no app)
+    reboot_reason: str | None = None  # one boot: the app restarted the chip (the next boot's reason)
 
 
 # ---- ROM text -----------------------------------------------------------------------------------
@@ -117,16 +118,6 @@ def boot_from_flash(ctx: BootContext, reason: str) -> BootResult:
             break
         reason = one.reboot_reason
     return result
-
-
-@dataclass
-class _Once:
-    pieces: list[Piece]
-    console_baud: int = ROM_BAUD
-    variant: str | None = None
-    faults_applied: list[str] = field(default_factory=list)
-    reboot_reason: str | None = None
-    app: SimApp | None = None
 
 
 def _bootloader_lines(chip: ChipSpec, clock: Clock, header_flash: int) -> list[bytes]:
@@ -216,7 +207,7 @@ def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, str | N
         )
 
 
-def _boot_once(ctx: BootContext, reason: str) -> _Once:
+def _boot_once(ctx: BootContext, reason: str) -> BootResult:
     chip = ctx.chip
     flash = ctx.flash
     pieces: list[Piece] = [Piece("rom", rom_header(chip, reason, False))]
@@ -225,7 +216,7 @@ def _boot_once(ctx: BootContext, reason: str) -> _Once:
     except ImageError as exc:
         # the ROM retries forever; three rounds are enough evidence of the loop
         text = b"".join(rom_header(chip, "rtcwdt", False) + f"{exc}\r\n".encode() for _ in range(2))
-        return _Once([Piece("rom", pieces[0].data + f"{exc}\r\n".encode() + text)])
+        return BootResult([Piece("rom", pieces[0].data + f"{exc}\r\n".encode() + text)])
     pieces.append(Piece("rom", _rom_load_lines(chip, boot), ROM_LOAD_S))
     header_flash = header_flash_bytes(boot.image)  # the bootloader sets the flash size from its header
     # second-stage bootloader (console baud is only known from the app image; it logs at 115200 here)
@@ -239,12 +230,12 @@ def _boot_once(ctx: BootContext, reason: str) -> _Once:
         boot_log.append(clock.line("E", "flash_parts", str(exc)))
         boot_log.append(clock.line("E", "boot", "Failed to verify partition table"))
         boot_log.append(clock.line("E", "boot", "load partition table error!"))
-        return _Once([*pieces, Piece("console", b"".join(boot_log), t_boot)])
+        return BootResult([*pieces, Piece("console", b"".join(boot_log), t_boot)])
     boot_log += _table_lines(parts, clock)
     ctx.parts = parts
     loaded = _load_app(ctx, parts, clock, boot_log)
     if loaded is None:
-        return _Once([*pieces, Piece("console", b"".join(boot_log), t_boot)])
+        return BootResult([*pieces, Piece("console", b"".join(boot_log), t_boot)])
     part, app, payload = loaded
     boot_log.append(clock.line("I", "boot", "Disabling RNG early entropy source..."))
     console_baud = int(payload.header.get("console_baud", ROM_BAUD))
@@ -258,5 +249,5 @@ def _boot_once(ctx: BootContext, reason: str) -> _Once:
     out, reboot = sim_app.start(header_flash)
     out = [replace(p, at=t_app + p.at) for p in out]
     ctx.log(f"app: {payload.variant} from {part.label}, model {'ok' if model_error is None else model_error}")
-    return _Once(pieces + out, console_baud, payload.variant, sim_app.active, reboot,
-                 None if reboot else sim_app)  # fmt: skip
+    app_running = None if reboot else sim_app
+    return BootResult(pieces + out, console_baud, payload.variant, sim_app.active, app_running, reboot)

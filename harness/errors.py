@@ -34,9 +34,19 @@ class Verdict(str, enum.Enum):
     FIRMWARE_FAULT = "firmware_fault"
     INTERNAL_ERROR = "internal_error"
     INTERRUPTED = "interrupted"
+    # one input of a dataset (a run's verdict is one of the above, from its exit code): its two runs gave
+    # different outputs; the device reported an error for it; a leg's result is missing
+    NONDETERMINISTIC = "nondeterministic"
+    DEVICE_ERROR = "device_error"
+    INCOMPLETE = "incomplete"
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """The exit code this verdict stands for."""
+        return _EXIT_OF[self]
 
     @classmethod
     def from_exit_code(cls, code: ExitCode | int) -> Verdict:
@@ -54,6 +64,13 @@ _VERDICT_OF = {
     ExitCode.FIRMWARE_FAULT: Verdict.FIRMWARE_FAULT,
     ExitCode.INTERRUPTED: Verdict.INTERRUPTED,
     ExitCode.TERMINATED: Verdict.INTERRUPTED,
+}
+_EXIT_OF = {
+    **{v: c for c, v in _VERDICT_OF.items() if c != ExitCode.TERMINATED},
+    Verdict.INTERNAL_ERROR: ExitCode.INTERNAL,
+    Verdict.NONDETERMINISTIC: ExitCode.MISMATCH,
+    Verdict.DEVICE_ERROR: ExitCode.FIRMWARE_FAULT,
+    Verdict.INCOMPLETE: ExitCode.INFRASTRUCTURE,
 }
 
 

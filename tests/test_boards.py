@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from harness import resources
+from harness.chips import CHIPS
 from harness.cli import main
 from harness.errors import BoardDefinitionError, ExitCode
-from harness.firmware.boards import BOOTLOADER_OFFSETS, Board, list_boards, load_board
+from harness.firmware.boards import Board, list_boards, load_board
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,7 +86,7 @@ def test_bootloader_offsets_match_esptool_chip_table() -> None:
     # esptool's chip classes carry BOOTLOADER_FLASH_OFFSET: our fallback table must agree.
     from esptool.targets import CHIP_DEFS
 
-    for chip, offset in BOOTLOADER_OFFSETS.items():
+    for chip, offset in {c.name: c.bootloader_offset for c in CHIPS.values()}.items():
         assert offset == CHIP_DEFS[chip].BOOTLOADER_FLASH_OFFSET, chip
 
 

@@ -26,6 +26,7 @@ from harness.errors import BuildError, ExitCode, UsageError
 from harness.firmware import build as b
 from harness.firmware.cache import BuildCache
 from harness.firmware.generate import generate_projects
+from harness.flashfmt.partitions import pack_partition_table, table_rows
 
 MODELS = Path(__file__).parent / "data" / "models"
 INPUTS = MODELS / "inputs"
@@ -543,11 +544,11 @@ def test_spaces_and_non_ascii_in_project_path(tmp_path: Path, fake_tools: dict[s
 def test_partition_table_parser_reads_the_sim_packers_tables() -> None:
     image = pytest.importorskip("harness.sim.image")
     parts = image.default_partitions(0x123456, 0xC000)
-    parsed = b.parse_partition_table(image.pack_partition_table(parts))
+    parsed = table_rows(pack_partition_table(parts))
     assert [(p.label, p.type, p.subtype, p.offset, p.size) for p in parsed] == [
         (p.label, p.type, p.subtype, p.offset, p.size) for p in parts
     ]
-    assert b.parse_partition_table(b"\xff" * 0xC00) == []
+    assert table_rows(b"\xff" * 0xC00) == []
 
 
 def test_parse_resolved_sdkconfig() -> None:
@@ -657,15 +658,15 @@ def test_each_build_directory_boots_its_own_variant(
     the app sits in its slot and the otadata flashed with it selects that slot; a cache hit too. The
     builders' own ota_data_initial.bin is erased (it boots ota_0): on the old code the ANSI C build
     directory flashed the ANSI C app to ota_1 and booted whatever sat in ota_0."""
-    from harness.firmware.layout import VARIANT_SLOTS
-    from harness.protocol.otadata import selected_slot
+    from harness.flashfmt.otadata import selected_slot
+    from harness.flashfmt.partitions import VARIANT_SLOTS
 
     for variant in ("optimized", "ansi"):
         (proj,) = _project(tmp_path / variant, board=board, variants=(variant,))
         for hit in (False, True):
             res = b.build_project(proj, cache_dir=tmp_path / "cache", env=_env(fake_tools))
             assert res.cache_hit is hit
-            table = b.parse_partition_table(res.artifact("partition-table").path.read_bytes())  # type: ignore[union-attr]
+            table = table_rows(res.artifact("partition-table").path.read_bytes())  # type: ignore[union-attr]
             slots = [p for p in table if p.type == 0x00 and 0x10 <= p.subtype < 0x20]
             own = VARIANT_SLOTS[variant]
             out = res.flasher_args.parent

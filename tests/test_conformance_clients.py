@@ -25,8 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.firmware.build import BuildResult, build_project, parse_partition_table
+from harness.firmware.build import BuildResult, build_project
 from harness.firmware.generate import generate_projects
+from harness.flashfmt.partitions import table_rows
 from harness.protocol.capture import parse_capture
 from harness.protocol.frames import Frame, FrameDecoder, decode_hello
 from harness.sim.chips import get_chip
@@ -216,7 +217,7 @@ def test_esptool_cli_over_raw_tcp_to_a_board_strapped_for_download(
     app_offset = next(a.offset for a in build.artifacts if a.role == "app")
     esptool(url, "read-flash", hex(app_offset), hex(len(app)), str(tmp_path / "app.bin"))
     assert (tmp_path / "app.bin").read_bytes() == app
-    nvs = next(p for p in parse_partition_table(table.path.read_bytes()) if p.label == "nvs")
+    nvs = next(p for p in table_rows(table.path.read_bytes()) if p.label == "nvs")
     esptool(url, "erase-region", hex(nvs.offset), hex(nvs.size))
     esptool(url, "read-flash", hex(nvs.offset), "0x1000", str(tmp_path / "nvs.bin"))
     assert (tmp_path / "nvs.bin").read_bytes() == b"\xff" * 0x1000

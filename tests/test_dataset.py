@@ -26,7 +26,7 @@ from harness.flows.records import StageTimeouts
 from harness.model.dataset import load_dataset, random_dataset
 from harness.model.loader import load_model
 from harness.protocol.frames import prng_bytes
-from harness.sim.board import REGISTRY
+from harness.sim.board import remove_board
 
 MODEL = "cnn_classifier_11.tflite"
 
@@ -173,7 +173,7 @@ def sim_port():  # type: ignore[no-untyped-def]
 
     yield make
     for n in names:
-        REGISTRY.remove(n)
+        remove_board(n)
 
 
 def _run(models_dir: Path, out: Path, port: str, **opts: object):  # type: ignore[no-untyped-def]

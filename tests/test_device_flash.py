@@ -28,7 +28,7 @@ from harness.device.ports import open_port, resolve_port
 from harness.device.session import DeviceSession
 from harness.errors import ExitCode, PortError
 from harness.protocol.capture import parse_capture
-from harness.sim.board import REGISTRY
+from harness.sim.board import remove_board
 from harness.sim.image import build_sim_firmware
 from harness.sim.serve import serve_rfc2217, serve_tcp
 from harness.sim.testing import make_project
@@ -62,7 +62,7 @@ def sim_url() -> Iterator:
 
     yield make
     for name in names:
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 def test_flash_then_capture_on_one_handle_then_skip_on_reflash(

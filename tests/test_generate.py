@@ -25,10 +25,10 @@ from harness.cli import main
 from harness.errors import ExitCode, GenerateError
 from harness.firmware import generate as gen
 from harness.firmware.boards import list_boards, load_board
+from harness.flashfmt.model_image import parse_model_image
 from harness.model.inputs import load_input
 from harness.model.loader import load_model
 from harness.model.opdata import resolver_methods
-from harness.protocol.model_image import parse_model_image
 from harness.resources import data_dir, templates_dir
 
 if sys.version_info >= (3, 11):
@@ -682,8 +682,8 @@ def test_pio_upload_of_each_project_boots_its_own_variant(
     them (pre: before the platform's scripts, post: after): the app goes to its own slot, and the otadata
     uploaded with it boots that slot. On the old project the ANSI C app went to ota_0 with an erased
     otadata. ``resolved``: the variant read from PlatformIO's sdkconfig.esp_check after a build."""
-    from harness.firmware.layout import VARIANT_SLOTS
-    from harness.protocol.otadata import selected_slot
+    from harness.flashfmt.otadata import selected_slot
+    from harness.flashfmt.partitions import VARIANT_SLOTS
 
     (p,) = gen.generate_projects(
         MODELS / "cnn_classifier_11.tflite", [], "esp32s3-devkitc-1-n8r8", out_dir=tmp_path,

@@ -210,7 +210,7 @@ def test_hostile_or_mangled_locks_never_reach_c(main_cmakelists: Path, tmp_path:
 def test_idf_flash_writes_the_model_partition(main_cmakelists: Path, tmp_path: Path) -> None:
     """`idf.py flash` also flashes the model image into the model partition (esptool_py_flash_to_partition):
     the call names the `flash` target, the partition partitions.csv declares, and the image generate wrote."""
-    from harness.protocol.model_image import parse_model_image
+    from harness.flashfmt.model_image import parse_model_image
 
     proj = _project(tmp_path / "p", LOCK, None, None)
     _configure(main_cmakelists, proj, tmp_path / "b")
@@ -306,8 +306,8 @@ def test_idf_flash_of_each_project_boots_its_own_variant(variant: str, tmp_path:
     app went to ota_0 (ESP-IDF's default boot partition) with an erased otadata."""
     import json
 
-    from harness.firmware.layout import VARIANT_SLOTS
-    from harness.protocol.otadata import selected_slot
+    from harness.flashfmt.otadata import selected_slot
+    from harness.flashfmt.partitions import VARIANT_SLOTS
 
     (p,) = generate_projects(
         MODELS / "op_zoo.tflite", [MODELS / "inputs" / "op_zoo.npy"], "esp32s3-devkitc-1-n8",

@@ -22,7 +22,7 @@ from harness.flows.dataset import DatasetOptions
 from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.job import JobOptions
 from harness.flows.records import StageTimeouts
-from harness.sim.board import REGISTRY
+from harness.sim.board import remove_board
 
 DEQUANTIZE, LOG = 6, 73
 CNN = "cnn_classifier_11.tflite"
@@ -56,7 +56,7 @@ def sim_port():  # type: ignore[no-untyped-def]
 
     yield make
     for n in names:
-        REGISTRY.remove(n)
+        remove_board(n)
 
 
 def _strict_json(path: Path) -> dict:  # type: ignore[type-arg]
@@ -182,7 +182,7 @@ def test_runner_keeps_a_dataset_crash_that_a_retry_does_not_reproduce(
         opts = RunOptions(out_dir=out, lock_dir=tmp_path / "locks", cache_dir=tmp_path / "cache")
         result = run_plan(load_plan(plan), load_inventory(inv), opts)
     finally:
-        REGISTRY.remove(name)
+        remove_board(name)
     doc = _strict_json(out / "summary.json")
     (task,) = doc["tasks"]
     assert result.exit_code == ExitCode.FIRMWARE_FAULT, task["reason"]

@@ -17,7 +17,7 @@ import serial
 import harness.sim as sim
 from harness.device.loop import LoopClient
 from harness.protocol import frames as fr
-from harness.sim.board import REGISTRY
+from harness.sim.board import remove_board
 from harness.sim.serve import serve_rfc2217
 
 sim.register()
@@ -52,4 +52,4 @@ def test_pumping_an_rfc2217_port_never_changes_its_settings() -> None:
             port.close()
     finally:
         server.stop()
-        REGISTRY.remove(name)
+        remove_board(name)

@@ -22,7 +22,7 @@ from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.hybrid import HybridOptions, hybrid
 from harness.flows.job import JobOptions
 from harness.flows.records import StageTimeouts
-from harness.sim.board import REGISTRY
+from harness.sim.board import remove_board
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,7 @@ def port():  # type: ignore[no-untyped-def]
 
     yield make
     for n in names:
-        REGISTRY.remove(n)
+        remove_board(n)
 
 
 def _run(mode: str, url: str, models_dir: Path, out: Path) -> ExitCode:
@@ -144,5 +144,5 @@ def test_runner_by_fault(tmp_path: Path, models_dir: Path, query: str, expected:
         opts = RunOptions(out_dir=tmp_path / "out", lock_dir=tmp_path / "locks", cache_dir=tmp_path / "cache")
         result = run_plan(load_plan(plan), load_inventory(inv), opts)
     finally:
-        REGISTRY.remove(name)
+        remove_board(name)
     assert result.exit_code == expected

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from harness.firmware.native.config import idf_api_h, resolve, sdkconfig_h
 from harness.firmware.native.driver import STANDINS_DIR
-from harness.protocol import otadata
-from harness.sim.image import pack_partition_table, parse_partitions_csv
+from harness.flashfmt import otadata
+from harness.flashfmt.partitions import pack_partition_table, parse_partitions_csv
 
 CC = shutil.which("cc") or shutil.which("gcc")
 pytestmark = [pytest.mark.needs_cc, pytest.mark.skipif(CC is None, reason="no host C compiler")]

@@ -26,13 +26,13 @@ from harness.errors import ExitCode, GenerateError
 from harness.firmware.boards import list_boards, load_board
 from harness.firmware.generate import FirmwareFeatures, generate_projects
 from harness.firmware.layout import check_model_fits, flash_layout
+from harness.flashfmt import otadata
+from harness.flashfmt.model_image import HEADER_BYTES, parse_model_image
 from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.job import JobOptions
 from harness.flows.records import StageTimeouts
 from harness.protocol import frames as fr
-from harness.protocol import otadata
-from harness.protocol.model_image import HEADER_BYTES, parse_model_image
-from harness.sim.board import REGISTRY
+from harness.sim.board import remove_board
 from harness.sim.image import build_sim_firmware
 from harness.sim.testing import make_project
 
@@ -157,7 +157,7 @@ def board_url():  # type: ignore[no-untyped-def]
 
     yield make
     for n in names:
-        REGISTRY.remove(n)
+        remove_board(n)
 
 
 def _images(tmp_path: Path, models_dir: Path) -> dict[str, list[tuple[int, Path]]]:

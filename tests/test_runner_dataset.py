@@ -101,7 +101,7 @@ def test_two_dataset_jobs_on_one_board_reuse_what_is_flashed(
     """The second job runs the same firmware on the same board: every region's MD5 matches, 0 B written."""
     import jsonschema
 
-    from harness.sim.board import REGISTRY
+    from harness.sim.board import remove_board
 
     name = f"rds-{uuid.uuid4().hex[:8]}"
     inv = tmp_path / "bench.toml"
@@ -113,7 +113,7 @@ def test_two_dataset_jobs_on_one_board_reuse_what_is_flashed(
         opts = RunOptions(out_dir=out, lock_dir=tmp_path / "locks", cache_dir=tmp_path / "cache")
         result = run_plan(load_plan(plan), load_inventory(inv), opts)
     finally:
-        REGISTRY.remove(name)
+        remove_board(name)
     doc = json.loads((out / "summary.json").read_text())
     jsonschema.validate(doc, json.loads((ROOT / "docs" / "run-summary-schema.json").read_text()))
     tasks = {t["job"]: t for t in doc["tasks"]}

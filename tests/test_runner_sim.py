@@ -147,14 +147,14 @@ def by_board(doc: dict) -> dict[str, list[dict]]:
 @pytest.fixture
 def served_board():
     """A simulated board behind an RFC 2217 server (esptool's EspPortManager) in a background thread."""
-    from harness.sim.board import REGISTRY
+    from harness.sim.board import remove_board
     from harness.sim.serve import serve_rfc2217
 
     name = _uid("rfc")
     server = serve_rfc2217(f"sim://{name}?chip=esp32s3&emitter=c&flash_size=8MB")  # as boards/sim.toml
     yield server
     server.stop()
-    REGISTRY.remove(name)
+    remove_board(name)
 
 
 @pytest.mark.slow

@@ -41,6 +41,25 @@ def test_one_verdict_vocabulary(code: int, verdict: str) -> None:
     assert str(Verdict.from_exit_code(code)) == verdict
 
 
+@pytest.mark.parametrize(
+    ("verdict", "code"),
+    [
+        ("match", ExitCode.MATCH),
+        ("mismatch", ExitCode.MISMATCH),
+        ("nondeterministic", ExitCode.MISMATCH),
+        ("device_error", ExitCode.FIRMWARE_FAULT),
+        ("incomplete", ExitCode.INFRASTRUCTURE),
+        ("firmware_fault", ExitCode.FIRMWARE_FAULT),
+        ("internal_error", ExitCode.INTERNAL),
+    ],
+)
+def test_dataset_verdicts_are_in_the_one_vocabulary(verdict: str, code: ExitCode) -> None:
+    """A dataset input's verdict is a Verdict like a run's, and each says which exit code it stands for
+    (the dataset analysis kept a table of its own beside errors.Verdict)."""
+    assert Verdict(verdict).exit_code == code
+    assert Verdict.from_exit_code(Verdict(verdict).exit_code).exit_code == code
+
+
 def test_compare_report_v2_uses_the_shared_vocabulary_and_v1_the_old_one() -> None:
     result = compare_sources(_src("A", [1, 2], "optimized"), _src("B", [1, 3], "ansi_c"))
     v2 = report_dict(result)

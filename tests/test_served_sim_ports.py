@@ -18,7 +18,7 @@ import harness.sim as sim
 from harness.cli import main
 from harness.errors import ExitCode, PlanError
 from harness.runner import load_inventory
-from harness.sim.board import REGISTRY
+from harness.sim.board import remove_board
 from harness.sim.serve import serve_tcp
 
 MODEL = "cnn_classifier_11.tflite"
@@ -40,7 +40,7 @@ def test_flash_and_compare_refuses_a_served_simulator_on_raw_tcp(
         assert server.clients_served == 0  # refused before anything touched the board
     finally:
         server.stop()
-        REGISTRY.remove(name)
+        remove_board(name)
     err = " ".join(capsys.readouterr().err.split())
     assert code == ExitCode.USAGE, err
     assert "raw TCP" in err and "ROM loader" in err and "sim serve --rfc2217" in err, err

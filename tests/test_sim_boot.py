@@ -19,7 +19,7 @@ from esp_pylib.serial_reset import hard_reset
 import harness.sim as sim
 from harness.errors import UsageError
 from harness.protocol.capture import parse_capture
-from harness.sim.board import REGISTRY, SimBoard
+from harness.sim.board import SimBoard, remove_board
 from harness.sim.image import build_sim_firmware
 from harness.sim.testing import make_project, read_until_end
 
@@ -48,7 +48,7 @@ def board_port() -> Iterator:
     yield _open
     for port, name in opened:
         port.close()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 def boot(port: serial.SerialBase, timeout: float = 15) -> bytes:
@@ -134,7 +134,7 @@ def test_flash_survives_reopen_and_registry_and_file(tmp_path: Path, models_dir:
     port.open()  # same board: flash kept in the registry
     assert parse_capture(boot(port)).nn_mode == "ansi_c"
     port.close()
-    REGISTRY.remove(name)  # board gone from this process; its flash file remains
+    remove_board(name)  # board gone from this process; its flash file remains
     assert flash_file.stat().st_size == 4 << 20
     again = board_port("esp32s3", extra=f"&flash={flash_file}", name=name)
     board: SimBoard = again.board
@@ -167,7 +167,7 @@ def test_reopen_inherits_hardware_and_rejects_conflicts() -> None:
         with pytest.raises(serial.SerialException, match="chip=esp32s3"):
             serial.serial_for_url(f"sim://{name}?chip=esp32s3")
     finally:
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 def test_board_files_and_url_for() -> None:

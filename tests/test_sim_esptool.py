@@ -19,7 +19,7 @@ from esptool import cmds
 from esptool.util import FatalError
 
 import harness.sim as sim
-from harness.sim.board import REGISTRY, SimBoard
+from harness.sim.board import SimBoard, remove_board
 from harness.sim.image import build_sim_firmware
 from harness.sim.testing import make_project, read_until_end
 
@@ -51,7 +51,7 @@ def open_port() -> Iterator:
     yield _open
     for port, name in opened:
         port.close()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 def _board(port: serial.SerialBase) -> SimBoard:

@@ -22,7 +22,7 @@ from esp_pylib.serial_reset import hard_reset
 import harness.sim as sim
 from harness.analysis.classify import classify, exit_code_for
 from harness.errors import ExitCode
-from harness.sim.board import REGISTRY
+from harness.sim.board import remove_board
 from harness.sim.image import build_sim_firmware
 from harness.sim.testing import make_project, read_until_end
 
@@ -85,7 +85,7 @@ def run(images) -> Iterator:
     yield _run
     for port, name in opened:
         port.close()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 @pytest.mark.parametrize("chip", ["esp32", "esp32s3"])

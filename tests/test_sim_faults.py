@@ -18,7 +18,7 @@ from esptool.util import FatalError
 
 import harness.sim as sim
 from harness.protocol.capture import parse_capture
-from harness.sim.board import REGISTRY
+from harness.sim.board import remove_board
 from harness.sim.image import build_sim_firmware
 from harness.sim.testing import make_project, read_until_end
 
@@ -61,7 +61,7 @@ def run(images) -> Iterator:
     yield _run
     for port, name in names:
         port.close()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 def _outputs(raw: bytes) -> list[np.ndarray]:
@@ -166,7 +166,7 @@ def test_disconnect_mid_run(images) -> None:
         assert b"@EC1 0 BEGIN" in got and b" END " not in got
     finally:
         port.close()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 def test_first_sync_fails_then_connects(images) -> None:
@@ -181,7 +181,7 @@ def test_first_sync_fails_then_connects(images) -> None:
         assert cmds.detect_chip(port, 115200, "no-reset", connect_attempts=1).CHIP_NAME == "ESP32-S3"
     finally:
         port.close()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 def test_throttle_delivers_at_line_rate_and_intact(images) -> None:
@@ -202,7 +202,7 @@ def test_throttle_delivers_at_line_rate_and_intact(images) -> None:
         assert parse_capture(total).valid
     finally:
         port.close()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 def test_same_seed_same_stream(run) -> None:
@@ -232,7 +232,7 @@ def test_fault_boots_makes_a_fault_transient(images) -> None:
         assert cap.valid and cap.nn_mode == "optimized"
     finally:
         port.close()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 def test_a_crash_hits_the_same_place_on_every_reset(images) -> None:
@@ -255,7 +255,7 @@ def test_a_crash_hits_the_same_place_on_every_reset(images) -> None:
                 texts.setdefault(variant, []).append(raw[start : raw.index(b"Rebooting...", start)])
         finally:
             port.close()
-            REGISTRY.remove(name)
+            remove_board(name)
     for variant, crashes in texts.items():
         assert b"MEPC    : 0x" in crashes[0] and len(set(crashes)) == 1, (variant, crashes)
     assert texts["optimized"][0] != texts["ansi"][0]  # seeded by the image: its own kernel, its own stack

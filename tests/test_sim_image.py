@@ -11,17 +11,14 @@ import pytest
 from esptool.bin_image import LoadFirmwareImage
 
 from harness.errors import BuildError
-from harness.sim.chips import get_chip
-from harness.sim.image import (
-    APP_OFFSET,
+from harness.flashfmt.partitions import (
     Partition,
     PartitionTableError,
-    build_sim_firmware,
-    default_partitions,
     pack_partition_table,
     parse_partition_table,
-    read_app_payload,
 )
+from harness.sim.chips import get_chip
+from harness.sim.image import APP_OFFSET, build_sim_firmware, default_partitions, read_app_payload
 from harness.sim.testing import make_project
 
 

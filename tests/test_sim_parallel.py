@@ -18,7 +18,7 @@ from esptool.util import FatalError
 
 import harness.sim as sim
 from harness.protocol.capture import parse_capture
-from harness.sim.board import REGISTRY
+from harness.sim.board import get_board, remove_board
 from harness.sim.image import build_sim_firmware
 from harness.sim.testing import make_project, read_until_end
 
@@ -75,7 +75,7 @@ def test_three_boards_in_parallel_threads(tmp_path: Path, models_dir: Path) -> N
             assert cap.valid, (chip, cap.problems)
             assert cap.info["chip"] == chip
             assert cap.nn_mode == ("optimized" if variant == "optimized" else "ansi_c")
-            assert REGISTRY.get(names[chip]).flash_bytes_written > 0
+            assert get_board(names[chip]).flash_bytes_written > 0
     finally:
         for name in names.values():
-            REGISTRY.remove(name)
+            remove_board(name)

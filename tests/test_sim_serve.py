@@ -23,7 +23,7 @@ from esptool import cmds
 
 import harness.sim as sim
 from harness.protocol.capture import parse_capture
-from harness.sim.board import REGISTRY
+from harness.sim.board import get_board, remove_board
 from harness.sim.image import build_sim_firmware
 from harness.sim.serve import serve_rfc2217, serve_tcp
 from harness.sim.testing import make_project, read_until_end
@@ -59,11 +59,11 @@ def test_raw_tcp_serves_bytes_but_cannot_reset(s3_files) -> None:
         esp = cmds.run_stub(esp)
         cmds.write_flash(esp, [(o, str(p)) for o, p in s3_files], skip_flashed=True)
         client.close()
-        assert REGISTRY.get(name).flash_bytes_written > 0
-        assert REGISTRY.get(name).boots == 0  # nobody could reset it into the app over raw TCP
+        assert get_board(name).flash_bytes_written > 0
+        assert get_board(name).boots == 0  # nobody could reset it into the app over raw TCP
     finally:
         server.stop()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 def test_raw_tcp_board_strapped_into_download_mode(s3_files) -> None:
@@ -75,11 +75,11 @@ def test_raw_tcp_board_strapped_into_download_mode(s3_files) -> None:
         esp = cmds.detect_chip(client, 115200, "no-reset", connect_attempts=2)  # nobody reset it from here
         assert esp.CHIP_NAME == "ESP32-S3"
         client.close()
-        board = REGISTRY.get(name)
+        board = get_board(name)
         assert board.download_sessions == 1 and board.boots == 0
     finally:
         server.stop()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 def test_strap_wins_over_the_reset_circuit() -> None:
@@ -91,10 +91,10 @@ def test_strap_wins_over_the_reset_circuit() -> None:
         port.rts = False
         out = read_until_end(port, timeout=2, idle=0.3)
         assert b"waiting for download" in out  # ... but BOOT is held: the ROM waits for a host
-        assert REGISTRY.get(name).boots == 0
+        assert get_board(name).boots == 0
     finally:
         port.close()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 @pytest.mark.slow
@@ -118,11 +118,11 @@ def test_rfc2217_server_resets_for_esptool(s3_files) -> None:
         raw = read_until_end(client, timeout=20, idle=5)
         cap = parse_capture(raw)
         client.close()
-        assert cap.valid, (cap.problems, raw[-600:], REGISTRY.get(name).status())
+        assert cap.valid, (cap.problems, raw[-600:], get_board(name).status())
         assert cap.nn_mode == "ansi_c" and cap.simulated
     finally:
         server.stop()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 def test_rfc2217_clients_need_no_ign_set_control(s3_files) -> None:
@@ -139,7 +139,7 @@ def test_rfc2217_clients_need_no_ign_set_control(s3_files) -> None:
         client.close()
     finally:
         server.stop()
-        REGISTRY.remove(name)
+        remove_board(name)
 
 
 @pytest.mark.slow
@@ -235,4 +235,4 @@ def test_a_client_that_vanishes_mid_handshake_does_not_take_the_board_away(s3_fi
         assert server.clients_served == 4 and server.sessions_failed >= 1, server.last_error
     finally:
         server.stop()
-        REGISTRY.remove(name)
+        remove_board(name)

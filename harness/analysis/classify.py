@@ -36,6 +36,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from harness.chips import strap_pin
 from harness.errors import ExitCode, combine_exit_codes
 from harness.protocol.capture import MARKER, parse_capture
 from harness.protocol.frames import MAGIC as FRAME_MAGIC
@@ -47,7 +48,6 @@ __all__ = [
     "KINDS",
     "KIND_TABLE",
     "SEVERITY_EXIT",
-    "STRAP_PINS",
     "BootCounter",
     "Detector",
     "Finding",
@@ -216,18 +216,6 @@ KIND_TABLE: tuple[KindInfo, ...] = (
     ),
 )
 KINDS: dict[str, str] = {k.kind: k.severity for k in KIND_TABLE}
-
-# strap pin that selects download mode at reset, per chip (esptool / ESP-IDF "boot mode selection")
-STRAP_PINS: dict[str, str] = {
-    "esp32": "GPIO0",
-    "esp32s2": "GPIO0",
-    "esp32s3": "GPIO0",
-    "esp32c2": "GPIO9",
-    "esp32c3": "GPIO9",
-    "esp32c6": "GPIO9",
-    "esp32h2": "GPIO9",
-    "esp32p4": "GPIO35",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1243,7 +1231,7 @@ def _detect_download_mode(ctx: _Ctx) -> Found:
     rst = next((m for m in (_RST.search(ctx.lines[i].text) for i in resets) if m), None)
     reason = rst.group(2).upper() if rst else None
     mode = _BOOT_MODE.search(ctx.lines[resets[0]].text)
-    pin = STRAP_PINS.get(chip or "")
+    pin = strap_pin(chip)
     where = (
         f"{chip}: strap pin {pin}"
         if chip and pin

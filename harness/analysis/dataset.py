@@ -18,17 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import ExitCode, combine_exit_codes
+from harness.errors import ExitCode, Verdict, combine_exit_codes
 
 LEGS = ("optimized", "ansi", "host")
 PAIRS = (("optimized", "ansi"), ("optimized", "host"), ("ansi", "host"))
-VERDICT_EXIT = {
-    "match": ExitCode.MATCH,
-    "mismatch": ExitCode.MISMATCH,
-    "nondeterministic": ExitCode.MISMATCH,
-    "device_error": ExitCode.FIRMWARE_FAULT,
-    "incomplete": ExitCode.INFRASTRUCTURE,
-}
 
 
 @dataclass
@@ -92,7 +85,7 @@ class Row:
     index: int
     name: str
     label: int | None
-    verdict: str
+    verdict: Verdict
     lsb: dict[str, float | None]  # pair "a_vs_b" -> max |diff| over outputs (None: not compared)
     top1: dict[str, int | None]
     invoke_us: dict[str, int | None]
@@ -131,7 +124,7 @@ class DatasetAnalysis:
 
     @property
     def exit_code(self) -> ExitCode:
-        codes = [VERDICT_EXIT[r.verdict] for r in self.rows]
+        codes = [r.verdict.exit_code for r in self.rows]
         return combine_exit_codes(codes) if codes else ExitCode.INFRASTRUCTURE
 
     def disagreeing(self, limit: int = 20) -> list[Row]:
@@ -297,7 +290,7 @@ def analyze(
 
 def _verdict(
     legs: Mapping[str, Leg], lsb: Mapping[str, float | None], tol: float, ref_tol: float, why: list[str]
-) -> tuple[str, str]:
+) -> tuple[Verdict, str]:
     """Findings first (a failed invoke, a non-deterministic input, a difference that was measured), then
     what is unknown: a finding stays a finding when another leg of the same input is missing."""
     devices = [(v, legs[v]) for v in ("optimized", "ansi") if v in legs]
@@ -307,10 +300,10 @@ def _verdict(
         f"{v}: {leg.status} {leg.detail}".strip() for v, leg in devices if leg.status == "invoke_failed"
     ]
     if failed:
-        return "device_error", "; ".join(failed)
+        return Verdict.DEVICE_ERROR, "; ".join(failed)
     nondet = [v for v, leg in devices if leg.ok and leg.nondeterministic]
     if nondet:
-        return "nondeterministic", "; ".join(
+        return Verdict.NONDETERMINISTIC, "; ".join(
             f"{v}: {legs[v].detail or 'the same input gave different outputs across repeats'}" for v in nondet
         )
     found = []
@@ -323,7 +316,7 @@ def _verdict(
         if k.endswith("_vs_host") and x is not None and x > ref_tol
     ]
     if found:
-        return "mismatch", "; ".join(found) + unknown
+        return Verdict.MISMATCH, "; ".join(found) + unknown
     if missing:
-        return "incomplete", "; ".join(missing)
-    return "match", ""
+        return Verdict.INCOMPLETE, "; ".join(missing)
+    return Verdict.MATCH, ""

@@ -34,7 +34,6 @@ pyserial finds this module once ``harness.device`` is in ``serial.protocol_handl
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import hashlib
@@ -47,17 +46,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
-import serial
-from serial.serialutil import PortNotOpenError, SerialBase, SerialException
+from serial.serialutil import SerialException
 
-from harness.protocol import otadata
-from harness.protocol.partition_table import TABLE_MAX_BYTES, PartitionEntry, parse_partition_table
+from harness.flashfmt.otadata import boot_order
+from harness.flashfmt.partitions import APP, TABLE_MAX_BYTES, Partition, table_rows
+from harness.inprocess import BOARDS, InProcessPort
 
 _PACKAGE = "harness.device"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_register_lock = threading.Lock()
 # Sanitizer runtime settings for a native program (unless the user set them): a report ends the
 # program (a firmware fault); leaks at exit are not faults (firmware never exits on a device).
 SANITIZER_ENV = {
@@ -76,32 +75,25 @@ BOOT_LINE = "esp-check native boot:"
 _SIZE = re.compile(r"^([0-9]{1,3})MB$")
 
 
-_boards: dict[str, tuple[Path, int]] = {}  # the native boards of this process: name -> (dir, flash size)
+class NativeBoard:
+    """A native board's state that outlives its port: its directory (its flash image and programs) and
+    flash size. It lives in harness.inprocess.BOARDS until the process ends, as a board keeps its flash;
+    the directory is removed when the board is dropped or at exit (``TemporaryDirectory``'s finalizer)."""
 
-
-def _board_dir(name: str, flash_bytes: int) -> tuple[Path, int, bool]:
-    """The directory of board ``name`` (made on first use; its flash survives closing the port, as a
-    board's does, until this process ends): (dir, flash size, made now)."""
-    with _register_lock:
-        known = _boards.get(name)
-        if known is not None and known[0].is_dir():
-            return known[0], known[1], False
-        path = Path(tempfile.mkdtemp(prefix=f"esp-check-native-{name}-"))
-        _boards[name] = (path, flash_bytes)
-        return path, flash_bytes, True
-
-
-@atexit.register
-def _remove_boards() -> None:
-    for path, _ in _boards.values():
-        shutil.rmtree(path, ignore_errors=True)
+    def __init__(self, name: str, flash_bytes: int) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"esp-check-native-{name}-")
+        self.path = Path(self._tmp.name)
+        self.flash_bytes = flash_bytes
 
 
 def register() -> None:
     """Add ``harness.device`` to pyserial's URL handler packages (idempotent)."""
-    with _register_lock:
-        if _PACKAGE not in serial.protocol_handler_packages:
-            serial.protocol_handler_packages.append(_PACKAGE)
+    BOARDS.register_handlers(_PACKAGE)
+
+
+def _read_at(f: BinaryIO, offset: int, size: int) -> bytes:
+    f.seek(offset)
+    return f.read(size)
 
 
 class ProgramEnded(SerialException):
@@ -121,8 +113,10 @@ def exit_line(returncode: int) -> str | None:
     return f"{EXIT_LINE} exited with status {returncode}\r\n"
 
 
-class Serial(SerialBase):
+class Serial(InProcessPort):
     """A pyserial port whose far end is a native program (see the module docstring)."""
+
+    SCHEME = "native"
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         self._cond = threading.Condition()
@@ -141,11 +135,7 @@ class Serial(SerialBase):
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def open(self) -> None:
-        if self._port is None:
-            raise SerialException("Port must be configured before it can be used.")
-        if self.is_open:  # type: ignore[has-type]
-            raise SerialException("Port is already open.")
-        url = str(self._port)
+        url = self._url_to_open()
         name = url[len("native://") :].split("?", 1)[0].strip("/") if url.startswith("native://") else ""
         if not _NAME.match(name):
             raise SerialException(f"could not open {url!r}: expected native://NAME (letters, digits, . _ -)")
@@ -155,7 +145,12 @@ class Serial(SerialBase):
         if m is None or not 0 < (int(m.group(1)) << 20) <= _MAX_FLASH_BYTES:
             raise SerialException(f"could not open {url!r}: flash={size_text} is not a flash size like 4MB")
         self.name = name
-        self._dir, self._flash_bytes, fresh = _board_dir(name, int(m.group(1)) << 20)
+        make = lambda: NativeBoard(name, int(m.group(1)) << 20)  # noqa: E731
+        board, fresh = BOARDS.get("native", name, make)
+        if not board.path.is_dir():  # removed behind this process's back: a blank board again
+            BOARDS.remove("native", name)
+            board, fresh = BOARDS.get("native", name, make)
+        self._dir, self._flash_bytes = board.path, board.flash_bytes
         if fresh:
             (self._dir / "apps").mkdir()
             self._erase()
@@ -171,10 +166,6 @@ class Serial(SerialBase):
 
     def _reconfigure_port(self) -> None:
         """Nothing to configure: a pipe has no baud rate."""
-
-    def _live(self) -> None:
-        if not self.is_open:
-            raise PortNotOpenError()
 
     # ---- "flash" and reset -----------------------------------------------------------------------
 
@@ -205,12 +196,12 @@ class Serial(SerialBase):
         assert self._dir is not None
         return self._dir / "flash.bin"
 
-    def table(self) -> tuple[int, list[PartitionEntry]] | None:
+    def table(self) -> tuple[int, list[Partition]] | None:
         """The partition table in flash (its offset and entries), as the boot stand-in finds it."""
         with open(self.flash_path, "rb") as f:
             for off in TABLE_OFFSETS:
                 f.seek(off)
-                entries = parse_partition_table(f.read(TABLE_MAX_BYTES))
+                entries = table_rows(f.read(TABLE_MAX_BYTES))
                 if entries:
                     return off, entries
         return None
@@ -224,7 +215,7 @@ class Serial(SerialBase):
         data = Path(path).read_bytes()
         sha = hashlib.sha256(data).hexdigest()
         found = self.table()
-        apps = {p.offset for p in found[1] if p.type == 0x00} if found else set()
+        apps = {p.offset for p in found[1] if p.type == APP} if found else set()
         if offset in apps:
             dest = self._dir / "apps" / f"0x{offset:x}"
             if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == sha:
@@ -258,19 +249,8 @@ class Serial(SerialBase):
                 return None  # nothing flashed: a blank board prints nothing
             return self._program, {}, ""
         table_off, parts = found
-        ota_apps = sorted(
-            (p for p in parts if p.type == 0x00 and 0x10 <= p.subtype <= 0x1F), key=lambda p: p.subtype
-        )
-        app: PartitionEntry | None = None
-        ota = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
-        if ota is not None and ota_apps:
-            with open(self.flash_path, "rb") as f:
-                f.seek(ota.offset)
-                chosen = otadata.selected_slot(f.read(ota.size), len(ota_apps))
-            if chosen is not None:
-                app = ota_apps[chosen]
-        app = app or next((p for p in parts if p.type == 0x00 and p.subtype == 0x00), None)
-        app = app or (ota_apps[0] if ota_apps else None)
+        with open(self.flash_path, "rb") as f:
+            app = next(iter(boot_order(parts, lambda offset, size: _read_at(f, offset, size)).apps), None)
         program = self._dir / "apps" / f"0x{app.offset:x}" if app is not None else None
         if app is None or program is None or not program.is_file():
             where = f"{app.label} at 0x{app.offset:x}" if app is not None else "the partition table"
@@ -430,46 +410,10 @@ class Serial(SerialBase):
                     raise
         return len(raw)
 
-    def flush(self) -> None:
-        self._live()
-
     def reset_input_buffer(self) -> None:
         self._live()
         with self._cond:
             self._buf.clear()
-
-    def reset_output_buffer(self) -> None:
-        self._live()
-
-    def send_break(self, duration: float = 0.25) -> None:
-        self._live()
-
-    def _update_break_state(self) -> None:
-        self._live()
-
-    @property
-    def cts(self) -> bool:
-        self._live()
-        return True
-
-    @property
-    def dsr(self) -> bool:
-        self._live()
-        return True
-
-    @property
-    def ri(self) -> bool:
-        self._live()
-        return False
-
-    @property
-    def cd(self) -> bool:
-        self._live()
-        return True
-
-    def fileno(self) -> int:
-        """No file descriptor (no modem-control ioctl), like the simulator's port."""
-        raise OSError(errno.ENOTTY, "native:// ports have no file descriptor")
 
     @property
     def program(self) -> Path | None:

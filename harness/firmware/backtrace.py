@@ -20,17 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis.classify import Finding, Severity
+from harness.chips import CHIPS, arch_of
 
 TOOLCHAIN_ENV = "ESP_CHECK_TOOLCHAIN_PREFIX"  # e.g. /opt/esp/riscv32-esp-elf/bin/riscv32-esp-elf-
-XTENSA_CHIPS = ("esp32", "esp32s2", "esp32s3")
-# the chip's own toolchain prefixes (ESP-IDF >= 5.2 ships one xtensa-esp-elf toolchain for all Xtensa
-# chips, with per-chip names too), where PlatformIO / ESP-IDF's installer put them
-_PREFIXES = {
-    "esp32": ("xtensa-esp32-elf-", "xtensa-esp-elf-"),
-    "esp32s2": ("xtensa-esp32s2-elf-", "xtensa-esp-elf-"),
-    "esp32s3": ("xtensa-esp32s3-elf-", "xtensa-esp-elf-"),
-}
-_RISCV_PREFIXES = ("riscv32-esp-elf-",)
+_RISCV_PREFIXES = ("riscv32-esp-elf-",)  # a chip not in harness.chips: every newer ESP chip is RISC-V
 _GENERIC_RISCV = ("riscv64-unknown-elf-", "riscv32-unknown-elf-", "riscv64-linux-gnu-")
 _PIO_PACKAGES = ("toolchain-xtensa-esp-elf", "toolchain-xtensa-esp32", "toolchain-xtensa-esp32s2",
                  "toolchain-xtensa-esp32s3", "toolchain-riscv32-esp")  # fmt: skip
@@ -49,13 +42,14 @@ class Toolchain:
     source: str  # where it was found (env, PATH, PlatformIO, ESP-IDF tools, generic RISC-V binutils)
 
 
-def arch_of(chip: str) -> str:
-    return "xtensa" if chip in XTENSA_CHIPS else "riscv"
+def _own_prefixes(chip: str) -> tuple[str, ...]:
+    """The chip's own toolchain prefixes, looked for on PATH and where PlatformIO / ESP-IDF put them."""
+    return CHIPS[chip].toolchain_prefixes if chip in CHIPS else _RISCV_PREFIXES
 
 
 def _candidates(chip: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
     """(prefix, source) in search order; a prefix may be a bare name (looked up on PATH) or a path."""
-    own = _PREFIXES.get(chip, _RISCV_PREFIXES)
+    own = _own_prefixes(chip)
     out: list[tuple[str, str]] = [(p, "PATH") for p in own]
     core = Path(env.get("PLATFORMIO_CORE_DIR") or Path.home() / ".platformio")
     for pkg in _PIO_PACKAGES:
@@ -96,7 +90,7 @@ def find_addr2line(chip: str, env: Mapping[str, str] | None = None) -> tuple[Too
         if source.startswith("binutils") and not _supports(exe, _BFD_TARGET[arch_of(chip)]):
             continue
         return Toolchain(prefix, source), ""
-    own = _PREFIXES.get(chip, _RISCV_PREFIXES)[0]
+    own = _own_prefixes(chip)[0]
     why = (
         f"no {own}addr2line found (it comes with ESP-IDF or PlatformIO's toolchain, not with pip): "
         f"put its bin directory on PATH or set {TOOLCHAIN_ENV}"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.chips import BOARD_CHIPS, CHIPS
 from harness.errors import BoardDefinitionError
 from harness.resources import boards_dir, idf_support, version_tuple
 
@@ -20,7 +21,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-CHIPS = ("esp32", "esp32s2", "esp32s3", "esp32c3", "esp32c6", "esp32p4")
 PSRAM_KINDS = ("none", "quad", "octal", "hex")
 CONSOLES = ("uart", "usb_serial_jtag")
 RESET_STYLES = ("classic", "usb_serial_jtag")
@@ -29,34 +29,6 @@ BUILDERS = ("pio", "idf", "sim", "native")
 NATIVE_BITS = (32, 64)
 FLASH_SIZES = ("2MB", "4MB", "8MB", "16MB", "32MB")
 
-# Facts per chip that are not board choices: second-stage bootloader offset (ESP-IDF's
-# BOOTLOADER_OFFSET_IN_FLASH default, esptool's chip table) and number of cores. Used only as a
-# fallback when a resolved sdkconfig does not say.
-BOOTLOADER_OFFSETS: dict[str, int] = {
-    "esp32": 0x1000,
-    "esp32s2": 0x1000,
-    "esp32s3": 0x0,
-    "esp32c3": 0x0,
-    "esp32c6": 0x0,
-    "esp32p4": 0x2000,
-}
-CHIP_CORES: dict[str, int] = {
-    "esp32": 2,
-    "esp32s2": 1,
-    "esp32s3": 2,
-    "esp32c3": 1,
-    "esp32c6": 1,
-    "esp32p4": 2,
-}
-# Highest CPU frequency each chip's Kconfig offers (P4: 360 before silicon v3, 400 from v3).
-CHIP_MAX_MHZ: dict[str, tuple[int, ...]] = {
-    "esp32": (240,),
-    "esp32s2": (240,),
-    "esp32s3": (240,),
-    "esp32c3": (160,),
-    "esp32c6": (160,),
-    "esp32p4": (360, 400),
-}
 # Where the partition table goes unless a board says otherwise. ESP-IDF's default 0x8000 leaves the
 # ESP32-P4 bootloader (at 0x2000) about 1.4 KB of headroom; esp-tflite-micro's examples moved the table
 # to 0xc000 on every target for that reason, and so do we. The layout after it (partitions.csv.j2):
@@ -147,11 +119,11 @@ class Board:
 
     @property
     def cores(self) -> int:
-        return CHIP_CORES[self.chip]
+        return CHIPS[self.chip].cores
 
     @property
     def bootloader_offset(self) -> int:
-        return BOOTLOADER_OFFSETS[self.chip]
+        return CHIPS[self.chip].bootloader_offset
 
     @property
     def flash_bytes(self) -> int:
@@ -222,8 +194,8 @@ def _choice(path: Path, data: dict[str, Any], key: str, allowed: tuple[str, ...]
 
 def _check_hardware(path: Path, data: dict[str, Any], chip: str) -> None:
     """Field combinations the chip and the tools cannot have (PSRAM kind, clocks, builder, ESP-NN path)."""
-    if data["cpu_mhz"] not in CHIP_MAX_MHZ[chip]:
-        allowed = ", ".join(str(m) for m in CHIP_MAX_MHZ[chip])
+    if data["cpu_mhz"] not in CHIPS[chip].max_mhz:
+        allowed = ", ".join(str(m) for m in CHIPS[chip].max_mhz)
         raise _err(path, "cpu_mhz", f"is {data['cpu_mhz']}; the maximum for {chip} is {allowed} MHz")
     if data["psram"] == "none" and data["psram_mb"] != 0:
         raise _err(path, "psram_mb", 'must be 0 when psram = "none"')
@@ -257,7 +229,7 @@ def _check_hardware(path: Path, data: dict[str, Any], chip: str) -> None:
         raise _err(path, "espnn_path", f'is "p4" but the chip is {chip}')
     if chip in ("esp32s3", "esp32p4") and data["espnn_path"] == "generic":
         raise _err(path, "espnn_path", f'is "generic" but ESP-NN always builds its {chip} path for {chip}')
-    if data["console"] == "usb_serial_jtag" and chip in ("esp32", "esp32s2"):
+    if data["console"] == "usb_serial_jtag" and not CHIPS[chip].usb_serial_jtag:
         raise _err(path, "console", f"{chip} has no USB-Serial-JTAG peripheral")
 
 
@@ -279,7 +251,7 @@ def parse_board(data: dict[str, Any], path: Path) -> Board:
             raise _err(path, key, f"must be of type {getattr(typ, '__name__', typ)}, got {value!r}")
     if not _NAME.match(data["name"]):
         raise _err(path, "name", f"{data['name']!r} is not a valid board name (lower-case, digits, - _ .)")
-    _choice(path, data, "chip", CHIPS)
+    _choice(path, data, "chip", BOARD_CHIPS)
     _choice(path, data, "psram", PSRAM_KINDS)
     _choice(path, data, "console", CONSOLES)
     _choice(path, data, "reset", RESET_STYLES)
@@ -410,7 +382,7 @@ def _chip_revs(path: Path, data: dict[str, Any]) -> tuple[int | None, int | None
 
 def _partition_table_offset(path: Path, data: dict[str, Any]) -> int:
     offset = int(data.get("partition_table_offset", DEFAULT_PARTITION_TABLE_OFFSET))
-    boot = BOOTLOADER_OFFSETS[data["chip"]]
+    boot = CHIPS[data["chip"]].bootloader_offset
     highest = APP_OFFSET - PARTITION_TABLE_BYTES - MIN_NVS_BYTES
     if offset % 0x1000 or not 0x8000 <= offset <= highest or offset <= boot:
         raise _err(

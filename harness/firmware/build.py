@@ -22,16 +22,26 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness import __version__
+from harness.chips import CHIPS
 from harness.errors import BuildError, PlatformUnreachableError, UsageError
-from harness.firmware.boards import BOOTLOADER_OFFSETS, BUILDERS
+from harness.firmware.boards import BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, default_cache_dir
 from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_ENV, read_manifest
-from harness.firmware.layout import VARIANT_SLOTS
 from harness.firmware.native.project import NativeOptions, plan_native_build, run_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
-from harness.protocol import otadata
-from harness.protocol.model_image import PARTITION_LABEL
-from harness.protocol.partition_table import PartitionEntry, parse_partition_table
+from harness.flashfmt import otadata
+from harness.flashfmt.model_image import PARTITION_LABEL
+from harness.flashfmt.partitions import (
+    APP,
+    DATA,
+    OTADATA,
+    Partition,
+    find,
+    pack_partition_table,
+    read_partitions_csv,
+    table_rows,
+    variant_app,
+)
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
 # layout, the ELF and config/sdkconfig.json are cached
@@ -75,15 +85,6 @@ RUN_ROLES = ("bootloader", "partition-table", "model", "app")
 # Data flashed beside the app but never compiled into it: a new model with the same generated code (the
 # same ops, outputs and arena) reuses the built apps. The model image is copied fresh at every build.
 _NOT_BUILD_INPUTS = {f"{DATA_DIR}/model.tflite", MODEL_IMAGE}
-# what ESP-IDF's project_description.json calls monitor_toolprefix (its addr2line is <prefix>addr2line)
-TOOLPREFIX = {
-    "esp32": "xtensa-esp32-elf-",
-    "esp32s2": "xtensa-esp32s2-elf-",
-    "esp32s3": "xtensa-esp32s3-elf-",
-    "esp32c3": "riscv32-esp-elf-",
-    "esp32c6": "riscv32-esp-elf-",
-    "esp32p4": "riscv32-esp-elf-",
-}
 # Files and directories that are build products or resolved state, not inputs of the build.
 _EXCLUDED_DIRS = {".pio", "build", "managed_components", ".git", "__pycache__"}
 _EXCLUDED_FILES = {MANIFEST_NAME, "dependencies.lock", ".gitignore"}
@@ -473,7 +474,7 @@ def _sim_sdkconfig_json(project: Path, out: Path) -> Path:
     chip = str(manifest.get("chip") or board_def.get("chip") or doc.get("IDF_TARGET") or "")
     doc["IDF_TARGET"] = chip
     doc[f"IDF_TARGET_{chip.upper()}"] = True
-    arch = "RISCV" if TOOLPREFIX.get(chip, "").startswith("riscv") else "XTENSA"
+    arch = "RISCV" if chip in CHIPS and CHIPS[chip].arch == "riscv" else "XTENSA"
     doc[f"IDF_TARGET_ARCH_{arch}"] = True
     sizes = [k.split("_")[-1] for k, v in doc.items() if k.startswith("ESPTOOLPY_FLASHSIZE_") and v is True]
     size = sizes[0] if sizes else None
@@ -521,7 +522,7 @@ def _layout(
     try:
         boot_off = int(sdkconfig["CONFIG_BOOTLOADER_OFFSET_IN_FLASH"], 0)
     except (KeyError, ValueError):
-        boot_off = BOOTLOADER_OFFSETS[chip]
+        boot_off = CHIPS[chip].bootloader_offset
     try:
         pt_off = int(sdkconfig["CONFIG_PARTITION_TABLE_OFFSET"], 0)
     except (KeyError, ValueError):
@@ -532,16 +533,13 @@ def _layout(
                 hint="regenerate the project with this esp-check version and build again",
             ) from None
         pt_off = table_offset
-    table = parse_partition_table(files["partition-table"].read_bytes())
-    apps = [p for p in table if p.type == 0x00]
-    if not apps:
+    table = table_rows(files["partition-table"].read_bytes())
+    app_part = variant_app(table, variant) or find(table, APP)
+    if app_part is None:
         raise BuildError(
             f"the built partition table {files['partition-table']} has no app partition",
             hint="check partitions.csv in the project",
         )
-    slot = 0x10 + VARIANT_SLOTS.get(variant or "", 0)
-    factory = next((p for p in apps if p.subtype == 0x00), None)
-    app_part = factory or next((p for p in apps if p.subtype == slot), apps[0])
     app_size = files["app"].stat().st_size
     if app_size > app_part.size:
         raise BuildError(
@@ -554,7 +552,7 @@ def _layout(
         ("bootloader", boot_off, files["bootloader"]),
         ("partition-table", pt_off, files["partition-table"]),
     ]
-    ota = next((p for p in table if p.type == 0x01 and p.subtype == 0x00), None)
+    ota = find(table, DATA, OTADATA)
     if ota is not None and "otadata" in files and files["otadata"].is_file():
         layout.append(("otadata", ota.offset, files["otadata"]))
     layout.append(("app", app_part.offset, files["app"]))
@@ -579,9 +577,9 @@ def _cached_files(entry: Any, project: Path) -> dict[str, Path]:
     return files
 
 
-def _model_layout(table: Sequence[PartitionEntry], project: Path) -> list[tuple[str, int, Path]]:
+def _model_layout(table: Sequence[Partition], project: Path) -> list[tuple[str, int, Path]]:
     """The model image for the ``model`` data partition (none in a table without one)."""
-    part = next((p for p in table if p.type == 0x01 and p.label == PARTITION_LABEL), None)
+    part = find(table, DATA, label=PARTITION_LABEL)
     if part is None:
         return []
     image = project / MODEL_IMAGE
@@ -626,12 +624,10 @@ def _select_own_slot(artifacts: Sequence[Artifact], variant: str) -> None:
     table = next((a for a in artifacts if a.role == "partition-table"), None)
     if ota is None or table is None:
         return
-    apps = [p for p in parse_partition_table(table.path.read_bytes()) if p.type == 0x00]
-    slots = [p for p in apps if 0x10 <= p.subtype < 0x20]
-    if any(p.subtype == 0x00 for p in apps) or not slots:
-        return  # a factory app boots from erased otadata
-    slot = VARIANT_SLOTS.get(variant, 0)
-    ota.path.write_bytes(otadata.initial(ota.path.stat().st_size, slot, len(slots)))
+    parts = table_rows(table.path.read_bytes())
+    app = variant_app(parts, variant)
+    if app is not None and app.is_ota_app:  # a factory app boots from the tool's erased otadata
+        ota.path.write_bytes(otadata.initial_for(parts, app, ota.path.stat().st_size))
 
 
 def _clear_layout(out_dir: Path) -> None:
@@ -670,7 +666,7 @@ def project_description(
         "app_elf": LAYOUT["elf"] if elf is not None else "",
         "config_file": str(out_dir / LAYOUT["sdkconfig_json"]),
         "monitor_baudrate": int(board_def.get("monitor_baud") or 115200),
-        "monitor_toolprefix": TOOLPREFIX.get(chip, ""),
+        "monitor_toolprefix": CHIPS[chip].toolprefix if chip in CHIPS else "",
         "generated_by": f"esp-check {__version__} (builder {manifest.get('builder') or 'pio'})",
     }
 
@@ -810,7 +806,7 @@ def _chip_and_builder(project: Path, manifest: Mapping[str, Any], builder: str |
     cannot use (``builder`` None: the board's own)."""
     board_def = manifest.get("board_def") or {}
     chip = str(manifest.get("chip") or board_def.get("chip") or "")
-    if chip not in BOOTLOADER_OFFSETS:
+    if chip not in CHIPS:
         raise UsageError(f"{project / MANIFEST_NAME}: unknown chip {chip!r}", hint="regenerate the project")
     board_name = str(manifest.get("board"))
     default_builder = str(manifest.get("builder") or "pio")
@@ -1036,37 +1032,25 @@ def _native_layout(
     the project's partitions.csv, blank otadata, the program in its variant's app slot (the native board
     keeps host programs beside its flash image: one does not fit a chip's slot) and the model image in
     the model partition. A project without a partition table (an older template) is the program alone."""
-    from harness.sim.image import pack_partition_table, parse_partitions_csv  # packer shared with the sim
-
     csv_path = project / "partitions.csv"
     if not csv_path.is_file():
         return [Artifact(0, program, "app")]
-    try:
-        parts = parse_partitions_csv(csv_path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise BuildError(f"{csv_path} unreadable: {exc}", hint="regenerate the project") from exc
+    table = read_partitions_csv(csv_path)
     board_def = manifest.get("board_def") or {}
     raw = board_def.get("partition_table_offset")
     table_off = raw if isinstance(raw, int) and not isinstance(raw, bool) else 0x8000
     table_path = out_dir / LAYOUT["partition-table"]
     table_path.parent.mkdir(parents=True, exist_ok=True)
-    table_path.write_bytes(pack_partition_table(parts))
-    table = parse_partition_table(table_path.read_bytes())
-    slot = 0x10 + VARIANT_SLOTS.get(str(manifest.get("variant") or ""), 0)
-    apps = [p for p in table if p.type == 0x00]
-    app = next((p for p in apps if p.subtype == 0x00), None) or next(
-        (p for p in apps if p.subtype == slot), None
-    )
+    table_path.write_bytes(pack_partition_table(table))
+    app = variant_app(table, str(manifest.get("variant") or ""))
     if app is None:
         raise BuildError(f"{csv_path} has no app partition for this variant", hint="regenerate the project")
     out = [Artifact(table_off, table_path, "partition-table"), Artifact(app.offset, program, "app")]
-    ota = next((p for p in table if p.type == 0x01 and p.subtype == 0x00), None)
+    ota = find(table, DATA, OTADATA)
     if ota is not None:
         ota_path = out_dir / LAYOUT["otadata"]
         ota_path.parent.mkdir(parents=True, exist_ok=True)
-        slots = sum(1 for p in apps if 0x10 <= p.subtype < 0x20)
-        own = VARIANT_SLOTS.get(str(manifest.get("variant") or ""), 0) if app.subtype != 0x00 else 0
-        ota_path.write_bytes(otadata.initial(ota.size, own, max(slots, 1)))
+        ota_path.write_bytes(otadata.initial_for(table, app, ota.size))
         out.append(Artifact(ota.offset, ota_path, "otadata"))
     for _role, offset, image in _model_layout(table, project):
         out.append(Artifact(offset, _place(image, out_dir / LAYOUT["model"]), "model"))

@@ -25,12 +25,13 @@ from harness import __version__
 from harness.errors import EspCheckError, GenerateError
 from harness.firmware.boards import Board, load_board
 from harness.firmware.hybrid_context import hybrid_firmware_context, render_hybrid_files
-from harness.firmware.layout import OTADATA_BYTES, VARIANT_SLOTS, FlashLayout, check_model_fits, flash_layout
+from harness.firmware.layout import OTADATA_BYTES, FlashLayout, check_model_fits, flash_layout
 from harness.firmware.tap_context import tap_firmware_context
+from harness.flashfmt import otadata
+from harness.flashfmt.model_image import HEADER_BYTES, pack_model_image
+from harness.flashfmt.partitions import VARIANT_SLOTS
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, TensorInfo
-from harness.protocol import otadata
-from harness.protocol.model_image import HEADER_BYTES, pack_model_image
 from harness.resources import data_dir, pinned_versions, templates_dir, version_tuple
 
 if sys.version_info >= (3, 11):
@@ -54,7 +55,7 @@ PSRAM_RESERVE_BYTES = 512 * 1024  # PSRAM left for the rest of the system when t
 MAX_INPUTS = 64
 # The portable C the firmware compiles next to app_main.cc: text emitter, binary frames, command loop.
 PROTO_FILES = tuple(f"esp_check_{name}{ext}" for name in ("proto", "frame", "loop") for ext in (".c", ".h"))
-MODEL_IMAGE = f"{DATA_DIR}/partitions/model.bin"  # the model partition (harness.protocol.model_image)
+MODEL_IMAGE = f"{DATA_DIR}/partitions/model.bin"  # the model partition (harness.flashfmt.model_image)
 PIO_EXTRA_SCRIPT = f"{DATA_DIR}/pio_flash_model.py"
 PIO_BOOT_SCRIPT = f"{DATA_DIR}/pio_boot_slot.py"
 # otadata selecting the ANSI C app's slot: what `idf.py flash` / `pio run -t upload` of the ANSI C project
@@ -520,7 +521,7 @@ def _layout_context(layout: FlashLayout) -> dict[str, Any]:
         "partition_table_offset": layout.table_offset,
         "model_partition": {
             "name": part.name,
-            "subtype": part.subtype,
+            "subtype": f"0x{part.subtype:02x}",
             "offset": part.offset,
             "size": part.size,
             "header_bytes": HEADER_BYTES,

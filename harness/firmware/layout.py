@@ -16,29 +16,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from harness.chips import CHIPS
 from harness.errors import GenerateError
 from harness.firmware.boards import Board
-from harness.protocol.model_image import HEADER_BYTES, PARTITION_LABEL, PARTITION_SUBTYPE
+from harness.flashfmt.model_image import HEADER_BYTES, PARTITION_LABEL, PARTITION_SUBTYPE
+from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, VARIANT_SLOTS, Partition
 
 NVS_MIN_BYTES = 0x3000  # ESP-IDF's minimum for a read-write NVS partition
 OTADATA_OFFSET = 0x10000
 OTADATA_BYTES = 0x2000  # two sectors, as ESP-IDF's otadata always is
 FIRST_APP_OFFSET = 0x20000  # apps start on 64 KB boundaries (MMU page)
 DEFAULT_TABLE_OFFSET = 0x8000
-# Variant -> OTA app slot. ESP-IDF boots ota_0 while otadata is empty, so a board flashed by hand
-# (`idf.py flash` writes an empty otadata) runs whichever variant was flashed last into ota_0.
-VARIANT_SLOTS = {"optimized": 0, "ansi": 1}
-
-# Flash a chip can memory-map for data (ESP-IDF soc.h, SOC_DROM_LOW..SOC_DROM_HIGH). The app's own
-# rodata shares the window. ESP32-S2 is taken as its DROM0 bus only (conservative, not measured).
-MMAP_WINDOW_BYTES = {
-    "esp32": 0x3F800000 - 0x3F400000,  # 4 MB
-    "esp32s2": 4 << 20,
-    "esp32s3": 0x3E000000 - 0x3C000000,  # 32 MB (shared with instruction fetch on the S3's MMU)
-    "esp32c3": 8 << 20,
-    "esp32c6": 16 << 20,
-    "esp32p4": 0x44000000 - 0x40000000,  # 64 MB
-}
+NVS = 0x02  # data subtype nvs
 
 
 def app_slot_bytes(flash_bytes: int) -> int:
@@ -47,42 +36,27 @@ def app_slot_bytes(flash_bytes: int) -> int:
 
 
 @dataclass(frozen=True)
-class PartitionRow:
-    """One partitions.csv row."""
-
-    name: str
-    type: str  # app | data
-    subtype: str  # nvs, ota, ota_0, ota_1, or 0xNN
-    offset: int
-    size: int
-
-    def csv(self) -> str:
-        cols = f"{self.name + ',':<9} {self.type + ',':<5} {self.subtype + ',':<7}"
-        return f"{cols} 0x{self.offset:06X}, 0x{self.size:06X}"
-
-
-@dataclass(frozen=True)
 class FlashLayout:
     board: str
     chip: str
     flash_bytes: int
     table_offset: int
-    rows: tuple[PartitionRow, ...]
+    rows: tuple[Partition, ...]
 
-    def row(self, name: str) -> PartitionRow:
-        return next(r for r in self.rows if r.name == name)
+    def row(self, name: str) -> Partition:
+        return next(r for r in self.rows if r.label == name)
 
     @property
     def app_slot_bytes(self) -> int:
         return self.row("ota_0").size
 
     @property
-    def model_partition(self) -> PartitionRow:
+    def model_partition(self) -> Partition:
         return self.row(PARTITION_LABEL)
 
     @property
     def mmap_window_bytes(self) -> int:
-        return MMAP_WINDOW_BYTES.get(self.chip, 4 << 20)
+        return CHIPS[self.chip].mmap_window_bytes if self.chip in CHIPS else 4 << 20
 
     @property
     def model_max_bytes(self) -> int:
@@ -101,16 +75,18 @@ class FlashLayout:
         return {
             "flash_bytes": self.flash_bytes,
             "partition_table_offset": self.table_offset,
-            "partitions": [
-                {"name": r.name, "type": r.type, "subtype": r.subtype, "offset": r.offset, "size": r.size}
-                for r in self.rows
-            ],
+            "partitions": [_row_dict(r) for r in self.rows],
             "app_slot_bytes": self.app_slot_bytes,
             "model_partition_bytes": self.model_partition.size,
             "mmap_window_bytes": self.mmap_window_bytes,
             "model_max_bytes": self.model_max_bytes,
             "slots": {v: f"ota_{s}" for v, s in VARIANT_SLOTS.items()},
         }
+
+
+def _row_dict(row: Partition) -> dict[str, Any]:
+    tname, sub = row.type_names()
+    return {"name": row.label, "type": tname, "subtype": sub, "offset": row.offset, "size": row.size}
 
 
 def flash_layout(board: Board) -> FlashLayout:
@@ -133,11 +109,11 @@ def flash_layout(board: Board) -> FlashLayout:
             hint="use a board with at least 2 MB of flash",
         )
     rows = (
-        PartitionRow("nvs", "data", "nvs", nvs, OTADATA_OFFSET - nvs),
-        PartitionRow("otadata", "data", "ota", OTADATA_OFFSET, OTADATA_BYTES),
-        PartitionRow("ota_0", "app", "ota_0", FIRST_APP_OFFSET, slot),
-        PartitionRow("ota_1", "app", "ota_1", FIRST_APP_OFFSET + slot, slot),
-        PartitionRow(PARTITION_LABEL, "data", f"0x{PARTITION_SUBTYPE:02x}", model_off, model_size),
+        Partition("nvs", DATA, NVS, nvs, OTADATA_OFFSET - nvs),
+        Partition("otadata", DATA, OTADATA, OTADATA_OFFSET, OTADATA_BYTES),
+        Partition("ota_0", APP, OTA_0, FIRST_APP_OFFSET, slot),
+        Partition("ota_1", APP, OTA_0 + 1, FIRST_APP_OFFSET + slot, slot),
+        Partition(PARTITION_LABEL, DATA, PARTITION_SUBTYPE, model_off, model_size),
     )
     return FlashLayout(board.name, board.chip, board.flash_bytes, table, rows)
 

@@ -25,11 +25,11 @@ from harness.device.loop import DeviceRestarted, LinkError, LinkStats
 from harness.device.session import DeviceSession
 from harness.errors import EspCheckError
 from harness.firmware.build import RUN_ROLES, BuildResult
-from harness.firmware.layout import VARIANT_SLOTS
+from harness.flashfmt import otadata
+from harness.flashfmt.model_image import ModelImageError, parse_model_image
+from harness.flashfmt.partitions import VARIANT_SLOTS
 from harness.flows.records import EXPECTED_NN, Recorder, StageTimeouts
 from harness.protocol import frames as fr
-from harness.protocol import otadata
-from harness.protocol.model_image import ModelImageError, parse_model_image
 
 VARIANT_OF_NN = {nn: v for v, nn in EXPECTED_NN.items()}
 _LOADED_APP_RE = re.compile(rb"Loaded app from partition at offset 0x([0-9a-fA-F]+)")

@@ -13,7 +13,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from harness.protocol import frames as fr
+from harness.protocol import frames
 from harness.protocol.emitter import (
     MAX_DIMS,
     CEmitter,
@@ -38,7 +38,7 @@ class _Frame(ctypes.Structure):
 
 class _Decoder(ctypes.Structure):
     _fields_ = [
-        ("buf", ctypes.c_uint8 * fr.MAX_FRAME),
+        ("buf", ctypes.c_uint8 * frames.MAX_FRAME),
         ("have", ctypes.c_size_t),
         ("max_payload", ctypes.c_size_t),
         ("frames", ctypes.c_uint32),
@@ -103,16 +103,10 @@ class _Config(ctypes.Structure):
     ]
 
 
-_LIBS: dict[Path, ctypes.CDLL] = {}
-
-
 def load_library(cache_dir: Path | None = None) -> ctypes.CDLL:
-    """The compiled portable C (built once per source hash), with the frame and loop signatures set."""
-    path = build_c_library(cache_dir)
-    lib = _LIBS.get(path)
-    if lib is not None:
-        return lib
-    lib = ctypes.CDLL(str(path))
+    """The compiled portable C (built once per source hash), with the frame and loop signatures set: a
+    new handle for the caller to keep (the dynamic loader maps the library once per process)."""
+    lib = ctypes.CDLL(str(build_c_library(cache_dir)))
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
     sigs: dict[str, tuple[Any, list[Any]]] = {
         "ecf_encode": (sz, [_u8p, sz, ctypes.c_uint8, ctypes.c_uint8, ctypes.c_uint16, ctypes.c_char_p, sz]),
@@ -140,49 +134,48 @@ def load_library(cache_dir: Path | None = None) -> ctypes.CDLL:
         fn.argtypes = argtypes
     if lib.ecf_decoder_sizeof() != ctypes.sizeof(_Decoder):
         raise RuntimeError("ecf_decoder_t layout differs from harness.protocol.native's mirror")
-    _LIBS[path] = lib
     return lib
 
 
 def c_encode_frame(
     lib: ctypes.CDLL, ftype: int, seq: int, payload: bytes, flags: int = 0, key: int = 0
 ) -> bytes:
-    out = (ctypes.c_uint8 * fr.MAX_FRAME)()
+    out = (ctypes.c_uint8 * frames.MAX_FRAME)()
     n = lib.ecf_encode_keyed(out, len(out), ftype, flags, seq, payload, len(payload), key)
     return bytes(out[:n])
 
 
 def c_prng(lib: ctypes.CDLL, seed: int, index: int, dtype: str, nbytes: int) -> bytes:
     out = (ctypes.c_uint8 * max(nbytes, 1))()
-    lib.ecf_prng_fill(seed, index, fr.DTYPE_CODES.get(dtype, 0), out, nbytes)
+    lib.ecf_prng_fill(seed, index, frames.DTYPE_CODES.get(dtype, 0), out, nbytes)
     return bytes(out[:nbytes])
 
 
 class CFrameDecoder:
     """esp_check_frame.c's streaming decoder (frames and counters; text is dropped, as on the device)."""
 
-    def __init__(self, lib: ctypes.CDLL, max_payload: int = fr.MAX_PAYLOAD, key: int = 0) -> None:
+    def __init__(self, lib: ctypes.CDLL, max_payload: int = frames.MAX_PAYLOAD, key: int = 0) -> None:
         self.lib = lib
         self.state = _Decoder()
         lib.ecf_decoder_init(ctypes.byref(self.state), max_payload)
         lib.ecf_decoder_set_key(ctypes.byref(self.state), key)
-        self._got: list[fr.Frame] = []
+        self._got: list[frames.Frame] = []
 
         def _cb(_ctx: int | None, f: Any) -> None:
             c = f.contents
-            self._got.append(fr.Frame(c.type, c.seq, ctypes.string_at(c.payload, c.len), c.flags))
+            self._got.append(frames.Frame(c.type, c.seq, ctypes.string_at(c.payload, c.len), c.flags))
 
         self._cb = _FRAME_CB(_cb)
 
-    def feed(self, data: bytes) -> list[fr.Frame]:
+    def feed(self, data: bytes) -> list[frames.Frame]:
         self._got = []
         self.lib.ecf_decoder_feed(ctypes.byref(self.state), data, len(data), self._cb, None)
         return self._got
 
     @property
-    def stats(self) -> fr.DecoderStats:
+    def stats(self) -> frames.DecoderStats:
         s = self.state
-        return fr.DecoderStats(s.frames, s.bad_headers, s.bad_crc, s.skipped)
+        return frames.DecoderStats(s.frames, s.bad_headers, s.bad_crc, s.skipped)
 
 
 class CDeviceLoop:
@@ -214,12 +207,12 @@ class CDeviceLoop:
         c.ecp = ctypes.cast(emitter.state, ctypes.c_void_p)
         c.staging = ctypes.cast(self.staging, _u8p)
         c.input_bytes = cfg.input_bytes
-        c.input_dtype = fr.DTYPE_CODES.get(cfg.input_dtype, 0)
+        c.input_dtype = frames.DTYPE_CODES.get(cfg.input_dtype, 0)
         c.outputs = self._outs
         c.n_outputs = len(cfg.outputs)
         c.window = cfg.window
         c.human_max = cfg.human_max
-        c.sim, c.tap, c.nn = int(cfg.sim), int(cfg.tap), fr.NN_CODES.get(cfg.nn, 0)
+        c.sim, c.tap, c.nn = int(cfg.sim), int(cfg.tap), frames.NN_CODES.get(cfg.nn, 0)
         c.slot = 0xFF if cfg.slot is None else cfg.slot
         c.init_status = cfg.init_status
         c.model_sha256 = ctypes.cast(self._sha, _u8p)
@@ -300,4 +293,3 @@ def sha256_hex(data: bytes) -> str:
 __all__ = [
     "CDeviceLoop", "CFrameDecoder", "c_encode_frame", "c_prng", "load_library", "make_loop", "sha256_hex",
 ]  # fmt: skip
-

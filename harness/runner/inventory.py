@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.chips import CHIPS
 from harness.device.ports import RAW_TCP_SIMULATOR, RAW_TCP_SIMULATOR_HINT
 from harness.errors import EspCheckError, PlanError, PortError
 
@@ -36,7 +37,6 @@ from harness.runner.plan import NAME_RE
 
 CONSOLES = ("uart", "usb_serial_jtag")
 # chips with a USB-Serial-JTAG peripheral (the ESP32 and ESP32-S2 have none)
-USB_JTAG_CHIPS = ("esp32s3", "esp32c3", "esp32c6", "esp32h2", "esp32p4", "esp32c5", "esp32c61")
 _BOARD_KEYS = {
     "name",
     "type",
@@ -376,7 +376,7 @@ def _board_type(p: Path, where: str, tab: dict[str, Any]) -> Any:
     console = tab.get("console", board.console)
     if console not in CONSOLES:
         raise _err(p, where, "console", f"must be one of {CONSOLES}, not {console!r}")
-    if console == "usb_serial_jtag" and board.chip not in USB_JTAG_CHIPS:
+    if console == "usb_serial_jtag" and not CHIPS[board.chip].usb_serial_jtag:
         raise _err(p, where, "console", f"is usb_serial_jtag but the {board.chip} has no USB-Serial-JTAG")
     return with_console(board, console)
 

@@ -11,25 +11,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from harness.protocol import otadata as ota
-from harness.protocol.model_image import ModelImageError, parse_model_image
+from harness.flashfmt.model_image import PARTITION_LABEL, ModelImageError, parse_model_image
+from harness.flashfmt.otadata import boot_order
+from harness.flashfmt.partitions import (
+    DATA,
+    OTA_0,
+    TABLE_MAX_BYTES,
+    Partition,
+    PartitionTableError,
+    find,
+    parse_partition_table,
+)
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import elf_sha256
 from harness.sim.image import (
-    MODEL_LABEL,
-    PARTITION_TABLE_MAX,
     AppPayload,
     ImageError,
     LoadedImage,
-    Partition,
-    PartitionTableError,
     bootloader_max_bytes,
     bootloader_table_offset,
     find_payload,
     header_flash_bytes,
     load_image,
-    parse_partition_table,
-    type_names,
 )
 from harness.sim.resident import ROM_BAUD, SIM_BANNER, AppEnv, Clock, Piece, SimApp
 
@@ -48,6 +51,7 @@ class BootResult:
     variant: str | None = None
     faults_applied: list[str] = field(default_factory=list)
     app: SimApp | None = None  # the app now running its command loop (None: halted, looping, no app)
+    reboot_reason: str | None = None  # one boot: the app restarted the chip (the next boot's reason)
 
 
 # ---- ROM text -----------------------------------------------------------------------------------
@@ -59,17 +63,12 @@ _RESET_REASONS = {
     "rtcwdt": ("0x10 (RTCWDT_RTC_RESET)", "0x10 (RTCWDT_RTC_RST)"),
     "usb": ("0x15 (USB_UART_CHIP_RESET)", "0x15 (USB_UART_CHIP_RESET)"),
 }
-_BOOT_MODES = {
-    "esp32": ("0x13 (SPI_FAST_FLASH_BOOT)", "0x3 (DOWNLOAD_BOOT(UART0/UART1/SDIO_REI_REO_V2))"),
-    "esp32s3": ("0x8 (SPI_FAST_FLASH_BOOT)", "0x0 (DOWNLOAD(USB/UART0))"),
-    "esp32c3": ("0xc (SPI_FAST_FLASH_BOOT)", "0x0 (DOWNLOAD(USB/UART0/1))"),
-}
 
 
 def rom_header(chip: ChipSpec, reason: str, download: bool) -> bytes:
     """First ROM lines after a reset, e.g. ``ets Jun  8 2016 ...`` / ``rst:0x1 (POWERON_RESET),boot:...``."""
     rst = _RESET_REASONS[reason][0 if chip.name == "esp32" else 1]
-    boot = _BOOT_MODES[chip.name][1 if download else 0]
+    boot = chip.boot_modes[1 if download else 0]
     lines = list(chip.rom_banner)
     if chip.name == "esp32":
         lines.append("")
@@ -121,16 +120,6 @@ def boot_from_flash(ctx: BootContext, reason: str) -> BootResult:
     return result
 
 
-@dataclass
-class _Once:
-    pieces: list[Piece]
-    console_baud: int = ROM_BAUD
-    variant: str | None = None
-    faults_applied: list[str] = field(default_factory=list)
-    reboot_reason: str | None = None
-    app: SimApp | None = None
-
-
 def _bootloader_lines(chip: ChipSpec, clock: Clock, header_flash: int) -> list[bytes]:
     return [
         clock.line("I", "boot", "ESP-IDF sim 2nd stage bootloader"),
@@ -151,7 +140,7 @@ def _table_lines(parts: list[Partition], clock: Clock) -> list[bytes]:
     ]
     usages = {"nvs": "WiFi data", "phy": "RF data", "factory": "factory app", "ota": "OTA data"}
     for i, p in enumerate(parts):
-        tname, sub = type_names(p)
+        tname, sub = p.type_names()
         usage = usages.get(sub, "OTA app" if sub.startswith("ota_") else f"{tname} {sub}")
         row = f"{i:2d} {p.label:<16} {usage:<16} {p.type:02x} {p.subtype:02x} {p.offset:08x} {p.size:08x}"
         out.append(clock.line("I", "boot", row, 1))
@@ -159,42 +148,39 @@ def _table_lines(parts: list[Partition], clock: Clock) -> list[bytes]:
     return out
 
 
-def _boot_order(flash: bytearray, parts: list[Partition], clock: Clock, bl: list[bytes]) -> list[Partition]:
-    """The app partitions in the order the bootloader tries them: factory, or the OTA app otadata selects
-    (ota_0 when otadata is empty or damaged), then the others."""
-    apps = [p for p in parts if p.type == 0x00]
-    factory = [p for p in apps if p.subtype == 0x00]
-    otas = [p for p in apps if 0x10 <= p.subtype < 0x20]
-    otad = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
-    slot = None
-    if otad is not None and otas:
-        slot = ota.selected_slot(bytes(flash[otad.offset : otad.offset + otad.size]), len(otas))
-        bl.append(clock.line("I", "boot", f"OTA data selects {'nothing' if slot is None else f'ota_{slot}'}"))
-    first = [otas[slot]] if slot is not None else factory or otas[:1]
-    return first + [p for p in apps if p not in first]
+def _boot_order(
+    flash: bytearray, parts: list[Partition], clock: Clock, boot_log: list[bytes]
+) -> list[Partition]:
+    """The app partitions in the order the bootloader tries them (the boot rule of harness.flashfmt), with
+    the line it logs about otadata."""
+    order = boot_order(parts, lambda offset, size: bytes(flash[offset : offset + size]))
+    if order.read_otadata:
+        slot = "nothing" if order.slot is None else f"ota_{order.slot}"
+        boot_log.append(clock.line("I", "boot", f"OTA data selects {slot}"))
+    return order.apps
 
 
 def _load_app(
-    ctx: BootContext, parts: list[Partition], clock: Clock, bl: list[bytes]
+    ctx: BootContext, parts: list[Partition], clock: Clock, boot_log: list[bytes]
 ) -> tuple[Partition, LoadedImage, AppPayload] | None:
-    for part in _boot_order(ctx.flash, parts, clock, bl):
+    for part in _boot_order(ctx.flash, parts, clock, boot_log):
         try:
             app = load_image(ctx.chip, ctx.flash, part.offset, part.size)
             payload = find_payload(ctx.chip, app)
         except (ImageError, ValueError) as exc:
-            bl.append(clock.line("E", "esp_image", str(exc)))
-            bl.append(clock.line("E", "boot", f"{part.label} app partition is not bootable"))
+            boot_log.append(clock.line("E", "esp_image", str(exc)))
+            boot_log.append(clock.line("E", "boot", f"{part.label} app partition is not bootable"))
             continue
         pos = part.offset + 0x18
         for i, (addr, data) in enumerate(app.segments):
             kind = "map" if _mapped(ctx.chip, addr) else "load"
             size = f"size={len(data):05x}h ({len(data):6d})"
             line = f"segment {i}: paddr={pos + 8:08x} vaddr={addr:08x} {size} {kind}"
-            bl.append(clock.line("I", "esp_image", line, 2))
+            boot_log.append(clock.line("I", "esp_image", line, 2))
             pos += 8 + len(data)
-        bl.append(clock.line("I", "boot", f"Loaded app from partition at offset 0x{part.offset:x}", 20))
+        boot_log.append(clock.line("I", "boot", f"Loaded app from partition at offset 0x{part.offset:x}", 20))
         return part, app, payload
-    bl.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
+    boot_log.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
     return None
 
 
@@ -206,7 +192,7 @@ def _mapped(chip: ChipSpec, addr: int) -> bool:
 
 def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, str | None]:
     """What the app's esp_partition_mmap of the model partition finds: (model, None) or (b"", why not)."""
-    part = next((p for p in parts if p.type == 0x01 and p.label == MODEL_LABEL), None)
+    part = find(parts, DATA, label=PARTITION_LABEL)
     if part is None:
         return b"", "no_model_partition_in_the_partition_table"
     try:
@@ -221,7 +207,7 @@ def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, str | N
         )
 
 
-def _boot_once(ctx: BootContext, reason: str) -> _Once:
+def _boot_once(ctx: BootContext, reason: str) -> BootResult:
     chip = ctx.chip
     flash = ctx.flash
     pieces: list[Piece] = [Piece("rom", rom_header(chip, reason, False))]
@@ -230,37 +216,38 @@ def _boot_once(ctx: BootContext, reason: str) -> _Once:
     except ImageError as exc:
         # the ROM retries forever; three rounds are enough evidence of the loop
         text = b"".join(rom_header(chip, "rtcwdt", False) + f"{exc}\r\n".encode() for _ in range(2))
-        return _Once([Piece("rom", pieces[0].data + f"{exc}\r\n".encode() + text)])
+        return BootResult([Piece("rom", pieces[0].data + f"{exc}\r\n".encode() + text)])
     pieces.append(Piece("rom", _rom_load_lines(chip, boot), ROM_LOAD_S))
     header_flash = header_flash_bytes(boot.image)  # the bootloader sets the flash size from its header
     # second-stage bootloader (console baud is only known from the app image; it logs at 115200 here)
     clock = Clock()
-    t_bl = clock.seconds
-    bl = _bootloader_lines(chip, clock, header_flash)
+    t_boot = clock.seconds
+    boot_log = _bootloader_lines(chip, clock, header_flash)
     try:
         table = bootloader_table_offset(boot)  # compiled into the bootloader, as on a real board
-        parts = parse_partition_table(bytes(flash[table : table + PARTITION_TABLE_MAX]))
+        parts = parse_partition_table(bytes(flash[table : table + TABLE_MAX_BYTES]))
     except (PartitionTableError, ImageError) as exc:
-        bl.append(clock.line("E", "flash_parts", str(exc)))
-        bl.append(clock.line("E", "boot", "Failed to verify partition table"))
-        bl.append(clock.line("E", "boot", "load partition table error!"))
-        return _Once([*pieces, Piece("console", b"".join(bl), t_bl)])
-    bl += _table_lines(parts, clock)
+        boot_log.append(clock.line("E", "flash_parts", str(exc)))
+        boot_log.append(clock.line("E", "boot", "Failed to verify partition table"))
+        boot_log.append(clock.line("E", "boot", "load partition table error!"))
+        return BootResult([*pieces, Piece("console", b"".join(boot_log), t_boot)])
+    boot_log += _table_lines(parts, clock)
     ctx.parts = parts
-    loaded = _load_app(ctx, parts, clock, bl)
+    loaded = _load_app(ctx, parts, clock, boot_log)
     if loaded is None:
-        return _Once([*pieces, Piece("console", b"".join(bl), t_bl)])
+        return BootResult([*pieces, Piece("console", b"".join(boot_log), t_boot)])
     part, app, payload = loaded
-    bl.append(clock.line("I", "boot", "Disabling RNG early entropy source..."))
+    boot_log.append(clock.line("I", "boot", "Disabling RNG early entropy source..."))
     console_baud = int(payload.header.get("console_baud", ROM_BAUD))
-    pieces.append(Piece("console", b"".join(bl), t_bl))  # the bootloader and the app log at the console baud
+    # the bootloader and the app log at the console baud
+    pieces.append(Piece("console", b"".join(boot_log), t_boot))
     model, model_error = _map_model(flash, parts)
     payload = AppPayload(payload.header, model, payload.inputs)
-    slot = part.subtype - 0x10 if 0x10 <= part.subtype < 0x20 else None
+    slot = part.subtype - OTA_0 if part.is_ota_app else None
     sim_app = SimApp(ctx, payload, model_error, elf_sha256(chip, app), clock, slot)
     t_app = clock.seconds
     out, reboot = sim_app.start(header_flash)
     out = [replace(p, at=t_app + p.at) for p in out]
     ctx.log(f"app: {payload.variant} from {part.label}, model {'ok' if model_error is None else model_error}")
-    return _Once(pieces + out, console_baud, payload.variant, sim_app.active, reboot,
-                 None if reboot else sim_app)  # fmt: skip
+    app_running = None if reboot else sim_app
+    return BootResult(pieces + out, console_baud, payload.variant, sim_app.active, app_running, reboot)

@@ -25,6 +25,7 @@ from typing import Any
 import serial
 
 from harness.errors import UsageError
+from harness.inprocess import BOARDS
 from harness.sim.app import ROM_BAUD, BootContext, boot_from_flash, rom_header
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec, get_chip
 from harness.sim.faults import FaultSpec, parse_faults
@@ -770,40 +771,18 @@ def _garble(data: bytes) -> bytes:
     return bytes(((b * 37 + 0x5B) & 0x7F) | 0x80 for b in data)
 
 
-class BoardRegistry:
-    """Simulated boards by name, so a board's state survives closing and reopening its port.
-
-    The sim package owns one instance, :data:`REGISTRY`, because pyserial's URL handlers can only
-    reach shared state through the process (``serial_for_url`` constructs the port class itself).
-    It is the sim's only process-wide state; tests use unique board names and ``remove()``.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._boards: dict[str, SimBoard] = {}
-
-    def get(self, name: str, config: BoardConfig | None = None) -> SimBoard:
-        with self._lock:
-            board = self._boards.get(name)
-            if board is None:
-                if config is None:
-                    raise KeyError(name)
-                board = SimBoard(name, config)
-                self._boards[name] = board
-                return board
-        if config is not None:
-            board.reconfigure(config)
-        return board
-
-    def remove(self, name: str) -> None:
-        with self._lock:
-            board = self._boards.pop(name, None)
-        if board is not None:
-            board.persist()
-
-    def names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._boards)
+def get_board(name: str, config: BoardConfig | None = None) -> SimBoard:
+    """The simulated board ``name`` of this process (harness.inprocess.BOARDS): made from ``config`` on
+    first use, reconfigured by a later one (a re-opened URL's settings); KeyError when unknown and no
+    ``config``. Its state survives closing and reopening its port."""
+    board, made = BOARDS.get("sim", name, None if config is None else lambda: SimBoard(name, config))
+    if config is not None and not made:
+        board.reconfigure(config)
+    return board
 
 
-REGISTRY = BoardRegistry()
+def remove_board(name: str) -> None:
+    """Forget board ``name`` (its flash file, if it has one, keeps what it holds)."""
+    board = BOARDS.remove("sim", name)
+    if board is not None:
+        board.persist()

@@ -1,4 +1,6 @@
-"""Per-chip facts the simulated board answers with: detection values, eFuse words, banners, memory map.
+"""Per-chip facts the simulated board answers with: detection values, eFuse words, banners, memory map
+(the facts every part of esp-check shares, such as the architecture, cores and bootloader offset, come
+from :mod:`harness.chips`).
 
 Values are chosen so that esptool's own decoding of them (``esptool/targets/*.py``) yields a plausible,
 self-consistent chip: e.g. the ESP32's RTC calibration register and eFuse word 4 make esptool's
@@ -10,6 +12,12 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass, field
+from typing import Any
+
+from esptool.targets import CHIP_DEFS
+
+from harness.chips import CHIPS as FACTS
+from harness.chips import Chip
 
 # esptool's RDID answer: manufacturer 0xEF (Winbond), memory type 0x40, capacity byte = log2(size).
 FLASH_SIZE_CODES: dict[int, int] = {
@@ -28,11 +36,9 @@ class ChipSpec:
 
     name: str  # esptool's lower-case name: esp32, esp32s3, esp32c3
     display: str  # esptool's CHIP_NAME
-    arch: str  # "xtensa" or "riscv"
     image_chip_id: int
     magic_value: int | None  # CHIP_DETECT_MAGIC_REG value (ESP32 and older chips are detected by it)
     security_info: bool  # ROM answers GET_SECURITY_INFO (ESP32-S2 and later)
-    bootloader_offset: int
     spi_reg_base: int
     spi_usr2_offs: int
     spi_w0_offs: int
@@ -42,14 +48,33 @@ class ChipSpec:
     dram_start: int
     irom_start: int  # flash-mapped code, where an app's PCs and return addresses point
     rom_banner: tuple[str, ...]  # lines before "rst:" on every ROM boot
-    cores: int
+    boot_modes: tuple[str, str]  # the ROM's "boot:" text: (SPI flash boot, download mode)
     rev: str  # "major.minor" as esp_chip_info() reports
-    cpu_mhz: int
     registers: dict[int, int] = field(default_factory=dict)  # eFuse and other read-only words
     xtal_div: int = 1  # esptool's XTAL_CLK_DIVIDER (UART_CLKDIV = xtal * div / baud)
     # the chip revisions an ESP-IDF image for this chip accepts by default (esptool's major * 100 + minor:
     # CONFIG_ESP_REV_MIN_FULL / CONFIG_ESP_REV_MAX_FULL from Kconfig.hw_support, the same in v5.3 ... v5.5.3)
     image_revs: tuple[int, int] = (0, 99)
+
+    @property
+    def facts(self) -> Chip:
+        return FACTS[self.name]
+
+    @property
+    def arch(self) -> str:
+        return self.facts.arch
+
+    @property
+    def cores(self) -> int:
+        return self.facts.cores
+
+    @property
+    def bootloader_offset(self) -> int:
+        return self.facts.bootloader_offset
+
+    @property
+    def cpu_mhz(self) -> int:  # the simulated CPU runs at the chip's highest frequency
+        return self.facts.max_mhz[0]
 
     def mac_registers(self, name: str) -> dict[int, int]:
         """eFuse words holding a MAC derived from the board name (stable per board, unique-ish)."""
@@ -98,72 +123,59 @@ _ESP32C3_REGS = {
     0x60008844 + 20: 0,
 }
 
+
+def _spec(name: str, **sim: Any) -> ChipSpec:
+    """A chip's spec: what esptool's own class for the chip says (its name, image chip id, SPI and UART
+    registers, data window), and ``sim`` (what only the simulated board needs)."""
+    rom = CHIP_DEFS[name]
+    esptool_facts = {
+        "display": rom.CHIP_NAME,
+        "image_chip_id": rom.IMAGE_CHIP_ID,
+        "spi_reg_base": rom.SPI_REG_BASE,
+        "spi_usr2_offs": rom.SPI_USR2_OFFS,
+        "spi_w0_offs": rom.SPI_W0_OFFS,
+        "uart_clkdiv_reg": rom.UART_CLKDIV_REG,
+        "drom_map_start": rom.DROM_MAP_START,
+    }
+    return ChipSpec(name=name, **esptool_facts, **sim)
+
+
 CHIPS: dict[str, ChipSpec] = {
-    "esp32": ChipSpec(
-        name="esp32",
-        display="ESP32",
-        arch="xtensa",
-        image_chip_id=0,
+    "esp32": _spec(
+        "esp32",
         magic_value=0x00F01D83,
         security_info=False,
-        bootloader_offset=0x1000,
-        spi_reg_base=0x3FF42000,
-        spi_usr2_offs=0x24,
-        spi_w0_offs=0x80,
-        uart_clkdiv_reg=0x3FF40014,
-        drom_map_start=0x3F400000,
         iram_start=0x40080000,
         dram_start=0x3FFB0000,
         irom_start=0x400D0000,
         rom_banner=("ets Jun  8 2016 00:22:57",),
-        cores=2,
+        boot_modes=("0x13 (SPI_FAST_FLASH_BOOT)", "0x3 (DOWNLOAD_BOOT(UART0/UART1/SDIO_REI_REO_V2))"),
         rev="3.0",
-        cpu_mhz=240,
         registers=_ESP32_REGS,
         image_revs=(0, 399),
     ),
-    "esp32s3": ChipSpec(
-        name="esp32s3",
-        display="ESP32-S3",
-        arch="xtensa",
-        image_chip_id=9,
+    "esp32s3": _spec(
+        "esp32s3",
         magic_value=None,
         security_info=True,
-        bootloader_offset=0x0,
-        spi_reg_base=0x60002000,
-        spi_usr2_offs=0x20,
-        spi_w0_offs=0x58,
-        uart_clkdiv_reg=0x60000014,
-        drom_map_start=0x3C000000,
         iram_start=0x40378000,
         dram_start=0x3FC88000,
         irom_start=0x42000000,
         rom_banner=("ESP-ROM:esp32s3-20210327", "Build:Mar 27 2021"),
-        cores=2,
+        boot_modes=("0x8 (SPI_FAST_FLASH_BOOT)", "0x0 (DOWNLOAD(USB/UART0))"),
         rev="0.2",
-        cpu_mhz=240,
         registers=_ESP32S3_REGS,
     ),
-    "esp32c3": ChipSpec(
-        name="esp32c3",
-        display="ESP32-C3",
-        arch="riscv",
-        image_chip_id=5,
+    "esp32c3": _spec(
+        "esp32c3",
         magic_value=None,
         security_info=True,
-        bootloader_offset=0x0,
-        spi_reg_base=0x60002000,
-        spi_usr2_offs=0x20,
-        spi_w0_offs=0x58,
-        uart_clkdiv_reg=0x60000014,
-        drom_map_start=0x3C000000,
         iram_start=0x4037C000,
         dram_start=0x3FC80000,
         irom_start=0x42000000,
         rom_banner=("ESP-ROM:esp32c3-api1-20210207", "Build:Feb  7 2021"),
-        cores=1,
+        boot_modes=("0xc (SPI_FAST_FLASH_BOOT)", "0x0 (DOWNLOAD(USB/UART0/1))"),
         rev="0.4",
-        cpu_mhz=160,
         registers=_ESP32C3_REGS,
         image_revs=(3, 199),
     ),

@@ -22,17 +22,31 @@ from pathlib import Path
 from typing import Any
 
 from esptool.bin_image import ELFSection, ESP32FirmwareImage, LoadFirmwareImage
+from esptool.targets import CHIP_DEFS
 
 from harness.errors import BuildError
-from harness.protocol import otadata
-from harness.protocol.model_image import PARTITION_LABEL as MODEL_LABEL
+from harness.flashfmt import otadata
+from harness.flashfmt.model_image import PARTITION_LABEL as MODEL_LABEL
+from harness.flashfmt.model_image import parse_model_image
+from harness.flashfmt.partitions import (
+    APP,
+    DATA,
+    FACTORY,
+    OTADATA,
+    TABLE_MAX_BYTES,
+    TABLE_SECTOR,
+    Partition,
+    find,
+    pack_partition_table,
+    parse_partition_table,
+    read_partitions_csv,
+    variant_app,
+)
 from harness.sim import elf
 from harness.sim.chips import ChipSpec, get_chip
 
 MODEL_IMAGE_FILE = "esp-check/partitions/model.bin"  # where generate writes the model partition image
 
-PARTITION_TABLE_MAX = 0xC00
-PARTITION_TABLE_SECTOR = 0x1000
 MIN_NVS_BYTES = 0x3000
 APP_OFFSET = 0x10000
 _BOOTLOADER_PT_MARKER = b"ESPCHK-PT-OFFSET"  # followed by the offset as a little-endian u32
@@ -45,42 +59,12 @@ PAYLOAD_FORMAT = 2  # 2: the model is not in the app but in the model partition 
 FLASH_SIZE_CODES = {"1MB": 0x0, "2MB": 0x1, "4MB": 0x2, "8MB": 0x3, "16MB": 0x4, "32MB": 0x5}
 DEFAULT_FLASH_SIZE = "4MB"
 
-_PT_MAGIC = b"\xaa\x50"  # as gen_esp32part.py writes it (bytes AA 50)
-_PT_MD5_MAGIC = b"\xeb\xeb" + b"\xff" * 14
-
-# (type, subtype) names as gen_esp32part.py prints them
-_TYPES = {"app": 0x00, "data": 0x01}
-_SUBTYPES = {
-    "app": {"factory": 0x00, "test": 0x20, **{f"ota_{i}": 0x10 + i for i in range(16)}},
-    "data": {
-        "ota": 0x00,
-        "phy": 0x01,
-        "nvs": 0x02,
-        "coredump": 0x03,
-        "nvs_keys": 0x04,
-        "fat": 0x81,
-        "spiffs": 0x82,
-    },
-}
-
-
-@dataclass(frozen=True)
-class Partition:
-    """One partition table entry."""
-
-    label: str
-    type: int
-    subtype: int
-    offset: int
-    size: int
-    flags: int = 0
-
 
 def default_partitions(app_size: int, table_offset: int) -> list[Partition]:
     """A one-app layout (nvs right after the table, factory app), for tests of images built without a
     project (generated projects bring their own partitions.csv)."""
-    nvs = table_offset + PARTITION_TABLE_SECTOR
-    if table_offset % PARTITION_TABLE_SECTOR or APP_OFFSET - nvs < MIN_NVS_BYTES:
+    nvs = table_offset + TABLE_SECTOR
+    if table_offset % TABLE_SECTOR or APP_OFFSET - nvs < MIN_NVS_BYTES:
         raise BuildError(
             f"partition table offset {table_offset:#x} leaves no room for nvs before the app at "
             f"{APP_OFFSET:#x}",
@@ -88,92 +72,9 @@ def default_partitions(app_size: int, table_offset: int) -> list[Partition]:
         )
     app_size = max(0x100000, (app_size + 0xFFFF) // 0x10000 * 0x10000)
     return [
-        Partition("nvs", 0x01, 0x02, nvs, APP_OFFSET - nvs),
-        Partition("factory", 0x00, 0x00, APP_OFFSET, app_size),
+        Partition("nvs", DATA, 0x02, nvs, APP_OFFSET - nvs),
+        Partition("factory", APP, FACTORY, APP_OFFSET, app_size),
     ]
-
-
-def _csv_number(text: str, what: str) -> int:
-    try:
-        return int(text, 0)
-    except ValueError:
-        raise BuildError(
-            f"partitions.csv: {what} {text!r} is not a number", hint="regenerate the project"
-        ) from None
-
-
-def parse_partitions_csv(text: str) -> list[Partition]:
-    """A project's partitions.csv, as ESP-IDF's gen_esp32part.py reads it (explicit offsets and sizes).
-
-    The subset the generator writes: ``name, type, subtype, offset, size[, flags]`` with type app/data,
-    named or numeric subtypes, hex or decimal offsets and sizes; comments and blank lines skipped.
-    """
-    parts: list[Partition] = []
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        cols = [c.strip() for c in line.split(",")]
-        if len(cols) < 5 or cols[1] not in _TYPES:
-            raise BuildError(f"partitions.csv line {n}: {raw.strip()!r} is not a partition row",
-                             hint="regenerate the project")  # fmt: skip
-        name, tname, sub, off, size = cols[:5]
-        subtype = _SUBTYPES[tname].get(sub)
-        if subtype is None:
-            subtype = _csv_number(sub, "subtype")
-        if not 0 <= subtype <= 0xFE or len(name.encode()) > 16:
-            raise BuildError(f"partitions.csv line {n}: bad subtype or name in {raw.strip()!r}")
-        offset, nbytes = _csv_number(off, "offset"), _csv_number(size, "size")
-        parts.append(Partition(name, _TYPES[tname], subtype, offset, nbytes))
-    if not parts:
-        raise BuildError("partitions.csv holds no partitions", hint="regenerate the project")
-    return parts
-
-
-def pack_partition_table(parts: list[Partition]) -> bytes:
-    """Binary partition table: 32-byte entries, an MD5 row over them, 0xFF up to 0xC00 bytes."""
-    out = bytearray()
-    for p in parts:
-        label = p.label.encode("ascii")[:16]
-        out += struct.pack(
-            "<2sBBII16sI", _PT_MAGIC, p.type, p.subtype, p.offset, p.size, label.ljust(16, b"\0"), p.flags
-        )
-    out += _PT_MD5_MAGIC + hashlib.md5(bytes(out), usedforsecurity=False).digest()
-    if len(out) > PARTITION_TABLE_MAX:
-        raise BuildError("partition table too large", hint="use fewer partitions")
-    return bytes(out) + b"\xff" * (PARTITION_TABLE_MAX - len(out))
-
-
-class PartitionTableError(ValueError):
-    """The bytes at the partition table offset are not a valid table (what the bootloader checks)."""
-
-
-def parse_partition_table(data: bytes) -> list[Partition]:
-    """Parse and check a binary table (magic per entry, MD5 row), like the 2nd-stage bootloader."""
-    parts: list[Partition] = []
-    for off in range(0, min(len(data), PARTITION_TABLE_MAX), 32):
-        row = data[off : off + 32]
-        if len(row) < 32 or row == b"\xff" * 32:
-            break
-        if row[:16] == _PT_MD5_MAGIC:
-            if hashlib.md5(data[:off], usedforsecurity=False).digest() != row[16:]:
-                raise PartitionTableError("partition table MD5 mismatch")
-            return parts
-        magic, ptype, subtype, offset, size, label, flags = struct.unpack("<2sBBII16sI", row)
-        if magic != _PT_MAGIC:
-            raise PartitionTableError(f"partition {len(parts)} invalid magic number 0x{magic.hex()}")
-        parts.append(
-            Partition(label.rstrip(b"\0").decode("ascii", "replace"), ptype, subtype, offset, size, flags)
-        )
-    if not parts:
-        raise PartitionTableError("no valid partition table")
-    raise PartitionTableError("partition table has no MD5 row")
-
-
-def type_names(p: Partition) -> tuple[str, str]:
-    tname = {v: k for k, v in _TYPES.items()}.get(p.type, f"0x{p.type:02x}")
-    sub = {v: k for k, v in _SUBTYPES.get(tname, {}).items()}.get(p.subtype, f"0x{p.subtype:02x}")
-    return tname, sub
 
 
 # ---- app payload -------------------------------------------------------------------------------
@@ -261,11 +162,7 @@ def app_sections(
 
 
 def _image_class(chip: ChipSpec) -> type[ESP32FirmwareImage]:
-    from esptool.bin_image import ESP32C3FirmwareImage, ESP32S3FirmwareImage
-
-    return {"esp32": ESP32FirmwareImage, "esp32s3": ESP32S3FirmwareImage, "esp32c3": ESP32C3FirmwareImage}[
-        chip.name
-    ]
+    return CHIP_DEFS[chip.name].BOOTLOADER_IMAGE
 
 
 def flash_size_freq(flash_size: str) -> int:
@@ -402,7 +299,7 @@ def bootloader_table_offset(loaded: LoadedImage) -> int:
         pos = data.find(_BOOTLOADER_PT_MARKER)
         if pos >= 0 and pos + len(_BOOTLOADER_PT_MARKER) + 4 <= len(data):
             (offset,) = struct.unpack_from("<I", data, pos + len(_BOOTLOADER_PT_MARKER))
-            if offset % PARTITION_TABLE_SECTOR == 0 and 0 < offset < APP_OFFSET:
+            if offset % TABLE_SECTOR == 0 and 0 < offset < APP_OFFSET:
                 return int(offset)
     raise ImageError("bootloader image holds no partition table offset (not built by the sim builder?)")
 
@@ -511,14 +408,6 @@ def _app_header(manifest: dict[str, Any], chip: ChipSpec, project_dir: Path) -> 
     }
 
 
-def _project_partitions(project_dir: Path) -> list[Partition]:
-    path = project_dir / "partitions.csv"
-    try:
-        return parse_partitions_csv(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise BuildError(f"{path} unreadable: {exc}", hint="regenerate the project") from exc
-
-
 def _board_revisions(board_def: object) -> tuple[int, int] | None:
     """The board's ``chip_rev_min`` / ``chip_rev_max`` ("major.minor") as esptool's major * 100 + minor, or
     None (the chip's defaults) when the manifest does not give both."""
@@ -531,18 +420,6 @@ def _board_revisions(board_def: object) -> tuple[int, int] | None:
             return None
         out.append(int(m.group(1)) * 100 + int(m.group(2)))
     return (out[0], out[1]) if out[0] <= out[1] else None
-
-
-def _app_partition(parts: list[Partition], variant: str) -> Partition:
-    """Where this variant's app goes: factory, or its OTA slot (optimized ota_0, ANSI C ota_1)."""
-    slot = 0x10 + (1 if variant == "ansi" else 0)
-    app = next((p for p in parts if p.type == 0x00 and p.subtype == 0x00), None)
-    app = app or next((p for p in parts if p.type == 0x00 and p.subtype == slot), None)
-    if app is None:
-        raise BuildError(
-            "partitions.csv has no app partition for this variant", hint="regenerate the project"
-        )
-    return app
 
 
 def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Path]]:
@@ -559,7 +436,7 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     manifest = _read_manifest(project_dir)
     chip = get_chip(str(manifest.get("chip") or manifest.get("target") or "esp32s3"))
     table_offset = _table_offset(project_dir, manifest)
-    parts = _project_partitions(project_dir)
+    parts = read_partitions_csv(project_dir / "partitions.csv")
     header = _app_header(manifest, chip, project_dir)
     inputs = [p.read_bytes() for p in _input_files(project_dir, manifest)]
     board_def = manifest.get("board_def")
@@ -576,7 +453,11 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
         chip, payload, version=version, idf=str(header["idf"]), flash_size=flash_size, elf_sha=elf_sha,
         revs=revs,
     )  # fmt: skip
-    app_part = _app_partition(parts, header["variant"])
+    app_part = variant_app(parts, header["variant"])
+    if app_part is None:
+        raise BuildError(
+            "partitions.csv has no app partition for this variant", hint="regenerate the project"
+        )
     if len(app) > app_part.size:
         raise BuildError(f"the simulated app ({len(app)} bytes) does not fit {app_part.label}")
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -587,18 +468,16 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
         (app_part.offset, build_dir / "esp-check-sim.bin", app),
         (-1, build_dir / "esp-check-sim.elf", elf_bytes),  # beside the app, as ESP-IDF leaves <project>.elf
     ]
-    ota = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
+    ota = find(parts, DATA, OTADATA)
     if ota is not None:
-        slots = [p for p in parts if p.type == 0x00 and 0x10 <= p.subtype < 0x20]
-        own = slots.index(app_part) if app_part in slots else 0
-        data = otadata.initial(ota.size, own, len(slots)) if slots else b"\xff" * ota.size
+        data = otadata.initial_for(parts, app_part, ota.size)
         files.append((ota.offset, build_dir / "ota_data_initial.bin", data))
     out = []
     for off, path, data in files:
         path.write_bytes(data)
         if off >= 0:
             out.append((off, path))
-    model = next((p for p in parts if p.type == 0x01 and p.label == MODEL_LABEL), None)
+    model = find(parts, DATA, label=MODEL_LABEL)
     image = project_dir / MODEL_IMAGE_FILE
     if model is not None and image.is_file():
         out.append((model.offset, image))
@@ -608,18 +487,12 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
 def read_app_payload(chip: ChipSpec, flash: bytes | bytearray) -> tuple[Partition, LoadedImage, AppPayload]:
     """Convenience for tests and tools: bootloader -> partition table -> the app otadata selects -> payload,
     with the model read from the model partition (raises on any error)."""
-    from harness.protocol.model_image import parse_model_image
-    from harness.protocol.otadata import selected_slot
-
     boot = load_image(chip, flash, chip.bootloader_offset, bootloader_max_bytes(chip))
     table = bootloader_table_offset(boot)
-    parts = parse_partition_table(bytes(flash[table : table + PARTITION_TABLE_MAX]))
-    apps = [p for p in parts if p.type == 0x00]
-    if not apps:
+    parts = parse_partition_table(bytes(flash[table : table + TABLE_MAX_BYTES]))
+    order = otadata.boot_order(parts, lambda off, size: bytes(flash[off : off + size])).apps
+    if not order:
         raise ImageError("no app partition in the partition table")
-    ota = next((p for p in parts if p.type == 0x01 and p.subtype == 0x00), None)
-    slot = selected_slot(bytes(flash[ota.offset : ota.offset + ota.size]), len(apps)) if ota else None
-    order = apps[slot:] + apps[:slot] if slot is not None else apps  # then the others, as the bootloader
     errors = []
     for app in order:
         try:
@@ -630,7 +503,7 @@ def read_app_payload(chip: ChipSpec, flash: bytes | bytearray) -> tuple[Partitio
             errors.append(f"{app.label}: {exc}")
     else:
         raise ImageError("no bootable app: " + "; ".join(errors))
-    model = next((p for p in parts if p.type == 0x01 and p.label == MODEL_LABEL), None)
+    model = find(parts, DATA, label=MODEL_LABEL)
     if model is not None:
         image = parse_model_image(flash[model.offset : model.offset + model.size], model.size)
         payload = AppPayload(payload.header, image.model, payload.inputs)

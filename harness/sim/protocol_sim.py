@@ -10,16 +10,17 @@ reset (``UnixTightReset``) cannot run on it and falls back to its classic DTR/RT
 
 from __future__ import annotations
 
-import errno
-
-from serial.serialutil import PortNotOpenError, SerialBase, SerialException
+from serial.serialutil import PortNotOpenError, SerialException
 
 from harness.errors import UsageError
-from harness.sim.board import REGISTRY, SimBoard, parse_url
+from harness.inprocess import InProcessPort
+from harness.sim.board import SimBoard, get_board, parse_url
 
 
-class Serial(SerialBase):
+class Serial(InProcessPort):
     """A pyserial port whose other end is a :class:`harness.sim.board.SimBoard`."""
+
+    SCHEME = "sim"
 
     BAUDRATES = (
         300,
@@ -48,11 +49,7 @@ class Serial(SerialBase):
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def open(self) -> None:
-        if self._port is None:
-            raise SerialException("Port must be configured before it can be used.")
-        if self.is_open:  # type: ignore[has-type]
-            raise SerialException("Port is already open.")
-        board = self.from_url(str(self._port))
+        board = self.from_url(self._url_to_open())
         self._conn = board.attach(bool(self._exclusive))
         self._board = board
         self.is_open = True
@@ -66,10 +63,10 @@ class Serial(SerialBase):
         self.is_open = False
 
     def from_url(self, url: str) -> SimBoard:
-        """Find (or create) the board named in the URL, in :data:`harness.sim.board.REGISTRY`."""
+        """Find (or create) the board named in the URL (:func:`harness.sim.board.get_board`)."""
         try:
             name, config = parse_url(url)
-            return REGISTRY.get(name, config)
+            return get_board(name, config)
         except UsageError as exc:
             raise SerialException(f"could not open {url!r} (form: sim://NAME[?options]): {exc}") from None
 
@@ -101,50 +98,14 @@ class Serial(SerialBase):
         board.write(self._conn, raw, int(self._baudrate))
         return len(raw)
 
-    def flush(self) -> None:
-        self._live()
-
     def reset_input_buffer(self) -> None:
         self._live().discard_input(self._conn)
-
-    def reset_output_buffer(self) -> None:
-        self._live()
-
-    def send_break(self, duration: float = 0.25) -> None:
-        self._live()
-
-    def _update_break_state(self) -> None:
-        self._live()
 
     def _update_rts_state(self) -> None:
         self._live().set_lines(self._conn, bool(self._dtr_state), bool(self._rts_state))
 
     def _update_dtr_state(self) -> None:
         self._live().set_lines(self._conn, bool(self._dtr_state), bool(self._rts_state))
-
-    @property
-    def cts(self) -> bool:
-        self._live()
-        return True
-
-    @property
-    def dsr(self) -> bool:
-        self._live()
-        return True
-
-    @property
-    def ri(self) -> bool:
-        self._live()
-        return False
-
-    @property
-    def cd(self) -> bool:
-        self._live()
-        return True
-
-    def fileno(self) -> int:
-        """No file descriptor, so no TIOCMSET: esptool then uses its classic reset (like for a pty)."""
-        raise OSError(errno.ENOTTY, "sim:// ports have no file descriptor (no modem-control ioctl)")
 
     @property
     def board(self) -> SimBoard:

@@ -20,13 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from harness.protocol import frames as fr
-from harness.protocol import otadata as ota
+from harness.flashfmt import otadata
+from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, Partition, find
+from harness.protocol import frames
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
 from harness.sim.faults import FaultSpec, flip_bits
-from harness.sim.image import PROJECT_NAME, AppPayload, ImageError, Partition, load_image
+from harness.sim.image import PROJECT_NAME, AppPayload, ImageError, load_image
 
 ROM_BAUD = 115200
 SIM_BANNER = "esp-check SIMULATED BOARD"
@@ -158,18 +159,18 @@ class SimApp:
 
         init = _Init()
         if model_error is not None:
-            init.stage, init.msg = fr.STAGE_CODES["model"], model_error
+            init.stage, init.msg = frames.STAGE_CODES["model"], model_error
             return init
         try:
             init.info = parse_model_bytes(self.payload.model)
         except Exception:
-            init.stage, init.code = fr.STAGE_CODES["schema"], -1
+            init.stage, init.code = frames.STAGE_CODES["schema"], -1
             init.msg = "model_schema_version_differs_from_TFLITE_SCHEMA_VERSION"
             return init
         if "alloc" in self.active:
-            init.stage, init.code, init.msg = fr.STAGE_CODES["alloc"], 1, "AllocateTensors_failed"
+            init.stage, init.code, init.msg = frames.STAGE_CODES["alloc"], 1, "AllocateTensors_failed"
         elif len(init.info.inputs) != 1:
-            init.stage, init.code = fr.STAGE_CODES["input"], len(init.info.inputs)
+            init.stage, init.code = frames.STAGE_CODES["input"], len(init.info.inputs)
             init.msg = "expected_one_input_tensor"
         else:
             init.arena_used, init.tflm = self._arena_and_version(init.info)
@@ -302,7 +303,7 @@ class SimApp:
         em = self.loop.emitter
         self.session_begin(em, len(inputs), arena=not self.init.stage)
         if self.init.stage:
-            stage = fr.STAGES.get(self.init.stage, "internal")
+            stage = frames.STAGES.get(self.init.stage, "internal")
             em.error(stage, self.init.code, self.init.msg, None)
             em.end(False)
             return
@@ -321,16 +322,16 @@ class SimApp:
 
     def write(self, data: bytes) -> None:
         data = bytes(data)
-        line = data.startswith(b"\r\n" + fr.HELLO_LINE)  # the HELLO frame, as its text line
-        if "frame_tx" in self.active and (data[:2] == fr.MAGIC or line):
+        line = data.startswith(b"\r\n" + frames.HELLO_LINE)  # the HELLO frame, as its text line
+        if "frame_tx" in self.active and (data[:2] == frames.MAGIC or line):
             self.frames_out += 1
             if self.frames_out % self.env.faults.frame_every == 0:
                 damaged = bytearray(data)
                 if line:  # another base64 letter: the line still decodes, the frame's CRC fails
-                    at = 2 + len(fr.HELLO_LINE) + 16
+                    at = 2 + len(frames.HELLO_LINE) + 16
                     damaged[at] = ord("B") if damaged[at] == ord("A") else ord("A")
-                else:
-                    damaged[min(len(damaged) - 1, fr.HEADER + 1)] ^= 0x40  # a flipped bit in payload or CRC
+                else:  # a flipped bit in payload or CRC
+                    damaged[min(len(damaged) - 1, frames.HEADER + 1)] ^= 0x40
                 data = bytes(damaged)
         self._write(data)
 
@@ -376,18 +377,18 @@ class SimApp:
 
     def boot_slot(self, slot: int) -> int:
         """esp_ota_set_boot_partition: validate the image in that slot, write the next otadata entry."""
-        apps = [p for p in self.env.parts if p.type == 0x00 and p.subtype in (0x10, 0x11)]
-        otad = next((p for p in self.env.parts if p.type == 0x01 and p.subtype == 0x00), None)
-        target = next((p for p in apps if p.subtype == 0x10 + slot), None)
-        if target is None or otad is None:
+        apps = [p for p in self.env.parts if p.is_ota_app]
+        ota = find(self.env.parts, DATA, OTADATA)
+        target = find(apps, APP, OTA_0 + slot)
+        if target is None or ota is None:
             return 0x105  # ESP_ERR_NOT_FOUND
         try:
             load_image(self.env.chip, self.env.flash, target.offset, target.size)
         except ImageError:
             return 0x1503  # ESP_ERR_OTA_VALIDATE_FAILED
         flash = self.env.flash
-        new = ota.select(bytes(flash[otad.offset : otad.offset + otad.size]), slot, len(apps))
-        flash[otad.offset : otad.offset + len(new)] = new
+        new = otadata.select(bytes(flash[ota.offset : ota.offset + ota.size]), slot, len(apps))
+        flash[ota.offset : ota.offset + len(new)] = new
         self.env.log(f"app: otadata now selects ota_{slot}")
         return 0
 
@@ -487,7 +488,7 @@ class SimApp:
         elif self._flip_at is not None:
             self._flip_at -= len(out)
         while True:
-            k = data.find(fr.MAGIC, pos)
+            k = data.find(frames.MAGIC, pos)
             if k < 0:
                 break
             self.frames_in += 1

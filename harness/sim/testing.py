@@ -51,7 +51,7 @@ def make_project(
     root = Path(root)
     data = root / "esp-check"
     data.mkdir(parents=True, exist_ok=True)
-    from harness.protocol.model_image import pack_model_image
+    from harness.flashfmt.model_image import pack_model_image
 
     model_bytes = model if isinstance(model, bytes) else Path(model).read_bytes()
     (data / "model.tflite").write_bytes(model_bytes)

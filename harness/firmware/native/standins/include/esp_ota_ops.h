@@ -1,6 +1,6 @@
 /* ESP-IDF STAND-IN for esp-check's native target (not ESP-IDF): the running app slot (which the native
  * board's boot stand-in started, ESP_CHECK_NATIVE_APP_OFFSET) and otadata in the board's flash image,
- * in ESP-IDF's format (harness/protocol/otadata.py describes it). */
+ * in ESP-IDF's format (harness/flashfmt/otadata.py describes it). */
 #pragma once
 #include "esp_err.h"
 #include "esp_partition.h"

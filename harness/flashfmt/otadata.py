@@ -1,5 +1,6 @@
 """ESP-IDF's otadata, as the second-stage bootloader reads it and ``esp_ota_set_boot_partition`` writes it
-(the simulated board's bootloader and app, and the host when it must select a slot with esptool).
+(the simulated board's bootloader and app, and the host when it must select a slot with esptool), and
+the boot rule built on it (:func:`boot_order`).
 
 The otadata partition holds two sectors; each starts with an ``esp_ota_select_entry_t`` (little-endian
 ``u32 ota_seq``, 20 bytes ``seq_label``, ``u32 ota_state``, ``u32 crc``), the CRC being ESP-IDF's
@@ -12,6 +13,10 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from harness.flashfmt.partitions import APP, DATA, FACTORY, OTA_0, OTADATA, Partition, find
 
 SECTOR = 0x1000
 ENTRY = 32
@@ -70,3 +75,32 @@ def initial(size: int, slot: int, n_slots: int) -> bytes:
     blank = b"\xff" * max(size, 2 * SECTOR)
     out = blank if slot == 0 else select(blank, slot, n_slots)
     return out[:size] if size >= 2 * SECTOR else out
+
+
+class BootOrder(NamedTuple):
+    apps: list[Partition]  # the app partitions in the order the bootloader tries them
+    slot: int | None  # the OTA app otadata selects (None: erased, damaged, or no otadata)
+    read_otadata: bool  # the table has otadata and OTA apps, so the bootloader read it
+
+
+def boot_order(parts: Sequence[Partition], read: Callable[[int, int], bytes]) -> BootOrder:
+    """The boot rule of ESP-IDF's second-stage bootloader, the one both the simulated and the native
+    board follow: the OTA app otadata selects (OTA apps counted by subtype, ``ota_0`` first), else the
+    factory app, else ``ota_0``; then the other apps in table order. ``read(offset, size)`` reads flash."""
+    apps = [p for p in parts if p.type == APP]
+    otas = sorted((p for p in apps if p.is_ota_app), key=lambda p: p.subtype)
+    otadata = find(parts, DATA, OTADATA)
+    slot = None
+    if otadata is not None and otas:
+        slot = selected_slot(read(otadata.offset, otadata.size), len(otas))
+    factory = [p for p in apps if p.subtype == FACTORY]
+    first = [otas[slot]] if slot is not None else factory[:1] or otas[:1]
+    return BootOrder(first + [p for p in apps if p not in first], slot, otadata is not None and bool(otas))
+
+
+def initial_for(parts: Sequence[Partition], app: Partition, size: int) -> bytes:
+    """The ``ota_data_initial.bin`` of a build whose app sits in ``app``: it boots that app when the build
+    directory is flashed on its own (erased when ``app`` is a factory app or ``ota_0``)."""
+    slots = sum(1 for p in parts if p.is_ota_app)
+    own = app.subtype - OTA_0 if app.is_ota_app else 0
+    return initial(size, own, max(slots, 1))

@@ -1,0 +1,69 @@
+"""Per-chip facts, one row per chip (as esptool keeps one class per chip): what the board files, the
+builders, the flash layout, the backtrace decoder, the classifier and the bench inventory need to know
+about a chip that is not a board's choice. The simulated board's detection values (eFuse words, ROM
+banners, memory map) are in harness.sim.chips and take these facts from here.
+
+Every chip a board file may name (:data:`BOARD_CHIPS`) has a row with every fact;
+tests/test_chips.py checks it, and that the bootloader offsets agree with esptool's chip table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Chip:
+    name: str  # esptool's and ESP-IDF's lower-case target name
+    arch: str  # "xtensa" or "riscv"
+    cores: int
+    # the CPU frequencies (MHz) a board may choose: the highest each chip's Kconfig offers (P4: 360 before
+    # silicon v3, 400 from v3)
+    max_mhz: tuple[int, ...]
+    # second-stage bootloader offset (ESP-IDF's BOOTLOADER_OFFSET_IN_FLASH default, esptool's chip table):
+    # a fallback when a resolved sdkconfig does not say
+    bootloader_offset: int
+    # ESP-IDF's monitor_toolprefix (its addr2line is <prefix>addr2line)
+    toolprefix: str
+    # the strap pin that selects download mode at reset (esptool / ESP-IDF "boot mode selection")
+    strap_pin: str
+    # has the USB Serial/JTAG controller (a board may use it as its console)
+    usb_serial_jtag: bool
+    # flash a chip can memory-map for data (ESP-IDF soc.h, SOC_DROM_LOW..SOC_DROM_HIGH); the app's own
+    # rodata shares the window. ESP32-S2 is taken as its DROM0 bus only (conservative, not measured)
+    mmap_window_bytes: int
+
+    @property
+    def toolchain_prefixes(self) -> tuple[str, ...]:
+        """The chip's own toolchain prefixes: ESP-IDF >= 5.2 ships one xtensa-esp-elf toolchain for all
+        Xtensa chips, with per-chip names too."""
+        return (self.toolprefix, "xtensa-esp-elf-") if self.arch == "xtensa" else (self.toolprefix,)
+
+
+# The data windows: ESP32 0x3F400000..0x3F800000, S3 0x3C000000..0x3E000000, P4 0x40000000..0x44000000.
+CHIPS: dict[str, Chip] = {
+    c.name: c
+    for c in (
+        Chip("esp32", "xtensa", 2, (240,), 0x1000, "xtensa-esp32-elf-", "GPIO0", False, 4 << 20),
+        Chip("esp32s2", "xtensa", 1, (240,), 0x1000, "xtensa-esp32s2-elf-", "GPIO0", False, 4 << 20),
+        Chip("esp32s3", "xtensa", 2, (240,), 0x0, "xtensa-esp32s3-elf-", "GPIO0", True, 32 << 20),
+        Chip("esp32c3", "riscv", 1, (160,), 0x0, "riscv32-esp-elf-", "GPIO9", True, 8 << 20),
+        Chip("esp32c6", "riscv", 1, (160,), 0x0, "riscv32-esp-elf-", "GPIO9", True, 16 << 20),
+        Chip("esp32p4", "riscv", 2, (360, 400), 0x2000, "riscv32-esp-elf-", "GPIO35", True, 64 << 20),
+    )
+}
+BOARD_CHIPS = tuple(CHIPS)  # the chips a board file may name
+# Chips no board file may name, whose ROM output the classifier still reads: their strap pins.
+OTHER_STRAP_PINS = {"esp32c2": "GPIO9", "esp32h2": "GPIO9"}
+
+
+def strap_pin(chip: str | None) -> str | None:
+    """The download-mode strap pin of a chip named in a device's output (None when not known)."""
+    known = CHIPS.get(chip or "")
+    return known.strap_pin if known is not None else OTHER_STRAP_PINS.get(chip or "")
+
+
+def arch_of(chip: str) -> str:
+    """``xtensa`` or ``riscv`` (a chip not in the table: riscv, as every newer ESP chip)."""
+    known = CHIPS.get(chip)
+    return known.arch if known is not None else "riscv"

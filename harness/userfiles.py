@@ -99,6 +99,8 @@ _RANGE_ERRORS = (
 )
 _TYPES = {
     "int_type": "an integer",
+    "int_parsing": "an integer",
+    "float_parsing": "a number",
     "float_type": "a number",
     "string_type": "a string",
     "bool_type": "true or false",

@@ -26,10 +26,11 @@ def one_or_many(value: object) -> object:
 
 
 # a non-empty list of non-empty strings; one string stands for a list of one
+_Text = Annotated[str, Field(min_length=1)]
 Strings = Annotated[
-    tuple[Annotated[str, Field(min_length=1)], ...],
+    tuple[_Text, ...],
     Field(strict=False, min_length=1),
-    BeforeValidator(one_or_many, json_schema_input_type=str | list[str]),
+    BeforeValidator(one_or_many, json_schema_input_type=_Text | Annotated[list[_Text], Field(min_length=1)]),
 ]
 
 

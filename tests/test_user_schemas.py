@@ -58,6 +58,9 @@ def test_every_shipped_file_is_valid_against_its_schema(schema: str, files: list
     for f in files:
         errors = [e.message for e in validator.iter_errors(tomllib.loads(f.read_text()))]
         assert not errors, f"{f}: {errors}"
+        first = f.read_text().splitlines()[0]
+        if first.startswith("#:schema "):  # the editor directive points at this very schema
+            assert (f.parent / first.split(maxsplit=1)[1]).resolve() == DOCS / schema, first
 
 
 def test_the_schemas_refuse_what_the_loaders_refuse() -> None:

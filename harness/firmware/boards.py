@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -200,34 +200,18 @@ class Board:
         return self.chip_rev_min, self.chip_rev_max
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly view (``esp-check boards --json`` and manifests)."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "chip": self.chip,
-            "pio_board": self.pio_board,
-            "flash_size": self.flash_size,
-            "psram": self.psram,
-            "psram_mb": self.psram_mb,
-            "internal_ram_arena_kb": self.internal_ram_arena_kb,
-            "console": self.console,
-            "flash_baud": self.flash_baud,
-            "monitor_baud": self.monitor_baud,
-            "reset": self.reset,
-            "cpu_mhz": self.cpu_mhz,
-            "espnn_path": self.espnn_path,
-            "builder": self.builder,
-            "simulated": self.simulated,
-            "default_port": self.default_port,
-            "sdkconfig": dict(self.sdkconfig),
-            "sim": dict(self.sim),
-            "idf_min": self.idf_min,
-            "idf_range": list(self.idf_range),
-            "chip_rev_min": format_chip_rev(self.chip_rev_min),
-            "chip_rev_max": format_chip_rev(self.chip_rev_max),
-            "partition_table_offset": self.partition_table_offset,
-            "native": dict(self.native),
-        }
+        """JSON-friendly view (``esp-check boards --json`` and manifests): every field but ``source``,
+        chip revisions written as in the file, and the ESP-IDF range after ``idf_min``."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.startswith("chip_rev_"):
+                value = format_chip_rev(value)
+            if f.name != "source":
+                out[f.name] = dict(value) if isinstance(value, dict) else value
+            if f.name == "idf_min":
+                out["idf_range"] = list(self.idf_range)
+        return out
 
 
 def format_chip_rev(rev: int | None) -> str | None:

@@ -9,10 +9,11 @@ field path and a sentence, for the loader's own error that names the file and wh
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, get_args
+from typing import Annotated, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 
 
 class UserModel(BaseModel):
@@ -112,7 +113,7 @@ _TYPES = {
 }
 
 
-def explain(err: Any) -> str:
+def explain(err: ErrorDetails) -> str:
     """One pydantic error as the rest of the sentence "field 'x' ..."."""
     kind, msg, value = err["type"], str(err["msg"]), err.get("input")
     if kind == "missing":

@@ -26,9 +26,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, ValidationError
 
-from harness.device.ports import RAW_TCP_SIMULATOR, RAW_TCP_SIMULATOR_HINT
+from harness.device.ports import RAW_TCP_SIMULATOR, RAW_TCP_SIMULATOR_HINT, PortSpec
 from harness.errors import EspCheckError, PlanError, PortError
-from harness.firmware.boards import Console
+from harness.firmware.boards import Board, Console
 from harness.userfiles import Loc, UserModel, field_path, known_keys, problem
 
 try:
@@ -115,7 +115,7 @@ class BenchBoard:
             return f"USB serial {self.usb_serial}"
         return f"USB location {self.usb_location}"
 
-    def resolve(self) -> Any:
+    def resolve(self) -> PortSpec:
         """The :class:`harness.device.ports.PortSpec` to open now (USB boards are looked up again).
 
         A labgrid place has no port before it is acquired: see :class:`harness.device.labgrid.PlaceLease`.
@@ -189,7 +189,7 @@ def _err(path: Path, where: str, fieldname: str, msg: str, hint: str | None = No
     )
 
 
-def with_console(board: Any, console: str) -> Any:
+def with_console(board: Board, console: str) -> Board:
     """The board type with another console connector (an ESP32-S3-DevKitC-1 has UART and USB-JTAG)."""
     if console == board.console:
         return board
@@ -299,7 +299,7 @@ def discover_inventory(coordinator: str) -> Inventory:
         btype = info.tags.get(TYPE_TAG)
         if not btype:
             continue
-        tab: dict[str, Any] = {"name": _place_board_name(name), "type": btype, "place": name}
+        tab = {"name": _place_board_name(name), "type": btype, "place": name}
         if CONSOLE_TAG in info.tags:
             tab["console"] = info.tags[CONSOLE_TAG]
         try:
@@ -385,7 +385,7 @@ def _bench_board(p: Path, entry: BoardEntry, seen: set[str]) -> BenchBoard:
     )
 
 
-def _board_type(p: Path, where: str, entry: BoardEntry) -> Any:
+def _board_type(p: Path, where: str, entry: BoardEntry) -> Board:
     """The board type (built-in name or .toml relative to the inventory), with its console applied."""
     from harness.firmware.boards import load_board
 
@@ -404,7 +404,7 @@ def _board_type(p: Path, where: str, entry: BoardEntry) -> Any:
     return with_console(board, console)
 
 
-def _reach(p: Path, where: str, entry: BoardEntry, board: Any) -> tuple[str, str]:
+def _reach(p: Path, where: str, entry: BoardEntry, board: Board) -> tuple[str, str]:
     """Exactly one of port / usb_serial / usb_location / place, checked: (field, value)."""
     reach = {k: v for k in _REACH_KEYS if (v := getattr(entry, k)) is not None}
     if len(reach) != 1:
@@ -427,7 +427,7 @@ def _reach(p: Path, where: str, entry: BoardEntry, board: Any) -> tuple[str, str
     return key, value
 
 
-def _check_port_url(p: Path, where: str, value: str, board: Any, btype: str) -> None:
+def _check_port_url(p: Path, where: str, value: str, board: Board, btype: str) -> None:
     if value.lower() == "auto":
         raise _err(p, where, "port", "cannot be 'auto' on a bench: name the board's port")
     if "://" not in value:

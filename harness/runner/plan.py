@@ -12,11 +12,17 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
 from harness.errors import EspCheckError, PlanError
+
+if TYPE_CHECKING:
+    from harness.flows.dataset import DatasetOptions
+    from harness.model.inputs import InputOptions
+    from harness.model.loader import ModelInfo
+
 from harness.userfiles import Strings, UserModel, field_path, known_keys, one_or_many, problem
 
 try:
@@ -450,7 +456,7 @@ def _check_job_files(path: Path, job: Job) -> None:
                 ) from None
 
 
-def dataset_options(job: Job, case: ModelCase) -> Any:
+def dataset_options(job: Job, case: ModelCase) -> DatasetOptions | None:
     """The flash-and-compare DatasetOptions of a dataset job's case (None for a job of input files)."""
     from harness.flows.dataset import DatasetOptions
 
@@ -460,7 +466,9 @@ def dataset_options(job: Job, case: ModelCase) -> Any:
     return DatasetOptions(case.dataset, d.random_inputs, d.seed, d.results, case.labels, d.repeat)
 
 
-def _check_dataset(path: Path, where: str, job: Job, case: ModelCase, info: Any, options: Any) -> None:
+def _check_dataset(
+    path: Path, where: str, job: Job, case: ModelCase, info: ModelInfo, options: InputOptions
+) -> None:
     """The case's dataset loads for its model (missing path, bad files, bad labels: here, not later)."""
     from harness.flows.dataset import load_inputs
 
@@ -471,8 +479,11 @@ def _check_dataset(path: Path, where: str, job: Job, case: ModelCase, info: Any,
                 "paths are relative to the plan file; '{model}' stands for the model's file stem",
             )  # fmt: skip
     field_name = "dataset" if case.dataset is not None else "random_inputs"
+    data = dataset_options(job, case)
+    if data is None:  # a job of input files: checked by _check_job_files
+        return
     try:
-        load_inputs(dataset_options(job, case), info.inputs[0], options)
+        load_inputs(data, info.inputs[0], options)
     except EspCheckError as exc:
         raise _err(
             path, where, field_name, f"does not fit {case.model.name}: {exc.message}", exc.hint

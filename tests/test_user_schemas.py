@@ -6,6 +6,7 @@ Nothing is faked: real files, real TOML, real jsonschema.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -160,3 +161,27 @@ def test_board_defaults_are_the_board_files(tmp_path: Path) -> None:
     assert b.partition_table_offset == defaults["partition_table_offset"].default
     assert b.simulated is defaults["simulated"].default and b.default_port is None
     assert (b.sdkconfig, b.sim, b.native, b.idf_min, b.chip_revisions) == ({}, {}, {}, None, None)
+
+
+def test_a_discovered_place_is_checked_as_an_inventory_board_is(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A place's esp_check_console tag goes through the same model as an inventory's console field.
+
+    Faked: the ``labgrid-client`` executable (a script answering ``places`` and ``show``).
+    """
+    from harness.runner.inventory import discover_inventory
+
+    client = tmp_path / "labgrid-client"
+    client.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        '  *places*) echo "s3-a" ;;\n'
+        "  *show*) printf \"Place 's3-a':\\n  tags: esp_check_type=sim, esp_check_console=jtag\\n\" ;;\n"
+        "esac\n"
+    )
+    client.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(PlanError) as err:
+        discover_inventory("lab:20408")
+    msg = err.value.message
+    assert "labgrid-lab:20408" in msg and "board 's3-a'" in msg and "field 'console'" in msg, msg
+    assert "'jtag'" in msg and "usb_serial_jtag" in msg, msg

@@ -349,7 +349,9 @@ _POWER_CYCLE_HINT = 'e.g. power_cycle = ["uhubctl", "-l", "1-1", "-p", "2", "-a"
 
 def _inventory_error(p: Path, data: dict[str, Any], exc: ValidationError, prefix: Loc = ()) -> PlanError:
     """The first problem pydantic found, as "inventory FILE: WHERE: field 'F' ..."."""
-    loc, msg = problem(exc, InventoryFile, _UNKNOWN)
+    loc, msg = problem(
+        exc, BoardEntry if prefix else InventoryFile, {"": _UNKNOWN["board"]} if prefix else _UNKNOWN
+    )
     loc = prefix + loc
     hint = known_keys(InventoryFile, loc) if msg in _UNKNOWN.values() else None
     if loc[0] == "board" and len(loc) > 2:

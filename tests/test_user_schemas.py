@@ -26,21 +26,21 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs" / "schemas"
+DOCS = ROOT / "docs"
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_docs_schemas_are_the_models(name: str) -> None:
-    """docs/schemas/ is what the models give: after a model change, run `python -m harness.runner.schemas`."""
-    assert (DOCS / name).is_file(), f"docs/schemas/{name} is missing: python -m harness.runner.schemas"
+    """docs/ is what the models give: after a model change, run `python -m harness.runner.schemas`."""
+    assert (DOCS / name).is_file(), f"docs/{name} is missing: python -m harness.runner.schemas"
     assert (DOCS / name).read_text(encoding="utf-8") == schema_text(name), (
-        f"docs/schemas/{name} is stale: python -m harness.runner.schemas"
+        f"docs/{name} is stale: python -m harness.runner.schemas"
     )
 
 
 def test_the_generator_writes_every_schema(tmp_path: Path) -> None:
     written = write_schemas(tmp_path)
-    assert sorted(p.name for p in written) == sorted(SCHEMAS)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == sorted(SCHEMAS)
     for p in written:
         jsonschema.Draft202012Validator.check_schema(jsonschema.validators.json.loads(p.read_text()))
 
@@ -48,9 +48,9 @@ def test_the_generator_writes_every_schema(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("schema", "files"),
     [
-        ("board.schema.json", sorted((ROOT / "boards").glob("*.toml"))),
-        ("plan.schema.json", sorted((ROOT / "docs" / "examples").glob("plan*.toml"))),
-        ("inventory.schema.json", sorted((ROOT / "docs" / "examples").glob("bench*.toml"))),
+        ("schemas/board.schema.json", sorted((ROOT / "boards").glob("*.toml"))),
+        ("schemas/plan.schema.json", sorted((ROOT / "docs" / "examples").glob("plan*.toml"))),
+        ("schemas/inventory.schema.json", sorted((ROOT / "docs" / "examples").glob("bench*.toml"))),
     ],
 )
 def test_every_shipped_file_is_valid_against_its_schema(schema: str, files: list[Path]) -> None:
@@ -66,7 +66,7 @@ def test_every_shipped_file_is_valid_against_its_schema(schema: str, files: list
 
 def test_the_schemas_refuse_what_the_loaders_refuse() -> None:
     board = jsonschema.Draft202012Validator(
-        jsonschema.validators.json.loads(schema_text("board.schema.json"))
+        jsonschema.validators.json.loads(schema_text("schemas/board.schema.json"))
     )
     good = tomllib.loads((ROOT / "boards" / "esp32-devkitc.toml").read_text())
     assert board.is_valid(good)

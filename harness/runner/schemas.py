@@ -1,6 +1,7 @@
-"""The JSON Schemas of the files users write, generated from their models into docs/schemas/.
+"""The JSON Schemas in docs/, generated from the models: the files users write (docs/schemas/) and
+the compare report (docs/report-schema.json, also report.json's ``comparison``).
 
-``python -m harness.runner.schemas [DIR]`` writes them (default: docs/schemas/ of this checkout);
+``python -m harness.runner.schemas [DIR]`` writes them (default: docs/ of this checkout);
 tests/test_user_schemas.py fails when docs/ holds another text than the models give. An editor that
 reads JSON Schema for TOML (taplo, Even Better TOML) completes and checks a file that starts with
 ``#:schema PATH/plan.schema.json``.
@@ -18,18 +19,23 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
+from harness.analysis.report import CompareReport
 from harness.firmware.boards import BoardFile
 from harness.runner.inventory import InventoryFile
 from harness.runner.plan import PlanFile
 from harness.sim.board import SimParams
 
+# path under docs/ -> the model; what users write is read (TOML), reports are written (JSON)
 SCHEMAS: dict[str, type[BaseModel]] = {
-    "plan.schema.json": PlanFile,
-    "inventory.schema.json": InventoryFile,
-    "board.schema.json": BoardFile,
-    "sim-params.schema.json": SimParams,
+    "schemas/plan.schema.json": PlanFile,
+    "schemas/inventory.schema.json": InventoryFile,
+    "schemas/board.schema.json": BoardFile,
+    "schemas/sim-params.schema.json": SimParams,
+    "report-schema.json": CompareReport,
 }
-DOCS_DIR = Path(__file__).resolve().parents[2] / "docs" / "schemas"
+WRITTEN = ("report-schema.json",)
+DOCS_DIR = Path(__file__).resolve().parents[2] / "docs"
+_ID = "https://github.com/esp-check/esp-check/"
 
 
 class _TomlSchema(GenerateJsonSchema):
@@ -49,21 +55,24 @@ def _drop_null_defaults(node: Any) -> Any:
 
 
 def schema_text(name: str) -> str:
-    """The schema file ``name`` as it belongs in docs/schemas/ (stable text: one diff per change)."""
-    schema = {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": f"https://github.com/esp-check/esp-check/blob/main/docs/schemas/{name}",
-        **_drop_null_defaults(SCHEMAS[name].model_json_schema(schema_generator=_TomlSchema)),
-    }
+    """The schema file ``docs/<name>`` as the model gives it (stable text: one diff per change)."""
+    model = SCHEMAS[name]
+    if name in WRITTEN:  # what esp-check writes: every key is there, null is a value
+        body = model.model_json_schema(by_alias=True, mode="serialization")
+        ident = f"{_ID}docs/{name}"
+    else:
+        body = _drop_null_defaults(model.model_json_schema(schema_generator=_TomlSchema))
+        ident = f"{_ID}blob/main/docs/{name}"
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": ident, **body}
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 
 def write_schemas(directory: Path = DOCS_DIR) -> list[Path]:
     """Write every schema into ``directory``; returns the files written."""
-    directory.mkdir(parents=True, exist_ok=True)
     out = []
     for name in SCHEMAS:
         path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(schema_text(name), encoding="utf-8")
         out.append(path)
     return out

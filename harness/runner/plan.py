@@ -303,20 +303,9 @@ def _job(p: Path, i: int, table: JobTable, defaults: JobSettings, seen: set[str]
         cases = _job_cases(p, where, base_dir, models, list(table.inputs))
     else:
         cases = _dataset_cases(p, where, base_dir, models, table)
-    return Job(
-        name=name,
-        cases=tuple(cases),
-        boards=boards,
-        tolerance_lsb=s.tolerance_lsb,
-        ref_tolerance_lsb=s.ref_tolerance_lsb,
-        comparisons=s.comparisons,
-        timeouts=s.timeouts,
-        retries=s.retries,
-        placement=s.placement,
-        arena_kb=s.arena_kb,
-        input_options=s.input_options.model_dump(exclude_unset=True),
-        data=data,
-    )
+    settings = {k: getattr(s, k) for k in JobSettings.model_fields if k not in ("boards", "input_options")}
+    options = s.input_options.model_dump(exclude_unset=True)
+    return Job(name=name, cases=tuple(cases), boards=boards, input_options=options, data=data, **settings)
 
 
 def _dataset_spec(p: Path, where: str, table: JobTable) -> DatasetSpec | None:

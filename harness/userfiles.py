@@ -23,6 +23,7 @@ class UserModel(BaseModel):
 
 
 def one_or_many(value: object) -> object:
+    """A single string as the list of it (``boards = "sim"`` is ``boards = ["sim"]``)."""
     return [value] if isinstance(value, str) else value
 
 

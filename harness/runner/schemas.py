@@ -38,7 +38,14 @@ DOCS_DIR = Path(__file__).resolve().parents[2] / "docs"
 _ID = "https://github.com/esp-check/esp-check/"
 
 
-class _TomlSchema(GenerateJsonSchema):
+class _Schema(GenerateJsonSchema):
+    """Without the titles pydantic makes of field names ("Max Abs Diff" adds nothing to max_abs_diff)."""
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+
+class _TomlSchema(_Schema):
     """TOML has no null: an optional key is one that may be left out, not one that may be null."""
 
     def nullable_schema(self, schema: core_schema.NullableSchema) -> JsonSchemaValue:
@@ -58,7 +65,7 @@ def schema_text(name: str) -> str:
     """The schema file ``docs/<name>`` as the model gives it (stable text: one diff per change)."""
     model = SCHEMAS[name]
     if name in WRITTEN:  # what esp-check writes: every key is there, null is a value
-        body = model.model_json_schema(by_alias=True, mode="serialization")
+        body = model.model_json_schema(by_alias=True, mode="serialization", schema_generator=_Schema)
         ident = f"{_ID}docs/{name}"
     else:
         body = _drop_null_defaults(model.model_json_schema(schema_generator=_TomlSchema))

@@ -185,3 +185,42 @@ def test_a_discovered_place_is_checked_as_an_inventory_board_is(tmp_path: Path, 
     msg = err.value.message
     assert "labgrid-lab:20408" in msg and "board 's3-a'" in msg and "field 'console'" in msg, msg
     assert "'jtag'" in msg and "usb_serial_jtag" in msg, msg
+
+
+def test_the_generated_report_schema_keeps_the_rules_of_the_written_one() -> None:
+    """docs/report-schema.json was written by hand; generated from CompareReport it must still refuse
+    what it refused (and the report of every kind of comparison must still be valid)."""
+    import copy
+
+    import numpy as np
+
+    from harness.analysis.compare import OutputTensor, Source, compare_sources
+    from harness.analysis.report import report_dict
+
+    def src(label: str, arr: np.ndarray, scale: float | None) -> Source:
+        t = OutputTensor(0, arr, raw=scale is not None, shape=arr.shape, dtype=str(arr.dtype), scale=scale,
+                         zero_point=0 if scale else None, name="o")  # fmt: skip
+        return Source(label, "protocol", [[t]], nn_mode="optimized" if label == "A" else "ansi_c")
+
+    schema = jsonschema.Draft202012Validator(
+        jsonschema.validators.json.loads(schema_text("report-schema.json"))
+    )
+    ints = report_dict(
+        compare_sources(src("A", np.array([1, 2], np.int8), 0.5), src("B", np.array([1, 3], np.int8), 0.5))
+    )
+    real = np.array([0.5, np.nan], np.float32), np.array([0.5, 1.0], np.float32)
+    floats = report_dict(compare_sources(src("A", real[0], None), src("B", real[1], None)))
+    for doc in (ints, floats):
+        assert schema.is_valid(doc), [e.message for e in schema.iter_errors(doc)]
+    assert "diff_lsb" in ints["comparisons"][0]["first_mismatches"][0]
+    assert "diff_lsb" not in floats["comparisons"][0]["first_mismatches"][0]  # no scale: no LSB
+    assert floats["comparisons"][0]["max_abs_diff"] in ("nan", "inf")  # non-finite: a string in JSON
+    for key, value in (("verdict", "fine"), ("exit_code", 5), ("schema_version", 1), ("tolerance_lsb", -1),
+                       ("sources", ints["sources"][:1]), ("warnings", [1])):  # fmt: skip
+        bad = {**ints, key: value}
+        assert not schema.is_valid(bad), key
+    for key, value in (("units", "bits"), ("max_abs_diff", "NaN"), ("topk_agreement", 2), ("run", -1),
+                       ("first_mismatches", [{"index": 1, "a": 1}])):  # fmt: skip
+        bad = copy.deepcopy(ints)
+        bad["comparisons"][0][key] = value
+        assert not schema.is_valid(bad), key

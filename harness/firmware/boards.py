@@ -8,26 +8,35 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import AfterValidator, Field, ValidationError
 
 from harness.chips import BOARD_CHIPS, CHIPS
 from harness.errors import BoardDefinitionError
 from harness.resources import boards_dir, idf_support, version_tuple
+from harness.userfiles import UserModel, field_path, known_keys, problem
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-PSRAM_KINDS = ("none", "quad", "octal", "hex")
-CONSOLES = ("uart", "usb_serial_jtag")
-RESET_STYLES = ("classic", "usb_serial_jtag")
-ESPNN_PATHS = ("generic", "s3", "p4")
-BUILDERS = ("pio", "idf", "sim", "native")
+Psram = Literal["none", "quad", "octal", "hex"]
+Console = Literal["uart", "usb_serial_jtag"]
+ResetStyle = Literal["classic", "usb_serial_jtag"]
+EspnnPath = Literal["generic", "s3", "p4"]
+Builder = Literal["pio", "idf", "sim", "native"]
+FlashSize = Literal["2MB", "4MB", "8MB", "16MB", "32MB"]
+PSRAM_KINDS: tuple[str, ...] = get_args(Psram)
+CONSOLES: tuple[str, ...] = get_args(Console)
+RESET_STYLES: tuple[str, ...] = get_args(ResetStyle)
+ESPNN_PATHS: tuple[str, ...] = get_args(EspnnPath)
+BUILDERS: tuple[str, ...] = get_args(Builder)
+FLASH_SIZES: tuple[str, ...] = get_args(FlashSize)
 NATIVE_BITS = (32, 64)
-FLASH_SIZES = ("2MB", "4MB", "8MB", "16MB", "32MB")
 
 # Where the partition table goes unless a board says otherwise. ESP-IDF's default 0x8000 leaves the
 # ESP32-P4 bootloader (at 0x2000) about 1.4 KB of headroom; esp-tflite-micro's examples moved the table
@@ -41,37 +50,55 @@ PARTITION_TABLE_BYTES = 0x1000  # one sector (the table itself is at most 0xC00 
 _SDKCONFIG_NAME = re.compile(r"^CONFIG_[A-Z0-9_]+$")
 _SDKCONFIG_VALUE = re.compile(r'^(y|n|-?[0-9]+|0x[0-9a-fA-F]+|"[A-Za-z0-9_.:/ -]*")$')
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-_PIO_BOARD = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _CHIP_REV = re.compile(r"^([0-9]{1,2})\.([0-9]{1,2})$")
 
-_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "name": str,
-    "description": str,
-    "chip": str,
-    "pio_board": str,
-    "flash_size": str,
-    "psram": str,
-    "psram_mb": int,
-    "internal_ram_arena_kb": int,
-    "console": str,
-    "flash_baud": int,
-    "monitor_baud": int,
-    "reset": str,
-    "cpu_mhz": int,
-    "espnn_path": str,
-    "builder": str,
-}
-_OPTIONAL: dict[str, type | tuple[type, ...]] = {
-    "simulated": bool,
-    "default_port": str,
-    "sdkconfig": dict,
-    "sim": dict,  # simulator settings (same keys as sim:// URL parameters; validated by harness.sim)
-    "native": dict,  # native target settings (builder = "native"): bits = 32 | 64
-    "idf_min": str,  # oldest ESP-IDF this board needs, when newer than harness/data/versions.toml's
-    "chip_rev_min": str,  # chip revisions the built image accepts ("major.minor"), checked at flash time
-    "chip_rev_max": str,
-    "partition_table_offset": int,
-}
+
+def _known_chip(chip: str) -> str:
+    if chip not in BOARD_CHIPS:
+        raise ValueError(f"is {chip!r}; expected one of: {', '.join(BOARD_CHIPS)}")
+    return chip
+
+
+Baud = Annotated[int, Field(ge=9600, le=5_000_000, description="a baud rate")]
+Text = Annotated[str, Field(max_length=200)]
+
+
+class NativeTable(UserModel):
+    """``[native]`` of a native board (builder = "native")."""
+
+    bits: Literal[32, 64] = Field(64, description="word size of the host program")
+
+
+class BoardFile(UserModel):
+    """A board file (``boards/*.toml``) as written; :func:`parse_board` checks the combinations."""
+
+    name: Annotated[str, Field(pattern=_NAME.pattern, description="lower-case, digits, - _ .")]
+    description: Text
+    chip: Annotated[str, AfterValidator(_known_chip), Field(json_schema_extra={"enum": list(BOARD_CHIPS)})]
+    pio_board: Annotated[str, Field(pattern=r"^([a-z0-9][a-z0-9_.-]{0,63})?$")]
+    flash_size: FlashSize
+    psram: Psram
+    psram_mb: Annotated[int, Field(ge=0, le=64)]
+    internal_ram_arena_kb: Annotated[int, Field(ge=8, le=1024, description="largest arena in internal RAM")]
+    console: Console
+    flash_baud: Baud
+    monitor_baud: Baud
+    reset: ResetStyle
+    cpu_mhz: Annotated[int, Field(gt=0)]
+    espnn_path: EspnnPath
+    builder: Builder
+    simulated: bool = False
+    default_port: Annotated[str, Field(pattern=r"^[\x21-\x7e]{1,200}$")] | None = None
+    sdkconfig: dict[str, str] = Field(default_factory=dict, description="extra sdkconfig.defaults lines")
+    # simulator settings (the sim:// URL parameters; validated by harness.sim)
+    sim: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")], str | int | float | bool] = Field(
+        default_factory=dict
+    )
+    native: NativeTable | None = None
+    idf_min: str | None = Field(None, description="oldest ESP-IDF this board needs, MAJOR.MINOR.PATCH")
+    chip_rev_min: str | None = Field(None, description='chip revisions the image accepts, "major.minor"')
+    chip_rev_max: str | None = None
+    partition_table_offset: int = DEFAULT_PARTITION_TABLE_OFFSET
 
 
 @dataclass(frozen=True)
@@ -93,15 +120,15 @@ class Board:
     cpu_mhz: int
     espnn_path: str  # generic | s3 | p4: which ESP-NN code the optimized build runs
     builder: str  # pio | idf | sim
-    simulated: bool = False
-    default_port: str | None = None
-    sdkconfig: dict[str, str] = field(default_factory=dict)
-    sim: dict[str, str | int | float | bool] = field(default_factory=dict)
-    idf_min: str | None = None  # raises harness/data/versions.toml's minimum for this board
-    chip_rev_min: int | None = None  # esptool's major * 100 + minor
-    chip_rev_max: int | None = None
-    partition_table_offset: int = DEFAULT_PARTITION_TABLE_OFFSET
-    native: dict[str, int] = field(default_factory=dict)
+    simulated: bool  # (the defaults of every field are BoardFile's)
+    default_port: str | None
+    sdkconfig: dict[str, str]
+    sim: dict[str, str | int | float | bool]
+    idf_min: str | None  # raises harness/data/versions.toml's minimum for this board
+    chip_rev_min: int | None  # esptool's major * 100 + minor
+    chip_rev_max: int | None
+    partition_table_offset: int
+    native: dict[str, int]
     source: Path | None = None
 
     @property
@@ -145,34 +172,18 @@ class Board:
         return self.chip_rev_min, self.chip_rev_max
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly view (``esp-check boards --json`` and manifests)."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "chip": self.chip,
-            "pio_board": self.pio_board,
-            "flash_size": self.flash_size,
-            "psram": self.psram,
-            "psram_mb": self.psram_mb,
-            "internal_ram_arena_kb": self.internal_ram_arena_kb,
-            "console": self.console,
-            "flash_baud": self.flash_baud,
-            "monitor_baud": self.monitor_baud,
-            "reset": self.reset,
-            "cpu_mhz": self.cpu_mhz,
-            "espnn_path": self.espnn_path,
-            "builder": self.builder,
-            "simulated": self.simulated,
-            "default_port": self.default_port,
-            "sdkconfig": dict(self.sdkconfig),
-            "sim": dict(self.sim),
-            "idf_min": self.idf_min,
-            "idf_range": list(self.idf_range),
-            "chip_rev_min": format_chip_rev(self.chip_rev_min),
-            "chip_rev_max": format_chip_rev(self.chip_rev_max),
-            "partition_table_offset": self.partition_table_offset,
-            "native": dict(self.native),
-        }
+        """JSON-friendly view (``esp-check boards --json`` and manifests): every field but ``source``,
+        chip revisions written as in the file, and the ESP-IDF range after ``idf_min``."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.startswith("chip_rev_"):
+                value = format_chip_rev(value)
+            if f.name != "source":
+                out[f.name] = dict(value) if isinstance(value, dict) else value
+            if f.name == "idf_min":
+                out["idf_range"] = list(self.idf_range)
+        return out
 
 
 def format_chip_rev(rev: int | None) -> str | None:
@@ -187,202 +198,130 @@ def _err(path: Path, fieldname: str, msg: str, hint: str | None = None) -> Board
     )
 
 
-def _choice(path: Path, data: dict[str, Any], key: str, allowed: tuple[str, ...]) -> None:
-    if data[key] not in allowed:
-        raise _err(path, key, f"is {data[key]!r}; expected one of: {', '.join(allowed)}")
-
-
-def _check_hardware(path: Path, data: dict[str, Any], chip: str) -> None:
+def _check_hardware(path: Path, f: BoardFile) -> None:
     """Field combinations the chip and the tools cannot have (PSRAM kind, clocks, builder, ESP-NN path)."""
-    if data["cpu_mhz"] not in CHIPS[chip].max_mhz:
+    chip = f.chip
+    if f.cpu_mhz not in CHIPS[chip].max_mhz:
         allowed = ", ".join(str(m) for m in CHIPS[chip].max_mhz)
-        raise _err(path, "cpu_mhz", f"is {data['cpu_mhz']}; the maximum for {chip} is {allowed} MHz")
-    if data["psram"] == "none" and data["psram_mb"] != 0:
+        raise _err(path, "cpu_mhz", f"is {f.cpu_mhz}; the maximum for {chip} is {allowed} MHz")
+    if f.psram == "none" and f.psram_mb != 0:
         raise _err(path, "psram_mb", 'must be 0 when psram = "none"')
-    if data["psram"] != "none" and not 1 <= data["psram_mb"] <= 64:
-        raise _err(path, "psram_mb", f"is {data['psram_mb']}; expected 1..64 for a board with PSRAM")
-    if data["psram"] == "octal" and chip != "esp32s3":
+    if f.psram != "none" and f.psram_mb < 1:
+        raise _err(path, "psram_mb", f"is {f.psram_mb}; expected 1..64 for a board with PSRAM")
+    if f.psram == "octal" and chip != "esp32s3":
         raise _err(path, "psram", f"octal PSRAM exists only on esp32s3 modules, not {chip}")
-    if data["psram"] == "hex" and chip != "esp32p4":
+    if f.psram == "hex" and chip != "esp32p4":
         raise _err(path, "psram", f"hex PSRAM exists only on esp32p4, not {chip}")
-    if not 8 <= data["internal_ram_arena_kb"] <= 1024:
-        raise _err(path, "internal_ram_arena_kb", f"is {data['internal_ram_arena_kb']}; expected 8..1024")
-    for key in ("flash_baud", "monitor_baud"):
-        if not 9600 <= data[key] <= 5_000_000:
-            raise _err(path, key, f"is {data[key]}; expected a baud rate between 9600 and 5000000")
-    if data["builder"] == "pio" and not data["pio_board"]:
+    if f.builder == "pio" and not f.pio_board:
         raise _err(path, "pio_board", 'is empty but builder = "pio" needs a PlatformIO board id')
-    if data["pio_board"] and not _PIO_BOARD.match(data["pio_board"]):
-        raise _err(path, "pio_board", f"{data['pio_board']!r} is not a PlatformIO board id")
-    if data["chip"] == "esp32p4" and data["builder"] == "pio":
+    if chip == "esp32p4" and f.builder == "pio":
         raise _err(
             path,
             "builder",
             'is "pio", but platform-espressif32 6.13.0 cannot build esp32p4',
             hint='use builder = "idf" (ESP-IDF idf.py) for ESP32-P4 boards',
         )
-    if data["espnn_path"] == "s3" and chip != "esp32s3":
+    if f.espnn_path == "s3" and chip != "esp32s3":
         raise _err(
             path, "espnn_path", f'is "s3" but the chip is {chip}: ESP-NN\'s S3 assembly runs only there'
         )
-    if data["espnn_path"] == "p4" and chip != "esp32p4":
+    if f.espnn_path == "p4" and chip != "esp32p4":
         raise _err(path, "espnn_path", f'is "p4" but the chip is {chip}')
-    if chip in ("esp32s3", "esp32p4") and data["espnn_path"] == "generic":
+    if chip in ("esp32s3", "esp32p4") and f.espnn_path == "generic":
         raise _err(path, "espnn_path", f'is "generic" but ESP-NN always builds its {chip} path for {chip}')
-    if data["console"] == "usb_serial_jtag" and not CHIPS[chip].usb_serial_jtag:
+    if f.console == "usb_serial_jtag" and not CHIPS[chip].usb_serial_jtag:
         raise _err(path, "console", f"{chip} has no USB-Serial-JTAG peripheral")
-
-
-def parse_board(data: dict[str, Any], path: Path) -> Board:
-    """Validate one decoded board TOML table; ``path`` is only used in error messages."""
-    unknown = sorted(set(data) - set(_FIELDS) - set(_OPTIONAL))
-    if unknown:
-        raise _err(path, unknown[0], "is not a known board field", hint=f"known fields: {', '.join(_FIELDS)}")
-    for key in _FIELDS:
-        if key not in data:
-            raise _err(path, key, "is missing")
-    for key, typ in {**_FIELDS, **_OPTIONAL}.items():
-        if key not in data:
-            continue
-        value = data[key]
-        if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise _err(path, key, f"must be an integer, got {value!r}")
-        if not isinstance(value, typ):
-            raise _err(path, key, f"must be of type {getattr(typ, '__name__', typ)}, got {value!r}")
-    if not _NAME.match(data["name"]):
-        raise _err(path, "name", f"{data['name']!r} is not a valid board name (lower-case, digits, - _ .)")
-    _choice(path, data, "chip", BOARD_CHIPS)
-    _choice(path, data, "psram", PSRAM_KINDS)
-    _choice(path, data, "console", CONSOLES)
-    _choice(path, data, "reset", RESET_STYLES)
-    _choice(path, data, "espnn_path", ESPNN_PATHS)
-    _choice(path, data, "builder", BUILDERS)
-    _choice(path, data, "flash_size", FLASH_SIZES)
-    chip = data["chip"]
-    _check_hardware(path, data, chip)
-    simulated = bool(data.get("simulated", False))
-    if (data["builder"] == "sim") != simulated:
+    if (f.builder == "sim") != f.simulated:
         raise _err(path, "simulated", 'must be true exactly when builder = "sim"')
-    sdkconfig = _sdkconfig_table(path, data.get("sdkconfig", {}))
-    sim_table = data.get("sim", {})
-    if sim_table and not simulated:
+    if f.sim and not f.simulated:
         raise _err(path, "sim", 'is only allowed for simulated boards (builder = "sim")')
-    for key, value in sim_table.items():
-        if not re.match(r"^[a-z][a-z0-9_]{0,31}$", key) or not isinstance(value, (str, int, float, bool)):
-            raise _err(path, f"sim.{key}", f"must be a simple value under a lower-case key, got {value!r}")
-    if data.get("default_port") is not None and not re.match(r"^[\x21-\x7e]{1,200}$", data["default_port"]):
-        raise _err(path, "default_port", "must be a port name or URL without spaces")
-    _check_idf_min(path, data)
-    rev_min, rev_max = _chip_revs(path, data)
-    pt_offset = _partition_table_offset(path, data)
+
+
+def parse_board(data: dict[str, object], path: Path) -> Board:
+    """Validate one decoded board TOML table; ``path`` is only used in error messages."""
+    try:
+        f = BoardFile.model_validate(data)
+    except ValidationError as exc:
+        loc, msg = problem(
+            exc, BoardFile, {"": "is not a known board field", "native": "is not a native setting"}
+        )
+        name, entry = field_path(loc)
+        hint = known_keys(BoardFile, loc) if "not a" in msg else None
+        raise _err(path, name, entry + msg, hint) from None
+    _check_hardware(path, f)
+    for key, value in f.sdkconfig.items():
+        if not _SDKCONFIG_NAME.match(key):
+            raise _err(path, f"sdkconfig.{key}", "is not a Kconfig symbol name (CONFIG_[A-Z0-9_]+)")
+        if not _SDKCONFIG_VALUE.match(value):
+            raise _err(
+                path, f"sdkconfig.{key}", f'has an unsupported value {value!r} (y, n, a number or "text")'
+            )
+    _check_idf_min(path, f.idf_min)
+    _check_partition_table_offset(path, f)
+    rev_min, rev_max = _chip_revs(path, f)
+    settings = f.model_dump(exclude={"native", "chip_rev_min", "chip_rev_max"})
     return Board(
-        name=data["name"],
-        description=data["description"],
-        chip=chip,
-        pio_board=data["pio_board"],
-        flash_size=data["flash_size"],
-        psram=data["psram"],
-        psram_mb=data["psram_mb"],
-        internal_ram_arena_kb=data["internal_ram_arena_kb"],
-        console=data["console"],
-        flash_baud=data["flash_baud"],
-        monitor_baud=data["monitor_baud"],
-        reset=data["reset"],
-        cpu_mhz=data["cpu_mhz"],
-        espnn_path=data["espnn_path"],
-        builder=data["builder"],
-        simulated=simulated,
-        default_port=data.get("default_port"),
-        sdkconfig=sdkconfig,
-        sim=dict(sim_table),
-        idf_min=data.get("idf_min"),
+        **settings,
         chip_rev_min=rev_min,
         chip_rev_max=rev_max,
-        partition_table_offset=pt_offset,
-        native=_native_table(path, data),
+        native=_native_table(path, f),
         source=path,
     )
 
 
-def _sdkconfig_table(path: Path, sdk: dict[str, Any]) -> dict[str, str]:
-    """The ``[sdkconfig]`` table: Kconfig names with y / n / number / quoted-text values."""
-    sdkconfig: dict[str, str] = {}
-    for key, value in sdk.items():
-        if not _SDKCONFIG_NAME.match(key):
-            raise _err(path, f"sdkconfig.{key}", "is not a Kconfig symbol name (CONFIG_[A-Z0-9_]+)")
-        if not isinstance(value, str) or not _SDKCONFIG_VALUE.match(value):
-            raise _err(
-                path, f"sdkconfig.{key}", f'has an unsupported value {value!r} (y, n, a number or "text")'
-            )
-        sdkconfig[key] = value
-    return sdkconfig
-
-
-def _native_table(path: Path, data: dict[str, Any]) -> dict[str, int]:
+def _native_table(path: Path, f: BoardFile) -> dict[str, int]:
     """The ``[native]`` table: only for builder = "native", whose ESP-NN path must be the generic C one."""
-    table = data.get("native", {})
-    if data["builder"] != "native":
-        if table:
+    if f.builder != "native":
+        if f.native is not None:
             raise _err(path, "native", 'is only allowed for native boards (builder = "native")')
         return {}
-    if data["espnn_path"] != "generic":
+    if f.espnn_path != "generic":
         raise _err(
             path,
             "espnn_path",
-            f'is "{data["espnn_path"]}" but a native build runs only ESP-NN\'s generic C kernels on the host',
+            f'is "{f.espnn_path}" but a native build runs only ESP-NN\'s generic C kernels on the host',
             hint='use espnn_path = "generic" with chip = "esp32", "esp32c3" or "esp32c6"',
         )
-    unknown = sorted(set(table) - {"bits"})
-    if unknown:
-        raise _err(path, f"native.{unknown[0]}", "is not a native setting", hint="known: bits")
-    bits = table.get("bits", 64)
-    if isinstance(bits, bool) or bits not in NATIVE_BITS:
-        raise _err(path, "native.bits", f"is {bits!r}; expected 32 or 64")
-    return {"bits": int(bits)}
+    return {"bits": (f.native or NativeTable()).bits}
 
 
-def _check_idf_min(path: Path, data: dict[str, Any]) -> None:
-    if "idf_min" not in data:
+def _check_idf_min(path: Path, idf_min: str | None) -> None:
+    if idf_min is None:
         return
     below = idf_support()[1]  # a minimum below esp-check's own is allowed and has no effect
     try:
-        wanted = version_tuple(data["idf_min"])
+        wanted = version_tuple(idf_min)
     except ValueError:
-        raise _err(
-            path, "idf_min", f"is {data['idf_min']!r}; expected MAJOR.MINOR.PATCH, e.g. 5.5.2"
-        ) from None
+        raise _err(path, "idf_min", f"is {idf_min!r}; expected MAJOR.MINOR.PATCH, e.g. 5.5.2") from None
     if not wanted < version_tuple(below):
         raise _err(
             path,
             "idf_min",
-            f"is {data['idf_min']}, but esp-check's firmware supports ESP-IDF below {below} only",
+            f"is {idf_min}, but esp-check's firmware supports ESP-IDF below {below} only",
             hint="see harness/data/versions.toml for why",
         )
 
 
-def _chip_revs(path: Path, data: dict[str, Any]) -> tuple[int | None, int | None]:
-    present = [k for k in ("chip_rev_min", "chip_rev_max") if k in data]
-    if not present:
+def _chip_revs(path: Path, f: BoardFile) -> tuple[int | None, int | None]:
+    given = {"chip_rev_min": f.chip_rev_min, "chip_rev_max": f.chip_rev_max}
+    if f.chip_rev_min is None and f.chip_rev_max is None:
         return None, None
-    if len(present) == 1:
-        other = "chip_rev_max" if present[0] == "chip_rev_min" else "chip_rev_min"
-        raise _err(path, other, "is missing (give both chip_rev_min and chip_rev_max, or neither)")
     revs: list[int] = []
-    for key in ("chip_rev_min", "chip_rev_max"):
-        m = _CHIP_REV.match(data[key])
+    for key, value in given.items():
+        if value is None:
+            raise _err(path, key, "is missing (give both chip_rev_min and chip_rev_max, or neither)")
+        m = _CHIP_REV.match(value)
         if m is None or int(m.group(2)) > 99:
-            raise _err(path, key, f'is {data[key]!r}; expected a chip revision such as "3.0" or "1.99"')
+            raise _err(path, key, f'is {value!r}; expected a chip revision such as "3.0" or "1.99"')
         revs.append(int(m.group(1)) * 100 + int(m.group(2)))
     if revs[0] > revs[1]:
-        raise _err(
-            path, "chip_rev_max", f"is {data['chip_rev_max']}, below chip_rev_min {data['chip_rev_min']}"
-        )
+        raise _err(path, "chip_rev_max", f"is {f.chip_rev_max}, below chip_rev_min {f.chip_rev_min}")
     return revs[0], revs[1]
 
 
-def _partition_table_offset(path: Path, data: dict[str, Any]) -> int:
-    offset = int(data.get("partition_table_offset", DEFAULT_PARTITION_TABLE_OFFSET))
-    boot = CHIPS[data["chip"]].bootloader_offset
+def _check_partition_table_offset(path: Path, f: BoardFile) -> None:
+    offset = f.partition_table_offset
+    boot = CHIPS[f.chip].bootloader_offset
     highest = APP_OFFSET - PARTITION_TABLE_BYTES - MIN_NVS_BYTES
     if offset % 0x1000 or not 0x8000 <= offset <= highest or offset <= boot:
         raise _err(
@@ -391,7 +330,6 @@ def _partition_table_offset(path: Path, data: dict[str, Any]) -> int:
             f"is {offset:#x}; expected a 4 KB-aligned offset from 0x8000 to {highest:#x} (the table is "
             f"followed by nvs, at least {MIN_NVS_BYTES:#x} bytes, before the app at {APP_OFFSET:#x})",
         )
-    return offset
 
 
 def load_board_file(path: Path) -> Board:

@@ -22,34 +22,56 @@ import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints, ValidationError
 
 from harness.chips import CHIPS
-from harness.device.ports import RAW_TCP_SIMULATOR, RAW_TCP_SIMULATOR_HINT
+from harness.device.ports import RAW_TCP_SIMULATOR, RAW_TCP_SIMULATOR_HINT, PortSpec
 from harness.errors import EspCheckError, PlanError, PortError
+from harness.firmware.boards import Board, Console
+from harness.userfiles import Loc, UserModel, field_path, known_keys, problem
 
 try:
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from harness.runner.plan import NAME_RE
+from harness.runner.plan import NAME_RE, Name
 
-CONSOLES = ("uart", "usb_serial_jtag")
 # chips with a USB-Serial-JTAG peripheral (the ESP32 and ESP32-S2 have none)
-_BOARD_KEYS = {
-    "name",
-    "type",
-    "console",
-    "port",
-    "usb_serial",
-    "usb_location",
-    "place",
-    "power_cycle",
-    "power_cycle_timeout_s",
-}
-_TOP_KEYS = {"board", "schema_version", "labgrid"}
 _REACH_KEYS = ("port", "usb_serial", "usb_location", "place")
+Reach = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+
+class BoardEntry(UserModel):
+    """One ``[[board]]`` table as written: exactly one of port / usb_serial / usb_location / place."""
+
+    name: Name
+    type: str = Field(min_length=1, description="a board type from `esp-check boards`, or a .toml path")
+    console: Console | None = Field(None, description="the connector in use (default: the board type's)")
+    port: Reach | None = Field(None, description="/dev/serial/by-id/..., rfc2217://, socket://, sim://")
+    usb_serial: Reach | None = None
+    usb_location: Reach | None = Field(None, description="USB port path such as 1-1.2")
+    place: Reach | None = Field(None, description="a labgrid place")
+    power_cycle: tuple[Annotated[str, Field(min_length=1)], ...] = Field(
+        (), strict=False, description="argv list, run without a shell"
+    )
+    power_cycle_timeout_s: float = Field(60.0, gt=0)
+
+
+class LabgridTable(UserModel):
+    """``[labgrid]``: the coordinator of the inventory's places."""
+
+    coordinator: Reach = Field(description="HOST:PORT")
+
+
+class InventoryFile(UserModel):
+    """A bench inventory (``--inventory BENCH.toml``) as written. Format: docs/ci.md ("Inventory file")."""
+
+    schema_version: Literal[1] = 1
+    labgrid: LabgridTable | None = None
+    board: list[BoardEntry] = Field(min_length=1)
 
 
 @dataclass(frozen=True)
@@ -63,7 +85,7 @@ class BenchBoard:
     usb_serial: str | None = None
     usb_location: str | None = None
     power_cycle: tuple[str, ...] = ()
-    power_cycle_timeout_s: float = 60.0
+    power_cycle_timeout_s: float = BoardEntry.model_fields["power_cycle_timeout_s"].default
     place: str | None = None  # a labgrid place ...
     coordinator: str | None = None  # ... on this labgrid coordinator (host:port)
 
@@ -93,7 +115,7 @@ class BenchBoard:
             return f"USB serial {self.usb_serial}"
         return f"USB location {self.usb_location}"
 
-    def resolve(self) -> Any:
+    def resolve(self) -> PortSpec:
         """The :class:`harness.device.ports.PortSpec` to open now (USB boards are looked up again).
 
         A labgrid place has no port before it is acquired: see :class:`harness.device.labgrid.PlaceLease`.
@@ -167,7 +189,7 @@ def _err(path: Path, where: str, fieldname: str, msg: str, hint: str | None = No
     )
 
 
-def with_console(board: Any, console: str) -> Any:
+def with_console(board: Board, console: str) -> Board:
     """The board type with another console connector (an ESP32-S3-DevKitC-1 has UART and USB-JTAG)."""
     if console == board.console:
         return board
@@ -183,17 +205,15 @@ def load_inventory(path: str | Path, *, coordinator: str | None = None) -> Inven
     """
     p = Path(path)
     data = _read_toml(p)
-    bad = sorted(set(data) - _TOP_KEYS)
-    if bad:
-        raise _err(p, "top level", bad[0], "is not an inventory field", "boards are [[board]] tables")
-    raw = data.get("board")
-    if not isinstance(raw, list) or not raw:
-        raise _err(p, "top level", "board", "is missing: list the bench's boards as [[board]] tables")
-    coordinator = coordinator or _coordinator(p, data.get("labgrid"))
+    try:
+        file = InventoryFile.model_validate(data)
+    except ValidationError as exc:
+        raise _inventory_error(p, data, exc) from None
+    coordinator = coordinator or (file.labgrid.coordinator if file.labgrid else None)
     boards: list[BenchBoard] = []
     reach_seen: dict[str, str] = {}
-    for i, tab in enumerate(raw):
-        board = _bench_board(p, i, tab, {b.name for b in boards})
+    for entry in file.board:
+        board = _bench_board(p, entry, {b.name for b in boards})
         if board.place:
             if not coordinator:
                 raise _err(
@@ -262,18 +282,6 @@ def port_identity(port: str) -> str:
     return os.path.realpath(os.path.normpath(port))
 
 
-def _coordinator(p: Path, table: object) -> str | None:
-    """``[labgrid] coordinator = "host:port"`` (optional)."""
-    if table is None:
-        return None
-    if not isinstance(table, dict) or set(table) - {"coordinator"}:
-        raise _err(p, "[labgrid]", "labgrid", 'must be a table with one key, coordinator = "HOST:PORT"')
-    value = table.get("coordinator")
-    if not isinstance(value, str) or not value.strip():
-        raise _err(p, "[labgrid]", "coordinator", "must be a non-empty HOST:PORT string")
-    return value.strip()
-
-
 def discover_inventory(coordinator: str) -> Inventory:
     """The boards of a labgrid lab: every place tagged ``esp_check_type=<board type>``.
 
@@ -291,10 +299,14 @@ def discover_inventory(coordinator: str) -> Inventory:
         btype = info.tags.get(TYPE_TAG)
         if not btype:
             continue
-        tab: dict[str, Any] = {"name": _place_board_name(name), "type": btype, "place": name}
+        tab = {"name": _place_board_name(name), "type": btype, "place": name}
         if CONSOLE_TAG in info.tags:
             tab["console"] = info.tags[CONSOLE_TAG]
-        board = _bench_board(where, len(boards), tab, {b.name for b in boards})
+        try:
+            entry = BoardEntry.model_validate(tab)
+        except ValidationError as exc:
+            raise _inventory_error(where, {"board": [tab]}, exc, ("board", 0)) from None
+        board = _bench_board(where, entry, {b.name for b in boards})
         boards.append(dataclasses.replace(board, coordinator=coordinator))
     if not boards:
         raise PlanError(
@@ -327,44 +339,59 @@ def _read_toml(p: Path) -> dict[str, Any]:
         ) from None
 
 
-def _bench_board(p: Path, i: int, tab: object, seen: set[str]) -> BenchBoard:
-    """One ``[[board]]`` table: name, type and console, how to reach it, its power cycle."""
-    if not isinstance(tab, dict):
-        raise _err(p, f"board #{i + 1}", "board", "must be a table")
-    name = tab.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise _err(
-            p, f"board #{i + 1}", "name", f"must be a name of letters, digits, '_', '.', '-' (got {name!r})"
-        )
-    where = f"board {name!r}"
-    if name in seen:
+_UNKNOWN = {
+    "": "is not an inventory field",
+    "board": "is not a board field",
+    "labgrid": "is not a labgrid setting",
+}
+_POWER_CYCLE_HINT = 'e.g. power_cycle = ["uhubctl", "-l", "1-1", "-p", "2", "-a", "cycle"]'
+
+
+def _inventory_error(p: Path, data: dict[str, Any], exc: ValidationError, prefix: Loc = ()) -> PlanError:
+    """The first problem pydantic found, as "inventory FILE: WHERE: field 'F' ..."."""
+    loc, msg = problem(
+        exc, BoardEntry if prefix else InventoryFile, {"": _UNKNOWN["board"]} if prefix else _UNKNOWN
+    )
+    loc = prefix + loc
+    hint = known_keys(InventoryFile, loc) if msg in _UNKNOWN.values() else None
+    if loc[0] == "board" and len(loc) > 2:
+        name, entry = field_path(loc[2:])
+        board_name = data["board"][loc[1]].get("name")
+        valid = isinstance(board_name, str) and NAME_RE.match(board_name) and name != "name"
+        where = f"board {board_name!r}" if valid else f"board #{int(loc[1]) + 1}"
+        return _err(p, where, name, entry + msg, _POWER_CYCLE_HINT if name == "power_cycle" else hint)
+    if loc[0] == "board":
+        return _err(p, "top level", "board", f"{msg}: list the bench's boards as [[board]] tables")
+    name, entry = field_path(loc)
+    where = "[labgrid]" if loc[0] == "labgrid" else "top level"
+    return _err(p, where, name.rpartition(".")[2], entry + msg, hint)
+
+
+def _bench_board(p: Path, entry: BoardEntry, seen: set[str]) -> BenchBoard:
+    """One ``[[board]]`` table: board type and console, how to reach it, its power cycle."""
+    where = f"board {entry.name!r}"
+    if entry.name in seen:
         raise _err(p, where, "name", "is used twice; board names must be unique")
-    bad = sorted(set(tab) - _BOARD_KEYS)
-    if bad:
-        raise _err(p, where, bad[0], "is not a board field", f"known: {sorted(_BOARD_KEYS)}")
-    board = _board_type(p, where, tab)
-    key, value = _reach(p, where, tab, board)
+    board = _board_type(p, where, entry)
+    key, value = _reach(p, where, entry, board)
     return BenchBoard(
-        name=name,
-        type=tab["type"],
+        name=entry.name,
+        type=entry.type,
         board=board,
         port=value if key == "port" else None,
         usb_serial=value if key == "usb_serial" else None,
         usb_location=value if key == "usb_location" else None,
         place=value if key == "place" else None,
-        power_cycle=_power_cycle(p, where, tab.get("power_cycle", [])),
-        power_cycle_timeout_s=_power_cycle_timeout(p, where, tab.get("power_cycle_timeout_s", 60.0)),
+        power_cycle=entry.power_cycle,
+        power_cycle_timeout_s=entry.power_cycle_timeout_s,
     )
 
 
-def _board_type(p: Path, where: str, tab: dict[str, Any]) -> Any:
+def _board_type(p: Path, where: str, entry: BoardEntry) -> Board:
     """The board type (built-in name or .toml relative to the inventory), with its console applied."""
     from harness.firmware.boards import load_board
 
-    btype = tab.get("type")
-    if not isinstance(btype, str) or not btype:
-        raise _err(p, where, "type", "is missing: give a board type from `esp-check boards`")
-    type_ref = btype
+    btype = type_ref = entry.type
     if btype.endswith(".toml") and not Path(btype).is_absolute():
         type_ref = str(p.resolve().parent / btype)
     try:
@@ -373,17 +400,15 @@ def _board_type(p: Path, where: str, tab: dict[str, Any]) -> Any:
         raise _err(
             p, where, "type", f"names an unknown board type {btype!r}: {exc.message}", exc.hint
         ) from None
-    console = tab.get("console", board.console)
-    if console not in CONSOLES:
-        raise _err(p, where, "console", f"must be one of {CONSOLES}, not {console!r}")
+    console = entry.console or board.console
     if console == "usb_serial_jtag" and not CHIPS[board.chip].usb_serial_jtag:
         raise _err(p, where, "console", f"is usb_serial_jtag but the {board.chip} has no USB-Serial-JTAG")
     return with_console(board, console)
 
 
-def _reach(p: Path, where: str, tab: dict[str, Any], board: Any) -> tuple[str, str]:
+def _reach(p: Path, where: str, entry: BoardEntry, board: Board) -> tuple[str, str]:
     """Exactly one of port / usb_serial / usb_location / place, checked: (field, value)."""
-    reach = {k: tab[k] for k in _REACH_KEYS if k in tab}
+    reach = {k: v for k in _REACH_KEYS if (v := getattr(entry, k)) is not None}
     if len(reach) != 1:
         raise _err(
             p,
@@ -392,11 +417,8 @@ def _reach(p: Path, where: str, tab: dict[str, Any], board: Any) -> tuple[str, s
             f"needs exactly one of port / usb_serial / usb_location / place (got {sorted(reach) or 'none'})",
         )
     key, value = next(iter(reach.items()))
-    if not isinstance(value, str) or not value.strip():
-        raise _err(p, where, key, "must be a non-empty string")
-    value = value.strip()
     if key == "port":
-        _check_port_url(p, where, value, board, tab["type"])
+        _check_port_url(p, where, value, board, entry.type)
     if board.is_native and not (key == "port" and value.lower().startswith("native://")):
         raise _err(p, where, key, "must be a native://NAME port for a native board type")
     if board.simulated and not ((key == "port" and "://" in value) or key == "place"):
@@ -407,7 +429,7 @@ def _reach(p: Path, where: str, tab: dict[str, Any], board: Any) -> tuple[str, s
     return key, value
 
 
-def _check_port_url(p: Path, where: str, value: str, board: Any, btype: str) -> None:
+def _check_port_url(p: Path, where: str, value: str, board: Board, btype: str) -> None:
     if value.lower() == "auto":
         raise _err(p, where, "port", "cannot be 'auto' on a bench: name the board's port")
     if "://" not in value:
@@ -442,24 +464,6 @@ def _check_port_url(p: Path, where: str, value: str, board: Any, btype: str) -> 
             parse_url(value)
         except EspCheckError as exc:
             raise _err(p, where, "port", f"is not a valid sim:// URL: {exc.message}") from None
-
-
-def _power_cycle(p: Path, where: str, pc: object) -> tuple[str, ...]:
-    if isinstance(pc, str) or not isinstance(pc, list) or not all(isinstance(x, str) and x for x in pc):
-        raise _err(
-            p,
-            where,
-            "power_cycle",
-            "must be a list of strings (argv, run without a shell)",
-            'e.g. power_cycle = ["uhubctl", "-l", "1-1", "-p", "2", "-a", "cycle"]',
-        )
-    return tuple(pc)
-
-
-def _power_cycle_timeout(p: Path, where: str, pct: object) -> float:
-    if isinstance(pct, bool) or not isinstance(pct, (int, float)) or pct <= 0:
-        raise _err(p, where, "power_cycle_timeout_s", f"must be a positive number, not {pct!r}")
-    return float(pct)
 
 
 # ---- bench detect ---------------------------------------------------------------------------------

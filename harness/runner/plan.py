@@ -12,9 +12,18 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
 from harness.errors import EspCheckError, PlanError
+
+if TYPE_CHECKING:
+    from harness.flows.dataset import DatasetOptions
+    from harness.model.inputs import InputOptions
+    from harness.model.loader import ModelInfo
+
+from harness.userfiles import Strings, UserModel, field_path, known_keys, one_or_many, problem
 
 try:
     import tomllib
@@ -22,45 +31,99 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 # comparison names in the plan -> (a, b) source-label pairs of harness.analysis.compare
+Comparison = Literal["optimized-vs-ansi", "optimized-vs-host", "ansi-vs-host", "each-vs-host"]
 COMPARISONS: dict[str, tuple[tuple[str, str], ...]] = {
     "optimized-vs-ansi": (("optimized", "ansi"),),
     "optimized-vs-host": (("optimized", "reference"),),
     "ansi-vs-host": (("ansi", "reference"),),
     "each-vs-host": (("optimized", "reference"), ("ansi", "reference")),
 }
-PLACEMENTS = ("any", "each")
+Placement = Literal["any", "each"]
+PLACEMENTS: tuple[str, ...] = get_args(Placement)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-_TIMEOUT_KEYS = ("build", "capture_total", "capture_silence")
-_JOB_KEYS = {
-    "name",
-    "models",
-    "inputs",
-    "boards",
-    "tolerance_lsb",
-    "ref_tolerance_lsb",
-    "comparisons",
-    "timeouts",
-    "retries",
-    "placement",
-    "arena_kb",
-    "input_options",
-    *("dataset", "random_inputs", "seed", "results", "labels", "repeat"),
-}
+Name = Annotated[str, Field(pattern=NAME_RE.pattern, description="letters, digits, '_', '.', '-'")]
+Seconds = Annotated[float, Field(gt=0)]
 _DATASET_KEYS = ("dataset", "random_inputs", "seed", "results", "labels", "repeat")
-_DEFAULT_KEYS = _JOB_KEYS - {"name", "models", "inputs", "boards", *_DATASET_KEYS} | {"boards"}
-_TOP_KEYS = {"defaults", "job", "schema_version", "run"}
-_RUN_KEYS = {"backoff_s", "backoff_max_s", "quarantine_after", "lock_timeout_s"}
-_INPUT_OPTION_KEYS = {"resize", "color", "scale", "offset", "value_range", "raw_dtype"}
 
 
-@dataclass(frozen=True)
-class Timeouts:
+class Timeouts(UserModel):
     """Per-stage limits in seconds (mapped onto harness.flows.flash_and_compare.StageTimeouts)."""
 
-    build: float = 1800.0
-    capture_total: float = 180.0
-    capture_silence: float = 30.0
+    build: Seconds = 1800.0
+    capture_total: Seconds = 180.0
+    capture_silence: Seconds = 30.0
+
+
+def _input_options(table: InputOptionsTable) -> InputOptionsTable:
+    from harness.model.inputs import InputOptions  # numpy: only when a plan sets input options
+
+    try:
+        InputOptions(**table.model_dump(exclude_unset=True))
+    except EspCheckError as exc:
+        raise ValueError(f"is invalid: {exc.message}") from None
+    return table
+
+
+class InputOptionsTable(UserModel):
+    """``input_options``: flash-and-compare's --resize/--color/... (harness.model.inputs.InputOptions)."""
+
+    resize: str | None = Field(None, json_schema_extra={"enum": ["error", "stretch", "crop", "pad"]})
+    color: str | None = Field(None, json_schema_extra={"enum": ["auto", "rgb", "grayscale"]})
+    scale: float | None = None
+    offset: float | None = None
+    value_range: str | None = Field(None, json_schema_extra={"enum": ["0..1", "-1..1", "0..255"]})
+    raw_dtype: str | None = None
+
+
+class JobSettings(UserModel):
+    """The job fields ``[defaults]`` may set for every job (defaults here are the plan's defaults)."""
+
+    boards: Strings = Field((), description="board type names (boards/*.toml) or board-file paths")
+    tolerance_lsb: float = Field(0.0, ge=0, description="optimized vs ANSI C, in LSB")
+    ref_tolerance_lsb: float = Field(0.0, ge=0, description="each device variant vs the host, in LSB")
+    comparisons: Annotated[
+        tuple[Comparison, ...], Field(strict=False, min_length=1), BeforeValidator(one_or_many)
+    ] = ("optimized-vs-ansi", "each-vs-host")
+    timeouts: Timeouts = Timeouts()
+    retries: int = Field(2, ge=0, description="per task, infrastructure failures only")
+    placement: Placement = Field("any", description="any: one free board per type; each: every board")
+    arena_kb: Annotated[int, Field(ge=1)] | None = None
+    input_options: Annotated[InputOptionsTable, AfterValidator(_input_options)] = InputOptionsTable()
+
+
+class JobTable(JobSettings):
+    """One ``[[job]]`` table as written."""
+
+    name: Name
+    models: Strings = Field(description="model files or globs, relative to the plan file")
+    inputs: Strings | None = Field(None, description="input files or globs; '{model}' is the model's stem")
+    dataset: Annotated[str, Field(min_length=1)] | None = None
+    random_inputs: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    seed: int = Field(0, ge=0, le=2**64 - 1)
+    results: Literal["full", "crc"] = "full"
+    labels: Annotated[str, Field(min_length=1)] | None = None
+    repeat: int = Field(1, ge=1, le=1000)
+
+
+class RunSettings(UserModel):
+    """Plan-wide ``[run]`` settings (retry backoff, quarantine threshold, lock wait)."""
+
+    backoff_s: float = Field(1.0, ge=0)
+    backoff_max_s: float = Field(30.0, ge=0)
+    quarantine_after: int = Field(3, ge=1)
+    lock_timeout_s: float = Field(600.0, ge=0)
+
+
+class PlanFile(UserModel):
+    """A plan file (``esp-check run PLAN.toml``) as written. Format: docs/ci.md ("Plan file")."""
+
+    schema_version: Literal[1] = 1
+    run: RunSettings = RunSettings()
+    defaults: JobSettings = JobSettings()
+    job: list[JobTable] = Field(min_length=1)
+
+
+_D = JobSettings()  # Job's defaults are the plan's
 
 
 @dataclass(frozen=True)
@@ -81,10 +144,10 @@ class ModelCase:
 class DatasetSpec:
     """A job's dataset settings (flash-and-compare --dataset/--random-inputs; the paths are per case)."""
 
-    random_inputs: int | None = None
-    seed: int = 0
-    results: str = "full"
-    repeat: int = 1
+    random_inputs: int | None
+    seed: int
+    results: str
+    repeat: int
 
 
 @dataclass(frozen=True)
@@ -94,13 +157,13 @@ class Job:
     name: str
     cases: tuple[ModelCase, ...]
     boards: tuple[str, ...]  # board type names (boards/*.toml) or board-file paths
-    tolerance_lsb: float = 0.0
-    ref_tolerance_lsb: float = 0.0
-    comparisons: tuple[str, ...] = ("optimized-vs-ansi", "each-vs-host")
-    timeouts: Timeouts = Timeouts()
-    retries: int = 2
-    placement: str = "any"  # any: one free board per type; each: every inventory board of the type
-    arena_kb: int | None = None
+    tolerance_lsb: float = _D.tolerance_lsb
+    ref_tolerance_lsb: float = _D.ref_tolerance_lsb
+    comparisons: tuple[str, ...] = _D.comparisons
+    timeouts: Timeouts = _D.timeouts
+    retries: int = _D.retries
+    placement: str = _D.placement  # any: one free board per type; each: every inventory board of the type
+    arena_kb: int | None = _D.arena_kb
     input_options: Mapping[str, Any] = field(default_factory=dict)
     data: DatasetSpec | None = None  # a dataset job: each case streams its dataset (or random inputs)
 
@@ -119,52 +182,56 @@ class Job:
 
 
 @dataclass(frozen=True)
-class RunSettings:
-    """Plan-wide ``[run]`` settings (retry backoff, quarantine threshold, lock wait)."""
-
-    backoff_s: float = 1.0
-    backoff_max_s: float = 30.0
-    quarantine_after: int = 3
-    lock_timeout_s: float = 600.0
-
-
-@dataclass(frozen=True)
 class Plan:
     path: Path
     jobs: tuple[Job, ...]
-    run: RunSettings = RunSettings()
+    run: RunSettings = field(default_factory=RunSettings)
 
 
 def _err(path: Path, where: str, fieldname: str, msg: str, hint: str | None = None) -> PlanError:
+    """A PlanError: "plan FILE: WHERE: field 'F' MSG" (WHERE: top level, [run], [defaults], job 'J')."""
     return PlanError(
         f"plan {path}: {where}: field '{fieldname}' {msg}",
         hint=hint or "see docs/ci.md ('Plan file') for every field",
     )
 
 
-def _number(
-    path: Path, where: str, key: str, value: object, *, minimum: float = 0.0, strict: bool = False
-) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _err(path, where, key, f"must be a number, not {value!r}")
-    v = float(value)
-    if v != v or v < minimum or (strict and v == minimum):
-        raise _err(path, where, key, f"must be {'>' if strict else '>='} {minimum:g}, not {value!r}")
-    return v
+_UNKNOWN = {
+    "": "is not a plan field",
+    "run": "is not a run setting",
+    "defaults": "is not a default job field",
+    "job": "is not a job field",
+    **{f"{t}.timeouts": "is not a known timeout" for t in ("defaults", "job")},
+    **{f"{t}.input_options": "is not an input option" for t in ("defaults", "job")},
+}
 
 
-def _int(path: Path, where: str, key: str, value: object, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _err(path, where, key, f"must be an integer >= {minimum}, not {value!r}")
-    return value
+def _plan_error(p: Path, data: Mapping[str, Any], exc: ValidationError) -> PlanError:
+    """The first problem pydantic found, as "plan FILE: WHERE: field 'F' ..." (WHERE: a table or job)."""
+    loc, msg = problem(exc, PlanFile, _UNKNOWN)
+    hint = known_keys(PlanFile, loc) if msg in _UNKNOWN.values() else None
+    name, entry = field_path(loc[2:] if loc[0] == "job" and len(loc) > 2 else loc[1:])
+    if loc[0] == "job" and len(loc) > 2:
+        job_name = data["job"][loc[1]].get("name")
+        valid = isinstance(job_name, str) and NAME_RE.match(job_name) and loc[2] != "name"
+        where = f"job {job_name!r}" if valid else f"job #{int(loc[1]) + 1}"
+        return _err(p, where, name, entry + msg, hint)
+    if loc[0] == "job" and len(loc) == 2:
+        return _err(p, f"job #{int(loc[1]) + 1}", "job", "must be a table")
+    if loc[0] == "job":
+        return _err(p, "top level", "job", f"{msg}: a plan needs at least one [[job]] table")
+    if loc[0] in ("run", "defaults") and len(loc) > 1:
+        return _err(p, f"[{loc[0]}]", name, entry + msg, hint)
+    return _err(p, "top level", str(loc[0]), msg, hint)
 
 
-def _str_list(path: Path, where: str, key: str, value: object) -> list[str]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not value or not all(isinstance(x, str) and x for x in value):
-        raise _err(path, where, key, "must be a non-empty list of strings")
-    return list(value)
+def _overlay(defaults: JobSettings, table: JobTable) -> JobSettings:
+    """The job's settings: what the job sets, else what ``[defaults]`` sets (timeouts key by key)."""
+    given = {k: getattr(table, k) for k in table.model_fields_set & set(JobSettings.model_fields)}
+    if "timeouts" in given:
+        own = {k: getattr(table.timeouts, k) for k in table.timeouts.model_fields_set}
+        given["timeouts"] = defaults.timeouts.model_copy(update=own)
+    return defaults.model_copy(update=given)
 
 
 def _expand(base: Path, pattern: str, model_stem: str | None) -> list[Path]:
@@ -183,67 +250,6 @@ def _expand(base: Path, pattern: str, model_stem: str | None) -> list[Path]:
     return [Path(full)] if Path(full).is_file() else []
 
 
-def _timeouts(path: Path, where: str, value: object, base: Timeouts) -> Timeouts:
-    if not isinstance(value, dict):
-        raise _err(path, where, "timeouts", "must be a table like { capture_total = 180 }")
-    unknown = sorted(set(value) - set(_TIMEOUT_KEYS))
-    if unknown:
-        raise _err(path, where, f"timeouts.{unknown[0]}", "is not a known timeout", f"known: {_TIMEOUT_KEYS}")
-    vals = {k: getattr(base, k) for k in _TIMEOUT_KEYS}
-    for k, v in value.items():
-        vals[k] = _number(path, where, f"timeouts.{k}", v, strict=True)
-    return Timeouts(**vals)
-
-
-def _settings(path: Path, where: str, table: Mapping[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    """Validate the job fields shared by ``[defaults]`` and ``[[job]]`` onto a copy of ``base``."""
-    out = dict(base)
-    for key in ("tolerance_lsb", "ref_tolerance_lsb"):
-        if key in table:
-            out[key] = _number(path, where, key, table[key])
-    if "comparisons" in table:
-        comps = _str_list(path, where, "comparisons", table["comparisons"])
-        for c in comps:
-            if c not in COMPARISONS:
-                raise _err(
-                    path, where, "comparisons", f"has unknown comparison {c!r}", f"use {list(COMPARISONS)}"
-                )
-        out["comparisons"] = tuple(comps)
-    if "timeouts" in table:
-        out["timeouts"] = _timeouts(path, where, table["timeouts"], out["timeouts"])
-    if "retries" in table:
-        out["retries"] = _int(path, where, "retries", table["retries"])
-    if "placement" in table:
-        if table["placement"] not in PLACEMENTS:
-            raise _err(path, where, "placement", f"must be one of {PLACEMENTS}, not {table['placement']!r}")
-        out["placement"] = table["placement"]
-    if "arena_kb" in table:
-        out["arena_kb"] = _int(path, where, "arena_kb", table["arena_kb"], 1)
-    if "boards" in table:
-        out["boards"] = tuple(_str_list(path, where, "boards", table["boards"]))
-    if "input_options" in table:
-        opts = table["input_options"]
-        if not isinstance(opts, dict):
-            raise _err(path, where, "input_options", "must be a table")
-        unknown = sorted(set(opts) - _INPUT_OPTION_KEYS)
-        if unknown:
-            raise _err(
-                path,
-                where,
-                f"input_options.{unknown[0]}",
-                "is not an input option",
-                f"known: {sorted(_INPUT_OPTION_KEYS)}",
-            )
-        from harness.model.inputs import InputOptions
-
-        try:
-            InputOptions(**opts)
-        except (EspCheckError, TypeError) as exc:
-            raise _err(path, where, "input_options", f"is invalid: {exc}") from None
-        out["input_options"] = dict(opts)
-    return out
-
-
 def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
     """Read and validate a plan; raises PlanError (exit 2) naming file, job and field.
 
@@ -252,23 +258,17 @@ def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
     """
     p = Path(path)
     data = _read_toml(p)
-    unknown = sorted(set(data) - _TOP_KEYS)
-    if unknown:
-        raise _err(p, "top level", unknown[0], "is not a plan field", f"known: {sorted(_TOP_KEYS)}")
-    if data.get("schema_version", 1) != 1:
-        raise _err(p, "top level", "schema_version", f"is {data['schema_version']!r}; this esp-check reads 1")
-    run = _run_settings(p, data.get("run", {}))
-    defaults = _defaults(p, data.get("defaults", {}))
-    jobs_raw = data.get("job")
-    if not isinstance(jobs_raw, list) or not jobs_raw:
-        raise _err(p, "top level", "job", "is missing: a plan needs at least one [[job]] table")
+    try:
+        plan = PlanFile.model_validate(data)
+    except ValidationError as exc:
+        raise _plan_error(p, data, exc) from None
     jobs: list[Job] = []
-    for i, tab in enumerate(jobs_raw):
-        job = _job(p, i, tab, defaults, {j.name for j in jobs})
+    for i, table in enumerate(plan.job):
+        job = _job(p, i, table, plan.defaults, {j.name for j in jobs})
         if check_files:
             _check_job_files(p, job)
         jobs.append(job)
-    return Plan(path=p, jobs=tuple(jobs), run=run)
+    return Plan(path=p, jobs=tuple(jobs), run=plan.run)
 
 
 def _read_toml(p: Path) -> dict[str, Any]:
@@ -282,152 +282,77 @@ def _read_toml(p: Path) -> dict[str, Any]:
         raise PlanError(f"plan {p} is not valid TOML: {exc}", hint="see docs/examples/plan.toml") from None
 
 
-def _run_settings(p: Path, run_tab: object) -> RunSettings:
-    if not isinstance(run_tab, dict):
-        raise _err(p, "[run]", "run", "must be a table")
-    bad = sorted(set(run_tab) - _RUN_KEYS)
-    if bad:
-        raise _err(p, "[run]", bad[0], "is not a run setting", f"known: {sorted(_RUN_KEYS)}")
-    return RunSettings(
-        backoff_s=_number(p, "[run]", "backoff_s", run_tab.get("backoff_s", 1.0)),
-        backoff_max_s=_number(p, "[run]", "backoff_max_s", run_tab.get("backoff_max_s", 30.0)),
-        quarantine_after=_int(p, "[run]", "quarantine_after", run_tab.get("quarantine_after", 3), 1),
-        lock_timeout_s=_number(p, "[run]", "lock_timeout_s", run_tab.get("lock_timeout_s", 600.0)),
-    )
-
-
-def _defaults(p: Path, defaults_tab: object) -> dict[str, Any]:
-    if not isinstance(defaults_tab, dict):
-        raise _err(p, "[defaults]", "defaults", "must be a table")
-    bad = sorted(set(defaults_tab) - _DEFAULT_KEYS)
-    if bad:
-        raise _err(p, "[defaults]", bad[0], "is not a default job field", f"known: {sorted(_DEFAULT_KEYS)}")
-    return _settings(
-        p,
-        "[defaults]",
-        defaults_tab,
-        {
-            "tolerance_lsb": 0.0,
-            "ref_tolerance_lsb": 0.0,
-            "comparisons": ("optimized-vs-ansi", "each-vs-host"),
-            "timeouts": Timeouts(),
-            "retries": 2,
-            "placement": "any",
-            "arena_kb": None,
-            "input_options": {},
-            "boards": (),
-        },
-    )
-
-
-def _job(p: Path, i: int, tab: object, defaults: dict[str, Any], seen: set[str]) -> Job:
-    """One ``[[job]]`` table: name, fields, board types, models and their inputs."""
-    if not isinstance(tab, dict):
-        raise _err(p, f"job #{i + 1}", "job", "must be a table")
-    name = tab.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise _err(
-            p, f"job #{i + 1}", "name", f"must be a name of letters, digits, '_', '.', '-' (got {name!r})"
-        )
+def _job(p: Path, i: int, table: JobTable, defaults: JobSettings, seen: set[str]) -> Job:
+    """One ``[[job]]`` table: its settings over the defaults, board types, models and their inputs."""
+    name = table.name
     where = f"job {name!r}"
     if name in seen:
         raise _err(p, where, "name", "is used by two jobs; job names must be unique")
-    bad = sorted(set(tab) - _JOB_KEYS)
-    if bad:
-        raise _err(p, where, bad[0], "is not a job field", f"known: {sorted(_JOB_KEYS)}")
-    if "models" not in tab:
-        raise _err(p, where, "models", "is missing")
-    data = _dataset_spec(p, where, tab)
-    if data is None and "inputs" not in tab:
+    data = _dataset_spec(p, where, table)
+    if data is None and table.inputs is None:
         raise _err(p, where, "inputs", "is missing", "give inputs, a dataset or random_inputs (docs/ci.md)")
     base_dir = p.resolve().parent
-    s = _settings(p, where, tab, defaults)
-    s["boards"] = tuple(
-        str(base_dir / b) if b.endswith(".toml") and not Path(b).is_absolute() else b for b in s["boards"]
+    s = _overlay(defaults, table)
+    boards = tuple(
+        str(base_dir / b) if b.endswith(".toml") and not Path(b).is_absolute() else b for b in s.boards
     )
-    if not s["boards"]:
+    if not boards:
         raise _err(p, where, "boards", "is missing (and [defaults] has none): list board types")
-    models = _job_models(p, where, base_dir, tab["models"])
-    if data is None:
-        cases = _job_cases(p, where, base_dir, models, _str_list(p, where, "inputs", tab["inputs"]))
+    models = _job_models(p, where, base_dir, table.models)
+    if table.inputs is not None:
+        cases = _job_cases(p, where, base_dir, models, list(table.inputs))
     else:
-        cases = _dataset_cases(p, where, base_dir, models, tab)
-    return Job(
-        name=name,
-        cases=tuple(cases),
-        boards=s["boards"],
-        tolerance_lsb=s["tolerance_lsb"],
-        ref_tolerance_lsb=s["ref_tolerance_lsb"],
-        comparisons=s["comparisons"],
-        timeouts=s["timeouts"],
-        retries=s["retries"],
-        placement=s["placement"],
-        arena_kb=s["arena_kb"],
-        input_options=s["input_options"],
-        data=data,
-    )
+        cases = _dataset_cases(p, where, base_dir, models, table)
+    settings = {k: getattr(s, k) for k in JobSettings.model_fields if k not in ("boards", "input_options")}
+    options = s.input_options.model_dump(exclude_unset=True)
+    return Job(name=name, cases=tuple(cases), boards=boards, input_options=options, data=data, **settings)
 
 
-def _dataset_spec(p: Path, where: str, tab: Mapping[str, Any]) -> DatasetSpec | None:
+def _dataset_spec(p: Path, where: str, table: JobTable) -> DatasetSpec | None:
     """The job's dataset fields, checked as flash-and-compare checks its options (None: no dataset)."""
-    has = [k for k in ("dataset", "random_inputs") if k in tab]
+    given = table.model_fields_set
+    has = [k for k in ("dataset", "random_inputs") if k in given]
     if not has:
-        extra = [k for k in _DATASET_KEYS if k in tab]
+        extra = [k for k in _DATASET_KEYS if k in given]
         if extra:
             raise _err(p, where, extra[0], "needs 'dataset' or 'random_inputs' in the same job")
         return None
     if len(has) == 2:
         raise _err(p, where, "random_inputs", "and 'dataset' exclude each other", "split them into two jobs")
-    if "inputs" in tab:
+    if table.inputs is not None:
         raise _err(p, where, has[0], "and 'inputs' exclude each other", "split them into two jobs")
-    if "dataset" in tab and (not isinstance(tab["dataset"], str) or not tab["dataset"]):
-        raise _err(p, where, "dataset", f"must be a path (got {tab['dataset']!r})")
-    if "labels" in tab and (
-        "random_inputs" in tab or not isinstance(tab["labels"], str) or not tab["labels"]
-    ):
+    if table.labels is not None and table.random_inputs is not None:
         raise _err(
             p, where, "labels", "must be a path, and only with 'dataset' (random inputs have no labels)"
         )
-    results = tab.get("results", "full")
-    if results not in ("full", "crc"):
-        raise _err(p, where, "results", f"must be 'full' or 'crc', not {results!r}")
-    n = None
-    if "random_inputs" in tab:
-        n = _int(p, where, "random_inputs", tab["random_inputs"], 1)
-        if n > 100_000:
-            raise _err(p, where, "random_inputs", f"must be <= 100000, not {n}")
-    seed = _int(p, where, "seed", tab.get("seed", 0))
-    if seed > 2**64 - 1:
-        raise _err(p, where, "seed", "must fit in 64 bits")
-    repeat = _int(p, where, "repeat", tab.get("repeat", 1), 1)
-    if repeat > 1000:
-        raise _err(p, where, "repeat", f"must be <= 1000, not {repeat}")
-    return DatasetSpec(random_inputs=n, seed=seed, results=results, repeat=repeat)
+    return DatasetSpec(
+        random_inputs=table.random_inputs, seed=table.seed, results=table.results, repeat=table.repeat
+    )
 
 
 def _dataset_cases(
-    p: Path, where: str, base_dir: Path, models: list[Path], tab: Mapping[str, Any]
+    p: Path, where: str, base_dir: Path, models: list[Path], table: JobTable
 ) -> list[ModelCase]:
     """Each model with its dataset and labels paths ('{model}' = the model's file stem, literally)."""
 
-    def resolve(key: str, m: Path) -> Path | None:
-        if key not in tab:
+    def resolve(pattern: str | None, m: Path) -> Path | None:
+        if pattern is None:
             return None
-        if "{model}" in tab[key] and m.stem in (".", ".."):
+        if "{model}" in pattern and m.stem in (".", ".."):
             raise _err(p, where, "models", f"has a model file named {m.name!r}: no stem for '{{model}}'")
-        path = Path(tab[key].replace("{model}", m.stem)).expanduser()
+        path = Path(pattern.replace("{model}", m.stem)).expanduser()
         return path if path.is_absolute() else base_dir / path
 
-    cases = [ModelCase(m, (), resolve("dataset", m), resolve("labels", m)) for m in models]
+    cases = [ModelCase(m, (), resolve(table.dataset, m), resolve(table.labels, m)) for m in models]
     names = [c.name for c in cases]
     if len(set(names)) != len(names):
         raise _err(p, where, "models", "lists two models with the same file name; split them into two jobs")
     return cases
 
 
-def _job_models(p: Path, where: str, base_dir: Path, value: object) -> list[Path]:
+def _job_models(p: Path, where: str, base_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
     models: list[Path] = []
-    for pattern in _str_list(p, where, "models", value):
+    for pattern in patterns:
         found = _expand(base_dir, pattern, None)
         if not found:
             raise _err(
@@ -520,7 +445,7 @@ def _check_job_files(path: Path, job: Job) -> None:
                 ) from None
 
 
-def dataset_options(job: Job, case: ModelCase) -> Any:
+def dataset_options(job: Job, case: ModelCase) -> DatasetOptions | None:
     """The flash-and-compare DatasetOptions of a dataset job's case (None for a job of input files)."""
     from harness.flows.dataset import DatasetOptions
 
@@ -530,7 +455,9 @@ def dataset_options(job: Job, case: ModelCase) -> Any:
     return DatasetOptions(case.dataset, d.random_inputs, d.seed, d.results, case.labels, d.repeat)
 
 
-def _check_dataset(path: Path, where: str, job: Job, case: ModelCase, info: Any, options: Any) -> None:
+def _check_dataset(
+    path: Path, where: str, job: Job, case: ModelCase, info: ModelInfo, options: InputOptions
+) -> None:
     """The case's dataset loads for its model (missing path, bad files, bad labels: here, not later)."""
     from harness.flows.dataset import load_inputs
 
@@ -541,8 +468,11 @@ def _check_dataset(path: Path, where: str, job: Job, case: ModelCase, info: Any,
                 "paths are relative to the plan file; '{model}' stands for the model's file stem",
             )  # fmt: skip
     field_name = "dataset" if case.dataset is not None else "random_inputs"
+    data = dataset_options(job, case)
+    if data is None:  # a job of input files: checked by _check_job_files
+        return
     try:
-        load_inputs(dataset_options(job, case), info.inputs[0], options)
+        load_inputs(data, info.inputs[0], options)
     except EspCheckError as exc:
         raise _err(
             path, where, field_name, f"does not fit {case.model.name}: {exc.message}", exc.hint

@@ -18,17 +18,18 @@ import threading
 import time
 import urllib.parse
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import serial
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
 from harness.errors import UsageError
 from harness.inprocess import BOARDS
 from harness.sim.app import ROM_BAUD, BootContext, boot_from_flash, rom_header
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec, get_chip
-from harness.sim.faults import FaultSpec, parse_faults
+from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader
 from harness.sim.resident import Piece, SimApp
 
@@ -43,22 +44,52 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SIZES = {"1MB": 1 << 20, "2MB": 2 << 20, "4MB": 4 << 20, "8MB": 8 << 20, "16MB": 16 << 20, "32MB": 32 << 20}
 
 
+def _invoke_time(value: str) -> str:
+    if value != "model":
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise ValueError(f"is {value!r}; use model, or seconds") from None
+        if not seconds >= 0:
+            raise ValueError(f"is {value!r}; seconds must be >= 0")
+    return value
+
+
+class SimParams(FaultParams):
+    """Every parameter of a ``sim://`` URL or a board file's ``[sim]`` table, with its default."""
+
+    chip: str = Field("esp32s3", description="esp32, esp32s2, esp32s3, esp32c3, esp32c6, esp32p4")
+    reset: str = Field("classic", json_schema_extra={"enum": list(RESET_STYLES)})
+    flash: str | None = Field(None, description="a file that keeps the board's flash between runs")
+    flash_size: str = Field("4MB", json_schema_extra={"enum": list(_SIZES)})
+    throttle: Annotated[Annotated[int, Field(ge=0)] | None, BeforeValidator(blank_is_none)] = Field(
+        None, description="line rate in baud, both directions; 0: as fast as the host reads"
+    )
+    emitter: Literal["auto", "c", "python"] = "auto"
+    strap_window: float = Field(0.02, ge=0, description="seconds from EN rising to IO0 being sampled")
+    invoke_time: Annotated[str, AfterValidator(_invoke_time)] = Field("0", description="model, or seconds")
+    rx_buffer: Annotated[Annotated[int, Field(ge=1)] | None, BeforeValidator(blank_is_none)] = Field(
+        None, description="the app's receive buffer in bytes (at least 64 are used)"
+    )
+    boot: str = Field("auto", description="auto (IO0 from the reset circuit) or download (strapped low)")
+
+
 @dataclass(frozen=True)
 class BoardConfig:
     """How one simulated board is built (from a ``sim://`` URL or a board file)."""
 
-    chip: ChipSpec
-    reset: str = "classic"  # "classic" (DTR/RTS auto-reset circuit) or "usb_jtag" (USB-Serial-JTAG)
-    flash_path: Path | None = None
-    flash_size: int = 4 << 20
-    faults: FaultSpec = field(default_factory=FaultSpec)
-    throttle: int | None = None  # line rate in baud, both directions (None: as fast as the host reads)
-    emitter: str = "auto"
-    strap_window: float = 0.02
-    invoke_time: str = "0"  # "model": the app is busy for its modelled invoke time; else seconds
-    rx_buffer: int | None = None  # the app's receive buffer (default: the window its image announces)
-    boot: str = "auto"  # "auto": IO0 follows the reset circuit; "download": IO0 strapped low (BOOT held)
-    explicit: frozenset[str] = frozenset()  # keys the URL / table named (the rest are defaults)
+    chip: ChipSpec  # (the defaults of every field are SimParams')
+    reset: str  # "classic" (DTR/RTS auto-reset circuit) or "usb_jtag" (USB-Serial-JTAG)
+    flash_path: Path | None
+    flash_size: int
+    faults: FaultSpec
+    throttle: int | None  # line rate in baud, both directions (None: as fast as the host reads)
+    emitter: str
+    strap_window: float
+    invoke_time: str  # "model": the app is busy for its modelled invoke time; else seconds
+    rx_buffer: int | None  # the app's receive buffer (default: the window its image announces)
+    boot: str  # "auto": IO0 follows the reset circuit; "download": IO0 strapped low (BOOT held)
+    explicit: frozenset[str]  # keys the URL / table named (the rest are defaults)
 
 
 def parse_url(url: str) -> tuple[str, BoardConfig]:
@@ -78,61 +109,22 @@ def parse_url(url: str) -> tuple[str, BoardConfig]:
 
 def config_from_params(params: dict[str, Any]) -> BoardConfig:
     """Board config from URL query parameters or a board file's ``[sim]`` table (same keys)."""
-    known = {
-        "chip",
-        "reset",
-        "flash",
-        "flash_size",
-        "fault",
-        "variant_fault",
-        "throttle",
-        "seed",
-        "emitter",
-        "corrupt_lsb",
-        "corrupt_frac",
-        "noise",
-        "fault_count",
-        "fault_boots",
-        "loops",
-        "strap_window",
-        "fault_op",
-        "fault_region",
-        "frame_every",
-        "invoke_time",
-        "rx_buffer",
-        "fault_kind",
-        "boot",
-    }
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise UsageError(
-            f"unknown simulator parameter(s): {', '.join(unknown)}", hint=f"known: {', '.join(sorted(known))}"
-        )
-    chip = get_chip(str(params.get("chip", "esp32s3")))
-    reset = RESET_STYLES.get(str(params.get("reset", "classic")).lower())
+    try:
+        p = SimParams.model_validate(params)
+    except ValidationError as exc:
+        raise sim_params_error(exc, SimParams) from None
+    chip = get_chip(p.chip)
+    reset = RESET_STYLES.get(p.reset.lower())
     if reset is None:
-        raise UsageError(f"unknown reset style {params.get('reset')!r}", hint="use classic or usb_jtag")
+        raise UsageError(f"unknown reset style {p.reset!r}", hint="use classic or usb_jtag")
     if reset == "usb_jtag" and chip.name == "esp32":
         raise UsageError(
             "the ESP32 has no USB-Serial-JTAG peripheral", hint="use reset=classic with chip=esp32"
         )
-    size_raw = str(params.get("flash_size", "4MB")).upper()
+    size_raw = p.flash_size.upper()
     if size_raw not in _SIZES:
         raise UsageError(f"flash_size={size_raw!r} not modelled", hint=f"use one of {', '.join(_SIZES)}")
-    throttle_raw = params.get("throttle")
-    throttle = int(throttle_raw) if throttle_raw not in (None, "", "0") else None
-    emitter = str(params.get("emitter", "auto"))
-    if emitter not in ("auto", "c", "python"):
-        raise UsageError(f"emitter={emitter!r}", hint="use auto, c or python")
-    flash = params.get("flash")
-    invoke_time = str(params.get("invoke_time", "0"))
-    if invoke_time != "model":
-        try:
-            float(invoke_time)
-        except ValueError:
-            raise UsageError(f"invoke_time={invoke_time!r}", hint="use model, or seconds") from None
-    rx_buffer = params.get("rx_buffer")
-    boot = str(params.get("boot", "auto")).lower()
+    boot = p.boot.lower()
     if boot not in ("auto", "download"):
         raise UsageError(
             f"boot={boot!r}", hint="use auto (IO0 from the reset circuit) or download (strapped low)"
@@ -140,14 +132,14 @@ def config_from_params(params: dict[str, Any]) -> BoardConfig:
     return BoardConfig(
         chip=chip,
         reset=reset,
-        flash_path=Path(str(flash)) if flash else None,
+        flash_path=Path(p.flash) if p.flash else None,
         flash_size=_SIZES[size_raw],
         faults=parse_faults(params),
-        throttle=throttle,
-        emitter=emitter,
-        strap_window=float(params.get("strap_window", 0.02)),
-        invoke_time=invoke_time,
-        rx_buffer=None if rx_buffer in (None, "") else max(64, int(str(rx_buffer))),
+        throttle=p.throttle or None,
+        emitter=p.emitter,
+        strap_window=p.strap_window,
+        invoke_time=p.invoke_time,
+        rx_buffer=None if p.rx_buffer is None else max(64, p.rx_buffer),
         boot=boot,
         explicit=frozenset(params),
     )

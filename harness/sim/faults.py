@@ -9,8 +9,12 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from harness.errors import UsageError
+from harness.userfiles import field_path, problem
 
 # name -> one-line description (docs/simulator.md has the long form)
 FAULTS: dict[str, str] = {
@@ -50,24 +54,55 @@ OP_REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "rando
 VARIANTS = ("optimized", "ansi")
 
 
+def blank_is_none(value: object) -> object:
+    """A URL's ``key=`` (empty) as not given."""
+    return None if value == "" else value
+
+
+class FaultParams(BaseModel):
+    """The fault parameters of a ``sim://`` URL or a board file's ``[sim]`` table (docs/simulator.md).
+
+    Values may be text (a URL's query) and are converted; unknown keys are errors.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fault: str | None = Field(None, description="fault names joined by ',' or '+'")
+    variant_fault: str | None = Field(None, description="app faults only in this variant: optimized | ansi")
+    seed: int = Field(1, ge=0)
+    corrupt_lsb: int = 3
+    corrupt_frac: float = Field(0.1, ge=0, le=1)
+    noise: float = Field(1e-4, ge=0, le=1, description="bit-flip rate per console bit")
+    fault_count: int = Field(1, ge=0)
+    fault_boots: Annotated[Annotated[int, Field(ge=0)] | None, BeforeValidator(blank_is_none)] = None
+    loops: int = Field(3, ge=0)
+    fault_op: str | None = Field(None, description="op index, or a list: 17,27")
+    fault_region: str = Field("last_row", json_schema_extra={"enum": list(OP_REGIONS)})
+    frame_every: int = Field(5, ge=1)
+    fault_kind: str | None = Field(None, description="unoptimized_kind: the op kind, e.g. CONV_2D")
+
+
+_P = FaultParams()  # FaultSpec's defaults are the parameters'
+
+
 @dataclass(frozen=True)
 class FaultSpec:
     """Faults to inject. ``variant`` limits app-level faults to images of that variant."""
 
     names: frozenset[str] = frozenset()
     variant: str | None = None
-    seed: int = 1
-    corrupt_lsb: int = 3
-    corrupt_frac: float = 0.1
-    noise: float = 1e-4
-    fault_count: int = 1
-    loops: int = 3
-    fault_boots: int | None = None  # app faults only on the first N app boots of the board (transient)
+    seed: int = _P.seed
+    corrupt_lsb: int = _P.corrupt_lsb
+    corrupt_frac: float = _P.corrupt_frac
+    noise: float = _P.noise
+    fault_count: int = _P.fault_count
+    loops: int = _P.loops
+    fault_boots: int | None = _P.fault_boots  # app faults only on the first N app boots (transient)
     extra: Mapping[str, str] = field(default_factory=dict)
     fault_ops: tuple[int, ...] = ()  # op faults: the op indices (fault_op=17 or fault_op=17,27)
-    fault_region: str = "last_row"
-    frame_every: int = 5  # frame_rx / frame_tx: which frames are damaged
-    fault_kind: str | None = None  # unoptimized_kind: the op kind, e.g. CONV_2D
+    fault_region: str = _P.fault_region
+    frame_every: int = _P.frame_every  # frame_rx / frame_tx: which frames are damaged
+    fault_kind: str | None = _P.fault_kind  # unoptimized_kind: the op kind, e.g. CONV_2D
 
     @property
     def fault_op(self) -> int | None:
@@ -100,73 +135,62 @@ def _norm_variant(v: str) -> str:
     return "ansi" if v in ("ansi", "ansi_c") else v
 
 
+def sim_params_error(exc: ValidationError, model: type[BaseModel]) -> UsageError:
+    """A sim:// URL's or [sim] table's first bad parameter, named, as a UsageError (exit 2)."""
+    unknown = [str(e["loc"][0]) for e in exc.errors() if e["type"] == "extra_forbidden"]
+    if unknown:
+        return UsageError(
+            f"unknown simulator parameter(s): {', '.join(sorted(unknown))}",
+            hint=f"known: {', '.join(sorted(model.model_fields))}",
+        )
+    loc, msg = problem(exc, model)
+    name = field_path(loc)[0]
+    return UsageError(f"simulator parameter {name} {msg}", hint="see docs/simulator.md for every parameter")
+
+
 def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSpec:
     """Build a :class:`FaultSpec` from URL query parameters or a board file's ``[sim]`` table."""
-
-    def one(key: str) -> str | None:
-        v = params.get(key)
-        if v is None:
-            return None
-        if isinstance(v, list):
-            return ",".join(str(x) for x in v)
-        return str(v)
-
+    given = {k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in params.items()}
+    try:
+        p = FaultParams.model_validate({k: v for k, v in given.items() if k in FaultParams.model_fields})
+    except ValidationError as exc:
+        raise sim_params_error(exc, FaultParams) from None
     names: set[str] = set()
-    raw = one("fault")
-    if raw:
-        for part in raw.replace("+", ",").split(","):
-            part = part.strip().lower()
-            if not part:
-                continue
-            if part not in FAULTS:
-                raise UsageError(
-                    f"unknown simulator fault {part!r}",
-                    hint=f"known faults: {', '.join(sorted(FAULTS))}",
-                )
-            names.add(part)
-    variant = one("variant_fault")
-    if variant is not None:
-        variant = _norm_variant(variant)
-        if variant not in VARIANTS:
-            raise UsageError(f"variant_fault={variant!r} is not a variant", hint="use optimized or ansi")
-
-    def num(key: str, default: float, kind: type = float) -> float:
-        v = one(key)
-        if v is None:
-            return default
-        try:
-            return float(kind(v))
-        except ValueError:
-            raise UsageError(f"simulator parameter {key}={v!r} is not a number") from None
-
-    fault_op = one("fault_op")
-    parts = [p.strip() for p in (fault_op or "").split(",")]
-    if fault_op is not None and not all(p.isdigit() for p in parts):
-        raise UsageError(f"fault_op={fault_op!r} is not an op index (or a list)", hint="e.g. fault_op=17,27")
-    if names & set(OP_FAULTS) and fault_op is None:
+    for part in (p.fault or "").replace("+", ",").split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        if part not in FAULTS:
+            raise UsageError(
+                f"unknown simulator fault {part!r}", hint=f"known faults: {', '.join(sorted(FAULTS))}"
+            )
+        names.add(part)
+    variant = None if p.variant_fault is None else _norm_variant(p.variant_fault)
+    if variant is not None and variant not in VARIANTS:
+        raise UsageError(f"variant_fault={variant!r} is not a variant", hint="use optimized or ansi")
+    parts = [x.strip() for x in (p.fault_op or "").split(",")]
+    if p.fault_op is not None and not all(x.isdigit() for x in parts):
+        raise UsageError(
+            f"fault_op={p.fault_op!r} is not an op index (or a list)", hint="e.g. fault_op=17,27"
+        )
+    if names & set(OP_FAULTS) and p.fault_op is None:
         raise UsageError(f"{'/'.join(OP_FAULTS)} need fault_op=<op index>", hint="e.g. fault_op=17")
-    kind = one("fault_kind")
-    if "unoptimized_kind" in names and not kind:
+    if "unoptimized_kind" in names and not p.fault_kind:
         raise UsageError("unoptimized_kind needs fault_kind=<op kind>", hint="e.g. fault_kind=CONV_2D")
-    region = (one("fault_region") or "last_row").strip().lower()
+    region = p.fault_region.strip().lower()
     if region not in OP_REGIONS:
         raise UsageError(
             f"fault_region={region!r} is not a region", hint=f"use one of {', '.join(OP_REGIONS)}"
         )
     return FaultSpec(
-        fault_ops=tuple(sorted({int(p) for p in parts})) if fault_op is not None else (),
+        fault_ops=tuple(sorted({int(x) for x in parts})) if p.fault_op is not None else (),
         fault_region=region,
-        fault_kind=kind.strip().upper() if kind else None,
+        fault_kind=p.fault_kind.strip().upper() if p.fault_kind else None,
         names=frozenset(names),
         variant=variant,
-        seed=int(num("seed", 1, int)),
-        corrupt_lsb=int(num("corrupt_lsb", 3, int)),
-        corrupt_frac=float(num("corrupt_frac", 0.1)),
-        noise=float(num("noise", 1e-4)),
-        fault_count=int(num("fault_count", 1, int)),
-        loops=int(num("loops", 3, int)),
-        fault_boots=None if one("fault_boots") is None else int(num("fault_boots", 0, int)),
-        frame_every=max(1, int(num("frame_every", 5, int))),
+        **p.model_dump(include={"seed", "corrupt_lsb", "corrupt_frac", "noise", "fault_count", "loops"}),
+        fault_boots=p.fault_boots,
+        frame_every=p.frame_every,
     )
 
 

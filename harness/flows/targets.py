@@ -38,7 +38,8 @@ class Target:
     kind: ClassVar[str] = ""
     meaning: ClassVar[str] = ""  # what its results are, in reports: "" (a real chip), SIMULATED, NATIVE
     expects_sim: ClassVar[bool] = False  # what the device's BEGIN record must say (sim=1 or not)
-    schemes: ClassVar[tuple[str, ...]] = ()  # the port URL schemes it takes ("" for a device path)
+    # how a bench inventory reaches it: URL schemes, "" (a device path or USB id), "place" (labgrid)
+    reach: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, board: Board, port_url: str, *, private: bool = False) -> None:
         self.board, self.port_url, self.private = board, port_url, private
@@ -53,12 +54,30 @@ class Target:
         raise NotImplementedError
 
     @classmethod
-    def check_spec(cls, board: Board, scheme: str) -> str | None:
-        """Why a bench inventory's port of ``scheme`` ("" for a device path) cannot reach this board
-        kind, or None when it can."""
-        if scheme in cls.schemes:
-            return None
-        return f"a {cls.kind} board type runs on {' or '.join(s + '://' for s in cls.schemes)} ports only"
+    def refuse_reach(cls, board: Board, key: str, value: str) -> tuple[str, str] | None:
+        """Why a bench inventory cannot reach a board of this kind by ``key = value`` (``port``,
+        ``usb_serial``, ``usb_location`` or ``place``): (what is wrong, how to fix it), or None."""
+        kind = "place" if key == "place" else (_scheme(value) if key == "port" else "")
+        if kind in cls.reach:
+            return cls.check_url(value) if key == "port" else None
+        return cls.refusal(board, kind)
+
+    @classmethod
+    def refusal(cls, board: Board, kind: str) -> tuple[str, str]:
+        """What is wrong with reaching this kind of board by ``kind`` (not one of its ``reach``)."""
+        if kind == "native":
+            return (
+                f"is a native:// URL but board type {board.name} is not a native board",
+                "a native board (builder = native) runs on a native://NAME port, and only there",
+            )
+        if kind == "sim":
+            return f"is a sim:// URL but board type {board.name} is not simulated", "name the board's port"
+        return f"cannot reach a {cls.kind} board", "see docs/ci.md, 'Inventory'"
+
+    @classmethod
+    def check_url(cls, url: str) -> tuple[str, str] | None:
+        """A port URL this kind takes, checked further (None: fine)."""
+        return None
 
     @property
     def simulated(self) -> bool:
@@ -90,7 +109,7 @@ class Target:
 
 class RealTarget(Target):
     kind = "real"
-    schemes = ("", "rfc2217", "socket")
+    reach = ("", "rfc2217", "socket", "place")
 
     @classmethod
     def claims(cls, board: Board, port: str | None) -> bool:
@@ -110,7 +129,7 @@ class SimTarget(Target):
     kind = "simulated"
     meaning = "SIMULATED"
     expects_sim = True
-    schemes = ("sim", "rfc2217")
+    reach = ("sim", "rfc2217", "place")
 
     @classmethod
     def claims(cls, board: Board, port: str | None) -> bool:
@@ -140,6 +159,30 @@ class SimTarget(Target):
             board, sim_port_for(board.chip, board.reset, template, board.flash_size), private=port is None
         )
 
+    @classmethod
+    def refusal(cls, board: Board, kind: str) -> tuple[str, str]:
+        if kind == "socket":
+            return f"is raw TCP: {RAW_TCP_SIMULATOR}", RAW_TCP_SIMULATOR_HINT
+        if kind == "native":
+            return super().refusal(board, kind)
+        return (
+            "must be a sim:// or rfc2217:// URL (or a labgrid place) for a simulated board type",
+            "serve the board with `esp-check sim serve --rfc2217`, or give its sim:// URL",
+        )
+
+    @classmethod
+    def check_url(cls, url: str) -> tuple[str, str] | None:
+        if _scheme(url) != "sim":
+            return None
+        from harness.sim import parse_url
+
+        try:
+            parse_url(url)
+        except EspCheckError as exc:
+            hint = exc.hint or "docs/simulator.md lists its parameters"
+            return f"is not a valid sim:// URL: {exc.message}", hint
+        return None
+
     def check(self, rec: Recorder) -> None:
         """An in-process board is always there."""
 
@@ -156,7 +199,7 @@ class ServedSimTarget(Target):
     kind = "served"
     meaning = "SIMULATED"
     expects_sim = True
-    schemes = ("rfc2217",)
+    reach = SimTarget.reach
 
     @classmethod
     def claims(cls, board: Board, port: str | None) -> bool:
@@ -167,15 +210,14 @@ class ServedSimTarget(Target):
         assert port is not None
         return cls(board, port)
 
-    @classmethod
-    def check_spec(cls, board: Board, scheme: str) -> str | None:
-        return SimTarget.check_spec(board, scheme)
+    refusal = SimTarget.refusal
+    check_url = SimTarget.check_url
 
 
 class NativeTarget(Target):
     kind = "native"
     meaning = "NATIVE"
-    schemes = ("native",)
+    reach = ("native",)
 
     @classmethod
     def claims(cls, board: Board, port: str | None) -> bool:
@@ -191,6 +233,17 @@ class NativeTarget(Target):
             )
         size = f"?flash={board.flash_size}" if board.flash_size else ""  # the board's flash
         return cls(board, port or f"native://esp-check-{uuid.uuid4().hex[:10]}{size}", private=port is None)
+
+    @classmethod
+    def refusal(cls, board: Board, kind: str) -> tuple[str, str]:
+        what = f"is not a native:// URL but board type {board.name} is a native board" if kind else ""
+        return (
+            what or "must be a native://NAME port for a native board type",
+            "a native board (builder = native) runs on a native://NAME port, and only there",
+        )
+
+    def check(self, rec: Recorder) -> None:
+        """The program is started by the session: nothing to look for before."""
 
     def facts(self, variants: Mapping[str, VariantRun]) -> dict[str, Any] | None:
         """What a native board's results mean, and what each variant's program said it was (INFO)."""

@@ -540,3 +540,36 @@ def test_job_input_options_reach_the_host_reference_too(tmp_path: Path, models_d
         "optimized-vs-reference",
         "ansi-vs-reference",
     }
+
+
+def test_a_model_espnn_does_not_touch_is_refused_before_the_run_unless_allowed(tmp_path: Path):
+    """As flash-and-compare refuses it: a float model (no op ESP-NN accelerates on any chip) in a plan is a
+    PlanError naming the job and the model before any build; ``allow_untested = true`` lets it run. Nothing
+    is faked (the runner is only constructed: its tasks are checked when it is made)."""
+    import numpy as np
+
+    from harness.runner.executor import Runner, RunOptions
+    from tests.test_model_builder import Op, T, build_model
+
+    const = np.array([[0.5, -1.0, 2.0, 0.25]], dtype=np.float32)
+    model = tmp_path / "float_add.tflite"
+    model.write_bytes(
+        build_model(
+            [T("x", (1, 4), "float32"), T("c", (1, 4), "float32", data=const), T("y", (1, 4), "float32")],
+            [Op(0, [0, 1], [2], add_options=True)],
+            inputs=[0],
+            outputs=[2],
+        )
+    )
+    np.save(tmp_path / "x.npy", np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32))
+    inv = tmp_path / "bench.toml"
+    inv.write_text('[[board]]\nname = "b1"\ntype = "sim"\nport = "sim://untested-b1"\n')
+    job = '[[job]]\nname = "floaty"\nmodels = ["float_add.tflite"]\ninputs = ["x.npy"]\nboards = ["sim"]\n'
+    (tmp_path / "plan.toml").write_text(job)
+    opts = RunOptions(out_dir=tmp_path / "out")
+    with pytest.raises(PlanError, match=r"job 'floaty': ESP-NN accelerates none of the 1 ops") as err:
+        Runner(load_plan(tmp_path / "plan.toml"), load_inventory(inv), opts)
+    assert "allow_untested = true" in (err.value.hint or "")
+    (tmp_path / "plan.toml").write_text(job + "allow_untested = true\n")
+    runner = Runner(load_plan(tmp_path / "plan.toml"), load_inventory(inv), opts)
+    assert [t.job.allow_untested for t in runner.tasks] == [True]

@@ -174,6 +174,7 @@ class Runner:
                         hint="add the board to the inventory or remove the type from the job",
                     )
                 targets: list[str | None] = [b.name for b in benches] if job.placement == "each" else [None]
+                _refuse_untested(self.plan.path, job, benches[0].board)
                 for case in job.cases:
                     for pinned in targets:
                         where = canon + (f"@{pinned}" if pinned else "")
@@ -398,7 +399,7 @@ class Runner:
             arena_kb=t.job.arena_kb, lock=False,
             dataset=dataset_options(t.job, t.case) if t.job.data is not None else None,
             timeouts=StageTimeouts(limits.build, limits.capture_total, limits.capture_silence),
-            native=self.opt.native,
+            native=self.opt.native, allow_untested=t.job.allow_untested,
         )  # fmt: skip
         assert a.dir is not None
         inputs = () if t.job.data is not None else tuple(Path(p) for p in t.case.inputs)
@@ -675,6 +676,27 @@ class Runner:
                 if t.state in (TaskState.PENDING, TaskState.RUNNING):
                     self._abort(t, abort_reason(t))
             return self.stop.is_set() or self.hard_stop.is_set()
+
+
+def _refuse_untested(plan: Path, job: Any, board: Any) -> None:
+    """A model in which ESP-NN accelerates no op on the board's chip proves nothing about ESP-NN (both
+    builds run the same kernels): refused before anything runs, as flash-and-compare refuses it, unless
+    the job says ``allow_untested = true``."""
+    from harness.model.loader import load_model
+    from harness.model.opdata import espnn_model_acceleration
+
+    if job.allow_untested:
+        return
+    for case in job.cases:
+        accel = espnn_model_acceleration(load_model(case.model), board.chip)
+        if not any(a.accelerated for a in accel):
+            raise PlanError(
+                f"plan {plan}: job {job.name!r}: ESP-NN accelerates none of the {len(accel)} ops of model "
+                f"{case.model} on {board.chip} (board type {board.name}): both variants would run the same "
+                "TFLM kernels, so a match would say nothing about ESP-NN",
+                hint="esp-check inspect MODEL lists what ESP-NN accelerates per chip; set "
+                "allow_untested = true in the job to run it anyway",
+            )
 
 
 def _variant_outcome(v: str, run: Any, stages: list[StageRecord]) -> VariantOutcome:

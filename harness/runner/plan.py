@@ -89,6 +89,10 @@ class JobSettings(UserModel):
     placement: Placement = Field("any", description="any: one free board per type; each: every board")
     arena_kb: Annotated[int, Field(ge=1)] | None = None
     input_options: Annotated[InputOptionsTable, AfterValidator(_input_options)] = InputOptionsTable()
+    allow_untested: bool = Field(
+        False, description="run a model in which ESP-NN accelerates no op on the board's chip (its verdict "
+        "then says ESP-NN was not tested); without it such a job is refused before anything runs",
+    )  # fmt: skip
 
 
 class JobTable(JobSettings):
@@ -166,6 +170,7 @@ class Job:
     arena_kb: int | None = _D.arena_kb
     input_options: Mapping[str, Any] = field(default_factory=dict)
     data: DatasetSpec | None = None  # a dataset job: each case streams its dataset (or random inputs)
+    allow_untested: bool = _D.allow_untested
 
     @property
     def pairs(self) -> tuple[tuple[str, str], ...]:

@@ -211,7 +211,7 @@ def test_junit_names_the_crashed_variant(models_dir: Path, tmp_path: Path, cache
     assert result.exit_code == ExitCode.FIRMWARE_FAULT
     root = ET.parse(junit).getroot()
     cases = {(c.get("classname"), c.get("name")): c for c in root.iter("testcase")}
-    crashed = cases[("esp-check.device.optimized", "run")]
+    crashed = cases[(f"esp-check.{Path(MODEL).stem}.sim", "optimized.run")]
     failure = crashed.find("failure")
     assert failure is not None and failure.get("type") == "firmware_fault"
     assert "Guru Meditation" in (crashed.findtext("system-out") or "")

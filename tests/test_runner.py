@@ -444,6 +444,7 @@ def test_run_json_is_a_flag_and_the_old_path_form_is_recognised(argv: list[str],
     assert legacy_json_args(run_cmd, argv) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.needs_tflm
 def test_run_json_flag_prints_the_summary_and_old_forms_still_work(tmp_path: Path, models_dir: Path, capsys):
     """``--json`` prints the summary (v2) on stdout; ``--json PATH`` and ``--schema-version 1`` warn."""

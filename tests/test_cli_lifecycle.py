@@ -178,6 +178,7 @@ def _du(path: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 def test_full_disk_is_exit_3_and_leaves_no_stale_match(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -406,6 +407,7 @@ def test_readme_quick_start_is_a_plain_install_that_runs_the_main_job(tmp_path: 
     assert "verdict: match" in done.stderr and "SIMULATED" in done.stderr
 
 
+@pytest.mark.slow
 def test_readme_pytest_example_passes_or_fails_loudly(tmp_path: Path) -> None:
     """The README's pytest-plugin example, run as the README says (pytest with the installed plugins, in a
     directory of its own): it passes; and where labgrid's plugin would skip it (labgrid and pytest-embedded

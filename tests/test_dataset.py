@@ -235,6 +235,7 @@ def test_repeat_finds_a_nondeterministic_kernel(tmp_path: Path, models_dir: Path
     assert doc["dataset"]["after_reset"]["variant"] in ("optimized", "ansi")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["frame_tx&frame_every=3", "frame_rx&frame_every=4", "stall&fault_count=3"])
 def test_streaming_faults_in_a_dataset_never_match(
     tmp_path: Path, models_dir: Path, sim_port, fault: str
@@ -269,6 +270,7 @@ def test_cli_dataset_run_with_labels(tmp_path: Path, models_dir: Path, sim_port,
 # ---- --tap-inputs: the tap flow on chosen inputs of a dataset -----------------------------------------
 
 
+@pytest.mark.slow
 def test_tap_inputs_name_the_faulty_op_of_a_chosen_dataset_input(
     tmp_path: Path, models_dir: Path, sim_port
 ) -> None:
@@ -309,6 +311,7 @@ def test_tap_inputs_name_the_faulty_op_of_a_chosen_dataset_input(
         assert z.read("inputs/0/input-00004.npy") == Path(tapped[0]["file"]).read_bytes()
 
 
+@pytest.mark.slow
 def test_tap_inputs_on_a_clean_dataset_find_no_divergence(
     tmp_path: Path, models_dir: Path, sim_port, capsys
 ) -> None:  # type: ignore[no-untyped-def]

@@ -62,6 +62,7 @@ def test_fuzz_legacy_logs(bases, tmp_path: Path) -> None:  # type: ignore[no-unt
     assert codes[0] and codes[1] and codes[3], codes
 
 
+@pytest.mark.slow  # ~10 s on 2 busy cores: 60 mutants through `inspect`, accepted ones through `reference`
 def test_fuzz_models(bases, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     outcomes = [fuzzing.model_mutant(SEED, k, bases[2], tmp_path) for k in range(N_MODELS)]
     codes = _check(outcomes)

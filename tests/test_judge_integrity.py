@@ -242,6 +242,7 @@ def _hybrid(models_dir: Path, tmp_path: Path, port: str, bisect: bool):  # type:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bisect", [True, False])
 def test_hybrid_names_no_op_when_the_baseline_failed_on_the_link(
     tmp_path: Path, models_dir: Path, sim_port, bisect: bool
@@ -257,6 +258,7 @@ def test_hybrid_names_no_op_when_the_baseline_failed_on_the_link(
 # ---- a long Invoke is not a lossy link ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_invoke_longer_than_the_ack_timeout_is_a_clean_match(
     tmp_path: Path, models_dir: Path, sim_port
 ) -> None:  # type: ignore[no-untyped-def]

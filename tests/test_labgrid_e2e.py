@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -98,6 +97,17 @@ def run_cli(
 def finish(proc: subprocess.Popen, seen: list[str] | None = None, timeout: float = 400) -> str:
     err = proc.communicate(timeout=timeout)[1]
     return "".join(seen or []) + err
+
+
+def lines_until(proc: subprocess.Popen, text: str) -> list[str]:
+    """The runner's stderr lines up to the first that contains ``text`` (all of them if it exits first)."""
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if text in line:
+            break
+    return seen
 
 
 def summary(out: Path) -> dict:
@@ -238,18 +248,18 @@ def test_a_place_held_by_another_user_is_skipped_after_the_timeout_then_waited_f
     board = summary(tmp_path / "out1")["boards"][0]
     assert board["status"] == "busy" and "/alice" in board["reason"] and "release --kick" in board["reason"]
     assert "theirs" not in the_lab.client("reservations")  # our waiting reservation was cancelled
-    # 2. alice releases while we wait: we get the place
-    release = threading.Timer(4.0, lambda: the_lab.client("release", place="theirs", user="alice"))
-    release.start()
-    try:
-        proc = run_cli(the_lab, plan, tmp_path / "out2", cache_dir, "--lock-timeout", "120")
-        err = finish(proc)
-    finally:
-        release.cancel()
+    # 2. alice releases once the runner says it is waiting for her place (not after a fixed delay,
+    #    which raced the runner's start-up under load): we get the place
+    proc = run_cli(the_lab, plan, tmp_path / "out2", cache_dir, "--lock-timeout", "120")
+    seen = lines_until(proc, "waiting for labgrid place theirs")
+    said_waiting = time.monotonic()
+    the_lab.client("release", place="theirs", user="alice")
+    held_after_waiting = time.monotonic() - said_waiting
+    err = finish(proc, seen)
     assert proc.returncode == 0, err + the_lab.logs()
-    assert "/alice" in err
+    assert "waiting for labgrid place theirs: acquired by" in "".join(seen) and "/alice" in err
     waited = summary(tmp_path / "out2")["tasks"][0]["attempts"][0]["lock_wait_s"]
-    assert waited >= 3.0
+    assert waited >= held_after_waiting  # the recorded wait spans the time alice still held the place
     assert_released(the_lab, "theirs")
 
 

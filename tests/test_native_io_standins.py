@@ -125,6 +125,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None)
 @given(data=st.binary(min_size=1, max_size=5000))
 def test_the_uart_stand_in_is_binary_safe_and_bounded_by_its_ring(driver: Path, data: bytes) -> None:

@@ -164,6 +164,7 @@ def test_litert_backend_matches_outputs(models_dir: Path) -> None:
 KNOWN_DISAGREEMENTS = {("cnn_classifier_11__ambiguous", 13, "FULLY_CONNECTED", 1, 1)}
 
 
+@pytest.mark.slow
 def test_backends_agree_per_layer_on_all_fixtures(models_dir: Path) -> None:
     """Issue 7: both backends per layer on every fixture; differences listed by op, not hidden."""
     found = set()

@@ -100,8 +100,8 @@ def test_junit_one_testcase_per_output_and_faults(tmp_path: Path) -> None:
     )
     cases = suite.findall("testcase")
     assert (
-        cases[0].get("classname") == "esp-check.compare.A_vs_B"
-        and cases[0].get("name") == "run0.output0[out]"
+        cases[0].get("classname") == "esp-check.compare"
+        and cases[0].get("name") == "input0.A_vs_B.output0[out]"
     )
     fail = cases[0].find("failure")
     assert (

@@ -7,10 +7,12 @@ Faked in ``bench detect``: pyserial's ``comports()`` (the attached USB devices),
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
 import uuid
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from harness.device.ports import PortCandidate, PortSpec, Transport, caps_for
 from harness.errors import BoardBusyError, ExitCode, PlanError
 from harness.runner import load_inventory, load_plan
 from harness.runner.inventory import detect_devices, inventory_snippet
+from tests.junit_shape import assert_junit_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -362,6 +365,11 @@ def test_run_cli_writes_reports_and_the_step_summary(tmp_path: Path, models_dir:
     jsonschema.validate(doc, json.loads((ROOT / "docs" / "run-summary-schema.json").read_text()))
     assert doc["schema"] == "esp-check/run-summary" and doc["counts"]["passed"] == 3
     assert junit.read_text().count("<testcase ") == 3
+    root = ET.parse(junit).getroot()
+    assert_junit_shape(root)  # the old run writer left `skipped` off the root
+    cases = [(c.get("classname"), c.get("name")) for c in root.iter("testcase")]
+    assert {cls for cls, _ in cases} == {"esp-check.j1.op_zoo.a"}  # esp-check.<job>.<model>.<board>
+    assert all(re.fullmatch(r"input0\[[^]]+\]\.\w+_vs_\w+", name or "") for _, name in cases), cases
     assert "esp-check run" in step.read_text() and "| 3 | 3 | 0 | 0 |" in step.read_text()
 
 
@@ -436,6 +444,7 @@ def test_run_json_is_a_flag_and_the_old_path_form_is_recognised(argv: list[str],
     assert legacy_json_args(run_cmd, argv) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.needs_tflm
 def test_run_json_flag_prints_the_summary_and_old_forms_still_work(tmp_path: Path, models_dir: Path, capsys):
     """``--json`` prints the summary (v2) on stdout; ``--json PATH`` and ``--schema-version 1`` warn."""

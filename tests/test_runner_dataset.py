@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,9 @@ def test_two_dataset_jobs_on_one_board_reuse_what_is_flashed(
     assert second["dataset"]["agreement"]["optimized_vs_ansi"] == 1.0
     assert [c["comparison"] for c in second["testcases"]] == ["dataset"]
     assert second["testcases"][0]["status"] == "passed"
+    names = [c.get("name") for c in ET.parse(out / "junit.xml").getroot().iter("testcase")]
+    # one case per dataset job, named input0[<dataset>].dataset (the old writer said "dataset_vs_")
+    assert names == [f"input0[{Path(first['model']).stem}].dataset", "input0[random].dataset"], names
     a1, a2 = first["attempts"][0], second["attempts"][0]
     assert a1["ended"] <= a2["started"]  # one board: the first job ran first
     assert sum(v["flash_bytes_written"] for v in a1["variants"].values()) > 0

@@ -622,6 +622,7 @@ def _cli_run(
     )
 
 
+@pytest.mark.slow
 def test_a_run_killed_with_sigkill_leaves_no_stale_verdict(
     tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path
 ):

@@ -3,18 +3,17 @@
 The JSON report is the model :class:`CompareReport`; docs/report-schema.json is generated from it
 (``python -m harness.runner.schemas``).
 
-JUnit mapping (what CI systems understand): one testcase per compared output tensor; a mismatch or a
-firmware fault is a ``<failure>``, an infrastructure problem (corrupted capture, port, timeout) is an
-``<error>``; the raw serial logs go to ``<system-out>``.
+JUnit mapping (what CI systems understand; written by harness.analysis.junit, naming rule in docs/ci.md):
+one testcase per compared output tensor; a mismatch or a firmware fault is a ``<failure>``, an
+infrastructure problem (corrupted capture, port, timeout) is an ``<error>``; the raw serial logs go to
+``<system-out>``.
 """
 
 from __future__ import annotations
 
 import math
-import re
-import socket
 import xml.etree.ElementTree as ET
-from datetime import datetime, timezone
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
@@ -30,13 +29,13 @@ from rich.table import Table
 from rich.text import Text
 
 from harness import __version__
+from harness.analysis import junit
 from harness.analysis.compare import CompareResult, TensorComparison
 from harness.analysis.schemas import compare_v1, versioned
 
 SCHEMA_ID: Final = "esp-check-compare-report"
 SCHEMA_VERSION: Final = 2  # 2: one verdict vocabulary (usage_error, infrastructure_error, internal_error)
 RAW_LOG_MAX = 256 * 1024  # per source in JUnit system-out (head and tail kept)
-_XML_ILLEGAL = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def _num(x: float | None) -> float | str | None:
@@ -359,118 +358,74 @@ def print_report(
     con.print(f"[bold {colour}]{escape(verdict_label)}: {result.verdict}[/]{code}")
 
 
-# ---- JUnit ---------------------------------------------------------------------------------------
+# ---- JUnit (written by harness.analysis.junit; naming rule there and in docs/ci.md) ---------------
 
 
-def _xml_text(text: str) -> str:
-    return _XML_ILLEGAL.sub("\ufffd", text)
+def _source_logs(result: CompareResult) -> dict[str, bytes | None]:
+    return {f"{s.label}: {s.path}": s.raw_log for s in result.sources if s.raw_log is not None}
 
 
-def _raw_logs(result: CompareResult | None, extra: dict[str, bytes] | None = None) -> str:
-    logs: dict[str, bytes] = {}
-    if result is not None:
-        for s in result.sources:
-            if s.raw_log is not None:
-                logs[f"{s.label}: {s.path}"] = s.raw_log
-    logs.update(extra or {})
-    parts = []
-    for name, raw in logs.items():
-        if len(raw) > RAW_LOG_MAX:
-            half = RAW_LOG_MAX // 2
-            raw = raw[:half] + b"\n[... %d bytes omitted ...]\n" % (len(raw) - 2 * half) + raw[-half:]
-        parts.append(f"===== {name} =====\n" + raw.decode("utf-8", "replace"))
-    return _xml_text("\n".join(parts))
+def compare_cases(
+    result: CompareResult, where: Sequence[str] = ("compare",), inputs: Sequence[str | Path] = ()
+) -> list[junit.Case]:
+    """One testcase per compared output tensor, plus one per firmware fault; ``where`` names the run
+    (``classname``: the model and board when known), ``inputs`` the files of runs 0, 1, ..."""
+    cls = junit.classname(*where)
+    out = junit.log_text(_source_logs(result), RAW_LOG_MAX)
 
+    def input_name(run: int) -> str:
+        return junit.input_name(run, inputs[run] if 0 <= run < len(inputs) else None)
 
-def _suite(root: ET.Element, name: str) -> ET.Element:
-    suite = ET.SubElement(
-        root,
-        "testsuite",
-        name=name,
-        hostname=socket.gethostname(),
-        timestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
-    )
-    props = ET.SubElement(suite, "properties")
-    ET.SubElement(props, "property", name="esp_check_version", value=__version__)
-    return suite
-
-
-def _finish(root: ET.Element, suite: ET.Element) -> ET.ElementTree:
-    cases = suite.findall("testcase")
-    counts = {
-        "tests": len(cases),
-        "failures": sum(1 for c in cases if c.find("failure") is not None),
-        "errors": sum(1 for c in cases if c.find("error") is not None),
-        "skipped": 0,
-    }
-    for el in (suite, root):
-        for k, v in counts.items():
-            el.set(k, str(v))
-    suite.set("time", "0")
-    ET.indent(root)
-    return ET.ElementTree(root)
-
-
-def junit_tree(result: CompareResult) -> ET.ElementTree:
-    """JUnit XML: one testcase per compared output, plus one per firmware fault."""
-    root = ET.Element("testsuites", name="esp-check")
-    suite = _suite(root, "esp-check compare")
-    props = suite.find("properties")
-    assert props is not None
-    ET.SubElement(props, "property", name="simulated", value=str(result.simulated).lower())
-    if result.reference_backend:
-        ET.SubElement(props, "property", name="reference_backend", value=result.reference_backend)
-    out_text = _raw_logs(result)
+    cases = []
     for c in result.comparisons:
-        case = ET.SubElement(
-            suite,
-            "testcase",
-            classname=f"esp-check.compare.{c.a}_vs_{c.b}",
-            name=f"run{c.run}.output{c.output}" + (f"[{_xml_text(c.name)}]" if c.name else ""),
-            time="0",
+        name = f"{input_name(c.run)}.{c.a}_vs_{c.b}.output{c.output}" + (f"[{c.name}]" if c.name else "")
+        if c.match:
+            cases.append(junit.Case(cls, name, out=out))
+            continue
+        msg = (
+            f"{c.mismatched} of {c.count} elements differ beyond {_fmt(c.tolerance_lsb)} LSB "
+            f"(max {_fmt(c.max_diff_lsb)} LSB, argmax {c.argmax_a} vs {c.argmax_b})"
         )
-        if not c.match:
-            msg = (
-                f"{c.mismatched} of {c.count} elements differ beyond {_fmt(c.tolerance_lsb)} LSB "
-                f"(max {_fmt(c.max_diff_lsb)} LSB, argmax {c.argmax_a} vs {c.argmax_b})"
-            )
-            fail = ET.SubElement(case, "failure", message=msg, type="mismatch")
-            fail.text = _xml_text("\n".join(str(m) for m in c.first_mismatches))
-        ET.SubElement(case, "system-out").text = out_text
+        text = "\n".join(str(m) for m in c.first_mismatches)
+        cases.append(junit.Case(cls, name, "failure", "mismatch", msg, text, out))
     for f in result.faults:
-        case = ET.SubElement(
-            suite,
-            "testcase",
-            classname=f"esp-check.firmware.{f.source}",
-            name=f"fault.{f.stage}" + (f".run{f.run}" if f.run is not None else ""),
-            time="0",
-        )
-        ET.SubElement(
-            case,
-            "failure",
-            message=_xml_text(f"firmware fault at stage {f.stage} (code {f.code}): {f.msg}"),
-            type="firmware_fault",
-        )
-        ET.SubElement(case, "system-out").text = out_text
-    return _finish(root, suite)
+        at = f"{input_name(f.run)}." if f.run is not None else ""
+        msg = f"firmware fault at stage {f.stage} (code {f.code}): {f.msg}"
+        name = f"{at}{f.source}.fault.{f.stage}"
+        cases.append(junit.Case(cls, name, "failure", "firmware_fault", msg, msg, out))
+    return cases
+
+
+def compare_suite(cases: list[junit.Case], result: CompareResult | None = None) -> junit.Suite:
+    """The ``esp-check compare`` suite, with the comparison's properties when there is one."""
+    props = {}
+    if result is not None:
+        props["simulated"] = str(result.simulated).lower()
+        if result.reference_backend:
+            props["reference_backend"] = result.reference_backend
+    return junit.Suite("esp-check compare", cases, props)
+
+
+def junit_tree(result: CompareResult, where: Sequence[str] = ("compare",)) -> ET.ElementTree:
+    """JUnit XML: one testcase per compared output, plus one per firmware fault."""
+    return junit.tree([compare_suite(compare_cases(result, where), result)])
+
+
+def error_case(
+    message: str, kind: str, raw_logs: dict[str, bytes] | None = None, where: Sequence[str] = ("compare",)
+) -> junit.Case:
+    """The testcase of a comparison that could not run: ``kind`` "failure" or "firmware_fault" (a
+    finding, e.g. the device crashed) is a ``<failure>``; anything else (infrastructure, usage) an
+    ``<error>``."""
+    outcome: junit.Outcome = "failure" if kind in ("failure", "firmware_fault") else "error"
+    out = junit.log_text(dict(raw_logs or {}), RAW_LOG_MAX)
+    return junit.Case(junit.classname(*where), "compare", outcome, kind, message or kind, message, out)
 
 
 def junit_error_tree(message: str, kind: str, raw_logs: dict[str, bytes] | None = None) -> ET.ElementTree:
-    """JUnit XML for a comparison that could not run.
-
-    ``kind`` "failure" or "firmware_fault" (a finding, e.g. the device crashed) gives ``<failure>``;
-    anything else (infrastructure, usage) gives ``<error>``.
-    """
-    root = ET.Element("testsuites", name="esp-check")
-    suite = _suite(root, "esp-check compare")
-    case = ET.SubElement(suite, "testcase", classname="esp-check.compare", name="compare", time="0")
-    tag = "failure" if kind in ("failure", "firmware_fault") else "error"
-    ET.SubElement(
-        case, tag, message=_xml_text(message.splitlines()[0] if message else kind), type=kind
-    ).text = _xml_text(message)
-    ET.SubElement(case, "system-out").text = _raw_logs(None, raw_logs)
-    return _finish(root, suite)
+    """JUnit XML for a comparison that could not run (:func:`error_case`)."""
+    return junit.tree([compare_suite([error_case(message, kind, raw_logs)])])
 
 
 def write_junit(tree: ET.ElementTree, path: str | Path) -> None:
-    tree.write(str(path), encoding="utf-8", xml_declaration=True)
+    junit.write(tree, path)

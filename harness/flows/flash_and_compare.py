@@ -558,7 +558,7 @@ def _finish(run: _Run, seconds: float, *, reports: bool = True) -> FlashAndCompa
         # a dataset run's bundle carries the inputs it tapped (the dataset itself stays where it is)
         write_outputs(result, model=run.model, inputs=run.inputs or tapped, html=html, bundle=bundle)
     if junit is not None:
-        write_junit(result, Path(junit))
+        write_junit(result, Path(junit), model=run.model, inputs=run.inputs)
     return result
 
 

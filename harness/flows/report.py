@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from harness import __version__
+from harness.analysis import junit
 from harness.analysis.compare import results_document
-from harness.analysis.report import junit_error_tree, junit_tree, report_dict
+from harness.analysis.report import compare_cases, compare_suite, error_case, report_dict
 from harness.analysis.report import write_junit as write_junit_tree
 from harness.analysis.schemas import compare_v1, versioned
 from harness.errors import EspCheckError, ExitCode, write_error
@@ -109,43 +109,34 @@ def discard_report(out_dir: Path) -> None:
             raise write_error(exc, f"the earlier {path}") from None
 
 
-def write_junit(result: FlashAndCompareResult, path: Path) -> None:
-    """The comparison's testcases plus one per variant that did not run cleanly (crash, no capture)."""
+def write_junit(
+    result: FlashAndCompareResult, path: Path, *, model: Path | None = None, inputs: Sequence[Path] = ()
+) -> None:
+    """The comparison's testcases plus one per variant that did not run cleanly (crash, no capture);
+    ``classname`` ``esp-check.<model>.<board>`` (harness.analysis.junit)."""
+    where = (model.stem if model is not None else "", result.board)
     logs = {
         v: r.serial_log.read_bytes()
         for v, r in result.variants.items()
         if r.serial_log and r.serial_log.exists()
     }
     if result.comparison is not None:
-        tree = junit_tree(result.comparison)
+        cases = compare_cases(result.comparison, where, inputs)
     else:
         kind = "failure" if result.exit_code == ExitCode.FIRMWARE_FAULT else "error"
-        tree = junit_error_tree("; ".join(result.errors) or str(result.verdict), kind, logs)
-    root = tree.getroot()
-    assert root is not None
-    suite = root.find("testsuite")
-    assert suite is not None
+        cases = [error_case("; ".join(result.errors) or str(result.verdict), kind, logs, where)]
     for v, r in result.variants.items():
         if r.exit_code is None:
             continue
         failed = [s for s in result.stages if s.variant == v and s.status == StageStatus.FAILED]
         message = "; ".join(s.detail for s in failed) or f"{v} did not run cleanly"
-        case = ET.SubElement(suite, "testcase", classname=f"esp-check.device.{v}", name="run", time="0")
-        tag = "failure" if r.exit_code == ExitCode.FIRMWARE_FAULT else "error"
+        outcome: junit.Outcome = "failure" if r.exit_code == ExitCode.FIRMWARE_FAULT else "error"
         kind = {ExitCode.FIRMWARE_FAULT: "firmware_fault", ExitCode.USAGE: "usage"}.get(
             r.exit_code, "infrastructure"
         )
-        el = ET.SubElement(case, tag, message=message.splitlines()[0][:500], type=kind)
-        el.text = message
-        log = logs.get(v, b"").decode("utf-8", "replace")
-        ET.SubElement(case, "system-out").text = "".join(ch for ch in log if ch in "\t\n\r" or ch >= " ")
-    cases = suite.findall("testcase")
-    for counted in (suite, root):
-        counted.set("tests", str(len(cases)))
-        counted.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
-        counted.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
-    ET.indent(root)
-    write_junit_tree(tree, path)
+        out = logs.get(v, b"").decode("utf-8", "replace")
+        cases.append(junit.Case(junit.classname(*where), f"{v}.run", outcome, kind, message, message, out))
+    write_junit_tree(junit.tree([compare_suite(cases, result.comparison)]), path)
 
 
 def _v1(doc: dict[str, Any]) -> dict[str, Any]:

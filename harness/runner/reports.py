@@ -8,15 +8,15 @@ a firmware fault is a ``<failure>``; an infrastructure problem (and an aborted t
 
 from __future__ import annotations
 
-import io
 import json
-import re
 import socket
 import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from harness import __version__
+from harness.analysis import junit
 from harness.analysis.schemas import versioned
 from harness.errors import Verdict
 from harness.runner.paths import SUMMARY_SCHEMA, atomic_write
@@ -36,11 +36,11 @@ from harness.runner.results import (
 #    counts.aborted counts tasks in state aborted (also counted under their verdict).
 SUMMARY_VERSION = 2
 RAW_LOG_MAX = 128 * 1024  # per serial log in system-out (head and tail kept)
-_XML_ILLEGAL = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-def _xml(text: str) -> str:
-    return _XML_ILLEGAL.sub("\ufffd", text)
+_OUTCOME: dict[CaseStatus, junit.Outcome] = {
+    CaseStatus.PASSED: "passed",
+    CaseStatus.FAILURE: "failure",
+    CaseStatus.ERROR: "error",
+}
 
 
 def _task_board(t: Task) -> str | None:
@@ -228,86 +228,47 @@ def _raw_logs(t: Task) -> str:
     a = t.decisive or (t.attempts[-1] if t.attempts else None)
     if a is None:
         return ""
-    parts = []
+    logs: dict[str, bytes | None] = {}
     for v, o in a.variants.items():
         if not o.serial_log:
             continue
         try:
-            raw = Path(o.serial_log).read_bytes()
+            raw: bytes | None = Path(o.serial_log).read_bytes()
         except OSError:
-            parts.append(f"===== {v}: {o.serial_log} (missing) =====")
+            logs[f"{v}: {o.serial_log}"] = None
             continue
-        if len(raw) > RAW_LOG_MAX:
-            half = RAW_LOG_MAX // 2
-            raw = raw[:half] + b"\n[... %d bytes omitted ...]\n" % (len(raw) - 2 * half) + raw[-half:]
-        parts.append(
-            f"===== {v} on {a.board} (attempt {a.n}): {o.serial_log} =====\n" + raw.decode("utf-8", "replace")
-        )
-    return _xml("\n".join(parts))
+        logs[f"{v} on {a.board} (attempt {a.n}): {o.serial_log}"] = raw
+    return junit.log_text(logs, RAW_LOG_MAX)
 
 
 def junit_tree(result: RunResult) -> ET.ElementTree:
     """One ``<testsuite>`` per job, one ``<testcase>`` per task x input x comparison."""
-    root = ET.Element("testsuites", name="esp-check run")
-    suites: dict[str, ET.Element] = {}
-    for t in result.tasks:
-        if t.job.name not in suites:
-            suites[t.job.name] = _suite(root, t.job.name, result)
-        _task_cases(suites[t.job.name], t)
-    totals = {"tests": 0, "failures": 0, "errors": 0}
-    for suite in suites.values():
-        elems = suite.findall("testcase")
-        counts = {
-            "tests": len(elems),
-            "failures": sum(1 for e in elems if e.find("failure") is not None),
-            "errors": sum(1 for e in elems if e.find("error") is not None),
-            "skipped": 0,
-        }
-        for k, v in counts.items():
-            suite.set(k, str(v))
-            if k in totals:
-                totals[k] += v
-    for k, v in totals.items():
-        root.set(k, str(v))
-    root.set("time", f"{result.finished - result.started:.3f}")
-    ET.indent(root)
-    return ET.ElementTree(root)
-
-
-def _suite(root: ET.Element, name: str, result: RunResult) -> ET.Element:
-    suite = ET.SubElement(
-        root, "testsuite", name=name, hostname=socket.gethostname(), timestamp=now_iso(result.started)
-    )
-    props = ET.SubElement(suite, "properties")
-    ET.SubElement(props, "property", name="esp_check_version", value=__version__)
     simulated = any(b.bench.simulated for b in result.boards)
-    ET.SubElement(props, "property", name="simulated", value=str(simulated).lower())
     native = any(b.bench.board.is_native for b in result.boards)
-    ET.SubElement(props, "property", name="native", value=str(native).lower())
-    return suite
+    props = {"simulated": str(simulated).lower(), "native": str(native).lower()}
+    stamp = datetime.fromtimestamp(result.started, timezone.utc)
+    suites: dict[str, junit.Suite] = {}
+    for t in result.tasks:
+        suite = suites.setdefault(t.job.name, junit.Suite(t.job.name, properties=props, timestamp=stamp))
+        suite.cases += _task_cases(t)
+    return junit.tree(suites.values(), name="esp-check run", seconds=result.finished - result.started)
 
 
-def _task_cases(suite: ET.Element, t: Task) -> None:
-    board = _task_board(t) or t.board_type
+def _task_cases(t: Task) -> list[junit.Case]:
+    where = junit.classname(t.job.name, t.case.name, _task_board(t) or t.board_type)
     out_text = _raw_logs(t)
     secs = sum((a.ended or 0) - (a.started or 0) for a in t.attempts if a.started and a.ended)
     cases = testcases_of(t)
+    each = secs / max(1, len(cases))
+    found = []
     for c in cases:
-        a, _, b = c.comparison.partition("-vs-")
-        case = ET.SubElement(
-            suite,
-            "testcase",
-            classname=_xml(f"esp-check.{t.job.name}.{t.case.name}.{board}"),
-            name=_xml(f"input{c.input_index}[{Path(c.input).name}].{a}_vs_{b}"),
-            time=f"{secs / max(1, len(cases)):.3f}",
-        )
-        if c.status == CaseStatus.FAILURE:
-            el = ET.SubElement(case, "failure", message=_xml(c.message), type=c.type.value)
-            el.text = _xml(f"task {t.id}: {t.reason}")
-        elif c.status == CaseStatus.ERROR:
-            el = ET.SubElement(case, "error", message=_xml(c.message), type=c.type.value)
-            el.text = _xml(f"task {t.id}: {t.reason}\nartifacts: {t.dir}")
-        ET.SubElement(case, "system-out").text = out_text
+        name = f"{junit.input_name(c.input_index, c.input)}.{junit.check_name(c.comparison)}"
+        text = f"task {t.id}: {t.reason}"
+        if c.status == CaseStatus.ERROR:
+            text += f"\nartifacts: {t.dir}"
+        outcome = _OUTCOME[c.status]
+        found.append(junit.Case(where, name, outcome, c.type.value, c.message, text, out_text, each))
+    return found
 
 
 def _md(text: str) -> str:
@@ -390,8 +351,6 @@ def write_reports(
         text = json.dumps(task_result_doc(task_doc, doc["schema_version"]), indent=1) + "\n"
         atomic_write(t.dir / "result.json", text)
     atomic_write(paths["json"], json.dumps(doc, indent=1, default=str) + "\n")
-    buf = io.BytesIO()
-    junit_tree(result).write(buf, encoding="utf-8", xml_declaration=True)
-    atomic_write(paths["junit"], buf.getvalue())
+    atomic_write(paths["junit"], junit.to_bytes(junit_tree(result)))
     atomic_write(paths["markdown"], markdown(result))
     return paths

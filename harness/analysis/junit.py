@@ -1,0 +1,166 @@
+"""JUnit XML: the one writer for every command (compare, flash-and-compare, run).
+
+The shape is what CI systems read (Jenkins, GitLab, GitHub test-report actions):
+``<testsuites>`` / ``<testsuite>`` / ``<testcase>`` with at most one ``<failure>``, ``<error>`` or
+``<skipped>`` and a ``<system-out>``; ``tests``, ``failures``, ``errors``, ``skipped`` and ``time``
+on every suite and on the root, counted here from the cases (never passed in by a caller).
+
+Naming rule (docs/ci.md, "JUnit XML"):
+
+- ``classname`` says where the case ran: ``esp-check`` and the parts of the run its command knows,
+  dot-joined: ``esp-check.<job>.<model>.<board>`` (run), ``esp-check.<model>.<board>``
+  (flash-and-compare), ``esp-check.compare`` (compare: two capture files, no model or board);
+- ``name`` says what was checked: ``input<k>[<file>].<a>_vs_<b>`` (``input<k>`` when no file name is
+  known), then ``.output<j>[<tensor>]`` for one output tensor; ``<variant>.fault.<stage>`` for a
+  firmware fault, ``<variant>.run`` for a variant that did not run cleanly, ``compare`` for a
+  comparison that could not run.
+
+A mismatch or a firmware fault is a ``<failure>``; an infrastructure, usage or internal problem (and
+an aborted task) is an ``<error>``. Every text is made XML-safe (characters XML 1.0 forbids become
+U+FFFD) so a hostile serial log cannot break the file.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import socket
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from harness import __version__
+
+Outcome = Literal["passed", "failure", "error", "skipped"]
+MESSAGE_MAX = 500  # a failure's message attribute: its first line, cut here (the whole text is the body)
+_XML_ILLEGAL = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_text(text: str) -> str:
+    """``text`` with the characters XML 1.0 cannot carry replaced by U+FFFD."""
+    return _XML_ILLEGAL.sub("\ufffd", text)
+
+
+def classname(*where: str) -> str:
+    """``esp-check.<where...>``: the run's known parts (job, model, board), empty parts left out."""
+    return ".".join(["esp-check", *(w for w in where if w)])
+
+
+def input_name(index: int, file: str | Path | None = None) -> str:
+    """``input<k>[<file name>]``, or ``input<k>`` when the input has no file."""
+    return f"input{index}" + (f"[{Path(file).name}]" if file else "")
+
+
+def check_name(comparison: str) -> str:
+    """A comparison ``<a>-vs-<b>`` (or ``<a>_vs_<b>``) as ``<a>_vs_<b>``; other checks unchanged."""
+    a, sep, b = comparison.partition("-vs-")
+    return f"{a}_vs_{b}" if sep else comparison
+
+
+def log_text(logs: Mapping[str, bytes | None], limit: int) -> str:
+    """Serial logs for ``<system-out>``: one ``===== <name> =====`` header each, at most ``limit``
+    bytes per log (head and tail kept, the middle said to be omitted). A ``None`` log is missing."""
+    parts = []
+    for name, raw in logs.items():
+        if raw is None:
+            parts.append(f"===== {name} (missing) =====")
+            continue
+        if len(raw) > limit:
+            half = limit // 2
+            raw = raw[:half] + b"\n[... %d bytes omitted ...]\n" % (len(raw) - 2 * half) + raw[-half:]
+        parts.append(f"===== {name} =====\n" + raw.decode("utf-8", "replace"))
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One ``<testcase>``. ``type``/``message``/``text`` describe its failure, error or skip."""
+
+    classname: str
+    name: str
+    outcome: Outcome = "passed"
+    type: str = ""
+    message: str = ""
+    text: str = ""
+    out: str = ""  # <system-out>
+    seconds: float = 0.0
+
+
+@dataclass
+class Suite:
+    """One ``<testsuite>``: its cases and properties (``esp_check_version`` is always added first)."""
+
+    name: str
+    cases: list[Case] = field(default_factory=list)
+    properties: dict[str, str] = field(default_factory=dict)
+    timestamp: datetime | None = None  # default: now
+    seconds: float | None = None  # default: the sum of its cases' times
+
+
+def _counts(cases: Sequence[Case]) -> dict[str, int]:
+    return {
+        "tests": len(cases),
+        "failures": sum(c.outcome == "failure" for c in cases),
+        "errors": sum(c.outcome == "error" for c in cases),
+        "skipped": sum(c.outcome == "skipped" for c in cases),
+    }
+
+
+def _case(parent: ET.Element, c: Case) -> None:
+    el = ET.SubElement(
+        parent, "testcase", classname=xml_text(c.classname), name=xml_text(c.name), time=f"{c.seconds:.3f}"
+    )
+    if c.outcome != "passed":
+        first = (c.message or c.type or c.outcome).splitlines()[0][:MESSAGE_MAX]
+        attrs = {"message": xml_text(first)} | ({"type": c.type} if c.type else {})
+        ET.SubElement(el, c.outcome, attrs).text = xml_text(c.text) if c.text else None
+    if c.out:
+        ET.SubElement(el, "system-out").text = xml_text(c.out)
+
+
+def _suite(root: ET.Element, s: Suite) -> tuple[dict[str, int], float]:
+    stamp = s.timestamp or datetime.now(timezone.utc)
+    seconds = s.seconds if s.seconds is not None else sum(c.seconds for c in s.cases)
+    counts = _counts(s.cases)
+    attrs = {"name": xml_text(s.name), **{k: str(v) for k, v in counts.items()}, "time": f"{seconds:.3f}"}
+    attrs["timestamp"] = stamp.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    attrs["hostname"] = socket.gethostname()
+    el = ET.SubElement(root, "testsuite", attrs)
+    props = ET.SubElement(el, "properties")
+    for k, v in {"esp_check_version": __version__, **s.properties}.items():
+        ET.SubElement(props, "property", name=xml_text(k), value=xml_text(v))
+    for c in s.cases:
+        _case(el, c)
+    return counts, seconds
+
+
+def tree(suites: Iterable[Suite], *, name: str = "esp-check", seconds: float | None = None) -> ET.ElementTree:
+    """The document: ``<testsuites>`` with the suites, totals counted from their cases."""
+    root = ET.Element("testsuites", name=name)
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    total_time = 0.0
+    for s in suites:
+        counts, secs = _suite(root, s)
+        total_time += secs
+        for k, v in counts.items():
+            totals[k] += v
+    for k, v in totals.items():
+        root.set(k, str(v))
+    root.set("time", f"{seconds if seconds is not None else total_time:.3f}")
+    ET.indent(root)
+    return ET.ElementTree(root)
+
+
+def to_bytes(doc: ET.ElementTree) -> bytes:
+    """The document as UTF-8 bytes with an XML declaration."""
+    buf = io.BytesIO()
+    doc.write(buf, encoding="utf-8", xml_declaration=True)
+    return buf.getvalue()
+
+
+def write(doc: ET.ElementTree, path: str | Path) -> None:
+    """Write the document to ``path``."""
+    Path(path).write_bytes(to_bytes(doc))

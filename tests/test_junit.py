@@ -1,0 +1,109 @@
+"""JUnit XML: one writer (harness.analysis.junit) for compare, flash-and-compare and run, in the shape CI
+systems read (tests/junit_shape.py), with one naming rule (docs/ci.md). Nothing is faked: the reports
+are built from comparison results and flash-and-compare records made here, as the commands make them."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+
+from harness.analysis import junit
+from harness.analysis.compare import Fault, OutputTensor, Source, compare_sources
+from harness.analysis.report import junit_error_tree, junit_tree
+from harness.errors import ExitCode
+from harness.flows.records import VARIANT_ORDER, FlashAndCompareResult, StageRecord, StageStatus, VariantRun
+from harness.flows.report import write_junit
+from tests.junit_shape import assert_junit_shape
+
+
+def _source(label: str, values: list[int], faults: list[Fault] | None = None) -> Source:
+    arr = np.array(values, dtype=np.int8)
+    t = OutputTensor(0, arr, raw=True, shape=arr.shape, dtype="int8", scale=0.5, zero_point=0, name="out")
+    return Source(
+        label,
+        "protocol",
+        [[t]],
+        nn_mode="optimized" if label == "optimized" else "ansi_c",
+        faults=faults or [],
+        raw_log=b"log \x1b[0m",
+    )
+
+
+def _result(
+    tmp_path: Path, comparison: object, crashed: str | None, detail: str = ""
+) -> FlashAndCompareResult:
+    variants = {v: VariantRun(v) for v in VARIANT_ORDER}
+    stages = []
+    if crashed is not None:
+        log = tmp_path / f"{crashed}.log"
+        log.write_bytes(b"Guru Meditation Error \x00\x07 core 0 panic'ed\n")
+        variants[crashed] = VariantRun(crashed, serial_log=log, exit_code=ExitCode.FIRMWARE_FAULT)
+        stages.append(StageRecord("capture", crashed, StageStatus.FAILED, 1.0, detail))
+    return FlashAndCompareResult(
+        out_dir=tmp_path, board="esp32s3-devkitc-1", port="sim://x", simulated=True, stages=stages,
+        variants=variants, comparison=comparison,  # type: ignore[arg-type]
+        exit_code=ExitCode.FIRMWARE_FAULT if crashed else ExitCode.MISMATCH,
+        report_path=tmp_path / "report.json", errors=["optimized: the firmware crashed"] if crashed else [],
+    )  # fmt: skip
+
+
+def test_every_writer_gives_the_shape_ci_reads(tmp_path: Path) -> None:
+    """compare (mismatch + fault), compare that could not run, flash-and-compare with a crashed variant:
+    each document has the counts and times CI systems read, on the root too (the old compare writer
+    left the root without ``time``)."""
+    fault = Fault("ansi", "invoke", 3, 0, "Invoke failed")
+    result = compare_sources(_source("optimized", [1, 2, 3]), _source("ansi", [1, 2, 9], [fault]))
+    assert_junit_shape(junit_tree(result).getroot())
+    assert_junit_shape(junit_error_tree("no capture\nport vanished", "infrastructure", {"a": b"x"}).getroot())
+    path = tmp_path / "fc.xml"
+    write_junit(_result(tmp_path, None, "optimized", "panic"), path, model=Path("kws.tflite"))
+    assert_junit_shape(ET.parse(path).getroot())
+
+
+def test_flash_and_compare_junit_survives_control_characters_from_the_device(tmp_path: Path) -> None:
+    """A failed stage's detail quotes the device (ANSI colours, a NUL): the JUnit file stays well-formed
+    XML (the old flash-and-compare writer put the detail raw into the ``message`` attribute)."""
+    path = tmp_path / "fc.xml"
+    detail = "optimized: \x1b[0;31mGuru Meditation Error\x00 core 0\x1b[0m"
+    write_junit(_result(tmp_path, None, "optimized", detail), path)
+    root = ET.parse(path).getroot()
+    (failure,) = [c.find("failure") for c in root.iter("testcase") if c.get("name") == "optimized.run"]
+    assert failure is not None and "Guru Meditation Error" in (failure.get("message") or "")
+    assert "\x00" not in (failure.get("message") or "") and "\x1b" not in (failure.text or "")
+    assert_junit_shape(root)
+
+
+def test_one_naming_rule_for_compare_and_flash_and_compare(tmp_path: Path) -> None:
+    """classname says where (esp-check + model + board, or ``compare``), name says what: input, pair,
+    output tensor; faults and crashed variants are named by their variant."""
+    fault = Fault("ansi", "alloc", 7, None, "AllocateTensors failed")
+    result = compare_sources(_source("optimized", [1, 2, 3]), _source("ansi", [1, 2, 9], [fault]))
+    names = [(c.get("classname"), c.get("name")) for c in junit_tree(result).getroot().iter("testcase")]
+    assert names == [
+        ("esp-check.compare", "input0.optimized_vs_ansi.output0[out]"),
+        ("esp-check.compare", "ansi.fault.alloc"),
+    ]
+    path = tmp_path / "fc.xml"
+    fc = _result(tmp_path, result, "ansi")
+    write_junit(fc, path, model=Path("models/kws.tflite"), inputs=[Path("in/yes.npy")])
+    names = [(c.get("classname"), c.get("name")) for c in ET.parse(path).getroot().iter("testcase")]
+    assert names == [
+        ("esp-check.kws.esp32s3-devkitc-1", "input0[yes.npy].optimized_vs_ansi.output0[out]"),
+        ("esp-check.kws.esp32s3-devkitc-1", "ansi.fault.alloc"),
+        ("esp-check.kws.esp32s3-devkitc-1", "ansi.run"),
+    ]
+    # the run command's parts of the same rule
+    assert junit.classname("job", "kws", "b1") == "esp-check.job.kws.b1"
+    assert junit.input_name(2, "in/no.png") + "." + junit.check_name("ansi-vs-reference") == (
+        "input2[no.png].ansi_vs_reference"
+    )
+    assert junit.check_name("dataset") == "dataset"  # a dataset job's one case (was "dataset_vs_")
+
+
+def test_long_logs_keep_head_and_tail() -> None:
+    text = junit.log_text({"optimized": b"H" * 100 + b"M" * 1000 + b"T" * 100, "ansi": None}, 200)
+    assert text.startswith("===== optimized =====\n" + "H" * 100)
+    assert "[... 1000 bytes omitted ...]" in text and text.count("T") == 100 and "M" not in text
+    assert text.endswith("===== ansi (missing) =====")

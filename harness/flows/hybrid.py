@@ -601,7 +601,7 @@ def _reproduce(st: _State, ops: list[int]) -> dict[str, Capture]:
     """A dump run of both builds for the culprits, then one-op reproducers under ``out/repro``."""
     req = TapRunRequest(
         st.model_path, tuple(st.inputs), st.info, st.board, st.res.port, st.out, st.builder, st.cache_dir,
-        st.input_options, st.arena_kb, st.limits, st.flash_baud, st.reference,
+        st.input_options, st.arena_kb, st.limits, st.flash_baud, st.reference, native=st.native,
     )  # fmt: skip
     outcome = dump_run(req, ops, st.rec, contextlib.nullcontext(), subdir="repro-dump")
     st.res.warnings += [f"reproducer: {e}" for e in outcome.errors]

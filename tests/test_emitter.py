@@ -250,7 +250,7 @@ def test_hostile_names_are_sanitized(libpath: Path) -> None:
     assert b"msg=Invoke_failed:___bad__" + b"y" * (120 - 22) + b" " in c_out
     cap = parse_capture(c_out)  # no INPUT/END: invalid, but every record passed its CRC
     assert not any("corrupted" in p for p in cap.problems), cap.problems
-    assert len(cap.records) == 2 + len(hostile) * 2 + 1
+    assert len(cap.records) + cap.payload_records == 2 + len(hostile) * 2 + 1  # DATA: counted, not kept
 
 
 @needs_cc

@@ -237,3 +237,16 @@ def test_fuzz_hybrid_info_never_crashes_the_parser(text: str, ansi: int, fallbac
         body = value.rstrip("+")
         assert cut == value.endswith("+")
         assert list(ops) == ([] if body in ("-", "") else [int(p) for p in body.split(",")])
+
+
+def test_an_unverified_reproducer_says_why_its_dump_run_captured_nothing(tmp_path: Path) -> None:
+    """Issue 28 item 14: "NOT verified: the dump run captured no input of this op" did not say that the
+    dump run's builds had failed (on a native board they were built without --components-dir); the
+    reason now names what the dump run reported."""
+    from harness.flows.repro import write_reproducer
+
+    model = Path(__file__).parent / "data" / "models" / "cnn_classifier_11.tflite"
+    err = "tap dump run [optimized]: build: the component manager cannot reach its registry"
+    r = write_reproducer(model, load_model(model), 2, {}, tmp_path, "native-esp32", [err])
+    assert not r["ok"] and r["why"].startswith("the dump run captured no input of this op")
+    assert err in r["why"]

@@ -14,6 +14,7 @@ puts both variants 232 LSB away from the host on cnn_classifier_11, and --tap na
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,41 @@ def test_real_components_three_way(model: str, inputs: list[str], tmp_path: Path
         assert opt_vs_ansi and all(c.match for c in opt_vs_ansi)  # the wrapper, not ESP-NN: both agree
         assert res.tap is not None and res.tap.culprit is not None
         assert (res.tap.culprit.op, res.tap.culprit.opcode) == (13, "FULLY_CONNECTED")
+
+
+def test_bisection_on_a_depthwise_fault_gets_a_verified_reproducer(tmp_path: Path) -> None:
+    """Issue 28 item 14: on a native board with a fault in esp-nn's depthwise kernel, ``hybrid --bisect``
+    said of its one-op reproducer "NOT verified: the dump run captured no input of this op": the
+    reproducer's dump run was built without the run's ``--components-dir`` (so from the component
+    manager, offline: no build, no capture). What is faked: the fault, one line injected into a copy of
+    the given esp-nn's optimized depthwise kernel (every fourth channel's value XOR 0x55)."""
+    from harness.flows.hybrid import HybridOptions, hybrid
+
+    assert COMPONENTS is not None
+    comps = tmp_path / "components"
+    comps.mkdir()
+    for c in find_components(COMPONENTS):
+        shutil.copytree(c.path, comps / c.path.name, symlinks=True)
+    kernel = next(comps.glob("*/src/convolution/esp_nn_depthwise_conv_opt.c"))
+    store = "\n                out_data[out_idx++] = result0;\n"
+    text = kernel.read_text(encoding="utf-8")
+    assert text.count(store) == 1, "esp-nn's depthwise store moved: update the injected fault"
+    fault = "\n                out_data[out_idx++] = (int8_t)(result0 ^ 0x55);\n"  # every 4th channel wrong
+    kernel.write_text(text.replace(store, fault), encoding="utf-8")
+    res = hybrid(
+        MODELS / "cnn_classifier_11.tflite",
+        [MODELS / "inputs" / "cnn_classifier_11__ambiguous.png"],  # the fault reaches its outputs
+        board="native-esp32",
+        out_dir=tmp_path / "out",
+        options=HybridOptions(bisect=True),
+        native=NativeOptions(components_dir=comps),
+    )
+    assert res.offered, (res.message, res.errors)
+    culprits = [c["op"] for c in res.culprits]
+    assert culprits and {c["kind"] for c in res.culprits} == {"DEPTHWISE_CONV_2D"}
+    assert [r["op"] for r in res.repro] == culprits and all(r["ok"] for r in res.repro), res.repro
+    for r in res.repro:
+        assert r["host_equals_ansi"], r
+        assert (Path(r["dir"]) / "model.tflite").is_file() and (Path(r["dir"]) / "input_0.npy").is_file()
+    # the first culprit shows the fault from the input both builds read (a later one's input was changed)
+    assert res.repro[0]["optimized_read_same_input"] and res.repro[0]["optimized_differs"], res.repro[0]

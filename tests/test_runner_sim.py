@@ -679,3 +679,71 @@ def test_a_run_killed_with_sigkill_leaves_no_stale_verdict(
     assert json.loads((out / "previous-run" / "summary.json").read_text())["verdict"] == "match"
     assert (out / "previous-run" / "junit.xml").exists()
     assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))
+
+
+def test_a_hard_stop_kills_the_children_of_the_abandoned_attempt(
+    tmp_path: Path, models_dir: Path, inputs_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Issue 28 item 2: after a second SIGTERM ("abandoning running attempts") the attempt's host
+    reference child ran on for 22 s and exited 0 to nobody. A hard stop now kills the children of the
+    abandoned attempts. What is faked: the board (the simulator) and the host reference child, a
+    sleeping interpreter (its process is the outermost edge), so it is surely running at the stop."""
+    import psutil
+
+    from harness.model import hostrun
+
+    started = tmp_path / "child-started"
+    sleeper = f"import pathlib, time; pathlib.Path({str(started)!r}).write_text('up'); time.sleep(120)"
+    monkeypatch.setattr(hostrun, "_child_argv", lambda _job: [sys.executable, "-c", sleeper])
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))  # no cached host reference
+    inv = write_inventory(tmp_path / "bench.toml", [("only", "sim", f"sim://{_uid('hard')}?emitter=c")])
+    plan = write_plan(tmp_path / "plan.toml", models_dir, inputs_dir, ("cnn_classifier_11",), ["sim"])
+    stop, hard = threading.Event(), threading.Event()
+    opts = RunOptions(out_dir=tmp_path / "out", lock_dir=tmp_path / "locks", cache_dir=tmp_path / "cache",
+                      stop=stop, hard_stop=hard)  # fmt: skip
+    results: list[object] = []
+    th = threading.Thread(target=lambda: results.append(run_plan(load_plan(plan), load_inventory(inv), opts)))
+    th.start()
+    while not started.exists() and th.is_alive():
+        th.join(timeout=0.05)
+    kids = [p for p in psutil.Process().children(recursive=True) if sleeper in " ".join(p.cmdline())]
+    assert kids, "the host reference child never started"
+    stop.set()
+    hard.set()  # what the CLI's handler does on SIGTERM
+    th.join(timeout=120)
+    assert not th.is_alive() and results[0].exit_code == ExitCode.INFRASTRUCTURE  # type: ignore[attr-defined]
+    assert summary(tmp_path / "out")["interrupted"] is True
+    _, alive = psutil.wait_procs(kids, timeout=10)
+    assert alive == [], f"the abandoned attempt's child still runs: {alive}"
+
+
+def test_children_do_not_outlive_esp_check(tmp_path: Path):
+    """At exit, esp-check kills the children its threads still wait for: a build tool's whole process
+    group (it runs in its own), e.g. a daemon worker thread's build when a run is abandoned. The tool
+    here is sh with a background sleep (a compiler left running by the build)."""
+    import psutil
+
+    pids = tmp_path / "pids"
+    script = f"""
+import os, pathlib, threading, time
+from harness.firmware.toolrun import run_streaming
+cmd = "sleep 120 & echo $$ $! > {pids}.tmp && mv {pids}.tmp {pids}; wait"
+def build():
+    run_streaming(["sh", "-c", cmd], cwd=pathlib.Path("."), env=dict(os.environ),
+                  log_path=pathlib.Path({str(tmp_path / "tool.log")!r}), on_output=None, timeout=None)
+threading.Thread(target=build, daemon=True).start()
+while not pathlib.Path({str(pids)!r}).exists():
+    time.sleep(0.02)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, timeout=60, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    procs = []
+    for pid in map(int, pids.read_text().split()):
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    assert alive == [], f"a build tool's process outlived esp-check: {alive}"

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.protocol import emitter as em_mod
-from harness.protocol.capture import parse_capture
+from harness.protocol.capture import Record, parse_capture
 from harness.protocol.emitter import CEmitter, PythonEmitter, TapTensor, build_c_library
 
 HAVE_CC = em_mod.find_c_compiler() is not None
@@ -133,10 +133,10 @@ def test_op_record_contract_random(
         assert len(ins) > 4 or len(outs) > 4 or len(line) > 0  # overflow is the only allowed substitute
         return
     assert len(ins) <= 4 and len(outs) <= 4
-    from harness.protocol.capture import Capture, _Builder, _scan  # record level, no full capture needed
+    from harness.protocol.capture import Capture, _Builder, _Scanner  # record level, no full capture needed
 
-    cap = Capture()
-    (_begin, rec) = _scan(raw, cap)
+    (_begin, rec) = _Scanner(Capture()).records(raw)
+    assert isinstance(rec, Record)
     assert rec.type == "OP" and int(rec.fields["cycles"]) == cycles
     entries = _Builder._tap_list(rec, "in") + _Builder._tap_list(rec, "out")
     assert [(e.t, e.shape, int(e.crc, 16)) for e in entries] == [(x.t, x.shape, x.crc) for x in ins + outs]

@@ -38,7 +38,7 @@ else:  # pragma: no cover - Python 3.10
 
 from harness.chips import strap_pin
 from harness.errors import ExitCode, combine_exit_codes
-from harness.protocol.capture import MARKER, parse_capture
+from harness.protocol.capture import MARKER, Capture, evidence_text, parse_capture
 from harness.protocol.frames import MAGIC as FRAME_MAGIC
 from harness.protocol.frames import split_stream
 from harness.resources import data_dir
@@ -1859,6 +1859,9 @@ def classify(
         text = data = split_stream(data).text
     if records_from is None and MARKER in data:
         records_from = parse_capture(data)
+    if isinstance(records_from, Capture):  # lines that are only valid DATA records hold no evidence
+        blanked = evidence_text(data, records_from)
+        text = text if blanked is data else blanked
     ctx = _context(text, records_from)
     found: list[tuple[int, Finding]] = []
     for detector in DETECTORS:

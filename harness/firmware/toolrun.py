@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from harness import children
 from harness.errors import BuildError
 
 OutputCallback = Callable[[str], None]
@@ -114,28 +115,29 @@ def run_streaming(
         if watcher:
             watcher.start()
         progress = _Progress(name)
-        try:
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                last_output[0] = time.monotonic()
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                log.write(line + "\n")
-                tail.append(line)
-                if len(tail) > 400:
-                    del tail[:100]
-                if on_output is not None:
-                    on_output(line)
-                    note = progress.note(line)
-                    if note:
-                        on_output(note)
-            rc = proc.wait()
-        except BaseException:
-            _kill_group(proc)
-            proc.wait()
-            raise
-        finally:
-            finished.set()
-            _kill_group(proc)  # nothing of the group outlives its leader (a compiler left behind)
+        with children.tracked(proc, group=True):  # killed, group and all, if esp-check stops
+            try:
+                assert proc.stdout is not None
+                for raw in proc.stdout:
+                    last_output[0] = time.monotonic()
+                    line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                    log.write(line + "\n")
+                    tail.append(line)
+                    if len(tail) > 400:
+                        del tail[:100]
+                    if on_output is not None:
+                        on_output(line)
+                        note = progress.note(line)
+                        if note:
+                            on_output(note)
+                rc = proc.wait()
+            except BaseException:
+                _kill_group(proc)
+                proc.wait()
+                raise
+            finally:
+                finished.set()
+                _kill_group(proc)  # nothing of the group outlives its leader (a compiler left behind)
         log.write(f"[exit code {rc}]\n")
     if silent.is_set():
         raise BuildError(

@@ -12,7 +12,7 @@ must reproduce the ANSI C output bit for bit (so the weights and the input are t
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +33,21 @@ def _dumped(caps: Mapping[str, Any], variant: str, op: int, role: str) -> dict[i
 
 
 def write_reproducer(
-    model_path: Path, info: ModelInfo, op: int, caps: Mapping[str, Any], out_dir: Path, board: str
+    model_path: Path,
+    info: ModelInfo,
+    op: int,
+    caps: Mapping[str, Any],
+    out_dir: Path,
+    board: str,
+    dump_errors: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Write ``out_dir/op<K>_<KIND>/`` from the dump captures (``optimized``/``ansi``); returns its summary.
 
     The captured inputs are the ANSI C run's (what the op reads when every op before it is right), or
     the optimized run's when the ANSI C run has none. The optimized output is kept only when that run's
     inputs were the same (an upstream culprit changes them). Raises nothing: a reproducer that cannot be
-    built or does not reproduce is reported as such (``ok: false`` and ``why``).
+    built or does not reproduce is reported as such (``ok: false`` and ``why``, which quotes
+    ``dump_errors``: why the dump run has no capture of a build).
     """
     opinfo = info.main_ops[op]
     want = tapped_inputs(info, opinfo)
@@ -49,7 +56,9 @@ def write_reproducer(
     same_inputs = all(t in ins_opt and t in ins and np.array_equal(ins_opt[t], ins[t]) for t in want)
     summary: dict[str, Any] = {"op": op, "kind": opinfo.opcode, "ok": False, "input_from": source}
     if not want or not all(t in ins for t in want):
-        summary["why"] = "the dump run captured no input of this op on either build"
+        summary["why"] = "the dump run captured no input of this op on either build" + (
+            f" ({'; '.join(dump_errors)})" if dump_errors else ""
+        )
         return summary
     summary["optimized_read_same_input"] = same_inputs
     outs = [t for t in opinfo.outputs if t >= 0]

@@ -110,13 +110,19 @@ def run_tap_flow(
 
 
 def reproducers(
-    req: TapRunRequest, ops: Sequence[int], dump_caps: Mapping[str, Capture]
+    req: TapRunRequest,
+    ops: Sequence[int],
+    dump_caps: Mapping[str, Capture],
+    dump_errors: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """One-op reproducers (harness.flows.repro) for ``ops`` from a dump run, under ``req.out/repro``."""
+    """One-op reproducers (harness.flows.repro) for ``ops`` from a dump run, under ``req.out/repro``;
+    ``dump_errors`` (why a build of the dump run has no capture) go into an unverified one's ``why``."""
     from harness.flows.repro import write_reproducer
 
     return [
-        write_reproducer(req.spec.model, req.info, k, dump_caps, req.out / "repro", req.target.board.name)
+        write_reproducer(
+            req.spec.model, req.info, k, dump_caps, req.out / "repro", req.target.board.name, dump_errors
+        )
         for k in ops
     ]
 
@@ -137,7 +143,7 @@ def dump_run(
         outcome.codes.append(exc.exit_code)
         return outcome
     outcome.captures = caps
-    outcome.result.repro = reproducers(req, ops, caps)
+    outcome.result.repro = reproducers(req, ops, caps, dump_errors=outcome.errors)
     return outcome
 
 

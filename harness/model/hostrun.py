@@ -35,6 +35,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from harness import children
 from harness.errors import (
     EspCheckError,
     HostReferenceError,
@@ -324,14 +325,14 @@ def _spawn(job_dir: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     try:
-        return subprocess.run(
+        return children.run(  # registered: a run abandoned by a second signal does not leave it behind
             _child_argv(job_dir),
             stdin=subprocess.DEVNULL,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             errors="replace",
             timeout=timeout,
-            check=False,
             env=env,
         )
     except subprocess.TimeoutExpired as exc:

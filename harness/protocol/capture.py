@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -179,6 +180,11 @@ class Capture:
     boots: int = 0
     has_records: bool = False  # any line carried the @EC1 marker
     frames: int = 0  # binary frames (docs/protocol.md "Binary frames") removed before the text was parsed
+    payload_records: int = 0  # DATA / OPDATA records: counted, their bytes kept in the tensors only
+    # byte spans of the parsed text (frames removed, ``text_size`` bytes) that hold nothing but valid
+    # DATA records, whole lines: :func:`evidence_text` leaves them out of what the classifier reads
+    payload_spans: list[tuple[int, int]] = field(default_factory=list)
+    text_size: int = 0
 
     @property
     def complete(self) -> bool:
@@ -240,10 +246,41 @@ class Capture:
 
 # ---- line level ----------------------------------------------------------------------------------
 
+# A DATA record exactly as the firmware prints it (docs/protocol.md), read without building a Record:
+# the bulk of a large capture. Any other shape of DATA line takes the general path, which decides the
+# same way (this pattern only accepts what the general one accepts, with the field checks _data makes).
+_DATA_LINE_RE = re.compile(
+    rb"@EC1 (0|[1-9][0-9]{0,9}) DATA i=(0|[1-9][0-9]{0,19}) o=(0|[1-9][0-9]{0,19}) "
+    rb"off=(0|[1-9][0-9]{0,19}) b64=([A-Za-z0-9+/]+={0,2}) \*([0-9A-F]{8})"
+)
+_PAYLOAD_SPANS_MAX = 1 << 16
+_PAYLOAD_TYPES = ("DATA", "OPDATA")  # counted in Capture.payload_records, not kept in Capture.records
 
-def _split_lines(raw: bytes) -> list[bytes]:
-    lines = raw.split(b"\n")
-    return [ln[:-1] if ln.endswith(b"\r") else ln for ln in lines]
+
+class _Data:
+    """A DATA record read on the fast path: its fields already have the syntax ``_data`` requires."""
+
+    __slots__ = ("b64", "i", "line", "o", "off", "seq")
+    type = "DATA"
+
+    def __init__(self, m: re.Match[bytes], line: int) -> None:
+        self.seq, self.line = int(m.group(1)), line
+        self.i, self.o, self.off = int(m.group(2)), int(m.group(3)), int(m.group(4))
+        self.b64 = m.group(5)
+
+
+def _iter_lines(text: bytes) -> Iterator[tuple[bytes, int, int]]:
+    """``text.split(b"\n")`` one line at a time (a trailing ``\r`` dropped), with the byte span the
+    line and its newline take: no list of lines is built, and only one line is copied at a time."""
+    pos = 0
+    ended = True
+    for raw in io.BytesIO(text):
+        ended = raw.endswith(b"\n")
+        line = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1] if ended or raw.endswith(b"\r") else raw
+        yield line, pos, pos + len(raw)
+        pos += len(raw)
+    if ended:
+        yield b"", pos, pos
 
 
 def _strip_tail(seg: bytes) -> bytes:
@@ -265,6 +302,16 @@ def _check_segment(seg: bytes) -> re.Match[bytes] | None:
     return m
 
 
+def _fast_data(seg: bytes) -> re.Match[bytes] | None:
+    """``seg`` as a well-formed DATA record with a good CRC, else None (then the general path decides)."""
+    if len(seg) + 2 > LINE_MAX or not seg.startswith(MARKER):
+        return None
+    m = _DATA_LINE_RE.fullmatch(seg)
+    if m is None or zlib.crc32(seg[:-9]) != int(m.group(6), 16):
+        return None
+    return m
+
+
 def _to_record(m: re.Match[bytes], line_no: int) -> tuple[Record | None, str | None]:
     fields: dict[str, str] = {}
     for tok in m.group(3).decode("ascii").split(" ")[1:]:
@@ -275,68 +322,86 @@ def _to_record(m: re.Match[bytes], line_no: int) -> tuple[Record | None, str | N
     return Record(int(m.group(1)), m.group(2).decode("ascii"), fields, line_no), None
 
 
-def _scan(raw: bytes, cap: Capture, corrupt: list[tuple[int, str]] | None = None) -> list[Record]:
-    """Find CRC-checked records; corrupted ones go to ``corrupt`` (after the first BEGIN) or warnings.
+class _Scanner:
+    """Finds the CRC-checked records of a capture's text, one line at a time (a generator: nothing is
+    kept but what the capture reports). Corrupted lines after the first BEGIN go to ``corrupt`` (whether
+    they are problems depends on the records around them, which :func:`parse_capture` decides
+    afterwards), those before it to ``warnings``; ``payload`` holds the byte spans of lines that are
+    nothing but a valid DATA record (no evidence in them for the classifier; adjacent lines merged)."""
 
-    Whether a corrupted line after the first BEGIN is a problem depends on the records around it (a
-    later boot after a complete END is ignored), which :func:`parse_capture` decides afterwards;
-    without ``corrupt`` they become problems at once.
-    """
-    if corrupt is None:
-        found: list[tuple[int, str]] = []
-        records = _scan(raw, cap, found)
-        cap.problems.extend(msg for _, msg in found)
-        return records
-    lines = _split_lines(raw)
-    out: list[Record] = []
-    seen_begin = False
-    k = 0
-    n = len(lines)
-    while k < n:
-        line = lines[k]
-        k += 1
-        start = line.find(MARKER)
-        if start < 0:
-            continue
-        cap.has_records = True
-        positions = [start]
-        nxt = line.find(MARKER, start + 1)
-        while nxt >= 0:
-            positions.append(nxt)
-            nxt = line.find(MARKER, nxt + 1)
-        for idx, pos in enumerate(positions):
-            last = idx == len(positions) - 1
-            seg = _strip_tail(line[pos : positions[idx + 1]] if not last else line[pos:])
-            m = _check_segment(seg)
-            if m is None and last and k < n:
-                # Watchdog-splice repair: drop a complete ESP-IDF log line and re-join with the next line.
-                log = _IDF_LOG_RE.search(seg, 5)
-                if log is not None:
-                    joined = _strip_tail(seg[: log.start()] + lines[k])
-                    m2 = _check_segment(joined)
-                    if m2 is not None:
-                        spliced = seg[log.start() :].decode("ascii", "replace")
-                        cap.warnings.append(
-                            f"line {k}: repaired a record split by a log line: {spliced[:120]!r}"
-                        )
-                        m = m2
+    def __init__(self, cap: Capture) -> None:
+        self.cap = cap
+        self.corrupt: list[tuple[int, str]] = []
+        self.warnings: list[str] = []
+        self.payload: list[tuple[int, int]] = []
+        self.seen_begin = False
+
+    def records(self, text: bytes) -> Iterator[Record | _Data]:
+        lines = _iter_lines(text)
+        pending = next(lines, None)
+        k = 0
+        while pending is not None:
+            (line, begin, end), pending = pending, next(lines, None)
+            k += 1
+            start = line.find(MARKER)
+            if start < 0:
+                continue
+            self.cap.has_records = True
+            if start == 0 and line.find(MARKER, 1) < 0:
+                m = _fast_data(_strip_tail(line))
+                if m is not None:
+                    self._payload(begin, end)
+                    yield _Data(m, k)
+                    continue
+            positions = [start]
+            nxt = line.find(MARKER, start + 1)
+            while nxt >= 0:
+                positions.append(nxt)
+                nxt = line.find(MARKER, nxt + 1)
+            for idx, pos in enumerate(positions):
+                last = idx == len(positions) - 1
+                seg = _strip_tail(line[pos : positions[idx + 1]] if not last else line[pos:])
+                m = _check_segment(seg)
+                if m is None and last and pending is not None:
+                    m = self._splice(seg, pending[0], k)
+                    if m is not None:
                         k += 1
-            if m is None:
-                what = "longer than 240 bytes" if len(seg) + 2 > LINE_MAX else "bad format or CRC"
-                msg = f"line {k}: corrupted record ({what}): {seg[:60].decode('ascii', 'replace')!r}"
-                if seen_begin:
-                    corrupt.append((k, msg))
-                else:
-                    cap.warnings.append(msg + " (before the first BEGIN: ignored)")
-                continue
-            rec, err = _to_record(m, k)
-            if rec is None:
-                corrupt.append((k, err or f"line {k}: bad record"))
-                continue
-            if rec.type == "BEGIN":
-                seen_begin = True
-            out.append(rec)
-    return out
+                        pending = next(lines, None)
+                if m is None:
+                    self._corrupted(seg, k)
+                    continue
+                rec, err = _to_record(m, k)
+                if rec is None:
+                    self.corrupt.append((k, err or f"line {k}: bad record"))
+                    continue
+                if rec.type == "BEGIN":
+                    self.seen_begin = True
+                yield rec
+
+    def _payload(self, start: int, end: int) -> None:
+        if self.payload and self.payload[-1][1] == start:  # the line right after the last span
+            self.payload[-1] = (self.payload[-1][0], end)
+        elif len(self.payload) < _PAYLOAD_SPANS_MAX:  # beyond: those lines are simply read (bounded)
+            self.payload.append((start, end))
+
+    def _splice(self, seg: bytes, following: bytes, k: int) -> re.Match[bytes] | None:
+        """Watchdog-splice repair: drop a complete ESP-IDF log line and re-join with the next line."""
+        log = _IDF_LOG_RE.search(seg, 5)
+        if log is None:
+            return None
+        m = _check_segment(_strip_tail(seg[: log.start()] + following))
+        if m is not None:
+            spliced = seg[log.start() :].decode("ascii", "replace")
+            self.warnings.append(f"line {k}: repaired a record split by a log line: {spliced[:120]!r}")
+        return m
+
+    def _corrupted(self, seg: bytes, k: int) -> None:
+        what = "longer than 240 bytes" if len(seg) + 2 > LINE_MAX else "bad format or CRC"
+        msg = f"line {k}: corrupted record ({what}): {seg[:60].decode('ascii', 'replace')!r}"
+        if self.seen_begin:
+            self.corrupt.append((k, msg))
+        else:
+            self.warnings.append(msg + " (before the first BEGIN: ignored)")
 
 
 # ---- record level --------------------------------------------------------------------------------
@@ -365,14 +430,18 @@ def _opt_int(rec: Record, key: str) -> int | None:
 
 
 def _b64(rec: Record) -> bytes:
+    return _decode_b64(_get(rec, "b64").encode("ascii"), rec.type)
+
+
+def _decode_b64(text: bytes, what: str) -> bytes:
     """Strict base64 (RFC 4648 with padding, zero pad bits): the one text a chunk encodes to."""
-    text = _get(rec, "b64")
     try:
         chunk = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise _FieldError(f"{rec.type} b64 is not valid base64") from None
-    if base64.b64encode(chunk) != text.encode("ascii"):
-        raise _FieldError(f"{rec.type} b64 {text[:16]!r}... is not canonical base64 (non-zero pad bits)")
+        raise _FieldError(f"{what} b64 is not valid base64") from None
+    if binascii.b2a_base64(chunk, newline=False) != text:
+        shown = text[:16].decode("ascii")
+        raise _FieldError(f"{what} b64 {shown!r}... is not canonical base64 (non-zero pad bits)")
     return chunk
 
 
@@ -391,7 +460,7 @@ class _Builder:
     def problem(self, msg: str) -> None:
         self.cap.problems.append(msg)
 
-    def feed(self, records: list[Record]) -> None:
+    def feed(self, records: Iterable[Record | _Data]) -> None:
         cap = self.cap
         in_boot = False
         for rec in records:
@@ -419,7 +488,11 @@ class _Builder:
                     "(lost or repeated lines)"
                 )
             self.expected_seq = rec.seq + 1
-            cap.records.append(rec)
+            if rec.type in _PAYLOAD_TYPES:
+                cap.payload_records += 1
+            else:
+                assert isinstance(rec, Record)
+                cap.records.append(rec)
             try:
                 self.handle(rec)
             except _FieldError as exc:
@@ -427,7 +500,7 @@ class _Builder:
         if self.stale:
             cap.warnings.append(f"{self.stale} record(s) before the first BEGIN ignored (earlier boot?)")
 
-    def handle(self, rec: Record) -> None:
+    def handle(self, rec: Record | _Data) -> None:
         """Close what a record of another type interrupts, then dispatch on the record type."""
         t = rec.type
         if self.pending is not None and t != "DATA":
@@ -444,6 +517,9 @@ class _Builder:
             self.pending_dump = None
         if self.cap.complete:
             self.problem(f"line {rec.line}: {t} record after END")
+            return
+        if isinstance(rec, _Data):
+            self._data_at(rec.line, rec.i, rec.o, rec.off, rec.b64)
             return
         handler = self._HANDLERS.get(t)
         if handler is None:
@@ -701,27 +777,34 @@ class _Builder:
 
     def _data(self, rec: Record) -> None:
         if self.pending is None:
-            if not self.broken:  # the TENSOR this DATA belongs to is already reported broken
-                self.problem(f"line {rec.line}: DATA without a TENSOR record")
+            self._data_at(rec.line, 0, 0, 0, b"")  # says what is wrong
             return
-        prec, buf, tensor = self.pending
         i, o, off = (
             _int(rec, "i", unsigned=True),
             _int(rec, "o", unsigned=True),
             _int(rec, "off", unsigned=True),
         )
+        self._data_at(rec.line, i, o, off, _get(rec, "b64").encode("ascii"))
+
+    def _data_at(self, line: int, i: int, o: int, off: int, b64: bytes) -> None:
+        """One DATA record (from a Record, or read on the fast path): the next chunk of its TENSOR."""
+        if self.pending is None:
+            if not self.broken:  # the TENSOR this DATA belongs to is already reported broken
+                self.problem(f"line {line}: DATA without a TENSOR record")
+            return
+        prec, buf, tensor = self.pending
         if (i, o) != (tensor.i, tensor.o) or off != len(buf):
             self.problem(
-                f"line {rec.line}: DATA i={i} o={o} off={off} does not continue TENSOR "
+                f"line {line}: DATA i={i} o={o} off={off} does not continue TENSOR "
                 f"i={tensor.i} o={tensor.o} at offset {len(buf)}"
             )
             self.pending = None
             self.broken = True
             return
-        chunk = _b64(rec)
+        chunk = _decode_b64(b64, "DATA")
         total = int(prec.fields["bytes"])
         if not 0 < len(chunk) <= DATA_CHUNK or len(buf) + len(chunk) > total:
-            self.problem(f"line {rec.line}: DATA chunk of {len(chunk)} bytes does not fit its TENSOR")
+            self.problem(f"line {line}: DATA chunk of {len(chunk)} bytes does not fit its TENSOR")
             self.pending = None
             self.broken = True
             return
@@ -833,25 +916,53 @@ _Builder._HANDLERS = {
 }
 
 
-def parse_capture(raw: bytes | str) -> Capture:
+def parse_capture(raw: bytes | bytearray | memoryview | str) -> Capture:
     """Parse a serial capture; never raises on bad content (problems are recorded instead)."""
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogateescape")
     cap = Capture()
     # Binary frames of the resident loop (ACKs during a text session, HELLO at boot) are not text:
     # take them out first; a damaged frame stays in as (binary) text and can never pass as a record.
-    split = split_stream(bytes(raw))
+    split = split_stream(raw if isinstance(raw, bytes) else bytes(raw))
     cap.frames = len(split.frames)
-    corrupt: list[tuple[int, str]] = []
-    records = _scan(split.text, cap, corrupt)
+    cap.text_size = len(split.text)
+    # one pass, one line at a time: the scanner's records go straight to the builder (issue 28: a
+    # 25 MB capture in bounded memory; only the capture's own results are kept)
+    scanner = _Scanner(cap)
+    records = scanner.records(split.text)
     builder = _Builder(cap)
     builder.feed(records)
+    for _ in records:  # after a later boot: read on for corrupted lines only (warnings)
+        pass
+    cap.payload_spans = scanner.payload
+    cap.warnings[:0] = scanner.warnings
     cut = builder.ignored_from_line
+    corrupt = scanner.corrupt
     cap.problems[:0] = [msg for line, msg in corrupt if cut is None or line < cut]
     later = [msg for line, msg in corrupt if cut is not None and line >= cut]
     cap.warnings.extend(msg + " (in a later boot after END: ignored)" for msg in later)
     builder.finish()
     return cap
+
+
+def evidence_text(text: bytes, cap: Capture) -> bytes:
+    """``text`` (the capture ``cap`` was parsed from, frames removed) without its payload lines: each
+    run of lines that are nothing but valid DATA records becomes as many empty lines, so line numbers
+    stay. Such lines hold no evidence (any other byte in one breaks its CRC); a 25 MB capture is then a
+    few hundred KB for the classifier. ``text`` unchanged when the spans do not fit it."""
+    spans = cap.payload_spans
+    if not spans or len(text) != cap.text_size:
+        return text
+    if any(text[a : a + len(MARKER)] != MARKER or (a and text[a - 1] != 10) for a, _ in spans):
+        return text
+    out = bytearray()
+    prev = 0
+    for a, b in spans:
+        out += text[prev:a]
+        out += b"\n" * text.count(b"\n", a, b)
+        prev = b
+    out += text[prev:]
+    return bytes(out)
 
 
 def capture_summary(cap: Capture) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import children
 from harness.device.labgrid import LabgridClient, PlaceLease
 from harness.device.locks import BoardLock, lock_key
 from harness.errors import (
@@ -607,6 +608,8 @@ class Runner:
         try:
             self._work()
         finally:  # also on a crash or a second Ctrl-C: no labgrid place stays acquired by us
+            if self.hard_stop.is_set():  # abandoned attempts: their children (host reference, builds) too
+                children.stop_all()
             self.release_places()
         interrupted = self._abort_unfinished()
         codes = [ExitCode(t.exit_code) for t in self.tasks if t.exit_code is not None]

@@ -1,0 +1,71 @@
+"""Child processes esp-check starts that must not outlive it (issue 28 item 2).
+
+A worker thread of ``esp-check run`` abandoned by a second signal is a daemon thread: the process
+exits under it, and a child it was waiting for (the host reference child, a build tool in its own
+process group) used to run on for as long as its work took, then exit 0 to nobody. Every such child is
+registered here while it runs; :func:`stop_all` kills them (a build tool's whole group), and runs at
+interpreter exit. This registry is, beside pyserial's URL handler list, the one piece of process-wide
+state: which children are alive is a fact about the process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+_LOCK = threading.Lock()
+_LIVE: dict[int, tuple[subprocess.Popen[Any], bool]] = {}  # pid -> (process, leads its own group)
+
+
+@contextlib.contextmanager
+def tracked(proc: subprocess.Popen[Any], *, group: bool = False) -> Iterator[subprocess.Popen[Any]]:
+    """Register ``proc`` while the block runs (``group``: it leads its own process group, kill that)."""
+    with _LOCK:
+        _LIVE[proc.pid] = (proc, group)
+    try:
+        yield proc
+    finally:
+        with _LOCK:
+            _LIVE.pop(proc.pid, None)
+
+
+def stop_all() -> int:
+    """Kill every registered child that is still running (SIGKILL; a group leader's whole group);
+    returns how many were running."""
+    with _LOCK:
+        live = list(_LIVE.values())
+    n = 0
+    for proc, group in live:
+        if proc.poll() is not None:
+            continue
+        n += 1
+        if group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    return n
+
+
+def run(argv: Sequence[str], *, timeout: float | None, **popen: Any) -> subprocess.CompletedProcess[Any]:
+    """:func:`subprocess.run` (no ``input``, ``check=False``) with the child registered while it runs."""
+    with subprocess.Popen(list(argv), **popen) as proc, tracked(proc):
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        except BaseException:
+            proc.kill()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+atexit.register(stop_all)

@@ -22,7 +22,6 @@ from test_model_builder import Op, T, build_model
 
 from harness.cli import main
 from harness.errors import ExitCode, ModelError
-from harness.flows.job import JobOptions
 from harness.model import backends
 from harness.model.loader import parse_model_bytes
 
@@ -100,7 +99,7 @@ def test_constant_tensor_larger_than_its_buffer() -> None:
 def test_activation_shape_no_esp32_can_hold() -> None:
     n = 64 * 1024 * 1024 + 1  # one byte more than an activation may take
     with pytest.raises(ModelError, match="more than any ESP32 can hold"):
-        parse_model_bytes(_fc((5, 12), np.ones(60, np.int8), options=JobOptions(n_in=n)))
+        parse_model_bytes(_fc((5, 12), np.ones(60, np.int8), n_in=n))
 
 
 def test_negative_dimension() -> None:

@@ -119,7 +119,8 @@ class RealTarget(Target):
     def make(cls, board: Board, port: str | None) -> Target:
         if port is not None and _scheme(port) in ("sim", "native"):  # else minutes of builds, then a failure
             raise UsageError(
-                f"board {board.name} is a real board, but --port {port} is a {_scheme(port)} board's",
+                f"board {board.name} is a real board, but --port {port} is a "
+                f"{'simulated' if _scheme(port) == 'sim' else 'native'} board's",
                 hint="give the board's serial port (or --port auto), or --board sim for the simulator",
             )
         return cls(board, port or "auto")

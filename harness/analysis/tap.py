@@ -18,7 +18,7 @@ dump run is driven by :mod:`harness.flows.tap_run`):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -101,20 +101,7 @@ class Divergence:
     missing: list[int] = field(default_factory=list)  # ops in b without a record in a
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "a": self.a,
-            "b": self.b,
-            "op": self.op,
-            "opcode": self.opcode,
-            "kind": self.kind,
-            "tensor": self.tensor,
-            "producer": self.producer,
-            "ops_compared": self.ops_compared,
-            "differing_ops": self.differing_ops,
-            "message": self.message,
-            "layout_mismatch": self.layout_mismatch,
-            "missing": self.missing,
-        }
+        return asdict(self)
 
 
 def first_divergence(a_name: str, a: Sequence[TapOp], b_name: str, b: Sequence[TapOp]) -> Divergence:

@@ -251,8 +251,7 @@ def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log:
             f"image does not fit in the flash of the chip on {ps.url}: {first}",
             kind="image_too_large",
             retryable=False,
-            hint="the board definition's flash_size is larger than the real flash chip, or the build is too "
-            "big: use the matching board file or a smaller partition layout",
+            hint=_TOO_LARGE_HINT,
             esptool_message=msg,
         )
     if "MD5 of file does not match" in msg or "Write failed" in msg:

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -112,6 +112,11 @@ def _array_id(a: np.ndarray) -> str:
     return f"{c.dtype.str}:{list(c.shape)}:{hashlib.sha256(c.tobytes()).hexdigest()}"
 
 
+def _loadz(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        return {name: z[name] for name in z.files}
+
+
 def _savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as f:
         np.savez(f, **cast("dict[str, Any]", arrays))
@@ -129,46 +134,42 @@ class _Cache:
     def _path(self, key: str, ext: str) -> Path:
         return self.root / f"{key}.{ext}"
 
-    def get_arrays(self, key: str) -> dict[str, np.ndarray] | None:
-        path = self._path(key, "npz")
+    def _get(
+        self, key: str, ext: str, read: Callable[[Path], Any], damaged: tuple[type[Exception], ...]
+    ) -> Any:
+        path = self._path(key, ext)
         try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {name: z[name] for name in z.files}
+            value = read(path)
         except FileNotFoundError:
             return None
-        except Exception:  # a damaged entry is a miss (and is replaced)
+        except damaged:  # a damaged entry is a miss (and is replaced)
             with contextlib.suppress(OSError):
                 path.unlink()
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # least recently used goes first
+        return value
+
+    def get_arrays(self, key: str) -> dict[str, np.ndarray] | None:
+        arrays: dict[str, np.ndarray] | None = self._get(key, "npz", _loadz, (Exception,))
         return arrays
 
     def get_json(self, key: str) -> dict[str, Any] | None:
-        path = self._path(key, "json")
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
-            with contextlib.suppress(OSError):
-                path.unlink()
-            return None
-        with contextlib.suppress(OSError):
-            os.utime(path)
+        doc = self._get(
+            key, "json", lambda p: json.loads(p.read_text(encoding="utf-8")), (OSError, ValueError)
+        )
         return doc if isinstance(doc, dict) else None
 
-    @contextlib.contextmanager
-    def _writing(self, key: str, ext: str) -> Iterator[Path]:
+    def _put(self, key: str, ext: str, write: Callable[[Path], object]) -> None:
+        """Write ``<key>.<ext>`` atomically (a temporary file renamed into place)."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{key}.", suffix=f".{ext}")
             os.close(fd)
         except OSError:  # no writable cache: results are simply not kept
-            yield Path(os.devnull)
             return
         try:
-            yield Path(tmp)
+            write(Path(tmp))
             os.replace(tmp, self._path(key, ext))
         except OSError:
             pass
@@ -178,14 +179,10 @@ class _Cache:
         self._evict()
 
     def put_arrays(self, key: str, arrays: dict[str, np.ndarray]) -> None:
-        with self._writing(key, "npz") as tmp:
-            if tmp != Path(os.devnull):
-                _savez(tmp, arrays)
+        self._put(key, "npz", lambda p: _savez(p, arrays))
 
     def put_json(self, key: str, doc: dict[str, Any]) -> None:
-        with self._writing(key, "json") as tmp:
-            if tmp != Path(os.devnull):
-                tmp.write_text(json.dumps(doc), encoding="utf-8")
+        self._put(key, "json", lambda p: p.write_text(json.dumps(doc), encoding="utf-8"))
 
     def _evict(self) -> None:
         try:

@@ -20,7 +20,7 @@ import numpy as np
 from harness.analysis.sweep_cases import Case, bias_values, from_scales, int8_values
 from harness.analysis.sweep_findings import Result
 from harness.errors import ModelError
-from harness.model.extract import _buffer, _finish, _vec
+from harness.model.extract import _buffer, _finish, write_operator, write_tensor
 from harness.model.loader import parse_model_bytes
 from harness.model.opdata import espnn_model_acceleration
 
@@ -64,41 +64,12 @@ class _Writer:
         if data is not None:
             self.buffers.append(_buffer(tfl, b, np.ascontiguousarray(data).tobytes()))
             buf = len(self.buffers) - 1
-        n = b.CreateString(name)
-        shp = _vec(b, tfl.TensorStartShapeVector, shape, b.PrependInt32)
-        sv = _vec(b, tfl.QuantizationParametersStartScaleVector, scales, b.PrependFloat32)
-        zv = _vec(b, tfl.QuantizationParametersStartZeroPointVector, zps, b.PrependInt64)
-        tfl.QuantizationParametersStart(b)
-        tfl.QuantizationParametersAddScale(b, sv)
-        tfl.QuantizationParametersAddZeroPoint(b, zv)
-        tfl.QuantizationParametersAddQuantizedDimension(b, qdim)
-        q = tfl.QuantizationParametersEnd(b)
-        tfl.TensorStart(b)
-        tfl.TensorAddShape(b, shp)
-        tfl.TensorAddType(b, dtype)
-        tfl.TensorAddBuffer(b, buf)
-        tfl.TensorAddName(b, n)
-        tfl.TensorAddQuantization(b, q)
-        self.tensors.append(int(tfl.TensorEnd(b)))
+        self.tensors.append(write_tensor(tfl, b, name, shape, dtype, buf, (scales, zps, qdim)))
         return len(self.tensors) - 1
 
     def finish(self, code: int, inputs: list[int], output: int, options: tuple[int, int] | None) -> bytes:
         tfl, b = self.tfl, self.b
-        tfl.OperatorCodeStart(b)
-        tfl.OperatorCodeAddBuiltinCode(b, code)
-        tfl.OperatorCodeAddDeprecatedBuiltinCode(b, min(code, 127))
-        tfl.OperatorCodeAddVersion(b, 1)
-        code_off = int(tfl.OperatorCodeEnd(b))
-        ins = _vec(b, tfl.OperatorStartInputsVector, inputs, b.PrependInt32)
-        outs = _vec(b, tfl.OperatorStartOutputsVector, [output], b.PrependInt32)
-        tfl.OperatorStart(b)
-        tfl.OperatorAddOpcodeIndex(b, 0)
-        tfl.OperatorAddInputs(b, ins)
-        tfl.OperatorAddOutputs(b, outs)
-        if options is not None:
-            tfl.OperatorAddBuiltinOptionsType(b, options[0])
-            tfl.OperatorAddBuiltinOptions(b, options[1])
-        op = int(tfl.OperatorEnd(b))
+        code_off, op = write_operator(tfl, b, (code, min(code, 127), 1), inputs, [output], options)
         return _finish(tfl, b, self.tensors, op, code_off, self.buffers, [0], [output])
 
 

@@ -63,29 +63,72 @@ def _vec(b: flatbuffers.Builder, start: Any, values: list[Any], prepend: Any) ->
 
 def _tensor(tfl: Any, b: flatbuffers.Builder, t: Any, buffer: int) -> int:
     """Copy tensor ``t`` (shape, type, name, quantization) pointing at ``buffer``."""
-    name = b.CreateString(t.Name() or b"t")
-    shape = _vec(b, tfl.TensorStartShapeVector, [int(x) for x in t.ShapeAsNumpy()] if t.ShapeLength() else [],
-                 b.PrependInt32)  # fmt: skip
     q = t.Quantization()
-    q_off = None
+    quant = None
     if q is not None and q.ScaleLength():
-        sv = _vec(b, tfl.QuantizationParametersStartScaleVector, [float(s) for s in q.ScaleAsNumpy()],
-                  b.PrependFloat32)  # fmt: skip
         zps = [int(z) for z in q.ZeroPointAsNumpy()] if q.ZeroPointLength() else []
+        quant = [float(s) for s in q.ScaleAsNumpy()], zps, int(q.QuantizedDimension())
+    shape = [int(x) for x in t.ShapeAsNumpy()] if t.ShapeLength() else []
+    return write_tensor(tfl, b, t.Name() or b"t", shape, int(t.Type()), buffer, quant)
+
+
+def write_tensor(
+    tfl: Any,
+    b: flatbuffers.Builder,
+    name: str | bytes,
+    shape: list[int],
+    dtype: int,
+    buffer: int,
+    quant: tuple[list[float], list[int], int] | None,
+) -> int:
+    """A Tensor table; ``quant`` = (scales, zero points, quantized dimension), None for none."""
+    name_off = b.CreateString(name)
+    shape_off = _vec(b, tfl.TensorStartShapeVector, shape, b.PrependInt32)
+    q_off = None
+    if quant is not None:
+        scales, zps, qdim = quant
+        sv = _vec(b, tfl.QuantizationParametersStartScaleVector, scales, b.PrependFloat32)
         zv = _vec(b, tfl.QuantizationParametersStartZeroPointVector, zps, b.PrependInt64)
         tfl.QuantizationParametersStart(b)
         tfl.QuantizationParametersAddScale(b, sv)
         tfl.QuantizationParametersAddZeroPoint(b, zv)
-        tfl.QuantizationParametersAddQuantizedDimension(b, int(q.QuantizedDimension()))
+        tfl.QuantizationParametersAddQuantizedDimension(b, qdim)
         q_off = tfl.QuantizationParametersEnd(b)
     tfl.TensorStart(b)
-    tfl.TensorAddShape(b, shape)
-    tfl.TensorAddType(b, int(t.Type()))
+    tfl.TensorAddShape(b, shape_off)
+    tfl.TensorAddType(b, dtype)
     tfl.TensorAddBuffer(b, buffer)
-    tfl.TensorAddName(b, name)
+    tfl.TensorAddName(b, name_off)
     if q_off is not None:
         tfl.TensorAddQuantization(b, q_off)
     return int(tfl.TensorEnd(b))
+
+
+def write_operator(
+    tfl: Any,
+    b: flatbuffers.Builder,
+    code: tuple[int, int, int],
+    inputs: list[int],
+    outputs: list[int],
+    options: tuple[int, int] | None,
+) -> tuple[int, int]:
+    """(OperatorCode, Operator) of a one-op model: ``code`` = (builtin code, deprecated builtin code,
+    version), ``options`` = (builtin options type, offset of the options table) or None."""
+    tfl.OperatorCodeStart(b)
+    tfl.OperatorCodeAddBuiltinCode(b, code[0])
+    tfl.OperatorCodeAddDeprecatedBuiltinCode(b, code[1])
+    tfl.OperatorCodeAddVersion(b, code[2])
+    code_off = int(tfl.OperatorCodeEnd(b))
+    ins = _vec(b, tfl.OperatorStartInputsVector, inputs, b.PrependInt32)
+    outs = _vec(b, tfl.OperatorStartOutputsVector, outputs, b.PrependInt32)
+    tfl.OperatorStart(b)
+    tfl.OperatorAddOpcodeIndex(b, 0)
+    tfl.OperatorAddInputs(b, ins)
+    tfl.OperatorAddOutputs(b, outs)
+    if options is not None:
+        tfl.OperatorAddBuiltinOptionsType(b, options[0])
+        tfl.OperatorAddBuiltinOptions(b, options[1])
+    return code_off, int(tfl.OperatorEnd(b))
 
 
 def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
@@ -116,22 +159,14 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
         tensor_offsets.append(_tensor(tflite, b, src, buf))
     opts_type, opts = _options(tflite, b, op)
     code = model.OperatorCodes(op.OpcodeIndex())
-    tflite.OperatorCodeStart(b)
-    tflite.OperatorCodeAddBuiltinCode(b, int(code.BuiltinCode()))
-    tflite.OperatorCodeAddDeprecatedBuiltinCode(b, int(code.DeprecatedBuiltinCode()))
-    tflite.OperatorCodeAddVersion(b, int(code.Version()))
-    code_off = tflite.OperatorCodeEnd(b)
-    op_ins = _vec(b, tflite.OperatorStartInputsVector, [new_index.get(t, -1) for t in ins], b.PrependInt32)
-    op_outs = _vec(b, tflite.OperatorStartOutputsVector, [new_index[t] for t in outs if t >= 0],
-                   b.PrependInt32)  # fmt: skip
-    tflite.OperatorStart(b)
-    tflite.OperatorAddOpcodeIndex(b, 0)
-    tflite.OperatorAddInputs(b, op_ins)
-    tflite.OperatorAddOutputs(b, op_outs)
-    if opts is not None:
-        tflite.OperatorAddBuiltinOptionsType(b, opts_type)
-        tflite.OperatorAddBuiltinOptions(b, opts)
-    op_off = tflite.OperatorEnd(b)
+    code_off, op_off = write_operator(
+        tflite,
+        b,
+        (int(code.BuiltinCode()), int(code.DeprecatedBuiltinCode()), int(code.Version())),
+        [new_index.get(t, -1) for t in ins],
+        [new_index[t] for t in outs if t >= 0],
+        (opts_type, opts) if opts is not None else None,
+    )
     model_ins = [new_index[t] for t in ins if t >= 0 and not info.tensors[t].is_constant]
     model_outs = [new_index[t] for t in outs if t >= 0]
     return _finish(tflite, b, tensor_offsets, op_off, code_off, buffers, model_ins, model_outs)

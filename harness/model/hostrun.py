@@ -345,6 +345,14 @@ def _signal_name(num: int) -> str:
         return "unknown signal"
 
 
+# how the child names the errors it reports (any other EspCheckError: "reference")
+_ERROR_KINDS: dict[str, type[EspCheckError]] = {
+    "model": ModelError,
+    "input": InputDataError,
+    "reference": HostReferenceError,
+}
+
+
 def _child_error(doc: dict[str, Any], interpreter: str, memory: int) -> EspCheckError:
     kind, message, hint = str(doc.get("kind")), str(doc.get("message")), doc.get("hint")
     hint = str(hint) if hint else None
@@ -355,12 +363,8 @@ def _child_error(doc: dict[str, Any], interpreter: str, memory: int) -> EspCheck
             hint="a corrupted model (tensor sizes) is the usual cause; if it is genuine, raise "
             "ESP_CHECK_REFERENCE_MEMORY_MB",
         )
-    if kind == "model":
-        return ModelError(message, hint=hint)
-    if kind == "input":
-        return InputDataError(message, hint=hint)
-    if kind == "reference":
-        return HostReferenceError(message, hint=hint)
+    if kind in _ERROR_KINDS:
+        return _ERROR_KINDS[kind](message, hint=hint)
     return HostReferenceError(f"{interpreter} reference interpreter failed: {message}", hint=hint)
 
 
@@ -427,9 +431,7 @@ def _run_child(
             raise HostReferenceError(f"the host reference child failed (exit {proc.returncode}): {tail}")
         ref_runs = None
         if runs is not None:
-            with np.load(job_dir / "reference.npz", allow_pickle=False) as z:
-                arrays = {name: z[name] for name in z.files}
-            ref_runs = _runs_from_arrays(arrays, info, len(runs), per_layer)
+            ref_runs = _runs_from_arrays(_loadz(job_dir / "reference.npz"), info, len(runs), per_layer)
     measured = None
     if arena:
         m = said["measured"]
@@ -523,13 +525,7 @@ def child_main(job_dir: Path) -> int:  # pragma: no cover - runs in the child pr
         _say({"stage": "error", "kind": "memory", "message": f"MemoryError: {exc}"[:300]})
         return 1
     except EspCheckError as exc:
-        kind = (
-            "model"
-            if isinstance(exc, ModelError)
-            else "input"
-            if isinstance(exc, InputDataError)
-            else "reference"
-        )
+        kind = next((k for k, cls in _ERROR_KINDS.items() if isinstance(exc, cls)), "reference")
         _say({"stage": "error", "kind": kind, "message": exc.message, "hint": exc.hint})
         return 1
     except Exception as exc:

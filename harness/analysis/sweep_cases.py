@@ -287,15 +287,7 @@ def _conv_like_case(
     pad = "SAME" if g["same"] else "VALID"
     klass = f"{g['kh']}x{g['kw']} {_strides(g)} {pad if not api else 'pad*'} {klass_tail}"
     reach = from_scales(rq) and (not api or _reachable_2d(g))
-    meta = {
-        **g,
-        **rq,
-        "in_scale": in_scale,
-        "in_zp": in_zp,
-        "out_zp": out_zp,
-        "act": act,
-        "bias_range": br,
-    }
+    meta = {**g, **rq, "in_scale": in_scale, "in_zp": in_zp, "out_zp": out_zp, "act": act, "bias_range": br}
     return Case(op, rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, reach, meta)
 
 

@@ -421,9 +421,7 @@ class TapResult:
 
 
 def analyze_captures(
-    model: Any,
-    caps: Mapping[str, Any],
-    host_ops: Sequence[Sequence[TapOp]] | None,
+    model: Any, caps: Mapping[str, Any], host_ops: Sequence[Sequence[TapOp]] | None
 ) -> TapResult:
     """Divergences per input run between the variants' op records and the host reference."""
     res = TapResult()

@@ -131,10 +131,7 @@ _run_options = with_options(
         help="JUnit XML path (default OUT/junit.xml).",
     ),
     click.option(
-        "--json",
-        "as_json",
-        is_flag=True,
-        help="Print the JSON summary on stdout (also in OUT/summary.json).",
+        "--json", "as_json", is_flag=True, help="Print the JSON summary on stdout (also in OUT/summary.json)."
     ),
     click.option(
         "--json-file",
@@ -178,15 +175,10 @@ _run_options = with_options(
         help="Build cache directory.",
     ),
     click.option(
-        "--builder",
-        type=click.Choice(BUILDERS),
-        default=None,
-        help="Override the boards' builder.",
+        "--builder", type=click.Choice(BUILDERS), default=None, help="Override the boards' builder."
     ),
     click.option(
-        "--validate-only",
-        is_flag=True,
-        help="Check the plan and inventory, print the tasks, run nothing.",
+        "--validate-only", is_flag=True, help="Check the plan and inventory, print the tasks, run nothing."
     ),
 )
 

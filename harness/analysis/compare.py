@@ -40,12 +40,7 @@ RESULTS_VERSION = 1
 PINNED_FRACTION = 0.9  # an output "sits pinned" when this share of elements is at the dtype min/max
 TOPK = 5
 DIFF_LIST_MAX = 64  # per-element LSB diffs are listed in reports for tensors up to this size
-_INT_RANGES: dict[str, tuple[int, int]] = {
-    "int8": (-128, 127),
-    "uint8": (0, 255),
-    "int16": (-32768, 32767),
-    "int32": (-(2**31), 2**31 - 1),
-}
+_INT_DTYPES = ("int8", "uint8", "int16", "int32")  # the quantized dtypes whose min/max "pin" an output
 
 
 @dataclass
@@ -412,9 +407,9 @@ def _snap(real: np.ndarray, scale: float, zp: int) -> np.ndarray | None:
 
 
 def _pinned(q: np.ndarray | None, dtype: str | None) -> float | None:
-    if q is None or dtype not in _INT_RANGES or q.size == 0:
+    if q is None or dtype not in _INT_DTYPES or q.size == 0:
         return None
-    lo, hi = _INT_RANGES[dtype]
+    lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
     return float(np.count_nonzero((q == lo) | (q == hi))) / q.size
 
 

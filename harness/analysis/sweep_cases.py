@@ -247,7 +247,7 @@ def conv_case(rng: random.Random, api: bool = False, grouped: bool = False, **ov
     quant = {"quant": over.pop("quant")} if "quant" in over else {}
     g = {**_conv(rng, api, grouped), **over}
     tail = f"{'grouped ' if g['groups'] > 1 else ''}{_ch_bucket(g['fc'])}"
-    return _conv_like_case("conv", rng, g, quant, api, _CONV_PARAMS, tail)
+    return _conv_like_case("conv", rng, g, quant, api, CONV_PARAMS, tail)
 
 
 def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
@@ -259,12 +259,12 @@ def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
     g.update(over)
     g["oc"] = g["ic"] * g["mult_ch"]
     tail = f"mult{g['mult_ch']} {_ch_bucket(g['ic'])}"
-    return _conv_like_case("depthwise", rng, g, quant, api, _DEPTHWISE_PARAMS, tail)
+    return _conv_like_case("depthwise", rng, g, quant, api, DEPTHWISE_PARAMS, tail)
 
 
 # the geometry half of a conv / depthwise case's params, in the driver's order
-_CONV_PARAMS = ("ih", "iw", "ic", "kh", "kw", "fc", "oc", "oh", "ow", "sh", "sw", "ph", "pw")
-_DEPTHWISE_PARAMS = ("ih", "iw", "ic", "kh", "kw", "mult_ch", "oh", "ow", "sh", "sw", "ph", "pw")
+CONV_PARAMS = ("ih", "iw", "ic", "kh", "kw", "fc", "oc", "oh", "ow", "sh", "sw", "ph", "pw")
+DEPTHWISE_PARAMS = ("ih", "iw", "ic", "kh", "kw", "mult_ch", "oh", "ow", "sh", "sw", "ph", "pw")
 
 
 def _conv_like_case(

@@ -66,15 +66,15 @@ def parse_result(line: str) -> Result | None:
         return None
     g = m.groups()
     return Result(
-        int(g[0]),
-        (int(g[1]), int(g[2]), int(g[3])),
-        int(g[4]),
-        (g[5], g[6], g[7]),
-        _diff(g[8]),
-        _diff(g[9]),
-        _diff(g[10]),
-        (int(g[11]), int(g[12])),
-        g[13] == "1",
+        id=int(g[0]),
+        status=(int(g[1]), int(g[2]), int(g[3])),
+        n=int(g[4]),
+        crc=(g[5], g[6], g[7]),
+        opt_ansi=_diff(g[8]),
+        opt_ref=_diff(g[9]),
+        ansi_ref=_diff(g[10]),
+        scratch=(int(g[11]), int(g[12])),
+        alias=g[13] == "1",
     )
 
 

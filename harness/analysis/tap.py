@@ -268,19 +268,19 @@ def analyze_dump(op: int, tensor: int, role: str, got: np.ndarray, ref: np.ndarr
         hist = {int(v): int(c) for v, c in zip(vals, counts, strict=True)}
     region, rows, cols, chans = describe_region(mask)
     return DumpDiff(
-        op,
-        tensor,
-        role,
-        against,
-        tuple(g.shape),
-        int(g.size),
-        int(np.count_nonzero(mask)),
-        int(np.abs(diff).max()) if mask.any() else 0,
-        hist,
-        region,
-        rows[:64],
-        cols[:64],
-        chans,
+        op=op,
+        tensor=tensor,
+        role=role,
+        against=against,
+        shape=tuple(g.shape),
+        elements=int(g.size),
+        differing=int(np.count_nonzero(mask)),
+        max_lsb=int(np.abs(diff).max()) if mask.any() else 0,
+        lsb_histogram=hist,
+        region=region,
+        rows=rows[:64],
+        cols=cols[:64],
+        channels=chans,
     )
 
 

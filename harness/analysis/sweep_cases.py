@@ -247,7 +247,7 @@ def conv_case(rng: random.Random, api: bool = False, grouped: bool = False, **ov
     quant = {"quant": over.pop("quant")} if "quant" in over else {}
     g = {**_conv(rng, api, grouped), **over}
     tail = f"{'grouped ' if g['groups'] > 1 else ''}{_ch_bucket(g['fc'])}"
-    return _conv_like_case("conv", rng, g, quant, api, CONV_PARAMS, tail)
+    return _conv_like_case("conv", rng, g, quant, api, geometry=CONV_PARAMS, klass_tail=tail)
 
 
 def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
@@ -259,7 +259,7 @@ def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
     g.update(over)
     g["oc"] = g["ic"] * g["mult_ch"]
     tail = f"mult{g['mult_ch']} {_ch_bucket(g['ic'])}"
-    return _conv_like_case("depthwise", rng, g, quant, api, DEPTHWISE_PARAMS, tail)
+    return _conv_like_case("depthwise", rng, g, quant, api, geometry=DEPTHWISE_PARAMS, klass_tail=tail)
 
 
 # the geometry half of a conv / depthwise case's params, in the driver's order
@@ -273,6 +273,7 @@ def _conv_like_case(
     g: dict[str, Any],
     quant: dict[str, Any],
     api: bool,
+    *,
     geometry: tuple[str, ...],
     klass_tail: str,
 ) -> Case:

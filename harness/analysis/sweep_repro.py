@@ -64,7 +64,7 @@ class _Writer:
         if data is not None:
             self.buffers.append(_buffer(tfl, b, np.ascontiguousarray(data).tobytes()))
             buf = len(self.buffers) - 1
-        self.tensors.append(write_tensor(tfl, b, name, shape, dtype, buf, (scales, zps, qdim)))
+        self.tensors.append(write_tensor(tfl, b, name, shape, dtype, buffer=buf, quant=(scales, zps, qdim)))
         return len(self.tensors) - 1
 
     def finish(self, code: int, inputs: list[int], output: int, options: tuple[int, int] | None) -> bytes:

@@ -69,7 +69,7 @@ def _tensor(tfl: Any, b: flatbuffers.Builder, t: Any, buffer: int) -> int:
         zps = [int(z) for z in q.ZeroPointAsNumpy()] if q.ZeroPointLength() else []
         quant = [float(s) for s in q.ScaleAsNumpy()], zps, int(q.QuantizedDimension())
     shape = [int(x) for x in t.ShapeAsNumpy()] if t.ShapeLength() else []
-    return write_tensor(tfl, b, t.Name() or b"t", shape, int(t.Type()), buffer, quant)
+    return write_tensor(tfl, b, t.Name() or b"t", shape, int(t.Type()), buffer=buffer, quant=quant)
 
 
 def write_tensor(
@@ -78,6 +78,7 @@ def write_tensor(
     name: str | bytes,
     shape: list[int],
     dtype: int,
+    *,
     buffer: int,
     quant: tuple[list[float], list[int], int] | None,
 ) -> int:

@@ -105,25 +105,32 @@ class ConvGeometry:
 # [[espnn_scratch]] and FORMULA_SETS.
 
 
+def _pointwise(g: ConvGeometry) -> bool:
+    """A 1x1 filter, no padding, stride 1: the getters' first case."""
+    return g.fh == 1 and g.fw == 1 and g.ph == 0 and g.pw == 0 and g.sh == 1 and g.sw == 1
+
+
+def _conv_1x1(g: ConvGeometry, align: int) -> int:
+    """The S3 (and P4) conv getters' scratch for a pointwise conv (:func:`_pointwise`)."""
+    c8 = _ceil(g.c, 8)
+    transpose = 0 if g.w * g.h < 8 else 2 * 8 * c8
+    input_scratch = g.w * g.h * c8 if g.c % 8 else 0
+    return input_scratch + c8 * g.oc + transpose + align
+
+
 def _conv_s3_until_1_2_0(g: ConvGeometry) -> int:
     """esp_nn_get_conv_scratch_size_esp32s3 of esp-nn 1.0.0 ... 1.2.0 (also the P4 getter to 1.2.2)."""
     align = 32
-    if g.fh == 1 and g.fw == 1 and g.ph == 0 and g.pw == 0 and g.sh == 1 and g.sw == 1:
-        c8 = _ceil(g.c, 8)
-        transpose = 0 if g.w * g.h < 8 else 2 * 8 * c8
-        input_scratch = g.w * g.h * c8 if g.c % 8 else 0
-        return input_scratch + c8 * g.oc + transpose + align
+    if _pointwise(g):
+        return _conv_1x1(g, align)
     input_scratch = 0 if g.ph == 0 and g.pw == 0 else (g.w + 2 * g.pw) * (g.h + 2 * g.ph) * g.c
     return input_scratch + g.fw * g.fh * _ceil(g.c, 16) * g.oc + align + g.oc * 4
 
 
 def _conv_s3_im2col(g: ConvGeometry, align: int) -> int:
     """esp_nn_get_conv_scratch_size_esp32s3 from esp-nn 1.2.1 (align 32) and 1.2.3 (align 64)."""
-    if g.fh == 1 and g.fw == 1 and g.ph == 0 and g.pw == 0 and g.sh == 1 and g.sw == 1:
-        c8 = _ceil(g.c, 8)
-        transpose = 0 if g.w * g.h < 8 else 2 * 8 * c8
-        input_scratch = g.w * g.h * c8 if g.c % 8 else 0
-        return input_scratch + c8 * g.oc + transpose + align
+    if _pointwise(g):
+        return _conv_1x1(g, align)
     row, window = g.fw * g.c, g.fw * g.fh * g.c
     if row < 16 <= window:  # im2col path
         wa = _ceil(window, 16)
@@ -194,12 +201,8 @@ _P4_L1D_BUDGET = 32768
 def _conv_p4_1_2_3(g: ConvGeometry) -> int:
     """esp_nn_get_conv_scratch_size_esp32p4 of esp-nn 1.2.3."""
     align, acc = 32, g.oc * 4
-    if g.fh == 1 and g.fw == 1 and g.ph == 0 and g.pw == 0 and g.sh == 1 and g.sw == 1:
-        if g.c < 16:
-            return acc + 16 * g.oc + 32 + align
-        c8 = _ceil(g.c, 8)
-        transpose = 0 if g.w * g.h < 8 else 2 * 8 * c8
-        return (g.w * g.h * c8 if g.c % 8 else 0) + c8 * g.oc + transpose + align
+    if _pointwise(g):
+        return acc + 16 * g.oc + 32 + align if g.c < 16 else _conv_1x1(g, align)
     if g.ph == 0 and g.pw == 0 and g.fw * g.c >= 16:
         return g.fw * g.fh * _ceil(g.c, 16) * g.oc + align + acc
     if g.fw * g.fh * g.c >= 16:

@@ -20,7 +20,7 @@ import numpy as np
 from harness.analysis.sweep_cases import Case, bias_values, from_scales, int8_values
 from harness.analysis.sweep_findings import Result
 from harness.errors import ModelError
-from harness.model.extract import _buffer, _finish, write_operator, write_tensor
+from harness.model.extract import _buffer, _finish, write_operator, write_table, write_tensor
 from harness.model.loader import parse_model_bytes
 from harness.model.opdata import espnn_model_acceleration
 
@@ -69,11 +69,7 @@ class _Writer:
 
     def options(self, name: str, **fields: float) -> tuple[int, int]:
         """A builtin-options table ``name`` with ``fields`` added in their order: (options type, offset)."""
-        tfl, b = self.tfl, self.b
-        getattr(tfl, f"{name}Start")(b)
-        for field, value in fields.items():
-            getattr(tfl, f"{name}Add{field}")(b, value)
-        return int(getattr(tfl.BuiltinOptions, name)), int(getattr(tfl, f"{name}End")(b))
+        return int(getattr(self.tfl.BuiltinOptions, name)), write_table(self.tfl, self.b, name, **fields)
 
     def finish(self, code: int, inputs: list[int], output: int, options: tuple[int, int] | None) -> bytes:
         tfl, b = self.tfl, self.b

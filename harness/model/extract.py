@@ -32,26 +32,32 @@ def _options(tfl: Any, b: flatbuffers.Builder, op: Any) -> tuple[int, int | None
     name = _enum_names(tfl.BuiltinOptions).get(kind)
     cls = getattr(tfl, name, None) if name else None
     table = op.BuiltinOptions()
-    if cls is None or table is None:
+    if not name or cls is None or table is None:
         raise ModelError(f"op options type {kind} is unknown to the tflite schema package")
     src = cls()
     src.Init(table.Bytes, table.Pos)
-    values: list[tuple[Any, Any]] = []
+    values: dict[str, Any] = {}
     for attr in sorted(dir(cls)):
         if attr.startswith(("_", *_SKIP)) or attr.endswith(_VECTOR_SUFFIXES):
             continue
-        adder = getattr(tfl, f"{name}Add{attr}", None)
-        if adder is None or not callable(getattr(src, attr)):
+        if not hasattr(tfl, f"{name}Add{attr}") or not callable(getattr(src, attr)):
             continue
         if hasattr(src, attr + "Length"):
             if getattr(src, attr + "Length")():
                 raise ModelError(f"{name}.{attr} is a vector: this op cannot be extracted on its own")
             continue
-        values.append((adder, getattr(src, attr)()))
+        values[attr] = getattr(src, attr)()
+    return kind, write_table(tfl, b, name, **values)
+
+
+def write_table(tfl: Any, b: flatbuffers.Builder, name: str, **fields: Any) -> int:
+    """A ``name`` table (Tensor, Operator, Model, ...) with ``fields`` added in their order (the byte
+    layout follows it); a field that is None is left out."""
     getattr(tfl, f"{name}Start")(b)
-    for adder, value in values:
-        adder(b, value)
-    return kind, getattr(tfl, f"{name}End")(b)
+    for field, value in fields.items():
+        if value is not None:
+            getattr(tfl, f"{name}Add{field}")(b, value)
+    return int(getattr(tfl, f"{name}End")(b))
 
 
 def _vec(b: flatbuffers.Builder, start: Any, values: list[Any], prepend: Any) -> int:
@@ -90,19 +96,9 @@ def write_tensor(
         scales, zps, qdim = quant
         sv = _vec(b, tfl.QuantizationParametersStartScaleVector, scales, b.PrependFloat32)
         zv = _vec(b, tfl.QuantizationParametersStartZeroPointVector, zps, b.PrependInt64)
-        tfl.QuantizationParametersStart(b)
-        tfl.QuantizationParametersAddScale(b, sv)
-        tfl.QuantizationParametersAddZeroPoint(b, zv)
-        tfl.QuantizationParametersAddQuantizedDimension(b, qdim)
-        q_off = tfl.QuantizationParametersEnd(b)
-    tfl.TensorStart(b)
-    tfl.TensorAddShape(b, shape_off)
-    tfl.TensorAddType(b, dtype)
-    tfl.TensorAddBuffer(b, buffer)
-    tfl.TensorAddName(b, name_off)
-    if q_off is not None:
-        tfl.TensorAddQuantization(b, q_off)
-    return int(tfl.TensorEnd(b))
+        q_off = write_table(tfl, b, "QuantizationParameters", Scale=sv, ZeroPoint=zv, QuantizedDimension=qdim)
+    fields = {"Shape": shape_off, "Type": dtype, "Buffer": buffer, "Name": name_off, "Quantization": q_off}
+    return write_table(tfl, b, "Tensor", **fields)
 
 
 def write_operator(
@@ -115,21 +111,21 @@ def write_operator(
 ) -> tuple[int, int]:
     """(OperatorCode, Operator) of a one-op model: ``code`` = (builtin code, deprecated builtin code,
     version), ``options`` = (builtin options type, offset of the options table) or None."""
-    tfl.OperatorCodeStart(b)
-    tfl.OperatorCodeAddBuiltinCode(b, code[0])
-    tfl.OperatorCodeAddDeprecatedBuiltinCode(b, code[1])
-    tfl.OperatorCodeAddVersion(b, code[2])
-    code_off = int(tfl.OperatorCodeEnd(b))
+    builtin, deprecated, version = code
+    code_off = write_table(
+        tfl, b, "OperatorCode", BuiltinCode=builtin, DeprecatedBuiltinCode=deprecated, Version=version
+    )
     ins = _vec(b, tfl.OperatorStartInputsVector, inputs, b.PrependInt32)
     outs = _vec(b, tfl.OperatorStartOutputsVector, outputs, b.PrependInt32)
-    tfl.OperatorStart(b)
-    tfl.OperatorAddOpcodeIndex(b, 0)
-    tfl.OperatorAddInputs(b, ins)
-    tfl.OperatorAddOutputs(b, outs)
-    if options is not None:
-        tfl.OperatorAddBuiltinOptionsType(b, options[0])
-        tfl.OperatorAddBuiltinOptions(b, options[1])
-    return code_off, int(tfl.OperatorEnd(b))
+    kind, table = options if options is not None else (None, None)
+    op = {
+        "OpcodeIndex": 0,
+        "Inputs": ins,
+        "Outputs": outs,
+        "BuiltinOptionsType": kind,
+        "BuiltinOptions": table,
+    }
+    return code_off, write_table(tfl, b, "Operator", **op)
 
 
 def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
@@ -174,11 +170,7 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
 
 
 def _buffer(tfl: Any, b: flatbuffers.Builder, data: bytes | None) -> int:
-    vec = b.CreateByteVector(data) if data else None
-    tfl.BufferStart(b)
-    if vec is not None:
-        tfl.BufferAddData(b, vec)
-    return int(tfl.BufferEnd(b))
+    return write_table(tfl, b, "Buffer", Data=b.CreateByteVector(data) if data else None)
 
 
 def _finish(
@@ -195,21 +187,11 @@ def _finish(
     ov = _vec(b, tfl.SubGraphStartOperatorsVector, [op], b.PrependUOffsetTRelative)
     iv = _vec(b, tfl.SubGraphStartInputsVector, inputs, b.PrependInt32)
     outv = _vec(b, tfl.SubGraphStartOutputsVector, outputs, b.PrependInt32)
-    tfl.SubGraphStart(b)
-    tfl.SubGraphAddTensors(b, tv)
-    tfl.SubGraphAddOperators(b, ov)
-    tfl.SubGraphAddInputs(b, iv)
-    tfl.SubGraphAddOutputs(b, outv)
-    sg = tfl.SubGraphEnd(b)
+    sg = write_table(tfl, b, "SubGraph", Tensors=tv, Operators=ov, Inputs=iv, Outputs=outv)
     sgv = _vec(b, tfl.ModelStartSubgraphsVector, [sg], b.PrependUOffsetTRelative)
     cv = _vec(b, tfl.ModelStartOperatorCodesVector, [code], b.PrependUOffsetTRelative)
     bv = _vec(b, tfl.ModelStartBuffersVector, buffers, b.PrependUOffsetTRelative)
     desc = b.CreateString("esp-check: one op extracted from a model, with its real weights")
-    tfl.ModelStart(b)
-    tfl.ModelAddVersion(b, 3)
-    tfl.ModelAddOperatorCodes(b, cv)
-    tfl.ModelAddSubgraphs(b, sgv)
-    tfl.ModelAddBuffers(b, bv)
-    tfl.ModelAddDescription(b, desc)
-    b.Finish(tfl.ModelEnd(b), file_identifier=b"TFL3")
+    fields = {"Version": 3, "OperatorCodes": cv, "Subgraphs": sgv, "Buffers": bv, "Description": desc}
+    b.Finish(write_table(tfl, b, "Model", **fields), file_identifier=b"TFL3")
     return bytes(b.Output())

@@ -100,18 +100,9 @@ def serve_cmd(
     from harness.sim.serve import SimServer
 
     size = (flash_size or load_board("sim").flash_size).upper()
-    url = _url(
-        name,
-        chip=chip,
-        reset=reset,
-        seed=seed,
-        flash_size=size,
-        boot=None if boot == "auto" else boot,
-        flash=flash,
-        fault=",".join(fault),
-        variant_fault=variant_fault,
-        throttle=throttle,
-    )
+    params = {"chip": chip, "reset": reset, "seed": seed, "flash_size": size}
+    params |= {"boot": None if boot == "auto" else boot, "flash": flash, "fault": ",".join(fault)}
+    url = _url(name, **params, variant_fault=variant_fault, throttle=throttle)
     parse_url(url)  # validate before binding (raises UsageError, exit 2)
     server = SimServer(url, host, tcp_port, rfc2217=rfc2217).start()
     click.echo(

@@ -80,8 +80,10 @@ class HostResults:
 def limits() -> tuple[float, int]:
     """(timeout seconds, memory bytes) for the child, from the environment or the defaults."""
     out: list[float] = []
-    for var, default in (("ESP_CHECK_REFERENCE_TIMEOUT", DEFAULT_TIMEOUT_S),
-                         ("ESP_CHECK_REFERENCE_MEMORY_MB", float(DEFAULT_MEMORY_MB))):  # fmt: skip
+    for var, default in (
+        ("ESP_CHECK_REFERENCE_TIMEOUT", DEFAULT_TIMEOUT_S),
+        ("ESP_CHECK_REFERENCE_MEMORY_MB", float(DEFAULT_MEMORY_MB)),
+    ):
         text = os.environ.get(var, "")
         try:
             value = float(text) if text else default
@@ -399,8 +401,13 @@ def _run_child(
         if runs is not None:
             arrays = {f"r{k}_i{i}": a for k, run in enumerate(runs) for i, a in enumerate(run)}
             _savez(job_dir / "inputs.npz", arrays)
-        job = {"backend": backend, "per_layer": per_layer, "runs": None if runs is None else len(runs),
-               "arena": arena, "memory_bytes": memory}  # fmt: skip
+        job = {
+            "backend": backend,
+            "per_layer": per_layer,
+            "runs": None if runs is None else len(runs),
+            "arena": arena,
+            "memory_bytes": memory,
+        }
         (job_dir / "job.json").write_text(json.dumps(job), encoding="utf-8")
         proc = _spawn(job_dir, timeout)
         said: dict[str, dict[str, Any]] = {}

@@ -426,8 +426,11 @@ def _normalise(
     if name is None and is_8bit_pixels:
         default = default_image_range(tensor)
         name = default.name
-        notes.append(f"input range {name} by default: {default.reason}" if default.matched else
-                     f"warning: {default.reason}")  # fmt: skip
+        notes.append(
+            f"input range {name} by default: {default.reason}"
+            if default.matched
+            else f"warning: {default.reason}"
+        )
     if name is not None:
         if not is_8bit_pixels:
             raise InputDataError(

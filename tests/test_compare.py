@@ -344,6 +344,10 @@ def test_three_way_with_host_reference(tmp_path: Path, capsys: pytest.CaptureFix
     other = write_capture(tmp_path / "other.log", [expected], nn="ansi_c", model_sha=sha, input_bytes=b"x")
     assert main(["compare", str(a), str(other), "--model", str(model), "--input", str(inp)]) == 2
     assert "ran different inputs" in capsys.readouterr().err
+    # both captures ran the same input, but not the one --input names: refused against the reference
+    other_a = write_capture(tmp_path / "o_a.log", [expected], nn="optimized", model_sha=sha, input_bytes=b"x")
+    assert main(["compare", str(other_a), str(other), "--model", str(model), "--input", str(inp)]) == 2
+    assert "run 0 used input" in (err := capsys.readouterr().err) and "quantizes to" in err
 
 
 def test_model_hash_checked_against_captures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -361,3 +361,14 @@ def test_wrong_boot_mode_when_io0_is_sampled_too_late(firmware: list[tuple[int, 
         dev.flash(firmware, connect_attempts=2)
     assert ei.value.kind == "wrong_boot_mode"
     assert "BOOT" in (ei.value.hint or "")
+
+
+@pytest.mark.parametrize(
+    ("kind", "retryable", "exit_code"),
+    [("usage", False, 2), ("chip_mismatch", False, 2), ("chip_revision", False, 2), ("link_lost", True, 3)],
+)
+def test_a_usage_kind_is_never_retryable_unless_said(kind: str, retryable: bool, exit_code: int) -> None:
+    # No board: the rule lives in the exception itself (a wrong board or argument stays wrong on a retry).
+    err = FlashFailure("x", kind=kind)
+    assert (err.retryable, int(err.exit_code)) == (retryable, exit_code)
+    assert FlashFailure("x", kind="image_too_large", retryable=False).retryable is False

@@ -131,8 +131,8 @@ def test_probe_works_from_another_directory(
     models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)  # the child must still find the harness package
-    total, _head, _tail, verified = arena.measure_host_arena(models_dir / "op_zoo.tflite")
-    assert total == README_ARENA["op_zoo"] and verified
+    est = arena.estimate_arena(models_dir / "op_zoo.tflite")
+    assert est.method == "measured" and est.host_bytes == README_ARENA["op_zoo"] and est.verified
 
 
 # --- ESP-NN scratch formulas keyed by the esp-nn version (issue 13, item 4) --------------------------------

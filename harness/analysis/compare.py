@@ -40,12 +40,7 @@ RESULTS_VERSION = 1
 PINNED_FRACTION = 0.9  # an output "sits pinned" when this share of elements is at the dtype min/max
 TOPK = 5
 DIFF_LIST_MAX = 64  # per-element LSB diffs are listed in reports for tensors up to this size
-_INT_RANGES: dict[str, tuple[int, int]] = {
-    "int8": (-128, 127),
-    "uint8": (0, 255),
-    "int16": (-32768, 32767),
-    "int32": (-(2**31), 2**31 - 1),
-}
+_INT_DTYPES = ("int8", "uint8", "int16", "int32")  # the quantized dtypes whose min/max "pin" an output
 
 
 @dataclass
@@ -412,9 +407,9 @@ def _snap(real: np.ndarray, scale: float, zp: int) -> np.ndarray | None:
 
 
 def _pinned(q: np.ndarray | None, dtype: str | None) -> float | None:
-    if q is None or dtype not in _INT_RANGES or q.size == 0:
+    if q is None or dtype not in _INT_DTYPES or q.size == 0:
         return None
-    lo, hi = _INT_RANGES[dtype]
+    lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
     return float(np.count_nonzero((q == lo) | (q == hi))) / q.size
 
 
@@ -720,6 +715,25 @@ def _check_identity(a: Source, b: Source) -> None:
             )
 
 
+def _check_reference_identity(s: Source, reference: Source | None) -> None:
+    """IncomparableError when ``s`` ran another model or other inputs than the host reference."""
+    if reference is None or s is reference:
+        return
+    if s.model_sha256 and reference.model_sha256 and s.model_sha256 != reference.model_sha256:
+        raise IncomparableError(
+            f"{s.label} ran model {s.model_sha256[:12]}..., but --model is {reference.model_sha256[:12]}...",
+            hint="pass the .tflite the firmware was generated from",
+        )
+    for k, sha in enumerate(s.input_sha256):
+        ref_sha = reference.input_sha256[k] if k < len(reference.input_sha256) else None
+        if sha and ref_sha and sha != ref_sha:
+            raise IncomparableError(
+                f"{s.label} run {k} used input {sha[:12]}..., "
+                f"but --input #{k + 1} quantizes to {ref_sha[:12]}...",
+                hint="pass the inputs (and preprocessing options) the firmware was generated with",
+            )
+
+
 def _shapes(shapes: dict[int, tuple[int, ...]]) -> str:
     return ", ".join(f"output {i} {list(sh)}" for i, sh in sorted(shapes.items()))
 
@@ -743,28 +757,8 @@ def compare_sources(
     check_tolerances(tolerance_lsb, ref_tolerance_lsb)
     _check_identity(a, b)
     sources = [a, b] + ([reference] if reference is not None else [])
-    for s in sources:
-        if (
-            reference is not None
-            and s is not reference
-            and s.model_sha256
-            and reference.model_sha256
-            and s.model_sha256 != reference.model_sha256
-        ):
-            raise IncomparableError(
-                f"{s.label} ran model {s.model_sha256[:12]}..., "
-                f"but --model is {reference.model_sha256[:12]}...",
-                hint="pass the .tflite the firmware was generated from",
-            )
-        if reference is not None and s is not reference:
-            for k, sha in enumerate(s.input_sha256):
-                ref_sha = reference.input_sha256[k] if k < len(reference.input_sha256) else None
-                if sha and ref_sha and sha != ref_sha:
-                    raise IncomparableError(
-                        f"{s.label} run {k} used input {sha[:12]}..., "
-                        f"but --input #{k + 1} quantizes to {ref_sha[:12]}...",
-                        hint="pass the inputs (and preprocessing options) the firmware was generated with",
-                    )
+    for s in (a, b):
+        _check_reference_identity(s, reference)
     faults = [f for s in sources for f in s.faults]
     warnings = [w for s in sources for w in s.warnings]
     pairs: list[tuple[Source, Source, float]] = [(a, b, tolerance_lsb)]

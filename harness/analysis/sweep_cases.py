@@ -28,8 +28,6 @@ OPS = {
     "max_pool": 7,
     "softmax": 8,
 }
-OP_NAMES = {v: k for k, v in OPS.items()}
-MASK64 = (1 << 64) - 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,49 +246,50 @@ def conv_case(rng: random.Random, api: bool = False, grouped: bool = False, **ov
     over = dict(over)
     quant = {"quant": over.pop("quant")} if "quant" in over else {}
     g = {**_conv(rng, api, grouped), **over}
+    tail = f"{'grouped ' if g['groups'] > 1 else ''}{_ch_bucket(g['fc'])}"
+    return _conv_like_case("conv", rng, g, quant, api, geometry=CONV_PARAMS, klass_tail=tail)
+
+
+def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
+    over = dict(over)
+    quant = {"quant": over.pop("quant")} if "quant" in over else {}
+    g = _conv(rng, api, False)
+    g["ic"] = rng.choice((1, 2, 3, 4, 8, 15, 16, 17, 24, 32))
+    g["mult_ch"] = rng.choice((1, 1, 1, 2, 3, 4, 5, 8))
+    g.update(over)
+    g["oc"] = g["ic"] * g["mult_ch"]
+    tail = f"mult{g['mult_ch']} {_ch_bucket(g['ic'])}"
+    return _conv_like_case("depthwise", rng, g, quant, api, geometry=DEPTHWISE_PARAMS, klass_tail=tail)
+
+
+# the geometry half of a conv / depthwise case's params, in the driver's order
+CONV_PARAMS = ("ih", "iw", "ic", "kh", "kw", "fc", "oc", "oh", "ow", "sh", "sw", "ph", "pw")
+DEPTHWISE_PARAMS = ("ih", "iw", "ic", "kh", "kw", "mult_ch", "oh", "ow", "sh", "sw", "ph", "pw")
+
+
+def _conv_like_case(
+    op: str,
+    rng: random.Random,
+    g: dict[str, Any],
+    quant: dict[str, Any],
+    api: bool,
+    *,
+    geometry: tuple[str, ...],
+    klass_tail: str,
+) -> Case:
+    """A conv or depthwise case from its geometry ``g``: quantization, activation and bias drawn (in
+    this order) from ``rng``, params = the ``geometry`` keys of ``g`` then the quantization."""
     if g["oh"] < 1 or g["ow"] < 1:
         g["ih"], g["iw"], g["oh"], g["ow"], g["ph"], g["pw"] = g["kh"], g["kw"], 1, 1, 0, 0
     in_scale, in_zp, out_zp, rq = _quant(rng, quant, g["oc"], per_channel=True, api=api)
     act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
     br = bias_range(rng)
-    p = [
-        g["ih"],
-        g["iw"],
-        g["ic"],
-        g["kh"],
-        g["kw"],
-        g["fc"],
-        g["oc"],
-        g["oh"],
-        g["ow"],
-        g["sh"],
-        g["sw"],
-        g["ph"],
-        g["pw"],
-        -in_zp,
-        out_zp,
-        amin,
-        amax,
-        br,
-        *rq["mult"],
-        *rq["shift"],
-    ]
+    p = [g[k] for k in geometry] + [-in_zp, out_zp, amin, amax, br, *rq["mult"], *rq["shift"]]
     pad = "SAME" if g["same"] else "VALID"
-    klass = (
-        f"{g['kh']}x{g['kw']} {_strides(g)} {pad if not api else 'pad*'} "
-        f"{'grouped ' if g['groups'] > 1 else ''}{_ch_bucket(g['fc'])}"
-    )
+    klass = f"{g['kh']}x{g['kw']} {_strides(g)} {pad if not api else 'pad*'} {klass_tail}"
     reach = from_scales(rq) and (not api or _reachable_2d(g))
-    meta = {
-        **g,
-        **rq,
-        "in_scale": in_scale,
-        "in_zp": in_zp,
-        "out_zp": out_zp,
-        "act": act,
-        "bias_range": br,
-    }
-    return Case("conv", rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, reach, meta)
+    meta = {**g, **rq, "in_scale": in_scale, "in_zp": in_zp, "out_zp": out_zp, "act": act, "bias_range": br}
+    return Case(op, rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, reach, meta)
 
 
 def _strides(g: dict[str, Any]) -> str:
@@ -305,56 +304,6 @@ def _reachable_2d(g: dict[str, Any]) -> bool:
             g["same"] = same
             return True
     return False
-
-
-def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
-    over = dict(over)
-    quant = {"quant": over.pop("quant")} if "quant" in over else {}
-    g = _conv(rng, api, False)
-    g["ic"] = rng.choice((1, 2, 3, 4, 8, 15, 16, 17, 24, 32))
-    g["mult_ch"] = rng.choice((1, 1, 1, 2, 3, 4, 5, 8))
-    g.update(over)
-    g["oc"] = g["ic"] * g["mult_ch"]
-    if g["oh"] < 1 or g["ow"] < 1:
-        g["ih"], g["iw"], g["oh"], g["ow"], g["ph"], g["pw"] = g["kh"], g["kw"], 1, 1, 0, 0
-    in_scale, in_zp, out_zp, rq = _quant(rng, quant, g["oc"], per_channel=True, api=api)
-    act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
-    br = bias_range(rng)
-    p = [
-        g["ih"],
-        g["iw"],
-        g["ic"],
-        g["kh"],
-        g["kw"],
-        g["mult_ch"],
-        g["oh"],
-        g["ow"],
-        g["sh"],
-        g["sw"],
-        g["ph"],
-        g["pw"],
-        -in_zp,
-        out_zp,
-        amin,
-        amax,
-        br,
-        *rq["mult"],
-        *rq["shift"],
-    ]
-    pad = "SAME" if g["same"] else "VALID"
-    where = pad if not api else "pad*"
-    klass = f"{g['kh']}x{g['kw']} {_strides(g)} {where} mult{g['mult_ch']} {_ch_bucket(g['ic'])}"
-    reach = from_scales(rq) and (not api or _reachable_2d(g))
-    meta = {
-        **g,
-        **rq,
-        "in_scale": in_scale,
-        "in_zp": in_zp,
-        "out_zp": out_zp,
-        "act": act,
-        "bias_range": br,
-    }
-    return Case("depthwise", rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, reach, meta)
 
 
 def fc_case(rng: random.Random, api: bool = False, **over: Any) -> Case:

@@ -21,7 +21,6 @@ from typing import Any
 from harness.analysis.sweep_cases import Case
 
 RAN, ABSENT, REFUSED, NO_REF = 0, 1, 2, 3
-STATUS = {RAN: "ran", ABSENT: "absent", REFUSED: "refused", NO_REF: "no-reference"}
 _R = re.compile(
     r"^R (\d+) ([0-3]) ([0-3]) ([0-3]) (\d+) ([0-9a-f]{8}) ([0-9a-f]{8}) ([0-9a-f]{8}) "
     r"(-|\d+:\d+:-?\d+) (-|\d+:\d+:-?\d+) (-|\d+:\d+:-?\d+) (-?\d+) (-?\d+) ([01])$"
@@ -67,15 +66,15 @@ def parse_result(line: str) -> Result | None:
         return None
     g = m.groups()
     return Result(
-        int(g[0]),
-        (int(g[1]), int(g[2]), int(g[3])),
-        int(g[4]),
-        (g[5], g[6], g[7]),
-        _diff(g[8]),
-        _diff(g[9]),
-        _diff(g[10]),
-        (int(g[11]), int(g[12])),
-        g[13] == "1",
+        id=int(g[0]),
+        status=(int(g[1]), int(g[2]), int(g[3])),
+        n=int(g[4]),
+        crc=(g[5], g[6], g[7]),
+        opt_ansi=_diff(g[8]),
+        opt_ref=_diff(g[9]),
+        ansi_ref=_diff(g[10]),
+        scratch=(int(g[11]), int(g[12])),
+        alias=g[13] == "1",
     )
 
 
@@ -269,9 +268,7 @@ def group(verdicts: list[CaseVerdict]) -> list[dict[str, Any]]:
         smallest, detail = min(
             items, key=lambda it: (len(it[0].case.params), sum(abs(x) for x in it[0].case.params[:9]))
         )
-        classes: dict[str, int] = defaultdict(int)
-        for v in vs:
-            classes[v.case.klass] += 1
+        classes = Counter(v.case.klass for v in vs)
         out.append(
             {
                 "op": op,

@@ -20,7 +20,7 @@ import numpy as np
 from harness.analysis.sweep_cases import Case, bias_values, from_scales, int8_values
 from harness.analysis.sweep_findings import Result
 from harness.errors import ModelError
-from harness.model.extract import _buffer, _finish, _vec
+from harness.model.extract import _buffer, _finish, write_operator, write_table, write_tensor
 from harness.model.loader import parse_model_bytes
 from harness.model.opdata import espnn_model_acceleration
 
@@ -64,46 +64,21 @@ class _Writer:
         if data is not None:
             self.buffers.append(_buffer(tfl, b, np.ascontiguousarray(data).tobytes()))
             buf = len(self.buffers) - 1
-        n = b.CreateString(name)
-        shp = _vec(b, tfl.TensorStartShapeVector, shape, b.PrependInt32)
-        sv = _vec(b, tfl.QuantizationParametersStartScaleVector, scales, b.PrependFloat32)
-        zv = _vec(b, tfl.QuantizationParametersStartZeroPointVector, zps, b.PrependInt64)
-        tfl.QuantizationParametersStart(b)
-        tfl.QuantizationParametersAddScale(b, sv)
-        tfl.QuantizationParametersAddZeroPoint(b, zv)
-        tfl.QuantizationParametersAddQuantizedDimension(b, qdim)
-        q = tfl.QuantizationParametersEnd(b)
-        tfl.TensorStart(b)
-        tfl.TensorAddShape(b, shp)
-        tfl.TensorAddType(b, dtype)
-        tfl.TensorAddBuffer(b, buf)
-        tfl.TensorAddName(b, n)
-        tfl.TensorAddQuantization(b, q)
-        self.tensors.append(int(tfl.TensorEnd(b)))
+        self.tensors.append(write_tensor(tfl, b, name, shape, dtype, buffer=buf, quant=(scales, zps, qdim)))
         return len(self.tensors) - 1
+
+    def options(self, name: str, **fields: float) -> tuple[int, int]:
+        """A builtin-options table ``name`` with ``fields`` added in their order: (options type, offset)."""
+        return int(getattr(self.tfl.BuiltinOptions, name)), write_table(self.tfl, self.b, name, **fields)
 
     def finish(self, code: int, inputs: list[int], output: int, options: tuple[int, int] | None) -> bytes:
         tfl, b = self.tfl, self.b
-        tfl.OperatorCodeStart(b)
-        tfl.OperatorCodeAddBuiltinCode(b, code)
-        tfl.OperatorCodeAddDeprecatedBuiltinCode(b, min(code, 127))
-        tfl.OperatorCodeAddVersion(b, 1)
-        code_off = int(tfl.OperatorCodeEnd(b))
-        ins = _vec(b, tfl.OperatorStartInputsVector, inputs, b.PrependInt32)
-        outs = _vec(b, tfl.OperatorStartOutputsVector, [output], b.PrependInt32)
-        tfl.OperatorStart(b)
-        tfl.OperatorAddOpcodeIndex(b, 0)
-        tfl.OperatorAddInputs(b, ins)
-        tfl.OperatorAddOutputs(b, outs)
-        if options is not None:
-            tfl.OperatorAddBuiltinOptionsType(b, options[0])
-            tfl.OperatorAddBuiltinOptions(b, options[1])
-        op = int(tfl.OperatorEnd(b))
+        code_off, op = write_operator(tfl, b, (code, min(code, 127), 1), inputs, [output], options)
         return _finish(tfl, b, self.tensors, op, code_off, self.buffers, [0], [output])
 
 
 def _conv_like(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
-    m, tfl, b = case.meta, w.tfl, w.b
+    m = case.meta
     dw = case.op == "depthwise"
     oc = m["oc"]
     fshape = [1, m["kh"], m["kw"], oc] if dw else [oc, m["kh"], m["kw"], m["fc"]]
@@ -113,31 +88,16 @@ def _conv_like(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]
     w.tensor("filter", fshape, INT8, m["w_scales"], [0] * oc, 3 if dw else 0, filt)
     w.tensor("bias", [oc], INT32, [m["in_scale"] * s for s in m["w_scales"]], [0] * oc, 0, bias)
     out = w.tensor("output", [1, m["oh"], m["ow"], oc], INT8, [m["out_scale"]], [m["out_zp"]])
-    pad = tfl.Padding.SAME if m["same"] else tfl.Padding.VALID
-    if dw:
-        tfl.DepthwiseConv2DOptionsStart(b)
-        tfl.DepthwiseConv2DOptionsAddPadding(b, pad)
-        tfl.DepthwiseConv2DOptionsAddStrideW(b, m["sw"])
-        tfl.DepthwiseConv2DOptionsAddStrideH(b, m["sh"])
-        tfl.DepthwiseConv2DOptionsAddDepthMultiplier(b, m["mult_ch"])
-        tfl.DepthwiseConv2DOptionsAddFusedActivationFunction(b, ACT[m["act"]])
-        tfl.DepthwiseConv2DOptionsAddDilationWFactor(b, 1)
-        tfl.DepthwiseConv2DOptionsAddDilationHFactor(b, 1)
-        opts = (tfl.BuiltinOptions.DepthwiseConv2DOptions, int(tfl.DepthwiseConv2DOptionsEnd(b)))
-    else:
-        tfl.Conv2DOptionsStart(b)
-        tfl.Conv2DOptionsAddPadding(b, pad)
-        tfl.Conv2DOptionsAddStrideW(b, m["sw"])
-        tfl.Conv2DOptionsAddStrideH(b, m["sh"])
-        tfl.Conv2DOptionsAddFusedActivationFunction(b, ACT[m["act"]])
-        tfl.Conv2DOptionsAddDilationWFactor(b, 1)
-        tfl.Conv2DOptionsAddDilationHFactor(b, 1)
-        opts = (tfl.BuiltinOptions.Conv2DOptions, int(tfl.Conv2DOptionsEnd(b)))
-    return [0, 1, 2], out, opts
+    pad = w.tfl.Padding.SAME if m["same"] else w.tfl.Padding.VALID
+    geometry = {"Padding": pad, "StrideW": m["sw"], "StrideH": m["sh"]}
+    mult = {"DepthMultiplier": m["mult_ch"]} if dw else {}
+    rest = {"FusedActivationFunction": ACT[m["act"]], "DilationWFactor": 1, "DilationHFactor": 1}
+    name = "DepthwiseConv2DOptions" if dw else "Conv2DOptions"
+    return [0, 1, 2], out, w.options(name, **geometry, **mult, **rest)
 
 
 def _fc(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
-    m, tfl, b = case.meta, w.tfl, w.b
+    m = case.meta
     row, oc = m["row"], m["oc"]
     scales = m["w_scales"] if m["per_channel"] else m["w_scales"][:1]
     filt = int8_values(case.seed, 1, oc * row, -127, 127).reshape(oc, row)
@@ -146,47 +106,40 @@ def _fc(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
     w.tensor("filter", [oc, row], INT8, scales, [0] * len(scales), 0, filt)
     w.tensor("bias", [oc], INT32, [m["in_scale"] * s for s in scales], [0] * len(scales), 0, bias)
     out = w.tensor("output", [1, oc], INT8, [m["out_scale"]], [m["out_zp"]])
-    tfl.FullyConnectedOptionsStart(b)
-    tfl.FullyConnectedOptionsAddFusedActivationFunction(b, ACT[m["act"]])
-    return [0, 1, 2], out, (tfl.BuiltinOptions.FullyConnectedOptions, int(tfl.FullyConnectedOptionsEnd(b)))
+    return [0, 1, 2], out, w.options("FullyConnectedOptions", FusedActivationFunction=ACT[m["act"]])
 
 
 def _binary(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
-    m, tfl, b = case.meta, w.tfl, w.b
+    m = case.meta
     n, (s1, s2, so), (z1, z2, zo) = m["size"], m["scales"], m["zps"]
     w.tensor("input", [1, n], INT8, [s1], [z1])
     w.tensor("operand", [1, n], INT8, [s2], [z2], 0, int8_values(case.seed, 1, n, case.lo, case.hi))
     out = w.tensor("output", [1, n], INT8, [so], [zo])
-    if case.op == "add":
-        tfl.AddOptionsStart(b)
-        tfl.AddOptionsAddFusedActivationFunction(b, ACT[m["act"]])
-        return [0, 1], out, (tfl.BuiltinOptions.AddOptions, int(tfl.AddOptionsEnd(b)))
-    tfl.MulOptionsStart(b)
-    tfl.MulOptionsAddFusedActivationFunction(b, ACT[m["act"]])
-    return [0, 1], out, (tfl.BuiltinOptions.MulOptions, int(tfl.MulOptionsEnd(b)))
+    name = "AddOptions" if case.op == "add" else "MulOptions"
+    return [0, 1], out, w.options(name, FusedActivationFunction=ACT[m["act"]])
 
 
 def _pool(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
-    m, tfl, b = case.meta, w.tfl, w.b
+    m = case.meta
     w.tensor("input", [1, m["ih"], m["iw"], m["ch"]], INT8, [m["scale"]], [m["zp"]])
     out = w.tensor("output", [1, m["oh"], m["ow"], m["ch"]], INT8, [m["scale"]], [m["zp"]])
-    tfl.Pool2DOptionsStart(b)
-    tfl.Pool2DOptionsAddPadding(b, tfl.Padding.SAME if m["same"] else tfl.Padding.VALID)
-    tfl.Pool2DOptionsAddStrideW(b, m["sw"])
-    tfl.Pool2DOptionsAddStrideH(b, m["sh"])
-    tfl.Pool2DOptionsAddFilterWidth(b, m["kw"])
-    tfl.Pool2DOptionsAddFilterHeight(b, m["kh"])
-    tfl.Pool2DOptionsAddFusedActivationFunction(b, ACT[m["act"]])
-    return [0], out, (tfl.BuiltinOptions.Pool2DOptions, int(tfl.Pool2DOptionsEnd(b)))
+    opts = w.options(
+        "Pool2DOptions",
+        Padding=w.tfl.Padding.SAME if m["same"] else w.tfl.Padding.VALID,
+        StrideW=m["sw"],
+        StrideH=m["sh"],
+        FilterWidth=m["kw"],
+        FilterHeight=m["kh"],
+        FusedActivationFunction=ACT[m["act"]],
+    )
+    return [0], out, opts
 
 
 def _softmax(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
-    m, tfl, b = case.meta, w.tfl, w.b
+    m = case.meta
     w.tensor("input", [m["rows"], m["depth"]], INT8, [m["in_scale"]], [m["in_zp"]])
     out = w.tensor("output", [m["rows"], m["depth"]], INT8, [1.0 / 256], [-128])
-    tfl.SoftmaxOptionsStart(b)
-    tfl.SoftmaxOptionsAddBeta(b, 1.0)
-    return [0], out, (tfl.BuiltinOptions.SoftmaxOptions, int(tfl.SoftmaxOptionsEnd(b)))
+    return [0], out, w.options("SoftmaxOptions", Beta=1.0)
 
 
 _BUILD = {

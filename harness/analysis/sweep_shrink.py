@@ -13,6 +13,7 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
+from harness.analysis import sweep_cases
 from harness.analysis.sweep_cases import Case, api_out, ch_bucket, tflite_padding
 
 
@@ -71,12 +72,9 @@ def _rebuild_conv(case: Case, g: dict[str, Any]) -> Case:
     for key in ("mult", "shift", "w_scales"):
         if isinstance(g.get(key), list) and len(g[key]) >= oc:
             g[key] = g[key][:oc]
-    if dw:
-        head = [g["ih"], g["iw"], g["ic"], g["kh"], g["kw"], g["mult_ch"], g["oh"], g["ow"]]
-    else:
-        head = [g["ih"], g["iw"], g["ic"], g["kh"], g["kw"], g["fc"], g["oc"], g["oh"], g["ow"]]
-    tail = p[len(head) + 2 + 2 : q - 1]  # offsets and activation range, unchanged
-    params = [*head, g["sh"], g["sw"], g["ph"], g["pw"], *tail, g.get("bias_range", p[q - 1]), *mult, *shift]
+    geometry = sweep_cases.DEPTHWISE_PARAMS if dw else sweep_cases.CONV_PARAMS
+    tail = p[len(geometry) : q - 1]  # offsets and activation range, unchanged
+    params = [*(g[k] for k in geometry), *tail, g.get("bias_range", p[q - 1]), *mult, *shift]
     return Case(case.op, case.seed, case.lo, case.hi, params, case.klass, case.reachable, g)
 
 

@@ -18,7 +18,7 @@ dump run is driven by :mod:`harness.flows.tap_run`):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -101,20 +101,7 @@ class Divergence:
     missing: list[int] = field(default_factory=list)  # ops in b without a record in a
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "a": self.a,
-            "b": self.b,
-            "op": self.op,
-            "opcode": self.opcode,
-            "kind": self.kind,
-            "tensor": self.tensor,
-            "producer": self.producer,
-            "ops_compared": self.ops_compared,
-            "differing_ops": self.differing_ops,
-            "message": self.message,
-            "layout_mismatch": self.layout_mismatch,
-            "missing": self.missing,
-        }
+        return asdict(self)
 
 
 def first_divergence(a_name: str, a: Sequence[TapOp], b_name: str, b: Sequence[TapOp]) -> Divergence:
@@ -281,19 +268,19 @@ def analyze_dump(op: int, tensor: int, role: str, got: np.ndarray, ref: np.ndarr
         hist = {int(v): int(c) for v, c in zip(vals, counts, strict=True)}
     region, rows, cols, chans = describe_region(mask)
     return DumpDiff(
-        op,
-        tensor,
-        role,
-        against,
-        tuple(g.shape),
-        int(g.size),
-        int(np.count_nonzero(mask)),
-        int(np.abs(diff).max()) if mask.any() else 0,
-        hist,
-        region,
-        rows[:64],
-        cols[:64],
-        chans,
+        op=op,
+        tensor=tensor,
+        role=role,
+        against=against,
+        shape=tuple(g.shape),
+        elements=int(g.size),
+        differing=int(np.count_nonzero(mask)),
+        max_lsb=int(np.abs(diff).max()) if mask.any() else 0,
+        lsb_histogram=hist,
+        region=region,
+        rows=rows[:64],
+        cols=cols[:64],
+        channels=chans,
     )
 
 
@@ -434,9 +421,7 @@ class TapResult:
 
 
 def analyze_captures(
-    model: Any,
-    caps: Mapping[str, Any],
-    host_ops: Sequence[Sequence[TapOp]] | None,
+    model: Any, caps: Mapping[str, Any], host_ops: Sequence[Sequence[TapOp]] | None
 ) -> TapResult:
     """Divergences per input run between the variants' op records and the host reference."""
     res = TapResult()

@@ -16,6 +16,7 @@ from rich.console import Console
 from harness.model.inputs import COLOR_MODES, NAMED_RANGES, RESIZE_POLICIES, InputOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class FiniteFloat(click.FloatRange):
@@ -99,10 +100,7 @@ def preprocessing_options(f: F) -> F:
             "--input-dtype", default=None, help="Element type of raw binary inputs (int8, float32, ...)."
         ),
     ]
-    out: Any = wrapper
-    for opt in reversed(opts):
-        out = opt(out)
-    return cast(F, out)
+    return cast(F, with_options(*opts)(wrapper))
 
 
 def input_options(f: F) -> F:
@@ -151,14 +149,19 @@ def schema_version_option(f: F) -> F:
     )(f)
 
 
-def echo_json(render: Callable[[], dict[str, Any]]) -> None:
-    """Print ``render()``'s document; deprecation warnings it raises go to stderr as warning lines."""
+def warning_lines(render: Callable[[], T]) -> T:
+    """``render()``; the deprecation warnings it raises go to stderr as warning lines."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DeprecationWarning)
-        doc = render()
+        out = render()
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
-    click.echo(json.dumps(doc, indent=2))
+    return out
+
+
+def echo_json(render: Callable[[], dict[str, Any]]) -> None:
+    """Print ``render()``'s document; deprecation warnings it raises go to stderr as warning lines."""
+    click.echo(json.dumps(warning_lines(render), indent=2))
 
 
 def with_options(*options: Callable[[Any], Any]) -> Callable[[F], F]:
@@ -208,7 +211,4 @@ def native_options(f: F) -> F:
             help="Native boards: parallel compile jobs (default: the number of CPUs).",
         ),
     ]
-    out: Any = wrapper
-    for opt in reversed(opts):
-        out = opt(out)
-    return cast(F, out)
+    return cast(F, with_options(*opts)(wrapper))

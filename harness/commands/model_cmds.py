@@ -231,15 +231,7 @@ def inspect_cmd(
     info = load_model(model)
     if chip is not None:
         opdata.chip_family(chip)  # validates the name
-    runs = (
-        prepare_runs(
-            info,
-            inputs,
-            input_options,
-        )
-        if inputs
-        else []
-    )
+    runs = prepare_runs(info, inputs, input_options) if inputs else []
     arena = None
     if not no_arena:
         from harness.model.arena import estimate_arena
@@ -430,11 +422,7 @@ def reference_cmd(
     info = load_model(model)
     if not inputs:
         raise InputDataError("no --input given", hint="pass --input FILE (one per model input per run)")
-    runs = prepare_runs(
-        info,
-        inputs,
-        input_options,
-    )
+    runs = prepare_runs(info, inputs, input_options)
     result = run_reference(
         model, [[p.quantized for p in run] for run in runs], per_layer=per_layer, backend=backend
     )

@@ -7,22 +7,19 @@ import os
 import signal
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.common import WAIT_SECONDS, make_console, native_options
+from harness.commands.common import WAIT_SECONDS, make_console, native_options, warning_lines, with_options
 from harness.errors import ExitCode, UsageError, Verdict
 from harness.firmware.boards import BUILDERS
 from harness.firmware.native.project import NativeOptions
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextlib.contextmanager
@@ -98,104 +95,92 @@ def legacy_json_args(cmd: click.Command, args: list[str]) -> list[str]:
     return args
 
 
-def _run_options(f: F) -> F:
-    """The options of ``run`` (kept apart so the command reads as its steps)."""
-    opts = [
-        click.option(
-            "--inventory",
-            "-i",
-            "inventory",
-            default=None,
-            type=click.Path(dir_okay=False, path_type=Path),
-            help="Bench inventory TOML (the boards and how to reach them; see docs/ci.md). Required "
-            "unless --labgrid is given.",
-        ),
-        click.option(
-            "--labgrid",
-            "coordinator",
-            metavar="HOST:PORT",
-            default=None,
-            help="labgrid coordinator: boards are labgrid places, reserved and acquired through "
-            "labgrid-client. Without --inventory, every place tagged esp_check_type=<board type> is a "
-            "board; with it, its `place = ...` boards use this coordinator (docs/ci.md, 'labgrid').",
-        ),
-        click.option(
-            "--out",
-            "out_dir",
-            type=click.Path(file_okay=False, path_type=Path),
-            default="esp-check-run",
-            show_default=True,
-            help="Artifact directory: per-job attempts, logs, summary.json, junit.xml. A previous run's "
-            "reports there are moved to OUT/previous-run/ when the run starts.",
-        ),
-        click.option(
-            "--junit",
-            type=click.Path(dir_okay=False, path_type=Path),
-            default=None,
-            help="JUnit XML path (default OUT/junit.xml).",
-        ),
-        click.option(
-            "--json",
-            "as_json",
-            is_flag=True,
-            help="Print the JSON summary on stdout (also in OUT/summary.json).",
-        ),
-        click.option(
-            "--json-file",
-            type=click.Path(dir_okay=False, path_type=Path),
-            default=None,
-            hidden=True,  # the deprecated `--json PATH` form lands here; removed in the next release
-        ),
-        click.option(
-            "--schema-version",
-            type=click.IntRange(min=1),
-            default=None,
-            help="Write the JSON summaries (stdout, summary.json, result.json) in this schema version "
-            "(default: the current one; 1 is deprecated and kept for one release).",
-        ),
-        click.option(
-            "--markdown",
-            type=click.Path(dir_okay=False, path_type=Path),
-            default=None,
-            help="Markdown summary path (default OUT/summary.md). Also appended to $GITHUB_STEP_SUMMARY "
-            "when that is set.",
-        ),
-        click.option("--no-step-summary", is_flag=True, help="Do not append to $GITHUB_STEP_SUMMARY."),
-        click.option(
-            "--lock-dir",
-            type=click.Path(file_okay=False, path_type=Path),
-            default=None,
-            help="Board lock directory shared by everyone using the bench (default: $ESP_CHECK_LOCK_DIR or "
-            "a per-user directory).",
-        ),
-        click.option(
-            "--lock-timeout",
-            type=WAIT_SECONDS,
-            default=None,
-            help="Seconds to wait for a board someone else is using; 0 skips a held board at once "
-            "(default: plan [run] lock_timeout_s).",
-        ),
-        click.option(
-            "--cache-dir",
-            type=click.Path(file_okay=False, path_type=Path),
-            default=None,
-            help="Build cache directory.",
-        ),
-        click.option(
-            "--builder",
-            type=click.Choice(BUILDERS),
-            default=None,
-            help="Override the boards' builder.",
-        ),
-        click.option(
-            "--validate-only",
-            is_flag=True,
-            help="Check the plan and inventory, print the tasks, run nothing.",
-        ),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+# the options of ``run`` (kept apart so the command reads as its steps)
+_run_options = with_options(
+    click.option(
+        "--inventory",
+        "-i",
+        "inventory",
+        default=None,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Bench inventory TOML (the boards and how to reach them; see docs/ci.md). Required "
+        "unless --labgrid is given.",
+    ),
+    click.option(
+        "--labgrid",
+        "coordinator",
+        metavar="HOST:PORT",
+        default=None,
+        help="labgrid coordinator: boards are labgrid places, reserved and acquired through "
+        "labgrid-client. Without --inventory, every place tagged esp_check_type=<board type> is a "
+        "board; with it, its `place = ...` boards use this coordinator (docs/ci.md, 'labgrid').",
+    ),
+    click.option(
+        "--out",
+        "out_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default="esp-check-run",
+        show_default=True,
+        help="Artifact directory: per-job attempts, logs, summary.json, junit.xml. A previous run's "
+        "reports there are moved to OUT/previous-run/ when the run starts.",
+    ),
+    click.option(
+        "--junit",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="JUnit XML path (default OUT/junit.xml).",
+    ),
+    click.option(
+        "--json", "as_json", is_flag=True, help="Print the JSON summary on stdout (also in OUT/summary.json)."
+    ),
+    click.option(
+        "--json-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        hidden=True,  # the deprecated `--json PATH` form lands here; removed in the next release
+    ),
+    click.option(
+        "--schema-version",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Write the JSON summaries (stdout, summary.json, result.json) in this schema version "
+        "(default: the current one; 1 is deprecated and kept for one release).",
+    ),
+    click.option(
+        "--markdown",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Markdown summary path (default OUT/summary.md). Also appended to $GITHUB_STEP_SUMMARY "
+        "when that is set.",
+    ),
+    click.option("--no-step-summary", is_flag=True, help="Do not append to $GITHUB_STEP_SUMMARY."),
+    click.option(
+        "--lock-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Board lock directory shared by everyone using the bench (default: $ESP_CHECK_LOCK_DIR or "
+        "a per-user directory).",
+    ),
+    click.option(
+        "--lock-timeout",
+        type=WAIT_SECONDS,
+        default=None,
+        help="Seconds to wait for a board someone else is using; 0 skips a held board at once "
+        "(default: plan [run] lock_timeout_s).",
+    ),
+    click.option(
+        "--cache-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Build cache directory.",
+    ),
+    click.option(
+        "--builder", type=click.Choice(BUILDERS), default=None, help="Override the boards' builder."
+    ),
+    click.option(
+        "--validate-only", is_flag=True, help="Check the plan and inventory, print the tasks, run nothing."
+    ),
+)
 
 
 @click.command("run", cls=_RunCommand)
@@ -334,18 +319,15 @@ def _write(
     """Write the reports; a deprecation warning (schema version 1) becomes one warning line."""
     from harness.runner.reports import write_reports
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", DeprecationWarning)
-        paths = write_reports(
+    return warning_lines(
+        lambda: write_reports(
             result,
             json_path=json_file,
             junit_path=junit,
             markdown_path=markdown,
             schema_version=schema_version,
         )
-    for w in caught:
-        click.echo(f"warning: {w.message}", err=True)
-    return paths
+    )
 
 
 def _step_summary(result: Any, disabled: bool) -> None:

@@ -11,30 +11,10 @@ from harness.commands.common import BAUD
 from harness.errors import ExitCode
 
 
-def _url(
-    name: str,
-    chip: str,
-    reset: str,
-    flash: str | None,
-    fault: tuple[str, ...],
-    variant_fault: str | None,
-    throttle: int | None,
-    seed: int,
-    flash_size: str,
-    boot: str,
-) -> str:
-    params: dict[str, str] = {"chip": chip, "reset": reset, "seed": str(seed), "flash_size": flash_size}
-    if boot != "auto":
-        params["boot"] = boot
-    if flash:
-        params["flash"] = flash
-    if fault:
-        params["fault"] = ",".join(fault)
-    if variant_fault:
-        params["variant_fault"] = variant_fault
-    if throttle:
-        params["throttle"] = str(throttle)
-    return f"sim://{name}?{urllib.parse.urlencode(params)}"
+def _url(name: str, **params: object) -> str:
+    """The ``sim://`` URL of board ``name``, with the ``params`` that are given (not None or empty)."""
+    given = {k: str(v) for k, v in params.items() if v is not None and v != ""}
+    return f"sim://{name}?{urllib.parse.urlencode(given)}"
 
 
 @click.group("sim")
@@ -120,7 +100,9 @@ def serve_cmd(
     from harness.sim.serve import SimServer
 
     size = (flash_size or load_board("sim").flash_size).upper()
-    url = _url(name, chip, reset, flash, fault, variant_fault, throttle, seed, size, boot)
+    params = {"chip": chip, "reset": reset, "seed": seed, "flash_size": size}
+    params |= {"boot": None if boot == "auto" else boot, "flash": flash, "fault": ",".join(fault)}
+    url = _url(name, **params, variant_fault=variant_fault, throttle=throttle)
     parse_url(url)  # validate before binding (raises UsageError, exit 2)
     server = SimServer(url, host, tcp_port, rfc2217=rfc2217).start()
     click.echo(

@@ -58,7 +58,7 @@ class FlashFailure(FlashError):
     """A flash step failed. ``kind`` says which (table in docs/device.md); ``retryable`` is False
     when trying again cannot help (wrong chip, image too large). A wrong board for the chip (another
     chip, or a revision the board's image does not accept) and bad arguments are usage errors (exit 2),
-    every other kind is infrastructure (exit 3)."""
+    never retryable; every other kind is infrastructure (exit 3)."""
 
     def __init__(
         self,
@@ -66,12 +66,12 @@ class FlashFailure(FlashError):
         *,
         kind: str,
         hint: str | None = None,
-        retryable: bool = True,
+        retryable: bool | None = None,
         esptool_message: str | None = None,
     ) -> None:
         super().__init__(message, hint=hint)
         self.kind = kind
-        self.retryable = retryable
+        self.retryable = kind not in USAGE_KINDS if retryable is None else retryable
         self.esptool_message = esptool_message
         if kind in USAGE_KINDS:
             self.exit_code = ExitCode.USAGE
@@ -184,7 +184,6 @@ def check_chip_revision(rev: int | None, allowed: tuple[int, int] | None, chip_n
         f"the chip on {url} is {chip_name} revision {_fmt_rev(rev)}, but the board definition's image "
         f"accepts revisions {_fmt_rev(allowed[0])} to {_fmt_rev(allowed[1])} only: it would not boot",
         kind="chip_revision",
-        retryable=False,
         hint=_WRONG_REVISION_HINT,
     )
 
@@ -225,7 +224,6 @@ def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log:
         return FlashFailure(
             f"the chip on {ps.url} is {m.group(1)}, but {m.group(2)} was expected",
             kind="chip_mismatch",
-            retryable=False,
             hint=_WRONG_CHIP_HINT,
             esptool_message=msg,
         )
@@ -233,7 +231,6 @@ def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log:
         return FlashFailure(
             f"the image does not suit the chip on {ps.url}: {first}",
             kind="chip_revision",
-            retryable=False,
             hint=_WRONG_REVISION_HINT,
             esptool_message=msg,
         )
@@ -251,8 +248,7 @@ def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log:
             f"image does not fit in the flash of the chip on {ps.url}: {first}",
             kind="image_too_large",
             retryable=False,
-            hint="the board definition's flash_size is larger than the real flash chip, or the build is too "
-            "big: use the matching board file or a smaller partition layout",
+            hint=_TOO_LARGE_HINT,
             esptool_message=msg,
         )
     if "MD5 of file does not match" in msg or "Write failed" in msg:
@@ -294,7 +290,6 @@ def _resolve_before(before: str, ps: PortSpec, reset_style: str) -> tuple[str, b
         raise FlashFailure(
             f"unknown before-mode {before!r}",
             kind="usage",
-            retryable=False,
             hint=f"use one of {BEFORE_MODES}",
         )
     if before == "harness-reset":
@@ -406,7 +401,6 @@ def _identify(
         raise FlashFailure(
             f"the chip on {ps.url} is {esp.CHIP_NAME}, but the board definition says {expected_chip}",
             kind="chip_mismatch",
-            retryable=False,
             hint=_WRONG_CHIP_HINT,
         )
     rev = _try(esp.get_chip_revision)
@@ -543,18 +537,15 @@ def _write_regions(
 def _checked_items(artifacts: Sequence[tuple[int, Path | str]], after: str) -> list[tuple[int, Path]]:
     """(offset, file) pairs that exist; FlashFailure(usage) for anything a flash cannot start with."""
     if after not in AFTER_MODES:
-        raise FlashFailure(
-            f"unknown after-mode {after!r}", kind="usage", retryable=False, hint=f"use {AFTER_MODES}"
-        )
+        raise FlashFailure(f"unknown after-mode {after!r}", kind="usage", hint=f"use {AFTER_MODES}")
     items = [(int(off), Path(p)) for off, p in artifacts]
     if not items:
-        raise FlashFailure("nothing to flash: the artifact list is empty", kind="usage", retryable=False)
+        raise FlashFailure("nothing to flash: the artifact list is empty", kind="usage")
     for off, path in items:
         if not path.is_file():
             raise FlashFailure(
                 f"artifact {path} (offset {off:#x}) does not exist",
                 kind="usage",
-                retryable=False,
                 hint="build the project first (esp-check build)",
             )
     return items
@@ -566,7 +557,7 @@ def _chip_class(chip: str | None) -> str | None:
         return None
     key = normalize_chip(chip)
     if key not in CHIP_DEFS:
-        raise FlashFailure(f"esptool does not know chip {chip!r}", kind="usage", retryable=False)
+        raise FlashFailure(f"esptool does not know chip {chip!r}", kind="usage")
     return key
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.errors import HostReferenceError, ReferenceRefusedError
@@ -61,21 +61,7 @@ class ArenaEstimate:
     espnn_formulas: str = ""  # which esp-nn version's scratch formulas were used, and why
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "host_bytes": self.host_bytes,
-            "target_bytes": self.target_bytes,
-            "method": self.method,
-            "espnn_scratch_bytes": self.espnn_scratch_bytes,
-            "margin_bytes": self.margin_bytes,
-            "chip": self.chip,
-            "head_bytes": self.head_bytes,
-            "tail_bytes": self.tail_bytes,
-            "verified": self.verified,
-            "backend_version": self.backend_version,
-            "note": self.note,
-            "espnn_version": self.espnn_version,
-            "espnn_formulas": self.espnn_formulas,
-        }
+        return asdict(self)
 
 
 def _ceil(n: int, k: int) -> int:
@@ -119,25 +105,32 @@ class ConvGeometry:
 # [[espnn_scratch]] and FORMULA_SETS.
 
 
+def _pointwise(g: ConvGeometry) -> bool:
+    """A 1x1 filter, no padding, stride 1: the getters' first case."""
+    return g.fh == 1 and g.fw == 1 and g.ph == 0 and g.pw == 0 and g.sh == 1 and g.sw == 1
+
+
+def _conv_1x1(g: ConvGeometry, align: int) -> int:
+    """The S3 (and P4) conv getters' scratch for a pointwise conv (:func:`_pointwise`)."""
+    c8 = _ceil(g.c, 8)
+    transpose = 0 if g.w * g.h < 8 else 2 * 8 * c8
+    input_scratch = g.w * g.h * c8 if g.c % 8 else 0
+    return input_scratch + c8 * g.oc + transpose + align
+
+
 def _conv_s3_until_1_2_0(g: ConvGeometry) -> int:
     """esp_nn_get_conv_scratch_size_esp32s3 of esp-nn 1.0.0 ... 1.2.0 (also the P4 getter to 1.2.2)."""
     align = 32
-    if g.fh == 1 and g.fw == 1 and g.ph == 0 and g.pw == 0 and g.sh == 1 and g.sw == 1:
-        c8 = _ceil(g.c, 8)
-        transpose = 0 if g.w * g.h < 8 else 2 * 8 * c8
-        input_scratch = g.w * g.h * c8 if g.c % 8 else 0
-        return input_scratch + c8 * g.oc + transpose + align
+    if _pointwise(g):
+        return _conv_1x1(g, align)
     input_scratch = 0 if g.ph == 0 and g.pw == 0 else (g.w + 2 * g.pw) * (g.h + 2 * g.ph) * g.c
     return input_scratch + g.fw * g.fh * _ceil(g.c, 16) * g.oc + align + g.oc * 4
 
 
 def _conv_s3_im2col(g: ConvGeometry, align: int) -> int:
     """esp_nn_get_conv_scratch_size_esp32s3 from esp-nn 1.2.1 (align 32) and 1.2.3 (align 64)."""
-    if g.fh == 1 and g.fw == 1 and g.ph == 0 and g.pw == 0 and g.sh == 1 and g.sw == 1:
-        c8 = _ceil(g.c, 8)
-        transpose = 0 if g.w * g.h < 8 else 2 * 8 * c8
-        input_scratch = g.w * g.h * c8 if g.c % 8 else 0
-        return input_scratch + c8 * g.oc + transpose + align
+    if _pointwise(g):
+        return _conv_1x1(g, align)
     row, window = g.fw * g.c, g.fw * g.fh * g.c
     if row < 16 <= window:  # im2col path
         wa = _ceil(window, 16)
@@ -208,12 +201,8 @@ _P4_L1D_BUDGET = 32768
 def _conv_p4_1_2_3(g: ConvGeometry) -> int:
     """esp_nn_get_conv_scratch_size_esp32p4 of esp-nn 1.2.3."""
     align, acc = 32, g.oc * 4
-    if g.fh == 1 and g.fw == 1 and g.ph == 0 and g.pw == 0 and g.sh == 1 and g.sw == 1:
-        if g.c < 16:
-            return acc + 16 * g.oc + 32 + align
-        c8 = _ceil(g.c, 8)
-        transpose = 0 if g.w * g.h < 8 else 2 * 8 * c8
-        return (g.w * g.h * c8 if g.c % 8 else 0) + c8 * g.oc + transpose + align
+    if _pointwise(g):
+        return acc + 16 * g.oc + 32 + align if g.c < 16 else _conv_1x1(g, align)
     if g.ph == 0 and g.pw == 0 and g.fw * g.c >= 16:
         return g.fw * g.fh * _ceil(g.c, 16) * g.oc + align + acc
     if g.fw * g.fh * g.c >= 16:
@@ -402,15 +391,6 @@ def _target(host: int, scratch: int) -> tuple[int, int]:
 # measurement (in the host-reference child process, harness.model.hostrun)
 
 
-def measure_host_arena(model_path: Path) -> tuple[int, int | None, int | None, bool]:
-    """(total, head, tail, verified) from TFLM's recording allocator, measured in the child process.
-
-    Raises ModelError when the model crashes TFLM, HostReferenceError when TFLM is missing or fails.
-    """
-    m = _measure(Path(model_path).read_bytes())
-    return m.total, m.head, m.tail, m.verified
-
-
 def _measure(data: bytes) -> ArenaMeasurement:
     measured = host_results(data, parse_model_bytes(data), [], reference=False, arena=True).arena
     if measured is None:
@@ -423,59 +403,49 @@ def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str
     scratch = espnn_scratch_bound(info, chip, formulas.espnn_version)
     ver, used = formulas.espnn_version, formulas.note
     failure = ""
-    measured: tuple[int, int | None, int | None, bool, str] | None = None
+    measured: ArenaMeasurement | None = None
     if tflm_available():
         try:
-            m = _measure(data)
-            measured = m.total, m.head, m.tail, m.verified, m.backend_version
+            measured = _measure(data)
         except HostReferenceError as exc:  # a crash (ModelError) is not caught: the model is refused
             failure = f"TFLM measurement failed ({exc.message}); "
         except ReferenceRefusedError:  # a kernel check aborts on zeros; the model loads: estimate
             failure = "TFLM's reference kernels refuse all-zero inputs, so the arena was not measured; "
     if measured is not None:
-        total, head, tail, verified, backend_version = measured
-        target, margin = _target(total, scratch)
-        return ArenaEstimate(
-            host_bytes=total,
-            target_bytes=target,
-            method="measured",
-            espnn_scratch_bytes=scratch,
-            margin_bytes=margin,
-            chip=chip,
-            head_bytes=head,
-            tail_bytes=tail,
-            verified=verified,
-            backend_version=backend_version,
-            espnn_version=ver,
-            espnn_formulas=used,
-            note=(
-                "host TFLM recording allocator (64-bit, reference kernels)"
-                + (
-                    ", confirmed by a run at exactly that size"
-                    if verified
-                    else ", NOT confirmed at that size"
-                )
-                + f"; target adds the largest ESP-NN scratch ({scratch} B) and {MARGIN_FRACTION:.0%} + "
-                f"{MARGIN_FIXED} B margin; the device's arena_used_bytes() is authoritative"
-            ),
+        host = measured.total
+        note = (
+            "host TFLM recording allocator (64-bit, reference kernels)"
+            + (
+                ", confirmed by a run at exactly that size"
+                if measured.verified
+                else ", NOT confirmed at that size"
+            )
+            + f"; target adds the largest ESP-NN scratch ({scratch} B) and {MARGIN_FRACTION:.0%} + "
+            f"{MARGIN_FIXED} B margin; the device's arena_used_bytes() is authoritative"
         )
-    rough = rough_host_bytes(info)
-    target, margin = _target(rough, scratch)
-    return ArenaEstimate(
-        host_bytes=rough,
-        target_bytes=target,
-        method="rough",
-        espnn_scratch_bytes=scratch,
-        margin_bytes=margin,
-        chip=chip,
-        espnn_version=ver,
-        espnn_formulas=used,
-        note=(
+    else:
+        host = rough_host_bytes(info)
+        note = (
             failure
             + "ROUGH estimate from tensor lifetimes"
             + ("" if failure else " (tflite-micro not installed here, Linux x86-64 only)")
             + "; expect +/-25%; the device's arena_used_bytes() is authoritative"
-        ),
+        )
+    target, margin = _target(host, scratch)
+    return ArenaEstimate(
+        host_bytes=host,
+        target_bytes=target,
+        method="rough" if measured is None else "measured",
+        espnn_scratch_bytes=scratch,
+        margin_bytes=margin,
+        chip=chip,
+        head_bytes=None if measured is None else measured.head,
+        tail_bytes=None if measured is None else measured.tail,
+        verified=measured is not None and measured.verified,
+        backend_version="" if measured is None else measured.backend_version,
+        espnn_version=ver,
+        espnn_formulas=used,
+        note=note,
     )
 
 

@@ -295,7 +295,3 @@ def _index_classes(ds: Dataset, src: Path, classes: Sequence[str] | None) -> Non
             f"--dataset {src}: label {bad[0]} is past the class list's {len(listed)} classes"
         )
     ds.classes = listed
-
-
-def dataset_names(ds: Dataset) -> Sequence[str]:
-    return [it.name for it in ds.items]

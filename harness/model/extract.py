@@ -32,26 +32,32 @@ def _options(tfl: Any, b: flatbuffers.Builder, op: Any) -> tuple[int, int | None
     name = _enum_names(tfl.BuiltinOptions).get(kind)
     cls = getattr(tfl, name, None) if name else None
     table = op.BuiltinOptions()
-    if cls is None or table is None:
+    if not name or cls is None or table is None:
         raise ModelError(f"op options type {kind} is unknown to the tflite schema package")
     src = cls()
     src.Init(table.Bytes, table.Pos)
-    values: list[tuple[Any, Any]] = []
+    values: dict[str, Any] = {}
     for attr in sorted(dir(cls)):
         if attr.startswith(("_", *_SKIP)) or attr.endswith(_VECTOR_SUFFIXES):
             continue
-        adder = getattr(tfl, f"{name}Add{attr}", None)
-        if adder is None or not callable(getattr(src, attr)):
+        if not hasattr(tfl, f"{name}Add{attr}") or not callable(getattr(src, attr)):
             continue
         if hasattr(src, attr + "Length"):
             if getattr(src, attr + "Length")():
                 raise ModelError(f"{name}.{attr} is a vector: this op cannot be extracted on its own")
             continue
-        values.append((adder, getattr(src, attr)()))
+        values[attr] = getattr(src, attr)()
+    return kind, write_table(tfl, b, name, **values)
+
+
+def write_table(tfl: Any, b: flatbuffers.Builder, name: str, **fields: Any) -> int:
+    """A ``name`` table (Tensor, Operator, Model, ...) with ``fields`` added in their order (the byte
+    layout follows it); a field that is None is left out."""
     getattr(tfl, f"{name}Start")(b)
-    for adder, value in values:
-        adder(b, value)
-    return kind, getattr(tfl, f"{name}End")(b)
+    for field, value in fields.items():
+        if value is not None:
+            getattr(tfl, f"{name}Add{field}")(b, value)
+    return int(getattr(tfl, f"{name}End")(b))
 
 
 def _vec(b: flatbuffers.Builder, start: Any, values: list[Any], prepend: Any) -> int:
@@ -63,29 +69,63 @@ def _vec(b: flatbuffers.Builder, start: Any, values: list[Any], prepend: Any) ->
 
 def _tensor(tfl: Any, b: flatbuffers.Builder, t: Any, buffer: int) -> int:
     """Copy tensor ``t`` (shape, type, name, quantization) pointing at ``buffer``."""
-    name = b.CreateString(t.Name() or b"t")
-    shape = _vec(b, tfl.TensorStartShapeVector, [int(x) for x in t.ShapeAsNumpy()] if t.ShapeLength() else [],
-                 b.PrependInt32)  # fmt: skip
     q = t.Quantization()
-    q_off = None
+    quant = None
     if q is not None and q.ScaleLength():
-        sv = _vec(b, tfl.QuantizationParametersStartScaleVector, [float(s) for s in q.ScaleAsNumpy()],
-                  b.PrependFloat32)  # fmt: skip
         zps = [int(z) for z in q.ZeroPointAsNumpy()] if q.ZeroPointLength() else []
+        quant = [float(s) for s in q.ScaleAsNumpy()], zps, int(q.QuantizedDimension())
+    shape = [int(x) for x in t.ShapeAsNumpy()] if t.ShapeLength() else []
+    return write_tensor(tfl, b, t.Name() or b"t", shape, int(t.Type()), buffer=buffer, quant=quant)
+
+
+def write_tensor(
+    tfl: Any,
+    b: flatbuffers.Builder,
+    name: str | bytes,
+    shape: list[int],
+    dtype: int,
+    *,
+    buffer: int,
+    quant: tuple[list[float], list[int], int] | None,
+) -> int:
+    """A Tensor table; ``quant`` = (scales, zero points, quantized dimension), None for none."""
+    name_off = b.CreateString(name)
+    shape_off = _vec(b, tfl.TensorStartShapeVector, shape, b.PrependInt32)
+    q_off = None
+    if quant is not None:
+        scales, zps, qdim = quant
+        sv = _vec(b, tfl.QuantizationParametersStartScaleVector, scales, b.PrependFloat32)
         zv = _vec(b, tfl.QuantizationParametersStartZeroPointVector, zps, b.PrependInt64)
-        tfl.QuantizationParametersStart(b)
-        tfl.QuantizationParametersAddScale(b, sv)
-        tfl.QuantizationParametersAddZeroPoint(b, zv)
-        tfl.QuantizationParametersAddQuantizedDimension(b, int(q.QuantizedDimension()))
-        q_off = tfl.QuantizationParametersEnd(b)
-    tfl.TensorStart(b)
-    tfl.TensorAddShape(b, shape)
-    tfl.TensorAddType(b, int(t.Type()))
-    tfl.TensorAddBuffer(b, buffer)
-    tfl.TensorAddName(b, name)
-    if q_off is not None:
-        tfl.TensorAddQuantization(b, q_off)
-    return int(tfl.TensorEnd(b))
+        q_off = write_table(tfl, b, "QuantizationParameters", Scale=sv, ZeroPoint=zv, QuantizedDimension=qdim)
+    fields = {"Shape": shape_off, "Type": dtype, "Buffer": buffer, "Name": name_off, "Quantization": q_off}
+    return write_table(tfl, b, "Tensor", **fields)
+
+
+def write_operator(
+    tfl: Any,
+    b: flatbuffers.Builder,
+    code: tuple[int, int, int],
+    inputs: list[int],
+    outputs: list[int],
+    options: tuple[int, int] | None,
+) -> tuple[int, int]:
+    """(OperatorCode, Operator) of a one-op model: ``code`` = (builtin code, deprecated builtin code,
+    version), ``options`` = (builtin options type, offset of the options table) or None."""
+    builtin, deprecated, version = code
+    code_off = write_table(
+        tfl, b, "OperatorCode", BuiltinCode=builtin, DeprecatedBuiltinCode=deprecated, Version=version
+    )
+    ins = _vec(b, tfl.OperatorStartInputsVector, inputs, b.PrependInt32)
+    outs = _vec(b, tfl.OperatorStartOutputsVector, outputs, b.PrependInt32)
+    kind, table = options if options is not None else (None, None)
+    op = {
+        "OpcodeIndex": 0,
+        "Inputs": ins,
+        "Outputs": outs,
+        "BuiltinOptionsType": kind,
+        "BuiltinOptions": table,
+    }
+    return code_off, write_table(tfl, b, "Operator", **op)
 
 
 def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
@@ -116,33 +156,21 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
         tensor_offsets.append(_tensor(tflite, b, src, buf))
     opts_type, opts = _options(tflite, b, op)
     code = model.OperatorCodes(op.OpcodeIndex())
-    tflite.OperatorCodeStart(b)
-    tflite.OperatorCodeAddBuiltinCode(b, int(code.BuiltinCode()))
-    tflite.OperatorCodeAddDeprecatedBuiltinCode(b, int(code.DeprecatedBuiltinCode()))
-    tflite.OperatorCodeAddVersion(b, int(code.Version()))
-    code_off = tflite.OperatorCodeEnd(b)
-    op_ins = _vec(b, tflite.OperatorStartInputsVector, [new_index.get(t, -1) for t in ins], b.PrependInt32)
-    op_outs = _vec(b, tflite.OperatorStartOutputsVector, [new_index[t] for t in outs if t >= 0],
-                   b.PrependInt32)  # fmt: skip
-    tflite.OperatorStart(b)
-    tflite.OperatorAddOpcodeIndex(b, 0)
-    tflite.OperatorAddInputs(b, op_ins)
-    tflite.OperatorAddOutputs(b, op_outs)
-    if opts is not None:
-        tflite.OperatorAddBuiltinOptionsType(b, opts_type)
-        tflite.OperatorAddBuiltinOptions(b, opts)
-    op_off = tflite.OperatorEnd(b)
+    code_off, op_off = write_operator(
+        tflite,
+        b,
+        (int(code.BuiltinCode()), int(code.DeprecatedBuiltinCode()), int(code.Version())),
+        [new_index.get(t, -1) for t in ins],
+        [new_index[t] for t in outs if t >= 0],
+        (opts_type, opts) if opts is not None else None,
+    )
     model_ins = [new_index[t] for t in ins if t >= 0 and not info.tensors[t].is_constant]
     model_outs = [new_index[t] for t in outs if t >= 0]
     return _finish(tflite, b, tensor_offsets, op_off, code_off, buffers, model_ins, model_outs)
 
 
 def _buffer(tfl: Any, b: flatbuffers.Builder, data: bytes | None) -> int:
-    vec = b.CreateByteVector(data) if data else None
-    tfl.BufferStart(b)
-    if vec is not None:
-        tfl.BufferAddData(b, vec)
-    return int(tfl.BufferEnd(b))
+    return write_table(tfl, b, "Buffer", Data=b.CreateByteVector(data) if data else None)
 
 
 def _finish(
@@ -159,21 +187,11 @@ def _finish(
     ov = _vec(b, tfl.SubGraphStartOperatorsVector, [op], b.PrependUOffsetTRelative)
     iv = _vec(b, tfl.SubGraphStartInputsVector, inputs, b.PrependInt32)
     outv = _vec(b, tfl.SubGraphStartOutputsVector, outputs, b.PrependInt32)
-    tfl.SubGraphStart(b)
-    tfl.SubGraphAddTensors(b, tv)
-    tfl.SubGraphAddOperators(b, ov)
-    tfl.SubGraphAddInputs(b, iv)
-    tfl.SubGraphAddOutputs(b, outv)
-    sg = tfl.SubGraphEnd(b)
+    sg = write_table(tfl, b, "SubGraph", Tensors=tv, Operators=ov, Inputs=iv, Outputs=outv)
     sgv = _vec(b, tfl.ModelStartSubgraphsVector, [sg], b.PrependUOffsetTRelative)
     cv = _vec(b, tfl.ModelStartOperatorCodesVector, [code], b.PrependUOffsetTRelative)
     bv = _vec(b, tfl.ModelStartBuffersVector, buffers, b.PrependUOffsetTRelative)
     desc = b.CreateString("esp-check: one op extracted from a model, with its real weights")
-    tfl.ModelStart(b)
-    tfl.ModelAddVersion(b, 3)
-    tfl.ModelAddOperatorCodes(b, cv)
-    tfl.ModelAddSubgraphs(b, sgv)
-    tfl.ModelAddBuffers(b, bv)
-    tfl.ModelAddDescription(b, desc)
-    b.Finish(tfl.ModelEnd(b), file_identifier=b"TFL3")
+    fields = {"Version": 3, "OperatorCodes": cv, "Subgraphs": sgv, "Buffers": bv, "Description": desc}
+    b.Finish(write_table(tfl, b, "Model", **fields), file_identifier=b"TFL3")
     return bytes(b.Output())

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -81,8 +81,10 @@ class HostResults:
 def limits() -> tuple[float, int]:
     """(timeout seconds, memory bytes) for the child, from the environment or the defaults."""
     out: list[float] = []
-    for var, default in (("ESP_CHECK_REFERENCE_TIMEOUT", DEFAULT_TIMEOUT_S),
-                         ("ESP_CHECK_REFERENCE_MEMORY_MB", float(DEFAULT_MEMORY_MB))):  # fmt: skip
+    for var, default in (
+        ("ESP_CHECK_REFERENCE_TIMEOUT", DEFAULT_TIMEOUT_S),
+        ("ESP_CHECK_REFERENCE_MEMORY_MB", float(DEFAULT_MEMORY_MB)),
+    ):
         text = os.environ.get(var, "")
         try:
             value = float(text) if text else default
@@ -113,6 +115,11 @@ def _array_id(a: np.ndarray) -> str:
     return f"{c.dtype.str}:{list(c.shape)}:{hashlib.sha256(c.tobytes()).hexdigest()}"
 
 
+def _loadz(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        return {name: z[name] for name in z.files}
+
+
 def _savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as f:
         np.savez(f, **cast("dict[str, Any]", arrays))
@@ -130,46 +137,42 @@ class _Cache:
     def _path(self, key: str, ext: str) -> Path:
         return self.root / f"{key}.{ext}"
 
-    def get_arrays(self, key: str) -> dict[str, np.ndarray] | None:
-        path = self._path(key, "npz")
+    def _get(
+        self, key: str, ext: str, read: Callable[[Path], Any], damaged: tuple[type[Exception], ...]
+    ) -> Any:
+        path = self._path(key, ext)
         try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {name: z[name] for name in z.files}
+            value = read(path)
         except FileNotFoundError:
             return None
-        except Exception:  # a damaged entry is a miss (and is replaced)
+        except damaged:  # a damaged entry is a miss (and is replaced)
             with contextlib.suppress(OSError):
                 path.unlink()
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # least recently used goes first
+        return value
+
+    def get_arrays(self, key: str) -> dict[str, np.ndarray] | None:
+        arrays: dict[str, np.ndarray] | None = self._get(key, "npz", _loadz, (Exception,))
         return arrays
 
     def get_json(self, key: str) -> dict[str, Any] | None:
-        path = self._path(key, "json")
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
-            with contextlib.suppress(OSError):
-                path.unlink()
-            return None
-        with contextlib.suppress(OSError):
-            os.utime(path)
+        doc = self._get(
+            key, "json", lambda p: json.loads(p.read_text(encoding="utf-8")), (OSError, ValueError)
+        )
         return doc if isinstance(doc, dict) else None
 
-    @contextlib.contextmanager
-    def _writing(self, key: str, ext: str) -> Iterator[Path]:
+    def _put(self, key: str, ext: str, write: Callable[[Path], object]) -> None:
+        """Write ``<key>.<ext>`` atomically (a temporary file renamed into place)."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{key}.", suffix=f".{ext}")
             os.close(fd)
         except OSError:  # no writable cache: results are simply not kept
-            yield Path(os.devnull)
             return
         try:
-            yield Path(tmp)
+            write(Path(tmp))
             os.replace(tmp, self._path(key, ext))
         except OSError:
             pass
@@ -179,14 +182,10 @@ class _Cache:
         self._evict()
 
     def put_arrays(self, key: str, arrays: dict[str, np.ndarray]) -> None:
-        with self._writing(key, "npz") as tmp:
-            if tmp != Path(os.devnull):
-                _savez(tmp, arrays)
+        self._put(key, "npz", lambda p: _savez(p, arrays))
 
     def put_json(self, key: str, doc: dict[str, Any]) -> None:
-        with self._writing(key, "json") as tmp:
-            if tmp != Path(os.devnull):
-                tmp.write_text(json.dumps(doc), encoding="utf-8")
+        self._put(key, "json", lambda p: p.write_text(json.dumps(doc), encoding="utf-8"))
 
     def _evict(self) -> None:
         try:
@@ -349,6 +348,14 @@ def _signal_name(num: int) -> str:
         return "unknown signal"
 
 
+# how the child names the errors it reports (any other EspCheckError: "reference")
+_ERROR_KINDS: dict[str, type[EspCheckError]] = {
+    "model": ModelError,
+    "input": InputDataError,
+    "reference": HostReferenceError,
+}
+
+
 def _child_error(doc: dict[str, Any], interpreter: str, memory: int) -> EspCheckError:
     kind, message, hint = str(doc.get("kind")), str(doc.get("message")), doc.get("hint")
     hint = str(hint) if hint else None
@@ -359,12 +366,8 @@ def _child_error(doc: dict[str, Any], interpreter: str, memory: int) -> EspCheck
             hint="a corrupted model (tensor sizes) is the usual cause; if it is genuine, raise "
             "ESP_CHECK_REFERENCE_MEMORY_MB",
         )
-    if kind == "model":
-        return ModelError(message, hint=hint)
-    if kind == "input":
-        return InputDataError(message, hint=hint)
-    if kind == "reference":
-        return HostReferenceError(message, hint=hint)
+    if kind in _ERROR_KINDS:
+        return _ERROR_KINDS[kind](message, hint=hint)
     return HostReferenceError(f"{interpreter} reference interpreter failed: {message}", hint=hint)
 
 
@@ -399,8 +402,13 @@ def _run_child(
         if runs is not None:
             arrays = {f"r{k}_i{i}": a for k, run in enumerate(runs) for i, a in enumerate(run)}
             _savez(job_dir / "inputs.npz", arrays)
-        job = {"backend": backend, "per_layer": per_layer, "runs": None if runs is None else len(runs),
-               "arena": arena, "memory_bytes": memory}  # fmt: skip
+        job = {
+            "backend": backend,
+            "per_layer": per_layer,
+            "runs": None if runs is None else len(runs),
+            "arena": arena,
+            "memory_bytes": memory,
+        }
         (job_dir / "job.json").write_text(json.dumps(job), encoding="utf-8")
         proc = _spawn(job_dir, timeout)
         said: dict[str, dict[str, Any]] = {}
@@ -431,9 +439,7 @@ def _run_child(
             raise HostReferenceError(f"the host reference child failed (exit {proc.returncode}): {tail}")
         ref_runs = None
         if runs is not None:
-            with np.load(job_dir / "reference.npz", allow_pickle=False) as z:
-                arrays = {name: z[name] for name in z.files}
-            ref_runs = _runs_from_arrays(arrays, info, len(runs), per_layer)
+            ref_runs = _runs_from_arrays(_loadz(job_dir / "reference.npz"), info, len(runs), per_layer)
     measured = None
     if arena:
         m = said["measured"]
@@ -527,13 +533,7 @@ def child_main(job_dir: Path) -> int:  # pragma: no cover - runs in the child pr
         _say({"stage": "error", "kind": "memory", "message": f"MemoryError: {exc}"[:300]})
         return 1
     except EspCheckError as exc:
-        kind = (
-            "model"
-            if isinstance(exc, ModelError)
-            else "input"
-            if isinstance(exc, InputDataError)
-            else "reference"
-        )
+        kind = next((k for k, cls in _ERROR_KINDS.items() if isinstance(exc, cls)), "reference")
         _say({"stage": "error", "kind": kind, "message": exc.message, "hint": exc.hint})
         return 1
     except Exception as exc:

@@ -18,7 +18,7 @@ import hashlib
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -112,13 +112,7 @@ class QuantizationReport:
     max_abs_diff: int
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "total": self.total,
-            "differing": self.differing,
-            "wrapped": self.wrapped,
-            "clamped": self.clamped,
-            "max_abs_diff": self.max_abs_diff,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -360,7 +354,6 @@ def _read_c_array(path: Path) -> tuple[np.ndarray, str]:
         info = np.iinfo(np.dtype(dtype))
         if np.any(arr != np.round(arr)) or np.any(arr < info.min) or np.any(arr > info.max):
             raise InputDataError(f"{path}: values do not fit the declared C type {base}")
-        return arr.astype(dtype), dtype
     return arr.astype(dtype), dtype
 
 
@@ -433,8 +426,11 @@ def _normalise(
     if name is None and is_8bit_pixels:
         default = default_image_range(tensor)
         name = default.name
-        notes.append(f"input range {name} by default: {default.reason}" if default.matched else
-                     f"warning: {default.reason}")  # fmt: skip
+        notes.append(
+            f"input range {name} by default: {default.reason}"
+            if default.matched
+            else f"warning: {default.reason}"
+        )
     if name is not None:
         if not is_8bit_pixels:
             raise InputDataError(
@@ -477,10 +473,8 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
     kind = _detect_kind(src, opts)
     notes: list[str] = []
     data: np.ndarray
-    pixels = False
     if kind == "image":
         data = _read_image(src, tensor, opts, notes)
-        pixels = True
     elif kind == "npy":
         try:
             data = np.load(src, allow_pickle=False)
@@ -489,7 +483,6 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
         if data.dtype.kind not in "iuf":
             raise InputDataError(f"{src}: .npy dtype {data.dtype} is not numeric")
         data = _fit_shape(data, tensor, src, notes)
-        pixels = data.dtype == np.uint8 and model_dt != np.uint8
     elif kind == "raw":
         if opts.raw_dtype is None:
             raise InputDataError(
@@ -513,11 +506,11 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
             f"raw {raw_dt.name}",
             notes,
         )
-        pixels = data.dtype == np.uint8 and model_dt != np.uint8
     else:
         values, c_dtype = _read_c_array(src)
         data = _fit_flat(values, tensor, src, f"C array ({c_dtype})", notes)
-        pixels = data.dtype == np.uint8 and model_dt != np.uint8
+    # 8-bit pixel data: an image, or uint8 values for a model whose input is not uint8
+    pixels = kind == "image" or (data.dtype == np.uint8 and model_dt != np.uint8)
     return _prepare(src, data, tensor, opts, kind, pixels, notes)
 
 

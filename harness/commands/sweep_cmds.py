@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from harness import api
 from harness.analysis.sweep_cases import OPS
 from harness.commands.common import make_console
 from harness.errors import UsageError
+from harness.flows.sweep import SweepOptions, sweep
 
 
 @click.command("sweep")
@@ -78,7 +78,7 @@ def sweep_cmd(
 ) -> int:
     """Call esp-nn's kernels directly (optimized vs ANSI C vs TFLM's reference) over generated geometries."""
     con = make_console()
-    options = api.SweepOptions(
+    options = SweepOptions(
         ops=ops or tuple(OPS),
         cases_per_op=cases_per_op,
         seed=seed,
@@ -93,7 +93,7 @@ def sweep_cmd(
     )
     if from_model is not None:
         options.cases = _model_cases(con, from_model, seed, options.ops)
-    result = api.sweep(options, out_dir, progress=lambda m: con.print(f"[dim]{m}[/dim]"))
+    result = sweep(options, out_dir, progress=lambda m: con.print(f"[dim]{m}[/dim]"))
     con.print(
         f"NATIVE sweep: {result.cases} cases in {result.seconds:.1f} s ({result.cases_per_second:.0f}/s); "
         f"reference {'compiled' if result.reference else 'NOT available (opt vs ANSI only)'}"

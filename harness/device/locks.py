@@ -193,9 +193,9 @@ def board_lock(
     cancel: threading.Event | None = None,
 ) -> Iterator[BoardLock]:
     """Hold the lock of the board behind ``port`` (PortSpec or port string) for a ``with`` block."""
-    lk = BoardLock(lock_key(port), lock_dir, owner=owner)
-    lk.acquire(timeout, on_wait=on_wait, cancel=cancel)
+    lock = BoardLock(lock_key(port), lock_dir, owner=owner)
+    lock.acquire(timeout, on_wait=on_wait, cancel=cancel)
     try:
-        yield lk
+        yield lock
     finally:
-        lk.release()
+        lock.release()

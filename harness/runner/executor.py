@@ -114,8 +114,8 @@ class _Memo:
 
     def get(self, key: Any, fn: Callable[[], Any]) -> Any:
         with self._lock:
-            lk = self._locks.setdefault(key, threading.Lock())
-        with lk:
+            one = self._locks.setdefault(key, threading.Lock())
+        with one:
             if key not in self._values:
                 try:
                     self._values[key] = (True, fn())
@@ -367,8 +367,8 @@ class Runner:
         self.say(f"[start] {t.id} attempt {a.n} on {st.bench.name}")
         if t.job.data is None and self._firmware_for(t, st.bench, a) is None:
             return
-        lk = self._lock_board(st, a)
-        if lk is None:
+        held = self._lock_board(st, a)
+        if held is None:
             return
         try:
             result = run_job(self._job_spec(t, st.bench, a))
@@ -379,7 +379,7 @@ class Runner:
             a.board_fault = exc.exit_code == ExitCode.INFRASTRUCTURE
             return
         finally:
-            self._release(t, st.bench, a, lk)
+            self._release(t, st.bench, a, held)
         if t.job.data is not None:
             _judge_dataset(t, a, result)
         else:
@@ -442,11 +442,11 @@ class Runner:
             return None
         a.port = ps.url
         a.lock_key = st.lock_key = lock_key(ps)
-        lk = BoardLock(
+        held = BoardLock(
             a.lock_key, self.opt.lock_dir, owner=self.opt.owner or f"esp-check run {self.plan.path.name}"
         )
         try:
-            lk.acquire(
+            held.acquire(
                 self.lock_timeout,
                 on_wait=lambda m: self.say(f"[lock] {bench.name}: {m}"),
                 cancel=self.stop,  # a stop request ends the wait: no new work on any board
@@ -456,9 +456,9 @@ class Runner:
             a.reason = exc.message
             a.board_busy = True
             return None
-        a.lock_wait_s = lk.waited_s
+        a.lock_wait_s = held.waited_s
         a.started = time.time()
-        return lk
+        return held
 
     def _lease(self, bench: BenchBoard) -> PlaceLease:
         """A lease on the board's labgrid place, tracked so the run releases it whatever happens."""
@@ -501,9 +501,9 @@ class Runner:
         a.started = time.time()
         return lease
 
-    def _release(self, t: Task, bench: BenchBoard, a: Attempt, lk: BoardLock | PlaceLease) -> None:
+    def _release(self, t: Task, bench: BenchBoard, a: Attempt, held: BoardLock | PlaceLease) -> None:
         a.ended = time.time()
-        lk.release()
+        held.release()
         with self.cond:
             self.usage.append(
                 {

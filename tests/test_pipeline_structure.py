@@ -70,11 +70,16 @@ def test_every_flash_and_compare_option_is_a_job_option() -> None:
 def test_no_call_in_harness_passes_more_than_6_positional_arguments() -> None:
     """Seven values in a row are read by position alone: a swapped pair type-checks and runs wrong."""
     found = []
-    for rel, tree in _modules():
+    modules = _modules()
+    # harness's own functions that take *args (a C call's pieces, a list of click options) are exempt too
+    star = {
+        n.name for _, t in modules for n in ast.walk(t) if isinstance(n, ast.FunctionDef) and n.args.vararg
+    }
+    for rel, tree in modules:
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and len(node.args) > 6:
                 name = ast.unparse(node.func)
-                if not VARARGS.search(name):
+                if not VARARGS.search(name) and name not in star:
                     found.append(f"{rel}:{node.lineno} {name}({len(node.args)} positional)")
     assert not found, "pass these by keyword:\n" + "\n".join(sorted(found))
 

@@ -517,7 +517,15 @@ def _crash(
     ctx.claim(i, end, kind)
     all_details = {**regs, **bt, **{k: v for k, v in details.items() if v is not None}}
     ev_end = bt_i if bt_i is not None else min(end, i + 3)
-    return i, Finding(kind, KINDS[kind], message, i + 1, ctx.evidence(i, ev_end), all_details, hint)
+    return i, Finding(
+        kind,
+        KINDS[kind],
+        message,
+        line=i + 1,
+        evidence=ctx.evidence(i, ev_end),
+        details=all_details,
+        hint=hint,
+    )
 
 
 # --- detectors: crashes --------------------------------------------------------------------------
@@ -798,10 +806,10 @@ def _detect_heap_alloc(ctx: _Ctx) -> Found:
                     "alloc_failure",
                     _FW,
                     f"allocation failed: {ln.body.strip()[:160]}",
-                    i + 1,
-                    ctx.evidence(i, i),
-                    {"source": "text", "bytes": int(m.group(1)) if m else None},
-                    _ALLOC_HINT,
+                    line=i + 1,
+                    evidence=ctx.evidence(i, i),
+                    details={"source": "text", "bytes": int(m.group(1)) if m else None},
+                    hint=_ALLOC_HINT,
                 ),
             )
         )
@@ -902,7 +910,20 @@ def _detect_tflm(ctx: _Ctx) -> Found:
         else:
             message, details, hint = _TFLM_ADVICE[kind](lines)
         details["source"] = "tflm"
-        out.append((first, Finding(kind, _FW, message, first + 1, ctx.evidence(first, last), details, hint)))
+        out.append(
+            (
+                first,
+                Finding(
+                    kind,
+                    _FW,
+                    message,
+                    line=first + 1,
+                    evidence=ctx.evidence(first, last),
+                    details=details,
+                    hint=hint,
+                ),
+            )
+        )
     return out
 
 
@@ -1070,10 +1091,10 @@ def _detect_brownout(ctx: _Ctx) -> Found:
                         "brownout",
                         _INFRA,
                         "brownout: the supply voltage dropped below the detector threshold",
-                        i + 1,
-                        ctx.evidence(i, i),
-                        {"line": ln.text.strip()[:200]},
-                        "use a better USB cable/port or a powered hub, then rerun",
+                        line=i + 1,
+                        evidence=ctx.evidence(i, i),
+                        details={"line": ln.text.strip()[:200]},
+                        hint="use a better USB cable/port or a powered hub, then rerun",
                     ),
                 )
             )
@@ -1127,10 +1148,10 @@ def _detect_boot_failure(ctx: _Ctx) -> Found:
                     "boot_failure",
                     _INFRA,
                     f"the chip could not boot the flashed image: {detail[:120]}",
-                    i + 1,
-                    ctx.evidence(i, i),
-                    {"detail": detail},
-                    "reflash (check the offsets and the flash size/mode in the board file)",
+                    line=i + 1,
+                    evidence=ctx.evidence(i, i),
+                    details={"detail": detail},
+                    hint="reflash (check the offsets and the flash size/mode in the board file)",
                 ),
             )
         )
@@ -1151,10 +1172,10 @@ def _flash_size_finding(ctx: _Ctx, i: int, detail: str) -> Finding:
         "flash_size_mismatch",
         Severity.USAGE,
         f"the image was built for more flash than the chip has{what}: ESP-IDF refuses to start",
-        i + 1,
-        ctx.evidence(i, i),
-        {"detail": detail, **sizes},
-        "use the board file that matches the module (`esptool flash-id` prints the real size), or "
+        line=i + 1,
+        evidence=ctx.evidence(i, i),
+        details={"detail": detail, **sizes},
+        hint="use the board file that matches the module (`esptool flash-id` prints the real size), or "
         "lower flash_size in the board file, then rebuild",
     )
 
@@ -1277,7 +1298,15 @@ def _detect_download_mode(ctx: _Ctx) -> Found:
     return [
         (
             first,
-            Finding("download_mode", _INFRA, msg, first + 1, ctx.evidence(first, hits[-1]), details, hint),
+            Finding(
+                "download_mode",
+                _INFRA,
+                msg,
+                line=first + 1,
+                evidence=ctx.evidence(first, hits[-1]),
+                details=details,
+                hint=hint,
+            ),
         )
     ]
 
@@ -1431,11 +1460,12 @@ def _detect_sanitizer(ctx: _Ctx) -> Found:
                     "sanitizer",
                     _FW,
                     message[:300],
-                    i + 1,
-                    tuple(ctx.lines[j].text[:_EVIDENCE_CAP] for j in evidence_idx),
-                    {k: v for k, v in details.items() if v not in (None, [])},
-                    "the native build found undefined behaviour or an out-of-bounds access in the firmware "
-                    "or a kernel (e.g. an ESP-NN scratch buffer too small); the frames name the code",
+                    line=i + 1,
+                    evidence=tuple(ctx.lines[j].text[:_EVIDENCE_CAP] for j in evidence_idx),
+                    details={k: v for k, v in details.items() if v not in (None, [])},
+                    hint="the native build found undefined behaviour or an out-of-bounds access in the "
+                    "firmware or a kernel (e.g. an ESP-NN scratch buffer too small); the frames name the "
+                    "code",
                 ),
             )
         )
@@ -1463,7 +1493,14 @@ def _detect_native_exit(ctx: _Ctx) -> Found:
         ctx.claim(i, i, "native_exit")
         hint = "rebuild with --sanitize: AddressSanitizer/UBSan name the faulting code"
         evidence = (ln.text[:_EVIDENCE_CAP],)
-        out.append((i, Finding("native_exit", _FW, message, i + 1, evidence, details, hint)))
+        out.append(
+            (
+                i,
+                Finding(
+                    "native_exit", _FW, message, line=i + 1, evidence=evidence, details=details, hint=hint
+                ),
+            )
+        )
     return out
 
 
@@ -1745,10 +1782,10 @@ def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None, threshold:
                 _INFRA,
                 f"the board rebooted {boots.count} times during one run and printed no evidence of why "
                 "(no crash, brownout, boot failure or download mode): no evidence, not classified",
-                None,
-                (),
-                {**details, "cause": None, "reason": "no evidence"},
-                "check the supply and the cable and rerun; a firmware that resets itself without a "
+                line=None,
+                evidence=(),
+                details={**details, "cause": None, "reason": "no evidence"},
+                hint="check the supply and the cable and rerun; a firmware that resets itself without a "
                 "panic message (esp_restart, hardware watchdog) also shows up like this",
             )
         ]

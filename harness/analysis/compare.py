@@ -558,7 +558,7 @@ def _difference(
             ra, rb = (ia - zp).astype(np.float64) * s, (ib - zp).astype(np.float64) * s
         else:
             ra, rb = ia.astype(np.float64), ib.astype(np.float64)
-        return _Diff(ra, rb, ia, ib, dl, mism, "lsb", s is not None)
+        return _Diff(ra, rb, ia, ib=ib, lsb=dl, mism=mism, units="lsb", real_known=s is not None)
     if (a.raw or b.raw) and s is None:
         raise IncomparableError(
             f"run {run} output {a.index}: one side holds raw quantized integers, the other real values, "
@@ -576,13 +576,15 @@ def _difference(
         diff = np.where(both_nan | (ra == rb), 0.0, ra - rb)
     if s is not None:
         lsb = diff / s
-        return _Diff(ra, rb, ia, ib, lsb, ~(np.abs(lsb) <= tolerance_lsb), "lsb", True)  # NaN: mismatch
+        return _Diff(
+            ra, rb, ia, ib=ib, lsb=lsb, mism=~(np.abs(lsb) <= tolerance_lsb), units="lsb", real_known=True
+        )  # NaN: mismatch
     if tolerance_lsb:
         raise UsageError(
             "--tolerance-lsb needs the output scale for real-valued outputs",
             hint="pass --scale and --zero-point, or --model",
         )
-    return _Diff(ra, rb, ia, ib, None, ~((ra == rb) | both_nan), "real", True)
+    return _Diff(ra, rb, ia, ib=ib, lsb=None, mism=~((ra == rb) | both_nan), units="real", real_known=True)
 
 
 def _stats(d: _Diff, s: float | None, n: int) -> dict[str, float | None]:
@@ -805,10 +807,10 @@ def compare_sources(
         sources,
         comparisons,
         faults,
-        warnings,
-        tolerance_lsb,
-        ref_tolerance_lsb,
-        reference.backend_version if reference is not None else None,
+        warnings=warnings,
+        tolerance_lsb=tolerance_lsb,
+        ref_tolerance_lsb=ref_tolerance_lsb,
+        reference_backend=reference.backend_version if reference is not None else None,
     )
 
 

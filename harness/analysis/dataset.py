@@ -282,9 +282,18 @@ def analyze(
                     accuracy[leg]["correct"] += t1[leg] == labels[i]
         verdict, detail = _verdict(here, lsb, tolerance_lsb, ref_tolerance_lsb, why)
         invoke: dict[str, int | None] = {v: here[v].invoke_us for v in ("optimized", "ansi") if v in here}
-        rows.append(Row(i, name, labels[i], verdict, lsb, t1, invoke, detail))
+        rows.append(
+            Row(i, name, labels[i], verdict=verdict, lsb=lsb, top1=t1, invoke_us=invoke, detail=detail)
+        )
     return DatasetAnalysis(
-        rows, pairs, list(outputs), tolerance_lsb, ref_tolerance_lsb, classifier, top1, accuracy
+        rows,
+        pairs,
+        list(outputs),
+        tolerance_lsb=tolerance_lsb,
+        ref_tolerance_lsb=ref_tolerance_lsb,
+        classifier=classifier,
+        top1=top1,
+        accuracy=accuracy,
     )
 
 

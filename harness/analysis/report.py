@@ -387,12 +387,12 @@ def compare_cases(
             f"(max {_fmt(c.max_diff_lsb)} LSB, argmax {c.argmax_a} vs {c.argmax_b})"
         )
         text = "\n".join(str(m) for m in c.first_mismatches)
-        cases.append(junit.Case(cls, name, "failure", "mismatch", msg, text, out))
+        cases.append(junit.Case(cls, name, "failure", type="mismatch", message=msg, text=text, out=out))
     for f in result.faults:
         at = f"{input_name(f.run)}." if f.run is not None else ""
         msg = f"firmware fault at stage {f.stage} (code {f.code}): {f.msg}"
         name = f"{at}{f.source}.fault.{f.stage}"
-        cases.append(junit.Case(cls, name, "failure", "firmware_fault", msg, msg, out))
+        cases.append(junit.Case(cls, name, "failure", type="firmware_fault", message=msg, text=msg, out=out))
     return cases
 
 
@@ -419,7 +419,9 @@ def error_case(
     ``<error>``."""
     outcome: junit.Outcome = "failure" if kind in ("failure", "firmware_fault") else "error"
     out = junit.log_text(dict(raw_logs or {}), RAW_LOG_MAX)
-    return junit.Case(junit.classname(*where), "compare", outcome, kind, message or kind, message, out)
+    return junit.Case(
+        junit.classname(*where), "compare", outcome, type=kind, message=message or kind, text=message, out=out
+    )
 
 
 def junit_error_tree(message: str, kind: str, raw_logs: dict[str, bytes] | None = None) -> ET.ElementTree:

@@ -289,7 +289,9 @@ def _conv_like_case(
     klass = f"{g['kh']}x{g['kw']} {_strides(g)} {pad if not api else 'pad*'} {klass_tail}"
     reach = from_scales(rq) and (not api or _reachable_2d(g))
     meta = {**g, **rq, "in_scale": in_scale, "in_zp": in_zp, "out_zp": out_zp, "act": act, "bias_range": br}
-    return Case(op, rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, reach, meta)
+    return Case(
+        op, rng.randint(0, 0x0FFFFFFF), -128, hi=127, params=p, klass=klass, reachable=reach, meta=meta
+    )
 
 
 def _strides(g: dict[str, Any]) -> str:
@@ -332,11 +334,11 @@ def fc_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
         "fully_connected",
         rng.randint(0, 0x0FFFFFFF),
         -128,
-        127,
-        p,
-        klass,
-        from_scales(rq) and (not api or w_off == 0),
-        meta,
+        hi=127,
+        params=p,
+        klass=klass,
+        reachable=from_scales(rq) and (not api or w_off == 0),
+        meta=meta,
     )
 
 
@@ -358,11 +360,11 @@ def add_mul_case(rng: random.Random, op: str, api: bool = False, **over: Any) ->
         op,
         rng.randint(0, 0x0FFFFFFF),
         -128,
-        127,
-        p,
-        f"size%4={n % 4} {'n<16' if n < 16 else 'n>=16'}",
-        True,
-        meta,
+        hi=127,
+        params=p,
+        klass=f"size%4={n % 4} {'n<16' if n < 16 else 'n>=16'}",
+        reachable=True,
+        meta=meta,
     )
 
 
@@ -403,7 +405,9 @@ def pool_case(rng: random.Random, op: str, api: bool = False, **over: Any) -> Ca
     klass = f"{k}x{k} {_strides(g)} {('SAME' if same else 'VALID') if not api else 'pad*'} {_ch_bucket(ch)}"
     reach = not api or _reachable_2d(g)
     meta = {**g, "scale": 0.05, "zp": zp, "act": act}
-    return Case(op, rng.randint(0, 0x0FFFFFFF), -128, 127, p, klass, reach, meta)
+    return Case(
+        op, rng.randint(0, 0x0FFFFFFF), -128, hi=127, params=p, klass=klass, reachable=reach, meta=meta
+    )
 
 
 def softmax_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
@@ -422,11 +426,11 @@ def softmax_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
         "softmax",
         rng.randint(0, 0x0FFFFFFF),
         max(-128, lo),
-        hi,
-        [rows, depth, mult, shift, diff_min],
-        klass,
-        True,
-        meta,
+        hi=hi,
+        params=[rows, depth, mult, shift, diff_min],
+        klass=klass,
+        reachable=True,
+        meta=meta,
     )
 
 

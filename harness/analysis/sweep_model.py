@@ -62,10 +62,13 @@ def _spatial_variants(base: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any
     """The model's own, each spatial axis +-1, every stride and padding (as TFLite computes them)."""
     ih, iw, kh, kw, stride, same = base["ih"], base["iw"], base["kh"], base["kw"], base["sh"], base["same"]
     sw = base["sw"]
-    yield "model", _geometry(ih, iw, kh, kw, stride, same, sw)
+    yield "model", _geometry(ih, iw, kh, kw=kw, stride=stride, same=same, stride_w=sw)
     for dh, dw in ((-1, 0), (1, 0), (0, -1), (0, 1)):
         if ih + dh >= 1 and iw + dw >= 1:
-            yield f"h{dh:+d} w{dw:+d}", _geometry(ih + dh, iw + dw, kh, kw, stride, same, sw)
+            yield (
+                f"h{dh:+d} w{dw:+d}",
+                _geometry(ih + dh, iw + dw, kh, kw=kw, stride=stride, same=same, stride_w=sw),
+            )
     for s in (1, 2):
         for p in (True, False):
             if (s, s, p) != (stride, sw, same):
@@ -83,7 +86,7 @@ def _conv_like(info: ModelInfo, op: OpInfo, depthwise: bool) -> tuple[list[dict[
         return [], f"filter shape {list(f)}"
     kh, kw = f[1], f[2]
     sh, sw = int(str(o.get("stride_h", 1))), int(str(o.get("stride_w", 1)))
-    base = _geometry(ih, iw, kh, kw, sh, o.get("padding", "SAME") == "SAME", sw)
+    base = _geometry(ih, iw, kh, kw=kw, stride=sh, same=o.get("padding", "SAME") == "SAME", stride_w=sw)
     q = _quant(info, op, 1)
     out: list[dict[str, Any]] = []
     if depthwise:

@@ -74,7 +74,9 @@ class _Writer:
     def finish(self, code: int, inputs: list[int], output: int, options: tuple[int, int] | None) -> bytes:
         tfl, b = self.tfl, self.b
         code_off, op = write_operator(tfl, b, (code, min(code, 127), 1), inputs, [output], options)
-        return _finish(tfl, b, self.tensors, op, code_off, self.buffers, [0], [output])
+        return _finish(
+            tfl, b, self.tensors, op=op, code=code_off, buffers=self.buffers, inputs=[0], outputs=[output]
+        )
 
 
 def _conv_like(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
@@ -85,8 +87,8 @@ def _conv_like(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]
     filt = int8_values(case.seed, 1, int(np.prod(fshape)), -127, 127).reshape(fshape)
     bias = bias_values(case.seed, oc, m["bias_range"])
     w.tensor("input", [1, m["ih"], m["iw"], m["ic"]], INT8, [m["in_scale"]], [m["in_zp"]])
-    w.tensor("filter", fshape, INT8, m["w_scales"], [0] * oc, 3 if dw else 0, filt)
-    w.tensor("bias", [oc], INT32, [m["in_scale"] * s for s in m["w_scales"]], [0] * oc, 0, bias)
+    w.tensor("filter", fshape, INT8, m["w_scales"], [0] * oc, qdim=3 if dw else 0, data=filt)
+    w.tensor("bias", [oc], INT32, [m["in_scale"] * s for s in m["w_scales"]], [0] * oc, qdim=0, data=bias)
     out = w.tensor("output", [1, m["oh"], m["ow"], oc], INT8, [m["out_scale"]], [m["out_zp"]])
     pad = w.tfl.Padding.SAME if m["same"] else w.tfl.Padding.VALID
     geometry = {"Padding": pad, "StrideW": m["sw"], "StrideH": m["sh"]}
@@ -103,8 +105,8 @@ def _fc(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
     filt = int8_values(case.seed, 1, oc * row, -127, 127).reshape(oc, row)
     bias = bias_values(case.seed, oc, m["bias_range"])
     w.tensor("input", [1, row], INT8, [m["in_scale"]], [m["in_zp"]])
-    w.tensor("filter", [oc, row], INT8, scales, [0] * len(scales), 0, filt)
-    w.tensor("bias", [oc], INT32, [m["in_scale"] * s for s in scales], [0] * len(scales), 0, bias)
+    w.tensor("filter", [oc, row], INT8, scales, [0] * len(scales), qdim=0, data=filt)
+    w.tensor("bias", [oc], INT32, [m["in_scale"] * s for s in scales], [0] * len(scales), qdim=0, data=bias)
     out = w.tensor("output", [1, oc], INT8, [m["out_scale"]], [m["out_zp"]])
     return [0, 1, 2], out, w.options("FullyConnectedOptions", FusedActivationFunction=ACT[m["act"]])
 
@@ -113,7 +115,7 @@ def _binary(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
     m = case.meta
     n, (s1, s2, so), (z1, z2, zo) = m["size"], m["scales"], m["zps"]
     w.tensor("input", [1, n], INT8, [s1], [z1])
-    w.tensor("operand", [1, n], INT8, [s2], [z2], 0, int8_values(case.seed, 1, n, case.lo, case.hi))
+    w.tensor("operand", [1, n], INT8, [s2], [z2], qdim=0, data=int8_values(case.seed, 1, n, case.lo, case.hi))
     out = w.tensor("output", [1, n], INT8, [so], [zo])
     name = "AddOptions" if case.op == "add" else "MulOptions"
     return [0, 1], out, w.options(name, FusedActivationFunction=ACT[m["act"]])

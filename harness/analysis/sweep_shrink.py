@@ -75,7 +75,16 @@ def _rebuild_conv(case: Case, g: dict[str, Any]) -> Case:
     geometry = sweep_cases.DEPTHWISE_PARAMS if dw else sweep_cases.CONV_PARAMS
     tail = p[len(geometry) : q - 1]  # offsets and activation range, unchanged
     params = [*(g[k] for k in geometry), *tail, g.get("bias_range", p[q - 1]), *mult, *shift]
-    return Case(case.op, case.seed, case.lo, case.hi, params, case.klass, case.reachable, g)
+    return Case(
+        case.op,
+        case.seed,
+        case.lo,
+        hi=case.hi,
+        params=params,
+        klass=case.klass,
+        reachable=case.reachable,
+        meta=g,
+    )
 
 
 def _pool(case: Case) -> Iterator[Case]:
@@ -92,7 +101,16 @@ def _pool(case: Case) -> Iterator[Case]:
         p = case.params
         params = [g["ih"], g["iw"], g["ch"], g["oh"], g["ow"], g["sh"], g["sw"], g["kh"], g["kw"]]
         params += [g["ph"], g["pw"], *p[11:13]]
-        yield Case(case.op, case.seed, case.lo, case.hi, params, case.klass, case.reachable, g)
+        yield Case(
+            case.op,
+            case.seed,
+            case.lo,
+            hi=case.hi,
+            params=params,
+            klass=case.klass,
+            reachable=case.reachable,
+            meta=g,
+        )
 
 
 def _flat(case: Case) -> Iterator[Case]:
@@ -103,7 +121,16 @@ def _flat(case: Case) -> Iterator[Case]:
             for v in _fewer(p[idx]):
                 params = list(p)
                 params[idx] = v
-                yield Case(case.op, case.seed, case.lo, case.hi, params, case.klass, True, {**m, key: v})
+                yield Case(
+                    case.op,
+                    case.seed,
+                    case.lo,
+                    hi=case.hi,
+                    params=params,
+                    klass=case.klass,
+                    reachable=True,
+                    meta={**m, key: v},
+                )
     elif case.op == "fully_connected":
         nq = p[1] if p[8] else 1
         for key, idx in (("row", 0), ("oc", 1)):
@@ -114,11 +141,29 @@ def _flat(case: Case) -> Iterator[Case]:
                 if idx == 1 and p[8]:
                     params = params[:9] + p[9 : 9 + v] + p[9 + nq : 9 + nq + v]
                     g["w_scales"] = m.get("w_scales", [])[:v]
-                yield Case(case.op, case.seed, case.lo, case.hi, params, case.klass, case.reachable, g)
+                yield Case(
+                    case.op,
+                    case.seed,
+                    case.lo,
+                    hi=case.hi,
+                    params=params,
+                    klass=case.klass,
+                    reachable=case.reachable,
+                    meta=g,
+                )
     else:
         for v in _fewer(p[0]):
             g = {**m, "size": v}
-            yield Case(case.op, case.seed, case.lo, case.hi, [v, *p[1:]], case.klass, True, g)
+            yield Case(
+                case.op,
+                case.seed,
+                case.lo,
+                hi=case.hi,
+                params=[v, *p[1:]],
+                klass=case.klass,
+                reachable=True,
+                meta=g,
+            )
 
 
 def klass_of(case: Case) -> str:
@@ -155,4 +200,13 @@ def smaller(case: Case) -> Iterator[Case]:
         c.klass = klass_of(c)
         yield c
     if case.op != "softmax" and (case.lo, case.hi) != (-8, 7) and case.lo <= -8 and case.hi >= 7:
-        yield Case(case.op, case.seed, -8, 7, list(case.params), case.klass, case.reachable, dict(case.meta))
+        yield Case(
+            case.op,
+            case.seed,
+            -8,
+            hi=7,
+            params=list(case.params),
+            klass=case.klass,
+            reachable=case.reachable,
+            meta=dict(case.meta),
+        )

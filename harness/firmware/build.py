@@ -864,16 +864,34 @@ def build_project(
             cache_dir=cache_dir, use_cache=use_cache, max_cache_bytes=max_cache_bytes, on_output=on_output,
             timeout=timeout, env=env,
         )  # fmt: skip
-    job = _BuildJob(project, manifest, chosen, chip, out_dir, log, cache_key(project, chosen, manifest))
+    job = _BuildJob(
+        project,
+        manifest,
+        chosen,
+        chip=chip,
+        out_dir=out_dir,
+        log=log,
+        key=cache_key(project, chosen, manifest),
+    )
 
     def run_build() -> tuple[dict[str, Path], dict[str, Any]]:
         run_env = dict(os.environ if env is None else env)
         sdk: dict[str, str] = {}
         fixed: dict[str, int] | None = None
         if chosen == "pio":
-            files, sdk = _build_pio(project, run_env, log, on_output, timeout, pio, platformio_core_dir)
+            files, sdk = _build_pio(
+                project,
+                run_env,
+                log,
+                on_output=on_output,
+                timeout=timeout,
+                pio=pio,
+                platformio_core_dir=platformio_core_dir,
+            )
         elif chosen == "idf":
-            files, sdk = _build_idf(project, run_env, log, on_output, timeout, idf_py, chip)
+            files, sdk = _build_idf(
+                project, run_env, log, on_output=on_output, timeout=timeout, idf_py=idf_py, chip=chip
+            )
         else:
             files, fixed = _build_sim(project, log, on_output)
         return _build_meta(job, files, sdk, fixed)
@@ -931,7 +949,15 @@ def _build_meta(
 ) -> tuple[dict[str, Path], dict[str, Any]]:
     """What the cache keeps beside the images: offsets, the flash-relevant sdkconfig, versions."""
     variant = str(job.manifest.get("variant") or "")
-    layout = _layout(dict(files), dict(sdk), job.chip, job.project, fixed, job.table_offset, variant)
+    layout = _layout(
+        dict(files),
+        dict(sdk),
+        job.chip,
+        project=job.project,
+        fixed=fixed,
+        table_offset=job.table_offset,
+        variant=variant,
+    )
     meta: dict[str, Any] = {
         "offsets": {role: off for role, off, _ in layout},
         "sdkconfig": {k: v for k, v in sdk.items() if k.startswith(_SDKCONFIG_KEPT)},

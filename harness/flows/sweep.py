@@ -305,12 +305,12 @@ def sweep(
         out,
         findings,
         coverage.rows(),
-        len(cases),
-        seconds,
-        len(cases) / max(seconds, 1e-9),
-        has_reference(sources.tflm),
-        sources.describe(),
-        verdicts,
+        cases=len(cases),
+        seconds=seconds,
+        cases_per_second=len(cases) / max(seconds, 1e-9),
+        reference=has_reference(sources.tflm),
+        sources=sources.describe(),
+        verdicts=verdicts,
     )
     (out / "sweep.json").write_text(json.dumps(_report(result), indent=2) + "\n", encoding="utf-8")
     return result

@@ -121,7 +121,13 @@ def reproducers(
 
     return [
         write_reproducer(
-            req.spec.model, req.info, k, dump_caps, req.out / "repro", req.target.board.name, dump_errors
+            req.spec.model,
+            req.info,
+            k,
+            caps=dump_caps,
+            out_dir=req.out / "repro",
+            board=req.target.board.name,
+            dump_errors=dump_errors,
         )
         for k in ops
     ]

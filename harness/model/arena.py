@@ -311,7 +311,7 @@ def conv_geometry(op: OpInfo, info: ModelInfo) -> ConvGeometry:
     mult = 1
     if op.opcode == "DEPTHWISE_CONV_2D":
         mult = int(str(o.get("depth_multiplier", 1))) or max(1, oc // max(1, c))
-    return ConvGeometry(h, w, c, fh, fw, oh, ow, oc, ph, pw, sh, sw, mult)
+    return ConvGeometry(h, w, c, fh=fh, fw=fw, oh=oh, ow=ow, oc=oc, ph=ph, pw=pw, sh=sh, sw=sw, mult=mult)
 
 
 def _op_scratch(op: OpInfo, info: ModelInfo, family: str, sets: Sequence[str]) -> int:

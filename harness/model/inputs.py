@@ -511,7 +511,7 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
         data = _fit_flat(values, tensor, src, f"C array ({c_dtype})", notes)
     # 8-bit pixel data: an image, or uint8 values for a model whose input is not uint8
     pixels = kind == "image" or (data.dtype == np.uint8 and model_dt != np.uint8)
-    return _prepare(src, data, tensor, opts, kind, pixels, notes)
+    return _prepare(src, data, tensor, opts=opts, kind=kind, pixels=pixels, notes=notes)
 
 
 def prepare_array(
@@ -525,7 +525,7 @@ def prepare_array(
     notes: list[str] = []
     data = _fit_shape(np.asarray(data), tensor, src, notes)
     pixels = data.dtype == np.uint8 and np.dtype(tensor.dtype) != np.uint8
-    return _prepare(src, data, tensor, options or InputOptions(), "npy", pixels, notes)
+    return _prepare(src, data, tensor, opts=options or InputOptions(), kind="npy", pixels=pixels, notes=notes)
 
 
 def _prepare(
@@ -547,7 +547,15 @@ def _prepare(
         real = dequantize(q, tensor.scale, tensor.zero_point or 0) if tensor.scale is not None else None
         report = QuantizationReport(total=int(q.size), differing=0, wrapped=0, clamped=0, max_abs_diff=0)
         return PreparedInput(
-            src, real, q, hashlib.sha256(q.tobytes()).hexdigest(), report, tensor, kind, True, tuple(notes)
+            src,
+            real,
+            q,
+            sha256=hashlib.sha256(q.tobytes()).hexdigest(),
+            report=report,
+            tensor=tensor,
+            kind=kind,
+            prequantized=True,
+            notes=tuple(notes),
         )
     if data.dtype.kind in "iu" and model_dt.kind in "iu" and not pixels and not explicit_norm:
         raise InputDataError(
@@ -576,7 +584,15 @@ def _prepare(
             f"quantized with scale {tensor.scale:.9g}, zero point {zp} (round half away from zero, clamp)"
         )
     return PreparedInput(
-        src, real, q, hashlib.sha256(q.tobytes()).hexdigest(), report, tensor, kind, False, tuple(notes)
+        src,
+        real,
+        q,
+        sha256=hashlib.sha256(q.tobytes()).hexdigest(),
+        report=report,
+        tensor=tensor,
+        kind=kind,
+        prequantized=False,
+        notes=tuple(notes),
     )
 
 

@@ -652,11 +652,11 @@ class _Builder:
             run.index,
             _int(rec, "sub", unsigned=True),
             _int(rec, "idx", unsigned=True),
-            opname,
-            _int(rec, "cycles", unsigned=True),
-            self._tap_list(rec, "in"),
-            self._tap_list(rec, "out"),
-            rec.seq,
+            opcode=opname,
+            cycles=_int(rec, "cycles", unsigned=True),
+            inputs=self._tap_list(rec, "in"),
+            outputs=self._tap_list(rec, "out"),
+            seq=rec.seq,
         )
         if any(o.idx == op.idx and o.sub == op.sub for o in run.ops):
             self.problem(f"line {rec.line}: OP i={run.index} idx={op.idx} repeated")
@@ -761,12 +761,12 @@ class _Builder:
             run.index if run else -1,
             o,
             dtype,
-            shape,
-            scale,
-            _int(rec, "zp"),
-            np.zeros(0),
-            "" if name == "-" else name,
-            crc,
+            shape=shape,
+            scale=scale,
+            zero_point=_int(rec, "zp"),
+            data=np.zeros(0),
+            name="" if name == "-" else name,
+            crc=crc,
         )
         if register and run is not None and any(t.o == o for t in run.outputs):
             self.problem(f"line {rec.line}: TENSOR i={run.index} o={o} repeated")

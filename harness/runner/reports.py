@@ -267,7 +267,18 @@ def _task_cases(t: Task) -> list[junit.Case]:
         if c.status == CaseStatus.ERROR:
             text += f"\nartifacts: {t.dir}"
         outcome = _OUTCOME[c.status]
-        found.append(junit.Case(where, name, outcome, c.type.value, c.message, text, out_text, each))
+        found.append(
+            junit.Case(
+                where,
+                name,
+                outcome,
+                type=c.type.value,
+                message=c.message,
+                text=text,
+                out=out_text,
+                seconds=each,
+            )
+        )
     return found
 
 

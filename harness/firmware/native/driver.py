@@ -324,7 +324,15 @@ def build_program(
         tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR)
         tmp.replace(out)
         (tree / "built").write_text(key + "\n", encoding="utf-8")
-    return NativeProgram(out, key, tree, toolchain, tuple(components), reused, time.monotonic() - t0)
+    return NativeProgram(
+        out,
+        key,
+        tree,
+        toolchain=toolchain,
+        components=tuple(components),
+        reused_tree=reused,
+        seconds=time.monotonic() - t0,
+    )
 
 
 def _failed(argv: Sequence[str], rc: int, tail: Sequence[str], log_path: Path) -> BuildError:

@@ -129,7 +129,14 @@ def plan_native_build(
             log.write(f"native: warning: {w}\n")
     key = tree_key(components, config, idf_version, toolchain)
     return NativePlan(
-        project / "main", components, config, toolchain, idf_version, root, key, tuple(warnings)
+        project / "main",
+        components,
+        config,
+        toolchain=toolchain,
+        idf_version=idf_version,
+        root=root,
+        key=key,
+        warnings=tuple(warnings),
     )
 
 

@@ -558,7 +558,6 @@ def _base_context(
         "versions": versions,
         "pio_env": PIO_ENV,
         "model": {"file_name": model_path.name, "bytes": len(model_bytes), "sha256": _sha256(model_bytes)},
-        "model_array": _hex_array(model_bytes),
         "inputs": [
             {"source_name": p.name, "sha256": _sha256(raw), "array": _hex_array(raw)}
             for p, raw, _ in prepared

@@ -1,0 +1,117 @@
+"""Host overhead of one run (issue #25 item 6): each model parsed once, no unused model hex rendering.
+
+Nothing is faked except the board: flash_and_compare runs on the simulated board (``sim://``), the
+build through the simulator's builder, the host reference in its real child process.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.errors import ModelError
+from harness.firmware import generate
+from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+from harness.model import loader
+
+MODEL = "cnn_classifier_11.tflite"
+INPUT = "inputs/cnn_classifier_11.npy"
+
+
+@pytest.fixture
+def parse_calls(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every real flatbuffer parse of this test, by path (the cache starts empty)."""
+    calls: list[Path] = []
+    real = loader._parse
+
+    def counting(data: bytes, path: Path, *rest: Any) -> Any:
+        calls.append(path)
+        return real(data, path, *rest)
+
+    monkeypatch.setattr(loader, "_parse", counting)
+    if hasattr(loader, "_parsed"):
+        monkeypatch.setattr(loader, "_parsed", type(loader._parsed)())
+    return calls
+
+
+def test_a_model_loaded_twice_is_parsed_once(
+    models_dir: Path, tmp_path: Path, parse_calls: list[Path]
+) -> None:
+    a = loader.load_model(models_dir / MODEL)
+    copy = tmp_path / "copy.tflite"
+    shutil.copyfile(models_dir / MODEL, copy)
+    b = loader.load_model(copy)  # same bytes under another name: same facts, its own path
+    assert len(parse_calls) == 1
+    assert b.path == copy and a.path == models_dir / MODEL
+    assert (b.sha256, b.ops, b.inputs, b.outputs) == (a.sha256, a.ops, a.inputs, a.outputs)
+
+
+def test_a_rewritten_model_is_parsed_again(models_dir: Path, tmp_path: Path, parse_calls: list[Path]) -> None:
+    path = tmp_path / "m.tflite"
+    shutil.copyfile(models_dir / MODEL, path)
+    first = loader.load_model(path)
+    shutil.copyfile(models_dir / "op_zoo.tflite", path)  # same path, new content: no stale answer
+    second = loader.load_model(path)
+    assert len(parse_calls) == 2
+    assert second.sha256 != first.sha256 and second.ops != first.ops
+
+
+def test_a_corrupt_model_is_refused_every_time(
+    models_dir: Path, tmp_path: Path, parse_calls: list[Path]
+) -> None:
+    bad = tmp_path / "bad.tflite"
+    bad.write_bytes((models_dir / MODEL).read_bytes()[:2000])
+    for _ in range(2):
+        with pytest.raises(ModelError):
+            loader.load_model(bad)  # errors are not cached as if they were models
+    assert len(parse_calls) == 2
+
+
+def test_the_parse_cache_is_bounded(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch, parse_calls: list[Path]
+) -> None:
+    monkeypatch.setattr(loader, "_PARSED_MAX", 1)
+    loader.load_model(models_dir / MODEL)
+    loader.load_model(models_dir / "op_zoo.tflite")
+    loader.load_model(models_dir / MODEL)  # evicted by op_zoo: parsed again
+    assert len(loader._parsed) == 1
+    assert [p.name for p in parse_calls] == [MODEL, "op_zoo.tflite", MODEL]
+
+
+def test_flash_and_compare_parses_the_model_once(
+    models_dir: Path, tmp_path: Path, parse_calls: list[Path]
+) -> None:
+    """Flow, generator, arena estimate, host reference and simulated board all read one parse."""
+    result = flash_and_compare(
+        models_dir / MODEL,
+        [models_dir / INPUT],
+        board="sim",
+        out_dir=tmp_path / "out",
+        cache_dir=tmp_path / "cache",
+        timeouts=StageTimeouts(capture_total=30, capture_silence=3),
+    )
+    assert result.exit_code == 0, result
+    assert [p.name for p in parse_calls] == [MODEL]
+
+
+def test_generate_does_not_render_the_model_as_a_c_array(
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model goes to its own flash partition; a hex C initializer of it was rendered and unused."""
+    rendered: list[bytes] = []
+    real = generate._hex_array
+
+    def recording(data: bytes, *args: Any, **kwargs: Any) -> str:
+        rendered.append(bytes(data))
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(generate, "_hex_array", recording)
+    projects = generate.generate_projects(
+        models_dir / MODEL, [models_dir / INPUT], "sim", out_dir=tmp_path / "p"
+    )
+    model_bytes = (models_dir / MODEL).read_bytes()
+    assert len(projects) == 2 and all(p.manifest["model"]["sha256"] for p in projects)
+    assert model_bytes not in rendered

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 
 from harness.errors import ModelError
@@ -115,3 +116,35 @@ def test_generate_does_not_render_the_model_as_a_c_array(
     model_bytes = (models_dir / MODEL).read_bytes()
     assert len(projects) == 2 and all(p.manifest["model"]["sha256"] for p in projects)
     assert model_bytes not in rendered
+
+
+def test_templates_are_compiled_once_and_again_when_edited(
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jinja's compiled templates are kept in esp-check's cache, keyed by each template's source."""
+    templates = tmp_path / "templates"
+    shutil.copytree(generate.templates_dir(), templates)
+    monkeypatch.setattr(generate, "templates_dir", lambda: templates)
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    compiled: list[str | None] = []
+    real = jinja2.Environment.compile
+
+    def counting(self: jinja2.Environment, source: Any, name: str | None = None, *a: Any, **k: Any) -> Any:
+        compiled.append(name)
+        return real(self, source, name, *a, **k)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counting)
+
+    def gen() -> str:
+        generate.generate_projects(models_dir / MODEL, [models_dir / INPUT], "sim", out_dir=tmp_path / "p")
+        return (tmp_path / "p" / "optimized" / "partitions.csv").read_text()
+
+    gen()
+    first = len(compiled)
+    assert first > 0
+    gen()
+    assert len(compiled) == first  # the second run compiled nothing
+    csv = templates / "project" / "partitions.csv.j2"
+    csv.write_text("# edited\n" + csv.read_text())
+    assert gen().startswith("# edited\n")  # an edited template is not served stale
+    assert compiled[first:] == ["partitions.csv.j2"]

@@ -59,6 +59,7 @@ from harness.runner.policy import (
     may_take,
     orphans,
 )
+from harness.runner.prepare import prepare_shared
 from harness.runner.results import (
     Attempt,
     BoardState,
@@ -704,6 +705,7 @@ class Runner:
         self._prepare_out()
         self._check_ports()
         try:
+            prepare_shared(self)
             self._work()
         finally:  # also on a crash or a second Ctrl-C: no labgrid place stays acquired by us
             self.release_places()

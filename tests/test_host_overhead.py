@@ -6,11 +6,16 @@ build through the simulator's builder, the host reference in its real child proc
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import numpy as np
 import pytest
 
 from harness.errors import ModelError
@@ -148,3 +153,81 @@ def test_templates_are_compiled_once_and_again_when_edited(
     csv.write_text("# edited\n" + csv.read_text())
     assert gen().startswith("# edited\n")  # an edited template is not served stale
     assert compiled[first:] == ["partitions.csv.j2"]
+
+
+def test_stopping_the_host_reference_kills_its_child(
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that ends while the reference runs in the background leaves no child behind.
+
+    Faked: the child is a Python process that writes its pid and sleeps (instead of TFLM)."""
+    from harness.errors import HostReferenceError
+    from harness.model import hostrun, reference
+
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    pid_file = tmp_path / "pid"
+    script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    monkeypatch.setattr(hostrun, "_child_argv", lambda job_dir: [sys.executable, "-c", script])
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    x = np.load(models_dir / "inputs" / "cnn_classifier_11.q.npy")
+
+    def run() -> None:
+        try:
+            reference.run_reference(models_dir / MODEL, [[x]], stop=stop)
+        except BaseException as exc:
+            errors.append(exc)
+
+    th = threading.Thread(target=run)
+    th.start()
+    for _ in range(600):  # the child has started once it wrote its pid
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    pid = int(pid_file.read_text())
+    stop.set()
+    th.join(60)
+    assert not th.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], HostReferenceError) and "stopped" in str(errors[0])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped
+
+
+def test_dataset_host_reference_runs_while_the_inputs_stream(
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dataset's host reference overlaps the stream and is joined before the verdicts.
+
+    The reference is wrapped to wait (at most 60 s) until the first variant's dataset stage has started:
+    if the flow ran the reference before streaming, that never happens while it waits."""
+    from harness.flows.dataset import DatasetOptions
+    from harness.model import reference
+
+    streaming = threading.Event()
+    seen: list[tuple[str, bool]] = []
+    real = reference.run_reference
+
+    def waiting(*a: Any, **k: Any) -> Any:
+        seen.append((threading.current_thread().name, streaming.wait(60)))
+        return real(*a, **k)
+
+    def progress(stage: str, message: str) -> None:
+        if stage.startswith("dataset") and message == "started":
+            streaming.set()
+
+    monkeypatch.setattr(reference, "run_reference", waiting)
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    result = flash_and_compare(
+        models_dir / MODEL,
+        [],
+        board="sim",
+        out_dir=tmp_path / "out",
+        cache_dir=tmp_path / "build-cache",
+        timeouts=StageTimeouts(capture_total=60, capture_silence=10),
+        progress=progress,
+        dataset=DatasetOptions(random_inputs=4, seed=2, results="full"),
+    )
+    assert seen == [("host-reference", True)]
+    assert result.exit_code == 0, result.errors
+    agreement = result.dataset["analysis"]["agreement"]
+    assert agreement["optimized_vs_host"]["compared"] == 4  # the host legs were joined and judged

@@ -45,7 +45,7 @@ from harness.flows.capture import flash_and_capture, run_variants, with_board
 from harness.flows.dataset import (
     DatasetOptions,
     DatasetOutcome,
-    host_legs,
+    HostLegsJob,
     load_inputs,
     output_specs,
     pick_tap_inputs,
@@ -67,6 +67,7 @@ from harness.flows.refused import refusal_finding
 from harness.flows.report import discard_report, write_junit, write_report
 from harness.flows.resident import ResidentBoard
 from harness.flows.tap_run import TapRunRequest, run_tap_flow
+from harness.model.dataset import Dataset
 from harness.model.inputs import InputOptions, input_tensor_bytes
 from harness.model.loader import ModelInfo, load_model
 from harness.model.opdata import espnn_model_acceleration
@@ -488,22 +489,15 @@ def _dataset_job(
     tolerance_lsb: float,
     ref_tolerance_lsb: float,
 ) -> None:
-    """Dataset mode: the inputs are loaded (usage errors before anything is built), the host reference
-    runs on all of them, both variants are built with nothing compiled in, flashed once, and the dataset
-    streams through each; every input gets its verdict."""
+    """Dataset mode: the inputs are loaded (usage errors before anything is built), both variants are
+    built with nothing compiled in, flashed once, and the dataset streams through each while the host
+    reference runs on all of them; every input gets its verdict."""
     ds = load_inputs(opts, run.info.inputs[0], job.input_options)
     outcome = run.dataset = DatasetOutcome(ds)
     projects = generate_firmware(
         run.model, [], run.board, run.out / "projects", rec=run.rec, input_options=job.input_options,
         arena_kb=job.arena_kb, features=FirmwareFeatures(embed_inputs=False),
     )  # fmt: skip
-    if job.reference:
-        try:
-            outcome.host = host_legs(run.model, run.info, ds, run.rec)
-        except EspCheckError as exc:
-            if exc.exit_code == ExitCode.USAGE:
-                raise
-            run.warnings.append(f"host reference unavailable, comparing optimized vs ANSI C only: {exc}")
     fw = build_firmware(
         projects, rec=run.rec, logs_dir=run.out / "logs", builder=job.builder, cache_dir=job.cache_dir,
         timeout=job.limits.build, native=job.native,
@@ -518,6 +512,7 @@ def _dataset_job(
         )
 
     with contextlib.ExitStack() as held:
+        host = _start_host_legs(run, ds, job.reference, held)
         try:
             cm = lock_cm()
             if cm is not None:
@@ -525,6 +520,8 @@ def _dataset_job(
         except EspCheckError as exc:
             run.failed("board lock", exc)
             return
+        if opts.results != "full":  # crc mode: the device's CRCs are checked against the host's as it streams
+            _join_host_legs(run, outcome, host)
         run.link = with_board(
             run.rec,
             run.variants,
@@ -536,6 +533,7 @@ def _dataset_job(
             job.flash_baud,
             body,
         )
+        _join_host_legs(run, outcome, host)
     run.codes += [r.exit_code for r in run.variants.values() if r.exit_code is not None]
     if outcome.run is not None:
         verdicts(outcome, run.variants, outputs, tolerance_lsb, ref_tolerance_lsb)
@@ -543,6 +541,32 @@ def _dataset_job(
     run.errors += outcome.errors
     if opts.tap_inputs and outcome.run is not None:
         _dataset_tap(run, opts, job, lock_cm)
+
+
+def _start_host_legs(
+    run: _Run, ds: Dataset, reference: bool, held: contextlib.ExitStack
+) -> HostLegsJob | None:
+    """The dataset's host reference, started before the board is locked and flashed: it runs while the
+    inputs stream (in full mode it is waited for only before the verdicts). ``held`` kills it if the
+    run ends before then."""
+    if not reference:
+        return None
+    job = HostLegsJob(run.model, run.info, ds, run.rec)
+    held.callback(job.cancel)
+    return job
+
+
+def _join_host_legs(run: _Run, outcome: DatasetOutcome, host: HostLegsJob | None) -> None:
+    """Wait for the host reference (once): a usage error (the model) ends the run with exit 2; any
+    other failure leaves optimized vs ANSI C only, with a warning."""
+    if host is None or host.taken:
+        return
+    try:
+        outcome.host = host.result()
+    except EspCheckError as exc:
+        if exc.exit_code == ExitCode.USAGE:
+            raise
+        run.warnings.append(f"host reference unavailable, comparing optimized vs ANSI C only: {exc}")
 
 
 def _dataset_tap(

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import EspCheckError
@@ -57,21 +58,41 @@ def _codec_library() -> None:
         build_c_library()
 
 
-def _quietly(job: Any) -> None:
+def _quietly(job: Any, runner: Runner) -> None:
+    if runner.stop.is_set():
+        return
     with contextlib.suppress(EspCheckError):  # memoized by the runner: the task that needs it reports it
         job()
 
 
 def prepare_shared(runner: Runner, workers: int | None = None) -> int:
     """Build each distinct firmware and host reference of ``runner``'s plan once; returns how many
-    pieces of work there were. Stops early when the run is told to stop."""
+    pieces of work there were. A stop starts no more of them; a hard stop (a second Ctrl-C) stops
+    waiting for the running ones, as the board workers' join does (the threads are daemons, like the
+    board workers, so nothing they run holds the process open)."""
     jobs = _shared_jobs(runner)
     if not jobs:
         return 0
     runner.say(f"[prepare] {len(jobs)} shared build(s) and reference(s) before the boards start")
-    with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
-        for job in jobs:
-            if runner.stop.is_set():
-                break
-            pool.submit(_quietly, job)
+    todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    for job in jobs:
+        todo.put(job)
+
+    def worker() -> None:
+        while True:
+            try:
+                job = todo.get_nowait()
+            except queue.Empty:
+                return
+            _quietly(job, runner)
+
+    threads = [
+        threading.Thread(target=worker, name=f"prepare-{k}", daemon=True)
+        for k in range(min(len(jobs), workers or min(4, os.cpu_count() or 1)))
+    ]
+    for th in threads:
+        th.start()
+    for th in threads:
+        while th.is_alive() and not runner.hard_stop.is_set():
+            th.join(timeout=0.2)
     return len(jobs)

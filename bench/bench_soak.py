@@ -11,16 +11,21 @@ What it does (nothing here asserts; it prints numbers measured in this one run):
    - every 10th job is a known-bad job whose optimized variant corrupts outputs (expected: mismatch),
      every 25th one whose optimized variant panics (expected: firmware fault), on every attempt;
 3. runs the plan on 4 boards, then the same jobs on 1 board (same fault rate, warm build cache);
+   with ``--cold``, each of the two first runs on empty caches (build cache, host-reference cache,
+   the simulated boards' protocol library: a fresh ``ESP_CHECK_CACHE_DIR``) and again warm, side by
+   side: cold 4, warm 4, cold 1, warm 1;
 4. reports completed jobs, wrong verdicts (goal 0), lost artifacts (goal 0: every attempt has its
    attempt.json and every serial log it names exists), retries, and throughput relative to 1 board.
 
 Usage: python bench/bench_soak.py [--jobs 200] [--fault-rate 0.05] [--throttle 115200] [--skip-baseline]
+       [--cold]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import tempfile
 import threading
@@ -47,8 +52,8 @@ def expected_verdict(i: int) -> str:
 def write_plan(path: Path, n: int) -> None:
     parts = [
         "[run]\nbackoff_s = 0.05\nbackoff_max_s = 0.5\nquarantine_after = 4\n",
-        "[defaults]\nboards = [\"sim\"]\nretries = 4\n"
-        "comparisons = [\"optimized-vs-ansi\", \"each-vs-host\"]\n"
+        '[defaults]\nboards = ["sim"]\nretries = 4\n'
+        'comparisons = ["optimized-vs-ansi", "each-vs-host"]\n'
         "timeouts = { capture_total = 60, capture_silence = 5 }\n",
     ]
     for i in range(n):
@@ -115,8 +120,10 @@ def lost_artifacts(doc: dict) -> list[str]:
     return lost
 
 
-def soak(tmp: Path, n: int, boards: int, rate: float, throttle: int, seed: int, cache: Path) -> dict:
-    tag = f"{boards}b"
+def soak(
+    tmp: Path, n: int, boards: int, rate: float, throttle: int, seed: int, cache: Path, label: str = ""
+) -> dict:
+    tag = f"{boards}b{label}"
     plan, inv = tmp / f"plan-{tag}.toml", tmp / f"bench-{tag}.toml"
     write_plan(plan, n)
     write_inventory(inv, boards, throttle)
@@ -137,6 +144,7 @@ def soak(tmp: Path, n: int, boards: int, rate: float, throttle: int, seed: int, 
     ]
     return {
         "boards": boards,
+        "label": label,
         "jobs": n,
         "completed": sum(
             1 for t in doc["tasks"] if t["state"] == "done" and t["verdict"] != "infrastructure_error"
@@ -155,6 +163,27 @@ def soak(tmp: Path, n: int, boards: int, rate: float, throttle: int, seed: int, 
     }
 
 
+def cold_and_warm(tmp: Path, args: argparse.Namespace) -> list[dict]:
+    """Cold then warm on 4 boards, cold then warm on 1: each cold run on its own empty cache root."""
+    results = []
+    for k, boards in enumerate((args.boards, 1)):
+        root = tmp / f"cache-{boards}b"
+        old = os.environ.get("ESP_CHECK_CACHE_DIR")
+        os.environ["ESP_CHECK_CACHE_DIR"] = str(root)  # host references, the protocol library
+        try:
+            for label in (" cold", " warm"):
+                seed = args.seed + 2 * k
+                results.append(
+                    soak(tmp, args.jobs, boards, args.fault_rate, args.throttle, seed, root / "build", label)
+                )
+        finally:
+            if old is None:
+                os.environ.pop("ESP_CHECK_CACHE_DIR", None)
+            else:
+                os.environ["ESP_CHECK_CACHE_DIR"] = old
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=200)
@@ -163,16 +192,20 @@ def main() -> None:
     ap.add_argument("--throttle", type=int, default=115200, help="board output line rate (0: unthrottled)")
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--skip-baseline", action="store_true", help="do not run the same jobs on one board")
+    ap.add_argument("--cold", action="store_true", help="cold and warm runs side by side (4 runs)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         cache = tmp / "cache"
-        results = [soak(tmp, args.jobs, args.boards, args.fault_rate, args.throttle, args.seed, cache)]
-        if not args.skip_baseline:
-            results.append(soak(tmp, args.jobs, 1, args.fault_rate, args.throttle, args.seed + 1, cache))
+        if args.cold:
+            results = cold_and_warm(tmp, args)
+        else:
+            results = [soak(tmp, args.jobs, args.boards, args.fault_rate, args.throttle, args.seed, cache)]
+            if not args.skip_baseline:
+                results.append(soak(tmp, args.jobs, 1, args.fault_rate, args.throttle, args.seed + 1, cache))
     for r in results:
         print(
-            f"{r['boards']} board(s): {r['completed']}/{r['jobs']} jobs completed, "
+            f"{r['boards']} board(s){r['label']}: {r['completed']}/{r['jobs']} jobs completed, "
             f"wrong verdicts {len(r['wrong_verdicts'])}, lost artifacts {len(r['lost_artifacts'])}, "
             f"{r['faults_injected']} transient faults injected, {r['retries']} retries, "
             f"{r['attempts']} attempts, quarantined {r['quarantined'] or 'none'}, "
@@ -182,11 +215,18 @@ def main() -> None:
             print("  WRONG:", w)
         for lost in r["lost_artifacts"][:10]:
             print("  LOST:", lost)
-    if len(results) == 2:
+    cpus, load = os.cpu_count(), os.getloadavg()
+    if len(results) == 4:
+        for i, label in ((0, "cold"), (1, "warm")):
+            ratio = results[i]["jobs_per_min"] / results[i + 2]["jobs_per_min"]
+            print(
+                f"throughput {args.boards} boards / 1 board, {label}: {ratio:.2f}x (CPUs {cpus}, load {load})"
+            )
+    elif len(results) == 2:
         print(
             f"throughput {results[0]['boards']} boards / 1 board: "
             f"{results[0]['jobs_per_min'] / results[1]['jobs_per_min']:.2f}x "
-            f"(1-board run had a warm build cache; host has {__import__('os').cpu_count()} CPUs)"
+            f"(1-board run had a warm build cache; host has {cpus} CPUs, load {load})"
         )
 
 

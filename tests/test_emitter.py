@@ -327,6 +327,24 @@ def test_header_is_usable_from_cpp_firmware(tmp_path: Path) -> None:
 
 
 @needs_cc
+def test_concurrent_boards_compile_the_library_once(tmp_path: Path) -> None:
+    """Four simulated boards starting together ask for the library at once: one compiles, three wait.
+
+    The compiler is the real one behind a wrapper that logs each call and is slow to start, so that
+    unlocked callers would all find the library missing (#25 item 7: the runner's cold start)."""
+    cc = em_mod.find_c_compiler()
+    assert cc is not None
+    log = tmp_path / "cc.log"
+    wrapper = tmp_path / "slow-cc"
+    wrapper.write_text(f'#!/bin/sh\necho "$$" >> "{log}"\nsleep 0.5\nexec "{cc}" "$@"\n')
+    wrapper.chmod(0o755)
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda _: build_c_library(tmp_path, compiler=str(wrapper)), range(4)))
+    assert len(set(paths)) == 1 and paths[0].is_file()
+    assert len(log.read_text().split()) == 1
+
+
+@needs_cc
 def test_library_cache_reuse_and_concurrent_builds(tmp_path: Path) -> None:
     with ThreadPoolExecutor(4) as pool:
         paths = list(pool.map(lambda _: build_c_library(tmp_path), range(4)))

@@ -34,9 +34,9 @@ def children(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Path]:
     started: list[Path] = []
     real = hostrun._spawn
 
-    def counting(job_dir: Path, timeout: float):  # type: ignore[no-untyped-def]
+    def counting(job_dir: Path, timeout: float, *rest):  # type: ignore[no-untyped-def]
         started.append(job_dir)
-        return real(job_dir, timeout)
+        return real(job_dir, timeout, *rest)
 
     monkeypatch.setattr(hostrun, "_spawn", counting)
     return started

@@ -16,6 +16,7 @@ Inputs whose result was lost on the link are run again (and the run is no longer
 from __future__ import annotations
 
 import dataclasses
+import threading
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -499,7 +500,9 @@ def load_inputs(opts: DatasetOptions, tensor: TensorInfo, input_options: InputOp
 HOST_CHUNK = 256  # inputs per host reference child (bounded time and memory per child)
 
 
-def host_legs(model: Path, info: ModelInfo, ds: Dataset, rec: Recorder) -> list[Leg]:
+def host_legs(
+    model: Path, info: ModelInfo, ds: Dataset, rec: Recorder, stop: threading.Event | None = None
+) -> list[Leg]:
     """The host reference's outputs for every input (cached on disk by the hostrun child)."""
     from harness.model.reference import run_reference
 
@@ -512,10 +515,45 @@ def host_legs(model: Path, info: ModelInfo, ds: Dataset, rec: Recorder) -> list[
         for k in range(0, len(ds.items), HOST_CHUNK):
             part = ds.items[k : k + HOST_CHUNK]
             arrays = [[np.frombuffer(it.data, dt).reshape(tin.shape)] for it in part]
-            legs += [host_leg(r.outputs) for r in run_reference(model_bytes, arrays).runs]
+            legs += [host_leg(r.outputs) for r in run_reference(model_bytes, arrays, stop=stop).runs]
         return legs
 
     return rec.run("reference", None, run)
+
+
+class HostLegsJob:
+    """:func:`host_legs` in a thread of its own, so that the host reference (a child process) runs while
+    the board is flashed and the dataset streams. :meth:`result` waits for it and returns the legs or
+    raises what it raised (the same each time); :meth:`cancel` kills its child, so a run that ends early
+    (an error, Ctrl-C, SIGTERM) leaves none behind."""
+
+    def __init__(self, model: Path, info: ModelInfo, ds: Dataset, rec: Recorder) -> None:
+        self._stop = threading.Event()
+        self._legs: list[Leg] | None = None
+        self._error: BaseException | None = None
+        self.taken = False  # result() was called
+        self._thread = threading.Thread(
+            target=self._run, args=(model, info, ds, rec), name="host-reference", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, model: Path, info: ModelInfo, ds: Dataset, rec: Recorder) -> None:
+        try:
+            self._legs = host_legs(model, info, ds, rec, self._stop)
+        except BaseException as exc:  # handed to result() in the caller's thread
+            self._error = exc
+
+    def result(self) -> list[Leg]:
+        self.taken = True
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._legs is not None
+        return self._legs
+
+    def cancel(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def output_specs(info: ModelInfo) -> list[OutputSpec]:

@@ -41,7 +41,7 @@ from harness.flows.capture import flash_and_capture, stream_inputs, with_board
 from harness.flows.dataset import (
     DatasetOptions,
     DatasetOutcome,
-    host_legs,
+    HostLegsJob,
     load_inputs,
     output_specs,
     pick_tap_inputs,
@@ -65,6 +65,7 @@ from harness.flows.report import discard_report, write_junit, write_report
 from harness.flows.resident import ResidentBoard
 from harness.flows.tap_run import TapRunRequest, run_tap_flow
 from harness.flows.targets import Target, open_target, sim_port_for
+from harness.model.dataset import Dataset
 from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo, load_model
 from harness.model.opdata import espnn_model_acceleration
@@ -218,8 +219,10 @@ class InputsWorkload(Workload):
             for v in order:
                 run.variants[v].exit_code = stream_inputs(rb, run.variants[v], streamed)
 
-        if not _on_board(run, fw, body):
-            return
+        with _acquired(run) as locked:
+            if not locked:
+                return
+            _execute(run, fw, body)
         run.comparison = _compare(run, self.ref_source)
         if o.tap:
             _tap(run, tap_request(run.spec, run.info, run.target, run.out))
@@ -232,27 +235,17 @@ class InputsWorkload(Workload):
 
 
 class DatasetWorkload(Workload):
-    """A dataset (docs/dataset.md): loaded first (usage errors before anything is built), the host
-    reference on all of it, both variants built with nothing compiled in, flashed once, the dataset
-    streamed through each; every input gets its verdict. ``--tap-inputs`` then taps chosen inputs."""
+    """A dataset (docs/dataset.md): loaded first (usage errors before anything is built), both variants
+    built with nothing compiled in, flashed once, the dataset streamed through each while the host
+    reference runs on all of it (in ``crc`` mode it is waited for before the stream, which checks the
+    device's CRCs against it); every input gets its verdict. ``--tap-inputs`` then taps chosen inputs."""
 
     def execute(self, run: _Run) -> None:
         opts = run.opts.dataset
         assert opts is not None
         ds = load_inputs(opts, run.info.inputs[0], run.opts.input_options)
         outcome = run.dataset = DatasetOutcome(ds)
-
-        def host(run: _Run) -> None:
-            if not run.opts.reference:
-                return
-            try:
-                outcome.host = host_legs(run.model, run.info, ds, run.rec)
-            except EspCheckError as exc:
-                if exc.exit_code == ExitCode.USAGE:
-                    raise
-                run.warnings.append(f"host reference unavailable, comparing optimized vs ANSI C only: {exc}")
-
-        fw = _firmware(run, [], FirmwareFeatures(embed_inputs=False), before_build=host)
+        fw = _firmware(run, [], FirmwareFeatures(embed_inputs=False), before_build=lambda run: None)
         if fw is None:
             return
         outputs = output_specs(run.info)
@@ -263,8 +256,14 @@ class DatasetWorkload(Workload):
                 host=outcome.host,
             )  # fmt: skip
 
-        if not _on_board(run, fw, body):
-            return
+        with contextlib.ExitStack() as held:
+            host = _start_host_legs(run, ds, run.opts.reference, held)
+            if not held.enter_context(_acquired(run)):
+                return
+            if opts.results != "full":
+                _join_host_legs(run, outcome, host)
+            _execute(run, fw, body)
+            _join_host_legs(run, outcome, host)
         if outcome.run is not None:
             verdicts(outcome, run.variants, outputs, run.opts.tolerance_lsb, run.opts.ref_tolerance_lsb)
         run.codes += outcome.codes
@@ -291,9 +290,9 @@ def _firmware(
     return fw if _record_builds(run, fw) else None
 
 
-def _on_board(run: _Run, fw: Firmware, body: Callable[[ResidentBoard, list[str]], None]) -> bool:
-    """acquire + execute: hold the board's lock, flash what differs, boot, ``body``; the variants' exit
-    codes join the run's. False when the lock could not be taken."""
+@contextlib.contextmanager
+def _acquired(run: _Run) -> Iterator[bool]:
+    """acquire: the board's lock held for the ``with`` block (True), or False when it could not be taken."""
     with contextlib.ExitStack() as held:
         try:
             cm = run.lock()
@@ -301,13 +300,18 @@ def _on_board(run: _Run, fw: Firmware, body: Callable[[ResidentBoard, list[str]]
                 run.rec.run("lock", None, lambda: held.enter_context(cm))
         except EspCheckError as exc:
             run.failed("board lock", exc)
-            return False
-        run.link = with_board(
-            run.rec, run.variants, fw.builds, target=run.target, out=run.out, limits=run.opts.timeouts,
-            flash_baud=run.opts.flash_baud, body=body,
-        )  # fmt: skip
+            yield False
+            return
+        yield True
+
+
+def _execute(run: _Run, fw: Firmware, body: Callable[[ResidentBoard, list[str]], None]) -> None:
+    """execute: flash what differs, boot, ``body``; the variants' exit codes join the run's."""
+    run.link = with_board(
+        run.rec, run.variants, fw.builds, target=run.target, out=run.out, limits=run.opts.timeouts,
+        flash_baud=run.opts.flash_baud, body=body,
+    )  # fmt: skip
     run.codes += [r.exit_code for r in run.variants.values() if r.exit_code is not None]
-    return True
 
 
 def tap_request(spec: JobSpec, info: ModelInfo, target: Target, out: Path) -> TapRunRequest:
@@ -470,6 +474,32 @@ def _record_builds(run: _Run, fw: Firmware) -> bool:
     for v, exc in fw.failures.items():
         run.failed(f"build {v}", exc)
     return fw.complete
+
+
+def _start_host_legs(
+    run: _Run, ds: Dataset, reference: bool, held: contextlib.ExitStack
+) -> HostLegsJob | None:
+    """The dataset's host reference, started before the board is locked and flashed: it runs while the
+    inputs stream (in full mode it is waited for only before the verdicts). ``held`` kills it if the
+    run ends before then."""
+    if not reference:
+        return None
+    job = HostLegsJob(run.model, run.info, ds, run.rec)
+    held.callback(job.cancel)
+    return job
+
+
+def _join_host_legs(run: _Run, outcome: DatasetOutcome, host: HostLegsJob | None) -> None:
+    """Wait for the host reference (once): a usage error (the model) ends the run with exit 2; any
+    other failure leaves optimized vs ANSI C only, with a warning."""
+    if host is None or host.taken:
+        return
+    try:
+        outcome.host = host.result()
+    except EspCheckError as exc:
+        if exc.exit_code == ExitCode.USAGE:
+            raise
+        run.warnings.append(f"host reference unavailable, comparing optimized vs ANSI C only: {exc}")
 
 
 def _dataset_tap(run: _Run, opts: DatasetOptions) -> None:

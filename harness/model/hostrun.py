@@ -27,6 +27,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -253,13 +255,15 @@ def host_results(
     per_layer: bool = False,
     reference: bool = True,
     arena: bool = False,
+    stop: threading.Event | None = None,
 ) -> HostResults:
     """Reference outputs of ``runs`` (if ``reference``) and TFLM's arena measurement (if ``arena``
     and the tflite-micro wheel is importable), from the cache or from one child process.
 
     ``info`` must be :func:`~harness.model.loader.parse_model_bytes` of ``model_bytes`` and ``runs``
     arrays that fit it. Raises ModelError when the model crashes the interpreter or needs more than
-    the memory limit, HostReferenceError when the backend is missing, fails or times out.
+    the memory limit, HostReferenceError when the backend is missing, fails or times out. Setting
+    ``stop`` (from another thread) kills the child at once: HostReferenceError "stopped".
     """
     cache = _Cache(cache_dir())
     ref: ReferenceResult | None = None
@@ -301,7 +305,7 @@ def host_results(
         return HostResults(ref, measured, 0)
     name = impl.name if impl is not None else "tflm"
     child_runs, child_arena = _run_child(
-        model_bytes, info, runs if need_ref else None, name, per_layer, need_arena
+        model_bytes, info, runs if need_ref else None, name, per_layer, need_arena, stop
     )
     if need_ref:
         assert impl is not None and child_runs is not None
@@ -318,27 +322,47 @@ def _child_argv(job_dir: Path) -> list[str]:
     return [sys.executable, "-m", "harness.model.hostrun", str(job_dir)]
 
 
-def _spawn(job_dir: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+def _spawn(
+    job_dir: Path, timeout: float, stop: threading.Event | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the child to its end; kill it on the timeout, when ``stop`` is set, or on any exception here
+    (Ctrl-C, SIGTERM), as ``subprocess.run`` does."""
     # The child must import this very package, also from a checkout that is not installed.
     package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    try:
-        return children.run(  # registered: a run abandoned by a second signal does not leave it behind
-            _child_argv(job_dir),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            env=env,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise HostReferenceError(
-            f"the host reference did not finish within {timeout:g} s (child process stopped)",
-            hint="a slow or overloaded machine? set ESP_CHECK_REFERENCE_TIMEOUT=<seconds> to allow more",
-        ) from exc
+    argv = _child_argv(job_dir)
+    with subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        errors="replace", env=env,
+    ) as proc, children.tracked(proc):  # registered: a run abandoned by a second signal does not leave it
+        try:
+            out, err = _communicate(proc, timeout, stop)
+        except BaseException:
+            proc.kill()
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _communicate(
+    proc: subprocess.Popen[str], timeout: float, stop: threading.Event | None
+) -> tuple[str, str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:  # short waits when another thread may stop us
+            return proc.communicate(timeout=0.2 if stop is not None else timeout)
+        except subprocess.TimeoutExpired as exc:
+            stopped = stop is not None and stop.is_set()
+            if not stopped and time.monotonic() < deadline:
+                continue
+            proc.kill()
+            proc.communicate()
+            if stopped:
+                raise HostReferenceError("the host reference was stopped (its child process killed)") from exc
+            raise HostReferenceError(
+                f"the host reference did not finish within {timeout:g} s (child process stopped)",
+                hint="a slow or overloaded machine? set ESP_CHECK_REFERENCE_TIMEOUT=<seconds> to allow more",
+            ) from exc
 
 
 def _signal_name(num: int) -> str:
@@ -392,6 +416,7 @@ def _run_child(
     backend: str,
     per_layer: bool,
     arena: bool,
+    stop: threading.Event | None = None,
 ) -> tuple[list[ReferenceRun] | None, ArenaMeasurement | None]:
     """Start the child for the missing results and turn what it says (or how it died) into results."""
     timeout, memory = limits()
@@ -410,7 +435,7 @@ def _run_child(
             "memory_bytes": memory,
         }
         (job_dir / "job.json").write_text(json.dumps(job), encoding="utf-8")
-        proc = _spawn(job_dir, timeout)
+        proc = _spawn(job_dir, timeout, stop)
         said: dict[str, dict[str, Any]] = {}
         last = ""
         for line in proc.stdout.splitlines():

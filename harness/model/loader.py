@@ -9,9 +9,12 @@ segfault inside the C++ interpreter that would be handed the same bytes).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import struct
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -358,7 +361,7 @@ def _subgraph(
     return tensors, ops, model_ins, model_outs
 
 
-def _parse(data: bytes, path: Path) -> ModelInfo:
+def _parse(data: bytes, path: Path, sha256: str) -> ModelInfo:
     tfl = _lazy_tflite()
     _check_header(data, path)
     size = len(data)
@@ -386,7 +389,7 @@ def _parse(data: bytes, path: Path) -> ModelInfo:
     return ModelInfo(
         path=path,
         size_bytes=size,
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=sha256,
         schema_version=int(model.Version()),
         inputs=main_inputs,
         outputs=main_outputs,
@@ -397,11 +400,37 @@ def _parse(data: bytes, path: Path) -> ModelInfo:
     )
 
 
+# Parsed models by content hash: a run reads the same model in the flow, the generator, the arena
+# estimate, the host reference and the simulated board; each parse of a U-Net costs ~0.1 s of CPU.
+# ModelInfo is immutable (frozen dataclasses, tuples), so handing out one object is safe. Bounded (a
+# sweep or a runner walks many models): least recently used first out; errors are never cached.
+_PARSED_MAX = 16
+_parsed: OrderedDict[str, ModelInfo] = OrderedDict()
+_parsed_lock = threading.Lock()
+
+
+def _parse_cached(data: bytes, p: Path) -> ModelInfo:
+    digest = hashlib.sha256(data).hexdigest()
+    with _parsed_lock:
+        hit = _parsed.get(digest)
+        if hit is not None:
+            _parsed.move_to_end(digest)
+    if hit is None:
+        hit = _parse(data, p, digest)
+        with _parsed_lock:
+            _parsed[digest] = hit
+            while len(_parsed) > _PARSED_MAX:
+                _parsed.popitem(last=False)
+    return hit if hit.path == p else dataclasses.replace(hit, path=p)
+
+
 def parse_model_bytes(data: bytes, path: str | Path = "<bytes>") -> ModelInfo:
-    """Parse a model already in memory (``path`` is only used in messages and ``ModelInfo.path``)."""
+    """Parse a model already in memory (``path`` is only used in messages and ``ModelInfo.path``).
+
+    The same bytes are parsed once per process (a bounded cache keyed by their SHA-256)."""
     p = Path(path)
     try:
-        return _parse(bytes(data), p)
+        return _parse_cached(bytes(data), p)
     except ModelError:
         raise
     except (struct.error, IndexError, ValueError, TypeError, UnicodeDecodeError, OverflowError) as exc:

@@ -12,6 +12,7 @@ wheel).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,17 +89,19 @@ def run_reference(
     *,
     per_layer: bool = False,
     backend: str = "tflm",
+    stop: threading.Event | None = None,
 ) -> ReferenceResult:
     """Run ``model`` once per entry of ``inputs`` (runs x model inputs, quantized arrays).
 
     Returns raw outputs (model dtype and shape) and, with ``per_layer``, every op output tensor
     with its CRC32. Raises ModelError for unreadable models, InputDataError for inputs that do
-    not fit, HostReferenceError when the backend is missing or fails.
+    not fit, HostReferenceError when the backend is missing or fails (or ``stop`` is set, from
+    another thread: its child is killed).
     """
     data, info = _read_model(model)
     checked = _check_inputs(info, inputs)
     impl = get_backend(backend)
-    result = host_results(data, info, checked, backend=impl.name, per_layer=per_layer).reference
+    result = host_results(data, info, checked, backend=impl.name, per_layer=per_layer, stop=stop).reference
     assert result is not None
     for k, run in enumerate(result.runs):
         if len(run.outputs) != len(info.outputs):

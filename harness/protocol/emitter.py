@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 from harness.errors import BuildError, UsageError
 from harness.resources import templates_dir, user_cache_dir
@@ -511,6 +512,22 @@ def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) 
     if out.is_file():
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
+    # One compile per library: every simulated board of a run (threads, processes) asks at once.
+    lock = out_dir.with_name(f"{out_dir.name}.lock")
+    try:
+        with FileLock(lock, timeout=300):
+            if not out.is_file():  # else another one built it while we waited
+                _compile_library(cc, sources, c_files, out_dir, out)
+    except Timeout as exc:
+        raise BuildError(
+            f"waited 300 s for {lock}, held by another esp-check compiling the protocol library",
+            hint=f"if no esp-check is running, delete {lock}",
+        ) from exc
+    return out
+
+
+def _compile_library(cc: str, sources: list[Path], c_files: list[str], out_dir: Path, out: Path) -> None:
+    suffix = out.suffix
     fd, tmp_name = tempfile.mkstemp(prefix=".build-", suffix=suffix, dir=out_dir)
     os.close(fd)
     try:
@@ -527,11 +544,10 @@ def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) 
                 f"{proc.stderr.strip()[-2000:]}",
                 hint="check the host C compiler, or use the 'python' emitter backend",
             )
-        os.replace(tmp_name, out)  # atomic: concurrent builders all produce the same bytes
+        os.replace(tmp_name, out)  # atomic: a reader without the lock sees the old name or the whole file
     finally:
         if os.path.exists(tmp_name):
             os.unlink(tmp_name)
-    return out
 
 
 class _CTapTensor(ctypes.Structure):

@@ -60,6 +60,7 @@ from harness.runner.policy import (
     may_take,
     orphans,
 )
+from harness.runner.prepare import prepare_shared
 from harness.runner.results import (
     Attempt,
     BoardState,
@@ -147,7 +148,6 @@ class Runner:
         self.events: list[dict[str, Any]] = []
         self.builds = _Memo()
         self.refs = _Memo()
-        self.ref_lock = threading.Lock()  # the host reference runs one model at a time
         self.lock_timeout = (
             options.lock_timeout_s if options.lock_timeout_s is not None else plan.run.lock_timeout_s
         )
@@ -574,6 +574,18 @@ class Runner:
                 hint=first.hint,
             )
 
+    def _reference(self, t: Task) -> None:
+        """The host reference the task's jobs read (reference outputs and arena, one child, cached on
+        disk), made once per model x inputs x input options: ``runner.prepare`` runs it before the boards
+        start, so no attempt waits for it under a board's lock."""
+        from harness.model.inputs import InputOptions
+        from harness.model.reference import prepare_host_results
+
+        options = InputOptions(**t.job.input_options) if t.job.input_options else None
+        key = (str(t.case.model), tuple(map(str, t.case.inputs)), tuple(sorted(t.job.input_options.items())))
+        inputs = list(t.case.inputs)
+        self.refs.get(key, lambda: prepare_host_results(t.case.model, inputs, input_options=options))
+
     def _write_attempt(self, t: Task, a: Attempt) -> None:
         if a.dir is None:
             return
@@ -606,6 +618,7 @@ class Runner:
         self._prepare_out()
         self._check_ports()
         try:
+            prepare_shared(self)
             self._work()
         finally:  # also on a crash or a second Ctrl-C: no labgrid place stays acquired by us
             if self.hard_stop.is_set():  # abandoned attempts: their children (host reference, builds) too

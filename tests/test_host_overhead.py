@@ -1,0 +1,233 @@
+"""Host overhead of one run (issue #25 item 6): each model parsed once, no unused model hex rendering.
+
+Nothing is faked except the board: flash_and_compare runs on the simulated board (``sim://``), the
+build through the simulator's builder, the host reference in its real child process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import numpy as np
+import pytest
+
+from harness.errors import ModelError
+from harness.firmware import generate
+from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+from harness.model import loader
+
+MODEL = "cnn_classifier_11.tflite"
+INPUT = "inputs/cnn_classifier_11.npy"
+
+
+@pytest.fixture
+def parse_calls(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every real flatbuffer parse of this test, by path (the cache starts empty)."""
+    calls: list[Path] = []
+    real = loader._parse
+
+    def counting(data: bytes, path: Path, *rest: Any) -> Any:
+        calls.append(path)
+        return real(data, path, *rest)
+
+    monkeypatch.setattr(loader, "_parse", counting)
+    if hasattr(loader, "_parsed"):
+        monkeypatch.setattr(loader, "_parsed", type(loader._parsed)())
+    return calls
+
+
+def test_a_model_loaded_twice_is_parsed_once(
+    models_dir: Path, tmp_path: Path, parse_calls: list[Path]
+) -> None:
+    a = loader.load_model(models_dir / MODEL)
+    copy = tmp_path / "copy.tflite"
+    shutil.copyfile(models_dir / MODEL, copy)
+    b = loader.load_model(copy)  # same bytes under another name: same facts, its own path
+    assert len(parse_calls) == 1
+    assert b.path == copy and a.path == models_dir / MODEL
+    assert (b.sha256, b.ops, b.inputs, b.outputs) == (a.sha256, a.ops, a.inputs, a.outputs)
+
+
+def test_a_rewritten_model_is_parsed_again(models_dir: Path, tmp_path: Path, parse_calls: list[Path]) -> None:
+    path = tmp_path / "m.tflite"
+    shutil.copyfile(models_dir / MODEL, path)
+    first = loader.load_model(path)
+    shutil.copyfile(models_dir / "op_zoo.tflite", path)  # same path, new content: no stale answer
+    second = loader.load_model(path)
+    assert len(parse_calls) == 2
+    assert second.sha256 != first.sha256 and second.ops != first.ops
+
+
+def test_a_corrupt_model_is_refused_every_time(
+    models_dir: Path, tmp_path: Path, parse_calls: list[Path]
+) -> None:
+    bad = tmp_path / "bad.tflite"
+    bad.write_bytes((models_dir / MODEL).read_bytes()[:2000])
+    for _ in range(2):
+        with pytest.raises(ModelError):
+            loader.load_model(bad)  # errors are not cached as if they were models
+    assert len(parse_calls) == 2
+
+
+def test_the_parse_cache_is_bounded(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch, parse_calls: list[Path]
+) -> None:
+    monkeypatch.setattr(loader, "_PARSED_MAX", 1)
+    loader.load_model(models_dir / MODEL)
+    loader.load_model(models_dir / "op_zoo.tflite")
+    loader.load_model(models_dir / MODEL)  # evicted by op_zoo: parsed again
+    assert len(loader._parsed) == 1
+    assert [p.name for p in parse_calls] == [MODEL, "op_zoo.tflite", MODEL]
+
+
+def test_flash_and_compare_parses_the_model_once(
+    models_dir: Path, tmp_path: Path, parse_calls: list[Path]
+) -> None:
+    """Flow, generator, arena estimate, host reference and simulated board all read one parse."""
+    result = flash_and_compare(
+        models_dir / MODEL,
+        [models_dir / INPUT],
+        board="sim",
+        out_dir=tmp_path / "out",
+        cache_dir=tmp_path / "cache",
+        timeouts=StageTimeouts(capture_total=30, capture_silence=3),
+    )
+    assert result.exit_code == 0, result
+    assert [p.name for p in parse_calls] == [MODEL]
+
+
+def test_generate_does_not_render_the_model_as_a_c_array(
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model goes to its own flash partition; a hex C initializer of it was rendered and unused."""
+    rendered: list[bytes] = []
+    real = generate._hex_array
+
+    def recording(data: bytes, *args: Any, **kwargs: Any) -> str:
+        rendered.append(bytes(data))
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(generate, "_hex_array", recording)
+    projects = generate.generate_projects(
+        models_dir / MODEL, [models_dir / INPUT], "sim", out_dir=tmp_path / "p"
+    )
+    model_bytes = (models_dir / MODEL).read_bytes()
+    assert len(projects) == 2 and all(p.manifest["model"]["sha256"] for p in projects)
+    assert model_bytes not in rendered
+
+
+def test_templates_are_compiled_once_and_again_when_edited(
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jinja's compiled templates are kept in esp-check's cache, keyed by each template's source."""
+    templates = tmp_path / "templates"
+    shutil.copytree(generate.templates_dir(), templates)
+    monkeypatch.setattr(generate, "templates_dir", lambda: templates)
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    compiled: list[str | None] = []
+    real = jinja2.Environment.compile
+
+    def counting(self: jinja2.Environment, source: Any, name: str | None = None, *a: Any, **k: Any) -> Any:
+        compiled.append(name)
+        return real(self, source, name, *a, **k)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counting)
+
+    def gen() -> str:
+        generate.generate_projects(models_dir / MODEL, [models_dir / INPUT], "sim", out_dir=tmp_path / "p")
+        return (tmp_path / "p" / "optimized" / "partitions.csv").read_text()
+
+    gen()
+    first = len(compiled)
+    assert first > 0
+    gen()
+    assert len(compiled) == first  # the second run compiled nothing
+    csv = templates / "project" / "partitions.csv.j2"
+    csv.write_text("# edited\n" + csv.read_text())
+    assert gen().startswith("# edited\n")  # an edited template is not served stale
+    assert compiled[first:] == ["partitions.csv.j2"]
+
+
+def test_stopping_the_host_reference_kills_its_child(
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that ends while the reference runs in the background leaves no child behind.
+
+    Faked: the child is a Python process that writes its pid and sleeps (instead of TFLM)."""
+    from harness.errors import HostReferenceError
+    from harness.model import hostrun, reference
+
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    pid_file = tmp_path / "pid"
+    script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    monkeypatch.setattr(hostrun, "_child_argv", lambda job_dir: [sys.executable, "-c", script])
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    x = np.load(models_dir / "inputs" / "cnn_classifier_11.q.npy")
+
+    def run() -> None:
+        try:
+            reference.run_reference(models_dir / MODEL, [[x]], stop=stop)
+        except BaseException as exc:
+            errors.append(exc)
+
+    th = threading.Thread(target=run)
+    th.start()
+    for _ in range(600):  # the child has started once it wrote its pid
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    pid = int(pid_file.read_text())
+    stop.set()
+    th.join(60)
+    assert not th.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], HostReferenceError) and "stopped" in str(errors[0])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped
+
+
+def test_dataset_host_reference_runs_while_the_inputs_stream(
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dataset's host reference overlaps the stream and is joined before the verdicts.
+
+    The reference is wrapped to wait (at most 60 s) until the first variant's dataset stage has started:
+    if the flow ran the reference before streaming, that never happens while it waits."""
+    from harness.flows.dataset import DatasetOptions
+    from harness.model import reference
+
+    streaming = threading.Event()
+    seen: list[tuple[str, bool]] = []
+    real = reference.run_reference
+
+    def waiting(*a: Any, **k: Any) -> Any:
+        seen.append((threading.current_thread().name, streaming.wait(60)))
+        return real(*a, **k)
+
+    def progress(stage: str, message: str) -> None:
+        if stage.startswith("dataset") and message == "started":
+            streaming.set()
+
+    monkeypatch.setattr(reference, "run_reference", waiting)
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    result = flash_and_compare(
+        models_dir / MODEL,
+        [],
+        board="sim",
+        out_dir=tmp_path / "out",
+        cache_dir=tmp_path / "build-cache",
+        timeouts=StageTimeouts(capture_total=60, capture_silence=10),
+        progress=progress,
+        dataset=DatasetOptions(random_inputs=4, seed=2, results="full"),
+    )
+    assert seen == [("host-reference", True)]
+    assert result.exit_code == 0, result.errors
+    agreement = result.dataset["analysis"]["agreement"]
+    assert agreement["optimized_vs_host"]["compared"] == 4  # the host legs were joined and judged

@@ -1,0 +1,71 @@
+"""``esp-check run`` prepares the work its tasks share before the board workers start (#25 item 7).
+
+What is real: the plan and inventory, the runner and its worker threads, generation and the sim
+builder, esptool over ``sim://`` ports, the TFLM host reference. What is faked: the boards (harness.sim).
+The build and reference functions are wrapped only to record which thread ran them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.analysis import compare
+from harness.errors import ExitCode
+from harness.flows import firmware
+from harness.runner import RunOptions, load_inventory, load_plan, run_plan
+
+pytest.importorskip("tflite_micro")
+
+MODELS = ("cnn_classifier_11", "op_zoo")
+
+
+def _plan(path: Path, models_dir: Path) -> Path:
+    models = json.dumps([str(models_dir / f"{m}.tflite") for m in MODELS])
+    path.write_text(
+        '[defaults]\ncomparisons = ["optimized-vs-ansi", "each-vs-host"]\n'
+        "timeouts = { capture_total = 30, capture_silence = 3 }\n\n"
+        f'[[job]]\nname = "j"\nmodels = {models}\n'
+        f'inputs = ["{models_dir}/inputs/{{model}}.npy"]\nboards = ["sim"]\nplacement = "each"\n'
+    )
+    return path
+
+
+def test_builds_and_references_are_made_once_before_the_boards_start(
+    tmp_path: Path, models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, str]] = []
+    real_fw, real_ref = firmware.prepare_firmware, compare.reference_source
+
+    def fw(model: Any, *a: Any, **k: Any) -> Any:
+        calls.append(("build", threading.current_thread().name))
+        return real_fw(model, *a, **k)
+
+    def ref(model: Any, *a: Any, **k: Any) -> Any:
+        calls.append(("reference", threading.current_thread().name))
+        return real_ref(model, *a, **k)
+
+    monkeypatch.setattr(firmware, "prepare_firmware", fw)
+    monkeypatch.setattr(compare, "reference_source", ref)
+    run = uuid.uuid4().hex[:8]
+    inv = tmp_path / "bench.toml"
+    inv.write_text(
+        "\n".join(
+            f'[[board]]\nname = "b{k}"\ntype = "sim"\nport = "sim://prep-{run}-{k}?emitter=c"\n'
+            for k in range(2)
+        )
+    )
+    result = run_plan(
+        load_plan(_plan(tmp_path / "plan.toml", models_dir)),
+        load_inventory(inv),
+        RunOptions(out_dir=tmp_path / "out", lock_dir=tmp_path / "locks", cache_dir=tmp_path / "cache"),
+    )
+    assert result.exit_code == ExitCode.MATCH
+    assert len(result.tasks) == 4  # 2 models x 2 boards, one firmware per model
+    assert sorted(kind for kind, _ in calls) == ["build"] * 2 + ["reference"] * 2
+    assert not [c for c in calls if c[1].startswith("board-")], calls  # none left to a board worker

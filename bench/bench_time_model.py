@@ -60,6 +60,7 @@ import numpy as np
 
 from harness.flows.dataset import DatasetOptions
 from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+from harness.flows.job import JobOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "models"
@@ -222,10 +223,12 @@ def _run(tmp: Path, tag: str, model: Path, inputs: list[Path], port: str, baud: 
         board="sim",
         port=port,
         out_dir=tmp / tag,
-        cache_dir=tmp / "cache",
-        flash_baud=baud,
-        timeouts=StageTimeouts(capture_total=3600, capture_silence=120),
-        **kw,
+        options=JobOptions(
+            cache_dir=tmp / "cache",
+            flash_baud=baud,
+            timeouts=StageTimeouts(capture_total=3600, capture_silence=120),
+            **kw,
+        ),
     )
     if res.exit_code != 0:
         print(f"  !! {tag}: exit {res.exit_code} {res.errors[:2]}")

@@ -21,6 +21,7 @@ import pytest
 from harness.errors import ModelError
 from harness.firmware import generate
 from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+from harness.flows.job import JobOptions
 from harness.model import loader
 
 MODEL = "cnn_classifier_11.tflite"
@@ -96,8 +97,9 @@ def test_flash_and_compare_parses_the_model_once(
         [models_dir / INPUT],
         board="sim",
         out_dir=tmp_path / "out",
-        cache_dir=tmp_path / "cache",
-        timeouts=StageTimeouts(capture_total=30, capture_silence=3),
+        options=JobOptions(
+            cache_dir=tmp_path / "cache", timeouts=StageTimeouts(capture_total=30, capture_silence=3)
+        ),
     )
     assert result.exit_code == 0, result
     assert [p.name for p in parse_calls] == [MODEL]
@@ -222,10 +224,12 @@ def test_dataset_host_reference_runs_while_the_inputs_stream(
         [],
         board="sim",
         out_dir=tmp_path / "out",
-        cache_dir=tmp_path / "build-cache",
-        timeouts=StageTimeouts(capture_total=60, capture_silence=10),
         progress=progress,
-        dataset=DatasetOptions(random_inputs=4, seed=2, results="full"),
+        options=JobOptions(
+            cache_dir=tmp_path / "build-cache",
+            timeouts=StageTimeouts(capture_total=60, capture_silence=10),
+            dataset=DatasetOptions(random_inputs=4, seed=2, results="full"),
+        ),
     )
     assert seen == [("host-reference", True)]
     assert result.exit_code == 0, result.errors

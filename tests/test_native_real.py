@@ -119,11 +119,11 @@ def test_bisection_on_a_depthwise_fault_gets_a_verified_reproducer(tmp_path: Pat
     kernel.write_text(text.replace(store, fault), encoding="utf-8")
     res = hybrid(
         MODELS / "cnn_classifier_11.tflite",
-        [MODELS / "inputs" / "cnn_classifier_11__ambiguous.png"],  # the fault reaches its outputs
+        [MODELS / "inputs" / "cnn_classifier_11__ambiguous.png"],
         board="native-esp32",
         out_dir=tmp_path / "out",
         options=HybridOptions(bisect=True),
-        native=NativeOptions(components_dir=comps),
+        job=JobOptions(native=NativeOptions(components_dir=comps)),
     )
     assert res.offered, (res.message, res.errors)
     culprits = [c["op"] for c in res.culprits]

@@ -5,6 +5,8 @@ Prints, each measured in this run (nothing here asserts timing):
 - link efficiency (payload / bytes on the wire) of the U-Net 48 dataset stream with ``--results full``:
   device to host (its outputs) and host to device (its streamed inputs);
 - bytes written to flash on an identical repeat run and on an input-only change;
+- an identical repeat with and without the HELLO probe (issue 25 item 3): esptool sessions, boots,
+  flash stage and wall seconds (``--repeat-only`` stops after it);
 - host overhead per run: wall time outside the link-bound stages (flash, boot, capture, dataset);
 - N inputs as one dataset run vs the baseline "one flash-and-compare per input, each on a board
   that must be written in full" (see BASELINE below), measured on --baseline-runs inputs and scaled;
@@ -12,6 +14,7 @@ Prints, each measured in this run (nothing here asserts timing):
 - what esptool's per-packet hex formatting costs (it formats every packet even with tracing off).
 
 Usage: python bench/bench_resident.py [--baud 921600] [--n 100] [--n-big 1000] [--baseline-runs 3]
+                                     [--repeat-only]
 """
 
 from __future__ import annotations
@@ -85,6 +88,38 @@ def _hex_cost() -> tuple[float, int]:
     return (time.perf_counter() - t0) / 50, len(buf)
 
 
+def _repeat_before_after(tmp: Path, model: Path, inputs: list[Path], port: str, baud: int) -> None:
+    """An identical repeat on a board that holds the builds: "before" runs esptool as the product did
+    until the HELLO probe (its ``probe`` made a no-op here: MD5 of every region, nothing written), "after"
+    reads the app's HELLO and runs no esptool session."""
+    from harness.flows.resident import ResidentBoard
+    from harness.sim.board import REGISTRY
+
+    board = REGISTRY.get(port.split("//")[1].split("?")[0])
+    rows = []
+    for tag in ("before", "after"):
+        saved = ResidentBoard.probe
+        if tag == "before":
+            ResidentBoard.probe = lambda self, log_path: None  # type: ignore[method-assign,assignment]
+        try:
+            s0, b0 = board.download_sessions, board.boots
+            w, r = _run(tmp, f"repeat-{tag}", model, inputs, port, baud)
+        finally:
+            ResidentBoard.probe = saved  # type: ignore[method-assign]
+        st = _stages(r)
+        rows.append(
+            (tag, w, st.get("flash", 0.0), board.download_sessions - s0, board.boots - b0, _written(r), r)
+        )
+    print(f"\nidentical repeat, {model.stem}, before / after the HELLO probe (issue 25 item 3):")
+    for tag, w, fl, sessions, boots, written, r in rows:
+        print(f"  {tag:<7} wall {w:6.2f} s  flash stage {fl:5.2f} s  esptool sessions {sessions}  "
+              f"boots {boots}  written {written} B  verdict {r.verdict}")  # fmt: skip
+    print(
+        f"  flash stage after / before: {rows[1][2] / max(rows[0][2], 1e-9):.2f}; "
+        f"wall after / before: {rows[1][1] / max(rows[0][1], 1e-9):.2f}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baud", type=int, default=921600)
@@ -92,6 +127,7 @@ def main() -> None:
     ap.add_argument("--n-big", type=int, default=1000)
     ap.add_argument("--baseline-runs", type=int, default=3)
     ap.add_argument("--stream-inputs", type=int, default=20)
+    ap.add_argument("--repeat-only", action="store_true", help="stop after the repeat before/after figures")
     args = ap.parse_args()
     baud = args.baud
     throttle = f"throttle={baud}"
@@ -115,6 +151,9 @@ def main() -> None:
             "  identical repeat, stages: "
             + ", ".join(f"{k} {v:.2f}" for k, v in sorted(st.items(), key=lambda kv: -kv[1]))
         )
+        _repeat_before_after(tmp, UNET, [png], board, baud)
+        if args.repeat_only:
+            return
 
         npz = tmp / "unet.npz"
         rng = np.random.default_rng(7)

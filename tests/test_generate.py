@@ -117,6 +117,10 @@ def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
         assert sdk[mode[board.psram]] == "y"
     elif board.has_psram:
         assert not any(k.startswith("CONFIG_SPIRAM_MODE_") for k in sdk)
+    if board.has_psram:  # ESP-IDF runs the PSRAM memory test at every boot unless told not to
+        assert sdk["CONFIG_SPIRAM_MEMTEST"] == ("y" if board.psram_memtest else None)
+    else:
+        assert "CONFIG_SPIRAM_MEMTEST" not in sdk
     if board.console == "uart" and board.monitor_baud == 115200:  # ESP-IDF's default console and baud
         assert sdk["CONFIG_ESP_CONSOLE_UART_DEFAULT"] == "y" and "CONFIG_ESP_CONSOLE_UART_BAUDRATE" not in sdk
     elif board.console == "uart":
@@ -738,6 +742,29 @@ def test_console_baud_other_than_115200_uses_the_custom_console(baud: int, tmp_p
         )
         assert sdk["CONFIG_ESP_CONSOLE_UART_BAUDRATE"] == str(baud)
         assert "CONFIG_ESP_CONSOLE_UART_DEFAULT" not in sdk
+
+
+@pytest.mark.parametrize("memtest", [None, True, False])
+def test_psram_memory_test_is_off_unless_the_board_asks(memtest: bool | None, tmp_path: Path) -> None:
+    """ESP-IDF runs its PSRAM memory test at every boot by default (CONFIG_SPIRAM_MEMTEST, default y); the
+    generated firmware turns it off unless the board file says ``psram_memtest = true``."""
+    from harness.errors import EspCheckError
+
+    text = (resources.boards_dir() / "esp32s3-devkitc-1-n8r8.toml").read_text()
+    text = text.replace('name = "esp32s3-devkitc-1-n8r8"', 'name = "memtest"')
+    board = tmp_path / "memtest.toml"
+    board.write_text(text + ("" if memtest is None else f"psram_memtest = {str(memtest).lower()}\n"))
+    (p,) = gen.generate_projects(
+        MODELS / "cnn_classifier_11.tflite", [], str(board), out_dir=tmp_path / "fw", variants=("ansi",),
+        features=gen.FirmwareFeatures(embed_inputs=False),
+    )  # fmt: skip
+    sdk = _sdkconfig_lines(p.path / "sdkconfig.defaults")
+    assert sdk["CONFIG_SPIRAM"] == "y" and sdk["CONFIG_SPIRAM_MEMTEST"] == ("y" if memtest else None)
+    no_psram = (resources.boards_dir() / "esp32s3-devkitc-1-n8.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(no_psram.replace('name = "esp32s3-devkitc-1-n8"', 'name = "bad"') + "psram_memtest = true")
+    with pytest.raises(EspCheckError, match=r"psram_memtest.*no PSRAM"):
+        load_board(str(bad))
 
 
 def test_allowlist_requires_the_custom_console_for_the_baud() -> None:

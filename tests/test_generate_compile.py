@@ -203,10 +203,12 @@ extern "C" const esp_partition_t* esp_partition_find_first(esp_partition_type_t 
 extern "C" esp_err_t esp_partition_mmap(const esp_partition_t* partition, size_t offset, size_t size,
                                         esp_partition_mmap_memory_t memory, const void** out_ptr,
                                         esp_partition_mmap_handle_t* out_handle);
+extern "C" esp_err_t esp_partition_get_sha256(const esp_partition_t* partition, uint8_t* sha_256);
 """,
     "esp_ota_ops.h": """
 #include "esp_partition.h"
 extern "C" const esp_partition_t* esp_ota_get_running_partition(void);
+extern "C" const esp_partition_t* esp_ota_get_next_update_partition(const esp_partition_t* start_from);
 extern "C" esp_err_t esp_ota_set_boot_partition(const esp_partition_t* partition);
 """,
     "driver/uart.h": """

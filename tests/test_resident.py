@@ -311,3 +311,112 @@ def test_repeat_run_and_new_inputs_write_nothing(tmp_path: Path, models_dir: Pat
         assert facts is not None and facts["bytes_written"] == 0
         assert all(r["skipped"] for r in facts["regions"])
         assert {r["role"] for r in facts["regions"]} == {"bootloader", "partition-table", "model", "app"}
+
+
+# ---- no esptool session when the board already holds the builds (HELLO hashes) ---------------------
+
+
+def _app_bytes(images: dict, variant: str) -> bytes:
+    off = 0x20000 if variant == "optimized" else 0x120000
+    return next(p for o, p in images[variant] if o == off).read_bytes()
+
+
+def test_hello_reports_both_app_slots_as_esp_idf_hashes_them(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    """ESP-IDF's esp_partition_get_sha256 of an app slot is the image's appended SHA-256 (the SHA-256 of
+    the image before it), checked against the image: zeros in HELLO when the slot holds no valid image."""
+    import hashlib
+
+    from harness.protocol.app_image import slot_sha256
+
+    images = _images(tmp_path, models_dir)
+    opt, ansi = _app_bytes(images, "optimized"), _app_bytes(images, "ansi")
+    with DeviceSession(board_url(), load_board("sim")) as dev:
+        _program_both(dev.serial, images)
+        h = _hello(dev, tmp_path / "a.log")
+        assert (h.slot, h.app_sha256, h.other_sha256) == (0, opt[-32:].hex(), ansi[-32:].hex())
+        assert h.app_sha256 == hashlib.sha256(opt[:-32]).hexdigest() == slot_sha256(opt, "esp32s3")
+        assert h.other_sha256 == slot_sha256(ansi, "esp32s3") != h.app_sha256
+        dev.serial.board.flash[0x120000 + 0x40] ^= 0x01  # type: ignore[union-attr]  # ota_1 damaged
+        h = _hello(dev, tmp_path / "b.log")
+    assert h.app_sha256 == slot_sha256(opt, "esp32s3") and h.other_sha256 == ""
+
+
+def test_slot_sha256_follows_esp_idf_for_every_kind_of_slot(tmp_path: Path, models_dir: Path) -> None:
+    import hashlib
+
+    from harness.protocol.app_image import slot_sha256
+
+    app = _app_bytes(_images(tmp_path, models_dir), "optimized")
+    assert app[23] == 1  # hash_appended in the extended header
+    plain = bytearray(app[:-32])
+    plain[23] = 0  # no appended hash: ESP-IDF hashes the image (header .. checksum padding)
+    assert slot_sha256(bytes(plain) + b"\xff" * 64, "esp32s3") == hashlib.sha256(plain).hexdigest()
+    damaged = bytearray(app)
+    damaged[0x40] ^= 1
+    assert slot_sha256(bytes(damaged), "esp32s3") == ""  # ESP_ERR_IMAGE_INVALID
+    assert slot_sha256(app[:100], "esp32s3") == ""  # truncated: no image
+    program = b"\x7fELF" + bytes(range(256))  # a native board's slot holds a host program: its own hash
+    assert slot_sha256(program, "esp32") == hashlib.sha256(program).hexdigest()
+
+
+def test_images_differ_names_every_hash_that_is_not_the_builds(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    import dataclasses
+
+    from harness.firmware.build import Artifact, BuildResult
+    from harness.flows.resident import images_differ
+
+    images = _images(tmp_path, models_dir)
+    builds = {
+        v: BuildResult(tmp_path, "sim", tuple(Artifact(off, p, "app") for off, p in images[v]
+                                              if off in (0x20000, 0x120000)),
+                       tmp_path / "x.bin", tmp_path / "f.json", None, False, "k", "s", "esp32s3")
+        for v in ("optimized", "ansi")
+    }  # fmt: skip
+    with DeviceSession(board_url(), load_board("sim")) as dev:
+        _program_both(dev.serial, images)
+        h = _hello(dev, tmp_path / "a.log")
+    model = h.model_sha256
+    assert images_differ(h, builds, model) == []
+    other_model = "ab" * 32
+    cases = {
+        "model": (h, other_model),
+        "ota_0": (dataclasses.replace(h, app_sha256="cd" * 32), model),
+        "ota_1": (dataclasses.replace(h, other_sha256=""), model),  # zeros: firmware that does not report
+        "slot": (dataclasses.replace(h, slot=1), model),
+        "start-up": (dataclasses.replace(h, init_status=3), model),
+    }
+    for what, (hello, m) in cases.items():
+        why = images_differ(hello, builds, m)
+        assert why, what
+    assert images_differ(None, builds, model) and images_differ(h, builds, "")
+    ansi_only = {"ansi": builds["ansi"]}  # a single build: the other slot must still be it
+    assert images_differ(h, ansi_only, model) == []
+    assert images_differ(dataclasses.replace(h, other_sha256=h.app_sha256), ansi_only, model)
+
+
+def test_a_board_holding_the_builds_is_not_flashed(tmp_path: Path, models_dir: Path, board_url) -> None:
+    from harness.flows.resident import FLASH_SKIPPED
+
+    url = board_url("&flash_size=8MB")
+    first = _fc(models_dir, tmp_path / "a", url)
+    board = REGISTRY.get(url.split("//")[1].split("?")[0])
+    assert first.exit_code == ExitCode.MATCH and "skipped" not in (first.variants["ansi"].flash or {})
+    sessions = board.download_sessions
+    again = _fc(models_dir, tmp_path / "b", url)
+    assert again.exit_code == ExitCode.MATCH, again.errors
+    facts = again.variants["ansi"].flash or {}
+    assert facts.get("skipped") == FLASH_SKIPPED and facts["bytes_written"] == 0
+    assert board.download_sessions == sessions  # no esptool session at all
+    log = (tmp_path / "b" / "logs" / "serial-ansi.log").read_bytes()  # the probe's boot opens its log
+    assert b"@ECH HELLO" in log and b"Loaded app from partition at offset 0x120000" in log
+    board.flash[0x120000 + 0x40] ^= 0x01  # the ANSI C app in ota_1 damaged: its hash no longer matches
+    third = _fc(models_dir, tmp_path / "c", url)
+    assert third.exit_code == ExitCode.MATCH, third.errors
+    facts = third.variants["ansi"].flash or {}
+    assert "skipped" not in facts and board.download_sessions == sessions + 1
+    written = [(r["role"], r["variant"]) for r in facts["regions"] if r["bytes_written"]]
+    assert written == [("app", "ansi")]

@@ -99,6 +99,7 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "chip_rev_min": str,  # chip revisions the built image accepts ("major.minor"), checked at flash time
     "chip_rev_max": str,
     "partition_table_offset": int,
+    "psram_memtest": bool,  # run ESP-IDF's PSRAM memory test at every boot (default: off, it costs boot time)
 }
 
 
@@ -130,6 +131,7 @@ class Board:
     chip_rev_max: int | None = None
     partition_table_offset: int = DEFAULT_PARTITION_TABLE_OFFSET
     native: dict[str, int] = field(default_factory=dict)
+    psram_memtest: bool = False  # CONFIG_SPIRAM_MEMTEST: off unless the board asks for it
     source: Path | None = None
 
     @property
@@ -200,6 +202,7 @@ class Board:
             "chip_rev_max": format_chip_rev(self.chip_rev_max),
             "partition_table_offset": self.partition_table_offset,
             "native": dict(self.native),
+            "psram_memtest": self.psram_memtest,
         }
 
 
@@ -233,6 +236,8 @@ def _check_hardware(path: Path, data: dict[str, Any], chip: str) -> None:
         raise _err(path, "psram", f"octal PSRAM exists only on esp32s3 modules, not {chip}")
     if data["psram"] == "hex" and chip != "esp32p4":
         raise _err(path, "psram", f"hex PSRAM exists only on esp32p4, not {chip}")
+    if data.get("psram_memtest") and data["psram"] == "none":
+        raise _err(path, "psram_memtest", 'is true, but the board has no PSRAM (psram = "none")')
     if not 8 <= data["internal_ram_arena_kb"] <= 1024:
         raise _err(path, "internal_ram_arena_kb", f"is {data['internal_ram_arena_kb']}; expected 8..1024")
     for key in ("flash_baud", "monitor_baud"):
@@ -328,6 +333,7 @@ def parse_board(data: dict[str, Any], path: Path) -> Board:
         chip_rev_max=rev_max,
         partition_table_offset=pt_offset,
         native=_native_table(path, data),
+        psram_memtest=bool(data.get("psram_memtest", False)),
         source=path,
     )
 

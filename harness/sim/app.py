@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from harness.protocol import otadata as ota
+from harness.protocol.app_image import slot_sha256
 from harness.protocol.model_image import ModelImageError, parse_model_image
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import elf_sha256
@@ -221,6 +222,22 @@ def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, str | N
         )
 
 
+def _slot_shas(ctx: BootContext, parts: list[Partition], running: Partition) -> tuple[str, str]:
+    """What the firmware's HELLO reports: ``esp_partition_get_sha256`` of the running app slot and of
+    ``esp_ota_get_next_update_partition`` (the next OTA slot after the running one, round robin)."""
+    otas = [p for p in parts if p.type == 0x00 and 0x10 <= p.subtype < 0x20]
+
+    def sha(p: Partition | None) -> str:
+        return "" if p is None else slot_sha256(bytes(ctx.flash[p.offset : p.offset + p.size]), ctx.chip.name)
+
+    nxt = None
+    if otas:
+        at = otas.index(running) if running in otas else -1
+        nxt = otas[(at + 1) % len(otas)]
+        nxt = None if nxt is running else nxt
+    return sha(running), sha(nxt)
+
+
 def _boot_once(ctx: BootContext, reason: str) -> _Once:
     chip = ctx.chip
     flash = ctx.flash
@@ -257,7 +274,8 @@ def _boot_once(ctx: BootContext, reason: str) -> _Once:
     model, model_error = _map_model(flash, parts)
     payload = AppPayload(payload.header, model, payload.inputs)
     slot = part.subtype - 0x10 if 0x10 <= part.subtype < 0x20 else None
-    sim_app = SimApp(ctx, payload, model_error, elf_sha256(chip, app), clock, slot)
+    shas = _slot_shas(ctx, parts, part)
+    sim_app = SimApp(ctx, payload, model_error, elf_sha256(chip, app), clock, slot, shas)
     t_app = clock.seconds
     out, reboot = sim_app.start(header_flash)
     out = [replace(p, at=t_app + p.at) for p in out]

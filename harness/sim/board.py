@@ -242,6 +242,7 @@ class SimBoard:
         self._dirty = False
         self._cache = ReferenceCache()
         self.boots = 0
+        self.app_boots = 0  # boots that loaded an app image (``fault_boots`` counts these)
         self.download_sessions = 0
         self.flash_bytes_written = 0
         self._flash_done = 0
@@ -700,7 +701,7 @@ class SimBoard:
             chip=self.chip,
             flash=self.flash,  # the app may write otadata (slot switch)
             parts=[],
-            faults=self.config.faults.for_boot(self.boots),
+            faults=self.config.faults.for_boot(self.app_boots + 1),  # a blank flash's boot is no app boot
             boot_index=self.boots,
             emitter_backend=self.config.emitter,
             cache=self._cache,
@@ -708,6 +709,8 @@ class SimBoard:
             log=self._log,
         )
         result = boot_from_flash(ctx, reason)
+        if result.variant is not None:
+            self.app_boots += 1
         self.console_baud = result.console_baud
         self._app = result.app
         self._inflight.clear()

@@ -127,8 +127,10 @@ class SimApp:
         elf_sha: str,
         clock: Clock,
         slot: int | None,
+        slot_shas: tuple[str, str] = ("", ""),
     ) -> None:
         self.env, self.payload, self.elf_sha, self.clock, self.slot = env, payload, elf_sha, clock, slot
+        self.slot_shas = slot_shas  # esp_partition_get_sha256 of the running slot and the other one
         faults = env.faults
         self.active = sorted(
             f for f in faults.names if faults.active(f, payload.variant) and f != "sync_fail"
@@ -244,6 +246,8 @@ class SimApp:
             # a new one at every boot, as the firmware draws with esp_random() (never 0); seeded by the
             # board's seed, the boot and the image, so a simulated run replays byte for byte
             session=self.env.faults.rng(f"session:{self.elf_sha}", self.env.boot_index).getrandbits(32) | 1,
+            app_sha256=self.slot_shas[0],
+            other_sha256=self.slot_shas[1],
         )
         return make_loop(cfg, self, backend=self.env.emitter_backend)
 

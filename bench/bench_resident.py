@@ -6,7 +6,8 @@ Prints, each measured in this run (nothing here asserts timing):
   device to host (its outputs) and host to device (its streamed inputs);
 - bytes written to flash on an identical repeat run and on an input-only change;
 - an identical repeat with and without the HELLO probe (issue 25 item 3): esptool sessions, boots,
-  flash stage and wall seconds (``--repeat-only`` stops after it);
+  flash stage and wall seconds, then U-Net 48 -> 64 on the same board: bytes written per region
+  (issue 25 item 4) (``--repeat-only`` stops after these);
 - host overhead per run: wall time outside the link-bound stages (flash, boot, capture, dataset);
 - N inputs as one dataset run vs the baseline "one flash-and-compare per input, each on a board
   that must be written in full" (see BASELINE below), measured on --baseline-runs inputs and scaled;
@@ -120,6 +121,19 @@ def _repeat_before_after(tmp: Path, model: Path, inputs: list[Path], port: str, 
     )
 
 
+def _model_change(tmp: Path, port: str, baud: int) -> None:
+    """U-Net 48 -> 64 (same ops, another arena) on a board holding the 48 builds: what the flash writes
+    (issue 25 item 4: the arena travels in the model partition's header, so only the model)."""
+    w, r = _run(tmp, "model-64", MODELS / "unet_mbv2_035_64.tflite", [MODELS / "inputs/unet_mbv2_035_64.png"],
+                port, baud)  # fmt: skip
+    flash = next((x.flash for x in r.variants.values() if x.flash), None) or {"regions": []}
+    by_role: dict[str, int] = defaultdict(int)
+    for reg in flash["regions"]:
+        by_role[f"{reg['role']}{'-' + reg['variant'] if reg.get('variant') else ''}"] += reg["bytes_written"]
+    print(f"\nmodel change U-Net 48 -> 64 on the same board: wall {w:.2f} s, written {_written(r)} B "
+          f"({', '.join(f'{k} {v}' for k, v in sorted(by_role.items()))}), verdict {r.verdict}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baud", type=int, default=921600)
@@ -152,6 +166,7 @@ def main() -> None:
             + ", ".join(f"{k} {v:.2f}" for k, v in sorted(st.items(), key=lambda kv: -kv[1]))
         )
         _repeat_before_after(tmp, UNET, [png], board, baud)
+        _model_change(tmp, board, baud)
         if args.repeat_only:
             return
 

@@ -420,3 +420,62 @@ def test_a_board_holding_the_builds_is_not_flashed(tmp_path: Path, models_dir: P
     assert "skipped" not in facts and board.download_sessions == sessions + 1
     written = [(r["role"], r["variant"]) for r in facts["regions"] if r["bytes_written"]]
     assert written == [("app", "ansi")]
+
+
+# ---- a model change writes only the model partition (the arena travels in its header) ---------------
+
+
+def test_a_model_with_the_same_ops_rewrites_only_the_model_partition(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    """U-Net 48 -> 64: the same ops, another arena. The arena size is in the model partition's header,
+    not in the apps, so the second run writes the model partition and nothing else; both still match."""
+    url = board_url("&flash_size=8MB")
+    runs = {}
+    for m in ("48", "64"):
+        runs[m] = flash_and_compare(
+            models_dir / f"unet_mbv2_035_{m}.tflite", [models_dir / f"inputs/unet_mbv2_035_{m}.png"],
+            board="sim", port=url, out_dir=tmp_path / m,
+            timeouts=StageTimeouts(capture_total=60, capture_silence=6),
+        )  # fmt: skip
+        assert runs[m].exit_code == ExitCode.MATCH, runs[m].errors
+    image = "projects/ansi/esp-check/partitions/model.bin"
+    arenas = {m: parse_model_image((tmp_path / m / image).read_bytes()).arena_bytes for m in runs}
+    assert arenas["48"] != arenas["64"] and min(arenas.values()) > 0
+    facts = runs["64"].variants["ansi"].flash or {}
+    written = [(r["role"], r["variant"]) for r in facts["regions"] if r["bytes_written"]]
+    assert written == [("model", None)], facts["regions"]
+    log = (tmp_path / "64" / "logs" / "serial-ansi.log").read_bytes()
+    assert f"size={arenas['64']} ".encode() in log  # ARENA: the app allocated what the header gives
+
+
+def test_an_arena_the_board_cannot_give_is_refused_at_start_up(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    """A model partition header asking for more arena than the board offers: the app stops at start-up with
+    an ERROR (stage alloc) naming both sizes, before allocating anything."""
+    from harness.protocol.model_image import pack_model_image
+
+    limits = {"internal": 320 * 1024, "psram": 7 * 1024 * 1024}  # the generator's, for an 8 MB PSRAM board
+    images = {
+        v: build_sim_firmware(
+            make_project(tmp_path / v, models_dir / MODEL, [], variant=v, arena_max=limits),
+            tmp_path / f"b-{v}",
+        )
+        for v in ("optimized", "ansi")
+    }
+    model = (models_dir / MODEL).read_bytes()
+    big = tmp_path / "big-model.bin"
+    big.write_bytes(pack_model_image(model, 64 * 1024 * 1024, "psram"))
+    with DeviceSession(board_url(), load_board("sim")) as dev:
+        _program_both(dev.serial, images)
+        dev.serial.board.program([(0x220000, big)])  # type: ignore[union-attr]
+        cap = dev.boot(tmp_path / "a.log", reset=True, total_timeout=10, silence_timeout=5)
+    h = fr.decode_hello(cap.hello or b"")
+    assert h.init_stage == "alloc"
+    from harness.protocol.capture import parse_capture
+
+    (err,) = parse_capture(cap.data).errors
+    assert (
+        err.stage == "alloc" and err.msg == f"arena_{64 * 1024 * 1024}_bytes_above_the_boards_{7 << 20}_psram"
+    )

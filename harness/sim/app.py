@@ -10,6 +10,7 @@ or a link event); the board schedules them on its serial line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from harness.protocol import otadata as ota
 from harness.protocol.app_image import slot_sha256
@@ -205,17 +206,22 @@ def _mapped(chip: ChipSpec, addr: int) -> bool:
     return drom or chip.irom_start <= addr < chip.irom_start + 0x2000000
 
 
-def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, str | None]:
-    """What the app's esp_partition_mmap of the model partition finds: (model, None) or (b"", why not)."""
+def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, dict[str, Any], str | None]:
+    """What the app's esp_partition_mmap of the model partition finds: (model, arena, None) or
+    (b"", {}, why not); arena: the header's ``arena_bytes`` and ``arena_mem``."""
     part = next((p for p in parts if p.type == 0x01 and p.label == MODEL_LABEL), None)
     if part is None:
-        return b"", "no_model_partition_in_the_partition_table"
+        return b"", {}, "no_model_partition_in_the_partition_table"
     try:
-        return parse_model_image(flash[part.offset : part.offset + part.size], part.size).model, None
+        image = parse_model_image(flash[part.offset : part.offset + part.size], part.size)
+        if image.arena_bytes == 0:
+            return b"", {}, "model_image_gives_no_arena_size_flash_the_model_again"
+        return image.model, {"arena_bytes": image.arena_bytes, "arena_mem": image.arena_mem}, None
     except ModelImageError as exc:
         damaged = "damaged" in str(exc) or "match" in str(exc)
         return (
             b"",
+            {},
             "model_partition_damaged_sha256_differs"
             if damaged
             else "model_partition_holds_no_model_image_flash_it",
@@ -271,8 +277,8 @@ def _boot_once(ctx: BootContext, reason: str) -> _Once:
     bl.append(clock.line("I", "boot", "Disabling RNG early entropy source..."))
     console_baud = int(payload.header.get("console_baud", ROM_BAUD))
     pieces.append(Piece("console", b"".join(bl), t_bl))  # the bootloader and the app log at the console baud
-    model, model_error = _map_model(flash, parts)
-    payload = AppPayload(payload.header, model, payload.inputs)
+    model, arena, model_error = _map_model(flash, parts)
+    payload = AppPayload({**payload.header, **arena}, model, payload.inputs)
     slot = part.subtype - 0x10 if 0x10 <= part.subtype < 0x20 else None
     shas = _slot_shas(ctx, parts, part)
     sim_app = SimApp(ctx, payload, model_error, elf_sha256(chip, app), clock, slot, shas)

@@ -168,7 +168,13 @@ class SimApp:
             init.stage, init.code = fr.STAGE_CODES["schema"], -1
             init.msg = "model_schema_version_differs_from_TFLITE_SCHEMA_VERSION"
             return init
-        if "alloc" in self.active:
+        header = self.payload.header
+        arena, mem = int(header.get("arena_bytes") or 0), str(header.get("arena_mem") or "internal")
+        limit = int((header.get("arena_max") or {}).get(mem, arena))  # the board's, compiled into the app
+        if arena > limit:  # the model partition asks for more than the app allows: refused before allocating
+            init.stage, init.code = fr.STAGE_CODES["alloc"], arena
+            init.msg = f"arena_{arena}_bytes_above_the_boards_{limit}_{mem}"
+        elif "alloc" in self.active:
             init.stage, init.code, init.msg = fr.STAGE_CODES["alloc"], 1, "AllocateTensors_failed"
         elif len(init.info.inputs) != 1:
             init.stage, init.code = fr.STAGE_CODES["input"], len(init.info.inputs)

@@ -7,7 +7,8 @@ Prints, each measured in this run (nothing here asserts timing):
 - bytes written to flash on an identical repeat run and on an input-only change;
 - an identical repeat with and without the HELLO probe (issue 25 item 3): esptool sessions, boots,
   flash stage and wall seconds, then U-Net 48 -> 64 on the same board: bytes written per region
-  (issue 25 item 4) (``--repeat-only`` stops after these);
+  (issue 25 item 4), and a U-Net 48 stream at the console baud vs the fast link (item 1)
+  (``--repeat-only`` stops after these);
 - host overhead per run: wall time outside the link-bound stages (flash, boot, capture, dataset);
 - N inputs as one dataset run vs the baseline "one flash-and-compare per input, each on a board
   that must be written in full" (see BASELINE below), measured on --baseline-runs inputs and scaled;
@@ -134,6 +135,37 @@ def _model_change(tmp: Path, port: str, baud: int) -> None:
           f"({', '.join(f'{k} {v}' for k, v in sorted(by_role.items()))}), verdict {r.verdict}")  # fmt: skip
 
 
+def _fast_link_before_after(tmp: Path, baud: int, n: int) -> None:
+    """U-Net 48, ``n`` streamed inputs, ``--results full``, on a throttled board whose console is 115200
+    (boards/sim.toml): "before" keeps the loop at the console baud (``_fast_link`` made a no-op here),
+    "after" switches to the board's link_baud (921600) after each HELLO (issue 25 item 1)."""
+    from harness.flows.resident import ResidentBoard
+
+    npz = tmp / "fast.npz"
+    np.savez(npz, x=np.random.default_rng(5).uniform(-1, 1, (n, 48, 48, 3)).astype(np.float32))
+    rows = []
+    for tag in ("before", "after"):
+        saved = ResidentBoard._fast_link
+        if tag == "before":
+            ResidentBoard._fast_link = lambda self, boot, variant, log_path: None  # type: ignore[method-assign,assignment]
+        try:
+            port = f"sim://bench-fast-{tag}-{uuid.uuid4().hex[:6]}?throttle={baud}"
+            w, r = _run(
+                tmp, f"fast-{tag}", UNET, [], port, baud, dataset=DatasetOptions(source=npz, results="full")
+            )
+        finally:
+            ResidentBoard._fast_link = saved  # type: ignore[method-assign]
+        links = [s.detail for s in r.stages if s.stage == "link-baud"]
+        rows.append((tag, w, _stages(r).get("dataset", 0.0), links[:1], r.verdict))
+    print(f"\nfast link, U-Net 48, {n} streamed inputs, --results full, console 115200 (issue 25 item 1):")
+    for tag, w, ds, links, verdict in rows:
+        print(
+            f"  {tag:<7} wall {w:6.2f} s  dataset (link) stage {ds:6.2f} s  "
+            f"{links or ['console baud']}  {verdict}"
+        )
+    print(f"  dataset stage after / before: {rows[1][2] / max(rows[0][2], 1e-9):.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baud", type=int, default=921600)
@@ -167,6 +199,7 @@ def main() -> None:
         )
         _repeat_before_after(tmp, UNET, [png], board, baud)
         _model_change(tmp, board, baud)
+        _fast_link_before_after(tmp, baud, args.stream_inputs)
         if args.repeat_only:
             return
 

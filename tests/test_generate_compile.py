@@ -223,6 +223,8 @@ extern "C" esp_err_t uart_driver_install(uart_port_t uart_num, int rx_buffer_siz
 extern "C" int uart_write_bytes(uart_port_t uart_num, const void* src, size_t size);
 extern "C" int uart_read_bytes(uart_port_t uart_num, void* buf, uint32_t length, TickType_t ticks_to_wait);
 extern "C" esp_err_t uart_wait_tx_done(uart_port_t uart_num, TickType_t ticks_to_wait);
+extern "C" esp_err_t uart_set_baudrate(uart_port_t uart_num, uint32_t baudrate);
+extern "C" esp_err_t uart_get_baudrate(uart_port_t uart_num, uint32_t* baudrate);
 extern "C" esp_err_t uart_get_buffered_data_len(uart_port_t uart_num, size_t* size);
 """,
     "driver/uart_vfs.h": 'extern "C" void uart_vfs_dev_use_driver(int uart_num);\n',

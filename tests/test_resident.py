@@ -479,3 +479,55 @@ def test_an_arena_the_board_cannot_give_is_refused_at_start_up(
     assert (
         err.stage == "alloc" and err.msg == f"arena_{64 * 1024 * 1024}_bytes_above_the_boards_{7 << 20}_psram"
     )
+
+
+# ---- the fast link: BAUD after HELLO, verified by a round trip, else the console baud ----------------
+
+
+def _stage(result, name: str) -> list[tuple[str | None, str]]:  # type: ignore[no-untyped-def]
+    return [(s.variant, s.detail) for s in result.stages if s.stage == name]
+
+
+def test_the_resident_loop_runs_at_the_link_baud_after_hello(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    """The board's console is 115200 (boards/sim.toml); after each HELLO the host asks for the board's
+    link_baud (921600), the device answers at 115200 and switches, a SYNC round trip at 921600 confirms it,
+    and the text session streams at 921600. The throttled line carries each byte at its own baud."""
+    url = board_url("&flash_size=8MB&throttle=921600")
+    result = _fc(models_dir, tmp_path / "a", url)
+    assert result.exit_code == ExitCode.MATCH, result.errors
+    assert {d for _, d in _stage(result, "link-baud")} == {"921600 baud (console 115200, asked 921600)"}
+    board = REGISTRY.get(url.split("//")[1].split("?")[0])
+    assert sum("console 115200 -> 921600 baud" in line for line in board.log) == 2  # each variant's boot
+    assert board._rate(115200) == 11520.0 and board._rate(921600) == 92160.0  # 10 bits a byte, per baud
+
+
+def test_a_link_that_cannot_carry_the_fast_baud_falls_back_to_the_console_baud(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    """The line garbles what the host sends above 115200 (fault baud_fail: a bridge that cannot do it):
+    the SYNC at 921600 never arrives, the device goes back to 115200 by itself, the host follows, and the
+    run is the same clean match at the console baud."""
+    url = board_url("&flash_size=8MB&fault=baud_fail")
+    result = _fc(models_dir, tmp_path / "a", url, INPUTS[:1])
+    assert result.exit_code == ExitCode.MATCH, result.errors
+    assert {d for _, d in _stage(result, "link-baud")} == {"115200 baud (console 115200, asked 921600)"}
+    board = REGISTRY.get(url.split("//")[1].split("?")[0])
+    assert any("back to 115200" in line for line in board.log)
+
+
+def test_usb_serial_jtag_consoles_keep_their_own_speed(tmp_path: Path, models_dir: Path) -> None:
+    import harness.sim
+
+    harness.sim.register()
+    name = f"res-{uuid.uuid4().hex[:10]}"
+    try:
+        result = flash_and_compare(
+            models_dir / MODEL, [models_dir / INPUTS[0]], board="sim-usbjtag", port=f"sim://{name}?reset=usb_jtag",
+            out_dir=tmp_path / "a", timeouts=StageTimeouts(capture_total=40, capture_silence=4),
+        )  # fmt: skip
+    finally:
+        REGISTRY.remove(name)
+    assert result.exit_code == ExitCode.MATCH, result.errors
+    assert _stage(result, "link-baud") == []

@@ -100,6 +100,7 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "chip_rev_max": str,
     "partition_table_offset": int,
     "psram_memtest": bool,  # run ESP-IDF's PSRAM memory test at every boot (default: off, it costs boot time)
+    "link_baud": int,  # the resident loop's top baud after HELLO (UART consoles; default 921600)
 }
 
 
@@ -132,6 +133,7 @@ class Board:
     partition_table_offset: int = DEFAULT_PARTITION_TABLE_OFFSET
     native: dict[str, int] = field(default_factory=dict)
     psram_memtest: bool = False  # CONFIG_SPIRAM_MEMTEST: off unless the board asks for it
+    link_baud: int = 921600  # the resident loop switches to this after HELLO (UART consoles only)
     source: Path | None = None
 
     @property
@@ -203,6 +205,7 @@ class Board:
             "partition_table_offset": self.partition_table_offset,
             "native": dict(self.native),
             "psram_memtest": self.psram_memtest,
+            "link_baud": self.link_baud,
         }
 
 
@@ -240,8 +243,8 @@ def _check_hardware(path: Path, data: dict[str, Any], chip: str) -> None:
         raise _err(path, "psram_memtest", 'is true, but the board has no PSRAM (psram = "none")')
     if not 8 <= data["internal_ram_arena_kb"] <= 1024:
         raise _err(path, "internal_ram_arena_kb", f"is {data['internal_ram_arena_kb']}; expected 8..1024")
-    for key in ("flash_baud", "monitor_baud"):
-        if not 9600 <= data[key] <= 5_000_000:
+    for key in ("flash_baud", "monitor_baud", "link_baud"):
+        if key in data and not 9600 <= data[key] <= 5_000_000:
             raise _err(path, key, f"is {data[key]}; expected a baud rate between 9600 and 5000000")
     if data["builder"] == "pio" and not data["pio_board"]:
         raise _err(path, "pio_board", 'is empty but builder = "pio" needs a PlatformIO board id')
@@ -334,6 +337,7 @@ def parse_board(data: dict[str, Any], path: Path) -> Board:
         partition_table_offset=pt_offset,
         native=_native_table(path, data),
         psram_memtest=bool(data.get("psram_memtest", False)),
+        link_baud=int(data.get("link_baud", 921600)),
         source=path,
     )
 

@@ -23,6 +23,7 @@ import serial
 from harness.device.console import RawCapture
 from harness.device.flash import FlashResult, RegionResult
 from harness.device.loop import DeviceRestarted, LinkError, LinkStats
+from harness.device.ports import Transport
 from harness.device.session import DeviceSession
 from harness.errors import EspCheckError
 from harness.firmware.build import RUN_ROLES, BuildResult
@@ -50,6 +51,7 @@ class Boot:
     hello: fr.Hello | None
     variant: str | None
     next_seq: int = 0  # the next command frame's sequence number on this boot
+    link_baud: int = 0  # the resident loop's baud after the switch (0: not tried yet)
 
 
 def merged_flash_files(builds: Mapping[str, BuildResult]) -> list[tuple[int, Path]]:
@@ -283,9 +285,35 @@ class ResidentBoard:
 
         if self.current is not None and self.current.variant == variant:
             self._adopt_probe(log_path)
+            self._fast_link(self.current, variant, log_path)
             return self.current  # already running: no boot, and no second "boot" stage in the report
         self._probe_raw = None  # another variant's boot: its start-up stays in boot-probe.log
-        return self.rec.run("boot", variant, guarded)
+        boot = self.rec.run("boot", variant, guarded)
+        if boot is self.current and boot.variant == variant:
+            self._fast_link(boot, variant, log_path)
+        return boot
+
+    def _fast_link(self, boot: Boot, variant: str, log_path: Path) -> None:
+        """Right after HELLO: the resident loop at the board's ``link_baud`` (docs/protocol.md "Fast
+        link"), verified by a round trip, else at the console baud; a stage ``link-baud`` says which.
+        USB-Serial-JTAG and native boards run at their own speed."""
+        board, dev = self.dev.board, self.dev
+        want = int(getattr(board, "link_baud", 0) or 0)
+        uart = str(getattr(board, "console", "uart")) == "uart" and not dev.reenumerates
+        if boot.link_baud or boot.hello is None or not uart or want <= dev.console_baud:
+            return
+        if dev.spec.transport == Transport.NATIVE:
+            return
+        t0 = time.monotonic()
+        try:
+            rate, boot.next_seq = dev.set_link_baud(boot.hello, want, seq=boot.next_seq, log_path=log_path)
+        except LinkError as exc:
+            self.current = None
+            self.rec.add("link-baud", variant, exc.exit_code, time.monotonic() - t0, str(exc))
+            raise
+        boot.link_baud = rate
+        detail = f"{rate} baud (console {dev.console_baud}, asked {want})"
+        self.rec.add("link-baud", variant, None, time.monotonic() - t0, detail)
 
     def _adopt_probe(self, log_path: Path) -> None:
         """The probe's boot became this variant's: its start-up log opens the variant's serial log."""

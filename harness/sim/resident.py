@@ -116,6 +116,9 @@ class _Init:
     cycles: list[int] = field(default_factory=list)  # modelled cycles per op
 
 
+LINE_FAULTS = ("sync_fail", "baud_fail")  # faults of the line / ROM, not of the app image
+
+
 class SimApp:
     """One boot of the simulated app (construct, then :meth:`start`; then :meth:`rx` / :meth:`idle`)."""
 
@@ -131,9 +134,10 @@ class SimApp:
     ) -> None:
         self.env, self.payload, self.elf_sha, self.clock, self.slot = env, payload, elf_sha, clock, slot
         self.slot_shas = slot_shas  # esp_partition_get_sha256 of the running slot and the other one
+        self.baud_request: int | None = None  # BAUD accepted: the board switches the UART after the reply
         faults = env.faults
         self.active = sorted(
-            f for f in faults.names if faults.active(f, payload.variant) and f != "sync_fail"
+            f for f in faults.names if faults.active(f, payload.variant) and f not in LINE_FAULTS
         )
         self.init = self._initialize(model_error)
         if self.init.info is not None:
@@ -254,6 +258,7 @@ class SimApp:
             session=self.env.faults.rng(f"session:{self.elf_sha}", self.env.boot_index).getrandbits(32) | 1,
             app_sha256=self.slot_shas[0],
             other_sha256=self.slot_shas[1],
+            baud_switch=str(self.payload.header.get("console", "uart")) == "uart",
         )
         return make_loop(cfg, self, backend=self.env.emitter_backend)
 
@@ -383,6 +388,10 @@ class SimApp:
 
     def sha256_hex(self, data: bytes) -> str:
         return hashlib.sha256(data).hexdigest()
+
+    def set_baud(self, baud: int) -> None:
+        """The loop sent BAUD_OK: the board switches the UART once this call's output has left."""
+        self.baud_request = baud
 
     def boot_slot(self, slot: int) -> int:
         """esp_ota_set_boot_partition: validate the image in that slot, write the next otadata entry."""

@@ -5,6 +5,10 @@ Prints, each measured in this run (nothing here asserts timing):
 - link efficiency (payload / bytes on the wire) of the U-Net 48 dataset stream with ``--results full``:
   device to host (its outputs) and host to device (its streamed inputs);
 - bytes written to flash on an identical repeat run and on an input-only change;
+- an identical repeat with and without the HELLO probe (issue 25 item 3): esptool sessions, boots,
+  flash stage and wall seconds, then U-Net 48 -> 64 on the same board: bytes written per region
+  (issue 25 item 4), and a U-Net 48 stream at the console baud vs the fast link (item 1)
+  (``--repeat-only`` stops after these);
 - host overhead per run: wall time outside the link-bound stages (flash, boot, capture, dataset);
 - N inputs as one dataset run vs the baseline "one flash-and-compare per input, each on a board
   that must be written in full" (see BASELINE below), measured on --baseline-runs inputs and scaled;
@@ -12,6 +16,7 @@ Prints, each measured in this run (nothing here asserts timing):
 - what esptool's per-packet hex formatting costs (it formats every packet even with tracing off).
 
 Usage: python bench/bench_resident.py [--baud 921600] [--n 100] [--n-big 1000] [--baseline-runs 3]
+                                     [--repeat-only]
 """
 
 from __future__ import annotations
@@ -95,6 +100,82 @@ def _hex_cost() -> tuple[float, int]:
     return (time.perf_counter() - t0) / 50, len(buf)
 
 
+def _repeat_before_after(tmp: Path, model: Path, inputs: list[Path], port: str, baud: int) -> None:
+    """An identical repeat on a board that holds the builds: "before" runs esptool as the product did
+    until the HELLO probe (its ``probe`` made a no-op here: MD5 of every region, nothing written), "after"
+    reads the app's HELLO and runs no esptool session."""
+    from harness.flows.resident import ResidentBoard
+    from harness.sim.board import REGISTRY
+
+    board = REGISTRY.get(port.split("//")[1].split("?")[0])
+    rows = []
+    for tag in ("before", "after"):
+        saved = ResidentBoard.probe
+        if tag == "before":
+            ResidentBoard.probe = lambda self, log_path: None  # type: ignore[method-assign,assignment]
+        try:
+            s0, b0 = board.download_sessions, board.boots
+            w, r = _run(tmp, f"repeat-{tag}", model, inputs, port, baud)
+        finally:
+            ResidentBoard.probe = saved  # type: ignore[method-assign]
+        st = _stages(r)
+        rows.append(
+            (tag, w, st.get("flash", 0.0), board.download_sessions - s0, board.boots - b0, _written(r), r)
+        )
+    print(f"\nidentical repeat, {model.stem}, before / after the HELLO probe (issue 25 item 3):")
+    for tag, w, fl, sessions, boots, written, r in rows:
+        print(f"  {tag:<7} wall {w:6.2f} s  flash stage {fl:5.2f} s  esptool sessions {sessions}  "
+              f"boots {boots}  written {written} B  verdict {r.verdict}")  # fmt: skip
+    print(
+        f"  flash stage after / before: {rows[1][2] / max(rows[0][2], 1e-9):.2f}; "
+        f"wall after / before: {rows[1][1] / max(rows[0][1], 1e-9):.2f}"
+    )
+
+
+def _model_change(tmp: Path, port: str, baud: int) -> None:
+    """U-Net 48 -> 64 (same ops, another arena) on a board holding the 48 builds: what the flash writes
+    (issue 25 item 4: the arena travels in the model partition's header, so only the model)."""
+    w, r = _run(tmp, "model-64", MODELS / "unet_mbv2_035_64.tflite", [MODELS / "inputs/unet_mbv2_035_64.png"],
+                port, baud)  # fmt: skip
+    flash = next((x.flash for x in r.variants.values() if x.flash), None) or {"regions": []}
+    by_role: dict[str, int] = defaultdict(int)
+    for reg in flash["regions"]:
+        by_role[f"{reg['role']}{'-' + reg['variant'] if reg.get('variant') else ''}"] += reg["bytes_written"]
+    print(f"\nmodel change U-Net 48 -> 64 on the same board: wall {w:.2f} s, written {_written(r)} B "
+          f"({', '.join(f'{k} {v}' for k, v in sorted(by_role.items()))}), verdict {r.verdict}")  # fmt: skip
+
+
+def _fast_link_before_after(tmp: Path, baud: int, n: int) -> None:
+    """U-Net 48, ``n`` streamed inputs, ``--results full``, on a throttled board whose console is 115200
+    (boards/sim.toml): "before" keeps the loop at the console baud (``_fast_link`` made a no-op here),
+    "after" switches to the board's link_baud (921600) after each HELLO (issue 25 item 1)."""
+    from harness.flows.resident import ResidentBoard
+
+    npz = tmp / "fast.npz"
+    np.savez(npz, x=np.random.default_rng(5).uniform(-1, 1, (n, 48, 48, 3)).astype(np.float32))
+    rows = []
+    for tag in ("before", "after"):
+        saved = ResidentBoard._fast_link
+        if tag == "before":
+            ResidentBoard._fast_link = lambda self, boot, variant, log_path: None  # type: ignore[method-assign,assignment]
+        try:
+            port = f"sim://bench-fast-{tag}-{uuid.uuid4().hex[:6]}?throttle={baud}"
+            w, r = _run(
+                tmp, f"fast-{tag}", UNET, [], port, baud, dataset=DatasetOptions(source=npz, results="full")
+            )
+        finally:
+            ResidentBoard._fast_link = saved  # type: ignore[method-assign]
+        links = [s.detail for s in r.stages if s.stage == "link-baud"]
+        rows.append((tag, w, _stages(r).get("dataset", 0.0), links[:1], r.verdict))
+    print(f"\nfast link, U-Net 48, {n} streamed inputs, --results full, console 115200 (issue 25 item 1):")
+    for tag, w, ds, links, verdict in rows:
+        print(
+            f"  {tag:<7} wall {w:6.2f} s  dataset (link) stage {ds:6.2f} s  "
+            f"{links or ['console baud']}  {verdict}"
+        )
+    print(f"  dataset stage after / before: {rows[1][2] / max(rows[0][2], 1e-9):.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baud", type=int, default=921600)
@@ -102,6 +183,7 @@ def main() -> None:
     ap.add_argument("--n-big", type=int, default=1000)
     ap.add_argument("--baseline-runs", type=int, default=3)
     ap.add_argument("--stream-inputs", type=int, default=20)
+    ap.add_argument("--repeat-only", action="store_true", help="stop after the repeat before/after figures")
     args = ap.parse_args()
     baud = args.baud
     throttle = f"throttle={baud}"
@@ -125,6 +207,11 @@ def main() -> None:
             "  identical repeat, stages: "
             + ", ".join(f"{k} {v:.2f}" for k, v in sorted(st.items(), key=lambda kv: -kv[1]))
         )
+        _repeat_before_after(tmp, UNET, [png], board, baud)
+        _model_change(tmp, board, baud)
+        _fast_link_before_after(tmp, baud, args.stream_inputs)
+        if args.repeat_only:
+            return
 
         npz = tmp / "unet.npz"
         rng = np.random.default_rng(7)

@@ -117,6 +117,10 @@ def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
         assert sdk[mode[board.psram]] == "y"
     elif board.has_psram:
         assert not any(k.startswith("CONFIG_SPIRAM_MODE_") for k in sdk)
+    if board.has_psram:  # ESP-IDF runs the PSRAM memory test at every boot unless told not to
+        assert sdk["CONFIG_SPIRAM_MEMTEST"] == ("y" if board.psram_memtest else None)
+    else:
+        assert "CONFIG_SPIRAM_MEMTEST" not in sdk
     if board.console == "uart" and board.monitor_baud == 115200:  # ESP-IDF's default console and baud
         assert sdk["CONFIG_ESP_CONSOLE_UART_DEFAULT"] == "y" and "CONFIG_ESP_CONSOLE_UART_BAUDRATE" not in sdk
     elif board.console == "uart":
@@ -198,8 +202,10 @@ def _check_project(p: gen.GeneratedProject, model_name: str) -> None:
     info = load_model(MODELS / f"{model_name}.tflite")
     assert rendered == list(resolver_methods(info))
     assert "MicroMutableOpResolver<kNumOps>" in app and f"kNumOps = {len(rendered)};" in app
-    assert f"kArenaBytes = {p.arena_bytes};" in app
-    assert ("kArenaInPsram = true" in app) == (p.arena_mem == "psram")
+    # the arena travels with the model (its partition header), the app has only the board's limits
+    image = parse_model_image((root / "esp-check" / "partitions" / "model.bin").read_bytes())
+    assert (image.arena_bytes, image.arena_mem) == (p.arena_bytes, p.arena_mem)
+    assert "kArenaBytes" not in app and f"kArenaMaxInternal = {board.internal_ram_arena_kb * 1024};" in app
     assert not (root / "main" / "model_data.cc").exists()  # the model is not compiled into the app
     header = (root / "main" / "model_data.h").read_text(encoding="utf-8")
     assert 'kEspCheckModelPartition = "model"' in header and "kEspCheckModelSubtype = 0x40" in header
@@ -740,6 +746,29 @@ def test_console_baud_other_than_115200_uses_the_custom_console(baud: int, tmp_p
         assert "CONFIG_ESP_CONSOLE_UART_DEFAULT" not in sdk
 
 
+@pytest.mark.parametrize("memtest", [None, True, False])
+def test_psram_memory_test_is_off_unless_the_board_asks(memtest: bool | None, tmp_path: Path) -> None:
+    """ESP-IDF runs its PSRAM memory test at every boot by default (CONFIG_SPIRAM_MEMTEST, default y); the
+    generated firmware turns it off unless the board file says ``psram_memtest = true``."""
+    from harness.errors import EspCheckError
+
+    text = (resources.boards_dir() / "esp32s3-devkitc-1-n8r8.toml").read_text()
+    text = text.replace('name = "esp32s3-devkitc-1-n8r8"', 'name = "memtest"')
+    board = tmp_path / "memtest.toml"
+    board.write_text(text + ("" if memtest is None else f"psram_memtest = {str(memtest).lower()}\n"))
+    (p,) = gen.generate_projects(
+        MODELS / "cnn_classifier_11.tflite", [], str(board), out_dir=tmp_path / "fw", variants=("ansi",),
+        features=gen.FirmwareFeatures(embed_inputs=False),
+    )  # fmt: skip
+    sdk = _sdkconfig_lines(p.path / "sdkconfig.defaults")
+    assert sdk["CONFIG_SPIRAM"] == "y" and sdk["CONFIG_SPIRAM_MEMTEST"] == ("y" if memtest else None)
+    no_psram = (resources.boards_dir() / "esp32s3-devkitc-1-n8.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(no_psram.replace('name = "esp32s3-devkitc-1-n8"', 'name = "bad"') + "psram_memtest = true")
+    with pytest.raises(EspCheckError, match=r"psram_memtest.*no PSRAM"):
+        load_board(str(bad))
+
+
 def test_allowlist_requires_the_custom_console_for_the_baud() -> None:
     """The rule kconfgen confirmed, recorded in the allow-list (`requires`): a console baud under the
     default console, or a baud outside the Kconfig range, is refused before anything is built."""
@@ -784,3 +813,24 @@ def test_no_tick_is_slept_per_invoke(tap: bool, tmp_path: Path) -> None:
     assert _function_body(body, guard).count("vTaskDelay(1)") == 1
     every = re.search(r"constexpr int64_t kIdleTickEveryUs = (\d+);", source)
     assert every is not None and int(every.group(1)) >= 1_000_000  # at most 1 % of the time at 10 ms/tick
+
+
+def test_models_with_the_same_ops_give_the_same_app_sources(tmp_path: Path) -> None:
+    """U-Net 48 and 64 (same ops, other arena and input size): with no inputs compiled in, every file the
+    app is built from is byte-identical, and the build is reproducible (no date, mapped paths), so the
+    second model rebuilds to the same apps and only its model partition (arena in the header) differs."""
+    trees = {}
+    for m in ("48", "64"):
+        (p,) = gen.generate_projects(
+            MODELS / f"unet_mbv2_035_{m}.tflite", [], "esp32s3-devkitc-1-n8r8", out_dir=tmp_path / m,
+            variants=("ansi",), features=gen.FirmwareFeatures(embed_inputs=False),
+        )  # fmt: skip
+        trees[m] = {
+            f.relative_to(p.path).as_posix(): f.read_bytes() for f in p.path.rglob("*") if f.is_file()
+        }
+    differ = sorted(k for k in trees["48"] if trees["48"][k] != trees["64"].get(k))
+    assert differ == ["esp-check.json", "esp-check/model.tflite", "esp-check/partitions/model.bin"]
+    sdk = _sdkconfig_lines(tmp_path / "48" / "ansi" / "sdkconfig.defaults")
+    assert sdk["CONFIG_APP_REPRODUCIBLE_BUILD"] == "y"
+    arenas = [parse_model_image(trees[m]["esp-check/partitions/model.bin"]).arena_bytes for m in ("48", "64")]
+    assert arenas[0] < arenas[1]

@@ -203,10 +203,12 @@ extern "C" const esp_partition_t* esp_partition_find_first(esp_partition_type_t 
 extern "C" esp_err_t esp_partition_mmap(const esp_partition_t* partition, size_t offset, size_t size,
                                         esp_partition_mmap_memory_t memory, const void** out_ptr,
                                         esp_partition_mmap_handle_t* out_handle);
+extern "C" esp_err_t esp_partition_get_sha256(const esp_partition_t* partition, uint8_t* sha_256);
 """,
     "esp_ota_ops.h": """
 #include "esp_partition.h"
 extern "C" const esp_partition_t* esp_ota_get_running_partition(void);
+extern "C" const esp_partition_t* esp_ota_get_next_update_partition(const esp_partition_t* start_from);
 extern "C" esp_err_t esp_ota_set_boot_partition(const esp_partition_t* partition);
 """,
     "driver/uart.h": """
@@ -221,6 +223,8 @@ extern "C" esp_err_t uart_driver_install(uart_port_t uart_num, int rx_buffer_siz
 extern "C" int uart_write_bytes(uart_port_t uart_num, const void* src, size_t size);
 extern "C" int uart_read_bytes(uart_port_t uart_num, void* buf, uint32_t length, TickType_t ticks_to_wait);
 extern "C" esp_err_t uart_wait_tx_done(uart_port_t uart_num, TickType_t ticks_to_wait);
+extern "C" esp_err_t uart_set_baudrate(uart_port_t uart_num, uint32_t baudrate);
+extern "C" esp_err_t uart_get_baudrate(uart_port_t uart_num, uint32_t* baudrate);
 extern "C" esp_err_t uart_get_buffered_data_len(uart_port_t uart_num, size_t* size);
 """,
     "driver/uart_vfs.h": 'extern "C" void uart_vfs_dev_use_driver(int uart_num);\n',

@@ -293,3 +293,43 @@ def test_hybrid_names_no_op_for_a_crash_that_does_not_come_back(
     assert res.exit_code == ExitCode.FIRMWARE_FAULT, res.message
     assert not res.offered and res.culprits == [] and res.ansi_ops == []
     assert "intermittent" in res.message
+
+
+def test_an_app_that_is_not_the_build_is_refused_from_its_hello(
+    tmp_path: Path, models_dir: Path, sim_port
+) -> None:  # type: ignore[no-untyped-def]
+    """HELLO's running-app SHA-256 is a device claim the judge checks at every boot: the ANSI C slot
+    holding another valid ANSI C app (here the --tap build: same variant, same model) is refused with
+    exit 2, never streamed as the build's results. The board's flash is set by hand (the fake: a
+    simulated board whose flash did not take the build's app)."""
+    from harness.device.session import DeviceSession
+    from harness.firmware.boards import load_board
+    from harness.firmware.build import build_project
+    from harness.firmware.generate import FirmwareFeatures, generate_projects
+    from harness.flows.capture import boot_variant
+    from harness.flows.records import Recorder, VariantRun
+    from harness.flows.resident import ResidentBoard, merged_flash_files
+
+    builds = {}
+    for tap in (False, True):
+        for p in generate_projects(models_dir / CNN, [], "sim", out_dir=tmp_path / f"fw-{tap}",
+                                   features=FirmwareFeatures(tap=tap, embed_inputs=False)):  # fmt: skip
+            builds[(p.variant, tap)] = build_project(p.path, cache_dir=tmp_path / "cache")
+    mine = {v: builds[(v, False)] for v in ("optimized", "ansi")}
+    files = dict(merged_flash_files(mine))
+    tapped = builds[("ansi", True)].artifact("app")
+    assert tapped is not None
+    files[tapped.offset] = tapped.path  # ota_1: a valid ANSI C app, but not the build's
+    import harness.sim
+
+    harness.sim.register()
+    url = sim_port("emitter=c&flash_size=8MB")
+    with DeviceSession(url, load_board("sim")) as dev:
+        dev.serial.board.program(sorted(files.items()))  # type: ignore[union-attr]
+        rb = ResidentBoard(Recorder(), dev, mine, StageTimeouts(capture_total=30, capture_silence=4))
+        assert rb.flash(tmp_path / "logs" / "flash.log").skipped_reason == ""  # the probe saw ota_1 differ
+        dev.serial.board.program([(tapped.offset, tapped.path)])  # type: ignore[union-attr]
+        rb.current = None
+        run = VariantRun("ansi", serial_log=tmp_path / "logs" / "serial-ansi.log")
+        got = boot_variant(rb, run)
+    assert got == ExitCode.USAGE and "another firmware" in " ".join(run.problems), run.problems

@@ -8,6 +8,7 @@ and both must print byte-identical streams for the same commands.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import shutil
@@ -38,6 +39,7 @@ class App:
         self.flaky_invoke = flaky_invoke
         self.fail_first_byte = fail_first_byte
         self.booted: list[int] = []
+        self.bauds: list[tuple[int, int]] = []
 
     def write(self, data: bytes) -> None:
         self.out += data
@@ -70,6 +72,9 @@ class App:
     def boot_slot(self, slot: int) -> int:
         self.booted.append(slot)
         return 0 if slot == 1 else 0x103
+
+    def set_baud(self, baud: int) -> None:
+        self.bauds.append((baud, len(self.out)))  # what had been written when the switch came
 
 
 SESSION = 0x5EED5EED  # the boot's session id in these tests: every command frame carries its key
@@ -284,6 +289,29 @@ def test_boot_switch_reply_then_reboot(backend: str) -> None:
     assert replies == [(0, 0x103), (1, 0)] and app.booted == [0, 1]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_baud_switch_reply_leaves_before_the_switch(backend: str) -> None:
+    """BAUD: the device answers BAUD_OK (baud, 0) and only then switches (the reply leaves at the old
+    baud); out of range or on a console that cannot switch (USB-Serial-JTAG: no callback) it refuses."""
+    app = App()
+    loop = make_loop(dataclasses.replace(config(), baud_switch=True), app, backend=backend)
+    s = Script().add(fr.CMD_BAUD, struct.pack("<I", 921600)).add(fr.CMD_BAUD, struct.pack("<I", 1200))
+    for f in s.frames:
+        loop.rx(f)
+    frames = fr.split_stream(bytes(app.out), key=KEY).frames
+    replies = [fr.decode_baud(f.payload) for f in frames if f.type == fr.RSP_BAUD]
+    assert replies == [(921600, 0), (1200, -1)]
+    assert [b for b, _ in app.bauds] == [921600]
+    first_reply_end = bytes(app.out).find(fr.MAGIC) + fr.HEADER + 8 + fr.TRAILER
+    assert app.bauds[0][1] == first_reply_end  # the switch came right after the whole reply was written
+    fixed = App()
+    loop = make_loop(config(), fixed, backend=backend)  # baud_switch off: refused, nothing switched
+    loop.rx(Script().add(fr.CMD_BAUD, struct.pack("<I", 921600)).frames[0])
+    out = fr.split_stream(bytes(fixed.out), key=KEY).frames
+    assert [fr.decode_baud(f.payload) for f in out if f.type == fr.RSP_BAUD] == [(921600, -1)]
+    assert fixed.bauds == []
+
+
 def _script(rng: random.Random) -> list[bytes]:
     s = Script()
     for _ in range(rng.randrange(1, 25)):
@@ -301,7 +329,7 @@ def _script(rng: random.Random) -> list[bytes]:
         elif k < 0.9:
             s.add(fr.CMD_END)
         else:
-            s.add(rng.choice([fr.CMD_SYNC, fr.CMD_HELLO, 0x55]), rng.randbytes(rng.randrange(6)))
+            s.add(rng.choice([fr.CMD_SYNC, fr.CMD_HELLO, fr.CMD_BAUD, 0x55]), rng.randbytes(rng.randrange(6)))
     out = []
     for f in s.frames:
         r = rng.random()
@@ -320,9 +348,11 @@ def test_c_loop_and_python_twin_print_identical_streams() -> None:
     rng = random.Random(1130)
     for trial in range(150):
         script = _script(rng)
-        a = play("c", script, App(flaky_invoke=rng.choice([None, 2])))
-        b = play("python", script, App(flaky_invoke=a.flaky_invoke))
+        cfg = dataclasses.replace(config(), baud_switch=trial % 2 == 0)
+        a = play("c", script, App(flaky_invoke=rng.choice([None, 2])), cfg)
+        b = play("python", script, App(flaky_invoke=a.flaky_invoke), cfg)
         assert bytes(a.out) == bytes(b.out), f"trial {trial}"
+        assert a.bauds == b.bauds, f"trial {trial}"
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc with AddressSanitizer")

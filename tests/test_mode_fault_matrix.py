@@ -22,7 +22,7 @@ from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.hybrid import HybridOptions, hybrid
 from harness.flows.job import JobOptions
 from harness.flows.records import StageTimeouts
-from harness.sim.board import remove_board
+from harness.sim.board import get_board, remove_board
 
 pytestmark = pytest.mark.slow
 
@@ -146,3 +146,33 @@ def test_runner_by_fault(tmp_path: Path, models_dir: Path, query: str, expected:
     finally:
         remove_board(name)
     assert result.exit_code == expected
+
+
+# ---- a repeat run on a board that already holds the builds: no esptool session, the same verdict ----
+
+SKIP_CELLS = [("", "single", OK)] + [
+    ("fault=corrupt&variant_fault=optimized", m, M) for m in ("single", "tap", "ds_crc", "ds_full")
+]
+
+
+@pytest.mark.parametrize(
+    ("query", "mode", "expected"), SKIP_CELLS, ids=[f"{m}-{q or 'clean'}" for q, m, _ in SKIP_CELLS]
+)
+def test_mode_with_the_flash_skipped(
+    tmp_path: Path, models_dir: Path, port, query: str, mode: str, expected: ExitCode
+) -> None:  # type: ignore[no-untyped-def]
+    """The second run finds the builds on the board from its app's HELLO (model, running and other slot
+    SHA-256) and runs no esptool session; the faulty variant is judged exactly as after a flash."""
+    import json
+
+    from harness.flows.resident import FLASH_SKIPPED
+
+    url = port(query)
+    assert _run(mode, url, models_dir, tmp_path / "a") == expected
+    board = get_board(url.split("//")[1].split("?")[0])
+    sessions = board.download_sessions
+    got = _run(mode, url, models_dir, tmp_path / "b")
+    assert got == expected, f"{mode} with {query or 'no fault'}, flash skipped: exit {int(got)}"
+    doc = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert {v["flash"]["skipped"] for v in doc["variants"].values()} == {FLASH_SKIPPED}
+    assert board.download_sessions == sessions

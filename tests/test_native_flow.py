@@ -143,6 +143,9 @@ def test_the_resident_loop_on_a_native_board_flashes_once_and_streams(work: Path
     assert second.exit_code == ExitCode.MATCH, second.errors
     doc2 = json.loads((work / "loop-2" / "report.json").read_text())
     assert _written(doc2) == 0 and all(r.build_cache_hit for r in second.variants.values())
+    from harness.flows.resident import FLASH_SKIPPED  # the programs' HELLO hashes: no install session at all
+
+    assert {v["flash"].get("skipped") for v in doc2["variants"].values()} == {FLASH_SKIPPED}
 
     data = flash_and_compare(
         work / "pool.tflite",

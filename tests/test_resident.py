@@ -32,7 +32,7 @@ from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.job import JobOptions
 from harness.flows.records import StageTimeouts
 from harness.protocol import frames as fr
-from harness.sim.board import remove_board
+from harness.sim.board import get_board, remove_board
 from harness.sim.image import build_sim_firmware
 from harness.sim.testing import make_project
 
@@ -325,3 +325,230 @@ def test_repeat_run_and_new_inputs_write_nothing(tmp_path: Path, models_dir: Pat
         assert facts is not None and facts["bytes_written"] == 0
         assert all(r["skipped"] for r in facts["regions"])
         assert {r["role"] for r in facts["regions"]} == {"bootloader", "partition-table", "model", "app"}
+
+
+# ---- no esptool session when the board already holds the builds (HELLO hashes) ---------------------
+
+
+def _app_bytes(images: dict, variant: str) -> bytes:
+    off = 0x20000 if variant == "optimized" else 0x120000
+    return next(p for o, p in images[variant] if o == off).read_bytes()
+
+
+def test_hello_reports_both_app_slots_as_esp_idf_hashes_them(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    """ESP-IDF's esp_partition_get_sha256 of an app slot is the image's appended SHA-256 (the SHA-256 of
+    the image before it), checked against the image: zeros in HELLO when the slot holds no valid image."""
+    import hashlib
+
+    from harness.protocol.app_image import slot_sha256
+
+    images = _images(tmp_path, models_dir)
+    opt, ansi = _app_bytes(images, "optimized"), _app_bytes(images, "ansi")
+    with DeviceSession(board_url(), load_board("sim")) as dev:
+        _program_both(dev.serial, images)
+        h = _hello(dev, tmp_path / "a.log")
+        assert (h.slot, h.app_sha256, h.other_sha256) == (0, opt[-32:].hex(), ansi[-32:].hex())
+        assert h.app_sha256 == hashlib.sha256(opt[:-32]).hexdigest() == slot_sha256(opt, "esp32s3")
+        assert h.other_sha256 == slot_sha256(ansi, "esp32s3") != h.app_sha256
+        dev.serial.board.flash[0x120000 + 0x40] ^= 0x01  # type: ignore[union-attr]  # ota_1 damaged
+        h = _hello(dev, tmp_path / "b.log")
+    assert h.app_sha256 == slot_sha256(opt, "esp32s3") and h.other_sha256 == ""
+
+
+def test_slot_sha256_follows_esp_idf_for_every_kind_of_slot(tmp_path: Path, models_dir: Path) -> None:
+    import hashlib
+
+    from harness.protocol.app_image import slot_sha256
+
+    app = _app_bytes(_images(tmp_path, models_dir), "optimized")
+    assert app[23] == 1  # hash_appended in the extended header
+    plain = bytearray(app[:-32])
+    plain[23] = 0  # no appended hash: ESP-IDF hashes the image (header .. checksum padding)
+    assert slot_sha256(bytes(plain) + b"\xff" * 64, "esp32s3") == hashlib.sha256(plain).hexdigest()
+    damaged = bytearray(app)
+    damaged[0x40] ^= 1
+    assert slot_sha256(bytes(damaged), "esp32s3") == ""  # ESP_ERR_IMAGE_INVALID
+    assert slot_sha256(app[:100], "esp32s3") == ""  # truncated: no image
+    program = b"\x7fELF" + bytes(range(256))  # a native board's slot holds a host program: its own hash
+    assert slot_sha256(program, "esp32") == hashlib.sha256(program).hexdigest()
+
+
+def test_images_differ_names_every_hash_that_is_not_the_builds(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    import dataclasses
+
+    from harness.firmware.build import Artifact, BuildResult
+    from harness.flows.resident import images_differ
+
+    images = _images(tmp_path, models_dir)
+    builds = {
+        v: BuildResult(tmp_path, "sim", tuple(Artifact(off, p, "app") for off, p in images[v]
+                                              if off in (0x20000, 0x120000)),
+                       tmp_path / "x.bin", tmp_path / "f.json", None, False, "k", "s", "esp32s3")
+        for v in ("optimized", "ansi")
+    }  # fmt: skip
+    with DeviceSession(board_url(), load_board("sim")) as dev:
+        _program_both(dev.serial, images)
+        h = _hello(dev, tmp_path / "a.log")
+    model = h.model_sha256
+    assert images_differ(h, builds, model) == []
+    other_model = "ab" * 32
+    cases = {
+        "model": (h, other_model),
+        "ota_0": (dataclasses.replace(h, app_sha256="cd" * 32), model),
+        "ota_1": (dataclasses.replace(h, other_sha256=""), model),  # zeros: firmware that does not report
+        "slot": (dataclasses.replace(h, slot=1), model),
+        "start-up": (dataclasses.replace(h, init_status=3), model),
+    }
+    for what, (hello, m) in cases.items():
+        why = images_differ(hello, builds, m)
+        assert why, what
+    assert images_differ(None, builds, model) and images_differ(h, builds, "")
+    ansi_only = {"ansi": builds["ansi"]}  # a single build: the other slot must still be it
+    assert images_differ(h, ansi_only, model) == []
+    assert images_differ(dataclasses.replace(h, other_sha256=h.app_sha256), ansi_only, model)
+
+
+def test_a_board_holding_the_builds_is_not_flashed(tmp_path: Path, models_dir: Path, board_url) -> None:
+    from harness.flows.resident import FLASH_SKIPPED
+
+    url = board_url("&flash_size=8MB")
+    first = _fc(models_dir, tmp_path / "a", url)
+    board = get_board(url.split("//")[1].split("?")[0])
+    assert first.exit_code == ExitCode.MATCH and "skipped" not in (first.variants["ansi"].flash or {})
+    sessions = board.download_sessions
+    again = _fc(models_dir, tmp_path / "b", url)
+    assert again.exit_code == ExitCode.MATCH, again.errors
+    facts = again.variants["ansi"].flash or {}
+    assert facts.get("skipped") == FLASH_SKIPPED and facts["bytes_written"] == 0
+    assert board.download_sessions == sessions  # no esptool session at all
+    log = (tmp_path / "b" / "logs" / "serial-ansi.log").read_bytes()  # the probe's boot opens its log
+    assert b"@ECH HELLO" in log and b"Loaded app from partition at offset 0x120000" in log
+    board.flash[0x120000 + 0x40] ^= 0x01  # the ANSI C app in ota_1 damaged: its hash no longer matches
+    third = _fc(models_dir, tmp_path / "c", url)
+    assert third.exit_code == ExitCode.MATCH, third.errors
+    facts = third.variants["ansi"].flash or {}
+    assert "skipped" not in facts and board.download_sessions == sessions + 1
+    written = [(r["role"], r["variant"]) for r in facts["regions"] if r["bytes_written"]]
+    assert written == [("app", "ansi")]
+
+
+# ---- a model change writes only the model partition (the arena travels in its header) ---------------
+
+
+def test_a_model_with_the_same_ops_rewrites_only_the_model_partition(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    """U-Net 48 -> 64: the same ops, another arena. The arena size is in the model partition's header,
+    not in the apps, so the second run writes the model partition and nothing else; both still match."""
+    url = board_url("&flash_size=8MB")
+    runs = {}
+    for m in ("48", "64"):
+        runs[m] = flash_and_compare(
+            models_dir / f"unet_mbv2_035_{m}.tflite",
+            [models_dir / f"inputs/unet_mbv2_035_{m}.png"],
+            board="sim",
+            port=url,
+            out_dir=tmp_path / m,
+            options=JobOptions(timeouts=StageTimeouts(capture_total=60, capture_silence=6)),
+        )
+        assert runs[m].exit_code == ExitCode.MATCH, runs[m].errors
+    image = "projects/ansi/esp-check/partitions/model.bin"
+    arenas = {m: parse_model_image((tmp_path / m / image).read_bytes()).arena_bytes for m in runs}
+    assert arenas["48"] != arenas["64"] and min(arenas.values()) > 0
+    facts = runs["64"].variants["ansi"].flash or {}
+    written = [(r["role"], r["variant"]) for r in facts["regions"] if r["bytes_written"]]
+    assert written == [("model", None)], facts["regions"]
+    log = (tmp_path / "64" / "logs" / "serial-ansi.log").read_bytes()
+    assert f"size={arenas['64']} ".encode() in log  # ARENA: the app allocated what the header gives
+
+
+def test_an_arena_the_board_cannot_give_is_refused_at_start_up(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    """A model partition header asking for more arena than the board offers: the app stops at start-up with
+    an ERROR (stage alloc) naming both sizes, before allocating anything."""
+    from harness.protocol.model_image import pack_model_image
+
+    limits = {"internal": 320 * 1024, "psram": 7 * 1024 * 1024}  # the generator's, for an 8 MB PSRAM board
+    images = {
+        v: build_sim_firmware(
+            make_project(tmp_path / v, models_dir / MODEL, [], variant=v, arena_max=limits),
+            tmp_path / f"b-{v}",
+        )
+        for v in ("optimized", "ansi")
+    }
+    model = (models_dir / MODEL).read_bytes()
+    big = tmp_path / "big-model.bin"
+    big.write_bytes(pack_model_image(model, 64 * 1024 * 1024, "psram"))
+    with DeviceSession(board_url(), load_board("sim")) as dev:
+        _program_both(dev.serial, images)
+        dev.serial.board.program([(0x220000, big)])  # type: ignore[union-attr]
+        cap = dev.boot(tmp_path / "a.log", reset=True, total_timeout=10, silence_timeout=5)
+    h = fr.decode_hello(cap.hello or b"")
+    assert h.init_stage == "alloc"
+    from harness.protocol.capture import parse_capture
+
+    (err,) = parse_capture(cap.data).errors
+    assert (
+        err.stage == "alloc" and err.msg == f"arena_{64 * 1024 * 1024}_bytes_above_the_boards_{7 << 20}_psram"
+    )
+
+
+# ---- the fast link: BAUD after HELLO, verified by a round trip, else the console baud ----------------
+
+
+def _stage(result, name: str) -> list[tuple[str | None, str]]:  # type: ignore[no-untyped-def]
+    return [(s.variant, s.detail) for s in result.stages if s.stage == name]
+
+
+def test_the_resident_loop_runs_at_the_link_baud_after_hello(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    """The board's console is 115200 (boards/sim.toml); after each HELLO the host asks for the board's
+    link_baud (921600), the device answers at 115200 and switches, a SYNC round trip at 921600 confirms it,
+    and the text session streams at 921600. The throttled line carries each byte at its own baud."""
+    url = board_url("&flash_size=8MB&throttle=921600")
+    result = _fc(models_dir, tmp_path / "a", url)
+    assert result.exit_code == ExitCode.MATCH, result.errors
+    assert {d for _, d in _stage(result, "link-baud")} == {"921600 baud (console 115200, asked 921600)"}
+    board = get_board(url.split("//")[1].split("?")[0])
+    assert sum("console 115200 -> 921600 baud" in line for line in board.log) == 2  # each variant's boot
+    assert board._rate(115200) == 11520.0 and board._rate(921600) == 92160.0  # 10 bits a byte, per baud
+
+
+def test_a_link_that_cannot_carry_the_fast_baud_falls_back_to_the_console_baud(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    """The line garbles what the host sends above 115200 (fault baud_fail: a bridge that cannot do it):
+    the SYNC at 921600 never arrives, the device goes back to 115200 by itself, the host follows, and the
+    run is the same clean match at the console baud."""
+    url = board_url("&flash_size=8MB&fault=baud_fail")
+    result = _fc(models_dir, tmp_path / "a", url, INPUTS[:1])
+    assert result.exit_code == ExitCode.MATCH, result.errors
+    assert {d for _, d in _stage(result, "link-baud")} == {"115200 baud (console 115200, asked 921600)"}
+    board = get_board(url.split("//")[1].split("?")[0])
+    assert any("back to 115200" in line for line in board.log)
+
+
+def test_usb_serial_jtag_consoles_keep_their_own_speed(tmp_path: Path, models_dir: Path) -> None:
+    import harness.sim
+
+    harness.sim.register()
+    name = f"res-{uuid.uuid4().hex[:10]}"
+    try:
+        result = flash_and_compare(
+            models_dir / MODEL,
+            [models_dir / INPUTS[0]],
+            board="sim-usbjtag",
+            port=f"sim://{name}?reset=usb_jtag",
+            out_dir=tmp_path / "a",
+            options=JobOptions(timeouts=StageTimeouts(capture_total=40, capture_silence=4)),
+        )
+    finally:
+        remove_board(name)
+    assert result.exit_code == ExitCode.MATCH, result.errors
+    assert _stage(result, "link-baud") == []

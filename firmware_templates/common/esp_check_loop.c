@@ -399,6 +399,16 @@ static void dispatch(ecl_t *l, const ecf_frame_t *f) {
             if (rc == 0) l->status = ECL_REBOOT;
             break;
         }
+        case ECL_CMD_BAUD: {
+            uint32_t baud = f->len >= 4 ? ecf_get_u32(f->payload) : 0u;
+            int32_t rc = l->cfg.set_baud != NULL && baud >= ECL_BAUD_MIN && baud <= ECL_BAUD_MAX ? 0 : -1;
+            flush_batch(l);
+            ecf_put_u32(p, baud);
+            ecf_put_u32(p + 4, (uint32_t)rc);
+            send_frame(l, ECL_RSP_BAUD, p, 8);
+            if (rc == 0) l->cfg.set_baud(l->cfg.ctx, baud); /* after the reply: it leaves at the old baud */
+            break;
+        }
         default: ecl_error(l, ECL_NO_ID, ECL_STAGE_PROTOCOL, f->type, "unknown_command"); break;
     }
 }

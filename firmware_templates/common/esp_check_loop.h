@@ -31,6 +31,7 @@ extern "C" {
 #define ECL_CMD_END 0x05
 #define ECL_CMD_SYNC 0x06
 #define ECL_CMD_BOOT 0x07
+#define ECL_CMD_BAUD 0x08
 /* device -> host */
 #define ECL_RSP_HELLO 0x80
 #define ECL_RSP_ACK 0x81
@@ -40,6 +41,9 @@ extern "C" {
 #define ECL_RSP_ERROR 0x85
 #define ECL_RSP_SYNC 0x86
 #define ECL_RSP_BOOT 0x87
+#define ECL_RSP_BAUD 0x88
+#define ECL_BAUD_MIN 9600u
+#define ECL_BAUD_MAX 5000000u
 
 /* RUN fields */
 #define ECL_SRC_LOADED 0
@@ -117,6 +121,10 @@ typedef struct {
     uint32_t session;            /* this boot's session id (drawn at boot, never 0): keys every frame's CRC */
     const uint8_t *app_sha256;   /* 32 bytes: the running app image's SHA-256 (NULL: zeros, unknown) */
     const uint8_t *other_sha256; /* 32 bytes: the other app slot's image SHA-256 (NULL: zeros, unknown) */
+    /* Called right after the BAUD reply was queued: wait until it left, then switch the console UART to
+     * `baud` (and back to the console baud by itself when no frame arrives at the new one in time). NULL:
+     * the link cannot switch (USB-Serial-JTAG), BAUD is refused. */
+    void (*set_baud)(void *ctx, uint32_t baud);
 } ecl_config_t;
 
 typedef struct {

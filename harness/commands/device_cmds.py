@@ -437,6 +437,7 @@ def _print_summary(console: Console, result: Any) -> None:
             written = sum(x["bytes_written"] for x in r.flash["regions"])
             skipped = sum(1 for x in r.flash["regions"] if x["skipped"])
             flash = f"{written} B written, {skipped} region(s) already there"
+            flash = r.flash.get("skipped") or flash  # no esptool session: the HELLO hashes matched
             shown.append((v, r.flash))
         findings = safe_markup(
             ", ".join(f"{f['kind']} ({getattr(f['severity'], 'value', f['severity'])})" for f in r.findings)

@@ -126,6 +126,8 @@ class FlashResult:
     log_path: Path | None
     esptool_log: str = dataclasses.field(repr=False, default="")
     serial: serial.SerialBase | None = dataclasses.field(repr=False, compare=False, default=None)
+    # why no esptool session ran ("": one did), e.g. the board's HELLO showed it holds every image
+    skipped_reason: str = ""
 
     @property
     def bytes_written(self) -> int:

@@ -14,7 +14,10 @@ session always holds the current one and closes it on exit.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import random
+import struct
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -56,6 +59,7 @@ class DeviceSession:
         self.reset_style = str(getattr(board, "reset", "classic"))
         self.reenumerate_wait_s = reenumerate_wait_s
         self.serial: serial.SerialBase | None = None
+        self.link_baud: int | None = None  # the resident loop's switched baud (None: the console baud)
 
     @property
     def reenumerates(self) -> bool:
@@ -122,6 +126,8 @@ class DeviceSession:
         :func:`harness.device.console.capture_run` for the keyword arguments."""
         self.open()
         assert self.serial is not None
+        if reset:
+            self.link_baud = None  # a reset boots the app at the console baud
         cap = capture_run(
             self.serial,
             log_path=log_path,
@@ -172,6 +178,16 @@ class DeviceSession:
         assert self.serial is not None
         try:
             self.serial.write(fr.encode_frame(fr.CMD_BOOT, seq, bytes([slot]), key=hello.key))
+            if self.link_baud is not None:  # the reply comes at the fast baud, the reboot at the console baud
+                with _append(log_path) as log:
+                    reply = self._await_frame(hello.key, lambda f: f.type == fr.RSP_BOOT, 5.0, log)
+                self.link_baud = None
+                if reply is not None and fr.decode_boot(reply.payload)[1] != 0:
+                    status = fr.decode_boot(reply.payload)[1]
+                    raise LinkError(
+                        f"the running app refused to boot ota_{slot} next (status 0x{status & 0xFFFFFFFF:x})",
+                        hint="that slot holds no valid image: flash both variants again",
+                    )
         except (serial.SerialException, OSError) as exc:
             raise LinkError(f"the serial link was lost before the slot switch ({exc})") from exc
 
@@ -189,6 +205,61 @@ class DeviceSession:
                 hint="that slot holds no valid image: flash both variants again",
             )
         return cap
+
+    def _await_frame(
+        self, key: int, want: Callable[[fr.Frame], bool], timeout: float, log: Any
+    ) -> fr.Frame | None:
+        """Read until a frame of this boot that ``want`` accepts arrives (None: ``timeout`` passed)."""
+        assert self.serial is not None
+        deadline = time.monotonic() + timeout
+        buf = bytearray()
+        while time.monotonic() < deadline:
+            chunk = self.serial.read(self.serial.in_waiting or 1)
+            if not chunk:
+                continue
+            buf += chunk
+            if log is not None:
+                log.write(chunk)
+            found = next((f for f in fr.split_stream(bytes(buf), key).frames if want(f)), None)
+            if found is not None:
+                return found
+        return None
+
+    def set_link_baud(
+        self, hello: fr.Hello, baud: int, *, seq: int, log_path: Path | None = None
+    ) -> tuple[int, int]:
+        """Switch the resident loop to ``baud`` (docs/protocol.md "Fast link"): BAUD, then a SYNC round
+        trip at the new baud; when that fails, back to the console baud (the device goes back by itself
+        after ``BAUD_CONFIRM_S``) and a SYNC there. Returns (the baud the link runs at, next command seq).
+
+        LinkError when no round trip works at either baud."""
+        self.open()
+        assert self.serial is not None
+        port = self.serial
+        with _append(log_path) as log:
+            port.write(fr.encode_frame(fr.CMD_BAUD, seq, struct.pack("<I", baud), key=hello.key))
+            reply = self._await_frame(hello.key, lambda f: f.type == fr.RSP_BAUD, 2.0, log)
+            seq += 1
+            if reply is None or fr.decode_baud(reply.payload) != (baud, 0):
+                return self.console_baud, seq  # refused, or an app without BAUD: the console baud it is
+            for rate in (baud, self.console_baud):
+                if rate != baud:
+                    time.sleep(fr.BAUD_CONFIRM_S + 0.2)  # the device goes back to its console baud by itself
+                port.baudrate = rate
+                token = random.getrandbits(32)
+                port.write(fr.encode_frame(fr.CMD_SYNC, seq, struct.pack("<I", token), key=hello.key))
+
+                def synced(f: fr.Frame, token: int = token) -> bool:
+                    return f.type == fr.RSP_SYNC and f.payload[:4] == struct.pack("<I", token)
+
+                if self._await_frame(hello.key, synced, 0.8, log) is not None:
+                    self.link_baud = rate if rate != self.console_baud else None
+                    return rate, seq + 1
+        raise LinkError(
+            f"no SYNC round trip after the switch to {baud} baud, nor back at the console's "
+            f"{self.console_baud}",
+            hint="check the USB-UART bridge's top rate; set link_baud in the board file to what it handles",
+        )
 
 
 class _append:

@@ -99,6 +99,8 @@ class BoardFile(UserModel):
     chip_rev_min: str | None = Field(None, description='chip revisions the image accepts, "major.minor"')
     chip_rev_max: str | None = None
     partition_table_offset: int = DEFAULT_PARTITION_TABLE_OFFSET
+    psram_memtest: bool = Field(False, description="ESP-IDF's PSRAM memory test at every boot (costs time)")
+    link_baud: Baud = Field(921600, description="the resident loop's top baud after HELLO (UART consoles)")
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,8 @@ class Board:
     chip_rev_max: int | None
     partition_table_offset: int
     native: dict[str, int]
+    psram_memtest: bool  # CONFIG_SPIRAM_MEMTEST: off unless the board asks for it
+    link_baud: int  # the resident loop switches to this after HELLO (UART consoles only)
     source: Path | None = None
 
     @property
@@ -212,6 +216,8 @@ def _check_hardware(path: Path, f: BoardFile) -> None:
         raise _err(path, "psram", f"octal PSRAM exists only on esp32s3 modules, not {chip}")
     if f.psram == "hex" and chip != "esp32p4":
         raise _err(path, "psram", f"hex PSRAM exists only on esp32p4, not {chip}")
+    if f.psram_memtest and f.psram == "none":
+        raise _err(path, "psram_memtest", 'is true, but the board has no PSRAM (psram = "none")')
     if f.builder == "pio" and not f.pio_board:
         raise _err(path, "pio_board", 'is empty but builder = "pio" needs a PlatformIO board id')
     if chip == "esp32p4" and f.builder == "pio":

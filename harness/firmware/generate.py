@@ -134,6 +134,12 @@ class ArenaPlan:
     espnn_formulas: str | None = None  # which esp-nn version's scratch formulas the estimate used
 
 
+def _arena_max(board: Board) -> dict[str, int]:
+    """The largest arena ``board`` offers in internal RAM and in PSRAM (0: none), as ``place_arena``."""
+    psram = max(board.psram_mb * 1024 * 1024 - PSRAM_RESERVE_BYTES, 0) if board.has_psram else 0
+    return {"internal": board.internal_ram_arena_kb * 1024, "psram": psram}
+
+
 def place_arena(arena_bytes: int, board: Board) -> str:
     """``internal`` or ``psram`` for an ``arena_bytes`` arena on ``board``; GenerateError if neither fits."""
     internal = board.internal_ram_arena_kb * 1024
@@ -584,7 +590,9 @@ def _base_context(
             {"source_name": p.name, "sha256": _sha256(raw), "array": _hex_array(raw)}
             for p, raw, _ in prepared
         ],
-        "input_bytes": tensor.num_elements * np.dtype(tensor.dtype).itemsize,
+        # only embedded inputs need it compiled in: without them the app is the same for every model
+        # with these ops (a new model rewrites only the model partition)
+        "input_bytes": tensor.num_elements * np.dtype(tensor.dtype).itemsize if prepared else 0,
         "input_dtype": tensor.dtype,
         "outputs": [
             {
@@ -600,6 +608,7 @@ def _base_context(
         "resolver": list(resolver),
         "arena_bytes": plan.bytes,
         "arena_mem": plan.mem,
+        "arena_max": _arena_max(board),  # compiled into the app, whatever the model partition asks
         "human_max": human_max,
         "main_stack_bytes": MAIN_STACK_BYTES,
         **_idf_context(board),
@@ -651,7 +660,7 @@ def _render_files(
     if ctx.get("hybrid") is not None:
         files.update(render_hybrid_files(ctx["hybrid"], str(ctx["banner"]), env.filters))
     files[f"{DATA_DIR}/model.tflite"] = model_bytes
-    files[MODEL_IMAGE] = pack_model_image(model_bytes)
+    files[MODEL_IMAGE] = pack_model_image(model_bytes, int(ctx["arena_bytes"]), str(ctx["arena_mem"]))
     files[OTADATA_ANSI_IMAGE] = otadata.initial(OTADATA_BYTES, VARIANT_SLOTS["ansi"], len(VARIANT_SLOTS))
     for k, (_, raw, _) in enumerate(prepared):
         files[f"{DATA_DIR}/input_{k}.bin"] = raw
@@ -753,6 +762,7 @@ def _manifest(
         "resolver": list(resolver),
         "arena_bytes": plan.bytes,
         "arena_mem": plan.mem,
+        "arena_max": _arena_max(board),  # what the app accepts from a model partition header
         "arena_source": plan.source,
         "arena_estimate_bytes": plan.estimate_bytes,
         "arena_espnn_formulas": plan.espnn_formulas,

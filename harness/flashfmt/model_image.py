@@ -13,8 +13,16 @@ Layout (little-endian)::
     12  4  model bytes
     16  32 SHA-256 of the model bytes
     48  4  CRC-32 (zlib) of bytes 0..47
-    52  12 zero
+    52  4  arena bytes: the tensor arena the app allocates for this model (0: not given)
+    56  1  arena memory: 0 internal RAM, 1 PSRAM
+    57  3  zero
+    60  4  CRC-32 (zlib) of bytes 0..59 (covers the arena fields)
     64  .. the model (16-byte aligned: partitions start on 4 KB boundaries)
+
+The arena is the model's, not the app's: it travels with the model, so a model with the same ops and
+another arena size (U-Net 48 -> 64) rewrites only this partition, never the apps. A header whose second
+CRC does not match gives no arena (``arena_bytes`` 0); the firmware then refuses to start
+(``ERROR stage=model``: flash the model again).
 """
 
 from __future__ import annotations
@@ -34,16 +42,23 @@ class ModelImageError(ValueError):
     """The bytes in the model partition are not a model image (or not a complete one)."""
 
 
+ARENA_MEM = {"internal": 0, "psram": 1}
+
+
 @dataclass(frozen=True)
 class ModelImage:
     model: bytes
     sha256: str  # from the header, checked against the bytes by parse_model_image
+    arena_bytes: int = 0  # 0: the header gives no arena
+    arena_mem: str = "internal"  # internal | psram
 
 
-def pack_model_image(model: bytes) -> bytes:
+def pack_model_image(model: bytes, arena_bytes: int = 0, arena_mem: str = "internal") -> bytes:
     head = MAGIC + struct.pack("<II", HEADER_BYTES, len(model)) + hashlib.sha256(model).digest()
     head += struct.pack("<I", zlib.crc32(head) & 0xFFFFFFFF)
-    return head + bytes(HEADER_BYTES - len(head)) + model
+    head += struct.pack("<IB3x", arena_bytes, ARENA_MEM[arena_mem])
+    head += struct.pack("<I", zlib.crc32(head) & 0xFFFFFFFF)
+    return head + model
 
 
 def parse_model_image(data: bytes | bytearray | memoryview, partition_bytes: int | None = None) -> ModelImage:
@@ -65,4 +80,8 @@ def parse_model_image(data: bytes | bytearray | memoryview, partition_bytes: int
     sha = data[16:48].hex()
     if hashlib.sha256(model).hexdigest() != sha:
         raise ModelImageError("model bytes do not match the image's SHA-256 (partly written or damaged)")
-    return ModelImage(model, sha)
+    arena, mem = struct.unpack_from("<IB", data, 52)
+    (crc2,) = struct.unpack_from("<I", data, 60)
+    if crc2 != zlib.crc32(data[:60]) & 0xFFFFFFFF or mem not in ARENA_MEM.values():
+        return ModelImage(model, sha)
+    return ModelImage(model, sha, arena, "psram" if mem == 1 else "internal")

@@ -119,6 +119,8 @@ def _prepare_board(rb: ResidentBoard, runs: Mapping[str, VariantRun], out: Path)
         log.unlink(missing_ok=True)
         r.serial_log = log
     order = sorted(runs, key=lambda v: VARIANT_ORDER.index(v) if v in VARIANT_ORDER else 9)
+    if rb.current is not None and rb.current.variant in order:  # the flash was skipped: run the app up first
+        order.insert(0, order.pop(order.index(rb.current.variant)))
     try:
         first = rb.ensure(order[0], runs[order[0]].serial_log or logs / "serial.log")
     except EspCheckError as exc:
@@ -157,6 +159,11 @@ def boot_variant(rb: ResidentBoard, run: VariantRun) -> Boot | ExitCode | None:
         )
         run.problems.append(msg)
         rb.rec.add("verify", v, ExitCode.USAGE, 0.0, msg)
+        return ExitCode.USAGE
+    if other := rb.other_firmware(boot, v):  # identity: the app is the build (HELLO image SHA-256)
+        rb.current = None
+        run.problems.append(other)
+        rb.rec.add("verify", v, ExitCode.USAGE, 0.0, other)
         return ExitCode.USAGE
     return boot
 

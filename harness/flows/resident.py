@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -20,8 +21,9 @@ from typing import Any
 import serial
 
 from harness.device.console import RawCapture
-from harness.device.flash import FlashResult
+from harness.device.flash import FlashResult, RegionResult
 from harness.device.loop import DeviceRestarted, LinkError, LinkStats
+from harness.device.ports import Transport
 from harness.device.session import DeviceSession
 from harness.errors import EspCheckError
 from harness.firmware.build import RUN_ROLES, BuildResult
@@ -30,8 +32,14 @@ from harness.flashfmt.model_image import ModelImageError, parse_model_image
 from harness.flashfmt.partitions import VARIANT_SLOTS
 from harness.flows.records import EXPECTED_NN, Recorder, StageTimeouts
 from harness.protocol import frames as fr
+from harness.protocol.app_image import slot_sha256
 
 VARIANT_OF_NN = {nn: v for v, nn in EXPECTED_NN.items()}
+FLASH_SKIPPED = "flash skipped: the board already holds these images (HELLO hashes)"
+# The HELLO probe before flashing: a resident app prints HELLO within a boot; a blank board, or one
+# running something else, costs at most this much before esptool runs as before.
+PROBE_SILENCE_S = 3.0
+PROBE_TOTAL_S = 10.0
 _LOADED_APP_RE = re.compile(rb"Loaded app from partition at offset 0x([0-9a-fA-F]+)")
 
 
@@ -43,6 +51,7 @@ class Boot:
     hello: fr.Hello | None
     variant: str | None
     next_seq: int = 0  # the next command frame's sequence number on this boot
+    link_baud: int = 0  # the resident loop's baud after the switch (0: not tried yet)
 
 
 def merged_flash_files(builds: Mapping[str, BuildResult]) -> list[tuple[int, Path]]:
@@ -52,6 +61,39 @@ def merged_flash_files(builds: Mapping[str, BuildResult]) -> list[tuple[int, Pat
     for b in builds.values():
         files += b.flash_files(["app"])
     return sorted(files)
+
+
+def app_slot_sha256(build: BuildResult) -> str:
+    """What the device's HELLO reports for a slot holding ``build``'s app ("" unknown: no app file)."""
+    art = build.artifact("app")
+    if art is None or not art.path.is_file():
+        return ""
+    return slot_sha256(art.path.read_bytes(), build.chip)
+
+
+def images_differ(hello: fr.Hello | None, builds: Mapping[str, BuildResult], model_sha: str) -> list[str]:
+    """Why the board does not hold exactly these builds, from what its app itself reported in HELLO (the
+    model's, the running slot's and the other slot's SHA-256); an empty list: it holds them all and
+    flashing would write nothing. Anything missing or unknown is a reason: a false "holds them" would
+    check firmware that is not the build."""
+    if hello is None:
+        return ["no HELLO from an esp-check app"]
+    why = []
+    if hello.init_status != 0:
+        why.append(f"the app stopped at start-up ({hello.init_stage})")
+    if not model_sha or hello.model_sha256 != model_sha:
+        why.append("the model partition holds another model")
+    running = VARIANT_OF_NN.get(hello.nn)
+    if hello.slot not in (0, 1) or (running in VARIANT_SLOTS and VARIANT_SLOTS[running] != hello.slot):
+        why.append(f"the {hello.nn} app runs from slot {hello.slot}, not its own")
+    for v, b in sorted(builds.items()):
+        slot = VARIANT_SLOTS.get(v)
+        reported = hello.app_sha256 if slot == hello.slot else hello.other_sha256
+        want = app_slot_sha256(b)
+        if slot is None or not want or reported != want:
+            what = "is not reported" if not reported else "differs"
+            why.append(f"the SHA-256 of the {v} app in ota_{slot} {what}")
+    return why
 
 
 def flash_facts(fr_: FlashResult, builds: Mapping[str, BuildResult]) -> dict[str, Any]:
@@ -76,6 +118,7 @@ def flash_facts(fr_: FlashResult, builds: Mapping[str, BuildResult]) -> dict[str
         ],
         "bytes_written": fr_.bytes_written,
         "seconds": round(fr_.duration_s, 3),
+        **({"skipped": fr_.skipped_reason} if fr_.skipped_reason else {}),
     }
 
 
@@ -98,6 +141,10 @@ class ResidentBoard:
         self.last_link = LinkStats()  # the last session's
         self.keys: list[int] = []  # the boot keys of every boot seen (docs/protocol.md "Boot key")
         self._model_sha: str | None = None
+        self.probe_first = True  # read the app's HELLO before flashing: skip esptool when it holds the builds
+        self.probe_notes: list[str] = []  # why the last probe did not skip the flash
+        self._probe_raw: RawCapture | None = None  # the probe's boot, until a variant's log takes it
+        self._app_shas: dict[str, str] = {}
 
     def model_sha256(self) -> str:
         """SHA-256 of the model esp-check flashed (from the model partition image it wrote), or ""."""
@@ -111,6 +158,25 @@ class ResidentBoard:
                     break
         return self._model_sha
 
+    def app_sha256(self, variant: str) -> str:
+        """What HELLO reports for a slot holding ``variant``'s build ("" unknown)."""
+        if variant not in self._app_shas:
+            b = self.builds.get(variant)
+            self._app_shas[variant] = "" if b is None else app_slot_sha256(b)
+        return self._app_shas[variant]
+
+    def other_firmware(self, boot: Boot, variant: str) -> str:
+        """Why the running app is not ``variant``'s build, from its HELLO's image SHA-256 ("": it is, or
+        the firmware does not report it)."""
+        got = boot.hello.app_sha256 if boot.hello is not None else ""
+        want = self.app_sha256(variant)
+        if not got or not want or got == want:
+            return ""
+        return (
+            f"the {variant} app reports image SHA-256 {got[:16]}... in its HELLO, but the {variant} app "
+            f"esp-check built is {want[:16]}...: its results would be of another firmware"
+        )
+
     def stale_keys(self, hello: fr.Hello) -> list[int]:
         """Earlier boots' keys: their frames are dropped and counted, never used."""
         return [k for k in self.keys if k != hello.key]
@@ -119,12 +185,50 @@ class ResidentBoard:
         return {"total_timeout": self.limits.capture_total, "silence_timeout": self.limits.capture_silence}
 
     def flash(self, log_path: Path) -> FlashResult:
-        """Write both variants, the table and the model (what flash already holds is skipped)."""
-        result = self.rec.run(
-            "flash", None, lambda: self.dev.flash(merged_flash_files(self.builds), log_path=log_path)
-        )
-        self.current = None
-        return result
+        """Write both variants, the table and the model (what flash already holds is skipped); no esptool
+        session at all when the running app's HELLO shows the board holds every image (:meth:`probe`)."""
+
+        def go() -> FlashResult:
+            held = self.probe(log_path.with_name("boot-probe.log"))
+            if held is not None:
+                return held
+            self.current = None
+            return self.dev.flash(merged_flash_files(self.builds), log_path=log_path)
+
+        return self.rec.run("flash", None, go)
+
+    def probe(self, log_path: Path) -> FlashResult | None:
+        """Boot the board's app and read its HELLO: when the model and both app slots are the builds'
+        (:func:`images_differ`), that boot stays current and a FlashResult that wrote nothing is returned;
+        else None (flash as before; why is in ``self.probe_notes``)."""
+        t0 = time.monotonic()
+        self.probe_notes = []
+        if not self.probe_first:
+            return None
+        try:
+            boot = self._booted(
+                self.dev.boot(
+                    log_path, reset=True, total_timeout=min(PROBE_TOTAL_S, self.limits.capture_total),
+                    silence_timeout=min(PROBE_SILENCE_S, self.limits.capture_silence),
+                )
+            )  # fmt: skip
+        except (EspCheckError, serial.SerialException, OSError) as exc:
+            self.current, self.probe_notes = None, [f"no HELLO: {exc}"]
+            return None
+        self.probe_notes = images_differ(boot.hello, self.builds, self.model_sha256())
+        if self.probe_notes or self.current is None or boot.raw.ended_by == "disconnect":
+            self.current = None
+            return None
+        self._probe_raw = boot.raw
+        regions = []
+        for off, path in merged_flash_files(self.builds):
+            data = path.read_bytes()
+            md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
+            regions.append(RegionResult(off, path, len(data), md5, skipped=True))
+        return FlashResult(
+            self.dev.spec.url, "", "", None, None, [], None, None, None, False, self.dev.console_baud,
+            "", "", 0, regions, time.monotonic() - t0, None, skipped_reason=FLASH_SKIPPED,
+        )  # fmt: skip
 
     def _variant_of(self, raw: RawCapture, hello: fr.Hello | None) -> str | None:
         if hello is not None:
@@ -180,8 +284,44 @@ class ResidentBoard:
             return boot
 
         if self.current is not None and self.current.variant == variant:
+            self._adopt_probe(log_path)
+            self._fast_link(self.current, variant, log_path)
             return self.current  # already running: no boot, and no second "boot" stage in the report
-        return self.rec.run("boot", variant, guarded)
+        self._probe_raw = None  # another variant's boot: its start-up stays in boot-probe.log
+        boot = self.rec.run("boot", variant, guarded)
+        if boot is self.current and boot.variant == variant:
+            self._fast_link(boot, variant, log_path)
+        return boot
+
+    def _fast_link(self, boot: Boot, variant: str, log_path: Path) -> None:
+        """Right after HELLO: the resident loop at the board's ``link_baud`` (docs/protocol.md "Fast
+        link"), verified by a round trip, else at the console baud; a stage ``link-baud`` says which.
+        USB-Serial-JTAG and native boards run at their own speed."""
+        board, dev = self.dev.board, self.dev
+        want = int(getattr(board, "link_baud", 0) or 0)
+        uart = str(getattr(board, "console", "uart")) == "uart" and not dev.reenumerates
+        if boot.link_baud or boot.hello is None or not uart or want <= dev.console_baud:
+            return
+        if dev.spec.transport == Transport.NATIVE:
+            return
+        t0 = time.monotonic()
+        try:
+            rate, boot.next_seq = dev.set_link_baud(boot.hello, want, seq=boot.next_seq, log_path=log_path)
+        except LinkError as exc:
+            self.current = None
+            self.rec.add("link-baud", variant, exc.exit_code, time.monotonic() - t0, str(exc))
+            raise
+        boot.link_baud = rate
+        detail = f"{rate} baud (console {dev.console_baud}, asked {want})"
+        self.rec.add("link-baud", variant, None, time.monotonic() - t0, detail)
+
+    def _adopt_probe(self, log_path: Path) -> None:
+        """The probe's boot became this variant's: its start-up log opens the variant's serial log."""
+        raw, self._probe_raw = self._probe_raw, None
+        if raw is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "ab") as f:
+                f.write(raw.data)
 
     def select_with_esptool(self, variant: str, log_path: Path) -> None:
         """No app runs to ask for a slot switch: write otadata selecting ``variant``'s slot (esptool)."""

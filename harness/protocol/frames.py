@@ -27,13 +27,16 @@ MAX_PAYLOAD = 4096
 MAX_FRAME = HEADER + MAX_PAYLOAD + TRAILER
 
 # host -> device
-CMD_HELLO, CMD_LOAD, CMD_RUN, CMD_SESSION, CMD_END, CMD_SYNC, CMD_BOOT = range(1, 8)
+CMD_HELLO, CMD_LOAD, CMD_RUN, CMD_SESSION, CMD_END, CMD_SYNC, CMD_BOOT, CMD_BAUD = range(1, 9)
 # device -> host
-RSP_HELLO, RSP_ACK, RSP_NAK, RSP_RESULT, RSP_DATA, RSP_ERROR, RSP_SYNC, RSP_BOOT = range(0x80, 0x88)
+RSP_HELLO, RSP_ACK, RSP_NAK, RSP_RESULT, RSP_DATA, RSP_ERROR, RSP_SYNC, RSP_BOOT, RSP_BAUD = range(0x80, 0x89)
+BAUD_MIN, BAUD_MAX = 9600, 5_000_000  # what BAUD accepts (ECL_BAUD_MIN / ECL_BAUD_MAX)
+BAUD_CONFIRM_S = 1.0  # no command frame at the new baud within this, the device goes back (kBaudConfirmUs)
 TYPE_NAMES = {
     CMD_HELLO: "HELLO?", CMD_LOAD: "LOAD", CMD_RUN: "RUN", CMD_SESSION: "SESSION", CMD_END: "END",
-    CMD_SYNC: "SYNC", CMD_BOOT: "BOOT", RSP_HELLO: "HELLO", RSP_ACK: "ACK", RSP_NAK: "NAK",
+    CMD_SYNC: "SYNC", CMD_BOOT: "BOOT", CMD_BAUD: "BAUD", RSP_HELLO: "HELLO", RSP_ACK: "ACK", RSP_NAK: "NAK",
     RSP_RESULT: "RESULT", RSP_DATA: "DATA", RSP_ERROR: "ERROR", RSP_SYNC: "SYNC_ACK", RSP_BOOT: "BOOTING",
+    RSP_BAUD: "BAUD_OK",
 }  # fmt: skip
 
 SRC_LOADED, SRC_PRNG = 0, 1
@@ -630,6 +633,13 @@ def decode_nak(p: bytes) -> tuple[int, int]:
 def decode_boot(p: bytes) -> tuple[int, int]:
     _need(p, 8, "BOOTING")
     return p[0], int(struct.unpack_from("<i", p, 4)[0])
+
+
+def decode_baud(p: bytes) -> tuple[int, int]:
+    """BAUD_OK: (baud, status); status 0: the device switches to ``baud`` right after this frame."""
+    _need(p, 8, "BAUD_OK")
+    baud, status = struct.unpack_from("<Ii", p)
+    return int(baud), int(status)
 
 
 def iter_frames(raw: bytes) -> Iterator[Frame]:

@@ -42,6 +42,9 @@ class LoopHost(Protocol):
     def text_extra(self, emitter: Any, i: int) -> None: ...
     def sha256_hex(self, data: bytes) -> str: ...
     def boot_slot(self, slot: int) -> int: ...
+    def set_baud(self, baud: int) -> None:
+        """After the BAUD reply: switch the console to ``baud`` (back by itself if nothing comes)."""
+        ...
 
 
 @dataclass
@@ -61,6 +64,7 @@ class LoopConfig:
     session: int = 0  # this boot's session id (docs/protocol.md "Boot key")
     app_sha256: str = ""
     other_sha256: str = ""
+    baud_switch: bool = False  # the console can change its baud (a UART): BAUD is served, else refused
 
 
 @dataclass
@@ -196,6 +200,7 @@ class DeviceLoop:
             fr.CMD_END: self._end,
             fr.CMD_SYNC: self._sync,
             fr.CMD_BOOT: self._boot,
+            fr.CMD_BAUD: self._baud,
         }
         handler = handlers.get(f.type)
         if handler is None:
@@ -246,6 +251,14 @@ class DeviceLoop:
         self._send(fr.RSP_BOOT, bytes([slot, 0, 0, 0]) + struct.pack("<i", rc))
         if rc == 0:
             self.status = ECL_REBOOT
+
+    def _baud(self, f: fr.Frame) -> None:
+        baud = struct.unpack_from("<I", f.payload)[0] if len(f.payload) >= 4 else 0
+        rc = 0 if self.cfg.baud_switch and fr.BAUD_MIN <= baud <= fr.BAUD_MAX else -1
+        self._flush()
+        self._send(fr.RSP_BAUD, struct.pack("<Ii", baud, rc))
+        if rc == 0:
+            self.host.set_baud(baud)  # after the reply: it leaves at the old baud
 
     def _parse_run(self, f: fr.Frame) -> _Run | None:
         p = f.payload

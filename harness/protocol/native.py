@@ -71,6 +71,7 @@ _SESSION = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uin
 _EXTRA = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
 _SHA = ctypes.CFUNCTYPE(None, ctypes.c_void_p, _u8p, ctypes.c_size_t, ctypes.c_void_p)
 _BOOT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint8)
+_BAUD = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32)
 
 
 class _Config(ctypes.Structure):
@@ -100,6 +101,7 @@ class _Config(ctypes.Structure):
         ("session", ctypes.c_uint32),
         ("app_sha256", _u8p),
         ("other_sha256", _u8p),
+        ("set_baud", _BAUD),
     ]
 
 
@@ -220,6 +222,9 @@ class CDeviceLoop:
         c.session = cfg.session & 0xFFFFFFFF
         c.app_sha256 = ctypes.cast(self._app_sha, _u8p)
         c.other_sha256 = ctypes.cast(self._other_sha, _u8p)
+        host_ = self.host
+        self._baud_cb = _BAUD(lambda _ctx, baud: host_.set_baud(int(baud)))
+        c.set_baud = self._baud_cb if cfg.baud_switch else _BAUD()  # NULL: BAUD refused
         self._config = c
         self.state = ctypes.create_string_buffer(int(lib.ecl_sizeof()))
         if lib.ecl_init(self.state, ctypes.byref(c)) != 0:

@@ -10,6 +10,7 @@ or a link event); the board schedules them on its serial line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from harness.flashfmt.model_image import PARTITION_LABEL, ModelImageError, parse_model_image
 from harness.flashfmt.otadata import boot_order
@@ -22,6 +23,7 @@ from harness.flashfmt.partitions import (
     find,
     parse_partition_table,
 )
+from harness.protocol.app_image import slot_sha256
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import elf_sha256
 from harness.sim.image import (
@@ -190,21 +192,42 @@ def _mapped(chip: ChipSpec, addr: int) -> bool:
     return drom or chip.irom_start <= addr < chip.irom_start + 0x2000000
 
 
-def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, str | None]:
-    """What the app's esp_partition_mmap of the model partition finds: (model, None) or (b"", why not)."""
+def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, dict[str, Any], str | None]:
+    """What the app's esp_partition_mmap of the model partition finds: (model, arena, None) or
+    (b"", {}, why not); arena: the header's ``arena_bytes`` and ``arena_mem``."""
     part = find(parts, DATA, label=PARTITION_LABEL)
     if part is None:
-        return b"", "no_model_partition_in_the_partition_table"
+        return b"", {}, "no_model_partition_in_the_partition_table"
     try:
-        return parse_model_image(flash[part.offset : part.offset + part.size], part.size).model, None
+        image = parse_model_image(flash[part.offset : part.offset + part.size], part.size)
+        if image.arena_bytes == 0:
+            return b"", {}, "model_image_gives_no_arena_size_flash_the_model_again"
+        return image.model, {"arena_bytes": image.arena_bytes, "arena_mem": image.arena_mem}, None
     except ModelImageError as exc:
         damaged = "damaged" in str(exc) or "match" in str(exc)
         return (
             b"",
+            {},
             "model_partition_damaged_sha256_differs"
             if damaged
             else "model_partition_holds_no_model_image_flash_it",
         )
+
+
+def _slot_shas(ctx: BootContext, parts: list[Partition], running: Partition) -> tuple[str, str]:
+    """What the firmware's HELLO reports: ``esp_partition_get_sha256`` of the running app slot and of
+    ``esp_ota_get_next_update_partition`` (the next OTA slot after the running one, round robin)."""
+    otas = [p for p in parts if p.is_ota_app]
+
+    def sha(p: Partition | None) -> str:
+        return "" if p is None else slot_sha256(bytes(ctx.flash[p.offset : p.offset + p.size]), ctx.chip.name)
+
+    nxt = None
+    if otas:
+        at = otas.index(running) if running in otas else -1
+        nxt = otas[(at + 1) % len(otas)]
+        nxt = None if nxt is running else nxt
+    return sha(running), sha(nxt)
 
 
 def _boot_once(ctx: BootContext, reason: str) -> BootResult:
@@ -241,10 +264,11 @@ def _boot_once(ctx: BootContext, reason: str) -> BootResult:
     console_baud = int(payload.header.get("console_baud", ROM_BAUD))
     # the bootloader and the app log at the console baud
     pieces.append(Piece("console", b"".join(boot_log), t_boot))
-    model, model_error = _map_model(flash, parts)
-    payload = AppPayload(payload.header, model, payload.inputs)
+    model, arena, model_error = _map_model(flash, parts)
+    payload = AppPayload({**payload.header, **arena}, model, payload.inputs)
     slot = part.subtype - OTA_0 if part.is_ota_app else None
-    sim_app = SimApp(ctx, payload, model_error, elf_sha256(chip, app), clock, slot)
+    shas = _slot_shas(ctx, parts, part)
+    sim_app = SimApp(ctx, payload, model_error, elf_sha256(chip, app), clock, slot, slot_shas=shas)
     t_app = clock.seconds
     out, reboot = sim_app.start(header_flash)
     out = [replace(p, at=t_app + p.at) for p in out]

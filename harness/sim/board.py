@@ -27,6 +27,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
 from harness.errors import UsageError
 from harness.inprocess import BOARDS
+from harness.protocol import frames
 from harness.sim.app import ROM_BAUD, BootContext, boot_from_flash, rom_header
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec, get_chip
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
@@ -235,10 +236,12 @@ class SimBoard:
         self._dirty = False
         self._cache = ReferenceCache()
         self.boots = 0
+        self.app_boots = 0  # boots that loaded an app image (``fault_boots`` counts these)
         self.download_sessions = 0
         self.flash_bytes_written = 0
         self._flash_done = 0
         self.console_baud = ROM_BAUD
+        self._baud_revert: tuple[float, int] | None = None  # (deadline, console baud) after a BAUD switch
         self.log: deque[str] = deque(maxlen=200)
         # the running app's receive side (resident loop): line, receive buffer, busy device
         self._app: SimApp | None = None
@@ -337,10 +340,17 @@ class SimBoard:
         if self.config.reset == "usb_jtag":
             baud = None
         t0 = max(now + at, self._last_end)
-        rate = self.config.throttle / 10.0 if self.config.throttle else None
+        rate = self._rate(baud)
         self._chunks.append(_Chunk(bytes(data), t0, rate, baud, event))
         self._last_end = t0 + (len(data) / rate if rate else 0.0)
         self._cond.notify_all()
+
+    def _rate(self, baud: int | None) -> float | None:
+        """Bytes per second on a throttled line: the baud the bytes are sent at (10 bits a byte), or the
+        throttle for a line without one (USB); None: not throttled."""
+        if not self.config.throttle:
+            return None
+        return (baud or self.config.throttle) / 10.0
 
     def _cut_future(self, now: float) -> None:
         """A reset stops the UART: bytes not yet on the wire never arrive."""
@@ -483,7 +493,7 @@ class SimBoard:
                 self._log(f"host writes at {port_baud} baud, chip listens at {self.uart_baud}: garbage")
                 return
             was_synced = loader.synced
-            self._now = self._arrival(now, len(data))  # the loader answers once the request is in
+            self._now = self._arrival(now, len(data), port_baud)  # the loader answers once the request is in
             try:
                 loader.feed(data)
             finally:
@@ -494,10 +504,12 @@ class SimBoard:
 
     # ---- the resident app's receive side ------------------------------------------------------------
 
-    def _arrival(self, now: float, n: int) -> float:
-        """When the last of ``n`` bytes written now has crossed the (throttled) host-to-device line."""
+    def _arrival(self, now: float, n: int, baud: int | None) -> float:
+        """When the last of ``n`` bytes written now at ``baud`` has crossed the (throttled) host-to-device
+        line."""
         start = max(now, self._rx_line_free)
-        end = start + (n * 10.0 / self.config.throttle if self.config.throttle else 0.0)
+        rate = self._rate(None if self.config.reset == "usb_jtag" else baud)
+        end = start + (n / rate if rate else 0.0)
         self._rx_line_free = end
         return end
 
@@ -510,13 +522,18 @@ class SimBoard:
     def _app_write(self, data: bytes, now: float, port_baud: int) -> None:
         """Bytes for the running app: they cross the line at its rate, wait in the app's receive buffer
         (of real size: what does not fit is lost) while it is busy, and are processed in order."""
+        fast = self._baud_revert is not None and now <= self._baud_revert[0]
+        if fast and self.config.faults.active("baud_fail"):
+            self._log(f"host writes at {port_baud} baud: the line cannot carry it (fault baud_fail)")
+            return
+        self._baud_watch(now, port_baud)
         if self.config.reset == "classic" and port_baud != self.console_baud:
             self._log(f"host writes at {port_baud} baud, the app listens at {self.console_baud}: garbage")
             return
         step = 256
         for k in range(0, len(data), step):
             chunk = data[k : k + step]
-            arrival = self._arrival(now, len(chunk))
+            arrival = self._arrival(now, len(chunk), port_baud)
             while self._inflight and self._inflight[0][1] <= arrival:
                 self._inflight.popleft()
             held = sum(n for a, _c, n in self._inflight if a <= arrival)
@@ -533,6 +550,18 @@ class SimBoard:
             self._run_app_call(start, lambda c=chunk: self._app_rx(c))
             self._inflight.append((arrival, start, len(chunk)))
             self.rx_bytes += len(chunk)
+
+    def _baud_watch(self, now: float, port_baud: int) -> None:
+        """After the app's BAUD switch: bytes at the new baud confirm it; none within the firmware's
+        confirm time (BaudWatch in app_main.cc) and the app's UART is back at the console baud."""
+        if self._baud_revert is None:
+            return
+        deadline, old = self._baud_revert
+        if now > deadline:
+            self._log(f"app: no frame at {self.console_baud} baud in time: back to {old}")
+            self.console_baud, self._baud_revert = old, None
+        elif port_baud == self.console_baud:
+            self._baud_revert = None
 
     def _app_rx(self, chunk: bytes) -> tuple[list[Piece], str | None]:
         assert self._app is not None
@@ -552,6 +581,10 @@ class SimBoard:
             else:
                 self._emit(p.data, self.console_baud, now=start, at=p.at)
         self._dev_free = start + busy
+        if app.baud_request is not None and reboot is None:  # after the BAUD_OK reply: the UART switches
+            self._log(f"app: console {self.console_baud} -> {app.baud_request} baud")
+            self._baud_revert = (self._dev_free + frames.BAUD_CONFIRM_S, self.console_baud)
+            self.console_baud, app.baud_request = app.baud_request, None
         if reboot is not None:
             self._app = None
             self._idle_at = None
@@ -693,7 +726,7 @@ class SimBoard:
             chip=self.chip,
             flash=self.flash,  # the app may write otadata (slot switch)
             parts=[],
-            faults=self.config.faults.for_boot(self.boots),
+            faults=self.config.faults.for_boot(self.app_boots + 1),  # a blank flash's boot is no app boot
             boot_index=self.boots,
             emitter_backend=self.config.emitter,
             cache=self._cache,
@@ -701,7 +734,10 @@ class SimBoard:
             log=self._log,
         )
         result = boot_from_flash(ctx, reason)
+        if result.variant is not None:
+            self.app_boots += 1
         self.console_baud = result.console_baud
+        self._baud_revert = None
         self._app = result.app
         self._inflight.clear()
         self._idle_at = None

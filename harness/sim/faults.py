@@ -29,6 +29,8 @@ FAULTS: dict[str, str] = {
     "truncate": "output stops in the middle of the records (no END)",
     "disconnect": "the port disconnects in the middle of the records",
     "sync_fail": "the first `fault_count` download-mode sessions do not answer SYNC",
+    "baud_fail": "the line garbles what the host sends above the app's console baud (a USB-UART bridge "
+    "that cannot run the fast link): the BAUD switch must fall back",
     "wdt": "task watchdog message spliced into a record line",
     "alloc": "AllocateTensors fails: ERROR stage=alloc",
     "op_corrupt": "op `fault_op` writes `fault_region` of its output off by `corrupt_lsb` LSB",

@@ -394,8 +394,11 @@ def _app_header(manifest: dict[str, Any], chip: ChipSpec, project_dir: Path) -> 
         "board": str(manifest.get("board", "sim")),
         "fwver": str(manifest.get("template_version") or manifest.get("fwver") or "0.0.0"),
         "human_max": int(manifest.get("human_max", 16)),
-        "arena_bytes": int(manifest.get("arena_bytes") or manifest.get("arena") or 0),
+        # the arena comes with the model (its partition header); the app has only the board's limits
+        "arena_max": {str(k): int(v) for k, v in dict(manifest.get("arena_max") or {}).items()},
         "console_baud": int(manifest.get("console_baud", 115200)),
+        # a UART console can switch its baud (BAUD); USB-Serial-JTAG cannot
+        "console": str((manifest.get("board_def") or {}).get("console") or "uart"),
         "idf": str(manifest.get("idf", "sim")),
         "tflm": str(manifest.get("tflm", "sim")),
         "espnn": str(manifest.get("espnn", "sim")),

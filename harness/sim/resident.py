@@ -117,6 +117,9 @@ class _Init:
     cycles: list[int] = field(default_factory=list)  # modelled cycles per op
 
 
+LINE_FAULTS = ("sync_fail", "baud_fail")  # faults of the line / ROM, not of the app image
+
+
 class SimApp:
     """One boot of the simulated app (construct, then :meth:`start`; then :meth:`rx` / :meth:`idle`)."""
 
@@ -128,11 +131,14 @@ class SimApp:
         elf_sha: str,
         clock: Clock,
         slot: int | None,
+        slot_shas: tuple[str, str] = ("", ""),
     ) -> None:
         self.env, self.payload, self.elf_sha, self.clock, self.slot = env, payload, elf_sha, clock, slot
+        self.slot_shas = slot_shas  # esp_partition_get_sha256 of the running slot and the other one
+        self.baud_request: int | None = None  # BAUD accepted: the board switches the UART after the reply
         faults = env.faults
         self.active = sorted(
-            f for f in faults.names if faults.active(f, payload.variant) and f != "sync_fail"
+            f for f in faults.names if faults.active(f, payload.variant) and f not in LINE_FAULTS
         )
         self.init = self._initialize(model_error)
         if self.init.info is not None:
@@ -167,7 +173,13 @@ class SimApp:
             init.stage, init.code = frames.STAGE_CODES["schema"], -1
             init.msg = "model_schema_version_differs_from_TFLITE_SCHEMA_VERSION"
             return init
-        if "alloc" in self.active:
+        header = self.payload.header
+        arena, mem = int(header.get("arena_bytes") or 0), str(header.get("arena_mem") or "internal")
+        limit = int((header.get("arena_max") or {}).get(mem, arena))  # the board's, compiled into the app
+        if arena > limit:  # the model partition asks for more than the app allows: refused before allocating
+            init.stage, init.code = frames.STAGE_CODES["alloc"], arena
+            init.msg = f"arena_{arena}_bytes_above_the_boards_{limit}_{mem}"
+        elif "alloc" in self.active:
             init.stage, init.code, init.msg = frames.STAGE_CODES["alloc"], 1, "AllocateTensors_failed"
         elif len(init.info.inputs) != 1:
             init.stage, init.code = frames.STAGE_CODES["input"], len(init.info.inputs)
@@ -245,6 +257,9 @@ class SimApp:
             # a new one at every boot, as the firmware draws with esp_random() (never 0); seeded by the
             # board's seed, the boot and the image, so a simulated run replays byte for byte
             session=self.env.faults.rng(f"session:{self.elf_sha}", self.env.boot_index).getrandbits(32) | 1,
+            app_sha256=self.slot_shas[0],
+            other_sha256=self.slot_shas[1],
+            baud_switch=str(self.payload.header.get("console", "uart")) == "uart",
         )
         return make_loop(cfg, self, backend=self.env.emitter_backend)
 
@@ -374,6 +389,10 @@ class SimApp:
 
     def sha256_hex(self, data: bytes) -> str:
         return hashlib.sha256(data).hexdigest()
+
+    def set_baud(self, baud: int) -> None:
+        """The loop sent BAUD_OK: the board switches the UART once this call's output has left."""
+        self.baud_request = baud
 
     def boot_slot(self, slot: int) -> int:
         """esp_ota_set_boot_partition: validate the image in that slot, write the next otadata entry."""

@@ -56,7 +56,9 @@ def make_project(
     model_bytes = model if isinstance(model, bytes) else Path(model).read_bytes()
     (data / "model.tflite").write_bytes(model_bytes)
     (data / "partitions").mkdir(exist_ok=True)
-    (data / "partitions" / "model.bin").write_bytes(pack_model_image(model_bytes))
+    arena = int(manifest.get("arena_bytes") or 64 * 1024)  # what the generator writes into the header
+    mem = str(manifest.get("arena_mem") or "internal")
+    (data / "partitions" / "model.bin").write_bytes(pack_model_image(model_bytes, arena, mem))
     (root / "partitions.csv").write_text(PARTITIONS_4MB)
     raws = [x if isinstance(x, bytes) else np.ascontiguousarray(x).tobytes() for x in inputs]
     for k, raw in enumerate(raws):

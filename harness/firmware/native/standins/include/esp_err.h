@@ -13,3 +13,4 @@ typedef int esp_err_t;
 #define ESP_ERR_TIMEOUT 0x107
 #define ESP_ERR_OTA_BASE 0x1500
 #define ESP_ERR_OTA_VALIDATE_FAILED (ESP_ERR_OTA_BASE + 0x03)
+#define ESP_ERR_IMAGE_INVALID 0x2002 /* ESP-IDF: esp_image_format.h, ESP_ERR_IMAGE_BASE + 2 */

@@ -8,6 +8,7 @@
 extern "C" {
 #endif
 const esp_partition_t *esp_ota_get_running_partition(void);
+const esp_partition_t *esp_ota_get_next_update_partition(const esp_partition_t *start_from);
 esp_err_t esp_ota_set_boot_partition(const esp_partition_t *partition);
 #ifdef __cplusplus
 }

@@ -44,6 +44,8 @@ esp_err_t esp_partition_mmap(const esp_partition_t *partition, size_t offset, si
                              esp_partition_mmap_memory_t memory, const void **out_ptr,
                              esp_partition_mmap_handle_t *out_handle);
 void esp_partition_munmap(esp_partition_mmap_handle_t handle);
+/* an app slot: the SHA-256 of the host program it holds (ESP-IDF: the image's appended SHA-256) */
+esp_err_t esp_partition_get_sha256(const esp_partition_t *partition, uint8_t *sha_256);
 esp_err_t esp_partition_read(const esp_partition_t *partition, size_t src_offset, void *dst, size_t size);
 #ifdef __cplusplus
 }

@@ -145,6 +145,20 @@ esp_err_t uart_wait_tx_done(uart_port_t uart_num, TickType_t ticks_to_wait) {
     return uart_num == 0 ? ESP_OK : ESP_ERR_INVALID_ARG; /* write(2) has handed every byte to the pipe */
 }
 
+static uint32_t g_baud = 115200;
+
+esp_err_t uart_set_baudrate(uart_port_t uart_num, uint32_t baudrate) {
+    if (uart_num != 0 || baudrate == 0) return ESP_ERR_INVALID_ARG;
+    g_baud = baudrate;
+    return ESP_OK;
+}
+
+esp_err_t uart_get_baudrate(uart_port_t uart_num, uint32_t *baudrate) {
+    if (uart_num != 0 || baudrate == NULL) return ESP_ERR_INVALID_ARG;
+    *baudrate = g_baud;
+    return ESP_OK;
+}
+
 void uart_vfs_dev_use_driver(int uart_num) { (void)uart_num; }
 void esp_vfs_dev_uart_use_driver(int uart_num) { (void)uart_num; }
 

@@ -22,6 +22,7 @@
 #include "esp_ota_ops.h"
 #include "esp_partition.h"
 #include "esp_system.h"
+#include "mbedtls/sha256.h"
 
 #define MAX_PARTITIONS 95 /* ESP-IDF's table: 0xC00 bytes of 32-byte rows */
 #define TABLE_BYTES 0xC00
@@ -163,6 +164,65 @@ const esp_partition_t *esp_ota_get_running_partition(void) {
         if (g_parts[k].type == ESP_PARTITION_TYPE_APP && (long)g_parts[k].address == off) return &g_parts[k];
     }
     return NULL;
+}
+
+/* As ESP-IDF: the next OTA app slot after start_from (NULL: the running one), round robin; never start_from. */
+const esp_partition_t *esp_ota_get_next_update_partition(const esp_partition_t *start_from) {
+    load_table();
+    if (start_from == NULL) start_from = esp_ota_get_running_partition();
+    int at = -1, first = -1;
+    for (int k = 0; k < g_nparts; ++k) {
+        const esp_partition_t *p = &g_parts[k];
+        if (p->type != ESP_PARTITION_TYPE_APP || p->subtype < ESP_PARTITION_SUBTYPE_APP_OTA_MIN ||
+            p->subtype > ESP_PARTITION_SUBTYPE_APP_OTA_MAX) {
+            continue;
+        }
+        if (first < 0) first = k;
+        if (start_from != NULL && p->address == start_from->address) {
+            at = k;
+        } else if (at >= 0) {
+            return p; /* the next OTA slot after the running one */
+        }
+    }
+    if (first < 0 || (start_from != NULL && g_parts[first].address == start_from->address)) return NULL;
+    return &g_parts[first];
+}
+
+/* SHA-256 of a whole file (at most 256 MB), 0 on success. */
+static int file_sha256(const char *path, uint8_t out[32]) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size > (off_t)(256L << 20)) {
+        close(fd);
+        return -1;
+    }
+    uint8_t *buf = (uint8_t *)malloc((size_t)st.st_size);
+    int r = buf == NULL ? -1 : flash_pread(fd, buf, (size_t)st.st_size, 0);
+    close(fd);
+    if (r == 0) r = mbedtls_sha256(buf, (size_t)st.st_size, out, 0) == 0 ? 0 : -1;
+    free(buf);
+    return r;
+}
+
+/* As ESP-IDF's esp_partition_get_sha256: for an app slot what ESP-IDF reports for an image (its appended
+ * SHA-256) is here the SHA-256 of the host program the slot holds (apps/0x<offset>), ESP_ERR_IMAGE_INVALID
+ * when it holds none; any other partition: the SHA-256 of all its bytes. */
+esp_err_t esp_partition_get_sha256(const esp_partition_t *partition, uint8_t *sha_256) {
+    if (partition == NULL || sha_256 == NULL || partition->size == 0) return ESP_ERR_INVALID_ARG;
+    if (partition->type == ESP_PARTITION_TYPE_APP) {
+        const char *dir = env("ESP_CHECK_NATIVE_BOARD_DIR");
+        char path[4096];
+        if (dir == NULL || snprintf(path, sizeof(path), "%s/apps/0x%x", dir, (unsigned)partition->address) >= (int)sizeof(path)) {
+            return ESP_ERR_IMAGE_INVALID;
+        }
+        return file_sha256(path, sha_256) == 0 ? ESP_OK : ESP_ERR_IMAGE_INVALID;
+    }
+    uint8_t *buf = (uint8_t *)malloc(partition->size);
+    esp_err_t err = buf == NULL ? ESP_ERR_NO_MEM : esp_partition_read(partition, 0, buf, partition->size);
+    if (err == ESP_OK && mbedtls_sha256(buf, partition->size, sha_256, 0) != 0) err = ESP_FAIL;
+    free(buf);
+    return err;
 }
 
 /* ESP-IDF's otadata CRC: esp_rom_crc32_le(UINT32_MAX, &seq, 4). */

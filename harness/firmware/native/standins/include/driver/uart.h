@@ -17,6 +17,9 @@ int uart_write_bytes(uart_port_t uart_num, const void *src, size_t size);
 int uart_read_bytes(uart_port_t uart_num, void *buf, uint32_t length, TickType_t ticks_to_wait);
 esp_err_t uart_get_buffered_data_len(uart_port_t uart_num, size_t *size);
 esp_err_t uart_wait_tx_done(uart_port_t uart_num, TickType_t ticks_to_wait);
+/* a pipe has no line rate: the baud is only remembered (115200 until set) */
+esp_err_t uart_set_baudrate(uart_port_t uart_num, uint32_t baudrate);
+esp_err_t uart_get_baudrate(uart_port_t uart_num, uint32_t *baudrate);
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,45 @@
+"""The SHA-256 a device reports in HELLO for an app slot (docs/protocol.md "HELLO", app/other-slot hashes).
+
+The firmware asks ESP-IDF's ``esp_partition_get_sha256`` for its running slot and the other one. For an
+app partition ESP-IDF (``bootloader_common_get_sha256_of_partition``, v5.3 ... v5.5) reads the image's
+metadata without checking its checksum byte, and then:
+
+- when the image has a SHA-256 appended (extended header ``hash_appended`` = 1, every ESP-IDF app build):
+  returns that appended digest, after checking that it is the SHA-256 of the image up to it (else the slot
+  holds no valid image: ``ESP_ERR_IMAGE_INVALID``);
+- else the SHA-256 of the image: header, segments and the checksum padding (``image_len``).
+
+:func:`slot_sha256` computes the same from the ``.bin`` the host flashes, with esptool's image parser, so
+the host can tell whether the board already holds a build without reading its flash. A native board's
+app slot holds a host program, not an ESP image; its ESP-IDF stand-in reports the SHA-256 of the whole
+program file, and so does this function for a file that is not an ESP image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+
+ESP_IMAGE_MAGIC = 0xE9
+
+
+def slot_sha256(data: bytes, chip: str) -> str:
+    """What ``esp_partition_get_sha256`` reports for a slot holding ``data`` (lower-case hex), or "" when
+    ESP-IDF would find no valid image there (damaged digest, unreadable header or segments)."""
+    if not data or data[0] != ESP_IMAGE_MAGIC:
+        return hashlib.sha256(data).hexdigest() if data else ""  # a native board's host program
+    from esptool.bin_image import LoadFirmwareImage
+
+    try:
+        cls = type(LoadFirmwareImage(chip, data))  # the chip's image class
+        f = io.BytesIO(data)
+        img = cls(f)  # parses header, segments and checksum; leaves f after the checksum byte
+    except Exception:  # esptool raises FatalError / struct.error on garbage
+        return ""
+    end = f.tell()
+    if getattr(img, "append_digest", False):
+        stored = bytes(img.stored_digest)
+        if len(stored) != 32 or hashlib.sha256(data[:end]).digest() != stored:
+            return ""
+        return stored.hex()
+    return hashlib.sha256(data[:end]).hexdigest()

@@ -105,9 +105,9 @@ def _repeat_before_after(tmp: Path, model: Path, inputs: list[Path], port: str, 
     until the HELLO probe (its ``probe`` made a no-op here: MD5 of every region, nothing written), "after"
     reads the app's HELLO and runs no esptool session."""
     from harness.flows.resident import ResidentBoard
-    from harness.sim.board import REGISTRY
+    from harness.sim.board import get_board
 
-    board = REGISTRY.get(port.split("//")[1].split("?")[0])
+    board = get_board(port.split("//")[1].split("?")[0])
     rows = []
     for tag in ("before", "after"):
         saved = ResidentBoard.probe

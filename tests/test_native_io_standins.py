@@ -2,7 +2,7 @@
 compiler and checked from outside.
 
 What is real: the stand-in sources as the native build compiles them (standins/src/console.c, flash.c),
-the host C compiler, the partition table packer the builds use, harness.protocol.otadata (the format the
+the host C compiler, the partition table packer the builds use, harness.flashfmt.otadata (the format the
 simulated bootloader and the native board's boot stand-in read). Nothing is faked: each test runs a
 small C driver with a flash image file and reads what it prints.
 """

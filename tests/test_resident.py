@@ -471,7 +471,7 @@ def test_an_arena_the_board_cannot_give_is_refused_at_start_up(
 ) -> None:
     """A model partition header asking for more arena than the board offers: the app stops at start-up with
     an ERROR (stage alloc) naming both sizes, before allocating anything."""
-    from harness.protocol.model_image import pack_model_image
+    from harness.flashfmt.model_image import pack_model_image
 
     limits = {"internal": 320 * 1024, "psram": 7 * 1024 * 1024}  # the generator's, for an 8 MB PSRAM board
     images = {

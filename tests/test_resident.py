@@ -306,8 +306,11 @@ def test_streaming_faults_never_match(tmp_path: Path, models_dir: Path, board_ur
     ansi = result.variants["ansi"]
     if fault.startswith("stall"):
         assert ansi.source is None  # nothing complete came back
-    else:
-        assert any(f["kind"] == "link_repair" for f in ansi.findings), ansi.findings
+    else:  # the repairs are named: in the session, or at the baud switch when the damage hit it (no round
+        # trip at either baud: that boot's link failed, the variant is an infrastructure error)
+        switch = [st.detail for st in result.stages if st.stage == "link-baud" and st.variant == "ansi"]
+        repaired = any(f["kind"] == "link_repair" for f in ansi.findings)
+        assert repaired or any(d.startswith("no SYNC round trip") for d in switch), (ansi.findings, switch)
     assert result.variants["optimized"].exit_code is None  # the clean variant stays clean
 
 

@@ -26,7 +26,7 @@ import serial
 
 from harness.device.console import RawCapture, capture_run
 from harness.device.flash import ROM_BAUD, FlashResult, ProgressCallback, flash_artifacts
-from harness.device.loop import LinkError, LoopClient
+from harness.device.loop import LinkError, LinkStats, LoopClient
 from harness.device.native import install_program
 from harness.device.ports import (
     BoardLike,
@@ -60,6 +60,8 @@ class DeviceSession:
         self.reenumerate_wait_s = reenumerate_wait_s
         self.serial: serial.SerialBase | None = None
         self.link_baud: int | None = None  # the resident loop's switched baud (None: the console baud)
+        # damage seen while switching the baud: the next loop client's stats carry it (never a clean run)
+        self.pending_link = LinkStats()
 
     @property
     def reenumerates(self) -> bool:
@@ -101,6 +103,7 @@ class DeviceSession:
         after switching the port to the console baud, so the first line is not lost."""
         self.open()
         assert self.serial is not None
+        self.link_baud = None  # esptool resets the chip: its app boots at the console baud again
         if self.spec.caps.installs_program:  # a native board: install the program, no esptool
             return install_program(self.serial, artifacts, log_path=log_path)
         result = flash_artifacts(
@@ -126,6 +129,7 @@ class DeviceSession:
         :func:`harness.device.console.capture_run` for the keyword arguments."""
         self.open()
         assert self.serial is not None
+        self.pending_link = LinkStats()  # a new boot (or a slot switch's): earlier damage was its own boot's
         if reset:
             self.link_baud = None  # a reset boots the app at the console baud
         cap = capture_run(
@@ -165,7 +169,10 @@ class DeviceSession:
         """A loop client on the open handle (``log``: a binary file every received byte goes to)."""
         self.open()
         assert self.serial is not None
-        return LoopClient(self.serial, hello, log, **kwargs)
+        client = LoopClient(self.serial, hello, log, **kwargs)
+        client.stats.add(self.pending_link)
+        self.pending_link = LinkStats()
+        return client
 
     def switch_slot(
         self, hello: fr.Hello, slot: int, log_path: Path | None = None, *, seq: int = 0, **kwargs: Any
@@ -220,9 +227,12 @@ class DeviceSession:
             buf += chunk
             if log is not None:
                 log.write(chunk)
-            found = next((f for f in fr.split_stream(bytes(buf), key).frames if want(f)), None)
+            split = fr.split_stream(bytes(buf), key)
+            found = next((f for f in split.frames if want(f)), None)
             if found is not None:
+                self.pending_link.damaged_frames += split.stats.bad
                 return found
+        self.pending_link.damaged_frames += fr.split_stream(bytes(buf), key).stats.bad
         return None
 
     def set_link_baud(
@@ -240,21 +250,29 @@ class DeviceSession:
             port.write(fr.encode_frame(fr.CMD_BAUD, seq, struct.pack("<I", baud), key=hello.key))
             reply = self._await_frame(hello.key, lambda f: f.type == fr.RSP_BAUD, 2.0, log)
             seq += 1
-            if reply is None or fr.decode_baud(reply.payload) != (baud, 0):
-                return self.console_baud, seq  # refused, or an app without BAUD: the console baud it is
-            for rate in (baud, self.console_baud):
+            if reply is not None and fr.decode_baud(reply.payload) != (baud, 0):
+                return self.console_baud, seq  # refused: the console baud it is
+            # (baud, seq of the SYNC): at the new baud; back at the console baud (the device went back: it
+            # never got that SYNC); at the new baud once more with the next seq (it did get the SYNC and
+            # stayed: only its SYNC_ACK was lost, a repair)
+            tries = [(baud, seq), (self.console_baud, seq), (baud, seq + 1)]
+            if reply is None:  # lost on the way: a repair, and the device may have switched: wait it out
+                self.pending_link.rx_gaps += 1
+                tries = tries[1:2]
+            for k, (rate, sseq) in enumerate(tries):
                 if rate != baud:
                     time.sleep(fr.BAUD_CONFIRM_S + 0.2)  # the device goes back to its console baud by itself
                 port.baudrate = rate
                 token = random.getrandbits(32)
-                port.write(fr.encode_frame(fr.CMD_SYNC, seq, struct.pack("<I", token), key=hello.key))
+                port.write(fr.encode_frame(fr.CMD_SYNC, sseq, struct.pack("<I", token), key=hello.key))
 
                 def synced(f: fr.Frame, token: int = token) -> bool:
                     return f.type == fr.RSP_SYNC and f.payload[:4] == struct.pack("<I", token)
 
                 if self._await_frame(hello.key, synced, 0.8, log) is not None:
                     self.link_baud = rate if rate != self.console_baud else None
-                    return rate, seq + 1
+                    self.pending_link.rx_gaps += 1 if k == 2 else 0  # its first SYNC_ACK was lost
+                    return rate, sseq + 1
         raise LinkError(
             f"no SYNC round trip after the switch to {baud} baud, nor back at the console's "
             f"{self.console_baud}",

@@ -23,7 +23,6 @@ import serial
 from harness.device.console import RawCapture
 from harness.device.flash import FlashResult, RegionResult
 from harness.device.loop import DeviceRestarted, LinkError, LinkStats
-from harness.device.ports import Transport
 from harness.device.session import DeviceSession
 from harness.errors import EspCheckError
 from harness.firmware.build import RUN_ROLES, BuildResult
@@ -302,7 +301,7 @@ class ResidentBoard:
         uart = str(getattr(board, "console", "uart")) == "uart" and not dev.reenumerates
         if boot.link_baud or boot.hello is None or not uart or want <= dev.console_baud:
             return
-        if dev.spec.transport == Transport.NATIVE:
+        if dev.spec.caps.installs_program:  # a program on this PC: no UART to speed up
             return
         t0 = time.monotonic()
         try:

@@ -17,6 +17,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import EspCheckError
+from harness.flows.targets import target_class
 from harness.runner.results import BoardStatus
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def _shared_jobs(runner: Runner) -> list[Any]:
     jobs: list[Any] = []
     seen: set[Any] = set()
     usable = {b.bench.board.name: b.bench.board for b in runner.boards.values() if b.status == BoardStatus.OK}
-    if any(board.simulated for board in usable.values()):
+    if any(target_class(board).expects_sim for board in usable.values()):  # their loop runs the C codec
         jobs.append(_codec_library)
     for t in runner.tasks:
         board = usable.get(t.board_type)

@@ -308,7 +308,16 @@ def flash_and_compare_cmd(
     """
     from harness.flows.flash_and_compare import JobOptions, flash_and_compare
 
-    data = _dataset_options(bool(inputs), tap, dataset, random_inputs, seed, results, labels, repeat)
+    data = _dataset_options(
+        bool(inputs),
+        tap,
+        dataset,
+        random_inputs=random_inputs,
+        seed=seed,
+        results=results,
+        labels=labels,
+        repeat=repeat,
+    )
     if tap_inputs is not None:
         if data is None:
             raise UsageError("--tap-inputs needs --dataset or --random-inputs", hint="with --input: --tap")

@@ -446,7 +446,16 @@ def generate_projects(
     if not feats.embed_inputs:
         prepared = []  # validated above; the flow streams them
     ctx = _base_context(
-        board_def, versions, model_path, model_bytes, prepared, tensor, model, resolver, plan, human_max
+        board_def,
+        versions,
+        model_path,
+        model_bytes=model_bytes,
+        prepared=prepared,
+        tensor=tensor,
+        model=model,
+        resolver=resolver,
+        plan=plan,
+        human_max=human_max,
     )
     ctx.update(tap=tap_ctx, hybrid=hybrid_ctx, **_layout_context(layout))
     env = _environment()
@@ -455,9 +464,21 @@ def generate_projects(
     for variant in variants:
         files = _render_files(env, dict(ctx, variant=variant), board_def, allow, model_bytes, prepared)
         manifest = _manifest(
-            variant, board_def, versions, ctx["template_version"], model_path, model_bytes, prepared,
-            tensor, model, ctx["outputs"], resolver, plan, human_max, files,
-        )  # fmt: skip
+            variant,
+            board_def,
+            versions,
+            tv=ctx["template_version"],
+            model_path=model_path,
+            model_bytes=model_bytes,
+            prepared=prepared,
+            tensor=tensor,
+            model=model,
+            outputs_ctx=ctx["outputs"],
+            resolver=resolver,
+            plan=plan,
+            human_max=human_max,
+            files=files,
+        )
         manifest["flash_layout"] = layout.to_dict()
         if tap_ctx is not None:
             manifest["tap"] = tap_ctx["manifest"]

@@ -201,10 +201,15 @@ def link_verdict(run: VariantRun, stats: LinkStats, code: ExitCode | None) -> Ex
         f"{stats.naks} NAK(s), {stats.retransmitted_frames} frame(s) sent again"
     )
     finding = Finding(
-        "link_repair", Severity.INFRASTRUCTURE, f"the serial link needed repairs: {what}", None, (),
-        stats.to_dict(), "check the cable, the hub and the baud rate; the results were checked, but a run "
+        "link_repair",
+        Severity.INFRASTRUCTURE,
+        f"the serial link needed repairs: {what}",
+        line=None,
+        evidence=(),
+        details=stats.to_dict(),
+        hint="check the cable, the hub and the baud rate; the results were checked, but a run "
         "over a lossy link is never reported as a clean match",
-    )  # fmt: skip
+    )
     run.findings.append(finding.to_dict())
     return code if code is not None else ExitCode.INFRASTRUCTURE
 

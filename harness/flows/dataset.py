@@ -254,10 +254,21 @@ def run_dataset(
             out.codes.append(boot or ExitCode.INFRASTRUCTURE)
             continue
         expected = _expected(host, [out.legs[d] for d in done]) if mode == fr.RES_FULL_IF_DIFFERENT else {}
-        _passes(rb, boot, runs[v], out, ds, outputs, range(n), mode, repeat, expected)
+        _passes(
+            rb,
+            boot,
+            runs[v],
+            out=out,
+            ds=ds,
+            outputs=outputs,
+            ids=range(n),
+            mode=mode,
+            repeat=repeat,
+            expected=expected,
+        )
         done.append(v)
     if mode == fr.RES_FULL_IF_DIFFERENT:
-        _fetch(rb, runs, list(reversed(done)), out, ds, outputs, host)
+        _fetch(rb, runs, list(reversed(done)), out=out, ds=ds, outputs=outputs, host=host)
     if repeat >= 2 and done:
         out.after_reset = _after_reset(rb, runs, done[-1], out, ds, outputs)
     return out
@@ -342,7 +353,18 @@ def _fetch(
         if not isinstance(boot, Boot):
             out.errors.append(f"{v}: could not boot to fetch {len(need)} input(s) in full")
             continue
-        _passes(rb, boot, runs[v], out, ds, outputs, need, fr.RES_FULL, 1, {})
+        _passes(
+            rb,
+            boot,
+            runs[v],
+            out=out,
+            ds=ds,
+            outputs=outputs,
+            ids=need,
+            mode=fr.RES_FULL,
+            repeat=1,
+            expected={},
+        )
 
 
 def _after_reset(

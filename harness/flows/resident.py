@@ -225,9 +225,25 @@ class ResidentBoard:
             md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
             regions.append(RegionResult(off, path, len(data), md5, skipped=True))
         return FlashResult(
-            self.dev.spec.url, "", "", None, None, [], None, None, None, False, self.dev.console_baud,
-            "", "", 0, regions, time.monotonic() - t0, None, skipped_reason=FLASH_SKIPPED,
-        )  # fmt: skip
+            self.dev.spec.url,
+            "",
+            "",
+            description=None,
+            revision=None,
+            features=[],
+            mac=None,
+            crystal_mhz=None,
+            flash_size=None,
+            stub=False,
+            baud=self.dev.console_baud,
+            before="",
+            after="",
+            connect_attempts=0,
+            regions=regions,
+            duration_s=time.monotonic() - t0,
+            log_path=None,
+            skipped_reason=FLASH_SKIPPED,
+        )
 
     def _variant_of(self, raw: RawCapture, hello: fr.Hello | None) -> str | None:
         if hello is not None:
@@ -366,5 +382,14 @@ class ResidentBoard:
         if not client.stats.clean:
             notes.append(f"link repairs: {client.stats.to_dict()}")
         return RawCapture(
-            bytes(client.raw), log_path, ended_by, time.monotonic() - t0, 0, 0, 0, 0, None, notes
+            bytes(client.raw),
+            log_path,
+            ended_by,
+            duration_s=time.monotonic() - t0,
+            boots=0,
+            resets=0,
+            reopens=0,
+            dropped_bytes=0,
+            first_byte_s=None,
+            notes=notes,
         )

@@ -305,7 +305,13 @@ def host_results(
         return HostResults(ref, measured, 0)
     name = impl.name if impl is not None else "tflm"
     child_runs, child_arena = _run_child(
-        model_bytes, info, runs if need_ref else None, name, per_layer, need_arena, stop
+        model_bytes,
+        info,
+        runs if need_ref else None,
+        backend=name,
+        per_layer=per_layer,
+        arena=need_arena,
+        stop=stop,
     )
     if need_ref:
         assert impl is not None and child_runs is not None

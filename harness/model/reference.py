@@ -203,10 +203,10 @@ def compare_backends(
                     k,
                     la.op_index,
                     la.opcode,
-                    la.tensor_index,
-                    la.name,
-                    int(np.count_nonzero(diff)),
-                    int(diff.max()),
+                    tensor_index=la.tensor_index,
+                    name=la.name,
+                    mismatched=int(np.count_nonzero(diff)),
+                    max_abs_diff=int(diff.max()),
                 )
             )
     return out

@@ -919,5 +919,15 @@ def emit_capture(
         em.input(i, len(run.input_data), hashlib.sha256(run.input_data).hexdigest())
         em.time(i, run.invoke_us)
         for o, t in enumerate(run.outputs):
-            em.tensor(i, o, t.dtype, t.shape, t.scale, t.zp, t.data, t.name, human_max)
+            em.tensor(
+                i,
+                o,
+                t.dtype,
+                shape=t.shape,
+                scale=t.scale,
+                zp=t.zp,
+                data=t.data,
+                name=t.name,
+                human_max=human_max,
+            )
     em.end(True)

@@ -492,10 +492,23 @@ def decode_hello(p: bytes) -> Hello:
         raise FrameFormatError("HELLO firmware version field does not match the payload length")
     fw = p[pos + 1 : pos + 1 + vlen].decode("ascii", "replace")
     return Hello(
-        proto, bool(flags & 1), bool(flags & 2), NN_NAMES.get(nn, "unknown"), None if slot == 0xFF else slot,
-        init, DTYPE_NAMES.get(dt, "unknown"), maxp, window, in_bytes, tuple(outs), p[24:56].hex(), fw,
-        session, _sha_hex(p[56:88]), _sha_hex(p[88:120]),
-    )  # fmt: skip
+        proto,
+        bool(flags & 1),
+        bool(flags & 2),
+        nn=NN_NAMES.get(nn, "unknown"),
+        slot=None if slot == 0xFF else slot,
+        init_status=init,
+        input_dtype=DTYPE_NAMES.get(dt, "unknown"),
+        max_payload=maxp,
+        window=window,
+        input_bytes=in_bytes,
+        output_bytes=tuple(outs),
+        model_sha256=p[24:56].hex(),
+        fwver=fw,
+        session=session,
+        app_sha256=_sha_hex(p[56:88]),
+        other_sha256=_sha_hex(p[88:120]),
+    )
 
 
 def encode_run(
@@ -571,7 +584,7 @@ def decode_results(p: bytes, output_bytes: Sequence[int]) -> list[ResultRecord]:
             _need(p[pos:], 4 * n, "RESULT CRC-32s")
             crcs = tuple(struct.unpack_from(f"<{n}I", p, pos))
             pos += 4 * n
-        rec = ResultRecord(ident, status, flags, reps, us, in_crc, crcs)
+        rec = ResultRecord(ident, status, flags, repeats=reps, invoke_us=us, input_crc=in_crc, crcs=crcs)
         if flags & FL_NONDETERMINISTIC:
             _need(p[pos:], 4 * n, "RESULT nondeterminism block")
             rec.diff_repeat = diff_at

@@ -140,10 +140,23 @@ class DeviceLoop:
     def hello(self) -> None:
         c = self.cfg
         h = fr.Hello(
-            fr.VERSION, c.sim, c.tap, c.nn, c.slot, c.init_status, c.input_dtype, fr.MAX_PAYLOAD, c.window,
-            c.input_bytes, tuple(o.bytes for o in c.outputs), c.model_sha256, "", c.session, c.app_sha256,
-            c.other_sha256,
-        )  # fmt: skip
+            fr.VERSION,
+            c.sim,
+            c.tap,
+            nn=c.nn,
+            slot=c.slot,
+            init_status=c.init_status,
+            input_dtype=c.input_dtype,
+            max_payload=fr.MAX_PAYLOAD,
+            window=c.window,
+            input_bytes=c.input_bytes,
+            output_bytes=tuple(o.bytes for o in c.outputs),
+            model_sha256=c.model_sha256,
+            fwver="",
+            session=c.session,
+            app_sha256=c.app_sha256,
+            other_sha256=c.other_sha256,
+        )
         fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: fr.FWVER_MAX])
         payload = fr.encode_hello(h)[:-1] + bytes([len(fw)]) + fw
         self._flush()
@@ -270,7 +283,16 @@ class DeviceLoop:
         if source > fr.SRC_PRNG or results > fr.RES_FULL_IF_DIFFERENT or text > 1 or repeat == 0:
             return None
         expected = struct.unpack_from(f"<{n_expect}I", p, fr.RUN_FIXED)
-        return _Run(ident, source, results, bool(text), repeat, n_expect, seed, tuple(expected))
+        return _Run(
+            ident,
+            source,
+            results,
+            text=bool(text),
+            repeat=repeat,
+            n_expect=n_expect,
+            seed=seed,
+            expected=tuple(expected),
+        )
 
     def _run(self, f: fr.Frame) -> None:
         r = self._parse_run(f)
@@ -323,7 +345,19 @@ class DeviceLoop:
         em.time(r.ident, us)
         for o, (t, data) in enumerate(zip(self.cfg.outputs, self.outputs_now, strict=True)):
             shape = list(t.shape)
-            if not em.tensor(r.ident, o, t.dtype, shape, t.scale, t.zp, data, t.name, self.cfg.human_max):
+            human = self.cfg.human_max
+            written = em.tensor(
+                r.ident,
+                o,
+                t.dtype,
+                shape=shape,
+                scale=t.scale,
+                zp=t.zp,
+                data=data,
+                name=t.name,
+                human_max=human,
+            )
+            if not written:
                 self.session_error = True
                 return
         self.host.text_extra(em, r.ident)

@@ -329,7 +329,17 @@ class SimApp:
                 return
             em.time(i, us)
             for o, (t, data) in enumerate(zip(self._outputs(), outs, strict=True)):
-                em.tensor(i, o, t.dtype, list(t.shape), t.scale, t.zp, data, t.name, self.loop.cfg.human_max)
+                em.tensor(
+                    i,
+                    o,
+                    t.dtype,
+                    shape=list(t.shape),
+                    scale=t.scale,
+                    zp=t.zp,
+                    data=data,
+                    name=t.name,
+                    human_max=self.loop.cfg.human_max,
+                )
             self.text_extra(em, i)
         em.end(True)
 
@@ -608,9 +618,15 @@ def _op_fault(faults: FaultSpec, dispatch: Any, info: Any) -> Any:
     for kind in _OP_FAULT_NAMES:
         if kind in faults.names:
             fault = OpFault(
-                kind, faults.fault_ops[0], faults.fault_region, faults.corrupt_lsb, faults.corrupt_frac,
-                faults.seed, faults.fault_ops[1:], faults.variant,
-            )  # fmt: skip
+                kind,
+                faults.fault_ops[0],
+                faults.fault_region,
+                lsb=faults.corrupt_lsb,
+                frac=faults.corrupt_frac,
+                seed=faults.seed,
+                more_ops=faults.fault_ops[1:],
+                variant=faults.variant,
+            )
             hit = any(fault.hits(op.index, dispatch) for op in info.main_ops)
             return fault if hit else None
     return None
@@ -634,9 +650,9 @@ def _emit_taps(emitter: Any, i: int, info: Any, sim_ops: list[Any], dump_ops: li
 
     for so in sim_ops:
         emitter.op(
-            i, 0, so.op.index, so.op.opcode, so.cycles,
-            [TapTensor(t, tuple(a.shape), crc32(a)) for t, a in so.inputs],
-            [TapTensor(t, tuple(a.shape), crc32(a)) for t, a in so.outputs],
+            i, 0, so.op.index, opname=so.op.opcode, cycles=so.cycles,
+            ins=[TapTensor(t, tuple(a.shape), crc32(a)) for t, a in so.inputs],
+            outs=[TapTensor(t, tuple(a.shape), crc32(a)) for t, a in so.outputs],
         )  # fmt: skip
     dumps = [(so, role, t, a) for so in sim_ops if so.op.index in dump_ops
              for role, side in (("in", so.inputs), ("out", so.outputs)) for t, a in side]  # fmt: skip
@@ -645,9 +661,16 @@ def _emit_taps(emitter: Any, i: int, info: Any, sim_ops: list[Any], dump_ops: li
     for so, role, t, a in dumps:
         ti = info.tensors[t]
         emitter.op_dump(
-            i, so.op.index, t, role, str(a.dtype), list(a.shape), float(ti.scale or 0.0),
-            int(ti.zero_point or 0), a.tobytes(),
-        )  # fmt: skip
+            i,
+            so.op.index,
+            t,
+            role=role,
+            dtype=str(a.dtype),
+            shape=list(a.shape),
+            scale=float(ti.scale or 0.0),
+            zp=int(ti.zero_point or 0),
+            data=a.tobytes(),
+        )
 
 
 def _apply_output_faults(arr: np.ndarray, active: list[str], faults: FaultSpec, i: int, o: int) -> bytes:

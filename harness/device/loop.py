@@ -22,7 +22,7 @@ from typing import IO
 import serial
 
 from harness.errors import CaptureError, write_error
-from harness.protocol import frames as fr
+from harness.protocol import frames
 
 __all__ = ["DeviceRestarted", "LinkError", "LinkStats", "LoopClient"]
 
@@ -88,7 +88,7 @@ class LoopClient:
     def __init__(
         self,
         port: serial.SerialBase,
-        hello: fr.Hello,
+        hello: frames.Hello,
         log: IO[bytes] | None = None,
         *,
         stall_timeout: float = 30.0,
@@ -106,11 +106,11 @@ class LoopClient:
         self.window = hello.window if respect_window else 1 << 40
         self.on_text = on_text
         # frames of this boot only: an earlier boot's (stale_keys) are dropped and counted
-        self.dec = fr.FrameDecoder(key=hello.key, stale_keys=stale_keys)
+        self.dec = frames.FrameDecoder(key=hello.key, stale_keys=stale_keys)
         self.key = hello.key
         self.seq = seq & 0xFFFF  # the next command's seq: 0 after a boot, then it continues across clients
         self.unacked: deque[tuple[int, bytes]] = deque()  # (seq, frame bytes) sent, not yet acknowledged
-        self.inbox: deque[fr.Frame] = deque()
+        self.inbox: deque[frames.Frame] = deque()
         self.text = bytearray()
         self.raw = bytearray()  # every byte received, in order (also written to ``log``)
         self.restarted = False  # an unsolicited HELLO arrived: the device booted again
@@ -155,7 +155,7 @@ class LoopClient:
                 raise write_error(exc, f"the serial log {getattr(self.log, 'name', '')}".rstrip()) from None
         bad_before, stale_before = self.dec.stats.bad, self.dec.stats.stale
         for item in self.dec.feed(data):
-            if isinstance(item, fr.Frame):
+            if isinstance(item, frames.Frame):
                 self._on_frame(item)
             else:
                 self.text += item
@@ -164,17 +164,17 @@ class LoopClient:
         self.stats.damaged_frames += self.dec.stats.bad - bad_before
         self.stats.stale_frames += self.dec.stats.stale - stale_before
 
-    def _on_frame(self, f: fr.Frame) -> None:
+    def _on_frame(self, f: frames.Frame) -> None:
         self.stats.frames_received += 1
         if self.rx_expected is not None and f.seq != self.rx_expected:
             self.stats.rx_gaps += (f.seq - self.rx_expected) & 0xFFFF
         self.rx_expected = (f.seq + 1) & 0xFFFF
-        if f.type == fr.RSP_ACK:
-            self._acked(fr.decode_ack(f.payload))
-        elif f.type == fr.RSP_HELLO:
+        if f.type == frames.RSP_ACK:
+            self._acked(frames.decode_ack(f.payload))
+        elif f.type == frames.RSP_HELLO:
             self.restarted = True  # a new boot: everything in flight is gone
-        elif f.type == fr.RSP_NAK:
-            seq, _reason = fr.decode_nak(f.payload)
+        elif f.type == frames.RSP_NAK:
+            seq, _reason = frames.decode_nak(f.payload)
             self.stats.naks += 1
             self._acked(seq)
             self._retransmit(f"the device asked again for frame {seq}")
@@ -222,10 +222,12 @@ class LoopClient:
 
     def send(self, ftype: int, payload: bytes = b"") -> int:
         """Send one command frame once the window has room for it; returns its seq."""
-        size = fr.HEADER + len(payload) + fr.TRAILER
+        size = frames.HEADER + len(payload) + frames.TRAILER
         while self.unacked and self.in_flight() + size > self.window:
             self._wait_progress("room in the device's receive buffer")
-        return self._send_now(fr.encode_frame(ftype, self.seq, payload, key=self.key))  # seq: after probes
+        return self._send_now(
+            frames.encode_frame(ftype, self.seq, payload, key=self.key)
+        )  # seq: after probes
 
     def _probe(self) -> None:
         """No acknowledgement for ``ack_timeout``: the device may be busy in a long Invoke (our frames
@@ -239,12 +241,12 @@ class LoopClient:
         # device's decoder holds its start and would swallow a bare probe; the zeros complete it (its CRC
         # fails: a NAK). Behind a busy device they are noise its decoder skips (no magic byte in them).
         filler = bytes(max((len(f) for _, f in self.unacked), default=0))
-        if self.in_flight() + len(filler) + fr.HEADER + 4 + fr.TRAILER > self.window:
+        if self.in_flight() + len(filler) + frames.HEADER + 4 + frames.TRAILER > self.window:
             return
         self.stats.probes += 1
         token = (PROBE_TOKEN | (self.stats.probes & 0xFFFF)).to_bytes(4, "little")
         self._write(filler)
-        self._send_now(fr.encode_frame(fr.CMD_SYNC, self.seq, token, key=self.key))
+        self._send_now(frames.encode_frame(frames.CMD_SYNC, self.seq, token, key=self.key))
 
     def _send_now(self, frame: bytes) -> int:
         self._write(frame)
@@ -273,7 +275,7 @@ class LoopClient:
                 hint="a stalled device: see the serial log; raise --capture-silence for very slow models",
             )
 
-    def wait_frame(self, ftype: int, what: str, timeout: float | None = None) -> fr.Frame:
+    def wait_frame(self, ftype: int, what: str, timeout: float | None = None) -> frames.Frame:
         """The next frame of ``ftype`` (others stay queued in order)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -294,17 +296,17 @@ class LoopClient:
 
     def load(self, data: bytes) -> None:
         """The input tensor bytes, in LOAD frames (the device copies them into its staging buffer)."""
-        chunk = fr.MAX_PAYLOAD - 4
+        chunk = frames.MAX_PAYLOAD - 4
         for off in range(0, len(data), chunk):
             part = data[off : off + chunk]
-            self.send(fr.CMD_LOAD, fr.encode_load(off, part))
+            self.send(frames.CMD_LOAD, frames.encode_load(off, part))
             self.stats.tx_payload += len(part)
 
     def sync(self, token: int = 0) -> None:
         """Everything sent so far has been run and its results sent (SYNC / SYNC_ACK)."""
-        self.send(fr.CMD_SYNC, token.to_bytes(4, "little"))
+        self.send(frames.CMD_SYNC, token.to_bytes(4, "little"))
         while True:
-            f = self.wait_frame(fr.RSP_SYNC, "the device to finish its queued commands")
+            f = self.wait_frame(frames.RSP_SYNC, "the device to finish its queued commands")
             if f.payload[:4] == token.to_bytes(4, "little"):
                 break
         self._finish()
@@ -318,11 +320,11 @@ class LoopClient:
     def text_session(self, inputs: list[bytes]) -> None:
         """SESSION, LOAD + RUN text per input, END: the device prints a complete text capture, read into
         ``self.text`` (callers check it with the protocol parser)."""
-        self.send(fr.CMD_SESSION, len(inputs).to_bytes(4, "little"))
+        self.send(frames.CMD_SESSION, len(inputs).to_bytes(4, "little"))
         for k, data in enumerate(inputs):
             self.load(data)
-            self.send(fr.CMD_RUN, fr.encode_run(k, text=True))
-        self.send(fr.CMD_END)
+            self.send(frames.CMD_RUN, frames.encode_run(k, text=True))
+        self.send(frames.CMD_END)
         self.wait_text(b" END status=", "the END record of the text session")
         while b"\n" not in self.text[self.text.rindex(b" END status=") :]:
             self._wait_progress("the end of the END record")

@@ -35,7 +35,7 @@ from harness.device.ports import (
     reopen_after_reenumeration,
     resolve_port,
 )
-from harness.protocol import frames as fr
+from harness.protocol import frames
 
 __all__ = ["DeviceSession"]
 
@@ -165,7 +165,7 @@ class DeviceSession:
         kwargs.setdefault("max_boots", 4)
         return self.capture(log_path, reset=reset, stop_at_end=False, stop_at_hello=True, **kwargs)
 
-    def client(self, hello: fr.Hello, log: Any = None, **kwargs: Any) -> LoopClient:
+    def client(self, hello: frames.Hello, log: Any = None, **kwargs: Any) -> LoopClient:
         """A loop client on the open handle (``log``: a binary file every received byte goes to)."""
         self.open()
         assert self.serial is not None
@@ -175,7 +175,7 @@ class DeviceSession:
         return client
 
     def switch_slot(
-        self, hello: fr.Hello, slot: int, log_path: Path | None = None, *, seq: int = 0, **kwargs: Any
+        self, hello: frames.Hello, slot: int, log_path: Path | None = None, *, seq: int = 0, **kwargs: Any
     ) -> RawCapture:
         """Ask the running app to boot ``slot`` next (BOOT, command ``seq``), then read its reply and its
         reboot up to the new HELLO.
@@ -184,13 +184,13 @@ class DeviceSession:
         self.open()
         assert self.serial is not None
         try:
-            self.serial.write(fr.encode_frame(fr.CMD_BOOT, seq, bytes([slot]), key=hello.key))
+            self.serial.write(frames.encode_frame(frames.CMD_BOOT, seq, bytes([slot]), key=hello.key))
             if self.link_baud is not None:  # the reply comes at the fast baud, the reboot at the console baud
                 with _append(log_path) as log:
-                    reply = self._await_frame(hello.key, lambda f: f.type == fr.RSP_BOOT, 5.0, log)
+                    reply = self._await_frame(hello.key, lambda f: f.type == frames.RSP_BOOT, 5.0, log)
                 self.link_baud = None
-                if reply is not None and fr.decode_boot(reply.payload)[1] != 0:
-                    status = fr.decode_boot(reply.payload)[1]
+                if reply is not None and frames.decode_boot(reply.payload)[1] != 0:
+                    status = frames.decode_boot(reply.payload)[1]
                     raise LinkError(
                         f"the running app refused to boot ota_{slot} next (status 0x{status & 0xFFFFFFFF:x})",
                         hint="that slot holds no valid image: flash both variants again",
@@ -198,15 +198,17 @@ class DeviceSession:
         except (serial.SerialException, OSError) as exc:
             raise LinkError(f"the serial link was lost before the slot switch ({exc})") from exc
 
-        def refused(f: fr.Frame) -> bool:
-            return f.type == fr.RSP_HELLO or (f.type == fr.RSP_BOOT and fr.decode_boot(f.payload)[1] != 0)
+        def refused(f: frames.Frame) -> bool:
+            return f.type == frames.RSP_HELLO or (
+                f.type == frames.RSP_BOOT and frames.decode_boot(f.payload)[1] != 0
+            )
 
         kwargs.setdefault("max_boots", 4)
         cap = self.capture(
             log_path, reset=False, stop_at_end=False, stop_on_frame=refused, frame_key=hello.key, **kwargs
         )
-        if cap.stop_frame is not None and cap.stop_frame.type == fr.RSP_BOOT:
-            status = fr.decode_boot(cap.stop_frame.payload)[1]
+        if cap.stop_frame is not None and cap.stop_frame.type == frames.RSP_BOOT:
+            status = frames.decode_boot(cap.stop_frame.payload)[1]
             raise LinkError(
                 f"the running app refused to boot ota_{slot} next (status 0x{status & 0xFFFFFFFF:x})",
                 hint="that slot holds no valid image: flash both variants again",
@@ -214,8 +216,8 @@ class DeviceSession:
         return cap
 
     def _await_frame(
-        self, key: int, want: Callable[[fr.Frame], bool], timeout: float, log: Any
-    ) -> fr.Frame | None:
+        self, key: int, want: Callable[[frames.Frame], bool], timeout: float, log: Any
+    ) -> frames.Frame | None:
         """Read until a frame of this boot that ``want`` accepts arrives (None: ``timeout`` passed)."""
         assert self.serial is not None
         deadline = time.monotonic() + timeout
@@ -227,16 +229,16 @@ class DeviceSession:
             buf += chunk
             if log is not None:
                 log.write(chunk)
-            split = fr.split_stream(bytes(buf), key)
+            split = frames.split_stream(bytes(buf), key)
             found = next((f for f in split.frames if want(f)), None)
             if found is not None:
                 self.pending_link.damaged_frames += split.stats.bad
                 return found
-        self.pending_link.damaged_frames += fr.split_stream(bytes(buf), key).stats.bad
+        self.pending_link.damaged_frames += frames.split_stream(bytes(buf), key).stats.bad
         return None
 
     def set_link_baud(
-        self, hello: fr.Hello, baud: int, *, seq: int, log_path: Path | None = None
+        self, hello: frames.Hello, baud: int, *, seq: int, log_path: Path | None = None
     ) -> tuple[int, int]:
         """Switch the resident loop to ``baud`` (docs/protocol.md "Fast link"): BAUD, then a SYNC round
         trip at the new baud; when that fails, back to the console baud (the device goes back by itself
@@ -247,10 +249,10 @@ class DeviceSession:
         assert self.serial is not None
         port = self.serial
         with _append(log_path) as log:
-            port.write(fr.encode_frame(fr.CMD_BAUD, seq, struct.pack("<I", baud), key=hello.key))
-            reply = self._await_frame(hello.key, lambda f: f.type == fr.RSP_BAUD, 2.0, log)
+            port.write(frames.encode_frame(frames.CMD_BAUD, seq, struct.pack("<I", baud), key=hello.key))
+            reply = self._await_frame(hello.key, lambda f: f.type == frames.RSP_BAUD, 2.0, log)
             seq += 1
-            if reply is not None and fr.decode_baud(reply.payload) != (baud, 0):
+            if reply is not None and frames.decode_baud(reply.payload) != (baud, 0):
                 return self.console_baud, seq  # refused: the console baud it is
             # (baud, seq of the SYNC): at the new baud; back at the console baud (the device went back: it
             # never got that SYNC); at the new baud once more with the next seq (it did get the SYNC and
@@ -261,13 +263,17 @@ class DeviceSession:
                 tries = tries[1:2]
             for k, (rate, sseq) in enumerate(tries):
                 if rate != baud:
-                    time.sleep(fr.BAUD_CONFIRM_S + 0.2)  # the device goes back to its console baud by itself
+                    time.sleep(
+                        frames.BAUD_CONFIRM_S + 0.2
+                    )  # the device goes back to its console baud by itself
                 port.baudrate = rate
                 token = random.getrandbits(32)
-                port.write(fr.encode_frame(fr.CMD_SYNC, sseq, struct.pack("<I", token), key=hello.key))
+                port.write(
+                    frames.encode_frame(frames.CMD_SYNC, sseq, struct.pack("<I", token), key=hello.key)
+                )
 
-                def synced(f: fr.Frame, token: int = token) -> bool:
-                    return f.type == fr.RSP_SYNC and f.payload[:4] == struct.pack("<I", token)
+                def synced(f: frames.Frame, token: int = token) -> bool:
+                    return f.type == frames.RSP_SYNC and f.payload[:4] == struct.pack("<I", token)
 
                 if self._await_frame(hello.key, synced, 0.8, log) is not None:
                     self.link_baud = rate if rate != self.console_baud else None

@@ -59,8 +59,8 @@ def flash_and_capture(
     run.firmware_sha256 = build.firmware_sha256
     run.build_cache_hit = build.cache_hit
 
-    def body(rb: ResidentBoard, order: list[str]) -> None:
-        run.exit_code = stream_inputs(rb, run, inputs)
+    def body(resident: ResidentBoard, order: list[str]) -> None:
+        run.exit_code = stream_inputs(resident, run, inputs)
 
     with_board(
         rec, {variant: run}, {variant: build}, target=target, out=Path(out_dir), limits=timeouts,
@@ -91,38 +91,38 @@ def with_board(
         for r in runs.values():
             r.exit_code = exc.exit_code
         return None
-    rb = ResidentBoard(rec, dev, builds, limits, target.expects_sim)
+    resident = ResidentBoard(rec, dev, builds, limits, target.expects_sim)
     try:
-        order = _prepare_board(rb, runs, out)
+        order = _prepare_board(resident, runs, out)
         if order is not None:
-            body(rb, order)
+            body(resident, order)
     finally:
         with contextlib.suppress(Exception):  # closing a dead port must not hide the real outcome
             dev.close()
-    return rb.link
+    return resident.link
 
 
-def _prepare_board(rb: ResidentBoard, runs: Mapping[str, VariantRun], out: Path) -> list[str] | None:
+def _prepare_board(resident: ResidentBoard, runs: Mapping[str, VariantRun], out: Path) -> list[str] | None:
     """Flash, boot once, and return the variants in run order (the one that booted first: one slot
     switch less); None when the flash or the first boot failed (each run's exit code says why)."""
     logs = out / "logs"
     try:
-        result = rb.flash(logs / "flash.log")
+        result = resident.flash(logs / "flash.log")
     except EspCheckError as exc:
         for r in runs.values():
             r.exit_code = exc.exit_code
         return None
-    facts = flash_facts(result, rb.builds)
+    facts = flash_facts(result, resident.builds)
     for r in runs.values():
         r.flash = facts
         log = logs / f"serial-{r.variant}.log"
         log.unlink(missing_ok=True)
         r.serial_log = log
     order = sorted(runs, key=lambda v: VARIANT_ORDER.index(v) if v in VARIANT_ORDER else 9)
-    if rb.current is not None and rb.current.variant in order:  # the flash was skipped: run the app up first
-        order.insert(0, order.pop(order.index(rb.current.variant)))
+    if resident.current is not None and resident.current.variant in order:  # flash skipped: that app first
+        order.insert(0, order.pop(order.index(resident.current.variant)))
     try:
-        first = rb.ensure(order[0], runs[order[0]].serial_log or logs / "serial.log")
+        first = resident.ensure(order[0], runs[order[0]].serial_log or logs / "serial.log")
     except EspCheckError as exc:
         for r in runs.values():
             r.exit_code = exc.exit_code
@@ -135,60 +135,60 @@ def _prepare_board(rb: ResidentBoard, runs: Mapping[str, VariantRun], out: Path)
     return order
 
 
-def boot_variant(rb: ResidentBoard, run: VariantRun) -> Boot | ExitCode | None:
+def boot_variant(resident: ResidentBoard, run: VariantRun) -> Boot | ExitCode | None:
     """``run.variant``'s app, ready for commands; else what its start-up evidence is worth (exit code)."""
     v = run.variant
     log = run.serial_log
     assert log is not None
     try:
-        boot = rb.ensure(v, log)
-        if boot.variant != v and rb.current is None:  # no app runs to ask for the switch: esptool does it
-            rb.select_with_esptool(v, log.with_name(f"flash-select-{v}.log"))
-            boot = rb.ensure(v, log)
+        boot = resident.ensure(v, log)
+        if boot.variant != v and resident.current is None:  # no app runs to ask for a switch: esptool does it
+            resident.select_with_esptool(v, log.with_name(f"flash-select-{v}.log"))
+            boot = resident.ensure(v, log)
     except EspCheckError as exc:
         return exc.exit_code
     if boot.hello is None or boot.hello.init_status != 0 or boot.variant != v:
-        return _verify(rb, run, boot.raw, log)  # start-up evidence: a fault, a loop, silence
+        return _verify(resident, run, boot.raw, log)  # start-up evidence: a fault, a loop, silence
     run.nn_mode = boot.hello.nn  # compiled in (sdkconfig.h), as INFO nn in a text capture
-    want = rb.model_sha256()
+    want = resident.model_sha256()
     if want and boot.hello.model_sha256 != want:  # identity: the device runs the model it was given
-        rb.current = None
+        resident.current = None
         msg = (
             f"the {v} app reports model SHA-256 {boot.hello.model_sha256[:16]}... in its HELLO, but the "
             f"model esp-check flashed is {want[:16]}...: its results would be of another model"
         )
         run.problems.append(msg)
-        rb.rec.add("verify", v, ExitCode.USAGE, 0.0, msg)
+        resident.rec.add("verify", v, ExitCode.USAGE, 0.0, msg)
         return ExitCode.USAGE
-    if other := rb.other_firmware(boot, v):  # identity: the app is the build (HELLO image SHA-256)
-        rb.current = None
+    if other := resident.other_firmware(boot, v):  # identity: the app is the build (HELLO image SHA-256)
+        resident.current = None
         run.problems.append(other)
-        rb.rec.add("verify", v, ExitCode.USAGE, 0.0, other)
+        resident.rec.add("verify", v, ExitCode.USAGE, 0.0, other)
         return ExitCode.USAGE
     return boot
 
 
-def stream_inputs(rb: ResidentBoard, run: VariantRun, inputs: Sequence[bytes]) -> ExitCode | None:
+def stream_inputs(resident: ResidentBoard, run: VariantRun, inputs: Sequence[bytes]) -> ExitCode | None:
     """Boot ``run.variant`` and stream the inputs in a text session; verify what it printed."""
     v = run.variant
     log = run.serial_log
     assert log is not None
-    boot = boot_variant(rb, run)
+    boot = boot_variant(resident, run)
     if not isinstance(boot, Boot):
         return boot
-    raw = rb.rec.run("capture", v, lambda: rb.text_session(boot, inputs, log))
+    raw = resident.rec.run("capture", v, lambda: resident.text_session(boot, inputs, log))
     whole = dataclasses.replace(
         raw, data=boot.raw.data + raw.data, boots=boot.raw.boots, resets=boot.raw.resets
     )
-    code = _verify(rb, run, whole, log)
-    return link_verdict(run, rb.last_link, code)
+    code = _verify(resident, run, whole, log)
+    return link_verdict(run, resident.last_link, code)
 
 
-def _verify(rb: ResidentBoard, run: VariantRun, raw: RawCapture, log: Path) -> ExitCode | None:
+def _verify(resident: ResidentBoard, run: VariantRun, raw: RawCapture, log: Path) -> ExitCode | None:
     """verify_capture with the variant's ELF (crash addresses) and what the board definition says."""
-    build = rb.builds[run.variant]
+    build = resident.builds[run.variant]
     return verify_capture(
-        rb.rec, run, raw, log, elf=build.elf, chip=build.chip, simulated_board=rb.simulated
+        resident.rec, run, raw, log, elf=build.elf, chip=build.chip, simulated_board=resident.simulated
     )
 
 

@@ -35,7 +35,7 @@ from harness.flows.resident import VARIANT_OF_NN, Boot, ResidentBoard
 from harness.model.dataset import Dataset, load_dataset, random_dataset
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, TensorInfo
-from harness.protocol import frames as fr
+from harness.protocol import frames
 
 RESET_CHECK_INPUTS = 16
 MAX_PASSES = 4  # a dataset pass and up to three re-runs of the inputs whose results were lost
@@ -59,8 +59,8 @@ class _Collector:
 
     def __init__(self, output_bytes: Sequence[int]) -> None:
         self.sizes = list(output_bytes)
-        self.records: dict[int, fr.ResultRecord] = {}
-        self.device_errors: list[fr.DeviceError] = []
+        self.records: dict[int, frames.ResultRecord] = {}
+        self.device_errors: list[frames.DeviceError] = []
         self.problems: list[str] = []
         self.payload = 0
 
@@ -69,36 +69,38 @@ class _Collector:
             f = client.inbox.popleft()
             try:
                 self._frame(f)
-            except fr.FrameFormatError as exc:
+            except frames.FrameFormatError as exc:
                 self.problems.append(f"{f.name} frame {f.seq}: {exc}")
 
-    def _frame(self, f: fr.Frame) -> None:
-        if f.type == fr.RSP_RESULT:
-            for rec in fr.decode_results(f.payload, self.sizes):
+    def _frame(self, f: frames.Frame) -> None:
+        if f.type == frames.RSP_RESULT:
+            for rec in frames.decode_results(f.payload, self.sizes):
                 if rec.data is not None:
                     self.payload += sum(len(d) for d in rec.data)
                 self.records[rec.ident] = rec
-        elif f.type == fr.RSP_DATA:
-            chunk = fr.decode_data(f.payload)
+        elif f.type == frames.RSP_DATA:
+            chunk = frames.decode_data(f.payload)
             got = self.records.get(chunk.ident)
             if got is None or not got.wants_data_frames or chunk.output >= len(self.sizes):
-                raise fr.FrameFormatError(f"DATA for input {chunk.ident} that announced none")
+                raise frames.FrameFormatError(f"DATA for input {chunk.ident} that announced none")
             buf = got.pending.setdefault(chunk.output, bytearray())
             if chunk.offset != len(buf) or len(buf) + len(chunk.data) > self.sizes[chunk.output]:
-                raise fr.FrameFormatError(f"DATA for input {chunk.ident} output {chunk.output} out of order")
+                raise frames.FrameFormatError(
+                    f"DATA for input {chunk.ident} output {chunk.output} out of order"
+                )
             buf += chunk.data
             self.payload += len(chunk.data)
-        elif f.type == fr.RSP_ERROR:
-            self.device_errors.append(fr.decode_error(f.payload))
+        elif f.type == frames.RSP_ERROR:
+            self.device_errors.append(frames.decode_error(f.payload))
 
     def leg(self, i: int, data: bytes, outputs: Sequence[OutputSpec]) -> Leg:
         """The checked result of input ``i`` (``data``: the input bytes the host meant)."""
         rec = self.records.get(i)
         if rec is None:
             return Leg("missing", detail="no result came back")
-        if rec.status == fr.ST_INVOKE_FAILED:
+        if rec.status == frames.ST_INVOKE_FAILED:
             return Leg("invoke_failed", detail=f"Invoke returned status {rec.invoke_us}")
-        if rec.status != fr.ST_OK:
+        if rec.status != frames.ST_OK:
             return Leg("invalid", detail=f"status {rec.status} (the input did not arrive whole)")
         if rec.input_crc != zlib.crc32(data) & 0xFFFFFFFF:
             return Leg("invalid", detail="the device ran other input bytes than the host sent or drew")
@@ -125,7 +127,7 @@ def _crcs(raw: Sequence[bytes]) -> list[int]:
 
 
 def _stream(
-    rb: ResidentBoard,
+    resident: ResidentBoard,
     boot: Boot,
     ds: Dataset,
     ids: Sequence[int],
@@ -142,38 +144,38 @@ def _stream(
     hello = boot.hello
     problems: list[str] = []
     with open(log_path, "ab") as log:
-        client = rb.dev.client(
-            hello, log, stall_timeout=rb.limits.capture_silence, seq=boot.next_seq,
-            stale_keys=rb.stale_keys(hello),
+        client = resident.dev.client(
+            hello, log, stall_timeout=resident.limits.capture_silence, seq=boot.next_seq,
+            stale_keys=resident.stale_keys(hello),
         )  # fmt: skip
         col = _Collector(hello.output_bytes)
         try:
             for i in ids:
                 exp = expected.get(i, ())
-                mode = results if (results != fr.RES_FULL_IF_DIFFERENT or exp) else fr.RES_CRC
+                mode = results if (results != frames.RES_FULL_IF_DIFFERENT or exp) else frames.RES_CRC
                 if ds.random:
-                    run = fr.encode_run(i, source=fr.SRC_PRNG, seed=ds.seed or 0, results=mode,
+                    run = frames.encode_run(i, source=frames.SRC_PRNG, seed=ds.seed or 0, results=mode,
                                         repeat=repeat, expected=exp)  # fmt: skip
                 else:
                     client.load(ds.items[i].data)
-                    run = fr.encode_run(i, results=mode, repeat=repeat, expected=exp)
-                client.send(fr.CMD_RUN, run)
+                    run = frames.encode_run(i, results=mode, repeat=repeat, expected=exp)
+                client.send(frames.CMD_RUN, run)
                 col.take(client)
             client.sync(len(ids))
         except DeviceRestarted as exc:
-            rb.current = None
+            resident.current = None
             problems.append(f"the {hello.nn} app restarted in the middle of the dataset: {exc}")
         except LinkError as exc:
-            rb.current, rb.lost = None, "link was lost" in str(exc)
+            resident.current, resident.lost = None, "link was lost" in str(exc)
             problems.append(str(exc))
         col.take(client)
     boot.next_seq = client.seq
     client.stats.rx_payload += col.payload
     client.stats.results += len(col.records)
-    rb.link.add(client.stats)  # the run's total (report.json "link")
+    resident.link.add(client.stats)  # the run's total (report.json "link")
     problems += col.problems + [f"device ERROR {e.stage}: {e.msg}" for e in col.device_errors]
     legs = {i: col.leg(i, ds.items[i].data, outputs) for i in ids}
-    faults = _crashes(rb, hello.nn, bytes(client.raw))
+    faults = _crashes(resident, hello.nn, bytes(client.raw))
     if faults:  # the device crashed: the input it was running has no result, and that is the finding
         why = "; ".join(f.message for f in faults)
         problems.append(f"firmware fault while streaming: {why}")
@@ -203,11 +205,11 @@ def _record_faults(out: DatasetRun, run: VariantRun, faults: Sequence[Finding]) 
         out.errors.append(f"{run.variant}: firmware fault while streaming the dataset: {faults[0].message}")
 
 
-def _crashes(rb: ResidentBoard, nn: str, raw: bytes) -> list[Finding]:
+def _crashes(resident: ResidentBoard, nn: str, raw: bytes) -> list[Finding]:
     """Firmware faults (a panic, an abort, a watchdog reset, a TFLM error) in what the device printed
     while it streamed, classified like a single run's capture and decoded with the variant's ELF."""
     found = [f for f in classify(raw) if f.severity == Severity.FIRMWARE_FAULT]
-    build = rb.builds.get(VARIANT_OF_NN.get(nn, ""))
+    build = resident.builds.get(VARIANT_OF_NN.get(nn, ""))
     return decode_findings(found, build.elf, build.chip) if found and build is not None else found
 
 
@@ -232,7 +234,7 @@ _TRANSIENT = ("missing", "invalid")  # lost or damaged on the way: worth running
 
 
 def run_dataset(
-    rb: ResidentBoard,
+    resident: ResidentBoard,
     runs: Mapping[str, VariantRun],
     order: Sequence[str],
     ds: Dataset,
@@ -245,17 +247,19 @@ def run_dataset(
     """Every variant in ``order`` over the whole dataset (with retries, fetches and the reset check)."""
     n = len(ds.items)
     out = DatasetRun({v: [Leg("missing", detail="not run") for _ in range(n)] for v in runs})
-    mode = fr.RES_FULL if results == "full" else fr.RES_FULL_IF_DIFFERENT
+    mode = frames.RES_FULL if results == "full" else frames.RES_FULL_IF_DIFFERENT
     done: list[str] = []
     for v in order:
-        boot = boot_variant(rb, runs[v])
+        boot = boot_variant(resident, runs[v])
         if not isinstance(boot, Boot):
             out.errors.append(f"{v}: the app did not start: see {runs[v].serial_log}")
             out.codes.append(boot or ExitCode.INFRASTRUCTURE)
             continue
-        expected = _expected(host, [out.legs[d] for d in done]) if mode == fr.RES_FULL_IF_DIFFERENT else {}
+        expected = (
+            _expected(host, [out.legs[d] for d in done]) if mode == frames.RES_FULL_IF_DIFFERENT else {}
+        )
         _passes(
-            rb,
+            resident,
             boot,
             runs[v],
             out=out,
@@ -267,10 +271,10 @@ def run_dataset(
             expected=expected,
         )
         done.append(v)
-    if mode == fr.RES_FULL_IF_DIFFERENT:
-        _fetch(rb, runs, list(reversed(done)), out=out, ds=ds, outputs=outputs, host=host)
+    if mode == frames.RES_FULL_IF_DIFFERENT:
+        _fetch(resident, runs, list(reversed(done)), out=out, ds=ds, outputs=outputs, host=host)
     if repeat >= 2 and done:
-        out.after_reset = _after_reset(rb, runs, done[-1], out, ds, outputs)
+        out.after_reset = _after_reset(resident, runs, done[-1], out, ds, outputs)
     return out
 
 
@@ -285,7 +289,7 @@ def _expected(host: Sequence[Leg] | None, earlier: Sequence[Sequence[Leg]]) -> d
 
 
 def _passes(
-    rb: ResidentBoard,
+    resident: ResidentBoard,
     boot: Boot,
     run: VariantRun,
     out: DatasetRun,
@@ -301,16 +305,18 @@ def _passes(
     v = run.variant
     assert run.serial_log is not None
     for attempt in range(1, MAX_PASSES + 1):
-        if rb.current is not boot:  # the app restarted or the link dropped: boot it again
-            again = boot_variant(rb, run)
+        if resident.current is not boot:  # the app restarted or the link dropped: boot it again
+            again = boot_variant(resident, run)
             if not isinstance(again, Boot):
                 break
             boot = again
 
         def one(ids: Sequence[int] = ids, boot: Boot = boot, log: Path = run.serial_log) -> _Streamed:
-            return _stream(rb, boot, ds, ids, outputs, log, results=mode, repeat=repeat, expected=expected)
+            return _stream(
+                resident, boot, ds, ids, outputs, log, results=mode, repeat=repeat, expected=expected
+            )
 
-        streamed = rb.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
+        streamed = resident.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
         legs, stats, problems = streamed.legs, streamed.stats, streamed.problems
         for i, leg in legs.items():
             out.legs[v][i] = _second_result(out.legs[v][i], leg)
@@ -327,7 +333,7 @@ def _passes(
 
 
 def _fetch(
-    rb: ResidentBoard,
+    resident: ResidentBoard,
     runs: Mapping[str, VariantRun],
     order: Sequence[str],
     out: DatasetRun,
@@ -349,26 +355,26 @@ def _fetch(
                 need.append(i)
         if not need:
             continue
-        boot = boot_variant(rb, runs[v])
+        boot = boot_variant(resident, runs[v])
         if not isinstance(boot, Boot):
             out.errors.append(f"{v}: could not boot to fetch {len(need)} input(s) in full")
             continue
         _passes(
-            rb,
+            resident,
             boot,
             runs[v],
             out=out,
             ds=ds,
             outputs=outputs,
             ids=need,
-            mode=fr.RES_FULL,
+            mode=frames.RES_FULL,
             repeat=1,
             expected={},
         )
 
 
 def _after_reset(
-    rb: ResidentBoard,
+    resident: ResidentBoard,
     runs: Mapping[str, VariantRun],
     variant: str,
     out: DatasetRun,
@@ -377,14 +383,14 @@ def _after_reset(
 ) -> dict[str, Any]:
     """Reset the board, run the first inputs again on ``variant``: a fresh boot must give the same CRCs."""
     ids = list(range(min(RESET_CHECK_INPUTS, len(ds.items))))
-    rb.current = None  # the next boot is a reset
-    boot = boot_variant(rb, runs[variant])
+    resident.current = None  # the next boot is a reset
+    boot = boot_variant(resident, runs[variant])
     if not isinstance(boot, Boot):
         return {"variant": variant, "inputs": 0, "differing": [], "problem": "the app did not start again"}
-    streamed = rb.rec.run(
+    streamed = resident.rec.run(
         "after-reset", variant,
-        lambda: _stream(rb, boot, ds, ids, outputs, runs[variant].serial_log or Path("serial.log"),
-                        results=fr.RES_CRC, repeat=1, expected={}),
+        lambda: _stream(resident, boot, ds, ids, outputs, runs[variant].serial_log or Path("serial.log"),
+                        results=frames.RES_CRC, repeat=1, expected={}),
     )  # fmt: skip
     legs, problems = streamed.legs, streamed.problems
     out.link.setdefault(variant, LinkStats()).add(streamed.stats)

@@ -215,9 +215,9 @@ class InputsWorkload(Workload):
             return
         streamed = run.streamed
 
-        def body(rb: ResidentBoard, order: list[str]) -> None:
+        def body(resident: ResidentBoard, order: list[str]) -> None:
             for v in order:
-                run.variants[v].exit_code = stream_inputs(rb, run.variants[v], streamed)
+                run.variants[v].exit_code = stream_inputs(resident, run.variants[v], streamed)
 
         with _acquired(run) as locked:
             if not locked:
@@ -250,9 +250,9 @@ class DatasetWorkload(Workload):
             return
         outputs = output_specs(run.info)
 
-        def body(rb: ResidentBoard, order: list[str]) -> None:
+        def body(resident: ResidentBoard, order: list[str]) -> None:
             outcome.run = run_dataset(
-                rb, run.variants, order, ds, outputs, results=opts.results, repeat=opts.repeat,
+                resident, run.variants, order, ds, outputs, results=opts.results, repeat=opts.repeat,
                 host=outcome.host,
             )  # fmt: skip
 

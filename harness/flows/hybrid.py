@@ -179,31 +179,31 @@ def hybrid(
     res = HybridResult(out, out / "report.json")
     res.mode = "manual" if opts.manual else ("bisect" if opts.bisect else "taps")
     spec = JobSpec.of(model, inputs, board=board, port=port, out_dir=out, options=job)
-    st = _State(spec, info, load_board(board), res, opts, Recorder(progress))
+    state = _State(spec, info, load_board(board), res, opts, Recorder(progress))
     try:
-        if _baseline(st):
-            with _board_lock(st):
-                _choose(st)
-                _verify(st)
+        if _baseline(state):
+            with _board_lock(state):
+                _choose(state)
+                _verify(state)
                 if res.offered:
-                    _deliver(st)
+                    _deliver(state)
     except KeyboardInterrupt:
         res.errors.append("interrupted (Ctrl-C): the run did not finish")
-        st.codes.append(ExitCode.INTERRUPTED)
+        state.codes.append(ExitCode.INTERRUPTED)
         raise
     finally:
         res.seconds = time.monotonic() - t0
-        _finish(st)
+        _finish(state)
     return res
 
 
-def _board_lock(st: _State) -> contextlib.AbstractContextManager[Any]:
+def _board_lock(state: _State) -> contextlib.AbstractContextManager[Any]:
     """The board's lock for the hybrid runs (the baseline took and released its own); none for a
     board made for this command alone."""
-    assert st.target is not None
-    cm = st.target.lock(
-        lock_dir=st.job.lock_dir, timeout=st.job.lock_timeout, owner="esp-check hybrid",
-        on_wait=lambda m: st.rec.say("lock", m),
+    assert state.target is not None
+    cm = state.target.lock(
+        lock_dir=state.job.lock_dir, timeout=state.job.lock_timeout, owner="esp-check hybrid",
+        on_wait=lambda m: state.rec.say("lock", m),
     )  # fmt: skip
     return cast("contextlib.AbstractContextManager[Any]", cm or contextlib.nullcontext())
 
@@ -211,27 +211,27 @@ def _board_lock(st: _State) -> contextlib.AbstractContextManager[Any]:
 # ---- 1. baseline ----------------------------------------------------------------------------------
 
 
-def _baseline(st: _State) -> bool:
+def _baseline(state: _State) -> bool:
     """flash-and-compare both builds; False when there is nothing to do or nothing to verify against."""
-    res = st.res
-    baseline = st.job.replace(tap=not st.opts.bisect, html=None, bundle=None, junit=None)
-    spec = dataclasses.replace(st.spec, out_dir=st.out / "baseline", options=baseline)
-    base = run_job(spec, st.rec.progress)
+    res = state.res
+    baseline = state.job.replace(tap=not state.opts.bisect, html=None, bundle=None, junit=None)
+    spec = dataclasses.replace(state.spec, out_dir=state.out / "baseline", options=baseline)
+    base = run_job(spec, state.rec.progress)
     res.baseline, res.board, res.port, res.simulated = base, base.board, base.port, base.simulated
     # the hybrid runs go to the board the baseline ran on (a fresh simulated board: the same one)
-    kind = open_target(st.board, st.spec.port)
-    st.target = type(kind)(st.board, base.port, private=kind.private)
+    kind = open_target(state.board, state.spec.port)
+    state.target = type(kind)(state.board, base.port, private=kind.private)
     res.warnings += base.warnings
     res.audit = base.tap.audit if base.tap is not None else None
     ansi = base.variants["ansi"]
     if ansi.source is None or ansi.exit_code is not None:
         res.message = "the ANSI C build did not run cleanly: there is nothing to verify a hybrid against"
-        st.codes.append(ansi.exit_code or ExitCode.INFRASTRUCTURE)
+        state.codes.append(ansi.exit_code or ExitCode.INFRASTRUCTURE)
         return False
-    st.ansi_source = ansi.source
+    state.ansi_source = ansi.source
     comp = base.comparison
-    st.ref_source = next((s for s in comp.sources if s.kind == "reference"), None) if comp else None
-    if st.ref_source is None:
+    state.ref_source = next((s for s in comp.sources if s.kind == "reference"), None) if comp else None
+    if state.ref_source is None:
         res.warnings.append("no host reference: hybrids are verified against the ANSI C build only")
     bad_ref = [c for c in (comp.comparisons if comp else []) if c.a == "ansi" and not c.match]
     if bad_ref:
@@ -239,14 +239,14 @@ def _baseline(st: _State) -> bool:
             "the ANSI C build itself differs from the host reference: no hybrid can be bit-exact with both "
             "(an esp-nn ANSI C or TFLM problem, not an optimization one)"
         )
-        st.codes.append(ExitCode.MISMATCH)
+        state.codes.append(ExitCode.MISMATCH)
         return False
-    st.codes.append(base.exit_code)  # what the optimized build did: the finding if no hybrid is offered
-    if base.exit_code == ExitCode.MATCH and not st.opts.manual:
+    state.codes.append(base.exit_code)  # what the optimized build did: the finding if no hybrid is offered
+    if base.exit_code == ExitCode.MATCH and not state.opts.manual:
         res.message = "the optimized build already matches ANSI C and the host reference: no hybrid needed"
         return False
     evidence = base.exit_code in (ExitCode.MISMATCH, ExitCode.FIRMWARE_FAULT) or _baseline_hung(base)
-    if not evidence and not st.opts.manual:
+    if not evidence and not state.opts.manual:
         # a culprit op is named only from firmware evidence: a baseline that failed on the link, the
         # port or the build proves nothing wrong with the optimized kernels, so there is nothing to find
         res.message = (
@@ -270,54 +270,54 @@ def _baseline_hung(base: FlashAndCompareResult) -> bool:
 # ---- 2. choose ------------------------------------------------------------------------------------
 
 
-def _choose(st: _State) -> None:
+def _choose(state: _State) -> None:
     """Set ``res.ansi_ops``: given, from the taps (then bisection if they cannot name an op), or bisected."""
-    if st.opts.manual:
-        st.res.ansi_ops = list(select_ansi_ops(st.info, st.opts.ansi_ops, st.opts.ansi_kinds))
-        st.res.culprits = [_culprit(st, k, "given") for k in st.res.ansi_ops]
+    if state.opts.manual:
+        state.res.ansi_ops = list(select_ansi_ops(state.info, state.opts.ansi_ops, state.opts.ansi_kinds))
+        state.res.culprits = [_culprit(state, k, "given") for k in state.res.ansi_ops]
         return
-    if st.opts.bisect:
-        _bisect(st, [])
+    if state.opts.bisect:
+        _bisect(state, [])
         return
-    found, why = _iterate(st)
+    found, why = _iterate(state)
     if why:
-        st.res.notes.append(f"taps could not finish the job ({why}): bisecting")
-        st.res.mode = "taps+bisect"
-        _bisect(st, found)
+        state.res.notes.append(f"taps could not finish the job ({why}): bisecting")
+        state.res.mode = "taps+bisect"
+        _bisect(state, found)
 
 
-def _culprit(st: _State, op: int, how: str) -> dict[str, Any]:
-    return {"op": op, "kind": st.info.main_ops[op].opcode, "found_by": how}
+def _culprit(state: _State, op: int, how: str) -> dict[str, Any]:
+    return {"op": op, "kind": state.info.main_ops[op].opcode, "found_by": how}
 
 
-def _iterate(st: _State) -> tuple[list[int], str]:
+def _iterate(state: _State) -> tuple[list[int], str]:
     """Tap rounds; returns (ops found, why bisection must take over -- empty when done or stopped)."""
-    base = st.res.baseline
+    base = state.res.baseline
     assert base is not None
     d = base.tap.culprit if base.tap is not None else None
     found: list[int] = []
-    for round_no in range(1, st.opts.max_rounds + 1):
-        op, why = _next_op(st, d, found)
+    for round_no in range(1, state.opts.max_rounds + 1):
+        op, why = _next_op(state, d, found)
         if op is None:
             return found, why
         found.append(op)
-        st.res.culprits.append(_culprit(st, op, f"tap (round {round_no})"))
-        run = _run_hybrid(st, found, tap=True, label=f"tap-{round_no}")
+        state.res.culprits.append(_culprit(state, op, f"tap (round {round_no})"))
+        run = _run_hybrid(state, found, tap=True, label=f"tap-{round_no}")
         if run.outcome == "good":
-            st.res.ansi_ops = sorted(found)
+            state.res.ansi_ops = sorted(found)
             return found, ""
         if run.outcome == "error":
-            st.res.message = f"hybrid run {run.label} failed: {run.why}"
-            st.codes.append(run.exit_code or ExitCode.INFRASTRUCTURE)
+            state.res.message = f"hybrid run {run.label} failed: {run.why}"
+            state.codes.append(run.exit_code or ExitCode.INFRASTRUCTURE)
             return found, ""
         d = run.divergence
-    st.res.message = (
-        f"still no match after {st.opts.max_rounds} round(s) with ops {format_ops(found)} on ANSI C"
+    state.res.message = (
+        f"still no match after {state.opts.max_rounds} round(s) with ops {format_ops(found)} on ANSI C"
     )
     return found, ""
 
 
-def _next_op(st: _State, d: Divergence | None, found: list[int]) -> tuple[int | None, str]:
+def _next_op(state: _State, d: Divergence | None, found: list[int]) -> tuple[int | None, str]:
     """The op to send to ANSI C next from a divergence, or None and why taps cannot tell."""
     if d is None or d.op is None:
         return None, "the optimized run printed no departing op checksums (crashed, hung or not tapped)"
@@ -325,9 +325,9 @@ def _next_op(st: _State, d: Divergence | None, found: list[int]) -> tuple[int | 
         return None, f"{d.message}; the op that overwrote it is not the one that read it"
     if d.kind != "output" or d.op in found:
         return None, f"op {d.op}: {d.message}"
-    op = st.info.main_ops[d.op]
+    op = state.info.main_ops[d.op]
     if not switchable(op):
-        st.res.message = (
+        state.res.message = (
             f"op {d.op} ({op.opcode}) departs first, but it has no ESP-NN kernel: both builds run the same "
             "TFLM kernel there, so no op can be switched to ANSI C to fix it"
         )
@@ -335,61 +335,61 @@ def _next_op(st: _State, d: Divergence | None, found: list[int]) -> tuple[int | 
     return d.op, ""
 
 
-def _bisect(st: _State, found: list[int]) -> None:
+def _bisect(state: _State, found: list[int]) -> None:
     """Bisection over the switchable ops (known bad: optimized everywhere except ``found``)."""
-    if not found and not _failure_reproduces(st):
+    if not found and not _failure_reproduces(state):
         return
-    bis = Bisection(candidate_ops(st.info), max_culprits=st.opts.max_rounds, found=list(found))
-    st.res.bisection = bis
+    bis = Bisection(candidate_ops(state.info), max_culprits=state.opts.max_rounds, found=list(found))
+    state.res.bisection = bis
     while (ansi := bis.next_ansi_ops()) is not None:
-        run = _run_hybrid(st, ansi, tap=False, label=f"bisect-{len(bis.steps)}")
+        run = _run_hybrid(state, ansi, tap=False, label=f"bisect-{len(bis.steps)}")
         if run.outcome == "error":
             bis.abort(f"run {run.label} failed: {run.why}")
-            st.res.message = bis.message
-            st.codes.append(run.exit_code or ExitCode.INFRASTRUCTURE)
+            state.res.message = bis.message
+            state.codes.append(run.exit_code or ExitCode.INFRASTRUCTURE)
             break
         bis.record(run.outcome == "bad", run.why)
     if bis.success:
-        st.res.ansi_ops = sorted(bis.found)
-        st.res.culprits += [_culprit(st, k, "bisection") for k in bis.found if k not in found]
-    elif not st.res.message:
-        st.res.message = bis.message
+        state.res.ansi_ops = sorted(bis.found)
+        state.res.culprits += [_culprit(state, k, "bisection") for k in bis.found if k not in found]
+    elif not state.res.message:
+        state.res.message = bis.message
 
 
-def _failure_reproduces(st: _State) -> bool:
+def _failure_reproduces(state: _State) -> bool:
     """Bisection stands on one premise: the firmware with every op optimized fails. Run it once more
     first: a crash that does not come back (an intermittent fault) names no op, it stays a finding."""
-    run = _run_hybrid(st, [], tap=False, label="bisect-confirm")
+    run = _run_hybrid(state, [], tap=False, label="bisect-confirm")
     if run.outcome == "bad":
         return True
     if run.outcome == "error":
-        st.res.message = f"the run confirming the baseline's failure failed: {run.why}"
-        st.codes.append(run.exit_code or ExitCode.INFRASTRUCTURE)
+        state.res.message = f"the run confirming the baseline's failure failed: {run.why}"
+        state.codes.append(run.exit_code or ExitCode.INFRASTRUCTURE)
         return False
-    st.res.message = (
+    state.res.message = (
         "the optimized build's failure did not come back when it ran again (every op optimized, clean "
         "this time): an intermittent fault, so no op can be named from it; the baseline's evidence is "
         "in baseline/report.json"
     )
-    base = st.res.baseline
-    st.codes.append(base.exit_code if base is not None else ExitCode.FIRMWARE_FAULT)  # the finding stands
+    base = state.res.baseline
+    state.codes.append(base.exit_code if base is not None else ExitCode.FIRMWARE_FAULT)  # the finding stands
     return False
 
 
 # ---- one hybrid firmware run ----------------------------------------------------------------------
 
 
-def _run_hybrid(st: _State, ansi_ops: Sequence[int], *, tap: bool, label: str) -> HybridRun:
+def _run_hybrid(state: _State, ansi_ops: Sequence[int], *, tap: bool, label: str) -> HybridRun:
     """Generate, build, flash and capture the optimized build with ``ansi_ops`` on ANSI C; judge it."""
     run = HybridRun(label, sorted(set(ansi_ops)), tap)
-    st.res.runs.append(run)
-    d = st.out / "runs" / label
+    state.res.runs.append(run)
+    d = state.out / "runs" / label
     feats = FirmwareFeatures(tap=tap, ansi_ops=tuple(run.ansi_ops))
-    rec = Recorder(st.rec.progress)
-    job = st.job
+    rec = Recorder(state.rec.progress)
+    job = state.job
     try:
         (project,) = rec.run("generate", label, lambda: generate_projects(
-            st.spec.model, st.inputs, st.board, out_dir=d / "projects", variants=("optimized",),
+            state.spec.model, state.inputs, state.board, out_dir=d / "projects", variants=("optimized",),
             input_options=job.input_options, arena_kb=job.arena_kb, features=feats,
         ))  # fmt: skip
         run.project_dir = project.path
@@ -403,20 +403,20 @@ def _run_hybrid(st: _State, ansi_ops: Sequence[int], *, tap: bool, label: str) -
         run.why, run.exit_code = str(exc), exc.exit_code
         return run
     finally:
-        st.rec.stages += [dataclasses.replace(s, stage=f"{label}:{s.stage}") for s in rec.stages]
-    assert st.target is not None
+        state.rec.stages += [dataclasses.replace(s, stage=f"{label}:{s.stage}") for s in rec.stages]
+    assert state.target is not None
     vr, stages = flash_and_capture(
-        build, st.target, d, variant="optimized", timeouts=job.timeouts, flash_baud=job.flash_baud,
-        progress=st.rec.progress,
+        build, state.target, d, variant="optimized", timeouts=job.timeouts, flash_baud=job.flash_baud,
+        progress=state.rec.progress,
     )  # fmt: skip
-    st.rec.stages += [dataclasses.replace(s, stage=f"{label}:{s.stage}") for s in stages]
-    _judge(st, run, vr)
+    state.rec.stages += [dataclasses.replace(s, stage=f"{label}:{s.stage}") for s in stages]
+    _judge(state, run, vr)
     tail = f": {run.why}" if run.why else ""
-    st.rec.say(label, f"ANSI C on ops {format_ops(run.ansi_ops) or '-'}: {run.outcome}{tail}")
+    state.rec.say(label, f"ANSI C on ops {format_ops(run.ansi_ops) or '-'}: {run.outcome}{tail}")
     return run
 
 
-def _judge(st: _State, run: HybridRun, vr: VariantRun) -> None:
+def _judge(state: _State, run: HybridRun, vr: VariantRun) -> None:
     """good: clean capture, the dispatch it printed is the one asked for, bit-exact vs ANSI C and host."""
     run.variant, run.exit_code = vr, vr.exit_code
     if vr.serial_log is not None and Path(vr.serial_log).is_file():
@@ -430,21 +430,23 @@ def _judge(st: _State, run: HybridRun, vr: VariantRun) -> None:
     if vr.exit_code is not None or vr.source is None or run.capture is None:
         run.why = "; ".join(vr.problems[:2]) or f"capture failed (exit {vr.exit_code})"
         return
-    expected = sum(1 for k in run.ansi_ops if ansi_path_applies(st.info, st.info.main_ops[k]))
+    expected = sum(1 for k in run.ansi_ops if ansi_path_applies(state.info, state.info.main_ops[k]))
     # no op on ANSI C: the plain optimized build, which has no wrapper table to account for
     evidence = hybrid_evidence(run.capture, run.ansi_ops, expected) if run.ansi_ops else []
     if evidence:
         run.why = "the firmware's own records do not show the requested dispatch: " + "; ".join(evidence)
         return
-    assert st.ansi_source is not None
-    quant = [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in st.info.outputs]
+    assert state.ansi_source is not None
+    quant = [
+        (t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in state.info.outputs
+    ]
     hyb = dataclasses.replace(vr.source, label="hybrid")
-    run.comparison = compare_sources(hyb, st.ansi_source, st.ref_source, output_quant=quant)
+    run.comparison = compare_sources(hyb, state.ansi_source, state.ref_source, output_quant=quant)
     bad = [c for c in run.comparison.comparisons if not c.match and "hybrid" in (c.a, c.b)]
     run.outcome = "good" if not bad and not run.comparison.faults else "bad"
     run.why = "; ".join(f"{c.mismatched} of {c.count} elements differ from {c.b}" for c in bad[:2])
     if run.tapped:
-        run.divergence = _divergence(st, run.capture)
+        run.divergence = _divergence(state, run.capture)
 
 
 def _hung(cap: Capture | None, vr: VariantRun) -> bool:
@@ -453,9 +455,9 @@ def _hung(cap: Capture | None, vr: VariantRun) -> bool:
     return bool(silent and cap is not None and cap.runs and cap.runs[-1].invoke_us is None)
 
 
-def _divergence(st: _State, cap: Capture) -> Divergence | None:
+def _divergence(state: _State, cap: Capture) -> Divergence | None:
     """First op where the tapped hybrid departs from the tapped ANSI C baseline (first input that does)."""
-    base = st.res.baseline
+    base = state.res.baseline
     if base is None or base.variants["ansi"].serial_log is None:
         return None
     ansi = parse_capture(Path(base.variants["ansi"].serial_log).read_bytes())
@@ -469,60 +471,60 @@ def _divergence(st: _State, cap: Capture) -> Divergence | None:
 # ---- 3. verify ------------------------------------------------------------------------------------
 
 
-def _verify(st: _State) -> None:
+def _verify(state: _State) -> None:
     """The plain hybrid firmware (no taps: what a user ships), judged like every hybrid run."""
-    res = st.res
+    res = state.res
     if not res.ansi_ops:
         if not res.message:
             res.message = "no op set was found that makes the optimized build match"
         return
     last = res.runs[-1] if res.runs else None
     reuse = last is not None and not last.tapped and last.ansi_ops == res.ansi_ops and last.outcome == "good"
-    run = last if reuse and last is not None else _run_hybrid(st, res.ansi_ops, tap=False, label="verify")
+    run = last if reuse and last is not None else _run_hybrid(state, res.ansi_ops, tap=False, label="verify")
     res.verification = run
     res.offered = run.outcome == "good"
     ops = format_ops(res.ansi_ops)
     if res.offered:
-        n = len(st.inputs)
+        n = len(state.inputs)
         res.message = (
             f"hybrid verified: ESP-NN optimized except op(s) {ops} on ANSI C; bit-exact with the ANSI C "
             f"build and the host reference on {'all ' + str(n) + ' inputs' if n > 1 else 'the input'}"
         )
     else:
         res.message = f"the hybrid with op(s) {ops} on ANSI C did not verify ({run.why}): not offered"
-        st.codes.append(run.exit_code or ExitCode.MISMATCH)
+        state.codes.append(run.exit_code or ExitCode.MISMATCH)
 
 
 # ---- 4. deliver -----------------------------------------------------------------------------------
 
 
-def _deliver(st: _State) -> None:
+def _deliver(state: _State) -> None:
     """Drop-in files, cost, one-op reproducers."""
-    res = st.res
+    res = state.res
     assert res.verification is not None and res.verification.project_dir is not None
-    res.dropin = _dropin(st, res.verification.project_dir)
+    res.dropin = _dropin(state, res.verification.project_dir)
     culprits = [c["op"] for c in res.culprits if c["found_by"] != "given"]
     dump_caps = {}
-    if culprits and not _reuse_baseline_repro(st, culprits):
-        dump_caps = _reproduce(st, culprits)
-    res.cost = _cost(st, dump_caps)
+    if culprits and not _reuse_baseline_repro(state, culprits):
+        dump_caps = _reproduce(state, culprits)
+    res.cost = _cost(state, dump_caps)
 
 
-def _dropin(st: _State, project: Path) -> dict[str, Any]:
+def _dropin(state: _State, project: Path) -> dict[str, Any]:
     """The verified firmware's own esp_check_hybrid.{h,cc}, with the resolver lines and a README."""
-    dest = st.out / "hybrid-dropin"
+    dest = state.out / "hybrid-dropin"
     dest.mkdir(parents=True, exist_ok=True)
     for name in (HEADER, SOURCE):
         shutil.copyfile(project / "main" / name, dest / name)
     ctx = hybrid_firmware_context(
-        st.info, st.res.ansi_ops, model_name=st.spec.model.name, model_sha256=st.info.sha256
+        state.info, state.res.ansi_ops, model_name=state.spec.model.name, model_sha256=state.info.sha256
     )
     assert ctx is not None
     from harness.firmware.hybrid_context import registration_lines
     from harness.model.opdata import resolver_methods
 
-    resolver = list(resolver_methods(st.info))
-    evidence = f"esp-check: {st.res.message}" + (" (SIMULATED board)" if st.res.simulated else "")
+    resolver = list(resolver_methods(state.info))
+    evidence = f"esp-check: {state.res.message}" + (" (SIMULATED board)" if state.res.simulated else "")
     (dest / "README.md").write_text(readme_snippet(ctx, resolver, evidence=evidence), encoding="utf-8")
     return {
         "dir": str(dest),
@@ -532,29 +534,29 @@ def _dropin(st: _State, project: Path) -> dict[str, Any]:
     }
 
 
-def _cost(st: _State, dump_caps: dict[str, Capture]) -> dict[str, Any] | None:
+def _cost(state: _State, dump_caps: dict[str, Capture]) -> dict[str, Any] | None:
     """From per-op cycles of both builds (the tapped baseline, else the tapped reproducer dump run); a
     tapped hybrid run with the same ops measures the hybrid itself."""
-    caps = _baseline_caps(st)
+    caps = _baseline_caps(state)
     if not (caps.get("ansi") and op_cycles(caps["ansi"])) and dump_caps.get("ansi"):
         caps = {**caps, **{v: c for v, c in dump_caps.items() if op_cycles(c)}}
     if "ansi" not in caps:
         return None
     mhz = int(caps["ansi"].info.get("cpu_mhz", "240") or 240)
     measured = next(
-        (op_cycles(r.capture) for r in reversed(st.res.runs)
-         if r.tapped and r.outcome == "good" and r.ansi_ops == st.res.ansi_ops and r.capture is not None),
+        (op_cycles(r.capture) for r in reversed(state.res.runs)
+         if r.tapped and r.outcome == "good" and r.ansi_ops == state.res.ansi_ops and r.capture is not None),
         None,
     )  # fmt: skip
     if "optimized" in caps and op_cycles(caps["optimized"]) and op_cycles(caps["ansi"]):
         opt, ansi = op_cycles(caps["optimized"]), op_cycles(caps["ansi"])
         native = bool(caps["ansi"].info.get("native"))  # a PC's timing: no cost claim (analysis.hybrid)
-        return cost_report(st.info, opt, ansi, st.res.ansi_ops, mhz, measured, native=native)
-    return _invoke_cost(st, caps)
+        return cost_report(state.info, opt, ansi, state.res.ansi_ops, mhz, measured, native=native)
+    return _invoke_cost(state, caps)
 
 
-def _baseline_caps(st: _State) -> dict[str, Capture]:
-    base = st.res.baseline
+def _baseline_caps(state: _State) -> dict[str, Capture]:
+    base = state.res.baseline
     out: dict[str, Capture] = {}
     for v, r in (base.variants.items() if base is not None else []):
         if r.serial_log is not None and Path(r.serial_log).is_file():
@@ -562,9 +564,9 @@ def _baseline_caps(st: _State) -> dict[str, Capture]:
     return out
 
 
-def _invoke_cost(st: _State, caps: dict[str, Capture]) -> dict[str, Any]:
+def _invoke_cost(state: _State, caps: dict[str, Capture]) -> dict[str, Any]:
     """Without per-op cycles (bisection, no taps): the measured invoke times of the three builds."""
-    ver = st.res.verification
+    ver = state.res.verification
 
     def first_us(cap: Capture | None) -> int | None:
         return cap.runs[0].invoke_us if cap is not None and cap.runs else None
@@ -575,40 +577,49 @@ def _invoke_cost(st: _State, caps: dict[str, Capture]) -> dict[str, Any]:
     return invoke_cost(us, native=native)
 
 
-def _reuse_baseline_repro(st: _State, ops: list[int]) -> bool:
+def _reuse_baseline_repro(state: _State, ops: list[int]) -> bool:
     """The baseline's tap dump run already made verified reproducers of exactly these ops: copy them."""
-    base = st.res.baseline
+    base = state.res.baseline
     made = [r for r in (base.tap.repro if base is not None and base.tap is not None else []) if r.get("ok")]
     if sorted(r["op"] for r in made) != sorted(ops):
         return False
     for r in made:
         src = Path(r["dir"])
-        dest = st.out / "repro" / src.name
+        dest = state.out / "repro" / src.name
         shutil.copytree(src, dest, dirs_exist_ok=True)
-        st.res.repro.append({**r, "dir": str(dest)})
+        state.res.repro.append({**r, "dir": str(dest)})
     return True
 
 
-def _reproduce(st: _State, ops: list[int]) -> dict[str, Capture]:
+def _reproduce(state: _State, ops: list[int]) -> dict[str, Capture]:
     """A dump run of both builds for the culprits, then one-op reproducers under ``out/repro``."""
-    assert st.target is not None
-    req = TapRunRequest(spec=dataclasses.replace(st.spec, options=st.job.replace(dump_ops=())), info=st.info,
-                        target=st.target, out=st.out)  # fmt: skip
-    outcome = dump_run(req, ops, st.rec, contextlib.nullcontext(), subdir="repro-dump")
-    st.res.warnings += [f"reproducer: {e}" for e in outcome.errors]
-    st.res.repro = outcome.result.repro
+    assert state.target is not None
+    req = TapRunRequest(
+        spec=dataclasses.replace(state.spec, options=state.job.replace(dump_ops=())),
+        info=state.info,
+        target=state.target,
+        out=state.out,
+    )
+    outcome = dump_run(req, ops, state.rec, contextlib.nullcontext(), subdir="repro-dump")
+    state.res.warnings += [f"reproducer: {e}" for e in outcome.errors]
+    state.res.repro = outcome.result.repro
     return outcome.captures
 
 
 # ---- report ---------------------------------------------------------------------------------------
 
 
-def _finish(st: _State) -> None:
+def _finish(state: _State) -> None:
     from harness.flows.hybrid_report import write_hybrid_outputs
 
-    res = st.res
-    res.exit_code = ExitCode.MATCH if res.offered else combine_exit_codes(st.codes or [ExitCode.MISMATCH])
+    res = state.res
+    res.exit_code = ExitCode.MATCH if res.offered else combine_exit_codes(state.codes or [ExitCode.MISMATCH])
     res.errors += list(res.baseline.errors if res.baseline else [])
     write_hybrid_outputs(
-        res, st.rec.stages, model=st.spec.model, inputs=st.inputs, html=st.job.html, bundle=st.job.bundle
+        res,
+        state.rec.stages,
+        model=state.spec.model,
+        inputs=state.inputs,
+        html=state.job.html,
+        bundle=state.job.bundle,
     )

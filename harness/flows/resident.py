@@ -30,7 +30,7 @@ from harness.flashfmt import otadata
 from harness.flashfmt.model_image import ModelImageError, parse_model_image
 from harness.flashfmt.partitions import VARIANT_SLOTS
 from harness.flows.records import EXPECTED_NN, Recorder, StageTimeouts
-from harness.protocol import frames as fr
+from harness.protocol import frames
 from harness.protocol.app_image import slot_sha256
 
 VARIANT_OF_NN = {nn: v for v, nn in EXPECTED_NN.items()}
@@ -47,7 +47,7 @@ class Boot:
     """One boot into the app: what it printed, its HELLO, and which variant it is (None: unknown)."""
 
     raw: RawCapture
-    hello: fr.Hello | None
+    hello: frames.Hello | None
     variant: str | None
     next_seq: int = 0  # the next command frame's sequence number on this boot
     link_baud: int = 0  # the resident loop's baud after the switch (0: not tried yet)
@@ -70,7 +70,7 @@ def app_slot_sha256(build: BuildResult) -> str:
     return slot_sha256(art.path.read_bytes(), build.chip)
 
 
-def images_differ(hello: fr.Hello | None, builds: Mapping[str, BuildResult], model_sha: str) -> list[str]:
+def images_differ(hello: frames.Hello | None, builds: Mapping[str, BuildResult], model_sha: str) -> list[str]:
     """Why the board does not hold exactly these builds, from what its app itself reported in HELLO (the
     model's, the running slot's and the other slot's SHA-256); an empty list: it holds them all and
     flashing would write nothing. Anything missing or unknown is a reason: a false "holds them" would
@@ -95,15 +95,15 @@ def images_differ(hello: fr.Hello | None, builds: Mapping[str, BuildResult], mod
     return why
 
 
-def flash_facts(fr_: FlashResult, builds: Mapping[str, BuildResult]) -> dict[str, Any]:
+def flash_facts(flashed: FlashResult, builds: Mapping[str, BuildResult]) -> dict[str, Any]:
     """What report.json says about the flash: chip, revision, MAC, bytes written per region."""
     owner = {
         a.offset: (a.role, v if a.role == "app" else None) for v, b in builds.items() for a in b.artifacts
     }
     return {
-        "chip": fr_.chip,
-        "revision": fr_.revision,
-        "mac": fr_.mac,
+        "chip": flashed.chip,
+        "revision": flashed.revision,
+        "mac": flashed.mac,
         "regions": [
             {
                 "offset": r.offset,
@@ -113,11 +113,11 @@ def flash_facts(fr_: FlashResult, builds: Mapping[str, BuildResult]) -> dict[str
                 "skipped": r.skipped,
                 "bytes_written": r.bytes_written,
             }
-            for r in fr_.regions
+            for r in flashed.regions
         ],
-        "bytes_written": fr_.bytes_written,
-        "seconds": round(fr_.duration_s, 3),
-        **({"skipped": fr_.skipped_reason} if fr_.skipped_reason else {}),
+        "bytes_written": flashed.bytes_written,
+        "seconds": round(flashed.duration_s, 3),
+        **({"skipped": flashed.skipped_reason} if flashed.skipped_reason else {}),
     }
 
 
@@ -176,7 +176,7 @@ class ResidentBoard:
             f"esp-check built is {want[:16]}...: its results would be of another firmware"
         )
 
-    def stale_keys(self, hello: fr.Hello) -> list[int]:
+    def stale_keys(self, hello: frames.Hello) -> list[int]:
         """Earlier boots' keys: their frames are dropped and counted, never used."""
         return [k for k in self.keys if k != hello.key]
 
@@ -245,7 +245,7 @@ class ResidentBoard:
             skipped_reason=FLASH_SKIPPED,
         )
 
-    def _variant_of(self, raw: RawCapture, hello: fr.Hello | None) -> str | None:
+    def _variant_of(self, raw: RawCapture, hello: frames.Hello | None) -> str | None:
         if hello is not None:
             return VARIANT_OF_NN.get(hello.nn)
         found = _LOADED_APP_RE.findall(raw.data)  # the last boot's line counts
@@ -260,8 +260,8 @@ class ResidentBoard:
         hello = None
         if raw.hello is not None:
             try:
-                hello = fr.decode_hello(raw.hello)
-            except fr.FrameFormatError:
+                hello = frames.decode_hello(raw.hello)
+            except frames.FrameFormatError:
                 hello = None
         boot = Boot(raw, hello, self._variant_of(raw, hello))
         self.current = boot if hello is not None and hello.init_status == 0 else None

@@ -192,9 +192,9 @@ def _dump_variants(
         outcome.codes.append(exc.exit_code)
     runs = {v: VariantRun(v, project_dir=b.project_dir) for v, b in fw.builds.items()}
 
-    def body(rb: ResidentBoard, order: list[str]) -> None:
+    def body(resident: ResidentBoard, order: list[str]) -> None:
         for v in order:
-            runs[v].exit_code = stream_inputs(rb, runs[v], streamed)
+            runs[v].exit_code = stream_inputs(resident, runs[v], streamed)
 
     with lock_cm:  # both variants over one session, as the job itself ran them
         with_board(

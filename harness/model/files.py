@@ -50,20 +50,20 @@ def check_regular(
     ``error`` (exit 2) otherwise. Does not open the file."""
     p = Path(path)
     try:
-        st = os.stat(p)
+        status = os.stat(p)
     except FileNotFoundError:
         raise error(f"{what} not found: {p}", hint="check the path") from None
     except OSError as exc:
         raise error(f"cannot read {what} {p}: {exc.strerror or exc}") from None
-    _check_stat(st, p, what, max_bytes, error, big_hint)
-    return st.st_size
+    _check_stat(status, p, what, max_bytes, error, big_hint)
+    return status.st_size
 
 
 def _check_stat(
-    st: os.stat_result, p: Path, what: str, max_bytes: int, error: type[UsageError], big_hint: str
+    status: os.stat_result, p: Path, what: str, max_bytes: int, error: type[UsageError], big_hint: str
 ) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        kind = _kind(st.st_mode)
+    if not stat.S_ISREG(status.st_mode):
+        kind = _kind(status.st_mode)
         raise _refuse(
             error,
             p,
@@ -71,12 +71,12 @@ def _check_stat(
             kind if kind == "not a regular file" else f"{kind}, so it is not a regular file",
             "give the path of a regular file (not a pipe, device or directory)",
         )
-    if st.st_size > max_bytes:
+    if status.st_size > max_bytes:
         raise _refuse(
             error,
             p,
             what,
-            f"{st.st_size / MiB:.1f} MiB, more than the {max_bytes // MiB} MiB esp-check reads",
+            f"{status.st_size / MiB:.1f} MiB, more than the {max_bytes // MiB} MiB esp-check reads",
             big_hint,
         )
 

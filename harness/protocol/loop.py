@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from harness.protocol import frames as fr
+from harness.protocol import frames
 
 ECL_OK, ECL_HALTED, ECL_REBOOT = 0, 1, 2
 
@@ -86,7 +86,7 @@ class DeviceLoop:
     cfg: LoopConfig
     host: LoopHost
     emitter: Any  # harness.protocol.emitter.Emitter with a ``seq`` attribute
-    dec: fr.FrameDecoder = field(default_factory=lambda: fr.FrameDecoder(hello_lines=False))
+    dec: frames.FrameDecoder = field(default_factory=lambda: frames.FrameDecoder(hello_lines=False))
     rx_expected: int = 0
     tx_seq: int = 0
     nak_pending: bool = False
@@ -102,8 +102,8 @@ class DeviceLoop:
     stats: dict[str, int] = field(default_factory=lambda: {"runs": 0, "naks": 0, "dups": 0})
 
     def __post_init__(self) -> None:
-        self.cfg.window = max(self.cfg.window, fr.MAX_FRAME)
-        self.key = fr.key_crc(self.cfg.session, self.cfg.nn)
+        self.cfg.window = max(self.cfg.window, frames.MAX_FRAME)
+        self.key = frames.key_crc(self.cfg.session, self.cfg.nn)
         self.dec.key = self.key
         self.staging = bytearray(self.cfg.input_bytes)
         self.outputs_now = [bytes(o.bytes) for o in self.cfg.outputs]
@@ -111,43 +111,45 @@ class DeviceLoop:
     # ---- sending ----------------------------------------------------------------------------------
 
     def _send(self, ftype: int, payload: bytes) -> None:
-        self.host.write(fr.encode_frame(ftype, self.tx_seq, payload, key=self.key))
+        self.host.write(frames.encode_frame(ftype, self.tx_seq, payload, key=self.key))
         self.tx_seq = (self.tx_seq + 1) & 0xFFFF
 
     def _flush(self) -> None:
         if self.batch:
-            self._send(fr.RSP_RESULT, bytes(self.batch))
+            self._send(frames.RSP_RESULT, bytes(self.batch))
             self.batch.clear()
 
     def _ack(self) -> None:
-        self._send(fr.RSP_ACK, struct.pack("<HH", self.rx_expected, 0))
+        self._send(frames.RSP_ACK, struct.pack("<HH", self.rx_expected, 0))
         self.consumed_since_ack = 0
 
     def _nak(self, reason: int) -> None:
         if self.nak_pending:
             return
         self._flush()
-        self._send(fr.RSP_NAK, struct.pack("<HBB", self.rx_expected, reason, 0))
+        self._send(frames.RSP_NAK, struct.pack("<HBB", self.rx_expected, reason, 0))
         self.nak_pending = True
         self.stats["naks"] += 1
 
     def error(self, ident: int, stage: int, code: int, msg: str) -> None:
         self._flush()
-        raw = msg.encode("utf-8", "replace")[: fr.ERROR_MSG_MAX]
+        raw = msg.encode("utf-8", "replace")[: frames.ERROR_MSG_MAX]
         clean = bytes(c if 0x21 <= c <= 0x7E and c != 0x2A else 0x5F for c in raw)
-        self._send(fr.RSP_ERROR, struct.pack("<IIB", ident & 0xFFFFFFFF, code & 0xFFFFFFFF, stage) + clean)
+        self._send(
+            frames.RSP_ERROR, struct.pack("<IIB", ident & 0xFFFFFFFF, code & 0xFFFFFFFF, stage) + clean
+        )
 
     def hello(self) -> None:
         c = self.cfg
-        h = fr.Hello(
-            fr.VERSION,
+        h = frames.Hello(
+            frames.VERSION,
             c.sim,
             c.tap,
             nn=c.nn,
             slot=c.slot,
             init_status=c.init_status,
             input_dtype=c.input_dtype,
-            max_payload=fr.MAX_PAYLOAD,
+            max_payload=frames.MAX_PAYLOAD,
             window=c.window,
             input_bytes=c.input_bytes,
             output_bytes=tuple(o.bytes for o in c.outputs),
@@ -157,12 +159,12 @@ class DeviceLoop:
             app_sha256=c.app_sha256,
             other_sha256=c.other_sha256,
         )
-        fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: fr.FWVER_MAX])
-        payload = fr.encode_hello(h)[:-1] + bytes([len(fw)]) + fw
+        fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: frames.FWVER_MAX])
+        payload = frames.encode_hello(h)[:-1] + bytes([len(fw)]) + fw
         self._flush()
-        frame = fr.encode_frame(fr.RSP_HELLO, self.tx_seq, payload)
+        frame = frames.encode_frame(frames.RSP_HELLO, self.tx_seq, payload)
         self.tx_seq = (self.tx_seq + 1) & 0xFFFF
-        self.host.write(fr.hello_line(frame))
+        self.host.write(frames.hello_line(frame))
 
     # ---- receiving --------------------------------------------------------------------------------
 
@@ -172,7 +174,7 @@ class DeviceLoop:
         self.dec.feed(data, on_frame=self._on_frame)
         if self.status == ECL_OK and self.dec.stats.bad != self.bad_seen:
             self.bad_seen = self.dec.stats.bad
-            self._nak(fr.NAK_BAD_FRAME)
+            self._nak(frames.NAK_BAD_FRAME)
         return self.status
 
     def idle(self) -> int:
@@ -183,19 +185,19 @@ class DeviceLoop:
             self._ack()
         return self.status
 
-    def _on_frame(self, f: fr.Frame) -> None:
+    def _on_frame(self, f: frames.Frame) -> None:
         if self.status != ECL_OK:
             return
         if self.dec.stats.bad != self.bad_seen:  # bad candidates before this frame: NAK them first
             self.bad_seen = self.dec.stats.bad
-            self._nak(fr.NAK_BAD_FRAME)
+            self._nak(frames.NAK_BAD_FRAME)
         d = (f.seq - self.rx_expected) & 0xFFFF
         if d >= 0x8000:
             self.stats["dups"] += 1
             self._ack()
             return
         if d > 0:
-            self._nak(fr.NAK_GAP)
+            self._nak(frames.NAK_GAP)
             return
         self.nak_pending = False
         self.rx_expected = (self.rx_expected + 1) & 0xFFFF
@@ -204,39 +206,39 @@ class DeviceLoop:
             self._ack()
         self._dispatch(f)
 
-    def _dispatch(self, f: fr.Frame) -> None:
-        handlers: dict[int, Callable[[fr.Frame], None]] = {
-            fr.CMD_HELLO: lambda _f: self.hello(),
-            fr.CMD_LOAD: self._load,
-            fr.CMD_RUN: self._run,
-            fr.CMD_SESSION: self._session,
-            fr.CMD_END: self._end,
-            fr.CMD_SYNC: self._sync,
-            fr.CMD_BOOT: self._boot,
-            fr.CMD_BAUD: self._baud,
+    def _dispatch(self, f: frames.Frame) -> None:
+        handlers: dict[int, Callable[[frames.Frame], None]] = {
+            frames.CMD_HELLO: lambda _f: self.hello(),
+            frames.CMD_LOAD: self._load,
+            frames.CMD_RUN: self._run,
+            frames.CMD_SESSION: self._session,
+            frames.CMD_END: self._end,
+            frames.CMD_SYNC: self._sync,
+            frames.CMD_BOOT: self._boot,
+            frames.CMD_BAUD: self._baud,
         }
         handler = handlers.get(f.type)
         if handler is None:
-            self.error(fr.NO_ID, fr.STAGE_CODES["protocol"], f.type, "unknown_command")
+            self.error(frames.NO_ID, frames.STAGE_CODES["protocol"], f.type, "unknown_command")
         else:
             handler(f)
 
     # ---- commands ---------------------------------------------------------------------------------
 
-    def _load(self, f: fr.Frame) -> None:
+    def _load(self, f: frames.Frame) -> None:
         if len(f.payload) < 4:
-            self.error(fr.NO_ID, fr.STAGE_CODES["protocol"], len(f.payload), "bad_load_command")
+            self.error(frames.NO_ID, frames.STAGE_CODES["protocol"], len(f.payload), "bad_load_command")
             return
         off = struct.unpack_from("<I", f.payload)[0]
         n = len(f.payload) - 4
         if off > self.cfg.input_bytes or n > self.cfg.input_bytes - off:
-            self.error(fr.NO_ID, fr.STAGE_CODES["input"], _i32(off), "load_beyond_input_tensor")
+            self.error(frames.NO_ID, frames.STAGE_CODES["input"], _i32(off), "load_beyond_input_tensor")
             self.loaded = 0
             return
         self.staging[off : off + n] = f.payload[4:]
         self.loaded += n
 
-    def _session(self, f: fr.Frame) -> None:
+    def _session(self, f: frames.Frame) -> None:
         self._flush()
         self.session_open = True
         self.session_error = False
@@ -244,45 +246,45 @@ class DeviceLoop:
         inputs = struct.unpack_from("<I", f.payload)[0] if len(f.payload) >= 4 else 0
         self.host.session_begin(self.emitter, inputs)
 
-    def _end(self, f: fr.Frame) -> None:
+    def _end(self, f: frames.Frame) -> None:
         self._flush()
         if not self.session_open:
-            self.error(fr.NO_ID, fr.STAGE_CODES["protocol"], 0, "end_without_session")
+            self.error(frames.NO_ID, frames.STAGE_CODES["protocol"], 0, "end_without_session")
             return
         self.emitter.end(not self.session_error)
         self.session_open = False
 
-    def _sync(self, f: fr.Frame) -> None:
+    def _sync(self, f: frames.Frame) -> None:
         self._flush()
         token = (f.payload[:4] if len(f.payload) >= 4 else b"").ljust(4, b"\0")
-        self._send(fr.RSP_SYNC, token)
+        self._send(frames.RSP_SYNC, token)
 
-    def _boot(self, f: fr.Frame) -> None:
+    def _boot(self, f: frames.Frame) -> None:
         slot = f.payload[0] if f.payload else 0xFF
         rc = self.host.boot_slot(slot) if f.payload and slot <= 1 else -1
         self._flush()
-        self._send(fr.RSP_BOOT, bytes([slot, 0, 0, 0]) + struct.pack("<i", rc))
+        self._send(frames.RSP_BOOT, bytes([slot, 0, 0, 0]) + struct.pack("<i", rc))
         if rc == 0:
             self.status = ECL_REBOOT
 
-    def _baud(self, f: fr.Frame) -> None:
+    def _baud(self, f: frames.Frame) -> None:
         baud = struct.unpack_from("<I", f.payload)[0] if len(f.payload) >= 4 else 0
-        rc = 0 if self.cfg.baud_switch and fr.BAUD_MIN <= baud <= fr.BAUD_MAX else -1
+        rc = 0 if self.cfg.baud_switch and frames.BAUD_MIN <= baud <= frames.BAUD_MAX else -1
         self._flush()
-        self._send(fr.RSP_BAUD, struct.pack("<Ii", baud, rc))
+        self._send(frames.RSP_BAUD, struct.pack("<Ii", baud, rc))
         if rc == 0:
             self.host.set_baud(baud)  # after the reply: it leaves at the old baud
 
-    def _parse_run(self, f: fr.Frame) -> _Run | None:
+    def _parse_run(self, f: frames.Frame) -> _Run | None:
         p = f.payload
-        if len(p) < fr.RUN_FIXED:
+        if len(p) < frames.RUN_FIXED:
             return None
         ident, source, results, text, _, repeat, n_expect, seed = struct.unpack_from("<IBBBBHHQ", p)
-        if len(p) != fr.RUN_FIXED + 4 * n_expect or n_expect not in (0, len(self.cfg.outputs)):
+        if len(p) != frames.RUN_FIXED + 4 * n_expect or n_expect not in (0, len(self.cfg.outputs)):
             return None
-        if source > fr.SRC_PRNG or results > fr.RES_FULL_IF_DIFFERENT or text > 1 or repeat == 0:
+        if source > frames.SRC_PRNG or results > frames.RES_FULL_IF_DIFFERENT or text > 1 or repeat == 0:
             return None
-        expected = struct.unpack_from(f"<{n_expect}I", p, fr.RUN_FIXED)
+        expected = struct.unpack_from(f"<{n_expect}I", p, frames.RUN_FIXED)
         return _Run(
             ident,
             source,
@@ -294,16 +296,16 @@ class DeviceLoop:
             expected=tuple(expected),
         )
 
-    def _run(self, f: fr.Frame) -> None:
+    def _run(self, f: frames.Frame) -> None:
         r = self._parse_run(f)
         if r is None or (r.text and not self.session_open):
-            ident = struct.unpack_from("<I", f.payload)[0] if len(f.payload) >= 4 else fr.NO_ID
-            self.error(ident, fr.STAGE_CODES["protocol"], len(f.payload), "bad_run_command")
+            ident = struct.unpack_from("<I", f.payload)[0] if len(f.payload) >= 4 else frames.NO_ID
+            self.error(ident, frames.STAGE_CODES["protocol"], len(f.payload), "bad_run_command")
             self.loaded = 0
             return
         self.stats["runs"] += 1
-        if r.source == fr.SRC_PRNG:
-            self.staging[:] = fr.prng_bytes(r.seed, r.ident, self.cfg.input_dtype, self.cfg.input_bytes)
+        if r.source == frames.SRC_PRNG:
+            self.staging[:] = frames.prng_bytes(r.seed, r.ident, self.cfg.input_dtype, self.cfg.input_bytes)
         elif self.loaded != self.cfg.input_bytes:
             self.loaded = 0
             if r.text:
@@ -311,8 +313,10 @@ class DeviceLoop:
                 self.emitter.error("input", 0, "input_not_loaded", r.ident)
                 self.session_error = True
                 return
-            rec = struct.pack("<IBBII", r.ident, fr.ST_INPUT_INCOMPLETE, 0, 0, 0)
-            self._emit_record(bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), fr.REC_FIXED, full=False)
+            rec = struct.pack("<IBBII", r.ident, frames.ST_INPUT_INCOMPLETE, 0, 0, 0)
+            self._emit_record(
+                bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), frames.REC_FIXED, full=False
+            )
             return
         self.loaded = 0
         if r.text:
@@ -363,12 +367,12 @@ class DeviceLoop:
         self.host.text_extra(em, r.ident)
 
     def _crcs(self) -> list[int]:
-        return [fr.crc32(b) for b in self.outputs_now]
+        return [frames.crc32(b) for b in self.outputs_now]
 
     def _run_binary(self, r: _Run) -> None:
         n = len(self.cfg.outputs)
-        input_crc = fr.crc32(self.staging)
-        done, first_us, status, flags, first_diff, busy_us = 0, 0, fr.ST_OK, 0, 0, 0
+        input_crc = frames.crc32(self.staging)
+        done, first_us, status, flags, first_diff, busy_us = 0, 0, frames.ST_OK, 0, 0, 0
         first: list[int] = [0] * n
         diff: list[int] = []
         while done < r.repeat:
@@ -377,34 +381,34 @@ class DeviceLoop:
                 self.status = ECL_HALTED
                 return
             if rc > 0:
-                status, first_us = fr.ST_INVOKE_FAILED, rc
+                status, first_us = frames.ST_INVOKE_FAILED, rc
                 break
             busy_us = min(busy_us + us, 0xFFFFFFFF)
             if done == 0:
                 first_us, first = us, self._crcs()
-            elif not flags & fr.FL_NONDETERMINISTIC:
+            elif not flags & frames.FL_NONDETERMINISTIC:
                 now = self._crcs()
                 if now != first:
-                    flags |= fr.FL_NONDETERMINISTIC
+                    flags |= frames.FL_NONDETERMINISTIC
                     first_diff, diff = done, now
             done += 1
         if r.repeat > 1:
-            flags |= fr.FL_REPEATS
+            flags |= frames.FL_REPEATS
         rec = bytearray(struct.pack("<IBBII", r.ident, status, flags, first_us & 0xFFFFFFFF, input_crc))
-        if flags & fr.FL_REPEATS:
+        if flags & frames.FL_REPEATS:
             rec += struct.pack("<HH", done, first_diff)
         crc_at = len(rec)
-        rec += b"".join(struct.pack("<I", c if status == fr.ST_OK else 0) for c in first)
-        if flags & fr.FL_NONDETERMINISTIC:
+        rec += b"".join(struct.pack("<I", c if status == frames.ST_OK else 0) for c in first)
+        if flags & frames.FL_NONDETERMINISTIC:
             rec += b"".join(struct.pack("<I", c) for c in diff)
         full = False
-        if status == fr.ST_OK:
-            if r.results == fr.RES_FULL:
+        if status == frames.ST_OK:
+            if r.results == frames.RES_FULL:
                 full = True
-            elif r.results == fr.RES_FULL_IF_DIFFERENT:
+            elif r.results == frames.RES_FULL_IF_DIFFERENT:
                 full = r.n_expect == 0 or any(e != c for e, c in zip(r.expected, first, strict=False))
         self._emit_record(rec, crc_at, full)
-        if busy_us >= fr.FLUSH_AFTER_US:  # a long run: its result and an ACK go out now, not after the queue
+        if busy_us >= frames.FLUSH_AFTER_US:  # a long run: its result and an ACK go out now
             self._flush()
             if self.consumed_since_ack > 0:
                 self._ack()
@@ -412,31 +416,31 @@ class DeviceLoop:
     def _emit_record(self, rec: bytearray, crc_at: int, full: bool) -> None:
         data_len = sum(o.bytes for o in self.cfg.outputs)
         if not full:
-            if len(self.batch) + len(rec) > fr.MAX_PAYLOAD:
+            if len(self.batch) + len(rec) > frames.MAX_PAYLOAD:
                 self._flush()
             self.batch += rec
             return
         crcs = 4 * len(self.cfg.outputs)
-        if not rec[5] & fr.FL_NONDETERMINISTIC and len(rec) - crcs + data_len <= fr.MAX_PAYLOAD:
+        if not rec[5] & frames.FL_NONDETERMINISTIC and len(rec) - crcs + data_len <= frames.MAX_PAYLOAD:
             del rec[crc_at : crc_at + crcs]  # inline and deterministic: the host computes them
-        if len(rec) + data_len <= fr.MAX_PAYLOAD:
-            if len(self.batch) + len(rec) + data_len > fr.MAX_PAYLOAD:
+        if len(rec) + data_len <= frames.MAX_PAYLOAD:
+            if len(self.batch) + len(rec) + data_len > frames.MAX_PAYLOAD:
                 self._flush()
-            rec[5] |= fr.FL_INLINE
+            rec[5] |= frames.FL_INLINE
             self.batch += rec
             for b in self.outputs_now:
                 self.batch += b
             return
-        if len(self.batch) + len(rec) > fr.MAX_PAYLOAD:
+        if len(self.batch) + len(rec) > frames.MAX_PAYLOAD:
             self._flush()
-        rec[5] |= fr.FL_DATA_FRAMES
+        rec[5] |= frames.FL_DATA_FRAMES
         self.batch += rec
         self._flush()
         ident = struct.unpack_from("<I", rec)[0]
-        chunk = fr.MAX_PAYLOAD - fr.DATA_FIXED
+        chunk = frames.MAX_PAYLOAD - frames.DATA_FIXED
         for o, b in enumerate(self.outputs_now):
             for off in range(0, len(b), chunk):
-                self._send(fr.RSP_DATA, struct.pack("<IHI", ident, o, off) + b[off : off + chunk])
+                self._send(frames.RSP_DATA, struct.pack("<IHI", ident, o, off) + b[off : off + chunk])
 
 
 def _i32(v: int) -> int:

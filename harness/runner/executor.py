@@ -216,17 +216,17 @@ class Runner:
 
     # ---- scheduling -------------------------------------------------------------------------------
 
-    def _next_for(self, st: BoardState) -> Task | None:
+    def _next_for(self, state: BoardState) -> Task | None:
         with self.cond:
             while True:
-                if self.stop.is_set() or st.status != BoardStatus.OK:
+                if self.stop.is_set() or state.status != BoardStatus.OK:
                     return None
                 now = time.monotonic()
-                same_type = [t for t in self.tasks if t.board_type == st.bench.board.name]
+                same_type = [t for t in self.tasks if t.board_type == state.bench.board.name]
                 mine = [
                     t
                     for t in same_type
-                    if t.state == TaskState.PENDING and may_take(t, st, self.boards.values())
+                    if t.state == TaskState.PENDING and may_take(t, state, self.boards.values())
                 ]
                 ready = [t for t in mine if t.not_before <= now]
                 if ready:
@@ -259,7 +259,7 @@ class Runner:
         for t, reason in orphans(self.tasks, self.boards.values()):
             self._finish(t, ExitCode.INFRASTRUCTURE, reason)
 
-    def _decide(self, t: Task, st: BoardState, a: Attempt) -> Decision:
+    def _decide(self, t: Task, state: BoardState, a: Attempt) -> Decision:
         first = next((x for x in t.attempts if x is not a and x.exit_code == ExitCode.FIRMWARE_FAULT), None)
         return decide(
             Outcome(
@@ -270,20 +270,22 @@ class Runner:
                 board_busy=a.board_busy,
             ),
             TaskFacts(t.infra_failures, t.fault_attempts, first.reason if first is not None else None),
-            BoardFacts(st.status, st.consecutive_infra, st.bench.can_power_cycle, st.power_cycled),
+            BoardFacts(
+                state.status, state.consecutive_infra, state.bench.can_power_cycle, state.power_cycled
+            ),
             self.policy(t),
             stopping=self.stop.is_set(),
         )
 
-    def _apply(self, t: Task, st: BoardState, a: Attempt, d: Decision) -> None:
+    def _apply(self, t: Task, state: BoardState, a: Attempt, d: Decision) -> None:
         """Carry out a decision of the rules (caller holds cond)."""
         t.infra_failures, t.fault_attempts = d.infra_failures, d.fault_attempts
-        st.consecutive_infra = d.consecutive_infra
+        state.consecutive_infra = d.consecutive_infra
         if d.avoid_board:
-            t.avoid.add(st.bench.name)
+            t.avoid.add(state.bench.name)
         for kind, message in d.events:
             self.event(
-                kind, message, board=st.bench.name, task=None if kind == EventKind.QUARANTINE else t.id
+                kind, message, board=state.bench.name, task=None if kind == EventKind.QUARANTINE else t.id
             )
         if d.next == Next.FINISH:
             self._finish(t, d.exit_code, d.reason, a if d.decisive == Decisive.THIS else t.first_fault())
@@ -293,39 +295,41 @@ class Runner:
             t.state = TaskState.PENDING
             t.not_before = time.monotonic() + d.delay_s
         if d.board == BoardNext.POWER_CYCLE:
-            st.status, st.power_cycled = BoardStatus.POWER_CYCLING, True
+            state.status, state.power_cycled = BoardStatus.POWER_CYCLING, True
         elif d.board in (BoardNext.QUARANTINE, BoardNext.BUSY):
-            st.status = BoardStatus.QUARANTINED if d.board == BoardNext.QUARANTINE else BoardStatus.BUSY
-            st.reason = d.board_reason
+            state.status = BoardStatus.QUARANTINED if d.board == BoardNext.QUARANTINE else BoardStatus.BUSY
+            state.reason = d.board_reason
         self._orphan_check()  # a requeued task whose boards are all gone ends here, not as "aborted"
         self.cond.notify_all()
 
     # ---- workers ----------------------------------------------------------------------------------
 
-    def worker(self, st: BoardState) -> None:
+    def worker(self, state: BoardState) -> None:
         while True:
-            t = self._next_for(st)
+            t = self._next_for(state)
             if t is None:
                 return
-            a = self._run_attempt(t, st)
+            a = self._run_attempt(t, state)
             with self.cond:
                 if self.hard_stop.is_set():  # abandoned: its task is aborted, whatever came back late
                     return
-                self._apply(t, st, a, self._decide(t, st, a))
-                cycle = st.status == BoardStatus.POWER_CYCLING
+                self._apply(t, state, a, self._decide(t, state, a))
+                cycle = state.status == BoardStatus.POWER_CYCLING
             verdict = Verdict.from_exit_code(_exit_code(a.exit_code))
-            self.say(f"[done] {t.id} attempt {a.n} on {st.bench.name}: {verdict} ({a.reason[:200]})")
+            self.say(f"[done] {t.id} attempt {a.n} on {state.bench.name}: {verdict} ({a.reason[:200]})")
             if cycle:
-                self._power_cycle(st)
+                self._power_cycle(state)
 
-    def _run_attempt(self, t: Task, st: BoardState) -> Attempt:
+    def _run_attempt(self, t: Task, state: BoardState) -> Attempt:
         """One attempt, its record written whatever happens (a bug must not lose it)."""
         n = len(t.attempts) + 1
-        a = Attempt(n=n, board=st.bench.name, dir=t.dir / safe_component(f"attempt-{n}-{st.bench.name}"))
+        a = Attempt(
+            n=n, board=state.bench.name, dir=t.dir / safe_component(f"attempt-{n}-{state.bench.name}")
+        )
         t.attempts.append(a)
-        st.attempts += 1
+        state.attempts += 1
         try:
-            self._attempt(t, st, a)
+            self._attempt(t, state, a)
         except Exception as exc:  # a bug must not kill the worker or lose the task's record
             a.exit_code = int(ExitCode.INTERNAL)
             a.reason = f"internal error: {type(exc).__name__}: {exc}"
@@ -336,11 +340,11 @@ class Runner:
         self._write_attempt(t, a)
         return a
 
-    def _power_cycle(self, st: BoardState) -> None:
-        ok, out = self._place_power_cycle(st.bench) if st.bench.place else st.bench.run_power_cycle()
-        self.event(EventKind.POWER_CYCLE, f"{'ok' if ok else 'FAILED'}: {out}", board=st.bench.name)
+    def _power_cycle(self, state: BoardState) -> None:
+        ok, out = self._place_power_cycle(state.bench) if state.bench.place else state.bench.run_power_cycle()
+        self.event(EventKind.POWER_CYCLE, f"{'ok' if ok else 'FAILED'}: {out}", board=state.bench.name)
         with self.cond:
-            st.status = BoardStatus.OK  # one more attempt; the next board failure quarantines it
+            state.status = BoardStatus.OK  # one more attempt; the next board failure quarantines it
             self.cond.notify_all()
 
     def _place_power_cycle(self, bench: BenchBoard) -> tuple[bool, str]:
@@ -356,7 +360,7 @@ class Runner:
 
     # ---- one attempt ------------------------------------------------------------------------------
 
-    def _attempt(self, t: Task, st: BoardState, a: Attempt) -> None:
+    def _attempt(self, t: Task, state: BoardState, a: Attempt) -> None:
         """The firmware built once per key (host side, before the board is locked), then the job on the
         locked board through the one pipeline (:func:`harness.flows.flash_and_compare.run_job`: its
         judge checks every capture); this module turns its result into the attempt's verdict."""
@@ -364,14 +368,14 @@ class Runner:
 
         assert a.dir is not None
         a.dir.mkdir(parents=True, exist_ok=True)
-        self.say(f"[start] {t.id} attempt {a.n} on {st.bench.name}")
-        if t.job.data is None and self._firmware_for(t, st.bench, a) is None:
+        self.say(f"[start] {t.id} attempt {a.n} on {state.bench.name}")
+        if t.job.data is None and self._firmware_for(t, state.bench, a) is None:
             return
-        held = self._lock_board(st, a)
+        held = self._lock_board(state, a)
         if held is None:
             return
         try:
-            result = run_job(self._job_spec(t, st.bench, a))
+            result = run_job(self._job_spec(t, state.bench, a))
         except EspCheckError as exc:  # raised before flashing: generation, the dataset, the port
             a.exit_code = int(exc.exit_code)
             a.reason = f"{'dataset ' if t.job.data is not None else ''}job: {exc.message}"
@@ -379,7 +383,7 @@ class Runner:
             a.board_fault = exc.exit_code == ExitCode.INFRASTRUCTURE
             return
         finally:
-            self._release(t, st.bench, a, held)
+            self._release(t, state.bench, a, held)
         if t.job.data is not None:
             _judge_dataset(t, a, result)
         else:
@@ -428,11 +432,11 @@ class Runner:
         }
         return builds
 
-    def _lock_board(self, st: BoardState, a: Attempt) -> BoardLock | PlaceLease | None:
+    def _lock_board(self, state: BoardState, a: Attempt) -> BoardLock | PlaceLease | None:
         """Resolve the board's port and take its lock, or None with the attempt marked failed."""
-        bench = st.bench
+        bench = state.bench
         if bench.place:
-            return self._lease_place(st, a)
+            return self._lease_place(state, a)
         try:
             ps = bench.resolve()
         except EspCheckError as exc:
@@ -441,7 +445,7 @@ class Runner:
             a.board_fault = exc.exit_code == ExitCode.INFRASTRUCTURE
             return None
         a.port = ps.url
-        a.lock_key = st.lock_key = lock_key(ps)
+        a.lock_key = state.lock_key = lock_key(ps)
         held = BoardLock(
             a.lock_key, self.opt.lock_dir, owner=self.opt.owner or f"esp-check run {self.plan.path.name}"
         )
@@ -477,11 +481,11 @@ class Runner:
             cancel=self.stop,
         )
 
-    def _lease_place(self, st: BoardState, a: Attempt) -> PlaceLease | None:
+    def _lease_place(self, state: BoardState, a: Attempt) -> PlaceLease | None:
         """Reserve and acquire the board's labgrid place; its NetworkSerialPort is the port."""
-        bench = st.bench
+        bench = state.bench
         lease = self._lease(bench)
-        a.lock_key = st.lock_key = lease.key
+        a.lock_key = state.lock_key = lease.key
         try:
             self._take_place(bench, lease)
         except BoardBusyError as exc:
@@ -662,23 +666,25 @@ class Runner:
         other boards of its type, or end at once with "no usable board left")."""
         from harness.device.ports import check_present
 
-        for st in self.boards.values():
-            if st.bench.place:  # a labgrid place has a port only once acquired
+        for state in self.boards.values():
+            if state.bench.place:  # a labgrid place has a port only once acquired
                 continue
             try:
-                check_present(st.bench.resolve())
+                check_present(state.bench.resolve())
             except EspCheckError as exc:
                 with self.cond:
-                    st.status = BoardStatus.QUARANTINED
-                    st.reason = f"port missing when the run started: {exc.message}"
-                self.event(EventKind.QUARANTINE, st.reason, board=st.bench.name)
+                    state.status = BoardStatus.QUARANTINED
+                    state.reason = f"port missing when the run started: {exc.message}"
+                self.event(EventKind.QUARANTINE, state.reason, board=state.bench.name)
         with self.cond:
             self._orphan_check()
 
     def _work(self) -> None:
         threads = []
-        for st in self.boards.values():
-            th = threading.Thread(target=self.worker, args=(st,), name=f"board-{st.bench.name}", daemon=True)
+        for state in self.boards.values():
+            th = threading.Thread(
+                target=self.worker, args=(state,), name=f"board-{state.bench.name}", daemon=True
+            )
             th.start()
             threads.append(th)
         for th in threads:

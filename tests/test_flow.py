@@ -240,9 +240,7 @@ def test_junit_names_the_crashed_variant(models_dir: Path, tmp_path: Path, cache
         assert panic["details"]["decoded"][0]["function"] == "esp_nn_conv_s8_esp32s3"
 
 
-def test_board_for_other_silicon_revision_is_a_usage_error(
-    models_dir: Path, tmp_path: Path, cache_dir: Path
-):
+def test_board_for_other_silicon_revision_is_a_usage_error(models_dir: Path, tmp_path: Path, cache_dir: Path):
     """A board whose image accepts v3.x only (like esp32p4-v3) on a chip that reports v0.2: the flash step
     refuses before writing (exit 2, the board is wrong for the chip), and nothing is compared."""
     text = (Path(__file__).parents[1] / "boards" / "sim.toml").read_text()

@@ -114,7 +114,11 @@ def test_embedded_data_compiles_links_and_matches(tmp_path: Path, embed: bool) -
     )  # fmt: skip
     k = len(inputs) if embed else 0
     out = _run(
-        [str(exe), str(p.path / "esp-check" / "partitions" / "model.bin"), str(p.path / "esp-check" / "model.tflite")]
+        [
+            str(exe),
+            str(p.path / "esp-check" / "partitions" / "model.bin"),
+            str(p.path / "esp-check" / "model.tflite"),
+        ]
         + [str(p.path / "esp-check" / f"input_{j}.bin") for j in range(k)],
         tmp_path,
     )
@@ -311,7 +315,10 @@ def _resolver_header() -> str:
 
 
 def _write_stubs(stubs: Path) -> None:
-    for rel, text in {**STUBS, "tensorflow/lite/micro/micro_mutable_op_resolver.h": _resolver_header()}.items():
+    for rel, text in {
+        **STUBS,
+        "tensorflow/lite/micro/micro_mutable_op_resolver.h": _resolver_header(),
+    }.items():
         (stubs / rel).parent.mkdir(parents=True, exist_ok=True)
         (stubs / rel).write_text("#pragma once\n" + text if not text.startswith("#pragma") else text)
 

@@ -168,7 +168,9 @@ def test_every_ansi_kernel_it_calls_is_in_esp_nns_always_compiled_sources(
             "esp_nn_mul_elementwise_s8_ansi", "esp_nn_fully_connected_s8_ansi", "esp_nn_max_pool_s8_ansi",
             "esp_nn_avg_pool_s8_ansi", "esp_nn_softmax_s8_ansi"} <= ansi  # fmt: skip
     defined: set[str] = set()
-    for src in sorted((ESPNN / "src").rglob("*_ansi.c")):  # esp-nn's CMakeLists compiles these on every target
+    for src in sorted(
+        (ESPNN / "src").rglob("*_ansi.c")
+    ):  # esp-nn's CMakeLists compiles these on every target
         o = tmp_path / (src.stem + ".o")
         _run([CC, "-std=c99", "-O2", "-I", str(ESPNN / "include"), "-I", str(ESPNN / "src" / "common"), "-c",
               str(src), "-o", str(o)])  # fmt: skip
@@ -178,7 +180,9 @@ def test_every_ansi_kernel_it_calls_is_in_esp_nns_always_compiled_sources(
 
 @needs_sources
 @pytest.mark.parametrize("tap", [False, True])
-def test_hybrid_app_main_against_the_real_tflm_headers(tmp_path: Path, projects: dict[str, Path], tap: bool) -> None:
+def test_hybrid_app_main_against_the_real_tflm_headers(
+    tmp_path: Path, projects: dict[str, Path], tap: bool
+) -> None:
     from tests.test_generate_compile import STUBS
 
     assert CXX is not None

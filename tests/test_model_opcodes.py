@@ -84,8 +84,11 @@ def single_op_model(code: int, *, builtin_only: bool) -> bytes:
     )
 
 
-CASES = [(CONV_2D, "CONV_2D", "AddConv2D"), (DEPTHWISE_CONV_2D, "DEPTHWISE_CONV_2D", "AddDepthwiseConv2D"),
-         (FULLY_CONNECTED, "FULLY_CONNECTED", "AddFullyConnected")]
+CASES = [
+    (CONV_2D, "CONV_2D", "AddConv2D"),
+    (DEPTHWISE_CONV_2D, "DEPTHWISE_CONV_2D", "AddDepthwiseConv2D"),
+    (FULLY_CONNECTED, "FULLY_CONNECTED", "AddFullyConnected"),
+]
 
 
 @pytest.mark.parametrize(("code", "name", "method"), CASES)

@@ -200,9 +200,11 @@ def test_dilated_conv_still_counts(models_dir: Path) -> None:
     info = load_model(models_dir / "op_zoo.tflite")
     dilated = next(op for op in info.main_ops if op.options.get("dilation_h_factor") == 2)
     g = arena.conv_geometry(dilated, info)
-    assert arena.espnn_scratch_bound(info, "esp32s3", "1.1.2") >= arena.FORMULA_SETS["1.1"][
-        ("esp32s3", "CONV_2D")
-    ](g) > 0
+    assert (
+        arena.espnn_scratch_bound(info, "esp32s3", "1.1.2")
+        >= arena.FORMULA_SETS["1.1"][("esp32s3", "CONV_2D")](g)
+        > 0
+    )
 
 
 @pytest.mark.needs_tflm

@@ -30,8 +30,14 @@ pytestmark = pytest.mark.needs_cc
 def _files(tmp: Path, models_dir: Path, variant: str, chip: str = "esp32s3", **manifest: object):
     x = np.load(models_dir / "inputs" / "cnn_classifier_11.q.npy")
     y = np.load(models_dir / "inputs" / "cnn_classifier_11__ambiguous.q.npy")
-    proj = make_project(tmp / f"proj-{variant}-{chip}", models_dir / "cnn_classifier_11.tflite", [x, y],
-                        variant=variant, chip=chip, **manifest)
+    proj = make_project(
+        tmp / f"proj-{variant}-{chip}",
+        models_dir / "cnn_classifier_11.tflite",
+        [x, y],
+        variant=variant,
+        chip=chip,
+        **manifest,
+    )
     return build_sim_firmware(proj, tmp / f"build-{variant}-{chip}")
 
 
@@ -58,8 +64,9 @@ def boot(port: serial.SerialBase, timeout: float = 15) -> bytes:
 
 
 @pytest.mark.parametrize(("variant", "nn"), [("optimized", "optimized"), ("ansi", "ansi_c")])
-def test_app_boot_prints_valid_protocol_stream(tmp_path: Path, models_dir: Path, board_port, variant: str,
-                                               nn: str) -> None:
+def test_app_boot_prints_valid_protocol_stream(
+    tmp_path: Path, models_dir: Path, board_port, variant: str, nn: str
+) -> None:
     port = board_port("esp32s3")
     port.board.program(_files(tmp_path, models_dir, variant))
     raw = boot(port)
@@ -71,8 +78,10 @@ def test_app_boot_prints_valid_protocol_stream(tmp_path: Path, models_dir: Path,
     assert cap.nn_mode == nn  # from the image's compiled-in variant
     assert cap.info["chip"] == "esp32s3" and cap.info["inputs"] == "2"
     assert "sim_fault" not in cap.info
-    expected = [np.load(models_dir / "expected" / "cnn_classifier_11.out0.npy"),
-                np.load(models_dir / "expected" / "cnn_classifier_11__ambiguous.out0.npy")]
+    expected = [
+        np.load(models_dir / "expected" / "cnn_classifier_11.out0.npy"),
+        np.load(models_dir / "expected" / "cnn_classifier_11__ambiguous.out0.npy"),
+    ]
     assert len(cap.runs) == 2
     for run, exp in zip(cap.runs, expected, strict=True):
         assert np.array_equal(run.outputs[0].data.reshape(exp.shape), exp)
@@ -151,8 +160,14 @@ def test_two_names_are_two_boards(tmp_path: Path, models_dir: Path, board_port) 
 
 
 def test_bad_urls_are_rejected() -> None:
-    for url in ("sim://x?chip=esp8266", "sim://x?reset=weird", "sim://x?fault=melt", "sim://bad name",
-                "sim://x?chip=esp32&reset=usb_jtag", "sim://x?colour=red"):
+    for url in (
+        "sim://x?chip=esp8266",
+        "sim://x?reset=weird",
+        "sim://x?fault=melt",
+        "sim://bad name",
+        "sim://x?chip=esp32&reset=usb_jtag",
+        "sim://x?colour=red",
+    ):
         with pytest.raises(serial.SerialException):
             serial.serial_for_url(url)
 
@@ -203,8 +218,13 @@ def test_flash_size_in_the_image_header_is_checked_at_start_up(
     assert b"SPI Flash Size : 8MB" in raw  # the 2nd-stage bootloader reads its own header
     if outcome == "probe_failed":
         assert raw.count(b"E (") >= 3 and b"@EC1" not in raw
-        assert raw.count(b"spi_flash: Detected size(4096k) smaller than the size in the binary image "
-                         b"header(8192k). Probe failed.") == 3
+        assert (
+            raw.count(
+                b"spi_flash: Detected size(4096k) smaller than the size in the binary image "
+                b"header(8192k). Probe failed."
+            )
+            == 3
+        )
         assert raw.count(b"assert failed: do_core_init startup.c:328 (flash_ret == ESP_OK)") == 3
         from harness.analysis.classify import exit_code_for
 

@@ -140,7 +140,7 @@ def test_write_flash_verify_and_skip(
     board = _board(port)
     for off, path in files:
         data = path.read_bytes()
-        assert bytes(board.flash[off:off + len(data)]) == data
+        assert bytes(board.flash[off : off + len(data)]) == data
         assert esp.flash_md5sum(off, len(data)) == hashlib.md5(data).hexdigest()
     first = board.flash_bytes_written
     # everything but the empty otadata image (all 0xFF: erased flash already holds it, skip_flashed skips it)
@@ -153,7 +153,7 @@ def test_write_flash_verify_and_skip(
     board.flash[off + 100] ^= 0xFF
     cmds.write_flash(esp, [(o, str(p)) for o, p in files], skip_flashed=True, **kw)
     assert board.flash_bytes_written > first
-    assert bytes(board.flash[off:off + path.stat().st_size]) == path.read_bytes()
+    assert bytes(board.flash[off : off + path.stat().st_size]) == path.read_bytes()
 
 
 def test_stub_read_flash_and_erase_region(open_port, firmware) -> None:

@@ -24,8 +24,9 @@ from harness.sim.testing import make_project
 
 def _project(tmp_path: Path, models_dir: Path, chip: str = "esp32s3", variant: str = "ansi") -> Path:
     x = np.load(models_dir / "inputs" / "op_zoo.q.npy")
-    return make_project(tmp_path / "proj", models_dir / "op_zoo.tflite", [x, x[..., ::-1].copy()],
-                        variant=variant, chip=chip)
+    return make_project(
+        tmp_path / "proj", models_dir / "op_zoo.tflite", [x, x[..., ::-1].copy()], variant=variant, chip=chip
+    )
 
 
 def test_partition_table_layout_and_md5_row() -> None:
@@ -73,7 +74,7 @@ def test_build_sim_firmware_real_esp_images(tmp_path: Path, models_dir: Path, ch
     flash = bytearray(b"\xff" * (4 << 20))
     for off, path in files:
         data = path.read_bytes()
-        flash[off:off + len(data)] = data
+        flash[off : off + len(data)] = data
     _part, _img, payload = read_app_payload(spec, flash)
     assert payload.variant == "ansi" and payload.nn == "ansi_c"
     assert payload.model == (models_dir / "op_zoo.tflite").read_bytes()
@@ -93,12 +94,14 @@ def test_table_offset_travels_from_the_manifest_through_the_bootloader(
     flash = bytearray(b"\xff" * (4 << 20))
     for off, path in files:
         data = path.read_bytes()
-        flash[off:off + len(data)] = data
+        flash[off : off + len(data)] = data
     spec = get_chip("esp32s3")
     app, _img, _payload = read_app_payload(spec, flash)  # found via the offset in the bootloader image
     assert app.offset == 0x120000  # the ANSI C app, in ota_1
-    flash[0xC000:0xC000 + 0xC00] = flash[0x9000:0x9000 + 0xC00]  # a table where the bootloader does not look
-    flash[0x9000:0x9000 + 0xC00] = b"\xff" * 0xC00
+    flash[0xC000 : 0xC000 + 0xC00] = flash[
+        0x9000 : 0x9000 + 0xC00
+    ]  # a table where the bootloader does not look
+    flash[0x9000 : 0x9000 + 0xC00] = b"\xff" * 0xC00
     with pytest.raises(PartitionTableError):
         read_app_payload(spec, flash)
     del manifest["board_def"]
@@ -114,7 +117,7 @@ def test_app_image_corruption_is_detected(tmp_path: Path, models_dir: Path) -> N
     flash = bytearray(b"\xff" * (4 << 20))
     for off, path in files.items():
         data = path.read_bytes()
-        flash[off:off + len(data)] = data
+        flash[off : off + len(data)] = data
     damaged = bytearray(flash)
     damaged[0x120000 + 0x400] ^= 0x40  # one bit in the app image
     with pytest.raises(ValueError, match=r"Checksum|hash"):

@@ -146,9 +146,25 @@ def test_rfc2217_clients_need_no_ign_set_control(s3_files) -> None:
 def test_cli_sim_serve_subprocess(tmp_path: Path) -> None:
     """`esp-check sim serve --rfc2217 --port 0` in its own process; esptool connects from here."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "sim", "serve", "--name", "cli0", "--chip", "esp32c3",
-         "--rfc2217", "--port", "0", "--flash", str(tmp_path / "flash.bin")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "sim",
+            "serve",
+            "--name",
+            "cli0",
+            "--chip",
+            "esp32c3",
+            "--rfc2217",
+            "--port",
+            "0",
+            "--flash",
+            str(tmp_path / "flash.bin"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -177,12 +193,17 @@ def test_esp_rfc2217_server_in_front_of_sim_port(tmp_path: Path, s3_files) -> No
     cfg.write_text("[esptool]\ncustom_reset_sequence = D0|R1|W0.1|D1|R0|W0.05|D0\n")
     flash = tmp_path / "flash.bin"
     port = _free_port()
-    code = ("import sys, harness.sim; harness.sim.register(); "
-            "from esp_rfc2217_server import main; main(sys.argv[1:])")
+    code = (
+        "import sys, harness.sim; harness.sim.register(); "
+        "from esp_rfc2217_server import main; main(sys.argv[1:])"
+    )
     env = dict(os.environ, ESPTOOL_CFGFILE=str(cfg))
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "-p", str(port), f"sim://remote0?chip=esp32s3&emitter=c&flash={flash}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 20
@@ -204,7 +225,7 @@ def test_esp_rfc2217_server_in_front_of_sim_port(tmp_path: Path, s3_files) -> No
     data = flash.read_bytes()
     for off, path in s3_files:
         blob = path.read_bytes()
-        assert data[off:off + len(blob)] == blob, out[-2000:]
+        assert data[off : off + len(blob)] == blob, out[-2000:]
 
 
 def test_cli_sim_serve_rejects_bad_board_before_binding() -> None:

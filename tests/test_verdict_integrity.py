@@ -127,9 +127,7 @@ def test_different_input_hashes_are_refused_naming_both(
     assert "known symptom" not in err
 
 
-def test_different_models_are_refused_naming_both(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_different_models_are_refused_naming_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = write_capture(tmp_path / "a.log", OUT, nn="optimized", model_sha="aa" * 32)
     b = write_capture(tmp_path / "b.log", OUT, nn="ansi_c", model_sha="bb" * 32)
     assert main(["compare", str(a), str(b)]) == ExitCode.USAGE

@@ -124,6 +124,11 @@ def prepare_firmware(
         arena_kb=arena_kb, features=features,
     )  # fmt: skip
     return build_firmware(
-        projects, rec=rec, logs_dir=out_dir / "logs", builder=builder, cache_dir=cache_dir, timeout=timeout,
+        projects,
+        rec=rec,
+        logs_dir=out_dir / "logs",
+        builder=builder,
+        cache_dir=cache_dir,
+        timeout=timeout,
         native=native,
     )

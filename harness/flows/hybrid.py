@@ -558,7 +558,7 @@ def _cost(state: _State, dump_caps: dict[str, Capture]) -> dict[str, Any] | None
 def _baseline_caps(state: _State) -> dict[str, Capture]:
     base = state.res.baseline
     out: dict[str, Capture] = {}
-    for v, r in (base.variants.items() if base is not None else []):
+    for v, r in base.variants.items() if base is not None else []:
         if r.serial_log is not None and Path(r.serial_log).is_file():
             out[v] = parse_capture(Path(r.serial_log).read_bytes())
     return out

@@ -338,10 +338,18 @@ def _spawn(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     argv = _child_argv(job_dir)
-    with subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        errors="replace", env=env,
-    ) as proc, children.tracked(proc):  # registered: a run abandoned by a second signal does not leave it
+    with (
+        subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            env=env,
+        ) as proc,
+        children.tracked(proc),
+    ):  # registered: a run abandoned by a second signal does not leave it
         try:
             out, err = _communicate(proc, timeout, stop)
         except BaseException:

@@ -447,6 +447,7 @@ def _decode_b64(text: bytes, what: str) -> bytes:
 
 class _Builder:
     _HANDLERS: ClassVar[dict[str, Callable[[_Builder, Record], None]]]  # record type -> handler (below)
+
     def __init__(self, cap: Capture) -> None:
         self.cap = cap
         self.expected_seq = 0

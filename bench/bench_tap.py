@@ -21,6 +21,7 @@ from harness.firmware.boards import load_board
 from harness.firmware.build import build_project
 from harness.firmware.generate import generate_projects
 from harness.flows.flash_and_compare import StageTimeouts, flash_and_capture
+from harness.flows.targets import open_target
 from harness.model.loader import load_model
 from harness.sim import register
 
@@ -38,7 +39,7 @@ def measure(model: Path, inp: Path, work: Path, mode: str) -> tuple[int, float, 
     board = load_board("sim")
     port = f"sim://bench-{mode.replace(' ', '-')}?chip={board.chip}&throttle=921600"
     run, stages = flash_and_capture(
-        build, board, port, work / mode, variant="optimized",
+        build, open_target(board, port), work / mode, variant="optimized",
         timeouts=StageTimeouts(capture_total=900, capture_silence=60),
     )  # fmt: skip
     if not run.capture_valid or run.serial_log is None:

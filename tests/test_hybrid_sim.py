@@ -20,6 +20,7 @@ from harness.firmware.generate import FirmwareFeatures, generate_projects
 from harness.flows.capture import flash_and_capture
 from harness.flows.flash_and_compare import sim_port_for
 from harness.flows.records import StageTimeouts
+from harness.flows.targets import open_target
 from harness.model.hybrid_ops import candidate_ops
 from harness.model.loader import load_model
 from harness.protocol.capture import Capture, parse_capture
@@ -43,7 +44,7 @@ def _boot(
     build = build_project(p.path, cache_dir=tmp / "cache")
     board = load_board("sim")
     port = sim_port_for(board.chip, board.reset, f"sim://hs{time.monotonic_ns()}?{query}", board.flash_size)
-    vr, _ = flash_and_capture(build, board, port, tmp, variant="optimized",
+    vr, _ = flash_and_capture(build, open_target(board, port), tmp, variant="optimized",
                               timeouts=StageTimeouts(capture_total=60, capture_silence=3))  # fmt: skip
     return parse_capture(Path(vr.serial_log).read_bytes()), vr  # type: ignore[arg-type]
 

@@ -495,7 +495,7 @@ def _probe_network(url: str, timeout: float) -> None:
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
         raise PortError(
-            f"nothing answers at {url}: {why}",
+            f"cannot connect to {url}: nothing answers there ({why})",
             hint="start the server first (esptool's esp_rfc2217_server, `esp-check sim serve --rfc2217`, "
             "ser2net) and check the host name and port (checked before building: nothing was built)",
         ) from None

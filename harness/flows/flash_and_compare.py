@@ -187,6 +187,8 @@ def run_job(spec: JobSpec, progress: ProgressFn | None = None) -> FlashAndCompar
 
     with _stopped(run, finish):
         _prepare(run)
+        if not _port_there(run):
+            return finish()
         workload: Workload = DatasetWorkload() if spec.options.dataset is not None else InputsWorkload()
         workload.execute(run)
     return finish()
@@ -421,7 +423,20 @@ def _prepare(run: _Run) -> None:
             )
         run.warnings.append(untested)
     _check_dump_ops(run.opts.dump_ops, run.info)
-    run.target.check(run.rec)
+
+
+def _port_there(run: _Run) -> bool:
+    """The target's port is there (a missing device, a server that does not answer): checked before the
+    builds, which take minutes on a fresh machine. When it is not, the job ends here with exit 3 and a
+    report that says why: an infrastructure finding, as a link lost later would be."""
+    try:
+        run.target.check(run.rec)
+    except EspCheckError as exc:
+        if exc.exit_code == ExitCode.USAGE:
+            raise
+        run.failed("port", exc)
+        return False
+    return True
 
 
 def _check_dump_ops(dump_ops: Sequence[int], info: ModelInfo) -> None:

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,6 +156,8 @@ class Runner:
         self.moved_aside: Path | None = None
         self.leases: list[PlaceLease] = []  # labgrid places this run may hold (released at the end)
         self.offline_tools: dict[str, BuildError] = {}  # tool -> its first "cannot reach its platform"
+        self.tool_gates: dict[str, threading.Lock] = {}  # the first build of each tool runs alone
+        self.tools_tried: set[str] = set()
         self.tasks = self._make_tasks()
 
     # ---- setup ------------------------------------------------------------------------------------
@@ -535,6 +537,10 @@ class Runner:
         tool = self.opt.builder or board.builder
 
         def make() -> dict[str, Any]:
+            with self._first_build_of(tool):
+                return build()
+
+        def build() -> dict[str, Any]:
             self._refuse_if_offline(tool)
             from harness.firmware.generate import FirmwareFeatures
             from harness.flows.firmware import prepare_firmware
@@ -565,6 +571,25 @@ class Runner:
             return dict(fw.builds)
 
         return dict(self.builds.get(key, make))
+
+    @contextlib.contextmanager
+    def _first_build_of(self, tool: str) -> Iterator[None]:
+        """The first build of a build tool runs alone: builds started together (the prepare phase runs
+        them in parallel) would each spend minutes finding that the tool cannot reach its platform.
+        Once one build of the tool has ended, ok or not, the others run side by side."""
+        with self.cond:
+            gate = self.tool_gates.setdefault(tool, threading.Lock())
+        with gate:
+            with self.cond:
+                proven = tool in self.tools_tried
+            if not proven:
+                try:
+                    yield
+                finally:
+                    with self.cond:
+                        self.tools_tried.add(tool)
+                return
+        yield
 
     def _refuse_if_offline(self, tool: str) -> None:
         """Once a build found that ``tool`` cannot reach its platform (offline), no other build of this

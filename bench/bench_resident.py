@@ -72,11 +72,11 @@ def _run(
         board="sim",
         port=port,
         out_dir=tmp / tag,
-        **kw,
         options=JobOptions(
             cache_dir=tmp / "cache",
             flash_baud=baud,
             timeouts=StageTimeouts(capture_total=3600, capture_silence=120),
+            **kw,
         ),
     )
     wall = time.monotonic() - t0

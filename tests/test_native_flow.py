@@ -66,6 +66,7 @@ def _run(work: Path, out: str, components: Path = COMPONENTS, **kw: object) -> o
         work / "pool.tflite",
         [work / "in0.npy"],
         board=str(kw.pop("board", "native-esp32")),
+        port=kw.pop("port", None),  # type: ignore[arg-type]
         out_dir=work / out,
         options=JobOptions(cache_dir=work / "cache", native=native, allow_untested=True, **kw),  # type: ignore[arg-type]
     )

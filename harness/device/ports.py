@@ -30,9 +30,9 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import serial
@@ -101,15 +101,15 @@ class Transport:
 class TransportCaps:
     """What a transport can do; the flash/console layers decide resets from this, not from strings."""
 
-    modem_lines: bool  # DTR/RTS reach the board
-    atomic_modem_lines: bool  # ioctl(TIOCMSET) works (esptool's UnixTightReset needs it)
-    local_reset: bool  # we can reset the board ourselves with DTR/RTS
-    server_resets: bool  # a remote server performs resets when DTR/RTS change (rfc2217)
-    baud_change: bool  # changing the baud rate reaches the board's UART
-    exclusive_lock: bool  # pyserial's exclusive=True is enforced (flock)
-    single_client: bool  # the far end serves one client at a time
-    disconnect_is_eof: bool  # a dropped link means "no more data", not an error to retry
     notes: str
+    modem_lines: bool = False  # DTR/RTS reach the board
+    atomic_modem_lines: bool = False  # ioctl(TIOCMSET) works (esptool's UnixTightReset needs it)
+    local_reset: bool = False  # we can reset the board ourselves with DTR/RTS
+    server_resets: bool = False  # a remote server performs resets when DTR/RTS change (rfc2217)
+    baud_change: bool = False  # changing the baud rate reaches the board's UART
+    exclusive_lock: bool = False  # pyserial's exclusive=True is enforced (flock)
+    single_client: bool = False  # the far end serves one client at a time
+    disconnect_is_eof: bool = False  # a dropped link means "no more data", not an error to retry
     esptool_before: str = "no-reset"  # esptool's connect mode on it (a USB-Serial-JTAG device: usb-reset)
     harness_reset: bool = False  # esp-check toggles DTR/RTS into the bootloader itself first
     lock_by: str = "url"  # the board lock's key: "path" (real path), "net" (host:port), "name" (URL name)
@@ -121,75 +121,47 @@ _CAPS: dict[str, TransportCaps] = {
         modem_lines=True,
         atomic_modem_lines=os.name != "nt",
         local_reset=True,
-        server_resets=False,
         baud_change=True,
         exclusive_lock=True,
-        single_client=False,
-        disconnect_is_eof=False,
         notes="local serial device; USB-Serial-JTAG ports re-enumerate on reset (reopened by "
         "serial number or /dev/serial/by-id)",
         esptool_before="default-reset",
         lock_by="path",
     ),
     Transport.PTY: TransportCaps(
-        modem_lines=False,
-        atomic_modem_lines=False,
-        local_reset=False,
-        server_resets=False,
-        baud_change=False,
         exclusive_lock=True,
-        single_client=False,
         disconnect_is_eof=True,
         notes="pseudo-terminal: DTR/RTS ioctls fail, reset the board by hand",
         lock_by="path",
     ),
     Transport.RFC2217: TransportCaps(
         modem_lines=True,
-        atomic_modem_lines=False,
-        local_reset=False,
         server_resets=True,
         baud_change=True,
-        exclusive_lock=False,
         single_client=True,
-        disconnect_is_eof=False,
         notes="esptool's esp_rfc2217_server performs its own bootloader/hard resets on DTR/RTS "
         "changes, has no USB-Serial-JTAG reset and serves one client at a time",
         esptool_before="default-reset",  # the server turns our DTR/RTS changes into its own resets
         lock_by="net",
     ),
     Transport.SOCKET: TransportCaps(
-        modem_lines=False,
-        atomic_modem_lines=False,
-        local_reset=False,
-        server_resets=False,
-        baud_change=False,
-        exclusive_lock=False,
-        single_client=False,
         disconnect_is_eof=True,
         notes="raw TCP: no reset at all (esptool forces no-reset); a peer close ends the stream",
         lock_by="net",
     ),
     Transport.SIM: TransportCaps(
         modem_lines=True,
-        atomic_modem_lines=False,
         local_reset=True,
-        server_resets=False,
         baud_change=True,
         exclusive_lock=True,
-        single_client=False,
-        disconnect_is_eof=False,
         notes="in-process simulated board (harness.sim); results are simulated",
         harness_reset=True,  # esptool's POSIX sequence needs a tty ioctl; the simulator takes plain writes
         lock_by="name",
     ),
     Transport.NATIVE: TransportCaps(
         modem_lines=True,
-        atomic_modem_lines=False,
         local_reset=True,
-        server_resets=False,
         baud_change=True,
-        exclusive_lock=False,
-        single_client=False,
         disconnect_is_eof=True,
         notes="native board: the firmware built for this PC, run as a program (reset restarts it; "
         "its end is the end of the stream); results are NATIVE, no chip is involved",
@@ -197,24 +169,10 @@ _CAPS: dict[str, TransportCaps] = {
         installs_program=True,
     ),
     Transport.LOOP: TransportCaps(
-        modem_lines=False,
-        atomic_modem_lines=False,
-        local_reset=False,
-        server_resets=False,
-        baud_change=False,
-        exclusive_lock=False,
-        single_client=False,
         disconnect_is_eof=True,
         notes="pyserial loopback (tests only)",
     ),
     Transport.URL: TransportCaps(
-        modem_lines=False,
-        atomic_modem_lines=False,
-        local_reset=False,
-        server_resets=False,
-        baud_change=False,
-        exclusive_lock=False,
-        single_client=False,
         disconnect_is_eof=True,
         notes="other pyserial URL handler: capabilities unknown, treated as reset-less",
     ),
@@ -582,7 +540,7 @@ def open_port(
         # sets its 3 s default around each command: start there so flashing does not pay for it.
         timeout = 3.0 if ps.transport == Transport.RFC2217 else 0.05
     try:
-        kwargs: dict[str, Any] = {"baudrate": baud, "timeout": timeout, "do_not_open": True}
+        kwargs: dict[str, object] = {"baudrate": baud, "timeout": timeout, "do_not_open": True}
         if exclusive and ps.caps.exclusive_lock:
             kwargs["exclusive"] = True
         port = make(url, **kwargs)
@@ -648,8 +606,3 @@ RAW_TCP_SIMULATOR_HINT = (
 def caps_for(transport: str) -> TransportCaps:
     """Capabilities of a transport name (for docs and callers that build a PortSpec by hand)."""
     return _CAPS[transport]
-
-
-def describe_transports() -> Sequence[tuple[str, TransportCaps]]:
-    """All transports and what they can do (docs/device.md renders the same facts)."""
-    return list(_CAPS.items())

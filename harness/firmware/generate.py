@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import json
 import re
-import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -811,9 +810,3 @@ def read_manifest(project_dir: str | Path) -> dict[str, Any]:
             hint="regenerate the project with this esp-check version",
         )
     return data
-
-
-def copy_tree_for_bundle(project_dir: Path, dest: Path) -> None:
-    """Copy a generated project without its build outputs (for reproduction bundles)."""
-    ignore = shutil.ignore_patterns(".pio", "build", "managed_components", "*.log")
-    shutil.copytree(project_dir, dest, ignore=ignore, dirs_exist_ok=True)

@@ -15,7 +15,7 @@ import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -964,21 +964,3 @@ def evidence_text(text: bytes, cap: Capture) -> bytes:
         prev = b
     out += text[prev:]
     return bytes(out)
-
-
-def capture_summary(cap: Capture) -> dict[str, Any]:
-    """Small JSON-able identity of a capture, for reports."""
-    return {
-        "begin": dict(cap.begin),
-        "info": dict(cap.info),
-        "arena": None
-        if cap.arena is None
-        else {"size": cap.arena.size, "used": cap.arena.used, "mem": cap.arena.mem},
-        "runs": [
-            {"index": r.index, "input_sha256": r.input_sha256, "invoke_us": r.invoke_us} for r in cap.runs
-        ],
-        "errors": [{"stage": e.stage, "code": e.code, "i": e.i, "msg": e.msg} for e in cap.errors],
-        "warnings": list(cap.warnings),
-        "problems": list(cap.problems),
-        "valid": cap.valid,
-    }

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, TextIO
+from typing import TextIO
 
 from esp_pylib.logger import EspLog, EspLogBase
 
@@ -24,7 +24,7 @@ __all__ = ["EsptoolLogSink", "capture_esptool_log"]
 ProgressFn = Callable[[int, int, str], None]
 
 
-def _plain(args: tuple[Any, ...]) -> str:
+def _plain(args: tuple[object, ...]) -> str:
     """Join log arguments and drop rich markup (esptool escapes dynamic text with rich's escape)."""
     text = " ".join(str(a) for a in args)
     if "[" not in text:
@@ -86,14 +86,16 @@ class _Router(EspLogBase):
     def _set_sink(self, sink: EsptoolLogSink | None) -> None:
         self._local.sink = sink
 
-    def print(self, *args: Any, **kwargs: Any) -> None:
+    def print(self, *args: object, **kwargs: object) -> None:
         sink = self._sink()
         if sink is None:
             self._fallback.print(*args, **kwargs)
             return
         sink.write(_plain(args), end=str(kwargs.get("end", "\n")))
 
-    def _tagged(self, tag: str, args: tuple[Any, ...], fallback: Callable[..., None], **kw: Any) -> None:
+    def _tagged(
+        self, tag: str, args: tuple[object, ...], fallback: Callable[..., None], **kw: object
+    ) -> None:
         sink = self._sink()
         if sink is None:
             fallback(*args, **kw)
@@ -101,10 +103,10 @@ class _Router(EspLogBase):
         suggestion = kw.get("suggestion")
         sink.write(f"{tag}{_plain(args)}" + (f" ({suggestion})" if suggestion else ""))
 
-    def err(self, *args: Any, suggestion: str | None = None) -> None:
+    def err(self, *args: object, suggestion: str | None = None) -> None:
         self._tagged("Error: ", args, self._fallback.err, suggestion=suggestion)
 
-    def warn(self, *args: Any, suggestion: str | None = None) -> None:
+    def warn(self, *args: object, suggestion: str | None = None) -> None:
         self._tagged("Warning: ", args, self._fallback.warn, suggestion=suggestion)
 
     # esptool still calls the historical names on its logger
@@ -114,13 +116,13 @@ class _Router(EspLogBase):
     def error(self, message: str, suggestion: str | None = None) -> None:
         self.err(message, suggestion=suggestion)
 
-    def note(self, *args: Any) -> None:
+    def note(self, *args: object) -> None:
         self._tagged("Note: ", args, self._fallback.note)
 
-    def hint(self, *args: Any) -> None:
+    def hint(self, *args: object) -> None:
         self._tagged("Hint: ", args, self._fallback.hint)
 
-    def debug(self, *args: Any) -> None:
+    def debug(self, *args: object) -> None:
         sink = self._sink()
         if sink is None:
             self._fallback.debug(*args)
@@ -132,7 +134,7 @@ class _Router(EspLogBase):
     def set_verbosity(self, mode: int | str) -> None:
         self._fallback.set_verbosity(mode)
 
-    def set_info_stream(self, stream: Any) -> None:
+    def set_info_stream(self, stream: object) -> None:
         self._fallback.set_info_stream(stream)
 
     def progress_bar(

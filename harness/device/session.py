@@ -13,14 +13,15 @@ session always holds the current one and closes it on exit.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 import serial
 
@@ -97,7 +98,11 @@ class DeviceSession:
         after: str = "no-reset-stub",
         progress: ProgressCallback | None = None,
         log_path: Path | None = None,
-        **kwargs: Any,
+        expected_chip: str | None = None,
+        chip_revisions: tuple[int, int] | None = None,
+        baud: int | None = None,
+        connect_attempts: int = 7,
+        diff_with: Sequence[Path | str | None] | None = None,
     ) -> FlashResult:
         """Flash and stay in the stub (default): :meth:`capture` then resets into the app itself,
         after switching the port to the console baud, so the first line is not lost."""
@@ -109,16 +114,17 @@ class DeviceSession:
         result = flash_artifacts(
             self.serial,
             artifacts,
-            expected_chip=kwargs.pop("expected_chip", getattr(self.board, "chip", None)),
-            chip_revisions=kwargs.pop("chip_revisions", getattr(self.board, "chip_revisions", None)),
-            baud=kwargs.pop("baud", self.flash_baud),
+            expected_chip=expected_chip or getattr(self.board, "chip", None),
+            chip_revisions=chip_revisions or getattr(self.board, "chip_revisions", None),
+            baud=baud or self.flash_baud,
             reset_style=self.reset_style,
             after=after,
             console_baud=self.console_baud,
             progress=progress,
             log_path=log_path,
             port_spec=self.spec,
-            **kwargs,
+            connect_attempts=connect_attempts,
+            diff_with=diff_with,
         )
         if result.serial is not None:
             self.serial = result.serial
@@ -145,7 +151,7 @@ class DeviceSession:
             self.serial = cap.serial
         return cap
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """What reports say about the port (transport, caps, USB identity)."""
         return {
             "spec": self.spec.spec,
@@ -165,7 +171,7 @@ class DeviceSession:
         kwargs.setdefault("max_boots", 4)
         return self.capture(log_path, reset=reset, stop_at_end=False, stop_at_hello=True, **kwargs)
 
-    def client(self, hello: frames.Hello, log: Any = None, **kwargs: Any) -> LoopClient:
+    def client(self, hello: frames.Hello, log: IO[bytes] | None = None, **kwargs: Any) -> LoopClient:
         """A loop client on the open handle (``log``: a binary file every received byte goes to)."""
         self.open()
         assert self.serial is not None
@@ -216,7 +222,7 @@ class DeviceSession:
         return cap
 
     def _await_frame(
-        self, key: int, want: Callable[[frames.Frame], bool], timeout: float, log: Any
+        self, key: int, want: Callable[[frames.Frame], bool], timeout: float, log: IO[bytes] | None
     ) -> frames.Frame | None:
         """Read until a frame of this boot that ``want`` accepts arrives (None: ``timeout`` passed)."""
         assert self.serial is not None
@@ -286,19 +292,12 @@ class DeviceSession:
         )
 
 
-class _append:
-    """A binary append handle for an optional log path (context manager)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.f: Any = None
-
-    def __enter__(self) -> Any:
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.f = open(self.path, "ab")
-        return self.f
-
-    def __exit__(self, *exc: object) -> None:
-        if self.f is not None:
-            self.f.close()
+@contextlib.contextmanager
+def _append(path: Path | None) -> Iterator[IO[bytes] | None]:
+    """A binary append handle for an optional log path (None without one)."""
+    if path is None:
+        yield None
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as f:
+        yield f

@@ -8,13 +8,18 @@ accelerates hold scalars only), so the extracted op computes exactly what it did
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import flatbuffers
 import numpy as np
 
 from harness.errors import ModelError
 from harness.model.loader import parse_model_bytes
+
+if TYPE_CHECKING:
+    import tflite
 
 _SKIP = ("Init", "GetRootAs")
 _VECTOR_SUFFIXES = ("Length", "AsNumpy", "IsNone")
@@ -24,7 +29,7 @@ def _enum_names(cls: type) -> dict[int, str]:
     return {v: k for k, v in vars(cls).items() if not k.startswith("_") and isinstance(v, int)}
 
 
-def _options(tfl: Any, b: flatbuffers.Builder, op: Any) -> tuple[int, int | None]:
+def _options(tfl: ModuleType, b: flatbuffers.Builder, op: tflite.Operator) -> tuple[int, int | None]:
     """(options type, offset of the copied options table) of operator ``op``."""
     kind = int(op.BuiltinOptionsType())
     if kind == 0:
@@ -36,7 +41,7 @@ def _options(tfl: Any, b: flatbuffers.Builder, op: Any) -> tuple[int, int | None
         raise ModelError(f"op options type {kind} is unknown to the tflite schema package")
     src = cls()
     src.Init(table.Bytes, table.Pos)
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     for attr in sorted(dir(cls)):
         if attr.startswith(("_", *_SKIP)) or attr.endswith(_VECTOR_SUFFIXES):
             continue
@@ -50,7 +55,7 @@ def _options(tfl: Any, b: flatbuffers.Builder, op: Any) -> tuple[int, int | None
     return kind, write_table(tfl, b, name, **values)
 
 
-def write_table(tfl: Any, b: flatbuffers.Builder, name: str, **fields: Any) -> int:
+def write_table(tfl: ModuleType, b: flatbuffers.Builder, name: str, **fields: object) -> int:
     """A ``name`` table (Tensor, Operator, Model, ...) with ``fields`` added in their order (the byte
     layout follows it); a field that is None is left out."""
     getattr(tfl, f"{name}Start")(b)
@@ -60,14 +65,19 @@ def write_table(tfl: Any, b: flatbuffers.Builder, name: str, **fields: Any) -> i
     return int(getattr(tfl, f"{name}End")(b))
 
 
-def _vec(b: flatbuffers.Builder, start: Any, values: list[Any], prepend: Any) -> int:
+def _vec(
+    b: flatbuffers.Builder,
+    start: Callable[[flatbuffers.Builder, int], object],
+    values: Sequence[float],
+    prepend: Callable[[float], object],
+) -> int:
     start(b, len(values))
     for v in reversed(values):
         prepend(v)
     return int(b.EndVector())
 
 
-def _tensor(tfl: Any, b: flatbuffers.Builder, t: Any, buffer: int) -> int:
+def _tensor(tfl: ModuleType, b: flatbuffers.Builder, t: tflite.Tensor, buffer: int) -> int:
     """Copy tensor ``t`` (shape, type, name, quantization) pointing at ``buffer``."""
     q = t.Quantization()
     quant = None
@@ -79,7 +89,7 @@ def _tensor(tfl: Any, b: flatbuffers.Builder, t: Any, buffer: int) -> int:
 
 
 def write_tensor(
-    tfl: Any,
+    tfl: ModuleType,
     b: flatbuffers.Builder,
     name: str | bytes,
     shape: list[int],
@@ -102,7 +112,7 @@ def write_tensor(
 
 
 def write_operator(
-    tfl: Any,
+    tfl: ModuleType,
     b: flatbuffers.Builder,
     code: tuple[int, int, int],
     inputs: list[int],
@@ -178,12 +188,12 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
     )
 
 
-def _buffer(tfl: Any, b: flatbuffers.Builder, data: bytes | None) -> int:
+def _buffer(tfl: ModuleType, b: flatbuffers.Builder, data: bytes | None) -> int:
     return write_table(tfl, b, "Buffer", Data=b.CreateByteVector(data) if data else None)
 
 
 def _finish(
-    tfl: Any,
+    tfl: ModuleType,
     b: flatbuffers.Builder,
     tensors: list[int],
     op: int,

@@ -15,18 +15,23 @@ import re
 import struct
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any
+from types import MappingProxyType, ModuleType
+from typing import TYPE_CHECKING
 
 import flatbuffers
 import numpy as np
+import numpy.typing as npt
 
 from harness.errors import ModelError
 from harness.model import opdata
 from harness.model.files import MODEL_MAX_BYTES, read_regular
 from harness.model.modelinfo import ModelInfo, OpInfo, TensorInfo
 from harness.model.verify import verify_structure
+
+if TYPE_CHECKING:
+    import tflite
 
 __all__ = ["ModelInfo", "OpInfo", "TensorInfo", "load_model", "parse_model_bytes"]
 
@@ -43,7 +48,7 @@ def _enum_names(enum_cls: type) -> dict[int, str]:
     return {v: k for k, v in vars(enum_cls).items() if not k.startswith("_") and isinstance(v, int)}
 
 
-def _lazy_tflite() -> Any:
+def _lazy_tflite() -> ModuleType:
     try:
         import tflite
         import tflite.utils
@@ -58,7 +63,7 @@ def _lazy_tflite() -> Any:
 _SKIP_SUFFIXES = ("IsNone", "Length", "AsNumpy", "BufferHasIdentifier")
 
 
-def _read_options(tfl: Any, op: Any) -> dict[str, object]:
+def _read_options(tfl: ModuleType, op: tflite.Operator) -> dict[str, object]:
     """Builtin options of one operator as a plain dict (snake_case keys, enums as names)."""
     opt_type = op.BuiltinOptionsType()
     if opt_type == 0:
@@ -101,7 +106,9 @@ def _read_options(tfl: Any, op: Any) -> dict[str, object]:
     return out
 
 
-def _tensor_info(tfl: Any, t: Any, index: int, model: Any, dtype_names: dict[int, str]) -> TensorInfo:
+def _tensor_info(
+    tfl: ModuleType, t: tflite.Tensor, index: int, model: tflite.Model, dtype_names: dict[int, str]
+) -> TensorInfo:
     name_raw = t.Name()
     name = name_raw.decode("utf-8", "replace") if name_raw else f"tensor_{index}"
     shape = tuple(int(x) for x in t.ShapeAsNumpy()) if t.ShapeLength() else ()
@@ -191,7 +198,7 @@ def _check_backing(index: int, name: str, shape: tuple[int, ...], dtype: str, ha
         )
 
 
-def _check_references(model: Any, subgraph_tensors: list[int]) -> None:
+def _check_references(model: tflite.Model, subgraph_tensors: list[int]) -> None:
     """Indices outside the tensor lists: metadata buffers, signature defs (TFLM's wheel reads them)."""
     n_buffers, n_subgraphs = model.BuffersLength(), model.SubgraphsLength()
     for i in range(model.MetadataLength()):
@@ -237,7 +244,7 @@ def _check_weighted_op(where: str, opcode: str, ins: tuple[int, ...], outs: tupl
         )
 
 
-def _check_buffers(model: Any, size: int) -> None:
+def _check_buffers(model: tflite.Model, size: int) -> None:
     """Every constant buffer must lie inside the file (catches truncation of the weights)."""
     for i in range(model.BuffersLength()):
         buf = model.Buffers(i)
@@ -254,7 +261,7 @@ def _check_buffers(model: Any, size: int) -> None:
             )
 
 
-def _raw_builtin_code(oc: Any) -> int:
+def _raw_builtin_code(oc: tflite.OperatorCode) -> int:
     """The int32 ``builtin_code`` field itself (vtable slot 10), 0 when absent.
 
     ``tflite``'s ``OperatorCode.BuiltinCode()`` returns ``deprecated_builtin_code`` whenever this
@@ -300,7 +307,7 @@ def _check_header(data: bytes, path: Path) -> None:
         )
 
 
-def _opcodes(tfl: Any, model: Any) -> list[tuple[str, str | None, int]]:
+def _opcodes(tfl: ModuleType, model: tflite.Model) -> list[tuple[str, str | None, int]]:
     """(name, custom code, version) per operator code."""
     builtin_names: dict[int, str] = dict(tfl.utils.BUILTIN_OPCODE2NAME)
     opcodes: list[tuple[str, str | None, int]] = []
@@ -314,7 +321,7 @@ def _opcodes(tfl: Any, model: Any) -> list[tuple[str, str | None, int]]:
 
 
 def _subgraph(
-    tfl: Any, model: Any, s: int, opcodes: list[tuple[str, str | None, int]]
+    tfl: ModuleType, model: tflite.Model, s: int, opcodes: list[tuple[str, str | None, int]]
 ) -> tuple[tuple[TensorInfo, ...], list[OpInfo], tuple[int, ...], tuple[int, ...]]:
     """Tensors, ops, input and output indices of subgraph ``s``, every index checked."""
     sg = model.Subgraphs(s)
@@ -322,7 +329,7 @@ def _subgraph(
     dtype_names = _enum_names(tfl.TensorType)
     tensors = tuple(_tensor_info(tfl, sg.Tensors(t), t, model, dtype_names) for t in range(n_tensors))
 
-    def indices(vec: Any, length: int, what: str) -> tuple[int, ...]:
+    def indices(vec: Callable[[], npt.NDArray[np.int32]], length: int, what: str) -> tuple[int, ...]:
         idx = tuple(int(v) for v in vec()) if length else ()
         for v in idx:
             if v < -1 or v >= n_tensors:

@@ -17,10 +17,13 @@ reflection over its generated accessors, like a flatbuffers verifier driven by t
 
 from __future__ import annotations
 
-import functools
-from typing import Any, cast
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from harness.errors import ModelError
+
+if TYPE_CHECKING:
+    import tflite
 
 MAX_DEPTH = 10
 # union field -> the schema's enum naming its table types
@@ -34,8 +37,7 @@ _UNIONS = {
 _SUFFIXES = ("IsNone", "Length", "AsNumpy", "BufferHasIdentifier", "Type")
 
 
-@functools.cache
-def _fields(cls: Any) -> tuple[tuple[str, str], ...]:
+def _fields(cls: type) -> tuple[tuple[str, str], ...]:
     """(accessor, kind) of a generated table class; kind: "vector", "numpy", "union" or "value"."""
     out: list[tuple[str, str]] = []
     for name in sorted(vars(cls)):
@@ -55,18 +57,22 @@ def _fields(cls: Any) -> tuple[tuple[str, str], ...]:
 
 
 class _Walk:
-    def __init__(self, tfl: Any, size: int) -> None:
+    def __init__(self, tfl: ModuleType, size: int) -> None:
         self.tfl = tfl
         self.size = size
         self.budget = size // 4 + 4096  # every table needs at least 4 bytes of its own
+        self.kinds: dict[type, tuple[tuple[str, str], ...]] = {}  # _fields of each table class met
 
-    def table(self, obj: Any, where: str, depth: int) -> None:
+    def table(self, obj: object, where: str, depth: int) -> None:
         if depth > MAX_DEPTH:
             raise ModelError(f"{where}: tables nested deeper than any .tflite model (cyclic offsets)")
         self.budget -= 1
         if self.budget < 0:
             raise ModelError(f"{where}: more tables than fit in the file (shared or cyclic offsets)")
-        for name, kind in _fields(cast(Any, type(obj))):
+        cls = type(obj)
+        if cls not in self.kinds:
+            self.kinds[cls] = _fields(cls)
+        for name, kind in self.kinds[cls]:
             here = f"{where}.{name}"
             if kind == "numpy":
                 if getattr(obj, name + "Length")():
@@ -80,7 +86,7 @@ class _Walk:
                 if hasattr(value, "_tab"):
                     self.table(value, here, depth + 1)
 
-    def vector(self, obj: Any, name: str, where: str, depth: int) -> None:
+    def vector(self, obj: object, name: str, where: str, depth: int) -> None:
         n = int(getattr(obj, name + "Length")())
         if n * 4 > self.size:  # tables and strings take a 4-byte offset each
             raise ModelError(f"{where}: a vector of {n} elements cannot fit in a {self.size}-byte file")
@@ -90,7 +96,7 @@ class _Walk:
             if hasattr(item, "_tab"):
                 self.table(item, f"{where}[{j}]", depth + 1)
 
-    def union(self, obj: Any, name: str, where: str, depth: int) -> None:
+    def union(self, obj: object, name: str, where: str, depth: int) -> None:
         code = int(getattr(obj, name + "Type")())
         if code == 0:
             return
@@ -104,7 +110,7 @@ class _Walk:
         self.table(inner, f"{where}<{cls.__name__}>", depth + 1)
 
 
-def verify_structure(tfl: Any, model: Any, size: int) -> None:
+def verify_structure(tfl: ModuleType, model: tflite.Model, size: int) -> None:
     """Read every table, vector and string of ``model`` once; raise ModelError (or the accessor's
     struct.error / ValueError / TypeError, which the loader turns into one) where it is broken."""
     _Walk(tfl, size).table(model, "model", 0)

@@ -33,7 +33,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, TypeVar, cast
 
 import numpy as np
 
@@ -58,6 +58,31 @@ DEFAULT_MEMORY_MB = 4096
 CACHE_MAX_BYTES = 512 * 1024**2
 _SAY = "@HOSTRUN "  # prefix of the child's result lines on stdout
 _INTERPRETER = {"tflm": "TFLM's", "litert": "LiteRT's"}
+_T = TypeVar("_T")
+
+
+class _Job(TypedDict):
+    """job.json: what the parent asks of the child."""
+
+    backend: str
+    per_layer: bool
+    runs: int | None
+    arena: bool
+    memory_bytes: int
+
+
+class _Said(TypedDict, total=False):
+    """One result line of the child (``stage`` names it; the other keys belong to some stages)."""
+
+    stage: str
+    run: int | None
+    total: int
+    head: int | None
+    tail: int | None
+    version: str
+    kind: str
+    message: str
+    hint: str | None
 
 
 @dataclass(frozen=True)
@@ -140,8 +165,8 @@ class _Cache:
         return self.root / f"{key}.{ext}"
 
     def _get(
-        self, key: str, ext: str, read: Callable[[Path], Any], damaged: tuple[type[Exception], ...]
-    ) -> Any:
+        self, key: str, ext: str, read: Callable[[Path], _T], damaged: tuple[type[Exception], ...]
+    ) -> _T | None:
         path = self._path(key, ext)
         try:
             value = read(path)
@@ -156,14 +181,12 @@ class _Cache:
         return value
 
     def get_arrays(self, key: str) -> dict[str, np.ndarray] | None:
-        arrays: dict[str, np.ndarray] | None = self._get(key, "npz", _loadz, (Exception,))
-        return arrays
+        return self._get(key, "npz", _loadz, (Exception,))
 
-    def get_json(self, key: str) -> dict[str, Any] | None:
-        doc = self._get(
-            key, "json", lambda p: json.loads(p.read_text(encoding="utf-8")), (OSError, ValueError)
-        )
-        return doc if isinstance(doc, dict) else None
+    def get_arena(self, key: str) -> ArenaMeasurement | None:
+        """The cached measurement; an entry that is not one (damaged, another shape) is a miss."""
+        damaged = (OSError, ValueError, TypeError)
+        return self._get(key, "json", lambda p: ArenaMeasurement(**json.loads(p.read_bytes())), damaged)
 
     def _put(self, key: str, ext: str, write: Callable[[Path], object]) -> None:
         """Write ``<key>.<ext>`` atomically (a temporary file renamed into place)."""
@@ -186,8 +209,9 @@ class _Cache:
     def put_arrays(self, key: str, arrays: dict[str, np.ndarray]) -> None:
         self._put(key, "npz", lambda p: _savez(p, arrays))
 
-    def put_json(self, key: str, doc: dict[str, Any]) -> None:
-        self._put(key, "json", lambda p: p.write_text(json.dumps(doc), encoding="utf-8"))
+    def put_arena(self, key: str, measured: ArenaMeasurement) -> None:
+        doc = json.dumps(dataclasses.asdict(measured))
+        self._put(key, "json", lambda p: p.write_text(doc, encoding="utf-8"))
 
     def _evict(self) -> None:
         try:
@@ -293,10 +317,7 @@ def host_results(
     if arena and tflm_available():
         tflm_version = backends.TflmBackend().version()
         arena_key = _digest("arena", info.sha256, tflm_version)
-        doc = cache.get_json(arena_key)
-        if doc is not None:
-            with contextlib.suppress(TypeError):  # an entry of another shape is a miss
-                measured = ArenaMeasurement(**doc)
+        measured = cache.get_arena(arena_key)
     else:
         arena = False
     need_ref = reference and ref is None
@@ -318,7 +339,7 @@ def host_results(
         cache.put_arrays(ref_key, _arrays_from_runs(child_runs))
         ref = ReferenceResult(impl.name, impl.version(), child_runs, info.sha256, impl.kernels)
     if need_arena and child_arena is not None:
-        cache.put_json(arena_key, dataclasses.asdict(child_arena))
+        cache.put_arena(arena_key, child_arena)
         measured = child_arena
     return HostResults(ref, measured, 1)
 
@@ -394,7 +415,7 @@ _ERROR_KINDS: dict[str, type[EspCheckError]] = {
 }
 
 
-def _child_error(doc: dict[str, Any], interpreter: str, memory: int) -> EspCheckError:
+def _child_error(doc: _Said, interpreter: str, memory: int) -> EspCheckError:
     kind, message, hint = str(doc.get("kind")), str(doc.get("message")), doc.get("hint")
     hint = str(hint) if hint else None
     if kind == "memory":
@@ -441,7 +462,7 @@ def _run_child(
         if runs is not None:
             arrays = {f"r{k}_i{i}": a for k, run in enumerate(runs) for i, a in enumerate(run)}
             _savez(job_dir / "inputs.npz", arrays)
-        job = {
+        job: _Job = {
             "backend": backend,
             "per_layer": per_layer,
             "runs": None if runs is None else len(runs),
@@ -450,7 +471,7 @@ def _run_child(
         }
         (job_dir / "job.json").write_text(json.dumps(job), encoding="utf-8")
         proc = _spawn(job_dir, timeout, stop)
-        said: dict[str, dict[str, Any]] = {}
+        said: dict[str, _Said] = {}
         last = ""
         for line in proc.stdout.splitlines():
             if line.startswith(_SAY):
@@ -491,7 +512,7 @@ def _run_child(
 # ---- child side ----------------------------------------------------------------------------------------
 
 
-def _say(doc: dict[str, Any]) -> None:
+def _say(doc: _Said) -> None:
     sys.stdout.write(_SAY + json.dumps(doc) + "\n")
     sys.stdout.flush()
 
@@ -509,7 +530,7 @@ def _limit_resources(memory: int) -> None:
             resource.setrlimit(res, (cap, hard))
 
 
-def _allocations(job_dir: Path, model: bytes, info: ModelInfo) -> dict[str, int]:
+def _allocations(job_dir: Path, model: bytes, info: ModelInfo) -> _Said:
     """TFLM's allocation report, printed by C++ to fd 2: captured into a file, then parsed."""
     import re
 
@@ -526,18 +547,19 @@ def _allocations(job_dir: Path, model: bytes, info: ModelInfo) -> dict[str, int]
         os.close(fd)
         os.close(saved)
     text = report.read_text(errors="replace")
-    found = {}
-    for key in ("total", "head", "tail"):
+
+    def size(key: str) -> int | None:
         m = re.search(rf"Arena allocation {key} (\d+) bytes", text)
-        if m:
-            found[key] = int(m.group(1))
-    if "total" not in found:
+        return int(m.group(1)) if m else None
+
+    total = size("total")
+    if total is None:
         shown = text.strip()[-200:] or "nothing"
         raise HostReferenceError(f"TFLM printed no arena allocation report ({shown})")
-    return found
+    return {"stage": "measured", "total": total, "head": size("head"), "tail": size("tail")}
 
 
-def _child_job(job_dir: Path, job: dict[str, Any]) -> None:
+def _child_job(job_dir: Path, job: _Job) -> None:
     model = (job_dir / "model.tflite").read_bytes()
     info = parse_model_bytes(model)
     if job["runs"] is not None:
@@ -552,7 +574,7 @@ def _child_job(job_dir: Path, job: dict[str, Any]) -> None:
         _say({"stage": "reference"})
     if job["arena"]:
         found = _allocations(job_dir, model, info)
-        _say({"stage": "measured", "version": backends.TflmBackend().version(), **found})
+        _say({**found, "version": backends.TflmBackend().version()})
         try:
             backends.verify_arena(model, info, (found["total"] + 15) // 16 * 16)
         except (RuntimeError, ValueError) as exc:  # too small after all: the figure stays, unconfirmed
@@ -563,7 +585,7 @@ def _child_job(job_dir: Path, job: dict[str, Any]) -> None:
 
 def child_main(job_dir: Path) -> int:  # pragma: no cover - runs in the child process
     """Entry of the child: run the job in ``job_dir``, report each finished stage on stdout."""
-    job = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
+    job: _Job = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
     _limit_resources(int(job["memory_bytes"]))
     backends.set_invoke_hook(lambda run: _say({"stage": "invoke", "run": run}))
     try:

@@ -23,13 +23,18 @@ import struct
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from harness.errors import HostReferenceError, InputDataError, ModelError
 from harness.model.loader import ModelInfo
 from harness.protocol.spec import crc32
+
+if TYPE_CHECKING:
+    from tflite_micro.python.tflite_micro import runtime
 
 BACKENDS = ("tflm", "litert", "auto")
 
@@ -107,7 +112,7 @@ def _dist_version(dist: str) -> str:
         return f"{dist} (version unknown)"
 
 
-def _layers_from(info: ModelInfo, get: Any) -> list[LayerTensor]:
+def _layers_from(info: ModelInfo, get: Callable[[int], npt.ArrayLike]) -> list[LayerTensor]:
     layers: list[LayerTensor] = []
     for op in info.main_ops:
         for t in op.outputs:
@@ -137,7 +142,7 @@ class TflmBackend:
     kernels = "TFLM reference kernels"
 
     @staticmethod
-    def _runtime() -> Any:
+    def _runtime() -> ModuleType:
         try:
             from tflite_micro.python.tflite_micro import runtime
         except ImportError as exc:
@@ -230,7 +235,7 @@ class LiteRtBackend:
     kernels = "LiteRT reference kernels (BUILTIN_REF)"
 
     @staticmethod
-    def _module() -> Any:
+    def _module() -> ModuleType:
         try:
             from ai_edge_litert import interpreter
         except ImportError as exc:
@@ -300,7 +305,7 @@ def get_backend(name: str = "tflm") -> ReferenceBackend:
     raise InputDataError(f"unknown reference backend {name!r}", hint=f"use one of {BACKENDS}")
 
 
-def _zero_run(model_bytes: bytes, info: ModelInfo, arena: int) -> Any:
+def _zero_run(model_bytes: bytes, info: ModelInfo, arena: int) -> runtime.Interpreter:
     """Load ``model_bytes`` into a TFLM interpreter with ``arena`` bytes and invoke it on zeros."""
     runtime = TflmBackend._runtime()
     interp = runtime.Interpreter.from_bytes(model_bytes, arena_size=arena)

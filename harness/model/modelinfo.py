@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import numpy as np
 
@@ -58,7 +57,7 @@ class TensorInfo:
             itemsize = 1
         return self.num_elements * itemsize
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-ready description (used by ``inspect --json`` and reports)."""
         return {
             "index": self.index,

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from harness.model.backends import (
 )
 from harness.model.hostrun import host_results
 from harness.model.loader import ModelInfo, TensorInfo, parse_model_bytes
+
+if TYPE_CHECKING:
+    from harness.model.inputs import InputOptions
 
 __all__ = [
     "BACKENDS",
@@ -135,7 +138,7 @@ def prepare_host_results(
     model: Path | str,
     input_paths: Sequence[Path | str],
     *,
-    input_options: Any | None = None,
+    input_options: InputOptions | None = None,
     backend: str = "auto",
     per_layer: bool = False,
 ) -> None:

@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO, TypedDict, TypeVar
 
 import serial
 from esptool.cmds import attach_flash, detect_chip, detect_flash_size, reset_chip, run_stub, write_flash
@@ -137,7 +137,7 @@ class FlashResult:
     def all_skipped(self) -> bool:
         return all(r.skipped for r in self.regions)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         skip = {"serial", "esptool_log", "regions"}
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         d["features"] = list(self.features)
@@ -305,7 +305,21 @@ def _resolve_before(before: str, ps: PortSpec, reset_style: str) -> tuple[str, b
     return ps.caps.esptool_before, ps.caps.harness_reset  # socket://, pty, loop://: nothing can reset
 
 
-def _try(fn: Callable[[], Any]) -> Any:
+_T = TypeVar("_T")
+
+
+class _ChipFacts(TypedDict):
+    """What the ROM loader says about the chip (FlashResult's fields of the same names)."""
+
+    chip: str
+    description: str | None
+    revision: str | None
+    features: list[str]
+    mac: str | None
+    crystal_mhz: int | None
+
+
+def _try(fn: Callable[[], _T]) -> _T | None:
     try:
         return fn()
     except (FatalError, NotImplementedInROMError, NotImplementedError, AttributeError, KeyError, ValueError):
@@ -314,7 +328,7 @@ def _try(fn: Callable[[], Any]) -> Any:
         return None
 
 
-def _fmt_mac(mac: Any) -> str | None:
+def _fmt_mac(mac: object) -> str | None:
     if not mac:
         return None
     if isinstance(mac, (tuple, list)) and mac and isinstance(mac[0], int):
@@ -395,7 +409,7 @@ def _connect(
 
 def _identify(
     esp: ESPLoader, ps: PortSpec, expected_chip: str | None, chip_revisions: tuple[int, int] | None
-) -> dict[str, Any]:
+) -> _ChipFacts:
     """What the ROM says about the chip, after refusing (exit 2, before anything is written) another chip
     than the board's or a revision outside the range its image accepts."""
     detected = normalize_chip(esp.CHIP_NAME)
@@ -630,11 +644,11 @@ def _write_region(esp: ESPLoader, r: RegionResult, *, skip_flashed: bool, diff: 
     orig_defl = esp.flash_defl_begin
     orig_plain = esp.flash_begin
 
-    def defl_begin(size: int, compsize: int, offset: int, *a: Any, **kw: Any) -> Any:
+    def defl_begin(size: int, compsize: int, offset: int, *a: object, **kw: object) -> object:
         calls.append((size, compsize))
         return orig_defl(size, compsize, offset, *a, **kw)
 
-    def plain_begin(size: int, offset: int, *a: Any, **kw: Any) -> Any:
+    def plain_begin(size: int, offset: int, *a: object, **kw: object) -> object:
         calls.append((size, size))
         return orig_plain(size, offset, *a, **kw)
 
@@ -642,7 +656,7 @@ def _write_region(esp: ESPLoader, r: RegionResult, *, skip_flashed: bool, diff: 
     esp.flash_begin = plain_begin
     t = time.monotonic()
     try:
-        kwargs: dict[str, Any] = {"compress": True}
+        kwargs: dict[str, object] = {"compress": True}
         if diff is not None:
             kwargs["diff_with"] = [str(diff)]
         elif skip_flashed:

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from harness.errors import BoardBusyError, LabgridError
 
@@ -244,7 +244,7 @@ def parse_show(name: str, text: str) -> PlaceInfo:
     return info
 
 
-def parse_env(text: str) -> list[tuple[str, dict[str, Any]]]:
+def parse_env(text: str) -> list[tuple[str, dict[str, object]]]:
     """``labgrid-client -p NAME env`` (YAML): the place's resources as ``(class, args)`` pairs."""
     import yaml
 
@@ -252,7 +252,7 @@ def parse_env(text: str) -> list[tuple[str, dict[str, Any]]]:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise LabgridError(f"labgrid-client env printed no valid YAML: {exc}") from None
-    out: list[tuple[str, dict[str, Any]]] = []
+    out: list[tuple[str, dict[str, object]]] = []
     targets = doc.get("targets") if isinstance(doc, dict) else None
     for target in (targets or {}).values() if isinstance(targets, dict) else ():
         resources = target.get("resources") if isinstance(target, dict) else None
@@ -262,7 +262,7 @@ def parse_env(text: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def serial_url_of(place: str, resources: list[tuple[str, dict[str, Any]]], name: str | None = None) -> str:
+def serial_url_of(place: str, resources: list[tuple[str, dict[str, object]]], name: str | None = None) -> str:
     """The pyserial URL of the place's NetworkSerialPort (``name``: when the place has several)."""
     ports = [a for c, a in resources if c == "NetworkSerialPort" and (name is None or a.get("name") == name)]
     if len(ports) != 1:

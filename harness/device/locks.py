@@ -26,13 +26,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import filelock
 
 from harness.errors import BoardBusyError
 from harness.resources import user_cache_dir
+
+if TYPE_CHECKING:
+    from harness.device.ports import PortSpec
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -65,7 +68,7 @@ def _net_host(host: str) -> str:
     return h
 
 
-def lock_key(port: Any) -> str:
+def lock_key(port: PortSpec | str) -> str:
     """The lock key for a resolved :class:`harness.device.ports.PortSpec` (or a port string).
 
     - a USB device with a serial number: ``usb-sn-<serial>`` (not the /dev name);
@@ -101,7 +104,7 @@ class BoardLock:
         self.acquired_at: float | None = None
         self.waited_s = 0.0
 
-    def holder(self) -> dict[str, Any] | None:
+    def holder(self) -> dict[str, object] | None:
         """What the current holder wrote about itself (pid, host, owner, since), if readable."""
         try:
             doc = json.loads(self.info_path.read_text(encoding="utf-8"))
@@ -184,7 +187,7 @@ class BoardLock:
 
 @contextlib.contextmanager
 def board_lock(
-    port: Any,
+    port: PortSpec | str,
     *,
     lock_dir: str | Path | None = None,
     timeout: float = 600.0,

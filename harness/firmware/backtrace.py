@@ -17,7 +17,6 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from harness.analysis.classify import Finding, Severity
 from harness.chips import CHIPS, arch_of
@@ -100,7 +99,7 @@ def find_addr2line(chip: str, env: Mapping[str, str] | None = None) -> tuple[Too
     return None, why
 
 
-def addresses(details: Mapping[str, Any]) -> list[str]:
+def addresses(details: Mapping[str, object]) -> list[str]:
     """The code addresses a crash finding names, innermost first: MEPC and RA (RISC-V), the backtrace's
     PCs (Xtensa), then the PC the headline names (e.g. the caller of abort())."""
     out: list[str] = []
@@ -108,11 +107,13 @@ def addresses(details: Mapping[str, Any]) -> list[str]:
         value = details.get(key)
         if isinstance(value, str):
             out.append(value.lower())
-    for pair in details.get("backtrace") or []:
+    backtrace = details.get("backtrace")
+    for pair in backtrace if isinstance(backtrace, (list, tuple)) else ():
         if isinstance(pair, (list, tuple)) and pair:
             out.append(str(pair[0]).lower())
-    if isinstance(details.get("pc"), str):
-        out.append(str(details["pc"]).lower())
+    pc = details.get("pc")
+    if isinstance(pc, str):
+        out.append(pc.lower())
     return list(dict.fromkeys(out))  # first occurrence of each, in order
 
 
@@ -136,7 +137,7 @@ def decode_findings(
     todo = [f for f in findings if f.severity == Severity.FIRMWARE_FAULT and addresses(f.details)]
     if not todo:
         return list(findings)
-    status: dict[str, Any]
+    status: dict[str, str]
     toolchain: Toolchain | None = None
     if elf is None or not Path(elf).is_file():
         status = {"status": "skipped", "why": "the build left no ELF file (symbols) to decode with"}
@@ -167,14 +168,16 @@ def decode_findings(
     return out
 
 
-def describe(details: Mapping[str, Any]) -> str | None:
+def describe(details: Mapping[str, object]) -> str | None:
     """One line for a terminal: the decoded call chain, or why it was not decoded."""
     decode_info = details.get("decode")
     if not isinstance(decode_info, Mapping):
         return None
-    frames = details.get("decoded") or []
-    if frames:
-        return "backtrace: " + " <- ".join(str(fr.get("function")) for fr in frames[:8])
+    frames = details.get("decoded")
+    if isinstance(frames, list) and frames:
+        return "backtrace: " + " <- ".join(
+            str(fr.get("function")) for fr in frames[:8] if isinstance(fr, Mapping)
+        )
     if decode_info.get("status") == "skipped":
         return f"backtrace not decoded: {decode_info.get('why')}"
     return "backtrace: no address is in the ELF's code (another build's report?)"

@@ -17,7 +17,6 @@ import hashlib
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 DISTRIBUTIONS = ("pyserial", "pyserial-labgrid")
 
@@ -65,7 +64,7 @@ class SerialPackage:
         # pyserial first, then the fork over it: both recorded as installed, the fork's files on disk
         return f"pip install --no-deps pyserial && {again}" if self.unmet else again
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "installed": dict(self.installed),
             "provider": self.provider,

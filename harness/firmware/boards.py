@@ -10,7 +10,7 @@ import re
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, Field, ValidationError
 
@@ -175,10 +175,10 @@ class Board:
             return None
         return self.chip_rev_min, self.chip_rev_max
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-friendly view (``esp-check boards --json`` and manifests): every field but ``source``,
         chip revisions written as in the file, and the ESP-IDF range after ``idf_min``."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name.startswith("chip_rev_"):

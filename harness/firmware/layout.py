@@ -14,7 +14,6 @@ data, so one app slot of it is kept free).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from harness.chips import CHIPS
 from harness.errors import GenerateError
@@ -71,7 +70,7 @@ class FlashLayout:
     def csv(self) -> str:
         return "\n".join(r.csv() for r in self.rows) + "\n"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "flash_bytes": self.flash_bytes,
             "partition_table_offset": self.table_offset,
@@ -84,7 +83,7 @@ class FlashLayout:
         }
 
 
-def _row_dict(row: Partition) -> dict[str, Any]:
+def _row_dict(row: Partition) -> dict[str, object]:
     tname, sub = row.type_names()
     return {"name": row.label, "type": tname, "subtype": sub, "offset": row.offset, "size": row.size}
 

@@ -10,7 +10,6 @@ or a link event); the board schedules them on its serial line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from harness.flashfmt.model_image import PARTITION_LABEL, ModelImageError, parse_model_image
 from harness.flashfmt.otadata import boot_order
@@ -192,7 +191,7 @@ def _mapped(chip: ChipSpec, addr: int) -> bool:
     return drom or chip.irom_start <= addr < chip.irom_start + 0x2000000
 
 
-def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, dict[str, Any], str | None]:
+def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, dict[str, int | str], str | None]:
     """What the app's esp_partition_mmap of the model partition finds: (model, arena, None) or
     (b"", {}, why not); arena: the header's ``arena_bytes`` and ``arena_mem``."""
     part = find(parts, DATA, label=PARTITION_LABEL)

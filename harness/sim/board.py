@@ -12,15 +12,17 @@ Time enters in exactly one place, as on real hardware: after EN rises, IO0 is sa
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
 import time
 import urllib.parse
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import serial
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
@@ -108,7 +110,7 @@ def parse_url(url: str) -> tuple[str, BoardConfig]:
     return name, config_from_params(params)
 
 
-def config_from_params(params: dict[str, Any]) -> BoardConfig:
+def config_from_params(params: Mapping[str, str | int | float | list[str]]) -> BoardConfig:
     """Board config from URL query parameters or a board file's ``[sim]`` table (same keys)."""
     try:
         p = SimParams.model_validate(params)
@@ -171,7 +173,7 @@ class _Conn:
     baud: int | None = None  # the host UART's rate (None until the port is configured)
 
 
-class ReferenceCache(dict[str, Any]):
+class ReferenceCache(dict[str, object]):
     """The board's cache (the app's model and its reference outputs by input): a dict whose ``out:``
     entries are bounded by their bytes, not their count. The two variants of a dataset run ask for the
     same inputs in the same order, so a count limit below the dataset's size evicted each output just
@@ -184,10 +186,10 @@ class ReferenceCache(dict[str, Any]):
         self.out_bytes = 0
 
     @staticmethod
-    def _size(value: Any) -> int:
+    def _size(value: object) -> int:
         return sum(int(getattr(a, "nbytes", 0)) for a in value) if isinstance(value, (list, tuple)) else 0
 
-    def __setitem__(self, key: str, value: Any) -> None:
+    def __setitem__(self, key: str, value: object) -> None:
         if key.startswith("out:"):
             if key in self:
                 self.out_bytes -= self._size(self[key])
@@ -547,7 +549,7 @@ class SimBoard:
             start = max(arrival, self._dev_free)
             if self._idle_at is not None and arrival <= self._idle_at:
                 self._idle_at = None  # the device finds these bytes before it goes idle
-            self._run_app_call(start, lambda c=chunk: self._app_rx(c))
+            self._run_app_call(start, functools.partial(self._app_rx, chunk))
             self._inflight.append((arrival, start, len(chunk)))
             self.rx_bytes += len(chunk)
 
@@ -567,7 +569,7 @@ class SimBoard:
         assert self._app is not None
         return self._app.rx(chunk)
 
-    def _run_app_call(self, start: float, call: Any) -> None:
+    def _run_app_call(self, start: float, call: Callable[[], tuple[list[Piece], str | None]]) -> None:
         """Run one app step that starts at device time ``start``; queue its output; reboot if it says so."""
         app = self._app
         if app is None:
@@ -776,7 +778,7 @@ class SimBoard:
 
     # ---- introspection (tests, `sim serve`) ----------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         with self._cond:
             return {
                 "name": self.name,

@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec
 
@@ -159,7 +159,7 @@ class _WriteSession:
     stub: bool
     seq: int = 0
     written: int = 0
-    inflater: Any = None  # zlib decompressobj
+    inflater: zlib._Decompress | None = None
     erased: set[int] = field(default_factory=set)
 
 

@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import serial
@@ -45,7 +44,7 @@ def make_project(
     *,
     variant: str = "optimized",
     chip: str = "esp32s3",
-    **manifest: Any,
+    **manifest: object,
 ) -> Path:
     """A generated-project directory holding only what ``build_sim_firmware`` needs."""
     root = Path(root)
@@ -56,7 +55,10 @@ def make_project(
     model_bytes = model if isinstance(model, bytes) else Path(model).read_bytes()
     (data / "model.tflite").write_bytes(model_bytes)
     (data / "partitions").mkdir(exist_ok=True)
-    arena = int(manifest.get("arena_bytes") or 64 * 1024)  # what the generator writes into the header
+    arena = manifest.get("arena_bytes")
+    arena = (
+        arena if isinstance(arena, int) and arena else 64 * 1024
+    )  # what the generator writes into the header
     mem = str(manifest.get("arena_mem") or "internal")
     (data / "partitions" / "model.bin").write_bytes(pack_model_image(model_bytes, arena, mem))
     (root / "partitions.csv").write_text(PARTITIONS_4MB)
@@ -64,7 +66,7 @@ def make_project(
     for k, raw in enumerate(raws):
         (data / f"input_{k}.bin").write_bytes(raw)
     sim_board = tomllib.loads((boards_dir() / "sim.toml").read_text(encoding="utf-8"))
-    doc: dict[str, Any] = {
+    doc: dict[str, object] = {
         "variant": variant,
         "chip": chip,
         "board": f"sim-{chip}",

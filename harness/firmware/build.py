@@ -25,8 +25,8 @@ from harness import __version__
 from harness.chips import CHIPS
 from harness.errors import BuildError, PlatformUnreachableError, UsageError
 from harness.firmware.boards import BUILDERS
-from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, default_cache_dir
-from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_ENV, read_manifest
+from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, BuildMeta, CacheEntry, default_cache_dir
+from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_ENV, Manifest, read_manifest
 from harness.firmware.native.project import NativeOptions, plan_native_build, run_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
 from harness.flashfmt import otadata
@@ -147,10 +147,10 @@ def parse_sdkconfig(text: str) -> dict[str, str]:
 _NOT_SET = re.compile(r"^#\s*CONFIG_([A-Za-z0-9_]+) is not set\s*$")
 
 
-def sdkconfig_json(text: str) -> dict[str, Any]:
+def sdkconfig_json(text: str) -> dict[str, bool | int | str]:
     """An sdkconfig as ESP-IDF's ``config/sdkconfig.json`` has it: names without ``CONFIG_``, ``y`` and
     ``is not set`` as booleans, decimal and hex numbers as integers, the rest as strings."""
-    out: dict[str, Any] = {}
+    out: dict[str, bool | int | str] = {}
     for line in text.splitlines():
         unset = _NOT_SET.match(line.strip())
         if unset:
@@ -198,7 +198,7 @@ def project_files(project_dir: Path) -> dict[str, str]:
     return out
 
 
-def cache_key(project_dir: Path, builder: str, manifest: Mapping[str, Any]) -> str:
+def cache_key(project_dir: Path, builder: str, manifest: Manifest) -> str:
     """Hash of everything that changes the binary: rendered files, pinned versions, board, builder."""
     material = {
         "format": CACHE_FORMAT,
@@ -568,7 +568,7 @@ def _layout(
     return layout
 
 
-def _cached_files(entry: Any, project: Path) -> dict[str, Path]:
+def _cached_files(entry: CacheEntry, project: Path) -> dict[str, Path]:
     """A cache hit's files by role; the model image is data, not a build product: always the project's."""
     stored = [*entry.meta["offsets"], *entry.meta.get("extras", [])]
     files = {role: entry.file(_CACHE_NAMES[role]) for role in stored if role != "model"}
@@ -645,13 +645,13 @@ def _place(src: Path, dest: Path) -> Path:
     return dest
 
 
-def _fwver(manifest: Mapping[str, Any]) -> str:
+def _fwver(manifest: Manifest) -> str:
     return str(manifest.get("template_version") or "0.0.0")
 
 
 def project_description(
-    project: Path, out_dir: Path, manifest: Mapping[str, Any], chip: str, elf: Path | None, *, fwver: str
-) -> dict[str, Any]:
+    project: Path, out_dir: Path, manifest: Manifest, chip: str, elf: Path | None, *, fwver: str
+) -> dict[str, object]:
     """The fields of ESP-IDF's project_description.json that tools read (monitor, test runners), for
     the exported build directory (paths in it, files relative to it)."""
     board_def = manifest.get("board_def") or {}
@@ -665,7 +665,9 @@ def project_description(
         "app_bin": LAYOUT["app"],
         "app_elf": LAYOUT["elf"] if elf is not None else "",
         "config_file": str(out_dir / LAYOUT["sdkconfig_json"]),
-        "monitor_baudrate": int(board_def.get("monitor_baud") or 115200),
+        "monitor_baudrate": baud
+        if isinstance(baud := board_def.get("monitor_baud"), int) and baud
+        else 115200,
         "monitor_toolprefix": CHIPS[chip].toolprefix if chip in CHIPS else "",
         "generated_by": f"esp-check {__version__} (builder {manifest.get('builder') or 'pio'})",
     }
@@ -710,7 +712,7 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _resolved_components(project: Path) -> dict[str, Any] | None:
+def _resolved_components(project: Path) -> dict[str, object] | None:
     """The component manager's dependencies.lock (what versions the build really resolved), if any."""
     path = project / "dependencies.lock"
     try:
@@ -731,7 +733,7 @@ def _resolved_components(project: Path) -> dict[str, Any] | None:
     return {"dependencies_lock": text, "components": versions}
 
 
-def _record_resolved(project: Path, resolved: dict[str, Any]) -> None:
+def _record_resolved(project: Path, resolved: dict[str, object]) -> None:
     path = project / MANIFEST_NAME
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
@@ -748,9 +750,9 @@ def _record_resolved(project: Path, resolved: dict[str, Any]) -> None:
 def _export(
     project: Path,
     out_dir: Path,
-    manifest: Mapping[str, Any],
+    manifest: Manifest,
     files: Mapping[str, Path],
-    meta: Mapping[str, Any],
+    meta: BuildMeta,
     *,
     flash_size: str,
     builder: str,
@@ -779,8 +781,9 @@ def _export(
     (out_dir / FLASH_ARGS).write_text("\n".join(lines) + "\n", encoding="utf-8")
     description = project_description(project, out_dir, manifest, chip, elf, fwver=_fwver(manifest))
     (out_dir / PROJECT_DESCRIPTION).write_text(json.dumps(description, indent=4) + "\n", encoding="utf-8")
-    if meta.get("resolved") is not None:
-        _record_resolved(project, meta["resolved"])
+    resolved = meta.get("resolved")
+    if resolved is not None:
+        _record_resolved(project, resolved)
     app = out_dir / LAYOUT["app"]
     return BuildResult(
         project_dir=project,
@@ -801,7 +804,7 @@ def _export(
 # public entry point
 
 
-def _chip_and_builder(project: Path, manifest: Mapping[str, Any], builder: str | None) -> tuple[str, str]:
+def _chip_and_builder(project: Path, manifest: Manifest, builder: str | None) -> tuple[str, str]:
     """The project's chip and the builder to use; UsageError for an unknown chip or a builder the board
     cannot use (``builder`` None: the board's own)."""
     board_def = manifest.get("board_def") or {}
@@ -874,7 +877,7 @@ def build_project(
         key=cache_key(project, chosen, manifest),
     )
 
-    def run_build() -> tuple[dict[str, Path], dict[str, Any]]:
+    def run_build() -> tuple[dict[str, Path], BuildMeta]:
         run_env = dict(os.environ if env is None else env)
         sdk: dict[str, str] = {}
         fixed: dict[str, int] | None = None
@@ -918,7 +921,7 @@ class _BuildJob:
     """One build_project call: the project, its manifest, the builder and where results go."""
 
     project: Path
-    manifest: Mapping[str, Any]
+    manifest: Manifest
     builder: str
     chip: str
     out_dir: Path
@@ -926,7 +929,7 @@ class _BuildJob:
     key: str
 
     @property
-    def board_def(self) -> Mapping[str, Any]:
+    def board_def(self) -> dict[str, object]:
         return self.manifest.get("board_def") or {}
 
     @property
@@ -946,7 +949,7 @@ _SDKCONFIG_KEPT = (
 
 def _build_meta(
     job: _BuildJob, files: Mapping[str, Path], sdk: Mapping[str, str], fixed: dict[str, int] | None
-) -> tuple[dict[str, Path], dict[str, Any]]:
+) -> tuple[dict[str, Path], BuildMeta]:
     """What the cache keeps beside the images: offsets, the flash-relevant sdkconfig, versions."""
     variant = str(job.manifest.get("variant") or "")
     layout = _layout(
@@ -958,7 +961,7 @@ def _build_meta(
         table_offset=job.table_offset,
         variant=variant,
     )
-    meta: dict[str, Any] = {
+    meta: BuildMeta = {
         "offsets": {role: off for role, off, _ in layout},
         "sdkconfig": {k: v for k, v in sdk.items() if k.startswith(_SDKCONFIG_KEPT)},
         "resolved": _resolved_components(job.project),
@@ -970,7 +973,7 @@ def _build_meta(
     return {role: path for role, _, path in layout} | extras, meta
 
 
-def _finish(job: _BuildJob, files: Mapping[str, Path], meta: Mapping[str, Any], *, hit: bool) -> BuildResult:
+def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: bool) -> BuildResult:
     """Write the build directory (ESP-IDF's layout, see LAYOUT) from a build's or a cache entry's files."""
     flash_size = str(job.board_def.get("flash_size") or "keep")
     res = _export(
@@ -988,7 +991,7 @@ NATIVE_INFO = "native.json"
 
 def _build_native(
     project: Path,
-    manifest: Mapping[str, Any],
+    manifest: Manifest,
     options: NativeOptions,
     log: Path,
     out_dir: Path,
@@ -1010,7 +1013,7 @@ def _build_native(
     material = {"format": CACHE_FORMAT, "builder": "native", "files": files, "native": plan.key}
     key = hashlib.sha256(json.dumps(material, sort_keys=True).encode("utf-8")).hexdigest()
     program = out_dir / NATIVE_PROGRAM
-    meta: dict[str, Any] = {"offsets": {"app": 0}, "builder": "native", "native": plan.describe()}
+    meta: BuildMeta = {"offsets": {"app": 0}, "builder": "native", "native": plan.describe()}
     cache = BuildCache(base, max_cache_bytes) if use_cache else None
     hit = False
     with cache.lock(key) if cache is not None else contextlib.nullcontext():
@@ -1033,7 +1036,8 @@ def _build_native(
     _record_resolved(project, {"dependencies_lock": None, "components": versions, "native": True})
     artifacts = _native_layout(project, manifest, out_dir, program)
     info_path = out_dir / NATIVE_INFO
-    info = {"program": program.name, "sha256": _sha256_file(program), "cache_hit": hit, **meta["native"]}
+    sha256 = _sha256_file(program)
+    info = {"program": program.name, "sha256": sha256, "cache_hit": hit, **meta["native"]}
     info["flash"] = {a.role: {"offset": _hex(a.offset), "file": a.path.relative_to(out_dir).as_posix()}
                      for a in artifacts}  # fmt: skip
     info_path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
@@ -1046,14 +1050,12 @@ def _build_native(
         log_path=log,
         cache_hit=hit,
         cache_key=key,
-        firmware_sha256=info["sha256"],
+        firmware_sha256=sha256,
         chip=str(manifest.get("chip") or ""),
     )
 
 
-def _native_layout(
-    project: Path, manifest: Mapping[str, Any], out_dir: Path, program: Path
-) -> list[Artifact]:
+def _native_layout(project: Path, manifest: Manifest, out_dir: Path, program: Path) -> list[Artifact]:
     """What a native board's "flash" takes, at the offsets a chip would: the partition table packed from
     the project's partitions.csv, blank otadata, the program in its variant's app slot (the native board
     keeps host programs beside its flash image: one does not fit a chip's slot) and the model image in

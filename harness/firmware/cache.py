@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import filelock
 
@@ -32,13 +32,29 @@ def default_cache_dir() -> Path:
     return user_cache_dir("builds")
 
 
+class BuildMeta(TypedDict, total=False):
+    """What an entry keeps beside its files (meta.json): what the build says about them, then what the
+    cache adds (``files``: name -> size, ``key``, ``stored_at``)."""
+
+    offsets: dict[str, int]  # role -> flash offset
+    sdkconfig: dict[str, str]  # the flash-relevant CONFIG_ symbols
+    resolved: dict[str, object] | None  # dependencies.lock and the components it resolved
+    builder: str
+    board: str
+    extras: list[str]  # roles of the files not flashed (the ELF, sdkconfig.json)
+    native: dict[str, object]  # a native build's plan
+    files: dict[str, int]
+    key: str
+    stored_at: float
+
+
 @dataclass(frozen=True)
 class CacheEntry:
     """A cached build: its files (by name inside ``path``) and the metadata stored with them."""
 
     key: str
     path: Path
-    meta: dict[str, Any]
+    meta: BuildMeta
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -93,7 +109,7 @@ class BuildCache:
         """The entry for ``key`` if complete (every listed file present with its size), else None."""
         path = self.entry_dir(key)
         try:
-            meta = json.loads((path / ENTRY_META).read_text(encoding="utf-8"))
+            meta: BuildMeta = json.loads((path / ENTRY_META).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         files = meta.get("files", {})
@@ -109,7 +125,7 @@ class BuildCache:
             (path / _USED_MARK).touch()
         return CacheEntry(key, path, meta)
 
-    def put(self, key: str, files: dict[str, Path], meta: dict[str, Any]) -> CacheEntry:
+    def put(self, key: str, files: dict[str, Path], meta: BuildMeta) -> CacheEntry:
         """Store copies of ``files`` (name in the entry -> source path) and ``meta`` under ``key``."""
         final = self.entry_dir(key)
         tmp = self.root / "entries" / f".tmp-{key}-{uuid.uuid4().hex}"
@@ -121,7 +137,7 @@ class BuildCache:
                     raise ValueError(f"invalid cache file name {name!r}")
                 shutil.copy2(src, tmp / name)
                 sizes[name] = (tmp / name).stat().st_size
-            full_meta = dict(meta, files=sizes, key=key, stored_at=time.time())
+            full_meta: BuildMeta = {**meta, "files": sizes, "key": key, "stored_at": time.time()}
             (tmp / ENTRY_META).write_text(json.dumps(full_meta, indent=2, sort_keys=True), encoding="utf-8")
             (tmp / _USED_MARK).touch()
             with self._index_lock():

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import jinja2
 import numpy as np
@@ -108,6 +108,51 @@ def _sha256(data: bytes) -> str:
 # results
 
 
+class Manifest(TypedDict, total=False):
+    """A generated project's esp-check.json (docs/firmware.md). Every key is optional to its readers: the
+    simulated builder also reads older and hand-made manifests (tests/), with defaults for what is missing."""
+
+    schema: str
+    esp_check_version: str
+    template_version: str
+    variant: str
+    nn_config: str
+    nn_expected: str
+    board: str
+    chip: str
+    board_def: dict[str, object]  # Board.to_dict() and the board file's file_sha256
+    builder: str
+    pio_env: str
+    console_baud: int
+    versions: dict[str, str]
+    model: dict[str, object]
+    input_tensor: dict[str, object]
+    inputs: list[dict[str, object]]
+    outputs: list[dict[str, object]]
+    ops: list[str]
+    resolver: list[str]
+    arena_bytes: int
+    arena_mem: str
+    arena_max: dict[str, int]
+    arena_source: str
+    arena_estimate_bytes: int | None
+    arena_espnn_formulas: str | None
+    human_max: int
+    files: dict[str, str]
+    resolved: dict[str, object] | None  # what the build resolved (dependencies.lock), written by the build
+    flash_layout: dict[str, object]
+    tap: dict[str, object]
+    hybrid: dict[str, object]
+    # only in older or hand-made manifests: the simulated builder's fallbacks
+    fwver: str
+    target: str
+    flash_size: str
+    idf: str
+    tflm: str
+    espnn: str
+    resident: dict[str, int]
+
+
 @dataclass(frozen=True)
 class GeneratedProject:
     """One rendered project directory (one variant)."""
@@ -119,7 +164,7 @@ class GeneratedProject:
     arena_bytes: int
     arena_mem: str  # internal | psram
     files: tuple[str, ...]  # relative paths written by the generator
-    manifest: Mapping[str, Any] = field(compare=False, repr=False)
+    manifest: Manifest = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -198,13 +243,13 @@ def _refuse_crashing_arena(model_path: Path, arena_kb: int) -> None:
 
 def _prepare_inputs(
     input_paths: Sequence[Path], tensor: TensorInfo, options: InputOptions | None
-) -> list[tuple[Path, bytes, Any]]:
+) -> list[tuple[Path, bytes]]:
     from harness.model.inputs import InputOptions, load_input
 
     opts = options if options is not None else InputOptions()
     itemsize = np.dtype(tensor.dtype).itemsize
     expected = tensor.num_elements * itemsize
-    prepared: list[tuple[Path, bytes, Any]] = []
+    prepared: list[tuple[Path, bytes]] = []
     for p in input_paths:
         prep = load_input(p, tensor, opts)
         q = np.ascontiguousarray(prep.quantized)
@@ -220,7 +265,7 @@ def _prepare_inputs(
                 f"needs {expected}",
                 hint="give an input with the model's input shape",
             )
-        prepared.append((Path(p), raw, prep))
+        prepared.append((Path(p), raw))
     return prepared
 
 
@@ -589,7 +634,7 @@ def _base_context(
     versions: Mapping[str, str],
     model_path: Path,
     model_bytes: bytes,
-    prepared: Sequence[tuple[Path, bytes, Any]],
+    prepared: Sequence[tuple[Path, bytes]],
     tensor: TensorInfo,
     model: ModelInfo,
     resolver: Sequence[str],
@@ -607,8 +652,7 @@ def _base_context(
         "pio_env": PIO_ENV,
         "model": {"file_name": model_path.name, "bytes": len(model_bytes), "sha256": _sha256(model_bytes)},
         "inputs": [
-            {"source_name": p.name, "sha256": _sha256(raw), "array": _hex_array(raw)}
-            for p, raw, _ in prepared
+            {"source_name": p.name, "sha256": _sha256(raw), "array": _hex_array(raw)} for p, raw in prepared
         ],
         # only embedded inputs need it compiled in: without them the app is the same for every model
         # with these ops (a new model rewrites only the model partition)
@@ -655,7 +699,7 @@ def _render_files(
     board: Board,
     allow: Mapping[str, Any],
     model_bytes: bytes,
-    prepared: Sequence[tuple[Path, bytes, Any]],
+    prepared: Sequence[tuple[Path, bytes]],
 ) -> dict[str, bytes]:
     """Every file of one variant's project, relative path -> bytes."""
     proto_dir = templates_dir() / "common"
@@ -682,12 +726,12 @@ def _render_files(
     files[f"{DATA_DIR}/model.tflite"] = model_bytes
     files[MODEL_IMAGE] = pack_model_image(model_bytes, int(ctx["arena_bytes"]), str(ctx["arena_mem"]))
     files[OTADATA_ANSI_IMAGE] = otadata.initial(OTADATA_BYTES, VARIANT_SLOTS["ansi"], len(VARIANT_SLOTS))
-    for k, (_, raw, _) in enumerate(prepared):
+    for k, (_, raw) in enumerate(prepared):
         files[f"{DATA_DIR}/input_{k}.bin"] = raw
     return files
 
 
-def _write_project(pdir: Path, files: Mapping[str, bytes], manifest: Mapping[str, Any]) -> None:
+def _write_project(pdir: Path, files: Mapping[str, bytes], manifest: Manifest) -> None:
     """Write what changed (mtimes of unchanged files stay), drop files an older generation wrote."""
     old_files = _previous_files(pdir / MANIFEST_NAME)
     defaults_changed = False
@@ -721,7 +765,7 @@ def _manifest(
     tv: str,
     model_path: Path,
     model_bytes: bytes,
-    prepared: Sequence[tuple[Path, bytes, Any]],
+    prepared: Sequence[tuple[Path, bytes]],
     tensor: TensorInfo,
     model: ModelInfo,
     outputs_ctx: Sequence[Mapping[str, Any]],
@@ -729,7 +773,7 @@ def _manifest(
     plan: ArenaPlan,
     human_max: int,
     files: Mapping[str, bytes],
-) -> dict[str, Any]:
+) -> Manifest:
     board_file_sha = _sha256(board.source.read_bytes()) if board.source and board.source.is_file() else None
     return {
         "schema": MANIFEST_SCHEMA,
@@ -775,9 +819,9 @@ def _manifest(
                 "bytes": len(raw),
                 "sha256": _sha256(raw),
             }
-            for k, (p, raw, _) in enumerate(prepared)
+            for k, (p, raw) in enumerate(prepared)
         ],
-        "outputs": list(outputs_ctx),
+        "outputs": [dict(o) for o in outputs_ctx],
         "ops": list(model.distinct_ops),
         "resolver": list(resolver),
         "arena_bytes": plan.bytes,
@@ -792,11 +836,11 @@ def _manifest(
     }
 
 
-def read_manifest(project_dir: str | Path) -> dict[str, Any]:
+def read_manifest(project_dir: str | Path) -> Manifest:
     """The ``esp-check.json`` of a generated project; GenerateError if missing or unreadable."""
     path = Path(project_dir) / MANIFEST_NAME
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data: Manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise GenerateError(
             f"{project_dir} is not an esp-check project (no {MANIFEST_NAME})",

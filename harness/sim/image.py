@@ -19,7 +19,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from esptool.bin_image import ELFSection, ESP32FirmwareImage, LoadFirmwareImage
 from esptool.targets import CHIP_DEFS
@@ -44,6 +44,9 @@ from harness.flashfmt.partitions import (
 )
 from harness.sim import elf
 from harness.sim.chips import ChipSpec, get_chip
+
+if TYPE_CHECKING:
+    from harness.firmware.generate import Manifest
 
 MODEL_IMAGE_FILE = "esp-check/partitions/model.bin"  # where generate writes the model partition image
 
@@ -316,10 +319,10 @@ def find_payload(chip: ChipSpec, loaded: LoadedImage) -> AppPayload:
 # ---- the "sim" builder -------------------------------------------------------------------------
 
 
-def _read_manifest(project_dir: Path) -> dict[str, Any]:
+def _read_manifest(project_dir: Path) -> Manifest:
     path = project_dir / "esp-check.json"
     try:
-        manifest = json.loads(path.read_text())
+        manifest: Manifest = json.loads(path.read_text())
     except FileNotFoundError:
         raise BuildError(
             f"{path} missing", hint="generate the project with `esp-check generate` first"
@@ -331,7 +334,7 @@ def _read_manifest(project_dir: Path) -> dict[str, Any]:
     return manifest
 
 
-def _input_files(project_dir: Path, manifest: dict[str, Any]) -> list[Path]:
+def _input_files(project_dir: Path, manifest: Manifest) -> list[Path]:
     data = project_dir / "esp-check"
     files = sorted(data.glob("input_*.bin"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
     declared = manifest.get("inputs")
@@ -344,7 +347,7 @@ def _input_files(project_dir: Path, manifest: dict[str, Any]) -> list[Path]:
     return files  # none: a resident firmware that takes every input over the link
 
 
-def _variant(manifest: dict[str, Any]) -> str:
+def _variant(manifest: Manifest) -> str:
     v = str(manifest.get("variant", "")).lower()
     if v in ("ansi", "ansi_c"):
         return "ansi"
@@ -374,7 +377,7 @@ def hybrid_table(project_dir: Path) -> list[list[Any]] | None:
     return [[int(a), int(b), k] for a, b, k in _HYBRID_ROW.findall(text[start:end])]
 
 
-def _table_offset(project_dir: Path, manifest: dict[str, Any]) -> int:
+def _table_offset(project_dir: Path, manifest: Manifest) -> int:
     board_def = manifest.get("board_def")
     offset = board_def.get("partition_table_offset") if isinstance(board_def, dict) else None
     if not isinstance(offset, int) or isinstance(offset, bool):
@@ -386,8 +389,10 @@ def _table_offset(project_dir: Path, manifest: dict[str, Any]) -> int:
     return offset
 
 
-def _app_header(manifest: dict[str, Any], chip: ChipSpec, project_dir: Path) -> dict[str, Any]:
+def _app_header(manifest: Manifest, chip: ChipSpec, project_dir: Path) -> dict[str, Any]:
     """The simulated app's compiled-in settings (what the real firmware has from its sources)."""
+    tap = manifest.get("tap") or {}
+    dump_ops = tap.get("dump_ops", [])
     return {
         "variant": _variant(manifest),
         "chip": chip.name,
@@ -404,8 +409,8 @@ def _app_header(manifest: dict[str, Any], chip: ChipSpec, project_dir: Path) -> 
         "espnn": str(manifest.get("espnn", "sim")),
         "window": int((manifest.get("resident") or {}).get("rx_buffer_bytes", 16384)),
         # --tap firmware: per-op records and the ops whose tensors it dumps (generate.py's manifest)
-        "tap": bool((manifest.get("tap") or {}).get("enabled", False)),
-        "dump_ops": [int(k) for k in (manifest.get("tap") or {}).get("dump_ops", [])],
+        "tap": bool(tap.get("enabled", False)),
+        "dump_ops": [int(k) for k in dump_ops] if isinstance(dump_ops, list) else [],
         # hybrid firmware: the wrapper table as compiled (main/esp_check_hybrid.cc), not as intended
         "hybrid": hybrid_table(project_dir),
     }

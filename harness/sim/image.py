@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from esptool.bin_image import ELFSection, ESP32FirmwareImage, LoadFirmwareImage
+from esptool.bin_image import BaseFirmwareImage, ELFSection, ESP32FirmwareImage, LoadFirmwareImage
 from esptool.targets import CHIP_DEFS
 
 from harness.errors import BuildError
@@ -179,12 +179,12 @@ def flash_size_freq(flash_size: str) -> int:
         ) from None
 
 
-def header_flash_bytes(image: Any) -> int:
+def header_flash_bytes(image: BaseFirmwareImage) -> int:
     """The flash size an image header states (byte 3, high nibble), in bytes."""
     return (1 << 20) << ((int(image.flash_size_freq) >> 4) & 0x7)
 
 
-def _set_revisions(img: Any, chip: ChipSpec, revs: tuple[int, int] | None) -> None:
+def _set_revisions(img: ESP32FirmwareImage, chip: ChipSpec, revs: tuple[int, int] | None) -> None:
     """The chip revisions the image accepts, in its extended header as ESP-IDF's build writes them
     (``elf2image --min-rev-full/--max-rev-full``, and the legacy ``--min-rev``: the major revision on the
     ESP32, the minor one on the C3): esptool's write-flash refuses a bootloader for another revision."""
@@ -255,7 +255,7 @@ class ImageError(ValueError):
 
 @dataclass
 class LoadedImage:
-    image: Any
+    image: BaseFirmwareImage
     segments: list[tuple[int, bytes]] = field(default_factory=list)
 
 
@@ -359,7 +359,7 @@ def _variant(manifest: Manifest) -> str:
 _HYBRID_ROW = re.compile(r"^\s*\{ (\d+), (\d+), (k[A-Za-z]+), \d+ \},", re.MULTILINE)
 
 
-def hybrid_table(project_dir: Path) -> list[list[Any]] | None:
+def hybrid_table(project_dir: Path) -> list[list[int | str]] | None:
     """``[[op, out_tensor, kind], ...]`` from the kSlots table of a project's main/esp_check_hybrid.cc
     when main/CMakeLists.txt compiles it (None otherwise): what the simulated wrapper dispatches on."""
     source = project_dir / "main" / "esp_check_hybrid.cc"

@@ -605,7 +605,7 @@ def _plan_arena(model_path: Path, board: Board, arena_kb: int | None, espnn_vers
     )
 
 
-def _layout_context(layout: FlashLayout) -> dict[str, Any]:
+def _layout_context(layout: FlashLayout) -> dict[str, object]:
     """Flash layout values for partitions.csv, sdkconfig, CMake, the PlatformIO script and the C++."""
     part = layout.model_partition
     return {
@@ -679,7 +679,7 @@ def _base_context(
     }
 
 
-def _idf_context(board: Board) -> dict[str, Any]:
+def _idf_context(board: Board) -> dict[str, object]:
     """The supported ESP-IDF range of ``board`` (CMake, the C++ version check)."""
     low, below = board.idf_range
     return {

@@ -541,48 +541,39 @@ def _prepare(
     model_dt = np.dtype(tensor.dtype)
     explicit_norm = opts.scale is not None or opts.offset is not None or opts.value_range is not None
     # Already quantized: the file holds the model's own integer dtype (and no normalisation asked).
-    if model_dt.kind in "iu" and data.dtype == model_dt and not pixels and not explicit_norm:
+    prequantized = model_dt.kind in "iu" and data.dtype == model_dt and not pixels and not explicit_norm
+    if prequantized:
         q = np.ascontiguousarray(data.astype(model_dt))
         notes.append(f"already {model_dt.name}: used as quantized values")
         real = dequantize(q, tensor.scale, tensor.zero_point or 0) if tensor.scale is not None else None
         report = QuantizationReport(total=int(q.size), differing=0, wrapped=0, clamped=0, max_abs_diff=0)
-        return PreparedInput(
-            src,
-            real,
-            q,
-            sha256=hashlib.sha256(q.tobytes()).hexdigest(),
-            report=report,
-            tensor=tensor,
-            kind=kind,
-            prequantized=True,
-            notes=tuple(notes),
-        )
-    if data.dtype.kind in "iu" and model_dt.kind in "iu" and not pixels and not explicit_norm:
+    elif data.dtype.kind in "iu" and model_dt.kind in "iu" and not pixels and not explicit_norm:
         raise InputDataError(
             f"{src}: integer data of dtype {data.dtype} for model input {tensor.name!r} "
             f"of dtype {model_dt.name}",
             hint="give quantized data in the model's dtype, float real values, "
             "or --input-scale/--input-offset",
         )
-    real = _normalise(data, opts, pixels, notes, tensor)
-    if not np.all(np.isfinite(real)):
-        raise InputDataError(f"{src}: input contains NaN or infinity")
-    if model_dt.kind == "f":
-        q = np.ascontiguousarray(real.astype(model_dt))
-        report = QuantizationReport(total=int(q.size), differing=0, wrapped=0, clamped=0, max_abs_diff=0)
-        notes.append("float model input: no quantization")
     else:
-        if tensor.scale is None or tensor.scale == 0:
+        real = _normalise(data, opts, pixels, notes, tensor)
+        if not np.all(np.isfinite(real)):
+            raise InputDataError(f"{src}: input contains NaN or infinity")
+        if model_dt.kind == "f":
+            q = np.ascontiguousarray(real.astype(model_dt))
+            report = QuantizationReport(total=int(q.size), differing=0, wrapped=0, clamped=0, max_abs_diff=0)
+            notes.append("float model input: no quantization")
+        elif tensor.scale is None or tensor.scale == 0:
             raise InputDataError(
                 f"model input {tensor.name!r} is {model_dt.name} without quantization parameters",
                 hint="pass already-quantized data in the model's dtype (.npy or raw with --input-dtype)",
             )
-        zp = tensor.zero_point or 0
-        q = np.ascontiguousarray(quantize(real, tensor.scale, zp, model_dt))
-        report = truncation_report(real, tensor.scale, zp, model_dt)
-        notes.append(
-            f"quantized with scale {tensor.scale:.9g}, zero point {zp} (round half away from zero, clamp)"
-        )
+        else:
+            zp = tensor.zero_point or 0
+            q = np.ascontiguousarray(quantize(real, tensor.scale, zp, model_dt))
+            report = truncation_report(real, tensor.scale, zp, model_dt)
+            notes.append(
+                f"quantized with scale {tensor.scale:.9g}, zero point {zp} (round half away from zero, clamp)"
+            )
     return PreparedInput(
         src,
         real,
@@ -591,7 +582,7 @@ def _prepare(
         report=report,
         tensor=tensor,
         kind=kind,
-        prequantized=False,
+        prequantized=prequantized,
         notes=tuple(notes),
     )
 

@@ -68,6 +68,21 @@ CMD = {
     "READ_FLASH": 0xD2,
 }
 STUB_ONLY = {CMD["ERASE_FLASH"], CMD["ERASE_REGION"], CMD["READ_FLASH"]}
+# the commands whose payload has one size (any other is the ROM's "invalid message")
+_PAYLOAD_BYTES = {
+    CMD[name]: size
+    for name, size in (
+        ("READ_REG", 4),
+        ("MEM_BEGIN", 16),
+        ("MEM_END", 8),
+        ("FLASH_END", 4),
+        ("FLASH_DEFL_END", 4),
+        ("CHANGE_BAUDRATE", 8),
+        ("SPI_FLASH_MD5", 16),
+        ("ERASE_REGION", 8),
+        ("READ_FLASH", 16),
+    )
+}
 
 
 def slip_encode(packet: bytes) -> bytes:
@@ -236,6 +251,9 @@ class Loader:
         if op == CMD["GET_SECURITY_INFO"] and not self.host.chip.security_info:
             self._fail(op, ERR_INVALID_MSG, STUB_ERR_INVALID_COMMAND)
             return
+        if len(data) != _PAYLOAD_BYTES.get(op, len(data)):
+            self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
+            return
         handler(op, data, chk)
 
     def _handlers(self) -> dict[int, Callable[[int, bytes, int], None]]:
@@ -282,9 +300,6 @@ class Loader:
         self._respond(op)
 
     def _read_reg(self, op: int, data: bytes, chk: int) -> None:
-        if len(data) != 4:
-            self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
-            return
         (addr,) = struct.unpack("<I", data)
         self._respond(op, self.read_register(addr))
 
@@ -321,9 +336,6 @@ class Loader:
         regs[addr] = regs[addr] & ~(1 << 18)  # command done
 
     def _mem_begin(self, op: int, data: bytes, chk: int) -> None:
-        if len(data) != 16:
-            self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
-            return
         self._mem = struct.unpack("<IIII", data)
         self._mem_seq = 0
         size, _blocks, _bs, offset = self._mem
@@ -358,9 +370,6 @@ class Loader:
         self._respond(op)
 
     def _mem_end(self, op: int, data: bytes, chk: int) -> None:
-        if len(data) != 8:
-            self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
-            return
         no_entry, entry = struct.unpack("<II", data)
         self._respond(op)
         if no_entry or self.stub:
@@ -453,9 +462,6 @@ class Loader:
         self._respond(op)
 
     def _flash_end(self, op: int, data: bytes, chk: int) -> None:
-        if len(data) != 4:
-            self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
-            return
         (stay,) = struct.unpack("<I", data)
         sess = self._write
         if self.stub and sess is not None and sess.size and sess.written < sess.size and sess.compressed:
@@ -474,9 +480,6 @@ class Loader:
             self.host.reboot_chip()
 
     def _change_baud(self, op: int, data: bytes, chk: int) -> None:
-        if len(data) != 8:
-            self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
-            return
         new, _old = struct.unpack("<II", data)
         if new < 300 or new > 5_000_000:
             self._fail(op, ERR_FAILED, STUB_ERR_FAILED_SPI_OP)
@@ -485,9 +488,6 @@ class Loader:
         self.host.set_uart_baud(new)
 
     def _md5(self, op: int, data: bytes, chk: int) -> None:
-        if len(data) != 16:
-            self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
-            return
         addr, size, _, _ = struct.unpack("<IIII", data)
         if addr + size > self.host.flash_size:
             self._fail(op, ERR_FLASH_READ, STUB_ERR_FAILED_SPI_OP)
@@ -506,9 +506,6 @@ class Loader:
         self._respond(op)
 
     def _erase_region(self, op: int, data: bytes, chk: int) -> None:
-        if len(data) != 8:
-            self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
-            return
         offset, size = struct.unpack("<II", data)
         if offset % SECTOR or size % SECTOR or offset + size > self.host.flash_size:
             self._fail(op, ERR_FAILED, STUB_ERR_FAILED_SPI_OP)
@@ -518,9 +515,6 @@ class Loader:
         self._respond(op)
 
     def _read_flash(self, op: int, data: bytes, chk: int) -> None:
-        if len(data) != 16:
-            self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
-            return
         offset, length, block, _inflight = struct.unpack("<IIII", data)
         if offset + length > self.host.flash_size or block == 0:
             self._fail(op, ERR_FLASH_READ, STUB_ERR_FAILED_SPI_OP)

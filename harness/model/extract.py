@@ -16,7 +16,7 @@ import flatbuffers
 import numpy as np
 
 from harness.errors import ModelError
-from harness.model.loader import parse_model_bytes
+from harness.model.loader import enum_names, parse_model_bytes
 
 if TYPE_CHECKING:
     import tflite
@@ -25,16 +25,12 @@ _SKIP = ("Init", "GetRootAs")
 _VECTOR_SUFFIXES = ("Length", "AsNumpy", "IsNone")
 
 
-def _enum_names(cls: type) -> dict[int, str]:
-    return {v: k for k, v in vars(cls).items() if not k.startswith("_") and isinstance(v, int)}
-
-
 def _options(tfl: ModuleType, b: flatbuffers.Builder, op: tflite.Operator) -> tuple[int, int | None]:
     """(options type, offset of the copied options table) of operator ``op``."""
     kind = int(op.BuiltinOptionsType())
     if kind == 0:
         return 0, None
-    name = _enum_names(tfl.BuiltinOptions).get(kind)
+    name = enum_names(tfl.BuiltinOptions).get(kind)
     cls = getattr(tfl, name, None) if name else None
     table = op.BuiltinOptions()
     if not name or cls is None or table is None:

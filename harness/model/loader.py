@@ -44,7 +44,8 @@ def _snake(name: str) -> str:
     return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", s).lower()
 
 
-def _enum_names(enum_cls: type) -> dict[int, str]:
+def enum_names(enum_cls: type) -> dict[int, str]:
+    """Value -> name of a flatbuffer schema enum class (``tflite.TensorType``, ...)."""
     return {v: k for k, v in vars(enum_cls).items() if not k.startswith("_") and isinstance(v, int)}
 
 
@@ -68,7 +69,7 @@ def _read_options(tfl: ModuleType, op: tflite.Operator) -> dict[str, object]:
     opt_type = op.BuiltinOptionsType()
     if opt_type == 0:
         return {}
-    type_names = _enum_names(tfl.BuiltinOptions)
+    type_names = enum_names(tfl.BuiltinOptions)
     cls_name = type_names.get(opt_type)
     table = op.BuiltinOptions()
     cls = getattr(tfl, cls_name, None) if cls_name else None
@@ -76,8 +77,8 @@ def _read_options(tfl: ModuleType, op: tflite.Operator) -> dict[str, object]:
         return {}
     obj = cls()
     obj.Init(table.Bytes, table.Pos)
-    padding = _enum_names(tfl.Padding)
-    activation = _enum_names(tfl.ActivationFunctionType)
+    padding = enum_names(tfl.Padding)
+    activation = enum_names(tfl.ActivationFunctionType)
     out: dict[str, object] = {}
     for attr in dir(cls):
         if attr.startswith("_") or attr in ("Init", "GetRootAs") or attr.startswith("GetRootAs"):
@@ -326,7 +327,7 @@ def _subgraph(
     """Tensors, ops, input and output indices of subgraph ``s``, every index checked."""
     sg = model.Subgraphs(s)
     n_tensors = sg.TensorsLength()
-    dtype_names = _enum_names(tfl.TensorType)
+    dtype_names = enum_names(tfl.TensorType)
     tensors = tuple(_tensor_info(tfl, sg.Tensors(t), t, model, dtype_names) for t in range(n_tensors))
 
     def indices(vec: Callable[[], npt.NDArray[np.int32]], length: int, what: str) -> tuple[int, ...]:

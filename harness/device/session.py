@@ -103,6 +103,9 @@ class DeviceSession:
         baud: int | None = None,
         connect_attempts: int = 7,
         diff_with: Sequence[Path | str | None] | None = None,
+        skip_flashed: bool = True,
+        chip: str | None = None,
+        before: str = "auto",
     ) -> FlashResult:
         """Flash and stay in the stub (default): :meth:`capture` then resets into the app itself,
         after switching the port to the console baud, so the first line is not lost."""
@@ -125,6 +128,9 @@ class DeviceSession:
             port_spec=self.spec,
             connect_attempts=connect_attempts,
             diff_with=diff_with,
+            skip_flashed=skip_flashed,
+            chip=chip,
+            before=before,
         )
         if result.serial is not None:
             self.serial = result.serial

@@ -152,12 +152,6 @@ def audit_view(audit: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {"chip": audit.get("chip"), "band": band, "kinds": audit.get("kinds") or [], "rows": rows}
 
 
-def audit_html(audit: Mapping[str, Any] | None) -> str:
-    """The audit table: op, kind, ESP-NN on this chip (and why not), cycles of both builds, speedup."""
-    view = audit_view(audit)
-    return _macro("audit_table", view) if view is not None else ""
-
-
 # ---- images ------------------------------------------------------------------------------------------
 
 

@@ -49,10 +49,6 @@ def _num(x: float | None) -> float | str | None:
     return x
 
 
-def _nums(xs: list[float] | None) -> list[float | str | None] | None:
-    return None if xs is None else [_num(x) for x in xs]
-
-
 # ---- report.json's compare report: typed, and docs/report-schema.json is generated from it ---------
 
 Number = int | float  # (smart union: an int stays an int, the same JSON text)

@@ -315,7 +315,8 @@ def _geometry(case: Case) -> str:
         *("ih", "iw", "ic", "kh", "kw", "fc", "oc", "mult_ch", "oh", "ow", "sh", "sw", "ph", "pw", "groups"),
         *("row", "per_channel", "size", "rows", "depth", "in_scale", "in_zp", "out_scale", "out_zp", "act"),
     )
-    return ", ".join(f"{k}={m[k]}" for k in keys if k in m)
+    values: dict[str, object] = dict(m)
+    return ", ".join(f"{k}={values[k]}" for k in keys if k in values)
 
 
 def headline_of(case: Case, findings: Sequence[dict[str, Any]]) -> str:

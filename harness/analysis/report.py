@@ -15,7 +15,7 @@ import math
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -189,7 +189,7 @@ def _comparison(c: TensorComparison) -> ComparisonDoc:
     return ComparisonDoc.model_validate({**doc, "verdict": "match" if c.match else "mismatch"})
 
 
-def report_dict(result: CompareResult, schema_version: int | None = None) -> dict[str, Any]:
+def report_dict(result: CompareResult, schema_version: int | None = None) -> dict[str, object]:
     """The JSON report (schema: docs/report-schema.json); ``schema_version=1`` for the deprecated form."""
     report = CompareReport(
         tool=ToolDoc(version=__version__),

@@ -262,12 +262,13 @@ def exit_code_for(findings: Iterable[Finding]) -> ExitCode | None:
 
 # The ROM banner (`ets Jul 29 2019 12:21:46`, `ESP-ROM:esp32c3-api1-20210207`), also spliced after
 # other text or with its first letters lost.
-_ROM_BANNER_RE = re.compile(
+_ROM_BANNER = re.compile(
     r"(?:ets|ts|\bs) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +\d{1,2} (?:19|20)\d\d\b"
     r"|-ROM:\s*esp32",
     re.IGNORECASE,
 )
 _ROM_BOOT = re.compile(r"0x[0-9a-fA-F]{1,2} ?\([A-Z0-9_]{2,}\), ?boot:0x[0-9a-fA-F]{1,2}")
+_BOOTLOADER = re.compile(r"ESP-IDF \S+.* 2nd stage bootloader")
 
 
 class BootCounter:
@@ -282,9 +283,9 @@ class BootCounter:
     SIGNALS: ClassVar[dict[str, re.Pattern[str]]] = {
         "rom_rst": re.compile(r"rst:0x[0-9a-fA-F]+ ?\("),
         # the rest of the ROM's reset line, when a splice or a lost start took `rst:`
-        "rom_boot": re.compile(r"0x[0-9a-fA-F]{1,2} ?\([A-Z0-9_]{2,}\), ?boot:0x[0-9a-fA-F]{1,2}"),
-        "rom_banner": _ROM_BANNER_RE,
-        "bootloader": re.compile(r"ESP-IDF \S+.* 2nd stage bootloader"),
+        "rom_boot": _ROM_BOOT,
+        "rom_banner": _ROM_BANNER,
+        "bootloader": _BOOTLOADER,
         "app_start": re.compile(r"ro cpu start user code"),
         "main_task": re.compile(r"ain_task: Started on CPU0"),
         "begin": re.compile(r"@EC1 0 BEGIN "),
@@ -321,8 +322,6 @@ _DECODER = re.compile(
     r"^\s*(?:---\s+)?0x[0-9a-fA-F]{8}\s*(?::\s|-\s)|^\s*(?:WARNING\s+)?Decoded\s+0x|^\s*#\d+\s+0x[0-9a-fA-F]{8}"
     r"|^\s+at\s+\S|^\s*\(inlined by\)|^\s*--- (?:Warning|WARNING|Error|idf_monitor|esp-idf-monitor|Quit)"
 )
-_ROM_BANNER = _ROM_BANNER_RE
-_BOOTLOADER = re.compile(r"ESP-IDF \S+.* 2nd stage bootloader")
 _RST = re.compile(r"rst\s*:?\s*0x([0-9a-fA-F]{1,2})\s*\(?\s*([A-Z0-9_]*)", re.IGNORECASE)
 _BOOT_MODE = re.compile(r"boot\s*:?\s*0x([0-9a-fA-F]{1,2})\s*\(\s*([^\r\n]{0,60})")
 _CRASH_END = ("rebooting", "cpuhalted", "rebootingsystem")
@@ -559,15 +558,9 @@ def _detect_stack_overflow(ctx: _Ctx) -> Found:
         if ctx.has(i, _STACK_OVF):
             m = _TASK.search(ln.text)
             task = (m.group(1) or m.group(2)) if m else None
+            details: Details = {"task": task, "detector": "freertos_check"}
             out.append(
-                _crash(
-                    ctx,
-                    i,
-                    "stack_overflow",
-                    f"stack overflow in task {task!r}",
-                    {"task": task, "detector": "freertos_check"},
-                    _STACK_HINT,
-                )
+                _crash(ctx, i, "stack_overflow", f"stack overflow in task {task!r}", details, _STACK_HINT)
             )
         elif ctx.has(i, _CANARY) or ctx.has(i, _STACK_GUARD):
             start = next((j for j in range(max(0, i - 3), i) if _is_guru(ctx, j) and j not in ctx.claimed), i)
@@ -575,21 +568,9 @@ def _detect_stack_overflow(ctx: _Ctx) -> Found:
             task = m.group(1) if m else None
             reason = _reason(ctx.lines[start].text)
             detector = "watchpoint" if ctx.has(i, _CANARY) else "hw_stack_guard"
-            out.append(
-                _crash(
-                    ctx,
-                    start,
-                    "stack_overflow",
-                    f"stack overflow{' in task ' + repr(task) if task else ''} ({detector})",
-                    {
-                        "task": task,
-                        "detector": detector,
-                        "core": _core(ctx, start),
-                        "reason": reason,
-                    },
-                    _STACK_HINT,
-                )
-            )
+            message = f"stack overflow{' in task ' + repr(task) if task else ''} ({detector})"
+            details = {"task": task, "detector": detector, "core": _core(ctx, start), "reason": reason}
+            out.append(_crash(ctx, start, "stack_overflow", message, details, _STACK_HINT))
     return out
 
 
@@ -607,18 +588,15 @@ def _detect_heap_corruption(ctx: _Ctx) -> Found:
         ln = ctx.lines[i]
         if i not in ctx.claimed and ctx.has(i, ("corruptheap", "orruptheap")):
             detail = re.split(r"HEAP\s*:?\s*", ln.text, maxsplit=1, flags=re.IGNORECASE)[-1].strip()[:200]
-            out.append(
-                _crash(
-                    ctx,
-                    i,
-                    "heap_corruption",
-                    f"heap corruption detected: {detail[:120]}",
-                    {"detail": detail},
-                    "something wrote past a heap buffer (e.g. a kernel's scratch buffer); "
-                    "CONFIG_HEAP_POISONING_COMPREHENSIVE narrows it down",
-                )
-            )
+            message = f"heap corruption detected: {detail[:120]}"
+            out.append(_crash(ctx, i, "heap_corruption", message, {"detail": detail}, _HEAP_HINT))
     return out
+
+
+_HEAP_HINT = (
+    "something wrote past a heap buffer (e.g. a kernel's scratch buffer); "
+    "CONFIG_HEAP_POISONING_COMPREHENSIVE narrows it down"
+)
 
 
 _IWDT = ("interruptwdttimeout", "wdttimeoutoncpu", "nterruptwdttime")
@@ -633,18 +611,16 @@ def _detect_interrupt_watchdog(ctx: _Ctx) -> Found:
             continue
         m = _CPU.search(ln.text)
         cpu = m.group(1) if m else None
-        out.append(
-            _crash(
-                ctx,
-                i,
-                "interrupt_watchdog",
-                f"interrupt watchdog timeout on CPU{cpu if cpu is not None else '?'}: "
-                "interrupts stayed disabled (or an ISR ran) too long",
-                {"cpu": cpu, "core": _core(ctx, i), "reason": "Interrupt wdt timeout"},
-                "look for a critical section or ISR that never ends (the backtrace shows where the CPU was)",
-            )
+        message = (
+            f"interrupt watchdog timeout on CPU{cpu if cpu is not None else '?'}: "
+            "interrupts stayed disabled (or an ISR ran) too long"
         )
+        details: Details = {"cpu": cpu, "core": _core(ctx, i), "reason": "Interrupt wdt timeout"}
+        out.append(_crash(ctx, i, "interrupt_watchdog", message, details, _IWDT_HINT))
     return out
+
+
+_IWDT_HINT = "look for a critical section or ISR that never ends (the backtrace shows where the CPU was)"
 
 
 _ABORT_AT = re.compile(
@@ -789,28 +765,21 @@ def _detect_heap_alloc(ctx: _Ctx) -> Found:
                 if m and size is not None and caps is not None
                 else "size lost"
             )
-            out.append(
-                _crash(
-                    ctx,
-                    i,
-                    "alloc_failure",
-                    f"heap allocation failed ({what}) and the heap aborted "
-                    "(CONFIG_HEAP_ABORT_WHEN_ALLOCATION_FAILS)",
-                    {"source": "idf_heap", "size": size, "caps": caps},
-                    _ALLOC_HINT,
-                )
-            )
+            message = f"heap allocation failed ({what}) and the heap aborted ({_ABORT_ON_FAIL})"
+            details: Details = {"source": "idf_heap", "size": size, "caps": caps}
+            out.append(_crash(ctx, i, "alloc_failure", message, details, _ALLOC_HINT))
             continue
         if ln.decoded or i in ctx.explained or not _APP_ALLOC.search(ln.sq):
             continue
         m = _BYTES.search(ln.body)
         ctx.explained.add(i)
         message = f"allocation failed: {ln.body.strip()[:160]}"
-        details: Details = {"source": "text", "bytes": int(m.group(1)) if m else None}
+        details = {"source": "text", "bytes": int(m.group(1)) if m else None}
         out.append(ctx.finding(i, "alloc_failure", message, details, _ALLOC_HINT))
     return out
 
 
+_ABORT_ON_FAIL = "CONFIG_HEAP_ABORT_WHEN_ALLOCATION_FAILS"
 _ALLOC_HINT = (
     "the firmware ran out of heap: a smaller tensor arena (--arena-kb) or one in PSRAM leaves more "
     "internal RAM; check the free heap before the allocation"

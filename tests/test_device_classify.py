@@ -207,11 +207,9 @@ def test_panic_and_brownout_together_firmware_fault_wins() -> None:
 
 
 def test_parsed_capture_problems_become_corrupted_findings() -> None:
-    class FakeCapture:  # stands in for harness.protocol.capture.Capture (only .valid/.problems are read)
-        valid = False
-        problems = ("record 7 failed CRC", "seq gap 7->9")
+    from harness.protocol.capture import Capture
 
-    findings = classify(b"", parsed=FakeCapture())
+    findings = classify(b"", parsed=Capture(problems=["record 7 failed CRC", "seq gap 7->9"]))
     assert _kinds(findings) == ["corrupted", "corrupted"]
     assert exit_code_for(findings) == ExitCode.INFRASTRUCTURE
 

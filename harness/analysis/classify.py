@@ -26,8 +26,8 @@ import enum
 import math
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar, overload
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import ClassVar, overload
 
 import numpy as np
 
@@ -218,6 +218,11 @@ KIND_TABLE: tuple[KindInfo, ...] = (
 KINDS: dict[str, str] = {k.kind: k.severity for k in KIND_TABLE}
 
 
+# What a finding read from the capture: numbers, names, addresses (values from hostile input: narrow
+# with isinstance before use).
+Details = dict[str, object]
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
     kind: str
@@ -225,15 +230,15 @@ class Finding:
     message: str
     line: int | None = None  # 1-based line of the first evidence line in the decoded capture
     evidence: tuple[str, ...] = ()
-    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    details: Mapping[str, object] = dataclasses.field(default_factory=dict)
     hint: str | None = None  # what to do about it
 
     @property
     def exit_code(self) -> ExitCode | None:
         return SEVERITY_EXIT[self.severity]
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
             "kind": self.kind,
             "severity": self.severity,
             "message": self.message,
@@ -257,12 +262,13 @@ def exit_code_for(findings: Iterable[Finding]) -> ExitCode | None:
 
 # The ROM banner (`ets Jul 29 2019 12:21:46`, `ESP-ROM:esp32c3-api1-20210207`), also spliced after
 # other text or with its first letters lost.
-_ROM_BANNER_RE = re.compile(
+_ROM_BANNER = re.compile(
     r"(?:ets|ts|\bs) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +\d{1,2} (?:19|20)\d\d\b"
     r"|-ROM:\s*esp32",
     re.IGNORECASE,
 )
 _ROM_BOOT = re.compile(r"0x[0-9a-fA-F]{1,2} ?\([A-Z0-9_]{2,}\), ?boot:0x[0-9a-fA-F]{1,2}")
+_BOOTLOADER = re.compile(r"ESP-IDF \S+.* 2nd stage bootloader")
 
 
 class BootCounter:
@@ -277,9 +283,9 @@ class BootCounter:
     SIGNALS: ClassVar[dict[str, re.Pattern[str]]] = {
         "rom_rst": re.compile(r"rst:0x[0-9a-fA-F]+ ?\("),
         # the rest of the ROM's reset line, when a splice or a lost start took `rst:`
-        "rom_boot": re.compile(r"0x[0-9a-fA-F]{1,2} ?\([A-Z0-9_]{2,}\), ?boot:0x[0-9a-fA-F]{1,2}"),
-        "rom_banner": _ROM_BANNER_RE,
-        "bootloader": re.compile(r"ESP-IDF \S+.* 2nd stage bootloader"),
+        "rom_boot": _ROM_BOOT,
+        "rom_banner": _ROM_BANNER,
+        "bootloader": _BOOTLOADER,
         "app_start": re.compile(r"ro cpu start user code"),
         "main_task": re.compile(r"ain_task: Started on CPU0"),
         "begin": re.compile(r"@EC1 0 BEGIN "),
@@ -316,8 +322,6 @@ _DECODER = re.compile(
     r"^\s*(?:---\s+)?0x[0-9a-fA-F]{8}\s*(?::\s|-\s)|^\s*(?:WARNING\s+)?Decoded\s+0x|^\s*#\d+\s+0x[0-9a-fA-F]{8}"
     r"|^\s+at\s+\S|^\s*\(inlined by\)|^\s*--- (?:Warning|WARNING|Error|idf_monitor|esp-idf-monitor|Quit)"
 )
-_ROM_BANNER = _ROM_BANNER_RE
-_BOOTLOADER = re.compile(r"ESP-IDF \S+.* 2nd stage bootloader")
 _RST = re.compile(r"rst\s*:?\s*0x([0-9a-fA-F]{1,2})\s*\(?\s*([A-Z0-9_]*)", re.IGNORECASE)
 _BOOT_MODE = re.compile(r"boot\s*:?\s*0x([0-9a-fA-F]{1,2})\s*\(\s*([^\r\n]{0,60})")
 _CRASH_END = ("rebooting", "cpuhalted", "rebootingsystem")
@@ -371,14 +375,10 @@ def _text(raw: bytes | str) -> str:
     return text.replace("\r\n", "\n")
 
 
-def _decode(raw: bytes | str) -> _Lines:
-    return _Lines(_text(raw).split("\n"))
-
-
 class _Ctx:
     """The decoded capture plus which lines a finding already explains."""
 
-    def __init__(self, lines: _Lines, parsed: Any | None, hot: Sequence[int]) -> None:
+    def __init__(self, lines: _Lines, parsed: Capture | None, hot: Sequence[int]) -> None:
         self.lines = lines
         self.parsed = parsed
         # the lines that may start evidence (a superset of every detector's anchors, see _hot_lines):
@@ -386,7 +386,6 @@ class _Ctx:
         self.hot = hot
         self.claimed: dict[int, str] = {}  # line index -> kind of the crash report it belongs to
         self.explained: set[int] = set()  # lines of non-crash findings (TFLM, alloc texts, watchdog dumps)
-        self.boot_lines = [i for i in hot if _is_boot_start(lines[i])]
         self.has_end = False  # an END record in the text (set by _context)
         self.printed = True  # anything but blanks and NULs (set by _context)
 
@@ -412,6 +411,21 @@ class _Ctx:
     def evidence(self, start: int, end: int | None) -> tuple[str, ...]:
         stop = start if end is None else end
         return tuple(ln.text[:_EVIDENCE_CAP] for ln in self.lines[start : min(stop + 1, start + 12)])
+
+    def finding(
+        self,
+        i: int,
+        kind: str,
+        message: str,
+        details: Details,
+        hint: str | None = None,
+        end: int | None = None,
+    ) -> tuple[int, Finding]:
+        """A finding of ``kind`` (its severity from KIND_TABLE) whose evidence is lines ``i`` to ``end``."""
+        evidence = self.evidence(i, end)
+        return i, Finding(
+            kind, KINDS[kind], message, line=i + 1, evidence=evidence, details=details, hint=hint
+        )
 
 
 def _is_boot_start(ln: _Line) -> bool:
@@ -473,9 +487,9 @@ def _reason(text: str) -> str | None:
     return (m.group(1) or m.group(2)).strip()[:120] if m else None
 
 
-def _register_dump(ctx: _Ctx, start: int, end: int) -> dict[str, Any]:
+def _register_dump(ctx: _Ctx, start: int, end: int) -> Details:
     """Registers of the dump in a crash report (Xtensa or RISC-V)."""
-    out: dict[str, Any] = {}
+    out: Details = {}
     for i in range(start, end + 1):
         ln = ctx.lines[i]
         if ln.decoded:
@@ -495,7 +509,7 @@ def _register_dump(ctx: _Ctx, start: int, end: int) -> dict[str, Any]:
     return out
 
 
-def _backtrace(ctx: _Ctx, start: int, end: int) -> tuple[int | None, dict[str, Any]]:
+def _backtrace(ctx: _Ctx, start: int, end: int) -> tuple[int | None, Details]:
     """The first ``Backtrace:`` line of a crash report, parsed (run-together pairs are split)."""
     for i in range(start, end + 1):
         ln = ctx.lines[i]
@@ -508,7 +522,7 @@ def _backtrace(ctx: _Ctx, start: int, end: int) -> tuple[int | None, dict[str, A
 
 
 def _crash(
-    ctx: _Ctx, i: int, kind: str, message: str, details: dict[str, Any], hint: str | None = None
+    ctx: _Ctx, i: int, kind: str, message: str, details: Details, hint: str | None = None
 ) -> tuple[int, Finding]:
     """A crash report starting at line ``i``: registers and backtrace read from it, its lines claimed."""
     end = ctx.crash_end(i)
@@ -516,16 +530,7 @@ def _crash(
     bt_i, bt = _backtrace(ctx, i, end)
     ctx.claim(i, end, kind)
     all_details = {**regs, **bt, **{k: v for k, v in details.items() if v is not None}}
-    ev_end = bt_i if bt_i is not None else min(end, i + 3)
-    return i, Finding(
-        kind,
-        KINDS[kind],
-        message,
-        line=i + 1,
-        evidence=ctx.evidence(i, ev_end),
-        details=all_details,
-        hint=hint,
-    )
+    return ctx.finding(i, kind, message, all_details, hint, end=bt_i if bt_i is not None else min(end, i + 3))
 
 
 # --- detectors: crashes --------------------------------------------------------------------------
@@ -553,15 +558,9 @@ def _detect_stack_overflow(ctx: _Ctx) -> Found:
         if ctx.has(i, _STACK_OVF):
             m = _TASK.search(ln.text)
             task = (m.group(1) or m.group(2)) if m else None
+            details: Details = {"task": task, "detector": "freertos_check"}
             out.append(
-                _crash(
-                    ctx,
-                    i,
-                    "stack_overflow",
-                    f"stack overflow in task {task!r}",
-                    {"task": task, "detector": "freertos_check"},
-                    _STACK_HINT,
-                )
+                _crash(ctx, i, "stack_overflow", f"stack overflow in task {task!r}", details, _STACK_HINT)
             )
         elif ctx.has(i, _CANARY) or ctx.has(i, _STACK_GUARD):
             start = next((j for j in range(max(0, i - 3), i) if _is_guru(ctx, j) and j not in ctx.claimed), i)
@@ -569,21 +568,9 @@ def _detect_stack_overflow(ctx: _Ctx) -> Found:
             task = m.group(1) if m else None
             reason = _reason(ctx.lines[start].text)
             detector = "watchpoint" if ctx.has(i, _CANARY) else "hw_stack_guard"
-            out.append(
-                _crash(
-                    ctx,
-                    start,
-                    "stack_overflow",
-                    f"stack overflow{' in task ' + repr(task) if task else ''} ({detector})",
-                    {
-                        "task": task,
-                        "detector": detector,
-                        "core": _core(ctx, start),
-                        "reason": reason,
-                    },
-                    _STACK_HINT,
-                )
-            )
+            message = f"stack overflow{' in task ' + repr(task) if task else ''} ({detector})"
+            details = {"task": task, "detector": detector, "core": _core(ctx, start), "reason": reason}
+            out.append(_crash(ctx, start, "stack_overflow", message, details, _STACK_HINT))
     return out
 
 
@@ -601,18 +588,15 @@ def _detect_heap_corruption(ctx: _Ctx) -> Found:
         ln = ctx.lines[i]
         if i not in ctx.claimed and ctx.has(i, ("corruptheap", "orruptheap")):
             detail = re.split(r"HEAP\s*:?\s*", ln.text, maxsplit=1, flags=re.IGNORECASE)[-1].strip()[:200]
-            out.append(
-                _crash(
-                    ctx,
-                    i,
-                    "heap_corruption",
-                    f"heap corruption detected: {detail[:120]}",
-                    {"detail": detail},
-                    "something wrote past a heap buffer (e.g. a kernel's scratch buffer); "
-                    "CONFIG_HEAP_POISONING_COMPREHENSIVE narrows it down",
-                )
-            )
+            message = f"heap corruption detected: {detail[:120]}"
+            out.append(_crash(ctx, i, "heap_corruption", message, {"detail": detail}, _HEAP_HINT))
     return out
+
+
+_HEAP_HINT = (
+    "something wrote past a heap buffer (e.g. a kernel's scratch buffer); "
+    "CONFIG_HEAP_POISONING_COMPREHENSIVE narrows it down"
+)
 
 
 _IWDT = ("interruptwdttimeout", "wdttimeoutoncpu", "nterruptwdttime")
@@ -627,18 +611,16 @@ def _detect_interrupt_watchdog(ctx: _Ctx) -> Found:
             continue
         m = _CPU.search(ln.text)
         cpu = m.group(1) if m else None
-        out.append(
-            _crash(
-                ctx,
-                i,
-                "interrupt_watchdog",
-                f"interrupt watchdog timeout on CPU{cpu if cpu is not None else '?'}: "
-                "interrupts stayed disabled (or an ISR ran) too long",
-                {"cpu": cpu, "core": _core(ctx, i), "reason": "Interrupt wdt timeout"},
-                "look for a critical section or ISR that never ends (the backtrace shows where the CPU was)",
-            )
+        message = (
+            f"interrupt watchdog timeout on CPU{cpu if cpu is not None else '?'}: "
+            "interrupts stayed disabled (or an ISR ran) too long"
         )
+        details: Details = {"cpu": cpu, "core": _core(ctx, i), "reason": "Interrupt wdt timeout"}
+        out.append(_crash(ctx, i, "interrupt_watchdog", message, details, _IWDT_HINT))
     return out
+
+
+_IWDT_HINT = "look for a critical section or ISR that never ends (the backtrace shows where the CPU was)"
 
 
 _ABORT_AT = re.compile(
@@ -647,7 +629,7 @@ _ABORT_AT = re.compile(
 _ASSERT = re.compile(r"(assert(?:ion)?\W.{0,200}?fail.*|.{0,120}assert failed.*)", re.IGNORECASE)
 
 
-def _abort_kind(ctx: _Ctx, i: int) -> tuple[str, dict[str, Any]] | None:
+def _abort_kind(ctx: _Ctx, i: int) -> tuple[str, Details] | None:
     """What makes line ``i`` an abort headline (message and details), if anything."""
     ln = ctx.lines[i]
     if ln.decoded:
@@ -783,39 +765,21 @@ def _detect_heap_alloc(ctx: _Ctx) -> Found:
                 if m and size is not None and caps is not None
                 else "size lost"
             )
-            out.append(
-                _crash(
-                    ctx,
-                    i,
-                    "alloc_failure",
-                    f"heap allocation failed ({what}) and the heap aborted "
-                    "(CONFIG_HEAP_ABORT_WHEN_ALLOCATION_FAILS)",
-                    {"source": "idf_heap", "size": size, "caps": caps},
-                    _ALLOC_HINT,
-                )
-            )
+            message = f"heap allocation failed ({what}) and the heap aborted ({_ABORT_ON_FAIL})"
+            details: Details = {"source": "idf_heap", "size": size, "caps": caps}
+            out.append(_crash(ctx, i, "alloc_failure", message, details, _ALLOC_HINT))
             continue
         if ln.decoded or i in ctx.explained or not _APP_ALLOC.search(ln.sq):
             continue
         m = _BYTES.search(ln.body)
         ctx.explained.add(i)
-        out.append(
-            (
-                i,
-                Finding(
-                    "alloc_failure",
-                    _FW,
-                    f"allocation failed: {ln.body.strip()[:160]}",
-                    line=i + 1,
-                    evidence=ctx.evidence(i, i),
-                    details={"source": "text", "bytes": int(m.group(1)) if m else None},
-                    hint=_ALLOC_HINT,
-                ),
-            )
-        )
+        message = f"allocation failed: {ln.body.strip()[:160]}"
+        details = {"source": "text", "bytes": int(m.group(1)) if m else None}
+        out.append(ctx.finding(i, "alloc_failure", message, details, _ALLOC_HINT))
     return out
 
 
+_ABORT_ON_FAIL = "CONFIG_HEAP_ABORT_WHEN_ALLOCATION_FAILS"
 _ALLOC_HINT = (
     "the firmware ran out of heap: a smaller tensor arena (--arena-kb) or one in PSRAM leaves more "
     "internal RAM; check the free heap before the allocation"
@@ -843,11 +807,7 @@ class _TflmRule:
         )
 
 
-def _messages() -> dict[str, Any]:
-    return dict(tomllib.loads((data_dir() / "device_messages.toml").read_text(encoding="utf-8")))
-
-
-_MESSAGES = _messages()
+_MESSAGES = tomllib.loads((data_dir() / "device_messages.toml").read_text(encoding="utf-8"))
 _TFLM_RULES: tuple[_TflmRule, ...] = tuple(
     _TflmRule(
         r["kind"],
@@ -866,6 +826,7 @@ _NUMS = re.compile(r"Requested:?\s*(\d+),?\s*available:?\s*(\d+),?\s*missing:?\s
 _NEEDED = re.compile(r"Needed\s*(\d+)\s*but only\s*(\d+)", re.IGNORECASE)
 _SCHEMA_RE = re.compile(r"schema version\s*(\d+)\s*not equal to supported version\s*(\d+)", re.IGNORECASE)
 _TFLM_BURST = 12  # lines
+Advice = tuple[str, Details, str]  # what happened, the numbers read from the text, what to do
 
 
 def _tflm_events(ctx: _Ctx) -> list[tuple[int, str, str]]:
@@ -910,24 +871,11 @@ def _detect_tflm(ctx: _Ctx) -> Found:
         else:
             message, details, hint = _TFLM_ADVICE[kind](lines)
         details["source"] = "tflm"
-        out.append(
-            (
-                first,
-                Finding(
-                    kind,
-                    _FW,
-                    message,
-                    line=first + 1,
-                    evidence=ctx.evidence(first, last),
-                    details=details,
-                    hint=hint,
-                ),
-            )
-        )
+        out.append(ctx.finding(first, kind, message, details, hint, end=last))
     return out
 
 
-def _missing_op_advice(lines: list[str]) -> tuple[str, dict[str, Any], str]:
+def _missing_op_advice(lines: list[str]) -> Advice:
     op, version = None, None
     for text in lines:
         m = _OP_RE.search(text)
@@ -966,7 +914,7 @@ def _resolver_method(op: str) -> str | None:
         return None
 
 
-def _arena_advice(lines: list[str]) -> tuple[str, dict[str, Any], str]:
+def _arena_advice(lines: list[str]) -> Advice:
     for text in lines:
         m = _NUMS.search(text)
         if m:
@@ -984,7 +932,12 @@ def _arena_advice(lines: list[str]) -> tuple[str, dict[str, Any], str]:
             "give the model a larger tensor arena (--arena-kb)",
         )
     more_kb = max(1, math.ceil(missing / 1024))
-    details = {"requested": requested, "available": available, "missing": missing, "more_kb": more_kb}
+    details: Details = {
+        "requested": requested,
+        "available": available,
+        "missing": missing,
+        "more_kb": more_kb,
+    }
     return (
         f"the tensor arena is {missing} bytes short (requested {requested}, available {available})",
         details,
@@ -993,7 +946,7 @@ def _arena_advice(lines: list[str]) -> tuple[str, dict[str, Any], str]:
     )
 
 
-def _schema_advice(lines: list[str]) -> tuple[str, dict[str, Any], str]:
+def _schema_advice(lines: list[str]) -> Advice:
     for text in lines:
         m = _SCHEMA_RE.search(text)
         if m:
@@ -1031,7 +984,7 @@ _FAMILY_TEXT: dict[str, tuple[str, str]] = {  # family -> (what happened, what t
 }
 
 
-def _generic_tflm_advice(lines: list[tuple[str, str]]) -> tuple[str, dict[str, Any], str]:
+def _generic_tflm_advice(lines: list[tuple[str, str]]) -> Advice:
     """The most specific family of a burst of TFLM error lines ``(text, family)``: what and what to do."""
     family = next((f for f in _FAMILY_ORDER if any(g == f for _, g in lines)), lines[0][1])
     text = next(t for t, g in lines if g == family)
@@ -1039,7 +992,7 @@ def _generic_tflm_advice(lines: list[tuple[str, str]]) -> tuple[str, dict[str, A
     return f"{what}: {text.strip()[:160]}", {"family": family}, hint
 
 
-_TFLM_ADVICE: dict[str, Callable[[list[str]], tuple[str, dict[str, Any], str]]] = {  # tflm_error: above
+_TFLM_ADVICE: dict[str, Callable[[list[str]], Advice]] = {  # tflm_error: above
     "missing_op": _missing_op_advice,
     "arena_too_small": _arena_advice,
     "schema_mismatch": _schema_advice,
@@ -1049,7 +1002,7 @@ _TFLM_ADVICE: dict[str, Callable[[list[str]], tuple[str, dict[str, Any], str]]] 
 def _detect_protocol_errors(ctx: _Ctx) -> Found:
     """The parsed capture's own ERROR records (CRC already checked by harness.protocol.capture)."""
     out: Found = []
-    for rec in list(getattr(ctx.parsed, "records", None) or []):
+    for rec in ctx.parsed.records if ctx.parsed is not None else []:
         if rec.type != "ERROR":
             continue
         stage = rec.fields.get("stage", "internal")
@@ -1063,14 +1016,14 @@ def _detect_protocol_errors(ctx: _Ctx) -> Found:
         i = max(0, min(len(ctx.lines) - 1, rec.line - 1))
         ctx.explained.add(i)
         text = f"the firmware reported an error at stage {stage!r}{' (' + msg + ')' if msg else ''}"
-        details = {
+        details: Details = {
             "source": "protocol",
             "stage": stage,
             "code": rec.fields.get("code"),
             "seq": rec.seq,
             "msg": msg,
         }
-        out.append((i, Finding(kind, KINDS[kind], text, i + 1, ctx.evidence(i, i), details)))
+        out.append(ctx.finding(i, kind, text, details))
     return out
 
 
@@ -1082,23 +1035,14 @@ _BROWNOUT = ("brownoutdetector", "rownoutdetectorwas", "brownoutrst", "brownoutr
 def _detect_brownout(ctx: _Ctx) -> Found:
     out: Found = []
     for i in ctx.hot:
-        ln = ctx.lines[i]
         if ctx.has(i, _BROWNOUT):
-            out.append(
-                (
-                    i,
-                    Finding(
-                        "brownout",
-                        _INFRA,
-                        "brownout: the supply voltage dropped below the detector threshold",
-                        line=i + 1,
-                        evidence=ctx.evidence(i, i),
-                        details={"line": ln.text.strip()[:200]},
-                        hint="use a better USB cable/port or a powered hub, then rerun",
-                    ),
-                )
-            )
+            message = "brownout: the supply voltage dropped below the detector threshold"
+            details: Details = {"line": ctx.lines[i].text.strip()[:200]}
+            out.append(ctx.finding(i, "brownout", message, details, _BROWNOUT_HINT))
     return out
+
+
+_BROWNOUT_HINT = "use a better USB cable/port or a powered hub, then rerun"
 
 
 _BOOT_FAIL = re.compile(
@@ -1139,48 +1083,33 @@ def _detect_boot_failure(ctx: _Ctx) -> Found:
             continue
         detail = (m.group(1) if m else ln.body.strip())[:200]
         if "smallerthanthesizeinthebinary" in ln.sq:
-            out.append((i, _flash_size_finding(ctx, i, detail)))
+            out.append(_flash_size_finding(ctx, i, detail))
             continue
-        out.append(
-            (
-                i,
-                Finding(
-                    "boot_failure",
-                    _INFRA,
-                    f"the chip could not boot the flashed image: {detail[:120]}",
-                    line=i + 1,
-                    evidence=ctx.evidence(i, i),
-                    details={"detail": detail},
-                    hint="reflash (check the offsets and the flash size/mode in the board file)",
-                ),
-            )
-        )
+        message = f"the chip could not boot the flashed image: {detail[:120]}"
+        hint = "reflash (check the offsets and the flash size/mode in the board file)"
+        out.append(ctx.finding(i, "boot_failure", message, {"detail": detail}, hint))
     return out
 
 
 _FLASH_SIZES = re.compile(r"size\((\d+)k\).*?header\((\d+)k\)", re.IGNORECASE)
 
 
-def _flash_size_finding(ctx: _Ctx, i: int, detail: str) -> Finding:
+def _flash_size_finding(ctx: _Ctx, i: int, detail: str) -> tuple[int, Finding]:
     """The image was built for more flash than the chip has: the board file is wrong (exit 2)."""
     m = _FLASH_SIZES.search(ctx.lines[i].text)
     sizes = {"chip_kb": int(m.group(1)), "image_kb": int(m.group(2))} if m else {}
     what = ""
     if m:
         what = f" ({sizes['chip_kb'] // 1024} MB chip, image built for {sizes['image_kb'] // 1024} MB)"
-    return Finding(
-        "flash_size_mismatch",
-        Severity.USAGE,
-        f"the image was built for more flash than the chip has{what}: ESP-IDF refuses to start",
-        line=i + 1,
-        evidence=ctx.evidence(i, i),
-        details={"detail": detail, **sizes},
-        hint="use the board file that matches the module (`esptool flash-id` prints the real size), or "
-        "lower flash_size in the board file, then rebuild",
+    message = f"the image was built for more flash than the chip has{what}: ESP-IDF refuses to start"
+    hint = (
+        "use the board file that matches the module (`esptool flash-id` prints the real size), or "
+        "lower flash_size in the board file, then rebuild"
     )
+    return ctx.finding(i, "flash_size_mismatch", message, {"detail": detail, **sizes}, hint)
 
 
-_BOOT_MODES: dict[str, Any] = _MESSAGES["boot_mode"]
+_BOOT_MODES = _MESSAGES["boot_mode"]
 # a ROM boot-mode name that is not a flash boot, or the ROM's waiting line (device_messages.toml)
 _DL_SQ = re.compile(
     "boot0x[0-9a-f]{1,2}(?:"
@@ -1281,7 +1210,7 @@ def _detect_download_mode(ctx: _Ctx) -> Found:
         )
     if disabled:
         hint += "; this chip's eFuses disable download mode, so it only resets"
-    details = {
+    details: Details = {
         "chip": chip,
         "strap_pin": pin,
         "rst_reason": reason,
@@ -1295,20 +1224,7 @@ def _detect_download_mode(ctx: _Ctx) -> Found:
         f"the chip is in download mode (ROM serial loader{', ' + chip if chip else ''}): it never ran the "
         f"firmware ({len(resets)} reset(s) into download mode)"
     )
-    return [
-        (
-            first,
-            Finding(
-                "download_mode",
-                _INFRA,
-                msg,
-                line=first + 1,
-                evidence=ctx.evidence(first, hits[-1]),
-                details=details,
-                hint=hint,
-            ),
-        )
-    ]
+    return [ctx.finding(first, "download_mode", msg, details, hint, end=hits[-1])]
 
 
 _TWDT = ("taskwatchdoggottriggered", "askwatchdoggottrigger")
@@ -1351,20 +1267,9 @@ def _detect_task_watchdog(ctx: _Ctx) -> Found:
             ctx.explained.update(range(j, _dump_end(ctx, j) + 1))
     if not hits:
         return []
-    i = hits[0]
-    return [
-        (
-            i,
-            Finding(
-                "task_watchdog",
-                Severity.WARNING,
-                f"task watchdog triggered {len(hits)}x (non-fatal unless CONFIG_ESP_TASK_WDT_PANIC)",
-                i + 1,
-                ctx.evidence(i, i + 3),
-                {"count": len(hits), "tasks": sorted(set(tasks))},
-            ),
-        )
-    ]
+    message = f"task watchdog triggered {len(hits)}x (non-fatal unless CONFIG_ESP_TASK_WDT_PANIC)"
+    details: Details = {"count": len(hits), "tasks": sorted(set(tasks))}
+    return [ctx.finding(hits[0], "task_watchdog", message, details, end=hits[0] + 3)]
 
 
 def _dump_end(ctx: _Ctx, start: int) -> int:
@@ -1445,7 +1350,7 @@ def _detect_sanitizer(ctx: _Ctx) -> Found:
         evidence_idx = [i, *frame_lines[:4]]
         if end is not None and end not in evidence_idx:
             evidence_idx.append(end)
-        details: dict[str, Any] = {
+        details: Details = {
             "sanitizer": sanitizer,
             "error": error,
             "access": access,
@@ -1453,23 +1358,17 @@ def _detect_sanitizer(ctx: _Ctx) -> Found:
             "frames": frames,
             "summary": summary.group(0).strip() if summary else None,
         }
-        out.append(
-            (
-                i,
-                Finding(
-                    "sanitizer",
-                    _FW,
-                    message[:300],
-                    line=i + 1,
-                    evidence=tuple(ctx.lines[j].text[:_EVIDENCE_CAP] for j in evidence_idx),
-                    details={k: v for k, v in details.items() if v not in (None, [])},
-                    hint="the native build found undefined behaviour or an out-of-bounds access in the "
-                    "firmware or a kernel (e.g. an ESP-NN scratch buffer too small); the frames name the "
-                    "code",
-                ),
-            )
-        )
+        details = {k: v for k, v in details.items() if v not in (None, [])}
+        _, f = ctx.finding(i, "sanitizer", message[:300], details, _SANITIZER_HINT)
+        evidence = tuple(ctx.lines[j].text[:_EVIDENCE_CAP] for j in evidence_idx)
+        out.append((i, dataclasses.replace(f, evidence=evidence)))
     return out
+
+
+_SANITIZER_HINT = (
+    "the native build found undefined behaviour or an out-of-bounds access in the firmware or a kernel "
+    "(e.g. an ESP-NN scratch buffer too small); the frames name the code"
+)
 
 
 def _detect_native_exit(ctx: _Ctx) -> Found:
@@ -1485,22 +1384,14 @@ def _detect_native_exit(ctx: _Ctx) -> Found:
         if m.group(1):
             signo, name = int(m.group(1)), m.group(2)
             message = f"the native program was killed by signal {signo} ({name})"
-            details: dict[str, Any] = {"signal": signo, "signal_name": name}
+            details: Details = {"signal": signo, "signal_name": name}
         else:
             status = int(m.group(3))
             message = f"the native program exited with status {status}"
             details = {"status": status}
         ctx.claim(i, i, "native_exit")
         hint = "rebuild with --sanitize: AddressSanitizer/UBSan name the faulting code"
-        evidence = (ln.text[:_EVIDENCE_CAP],)
-        out.append(
-            (
-                i,
-                Finding(
-                    "native_exit", _FW, message, line=i + 1, evidence=evidence, details=details, hint=hint
-                ),
-            )
-        )
+        out.append(ctx.finding(i, "native_exit", message, details, hint))
     return out
 
 
@@ -1558,7 +1449,8 @@ def _merge_repeats(found: Sequence[tuple[int, Finding]]) -> list[Finding]:
         if target is not None:
             first = out[target]
             details = dict(first.details)
-            details["count"] = int(details.get("count", 1)) + 1
+            count = details.get("count", 1)
+            details["count"] = (count if isinstance(count, int) else 1) + 1
             evidence = first.evidence if len(first.evidence) >= 12 else (*first.evidence, *f.evidence[:1])
             out[target] = dataclasses.replace(first, details=details, evidence=evidence)
             last_at[f.kind] = (target, idx)
@@ -1737,6 +1629,12 @@ def _hot_lines(text: str) -> list[int]:
 
 # --- whole-capture findings ------------------------------------------------------------------------
 
+
+def _whole(kind: str, message: str, details: Details, hint: str | None = None) -> Finding:
+    """A finding about the whole capture (no evidence line), with its kind's severity."""
+    return Finding(kind, KINDS[kind], message, details=details, hint=hint)
+
+
 _HOST_RESET = re.compile(r"POWERON|USB_UART|CHIP_USB|EXT_SYS|EXT_RST|PIN_RST", re.IGNORECASE)
 _END = re.compile(r"@EC1 \d+ END ")
 _PRINTED = re.compile(r"[^\s\x00]")
@@ -1766,7 +1664,7 @@ def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None, threshold:
     kinds = {f.kind for f in found}
     if "download_mode" in kinds:  # one ROM banner per reset while the strap is held: never a boot loop
         return []
-    details: dict[str, Any] = {
+    details: Details = {
         "boots": boots.count,
         "host_resets": host,
         "download_resets": download,
@@ -1776,86 +1674,50 @@ def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None, threshold:
     infra_causes = ("flash_size_mismatch", "brownout", "boot_failure")
     cause = next((k for k in infra_causes if k in kinds), crash)
     if cause is None:
-        return [
-            Finding(
-                "unknown",
-                _INFRA,
-                f"the board rebooted {boots.count} times during one run and printed no evidence of why "
-                "(no crash, brownout, boot failure or download mode): no evidence, not classified",
-                line=None,
-                evidence=(),
-                details={**details, "cause": None, "reason": "no evidence"},
-                hint="check the supply and the cable and rerun; a firmware that resets itself without a "
-                "panic message (esp_restart, hardware watchdog) also shows up like this",
-            )
-        ]
-    sev = {"flash_size_mismatch": Severity.USAGE, "brownout": _INFRA, "boot_failure": _INFRA}.get(cause, _FW)
-    return [
-        Finding(
-            "boot_loop",
-            sev,
-            f"the board booted {boots.count} times during one run (cause: {cause})",
-            None,
-            (),
-            {**details, "cause": cause},
+        message = (
+            f"the board rebooted {boots.count} times during one run and printed no evidence of why "
+            "(no crash, brownout, boot failure or download mode): no evidence, not classified"
         )
-    ]
+        hint = (
+            "check the supply and the cable and rerun; a firmware that resets itself without a "
+            "panic message (esp_restart, hardware watchdog) also shows up like this"
+        )
+        return [_whole("unknown", message, {**details, "cause": None, "reason": "no evidence"}, hint)]
+    loop = _whole(
+        "boot_loop", f"the board booted {boots.count} times during one run (cause: {cause})", details
+    )
+    return [dataclasses.replace(loop, severity=KINDS[cause], details={**details, "cause": cause})]
 
 
 def _end_of_stream(ctx: _Ctx, found: list[Finding], ended_by: str | None) -> list[Finding]:
     if ended_by is None or ctx.has_end:
         return []
-    details = {"ended_by": ended_by}
+    details: Details = {"ended_by": ended_by}
     if not ctx.printed:
-        return [
-            Finding(
-                "silence",
-                _INFRA,
-                "the board printed nothing (wrong port or baud, board not running, or nothing reset it)",
-                None,
-                (),
-                details,
-            )
-        ]
+        message = "the board printed nothing (wrong port or baud, board not running, or nothing reset it)"
+        return [_whole("silence", message, details)]
     if ended_by == "disconnect":
         if any(f.kind in ("sanitizer", "native_exit") for f in found):
             return []  # a native program that ended: its report says why the stream ended
-        return [
-            Finding("disconnect", _INFRA, "the serial link closed before the END record", None, (), details)
-        ]
+        return [_whole("disconnect", "the serial link closed before the END record", details)]
     if any(f.severity in (_FW, _INFRA) for f in found) or ended_by == "end_record":
         return []
     if any(f.kind == "task_watchdog" for f in found):
-        return [
-            Finding(
-                "hang",
-                _FW,
-                "the firmware stopped before the END record while the task watchdog kept firing: it is stuck",
-                None,
-                (),
-                details,
-            )
-        ]
-    return [
-        Finding(
-            "no_end",
-            _INFRA,
-            f"no END record ({ended_by}) and no evidence of why: the run is incomplete",
-            None,
-            (),
-            details,
+        message = (
+            "the firmware stopped before the END record while the task watchdog kept firing: it is stuck"
         )
+        return [_whole("hang", message, details)]
+    return [
+        _whole("no_end", f"no END record ({ended_by}) and no evidence of why: the run is incomplete", details)
     ]
 
 
-def _corrupted(parsed: Any | None) -> list[Finding]:
-    if parsed is None or getattr(parsed, "valid", True):
+def _corrupted(parsed: Capture | None) -> list[Finding]:
+    if parsed is None or parsed.valid:
         return []
     return [
-        Finding(
-            "corrupted", _INFRA, f"capture failed validation: {problem}", None, (), {"problem": str(problem)}
-        )
-        for problem in list(getattr(parsed, "problems", []) or [])[:20]
+        _whole("corrupted", f"capture failed validation: {problem}", {"problem": str(problem)})
+        for problem in parsed.problems[:20]
     ]
 
 
@@ -1864,7 +1726,7 @@ def _has_end(text: str) -> bool:
     return any(m.end() - (text.rfind("\n", 0, m.start()) + 1) <= _LINE_CAP for m in _END.finditer(text))
 
 
-def _context(raw: bytes | str, parsed: Any | None) -> _Ctx:
+def _context(raw: bytes | str, parsed: Capture | None) -> _Ctx:
     text = _text(raw)
     lines = _Lines(text.split("\n"))
     ctx = _Ctx(lines, parsed, _hot_lines(text))
@@ -1879,7 +1741,7 @@ def classify(
     raw: bytes | str,
     *,
     ended_by: str | None = None,
-    parsed: Any | None = None,
+    parsed: Capture | None = None,
     boot_loop_threshold: int = 3,
 ) -> list[Finding]:
     """Findings in the order their evidence appears (boot loop / end-of-stream findings last).

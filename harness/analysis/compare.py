@@ -16,7 +16,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -31,6 +30,7 @@ from harness.errors import (
 )
 from harness.model.files import LOG_MAX_BYTES, read_regular
 from harness.model.inputs import InputOptions
+from harness.model.modelinfo import TensorInfo
 from harness.protocol.capture import MARKER, Capture, looks_like_device_output, parse_capture
 from harness.protocol.legacy import parse_legacy_log
 from harness.protocol.spec import crc32_hex
@@ -208,7 +208,7 @@ def source_from_capture(
     )
 
 
-def _source_from_results(doc: Any, label: str, path: str) -> Source:
+def _source_from_results(doc: object, label: str, path: str) -> Source:
     if isinstance(doc, list):
         try:
             vals = np.asarray([float(v) for v in doc], dtype=np.float64)
@@ -268,7 +268,7 @@ def _source_from_results(doc: Any, label: str, path: str) -> Source:
         raise LogFormatError(f"{path}: malformed results file ({type(exc).__name__}: {exc})") from None
 
 
-def results_document(source: Source) -> dict[str, Any]:
+def results_document(source: Source) -> dict[str, object]:
     """Serialise a Source's raw outputs as an esp-check results file (exact bytes, CRC-protected)."""
     runs = []
     for k, outs in enumerate(source.runs):
@@ -651,7 +651,7 @@ def _check_legacy_lengths(a: Source, b: Source) -> None:
             )
 
 
-def _fit_legacy(src: Source, outputs: Sequence[Any]) -> Source:
+def _fit_legacy(src: Source, outputs: Sequence[TensorInfo]) -> Source:
     """A legacy log checked against the model: exactly its output size, split into its outputs.
 
     A legacy log carries no END record, so its element count is the only completeness check there is:
@@ -817,7 +817,7 @@ def compare_sources(
 Quant = tuple[float | None, int | None, str | None]
 
 
-def output_quant(outputs: Sequence[Any]) -> list[Quant]:
+def output_quant(outputs: Sequence[TensorInfo]) -> list[Quant]:
     """(scale, zero point, dtype) per model output, as compare_sources takes them."""
     return [(t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in outputs]
 

@@ -14,7 +14,6 @@ import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -63,7 +62,7 @@ class PairStats:
     sum_abs: list[float] = field(default_factory=list)  # per output: sum of |diff| over elements
     elements: list[int] = field(default_factory=list)  # per output: elements compared
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         n = self.compared
         return {
             "compared": n,
@@ -91,7 +90,7 @@ class Row:
     invoke_us: dict[str, int | None]
     detail: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "index": self.index,
             "name": self.name,
@@ -138,7 +137,7 @@ class DatasetAnalysis:
 
         return sorted(bad, key=key)[:limit]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "inputs": len(self.rows),
             "verdicts": self.counts,

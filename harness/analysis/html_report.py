@@ -20,10 +20,18 @@ import json
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import numpy as np
+
+from harness.analysis.hybrid import Audit
+from harness.analysis.tap import Divergence, TapResult, Timing
+
+if TYPE_CHECKING:  # annotations only: the flows import this module
+    from harness.flows.records import FlashAndCompareResult
+
+View = dict[str, object]  # what a template shows: numbers, strings and lists of views, built here
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,12 +46,12 @@ def _env() -> jinja2.Environment:
     )
 
 
-def render(template: str, **context: Any) -> str:
+def render(template: str, **context: object) -> str:
     """Render one of the report templates (``harness/templates/<template>``)."""
     return _env().get_template(template).render(**context)
 
 
-def _macro(name: str, *args: Any) -> str:
+def _macro(name: str, *args: object) -> str:
     """One macro of ``macros.html.j2`` (the pieces the reports share), rendered."""
     return str(getattr(_env().get_template("macros.html.j2").module, name)(*args))
 
@@ -51,20 +59,20 @@ def _macro(name: str, *args: Any) -> str:
 # ---- SVG plots --------------------------------------------------------------------------------------
 
 
-def _timeline(tap: Any) -> dict[str, Any] | None:
+def _timeline(tap: TapResult | None) -> View | None:
     """Geometry of the checksum timeline: one cell per op and comparison."""
     if tap is None or not tap.runs:
         return None
     row = tap.runs[0]
-    keys = [k for k in ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host") if k in row]
-    n = max((row[k].ops_compared for k in keys), default=0)
+    keys = ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host")
+    divergences = [(k, d) for k in keys if isinstance(d := row.get(k), Divergence)]
+    n = max((d.ops_compared for _, d in divergences), default=0)
     if n == 0:
         return None
     cell, left, top = max(4, min(14, 900 // n)), 150, 18
-    height = top + len(keys) * (cell + 6) + 24
+    height = top + len(divergences) * (cell + 6) + 24
     rows = []
-    for j, k in enumerate(keys):
-        d = row[k]
+    for j, (k, d) in enumerate(divergences):
         bad = set(d.differing_ops)
         cells = [
             {
@@ -87,15 +95,15 @@ def _timeline(tap: Any) -> dict[str, Any] | None:
     }
 
 
-def checksum_timeline_svg(tap: Any) -> str:
+def checksum_timeline_svg(tap: TapResult | None) -> str:
     """One cell per op and comparison: green = same checksum, red = differs, dark red = first."""
     geometry = _timeline(tap)
     return _macro("timeline", geometry) if geometry is not None else ""
 
 
-def _bars(timing: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _bars(timing: Timing | None) -> View | None:
     """Geometry of the timing bars: per op, optimized and ANSI C time (microseconds)."""
-    if not timing or not timing.get("ops"):
+    if not timing or not timing["ops"]:
         return None
     ops = timing["ops"]
     vmax = max((max(r["us"].values() or [0.0]) for r in ops), default=0.0) or 1.0
@@ -115,7 +123,7 @@ def _bars(timing: Mapping[str, Any] | None) -> dict[str, Any] | None:
         ]
         label = f"{r['op']} {r['opcode']}"
         rows.append({"y": 20 + k * (2 * bar + 3), "label": label, "op": r["op"], "opcode": r["opcode"],
-                     "bars": bars, "speedup": r.get("speedup")})  # fmt: skip
+                     "bars": bars, "speedup": r["speedup"]})  # fmt: skip
     height = 20 + len(ops) * (2 * bar + 3) + 10
     return {
         "width": left + plot_w + 90,
@@ -127,35 +135,27 @@ def _bars(timing: Mapping[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def timing_bars_svg(timing: dict[str, Any] | None) -> str:
+def timing_bars_svg(timing: Timing | None) -> str:
     """Horizontal bars per op: optimized and ANSI C time (microseconds)."""
     geometry = _bars(timing)
     return _macro("timing_bars", geometry) if geometry is not None else ""
 
 
-def audit_view(audit: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def audit_view(audit: Audit | None) -> View | None:
     """The audit table's rows: op, kind, ESP-NN on this chip (and why not), cycles, speedup, flag."""
     if not audit:
         return None
     rows = []
-    for r in audit.get("rows") or []:
-        flag = {"ansi_speed": "runs at ANSI C speed", "slower": "slower optimized"}.get(
-            r.get("flag") or "", ""
-        )
+    for r in audit["rows"]:
+        flag = {"ansi_speed": "runs at ANSI C speed", "slower": "slower optimized"}.get(r["flag"] or "", "")
         rows.append({
             "op": r["op"], "kind": r["kind"], "espnn": "yes" if r["espnn"] else f"no: {r['reason']}",
-            "cycles_optimized": "-" if r.get("cycles_optimized") is None else r["cycles_optimized"],
-            "cycles_ansi": "-" if r.get("cycles_ansi") is None else r["cycles_ansi"],
-            "speedup": f"{r['speedup']:.2f}x" if r.get("speedup") is not None else "-", "flag": flag,
+            "cycles_optimized": "-" if r["cycles_optimized"] is None else r["cycles_optimized"],
+            "cycles_ansi": "-" if r["cycles_ansi"] is None else r["cycles_ansi"],
+            "speedup": f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-", "flag": flag,
         })  # fmt: skip
-    band = f"{float(audit.get('noise_band', 0.1)):.0%}"
-    return {"chip": audit.get("chip"), "band": band, "kinds": audit.get("kinds") or [], "rows": rows}
-
-
-def audit_html(audit: Mapping[str, Any] | None) -> str:
-    """The audit table: op, kind, ESP-NN on this chip (and why not), cycles of both builds, speedup."""
-    view = audit_view(audit)
-    return _macro("audit_table", view) if view is not None else ""
+    band = f"{float(audit['noise_band']):.0%}"
+    return {"chip": audit["chip"], "band": band, "kinds": audit["kinds"], "rows": rows}
 
 
 # ---- images ------------------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def _plane(a: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def _triptych(title: str, ref_name: str, ref: np.ndarray, got: np.ndarray) -> dict[str, Any] | None:
+def _triptych(title: str, ref_name: str, ref: np.ndarray, got: np.ndarray) -> View | None:
     """Reference, optimized and difference of one image-shaped tensor: captions and PNG data URIs."""
     pr, pg = _plane(ref), _plane(got)
     if pr is None or pg is None or pr.shape != pg.shape:
@@ -217,8 +217,8 @@ def image_triptych(title: str, ref_name: str, ref: np.ndarray, got: np.ndarray) 
 # ---- document ---------------------------------------------------------------------------------------
 
 
-def _output_images(result: Any) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _output_images(result: FlashAndCompareResult) -> list[View]:
+    out: list[View] = []
     comp = result.comparison
     srcs = {s.label: s for s in comp.sources} if comp is not None else {}
     opt = srcs.get("optimized")
@@ -237,7 +237,7 @@ def _output_images(result: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _devices(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _devices(doc: Mapping[str, Any]) -> list[View]:
     rows = []
     for v, r in (doc.get("variants") or {}).items():
         info = (((r.get("results") or {}).get("sources") or [{}])[0] or {}).get("info", {})
@@ -249,22 +249,21 @@ def _devices(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _timing_view(timing: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _timing_view(timing: Timing | None) -> View | None:
     if not timing:
         return None
-    tot = timing.get("total_us", {})
+    tot = timing["total_us"]
     by_type = [
         {"name": name, "count": r["count"], "optimized": r["us"].get("optimized", 0),
-         "ansi": r["us"].get("ansi", 0), "speedup": r.get("speedup")}
+         "ansi": r["us"].get("ansi", 0), "speedup": r["speedup"]}
         for name, r in timing["by_type"].items()
     ]  # fmt: skip
     total = {"optimized": tot.get("optimized", 0), "ansi": tot.get("ansi", 0)}
-    return {"total": total, "speedup": timing.get("speedup"), "by_type": by_type, "bars": _bars(timing)}
+    return {"total": total, "speedup": timing["speedup"], "by_type": by_type, "bars": _bars(timing)}
 
 
-def _tap_view(result: Any, tdoc: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    tap = getattr(result, "tap", None)
-    if tap is None or tdoc is None:
+def _tap_view(tap: TapResult | None) -> View | None:
+    if tap is None:
         return None
     images = [
         _triptych(
@@ -275,12 +274,12 @@ def _tap_view(result: Any, tdoc: Mapping[str, Any] | None) -> dict[str, Any] | N
     return {
         "timeline": _timeline(tap),
         "images": [t for t in images if t is not None],
-        "timing": _timing_view(tdoc.get("timing")),
-        "audit": audit_view(tdoc.get("audit")),
+        "timing": _timing_view(tap.timing),
+        "audit": audit_view(tap.audit),
     }
 
 
-def render_html(result: Any, doc: dict[str, Any]) -> str:
+def render_html(result: FlashAndCompareResult, doc: Mapping[str, Any]) -> str:
     """The whole report as one HTML string (harness/templates/flash_and_compare.html.j2)."""
     verdict = str(doc.get("verdict"))
     comp = doc.get("comparison") or {}
@@ -294,7 +293,7 @@ def render_html(result: Any, doc: dict[str, Any]) -> str:
         "devices": _devices(doc),
         "comparisons": comparisons,
         "images": _output_images(result),
-        "tap": _tap_view(result, doc.get("tap")),
+        "tap": _tap_view(result.tap),
     }
     return render("flash_and_compare.html.j2", doc=doc, view=view)
 
@@ -302,8 +301,14 @@ def render_html(result: Any, doc: dict[str, Any]) -> str:
 # ---- bundle -------------------------------------------------------------------------------------------
 
 
-def write_bundle(result: Any, doc: dict[str, Any], model: Path, inputs: Sequence[Path], dest: Path,
-                 html_text: str | None) -> Path:  # fmt: skip
+def write_bundle(
+    result: FlashAndCompareResult,
+    doc: Mapping[str, Any],
+    model: Path,
+    inputs: Sequence[Path],
+    dest: Path,
+    html_text: str | None,
+) -> Path:
     """A zip with everything needed to reproduce the run (no build products, no caches)."""
     from harness import __version__
 
@@ -364,7 +369,7 @@ def write_bundle(result: Any, doc: dict[str, Any], model: Path, inputs: Sequence
 
 
 def write_outputs(
-    result: Any,
+    result: FlashAndCompareResult,
     *,
     model: Path,
     inputs: Sequence[Path],

@@ -19,10 +19,11 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from harness.model.loader import ModelInfo
 from harness.model.opdata import espnn_model_acceleration
+from harness.protocol.capture import Capture
 
 NOISE_BAND = 0.10  # a speedup within 1 +- 10 % is "the same speed" (per-op cycle counts of one run)
 # An op that takes fewer ANSI C cycles than this gets no audit verdict: its time is mostly the fixed
@@ -48,7 +49,7 @@ class BisectStep:
     bad: bool | None = None
     why: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "run": self.run,
             "phase": self.phase,
@@ -146,7 +147,7 @@ class Bisection:
         marks = self._runs_at_round_start + ([len(self.steps)] if not self.done else [])
         return [b - a for a, b in itertools.pairwise(marks) if b > a]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "switchable_ops": len(self.switchable),
             "bound_per_culprit": self.bound_per_culprit,
@@ -173,6 +174,40 @@ def _ranges(ops: Sequence[int]) -> str:
 # ---- cost -----------------------------------------------------------------------------------------
 
 
+class OpCost(TypedDict):
+    op: int
+    kind: str
+    cycles_optimized: int | None
+    cycles_ansi: int | None
+    extra_cycles: int | None
+
+
+class CostReport(TypedDict):
+    """What the hybrid costs, from per-op cycles (:func:`cost_report`)."""
+
+    cycles: dict[str, int]
+    ms: dict[str, float]
+    speedup: dict[str, float | None]
+    speedup_kept_percent: float | None
+    measured: bool
+    per_op: list[OpCost]
+    cpu_mhz: int
+    native: bool
+    noise_band: float
+    summary: str
+
+
+class InvokeCost(TypedDict):
+    """What the hybrid costs, from the builds' invoke times (:func:`invoke_cost`)."""
+
+    invoke_us: dict[str, int | None]
+    speedup_kept_percent: float | None
+    measured: bool
+    per_op: list[OpCost]
+    summary: str
+    native: bool
+
+
 def cost_report(
     info: ModelInfo,
     optimized: Mapping[int, int],
@@ -183,7 +218,7 @@ def cost_report(
     *,
     native: bool = False,
     noise_band: float = NOISE_BAND,
-) -> dict[str, Any]:
+) -> CostReport:
     """What the hybrid costs, from per-op cycles of the optimized and the ANSI C build (and of the hybrid
     itself when a tapped hybrid run measured them): the share of ESP-NN's speedup it keeps, and per op
     sent to ANSI C the extra cycles. A share is claimed only from a speedup above the noise band and a
@@ -202,7 +237,7 @@ def cost_report(
             return None  # the hybrid timed outside the two builds' range: not comparable, no claim
         return round(100.0 * (t_ansi - t) / (t_ansi - t_opt), 4)
 
-    per_op = [
+    per_op: list[OpCost] = [
         {
             "op": k,
             "kind": info.main_ops[k].opcode if k < len(info.main_ops) else "?",
@@ -213,7 +248,7 @@ def cost_report(
         for k in sorted(chosen)
     ]
     mhz = max(1, int(cpu_mhz))
-    doc = {
+    doc: CostReport = {
         "cycles": {"optimized": t_opt, "ansi": t_ansi, "hybrid": t_hyb, "hybrid_estimate": t_est},
         "ms": {
             k: round(v / mhz / 1000.0, 3)
@@ -229,6 +264,7 @@ def cost_report(
         "cpu_mhz": mhz,
         "native": native,
         "noise_band": noise_band,
+        "summary": "",
     }
     doc["summary"] = _cost_sentence(doc)
     return doc
@@ -239,18 +275,18 @@ def _percent(p: float) -> str:
     return f"{p:.1f}%" if p < 99.9 else f"{p:.3f}%"
 
 
-def _cost_head(doc: Mapping[str, Any]) -> str:
+def _cost_head(doc: CostReport) -> str:
     """The cost claim, or why there is none."""
     kept, sp, c = doc["speedup_kept_percent"], doc["speedup"], doc["cycles"]
     how = "measured" if doc["measured"] else "estimated from the two builds' per-op cycles"
-    if doc.get("native"):
+    if doc["native"]:
         return NATIVE_NO_CLAIM
     if kept is not None and sp["optimized"] and sp["hybrid"]:
         return (
             f"the hybrid keeps {_percent(kept)} of ESP-NN's speedup ({sp['optimized']:.2f}x -> "
             f"{sp['hybrid']:.2f}x over ANSI C, {how})"
         )
-    if not sp["optimized"] or sp["optimized"] <= 1.0 + doc.get("noise_band", NOISE_BAND):
+    if not sp["optimized"] or sp["optimized"] <= 1.0 + doc["noise_band"]:
         got = f" ({sp['optimized']:.2f}x)" if sp["optimized"] else ""
         return f"ESP-NN gives no speedup above the noise on this model{got}: no cost is claimed"
     return (
@@ -259,9 +295,9 @@ def _cost_head(doc: Mapping[str, Any]) -> str:
     )
 
 
-def _cost_sentence(doc: Mapping[str, Any]) -> str:
+def _cost_sentence(doc: CostReport) -> str:
     head = _cost_head(doc)
-    if doc.get("native"):
+    if doc["native"]:
         return head
     ops = "; ".join(
         f"op {r['op']} ({r['kind']}) costs {r['extra_cycles']:,} cycles more "
@@ -274,7 +310,7 @@ def _cost_sentence(doc: Mapping[str, Any]) -> str:
 
 def invoke_cost(
     us: Mapping[str, int | None], *, native: bool = False, noise_band: float = NOISE_BAND
-) -> dict[str, Any]:
+) -> InvokeCost:
     """Without per-op cycles (a bisection without taps): the cost from the three builds' measured invoke
     times (``optimized``, ``ansi``, ``hybrid``, in us), under the same rules as :func:`cost_report`."""
     opt, ansi, hyb = us.get("optimized"), us.get("ansi"), us.get("hybrid")
@@ -314,6 +350,38 @@ def invoke_cost(
 # ---- ESP-NN speedup audit -------------------------------------------------------------------------
 
 
+class AuditRow(TypedDict):
+    op: int
+    kind: str
+    espnn: bool
+    reason: str
+    cycles_optimized: int | None
+    cycles_ansi: int | None
+    speedup: float | None
+    flag: str | None  # "slower" | "ansi_speed"
+    no_verdict: str | None  # "native" | "below_floor"
+
+
+class AuditKind(TypedDict):
+    kind: str
+    finding: str  # "not_optimized" | "some_ops"
+    ops: list[int]
+    message: str
+
+
+class Audit(TypedDict):
+    """The ESP-NN speedup audit (:func:`espnn_audit`)."""
+
+    chip: str
+    noise_band: float
+    min_cycles: int
+    native: bool
+    note: str
+    rows: list[AuditRow]
+    flagged_ops: list[int]
+    kinds: list[AuditKind]
+
+
 def espnn_audit(
     info: ModelInfo,
     chip: str,
@@ -323,7 +391,7 @@ def espnn_audit(
     *,
     native: bool = False,
     min_cycles: int = MIN_AUDIT_CYCLES,
-) -> dict[str, Any]:
+) -> Audit:
     """Per op: ESP-NN expected on ``chip`` (with the reason when not), cycles of both builds, speedup.
 
     An op below ``min_cycles`` ANSI C cycles gets no verdict (``no_verdict: below_floor``): its time is
@@ -336,7 +404,7 @@ def espnn_audit(
     included compile the wrapper with the ANSI C functions, silently).
     """
     accel = {a.index: a for a in espnn_model_acceleration(info, chip)}
-    rows: list[dict[str, Any]] = []
+    rows: list[AuditRow] = []
     for op in info.main_ops:
         a = accel.get(op.index)
         c_opt, c_ansi = optimized.get(op.index), ansi.get(op.index)
@@ -375,13 +443,13 @@ def espnn_audit(
     }
 
 
-def _kind_findings(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    out = []
+def _kind_findings(rows: Sequence[AuditRow]) -> list[AuditKind]:
+    out: list[AuditKind] = []
     for kind in dict.fromkeys(r["kind"] for r in rows):
         expected = [
             r
             for r in rows
-            if r["kind"] == kind and r["espnn"] and r["speedup"] is not None and not r.get("no_verdict")
+            if r["kind"] == kind and r["espnn"] and r["speedup"] is not None and not r["no_verdict"]
         ]
         at_ansi = [r for r in expected if r["flag"] == "ansi_speed"]
         slower = [r for r in rows if r["kind"] == kind and r["flag"] == "slower"]
@@ -412,7 +480,7 @@ def _kind_findings(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 # ---- what the hybrid capture says about itself ----------------------------------------------------
 
 
-def hybrid_evidence(cap: Any, ansi_ops: Sequence[int], expected_ansi_invokes: int) -> list[str]:
+def hybrid_evidence(cap: Capture, ansi_ops: Sequence[int], expected_ansi_invokes: int) -> list[str]:
     """Problems with a hybrid capture's own account of its dispatch (empty: it says what was built)."""
     problems: list[str] = []
     printed = cap.hybrid_ops

@@ -15,7 +15,7 @@ import math
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -47,10 +47,6 @@ def _num(x: float | None) -> float | str | None:
     if math.isinf(x):
         return "inf" if x > 0 else "-inf"
     return x
-
-
-def _nums(xs: list[float] | None) -> list[float | str | None] | None:
-    return None if xs is None else [_num(x) for x in xs]
 
 
 # ---- report.json's compare report: typed, and docs/report-schema.json is generated from it ---------
@@ -193,7 +189,7 @@ def _comparison(c: TensorComparison) -> ComparisonDoc:
     return ComparisonDoc.model_validate({**doc, "verdict": "match" if c.match else "mismatch"})
 
 
-def report_dict(result: CompareResult, schema_version: int | None = None) -> dict[str, Any]:
+def report_dict(result: CompareResult, schema_version: int | None = None) -> dict[str, object]:
     """The JSON report (schema: docs/report-schema.json); ``schema_version=1`` for the deprecated form."""
     report = CompareReport(
         tool=ToolDoc(version=__version__),

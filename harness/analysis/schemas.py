@@ -11,11 +11,10 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable
-from typing import Any
 
 from harness.errors import UsageError
 
-Doc = dict[str, Any]
+Doc = dict[str, object]  # a report document, as json.dumps writes it
 
 # compare report v1 named usage errors "input_error" and every other error "error"
 _COMPARE_V1_VERDICT = {
@@ -33,7 +32,9 @@ def versioned(
     downgrades: dict[int, Callable[[Doc], Doc]],
 ) -> Doc:
     """``doc`` (current version) as ``requested``; UsageError for a version that is not offered."""
-    current = int(doc["schema_version"])
+    current = doc["schema_version"]
+    if not isinstance(current, int):
+        raise TypeError(f"{what}: schema_version {current!r} is not an integer")
     if requested is None or requested == current:
         return doc
     if requested not in downgrades:
@@ -55,5 +56,7 @@ def versioned(
 
 def compare_v1(doc: Doc) -> Doc:
     """compare report v2 -> v1: the old verdict names."""
-    doc["verdict"] = _COMPARE_V1_VERDICT.get(doc["verdict"], doc["verdict"])
+    verdict = doc["verdict"]
+    if isinstance(verdict, str):
+        doc["verdict"] = _COMPARE_V1_VERDICT.get(verdict, verdict)
     return doc

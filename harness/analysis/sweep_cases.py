@@ -14,9 +14,11 @@ import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal, NamedTuple, TypedDict, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 OPS = {
     "conv": 1,
@@ -103,6 +105,62 @@ def api_out(size: int, k: int, stride: int, pad: int) -> int:
 # cases
 
 
+class CaseMeta(TypedDict, total=False):
+    """What a case's params were made from (sweep.json keeps it; a reproduction and the shrinker use it)."""
+
+    ih: int  # geometry (conv, depthwise, pooling)
+    iw: int
+    ic: int
+    kh: int
+    kw: int
+    fc: int
+    oc: int
+    oh: int
+    ow: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    same: bool
+    groups: int
+    mult_ch: int
+    ch: int
+    w_scales: list[float]  # requantization: from tensor scales (TFLite-reachable) or drawn raw
+    out_scale: float
+    mult: list[int]
+    shift: list[int]
+    in_scale: float
+    in_zp: int
+    out_zp: int
+    act: str
+    bias_range: int
+    row: int  # fully connected
+    per_channel: bool
+    size: int  # add, mul
+    scales: list[float]
+    zps: list[int]
+    scale: float  # pooling
+    zp: int
+    rows: int  # softmax
+    depth: int
+    model_op: int  # --from-model
+    variant: str
+    why_api_only: str
+
+
+class Quant(TypedDict):
+    """A model op's own quantization (--from-model): tensor scales and zero points."""
+
+    in_scale: float
+    in_zp: int
+    out_zp: int
+    out_scale: float
+    w_scales: list[float]
+
+
+GeometryKey = Literal["ih", "iw", "ic", "kh", "kw", "fc", "oc", "mult_ch", "oh", "ow", "sh", "sw", "ph", "pw"]
+
+
 @dataclass
 class Case:
     """One kernel call; ``params`` in the driver's order for ``op``; ``meta`` what made them."""
@@ -114,7 +172,7 @@ class Case:
     params: list[int]
     klass: str
     reachable: bool
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: CaseMeta = field(default_factory=CaseMeta)
     id: int = 0
 
     def line(self) -> str:
@@ -163,7 +221,12 @@ def _spatial(rng: random.Random, k: int, stride: int, same: bool, api: bool) -> 
     return size, out, pad
 
 
-def _requant(rng: random.Random, in_scale: float, n: int, per_channel: bool, api: bool) -> dict[str, Any]:
+def _given(value: T | None, drawn: T) -> T:
+    """An override, else the value drawn (drawn either way, so the draws after it do not shift)."""
+    return drawn if value is None else value
+
+
+def _requant(rng: random.Random, in_scale: float, n: int, per_channel: bool, api: bool) -> CaseMeta:
     """Multipliers and shifts: from float32 tensor scales as TFLM computes them (``w_scales`` and
     ``out_scale`` kept, so a .tflite gives the same numbers), or, for half of the ``--all`` cases, drawn
     raw (no scales behind them: such a case is API-only whatever its geometry, :func:`from_scales`)."""
@@ -186,32 +249,28 @@ def _requant(rng: random.Random, in_scale: float, n: int, per_channel: bool, api
     return {"w_scales": w, "out_scale": out_scale, "mult": [m for m, _ in ms], "shift": [s for _, s in ms]}
 
 
-def from_scales(rq: dict[str, Any]) -> bool:
+def from_scales(rq: CaseMeta) -> bool:
     """Whether a requantization came from tensor scales (so a .tflite can carry it), not drawn raw."""
     return "w_scales" in rq and "out_scale" in rq
 
 
 def _quant(
-    rng: random.Random, over: dict[str, Any], n: int, per_channel: bool, api: bool
-) -> tuple[float, int, int, dict[str, Any]]:
-    """(input scale, input zero point, output zero point, requantization): random, or a model's own.
-
-    ``over["quant"]`` (from --from-model) holds ``in_scale``, ``in_zp``, ``out_zp``, ``out_scale`` and
-    the weight scales ``w_scales`` (reused cyclically when a neighbour has more channels).
-    """
-    q = over.pop("quant", None)
+    rng: random.Random, q: Quant | None, n: int, per_channel: bool, api: bool
+) -> tuple[float, int, int, CaseMeta]:
+    """(input scale, input zero point, output zero point, requantization): random, or a model's own
+    ``q`` (--from-model; its weight scales reused cyclically when a neighbour has more channels)."""
     if q is None:
         in_scale, in_zp = _f32(rng.uniform(0.005, 0.1)), rng.randint(-128, 127)
         out_zp = rng.randint(-128, 127)
         return in_scale, in_zp, out_zp, _requant(rng, in_scale, n, per_channel, api)
     ws = [_f32(q["w_scales"][i % len(q["w_scales"])]) for i in range(n if per_channel else 1)]
     ms = [quantize_multiplier(q["in_scale"] * w / q["out_scale"]) for w in ws]
-    rq = {"w_scales": ws, "out_scale": _f32(q["out_scale"])}
+    rq: CaseMeta = {"w_scales": ws, "out_scale": _f32(q["out_scale"])}
     rq.update({"mult": [m for m, _ in ms], "shift": [t for _, t in ms]})
     return _f32(q["in_scale"]), int(q["in_zp"]), int(q["out_zp"]), rq
 
 
-def _conv(rng: random.Random, api: bool, grouped: bool) -> dict[str, Any]:
+def _conv(rng: random.Random, api: bool, grouped: bool) -> CaseMeta:
     k = rng.choice((1, 1, 3, 3, 5, 2, 7))
     kh, kw = (k, k) if rng.random() < 0.8 else (k, rng.choice((1, 3)))
     stride = rng.choice((1, 1, 2)) if not api else rng.randint(1, 4)
@@ -242,39 +301,72 @@ def _conv(rng: random.Random, api: bool, grouped: bool) -> dict[str, Any]:
     }
 
 
-def conv_case(rng: random.Random, api: bool = False, grouped: bool = False, **over: Any) -> Case:
-    over = dict(over)
-    quant = {"quant": over.pop("quant")} if "quant" in over else {}
-    g = {**_conv(rng, api, grouped), **over}
+def conv_case(
+    rng: random.Random,
+    api: bool = False,
+    grouped: bool = False,
+    *,
+    quant: Quant | None = None,
+    over: CaseMeta | None = None,
+) -> Case:
+    """A conv case; ``over`` (a model's geometry) replaces the drawn one, ``quant`` its quantization."""
+    g: CaseMeta = {**_conv(rng, api, grouped), **(over or {})}
     tail = f"{'grouped ' if g['groups'] > 1 else ''}{_ch_bucket(g['fc'])}"
     return _conv_like_case("conv", rng, g, quant, api, geometry=CONV_PARAMS, klass_tail=tail)
 
 
-def depthwise_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
-    over = dict(over)
-    quant = {"quant": over.pop("quant")} if "quant" in over else {}
+def depthwise_case(
+    rng: random.Random, api: bool = False, *, quant: Quant | None = None, over: CaseMeta | None = None
+) -> Case:
     g = _conv(rng, api, False)
     g["ic"] = rng.choice((1, 2, 3, 4, 8, 15, 16, 17, 24, 32))
     g["mult_ch"] = rng.choice((1, 1, 1, 2, 3, 4, 5, 8))
-    g.update(over)
+    g.update(over or {})
     g["oc"] = g["ic"] * g["mult_ch"]
     tail = f"mult{g['mult_ch']} {_ch_bucket(g['ic'])}"
     return _conv_like_case("depthwise", rng, g, quant, api, geometry=DEPTHWISE_PARAMS, klass_tail=tail)
 
 
 # the geometry half of a conv / depthwise case's params, in the driver's order
-CONV_PARAMS = ("ih", "iw", "ic", "kh", "kw", "fc", "oc", "oh", "ow", "sh", "sw", "ph", "pw")
-DEPTHWISE_PARAMS = ("ih", "iw", "ic", "kh", "kw", "mult_ch", "oh", "ow", "sh", "sw", "ph", "pw")
+CONV_PARAMS: tuple[GeometryKey, ...] = (
+    "ih",
+    "iw",
+    "ic",
+    "kh",
+    "kw",
+    "fc",
+    "oc",
+    "oh",
+    "ow",
+    "sh",
+    "sw",
+    "ph",
+    "pw",
+)
+DEPTHWISE_PARAMS: tuple[GeometryKey, ...] = (
+    "ih",
+    "iw",
+    "ic",
+    "kh",
+    "kw",
+    "mult_ch",
+    "oh",
+    "ow",
+    "sh",
+    "sw",
+    "ph",
+    "pw",
+)
 
 
 def _conv_like_case(
     op: str,
     rng: random.Random,
-    g: dict[str, Any],
-    quant: dict[str, Any],
+    g: CaseMeta,
+    quant: Quant | None,
     api: bool,
     *,
-    geometry: tuple[str, ...],
+    geometry: tuple[GeometryKey, ...],
     klass_tail: str,
 ) -> Case:
     """A conv or depthwise case from its geometry ``g``: quantization, activation and bias drawn (in
@@ -288,17 +380,25 @@ def _conv_like_case(
     pad = "SAME" if g["same"] else "VALID"
     klass = f"{g['kh']}x{g['kw']} {_strides(g)} {pad if not api else 'pad*'} {klass_tail}"
     reach = from_scales(rq) and (not api or _reachable_2d(g))
-    meta = {**g, **rq, "in_scale": in_scale, "in_zp": in_zp, "out_zp": out_zp, "act": act, "bias_range": br}
+    meta: CaseMeta = {
+        **g,
+        **rq,
+        "in_scale": in_scale,
+        "in_zp": in_zp,
+        "out_zp": out_zp,
+        "act": act,
+        "bias_range": br,
+    }
     return Case(
         op, rng.randint(0, 0x0FFFFFFF), -128, hi=127, params=p, klass=klass, reachable=reach, meta=meta
     )
 
 
-def _strides(g: dict[str, Any]) -> str:
+def _strides(g: CaseMeta) -> str:
     return f"s{g['sh']}" if g["sh"] == g["sw"] else f"s{g['sh']}x{g['sw']}"
 
 
-def _reachable_2d(g: dict[str, Any]) -> bool:
+def _reachable_2d(g: CaseMeta) -> bool:
     for same in (True, False):
         oh, ph = tflite_padding(g["ih"], g["kh"], g["sh"], same)
         ow, pw = tflite_padding(g["iw"], g["kw"], g["sw"], same)
@@ -308,18 +408,25 @@ def _reachable_2d(g: dict[str, Any]) -> bool:
     return False
 
 
-def fc_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
-    row = over.get("row", rng.choice((1, 3, 4, 7, 8, 15, 16, 17, 31, 64, 100, 257)))
-    oc = over.get("oc", rng.choice((1, 2, 3, 8, 10, 16, 17)))
-    per_ch = over.get("per_channel", rng.random() < 0.5)
-    quant = {"quant": over["quant"]} if "quant" in over else {}
+def fc_case(
+    rng: random.Random,
+    api: bool = False,
+    *,
+    row: int | None = None,
+    oc: int | None = None,
+    per_channel: bool | None = None,
+    quant: Quant | None = None,
+) -> Case:
+    row = _given(row, rng.choice((1, 3, 4, 7, 8, 15, 16, 17, 31, 64, 100, 257)))
+    oc = _given(oc, rng.choice((1, 2, 3, 8, 10, 16, 17)))
+    per_ch = _given(per_channel, rng.random() < 0.5)
     in_scale, in_zp, out_zp, rq = _quant(rng, quant, oc if per_ch else 1, per_channel=per_ch, api=api)
     act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
     w_off = rng.randint(-127, 127) if api else 0  # TFLM: int8 weights are symmetric (zero point 0)
     br = bias_range(rng)
     p = [row, oc, -in_zp, w_off, out_zp, amin, amax, br, int(per_ch), *rq["mult"], *rq["shift"]]
     klass = f"{'per-channel' if per_ch else 'per-tensor'} row%4={row % 4} {_ch_bucket(row)}"
-    meta = {
+    meta: CaseMeta = {
         "row": row,
         "oc": oc,
         "per_channel": per_ch,
@@ -342,12 +449,12 @@ def fc_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
     )
 
 
-def add_mul_case(rng: random.Random, op: str, api: bool = False, **over: Any) -> Case:
-    n = over.get("size", rng.choice((1, 3, 4, 7, 8, 16, 17, 33, 100, 1000)))
+def add_mul_case(rng: random.Random, op: str, api: bool = False, *, size: int | None = None) -> Case:
+    n = _given(size, rng.choice((1, 3, 4, 7, 8, 16, 17, 33, 100, 1000)))
     s1, s2, so = (_f32(rng.uniform(0.005, 0.2)) for _ in range(3))
     z1, z2, zo = (rng.randint(-128, 127) for _ in range(3))
     act, amin, amax = _act(rng, zo, so)
-    meta: dict[str, Any] = {"size": n, "scales": [s1, s2, so], "zps": [z1, z2, zo], "act": act}
+    meta: CaseMeta = {"size": n, "scales": [s1, s2, so], "zps": [z1, z2, zo], "act": act}
     if op == "add":
         twice = 2 * max(s1, s2)
         (m1, sh1), (m2, sh2) = quantize_multiplier(s1 / twice), quantize_multiplier(s2 / twice)
@@ -368,7 +475,18 @@ def add_mul_case(rng: random.Random, op: str, api: bool = False, **over: Any) ->
     )
 
 
-def pool_case(rng: random.Random, op: str, api: bool = False, **over: Any) -> Case:
+class PoolShape(NamedTuple):
+    """A model's own pooling geometry (--from-model): square filter and stride, as esp-nn takes them."""
+
+    k: int
+    stride: int
+    same: bool
+    ih: int
+    iw: int
+    ch: int
+
+
+def pool_case(rng: random.Random, op: str, api: bool = False, *, shape: PoolShape | None = None) -> Case:
     k = rng.choice((2, 2, 3, 5))
     stride = rng.choice((1, 2, 2)) if not api else rng.randint(1, 3)
     # one in five: a different stride along W (TFLite allows it)
@@ -377,17 +495,16 @@ def pool_case(rng: random.Random, op: str, api: bool = False, **over: Any) -> Ca
     ih, oh, ph = _spatial(rng, k, stride, same, api)
     iw, ow, pw = _spatial(rng, k, stride_w, same, api)
     ch = rng.choice((1, 3, 4, 8, 16, 17, 32))
-    if "ih" in over:  # a model's own geometry (--from-model): square filter and stride as esp-nn takes them
-        k, stride, same = over["k"], over["stride"], over["same"]
+    if shape is not None:  # drawn all the same, so the draws after it do not shift
+        k, stride, same, ih, iw, ch = shape
         stride_w = stride
-        ih, iw, ch = over["ih"], over["iw"], over["ch"]
         oh, ph = tflite_padding(ih, k, stride, same)
         ow, pw = tflite_padding(iw, k, stride, same)
     if oh < 1 or ow < 1:
         ih, iw, oh, ow, ph, pw = k, k, 1, 1, 0, 0
     zp = rng.randint(-128, 127)
     act, amin, amax = _act(rng, zp, 0.05)
-    g = {
+    g: CaseMeta = {
         "ih": ih,
         "iw": iw,
         "oh": oh,
@@ -404,24 +521,38 @@ def pool_case(rng: random.Random, op: str, api: bool = False, **over: Any) -> Ca
     p = [ih, iw, ch, oh, ow, stride, stride_w, k, k, ph, pw, amin, amax]
     klass = f"{k}x{k} {_strides(g)} {('SAME' if same else 'VALID') if not api else 'pad*'} {_ch_bucket(ch)}"
     reach = not api or _reachable_2d(g)
-    meta = {**g, "scale": 0.05, "zp": zp, "act": act}
+    meta: CaseMeta = {**g, "scale": 0.05, "zp": zp, "act": act}
     return Case(
         op, rng.randint(0, 0x0FFFFFFF), -128, hi=127, params=p, klass=klass, reachable=reach, meta=meta
     )
 
 
-def softmax_case(rng: random.Random, api: bool = False, **over: Any) -> Case:
-    depth = over.get("depth", rng.choice((1, 2, 10, 100, 255, 256, 511, 512, 513, 1000, 1024, 2000)))
-    rows = over.get("rows", rng.choice((1, 1, 2, 3)))
-    scale = over.get(
-        "scale", _f32(rng.choice((1 / 16, 0.05, 0.1, 0.25, 1.0)) if not api else rng.uniform(1e-3, 2))
+def softmax_case(
+    rng: random.Random,
+    api: bool = False,
+    *,
+    depth: int | None = None,
+    rows: int | None = None,
+    scale: float | None = None,
+    near_max: bool | None = None,
+    spread: int | None = None,
+) -> Case:
+    depth = _given(depth, rng.choice((1, 2, 10, 100, 255, 256, 511, 512, 513, 1000, 1024, 2000)))
+    rows = _given(rows, rng.choice((1, 1, 2, 3)))
+    scale = _given(
+        scale, _f32(rng.choice((1 / 16, 0.05, 0.1, 0.25, 1.0)) if not api else rng.uniform(1e-3, 2))
     )
     mult, shift, diff_min = softmax_params(scale)
-    near = over.get("near_max", rng.random() < 0.5)
+    near = _given(near_max, rng.random() < 0.5)
     hi = 127 if near else rng.randint(0, 127)
-    lo = hi - over.get("spread", rng.choice((0, 1, 2))) if near else -128
+    lo = hi - _given(spread, rng.choice((0, 1, 2))) if near else -128
     klass = f"depth{'>=512' if depth >= 512 else '<512'} {'near-max' if near else 'spread'}"
-    meta = {"rows": rows, "depth": depth, "in_scale": scale, "in_zp": rng.randint(-128, 127) if api else 0}
+    meta: CaseMeta = {
+        "rows": rows,
+        "depth": depth,
+        "in_scale": scale,
+        "in_zp": rng.randint(-128, 127) if api else 0,
+    }
     return Case(
         "softmax",
         rng.randint(0, 0x0FFFFFFF),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from harness.analysis.sweep_cases import Case
 
@@ -106,7 +106,18 @@ def error_type(error: str) -> str:
     return _NUMBER.sub("N", text)[:120]
 
 
-def sanitizer_report(text: str) -> dict[str, Any] | None:
+_Report = TypedDict(  # "in" is a keyword: the functional form
+    "_Report", {"error": str, "type": str, "frames": list[str], "at": list[str], "summary": str, "in": str}
+)
+
+
+class SanitizerReport(_Report, total=False):
+    """A sanitizer's report on one case: the error line, its type, the first frames, where."""
+
+    variant: str  # the variant it stopped (the sweep flow adds it)
+
+
+def sanitizer_report(text: str) -> SanitizerReport | None:
     """The error line, its type, the first frames (with file:line where the report gives them) and
     the summary of a sanitizer report in ``text``."""
     m = _SAN_ERROR.search(text)
@@ -135,14 +146,14 @@ class CaseVerdict:
     case: Case
     result: Result | None
     kinds: list[str]
-    sanitizers: list[dict[str, Any]] = field(default_factory=list)  # one per variant it stopped
+    sanitizers: list[SanitizerReport] = field(default_factory=list)  # one per variant it stopped
     crashes: list[str] = field(default_factory=list)  # "variant: how it died"
 
 
 def judge(
     case: Case,
     result: Result | None,
-    sanitizers: list[dict[str, Any]] | None = None,
+    sanitizers: list[SanitizerReport] | None = None,
     crashes: list[str] | None = None,
 ) -> CaseVerdict:
     """Every finding kind that applies to one case (an empty list: the case passed)."""
@@ -192,7 +203,7 @@ class Coverage:
         if r.status[2] == RAN and RAN in r.status[:2]:
             self.reference[key] += 1
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, str | int]]:
         return [
             {
                 "op": op,
@@ -239,7 +250,7 @@ def _why_api_only(vs: list[CaseVerdict]) -> str:
     return next((str(v.case.meta["why_api_only"]) for v in vs if v.case.meta.get("why_api_only")), "")
 
 
-def _details(v: CaseVerdict, kind: str) -> list[tuple[str, dict[str, Any]]]:
+def _details(v: CaseVerdict, kind: str) -> list[tuple[str, dict[str, object]]]:
     """(sub-key, what the finding keeps) per distinct error of ``kind`` in one case: a sanitizer report
     per variant and error type (and the function it is in), a crash per variant; one for other kinds."""
     if kind == "sanitizer" and v.sanitizers:
@@ -252,11 +263,11 @@ def _details(v: CaseVerdict, kind: str) -> list[tuple[str, dict[str, Any]]]:
     return [("", {})]
 
 
-def group(verdicts: list[CaseVerdict]) -> list[dict[str, Any]]:
+def group(verdicts: list[CaseVerdict]) -> list[dict[str, object]]:
     """Findings grouped by kernel, geometry family (:func:`family`), kind and, for sanitizer reports
     and crashes, the variant and the error type; each keeps its smallest case and how many cases of
     each finer geometry class it holds."""
-    groups: dict[tuple[str, str, str, str], list[tuple[CaseVerdict, dict[str, Any]]]] = defaultdict(list)
+    groups: dict[tuple[str, str, str, str], list[tuple[CaseVerdict, dict[str, object]]]] = defaultdict(list)
     for v in verdicts:
         for kind in v.kinds:
             for sub, detail in _details(v, kind):

@@ -11,11 +11,13 @@ call (dilated convolutions, broadcasting ADD/MUL, non-int8 tensors) are listed a
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 from harness.analysis.sweep_cases import (
     Case,
+    CaseMeta,
+    PoolShape,
+    Quant,
     add_mul_case,
     conv_case,
     depthwise_case,
@@ -30,12 +32,16 @@ CHANNEL_DELTAS = tuple(d for d in range(-8, 9) if d)
 _POOLS = {"AVERAGE_POOL_2D": "avg_pool", "MAX_POOL_2D": "max_pool"}
 
 
-def _quant(info: ModelInfo, op: OpInfo, weights: int | None) -> dict[str, Any]:
-    t_in, t_out = info.tensors[op.inputs[0]], info.tensors[op.outputs[0]]
-    w = info.tensors[op.inputs[weights]] if weights is not None else None
-    w_scales = list(w.scales) if w is not None and w.scales else [w.scale if w and w.scale else 0.01]
-    return {"in_scale": t_in.scale, "in_zp": t_in.zero_point or 0, "out_zp": t_out.zero_point or 0,
-            "out_scale": t_out.scale, "w_scales": w_scales}  # fmt: skip
+def _quant(info: ModelInfo, op: OpInfo) -> Quant:
+    """The op's scales and zero points (its weights are input 1; ``_int8`` checked the scales are set)."""
+    t_in, t_out, w = (info.tensors[i] for i in (op.inputs[0], op.outputs[0], op.inputs[1]))
+    return {
+        "in_scale": t_in.scale or 0.0,
+        "in_zp": t_in.zero_point or 0,
+        "out_zp": t_out.zero_point or 0,
+        "out_scale": t_out.scale or 0.0,
+        "w_scales": list(w.scales) if w.scales else [w.scale or 0.01],
+    }
 
 
 def _int8(info: ModelInfo, op: OpInfo) -> bool:
@@ -50,7 +56,7 @@ def _nhwc(t: TensorInfo) -> tuple[int, int, int]:
 
 def _geometry(
     ih: int, iw: int, kh: int, kw: int, stride: int, same: bool, stride_w: int | None = None
-) -> dict[str, Any]:
+) -> CaseMeta:
     sw = stride if stride_w is None else stride_w
     oh, ph = tflite_padding(ih, kh, stride, same)
     ow, pw = tflite_padding(iw, kw, sw, same)
@@ -58,7 +64,7 @@ def _geometry(
             "ph": ph, "pw": pw, "same": same}  # fmt: skip
 
 
-def _spatial_variants(base: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+def _spatial_variants(base: CaseMeta) -> Iterator[tuple[str, CaseMeta]]:
     """The model's own, each spatial axis +-1, every stride and padding (as TFLite computes them)."""
     ih, iw, kh, kw, stride, same = base["ih"], base["iw"], base["kh"], base["kw"], base["sh"], base["same"]
     sw = base["sw"]
@@ -75,8 +81,8 @@ def _spatial_variants(base: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any
                 yield f"s{s} {'SAME' if p else 'VALID'}", _geometry(ih, iw, kh, kw, s, p)
 
 
-def _conv_like(info: ModelInfo, op: OpInfo, depthwise: bool) -> tuple[list[dict[str, Any]], str]:
-    """Override dicts for conv_case / depthwise_case (with a ``variant`` label), or why not."""
+def _conv_like(info: ModelInfo, op: OpInfo, depthwise: bool) -> tuple[list[tuple[str, CaseMeta]], str]:
+    """(variant label, geometry) for conv_case / depthwise_case, or why not."""
     o = op.options
     if o.get("dilation_h_factor", 1) != 1 or o.get("dilation_w_factor", 1) != 1:
         return [], "dilated (esp-nn is not called for it)"
@@ -87,26 +93,25 @@ def _conv_like(info: ModelInfo, op: OpInfo, depthwise: bool) -> tuple[list[dict[
     kh, kw = f[1], f[2]
     sh, sw = int(str(o.get("stride_h", 1))), int(str(o.get("stride_w", 1)))
     base = _geometry(ih, iw, kh, kw=kw, stride=sh, same=o.get("padding", "SAME") == "SAME", stride_w=sw)
-    q = _quant(info, op, 1)
-    out: list[dict[str, Any]] = []
+    out: list[tuple[str, CaseMeta]] = []
     if depthwise:
         mult = max(1, f[3] // max(1, ic))
         for label, g in _spatial_variants(base):
-            out.append({**g, "ic": ic, "mult_ch": mult, "quant": q, "variant": label})
+            out.append((label, {**g, "ic": ic, "mult_ch": mult}))
         for d in CHANNEL_DELTAS:
             if ic + d >= 1:
-                out.append({**base, "ic": ic + d, "mult_ch": mult, "quant": q, "variant": f"ic{d:+d}"})
+                out.append((f"ic{d:+d}", {**base, "ic": ic + d, "mult_ch": mult}))
         return out, ""
     oc, fc = f[0], f[3]
     groups = max(1, ic // max(1, fc))
-    common = {"fc": fc, "ic": fc * groups, "oc": oc, "groups": groups, "quant": q}
+    common: CaseMeta = {"fc": fc, "ic": fc * groups, "oc": oc, "groups": groups}
     for label, g in _spatial_variants(base):
-        out.append({**g, **common, "variant": label})
+        out.append((label, {**g, **common}))
     for d in CHANNEL_DELTAS:
         if fc + d >= 1:
-            out.append({**base, **common, "fc": fc + d, "ic": (fc + d) * groups, "variant": f"fc{d:+d}"})
+            out.append((f"fc{d:+d}", {**base, **common, "fc": fc + d, "ic": (fc + d) * groups}))
         if oc + d >= groups and (oc + d) % groups == 0:
-            out.append({**base, **common, "oc": oc + d, "variant": f"oc{d:+d}"})
+            out.append((f"oc{d:+d}", {**base, **common, "oc": oc + d}))
     return out, ""
 
 
@@ -116,15 +121,15 @@ def _cases_of(info: ModelInfo, op: OpInfo, rng: random.Random) -> tuple[list[Cas
     o = op.options
     if name in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         overs, why = _conv_like(info, op, name == "DEPTHWISE_CONV_2D")
-        make: Callable[..., Case] = depthwise_case if name == "DEPTHWISE_CONV_2D" else conv_case
-        return [_tag(make(rng, **{k: v for k, v in ov.items() if k != "variant"}), op, ov["variant"])
-                for ov in overs], why  # fmt: skip
+        q = _quant(info, op) if overs else None
+        make = depthwise_case if name == "DEPTHWISE_CONV_2D" else conv_case
+        return [_tag(make(rng, quant=q, over=g), op, label) for label, g in overs], why
     if name == "FULLY_CONNECTED":
         w = info.tensors[op.inputs[1]]
         if len(w.shape) != 2:
             return [], f"weights shape {list(w.shape)}"
         oc, row = w.shape
-        q = _quant(info, op, 1)
+        q = _quant(info, op)
         pc = w.per_channel
         cases = [_tag(fc_case(rng, row=row, oc=oc, per_channel=pc, quant=q), op, "model")]
         for d in CHANNEL_DELTAS:
@@ -151,18 +156,12 @@ def _cases_of(info: ModelInfo, op: OpInfo, rng: random.Random) -> tuple[list[Cas
         base = _geometry(ih, iw, k, k, stride, o.get("padding", "SAME") == "SAME")
         pool = _POOLS[name]
         cases = [
-            _tag(
-                pool_case(rng, pool, k=k, stride=g["sh"], same=g["same"], ih=g["ih"], iw=g["iw"], ch=ch),
-                op,
-                lab,
-            )
+            _tag(pool_case(rng, pool, shape=PoolShape(k, g["sh"], g["same"], g["ih"], g["iw"], ch)), op, lab)
             for lab, g in _spatial_variants(base)
         ]
         same = base["same"]
         cases += [
-            _tag(
-                pool_case(rng, pool, k=k, stride=stride, same=same, ih=ih, iw=iw, ch=ch + d), op, f"ch{d:+d}"
-            )
+            _tag(pool_case(rng, pool, shape=PoolShape(k, stride, same, ih, iw, ch + d)), op, f"ch{d:+d}")
             for d in CHANNEL_DELTAS
             if ch + d >= 1
         ]
@@ -188,10 +187,10 @@ def _tag(case: Case, op: OpInfo, variant: str) -> Case:
     return case
 
 
-def model_cases(info: ModelInfo, seed: int = 0) -> tuple[list[Case], list[dict[str, Any]]]:
+def model_cases(info: ModelInfo, seed: int = 0) -> tuple[list[Case], list[dict[str, int | str]]]:
     """Cases for every esp-nn op of ``info`` and its neighbours (ids from 1), and the ops skipped."""
     cases: list[Case] = []
-    skipped: list[dict[str, Any]] = []
+    skipped: list[dict[str, int | str]] = []
     for op in info.main_ops:
         if not _int8(info, op):
             if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD", "MUL", "SOFTMAX",

@@ -11,10 +11,18 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import replace
+from typing import Literal
 
 from harness.analysis import sweep_cases
-from harness.analysis.sweep_cases import Case, api_out, ch_bucket, tflite_padding
+from harness.analysis.sweep_cases import Case, CaseMeta, GeometryKey, api_out, ch_bucket, tflite_padding
+
+# the sizes a step makes smaller
+_Key = Literal["ih", "iw", "kh", "kw", "ic", "fc", "oc", "mult_ch", "ch", "row", "rows", "depth"]
+_AXES: tuple[tuple[GeometryKey, GeometryKey, GeometryKey, GeometryKey, GeometryKey], ...] = (
+    ("ih", "kh", "sh", "ph", "oh"),
+    ("iw", "kw", "sw", "pw", "ow"),
+)
 
 
 def _fewer(n: int, step: int = 1, floor: int = 1) -> list[int]:
@@ -23,147 +31,106 @@ def _fewer(n: int, step: int = 1, floor: int = 1) -> list[int]:
     return sorted(v for v in out if floor <= v < n and v % step == 0)
 
 
-def _spatial(g: dict[str, Any], api: bool) -> None:
+def _one(key: _Key, value: int) -> CaseMeta:
+    move: CaseMeta = {}
+    move[key] = value
+    return move
+
+
+def _spatial(g: CaseMeta, api: bool) -> None:
     """Output size and padding of ``g`` after a change, as the case's kind computes them."""
-    for axis, k, s in (("h", "kh", "sh"), ("w", "kw", "sw")):
-        size = g[f"i{axis}"]
+    for size, k, s, pad, out in _AXES:
         if api:
-            pad = min(g[f"p{axis}"], g[k] - 1)
-            g[f"p{axis}"], g[f"o{axis}"] = pad, api_out(size, g[k], g[s], pad)
+            g[pad] = min(g[pad], g[k] - 1)
+            g[out] = api_out(g[size], g[k], g[s], g[pad])
         else:
-            g[f"o{axis}"], g[f"p{axis}"] = tflite_padding(size, g[k], g[s], bool(g["same"]))
-
-
-def _geometry_moves(g: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    for key in ("ih", "iw", "kh", "kw"):
-        for v in _fewer(int(g[key])):
-            yield {key: v}
+            g[out], g[pad] = tflite_padding(g[size], g[k], g[s], g["same"])
 
 
 def _conv_like(case: Case) -> Iterator[Case]:
     m, p, dw = case.meta, case.params, case.op == "depthwise"
     api = "pad*" in case.klass
-    moves: list[dict[str, Any]] = []
+    moves: list[CaseMeta] = []
     if dw:
-        moves += [{"ic": v} for v in _fewer(p[2])] + [{"mult_ch": v} for v in _fewer(p[5])]
+        moves += [_one("ic", v) for v in _fewer(p[2])] + [_one("mult_ch", v) for v in _fewer(p[5])]
     else:
-        groups = int(m.get("groups", 1))
-        moves += [{"oc": v} for v in _fewer(p[6], groups, groups)]
-        moves += [{"fc": v} for v in _fewer(p[5])]
-    moves += list(_geometry_moves(m)) + [{"bias_range": 0}] * (p[16 if dw else 17] != 0)
+        groups = m.get("groups", 1)
+        moves += [_one("oc", v) for v in _fewer(p[6], groups, groups)] + [_one("fc", v) for v in _fewer(p[5])]
+    moves += [_one(key, v) for key in ("ih", "iw", "kh", "kw") for v in _fewer(m[key])]
+    if p[16 if dw else 17] != 0:
+        moves.append({"bias_range": 0})
     for move in moves:
-        g = {**copy.deepcopy(m), **move}
+        g: CaseMeta = {**copy.deepcopy(m), **move}
         if dw:
             g["oc"] = g["ic"] * g["mult_ch"]
         else:
-            g["ic"] = g["fc"] * int(g.get("groups", 1))
+            g["ic"] = g["fc"] * g.get("groups", 1)
         _spatial(g, api)
         if g["oh"] < 1 or g["ow"] < 1:
             continue
         yield _rebuild_conv(case, g)
 
 
-def _rebuild_conv(case: Case, g: dict[str, Any]) -> Case:
+def _rebuild_conv(case: Case, g: CaseMeta) -> Case:
     p, dw = case.params, case.op == "depthwise"
     oc = g["oc"]
     q = 17 if dw else 18
     old_oc = p[2] * p[5] if dw else p[6]
     mult, shift = p[q : q + old_oc][:oc], p[q + old_oc : q + 2 * old_oc][:oc]
-    for key in ("mult", "shift", "w_scales"):
-        if isinstance(g.get(key), list) and len(g[key]) >= oc:
-            g[key] = g[key][:oc]
+    if "mult" in g:
+        g["mult"] = g["mult"][:oc]
+    if "shift" in g:
+        g["shift"] = g["shift"][:oc]
+    if "w_scales" in g:
+        g["w_scales"] = g["w_scales"][:oc]
     geometry = sweep_cases.DEPTHWISE_PARAMS if dw else sweep_cases.CONV_PARAMS
     tail = p[len(geometry) : q - 1]  # offsets and activation range, unchanged
     params = [*(g[k] for k in geometry), *tail, g.get("bias_range", p[q - 1]), *mult, *shift]
-    return Case(
-        case.op,
-        case.seed,
-        case.lo,
-        hi=case.hi,
-        params=params,
-        klass=case.klass,
-        reachable=case.reachable,
-        meta=g,
-    )
+    return replace(case, params=params, meta=g)
 
 
 def _pool(case: Case) -> Iterator[Case]:
     m = case.meta
     api = "pad*" in case.klass
-    moves = [{"ch": v} for v in _fewer(int(m["ch"]))] + [
-        {k: v} for k in ("ih", "iw") for v in _fewer(int(m[k]))
-    ]
+    moves = [_one(key, v) for key in ("ch", "ih", "iw") for v in _fewer(m[key])]
     for move in moves:
-        g = {**copy.deepcopy(m), **move}
+        g: CaseMeta = {**copy.deepcopy(m), **move}
         _spatial(g, api)
         if g["oh"] < 1 or g["ow"] < 1:
             continue
         p = case.params
         params = [g["ih"], g["iw"], g["ch"], g["oh"], g["ow"], g["sh"], g["sw"], g["kh"], g["kw"]]
         params += [g["ph"], g["pw"], *p[11:13]]
-        yield Case(
-            case.op,
-            case.seed,
-            case.lo,
-            hi=case.hi,
-            params=params,
-            klass=case.klass,
-            reachable=case.reachable,
-            meta=g,
-        )
+        yield replace(case, params=params, meta=g)
+
+
+_SOFTMAX_SIZES: tuple[_Key, _Key] = ("rows", "depth")  # params 0 and 1
+_FC_SIZES: tuple[_Key, _Key] = ("row", "oc")
 
 
 def _flat(case: Case) -> Iterator[Case]:
     """Fully connected (row length, outputs), add/mul (size), softmax (rows, row length)."""
     p, m = case.params, case.meta
     if case.op == "softmax":
-        for key, idx in (("rows", 0), ("depth", 1)):
+        for idx, key in enumerate(_SOFTMAX_SIZES):
             for v in _fewer(p[idx]):
                 params = list(p)
                 params[idx] = v
-                yield Case(
-                    case.op,
-                    case.seed,
-                    case.lo,
-                    hi=case.hi,
-                    params=params,
-                    klass=case.klass,
-                    reachable=True,
-                    meta={**m, key: v},
-                )
+                yield replace(case, params=params, reachable=True, meta={**m, **_one(key, v)})
     elif case.op == "fully_connected":
         nq = p[1] if p[8] else 1
-        for key, idx in (("row", 0), ("oc", 1)):
+        for idx, key in enumerate(_FC_SIZES):
             for v in _fewer(p[idx]):
                 params = list(p)
                 params[idx] = v
-                g = {**copy.deepcopy(m), key: v}
+                g: CaseMeta = {**copy.deepcopy(m), **_one(key, v)}
                 if idx == 1 and p[8]:
                     params = params[:9] + p[9 : 9 + v] + p[9 + nq : 9 + nq + v]
                     g["w_scales"] = m.get("w_scales", [])[:v]
-                yield Case(
-                    case.op,
-                    case.seed,
-                    case.lo,
-                    hi=case.hi,
-                    params=params,
-                    klass=case.klass,
-                    reachable=case.reachable,
-                    meta=g,
-                )
+                yield replace(case, params=params, meta=g)
     else:
         for v in _fewer(p[0]):
-            g = {**m, "size": v}
-            yield Case(
-                case.op,
-                case.seed,
-                case.lo,
-                hi=case.hi,
-                params=[v, *p[1:]],
-                klass=case.klass,
-                reachable=True,
-                meta=g,
-            )
+            yield replace(case, params=[v, *p[1:]], reachable=True, meta={**m, "size": v})
 
 
 def klass_of(case: Case) -> str:
@@ -200,13 +167,4 @@ def smaller(case: Case) -> Iterator[Case]:
         c.klass = klass_of(c)
         yield c
     if case.op != "softmax" and (case.lo, case.hi) != (-8, 7) and case.lo <= -8 and case.hi >= 7:
-        yield Case(
-            case.op,
-            case.seed,
-            -8,
-            hi=7,
-            params=list(case.params),
-            klass=case.klass,
-            reachable=case.reachable,
-            meta=dict(case.meta),
-        )
+        yield replace(case, lo=-8, hi=7, params=list(case.params), meta=case.meta.copy())

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
-from harness.analysis.hybrid import espnn_audit
+from harness.analysis.hybrid import Audit, espnn_audit
 from harness.errors import EspCheckError
+from harness.model.modelinfo import ModelInfo
 from harness.model.taps import tapped_inputs, tapped_outputs
+from harness.protocol.capture import Capture, CapturedRun
 from harness.protocol.spec import crc32_hex
 
 # ---- host side ----------------------------------------------------------------------------------
@@ -43,7 +45,7 @@ class TapOp:
 
 
 def host_taps(
-    model: Any, model_bytes: bytes, inputs: Sequence[np.ndarray], backend: str = "tflm"
+    model: ModelInfo, model_bytes: bytes, inputs: Sequence[np.ndarray], backend: str = "tflm"
 ) -> tuple[list[list[TapOp]], list[dict[int, np.ndarray]]]:
     """Per run: the host reference's TapOp list and every tensor (model input + op outputs) by index."""
     from harness.model.reference import run_reference
@@ -69,7 +71,7 @@ def host_taps(
     return all_ops, all_tensors
 
 
-def device_taps(run: Any) -> list[TapOp]:
+def device_taps(run: CapturedRun) -> list[TapOp]:
     """TapOp list of a parsed CapturedRun (harness.protocol.capture)."""
     return [
         TapOp(
@@ -100,7 +102,7 @@ class Divergence:
     layout_mismatch: list[int] = field(default_factory=list)  # ops whose tensor lists differ (not compared)
     missing: list[int] = field(default_factory=list)  # ops in b without a record in a
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -196,7 +198,7 @@ class DumpDiff:
     def fraction(self) -> float:
         return self.differing / self.elements if self.elements else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "op": self.op,
             "tensor": self.tensor,
@@ -246,11 +248,10 @@ def describe_region(mask: np.ndarray) -> tuple[str, list[int], list[int], int]:
     if cols == [0] and w > 1:
         return f"first column only (column 0 of {w})", rows, cols, chans
     border = np.zeros(mask.shape, dtype=bool)
-    sl: list[Any] = [slice(None)] * nd
     for ax, k in ((row_ax, 0), (row_ax, -1), (col_ax, 0), (col_ax, -1)):
-        sl2 = list(sl)
-        sl2[ax] = k
-        border[tuple(sl2)] = True
+        index: list[slice | int] = [slice(None)] * nd
+        index[ax] = k
+        border[tuple(index)] = True
     if not (mask & ~border).any():
         return "border only (first/last rows and columns)", rows, cols, chans
     return f"scattered over {len(rows)} of {h} rows and {len(cols)} of {w} columns", rows, cols, chans
@@ -287,22 +288,44 @@ def analyze_dump(op: int, tensor: int, role: str, got: np.ndarray, ref: np.ndarr
 # ---- timing ---------------------------------------------------------------------------------------
 
 
-def timing_table(per_variant: Mapping[str, Sequence[TapOp]], cpu_mhz: Mapping[str, int]) -> dict[str, Any]:
+class OpTime(TypedDict):
+    op: int
+    opcode: str
+    us: dict[str, float]  # per variant
+    speedup: float | None  # ansi / optimized
+
+
+class TypeTime(TypedDict):
+    count: int
+    us: dict[str, float]
+    speedup: float | None
+
+
+class Timing(TypedDict):
+    """Per-op time of the tapped variants (:func:`timing_table`)."""
+
+    ops: list[OpTime]
+    by_type: dict[str, TypeTime]
+    total_us: dict[str, float]
+    speedup: float | None
+
+
+def timing_table(per_variant: Mapping[str, Sequence[TapOp]], cpu_mhz: Mapping[str, int]) -> Timing:
     """Per op: microseconds per variant and the speedup (ansi / optimized); totals per op type."""
     names = list(per_variant)
-    by_idx: dict[int, dict[str, Any]] = {}
+    by_idx: dict[int, OpTime] = {}
     for v in names:
         mhz = max(1, int(cpu_mhz.get(v, 240)))
         for o in per_variant[v]:
-            row = by_idx.setdefault(o.idx, {"op": o.idx, "opcode": o.opcode, "us": {}})
+            row = by_idx.setdefault(o.idx, {"op": o.idx, "opcode": o.opcode, "us": {}, "speedup": None})
             if o.cycles is not None:
                 row["us"][v] = o.cycles / mhz
     rows = [by_idx[k] for k in sorted(by_idx)]
-    totals: dict[str, dict[str, Any]] = {}
+    totals: dict[str, TypeTime] = {}
     for row in rows:
         a, b = row["us"].get("ansi"), row["us"].get("optimized")
         row["speedup"] = (a / b) if a is not None and b else None
-        tot = totals.setdefault(row["opcode"], {"count": 0, "us": {v: 0.0 for v in names}})
+        tot = totals.setdefault(row["opcode"], {"count": 0, "us": {v: 0.0 for v in names}, "speedup": None})
         tot["count"] += 1
         for v in names:
             tot["us"][v] += row["us"].get(v, 0.0)
@@ -323,7 +346,7 @@ def timing_table(per_variant: Mapping[str, Sequence[TapOp]], cpu_mhz: Mapping[st
 # ---- consistency ----------------------------------------------------------------------------------
 
 
-def check_outputs_untouched(run: Any, output_tensors: Sequence[int]) -> list[str]:
+def check_outputs_untouched(run: CapturedRun, output_tensors: Sequence[int]) -> list[str]:
     """Problems if a tapped run's final outputs are not what its last op records say it wrote."""
     problems = []
     last: dict[int, str] = {}
@@ -348,20 +371,33 @@ def check_outputs_untouched(run: Any, output_tensors: Sequence[int]) -> list[str
 # ---- flash-and-compare --tap ----------------------------------------------------------------------
 
 
+class DumpImage(TypedDict):
+    """An image-shaped dumped tensor and its reference, for the HTML report."""
+
+    op: int
+    t: int
+    role: str
+    ref_name: str
+    got: np.ndarray
+    ref: np.ndarray
+
+
 @dataclass
 class TapResult:
     """What ``flash-and-compare --tap`` found, per input run, plus the dump run's evidence."""
 
-    runs: list[dict[str, Any]] = field(default_factory=list)  # per input: divergences
+    runs: list[dict[str, int | Divergence]] = field(default_factory=list)  # per input: "i" and divergences
     dump_ops: list[int] = field(default_factory=list)
     dumps: list[DumpDiff] = field(default_factory=list)
-    timing: dict[str, Any] | None = None
-    audit: dict[str, Any] | None = None  # ESP-NN speedup audit (analysis.hybrid.espnn_audit)
-    repro: list[dict[str, Any]] = field(default_factory=list)  # one-op reproducers (flows.repro)
+    timing: Timing | None = None
+    audit: Audit | None = None  # ESP-NN speedup audit (analysis.hybrid.espnn_audit)
+    repro: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # one-op reproducers (flows.repro.write_reproducer)
     ram_bytes: dict[str, int] = field(default_factory=dict)  # per variant, from OPEND
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    images: list[dict[str, Any]] = field(default_factory=list)  # for the HTML report (not in JSON)
+    images: list[DumpImage] = field(default_factory=list)  # for the HTML report (not in JSON)
 
     @property
     def culprit(self) -> Divergence | None:
@@ -401,7 +437,7 @@ class TapResult:
         lines += [f"tap problem: {p}" for p in self.problems]
         return lines
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "runs": [
                 {k: (v.to_dict() if isinstance(v, Divergence) else v) for k, v in r.items()}
@@ -421,7 +457,7 @@ class TapResult:
 
 
 def analyze_captures(
-    model: Any, caps: Mapping[str, Any], host_ops: Sequence[Sequence[TapOp]] | None
+    model: ModelInfo, caps: Mapping[str, Capture], host_ops: Sequence[Sequence[TapOp]] | None
 ) -> TapResult:
     """Divergences per input run between the variants' op records and the host reference."""
     res = TapResult()
@@ -435,7 +471,7 @@ def analyze_captures(
                 res.ram_bytes[v] = int(run.ops_end["ram"])
     n = max((len(c.runs) for c in caps.values()), default=0)
     for i in range(n):
-        row: dict[str, Any] = {"i": i}
+        row: dict[str, int | Divergence] = {"i": i}
         streams = {v: device_taps(c.runs[i]) for v, c in caps.items() if i < len(c.runs)}
         if "optimized" in streams and "ansi" in streams:
             row["optimized_vs_ansi"] = first_divergence(
@@ -459,14 +495,14 @@ def analyze_captures(
     return res
 
 
-def op_cycles(cap: Any, run_index: int = 0) -> dict[int, int]:
+def op_cycles(cap: Capture, run_index: int = 0) -> dict[int, int]:
     """Op index -> CPU cycles of one tapped run (ops without a cycle count are left out)."""
     if len(cap.runs) <= run_index:
         return {}
     return {o.idx: int(o.cycles) for o in cap.runs[run_index].ops if o.cycles is not None}
 
 
-def audit_captures(model: Any, caps: Mapping[str, Any]) -> dict[str, Any] | None:
+def audit_captures(model: ModelInfo, caps: Mapping[str, Capture]) -> Audit | None:
     """The ESP-NN speedup audit of tapped optimized and ANSI C runs (None without both, or unknown chip)."""
     if "optimized" not in caps or "ansi" not in caps:
         return None
@@ -491,7 +527,7 @@ def ops_to_dump(res: TapResult) -> list[int]:
 
 def analyze_dump_captures(
     res: TapResult,
-    caps: Mapping[str, Any],
+    caps: Mapping[str, Capture],
     host_tensors: Sequence[Mapping[int, np.ndarray]] | None,
     run_index: int = 0,
 ) -> None:
@@ -513,6 +549,7 @@ def analyze_dump_captures(
             res.dumps.append(dd)
         if refs and opt.data.ndim == 4 and opt.data.shape[0] == 1:
             name, ref = refs[-1]  # the host reference when there is one
-            image = {"op": op, "t": t, "role": role, "ref_name": name, "got": opt.data}
-            image["ref"] = np.asarray(ref).reshape(opt.data.shape)
-            res.images.append(image)
+            ref_image = np.asarray(ref).reshape(opt.data.shape)
+            res.images.append(
+                {"op": op, "t": t, "role": role, "ref_name": name, "got": opt.data, "ref": ref_image}
+            )

@@ -27,7 +27,16 @@ from pathlib import Path
 from typing import Any, cast
 
 from harness.analysis.compare import CompareResult, Source, compare_sources
-from harness.analysis.hybrid import NOISE_BAND, Bisection, cost_report, hybrid_evidence, invoke_cost
+from harness.analysis.hybrid import (
+    NOISE_BAND,
+    Audit,
+    Bisection,
+    CostReport,
+    InvokeCost,
+    cost_report,
+    hybrid_evidence,
+    invoke_cost,
+)
 from harness.analysis.tap import Divergence, device_taps, first_divergence, op_cycles
 from harness.errors import EspCheckError, ExitCode, UsageError, combine_exit_codes
 from harness.firmware.boards import Board, load_board
@@ -112,8 +121,8 @@ class HybridResult:
     runs: list[HybridRun] = field(default_factory=list)
     bisection: Bisection | None = None
     verification: HybridRun | None = None
-    cost: dict[str, Any] | None = None
-    audit: dict[str, Any] | None = None
+    cost: CostReport | InvokeCost | None = None
+    audit: Audit | None = None
     dropin: dict[str, Any] | None = None
     repro: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -534,7 +543,7 @@ def _dropin(state: _State, project: Path) -> dict[str, Any]:
     }
 
 
-def _cost(state: _State, dump_caps: dict[str, Capture]) -> dict[str, Any] | None:
+def _cost(state: _State, dump_caps: dict[str, Capture]) -> CostReport | InvokeCost | None:
     """From per-op cycles of both builds (the tapped baseline, else the tapped reproducer dump run); a
     tapped hybrid run with the same ops measures the hybrid itself."""
     caps = _baseline_caps(state)
@@ -564,7 +573,7 @@ def _baseline_caps(state: _State) -> dict[str, Capture]:
     return out
 
 
-def _invoke_cost(state: _State, caps: dict[str, Capture]) -> dict[str, Any]:
+def _invoke_cost(state: _State, caps: dict[str, Capture]) -> InvokeCost:
     """Without per-op cycles (bisection, no taps): the measured invoke times of the three builds."""
     ver = state.res.verification
 

@@ -26,6 +26,7 @@ from harness.analysis.sweep_findings import (
     CaseVerdict,
     Coverage,
     Result,
+    SanitizerReport,
     group,
     judge,
     parse_outputs,
@@ -235,7 +236,8 @@ def judge_runs(cases: Sequence[Case], ev: _Evidence) -> list[CaseVerdict]:
     """Verdicts from the plain run's values, each variant's sanitizer reports, and the crashes."""
     out = []
     for c in cases:
-        reports, crashes = [], []
+        reports: list[SanitizerReport] = []
+        crashes: list[str] = []
         for name, run in ev.sanitized.items():
             if c.id in run.stopped:
                 code, err = run.stopped[c.id]

@@ -34,6 +34,9 @@ class LinkError(CaptureError):
     """The resident loop's link failed: the device stalled, or frames kept getting lost (exit 3)."""
 
 
+REBOOT_LINE = b"Rebooting..."
+
+
 class DeviceRestarted(LinkError):
     """The device booted again in the middle of a command (a crash, a watchdog, a brownout): its text,
     already in the log, says why."""
@@ -113,7 +116,7 @@ class LoopClient:
         self.inbox: deque[frames.Frame] = deque()
         self.text = bytearray()
         self.raw = bytearray()  # every byte received, in order (also written to ``log``)
-        self.restarted = False  # an unsolicited HELLO arrived: the device booted again
+        self.restarted = False  # an unsolicited HELLO or a "Rebooting..." line: the device boots again
         self.stats = LinkStats()
         self.rx_expected: int | None = None  # the device's next seq (None until its first frame here)
         self.last_rx = time.monotonic()
@@ -161,6 +164,10 @@ class LoopClient:
                 self.text += item
                 if self.on_text is not None:
                     self.on_text(item)
+                # ESP-IDF's last line before a software reset (a panic, an abort, esp_restart): the
+                # next boot starts at the console baud, so waiting for the silence limit adds nothing
+                if REBOOT_LINE in self.text[-(len(item) + len(REBOOT_LINE)) :]:
+                    self.restarted = True
         self.stats.damaged_frames += self.dec.stats.bad - bad_before
         self.stats.stale_frames += self.dec.stats.stale - stale_before
 
@@ -272,7 +279,8 @@ class LoopClient:
             raise LinkError(
                 f"resident loop: the device stopped answering while esp-check waited for {what} "
                 f"({idle:.0f} s of silence)",
-                hint="a stalled device: see the serial log; raise --capture-silence for very slow models",
+                hint="a stalled device: see the serial log; for a very slow model raise --silence-timeout "
+                "(a plan's capture_silence)",
             )
 
     def wait_frame(self, ftype: int, what: str, timeout: float | None = None) -> frames.Frame:

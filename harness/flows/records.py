@@ -104,7 +104,10 @@ class Recorder:
             StageRecord(stage, variant, status, seconds, detail, None if code is None else int(code))
         )
 
-    def run(self, stage: str, variant: str | None, fn: Callable[[], T]) -> T:
+    def run(
+        self, stage: str, variant: str | None, fn: Callable[[], T], detail: Callable[[], str] | None = None
+    ) -> T:
+        """Time ``fn`` as ``stage``; ``detail`` says, after it succeeded, what the record should note."""
         label = f"{stage} [{variant}]" if variant else stage
         self.say(label, "started")
         t0 = time.monotonic()
@@ -114,7 +117,7 @@ class Recorder:
             self.add(stage, variant, exc.exit_code, time.monotonic() - t0, str(exc))
             self.say(label, f"failed: {exc.message}")
             raise
-        self.add(stage, variant, None, time.monotonic() - t0)
+        self.add(stage, variant, None, time.monotonic() - t0, detail() if detail is not None else "")
         self.say(label, f"done in {time.monotonic() - t0:.1f} s")
         return value
 

@@ -194,7 +194,10 @@ class ResidentBoard:
             self.current = None
             return self.dev.flash(merged_flash_files(self.builds), log_path=log_path)
 
-        return self.rec.run("flash", None, go)
+        def why() -> str:  # the probe's reasons to flash (nothing: the flash was skipped, or not probed)
+            return "flashed: " + "; ".join(self.probe_notes) if self.probe_notes else ""
+
+        return self.rec.run("flash", None, go, detail=why)
 
     def probe(self, log_path: Path) -> FlashResult | None:
         """Boot the board's app and read its HELLO: when the model and both app slots are the builds'
@@ -209,12 +212,19 @@ class ResidentBoard:
                 self.dev.boot(
                     log_path, reset=True, total_timeout=min(PROBE_TOTAL_S, self.limits.capture_total),
                     silence_timeout=min(PROBE_SILENCE_S, self.limits.capture_silence),
+                    # a second boot start before a HELLO: this boot never reached the resident app
+                    # (blank flash, another firmware, a crash at start-up), so flash it
+                    max_boots=2,
                 )
             )  # fmt: skip
         except (EspCheckError, serial.SerialException, OSError) as exc:
             self.current, self.probe_notes = None, [f"no HELLO: {exc}"]
             return None
         self.probe_notes = images_differ(boot.hello, self.builds, self.model_sha256())
+        if boot.hello is None:
+            self.probe_notes.append(
+                f"the probe read {boot.raw.boots} boot starts and ended by {boot.raw.ended_by}"
+            )
         if self.probe_notes or self.current is None or boot.raw.ended_by == "disconnect":
             self.current = None
             return None

@@ -10,17 +10,22 @@ count its calls (it still renders).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness.errors import EspCheckError, ExitCode
 from harness.firmware import generate as gen
 from harness.resources import templates_dir
 
-MODELS = Path(__file__).parent / "data" / "models"
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "tests" / "data" / "models"
 MODEL = MODELS / "op_zoo.tflite"
 INPUT = MODELS / "inputs" / "op_zoo.npy"
 
@@ -109,3 +114,29 @@ def test_a_changed_model_or_input_renders_again(tmp_path: Path, renders: list[st
     changed.write_bytes(bytes(data))
     gen.generate_projects(model, [changed], "sim", out_dir=out, arena_kb=16, variants=("ansi",))
     assert renders == ["ansi", "ansi"]
+
+
+def test_a_kept_generation_does_not_import_jinja(tmp_path: Path) -> None:
+    """Jinja is imported to render, so a run whose projects are kept pays nothing for it (each
+    generation in a fresh Python, as each CLI run is)."""
+    code = (
+        "import sys\n"
+        "from harness.firmware.generate import generate_projects\n"
+        f"generate_projects({str(MODEL)!r}, [{str(INPUT)!r}], 'sim', out_dir={str(tmp_path)!r},"
+        " arena_kb=16)\n"
+        "print('jinja2' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    runs = [
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    assert [r.stdout.strip() for r in runs] == ["True", "False"]
+
+
+def test_an_unreadable_model_is_refused_as_before(tmp_path: Path) -> None:
+    """The key reads the model first; a missing one is still the generation's own usage error."""
+    with pytest.raises(EspCheckError) as err:
+        gen.generate_projects(tmp_path / "missing.tflite", [INPUT], "sim", out_dir=tmp_path / "out")
+    assert err.value.exit_code == ExitCode.USAGE
+    assert "missing.tflite" in str(err.value)

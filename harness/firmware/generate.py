@@ -21,9 +21,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ParamSpec
+from typing import TYPE_CHECKING, Any, ParamSpec
 
-import jinja2
 import numpy as np
 
 from harness import __version__
@@ -38,6 +37,9 @@ from harness.flashfmt.partitions import VARIANT_SLOTS
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, TensorInfo
 from harness.resources import data_dir, pinned_versions, templates_dir, user_cache_dir, version_tuple
+
+if TYPE_CHECKING:
+    import jinja2
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -233,17 +235,17 @@ def _prepare_inputs(
 # rendering
 
 
-class _TemplateCache(jinja2.FileSystemBytecodeCache):
+def _template_cache() -> jinja2.BytecodeCache | None:
     """Compiled templates in esp-check's cache: each run would otherwise compile every template again
     (~0.06 s of CPU). Jinja keys an entry by the template's name and checks its source's checksum, so
     an edited template is compiled afresh. A cache that cannot be written costs only the compile."""
+    import jinja2  # not at the top: a generation whose projects are kept renders nothing (~0.02 s)
 
-    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        with contextlib.suppress(OSError):
-            super().dump_bytecode(bucket)
+    class _TemplateCache(jinja2.FileSystemBytecodeCache):
+        def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+            with contextlib.suppress(OSError):
+                super().dump_bytecode(bucket)
 
-
-def _template_cache() -> jinja2.BytecodeCache | None:
     directory = user_cache_dir("templates")
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -253,6 +255,8 @@ def _template_cache() -> jinja2.BytecodeCache | None:
 
 
 def _environment() -> jinja2.Environment:
+    import jinja2  # not at the top: a generation whose projects are kept renders nothing
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir() / "project")),
         bytecode_cache=_template_cache(),
@@ -425,18 +429,23 @@ def generation_key(arguments: Mapping[str, Any], board: Board) -> str:
     names and bytes, the board's definition and file, the templates, esp-check's data files and the
     generating code itself (an edited install regenerates too), esp-check's and the tflite-micro wheel's
     versions (the arena estimate measures with it). Not ``out_dir`` (projects hold no absolute path)
-    nor ``variants`` (each variant's project is made alone; its manifest names its variant)."""
+    nor ``variants`` (each variant's project is made alone; its manifest names its variant).
+    "" when a file cannot be read: nothing is kept then."""
     try:
         tflm: str | None = importlib.metadata.version("tflite-micro")
     except importlib.metadata.PackageNotFoundError:
         tflm = None
     options = {k: repr(v) for k, v in arguments.items() if k not in ("out_dir", "board", "variants")}
-    h = hashlib.sha256(json.dumps([_KEY_FORMAT, __version__, tflm, options], sort_keys=True).encode())
+    pinned = _versions(arguments["tflm_version"], arguments["espnn_version"], arguments["platform_version"])
+    h = hashlib.sha256(json.dumps([_KEY_FORMAT, __version__, tflm, options, pinned], sort_keys=True).encode())
     h.update(json.dumps(board.to_dict(), sort_keys=True, default=repr).encode())
     sources = [Path(arguments["model_path"]), *map(Path, arguments["input_paths"])]
     for k, path in enumerate([*sources, *([board.source] if board.source else [])]):
         h.update(f"\0file {k}:{path.name}\0".encode())
-        h.update(path.read_bytes())
+        try:
+            h.update(path.read_bytes())
+        except OSError:
+            return ""  # no key: the generation itself says what cannot be read
     package = Path(__file__).resolve().parents[1]
     trees = [templates_dir(), data_dir(), package / "resources.py"]
     for k, root in enumerate([*trees, *(package / d for d in ("firmware", "flashfmt", "model"))]):
@@ -450,6 +459,8 @@ def _kept_projects(
     """The projects already in ``out_dir`` when each one's manifest carries ``key`` and every file it
     lists still has the bytes it lists; None (generate again) on any difference or doubt."""
     projects = []
+    if not variants or any(v not in VARIANTS for v in variants):
+        return None  # the generation refuses them
     for variant in variants:
         pdir = out_dir / variant
         try:
@@ -493,6 +504,8 @@ def _kept_when_unchanged(
         board = bound.arguments["board"] = load_board(bound.arguments["board"])
         key = generation_key(bound.arguments, board)
         out_dir = Path(bound.arguments["out_dir"])
+        if not key:
+            return generate(*bound.args, **bound.kwargs)
         kept = _kept_projects(out_dir, bound.arguments["variants"], board, key)
         if kept is not None:
             return kept
@@ -767,6 +780,8 @@ def _render_files(
     prepared: Sequence[tuple[Path, bytes, Any]],
 ) -> dict[str, bytes]:
     """Every file of one variant's project, relative path -> bytes."""
+    import jinja2  # not at the top: a generation whose projects are kept renders nothing
+
     proto_dir = templates_dir() / "common"
     for name in PROTO_FILES:
         if not (proto_dir / name).is_file():

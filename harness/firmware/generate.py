@@ -427,17 +427,19 @@ def _hash_tree(h: Any, root: Path, label: str) -> None:
 def generation_key(arguments: Mapping[str, Any], board: Board) -> str:
     """SHA-256 of everything :func:`generate_projects` reads: its options, the model's and inputs'
     names and bytes, the board's definition and file, the templates, esp-check's data files and the
-    generating code itself (an edited install regenerates too), esp-check's and the tflite-micro wheel's
-    versions (the arena estimate measures with it). Not ``out_dir`` (projects hold no absolute path)
-    nor ``variants`` (each variant's project is made alone; its manifest names its variant).
-    "" when a file cannot be read: nothing is kept then."""
-    try:
-        tflm: str | None = importlib.metadata.version("tflite-micro")
-    except importlib.metadata.PackageNotFoundError:
-        tflm = None
+    generating code itself (an edited install regenerates too), the versions of esp-check and of the
+    wheels generation uses (tflite-micro measures the arena, Jinja renders, numpy quantizes the inputs).
+    Not ``out_dir`` (projects hold no absolute path) nor ``variants`` (each variant's project is made
+    alone; its manifest names its variant). "" when a file cannot be read: nothing is kept then."""
+    wheels: dict[str, str] = {}
+    for dist in ("tflite-micro", "jinja2", "numpy"):  # the arena probe, the rendering, the quantization
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            wheels[dist] = importlib.metadata.version(dist)
     options = {k: repr(v) for k, v in arguments.items() if k not in ("out_dir", "board", "variants")}
     pinned = _versions(arguments["tflm_version"], arguments["espnn_version"], arguments["platform_version"])
-    h = hashlib.sha256(json.dumps([_KEY_FORMAT, __version__, tflm, options, pinned], sort_keys=True).encode())
+    h = hashlib.sha256(
+        json.dumps([_KEY_FORMAT, __version__, wheels, options, pinned], sort_keys=True).encode()
+    )
     h.update(json.dumps(board.to_dict(), sort_keys=True, default=repr).encode())
     sources = [Path(arguments["model_path"]), *map(Path, arguments["input_paths"])]
     for k, path in enumerate([*sources, *([board.source] if board.source else [])]):

@@ -1,8 +1,9 @@
 """Start-up time of the CLI: ``esp-check --version`` against ``esptool version`` in the same venv.
 
 Both are the console scripts pip installed next to this Python (the esptool one is the reference a
-user compares with); esp-check runs from this checkout (PYTHONPATH). Prints the median of --repeat
-runs of each and their ratio; nothing here asserts timing.
+user compares with); esp-check runs from this checkout (PYTHONPATH). Prints, side by side, the median
+of --repeat runs of each: wall seconds and CPU seconds (user + system of that process, ``os.wait4``),
+and their ratios; nothing here asserts timing.
 
 Usage: python bench/bench_cli_startup.py [--repeat 5]
 """
@@ -15,6 +16,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,29 +31,41 @@ def _script(name: str) -> list[str]:
     return [found]
 
 
-def _median_s(cmd: list[str], repeat: int, env: dict[str, str]) -> float:
-    subprocess.run(cmd, env=env, capture_output=True, check=True)  # warm the file cache once
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        subprocess.run(cmd, env=env, capture_output=True, check=True)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of one run of ``cmd``."""
+    t0 = time.perf_counter()
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        err = proc.stderr.read() if proc.stderr else b""
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}: {err.decode(errors='replace')}")
+    return time.perf_counter() - t0, usage.ru_utime + usage.ru_stime
+
+
+def _medians(cmd: list[str], repeat: int, env: dict[str, str]) -> tuple[float, float]:
+    _run(cmd, env)  # warm the file cache once
+    runs = [_run(cmd, env) for _ in range(repeat)]
+    return statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
-    }
-    ours = _median_s([*_script("esp-check"), "--version"], args.repeat, env)
-    theirs = _median_s([*_script("esptool"), "version"], args.repeat, env)
-    print(f"esp-check --version  median of {args.repeat}: {ours:.3f} s")
-    print(f"esptool version      median of {args.repeat}: {theirs:.3f} s")
-    print(f"ratio esp-check / esptool: {ours / theirs:.2f}x")
+    # bytecode is written (as after pip install), to a private folder: a checkout's sources would
+    # otherwise be compiled again by every run when PYTHONDONTWRITEBYTECODE is set
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    with tempfile.TemporaryDirectory(prefix="bench-cli-startup-") as d:
+        env["PYTHONPYCACHEPREFIX"] = d
+        ours = _medians([*_script("esp-check"), "--version"], args.repeat, env)
+        theirs = _medians([*_script("esptool"), "version"], args.repeat, env)
+    print(f"median of {args.repeat} runs each   {'wall':>8} {'CPU':>8}")
+    print(f"esp-check --version        {ours[0]:7.3f}s {ours[1]:7.3f}s")
+    print(f"esptool version            {theirs[0]:7.3f}s {theirs[1]:7.3f}s")
+    print(f"ratio esp-check / esptool  {ours[0] / theirs[0]:7.2f}x {ours[1] / theirs[1]:7.2f}x")
+    print(f"load: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

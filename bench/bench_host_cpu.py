@@ -3,18 +3,27 @@
 Each run is a fresh ``esp-check`` process (``python -m harness.cli``, what the console script runs),
 measured with ``os.wait4`` (the ``getrusage`` of that one child): user + system CPU seconds of that
 process and its children (the host-reference child included). The first run warms everything a
-repeat run finds warm on a user's machine: the build cache, the host-reference cache, the simulated
-board's flash (kept in a flash file, so the repeat run's esptool session finds every region already
-there) and Python's bytecode (under a private ``PYTHONPYCACHEPREFIX``, as pip's install has it).
+repeat run finds warm on a user's machine: the build cache, the host-reference cache, the generated
+projects (kept when nothing they are made of changed), the simulated board's flash (kept in a flash
+file, so the repeat run skips esptool: the board's HELLO reports the images it holds) and Python's
+bytecode (under a private ``PYTHONPYCACHEPREFIX``, as pip's install has it).
 
-By default the simulated board (``sim://``) runs inside the esp-check process, so its CPU (the ROM
-loader, the model run by TFLM for the simulated firmware) is counted too: an upper bound of what
-esp-check costs with a real board. ``--served`` puts the board in its own ``esp-check sim serve
---rfc2217`` process and measures esp-check alone, talking RFC 2217 as to a networked real board.
-Prints the median of ``--repeat`` repeat runs, the spread, and wall time; nothing here asserts timing.
+Two figures, both printed by default:
 
-Usage: python bench/bench_host_cpu.py [--model M --input X] [--repeat 5] [--tree DIR]
-(``--tree`` runs another checkout, e.g. ``git archive main | tar -x -C /tmp/main``, for a before/after.)
+- **in-process board** (``sim://``): the simulated board runs inside the esp-check process, so its CPU
+  (the ROM loader, the model run by TFLM for the simulated firmware) is counted too: an upper bound of
+  what esp-check costs with a real board;
+- **served board** (``--served``; the goal's figure): the board runs in its own ``esp-check sim serve
+  --rfc2217`` process and esp-check talks RFC 2217 to it, as to a networked real board: esp-check alone.
+
+Each figure is split into the interpreter's start (``python -c pass``), the imports (a fresh Python
+importing, in the same order, every module the repeat run had loaded when it exited) and the rest (the
+run's own work). ``--tree`` may be given twice (e.g. ``git archive main | tar -x -C /tmp/main``): both
+checkouts are then measured side by side, their repeat runs alternating, and the ratio is printed.
+Prints medians of ``--repeat`` runs, the spread and wall time; nothing here asserts timing.
+
+Usage: python bench/bench_host_cpu.py [--model M --input X] [--repeat 5] [--mode both|in-process|served]
+       [--tree DIR [--tree DIR2]]
 """
 
 from __future__ import annotations
@@ -73,49 +82,114 @@ def served_board(env: dict[str, str], cwd: str, flash: Path) -> Iterator[str]:
             server.wait(10)
 
 
+_LIST_MODULES = (
+    "import atexit, runpy, sys\n"
+    "out = sys.argv.pop(1)\n"
+    "atexit.register(lambda: open(out, 'w').write('\\n'.join(sys.modules)))\n"
+    "sys.argv[0] = 'esp-check'\n"
+    "runpy.run_module('harness.cli', run_name='__main__', alter_sys=True)\n"
+)
+_IMPORT_ALL = (
+    "import importlib, sys\n"
+    "for name in open(sys.argv[1]).read().split():\n"
+    "    try:\n"
+    "        importlib.import_module(name)\n"
+    "    except Exception:\n"
+    "        pass\n"
+)
+
+
+def _median_cpu(cmd: list[str], env: dict[str, str], cwd: str, repeat: int) -> float:
+    return statistics.median(cpu_of(cmd, env, cwd)[0] for _ in range(repeat))
+
+
+class Setup:
+    """One checkout's repeat run: its command line, environment and scratch folder."""
+
+    def __init__(self, tree: str, tmp: Path, port: str, model: str, inputs: str) -> None:
+        self.tree, self.tmp = str(Path(tree).resolve()), tmp
+        self.env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        self.env.update(
+            PYTHONPATH=self.tree,
+            PYTHONPYCACHEPREFIX=str(tmp / "pycache"),
+            ESP_CHECK_CACHE_DIR=os.environ.get("ESP_CHECK_CACHE_DIR", str(tmp / "cache")),
+        )
+        self.args = [
+            "flash-and-compare", model, "--input", inputs, "--board", "sim", "--port", port,
+            "--out", str(tmp / "out"),
+        ]  # fmt: skip
+        self.cmd = [sys.executable, "-m", "harness.cli", *self.args]
+
+    def split(self, repeat: int) -> tuple[float, float, int]:
+        """(interpreter start, imports of what the run loaded, how many modules) in CPU seconds."""
+        listed = self.tmp / "modules.txt"
+        lister = [sys.executable, "-c", _LIST_MODULES, str(listed), *self.args]
+        cpu_of(lister, self.env, self.tree)
+        start = _median_cpu([sys.executable, "-c", "pass"], self.env, self.tree, repeat)
+        imports = _median_cpu([sys.executable, "-c", _IMPORT_ALL, str(listed)], self.env, self.tree, repeat)
+        return start, imports - start, len(listed.read_text().split())
+
+
+def measure(trees: list[str], served: bool, args: argparse.Namespace, tmp: Path) -> None:
+    """Warm each tree, alternate their repeat runs, print each one's figures (and the ratio)."""
+    with contextlib.ExitStack() as stack:
+        setups = []
+        for k, tree in enumerate(trees):
+            d = tmp / f"{'served' if served else 'inproc'}-{k}"
+            d.mkdir(parents=True)
+            env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+            if served:
+                port = stack.enter_context(served_board(env, str(Path(tree).resolve()), d / "flash.bin"))
+            else:
+                port = f"sim://cpu-{uuid.uuid4().hex[:8]}?flash={d / 'flash.bin'}"
+            setups.append(Setup(tree, d, port, args.model, args.input))
+        firsts = [cpu_of(s.cmd, s.env, s.tree) for s in setups]
+        runs: list[list[tuple[float, float, int]]] = [[] for _ in setups]
+        for _ in range(args.repeat):
+            for s, got in zip(setups, runs, strict=True):
+                got.append(cpu_of(s.cmd, s.env, s.tree))
+        splits = [s.split(args.repeat) for s in setups]
+    board = "served board (sim serve --rfc2217: esp-check alone)" if served else "in-process board (sim://)"
+    medians = []
+    for s, first, got, (start, imports, n) in zip(setups, firsts, runs, splits, strict=True):
+        cpus, walls = [c for c, _, _ in got], [w for _, w, _ in got]
+        med = statistics.median(cpus)
+        medians.append(med)
+        print(f"{board}, tree {s.tree}")
+        print(f"  first run (warms caches): {first[0]:.2f} s CPU, {first[1]:.2f} s wall, exit {first[2]}")
+        spread = f"min {min(cpus):.2f}, max {max(cpus):.2f}"
+        print(
+            f"  repeat run, median of {args.repeat}: {med:.2f} s CPU ({spread}), "
+            f"{statistics.median(walls):.2f} s wall (goal: <= 0.50 s CPU, served)"
+        )
+        print(
+            f"  of it: interpreter start {start:.2f} s, imports {imports:.2f} s ({n} modules), "
+            f"the run's own work {med - start - imports:.2f} s"
+        )
+    if len(medians) == 2:
+        print(f"  ratio second / first tree: {medians[1] / medians[0]:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(MODELS / "unet_mbv2_035_48.tflite"))
     ap.add_argument("--input", default=str(MODELS / "inputs" / "unet_mbv2_035_48.npy"))
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--mode", choices=("both", "in-process", "served"), default="both")
+    ap.add_argument("--served", action="store_true", help="the same as --mode served")
     ap.add_argument(
-        "--served",
-        action="store_true",
-        help="the board in its own process (sim serve --rfc2217): esp-check alone",
+        "--tree", action="append", help="an esp-check checkout to run (PYTHONPATH); twice: side by side"
     )
-    ap.add_argument("--tree", default=str(ROOT), help="the esp-check checkout to run (PYTHONPATH)")
     args = ap.parse_args()
+    trees = args.tree or [str(ROOT)]
+    if len(trees) > 2:
+        ap.error("--tree: one or two checkouts")
+    mode = "served" if args.served else args.mode
+    print(f"model {Path(args.model).name}, host CPUs {os.cpu_count()}, load {os.getloadavg()}")
     with tempfile.TemporaryDirectory(prefix="bench-host-cpu-") as d:
-        tmp = Path(d)
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env.update(
-            PYTHONPATH=str(Path(args.tree).resolve()),
-            PYTHONPYCACHEPREFIX=str(tmp / "pycache"),
-            ESP_CHECK_CACHE_DIR=os.environ.get("ESP_CHECK_CACHE_DIR", str(tmp / "cache")),
-        )
-        tree = str(Path(args.tree).resolve())
-        with contextlib.ExitStack() as stack:
-            if args.served:
-                port = stack.enter_context(served_board(env, tree, tmp / "flash.bin"))
-            else:
-                port = f"sim://cpu-{uuid.uuid4().hex[:8]}?flash={tmp / 'flash.bin'}"
-            cmd = [
-                sys.executable, "-m", "harness.cli", "flash-and-compare", args.model, "--input", args.input,
-                "--board", "sim", "--port", port, "--out", str(tmp / "out"),
-            ]  # fmt: skip
-            first = cpu_of(cmd, env, tree)
-            runs = [cpu_of(cmd, env, tree) for _ in range(args.repeat)]
-    cpus = [c for c, _, _ in runs]
-    walls = [w for _, w, _ in runs]
-    print(
-        f"tree {args.tree}, model {Path(args.model).name}, host CPUs {os.cpu_count()}, load {os.getloadavg()}"
-    )
-    print(f"first run (warms caches): {first[0]:.2f} s CPU, {first[1]:.2f} s wall, exit {first[2]}")
-    print(
-        f"repeat run, median of {args.repeat}: {statistics.median(cpus):.2f} s CPU "
-        f"(min {min(cpus):.2f}, max {max(cpus):.2f}), {statistics.median(walls):.2f} s wall "
-        f"(goal: <= 0.50 s CPU)"
-    )
+        for served in {"both": (False, True), "in-process": (False,), "served": (True,)}[mode]:
+            measure(trees, served, args, Path(d))
+    print(f"load after: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

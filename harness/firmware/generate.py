@@ -9,16 +9,19 @@ deterministic (no timestamps, no absolute paths) so the build cache can key on f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import hashlib
+import importlib.metadata
+import inspect
 import json
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict
 
-import jinja2
 import numpy as np
 
 from harness import __version__
@@ -33,6 +36,9 @@ from harness.flashfmt.partitions import VARIANT_SLOTS
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, TensorInfo
 from harness.resources import data_dir, pinned_versions, templates_dir, user_cache_dir, version_tuple
+
+if TYPE_CHECKING:
+    import jinja2
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -143,6 +149,7 @@ class Manifest(TypedDict, total=False):
     flash_layout: dict[str, object]
     tap: dict[str, object]
     hybrid: dict[str, object]
+    generation_key: str  # GENERATION_KEY: the hash of everything the generation read (kept projects)
     # only in older or hand-made manifests: the simulated builder's fallbacks
     fwver: str
     target: str
@@ -273,17 +280,17 @@ def _prepare_inputs(
 # rendering
 
 
-class _TemplateCache(jinja2.FileSystemBytecodeCache):
+def _template_cache() -> jinja2.BytecodeCache | None:
     """Compiled templates in esp-check's cache: each run would otherwise compile every template again
     (~0.06 s of CPU). Jinja keys an entry by the template's name and checks its source's checksum, so
     an edited template is compiled afresh. A cache that cannot be written costs only the compile."""
+    import jinja2  # not at the top: a generation whose projects are kept renders nothing (~0.02 s)
 
-    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        with contextlib.suppress(OSError):
-            super().dump_bytecode(bucket)
+    class _TemplateCache(jinja2.FileSystemBytecodeCache):
+        def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+            with contextlib.suppress(OSError):
+                super().dump_bytecode(bucket)
 
-
-def _template_cache() -> jinja2.BytecodeCache | None:
     directory = user_cache_dir("templates")
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -293,6 +300,8 @@ def _template_cache() -> jinja2.BytecodeCache | None:
 
 
 def _environment() -> jinja2.Environment:
+    import jinja2  # not at the top: a generation whose projects are kept renders nothing
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir() / "project")),
         bytecode_cache=_template_cache(),
@@ -443,6 +452,122 @@ class FirmwareFeatures:
         return self.tap or bool(self.dump_ops)
 
 
+# --------------------------------------------------------------------------------------------
+# keeping projects whose inputs have not changed
+
+GENERATION_KEY = "generation_key"  # manifest field: the hash of everything the generation read
+_KEY_FORMAT = "esp-check-generation/1"
+_P = ParamSpec("_P")
+
+
+def _hash_tree(h: Any, root: Path, label: str) -> None:
+    """Feed every file under ``root`` (its relative name, then its bytes; sorted) to ``h``."""
+    paths = sorted(root.rglob("*")) if root.is_dir() else [root]
+    for path in paths:
+        if path.is_file() and "__pycache__" not in path.parts:
+            h.update(f"\0{label}:{path.relative_to(root.parent).as_posix()}\0".encode())
+            h.update(path.read_bytes())
+
+
+def generation_key(arguments: Mapping[str, Any], board: Board) -> str:
+    """SHA-256 of everything :func:`generate_projects` reads: its options, the model's and inputs'
+    names and bytes, the board's definition and file, the templates, esp-check's data files and the
+    generating code itself (an edited install regenerates too), the versions of esp-check and of the
+    wheels generation uses (tflite-micro measures the arena, Jinja renders, numpy quantizes the inputs).
+    Not ``out_dir`` (projects hold no absolute path) nor ``variants`` (each variant's project is made
+    alone; its manifest names its variant). "" when a file cannot be read: nothing is kept then."""
+    wheels: dict[str, str] = {}
+    for dist in ("tflite-micro", "jinja2", "numpy"):  # the arena probe, the rendering, the quantization
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            wheels[dist] = importlib.metadata.version(dist)
+    options = {k: repr(v) for k, v in arguments.items() if k not in ("out_dir", "board", "variants")}
+    pinned = _versions(arguments["tflm_version"], arguments["espnn_version"], arguments["platform_version"])
+    h = hashlib.sha256(
+        json.dumps([_KEY_FORMAT, __version__, wheels, options, pinned], sort_keys=True).encode()
+    )
+    h.update(json.dumps(board.to_dict(), sort_keys=True, default=repr).encode())
+    sources = [Path(arguments["model_path"]), *map(Path, arguments["input_paths"])]
+    for k, path in enumerate([*sources, *([board.source] if board.source else [])]):
+        h.update(f"\0file {k}:{path.name}\0".encode())
+        try:
+            h.update(path.read_bytes())
+        except OSError:
+            return ""  # no key: the generation itself says what cannot be read
+    package = Path(__file__).resolve().parents[1]
+    trees = [templates_dir(), data_dir(), package / "resources.py"]
+    for k, root in enumerate([*trees, *(package / d for d in ("firmware", "flashfmt", "model"))]):
+        _hash_tree(h, root, str(k))
+    return h.hexdigest()
+
+
+def _kept_projects(
+    out_dir: Path, variants: Sequence[str], board: Board, key: str
+) -> list[GeneratedProject] | None:
+    """The projects already in ``out_dir`` when each one's manifest carries ``key`` and every file it
+    lists still has the bytes it lists; None (generate again) on any difference or doubt."""
+    projects = []
+    if not variants or any(v not in VARIANTS for v in variants):
+        return None  # the generation refuses them
+    for variant in variants:
+        pdir = out_dir / variant
+        try:
+            manifest = json.loads((pdir / MANIFEST_NAME).read_text(encoding="utf-8"))
+            files = manifest["files"] if manifest.get(GENERATION_KEY) == key else None
+            if not isinstance(files, dict) or manifest.get("variant") != variant:
+                return None
+            for rel, digest in files.items():
+                if ".." in Path(rel).parts or _sha256((pdir / rel).read_bytes()) != digest:
+                    return None
+            arena_bytes, arena_mem = int(manifest["arena_bytes"]), str(manifest["arena_mem"])
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+        projects.append(
+            GeneratedProject(
+                variant=variant,
+                path=pdir,
+                manifest_path=pdir / MANIFEST_NAME,
+                board=board,
+                arena_bytes=arena_bytes,
+                arena_mem=arena_mem,
+                files=tuple(sorted(files)),
+                manifest=manifest,
+            )
+        )
+    return projects
+
+
+def _kept_when_unchanged(
+    generate: Callable[_P, list[GeneratedProject]],
+) -> Callable[_P, list[GeneratedProject]]:
+    """Skip rendering when ``out_dir`` already holds what these exact inputs generate (the key of
+    :func:`generation_key` in each manifest, each file's bytes as listed); otherwise render and store
+    the key. Any change of input, template byte, option or esp-check code renders again."""
+    signature = inspect.signature(generate)
+
+    @functools.wraps(generate)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> list[GeneratedProject]:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        board = bound.arguments["board"] = load_board(bound.arguments["board"])
+        key = generation_key(bound.arguments, board)
+        out_dir = Path(bound.arguments["out_dir"])
+        if not key:
+            return generate(*bound.args, **bound.kwargs)
+        kept = _kept_projects(out_dir, bound.arguments["variants"], board, key)
+        if kept is not None:
+            return kept
+        projects = []
+        for p in generate(*bound.args, **bound.kwargs):
+            manifest: Manifest = {**p.manifest, "generation_key": key}  # stored last: a failed one has none
+            text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+            _write_if_changed(p.manifest_path, text.encode("utf-8"))
+            projects.append(dataclasses.replace(p, manifest=manifest))
+        return projects
+
+    return wrapper
+
+
+@_kept_when_unchanged
 def generate_projects(
     model_path: str | Path,
     input_paths: Sequence[str | Path],
@@ -460,12 +585,11 @@ def generate_projects(
     tap: bool = False,
     dump_ops: Sequence[int] = (),
 ) -> list[GeneratedProject]:
-    """Render one project per variant under ``out_dir/<variant>`` for ``model_path`` and K inputs.
-
-    ``tap``/``dump_ops`` are shorthands for ``features``. Raises GenerateError (usage, exit 2) before
-    anything is built when the model cannot be embedded (several input tensors, an unsupported dtype)
-    or the arena fits in no memory of the board.
-    """
+    """Render one project per variant under ``out_dir/<variant>`` for ``model_path`` and K inputs;
+    projects already made of the same inputs are kept (:func:`_kept_when_unchanged`). ``tap`` and
+    ``dump_ops`` are shorthands for ``features``. Raises GenerateError (usage, exit 2) before anything
+    is built when the model cannot be embedded (several input tensors, an unsupported dtype) or the
+    arena fits in no memory of the board."""
     from harness.model.loader import load_model
 
     board_def = load_board(board)
@@ -702,6 +826,8 @@ def _render_files(
     prepared: Sequence[tuple[Path, bytes]],
 ) -> dict[str, bytes]:
     """Every file of one variant's project, relative path -> bytes."""
+    import jinja2  # not at the top: a generation whose projects are kept renders nothing
+
     proto_dir = templates_dir() / "common"
     for name in PROTO_FILES:
         if not (proto_dir / name).is_file():

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jinja2
-
 from harness.errors import GenerateError
 from harness.model.hybrid_ops import ANSI_KINDS, format_ops, select_ansi_ops
 from harness.model.loader import ModelInfo
@@ -75,6 +73,8 @@ def render_hybrid_files(
     ctx: Mapping[str, Any], banner: str, filters: Mapping[str, Callable[..., str]]
 ) -> dict[str, bytes]:
     """``main/esp_check_hybrid.h`` (verbatim) and ``main/esp_check_hybrid.cc`` (rendered table)."""
+    import jinja2  # not at the top: only a hybrid firmware renders this (a kept project renders nothing)
+
     root = templates_dir() / "hybrid"
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(root)),

@@ -278,17 +278,24 @@ def _firmware(
     run: _Run, inputs: Sequence[Path], features: FirmwareFeatures, *, before_build: Callable[[_Run], None]
 ) -> Firmware | None:
     """Generate both variants, run the host side (``before_build``: it overlaps nothing yet, but it
-    must fail before minutes of building), build; None when a build failed (nothing to flash)."""
-    o = run.opts
-    projects = generate_firmware(
-        run.model, inputs, run.board, run.out / "projects", rec=run.rec, input_options=o.input_options,
-        arena_kb=o.arena_kb, features=features,
-    )  # fmt: skip
-    before_build(run)
-    fw = build_firmware(
-        projects, rec=run.rec, logs_dir=run.out / "logs", builder=o.builder, cache_dir=o.cache_dir,
-        timeout=o.timeouts.build, native=o.native,
-    )  # fmt: skip
+    must fail before minutes of building), build; None when a build failed (nothing to flash). A spec
+    that brings its ``firmware`` (the runner's, made once per model and board type) is not generated
+    or built again: the host side still runs and checks the inputs."""
+    fw = run.spec.firmware
+    if fw is not None:
+        before_build(run)
+    else:
+        projects = generate_firmware(
+            run.model,
+            inputs,
+            run.board,
+            run.out / "projects",
+            rec=run.rec,
+            options=run.opts,
+            features=features,
+        )
+        before_build(run)
+        fw = build_firmware(projects, rec=run.rec, logs_dir=run.out / "logs", options=run.opts)
     return fw if _record_builds(run, fw) else None
 
 
@@ -406,7 +413,7 @@ def _prepare(run: _Run) -> None:
     been touched yet), and refuse a model ESP-NN does not touch on the board's chip."""
     board = run.loaded_board = load_board(run.spec.board)
     run.loaded_model = load_model(run.model)
-    run.loaded_target = open_target(board, run.spec.port)
+    run.loaded_target = run.spec.target or open_target(board, run.spec.port)
     run.espnn = _espnn_coverage(run.loaded_model, board.chip)
     if run.espnn["accelerated_ops"] == 0:
         untested = (
@@ -580,7 +587,7 @@ def _finish(run: _Run, seconds: float, *, reports: bool = True) -> FlashAndCompa
         out_dir=run.out,
         board=run.loaded_board.name if run.loaded_board else "",
         port=run.port_url,
-        simulated=bool(run.loaded_target and run.loaded_target.simulated),
+        simulated=bool(run.loaded_target and run.loaded_target.expects_sim),
         stages=run.rec.stages,
         variants=run.variants,
         comparison=run.comparison,

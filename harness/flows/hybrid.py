@@ -215,12 +215,13 @@ def _baseline(state: _State) -> bool:
     """flash-and-compare both builds; False when there is nothing to do or nothing to verify against."""
     res = state.res
     baseline = state.job.replace(tap=not state.opts.bisect, html=None, bundle=None, junit=None)
-    spec = dataclasses.replace(state.spec, out_dir=state.out / "baseline", options=baseline)
+    # the hybrid runs go to the board the baseline ran on (a fresh simulated board: the same one)
+    state.target = open_target(state.board, state.spec.port)
+    spec = dataclasses.replace(
+        state.spec, out_dir=state.out / "baseline", options=baseline, target=state.target
+    )
     base = run_job(spec, state.rec.progress)
     res.baseline, res.board, res.port, res.simulated = base, base.board, base.port, base.simulated
-    # the hybrid runs go to the board the baseline ran on (a fresh simulated board: the same one)
-    kind = open_target(state.board, state.spec.port)
-    state.target = type(kind)(state.board, base.port, private=kind.private)
     res.warnings += base.warnings
     res.audit = base.tap.audit if base.tap is not None else None
     ansi = base.variants["ansi"]

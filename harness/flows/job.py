@@ -13,11 +13,16 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.firmware.native.project import NativeOptions
 from harness.flows.dataset import DatasetOptions
 from harness.flows.records import StageTimeouts
 from harness.model.inputs import InputOptions
+
+if TYPE_CHECKING:
+    from harness.flows.firmware import Firmware
+    from harness.flows.targets import Target
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +71,11 @@ class JobSpec:
     port: str | None = None
     out_dir: Path = Path("esp-check-out")
     options: JobOptions = field(default_factory=JobOptions)
+    # what an earlier step already has, so the job does not make it again: the target it opened (hybrid's
+    # runs go to the board its baseline ran on) and both variants' built firmware (the runner's, made
+    # once per model and board type before the board is locked)
+    target: Target | None = None
+    firmware: Firmware | None = None
 
     @classmethod
     def of(

@@ -181,11 +181,10 @@ def _dump_variants(
     dump_dir: Path,
 ) -> dict[str, Capture]:
     o = req.opts
+    features = FirmwareFeatures(tap=True, dump_ops=tuple(dump), embed_inputs=False)
     fw = prepare_firmware(
-        req.spec.model, req.spec.inputs, req.target.board, dump_dir, rec=rec, input_options=o.input_options,
-        arena_kb=o.arena_kb, features=FirmwareFeatures(tap=True, dump_ops=tuple(dump), embed_inputs=False),
-        builder=o.builder, cache_dir=o.cache_dir, timeout=o.timeouts.build, native=o.native,
-    )  # fmt: skip
+        req.spec.model, req.spec.inputs, req.target.board, dump_dir, rec=rec, options=o, features=features
+    )
     streamed = input_tensor_bytes(req.spec.inputs, req.info.inputs[0], req.opts.input_options)
     for v, exc in fw.failures.items():
         outcome.errors.append(f"tap dump run [{v}]: build: {exc}")

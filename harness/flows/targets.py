@@ -79,10 +79,6 @@ class Target:
         """A port URL this kind takes, checked further (None: fine)."""
         return None
 
-    @property
-    def simulated(self) -> bool:
-        return self.expects_sim
-
     def check(self, rec: Recorder) -> None:
         """Before anything is built: the port exists (a real port that is missing fails in seconds, not
         after two builds that take minutes on a fresh machine)."""
@@ -126,11 +122,41 @@ class RealTarget(Target):
         return cls(board, port or "auto")
 
 
-class SimTarget(Target):
-    kind = "simulated"
+class _Simulated(Target):
+    """What every simulated board shares: its results are SIMULATED, its BEGIN record must say sim=1,
+    and a bench inventory reaches it by a sim:// or rfc2217:// URL or a labgrid place."""
+
     meaning = "SIMULATED"
     expects_sim = True
     reach = ("sim", "rfc2217", "place")
+
+    @classmethod
+    def refusal(cls, board: Board, kind: str) -> tuple[str, str]:
+        if kind == "socket":
+            return f"is raw TCP: {RAW_TCP_SIMULATOR}", RAW_TCP_SIMULATOR_HINT
+        if kind == "native":
+            return super().refusal(board, kind)
+        return (
+            "must be a sim:// or rfc2217:// URL (or a labgrid place) for a simulated board type",
+            "serve the board with `esp-check sim serve --rfc2217`, or give its sim:// URL",
+        )
+
+    @classmethod
+    def check_url(cls, url: str) -> tuple[str, str] | None:
+        if _scheme(url) != "sim":
+            return None
+        from harness.sim import parse_url
+
+        try:
+            parse_url(url)
+        except EspCheckError as exc:
+            hint = exc.hint or "docs/simulator.md lists its parameters"
+            return f"is not a valid sim:// URL: {exc.message}", hint
+        return None
+
+
+class SimTarget(_Simulated):
+    kind = "simulated"
 
     @classmethod
     def claims(cls, board: Board, port: str | None) -> bool:
@@ -160,30 +186,6 @@ class SimTarget(Target):
             board, sim_port_for(board.chip, board.reset, template, board.flash_size), private=port is None
         )
 
-    @classmethod
-    def refusal(cls, board: Board, kind: str) -> tuple[str, str]:
-        if kind == "socket":
-            return f"is raw TCP: {RAW_TCP_SIMULATOR}", RAW_TCP_SIMULATOR_HINT
-        if kind == "native":
-            return super().refusal(board, kind)
-        return (
-            "must be a sim:// or rfc2217:// URL (or a labgrid place) for a simulated board type",
-            "serve the board with `esp-check sim serve --rfc2217`, or give its sim:// URL",
-        )
-
-    @classmethod
-    def check_url(cls, url: str) -> tuple[str, str] | None:
-        if _scheme(url) != "sim":
-            return None
-        from harness.sim import parse_url
-
-        try:
-            parse_url(url)
-        except EspCheckError as exc:
-            hint = exc.hint or "docs/simulator.md lists its parameters"
-            return f"is not a valid sim:// URL: {exc.message}", hint
-        return None
-
     def check(self, rec: Recorder) -> None:
         """An in-process board is always there."""
 
@@ -193,14 +195,11 @@ class SimTarget(Target):
         register()
 
 
-class ServedSimTarget(Target):
+class ServedSimTarget(_Simulated):
     """A simulator served by `esp-check sim serve` (or esp_rfc2217_server in front of a sim:// port):
     reached like a remote board; its BEGIN record must still say sim=1."""
 
     kind = "served"
-    meaning = "SIMULATED"
-    expects_sim = True
-    reach = SimTarget.reach
 
     @classmethod
     def claims(cls, board: Board, port: str | None) -> bool:
@@ -210,9 +209,6 @@ class ServedSimTarget(Target):
     def make(cls, board: Board, port: str | None) -> Target:
         assert port is not None
         return cls(board, port)
-
-    refusal = SimTarget.refusal
-    check_url = SimTarget.check_url
 
 
 class NativeTarget(Target):

@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import children
 from harness.device.labgrid import LabgridClient, PlaceLease
@@ -74,6 +74,11 @@ from harness.runner.results import (
     Testcase,
     VariantOutcome,
 )
+
+if TYPE_CHECKING:
+    from harness.firmware.boards import Board
+    from harness.flows.firmware import Firmware
+    from harness.flows.job import JobOptions, JobSpec
 
 VARIANTS = ("optimized", "ansi")
 
@@ -371,13 +376,16 @@ class Runner:
         assert a.dir is not None
         a.dir.mkdir(parents=True, exist_ok=True)
         self.say(f"[start] {t.id} attempt {a.n} on {state.bench.name}")
-        if t.job.data is None and self._firmware_for(t, state.bench, a) is None:
-            return
+        fw = None
+        if t.job.data is None:
+            fw = self._firmware_for(t, state.bench, a)
+            if fw is None:
+                return
         held = self._lock_board(state, a)
         if held is None:
             return
         try:
-            result = run_job(self._job_spec(t, state.bench, a))
+            result = run_job(self._job_spec(t, state.bench, a, fw))
         except EspCheckError as exc:  # raised before flashing: generation, the dataset, the port
             a.exit_code = int(exc.exit_code)
             a.reason = f"{'dataset ' if t.job.data is not None else ''}job: {exc.message}"
@@ -391,34 +399,47 @@ class Runner:
         else:
             _judge_inputs(t, a, result)
 
-    def _job_spec(self, t: Task, bench: BenchBoard, a: Attempt) -> Any:
-        """The task as a job of the pipeline: its board and port, no lock (the runner holds it)."""
-        from harness.flows.job import JobOptions, JobSpec
+    def _job_options(self, t: Task) -> JobOptions:
+        """How the task's job runs: the plan's settings, the run's build options, no lock (the runner
+        holds it)."""
+        from harness.flows.job import JobOptions
         from harness.flows.records import StageTimeouts
         from harness.model.inputs import InputOptions
         from harness.runner.plan import dataset_options
 
         limits = t.job.timeouts
-        options = JobOptions(
+        return JobOptions(
             input_options=InputOptions(**t.job.input_options) if t.job.input_options else None,
-            tolerance_lsb=t.job.tolerance_lsb, ref_tolerance_lsb=t.job.ref_tolerance_lsb,
-            reference=t.job.needs_reference, builder=self.opt.builder, cache_dir=self.opt.cache_dir,
-            arena_kb=t.job.arena_kb, lock=False,
+            tolerance_lsb=t.job.tolerance_lsb,
+            ref_tolerance_lsb=t.job.ref_tolerance_lsb,
+            reference=t.job.needs_reference,
+            builder=self.opt.builder,
+            cache_dir=self.opt.cache_dir,
+            arena_kb=t.job.arena_kb,
+            lock=False,
             dataset=dataset_options(t.job, t.case) if t.job.data is not None else None,
             timeouts=StageTimeouts(limits.build, limits.capture_total, limits.capture_silence),
-            native=self.opt.native, allow_untested=t.job.allow_untested,
-        )  # fmt: skip
+            native=self.opt.native,
+            allow_untested=t.job.allow_untested,
+        )
+
+    def _job_spec(self, t: Task, bench: BenchBoard, a: Attempt, fw: Firmware | None) -> JobSpec:
+        """The task as a job of the pipeline: its board and port, the firmware made for it."""
+        from harness.flows.job import JobSpec
+
         assert a.dir is not None
         inputs = () if t.job.data is not None else tuple(Path(p) for p in t.case.inputs)
         port = a.port
         if self.opt.port_override is not None:
             port = self.opt.port_override(bench, a.port, a.n, t.id) or a.port
-        return JobSpec(Path(t.case.model), inputs, bench.board, port, a.dir, options)
+        return JobSpec(
+            Path(t.case.model), inputs, bench.board, port, a.dir, self._job_options(t), firmware=fw
+        )
 
-    def _firmware_for(self, t: Task, bench: BenchBoard, a: Attempt) -> dict[str, Any] | None:
+    def _firmware_for(self, t: Task, bench: BenchBoard, a: Attempt) -> Firmware | None:
         """Both builds, or None with the attempt marked as a host-side failure (not retried)."""
         try:
-            builds = self._firmware(t, bench.board)
+            fw = self._firmware(t, bench.board)
         except EspCheckError as exc:
             a.exit_code = int(exc.exit_code)
             a.reason = f"firmware build: {exc.message}"
@@ -430,9 +451,9 @@ class Runner:
                 "cache_hit": b.cache_hit,
                 "project_dir": str(b.project_dir),
             }
-            for v, b in builds.items()
+            for v, b in fw.builds.items()
         }
-        return builds
+        return fw
 
     def _lock_board(self, state: BoardState, a: Attempt) -> BoardLock | PlaceLease | None:
         """Resolve the board's port and take its lock, or None with the attempt marked failed."""
@@ -523,9 +544,10 @@ class Runner:
                 }
             )
 
-    def _firmware(self, t: Task, board: Any) -> dict[str, Any]:
+    def _firmware(self, t: Task, board: Board) -> Firmware:
         """Generate + build both variants once per (model, board type, console, options): the inputs are
-        streamed, so jobs with other inputs reuse the same firmware (and what is already flashed)."""
+        streamed, so jobs with other inputs reuse the same firmware (and what is already flashed), and
+        the attempts' jobs flash it as it is (they generate and build nothing)."""
         key = (
             str(t.case.model),
             board.name,
@@ -533,19 +555,17 @@ class Runner:
             t.job.arena_kb,
             tuple(sorted(t.job.input_options.items())),
         )
-
         tool = self.opt.builder or board.builder
 
-        def make() -> dict[str, Any]:
+        def make() -> Firmware:
             with self._first_build_of(tool):
                 return build()
 
-        def build() -> dict[str, Any]:
+        def build() -> Firmware:
             self._refuse_if_offline(tool)
             from harness.firmware.generate import FirmwareFeatures
             from harness.flows.firmware import prepare_firmware
             from harness.flows.records import Recorder
-            from harness.model.inputs import InputOptions
 
             digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
             name = safe_component(f"{t.case.name}__{board.name}__{board.console}__{digest}")
@@ -555,22 +575,18 @@ class Runner:
                 board,
                 self.out / "firmware" / name,
                 rec=Recorder(),
-                input_options=InputOptions(**t.job.input_options) if t.job.input_options else None,
-                arena_kb=t.job.arena_kb,
+                options=self._job_options(t),
                 features=FirmwareFeatures(embed_inputs=False),
-                builder=self.opt.builder,
-                cache_dir=self.opt.cache_dir,
-                timeout=t.job.timeouts.build,
-                native=self.opt.native,
             )
             for exc in fw.failures.values():
                 if isinstance(exc, PlatformUnreachableError):
                     with self.cond:
                         self.offline_tools.setdefault(tool, exc)
                 raise exc
-            return dict(fw.builds)
+            return fw
 
-        return dict(self.builds.get(key, make))
+        fw: Firmware = self.builds.get(key, make)
+        return fw
 
     @contextlib.contextmanager
     def _first_build_of(self, tool: str) -> Iterator[None]:

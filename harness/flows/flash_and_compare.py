@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
 
 from harness.analysis.compare import (
     CompareResult,
@@ -53,6 +52,7 @@ from harness.flows.firmware import Firmware, build_firmware, generate_firmware
 from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import (
     VARIANT_ORDER,
+    EspnnCoverage,
     FlashAndCompareResult,
     ProgressFn,
     Recorder,
@@ -64,7 +64,7 @@ from harness.flows.refused import refusal_finding
 from harness.flows.report import discard_report, write_junit, write_report
 from harness.flows.resident import ResidentBoard
 from harness.flows.tap_run import TapRunRequest, run_tap_flow
-from harness.flows.targets import Target, open_target, sim_port_for
+from harness.flows.targets import BoardLockCM, Target, open_target, sim_port_for
 from harness.model.dataset import Dataset
 from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo, load_model
@@ -91,7 +91,7 @@ class _Run:
     streamed: list[bytes] = field(default_factory=list)  # the inputs as the device's input tensor takes them
     link: LinkStats | None = None
     tap: TapResult | None = None
-    espnn: dict[str, Any] | None = None
+    espnn: EspnnCoverage | None = None
     refused: ReferenceRefusedError | None = None  # the host reference aborted (flows/refused.py)
 
     @property
@@ -129,17 +129,16 @@ class _Run:
         self.errors.append(f"{what}: {exc}")
         self.codes.append(exc.exit_code)
 
-    def lock(self) -> contextlib.AbstractContextManager[Any] | None:
+    def lock(self) -> BoardLockCM | None:
         """The board's lock while it is flashed and captured (None: not asked for, or a private board)."""
         if not self.opts.lock:
             return None
-        return cast(
-            "contextlib.AbstractContextManager[Any] | None",
-            self.target.lock(
-                lock_dir=self.opts.lock_dir, timeout=self.opts.lock_timeout,
-                owner="esp-check flash-and-compare", on_wait=lambda msg: self.rec.say("lock", msg),
-            ),
-        )  # fmt: skip
+        return self.target.lock(
+            lock_dir=self.opts.lock_dir,
+            timeout=self.opts.lock_timeout,
+            owner="esp-check flash-and-compare",
+            on_wait=lambda msg: self.rec.say("lock", msg),
+        )
 
 
 def flash_and_compare(
@@ -457,13 +456,13 @@ def _check_dump_ops(dump_ops: Sequence[int], info: ModelInfo) -> None:
         )
 
 
-def _espnn_coverage(info: ModelInfo, chip: str) -> dict[str, Any]:
+def _espnn_coverage(info: ModelInfo, chip: str) -> EspnnCoverage:
     """How many ops ESP-NN accelerates on ``chip``, and why not when none."""
     accel = espnn_model_acceleration(info, chip)
     k = sum(a.accelerated for a in accel)
     reasons = sorted({a.reason for a in accel if not a.accelerated})
     why = f"{info.kind} model; " + "; ".join(reasons[:3]) if reasons else "no ops"
-    return {"chip": chip, "accelerated_ops": k, "ops": len(accel), "why": why if k == 0 else ""}
+    return EspnnCoverage(chip=chip, accelerated_ops=k, ops=len(accel), why=why if k == 0 else "")
 
 
 def _host_reference(run: _Run) -> Source | None:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from harness.analysis.compare import CompareResult, Source, compare_sources
 from harness.analysis.hybrid import NOISE_BAND, Bisection, cost_report, hybrid_evidence, invoke_cost
@@ -39,7 +39,7 @@ from harness.flows.flash_and_compare import prepare_out_dir, run_job
 from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import FlashAndCompareResult, ProgressFn, Recorder, VariantRun
 from harness.flows.tap_run import TapRunRequest, dump_run
-from harness.flows.targets import Target, open_target
+from harness.flows.targets import BoardLockCM, Target, open_target
 from harness.model.hybrid_ops import ansi_path_applies, candidate_ops, format_ops, select_ansi_ops, switchable
 from harness.model.loader import ModelInfo, load_model
 from harness.protocol.capture import Capture, parse_capture
@@ -197,15 +197,17 @@ def hybrid(
     return res
 
 
-def _board_lock(state: _State) -> contextlib.AbstractContextManager[Any]:
+def _board_lock(state: _State) -> BoardLockCM:
     """The board's lock for the hybrid runs (the baseline took and released its own); none for a
     board made for this command alone."""
     assert state.target is not None
     cm = state.target.lock(
-        lock_dir=state.job.lock_dir, timeout=state.job.lock_timeout, owner="esp-check hybrid",
+        lock_dir=state.job.lock_dir,
+        timeout=state.job.lock_timeout,
+        owner="esp-check hybrid",
         on_wait=lambda m: state.rec.say("lock", m),
-    )  # fmt: skip
-    return cast("contextlib.AbstractContextManager[Any]", cm or contextlib.nullcontext())
+    )
+    return cm or contextlib.nullcontext()
 
 
 # ---- 1. baseline ----------------------------------------------------------------------------------
@@ -423,7 +425,7 @@ def _judge(state: _State, run: HybridRun, vr: VariantRun) -> None:
     if vr.serial_log is not None and Path(vr.serial_log).is_file():
         run.capture = parse_capture(Path(vr.serial_log).read_bytes())
     if vr.exit_code == ExitCode.FIRMWARE_FAULT:
-        run.outcome, run.why = "bad", "crash: " + "; ".join(f["message"] for f in vr.findings[:1])
+        run.outcome, run.why = "bad", "crash: " + "; ".join(str(f["message"]) for f in vr.findings[:1])
         return
     if _hung(run.capture, vr):
         run.outcome, run.why = "bad", "hang: the invoke never returned (INPUT printed, then silence)"

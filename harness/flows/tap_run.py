@@ -29,7 +29,7 @@ from harness.flows.firmware import prepare_firmware
 from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import VARIANT_ORDER, Recorder, VariantRun
 from harness.flows.resident import ResidentBoard
-from harness.flows.targets import Target
+from harness.flows.targets import BoardLockCM, Target
 from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo
 from harness.protocol.capture import Capture, parse_capture
@@ -72,7 +72,7 @@ def run_tap_flow(
     variants: Mapping[str, VariantRun],
     *,
     rec: Recorder,
-    lock_cm: contextlib.AbstractContextManager[Any] | None = None,
+    lock_cm: BoardLockCM | None = None,
 ) -> TapRunOutcome:
     """Analyze the tapped captures; when an op departs, dump it (and ``extra_dump_ops``) in a second run."""
     caps = {
@@ -137,7 +137,7 @@ def dump_run(
     req: TapRunRequest,
     ops: Sequence[int],
     rec: Recorder,
-    lock_cm: contextlib.AbstractContextManager[Any] | None = None,
+    lock_cm: BoardLockCM | None = None,
     subdir: str = "tap-dump",
 ) -> TapRunOutcome:
     """Both variants rebuilt with ``--tap --dump-ops ops`` and run, and reproducers of ``ops`` written."""
@@ -157,7 +157,7 @@ def _dump_run(
     req: TapRunRequest,
     dump: Sequence[int],
     rec: Recorder,
-    lock_cm: contextlib.AbstractContextManager[Any],
+    lock_cm: BoardLockCM,
     outcome: TapRunOutcome,
     subdir: str = "tap-dump",
 ) -> dict[str, Capture]:
@@ -176,7 +176,7 @@ def _dump_variants(
     req: TapRunRequest,
     dump: Sequence[int],
     rec: Recorder,
-    lock_cm: contextlib.AbstractContextManager[Any],
+    lock_cm: BoardLockCM,
     outcome: TapRunOutcome,
     dump_dir: Path,
 ) -> dict[str, Capture]:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 from harness.device.locks import board_lock
@@ -26,9 +27,10 @@ from harness.device.ports import RAW_TCP_SIMULATOR, RAW_TCP_SIMULATOR_HINT, chec
 from harness.errors import EspCheckError, UsageError
 from harness.firmware.boards import Board
 from harness.firmware.native.project import NATIVE_MEANING
-from harness.flows.records import Recorder, VariantRun
+from harness.flows.records import NativeFacts, Recorder, VariantRun
 
-LockFactory = Callable[[], contextlib.AbstractContextManager[Any] | None]
+# a board's lock, held for a ``with`` block (what it yields is nobody's business)
+BoardLockCM = contextlib.AbstractContextManager[object]
 
 
 class Target:
@@ -88,7 +90,9 @@ class Target:
     def prepare(self) -> None:
         """Before a session opens on the port (a pyserial URL handler to register, ...)."""
 
-    def lock(self, *, lock_dir: Any, timeout: float, owner: str, on_wait: Callable[[str], None]) -> Any:
+    def lock(
+        self, *, lock_dir: str | Path | None, timeout: float, owner: str, on_wait: Callable[[str], None]
+    ) -> BoardLockCM | None:
         """The board's cross-process lock (the one ``esp-check run`` takes), or None for a private board."""
         if self.private:
             return None
@@ -98,7 +102,7 @@ class Target:
             return contextlib.nullcontext()  # the port stage reports it
         return board_lock(ps, lock_dir=lock_dir, timeout=timeout, owner=owner, on_wait=on_wait)
 
-    def facts(self, variants: Mapping[str, VariantRun]) -> dict[str, Any] | None:
+    def facts(self, variants: Mapping[str, VariantRun]) -> NativeFacts | None:
         """What report.json says about the target beyond its name (None: nothing)."""
         return None
 
@@ -242,11 +246,11 @@ class NativeTarget(Target):
     def check(self, rec: Recorder) -> None:
         """The program is started by the session: nothing to look for before."""
 
-    def facts(self, variants: Mapping[str, VariantRun]) -> dict[str, Any] | None:
+    def facts(self, variants: Mapping[str, VariantRun]) -> NativeFacts | None:
         """What a native board's results mean, and what each variant's program said it was (INFO)."""
         keys = ("native", "native_bits", "native_sanitize", "idf", "tflm", "tflm_from", "espnn", "espnn_from")
         reported = {v: {k: r.source.info.get(k) for k in keys} for v, r in variants.items() if r.source}
-        return {"meaning": NATIVE_MEANING, "bits": self.board.native_bits, "reported": reported}
+        return NativeFacts(meaning=NATIVE_MEANING, bits=self.board.native_bits, reported=reported)
 
 
 TARGETS: tuple[type[Target], ...] = (NativeTarget, ServedSimTarget, SimTarget, RealTarget)

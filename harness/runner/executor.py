@@ -23,10 +23,10 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from harness import children
 from harness.device.labgrid import LabgridClient, PlaceLease
@@ -63,11 +63,14 @@ from harness.runner.policy import (
 from harness.runner.prepare import prepare_shared
 from harness.runner.results import (
     Attempt,
+    AttemptDataset,
     BoardState,
     BoardStatus,
+    BoardUsage,
     CaseStatus,
     CaseType,
     EventKind,
+    RunEvent,
     RunResult,
     Task,
     TaskState,
@@ -76,9 +79,15 @@ from harness.runner.results import (
 )
 
 if TYPE_CHECKING:
+    from harness.analysis.compare import CompareResult, Fault, TensorComparison
     from harness.firmware.boards import Board
     from harness.flows.firmware import Firmware
     from harness.flows.job import JobOptions, JobSpec
+    from harness.flows.records import FlashAndCompareResult, VariantRun
+    from harness.jsontypes import JSONValue
+    from harness.runner.plan import Job
+
+V = TypeVar("V")
 
 VARIANTS = ("optimized", "ansi")
 
@@ -110,25 +119,25 @@ class RunOptions:
     report_paths: Sequence[Path] = ()
 
 
-class _Memo:
+class _Memo(Generic[V]):
     """Compute-once values shared by threads (firmware builds, host references), errors included."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._locks: dict[Any, threading.Lock] = {}
-        self._values: dict[Any, tuple[bool, Any]] = {}
+        self._locks: dict[Hashable, threading.Lock] = {}
+        self._values: dict[Hashable, V | EspCheckError] = {}
 
-    def get(self, key: Any, fn: Callable[[], Any]) -> Any:
+    def get(self, key: Hashable, fn: Callable[[], V]) -> V:
         with self._lock:
             one = self._locks.setdefault(key, threading.Lock())
         with one:
             if key not in self._values:
                 try:
-                    self._values[key] = (True, fn())
+                    self._values[key] = fn()
                 except EspCheckError as exc:
-                    self._values[key] = (False, exc)
-            ok, value = self._values[key]
-        if not ok:
+                    self._values[key] = exc
+            value = self._values[key]
+        if isinstance(value, EspCheckError):
             raise value
         return value
 
@@ -149,10 +158,10 @@ class Runner:
         self.hard_stop = options.hard_stop or threading.Event()
         self.cond = threading.Condition()
         self.boards = {b.name: BoardState(b) for b in inventory.boards}
-        self.usage: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
-        self.builds = _Memo()
-        self.refs = _Memo()
+        self.usage: list[BoardUsage] = []
+        self.events: list[RunEvent] = []
+        self.builds: _Memo[Firmware] = _Memo()
+        self.refs: _Memo[None] = _Memo()
         self.lock_timeout = (
             options.lock_timeout_s if options.lock_timeout_s is not None else plan.run.lock_timeout_s
         )
@@ -209,7 +218,7 @@ class Runner:
     ) -> None:
         with self.cond:
             self.events.append(
-                {"t": time.time(), "kind": kind.value, "board": board, "task": task, "message": message}
+                RunEvent(t=time.time(), kind=kind.value, board=board, task=task, message=message)
             )
         self.say(f"[{kind}] " + (f"{board}: " if board else "") + (f"{task}: " if task else "") + message)
 
@@ -533,15 +542,15 @@ class Runner:
         held.release()
         with self.cond:
             self.usage.append(
-                {
-                    "board": bench.name,
-                    "lock_key": a.lock_key,
-                    "pid": os.getpid(),
-                    "task": t.id,
-                    "attempt": a.n,
-                    "start": a.started,
-                    "end": a.ended,
-                }
+                BoardUsage(
+                    board=bench.name,
+                    lock_key=a.lock_key,
+                    pid=os.getpid(),
+                    task=t.id,
+                    attempt=a.n,
+                    start=a.started,
+                    end=a.ended,
+                )
             )
 
     def _firmware(self, t: Task, board: Board) -> Firmware:
@@ -585,8 +594,7 @@ class Runner:
                 raise exc
             return fw
 
-        fw: Firmware = self.builds.get(key, make)
-        return fw
+        return self.builds.get(key, make)
 
     @contextlib.contextmanager
     def _first_build_of(self, tool: str) -> Iterator[None]:
@@ -741,7 +749,7 @@ class Runner:
             return self.stop.is_set() or self.hard_stop.is_set()
 
 
-def _refuse_untested(plan: Path, job: Any, board: Any) -> None:
+def _refuse_untested(plan: Path, job: Job, board: Board) -> None:
     """A model in which ESP-NN accelerates no op on the board's chip proves nothing about ESP-NN (both
     builds run the same kernels): refused before anything runs, as flash-and-compare refuses it, unless
     the job says ``allow_untested = true``."""
@@ -762,7 +770,7 @@ def _refuse_untested(plan: Path, job: Any, board: Any) -> None:
             )
 
 
-def _variant_outcome(v: str, run: Any, stages: list[StageRecord]) -> VariantOutcome:
+def _variant_outcome(v: str, run: VariantRun, stages: list[StageRecord]) -> VariantOutcome:
     return VariantOutcome(
         variant=v,
         exit_code=int(run.exit_code) if run.exit_code is not None else None,
@@ -778,7 +786,7 @@ def _variant_outcome(v: str, run: Any, stages: list[StageRecord]) -> VariantOutc
     )
 
 
-def _judge_inputs(t: Task, a: Attempt, result: Any) -> None:
+def _judge_inputs(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
     """An attempt with inputs: the pipeline judged each capture; the plan's pairs pick the comparisons
     that decide the task, and each input x pair is a testcase."""
     runs = result.variants
@@ -815,7 +823,7 @@ def _judge_inputs(t: Task, a: Attempt, result: Any) -> None:
     a.testcases = _testcases(t, a, runs, comp, ref_problem)
 
 
-def _attempt_facts(t: Task, a: Attempt, result: Any) -> None:
+def _attempt_facts(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
     """What every attempt records from the pipeline's result: each variant's outcome, the builds."""
     # the stages of both variants' session (port, flash, ...) belong to each: a failed flash explains both
     a.variants = {
@@ -833,26 +841,33 @@ def _attempt_facts(t: Task, a: Attempt, result: Any) -> None:
     }
 
 
-def _judge_dataset(t: Task, a: Attempt, result: Any) -> None:
+def _judge_dataset(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
     """A dataset attempt's verdict is flash-and-compare's; its figures go into the run summary."""
     code = ExitCode(result.exit_code)
     a.exit_code = int(code)
     a.board_fault = code == ExitCode.INFRASTRUCTURE
     _attempt_facts(t, a, result)
     doc = result.dataset or {}
-    an = doc.get("analysis") or {}
-    a.dataset = {
-        "source": doc.get("source"),
-        "random_seed": doc.get("random_seed"),
-        "inputs": doc.get("inputs", 0),
-        "verdicts": dict(an.get("verdicts") or {}),
-        "agreement": {k: v.get("agreement") for k, v in (an.get("agreement") or {}).items()},
-        "report": str(result.report_path),
-    }
-    counts = ", ".join(f"{k} {n}" for k, n in sorted(a.dataset["verdicts"].items()))
+    an = _section(doc.get("analysis"))
+    inputs = doc.get("inputs", 0)
+    verdict_counts = {k: n for k, n in _section(an.get("verdicts")).items() if isinstance(n, int)}
+    a.dataset = AttemptDataset(
+        source=doc.get("source"),
+        random_seed=doc.get("random_seed"),
+        inputs=inputs if isinstance(inputs, int) else 0,
+        verdicts=verdict_counts,
+        agreement={k: _section(v).get("agreement") for k, v in _section(an.get("agreement")).items()},
+        report=str(result.report_path),
+    )
+    counts = ", ".join(f"{k} {n}" for k, n in sorted(verdict_counts.items()))
     what = f"dataset of {a.dataset['inputs']} inputs: {counts or 'no verdicts'}"
     a.reason = "; ".join([what, *result.errors[:3]])
     a.testcases = [Testcase(0, str(doc.get("source")), "dataset", *_dataset_case(code, what))]
+
+
+def _section(value: JSONValue) -> dict[str, JSONValue]:
+    """A section of a report read back: its table, or an empty one when it is missing."""
+    return value if isinstance(value, dict) else {}
 
 
 def _dataset_case(code: ExitCode, what: str) -> tuple[CaseStatus, CaseType, str]:
@@ -864,7 +879,7 @@ def _dataset_case(code: ExitCode, what: str) -> tuple[CaseStatus, CaseType, str]
     return CaseStatus.ERROR, CaseType.USAGE if code == ExitCode.USAGE else CaseType.INFRASTRUCTURE, what
 
 
-def _variant_problems(a: Attempt, runs: dict[str, Any]) -> tuple[list[ExitCode], list[str]]:
+def _variant_problems(a: Attempt, runs: Mapping[str, VariantRun]) -> tuple[list[ExitCode], list[str]]:
     """Exit codes and reasons of the variants that did not run cleanly (or did not run)."""
     codes: list[ExitCode] = []
     reasons: list[str] = []
@@ -886,8 +901,8 @@ def _side_problem(
     label: str,
     k: int,
     a: Attempt,
-    runs: dict[str, Any],
-    faults: dict[str, list[Any]],
+    runs: Mapping[str, VariantRun],
+    faults: dict[str, list[Fault]],
     ref_problem: str | None,
 ) -> _Problem | None:
     """Why one side of a comparison (a variant or the host reference) has nothing valid for input k."""
@@ -910,12 +925,12 @@ def _side_problem(
 
 
 def _testcases(
-    t: Task, a: Attempt, runs: dict[str, Any], result: Any | None, ref_problem: str | None
+    t: Task, a: Attempt, runs: Mapping[str, VariantRun], result: CompareResult | None, ref_problem: str | None
 ) -> list[Testcase]:
     """One entry per input x requested comparison: passed / failure (mismatch, fault) / error."""
     out: list[Testcase] = []
-    by: dict[tuple[str, str, int], list[Any]] = {}
-    faults: dict[str, list[Any]] = {}
+    by: dict[tuple[str, str, int], list[TensorComparison]] = {}
+    faults: dict[str, list[Fault]] = {}
     if result is not None:
         for c in result.comparisons:
             by.setdefault((c.a, c.b, c.run), []).append(c)

@@ -22,6 +22,7 @@ from harness.errors import Verdict
 from harness.runner.paths import SUMMARY_SCHEMA, atomic_write
 from harness.runner.results import (
     TASK_VERDICTS,
+    AttemptDataset,
     CaseStatus,
     CaseType,
     RunResult,
@@ -106,7 +107,7 @@ def _task_doc(t: Task) -> dict[str, Any]:
     }
 
 
-def _task_dataset(t: Task) -> dict[str, Any] | None:
+def _task_dataset(t: Task) -> AttemptDataset | None:
     """A dataset job's figures from its decisive attempt (the last one when none decided)."""
     if t.job.data is None:
         return None

@@ -21,6 +21,7 @@ from harness.flows.records import StageTimeouts
 from harness.model.inputs import InputOptions
 
 if TYPE_CHECKING:
+    from harness.firmware.boards import Board
     from harness.flows.firmware import Firmware
     from harness.flows.targets import Target
 
@@ -67,7 +68,7 @@ class JobSpec:
 
     model: Path
     inputs: tuple[Path, ...] = ()
-    board: str | Path = "sim"
+    board: str | Path | Board = "sim"
     port: str | None = None
     out_dir: Path = Path("esp-check-out")
     options: JobOptions = field(default_factory=JobOptions)
@@ -83,7 +84,7 @@ class JobSpec:
         model: str | Path,
         inputs: Sequence[str | Path] = (),
         *,
-        board: str | Path = "sim",
+        board: str | Path | Board = "sim",
         port: str | None = None,
         out_dir: str | Path = "esp-check-out",
         options: JobOptions | None = None,

@@ -413,12 +413,11 @@ class Runner:
         holds it)."""
         from harness.flows.job import JobOptions
         from harness.flows.records import StageTimeouts
-        from harness.model.inputs import InputOptions
         from harness.runner.plan import dataset_options
 
         limits = t.job.timeouts
         return JobOptions(
-            input_options=InputOptions(**t.job.input_options) if t.job.input_options else None,
+            input_options=t.job.input_options,
             tolerance_lsb=t.job.tolerance_lsb,
             ref_tolerance_lsb=t.job.ref_tolerance_lsb,
             reference=t.job.needs_reference,
@@ -562,7 +561,7 @@ class Runner:
             board.name,
             board.console,
             t.job.arena_kb,
-            tuple(sorted(t.job.input_options.items())),
+            t.job.input_options,
         )
         tool = self.opt.builder or board.builder
 
@@ -631,13 +630,13 @@ class Runner:
         """The host reference the task's jobs read (reference outputs and arena, one child, cached on
         disk), made once per model x inputs x input options: ``runner.prepare`` runs it before the boards
         start, so no attempt waits for it under a board's lock."""
-        from harness.model.inputs import InputOptions
         from harness.model.reference import prepare_host_results
 
-        options = InputOptions(**t.job.input_options) if t.job.input_options else None
-        key = (str(t.case.model), tuple(map(str, t.case.inputs)), tuple(sorted(t.job.input_options.items())))
+        key = (str(t.case.model), tuple(map(str, t.case.inputs)), t.job.input_options)
         inputs = list(t.case.inputs)
-        self.refs.get(key, lambda: prepare_host_results(t.case.model, inputs, input_options=options))
+        self.refs.get(
+            key, lambda: prepare_host_results(t.case.model, inputs, input_options=t.job.input_options)
+        )
 
     def _write_attempt(self, t: Task, a: Attempt) -> None:
         if a.dir is None:

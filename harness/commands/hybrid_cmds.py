@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -26,6 +26,9 @@ from harness.errors import ExitCode, UsageError
 from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageTimeouts
 from harness.model.inputs import InputOptions
+
+if TYPE_CHECKING:
+    from harness.flows.hybrid import HybridResult
 
 _WHERE = (
     click.option(
@@ -170,7 +173,7 @@ def hybrid_cmd(
     return int(result.exit_code)
 
 
-def print_hybrid(console: Console, result: Any) -> None:
+def print_hybrid(console: Console, result: HybridResult) -> None:
     """Culprits, runs, cost, drop-in, reproducers, audit findings, the verdict line."""
     for c in result.culprits:
         how = safe_markup(c["found_by"])
@@ -191,17 +194,19 @@ def print_hybrid(console: Console, result: Any) -> None:
             f"{safe_markup(b['message'])}"
         )
     if result.cost:
-        console.print(f"cost: {safe_markup(result.cost['summary'])}")
+        console.print(f"cost: {safe_markup(str(result.cost['summary']))}")
     if result.dropin:
         console.print(f"drop-in files: {safe_markup(result.dropin['dir'])} (README.md says how to add them)")
         for line in result.dropin["registration"]:
             console.print(f"    {safe_markup(line)}")
-    for r in result.repro:
-        ok = "verified on the host" if r.get("ok") else f"NOT verified: {r.get('why', '')}"
-        where = safe_markup(str(r.get("dir", "-")))
-        console.print(f"one-op reproducer of op {r['op']}: {where} ({safe_markup(ok)})")
-    for k in (result.audit or {}).get("kinds", []):
-        console.print(f"[yellow]ESP-NN audit:[/yellow] {safe_markup(k['message'])}")
+    for rep in result.repro:
+        ok = "verified on the host" if rep.get("ok") else f"NOT verified: {rep.get('why', '')}"
+        where = safe_markup(str(rep.get("dir", "-")))
+        console.print(f"one-op reproducer of op {rep['op']}: {where} ({safe_markup(ok)})")
+    kinds = (result.audit or {}).get("kinds")
+    for k in kinds if isinstance(kinds, list) else []:
+        message = k.get("message") if isinstance(k, dict) else k
+        console.print(f"[yellow]ESP-NN audit:[/yellow] {safe_markup(str(message))}")
     for note in result.notes:
         console.print(f"note: {safe_markup(note)}")
     for warn in result.warnings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -19,6 +19,11 @@ from harness.model import opdata
 from harness.model.inputs import InputOptions, PreparedInput, default_image_range, load_input
 from harness.model.loader import ModelInfo, TensorInfo, load_model
 from harness.protocol.spec import crc32_hex
+
+if TYPE_CHECKING:
+    from harness.model.arena import ArenaEstimate
+    from harness.model.backends import ReferenceResult
+    from harness.model.reference import LayerDisagreement
 
 JSON_SCHEMA_INSPECT = "esp-check.inspect/1"
 JSON_SCHEMA_REFERENCE = "esp-check.reference/1"
@@ -63,7 +68,7 @@ def _tensor_table(title: str, tensors: Sequence[TensorInfo]) -> Table:
 
 
 def _inspect_data(
-    info: ModelInfo, chip: str | None, runs: list[list[PreparedInput]], arena: Any
+    info: ModelInfo, chip: str | None, runs: list[list[PreparedInput]], arena: ArenaEstimate | None
 ) -> dict[str, Any]:
     chips = [chip] if chip else list(opdata.FAMILY_CHIPS)
     accel = {c: opdata.espnn_model_acceleration(info, c) for c in chips}
@@ -245,8 +250,8 @@ def inspect_cmd(
     return int(ExitCode.MATCH)
 
 
-def _tensor_json(arr: np.ndarray, t: TensorInfo) -> dict[str, Any]:
-    d: dict[str, Any] = {
+def _tensor_json(arr: np.ndarray, t: TensorInfo) -> dict[str, object]:
+    d: dict[str, object] = {
         "name": t.name,
         "shape": list(arr.shape),
         "dtype": str(arr.dtype),
@@ -266,7 +271,7 @@ def _preview(values: np.ndarray) -> str:
     return text + (f", ... ({flat.size} values)" if flat.size > _PREVIEW else "")
 
 
-def _save_npy(save_npy: Path, result: Any) -> None:
+def _save_npy(save_npy: Path, result: ReferenceResult) -> None:
     """Raw outputs (and per-layer tensors) as .npy files, named by run, op and tensor."""
     save_npy.mkdir(parents=True, exist_ok=True)
     for k, run in enumerate(result.runs):
@@ -277,8 +282,12 @@ def _save_npy(save_npy: Path, result: Any) -> None:
 
 
 def _reference_data(
-    model: Path, info: ModelInfo, runs: list[list[PreparedInput]], result: Any, cross: list[Any]
-) -> dict[str, Any]:
+    model: Path,
+    info: ModelInfo,
+    runs: list[list[PreparedInput]],
+    result: ReferenceResult,
+    cross: list[LayerDisagreement],
+) -> dict[str, object]:
     """The ``reference --json`` document (schema esp-check.reference/1)."""
     return {
         "schema": JSON_SCHEMA_REFERENCE,
@@ -317,8 +326,8 @@ def _print_reference(
     model: Path,
     info: ModelInfo,
     runs: list[list[PreparedInput]],
-    result: Any,
-    cross: list[Any],
+    result: ReferenceResult,
+    cross: list[LayerDisagreement],
     *,
     per_layer: bool,
     save_npy: Path | None,
@@ -426,7 +435,7 @@ def reference_cmd(
     result = run_reference(
         model, [[p.quantized for p in run] for run in runs], per_layer=per_layer, backend=backend
     )
-    cross: list[Any] = []
+    cross: list[LayerDisagreement] = []
     if result.backend == "litert" and per_layer and tflm_available():
         cross = compare_backends(model, [[p.quantized for p in run] for run in runs])
     if save_npy is not None:

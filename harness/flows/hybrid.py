@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from harness.analysis.compare import CompareResult, Source, compare_sources
 from harness.analysis.hybrid import NOISE_BAND, Bisection, cost_report, hybrid_evidence, invoke_cost
@@ -40,6 +40,7 @@ from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import FlashAndCompareResult, ProgressFn, Recorder, VariantRun
 from harness.flows.tap_run import TapRunRequest, dump_run
 from harness.flows.targets import BoardLockCM, Target, open_target
+from harness.jsontypes import JSONValue
 from harness.model.hybrid_ops import ansi_path_applies, candidate_ops, format_ops, select_ansi_ops, switchable
 from harness.model.loader import ModelInfo, load_model
 from harness.protocol.capture import Capture, parse_capture
@@ -76,7 +77,7 @@ class HybridRun:
     exit_code: ExitCode | None = None
     project_dir: Path | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         h = [r.hybrid for r in self.capture.runs] if self.capture is not None else []
         return {
             "label": self.label,
@@ -91,6 +92,23 @@ class HybridRun:
             "invoke_us": [r.invoke_us for r in self.capture.runs] if self.capture is not None else [],
             "next_divergence": self.divergence.to_dict() if self.divergence is not None else None,
         }
+
+
+class Culprit(TypedDict):
+    """An op that runs ANSI C in the hybrid, and what found it."""
+
+    op: int
+    kind: str
+    found_by: str
+
+
+class Dropin(TypedDict):
+    """The verified firmware's drop-in files and the resolver lines that register them."""
+
+    dir: str
+    files: list[str]
+    registration: list[str]
+    from_project: str
 
 
 @dataclass
@@ -108,14 +126,14 @@ class HybridResult:
     message: str = ""
     exit_code: ExitCode = ExitCode.INFRASTRUCTURE
     baseline: FlashAndCompareResult | None = None
-    culprits: list[dict[str, Any]] = field(default_factory=list)
+    culprits: list[Culprit] = field(default_factory=list)
     runs: list[HybridRun] = field(default_factory=list)
     bisection: Bisection | None = None
     verification: HybridRun | None = None
-    cost: dict[str, Any] | None = None
-    audit: dict[str, Any] | None = None
-    dropin: dict[str, Any] | None = None
-    repro: list[dict[str, Any]] = field(default_factory=list)
+    cost: dict[str, JSONValue] | None = None  # analysis.hybrid.cost_report / invoke_cost
+    audit: dict[str, JSONValue] | None = None  # the baseline's ESP-NN speedup audit
+    dropin: Dropin | None = None
+    repro: list[dict[str, JSONValue]] = field(default_factory=list)  # one-op reproducers (flows.repro)
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -289,8 +307,8 @@ def _choose(state: _State) -> None:
         _bisect(state, found)
 
 
-def _culprit(state: _State, op: int, how: str) -> dict[str, Any]:
-    return {"op": op, "kind": state.info.main_ops[op].opcode, "found_by": how}
+def _culprit(state: _State, op: int, how: str) -> Culprit:
+    return Culprit(op=op, kind=state.info.main_ops[op].opcode, found_by=how)
 
 
 def _iterate(state: _State) -> tuple[list[int], str]:
@@ -513,7 +531,7 @@ def _deliver(state: _State) -> None:
     res.cost = _cost(state, dump_caps)
 
 
-def _dropin(state: _State, project: Path) -> dict[str, Any]:
+def _dropin(state: _State, project: Path) -> Dropin:
     """The verified firmware's own esp_check_hybrid.{h,cc}, with the resolver lines and a README."""
     dest = state.out / "hybrid-dropin"
     dest.mkdir(parents=True, exist_ok=True)
@@ -529,15 +547,15 @@ def _dropin(state: _State, project: Path) -> dict[str, Any]:
     resolver = list(resolver_methods(state.info))
     evidence = f"esp-check: {state.res.message}" + (" (SIMULATED board)" if state.res.simulated else "")
     (dest / "README.md").write_text(readme_snippet(ctx, resolver, evidence=evidence), encoding="utf-8")
-    return {
-        "dir": str(dest),
-        "files": [HEADER, SOURCE, "README.md"],
-        "registration": registration_lines(ctx, resolver),
-        "from_project": str(project),
-    }
+    return Dropin(
+        dir=str(dest),
+        files=[HEADER, SOURCE, "README.md"],
+        registration=registration_lines(ctx, resolver),
+        from_project=str(project),
+    )
 
 
-def _cost(state: _State, dump_caps: dict[str, Capture]) -> dict[str, Any] | None:
+def _cost(state: _State, dump_caps: dict[str, Capture]) -> dict[str, JSONValue] | None:
     """From per-op cycles of both builds (the tapped baseline, else the tapped reproducer dump run); a
     tapped hybrid run with the same ops measures the hybrid itself."""
     caps = _baseline_caps(state)
@@ -567,7 +585,7 @@ def _baseline_caps(state: _State) -> dict[str, Capture]:
     return out
 
 
-def _invoke_cost(state: _State, caps: dict[str, Capture]) -> dict[str, Any]:
+def _invoke_cost(state: _State, caps: dict[str, Capture]) -> dict[str, JSONValue]:
     """Without per-op cycles (bisection, no taps): the measured invoke times of the three builds."""
     ver = state.res.verification
 

@@ -11,7 +11,6 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -30,6 +29,7 @@ from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import VARIANT_ORDER, Recorder, VariantRun
 from harness.flows.resident import ResidentBoard
 from harness.flows.targets import BoardLockCM, Target
+from harness.jsontypes import JSONValue
 from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo
 from harness.protocol.capture import Capture, parse_capture
@@ -114,7 +114,7 @@ def reproducers(
     ops: Sequence[int],
     dump_caps: Mapping[str, Capture],
     dump_errors: Sequence[str] = (),
-) -> list[dict[str, Any]]:
+) -> list[dict[str, JSONValue]]:
     """One-op reproducers (harness.flows.repro) for ``ops`` from a dump run, under ``req.out/repro``;
     ``dump_errors`` (why a build of the dump run has no capture) go into an unverified one's ``why``."""
     from harness.flows.repro import write_reproducer

@@ -6,6 +6,7 @@ described (and serialised) one way everywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,14 +60,7 @@ class StageRecord:
     exit_code: int | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "stage": self.stage,
-            "variant": self.variant,
-            "status": str(self.status),
-            "seconds": round(self.seconds, 3),
-            "detail": self.detail,
-            "exit_code": self.exit_code,
-        }
+        return {**dataclasses.asdict(self), "status": str(self.status), "seconds": round(self.seconds, 3)}
 
 
 class FlashRegion(TypedDict):

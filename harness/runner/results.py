@@ -7,6 +7,7 @@ task finished or was aborted is its :class:`TaskState`, not a verdict.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
@@ -156,14 +157,7 @@ class Testcase:
     message: str
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "input_index": self.input_index,
-            "input": self.input,
-            "comparison": self.comparison,
-            "status": self.status.value,
-            "type": self.type.value,
-            "message": self.message,
-        }
+        return {**dataclasses.asdict(self), "status": self.status.value, "type": self.type.value}
 
 
 @dataclass
@@ -186,19 +180,8 @@ class VariantOutcome:
         return failed[-1].detail if failed else "failed"
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "variant": self.variant,
-            "exit_code": self.exit_code,
-            "serial_log": self.serial_log,
-            "firmware_sha256": self.firmware_sha256,
-            "build_cache_hit": self.build_cache_hit,
-            "flash": self.flash,
-            "nn_mode": self.nn_mode,
-            "capture_valid": self.capture_valid,
-            "problems": list(self.problems),
-            "findings": list(self.findings),
-            "stages": [{k: v for k, v in s.to_dict().items() if k != "variant"} for s in self.stages],
-        }
+        stages = [{k: v for k, v in s.to_dict().items() if k != "variant"} for s in self.stages]
+        return {**dataclasses.asdict(self), "stages": stages}
 
 
 @dataclass

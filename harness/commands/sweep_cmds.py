@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from harness.analysis.sweep_cases import Case
-    from harness.jsontypes import JSONValue
 
 
 @click.command("sweep")
@@ -110,7 +110,7 @@ def sweep_cmd(
     return result.exit_code
 
 
-def _print_findings(con: Console, findings: list[dict[str, JSONValue]]) -> None:
+def _print_findings(con: Console, findings: Sequence[Mapping[str, object]]) -> None:
     """One line per finding group, then what reaches it and how to reproduce it."""
     for f in findings:
         where = "TFLite-reachable" if f["tflite_reachable"] else "API-only"

@@ -32,7 +32,7 @@ from harness.commands.common import (
 from harness.errors import ExitCode, UsageError
 from harness.firmware.build import BUILDERS
 from harness.firmware.native.project import NativeOptions
-from harness.flows.records import StageTimeouts
+from harness.flows.records import StageTimeouts, entries, section
 from harness.model.inputs import InputOptions
 
 if TYPE_CHECKING:
@@ -472,9 +472,9 @@ def _print_summary(console: Console, result: FlashAndCompareResult) -> None:
     _print_backtraces(console, result)
     if result.dataset is not None:  # the dataset first, then the tap run on its chosen inputs
         _print_dataset(console, result.dataset)
-        for d in map(_table, _array(result.dataset.get("tap_inputs"))):
+        for d in map(section, entries(result.dataset.get("tap_inputs"))):
             console.print(f"  tapped input {d['index']} ({d['chosen_as']}): {safe_markup(str(d['file']))}")
-        for note in _array(result.dataset.get("tap_notes")):
+        for note in entries(result.dataset.get("tap_notes")):
             console.print(f"  [yellow]{safe_markup(str(note))}[/yellow]")
     if result.tap is not None:
         _print_tap(console, result.tap)
@@ -512,16 +512,6 @@ def _print_verdict(console: Console, result: FlashAndCompareResult) -> None:
     console.print(f"artifacts: {result.out_dir}  report: {result.report_path}")
 
 
-def _table(value: JSONValue) -> dict[str, JSONValue]:
-    """A table of report.json read back (empty when it is missing)."""
-    return value if isinstance(value, dict) else {}
-
-
-def _array(value: JSONValue) -> list[JSONValue]:
-    """An array of report.json read back (empty when it is missing)."""
-    return value if isinstance(value, list) else []
-
-
 def _number(value: JSONValue) -> float:
     return float(value) if isinstance(value, (int, float)) else 0.0
 
@@ -532,7 +522,7 @@ def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
     if not isinstance(a, dict):
         console.print("[yellow]dataset: no results to analyse[/yellow]")
         return
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(_table(a.get("verdicts")).items()))
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(section(a.get("verdicts")).items()))
     console.print(f"dataset {safe_markup(str(doc['source']))}: {doc['inputs']} inputs: {counts}")
     t = Table(title="agreement over the dataset")
     for col in (
@@ -544,41 +534,41 @@ def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
         "mean LSB per output",
     ):
         t.add_column(col)
-    for pair, section in _table(a.get("agreement")).items():
-        s = _table(section)
-        mean = ", ".join("-" if m is None else f"{m:.4g}" for m in _array(s.get("mean_lsb_per_output")))
+    for pair, part in section(a.get("agreement")).items():
+        s = section(part)
+        mean = ", ".join("-" if m is None else f"{m:.4g}" for m in entries(s.get("mean_lsb_per_output")))
         t.add_row(
             pair.replace("_vs_", " vs "),
             str(s["compared"]),
             str(s["bit_exact"]),
             f"{s['within_tolerance']} ({_number(s['agreement']) * 100:.1f}%)",
-            ", ".join(f"{m:g}" for m in _array(s.get("max_lsb_per_output"))) or "-",
+            ", ".join(f"{m:g}" for m in entries(s.get("max_lsb_per_output"))) or "-",
             mean or "-",
         )
     console.print(t)
-    for pair, section in _table(a.get("top1_agreement")).items():
-        s = _table(section)
+    for pair, part in section(a.get("top1_agreement")).items():
+        s = section(part)
         console.print(f"  top-1 {pair.replace('_vs_', ' vs ')}: {s['agree']}/{s['compared']}")
-    for leg, section in _table(a.get("accuracy")).items():
-        s = _table(section)
+    for leg, part in section(a.get("accuracy")).items():
+        s = section(part)
         if s.get("labelled"):
             share = 100 * _number(s["correct"]) / _number(s["labelled"])
             console.print(f"  accuracy {leg}: {s['correct']}/{s['labelled']} ({share:.1f}%)")
-    bad = _array(a.get("disagreeing"))
+    bad = entries(a.get("disagreeing"))
     if bad:
         t = Table(title="inputs that disagree, largest difference first")
         for col in ("input", "verdict", "opt vs ansi", "opt vs host", "ansi vs host"):
             t.add_column(col)
         pairs = ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host")
         for row in bad[:10]:
-            r = _table(row)
-            lsb = _table(r.get("max_lsb"))
+            r = section(row)
+            lsb = section(r.get("max_lsb"))
             cells = [str(lsb.get(p, "-")) for p in pairs]
             t.add_row(safe_markup(f"{r['index']} {r['name']}"), str(r["verdict"]), *cells)
         console.print(t)
-    reset = _table(doc.get("after_reset"))
+    reset = section(doc.get("after_reset"))
     if reset:
-        differing = len(_array(reset.get("differing")))
+        differing = len(entries(reset.get("differing")))
         console.print(
             f"  after a reset ({reset['variant']}): {reset['inputs']} inputs run again, {differing} differ"
         )
@@ -591,7 +581,7 @@ def _print_backtraces(console: Console, result: FlashAndCompareResult) -> None:
 
     for v, r in result.variants.items():
         for f in r.findings:
-            line = describe(_table(f.get("details")))
+            line = describe(section(f.get("details")))
             if line:
                 console.print(f"  {escape(v)} {safe_markup(f['kind'])}: {safe_markup(line)}")
 

@@ -122,6 +122,17 @@ class NativeFacts(TypedDict):
     reported: dict[str, dict[str, str | None]]
 
 
+def section(value: JSONValue) -> dict[str, JSONValue]:
+    """A table of a report section read back (``FlashAndCompareResult.dataset``, ...): empty when it
+    is missing or not a table."""
+    return value if isinstance(value, dict) else {}
+
+
+def entries(value: JSONValue) -> list[JSONValue]:
+    """An array of a report section read back: empty when it is missing or not an array."""
+    return value if isinstance(value, list) else []
+
+
 @dataclass
 class VariantRun:
     """Everything one variant produced; kept even when a stage failed."""

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from harness.errors import ExitCode, combine_exit_codes
-from harness.flows.records import VARIANT_ORDER, StageRecord
+from harness.flows.records import VARIANT_ORDER, StageRecord, section
 from harness.runner.results import (
     Attempt,
     AttemptDataset,
@@ -23,7 +23,6 @@ from harness.runner.results import (
 if TYPE_CHECKING:
     from harness.analysis.compare import CompareResult, Fault, TensorComparison
     from harness.flows.records import FlashAndCompareResult, VariantRun
-    from harness.jsontypes import JSONValue
 
 
 def _variant_outcome(v: str, run: VariantRun, stages: list[StageRecord]) -> VariantOutcome:
@@ -104,26 +103,21 @@ def judge_dataset(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
     a.board_fault = code == ExitCode.INFRASTRUCTURE
     _attempt_facts(t, a, result)
     doc = result.dataset or {}
-    an = _section(doc.get("analysis"))
+    an = section(doc.get("analysis"))
     inputs = doc.get("inputs", 0)
-    verdict_counts = {k: n for k, n in _section(an.get("verdicts")).items() if isinstance(n, int)}
+    verdict_counts = {k: n for k, n in section(an.get("verdicts")).items() if isinstance(n, int)}
     a.dataset = AttemptDataset(
         source=doc.get("source"),
         random_seed=doc.get("random_seed"),
         inputs=inputs if isinstance(inputs, int) else 0,
         verdicts=verdict_counts,
-        agreement={k: _section(v).get("agreement") for k, v in _section(an.get("agreement")).items()},
+        agreement={k: section(v).get("agreement") for k, v in section(an.get("agreement")).items()},
         report=str(result.report_path),
     )
     counts = ", ".join(f"{k} {n}" for k, n in sorted(verdict_counts.items()))
     what = f"dataset of {a.dataset['inputs']} inputs: {counts or 'no verdicts'}"
     a.reason = "; ".join([what, *result.errors[:3]])
     a.testcases = [Testcase(0, str(doc.get("source")), "dataset", *_dataset_case(code, what))]
-
-
-def _section(value: JSONValue) -> dict[str, JSONValue]:
-    """A section of a report read back: its table, or an empty one when it is missing."""
-    return value if isinstance(value, dict) else {}
 
 
 def _dataset_case(code: ExitCode, what: str) -> tuple[CaseStatus, CaseType, str]:

@@ -1,5 +1,5 @@
 """The job spec: what one check is (model, inputs or dataset, target, tolerances, build options,
-features, reports). Every mode builds one and hands it to :func:`harness.flows.pipeline.run_job`.
+features, reports). Every mode builds one and hands it to :func:`harness.flows.flash_and_compare.run_job`.
 
 ``JobOptions`` holds everything except the four things every call names (model, inputs, board, port)
 and the artifact directory, so ``flash_and_compare(model, inputs, board=..., options=...)`` reads as

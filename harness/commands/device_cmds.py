@@ -84,10 +84,11 @@ def timeout_options(f: F) -> F:
 
 
 # flash-and-compare's flags as data, grouped by what they are about
+BOARD_OPTION = click.option(
+    "--board", default="sim", show_default=True, help="Board name (esp-check boards) or TOML file."
+)
 _BOARD = (
-    click.option(
-        "--board", default="sim", show_default=True, help="Board name (esp-check boards) or TOML file."
-    ),
+    BOARD_OPTION,
     click.option(
         "--port",
         default=None,
@@ -143,6 +144,13 @@ _BUILD = (
         "--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: measured + margin)."
     ),
 )
+HTML_OPTION = click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a self-contained HTML report here.",
+)
 _REPORTS = (
     click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout."),
     schema_version_option,
@@ -152,13 +160,7 @@ _REPORTS = (
         default=None,
         help="Write a JUnit XML report here.",
     ),
-    click.option(
-        "--html",
-        "html_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="Write a self-contained HTML report here.",
-    ),
+    HTML_OPTION,
     click.option(
         "--bundle",
         "bundle_path",

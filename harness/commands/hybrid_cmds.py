@@ -21,7 +21,7 @@ from harness.commands.common import (
     native_options,
     with_options,
 )
-from harness.commands.device_cmds import _BUILD, timeout_options
+from harness.commands.device_cmds import _BUILD, BOARD_OPTION, HTML_OPTION, timeout_options
 from harness.errors import ExitCode, UsageError
 from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageTimeouts
@@ -31,9 +31,7 @@ if TYPE_CHECKING:
     from harness.flows.hybrid import HybridResult
 
 _WHERE = (
-    click.option(
-        "--board", default="sim", show_default=True, help="Board name (esp-check boards) or TOML file."
-    ),
+    BOARD_OPTION,
     click.option(
         "--port",
         default=None,
@@ -82,13 +80,7 @@ _CHOICE = (
 )
 _OUTPUT = (
     click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout."),
-    click.option(
-        "--html",
-        "html_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="Write a self-contained HTML report here.",
-    ),
+    HTML_OPTION,
     click.option(
         "--bundle",
         "bundle_path",

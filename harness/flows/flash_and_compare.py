@@ -226,7 +226,7 @@ class InputsWorkload(Workload):
             _execute(run, fw, body)
         run.comparison = _compare(run, self.ref_source)
         if o.tap:
-            _tap(run, tap_request(run.spec, run.info, run.target, run.out))
+            _tap(run)
 
     ref_source: Source | None = None
 
@@ -322,11 +322,6 @@ def _execute(run: _Run, fw: Firmware, body: Callable[[ResidentBoard, list[str]],
     run.codes += [r.exit_code for r in run.variants.values() if r.exit_code is not None]
 
 
-def tap_request(spec: JobSpec, info: ModelInfo, target: Target, out: Path) -> TapRunRequest:
-    """What the tap flow needs of a job (its dump run rebuilds the same firmware with dumps on)."""
-    return TapRunRequest(spec=spec, info=info, target=target, out=out)
-
-
 @contextlib.contextmanager
 def _stopped(run: _Run, finish: Callable[[], FlashAndCompareResult]) -> Iterator[None]:
     """A run that stops early still writes its report, saying why: a usage error found before any
@@ -372,8 +367,10 @@ def _refuse_clobbering(run: _Run) -> None:
         taken[path] = f"the {flag} file"
 
 
-def _tap(run: _Run, req: TapRunRequest) -> None:
-    """``--tap``: the tap flow after the comparison (its dump run, timing, culprit)."""
+def _tap(run: _Run) -> None:
+    """``--tap``: the tap flow after the comparison (its dump run rebuilds the same firmware with dumps
+    on, and its timing and culprit)."""
+    req = TapRunRequest(spec=run.spec, info=run.info, target=run.target, out=run.out)
     cm = run.lock()
     outcome = run.rec.run("tap", None, lambda: run_tap_flow(req, run.variants, rec=run.rec, lock_cm=cm))
     run.tap = outcome.result

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
@@ -43,7 +43,6 @@ COMPARISONS: dict[str, tuple[tuple[str, str], ...]] = {
     "each-vs-host": (("optimized", "reference"), ("ansi", "reference")),
 }
 Placement = Literal["any", "each"]
-PLACEMENTS: tuple[str, ...] = get_args(Placement)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 Name = Annotated[str, Field(pattern=NAME_RE.pattern, description="letters, digits, '_', '.', '-'")]
 Seconds = Annotated[float, Field(gt=0)]

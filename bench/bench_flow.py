@@ -16,21 +16,15 @@ import json
 import re
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
+
+from simrun import stage_seconds
 
 from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
 from harness.flows.job import JobOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "models"
-
-
-def _stage_times(result) -> dict[str, float]:
-    out: dict[str, float] = defaultdict(float)
-    for s in result.stages:
-        out[s.stage] += s.seconds
-    return dict(out)
 
 
 def _link_stats(log: Path) -> tuple[int, int, int]:
@@ -74,7 +68,7 @@ def main() -> None:
             runs.append((time.monotonic() - t0, result))
         print(f"model {model.name}, input {inp.name}, simulated line rate {args.baud} baud")
         for k, (wall, result) in enumerate(runs, 1):
-            st = _stage_times(result)
+            st = stage_seconds(result)
             print(f"\nrun {k}: verdict {result.verdict}, wall {wall:.2f} s")
             for name, sec in sorted(st.items(), key=lambda kv: -kv[1]):
                 print(f"  {name:<10} {sec:7.3f} s  ({sec / wall:5.1%})")

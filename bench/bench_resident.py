@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from simrun import stage_seconds, timed_run
 
 from harness.flows.dataset import DatasetOptions
-from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
-from harness.flows.job import JobOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "models"
@@ -49,44 +48,14 @@ BASELINE = (
 )
 
 
-def _stages(result: Any) -> dict[str, float]:
-    out: dict[str, float] = defaultdict(float)
-    for s in result.stages:
-        out[s.stage] += s.seconds
-    return dict(out)
-
-
 def _written(result: Any) -> int:
     """Bytes written by the run's one esptool session (both variants report that same session)."""
     flash = next((r.flash for r in result.variants.values() if r.flash), None)
     return sum(x["bytes_written"] for x in flash["regions"]) if flash else 0
 
 
-def _run(
-    tmp: Path, tag: str, model: Path, inputs: list[Path], port: str, baud: int, **kw: Any
-) -> tuple[float, Any]:
-    t0 = time.monotonic()
-    res = flash_and_compare(
-        model,
-        inputs,
-        board="sim",
-        port=port,
-        out_dir=tmp / tag,
-        options=JobOptions(
-            cache_dir=tmp / "cache",
-            flash_baud=baud,
-            timeouts=StageTimeouts(capture_total=3600, capture_silence=120),
-            **kw,
-        ),
-    )
-    wall = time.monotonic() - t0
-    if res.exit_code != 0:
-        print(f"  !! {tag}: exit {res.exit_code} {res.errors[:2]}")
-    return wall, res
-
-
 def _overhead(wall: float, res: Any) -> float:
-    return wall - sum(sec for name, sec in _stages(res).items() if name in LINK_STAGES)
+    return wall - sum(sec for name, sec in stage_seconds(res).items() if name in LINK_STAGES)
 
 
 def _hex_cost() -> tuple[float, int]:
@@ -115,10 +84,10 @@ def _repeat_before_after(tmp: Path, model: Path, inputs: list[Path], port: str, 
             ResidentBoard.probe = lambda self, log_path: None  # type: ignore[method-assign,assignment]
         try:
             s0, b0 = board.download_sessions, board.boots
-            w, r = _run(tmp, f"repeat-{tag}", model, inputs, port, baud)
+            w, r = timed_run(tmp, f"repeat-{tag}", model, inputs, port, baud)
         finally:
             ResidentBoard.probe = saved  # type: ignore[method-assign]
-        st = _stages(r)
+        st = stage_seconds(r)
         rows.append(
             (tag, w, st.get("flash", 0.0), board.download_sessions - s0, board.boots - b0, _written(r), r)
         )
@@ -135,8 +104,8 @@ def _repeat_before_after(tmp: Path, model: Path, inputs: list[Path], port: str, 
 def _model_change(tmp: Path, port: str, baud: int) -> None:
     """U-Net 48 -> 64 (same ops, another arena) on a board holding the 48 builds: what the flash writes
     (issue 25 item 4: the arena travels in the model partition's header, so only the model)."""
-    w, r = _run(tmp, "model-64", MODELS / "unet_mbv2_035_64.tflite", [MODELS / "inputs/unet_mbv2_035_64.png"],
-                port, baud)  # fmt: skip
+    model, png = MODELS / "unet_mbv2_035_64.tflite", MODELS / "inputs/unet_mbv2_035_64.png"
+    w, r = timed_run(tmp, "model-64", model, [png], port, baud)
     flash = next((x.flash for x in r.variants.values() if x.flash), None) or {"regions": []}
     by_role: dict[str, int] = defaultdict(int)
     for reg in flash["regions"]:
@@ -160,13 +129,13 @@ def _fast_link_before_after(tmp: Path, baud: int, n: int) -> None:
             ResidentBoard._fast_link = lambda self, boot, variant, log_path: None  # type: ignore[method-assign,assignment]
         try:
             port = f"sim://bench-fast-{tag}-{uuid.uuid4().hex[:6]}?throttle={baud}"
-            w, r = _run(
+            w, r = timed_run(
                 tmp, f"fast-{tag}", UNET, [], port, baud, dataset=DatasetOptions(source=npz, results="full")
             )
         finally:
             ResidentBoard._fast_link = saved  # type: ignore[method-assign]
         links = [s.detail for s in r.stages if s.stage == "link-baud"]
-        rows.append((tag, w, _stages(r).get("dataset", 0.0), links[:1], r.verdict))
+        rows.append((tag, w, stage_seconds(r).get("dataset", 0.0), links[:1], r.verdict))
     print(f"\nfast link, U-Net 48, {n} streamed inputs, --results full, console 115200 (issue 25 item 1):")
     for tag, w, ds, links, verdict in rows:
         print(
@@ -195,14 +164,14 @@ def main() -> None:
         np.save(other, np.random.default_rng(1).uniform(-1, 1, (1, 48, 48, 3)).astype(np.float32))
         print(f"simulated board throttled to {baud} baud both ways (serial and flash writes)\n")
 
-        w1, r1 = _run(tmp, "first", UNET, [png], board, baud)
-        w2, r2 = _run(tmp, "repeat", UNET, [png], board, baud)
-        w3, r3 = _run(tmp, "input-change", UNET, [other], board, baud)
+        w1, r1 = timed_run(tmp, "first", UNET, [png], board, baud)
+        w2, r2 = timed_run(tmp, "repeat", UNET, [png], board, baud)
+        w3, r3 = timed_run(tmp, "input-change", UNET, [other], board, baud)
         print("U-Net 48, one input, the same board:")
         for tag, w, r in (("first run", w1, r1), ("identical repeat", w2, r2), ("input-only change", w3, r3)):
             print(f"  {tag:<18} wall {w:6.2f} s  flash written {_written(r):>9} B  host overhead "
                   f"{_overhead(w, r):.2f} s  verdict {r.verdict}")  # fmt: skip
-        st = _stages(r2)
+        st = stage_seconds(r2)
         print(
             "  identical repeat, stages: "
             + ", ".join(f"{k} {v:.2f}" for k, v in sorted(st.items(), key=lambda kv: -kv[1]))
@@ -216,7 +185,7 @@ def main() -> None:
         npz = tmp / "unet.npz"
         rng = np.random.default_rng(7)
         np.savez(npz, x=rng.uniform(-1, 1, (args.stream_inputs, 48, 48, 3)).astype(np.float32))
-        ws, rs = _run(
+        ws, rs = timed_run(
             tmp, "stream", UNET, [], board, baud, dataset=DatasetOptions(source=npz, results="full")
         )
         print(f"\nlink efficiency, U-Net 48 dataset of {args.stream_inputs} streamed inputs, --results full "
@@ -227,13 +196,13 @@ def main() -> None:
                   f"({link['rx_payload']} / {link['rx_bytes']} B)")  # fmt: skip
 
         cnn_board = f"sim://bench-cnn-{uuid.uuid4().hex[:6]}?{throttle}"
-        wn, rn = _run(tmp, "n", CNN, [], cnn_board, baud,
+        wn, rn = timed_run(tmp, "n", CNN, [], cnn_board, baud,
                       dataset=DatasetOptions(random_inputs=args.n, seed=3, results="full"))  # fmt: skip
         cnn_in = MODELS / "inputs" / "cnn_classifier_11.npy"
         base = []
         for k in range(args.baseline_runs):
             fresh = f"sim://bench-base-{uuid.uuid4().hex[:6]}?{throttle}"
-            wb, rb = _run(tmp, f"base{k}", CNN, [cnn_in], fresh, baud)
+            wb, rb = timed_run(tmp, f"base{k}", CNN, [cnn_in], fresh, baud)
             base.append((wb, _written(rb)))
         per = sum(w for w, _ in base) / len(base)
         print(f"\nN={args.n} inputs, cnn_classifier_11:")
@@ -248,8 +217,8 @@ def main() -> None:
         for model, tag in ((UNET, "U-Net 48"), (CNN, "cnn_classifier_11")):
             port = f"sim://bench-big-{uuid.uuid4().hex[:6]}?{throttle}"
             opts = DatasetOptions(random_inputs=args.n_big, seed=9, results="crc")
-            wb, rb = _run(tmp, f"big-{model.stem}", model, [], port, baud, dataset=opts)
-            ds = _stages(rb).get("dataset", 0.0)
+            wb, rb = timed_run(tmp, f"big-{model.stem}", model, [], port, baud, dataset=opts)
+            ds = stage_seconds(rb).get("dataset", 0.0)
             print(f"  {tag:<18} wall {wb:7.2f} s, {wb / args.n_big:.4f} s/input (dataset stage {ds:.2f} s), "
                   f"verdict {rb.verdict}")  # fmt: skip
 

@@ -51,16 +51,14 @@ import re
 import tempfile
 import uuid
 import zlib
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from simrun import stage_seconds, timed_run
 
 from harness.flows.dataset import DatasetOptions
-from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
-from harness.flows.job import JobOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "models"
@@ -123,13 +121,6 @@ class Counts:
         return sum(c for _, _, c in self.regions)
 
 
-def _stages(res: Any) -> dict[str, float]:
-    out: dict[str, float] = defaultdict(float)
-    for s in res.stages:
-        out[s.stage] += s.seconds
-    return dict(out)
-
-
 def _flash_regions(res: Any, flash_file: Path) -> tuple[list[tuple[str, int, int]], int, int, bool]:
     """Written regions with their compressed size (zlib level 9, as esptool), checked-and-skipped ones."""
     flash = next((r.flash for r in res.variants.values() if r.flash), None)
@@ -185,7 +176,7 @@ def counts(name: str, res: Any, flash_file: Path, input_bytes: int) -> Counts:
         up,
         invoke,
         n,
-        _stages(res),
+        stage_seconds(res),
         bool(res.dataset),
     )
 
@@ -216,25 +207,6 @@ def _fmt(p: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.2f}" for k, v in p.items()) + f"  = {sum(p.values()):.2f} s"
 
 
-def _run(tmp: Path, tag: str, model: Path, inputs: list[Path], port: str, baud: int, **kw: Any) -> Any:
-    res = flash_and_compare(
-        model,
-        inputs,
-        board="sim",
-        port=port,
-        out_dir=tmp / tag,
-        options=JobOptions(
-            cache_dir=tmp / "cache",
-            flash_baud=baud,
-            timeouts=StageTimeouts(capture_total=3600, capture_silence=120),
-            **kw,
-        ),
-    )
-    if res.exit_code != 0:
-        print(f"  !! {tag}: exit {res.exit_code} {res.errors[:2]}")
-    return res
-
-
 def simulate(tmp: Path, baud: int, n: int) -> dict[str, Counts]:
     """The scenarios on one simulated board throttled to ``baud`` (serial link and flash writes)."""
     flash_file = tmp / "flash.bin"
@@ -242,18 +214,20 @@ def simulate(tmp: Path, baud: int, n: int) -> dict[str, Counts]:
     x = MODELS / "inputs" / "unet_mbv2_035_48.npy"
     in_bytes = int(np.prod(np.load(x).shape))  # int8 input tensor
     out: dict[str, Counts] = {}
-    first = _run(tmp, "first", UNET48, [x], port, baud)
+    first = timed_run(tmp, "first", UNET48, [x], port, baud)[1]
     out["first run"] = counts("first run", first, flash_file, in_bytes)
-    repeat = _run(tmp, "repeat", UNET48, [x], port, baud)
+    repeat = timed_run(tmp, "repeat", UNET48, [x], port, baud)[1]
     out["repeat check"] = counts("repeat check", repeat, flash_file, in_bytes)
     npz = tmp / "new.npz"
     rng = np.random.default_rng(25)
     np.savez(npz, x=rng.uniform(-1, 1, (n, 48, 48, 3)).astype(np.float32))
-    ds = _run(tmp, "inputs", UNET48, [], port, baud, dataset=DatasetOptions(source=npz, results="full"))
+    ds = timed_run(tmp, "inputs", UNET48, [], port, baud, dataset=DatasetOptions(source=npz, results="full"))[
+        1
+    ]
     out[f"{n} new inputs"] = counts(f"{n} new inputs", ds, flash_file, in_bytes)
     out["_dataset_result"] = ds  # type: ignore[assignment]
     x64 = MODELS / "inputs" / "unet_mbv2_035_64.npy"
-    new = _run(tmp, "new-model", UNET64, [x64], port, baud)
+    new = timed_run(tmp, "new-model", UNET64, [x64], port, baud)[1]
     out["new model, same ops"] = counts(
         "new model, same ops", new, flash_file, int(np.prod(np.load(x64).shape))
     )

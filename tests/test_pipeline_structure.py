@@ -7,6 +7,7 @@ These read harness/ with :mod:`ast` (nothing runs); each rule says why it exists
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import re
 from pathlib import Path
@@ -107,3 +108,14 @@ def test_the_counting_rules_can_fail() -> None:
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and len(n.args) > 6]
     assert len(calls) == 1 and not VARARGS.search(ast.unparse(calls[0].func))
     assert VARARGS.search("struct.pack") and VARARGS.search("self.lib.ecp_tensor")
+
+
+def test_the_firmware_steps_take_the_job_options_whole() -> None:
+    """Issue 23: generate/build/prepare_firmware took the build options one by one (builder, cache_dir,
+    timeout, native, arena_kb, input_options), so each caller unpacked a JobOptions field by field."""
+    from harness.flows.firmware import build_firmware, generate_firmware, prepare_firmware
+
+    fields = {f.name for f in dataclasses.fields(JobOptions)} | {"timeout"}
+    for fn in (generate_firmware, build_firmware, prepare_firmware):
+        params = set(inspect.signature(fn).parameters)
+        assert "options" in params and not params & fields, (fn.__name__, params & fields)

@@ -73,3 +73,46 @@ def test_builds_and_references_are_made_once_before_the_boards_start(
     assert [kind for kind, _ in calls].count("build") == 2, calls
     assert 2 <= [kind for kind, _ in calls].count("reference") <= 2 * len(MODELS), calls
     assert not [c for c in calls if c[1].startswith("board-")], calls  # none left to a board worker
+
+
+def test_an_attempt_flashes_the_prepared_firmware_without_generating_it_again(
+    tmp_path: Path, models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: the warm-up generated and built each firmware, then every attempt's job generated its
+    projects again (and rebuilt them from the cache). Real: generation, the sim builder, esptool over
+    ``sim://``; faked: the boards. ``generate_projects`` is wrapped only to count its calls."""
+    generated: list[str] = []
+    real = firmware.generate_projects
+
+    def counting(model: Any, *a: Any, **k: Any) -> Any:
+        generated.append(Path(model).name)
+        return real(model, *a, **k)
+
+    monkeypatch.setattr(firmware, "generate_projects", counting)
+    model = models_dir / "cnn_classifier_11.tflite"
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        '[defaults]\ntimeouts = { capture_total = 30, capture_silence = 3 }\n\n[[job]]\nname = "j"\n'
+        f'models = ["{model}"]\ninputs = ["{models_dir}/inputs/{{model}}.npy"]\nboards = ["sim"]\n'
+        'placement = "each"\n'
+    )
+    run = uuid.uuid4().hex[:8]
+    inv = tmp_path / "bench.toml"
+    inv.write_text(
+        "\n".join(
+            f'[[board]]\nname = "b{k}"\ntype = "sim"\nport = "sim://once-{run}-{k}"\n' for k in range(2)
+        )
+    )
+    result = run_plan(
+        load_plan(plan),
+        load_inventory(inv),
+        RunOptions(out_dir=tmp_path / "out", lock_dir=tmp_path / "locks", cache_dir=tmp_path / "cache"),
+    )
+    assert result.exit_code == ExitCode.MATCH, [t.reason for t in result.tasks]
+    assert len(result.tasks) == 2
+    assert generated == ["cnn_classifier_11.tflite"], generated  # once for both boards' attempts
+    for t in result.tasks:
+        for v, outcome in t.attempts[-1].variants.items():
+            assert (
+                outcome.firmware_sha256 == t.builds[v]["firmware_sha256"]
+            )  # what was flashed is what was built

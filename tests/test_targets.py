@@ -15,10 +15,19 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ExitCode, UsageError
-from harness.firmware.boards import load_board
+from harness.firmware.boards import Board, load_board
 from harness.flows.flash_and_compare import flash_and_compare
+from harness.flows.hybrid import hybrid
 from harness.flows.job import JobOptions
-from harness.flows.targets import NativeTarget, RealTarget, ServedSimTarget, SimTarget, open_target
+from harness.flows.targets import (
+    TARGETS,
+    NativeTarget,
+    RealTarget,
+    ServedSimTarget,
+    SimTarget,
+    Target,
+    open_target,
+)
 
 MODEL = "cnn_classifier_11.tflite"
 INPUT = "inputs/cnn_classifier_11__ambiguous.png"
@@ -104,3 +113,42 @@ def test_the_network_probe_leaves_the_server_free(tmp_path: Path):
         with conn:
             assert conn.recv(1) == b""  # the probe closed its end: the slot is free
         check_present(resolve_port(url.replace("rfc2217", "socket")))  # socket:// is probed the same way
+
+
+def test_whether_a_target_is_simulated_is_said_once():
+    """Issue 23: ``Target.simulated`` repeated ``expects_sim`` (two names that could drift apart); a
+    report's ``simulated`` now reads ``expects_sim``, the one the judge holds the BEGIN record to."""
+    for cls in (Target, *TARGETS):
+        assert "simulated" not in dir(cls), cls
+    assert [cls.expects_sim for cls in TARGETS] == [False, True, True, False]
+
+
+def test_both_simulators_share_their_reach_rules_by_inheritance():
+    """Issue 23: ServedSimTarget borrowed SimTarget's ``refusal``/``check_url`` by assignment, so they ran
+    as SimTarget's (``cls`` was the wrong class). Both now inherit them from one base."""
+    board = load_board("sim")
+    for cls in (SimTarget, ServedSimTarget):
+        assert cls.refusal.__self__ is cls and cls.check_url.__self__ is cls
+        raw = cls.refuse_reach(board, "port", "socket://127.0.0.1:4000")
+        assert raw is not None and raw[0].startswith("is raw TCP"), raw
+        bad = cls.refuse_reach(board, "port", "sim://x?fault=no_such_fault")
+        assert bad is not None and "not a valid sim:// URL" in bad[0], bad
+        assert cls.refuse_reach(board, "port", "rfc2217://127.0.0.1:4000") is None
+
+
+def test_hybrid_opens_its_target_once(models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Issue 23: hybrid's baseline opened the target through run_job, then opened another one to find
+    the same port again. Real: the job up to its port check (nothing answers, nothing is built); the
+    target class's ``make`` is wrapped only to count its calls."""
+    made: list[str | None] = []
+    real = ServedSimTarget.make
+
+    def counting(board: Board, port: str | None) -> Target:
+        made.append(port)
+        return real(board, port)
+
+    monkeypatch.setattr(ServedSimTarget, "make", counting)
+    url = f"rfc2217://127.0.0.1:{_closed_port()}"
+    res = hybrid(models_dir / MODEL, [models_dir / INPUT], board="sim", port=url, out_dir=tmp_path / "h")
+    assert res.exit_code == ExitCode.INFRASTRUCTURE and res.port == url, (res.exit_code, res.errors)
+    assert made == [url]

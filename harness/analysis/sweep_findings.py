@@ -203,7 +203,7 @@ class Coverage:
         if r.status[2] == RAN and RAN in r.status[:2]:
             self.reference[key] += 1
 
-    def rows(self) -> list[dict[str, str | int]]:
+    def rows(self) -> list[dict[str, object]]:
         return [
             {
                 "op": op,

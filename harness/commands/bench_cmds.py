@@ -66,10 +66,9 @@ def detect_cmd(probe_chip: bool, show_all: bool, as_json: bool) -> int:
     for col in ("port", "VID:PID", "serial number", "location", "kind", "chip"):
         table.add_column(col)
     for d in devices:
-        doc = d.to_dict()
         table.add_row(
             escape(d.device),
-            doc["vid_pid"] or "-",
+            d.vid_pid or "-",
             escape(d.serial_number or "-"),
             escape(d.location or "-"),
             escape(d.kind or d.description),

@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import click
 from rich.console import Console
@@ -32,10 +32,18 @@ from harness.commands.common import (
 from harness.errors import ExitCode, UsageError
 from harness.firmware.build import BUILDERS
 from harness.firmware.native.project import NativeOptions
-from harness.flows.records import StageTimeouts
+from harness.flows.records import StageTimeouts, entries, section
 from harness.model.inputs import InputOptions
 
-F = TypeVar("F", bound=Any)
+if TYPE_CHECKING:
+    from rich.status import Status
+
+    from harness.analysis.tap import TapResult
+    from harness.flows.dataset import DatasetOptions
+    from harness.flows.records import FlashAndCompareResult, FlashFacts
+    from harness.jsontypes import JSONValue
+
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def timeout_options(f: F) -> F:
@@ -43,8 +51,8 @@ def timeout_options(f: F) -> F:
 
     @functools.wraps(f)
     def wrapper(
-        *args: Any, capture_timeout: float, silence_timeout: float, build_timeout: float, **kw: Any
-    ) -> Any:
+        *args: object, capture_timeout: float, silence_timeout: float, build_timeout: float, **kw: object
+    ) -> object:
         limits = StageTimeouts(
             build=build_timeout, capture_total=capture_timeout, capture_silence=silence_timeout
         )
@@ -76,10 +84,11 @@ def timeout_options(f: F) -> F:
 
 
 # flash-and-compare's flags as data, grouped by what they are about
+BOARD_OPTION = click.option(
+    "--board", default="sim", show_default=True, help="Board name (esp-check boards) or TOML file."
+)
 _BOARD = (
-    click.option(
-        "--board", default="sim", show_default=True, help="Board name (esp-check boards) or TOML file."
-    ),
+    BOARD_OPTION,
     click.option(
         "--port",
         default=None,
@@ -135,6 +144,13 @@ _BUILD = (
         "--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: measured + margin)."
     ),
 )
+HTML_OPTION = click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a self-contained HTML report here.",
+)
 _REPORTS = (
     click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout."),
     schema_version_option,
@@ -144,13 +160,7 @@ _REPORTS = (
         default=None,
         help="Write a JUnit XML report here.",
     ),
-    click.option(
-        "--html",
-        "html_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="Write a self-contained HTML report here.",
-    ),
+    HTML_OPTION,
     click.option(
         "--bundle",
         "bundle_path",
@@ -234,7 +244,7 @@ class _FlashAndCompareCommand(click.Command):
             _refused(_out_in_args(given), exc.format_message())
             raise
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except UsageError as exc:
@@ -351,7 +361,7 @@ def flash_and_compare_cmd(
     return int(result.exit_code)
 
 
-def _progress(console: Console, status: Any) -> Callable[[str, str], None]:
+def _progress(console: Console, status: Status) -> Callable[[str, str], None]:
     """A spinner names the stage in progress; each finished stage leaves one line."""
     t0 = time.monotonic()
 
@@ -375,7 +385,7 @@ def _dataset_options(
     results: str,
     labels: Path | None,
     repeat: int,
-) -> Any:
+) -> DatasetOptions | None:
     """The checked DatasetOptions, or None for a run on --input files."""
     from harness.flows.dataset import DatasetOptions
 
@@ -424,10 +434,10 @@ def _refuse_given(names: tuple[str, ...], why: str, hint: str) -> None:
         raise UsageError(f"{flags} {verb} {why}", hint=hint)
 
 
-def _print_summary(console: Console, result: Any) -> None:
+def _print_summary(console: Console, result: FlashAndCompareResult) -> None:
     from harness.analysis.report import print_report
 
-    refused = getattr(result, "reference_refused", None)
+    refused = result.reference_refused
     if result.comparison is not None:  # the run's one verdict line comes last (_print_verdict)
         label = "optimized vs ANSI C only (the host reference refused)" if refused else None
         print_report(result.comparison, console, verdict_label=label, simulated=result.simulated)
@@ -436,7 +446,7 @@ def _print_summary(console: Console, result: Any) -> None:
     table = Table(title="flash-and-compare" + kind)
     for col in ("variant", "firmware", "flash", "capture", "ESP-NN mode", "findings"):
         table.add_column(col)
-    shown: list[tuple[str, Any]] = []  # both variants are flashed in one esptool session: show it once
+    shown: list[tuple[str, FlashFacts]] = []  # both variants are flashed in one esptool session: show it once
     for v, r in result.variants.items():
         flash = "-"
         same = next((w for w, f in shown if r.flash and f == r.flash), None)
@@ -464,11 +474,11 @@ def _print_summary(console: Console, result: Any) -> None:
     _print_backtraces(console, result)
     if result.dataset is not None:  # the dataset first, then the tap run on its chosen inputs
         _print_dataset(console, result.dataset)
-        for d in result.dataset.get("tap_inputs") or []:
-            console.print(f"  tapped input {d['index']} ({d['chosen_as']}): {safe_markup(d['file'])}")
-        for note in result.dataset.get("tap_notes") or []:
-            console.print(f"  [yellow]{safe_markup(note)}[/yellow]")
-    if getattr(result, "tap", None) is not None:
+        for d in map(section, entries(result.dataset.get("tap_inputs"))):
+            console.print(f"  tapped input {d['index']} ({d['chosen_as']}): {safe_markup(str(d['file']))}")
+        for note in entries(result.dataset.get("tap_notes")):
+            console.print(f"  [yellow]{safe_markup(str(note))}[/yellow]")
+    if result.tap is not None:
         _print_tap(console, result.tap)
     for warn in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {safe_lines(warn)}")
@@ -482,9 +492,9 @@ def _print_summary(console: Console, result: Any) -> None:
     _print_verdict(console, result)
 
 
-def _print_verdict(console: Console, result: Any) -> None:
+def _print_verdict(console: Console, result: FlashAndCompareResult) -> None:
     """The run's one verdict line, with what it rests on, then where the artifacts are."""
-    refused = getattr(result, "reference_refused", None)
+    refused = result.reference_refused
     color = {ExitCode.MATCH: "green", ExitCode.MISMATCH: "red", ExitCode.FIRMWARE_FAULT: "red"}.get(
         result.exit_code, "yellow"
     )
@@ -504,13 +514,17 @@ def _print_verdict(console: Console, result: Any) -> None:
     console.print(f"artifacts: {result.out_dir}  report: {result.report_path}")
 
 
-def _print_dataset(console: Console, doc: dict[str, Any]) -> None:
+def _number(value: JSONValue) -> float:
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
     """Verdict counts, agreement, LSB per output, top-1 / accuracy and the worst inputs of a dataset run."""
     a = doc.get("analysis")
-    if a is None:
+    if not isinstance(a, dict):
         console.print("[yellow]dataset: no results to analyse[/yellow]")
         return
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(a["verdicts"].items()))
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(section(a.get("verdicts")).items()))
     console.print(f"dataset {safe_markup(str(doc['source']))}: {doc['inputs']} inputs: {counts}")
     t = Table(title="agreement over the dataset")
     for col in (
@@ -522,48 +536,59 @@ def _print_dataset(console: Console, doc: dict[str, Any]) -> None:
         "mean LSB per output",
     ):
         t.add_column(col)
-    for pair, s in a["agreement"].items():
-        mean = ", ".join("-" if m is None else f"{m:.4g}" for m in s["mean_lsb_per_output"])
-        t.add_row(pair.replace("_vs_", " vs "), str(s["compared"]), str(s["bit_exact"]),
-                  f"{s['within_tolerance']} ({(s['agreement'] or 0) * 100:.1f}%)",
-                  ", ".join(f"{m:g}" for m in s["max_lsb_per_output"]) or "-", mean or "-")  # fmt: skip
+    for pair, part in section(a.get("agreement")).items():
+        s = section(part)
+        mean = ", ".join("-" if m is None else f"{m:.4g}" for m in entries(s.get("mean_lsb_per_output")))
+        t.add_row(
+            pair.replace("_vs_", " vs "),
+            str(s["compared"]),
+            str(s["bit_exact"]),
+            f"{s['within_tolerance']} ({_number(s['agreement']) * 100:.1f}%)",
+            ", ".join(f"{m:g}" for m in entries(s.get("max_lsb_per_output"))) or "-",
+            mean or "-",
+        )
     console.print(t)
-    for pair, s in (a.get("top1_agreement") or {}).items():
+    for pair, part in section(a.get("top1_agreement")).items():
+        s = section(part)
         console.print(f"  top-1 {pair.replace('_vs_', ' vs ')}: {s['agree']}/{s['compared']}")
-    for leg, s in (a.get("accuracy") or {}).items():
-        if s["labelled"]:
-            share = 100 * s["correct"] / s["labelled"]
+    for leg, part in section(a.get("accuracy")).items():
+        s = section(part)
+        if s.get("labelled"):
+            share = 100 * _number(s["correct"]) / _number(s["labelled"])
             console.print(f"  accuracy {leg}: {s['correct']}/{s['labelled']} ({share:.1f}%)")
-    bad = a.get("disagreeing") or []
+    bad = entries(a.get("disagreeing"))
     if bad:
         t = Table(title="inputs that disagree, largest difference first")
         for col in ("input", "verdict", "opt vs ansi", "opt vs host", "ansi vs host"):
             t.add_column(col)
         pairs = ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host")
-        for r in bad[:10]:
-            lsb = r["max_lsb"]
+        for row in bad[:10]:
+            r = section(row)
+            lsb = section(r.get("max_lsb"))
             cells = [str(lsb.get(p, "-")) for p in pairs]
-            t.add_row(safe_markup(f"{r['index']} {r['name']}"), r["verdict"], *cells)
+            t.add_row(safe_markup(f"{r['index']} {r['name']}"), str(r["verdict"]), *cells)
         console.print(t)
-    reset = doc.get("after_reset")
+    reset = section(doc.get("after_reset"))
     if reset:
-        console.print(f"  after a reset ({reset['variant']}): {reset['inputs']} inputs run again, "
-                      f"{len(reset['differing'])} differ")  # fmt: skip
+        differing = len(entries(reset.get("differing")))
+        console.print(
+            f"  after a reset ({reset['variant']}): {reset['inputs']} inputs run again, {differing} differ"
+        )
     console.print("  per-input verdicts: report.json dataset.analysis.rows")
 
 
-def _print_backtraces(console: Console, result: Any) -> None:
+def _print_backtraces(console: Console, result: FlashAndCompareResult) -> None:
     """Each crash's decoded call chain (or why it was not decoded), under the table."""
     from harness.firmware.backtrace import describe
 
     for v, r in result.variants.items():
         for f in r.findings:
-            line = describe(f.get("details") or {})
+            line = describe(section(f.get("details")))
             if line:
                 console.print(f"  {escape(v)} {safe_markup(f['kind'])}: {safe_markup(line)}")
 
 
-def _print_tap(console: Console, tap: Any) -> None:
+def _print_tap(console: Console, tap: TapResult) -> None:
     """First divergent op, dump analysis and the per-op timing table of a --tap run."""
     culprit = tap.culprit
     if culprit is not None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
@@ -30,6 +31,7 @@ from harness.firmware.generate import (
     GeneratedProject,
     generate_projects,
 )
+from harness.firmware.native.project import NativeOptions
 from harness.model.inputs import InputOptions
 
 
@@ -76,7 +78,7 @@ def boards_cmd(as_json: bool, board_files: tuple[Path, ...]) -> int:
     return int(ExitCode.MATCH)
 
 
-def _project_summary(p: GeneratedProject) -> dict[str, Any]:
+def _project_summary(p: GeneratedProject) -> dict[str, object]:
     return {
         "variant": p.variant,
         "path": str(p.path),
@@ -214,8 +216,11 @@ def _print_generated(projects: list[GeneratedProject]) -> None:
         )
 
 
-def run_build_with_progress(project_dir: Path, console: Console, **kwargs: Any) -> BuildResult:
-    """Build with a rich progress line showing the tool's latest output (the full log goes to a file)."""
+def run_build_with_progress(
+    project_dir: Path, console: Console, build: Callable[..., BuildResult]
+) -> BuildResult:
+    """``build(on_output=...)`` of ``project_dir`` with a rich progress line showing the tool's latest
+    output (the full log goes to a file)."""
     with Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.fields[name]}[/bold]"),
@@ -231,7 +236,7 @@ def run_build_with_progress(project_dir: Path, console: Console, **kwargs: Any) 
             if text:
                 progress.update(task, description=text[:90].replace("[", "\\["))
 
-        return build_project(project_dir, on_output=on_output, **kwargs)
+        return build(on_output=on_output)
 
 
 @click.command("build")
@@ -267,16 +272,16 @@ def build_cmd(
     idf_py: str | None,
     timeout: float | None,
     as_json: bool,
-    native: Any = None,
+    native: NativeOptions | None = None,
 ) -> int:
     """Build generated project directories (e.g. OUT/optimized OUT/ansi), with a content-addressed cache."""
     progress_console = make_console(stderr=True, highlight=False)
     console = make_console(highlight=False)
     results: list[BuildResult] = []
     for project in project_dirs:
-        result = run_build_with_progress(
+        build = functools.partial(
+            build_project,
             project,
-            progress_console,
             builder=builder,
             cache_dir=cache_dir,
             use_cache=not no_cache,
@@ -287,6 +292,7 @@ def build_cmd(
             timeout=timeout,
             native=native,
         )
+        result = run_build_with_progress(project, progress_console, build)
         results.append(result)
         if not as_json:
             state = "cache hit" if result.cache_hit else "built"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -21,16 +21,17 @@ from harness.commands.common import (
     native_options,
     with_options,
 )
-from harness.commands.device_cmds import _BUILD, timeout_options
+from harness.commands.device_cmds import _BUILD, BOARD_OPTION, HTML_OPTION, timeout_options
 from harness.errors import ExitCode, UsageError
 from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageTimeouts
 from harness.model.inputs import InputOptions
 
+if TYPE_CHECKING:
+    from harness.flows.hybrid import HybridResult
+
 _WHERE = (
-    click.option(
-        "--board", default="sim", show_default=True, help="Board name (esp-check boards) or TOML file."
-    ),
+    BOARD_OPTION,
     click.option(
         "--port",
         default=None,
@@ -79,13 +80,7 @@ _CHOICE = (
 )
 _OUTPUT = (
     click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout."),
-    click.option(
-        "--html",
-        "html_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="Write a self-contained HTML report here.",
-    ),
+    HTML_OPTION,
     click.option(
         "--bundle",
         "bundle_path",
@@ -170,7 +165,7 @@ def hybrid_cmd(
     return int(result.exit_code)
 
 
-def print_hybrid(console: Console, result: Any) -> None:
+def print_hybrid(console: Console, result: HybridResult) -> None:
     """Culprits, runs, cost, drop-in, reproducers, audit findings, the verdict line."""
     for c in result.culprits:
         how = safe_markup(c["found_by"])
@@ -191,16 +186,16 @@ def print_hybrid(console: Console, result: Any) -> None:
             f"{safe_markup(b['message'])}"
         )
     if result.cost:
-        console.print(f"cost: {safe_markup(result.cost['summary'])}")
+        console.print(f"cost: {safe_markup(str(result.cost['summary']))}")
     if result.dropin:
         console.print(f"drop-in files: {safe_markup(result.dropin['dir'])} (README.md says how to add them)")
         for line in result.dropin["registration"]:
             console.print(f"    {safe_markup(line)}")
-    for r in result.repro:
-        ok = "verified on the host" if r.get("ok") else f"NOT verified: {r.get('why', '')}"
-        where = safe_markup(str(r.get("dir", "-")))
-        console.print(f"one-op reproducer of op {r['op']}: {where} ({safe_markup(ok)})")
-    for k in (result.audit or {}).get("kinds", []):
+    for rep in result.repro:
+        ok = "verified on the host" if rep.get("ok") else f"NOT verified: {rep.get('why', '')}"
+        where = safe_markup(str(rep.get("dir", "-")))
+        console.print(f"one-op reproducer of op {rep['op']}: {where} ({safe_markup(ok)})")
+    for k in result.audit["kinds"] if result.audit else []:
         console.print(f"[yellow]ESP-NN audit:[/yellow] {safe_markup(k['message'])}")
     for note in result.notes:
         console.print(f"note: {safe_markup(note)}")

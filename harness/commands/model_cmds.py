@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 import numpy as np
@@ -19,6 +19,11 @@ from harness.model import opdata
 from harness.model.inputs import InputOptions, PreparedInput, default_image_range, load_input
 from harness.model.loader import ModelInfo, TensorInfo, load_model
 from harness.protocol.spec import crc32_hex
+
+if TYPE_CHECKING:
+    from harness.model.arena import ArenaEstimate
+    from harness.model.backends import ReferenceResult
+    from harness.model.reference import LayerDisagreement
 
 JSON_SCHEMA_INSPECT = "esp-check.inspect/1"
 JSON_SCHEMA_REFERENCE = "esp-check.reference/1"
@@ -63,8 +68,8 @@ def _tensor_table(title: str, tensors: Sequence[TensorInfo]) -> Table:
 
 
 def _inspect_data(
-    info: ModelInfo, chip: str | None, runs: list[list[PreparedInput]], arena: Any
-) -> dict[str, Any]:
+    info: ModelInfo, chip: str | None, runs: list[list[PreparedInput]], arena: ArenaEstimate | None
+) -> dict[str, object]:
     chips = [chip] if chip else list(opdata.FAMILY_CHIPS)
     accel = {c: opdata.espnn_model_acceleration(info, c) for c in chips}
     return {
@@ -110,11 +115,16 @@ def _inspect_data(
     }
 
 
-def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> None:
-    m = data["model"]
+def _print_inspect(
+    console: Console,
+    info: ModelInfo,
+    chip: str | None,
+    runs: list[list[PreparedInput]],
+    arena: ArenaEstimate | None,
+) -> None:
     console.print(
-        f"[bold]{safe_markup(info.path)}[/bold]  {m['size_bytes']:,} B  sha256 {m['sha256'][:16]}...  "
-        f"schema v{m['schema_version']}  kind {m['kind']}  subgraphs {m['subgraphs']}"
+        f"[bold]{safe_markup(info.path)}[/bold]  {info.size_bytes:,} B  sha256 {info.sha256[:16]}...  "
+        f"schema v{info.schema_version}  kind {info.kind}  subgraphs {info.subgraph_count}"
     )
     if info.kind != "int8":
         console.print(
@@ -122,17 +132,17 @@ def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> N
             "other ops run TFLM reference kernels in both firmware variants"
         )
     console.print(_tensor_table("Inputs", info.inputs))
-    for t, d in zip(info.inputs, data["inputs"], strict=True):
-        rng = d["image_range"]
-        style = "" if rng["from_quantization"] else "[yellow]warning:[/yellow] "
+    for t in info.inputs:
+        rng = default_image_range(t)
+        style = "" if rng.matched else "[yellow]warning:[/yellow] "
         console.print(
-            f"{style}8-bit data (images) for input {safe_markup(t.name)} is read as {rng['name']} unless "
-            f"--input-range says otherwise ({safe_markup(rng['reason'])})"
+            f"{style}8-bit data (images) for input {safe_markup(t.name)} is read as {rng.name} unless "
+            f"--input-range says otherwise ({safe_markup(rng.reason)})"
         )
     console.print(_tensor_table("Outputs", info.outputs))
 
-    chips = list(data["espnn"]["chips"])
-    accel = {c: {a["index"]: a for a in data["espnn"]["chips"][c]["ops"]} for c in chips}
+    chips = [chip] if chip else list(opdata.FAMILY_CHIPS)
+    accel = {c: {a.index: a for a in opdata.espnn_model_acceleration(info, c)} for c in chips}
     ops_table = Table(
         title="Operators (execution order, subgraph 0) and ESP-NN acceleration per chip", title_justify="left"
     )
@@ -145,8 +155,8 @@ def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> N
             a = accel[c][op.index]
             cells.append(
                 "[green]yes[/green]"
-                if a["accelerated"]
-                else (f"[yellow]{a['short']}[/yellow]" if a["reason"].startswith("fallback") else "-")
+                if a.accelerated
+                else (f"[yellow]{a.short}[/yellow]" if a.reason.startswith("fallback") else "-")
             )
         shape = "x".join(map(str, out.shape)) if out else ""
         ops_table.add_row(str(op.index), safe_markup(op.opcode), shape, *cells)
@@ -155,53 +165,58 @@ def _print_inspect(console: Console, info: ModelInfo, data: dict[str, Any]) -> N
     counts = Table(title="Op counts, resolver registrations, ESP-NN acceleration", title_justify="left")
     for col in ("opcode", "count", "resolver", *chips):
         counts.add_column(col, overflow="fold")
-    for opcode, n in data["op_counts"].items():
+    for opcode, n in info.op_counts().items():
         op0 = next(o for o in info.ops if o.opcode == opcode)
         per_chip = []
         for c in chips:
-            k = sum(1 for a in accel[c].values() if a["opcode"] == opcode and a["accelerated"])
+            k = sum(1 for a in accel[c].values() if a.opcode == opcode and a.accelerated)
             per_chip.append(f"{k}/{n}" if opdata.espnn_accelerated(opcode, c) else "-")
         method = opdata.resolver_method(opcode, op0.custom_code)
         counts.add_row(safe_markup(opcode), str(n), safe_markup(method), *per_chip)
     console.print(counts)
-    methods = data["resolver"]["methods"]
+    methods = list(opdata.resolver_methods(info))
     console.print(
         f"tflite::MicroMutableOpResolver<{len(methods)}> resolver;  "
         + " ".join(f"resolver.{safe_markup(mth)}();" for mth in methods)
     )
     for c in chips:
-        ch = data["espnn"]["chips"][c]
+        accelerated = sum(a.accelerated for a in accel[c].values())
         console.print(
-            f"ESP-NN on {c}: {ch['implementation']}: {ch['accelerated_ops']}/{len(ch['ops'])} ops accelerated"
+            f"ESP-NN on {c}: {opdata.family_description(c)}: {accelerated}/{len(accel[c])} ops accelerated"
         )
-    console.print(f"[dim]sources: {data['resolver']['source']}; {data['espnn']['source']}[/dim]")
-    arena = data["arena"]
+    sources = opdata.sources()
+    console.print(f"[dim]sources: {sources['resolver']}; {sources['espnn']}[/dim]")
     if arena is not None:
-        label = "measured" if arena["method"] == "measured" else "[yellow]ROUGH[/yellow]"
-        chip_label = arena["chip"] or "worst case of " + "/".join(opdata.FAMILY_CHIPS)
-        console.print(
-            f"Tensor arena: host {arena['host_bytes']:,} B ({label}), recommended on target "
-            f"{arena['target_bytes']:,} B (= host + ESP-NN scratch {arena['espnn_scratch_bytes']:,} B "
-            f"+ margin {arena['margin_bytes']:,} B, chip {chip_label})"
-        )
-        console.print(f"ESP-NN scratch: {safe_markup(arena['espnn_formulas'])}")
-        console.print(f"[dim]{arena['note']}[/dim]")
-    for k, run in enumerate(data["input_files"]):
+        _print_arena(console, arena)
+    for k, run in enumerate(runs):
         for p in run:
-            r = p["truncating_cast"]
+            r = p.report
+            tensor = p.tensor.name if p.tensor else None
             console.print(
-                f"Input {safe_markup(p['source'])} ({p['kind']}) -> {safe_markup(p['tensor'])} {p['dtype']} "
-                f"{'x'.join(map(str, p['shape']))}  sha256 {p['sha256'][:16]}...  run {k}"
+                f"Input {safe_markup(p.source)} ({p.kind}) -> {safe_markup(tensor)} {p.quantized.dtype} "
+                f"{'x'.join(map(str, p.quantized.shape))}  sha256 {p.sha256[:16]}...  run {k}"
             )
-            for note in p["notes"]:
+            for note in p.notes:
                 console.print(f"  - {safe_markup(note)}")
-            style = "red" if r["differing"] else "green"
+            style = "red" if r.differing else "green"
             console.print(
                 "  truncating cast without clamp `(int8_t)(x / scale + zp)` would get "
-                f"[{style}]{r['differing']} of {r['total']}[/{style}] elements wrong "
-                f"(max {r['max_abs_diff']} LSB, {r['wrapped']} wrapped); "
-                f"{r['clamped']} clamped by correct quantization"
+                f"[{style}]{r.differing} of {r.total}[/{style}] elements wrong "
+                f"(max {r.max_abs_diff} LSB, {r.wrapped} wrapped); "
+                f"{r.clamped} clamped by correct quantization"
             )
+
+
+def _print_arena(console: Console, arena: ArenaEstimate) -> None:
+    label = "measured" if arena.method == "measured" else "[yellow]ROUGH[/yellow]"
+    chip_label = arena.chip or "worst case of " + "/".join(opdata.FAMILY_CHIPS)
+    console.print(
+        f"Tensor arena: host {arena.host_bytes:,} B ({label}), recommended on target "
+        f"{arena.target_bytes:,} B (= host + ESP-NN scratch {arena.espnn_scratch_bytes:,} B "
+        f"+ margin {arena.margin_bytes:,} B, chip {chip_label})"
+    )
+    console.print(f"ESP-NN scratch: {safe_markup(arena.espnn_formulas)}")
+    console.print(f"[dim]{arena.note}[/dim]")
 
 
 @click.command("inspect")
@@ -237,16 +252,15 @@ def inspect_cmd(
         from harness.model.arena import estimate_arena
 
         arena = estimate_arena(model, chip=chip, espnn_version=esp_nn_version)
-    data = _inspect_data(info, chip, runs, arena)
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(_inspect_data(info, chip, runs, arena), indent=2))
     else:
-        _print_inspect(make_console(), info, data)
+        _print_inspect(make_console(), info, chip, runs, arena)
     return int(ExitCode.MATCH)
 
 
-def _tensor_json(arr: np.ndarray, t: TensorInfo) -> dict[str, Any]:
-    d: dict[str, Any] = {
+def _tensor_json(arr: np.ndarray, t: TensorInfo) -> dict[str, object]:
+    d: dict[str, object] = {
         "name": t.name,
         "shape": list(arr.shape),
         "dtype": str(arr.dtype),
@@ -266,7 +280,7 @@ def _preview(values: np.ndarray) -> str:
     return text + (f", ... ({flat.size} values)" if flat.size > _PREVIEW else "")
 
 
-def _save_npy(save_npy: Path, result: Any) -> None:
+def _save_npy(save_npy: Path, result: ReferenceResult) -> None:
     """Raw outputs (and per-layer tensors) as .npy files, named by run, op and tensor."""
     save_npy.mkdir(parents=True, exist_ok=True)
     for k, run in enumerate(result.runs):
@@ -277,8 +291,12 @@ def _save_npy(save_npy: Path, result: Any) -> None:
 
 
 def _reference_data(
-    model: Path, info: ModelInfo, runs: list[list[PreparedInput]], result: Any, cross: list[Any]
-) -> dict[str, Any]:
+    model: Path,
+    info: ModelInfo,
+    runs: list[list[PreparedInput]],
+    result: ReferenceResult,
+    cross: list[LayerDisagreement],
+) -> dict[str, object]:
     """The ``reference --json`` document (schema esp-check.reference/1)."""
     return {
         "schema": JSON_SCHEMA_REFERENCE,
@@ -317,8 +335,8 @@ def _print_reference(
     model: Path,
     info: ModelInfo,
     runs: list[list[PreparedInput]],
-    result: Any,
-    cross: list[Any],
+    result: ReferenceResult,
+    cross: list[LayerDisagreement],
     *,
     per_layer: bool,
     save_npy: Path | None,
@@ -426,7 +444,7 @@ def reference_cmd(
     result = run_reference(
         model, [[p.quantized for p in run] for run in runs], per_layer=per_layer, backend=backend
     )
-    cross: list[Any] = []
+    cross: list[LayerDisagreement] = []
     if result.backend == "litert" and per_layer and tflm_available():
         cross = compare_backends(model, [[p.quantized for p in run] for run in runs])
     if save_npy is not None:

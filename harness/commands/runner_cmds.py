@@ -9,7 +9,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -21,6 +22,10 @@ from harness.errors import ExitCode, UsageError, Verdict
 from harness.firmware.boards import BUILDERS
 from harness.firmware.native.project import NativeOptions
 
+if TYPE_CHECKING:
+    from harness.runner import Inventory, Plan, RunResult
+    from harness.runner.executor import Runner
+
 
 @contextlib.contextmanager
 def _stop_on_signals(stop: threading.Event, hard: threading.Event, console: Console) -> Iterator[None]:
@@ -31,7 +36,7 @@ def _stop_on_signals(stop: threading.Event, hard: threading.Event, console: Cons
         yield
         return
 
-    def handler(signum: int, _frame: Any) -> None:
+    def handler(signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if stop.is_set() or signum == signal.SIGTERM:
             again = " again" if stop.is_set() else ""
@@ -276,7 +281,7 @@ def _check_schema_version(requested: int | None) -> None:
         )
 
 
-def _load(plan: Path, inventory: Path | None, coordinator: str | None) -> tuple[Any, Any]:
+def _load(plan: Path, inventory: Path | None, coordinator: str | None) -> tuple[Plan, Inventory]:
     from harness.runner import load_inventory, load_plan
     from harness.runner.inventory import discover_inventory
 
@@ -304,7 +309,7 @@ def _progress(console: Console) -> Callable[[str], None]:
     return progress
 
 
-def _validate_only(runner: Any) -> int:
+def _validate_only(runner: Runner) -> int:
     for t in runner.tasks:
         click.echo(f"{t.id}: {len(t.case.inputs)} input(s), comparisons {', '.join(t.job.comparisons)}")
     click.echo(
@@ -314,7 +319,11 @@ def _validate_only(runner: Any) -> int:
 
 
 def _write(
-    result: Any, json_file: Path | None, junit: Path | None, markdown: Path | None, schema_version: int | None
+    result: RunResult,
+    json_file: Path | None,
+    junit: Path | None,
+    markdown: Path | None,
+    schema_version: int | None,
 ) -> dict[str, Path]:
     """Write the reports; a deprecation warning (schema version 1) becomes one warning line."""
     from harness.runner.reports import write_reports
@@ -330,7 +339,7 @@ def _write(
     )
 
 
-def _step_summary(result: Any, disabled: bool) -> None:
+def _step_summary(result: RunResult, disabled: bool) -> None:
     from harness.runner.reports import markdown as render_md
 
     step = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -339,7 +348,7 @@ def _step_summary(result: Any, disabled: bool) -> None:
             fh.write(render_md(result))
 
 
-def _print(console: Console, result: Any) -> None:
+def _print(console: Console, result: RunResult) -> None:
     from harness.runner.results import BoardStatus, TaskState
 
     table = Table(
@@ -348,7 +357,11 @@ def _print(console: Console, result: Any) -> None:
     )
     for col in ("task", "board", "verdict", "attempts", "detail"):
         table.add_column(col)
-    colours = {Verdict.MATCH: "green", Verdict.MISMATCH: "red", Verdict.FIRMWARE_FAULT: "red"}
+    colours: dict[Verdict | None, str] = {
+        Verdict.MATCH: "green",
+        Verdict.MISMATCH: "red",
+        Verdict.FIRMWARE_FAULT: "red",
+    }
     for t in result.tasks:
         board = t.decisive.board if t.decisive else (t.attempts[-1].board if t.attempts else "-")
         c = colours.get(t.verdict, "yellow")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -11,6 +12,11 @@ from harness.analysis.sweep_cases import OPS
 from harness.commands.common import make_console
 from harness.errors import UsageError
 from harness.flows.sweep import SweepOptions, sweep
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from harness.analysis.sweep_cases import Case
 
 
 @click.command("sweep")
@@ -104,12 +110,12 @@ def sweep_cmd(
     return result.exit_code
 
 
-def _print_findings(con: Any, findings: list[dict[str, Any]]) -> None:
+def _print_findings(con: Console, findings: Sequence[Mapping[str, object]]) -> None:
     """One line per finding group, then what reaches it and how to reproduce it."""
     for f in findings:
         where = "TFLite-reachable" if f["tflite_reachable"] else "API-only"
         san = f.get("sanitizer")
-        extra = f"{f['variant']}: {san['error']}" if san else f.get("crash") or ""
+        extra = f"{f['variant']}: {san['error']}" if isinstance(san, dict) else f.get("crash") or ""
         con.print(
             f"  {f['kind']:<18} {f['op']:<15} {f['class']:<32} {f['cases']:>5} case(s)  {where}  {extra}",
             highlight=False,
@@ -117,11 +123,13 @@ def _print_findings(con: Any, findings: list[dict[str, Any]]) -> None:
         )
         if f.get("why_api_only"):
             con.print(f"      API-only: {f['why_api_only']}", highlight=False, markup=False)
-        if f.get("repro", {}).get("command"):
-            con.print(f"      reproduce: {f['repro']['command']}", highlight=False, markup=False)
+        repro = f.get("repro")
+        command = repro.get("command") if isinstance(repro, dict) else None
+        if command:
+            con.print(f"      reproduce: {command}", highlight=False, markup=False)
 
 
-def _model_cases(con: Any, from_model: Path, seed: int, ops: tuple[str, ...]) -> list[Any]:
+def _model_cases(con: Console, from_model: Path, seed: int, ops: tuple[str, ...]) -> list[Case]:
     """The cases of ``--from-model``, filtered by ``--op``; the ops it cannot sweep are printed."""
     from harness.analysis.sweep_model import model_cases
     from harness.model.loader import load_model

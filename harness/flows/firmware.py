@@ -11,15 +11,17 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.errors import EspCheckError, IncomparableError
 from harness.firmware.boards import Board
 from harness.firmware.build import BuildResult, build_project
 from harness.firmware.generate import FirmwareFeatures, GeneratedProject, generate_projects
-from harness.firmware.native.project import NativeOptions
 from harness.firmware.toolrun import notes_only
 from harness.flows.records import VARIANT_ORDER, Recorder
-from harness.model.inputs import InputOptions
+
+if TYPE_CHECKING:
+    from harness.flows.job import JobOptions
 
 
 @dataclass
@@ -42,8 +44,7 @@ def generate_firmware(
     out_dir: Path,
     *,
     rec: Recorder,
-    input_options: InputOptions | None = None,
-    arena_kb: int | None = None,
+    options: JobOptions,
     features: FirmwareFeatures | None = None,
 ) -> dict[str, GeneratedProject]:
     """Render both variants (a usage error propagates: nothing to flash yet)."""
@@ -55,8 +56,8 @@ def generate_firmware(
             list(inputs),
             board,
             out_dir=out_dir,
-            input_options=input_options,
-            arena_kb=arena_kb,
+            input_options=options.input_options,
+            arena_kb=options.arena_kb,
             features=features,
         ),
     )
@@ -64,17 +65,10 @@ def generate_firmware(
 
 
 def build_firmware(
-    projects: dict[str, GeneratedProject],
-    *,
-    rec: Recorder,
-    logs_dir: Path,
-    builder: str | None = None,
-    cache_dir: str | Path | None = None,
-    timeout: float = 1800.0,
-    native: NativeOptions | None = None,
+    projects: dict[str, GeneratedProject], *, rec: Recorder, logs_dir: Path, options: JobOptions
 ) -> Firmware:
-    """Build every variant (each its own stage); IncomparableError for byte-identical images.
-    ``native`` configures native boards' builds (docs/native.md)."""
+    """Build every variant (each its own stage, with ``options``' builder, cache, build timeout and
+    native options); IncomparableError for byte-identical images."""
     fw = Firmware(projects)
     for v in VARIANT_ORDER:
         project_dir = projects[v].path
@@ -82,11 +76,11 @@ def build_firmware(
         def do_build(project_dir: Path = project_dir, v: str = v) -> BuildResult:
             return build_project(
                 project_dir,
-                builder=builder,
-                cache_dir=cache_dir,
+                builder=options.builder,
+                cache_dir=options.cache_dir,
                 log_path=logs_dir / f"build-{v}.log",
-                timeout=timeout,
-                native=native,
+                timeout=options.timeouts.build,
+                native=options.native,
                 on_output=notes_only(functools.partial(rec.say, f"build [{v}]")),  # progress, lock waits
             )
 
@@ -110,25 +104,11 @@ def prepare_firmware(
     out_dir: Path,
     *,
     rec: Recorder,
-    input_options: InputOptions | None = None,
-    arena_kb: int | None = None,
+    options: JobOptions,
     features: FirmwareFeatures | None = None,
-    builder: str | None = None,
-    cache_dir: str | Path | None = None,
-    timeout: float = 1800.0,
-    native: NativeOptions | None = None,
 ) -> Firmware:
     """Generate into ``out_dir/projects`` and build both, build logs in ``out_dir/logs``."""
     projects = generate_firmware(
-        model, inputs, board, out_dir / "projects", rec=rec, input_options=input_options,
-        arena_kb=arena_kb, features=features,
-    )  # fmt: skip
-    return build_firmware(
-        projects,
-        rec=rec,
-        logs_dir=out_dir / "logs",
-        builder=builder,
-        cache_dir=cache_dir,
-        timeout=timeout,
-        native=native,
+        model, inputs, board, out_dir / "projects", rec=rec, options=options, features=features
     )
+    return build_firmware(projects, rec=rec, logs_dir=out_dir / "logs", options=options)

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
 
 from harness.analysis.compare import (
     CompareResult,
@@ -53,6 +52,7 @@ from harness.flows.firmware import Firmware, build_firmware, generate_firmware
 from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import (
     VARIANT_ORDER,
+    EspnnCoverage,
     FlashAndCompareResult,
     ProgressFn,
     Recorder,
@@ -64,7 +64,7 @@ from harness.flows.refused import refusal_finding
 from harness.flows.report import discard_report, write_junit, write_report
 from harness.flows.resident import ResidentBoard
 from harness.flows.tap_run import TapRunRequest, run_tap_flow
-from harness.flows.targets import Target, open_target, sim_port_for
+from harness.flows.targets import BoardLockCM, Target, open_target, sim_port_for
 from harness.model.dataset import Dataset
 from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo, load_model
@@ -91,7 +91,7 @@ class _Run:
     streamed: list[bytes] = field(default_factory=list)  # the inputs as the device's input tensor takes them
     link: LinkStats | None = None
     tap: TapResult | None = None
-    espnn: dict[str, Any] | None = None
+    espnn: EspnnCoverage | None = None
     refused: ReferenceRefusedError | None = None  # the host reference aborted (flows/refused.py)
 
     @property
@@ -129,17 +129,16 @@ class _Run:
         self.errors.append(f"{what}: {exc}")
         self.codes.append(exc.exit_code)
 
-    def lock(self) -> contextlib.AbstractContextManager[Any] | None:
+    def lock(self) -> BoardLockCM | None:
         """The board's lock while it is flashed and captured (None: not asked for, or a private board)."""
         if not self.opts.lock:
             return None
-        return cast(
-            "contextlib.AbstractContextManager[Any] | None",
-            self.target.lock(
-                lock_dir=self.opts.lock_dir, timeout=self.opts.lock_timeout,
-                owner="esp-check flash-and-compare", on_wait=lambda msg: self.rec.say("lock", msg),
-            ),
-        )  # fmt: skip
+        return self.target.lock(
+            lock_dir=self.opts.lock_dir,
+            timeout=self.opts.lock_timeout,
+            owner="esp-check flash-and-compare",
+            on_wait=lambda msg: self.rec.say("lock", msg),
+        )
 
 
 def flash_and_compare(
@@ -227,7 +226,7 @@ class InputsWorkload(Workload):
             _execute(run, fw, body)
         run.comparison = _compare(run, self.ref_source)
         if o.tap:
-            _tap(run, tap_request(run.spec, run.info, run.target, run.out))
+            _tap(run)
 
     ref_source: Source | None = None
 
@@ -278,17 +277,24 @@ def _firmware(
     run: _Run, inputs: Sequence[Path], features: FirmwareFeatures, *, before_build: Callable[[_Run], None]
 ) -> Firmware | None:
     """Generate both variants, run the host side (``before_build``: it overlaps nothing yet, but it
-    must fail before minutes of building), build; None when a build failed (nothing to flash)."""
-    o = run.opts
-    projects = generate_firmware(
-        run.model, inputs, run.board, run.out / "projects", rec=run.rec, input_options=o.input_options,
-        arena_kb=o.arena_kb, features=features,
-    )  # fmt: skip
-    before_build(run)
-    fw = build_firmware(
-        projects, rec=run.rec, logs_dir=run.out / "logs", builder=o.builder, cache_dir=o.cache_dir,
-        timeout=o.timeouts.build, native=o.native,
-    )  # fmt: skip
+    must fail before minutes of building), build; None when a build failed (nothing to flash). A spec
+    that brings its ``firmware`` (the runner's, made once per model and board type) is not generated
+    or built again: the host side still runs and checks the inputs."""
+    fw = run.spec.firmware
+    if fw is not None:
+        before_build(run)
+    else:
+        projects = generate_firmware(
+            run.model,
+            inputs,
+            run.board,
+            run.out / "projects",
+            rec=run.rec,
+            options=run.opts,
+            features=features,
+        )
+        before_build(run)
+        fw = build_firmware(projects, rec=run.rec, logs_dir=run.out / "logs", options=run.opts)
     return fw if _record_builds(run, fw) else None
 
 
@@ -314,11 +320,6 @@ def _execute(run: _Run, fw: Firmware, body: Callable[[ResidentBoard, list[str]],
         flash_baud=run.opts.flash_baud, body=body,
     )  # fmt: skip
     run.codes += [r.exit_code for r in run.variants.values() if r.exit_code is not None]
-
-
-def tap_request(spec: JobSpec, info: ModelInfo, target: Target, out: Path) -> TapRunRequest:
-    """What the tap flow needs of a job (its dump run rebuilds the same firmware with dumps on)."""
-    return TapRunRequest(spec=spec, info=info, target=target, out=out)
 
 
 @contextlib.contextmanager
@@ -366,8 +367,10 @@ def _refuse_clobbering(run: _Run) -> None:
         taken[path] = f"the {flag} file"
 
 
-def _tap(run: _Run, req: TapRunRequest) -> None:
-    """``--tap``: the tap flow after the comparison (its dump run, timing, culprit)."""
+def _tap(run: _Run) -> None:
+    """``--tap``: the tap flow after the comparison (its dump run rebuilds the same firmware with dumps
+    on, and its timing and culprit)."""
+    req = TapRunRequest(spec=run.spec, info=run.info, target=run.target, out=run.out)
     cm = run.lock()
     outcome = run.rec.run("tap", None, lambda: run_tap_flow(req, run.variants, rec=run.rec, lock_cm=cm))
     run.tap = outcome.result
@@ -406,7 +409,7 @@ def _prepare(run: _Run) -> None:
     been touched yet), and refuse a model ESP-NN does not touch on the board's chip."""
     board = run.loaded_board = load_board(run.spec.board)
     run.loaded_model = load_model(run.model)
-    run.loaded_target = open_target(board, run.spec.port)
+    run.loaded_target = run.spec.target or open_target(board, run.spec.port)
     run.espnn = _espnn_coverage(run.loaded_model, board.chip)
     if run.espnn["accelerated_ops"] == 0:
         untested = (
@@ -450,13 +453,13 @@ def _check_dump_ops(dump_ops: Sequence[int], info: ModelInfo) -> None:
         )
 
 
-def _espnn_coverage(info: ModelInfo, chip: str) -> dict[str, Any]:
+def _espnn_coverage(info: ModelInfo, chip: str) -> EspnnCoverage:
     """How many ops ESP-NN accelerates on ``chip``, and why not when none."""
     accel = espnn_model_acceleration(info, chip)
     k = sum(a.accelerated for a in accel)
     reasons = sorted({a.reason for a in accel if not a.accelerated})
     why = f"{info.kind} model; " + "; ".join(reasons[:3]) if reasons else "no ops"
-    return {"chip": chip, "accelerated_ops": k, "ops": len(accel), "why": why if k == 0 else ""}
+    return EspnnCoverage(chip=chip, accelerated_ops=k, ops=len(accel), why=why if k == 0 else "")
 
 
 def _host_reference(run: _Run) -> Source | None:
@@ -580,7 +583,7 @@ def _finish(run: _Run, seconds: float, *, reports: bool = True) -> FlashAndCompa
         out_dir=run.out,
         board=run.loaded_board.name if run.loaded_board else "",
         port=run.port_url,
-        simulated=bool(run.loaded_target and run.loaded_target.simulated),
+        simulated=bool(run.loaded_target and run.loaded_target.expects_sim),
         stages=run.rec.stages,
         variants=run.variants,
         comparison=run.comparison,

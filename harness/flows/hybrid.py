@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TypedDict
 
 from harness.analysis.compare import CompareResult, Source, compare_sources
 from harness.analysis.hybrid import (
@@ -48,7 +48,8 @@ from harness.flows.flash_and_compare import prepare_out_dir, run_job
 from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import FlashAndCompareResult, ProgressFn, Recorder, VariantRun
 from harness.flows.tap_run import TapRunRequest, dump_run
-from harness.flows.targets import Target, open_target
+from harness.flows.targets import BoardLockCM, Target, open_target
+from harness.jsontypes import JSONValue
 from harness.model.hybrid_ops import ansi_path_applies, candidate_ops, format_ops, select_ansi_ops, switchable
 from harness.model.loader import ModelInfo, load_model
 from harness.protocol.capture import Capture, parse_capture
@@ -85,7 +86,7 @@ class HybridRun:
     exit_code: ExitCode | None = None
     project_dir: Path | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         h = [r.hybrid for r in self.capture.runs] if self.capture is not None else []
         return {
             "label": self.label,
@@ -100,6 +101,23 @@ class HybridRun:
             "invoke_us": [r.invoke_us for r in self.capture.runs] if self.capture is not None else [],
             "next_divergence": self.divergence.to_dict() if self.divergence is not None else None,
         }
+
+
+class Culprit(TypedDict):
+    """An op that runs ANSI C in the hybrid, and what found it."""
+
+    op: int
+    kind: str
+    found_by: str
+
+
+class Dropin(TypedDict):
+    """The verified firmware's drop-in files and the resolver lines that register them."""
+
+    dir: str
+    files: list[str]
+    registration: list[str]
+    from_project: str
 
 
 @dataclass
@@ -117,14 +135,14 @@ class HybridResult:
     message: str = ""
     exit_code: ExitCode = ExitCode.INFRASTRUCTURE
     baseline: FlashAndCompareResult | None = None
-    culprits: list[dict[str, Any]] = field(default_factory=list)
+    culprits: list[Culprit] = field(default_factory=list)
     runs: list[HybridRun] = field(default_factory=list)
     bisection: Bisection | None = None
     verification: HybridRun | None = None
-    cost: CostReport | InvokeCost | None = None
-    audit: Audit | None = None
-    dropin: dict[str, Any] | None = None
-    repro: list[dict[str, Any]] = field(default_factory=list)
+    cost: CostReport | InvokeCost | None = None  # analysis.hybrid.cost_report / invoke_cost
+    audit: Audit | None = None  # the baseline's ESP-NN speedup audit
+    dropin: Dropin | None = None
+    repro: list[dict[str, JSONValue]] = field(default_factory=list)  # one-op reproducers (flows.repro)
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -206,15 +224,17 @@ def hybrid(
     return res
 
 
-def _board_lock(state: _State) -> contextlib.AbstractContextManager[Any]:
+def _board_lock(state: _State) -> BoardLockCM:
     """The board's lock for the hybrid runs (the baseline took and released its own); none for a
     board made for this command alone."""
     assert state.target is not None
     cm = state.target.lock(
-        lock_dir=state.job.lock_dir, timeout=state.job.lock_timeout, owner="esp-check hybrid",
+        lock_dir=state.job.lock_dir,
+        timeout=state.job.lock_timeout,
+        owner="esp-check hybrid",
         on_wait=lambda m: state.rec.say("lock", m),
-    )  # fmt: skip
-    return cast("contextlib.AbstractContextManager[Any]", cm or contextlib.nullcontext())
+    )
+    return cm or contextlib.nullcontext()
 
 
 # ---- 1. baseline ----------------------------------------------------------------------------------
@@ -224,12 +244,13 @@ def _baseline(state: _State) -> bool:
     """flash-and-compare both builds; False when there is nothing to do or nothing to verify against."""
     res = state.res
     baseline = state.job.replace(tap=not state.opts.bisect, html=None, bundle=None, junit=None)
-    spec = dataclasses.replace(state.spec, out_dir=state.out / "baseline", options=baseline)
+    # the hybrid runs go to the board the baseline ran on (a fresh simulated board: the same one)
+    state.target = open_target(state.board, state.spec.port)
+    spec = dataclasses.replace(
+        state.spec, out_dir=state.out / "baseline", options=baseline, target=state.target
+    )
     base = run_job(spec, state.rec.progress)
     res.baseline, res.board, res.port, res.simulated = base, base.board, base.port, base.simulated
-    # the hybrid runs go to the board the baseline ran on (a fresh simulated board: the same one)
-    kind = open_target(state.board, state.spec.port)
-    state.target = type(kind)(state.board, base.port, private=kind.private)
     res.warnings += base.warnings
     res.audit = base.tap.audit if base.tap is not None else None
     ansi = base.variants["ansi"]
@@ -295,8 +316,8 @@ def _choose(state: _State) -> None:
         _bisect(state, found)
 
 
-def _culprit(state: _State, op: int, how: str) -> dict[str, Any]:
-    return {"op": op, "kind": state.info.main_ops[op].opcode, "found_by": how}
+def _culprit(state: _State, op: int, how: str) -> Culprit:
+    return Culprit(op=op, kind=state.info.main_ops[op].opcode, found_by=how)
 
 
 def _iterate(state: _State) -> tuple[list[int], str]:
@@ -431,7 +452,7 @@ def _judge(state: _State, run: HybridRun, vr: VariantRun) -> None:
     if vr.serial_log is not None and Path(vr.serial_log).is_file():
         run.capture = parse_capture(Path(vr.serial_log).read_bytes())
     if vr.exit_code == ExitCode.FIRMWARE_FAULT:
-        run.outcome, run.why = "bad", "crash: " + "; ".join(f["message"] for f in vr.findings[:1])
+        run.outcome, run.why = "bad", "crash: " + "; ".join(str(f["message"]) for f in vr.findings[:1])
         return
     if _hung(run.capture, vr):
         run.outcome, run.why = "bad", "hang: the invoke never returned (INPUT printed, then silence)"
@@ -519,7 +540,7 @@ def _deliver(state: _State) -> None:
     res.cost = _cost(state, dump_caps)
 
 
-def _dropin(state: _State, project: Path) -> dict[str, Any]:
+def _dropin(state: _State, project: Path) -> Dropin:
     """The verified firmware's own esp_check_hybrid.{h,cc}, with the resolver lines and a README."""
     dest = state.out / "hybrid-dropin"
     dest.mkdir(parents=True, exist_ok=True)
@@ -535,12 +556,12 @@ def _dropin(state: _State, project: Path) -> dict[str, Any]:
     resolver = list(resolver_methods(state.info))
     evidence = f"esp-check: {state.res.message}" + (" (SIMULATED board)" if state.res.simulated else "")
     (dest / "README.md").write_text(readme_snippet(ctx, resolver, evidence=evidence), encoding="utf-8")
-    return {
-        "dir": str(dest),
-        "files": [HEADER, SOURCE, "README.md"],
-        "registration": registration_lines(ctx, resolver),
-        "from_project": str(project),
-    }
+    return Dropin(
+        dir=str(dest),
+        files=[HEADER, SOURCE, "README.md"],
+        registration=registration_lines(ctx, resolver),
+        from_project=str(project),
+    )
 
 
 def _cost(state: _State, dump_caps: dict[str, Capture]) -> CostReport | InvokeCost | None:

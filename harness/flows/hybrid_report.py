@@ -6,20 +6,23 @@ import json
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from harness import __version__
 from harness.analysis.report import report_dict
 from harness.errors import Verdict
 from harness.flows.records import StageRecord
 
+if TYPE_CHECKING:
+    from harness.flows.hybrid import HybridResult
+
 SCHEMA = "esp-check/hybrid"
 SCHEMA_VERSION = 1
 
 
 def result_doc(
-    res: Any, stages: Sequence[StageRecord], *, model: Path, inputs: Sequence[Path]
-) -> dict[str, Any]:
+    res: HybridResult, stages: Sequence[StageRecord], *, model: Path, inputs: Sequence[Path]
+) -> dict[str, object]:
     """The JSON report of a :class:`harness.flows.hybrid.HybridResult`."""
     base = res.baseline
     ver = res.verification
@@ -66,14 +69,14 @@ def result_doc(
 
 
 def write_hybrid_outputs(
-    res: Any,
+    res: HybridResult,
     stages: Sequence[StageRecord],
     *,
     model: Path,
     inputs: Sequence[Path],
     html: str | Path | None = None,
     bundle: str | Path | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """report.json always; the HTML report and the bundle when asked for."""
     from harness.analysis.hybrid_html import render_hybrid_html
 
@@ -91,7 +94,12 @@ def write_hybrid_outputs(
 
 
 def _bundle(
-    res: Any, doc: dict[str, Any], model: Path, inputs: Sequence[Path], dest: Path, html: str | None
+    res: HybridResult,
+    doc: dict[str, object],
+    model: Path,
+    inputs: Sequence[Path],
+    dest: Path,
+    html: str | None,
 ) -> None:
     """A zip for an upstream report: reports, the drop-in files, the one-op reproducers, logs, the model."""
     out = Path(res.out_dir)

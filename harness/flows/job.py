@@ -1,5 +1,5 @@
 """The job spec: what one check is (model, inputs or dataset, target, tolerances, build options,
-features, reports). Every mode builds one and hands it to :func:`harness.flows.pipeline.run_job`.
+features, reports). Every mode builds one and hands it to :func:`harness.flows.flash_and_compare.run_job`.
 
 ``JobOptions`` holds everything except the four things every call names (model, inputs, board, port)
 and the artifact directory, so ``flash_and_compare(model, inputs, board=..., options=...)`` reads as
@@ -13,11 +13,17 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.firmware.native.project import NativeOptions
 from harness.flows.dataset import DatasetOptions
 from harness.flows.records import StageTimeouts
 from harness.model.inputs import InputOptions
+
+if TYPE_CHECKING:
+    from harness.firmware.boards import Board
+    from harness.flows.firmware import Firmware
+    from harness.flows.targets import Target
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,10 +68,15 @@ class JobSpec:
 
     model: Path
     inputs: tuple[Path, ...] = ()
-    board: str | Path = "sim"
+    board: str | Path | Board = "sim"
     port: str | None = None
     out_dir: Path = Path("esp-check-out")
     options: JobOptions = field(default_factory=JobOptions)
+    # what an earlier step already has, so the job does not make it again: the target it opened (hybrid's
+    # runs go to the board its baseline ran on) and both variants' built firmware (the runner's, made
+    # once per model and board type before the board is locked)
+    target: Target | None = None
+    firmware: Firmware | None = None
 
     @classmethod
     def of(
@@ -73,7 +84,7 @@ class JobSpec:
         model: str | Path,
         inputs: Sequence[str | Path] = (),
         *,
-        board: str | Path = "sim",
+        board: str | Path | Board = "sim",
         port: str | None = None,
         out_dir: str | Path = "esp-check-out",
         options: JobOptions | None = None,

@@ -6,16 +6,20 @@ described (and serialised) one way everywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypedDict, TypeVar
+
+from typing_extensions import NotRequired
 
 from harness.analysis.compare import CompareResult, Source
 from harness.analysis.tap import TapResult
 from harness.errors import EspCheckError, ExitCode, Verdict
+from harness.jsontypes import JSONValue
 
 # variant name in generated projects -> the ESP-NN mode the firmware must report (INFO nn=...)
 EXPECTED_NN = {"optimized": "optimized", "ansi": "ansi_c"}
@@ -55,15 +59,78 @@ class StageRecord:
     detail: str = ""
     exit_code: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "variant": self.variant,
-            "status": str(self.status),
-            "seconds": round(self.seconds, 3),
-            "detail": self.detail,
-            "exit_code": self.exit_code,
-        }
+    def to_dict(self) -> dict[str, object]:
+        return {**dataclasses.asdict(self), "status": str(self.status), "seconds": round(self.seconds, 3)}
+
+
+class FlashRegion(TypedDict):
+    offset: int
+    role: str
+    variant: str | None
+    size: int
+    skipped: bool
+    bytes_written: int
+
+
+class FlashFacts(TypedDict):
+    """What report.json says about the flash: chip, revision, MAC, bytes written per region."""
+
+    chip: str
+    revision: str | None
+    mac: str | None
+    regions: list[FlashRegion]
+    bytes_written: int
+    seconds: float
+    skipped: NotRequired[str]  # no esptool session: why (the HELLO hashes matched)
+
+
+class EspnnCoverage(TypedDict):
+    """How many of the model's ops ESP-NN accelerates on the chip, and why none when none."""
+
+    chip: str
+    accelerated_ops: int
+    ops: int
+    why: str
+
+
+class OutputValues(TypedDict):
+    run: int
+    output: int
+    count: int
+    distinct: int
+    values: list[JSONValue]
+
+
+class RefusalFinding(TypedDict):
+    """``reference_refused`` of report.json (flows/refused.py)."""
+
+    kind: str
+    summary: str
+    reference: str
+    reference_run: int | None
+    variants_agree: bool | None
+    mismatched: int
+    values: dict[str, list[OutputValues]]
+    exit_code: int
+
+
+class NativeFacts(TypedDict):
+    """``native`` of report.json: what a native board's results mean, what each program said it was."""
+
+    meaning: str
+    bits: int | None
+    reported: dict[str, dict[str, str | None]]
+
+
+def section(value: object) -> dict[str, JSONValue]:
+    """A table of a report section read back (``FlashAndCompareResult.dataset``, ...): empty when it
+    is missing or not a table."""
+    return value if isinstance(value, dict) else {}
+
+
+def entries(value: object) -> list[JSONValue]:
+    """An array of a report section read back: empty when it is missing or not an array."""
+    return value if isinstance(value, list) else []
 
 
 @dataclass
@@ -74,11 +141,11 @@ class VariantRun:
     project_dir: Path | None = None
     firmware_sha256: str | None = None
     build_cache_hit: bool | None = None
-    flash: dict[str, Any] | None = None
+    flash: FlashFacts | None = None
     serial_log: Path | None = None
     capture_valid: bool = False
     nn_mode: str | None = None
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, object]] = field(default_factory=list)
     source: Source | None = None  # the device's outputs, only when its capture validated
     problems: list[str] = field(default_factory=list)
     exit_code: ExitCode | None = None  # what this variant's failure implies; None when it ran cleanly
@@ -138,11 +205,11 @@ class FlashAndCompareResult:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     tap: TapResult | None = None  # with --tap
-    espnn: dict[str, Any] | None = None  # how many of the model's ops ESP-NN accelerates on this chip
-    dataset: dict[str, Any] | None = None  # --dataset / --random-inputs: per-input verdicts, agreement
-    link: dict[str, Any] | None = None  # what crossed the serial link in the resident loop
-    native: dict[str, Any] | None = None  # native board: what the result means, what the programs reported
-    reference_refused: dict[str, Any] | None = None  # the host reference aborted (flows/refused.py)
+    espnn: EspnnCoverage | None = None
+    dataset: dict[str, JSONValue] | None = None  # --dataset / --random-inputs: per-input verdicts, agreement
+    link: dict[str, float | int | None] | None = None  # what crossed the serial link in the resident loop
+    native: NativeFacts | None = None
+    reference_refused: RefusalFinding | None = None  # the host reference aborted (flows/refused.py)
 
     @property
     def espnn_untested(self) -> bool:

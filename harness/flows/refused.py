@@ -13,21 +13,20 @@ model and the inputs are valid and run on the device (docs/flash-and-compare.md)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
 from harness.analysis.compare import CompareResult
 from harness.errors import ExitCode, ReferenceRefusedError
-from harness.flows.records import VARIANT_ORDER, VariantRun
+from harness.flows.records import VARIANT_ORDER, OutputValues, RefusalFinding, VariantRun
 
 EXIT_CODE = ExitCode.MISMATCH
 _SHOWN = 8  # distinct values listed per output
 
 
-def _values(vr: VariantRun) -> list[dict[str, Any]]:
+def _values(vr: VariantRun) -> list[OutputValues]:
     """Per run and output of one variant: element count and its distinct values (the first few)."""
-    out: list[dict[str, Any]] = []
+    out: list[OutputValues] = []
     if vr.source is None:
         return out
     for k, run in enumerate(vr.source.runs):
@@ -35,12 +34,14 @@ def _values(vr: VariantRun) -> list[dict[str, Any]]:
             flat = np.asarray(t.values).reshape(-1)
             distinct = np.unique(flat)
             shown = [v.item() for v in distinct[:_SHOWN]]
-            out.append({"run": k, "output": t.index, "count": int(flat.size), "distinct": int(distinct.size),
-                        "values": shown})  # fmt: skip
+            row = OutputValues(
+                run=k, output=t.index, count=int(flat.size), distinct=int(distinct.size), values=shown
+            )
+            out.append(row)
     return out
 
 
-def _describe(values: list[dict[str, Any]]) -> str:
+def _describe(values: list[OutputValues]) -> str:
     parts = []
     for v in values:
         if v["distinct"] == 1:
@@ -54,7 +55,7 @@ def _describe(values: list[dict[str, Any]]) -> str:
 
 def refusal_finding(
     refused: ReferenceRefusedError, variants: Mapping[str, VariantRun], comparison: CompareResult | None
-) -> dict[str, Any]:
+) -> RefusalFinding:
     """The ``reference_refused`` finding: what the reference said, and whether the variants agree.
 
     ``comparison`` is optimized vs ANSI C (there is no reference leg); None when a variant gave no

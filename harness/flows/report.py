@@ -6,7 +6,6 @@ import contextlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from harness import __version__
 from harness.analysis import junit
@@ -22,7 +21,7 @@ SCHEMA_VERSION = 2  # 2: stage status ok|failed only; the embedded compare repor
 
 def result_dict(
     result: FlashAndCompareResult, *, model: Path | None, inputs: Sequence[Path], seconds: float
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The JSON report (``report.json``); schema: docs/flash-and-compare-schema.json."""
     return {
         "schema": "esp-check/flash-and-compare",
@@ -149,13 +148,13 @@ def write_junit(
     write_junit_tree(junit.tree([compare_suite(cases, result.comparison)]), path)
 
 
-def _v1(doc: dict[str, Any]) -> dict[str, Any]:
-    if doc.get("comparison") is not None:
-        doc["comparison"] = compare_v1(doc["comparison"])
-        doc["comparison"]["schema_version"] = 1
+def _v1(doc: dict[str, object]) -> dict[str, object]:
+    comparison = doc.get("comparison")
+    if isinstance(comparison, dict):
+        compare_v1(comparison)["schema_version"] = 1
     return doc
 
 
-def report_as(doc: dict[str, Any], schema_version: int | None) -> dict[str, Any]:
+def report_as(doc: dict[str, object], schema_version: int | None) -> dict[str, object]:
     """report.json as ``schema_version`` (the previous version is deprecated, for one release)."""
     return versioned(doc, schema_version, what="flash-and-compare report", downgrades={1: _v1})

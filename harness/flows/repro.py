@@ -14,17 +14,18 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from harness.errors import EspCheckError
+from harness.jsontypes import JSONValue
 from harness.model.extract import single_op_model
 from harness.model.loader import ModelInfo
 from harness.model.taps import tapped_inputs
+from harness.protocol.capture import Capture
 
 
-def _dumped(caps: Mapping[str, Any], variant: str, op: int, role: str) -> dict[int, np.ndarray]:
+def _dumped(caps: Mapping[str, Capture], variant: str, op: int, role: str) -> dict[int, np.ndarray]:
     """Tensor index -> array of op ``op`` (``role`` in/out) in the first run of ``variant``'s dump capture."""
     cap = caps.get(variant)
     if cap is None or not cap.runs:
@@ -36,11 +37,11 @@ def write_reproducer(
     model_path: Path,
     info: ModelInfo,
     op: int,
-    caps: Mapping[str, Any],
+    caps: Mapping[str, Capture],
     out_dir: Path,
     board: str,
     dump_errors: Sequence[str] = (),
-) -> dict[str, Any]:
+) -> dict[str, JSONValue]:
     """Write ``out_dir/op<K>_<KIND>/`` from the dump captures (``optimized``/``ansi``); returns its summary.
 
     The captured inputs are the ANSI C run's (what the op reads when every op before it is right), or
@@ -54,7 +55,7 @@ def write_reproducer(
     ins_opt, ins_ansi = _dumped(caps, "optimized", op, "in"), _dumped(caps, "ansi", op, "in")
     ins, source = (ins_ansi, "ansi") if all(t in ins_ansi for t in want) else (ins_opt, "optimized")
     same_inputs = all(t in ins_opt and t in ins and np.array_equal(ins_opt[t], ins[t]) for t in want)
-    summary: dict[str, Any] = {"op": op, "kind": opinfo.opcode, "ok": False, "input_from": source}
+    summary: dict[str, JSONValue] = {"op": op, "kind": opinfo.opcode, "ok": False, "input_from": source}
     if not want or not all(t in ins for t in want):
         summary["why"] = "the dump run captured no input of this op on either build" + (
             f" ({'; '.join(dump_errors)})" if dump_errors else ""
@@ -72,7 +73,7 @@ def write_reproducer(
         summary["why"] = f"cannot cut op {op} out of the model: {exc.message}"
         return summary
     (target / "model.tflite").write_bytes(one)
-    files = ["model.tflite"]
+    files: list[JSONValue] = ["model.tflite"]
     for n, t in enumerate(want):
         np.save(target / f"input_{n}.npy", ins[t])
         files.append(f"input_{n}.npy")
@@ -81,7 +82,9 @@ def write_reproducer(
             np.save(target / name, arr)
             files.append(name)
     summary.update(_replay(one, [ins[t] for t in want], expected, observed))
-    summary.update(dir=str(target), files=files, input_tensors=want, output_tensor=outs[0] if outs else None)
+    summary.update(
+        dir=str(target), files=files, input_tensors=list(want), output_tensor=outs[0] if outs else None
+    )
     (target / "README.md").write_text(_readme(model_path.name, info, op, summary, board), encoding="utf-8")
     (target / "repro.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
     return summary
@@ -89,11 +92,11 @@ def write_reproducer(
 
 def _replay(
     one: bytes, inputs: list[np.ndarray], expected: np.ndarray | None, observed: np.ndarray | None
-) -> dict[str, Any]:
+) -> dict[str, JSONValue]:
     """The host reference on the one-op model: does it give the ANSI C output, and how far is optimized."""
     from harness.model.reference import run_reference
 
-    out: dict[str, Any] = {}
+    out: dict[str, JSONValue] = {}
     try:
         got = np.asarray(run_reference(one, [inputs]).runs[0].outputs[0])
     except EspCheckError as exc:
@@ -117,14 +120,16 @@ def _replay(
     return out
 
 
-def _readme(model_name: str, info: ModelInfo, op: int, s: Mapping[str, Any], board: str) -> str:
+def _readme(model_name: str, info: ModelInfo, op: int, s: Mapping[str, JSONValue], board: str) -> str:
     opinfo = info.main_ops[op]
-    ins = " ".join(f"--input input_{n}.npy" for n in range(len(s["input_tensors"])))
+    tensors = s["input_tensors"]
+    n_inputs = len(tensors) if isinstance(tensors, list) else 0
+    ins = " ".join(f"--input input_{n}.npy" for n in range(n_inputs))
     diff = (
         f"The optimized build's output differs from ANSI C in {s['optimized_differs']} element(s), "
         f"at most {s.get('optimized_max_lsb')} LSB."
         if s.get("optimized_differs")
-        else s.get("note", "The optimized build's output equals ANSI C here.")
+        else str(s.get("note", "The optimized build's output equals ANSI C here."))
     )
     lines = [
         f"# op {op} ({opinfo.opcode}) of {model_name}, on its own",
@@ -139,7 +144,7 @@ def _readme(model_name: str, info: ModelInfo, op: int, s: Mapping[str, Any], boa
         "```sh",
         f"esp-check reference model.tflite {ins}",
     ]
-    if len(s["input_tensors"]) == 1:
+    if n_inputs == 1:
         lines.append(f"esp-check flash-and-compare model.tflite {ins} --board {board}")
     lines += ["```", "", f"Options: {dict(opinfo.options)}", ""]
     return "\n".join(lines)

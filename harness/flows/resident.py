@@ -16,7 +16,6 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import serial
 
@@ -29,7 +28,7 @@ from harness.firmware.build import RUN_ROLES, BuildResult
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import ModelImageError, parse_model_image
 from harness.flashfmt.partitions import VARIANT_SLOTS
-from harness.flows.records import EXPECTED_NN, Recorder, StageTimeouts
+from harness.flows.records import EXPECTED_NN, FlashFacts, FlashRegion, Recorder, StageTimeouts
 from harness.protocol import frames
 from harness.protocol.app_image import slot_sha256
 
@@ -95,30 +94,32 @@ def images_differ(hello: frames.Hello | None, builds: Mapping[str, BuildResult],
     return why
 
 
-def flash_facts(flashed: FlashResult, builds: Mapping[str, BuildResult]) -> dict[str, Any]:
+def flash_facts(flashed: FlashResult, builds: Mapping[str, BuildResult]) -> FlashFacts:
     """What report.json says about the flash: chip, revision, MAC, bytes written per region."""
     owner = {
         a.offset: (a.role, v if a.role == "app" else None) for v, b in builds.items() for a in b.artifacts
     }
-    return {
-        "chip": flashed.chip,
-        "revision": flashed.revision,
-        "mac": flashed.mac,
-        "regions": [
-            {
-                "offset": r.offset,
-                "role": owner.get(r.offset, ("?", None))[0],
-                "variant": owner.get(r.offset, ("?", None))[1],
-                "size": r.size,
-                "skipped": r.skipped,
-                "bytes_written": r.bytes_written,
-            }
+    facts = FlashFacts(
+        chip=flashed.chip,
+        revision=flashed.revision,
+        mac=flashed.mac,
+        regions=[
+            FlashRegion(
+                offset=r.offset,
+                role=owner.get(r.offset, ("?", None))[0],
+                variant=owner.get(r.offset, ("?", None))[1],
+                size=r.size,
+                skipped=r.skipped,
+                bytes_written=r.bytes_written,
+            )
             for r in flashed.regions
         ],
-        "bytes_written": flashed.bytes_written,
-        "seconds": round(flashed.duration_s, 3),
-        **({"skipped": flashed.skipped_reason} if flashed.skipped_reason else {}),
-    }
+        bytes_written=flashed.bytes_written,
+        seconds=round(flashed.duration_s, 3),
+    )
+    if flashed.skipped_reason:
+        facts["skipped"] = flashed.skipped_reason
+    return facts
 
 
 class ResidentBoard:

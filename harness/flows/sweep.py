@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harness.analysis.sweep_cases import OPS, Case, generate
 from harness.analysis.sweep_findings import (
@@ -47,8 +46,11 @@ from harness.firmware.native.sweep_build import (
     has_reference,
 )
 from harness.firmware.native.toolchain import SANITIZER_ENV
+from harness.jsontypes import JSONValue
 
 CASE_TIMEOUT_S = 60.0
+# a finding group (analysis.sweep_findings.group): its JSON fields, and its example case ("example")
+Group = dict[str, object]
 
 
 @dataclass
@@ -70,13 +72,13 @@ class SweepOptions:
 @dataclass
 class SweepResult:
     out_dir: Path
-    findings: list[dict[str, Any]]
-    coverage: list[dict[str, Any]]
+    findings: list[dict[str, object]]
+    coverage: list[dict[str, object]]
     cases: int
     seconds: float
     cases_per_second: float
     reference: bool
-    sources: dict[str, Any]
+    sources: dict[str, object]
     verdicts: list[CaseVerdict] = field(default_factory=list)
 
     @property
@@ -322,12 +324,22 @@ SHRINK_ROUNDS = 60
 _LETTER = dict(VARIANTS)
 
 
-def _wants(groups: Sequence[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+def _example(g: Group) -> CaseVerdict:
+    """The case a finding group keeps as its example."""
+    example = g["example"]
+    assert isinstance(example, CaseVerdict)
+    return example
+
+
+def _wants(groups: Sequence[Group]) -> list[tuple[str, str, str, str]]:
     """What must still hold on a smaller case: (kind, variant, error type, function) per group."""
     out = []
     for g in groups:
-        san = g.get("sanitizer") or {}
-        out.append((g["kind"], g.get("variant", ""), san.get("type", ""), san.get("in", "")))
+        san = g.get("sanitizer")
+        san = san if isinstance(san, dict) else {}
+        out.append(
+            (str(g["kind"]), str(g.get("variant", "")), str(san.get("type", "")), str(san.get("in", "")))
+        )
     return out
 
 
@@ -360,15 +372,15 @@ def _holding(
     return None
 
 
-def shrink_examples(groups: list[dict[str, Any]], programs: dict[bool, Path], first_id: int) -> None:
+def shrink_examples(groups: list[Group], programs: dict[bool, Path], first_id: int) -> None:
     """Replace each group's example by the smallest case (greedy, :func:`sweep_shrink.smaller`) on which
     all the findings of the groups sharing that example still hold; ``shrunk_from`` keeps the original."""
-    by_case: dict[int, list[dict[str, Any]]] = {}
+    by_case: dict[int, list[Group]] = {}
     for g in groups:
-        by_case.setdefault(g["example"].case.id, []).append(g)
+        by_case.setdefault(_example(g).case.id, []).append(g)
     next_id = first_id
     for gs in by_case.values():
-        original: Case = gs[0]["example"].case
+        original = _example(gs[0]).case
         cur, wants = original, _wants(gs)
         for _ in range(SHRINK_ROUNDS):
             cands = list(smaller(cur))
@@ -380,7 +392,7 @@ def shrink_examples(groups: list[dict[str, Any]], programs: dict[bool, Path], fi
             cur = found
         if cur is not original:
             for g in gs:
-                g["example"] = CaseVerdict(cur, None, [g["kind"]])
+                g["example"] = CaseVerdict(cur, None, [str(g["kind"])])
                 g["shrunk_from"] = original.line()
 
 
@@ -409,40 +421,41 @@ def native_board_args(espnn: ComponentSource, tflm: ComponentSource | None, out:
     return ["--board", "native-esp32", "--components-dir", str(where)]
 
 
-def _finding(g: dict[str, Any], r: Result | None) -> dict[str, Any]:
+def _finding(g: Group, r: Result | None) -> dict[str, object]:
     """A group as sweep.json keeps it: its example's line, meta, status and differences."""
-    case: Case = g["example"].case
+    case = _example(g).case
     f = {key: v for key, v in g.items() if key != "example"}
-    f["example"] = {"line": case.line(), "meta": case.meta, "reachable": case.reachable}
+    example: dict[str, object] = {"line": case.line(), "meta": case.meta, "reachable": case.reachable}
     if r is not None:
-        f["example"]["status"] = list(r.status)
-        f["example"]["diff"] = {
+        example["status"] = list(r.status)
+        example["diff"] = {
             name: d.__dict__ if d else None
             for name, d in (("opt_ansi", r.opt_ansi), ("opt_ref", r.opt_ref), ("ansi_ref", r.ansi_ref))
         }
+    f["example"] = example
     return f
 
 
 def _with_repros(
-    groups: list[dict[str, Any]],
+    groups: list[Group],
     plain: Path,
     out: Path,
     board_args: list[str] | None,
-    sources: dict[str, Any],
-) -> list[dict[str, Any]]:
+    sources: dict[str, object],
+) -> list[dict[str, object]]:
     """Each group's example run again with its outputs dumped; one reproduction directory per example
     case (the groups it stands for share it): case.txt, finding.json, report.md, repro.c, and a .tflite
     where TFLite reaches it."""
-    examples = {g["example"].case.id: g["example"].case for g in groups}
+    examples = {_example(g).case.id: _example(g).case for g in groups}
     dumped = run_driver(plain, list(examples.values()), dump=True) if examples else _Run({}, {})
-    findings = [_finding(g, dumped.results.get(g["example"].case.id)) for g in groups]
-    by_case: dict[int, list[dict[str, Any]]] = {}
+    findings = [_finding(g, dumped.results.get(_example(g).case.id)) for g in groups]
+    by_case: dict[int, list[dict[str, object]]] = {}
     for f, g in zip(findings, groups, strict=True):
-        by_case.setdefault(g["example"].case.id, []).append(f)
+        by_case.setdefault(_example(g).case.id, []).append(f)
     for k, (cid, fs) in enumerate(by_case.items()):
         case, r = examples[cid], dumped.results.get(cid)
         sanitize = any(f["kind"] == "sanitizer" for f in fs)
-        words = fs[0]["class"].replace(">=", " ge ").replace("<", " lt ").replace(">", " gt ")
+        words = str(fs[0]["class"]).replace(">=", " ge ").replace("<", " lt ").replace(">", " gt ")
         slug = re.sub(r"[^A-Za-z0-9]+", "-", words).strip("-") or "all"
         where = out / "repro" / f"{k:03d}-{case.op}-{slug}"
         try:
@@ -452,7 +465,7 @@ def _with_repros(
             expected = outputs[2] if outputs is not None and r is not None and r.status[2] == RAN else None
             (where / "repro.c").write_text(c_repro(case, expected, sanitize), encoding="utf-8")
             (where / "report.md").write_text(
-                report_md(case, fs, outputs, sources, info.get("command"), fs[0].get("shrunk_from")),
+                report_md(case, fs, outputs, sources, info.get("command"), _text(fs[0].get("shrunk_from"))),
                 encoding="utf-8",
             )
             info.update({"report": "report.md", "c_repro": "repro.c", "headline": headline_of(case, fs)})
@@ -463,7 +476,11 @@ def _with_repros(
     return findings
 
 
-def _report(r: SweepResult) -> dict[str, Any]:
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _report(r: SweepResult) -> dict[str, object]:
     return {
         "schema": "esp-check-sweep/1",
         "target": "NATIVE: generic ESP-NN C kernels compiled for this host; no S3/P4 assembly ran",

@@ -11,7 +11,6 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -29,7 +28,8 @@ from harness.flows.firmware import prepare_firmware
 from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import VARIANT_ORDER, Recorder, VariantRun
 from harness.flows.resident import ResidentBoard
-from harness.flows.targets import Target
+from harness.flows.targets import BoardLockCM, Target
+from harness.jsontypes import JSONValue
 from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo
 from harness.protocol.capture import Capture, parse_capture
@@ -72,7 +72,7 @@ def run_tap_flow(
     variants: Mapping[str, VariantRun],
     *,
     rec: Recorder,
-    lock_cm: contextlib.AbstractContextManager[Any] | None = None,
+    lock_cm: BoardLockCM | None = None,
 ) -> TapRunOutcome:
     """Analyze the tapped captures; when an op departs, dump it (and ``extra_dump_ops``) in a second run."""
     caps = {
@@ -114,7 +114,7 @@ def reproducers(
     ops: Sequence[int],
     dump_caps: Mapping[str, Capture],
     dump_errors: Sequence[str] = (),
-) -> list[dict[str, Any]]:
+) -> list[dict[str, JSONValue]]:
     """One-op reproducers (harness.flows.repro) for ``ops`` from a dump run, under ``req.out/repro``;
     ``dump_errors`` (why a build of the dump run has no capture) go into an unverified one's ``why``."""
     from harness.flows.repro import write_reproducer
@@ -137,7 +137,7 @@ def dump_run(
     req: TapRunRequest,
     ops: Sequence[int],
     rec: Recorder,
-    lock_cm: contextlib.AbstractContextManager[Any] | None = None,
+    lock_cm: BoardLockCM | None = None,
     subdir: str = "tap-dump",
 ) -> TapRunOutcome:
     """Both variants rebuilt with ``--tap --dump-ops ops`` and run, and reproducers of ``ops`` written."""
@@ -157,7 +157,7 @@ def _dump_run(
     req: TapRunRequest,
     dump: Sequence[int],
     rec: Recorder,
-    lock_cm: contextlib.AbstractContextManager[Any],
+    lock_cm: BoardLockCM,
     outcome: TapRunOutcome,
     subdir: str = "tap-dump",
 ) -> dict[str, Capture]:
@@ -176,16 +176,15 @@ def _dump_variants(
     req: TapRunRequest,
     dump: Sequence[int],
     rec: Recorder,
-    lock_cm: contextlib.AbstractContextManager[Any],
+    lock_cm: BoardLockCM,
     outcome: TapRunOutcome,
     dump_dir: Path,
 ) -> dict[str, Capture]:
     o = req.opts
+    features = FirmwareFeatures(tap=True, dump_ops=tuple(dump), embed_inputs=False)
     fw = prepare_firmware(
-        req.spec.model, req.spec.inputs, req.target.board, dump_dir, rec=rec, input_options=o.input_options,
-        arena_kb=o.arena_kb, features=FirmwareFeatures(tap=True, dump_ops=tuple(dump), embed_inputs=False),
-        builder=o.builder, cache_dir=o.cache_dir, timeout=o.timeouts.build, native=o.native,
-    )  # fmt: skip
+        req.spec.model, req.spec.inputs, req.target.board, dump_dir, rec=rec, options=o, features=features
+    )
     streamed = input_tensor_bytes(req.spec.inputs, req.info.inputs[0], req.opts.input_options)
     for v, exc in fw.failures.items():
         outcome.errors.append(f"tap dump run [{v}]: build: {exc}")

@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 from harness.device.locks import board_lock
@@ -26,9 +27,10 @@ from harness.device.ports import RAW_TCP_SIMULATOR, RAW_TCP_SIMULATOR_HINT, chec
 from harness.errors import EspCheckError, UsageError
 from harness.firmware.boards import Board
 from harness.firmware.native.project import NATIVE_MEANING
-from harness.flows.records import Recorder, VariantRun
+from harness.flows.records import NativeFacts, Recorder, VariantRun
 
-LockFactory = Callable[[], contextlib.AbstractContextManager[Any] | None]
+# a board's lock, held for a ``with`` block (what it yields is nobody's business)
+BoardLockCM = contextlib.AbstractContextManager[object]
 
 
 class Target:
@@ -79,10 +81,6 @@ class Target:
         """A port URL this kind takes, checked further (None: fine)."""
         return None
 
-    @property
-    def simulated(self) -> bool:
-        return self.expects_sim
-
     def check(self, rec: Recorder) -> None:
         """Before anything is built: the port exists (a real port that is missing fails in seconds, not
         after two builds that take minutes on a fresh machine)."""
@@ -92,7 +90,9 @@ class Target:
     def prepare(self) -> None:
         """Before a session opens on the port (a pyserial URL handler to register, ...)."""
 
-    def lock(self, *, lock_dir: Any, timeout: float, owner: str, on_wait: Callable[[str], None]) -> Any:
+    def lock(
+        self, *, lock_dir: str | Path | None, timeout: float, owner: str, on_wait: Callable[[str], None]
+    ) -> BoardLockCM | None:
         """The board's cross-process lock (the one ``esp-check run`` takes), or None for a private board."""
         if self.private:
             return None
@@ -102,7 +102,7 @@ class Target:
             return contextlib.nullcontext()  # the port stage reports it
         return board_lock(ps, lock_dir=lock_dir, timeout=timeout, owner=owner, on_wait=on_wait)
 
-    def facts(self, variants: Mapping[str, VariantRun]) -> dict[str, Any] | None:
+    def facts(self, variants: Mapping[str, VariantRun]) -> NativeFacts | None:
         """What report.json says about the target beyond its name (None: nothing)."""
         return None
 
@@ -126,11 +126,41 @@ class RealTarget(Target):
         return cls(board, port or "auto")
 
 
-class SimTarget(Target):
-    kind = "simulated"
+class _Simulated(Target):
+    """What every simulated board shares: its results are SIMULATED, its BEGIN record must say sim=1,
+    and a bench inventory reaches it by a sim:// or rfc2217:// URL or a labgrid place."""
+
     meaning = "SIMULATED"
     expects_sim = True
     reach = ("sim", "rfc2217", "place")
+
+    @classmethod
+    def refusal(cls, board: Board, kind: str) -> tuple[str, str]:
+        if kind == "socket":
+            return f"is raw TCP: {RAW_TCP_SIMULATOR}", RAW_TCP_SIMULATOR_HINT
+        if kind == "native":
+            return super().refusal(board, kind)
+        return (
+            "must be a sim:// or rfc2217:// URL (or a labgrid place) for a simulated board type",
+            "serve the board with `esp-check sim serve --rfc2217`, or give its sim:// URL",
+        )
+
+    @classmethod
+    def check_url(cls, url: str) -> tuple[str, str] | None:
+        if _scheme(url) != "sim":
+            return None
+        from harness.sim import parse_url
+
+        try:
+            parse_url(url)
+        except EspCheckError as exc:
+            hint = exc.hint or "docs/simulator.md lists its parameters"
+            return f"is not a valid sim:// URL: {exc.message}", hint
+        return None
+
+
+class SimTarget(_Simulated):
+    kind = "simulated"
 
     @classmethod
     def claims(cls, board: Board, port: str | None) -> bool:
@@ -160,30 +190,6 @@ class SimTarget(Target):
             board, sim_port_for(board.chip, board.reset, template, board.flash_size), private=port is None
         )
 
-    @classmethod
-    def refusal(cls, board: Board, kind: str) -> tuple[str, str]:
-        if kind == "socket":
-            return f"is raw TCP: {RAW_TCP_SIMULATOR}", RAW_TCP_SIMULATOR_HINT
-        if kind == "native":
-            return super().refusal(board, kind)
-        return (
-            "must be a sim:// or rfc2217:// URL (or a labgrid place) for a simulated board type",
-            "serve the board with `esp-check sim serve --rfc2217`, or give its sim:// URL",
-        )
-
-    @classmethod
-    def check_url(cls, url: str) -> tuple[str, str] | None:
-        if _scheme(url) != "sim":
-            return None
-        from harness.sim import parse_url
-
-        try:
-            parse_url(url)
-        except EspCheckError as exc:
-            hint = exc.hint or "docs/simulator.md lists its parameters"
-            return f"is not a valid sim:// URL: {exc.message}", hint
-        return None
-
     def check(self, rec: Recorder) -> None:
         """An in-process board is always there."""
 
@@ -193,14 +199,11 @@ class SimTarget(Target):
         register()
 
 
-class ServedSimTarget(Target):
+class ServedSimTarget(_Simulated):
     """A simulator served by `esp-check sim serve` (or esp_rfc2217_server in front of a sim:// port):
     reached like a remote board; its BEGIN record must still say sim=1."""
 
     kind = "served"
-    meaning = "SIMULATED"
-    expects_sim = True
-    reach = SimTarget.reach
 
     @classmethod
     def claims(cls, board: Board, port: str | None) -> bool:
@@ -210,9 +213,6 @@ class ServedSimTarget(Target):
     def make(cls, board: Board, port: str | None) -> Target:
         assert port is not None
         return cls(board, port)
-
-    refusal = SimTarget.refusal
-    check_url = SimTarget.check_url
 
 
 class NativeTarget(Target):
@@ -246,11 +246,11 @@ class NativeTarget(Target):
     def check(self, rec: Recorder) -> None:
         """The program is started by the session: nothing to look for before."""
 
-    def facts(self, variants: Mapping[str, VariantRun]) -> dict[str, Any] | None:
+    def facts(self, variants: Mapping[str, VariantRun]) -> NativeFacts | None:
         """What a native board's results mean, and what each variant's program said it was (INFO)."""
         keys = ("native", "native_bits", "native_sanitize", "idf", "tflm", "tflm_from", "espnn", "espnn_from")
         reported = {v: {k: r.source.info.get(k) for k in keys} for v, r in variants.items() if r.source}
-        return {"meaning": NATIVE_MEANING, "bits": self.board.native_bits, "reported": reported}
+        return NativeFacts(meaning=NATIVE_MEANING, bits=self.board.native_bits, reported=reported)
 
 
 TARGETS: tuple[type[Target], ...] = (NativeTarget, ServedSimTarget, SimTarget, RealTarget)

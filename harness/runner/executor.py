@@ -5,7 +5,8 @@ inventory board of the type). A worker takes a task its board can run, gets the 
 and built once per model x board type x console, shared by every board that needs it, before the board
 is locked; the content-addressed build cache does the rest), takes the board's lock, and runs the task
 as a job of the one pipeline (:func:`harness.flows.flash_and_compare.run_job`: flash what differs,
-stream, judge), then releases the lock. The runner only turns the job's result into the attempt.
+stream, judge), then releases the lock. :mod:`harness.runner.attempts` turns the job's result into
+the attempt's verdict.
 
 What happens after an attempt (retry, confirmation re-run, final verdict, power cycle, quarantine)
 is decided by the pure function :func:`harness.runner.policy.decide`; this module applies its
@@ -23,10 +24,10 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from harness import children
 from harness.device.labgrid import LabgridClient, PlaceLease
@@ -42,7 +43,7 @@ from harness.errors import (
     combine_exit_codes,
 )
 from harness.firmware.native.project import NativeOptions
-from harness.flows.records import StageRecord
+from harness.runner.attempts import judge_dataset, judge_inputs
 from harness.runner.inventory import BenchBoard, Inventory
 from harness.runner.paths import atomic_write, move_aside, safe_component
 from harness.runner.plan import Plan
@@ -65,17 +66,21 @@ from harness.runner.results import (
     Attempt,
     BoardState,
     BoardStatus,
-    CaseStatus,
-    CaseType,
+    BoardUsage,
     EventKind,
+    RunEvent,
     RunResult,
     Task,
     TaskState,
-    Testcase,
-    VariantOutcome,
 )
 
-VARIANTS = ("optimized", "ansi")
+if TYPE_CHECKING:
+    from harness.firmware.boards import Board
+    from harness.flows.firmware import Firmware
+    from harness.flows.job import JobOptions, JobSpec
+    from harness.runner.plan import Job
+
+V = TypeVar("V")
 
 # (board, url, attempt number, task id) -> URL to open instead, or None. A seam for random
 # per-attempt fault injection on simulated benches (bench/bench_soak.py); tests use the simulator's
@@ -105,25 +110,25 @@ class RunOptions:
     report_paths: Sequence[Path] = ()
 
 
-class _Memo:
+class _Memo(Generic[V]):
     """Compute-once values shared by threads (firmware builds, host references), errors included."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._locks: dict[Any, threading.Lock] = {}
-        self._values: dict[Any, tuple[bool, Any]] = {}
+        self._locks: dict[Hashable, threading.Lock] = {}
+        self._values: dict[Hashable, V | EspCheckError] = {}
 
-    def get(self, key: Any, fn: Callable[[], Any]) -> Any:
+    def get(self, key: Hashable, fn: Callable[[], V]) -> V:
         with self._lock:
             one = self._locks.setdefault(key, threading.Lock())
         with one:
             if key not in self._values:
                 try:
-                    self._values[key] = (True, fn())
+                    self._values[key] = fn()
                 except EspCheckError as exc:
-                    self._values[key] = (False, exc)
-            ok, value = self._values[key]
-        if not ok:
+                    self._values[key] = exc
+            value = self._values[key]
+        if isinstance(value, EspCheckError):
             raise value
         return value
 
@@ -144,10 +149,10 @@ class Runner:
         self.hard_stop = options.hard_stop or threading.Event()
         self.cond = threading.Condition()
         self.boards = {b.name: BoardState(b) for b in inventory.boards}
-        self.usage: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
-        self.builds = _Memo()
-        self.refs = _Memo()
+        self.usage: list[BoardUsage] = []
+        self.events: list[RunEvent] = []
+        self.builds: _Memo[Firmware] = _Memo()
+        self.refs: _Memo[None] = _Memo()
         self.lock_timeout = (
             options.lock_timeout_s if options.lock_timeout_s is not None else plan.run.lock_timeout_s
         )
@@ -204,7 +209,7 @@ class Runner:
     ) -> None:
         with self.cond:
             self.events.append(
-                {"t": time.time(), "kind": kind.value, "board": board, "task": task, "message": message}
+                RunEvent(t=time.time(), kind=kind.value, board=board, task=task, message=message)
             )
         self.say(f"[{kind}] " + (f"{board}: " if board else "") + (f"{task}: " if task else "") + message)
 
@@ -371,13 +376,16 @@ class Runner:
         assert a.dir is not None
         a.dir.mkdir(parents=True, exist_ok=True)
         self.say(f"[start] {t.id} attempt {a.n} on {state.bench.name}")
-        if t.job.data is None and self._firmware_for(t, state.bench, a) is None:
-            return
+        fw = None
+        if t.job.data is None:
+            fw = self._firmware_for(t, state.bench, a)
+            if fw is None:
+                return
         held = self._lock_board(state, a)
         if held is None:
             return
         try:
-            result = run_job(self._job_spec(t, state.bench, a))
+            result = run_job(self._job_spec(t, state.bench, a, fw))
         except EspCheckError as exc:  # raised before flashing: generation, the dataset, the port
             a.exit_code = int(exc.exit_code)
             a.reason = f"{'dataset ' if t.job.data is not None else ''}job: {exc.message}"
@@ -387,38 +395,50 @@ class Runner:
         finally:
             self._release(t, state.bench, a, held)
         if t.job.data is not None:
-            _judge_dataset(t, a, result)
+            judge_dataset(t, a, result)
         else:
-            _judge_inputs(t, a, result)
+            judge_inputs(t, a, result)
 
-    def _job_spec(self, t: Task, bench: BenchBoard, a: Attempt) -> Any:
-        """The task as a job of the pipeline: its board and port, no lock (the runner holds it)."""
-        from harness.flows.job import JobOptions, JobSpec
+    def _job_options(self, t: Task) -> JobOptions:
+        """How the task's job runs: the plan's settings, the run's build options, no lock (the runner
+        holds it)."""
+        from harness.flows.job import JobOptions
         from harness.flows.records import StageTimeouts
-        from harness.model.inputs import InputOptions
         from harness.runner.plan import dataset_options
 
         limits = t.job.timeouts
-        options = JobOptions(
-            input_options=InputOptions(**t.job.input_options) if t.job.input_options else None,
-            tolerance_lsb=t.job.tolerance_lsb, ref_tolerance_lsb=t.job.ref_tolerance_lsb,
-            reference=t.job.needs_reference, builder=self.opt.builder, cache_dir=self.opt.cache_dir,
-            arena_kb=t.job.arena_kb, lock=False,
+        return JobOptions(
+            input_options=t.job.input_options,
+            tolerance_lsb=t.job.tolerance_lsb,
+            ref_tolerance_lsb=t.job.ref_tolerance_lsb,
+            reference=t.job.needs_reference,
+            builder=self.opt.builder,
+            cache_dir=self.opt.cache_dir,
+            arena_kb=t.job.arena_kb,
+            lock=False,
             dataset=dataset_options(t.job, t.case) if t.job.data is not None else None,
             timeouts=StageTimeouts(limits.build, limits.capture_total, limits.capture_silence),
-            native=self.opt.native, allow_untested=t.job.allow_untested,
-        )  # fmt: skip
+            native=self.opt.native,
+            allow_untested=t.job.allow_untested,
+        )
+
+    def _job_spec(self, t: Task, bench: BenchBoard, a: Attempt, fw: Firmware | None) -> JobSpec:
+        """The task as a job of the pipeline: its board and port, the firmware made for it."""
+        from harness.flows.job import JobSpec
+
         assert a.dir is not None
         inputs = () if t.job.data is not None else tuple(Path(p) for p in t.case.inputs)
         port = a.port
         if self.opt.port_override is not None:
             port = self.opt.port_override(bench, a.port, a.n, t.id) or a.port
-        return JobSpec(Path(t.case.model), inputs, bench.board, port, a.dir, options)
+        return JobSpec(
+            Path(t.case.model), inputs, bench.board, port, a.dir, self._job_options(t), firmware=fw
+        )
 
-    def _firmware_for(self, t: Task, bench: BenchBoard, a: Attempt) -> dict[str, Any] | None:
+    def _firmware_for(self, t: Task, bench: BenchBoard, a: Attempt) -> Firmware | None:
         """Both builds, or None with the attempt marked as a host-side failure (not retried)."""
         try:
-            builds = self._firmware(t, bench.board)
+            fw = self._firmware(t, bench.board)
         except EspCheckError as exc:
             a.exit_code = int(exc.exit_code)
             a.reason = f"firmware build: {exc.message}"
@@ -430,9 +450,9 @@ class Runner:
                 "cache_hit": b.cache_hit,
                 "project_dir": str(b.project_dir),
             }
-            for v, b in builds.items()
+            for v, b in fw.builds.items()
         }
-        return builds
+        return fw
 
     def _lock_board(self, state: BoardState, a: Attempt) -> BoardLock | PlaceLease | None:
         """Resolve the board's port and take its lock, or None with the attempt marked failed."""
@@ -512,40 +532,39 @@ class Runner:
         held.release()
         with self.cond:
             self.usage.append(
-                {
-                    "board": bench.name,
-                    "lock_key": a.lock_key,
-                    "pid": os.getpid(),
-                    "task": t.id,
-                    "attempt": a.n,
-                    "start": a.started,
-                    "end": a.ended,
-                }
+                BoardUsage(
+                    board=bench.name,
+                    lock_key=a.lock_key,
+                    pid=os.getpid(),
+                    task=t.id,
+                    attempt=a.n,
+                    start=a.started,
+                    end=a.ended,
+                )
             )
 
-    def _firmware(self, t: Task, board: Any) -> dict[str, Any]:
+    def _firmware(self, t: Task, board: Board) -> Firmware:
         """Generate + build both variants once per (model, board type, console, options): the inputs are
-        streamed, so jobs with other inputs reuse the same firmware (and what is already flashed)."""
+        streamed, so jobs with other inputs reuse the same firmware (and what is already flashed), and
+        the attempts' jobs flash it as it is (they generate and build nothing)."""
         key = (
             str(t.case.model),
             board.name,
             board.console,
             t.job.arena_kb,
-            tuple(sorted(t.job.input_options.items())),
+            t.job.input_options,
         )
-
         tool = self.opt.builder or board.builder
 
-        def make() -> dict[str, Any]:
+        def make() -> Firmware:
             with self._first_build_of(tool):
                 return build()
 
-        def build() -> dict[str, Any]:
+        def build() -> Firmware:
             self._refuse_if_offline(tool)
             from harness.firmware.generate import FirmwareFeatures
             from harness.flows.firmware import prepare_firmware
             from harness.flows.records import Recorder
-            from harness.model.inputs import InputOptions
 
             digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
             name = safe_component(f"{t.case.name}__{board.name}__{board.console}__{digest}")
@@ -555,22 +574,17 @@ class Runner:
                 board,
                 self.out / "firmware" / name,
                 rec=Recorder(),
-                input_options=InputOptions(**t.job.input_options) if t.job.input_options else None,
-                arena_kb=t.job.arena_kb,
+                options=self._job_options(t),
                 features=FirmwareFeatures(embed_inputs=False),
-                builder=self.opt.builder,
-                cache_dir=self.opt.cache_dir,
-                timeout=t.job.timeouts.build,
-                native=self.opt.native,
             )
             for exc in fw.failures.values():
                 if isinstance(exc, PlatformUnreachableError):
                     with self.cond:
                         self.offline_tools.setdefault(tool, exc)
                 raise exc
-            return dict(fw.builds)
+            return fw
 
-        return dict(self.builds.get(key, make))
+        return self.builds.get(key, make)
 
     @contextlib.contextmanager
     def _first_build_of(self, tool: str) -> Iterator[None]:
@@ -607,13 +621,13 @@ class Runner:
         """The host reference the task's jobs read (reference outputs and arena, one child, cached on
         disk), made once per model x inputs x input options: ``runner.prepare`` runs it before the boards
         start, so no attempt waits for it under a board's lock."""
-        from harness.model.inputs import InputOptions
         from harness.model.reference import prepare_host_results
 
-        options = InputOptions(**t.job.input_options) if t.job.input_options else None
-        key = (str(t.case.model), tuple(map(str, t.case.inputs)), tuple(sorted(t.job.input_options.items())))
+        key = (str(t.case.model), tuple(map(str, t.case.inputs)), t.job.input_options)
         inputs = list(t.case.inputs)
-        self.refs.get(key, lambda: prepare_host_results(t.case.model, inputs, input_options=options))
+        self.refs.get(
+            key, lambda: prepare_host_results(t.case.model, inputs, input_options=t.job.input_options)
+        )
 
     def _write_attempt(self, t: Task, a: Attempt) -> None:
         if a.dir is None:
@@ -725,7 +739,7 @@ class Runner:
             return self.stop.is_set() or self.hard_stop.is_set()
 
 
-def _refuse_untested(plan: Path, job: Any, board: Any) -> None:
+def _refuse_untested(plan: Path, job: Job, board: Board) -> None:
     """A model in which ESP-NN accelerates no op on the board's chip proves nothing about ESP-NN (both
     builds run the same kernels): refused before anything runs, as flash-and-compare refuses it, unless
     the job says ``allow_untested = true``."""
@@ -744,198 +758,6 @@ def _refuse_untested(plan: Path, job: Any, board: Any) -> None:
                 hint="esp-check inspect MODEL lists what ESP-NN accelerates per chip; set "
                 "allow_untested = true in the job to run it anyway",
             )
-
-
-def _variant_outcome(v: str, run: Any, stages: list[StageRecord]) -> VariantOutcome:
-    return VariantOutcome(
-        variant=v,
-        exit_code=int(run.exit_code) if run.exit_code is not None else None,
-        serial_log=str(run.serial_log) if run.serial_log else None,
-        firmware_sha256=run.firmware_sha256,
-        build_cache_hit=run.build_cache_hit,
-        flash=run.flash,
-        nn_mode=run.nn_mode,
-        capture_valid=run.capture_valid,
-        problems=list(run.problems),
-        findings=list(run.findings),
-        stages=list(stages),
-    )
-
-
-def _judge_inputs(t: Task, a: Attempt, result: Any) -> None:
-    """An attempt with inputs: the pipeline judged each capture; the plan's pairs pick the comparisons
-    that decide the task, and each input x pair is a testcase."""
-    runs = result.variants
-    _attempt_facts(t, a, result)
-    codes, reasons = _variant_problems(a, runs)
-    a.board_fault = bool(codes) and combine_exit_codes(codes) == ExitCode.INFRASTRUCTURE
-    comp = result.comparison
-    missing = [w for w in result.warnings if "host reference unavailable" in w]
-    ref_problem = f"host reference: {missing[0]}" if missing else None
-    if t.job.needs_reference and ref_problem is not None:
-        codes.append(ExitCode.INFRASTRUCTURE)
-        reasons.append(ref_problem)
-    if result.reference_refused:
-        codes.append(ExitCode(result.reference_refused["exit_code"]))
-        reasons.append(result.reference_refused["summary"])
-    pairs = set(t.job.pairs)
-    mismatched = []
-    for c in comp.comparisons if comp is not None else []:
-        if (c.a, c.b) in pairs and not c.match:
-            mismatched.append(
-                f"{c.a} vs {c.b} input {c.run} output {c.output}: {c.mismatched}/{c.count} "
-                f"differ (max {c.max_diff_lsb} LSB)"
-            )
-    for f in comp.faults if comp is not None else []:
-        codes.append(f.exit_code)
-        reasons.append(f"{f.source}: ERROR stage={f.stage} code={f.code} {f.msg}")
-    if mismatched:
-        codes.append(ExitCode.MISMATCH)
-        reasons = mismatched[:3] + reasons
-    code = combine_exit_codes(codes or [ExitCode.MATCH])
-    a.exit_code = int(code)
-    a.reason = "; ".join(dict.fromkeys(reasons)) or ("all compared outputs match" if code == 0 else "")
-    a.comparison = comp
-    a.testcases = _testcases(t, a, runs, comp, ref_problem)
-
-
-def _attempt_facts(t: Task, a: Attempt, result: Any) -> None:
-    """What every attempt records from the pipeline's result: each variant's outcome, the builds."""
-    # the stages of both variants' session (port, flash, ...) belong to each: a failed flash explains both
-    a.variants = {
-        v: _variant_outcome(v, r, [s for s in result.stages if s.variant in (v, None)])
-        for v, r in result.variants.items()
-    }
-    t.builds = {
-        v: {
-            "firmware_sha256": r.firmware_sha256,
-            "cache_hit": r.build_cache_hit,
-            "project_dir": str(r.project_dir),
-        }
-        for v, r in result.variants.items()
-        if r.firmware_sha256
-    }
-
-
-def _judge_dataset(t: Task, a: Attempt, result: Any) -> None:
-    """A dataset attempt's verdict is flash-and-compare's; its figures go into the run summary."""
-    code = ExitCode(result.exit_code)
-    a.exit_code = int(code)
-    a.board_fault = code == ExitCode.INFRASTRUCTURE
-    _attempt_facts(t, a, result)
-    doc = result.dataset or {}
-    an = doc.get("analysis") or {}
-    a.dataset = {
-        "source": doc.get("source"),
-        "random_seed": doc.get("random_seed"),
-        "inputs": doc.get("inputs", 0),
-        "verdicts": dict(an.get("verdicts") or {}),
-        "agreement": {k: v.get("agreement") for k, v in (an.get("agreement") or {}).items()},
-        "report": str(result.report_path),
-    }
-    counts = ", ".join(f"{k} {n}" for k, n in sorted(a.dataset["verdicts"].items()))
-    what = f"dataset of {a.dataset['inputs']} inputs: {counts or 'no verdicts'}"
-    a.reason = "; ".join([what, *result.errors[:3]])
-    a.testcases = [Testcase(0, str(doc.get("source")), "dataset", *_dataset_case(code, what))]
-
-
-def _dataset_case(code: ExitCode, what: str) -> tuple[CaseStatus, CaseType, str]:
-    if code == ExitCode.MATCH:
-        return CaseStatus.PASSED, CaseType.MATCH, what
-    if code in (ExitCode.MISMATCH, ExitCode.FIRMWARE_FAULT):
-        kind = CaseType.MISMATCH if code == ExitCode.MISMATCH else CaseType.FIRMWARE_FAULT
-        return CaseStatus.FAILURE, kind, what
-    return CaseStatus.ERROR, CaseType.USAGE if code == ExitCode.USAGE else CaseType.INFRASTRUCTURE, what
-
-
-def _variant_problems(a: Attempt, runs: dict[str, Any]) -> tuple[list[ExitCode], list[str]]:
-    """Exit codes and reasons of the variants that did not run cleanly (or did not run)."""
-    codes: list[ExitCode] = []
-    reasons: list[str] = []
-    for v in VARIANTS:
-        r = runs.get(v)
-        if r is None:
-            reasons.append(f"{v}: not run (previous variant lost the link)")
-            codes.append(ExitCode.INFRASTRUCTURE)
-        elif r.exit_code is not None:
-            codes.append(ExitCode(r.exit_code))
-            reasons.append(f"{v}: {a.variants[v].failure_detail().splitlines()[0]}")
-    return codes, reasons
-
-
-_Problem = tuple[CaseStatus, CaseType, str]
-
-
-def _side_problem(
-    label: str,
-    k: int,
-    a: Attempt,
-    runs: dict[str, Any],
-    faults: dict[str, list[Any]],
-    ref_problem: str | None,
-) -> _Problem | None:
-    """Why one side of a comparison (a variant or the host reference) has nothing valid for input k."""
-    if label == "reference":
-        return (CaseStatus.ERROR, CaseType.INFRASTRUCTURE, ref_problem) if ref_problem else None
-    for f in faults.get(label, []):
-        if f.run is None or f.run == k:
-            msg = f"{label}: ERROR stage={f.stage} code={f.code} {f.msg}"
-            return CaseStatus.FAILURE, CaseType.FIRMWARE_FAULT, msg
-    r = runs.get(label)
-    if r is None:
-        return CaseStatus.ERROR, CaseType.INFRASTRUCTURE, f"{label} not run: the board link failed before it"
-    if r.exit_code is not None and r.source is None:
-        detail = f"{label}: {a.variants[label].failure_detail()}"
-        code = int(r.exit_code)
-        if code == ExitCode.FIRMWARE_FAULT:
-            return CaseStatus.FAILURE, CaseType.FIRMWARE_FAULT, detail
-        return CaseStatus.ERROR, CaseType.USAGE if code == ExitCode.USAGE else CaseType.INFRASTRUCTURE, detail
-    return None
-
-
-def _testcases(
-    t: Task, a: Attempt, runs: dict[str, Any], result: Any | None, ref_problem: str | None
-) -> list[Testcase]:
-    """One entry per input x requested comparison: passed / failure (mismatch, fault) / error."""
-    out: list[Testcase] = []
-    by: dict[tuple[str, str, int], list[Any]] = {}
-    faults: dict[str, list[Any]] = {}
-    if result is not None:
-        for c in result.comparisons:
-            by.setdefault((c.a, c.b, c.run), []).append(c)
-        for f in result.faults:
-            faults.setdefault(f.source, []).append(f)
-    for k, path in enumerate(t.case.inputs):
-        for pa, pb in t.job.pairs:
-            comps = by.get((pa, pb, k), [])
-            problems = [
-                p
-                for p in (_side_problem(x, k, a, runs, faults, ref_problem) for x in (pa, pb))
-                if p is not None
-            ]
-            bad = [c for c in comps if not c.match]
-            if bad:
-                c = bad[0]
-                verdict: _Problem = (
-                    CaseStatus.FAILURE,
-                    CaseType.MISMATCH,
-                    f"{c.mismatched} of {c.count} elements of output {c.output} differ "
-                    f"beyond {c.tolerance_lsb:g} LSB (max {c.max_diff_lsb} LSB, "
-                    f"argmax {c.argmax_a} vs {c.argmax_b})",
-                )
-            elif problems:
-                verdict = next((p for p in problems if p[0] == CaseStatus.FAILURE), problems[0])
-            elif comps:
-                n = len(comps)
-                verdict = (
-                    CaseStatus.PASSED,
-                    CaseType.MATCH,
-                    f"{n} output(s) within {comps[0].tolerance_lsb:g} LSB",
-                )
-            else:
-                verdict = (CaseStatus.ERROR, CaseType.INFRASTRUCTURE, a.reason or "nothing was compared")
-            out.append(Testcase(k, str(path), f"{pa}-vs-{pb}", *verdict))
-    return out
 
 
 def run_plan(plan: Plan, inventory: Inventory, options: RunOptions) -> RunResult:

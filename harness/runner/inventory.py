@@ -19,10 +19,10 @@ import os
 import re
 import subprocess
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, ValidationError
 
@@ -31,14 +31,8 @@ from harness.device.ports import PortSpec
 from harness.errors import EspCheckError, PlanError, PortError
 from harness.firmware.boards import Board, Console
 from harness.flows.targets import RealTarget, open_target, target_class
-from harness.userfiles import Loc, UserModel, field_path, known_keys, problem
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 from harness.runner.plan import NAME_RE, Name
+from harness.userfiles import Loc, UserModel, entry_name, field_path, known_keys, problem, read_toml
 
 # chips with a USB-Serial-JTAG peripheral (the ESP32 and ESP32-S2 have none)
 _REACH_KEYS = ("port", "usb_serial", "usb_location", "place")
@@ -81,7 +75,7 @@ class BenchBoard:
 
     name: str
     type: str  # board type name or path, as written
-    board: Any  # harness.firmware.boards.Board with the console override applied
+    board: Board  # with the console override applied
     port: str | None = None
     usb_serial: str | None = None
     usb_location: str | None = None
@@ -92,7 +86,7 @@ class BenchBoard:
 
     @property
     def simulated(self) -> bool:
-        return bool(getattr(self.board, "simulated", False))
+        return self.board.simulated
 
     @property
     def can_power_cycle(self) -> bool:
@@ -168,9 +162,6 @@ class Inventory:
     path: Path
     boards: tuple[BenchBoard, ...]
 
-    def of_type(self, board_type: str) -> list[BenchBoard]:
-        return [b for b in self.boards if b.type == board_type or b.board.name == board_type]
-
     def by_name(self, name: str) -> BenchBoard:
         for b in self.boards:
             if b.name == name:
@@ -200,7 +191,7 @@ def load_inventory(path: str | Path, *, coordinator: str | None = None) -> Inven
     ``coordinator`` (``run --labgrid``) overrides the file's ``[labgrid] coordinator`` for its places.
     """
     p = Path(path)
-    data = _read_toml(p)
+    data = read_toml(p, "inventory", "docs/examples/bench.toml")
     try:
         file = InventoryFile.model_validate(data)
     except ValidationError as exc:
@@ -322,19 +313,6 @@ def _place_board_name(place: str) -> str:
     return f"place-{name.strip('._-')[:40]}-{digest}".replace("--", "-")
 
 
-def _read_toml(p: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PlanError(f"inventory file not found: {p}", hint="check the path") from None
-    except OSError as exc:
-        raise PlanError(f"cannot read inventory {p}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PlanError(
-            f"inventory {p} is not valid TOML: {exc}", hint="see docs/examples/bench.toml"
-        ) from None
-
-
 _UNKNOWN = {
     "": "is not an inventory field",
     "board": "is not a board field",
@@ -343,7 +321,9 @@ _UNKNOWN = {
 _POWER_CYCLE_HINT = 'e.g. power_cycle = ["uhubctl", "-l", "1-1", "-p", "2", "-a", "cycle"]'
 
 
-def _inventory_error(p: Path, data: dict[str, Any], exc: ValidationError, prefix: Loc = ()) -> PlanError:
+def _inventory_error(
+    p: Path, data: Mapping[str, object], exc: ValidationError, prefix: Loc = ()
+) -> PlanError:
     """The first problem pydantic found, as "inventory FILE: WHERE: field 'F' ..."."""
     loc, msg = problem(
         exc, BoardEntry if prefix else InventoryFile, {"": _UNKNOWN["board"]} if prefix else _UNKNOWN
@@ -352,8 +332,8 @@ def _inventory_error(p: Path, data: dict[str, Any], exc: ValidationError, prefix
     hint = known_keys(InventoryFile, loc) if msg in _UNKNOWN.values() else None
     if loc[0] == "board" and len(loc) > 2:
         name, entry = field_path(loc[2:])
-        board_name = data["board"][loc[1]].get("name")
-        valid = isinstance(board_name, str) and NAME_RE.match(board_name) and name != "name"
+        board_name = entry_name(data, "board", loc[1])
+        valid = board_name is not None and NAME_RE.match(board_name) and name != "name"
         where = f"board {board_name!r}" if valid else f"board #{int(loc[1]) + 1}"
         return _err(p, where, name, entry + msg, _POWER_CYCLE_HINT if name == "power_cycle" else hint)
     if loc[0] == "board":
@@ -453,13 +433,15 @@ class DetectedDevice:
     chip: str | None = None
     chip_note: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    @property
+    def vid_pid(self) -> str | None:
+        return f"{self.vid:04X}:{self.pid:04X}" if self.vid is not None and self.pid is not None else None
+
+    def to_dict(self) -> dict[str, object]:
         return {
             "device": self.device,
             "kernel_device": self.kernel_device,
-            "vid_pid": f"{self.vid:04X}:{self.pid:04X}"
-            if self.vid is not None and self.pid is not None
-            else None,
+            "vid_pid": self.vid_pid,
             "serial_number": self.serial_number,
             "location": self.location,
             "description": self.description,

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
@@ -23,12 +23,16 @@ if TYPE_CHECKING:
     from harness.model.inputs import InputOptions
     from harness.model.loader import ModelInfo
 
-from harness.userfiles import Strings, UserModel, field_path, known_keys, one_or_many, problem
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from harness.userfiles import (
+    Strings,
+    UserModel,
+    entry_name,
+    field_path,
+    known_keys,
+    one_or_many,
+    problem,
+    read_toml,
+)
 
 # comparison names in the plan -> (a, b) source-label pairs of harness.analysis.compare
 Comparison = Literal["optimized-vs-ansi", "optimized-vs-host", "ansi-vs-host", "each-vs-host"]
@@ -39,7 +43,6 @@ COMPARISONS: dict[str, tuple[tuple[str, str], ...]] = {
     "each-vs-host": (("optimized", "reference"), ("ansi", "reference")),
 }
 Placement = Literal["any", "each"]
-PLACEMENTS: tuple[str, ...] = get_args(Placement)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 Name = Annotated[str, Field(pattern=NAME_RE.pattern, description="letters, digits, '_', '.', '-'")]
 Seconds = Annotated[float, Field(gt=0)]
@@ -168,7 +171,7 @@ class Job:
     retries: int = _D.retries
     placement: str = _D.placement  # any: one free board per type; each: every inventory board of the type
     arena_kb: int | None = _D.arena_kb
-    input_options: Mapping[str, Any] = field(default_factory=dict)
+    input_options: InputOptions | None = None
     data: DatasetSpec | None = None  # a dataset job: each case streams its dataset (or random inputs)
     allow_untested: bool = _D.allow_untested
 
@@ -211,14 +214,14 @@ _UNKNOWN = {
 }
 
 
-def _plan_error(p: Path, data: Mapping[str, Any], exc: ValidationError) -> PlanError:
+def _plan_error(p: Path, data: Mapping[str, object], exc: ValidationError) -> PlanError:
     """The first problem pydantic found, as "plan FILE: WHERE: field 'F' ..." (WHERE: a table or job)."""
     loc, msg = problem(exc, PlanFile, _UNKNOWN)
     hint = known_keys(PlanFile, loc) if msg in _UNKNOWN.values() else None
     name, entry = field_path(loc[2:] if loc[0] == "job" and len(loc) > 2 else loc[1:])
     if loc[0] == "job" and len(loc) > 2:
-        job_name = data["job"][loc[1]].get("name")
-        valid = isinstance(job_name, str) and NAME_RE.match(job_name) and loc[2] != "name"
+        job_name = entry_name(data, "job", loc[1])
+        valid = job_name is not None and NAME_RE.match(job_name) and loc[2] != "name"
         where = f"job {job_name!r}" if valid else f"job #{int(loc[1]) + 1}"
         return _err(p, where, name, entry + msg, hint)
     if loc[0] == "job" and len(loc) == 2:
@@ -262,7 +265,7 @@ def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
     for every model of its job, so a typo fails here and not after an hour of builds.
     """
     p = Path(path)
-    data = _read_toml(p)
+    data = read_toml(p, "plan", "docs/examples/plan.toml")
     try:
         plan = PlanFile.model_validate(data)
     except ValidationError as exc:
@@ -274,17 +277,6 @@ def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
             _check_job_files(p, job)
         jobs.append(job)
     return Plan(path=p, jobs=tuple(jobs), run=plan.run)
-
-
-def _read_toml(p: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PlanError(f"plan file not found: {p}", hint="check the path") from None
-    except OSError as exc:
-        raise PlanError(f"cannot read plan {p}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PlanError(f"plan {p} is not valid TOML: {exc}", hint="see docs/examples/plan.toml") from None
 
 
 def _job(p: Path, i: int, table: JobTable, defaults: JobSettings, seen: set[str]) -> Job:
@@ -309,8 +301,24 @@ def _job(p: Path, i: int, table: JobTable, defaults: JobSettings, seen: set[str]
     else:
         cases = _dataset_cases(p, where, base_dir, models, table)
     settings = {k: getattr(s, k) for k in JobSettings.model_fields if k not in ("boards", "input_options")}
-    options = s.input_options.model_dump(exclude_unset=True)
-    return Job(name=name, cases=tuple(cases), boards=boards, input_options=options, data=data, **settings)
+    return Job(
+        name=name,
+        cases=tuple(cases),
+        boards=boards,
+        input_options=_options(s.input_options),
+        data=data,
+        **settings,
+    )
+
+
+def _options(table: InputOptionsTable) -> InputOptions | None:
+    """The job's input options, None when the plan sets none."""
+    given = table.model_dump(exclude_unset=True)
+    if not given:
+        return None
+    from harness.model.inputs import InputOptions  # numpy: only when a plan sets input options
+
+    return InputOptions(**given)
 
 
 def _dataset_spec(p: Path, where: str, table: JobTable) -> DatasetSpec | None:
@@ -426,7 +434,7 @@ def _check_job_files(path: Path, job: Job) -> None:
             raise _err(
                 path, where, "boards", f"names an unknown board type {b!r}: {exc.message}", exc.hint
             ) from None
-    options = InputOptions(**job.input_options)
+    options = job.input_options or InputOptions()
     for case in job.cases:
         try:
             info = load_model(case.model)

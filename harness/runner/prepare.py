@@ -11,10 +11,12 @@ that needs it, exactly as if the task had met it; nothing is retried or hidden.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
 
 from harness.errors import EspCheckError
 from harness.flows.targets import target_class
@@ -22,17 +24,12 @@ from harness.runner.results import BoardStatus
 
 if TYPE_CHECKING:
     from harness.runner.executor import Runner
-    from harness.runner.results import Task
 
 
-def _firmware_key(t: Task) -> tuple[Any, ...]:
-    return (str(t.case.model), t.board_type, tuple(sorted(t.job.input_options.items())), t.job.arena_kb)
-
-
-def _shared_jobs(runner: Runner) -> list[Any]:
+def _shared_jobs(runner: Runner) -> list[Callable[[], object]]:
     """One callable per distinct piece of shared work of the tasks that can run on a usable board."""
-    jobs: list[Any] = []
-    seen: set[Any] = set()
+    jobs: list[Callable[[], object]] = []
+    seen: set[Hashable] = set()
     usable = {b.bench.board.name: b.bench.board for b in runner.boards.values() if b.status == BoardStatus.OK}
     if any(target_class(board).expects_sim for board in usable.values()):  # their loop runs the C codec
         jobs.append(_codec_library)
@@ -40,14 +37,15 @@ def _shared_jobs(runner: Runner) -> list[Any]:
         board = usable.get(t.board_type)
         if board is None or t.job.data is not None:  # dataset jobs build inside their flow
             continue
-        key = ("fw", *_firmware_key(t), board.console)
+        options = t.job.input_options
+        key = ("fw", str(t.case.model), t.board_type, options, t.job.arena_kb, board.console)
         if key not in seen:
             seen.add(key)
-            jobs.append(lambda t=t, board=board: runner._firmware(t, board))
-        ref_key = ("ref", str(t.case.model), tuple(map(str, t.case.inputs)), _firmware_key(t)[2])
+            jobs.append(functools.partial(runner._firmware, t, board))
+        ref_key = ("ref", str(t.case.model), tuple(map(str, t.case.inputs)), options)
         if t.job.needs_reference and ref_key not in seen:
             seen.add(ref_key)
-            jobs.append(lambda t=t: runner._reference(t))
+            jobs.append(functools.partial(runner._reference, t))
     return jobs
 
 
@@ -59,7 +57,7 @@ def _codec_library() -> None:
         build_c_library()
 
 
-def _quietly(job: Any, runner: Runner) -> None:
+def _quietly(job: Callable[[], object], runner: Runner) -> None:
     if runner.stop.is_set():
         return
     with contextlib.suppress(EspCheckError):  # memoized by the runner: the task that needs it reports it
@@ -75,7 +73,7 @@ def prepare_shared(runner: Runner, workers: int | None = None) -> int:
     if not jobs:
         return 0
     runner.say(f"[prepare] {len(jobs)} shared build(s) and reference(s) before the boards start")
-    todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    todo: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
     for job in jobs:
         todo.put(job)
 

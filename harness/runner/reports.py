@@ -13,7 +13,7 @@ import socket
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from harness import __version__
 from harness.analysis import junit
@@ -22,6 +22,8 @@ from harness.errors import Verdict
 from harness.runner.paths import SUMMARY_SCHEMA, atomic_write
 from harness.runner.results import (
     TASK_VERDICTS,
+    AttemptDataset,
+    BoardStatus,
     CaseStatus,
     CaseType,
     RunResult,
@@ -30,6 +32,9 @@ from harness.runner.results import (
     Testcase,
     now_iso,
 )
+
+if TYPE_CHECKING:
+    from harness.runner.results import Attempt, VariantOutcome
 
 # 2: a task's verdict is always a Verdict (an aborted task: infrastructure_error) and its new `state`
 #    says done or aborted; the run's verdict is always a Verdict (`interrupted` says it was stopped);
@@ -48,9 +53,8 @@ def _task_board(t: Task) -> str | None:
     return a.board if a is not None else t.pinned
 
 
-def _variant_doc(o: Any) -> dict[str, Any]:
-    flash = o.flash or {}
-    regions = flash.get("regions") or []
+def _variant_doc(o: VariantOutcome) -> dict[str, object]:
+    regions = o.flash["regions"] if o.flash else []
     return {
         "exit_code": o.exit_code,
         "nn_mode": o.nn_mode,
@@ -58,14 +62,14 @@ def _variant_doc(o: Any) -> dict[str, Any]:
         "firmware_sha256": o.firmware_sha256,
         "build_cache_hit": o.build_cache_hit,
         "serial_log": o.serial_log,
-        "flash_bytes_written": sum(int(r.get("bytes_written") or 0) for r in regions) if regions else None,
-        "flash_regions_skipped": sum(1 for r in regions if r.get("skipped")) if regions else None,
+        "flash_bytes_written": sum(r["bytes_written"] for r in regions) if regions else None,
+        "flash_regions_skipped": sum(1 for r in regions if r["skipped"]) if regions else None,
         "problems": o.problems,
         "findings": [f.get("kind", f) if isinstance(f, dict) else f for f in o.findings],
     }
 
 
-def _attempt_doc(a: Any) -> dict[str, Any]:
+def _attempt_doc(a: Attempt) -> dict[str, object]:
     return {
         "n": a.n,
         "board": a.board,
@@ -83,7 +87,7 @@ def _attempt_doc(a: Any) -> dict[str, Any]:
     }
 
 
-def _task_doc(t: Task) -> dict[str, Any]:
+def _task_doc(t: Task) -> dict[str, object]:
     return {
         "id": t.id,
         "job": t.job.name,
@@ -106,7 +110,7 @@ def _task_doc(t: Task) -> dict[str, Any]:
     }
 
 
-def _task_dataset(t: Task) -> dict[str, Any] | None:
+def _task_dataset(t: Task) -> AttemptDataset | None:
     """A dataset job's figures from its decisive attempt (the last one when none decided)."""
     if t.job.data is None:
         return None
@@ -118,32 +122,33 @@ def _task_verdict(t: Task) -> Verdict:
     return t.verdict if t.verdict is not None else Verdict.from_exit_code(t.exit_code or 0)
 
 
-def _counts(result: RunResult, tasks: list[dict[str, Any]]) -> dict[str, int]:
+def _counts(result: RunResult) -> dict[str, int]:
+    tasks = result.tasks
+    cases = [c for t in tasks for c in testcases_of(t)]
     counts: dict[str, int] = {"tasks": len(tasks)}
     counts.update({str(v): 0 for v in TASK_VERDICTS})
     counts.update(
-        aborted=sum(1 for t in tasks if t["state"] == TaskState.ABORTED),
-        attempts=sum(len(t["attempts"]) for t in tasks),
+        aborted=sum(1 for t in tasks if t.state == TaskState.ABORTED),
+        attempts=sum(len(t.attempts) for t in tasks),
         retries=sum(1 for e in result.events if e["kind"] == "retry"),
-        testcases=sum(len(t["testcases"]) for t in tasks),
+        testcases=len(cases),
         passed=0,
         failures=0,
         errors=0,
     )
     for t in tasks:
-        counts[t["verdict"]] += 1
-        for c in t["testcases"]:
-            counts[{"passed": "passed", "failure": "failures"}.get(c["status"], "errors")] += 1
+        counts[str(_task_verdict(t))] += 1
+    for c in cases:
+        counts[{CaseStatus.PASSED: "passed", CaseStatus.FAILURE: "failures"}.get(c.status, "errors")] += 1
     return counts
 
 
-def summary_dict(result: RunResult, schema_version: int | None = None) -> dict[str, Any]:
+def summary_dict(result: RunResult, schema_version: int | None = None) -> dict[str, object]:
     """The JSON summary (``summary.json``, docs/run-summary-schema.json).
 
     ``schema_version=1``: the previous form, deprecated (a DeprecationWarning), kept for one release.
     """
-    tasks = [_task_doc(t) for t in result.tasks]
-    doc = {
+    doc: dict[str, object] = {
         "schema": SUMMARY_SCHEMA,
         "schema_version": SUMMARY_VERSION,
         "tool_version": __version__,
@@ -160,7 +165,7 @@ def summary_dict(result: RunResult, schema_version: int | None = None) -> dict[s
         "interrupted": result.interrupted,
         "simulated": any(b.bench.simulated for b in result.boards),
         "native": any(b.bench.board.is_native for b in result.boards),
-        "counts": _counts(result, tasks),
+        "counts": _counts(result),
         "boards": [
             {
                 "name": b.bench.name,
@@ -176,28 +181,29 @@ def summary_dict(result: RunResult, schema_version: int | None = None) -> dict[s
             }
             for b in result.boards
         ],
-        "tasks": tasks,
+        "tasks": [_task_doc(t) for t in result.tasks],
         "board_usage": result.usage,
         "events": result.events,
     }
     return versioned(doc, schema_version, what="run summary", downgrades={1: summary_v1})
 
 
-def summary_v1(doc: dict[str, Any]) -> dict[str, Any]:
+def summary_v1(doc: dict[str, object]) -> dict[str, object]:
     """Run summary v2 -> v1: "aborted" and "interrupted" were verdicts, there was no task state."""
     doc.pop("previous_run_dir", None)
-    for t in doc["tasks"]:
+    tasks, counts = doc["tasks"], doc["counts"]
+    assert isinstance(tasks, list) and isinstance(counts, dict)
+    for t in tasks:
         if t.pop("state", None) == TaskState.ABORTED:
             t["verdict"] = "aborted"
     if doc["interrupted"]:
         doc["verdict"] = "interrupted"
-    counts = doc["counts"]
     for v in TASK_VERDICTS:
-        counts[str(v)] = sum(1 for t in doc["tasks"] if t["verdict"] == v)
+        counts[str(v)] = sum(1 for t in tasks if t["verdict"] == v)
     return doc
 
 
-def task_result_doc(task: dict[str, Any], schema_version: int) -> dict[str, Any]:
+def task_result_doc(task: dict[str, object], schema_version: object) -> dict[str, object]:
     """``result.json`` of a task: its entry of the summary (same schema version)."""
     keys = ("id", "state", "verdict", "exit_code", "reason", "testcases")
     return {"schema_version": schema_version, **{k: task[k] for k in keys if k in task}}
@@ -299,19 +305,19 @@ _ICON = {
 
 def markdown(result: RunResult) -> str:
     """A Markdown summary for ``$GITHUB_STEP_SUMMARY`` (or any CI that renders Markdown)."""
-    doc = summary_dict(result)
-    c = doc["counts"]
-    stopped = " — **interrupted**" if doc["interrupted"] else ""
+    c = _counts(result)
+    verdict = str(result.verdict)
+    seconds = round(result.finished - result.started, 3)
+    stopped = " — **interrupted**" if result.interrupted else ""
     lines = [
-        f"## esp-check run: {_ICON.get(doc['verdict'], '')} {doc['verdict']} "
-        f"(exit {doc['exit_code']}){stopped}",
+        f"## esp-check run: {_ICON.get(verdict, '')} {verdict} (exit {int(result.exit_code)}){stopped}",
         "",
-        f"Plan `{_md(doc['plan'])}` on `{_md(doc['inventory'])}` — {c['tasks']} tasks, "
-        f"{c['attempts']} attempts ({c['retries']} retries), {doc['seconds']:.0f} s"
-        + (" — **simulated boards**" if doc["simulated"] else "")
+        f"Plan `{_md(str(result.plan.path))}` on `{_md(str(result.inventory.path))}` — {c['tasks']} tasks, "
+        f"{c['attempts']} attempts ({c['retries']} retries), {seconds:.0f} s"
+        + (" — **simulated boards**" if any(b.bench.simulated for b in result.boards) else "")
         + (
             " — **NATIVE boards** (firmware built for the PC: generic ESP-NN C kernels, no chip)"
-            if doc.get("native")
+            if any(b.bench.board.is_native for b in result.boards)
             else ""
         ),
         "",
@@ -322,17 +328,17 @@ def markdown(result: RunResult) -> str:
         "| job | model | board | verdict | attempts | detail |",
         "|---|---|---|---|---:|---|",
     ]
-    for t in doc["tasks"]:
-        shown = str(TaskState.ABORTED) if t["state"] == TaskState.ABORTED else t["verdict"]
+    for t in result.tasks:
+        shown = str(TaskState.ABORTED) if t.state == TaskState.ABORTED else str(_task_verdict(t))
         lines.append(
-            f"| {_md(t['job'])} | {_md(Path(t['model']).name)} | {_md(t['board'] or t['board_type'])} | "
-            f"{_ICON.get(shown, '')} {shown} | {len(t['attempts'])} | "
-            f"{'' if shown == 'match' else _md(t['reason'])} |"
+            f"| {_md(t.job.name)} | {_md(t.case.model.name)} | {_md(_task_board(t) or t.board_type)} | "
+            f"{_ICON.get(shown, '')} {shown} | {len(t.attempts)} | "
+            f"{'' if shown == 'match' else _md(t.reason)} |"
         )
-    bad_boards = [b for b in doc["boards"] if b["status"] != "ok"]
+    bad_boards = [b for b in result.boards if b.status != BoardStatus.OK]
     if bad_boards:
         lines += ["", "| board | status | reason |", "|---|---|---|"]
-        lines += [f"| {_md(b['name'])} | {b['status']} | {_md(b['reason'])} |" for b in bad_boards]
+        lines += [f"| {_md(b.bench.name)} | {b.status!s} | {_md(b.reason)} |" for b in bad_boards]
     lines.append("")
     return "\n".join(lines)
 
@@ -358,7 +364,9 @@ def write_reports(
         "markdown": markdown_path or out / "summary.md",
     }
     doc = summary_dict(result, schema_version)
-    for t, task_doc in zip(result.tasks, doc["tasks"], strict=True):  # per-task result next to its attempts
+    task_docs = doc["tasks"]
+    assert isinstance(task_docs, list)
+    for t, task_doc in zip(result.tasks, task_docs, strict=True):  # per-task result next to its attempts
         text = json.dumps(task_result_doc(task_doc, doc["schema_version"]), indent=1) + "\n"
         atomic_write(t.dir / "result.json", text)
     atomic_write(paths["json"], json.dumps(doc, indent=1, default=str) + "\n")

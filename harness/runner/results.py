@@ -7,16 +7,22 @@ task finished or was aborted is its :class:`TaskState`, not a verdict.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from harness.errors import ExitCode, Verdict
 from harness.flows.records import StageRecord, StageStatus
 from harness.runner.inventory import BenchBoard, Inventory
 from harness.runner.plan import Job, ModelCase, Plan
+
+if TYPE_CHECKING:
+    from harness.analysis.compare import CompareResult
+    from harness.flows.records import FlashFacts
+    from harness.jsontypes import JSONValue
 
 
 class TaskState(str, Enum):
@@ -96,6 +102,47 @@ class CaseType(str, Enum):
         return self.value
 
 
+class BuildFacts(TypedDict):
+    """A task's build of one variant, as the summary lists it."""
+
+    firmware_sha256: str | None
+    cache_hit: bool | None
+    project_dir: str
+
+
+class AttemptDataset(TypedDict):
+    """A dataset attempt's figures in the summary (its per-input verdicts: its report.json)."""
+
+    source: JSONValue
+    random_seed: JSONValue
+    inputs: int
+    verdicts: dict[str, int]
+    agreement: dict[str, JSONValue]
+    report: str
+
+
+class BoardUsage(TypedDict):
+    """One hold of a board's lock (``board_usage[]`` of the summary)."""
+
+    board: str
+    lock_key: str
+    pid: int
+    task: str
+    attempt: int
+    start: float | None
+    end: float | None
+
+
+class RunEvent(TypedDict):
+    """One entry of ``events[]`` of the summary."""
+
+    t: float
+    kind: str
+    board: str | None
+    task: str | None
+    message: str
+
+
 @dataclass(frozen=True)
 class Testcase:
     """One input x comparison of a task."""
@@ -109,15 +156,8 @@ class Testcase:
     type: CaseType
     message: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "input_index": self.input_index,
-            "input": self.input,
-            "comparison": self.comparison,
-            "status": self.status.value,
-            "type": self.type.value,
-            "message": self.message,
-        }
+    def to_dict(self) -> dict[str, object]:
+        return {**dataclasses.asdict(self), "status": self.status.value, "type": self.type.value}
 
 
 @dataclass
@@ -127,11 +167,11 @@ class VariantOutcome:
     serial_log: str | None
     firmware_sha256: str | None
     build_cache_hit: bool | None
-    flash: dict[str, Any] | None
+    flash: FlashFacts | None
     nn_mode: str | None
     capture_valid: bool
     problems: list[str]
-    findings: list[dict[str, Any]]
+    findings: list[dict[str, object]]
     stages: list[StageRecord]
 
     def failure_detail(self) -> str:
@@ -139,20 +179,9 @@ class VariantOutcome:
         failed = [s for s in self.stages if s.status == StageStatus.FAILED]
         return failed[-1].detail if failed else "failed"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "variant": self.variant,
-            "exit_code": self.exit_code,
-            "serial_log": self.serial_log,
-            "firmware_sha256": self.firmware_sha256,
-            "build_cache_hit": self.build_cache_hit,
-            "flash": self.flash,
-            "nn_mode": self.nn_mode,
-            "capture_valid": self.capture_valid,
-            "problems": list(self.problems),
-            "findings": list(self.findings),
-            "stages": [{k: v for k, v in s.to_dict().items() if k != "variant"} for s in self.stages],
-        }
+    def to_dict(self) -> dict[str, object]:
+        stages = [{k: v for k, v in s.to_dict().items() if k != "variant"} for s in self.stages]
+        return {**dataclasses.asdict(self), "stages": stages}
 
 
 @dataclass
@@ -170,12 +199,12 @@ class Attempt:
     exit_code: int | None = None
     reason: str = ""
     variants: dict[str, VariantOutcome] = field(default_factory=dict)
-    comparison: Any | None = None  # harness.analysis.compare.CompareResult
+    comparison: CompareResult | None = None
     board_fault: bool = False  # counts toward the board's quarantine
     host_side: bool = False  # failed before the board was touched (generation, build)
     board_busy: bool = False  # the board's lock was not free in time
     testcases: list[Testcase] = field(default_factory=list)
-    dataset: dict[str, Any] | None = None  # a dataset job: inputs, verdict counts, agreement per pair
+    dataset: AttemptDataset | None = None  # a dataset job: inputs, verdict counts, agreement per pair
 
 
 @dataclass
@@ -197,7 +226,7 @@ class Task:
     verdict: Verdict | None = None  # None until the task is done or aborted
     reason: str = ""
     decisive: Attempt | None = None
-    builds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    builds: dict[str, BuildFacts] = field(default_factory=dict)
 
     def first_fault(self) -> Attempt | None:
         return next((a for a in self.attempts if a.exit_code == ExitCode.FIRMWARE_FAULT), None)
@@ -223,8 +252,8 @@ class RunResult:
     out_dir: Path
     tasks: list[Task]
     boards: list[BoardState]
-    usage: list[dict[str, Any]]
-    events: list[dict[str, Any]]
+    usage: list[BoardUsage]
+    events: list[RunEvent]
     started: float
     finished: float
     interrupted: bool

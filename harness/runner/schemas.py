@@ -13,7 +13,6 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
@@ -21,6 +20,7 @@ from pydantic_core import core_schema
 
 from harness.analysis.report import CompareReport
 from harness.firmware.boards import BoardFile
+from harness.jsontypes import JSONValue
 from harness.runner.inventory import InventoryFile
 from harness.runner.plan import PlanFile
 from harness.sim.board import SimParams
@@ -41,7 +41,7 @@ _ID = "https://github.com/esp-check/esp-check/"
 class _Schema(GenerateJsonSchema):
     """Without the titles pydantic makes of field names ("Max Abs Diff" adds nothing to max_abs_diff)."""
 
-    def field_title_should_be_set(self, schema: Any) -> bool:
+    def field_title_should_be_set(self, schema: object) -> bool:
         return False
 
 
@@ -52,7 +52,7 @@ class _TomlSchema(_Schema):
         return self.generate_inner(schema["schema"])
 
 
-def _drop_null_defaults(node: Any) -> Any:
+def _drop_null_defaults(node: JSONValue) -> JSONValue:
     """Without ``"default": null`` and the unset keys (None) of a table's default."""
     if isinstance(node, dict):
         return {k: _drop_null_defaults(v) for k, v in node.items() if v is not None}
@@ -64,12 +64,14 @@ def _drop_null_defaults(node: Any) -> Any:
 def schema_text(name: str) -> str:
     """The schema file ``docs/<name>`` as the model gives it (stable text: one diff per change)."""
     model = SCHEMAS[name]
+    body: JSONValue
     if name in WRITTEN:  # what esp-check writes: every key is there, null is a value
         body = model.model_json_schema(by_alias=True, mode="serialization", schema_generator=_Schema)
         ident = f"{_ID}docs/{name}"
     else:
         body = _drop_null_defaults(model.model_json_schema(schema_generator=_TomlSchema))
         ident = f"{_ID}blob/main/docs/{name}"
+    assert isinstance(body, dict)
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": ident, **body}
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 

@@ -1,0 +1,219 @@
+"""What an attempt found: the pipeline's result (its judge checked every capture) turned into the
+attempt's verdict, reason and testcases. The plan's comparisons pick which of the job's comparisons
+decide the task; each input x comparison is a testcase (passed, failure or error, docs/ci.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from harness.errors import ExitCode, combine_exit_codes
+from harness.flows.records import VARIANT_ORDER, StageRecord, section
+from harness.runner.results import (
+    Attempt,
+    AttemptDataset,
+    CaseStatus,
+    CaseType,
+    Task,
+    Testcase,
+    VariantOutcome,
+)
+
+if TYPE_CHECKING:
+    from harness.analysis.compare import CompareResult, Fault, TensorComparison
+    from harness.flows.records import FlashAndCompareResult, VariantRun
+
+
+def _variant_outcome(v: str, run: VariantRun, stages: list[StageRecord]) -> VariantOutcome:
+    return VariantOutcome(
+        variant=v,
+        exit_code=int(run.exit_code) if run.exit_code is not None else None,
+        serial_log=str(run.serial_log) if run.serial_log else None,
+        firmware_sha256=run.firmware_sha256,
+        build_cache_hit=run.build_cache_hit,
+        flash=run.flash,
+        nn_mode=run.nn_mode,
+        capture_valid=run.capture_valid,
+        problems=list(run.problems),
+        findings=list(run.findings),
+        stages=list(stages),
+    )
+
+
+def judge_inputs(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
+    """An attempt with inputs: the pipeline judged each capture; the plan's pairs pick the comparisons
+    that decide the task, and each input x pair is a testcase."""
+    runs = result.variants
+    _attempt_facts(t, a, result)
+    codes, reasons = _variant_problems(a, runs)
+    a.board_fault = bool(codes) and combine_exit_codes(codes) == ExitCode.INFRASTRUCTURE
+    comp = result.comparison
+    missing = [w for w in result.warnings if "host reference unavailable" in w]
+    ref_problem = f"host reference: {missing[0]}" if missing else None
+    if t.job.needs_reference and ref_problem is not None:
+        codes.append(ExitCode.INFRASTRUCTURE)
+        reasons.append(ref_problem)
+    if result.reference_refused:
+        codes.append(ExitCode(result.reference_refused["exit_code"]))
+        reasons.append(result.reference_refused["summary"])
+    pairs = set(t.job.pairs)
+    mismatched = []
+    for c in comp.comparisons if comp is not None else []:
+        if (c.a, c.b) in pairs and not c.match:
+            mismatched.append(
+                f"{c.a} vs {c.b} input {c.run} output {c.output}: {c.mismatched}/{c.count} "
+                f"differ (max {c.max_diff_lsb} LSB)"
+            )
+    for f in comp.faults if comp is not None else []:
+        codes.append(f.exit_code)
+        reasons.append(f"{f.source}: ERROR stage={f.stage} code={f.code} {f.msg}")
+    if mismatched:
+        codes.append(ExitCode.MISMATCH)
+        reasons = mismatched[:3] + reasons
+    code = combine_exit_codes(codes or [ExitCode.MATCH])
+    a.exit_code = int(code)
+    a.reason = "; ".join(dict.fromkeys(reasons)) or ("all compared outputs match" if code == 0 else "")
+    a.comparison = comp
+    a.testcases = _testcases(t, a, runs, comp, ref_problem)
+
+
+def _attempt_facts(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
+    """What every attempt records from the pipeline's result: each variant's outcome, the builds."""
+    # the stages of both variants' session (port, flash, ...) belong to each: a failed flash explains both
+    a.variants = {
+        v: _variant_outcome(v, r, [s for s in result.stages if s.variant in (v, None)])
+        for v, r in result.variants.items()
+    }
+    t.builds = {
+        v: {
+            "firmware_sha256": r.firmware_sha256,
+            "cache_hit": r.build_cache_hit,
+            "project_dir": str(r.project_dir),
+        }
+        for v, r in result.variants.items()
+        if r.firmware_sha256
+    }
+
+
+def judge_dataset(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
+    """A dataset attempt's verdict is flash-and-compare's; its figures go into the run summary."""
+    code = ExitCode(result.exit_code)
+    a.exit_code = int(code)
+    a.board_fault = code == ExitCode.INFRASTRUCTURE
+    _attempt_facts(t, a, result)
+    doc = result.dataset or {}
+    an = section(doc.get("analysis"))
+    inputs = doc.get("inputs", 0)
+    verdict_counts = {k: n for k, n in section(an.get("verdicts")).items() if isinstance(n, int)}
+    a.dataset = AttemptDataset(
+        source=doc.get("source"),
+        random_seed=doc.get("random_seed"),
+        inputs=inputs if isinstance(inputs, int) else 0,
+        verdicts=verdict_counts,
+        agreement={k: section(v).get("agreement") for k, v in section(an.get("agreement")).items()},
+        report=str(result.report_path),
+    )
+    counts = ", ".join(f"{k} {n}" for k, n in sorted(verdict_counts.items()))
+    what = f"dataset of {a.dataset['inputs']} inputs: {counts or 'no verdicts'}"
+    a.reason = "; ".join([what, *result.errors[:3]])
+    a.testcases = [Testcase(0, str(doc.get("source")), "dataset", *_dataset_case(code, what))]
+
+
+def _dataset_case(code: ExitCode, what: str) -> tuple[CaseStatus, CaseType, str]:
+    if code == ExitCode.MATCH:
+        return CaseStatus.PASSED, CaseType.MATCH, what
+    if code in (ExitCode.MISMATCH, ExitCode.FIRMWARE_FAULT):
+        kind = CaseType.MISMATCH if code == ExitCode.MISMATCH else CaseType.FIRMWARE_FAULT
+        return CaseStatus.FAILURE, kind, what
+    return CaseStatus.ERROR, CaseType.USAGE if code == ExitCode.USAGE else CaseType.INFRASTRUCTURE, what
+
+
+def _variant_problems(a: Attempt, runs: Mapping[str, VariantRun]) -> tuple[list[ExitCode], list[str]]:
+    """Exit codes and reasons of the variants that did not run cleanly (or did not run)."""
+    codes: list[ExitCode] = []
+    reasons: list[str] = []
+    for v in VARIANT_ORDER:
+        r = runs.get(v)
+        if r is None:
+            reasons.append(f"{v}: not run (previous variant lost the link)")
+            codes.append(ExitCode.INFRASTRUCTURE)
+        elif r.exit_code is not None:
+            codes.append(ExitCode(r.exit_code))
+            reasons.append(f"{v}: {a.variants[v].failure_detail().splitlines()[0]}")
+    return codes, reasons
+
+
+_Problem = tuple[CaseStatus, CaseType, str]
+
+
+def _side_problem(
+    label: str,
+    k: int,
+    a: Attempt,
+    runs: Mapping[str, VariantRun],
+    faults: dict[str, list[Fault]],
+    ref_problem: str | None,
+) -> _Problem | None:
+    """Why one side of a comparison (a variant or the host reference) has nothing valid for input k."""
+    if label == "reference":
+        return (CaseStatus.ERROR, CaseType.INFRASTRUCTURE, ref_problem) if ref_problem else None
+    for f in faults.get(label, []):
+        if f.run is None or f.run == k:
+            msg = f"{label}: ERROR stage={f.stage} code={f.code} {f.msg}"
+            return CaseStatus.FAILURE, CaseType.FIRMWARE_FAULT, msg
+    r = runs.get(label)
+    if r is None:
+        return CaseStatus.ERROR, CaseType.INFRASTRUCTURE, f"{label} not run: the board link failed before it"
+    if r.exit_code is not None and r.source is None:
+        detail = f"{label}: {a.variants[label].failure_detail()}"
+        code = int(r.exit_code)
+        if code == ExitCode.FIRMWARE_FAULT:
+            return CaseStatus.FAILURE, CaseType.FIRMWARE_FAULT, detail
+        return CaseStatus.ERROR, CaseType.USAGE if code == ExitCode.USAGE else CaseType.INFRASTRUCTURE, detail
+    return None
+
+
+def _testcases(
+    t: Task, a: Attempt, runs: Mapping[str, VariantRun], result: CompareResult | None, ref_problem: str | None
+) -> list[Testcase]:
+    """One entry per input x requested comparison: passed / failure (mismatch, fault) / error."""
+    out: list[Testcase] = []
+    by: dict[tuple[str, str, int], list[TensorComparison]] = {}
+    faults: dict[str, list[Fault]] = {}
+    if result is not None:
+        for c in result.comparisons:
+            by.setdefault((c.a, c.b, c.run), []).append(c)
+        for f in result.faults:
+            faults.setdefault(f.source, []).append(f)
+    for k, path in enumerate(t.case.inputs):
+        for pa, pb in t.job.pairs:
+            comps = by.get((pa, pb, k), [])
+            problems = [
+                p
+                for p in (_side_problem(x, k, a, runs, faults, ref_problem) for x in (pa, pb))
+                if p is not None
+            ]
+            bad = [c for c in comps if not c.match]
+            if bad:
+                c = bad[0]
+                verdict: _Problem = (
+                    CaseStatus.FAILURE,
+                    CaseType.MISMATCH,
+                    f"{c.mismatched} of {c.count} elements of output {c.output} differ "
+                    f"beyond {c.tolerance_lsb:g} LSB (max {c.max_diff_lsb} LSB, "
+                    f"argmax {c.argmax_a} vs {c.argmax_b})",
+                )
+            elif problems:
+                verdict = next((p for p in problems if p[0] == CaseStatus.FAILURE), problems[0])
+            elif comps:
+                n = len(comps)
+                verdict = (
+                    CaseStatus.PASSED,
+                    CaseType.MATCH,
+                    f"{n} output(s) within {comps[0].tolerance_lsb:g} LSB",
+                )
+            else:
+                verdict = (CaseStatus.ERROR, CaseType.INFRASTRUCTURE, a.reason or "nothing was compared")
+            out.append(Testcase(k, str(path), f"{pa}-vs-{pb}", *verdict))
+    return out

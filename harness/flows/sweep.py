@@ -46,7 +46,6 @@ from harness.firmware.native.sweep_build import (
     has_reference,
 )
 from harness.firmware.native.toolchain import SANITIZER_ENV
-from harness.jsontypes import JSONValue
 
 CASE_TIMEOUT_S = 60.0
 # a finding group (analysis.sweep_findings.group): its JSON fields, and its example case ("example")

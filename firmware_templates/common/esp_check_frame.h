@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define ECF_VERSION 2
+#define ECF_VERSION 3
 #define ECF_MAGIC0 0xECu
 #define ECF_MAGIC1 0xF5u
 #define ECF_HEADER 10

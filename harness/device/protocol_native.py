@@ -71,6 +71,7 @@ _MAX_FLASH_BYTES = 128 << 20
 # default first, then the other 4 KB boundaries a board file may choose below otadata).
 TABLE_OFFSETS = (0x8000, *range(0x9000, 0x10000, 0x1000))
 SW_RESET_MARKER = "sw_reset"  # left by the esp_restart() stand-in (standins/src/flash.c)
+NOINIT_FILE = "psram_noinit.bin"  # EXT_RAM_NOINIT_ATTR memory a software restart kept (standins/src/noinit.c)
 BOOT_LINE = "esp-check native boot:"
 _SIZE = re.compile(r"^([0-9]{1,3})MB$")
 
@@ -307,6 +308,9 @@ class Serial(InProcessPort):
             assert self._dir is not None
             with contextlib.suppress(FileNotFoundError):
                 (self._dir / SW_RESET_MARKER).unlink()
+            if not keep_output:  # a cold boot: PSRAM (EXT_RAM_NOINIT_ATTR, standins/src/noinit.c) is noise
+                with contextlib.suppress(FileNotFoundError):
+                    (self._dir / NOINIT_FILE).unlink()
             proc = subprocess.Popen(
                 [str(program)],
                 cwd=str(self._dir),

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-VERSION = 2
+VERSION = 3
 MAGIC = b"\xec\xf5"
 HEADER = 10
 TRAILER = 4
@@ -39,15 +39,17 @@ TYPE_NAMES = {
     RSP_BAUD: "BAUD_OK",
 }  # fmt: skip
 
-SRC_LOADED, SRC_PRNG = 0, 1
+SRC_LOADED, SRC_PRNG, SRC_KEPT = 0, 1, 2
 RES_CRC, RES_FULL, RES_FULL_IF_DIFFERENT = 0, 1, 2
 RESULTS_MODES = {"crc": RES_CRC, "full": RES_FULL, "auto": RES_FULL_IF_DIFFERENT}
 RUN_FIXED = 20
 REC_FIXED = 14
-ST_OK, ST_INVOKE_FAILED, ST_INPUT_INCOMPLETE = 0, 1, 2
+ST_OK, ST_INVOKE_FAILED, ST_INPUT_INCOMPLETE, ST_NOT_KEPT = 0, 1, 2, 3
 FL_NONDETERMINISTIC, FL_INLINE, FL_DATA_FRAMES, FL_REPEATS = 0x01, 0x02, 0x04, 0x08
 DATA_FIXED = 10
-HELLO_FIXED = 120
+HELLO_FIXED = 128
+KEEP_HEADER, KEEP_ENTRY, KEEP_MAX = 64, 8, 0xFFFF  # the kept-input store (docs/protocol.md "Kept inputs")
+KEEP_STORE_BYTES = 256 * 1024  # its size on a board with PSRAM (app_main.cc kKeepBytes): of PSRAM's reserve
 HELLO_LINE = b"@ECH HELLO "  # the HELLO frame travels as one text line: this, base64 of the frame, CRLF
 HELLO_LINE_MAX = 512  # longer than any HELLO line: a longer candidate is text
 NAK_BAD_FRAME, NAK_GAP = 1, 2
@@ -442,6 +444,8 @@ class Hello:
     session: int = 0  # this boot's session id: with ``nn``, the boot key of every other frame
     app_sha256: str = ""  # the running app image's SHA-256 ("" unknown)
     other_sha256: str = ""  # the other app slot's image SHA-256 ("" unknown)
+    keep_capacity: int = 0  # inputs the kept-input store holds for this model (0: inputs are not kept)
+    kept: int = 0  # valid kept inputs the app found at boot (they survived the restart)
 
     @property
     def init_stage(self) -> str | None:
@@ -470,6 +474,7 @@ def encode_hello(h: Hello) -> bytes:
         h.max_payload, h.window, h.input_bytes, len(h.output_bytes), 0, h.session & 0xFFFFFFFF,
     )  # fmt: skip
     shas = _sha_bytes(h.model_sha256) + _sha_bytes(h.app_sha256) + _sha_bytes(h.other_sha256)
+    shas += struct.pack("<II", h.keep_capacity, h.kept)
     outs = b"".join(struct.pack("<I", n) for n in h.output_bytes)
     return head + shas + outs + bytes([len(fw)]) + fw
 
@@ -508,6 +513,8 @@ def decode_hello(p: bytes) -> Hello:
         session=session,
         app_sha256=_sha_hex(p[56:88]),
         other_sha256=_sha_hex(p[88:120]),
+        keep_capacity=int.from_bytes(p[120:124], "little"),
+        kept=int.from_bytes(p[124:128], "little"),
     )
 
 
@@ -520,10 +527,13 @@ def encode_run(
     repeat: int = 1,
     seed: int = 0,
     expected: Sequence[int] = (),
+    keep: bool = False,
 ) -> bytes:
+    """A RUN payload. ``keep``: store the loaded input as kept input ``ident`` (source loaded only);
+    ``source=SRC_KEPT`` runs kept input ``ident``, ``seed`` then being its CRC-32."""
     if not 1 <= repeat <= 0xFFFF:
         raise ValueError(f"repeat {repeat} out of range 1..65535")
-    head = struct.pack("<IBBBBHHQ", ident, source, results, int(text), 0, repeat, len(expected), seed)
+    head = struct.pack("<IBBBBHHQ", ident, source, results, int(text), int(keep), repeat, len(expected), seed)
     return head + b"".join(struct.pack("<I", c & 0xFFFFFFFF) for c in expected)
 
 

@@ -65,6 +65,8 @@ class LoopConfig:
     app_sha256: str = ""
     other_sha256: str = ""
     baud_switch: bool = False  # the console can change its baud (a UART): BAUD is served, else refused
+    keep: bytearray | None = None  # the kept-input store (survives a software restart); None: none
+    keep_place: int = 0  # where the app placed the store (its address on a chip): its header records it
 
 
 @dataclass
@@ -77,6 +79,77 @@ class _Run:
     n_expect: int
     seed: int
     expected: tuple[int, ...]
+    keep: bool = False
+
+
+_KEEP_MAGIC = b"ECKEEP\x00\x03"
+
+
+class KeepStore:
+    """The kept-input store in ``cfg.keep`` (esp_check_loop.c ``ecl_keep_open`` and friends)."""
+
+    def __init__(self, cfg: LoopConfig) -> None:
+        self.cfg = cfg
+        self.cap = self.kept = self.nonce = 0
+        region = cfg.keep
+        if region is None or not cfg.model_sha256 or cfg.input_bytes == 0:
+            return
+        if len(region) < frames.KEEP_HEADER + 16:
+            return
+        cap = min(
+            (len(region) - frames.KEEP_HEADER - 16) // (cfg.input_bytes + frames.KEEP_ENTRY), frames.KEEP_MAX
+        )
+        if cap == 0:
+            return
+        self.cap = cap
+        self.nonce = struct.unpack_from("<I", region, 16)[0]
+        if self._header() != bytes(region[: frames.KEEP_HEADER]):  # not ours: a fresh, empty store
+            self.nonce = cfg.session
+            region[: frames.KEEP_HEADER] = self._header()
+            end = frames.KEEP_HEADER + cap * frames.KEEP_ENTRY
+            region[frames.KEEP_HEADER : end] = bytes(end - frames.KEEP_HEADER)
+            return
+        self.kept = sum(self._entry(k)[0] for k in range(cap))
+
+    def _header(self) -> bytes:
+        c = self.cfg
+        region = c.keep if c.keep is not None else bytearray()
+        h = _KEEP_MAGIC + struct.pack("<IIII", c.input_bytes, self.cap, self.nonce, len(region))
+        h += bytes.fromhex(c.model_sha256) + struct.pack("<I", c.keep_place & 0xFFFFFFFF)
+        return h + struct.pack("<I", frames.crc32(h))
+
+    def _check(self, index: int, crc: int) -> int:
+        return frames.crc32(struct.pack("<III", self.nonce, index, crc))
+
+    def _entry(self, k: int) -> tuple[bool, int]:
+        assert self.cfg.keep is not None
+        crc, check = struct.unpack_from("<II", self.cfg.keep, frames.KEEP_HEADER + k * frames.KEEP_ENTRY)
+        return check == self._check(k, crc), crc
+
+    def _slot(self, k: int) -> int:
+        return (frames.KEEP_HEADER + self.cap * frames.KEEP_ENTRY + 15) // 16 * 16 + k * self.cfg.input_bytes
+
+    def find(self, ident: int, want: int) -> bytes | None:
+        """The kept copy of input ``ident`` whose CRC-32 is ``want``, or None."""
+        if ident >= self.cap:
+            return None
+        ok, crc = self._entry(ident)
+        if not ok or crc != want:
+            return None
+        assert self.cfg.keep is not None
+        at = self._slot(ident)
+        data = bytes(self.cfg.keep[at : at + self.cfg.input_bytes])
+        return data if frames.crc32(data) == want else None
+
+    def store(self, ident: int, data: bytes) -> None:
+        if ident >= self.cap:
+            return
+        assert self.cfg.keep is not None
+        e = frames.KEEP_HEADER + ident * frames.KEEP_ENTRY
+        at = self._slot(ident)
+        self.cfg.keep[at : at + len(data)] = data
+        crc = frames.crc32(data)
+        self.cfg.keep[e : e + 8] = struct.pack("<II", crc, self._check(ident, crc))
 
 
 @dataclass
@@ -106,6 +179,7 @@ class DeviceLoop:
         self.key = frames.key_crc(self.cfg.session, self.cfg.nn)
         self.dec.key = self.key
         self.staging = bytearray(self.cfg.input_bytes)
+        self.store = KeepStore(self.cfg)
         self.outputs_now = [bytes(o.bytes) for o in self.cfg.outputs]
 
     # ---- sending ----------------------------------------------------------------------------------
@@ -158,6 +232,8 @@ class DeviceLoop:
             session=c.session,
             app_sha256=c.app_sha256,
             other_sha256=c.other_sha256,
+            keep_capacity=self.store.cap,
+            kept=self.store.kept,
         )
         fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: frames.FWVER_MAX])
         payload = frames.encode_hello(h)[:-1] + bytes([len(fw)]) + fw
@@ -279,10 +355,12 @@ class DeviceLoop:
         p = f.payload
         if len(p) < frames.RUN_FIXED:
             return None
-        ident, source, results, text, _, repeat, n_expect, seed = struct.unpack_from("<IBBBBHHQ", p)
+        ident, source, results, text, keep, repeat, n_expect, seed = struct.unpack_from("<IBBBBHHQ", p)
         if len(p) != frames.RUN_FIXED + 4 * n_expect or n_expect not in (0, len(self.cfg.outputs)):
             return None
-        if source > frames.SRC_PRNG or results > frames.RES_FULL_IF_DIFFERENT or text > 1 or repeat == 0:
+        if source > frames.SRC_KEPT or results > frames.RES_FULL_IF_DIFFERENT or text > 1 or repeat == 0:
+            return None
+        if keep > 1 or (keep and source != frames.SRC_LOADED) or (text and source == frames.SRC_KEPT):
             return None
         expected = struct.unpack_from(f"<{n_expect}I", p, frames.RUN_FIXED)
         return _Run(
@@ -294,6 +372,7 @@ class DeviceLoop:
             n_expect=n_expect,
             seed=seed,
             expected=tuple(expected),
+            keep=bool(keep),
         )
 
     def _run(self, f: frames.Frame) -> None:
@@ -304,8 +383,14 @@ class DeviceLoop:
             self.loaded = 0
             return
         self.stats["runs"] += 1
+        data: bytes | None = None  # the input a kept source names (else the staging buffer's)
         if r.source == frames.SRC_PRNG:
             self.staging[:] = frames.prng_bytes(r.seed, r.ident, self.cfg.input_dtype, self.cfg.input_bytes)
+        elif r.source == frames.SRC_KEPT:
+            data = self.store.find(r.ident, r.seed & 0xFFFFFFFF)
+            if data is None:
+                self._not_run(r.ident, frames.ST_NOT_KEPT)
+                return
         elif self.loaded != self.cfg.input_bytes:
             self.loaded = 0
             if r.text:
@@ -313,20 +398,24 @@ class DeviceLoop:
                 self.emitter.error("input", 0, "input_not_loaded", r.ident)
                 self.session_error = True
                 return
-            rec = struct.pack("<IBBII", r.ident, frames.ST_INPUT_INCOMPLETE, 0, 0, 0)
-            self._emit_record(
-                bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), frames.REC_FIXED, full=False
-            )
+            self._not_run(r.ident, frames.ST_INPUT_INCOMPLETE)
             return
+        elif r.keep:
+            self.store.store(r.ident, bytes(self.staging))
         self.loaded = 0
+        data = bytes(self.staging) if data is None else data
         if r.text:
             self._flush()
-            self._run_text(r)
+            self._run_text(r, data)
         else:
-            self._run_binary(r)
+            self._run_binary(r, data)
 
-    def _invoke(self) -> tuple[int, int]:
-        rc, us, outs = self.host.invoke(bytes(self.staging))
+    def _not_run(self, ident: int, status: int) -> None:
+        rec = struct.pack("<IBBII", ident, status, 0, 0, 0)
+        self._emit_record(bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), frames.REC_FIXED, full=False)
+
+    def _invoke(self, data: bytes) -> tuple[int, int]:
+        rc, us, outs = self.host.invoke(data)
         if rc == 0:
             if len(outs) != len(self.cfg.outputs) or any(
                 len(b) != o.bytes for b, o in zip(outs, self.cfg.outputs, strict=True)
@@ -335,10 +424,10 @@ class DeviceLoop:
             self.outputs_now = list(outs)
         return rc, us
 
-    def _run_text(self, r: _Run) -> None:
+    def _run_text(self, r: _Run, data: bytes) -> None:
         em = self.emitter
-        em.input(r.ident, self.cfg.input_bytes, self.host.sha256_hex(bytes(self.staging)))
-        rc, us = self._invoke()
+        em.input(r.ident, self.cfg.input_bytes, self.host.sha256_hex(data))
+        rc, us = self._invoke(data)
         if rc < 0:
             self.status = ECL_HALTED
             return
@@ -369,14 +458,14 @@ class DeviceLoop:
     def _crcs(self) -> list[int]:
         return [frames.crc32(b) for b in self.outputs_now]
 
-    def _run_binary(self, r: _Run) -> None:
+    def _run_binary(self, r: _Run, data: bytes) -> None:
         n = len(self.cfg.outputs)
-        input_crc = frames.crc32(self.staging)
+        input_crc = frames.crc32(data)
         done, first_us, status, flags, first_diff, busy_us = 0, 0, frames.ST_OK, 0, 0, 0
         first: list[int] = [0] * n
         diff: list[int] = []
         while done < r.repeat:
-            rc, us = self._invoke()
+            rc, us = self._invoke(data)
             if rc < 0:
                 self.status = ECL_HALTED
                 return

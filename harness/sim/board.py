@@ -13,6 +13,7 @@ Time enters in exactly one place, as on real hardware: after EN rises, IO0 is sa
 from __future__ import annotations
 
 import os
+import random
 import re
 import threading
 import time
@@ -32,7 +33,7 @@ from harness.sim.app import ROM_BAUD, BootContext, boot_from_flash, rom_header
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec, get_chip
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader
-from harness.sim.resident import Piece, SimApp
+from harness.sim.resident import Piece, SimApp, keep_after_boot
 
 RESET_STYLES = {
     "classic": "classic",
@@ -252,6 +253,8 @@ class SimBoard:
         self._now: float | None = None  # device-side time of the output being emitted (throttled input)
         self.rx_dropped = 0  # bytes lost because the receive buffer was full (host ignored flow control)
         self.rx_bytes = 0
+        # PSRAM the kept-input store lives in: noise at power-on, left alone by a software restart
+        self.keep = bytearray(random.Random(f"{name}:psram").randbytes(frames.KEEP_STORE_BYTES))
 
     # ---- persistence ---------------------------------------------------------------------------
 
@@ -722,6 +725,7 @@ class SimBoard:
         self.boots += 1
         self._log(f"boot: SPI flash ({reason})")
         self.persist()
+        keep_after_boot(self.keep, reason, self.config.faults, self.boots)
         ctx = BootContext(
             chip=self.chip,
             flash=self.flash,  # the app may write otadata (slot switch)
@@ -732,6 +736,7 @@ class SimBoard:
             cache=self._cache,
             invoke_time=self.config.invoke_time,
             log=self._log,
+            keep=self.keep,
         )
         result = boot_from_flash(ctx, reason)
         if result.variant is not None:

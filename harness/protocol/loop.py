@@ -65,7 +65,7 @@ class LoopConfig:
     app_sha256: str = ""
     other_sha256: str = ""
     baud_switch: bool = False  # the console can change its baud (a UART): BAUD is served, else refused
-    keep: bytearray | None = None  # the kept-input store (survives a software restart); None: none
+    keep: bytearray | memoryview | None = None  # the kept-input store (survives a restart); None: none
     keep_place: int = 0  # where the app placed the store (its address on a chip): its header records it
 
 

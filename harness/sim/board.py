@@ -254,7 +254,7 @@ class SimBoard:
         self.rx_dropped = 0  # bytes lost because the receive buffer was full (host ignored flow control)
         self.rx_bytes = 0
         # PSRAM the kept-input store lives in: noise at power-on, left alone by a software restart
-        self.keep = bytearray(random.Random(f"{name}:psram").randbytes(frames.KEEP_STORE_BYTES))
+        self.keep = bytearray(random.Random(f"{name}:psram").randbytes(frames.KEEP_PSRAM_MAX))
 
     # ---- persistence ---------------------------------------------------------------------------
 

@@ -263,10 +263,12 @@ class SimApp:
             other_sha256=self.slot_shas[1],
             baud_switch=str(self.payload.header.get("console", "uart")) == "uart",
         )
-        # the store lives in PSRAM (EXT_RAM_NOINIT_ATTR): only an image built for a board with PSRAM has one
-        psram = int(dict(self.payload.header.get("arena_max") or {}).get("psram", 0)) > 0
-        if psram and self.env.keep is not None:
-            cfg.keep = self.env.keep
+        # the store lives in PSRAM (EXT_RAM_NOINIT_ATTR), at its start: only an image built for a board with
+        # PSRAM has one (its size compiled in, as kKeepBytes)
+        size = int(self.payload.header.get("keep_bytes", 0))
+        if 0 < size <= len(self.env.keep or b""):
+            assert self.env.keep is not None
+            cfg.keep = memoryview(self.env.keep)[:size]
             cfg.keep_place = KEEP_PLACE
         return make_loop(cfg, self, backend=self.env.emitter_backend)
 

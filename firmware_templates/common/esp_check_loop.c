@@ -9,16 +9,20 @@
 
 size_t ecl_sizeof(void) { return sizeof(ecl_t); }
 
-static void send_frame(ecl_t *l, uint8_t type, const uint8_t *payload, size_t len) {
-    size_t n = ecf_encode_keyed(l->tx, sizeof(l->tx), type, 0, l->tx_seq, payload, len, l->key);
-    if (n == 0) return; /* cannot happen: every caller bounds len by ECF_MAX_PAYLOAD */
+static void send_in(ecl_t *l, uint8_t *buf, size_t cap, uint8_t type, const uint8_t *payload, size_t len) {
+    size_t n = ecf_encode_keyed(buf, cap, type, 0, l->tx_seq, payload, len, l->key);
+    if (n == 0) return; /* cannot happen: every caller bounds len by its buffer */
     l->tx_seq++;
-    l->cfg.write(l->cfg.ctx, l->tx, n);
+    l->cfg.write(l->cfg.ctx, buf, n);
+}
+
+static void send_frame(ecl_t *l, uint8_t type, const uint8_t *payload, size_t len) {
+    send_in(l, l->tx, sizeof(l->tx), type, payload, len);
 }
 
 static void flush_batch(ecl_t *l) {
     if (l->batch_len > 0) {
-        send_frame(l, ECL_RSP_RESULT, l->batch, l->batch_len);
+        send_in(l, l->txb, sizeof(l->txb), ECL_RSP_RESULT, l->txb + ECF_HEADER, l->batch_len);
         l->batch_len = 0;
     }
 }
@@ -71,7 +75,7 @@ void ecl_hello(ecl_t *l) {
     p[3] = c->slot;
     p[4] = c->init_status;
     p[5] = c->input_dtype;
-    ecf_put_u16(p + 6, ECF_MAX_PAYLOAD);
+    ecf_put_u16(p + 6, ECF_MAX_TX_PAYLOAD);
     ecf_put_u32(p + 8, c->window);
     ecf_put_u32(p + 12, (uint32_t)c->input_bytes);
     ecf_put_u16(p + 16, (uint16_t)c->n_outputs);
@@ -209,7 +213,7 @@ static void keep_store(ecl_t *l, uint32_t id, const uint8_t *in) {
 
 typedef struct {
     uint32_t id;
-    uint8_t source, results, text, keep;
+    uint8_t source, results, text, keep, now;
     uint16_t repeat, n_expect;
     uint64_t seed;
     const uint8_t *expected; /* n_expect little-endian u32 */
@@ -220,7 +224,8 @@ static int parse_run(const ecl_t *l, const ecf_frame_t *f, run_cmd_t *r) {
     r->id = ecf_get_u32(f->payload);
     r->source = f->payload[4];
     r->results = f->payload[5];
-    r->text = f->payload[6];
+    r->text = f->payload[6] & 1u;
+    r->now = (uint8_t)(f->payload[6] >> 1); /* bit 1: send this result at once, not batched */
     r->keep = f->payload[7];
     r->repeat = ecf_get_u16(f->payload + 8);
     r->n_expect = ecf_get_u16(f->payload + 10);
@@ -228,7 +233,7 @@ static int parse_run(const ecl_t *l, const ecf_frame_t *f, run_cmd_t *r) {
     r->expected = f->payload + ECL_RUN_FIXED;
     if ((size_t)f->len != ECL_RUN_FIXED + 4u * r->n_expect) return 0;
     if (r->n_expect != 0 && r->n_expect != l->cfg.n_outputs) return 0;
-    if (r->source > ECL_SRC_KEPT || r->results > ECL_RES_FULL_IF_DIFFERENT || r->text > 1 || r->repeat == 0) {
+    if (r->source > ECL_SRC_KEPT || r->results > ECL_RES_FULL_IF_DIFFERENT || r->now > 1 || r->repeat == 0) {
         return 0;
     }
     if (r->keep > 1 || (r->keep && r->source != ECL_SRC_LOADED) || (r->text && r->source == ECL_SRC_KEPT)) return 0;
@@ -271,13 +276,13 @@ static void run_text(ecl_t *l, const run_cmd_t *r, const uint8_t *in) {
 }
 
 static void append(ecl_t *l, const uint8_t *data, size_t n) {
-    memcpy(l->batch + l->batch_len, data, n);
+    memcpy(l->txb + ECF_HEADER + l->batch_len, data, n);
     l->batch_len += n;
 }
 
-static void send_data_frames(ecl_t *l, uint32_t id) {
-    uint8_t p[ECF_MAX_PAYLOAD];
-    const size_t chunk = ECF_MAX_PAYLOAD - ECL_DATA_FIXED;
+static void send_data_frames(ecl_t *l, uint32_t id) { /* the batch is empty: its buffer builds them */
+    uint8_t *p = l->txb + ECF_HEADER;
+    const size_t chunk = ECF_MAX_TX_PAYLOAD - ECL_DATA_FIXED;
     size_t o;
     for (o = 0; o < l->cfg.n_outputs; o++) {
         const ecl_output_t *t = &l->cfg.outputs[o];
@@ -288,10 +293,24 @@ static void send_data_frames(ecl_t *l, uint32_t id) {
             ecf_put_u16(p + 4, (uint16_t)o);
             ecf_put_u32(p + 6, (uint32_t)off);
             memcpy(p + ECL_DATA_FIXED, t->data + off, n);
-            send_frame(l, ECL_RSP_DATA, p, ECL_DATA_FIXED + n);
+            send_in(l, l->txb, sizeof(l->txb), ECL_RSP_DATA, p, ECL_DATA_FIXED + n);
             off += n;
         }
     }
+}
+
+/* Append a record to the batch (the room for its full size was made): an id that follows the previous
+ * record's is not sent (ECL_HEAD_NEXT_ID). */
+static void append_record(ecl_t *l, uint8_t *rec, size_t rec_len) {
+    const uint32_t id = ecf_get_u32(rec + 1);
+    if (l->batch_len > 0 && id == l->batch_last + 1u) {
+        rec[0] |= ECL_HEAD_NEXT_ID;
+        append(l, rec, 1);
+        append(l, rec + 5, rec_len - 5);
+    } else {
+        append(l, rec, rec_len);
+    }
+    l->batch_last = id;
 }
 
 /* Queue one RESULT record (docs/protocol.md "Result record"): inline data when the record fits one frame.
@@ -301,29 +320,29 @@ static void emit_record(ecl_t *l, uint8_t *rec, size_t rec_len, size_t crc_at, i
     size_t data_len = 0, o;
     for (o = 0; o < l->cfg.n_outputs; o++) data_len += l->cfg.outputs[o].bytes;
     if (!full) {
-        if (l->batch_len + rec_len > ECF_MAX_PAYLOAD) flush_batch(l);
-        append(l, rec, rec_len);
+        if (l->batch_len + rec_len > ECF_MAX_TX_PAYLOAD) flush_batch(l);
+        append_record(l, rec, rec_len);
         return;
     }
-    if (!(rec[5] & ECL_FL_NONDETERMINISTIC)) {
+    if (!(rec[0] & ECL_FL_NONDETERMINISTIC)) {
         const size_t crcs = 4 * l->cfg.n_outputs;
-        if (rec_len - crcs + data_len <= ECF_MAX_PAYLOAD) {
+        if (rec_len - crcs + data_len <= ECF_MAX_TX_PAYLOAD) {
             memmove(rec + crc_at, rec + crc_at + crcs, rec_len - crc_at - crcs);
             rec_len -= crcs;
         }
     }
-    if (rec_len + data_len <= ECF_MAX_PAYLOAD) {
-        if (l->batch_len + rec_len + data_len > ECF_MAX_PAYLOAD) flush_batch(l);
-        rec[5] |= ECL_FL_INLINE;
-        append(l, rec, rec_len);
+    if (rec_len + data_len <= ECF_MAX_TX_PAYLOAD) {
+        if (l->batch_len + rec_len + data_len > ECF_MAX_TX_PAYLOAD) flush_batch(l);
+        rec[0] |= ECL_FL_INLINE;
+        append_record(l, rec, rec_len);
         for (o = 0; o < l->cfg.n_outputs; o++) append(l, l->cfg.outputs[o].data, l->cfg.outputs[o].bytes);
         return;
     }
-    if (l->batch_len + rec_len > ECF_MAX_PAYLOAD) flush_batch(l);
-    rec[5] |= ECL_FL_DATA_FRAMES;
-    append(l, rec, rec_len);
+    if (l->batch_len + rec_len > ECF_MAX_TX_PAYLOAD) flush_batch(l);
+    rec[0] |= ECL_FL_DATA_FRAMES;
+    append_record(l, rec, rec_len);
     flush_batch(l);
-    send_data_frames(l, ecf_get_u32(rec));
+    send_data_frames(l, l->batch_last);
 }
 
 static void run_binary(ecl_t *l, const run_cmd_t *r, const uint8_t *in) {
@@ -362,11 +381,10 @@ static void run_binary(ecl_t *l, const run_cmd_t *r, const uint8_t *in) {
         done++;
     }
     if (r->repeat > 1) flags |= ECL_FL_REPEATS;
-    ecf_put_u32(rec, r->id);
-    rec[4] = status;
-    rec[5] = flags;
-    ecf_put_u32(rec + 6, first_us);
-    ecf_put_u32(rec + 10, input_crc);
+    rec[0] = (uint8_t)(flags | (status << 4));
+    ecf_put_u32(rec + 1, r->id);
+    ecf_put_u32(rec + 5, first_us);
+    ecf_put_u32(rec + 9, input_crc);
     pos = ECL_REC_FIXED;
     if (flags & ECL_FL_REPEATS) {
         ecf_put_u16(rec + pos, done);
@@ -386,7 +404,7 @@ static void run_binary(ecl_t *l, const run_cmd_t *r, const uint8_t *in) {
         }
     }
     emit_record(l, rec, pos, crc_at, full);
-    if (busy_us >= ECL_FLUSH_AFTER_US) { /* a long run: its result and an ACK go out now, not after the queue */
+    if (busy_us >= ECL_FLUSH_AFTER_US || r->now) { /* a long run (or asked): its result and an ACK go now */
         flush_batch(l);
         if (l->consumed_since_ack > 0) send_ack(l);
     }
@@ -395,8 +413,8 @@ static void run_binary(ecl_t *l, const run_cmd_t *r, const uint8_t *in) {
 static void not_run(ecl_t *l, uint32_t id, uint8_t status) {
     uint8_t rec[ECL_REC_FIXED + 4 * ECL_MAX_OUTPUTS];
     memset(rec, 0, sizeof(rec));
-    ecf_put_u32(rec, id);
-    rec[4] = status;
+    rec[0] = (uint8_t)(status << 4);
+    ecf_put_u32(rec + 1, id);
     emit_record(l, rec, ECL_REC_FIXED + 4 * l->cfg.n_outputs, ECL_REC_FIXED, 0);
 }
 
@@ -539,7 +557,7 @@ static void on_frame(void *ctx, const ecf_frame_t *f) {
     l->nak_pending = 0;
     l->rx_expected++;
     l->consumed_since_ack += (uint32_t)(ECF_HEADER + f->len + ECF_TRAILER);
-    if (l->consumed_since_ack >= l->cfg.window / 4) send_ack(l);
+    if (l->consumed_since_ack >= l->cfg.window / 2) send_ack(l);
     dispatch(l, f);
 }
 

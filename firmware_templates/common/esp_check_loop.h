@@ -54,8 +54,11 @@ extern "C" {
 #define ECL_RES_FULL_IF_DIFFERENT 2
 #define ECL_RUN_FIXED 20 /* bytes before the expected CRCs */
 
-/* RESULT record */
-#define ECL_REC_FIXED 14 /* id, status, flags, invoke_us, input_crc */
+/* RESULT record: u8 head (flags, status << 4, ECL_HEAD_NEXT_ID), u32 id unless ECL_HEAD_NEXT_ID, u32
+ * invoke_us, u32 input_crc */
+#define ECL_REC_FIXED 13
+#define ECL_HEAD_NEXT_ID 0x40 /* the id is the previous record's (in this RESULT payload) + 1: not sent */
+#define ECL_CTRL_MAX 256      /* payload of the frames other than RESULT and DATA (HELLO is the largest) */
 #define ECL_ST_OK 0
 #define ECL_ST_INVOKE_FAILED 1
 #define ECL_ST_INPUT_INCOMPLETE 2
@@ -152,11 +155,12 @@ typedef struct {
     int session_open;
     int session_error;
     int status; /* ECL_OK, ECL_HALTED or ECL_REBOOT */
-    size_t batch_len;
+    size_t batch_len;     /* RESULT records waiting in txb + ECF_HEADER (the frame is encoded in place) */
+    uint32_t batch_last;  /* the id of the last record in the batch */
     uint32_t crc_first[ECL_MAX_OUTPUTS];
     uint32_t crc_diff[ECL_MAX_OUTPUTS];
-    uint8_t batch[ECF_MAX_PAYLOAD];
-    uint8_t tx[ECF_MAX_FRAME];
+    uint8_t txb[ECF_HEADER + ECF_MAX_TX_PAYLOAD + ECF_TRAILER]; /* RESULT and DATA frames */
+    uint8_t tx[ECF_HEADER + ECL_CTRL_MAX + ECF_TRAILER];        /* every other frame */
     uint32_t stats_runs, stats_naks, stats_dups;
     uint32_t key; /* ecf_key_crc(session, nn): the CRC start of every keyed frame, both directions */
     uint32_t keep_cap;  /* inputs the store holds for this model (0: no store) */

@@ -141,10 +141,13 @@ def _stream(
     repeat: int,
     expected: Mapping[int, tuple[int, ...]],
     kept: set[int] | None = None,
+    now: bool = False,
 ) -> _Streamed:
     """Run ``ids`` of the dataset on the booted app: their checked legs, the link's figures, problems and
     the firmware faults the device printed. ``kept``: the inputs an earlier variant of this check left in
-    the device's kept-input store (updated with what this stream stores); None: upload every input."""
+    the device's kept-input store (updated with what this stream stores); None: upload every input.
+    ``now``: every result comes back at once, not batched (a re-run after lost results: a device that
+    hangs on one input loses only that input's result)."""
     assert boot.hello is not None
     hello = boot.hello
     problems: list[str] = []
@@ -154,7 +157,7 @@ def _stream(
             stale_keys=resident.stale_keys(hello),
         )  # fmt: skip
         col = _Collector(hello.output_bytes)
-        sender = _Sender(client, col, ds, hello, kept)
+        sender = _Sender(client, col, ds, hello, kept, now=now)
         try:
             sender.send(ids, results=results, repeat=repeat, expected=expected)
             client.sync(len(ids))
@@ -197,9 +200,16 @@ class _Sender:
     store has room, for the variants after this one)."""
 
     def __init__(
-        self, client: LoopClient, col: _Collector, ds: Dataset, hello: frames.Hello, kept: set[int] | None
+        self,
+        client: LoopClient,
+        col: _Collector,
+        ds: Dataset,
+        hello: frames.Hello,
+        kept: set[int] | None,
+        *,
+        now: bool = False,
     ) -> None:
-        self.client, self.col, self.ds, self.kept = client, col, ds, kept
+        self.client, self.col, self.ds, self.kept, self.now = client, col, ds, kept, now
         self.capacity = hello.keep_capacity if kept is not None and not ds.random else 0
         self.usable = hello.kept > 0  # this boot found kept inputs (none: a cold boot, another model ...)
         self.stored: list[int] = []
@@ -217,7 +227,7 @@ class _Sender:
         for i in ids:
             exp = expected.get(i, ())
             mode = results if (results != frames.RES_FULL_IF_DIFFERENT or exp) else frames.RES_CRC
-            common: dict[str, Any] = {"results": mode, "repeat": repeat, "expected": exp}
+            common: dict[str, Any] = {"results": mode, "repeat": repeat, "expected": exp, "now": self.now}
             if ds.random:
                 run = frames.encode_run(i, source=frames.SRC_PRNG, seed=ds.seed or 0, **common)
             elif not upload and self.usable and self.kept is not None and i in self.kept:
@@ -355,7 +365,8 @@ def _passes(
     expected: Mapping[int, tuple[int, ...]],
 ) -> None:
     """The main pass over ``ids``, then more for inputs whose results were lost or damaged (at most
-    ``MAX_PASSES`` in all, and only while a pass still brings some of them back)."""
+    ``MAX_PASSES`` in all, and only while a pass still brings some of them back; the first re-run always,
+    with every result sent at once: a device that hung lost the results it had batched)."""
     v = run.variant
     assert run.serial_log is not None
     for attempt in range(1, MAX_PASSES + 1):
@@ -365,10 +376,12 @@ def _passes(
                 break
             boot = again
 
-        def one(ids: Sequence[int] = ids, boot: Boot = boot, log: Path = run.serial_log) -> _Streamed:
+        def one(
+            ids: Sequence[int] = ids, boot: Boot = boot, log: Path = run.serial_log, now: bool = attempt > 1
+        ) -> _Streamed:
             return _stream(
                 resident, boot, ds, ids, outputs, log, results=mode, repeat=repeat, expected=expected,
-                kept=out.kept,
+                kept=out.kept, now=now,
             )  # fmt: skip
 
         streamed = resident.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
@@ -381,8 +394,8 @@ def _passes(
             {"inputs": len(ids), "problems": problems, "link": stats.to_dict()}
         )
         lost = [i for i, leg in legs.items() if leg.status in _TRANSIENT]
-        if not lost or len(lost) == len(ids):
-            break
+        if not lost or (len(lost) == len(ids) and attempt > 1):  # the first re-run sends results at once:
+            break  # what a hang kept in the device's batch comes back then
         ids = lost
         out.link[v].retransmitted_frames += len(ids)  # a re-run is a repair: never a clean match
 

@@ -80,6 +80,7 @@ class _Run:
     seed: int
     expected: tuple[int, ...]
     keep: bool = False
+    now: bool = False
 
 
 _KEEP_MAGIC = b"ECKEEP\x00\x03"
@@ -159,7 +160,9 @@ class DeviceLoop:
     cfg: LoopConfig
     host: LoopHost
     emitter: Any  # harness.protocol.emitter.Emitter with a ``seq`` attribute
-    dec: frames.FrameDecoder = field(default_factory=lambda: frames.FrameDecoder(hello_lines=False))
+    dec: frames.FrameDecoder = field(
+        default_factory=lambda: frames.FrameDecoder(frames.MAX_PAYLOAD, hello_lines=False)
+    )
     rx_expected: int = 0
     tx_seq: int = 0
     nak_pending: bool = False
@@ -170,6 +173,7 @@ class DeviceLoop:
     session_error: bool = False
     status: int = ECL_OK
     batch: bytearray = field(default_factory=bytearray)
+    batch_last: int = 0  # the id of the last record in the batch
     staging: bytearray = field(default_factory=bytearray)
     outputs_now: list[bytes] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=lambda: {"runs": 0, "naks": 0, "dups": 0})
@@ -223,7 +227,7 @@ class DeviceLoop:
             slot=c.slot,
             init_status=c.init_status,
             input_dtype=c.input_dtype,
-            max_payload=frames.MAX_PAYLOAD,
+            max_payload=frames.TX_MAX_PAYLOAD,
             window=c.window,
             input_bytes=c.input_bytes,
             output_bytes=tuple(o.bytes for o in c.outputs),
@@ -278,7 +282,7 @@ class DeviceLoop:
         self.nak_pending = False
         self.rx_expected = (self.rx_expected + 1) & 0xFFFF
         self.consumed_since_ack += f.size
-        if self.consumed_since_ack >= self.cfg.window // 4:
+        if self.consumed_since_ack >= self.cfg.window // 2:
             self._ack()
         self._dispatch(f)
 
@@ -358,7 +362,8 @@ class DeviceLoop:
         ident, source, results, text, keep, repeat, n_expect, seed = struct.unpack_from("<IBBBBHHQ", p)
         if len(p) != frames.RUN_FIXED + 4 * n_expect or n_expect not in (0, len(self.cfg.outputs)):
             return None
-        if source > frames.SRC_KEPT or results > frames.RES_FULL_IF_DIFFERENT or text > 1 or repeat == 0:
+        text, now = text & 1, text >> 1  # byte 6: bit 0 text, bit 1 send the result at once
+        if source > frames.SRC_KEPT or results > frames.RES_FULL_IF_DIFFERENT or now > 1 or repeat == 0:
             return None
         if keep > 1 or (keep and source != frames.SRC_LOADED) or (text and source == frames.SRC_KEPT):
             return None
@@ -373,6 +378,7 @@ class DeviceLoop:
             seed=seed,
             expected=tuple(expected),
             keep=bool(keep),
+            now=bool(now),
         )
 
     def _run(self, f: frames.Frame) -> None:
@@ -411,7 +417,7 @@ class DeviceLoop:
             self._run_binary(r, data)
 
     def _not_run(self, ident: int, status: int) -> None:
-        rec = struct.pack("<IBBII", ident, status, 0, 0, 0)
+        rec = struct.pack("<BIII", status << 4, ident, 0, 0)
         self._emit_record(bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), frames.REC_FIXED, full=False)
 
     def _invoke(self, data: bytes) -> tuple[int, int]:
@@ -483,7 +489,7 @@ class DeviceLoop:
             done += 1
         if r.repeat > 1:
             flags |= frames.FL_REPEATS
-        rec = bytearray(struct.pack("<IBBII", r.ident, status, flags, first_us & 0xFFFFFFFF, input_crc))
+        rec = bytearray(struct.pack("<BIII", flags | status << 4, r.ident, first_us & 0xFFFFFFFF, input_crc))
         if flags & frames.FL_REPEATS:
             rec += struct.pack("<HH", done, first_diff)
         crc_at = len(rec)
@@ -497,39 +503,50 @@ class DeviceLoop:
             elif r.results == frames.RES_FULL_IF_DIFFERENT:
                 full = r.n_expect == 0 or any(e != c for e, c in zip(r.expected, first, strict=False))
         self._emit_record(rec, crc_at, full)
-        if busy_us >= frames.FLUSH_AFTER_US:  # a long run: its result and an ACK go out now
+        if busy_us >= frames.FLUSH_AFTER_US or r.now:  # a long run (or asked): its result and an ACK go now
             self._flush()
             if self.consumed_since_ack > 0:
                 self._ack()
 
+    def _append_record(self, rec: bytearray) -> None:
+        """Into the batch (its room was made): an id that follows the previous record's is not sent."""
+        ident = struct.unpack_from("<I", rec, 1)[0]
+        if self.batch and ident == (self.batch_last + 1) & 0xFFFFFFFF:
+            self.batch += bytes([rec[0] | frames.HEAD_NEXT_ID]) + rec[5:]
+        else:
+            self.batch += rec
+        self.batch_last = ident
+
     def _emit_record(self, rec: bytearray, crc_at: int, full: bool) -> None:
+        cap = frames.TX_MAX_PAYLOAD
         data_len = sum(o.bytes for o in self.cfg.outputs)
         if not full:
-            if len(self.batch) + len(rec) > frames.MAX_PAYLOAD:
+            if len(self.batch) + len(rec) > cap:
                 self._flush()
-            self.batch += rec
+            self._append_record(rec)
             return
         crcs = 4 * len(self.cfg.outputs)
-        if not rec[5] & frames.FL_NONDETERMINISTIC and len(rec) - crcs + data_len <= frames.MAX_PAYLOAD:
+        if not rec[0] & frames.FL_NONDETERMINISTIC and len(rec) - crcs + data_len <= cap:
             del rec[crc_at : crc_at + crcs]  # inline and deterministic: the host computes them
-        if len(rec) + data_len <= frames.MAX_PAYLOAD:
-            if len(self.batch) + len(rec) + data_len > frames.MAX_PAYLOAD:
+        if len(rec) + data_len <= cap:
+            if len(self.batch) + len(rec) + data_len > cap:
                 self._flush()
-            rec[5] |= frames.FL_INLINE
-            self.batch += rec
+            rec[0] |= frames.FL_INLINE
+            self._append_record(rec)
             for b in self.outputs_now:
                 self.batch += b
             return
-        if len(self.batch) + len(rec) > frames.MAX_PAYLOAD:
+        if len(self.batch) + len(rec) > cap:
             self._flush()
-        rec[5] |= frames.FL_DATA_FRAMES
-        self.batch += rec
+        rec[0] |= frames.FL_DATA_FRAMES
+        self._append_record(rec)
         self._flush()
-        ident = struct.unpack_from("<I", rec)[0]
-        chunk = frames.MAX_PAYLOAD - frames.DATA_FIXED
+        chunk = cap - frames.DATA_FIXED
         for o, b in enumerate(self.outputs_now):
             for off in range(0, len(b), chunk):
-                self._send(frames.RSP_DATA, struct.pack("<IHI", ident, o, off) + b[off : off + chunk])
+                self._send(
+                    frames.RSP_DATA, struct.pack("<IHI", self.batch_last, o, off) + b[off : off + chunk]
+                )
 
 
 def _i32(v: int) -> int:

@@ -33,7 +33,7 @@ from harness.sim.app import ROM_BAUD, BootContext, boot_from_flash, rom_header
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec, get_chip
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader
-from harness.sim.resident import Piece, SimApp, keep_after_boot
+from harness.sim.resident import IDLE_QUIET_S, Piece, SimApp, keep_after_boot
 
 RESET_STYLES = {
     "classic": "classic",
@@ -534,6 +534,7 @@ class SimBoard:
             self._log(f"host writes at {port_baud} baud, the app listens at {self.console_baud}: garbage")
             return
         step = 256
+        rate = self._rate(None if self.config.reset == "usb_jtag" else port_baud)
         for k in range(0, len(data), step):
             chunk = data[k : k + step]
             arrival = self._arrival(now, len(chunk), port_baud)
@@ -547,8 +548,9 @@ class SimBoard:
                 chunk = chunk[:room]
             if not chunk:
                 continue
+            first = arrival - (len(chunk) - 1) / rate if rate else arrival  # its first byte's arrival
             start = max(arrival, self._dev_free)
-            if self._idle_at is not None and arrival <= self._idle_at:
+            if self._idle_at is not None and first <= self._idle_at:
                 self._idle_at = None  # the device finds these bytes before it goes idle
             self._run_app_call(start, lambda c=chunk: self._app_rx(c))
             self._inflight.append((arrival, start, len(chunk)))
@@ -596,7 +598,7 @@ class SimBoard:
         elif app.halted:
             self._idle_at = None  # silent from now on (hang, stall, cut output)
         else:
-            self._idle_at = self._dev_free
+            self._idle_at = self._dev_free + IDLE_QUIET_S  # no byte for a tick: the app goes idle
 
     def _app_settle(self, now: float) -> None:
         """The receive buffer ran empty at ``_idle_at`` and nothing new came: the app flushes and ACKs."""

@@ -616,6 +616,7 @@ def keep_after_boot(mem: bytearray, reason: str, faults: FaultSpec, boot: int) -
 
 
 FREERTOS_TICK_S = 0.01  # ESP-IDF's default CONFIG_FREERTOS_HZ=100
+IDLE_QUIET_S = FREERTOS_TICK_S  # no byte for this long and the app calls ecl_idle (kIdleQuietTicks, 1 tick)
 IDLE_TICK_EVERY_S = 1.0  # app_main.cc's kIdleTickEveryUs: one tick at most once a second of invokes
 
 

@@ -20,7 +20,8 @@ port makes that program behave like a board behind a serial port, so the flash-a
   and starts that slot's program with the flash image, the table and slot offsets and its own directory
   in the environment (the stand-ins' ``esp_partition_*``, ``esp_ota_*`` use them). A program that calls
   ``esp_restart()`` (a software reset: the stand-in leaves a marker) is booted again the same way,
-  with its output kept;
+  with its output kept, and with the ``EXT_RAM_NOINIT_ATTR`` memory it saved (``psram_noinit.bin``, the
+  kept-input store of docs/protocol.md "Kept inputs"); any other boot is cold: that file is deleted;
 - **read** returns what the program writes to stdout and stderr (one pipe, so a sanitizer report on
   stderr lands where the firmware's output stopped), **write** feeds its stdin (bytes beyond what the
   pipe holds are dropped, like a full UART FIFO);

@@ -13,10 +13,14 @@ Prints, each measured in this run (nothing here asserts timing):
 - N inputs as one dataset run vs the baseline "one flash-and-compare per input, each on a board
   that must be written in full" (see BASELINE below), measured on --baseline-runs inputs and scaled;
 - N=1000 random inputs on U-Net 48 and cnn_classifier_11 (wall time, s/input);
-- what esptool's per-packet hex formatting costs (it formats every packet even with tracing off).
+- what esptool's per-packet hex formatting costs (it formats every packet even with tracing off);
+- issue 25 item 2 and the device->host goal (``--keep-only`` prints only these): N uploaded inputs of
+  U-Net 48 and cnn_classifier_11 through a check, host->device bytes per variant (the second runs the
+  inputs the first kept: docs/protocol.md "Kept inputs"), and device->host bytes per input in full mode,
+  measured on the stream and through the firmware's C loop for 2-, 11- and 2,304-byte outputs.
 
 Usage: python bench/bench_resident.py [--baud 921600] [--n 100] [--n-big 1000] [--baseline-runs 3]
-                                     [--repeat-only]
+                                     [--repeat-only] [--keep-only]
 """
 
 from __future__ import annotations
@@ -145,6 +149,74 @@ def _fast_link_before_after(tmp: Path, baud: int, n: int) -> None:
     print(f"  dataset stage after / before: {rows[1][2] / max(rows[0][2], 1e-9):.2f}")
 
 
+def _kept_inputs(tmp: Path, baud: int, n: int) -> None:
+    """N new inputs through one check: each variant's host->device bytes and device->host bytes per input."""
+    print(f"\n{n} uploaded inputs, --results full, one check (issue 25 item 2: each input crosses once):")
+    for model, shape, tag in ((UNET, (48, 48, 3), "U-Net 48"), (CNN, (32, 32, 3), "cnn_classifier_11")):
+        npz = tmp / f"keep-{model.stem}.npz"
+        np.savez(npz, x=np.random.default_rng(25).uniform(-1, 1, (n, *shape)).astype(np.float32))
+        port = f"sim://bench-keep-{uuid.uuid4().hex[:6]}?throttle={baud}&invoke_time=model"
+        w, r = timed_run(tmp, f"keep-{model.stem}", model, [], port, baud,
+                    dataset=DatasetOptions(source=npz, results="full"))  # fmt: skip
+        links = (r.dataset or {}).get("link", {})
+        up = sum(x["tx_bytes"] for x in links.values())
+        print(f"  {tag}: host->device {up} B for the check, wall {w:.1f} s, verdict {r.verdict}")
+        for v, x in links.items():
+            per, over = x["bytes_per_input_device_to_host"], x["overhead_per_input_device_to_host"]
+            print(f"    {v:<9} host->device {x['tx_bytes']:>8} B ({x['kept_runs']} inputs run from the kept "
+                  f"store, {x['kept_fallbacks']} not kept after all); device->host per input "
+                  f"{per} B = output + {over}")  # fmt: skip
+
+
+def _budget_through_the_c_loop(n: int = 100) -> None:
+    """Device->host bytes per input in full mode, results only (the device holds its inputs), through the
+    firmware's own C loop: every byte after the HELLO line (RESULT frames, ACKs, the SYNC_ACK)."""
+    import hashlib
+
+    from harness.protocol import frames as fr
+    from harness.protocol.loop import LoopConfig, LoopOutput
+    from harness.protocol.native import make_loop
+
+    class App:
+        def __init__(self, size: int) -> None:
+            self.out, self.size = bytearray(), size
+
+        def write(self, d: bytes) -> None:
+            self.out += d
+
+        def invoke(self, data: bytes) -> tuple[int, int, list[bytes]]:
+            return 0, 1000, [(hashlib.sha256(data).digest() * (self.size // 32 + 1))[: self.size]]
+
+        def session_begin(self, em: Any, k: int) -> None: ...
+        def text_extra(self, em: Any, i: int) -> None: ...
+        def sha256_hex(self, d: bytes) -> str:
+            return hashlib.sha256(d).hexdigest()
+
+        def boot_slot(self, s: int) -> int:
+            return 0
+
+        def set_baud(self, b: int) -> None: ...
+
+    print(f"\ndevice->host bytes per input, --results full, {n} inputs the device holds (the C loop; goal: "
+          "output + 16):")  # fmt: skip
+    key = fr.key_crc(7, "optimized")
+    for size in (2, 11, 2304):
+        out = LoopOutput(size, "int8", (1, size), 0.5, 0, "o")
+        cfg = LoopConfig(input_bytes=6912, input_dtype="int8", window=16384, nn="optimized", slot=0,
+                         model_sha256="ab" * 32, session=7, outputs=[out])  # fmt: skip
+        app = App(size)
+        loop = make_loop(cfg, app, backend="c")
+        loop.hello()
+        hello = len(app.out)
+        for i in range(n):
+            run = fr.encode_run(i, source=fr.SRC_PRNG, seed=1, results=fr.RES_FULL)
+            loop.rx(fr.encode_frame(fr.CMD_RUN, i, run, key=key))
+        loop.rx(fr.encode_frame(fr.CMD_SYNC, n, b"sync", key=key))
+        loop.idle()
+        per = (len(app.out) - hello) / n
+        print(f"  {size:>5} B output: {per:8.2f} B per input = output + {per - size:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baud", type=int, default=921600)
@@ -153,11 +225,17 @@ def main() -> None:
     ap.add_argument("--baseline-runs", type=int, default=3)
     ap.add_argument("--stream-inputs", type=int, default=20)
     ap.add_argument("--repeat-only", action="store_true", help="stop after the repeat before/after figures")
+    ap.add_argument("--keep-only", action="store_true", help="only the kept-input and device->host figures")
     args = ap.parse_args()
     baud = args.baud
     throttle = f"throttle={baud}"
     with tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
+        if args.keep_only:
+            print(f"simulated board throttled to {baud} baud both ways, modelled invoke times")
+            _budget_through_the_c_loop()
+            _kept_inputs(tmp, baud, args.n)
+            return
         board = f"sim://bench-res-{uuid.uuid4().hex[:6]}?{throttle}"
         png = MODELS / "inputs" / "unet_mbv2_035_48.png"
         other = tmp / "other.npy"

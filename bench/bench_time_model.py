@@ -308,8 +308,13 @@ def goals(scenarios: dict[str, Counts], ds: Any, a: Assumptions, args: argparse.
         per = link["bytes_per_input_device_to_host"]
         over = link["overhead_per_input_device_to_host"]
         print(
+            f"  {args.n} new inputs, {v}: host->device {link['tx_bytes']} B, {link.get('kept_runs', 0)} "
+            "inputs "
+            f'run from the kept store (uploaded once per check: docs/protocol.md "Kept inputs")'
+        )
+        print(
             f"  device->host per input, {v}, --results full: {per:.1f} B = output + {over:.1f} B "
-            f"(goal: output + 16)"
+            f"(goal: output + 16; a RUN of 100 ms or more sends its result at once, with an ACK)"
         )
     print(
         "  host CPU per repeat CLI run: python bench/bench_host_cpu.py; runner 4 vs 1 boards, cold and warm: "

@@ -385,3 +385,50 @@ def test_a_folder_the_class_list_lacks_is_refused(tmp_path: Path, models_dir: Pa
     (tmp_path / "d" / "classes.txt").write_text("yes\nyes\n")
     with pytest.raises(InputDataError, match="listed twice"):
         load_dataset(tmp_path / "d", tensor)
+
+
+# ---- kept inputs: each uploaded input crosses the link once per check (docs/protocol.md "Kept inputs") --
+
+
+def _npz(tmp_path: Path, n: int) -> Path:
+    x = np.random.default_rng(25).integers(-128, 128, (n, 1, 32, 32, 3), dtype=np.int8)
+    np.savez(tmp_path / "d.npz", x=x)
+    return tmp_path / "d.npz"
+
+
+@pytest.mark.parametrize("results", ["full", "crc"])
+def test_uploaded_inputs_cross_the_link_once_and_match_like_uploads(
+    tmp_path: Path, models_dir: Path, sim_port, results: str
+) -> None:
+    """The first variant uploads each input and keeps it in PSRAM; the second runs it from there by index
+    and CRC-32 (no LOAD): the same verdicts as uploads, and half the host-to-device bytes."""
+    n = 12
+    r = _run(models_dir, tmp_path / "o", sim_port(), source=_npz(tmp_path, n), results=results)
+    assert r.exit_code == ExitCode.MATCH, (r.errors, r.stages)
+    doc = _doc(r)
+    a = doc["dataset"]["analysis"]
+    assert a["verdicts"] == {"match": n} and a["agreement"]["optimized_vs_ansi"]["bit_exact"] == n
+    # whichever variant runs first (the board's running slot) uploads; the other runs what it kept
+    first, second = sorted(doc["dataset"]["link"].values(), key=lambda x: x["kept_runs"])
+    assert first["tx_payload"] == n * 3072 and first["kept_runs"] == 0
+    assert second["tx_payload"] == 0 and second["kept_runs"] == n and second["kept_fallbacks"] == 0
+    assert second["tx_bytes"] < first["tx_bytes"] / 20  # RUN commands only
+
+
+@pytest.mark.parametrize("fault", ["keep_cold", "keep_stale", "keep_flip"])
+def test_a_lost_stale_or_damaged_kept_store_falls_back_to_uploads(
+    tmp_path: Path, models_dir: Path, sim_port, fault: str
+) -> None:
+    """PSRAM that a restart did not keep (noise), that holds another model's store, or whose kept inputs
+    changed: the device runs none of them; the host uploads them and the check is the same clean match."""
+    n = 6
+    r = _run(
+        models_dir, tmp_path / "o", sim_port(f"&fault={fault}"), source=_npz(tmp_path, n), results="full"
+    )
+    assert r.exit_code == ExitCode.MATCH, (r.errors, r.stages)
+    doc = _doc(r)
+    assert doc["dataset"]["analysis"]["verdicts"] == {"match": n}
+    assert all(x["tx_payload"] == n * 3072 for x in doc["dataset"]["link"].values())  # uploaded after all
+    second = max(doc["dataset"]["link"].values(), key=lambda x: x["kept_runs"])
+    # a store the app found invalid at boot is not asked for at all; a damaged copy is refused per input
+    assert second["kept_fallbacks"] == (n if fault == "keep_flip" else 0)

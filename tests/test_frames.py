@@ -49,8 +49,8 @@ def test_c_and_python_encode_the_same_frame(lib, ftype: int, seq: int, payload: 
 
 
 def test_encoder_refuses_oversized_payloads() -> None:
-    with pytest.raises(ValueError, match="exceeds 4096"):
-        fr.encode_frame(1, 0, bytes(fr.MAX_PAYLOAD + 1))
+    with pytest.raises(ValueError, match="exceeds 16384"):
+        fr.encode_frame(1, 0, bytes(fr.TX_MAX_PAYLOAD + 1))
 
 
 def _hostile_stream(rng: random.Random) -> bytes:
@@ -176,3 +176,14 @@ def test_hello_of_another_frame_protocol_is_refused_with_a_fix() -> None:
     old = bytes([1]) + fr.encode_hello(h)[1:]
     with pytest.raises(fr.FrameFormatError, match="rebuild and flash"):
         fr.decode_hello(old)
+
+
+def test_a_record_whose_id_follows_nothing_is_refused() -> None:
+    """The compact record head (docs/protocol.md "Result record"): 'next id' on a payload's first record,
+    or the reserved bit, is a format error, never a record with a guessed id."""
+    ok = struct.pack("<BIII", 0, 7, 100, 0xABCD) + struct.pack("<BII", fr.HEAD_NEXT_ID, 101, 0xBCDE)
+    a, b = fr.decode_results(ok, [])
+    assert (a.ident, b.ident, b.invoke_us, b.input_crc) == (7, 8, 101, 0xBCDE)
+    for bad in (struct.pack("<BII", fr.HEAD_NEXT_ID, 1, 2), struct.pack("<BIII", 0x80, 1, 2, 3)):
+        with pytest.raises(fr.FrameFormatError):
+            fr.decode_results(bad, [])

@@ -164,6 +164,18 @@ extern "C" void esp_chip_info(esp_chip_info_t* out_info);
 #include <stdint.h>
 extern "C" uint32_t esp_random(void);
 """,
+    # the kept-input store (boards with PSRAM): esp_common/include/esp_attr.h, esp_mm/include/esp_mmu_map.h
+    # with hal/mmu_types.h, ESP-IDF v5.3 ... v5.5
+    "esp_attr.h": """
+#define EXT_RAM_NOINIT_ATTR __attribute__((section(".ext_ram_noinit.0")))
+""",
+    "esp_mmu_map.h": """
+#include <stdint.h>
+#include "esp_err.h"
+typedef uint32_t esp_paddr_t;
+typedef enum { MMU_TARGET_FLASH0 = 1 << 0, MMU_TARGET_PSRAM0 = 1 << 1 } mmu_target_t;
+extern "C" esp_err_t esp_mmu_vaddr_to_paddr(void* vaddr, esp_paddr_t* out_paddr, mmu_target_t* out_target);
+""",
     "esp_heap_caps.h": """
 #include <stddef.h>
 #include <stdint.h>

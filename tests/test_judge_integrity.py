@@ -249,7 +249,10 @@ def test_hybrid_names_no_op_when_the_baseline_failed_on_the_link(
 ) -> None:  # type: ignore[no-untyped-def]
     """frame_tx damages the optimized app's frames: the baseline is an infrastructure error, which says
     nothing against any op. Bisection (or taps) must not name a culprit from runs that all come back good."""
-    res = _hybrid(models_dir, tmp_path, sim_port("emitter=c&fault=frame_tx&variant_fault=optimized"), bisect)
+    # every 3rd frame: a one-input run sends 4 (HELLO, BAUD_OK, SYNC_ACK, ACK) since results and ACKs
+    # wait for the host's pause (docs/protocol.md "Result record"); the fault must act to be tested
+    query = "emitter=c&fault=frame_tx&frame_every=3&variant_fault=optimized"
+    res = _hybrid(models_dir, tmp_path, sim_port(query), bisect)
     assert res.exit_code == ExitCode.INFRASTRUCTURE, res.message
     assert not res.offered and res.culprits == [] and res.ansi_ops == []
     assert "no evidence against the optimized build" in res.message

@@ -55,6 +55,11 @@ MATRIX: dict[str, tuple[ExitCode | None, ...]] = {
     "fault=sync_fail,wdt": (OK, OK, OK, OK, OK),  # repaired by esptool's connect loop / the splice repair
     # a crash on the first boot only: still a firmware fault, and no op is named from it
     "fault=panic&variant_fault=optimized&fault_boots=1": (F, F, F, F, F),
+    # the kept-input store's PSRAM: random inputs are drawn by the device, nothing is kept, the faults
+    # cannot act (one input per variant is uploaded as before); a dataset of files: KEEP_CELLS below
+    "fault=keep_cold": (None, None, OK, OK, None),
+    "fault=keep_stale": (None, None, OK, OK, None),
+    "fault=keep_flip": (None, None, OK, OK, None),
 }
 CELLS = [(q, m, codes[k]) for q, codes in MATRIX.items() for k, m in enumerate(MODES) if codes[k] is not None]
 
@@ -113,6 +118,33 @@ def test_mode_by_fault(
 ) -> None:  # type: ignore[no-untyped-def]
     got = _run(mode, port(query), models_dir, tmp_path / "o")
     assert got == expected, f"{mode} with {query or 'no fault'}: exit {int(got)}, expected {int(expected)}"
+
+
+# ---- a dataset of files: the second variant runs the inputs the first one kept (docs/protocol.md) ------
+
+KEEP_CELLS = [
+    (f, m) for f in ("", "fault=keep_cold", "fault=keep_stale", "fault=keep_flip") for m in ("crc", "full")
+]
+
+
+@pytest.mark.parametrize(("query", "results"), KEEP_CELLS, ids=[f"{m}-{q or 'clean'}" for q, m in KEEP_CELLS])
+def test_kept_inputs_by_fault(tmp_path: Path, models_dir: Path, port, query: str, results: str) -> None:  # type: ignore[no-untyped-def]
+    """Lost, stale or damaged kept inputs fall back to uploads: always the clean match the board earned,
+    and the second variant uploads nothing only when its store was intact."""
+    import json
+
+    import numpy as np
+
+    x = np.random.default_rng(8).integers(-128, 128, (5, 1, 32, 32, 3), dtype=np.int8)
+    np.savez(tmp_path / "d.npz", x=x)
+    ds = DatasetOptions(source=tmp_path / "d.npz", results=results)
+    r = flash_and_compare(
+        models_dir / MODEL, [], board="sim", port=port(query), out_dir=tmp_path / "o",
+        options=JobOptions(timeouts=LIMITS, dataset=ds),
+    )  # fmt: skip
+    assert r.exit_code == OK, r.errors
+    links = json.loads(r.report_path.read_text())["dataset"]["link"].values()
+    assert sorted(x["tx_payload"] for x in links) == [0 if not query else 5 * 3072, 5 * 3072]
 
 
 # ---- esp-check run: a dataset job and a one-input job on a faulty board ---------------------------

@@ -169,6 +169,31 @@ def test_the_resident_loop_on_a_native_board_flashes_once_and_streams(work: Path
     assert _written(ds) == 0
 
 
+def test_a_native_board_keeps_uploaded_inputs_across_the_slot_switch(work: Path) -> None:
+    """A dataset of files: the optimized program keeps each input in its EXT_RAM_NOINIT_ATTR memory, which
+    the stand-ins carry across esp_restart() (the slot switch); the ANSI C program runs them from there
+    (no upload). A cold boot (the board reset) starts with noise: nothing is kept, everything uploaded."""
+    import numpy as np
+
+    x = np.random.default_rng(3).integers(-128, 128, (6, 1, 8, 8, 3), dtype=np.int8)
+    np.savez(work / "six.npz", x=x)
+    port = f"native://keep-{uuid.uuid4().hex[:8]}?flash=4MB"
+    for k in range(2):  # the second check starts with a reset: a cold boot of its first variant
+        res = flash_and_compare(
+            work / "pool.tflite", [], board="native-esp32", out_dir=work / f"keep-{k}", port=port,
+            options=JobOptions(cache_dir=work / "cache", native=NativeOptions(components_dir=COMPONENTS),
+                               allow_untested=True, dataset=DatasetOptions(source=work / "six.npz")),
+        )  # fmt: skip
+        assert res.exit_code == ExitCode.MATCH, res.errors
+        doc = json.loads((work / f"keep-{k}" / "report.json").read_text())
+        jsonschema.validate(doc, SCHEMA)
+        assert doc["dataset"]["analysis"]["verdicts"] == {"match": 6}
+        # whichever variant runs first (the board's running slot) uploads; the other runs what it kept
+        first, second = sorted(doc["dataset"]["link"].values(), key=lambda x: x["kept_runs"])
+        assert first["tx_payload"] == 6 * 192 and first["kept_runs"] == 0
+        assert second["tx_payload"] == 0 and second["kept_runs"] == 6 and second["kept_fallbacks"] == 0
+
+
 def test_a_second_model_reuses_the_compiled_libraries(work: Path, tmp_path: Path) -> None:
     _run(work, "warm")  # the trees exist (or are made here)
     projects = generate_projects(

@@ -65,7 +65,7 @@ size_t ecf_encode_keyed(uint8_t *out, size_t cap, uint8_t type, uint8_t flags, u
                         const uint8_t *payload, size_t len, uint32_t key) {
     size_t total;
     uint32_t crc;
-    if (out == NULL || len > ECF_MAX_PAYLOAD || (len > 0 && payload == NULL)) return 0;
+    if (out == NULL || len > ECF_MAX_TX_PAYLOAD || (len > 0 && payload == NULL)) return 0;
     total = ECF_HEADER + len + ECF_TRAILER;
     if (cap < total) return 0;
     out[0] = (uint8_t)ECF_MAGIC0;

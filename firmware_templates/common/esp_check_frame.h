@@ -1,5 +1,5 @@
 /*
- * esp-check binary frames, version 2 (spec: docs/protocol.md "Binary frames").
+ * esp-check binary frames, version 3 (spec: docs/protocol.md "Binary frames").
  *
  * Portable C99, no allocation: the encoder writes into the caller's buffer, the streaming decoder keeps
  * one frame in a fixed buffer inside ecf_decoder_t. Input is hostile: every length is checked against
@@ -11,7 +11,7 @@
  *   2  u8    type
  *   3  u8    flags (0; receivers ignore it)
  *   4  u16   seq   (per direction, +1 per frame, wraps)
- *   6  u16   len   (payload bytes, <= ECF_MAX_PAYLOAD)
+ *   6  u16   len   (payload bytes: <= ECF_MAX_PAYLOAD host to device, <= ECF_MAX_TX_PAYLOAD device to host)
  *   8  u16   len ^ 0xFFFF
  *  10  len   payload
  *  10+len u32 CRC-32 (zlib polynomial) of the boot key, then bytes 0 .. 9+len
@@ -34,13 +34,16 @@
 extern "C" {
 #endif
 
-#define ECF_VERSION 2
+#define ECF_VERSION 3
 #define ECF_MAGIC0 0xECu
 #define ECF_MAGIC1 0xF5u
 #define ECF_HEADER 10
 #define ECF_TRAILER 4
 #define ECF_MAX_PAYLOAD 4096
 #define ECF_MAX_FRAME (ECF_HEADER + ECF_MAX_PAYLOAD + ECF_TRAILER)
+/* The device's RESULT and DATA frames may be larger (HELLO announces it): a frame of records costs its
+ * 14 bytes once for all the records in it (docs/protocol.md "Result record", the byte budget). */
+#define ECF_MAX_TX_PAYLOAD 16384
 #define ECF_TYPE_HELLO_Q 0x01u /* the two frame types whose CRC is not keyed (they set up the session) */
 #define ECF_TYPE_HELLO 0x80u
 #define ECF_HELLO_LINE_PREFIX "\r\n@ECH HELLO "
@@ -81,8 +84,8 @@ uint32_t ecf_key_crc(uint32_t session, uint8_t nn);
 /* 1 when a frame of this type carries the boot key in its CRC (every type but HELLO? and HELLO). */
 int ecf_keyed(uint8_t type);
 
-/* Encode one frame into out (cap bytes). Returns the frame size, or 0 if len > ECF_MAX_PAYLOAD or the frame
- * does not fit in cap. payload may be NULL when len is 0. */
+/* Encode one frame into out (cap bytes). Returns the frame size, or 0 if len > ECF_MAX_TX_PAYLOAD or the
+ * frame does not fit in cap. payload may be NULL when len is 0, and may be out + ECF_HEADER (in place). */
 size_t ecf_encode(uint8_t *out, size_t cap, uint8_t type, uint8_t flags, uint16_t seq, const uint8_t *payload,
                   size_t len);
 /* The same with the boot key's CRC (ecf_key_crc) as the CRC's start for keyed types. */

@@ -3,22 +3,26 @@
 
 #include <string.h>
 
-#define HELLO_FIXED 120
+#define HELLO_FIXED 128
 #define FWVER_MAX 32
 #define ERROR_MSG_MAX 120
 
 size_t ecl_sizeof(void) { return sizeof(ecl_t); }
 
-static void send_frame(ecl_t *l, uint8_t type, const uint8_t *payload, size_t len) {
-    size_t n = ecf_encode_keyed(l->tx, sizeof(l->tx), type, 0, l->tx_seq, payload, len, l->key);
-    if (n == 0) return; /* cannot happen: every caller bounds len by ECF_MAX_PAYLOAD */
+static void send_in(ecl_t *l, uint8_t *buf, size_t cap, uint8_t type, const uint8_t *payload, size_t len) {
+    size_t n = ecf_encode_keyed(buf, cap, type, 0, l->tx_seq, payload, len, l->key);
+    if (n == 0) return; /* cannot happen: every caller bounds len by its buffer */
     l->tx_seq++;
-    l->cfg.write(l->cfg.ctx, l->tx, n);
+    l->cfg.write(l->cfg.ctx, buf, n);
+}
+
+static void send_frame(ecl_t *l, uint8_t type, const uint8_t *payload, size_t len) {
+    send_in(l, l->tx, sizeof(l->tx), type, payload, len);
 }
 
 static void flush_batch(ecl_t *l) {
     if (l->batch_len > 0) {
-        send_frame(l, ECL_RSP_RESULT, l->batch, l->batch_len);
+        send_in(l, l->txb, sizeof(l->txb), ECL_RSP_RESULT, l->txb + ECF_HEADER, l->batch_len);
         l->batch_len = 0;
     }
 }
@@ -71,7 +75,7 @@ void ecl_hello(ecl_t *l) {
     p[3] = c->slot;
     p[4] = c->init_status;
     p[5] = c->input_dtype;
-    ecf_put_u16(p + 6, ECF_MAX_PAYLOAD);
+    ecf_put_u16(p + 6, ECF_MAX_TX_PAYLOAD);
     ecf_put_u32(p + 8, c->window);
     ecf_put_u32(p + 12, (uint32_t)c->input_bytes);
     ecf_put_u16(p + 16, (uint16_t)c->n_outputs);
@@ -79,6 +83,8 @@ void ecl_hello(ecl_t *l) {
     if (c->model_sha256 != NULL) memcpy(p + 24, c->model_sha256, 32);
     if (c->app_sha256 != NULL) memcpy(p + 56, c->app_sha256, 32);
     if (c->other_sha256 != NULL) memcpy(p + 88, c->other_sha256, 32);
+    ecf_put_u32(p + 120, l->keep_cap);
+    ecf_put_u32(p + 124, l->kept);
     pos = HELLO_FIXED;
     for (k = 0; k < c->n_outputs; k++, pos += 4) ecf_put_u32(p + pos, (uint32_t)c->outputs[k].bytes);
     while (c->fwver != NULL && c->fwver[vlen] != '\0' && vlen < FWVER_MAX) vlen++;
@@ -112,14 +118,102 @@ int ecl_init(ecl_t *l, const ecl_config_t *cfg) {
     if (cfg->window < ECF_MAX_FRAME) l->cfg.window = ECF_MAX_FRAME;
     l->key = ecf_key_crc(cfg->session, cfg->nn);
     ecf_decoder_set_key(&l->dec, l->key);
+    ecl_keep_open(l);
     return 0;
+}
+
+/* ---- kept inputs (docs/protocol.md "Kept inputs") --------------------------------------------------
+ * Layout of cfg.keep: a 64-byte header (magic, input bytes, capacity, nonce, region bytes, model SHA-256,
+ * the region's own address, CRC-32 of the 60 bytes before it), then `capacity` entries of 8 bytes (u32
+ * CRC-32 of the kept input, u32 check = CRC-32 of nonce, index and that CRC), then the inputs, 16-aligned
+ * from the region's start.
+ * A header written by another model, another layout, another address, or never written (a cold boot leaves
+ * noise) fails its checks and is replaced by an empty one: the host then uploads. */
+
+static const uint8_t kKeepMagic[8] = {'E', 'C', 'K', 'E', 'E', 'P', 0, 3};
+
+static size_t keep_slots_at(uint32_t cap) { return (ECL_KEEP_HEADER + (size_t)cap * ECL_KEEP_ENTRY + 15u) & ~(size_t)15u; }
+
+static uint32_t keep_check(uint32_t nonce, uint32_t index, uint32_t crc) {
+    uint8_t b[12];
+    ecf_put_u32(b, nonce);
+    ecf_put_u32(b + 4, index);
+    ecf_put_u32(b + 8, crc);
+    return ecf_crc32(0u, b, sizeof(b));
+}
+
+static void keep_header(const ecl_t *l, uint8_t *h) {
+    const ecl_config_t *c = &l->cfg;
+    memset(h, 0, ECL_KEEP_HEADER);
+    memcpy(h, kKeepMagic, sizeof(kKeepMagic));
+    ecf_put_u32(h + 8, (uint32_t)c->input_bytes);
+    ecf_put_u32(h + 12, l->keep_cap);
+    ecf_put_u32(h + 16, l->keep_nonce);
+    ecf_put_u32(h + 20, (uint32_t)c->keep_bytes);
+    memcpy(h + 24, c->model_sha256, 32);
+    ecf_put_u32(h + 56, c->keep_place);
+    ecf_put_u32(h + 60, ecf_crc32(0u, h, 60));
+}
+
+static int keep_entry_valid(const ecl_t *l, uint32_t k, uint32_t *crc) {
+    const uint8_t *e = l->cfg.keep + ECL_KEEP_HEADER + (size_t)k * ECL_KEEP_ENTRY;
+    *crc = ecf_get_u32(e);
+    return ecf_get_u32(e + 4) == keep_check(l->keep_nonce, k, *crc);
+}
+
+uint32_t ecl_keep_open(ecl_t *l) {
+    const ecl_config_t *c = &l->cfg;
+    uint8_t want[ECL_KEEP_HEADER];
+    size_t per, cap;
+    uint32_t k, crc;
+    l->keep_cap = 0;
+    l->kept = 0;
+    if (c->keep == NULL || c->model_sha256 == NULL || c->input_bytes == 0 || c->keep_bytes < ECL_KEEP_HEADER + 16u) {
+        return 0;
+    }
+    per = c->input_bytes + ECL_KEEP_ENTRY;
+    cap = (c->keep_bytes - ECL_KEEP_HEADER - 16u) / per;
+    if (cap > ECL_KEEP_MAX) cap = ECL_KEEP_MAX;
+    if (cap == 0) return 0;
+    l->keep_cap = (uint32_t)cap;
+    l->keep_nonce = ecf_get_u32(c->keep + 16); /* the header's own: it must match in the comparison below */
+    keep_header(l, want);
+    if (memcmp(want, c->keep, ECL_KEEP_HEADER) != 0) { /* not ours: a fresh, empty store */
+        l->keep_nonce = c->session;
+        keep_header(l, c->keep);
+        memset(c->keep + ECL_KEEP_HEADER, 0, (size_t)cap * ECL_KEEP_ENTRY);
+        return 0;
+    }
+    for (k = 0; k < l->keep_cap; k++) l->kept += (uint32_t)keep_entry_valid(l, k, &crc);
+    return l->kept;
+}
+
+/* The kept copy of input `id` whose CRC-32 is `want`, or NULL (not kept, another input, damaged). */
+static const uint8_t *keep_find(const ecl_t *l, uint32_t id, uint32_t want) {
+    uint32_t crc;
+    const uint8_t *in;
+    if (id >= l->keep_cap || !keep_entry_valid(l, id, &crc) || crc != want) return NULL;
+    in = l->cfg.keep + keep_slots_at(l->keep_cap) + (size_t)id * l->cfg.input_bytes;
+    return ecf_crc32(0u, in, l->cfg.input_bytes) == want ? in : NULL;
+}
+
+static void keep_store(ecl_t *l, uint32_t id, const uint8_t *in) {
+    uint8_t *e;
+    uint32_t crc;
+    if (id >= l->keep_cap) return;
+    e = l->cfg.keep + ECL_KEEP_HEADER + (size_t)id * ECL_KEEP_ENTRY;
+    ecf_put_u32(e + 4, 0u); /* invalid while the bytes change */
+    memcpy(l->cfg.keep + keep_slots_at(l->keep_cap) + (size_t)id * l->cfg.input_bytes, in, l->cfg.input_bytes);
+    crc = ecf_crc32(0u, in, l->cfg.input_bytes);
+    ecf_put_u32(e, crc);
+    ecf_put_u32(e + 4, keep_check(l->keep_nonce, id, crc));
 }
 
 /* ---- RUN ------------------------------------------------------------------------------------ */
 
 typedef struct {
     uint32_t id;
-    uint8_t source, results, text;
+    uint8_t source, results, text, keep, now;
     uint16_t repeat, n_expect;
     uint64_t seed;
     const uint8_t *expected; /* n_expect little-endian u32 */
@@ -130,16 +224,19 @@ static int parse_run(const ecl_t *l, const ecf_frame_t *f, run_cmd_t *r) {
     r->id = ecf_get_u32(f->payload);
     r->source = f->payload[4];
     r->results = f->payload[5];
-    r->text = f->payload[6];
+    r->text = f->payload[6] & 1u;
+    r->now = (uint8_t)(f->payload[6] >> 1); /* bit 1: send this result at once, not batched */
+    r->keep = f->payload[7];
     r->repeat = ecf_get_u16(f->payload + 8);
     r->n_expect = ecf_get_u16(f->payload + 10);
     r->seed = ecf_get_u64(f->payload + 12);
     r->expected = f->payload + ECL_RUN_FIXED;
     if ((size_t)f->len != ECL_RUN_FIXED + 4u * r->n_expect) return 0;
     if (r->n_expect != 0 && r->n_expect != l->cfg.n_outputs) return 0;
-    if (r->source > ECL_SRC_PRNG || r->results > ECL_RES_FULL_IF_DIFFERENT || r->text > 1 || r->repeat == 0) {
+    if (r->source > ECL_SRC_KEPT || r->results > ECL_RES_FULL_IF_DIFFERENT || r->now > 1 || r->repeat == 0) {
         return 0;
     }
+    if (r->keep > 1 || (r->keep && r->source != ECL_SRC_LOADED) || (r->text && r->source == ECL_SRC_KEPT)) return 0;
     return 1;
 }
 
@@ -148,15 +245,15 @@ static void output_crcs(const ecl_t *l, uint32_t *out) {
     for (o = 0; o < l->cfg.n_outputs; o++) out[o] = ecf_crc32(0u, l->cfg.outputs[o].data, l->cfg.outputs[o].bytes);
 }
 
-static void run_text(ecl_t *l, const run_cmd_t *r) {
+static void run_text(ecl_t *l, const run_cmd_t *r, const uint8_t *in) {
     const ecl_config_t *c = &l->cfg;
     char sha[65];
     uint32_t us = 0;
     int rc;
     size_t o;
-    c->sha256_hex(c->ctx, c->staging, c->input_bytes, sha);
+    c->sha256_hex(c->ctx, in, c->input_bytes, sha);
     ecp_input(c->ecp, (int)r->id, c->input_bytes, sha);
-    rc = c->invoke(c->ctx, c->staging, c->input_bytes, &us);
+    rc = c->invoke(c->ctx, in, c->input_bytes, &us);
     if (rc < 0) {
         l->status = ECL_HALTED;
         return;
@@ -179,13 +276,13 @@ static void run_text(ecl_t *l, const run_cmd_t *r) {
 }
 
 static void append(ecl_t *l, const uint8_t *data, size_t n) {
-    memcpy(l->batch + l->batch_len, data, n);
+    memcpy(l->txb + ECF_HEADER + l->batch_len, data, n);
     l->batch_len += n;
 }
 
-static void send_data_frames(ecl_t *l, uint32_t id) {
-    uint8_t p[ECF_MAX_PAYLOAD];
-    const size_t chunk = ECF_MAX_PAYLOAD - ECL_DATA_FIXED;
+static void send_data_frames(ecl_t *l, uint32_t id) { /* the batch is empty: its buffer builds them */
+    uint8_t *p = l->txb + ECF_HEADER;
+    const size_t chunk = ECF_MAX_TX_PAYLOAD - ECL_DATA_FIXED;
     size_t o;
     for (o = 0; o < l->cfg.n_outputs; o++) {
         const ecl_output_t *t = &l->cfg.outputs[o];
@@ -196,10 +293,24 @@ static void send_data_frames(ecl_t *l, uint32_t id) {
             ecf_put_u16(p + 4, (uint16_t)o);
             ecf_put_u32(p + 6, (uint32_t)off);
             memcpy(p + ECL_DATA_FIXED, t->data + off, n);
-            send_frame(l, ECL_RSP_DATA, p, ECL_DATA_FIXED + n);
+            send_in(l, l->txb, sizeof(l->txb), ECL_RSP_DATA, p, ECL_DATA_FIXED + n);
             off += n;
         }
     }
+}
+
+/* Append a record to the batch (the room for its full size was made): an id that follows the previous
+ * record's is not sent (ECL_HEAD_NEXT_ID). */
+static void append_record(ecl_t *l, uint8_t *rec, size_t rec_len) {
+    const uint32_t id = ecf_get_u32(rec + 1);
+    if (l->batch_len > 0 && id == l->batch_last + 1u) {
+        rec[0] |= ECL_HEAD_NEXT_ID;
+        append(l, rec, 1);
+        append(l, rec + 5, rec_len - 5);
+    } else {
+        append(l, rec, rec_len);
+    }
+    l->batch_last = id;
 }
 
 /* Queue one RESULT record (docs/protocol.md "Result record"): inline data when the record fits one frame.
@@ -209,32 +320,32 @@ static void emit_record(ecl_t *l, uint8_t *rec, size_t rec_len, size_t crc_at, i
     size_t data_len = 0, o;
     for (o = 0; o < l->cfg.n_outputs; o++) data_len += l->cfg.outputs[o].bytes;
     if (!full) {
-        if (l->batch_len + rec_len > ECF_MAX_PAYLOAD) flush_batch(l);
-        append(l, rec, rec_len);
+        if (l->batch_len + rec_len > ECF_MAX_TX_PAYLOAD) flush_batch(l);
+        append_record(l, rec, rec_len);
         return;
     }
-    if (!(rec[5] & ECL_FL_NONDETERMINISTIC)) {
+    if (!(rec[0] & ECL_FL_NONDETERMINISTIC)) {
         const size_t crcs = 4 * l->cfg.n_outputs;
-        if (rec_len - crcs + data_len <= ECF_MAX_PAYLOAD) {
+        if (rec_len - crcs + data_len <= ECF_MAX_TX_PAYLOAD) {
             memmove(rec + crc_at, rec + crc_at + crcs, rec_len - crc_at - crcs);
             rec_len -= crcs;
         }
     }
-    if (rec_len + data_len <= ECF_MAX_PAYLOAD) {
-        if (l->batch_len + rec_len + data_len > ECF_MAX_PAYLOAD) flush_batch(l);
-        rec[5] |= ECL_FL_INLINE;
-        append(l, rec, rec_len);
+    if (rec_len + data_len <= ECF_MAX_TX_PAYLOAD) {
+        if (l->batch_len + rec_len + data_len > ECF_MAX_TX_PAYLOAD) flush_batch(l);
+        rec[0] |= ECL_FL_INLINE;
+        append_record(l, rec, rec_len);
         for (o = 0; o < l->cfg.n_outputs; o++) append(l, l->cfg.outputs[o].data, l->cfg.outputs[o].bytes);
         return;
     }
-    if (l->batch_len + rec_len > ECF_MAX_PAYLOAD) flush_batch(l);
-    rec[5] |= ECL_FL_DATA_FRAMES;
-    append(l, rec, rec_len);
+    if (l->batch_len + rec_len > ECF_MAX_TX_PAYLOAD) flush_batch(l);
+    rec[0] |= ECL_FL_DATA_FRAMES;
+    append_record(l, rec, rec_len);
     flush_batch(l);
-    send_data_frames(l, ecf_get_u32(rec));
+    send_data_frames(l, l->batch_last);
 }
 
-static void run_binary(ecl_t *l, const run_cmd_t *r) {
+static void run_binary(ecl_t *l, const run_cmd_t *r, const uint8_t *in) {
     const ecl_config_t *c = &l->cfg;
     uint8_t rec[ECL_REC_FIXED + 8 * ECL_MAX_OUTPUTS + 4];
     uint32_t now[ECL_MAX_OUTPUTS];
@@ -243,9 +354,9 @@ static void run_binary(ecl_t *l, const run_cmd_t *r) {
     uint8_t status = ECL_ST_OK, flags = 0;
     size_t o, pos, crc_at;
     int full = 0;
-    const uint32_t input_crc = ecf_crc32(0u, c->staging, c->input_bytes);
+    const uint32_t input_crc = ecf_crc32(0u, in, c->input_bytes);
     while (done < r->repeat) {
-        int rc = c->invoke(c->ctx, c->staging, c->input_bytes, &us);
+        int rc = c->invoke(c->ctx, in, c->input_bytes, &us);
         if (rc < 0) {
             l->status = ECL_HALTED;
             return;
@@ -270,11 +381,10 @@ static void run_binary(ecl_t *l, const run_cmd_t *r) {
         done++;
     }
     if (r->repeat > 1) flags |= ECL_FL_REPEATS;
-    ecf_put_u32(rec, r->id);
-    rec[4] = status;
-    rec[5] = flags;
-    ecf_put_u32(rec + 6, first_us);
-    ecf_put_u32(rec + 10, input_crc);
+    rec[0] = (uint8_t)(flags | (status << 4));
+    ecf_put_u32(rec + 1, r->id);
+    ecf_put_u32(rec + 5, first_us);
+    ecf_put_u32(rec + 9, input_crc);
     pos = ECL_REC_FIXED;
     if (flags & ECL_FL_REPEATS) {
         ecf_put_u16(rec + pos, done);
@@ -294,15 +404,24 @@ static void run_binary(ecl_t *l, const run_cmd_t *r) {
         }
     }
     emit_record(l, rec, pos, crc_at, full);
-    if (busy_us >= ECL_FLUSH_AFTER_US) { /* a long run: its result and an ACK go out now, not after the queue */
+    if (busy_us >= ECL_FLUSH_AFTER_US || r->now) { /* a long run (or asked): its result and an ACK go now */
         flush_batch(l);
         if (l->consumed_since_ack > 0) send_ack(l);
     }
 }
 
+static void not_run(ecl_t *l, uint32_t id, uint8_t status) {
+    uint8_t rec[ECL_REC_FIXED + 4 * ECL_MAX_OUTPUTS];
+    memset(rec, 0, sizeof(rec));
+    rec[0] = (uint8_t)(status << 4);
+    ecf_put_u32(rec + 1, id);
+    emit_record(l, rec, ECL_REC_FIXED + 4 * l->cfg.n_outputs, ECL_REC_FIXED, 0);
+}
+
 static void do_run(ecl_t *l, const ecf_frame_t *f) {
     run_cmd_t r;
     const ecl_config_t *c = &l->cfg;
+    const uint8_t *in = c->staging;
     if (!parse_run(l, f, &r) || (r.text && !l->session_open) || c->staging == NULL) {
         ecl_error(l, f->len >= 4 ? ecf_get_u32(f->payload) : ECL_NO_ID, ECL_STAGE_PROTOCOL, f->len, "bad_run_command");
         l->loaded = 0;
@@ -311,8 +430,13 @@ static void do_run(ecl_t *l, const ecf_frame_t *f) {
     l->stats_runs++;
     if (r.source == ECL_SRC_PRNG) {
         ecf_prng_fill(r.seed, r.id, c->input_dtype, c->staging, c->input_bytes);
+    } else if (r.source == ECL_SRC_KEPT) {
+        in = keep_find(l, r.id, (uint32_t)r.seed);
+        if (in == NULL) {
+            not_run(l, r.id, ECL_ST_NOT_KEPT);
+            return;
+        }
     } else if (l->loaded != c->input_bytes) {
-        uint8_t rec[ECL_REC_FIXED + 4 * ECL_MAX_OUTPUTS];
         l->loaded = 0;
         if (r.text) {
             flush_batch(l);
@@ -320,18 +444,17 @@ static void do_run(ecl_t *l, const ecf_frame_t *f) {
             l->session_error = 1;
             return;
         }
-        memset(rec, 0, sizeof(rec));
-        ecf_put_u32(rec, r.id);
-        rec[4] = ECL_ST_INPUT_INCOMPLETE;
-        emit_record(l, rec, ECL_REC_FIXED + 4 * c->n_outputs, ECL_REC_FIXED, 0);
+        not_run(l, r.id, ECL_ST_INPUT_INCOMPLETE);
         return;
+    } else if (r.keep) {
+        keep_store(l, r.id, c->staging);
     }
     l->loaded = 0;
     if (r.text) {
         flush_batch(l);
-        run_text(l, &r);
+        run_text(l, &r, in);
     } else {
-        run_binary(l, &r);
+        run_binary(l, &r, in);
     }
 }
 
@@ -434,7 +557,7 @@ static void on_frame(void *ctx, const ecf_frame_t *f) {
     l->nak_pending = 0;
     l->rx_expected++;
     l->consumed_since_ack += (uint32_t)(ECF_HEADER + f->len + ECF_TRAILER);
-    if (l->consumed_since_ack >= l->cfg.window / 4) send_ack(l);
+    if (l->consumed_since_ack >= l->cfg.window / 2) send_ack(l);
     dispatch(l, f);
 }
 

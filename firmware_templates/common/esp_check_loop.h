@@ -48,22 +48,32 @@ extern "C" {
 /* RUN fields */
 #define ECL_SRC_LOADED 0
 #define ECL_SRC_PRNG 1
+#define ECL_SRC_KEPT 2 /* the input kept at index `id` across the slot switch; the RUN's seed holds its CRC-32 */
 #define ECL_RES_CRC 0
 #define ECL_RES_FULL 1
 #define ECL_RES_FULL_IF_DIFFERENT 2
 #define ECL_RUN_FIXED 20 /* bytes before the expected CRCs */
 
-/* RESULT record */
-#define ECL_REC_FIXED 14 /* id, status, flags, invoke_us, input_crc */
+/* RESULT record: u8 head (flags, status << 4, ECL_HEAD_NEXT_ID), u32 id unless ECL_HEAD_NEXT_ID, u32
+ * invoke_us, u32 input_crc */
+#define ECL_REC_FIXED 13
+#define ECL_HEAD_NEXT_ID 0x40 /* the id is the previous record's (in this RESULT payload) + 1: not sent */
+#define ECL_CTRL_MAX 256      /* payload of the frames other than RESULT and DATA (HELLO is the largest) */
 #define ECL_ST_OK 0
 #define ECL_ST_INVOKE_FAILED 1
 #define ECL_ST_INPUT_INCOMPLETE 2
+#define ECL_ST_NOT_KEPT 3 /* source kept: the device holds no valid copy with that CRC-32 (not run) */
 #define ECL_FL_NONDETERMINISTIC 0x01
 #define ECL_FL_INLINE 0x02
 #define ECL_FL_DATA_FRAMES 0x04
 #define ECL_FL_REPEATS 0x08 /* u16 invokes done + u16 first differing repeat follow (RUN repeat > 1) */
 #define ECL_DATA_FIXED 10 /* DATA payload: u32 id, u16 o, u32 offset */
 #define ECL_FLUSH_AFTER_US 100000u /* a RUN whose invokes took this long sends its result and an ACK at once */
+
+/* The kept-input store (docs/protocol.md "Kept inputs"): a RAM region that survives a software restart */
+#define ECL_KEEP_HEADER 64
+#define ECL_KEEP_ENTRY 8
+#define ECL_KEEP_MAX 0xFFFFu /* at most this many inputs */
 
 /* NAK reasons */
 #define ECL_NAK_BAD_FRAME 1
@@ -125,6 +135,12 @@ typedef struct {
      * `baud` (and back to the console baud by itself when no frame arrives at the new one in time). NULL:
      * the link cannot switch (USB-Serial-JTAG), BAUD is refused. */
     void (*set_baud)(void *ctx, uint32_t baud);
+    /* The kept-input store: a region both app slots place at the same address, left alone by a software
+     * restart (PSRAM EXT_RAM_NOINIT_ATTR on the firmware). NULL / 0: inputs are not kept. A store whose
+     * header records another size or placement (the other app linked it elsewhere) is not used. */
+    uint8_t *keep;
+    size_t keep_bytes;
+    uint32_t keep_place; /* where the app placed it (its address on a chip): the header records it */
 } ecl_config_t;
 
 typedef struct {
@@ -139,18 +155,24 @@ typedef struct {
     int session_open;
     int session_error;
     int status; /* ECL_OK, ECL_HALTED or ECL_REBOOT */
-    size_t batch_len;
+    size_t batch_len;     /* RESULT records waiting in txb + ECF_HEADER (the frame is encoded in place) */
+    uint32_t batch_last;  /* the id of the last record in the batch */
     uint32_t crc_first[ECL_MAX_OUTPUTS];
     uint32_t crc_diff[ECL_MAX_OUTPUTS];
-    uint8_t batch[ECF_MAX_PAYLOAD];
-    uint8_t tx[ECF_MAX_FRAME];
+    uint8_t txb[ECF_HEADER + ECF_MAX_TX_PAYLOAD + ECF_TRAILER]; /* RESULT and DATA frames */
+    uint8_t tx[ECF_HEADER + ECL_CTRL_MAX + ECF_TRAILER];        /* every other frame */
     uint32_t stats_runs, stats_naks, stats_dups;
     uint32_t key; /* ecf_key_crc(session, nn): the CRC start of every keyed frame, both directions */
+    uint32_t keep_cap;  /* inputs the store holds for this model (0: no store) */
+    uint32_t kept;      /* valid entries found at boot */
+    uint32_t keep_nonce; /* the store's nonce: every entry's check includes it */
 } ecl_t;
 
 size_t ecl_sizeof(void);
 /* 0, or -1 for a configuration the loop cannot serve (too many outputs, no staging buffer ...) */
 int ecl_init(ecl_t *l, const ecl_config_t *cfg);
+/* Open the kept-input store (ecl_init calls it): keep a valid one, else write an empty one. Returns kept. */
+uint32_t ecl_keep_open(ecl_t *l);
 void ecl_hello(ecl_t *l);
 int ecl_rx(ecl_t *l, const uint8_t *data, size_t len);
 int ecl_idle(ecl_t *l);

@@ -59,6 +59,8 @@ class LinkStats:
     stale_frames: int = 0  # whole frames of an earlier boot (another session's key): dropped, never used
     probes: int = 0  # SYNC probes sent while the device was silent (a long Invoke): not repairs
     results: int = 0  # input results received (RESULT records): the per-input figures divide by it
+    kept_runs: int = 0  # inputs run from the device's kept-input store (not uploaded again)
+    kept_fallbacks: int = 0  # of them, the device held no valid copy: uploaded after all (not a repair)
     seconds: float = 0.0
 
     def add(self, other: LinkStats) -> None:

@@ -20,7 +20,8 @@ port makes that program behave like a board behind a serial port, so the flash-a
   and starts that slot's program with the flash image, the table and slot offsets and its own directory
   in the environment (the stand-ins' ``esp_partition_*``, ``esp_ota_*`` use them). A program that calls
   ``esp_restart()`` (a software reset: the stand-in leaves a marker) is booted again the same way,
-  with its output kept;
+  with its output kept, and with the ``EXT_RAM_NOINIT_ATTR`` memory it saved (``psram_noinit.bin``, the
+  kept-input store of docs/protocol.md "Kept inputs"); any other boot is cold: that file is deleted;
 - **read** returns what the program writes to stdout and stderr (one pipe, so a sanitizer report on
   stderr lands where the firmware's output stopped), **write** feeds its stdin (bytes beyond what the
   pipe holds are dropped, like a full UART FIFO);
@@ -71,6 +72,7 @@ _MAX_FLASH_BYTES = 128 << 20
 # default first, then the other 4 KB boundaries a board file may choose below otadata).
 TABLE_OFFSETS = (0x8000, *range(0x9000, 0x10000, 0x1000))
 SW_RESET_MARKER = "sw_reset"  # left by the esp_restart() stand-in (standins/src/flash.c)
+NOINIT_FILE = "psram_noinit.bin"  # EXT_RAM_NOINIT_ATTR memory a software restart kept (standins/src/noinit.c)
 BOOT_LINE = "esp-check native boot:"
 _SIZE = re.compile(r"^([0-9]{1,3})MB$")
 
@@ -307,6 +309,9 @@ class Serial(InProcessPort):
             assert self._dir is not None
             with contextlib.suppress(FileNotFoundError):
                 (self._dir / SW_RESET_MARKER).unlink()
+            if not keep_output:  # a cold boot: PSRAM (EXT_RAM_NOINIT_ATTR, standins/src/noinit.c) is noise
+                with contextlib.suppress(FileNotFoundError):
+                    (self._dir / NOINIT_FILE).unlink()
             proc = subprocess.Popen(
                 [str(program)],
                 cwd=str(self._dir),

@@ -58,6 +58,7 @@ DATA_DIR = "esp-check"  # model.tflite and input_<k>.bin copies, build outputs u
 HUMAN_MAX = 16
 MAIN_STACK_BYTES = 16384
 PSRAM_RESERVE_BYTES = 512 * 1024  # PSRAM left for the rest of the system when the arena goes there
+KEEP_STORE_BYTES = 256 * 1024  # of that reserve: the kept-input store (docs/protocol.md "Kept inputs")
 MAX_INPUTS = 64
 # The portable C the firmware compiles next to app_main.cc: text emitter, binary frames, command loop.
 PROTO_FILES = tuple(f"esp_check_{name}{ext}" for name in ("proto", "frame", "loop") for ext in (".c", ".h"))
@@ -185,6 +186,12 @@ class ArenaPlan:
     espnn_formulas: str | None = None  # which esp-nn version's scratch formulas the estimate used
 
 
+def keep_store_bytes(board: Board) -> int:
+    """The kept-input store in PSRAM (docs/protocol.md "Kept inputs"), out of PSRAM_RESERVE_BYTES (so it
+    refuses no arena); 0 without PSRAM."""
+    return KEEP_STORE_BYTES if board.has_psram else 0
+
+
 def _arena_max(board: Board) -> dict[str, int]:
     """The largest arena ``board`` offers in internal RAM and in PSRAM (0: none), as ``place_arena``."""
     psram = max(board.psram_mb * 1024 * 1024 - PSRAM_RESERVE_BYTES, 0) if board.has_psram else 0
@@ -196,7 +203,7 @@ def place_arena(arena_bytes: int, board: Board) -> str:
     internal = board.internal_ram_arena_kb * 1024
     if arena_bytes <= internal:
         return "internal"
-    psram = board.psram_mb * 1024 * 1024 - PSRAM_RESERVE_BYTES
+    psram = _arena_max(board)["psram"]
     if board.has_psram and arena_bytes <= psram:
         return "psram"
     where = f"{internal // 1024} KB internal RAM"
@@ -797,6 +804,7 @@ def _base_context(
         "arena_bytes": plan.bytes,
         "arena_mem": plan.mem,
         "arena_max": _arena_max(board),  # compiled into the app, whatever the model partition asks
+        "keep_bytes": keep_store_bytes(board),
         "human_max": human_max,
         "main_stack_bytes": MAIN_STACK_BYTES,
         **_idf_context(board),
@@ -953,6 +961,7 @@ def _manifest(
         "arena_bytes": plan.bytes,
         "arena_mem": plan.mem,
         "arena_max": _arena_max(board),  # what the app accepts from a model partition header
+        "keep_bytes": keep_store_bytes(board),  # the kept-input store in PSRAM (0: none)
         "arena_source": plan.source,
         "arena_estimate_bytes": plan.estimate_bytes,
         "arena_espnn_formulas": plan.espnn_formulas,

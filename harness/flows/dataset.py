@@ -52,6 +52,7 @@ class DatasetRun:
     after_reset: dict[str, Any] | None = None
     errors: list[str] = dataclasses.field(default_factory=list)
     codes: list[ExitCode] = dataclasses.field(default_factory=list)
+    kept: set[int] = dataclasses.field(default_factory=set)  # inputs the device's kept-input store holds
 
 
 class _Collector:
@@ -100,6 +101,8 @@ class _Collector:
             return Leg("missing", detail="no result came back")
         if rec.status == frames.ST_INVOKE_FAILED:
             return Leg("invoke_failed", detail=f"Invoke returned status {rec.invoke_us}")
+        if rec.status == frames.ST_NOT_KEPT:
+            return Leg("invalid", detail="the device held no valid kept copy of this input")
         if rec.status != frames.ST_OK:
             return Leg("invalid", detail=f"status {rec.status} (the input did not arrive whole)")
         if rec.input_crc != zlib.crc32(data) & 0xFFFFFFFF:
@@ -137,9 +140,14 @@ def _stream(
     results: int,
     repeat: int,
     expected: Mapping[int, tuple[int, ...]],
+    kept: set[int] | None = None,
+    now: bool = False,
 ) -> _Streamed:
     """Run ``ids`` of the dataset on the booted app: their checked legs, the link's figures, problems and
-    the firmware faults the device printed."""
+    the firmware faults the device printed. ``kept``: the inputs an earlier variant of this check left in
+    the device's kept-input store (updated with what this stream stores); None: upload every input.
+    ``now``: every result comes back at once, not batched (a re-run after lost results: a device that
+    hangs on one input loses only that input's result)."""
     assert boot.hello is not None
     hello = boot.hello
     problems: list[str] = []
@@ -149,19 +157,16 @@ def _stream(
             stale_keys=resident.stale_keys(hello),
         )  # fmt: skip
         col = _Collector(hello.output_bytes)
+        sender = _Sender(client, col, ds, hello, kept, now=now)
         try:
-            for i in ids:
-                exp = expected.get(i, ())
-                mode = results if (results != frames.RES_FULL_IF_DIFFERENT or exp) else frames.RES_CRC
-                if ds.random:
-                    run = frames.encode_run(i, source=frames.SRC_PRNG, seed=ds.seed or 0, results=mode,
-                                        repeat=repeat, expected=exp)  # fmt: skip
-                else:
-                    client.load(ds.items[i].data)
-                    run = frames.encode_run(i, results=mode, repeat=repeat, expected=exp)
-                client.send(frames.CMD_RUN, run)
-                col.take(client)
+            sender.send(ids, results=results, repeat=repeat, expected=expected)
             client.sync(len(ids))
+            col.take(client)
+            again = [i for i in ids if i in col.records and col.records[i].status == frames.ST_NOT_KEPT]
+            if again:  # not kept after all (a cold boot, another model's store, a damaged copy): upload them
+                client.stats.kept_fallbacks += len(again)
+                sender.send(again, results=results, repeat=repeat, expected=expected, upload=True)
+                client.sync(len(ids) + 1)
         except DeviceRestarted as exc:
             resident.current = None
             problems.append(f"the {hello.nn} app restarted in the middle of the dataset: {exc}")
@@ -170,6 +175,7 @@ def _stream(
             problems.append(str(exc))
         col.take(client)
     boot.next_seq = client.seq
+    sender.note_kept()
     client.stats.rx_payload += col.payload
     client.stats.results += len(col.records)
     resident.link.add(client.stats)  # the run's total (report.json "link")
@@ -185,6 +191,64 @@ def _stream(
                 "invoke_failed", detail=f"the device crashed while it ran (or sent) this input: {why}"
             )
     return _Streamed(legs, client.stats, problems, faults)
+
+
+class _Sender:
+    """The RUN commands of a stream: random inputs drawn by the device; an input an earlier variant left
+    in the kept-input store run from there by index (its CRC-32 in the RUN: the device refuses any other
+    bytes, and the result's input CRC-32 proves what ran); every other input uploaded (and kept, when the
+    store has room, for the variants after this one)."""
+
+    def __init__(
+        self,
+        client: LoopClient,
+        col: _Collector,
+        ds: Dataset,
+        hello: frames.Hello,
+        kept: set[int] | None,
+        *,
+        now: bool = False,
+    ) -> None:
+        self.client, self.col, self.ds, self.kept, self.now = client, col, ds, kept, now
+        self.capacity = hello.keep_capacity if kept is not None and not ds.random else 0
+        self.usable = hello.kept > 0  # this boot found kept inputs (none: a cold boot, another model ...)
+        self.stored: list[int] = []
+
+    def send(
+        self,
+        ids: Sequence[int],
+        *,
+        results: int,
+        repeat: int,
+        expected: Mapping[int, tuple[int, ...]],
+        upload: bool = False,
+    ) -> None:
+        client, ds = self.client, self.ds
+        for i in ids:
+            exp = expected.get(i, ())
+            mode = results if (results != frames.RES_FULL_IF_DIFFERENT or exp) else frames.RES_CRC
+            common: dict[str, Any] = {"results": mode, "repeat": repeat, "expected": exp, "now": self.now}
+            if ds.random:
+                run = frames.encode_run(i, source=frames.SRC_PRNG, seed=ds.seed or 0, **common)
+            elif not upload and self.usable and self.kept is not None and i in self.kept:
+                crc = zlib.crc32(ds.items[i].data) & 0xFFFFFFFF
+                run = frames.encode_run(i, source=frames.SRC_KEPT, seed=crc, **common)
+                client.stats.kept_runs += 1
+            else:
+                client.load(ds.items[i].data)
+                keep = i < self.capacity
+                run = frames.encode_run(i, keep=keep, **common)
+                if keep:
+                    self.stored.append(i)
+            client.send(frames.CMD_RUN, run)
+            self.col.take(client)
+
+    def note_kept(self) -> None:
+        """The inputs this stream stored (the device answered for them: the RUN was taken)."""
+        if self.kept is None:
+            return
+        recs = self.col.records
+        self.kept.update(i for i in self.stored if i in recs and recs[i].status != frames.ST_INPUT_INCOMPLETE)
 
 
 @dataclasses.dataclass
@@ -301,7 +365,8 @@ def _passes(
     expected: Mapping[int, tuple[int, ...]],
 ) -> None:
     """The main pass over ``ids``, then more for inputs whose results were lost or damaged (at most
-    ``MAX_PASSES`` in all, and only while a pass still brings some of them back)."""
+    ``MAX_PASSES`` in all, and only while a pass still brings some of them back; the first re-run always,
+    with every result sent at once: a device that hung lost the results it had batched)."""
     v = run.variant
     assert run.serial_log is not None
     for attempt in range(1, MAX_PASSES + 1):
@@ -311,10 +376,13 @@ def _passes(
                 break
             boot = again
 
-        def one(ids: Sequence[int] = ids, boot: Boot = boot, log: Path = run.serial_log) -> _Streamed:
+        def one(
+            ids: Sequence[int] = ids, boot: Boot = boot, log: Path = run.serial_log, now: bool = attempt > 1
+        ) -> _Streamed:
             return _stream(
-                resident, boot, ds, ids, outputs, log, results=mode, repeat=repeat, expected=expected
-            )
+                resident, boot, ds, ids, outputs, log, results=mode, repeat=repeat, expected=expected,
+                kept=out.kept, now=now,
+            )  # fmt: skip
 
         streamed = resident.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
         legs, stats, problems = streamed.legs, streamed.stats, streamed.problems
@@ -326,8 +394,8 @@ def _passes(
             {"inputs": len(ids), "problems": problems, "link": stats.to_dict()}
         )
         lost = [i for i, leg in legs.items() if leg.status in _TRANSIENT]
-        if not lost or len(lost) == len(ids):
-            break
+        if not lost or (len(lost) == len(ids) and attempt > 1):  # the first re-run sends results at once:
+            break  # what a hang kept in the device's batch comes back then
         ids = lost
         out.link[v].retransmitted_frames += len(ids)  # a re-run is a repair: never a clean match
 

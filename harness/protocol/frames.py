@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-VERSION = 2
+VERSION = 3
 MAGIC = b"\xec\xf5"
 HEADER = 10
 TRAILER = 4
-MAX_PAYLOAD = 4096
+MAX_PAYLOAD = 4096  # host -> device (the device's receive buffer holds one such frame)
 MAX_FRAME = HEADER + MAX_PAYLOAD + TRAILER
+TX_MAX_PAYLOAD = 16384  # device -> host: RESULT and DATA frames (ECF_MAX_TX_PAYLOAD, announced in HELLO)
+TX_MAX_FRAME = HEADER + TX_MAX_PAYLOAD + TRAILER
 
 # host -> device
 CMD_HELLO, CMD_LOAD, CMD_RUN, CMD_SESSION, CMD_END, CMD_SYNC, CMD_BOOT, CMD_BAUD = range(1, 9)
@@ -39,15 +41,18 @@ TYPE_NAMES = {
     RSP_BAUD: "BAUD_OK",
 }  # fmt: skip
 
-SRC_LOADED, SRC_PRNG = 0, 1
+SRC_LOADED, SRC_PRNG, SRC_KEPT = 0, 1, 2
 RES_CRC, RES_FULL, RES_FULL_IF_DIFFERENT = 0, 1, 2
 RESULTS_MODES = {"crc": RES_CRC, "full": RES_FULL, "auto": RES_FULL_IF_DIFFERENT}
 RUN_FIXED = 20
-REC_FIXED = 14
-ST_OK, ST_INVOKE_FAILED, ST_INPUT_INCOMPLETE = 0, 1, 2
+REC_FIXED = 13  # u8 head, u32 id, u32 invoke_us, u32 input CRC-32; 9 when the head says HEAD_NEXT_ID
+HEAD_NEXT_ID = 0x40  # the record's id is the previous record's (in the same RESULT payload) + 1: not sent
+ST_OK, ST_INVOKE_FAILED, ST_INPUT_INCOMPLETE, ST_NOT_KEPT = 0, 1, 2, 3
 FL_NONDETERMINISTIC, FL_INLINE, FL_DATA_FRAMES, FL_REPEATS = 0x01, 0x02, 0x04, 0x08
 DATA_FIXED = 10
-HELLO_FIXED = 120
+HELLO_FIXED = 128
+KEEP_HEADER, KEEP_ENTRY, KEEP_MAX = 64, 8, 0xFFFF  # the kept-input store (docs/protocol.md "Kept inputs")
+KEEP_PSRAM_MAX = 512 * 1024  # PSRAM a simulated board offers the store (its size comes with the app)
 HELLO_LINE = b"@ECH HELLO "  # the HELLO frame travels as one text line: this, base64 of the frame, CRLF
 HELLO_LINE_MAX = 512  # longer than any HELLO line: a longer candidate is text
 NAK_BAD_FRAME, NAK_GAP = 1, 2
@@ -111,8 +116,8 @@ class Frame:
 def encode_frame(ftype: int, seq: int, payload: bytes = b"", flags: int = 0, key: int = 0) -> bytes:
     """One frame: magic, type, flags, seq, len, len ^ 0xFFFF, payload, CRC-32 of all that (starting from
     the boot key ``key`` for keyed types)."""
-    if len(payload) > MAX_PAYLOAD:
-        raise ValueError(f"frame payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+    if len(payload) > TX_MAX_PAYLOAD:
+        raise ValueError(f"frame payload of {len(payload)} bytes exceeds {TX_MAX_PAYLOAD}")
     n = len(payload)
     head = MAGIC + struct.pack("<BBHHH", ftype & 0xFF, flags & 0xFF, seq & 0xFFFF, n, n ^ 0xFFFF)
     body = head + bytes(payload)
@@ -153,13 +158,13 @@ class FrameDecoder:
 
     def __init__(
         self,
-        max_payload: int = MAX_PAYLOAD,
+        max_payload: int = TX_MAX_PAYLOAD,
         *,
         key: int = 0,
         stale_keys: Sequence[int] = (),
         hello_lines: bool = True,
     ) -> None:
-        self.max_payload = min(max_payload, MAX_PAYLOAD)
+        self.max_payload = min(max_payload, TX_MAX_PAYLOAD)  # the device's decoder: MAX_PAYLOAD
         self.buf = bytearray()
         self.stats = DecoderStats()
         self.key = key
@@ -194,7 +199,7 @@ class FrameDecoder:
                 if pos >= n:
                     break
             if pos < n:
-                take = min(n - pos, MAX_FRAME - len(self.buf))
+                take = min(n - pos, HEADER + self.max_payload + TRAILER - len(self.buf))
                 self.buf += data[pos : pos + take]
                 pos += take
             while self.buf:
@@ -442,6 +447,8 @@ class Hello:
     session: int = 0  # this boot's session id: with ``nn``, the boot key of every other frame
     app_sha256: str = ""  # the running app image's SHA-256 ("" unknown)
     other_sha256: str = ""  # the other app slot's image SHA-256 ("" unknown)
+    keep_capacity: int = 0  # inputs the kept-input store holds for this model (0: inputs are not kept)
+    kept: int = 0  # valid kept inputs the app found at boot (they survived the restart)
 
     @property
     def init_stage(self) -> str | None:
@@ -470,6 +477,7 @@ def encode_hello(h: Hello) -> bytes:
         h.max_payload, h.window, h.input_bytes, len(h.output_bytes), 0, h.session & 0xFFFFFFFF,
     )  # fmt: skip
     shas = _sha_bytes(h.model_sha256) + _sha_bytes(h.app_sha256) + _sha_bytes(h.other_sha256)
+    shas += struct.pack("<II", h.keep_capacity, h.kept)
     outs = b"".join(struct.pack("<I", n) for n in h.output_bytes)
     return head + shas + outs + bytes([len(fw)]) + fw
 
@@ -508,6 +516,8 @@ def decode_hello(p: bytes) -> Hello:
         session=session,
         app_sha256=_sha_hex(p[56:88]),
         other_sha256=_sha_hex(p[88:120]),
+        keep_capacity=int.from_bytes(p[120:124], "little"),
+        kept=int.from_bytes(p[124:128], "little"),
     )
 
 
@@ -520,10 +530,16 @@ def encode_run(
     repeat: int = 1,
     seed: int = 0,
     expected: Sequence[int] = (),
+    keep: bool = False,
+    now: bool = False,
 ) -> bytes:
+    """A RUN payload. ``keep``: store the loaded input as kept input ``ident`` (source loaded only);
+    ``source=SRC_KEPT`` runs kept input ``ident``, ``seed`` then being its CRC-32; ``now``: send its
+    result at once (with an ACK), not batched with the next ones."""
     if not 1 <= repeat <= 0xFFFF:
         raise ValueError(f"repeat {repeat} out of range 1..65535")
-    head = struct.pack("<IBBBBHHQ", ident, source, results, int(text), 0, repeat, len(expected), seed)
+    flags = int(text) | (2 if now else 0)
+    head = struct.pack("<IBBBBHHQ", ident, source, results, flags, int(keep), repeat, len(expected), seed)
     return head + b"".join(struct.pack("<I", c & 0xFFFFFFFF) for c in expected)
 
 
@@ -567,12 +583,22 @@ def decode_results(p: bytes, output_bytes: Sequence[int]) -> list[ResultRecord]:
     recs: list[ResultRecord] = []
     known = FL_NONDETERMINISTIC | FL_INLINE | FL_DATA_FRAMES | FL_REPEATS
     while pos < len(p):
-        _need(p[pos:], REC_FIXED, "RESULT record")
-        ident, status, flags, us, in_crc = struct.unpack_from("<IBBII", p, pos)
+        head = p[pos]
+        flags, status = head & 0x0F, (head >> 4) & 0x03
+        if head & 0x80 or (head & HEAD_NEXT_ID and not recs):
+            raise FrameFormatError(f"RESULT record head 0x{head:02x} is invalid")
+        if head & HEAD_NEXT_ID:
+            _need(p[pos:], REC_FIXED - 4, "RESULT record")
+            ident = (recs[-1].ident + 1) & 0xFFFFFFFF
+            us, in_crc = struct.unpack_from("<II", p, pos + 1)
+            pos += REC_FIXED - 4
+        else:
+            _need(p[pos:], REC_FIXED, "RESULT record")
+            ident, us, in_crc = struct.unpack_from("<III", p, pos + 1)
+            pos += REC_FIXED
         bad = flags & ~known or (flags & FL_INLINE and flags & FL_DATA_FRAMES)
         if bad or (flags & FL_NONDETERMINISTIC and not flags & FL_REPEATS):
             raise FrameFormatError(f"RESULT record for input {ident} has invalid flags 0x{flags:02x}")
-        pos += REC_FIXED
         reps, diff_at = 1, 0
         if flags & FL_REPEATS:
             _need(p[pos:], 4, "RESULT repeats block")

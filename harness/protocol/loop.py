@@ -65,6 +65,8 @@ class LoopConfig:
     app_sha256: str = ""
     other_sha256: str = ""
     baud_switch: bool = False  # the console can change its baud (a UART): BAUD is served, else refused
+    keep: bytearray | memoryview | None = None  # the kept-input store (survives a restart); None: none
+    keep_place: int = 0  # where the app placed the store (its address on a chip): its header records it
 
 
 @dataclass
@@ -77,6 +79,78 @@ class _Run:
     n_expect: int
     seed: int
     expected: tuple[int, ...]
+    keep: bool = False
+    now: bool = False
+
+
+_KEEP_MAGIC = b"ECKEEP\x00\x03"
+
+
+class KeepStore:
+    """The kept-input store in ``cfg.keep`` (esp_check_loop.c ``ecl_keep_open`` and friends)."""
+
+    def __init__(self, cfg: LoopConfig) -> None:
+        self.cfg = cfg
+        self.cap = self.kept = self.nonce = 0
+        region = cfg.keep
+        if region is None or not cfg.model_sha256 or cfg.input_bytes == 0:
+            return
+        if len(region) < frames.KEEP_HEADER + 16:
+            return
+        cap = min(
+            (len(region) - frames.KEEP_HEADER - 16) // (cfg.input_bytes + frames.KEEP_ENTRY), frames.KEEP_MAX
+        )
+        if cap == 0:
+            return
+        self.cap = cap
+        self.nonce = struct.unpack_from("<I", region, 16)[0]
+        if self._header() != bytes(region[: frames.KEEP_HEADER]):  # not ours: a fresh, empty store
+            self.nonce = cfg.session
+            region[: frames.KEEP_HEADER] = self._header()
+            end = frames.KEEP_HEADER + cap * frames.KEEP_ENTRY
+            region[frames.KEEP_HEADER : end] = bytes(end - frames.KEEP_HEADER)
+            return
+        self.kept = sum(self._entry(k)[0] for k in range(cap))
+
+    def _header(self) -> bytes:
+        c = self.cfg
+        region = c.keep if c.keep is not None else bytearray()
+        h = _KEEP_MAGIC + struct.pack("<IIII", c.input_bytes, self.cap, self.nonce, len(region))
+        h += bytes.fromhex(c.model_sha256) + struct.pack("<I", c.keep_place & 0xFFFFFFFF)
+        return h + struct.pack("<I", frames.crc32(h))
+
+    def _check(self, index: int, crc: int) -> int:
+        return frames.crc32(struct.pack("<III", self.nonce, index, crc))
+
+    def _entry(self, k: int) -> tuple[bool, int]:
+        assert self.cfg.keep is not None
+        crc, check = struct.unpack_from("<II", self.cfg.keep, frames.KEEP_HEADER + k * frames.KEEP_ENTRY)
+        return check == self._check(k, crc), crc
+
+    def _slot(self, k: int) -> int:
+        return (frames.KEEP_HEADER + self.cap * frames.KEEP_ENTRY + 15) // 16 * 16 + k * self.cfg.input_bytes
+
+    def find(self, ident: int, want: int) -> bytes | None:
+        """The kept copy of input ``ident`` whose CRC-32 is ``want``, or None."""
+        if ident >= self.cap:
+            return None
+        ok, crc = self._entry(ident)
+        if not ok or crc != want:
+            return None
+        assert self.cfg.keep is not None
+        at = self._slot(ident)
+        data = bytes(self.cfg.keep[at : at + self.cfg.input_bytes])
+        return data if frames.crc32(data) == want else None
+
+    def store(self, ident: int, data: bytes) -> None:
+        if ident >= self.cap:
+            return
+        assert self.cfg.keep is not None
+        e = frames.KEEP_HEADER + ident * frames.KEEP_ENTRY
+        at = self._slot(ident)
+        self.cfg.keep[at : at + len(data)] = data
+        crc = frames.crc32(data)
+        self.cfg.keep[e : e + 8] = struct.pack("<II", crc, self._check(ident, crc))
 
 
 @dataclass
@@ -86,7 +160,9 @@ class DeviceLoop:
     cfg: LoopConfig
     host: LoopHost
     emitter: Any  # harness.protocol.emitter.Emitter with a ``seq`` attribute
-    dec: frames.FrameDecoder = field(default_factory=lambda: frames.FrameDecoder(hello_lines=False))
+    dec: frames.FrameDecoder = field(
+        default_factory=lambda: frames.FrameDecoder(frames.MAX_PAYLOAD, hello_lines=False)
+    )
     rx_expected: int = 0
     tx_seq: int = 0
     nak_pending: bool = False
@@ -97,6 +173,7 @@ class DeviceLoop:
     session_error: bool = False
     status: int = ECL_OK
     batch: bytearray = field(default_factory=bytearray)
+    batch_last: int = 0  # the id of the last record in the batch
     staging: bytearray = field(default_factory=bytearray)
     outputs_now: list[bytes] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=lambda: {"runs": 0, "naks": 0, "dups": 0})
@@ -106,6 +183,7 @@ class DeviceLoop:
         self.key = frames.key_crc(self.cfg.session, self.cfg.nn)
         self.dec.key = self.key
         self.staging = bytearray(self.cfg.input_bytes)
+        self.store = KeepStore(self.cfg)
         self.outputs_now = [bytes(o.bytes) for o in self.cfg.outputs]
 
     # ---- sending ----------------------------------------------------------------------------------
@@ -149,7 +227,7 @@ class DeviceLoop:
             slot=c.slot,
             init_status=c.init_status,
             input_dtype=c.input_dtype,
-            max_payload=frames.MAX_PAYLOAD,
+            max_payload=frames.TX_MAX_PAYLOAD,
             window=c.window,
             input_bytes=c.input_bytes,
             output_bytes=tuple(o.bytes for o in c.outputs),
@@ -158,6 +236,8 @@ class DeviceLoop:
             session=c.session,
             app_sha256=c.app_sha256,
             other_sha256=c.other_sha256,
+            keep_capacity=self.store.cap,
+            kept=self.store.kept,
         )
         fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: frames.FWVER_MAX])
         payload = frames.encode_hello(h)[:-1] + bytes([len(fw)]) + fw
@@ -202,7 +282,7 @@ class DeviceLoop:
         self.nak_pending = False
         self.rx_expected = (self.rx_expected + 1) & 0xFFFF
         self.consumed_since_ack += f.size
-        if self.consumed_since_ack >= self.cfg.window // 4:
+        if self.consumed_since_ack >= self.cfg.window // 2:
             self._ack()
         self._dispatch(f)
 
@@ -279,10 +359,13 @@ class DeviceLoop:
         p = f.payload
         if len(p) < frames.RUN_FIXED:
             return None
-        ident, source, results, text, _, repeat, n_expect, seed = struct.unpack_from("<IBBBBHHQ", p)
+        ident, source, results, text, keep, repeat, n_expect, seed = struct.unpack_from("<IBBBBHHQ", p)
         if len(p) != frames.RUN_FIXED + 4 * n_expect or n_expect not in (0, len(self.cfg.outputs)):
             return None
-        if source > frames.SRC_PRNG or results > frames.RES_FULL_IF_DIFFERENT or text > 1 or repeat == 0:
+        text, now = text & 1, text >> 1  # byte 6: bit 0 text, bit 1 send the result at once
+        if source > frames.SRC_KEPT or results > frames.RES_FULL_IF_DIFFERENT or now > 1 or repeat == 0:
+            return None
+        if keep > 1 or (keep and source != frames.SRC_LOADED) or (text and source == frames.SRC_KEPT):
             return None
         expected = struct.unpack_from(f"<{n_expect}I", p, frames.RUN_FIXED)
         return _Run(
@@ -294,6 +377,8 @@ class DeviceLoop:
             n_expect=n_expect,
             seed=seed,
             expected=tuple(expected),
+            keep=bool(keep),
+            now=bool(now),
         )
 
     def _run(self, f: frames.Frame) -> None:
@@ -304,8 +389,14 @@ class DeviceLoop:
             self.loaded = 0
             return
         self.stats["runs"] += 1
+        data: bytes | None = None  # the input a kept source names (else the staging buffer's)
         if r.source == frames.SRC_PRNG:
             self.staging[:] = frames.prng_bytes(r.seed, r.ident, self.cfg.input_dtype, self.cfg.input_bytes)
+        elif r.source == frames.SRC_KEPT:
+            data = self.store.find(r.ident, r.seed & 0xFFFFFFFF)
+            if data is None:
+                self._not_run(r.ident, frames.ST_NOT_KEPT)
+                return
         elif self.loaded != self.cfg.input_bytes:
             self.loaded = 0
             if r.text:
@@ -313,20 +404,24 @@ class DeviceLoop:
                 self.emitter.error("input", 0, "input_not_loaded", r.ident)
                 self.session_error = True
                 return
-            rec = struct.pack("<IBBII", r.ident, frames.ST_INPUT_INCOMPLETE, 0, 0, 0)
-            self._emit_record(
-                bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), frames.REC_FIXED, full=False
-            )
+            self._not_run(r.ident, frames.ST_INPUT_INCOMPLETE)
             return
+        elif r.keep:
+            self.store.store(r.ident, bytes(self.staging))
         self.loaded = 0
+        data = bytes(self.staging) if data is None else data
         if r.text:
             self._flush()
-            self._run_text(r)
+            self._run_text(r, data)
         else:
-            self._run_binary(r)
+            self._run_binary(r, data)
 
-    def _invoke(self) -> tuple[int, int]:
-        rc, us, outs = self.host.invoke(bytes(self.staging))
+    def _not_run(self, ident: int, status: int) -> None:
+        rec = struct.pack("<BIII", status << 4, ident, 0, 0)
+        self._emit_record(bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), frames.REC_FIXED, full=False)
+
+    def _invoke(self, data: bytes) -> tuple[int, int]:
+        rc, us, outs = self.host.invoke(data)
         if rc == 0:
             if len(outs) != len(self.cfg.outputs) or any(
                 len(b) != o.bytes for b, o in zip(outs, self.cfg.outputs, strict=True)
@@ -335,10 +430,10 @@ class DeviceLoop:
             self.outputs_now = list(outs)
         return rc, us
 
-    def _run_text(self, r: _Run) -> None:
+    def _run_text(self, r: _Run, data: bytes) -> None:
         em = self.emitter
-        em.input(r.ident, self.cfg.input_bytes, self.host.sha256_hex(bytes(self.staging)))
-        rc, us = self._invoke()
+        em.input(r.ident, self.cfg.input_bytes, self.host.sha256_hex(data))
+        rc, us = self._invoke(data)
         if rc < 0:
             self.status = ECL_HALTED
             return
@@ -369,14 +464,14 @@ class DeviceLoop:
     def _crcs(self) -> list[int]:
         return [frames.crc32(b) for b in self.outputs_now]
 
-    def _run_binary(self, r: _Run) -> None:
+    def _run_binary(self, r: _Run, data: bytes) -> None:
         n = len(self.cfg.outputs)
-        input_crc = frames.crc32(self.staging)
+        input_crc = frames.crc32(data)
         done, first_us, status, flags, first_diff, busy_us = 0, 0, frames.ST_OK, 0, 0, 0
         first: list[int] = [0] * n
         diff: list[int] = []
         while done < r.repeat:
-            rc, us = self._invoke()
+            rc, us = self._invoke(data)
             if rc < 0:
                 self.status = ECL_HALTED
                 return
@@ -394,7 +489,7 @@ class DeviceLoop:
             done += 1
         if r.repeat > 1:
             flags |= frames.FL_REPEATS
-        rec = bytearray(struct.pack("<IBBII", r.ident, status, flags, first_us & 0xFFFFFFFF, input_crc))
+        rec = bytearray(struct.pack("<BIII", flags | status << 4, r.ident, first_us & 0xFFFFFFFF, input_crc))
         if flags & frames.FL_REPEATS:
             rec += struct.pack("<HH", done, first_diff)
         crc_at = len(rec)
@@ -408,39 +503,50 @@ class DeviceLoop:
             elif r.results == frames.RES_FULL_IF_DIFFERENT:
                 full = r.n_expect == 0 or any(e != c for e, c in zip(r.expected, first, strict=False))
         self._emit_record(rec, crc_at, full)
-        if busy_us >= frames.FLUSH_AFTER_US:  # a long run: its result and an ACK go out now
+        if busy_us >= frames.FLUSH_AFTER_US or r.now:  # a long run (or asked): its result and an ACK go now
             self._flush()
             if self.consumed_since_ack > 0:
                 self._ack()
 
+    def _append_record(self, rec: bytearray) -> None:
+        """Into the batch (its room was made): an id that follows the previous record's is not sent."""
+        ident = struct.unpack_from("<I", rec, 1)[0]
+        if self.batch and ident == (self.batch_last + 1) & 0xFFFFFFFF:
+            self.batch += bytes([rec[0] | frames.HEAD_NEXT_ID]) + rec[5:]
+        else:
+            self.batch += rec
+        self.batch_last = ident
+
     def _emit_record(self, rec: bytearray, crc_at: int, full: bool) -> None:
+        cap = frames.TX_MAX_PAYLOAD
         data_len = sum(o.bytes for o in self.cfg.outputs)
         if not full:
-            if len(self.batch) + len(rec) > frames.MAX_PAYLOAD:
+            if len(self.batch) + len(rec) > cap:
                 self._flush()
-            self.batch += rec
+            self._append_record(rec)
             return
         crcs = 4 * len(self.cfg.outputs)
-        if not rec[5] & frames.FL_NONDETERMINISTIC and len(rec) - crcs + data_len <= frames.MAX_PAYLOAD:
+        if not rec[0] & frames.FL_NONDETERMINISTIC and len(rec) - crcs + data_len <= cap:
             del rec[crc_at : crc_at + crcs]  # inline and deterministic: the host computes them
-        if len(rec) + data_len <= frames.MAX_PAYLOAD:
-            if len(self.batch) + len(rec) + data_len > frames.MAX_PAYLOAD:
+        if len(rec) + data_len <= cap:
+            if len(self.batch) + len(rec) + data_len > cap:
                 self._flush()
-            rec[5] |= frames.FL_INLINE
-            self.batch += rec
+            rec[0] |= frames.FL_INLINE
+            self._append_record(rec)
             for b in self.outputs_now:
                 self.batch += b
             return
-        if len(self.batch) + len(rec) > frames.MAX_PAYLOAD:
+        if len(self.batch) + len(rec) > cap:
             self._flush()
-        rec[5] |= frames.FL_DATA_FRAMES
-        self.batch += rec
+        rec[0] |= frames.FL_DATA_FRAMES
+        self._append_record(rec)
         self._flush()
-        ident = struct.unpack_from("<I", rec)[0]
-        chunk = frames.MAX_PAYLOAD - frames.DATA_FIXED
+        chunk = cap - frames.DATA_FIXED
         for o, b in enumerate(self.outputs_now):
             for off in range(0, len(b), chunk):
-                self._send(frames.RSP_DATA, struct.pack("<IHI", ident, o, off) + b[off : off + chunk])
+                self._send(
+                    frames.RSP_DATA, struct.pack("<IHI", self.batch_last, o, off) + b[off : off + chunk]
+                )
 
 
 def _i32(v: int) -> int:

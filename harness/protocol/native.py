@@ -102,6 +102,9 @@ class _Config(ctypes.Structure):
         ("app_sha256", _u8p),
         ("other_sha256", _u8p),
         ("set_baud", _BAUD),
+        ("keep", _u8p),
+        ("keep_bytes", ctypes.c_size_t),
+        ("keep_place", ctypes.c_uint32),
     ]
 
 
@@ -225,6 +228,11 @@ class CDeviceLoop:
         host_ = self.host
         self._baud_cb = _BAUD(lambda _ctx, baud: host_.set_baud(int(baud)))
         c.set_baud = self._baud_cb if cfg.baud_switch else _BAUD()  # NULL: BAUD refused
+        if cfg.keep is not None and len(cfg.keep) > 0:  # the store is the board's memory: shared, not copied
+            self._keep_mem = (ctypes.c_uint8 * len(cfg.keep)).from_buffer(cfg.keep)
+            c.keep = ctypes.cast(self._keep_mem, _u8p)
+            c.keep_bytes = len(cfg.keep)
+            c.keep_place = cfg.keep_place & 0xFFFFFFFF
         self._config = c
         self.state = ctypes.create_string_buffer(int(lib.ecl_sizeof()))
         if lib.ecl_init(self.state, ctypes.byref(c)) != 0:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import re
 import threading
 import time
@@ -34,7 +35,7 @@ from harness.sim.app import ROM_BAUD, BootContext, boot_from_flash, rom_header
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec, get_chip
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader
-from harness.sim.resident import Piece, SimApp
+from harness.sim.resident import IDLE_QUIET_S, Piece, SimApp, keep_after_boot
 
 RESET_STYLES = {
     "classic": "classic",
@@ -254,6 +255,8 @@ class SimBoard:
         self._now: float | None = None  # device-side time of the output being emitted (throttled input)
         self.rx_dropped = 0  # bytes lost because the receive buffer was full (host ignored flow control)
         self.rx_bytes = 0
+        # PSRAM the kept-input store lives in: noise at power-on, left alone by a software restart
+        self.keep = bytearray(random.Random(f"{name}:psram").randbytes(frames.KEEP_PSRAM_MAX))
 
     # ---- persistence ---------------------------------------------------------------------------
 
@@ -533,6 +536,7 @@ class SimBoard:
             self._log(f"host writes at {port_baud} baud, the app listens at {self.console_baud}: garbage")
             return
         step = 256
+        rate = self._rate(None if self.config.reset == "usb_jtag" else port_baud)
         for k in range(0, len(data), step):
             chunk = data[k : k + step]
             arrival = self._arrival(now, len(chunk), port_baud)
@@ -546,8 +550,9 @@ class SimBoard:
                 chunk = chunk[:room]
             if not chunk:
                 continue
+            first = arrival - (len(chunk) - 1) / rate if rate else arrival  # its first byte's arrival
             start = max(arrival, self._dev_free)
-            if self._idle_at is not None and arrival <= self._idle_at:
+            if self._idle_at is not None and first <= self._idle_at:
                 self._idle_at = None  # the device finds these bytes before it goes idle
             self._run_app_call(start, functools.partial(self._app_rx, chunk))
             self._inflight.append((arrival, start, len(chunk)))
@@ -595,7 +600,7 @@ class SimBoard:
         elif app.halted:
             self._idle_at = None  # silent from now on (hang, stall, cut output)
         else:
-            self._idle_at = self._dev_free
+            self._idle_at = self._dev_free + IDLE_QUIET_S  # no byte for a tick: the app goes idle
 
     def _app_settle(self, now: float) -> None:
         """The receive buffer ran empty at ``_idle_at`` and nothing new came: the app flushes and ACKs."""
@@ -724,6 +729,7 @@ class SimBoard:
         self.boots += 1
         self._log(f"boot: SPI flash ({reason})")
         self.persist()
+        keep_after_boot(self.keep, reason, self.config.faults, self.boots)
         ctx = BootContext(
             chip=self.chip,
             flash=self.flash,  # the app may write otadata (slot switch)
@@ -734,6 +740,7 @@ class SimBoard:
             cache=self._cache,
             invoke_time=self.config.invoke_time,
             log=self._log,
+            keep=self.keep,
         )
         result = boot_from_flash(ctx, reason)
         if result.variant is not None:

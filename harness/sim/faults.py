@@ -43,6 +43,11 @@ FAULTS: dict[str, str] = {
     "flaky": "every second invoke changes one output element by 1 LSB (a non-deterministic kernel)",
     "op_panic": "Guru Meditation panic inside op `fault_op` (where that op runs the `variant_fault` kernel)",
     "op_hang": "the invoke never returns once op `fault_op` starts (where it runs the `variant_fault` one)",
+    # the kept-input store (docs/protocol.md "Kept inputs"): what a software restart leaves in PSRAM
+    "keep_cold": "every software restart loses the kept inputs (the memory holds noise, as after a power-on)",
+    "keep_stale": "after each software restart the kept-input store is another model's (its header names "
+    "another model SHA-256, its own CRC valid)",
+    "keep_flip": "after each software restart one byte of every kept input is flipped (entries still valid)",
     "unoptimized_kind": "op kind `fault_kind` compiled without ESP-NN optimization in the optimized build: "
     "the same outputs at ANSI C speed",
 }

@@ -401,6 +401,7 @@ def _app_header(manifest: Manifest, chip: ChipSpec, project_dir: Path) -> dict[s
         "human_max": int(manifest.get("human_max", 16)),
         # the arena comes with the model (its partition header); the app has only the board's limits
         "arena_max": {str(k): int(v) for k, v in dict(manifest.get("arena_max") or {}).items()},
+        "keep_bytes": int(manifest.get("keep_bytes", 0)),  # the kept-input store in PSRAM (0: none)
         "console_baud": int(manifest.get("console_baud", 115200)),
         # a UART console can switch its baud (BAUD); USB-Serial-JTAG cannot
         "console": str((manifest.get("board_def") or {}).get("console") or "uart"),

@@ -76,6 +76,7 @@ class AppEnv:
     cache: dict[str, Any]
     invoke_time: str = "0"  # "model": busy for the modelled invoke time; else seconds (float)
     log: Callable[[str], None] = lambda _m: None
+    keep: bytearray | None = None  # PSRAM a software restart leaves alone (the kept-input store's memory)
 
 
 class _Model:
@@ -117,7 +118,8 @@ class _Init:
     cycles: list[int] = field(default_factory=list)  # modelled cycles per op
 
 
-LINE_FAULTS = ("sync_fail", "baud_fail")  # faults of the line / ROM, not of the app image
+# faults of the line / ROM / the board's memory, not of the app image
+LINE_FAULTS = ("sync_fail", "baud_fail", "keep_cold", "keep_stale", "keep_flip")
 
 
 class SimApp:
@@ -261,6 +263,13 @@ class SimApp:
             other_sha256=self.slot_shas[1],
             baud_switch=str(self.payload.header.get("console", "uart")) == "uart",
         )
+        # the store lives in PSRAM (EXT_RAM_NOINIT_ATTR), at its start: only an image built for a board with
+        # PSRAM has one (its size compiled in, as kKeepBytes)
+        size = int(self.payload.header.get("keep_bytes", 0))
+        if 0 < size <= len(self.env.keep or b""):
+            assert self.env.keep is not None
+            cfg.keep = memoryview(self.env.keep)[:size]
+            cfg.keep_place = KEEP_PLACE
         return make_loop(cfg, self, backend=self.env.emitter_backend)
 
     def start(self, header_flash: int) -> tuple[list[Piece], str | None]:
@@ -583,7 +592,31 @@ def _flash_size_text(detected: int, header: int, relation: str) -> str:
     )
 
 
+KEEP_PLACE = 0x3D000000  # where both simulated apps place the store (an S3's PSRAM data address)
+COLD_BOOTS = ("poweron", "usb")  # boots that start with noise in PSRAM (a power-on, the EN pin, a USB reset)
+
+
+def keep_after_boot(mem: bytearray, reason: str, faults: FaultSpec, boot: int) -> None:
+    """What a boot leaves in the kept-input store's PSRAM (``mem``): a restart (software, panic, watchdog)
+    leaves it alone, as ``EXT_RAM_NOINIT_ATTR`` memory; a cold boot leaves noise. The keep faults act at
+    every warm restart."""
+    if reason in COLD_BOOTS or faults.active("keep_cold"):
+        mem[:] = faults.rng("keep_cold", boot).randbytes(len(mem))
+        return
+    if faults.active("keep_stale") and mem[:6] == b"ECKEEP":  # another model's store: its own CRC is valid
+        mem[24:56] = hashlib.sha256(bytes(mem[24:56])).digest()
+        mem[60:64] = frames.crc32(mem[:60]).to_bytes(4, "little")
+    if faults.active("keep_flip") and mem[:6] == b"ECKEEP":
+        size, cap = int.from_bytes(mem[8:12], "little"), int.from_bytes(mem[12:16], "little")
+        first = (frames.KEEP_HEADER + cap * frames.KEEP_ENTRY + 15) // 16 * 16
+        for k in range(cap):
+            at = first + k * size + (k * 7919) % max(size, 1)
+            if at < len(mem):
+                mem[at] ^= 0x01
+
+
 FREERTOS_TICK_S = 0.01  # ESP-IDF's default CONFIG_FREERTOS_HZ=100
+IDLE_QUIET_S = FREERTOS_TICK_S  # no byte for this long and the app calls ecl_idle (kIdleQuietTicks, 1 tick)
 IDLE_TICK_EVERY_S = 1.0  # app_main.cc's kIdleTickEveryUs: one tick at most once a second of invokes
 
 

@@ -32,6 +32,8 @@ static void on_frame(void *ctx, const ecf_frame_t *f) { size_t *n = (size_t *)ct
 
 int main(int argc, char **argv) {
     static uint8_t staging[64];
+    static uint8_t keep[64 + 8 * 6 + 16 + 6 * 64 + 40]; /* a kept-input store of 6 inputs, kept across cases */
+    static const uint8_t model_sha[32] = {1, 2, 3};
     static ecp_t ecp;
     static ecl_t loop;
     static ecf_decoder_t dec;
@@ -54,7 +56,8 @@ int main(int argc, char **argv) {
         cfg.write = w_raw; cfg.invoke = invoke; cfg.session_begin = session; cfg.sha256_hex = sha;
         cfg.boot_slot = boot; cfg.ecp = &ecp; cfg.staging = staging; cfg.input_bytes = sizeof(staging);
         cfg.input_dtype = (uint8_t)(a % 6); cfg.outputs = outs; cfg.n_outputs = 2; cfg.window = 5000;
-        cfg.human_max = 4; cfg.fwver = "fuzz";
+        cfg.human_max = 4; cfg.fwver = "fuzz"; cfg.model_sha256 = model_sha; cfg.session = (uint32_t)a;
+        cfg.keep = a % 4 ? keep : NULL; cfg.keep_bytes = a % 4 == 3 ? 70 : sizeof(keep);
         ecp_init(&ecp, w_ecp, NULL);
         if (ecl_init(&loop, &cfg) != 0) return 3;
         ecl_hello(&loop);

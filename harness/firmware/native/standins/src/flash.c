@@ -299,8 +299,11 @@ esp_err_t esp_ota_set_boot_partition(const esp_partition_t *partition) {
 
 /* A software reset: tell the native board (a marker file in its directory) and end the program; the
  * board then runs its boot stand-in again, which honours otadata, as the chip's bootloader does. */
+void esp_check_noinit_save(void);
+
 void esp_restart(void) {
     fflush(stdout);
+    esp_check_noinit_save(); /* PSRAM keeps its contents across a software restart */
     const char *dir = env("ESP_CHECK_NATIVE_BOARD_DIR");
     char path[4096];
     if (dir != NULL && snprintf(path, sizeof(path), "%s/sw_reset", dir) < (int)sizeof(path)) {

@@ -31,7 +31,12 @@ static int64_t monotonic_ns(void) {
 
 static int64_t g_start_ns = -1;
 
-void esp_check_standins_start(void) { g_start_ns = monotonic_ns(); }
+void esp_check_noinit_load(void);
+
+void esp_check_standins_start(void) {
+    g_start_ns = monotonic_ns();
+    esp_check_noinit_load(); /* EXT_RAM_NOINIT_ATTR memory: kept from a software restart, else noise */
+}
 
 static int64_t elapsed_ns(void) {
     if (g_start_ns < 0) esp_check_standins_start();

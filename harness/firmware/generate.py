@@ -150,6 +150,7 @@ class Manifest(TypedDict, total=False):
     flash_layout: dict[str, object]
     tap: dict[str, object]
     hybrid: dict[str, object]
+    keep_bytes: int  # the kept-input store in PSRAM (0: none), docs/protocol.md "Kept inputs"
     generation_key: str  # GENERATION_KEY: the hash of everything the generation read (kept projects)
     # only in older or hand-made manifests: the simulated builder's fallbacks
     fwver: str

@@ -4,8 +4,9 @@ What is faked: the board (``sim://``, harness.sim running the firmware's own C l
 crash). Real: esptool flashing, the resident loop's frames, the judge.
 
 - ESP-IDF prints ``Rebooting...`` as the last line before a software reset (a panic, an abort,
-  ``esp_restart``). The next boot starts at the console baud, so a host on the fast link reads only
-  garbage until its silence limit: the ``Rebooting...`` line is the restart's evidence.
+  ``esp_restart``), and ``Brownout detector was triggered`` before a brownout reset. The next boot
+  starts at the console baud, so a host on the fast link reads only garbage until its silence limit:
+  those lines are the restart's evidence.
 - A probe boot (is the build already on the board?) that sees a second boot start before the resident
   app's HELLO knows that boot never reached the app: it flashes instead of counting more boot loops.
 - Every ``--option`` a hint names is one the CLI has.
@@ -20,6 +21,7 @@ import uuid
 from pathlib import Path
 
 import click
+import pytest
 
 from harness.errors import ExitCode
 from harness.flows.dataset import DatasetOptions
@@ -32,7 +34,16 @@ MODEL = "cnn_classifier_11.tflite"
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_a_crash_mid_stream_is_a_restart_not_a_silent_board(tmp_path: Path, models_dir: Path) -> None:
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("abort&variant_fault=ansi", ExitCode.FIRMWARE_FAULT),
+        ("brownout&variant_fault=optimized", ExitCode.INFRASTRUCTURE),
+    ],
+)
+def test_a_reset_mid_stream_is_a_restart_not_a_silent_board(
+    tmp_path: Path, models_dir: Path, fault: str, expected: ExitCode
+) -> None:
     name = f"rs-{uuid.uuid4().hex[:8]}"
     # a silence limit far beyond what the run needs: only the reboot line can end the wait in time
     limits = StageTimeouts(capture_total=120, capture_silence=60)
@@ -42,13 +53,13 @@ def test_a_crash_mid_stream_is_a_restart_not_a_silent_board(tmp_path: Path, mode
             models_dir / MODEL,
             [],
             board="sim",
-            port=f"sim://{name}?emitter=c&fault=abort&variant_fault=ansi",
+            port=f"sim://{name}?emitter=c&fault={fault}",
             out_dir=tmp_path / "o",
             options=JobOptions(timeouts=limits, dataset=ds),
         )
     finally:
         remove_board(name)
-    assert r.exit_code == ExitCode.FIRMWARE_FAULT
+    assert r.exit_code == expected
     text = r.report_path.read_text()
     assert "the device restarted while esp-check waited" in text
     assert "of silence" not in text  # never taken for a stalled link

@@ -34,7 +34,9 @@ class LinkError(CaptureError):
     """The resident loop's link failed: the device stalled, or frames kept getting lost (exit 3)."""
 
 
-REBOOT_LINE = b"Rebooting..."
+# What ESP-IDF prints last before the chip resets: the panic handler and esp_restart ("Rebooting..."),
+# the brownout interrupt (then esp_restart_noos). The next boot starts at the console baud.
+RESTART_LINES = (b"Rebooting...", b"Brownout detector was triggered")
 
 
 class DeviceRestarted(LinkError):
@@ -166,9 +168,9 @@ class LoopClient:
                 self.text += item
                 if self.on_text is not None:
                     self.on_text(item)
-                # ESP-IDF's last line before a software reset (a panic, an abort, esp_restart): the
-                # next boot starts at the console baud, so waiting for the silence limit adds nothing
-                if REBOOT_LINE in self.text[-(len(item) + len(REBOOT_LINE)) :]:
+                # the device resets: waiting for the silence limit would add nothing
+                tail = self.text[-(len(item) + 40) :]
+                if any(line in tail for line in RESTART_LINES):
                     self.restarted = True
         self.stats.damaged_frames += self.dec.stats.bad - bad_before
         self.stats.stale_frames += self.dec.stats.stale - stale_before

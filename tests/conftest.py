@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 DATA = Path(__file__).parent / "data"
 MODELS = DATA / "models"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Board locks of this test run only (each pytest-xdist worker configures its own): the suite's
+    simulated boards never wait on another run's, nor take a developer's real bench locks. Caches stay
+    shared: builds and references are keyed by content and built under file locks."""
+    if "ESP_CHECK_LOCK_DIR" not in os.environ:
+        locks = tempfile.mkdtemp(prefix="esp-check-test-locks-")
+        os.environ["ESP_CHECK_LOCK_DIR"] = locks
+        config.add_cleanup(lambda: shutil.rmtree(locks, ignore_errors=True))
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ def test_pytest_embedded_is_installed_but_not_loaded_here(pytestconfig: pytest.C
     # the only pytest11 plugins of the environment that load here are the ones this suite expects
     # (esp_check: this package's own plugin, inert unless used: tests/test_pytest_plugin.py)
     loaded = {n for n in names if pytestconfig.pluginmanager.has_plugin(n)}
-    assert loaded <= {"hypothesispytest", "anyio", "esp_check"}, loaded
+    # (xdist: pytest-xdist, which the README's test command runs the suite on)
+    assert loaded <= {"hypothesispytest", "anyio", "esp_check", "xdist", "xdist.looponfail"}, loaded
     if "labgrid" in names:  # installed with the test extra on Linux (tests/test_labgrid_e2e.py)
         assert pytestconfig.pluginmanager.is_blocked("labgrid")

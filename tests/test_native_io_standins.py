@@ -118,7 +118,8 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(
         [CC, "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", str(STANDINS_DIR / "include"),
          "-I", str(config),
-         str(tmp / "driver.c"), *(str(src / f) for f in ("standins.c", "sha256.c", "console.c", "flash.c")),
+         str(tmp / "driver.c"),
+         *(str(src / f) for f in ("standins.c", "sha256.c", "console.c", "flash.c", "noinit.c")),
          "-o", str(exe)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip

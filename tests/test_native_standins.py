@@ -90,7 +90,7 @@ def _build(tmp: Path, *flags: str) -> Path:
     subprocess.run(
         [CC, *flags, "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", str(STANDINS_DIR / "include"), "-I",
          str(config), str(tmp / "driver.c"), str(STANDINS_DIR / "src" / "standins.c"),
-         str(STANDINS_DIR / "src" / "sha256.c"), "-o", str(exe)],
+         str(STANDINS_DIR / "src" / "sha256.c"), str(STANDINS_DIR / "src" / "noinit.c"), "-o", str(exe)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     return exe

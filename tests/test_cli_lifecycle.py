@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import serial
 
 from harness.cli import main
 from harness.errors import ExitCode
+from harness.sim.board import remove_board
 
 MODELS = Path(__file__).parent / "data" / "models"
 MODEL = MODELS / "cnn_classifier_11.tflite"
@@ -439,3 +441,22 @@ def test_readme_pytest_example_passes_or_fails_loudly(tmp_path: Path) -> None:
     loud = pytest_run()
     assert loud.returncode != 0 and "labgrid's pytest plugin skipped this test" in loud.stdout, loud.stdout
     assert "-p no:labgrid" in loud.stdout and "1 skipped" not in loud.stdout
+
+
+def test_a_repeat_run_says_the_flash_was_skipped_for_both_variants(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The second run on the same simulated board holds both apps and the model (its HELLO hashes): no
+    esptool session ran, so the ANSI C row must not claim to share one."""
+    port = f"sim://skip-{uuid.uuid4().hex[:8]}"
+    try:
+        assert main([*_fac(tmp_path / "a"), "--port", port]) == ExitCode.MATCH
+        capsys.readouterr()
+        assert main([*_fac(tmp_path / "b"), "--port", port]) == ExitCode.MATCH
+    finally:
+        remove_board(port.removeprefix("sim://"))
+    cap = capsys.readouterr()
+    out = " ".join((cap.out + cap.err).replace("│", " ").split())
+    assert "flash skipped" in out, out
+    assert "skipped with optimized" in out, out
+    assert "same esptool session" not in out, out

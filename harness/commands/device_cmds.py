@@ -450,8 +450,8 @@ def _print_summary(console: Console, result: FlashAndCompareResult) -> None:
     for v, r in result.variants.items():
         flash = "-"
         same = next((w for w, f in shown if r.flash and f == r.flash), None)
-        if same is not None:
-            flash = f"same esptool session as {same}"
+        if same is not None and r.flash:  # a skipped flash had no session: both variants' images were held
+            flash = f"skipped with {same}" if r.flash.get("skipped") else f"same esptool session as {same}"
         elif r.flash:
             written = sum(x["bytes_written"] for x in r.flash["regions"])
             skipped = sum(1 for x in r.flash["regions"] if x["skipped"])

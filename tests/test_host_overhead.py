@@ -289,3 +289,57 @@ def test_dataset_host_reference_runs_while_the_inputs_stream(
     assert result.exit_code == 0, result.errors
     agreement = result.dataset["analysis"]["agreement"]
     assert agreement["optimized_vs_host"]["compared"] == 4  # the host legs were joined and judged
+
+
+_LIST_MODULES = (
+    "import atexit, runpy, sys\n"
+    "out = sys.argv.pop(1)\n"
+    "atexit.register(lambda: open(out, 'w').write('\\n'.join(sys.modules)))\n"
+    "sys.argv[0] = 'esp-check'\n"
+    "runpy.run_module('harness.cli', run_name='__main__', alter_sys=True)\n"
+)
+# What a repeat flash-and-compare (cached build, cached host reference, the board holding the images)
+# must not load, and why (issue 25, host CPU per repeat run).
+NOT_ON_A_REPEAT = {
+    "tflite_micro": "the reference cache key reads the wheel's metadata; the runtime only runs a model",
+    "tflite": "the model's parse is read from the disk cache",
+    "esptool": "the flash is skipped (HELLO hashes) and the app slot SHA-256 is stored with the build",
+    "rich.status": "no spinner when stderr is not a terminal",
+    "numpy.ma": "np.unique's masked-array check, avoided in the classifier",
+}
+
+
+@pytest.mark.slow
+def test_a_repeat_cli_run_loads_only_what_it_uses(models_dir: Path, tmp_path: Path) -> None:
+    """Real: the CLI in fresh processes, the simulated board served in its own process (RFC 2217, as a
+    networked board: its own imports are not esp-check's), the build, the host reference child."""
+    import subprocess
+
+    root = str(Path(loader.__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root, "ESP_CHECK_CACHE_DIR": str(tmp_path / "cache")}
+    serve = [sys.executable, "-m", "harness.cli", "sim", "serve", "--rfc2217", "--port", "0",
+             "--name", "repeat", "--flash", str(tmp_path / "flash.bin")]  # fmt: skip
+    with subprocess.Popen(serve, env=env, stdout=subprocess.PIPE, text=True) as server:
+        try:
+            assert server.stdout is not None
+            lines = [server.stdout.readline(), server.stdout.readline()]
+            url = lines[1].split()[-1]
+            assert url.startswith("rfc2217://"), lines
+            args = [str(models_dir / MODEL), "--input", str(models_dir / INPUT), "--board", "sim",
+                    "--port", url, "--out", str(tmp_path / "out")]  # fmt: skip
+            listed = tmp_path / "modules.txt"
+            for cmd in (
+                [sys.executable, "-m", "harness.cli", "flash-and-compare", *args],  # warms every cache
+                [sys.executable, "-c", _LIST_MODULES, str(listed), "flash-and-compare", *args],
+            ):
+                got = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+                assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-2000:]
+        finally:
+            server.terminate()
+            server.wait(10)
+    report = (tmp_path / "out" / "report.json").read_text()
+    assert "flash skipped" in report  # the repeat run is the one described above
+    loaded = set(listed.read_text().split())
+    assert "harness.analysis.compare" in loaded  # (the list is of a run that compared)
+    wrong = {m: why for m, why in NOT_ON_A_REPEAT.items() if m in loaded}
+    assert wrong == {}

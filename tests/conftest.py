@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -31,3 +33,19 @@ def models_dir() -> Path:
 @pytest.fixture(scope="session")
 def have_cc() -> bool:
     return shutil.which("cc") is not None or shutil.which("gcc") is not None
+
+
+@pytest.fixture
+def no_tflm_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Faked: the tflite-micro wheel's absence (as on macOS/Windows/ARM): no metadata says it is
+    installed, and importing it raises ImportError (a module mapped to None in sys.modules)."""
+    real_version = importlib.metadata.version
+
+    def version(dist: str) -> str:
+        if dist == "tflite-micro":
+            raise importlib.metadata.PackageNotFoundError(dist)
+        return real_version(dist)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    monkeypatch.setitem(sys.modules, "tflite_micro", None)
+    monkeypatch.setitem(sys.modules, "tflite_micro.python.tflite_micro", None)

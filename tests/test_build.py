@@ -464,6 +464,55 @@ def test_sim_builder_packs_a_real_esp_image_and_caches(tmp_path: Path, fake_tool
     assert merged[0x220000 : 0x220000 + len(model)] == model
 
 
+_REPEAT_IMPORTS = """
+import sys
+from pathlib import Path
+from harness.firmware import build
+import harness.device.session  # what a flash-and-compare run loads to reach the board
+from harness.flows.resident import app_slot_sha256
+res = build.build_project(Path(sys.argv[1]), cache_dir=Path(sys.argv[2]))
+assert res.cache_hit
+print(app_slot_sha256(res), sorted(m for m in sys.modules if m.split(".")[0] == "esptool"))
+"""
+
+
+def test_the_app_slot_sha256_is_stored_with_the_build_and_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SHA-256 the flash skip compares with HELLO is computed once per build (esptool's image
+    parser), kept in the cache entry, and read back on a repeat run without importing esptool.
+    Nothing faked: the simulator's builder; ``slot_sha256`` is wrapped only to count its calls."""
+    from harness.protocol.app_image import slot_sha256
+
+    opt, _ = _project(tmp_path, board="sim")
+    cache = tmp_path / "cache"
+    first = b.build_project(opt, cache_dir=cache)
+    want = slot_sha256(first.app_bin.read_bytes(), "esp32s3")
+    assert want and first.app_slot_sha256 == want
+    calls: list[str] = []
+    monkeypatch.setattr(b, "slot_sha256", lambda data, chip: calls.append(chip) or slot_sha256(data, chip))
+    again = b.build_project(opt, cache_dir=cache)
+    assert again.cache_hit and again.app_slot_sha256 == want and calls == []
+    meta_path = cache / "entries" / again.cache_key / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["app_slot"]  # an entry written before the field: computed once, then stored
+    meta_path.write_text(json.dumps(meta))
+    assert b.build_project(opt, cache_dir=cache).app_slot_sha256 == want and len(calls) == 1
+    assert b.build_project(opt, cache_dir=cache).app_slot_sha256 == want and len(calls) == 1
+    meta = json.loads(meta_path.read_text())
+    meta["app_slot"] = {"sha256": "0" * 64, "slot_sha256": "f" * 64}  # not these bytes: never trusted
+    meta_path.write_text(json.dumps(meta))
+    assert b.build_project(opt, cache_dir=cache).app_slot_sha256 == want and len(calls) == 2
+    b.build_project(opt, cache_dir=cache)  # (repaired) ... and a fresh process loads no esptool
+    root = str(Path(b.__file__).resolve().parents[2])
+    got = subprocess.run(
+        [sys.executable, "-c", _REPEAT_IMPORTS, str(opt), str(cache)],
+        env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == [want, "[]"]
+
+
 def test_cache_is_size_bounded_lru_and_respects_locks(tmp_path: Path) -> None:
     src = tmp_path / "blob"
     src.write_bytes(b"x" * 1000)

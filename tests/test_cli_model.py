@@ -254,11 +254,9 @@ def test_reference_without_input_exit_2(models_dir: Path, capsys: pytest.Capture
 
 
 def test_reference_without_tflm_exit_3(
-    monkeypatch: pytest.MonkeyPatch, models_dir: Path, capsys: pytest.CaptureFixture[str]
+    no_tflm_wheel: None, models_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Faked: the wheel's absence.
-    monkeypatch.setitem(sys.modules, "tflite_micro", None)
-    monkeypatch.setitem(sys.modules, "tflite_micro.python.tflite_micro", None)
+    # Faked (no_tflm_wheel): the wheel's absence.
     code = main(
         [
             "reference",

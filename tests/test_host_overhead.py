@@ -29,8 +29,10 @@ INPUT = "inputs/cnn_classifier_11.npy"
 
 
 @pytest.fixture
-def parse_calls(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Every real flatbuffer parse of this test, by path (the cache starts empty)."""
+def parse_calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Path]:
+    """Every real flatbuffer parse of this test, by path (both caches, in memory and on disk, start
+    empty)."""
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "parse-cache"))
     calls: list[Path] = []
     real = loader._parse
 
@@ -83,9 +85,61 @@ def test_the_parse_cache_is_bounded(
     monkeypatch.setattr(loader, "_PARSED_MAX", 1)
     loader.load_model(models_dir / MODEL)
     loader.load_model(models_dir / "op_zoo.tflite")
-    loader.load_model(models_dir / MODEL)  # evicted by op_zoo: parsed again
+    loader.load_model(models_dir / MODEL)  # evicted by op_zoo: read back from the disk cache
     assert len(loader._parsed) == 1
-    assert [p.name for p in parse_calls] == [MODEL, "op_zoo.tflite", MODEL]
+    assert [p.name for p in parse_calls] == [MODEL, "op_zoo.tflite"]
+    monkeypatch.setattr(loader, "_stored", lambda *a: None)  # without the disk cache: parsed again
+    loader.load_model(models_dir / "op_zoo.tflite")
+    assert [p.name for p in parse_calls] == [MODEL, "op_zoo.tflite", "op_zoo.tflite"]
+
+
+_FRESH_LOAD = """
+import sys
+from harness.model import loader
+loader._parse = lambda *a: sys.exit("parsed: the stored parse was not used")
+info = loader.load_model(sys.argv[1])
+print(info.sha256, len(info.ops), sorted(m for m in sys.modules if m.split(".")[0] == "tflite"))
+"""
+
+
+def test_a_repeat_process_reads_the_parse_from_the_disk_cache(
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parse_calls: list[Path]
+) -> None:
+    """One parse per model and parser: the next process reads a small JSON keyed by the model's
+    SHA-256 and the parser's id, imports no `tflite` package, and gets the same facts."""
+    import subprocess
+
+    for name in (MODEL, "op_zoo.tflite", "unet_mbv2_035_48.tflite"):
+        parsed = loader.load_model(models_dir / name)
+        monkeypatch.setattr(loader, "_parsed", type(loader._parsed)())  # a new process's memory
+        stored = loader.load_model(models_dir / name)
+        assert stored == parsed and stored is not parsed
+        assert [dict(o.options) for o in stored.ops] == [dict(o.options) for o in parsed.ops]
+        assert stored.inputs == parsed.inputs and stored.tensors == parsed.tensors
+    assert len(parse_calls) == 3
+    env = {**os.environ, "PYTHONPATH": str(Path(loader.__file__).resolve().parents[2])}
+    got = subprocess.run(
+        [sys.executable, "-c", _FRESH_LOAD, str(models_dir / MODEL)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    info = loader.load_model(models_dir / MODEL)
+    assert got.stdout.split() == [info.sha256, str(len(info.ops)), "[]"]
+
+
+def test_a_stored_parse_of_another_parser_or_a_damaged_one_is_not_used(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch, parse_calls: list[Path]
+) -> None:
+    first = loader.load_model(models_dir / MODEL)
+    fresh = type(loader._parsed)
+    monkeypatch.setattr(loader, "_parser_id", lambda: "another-parser")  # an edited parser or op table
+    monkeypatch.setattr(loader, "_parsed", fresh())
+    assert loader.load_model(models_dir / MODEL) == first and len(parse_calls) == 2
+    for entry in loader._info_path(first.sha256).parent.glob("*another-parser.json"):
+        entry.write_text(entry.read_text()[:100])  # damaged: parsed again, then stored whole
+    for expected in (3, 3):
+        monkeypatch.setattr(loader, "_parsed", fresh())
+        assert loader.load_model(models_dir / MODEL) == first and len(parse_calls) == expected
 
 
 def test_flash_and_compare_parses_the_model_once(
@@ -235,3 +289,57 @@ def test_dataset_host_reference_runs_while_the_inputs_stream(
     assert result.exit_code == 0, result.errors
     agreement = result.dataset["analysis"]["agreement"]
     assert agreement["optimized_vs_host"]["compared"] == 4  # the host legs were joined and judged
+
+
+_LIST_MODULES = (
+    "import atexit, runpy, sys\n"
+    "out = sys.argv.pop(1)\n"
+    "atexit.register(lambda: open(out, 'w').write('\\n'.join(sys.modules)))\n"
+    "sys.argv[0] = 'esp-check'\n"
+    "runpy.run_module('harness.cli', run_name='__main__', alter_sys=True)\n"
+)
+# What a repeat flash-and-compare (cached build, cached host reference, the board holding the images)
+# must not load, and why (issue 25, host CPU per repeat run).
+NOT_ON_A_REPEAT = {
+    "tflite_micro": "the reference cache key reads the wheel's metadata; the runtime only runs a model",
+    "tflite": "the model's parse is read from the disk cache",
+    "esptool": "the flash is skipped (HELLO hashes) and the app slot SHA-256 is stored with the build",
+    "rich.status": "no spinner when stderr is not a terminal",
+    "numpy.ma": "np.unique's masked-array check, avoided in the classifier",
+}
+
+
+@pytest.mark.slow
+def test_a_repeat_cli_run_loads_only_what_it_uses(models_dir: Path, tmp_path: Path) -> None:
+    """Real: the CLI in fresh processes, the simulated board served in its own process (RFC 2217, as a
+    networked board: its own imports are not esp-check's), the build, the host reference child."""
+    import subprocess
+
+    root = str(Path(loader.__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root, "ESP_CHECK_CACHE_DIR": str(tmp_path / "cache")}
+    serve = [sys.executable, "-m", "harness.cli", "sim", "serve", "--rfc2217", "--port", "0",
+             "--name", "repeat", "--flash", str(tmp_path / "flash.bin")]  # fmt: skip
+    with subprocess.Popen(serve, env=env, stdout=subprocess.PIPE, text=True) as server:
+        try:
+            assert server.stdout is not None
+            lines = [server.stdout.readline(), server.stdout.readline()]
+            url = lines[1].split()[-1]
+            assert url.startswith("rfc2217://"), lines
+            args = [str(models_dir / MODEL), "--input", str(models_dir / INPUT), "--board", "sim",
+                    "--port", url, "--out", str(tmp_path / "out")]  # fmt: skip
+            listed = tmp_path / "modules.txt"
+            for cmd in (
+                [sys.executable, "-m", "harness.cli", "flash-and-compare", *args],  # warms every cache
+                [sys.executable, "-c", _LIST_MODULES, str(listed), "flash-and-compare", *args],
+            ):
+                got = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+                assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-2000:]
+        finally:
+            server.terminate()
+            server.wait(10)
+    report = (tmp_path / "out" / "report.json").read_text()
+    assert "flash skipped" in report  # the repeat run is the one described above
+    loaded = set(listed.read_text().split())
+    assert "harness.analysis.compare" in loaded  # (the list is of a run that compared)
+    wrong = {m: why for m, why in NOT_ON_A_REPEAT.items() if m in loaded}
+    assert wrong == {}

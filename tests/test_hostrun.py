@@ -82,6 +82,34 @@ def test_repeat_cli_runs_start_no_child(
     capsys.readouterr()
 
 
+_CACHE_HIT_IMPORTS = """
+import sys
+from pathlib import Path
+from harness.model import arena, hostrun, reference
+hostrun._spawn = lambda *a: sys.exit("a child was started: not a cache hit")
+model, image = Path(sys.argv[1]), Path(sys.argv[2])
+reference.prepare_host_results(model, [image])  # backend "auto", as flash-and-compare
+arena.estimate_arena(model, chip="esp32s3")  # generate's arena plan
+print(sorted(m for m in sys.modules if m.startswith("tflite_micro")))
+"""
+
+
+def test_a_cache_hit_imports_no_tflm_runtime(models_dir: Path, children: list[Path]) -> None:
+    """A repeat run keys its cache on the wheel's metadata; the runtime is imported only to run."""
+    import os
+    import subprocess
+
+    reference.prepare_host_results(models_dir / MODEL, [models_dir / INPUT])  # fills the cache
+    assert len(children) == 1
+    root = str(Path(hostrun.__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root}
+    got = subprocess.run(  # a fresh interpreter: nothing imported by other tests
+        [sys.executable, "-c", _CACHE_HIT_IMPORTS, str(models_dir / MODEL), str(models_dir / INPUT)],
+        env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert got.stdout.strip() == "[]", got.stdout + got.stderr
+
+
 def test_damaged_cache_entry_is_a_miss(models_dir: Path, children: list[Path], tmp_path: Path) -> None:
     q = _q(models_dir)
     a = reference.run_reference(models_dir / MODEL, [[q]]).runs[0].outputs[0]

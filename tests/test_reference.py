@@ -124,18 +124,26 @@ def test_corrupt_model_never_reaches_tflm(models_dir: Path) -> None:
         run_reference(data[: len(data) // 2], [[np.zeros((1, 15, 15, 3), np.int8)]])
 
 
-def test_missing_tflm_is_a_clear_infrastructure_error(
-    monkeypatch: pytest.MonkeyPatch, models_dir: Path
-) -> None:
-    # Faked: the wheel's absence (as on macOS/Windows). Importing a module mapped to None raises ImportError.
-    monkeypatch.setitem(sys.modules, "tflite_micro", None)
-    monkeypatch.setitem(sys.modules, "tflite_micro.python.tflite_micro", None)
+def test_missing_tflm_is_a_clear_infrastructure_error(no_tflm_wheel: None, models_dir: Path) -> None:
     q = np.load(models_dir / "inputs" / "op_zoo.q.npy")
     with pytest.raises(HostReferenceError) as err:
         run_reference(models_dir / "op_zoo.tflite", [[q]])
     assert "Linux x86-64" in str(err.value) and "litert" in str(err.value)
     assert err.value.exit_code == ExitCode.INFRASTRUCTURE
     assert get_backend("auto").name == "litert"
+
+
+def test_an_installed_tflm_that_cannot_import_is_a_clear_error_on_a_miss(
+    monkeypatch: pytest.MonkeyPatch, models_dir: Path, tmp_path: Path
+) -> None:
+    # Faked: a broken install (the wheel's metadata is there, its import fails); the cache is empty.
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setitem(sys.modules, "tflite_micro", None)
+    monkeypatch.setitem(sys.modules, "tflite_micro.python.tflite_micro", None)
+    q = np.load(models_dir / "inputs" / "op_zoo.q.npy")
+    for backend in ("tflm", "auto"):
+        with pytest.raises(HostReferenceError, match="cannot be imported"):
+            run_reference(models_dir / "op_zoo.tflite", [[q]], backend=backend)
 
 
 def test_auto_prefers_tflm_and_unknown_backend_rejected() -> None:

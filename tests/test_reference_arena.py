@@ -73,10 +73,8 @@ def test_rough_estimate_close_to_readme(models_dir: Path) -> None:
         assert 0.75 * measured <= rough <= 1.25 * measured, (name, rough, measured)
 
 
-def test_rough_fallback_without_tflm(monkeypatch: pytest.MonkeyPatch, models_dir: Path) -> None:
-    # Faked: the wheel's absence (macOS/Windows/ARM).
-    monkeypatch.setitem(sys.modules, "tflite_micro", None)
-    monkeypatch.setitem(sys.modules, "tflite_micro.python.tflite_micro", None)
+def test_rough_fallback_without_tflm(no_tflm_wheel: None, models_dir: Path) -> None:
+    # Faked (no_tflm_wheel): the wheel's absence (macOS/Windows/ARM).
     est = arena.estimate_arena(models_dir / "op_zoo.tflite")
     assert est.method == "rough" and not est.verified
     assert "ROUGH" in est.note

@@ -10,6 +10,9 @@ requested reset. The serial object is *not* closed: the console capture reads fr
 nothing printed after the reset is lost.
 
 esptool's messages go to a log file and a progress callback, never raw to stdout.
+
+esptool (0.05-0.07 s of imports) is imported inside the functions that talk to the ROM loader, so a run
+whose board already holds its images (the flash skipped from HELLO hashes) never loads it.
 """
 
 from __future__ import annotations
@@ -21,18 +24,17 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO, TypedDict, TypeVar
+from typing import TYPE_CHECKING, TextIO, TypedDict, TypeVar
 
 import serial
-from esptool.cmds import attach_flash, detect_chip, detect_flash_size, reset_chip, run_stub, write_flash
-from esptool.loader import ESPLoader
-from esptool.targets import CHIP_DEFS
-from esptool.util import FatalError, NotImplementedInROMError, flash_size_bytes
 
 from harness.device.esptool_log import EsptoolLogSink, capture_esptool_log
 from harness.device.ports import PortSpec, Transport, open_port, resolve_port
 from harness.device.reset import bootloader_reset
 from harness.errors import ExitCode, FlashError
+
+if TYPE_CHECKING:
+    from esptool.loader import ESPLoader
 
 __all__ = [
     "AFTER_MODES",
@@ -211,6 +213,8 @@ def _transport_hint(ps: PortSpec) -> str:
 
 def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log: bytes = b"") -> FlashFailure:
     """Turn an esptool/pyserial failure into a :class:`FlashFailure` with an actionable hint."""
+    from esptool.util import FatalError  # only when a flash runs (module docstring)
+
     msg = str(exc).strip()
     first = msg.splitlines()[0] if msg else type(exc).__name__
     if isinstance(exc, (serial.SerialException, OSError)) and not isinstance(exc, FatalError):
@@ -320,6 +324,8 @@ class _ChipFacts(TypedDict):
 
 
 def _try(fn: Callable[[], _T]) -> _T | None:
+    from esptool.util import FatalError, NotImplementedInROMError  # only when a flash runs
+
     try:
         return fn()
     except (FatalError, NotImplementedInROMError, NotImplementedError, AttributeError, KeyError, ValueError):
@@ -366,6 +372,10 @@ def _connect(
     attempts: int,
     emit: Callable[[FlashProgress], None],
 ) -> tuple[ESPLoader, int]:
+    from esptool.cmds import detect_chip  # only when a flash runs (module docstring)
+    from esptool.targets import CHIP_DEFS
+    from esptool.util import FatalError
+
     last: BaseException | None = None
     boot_log = b""
     tries = attempts if self_reset or mode in ("no-reset", "no-reset-no-sync") else 1
@@ -461,6 +471,9 @@ def flash_artifacts(
     (``no-reset-stub`` when the capture resets into the app). ``console_baud``: the baud to switch
     to after a hard reset, so the app's first line is read at the right rate.
     """
+    from esptool.cmds import attach_flash, detect_flash_size, reset_chip, run_stub  # a flash runs
+    from esptool.util import FatalError
+
     t0 = time.monotonic()
     items = _checked_items(artifacts, after)
     if isinstance(port, serial.SerialBase):
@@ -471,15 +484,7 @@ def flash_artifacts(
         ser = open_port(ps, ROM_BAUD, exclusive=True)
     chip_cls = _chip_class(chip)
     mode, self_reset = _resolve_before(before, ps, reset_style)
-    regions = [
-        RegionResult(
-            offset=off,
-            path=path,
-            size=path.stat().st_size,
-            md5=hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest(),
-        )
-        for off, path in items
-    ]
+    regions = _regions(items)
     log = _FlashLog(log_path, progress, [off for off, _ in items])
     stage = "connect"
     try:
@@ -567,10 +572,25 @@ def _checked_items(artifacts: Sequence[tuple[int, Path | str]], after: str) -> l
     return items
 
 
+def _regions(items: Sequence[tuple[int, Path]]) -> list[RegionResult]:
+    """One result per file to write, with the MD5 esptool's skip check compares."""
+    return [
+        RegionResult(
+            offset=off,
+            path=path,
+            size=path.stat().st_size,
+            md5=hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest(),
+        )
+        for off, path in items
+    ]
+
+
 def _chip_class(chip: str | None) -> str | None:
     """esptool's chip key for a forced ``chip``; None means detect."""
     if not chip:
         return None
+    from esptool.targets import CHIP_DEFS  # only when a flash runs (module docstring)
+
     key = normalize_chip(chip)
     if key not in CHIP_DEFS:
         raise FlashFailure(f"esptool does not know chip {chip!r}", kind="usage")
@@ -612,6 +632,8 @@ def _change_baud(esp: ESPLoader, ps: PortSpec, baud: int, emit: Callable[[FlashP
     """Switch to the flashing baud where the transport can (RFC2217 can, a raw socket cannot)."""
     if not baud or baud == ROM_BAUD:
         return
+    from esptool.util import NotImplementedInROMError  # only when a flash runs
+
     if ps.caps.baud_change:
         emit(FlashProgress("baud", f"changing baud to {baud}"))
         with contextlib.suppress(NotImplementedInROMError):
@@ -622,6 +644,8 @@ def _change_baud(esp: ESPLoader, ps: PortSpec, baud: int, emit: Callable[[FlashP
 
 def _check_fits(regions: Sequence[RegionResult], flash_size: str | None, ps: PortSpec) -> None:
     """FlashFailure(image_too_large) before writing a region past the end of the chip's flash."""
+    from esptool.util import flash_size_bytes  # only when a flash runs (module docstring)
+
     flash_bytes = flash_size_bytes(flash_size) if flash_size else None
     if flash_bytes is None:
         return
@@ -640,6 +664,8 @@ def _write_region(esp: ESPLoader, r: RegionResult, *, skip_flashed: bool, diff: 
     """One ``write_flash`` call per region, counting what esptool actually sends (by wrapping the
     loader's begin calls on this instance) so skipped regions and bytes written are facts, not
     parsed log text."""
+    from esptool.cmds import write_flash  # only when a flash runs (module docstring)
+
     calls: list[tuple[int, int]] = []
     orig_defl = esp.flash_defl_begin
     orig_plain = esp.flash_begin

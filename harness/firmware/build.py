@@ -42,6 +42,7 @@ from harness.flashfmt.partitions import (
     table_rows,
     variant_app,
 )
+from harness.protocol.app_image import slot_sha256
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
 # layout, the ELF and config/sdkconfig.json are cached
@@ -115,6 +116,10 @@ class BuildResult:
     firmware_sha256: str
     chip: str
     elf: Path | None = None  # the app's ELF (symbols for backtrace decoding), when the builder made one
+    # What the device's HELLO reports for a slot holding this app (protocol.app_image.slot_sha256): computed
+    # once when the app is built and kept in the cache entry, so a repeat run's flash skip reads it back
+    # ("" unknown: compute it from app_bin)
+    app_slot_sha256: str = ""
 
     def flash_files(self, roles: Sequence[str] | None = None) -> list[tuple[int, Path]]:
         """(offset, file) pairs in offset order, as esptool's write-flash takes them (``roles``: only
@@ -785,6 +790,8 @@ def _export(
     if resolved is not None:
         _record_resolved(project, resolved)
     app = out_dir / LAYOUT["app"]
+    data = app.read_bytes()
+    firmware_sha256 = hashlib.sha256(data).hexdigest()
     return BuildResult(
         project_dir=project,
         builder=builder,
@@ -794,10 +801,37 @@ def _export(
         log_path=None,
         cache_hit=False,
         cache_key="",
-        firmware_sha256=_sha256_file(app),
+        firmware_sha256=firmware_sha256,
         chip=chip,
         elf=elf,
+        app_slot_sha256=_app_slot_sha256(meta, data, firmware_sha256, chip),
     )
+
+
+def _app_slot(app: Path, chip: str) -> dict[str, str]:
+    """What the cache keeps of an app image for the flash skip: its file's SHA-256 and what HELLO reports
+    for a slot holding it (esptool's image parser, run once per build instead of on every run)."""
+    data = app.read_bytes()
+    return {"sha256": hashlib.sha256(data).hexdigest(), "slot_sha256": slot_sha256(data, chip)}
+
+
+def _app_slot_kept(cache: BuildCache, entry: CacheEntry, files: Mapping[str, Path], chip: str) -> CacheEntry:
+    """``entry``, its stored app slot SHA-256 recomputed and rewritten when it is missing (an entry older
+    than the field) or was not computed from the entry's app file: once, not on every run."""
+    app = files.get("app")
+    stored = entry.meta.get("app_slot") or {}
+    if app is None or (stored.get("slot_sha256") and stored.get("sha256") == _sha256_file(app)):
+        return entry
+    return cache.update_meta(entry, {"app_slot": _app_slot(app, chip)})
+
+
+def _app_slot_sha256(meta: BuildMeta, data: bytes, file_sha256: str, chip: str) -> str:
+    """The stored slot SHA-256 when it was computed from these very bytes; else computed now (an entry
+    older than the field, or an app that is not the one measured: never a stale hash)."""
+    stored = meta.get("app_slot") or {}
+    if stored.get("sha256") == file_sha256 and stored.get("slot_sha256"):
+        return stored["slot_sha256"]
+    return slot_sha256(data, chip)
 
 
 # --------------------------------------------------------------------------------------------
@@ -909,7 +943,8 @@ def build_project(
                 f.write(f"cache hit {job.key} ({cache.root}): builder not run\n")
             if on_output:
                 on_output(f"cache hit {job.key[:12]}: builder not run")
-            return _finish(job, _cached_files(entry, job.project), entry.meta, hit=True)
+            files = _cached_files(entry, job.project)
+            return _finish(job, files, _app_slot_kept(cache, entry, files, job.chip).meta, hit=True)
         files, meta = run_build()
         products = {_CACHE_NAMES[role]: path for role, path in files.items() if role != "model"}
         cache.put(job.key, products, meta)
@@ -968,6 +1003,8 @@ def _build_meta(
         "builder": job.builder,
         "board": str(job.manifest.get("board")),
     }
+    if "app" in files:
+        meta["app_slot"] = _app_slot(files["app"], job.chip)
     extras = _extras(files, job.out_dir)
     meta["extras"] = sorted(extras)
     return {role: path for role, _, path in layout} | extras, meta
@@ -1052,6 +1089,7 @@ def _build_native(
         cache_key=key,
         firmware_sha256=sha256,
         chip=str(manifest.get("chip") or ""),
+        app_slot_sha256=sha256,  # a host program, not an ESP image: its stand-in reports the file's hash
     )
 
 

@@ -43,6 +43,7 @@ class BuildMeta(TypedDict, total=False):
     board: str
     extras: list[str]  # roles of the files not flashed (the ELF, sdkconfig.json)
     native: dict[str, object]  # a native build's plan
+    app_slot: dict[str, str]  # the app file's SHA-256 and what HELLO reports for its slot (build.py)
     files: dict[str, int]
     key: str
     stored_at: float
@@ -149,6 +150,20 @@ class BuildCache:
                 shutil.rmtree(tmp, ignore_errors=True)
         self.evict(keep=key)
         return CacheEntry(key, final, full_meta)
+
+    def update_meta(self, entry: CacheEntry, extra: BuildMeta) -> CacheEntry:
+        """``entry`` with ``extra`` merged into its metadata, rewritten in place (atomically: a reader sees
+        the old or the new file); hold the key's lock. A write that fails leaves the entry as it was."""
+        meta: BuildMeta = {**entry.meta, **extra}
+        path = entry.path / ENTRY_META
+        tmp = path.with_name(f".{ENTRY_META}.{uuid.uuid4().hex}")
+        try:
+            tmp.write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+            tmp.replace(path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        return CacheEntry(entry.key, entry.path, meta)
 
     def entries(self) -> list[tuple[str, int, float]]:
         """(key, bytes, last used time) of every complete entry."""

@@ -62,7 +62,10 @@ def merged_flash_files(builds: Mapping[str, BuildResult]) -> list[tuple[int, Pat
 
 
 def app_slot_sha256(build: BuildResult) -> str:
-    """What the device's HELLO reports for a slot holding ``build``'s app ("" unknown: no app file)."""
+    """What the device's HELLO reports for a slot holding ``build``'s app ("" unknown: no app file);
+    the build's stored figure when it has one (no image parse, no esptool import on a repeat run)."""
+    if build.app_slot_sha256:
+        return build.app_slot_sha256
     art = build.artifact("app")
     if art is None or not art.path.is_file():
         return ""

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from harness.errors import HostReferenceError, ReferenceRefusedError
 from harness.model import opdata
-from harness.model.backends import tflm_available
+from harness.model.backends import tflm_installed
 from harness.model.hostrun import ArenaMeasurement, host_results
 from harness.model.loader import ModelInfo, OpInfo, load_model, parse_model_bytes
 from harness.resources import pinned_versions, version_tuple
@@ -404,7 +404,7 @@ def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str
     ver, used = formulas.espnn_version, formulas.note
     failure = ""
     measured: ArenaMeasurement | None = None
-    if tflm_available():
+    if tflm_installed():  # its metadata: a cached measurement imports no runtime
         try:
             measured = _measure(data)
         except HostReferenceError as exc:  # a crash (ModelError) is not caught: the model is refused

@@ -295,7 +295,7 @@ def host_results(
     impl = None
     if reference:
         impl = get_backend(backend)
-        version = impl.version()  # imports the wheel here: missing -> HostReferenceError, no child
+        version = impl.version()  # from the wheel's metadata: missing -> HostReferenceError, no child
         ids = [[_array_id(a) for a in run] for run in runs]
         ref_key = _digest("reference", info.sha256, ids, impl.name, version, per_layer)
         keys = [ref_key]
@@ -314,16 +314,18 @@ def host_results(
                 break
     measured: ArenaMeasurement | None = None
     arena_key = ""
-    if arena and tflm_available():
+    if arena and backends.tflm_installed():
         tflm_version = backends.TflmBackend().version()
         arena_key = _digest("arena", info.sha256, tflm_version)
         measured = cache.get_arena(arena_key)
     else:
         arena = False
     need_ref = reference and ref is None
-    need_arena = arena and measured is None
+    need_arena = arena and measured is None and tflm_available()  # a miss: the wheel must import
     if not (need_ref or need_arena):
         return HostResults(ref, measured, 0)
+    if need_ref and impl is not None:
+        impl.require()  # the interpreter imports here, or HostReferenceError and no child
     name = impl.name if impl is not None else "tflm"
     child_runs, child_arena = _run_child(
         model_bytes,

@@ -22,6 +22,9 @@ def _blocked_env(tmp_path: Path) -> dict[str, str]:
         (pkg / "__init__.py").write_text(f"raise ImportError('{name} is not installed (test stand-in)')\n")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(shadow), env.get("PYTHONPATH", "")])
+    # a machine without the wheel never measured an arena: no cache of another test's measurement (the
+    # cache is keyed by the wheel's metadata, which the stand-ins leave in place)
+    env["ESP_CHECK_CACHE_DIR"] = str(tmp_path / "cache")
     return env
 
 

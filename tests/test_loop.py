@@ -33,8 +33,11 @@ OUT_BYTES = (2304, 11)
 class App:
     """The application side of the loop, with a stand-in model (see the module docstring)."""
 
-    def __init__(self, *, flaky_invoke: int | None = None, fail_first_byte: int | None = None) -> None:
+    def __init__(
+        self, *, flaky_invoke: int | None = None, fail_first_byte: int | None = None, invoke_us: int = 0
+    ) -> None:
         self.out = bytearray()
+        self.invoke_us = invoke_us  # a modelled invoke time (0: ~1 ms)
         self.invokes = 0
         self.flaky_invoke = flaky_invoke
         self.fail_first_byte = fail_first_byte
@@ -52,7 +55,7 @@ class App:
         outs = [(h * 80)[: OUT_BYTES[0]], h[: OUT_BYTES[1]]]
         if self.invokes == self.flaky_invoke:
             outs[1] = bytes(OUT_BYTES[1])
-        return 0, 1000 + len(data) % 97, outs
+        return 0, self.invoke_us or 1000 + len(data) % 97, outs
 
     def session_begin(self, em, inputs: int) -> None:  # type: ignore[no-untyped-def]
         em.begin("0.1.0", True)
@@ -369,8 +372,9 @@ def test_c_loop_and_python_twin_print_identical_streams() -> None:
             cfg_py = dataclasses.replace(cfg_c, keep=keep_py)
         else:
             cfg_c = cfg_py = cfg
-        a = play("c", script, App(flaky_invoke=rng.choice([None, 2])), cfg_c)
-        b = play("python", script, App(flaky_invoke=a.flaky_invoke), cfg_py)
+        slow = rng.choice([0, 0, 700_000, 1_300_000])  # a slow model's results batch by time
+        a = play("c", script, App(flaky_invoke=rng.choice([None, 2]), invoke_us=slow), cfg_c)
+        b = play("python", script, App(flaky_invoke=a.flaky_invoke, invoke_us=slow), cfg_py)
         assert bytes(a.out) == bytes(b.out), f"trial {trial}"
         assert a.bauds == b.bauds, f"trial {trial}"
         assert keep_c == keep_py, f"trial {trial}"

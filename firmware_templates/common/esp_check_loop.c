@@ -430,8 +430,12 @@ static void run_binary(ecl_t *l, const run_cmd_t *r, const uint8_t *in) {
     }
     l->run_busy_us = busy_us;
     emit_record(l, rec, pos, crc_at, full);
-    /* a batch that waited long enough (a slow model's results share frames), or asked for: out, with the ACK */
-    if (l->batch_wait_us >= ECL_BATCH_WAIT_US || r->now) flush_ack(l);
+    /* a batch that waited long enough (a slow model's results share frames), or asked for, or the boot's
+     * first slow RUN (the host learns the invoke time): out, with the ACK */
+    if (l->batch_wait_us >= ECL_BATCH_WAIT_US || r->now || (busy_us >= ECL_SLOW_RUN_US && !l->slow_shown)) {
+        l->slow_shown |= busy_us >= ECL_SLOW_RUN_US;
+        flush_ack(l);
+    }
 }
 
 static void not_run(ecl_t *l, uint32_t id, uint8_t status) {

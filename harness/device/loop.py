@@ -28,7 +28,7 @@ __all__ = ["DeviceRestarted", "LinkError", "LinkStats", "LoopClient"]
 
 MAX_RETRANSMITS = 8
 ACK_TIMEOUT_S = 3.0  # no ACK for this long (and a silent device): probe (plus the batch window, see below)
-SLOW_INVOKE_S = 0.1  # a model this slow per invoke has its results batched by time on the device
+SLOW_INVOKE_S = frames.SLOW_RUN_US / 1e6  # this slow per invoke: results batched by time on the device
 PROBE_TOKEN = 0xEC5F0000  # SYNC tokens of probes (low 16 bits count them); sync() waits for its own
 
 

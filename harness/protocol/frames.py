@@ -63,6 +63,7 @@ ERROR_MSG_MAX = 120
 # a batch whose oldest result waited this much invoke time (the RUNs after it) is sent, with the ACK folded
 # in (ECL_BATCH_WAIT_US): a slow model's results share frames; none waits longer than this plus one RUN
 BATCH_WAIT_US = 2_500_000
+SLOW_RUN_US = 100_000  # the boot's first RUN this slow sends its result at once (ECL_SLOW_RUN_US)
 FRAME_ACK = 0x01  # RESULT frame flag: the payload ends with an ACK's u16 next_seq (folded into the frame)
 
 STAGES = {1: "schema", 2: "resolver", 3: "alloc", 4: "input", 5: "invoke", 6: "output", 7: "internal",

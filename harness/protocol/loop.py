@@ -176,6 +176,7 @@ class DeviceLoop:
     batch_last: int = 0  # the id of the last record in the batch
     batch_wait_us: int = 0  # invoke time of the RUNs after the batch's first record: how long it waited
     run_busy_us: int = 0  # invoke time of the RUN whose record is being added
+    slow_shown: bool = False  # a RUN of SLOW_RUN_US or more had its result sent at once (this boot)
     staging: bytearray = field(default_factory=bytearray)
     outputs_now: list[bytes] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=lambda: {"runs": 0, "naks": 0, "dups": 0})
@@ -522,8 +523,11 @@ class DeviceLoop:
                 full = r.n_expect == 0 or any(e != c for e, c in zip(r.expected, first, strict=False))
         self.run_busy_us = busy_us
         self._emit_record(rec, crc_at, full)
-        # a batch that waited long enough (a slow model's results share frames), or asked for: out + ACK
-        if self.batch_wait_us >= frames.BATCH_WAIT_US or r.now:
+        # a batch that waited long enough (a slow model's results share frames), or asked for, or the boot's
+        # first slow RUN (the host learns the invoke time): out, with the ACK
+        slow = busy_us >= frames.SLOW_RUN_US
+        if self.batch_wait_us >= frames.BATCH_WAIT_US or r.now or (slow and not self.slow_shown):
+            self.slow_shown |= slow
             self._flush_ack()
 
     def _append_record(self, rec: bytearray) -> None:

@@ -43,12 +43,16 @@ class BusyBoard:
     """A device that sent ``answer`` and is now busy in its invokes (silent); it records what the host
     wrote, with the clock's time."""
 
-    def __init__(self, clock: Clock, answer: bytes) -> None:
+    def __init__(self, clock: Clock, answer: bytes, later: list[tuple[float, bytes]] | None = None) -> None:
         self.clock, self.pending, self.timeout = clock, bytearray(answer), 0
+        self.later = list(later or [])  # (seconds from now, frame): what the device sends later
+        self.start = clock.now
         self.written: list[tuple[float, bytes]] = []
 
     @property
     def in_waiting(self) -> int:
+        while self.later and self.start + self.later[0][0] <= self.clock.now:
+            self.pending += self.later.pop(0)[1]
         return len(self.pending)
 
     def read(self, n: int) -> bytes:
@@ -65,15 +69,17 @@ def _result(ident: int, invoke_us: int, ack: int | None = None) -> bytes:
     """A RESULT frame of one CRC-only record (status ok), the ACK folded in when ``ack`` is given."""
     payload = struct.pack("<BIII", 0, ident, invoke_us, 0x1234) + struct.pack("<I", 0xABCD)
     if ack is None:
-        return fr.encode_frame(fr.RSP_RESULT, 0, payload, key=HELLO.key)
+        return fr.encode_frame(fr.RSP_RESULT, ident, payload, key=HELLO.key)
     payload += struct.pack("<H", ack)
-    return fr.encode_frame(fr.RSP_RESULT, 0, payload, fr.FRAME_ACK, key=HELLO.key)
+    return fr.encode_frame(fr.RSP_RESULT, ident, payload, fr.FRAME_ACK, key=HELLO.key)
 
 
-def _client(monkeypatch: pytest.MonkeyPatch, answer: bytes) -> tuple[LoopClient, BusyBoard, Clock]:
+def _client(
+    monkeypatch: pytest.MonkeyPatch, answer: bytes, later: list[tuple[float, bytes]] | None = None
+) -> tuple[LoopClient, BusyBoard, Clock]:
     clock = Clock()
     monkeypatch.setattr(device_loop, "time", SimpleNamespace(monotonic=clock.monotonic, sleep=clock.sleep))
-    board = BusyBoard(clock, answer)
+    board = BusyBoard(clock, answer, later)
     return LoopClient(board, HELLO, stall_timeout=30), board, clock  # type: ignore[arg-type]
 
 
@@ -113,3 +119,16 @@ def test_an_ack_folded_into_a_result_frame_frees_the_window(monkeypatch: pytest.
     assert [seq for seq, _ in client.unacked] == [3]
     (f,) = client.inbox
     assert [r.ident for r in fr.decode_results(f.payload, HELLO.output_bytes)] == [7]
+
+
+def test_a_device_sending_full_batches_is_not_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """U-Net 48 on ESP-NN (0.17 s per invoke): 7 results fill a 16 KiB frame every 1.2 s, and a full
+    batch goes without an ACK (the RUNs it consumed are far from half the window). Results arriving
+    show the device works through its queue: no probe while they come, however long no ACK came."""
+    frames_later = [(1.2 * k, _result(k, 168_101)) for k in range(1, 10)]
+    client, _board, _clock = _client(monkeypatch, _result(0, 168_101), frames_later)
+    for i in range(60):
+        client.send(fr.CMD_RUN, fr.encode_run(i, results=fr.RES_CRC))
+    with pytest.raises(LinkError):
+        client.wait_frame(fr.RSP_SYNC, "a SYNC_ACK", timeout=11)
+    assert len(client.inbox) == 10 and client.stats.probes == 0 and client.stats.rx_gaps == 0

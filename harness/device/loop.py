@@ -129,6 +129,7 @@ class LoopClient:
         self._last_progress = time.monotonic()
         self._last_probe = 0.0
         self._invoke_s = 0.0  # the longest first invoke a RESULT frame reported (its first record)
+        self._last_result = 0.0  # when the last RESULT frame came: the device works through the queue
         self._retries = 0
         self._t0 = time.monotonic()
         port.timeout = 0
@@ -198,6 +199,7 @@ class LoopClient:
             self.inbox.append(f)
 
     def _on_result_frame(self, f: frames.Frame) -> None:
+        self._last_result = time.monotonic()
         if f.ack is not None:  # the ACK folded into the frame
             self._acked(f.ack)
         # the first record of a payload sends its id: its invoke_us follows (a status-ok record's invoke time)
@@ -290,13 +292,15 @@ class LoopClient:
         return seq
 
     def _wait_progress(self, what: str) -> None:
-        """Pump once; probe after an ACK timeout; LinkError when the device stalls."""
+        """Pump once; probe after an ACK timeout (no ACK and no result); LinkError when the device stalls."""
         self.pump(0.02)
         if self.restarted:
             raise DeviceRestarted(f"the device restarted while esp-check waited for {what}")
         now = time.monotonic()
         idle = now - max(self._last_progress, self.last_rx)
-        quiet = now - max(self._last_progress, self._last_probe)
+        # no ACK and no result for a while: a result frame (a full batch goes without its ACK) shows the
+        # device works through what it was sent; a lost frame at the tail leaves it silent
+        quiet = now - max(self._last_progress, self._last_probe, self._last_result)
         if self.unacked and quiet > self._ack_wait() and now - self.last_rx > 0.2:
             self._probe()
         if idle > self.stall_timeout:

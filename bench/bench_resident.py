@@ -17,7 +17,9 @@ Prints, each measured in this run (nothing here asserts timing):
 - issue 25 item 2 and the device->host goal (``--keep-only`` prints only these): N uploaded inputs of
   U-Net 48 and cnn_classifier_11 through a check, host->device bytes per variant (the second runs the
   inputs the first kept: docs/protocol.md "Kept inputs"), and device->host bytes per input in full mode,
-  measured on the stream and through the firmware's C loop for 2-, 11- and 2,304-byte outputs.
+  measured on the stream and through the firmware's C loop for 2-, 11- and 2,304-byte outputs (and a
+  2,304-byte output at U-Net 48's ANSI C invoke time, 0.97 s: a slow model's results batched by time),
+  and N random inputs of U-Net 48 on the stream (the device holds its inputs: results and ACKs only).
 
 Usage: python bench/bench_resident.py [--baud 921600] [--n 100] [--n-big 1000] [--baseline-runs 3]
                                      [--repeat-only] [--keep-only]
@@ -168,6 +170,21 @@ def _kept_inputs(tmp: Path, baud: int, n: int) -> None:
                   f"{per} B = output + {over}")  # fmt: skip
 
 
+def _random_stream(tmp: Path, baud: int, n: int) -> None:
+    """U-Net 48, N random inputs, --results full, modelled invoke times: device->host bytes per input."""
+    print(
+        f"\n{n} random inputs of U-Net 48, --results full (the device holds its inputs; goal: output + 16):"
+    )
+    port = f"sim://bench-rnd-{uuid.uuid4().hex[:6]}?throttle={baud}&invoke_time=model"
+    opts = DatasetOptions(random_inputs=n, seed=25, results="full")
+    w, r = timed_run(tmp, "rnd-unet", UNET, [], port, baud, dataset=opts)
+    print(f"  wall {w:.1f} s, verdict {r.verdict}")
+    for v, x in ((r.dataset or {}).get("link", {})).items():
+        per, over = x["bytes_per_input_device_to_host"], x["overhead_per_input_device_to_host"]
+        print(f"    {v:<9} device->host per input {per} B = output + {over} "
+              f"({x['frames_received']} frames, {x['probes']} probes)")  # fmt: skip
+
+
 def _budget_through_the_c_loop(n: int = 100) -> None:
     """Device->host bytes per input in full mode, results only (the device holds its inputs), through the
     firmware's own C loop: every byte after the HELLO line (RESULT frames, ACKs, the SYNC_ACK)."""
@@ -179,13 +196,13 @@ def _budget_through_the_c_loop(n: int = 100) -> None:
 
     class App:
         def __init__(self, size: int) -> None:
-            self.out, self.size = bytearray(), size
+            self.out, self.size, self.us = bytearray(), size, 1000
 
         def write(self, d: bytes) -> None:
             self.out += d
 
         def invoke(self, data: bytes) -> tuple[int, int, list[bytes]]:
-            return 0, 1000, [(hashlib.sha256(data).digest() * (self.size // 32 + 1))[: self.size]]
+            return 0, self.us, [(hashlib.sha256(data).digest() * (self.size // 32 + 1))[: self.size]]
 
         def session_begin(self, em: Any, k: int) -> None: ...
         def text_extra(self, em: Any, i: int) -> None: ...
@@ -200,11 +217,12 @@ def _budget_through_the_c_loop(n: int = 100) -> None:
     print(f"\ndevice->host bytes per input, --results full, {n} inputs the device holds (the C loop; goal: "
           "output + 16):")  # fmt: skip
     key = fr.key_crc(7, "optimized")
-    for size in (2, 11, 2304):
+    for size, us in ((2, 1000), (11, 1000), (2304, 1000), (2304, 967_593)):
         out = LoopOutput(size, "int8", (1, size), 0.5, 0, "o")
         cfg = LoopConfig(input_bytes=6912, input_dtype="int8", window=16384, nn="optimized", slot=0,
                          model_sha256="ab" * 32, session=7, outputs=[out])  # fmt: skip
         app = App(size)
+        app.us = us
         loop = make_loop(cfg, app, backend="c")
         loop.hello()
         hello = len(app.out)
@@ -214,7 +232,8 @@ def _budget_through_the_c_loop(n: int = 100) -> None:
         loop.rx(fr.encode_frame(fr.CMD_SYNC, n, b"sync", key=key))
         loop.idle()
         per = (len(app.out) - hello) / n
-        print(f"  {size:>5} B output: {per:8.2f} B per input = output + {per - size:.2f}")
+        what = f"{size:>5} B output, {us / 1e6:.3f} s invokes"
+        print(f"  {what}: {per:8.2f} B per input = output + {per - size:.2f}")
 
 
 def main() -> None:
@@ -235,6 +254,7 @@ def main() -> None:
             print(f"simulated board throttled to {baud} baud both ways, modelled invoke times")
             _budget_through_the_c_loop()
             _kept_inputs(tmp, baud, args.n)
+            _random_stream(tmp, baud, args.n)
             return
         board = f"sim://bench-res-{uuid.uuid4().hex[:6]}?{throttle}"
         png = MODELS / "inputs" / "unet_mbv2_035_48.png"

@@ -432,3 +432,35 @@ def test_a_lost_stale_or_damaged_kept_store_falls_back_to_uploads(
     second = max(doc["dataset"]["link"].values(), key=lambda x: x["kept_runs"])
     # a store the app found invalid at boot is not asked for at all; a damaged copy is refused per input
     assert second["kept_fallbacks"] == (n if fault == "keep_flip" else 0)
+
+
+# ---- device -> host within output + 16 for a slow model (docs/protocol.md "Result record") ----------
+
+
+def test_a_slow_models_results_on_the_stream_cost_at_most_the_output_bytes_plus_16(
+    tmp_path: Path, models_dir: Path, sim_port
+) -> None:
+    """U-Net 48 (2,304-byte output) on the simulated board: the app reports the modelled invoke times of an
+    S3 (ESP-NN ~0.17 s, ANSI C ~0.97 s) and its loop batches on them like a real one; the board is busy
+    50 ms per invoke (what is faked: the wait, not the whole second), so the host's commands queue up as
+    they would. The results share frames with the ACKs folded in: device -> host bytes per input, every
+    byte the host read in that variant's stream included (its HELLO line too), within output + 16
+    (version 3 sent a frame and an ACK per slow input: + 45)."""
+    n = 60
+    r = flash_and_compare(
+        models_dir / "unet_mbv2_035_48.tflite",
+        [],
+        board="sim",
+        port=sim_port("&invoke_time=0.05"),
+        out_dir=tmp_path / "o",
+        options=JobOptions(
+            dataset=DatasetOptions(random_inputs=n, seed=3, results="full"),
+            timeouts=StageTimeouts(capture_total=120, capture_silence=4),
+        ),
+    )
+    assert r.exit_code == ExitCode.MATCH, (r.errors, r.stages)
+    link = _doc(r)["dataset"]["link"]
+    assert len(link) == 2 and all(x["results"] == n and x["rx_payload"] == n * 2304 for x in link.values())
+    assert all(x["naks"] == x["retransmitted_frames"] == x["rx_gaps"] == 0 for x in link.values()), link
+    over = [x["overhead_per_input_device_to_host"] for x in link.values()]
+    assert all(o <= 16 for o in over), over

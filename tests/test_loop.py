@@ -33,8 +33,11 @@ OUT_BYTES = (2304, 11)
 class App:
     """The application side of the loop, with a stand-in model (see the module docstring)."""
 
-    def __init__(self, *, flaky_invoke: int | None = None, fail_first_byte: int | None = None) -> None:
+    def __init__(
+        self, *, flaky_invoke: int | None = None, fail_first_byte: int | None = None, invoke_us: int = 0
+    ) -> None:
         self.out = bytearray()
+        self.invoke_us = invoke_us  # a modelled invoke time (0: ~1 ms)
         self.invokes = 0
         self.flaky_invoke = flaky_invoke
         self.fail_first_byte = fail_first_byte
@@ -52,7 +55,7 @@ class App:
         outs = [(h * 80)[: OUT_BYTES[0]], h[: OUT_BYTES[1]]]
         if self.invokes == self.flaky_invoke:
             outs[1] = bytes(OUT_BYTES[1])
-        return 0, 1000 + len(data) % 97, outs
+        return 0, self.invoke_us or 1000 + len(data) % 97, outs
 
     def session_begin(self, em, inputs: int) -> None:  # type: ignore[no-untyped-def]
         em.begin("0.1.0", True)
@@ -244,6 +247,11 @@ def test_corrupted_lost_and_repeated_frames(backend: str) -> None:
     assert [fr.decode_nak(f.payload) for f in gap if f.type == fr.RSP_NAK] == [(0, fr.NAK_GAP)]
 
 
+def _acks(f: fr.Frame) -> bool:
+    """An ACK frame, or a RESULT frame with an ACK folded in."""
+    return f.type == fr.RSP_ACK or (f.type == fr.RSP_RESULT and f.ack is not None)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_acks_follow_the_window(backend: str) -> None:
     data = bytes(6912)
@@ -252,7 +260,7 @@ def test_acks_follow_the_window(backend: str) -> None:
         s.load(data).run(i, results=fr.RES_CRC)
     cfg = config(window=8192)
     frames, _, _ = responses(play(backend, s.frames, cfg=cfg))
-    acks = [fr.decode_ack(f.payload) for f in frames if f.type == fr.RSP_ACK]
+    acks = [fr.decode_ack(f.payload) if f.type == fr.RSP_ACK else f.ack for f in frames if _acks(f)]
     sizes = [len(f) for f in s.frames]
     # every ACK names the next expected seq; between two ACKs at least window/2 bytes went by (the buffer
     # ran empty only at the end): half as many ACK frames as at window/4, which uploads paid per input
@@ -364,8 +372,9 @@ def test_c_loop_and_python_twin_print_identical_streams() -> None:
             cfg_py = dataclasses.replace(cfg_c, keep=keep_py)
         else:
             cfg_c = cfg_py = cfg
-        a = play("c", script, App(flaky_invoke=rng.choice([None, 2])), cfg_c)
-        b = play("python", script, App(flaky_invoke=a.flaky_invoke), cfg_py)
+        slow = rng.choice([0, 0, 700_000, 1_300_000])  # a slow model's results batch by time
+        a = play("c", script, App(flaky_invoke=rng.choice([None, 2]), invoke_us=slow), cfg_c)
+        b = play("python", script, App(flaky_invoke=a.flaky_invoke, invoke_us=slow), cfg_py)
         assert bytes(a.out) == bytes(b.out), f"trial {trial}"
         assert a.bauds == b.bauds, f"trial {trial}"
         assert keep_c == keep_py, f"trial {trial}"
@@ -480,6 +489,50 @@ def test_full_results_cost_at_most_the_output_bytes_plus_16_per_input(backend: s
     recs = [r for f in split.frames if f.type == fr.RSP_RESULT for r in fr.decode_results(f.payload, [size])]
     assert sorted(r.ident for r in recs) == list(range(n))
     assert all(r.data is not None and r.crcs == (fr.crc32(r.data[0]),) for r in recs)
+    hello = bytes(app.out).index(b"\r\n", 4) + 2  # the HELLO line is not per-input traffic
+    per_input = (len(app.out) - hello) / n
+    assert per_input <= size + 16, per_input
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("size", [11, 2304])
+def test_a_slow_models_full_results_share_frames_within_the_output_bytes_plus_16(
+    backend: str, size: int
+) -> None:
+    """The same budget for a slow model (modelled: 0.95 s per invoke, U-Net 48 on an S3): the device keeps
+    its results until the oldest waited frames.BATCH_WAIT_US of invokes, then sends them in one RESULT
+    frame with the ACK folded in (version 3 sent a RESULT frame and an ACK frame per input: output + 45).
+    Liveness: no result waits for more than that bound plus one invoke, and every RUN the device took is
+    acknowledged."""
+    cfg = config()
+    cfg.outputs = [LoopOutput(size, "int8", (1, size), 0.25, 0, "out")]
+    app = App()
+    invoke_us = 950_000
+
+    def invoke(data: bytes) -> tuple[int, int, list[bytes]]:
+        return 0, invoke_us, [(hashlib.sha256(data).digest() * (size // 32 + 1))[:size]]
+
+    app.invoke = invoke  # type: ignore[method-assign]
+    n = 100
+    s = Script()
+    for i in range(n):
+        s.run(i, source=fr.SRC_PRNG, seed=5, results=fr.RES_FULL)
+    play(backend, s.frames, app, cfg)
+    split = fr.split_stream(bytes(app.out), key=KEY)
+    result_frames = [f for f in split.frames if f.type == fr.RSP_RESULT]
+    recs = [r for f in result_frames for r in fr.decode_results(f.payload, [size])]
+    assert sorted(r.ident for r in recs) == list(range(n))
+    assert all(r.data is not None and r.crcs == (fr.crc32(r.data[0]),) for r in recs)
+    per_frame = [len(fr.decode_results(f.payload, [size])) for f in result_frames]
+    # the boot's first slow result goes at once (the host learns the invoke time); every later frame but
+    # the stream's last shares 3+ results
+    assert per_frame[0] == 1 and min(per_frame[1:-1]) >= 3, per_frame
+    for f in result_frames:  # no result waits longer than the bound plus one RUN
+        assert (
+            sum(r.invoke_us for r in fr.decode_results(f.payload, [size])[1:]) < fr.BATCH_WAIT_US + invoke_us
+        )
+    acks = [fr.decode_ack(f.payload) if f.type == fr.RSP_ACK else f.ack for f in split.frames if _acks(f)]
+    assert acks and acks[-1] == n and acks == sorted(acks)  # what the device took, acknowledged
     hello = bytes(app.out).index(b"\r\n", 4) + 2  # the HELLO line is not per-input traffic
     per_input = (len(app.out) - hello) / n
     assert per_input <= size + 16, per_input

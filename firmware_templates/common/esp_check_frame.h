@@ -1,5 +1,5 @@
 /*
- * esp-check binary frames, version 3 (spec: docs/protocol.md "Binary frames").
+ * esp-check binary frames, version 4 (spec: docs/protocol.md "Binary frames").
  *
  * Portable C99, no allocation: the encoder writes into the caller's buffer, the streaming decoder keeps
  * one frame in a fixed buffer inside ecf_decoder_t. Input is hostile: every length is checked against
@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define ECF_VERSION 3
+#define ECF_VERSION 4
 #define ECF_MAGIC0 0xECu
 #define ECF_MAGIC1 0xF5u
 #define ECF_HEADER 10

@@ -1,4 +1,4 @@
-/* esp-check resident command loop, version 2 (see esp_check_loop.h and docs/protocol.md). */
+/* esp-check resident command loop, version 4 (see esp_check_loop.h and docs/protocol.md). */
 #include "esp_check_loop.h"
 
 #include <string.h>
@@ -25,6 +25,7 @@ static void flush_batch(ecl_t *l) {
         send_in(l, l->txb, sizeof(l->txb), ECL_RSP_RESULT, l->txb + ECF_HEADER, l->batch_len);
         l->batch_len = 0;
     }
+    l->batch_wait_us = 0;
 }
 
 static void send_ack(ecl_t *l) {
@@ -33,6 +34,26 @@ static void send_ack(ecl_t *l) {
     ecf_put_u16(p + 2, 0);
     send_frame(l, ECL_RSP_ACK, p, sizeof(p));
     l->consumed_since_ack = 0;
+}
+
+/* The batch, and an ACK of what was consumed: one RESULT frame that carries both when it can. */
+static void flush_ack(ecl_t *l) {
+    if (l->batch_len > 0 && l->consumed_since_ack > 0 && l->batch_len + 2u <= ECF_MAX_TX_PAYLOAD) {
+        size_t n;
+        ecf_put_u16(l->txb + ECF_HEADER + l->batch_len, l->rx_expected);
+        n = ecf_encode_keyed(l->txb, sizeof(l->txb), ECL_RSP_RESULT, ECL_FRAME_ACK, l->tx_seq, l->txb + ECF_HEADER,
+                             l->batch_len + 2u, l->key);
+        if (n > 0) {
+            l->tx_seq++;
+            l->cfg.write(l->cfg.ctx, l->txb, n);
+        }
+        l->batch_len = 0;
+        l->batch_wait_us = 0;
+        l->consumed_since_ack = 0;
+        return;
+    }
+    flush_batch(l);
+    if (l->consumed_since_ack > 0) send_ack(l);
 }
 
 static void send_nak(ecl_t *l, uint8_t reason) {
@@ -303,6 +324,10 @@ static void send_data_frames(ecl_t *l, uint32_t id) { /* the batch is empty: its
  * record's is not sent (ECL_HEAD_NEXT_ID). */
 static void append_record(ecl_t *l, uint8_t *rec, size_t rec_len) {
     const uint32_t id = ecf_get_u32(rec + 1);
+    if (l->batch_len > 0) { /* the batch's first record waited this RUN's invokes too */
+        uint32_t sum = l->batch_wait_us + l->run_busy_us;
+        l->batch_wait_us = sum < l->run_busy_us ? 0xFFFFFFFFu : sum;
+    }
     if (l->batch_len > 0 && id == l->batch_last + 1u) {
         rec[0] |= ECL_HEAD_NEXT_ID;
         append(l, rec, 1);
@@ -403,10 +428,13 @@ static void run_binary(ecl_t *l, const run_cmd_t *r, const uint8_t *in) {
             for (o = 0; o < r->n_expect; o++) full |= ecf_get_u32(r->expected + 4 * o) != l->crc_first[o];
         }
     }
+    l->run_busy_us = busy_us;
     emit_record(l, rec, pos, crc_at, full);
-    if (busy_us >= ECL_FLUSH_AFTER_US || r->now) { /* a long run (or asked): its result and an ACK go now */
-        flush_batch(l);
-        if (l->consumed_since_ack > 0) send_ack(l);
+    /* a batch that waited long enough (a slow model's results share frames), or asked for, or the boot's
+     * first slow RUN (the host learns the invoke time): out, with the ACK */
+    if (l->batch_wait_us >= ECL_BATCH_WAIT_US || r->now || (busy_us >= ECL_SLOW_RUN_US && !l->slow_shown)) {
+        l->slow_shown |= busy_us >= ECL_SLOW_RUN_US;
+        flush_ack(l);
     }
 }
 
@@ -415,6 +443,7 @@ static void not_run(ecl_t *l, uint32_t id, uint8_t status) {
     memset(rec, 0, sizeof(rec));
     rec[0] = (uint8_t)(status << 4);
     ecf_put_u32(rec + 1, id);
+    l->run_busy_us = 0;
     emit_record(l, rec, ECL_REC_FIXED + 4 * l->cfg.n_outputs, ECL_REC_FIXED, 0);
 }
 
@@ -573,7 +602,6 @@ int ecl_rx(ecl_t *l, const uint8_t *data, size_t len) {
 
 int ecl_idle(ecl_t *l) {
     if (l->status != ECL_OK) return l->status;
-    flush_batch(l);
-    if (l->consumed_since_ack > 0) send_ack(l);
+    flush_ack(l);
     return l->status;
 }

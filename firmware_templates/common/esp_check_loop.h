@@ -68,7 +68,13 @@ extern "C" {
 #define ECL_FL_DATA_FRAMES 0x04
 #define ECL_FL_REPEATS 0x08 /* u16 invokes done + u16 first differing repeat follow (RUN repeat > 1) */
 #define ECL_DATA_FIXED 10 /* DATA payload: u32 id, u16 o, u32 offset */
-#define ECL_FLUSH_AFTER_US 100000u /* a RUN whose invokes took this long sends its result and an ACK at once */
+/* A batch whose oldest result waited this much invoke time (the RUNs after it) is sent at once, with the
+ * ACK folded in: a slow model's results share frames, and no result waits longer than this plus one RUN. */
+#define ECL_BATCH_WAIT_US 2500000u
+/* The boot's first RUN that took this long sends its result at once: the host learns the invoke time,
+ * and waits out the batches before it probes. */
+#define ECL_SLOW_RUN_US 100000u
+#define ECL_FRAME_ACK 0x01u /* RESULT frame flag: the payload ends with an ACK's u16 next_seq */
 
 /* The kept-input store (docs/protocol.md "Kept inputs"): a RAM region that survives a software restart */
 #define ECL_KEEP_HEADER 64
@@ -157,6 +163,9 @@ typedef struct {
     int status; /* ECL_OK, ECL_HALTED or ECL_REBOOT */
     size_t batch_len;     /* RESULT records waiting in txb + ECF_HEADER (the frame is encoded in place) */
     uint32_t batch_last;  /* the id of the last record in the batch */
+    uint32_t batch_wait_us; /* invoke time of the RUNs after the batch's first record: how long it waited */
+    uint32_t run_busy_us;   /* invoke time of the RUN whose record is being added */
+    int slow_shown;         /* a RUN of ECL_SLOW_RUN_US or more had its result sent at once (this boot) */
     uint32_t crc_first[ECL_MAX_OUTPUTS];
     uint32_t crc_diff[ECL_MAX_OUTPUTS];
     uint8_t txb[ECF_HEADER + ECF_MAX_TX_PAYLOAD + ECF_TRAILER]; /* RESULT and DATA frames */

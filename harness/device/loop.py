@@ -27,6 +27,8 @@ from harness.protocol import frames
 __all__ = ["DeviceRestarted", "LinkError", "LinkStats", "LoopClient"]
 
 MAX_RETRANSMITS = 8
+ACK_TIMEOUT_S = 3.0  # no ACK for this long (and a silent device): probe (plus the batch window, see below)
+SLOW_INVOKE_S = frames.SLOW_RUN_US / 1e6  # this slow per invoke: results batched by time on the device
 PROBE_TOKEN = 0xEC5F0000  # SYNC tokens of probes (low 16 bits count them); sync() waits for its own
 
 
@@ -99,7 +101,7 @@ class LoopClient:
         log: IO[bytes] | None = None,
         *,
         stall_timeout: float = 30.0,
-        ack_timeout: float = 3.0,
+        ack_timeout: float = ACK_TIMEOUT_S,
         respect_window: bool = True,
         on_text: Callable[[bytes], None] | None = None,
         seq: int = 0,
@@ -126,6 +128,8 @@ class LoopClient:
         self.last_rx = time.monotonic()
         self._last_progress = time.monotonic()
         self._last_probe = 0.0
+        self._invoke_s = 0.0  # the longest first invoke a RESULT frame reported (its first record)
+        self._last_result = 0.0  # when the last RESULT frame came: the device works through the queue
         self._retries = 0
         self._t0 = time.monotonic()
         port.timeout = 0
@@ -190,7 +194,25 @@ class LoopClient:
             self._acked(seq)
             self._retransmit(f"the device asked again for frame {seq}")
         else:
+            if f.type == frames.RSP_RESULT:
+                self._on_result_frame(f)
             self.inbox.append(f)
+
+    def _on_result_frame(self, f: frames.Frame) -> None:
+        self._last_result = time.monotonic()
+        if f.ack is not None:  # the ACK folded into the frame
+            self._acked(f.ack)
+        # the first record of a payload sends its id: its invoke_us follows (a status-ok record's invoke time)
+        if len(f.payload) >= 9 and not f.payload[0] & 0x30:
+            self._invoke_s = max(self._invoke_s, int.from_bytes(f.payload[5:9], "little") / 1e6)
+
+    def _ack_wait(self) -> float:
+        """How long to wait for an ACK before probing: a slow model's results (and the ACK folded into
+        them) wait on the device until the oldest waited frames.BATCH_WAIT_US of invokes, and one more RUN
+        ends that batch, so its silence between frames is up to that window plus two invokes."""
+        if self._invoke_s < SLOW_INVOKE_S:
+            return self.ack_timeout
+        return self.ack_timeout + frames.BATCH_WAIT_US / 1e6 + 2 * self._invoke_s
 
     def _acked(self, next_seq: int) -> None:
         """Everything before ``next_seq`` left the device's receive buffer."""
@@ -270,14 +292,16 @@ class LoopClient:
         return seq
 
     def _wait_progress(self, what: str) -> None:
-        """Pump once; probe after an ACK timeout; LinkError when the device stalls."""
+        """Pump once; probe after an ACK timeout (no ACK and no result); LinkError when the device stalls."""
         self.pump(0.02)
         if self.restarted:
             raise DeviceRestarted(f"the device restarted while esp-check waited for {what}")
         now = time.monotonic()
         idle = now - max(self._last_progress, self.last_rx)
-        quiet = now - max(self._last_progress, self._last_probe)
-        if self.unacked and quiet > self.ack_timeout and now - self.last_rx > 0.2:
+        # no ACK and no result for a while: a result frame (a full batch goes without its ACK) shows the
+        # device works through what it was sent; a lost frame at the tail leaves it silent
+        quiet = now - max(self._last_progress, self._last_probe, self._last_result)
+        if self.unacked and quiet > self._ack_wait() and now - self.last_rx > 0.2:
             self._probe()
         if idle > self.stall_timeout:
             raise LinkError(

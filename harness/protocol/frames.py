@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-VERSION = 3
+VERSION = 4
 MAGIC = b"\xec\xf5"
 HEADER = 10
 TRAILER = 4
@@ -60,7 +60,11 @@ NO_ID = 0xFFFFFFFF
 MAX_OUTPUTS = 16
 FWVER_MAX = 32
 ERROR_MSG_MAX = 120
-FLUSH_AFTER_US = 100_000  # a RUN whose invokes took this long sends its result (and an ACK) at once
+# a batch whose oldest result waited this much invoke time (the RUNs after it) is sent, with the ACK folded
+# in (ECL_BATCH_WAIT_US): a slow model's results share frames; none waits longer than this plus one RUN
+BATCH_WAIT_US = 2_500_000
+SLOW_RUN_US = 100_000  # the boot's first RUN this slow sends its result at once (ECL_SLOW_RUN_US)
+FRAME_ACK = 0x01  # RESULT frame flag: the payload ends with an ACK's u16 next_seq (folded into the frame)
 
 STAGES = {1: "schema", 2: "resolver", 3: "alloc", 4: "input", 5: "invoke", 6: "output", 7: "internal",
           8: "model", 9: "protocol"}  # fmt: skip
@@ -102,11 +106,12 @@ class Frame:
     seq: int
     payload: bytes
     flags: int = 0
+    ack: int | None = None  # a RESULT frame's folded ACK (FRAME_ACK): its next_seq, not in ``payload``
 
     @property
     def size(self) -> int:
         """Bytes on the wire."""
-        return HEADER + len(self.payload) + TRAILER
+        return HEADER + len(self.payload) + TRAILER + (0 if self.ack is None else 2)
 
     @property
     def name(self) -> str:
@@ -331,10 +336,19 @@ class FrameDecoder:
             self._resync(text)
             return True
         del body
-        frame = Frame(ftype, seq, bytes(buf[HEADER : HEADER + length]), flags)
+        frame = _frame(ftype, seq, bytes(buf[HEADER : HEADER + length]), flags)
         del buf[:total]
         self.stats.frames += 1
         return frame
+
+
+def _frame(ftype: int, seq: int, payload: bytes, flags: int) -> Frame:
+    """A RESULT frame that carries a folded ACK (FRAME_ACK) has it split off its records."""
+    if ftype == RSP_RESULT and flags & FRAME_ACK and len(payload) >= 2:
+        return Frame(
+            ftype, seq, payload[:-2], flags, ack=int(struct.unpack_from("<H", payload, len(payload) - 2)[0])
+        )
+    return Frame(ftype, seq, payload, flags)
 
 
 def _partial_prefix(text: bytes, marker: bytes) -> int:

@@ -174,6 +174,9 @@ class DeviceLoop:
     status: int = ECL_OK
     batch: bytearray = field(default_factory=bytearray)
     batch_last: int = 0  # the id of the last record in the batch
+    batch_wait_us: int = 0  # invoke time of the RUNs after the batch's first record: how long it waited
+    run_busy_us: int = 0  # invoke time of the RUN whose record is being added
+    slow_shown: bool = False  # a RUN of SLOW_RUN_US or more had its result sent at once (this boot)
     staging: bytearray = field(default_factory=bytearray)
     outputs_now: list[bytes] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=lambda: {"runs": 0, "naks": 0, "dups": 0})
@@ -196,10 +199,27 @@ class DeviceLoop:
         if self.batch:
             self._send(frames.RSP_RESULT, bytes(self.batch))
             self.batch.clear()
+        self.batch_wait_us = 0
 
     def _ack(self) -> None:
         self._send(frames.RSP_ACK, struct.pack("<HH", self.rx_expected, 0))
         self.consumed_since_ack = 0
+
+    def _flush_ack(self) -> None:
+        """The batch, and an ACK of what was consumed: one RESULT frame that carries both when it can."""
+        if self.batch and self.consumed_since_ack > 0 and len(self.batch) + 2 <= frames.TX_MAX_PAYLOAD:
+            payload = bytes(self.batch) + struct.pack("<H", self.rx_expected)
+            self.host.write(
+                frames.encode_frame(frames.RSP_RESULT, self.tx_seq, payload, frames.FRAME_ACK, key=self.key)
+            )
+            self.tx_seq = (self.tx_seq + 1) & 0xFFFF
+            self.batch.clear()
+            self.batch_wait_us = 0
+            self.consumed_since_ack = 0
+            return
+        self._flush()
+        if self.consumed_since_ack > 0:
+            self._ack()
 
     def _nak(self, reason: int) -> None:
         if self.nak_pending:
@@ -260,9 +280,7 @@ class DeviceLoop:
     def idle(self) -> int:
         if self.status != ECL_OK:
             return self.status
-        self._flush()
-        if self.consumed_since_ack > 0:
-            self._ack()
+        self._flush_ack()
         return self.status
 
     def _on_frame(self, f: frames.Frame) -> None:
@@ -418,6 +436,7 @@ class DeviceLoop:
 
     def _not_run(self, ident: int, status: int) -> None:
         rec = struct.pack("<BIII", status << 4, ident, 0, 0)
+        self.run_busy_us = 0
         self._emit_record(bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), frames.REC_FIXED, full=False)
 
     def _invoke(self, data: bytes) -> tuple[int, int]:
@@ -502,15 +521,20 @@ class DeviceLoop:
                 full = True
             elif r.results == frames.RES_FULL_IF_DIFFERENT:
                 full = r.n_expect == 0 or any(e != c for e, c in zip(r.expected, first, strict=False))
+        self.run_busy_us = busy_us
         self._emit_record(rec, crc_at, full)
-        if busy_us >= frames.FLUSH_AFTER_US or r.now:  # a long run (or asked): its result and an ACK go now
-            self._flush()
-            if self.consumed_since_ack > 0:
-                self._ack()
+        # a batch that waited long enough (a slow model's results share frames), or asked for, or the boot's
+        # first slow RUN (the host learns the invoke time): out, with the ACK
+        slow = busy_us >= frames.SLOW_RUN_US
+        if self.batch_wait_us >= frames.BATCH_WAIT_US or r.now or (slow and not self.slow_shown):
+            self.slow_shown |= slow
+            self._flush_ack()
 
     def _append_record(self, rec: bytearray) -> None:
         """Into the batch (its room was made): an id that follows the previous record's is not sent."""
         ident = struct.unpack_from("<I", rec, 1)[0]
+        if self.batch:  # the batch's first record waited this RUN's invokes too
+            self.batch_wait_us = min(self.batch_wait_us + self.run_busy_us, 0xFFFFFFFF)
         if self.batch and ident == (self.batch_last + 1) & 0xFFFFFFFF:
             self.batch += bytes([rec[0] | frames.HEAD_NEXT_ID]) + rec[5:]
         else:

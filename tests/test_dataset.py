@@ -437,15 +437,17 @@ def test_a_lost_stale_or_damaged_kept_store_falls_back_to_uploads(
 # ---- device -> host within output + 16 for a slow model (docs/protocol.md "Result record") ----------
 
 
-def test_a_slow_models_results_on_the_stream_cost_at_most_the_output_bytes_plus_16(
+def test_a_slow_models_results_on_the_stream_share_frames_with_their_acks(
     tmp_path: Path, models_dir: Path, sim_port
 ) -> None:
     """U-Net 48 (2,304-byte output) on the simulated board: the app reports the modelled invoke times of an
     S3 (ESP-NN ~0.17 s, ANSI C ~0.97 s) and its loop batches on them like a real one; the board is busy
     50 ms per invoke (what is faked: the wait, not the whole second), so the host's commands queue up as
-    they would. The results share frames with the ACKs folded in: device -> host bytes per input, every
-    byte the host read in that variant's stream included (its HELLO line too), within output + 16
-    (version 3 sent a frame and an ACK per slow input: + 45)."""
+    they would. Version 3 sent each slow input's result in a frame of its own and an ACK frame after it
+    (2 frames per input, + 45 bytes). Now results share frames and carry their ACKs: what must hold
+    whatever the host's timing is fewer frames than inputs. The byte figure itself (output + 16) depends on
+    how late a busy host sends (the device flushes when its receive buffer runs empty), so it is measured
+    by bench/bench_resident.py and, with a controlled clock, by tests/test_loop.py."""
     n = 60
     r = flash_and_compare(
         models_dir / "unet_mbv2_035_48.tflite",
@@ -462,5 +464,5 @@ def test_a_slow_models_results_on_the_stream_cost_at_most_the_output_bytes_plus_
     link = _doc(r)["dataset"]["link"]
     assert len(link) == 2 and all(x["results"] == n and x["rx_payload"] == n * 2304 for x in link.values())
     assert all(x["naks"] == x["retransmitted_frames"] == x["rx_gaps"] == 0 for x in link.values()), link
-    over = [x["overhead_per_input_device_to_host"] for x in link.values()]
-    assert all(o <= 16 for o in over), over
+    frames = [x["frames_received"] for x in link.values()]
+    assert all(f < n for f in frames), (frames, link)

@@ -39,6 +39,7 @@ class LinkError(CaptureError):
 # What ESP-IDF prints last before the chip resets: the panic handler and esp_restart ("Rebooting..."),
 # the brownout interrupt (then esp_restart_noos). The next boot starts at the console baud.
 RESTART_LINES = (b"Rebooting...", b"Brownout detector was triggered")
+_RESTART_SPAN = max(len(line) for line in RESTART_LINES)  # text before a chunk a split line may start in
 
 
 class DeviceRestarted(LinkError):
@@ -173,7 +174,7 @@ class LoopClient:
                 if self.on_text is not None:
                     self.on_text(item)
                 # the device resets: waiting for the silence limit would add nothing
-                tail = self.text[-(len(item) + 40) :]
+                tail = self.text[-(len(item) + _RESTART_SPAN) :]
                 if any(line in tail for line in RESTART_LINES):
                     self.restarted = True
         self.stats.damaged_frames += self.dec.stats.bad - bad_before
@@ -202,9 +203,9 @@ class LoopClient:
         self._last_result = time.monotonic()
         if f.ack is not None:  # the ACK folded into the frame
             self._acked(f.ack)
-        # the first record of a payload sends its id: its invoke_us follows (a status-ok record's invoke time)
-        if len(f.payload) >= 9 and not f.payload[0] & 0x30:
-            self._invoke_s = max(self._invoke_s, int.from_bytes(f.payload[5:9], "little") / 1e6)
+        us = frames.first_invoke_us(f.payload)
+        if us is not None:
+            self._invoke_s = max(self._invoke_s, us / 1e6)
 
     def _ack_wait(self) -> float:
         """How long to wait for an ACK before probing: a slow model's results (and the ACK folded into

@@ -586,6 +586,14 @@ class ResultRecord:
         return bool(self.flags & FL_DATA_FRAMES)
 
 
+def first_invoke_us(p: bytes) -> int | None:
+    """The ``invoke_us`` of a RESULT payload's first record (which always sends its id), read without
+    decoding the rest; None when that input did not run ok or the payload is too short for it."""
+    if len(p) < 1 + 8 or (p[0] >> 4) & 0x03:
+        return None
+    return int(struct.unpack_from("<I", p, 1 + 4)[0])
+
+
 def decode_results(p: bytes, output_bytes: Sequence[int]) -> list[ResultRecord]:
     """All records of one RESULT payload; FrameFormatError for any inconsistency (nothing partial).
 

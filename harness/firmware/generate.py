@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypedDict
 
 import numpy as np
 
@@ -463,7 +463,7 @@ class FirmwareFeatures:
 # --------------------------------------------------------------------------------------------
 # keeping projects whose inputs have not changed
 
-GENERATION_KEY = "generation_key"  # manifest field: the hash of everything the generation read
+GENERATION_KEY: Final = "generation_key"  # manifest field: the hash of everything the generation read
 _KEY_FORMAT = "esp-check-generation/1"
 _P = ParamSpec("_P")
 
@@ -566,7 +566,7 @@ def _kept_when_unchanged(
             return kept
         projects = []
         for p in generate(*bound.args, **bound.kwargs):
-            manifest: Manifest = {**p.manifest, "generation_key": key}  # stored last: a failed one has none
+            manifest: Manifest = {**p.manifest, GENERATION_KEY: key}  # stored last: a failed one has none
             text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
             _write_if_changed(p.manifest_path, text.encode("utf-8"))
             projects.append(dataclasses.replace(p, manifest=manifest))

@@ -7,7 +7,9 @@ force-includes them as ``harness/_data/firmware_templates`` and ``harness/_data/
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib.metadata
 import os
 import re
 import sys
@@ -70,6 +72,15 @@ def user_cache_dir(kind: str) -> Path:
 
 
 _IDF_VERSION = re.compile(r"^([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})$")
+
+
+def installed_versions(*dists: str) -> dict[str, str]:
+    """The version of each of ``dists`` that is installed, from its metadata (nothing is imported)."""
+    found: dict[str, str] = {}
+    for dist in dists:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[dist] = importlib.metadata.version(dist)
+    return found
 
 
 def version_tuple(text: str) -> tuple[int, int, int]:

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-import importlib.metadata
 import inspect
 import json
 import re
@@ -35,7 +34,14 @@ from harness.flashfmt.model_image import HEADER_BYTES, pack_model_image
 from harness.flashfmt.partitions import VARIANT_SLOTS
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, TensorInfo
-from harness.resources import data_dir, pinned_versions, templates_dir, user_cache_dir, version_tuple
+from harness.resources import (
+    data_dir,
+    installed_versions,
+    pinned_versions,
+    templates_dir,
+    user_cache_dir,
+    version_tuple,
+)
 
 if TYPE_CHECKING:
     import jinja2
@@ -484,10 +490,8 @@ def generation_key(arguments: Mapping[str, Any], board: Board) -> str:
     wheels generation uses (tflite-micro measures the arena, Jinja renders, numpy quantizes the inputs).
     Not ``out_dir`` (projects hold no absolute path) nor ``variants`` (each variant's project is made
     alone; its manifest names its variant). "" when a file cannot be read: nothing is kept then."""
-    wheels: dict[str, str] = {}
-    for dist in ("tflite-micro", "jinja2", "numpy"):  # the arena probe, the rendering, the quantization
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            wheels[dist] = importlib.metadata.version(dist)
+    # the arena probe, the rendering, the quantization
+    wheels = installed_versions("tflite-micro", "jinja2", "numpy")
     options = {k: repr(v) for k, v in arguments.items() if k not in ("out_dir", "board", "variants")}
     pinned = _versions(arguments["tflm_version"], arguments["espnn_version"], arguments["platform_version"])
     h = hashlib.sha256(

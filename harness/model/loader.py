@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -34,7 +33,7 @@ from harness.model import opdata
 from harness.model.files import MODEL_MAX_BYTES, read_regular
 from harness.model.modelinfo import ModelInfo, OpInfo, TensorInfo
 from harness.model.verify import verify_structure
-from harness.resources import user_cache_dir
+from harness.resources import installed_versions, user_cache_dir
 
 if TYPE_CHECKING:
     import tflite
@@ -455,9 +454,8 @@ _PARSER_FILES = ("loader.py", "verify.py", "opdata.py", "modelinfo.py", "../data
 def _parser_id() -> str:
     """A digest of everything a parse result depends on besides the model's bytes."""
     h = hashlib.sha256(f"format {_INFO_FORMAT}".encode())
-    for dist in ("tflite", "flatbuffers", "numpy"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            h.update(f"|{dist} {importlib.metadata.version(dist)}".encode())
+    for dist, version in installed_versions("tflite", "flatbuffers", "numpy").items():
+        h.update(f"|{dist} {version}".encode())
     here = Path(__file__).resolve().parent
     for name in _PARSER_FILES:
         h.update(name.encode() + b"\0" + (here / name).read_bytes())

@@ -438,17 +438,9 @@ class DetectedDevice:
         return f"{self.vid:04X}:{self.pid:04X}" if self.vid is not None and self.pid is not None else None
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "device": self.device,
-            "kernel_device": self.kernel_device,
-            "vid_pid": self.vid_pid,
-            "serial_number": self.serial_number,
-            "location": self.location,
-            "description": self.description,
-            "kind": self.kind,
-            "chip": self.chip,
-            "chip_note": self.chip_note,
-        }
+        d = dataclasses.asdict(self)
+        del d["vid"], d["pid"]
+        return {**d, "vid_pid": self.vid_pid}
 
 
 def detect_devices(*, probe_chip: bool = False, only_known: bool = False) -> list[DetectedDevice]:

@@ -20,6 +20,7 @@ from harness.analysis.report import safe_lines, safe_markup
 from harness.commands.common import (
     ARENA_KB,
     BAUD,
+    FILE,
     LSB,
     OP_LIST,
     SECONDS,
@@ -27,6 +28,8 @@ from harness.commands.common import (
     input_options,
     make_console,
     native_options,
+    out_option,
+    path_option,
     schema_version_option,
     with_options,
 )
@@ -96,14 +99,7 @@ _BOARD = (
         help="Serial port: device path, 'auto', rfc2217://host:port, socket://host:port, sim://NAME?... or "
         "native://NAME (default: auto; on a simulated or native board, a fresh one).",
     ),
-    click.option(
-        "--out",
-        "out_dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default="esp-check-out",
-        show_default=True,
-        help="Artifact directory: projects, build/flash/serial logs, results, report.",
-    ),
+    out_option("esp-check-out", "Artifact directory: projects, build/flash/serial logs, results, report."),
 )
 _VERDICT = (
     click.option(
@@ -134,41 +130,19 @@ _BUILD = (
     click.option(
         "--builder", type=click.Choice(BUILDERS), default=None, help="Override the board's builder."
     ),
-    click.option(
-        "--cache-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=None,
-        help="Build cache directory (default: per-user cache).",
-    ),
+    path_option("--cache-dir", dir=True, help="Build cache directory (default: per-user cache)."),
     click.option("--flash-baud", type=BAUD, default=None, help="Flashing baud rate (default: the board's)."),
     click.option(
         "--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: measured + margin)."
     ),
 )
-HTML_OPTION = click.option(
-    "--html",
-    "html_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write a self-contained HTML report here.",
-)
+HTML_OPTION = path_option("--html", "html_path", help="Write a self-contained HTML report here.")
 _REPORTS = (
     click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout."),
     schema_version_option,
-    click.option(
-        "--junit",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="Write a JUnit XML report here.",
-    ),
+    path_option("--junit", help="Write a JUnit XML report here."),
     HTML_OPTION,
-    click.option(
-        "--bundle",
-        "bundle_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="Write a reproduction bundle (.zip) for a bug report here.",
-    ),
+    path_option("--bundle", "bundle_path", help="Write a reproduction bundle (.zip) for a bug report here."),
 )
 _TAP = (
     click.option(
@@ -209,12 +183,7 @@ _DATASET = (
         show_default=True,
         help="full: every output comes back; crc: CRC-32s only, and the inputs whose CRC differs in full.",
     ),
-    click.option(
-        "--labels",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="Labels for accuracy: CSV (name,label) or JSON ({name: label}).",
-    ),
+    path_option("--labels", help="Labels for accuracy: CSV (name,label) or JSON ({name: label})."),
     click.option(
         "--repeat",
         type=click.IntRange(1, 1000),
@@ -275,7 +244,7 @@ def _refused(out_dir: Path, message: str) -> None:
 
 
 @click.command("flash-and-compare", cls=_FlashAndCompareCommand)
-@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model", type=FILE)
 @input_options
 @with_options(*_BOARD, *_VERDICT, *_BUILD)
 @timeout_options

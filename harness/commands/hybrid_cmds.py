@@ -14,11 +14,14 @@ from rich.table import Table
 
 from harness.analysis.report import safe_markup
 from harness.commands.common import (
+    FILE,
     OP_LIST,
     FiniteFloat,
     input_options,
     make_console,
     native_options,
+    out_option,
+    path_option,
     with_options,
 )
 from harness.commands.device_cmds import _BUILD, BOARD_OPTION, HTML_OPTION, timeout_options
@@ -37,13 +40,8 @@ _WHERE = (
         default=None,
         help="Serial port, as for flash-and-compare (default: auto; a fresh sim:// board if simulated).",
     ),
-    click.option(
-        "--out",
-        "out_dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default="esp-check-hybrid",
-        show_default=True,
-        help="Artifact directory: baseline/, runs/, hybrid-dropin/, repro/, report.json.",
+    out_option(
+        "esp-check-hybrid", "Artifact directory: baseline/, runs/, hybrid-dropin/, repro/, report.json."
     ),
     click.option("--no-reference", is_flag=True, help="Verify against the ANSI C build only (no host)."),
 )
@@ -81,18 +79,16 @@ _CHOICE = (
 _OUTPUT = (
     click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout."),
     HTML_OPTION,
-    click.option(
+    path_option(
         "--bundle",
         "bundle_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
         help="Write a zip for an upstream report (drop-in files, one-op reproducers, logs).",
     ),
 )
 
 
 @click.command("hybrid")
-@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model", type=FILE)
 @input_options
 @with_options(*_WHERE, *_BUILD)
 @timeout_options

@@ -168,6 +168,10 @@ class VariantOutcome:
         return {**dataclasses.asdict(self), "stages": stages}
 
 
+# where and when an attempt ran and how it ended (and lock_wait_s, rounded)
+_WHERE_AND_HOW = ("board", "port", "lock_key", "started", "ended", "exit_code", "reason", "board_fault")
+
+
 @dataclass
 class Attempt:
     """One try of a task on one board (both variants, then the comparison)."""
@@ -189,6 +193,10 @@ class Attempt:
     board_busy: bool = False  # the board's lock was not free in time
     testcases: list[Testcase] = field(default_factory=list)
     dataset: AttemptDataset | None = None  # a dataset job: inputs, verdict counts, agreement per pair
+
+    def where_and_how(self) -> dict[str, object]:
+        """Where and when the attempt ran and how it ended, as attempt.json and summary.json write it."""
+        return {**{k: getattr(self, k) for k in _WHERE_AND_HOW}, "lock_wait_s": round(self.lock_wait_s, 3)}
 
 
 @dataclass

@@ -455,16 +455,7 @@ def detect_devices(*, probe_chip: bool = False, only_known: bool = False) -> lis
     for c in list_candidates():
         if only_known and c.kind is None:
             continue
-        d = DetectedDevice(
-            device=c.device,
-            kernel_device=c.kernel_device,
-            vid=c.vid,
-            pid=c.pid,
-            serial_number=c.serial_number,
-            location=c.location,
-            description=c.description,
-            kind=c.kind,
-        )
+        d = DetectedDevice(**dataclasses.asdict(c))  # the port's facts, then (maybe) the chip's
         if probe_chip:
             d.chip, d.chip_note = _probe_chip(c.device, c.is_usb_serial_jtag)
         out.append(d)

@@ -310,7 +310,7 @@ def flash_and_compare_cmd(
     # A spinner only where one shows: on a pipe or a file a rich Status prints nothing, and importing
     # it (rich.live, rich.spinner's table) costs 0.03 s of a repeat run's CPU.
     status = console.status("starting", spinner="dots") if console.is_terminal else None
-    progress = _progress(console, status)
+    progress = stage_progress(console, status)
     click.get_current_context().meta[_FLOW_STARTED] = True
     with status if status is not None else contextlib.nullcontext():
         options = JobOptions(
@@ -333,7 +333,7 @@ def flash_and_compare_cmd(
     return int(result.exit_code)
 
 
-def _progress(console: Console, status: Status | None) -> Callable[[str, str], None]:
+def stage_progress(console: Console, status: Status | None) -> Callable[[str, str], None]:
     """A spinner (on a terminal) names the stage in progress; each finished stage leaves one line."""
     t0 = time.monotonic()
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from harness.analysis.report import safe_markup
@@ -24,7 +22,7 @@ from harness.commands.common import (
     path_option,
     with_options,
 )
-from harness.commands.device_cmds import _BUILD, BOARD_OPTION, HTML_OPTION, timeout_options
+from harness.commands.device_cmds import _BUILD, BOARD_OPTION, HTML_OPTION, stage_progress, timeout_options
 from harness.errors import ExitCode, UsageError
 from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageTimeouts
@@ -137,15 +135,7 @@ def hybrid_cmd(
         noise_band=noise_band,
     )  # fmt: skip
     console = make_console(stderr=True)
-    t0 = time.monotonic()
-
-    def progress(stage: str, message: str) -> None:
-        if message == "started":
-            return
-        style = "red" if message.startswith("failed") else "green"
-        console.print(f"[dim]{time.monotonic() - t0:7.1f}s[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] "
-                      f"{safe_markup(message)}")  # fmt: skip
-
+    progress = stage_progress(console, None)
     job = JobOptions(
         input_options=input_options, arena_kb=arena_kb, builder=builder, cache_dir=cache_dir,
         flash_baud=flash_baud, timeouts=timeouts, reference=not no_reference, html=html_path,

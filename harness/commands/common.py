@@ -174,6 +174,11 @@ def path_option(*decls: str, dir: bool = False, help: str | None = None, **extra
     return click.option(*decls, type=DIR if dir else FILE, default=None, help=help, **extra)
 
 
+def lsb_option(flag: str, help: str) -> Callable[[F], F]:
+    """A tolerance in quantization steps (LSB), 0 (bit-exact) unless given."""
+    return click.option(flag, type=LSB, default=0, show_default=True, help=help)
+
+
 def out_option(default: str, help: str | None = None) -> Callable[[F], F]:
     """``--out DIR`` (as ``out_dir``): the command's artifact directory."""
     return click.option("--out", "out_dir", type=DIR, default=default, show_default=True, help=help)

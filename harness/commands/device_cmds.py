@@ -21,11 +21,11 @@ from harness.commands.common import (
     ARENA_KB,
     BAUD,
     FILE,
-    LSB,
     OP_LIST,
     SECONDS,
     echo_json,
     input_options,
+    lsb_option,
     make_console,
     native_options,
     out_option,
@@ -102,20 +102,8 @@ _BOARD = (
     out_option("esp-check-out", "Artifact directory: projects, build/flash/serial logs, results, report."),
 )
 _VERDICT = (
-    click.option(
-        "--tolerance-lsb",
-        type=LSB,
-        default=0,
-        show_default=True,
-        help="Allowed |optimized - ANSI C| in LSB (ESP-NN promises bit-exactness: 0).",
-    ),
-    click.option(
-        "--ref-tolerance-lsb",
-        type=LSB,
-        default=0,
-        show_default=True,
-        help="Allowed |device - host reference| in LSB.",
-    ),
+    lsb_option("--tolerance-lsb", "Allowed |optimized - ANSI C| in LSB (ESP-NN promises bit-exactness: 0)."),
+    lsb_option("--ref-tolerance-lsb", "Allowed |device - host reference| in LSB."),
     click.option(
         "--no-reference", is_flag=True, help="Skip the host TFLM reference (two-way comparison only)."
     ),

@@ -310,17 +310,6 @@ def _windows_core_dir(env: Mapping[str, str], explicit: str | Path | None) -> Pa
     return Path(env.get("USERPROFILE", str(Path.home()))) / ".platformio"
 
 
-def _find_tool(explicit: str | Path | None, names: Sequence[str], env: Mapping[str, str]) -> str | None:
-    if explicit is not None:
-        p = Path(explicit)
-        return str(p) if p.is_file() else shutil.which(str(explicit), path=env.get("PATH"))
-    for name in names:
-        found = shutil.which(name, path=env.get("PATH"))
-        if found:
-            return found
-    return None
-
-
 def _tool_failed(tool: str, rc: int, tail: list[str], log_path: Path) -> BuildError:
     what, hint, relevant = _classify_failure(tail)
     shown = "\n".join("  " + ln for ln in relevant)
@@ -343,7 +332,12 @@ class _ToolRun:
 
     def find(self, explicit: str | Path | None, names: Sequence[str], missing: str, hint: str) -> str:
         """The builder's executable (an explicit path or name, else the first of ``names`` on PATH)."""
-        exe = _find_tool(explicit, names, self.env)
+        path = self.env.get("PATH")
+        if explicit is not None:
+            given = Path(explicit)  # made absolute: the builder runs in the project, not here
+            exe = str(given.absolute()) if given.is_file() else shutil.which(str(explicit), path=path)
+        else:
+            exe = next((found for name in names if (found := shutil.which(name, path=path))), None)
         if exe is None:
             raise BuildError(missing, hint=hint)
         return exe

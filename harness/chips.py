@@ -40,78 +40,18 @@ class Chip:
         return (self.toolprefix, "xtensa-esp-elf-") if self.arch == "xtensa" else (self.toolprefix,)
 
 
-# The data windows: ESP32 0x3F400000..0x3F800000, S3 0x3C000000..0x3E000000, P4 0x40000000..0x44000000.
-CHIPS: dict[str, Chip] = {
-    c.name: c
-    for c in (
-        Chip(
-            "esp32",
-            "xtensa",
-            2,
-            max_mhz=(240,),
-            bootloader_offset=0x1000,
-            toolprefix="xtensa-esp32-elf-",
-            strap_pin="GPIO0",
-            usb_serial_jtag=False,
-            mmap_window_bytes=4 << 20,
-        ),
-        Chip(
-            "esp32s2",
-            "xtensa",
-            1,
-            max_mhz=(240,),
-            bootloader_offset=0x1000,
-            toolprefix="xtensa-esp32s2-elf-",
-            strap_pin="GPIO0",
-            usb_serial_jtag=False,
-            mmap_window_bytes=4 << 20,
-        ),
-        Chip(
-            "esp32s3",
-            "xtensa",
-            2,
-            max_mhz=(240,),
-            bootloader_offset=0x0,
-            toolprefix="xtensa-esp32s3-elf-",
-            strap_pin="GPIO0",
-            usb_serial_jtag=True,
-            mmap_window_bytes=32 << 20,
-        ),
-        Chip(
-            "esp32c3",
-            "riscv",
-            1,
-            max_mhz=(160,),
-            bootloader_offset=0x0,
-            toolprefix="riscv32-esp-elf-",
-            strap_pin="GPIO9",
-            usb_serial_jtag=True,
-            mmap_window_bytes=8 << 20,
-        ),
-        Chip(
-            "esp32c6",
-            "riscv",
-            1,
-            max_mhz=(160,),
-            bootloader_offset=0x0,
-            toolprefix="riscv32-esp-elf-",
-            strap_pin="GPIO9",
-            usb_serial_jtag=True,
-            mmap_window_bytes=16 << 20,
-        ),
-        Chip(
-            "esp32p4",
-            "riscv",
-            2,
-            max_mhz=(360, 400),
-            bootloader_offset=0x2000,
-            toolprefix="riscv32-esp-elf-",
-            strap_pin="GPIO35",
-            usb_serial_jtag=True,
-            mmap_window_bytes=64 << 20,
-        ),
-    )
-}
+# One row per chip, in Chip's field order. The data windows: ESP32 0x3F400000..0x3F800000, S3
+# 0x3C000000..0x3E000000, P4 0x40000000..0x44000000.
+_ROWS = (
+    # name, arch, cores, max_mhz, bootloader_offset, toolprefix, strap_pin, usb_serial_jtag, mmap_window_bytes
+    ("esp32", "xtensa", 2, (240,), 0x1000, "xtensa-esp32-elf-", "GPIO0", False, 4 << 20),
+    ("esp32s2", "xtensa", 1, (240,), 0x1000, "xtensa-esp32s2-elf-", "GPIO0", False, 4 << 20),
+    ("esp32s3", "xtensa", 2, (240,), 0x0, "xtensa-esp32s3-elf-", "GPIO0", True, 32 << 20),
+    ("esp32c3", "riscv", 1, (160,), 0x0, "riscv32-esp-elf-", "GPIO9", True, 8 << 20),
+    ("esp32c6", "riscv", 1, (160,), 0x0, "riscv32-esp-elf-", "GPIO9", True, 16 << 20),
+    ("esp32p4", "riscv", 2, (360, 400), 0x2000, "riscv32-esp-elf-", "GPIO35", True, 64 << 20),
+)
+CHIPS: dict[str, Chip] = {row[0]: Chip(*row) for row in _ROWS}
 BOARD_CHIPS = tuple(CHIPS)  # the chips a board file may name
 # Chips no board file may name, whose ROM output the classifier still reads: their strap pins.
 OTHER_STRAP_PINS = {"esp32c2": "GPIO9", "esp32h2": "GPIO9"}

@@ -24,7 +24,14 @@ class ExitCode(enum.IntEnum):
     TERMINATED = 143  # SIGTERM (timeout(1), docker stop, a CI cancel): handled as Ctrl-C is (128 + SIGTERM)
 
 
-class Verdict(str, enum.Enum):
+class StrEnum(str, enum.Enum):
+    """A string enum whose ``str()`` is its value, as Python 3.11's ``enum.StrEnum`` (this runs on 3.10)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Verdict(StrEnum):
     """The one verdict vocabulary of every report (compare, flash-and-compare, run), from the exit code."""
 
     MATCH = "match"
@@ -39,9 +46,6 @@ class Verdict(str, enum.Enum):
     NONDETERMINISTIC = "nondeterministic"
     DEVICE_ERROR = "device_error"
     INCOMPLETE = "incomplete"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def exit_code(self) -> ExitCode:

@@ -32,25 +32,25 @@ import pytest
 _GROUP = "esp-check"
 
 
+# --esp-check-NAME METAVAR (default: not given), help
+_OPTIONS = (
+    ("board", "TYPE", "board type (esp-check boards) or board .toml of the board under test"),
+    ("port", "PORT", "its port: /dev/..., COM5, rfc2217://host:port, sim://NAME, auto"),
+    ("inventory", "BENCH.toml", "take the board from this bench inventory (docs/ci.md)"),
+    ("board-name", "NAME", "which inventory board (default: the first)"),
+    ("labgrid", "HOST:PORT", "labgrid coordinator; the board is --esp-check-place"),
+    ("place", "PLACE", "labgrid place of the board (held for the whole session)"),
+    ("out", "DIR", "artifact root (default: each test's tmp_path)"),
+)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Options only: a run that does not use them is the run it would be without this plugin."""
     group = parser.getgroup(_GROUP, "esp-check (flash and compare TFLM models on ESP32 boards)")
-    group.addoption("--esp-check-board", default=None, metavar="TYPE",
-                    help="board type (esp-check boards) or board .toml of the board under test")  # fmt: skip
-    group.addoption("--esp-check-port", default=None, metavar="PORT",
-                    help="its port: /dev/..., COM5, rfc2217://host:port, sim://NAME, auto")  # fmt: skip
-    group.addoption("--esp-check-inventory", default=None, metavar="BENCH.toml",
-                    help="take the board from this bench inventory (docs/ci.md)")  # fmt: skip
-    group.addoption("--esp-check-board-name", default=None, metavar="NAME",
-                    help="which inventory board (default: the first)")  # fmt: skip
-    group.addoption("--esp-check-labgrid", default=None, metavar="HOST:PORT",
-                    help="labgrid coordinator; the board is --esp-check-place")  # fmt: skip
-    group.addoption("--esp-check-place", default=None, metavar="PLACE",
-                    help="labgrid place of the board (held for the whole session)")  # fmt: skip
-    group.addoption("--esp-check-out", default=None, metavar="DIR",
-                    help="artifact root (default: each test's tmp_path)")  # fmt: skip
-    group.addoption("--esp-check-lock-timeout", default=600.0, type=float, metavar="S",
-                    help="seconds to wait for a board or place someone else holds")  # fmt: skip
+    for name, metavar, text in _OPTIONS:
+        group.addoption(f"--esp-check-{name}", default=None, metavar=metavar, help=text)
+    held = "seconds to wait for a board or place someone else holds"
+    group.addoption("--esp-check-lock-timeout", default=600.0, type=float, metavar="S", help=held)
 
 
 @dataclass(frozen=True)

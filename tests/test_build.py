@@ -351,6 +351,20 @@ def test_builder_missing(tmp_path: Path, fake_tools: dict[str, object]) -> None:
     assert ei.value.hint and "export.sh" in ei.value.hint
 
 
+def test_a_builder_given_by_a_relative_path_runs_from_the_project(
+    tmp_path: Path, fake_tools: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--pio tools/pio` names a file relative to where esp-check was started; the builder runs in the
+    project directory, where that relative path names nothing."""
+    (opt,) = _project(tmp_path, variants=("optimized",))
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.chdir(tmp_path)  # fakebin/pio is here, and not on PATH
+    res = b.build_project(opt, use_cache=False, env=_env(fake_tools, PATH=str(empty)), pio="fakebin/pio")
+    (call,) = _calls(fake_tools)
+    assert call["tool"] == "pio" and res.builder == "pio" and res.app_bin.is_file()
+
+
 def test_offline_download_failure_is_recognized(tmp_path: Path, fake_tools: dict[str, object]) -> None:
     (opt,) = _project(tmp_path, variants=("optimized",))
     with pytest.raises(BuildError) as ei:

@@ -26,7 +26,7 @@ import enum
 import math
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import ClassVar, overload
 
 import numpy as np
@@ -389,6 +389,12 @@ class _Ctx:
         self.has_end = False  # an END record in the text (set by _context)
         self.printed = True  # anything but blanks and NULs (set by _context)
 
+    def unclaimed(self) -> Iterator[tuple[int, _Line]]:
+        """The hot lines (index, line) that no crash report has claimed when the loop reaches them."""
+        for i in self.hot:
+            if i not in self.claimed:
+                yield i, self.lines[i]
+
     def has(self, i: int, anchors: Sequence[str]) -> bool:
         ln = self.lines[i]
         return not ln.decoded and _hit(ln.sq, anchors)
@@ -551,10 +557,7 @@ def _is_guru(ctx: _Ctx, i: int) -> bool:
 
 def _detect_stack_overflow(ctx: _Ctx) -> Found:
     out: Found = []
-    for i in ctx.hot:
-        ln = ctx.lines[i]
-        if i in ctx.claimed:
-            continue
+    for i, ln in ctx.unclaimed():
         if ctx.has(i, _STACK_OVF):
             m = _TASK.search(ln.text)
             task = (m.group(1) or m.group(2)) if m else None
@@ -584,9 +587,8 @@ def _core(ctx: _Ctx, i: int) -> str | None:
 
 def _detect_heap_corruption(ctx: _Ctx) -> Found:
     out: Found = []
-    for i in ctx.hot:
-        ln = ctx.lines[i]
-        if i not in ctx.claimed and ctx.has(i, ("corruptheap", "orruptheap")):
+    for i, ln in ctx.unclaimed():
+        if ctx.has(i, ("corruptheap", "orruptheap")):
             detail = re.split(r"HEAP\s*:?\s*", ln.text, maxsplit=1, flags=re.IGNORECASE)[-1].strip()[:200]
             message = f"heap corruption detected: {detail[:120]}"
             out.append(_crash(ctx, i, "heap_corruption", message, {"detail": detail}, _HEAP_HINT))
@@ -605,9 +607,8 @@ _CPU = re.compile(r"on\s*CPU\s*(\d)", re.IGNORECASE)
 
 def _detect_interrupt_watchdog(ctx: _Ctx) -> Found:
     out: Found = []
-    for i in ctx.hot:
-        ln = ctx.lines[i]
-        if i in ctx.claimed or not ctx.has(i, _IWDT):
+    for i, ln in ctx.unclaimed():
+        if not ctx.has(i, _IWDT):
             continue
         m = _CPU.search(ln.text)
         cpu = m.group(1) if m else None
@@ -660,9 +661,7 @@ def _abort_kind(ctx: _Ctx, i: int) -> tuple[str, Details] | None:
 
 def _detect_abort(ctx: _Ctx) -> Found:
     out: Found = []
-    for i in ctx.hot:
-        if i in ctx.claimed:
-            continue
+    for i, _ in ctx.unclaimed():
         hit = _abort_kind(ctx, i)
         if hit is None:
             continue
@@ -678,10 +677,10 @@ def _detect_abort(ctx: _Ctx) -> Found:
 
 def _detect_panic(ctx: _Ctx) -> Found:
     out: Found = []
-    for i in ctx.hot:
-        if i in ctx.claimed or not _is_guru(ctx, i):
+    for i, ln in ctx.unclaimed():
+        if not _is_guru(ctx, i):
             continue
-        text = ctx.lines[i].text
+        text = ln.text
         reason = _reason(text)
         if reason is None:  # "(LoadProhibited)" may wrap onto the next line
             nxt = ctx.lines[i + 1].text if i + 1 < len(ctx.lines) else ""
@@ -703,9 +702,8 @@ _DUMP = ("registerdump", "exccause", "excvaddr", "mcause", "mepc")
 def _detect_orphan_crash(ctx: _Ctx) -> Found:
     """A register dump or backtrace nobody claimed: the crash headline was lost, the report is not."""
     out: Found = []
-    for i in ctx.hot:
-        ln = ctx.lines[i]
-        if i in ctx.claimed or i in ctx.explained or ln.decoded:
+    for i, ln in ctx.unclaimed():
+        if i in ctx.explained or ln.decoded:
             continue
         dump = any(a in ln.sq for a in _DUMP) and bool(re.search(_HEX, ln.text) or "registerdump" in ln.sq)
         trace = "acktrace" in ln.sq and bool(_BT_PAIR.search(ln.text))
@@ -752,10 +750,7 @@ def _caps_names(caps: int) -> str:
 
 def _detect_heap_alloc(ctx: _Ctx) -> Found:
     out: Found = []
-    for i in ctx.hot:
-        ln = ctx.lines[i]
-        if i in ctx.claimed:
-            continue
+    for i, ln in ctx.unclaimed():
         if ctx.has(i, _MEM_ALLOC):  # heap_caps_alloc_failed -> esp_system_abort: a crash report
             m = _MEM_ALLOC_RE.search(ln.text)
             size = int(m.group(1), 16) if m else None
@@ -1322,10 +1317,7 @@ def _detect_sanitizer(ctx: _Ctx) -> Found:
     """A sanitizer report of a native build: the headline, the access, the first frames, the summary."""
     out: Found = []
     n = len(ctx.lines)
-    for i in ctx.hot:
-        ln = ctx.lines[i]
-        if i in ctx.claimed:
-            continue
+    for i, ln in ctx.unclaimed():
         head = _sanitizer_head(ln)
         if head is None:
             continue
@@ -1376,10 +1368,9 @@ def _detect_native_exit(ctx: _Ctx) -> Found:
     if any(kind == "sanitizer" for kind in ctx.claimed.values()):
         return []
     out: Found = []
-    for i in ctx.hot:
-        ln = ctx.lines[i]
+    for i, ln in ctx.unclaimed():
         m = _NATIVE_EXIT.search(ln.text)
-        if m is None or i in ctx.claimed:
+        if m is None:
             continue
         if m.group(1):
             signo, name = int(m.group(1)), m.group(2)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -91,16 +91,9 @@ class Row:
     detail: str = ""
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "index": self.index,
-            "name": self.name,
-            "label": self.label,
-            "verdict": self.verdict,
-            "max_lsb": {k: json_number(v) for k, v in self.lsb.items()},
-            "top1": self.top1,
-            "invoke_us": self.invoke_us,
-            "detail": self.detail,
-        }
+        d = asdict(self)
+        d["max_lsb"] = {k: json_number(v) for k, v in d.pop("lsb").items()}
+        return d
 
 
 @dataclass

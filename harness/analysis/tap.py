@@ -200,20 +200,10 @@ class DumpDiff:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "op": self.op,
-            "tensor": self.tensor,
-            "role": self.role,
-            "against": self.against,
+            **asdict(self),
             "shape": list(self.shape),
-            "elements": self.elements,
-            "differing": self.differing,
             "fraction": round(self.fraction, 6),
-            "max_lsb": self.max_lsb,
             "lsb_histogram": {str(k): v for k, v in sorted(self.lsb_histogram.items())},
-            "region": self.region,
-            "rows": self.rows,
-            "cols": self.cols,
-            "channels": self.channels,
         }
 
 

@@ -110,7 +110,7 @@ def input_options(f: F) -> F:
         "--input",
         "inputs",
         multiple=True,
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=FILE,
         help="Input file (PNG/JPEG/BMP, .npy, raw with --input-dtype, C array). Repeat for "
         "several runs; a model with N inputs takes N files per run, in input order.",
     )(f)
@@ -162,6 +162,26 @@ def warning_lines(render: Callable[[], T]) -> T:
 def echo_json(render: Callable[[], dict[str, Any]]) -> None:
     """Print ``render()``'s document; deprecation warnings it raises go to stderr as warning lines."""
     click.echo(json.dumps(warning_lines(render), indent=2))
+
+
+# Path flags: a file, or a directory (neither needs to exist yet unless the command says so)
+FILE = click.Path(dir_okay=False, path_type=Path)
+DIR = click.Path(file_okay=False, path_type=Path)
+
+
+def path_option(*decls: str, dir: bool = False, help: str | None = None, **extra: Any) -> Callable[[F], F]:
+    """An optional path flag (default None): a file, or with ``dir`` a directory."""
+    return click.option(*decls, type=DIR if dir else FILE, default=None, help=help, **extra)
+
+
+def lsb_option(flag: str, help: str) -> Callable[[F], F]:
+    """A tolerance in quantization steps (LSB), 0 (bit-exact) unless given."""
+    return click.option(flag, type=LSB, default=0, show_default=True, help=help)
+
+
+def out_option(default: str, help: str | None = None) -> Callable[[F], F]:
+    """``--out DIR`` (as ``out_dir``): the command's artifact directory."""
+    return click.option("--out", "out_dir", type=DIR, default=default, show_default=True, help=help)
 
 
 def with_options(*options: Callable[[Any], Any]) -> Callable[[F], F]:

@@ -6,7 +6,7 @@ import click
 
 from harness.analysis.compare import compare_files
 from harness.analysis.report import junit_error_tree, junit_tree, print_report, report_dict, write_junit
-from harness.commands.common import LSB, POSITIVE, echo_json, schema_version_option
+from harness.commands.common import POSITIVE, echo_json, lsb_option, schema_version_option
 from harness.errors import EspCheckError, InfrastructureError
 from harness.model.files import LOG_MAX_BYTES, read_regular
 
@@ -39,20 +39,8 @@ def _raw(path: str) -> bytes:
 @click.option(
     "--zero-point", type=click.IntRange(-(2**31), 2**31 - 1), help="Output zero point (with --scale)."
 )
-@click.option(
-    "--tolerance-lsb",
-    type=LSB,
-    default=0,
-    show_default=True,
-    help="Allowed |A-B| per element (optimized vs ANSI C; ESP-NN promises bit-exact).",
-)
-@click.option(
-    "--ref-tolerance-lsb",
-    type=LSB,
-    default=0,
-    show_default=True,
-    help="Allowed difference of each side from the host reference.",
-)
+@lsb_option("--tolerance-lsb", "Allowed |A-B| per element (optimized vs ANSI C; ESP-NN promises bit-exact).")
+@lsb_option("--ref-tolerance-lsb", "Allowed difference of each side from the host reference.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report (docs/report-schema.json).")
 @schema_version_option
 @click.option("--junit", type=click.Path(dir_okay=False), help="Also write a JUnit XML report here.")

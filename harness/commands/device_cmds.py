@@ -20,13 +20,16 @@ from harness.analysis.report import safe_lines, safe_markup
 from harness.commands.common import (
     ARENA_KB,
     BAUD,
-    LSB,
+    FILE,
     OP_LIST,
     SECONDS,
     echo_json,
     input_options,
+    lsb_option,
     make_console,
     native_options,
+    out_option,
+    path_option,
     schema_version_option,
     with_options,
 )
@@ -96,30 +99,11 @@ _BOARD = (
         help="Serial port: device path, 'auto', rfc2217://host:port, socket://host:port, sim://NAME?... or "
         "native://NAME (default: auto; on a simulated or native board, a fresh one).",
     ),
-    click.option(
-        "--out",
-        "out_dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default="esp-check-out",
-        show_default=True,
-        help="Artifact directory: projects, build/flash/serial logs, results, report.",
-    ),
+    out_option("esp-check-out", "Artifact directory: projects, build/flash/serial logs, results, report."),
 )
 _VERDICT = (
-    click.option(
-        "--tolerance-lsb",
-        type=LSB,
-        default=0,
-        show_default=True,
-        help="Allowed |optimized - ANSI C| in LSB (ESP-NN promises bit-exactness: 0).",
-    ),
-    click.option(
-        "--ref-tolerance-lsb",
-        type=LSB,
-        default=0,
-        show_default=True,
-        help="Allowed |device - host reference| in LSB.",
-    ),
+    lsb_option("--tolerance-lsb", "Allowed |optimized - ANSI C| in LSB (ESP-NN promises bit-exactness: 0)."),
+    lsb_option("--ref-tolerance-lsb", "Allowed |device - host reference| in LSB."),
     click.option(
         "--no-reference", is_flag=True, help="Skip the host TFLM reference (two-way comparison only)."
     ),
@@ -134,41 +118,19 @@ _BUILD = (
     click.option(
         "--builder", type=click.Choice(BUILDERS), default=None, help="Override the board's builder."
     ),
-    click.option(
-        "--cache-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=None,
-        help="Build cache directory (default: per-user cache).",
-    ),
+    path_option("--cache-dir", dir=True, help="Build cache directory (default: per-user cache)."),
     click.option("--flash-baud", type=BAUD, default=None, help="Flashing baud rate (default: the board's)."),
     click.option(
         "--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: measured + margin)."
     ),
 )
-HTML_OPTION = click.option(
-    "--html",
-    "html_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write a self-contained HTML report here.",
-)
+HTML_OPTION = path_option("--html", "html_path", help="Write a self-contained HTML report here.")
 _REPORTS = (
     click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout."),
     schema_version_option,
-    click.option(
-        "--junit",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="Write a JUnit XML report here.",
-    ),
+    path_option("--junit", help="Write a JUnit XML report here."),
     HTML_OPTION,
-    click.option(
-        "--bundle",
-        "bundle_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="Write a reproduction bundle (.zip) for a bug report here.",
-    ),
+    path_option("--bundle", "bundle_path", help="Write a reproduction bundle (.zip) for a bug report here."),
 )
 _TAP = (
     click.option(
@@ -209,12 +171,7 @@ _DATASET = (
         show_default=True,
         help="full: every output comes back; crc: CRC-32s only, and the inputs whose CRC differs in full.",
     ),
-    click.option(
-        "--labels",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="Labels for accuracy: CSV (name,label) or JSON ({name: label}).",
-    ),
+    path_option("--labels", help="Labels for accuracy: CSV (name,label) or JSON ({name: label})."),
     click.option(
         "--repeat",
         type=click.IntRange(1, 1000),
@@ -275,7 +232,7 @@ def _refused(out_dir: Path, message: str) -> None:
 
 
 @click.command("flash-and-compare", cls=_FlashAndCompareCommand)
-@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model", type=FILE)
 @input_options
 @with_options(*_BOARD, *_VERDICT, *_BUILD)
 @timeout_options
@@ -341,7 +298,7 @@ def flash_and_compare_cmd(
     # A spinner only where one shows: on a pipe or a file a rich Status prints nothing, and importing
     # it (rich.live, rich.spinner's table) costs 0.03 s of a repeat run's CPU.
     status = console.status("starting", spinner="dots") if console.is_terminal else None
-    progress = _progress(console, status)
+    progress = stage_progress(console, status)
     click.get_current_context().meta[_FLOW_STARTED] = True
     with status if status is not None else contextlib.nullcontext():
         options = JobOptions(
@@ -364,7 +321,7 @@ def flash_and_compare_cmd(
     return int(result.exit_code)
 
 
-def _progress(console: Console, status: Status | None) -> Callable[[str, str], None]:
+def stage_progress(console: Console, status: Status | None) -> Callable[[str, str], None]:
     """A spinner (on a terminal) names the stage in progress; each finished stage leaves one line."""
     t0 = time.monotonic()
 

@@ -14,10 +14,13 @@ from rich.table import Table
 
 from harness.commands.common import (
     ARENA_KB,
+    DIR,
+    FILE,
     OP_LIST,
     SECONDS,
     make_console,
     native_options,
+    path_option,
     preprocessing_options,
 )
 from harness.errors import ExitCode
@@ -41,7 +44,7 @@ from harness.model.inputs import InputOptions
     "--board-file",
     "board_files",
     multiple=True,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=FILE,
     help="Also validate and show this board .toml file (repeatable).",
 )
 def boards_cmd(as_json: bool, board_files: tuple[Path, ...]) -> int:
@@ -92,13 +95,13 @@ def _project_summary(p: GeneratedProject) -> dict[str, object]:
 
 
 @click.command("generate")
-@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model", type=FILE)
 @click.option(
     "--input",
     "inputs",
     multiple=True,
     required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=FILE,
     help="Input file (image, .npy, raw, C array); repeat for K inputs run in one boot.",
 )
 @click.option("--board", required=True, help="Board name (see `esp-check boards`) or a board .toml file.")
@@ -109,7 +112,7 @@ def _project_summary(p: GeneratedProject) -> dict[str, object]:
     show_default=True,
     help="ESP-NN optimized kernels, ANSI C kernels, or both (one project directory each).",
 )
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--out", "out_dir", required=True, type=DIR)
 @click.option("--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: estimate).")
 @click.option(
     "--tflm-version", default=None, help=f"espressif/esp-tflite-micro (default {DEFAULT_VERSIONS['tflm']})."
@@ -240,20 +243,18 @@ def run_build_with_progress(
 
 
 @click.command("build")
-@click.argument("project_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.argument("project_dirs", nargs=-1, required=True, type=DIR)
 @click.option("--builder", type=click.Choice(BUILDERS), default=None, help="Default: the board's builder.")
-@click.option(
+@path_option(
     "--cache-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
+    dir=True,
     help="Build cache location (default: $ESP_CHECK_CACHE_DIR/builds or the user cache directory).",
 )
 @click.option("--no-cache", is_flag=True, help="Always run the builder; do not read or write the cache.")
 @click.option("--cache-max-mb", type=click.IntRange(min=1), default=2048, show_default=True)
-@click.option(
+@path_option(
     "--platformio-core-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
+    dir=True,
     help="PLATFORMIO_CORE_DIR for `pio run` (where PlatformIO keeps platforms and toolchains).",
 )
 @click.option("--pio", "pio_path", default=None, help="PlatformIO executable (default: pio on PATH).")

@@ -3,25 +3,26 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from harness.analysis.report import safe_markup
 from harness.commands.common import (
+    FILE,
     OP_LIST,
     FiniteFloat,
     input_options,
     make_console,
     native_options,
+    out_option,
+    path_option,
     with_options,
 )
-from harness.commands.device_cmds import _BUILD, BOARD_OPTION, HTML_OPTION, timeout_options
+from harness.commands.device_cmds import _BUILD, BOARD_OPTION, HTML_OPTION, stage_progress, timeout_options
 from harness.errors import ExitCode, UsageError
 from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageTimeouts
@@ -37,13 +38,8 @@ _WHERE = (
         default=None,
         help="Serial port, as for flash-and-compare (default: auto; a fresh sim:// board if simulated).",
     ),
-    click.option(
-        "--out",
-        "out_dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default="esp-check-hybrid",
-        show_default=True,
-        help="Artifact directory: baseline/, runs/, hybrid-dropin/, repro/, report.json.",
+    out_option(
+        "esp-check-hybrid", "Artifact directory: baseline/, runs/, hybrid-dropin/, repro/, report.json."
     ),
     click.option("--no-reference", is_flag=True, help="Verify against the ANSI C build only (no host)."),
 )
@@ -81,18 +77,16 @@ _CHOICE = (
 _OUTPUT = (
     click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout."),
     HTML_OPTION,
-    click.option(
+    path_option(
         "--bundle",
         "bundle_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
         help="Write a zip for an upstream report (drop-in files, one-op reproducers, logs).",
     ),
 )
 
 
 @click.command("hybrid")
-@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model", type=FILE)
 @input_options
 @with_options(*_WHERE, *_BUILD)
 @timeout_options
@@ -141,15 +135,7 @@ def hybrid_cmd(
         noise_band=noise_band,
     )  # fmt: skip
     console = make_console(stderr=True)
-    t0 = time.monotonic()
-
-    def progress(stage: str, message: str) -> None:
-        if message == "started":
-            return
-        style = "red" if message.startswith("failed") else "green"
-        console.print(f"[dim]{time.monotonic() - t0:7.1f}s[/dim] [{style}]{escape(f'{stage:<22}')}[/{style}] "
-                      f"{safe_markup(message)}")  # fmt: skip
-
+    progress = stage_progress(console, None)
     job = JobOptions(
         input_options=input_options, arena_kb=arena_kb, builder=builder, cache_dir=cache_dir,
         flash_baud=flash_baud, timeouts=timeouts, reference=not no_reference, html=html_path,

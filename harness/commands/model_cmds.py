@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.analysis.report import safe_markup
-from harness.commands.common import input_options, make_console
+from harness.commands.common import FILE, input_options, make_console, path_option
 from harness.errors import ExitCode, InputDataError
 from harness.model import opdata
 from harness.model.inputs import InputOptions, PreparedInput, default_image_range, load_input
@@ -220,7 +220,7 @@ def _print_arena(console: Console, arena: ArenaEstimate) -> None:
 
 
 @click.command("inspect")
-@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model", type=FILE)
 @input_options
 @click.option(
     "--chip", default=None, help="Show ESP-NN acceleration and the arena target for this chip only."
@@ -406,7 +406,7 @@ def _print_reference(
 
 
 @click.command("reference")
-@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model", type=FILE)
 @input_options
 @click.option("--per-layer", is_flag=True, help="Also report every intermediate tensor with its CRC32.")
 @click.option(
@@ -416,10 +416,9 @@ def _print_reference(
     show_default=True,
     help="tflm: tflite-micro wheel (Linux x86-64); litert: ai-edge-litert BUILTIN_REF kernels.",
 )
-@click.option(
+@path_option(
     "--save-npy",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
+    dir=True,
     help="Write raw outputs (and layers with --per-layer) as .npy files into this directory.",
 )
 @click.option(

@@ -17,7 +17,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.common import WAIT_SECONDS, make_console, native_options, warning_lines, with_options
+from harness.commands.common import (
+    FILE,
+    WAIT_SECONDS,
+    make_console,
+    native_options,
+    out_option,
+    path_option,
+    warning_lines,
+    with_options,
+)
 from harness.errors import ExitCode, UsageError, Verdict
 from harness.firmware.boards import BUILDERS
 from harness.firmware.native.project import NativeOptions
@@ -107,7 +116,7 @@ _run_options = with_options(
         "-i",
         "inventory",
         default=None,
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=FILE,
         help="Bench inventory TOML (the boards and how to reach them; see docs/ci.md). Required "
         "unless --labgrid is given.",
     ),
@@ -120,30 +129,17 @@ _run_options = with_options(
         "labgrid-client. Without --inventory, every place tagged esp_check_type=<board type> is a "
         "board; with it, its `place = ...` boards use this coordinator (docs/ci.md, 'labgrid').",
     ),
-    click.option(
-        "--out",
-        "out_dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default="esp-check-run",
-        show_default=True,
-        help="Artifact directory: per-job attempts, logs, summary.json, junit.xml. A previous run's "
+    out_option(
+        "esp-check-run",
+        "Artifact directory: per-job attempts, logs, summary.json, junit.xml. A previous run's "
         "reports there are moved to OUT/previous-run/ when the run starts.",
     ),
-    click.option(
-        "--junit",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="JUnit XML path (default OUT/junit.xml).",
-    ),
+    path_option("--junit", help="JUnit XML path (default OUT/junit.xml)."),
     click.option(
         "--json", "as_json", is_flag=True, help="Print the JSON summary on stdout (also in OUT/summary.json)."
     ),
-    click.option(
-        "--json-file",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        hidden=True,  # the deprecated `--json PATH` form lands here; removed in the next release
-    ),
+    # the deprecated `--json PATH` form lands here; removed in the next release
+    path_option("--json-file", hidden=True),
     click.option(
         "--schema-version",
         type=click.IntRange(min=1),
@@ -151,18 +147,15 @@ _run_options = with_options(
         help="Write the JSON summaries (stdout, summary.json, result.json) in this schema version "
         "(default: the current one; 1 is deprecated and kept for one release).",
     ),
-    click.option(
+    path_option(
         "--markdown",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
         help="Markdown summary path (default OUT/summary.md). Also appended to $GITHUB_STEP_SUMMARY "
         "when that is set.",
     ),
     click.option("--no-step-summary", is_flag=True, help="Do not append to $GITHUB_STEP_SUMMARY."),
-    click.option(
+    path_option(
         "--lock-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=None,
+        dir=True,
         help="Board lock directory shared by everyone using the bench (default: $ESP_CHECK_LOCK_DIR or "
         "a per-user directory).",
     ),
@@ -173,12 +166,7 @@ _run_options = with_options(
         help="Seconds to wait for a board someone else is using; 0 skips a held board at once "
         "(default: plan [run] lock_timeout_s).",
     ),
-    click.option(
-        "--cache-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=None,
-        help="Build cache directory.",
-    ),
+    path_option("--cache-dir", dir=True, help="Build cache directory."),
     click.option(
         "--builder", type=click.Choice(BUILDERS), default=None, help="Override the boards' builder."
     ),
@@ -189,7 +177,7 @@ _run_options = with_options(
 
 
 @click.command("run", cls=_RunCommand)
-@click.argument("plan", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("plan", type=FILE)
 @_run_options
 @native_options
 def run_cmd(

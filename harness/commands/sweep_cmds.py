@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from harness.analysis.sweep_cases import OPS
-from harness.commands.common import make_console
+from harness.commands.common import DIR, make_console, out_option
 from harness.errors import UsageError
 from harness.flows.sweep import SweepOptions, sweep
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 @click.command("sweep")
 @click.option(
     "--components-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=DIR,
     envvar="ESP_CHECK_COMPONENTS_DIR",
     help="directory holding esp-nn and esp-tflite-micro (env ESP_CHECK_COMPONENTS_DIR)",
 )
@@ -60,13 +60,7 @@ if TYPE_CHECKING:
 @click.option("--no-shrink", is_flag=True, help="write each finding's example as drawn, not shrunk")
 @click.option("--bits", type=click.Choice(["32", "64"]), default="64", show_default=True)
 @click.option("--jobs", type=click.IntRange(1, 256), default=None, help="parallel compile jobs")
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("esp-check-sweep"),
-    show_default=True,
-)
+@out_option("esp-check-sweep")
 def sweep_cmd(
     components_dir: Path | None,
     espnn_dir: Path | None,

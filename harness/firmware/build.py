@@ -310,17 +310,6 @@ def _windows_core_dir(env: Mapping[str, str], explicit: str | Path | None) -> Pa
     return Path(env.get("USERPROFILE", str(Path.home()))) / ".platformio"
 
 
-def _find_tool(explicit: str | Path | None, names: Sequence[str], env: Mapping[str, str]) -> str | None:
-    if explicit is not None:
-        p = Path(explicit)
-        return str(p) if p.is_file() else shutil.which(str(explicit), path=env.get("PATH"))
-    for name in names:
-        found = shutil.which(name, path=env.get("PATH"))
-        if found:
-            return found
-    return None
-
-
 def _tool_failed(tool: str, rc: int, tail: list[str], log_path: Path) -> BuildError:
     what, hint, relevant = _classify_failure(tail)
     shown = "\n".join("  " + ln for ln in relevant)
@@ -331,21 +320,53 @@ def _tool_failed(tool: str, rc: int, tail: list[str], log_path: Path) -> BuildEr
     )
 
 
-def _build_pio(
-    project: Path,
-    env: dict[str, str],
-    log_path: Path,
-    on_output: OutputCallback | None,
-    timeout: float | None,
-    pio: str | Path | None,
-    platformio_core_dir: str | Path | None,
-) -> tuple[dict[str, Path], dict[str, str]]:
-    exe = _find_tool(pio, ("pio", "platformio"), env)
-    if exe is None:
-        raise BuildError(
-            "PlatformIO (`pio`) is not installed or not on PATH",
-            hint="pip install platformio (it is an esp-check dependency), or pass --pio PATH",
+@dataclass(frozen=True)
+class _ToolRun:
+    """Where a builder runs: the project, its environment, the build log, progress and time limit."""
+
+    project: Path
+    env: dict[str, str]
+    log_path: Path
+    on_output: OutputCallback | None
+    timeout: float | None
+
+    def find(self, explicit: str | Path | None, names: Sequence[str], missing: str, hint: str) -> str:
+        """The builder's executable (an explicit path or name, else the first of ``names`` on PATH)."""
+        path = self.env.get("PATH")
+        if explicit is not None:
+            given = Path(explicit)  # made absolute: the builder runs in the project, not here
+            exe = str(given.absolute()) if given.is_file() else shutil.which(str(explicit), path=path)
+        else:
+            exe = next((found for name in names if (found := shutil.which(name, path=path))), None)
+        if exe is None:
+            raise BuildError(missing, hint=hint)
+        return exe
+
+    def run(self, tool: str, cmd: list[str]) -> None:
+        """Run a builder in the project, its output streamed to the log; a failure is a BuildError that
+        names what broke (PlatformUnreachableError when the builder could not download)."""
+        rc, tail = _run_streaming(
+            cmd,
+            cwd=self.project,
+            env=self.env,
+            log_path=self.log_path,
+            on_output=self.on_output,
+            timeout=self.timeout,
         )
+        if rc != 0:
+            raise _tool_failed(tool, rc, tail, self.log_path)
+
+
+def _build_pio(
+    run: _ToolRun, pio: str | Path | None, platformio_core_dir: str | Path | None
+) -> tuple[dict[str, Path], dict[str, str]]:
+    project, env = run.project, run.env
+    exe = run.find(
+        pio,
+        ("pio", "platformio"),
+        "PlatformIO (`pio`) is not installed or not on PATH",
+        hint="pip install platformio (it is an esp-check dependency), or pass --pio PATH",
+    )
     check_build_paths(project, _windows_core_dir(env, platformio_core_dir))
     if platformio_core_dir is not None:
         env["PLATFORMIO_CORE_DIR"] = str(platformio_core_dir)
@@ -353,16 +374,7 @@ def _build_pio(
     defaults = project / "sdkconfig.defaults"
     if resolved.exists() and defaults.exists() and resolved.stat().st_mtime < defaults.stat().st_mtime:
         resolved.unlink()  # PlatformIO would keep the stale resolved configuration
-    rc, tail = _run_streaming(
-        [exe, "run", "-d", str(project), "-e", PIO_ENV],
-        cwd=project,
-        env=env,
-        log_path=log_path,
-        on_output=on_output,
-        timeout=timeout,
-    )
-    if rc != 0:
-        raise _tool_failed("pio run", rc, tail, log_path)
+    run.run("pio run", [exe, "run", "-d", str(project), "-e", PIO_ENV])
     out = project / ".pio" / "build" / PIO_ENV
     files = {
         "app": out / "firmware.bin",
@@ -377,33 +389,17 @@ def _build_pio(
     return files, _read_sdkconfig(resolved)
 
 
-def _build_idf(
-    project: Path,
-    env: dict[str, str],
-    log_path: Path,
-    on_output: OutputCallback | None,
-    timeout: float | None,
-    idf_py: str | Path | None,
-    chip: str,
-) -> tuple[dict[str, Path], dict[str, str]]:
-    exe = _find_tool(idf_py, ("idf.py",), env)
-    if exe is None:
-        raise BuildError(
-            "ESP-IDF's idf.py is not on PATH",
-            hint="install ESP-IDF 5.x and run `. $IDF_PATH/export.sh` first, or pass --idf-py PATH",
-        )
+def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dict[str, Path], dict[str, str]]:
+    project = run.project
+    exe = run.find(
+        idf_py,
+        ("idf.py",),
+        "ESP-IDF's idf.py is not on PATH",
+        hint="install ESP-IDF 5.x and run `. $IDF_PATH/export.sh` first, or pass --idf-py PATH",
+    )
     check_build_paths(project, None)
     build = project / "build"
-    rc, tail = _run_streaming(
-        [exe, "-C", str(project), "-B", str(build), f"-DIDF_TARGET={chip}", "build"],
-        cwd=project,
-        env=env,
-        log_path=log_path,
-        on_output=on_output,
-        timeout=timeout,
-    )
-    if rc != 0:
-        raise _tool_failed("idf.py build", rc, tail, log_path)
+    run.run("idf.py build", [exe, "-C", str(project), "-B", str(build), f"-DIDF_TARGET={chip}", "build"])
     files: dict[str, Path] = {
         "bootloader": build / "bootloader" / "bootloader.bin",
         "partition-table": build / "partition_table" / "partition-table.bin",
@@ -912,23 +908,13 @@ def build_project(
     )
 
     def run_build() -> tuple[dict[str, Path], BuildMeta]:
-        run_env = dict(os.environ if env is None else env)
+        run = _ToolRun(project, dict(os.environ if env is None else env), log, on_output, timeout)
         sdk: dict[str, str] = {}
         fixed: dict[str, int] | None = None
         if chosen == "pio":
-            files, sdk = _build_pio(
-                project,
-                run_env,
-                log,
-                on_output=on_output,
-                timeout=timeout,
-                pio=pio,
-                platformio_core_dir=platformio_core_dir,
-            )
+            files, sdk = _build_pio(run, pio=pio, platformio_core_dir=platformio_core_dir)
         elif chosen == "idf":
-            files, sdk = _build_idf(
-                project, run_env, log, on_output=on_output, timeout=timeout, idf_py=idf_py, chip=chip
-            )
+            files, sdk = _build_idf(run, idf_py=idf_py, chip=chip)
         else:
             files, fixed = _build_sim(project, log, on_output)
         return _build_meta(job, files, sdk, fixed)

@@ -181,6 +181,21 @@ class GeneratedProject:
     files: tuple[str, ...]  # relative paths written by the generator
     manifest: Manifest = field(compare=False, repr=False)
 
+    @classmethod
+    def from_manifest(cls, pdir: Path, board: Board, manifest: Manifest) -> GeneratedProject:
+        """The project in ``pdir`` as its manifest describes it (KeyError, ValueError or TypeError when
+        the manifest lacks its variant, arena or files)."""
+        return cls(
+            variant=str(manifest["variant"]),
+            path=pdir,
+            manifest_path=pdir / MANIFEST_NAME,
+            board=board,
+            arena_bytes=int(manifest["arena_bytes"]),
+            arena_mem=str(manifest["arena_mem"]),
+            files=tuple(sorted(manifest["files"])),
+            manifest=manifest,
+        )
+
 
 @dataclass(frozen=True)
 class ArenaPlan:
@@ -530,21 +545,9 @@ def _kept_projects(
             for rel, digest in files.items():
                 if ".." in Path(rel).parts or _sha256((pdir / rel).read_bytes()) != digest:
                     return None
-            arena_bytes, arena_mem = int(manifest["arena_bytes"]), str(manifest["arena_mem"])
+            projects.append(GeneratedProject.from_manifest(pdir, board, manifest))
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
-        projects.append(
-            GeneratedProject(
-                variant=variant,
-                path=pdir,
-                manifest_path=pdir / MANIFEST_NAME,
-                board=board,
-                arena_bytes=arena_bytes,
-                arena_mem=arena_mem,
-                files=tuple(sorted(files)),
-                manifest=manifest,
-            )
-        )
     return projects
 
 
@@ -666,18 +669,7 @@ def generate_projects(
             manifest["hybrid"] = {"ansi_ops": hybrid_ctx["ansi_ops"], "kinds": hybrid_ctx["kinds"]}
         pdir = Path(out_dir) / variant
         _write_project(pdir, files, manifest)
-        projects.append(
-            GeneratedProject(
-                variant=variant,
-                path=pdir,
-                manifest_path=pdir / MANIFEST_NAME,
-                board=board_def,
-                arena_bytes=plan.bytes,
-                arena_mem=plan.mem,
-                files=tuple(sorted(files)),
-                manifest=manifest,
-            )
-        )
+        projects.append(GeneratedProject.from_manifest(pdir, board_def, manifest))
     return projects
 
 

@@ -10,7 +10,7 @@ import functools
 import importlib.resources
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import ModelError, UsageError
@@ -133,13 +133,7 @@ class OpAcceleration:
     short: str = ""  # a few words for narrow tables, e.g. "dilation 2x2"
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "index": self.index,
-            "opcode": self.opcode,
-            "accelerated": self.accelerated,
-            "reason": self.reason,
-            "short": self.short,
-        }
+        return asdict(self)
 
 
 def _fallback_reason(op: OpInfo, model: ModelInfo) -> tuple[str, str] | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -175,15 +175,7 @@ class LayerDisagreement:
     max_abs_diff: int
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "run": self.run,
-            "op_index": self.op_index,
-            "opcode": self.opcode,
-            "tensor_index": self.tensor_index,
-            "name": self.name,
-            "mismatched": self.mismatched,
-            "max_abs_diff": self.max_abs_diff,
-        }
+        return asdict(self)
 
 
 def compare_backends(

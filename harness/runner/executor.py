@@ -637,16 +637,8 @@ class Runner:
         doc = {
             "task": t.id,
             "attempt": a.n,
-            "board": a.board,
-            "port": a.port,
-            "lock_key": a.lock_key,
-            "started": a.started,
-            "ended": a.ended,
-            "lock_wait_s": round(a.lock_wait_s, 3),
-            "exit_code": a.exit_code,
+            **a.where_and_how(),
             "verdict": str(Verdict.from_exit_code(_exit_code(a.exit_code))),
-            "reason": a.reason,
-            "board_fault": a.board_fault,
             "variants": {v: o.to_dict() for v, o in a.variants.items()},
             "comparison": report_dict(a.comparison) if a.comparison is not None else None,
         }

@@ -438,17 +438,9 @@ class DetectedDevice:
         return f"{self.vid:04X}:{self.pid:04X}" if self.vid is not None and self.pid is not None else None
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "device": self.device,
-            "kernel_device": self.kernel_device,
-            "vid_pid": self.vid_pid,
-            "serial_number": self.serial_number,
-            "location": self.location,
-            "description": self.description,
-            "kind": self.kind,
-            "chip": self.chip,
-            "chip_note": self.chip_note,
-        }
+        d = dataclasses.asdict(self)
+        del d["vid"], d["pid"]
+        return {**d, "vid_pid": self.vid_pid}
 
 
 def detect_devices(*, probe_chip: bool = False, only_known: bool = False) -> list[DetectedDevice]:
@@ -463,16 +455,7 @@ def detect_devices(*, probe_chip: bool = False, only_known: bool = False) -> lis
     for c in list_candidates():
         if only_known and c.kind is None:
             continue
-        d = DetectedDevice(
-            device=c.device,
-            kernel_device=c.kernel_device,
-            vid=c.vid,
-            pid=c.pid,
-            serial_number=c.serial_number,
-            location=c.location,
-            description=c.description,
-            kind=c.kind,
-        )
+        d = DetectedDevice(**dataclasses.asdict(c))  # the port's facts, then (maybe) the chip's
         if probe_chip:
             d.chip, d.chip_note = _probe_chip(c.device, c.is_usb_serial_jtag)
         out.append(d)

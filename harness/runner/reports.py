@@ -72,15 +72,7 @@ def _variant_doc(o: VariantOutcome) -> dict[str, object]:
 def _attempt_doc(a: Attempt) -> dict[str, object]:
     return {
         "n": a.n,
-        "board": a.board,
-        "port": a.port,
-        "lock_key": a.lock_key,
-        "started": a.started,
-        "ended": a.ended,
-        "lock_wait_s": round(a.lock_wait_s, 3),
-        "exit_code": a.exit_code,
-        "reason": a.reason,
-        "board_fault": a.board_fault,
+        **a.where_and_how(),
         "dir": str(a.dir) if a.dir else None,
         "variants": {v: _variant_doc(o) for v, o in a.variants.items()},
         "dataset": a.dataset,

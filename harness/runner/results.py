@@ -10,11 +10,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from harness.errors import ExitCode, Verdict
+from harness.errors import ExitCode, StrEnum, Verdict
 from harness.flows.records import StageRecord, StageStatus
 from harness.runner.inventory import BenchBoard, Inventory
 from harness.runner.plan import Job, ModelCase, Plan
@@ -25,16 +24,13 @@ if TYPE_CHECKING:
     from harness.jsontypes import JSONValue
 
 
-class TaskState(str, Enum):
+class TaskState(StrEnum):
     """Where a task is. Only ``done`` and ``aborted`` appear in reports (they are written at the end)."""
 
     PENDING = "pending"  # waiting for a board (also between retries)
     RUNNING = "running"  # an attempt is on a board
     DONE = "done"  # it has a verdict
     ABORTED = "aborted"  # the run stopped before it got a verdict (exit 3, verdict infrastructure_error)
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # The verdicts a task (and a run) can get. A run stopped by a signal still ends with the exit code of
@@ -50,7 +46,7 @@ TASK_VERDICTS: tuple[Verdict, ...] = (
 )
 
 
-class BoardStatus(str, Enum):
+class BoardStatus(StrEnum):
     """Where a board is."""
 
     OK = "ok"  # takes work
@@ -59,11 +55,8 @@ class BoardStatus(str, Enum):
     QUARANTINED = "quarantined"  # quarantine_after consecutive infrastructure failures: no more work
     BUSY = "busy"  # another process held its lock past lock_timeout_s: no more work (not broken)
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class EventKind(str, Enum):
+class EventKind(StrEnum):
     """What ``events[]`` of the summary record."""
 
     RETRY = "retry"
@@ -72,22 +65,16 @@ class EventKind(str, Enum):
     POWER_CYCLE = "power-cycle"
     STALE_RELEASED = "stale-released"  # a labgrid place a killed esp-check run left acquired, released
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class CaseStatus(str, Enum):
+class CaseStatus(StrEnum):
     """A testcase's JUnit outcome."""
 
     PASSED = "passed"
     FAILURE = "failure"  # a finding: mismatch or firmware fault
     ERROR = "error"  # no finding could be made: infrastructure, usage, internal, aborted
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class CaseType(str, Enum):
+class CaseType(StrEnum):
     """A testcase's kind (JUnit ``type`` of its ``<failure>`` / ``<error>``)."""
 
     MATCH = "match"
@@ -97,9 +84,6 @@ class CaseType(str, Enum):
     USAGE = "usage"
     INTERNAL = "internal"
     ABORTED = "aborted"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class BuildFacts(TypedDict):
@@ -184,6 +168,10 @@ class VariantOutcome:
         return {**dataclasses.asdict(self), "stages": stages}
 
 
+# where and when an attempt ran and how it ended (and lock_wait_s, rounded)
+_WHERE_AND_HOW = ("board", "port", "lock_key", "started", "ended", "exit_code", "reason", "board_fault")
+
+
 @dataclass
 class Attempt:
     """One try of a task on one board (both variants, then the comparison)."""
@@ -205,6 +193,10 @@ class Attempt:
     board_busy: bool = False  # the board's lock was not free in time
     testcases: list[Testcase] = field(default_factory=list)
     dataset: AttemptDataset | None = None  # a dataset job: inputs, verdict counts, agreement per pair
+
+    def where_and_how(self) -> dict[str, object]:
+        """Where and when the attempt ran and how it ended, as attempt.json and summary.json write it."""
+        return {**{k: getattr(self, k) for k in _WHERE_AND_HOW}, "lock_wait_s": round(self.lock_wait_s, 3)}
 
 
 @dataclass

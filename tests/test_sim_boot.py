@@ -241,6 +241,30 @@ def test_flash_size_in_the_image_header_is_checked_at_start_up(
         assert warned == (outcome == "larger_warning")
 
 
+# The app's first line leaves the simulated board about 0.1 s after EN rises (ROM banner, then the
+# bootloader's log at 115200). The scenario holds only if the host switched its baud before that.
+_APP_STARTS_AFTER = 0.09
+
+
+def _reset_then_switch(port, read_early: bool) -> tuple[bytes, bytes]:
+    """Hard-reset at 921600, take what is on the wire ~35 ms later (or nothing, a slow reader), switch to
+    115200 and read to the END record. A host descheduled past the app's start (a loaded machine) did
+    not run the scenario: it is redone, up to five times, and the test is skipped if it never was."""
+    for _ in range(5):
+        port.baudrate = 921600
+        port.reset_input_buffer()
+        hard_reset(port, hold_delay=0.01)
+        reset_at = time.monotonic()
+        time.sleep(0.035)  # EN's RC delay (strap_window, 20 ms), then the ROM prints at once
+        early = port.read(port.in_waiting) if read_early else b""  # a reader thread at 921600
+        port.baudrate = 115200
+        switched_after = time.monotonic() - reset_at
+        rest = read_until_end(port, timeout=15)
+        if switched_after < _APP_STARTS_AFTER:
+            return early, rest
+    pytest.skip(f"the host never switched baud within {_APP_STARTS_AFTER} s of the reset (machine loaded)")
+
+
 def test_boot_output_takes_time_and_is_received_at_the_hosts_baud_of_that_moment(
     tmp_path: Path, models_dir: Path, board_port
 ) -> None:
@@ -250,11 +274,7 @@ def test_boot_output_takes_time_and_is_received_at_the_hosts_baud_of_that_moment
     port = board_port("esp32s3", baud=921600)
     port.board.program(_files(tmp_path, models_dir, "optimized"))
     port.dtr = False
-    hard_reset(port, hold_delay=0.01)
-    time.sleep(0.035)  # EN's RC delay (strap_window, 20 ms), then the ROM prints at once
-    early = port.read(port.in_waiting)  # a reader thread at 921600 takes what is on the wire now
-    port.baudrate = 115200
-    rest = read_until_end(port, timeout=15)
+    early, rest = _reset_then_switch(port, read_early=True)
     assert early and b"ESP-ROM" not in early + rest and b"rst:0x1" not in early + rest  # banner: garbage
     assert b"@EC1" not in early  # the app had not started yet
     cap = parse_capture(rest)
@@ -262,10 +282,5 @@ def test_boot_output_takes_time_and_is_received_at_the_hosts_baud_of_that_moment
     assert b"main_task: Calling app_main()" in rest
 
     # a slow reader: nothing read until after the switch; the banner still arrived at 921600
-    port.baudrate = 921600
-    port.reset_input_buffer()
-    hard_reset(port, hold_delay=0.01)
-    time.sleep(0.035)
-    port.baudrate = 115200
-    late = read_until_end(port, timeout=15)
+    _, late = _reset_then_switch(port, read_early=False)
     assert b"ESP-ROM" not in late and parse_capture(late).valid

@@ -516,6 +516,8 @@ def test_auto_chunks_only_when_the_link_time_saved_pays_for_the_slot_switches() 
     assert plan.pays(115200 / 10)[0] is True
     assert plan.pays(921600 / 10)[0] is False
     assert plan.pays(0.0)[0] is False  # no baud to model (a native pipe): no extra switches
+    plan.start = 100 - 30  # a rest the store holds: one chunk, no extra switch, whatever the link
+    assert plan.pays(0.0)[0] is True
 
 
 # ---- device -> host within output + 16 for a slow model (docs/protocol.md "Result record") ----------

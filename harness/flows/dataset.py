@@ -453,6 +453,8 @@ class _Chunks:
         rest = self.n - self.start
         parts = -(-rest // self.cap)
         switch = max(self.switch_s) if self.switch_s else self.SWITCH_S
+        if parts == 1:
+            return True, "the rest fits the store: one chunk costs the slot switch the rest costs anyway"
         if rate <= 0 or not self.invoke_s:
             return False, "no link rate to model (a link without a baud): the rest uploaded to each variant"
         upload = upload_bytes(self.input_bytes) / rate

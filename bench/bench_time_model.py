@@ -274,6 +274,14 @@ def chunks_figures(tmp: Path, baud: int, n: int, a: Assumptions, link_bauds: lis
             f"  --keep-chunks {policy}: {ch.get('parts')} part(s), {boots} boots, host->device {up} B, "
             f"device->host {down} B, simulator wall {w:.1f} s, verdict {res.verdict}"
         )
+        for v, x in links.items():
+            problems = [p for part in ds.get("passes", {}).get(v, []) for p in part["problems"]]
+            print(
+                f"    {v}: host->device {x['tx_bytes']} B, {x['kept_runs']} run from the store, "
+                f"{x['kept_fallbacks']} not kept after all, {x['probes']} probes, "
+                f"{x['retransmitted_frames']} re-run; problems {problems[:2]}"
+            )
+        print(f"    chunks: {ch}")
         for lb in link_bauds:
             boot = boots * a.boot_s
             infer = {v: invoke.get(v, 0) / 1e6 for v in links}

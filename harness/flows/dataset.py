@@ -416,9 +416,9 @@ class _Chunks:
         """This part's inputs and those to keep, fixed by the first variant that booted into it."""
         if self.ids is None:
             self.input_bytes = hello.input_bytes
-            self.cap = 0 if self.off else hello.keep_capacity
+            self.cap = hello.keep_capacity
             rest = self.n - self.start
-            if self.start == 0 and (self.cap == 0 or rest <= self.cap or self.chunked is False):
+            if self.start == 0 and (self.off or self.cap == 0 or rest <= self.cap or self.chunked is False):
                 self.ids, self.keep = range(self.n), None  # one part: the store keeps what it holds
             elif self.chunked is False:  # the rest in one part, uploaded to each variant
                 self.ids, self.keep = range(self.start, self.n), frozenset()

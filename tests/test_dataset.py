@@ -503,6 +503,21 @@ def test_a_store_lost_in_the_middle_of_a_chunked_dataset_is_uploaded_never_a_fal
         assert 0 < kept - fallbacks < n  # one chunk only: the others ran from the store
 
 
+def test_cli_keep_chunks_reaches_the_run(tmp_path: Path, models_dir: Path, sim_port, store_of_4: int) -> None:  # type: ignore[no-untyped-def]
+    """``--keep-chunks`` is the run's policy (report.json dataset.chunks), in process through the CLI."""
+    src = _npz(tmp_path, 6)
+    for policy, parts in (("never", 1), ("always", 2)):
+        out = tmp_path / policy
+        rc = main(["flash-and-compare", str(models_dir / MODEL), "--dataset", str(src), "--board", "sim",
+                   "--port", sim_port(), "--out", str(out), "--keep-chunks", policy])  # fmt: skip
+        chunks = json.loads((out / "report.json").read_text())["dataset"]["chunks"]
+        assert rc == 0 and (chunks["policy"], chunks["parts"], chunks["capacity"]) == (
+            policy,
+            parts,
+            store_of_4,
+        )
+
+
 def test_auto_chunks_only_when_the_link_time_saved_pays_for_the_slot_switches() -> None:
     """The rule of --keep-chunks auto (_Chunks.pays) on figures a real board would give: U-Net 48's
     6,912-byte inputs at 115200 baud, ESP-NN 0.17 s / ANSI C 0.97 s per invoke, a 1 s slot switch: the

@@ -7,6 +7,7 @@ client the real ones.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 import zipfile
@@ -501,6 +502,26 @@ def test_a_store_lost_in_the_middle_of_a_chunked_dataset_is_uploaded_never_a_fal
     assert up > n * 3072  # something was lost and uploaded again
     if fault.startswith("keep_lost"):
         assert 0 < kept - fallbacks < n  # one chunk only: the others ran from the store
+
+
+def test_a_result_of_another_chunks_input_is_never_counted() -> None:
+    """A device that ran the bytes an entry held from an earlier chunk (input 3 of a 4-input store, asked
+    for input 7) reports their CRC-32 with outputs that are consistent in themselves: the judge refuses
+    the result (``invalid``: run again, never a match), and accepts the same record for input 3."""
+    from harness.flows.dataset import _Collector
+    from harness.protocol import frames
+
+    rng = np.random.default_rng(7)
+    inputs = {i: rng.integers(0, 256, 3072, dtype=np.uint8).tobytes() for i in (3, 7)}
+    out = rng.integers(0, 256, 11, dtype=np.uint8).tobytes()
+    spec = OutputSpec("int8", (1, 11), "o")
+    col = _Collector([11])
+    col.records[7] = frames.ResultRecord(7, frames.ST_OK, frames.FL_INLINE, 1, 900, zlib.crc32(inputs[3]),
+                                         (zlib.crc32(out),), data=[out])  # fmt: skip
+    leg = col.leg(7, inputs[7], [spec])
+    assert leg.status == "invalid" and not leg.ok and "other input bytes" in (leg.detail or "")
+    col.records[3] = dataclasses.replace(col.records[7], ident=3)
+    assert col.leg(3, inputs[3], [spec]).ok
 
 
 def test_cli_keep_chunks_reaches_the_run(tmp_path: Path, models_dir: Path, sim_port, store_of_4: int) -> None:  # type: ignore[no-untyped-def]

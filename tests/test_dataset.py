@@ -524,6 +524,26 @@ def test_a_result_of_another_chunks_input_is_never_counted() -> None:
     assert col.leg(3, inputs[3], [spec]).ok
 
 
+def test_a_later_part_whose_boot_has_no_store_runs_the_rest_in_one_part() -> None:
+    """Chunks are fixed by the HELLO of the first variant that boots into each part: when a later boot has
+    no store (keep capacity 0: the app placed it elsewhere, a board without PSRAM), the rest runs in one
+    part, uploaded to each variant (an empty chunk would never advance: the run would not end)."""
+    from types import SimpleNamespace
+
+    from harness.flows.dataset import _Chunks
+
+    board = SimpleNamespace(current=None)  # what next_turn reads: no app running
+    plan = _Chunks(100, "always", random=False, variants=2)
+    assert plan.next_turn(["optimized", "ansi"], board) == ["optimized", "ansi"]  # type: ignore[arg-type]
+    ids, keep = plan.part(SimpleNamespace(input_bytes=6912, keep_capacity=37))  # type: ignore[arg-type]
+    assert ids == range(37) and keep == frozenset(range(37)) and plan.advance(92160.0)
+    assert plan.next_turn(["optimized", "ansi"], board) is not None  # type: ignore[arg-type]
+    ids, keep = plan.part(SimpleNamespace(input_bytes=6912, keep_capacity=0))  # type: ignore[arg-type]
+    assert ids == range(37, 100) and keep == frozenset()
+    assert not plan.advance(92160.0)
+    assert plan.next_turn(["optimized", "ansi"], board) is None  # type: ignore[arg-type]
+
+
 def test_cli_keep_chunks_reaches_the_run(tmp_path: Path, models_dir: Path, sim_port, store_of_4: int) -> None:  # type: ignore[no-untyped-def]
     """``--keep-chunks`` is the run's policy (report.json dataset.chunks), in process through the CLI."""
     src = _npz(tmp_path, 6)

@@ -420,8 +420,8 @@ class _Chunks:
             rest = self.n - self.start
             if self.start == 0 and (self.off or self.cap == 0 or rest <= self.cap or self.chunked is False):
                 self.ids, self.keep = range(self.n), None  # one part: the store keeps what it holds
-            elif self.chunked is False:  # the rest in one part, uploaded to each variant
-                self.ids, self.keep = range(self.start, self.n), frozenset()
+            elif self.chunked is False or self.cap == 0:  # the rest in one part, uploaded to each variant
+                self.ids, self.keep = range(self.start, self.n), frozenset()  # (no store on this boot)
             else:  # a chunk: uploaded and kept by the first variant, run from the store by the next
                 self.ids = range(self.start, min(self.n, self.start + self.cap))
                 self.keep = frozenset(self.ids)
@@ -451,6 +451,8 @@ class _Chunks:
         the link time of the second upload where the inference of the variant that would run from the
         store does not hide it (the host streams the next inputs while the device runs the current one)."""
         rest = self.n - self.start
+        if self.cap == 0:
+            return False, "no kept-input store"
         parts = -(-rest // self.cap)
         switch = max(self.switch_s) if self.switch_s else self.SWITCH_S
         if parts == 1:

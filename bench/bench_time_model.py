@@ -37,7 +37,7 @@ Assumptions (real board; change them with the flags):
   one boot fewer: the flash-skip of issue #25 item 3). Without it, a check opens one esptool session.
 
 Usage: python bench/bench_time_model.py [--baud 921600] [--n 100] [--link-baud 115200 921600]
-       [--memtest-s 1.0] [--boot-s 0.3] [--flash-skipped]
+       [--memtest-s 1.0] [--boot-s 0.3] [--flash-skipped] [--chunks-only]
 """
 
 from __future__ import annotations
@@ -248,6 +248,52 @@ def check_against_sim(c: Counts, baud: int) -> str:
     )
 
 
+def chunks_figures(tmp: Path, baud: int, n: int, a: Assumptions, link_bauds: list[int]) -> None:
+    """Issue 25 item 2: the dataset larger than the kept-input store (U-Net 48: 37 inputs), run with
+    ``--keep-chunks never`` (the inputs beyond the store uploaded to both variants) and ``always`` (in
+    chunks of the store: each input uploaded once, one slot switch more per chunk), on the simulator,
+    projected onto a real S3 at each link baud. Two projections: the link time added to the inference
+    (an upper bound: the time model's own rule) and overlapped with it per variant (a lower bound: the
+    host streams the next inputs while the device runs the current one, with the 64 KiB window ~9 of
+    them)."""
+    npz = tmp / "chunks.npz"
+    np.savez(npz, x=np.random.default_rng(26).uniform(-1, 1, (n, 48, 48, 3)).astype(np.float32))
+    print(f"\n{n} new U-Net 48 inputs, a store of 37 (issue 25 item 2: chunks of the store's size):")
+    for policy in ("never", "always"):
+        port = f"sim://tm-ch-{uuid.uuid4().hex[:6]}?throttle={baud}&invoke_time=model"
+        opts = DatasetOptions(source=npz, results="full", chunks=policy)
+        w, res = timed_run(tmp, f"chunks-{policy}", UNET48, [], port, baud, dataset=opts)
+        ds = res.dataset or {}
+        links = ds.get("link", {})
+        invoke, _ = _invokes(res)
+        boots = sum(1 for st in res.stages if st.stage == "boot")
+        up = sum(x["tx_bytes"] for x in links.values())
+        down = sum(x["rx_bytes"] for x in links.values())
+        ch = ds.get("chunks", {})
+        print(
+            f"  --keep-chunks {policy}: {ch.get('parts')} part(s), {boots} boots, host->device {up} B, "
+            f"device->host {down} B, simulator wall {w:.1f} s, verdict {res.verdict}"
+        )
+        for v, x in links.items():
+            problems = [p for part in ds.get("passes", {}).get(v, []) for p in part["problems"]]
+            print(
+                f"    {v}: host->device {x['tx_bytes']} B, {x['kept_runs']} run from the store, "
+                f"{x['kept_fallbacks']} not kept after all, {x['probes']} probes, "
+                f"{x['retransmitted_frames']} re-run; problems {problems[:2]}"
+            )
+        print(f"    chunks: {ch}")
+        for lb in link_bauds:
+            boot = boots * a.boot_s
+            infer = {v: invoke.get(v, 0) / 1e6 for v in links}
+            link = {v: (x["tx_bytes"] + x["rx_bytes"]) * 10 / lb for v, x in links.items()}
+            added = boot + sum(link.values()) + sum(infer.values())
+            overlapped = boot + sum(max(link[v], infer[v]) for v in links)
+            print(
+                f"    real S3, link {lb}: link {sum(link.values()):.1f} s, boots {boot:.1f} s, inference "
+                f"{sum(infer.values()):.1f} s: {added:.1f} s added / {overlapped:.1f} s overlapped"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baud", type=int, default=921600, help="the simulated board's throttle (both ways)")
@@ -257,10 +303,16 @@ def main() -> None:
     ap.add_argument("--boot-s", type=float, default=Assumptions.boot_s)
     ap.add_argument("--no-psram", action="store_true")
     ap.add_argument("--flash-skipped", action="store_true", help="model the HELLO flash skip (no esptool)")
+    ap.add_argument("--chunks-only", action="store_true", help="only the dataset-in-chunks figures (item 2)")
     args = ap.parse_args()
     a = Assumptions(memtest_s=args.memtest_s, boot_s=args.boot_s, psram=not args.no_psram)
     print(f"host: {os.cpu_count()} CPUs, load {os.getloadavg()}; simulated board at {args.baud} baud")
     print(f"assumptions: {a}; esptool stub {stub_bytes()} B uploaded at {ROM_BAUD} baud\n")
+    if args.chunks_only:
+        with tempfile.TemporaryDirectory() as d:
+            chunks_figures(Path(d), args.baud, args.n, a, args.link_baud)
+        print(f"load after: {os.getloadavg()}")
+        return
     with tempfile.TemporaryDirectory() as d:
         scenarios = simulate(Path(d), args.baud, args.n)
     ds = scenarios.pop("_dataset_result")  # type: ignore[arg-type]

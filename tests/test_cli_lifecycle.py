@@ -34,7 +34,14 @@ def _fac(out: Path, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "flags",
-    [("--repeat", "3"), ("--labels", "LABELS"), ("--results", "crc"), ("--seed", "5"), ("--seed", "0")],
+    [
+        ("--repeat", "3"),
+        ("--labels", "LABELS"),
+        ("--results", "crc"),
+        ("--seed", "5"),
+        ("--seed", "0"),
+        ("--keep-chunks", "always"),
+    ],
 )
 def test_dataset_flags_with_input_files_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: tuple[str, str]

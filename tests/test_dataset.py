@@ -7,6 +7,7 @@ client the real ones.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 import zipfile
@@ -432,6 +433,147 @@ def test_a_lost_stale_or_damaged_kept_store_falls_back_to_uploads(
     second = max(doc["dataset"]["link"].values(), key=lambda x: x["kept_runs"])
     # a store the app found invalid at boot is not asked for at all; a damaged copy is refused per input
     assert second["kept_fallbacks"] == (n if fault == "keep_flip" else 0)
+
+
+# ---- a dataset larger than the store runs in chunks of its capacity (docs/dataset.md) -----------------
+
+
+@pytest.fixture
+def store_of_4(monkeypatch: pytest.MonkeyPatch) -> int:
+    """A kept-input store that holds 4 of cnn_classifier_11's 3,072-byte inputs (the generated app's
+    kKeepBytes; the simulated board reads it from the manifest). Nothing else is faked."""
+    from harness.firmware import generate
+
+    monkeypatch.setattr(generate, "KEEP_STORE_BYTES", 64 + 16 + 4 * (3072 + 8))
+    return 4
+
+
+def _link(doc: dict) -> tuple[int, int, int]:  # type: ignore[type-arg]
+    links = doc["dataset"]["link"].values()
+    return (
+        sum(x["tx_payload"] for x in links),
+        sum(x["kept_runs"] for x in links),
+        sum(x["kept_fallbacks"] for x in links),
+    )
+
+
+@pytest.mark.parametrize("results", ["full", "crc"])
+def test_a_dataset_larger_than_the_store_crosses_the_link_once_in_chunks(
+    tmp_path: Path, models_dir: Path, sim_port, store_of_4: int, results: str
+) -> None:
+    """10 inputs, a store of 4: chunks 0-3, 4-7, 8-9, each uploaded and kept by the variant running, then
+    run from the store by the other: every input is uploaded once per check, and the verdicts are those
+    of uploads. With --keep-chunks never, the 6 inputs beyond the store go to both variants."""
+    n = 10
+    src = _npz(tmp_path, n)
+    r = _run(models_dir, tmp_path / "o", sim_port(), source=src, results=results, chunks="always")
+    assert r.exit_code == ExitCode.MATCH, (r.errors, r.stages)
+    doc = _doc(r)
+    assert doc["dataset"]["analysis"]["verdicts"] == {"match": n}
+    assert _link(doc) == (n * 3072, n, 0)  # each input uploaded once, run once from the store
+    chunks = doc["dataset"]["chunks"]
+    assert (chunks["capacity"], chunks["parts"], chunks["chunked"]) == (store_of_4, 3, True)
+    assert len(chunks["slot_switch_s"]) == 3  # one slot switch per chunk
+    r2 = _run(models_dir, tmp_path / "o2", sim_port(), source=src, results=results, chunks="never")
+    assert r2.exit_code == ExitCode.MATCH, (r2.errors, r2.stages)
+    assert _link(_doc(r2)) == ((n + n - store_of_4) * 3072, store_of_4, 0)
+
+
+@pytest.mark.parametrize(
+    "fault", ["keep_cold", "keep_flip", "keep_lost&fault_count=3", "keep_lost&fault_count=4"]
+)
+def test_a_store_lost_in_the_middle_of_a_chunked_dataset_is_uploaded_never_a_false_match(
+    tmp_path: Path, models_dir: Path, sim_port, store_of_4: int, fault: str
+) -> None:
+    """Every restart loses the store, every kept input has a flipped byte, or the store goes cold at one
+    slot switch in the middle (app boot 3 or 4: a chunk kept by one variant is gone when the other
+    boots): the device runs none of the lost inputs from the store; the host uploads them, and every
+    input's verdict still rests on bytes it sent (the same clean match, never a result of other bytes)."""
+    n = 10
+    r = _run(
+        models_dir, tmp_path / "o", sim_port(f"&fault={fault}"), source=_npz(tmp_path, n), results="full",
+        chunks="always",
+    )  # fmt: skip
+    assert r.exit_code == ExitCode.MATCH, (r.errors, r.stages)
+    doc = _doc(r)
+    assert doc["dataset"]["analysis"]["verdicts"] == {"match": n}
+    up, kept, fallbacks = _link(doc)
+    assert kept + (up // 3072 - n) - fallbacks == n  # every input: uploaded once, then kept or uploaded again
+    assert up > n * 3072  # something was lost and uploaded again
+    if fault.startswith("keep_lost"):
+        assert 0 < kept - fallbacks < n  # one chunk only: the others ran from the store
+
+
+def test_a_result_of_another_chunks_input_is_never_counted() -> None:
+    """A device that ran the bytes an entry held from an earlier chunk (input 3 of a 4-input store, asked
+    for input 7) reports their CRC-32 with outputs that are consistent in themselves: the judge refuses
+    the result (``invalid``: run again, never a match), and accepts the same record for input 3."""
+    from harness.flows.dataset import _Collector
+    from harness.protocol import frames
+
+    rng = np.random.default_rng(7)
+    inputs = {i: rng.integers(0, 256, 3072, dtype=np.uint8).tobytes() for i in (3, 7)}
+    out = rng.integers(0, 256, 11, dtype=np.uint8).tobytes()
+    spec = OutputSpec("int8", (1, 11), "o")
+    col = _Collector([11])
+    col.records[7] = frames.ResultRecord(7, frames.ST_OK, frames.FL_INLINE, 1, 900, zlib.crc32(inputs[3]),
+                                         (zlib.crc32(out),), data=[out])  # fmt: skip
+    leg = col.leg(7, inputs[7], [spec])
+    assert leg.status == "invalid" and not leg.ok and "other input bytes" in (leg.detail or "")
+    col.records[3] = dataclasses.replace(col.records[7], ident=3)
+    assert col.leg(3, inputs[3], [spec]).ok
+
+
+def test_a_later_part_whose_boot_has_no_store_runs_the_rest_in_one_part() -> None:
+    """Chunks are fixed by the HELLO of the first variant that boots into each part: when a later boot has
+    no store (keep capacity 0: the app placed it elsewhere, a board without PSRAM), the rest runs in one
+    part, uploaded to each variant (an empty chunk would never advance: the run would not end)."""
+    from types import SimpleNamespace
+
+    from harness.flows.dataset import _Chunks
+
+    board = SimpleNamespace(current=None)  # what next_turn reads: no app running
+    plan = _Chunks(100, "always", random=False, variants=2)
+    assert plan.next_turn(["optimized", "ansi"], board) == ["optimized", "ansi"]  # type: ignore[arg-type]
+    ids, keep = plan.part(SimpleNamespace(input_bytes=6912, keep_capacity=37))  # type: ignore[arg-type]
+    assert ids == range(37) and keep == frozenset(range(37)) and plan.advance(92160.0)
+    assert plan.next_turn(["optimized", "ansi"], board) is not None  # type: ignore[arg-type]
+    ids, keep = plan.part(SimpleNamespace(input_bytes=6912, keep_capacity=0))  # type: ignore[arg-type]
+    assert ids == range(37, 100) and keep == frozenset()
+    assert not plan.advance(92160.0)
+    assert plan.next_turn(["optimized", "ansi"], board) is None  # type: ignore[arg-type]
+
+
+def test_cli_keep_chunks_reaches_the_run(tmp_path: Path, models_dir: Path, sim_port, store_of_4: int) -> None:  # type: ignore[no-untyped-def]
+    """``--keep-chunks`` is the run's policy (report.json dataset.chunks), in process through the CLI."""
+    src = _npz(tmp_path, 6)
+    for policy, parts in (("never", 1), ("always", 2)):
+        out = tmp_path / policy
+        rc = main(["flash-and-compare", str(models_dir / MODEL), "--dataset", str(src), "--board", "sim",
+                   "--port", sim_port(), "--out", str(out), "--keep-chunks", policy])  # fmt: skip
+        chunks = json.loads((out / "report.json").read_text())["dataset"]["chunks"]
+        assert rc == 0 and (chunks["policy"], chunks["parts"], chunks["capacity"]) == (
+            policy,
+            parts,
+            store_of_4,
+        )
+
+
+def test_auto_chunks_only_when_the_link_time_saved_pays_for_the_slot_switches() -> None:
+    """The rule of --keep-chunks auto (_Chunks.pays) on figures a real board would give: U-Net 48's
+    6,912-byte inputs at 115200 baud, ESP-NN 0.17 s / ANSI C 0.97 s per invoke, a 1 s slot switch: the
+    ANSI C invoke hides the second upload (0.61 s) but ESP-NN's does not, so chunks pay; at 921600 (0.076 s
+    per upload) both invokes hide it, so the rest is uploaded to each variant instead."""
+    from harness.flows.dataset import _Chunks
+
+    plan = _Chunks(100, "auto", random=False, variants=2)
+    plan.cap, plan.start, plan.input_bytes = 37, 37, 6912
+    plan.switch_s, plan.invoke_s = [1.0], {"optimized": 0.17, "ansi": 0.97}
+    assert plan.pays(115200 / 10)[0] is True
+    assert plan.pays(921600 / 10)[0] is False
+    assert plan.pays(0.0)[0] is False  # no baud to model (a native pipe): no extra switches
+    plan.start = 100 - 30  # a rest the store holds: one chunk, no extra switch, whatever the link
+    assert plan.pays(0.0)[0] is True
 
 
 # ---- device -> host within output + 16 for a slow model (docs/protocol.md "Result record") ----------

@@ -184,6 +184,7 @@ extern "C" esp_err_t esp_mmu_vaddr_to_paddr(void* vaddr, esp_paddr_t* out_paddr,
 #define MALLOC_CAP_INTERNAL (1 << 11)
 extern "C" void* heap_caps_aligned_alloc(size_t alignment, size_t size, uint32_t caps);
 extern "C" void* heap_caps_malloc(size_t size, uint32_t caps);
+extern "C" void heap_caps_free(void* ptr);
 """,
     # the macros as ESP-IDF defines them; the version defaults to 5.5.3 and tests set others with -D
     "esp_idf_version.h": """
@@ -262,8 +263,29 @@ extern "C" int usb_serial_jtag_write_bytes(const void* src, size_t size, TickTyp
     "freertos/FreeRTOS.h": (
         "#include <stdint.h>\ntypedef uint32_t TickType_t;\n#define portMAX_DELAY ((TickType_t)0xffffffffUL)\n"
         "#define pdMS_TO_TICKS(ms) ((TickType_t)(ms))\n"
+        "typedef int BaseType_t;\ntypedef unsigned int UBaseType_t;\n#define pdPASS ((BaseType_t)1)\n"
+        "typedef struct { void* opaque[8]; } StaticStreamBuffer_t;\n"
     ),
-    "freertos/task.h": 'extern "C" void vTaskDelay(const TickType_t xTicksToDelay);\n',
+    # freertos/task.h and stream_buffer.h (FreeRTOS-Kernel in ESP-IDF v5.3 ... v5.5): the signatures used
+    "freertos/task.h": (
+        'extern "C" void vTaskDelay(const TickType_t xTicksToDelay);\n'
+        "typedef void (*TaskFunction_t)(void*);\ntypedef void* TaskHandle_t;\n"
+        'extern "C" BaseType_t xTaskCreate(TaskFunction_t pxTaskCode, const char* const pcName, const uint32_t '
+        "usStackDepth, void* const pvParameters, UBaseType_t uxPriority, TaskHandle_t* const pxCreatedTask);\n"
+    ),
+    "freertos/stream_buffer.h": (
+        "#include <stddef.h>\ntypedef struct StreamBufferDef_t* StreamBufferHandle_t;\n"
+        'extern "C" StreamBufferHandle_t xStreamBufferGenericCreateStatic(size_t xBufferSizeBytes, size_t '
+        "xTriggerLevelBytes, BaseType_t xIsMessageBuffer, uint8_t* const pucStreamBufferStorageArea, "
+        "StaticStreamBuffer_t* const pxStaticStreamBuffer, void* pxSendCompletedCallback, void* "
+        "pxReceiveCompletedCallback);\n"
+        "#define xStreamBufferCreateStatic(n, t, s, b) xStreamBufferGenericCreateStatic((n), (t), 0, (s), (b), "
+        "NULL, NULL)\n"
+        'extern "C" size_t xStreamBufferSend(StreamBufferHandle_t xStreamBuffer, const void* pvTxData, size_t '
+        "xDataLengthBytes, TickType_t xTicksToWait);\n"
+        'extern "C" size_t xStreamBufferReceive(StreamBufferHandle_t xStreamBuffer, void* pvRxData, size_t '
+        "xBufferLengthBytes, TickType_t xTicksToWait);\n"
+    ),
     # IDF 6 (Mbed TLS 4) has no such header: the stub errors out the way the missing file would
     "mbedtls/sha256.h": (
         "#include <stddef.h>\n"

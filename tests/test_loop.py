@@ -364,7 +364,8 @@ def test_c_loop_and_python_twin_print_identical_streams() -> None:
     keep_c, keep_py = bytearray(64 + 8 * 3 + 16 + 3 * 6912 + 50), bytearray(64 + 8 * 3 + 16 + 3 * 6912 + 50)
     for trial in range(150):
         script = _script(rng)
-        cfg = dataclasses.replace(config(), baud_switch=trial % 2 == 0)
+        # the 16 KiB window of a board without PSRAM, the 64 KiB one of a board with it (an ACK per half)
+        cfg = dataclasses.replace(config(16384 if trial % 4 < 2 else 65536), baud_switch=trial % 2 == 0)
         if trial % 3:  # a kept-input store that lives across the trials, as across restarts
             cfg_c = dataclasses.replace(
                 cfg, keep=keep_c, keep_place=0x3D000000 + trial % 2, session=trial + 1
@@ -563,28 +564,33 @@ def _records(app: App, key: int) -> dict[int, fr.ResultRecord]:
     return out
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_kept_inputs_survive_the_restart_and_run_like_uploaded_ones(backend: str) -> None:
-    """The optimized app keeps what it was sent; the ANSI C app, booted next on the same memory, runs
-    them by index (no LOAD): the same input CRC-32 and outputs as an upload of the same bytes."""
-    rng = random.Random(25)
-    data = [rng.randbytes(6912) for _ in range(3)]
+def _upload_then_run_kept(
+    backend: str, data: list[bytes]
+) -> tuple[tuple[App, fr.Hello], tuple[App, fr.Hello], dict[int, fr.ResultRecord]]:
+    """The optimized app uploads and keeps ``data`` in a 4-input store; the ANSI C app, booted next on the
+    same memory, is asked to run each from the store by its CRC-32. Both boots and the second's records."""
     region = bytearray(64 + 8 * 4 + 16 + 4 * 6912)
     first = Script()
     for i, d in enumerate(data):
         first.load(d).run(i, keep=True)
-    app, hello = _kept_boot(backend, region, first.add(fr.CMD_SYNC, b"t"))
-    assert (hello.keep_capacity, hello.kept) == (4, 0)  # a fresh store (the region was zeros)
-    uploaded = _records(app, KEY)
+    one = _kept_boot(backend, region, first.add(fr.CMD_SYNC, b"t"))
     ansi_key = fr.key_crc(SESSION + 1, "ansi_c")
     second = Script(key=ansi_key)
     for i, d in enumerate(data):
         second.run(i, source=fr.SRC_KEPT, seed=fr.crc32(d))
-    app2, hello2 = _kept_boot(
-        backend, region, second.add(fr.CMD_SYNC, b"t"), nn="ansi_c", session=SESSION + 1
-    )
+    two = _kept_boot(backend, region, second.add(fr.CMD_SYNC, b"t"), nn="ansi_c", session=SESSION + 1)
+    return one, two, _records(two[0], ansi_key)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kept_inputs_survive_the_restart_and_run_like_uploaded_ones(backend: str) -> None:
+    """The optimized app keeps what it was sent; the ANSI C app, booted next on the same memory, runs
+    them by index (no LOAD): the same input CRC-32 and outputs as an upload of the same bytes."""
+    data = [random.Random(25).randbytes(6912) for _ in range(3)]
+    (app, hello), (app2, hello2), kept = _upload_then_run_kept(backend, data)
+    assert (hello.keep_capacity, hello.kept) == (4, 0)  # a fresh store (the region was zeros)
+    uploaded = _records(app, KEY)
     assert (hello2.keep_capacity, hello2.kept) == (4, 3)
-    kept = _records(app2, ansi_key)
     assert app2.invokes == 3  # no LOAD was sent: every input ran from the store
     for i, d in enumerate(data):
         assert kept[i].status == fr.ST_OK and kept[i].input_crc == fr.crc32(d) == uploaded[i].input_crc
@@ -619,3 +625,54 @@ def test_a_store_that_is_not_this_models_inputs_is_never_run(backend: str, damag
     assert app.invokes == 0 and recs[ident].status == fr.ST_NOT_KEPT
     if damage in ("cold_boot", "other_model", "other_place"):
         assert hello.kept == 0  # the header failed its checks: an empty store replaced it
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_second_chunk_takes_the_entries_over_and_the_first_is_never_run_for_it(backend: str) -> None:
+    """A dataset larger than the store runs in chunks of its capacity (docs/dataset.md): input i is kept in
+    entry i % capacity, so the second chunk (ids 4..7 of a 4-input store) takes the entries of the first
+    over. The next app runs the second chunk from the store; a RUN that names a first-chunk input (its
+    CRC-32) finds another input in that entry and runs nothing ('not kept'), so the host uploads it."""
+    rng = random.Random(26)
+    data = [rng.randbytes(6912) for _ in range(8)]
+    _, (app, hello), recs = _upload_then_run_kept(backend, data)
+    assert (hello.keep_capacity, hello.kept) == (4, 4)
+    assert app.invokes == 4  # the second chunk only
+    for i, d in enumerate(data):
+        if i < 4:
+            assert recs[i].status == fr.ST_NOT_KEPT  # its entry holds input i + 4 now
+        else:
+            assert recs[i].status == fr.ST_OK and recs[i].input_crc == fr.crc32(d)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("window", "invoke_us"), [(16384, 170_000), (65536, 170_000), (65536, 950_000)])
+def test_uploaded_inputs_pay_an_ack_per_half_window(backend: str, window: int, invoke_us: int) -> None:
+    """U-Net 48's 6,912-byte inputs uploaded (LOAD frames, then RUN), its 2,304-byte output in full, the
+    host keeping the device's queue full (no pause: no idle flush): the device sends an ACK frame per
+    window / 2 bytes taken in, unless a result frame carries it. The 16 KiB window of a board without
+    PSRAM costs ~15 bytes of ACKs per input, over the output + 16 goal; the 64 KiB window of a board
+    with PSRAM stays within it, at ESP-NN's invoke time (0.17 s) and ANSI C's (0.95 s) alike."""
+    size, n = 2304, 100
+    cfg = config(window)
+    cfg.outputs = [LoopOutput(size, "int8", (1, size), 0.25, 0, "out")]
+    app = App()
+
+    def invoke(data: bytes) -> tuple[int, int, list[bytes]]:
+        return 0, invoke_us, [(hashlib.sha256(data).digest() * (size // 32 + 1))[:size]]
+
+    app.invoke = invoke  # type: ignore[method-assign]
+    rng = random.Random(48)
+    s = Script()
+    for i in range(n):
+        s.load(rng.randbytes(6912)).run(i, results=fr.RES_FULL)
+    play(backend, s.add(fr.CMD_SYNC, b"t").frames, app, cfg)
+    split = fr.split_stream(bytes(app.out), key=KEY)
+    recs = [r for f in split.frames if f.type == fr.RSP_RESULT for r in fr.decode_results(f.payload, [size])]
+    assert sorted(r.ident for r in recs) == list(range(n)) and all(r.status == fr.ST_OK for r in recs)
+    ack_frames = sum(f.type == fr.RSP_ACK for f in split.frames)
+    taken = sum(len(f) for f in s.frames)
+    assert ack_frames <= taken // (window // 2) + 1
+    hello = bytes(app.out).index(b"\r\n", 4) + 2  # the HELLO line is not per-input traffic
+    per_input = (len(app.out) - hello) / n
+    assert (per_input <= size + 16) == (window == 65536), per_input

@@ -184,3 +184,29 @@ def test_sim_builder_writes_an_elf_real_tools_read(tmp_path: Path, models_dir: P
                               text=True, timeout=30)  # fmt: skip
         assert proc.returncode == 0 and not proc.stderr, proc.stderr
         assert "app_main" in proc.stdout and "EXEC (Executable file)" in proc.stdout
+
+
+@pytest.mark.parametrize(("board", "window"), [("sim", 64 * 1024), ("esp32c3-devkitm-1", 16 * 1024)])
+def test_the_receive_window_travels_from_generate_to_the_simulated_app(
+    tmp_path: Path, models_dir: Path, board: str, window: int
+) -> None:
+    """The window the firmware announces (compiled in from the manifest's ``resident`` buffers: 64 KiB in
+    PSRAM where the board has it, the driver's 16 KiB ring on an ESP32-C3) is the one the simulated app
+    announces: the sim builder read ``resident`` from a manifest that never carried it (always 16 KiB)."""
+    from harness.firmware.generate import generate_projects
+
+    model = models_dir / "op_zoo.tflite"
+    proj = generate_projects(
+        model, [models_dir / "inputs" / "op_zoo.npy"], board, out_dir=tmp_path / "p", arena_kb=16
+    )
+    ansi = next(p for p in proj if p.variant == "ansi")
+    source = (ansi.path / "main" / "app_main.cc").read_text()
+    assert f"constexpr int kRxWindowBytes = {window};" in source
+    assert json.loads(ansi.manifest_path.read_text())["resident"]["rx_window_bytes"] == window
+    files = build_sim_firmware(ansi.path, tmp_path / "build")
+    flash = bytearray(b"\xff" * (4 << 20))
+    for off, path in files:
+        data = path.read_bytes()
+        flash[off : off + len(data)] = data
+    _part, _img, payload = read_app_payload(get_chip(ansi.board.chip), flash)
+    assert payload.header["window"] == window

@@ -209,25 +209,33 @@ uint32_t ecl_keep_open(ecl_t *l) {
     return l->kept;
 }
 
+/* Input `id` is kept in entry id % capacity (a dataset larger than the store runs in chunks of the capacity,
+ * docs/protocol.md "Kept inputs"); the RUN names the CRC-32 of the bytes it means, so an entry that holds
+ * another input (an earlier chunk's) is not run. */
+static uint32_t keep_slot(const ecl_t *l, uint32_t id) { return id % l->keep_cap; }
+
 /* The kept copy of input `id` whose CRC-32 is `want`, or NULL (not kept, another input, damaged). */
 static const uint8_t *keep_find(const ecl_t *l, uint32_t id, uint32_t want) {
-    uint32_t crc;
+    uint32_t crc, k;
     const uint8_t *in;
-    if (id >= l->keep_cap || !keep_entry_valid(l, id, &crc) || crc != want) return NULL;
-    in = l->cfg.keep + keep_slots_at(l->keep_cap) + (size_t)id * l->cfg.input_bytes;
+    if (l->keep_cap == 0) return NULL;
+    k = keep_slot(l, id);
+    if (!keep_entry_valid(l, k, &crc) || crc != want) return NULL;
+    in = l->cfg.keep + keep_slots_at(l->keep_cap) + (size_t)k * l->cfg.input_bytes;
     return ecf_crc32(0u, in, l->cfg.input_bytes) == want ? in : NULL;
 }
 
 static void keep_store(ecl_t *l, uint32_t id, const uint8_t *in) {
     uint8_t *e;
-    uint32_t crc;
-    if (id >= l->keep_cap) return;
-    e = l->cfg.keep + ECL_KEEP_HEADER + (size_t)id * ECL_KEEP_ENTRY;
+    uint32_t crc, k;
+    if (l->keep_cap == 0) return;
+    k = keep_slot(l, id);
+    e = l->cfg.keep + ECL_KEEP_HEADER + (size_t)k * ECL_KEEP_ENTRY;
     ecf_put_u32(e + 4, 0u); /* invalid while the bytes change */
-    memcpy(l->cfg.keep + keep_slots_at(l->keep_cap) + (size_t)id * l->cfg.input_bytes, in, l->cfg.input_bytes);
+    memcpy(l->cfg.keep + keep_slots_at(l->keep_cap) + (size_t)k * l->cfg.input_bytes, in, l->cfg.input_bytes);
     crc = ecf_crc32(0u, in, l->cfg.input_bytes);
     ecf_put_u32(e, crc);
-    ecf_put_u32(e + 4, keep_check(l->keep_nonce, id, crc));
+    ecf_put_u32(e + 4, keep_check(l->keep_nonce, k, crc));
 }
 
 /* ---- RUN ------------------------------------------------------------------------------------ */

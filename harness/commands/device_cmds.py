@@ -180,6 +180,15 @@ _DATASET = (
         help="Invoke each input N times and flag any change (and re-run after a reset).",
     ),
     click.option(
+        "--keep-chunks",
+        type=click.Choice(["auto", "always", "never"]),
+        default="auto",
+        show_default=True,
+        help="A dataset larger than the board's kept-input store: run it in chunks of the store's size, so "
+        "every input crosses the link once (always), only when that is cheaper on this link (auto), or "
+        "upload the inputs beyond the store to each variant (never).",
+    ),
+    click.option(
         "--tap-inputs",
         default=None,
         metavar="3,17,worst",
@@ -268,6 +277,7 @@ def flash_and_compare_cmd(
     labels: Path | None = None,
     repeat: int = 1,
     tap_inputs: str | None = None,
+    keep_chunks: str = "auto",
     native: NativeOptions | None = None,
 ) -> int:
     """Build MODEL with ESP-NN optimized and ANSI C kernels, run both on the board, compare.
@@ -286,6 +296,8 @@ def flash_and_compare_cmd(
         labels=labels,
         repeat=repeat,
     )
+    if data is not None:
+        data = dataclasses.replace(data, chunks=keep_chunks)
     if tap_inputs is not None:
         if data is None:
             raise UsageError("--tap-inputs needs --dataset or --random-inputs", hint="with --input: --tap")
@@ -377,7 +389,7 @@ def _dataset_options(
 
 
 # flags that mean something only in a dataset run (--tap-inputs is refused on its own, with a hint)
-DATASET_ONLY = ("repeat", "labels", "results", "seed")
+DATASET_ONLY = ("repeat", "labels", "results", "seed", "keep_chunks")
 
 
 def _refuse_given(names: tuple[str, ...], why: str, hint: str) -> None:

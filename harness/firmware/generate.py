@@ -75,8 +75,11 @@ PIO_BOOT_SCRIPT = f"{DATA_DIR}/pio_boot_slot.py"
 # write instead of the framework's erased otadata (which boots ota_0, the optimized app). The same bytes
 # in both projects; the ANSI C project's build picks it from its sdkconfig (CONFIG_NN_ANSI_C).
 OTADATA_ANSI_IMAGE = f"{DATA_DIR}/partitions/ota_data_ansi.bin"
-# Resident loop buffers: the driver's RX ring is the flow-control window the host may fill.
-RESIDENT = {"rx_buffer_bytes": 16384, "tx_buffer_bytes": 8192}
+# Resident loop buffers: the driver's RX ring (internal RAM), its TX ring, and the flow-control window the
+# host may fill (HELLO window): the driver's ring, or on a board with PSRAM a 64 KiB stream buffer there
+# (docs/protocol.md "Flow control"), out of PSRAM_RESERVE_BYTES beside the kept-input store.
+RESIDENT = {"rx_buffer_bytes": 16384, "tx_buffer_bytes": 8192, "rx_window_bytes": 16384}
+PSRAM_RX_WINDOW_BYTES = 64 * 1024
 SUPPORTED_DTYPES = ("int8", "uint8", "int16", "int32", "float32")
 
 _VERSION_RE = re.compile(r"^[0-9A-Za-z.+~-]{1,32}$")
@@ -157,6 +160,7 @@ class Manifest(TypedDict, total=False):
     tap: dict[str, object]
     hybrid: dict[str, object]
     keep_bytes: int  # the kept-input store in PSRAM (0: none), docs/protocol.md "Kept inputs"
+    resident: dict[str, int]  # resident_buffers(): driver rings and the receive window (HELLO window)
     generation_key: str  # GENERATION_KEY: the hash of everything the generation read (kept projects)
     # only in older or hand-made manifests: the simulated builder's fallbacks
     fwver: str
@@ -165,7 +169,6 @@ class Manifest(TypedDict, total=False):
     idf: str
     tflm: str
     espnn: str
-    resident: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,14 @@ def keep_store_bytes(board: Board) -> int:
     """The kept-input store in PSRAM (docs/protocol.md "Kept inputs"), out of PSRAM_RESERVE_BYTES (so it
     refuses no arena); 0 without PSRAM."""
     return KEEP_STORE_BYTES if board.has_psram else 0
+
+
+def resident_buffers(board: Board) -> dict[str, int]:
+    """The resident loop's buffers on ``board`` (``RESIDENT``, with the PSRAM window where it has PSRAM)."""
+    out = dict(RESIDENT)
+    if board.has_psram:
+        out["rx_window_bytes"] = PSRAM_RX_WINDOW_BYTES
+    return out
 
 
 def _arena_max(board: Board) -> dict[str, int]:
@@ -747,7 +758,6 @@ def _layout_context(layout: FlashLayout) -> dict[str, object]:
             "header_bytes": HEADER_BYTES,
             "image": MODEL_IMAGE,
         },
-        "resident": dict(RESIDENT),
         "boot": {
             "ansi_slot": f"ota_{VARIANT_SLOTS['ansi']}",
             "ansi_offset": layout.slot_offset("ansi"),
@@ -802,6 +812,7 @@ def _base_context(
         "arena_mem": plan.mem,
         "arena_max": _arena_max(board),  # compiled into the app, whatever the model partition asks
         "keep_bytes": keep_store_bytes(board),
+        "resident": resident_buffers(board),
         "human_max": human_max,
         "main_stack_bytes": MAIN_STACK_BYTES,
         **_idf_context(board),
@@ -959,6 +970,7 @@ def _manifest(
         "arena_mem": plan.mem,
         "arena_max": _arena_max(board),  # what the app accepts from a model partition header
         "keep_bytes": keep_store_bytes(board),  # the kept-input store in PSRAM (0: none)
+        "resident": resident_buffers(board),  # the resident loop's buffers and receive window
         "arena_source": plan.source,
         "arena_estimate_bytes": plan.estimate_bytes,
         "arena_espnn_formulas": plan.espnn_formulas,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -53,6 +54,7 @@ class DatasetRun:
     errors: list[str] = dataclasses.field(default_factory=list)
     codes: list[ExitCode] = dataclasses.field(default_factory=list)
     kept: set[int] = dataclasses.field(default_factory=set)  # inputs the device's kept-input store holds
+    chunks: dict[str, Any] = dataclasses.field(default_factory=dict)  # _Chunks.summary(): parts, why
 
 
 class _Collector:
@@ -142,12 +144,15 @@ def _stream(
     expected: Mapping[int, tuple[int, ...]],
     kept: set[int] | None = None,
     now: bool = False,
+    keep_ids: frozenset[int] | None = None,
 ) -> _Streamed:
     """Run ``ids`` of the dataset on the booted app: their checked legs, the link's figures, problems and
     the firmware faults the device printed. ``kept``: the inputs an earlier variant of this check left in
     the device's kept-input store (updated with what this stream stores); None: upload every input.
     ``now``: every result comes back at once, not batched (a re-run after lost results: a device that
-    hangs on one input loses only that input's result)."""
+    hangs on one input loses only that input's result). ``keep_ids``: the uploaded inputs to store (the
+    chunk being kept, docs/dataset.md "Datasets larger than the store"); None: those below the store's
+    capacity."""
     assert boot.hello is not None
     hello = boot.hello
     problems: list[str] = []
@@ -157,7 +162,7 @@ def _stream(
             stale_keys=resident.stale_keys(hello),
         )  # fmt: skip
         col = _Collector(hello.output_bytes)
-        sender = _Sender(client, col, ds, hello, kept, now=now)
+        sender = _Sender(client, col, ds, hello, kept, now=now, keep_ids=keep_ids)
         try:
             sender.send(ids, results=results, repeat=repeat, expected=expected)
             client.sync(len(ids))
@@ -208,9 +213,12 @@ class _Sender:
         kept: set[int] | None,
         *,
         now: bool = False,
+        keep_ids: frozenset[int] | None = None,
     ) -> None:
         self.client, self.col, self.ds, self.kept, self.now = client, col, ds, kept, now
         self.capacity = hello.keep_capacity if kept is not None and not ds.random else 0
+        # the device stores input i in entry i % capacity: a chunk of at most `capacity` consecutive inputs
+        self.keep_ids = frozenset(range(self.capacity)) if keep_ids is None else keep_ids
         self.usable = hello.kept > 0  # this boot found kept inputs (none: a cold boot, another model ...)
         self.stored: list[int] = []
 
@@ -236,7 +244,7 @@ class _Sender:
                 client.stats.kept_runs += 1
             else:
                 client.load(ds.items[i].data)
-                keep = i < self.capacity
+                keep = self.capacity > 0 and i in self.keep_ids
                 run = frames.encode_run(i, keep=keep, **common)
                 if keep:
                     self.stored.append(i)
@@ -248,6 +256,8 @@ class _Sender:
         if self.kept is None:
             return
         recs = self.col.records
+        for i in self.stored:  # whatever held its entry before is gone (the entry is i % capacity)
+            self.kept.difference_update([j for j in self.kept if j % self.capacity == i % self.capacity])
         self.kept.update(i for i in self.stored if i in recs and recs[i].status != frames.ST_INPUT_INCOMPLETE)
 
 
@@ -307,39 +317,163 @@ def run_dataset(
     results: str,
     repeat: int,
     host: Sequence[Leg] | None,
+    chunks: str = "auto",
 ) -> DatasetRun:
-    """Every variant in ``order`` over the whole dataset (with retries, fetches and the reset check)."""
+    """Every variant in ``order`` over the whole dataset (with retries, fetches and the reset check): in one
+    part, or in chunks of the kept-input store's capacity (``_Chunks``)."""
     n = len(ds.items)
     out = DatasetRun({v: [Leg("missing", detail="not run") for _ in range(n)] for v in runs})
     mode = frames.RES_FULL if results == "full" else frames.RES_FULL_IF_DIFFERENT
     done: list[str] = []
-    for v in order:
-        boot = boot_variant(resident, runs[v])
-        if not isinstance(boot, Boot):
-            out.errors.append(f"{v}: the app did not start: see {runs[v].serial_log}")
-            out.codes.append(boot or ExitCode.INFRASTRUCTURE)
-            continue
-        expected = (
-            _expected(host, [out.legs[d] for d in done]) if mode == frames.RES_FULL_IF_DIFFERENT else {}
-        )
-        _passes(
-            resident,
-            boot,
-            runs[v],
-            out=out,
-            ds=ds,
-            outputs=outputs,
-            ids=range(n),
-            mode=mode,
-            repeat=repeat,
-            expected=expected,
-        )
-        done.append(v)
+    dead: set[str] = set()
+    plan = _Chunks(n, chunks, random=ds.random, variants=len(order))
+    while (turn := plan.next_turn(list(order), resident)) is not None:
+        for v in [v for v in turn if v not in dead]:
+            t0 = time.monotonic()
+            boot = boot_variant(resident, runs[v])
+            if not isinstance(boot, Boot):
+                out.errors.append(f"{v}: the app did not start: see {runs[v].serial_log}")
+                out.codes.append(boot or ExitCode.INFRASTRUCTURE)
+                dead.add(v)
+                continue
+            assert boot.hello is not None
+            ids, keep = plan.part(boot.hello)
+            plan.booted(v, time.monotonic() - t0)
+            expected = (
+                _expected(host, [out.legs[d] for d in done]) if mode == frames.RES_FULL_IF_DIFFERENT else {}
+            )
+            _passes(
+                resident, boot, runs[v], out=out, ds=ds, outputs=outputs, ids=ids, mode=mode, repeat=repeat,
+                expected=expected, keep=keep,
+            )  # fmt: skip
+            plan.ran(v, [out.legs[v][i].invoke_us for i in ids])
+            done += [] if v in done else [v]
+        if not plan.advance(boot_rate(resident)):
+            break
+    out.chunks = plan.summary()
     if mode == frames.RES_FULL_IF_DIFFERENT:
         _fetch(resident, runs, list(reversed(done)), out=out, ds=ds, outputs=outputs, host=host)
     if repeat >= 2 and done:
         out.after_reset = _after_reset(resident, runs, done[-1], out, ds, outputs)
     return out
+
+
+def boot_rate(resident: ResidentBoard) -> float:
+    """Bytes per second of the resident link as it runs now (10 bits per byte at the current boot's baud,
+    else the console's); 0.0: a link without a baud (native pipe, USB-Serial-JTAG)."""
+    dev = resident.dev
+    uart = str(getattr(dev.board, "console", "uart")) == "uart" and not dev.reenumerates
+    if not uart or dev.spec.caps.installs_program:
+        return 0.0
+    baud = resident.current.link_baud if resident.current is not None else 0
+    return (baud or dev.console_baud) / 10.0
+
+
+def upload_bytes(input_bytes: int) -> int:
+    """What an uploaded input puts on the link: its LOAD frames (header, offset, CRC-32 each) and its RUN."""
+    loads = -(-input_bytes // (frames.MAX_PAYLOAD - 4))
+    frame = frames.HEADER + frames.TRAILER
+    return input_bytes + loads * (frame + 4) + frame + frames.RUN_FIXED
+
+
+class _Chunks:
+    """Which inputs each turn over the variants runs (docs/dataset.md "Datasets larger than the store").
+
+    Each uploaded input crosses the link once per check while the kept-input store holds it: a dataset of
+    at most the store's capacity runs in one part (the first variant uploads and keeps, the next runs from
+    the store). A larger one runs in chunks of the capacity: each chunk is uploaded (and kept) by the
+    variant already running, then run from the store by the other, so the order alternates and each chunk
+    costs one slot switch. ``never``: one part, the inputs beyond the store uploaded to every variant;
+    ``always``: chunks whenever the dataset exceeds the store; ``auto``: the first chunk, then chunks for
+    the rest only when that is cheaper on this link (``pays``), else the rest in one part, uploaded."""
+
+    SWITCH_S = 1.0  # a slot switch before one was measured (bench/bench_time_model.py: boot + HELLO + baud)
+
+    def __init__(self, n: int, policy: str, *, random: bool, variants: int) -> None:
+        self.n, self.policy, self.off = n, policy, random or variants < 2 or policy == "never"
+        self.start, self.cap, self.count, self.input_bytes = 0, 0, 0, 0
+        self.ids: range | None = None
+        self.keep: frozenset[int] | None = None
+        self.chunked: bool | None = None if policy == "auto" else policy == "always"
+        self.switch_s: list[float] = []
+        self.invoke_s: dict[str, float] = {}
+        self.first: list[str] = []
+        self.why = ""
+
+    def next_turn(self, order: list[str], resident: ResidentBoard) -> list[str] | None:
+        """The variants of the next part, the one running now first; None: every input ran."""
+        if self.start >= self.n and self.count > 0:
+            return None
+        running = resident.current.variant if resident.current is not None else None
+        if running in order:
+            order.remove(running)
+            order.insert(0, running)
+        self.ids = None
+        self.count += 1
+        return order
+
+    def part(self, hello: frames.Hello) -> tuple[range, frozenset[int] | None]:
+        """This part's inputs and those to keep, fixed by the first variant that booted into it."""
+        if self.ids is None:
+            self.input_bytes = hello.input_bytes
+            self.cap = hello.keep_capacity
+            rest = self.n - self.start
+            if self.start == 0 and (self.off or self.cap == 0 or rest <= self.cap or self.chunked is False):
+                self.ids, self.keep = range(self.n), None  # one part: the store keeps what it holds
+            elif self.chunked is False or self.cap == 0:  # the rest in one part, uploaded to each variant
+                self.ids, self.keep = range(self.start, self.n), frozenset()  # (no store on this boot)
+            else:  # a chunk: uploaded and kept by the first variant, run from the store by the next
+                self.ids = range(self.start, min(self.n, self.start + self.cap))
+                self.keep = frozenset(self.ids)
+        return self.ids, self.keep
+
+    def booted(self, variant: str, seconds: float) -> None:
+        if self.first and variant != self.first[-1]:
+            self.switch_s.append(seconds)  # a boot after another variant's part: a slot switch
+        self.first.append(variant)
+
+    def ran(self, variant: str, invoke_us: Sequence[int | None]) -> None:
+        got = sorted(u for u in invoke_us if u)
+        if got:
+            self.invoke_s[variant] = got[len(got) // 2] / 1e6
+
+    def advance(self, rate: float) -> bool:
+        """After a part: where the next starts; False when none follows."""
+        if self.ids is None:
+            return False  # no variant booted into this part
+        self.start = self.ids.stop
+        if self.start < self.n and self.chunked is None:
+            self.chunked, self.why = self.pays(rate)
+        return self.start < self.n
+
+    def pays(self, rate: float) -> tuple[bool, str]:
+        """Chunks for the rest cost one slot switch each beyond the one the rest costs anyway; they save
+        the link time of the second upload where the inference of the variant that would run from the
+        store does not hide it (the host streams the next inputs while the device runs the current one)."""
+        rest = self.n - self.start
+        if self.cap == 0:
+            return False, "no kept-input store"
+        parts = -(-rest // self.cap)
+        switch = max(self.switch_s) if self.switch_s else self.SWITCH_S
+        if parts == 1:
+            return True, "the rest fits the store: one chunk costs the slot switch the rest costs anyway"
+        if rate <= 0 or not self.invoke_s:
+            return False, "no link rate to model (a link without a baud): the rest uploaded to each variant"
+        upload = upload_bytes(self.input_bytes) / rate
+        hidden = sum(max(0.0, upload - t) for t in self.invoke_s.values()) / len(self.invoke_s)
+        saved, cost = rest * hidden, (parts - 1) * switch
+        figures = f"saves {saved:.1f} s of link time, costs {parts - 1} more slot switches ({cost:.1f} s)"
+        return saved > cost, figures
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "capacity": self.cap,
+            "parts": self.count,
+            "chunked": bool(self.chunked) and self.count > 1,
+            "why": self.why,
+            "slot_switch_s": [round(x, 3) for x in self.switch_s],
+        }
 
 
 def _expected(host: Sequence[Leg] | None, earlier: Sequence[Sequence[Leg]]) -> dict[int, tuple[int, ...]]:
@@ -363,6 +497,7 @@ def _passes(
     mode: int,
     repeat: int,
     expected: Mapping[int, tuple[int, ...]],
+    keep: frozenset[int] | None = None,
 ) -> None:
     """The main pass over ``ids``, then more for inputs whose results were lost or damaged (at most
     ``MAX_PASSES`` in all, and only while a pass still brings some of them back; the first re-run always,
@@ -381,7 +516,7 @@ def _passes(
         ) -> _Streamed:
             return _stream(
                 resident, boot, ds, ids, outputs, log, results=mode, repeat=repeat, expected=expected,
-                kept=out.kept, now=now,
+                kept=out.kept, now=now, keep_ids=keep,
             )  # fmt: skip
 
         streamed = resident.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
@@ -489,12 +624,15 @@ class DatasetOptions:
     labels: str | Path | None = None
     repeat: int = 1
     tap_inputs: tuple[str, ...] = ()  # dataset indices ("3") and/or "worst": tapped after the run
+    chunks: str = "auto"  # a dataset larger than the kept-input store: auto | always | never (_Chunks)
 
     def check(self) -> None:
         if (self.source is None) == (self.random_inputs is None):
             raise UsageError("give either --dataset or --random-inputs", hint="one source of inputs per run")
         if self.results not in ("full", "crc"):
             raise UsageError(f"--results {self.results!r}", hint="use full or crc")
+        if self.chunks not in ("auto", "always", "never"):
+            raise UsageError(f"--keep-chunks {self.chunks!r}", hint="use auto, always or never")
         if not 1 <= self.repeat <= 1000:
             raise UsageError(f"--repeat {self.repeat}: give 1 to 1000")
         if self.labels is not None and self.random_inputs is not None:
@@ -544,6 +682,7 @@ class DatasetOutcome:
             doc["link"] = {v: s.to_dict() for v, s in self.run.link.items()}
             doc["passes"] = self.run.passes
             doc["after_reset"] = self.run.after_reset
+            doc["chunks"] = self.run.chunks
         if self.tap_inputs is not None:
             doc["tap_inputs"] = self.tap_inputs
             doc["tap_notes"] = self.tap_notes

@@ -254,7 +254,7 @@ class DatasetWorkload(Workload):
         def body(resident: ResidentBoard, order: list[str]) -> None:
             outcome.run = run_dataset(
                 resident, run.variants, order, ds, outputs, results=opts.results, repeat=opts.repeat,
-                host=outcome.host,
+                host=outcome.host, chunks=opts.chunks,
             )  # fmt: skip
 
         with contextlib.ExitStack() as held:

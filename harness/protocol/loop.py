@@ -131,26 +131,30 @@ class KeepStore:
         return (frames.KEEP_HEADER + self.cap * frames.KEEP_ENTRY + 15) // 16 * 16 + k * self.cfg.input_bytes
 
     def find(self, ident: int, want: int) -> bytes | None:
-        """The kept copy of input ``ident`` whose CRC-32 is ``want``, or None."""
-        if ident >= self.cap:
+        """The kept copy of input ``ident`` (entry ``ident % cap``) whose CRC-32 is ``want``, or None."""
+        if self.cap == 0:
             return None
-        ok, crc = self._entry(ident)
+        k = ident % self.cap
+        ok, crc = self._entry(k)
         if not ok or crc != want:
             return None
         assert self.cfg.keep is not None
-        at = self._slot(ident)
+        at = self._slot(k)
         data = bytes(self.cfg.keep[at : at + self.cfg.input_bytes])
         return data if frames.crc32(data) == want else None
 
     def store(self, ident: int, data: bytes) -> None:
-        if ident >= self.cap:
+        """Keep input ``ident`` in entry ``ident % cap`` (a chunk of the dataset takes the entries over)."""
+        if self.cap == 0:
             return
         assert self.cfg.keep is not None
-        e = frames.KEEP_HEADER + ident * frames.KEEP_ENTRY
-        at = self._slot(ident)
+        k = ident % self.cap
+        e = frames.KEEP_HEADER + k * frames.KEEP_ENTRY
+        at = self._slot(k)
+        self.cfg.keep[e + 4 : e + 8] = bytes(4)  # invalid while the bytes change
         self.cfg.keep[at : at + len(data)] = data
         crc = frames.crc32(data)
-        self.cfg.keep[e : e + 8] = struct.pack("<II", crc, self._check(ident, crc))
+        self.cfg.keep[e : e + 8] = struct.pack("<II", crc, self._check(k, crc))
 
 
 @dataclass

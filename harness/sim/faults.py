@@ -48,6 +48,8 @@ FAULTS: dict[str, str] = {
     "keep_stale": "after each software restart the kept-input store is another model's (its header names "
     "another model SHA-256, its own CRC valid)",
     "keep_flip": "after each software restart one byte of every kept input is flipped (entries still valid)",
+    "keep_lost": "the kept inputs are lost (noise) at app boot number `fault_count` only: a store that goes "
+    "cold in the middle of a dataset run in chunks, across one slot switch",
     "unoptimized_kind": "op kind `fault_kind` compiled without ESP-NN optimization in the optimized build: "
     "the same outputs at ANSI C speed",
 }

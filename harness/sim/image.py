@@ -408,13 +408,20 @@ def _app_header(manifest: Manifest, chip: ChipSpec, project_dir: Path) -> dict[s
         "idf": str(manifest.get("idf", "sim")),
         "tflm": str(manifest.get("tflm", "sim")),
         "espnn": str(manifest.get("espnn", "sim")),
-        "window": int((manifest.get("resident") or {}).get("rx_buffer_bytes", 16384)),
+        "window": _window(manifest),
         # --tap firmware: per-op records and the ops whose tensors it dumps (generate.py's manifest)
         "tap": bool(tap.get("enabled", False)),
         "dump_ops": [int(k) for k in dump_ops] if isinstance(dump_ops, list) else [],
         # hybrid firmware: the wrapper table as compiled (main/esp_check_hybrid.cc), not as intended
         "hybrid": hybrid_table(project_dir),
     }
+
+
+def _window(manifest: Manifest) -> int:
+    """The receive window the app announces: the manifest's ``resident`` buffers (generate.py
+    ``resident_buffers``: 64 KiB on a board with PSRAM), 16 KiB for a manifest without them."""
+    resident = manifest.get("resident") or {}
+    return int(resident.get("rx_window_bytes") or resident.get("rx_buffer_bytes") or 16384)
 
 
 def _board_revisions(board_def: object) -> tuple[int, int] | None:

@@ -119,7 +119,7 @@ class _Init:
 
 
 # faults of the line / ROM / the board's memory, not of the app image
-LINE_FAULTS = ("sync_fail", "baud_fail", "keep_cold", "keep_stale", "keep_flip")
+LINE_FAULTS = ("sync_fail", "baud_fail", "keep_cold", "keep_stale", "keep_flip", "keep_lost")
 
 
 class SimApp:
@@ -599,8 +599,9 @@ COLD_BOOTS = ("poweron", "usb")  # boots that start with noise in PSRAM (a power
 def keep_after_boot(mem: bytearray, reason: str, faults: FaultSpec, boot: int) -> None:
     """What a boot leaves in the kept-input store's PSRAM (``mem``): a restart (software, panic, watchdog)
     leaves it alone, as ``EXT_RAM_NOINIT_ATTR`` memory; a cold boot leaves noise. The keep faults act at
-    every warm restart."""
-    if reason in COLD_BOOTS or faults.active("keep_cold"):
+    every warm restart (``keep_lost``: at app boot number ``fault_count`` only)."""
+    lost = faults.active("keep_lost") and boot == faults.fault_count
+    if reason in COLD_BOOTS or faults.active("keep_cold") or lost:
         mem[:] = faults.rng("keep_cold", boot).randbytes(len(mem))
         return
     if faults.active("keep_stale") and mem[:6] == b"ECKEEP":  # another model's store: its own CRC is valid

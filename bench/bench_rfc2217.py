@@ -4,7 +4,8 @@ Serves a simulated ESP32-S3 with ``esp-check sim serve --rfc2217`` in its own pr
 in one run (nothing here asserts timing; medians of --repeat runs):
 
 - pyserial's RFC 2217 client alone: open + close, one timeout change, one baud change, one DTR/RTS
-  change (the per-operation costs every RFC 2217 client pays, whoever the server is);
+  change (the per-operation costs every RFC 2217 client pays, whoever the server is), and a timeout
+  change on esp-check's own client (``harness.device.ports.Rfc2217Serial``: none reaches the server);
 - the esptool CLI as users run it: ``chip-id``, ``write-flash @flash_args`` of an esp-check build;
 - esp-check's own flash (``DeviceSession.flash``: connect, stub, baud, attach, write, per stage) and
   capture over RFC 2217, and the same on a local ``sim://`` port (the simulator's own cost), with
@@ -82,6 +83,17 @@ def _client_costs(url: str, repeat: int) -> dict[str, float]:
         costs["pyserial rfc2217 DTR change"] = _median(line_change, repeat)
     finally:
         port.close()
+    from harness.device.ports import open_port
+
+    ours = open_port(url, 115200)  # esp-check's client: a timeout change stays on this side
+    try:
+
+        def our_timeout_change() -> None:
+            ours.timeout = 0.5 if ours.timeout == 3 else 3
+
+        costs["esp-check rfc2217 timeout change"] = _median(our_timeout_change, repeat)
+    finally:
+        ours.close()
     return costs
 
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,8 +89,9 @@ class Lab:
         port = free_port()
         self.coordinator = f"127.0.0.1:{port}"
         self._spawn("coordinator", [labgrid_tool("labgrid-coordinator", self.bin), "-l", self.coordinator])
-        for name in boards:
-            self.sim_ports[name] = self._sim_serve(name, (sim_args or {}).get(name, []))
+        serving = {name: self._sim_serve(name, (sim_args or {}).get(name, [])) for name in boards}
+        for name, proc in serving.items():  # all start side by side, with the coordinator
+            self.sim_ports[name] = self._sim_port(name, proc)
         self.power = PowerSwitch()
         self._write_exporter_config(boards)
         self._spawn(
@@ -112,10 +114,12 @@ class Lab:
         self.procs.append(proc)
         return proc
 
-    def _sim_serve(self, name: str, extra: list[str]) -> int:
+    def _sim_serve(self, name: str, extra: list[str]) -> subprocess.Popen:
         argv = [str(self.bin / "esp-check"), "sim", "serve", "--name", name, "--rfc2217", "--port", "0"]
-        argv += extra
-        proc = self._spawn(f"sim-{name}", argv)
+        return self._spawn(f"sim-{name}", argv + extra)
+
+    def _sim_port(self, name: str, proc: subprocess.Popen) -> int:
+        """The port ``sim serve`` says it listens on (its log)."""
         log = self.dir / f"sim-{name}.log"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -174,8 +178,13 @@ class Lab:
 
     def make_place(self, place: str, board: str, board_type: str = "sim") -> None:
         self.client("create", place=place)
-        self.client("add-match", f"bench1/{board}/*", place=place)
-        self.client("set-tags", f"esp_check_type={board_type}", place=place)
+        with ThreadPoolExecutor(2) as pool:  # two independent changes: side by side
+            done = [
+                pool.submit(self.client, "add-match", f"bench1/{board}/*", place=place),
+                pool.submit(self.client, "set-tags", f"esp_check_type={board_type}", place=place),
+            ]
+            for one in done:
+                one.result()
 
     def show(self, place: str) -> str:
         return self.client("show", place=place)

@@ -59,7 +59,7 @@ def lab(tmp_path: Path):
 
 
 def write_plan(path: Path, models_dir: Path, inputs_dir: Path, models: list[str], *, placement: str,
-               retries: int = 1, quarantine_after: int = 3) -> Path:  # fmt: skip
+               retries: int = 1, quarantine_after: int = 3, silence: int = 10) -> Path:  # fmt: skip
     path.write_text(
         f"""
 [run]
@@ -75,7 +75,7 @@ inputs = ["{inputs_dir}/{{model}}.npy"]
 boards = ["sim"]
 placement = "{placement}"
 retries = {retries}
-timeouts = {{ capture_total = 60, capture_silence = 10 }}
+timeouts = {{ capture_total = 60, capture_silence = {silence} }}
 """
     )
     return path
@@ -225,7 +225,8 @@ def test_a_place_acquired_by_hand_by_the_same_user_is_not_taken_for_stale(
     the_lab.make_place("manual", "h1")
     the_lab.client("acquire", place="manual")  # this user, by hand, no esp-check tag
     plan = write_plan(tmp_path / "plan.toml", models_dir, inputs_dir, ["op_zoo"], placement="any")
-    proc = run_cli(the_lab, plan, tmp_path / "out", cache_dir, "--lock-timeout", "3")
+    # the wait clock starts once the place is seen held (by the person): 1 s of it is enough
+    proc = run_cli(the_lab, plan, tmp_path / "out", cache_dir, "--lock-timeout", "1")
     err = finish(proc)
     assert proc.returncode == 3, err
     assert "released a stale" not in err
@@ -240,8 +241,9 @@ def test_a_place_held_by_another_user_is_skipped_after_the_timeout_then_waited_f
     the_lab.make_place("theirs", "o1")
     the_lab.client("acquire", place="theirs", user="alice")
     plan = write_plan(tmp_path / "plan.toml", models_dir, inputs_dir, ["op_zoo"], placement="any")
-    # 1. a short timeout: skipped, saying who holds it
-    proc = run_cli(the_lab, plan, tmp_path / "out1", cache_dir, "--lock-timeout", "6")
+    # 1. a short timeout: skipped, saying who holds it (said when the place is first seen held, which is
+    #    also when the wait clock starts: 1 s of waiting is enough)
+    proc = run_cli(the_lab, plan, tmp_path / "out1", cache_dir, "--lock-timeout", "1")
     err = finish(proc)
     assert proc.returncode == 3, err
     assert "waiting for labgrid place theirs: acquired by" in err and "/alice" in err
@@ -277,7 +279,7 @@ def test_sigterm_twice_releases_the_place_it_holds(
         seen.append(line)
         if "acquired place term" in line:
             proc.send_signal(signal.SIGTERM)
-            time.sleep(0.2)
+        elif "SIGTERM: abandoning running attempts" in line:  # the first one is taken: now the second
             proc.send_signal(signal.SIGTERM)
             break
     err = finish(proc, seen, timeout=120)
@@ -293,8 +295,9 @@ def test_a_failing_place_is_power_cycled_through_labgrid(
     """quarantine_after reached: labgrid's NetworkPowerDriver switches the place's outlet off, then on."""
     the_lab = lab(["p1"], {"p1": ["--fault", "disconnect"]})
     the_lab.make_place("flaky", "p1")
+    # the disconnected board goes silent: 3 s of silence (not 10) ends each capture
     plan = write_plan(tmp_path / "plan.toml", models_dir, inputs_dir, ["op_zoo"], placement="any",
-                      retries=1, quarantine_after=1)  # fmt: skip
+                      retries=1, quarantine_after=1, silence=3)  # fmt: skip
     inv = tmp_path / "bench.toml"  # an inventory naming the place; --labgrid gives the coordinator
     inv.write_text('[[board]]\nname = "flaky-board"\ntype = "sim"\nplace = "flaky"\n')
     proc = run_cli(

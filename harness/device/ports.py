@@ -36,6 +36,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 import serial
+import serial.rfc2217
 from esp_pylib.serial_ports import get_port_list
 
 from harness.device.protocol_native import register as register_native
@@ -47,6 +48,7 @@ __all__ = [
     "BoardLike",
     "PortCandidate",
     "PortSpec",
+    "Rfc2217Serial",
     "Transport",
     "TransportCaps",
     "find_port_holders",
@@ -513,6 +515,52 @@ def explain_open_error(url: str, exc: BaseException, *, platform: str | None = N
     return PortError(f"could not open serial port {url}: {text}", hint="check the port name and cable")
 
 
+class Rfc2217Serial(serial.rfc2217.Serial):
+    """pyserial's RFC 2217 client, renegotiating the link only when a setting the server holds changes.
+
+    pyserial sends the baud rate, byte size, parity, stop bits and flow control to the server again,
+    and waits for its answers (at least 50 ms, plus 0.1 s for the flow-control request on
+    ``?ign_set_control``), whenever *any* port setting changes, the read timeout included. A read
+    timeout is this side's own, and esptool changes it around nearly every command (and back): a
+    flash through ``esp_rfc2217_server`` or a labgrid place waited 0.3 s per command for nothing.
+    labgrid's pyserial fork skips it the same way; this works with either ``serial`` package.
+    """
+
+    _negotiated: tuple[object, ...] | None = None  # the settings the server last confirmed
+
+    def _remote_settings(self) -> tuple[object, ...]:
+        return (
+            self._baudrate,
+            self._bytesize,
+            self._parity,
+            self._stopbits,
+            self._rtscts,
+            self._xonxoff,
+            self._write_timeout,  # pyserial refuses one (NotImplementedError): keep that
+        )
+
+    def _reconfigure_port(self) -> None:
+        wanted = self._remote_settings()
+        if wanted == self._negotiated and self._socket is not None:
+            return  # only a timeout changed: nothing for the server
+        super()._reconfigure_port()
+        self._negotiated = wanted
+
+    def close(self) -> None:
+        self._negotiated = None  # the next open negotiates everything again
+        super().close()
+
+
+def _open_rfc2217(url: str, **kwargs: object) -> serial.SerialBase:
+    """``serial_for_url`` for ``rfc2217://`` URLs, with :class:`Rfc2217Serial`."""
+    do_not_open = kwargs.pop("do_not_open", False)
+    port = Rfc2217Serial(None, **kwargs)
+    port.port = url
+    if not do_not_open:
+        port.open()
+    return port
+
+
 def open_port(
     spec: PortSpec | str,
     baud: int = 115200,
@@ -524,21 +572,19 @@ def open_port(
 ) -> serial.SerialBase:
     """Open a port for flashing and capture, without resetting the board on open.
 
-    ``timeout`` defaults to 0.05 s (3 s on rfc2217://, see below). DTR and RTS are set inactive
-    *before* opening (both lines equal means "run" on the classic
+    ``timeout`` defaults to 0.05 s; ``rfc2217://`` ports are :class:`Rfc2217Serial`. DTR and RTS are
+    set inactive *before* opening (both lines equal means "run" on the classic
     auto-reset circuit), and ``exclusive=True`` makes a second opener fail instead of stealing bytes.
     With ``check_holders`` a local device already open in another process (a monitor that took
     no lock) is reported as busy too.
     """
     ps = spec if isinstance(spec, PortSpec) else resolve_port(spec)
     url = ps.url
-    make = opener or serial.serial_for_url
+    make = opener or (_open_rfc2217 if ps.transport == Transport.RFC2217 else serial.serial_for_url)
     if ps.caps.installs_program:
         register_native()  # pyserial finds harness.device.protocol_native for native://
     if timeout is None:
-        # pyserial's RFC 2217 client renegotiates the link on every timeout change and esptool
-        # sets its 3 s default around each command: start there so flashing does not pay for it.
-        timeout = 3.0 if ps.transport == Transport.RFC2217 else 0.05
+        timeout = 0.05  # a timeout change costs nothing on rfc2217:// either (Rfc2217Serial)
     try:
         kwargs: dict[str, object] = {"baudrate": baud, "timeout": timeout, "do_not_open": True}
         if exclusive and ps.caps.exclusive_lock:

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from harness.analysis.report import CompareReport
+from harness.analysis.report_model import CompareReport
 from harness.firmware.boards import BoardFile
 from harness.jsontypes import JSONValue
 from harness.runner.inventory import InventoryFile

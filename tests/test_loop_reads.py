@@ -168,3 +168,52 @@ def test_a_frame_cut_short_costs_a_bounded_wait_and_keeps_its_bytes(monkeypatch:
     while port.taken < len(port.stream):
         client.pump(0.0)
     assert log.getvalue() == port.stream and client.restarted
+
+
+class TickingClock(Clock):
+    """Also advances 10 us per look, as a real clock does while code runs (a spinning loop ends)."""
+
+    def monotonic(self) -> float:
+        self.now += 1e-5
+        return self.now
+
+
+class LateUart(Uart):
+    """Silent for ``quiet`` s (the device busy), then the stream at the baud rate; ``read`` of an empty
+    buffer returns at once, as a port with a timeout of 0 (a loop client set it) does."""
+
+    def __init__(self, clock: Clock, stream: bytes, baud: int, quiet: float) -> None:
+        super().__init__(clock, stream, baud)
+        self.start += quiet
+
+    def _arrived(self) -> int:
+        return max(0, super()._arrived())
+
+
+def test_waiting_for_the_slot_switch_reply_sleeps_and_reads_in_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DeviceSession._await_frame (the BOOTING and BAUD_OK replies of a slot switch and a baud switch)
+    on a port whose timeout a loop client set to 0: the old code called read(1) in a loop while the
+    device was busy (0.3 s here: tens of thousands of calls) and decoded the whole buffer again per
+    chunk; now it sleeps between looks and reads what waits in one block. The reply is found, every
+    byte is logged once."""
+    from harness.device import session as device_session
+    from harness.device.session import DeviceSession
+
+    clock = TickingClock()
+    fake_time = SimpleNamespace(monotonic=clock.monotonic, sleep=clock.sleep)
+    monkeypatch.setattr(device_loop, "time", fake_time)
+    monkeypatch.setattr(device_session, "time", fake_time)
+    reply = fr.encode_frame(fr.RSP_BOOT, 4, bytes([1, 0, 0, 0]) + (0).to_bytes(4, "little"), key=HELLO.key)
+    stream = b"I (5120) esp_check: switching to ota_1\r\n" + reply + b"I (5121) esp_check: restart\r\n"
+    port = LateUart(clock, stream, 921600, quiet=0.3)
+    dev = DeviceSession("loop://")
+    dev.serial = port  # type: ignore[assignment]
+    port.is_open = True  # type: ignore[attr-defined]
+    log = CountingLog()
+    got = dev._await_frame(HELLO.key, lambda f: f.type == fr.RSP_BOOT, 5.0, log)
+    assert got is not None and fr.decode_boot(got.payload) == (1, 0)
+    assert stream.startswith(log.getvalue()) and reply in log.getvalue()
+    assert dev.pending_link.damaged_frames == 0
+    assert port.reads <= 12, port.reads

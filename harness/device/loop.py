@@ -25,7 +25,16 @@ import serial
 from harness.errors import CaptureError, write_error
 from harness.protocol import frames
 
-__all__ = ["DeviceRestarted", "LinkError", "LinkStats", "LoopClient"]
+__all__ = [
+    "DeviceRestarted",
+    "LinkError",
+    "LinkStats",
+    "LoopClient",
+    "byte_seconds",
+    "gather",
+    "read_waiting",
+    "wait_readable",
+]
 
 MAX_RETRANSMITS = 8
 ACK_TIMEOUT_S = 3.0  # no ACK for this long (and a silent device): probe (plus the batch window, see below)
@@ -141,7 +150,7 @@ class LoopClient:
         self._last_result = 0.0  # when the last RESULT frame came: the device works through the queue
         self._retries = 0
         self._t0 = time.monotonic()
-        self._byte_s = _byte_seconds(port)
+        self._byte_s = byte_seconds(port)
         self._after_text = False  # the last thing decoded was text (more of it may be on its way)
         port.timeout = 0
 
@@ -158,7 +167,7 @@ class LoopClient:
         # port.timeout stays 0 (set once): pyserial's RFC 2217 client renegotiates every port setting
         # on each timeout change, which fails while the board is busy (an invoke of more than 3 s)
         port = self.port
-        n = port.in_waiting or (_wait_readable(port, wait) if wait > 0 else 0)
+        n = port.in_waiting or (wait_readable(port, wait) if wait > 0 else 0)
         if not n:
             return False
         # read in blocks, not bytes: a frame whose header came is read once its length has arrived, a
@@ -167,7 +176,7 @@ class LoopClient:
         deadline = time.monotonic() + COALESCE_MAX_S
         try:
             while n:
-                self._ingest(_read(port, n))
+                self._ingest(read_waiting(port, n))
                 if self.restarted:
                     break
                 n = self._coalesce(deadline)
@@ -178,10 +187,7 @@ class LoopClient:
     def _coalesce(self, deadline: float) -> int:
         """Bytes to read next: wait (bounded) until what the decoder holds needs has arrived, or, after
         text, a short block's worth; 0: nothing worth waiting for."""
-        want, limit = _wanted(self.dec.buf, self._byte_s, self._after_text)
-        if not want:
-            return 0
-        return _wait_count(self.port, want, min(deadline, time.monotonic() + limit), self._byte_s)
+        return gather(self.port, self.dec.buf, self._byte_s, self._after_text, deadline)
 
     def _ingest(self, data: bytes) -> None:
         now = time.monotonic()
@@ -404,7 +410,7 @@ class LoopClient:
         self._finish()
 
 
-def _wait_readable(port: serial.SerialBase, wait: float) -> int:
+def wait_readable(port: serial.SerialBase, wait: float) -> int:
     """Bytes waiting after at most ``wait`` s, without touching ``port.timeout``: ``select`` on the
     port's descriptor where it has one (tty, socket://), else polling ``in_waiting`` (rfc2217://, whose
     reader thread queues bytes; sim://, native://)."""
@@ -426,10 +432,22 @@ def _wait_readable(port: serial.SerialBase, wait: float) -> int:
         time.sleep(min(0.002, left))
 
 
-def _byte_seconds(port: serial.SerialBase) -> float:
+def byte_seconds(port: serial.SerialBase) -> float:
     """Seconds one byte takes on the port's line (10 bits: 8N1); a port without a baud rate: 115200's."""
     baud = getattr(port, "baudrate", None)
     return 10.0 / (baud if isinstance(baud, int) and baud > 0 else 115200)
+
+
+def gather(
+    port: serial.SerialBase, held: bytes | bytearray, byte_s: float, after_text: bool, deadline: float
+) -> int:
+    """Bytes waiting once what is worth waiting for has come, or ``deadline`` (or the wait's own bound)
+    passed: the rest of the frame candidate a decoder holds (``held``), else after text a short block;
+    0 after a whole frame (nothing worth waiting for)."""
+    want, limit = _wanted(held, byte_s, after_text)
+    if not want:
+        return 0
+    return _wait_count(port, want, min(deadline, time.monotonic() + limit), byte_s)
 
 
 def _wanted(held: bytes | bytearray, byte_s: float, after_text: bool) -> tuple[int, float]:
@@ -451,7 +469,7 @@ def _wanted(held: bytes | bytearray, byte_s: float, after_text: bool) -> tuple[i
     return need, 2 * need * byte_s + 0.002
 
 
-def _read(port: serial.SerialBase, n: int) -> bytes:
+def read_waiting(port: serial.SerialBase, n: int) -> bytes:
     """The ``n`` bytes waiting, in one block: pyserial's RFC 2217 client returns one byte per ``read`` at
     a timeout of 0 (its queue holds single bytes), so it is read until ``n`` came or it has no more."""
     data = bytes(port.read(n))

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.metadata
+import json
 import os
 import re
 import sys
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +85,32 @@ def installed_versions(*dists: str) -> dict[str, str]:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found[dist] = importlib.metadata.version(dist)
     return found
+
+
+def code_digest(tag: str, here: Path, files: Sequence[str], dists: Sequence[str]) -> str:
+    """A digest of what a stored result depends on besides its input: ``tag`` (the store's format),
+    the installed versions of ``dists`` and the bytes of ``files`` (relative to the folder ``here``)."""
+    h = hashlib.sha256(tag.encode())
+    for dist, version in installed_versions(*dists).items():
+        h.update(f"|{dist} {version}".encode())
+    for name in files:
+        h.update(name.encode() + b"\0" + (here / name).read_bytes())
+    return h.hexdigest()[:32]
+
+
+def store_json(path: Path, doc: object, keep: int) -> None:
+    """Write ``doc`` to the cache file ``path`` atomically (a reader never sees half a file), then keep
+    at most ``keep`` JSON files in its folder, the oldest out first. A cache that cannot be written is
+    only slower: nothing is raised."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps(doc), encoding="utf-8")
+        tmp.replace(path)
+        files = list(path.parent.glob("*.json"))
+        for f in sorted(files, key=lambda f: f.stat().st_mtime)[: max(0, len(files) - keep)]:
+            with contextlib.suppress(OSError):
+                f.unlink()
 
 
 def version_tuple(text: str) -> tuple[int, int, int]:

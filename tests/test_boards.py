@@ -263,3 +263,70 @@ def test_optional_fields_default_and_round_trip(tmp_path: Path) -> None:
     assert b.partition_table_offset == 0x9000
     d = b.to_dict()
     assert d["chip_rev_min"] == "0.1" and d["chip_rev_max"] == "0.99" and d["idf_range"] == ["5.4.1", below]
+
+
+# ---- the stored form of a validated board file (a repeat run imports no pydantic) -------------------
+# Real: the loader, pydantic, the cache dir (a tmp ESP_CHECK_CACHE_DIR); nothing is faked.
+
+
+def _fresh_load(path: Path, cache: Path) -> dict[str, object]:
+    """``load_board`` in a fresh interpreter: the board it gave and whether pydantic was imported."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from harness.firmware.boards import load_board\n"
+        "b = load_board(sys.argv[1])\n"
+        "doc = {'board': b.to_dict(), 'source': str(b.source), 'pydantic': 'pydantic' in sys.modules}\n"
+        "print(json.dumps(doc))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ESP_CHECK_CACHE_DIR": str(cache)}
+    got = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr[-2000:]
+    doc: dict[str, object] = json.loads(got.stdout)
+    return doc
+
+
+def test_a_board_file_validated_once_is_read_back_without_pydantic(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD + 'sdkconfig = { CONFIG_X = "y" }\n')
+    first = _fresh_load(path, tmp_path / "cache")
+    again = _fresh_load(path, tmp_path / "cache")
+    assert first["pydantic"] is True and again["pydantic"] is False
+    assert again["board"] == first["board"] and again["source"] == str(path)
+    (tmp_path / "elsewhere").mkdir()
+    moved = _write(tmp_path / "elsewhere", GOOD + 'sdkconfig = { CONFIG_X = "y" }\n')
+    assert _fresh_load(moved, tmp_path / "cache")["source"] == str(moved)  # the path is the caller's
+
+
+def test_an_edited_or_refused_board_file_is_validated_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    path = _write(tmp_path, GOOD)
+    assert load_board(path).cpu_mhz == 240
+    path.write_text(GOOD.replace("cpu_mhz = 240", "cpu_mhz = 241"))  # the stored form is the old text's
+    with pytest.raises(BoardDefinitionError, match="cpu_mhz"):
+        load_board(path)
+    with pytest.raises(BoardDefinitionError, match="cpu_mhz"):  # a refusal is never stored
+        load_board(path)
+    stored = list((tmp_path / "cache" / "board-files").glob("*.json"))
+    assert len(stored) == 1
+
+
+def test_a_damaged_or_foreign_stored_board_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    path = _write(tmp_path, GOOD)
+    want = load_board(path)
+    (entry,) = (tmp_path / "cache" / "board-files").glob("*.json")
+    for damage in ("{not json", json.dumps({"sha256": "0" * 64, **json.loads(entry.read_text())}), "[]"):
+        entry.write_text(damage)
+        assert load_board(path) == want  # validated again (and stored again)
+    doc = json.loads(entry.read_text())
+    doc["psram_mb"] = 64  # a stored form that does not match the file's hash is another file's
+    doc["sha256"] = "f" * 64
+    entry.write_text(json.dumps(doc))
+    assert load_board(path) == want

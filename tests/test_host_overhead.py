@@ -306,6 +306,11 @@ NOT_ON_A_REPEAT = {
     "esptool": "the flash is skipped (HELLO hashes) and the app slot SHA-256 is stored with the build",
     "rich.status": "no spinner when stderr is not a terminal",
     "numpy.ma": "np.unique's masked-array check, avoided in the classifier",
+    "pydantic": "report.json's comparison is built by hand, and the board file's validated form is stored",
+    "harness.analysis.report_model": "the compare report's model is the schema's source, not the writer's",
+    "harness.firmware.board_file": "the board file's model validates a file not validated before",
+    "harness.analysis.tap": "the tap analysis (and its audit, harness.analysis.hybrid) runs with --tap only",
+    "harness.flows.tap_run": "the tap flow is imported where --tap runs it",
 }
 
 

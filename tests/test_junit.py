@@ -107,3 +107,25 @@ def test_long_logs_keep_head_and_tail() -> None:
     assert text.startswith("===== optimized =====\n" + "H" * 100)
     assert "[... 1000 bytes omitted ...]" in text and text.count("T") == 100 and "M" not in text
     assert text.endswith("===== ansi (missing) =====")
+
+
+def test_the_junit_writer_compiles_its_xml_pattern_only_when_it_writes() -> None:
+    """Its pattern (every character XML 1.0 cannot carry) costs ~3 ms to compile: a run without --junit
+    loads the module (the report module uses it) and must not pay for it. Real: a fresh interpreter,
+    ``re``; the import is watched by wrapping ``re.compile``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import re\n"
+        "import harness, harness.errors\n"
+        "seen = []\n"
+        "real = re.compile\n"
+        "re.compile = lambda p, *a, **k: (seen.append(p), real(p, *a, **k))[1]\n"
+        "from harness.analysis import junit\n"
+        "assert not [p for p in seen if '\\ud7ff' in str(p)], seen\n"
+        "assert junit.xml_text('a\\x00b\\x1b') == 'a\\ufffdb\\ufffd'\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert got.returncode == 0, got.stderr[-2000:]

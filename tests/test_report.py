@@ -75,6 +75,45 @@ def test_json_non_finite_values_are_strings() -> None:
     json.dumps(rep, allow_nan=False)
 
 
+def _model_cases() -> list[CompareResult]:
+    """Reports of each kind: quantized with mismatches and a fault, real values with NaN and +-inf (no
+    scale: no LSB), a large tensor (no per-element values), a match."""
+    rng = np.random.default_rng(7)
+    big = rng.integers(-128, 127, 3000).astype(np.int8)
+    shifted = big.copy()
+    shifted[::7] = np.clip(shifted[::7].astype(np.int16) + 3, -128, 127).astype(np.int8)
+    fault = Fault("B", "alloc", 7, None, "AllocateTensors_failed")
+    real = (np.array([np.nan, np.inf, -np.inf, 2.0]), np.array([0.5, np.inf, 1.0, 2.0]))
+    return [
+        acceptance(),
+        compare_sources(
+            src("A", np.array([1, 2], np.int8), "optimized"),
+            src("B", np.array([1, 3], np.int8), "ansi_c", [fault]),
+        ),
+        compare_sources(
+            Source("A", "npy", [[OutputTensor(0, real[0], raw=False)]]),
+            Source("B", "npy", [[OutputTensor(0, real[1], raw=False)]]),
+        ),
+        compare_sources(src("A", big, "optimized"), src("B", shifted, "ansi_c")),
+        compare_sources(src("A", big, "optimized"), src("B", big, "ansi_c")),
+    ]
+
+
+def test_the_hand_built_report_is_what_its_model_validates_and_dumps() -> None:
+    """report_dict builds report.json's comparison without pydantic (a CLI run does not build the
+    models); the model (harness.analysis.report_model, docs/report-schema.json's source) must validate
+    each document and dump it back to the same JSON text, key order included. Plain JSON: no numpy
+    scalar may reach the document (json.dumps without a default)."""
+    from harness.analysis.report_model import CompareReport
+
+    for result in _model_cases():
+        doc = report_dict(result)
+        text = json.dumps(doc, allow_nan=False)
+        again = CompareReport.model_validate(doc).model_dump(by_alias=True)
+        assert json.dumps(again, allow_nan=False) == text
+        jsonschema.validate(doc, SCHEMA)
+
+
 def test_schema_rejects_a_broken_report() -> None:
     rep = report_dict(acceptance())
     del rep["comparisons"][0]["mismatched"]

@@ -14,7 +14,8 @@ import jsonschema
 import pytest
 
 from harness.errors import ExitCode, PlanError, UsageError
-from harness.firmware.boards import BoardFile, load_board
+from harness.firmware.board_file import BoardFile
+from harness.firmware.boards import load_board
 from harness.runner import load_inventory, load_plan
 from harness.runner.plan import Job, JobSettings, Timeouts
 from harness.runner.schemas import SCHEMAS, schema_text, write_schemas

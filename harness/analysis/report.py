@@ -1,7 +1,8 @@
 """Reports for a comparison: a rich terminal table, versioned JSON (docs/report-schema.json), JUnit XML.
 
-The JSON report is the model :class:`CompareReport`; docs/report-schema.json is generated from it
-(``python -m harness.runner.schemas``).
+The JSON report is the model :class:`harness.analysis.report_model.CompareReport` (docs/report-schema.json
+is generated from it, ``python -m harness.runner.schemas``); :func:`report_dict` builds it by hand, so a
+run that writes a report does not build the model.
 
 JUnit mapping (what CI systems understand; written by harness.analysis.junit, naming rule in docs/ci.md):
 one testcase per compared output tensor; a mismatch or a firmware fault is a ``<failure>``, an
@@ -15,14 +16,8 @@ import math
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Final, Literal
+from typing import Final
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-)
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -30,7 +25,7 @@ from rich.text import Text
 
 from harness import __version__
 from harness.analysis import junit
-from harness.analysis.compare import CompareResult, TensorComparison
+from harness.analysis.compare import CompareResult, Source, TensorComparison
 from harness.analysis.schemas import compare_v1, versioned
 
 SCHEMA_ID: Final = "esp-check-compare-report"
@@ -38,10 +33,11 @@ SCHEMA_VERSION: Final = 2  # 2: one verdict vocabulary (usage_error, infrastruct
 RAW_LOG_MAX = 256 * 1024  # per source in JUnit system-out (head and tail kept)
 
 
-def _num(x: float | None) -> float | str | None:
-    """JSON has no NaN/Infinity: non-finite numbers are written as strings."""
-    if x is None:
-        return None
+def json_number(x: float | str | None) -> float | str | None:
+    """JSON has no NaN/Infinity: non-finite numbers are written as strings (a string, e.g. of a report
+    read back, is left as it is: the model checks it is one of them)."""
+    if x is None or isinstance(x, str):
+        return x
     if math.isnan(x):
         return "nan"
     if math.isinf(x):
@@ -49,178 +45,68 @@ def _num(x: float | None) -> float | str | None:
     return x
 
 
-# ---- report.json's compare report: typed, and docs/report-schema.json is generated from it ---------
-
-Number = int | float  # (smart union: an int stays an int, the same JSON text)
-Share = Annotated[int, Field(ge=0, le=1)] | Annotated[float, Field(ge=0, le=1)]
-Tolerance = Annotated[int, Field(ge=0)] | Annotated[float, Field(ge=0)]
-Reported = Number | Literal["nan", "inf", "-inf"]  # JSON has no NaN / Infinity
-Metric = Annotated[Reported | None, BeforeValidator(_num)]
-Values = Annotated[list[Metric] | None, Field(description="for tensors of at most 64 elements, else null")]
+def _values(xs: Sequence[float | None] | None) -> list[float | str | None] | None:
+    return None if xs is None else [json_number(x) for x in xs]
 
 
-class _Doc(BaseModel):
-    """A part of a report esp-check writes (more keys may come within a schema version)."""
-
-    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
-
-
-class Mismatch(_Doc):
-    """One of the first elements beyond the tolerance (``diff_lsb`` only when the scale is known)."""
-
-    model_config = ConfigDict(json_schema_serialization_defaults_required=False)
-
-    index: int
-    a: Annotated[Reported, BeforeValidator(_num)]
-    b: Annotated[Reported, BeforeValidator(_num)]
-    diff_lsb: Annotated[Reported, BeforeValidator(_num)] | None = Field(None, exclude_if=lambda v: v is None)
+def _mismatch(m: dict[str, float | int]) -> dict[str, object]:
+    doc: dict[str, object] = {"index": m["index"], "a": json_number(m["a"]), "b": json_number(m["b"])}
+    diff = m.get("diff_lsb")
+    if diff is not None:  # (no scale: no LSB, and no key)
+        doc["diff_lsb"] = json_number(diff)
+    return doc
 
 
-class ComparisonDoc(_Doc):
-    """One output tensor of one input, A against B (differences are A minus B)."""
-
-    a: str
-    b: str
-    run: int = Field(ge=0, description="Input index i.")
-    output: int = Field(ge=0)
-    name: str
-    verdict: Literal["match", "mismatch"]
-    count: int = Field(ge=0)
-    mismatched: int = Field(
-        ge=0, description="Elements with |diff| > tolerance_lsb (exact inequality when units is 'real')."
-    )
-    tolerance_lsb: Number
-    units: Literal["lsb", "real"] = Field(
-        description="lsb: differences counted in quantization steps; real: scale unknown, real values "
-        "compared exactly."
-    )
-    scale: Number | None
-    zero_point: int | None
-    max_abs_diff: Metric
-    mean_abs_diff: Metric
-    max_diff_lsb: Metric
-    mean_diff_lsb: Metric
-    rmse: Metric
-    cosine: Metric
-    argmax_a: int | None
-    argmax_b: int | None
-    argmax_agree: bool | None
-    topk: int = Field(ge=0)
-    topk_agreement: Share | None
-    pinned_a: bool | None = Field(
-        description="At least 90% of A's elements sit at the dtype min or max "
-        "(null: quantized values unknown)."
-    )
-    pinned_b: bool | None
-    pinned_fraction_a: Number | None
-    pinned_fraction_b: Number | None
-    diff_lsb: Values = Field(description="|A-B| per element in LSB, for tensors of at most 64 elements.")
-    values_a: Values = Field(description="A's real (dequantized) values, for tensors of at most 64 elements.")
-    values_b: Values
-    first_mismatches: list[Mismatch] = Field(max_length=10)
+def _source(s: Source) -> dict[str, object]:
+    """One SourceDoc (harness.analysis.report_model), its keys in the model's order."""
+    return {
+        "label": s.label, "kind": s.kind, "path": s.path, "nn": s.nn_mode, "model_sha256": s.model_sha256,
+        "simulated": s.simulated, "input_sha256": list(s.input_sha256), "invoke_us": list(s.invoke_us),
+        "info": dict(s.info), "backend_version": s.backend_version,
+    }  # fmt: skip
 
 
-class SourceDoc(_Doc):
-    label: str = Field(description="A, B or reference")
-    kind: Literal["protocol", "legacy", "results", "npy", "reference"]
-    path: str | None
-    nn: str | None = Field(
-        description="ESP-NN mode the firmware printed from its compiled-in config (INFO nn); null when not "
-        "proven (legacy logs, .npy)."
-    )
-    model_sha256: str | None
-    simulated: bool
-    input_sha256: list[str | None]
-    invoke_us: list[int | None]
-    info: dict[str, str] = Field(description="All INFO fields of a protocol capture.")
-    backend_version: str | None
-
-
-class FaultDoc(_Doc):
-    """An ERROR record the firmware printed: a finding (exit 4; exit 2 for stage 'input')."""
-
-    source: str
-    stage: str
-    code: int
-    run: int | None
-    msg: str
-
-
-class ToolDoc(_Doc):
-    name: Literal["esp-check"] = "esp-check"
-    version: str
-
-
-class CompareReport(_Doc):
-    """Output of `esp-check compare --json` (harness.analysis.report.report_dict). Versioned by
-    schema_version: a field is only ever added within one version; renaming or removing one, or changing
-    its values, bumps the version. Version 2 uses the one verdict vocabulary of every esp-check report
-    (usage_error, infrastructure_error, internal_error where version 1 said input_error and error);
-    `--schema-version 1` still writes version 1 for one release, with a deprecation warning. JSON has no
-    NaN/Infinity, so non-finite numbers are the strings 'nan', 'inf', '-inf'. Differences are A minus B;
-    LSB = one quantization step of the output (its scale)."""
-
-    model_config = ConfigDict(title="esp-check compare report")
-
-    schema_id: Literal["esp-check-compare-report"] = Field(SCHEMA_ID, alias="schema")
-    schema_version: Literal[2] = SCHEMA_VERSION
-    tool: ToolDoc
-    reference_backend: str | None = Field(
-        description="Host reference backend and version (e.g. 'tflite-micro 0.dev20261023182759 (TFLM "
-        "reference kernels)'), null without --model/--input."
-    )
-    simulated: bool = Field(description="True when any source came from the simulated board (BEGIN sim=1).")
-    verdict: Literal[
-        "match", "mismatch", "firmware_fault", "usage_error", "infrastructure_error", "internal_error"
-    ]
-    exit_code: Literal[0, 1, 2, 3, 4, 70] = Field(
-        description="The process exit code this report maps to (README)."
-    )
-    tolerance_lsb: Tolerance = Field(description="Allowed |A-B| (optimized vs ANSI C).")
-    ref_tolerance_lsb: Tolerance = Field(description="Allowed |device - host reference|.")
-    sources: list[SourceDoc] = Field(min_length=2, max_length=3)
-    comparisons: list[ComparisonDoc]
-    faults: list[FaultDoc]
-    warnings: list[str]
-
-
-def _comparison(c: TensorComparison) -> ComparisonDoc:
-    doc = {f: getattr(c, f) for f in ComparisonDoc.model_fields if f != "verdict"}
-    return ComparisonDoc.model_validate({**doc, "verdict": "match" if c.match else "mismatch"})
+def _comparison(c: TensorComparison) -> dict[str, object]:
+    """One ComparisonDoc (harness.analysis.report_model), its keys in the model's order."""
+    return {
+        "a": c.a, "b": c.b, "run": c.run, "output": c.output, "name": c.name,
+        "verdict": "match" if c.match else "mismatch",
+        "count": c.count, "mismatched": c.mismatched, "tolerance_lsb": c.tolerance_lsb, "units": c.units,
+        "scale": c.scale, "zero_point": c.zero_point,
+        "max_abs_diff": json_number(c.max_abs_diff), "mean_abs_diff": json_number(c.mean_abs_diff),
+        "max_diff_lsb": json_number(c.max_diff_lsb), "mean_diff_lsb": json_number(c.mean_diff_lsb),
+        "rmse": json_number(c.rmse), "cosine": json_number(c.cosine),
+        "argmax_a": c.argmax_a, "argmax_b": c.argmax_b, "argmax_agree": c.argmax_agree,
+        "topk": c.topk, "topk_agreement": c.topk_agreement,
+        "pinned_a": c.pinned_a, "pinned_b": c.pinned_b,
+        "pinned_fraction_a": c.pinned_fraction_a, "pinned_fraction_b": c.pinned_fraction_b,
+        "diff_lsb": _values(c.diff_lsb), "values_a": _values(c.values_a), "values_b": _values(c.values_b),
+        "first_mismatches": [_mismatch(m) for m in c.first_mismatches],
+    }  # fmt: skip
 
 
 def report_dict(result: CompareResult, schema_version: int | None = None) -> dict[str, object]:
-    """The JSON report (schema: docs/report-schema.json); ``schema_version=1`` for the deprecated form."""
-    report = CompareReport(
-        tool=ToolDoc(version=__version__),
-        reference_backend=result.reference_backend,
-        simulated=result.simulated,
-        verdict=str(result.verdict),
-        exit_code=int(result.exit_code),
-        tolerance_lsb=result.tolerance_lsb,
-        ref_tolerance_lsb=result.ref_tolerance_lsb,
-        sources=[
-            SourceDoc(
-                label=s.label,
-                kind=s.kind,
-                path=s.path,
-                nn=s.nn_mode,
-                model_sha256=s.model_sha256,
-                simulated=s.simulated,
-                input_sha256=list(s.input_sha256),
-                invoke_us=list(s.invoke_us),
-                info=dict(s.info),
-                backend_version=s.backend_version,
-            )
-            for s in result.sources
+    """The JSON report (schema: docs/report-schema.json, the model harness.analysis.report_model.
+    CompareReport); ``schema_version=1`` for the deprecated form. Built by hand, as the model dumps it
+    (tests/test_report.py validates it against the model), so a run need not build the model."""
+    doc: dict[str, object] = {
+        "schema": SCHEMA_ID,
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "esp-check", "version": __version__},
+        "reference_backend": result.reference_backend,
+        "simulated": result.simulated,
+        "verdict": str(result.verdict),
+        "exit_code": int(result.exit_code),
+        "tolerance_lsb": result.tolerance_lsb,
+        "ref_tolerance_lsb": result.ref_tolerance_lsb,
+        "sources": [_source(s) for s in result.sources],
+        "comparisons": [_comparison(c) for c in result.comparisons],
+        "faults": [
+            {"source": f.source, "stage": f.stage, "code": f.code, "run": f.run, "msg": f.msg}
+            for f in result.faults
         ],
-        comparisons=[_comparison(c) for c in result.comparisons],
-        faults=[
-            FaultDoc(source=f.source, stage=f.stage, code=f.code, run=f.run, msg=f.msg) for f in result.faults
-        ],
-        warnings=list(result.warnings),
-    )
-    doc = report.model_dump(by_alias=True)
+        "warnings": list(result.warnings),
+    }
     return versioned(doc, schema_version, what="compare report", downgrades={1: compare_v1})
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import select
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -24,12 +25,28 @@ import serial
 from harness.errors import CaptureError, write_error
 from harness.protocol import frames
 
-__all__ = ["DeviceRestarted", "LinkError", "LinkStats", "LoopClient"]
+__all__ = [
+    "DeviceRestarted",
+    "LinkError",
+    "LinkStats",
+    "LoopClient",
+    "byte_seconds",
+    "gather",
+    "read_waiting",
+    "wait_readable",
+]
 
 MAX_RETRANSMITS = 8
 ACK_TIMEOUT_S = 3.0  # no ACK for this long (and a silent device): probe (plus the batch window, see below)
 SLOW_INVOKE_S = frames.SLOW_RUN_US / 1e6  # this slow per invoke: results batched by time on the device
 PROBE_TOKEN = 0xEC5F0000  # SYNC tokens of probes (low 16 bits count them); sync() waits for its own
+# Reading (LoopClient._pump): a port is read in blocks. After a frame's header the client waits for the
+# rest of that frame (up to READ_BLOCK bytes at a time); after text, for up to TEXT_BLOCK more bytes or
+# TEXT_WAIT_S, whichever comes first; never more than COALESCE_MAX_S in one pump.
+READ_BLOCK = 2048  # below a tty's 4 KiB line buffer
+TEXT_BLOCK = 256
+TEXT_WAIT_S = 0.005
+COALESCE_MAX_S = 0.2  # a 2 KiB block takes 0.18 s at 115200 baud
 
 
 class LinkError(CaptureError):
@@ -133,6 +150,8 @@ class LoopClient:
         self._last_result = 0.0  # when the last RESULT frame came: the device works through the queue
         self._retries = 0
         self._t0 = time.monotonic()
+        self._byte_s = byte_seconds(port)
+        self._after_text = False  # the last thing decoded was text (more of it may be on its way)
         port.timeout = 0
 
     # ---- receiving --------------------------------------------------------------------------------
@@ -148,11 +167,27 @@ class LoopClient:
         # port.timeout stays 0 (set once): pyserial's RFC 2217 client renegotiates every port setting
         # on each timeout change, which fails while the board is busy (an invoke of more than 3 s)
         port = self.port
-        n = port.in_waiting or (_wait_readable(port, wait) if wait > 0 else 0)
+        n = port.in_waiting or (wait_readable(port, wait) if wait > 0 else 0)
         if not n:
             return False
-        self._ingest(bytes(port.read(n)))
+        # read in blocks, not bytes: a frame whose header came is read once its length has arrived, a
+        # text burst after a short wait; each wait is bounded, so a device that stops mid-frame costs at
+        # most COALESCE_MAX_S here (the silence limit and the restart checks run in the caller)
+        deadline = time.monotonic() + COALESCE_MAX_S
+        try:
+            while n:
+                self._ingest(read_waiting(port, n))
+                if self.restarted:
+                    break
+                n = self._coalesce(deadline)
+        finally:
+            self._flush_log()
         return True
+
+    def _coalesce(self, deadline: float) -> int:
+        """Bytes to read next: wait (bounded) until what the decoder holds needs has arrived, or, after
+        text, a short block's worth; 0: nothing worth waiting for."""
+        return gather(self.port, self.dec.buf, self._byte_s, self._after_text, deadline)
 
     def _ingest(self, data: bytes) -> None:
         now = time.monotonic()
@@ -161,12 +196,12 @@ class LoopClient:
         self.raw += data
         if self.log is not None:
             try:
-                self.log.write(data)
-                self.log.flush()
+                self.log.write(data)  # flushed once per pump (_flush_log): a block, not a byte
             except OSError as exc:  # a full disk is not a lost link (pump's OSError means the link)
                 raise write_error(exc, f"the serial log {getattr(self.log, 'name', '')}".rstrip()) from None
         bad_before, stale_before = self.dec.stats.bad, self.dec.stats.stale
         for item in self.dec.feed(data):
+            self._after_text = not isinstance(item, frames.Frame)
             if isinstance(item, frames.Frame):
                 self._on_frame(item)
             else:
@@ -179,6 +214,13 @@ class LoopClient:
                     self.restarted = True
         self.stats.damaged_frames += self.dec.stats.bad - bad_before
         self.stats.stale_frames += self.dec.stats.stale - stale_before
+
+    def _flush_log(self) -> None:
+        if self.log is not None:
+            try:
+                self.log.flush()
+            except OSError as exc:
+                raise write_error(exc, f"the serial log {getattr(self.log, 'name', '')}".rstrip()) from None
 
     def _on_frame(self, f: frames.Frame) -> None:
         self.stats.frames_received += 1
@@ -368,7 +410,7 @@ class LoopClient:
         self._finish()
 
 
-def _wait_readable(port: serial.SerialBase, wait: float) -> int:
+def wait_readable(port: serial.SerialBase, wait: float) -> int:
     """Bytes waiting after at most ``wait`` s, without touching ``port.timeout``: ``select`` on the
     port's descriptor where it has one (tty, socket://), else polling ``in_waiting`` (rfc2217://, whose
     reader thread queues bytes; sim://, native://)."""
@@ -388,3 +430,63 @@ def _wait_readable(port: serial.SerialBase, wait: float) -> int:
         if n or left <= 0:
             return n
         time.sleep(min(0.002, left))
+
+
+def byte_seconds(port: serial.SerialBase) -> float:
+    """Seconds one byte takes on the port's line (10 bits: 8N1); a port without a baud rate: 115200's."""
+    baud = getattr(port, "baudrate", None)
+    return 10.0 / (baud if isinstance(baud, int) and baud > 0 else 115200)
+
+
+def gather(
+    port: serial.SerialBase, held: bytes | bytearray, byte_s: float, after_text: bool, deadline: float
+) -> int:
+    """Bytes waiting once what is worth waiting for has come, or ``deadline`` (or the wait's own bound)
+    passed: the rest of the frame candidate a decoder holds (``held``), else after text a short block;
+    0 after a whole frame (nothing worth waiting for)."""
+    want, limit = _wanted(held, byte_s, after_text)
+    if not want:
+        return 0
+    return _wait_count(port, want, min(deadline, time.monotonic() + limit), byte_s)
+
+
+def _wanted(held: bytes | bytearray, byte_s: float, after_text: bool) -> tuple[int, float]:
+    """(bytes worth waiting for, the longest to wait for them) given the candidate the decoder holds
+    (``held``): the rest of a frame (its header says how long it is; before that, the header), else, when
+    the last bytes were text, a short block of it; after a whole frame, nothing. A frame's wait allows
+    twice its bytes' time on the line, plus 2 ms."""
+    if not held:
+        return (TEXT_BLOCK, min(TEXT_WAIT_S, TEXT_BLOCK * byte_s)) if after_text else (0, 0.0)
+    need = frames.HEADER - len(held)
+    if need <= 0:
+        length, length_x = struct.unpack_from("<HH", held, 6)
+        if length + length_x != 0xFFFF:  # not a frame header: the decoder drops it at its next step
+            return 0, 0.0
+        need = frames.HEADER + length + frames.TRAILER - len(held)
+        if need <= 0:
+            return 0, 0.0
+    need = min(need, READ_BLOCK)
+    return need, 2 * need * byte_s + 0.002
+
+
+def read_waiting(port: serial.SerialBase, n: int) -> bytes:
+    """The ``n`` bytes waiting, in one block: pyserial's RFC 2217 client returns one byte per ``read`` at
+    a timeout of 0 (its queue holds single bytes), so it is read until ``n`` came or it has no more."""
+    data = bytes(port.read(n))
+    while len(data) < n:
+        more = port.read(n - len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+def _wait_count(port: serial.SerialBase, want: int, deadline: float, byte_s: float) -> int:
+    """Bytes waiting once ``want`` have arrived or ``deadline`` passed: sleeps the time the missing bytes
+    take on the line (at least 0.5 ms) between looks, so a block costs a few polls, not one per byte."""
+    while True:
+        n = int(port.in_waiting)
+        left = deadline - time.monotonic()
+        if n >= want or left <= 0:
+            return n
+        time.sleep(min(left, max(0.0005, (want - n) * byte_s)))

@@ -27,7 +27,16 @@ import serial
 
 from harness.device.console import RawCapture, capture_run
 from harness.device.flash import ROM_BAUD, FlashResult, ProgressCallback, flash_artifacts
-from harness.device.loop import LinkError, LinkStats, LoopClient
+from harness.device.loop import (
+    COALESCE_MAX_S,
+    LinkError,
+    LinkStats,
+    LoopClient,
+    byte_seconds,
+    gather,
+    read_waiting,
+    wait_readable,
+)
 from harness.device.native import install_program
 from harness.device.ports import (
     BoardLike,
@@ -230,23 +239,32 @@ class DeviceSession:
     def _await_frame(
         self, key: int, want: Callable[[frames.Frame], bool], timeout: float, log: IO[bytes] | None
     ) -> frames.Frame | None:
-        """Read until a frame of this boot that ``want`` accepts arrives (None: ``timeout`` passed)."""
-        assert self.serial is not None
+        """Read until a frame of this boot that ``want`` accepts arrives (None: ``timeout`` passed).
+
+        The port's timeout may be 0 (a loop client set it): the wait sleeps between looks, never spins,
+        and what is waiting is read in one block and decoded once (a streaming decoder, not the whole
+        buffer again per chunk)."""
+        port = self.serial
+        assert port is not None
         deadline = time.monotonic() + timeout
-        buf = bytearray()
-        while time.monotonic() < deadline:
-            chunk = self.serial.read(self.serial.in_waiting or 1)
-            if not chunk:
+        dec = frames.FrameDecoder(key=key)
+        byte_s = byte_seconds(port)
+        while (left := deadline - time.monotonic()) > 0:
+            if not (port.in_waiting or wait_readable(port, min(left, 0.05))):
                 continue
-            buf += chunk
-            if log is not None:
-                log.write(chunk)
-            split = frames.split_stream(bytes(buf), key)
-            found = next((f for f in split.frames if want(f)), None)
-            if found is not None:
-                self.pending_link.damaged_frames += split.stats.bad
-                return found
-        self.pending_link.damaged_frames += frames.split_stream(bytes(buf), key).stats.bad
+            burst = time.monotonic() + COALESCE_MAX_S  # bytes came: read them in blocks, not one by one
+            n = gather(port, dec.buf, byte_s, True, burst)
+            while n:
+                chunk = read_waiting(port, n)
+                if log is not None:
+                    log.write(chunk)
+                got = dec.feed(chunk)
+                found = next((f for f in got if isinstance(f, frames.Frame) and want(f)), None)
+                if found is not None:
+                    self.pending_link.damaged_frames += dec.stats.bad
+                    return found
+                n = gather(port, dec.buf, byte_s, True, burst)
+        self.pending_link.damaged_frames += dec.stats.bad
         return None
 
     def set_link_baud(

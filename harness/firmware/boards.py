@@ -6,30 +6,37 @@ or a path to a TOML file. Every problem is a :class:`BoardDefinitionError` namin
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
+import json
 import re
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import TYPE_CHECKING, get_args
 
-from pydantic import AfterValidator, Field, ValidationError
-
-from harness.chips import BOARD_CHIPS, CHIPS
+from harness.chips import CHIPS
 from harness.errors import BoardDefinitionError
-from harness.resources import boards_dir, idf_support, version_tuple
-from harness.userfiles import UserModel, field_path, known_keys, problem
+from harness.firmware.board_types import (
+    NAME_PATTERN,
+    Builder,
+    Console,
+    EspnnPath,
+    FlashSize,
+    Psram,
+    ResetStyle,
+)
+from harness.resources import boards_dir, code_digest, idf_support, store_json, user_cache_dir, version_tuple
+
+if TYPE_CHECKING:
+    from harness.firmware.board_file import BoardFile
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-Psram = Literal["none", "quad", "octal", "hex"]
-Console = Literal["uart", "usb_serial_jtag"]
-ResetStyle = Literal["classic", "usb_serial_jtag"]
-EspnnPath = Literal["generic", "s3", "p4"]
-Builder = Literal["pio", "idf", "sim", "native"]
-FlashSize = Literal["2MB", "4MB", "8MB", "16MB", "32MB"]
 PSRAM_KINDS: tuple[str, ...] = get_args(Psram)
 CONSOLES: tuple[str, ...] = get_args(Console)
 RESET_STYLES: tuple[str, ...] = get_args(ResetStyle)
@@ -38,69 +45,14 @@ BUILDERS: tuple[str, ...] = get_args(Builder)
 FLASH_SIZES: tuple[str, ...] = get_args(FlashSize)
 NATIVE_BITS = (32, 64)
 
-# Where the partition table goes unless a board says otherwise. ESP-IDF's default 0x8000 leaves the
-# ESP32-P4 bootloader (at 0x2000) about 1.4 KB of headroom; esp-tflite-micro's examples moved the table
-# to 0xc000 on every target for that reason, and so do we. The layout after it (partitions.csv.j2):
-# nvs from the table's next sector up to the app at APP_OFFSET.
-DEFAULT_PARTITION_TABLE_OFFSET = 0xC000
 APP_OFFSET = 0x10000
 MIN_NVS_BYTES = 0x3000  # ESP-IDF's documented minimum for a read-write NVS partition
 PARTITION_TABLE_BYTES = 0x1000  # one sector (the table itself is at most 0xC00 bytes)
 # What a board may add to sdkconfig.defaults: Kconfig names only, values restricted to y/n/ints/quoted.
 _SDKCONFIG_NAME = re.compile(r"^CONFIG_[A-Z0-9_]+$")
 _SDKCONFIG_VALUE = re.compile(r'^(y|n|-?[0-9]+|0x[0-9a-fA-F]+|"[A-Za-z0-9_.:/ -]*")$')
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+_NAME = re.compile(NAME_PATTERN)
 _CHIP_REV = re.compile(r"^([0-9]{1,2})\.([0-9]{1,2})$")
-
-
-def _known_chip(chip: str) -> str:
-    if chip not in BOARD_CHIPS:
-        raise ValueError(f"is {chip!r}; expected one of: {', '.join(BOARD_CHIPS)}")
-    return chip
-
-
-Baud = Annotated[int, Field(ge=9600, le=5_000_000, description="a baud rate")]
-Text = Annotated[str, Field(max_length=200)]
-
-
-class NativeTable(UserModel):
-    """``[native]`` of a native board (builder = "native")."""
-
-    bits: Literal[32, 64] = Field(64, description="word size of the host program")
-
-
-class BoardFile(UserModel):
-    """A board file (``boards/*.toml``) as written; :func:`parse_board` checks the combinations."""
-
-    name: Annotated[str, Field(pattern=_NAME.pattern, description="lower-case, digits, - _ .")]
-    description: Text
-    chip: Annotated[str, AfterValidator(_known_chip), Field(json_schema_extra={"enum": list(BOARD_CHIPS)})]
-    pio_board: Annotated[str, Field(pattern=r"^([a-z0-9][a-z0-9_.-]{0,63})?$")]
-    flash_size: FlashSize
-    psram: Psram
-    psram_mb: Annotated[int, Field(ge=0, le=64)]
-    internal_ram_arena_kb: Annotated[int, Field(ge=8, le=1024, description="largest arena in internal RAM")]
-    console: Console
-    flash_baud: Baud
-    monitor_baud: Baud
-    reset: ResetStyle
-    cpu_mhz: Annotated[int, Field(gt=0)]
-    espnn_path: EspnnPath
-    builder: Builder
-    simulated: bool = False
-    default_port: Annotated[str, Field(pattern=r"^[\x21-\x7e]{1,200}$")] | None = None
-    sdkconfig: dict[str, str] = Field(default_factory=dict, description="extra sdkconfig.defaults lines")
-    # simulator settings (the sim:// URL parameters; validated by harness.sim)
-    sim: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")], str | int | float | bool] = Field(
-        default_factory=dict
-    )
-    native: NativeTable | None = None
-    idf_min: str | None = Field(None, description="oldest ESP-IDF this board needs, MAJOR.MINOR.PATCH")
-    chip_rev_min: str | None = Field(None, description='chip revisions the image accepts, "major.minor"')
-    chip_rev_max: str | None = None
-    partition_table_offset: int = DEFAULT_PARTITION_TABLE_OFFSET
-    psram_memtest: bool = Field(False, description="ESP-IDF's PSRAM memory test at every boot (costs time)")
-    link_baud: Baud = Field(921600, description="the resident loop's top baud after HELLO (UART consoles)")
 
 
 @dataclass(frozen=True)
@@ -245,6 +197,11 @@ def _check_hardware(path: Path, f: BoardFile) -> None:
 
 def parse_board(data: dict[str, object], path: Path) -> Board:
     """Validate one decoded board TOML table; ``path`` is only used in error messages."""
+    from pydantic import ValidationError
+
+    from harness.firmware.board_file import BoardFile
+    from harness.userfiles import field_path, known_keys, problem
+
     try:
         f = BoardFile.model_validate(data)
     except ValidationError as exc:
@@ -288,7 +245,7 @@ def _native_table(path: Path, f: BoardFile) -> dict[str, int]:
             f'is "{f.espnn_path}" but a native build runs only ESP-NN\'s generic C kernels on the host',
             hint='use espnn_path = "generic" with chip = "esp32", "esp32c3" or "esp32c6"',
         )
-    return {"bits": (f.native or NativeTable()).bits}
+    return {"bits": f.native.bits if f.native is not None else 64}  # (NativeTable's default)
 
 
 def _check_idf_min(path: Path, idf_min: str | None) -> None:
@@ -339,20 +296,63 @@ def _check_partition_table_offset(path: Path, f: BoardFile) -> None:
 
 
 def load_board_file(path: Path) -> Board:
-    """Load and validate one board TOML file."""
+    """Load and validate one board TOML file (a file validated before is read from its stored form)."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise BoardDefinitionError(
             f"cannot read board file {path}: {exc.strerror or exc}", hint="check the path"
         ) from exc
+    digest = hashlib.sha256(raw).hexdigest()
+    stored = _stored_board(digest, path)
+    if stored is not None:
+        return stored
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise BoardDefinitionError(
             f"board file {path} is not valid TOML: {exc}", hint="fix the TOML syntax"
         ) from exc
-    return parse_board(data, path)
+    board = parse_board(data, path)
+    _store_board(digest, board)
+    return board
+
+
+# A validated board file is kept for the next process (``board-files`` in the cache dir), keyed by the
+# file's SHA-256 and by everything validation depends on (:func:`_validator_id`): this code, the model,
+# the chip table, versions.toml and the pydantic version. A repeat CLI run then imports no pydantic
+# (0.06-0.08 s of CPU). Only files that passed are stored: a refusal is validated again, so its
+# message is the current code's. A damaged or foreign entry is ignored (validated again).
+_BOARD_FORMAT = 1
+_BOARD_MAX = 256
+_VALIDATOR_FILES = ("boards.py", "board_file.py", "../userfiles.py", "../chips.py", "../data/versions.toml")
+
+
+@functools.cache
+def _validator_id() -> str:
+    here = Path(__file__).resolve().parent
+    return code_digest(f"format {_BOARD_FORMAT}", here, _VALIDATOR_FILES, ("pydantic", "pydantic-core"))
+
+
+def _board_entry(digest: str) -> Path:
+    return user_cache_dir("board-files") / f"{digest}-{_validator_id()}.json"
+
+
+def _stored_board(digest: str, path: Path) -> Board | None:
+    try:
+        doc = json.loads(_board_entry(digest).read_text(encoding="utf-8"))
+        if doc.pop("sha256") != digest:
+            return None
+        return Board(**doc, source=path)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _store_board(digest: str, board: Board) -> None:
+    """Keep ``board`` for the next process; a cache that cannot be written is only slower."""
+    doc = {f.name: getattr(board, f.name) for f in fields(board) if f.name != "source"}
+    with contextlib.suppress(OSError):  # (the validator's sources unreadable: no store, only slower)
+        store_json(_board_entry(digest), {"sha256": digest, **doc}, _BOARD_MAX)
 
 
 def list_boards(directory: Path | None = None) -> list[Board]:

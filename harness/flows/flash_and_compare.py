@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.analysis.compare import (
     CompareResult,
@@ -22,7 +23,6 @@ from harness.analysis.compare import (
     output_quant,
     reference_source,
 )
-from harness.analysis.tap import TapResult
 from harness.device.loop import LinkStats
 from harness.errors import (
     DISK_FULL_ERRNOS,
@@ -63,13 +63,15 @@ from harness.flows.records import (
 from harness.flows.refused import refusal_finding
 from harness.flows.report import discard_report, write_junit, write_report
 from harness.flows.resident import ResidentBoard
-from harness.flows.tap_run import TapRunRequest, run_tap_flow
 from harness.flows.targets import BoardLockCM, Target, open_target, sim_port_for
 from harness.model.dataset import Dataset
 from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo, load_model
 from harness.model.opdata import espnn_model_acceleration
 from harness.model.reference import prepare_host_results
+
+if TYPE_CHECKING:  # (only --tap runs load the tap analysis: _tap)
+    from harness.analysis.tap import TapResult
 
 
 @dataclass
@@ -369,7 +371,9 @@ def _refuse_clobbering(run: _Run) -> None:
 
 def _tap(run: _Run) -> None:
     """``--tap``: the tap flow after the comparison (its dump run rebuilds the same firmware with dumps
-    on, and its timing and culprit)."""
+    on, and its timing and culprit). Imported here: a run without --tap loads none of the tap analysis."""
+    from harness.flows.tap_run import TapRunRequest, run_tap_flow
+
     req = TapRunRequest(spec=run.spec, info=run.info, target=run.target, out=run.out)
     cm = run.lock()
     outcome = run.rec.run("tap", None, lambda: run_tap_flow(req, run.variants, rec=run.rec, lock_cm=cm))

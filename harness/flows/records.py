@@ -12,14 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TypedDict, TypeVar
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from typing_extensions import NotRequired
 
 from harness.analysis.compare import CompareResult, Source
-from harness.analysis.tap import TapResult
 from harness.errors import EspCheckError, ExitCode, Verdict
 from harness.jsontypes import JSONValue
+
+if TYPE_CHECKING:  # (only --tap runs load the tap analysis: flash_and_compare._tap)
+    from harness.analysis.tap import TapResult
 
 # variant name in generated projects -> the ESP-NN mode the firmware must report (INFO nn=...)
 EXPECTED_NN = {"optimized": "optimized", "ansi": "ansi_c"}

@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import re
 import struct
 import threading
@@ -33,7 +32,7 @@ from harness.model import opdata
 from harness.model.files import MODEL_MAX_BYTES, read_regular
 from harness.model.modelinfo import ModelInfo, OpInfo, TensorInfo
 from harness.model.verify import verify_structure
-from harness.resources import installed_versions, user_cache_dir
+from harness.resources import code_digest, store_json, user_cache_dir
 
 if TYPE_CHECKING:
     import tflite
@@ -453,13 +452,8 @@ _PARSER_FILES = ("loader.py", "verify.py", "opdata.py", "modelinfo.py", "../data
 @functools.cache
 def _parser_id() -> str:
     """A digest of everything a parse result depends on besides the model's bytes."""
-    h = hashlib.sha256(f"format {_INFO_FORMAT}".encode())
-    for dist, version in installed_versions("tflite", "flatbuffers", "numpy").items():
-        h.update(f"|{dist} {version}".encode())
     here = Path(__file__).resolve().parent
-    for name in _PARSER_FILES:
-        h.update(name.encode() + b"\0" + (here / name).read_bytes())
-    return h.hexdigest()[:32]
+    return code_digest(f"format {_INFO_FORMAT}", here, _PARSER_FILES, ("tflite", "flatbuffers", "numpy"))
 
 
 def _info_path(digest: str) -> Path:
@@ -515,23 +509,8 @@ def _store(info: ModelInfo) -> None:
         "outputs": [info.tensors.index(t) for t in info.outputs],
         "ops": ops,
     }
-    with contextlib.suppress(OSError, ValueError):
-        path = _info_path(info.sha256)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(json.dumps(doc), encoding="utf-8")
-        tmp.replace(path)  # atomic: a reader sees no half-written file
-        _bound(path.parent)
-
-
-def _bound(folder: Path) -> None:
-    """At most _INFO_MAX stored parses (a sweep writes one per generated model): oldest out first."""
-    files = list(folder.glob("*.json"))
-    if len(files) <= _INFO_MAX:
-        return
-    for f in sorted(files, key=lambda f: f.stat().st_mtime)[: len(files) - _INFO_MAX]:
-        with contextlib.suppress(OSError):
-            f.unlink()
+    with contextlib.suppress(OSError):  # (the parser's sources unreadable: no store, only slower)
+        store_json(_info_path(info.sha256), doc, _INFO_MAX)  # a sweep writes one per generated model
 
 
 def parse_model_bytes(data: bytes, path: str | Path = "<bytes>") -> ModelInfo:

@@ -1,0 +1,219 @@
+"""The resident loop's client reads the port in blocks, not bytes, and still logs every byte as it came.
+
+A frame's header says how long the frame is, so the client waits for the rest of it (bounded) and reads
+it at once; text is read after a short coalescing wait. The raw log and ``client.raw`` stay the exact
+bytes the device sent, and every frame is decoded as before.
+
+What is faked: the board (a UART that releases the bytes it was given at its baud rate, as a tty's
+buffer fills; and a port that, like pyserial's RFC 2217 client at a timeout of 0, hands out one byte per
+``read``) and the clock (the client's ``time`` module: advances only when the client sleeps, so the test
+takes no wall time and counts exactly). Everything else is the real LoopClient and the real frame codec.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from types import SimpleNamespace
+
+import pytest
+
+import harness.device.loop as device_loop
+from harness.device.loop import LoopClient
+from harness.protocol import frames as fr
+
+HELLO = fr.Hello(
+    proto=fr.VERSION, sim=True, tap=False, nn="ansi_c", slot=1, init_status=0, input_dtype="int8",
+    max_payload=fr.TX_MAX_PAYLOAD, window=16384, input_bytes=16, output_bytes=(2304,),
+    model_sha256="0" * 64, fwver="t", session=0x77,
+)  # fmt: skip
+
+
+class Clock:
+    """The client's clock: advances only when the client sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 500.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += max(s, 1e-4)
+
+
+class Uart:
+    """A device's bytes arriving at ``baud`` (10 bits a byte) from the clock's start; counts reads."""
+
+    def __init__(self, clock: Clock, stream: bytes, baud: int, per_read: int | None = None) -> None:
+        self.clock, self.stream, self.baudrate = clock, stream, baud
+        self.start, self.taken, self.timeout = clock.now, 0, 0
+        self.per_read = per_read  # at most this many bytes per read (None: all that is waiting)
+        self.reads = 0
+
+    def _arrived(self) -> int:
+        return min(len(self.stream), int((self.clock.now - self.start) * self.baudrate / 10))
+
+    @property
+    def in_waiting(self) -> int:
+        return self._arrived() - self.taken
+
+    def read(self, n: int) -> bytes:
+        self.reads += 1
+        n = min(n, self.in_waiting, self.per_read or n)
+        out = self.stream[self.taken : self.taken + n]
+        self.taken += n
+        return out
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+class CountingLog(io.BytesIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.name = "serial.log"
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        self.writes += 1
+        return super().write(data)
+
+
+def _stream() -> tuple[bytes, int]:
+    """What a device prints for one input of 2,304 output bytes, in CRC-then-DATA form: log lines, a
+    RESULT frame, the output in DATA frames, more text, a SYNC_ACK. Returns it and its frame count."""
+    key = HELLO.key
+    out = bytes(range(256)) * 9
+    record = struct.pack("<BIII", 0, 0, 967_593, 0x1234) + struct.pack("<I", fr.crc32(out))
+    parts = [
+        b"I (1203) esp_check: loop ready, window 16384\r\n",
+        fr.encode_frame(fr.RSP_RESULT, 0, record, key=key),
+        fr.encode_frame(fr.RSP_DATA, 1, struct.pack("<IHI", 0, 0, 0) + out[:1500], key=key),
+        b"W (2210) esp_check: a warning line in between\r\n" * 3,
+        fr.encode_frame(fr.RSP_DATA, 2, struct.pack("<IHI", 0, 0, 1500) + out[1500:], key=key),
+        fr.encode_frame(fr.RSP_SYNC, 3, (7).to_bytes(4, "little"), key=key),
+        b"I (2301) esp_check: idle\r\n",
+    ]
+    return b"".join(parts), 4
+
+
+def _run(
+    monkeypatch: pytest.MonkeyPatch, baud: int, per_read: int | None
+) -> tuple[LoopClient, Uart, CountingLog]:
+    clock = Clock()
+    monkeypatch.setattr(device_loop, "time", SimpleNamespace(monotonic=clock.monotonic, sleep=clock.sleep))
+    stream, _ = _stream()
+    port = Uart(clock, stream, baud, per_read)
+    log = CountingLog()
+    client = LoopClient(port, HELLO, log)  # type: ignore[arg-type]
+    client.wait_frame(fr.RSP_SYNC, "the SYNC_ACK", timeout=10)
+    while port.taken < len(stream):  # the text after it
+        client.pump(0.05)
+    return client, port, log
+
+
+@pytest.mark.parametrize("baud", [115200, 921600])
+def test_a_frame_stream_is_read_in_blocks_and_logged_byte_identical(
+    monkeypatch: pytest.MonkeyPatch, baud: int
+) -> None:
+    """~5 KB (a U-Net 48 result) through a UART: the old client read what had trickled in at each look,
+    hundreds of reads of a few bytes; now a frame is read once its bytes are there (2 KiB blocks at
+    most) and text after a short wait."""
+    client, port, log = _run(monkeypatch, baud, None)
+    stream, nframes = _stream()
+    assert bytes(client.raw) == stream and log.getvalue() == stream  # every byte, in order, once
+    assert client.stats.rx_bytes == len(stream) and client.stats.frames_received == nframes
+    assert client.stats.damaged_frames == 0 and client.stats.rx_gaps == 0
+    assert [f.type for f in client.inbox] == [fr.RSP_RESULT, fr.RSP_DATA, fr.RSP_DATA]
+    assert b"a warning line in between" in client.text and client.text.endswith(b"idle\r\n")
+    # 5 KB in blocks of up to 2 KiB, frames whole, text coalesced: a few reads, not one per look
+    assert port.reads <= 12, port.reads
+    assert log.writes <= 12, log.writes
+
+
+def test_a_port_that_hands_out_one_byte_per_read_is_decoded_and_logged_in_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pyserial's RFC 2217 client at a timeout of 0 returns one byte per ``read`` whatever is queued:
+    the client gathers what ``in_waiting`` announced before it decodes and logs it, so ~5 KB is not
+    5,000 log writes and decoder feeds."""
+    client, port, log = _run(monkeypatch, 921600, 1)
+    stream, nframes = _stream()
+    assert bytes(client.raw) == stream and log.getvalue() == stream
+    assert client.stats.frames_received == nframes and client.stats.damaged_frames == 0
+    assert port.reads >= len(stream)  # the port's own limit: one byte per call
+    assert log.writes <= 12, log.writes
+
+
+def test_a_frame_cut_short_costs_a_bounded_wait_and_keeps_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device stops in the middle of a frame (it reset): the client waits at most COALESCE_MAX_S
+    for the rest, logs the bytes that came, and then text after it ("Rebooting...") still ends the
+    wait as a restart."""
+    clock = Clock()
+    monkeypatch.setattr(device_loop, "time", SimpleNamespace(monotonic=clock.monotonic, sleep=clock.sleep))
+    frame = fr.encode_frame(fr.RSP_DATA, 0, bytes(2000), key=HELLO.key)
+    cut = b"I (10) esp_check: ready\r\n" + frame[:700]
+    port = Uart(clock, cut, 115200)
+    log = CountingLog()
+    client = LoopClient(port, HELLO, log)  # type: ignore[arg-type]
+    clock.now += len(cut) * 10 / 115200  # all of it has arrived
+    t0 = clock.now
+    assert client.pump(0.0)
+    assert clock.now - t0 <= device_loop.COALESCE_MAX_S + 1e-3
+    assert log.getvalue() == cut and bytes(client.raw) == cut and client.stats.frames_received == 0
+    assert not client.restarted
+    port.stream += bytes(1400) + b"\r\nRebooting...\r\n"  # the rest never comes; the reboot's text does
+    clock.now += len(port.stream) * 10 / 115200
+    while port.taken < len(port.stream):
+        client.pump(0.0)
+    assert log.getvalue() == port.stream and client.restarted
+
+
+class TickingClock(Clock):
+    """Also advances 10 us per look, as a real clock does while code runs (a spinning loop ends)."""
+
+    def monotonic(self) -> float:
+        self.now += 1e-5
+        return self.now
+
+
+class LateUart(Uart):
+    """Silent for ``quiet`` s (the device busy), then the stream at the baud rate; ``read`` of an empty
+    buffer returns at once, as a port with a timeout of 0 (a loop client set it) does."""
+
+    def __init__(self, clock: Clock, stream: bytes, baud: int, quiet: float) -> None:
+        super().__init__(clock, stream, baud)
+        self.start += quiet
+
+    def _arrived(self) -> int:
+        return max(0, super()._arrived())
+
+
+def test_waiting_for_the_slot_switch_reply_sleeps_and_reads_in_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DeviceSession._await_frame (the BOOTING and BAUD_OK replies of a slot switch and a baud switch)
+    on a port whose timeout a loop client set to 0: the old code called read(1) in a loop while the
+    device was busy (0.3 s here: tens of thousands of calls) and decoded the whole buffer again per
+    chunk; now it sleeps between looks and reads what waits in one block. The reply is found, every
+    byte is logged once."""
+    from harness.device import session as device_session
+    from harness.device.session import DeviceSession
+
+    clock = TickingClock()
+    fake_time = SimpleNamespace(monotonic=clock.monotonic, sleep=clock.sleep)
+    monkeypatch.setattr(device_loop, "time", fake_time)
+    monkeypatch.setattr(device_session, "time", fake_time)
+    reply = fr.encode_frame(fr.RSP_BOOT, 4, bytes([1, 0, 0, 0]) + (0).to_bytes(4, "little"), key=HELLO.key)
+    stream = b"I (5120) esp_check: switching to ota_1\r\n" + reply + b"I (5121) esp_check: restart\r\n"
+    port = LateUart(clock, stream, 921600, quiet=0.3)
+    dev = DeviceSession("loop://")
+    dev.serial = port  # type: ignore[assignment]
+    port.is_open = True  # type: ignore[attr-defined]
+    log = CountingLog()
+    got = dev._await_frame(HELLO.key, lambda f: f.type == fr.RSP_BOOT, 5.0, log)
+    assert got is not None and fr.decode_boot(got.payload) == (1, 0)
+    assert stream.startswith(log.getvalue()) and reply in log.getvalue()
+    assert dev.pending_link.damaged_frames == 0
+    assert port.reads <= 12, port.reads

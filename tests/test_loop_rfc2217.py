@@ -53,37 +53,3 @@ def test_pumping_an_rfc2217_port_never_changes_its_settings() -> None:
     finally:
         server.stop()
         remove_board(name)
-
-
-def test_esp_checks_rfc2217_port_keeps_a_new_timeout_on_its_side_and_sends_a_new_baud() -> None:
-    """esptool sets the read timeout around most commands (211 times in one ``flash-id``); on the port
-    esp-check opens, that sends nothing to the server, while a baud change still travels and is applied.
-    Real: ``device.ports.open_port``, pyserial's RFC 2217 client, the server; faked: the board. The port's
-    ``rfc2217_send_subnegotiation`` is wrapped to count what it sends; it still sends it."""
-    from harness.device.ports import open_port
-
-    name = f"loop-{uuid.uuid4().hex[:8]}"
-    server = serve_rfc2217(f"sim://{name}?chip=esp32s3&emitter=c")
-    try:
-        port = open_port(server.address)
-        sent: list[bytes] = []
-        real = port.rfc2217_send_subnegotiation
-
-        def counted(option: bytes, value: bytes = b"") -> None:
-            sent.append(option)
-            real(option, value)
-
-        port.rfc2217_send_subnegotiation = counted
-        try:
-            for t in (0.1, 3.0, 0.0, 10.0, 0.05):
-                port.timeout = t
-                assert port.timeout == t
-            assert sent == [], sent
-            port.baudrate = 460800
-            assert sent and sent[0] == serial.rfc2217.SET_BAUDRATE
-            assert server._ser is not None and server._ser.baudrate == 460800  # applied on the server's port
-        finally:
-            port.close()
-    finally:
-        server.stop()
-        remove_board(name)

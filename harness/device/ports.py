@@ -532,7 +532,7 @@ def open_port(
     """
     ps = spec if isinstance(spec, PortSpec) else resolve_port(spec)
     url = ps.url
-    make = opener or (_rfc2217_port if ps.transport == Transport.RFC2217 else serial.serial_for_url)
+    make = opener or serial.serial_for_url
     if ps.caps.installs_program:
         register_native()  # pyserial finds harness.device.protocol_native for native://
     if timeout is None:
@@ -558,35 +558,6 @@ def open_port(
                 f"serial port {url} is busy: also open in {_holders_text(holders)}",
                 hint="close the other serial monitor first; two readers split the bytes between them",
             )
-    return port
-
-
-def _rfc2217_port(url: str, **kwargs: object) -> serial.SerialBase:
-    """pyserial's RFC 2217 client, except that a new read timeout stays on this side of the link.
-
-    pyserial renegotiates every port setting with the server (four settings and the flow control, each
-    awaited: 0.1 s or more) whenever the timeout changes, and esptool changes it around most commands:
-    211 times in one ``esptool flash-id`` over RFC 2217, 21 of its 23 s. The client's reads wait on its
-    own queue, so the timeout is the client's alone; baud rate, framing and lines still go to the server.
-    """
-    from serial.rfc2217 import Serial as Rfc2217Serial  # only for rfc2217:// ports
-
-    class LocalTimeoutSerial(Rfc2217Serial):
-        @property
-        def timeout(self) -> float | None:
-            return self._timeout
-
-        @timeout.setter
-        def timeout(self, value: float | None) -> None:
-            if value is not None and value < 0:
-                raise ValueError(f"not a valid timeout: {value!r}")
-            self._timeout = value
-
-    do_not_open = kwargs.pop("do_not_open", False)
-    port = LocalTimeoutSerial(None, **kwargs)
-    port.port = url  # as serial_for_url sets it: the URL's options are parsed on open
-    if not do_not_open:
-        port.open()
     return port
 
 

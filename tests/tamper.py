@@ -377,9 +377,9 @@ def _flash_in_process(url: str, model: str, seed: int) -> None:
     """The trials' firmware written onto the board through its in-process ``sim://`` port (one untampered
     run, about a second) before the board is served: a trial's HELLO probe then finds it there and skips
     esptool, as on every later trial, instead of the first trial on each board paying a whole esptool
-    session over RFC 2217 (about 35 s: pyserial's RFC 2217 client renegotiates the link on each timeout
-    change). Trials whose tamper makes the probe flash (a forged HELLO) still run esptool through the
-    proxy."""
+    session over RFC 2217 (connect, stub, flash id, every region's checksum: about 35 s with pyserial's
+    own client, which renegotiates the link on each timeout change). Trials whose tamper makes the probe
+    flash (a forged HELLO) still run esptool through the proxy."""
     import tempfile
     from pathlib import Path
 

@@ -362,19 +362,51 @@ def allowed_exits(kind: str, board: str) -> set[int]:
     return {0, 3} if board == "clean" else {1, 3}
 
 
+def _dataset_options(seed: int) -> JobOptions:
+    """A trial's job: 10 random inputs drawn by the device, CRC mode."""
+    from harness.flows.dataset import DatasetOptions
+    from harness.flows.records import StageTimeouts
+
+    return JobOptions(
+        dataset=DatasetOptions(random_inputs=10, seed=seed, results="crc"),
+        timeouts=StageTimeouts(capture_total=30, capture_silence=2),
+    )
+
+
+def _flash_in_process(url: str, model: str, seed: int) -> None:
+    """The trials' firmware written onto the board through its in-process ``sim://`` port (one untampered
+    run, about a second) before the board is served: a trial's HELLO probe then finds it there and skips
+    esptool, as on every later trial, instead of the first trial on each board paying a whole esptool
+    session over RFC 2217 (connect, stub, flash id, every region's checksum: about 35 s with pyserial's
+    own client, which renegotiates the link on each timeout change). Trials whose tamper makes the probe
+    flash (a forged HELLO) still run esptool through the proxy."""
+    import tempfile
+    from pathlib import Path
+
+    from harness.flows.flash_and_compare import flash_and_compare
+
+    with tempfile.TemporaryDirectory(prefix="tamper-flash-") as out:
+        flash_and_compare(
+            Path(model), [], board="sim", port=url, out_dir=Path(out), options=_dataset_options(seed)
+        )
+
+
 @dataclass
 class Servers:
-    """One served simulated board per board kind (``sim serve --rfc2217`` in this process)."""
+    """One served simulated board per board kind (``sim serve --rfc2217`` in this process); with ``model``,
+    the board holds that model's trial firmware before it is served (:func:`_flash_in_process`)."""
 
     servers: dict[str, object] = field(default_factory=dict)
 
-    def port(self, board: str) -> int:
+    def port(self, board: str, model: str = "", seed: int = 0) -> int:
         if board not in self.servers:
             import uuid
 
             from harness.sim.serve import serve_rfc2217
 
             url = f"sim://tamper-{board}-{uuid.uuid4().hex[:6]}?chip=esp32s3&emitter=c&flash_size=8MB{BOARDS[board]}"
+            if model:
+                _flash_in_process(url, model, seed)
             self.servers[board] = serve_rfc2217(url)
         return int(self.servers[board].port)  # type: ignore[attr-defined]
 
@@ -409,12 +441,10 @@ def run_trial(servers: Servers, kind: str, board: str, seed: int, model: str, ou
     from pathlib import Path
 
     from harness.errors import EspCheckError
-    from harness.flows.dataset import DatasetOptions
     from harness.flows.flash_and_compare import flash_and_compare
-    from harness.flows.records import StageTimeouts
 
     tamper = Tamper(kind, seed)
-    proxy = TamperProxy(("127.0.0.1", servers.port(board)), tamper)
+    proxy = TamperProxy(("127.0.0.1", servers.port(board, model, seed)), tamper)
     stale, detail = 0, ""
     try:
         res = flash_and_compare(
@@ -423,10 +453,7 @@ def run_trial(servers: Servers, kind: str, board: str, seed: int, model: str, ou
             board="sim",
             port=proxy.address,
             out_dir=Path(out),
-            options=JobOptions(
-                dataset=DatasetOptions(random_inputs=10, seed=seed, results="crc"),
-                timeouts=StageTimeouts(capture_total=30, capture_silence=2),
-            ),
+            options=_dataset_options(seed),
         )
         code, detail = int(res.exit_code), "; ".join(res.errors[:2])
         link = json.loads(res.report_path.read_text()).get("dataset", {}).get("link", {})

@@ -132,3 +132,24 @@ def test_a_device_sending_full_batches_is_not_probed(monkeypatch: pytest.MonkeyP
     with pytest.raises(LinkError):
         client.wait_frame(fr.RSP_SYNC, "a SYNC_ACK", timeout=11)
     assert len(client.inbox) == 10 and client.stats.probes == 0 and client.stats.rx_gaps == 0
+
+
+@pytest.mark.parametrize("returncode", [1, -11])
+def test_a_native_programs_exit_line_ends_the_wait_as_a_restart(
+    monkeypatch: pytest.MonkeyPatch, returncode: int
+) -> None:
+    """A native board reports its program's abnormal end in one line (a sanitizer report, a signal) and
+    then sends nothing more: that line is its crash report, as ``Rebooting...`` is a chip's, so the wait
+    ends there as a restart instead of running into the 30 s stall limit. Faked: the board (the exit
+    line, as harness.device.protocol_native writes it, then silence) and the clock."""
+    from harness.device.loop import DeviceRestarted
+    from harness.device.protocol_native import exit_line
+
+    line = exit_line(returncode)
+    assert line is not None
+    client, _board, clock = _client(monkeypatch, b"==1==ABORTING\r\n" + line.encode("ascii"))
+    client.send(fr.CMD_RUN, fr.encode_run(0, results=fr.RES_CRC))
+    start = clock.now
+    with pytest.raises(DeviceRestarted):
+        client.wait_frame(fr.RSP_RESULT, "a RESULT", timeout=60)
+    assert client.restarted and clock.now - start < 30  # the fake clock: no stall limit waited out

@@ -75,6 +75,16 @@ def test_url_resolves_to_the_native_transport_and_opens_through_pyserial() -> No
         serial.serial_for_url("native://bad name!")
 
 
+def test_a_reset_blank_board_says_so_and_its_stream_ends(tmp_path: Path) -> None:
+    """Reset into the app with nothing flashed: the boot stand-in prints why nothing starts and the stream
+    ends (a capture, the HELLO probe before a flash among them, ends there instead of at its silence
+    limit). Faked: nothing (the native board of this process, blank)."""
+    with DeviceSession("native://t-blank", BOARD) as dev:
+        cap = dev.capture(tmp_path / "serial.log", total_timeout=20, silence_timeout=10)
+    assert cap.ended_by == "disconnect" and cap.resets == 1, cap
+    assert cap.data == b"esp-check native boot: no partition table: nothing is flashed\r\n"
+
+
 def test_flash_then_capture_runs_the_installed_copy(programs: dict[str, Path], tmp_path: Path) -> None:
     exe = tmp_path / "fw"
     shutil.copy2(programs["ok"], exe)

@@ -439,6 +439,54 @@ def test_a_board_holding_the_builds_is_not_flashed(tmp_path: Path, models_dir: P
     assert written == [("app", "ansi")]
 
 
+def _one_variant_builds(tmp_path: Path, models_dir: Path, ops: list[tuple[int, ...]]) -> list:
+    """The optimized build with compiled-in inputs and ``ops`` on ANSI C, one per entry (as hybrid's runs)."""
+    from harness.firmware.build import build_project
+
+    builds = []
+    for k, ansi in enumerate(ops):
+        (project,) = generate_projects(
+            models_dir / MODEL, [models_dir / INPUTS[0]], load_board("sim"), out_dir=tmp_path / f"p{k}",
+            variants=("optimized",), features=FirmwareFeatures(ansi_ops=ansi),
+        )  # fmt: skip
+        builds.append(build_project(project.path, cache_dir=tmp_path / "cache"))
+    return builds
+
+
+@pytest.mark.slow
+def test_a_probe_stops_at_another_builds_elf_hash_and_a_failed_start_boots_once(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    """A board holding another build of the slot (one that runs its compiled-in input into a hang, so it
+    never prints HELLO): the probe before flashing stops at the app's "ELF file SHA256" line, which is
+    not the new build's, instead of waiting out the silence; after the flash, the app's failed start-up
+    (INPUT, then silence) is judged from its one boot, not booted into the same hang a second time.
+    Faked: the board (a hang after INPUT in the optimized kernels); real: generate, the sim builder,
+    esptool, the console capture, the judge."""
+    from harness.flows.capture import flash_and_capture
+    from harness.flows.resident import app_elf_sha256
+    from harness.flows.targets import open_target
+
+    url = board_url("&fault=hang&variant_fault=optimized")
+    target = open_target(load_board("sim"), url)
+    old, new = _one_variant_builds(tmp_path, models_dir, [(1,), (2,)])
+    limits = StageTimeouts(capture_total=30, capture_silence=2)
+    for build, out in ((old, tmp_path / "a"), (new, tmp_path / "b")):
+        run, stages = flash_and_capture(build, target, out, variant="optimized", timeouts=limits)
+        assert run.exit_code == ExitCode.INFRASTRUCTURE, run.problems  # silence without evidence
+        assert [s.stage for s in stages].count("boot") == 1, stages
+        log = (out / "logs" / "serial-optimized.log").read_bytes()
+        assert log.count(b"ESP-ROM:") == 1 and log.count(b" INPUT i=0 ") == 1
+        printed = re.findall(rb"ELF file SHA256:\s+([0-9a-f]+)", log)
+        assert len(printed) == 1 and app_elf_sha256(build).startswith(printed[0].decode())
+    probe = (tmp_path / "b" / "logs" / "boot-probe.log").read_bytes()
+    old_sha = app_elf_sha256(old)
+    assert old_sha != app_elf_sha256(new) and f"ELF file SHA256:  {old_sha[:9]}".encode() in probe
+    assert b"@EC1" not in probe and b"INPUT" not in probe  # stopped before the app's own output
+    flash = next(s for s in stages if s.stage == "flash")
+    assert f"prints ELF SHA-256 {old_sha[:9]}..., not the optimized build's" in flash.detail, flash
+
+
 # ---- a model change writes only the model partition (the arena travels in its header) ---------------
 
 

@@ -41,7 +41,18 @@ from harness.protocol.frames import RSP_HELLO, Frame, FrameDecoder
 __all__ = ["ENDED_BY", "RawCapture", "capture_run"]
 
 # "hello": the resident firmware is ready for commands; "restart": it booted again mid-command
-ENDED_BY = ("end_record", "hello", "frame", "timeout", "silence", "disconnect", "boot_loop", "restart")
+# "line": the caller's ``stop_on_line`` check found what it was waiting for (or against) in a line
+ENDED_BY = (
+    "end_record",
+    "hello",
+    "frame",
+    "timeout",
+    "silence",
+    "disconnect",
+    "boot_loop",
+    "restart",
+    "line",
+)
 _END_RE = re.compile(rb"@EC1 \d+ END(?: |\r|\n|$)")
 _MAX_LINE = 4096  # longer "lines" (binary noise) are cut for the line checks; the log keeps all bytes
 
@@ -71,7 +82,7 @@ class RawCapture:
 
 
 class _State:
-    def __init__(self, port: serial.SerialBase) -> None:
+    def __init__(self, port: serial.SerialBase, stop_on_line: Callable[[bytes], bool] | None = None) -> None:
         self.port = port
         self.buf = bytearray()
         self.dropped = 0
@@ -87,6 +98,7 @@ class _State:
         self.frames: FrameDecoder | None = None  # set when the capture stops at a frame
         self.stop_on_frame: Callable[[Frame], bool] | None = None
         self.stop_frame: Frame | None = None
+        self.stop_on_line = stop_on_line
         self.log_error: EspCheckError | None = None  # the serial log could not be written
 
 
@@ -196,6 +208,9 @@ def _scan_lines(st: _State, chunk: bytes, stop_at_end: bool, max_boots: int | No
     for raw in lines:
         line = raw[-_MAX_LINE:]
         st.boots.feed(line)
+        if st.stop_on_line is not None and st.stop_on_line(line):
+            st.ended_by = "line"
+            return True
         if stop_at_end and _END_RE.search(line):
             st.ended_by = "end_record"
             return True
@@ -221,6 +236,7 @@ def capture_run(
     stop_at_hello: bool = False,
     stop_on_frame: Callable[[Frame], bool] | None = None,
     frame_key: int = 0,
+    stop_on_line: Callable[[bytes], bool] | None = None,
 ) -> RawCapture:
     """Reset the board into its app (``reset`` = board reset style, ``None`` = don't) and capture.
 
@@ -229,7 +245,8 @@ def capture_run(
     starts were seen (``boot_loop``: a board that keeps rebooting never prints END). ``baud`` is the
     console baud, set before the reset so the first line is read at the right rate. ``caps``
     (from the PortSpec) says whether a reset is possible at all and whether a dropped link is end
-    of stream (socket://) or a re-enumeration to recover from (``reopen``).
+    of stream (socket://) or a re-enumeration to recover from (``reopen``). ``stop_on_line(line)``
+    returning True stops the capture at that complete line (``line``).
     """
     t0 = time.monotonic()
     notes: list[str] = []
@@ -249,7 +266,7 @@ def capture_run(
                 if reset != "usb_serial_jtag":
                     raise
                 notes.append(f"port dropped during the USB-Serial-JTAG reset ({exc}); reopening")
-    st = _State(port)
+    st = _State(port, stop_on_line)
     st.last_data = time.monotonic()
     if stop_at_hello or stop_on_frame is not None:
         st.frames = FrameDecoder(key=frame_key)  # the running boot's key: its BOOTING reply is keyed

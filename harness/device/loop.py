@@ -54,8 +54,10 @@ class LinkError(CaptureError):
 
 
 # What ESP-IDF prints last before the chip resets: the panic handler and esp_restart ("Rebooting..."),
-# the brownout interrupt (then esp_restart_noos). The next boot starts at the console baud.
-RESTART_LINES = (b"Rebooting...", b"Brownout detector was triggered")
+# the brownout interrupt (then esp_restart_noos). The next boot starts at the console baud. A native
+# board's report of its program's abnormal end (device.protocol_native.EXIT_LINE) is its crash report:
+# nothing more comes from that run either.
+RESTART_LINES = (b"Rebooting...", b"Brownout detector was triggered", b"esp-check native: the program")
 _RESTART_SPAN = max(len(line) for line in RESTART_LINES)  # text before a chunk a split line may start in
 
 

@@ -247,8 +247,8 @@ class Serial(InProcessPort):
         assert self._dir is not None
         found = self.table()
         if found is None:
-            if self._program is None:
-                return None  # nothing flashed: a blank board prints nothing
+            if self._program is None:  # nothing flashed: the boot stand-in says so and the stream ends
+                return Path(), {}, f"{BOOT_LINE} no partition table: nothing is flashed\r\n"
             return self._program, {}, ""
         table_off, parts = found
         with open(self.flash_path, "rb") as f:
@@ -301,10 +301,12 @@ class Serial(InProcessPort):
                 generation = self._generation
                 if not keep_output:
                     self._buf.clear()
-                self._ended = False
+                # no program to start (a blank board, an empty app slot): after the boot stand-in's
+                # line the stream ends, as after a program's end (nothing more comes until a flash)
+                self._ended = not program.name
                 self._buf += line.encode("ascii")
                 self._cond.notify_all()
-            if not program.name:  # the table names an app slot that holds no program: the boot stops
+            if not program.name:
                 return
             assert self._dir is not None
             with contextlib.suppress(FileNotFoundError):

@@ -39,6 +39,11 @@ FLASH_SKIPPED = "flash skipped: the board already holds these images (HELLO hash
 PROBE_SILENCE_S = 3.0
 PROBE_TOTAL_S = 10.0
 _LOADED_APP_RE = re.compile(rb"Loaded app from partition at offset 0x([0-9a-fA-F]+)")
+# ESP-IDF's start-up log: "app_init: ELF file SHA256:  a41b7d498..." (CONFIG_APP_RETRIEVE_LEN_ELF_SHA
+# characters, 9 by default), read from the running image's app description
+_ELF_SHA_RE = re.compile(rb"ELF file SHA256:\s+([0-9a-fA-F]{8,64})")
+# esp_app_desc_t opens an ESP-IDF app's first segment (file offset 0x20); app_elf_sha256 is at 0x90 in it
+_APP_DESC_AT, _APP_DESC_MAGIC, _APP_DESC_ELF_SHA = 0x20, 0xABCD5432, 0x90
 
 
 @dataclasses.dataclass
@@ -97,6 +102,57 @@ def images_differ(hello: frames.Hello | None, builds: Mapping[str, BuildResult],
     return why
 
 
+def app_elf_sha256(build: BuildResult) -> str:
+    """The ELF SHA-256 in the app description of ``build``'s image: what its start-up log prints a prefix
+    of ("ELF file SHA256:"); "" when the image has none (not an ESP-IDF app image, or no hash set)."""
+    art = build.artifact("app")
+    if art is None or not art.path.is_file():
+        return ""
+    with open(art.path, "rb") as f:
+        head = f.read(_APP_DESC_AT + _APP_DESC_ELF_SHA + 32)
+    desc = head[_APP_DESC_AT:]
+    if (
+        len(desc) < _APP_DESC_ELF_SHA + 32
+        or head[0] != 0xE9
+        or int.from_bytes(desc[:4], "little") != _APP_DESC_MAGIC
+    ):
+        return ""
+    sha = desc[_APP_DESC_ELF_SHA : _APP_DESC_ELF_SHA + 32]
+    return sha.hex() if any(sha) else ""
+
+
+class OtherApp:
+    """A probe boot's line check: True once the app the bootloader loaded prints, in its start-up log, an
+    ELF SHA-256 that is not the one of the build meant for that slot. That slot must be flashed whatever
+    else the boot prints, so the probe need not wait for a HELLO (nor for an app that never gives one:
+    one that runs compiled-in inputs into a hang, a blank slot's silence). ``why`` says what was seen."""
+
+    def __init__(self, builds: Mapping[str, BuildResult]) -> None:
+        self.elf: dict[int, tuple[str, str]] = {}  # app offset -> the ELF SHA-256 its build's image holds
+        for v, b in builds.items():
+            art, sha = b.artifact("app"), app_elf_sha256(b)
+            if art is not None and sha:
+                self.elf[art.offset] = (v, sha)
+        self.offset: int | None = None  # the slot the last "Loaded app" line names
+        self.why = ""
+
+    def __call__(self, line: bytes) -> bool:
+        if (m := _LOADED_APP_RE.search(line)) is not None:
+            self.offset = int(m.group(1), 16)
+            return False
+        if (m := _ELF_SHA_RE.search(line)) is None or self.offset not in self.elf:
+            return False
+        variant, want = self.elf[self.offset]
+        printed = m.group(1).decode().lower()
+        if want.startswith(printed):
+            return False
+        self.why = (
+            f"the app at 0x{self.offset:x} prints ELF SHA-256 {printed}..., not the {variant} build's "
+            f"{want[: len(printed)]}..."
+        )
+        return True
+
+
 def flash_facts(flashed: FlashResult, builds: Mapping[str, BuildResult]) -> FlashFacts:
     """What report.json says about the flash: chip, revision, MAC, bytes written per region."""
     owner = {
@@ -147,6 +203,9 @@ class ResidentBoard:
         self.probe_first = True  # read the app's HELLO before flashing: skip esptool when it holds the builds
         self.probe_notes: list[str] = []  # why the last probe did not skip the flash
         self._probe_raw: RawCapture | None = None  # the probe's boot, until a variant's log takes it
+        # the last boot when it left no app ready (a crash, a loop, silence): the next ensure() of the same
+        # variant reads this start-up evidence instead of booting the app into the same failure again
+        self._failed_start: Boot | None = None
         self._app_shas: dict[str, str] = {}
 
     def model_sha256(self) -> str:
@@ -195,7 +254,7 @@ class ResidentBoard:
             held = self.probe(log_path.with_name("boot-probe.log"))
             if held is not None:
                 return held
-            self.current = None
+            self.current, self._failed_start = None, None
             return self.dev.flash(merged_flash_files(self.builds), log_path=log_path)
 
         def why() -> str:  # the probe's reasons to flash (nothing: the flash was skipped, or not probed)
@@ -211,6 +270,7 @@ class ResidentBoard:
         self.probe_notes = []
         if not self.probe_first:
             return None
+        other = OtherApp(self.builds)  # a slot that prints another build's ELF SHA-256: flash, stop here
         try:
             boot = self._booted(
                 self.dev.boot(
@@ -218,14 +278,16 @@ class ResidentBoard:
                     silence_timeout=min(PROBE_SILENCE_S, self.limits.capture_silence),
                     # a second boot start before a HELLO: this boot never reached the resident app
                     # (blank flash, another firmware, a crash at start-up), so flash it
-                    max_boots=2,
+                    max_boots=2, stop_on_line=other,
                 )
             )  # fmt: skip
         except (EspCheckError, serial.SerialException, OSError) as exc:
             self.current, self.probe_notes = None, [f"no HELLO: {exc}"]
             return None
         self.probe_notes = images_differ(boot.hello, self.builds, self.model_sha256())
-        if boot.hello is None:
+        if other.why:
+            self.probe_notes = [other.why]
+        elif boot.hello is None:
             self.probe_notes.append(
                 f"the probe read {boot.raw.boots} boot starts and ended by {boot.raw.ended_by}"
             )
@@ -316,8 +378,13 @@ class ResidentBoard:
             self._adopt_probe(log_path)
             self._fast_link(self.current, variant, log_path)
             return self.current  # already running: no boot, and no second "boot" stage in the report
+        failed, self._failed_start = self._failed_start, None
+        if failed is not None and failed.variant == variant and self.current is None and not self.lost:
+            return failed  # this variant's start-up just failed: that boot is its evidence, read once
         self._probe_raw = None  # another variant's boot: its start-up stays in boot-probe.log
         boot = self.rec.run("boot", variant, guarded)
+        if boot is not self.current:
+            self._failed_start = boot
         if boot is self.current and boot.variant == variant:
             self._fast_link(boot, variant, log_path)
         return boot
@@ -362,7 +429,7 @@ class ResidentBoard:
         path = ota.path.parent / f"select-{variant}.bin"
         path.write_bytes(data)
         self.rec.run("select-slot", variant, lambda: self.dev.flash([(ota.offset, path)], log_path=log_path))
-        self.current = None
+        self.current, self._failed_start = None, None
 
     def text_session(self, boot: Boot, inputs: Sequence[bytes], log_path: Path) -> RawCapture:
         """Stream ``inputs`` in a text session; the device's text capture (with the boot before it in the

@@ -7,6 +7,7 @@ described (and serialised) one way everywhere.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,7 +15,10 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, TypeVar
 
-from typing_extensions import NotRequired
+if sys.version_info >= (3, 11):
+    from typing import NotRequired
+else:  # pragma: no cover - Python 3.10 (typing_extensions costs a repeat run ~10 ms to import)
+    from typing_extensions import NotRequired
 
 from harness.analysis.compare import CompareResult, Source
 from harness.errors import EspCheckError, ExitCode, Verdict

@@ -284,8 +284,11 @@ def test_sigterm_twice_releases_the_place_it_holds(
             break
     err = finish(proc, seen, timeout=120)
     assert proc.returncode == 3, err
-    assert "releasing place term" in err
-    assert summary(tmp_path / "out")["interrupted"] is True
+    done = summary(tmp_path / "out")
+    assert done["interrupted"] is True
+    # released by the run's last step (it says so), or by the abandoned attempt's own release before it
+    # (its board usage recorded); either way the place is free once the process is gone
+    assert "releasing place term" in err or [u["task"] for u in done["board_usage"]], err
     assert_released(the_lab, "term")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,9 @@ from hypothesis import strategies as st
 
 from harness.device.labgrid import (
     HolderTag,
+    LabgridClient,
     PlaceInfo,
+    PlaceLease,
     parse_env,
     parse_show,
     pid_namespace,
@@ -188,3 +191,55 @@ def test_discovered_place_names_become_valid_board_names():
     odd = _place_board_name("../weird place ü")
     assert odd.startswith("place-") and "/" not in odd and " " not in odd
     assert _place_board_name("a b") != _place_board_name("a_b")
+
+
+class _SlowReleaseClient(LabgridClient):
+    """Faked at the edge: labgrid-client itself. ``release`` blocks until the test lets it finish."""
+
+    def __init__(self) -> None:
+        super().__init__("127.0.0.1:1", exe="labgrid-client-not-run", timeout=10.0)
+        self.calls: list[str] = []
+        self.in_release = threading.Event()
+        self.finish_release = threading.Event()
+
+    def run(self, *args: str, place: str | None = None) -> str:
+        self.calls.append(args[0])
+        if args[0] == "release":
+            self.in_release.set()
+            assert self.finish_release.wait(10)
+            self.calls.append("released")
+        return ""
+
+    def set_tag(self, place: str, key: str, value: str) -> None:
+        self.calls.append("untag")
+
+    def cancel(self, token: str) -> None:
+        self.calls.append("cancel")
+
+
+def test_a_second_release_waits_for_the_one_in_flight():
+    """A board worker releasing its place when a hard stop comes: the run's final release must not return
+    (and the process exit) before the place is released."""
+    client = _SlowReleaseClient()
+    lease = PlaceLease(client, "p")
+    lease.acquired_at, lease.token = time.monotonic(), "tok"
+    worker = threading.Thread(target=lease.release)
+    worker.start()
+    assert client.in_release.wait(10)
+    assert lease.is_releasing and not lease.is_locked  # what release_places reads to say so
+    second_returned = threading.Event()
+
+    def final_release() -> None:
+        lease.release()
+        client.calls.append("second returned")
+        second_returned.set()
+
+    final = threading.Thread(target=final_release)
+    final.start()
+    assert not second_returned.wait(0.3)  # still in flight: the second caller waits for it
+    client.finish_release.set()
+    final.join(10)
+    worker.join(10)
+    assert second_returned.is_set() and client.calls.count("release") == 1  # released once, not twice
+    assert client.calls.index("released") < client.calls.index("second returned")
+    assert not lease.is_releasing

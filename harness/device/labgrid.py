@@ -436,6 +436,9 @@ class PlaceLease:
         self.acquired_at: float | None = None
         self.notes: list[str] = []  # what the lease did beyond the obvious (a stale acquisition released)
         self._mutex = threading.Lock()
+        # held for a whole release: a second caller (the run's final release_places while a board worker
+        # is still releasing) waits for the one in flight instead of returning before the place is free
+        self._releasing = threading.Lock()
         self._deadline: float | None = None  # set once the place is seen held by someone else
         self._seen: PlaceInfo | None = None  # the place as last read (for the busy message)
         self._background: list[threading.Thread] = []
@@ -444,6 +447,11 @@ class PlaceLease:
     @property
     def is_locked(self) -> bool:
         return self.acquired_at is not None
+
+    @property
+    def is_releasing(self) -> bool:
+        """Another thread is releasing the place now (it is not free yet)."""
+        return self._releasing.locked()
 
     # ---- waiting --------------------------------------------------------------------------------
 
@@ -622,7 +630,12 @@ class PlaceLease:
 
     def release(self) -> None:
         """Untag and cancel the reservation (side by side), then release; safe to call twice and from
-        another thread. Untagging goes first so that it can never land on the next holder's tag."""
+        another thread: a call while another is in flight returns once that one has released the place.
+        Untagging goes first so that it can never land on the next holder's tag."""
+        with self._releasing:
+            self._release()
+
+    def _release(self) -> None:
         with self._mutex:
             background, self._background = self._background, []
             held, token = self.acquired_at is not None, self.token

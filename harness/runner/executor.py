@@ -681,9 +681,9 @@ class Runner:
         with self.cond:
             leases = list(self.leases)
         for lease in leases:
-            if lease.is_locked:
+            if lease.is_locked or lease.is_releasing:
                 self.say(f"[labgrid] releasing place {lease.place}")
-            lease.release()
+            lease.release()  # waits for a release a board worker has in flight: the process may exit next
 
     def _prepare_out(self) -> None:
         """No verdict of an earlier run into the same directory may survive this one."""

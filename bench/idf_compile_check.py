@@ -23,7 +23,8 @@ Needs, else it says what is missing and exits 0 (skipped):
 Optional: ``ESP_CHECK_IDF_STUBS``, a directory of stand-in components passed as
 ``EXTRA_COMPONENT_DIRS`` (they override ESP-IDF's of the same name).
 
-Run: ``python bench/idf_compile_check.py [--board esp32c3-devkitm-1] [--components] [--work DIR]``.
+Run: ``python bench/idf_compile_check.py [--board esp32c3-devkitm-1] [--components] [--work DIR]``
+(``--tap``, ``--streamed``, ``--ansi-ops 0,1`` for the other firmwares).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import tempfile
 from pathlib import Path
 
 from harness.firmware.boards import load_board
-from harness.firmware.generate import generate_projects
+from harness.firmware.generate import FirmwareFeatures, generate_projects
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "tests" / "data" / "models" / "cnn_classifier_11.tflite"
@@ -136,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, help="scratch directory (default: a temporary one, removed)")
     ap.add_argument("--components", action="store_true", help="also compile esp-nn and esp-tflite-micro")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--tap", action="store_true", help="the per-op checksum firmware (docs/tap.md)")
+    ap.add_argument("--streamed", action="store_true", help="no compiled-in inputs, as the flows build it")
+    ap.add_argument("--ansi-ops", default="", help="hybrid firmware: op indices on ANSI C kernels, e.g. 0,1")
     args = ap.parse_args(argv)
     env = dict(os.environ)
     env.setdefault("ESP_CHECK_IDF_PYTHON", sys.executable)
@@ -158,7 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         tflm_copy = _scratch_tflm(tflm, work)
         findings = 0
-        for gp in generate_projects(args.model, [args.input], board, out_dir=work / "generated"):
+        ansi_ops = tuple(int(i) for i in args.ansi_ops.split(",") if i.strip())
+        features = FirmwareFeatures(tap=args.tap, embed_inputs=not args.streamed, ansi_ops=ansi_ops)
+        inputs = [] if args.streamed else [args.input]
+        variants = ("optimized",) if ansi_ops else ("optimized", "ansi")
+        generated = generate_projects(
+            args.model, inputs, board, out_dir=work / "generated", variants=variants, features=features
+        )
+        for gp in generated:
             proj = work / f"{board.chip}-{gp.variant}"
             shutil.rmtree(proj, ignore_errors=True)
             shutil.copytree(gp.path, proj)

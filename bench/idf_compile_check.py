@@ -6,7 +6,7 @@ here), configures it with ESP-IDF's CMake (``cmake -G Ninja -DIDF_TARGET=<chip>`
 real Kconfig tree with the project's ``sdkconfig.defaults``) and compiles the ``main`` component's
 objects with ``ninja`` (``--components``: esp-nn's and esp-tflite-micro's too). Nothing is linked.
 Prints every warning and error in the generated files, and the count of those in the components.
-Exit status: 0 clean, 1 a diagnostic in our files or a failed object, 2 a step could not run.
+Exit status: 0 clean (or skipped), 1 a diagnostic in our files, a failed object or a failed configure.
 
 Needs, else it says what is missing and exits 0 (skipped):
 

@@ -30,7 +30,7 @@ from harness.flashfmt.model_image import ModelImageError, parse_model_image
 from harness.flashfmt.partitions import VARIANT_SLOTS
 from harness.flows.records import EXPECTED_NN, FlashFacts, FlashRegion, Recorder, StageTimeouts
 from harness.protocol import frames
-from harness.protocol.app_image import slot_sha256
+from harness.protocol.app_image import APP_DESC_AT, APP_DESC_ELF_SHA, elf_sha256, slot_sha256
 
 VARIANT_OF_NN = {nn: v for v, nn in EXPECTED_NN.items()}
 FLASH_SKIPPED = "flash skipped: the board already holds these images (HELLO hashes)"
@@ -42,8 +42,6 @@ _LOADED_APP_RE = re.compile(rb"Loaded app from partition at offset 0x([0-9a-fA-F
 # ESP-IDF's start-up log: "app_init: ELF file SHA256:  a41b7d498..." (CONFIG_APP_RETRIEVE_LEN_ELF_SHA
 # characters, 9 by default), read from the running image's app description
 _ELF_SHA_RE = re.compile(rb"ELF file SHA256:\s+([0-9a-fA-F]{8,64})")
-# esp_app_desc_t opens an ESP-IDF app's first segment (file offset 0x20); app_elf_sha256 is at 0x90 in it
-_APP_DESC_AT, _APP_DESC_MAGIC, _APP_DESC_ELF_SHA = 0x20, 0xABCD5432, 0x90
 
 
 @dataclasses.dataclass
@@ -109,16 +107,7 @@ def app_elf_sha256(build: BuildResult) -> str:
     if art is None or not art.path.is_file():
         return ""
     with open(art.path, "rb") as f:
-        head = f.read(_APP_DESC_AT + _APP_DESC_ELF_SHA + 32)
-    desc = head[_APP_DESC_AT:]
-    if (
-        len(desc) < _APP_DESC_ELF_SHA + 32
-        or head[0] != 0xE9
-        or int.from_bytes(desc[:4], "little") != _APP_DESC_MAGIC
-    ):
-        return ""
-    sha = desc[_APP_DESC_ELF_SHA : _APP_DESC_ELF_SHA + 32]
-    return sha.hex() if any(sha) else ""
+        return elf_sha256(f.read(APP_DESC_AT + APP_DESC_ELF_SHA + 32))
 
 
 class OtherApp:

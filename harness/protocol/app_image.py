@@ -21,6 +21,27 @@ import hashlib
 import io
 
 ESP_IMAGE_MAGIC = 0xE9
+# esp_app_desc_t opens an ESP-IDF app's first segment: file offset 0x20 of the .bin (24-byte image header,
+# 8-byte segment header); its app_elf_sha256 is at 0x90 in it (0xB0 into the .bin, where pytest-embedded
+# reads it), and its start-up log prints a prefix of that as "ELF file SHA256:"
+APP_DESC_AT = 0x20
+APP_DESC_MAGIC = 0xABCD5432
+APP_DESC_ELF_SHA = 0x90
+
+
+def elf_sha256(head: bytes) -> str:
+    """The ``app_elf_sha256`` of the app description at the start of an app ``.bin`` (``head``: its first
+    ``APP_DESC_AT + APP_DESC_ELF_SHA + 32`` bytes or more), hex; "" when it is not an ESP-IDF app image or
+    the hash is not set."""
+    desc = head[APP_DESC_AT:]
+    if (
+        len(desc) < APP_DESC_ELF_SHA + 32
+        or head[0] != ESP_IMAGE_MAGIC
+        or int.from_bytes(desc[:4], "little") != APP_DESC_MAGIC
+    ):
+        return ""
+    sha = desc[APP_DESC_ELF_SHA : APP_DESC_ELF_SHA + 32]
+    return sha.hex() if any(sha) else ""
 
 
 def slot_sha256(data: bytes, chip: str) -> str:

@@ -42,6 +42,7 @@ from harness.flashfmt.partitions import (
     read_partitions_csv,
     variant_app,
 )
+from harness.protocol.app_image import APP_DESC_ELF_SHA, APP_DESC_MAGIC
 from harness.sim import elf
 from harness.sim.chips import ChipSpec, get_chip
 
@@ -54,7 +55,6 @@ MIN_NVS_BYTES = 0x3000
 APP_OFFSET = 0x10000
 _BOOTLOADER_PT_MARKER = b"ESPCHK-PT-OFFSET"  # followed by the offset as a little-endian u32
 PAYLOAD_MAGIC = b"ESPCHKSIM1\0\0"
-APP_DESC_MAGIC = 0xABCD5432
 PAYLOAD_FORMAT = 2  # 2: the model is not in the app but in the model partition (inputs may be none)
 
 # image header byte 3, high nibble: the flash size (esptool's FLASH_SIZES for the ESP32 family); low
@@ -133,7 +133,6 @@ def unpack_payload(data: bytes) -> AppPayload:
     return AppPayload(header=header, model=model, inputs=tuple(inputs))
 
 
-APP_DESC_ELF_SHA = 0x90  # esp_app_desc_t.app_elf_sha256 (0xB0 into the .bin, where pytest-embedded reads it)
 PROJECT_NAME = "esp_check_fw"  # the generated projects' CMake project() name
 
 

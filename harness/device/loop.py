@@ -377,7 +377,7 @@ class LoopClient:
 
     def load(self, data: bytes) -> None:
         """The input tensor bytes, in LOAD frames (the device copies them into its staging buffer)."""
-        chunk = frames.MAX_PAYLOAD - 4
+        chunk = frames.LOAD_CHUNK
         for off in range(0, len(data), chunk):
             part = data[off : off + chunk]
             self.send(frames.CMD_LOAD, frames.encode_load(off, part))

@@ -256,8 +256,8 @@ class _Sender:
         if self.kept is None:
             return
         recs = self.col.records
-        for i in self.stored:  # whatever held its entry before is gone (the entry is i % capacity)
-            self.kept.difference_update([j for j in self.kept if j % self.capacity == i % self.capacity])
+        taken = {i % self.capacity for i in self.stored}  # whatever held these entries before is gone
+        self.kept.difference_update([j for j in self.kept if j % self.capacity in taken])
         self.kept.update(i for i in self.stored if i in recs and recs[i].status != frames.ST_INPUT_INCOMPLETE)
 
 
@@ -371,7 +371,7 @@ def boot_rate(resident: ResidentBoard) -> float:
 
 def upload_bytes(input_bytes: int) -> int:
     """What an uploaded input puts on the link: its LOAD frames (header, offset, CRC-32 each) and its RUN."""
-    loads = -(-input_bytes // (frames.MAX_PAYLOAD - 4))
+    loads = -(-input_bytes // frames.LOAD_CHUNK)
     frame = frames.HEADER + frames.TRAILER
     return input_bytes + loads * (frame + 4) + frame + frames.RUN_FIXED
 

@@ -24,6 +24,7 @@ MAGIC = b"\xec\xf5"
 HEADER = 10
 TRAILER = 4
 MAX_PAYLOAD = 4096  # host -> device (the device's receive buffer holds one such frame)
+LOAD_CHUNK = MAX_PAYLOAD - 4  # input bytes per LOAD frame: its payload after the u32 offset
 MAX_FRAME = HEADER + MAX_PAYLOAD + TRAILER
 TX_MAX_PAYLOAD = 16384  # device -> host: RESULT and DATA frames (ECF_MAX_TX_PAYLOAD, announced in HELLO)
 TX_MAX_FRAME = HEADER + TX_MAX_PAYLOAD + TRAILER

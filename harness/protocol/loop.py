@@ -195,8 +195,8 @@ class DeviceLoop:
 
     # ---- sending ----------------------------------------------------------------------------------
 
-    def _send(self, ftype: int, payload: bytes) -> None:
-        self.host.write(frames.encode_frame(ftype, self.tx_seq, payload, key=self.key))
+    def _send(self, ftype: int, payload: bytes, flags: int = 0) -> None:
+        self.host.write(frames.encode_frame(ftype, self.tx_seq, payload, flags, key=self.key))
         self.tx_seq = (self.tx_seq + 1) & 0xFFFF
 
     def _flush(self) -> None:
@@ -213,10 +213,7 @@ class DeviceLoop:
         """The batch, and an ACK of what was consumed: one RESULT frame that carries both when it can."""
         if self.batch and self.consumed_since_ack > 0 and len(self.batch) + 2 <= frames.TX_MAX_PAYLOAD:
             payload = bytes(self.batch) + struct.pack("<H", self.rx_expected)
-            self.host.write(
-                frames.encode_frame(frames.RSP_RESULT, self.tx_seq, payload, frames.FRAME_ACK, key=self.key)
-            )
-            self.tx_seq = (self.tx_seq + 1) & 0xFFFF
+            self._send(frames.RSP_RESULT, payload, frames.FRAME_ACK)
             self.batch.clear()
             self.batch_wait_us = 0
             self.consumed_since_ack = 0

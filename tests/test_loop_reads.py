@@ -21,25 +21,13 @@ import pytest
 import harness.device.loop as device_loop
 from harness.device.loop import LoopClient
 from harness.protocol import frames as fr
+from tests.test_loop_client import Clock  # the client's clock: advances only when it sleeps
 
 HELLO = fr.Hello(
     proto=fr.VERSION, sim=True, tap=False, nn="ansi_c", slot=1, init_status=0, input_dtype="int8",
     max_payload=fr.TX_MAX_PAYLOAD, window=16384, input_bytes=16, output_bytes=(2304,),
     model_sha256="0" * 64, fwver="t", session=0x77,
 )  # fmt: skip
-
-
-class Clock:
-    """The client's clock: advances only when the client sleeps."""
-
-    def __init__(self) -> None:
-        self.now = 500.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += max(s, 1e-4)
 
 
 class Uart:

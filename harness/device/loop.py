@@ -22,6 +22,7 @@ from typing import IO
 
 import serial
 
+from harness.device.protocol_native import EXIT_LINE
 from harness.errors import CaptureError, write_error
 from harness.protocol import frames
 
@@ -55,9 +56,9 @@ class LinkError(CaptureError):
 
 # What ESP-IDF prints last before the chip resets: the panic handler and esp_restart ("Rebooting..."),
 # the brownout interrupt (then esp_restart_noos). The next boot starts at the console baud. A native
-# board's report of its program's abnormal end (device.protocol_native.EXIT_LINE) is its crash report:
+# board's report of its program's abnormal end (EXIT_LINE) is its crash report:
 # nothing more comes from that run either.
-RESTART_LINES = (b"Rebooting...", b"Brownout detector was triggered", b"esp-check native: the program")
+RESTART_LINES = (b"Rebooting...", b"Brownout detector was triggered", EXIT_LINE.encode("ascii"))
 _RESTART_SPAN = max(len(line) for line in RESTART_LINES)  # text before a chunk a split line may start in
 
 

@@ -98,15 +98,30 @@ def code_digest(tag: str, here: Path, files: Sequence[str], dists: Sequence[str]
     return h.hexdigest()[:32]
 
 
+def atomic_write(path: Path, data: str | bytes, *, durable: bool = True) -> None:
+    """Write ``path`` so a reader (or a kill -9) sees the old file or the new one, never half of one
+    (``durable``: flushed to the disk before it replaces the old one; a cache need not be)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(raw)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def store_json(path: Path, doc: object, keep: int) -> None:
     """Write ``doc`` to the cache file ``path`` atomically (a reader never sees half a file), then keep
     at most ``keep`` JSON files in its folder, the oldest out first. A cache that cannot be written is
     only slower: nothing is raised."""
     with contextlib.suppress(OSError, ValueError, TypeError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(json.dumps(doc), encoding="utf-8")
-        tmp.replace(path)
+        atomic_write(path, json.dumps(doc), durable=False)
         files = list(path.parent.glob("*.json"))
         for f in sorted(files, key=lambda f: f.stat().st_mtime)[: max(0, len(files) - keep)]:
             with contextlib.suppress(OSError):

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.resources import atomic_write
 from harness.runner import RunOptions, load_inventory, load_plan
 from harness.runner.executor import Runner
 from harness.runner.paths import (
@@ -22,7 +23,6 @@ from harness.runner.paths import (
     MARKER,
     MAX_COMPONENT,
     PREVIOUS_DIR,
-    atomic_write,
     move_aside,
     safe_component,
 )

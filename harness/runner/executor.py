@@ -43,9 +43,10 @@ from harness.errors import (
     combine_exit_codes,
 )
 from harness.firmware.native.project import NativeOptions
+from harness.resources import atomic_write
 from harness.runner.attempts import judge_dataset, judge_inputs
 from harness.runner.inventory import BenchBoard, Inventory
-from harness.runner.paths import atomic_write, move_aside, safe_component
+from harness.runner.paths import move_aside, safe_component
 from harness.runner.plan import Plan
 from harness.runner.policy import (
     BoardFacts,

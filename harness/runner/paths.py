@@ -110,19 +110,3 @@ def move_aside(out_dir: Path, extra: Iterable[Path] = ()) -> tuple[Path | None, 
         "written by esp-check run: its reports may be moved to previous-run/\n", encoding="utf-8"
     )
     return (target if found else None), said
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write ``path`` so a reader (or a kill -9) sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(raw)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

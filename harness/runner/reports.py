@@ -19,7 +19,8 @@ from harness import __version__
 from harness.analysis import junit
 from harness.analysis.schemas import versioned
 from harness.errors import Verdict
-from harness.runner.paths import SUMMARY_SCHEMA, atomic_write
+from harness.resources import atomic_write
+from harness.runner.paths import SUMMARY_SCHEMA
 from harness.runner.results import (
     TASK_VERDICTS,
     AttemptDataset,

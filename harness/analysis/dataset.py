@@ -10,7 +10,6 @@ Nothing unknown is ever counted as agreement: an input with a missing or invalid
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -18,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from harness.errors import ExitCode, Verdict, combine_exit_codes
+from harness.jsontypes import json_number
 
 LEGS = ("optimized", "ansi", "host")
 PAIRS = (("optimized", "ansi"), ("optimized", "host"), ("ansi", "host"))
@@ -157,14 +157,6 @@ def _diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         d = np.abs(np.where(same, 0.0, x - y))
     return np.where(np.isnan(d), np.inf, d)
-
-
-def json_number(x: float | None) -> float | str | None:
-    """A float for report.json: non-finite values as the strings "inf" / "-inf" / "nan" (bare NaN or
-    Infinity tokens are not JSON)."""
-    if x is None or math.isfinite(x):
-        return x
-    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
 def _compare(x: Leg, y: Leg, stats: PairStats, sizes: Sequence[int], tol: float) -> tuple[float | None, str]:

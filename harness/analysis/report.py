@@ -27,22 +27,11 @@ from harness import __version__
 from harness.analysis import junit
 from harness.analysis.compare import CompareResult, Source, TensorComparison
 from harness.analysis.schemas import compare_v1, versioned
+from harness.jsontypes import json_number
 
 SCHEMA_ID: Final = "esp-check-compare-report"
 SCHEMA_VERSION: Final = 2  # 2: one verdict vocabulary (usage_error, infrastructure_error, internal_error)
 RAW_LOG_MAX = 256 * 1024  # per source in JUnit system-out (head and tail kept)
-
-
-def json_number(x: float | str | None) -> float | str | None:
-    """JSON has no NaN/Infinity: non-finite numbers are written as strings (a string, e.g. of a report
-    read back, is left as it is: the model checks it is one of them)."""
-    if x is None or isinstance(x, str):
-        return x
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
 
 
 def _values(xs: Sequence[float | None] | None) -> list[float | str | None] | None:

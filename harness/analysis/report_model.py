@@ -14,7 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from harness.analysis.report import SCHEMA_ID, SCHEMA_VERSION, json_number
+from harness.analysis.report import SCHEMA_ID, SCHEMA_VERSION
+from harness.jsontypes import json_number
 
 __all__ = ["CompareReport", "ComparisonDoc", "FaultDoc", "Mismatch", "SourceDoc", "ToolDoc"]
 

@@ -82,13 +82,7 @@ def served_board(env: dict[str, str], cwd: str, flash: Path) -> Iterator[str]:
             server.wait(10)
 
 
-_LIST_MODULES = (
-    "import atexit, runpy, sys\n"
-    "out = sys.argv.pop(1)\n"
-    "atexit.register(lambda: open(out, 'w').write('\\n'.join(sys.modules)))\n"
-    "sys.argv[0] = 'esp-check'\n"
-    "runpy.run_module('harness.cli', run_name='__main__', alter_sys=True)\n"
-)
+LIST_MODULES = str(Path(__file__).with_name("list_modules.py"))  # writes what a CLI run loaded
 _IMPORT_ALL = (
     "import importlib, sys\n"
     "for name in open(sys.argv[1]).read().split():\n"
@@ -123,7 +117,7 @@ class Setup:
     def split(self, repeat: int) -> tuple[float, float, int]:
         """(interpreter start, imports of what the run loaded, how many modules) in CPU seconds."""
         listed = self.tmp / "modules.txt"
-        lister = [sys.executable, "-c", _LIST_MODULES, str(listed), *self.args]
+        lister = [sys.executable, LIST_MODULES, str(listed), *self.args]
         cpu_of(lister, self.env, self.tree)
         start = _median_cpu([sys.executable, "-c", "pass"], self.env, self.tree, repeat)
         imports = _median_cpu([sys.executable, "-c", _IMPORT_ALL, str(listed)], self.env, self.tree, repeat)

@@ -291,13 +291,7 @@ def test_dataset_host_reference_runs_while_the_inputs_stream(
     assert agreement["optimized_vs_host"]["compared"] == 4  # the host legs were joined and judged
 
 
-_LIST_MODULES = (
-    "import atexit, runpy, sys\n"
-    "out = sys.argv.pop(1)\n"
-    "atexit.register(lambda: open(out, 'w').write('\\n'.join(sys.modules)))\n"
-    "sys.argv[0] = 'esp-check'\n"
-    "runpy.run_module('harness.cli', run_name='__main__', alter_sys=True)\n"
-)
+LIST_MODULES = Path(__file__).resolve().parents[1] / "bench" / "list_modules.py"  # writes what a run loaded
 # What a repeat flash-and-compare (cached build, cached host reference, the board holding the images)
 # must not load, and why (issue 25, host CPU per repeat run).
 NOT_ON_A_REPEAT = {
@@ -341,7 +335,7 @@ def test_a_repeat_cli_run_loads_only_what_it_uses(models_dir: Path, tmp_path: Pa
             listed = tmp_path / "modules.txt"
             for cmd in (
                 [sys.executable, "-m", "harness.cli", "flash-and-compare", *args],  # warms every cache
-                [sys.executable, "-c", _LIST_MODULES, str(listed), "flash-and-compare", *args],
+                [sys.executable, str(LIST_MODULES), str(listed), "flash-and-compare", *args],
             ):
                 got = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
                 assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-2000:]

@@ -238,16 +238,9 @@ class Finding:
         return SEVERITY_EXIT[self.severity]
 
     def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "kind": self.kind,
-            "severity": self.severity,
-            "message": self.message,
-            "line": self.line,
-            "evidence": list(self.evidence),
-            "details": self.details,
-        }
-        if self.hint:
-            out["hint"] = self.hint
+        out: dict[str, object] = {**vars(self), "evidence": list(self.evidence)}
+        if not self.hint:
+            del out["hint"]
         return out
 
 
@@ -677,11 +670,10 @@ def _detect_panic(ctx: _Ctx) -> Found:
             reason = p.group(1).strip() if p else None
         core = _core(ctx, i)
         kind = "abort" if reason and reason.lower() == "abort" else "panic"
-        found = _crash(ctx, i, kind, "", {"core": core, "reason": reason})
-        f = found[1]
+        _, f = _crash(ctx, i, kind, "", {"core": core, "reason": reason})
         where = f.details.get("pc") or "?"
         msg = f"panic on core {core or '?'}: {reason or 'reason lost'} at PC {where}"
-        yield found[0], dataclasses.replace(f, message=msg)
+        yield i, dataclasses.replace(f, message=msg)
 
 
 _DUMP = ("registerdump", "exccause", "excvaddr", "mcause", "mepc")
@@ -695,13 +687,12 @@ def _detect_orphan_crash(ctx: _Ctx) -> Found:
         dump = any(a in ln.sq for a in _DUMP) and bool(re.search(_HEX, ln.text) or "registerdump" in ln.sq)
         trace = "acktrace" in ln.sq and bool(_BT_PAIR.search(ln.text))
         if dump or trace:
-            found = _crash(ctx, i, "panic", "", {"reason": None, "headline_lost": True})
-            f = found[1]
+            _, f = _crash(ctx, i, "panic", "", {"reason": None, "headline_lost": True})
             msg = (
                 f"crash report without its headline (the panic line was lost): "
                 f"{'register dump' if dump else 'backtrace'} at PC {f.details.get('pc') or '?'}"
             )
-            yield found[0], dataclasses.replace(f, message=msg)
+            yield i, dataclasses.replace(f, message=msg)
 
 
 # --- detectors: allocation and TFLM --------------------------------------------------------------
@@ -1232,9 +1223,8 @@ def _detect_task_watchdog(ctx: _Ctx) -> Found:
             else:
                 ctx.explained.add(j)
             j += 1
-        if (
-            not aborting
-        ):  # IDF 5 prints a backtrace (Xtensa) or registers + stack (RISC-V) of the current core
+        # IDF 5 prints a backtrace (Xtensa) or registers + stack (RISC-V) of the current core
+        if not aborting:
             ctx.explained.update(range(j, _dump_end(ctx, j) + 1))
     if not hits:
         return

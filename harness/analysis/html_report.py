@@ -26,7 +26,7 @@ import jinja2
 import numpy as np
 
 from harness.analysis.hybrid import Audit
-from harness.analysis.tap import Divergence, TapResult, Timing
+from harness.analysis.tap import TapResult, Timing, divergences
 
 if TYPE_CHECKING:  # annotations only: the flows import this module
     from harness.flows.records import FlashAndCompareResult
@@ -63,16 +63,14 @@ def _timeline(tap: TapResult | None) -> View | None:
     """Geometry of the checksum timeline: one cell per op and comparison."""
     if tap is None or not tap.runs:
         return None
-    row = tap.runs[0]
-    keys = ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host")
-    divergences = [(k, d) for k in keys if isinstance(d := row.get(k), Divergence)]
-    n = max((d.ops_compared for _, d in divergences), default=0)
+    found = divergences(tap.runs[0])
+    n = max((d.ops_compared for _, d in found), default=0)
     if n == 0:
         return None
     cell, left, top = max(4, min(14, 900 // n)), 150, 18
-    height = top + len(divergences) * (cell + 6) + 24
+    height = top + len(found) * (cell + 6) + 24
     rows = []
-    for j, (k, d) in enumerate(divergences):
+    for j, (k, d) in enumerate(found):
         bad = set(d.differing_ops)
         cells = [
             {

@@ -15,7 +15,6 @@ from harness.analysis import sweep_cases as sc
 ANALYSIS = Path(__file__).resolve().parents[1] / "harness" / "analysis"
 ANY_LEFT = {
     "html_report.py": 3,  # report.json read back (render_html, write_bundle, _devices)
-    "hybrid_html.py": 1,  # the hybrid report document of harness.flows.hybrid_report
     "sweep_report.py": 4,  # the finding groups and sources of harness.flows.sweep
     "sweep_repro.py": 2,  # the reproduction summary harness.flows.sweep extends
     "tap.py": 1,  # the reproducers of harness.flows.repro

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from harness.analysis.html_report import render_html
-from harness.analysis.hybrid_html import render_hybrid_html
+from harness.analysis.html_report import render_html, render_hybrid_html
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = '<script>alert("x")</script> & "q" \' <img src=x onerror=alert(1)>'

@@ -238,16 +238,9 @@ class Finding:
         return SEVERITY_EXIT[self.severity]
 
     def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "kind": self.kind,
-            "severity": self.severity,
-            "message": self.message,
-            "line": self.line,
-            "evidence": list(self.evidence),
-            "details": self.details,
-        }
-        if self.hint:
-            out["hint"] = self.hint
+        out: dict[str, object] = {**vars(self), "evidence": list(self.evidence)}
+        if not self.hint:
+            del out["hint"]
         return out
 
 
@@ -452,7 +445,7 @@ def _hit(sq: str, anchors: Sequence[str]) -> bool:
     return any(a[1:] in sq for a in anchors)
 
 
-Found = list[tuple[int, Finding]]
+Found = Iterator[tuple[int, Finding]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -556,15 +549,12 @@ def _is_guru(ctx: _Ctx, i: int) -> bool:
 
 
 def _detect_stack_overflow(ctx: _Ctx) -> Found:
-    out: Found = []
     for i, ln in ctx.unclaimed():
         if ctx.has(i, _STACK_OVF):
             m = _TASK.search(ln.text)
             task = (m.group(1) or m.group(2)) if m else None
             details: Details = {"task": task, "detector": "freertos_check"}
-            out.append(
-                _crash(ctx, i, "stack_overflow", f"stack overflow in task {task!r}", details, _STACK_HINT)
-            )
+            yield _crash(ctx, i, "stack_overflow", f"stack overflow in task {task!r}", details, _STACK_HINT)
         elif ctx.has(i, _CANARY) or ctx.has(i, _STACK_GUARD):
             start = next((j for j in range(max(0, i - 3), i) if _is_guru(ctx, j) and j not in ctx.claimed), i)
             m = _PAREN.search(ln.text) if ctx.has(i, _CANARY) else None
@@ -573,8 +563,7 @@ def _detect_stack_overflow(ctx: _Ctx) -> Found:
             detector = "watchpoint" if ctx.has(i, _CANARY) else "hw_stack_guard"
             message = f"stack overflow{' in task ' + repr(task) if task else ''} ({detector})"
             details = {"task": task, "detector": detector, "core": _core(ctx, start), "reason": reason}
-            out.append(_crash(ctx, start, "stack_overflow", message, details, _STACK_HINT))
-    return out
+            yield _crash(ctx, start, "stack_overflow", message, details, _STACK_HINT)
 
 
 _STACK_HINT = "give the task a larger stack (xTaskCreate stack size / CONFIG_ESP_MAIN_TASK_STACK_SIZE)"
@@ -586,13 +575,11 @@ def _core(ctx: _Ctx, i: int) -> str | None:
 
 
 def _detect_heap_corruption(ctx: _Ctx) -> Found:
-    out: Found = []
     for i, ln in ctx.unclaimed():
         if ctx.has(i, ("corruptheap", "orruptheap")):
             detail = re.split(r"HEAP\s*:?\s*", ln.text, maxsplit=1, flags=re.IGNORECASE)[-1].strip()[:200]
             message = f"heap corruption detected: {detail[:120]}"
-            out.append(_crash(ctx, i, "heap_corruption", message, {"detail": detail}, _HEAP_HINT))
-    return out
+            yield _crash(ctx, i, "heap_corruption", message, {"detail": detail}, _HEAP_HINT)
 
 
 _HEAP_HINT = (
@@ -606,7 +593,6 @@ _CPU = re.compile(r"on\s*CPU\s*(\d)", re.IGNORECASE)
 
 
 def _detect_interrupt_watchdog(ctx: _Ctx) -> Found:
-    out: Found = []
     for i, ln in ctx.unclaimed():
         if not ctx.has(i, _IWDT):
             continue
@@ -617,8 +603,7 @@ def _detect_interrupt_watchdog(ctx: _Ctx) -> Found:
             "interrupts stayed disabled (or an ISR ran) too long"
         )
         details: Details = {"cpu": cpu, "core": _core(ctx, i), "reason": "Interrupt wdt timeout"}
-        out.append(_crash(ctx, i, "interrupt_watchdog", message, details, _IWDT_HINT))
-    return out
+        yield _crash(ctx, i, "interrupt_watchdog", message, details, _IWDT_HINT)
 
 
 _IWDT_HINT = "look for a critical section or ISR that never ends (the backtrace shows where the CPU was)"
@@ -660,7 +645,6 @@ def _abort_kind(ctx: _Ctx, i: int) -> tuple[str, Details] | None:
 
 
 def _detect_abort(ctx: _Ctx) -> Found:
-    out: Found = []
     for i, _ in ctx.unclaimed():
         hit = _abort_kind(ctx, i)
         if hit is None:
@@ -671,12 +655,10 @@ def _detect_abort(ctx: _Ctx) -> Found:
                 m = _ABORT_AT.search(ctx.lines[j].text)
                 if m:
                     details.update(pc=m.group(1).lower(), core=m.group(2))
-        out.append(_crash(ctx, i, "abort", message, details))
-    return out
+        yield _crash(ctx, i, "abort", message, details)
 
 
 def _detect_panic(ctx: _Ctx) -> Found:
-    out: Found = []
     for i, ln in ctx.unclaimed():
         if not _is_guru(ctx, i):
             continue
@@ -688,12 +670,10 @@ def _detect_panic(ctx: _Ctx) -> Found:
             reason = p.group(1).strip() if p else None
         core = _core(ctx, i)
         kind = "abort" if reason and reason.lower() == "abort" else "panic"
-        found = _crash(ctx, i, kind, "", {"core": core, "reason": reason})
-        f = found[1]
+        _, f = _crash(ctx, i, kind, "", {"core": core, "reason": reason})
         where = f.details.get("pc") or "?"
         msg = f"panic on core {core or '?'}: {reason or 'reason lost'} at PC {where}"
-        out.append((found[0], dataclasses.replace(f, message=msg)))
-    return out
+        yield i, dataclasses.replace(f, message=msg)
 
 
 _DUMP = ("registerdump", "exccause", "excvaddr", "mcause", "mepc")
@@ -701,21 +681,18 @@ _DUMP = ("registerdump", "exccause", "excvaddr", "mcause", "mepc")
 
 def _detect_orphan_crash(ctx: _Ctx) -> Found:
     """A register dump or backtrace nobody claimed: the crash headline was lost, the report is not."""
-    out: Found = []
     for i, ln in ctx.unclaimed():
         if i in ctx.explained or ln.decoded:
             continue
         dump = any(a in ln.sq for a in _DUMP) and bool(re.search(_HEX, ln.text) or "registerdump" in ln.sq)
         trace = "acktrace" in ln.sq and bool(_BT_PAIR.search(ln.text))
         if dump or trace:
-            found = _crash(ctx, i, "panic", "", {"reason": None, "headline_lost": True})
-            f = found[1]
+            _, f = _crash(ctx, i, "panic", "", {"reason": None, "headline_lost": True})
             msg = (
                 f"crash report without its headline (the panic line was lost): "
                 f"{'register dump' if dump else 'backtrace'} at PC {f.details.get('pc') or '?'}"
             )
-            out.append((found[0], dataclasses.replace(f, message=msg)))
-    return out
+            yield i, dataclasses.replace(f, message=msg)
 
 
 # --- detectors: allocation and TFLM --------------------------------------------------------------
@@ -749,7 +726,6 @@ def _caps_names(caps: int) -> str:
 
 
 def _detect_heap_alloc(ctx: _Ctx) -> Found:
-    out: Found = []
     for i, ln in ctx.unclaimed():
         if ctx.has(i, _MEM_ALLOC):  # heap_caps_alloc_failed -> esp_system_abort: a crash report
             m = _MEM_ALLOC_RE.search(ln.text)
@@ -762,7 +738,7 @@ def _detect_heap_alloc(ctx: _Ctx) -> Found:
             )
             message = f"heap allocation failed ({what}) and the heap aborted ({_ABORT_ON_FAIL})"
             details: Details = {"source": "idf_heap", "size": size, "caps": caps}
-            out.append(_crash(ctx, i, "alloc_failure", message, details, _ALLOC_HINT))
+            yield _crash(ctx, i, "alloc_failure", message, details, _ALLOC_HINT)
             continue
         if ln.decoded or i in ctx.explained or not _APP_ALLOC.search(ln.sq):
             continue
@@ -770,8 +746,7 @@ def _detect_heap_alloc(ctx: _Ctx) -> Found:
         ctx.explained.add(i)
         message = f"allocation failed: {ln.body.strip()[:160]}"
         details = {"source": "text", "bytes": int(m.group(1)) if m else None}
-        out.append(ctx.finding(i, "alloc_failure", message, details, _ALLOC_HINT))
-    return out
+        yield ctx.finding(i, "alloc_failure", message, details, _ALLOC_HINT)
 
 
 _ABORT_ON_FAIL = "CONFIG_HEAP_ABORT_WHEN_ALLOCATION_FAILS"
@@ -850,7 +825,6 @@ def _detect_tflm(ctx: _Ctx) -> Found:
             bursts[-1].append(ev)
         else:
             bursts.append([ev])
-    out: Found = []
     for burst in bursts:
         kinds = [k for _, k, _ in burst]
         kind = next(
@@ -866,8 +840,7 @@ def _detect_tflm(ctx: _Ctx) -> Found:
         else:
             message, details, hint = _TFLM_ADVICE[kind](lines)
         details["source"] = "tflm"
-        out.append(ctx.finding(first, kind, message, details, hint, end=last))
-    return out
+        yield ctx.finding(first, kind, message, details, hint, end=last)
 
 
 def _missing_op_advice(lines: list[str]) -> Advice:
@@ -996,7 +969,6 @@ _TFLM_ADVICE: dict[str, Callable[[list[str]], Advice]] = {  # tflm_error: above
 
 def _detect_protocol_errors(ctx: _Ctx) -> Found:
     """The parsed capture's own ERROR records (CRC already checked by harness.protocol.capture)."""
-    out: Found = []
     for rec in ctx.parsed.records if ctx.parsed is not None else []:
         if rec.type != "ERROR":
             continue
@@ -1018,8 +990,7 @@ def _detect_protocol_errors(ctx: _Ctx) -> Found:
             "seq": rec.seq,
             "msg": msg,
         }
-        out.append(ctx.finding(i, kind, text, details))
-    return out
+        yield ctx.finding(i, kind, text, details)
 
 
 # --- detectors: power, boot, boot mode, watchdog ----------------------------------------------------
@@ -1028,13 +999,11 @@ _BROWNOUT = ("brownoutdetector", "rownoutdetectorwas", "brownoutrst", "brownoutr
 
 
 def _detect_brownout(ctx: _Ctx) -> Found:
-    out: Found = []
     for i in ctx.hot:
         if ctx.has(i, _BROWNOUT):
             message = "brownout: the supply voltage dropped below the detector threshold"
             details: Details = {"line": ctx.lines[i].text.strip()[:200]}
-            out.append(ctx.finding(i, "brownout", message, details, _BROWNOUT_HINT))
-    return out
+            yield ctx.finding(i, "brownout", message, details, _BROWNOUT_HINT)
 
 
 _BROWNOUT_HINT = "use a better USB cable/port or a powered hub, then rerun"
@@ -1065,7 +1034,6 @@ _BOOT_FAIL_PATTERNS = tuple(re.compile(p) for r in _MESSAGES["bootloader"] for p
 
 
 def _detect_boot_failure(ctx: _Ctx) -> Found:
-    out: Found = []
     for i in ctx.hot:
         ln = ctx.lines[i]
         if ln.decoded:
@@ -1078,12 +1046,11 @@ def _detect_boot_failure(ctx: _Ctx) -> Found:
             continue
         detail = (m.group(1) if m else ln.body.strip())[:200]
         if "smallerthanthesizeinthebinary" in ln.sq:
-            out.append(_flash_size_finding(ctx, i, detail))
+            yield _flash_size_finding(ctx, i, detail)
             continue
         message = f"the chip could not boot the flashed image: {detail[:120]}"
         hint = "reflash (check the offsets and the flash size/mode in the board file)"
-        out.append(ctx.finding(i, "boot_failure", message, {"detail": detail}, hint))
-    return out
+        yield ctx.finding(i, "boot_failure", message, {"detail": detail}, hint)
 
 
 _FLASH_SIZES = re.compile(r"size\((\d+)k\).*?header\((\d+)k\)", re.IGNORECASE)
@@ -1169,7 +1136,7 @@ def _detect_download_mode(ctx: _Ctx) -> Found:
         if not ctx.lines[i].decoded and (_DL_SQ.search(ctx.lines[i].sq) or _nameless_download(ctx, i))
     ]
     if not hits:
-        return []
+        return
     first = hits[0]
     chip = next((c for c in (_chip_near(ctx, i) for i in hits) if c), None)
     resets = [i for i in hits if "boot0x" in ctx.lines[i].sq] or [first]
@@ -1219,7 +1186,7 @@ def _detect_download_mode(ctx: _Ctx) -> Found:
         f"the chip is in download mode (ROM serial loader{', ' + chip if chip else ''}): it never ran the "
         f"firmware ({len(resets)} reset(s) into download mode)"
     )
-    return [ctx.finding(first, "download_mode", msg, details, hint, end=hits[-1])]
+    yield ctx.finding(first, "download_mode", msg, details, hint, end=hits[-1])
 
 
 _TWDT = ("taskwatchdoggottriggered", "askwatchdoggottrigger")
@@ -1256,15 +1223,14 @@ def _detect_task_watchdog(ctx: _Ctx) -> Found:
             else:
                 ctx.explained.add(j)
             j += 1
-        if (
-            not aborting
-        ):  # IDF 5 prints a backtrace (Xtensa) or registers + stack (RISC-V) of the current core
+        # IDF 5 prints a backtrace (Xtensa) or registers + stack (RISC-V) of the current core
+        if not aborting:
             ctx.explained.update(range(j, _dump_end(ctx, j) + 1))
     if not hits:
-        return []
+        return
     message = f"task watchdog triggered {len(hits)}x (non-fatal unless CONFIG_ESP_TASK_WDT_PANIC)"
     details: Details = {"count": len(hits), "tasks": sorted(set(tasks))}
-    return [ctx.finding(hits[0], "task_watchdog", message, details, end=hits[0] + 3)]
+    yield ctx.finding(hits[0], "task_watchdog", message, details, end=hits[0] + 3)
 
 
 def _dump_end(ctx: _Ctx, start: int) -> int:
@@ -1315,7 +1281,6 @@ def _short_frame(frame: str) -> str:
 
 def _detect_sanitizer(ctx: _Ctx) -> Found:
     """A sanitizer report of a native build: the headline, the access, the first frames, the summary."""
-    out: Found = []
     n = len(ctx.lines)
     for i, ln in ctx.unclaimed():
         head = _sanitizer_head(ln)
@@ -1353,8 +1318,7 @@ def _detect_sanitizer(ctx: _Ctx) -> Found:
         details = {k: v for k, v in details.items() if v not in (None, [])}
         _, f = ctx.finding(i, "sanitizer", message[:300], details, _SANITIZER_HINT)
         evidence = tuple(ctx.lines[j].text[:_EVIDENCE_CAP] for j in evidence_idx)
-        out.append((i, dataclasses.replace(f, evidence=evidence)))
-    return out
+        yield i, dataclasses.replace(f, evidence=evidence)
 
 
 _SANITIZER_HINT = (
@@ -1366,8 +1330,7 @@ _SANITIZER_HINT = (
 def _detect_native_exit(ctx: _Ctx) -> Found:
     """The native board's line for a program that ended abnormally, unless a sanitizer explained it."""
     if any(kind == "sanitizer" for kind in ctx.claimed.values()):
-        return []
-    out: Found = []
+        return
     for i, ln in ctx.unclaimed():
         m = _NATIVE_EXIT.search(ln.text)
         if m is None:
@@ -1382,8 +1345,7 @@ def _detect_native_exit(ctx: _Ctx) -> Found:
             details = {"status": status}
         ctx.claim(i, i, "native_exit")
         hint = "rebuild with --sanitize: AddressSanitizer/UBSan name the faulting code"
-        out.append(ctx.finding(i, "native_exit", message, details, hint))
-    return out
+        yield ctx.finding(i, "native_exit", message, details, hint)
 
 
 # --- the table ------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ Nothing unknown is ever counted as agreement: an input with a missing or invalid
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -109,10 +110,7 @@ class DatasetAnalysis:
 
     @property
     def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.rows:
-            out[r.verdict] = out.get(r.verdict, 0) + 1
-        return out
+        return dict(Counter(r.verdict for r in self.rows))
 
     @property
     def exit_code(self) -> ExitCode:

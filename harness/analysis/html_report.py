@@ -1,4 +1,4 @@
-"""``--html FILE`` and ``--bundle FILE.zip`` for ``flash-and-compare``.
+"""``--html FILE`` and ``--bundle FILE.zip`` for ``flash-and-compare``, and the hybrid report's HTML.
 
 The HTML report is one self-contained file: no scripts, no external assets. Plots are inline SVG
 generated here; image-shaped tensors (e.g. a segmentation mask) are embedded PNGs (Pillow, base64
@@ -26,12 +26,13 @@ import jinja2
 import numpy as np
 
 from harness.analysis.hybrid import Audit
-from harness.analysis.tap import Divergence, TapResult, Timing
+from harness.analysis.tap import TapResult, Timing, divergences
 
 if TYPE_CHECKING:  # annotations only: the flows import this module
     from harness.flows.records import FlashAndCompareResult
 
 View = dict[str, object]  # what a template shows: numbers, strings and lists of views, built here
+ReportDoc = Mapping[str, Any]  # a report.json read back (flash-and-compare's or hybrid's)
 
 
 @functools.lru_cache(maxsize=1)
@@ -63,16 +64,14 @@ def _timeline(tap: TapResult | None) -> View | None:
     """Geometry of the checksum timeline: one cell per op and comparison."""
     if tap is None or not tap.runs:
         return None
-    row = tap.runs[0]
-    keys = ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host")
-    divergences = [(k, d) for k in keys if isinstance(d := row.get(k), Divergence)]
-    n = max((d.ops_compared for _, d in divergences), default=0)
+    found = divergences(tap.runs[0])
+    n = max((d.ops_compared for _, d in found), default=0)
     if n == 0:
         return None
     cell, left, top = max(4, min(14, 900 // n)), 150, 18
-    height = top + len(divergences) * (cell + 6) + 24
+    height = top + len(found) * (cell + 6) + 24
     rows = []
-    for j, (k, d) in enumerate(divergences):
+    for j, (k, d) in enumerate(found):
         bad = set(d.differing_ops)
         cells = [
             {
@@ -237,7 +236,7 @@ def _output_images(result: FlashAndCompareResult) -> list[View]:
     return out
 
 
-def _devices(doc: Mapping[str, Any]) -> list[View]:
+def _devices(doc: ReportDoc) -> list[View]:
     rows = []
     for v, r in (doc.get("variants") or {}).items():
         info = (((r.get("results") or {}).get("sources") or [{}])[0] or {}).get("info", {})
@@ -279,7 +278,7 @@ def _tap_view(tap: TapResult | None) -> View | None:
     }
 
 
-def render_html(result: FlashAndCompareResult, doc: Mapping[str, Any]) -> str:
+def render_html(result: FlashAndCompareResult, doc: ReportDoc) -> str:
     """The whole report as one HTML string (harness/templates/flash_and_compare.html.j2)."""
     verdict = str(doc.get("verdict"))
     comp = doc.get("comparison") or {}
@@ -298,12 +297,23 @@ def render_html(result: FlashAndCompareResult, doc: Mapping[str, Any]) -> str:
     return render("flash_and_compare.html.j2", doc=doc, view=view)
 
 
+def render_hybrid_html(doc: ReportDoc) -> str:
+    """The hybrid report as one HTML page (harness/templates/hybrid.html.j2)."""
+    verdict = str(doc.get("verdict"))
+    view = {
+        "cls": "match" if doc.get("offered") else ("mismatch" if verdict == "mismatch" else "other"),
+        "head": "HYBRID OFFERED" if doc.get("offered") else "NO HYBRID OFFERED",
+        "audit": audit_view(doc.get("audit")),
+    }
+    return render("hybrid.html.j2", doc=doc, view=view)
+
+
 # ---- bundle -------------------------------------------------------------------------------------------
 
 
 def write_bundle(
     result: FlashAndCompareResult,
-    doc: Mapping[str, Any],
+    doc: ReportDoc,
     model: Path,
     inputs: Sequence[Path],
     dest: Path,

@@ -162,12 +162,8 @@ class Bisection:
 
 def _ranges(ops: Sequence[int]) -> str:
     """``0-16,18-56`` for humans and reports (sorted, unique)."""
-    runs: list[list[int]] = []
-    for v in sorted(set(ops)):
-        if runs and v == runs[-1][-1] + 1:
-            runs[-1].append(v)
-        else:
-            runs.append([v])
+    consecutive = itertools.groupby(enumerate(sorted(set(ops))), key=lambda kv: kv[1] - kv[0])
+    runs = [[v for _, v in group] for _, group in consecutive]
     return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "-"
 
 

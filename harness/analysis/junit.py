@@ -26,6 +26,7 @@ import io
 import re
 import socket
 import xml.etree.ElementTree as ET
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -141,13 +142,12 @@ def _suite(root: ET.Element, s: Suite) -> tuple[dict[str, int], float]:
 def tree(suites: Iterable[Suite], *, name: str = "esp-check", seconds: float | None = None) -> ET.ElementTree:
     """The document: ``<testsuites>`` with the suites, totals counted from their cases."""
     root = ET.Element("testsuites", name=name)
-    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    totals = Counter(_counts([]))  # every count, from 0
     total_time = 0.0
     for s in suites:
         counts, secs = _suite(root, s)
         total_time += secs
-        for k, v in counts.items():
-            totals[k] += v
+        totals.update(counts)
     for k, v in totals.items():
         root.set(k, str(v))
     root.set("time", f"{seconds if seconds is not None else total_time:.3f}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -146,6 +146,21 @@ def _source_label(label: str, mode: str) -> str:
     return label if (label, mode) in _SAME_MODE or label == mode else f"{label} ({mode})"
 
 
+# the rows of the terminal table: the metric and its cell in one pair's column
+_METRICS: tuple[tuple[str, Callable[[TensorComparison], str]], ...] = (
+    ("elements", lambda c: str(c.count)),
+    ("mismatched", lambda c: f"{c.mismatched} (tol {_fmt(c.tolerance_lsb)} LSB)"),
+    ("max |diff| LSB", lambda c: _fmt(c.max_diff_lsb)),
+    ("mean |diff| LSB", lambda c: _fmt(c.mean_diff_lsb, 3)),
+    ("max |diff| real", lambda c: _fmt(c.max_abs_diff)),
+    ("RMSE", lambda c: _fmt(c.rmse)),
+    ("cosine", lambda c: _fmt(c.cosine, 6)),
+    ("argmax", lambda c: f"{c.argmax_a} vs {c.argmax_b}"),
+    ("top-k overlap", lambda c: "-" if c.topk_agreement is None else f"{c.topk_agreement:.0%} of {c.topk}"),
+    ("pinned min/max", lambda c: ", ".join(s for s, p in ((c.a, c.pinned_a), (c.b, c.pinned_b)) if p) or "-"),
+)
+
+
 def print_report(
     result: CompareResult,
     console: Console | None = None,
@@ -170,32 +185,8 @@ def print_report(
         table.add_column("metric")
         for c in comps:
             table.add_column(f"{labels.get(c.a, c.a)}\nvs {labels.get(c.b, c.b)}", justify="right")
-
-        def row(
-            metric: str, cells: list[str], comps: list[TensorComparison] = comps, table: Table = table
-        ) -> None:
-            styled = [Text(v, style="" if c.match else "red") for v, c in zip(cells, comps, strict=True)]
-            table.add_row(metric, *styled)
-
-        row("elements", [str(c.count) for c in comps])
-        row("mismatched", [f"{c.mismatched} (tol {_fmt(c.tolerance_lsb)} LSB)" for c in comps])
-        row("max |diff| LSB", [_fmt(c.max_diff_lsb) for c in comps])
-        row("mean |diff| LSB", [_fmt(c.mean_diff_lsb, 3) for c in comps])
-        row("max |diff| real", [_fmt(c.max_abs_diff) for c in comps])
-        row("RMSE", [_fmt(c.rmse) for c in comps])
-        row("cosine", [_fmt(c.cosine, 6) for c in comps])
-        row("argmax", [f"{c.argmax_a} vs {c.argmax_b}" for c in comps])
-        row(
-            "top-k overlap",
-            ["-" if c.topk_agreement is None else f"{c.topk_agreement:.0%} of {c.topk}" for c in comps],
-        )
-        row(
-            "pinned min/max",
-            [
-                ", ".join(side for side, p in ((c.a, c.pinned_a), (c.b, c.pinned_b)) if p) or "-"
-                for c in comps
-            ],
-        )
+        for metric, cell in _METRICS:
+            table.add_row(metric, *[Text(cell(c), style="" if c.match else "red") for c in comps])
         table.add_row(
             "verdict",
             *[Text("match", style="green") if c.match else Text("MISMATCH", style="bold red") for c in comps],

@@ -14,7 +14,7 @@ import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, TypedDict, TypeVar
+from typing import Literal, NamedTuple, TypedDict, TypeVar, get_args
 
 import numpy as np
 
@@ -158,7 +158,10 @@ class Quant(TypedDict):
     w_scales: list[float]
 
 
+# in the driver's order of a conv / depthwise case's geometry params
 GeometryKey = Literal["ih", "iw", "ic", "kh", "kw", "fc", "oc", "mult_ch", "oh", "ow", "sh", "sw", "ph", "pw"]
+CONV_PARAMS: tuple[GeometryKey, ...] = tuple(k for k in get_args(GeometryKey) if k != "mult_ch")
+DEPTHWISE_PARAMS: tuple[GeometryKey, ...] = tuple(k for k in get_args(GeometryKey) if k not in ("fc", "oc"))
 
 
 @dataclass
@@ -177,6 +180,22 @@ class Case:
 
     def line(self) -> str:
         return " ".join(str(x) for x in (self.id, OPS[self.op], self.seed, self.lo, self.hi, *self.params))
+
+
+def _drawn(
+    op: str,
+    rng: random.Random,
+    params: list[int],
+    klass: str,
+    reachable: bool,
+    meta: CaseMeta,
+    *,
+    lo: int = -128,
+    hi: int = 127,
+) -> Case:
+    """A case whose seed is the last draw from ``rng`` (after everything it is made of)."""
+    seed = rng.randint(0, 0x0FFFFFFF)
+    return Case(op, seed, lo, hi, params=params, klass=klass, reachable=reachable, meta=meta)
 
 
 def bias_range(rng: random.Random) -> int:
@@ -202,9 +221,6 @@ def _act(rng: random.Random, zp: int, scale: float) -> tuple[str, int, int]:
 def ch_bucket(c: int) -> str:
     """The channel-count bucket of a geometry class."""
     return "c<8" if c < 8 else "c8-15" if c < 16 else "c>=16"
-
-
-_ch_bucket = ch_bucket
 
 
 def _spatial(rng: random.Random, k: int, stride: int, same: bool, api: bool) -> tuple[int, int, int]:
@@ -311,8 +327,7 @@ def conv_case(
 ) -> Case:
     """A conv case; ``over`` (a model's geometry) replaces the drawn one, ``quant`` its quantization."""
     g: CaseMeta = {**_conv(rng, api, grouped), **(over or {})}
-    tail = f"{'grouped ' if g['groups'] > 1 else ''}{_ch_bucket(g['fc'])}"
-    return _conv_like_case("conv", rng, g, quant, api, geometry=CONV_PARAMS, klass_tail=tail)
+    return _conv_like_case("conv", rng, g, quant, api)
 
 
 def depthwise_case(
@@ -323,62 +338,21 @@ def depthwise_case(
     g["mult_ch"] = rng.choice((1, 1, 1, 2, 3, 4, 5, 8))
     g.update(over or {})
     g["oc"] = g["ic"] * g["mult_ch"]
-    tail = f"mult{g['mult_ch']} {_ch_bucket(g['ic'])}"
-    return _conv_like_case("depthwise", rng, g, quant, api, geometry=DEPTHWISE_PARAMS, klass_tail=tail)
+    return _conv_like_case("depthwise", rng, g, quant, api)
 
 
-# the geometry half of a conv / depthwise case's params, in the driver's order
-CONV_PARAMS: tuple[GeometryKey, ...] = (
-    "ih",
-    "iw",
-    "ic",
-    "kh",
-    "kw",
-    "fc",
-    "oc",
-    "oh",
-    "ow",
-    "sh",
-    "sw",
-    "ph",
-    "pw",
-)
-DEPTHWISE_PARAMS: tuple[GeometryKey, ...] = (
-    "ih",
-    "iw",
-    "ic",
-    "kh",
-    "kw",
-    "mult_ch",
-    "oh",
-    "ow",
-    "sh",
-    "sw",
-    "ph",
-    "pw",
-)
-
-
-def _conv_like_case(
-    op: str,
-    rng: random.Random,
-    g: CaseMeta,
-    quant: Quant | None,
-    api: bool,
-    *,
-    geometry: tuple[GeometryKey, ...],
-    klass_tail: str,
-) -> Case:
+def _conv_like_case(op: str, rng: random.Random, g: CaseMeta, quant: Quant | None, api: bool) -> Case:
     """A conv or depthwise case from its geometry ``g``: quantization, activation and bias drawn (in
-    this order) from ``rng``, params = the ``geometry`` keys of ``g`` then the quantization."""
+    this order) from ``rng``, params = the geometry keys of ``g`` (``CONV_PARAMS`` or
+    ``DEPTHWISE_PARAMS``) then the quantization."""
     if g["oh"] < 1 or g["ow"] < 1:
         g["ih"], g["iw"], g["oh"], g["ow"], g["ph"], g["pw"] = g["kh"], g["kw"], 1, 1, 0, 0
     in_scale, in_zp, out_zp, rq = _quant(rng, quant, g["oc"], per_channel=True, api=api)
     act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
     br = bias_range(rng)
+    geometry = CONV_PARAMS if op == "conv" else DEPTHWISE_PARAMS
     p = [g[k] for k in geometry] + [-in_zp, out_zp, amin, amax, br, *rq["mult"], *rq["shift"]]
-    pad = "SAME" if g["same"] else "VALID"
-    klass = f"{g['kh']}x{g['kw']} {_strides(g)} {pad if not api else 'pad*'} {klass_tail}"
+    klass = geometry_class(op, p, _pad_word(g["same"], api))
     reach = from_scales(rq) and (not api or _reachable_2d(g))
     meta: CaseMeta = {
         **g,
@@ -389,13 +363,32 @@ def _conv_like_case(
         "act": act,
         "bias_range": br,
     }
-    return Case(
-        op, rng.randint(0, 0x0FFFFFFF), -128, hi=127, params=p, klass=klass, reachable=reach, meta=meta
-    )
+    return _drawn(op, rng, p, klass, reach, meta)
 
 
-def _strides(g: CaseMeta) -> str:
-    return f"s{g['sh']}" if g["sh"] == g["sw"] else f"s{g['sh']}x{g['sw']}"
+def _pad_word(same: bool, api: bool) -> str:
+    return "pad*" if api else "SAME" if same else "VALID"
+
+
+def _strides(sh: int, sw: int) -> str:
+    return f"s{sh}" if sh == sw else f"s{sh}x{sw}"
+
+
+def geometry_class(op: str, p: Sequence[int], word: str = "") -> str:
+    """A case's geometry class, from its params; ``word`` is the padding (SAME, VALID or pad*) of a conv,
+    depthwise or pooling case, the input range (near-max or spread) of a softmax case."""
+    if op == "conv":
+        grouped = "grouped " if p[2] != p[5] else ""  # in channels != filter channels
+        return f"{p[3]}x{p[4]} {_strides(p[9], p[10])} {word} {grouped}{ch_bucket(p[5])}"
+    if op == "depthwise":
+        return f"{p[3]}x{p[4]} {_strides(p[8], p[9])} {word} mult{p[5]} {ch_bucket(p[2])}"
+    if op in ("avg_pool", "max_pool"):
+        return f"{p[7]}x{p[8]} {_strides(p[5], p[6])} {word} {ch_bucket(p[2])}"
+    if op == "softmax":
+        return f"depth{'>=512' if p[1] >= 512 else '<512'} {word}"
+    if op == "fully_connected":
+        return f"{'per-channel' if p[8] else 'per-tensor'} row%4={p[0] % 4} {ch_bucket(p[0])}"
+    return f"size%4={p[0] % 4} {'n<16' if p[0] < 16 else 'n>=16'}"
 
 
 def _reachable_2d(g: CaseMeta) -> bool:
@@ -425,7 +418,6 @@ def fc_case(
     w_off = rng.randint(-127, 127) if api else 0  # TFLM: int8 weights are symmetric (zero point 0)
     br = bias_range(rng)
     p = [row, oc, -in_zp, w_off, out_zp, amin, amax, br, int(per_ch), *rq["mult"], *rq["shift"]]
-    klass = f"{'per-channel' if per_ch else 'per-tensor'} row%4={row % 4} {_ch_bucket(row)}"
     meta: CaseMeta = {
         "row": row,
         "oc": oc,
@@ -437,16 +429,8 @@ def fc_case(
         "act": act,
         "bias_range": br,
     }
-    return Case(
-        "fully_connected",
-        rng.randint(0, 0x0FFFFFFF),
-        -128,
-        hi=127,
-        params=p,
-        klass=klass,
-        reachable=from_scales(rq) and (not api or w_off == 0),
-        meta=meta,
-    )
+    reach = from_scales(rq) and (not api or w_off == 0)
+    return _drawn("fully_connected", rng, p, geometry_class("fully_connected", p), reach, meta)
 
 
 def add_mul_case(rng: random.Random, op: str, api: bool = False, *, size: int | None = None) -> Case:
@@ -463,16 +447,7 @@ def add_mul_case(rng: random.Random, op: str, api: bool = False, *, size: int | 
     else:
         mo, sho = quantize_multiplier(s1 * s2 / so)
         p = [n, -z1, -z2, zo, mo, sho, amin, amax]
-    return Case(
-        op,
-        rng.randint(0, 0x0FFFFFFF),
-        -128,
-        hi=127,
-        params=p,
-        klass=f"size%4={n % 4} {'n<16' if n < 16 else 'n>=16'}",
-        reachable=True,
-        meta=meta,
-    )
+    return _drawn(op, rng, p, geometry_class(op, p), True, meta)
 
 
 class PoolShape(NamedTuple):
@@ -519,12 +494,10 @@ def pool_case(rng: random.Random, op: str, api: bool = False, *, shape: PoolShap
         "ch": ch,
     }
     p = [ih, iw, ch, oh, ow, stride, stride_w, k, k, ph, pw, amin, amax]
-    klass = f"{k}x{k} {_strides(g)} {('SAME' if same else 'VALID') if not api else 'pad*'} {_ch_bucket(ch)}"
+    klass = geometry_class(op, p, _pad_word(same, api))
     reach = not api or _reachable_2d(g)
     meta: CaseMeta = {**g, "scale": 0.05, "zp": zp, "act": act}
-    return Case(
-        op, rng.randint(0, 0x0FFFFFFF), -128, hi=127, params=p, klass=klass, reachable=reach, meta=meta
-    )
+    return _drawn(op, rng, p, klass, reach, meta)
 
 
 def softmax_case(
@@ -546,23 +519,15 @@ def softmax_case(
     near = _given(near_max, rng.random() < 0.5)
     hi = 127 if near else rng.randint(0, 127)
     lo = hi - _given(spread, rng.choice((0, 1, 2))) if near else -128
-    klass = f"depth{'>=512' if depth >= 512 else '<512'} {'near-max' if near else 'spread'}"
     meta: CaseMeta = {
         "rows": rows,
         "depth": depth,
         "in_scale": scale,
         "in_zp": rng.randint(-128, 127) if api else 0,
     }
-    return Case(
-        "softmax",
-        rng.randint(0, 0x0FFFFFFF),
-        max(-128, lo),
-        hi=hi,
-        params=[rows, depth, mult, shift, diff_min],
-        klass=klass,
-        reachable=True,
-        meta=meta,
-    )
+    params = [rows, depth, mult, shift, diff_min]
+    klass = geometry_class("softmax", params, "near-max" if near else "spread")
+    return _drawn("softmax", rng, params, klass, True, meta, lo=max(-128, lo), hi=hi)
 
 
 def generate(ops: Sequence[str], per_op: int, seed: int = 0, api: bool = False) -> Iterator[Case]:

@@ -93,20 +93,16 @@ def _conv_like(info: ModelInfo, op: OpInfo, depthwise: bool) -> tuple[list[tuple
     kh, kw = f[1], f[2]
     sh, sw = int(str(o.get("stride_h", 1))), int(str(o.get("stride_w", 1)))
     base = _geometry(ih, iw, kh, kw=kw, stride=sh, same=o.get("padding", "SAME") == "SAME", stride_w=sw)
-    out: list[tuple[str, CaseMeta]] = []
+    out: list[tuple[str, CaseMeta]]
     if depthwise:
         mult = max(1, f[3] // max(1, ic))
-        for label, g in _spatial_variants(base):
-            out.append((label, {**g, "ic": ic, "mult_ch": mult}))
-        for d in CHANNEL_DELTAS:
-            if ic + d >= 1:
-                out.append((f"ic{d:+d}", {**base, "ic": ic + d, "mult_ch": mult}))
+        out = [(label, {**g, "ic": ic, "mult_ch": mult}) for label, g in _spatial_variants(base)]
+        out += [(f"ic{d:+d}", {**base, "ic": ic + d, "mult_ch": mult}) for d in CHANNEL_DELTAS if ic + d >= 1]
         return out, ""
     oc, fc = f[0], f[3]
     groups = max(1, ic // max(1, fc))
     common: CaseMeta = {"fc": fc, "ic": fc * groups, "oc": oc, "groups": groups}
-    for label, g in _spatial_variants(base):
-        out.append((label, {**g, **common}))
+    out = [(label, {**g, **common}) for label, g in _spatial_variants(base)]
     for d in CHANNEL_DELTAS:
         if fc + d >= 1:
             out.append((f"fc{d:+d}", {**base, **common, "fc": fc + d, "ic": (fc + d) * groups}))

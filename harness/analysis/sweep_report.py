@@ -41,7 +41,7 @@ def _array(ctype: str, name: str, values: Sequence[int]) -> str:
 
 def _tensors(case: Case) -> tuple[dict[str, tuple[str, list[int]]], int]:
     """The case's inline arrays (the driver's own values) and its output length."""
-    p, m = case.params, case.meta
+    p = case.params
     arrays: dict[str, tuple[str, list[int]]] = {}
     if case.op in ("conv", "depthwise"):
         ih, iw, ic, kh, kw = p[:5]
@@ -76,7 +76,6 @@ def _tensors(case: Case) -> tuple[dict[str, tuple[str, list[int]]], int]:
         return arrays, oh * ow * ch
     rows, depth = p[0], p[1]
     arrays["in"] = ("int8_t", int8_values(case.seed, 0, rows * depth, case.lo, case.hi).tolist())
-    del m
     return arrays, rows * depth
 
 

@@ -48,6 +48,7 @@ class _Writer:
         self.b = flatbuffers.Builder(size + 4096)
         self.buffers = [_buffer(tflite, self.b, None)]
         self.tensors: list[int] = []
+        self.shapes: list[list[int]] = []  # per tensor: tensor 0 is the model's input
 
     def tensor(
         self,
@@ -65,6 +66,7 @@ class _Writer:
             self.buffers.append(_buffer(tfl, b, np.ascontiguousarray(data).tobytes()))
             buf = len(self.buffers) - 1
         self.tensors.append(write_tensor(tfl, b, name, shape, dtype, buffer=buf, quant=(scales, zps, qdim)))
+        self.shapes.append(shape)
         return len(self.tensors) - 1
 
     def options(self, name: str, **fields: float) -> tuple[int, int]:
@@ -169,22 +171,9 @@ def repro_model(case: Case) -> tuple[bytes, np.ndarray]:
     w = _Writer(64 * 1024)
     ins, out, opts = _BUILD[case.op](w, case)
     data = w.finish(CODES[case.op], ins, out, opts)
-    shape = _input_shape(case)
+    shape = w.shapes[0]
     x = int8_values(case.seed, 0, int(np.prod(shape)), case.lo, case.hi).reshape(shape)
     return data, x
-
-
-def _input_shape(case: Case) -> list[int]:
-    m = case.meta
-    if case.op in ("conv", "depthwise"):
-        return [1, m["ih"], m["iw"], m["ic"]]
-    if case.op in ("avg_pool", "max_pool"):
-        return [1, m["ih"], m["iw"], m["ch"]]
-    if case.op == "fully_connected":
-        return [1, m["row"]]
-    if case.op == "softmax":
-        return [m["rows"], m["depth"]]
-    return [1, m["size"]]
 
 
 def write_repro(

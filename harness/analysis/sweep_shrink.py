@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Literal
 
 from harness.analysis import sweep_cases
-from harness.analysis.sweep_cases import Case, CaseMeta, GeometryKey, api_out, ch_bucket, tflite_padding
+from harness.analysis.sweep_cases import Case, CaseMeta, GeometryKey, api_out, tflite_padding
 
 # the sizes a step makes smaller
 _Key = Literal["ih", "iw", "kh", "kw", "ic", "fc", "oc", "mult_ch", "ch", "row", "rows", "depth"]
@@ -137,22 +137,8 @@ def klass_of(case: Case) -> str:
     """The geometry class of a shrunk case, as the generator names it (an ``opN`` prefix kept)."""
     words = case.klass.split()
     prefix = words[0] + " " if words and words[0].startswith("op") and words[0][2:].isdigit() else ""
-    p, pad = case.params, next((w for w in words if w in ("SAME", "VALID", "pad*")), "")
-    if case.op == "conv":
-        grouped = "grouped " if p[2] != p[5] else ""
-        strides = f"s{p[9]}" if p[9] == p[10] else f"s{p[9]}x{p[10]}"
-        return f"{prefix}{p[3]}x{p[4]} {strides} {pad} {grouped}{ch_bucket(p[5])}"
-    if case.op == "depthwise":
-        strides = f"s{p[8]}" if p[8] == p[9] else f"s{p[8]}x{p[9]}"
-        return f"{prefix}{p[3]}x{p[4]} {strides} {pad} mult{p[5]} {ch_bucket(p[2])}"
-    if case.op in ("avg_pool", "max_pool"):
-        strides = f"s{p[5]}" if p[5] == p[6] else f"s{p[5]}x{p[6]}"
-        return f"{prefix}{p[7]}x{p[8]} {strides} {pad} {ch_bucket(p[2])}"
-    if case.op == "softmax":
-        return f"{prefix}depth{'>=512' if p[1] >= 512 else '<512'} {words[-1]}"
-    if case.op == "fully_connected":
-        return f"{prefix}{'per-channel' if p[8] else 'per-tensor'} row%4={p[0] % 4} {ch_bucket(p[0])}"
-    return f"{prefix}size%4={p[0] % 4} {'n<16' if p[0] < 16 else 'n>=16'}"
+    word = next((w for w in words if w in ("SAME", "VALID", "pad*")), words[-1] if words else "")
+    return prefix + sweep_cases.geometry_class(case.op, case.params, word)
 
 
 def smaller(case: Case) -> Iterator[Case]:

@@ -372,6 +372,12 @@ class DumpImage(TypedDict):
     ref: np.ndarray
 
 
+def divergences(run: Mapping[str, int | Divergence]) -> list[tuple[str, Divergence]]:
+    """The divergences found for one input: optimized vs ANSI C, then each variant vs the host."""
+    keys = ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host")
+    return [(k, d) for k in keys if isinstance(d := run.get(k), Divergence)]
+
+
 @dataclass
 class TapResult:
     """What ``flash-and-compare --tap`` found, per input run, plus the dump run's evidence."""
@@ -381,9 +387,7 @@ class TapResult:
     dumps: list[DumpDiff] = field(default_factory=list)
     timing: Timing | None = None
     audit: Audit | None = None  # ESP-NN speedup audit (analysis.hybrid.espnn_audit)
-    repro: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # one-op reproducers (flows.repro.write_reproducer)
+    repro: list[dict[str, Any]] = field(default_factory=list)  # one-op reproducers (flows.repro)
     ram_bytes: dict[str, int] = field(default_factory=dict)  # per variant, from OPEND
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -392,20 +396,14 @@ class TapResult:
     @property
     def culprit(self) -> Divergence | None:
         """The first divergence that involves the optimized build (vs ANSI, else vs host)."""
-        for run in self.runs:
-            for key in ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host"):
-                d = run.get(key)
-                if isinstance(d, Divergence) and d.op is not None:
-                    return d
-        return None
+        return next((d for run in self.runs for _, d in divergences(run) if d.op is not None), None)
 
     def summary_lines(self) -> list[str]:
-        lines: list[str] = []
-        for run in self.runs:
-            for key in ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host"):
-                d = run.get(key)
-                if isinstance(d, Divergence):
-                    lines.append(f"input {run['i']}: {key.replace('_', ' ')}: {d.message}")
+        lines = [
+            f"input {run['i']}: {key.replace('_', ' ')}: {d.message}"
+            for run in self.runs
+            for key, d in divergences(run)
+        ]
         for dd in self.dumps:
             if dd.differing:
                 hist = ", ".join(f"{k:+d} LSB x{v}" for k, v in sorted(dd.lsb_histogram.items()))

@@ -78,7 +78,7 @@ def write_hybrid_outputs(
     bundle: str | Path | None = None,
 ) -> dict[str, object]:
     """report.json always; the HTML report and the bundle when asked for."""
-    from harness.analysis.hybrid_html import render_hybrid_html
+    from harness.analysis.html_report import render_hybrid_html
 
     doc = result_doc(res, stages, model=model, inputs=inputs)
     tmp = res.report_path.with_suffix(".json.tmp")

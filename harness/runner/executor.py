@@ -437,23 +437,15 @@ class Runner:
         )
 
     def _firmware_for(self, t: Task, bench: BenchBoard, a: Attempt) -> Firmware | None:
-        """Both builds, or None with the attempt marked as a host-side failure (not retried)."""
+        """Both builds, or None with the attempt marked as a host-side failure (not retried); the task's
+        builds are recorded from the job's result (``attempts._attempt_facts``), as a dataset job's are."""
         try:
-            fw = self._firmware(t, bench.board)
+            return self._firmware(t, bench.board)
         except EspCheckError as exc:
             a.exit_code = int(exc.exit_code)
             a.reason = f"firmware build: {exc.message}"
             a.host_side = True
             return None
-        t.builds = {
-            v: {
-                "firmware_sha256": b.firmware_sha256,
-                "cache_hit": b.cache_hit,
-                "project_dir": str(b.project_dir),
-            }
-            for v, b in fw.builds.items()
-        }
-        return fw
 
     def _lock_board(self, state: BoardState, a: Attempt) -> BoardLock | PlaceLease | None:
         """Resolve the board's port and take its lock, or None with the attempt marked failed."""

@@ -471,10 +471,7 @@ class Runner:
                 cancel=self.stop,  # a stop request ends the wait: no new work on any board
             )
         except BoardBusyError as exc:
-            a.exit_code = int(ExitCode.INFRASTRUCTURE)
-            a.reason = exc.message
-            a.board_busy = True
-            return None
+            return _busy(a, exc)
         a.lock_wait_s = held.waited_s
         a.started = time.time()
         return held
@@ -504,10 +501,7 @@ class Runner:
         try:
             self._take_place(bench, lease)
         except BoardBusyError as exc:
-            a.exit_code = int(ExitCode.INFRASTRUCTURE)
-            a.reason = exc.message
-            a.board_busy = True
-            return None
+            return _busy(a, exc)
         except EspCheckError as exc:  # the coordinator, the place or its serial port resource
             a.exit_code = int(exc.exit_code)
             a.reason = f"labgrid: {exc.message}"
@@ -540,44 +534,35 @@ class Runner:
         """Generate + build both variants once per (model, board type, console, options): the inputs are
         streamed, so jobs with other inputs reuse the same firmware (and what is already flashed), and
         the attempts' jobs flash it as it is (they generate and build nothing)."""
-        key = (
-            str(t.case.model),
-            board.name,
-            board.console,
-            t.job.arena_kb,
-            t.job.input_options,
-        )
+        key = (str(t.case.model), board.name, board.console, t.job.arena_kb, t.job.input_options)
         tool = self.opt.builder or board.builder
 
-        def make() -> Firmware:
-            with self._first_build_of(tool):
-                return build()
-
         def build() -> Firmware:
-            self._refuse_if_offline(tool)
             from harness.firmware.generate import FirmwareFeatures
             from harness.flows.firmware import prepare_firmware
             from harness.flows.records import Recorder
 
             digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
             name = safe_component(f"{t.case.name}__{board.name}__{board.console}__{digest}")
-            fw = prepare_firmware(
-                t.case.model,
-                [],
-                board,
-                self.out / "firmware" / name,
-                rec=Recorder(),
-                options=self._job_options(t),
-                features=FirmwareFeatures(embed_inputs=False),
-            )
-            for exc in fw.failures.values():
-                if isinstance(exc, PlatformUnreachableError):
-                    with self.cond:
-                        self.offline_tools.setdefault(tool, exc)
-                raise exc
+            with self._first_build_of(tool):
+                self._refuse_if_offline(tool)
+                fw = prepare_firmware(
+                    t.case.model,
+                    [],
+                    board,
+                    self.out / "firmware" / name,
+                    rec=Recorder(),
+                    options=self._job_options(t),
+                    features=FirmwareFeatures(embed_inputs=False),
+                )
+                for exc in fw.failures.values():
+                    if isinstance(exc, PlatformUnreachableError):
+                        with self.cond:
+                            self.offline_tools.setdefault(tool, exc)
+                    raise exc
             return fw
 
-        return self.builds.get(key, make)
+        return self.builds.get(key, build)
 
     @contextlib.contextmanager
     def _first_build_of(self, tool: str) -> Iterator[None]:
@@ -722,6 +707,13 @@ class Runner:
                 if t.state in (TaskState.PENDING, TaskState.RUNNING):
                     self._abort(t, abort_reason(t))
             return self.stop.is_set() or self.hard_stop.is_set()
+
+
+def _busy(a: Attempt, exc: BoardBusyError) -> None:
+    """The attempt found its board's lock (or labgrid place) held past the wait: no attempt, no lock."""
+    a.exit_code = int(ExitCode.INFRASTRUCTURE)
+    a.reason = exc.message
+    a.board_busy = True
 
 
 def _refuse_untested(plan: Path, job: Job, board: Board) -> None:

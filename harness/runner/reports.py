@@ -50,8 +50,7 @@ _OUTCOME: dict[CaseStatus, junit.Outcome] = {
 
 
 def _task_board(t: Task) -> str | None:
-    a = t.decisive or (t.attempts[-1] if t.attempts else None)
-    return a.board if a is not None else t.pinned
+    return t.reported.board if t.reported is not None else t.pinned
 
 
 def _variant_doc(o: VariantOutcome) -> dict[str, object]:
@@ -105,10 +104,7 @@ def _task_doc(t: Task) -> dict[str, object]:
 
 def _task_dataset(t: Task) -> AttemptDataset | None:
     """A dataset job's figures from its decisive attempt (the last one when none decided)."""
-    if t.job.data is None:
-        return None
-    a = t.decisive or (t.attempts[-1] if t.attempts else None)
-    return a.dataset if a is not None else None
+    return t.reported.dataset if t.job.data is not None and t.reported is not None else None
 
 
 def _task_verdict(t: Task) -> Verdict:
@@ -156,8 +152,8 @@ def summary_dict(result: RunResult, schema_version: int | None = None) -> dict[s
         "exit_code": int(result.exit_code),
         "verdict": str(result.verdict),
         "interrupted": result.interrupted,
-        "simulated": any(b.bench.simulated for b in result.boards),
-        "native": any(b.bench.board.is_native for b in result.boards),
+        "simulated": result.simulated,
+        "native": result.native,
         "counts": _counts(result),
         "boards": [
             {
@@ -224,7 +220,7 @@ def testcases_of(t: Task) -> list[Testcase]:
 
 
 def _raw_logs(t: Task) -> str:
-    a = t.decisive or (t.attempts[-1] if t.attempts else None)
+    a = t.reported
     if a is None:
         return ""
     logs: dict[str, bytes | None] = {}
@@ -242,9 +238,7 @@ def _raw_logs(t: Task) -> str:
 
 def junit_tree(result: RunResult) -> ET.ElementTree:
     """One ``<testsuite>`` per job, one ``<testcase>`` per task x input x comparison."""
-    simulated = any(b.bench.simulated for b in result.boards)
-    native = any(b.bench.board.is_native for b in result.boards)
-    props = {"simulated": str(simulated).lower(), "native": str(native).lower()}
+    props = {"simulated": str(result.simulated).lower(), "native": str(result.native).lower()}
     stamp = datetime.fromtimestamp(result.started, timezone.utc)
     suites: dict[str, junit.Suite] = {}
     for t in result.tasks:
@@ -265,19 +259,8 @@ def _task_cases(t: Task) -> list[junit.Case]:
         text = f"task {t.id}: {t.reason}"
         if c.status == CaseStatus.ERROR:
             text += f"\nartifacts: {t.dir}"
-        outcome = _OUTCOME[c.status]
-        found.append(
-            junit.Case(
-                where,
-                name,
-                outcome,
-                type=c.type.value,
-                message=c.message,
-                text=text,
-                out=out_text,
-                seconds=each,
-            )
-        )
+        outcome, kind = _OUTCOME[c.status], c.type.value
+        found.append(junit.Case(where, name, outcome, kind, c.message, text, out=out_text, seconds=each))
     return found
 
 
@@ -307,10 +290,10 @@ def markdown(result: RunResult) -> str:
         "",
         f"Plan `{_md(str(result.plan.path))}` on `{_md(str(result.inventory.path))}` — {c['tasks']} tasks, "
         f"{c['attempts']} attempts ({c['retries']} retries), {seconds:.0f} s"
-        + (" — **simulated boards**" if any(b.bench.simulated for b in result.boards) else "")
+        + (" — **simulated boards**" if result.simulated else "")
         + (
             " — **NATIVE boards** (firmware built for the PC: generic ESP-NN C kernels, no chip)"
-            if any(b.bench.board.is_native for b in result.boards)
+            if result.native
             else ""
         ),
         "",

@@ -223,6 +223,11 @@ class Task:
     def first_fault(self) -> Attempt | None:
         return next((a for a in self.attempts if a.exit_code == ExitCode.FIRMWARE_FAULT), None)
 
+    @property
+    def reported(self) -> Attempt | None:
+        """The attempt a report shows: the decisive one, else the last."""
+        return self.decisive or (self.attempts[-1] if self.attempts else None)
+
 
 @dataclass
 class BoardState:
@@ -255,6 +260,14 @@ class RunResult:
     @property
     def verdict(self) -> Verdict:
         return Verdict.from_exit_code(self.exit_code)
+
+    @property
+    def simulated(self) -> bool:
+        return any(b.bench.simulated for b in self.boards)
+
+    @property
+    def native(self) -> bool:
+        return any(b.bench.board.is_native for b in self.boards)
 
 
 def now_iso(t: float) -> str:

@@ -471,7 +471,8 @@ class Runner:
                 cancel=self.stop,  # a stop request ends the wait: no new work on any board
             )
         except BoardBusyError as exc:
-            return _busy(a, exc)
+            _busy(a, exc)
+            return None
         a.lock_wait_s = held.waited_s
         a.started = time.time()
         return held
@@ -501,7 +502,8 @@ class Runner:
         try:
             self._take_place(bench, lease)
         except BoardBusyError as exc:
-            return _busy(a, exc)
+            _busy(a, exc)
+            return None
         except EspCheckError as exc:  # the coordinator, the place or its serial port resource
             a.exit_code = int(exc.exit_code)
             a.reason = f"labgrid: {exc.message}"

@@ -433,13 +433,13 @@ def _run_hybrid(state: _State, ansi_ops: Sequence[int], *, tap: bool, label: str
         run.why, run.exit_code = str(exc), exc.exit_code
         return run
     finally:
-        state.rec.stages += [dataclasses.replace(s, stage=f"{label}:{s.stage}") for s in rec.stages]
+        state.rec.adopt(rec.stages, label)
     assert state.target is not None
     vr, stages = flash_and_capture(
         build, state.target, d, variant="optimized", timeouts=job.timeouts, flash_baud=job.flash_baud,
         progress=state.rec.progress,
     )  # fmt: skip
-    state.rec.stages += [dataclasses.replace(s, stage=f"{label}:{s.stage}") for s in stages]
+    state.rec.adopt(stages, label)
     _judge(state, run, vr)
     tail = f": {run.why}" if run.why else ""
     state.rec.say(label, f"ANSI C on ops {format_ops(run.ansi_ops) or '-'}: {run.outcome}{tail}")

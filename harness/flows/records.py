@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, TypeVar
 
@@ -21,7 +20,7 @@ else:  # pragma: no cover - Python 3.10 (typing_extensions costs a repeat run ~1
     from typing_extensions import NotRequired
 
 from harness.analysis.compare import CompareResult, Source
-from harness.errors import EspCheckError, ExitCode, Verdict
+from harness.errors import EspCheckError, ExitCode, StrEnum, Verdict
 from harness.jsontypes import JSONValue
 
 if TYPE_CHECKING:  # (only --tap runs load the tap analysis: flash_and_compare._tap)
@@ -35,14 +34,11 @@ ProgressFn = Callable[[str, str], None]  # (stage, message)
 T = TypeVar("T")
 
 
-class StageStatus(str, Enum):
+class StageStatus(StrEnum):
     """How a stage ended."""
 
     OK = "ok"
     FAILED = "failed"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -167,6 +163,10 @@ class Recorder:
     def say(self, stage: str, message: str) -> None:
         if self.progress is not None:
             self.progress(stage, message)
+
+    def adopt(self, stages: list[StageRecord], prefix: str) -> None:
+        """Take another run's stages into this record, each labelled ``prefix:stage``."""
+        self.stages += [dataclasses.replace(s, stage=f"{prefix}:{s.stage}") for s in stages]
 
     def add(
         self, stage: str, variant: str | None, code: ExitCode | None, seconds: float, detail: str = ""

@@ -162,14 +162,11 @@ def _dump_run(
     subdir: str = "tap-dump",
 ) -> dict[str, Capture]:
     """Rebuild both variants with dumps on, flash and capture each; failures go into ``outcome``."""
-    dump_dir = req.out / subdir
     sub = Recorder(rec.progress)
     try:
-        return _dump_variants(req, dump, sub, lock_cm, outcome, dump_dir)
+        return _dump_variants(req, dump, sub, lock_cm, outcome, req.out / subdir)
     finally:  # the dump run's stages join the report, labelled as such
-        for s in sub.stages:
-            s.stage = f"{subdir}:{s.stage}"
-        rec.stages.extend(sub.stages)
+        rec.adopt(sub.stages, subdir)
 
 
 def _dump_variants(

@@ -361,12 +361,10 @@ def run_dataset(
 def boot_rate(resident: ResidentBoard) -> float:
     """Bytes per second of the resident link as it runs now (10 bits per byte at the current boot's baud,
     else the console's); 0.0: a link without a baud (native pipe, USB-Serial-JTAG)."""
-    dev = resident.dev
-    uart = str(getattr(dev.board, "console", "uart")) == "uart" and not dev.reenumerates
-    if not uart or dev.spec.caps.installs_program:
+    if not resident.uart_link:
         return 0.0
     baud = resident.current.link_baud if resident.current is not None else 0
-    return (baud or dev.console_baud) / 10.0
+    return (baud or resident.dev.console_baud) / 10.0
 
 
 def upload_bytes(input_bytes: int) -> int:

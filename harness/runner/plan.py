@@ -178,11 +178,7 @@ class Job:
     @property
     def pairs(self) -> tuple[tuple[str, str], ...]:
         """(a, b) source pairs to report, in a stable order without duplicates."""
-        out: dict[tuple[str, str], None] = {}
-        for c in self.comparisons:
-            for p in COMPARISONS[c]:
-                out.setdefault(p, None)
-        return tuple(out)
+        return tuple(dict.fromkeys(p for c in self.comparisons for p in COMPARISONS[c]))
 
     @property
     def needs_reference(self) -> bool:

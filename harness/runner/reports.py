@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import xml.etree.ElementTree as ET
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -113,23 +114,19 @@ def _task_verdict(t: Task) -> Verdict:
 
 def _counts(result: RunResult) -> dict[str, int]:
     tasks = result.tasks
-    cases = [c for t in tasks for c in testcases_of(t)]
-    counts: dict[str, int] = {"tasks": len(tasks)}
-    counts.update({str(v): 0 for v in TASK_VERDICTS})
-    counts.update(
-        aborted=sum(1 for t in tasks if t.state == TaskState.ABORTED),
-        attempts=sum(len(t.attempts) for t in tasks),
-        retries=sum(1 for e in result.events if e["kind"] == "retry"),
-        testcases=len(cases),
-        passed=0,
-        failures=0,
-        errors=0,
-    )
-    for t in tasks:
-        counts[str(_task_verdict(t))] += 1
-    for c in cases:
-        counts[{CaseStatus.PASSED: "passed", CaseStatus.FAILURE: "failures"}.get(c.status, "errors")] += 1
-    return counts
+    verdicts = Counter(str(_task_verdict(t)) for t in tasks)
+    cases = Counter(c.status for t in tasks for c in testcases_of(t))
+    return {
+        "tasks": len(tasks),
+        **{str(v): verdicts[str(v)] for v in TASK_VERDICTS},
+        "aborted": sum(1 for t in tasks if t.state == TaskState.ABORTED),
+        "attempts": sum(len(t.attempts) for t in tasks),
+        "retries": sum(1 for e in result.events if e["kind"] == "retry"),
+        "testcases": cases.total(),
+        "passed": cases[CaseStatus.PASSED],
+        "failures": cases[CaseStatus.FAILURE],
+        "errors": cases[CaseStatus.ERROR],
+    }
 
 
 def summary_dict(result: RunResult, schema_version: int | None = None) -> dict[str, object]:

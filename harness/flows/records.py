@@ -22,6 +22,7 @@ else:  # pragma: no cover - Python 3.10 (typing_extensions costs a repeat run ~1
 from harness.analysis.compare import CompareResult, Source
 from harness.errors import EspCheckError, ExitCode, StrEnum, Verdict
 from harness.jsontypes import JSONValue
+from harness.protocol.capture import Capture, parse_capture
 
 if TYPE_CHECKING:  # (only --tap runs load the tap analysis: flash_and_compare._tap)
     from harness.analysis.tap import TapResult
@@ -151,6 +152,12 @@ class VariantRun:
     source: Source | None = None  # the device's outputs, only when its capture validated
     problems: list[str] = field(default_factory=list)
     exit_code: ExitCode | None = None  # what this variant's failure implies; None when it ran cleanly
+
+    def capture(self) -> Capture | None:
+        """What the device printed, parsed from the serial log (None: no log was written)."""
+        if self.serial_log is None or not Path(self.serial_log).is_file():
+            return None
+        return parse_capture(Path(self.serial_log).read_bytes())
 
 
 class Recorder:

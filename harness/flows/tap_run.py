@@ -75,11 +75,7 @@ def run_tap_flow(
     lock_cm: BoardLockCM | None = None,
 ) -> TapRunOutcome:
     """Analyze the tapped captures; when an op departs, dump it (and ``extra_dump_ops``) in a second run."""
-    caps = {
-        v: parse_capture(Path(run.serial_log).read_bytes())
-        for v, run in variants.items()
-        if run.serial_log is not None and Path(run.serial_log).is_file() and run.capture_valid
-    }
+    caps = {v: cap for v, run in variants.items() if run.capture_valid and (cap := run.capture()) is not None}
     if not caps:
         return TapRunOutcome(TapResult(problems=["no valid tapped capture to analyze"]))
     outcome = TapRunOutcome(TapResult())

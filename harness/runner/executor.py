@@ -388,10 +388,9 @@ class Runner:
         try:
             result = run_job(self._job_spec(t, state.bench, a, fw))
         except EspCheckError as exc:  # raised before flashing: generation, the dataset, the port
-            a.exit_code = int(exc.exit_code)
-            a.reason = f"{'dataset ' if t.job.data is not None else ''}job: {exc.message}"
-            a.host_side = exc.exit_code != ExitCode.INFRASTRUCTURE
-            a.board_fault = exc.exit_code == ExitCode.INFRASTRUCTURE
+            infra = exc.exit_code == ExitCode.INFRASTRUCTURE
+            what = "dataset job" if t.job.data is not None else "job"
+            a.failed(what, exc, host_side=not infra, board_fault=infra)
             return
         finally:
             self._release(t, state.bench, a, held)
@@ -442,9 +441,7 @@ class Runner:
         try:
             return self._firmware(t, bench.board)
         except EspCheckError as exc:
-            a.exit_code = int(exc.exit_code)
-            a.reason = f"firmware build: {exc.message}"
-            a.host_side = True
+            a.failed("firmware build", exc, host_side=True)
             return None
 
     def _lock_board(self, state: BoardState, a: Attempt) -> BoardLock | PlaceLease | None:
@@ -455,9 +452,7 @@ class Runner:
         try:
             ps = bench.resolve()
         except EspCheckError as exc:
-            a.exit_code = int(exc.exit_code)
-            a.reason = f"port: {exc.message}"
-            a.board_fault = exc.exit_code == ExitCode.INFRASTRUCTURE
+            a.failed("port", exc, board_fault=exc.exit_code == ExitCode.INFRASTRUCTURE)
             return None
         a.port = ps.url
         a.lock_key = state.lock_key = lock_key(ps)
@@ -505,9 +500,7 @@ class Runner:
             _busy(a, exc)
             return None
         except EspCheckError as exc:  # the coordinator, the place or its serial port resource
-            a.exit_code = int(exc.exit_code)
-            a.reason = f"labgrid: {exc.message}"
-            a.board_fault = False
+            a.failed("labgrid", exc)
             return None
         assert lease.url is not None
         self.say(f"[labgrid] {bench.name}: acquired place {lease.place} (serial port {lease.url})")

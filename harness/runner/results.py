@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from harness.errors import ExitCode, StrEnum, Verdict
+from harness.errors import EspCheckError, ExitCode, StrEnum, Verdict
 from harness.flows.records import StageRecord, StageStatus
 from harness.runner.inventory import BenchBoard, Inventory
 from harness.runner.plan import Job, ModelCase, Plan
@@ -193,6 +193,13 @@ class Attempt:
     board_busy: bool = False  # the board's lock was not free in time
     testcases: list[Testcase] = field(default_factory=list)
     dataset: AttemptDataset | None = None  # a dataset job: inputs, verdict counts, agreement per pair
+
+    def failed(
+        self, what: str, exc: EspCheckError, *, host_side: bool = False, board_fault: bool = False
+    ) -> None:
+        """The attempt ended before a verdict: ``what`` failed with ``exc``."""
+        self.exit_code, self.reason = int(exc.exit_code), f"{what}: {exc.message}"
+        self.host_side, self.board_fault = host_side, board_fault
 
     def where_and_how(self) -> dict[str, object]:
         """Where and when the attempt ran and how it ended, as attempt.json and summary.json write it."""

@@ -152,14 +152,16 @@ def _task_step(outcome: Outcome, task: TaskFacts, policy: Policy, stopping: bool
         return _after_fault(outcome, task, stopping)
     if task.first_fault_reason is not None:  # the confirmation re-run did not crash
         verdict = Verdict.from_exit_code(outcome.exit_code)
-        return Decision(
-            Next.FINISH,
-            ExitCode.FIRMWARE_FAULT,
-            f"firmware fault not reproduced by the re-run (which gave {verdict}): "
-            f"intermittent crash: {task.first_fault_reason}",
-            decisive=Decisive.FIRST_FAULT,
-        )
+        why = f"not reproduced by the re-run (which gave {verdict}): intermittent crash"
+        return _fault_stands(f"{why}: {task.first_fault_reason}")
     return Decision(Next.FINISH, outcome.exit_code, outcome.reason)
+
+
+def _fault_stands(why: str) -> Decision:
+    """The task's first firmware fault is its verdict, whatever its confirmation re-run did."""
+    return Decision(
+        Next.FINISH, ExitCode.FIRMWARE_FAULT, f"firmware fault {why}", decisive=Decisive.FIRST_FAULT
+    )
 
 
 def _after_infrastructure(outcome: Outcome, task: TaskFacts, policy: Policy, stopping: bool) -> Decision:
@@ -167,12 +169,7 @@ def _after_infrastructure(outcome: Outcome, task: TaskFacts, policy: Policy, sto
     fault = task.first_fault_reason
     if stopping:
         if fault is not None:  # the finding stands even when its confirmation cannot run
-            return Decision(
-                Next.FINISH,
-                ExitCode.FIRMWARE_FAULT,
-                f"firmware fault (not confirmed: run stopped): {fault}",
-                decisive=Decisive.FIRST_FAULT,
-            )
+            return _fault_stands(f"(not confirmed: run stopped): {fault}")
         return Decision(
             Next.ABORT,
             ExitCode.INFRASTRUCTURE,
@@ -190,12 +187,7 @@ def _after_infrastructure(outcome: Outcome, task: TaskFacts, policy: Policy, sto
             events=((EventKind.RETRY, message),),
         )
     if fault is not None:  # a fault was seen; its confirmation run hit the infrastructure
-        return Decision(
-            Next.FINISH,
-            ExitCode.FIRMWARE_FAULT,
-            f"firmware fault (confirmation re-run failed: {outcome.reason}): {fault}",
-            decisive=Decisive.FIRST_FAULT,
-        )
+        return _fault_stands(f"(confirmation re-run failed: {outcome.reason}): {fault}")
     if outcome.host_side:
         return Decision(Next.FINISH, ExitCode.INFRASTRUCTURE, f"{outcome.reason} (host side: not retried)")
     return Decision(

@@ -20,6 +20,7 @@ import threading
 import time
 import zlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -762,8 +763,7 @@ class HostLegsJob:
 
     def __init__(self, model: Path, info: ModelInfo, ds: Dataset, rec: Recorder) -> None:
         self._stop = threading.Event()
-        self._legs: list[Leg] | None = None
-        self._error: BaseException | None = None
+        self._legs: Future[list[Leg]] = Future()
         self.taken = False  # result() was called
         self._thread = threading.Thread(
             target=self._run, args=(model, info, ds, rec), name="host-reference", daemon=True
@@ -772,17 +772,13 @@ class HostLegsJob:
 
     def _run(self, model: Path, info: ModelInfo, ds: Dataset, rec: Recorder) -> None:
         try:
-            self._legs = host_legs(model, info, ds, rec, self._stop)
+            self._legs.set_result(host_legs(model, info, ds, rec, self._stop))
         except BaseException as exc:  # handed to result() in the caller's thread
-            self._error = exc
+            self._legs.set_exception(exc)
 
     def result(self) -> list[Leg]:
         self.taken = True
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._legs is not None
-        return self._legs
+        return self._legs.result()
 
     def cancel(self) -> None:
         self._stop.set()

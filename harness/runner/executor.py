@@ -18,6 +18,7 @@ the running attempts too: what they return afterwards is not recorded.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -157,8 +158,11 @@ class Runner:
         self.lock_timeout = (
             options.lock_timeout_s if options.lock_timeout_s is not None else plan.run.lock_timeout_s
         )
-        self.backoff = options.backoff_s if options.backoff_s is not None else plan.run.backoff_s
-        self.quarantine_after = options.quarantine_after or plan.run.quarantine_after
+        self.rules = Policy(  # the job's retries go in per task
+            quarantine_after=options.quarantine_after or plan.run.quarantine_after,
+            backoff_s=options.backoff_s if options.backoff_s is not None else plan.run.backoff_s,
+            backoff_max_s=plan.run.backoff_max_s,
+        )
         self.moved_aside: Path | None = None
         self.leases: list[PlaceLease] = []  # labgrid places this run may hold (released at the end)
         self.offline_tools: dict[str, BuildError] = {}  # tool -> its first "cannot reach its platform"
@@ -213,14 +217,6 @@ class Runner:
                 RunEvent(t=time.time(), kind=kind.value, board=board, task=task, message=message)
             )
         self.say(f"[{kind}] " + (f"{board}: " if board else "") + (f"{task}: " if task else "") + message)
-
-    def policy(self, t: Task) -> Policy:
-        return Policy(
-            retries=t.job.retries,
-            quarantine_after=self.quarantine_after,
-            backoff_s=self.backoff,
-            backoff_max_s=self.plan.run.backoff_max_s,
-        )
 
     # ---- scheduling -------------------------------------------------------------------------------
 
@@ -281,7 +277,7 @@ class Runner:
             BoardFacts(
                 state.status, state.consecutive_infra, state.bench.can_power_cycle, state.power_cycled
             ),
-            self.policy(t),
+            dataclasses.replace(self.rules, retries=t.job.retries),
             stopping=self.stop.is_set(),
         )
 

@@ -132,7 +132,9 @@ def write_junit(
             r.exit_code, "infrastructure"
         )
         out = logs.get(v, b"").decode("utf-8", "replace")
-        cases.append(junit.Case(junit.classname(*where), f"{v}.run", outcome, kind, message, message, out))
+        cases.append(
+            junit.Case(junit.classname(*where), f"{v}.run", outcome, kind, message, text=message, out=out)
+        )
     write_junit_tree(junit.tree([compare_suite(cases, result.comparison)]), path)
 
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
+import queue
 import threading
 import time
 import traceback
@@ -44,6 +46,7 @@ from harness.errors import (
     combine_exit_codes,
 )
 from harness.firmware.native.project import NativeOptions
+from harness.flows.targets import target_class
 from harness.resources import atomic_write
 from harness.runner.attempts import judge_dataset, judge_inputs
 from harness.runner.inventory import BenchBoard, Inventory
@@ -63,7 +66,6 @@ from harness.runner.policy import (
     may_take,
     orphans,
 )
-from harness.runner.prepare import prepare_shared
 from harness.runner.results import (
     Attempt,
     BoardState,
@@ -598,6 +600,64 @@ class Runner:
             key, lambda: prepare_host_results(t.case.model, inputs, input_options=t.job.input_options)
         )
 
+    def _shared_work(self) -> list[Callable[[], object]]:
+        """One callable per distinct piece of shared work of the tasks that can run on a usable board."""
+        work: list[Callable[[], object]] = []
+        seen: set[Hashable] = set()
+        usable = {
+            b.bench.board.name: b.bench.board for b in self.boards.values() if b.status == BoardStatus.OK
+        }
+        if any(target_class(board).expects_sim for board in usable.values()):  # their loop runs the C codec
+            work.append(_codec_library)
+        for t in self.tasks:
+            board = usable.get(t.board_type)
+            if board is None or t.job.data is not None:  # dataset jobs build inside their flow
+                continue
+            options = t.job.input_options
+            key = ("fw", str(t.case.model), t.board_type, options, t.job.arena_kb, board.console)
+            if key not in seen:
+                seen.add(key)
+                work.append(functools.partial(self._firmware, t, board))
+            ref_key = ("ref", str(t.case.model), tuple(map(str, t.case.inputs)), options)
+            if t.job.needs_reference and ref_key not in seen:
+                seen.add(ref_key)
+                work.append(functools.partial(self._reference, t))
+        return work
+
+    def _prepare_shared(self) -> int:
+        """Make each distinct firmware and host reference once, a few at a time, before the board workers
+        start (else the first task on every board starts at the same moment, and each builds or waits for
+        what another is making); returns how many pieces of work there were. A failure is kept by the
+        memo and reported by the task that needs it, as if the task had met it. A stop starts no more of
+        them; a hard stop stops waiting for the running ones (daemon threads, as the board workers)."""
+        work = self._shared_work()
+        if not work:
+            return 0
+        self.say(f"[prepare] {len(work)} shared build(s) and reference(s) before the boards start")
+        todo: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+        for job in work:
+            todo.put(job)
+
+        def worker() -> None:
+            while not self.stop.is_set():
+                try:
+                    job = todo.get_nowait()
+                except queue.Empty:
+                    return
+                with contextlib.suppress(EspCheckError):  # memoized: the task that needs it reports it
+                    job()
+
+        threads = [
+            threading.Thread(target=worker, name=f"prepare-{k}", daemon=True)
+            for k in range(min(len(work), 4, os.cpu_count() or 1))
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            while th.is_alive() and not self.hard_stop.is_set():
+                th.join(timeout=0.2)
+        return len(work)
+
     def _write_attempt(self, t: Task, a: Attempt) -> None:
         if a.dir is None:
             return
@@ -622,7 +682,7 @@ class Runner:
         self._prepare_out()
         self._check_ports()
         try:
-            prepare_shared(self)
+            self._prepare_shared()
             self._work()
         finally:  # also on a crash or a second Ctrl-C: no labgrid place stays acquired by us
             if self.hard_stop.is_set():  # abandoned attempts: their children (host reference, builds) too
@@ -698,6 +758,14 @@ class Runner:
                 if t.state in (TaskState.PENDING, TaskState.RUNNING):
                     self._abort(t, abort_reason(t))
             return self.stop.is_set() or self.hard_stop.is_set()
+
+
+def _codec_library() -> None:
+    """The C library every simulated board's firmware loop runs (compiled once per source hash)."""
+    from harness.protocol.emitter import build_c_library, find_c_compiler
+
+    if find_c_compiler() is not None:
+        build_c_library()
 
 
 def _busy(a: Attempt, exc: BoardBusyError) -> None:

@@ -91,11 +91,8 @@ def run_tap_flow(
         return outcome
     res.dump_ops = dump
     rec.say("tap", f"second run dumping op(s) {','.join(map(str, dump))}")
-    try:
-        dump_caps = _dump_run(req, dump, rec, lock_cm or contextlib.nullcontext(), outcome)
-    except EspCheckError as exc:
-        outcome.errors.append(f"tap dump run: {exc}")
-        outcome.codes.append(exc.exit_code)
+    dump_caps = _dump_run(req, dump, rec, lock_cm, outcome, "tap-dump", what="tap dump run")
+    if dump_caps is None:
         return outcome
     res.problems += _nondeterminism(caps, dump_caps)
     analyze_dump_captures(res, dump_caps, host_tensors)
@@ -138,11 +135,8 @@ def dump_run(
 ) -> TapRunOutcome:
     """Both variants rebuilt with ``--tap --dump-ops ops`` and run, and reproducers of ``ops`` written."""
     outcome = TapRunOutcome(TapResult(dump_ops=sorted(ops)))
-    try:
-        caps = _dump_run(req, ops, rec, lock_cm or contextlib.nullcontext(), outcome, subdir)
-    except EspCheckError as exc:
-        outcome.errors.append(f"dump run: {exc}")
-        outcome.codes.append(exc.exit_code)
+    caps = _dump_run(req, ops, rec, lock_cm, outcome, subdir, what="dump run")
+    if caps is None:
         return outcome
     outcome.captures = caps
     outcome.result.repro = reproducers(req, ops, caps, dump_errors=outcome.errors)
@@ -153,14 +147,21 @@ def _dump_run(
     req: TapRunRequest,
     dump: Sequence[int],
     rec: Recorder,
-    lock_cm: BoardLockCM,
+    lock_cm: BoardLockCM | None,
     outcome: TapRunOutcome,
-    subdir: str = "tap-dump",
-) -> dict[str, Capture]:
-    """Rebuild both variants with dumps on, flash and capture each; failures go into ``outcome``."""
+    subdir: str,
+    *,
+    what: str,
+) -> dict[str, Capture] | None:
+    """Rebuild both variants with dumps on, flash and capture each; failures go into ``outcome`` (None:
+    the run stopped before any capture, ``what: error``)."""
     sub = Recorder(rec.progress)
     try:
-        return _dump_variants(req, dump, sub, lock_cm, outcome, req.out / subdir)
+        return _dump_variants(req, dump, sub, lock_cm or contextlib.nullcontext(), outcome, req.out / subdir)
+    except EspCheckError as exc:
+        outcome.errors.append(f"{what}: {exc}")
+        outcome.codes.append(exc.exit_code)
+        return None
     finally:  # the dump run's stages join the report, labelled as such
         rec.adopt(sub.stages, subdir)
 

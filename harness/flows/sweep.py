@@ -36,7 +36,6 @@ from harness.analysis.sweep_report import c_repro, headline_of, report_md
 from harness.analysis.sweep_repro import write_repro
 from harness.analysis.sweep_shrink import smaller
 from harness.errors import EspCheckError, ExitCode, UsageError
-from harness.firmware.cache import default_cache_dir
 from harness.firmware.native.components import ComponentSource, find_components
 from harness.firmware.native.sweep_build import (
     ESPNN,
@@ -266,7 +265,11 @@ def sweep(
         raise UsageError(f"unknown op(s) {', '.join(bad)}", hint=f"choose from {', '.join(OPS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    root = default_cache_dir() / "native"  # the native builds' cache (firmware.build's)
+    root = (
+        Path(os.environ.get("ESP_CHECK_CACHE_DIR") or Path.home() / ".cache" / "esp-check")
+        / "builds"
+        / "native"
+    )
     espnn, tflm = find_sweep_sources(options.components_dir, options.espnn_dir, options.tflm_dir)
     log = out / "build.log"
     programs = {}

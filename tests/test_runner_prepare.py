@@ -116,3 +116,34 @@ def test_an_attempt_flashes_the_prepared_firmware_without_generating_it_again(
             assert (
                 outcome.firmware_sha256 == t.builds[v]["firmware_sha256"]
             )  # what was flashed is what was built
+
+
+def test_the_summary_records_each_task_s_builds_as_flashed(
+    tmp_path: Path, models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """summary.json's ``builds`` of a task with inputs (its firmware built once, before the boards start)
+    are the builds its attempt flashed: SHA-256, cache hit and project directory. Real: the runner,
+    generation, the sim builder, esptool over ``sim://``; faked: the board."""
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "caches"))
+    model = models_dir / "cnn_classifier_11.tflite"
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        '[defaults]\ntimeouts = { capture_total = 30, capture_silence = 3 }\n\n[[job]]\nname = "j"\n'
+        f'models = ["{model}"]\ninputs = ["{models_dir}/inputs/{{model}}.npy"]\nboards = ["sim"]\n'
+    )
+    inv = tmp_path / "bench.toml"
+    inv.write_text(f'[[board]]\nname = "b"\ntype = "sim"\nport = "sim://builds-{uuid.uuid4().hex[:8]}"\n')
+    result = run_plan(
+        load_plan(plan),
+        load_inventory(inv),
+        RunOptions(out_dir=tmp_path / "out", lock_dir=tmp_path / "locks", cache_dir=tmp_path / "cache"),
+    )
+    assert result.exit_code == ExitCode.MATCH, [t.reason for t in result.tasks]
+    (task,) = json.loads((tmp_path / "out" / "summary.json").read_text())["tasks"]
+    flashed = task["attempts"][-1]["variants"]
+    assert sorted(task["builds"]) == ["ansi", "optimized"]
+    for v, build in task["builds"].items():
+        assert build["firmware_sha256"] == flashed[v]["firmware_sha256"]
+        assert build["cache_hit"] == flashed[v]["build_cache_hit"]
+        assert Path(build["project_dir"]).is_dir()
+    assert task["builds"]["optimized"]["firmware_sha256"] != task["builds"]["ansi"]["firmware_sha256"]

@@ -151,19 +151,17 @@ def boot_variant(resident: ResidentBoard, run: VariantRun) -> Boot | ExitCode | 
         return _verify(resident, run, boot.raw, log)  # start-up evidence: a fault, a loop, silence
     run.nn_mode = boot.hello.nn  # compiled in (sdkconfig.h), as INFO nn in a text capture
     want = resident.model_sha256()
+    wrong = ""
     if want and boot.hello.model_sha256 != want:  # identity: the device runs the model it was given
-        resident.current = None
-        msg = (
+        wrong = (
             f"the {v} app reports model SHA-256 {boot.hello.model_sha256[:16]}... in its HELLO, but the "
             f"model esp-check flashed is {want[:16]}...: its results would be of another model"
         )
-        run.problems.append(msg)
-        resident.rec.add("verify", v, ExitCode.USAGE, 0.0, msg)
-        return ExitCode.USAGE
-    if other := resident.other_firmware(boot, v):  # identity: the app is the build (HELLO image SHA-256)
+    wrong = wrong or resident.other_firmware(boot, v)  # identity: the app is the build (HELLO image SHA)
+    if wrong:
         resident.current = None
-        run.problems.append(other)
-        resident.rec.add("verify", v, ExitCode.USAGE, 0.0, other)
+        run.problems.append(wrong)
+        resident.rec.add("verify", v, ExitCode.USAGE, 0.0, wrong)
         return ExitCode.USAGE
     return boot
 

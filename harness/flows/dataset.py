@@ -20,6 +20,7 @@ import threading
 import time
 import zlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -361,12 +362,10 @@ def run_dataset(
 def boot_rate(resident: ResidentBoard) -> float:
     """Bytes per second of the resident link as it runs now (10 bits per byte at the current boot's baud,
     else the console's); 0.0: a link without a baud (native pipe, USB-Serial-JTAG)."""
-    dev = resident.dev
-    uart = str(getattr(dev.board, "console", "uart")) == "uart" and not dev.reenumerates
-    if not uart or dev.spec.caps.installs_program:
+    if not resident.uart_link:
         return 0.0
     baud = resident.current.link_baud if resident.current is not None else 0
-    return (baud or dev.console_baud) / 10.0
+    return (baud or resident.dev.console_baud) / 10.0
 
 
 def upload_bytes(input_bytes: int) -> int:
@@ -764,8 +763,7 @@ class HostLegsJob:
 
     def __init__(self, model: Path, info: ModelInfo, ds: Dataset, rec: Recorder) -> None:
         self._stop = threading.Event()
-        self._legs: list[Leg] | None = None
-        self._error: BaseException | None = None
+        self._legs: Future[list[Leg]] = Future()
         self.taken = False  # result() was called
         self._thread = threading.Thread(
             target=self._run, args=(model, info, ds, rec), name="host-reference", daemon=True
@@ -774,17 +772,13 @@ class HostLegsJob:
 
     def _run(self, model: Path, info: ModelInfo, ds: Dataset, rec: Recorder) -> None:
         try:
-            self._legs = host_legs(model, info, ds, rec, self._stop)
+            self._legs.set_result(host_legs(model, info, ds, rec, self._stop))
         except BaseException as exc:  # handed to result() in the caller's thread
-            self._error = exc
+            self._legs.set_exception(exc)
 
     def result(self) -> list[Leg]:
         self.taken = True
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._legs is not None
-        return self._legs
+        return self._legs.result()
 
     def cancel(self) -> None:
         self._stop.set()

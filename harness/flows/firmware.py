@@ -8,7 +8,7 @@ refused, since the ESP-NN setting then never reached the build and any "match" w
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -106,9 +106,12 @@ def prepare_firmware(
     rec: Recorder,
     options: JobOptions,
     features: FirmwareFeatures | None = None,
+    before_build: Callable[[], None] = lambda: None,
 ) -> Firmware:
-    """Generate into ``out_dir/projects`` and build both, build logs in ``out_dir/logs``."""
+    """Generate into ``out_dir/projects`` and build both, build logs in ``out_dir/logs``;
+    ``before_build`` runs between the two (host-side checks that must fail before minutes of building)."""
     projects = generate_firmware(
         model, inputs, board, out_dir / "projects", rec=rec, options=options, features=features
     )
+    before_build()
     return build_firmware(projects, rec=rec, logs_dir=out_dir / "logs", options=options)

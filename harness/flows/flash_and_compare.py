@@ -48,7 +48,7 @@ from harness.flows.dataset import (
     verdicts,
     write_tap_inputs,
 )
-from harness.flows.firmware import Firmware, build_firmware, generate_firmware
+from harness.flows.firmware import Firmware, prepare_firmware
 from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import (
     VARIANT_ORDER,
@@ -286,17 +286,16 @@ def _firmware(
     if fw is not None:
         before_build(run)
     else:
-        projects = generate_firmware(
+        fw = prepare_firmware(
             run.model,
             inputs,
             run.board,
-            run.out / "projects",
+            run.out,
             rec=run.rec,
             options=run.opts,
             features=features,
+            before_build=lambda: before_build(run),
         )
-        before_build(run)
-        fw = build_firmware(projects, rec=run.rec, logs_dir=run.out / "logs", options=run.opts)
     return fw if _record_builds(run, fw) else None
 
 
@@ -544,9 +543,7 @@ def _dataset_tap(run: _Run, opts: DatasetOptions) -> None:
     except EspCheckError as exc:
         sub.failed("tap run", exc)
     finally:
-        for s in sub.rec.stages:
-            s.stage = f"tap:{s.stage}"
-        run.rec.stages.extend(sub.rec.stages)
+        run.rec.adopt(sub.rec.stages, "tap")
         run.errors += [f"tap run: {e}" for e in sub.errors]
         codes = list(sub.codes)
         if sub.comparison is not None:  # the dataset's verdict stands: the tap run's own is not a second one

@@ -52,7 +52,7 @@ from harness.flows.targets import BoardLockCM, Target, open_target
 from harness.jsontypes import JSONValue
 from harness.model.hybrid_ops import ansi_path_applies, candidate_ops, format_ops, select_ansi_ops, switchable
 from harness.model.loader import ModelInfo, load_model
-from harness.protocol.capture import Capture, parse_capture
+from harness.protocol.capture import Capture
 
 
 @dataclass(frozen=True)
@@ -292,9 +292,7 @@ def _baseline_hung(base: FlashAndCompareResult) -> bool:
     """The optimized build printed an input and then nothing (an invoke that never returned): firmware
     evidence, unlike a link that failed (bisection then finds the op that hangs)."""
     opt = base.variants.get("optimized")
-    if opt is None or opt.serial_log is None or not Path(opt.serial_log).is_file():
-        return False
-    return _hung(parse_capture(Path(opt.serial_log).read_bytes()), opt)
+    return opt is not None and _hung(opt.capture(), opt)
 
 
 # ---- 2. choose ------------------------------------------------------------------------------------
@@ -433,13 +431,13 @@ def _run_hybrid(state: _State, ansi_ops: Sequence[int], *, tap: bool, label: str
         run.why, run.exit_code = str(exc), exc.exit_code
         return run
     finally:
-        state.rec.stages += [dataclasses.replace(s, stage=f"{label}:{s.stage}") for s in rec.stages]
+        state.rec.adopt(rec.stages, label)
     assert state.target is not None
     vr, stages = flash_and_capture(
         build, state.target, d, variant="optimized", timeouts=job.timeouts, flash_baud=job.flash_baud,
         progress=state.rec.progress,
     )  # fmt: skip
-    state.rec.stages += [dataclasses.replace(s, stage=f"{label}:{s.stage}") for s in stages]
+    state.rec.adopt(stages, label)
     _judge(state, run, vr)
     tail = f": {run.why}" if run.why else ""
     state.rec.say(label, f"ANSI C on ops {format_ops(run.ansi_ops) or '-'}: {run.outcome}{tail}")
@@ -449,8 +447,7 @@ def _run_hybrid(state: _State, ansi_ops: Sequence[int], *, tap: bool, label: str
 def _judge(state: _State, run: HybridRun, vr: VariantRun) -> None:
     """good: clean capture, the dispatch it printed is the one asked for, bit-exact vs ANSI C and host."""
     run.variant, run.exit_code = vr, vr.exit_code
-    if vr.serial_log is not None and Path(vr.serial_log).is_file():
-        run.capture = parse_capture(Path(vr.serial_log).read_bytes())
+    run.capture = vr.capture()
     if vr.exit_code == ExitCode.FIRMWARE_FAULT:
         run.outcome, run.why = "bad", "crash: " + "; ".join(str(f["message"]) for f in vr.findings[:1])
         return
@@ -488,9 +485,9 @@ def _hung(cap: Capture | None, vr: VariantRun) -> bool:
 def _divergence(state: _State, cap: Capture) -> Divergence | None:
     """First op where the tapped hybrid departs from the tapped ANSI C baseline (first input that does)."""
     base = state.res.baseline
-    if base is None or base.variants["ansi"].serial_log is None:
+    ansi = base.variants["ansi"].capture() if base is not None else None
+    if ansi is None:
         return None
-    ansi = parse_capture(Path(base.variants["ansi"].serial_log).read_bytes())
     for run, ref in zip(cap.runs, ansi.runs, strict=False):
         d = first_divergence("hybrid", device_taps(run), "ansi", device_taps(ref))
         if d.op is not None:
@@ -587,11 +584,8 @@ def _cost(state: _State, dump_caps: dict[str, Capture]) -> CostReport | InvokeCo
 
 def _baseline_caps(state: _State) -> dict[str, Capture]:
     base = state.res.baseline
-    out: dict[str, Capture] = {}
-    for v, r in base.variants.items() if base is not None else []:
-        if r.serial_log is not None and Path(r.serial_log).is_file():
-            out[v] = parse_capture(Path(r.serial_log).read_bytes())
-    return out
+    runs = base.variants.items() if base is not None else []
+    return {v: cap for v, r in runs if (cap := r.capture()) is not None}
 
 
 def _invoke_cost(state: _State, caps: dict[str, Capture]) -> InvokeCost:

@@ -12,6 +12,7 @@ from harness import __version__
 from harness.analysis.report import report_dict
 from harness.errors import Verdict
 from harness.flows.records import StageRecord
+from harness.resources import atomic_write
 
 if TYPE_CHECKING:
     from harness.flows.hybrid import HybridResult
@@ -81,9 +82,7 @@ def write_hybrid_outputs(
     from harness.analysis.html_report import render_hybrid_html
 
     doc = result_doc(res, stages, model=model, inputs=inputs)
-    tmp = res.report_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(res.report_path)
+    atomic_write(res.report_path, json.dumps(doc, indent=2, default=str) + "\n")
     text = render_hybrid_html(doc) if html is not None or bundle is not None else None
     if html is not None and text is not None:
         Path(html).parent.mkdir(parents=True, exist_ok=True)

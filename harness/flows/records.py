@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, TypeVar
 
@@ -21,8 +20,9 @@ else:  # pragma: no cover - Python 3.10 (typing_extensions costs a repeat run ~1
     from typing_extensions import NotRequired
 
 from harness.analysis.compare import CompareResult, Source
-from harness.errors import EspCheckError, ExitCode, Verdict
+from harness.errors import EspCheckError, ExitCode, StrEnum, Verdict
 from harness.jsontypes import JSONValue
+from harness.protocol.capture import Capture, parse_capture
 
 if TYPE_CHECKING:  # (only --tap runs load the tap analysis: flash_and_compare._tap)
     from harness.analysis.tap import TapResult
@@ -35,14 +35,11 @@ ProgressFn = Callable[[str, str], None]  # (stage, message)
 T = TypeVar("T")
 
 
-class StageStatus(str, Enum):
+class StageStatus(StrEnum):
     """How a stage ended."""
 
     OK = "ok"
     FAILED = "failed"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -156,6 +153,12 @@ class VariantRun:
     problems: list[str] = field(default_factory=list)
     exit_code: ExitCode | None = None  # what this variant's failure implies; None when it ran cleanly
 
+    def capture(self) -> Capture | None:
+        """What the device printed, parsed from the serial log (None: no log was written)."""
+        if self.serial_log is None or not Path(self.serial_log).is_file():
+            return None
+        return parse_capture(Path(self.serial_log).read_bytes())
+
 
 class Recorder:
     """Collects stage records and forwards progress events."""
@@ -167,6 +170,10 @@ class Recorder:
     def say(self, stage: str, message: str) -> None:
         if self.progress is not None:
             self.progress(stage, message)
+
+    def adopt(self, stages: list[StageRecord], prefix: str) -> None:
+        """Take another run's stages into this record, each labelled ``prefix:stage``."""
+        self.stages += [dataclasses.replace(s, stage=f"{prefix}:{s.stage}") for s in stages]
 
     def add(
         self, stage: str, variant: str | None, code: ExitCode | None, seconds: float, detail: str = ""

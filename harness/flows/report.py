@@ -15,6 +15,7 @@ from harness.analysis.report import write_junit as write_junit_tree
 from harness.analysis.schemas import compare_v1, versioned
 from harness.errors import EspCheckError, ExitCode, write_error
 from harness.flows.records import VARIANT_ORDER, FlashAndCompareResult, StageStatus, VariantRun
+from harness.resources import atomic_write
 
 SCHEMA_VERSION = 2  # 2: stage status ok|failed only; the embedded compare report is version 2
 
@@ -69,14 +70,11 @@ def write_report(
     """report.json, replaced atomically. When it cannot be written (a full disk), no half file and no
     earlier report stays behind: an old "match" beside this run's logs would be a false verdict."""
     doc = result_dict(result, model=model, inputs=inputs, seconds=seconds)
-    tmp = result.report_path.with_suffix(".json.tmp")
     try:
-        tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-        tmp.replace(result.report_path)
+        atomic_write(result.report_path, json.dumps(doc, indent=2, default=str) + "\n")
     except OSError as exc:
-        for stale in (tmp, result.report_path):
-            with contextlib.suppress(OSError):
-                stale.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            result.report_path.unlink(missing_ok=True)
         raise write_error(exc, str(result.report_path)) from None
 
 
@@ -135,15 +133,7 @@ def write_junit(
         )
         out = logs.get(v, b"").decode("utf-8", "replace")
         cases.append(
-            junit.Case(
-                junit.classname(*where),
-                f"{v}.run",
-                outcome,
-                type=kind,
-                message=message,
-                text=message,
-                out=out,
-            )
+            junit.Case(junit.classname(*where), f"{v}.run", outcome, kind, message, text=message, out=out)
         )
     write_junit_tree(junit.tree([compare_suite(cases, result.comparison)]), path)
 

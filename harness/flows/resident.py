@@ -228,6 +228,13 @@ class ResidentBoard:
             f"esp-check built is {want[:16]}...: its results would be of another firmware"
         )
 
+    @property
+    def uart_link(self) -> bool:
+        """The resident loop runs over a UART with a baud (not USB-Serial-JTAG, not a program on this PC)."""
+        dev = self.dev
+        uart = str(getattr(dev.board, "console", "uart")) == "uart" and not dev.reenumerates
+        return uart and not dev.spec.caps.installs_program
+
     def stale_keys(self, hello: frames.Hello) -> list[int]:
         """Earlier boots' keys: their frames are dropped and counted, never used."""
         return [k for k in self.keys if k != hello.key]
@@ -382,12 +389,9 @@ class ResidentBoard:
         """Right after HELLO: the resident loop at the board's ``link_baud`` (docs/protocol.md "Fast
         link"), verified by a round trip, else at the console baud; a stage ``link-baud`` says which.
         USB-Serial-JTAG and native boards run at their own speed."""
-        board, dev = self.dev.board, self.dev
-        want = int(getattr(board, "link_baud", 0) or 0)
-        uart = str(getattr(board, "console", "uart")) == "uart" and not dev.reenumerates
-        if boot.link_baud or boot.hello is None or not uart or want <= dev.console_baud:
-            return
-        if dev.spec.caps.installs_program:  # a program on this PC: no UART to speed up
+        dev = self.dev
+        want = int(getattr(dev.board, "link_baud", 0) or 0)
+        if boot.link_baud or boot.hello is None or not self.uart_link or want <= dev.console_baud:
             return
         t0 = time.monotonic()
         try:

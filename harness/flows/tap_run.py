@@ -75,11 +75,7 @@ def run_tap_flow(
     lock_cm: BoardLockCM | None = None,
 ) -> TapRunOutcome:
     """Analyze the tapped captures; when an op departs, dump it (and ``extra_dump_ops``) in a second run."""
-    caps = {
-        v: parse_capture(Path(run.serial_log).read_bytes())
-        for v, run in variants.items()
-        if run.serial_log is not None and Path(run.serial_log).is_file() and run.capture_valid
-    }
+    caps = {v: cap for v, run in variants.items() if run.capture_valid and (cap := run.capture()) is not None}
     if not caps:
         return TapRunOutcome(TapResult(problems=["no valid tapped capture to analyze"]))
     outcome = TapRunOutcome(TapResult())
@@ -95,11 +91,8 @@ def run_tap_flow(
         return outcome
     res.dump_ops = dump
     rec.say("tap", f"second run dumping op(s) {','.join(map(str, dump))}")
-    try:
-        dump_caps = _dump_run(req, dump, rec, lock_cm or contextlib.nullcontext(), outcome)
-    except EspCheckError as exc:
-        outcome.errors.append(f"tap dump run: {exc}")
-        outcome.codes.append(exc.exit_code)
+    dump_caps = _dump_run(req, dump, rec, lock_cm, outcome, "tap-dump", what="tap dump run")
+    if dump_caps is None:
         return outcome
     res.problems += _nondeterminism(caps, dump_caps)
     analyze_dump_captures(res, dump_caps, host_tensors)
@@ -142,11 +135,8 @@ def dump_run(
 ) -> TapRunOutcome:
     """Both variants rebuilt with ``--tap --dump-ops ops`` and run, and reproducers of ``ops`` written."""
     outcome = TapRunOutcome(TapResult(dump_ops=sorted(ops)))
-    try:
-        caps = _dump_run(req, ops, rec, lock_cm or contextlib.nullcontext(), outcome, subdir)
-    except EspCheckError as exc:
-        outcome.errors.append(f"dump run: {exc}")
-        outcome.codes.append(exc.exit_code)
+    caps = _dump_run(req, ops, rec, lock_cm, outcome, subdir, what="dump run")
+    if caps is None:
         return outcome
     outcome.captures = caps
     outcome.result.repro = reproducers(req, ops, caps, dump_errors=outcome.errors)
@@ -157,19 +147,23 @@ def _dump_run(
     req: TapRunRequest,
     dump: Sequence[int],
     rec: Recorder,
-    lock_cm: BoardLockCM,
+    lock_cm: BoardLockCM | None,
     outcome: TapRunOutcome,
-    subdir: str = "tap-dump",
-) -> dict[str, Capture]:
-    """Rebuild both variants with dumps on, flash and capture each; failures go into ``outcome``."""
-    dump_dir = req.out / subdir
+    subdir: str,
+    *,
+    what: str,
+) -> dict[str, Capture] | None:
+    """Rebuild both variants with dumps on, flash and capture each; failures go into ``outcome`` (None:
+    the run stopped before any capture, ``what: error``)."""
     sub = Recorder(rec.progress)
     try:
-        return _dump_variants(req, dump, sub, lock_cm, outcome, dump_dir)
+        return _dump_variants(req, dump, sub, lock_cm or contextlib.nullcontext(), outcome, req.out / subdir)
+    except EspCheckError as exc:
+        outcome.errors.append(f"{what}: {exc}")
+        outcome.codes.append(exc.exit_code)
+        return None
     finally:  # the dump run's stages join the report, labelled as such
-        for s in sub.stages:
-            s.stage = f"{subdir}:{s.stage}"
-        rec.stages.extend(sub.stages)
+        rec.adopt(sub.stages, subdir)
 
 
 def _dump_variants(

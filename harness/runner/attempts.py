@@ -117,16 +117,16 @@ def judge_dataset(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
     counts = ", ".join(f"{k} {n}" for k, n in sorted(verdict_counts.items()))
     what = f"dataset of {a.dataset['inputs']} inputs: {counts or 'no verdicts'}"
     a.reason = "; ".join([what, *result.errors[:3]])
-    a.testcases = [Testcase(0, str(doc.get("source")), "dataset", *_dataset_case(code, what))]
+    a.testcases = [Testcase(0, str(doc.get("source")), "dataset", *_case_of(code), what)]
 
 
-def _dataset_case(code: ExitCode, what: str) -> tuple[CaseStatus, CaseType, str]:
+def _case_of(code: int) -> tuple[CaseStatus, CaseType]:
+    """A testcase's outcome from an exit code that is not a comparison's (a dataset's, a variant's)."""
     if code == ExitCode.MATCH:
-        return CaseStatus.PASSED, CaseType.MATCH, what
+        return CaseStatus.PASSED, CaseType.MATCH
     if code in (ExitCode.MISMATCH, ExitCode.FIRMWARE_FAULT):
-        kind = CaseType.MISMATCH if code == ExitCode.MISMATCH else CaseType.FIRMWARE_FAULT
-        return CaseStatus.FAILURE, kind, what
-    return CaseStatus.ERROR, CaseType.USAGE if code == ExitCode.USAGE else CaseType.INFRASTRUCTURE, what
+        return CaseStatus.FAILURE, CaseType.MISMATCH if code == ExitCode.MISMATCH else CaseType.FIRMWARE_FAULT
+    return CaseStatus.ERROR, CaseType.USAGE if code == ExitCode.USAGE else CaseType.INFRASTRUCTURE
 
 
 def _variant_problems(a: Attempt, runs: Mapping[str, VariantRun]) -> tuple[list[ExitCode], list[str]]:
@@ -166,11 +166,7 @@ def _side_problem(
     if r is None:
         return CaseStatus.ERROR, CaseType.INFRASTRUCTURE, f"{label} not run: the board link failed before it"
     if r.exit_code is not None and r.source is None:
-        detail = f"{label}: {a.variants[label].failure_detail()}"
-        code = int(r.exit_code)
-        if code == ExitCode.FIRMWARE_FAULT:
-            return CaseStatus.FAILURE, CaseType.FIRMWARE_FAULT, detail
-        return CaseStatus.ERROR, CaseType.USAGE if code == ExitCode.USAGE else CaseType.INFRASTRUCTURE, detail
+        return *_case_of(r.exit_code), f"{label}: {a.variants[label].failure_detail()}"
     return None
 
 

@@ -18,9 +18,12 @@ the running attempts too: what they return afterwards is not recorded.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import json
 import os
+import queue
 import threading
 import time
 import traceback
@@ -43,6 +46,7 @@ from harness.errors import (
     combine_exit_codes,
 )
 from harness.firmware.native.project import NativeOptions
+from harness.flows.targets import target_class
 from harness.resources import atomic_write
 from harness.runner.attempts import judge_dataset, judge_inputs
 from harness.runner.inventory import BenchBoard, Inventory
@@ -62,7 +66,6 @@ from harness.runner.policy import (
     may_take,
     orphans,
 )
-from harness.runner.prepare import prepare_shared
 from harness.runner.results import (
     Attempt,
     BoardState,
@@ -157,8 +160,11 @@ class Runner:
         self.lock_timeout = (
             options.lock_timeout_s if options.lock_timeout_s is not None else plan.run.lock_timeout_s
         )
-        self.backoff = options.backoff_s if options.backoff_s is not None else plan.run.backoff_s
-        self.quarantine_after = options.quarantine_after or plan.run.quarantine_after
+        self.rules = Policy(  # the job's retries go in per task
+            quarantine_after=options.quarantine_after or plan.run.quarantine_after,
+            backoff_s=options.backoff_s if options.backoff_s is not None else plan.run.backoff_s,
+            backoff_max_s=plan.run.backoff_max_s,
+        )
         self.moved_aside: Path | None = None
         self.leases: list[PlaceLease] = []  # labgrid places this run may hold (released at the end)
         self.offline_tools: dict[str, BuildError] = {}  # tool -> its first "cannot reach its platform"
@@ -213,14 +219,6 @@ class Runner:
                 RunEvent(t=time.time(), kind=kind.value, board=board, task=task, message=message)
             )
         self.say(f"[{kind}] " + (f"{board}: " if board else "") + (f"{task}: " if task else "") + message)
-
-    def policy(self, t: Task) -> Policy:
-        return Policy(
-            retries=t.job.retries,
-            quarantine_after=self.quarantine_after,
-            backoff_s=self.backoff,
-            backoff_max_s=self.plan.run.backoff_max_s,
-        )
 
     # ---- scheduling -------------------------------------------------------------------------------
 
@@ -281,7 +279,7 @@ class Runner:
             BoardFacts(
                 state.status, state.consecutive_infra, state.bench.can_power_cycle, state.power_cycled
             ),
-            self.policy(t),
+            dataclasses.replace(self.rules, retries=t.job.retries),
             stopping=self.stop.is_set(),
         )
 
@@ -388,10 +386,9 @@ class Runner:
         try:
             result = run_job(self._job_spec(t, state.bench, a, fw))
         except EspCheckError as exc:  # raised before flashing: generation, the dataset, the port
-            a.exit_code = int(exc.exit_code)
-            a.reason = f"{'dataset ' if t.job.data is not None else ''}job: {exc.message}"
-            a.host_side = exc.exit_code != ExitCode.INFRASTRUCTURE
-            a.board_fault = exc.exit_code == ExitCode.INFRASTRUCTURE
+            infra = exc.exit_code == ExitCode.INFRASTRUCTURE
+            what = "dataset job" if t.job.data is not None else "job"
+            a.failed(what, exc, host_side=not infra, board_fault=infra)
             return
         finally:
             self._release(t, state.bench, a, held)
@@ -437,23 +434,13 @@ class Runner:
         )
 
     def _firmware_for(self, t: Task, bench: BenchBoard, a: Attempt) -> Firmware | None:
-        """Both builds, or None with the attempt marked as a host-side failure (not retried)."""
+        """Both builds, or None with the attempt marked as a host-side failure (not retried); the task's
+        builds are recorded from the job's result (``attempts._attempt_facts``), as a dataset job's are."""
         try:
-            fw = self._firmware(t, bench.board)
+            return self._firmware(t, bench.board)
         except EspCheckError as exc:
-            a.exit_code = int(exc.exit_code)
-            a.reason = f"firmware build: {exc.message}"
-            a.host_side = True
+            a.failed("firmware build", exc, host_side=True)
             return None
-        t.builds = {
-            v: {
-                "firmware_sha256": b.firmware_sha256,
-                "cache_hit": b.cache_hit,
-                "project_dir": str(b.project_dir),
-            }
-            for v, b in fw.builds.items()
-        }
-        return fw
 
     def _lock_board(self, state: BoardState, a: Attempt) -> BoardLock | PlaceLease | None:
         """Resolve the board's port and take its lock, or None with the attempt marked failed."""
@@ -463,9 +450,7 @@ class Runner:
         try:
             ps = bench.resolve()
         except EspCheckError as exc:
-            a.exit_code = int(exc.exit_code)
-            a.reason = f"port: {exc.message}"
-            a.board_fault = exc.exit_code == ExitCode.INFRASTRUCTURE
+            a.failed("port", exc, board_fault=exc.exit_code == ExitCode.INFRASTRUCTURE)
             return None
         a.port = ps.url
         a.lock_key = state.lock_key = lock_key(ps)
@@ -479,9 +464,7 @@ class Runner:
                 cancel=self.stop,  # a stop request ends the wait: no new work on any board
             )
         except BoardBusyError as exc:
-            a.exit_code = int(ExitCode.INFRASTRUCTURE)
-            a.reason = exc.message
-            a.board_busy = True
+            _busy(a, exc)
             return None
         a.lock_wait_s = held.waited_s
         a.started = time.time()
@@ -512,14 +495,10 @@ class Runner:
         try:
             self._take_place(bench, lease)
         except BoardBusyError as exc:
-            a.exit_code = int(ExitCode.INFRASTRUCTURE)
-            a.reason = exc.message
-            a.board_busy = True
+            _busy(a, exc)
             return None
         except EspCheckError as exc:  # the coordinator, the place or its serial port resource
-            a.exit_code = int(exc.exit_code)
-            a.reason = f"labgrid: {exc.message}"
-            a.board_fault = False
+            a.failed("labgrid", exc)
             return None
         assert lease.url is not None
         self.say(f"[labgrid] {bench.name}: acquired place {lease.place} (serial port {lease.url})")
@@ -548,44 +527,35 @@ class Runner:
         """Generate + build both variants once per (model, board type, console, options): the inputs are
         streamed, so jobs with other inputs reuse the same firmware (and what is already flashed), and
         the attempts' jobs flash it as it is (they generate and build nothing)."""
-        key = (
-            str(t.case.model),
-            board.name,
-            board.console,
-            t.job.arena_kb,
-            t.job.input_options,
-        )
+        key = (str(t.case.model), board.name, board.console, t.job.arena_kb, t.job.input_options)
         tool = self.opt.builder or board.builder
 
-        def make() -> Firmware:
-            with self._first_build_of(tool):
-                return build()
-
         def build() -> Firmware:
-            self._refuse_if_offline(tool)
             from harness.firmware.generate import FirmwareFeatures
             from harness.flows.firmware import prepare_firmware
             from harness.flows.records import Recorder
 
             digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
             name = safe_component(f"{t.case.name}__{board.name}__{board.console}__{digest}")
-            fw = prepare_firmware(
-                t.case.model,
-                [],
-                board,
-                self.out / "firmware" / name,
-                rec=Recorder(),
-                options=self._job_options(t),
-                features=FirmwareFeatures(embed_inputs=False),
-            )
-            for exc in fw.failures.values():
-                if isinstance(exc, PlatformUnreachableError):
-                    with self.cond:
-                        self.offline_tools.setdefault(tool, exc)
-                raise exc
+            with self._first_build_of(tool):
+                self._refuse_if_offline(tool)
+                fw = prepare_firmware(
+                    t.case.model,
+                    [],
+                    board,
+                    self.out / "firmware" / name,
+                    rec=Recorder(),
+                    options=self._job_options(t),
+                    features=FirmwareFeatures(embed_inputs=False),
+                )
+                for exc in fw.failures.values():
+                    if isinstance(exc, PlatformUnreachableError):
+                        with self.cond:
+                            self.offline_tools.setdefault(tool, exc)
+                    raise exc
             return fw
 
-        return self.builds.get(key, make)
+        return self.builds.get(key, build)
 
     @contextlib.contextmanager
     def _first_build_of(self, tool: str) -> Iterator[None]:
@@ -630,6 +600,64 @@ class Runner:
             key, lambda: prepare_host_results(t.case.model, inputs, input_options=t.job.input_options)
         )
 
+    def _shared_work(self) -> list[Callable[[], object]]:
+        """One callable per distinct piece of shared work of the tasks that can run on a usable board."""
+        work: list[Callable[[], object]] = []
+        seen: set[Hashable] = set()
+        usable = {
+            b.bench.board.name: b.bench.board for b in self.boards.values() if b.status == BoardStatus.OK
+        }
+        if any(target_class(board).expects_sim for board in usable.values()):  # their loop runs the C codec
+            work.append(_codec_library)
+        for t in self.tasks:
+            board = usable.get(t.board_type)
+            if board is None or t.job.data is not None:  # dataset jobs build inside their flow
+                continue
+            options = t.job.input_options
+            key = ("fw", str(t.case.model), t.board_type, options, t.job.arena_kb, board.console)
+            if key not in seen:
+                seen.add(key)
+                work.append(functools.partial(self._firmware, t, board))
+            ref_key = ("ref", str(t.case.model), tuple(map(str, t.case.inputs)), options)
+            if t.job.needs_reference and ref_key not in seen:
+                seen.add(ref_key)
+                work.append(functools.partial(self._reference, t))
+        return work
+
+    def _prepare_shared(self) -> int:
+        """Make each distinct firmware and host reference once, a few at a time, before the board workers
+        start (else the first task on every board starts at the same moment, and each builds or waits for
+        what another is making); returns how many pieces of work there were. A failure is kept by the
+        memo and reported by the task that needs it, as if the task had met it. A stop starts no more of
+        them; a hard stop stops waiting for the running ones (daemon threads, as the board workers)."""
+        work = self._shared_work()
+        if not work:
+            return 0
+        self.say(f"[prepare] {len(work)} shared build(s) and reference(s) before the boards start")
+        todo: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+        for job in work:
+            todo.put(job)
+
+        def worker() -> None:
+            while not self.stop.is_set():
+                try:
+                    job = todo.get_nowait()
+                except queue.Empty:
+                    return
+                with contextlib.suppress(EspCheckError):  # memoized: the task that needs it reports it
+                    job()
+
+        threads = [
+            threading.Thread(target=worker, name=f"prepare-{k}", daemon=True)
+            for k in range(min(len(work), 4, os.cpu_count() or 1))
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            while th.is_alive() and not self.hard_stop.is_set():
+                th.join(timeout=0.2)
+        return len(work)
+
     def _write_attempt(self, t: Task, a: Attempt) -> None:
         if a.dir is None:
             return
@@ -654,7 +682,7 @@ class Runner:
         self._prepare_out()
         self._check_ports()
         try:
-            prepare_shared(self)
+            self._prepare_shared()
             self._work()
         finally:  # also on a crash or a second Ctrl-C: no labgrid place stays acquired by us
             if self.hard_stop.is_set():  # abandoned attempts: their children (host reference, builds) too
@@ -730,6 +758,21 @@ class Runner:
                 if t.state in (TaskState.PENDING, TaskState.RUNNING):
                     self._abort(t, abort_reason(t))
             return self.stop.is_set() or self.hard_stop.is_set()
+
+
+def _codec_library() -> None:
+    """The C library every simulated board's firmware loop runs (compiled once per source hash)."""
+    from harness.protocol.emitter import build_c_library, find_c_compiler
+
+    if find_c_compiler() is not None:
+        build_c_library()
+
+
+def _busy(a: Attempt, exc: BoardBusyError) -> None:
+    """The attempt found its board's lock (or labgrid place) held past the wait: no attempt, no lock."""
+    a.exit_code = int(ExitCode.INFRASTRUCTURE)
+    a.reason = exc.message
+    a.board_busy = True
 
 
 def _refuse_untested(plan: Path, job: Job, board: Board) -> None:

@@ -178,11 +178,7 @@ class Job:
     @property
     def pairs(self) -> tuple[tuple[str, str], ...]:
         """(a, b) source pairs to report, in a stable order without duplicates."""
-        out: dict[tuple[str, str], None] = {}
-        for c in self.comparisons:
-            for p in COMPARISONS[c]:
-                out.setdefault(p, None)
-        return tuple(out)
+        return tuple(dict.fromkeys(p for c in self.comparisons for p in COMPARISONS[c]))
 
     @property
     def needs_reference(self) -> bool:
@@ -300,6 +296,8 @@ def _job(p: Path, i: int, table: JobTable, defaults: JobSettings, seen: set[str]
         cases = _job_cases(p, where, base_dir, models, list(table.inputs))
     else:
         cases = _dataset_cases(p, where, base_dir, models, table)
+    if len({c.name for c in cases}) != len(cases):
+        raise _err(p, where, "models", "lists two models with the same file name; split them into two jobs")
     settings = {k: getattr(s, k) for k in JobSettings.model_fields if k not in ("boards", "input_options")}
     return Job(
         name=name,
@@ -356,11 +354,7 @@ def _dataset_cases(
         path = Path(pattern.replace("{model}", m.stem)).expanduser()
         return path if path.is_absolute() else base_dir / path
 
-    cases = [ModelCase(m, (), resolve(table.dataset, m), resolve(table.labels, m)) for m in models]
-    names = [c.name for c in cases]
-    if len(set(names)) != len(names):
-        raise _err(p, where, "models", "lists two models with the same file name; split them into two jobs")
-    return cases
+    return [ModelCase(m, (), resolve(table.dataset, m), resolve(table.labels, m)) for m in models]
 
 
 def _job_models(p: Path, where: str, base_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
@@ -414,9 +408,6 @@ def _job_cases(
                 p, where, "inputs", f"gives {len(files)} inputs for {m.name}; one firmware holds {MAX_INPUTS}"
             )
         cases.append(ModelCase(m, tuple(files)))
-    names = [c.name for c in cases]
-    if len(set(names)) != len(names):
-        raise _err(p, where, "models", "lists two models with the same file name; split them into two jobs")
     return cases
 
 
@@ -462,9 +453,9 @@ def dataset_options(job: Job, case: ModelCase) -> DatasetOptions | None:
     """The flash-and-compare DatasetOptions of a dataset job's case (None for a job of input files)."""
     from harness.flows.dataset import DatasetOptions
 
-    if job.data is None:
-        return None
     d = job.data
+    if d is None:
+        return None
     return DatasetOptions(case.dataset, d.random_inputs, d.seed, d.results, case.labels, d.repeat)
 
 
@@ -482,8 +473,7 @@ def _check_dataset(
             )  # fmt: skip
     field_name = "dataset" if case.dataset is not None else "random_inputs"
     data = dataset_options(job, case)
-    if data is None:  # a job of input files: checked by _check_job_files
-        return
+    assert data is not None  # called for dataset jobs only
     try:
         load_inputs(data, info.inputs[0], options)
     except EspCheckError as exc:

@@ -21,6 +21,7 @@ cycle). Nothing here mutates, sleeps, logs or touches a board, so every rule has
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -101,15 +102,15 @@ class Decision:
     next: Next
     exit_code: ExitCode  # FINISH: the task's exit code; ABORT: 3; RETRY / CONFIRM: this attempt's
     reason: str
-    infra_failures: int  # the task's counters after this attempt
-    fault_attempts: int
-    consecutive_infra: int  # the board's counter after this attempt
     decisive: Decisive = Decisive.THIS
     delay_s: float = 0.0
     avoid_board: bool = False  # prefer another board for the next attempt
     board: BoardNext = BoardNext.KEEP
     board_reason: str = ""
     events: tuple[tuple[EventKind, str], ...] = ()
+    infra_failures: int = 0  # the task's counters after this attempt
+    fault_attempts: int = 0
+    consecutive_infra: int = 0  # the board's counter after this attempt
 
 
 def backoff(policy: Policy, failures: int) -> float:
@@ -124,31 +125,15 @@ def decide(
     consecutive = _board_count(outcome, board)
     step = _task_step(outcome, task, policy, stopping)
     board_next, board_reason, board_events = _board_step(outcome, board, consecutive, policy, stopping)
-    return Decision(
-        next=step.next,
-        exit_code=step.exit_code,
-        reason=step.reason,
+    return dataclasses.replace(
+        step,
         infra_failures=task.infra_failures + (outcome.exit_code == ExitCode.INFRASTRUCTURE),
         fault_attempts=task.fault_attempts + (outcome.exit_code == ExitCode.FIRMWARE_FAULT),
         consecutive_infra=consecutive,
-        decisive=step.decisive,
-        delay_s=step.delay_s,
-        avoid_board=step.avoid_board,
         board=board_next,
         board_reason=board_reason,
         events=step.events + board_events,
     )
-
-
-@dataclass(frozen=True)
-class _Step:
-    next: Next
-    exit_code: ExitCode
-    reason: str
-    decisive: Decisive = Decisive.THIS
-    delay_s: float = 0.0
-    avoid_board: bool = False
-    events: tuple[tuple[EventKind, str], ...] = ()
 
 
 def _board_count(outcome: Outcome, board: BoardFacts) -> int:
@@ -160,35 +145,32 @@ def _board_count(outcome: Outcome, board: BoardFacts) -> int:
     return 0
 
 
-def _task_step(outcome: Outcome, task: TaskFacts, policy: Policy, stopping: bool) -> _Step:
+def _task_step(outcome: Outcome, task: TaskFacts, policy: Policy, stopping: bool) -> Decision:
     if outcome.exit_code == ExitCode.INFRASTRUCTURE:
         return _after_infrastructure(outcome, task, policy, stopping)
     if outcome.exit_code == ExitCode.FIRMWARE_FAULT:
         return _after_fault(outcome, task, stopping)
     if task.first_fault_reason is not None:  # the confirmation re-run did not crash
         verdict = Verdict.from_exit_code(outcome.exit_code)
-        return _Step(
-            Next.FINISH,
-            ExitCode.FIRMWARE_FAULT,
-            f"firmware fault not reproduced by the re-run (which gave {verdict}): "
-            f"intermittent crash: {task.first_fault_reason}",
-            decisive=Decisive.FIRST_FAULT,
-        )
-    return _Step(Next.FINISH, outcome.exit_code, outcome.reason)
+        why = f"not reproduced by the re-run (which gave {verdict}): intermittent crash"
+        return _fault_stands(f"{why}: {task.first_fault_reason}")
+    return Decision(Next.FINISH, outcome.exit_code, outcome.reason)
 
 
-def _after_infrastructure(outcome: Outcome, task: TaskFacts, policy: Policy, stopping: bool) -> _Step:
+def _fault_stands(why: str) -> Decision:
+    """The task's first firmware fault is its verdict, whatever its confirmation re-run did."""
+    return Decision(
+        Next.FINISH, ExitCode.FIRMWARE_FAULT, f"firmware fault {why}", decisive=Decisive.FIRST_FAULT
+    )
+
+
+def _after_infrastructure(outcome: Outcome, task: TaskFacts, policy: Policy, stopping: bool) -> Decision:
     n = task.infra_failures + 1
     fault = task.first_fault_reason
     if stopping:
         if fault is not None:  # the finding stands even when its confirmation cannot run
-            return _Step(
-                Next.FINISH,
-                ExitCode.FIRMWARE_FAULT,
-                f"firmware fault (not confirmed: run stopped): {fault}",
-                decisive=Decisive.FIRST_FAULT,
-            )
-        return _Step(
+            return _fault_stands(f"(not confirmed: run stopped): {fault}")
+        return Decision(
             Next.ABORT,
             ExitCode.INFRASTRUCTURE,
             f"run stopped before a retry (last attempt: {outcome.reason})",
@@ -196,7 +178,7 @@ def _after_infrastructure(outcome: Outcome, task: TaskFacts, policy: Policy, sto
     if not outcome.host_side and n <= policy.retries:
         delay = backoff(policy, n)
         message = f"infrastructure failure ({outcome.reason}); retry {n}/{policy.retries} in {delay:.1f} s"
-        return _Step(
+        return Decision(
             Next.RETRY,
             ExitCode.INFRASTRUCTURE,
             outcome.reason,
@@ -205,30 +187,25 @@ def _after_infrastructure(outcome: Outcome, task: TaskFacts, policy: Policy, sto
             events=((EventKind.RETRY, message),),
         )
     if fault is not None:  # a fault was seen; its confirmation run hit the infrastructure
-        return _Step(
-            Next.FINISH,
-            ExitCode.FIRMWARE_FAULT,
-            f"firmware fault (confirmation re-run failed: {outcome.reason}): {fault}",
-            decisive=Decisive.FIRST_FAULT,
-        )
+        return _fault_stands(f"(confirmation re-run failed: {outcome.reason}): {fault}")
     if outcome.host_side:
-        return _Step(Next.FINISH, ExitCode.INFRASTRUCTURE, f"{outcome.reason} (host side: not retried)")
-    return _Step(
+        return Decision(Next.FINISH, ExitCode.INFRASTRUCTURE, f"{outcome.reason} (host side: not retried)")
+    return Decision(
         Next.FINISH, ExitCode.INFRASTRUCTURE, f"gave up after {n} infrastructure failure(s): {outcome.reason}"
     )
 
 
-def _after_fault(outcome: Outcome, task: TaskFacts, stopping: bool) -> _Step:
+def _after_fault(outcome: Outcome, task: TaskFacts, stopping: bool) -> Decision:
     n = task.fault_attempts + 1
     if n == 1 and not stopping:
-        return _Step(
+        return Decision(
             Next.CONFIRM,
             ExitCode.FIRMWARE_FAULT,
             outcome.reason,
             events=((EventKind.CONFIRM, f"firmware fault ({outcome.reason}); re-running once to confirm"),),
         )
     confirmed = " (confirmed by a re-run)" if n >= 2 else ""
-    return _Step(Next.FINISH, ExitCode.FIRMWARE_FAULT, f"firmware fault{confirmed}: {outcome.reason}")
+    return Decision(Next.FINISH, ExitCode.FIRMWARE_FAULT, f"firmware fault{confirmed}: {outcome.reason}")
 
 
 def _board_step(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import xml.etree.ElementTree as ET
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,8 +51,7 @@ _OUTCOME: dict[CaseStatus, junit.Outcome] = {
 
 
 def _task_board(t: Task) -> str | None:
-    a = t.decisive or (t.attempts[-1] if t.attempts else None)
-    return a.board if a is not None else t.pinned
+    return t.reported.board if t.reported is not None else t.pinned
 
 
 def _variant_doc(o: VariantOutcome) -> dict[str, object]:
@@ -105,10 +105,7 @@ def _task_doc(t: Task) -> dict[str, object]:
 
 def _task_dataset(t: Task) -> AttemptDataset | None:
     """A dataset job's figures from its decisive attempt (the last one when none decided)."""
-    if t.job.data is None:
-        return None
-    a = t.decisive or (t.attempts[-1] if t.attempts else None)
-    return a.dataset if a is not None else None
+    return t.reported.dataset if t.job.data is not None and t.reported is not None else None
 
 
 def _task_verdict(t: Task) -> Verdict:
@@ -117,23 +114,19 @@ def _task_verdict(t: Task) -> Verdict:
 
 def _counts(result: RunResult) -> dict[str, int]:
     tasks = result.tasks
-    cases = [c for t in tasks for c in testcases_of(t)]
-    counts: dict[str, int] = {"tasks": len(tasks)}
-    counts.update({str(v): 0 for v in TASK_VERDICTS})
-    counts.update(
-        aborted=sum(1 for t in tasks if t.state == TaskState.ABORTED),
-        attempts=sum(len(t.attempts) for t in tasks),
-        retries=sum(1 for e in result.events if e["kind"] == "retry"),
-        testcases=len(cases),
-        passed=0,
-        failures=0,
-        errors=0,
-    )
-    for t in tasks:
-        counts[str(_task_verdict(t))] += 1
-    for c in cases:
-        counts[{CaseStatus.PASSED: "passed", CaseStatus.FAILURE: "failures"}.get(c.status, "errors")] += 1
-    return counts
+    verdicts = Counter(str(_task_verdict(t)) for t in tasks)
+    cases = Counter(c.status for t in tasks for c in testcases_of(t))
+    return {
+        "tasks": len(tasks),
+        **{str(v): verdicts[str(v)] for v in TASK_VERDICTS},
+        "aborted": sum(1 for t in tasks if t.state == TaskState.ABORTED),
+        "attempts": sum(len(t.attempts) for t in tasks),
+        "retries": sum(1 for e in result.events if e["kind"] == "retry"),
+        "testcases": cases.total(),
+        "passed": cases[CaseStatus.PASSED],
+        "failures": cases[CaseStatus.FAILURE],
+        "errors": cases[CaseStatus.ERROR],
+    }
 
 
 def summary_dict(result: RunResult, schema_version: int | None = None) -> dict[str, object]:
@@ -156,8 +149,8 @@ def summary_dict(result: RunResult, schema_version: int | None = None) -> dict[s
         "exit_code": int(result.exit_code),
         "verdict": str(result.verdict),
         "interrupted": result.interrupted,
-        "simulated": any(b.bench.simulated for b in result.boards),
-        "native": any(b.bench.board.is_native for b in result.boards),
+        "simulated": result.simulated,
+        "native": result.native,
         "counts": _counts(result),
         "boards": [
             {
@@ -224,7 +217,7 @@ def testcases_of(t: Task) -> list[Testcase]:
 
 
 def _raw_logs(t: Task) -> str:
-    a = t.decisive or (t.attempts[-1] if t.attempts else None)
+    a = t.reported
     if a is None:
         return ""
     logs: dict[str, bytes | None] = {}
@@ -242,9 +235,7 @@ def _raw_logs(t: Task) -> str:
 
 def junit_tree(result: RunResult) -> ET.ElementTree:
     """One ``<testsuite>`` per job, one ``<testcase>`` per task x input x comparison."""
-    simulated = any(b.bench.simulated for b in result.boards)
-    native = any(b.bench.board.is_native for b in result.boards)
-    props = {"simulated": str(simulated).lower(), "native": str(native).lower()}
+    props = {"simulated": str(result.simulated).lower(), "native": str(result.native).lower()}
     stamp = datetime.fromtimestamp(result.started, timezone.utc)
     suites: dict[str, junit.Suite] = {}
     for t in result.tasks:
@@ -265,19 +256,8 @@ def _task_cases(t: Task) -> list[junit.Case]:
         text = f"task {t.id}: {t.reason}"
         if c.status == CaseStatus.ERROR:
             text += f"\nartifacts: {t.dir}"
-        outcome = _OUTCOME[c.status]
-        found.append(
-            junit.Case(
-                where,
-                name,
-                outcome,
-                type=c.type.value,
-                message=c.message,
-                text=text,
-                out=out_text,
-                seconds=each,
-            )
-        )
+        outcome, kind = _OUTCOME[c.status], c.type.value
+        found.append(junit.Case(where, name, outcome, kind, c.message, text, out=out_text, seconds=each))
     return found
 
 
@@ -307,10 +287,10 @@ def markdown(result: RunResult) -> str:
         "",
         f"Plan `{_md(str(result.plan.path))}` on `{_md(str(result.inventory.path))}` — {c['tasks']} tasks, "
         f"{c['attempts']} attempts ({c['retries']} retries), {seconds:.0f} s"
-        + (" — **simulated boards**" if any(b.bench.simulated for b in result.boards) else "")
+        + (" — **simulated boards**" if result.simulated else "")
         + (
             " — **NATIVE boards** (firmware built for the PC: generic ESP-NN C kernels, no chip)"
-            if any(b.bench.board.is_native for b in result.boards)
+            if result.native
             else ""
         ),
         "",

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from harness.errors import ExitCode, StrEnum, Verdict
+from harness.errors import EspCheckError, ExitCode, StrEnum, Verdict
 from harness.flows.records import StageRecord, StageStatus
 from harness.runner.inventory import BenchBoard, Inventory
 from harness.runner.plan import Job, ModelCase, Plan
@@ -194,6 +194,13 @@ class Attempt:
     testcases: list[Testcase] = field(default_factory=list)
     dataset: AttemptDataset | None = None  # a dataset job: inputs, verdict counts, agreement per pair
 
+    def failed(
+        self, what: str, exc: EspCheckError, *, host_side: bool = False, board_fault: bool = False
+    ) -> None:
+        """The attempt ended before a verdict: ``what`` failed with ``exc``."""
+        self.exit_code, self.reason = int(exc.exit_code), f"{what}: {exc.message}"
+        self.host_side, self.board_fault = host_side, board_fault
+
     def where_and_how(self) -> dict[str, object]:
         """Where and when the attempt ran and how it ended, as attempt.json and summary.json write it."""
         return {**{k: getattr(self, k) for k in _WHERE_AND_HOW}, "lock_wait_s": round(self.lock_wait_s, 3)}
@@ -222,6 +229,11 @@ class Task:
 
     def first_fault(self) -> Attempt | None:
         return next((a for a in self.attempts if a.exit_code == ExitCode.FIRMWARE_FAULT), None)
+
+    @property
+    def reported(self) -> Attempt | None:
+        """The attempt a report shows: the decisive one, else the last."""
+        return self.decisive or (self.attempts[-1] if self.attempts else None)
 
 
 @dataclass
@@ -255,6 +267,14 @@ class RunResult:
     @property
     def verdict(self) -> Verdict:
         return Verdict.from_exit_code(self.exit_code)
+
+    @property
+    def simulated(self) -> bool:
+        return any(b.bench.simulated for b in self.boards)
+
+    @property
+    def native(self) -> bool:
+        return any(b.bench.board.is_native for b in self.boards)
 
 
 def now_iso(t: float) -> str:

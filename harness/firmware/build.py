@@ -17,7 +17,7 @@ import re
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -43,6 +43,7 @@ from harness.flashfmt.partitions import (
     variant_app,
 )
 from harness.protocol.app_image import slot_sha256
+from harness.resources import atomic_write
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
 # layout, the ELF and config/sdkconfig.json are cached
@@ -569,6 +570,13 @@ def _layout(
     return layout
 
 
+def _note_cache_hit(log: Path, on_output: OutputCallback | None, key: str, root: Path, tool: str) -> None:
+    with log.open("a", encoding="utf-8") as f:
+        f.write(f"cache hit {key} ({root}): {tool} not run\n")
+    if on_output:
+        on_output(f"cache hit {key[:12]}: {tool} not run")
+
+
 def _cached_files(entry: CacheEntry, project: Path) -> dict[str, Path]:
     """A cache hit's files by role; the model image is data, not a build product: always the project's."""
     stored = [*entry.meta["offsets"], *entry.meta.get("extras", [])]
@@ -646,10 +654,6 @@ def _place(src: Path, dest: Path) -> Path:
     return dest
 
 
-def _fwver(manifest: Manifest) -> str:
-    return str(manifest.get("template_version") or "0.0.0")
-
-
 def project_description(
     project: Path, out_dir: Path, manifest: Manifest, chip: str, elf: Path | None, *, fwver: str
 ) -> dict[str, object]:
@@ -706,11 +710,7 @@ def flasher_args(
 
 
 def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _resolved_components(project: Path) -> dict[str, object] | None:
@@ -743,23 +743,12 @@ def _record_resolved(project: Path, resolved: dict[str, object]) -> None:
     if manifest.get("resolved") == resolved:
         return
     manifest["resolved"] = resolved
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n", durable=False)
 
 
-def _export(
-    project: Path,
-    out_dir: Path,
-    manifest: Manifest,
-    files: Mapping[str, Path],
-    meta: BuildMeta,
-    *,
-    flash_size: str,
-    builder: str,
-) -> BuildResult:
+def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: bool) -> BuildResult:
     """Write the build directory (ESP-IDF's layout, see LAYOUT) from a build's or a cache entry's files."""
-    chip = str(manifest.get("chip") or (manifest.get("board_def") or {}).get("chip") or "")
+    project, out_dir, manifest, chip = job.project, job.out_dir, job.manifest, job.chip
     offsets: dict[str, int] = {str(k): int(v) for k, v in meta["offsets"].items()}
     _clear_layout(out_dir)
     artifacts = sorted(
@@ -774,13 +763,15 @@ def _export(
     else:  # the sim builder, or a build that wrote none: ESP-IDF's own file for a non-reproducible build
         (out_dir / "gdbinit").mkdir(exist_ok=True)
         (out_dir / LAYOUT["prefix_map"]).write_text(NO_PREFIX_MAP, encoding="utf-8")
+    flash_size = str(job.board_def.get("flash_size") or "keep")
     args = flasher_args(artifacts, meta.get("sdkconfig", {}), chip, flash_size, out_dir)
     fa_path = out_dir / FLASHER_ARGS
     fa_path.write_text(json.dumps(args, indent=4) + "\n", encoding="utf-8")
     lines = [" ".join(args["write_flash_args"])]
     lines += [f"{_hex(a.offset)} {a.path.relative_to(out_dir).as_posix()}" for a in artifacts]
     (out_dir / FLASH_ARGS).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    description = project_description(project, out_dir, manifest, chip, elf, fwver=_fwver(manifest))
+    fwver = str(manifest.get("template_version") or "0.0.0")
+    description = project_description(project, out_dir, manifest, chip, elf, fwver=fwver)
     (out_dir / PROJECT_DESCRIPTION).write_text(json.dumps(description, indent=4) + "\n", encoding="utf-8")
     resolved = meta.get("resolved")
     if resolved is not None:
@@ -790,13 +781,13 @@ def _export(
     firmware_sha256 = hashlib.sha256(data).hexdigest()
     return BuildResult(
         project_dir=project,
-        builder=builder,
+        builder=job.builder,
         artifacts=tuple(artifacts),
         app_bin=app,
         flasher_args=fa_path,
-        log_path=None,
-        cache_hit=False,
-        cache_key="",
+        log_path=job.log,
+        cache_hit=hit,
+        cache_key=job.key,
         firmware_sha256=firmware_sha256,
         chip=chip,
         elf=elf,
@@ -925,10 +916,7 @@ def build_project(
     with cache.lock(job.key):
         entry = cache.get(job.key)
         if entry is not None:
-            with log.open("a", encoding="utf-8") as f:
-                f.write(f"cache hit {job.key} ({cache.root}): builder not run\n")
-            if on_output:
-                on_output(f"cache hit {job.key[:12]}: builder not run")
+            _note_cache_hit(log, on_output, job.key, cache.root, "builder")
             files = _cached_files(entry, job.project)
             return _finish(job, files, _app_slot_kept(cache, entry, files, job.chip).meta, hit=True)
         files, meta = run_build()
@@ -955,8 +943,13 @@ class _BuildJob:
 
     @property
     def table_offset(self) -> int | None:
-        raw = self.board_def.get("partition_table_offset")
-        return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+        return _table_offset(self.manifest)
+
+
+def _table_offset(manifest: Manifest) -> int | None:
+    """The board's partition table offset as the manifest records it (None: not recorded)."""
+    raw = (manifest.get("board_def") or {}).get("partition_table_offset")
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
 
 
 _SDKCONFIG_KEPT = (
@@ -994,15 +987,6 @@ def _build_meta(
     extras = _extras(files, job.out_dir)
     meta["extras"] = sorted(extras)
     return {role: path for role, _, path in layout} | extras, meta
-
-
-def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: bool) -> BuildResult:
-    """Write the build directory (ESP-IDF's layout, see LAYOUT) from a build's or a cache entry's files."""
-    flash_size = str(job.board_def.get("flash_size") or "keep")
-    res = _export(
-        job.project, job.out_dir, job.manifest, files, meta, flash_size=flash_size, builder=job.builder
-    )
-    return replace(res, log_path=job.log, cache_hit=hit, cache_key=job.key)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1044,10 +1028,7 @@ def _build_native(
         if entry is not None:
             shutil.copy2(entry.file(NATIVE_PROGRAM), program)
             hit = True
-            with log.open("a", encoding="utf-8") as f:
-                f.write(f"cache hit {key} ({base}): compiler not run\n")
-            if on_output:
-                on_output(f"cache hit {key[:12]}: compiler not run")
+            _note_cache_hit(log, on_output, key, base, "compiler")
         else:
             built = run_native_build(plan, program, log_path=log, on_output=on_output, timeout=timeout,
                                      jobs=options.jobs, env=env)  # fmt: skip
@@ -1088,9 +1069,7 @@ def _native_layout(project: Path, manifest: Manifest, out_dir: Path, program: Pa
     if not csv_path.is_file():
         return [Artifact(0, program, "app")]
     table = read_partitions_csv(csv_path)
-    board_def = manifest.get("board_def") or {}
-    raw = board_def.get("partition_table_offset")
-    table_off = raw if isinstance(raw, int) and not isinstance(raw, bool) else 0x8000
+    table_off = _table_offset(manifest) or 0x8000
     table_path = out_dir / LAYOUT["partition-table"]
     table_path.parent.mkdir(parents=True, exist_ok=True)
     table_path.write_bytes(pack_partition_table(table))

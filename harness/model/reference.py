@@ -21,18 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from harness.errors import HostReferenceError, InputDataError, ModelError, ReferenceRefusedError
-from harness.model.backends import (
-    BACKENDS,
-    LayerTensor,
-    LiteRtBackend,
-    ReferenceBackend,
-    ReferenceResult,
-    ReferenceRun,
-    TflmBackend,
-    get_backend,
-    host_arena_bytes,
-    tflm_available,
-)
+from harness.model.backends import ReferenceResult, get_backend, host_arena_bytes, tflm_available
 from harness.model.hostrun import host_results
 from harness.model.loader import ModelInfo, TensorInfo, parse_model_bytes
 
@@ -40,14 +29,8 @@ if TYPE_CHECKING:
     from harness.model.inputs import InputOptions
 
 __all__ = [
-    "BACKENDS",
     "LayerDisagreement",
-    "LayerTensor",
-    "LiteRtBackend",
-    "ReferenceBackend",
     "ReferenceResult",
-    "ReferenceRun",
-    "TflmBackend",
     "compare_backends",
     "get_backend",
     "host_arena_bytes",

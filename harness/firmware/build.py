@@ -27,7 +27,8 @@ from harness.errors import BuildError, PlatformUnreachableError, UsageError
 from harness.firmware.boards import BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, BuildMeta, CacheEntry, default_cache_dir
 from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_ENV, Manifest, read_manifest
-from harness.firmware.native.project import NativeOptions, plan_native_build, run_native_build
+from harness.firmware.native.driver import build_program
+from harness.firmware.native.project import NativeOptions, plan_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import PARTITION_LABEL
@@ -1030,7 +1031,7 @@ def _build_native(
             hit = True
             _note_cache_hit(log, on_output, key, base, "compiler")
         else:
-            built = run_native_build(plan, program, log_path=log, on_output=on_output, timeout=timeout,
+            built = build_program(plan, program, log_path=log, on_output=on_output, timeout=timeout,
                                      jobs=options.jobs, env=env)  # fmt: skip
             meta["native"]["reused_libraries"] = built.reused_tree
             if cache is not None:

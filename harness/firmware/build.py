@@ -17,7 +17,7 @@ import re
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -883,24 +883,14 @@ def build_project(
     log = Path(log_path) if log_path is not None else out_dir / LOG_NAME
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"esp-check {__version__}: building {project} with {chosen}\n", encoding="utf-8")
+    run = _ToolRun(project, dict(os.environ if env is None else env), log, on_output, timeout)
+    cache = BuildCache(cache_dir or default_cache_dir(), max_cache_bytes) if use_cache else None
+    job = _BuildJob(project, manifest, chosen, chip=chip, out_dir=out_dir, log=log, key="")
     if chosen == "native":
-        return _build_native(
-            project, manifest, native or NativeOptions(), log, out_dir,
-            cache_dir=cache_dir, use_cache=use_cache, max_cache_bytes=max_cache_bytes, on_output=on_output,
-            timeout=timeout, env=env,
-        )  # fmt: skip
-    job = _BuildJob(
-        project,
-        manifest,
-        chosen,
-        chip=chip,
-        out_dir=out_dir,
-        log=log,
-        key=cache_key(project, chosen, manifest),
-    )
+        return _build_native(job, run, native or NativeOptions(), cache)
+    job = replace(job, key=cache_key(project, chosen, manifest))
 
     def run_build() -> tuple[dict[str, Path], BuildMeta]:
-        run = _ToolRun(project, dict(os.environ if env is None else env), log, on_output, timeout)
         sdk: dict[str, str] = {}
         fixed: dict[str, int] | None = None
         if chosen == "pio":
@@ -911,9 +901,8 @@ def build_project(
             files, fixed = _build_sim(project, log, on_output)
         return _build_meta(job, files, sdk, fixed)
 
-    if not use_cache:
+    if cache is None:
         return _finish(job, *run_build(), hit=False)
-    cache = BuildCache(cache_dir or default_cache_dir(), max_cache_bytes)
     with cache.lock(job.key):
         entry = cache.get(job.key)
         if entry is not None:
@@ -998,41 +987,29 @@ NATIVE_INFO = "native.json"
 
 
 def _build_native(
-    project: Path,
-    manifest: Manifest,
-    options: NativeOptions,
-    log: Path,
-    out_dir: Path,
-    *,
-    cache_dir: str | Path | None,
-    use_cache: bool,
-    max_cache_bytes: int,
-    on_output: OutputCallback | None,
-    timeout: float | None,
-    env: Mapping[str, str] | None,
+    job: _BuildJob, run: _ToolRun, options: NativeOptions, cache: BuildCache | None
 ) -> BuildResult:
     """Build a native board's project into ``esp-check/build/native_app`` (cached like the other builders,
     keyed on the project files and the native library key: sources, compiler, flags)."""
-    base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    root = base / "native" if use_cache else out_dir / "native-work"
-    plan = plan_native_build(project, manifest, options, root=root, log_path=log, on_output=on_output,
-                             timeout=timeout, env=env)  # fmt: skip
+    project, manifest, out_dir, log = job.project, job.manifest, job.out_dir, job.log
+    root = cache.root / "native" if cache is not None else out_dir / "native-work"
+    plan = plan_native_build(project, manifest, options, root=root, log_path=log, on_output=run.on_output,
+                             timeout=run.timeout, env=run.env)  # fmt: skip
     files = project_files(project)
     material = {"format": CACHE_FORMAT, "builder": "native", "files": files, "native": plan.key}
     key = hashlib.sha256(json.dumps(material, sort_keys=True).encode("utf-8")).hexdigest()
     program = out_dir / NATIVE_PROGRAM
     meta: BuildMeta = {"offsets": {"app": 0}, "builder": "native", "native": plan.describe()}
-    cache = BuildCache(base, max_cache_bytes) if use_cache else None
     hit = False
     with cache.lock(key) if cache is not None else contextlib.nullcontext():
         entry = cache.get(key) if cache is not None else None
         if entry is not None:
             shutil.copy2(entry.file(NATIVE_PROGRAM), program)
             hit = True
-            _note_cache_hit(log, on_output, key, base, "compiler")
+            _note_cache_hit(log, run.on_output, key, root.parent, "compiler")  # root: <cache>/native
         else:
-            built = build_program(plan, program, log_path=log, on_output=on_output, timeout=timeout,
-                                     jobs=options.jobs, env=env)  # fmt: skip
+            built = build_program(plan, program, log_path=log, on_output=run.on_output, timeout=run.timeout,
+                                  jobs=options.jobs, env=run.env)  # fmt: skip
             meta["native"]["reused_libraries"] = built.reused_tree
             if cache is not None:
                 cache.put(key, {NATIVE_PROGRAM: program}, meta)
@@ -1056,7 +1033,7 @@ def _build_native(
         cache_hit=hit,
         cache_key=key,
         firmware_sha256=sha256,
-        chip=str(manifest.get("chip") or ""),
+        chip=job.chip,
         app_slot_sha256=sha256,  # a host program, not an ESP image: its stand-in reports the file's hash
     )
 

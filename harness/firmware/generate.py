@@ -813,7 +813,7 @@ def _render_files(
     for name in PROTO_FILES:
         files[f"main/{name}"] = (proto_dir / name).read_bytes()
     if ctx.get("hybrid") is not None:
-        files.update(render_hybrid_files(ctx["hybrid"], str(ctx["banner"]), env.filters))
+        files.update(render_hybrid_files(ctx["hybrid"], str(ctx["banner"]), env))
     files[f"{DATA_DIR}/model.tflite"] = model_bytes
     files[MODEL_IMAGE] = pack_model_image(model_bytes, int(ctx["arena_bytes"]), str(ctx["arena_mem"]))
     files[OTADATA_ANSI_IMAGE] = otadata.initial(OTADATA_BYTES, VARIANT_SLOTS["ansi"], len(VARIANT_SLOTS))

@@ -331,10 +331,6 @@ def template_version() -> str:
     return text
 
 
-def _template_names(env: jinja2.Environment) -> list[str]:
-    return sorted(n for n in env.list_templates() if n.endswith(".j2"))
-
-
 def _output_name(template_name: str) -> str:
     name = template_name[: -len(".j2")]
     return ".gitignore" if name == "gitignore" else name
@@ -347,14 +343,6 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
             return False
     atomic_write(path, data, durable=False)  # a full disk leaves no half-written file behind
     return True
-
-
-def _check_versions(versions: Mapping[str, str]) -> None:
-    for key, value in versions.items():
-        if not isinstance(value, str) or not _VERSION_RE.match(value):
-            raise GenerateError(
-                f"version {key}={value!r} is not a valid version string", hint="use e.g. 1.3.8"
-            )
 
 
 def load_allowlist() -> dict[str, Any]:
@@ -651,7 +639,11 @@ def _versions(tflm: str | None, espnn: str | None, platform: str | None) -> dict
     for key, value in (("tflm", tflm), ("espnn", espnn), ("platform", platform)):
         if value is not None:
             versions[key] = value
-    _check_versions(versions)
+    for key, value in versions.items():
+        if not isinstance(value, str) or not _VERSION_RE.match(value):
+            raise GenerateError(
+                f"version {key}={value!r} is not a valid version string", hint="use e.g. 1.3.8"
+            )
     return versions
 
 
@@ -798,7 +790,7 @@ def _render_files(
         if not (proto_dir / name).is_file():
             raise EspCheckError(f"firmware_templates/common/{name} is missing", hint="reinstall esp-check")
     files: dict[str, bytes] = {}
-    for tname in _template_names(env):
+    for tname in sorted(n for n in env.list_templates() if n.endswith(".j2")):
         rel = _output_name(tname)
         if rel in ("platformio.ini", PIO_EXTRA_SCRIPT, PIO_BOOT_SCRIPT) and not board.pio_board:
             continue  # e.g. ESP32-P4: platform-espressif32 6.13.0 cannot build it

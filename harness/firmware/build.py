@@ -424,13 +424,11 @@ def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dic
     return files, _read_sdkconfig(project / "sdkconfig")
 
 
-def _build_sim(
-    project: Path, log_path: Path, on_output: OutputCallback | None
-) -> tuple[dict[str, Path], dict[str, int]]:
+def _build_sim(job: _BuildJob, on_output: OutputCallback | None) -> tuple[dict[str, Path], dict[str, int]]:
     from harness.sim.image import build_sim_firmware  # the simulator is optional at import time
 
-    sim_dir = project / BUILD_SUBDIR / "sim"
-    pairs = build_sim_firmware(project, sim_dir)
+    sim_dir = job.out_dir / "sim"
+    pairs = build_sim_firmware(job.project, sim_dir)
     files: dict[str, Path] = {}
     offsets: dict[str, int] = {}
     # the model image is the project's own (build._layout adds it): not a product of the packer
@@ -454,8 +452,8 @@ def _build_sim(
     elf = files["app"].with_suffix(".elf")
     if elf.is_file():
         files["elf"] = elf
-    files["sdkconfig_json"] = _sim_sdkconfig_json(project, sim_dir)
-    with log_path.open("a", encoding="utf-8") as log:
+    files["sdkconfig_json"] = _sim_sdkconfig_json(job, sim_dir)
+    with job.log.open("a", encoding="utf-8") as log:
         for offset, path in ordered:
             line = f"sim: packed {Path(path).name} for offset 0x{offset:x}"
             log.write(line + "\n")
@@ -464,25 +462,21 @@ def _build_sim(
     return files, offsets
 
 
-def _sim_sdkconfig_json(project: Path, out: Path) -> Path:
+def _sim_sdkconfig_json(job: _BuildJob, out: Path) -> Path:
     """config/sdkconfig.json for a sim build: the project's sdkconfig.defaults (no Kconfig resolution runs)
     plus the resolved symbols tools look for (target, its architecture, the flash size)."""
     try:
-        text = (project / "sdkconfig.defaults").read_text(encoding="utf-8")
+        text = (job.project / "sdkconfig.defaults").read_text(encoding="utf-8")
     except OSError:
         text = ""
     doc = sdkconfig_json(text)
-    manifest = read_manifest(project)
-    board_def = manifest.get("board_def") or {}
-    chip = str(manifest.get("chip") or board_def.get("chip") or doc.get("IDF_TARGET") or "")
-    doc["IDF_TARGET"] = chip
-    doc[f"IDF_TARGET_{chip.upper()}"] = True
-    arch = "RISCV" if chip in CHIPS and CHIPS[chip].arch == "riscv" else "XTENSA"
-    doc[f"IDF_TARGET_ARCH_{arch}"] = True
+    doc["IDF_TARGET"] = job.chip
+    doc[f"IDF_TARGET_{job.chip.upper()}"] = True
+    doc[f"IDF_TARGET_ARCH_{'RISCV' if CHIPS[job.chip].arch == 'riscv' else 'XTENSA'}"] = True
     sizes = [k.split("_")[-1] for k, v in doc.items() if k.startswith("ESPTOOLPY_FLASHSIZE_") and v is True]
-    size = sizes[0] if sizes else None
-    if size or board_def.get("flash_size"):
-        doc["ESPTOOLPY_FLASHSIZE"] = size or str(board_def["flash_size"])
+    size = sizes[0] if sizes else job.board_def.get("flash_size")
+    if size:
+        doc["ESPTOOLPY_FLASHSIZE"] = str(size)
     path = out / "sdkconfig.json"
     path.write_text(json.dumps(doc, indent=4, sort_keys=True) + "\n", encoding="utf-8")
     return path
@@ -500,22 +494,17 @@ def _read_sdkconfig(path: Path) -> dict[str, str]:
 
 
 def _layout(
-    files: Mapping[str, Path],
-    sdkconfig: Mapping[str, str],
-    chip: str,
-    project: Path,
-    fixed: Mapping[str, int] | None = None,
-    table_offset: int | None = None,
-    variant: str | None = None,
+    job: _BuildJob, files: Mapping[str, Path], sdkconfig: Mapping[str, str], fixed: Mapping[str, int] | None
 ) -> list[tuple[str, int, Path]]:
     """(role, offset, source file) for what must be flashed; checks the app fits its partition.
 
     Offsets come from the resolved sdkconfig and the built partition table (``fixed`` when the
-    builder states them itself, as the sim packer does). ``table_offset`` is the board's partition
-    table offset (manifest), used only when the resolved sdkconfig does not say. The app goes to the
+    builder states them itself, as the sim packer does). The board's partition table offset
+    (manifest) is used only when the resolved sdkconfig does not say. The app goes to the
     factory partition, or to its variant's OTA slot (optimized ``ota_0``, ANSI C ``ota_1``); the
     project's model image to the ``model`` partition.
     """
+    project, table_offset = job.project, job.table_offset
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():
             raise BuildError(
@@ -525,7 +514,7 @@ def _layout(
     try:
         boot_off = int(sdkconfig["CONFIG_BOOTLOADER_OFFSET_IN_FLASH"], 0)
     except (KeyError, ValueError):
-        boot_off = CHIPS[chip].bootloader_offset
+        boot_off = CHIPS[job.chip].bootloader_offset
     try:
         pt_off = int(sdkconfig["CONFIG_PARTITION_TABLE_OFFSET"], 0)
     except (KeyError, ValueError):
@@ -537,7 +526,7 @@ def _layout(
             ) from None
         pt_off = table_offset
     table = table_rows(files["partition-table"].read_bytes())
-    app_part = variant_app(table, variant) or find(table, APP)
+    app_part = variant_app(table, str(job.manifest.get("variant") or "")) or find(table, APP)
     if app_part is None:
         raise BuildError(
             f"the built partition table {files['partition-table']} has no app partition",
@@ -898,7 +887,7 @@ def build_project(
         elif chosen == "idf":
             files, sdk = _build_idf(run, idf_py=idf_py, chip=chip)
         else:
-            files, fixed = _build_sim(project, log, on_output)
+            files, fixed = _build_sim(job, on_output)
         return _build_meta(job, files, sdk, fixed)
 
     if cache is None:
@@ -955,16 +944,7 @@ def _build_meta(
     job: _BuildJob, files: Mapping[str, Path], sdk: Mapping[str, str], fixed: dict[str, int] | None
 ) -> tuple[dict[str, Path], BuildMeta]:
     """What the cache keeps beside the images: offsets, the flash-relevant sdkconfig, versions."""
-    variant = str(job.manifest.get("variant") or "")
-    layout = _layout(
-        dict(files),
-        dict(sdk),
-        job.chip,
-        project=job.project,
-        fixed=fixed,
-        table_offset=job.table_offset,
-        variant=variant,
-    )
+    layout = _layout(job, files, sdk, fixed)
     meta: BuildMeta = {
         "offsets": {role: off for role, off, _ in layout},
         "sdkconfig": {k: v for k, v in sdk.items() if k.startswith(_SDKCONFIG_KEPT)},

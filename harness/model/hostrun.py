@@ -241,11 +241,8 @@ def _runs_from_arrays(
         outputs = [arrays[f"r{k}_o{o}"] for o in range(len(info.outputs))]
         layers = None
         if per_layer:
-            layers = []
-            for j, (op_index, opcode, t, name) in enumerate(slots):
-                arr = arrays[f"r{k}_l{j}"]
-                crc = crc32(arr)
-                layers.append(backends.LayerTensor(op_index, opcode, t, name, arr, crc))
+            layered = [(slot, arrays[f"r{k}_l{j}"]) for j, slot in enumerate(slots)]
+            layers = [backends.LayerTensor(*slot, arr, crc32(arr)) for slot, arr in layered]
         runs.append(ReferenceRun(outputs=outputs, layers=layers))
     return runs
 

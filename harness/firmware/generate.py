@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypedDict
 
-import numpy as np
-
 from harness import __version__
 from harness.errors import EspCheckError, GenerateError
 from harness.firmware.boards import Board, load_board
@@ -739,7 +737,7 @@ def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
         ],
         # only embedded inputs need it compiled in: without them the app is the same for every model
         # with these ops (a new model rewrites only the model partition)
-        "input_bytes": tensor.num_elements * np.dtype(tensor.dtype).itemsize if prepared else 0,
+        "input_bytes": tensor.nbytes if prepared else 0,
         "input_dtype": tensor.dtype,
         "outputs": [
             {
@@ -843,13 +841,7 @@ def _previous_files(manifest_path: Path) -> set[str]:
 
 def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mapping[str, bytes]) -> Manifest:
     """One variant's esp-check.json (``ctx``: the template context it was rendered with)."""
-    board, versions, model_bytes, tensor, plan = (
-        src.board,
-        src.versions,
-        src.model_bytes,
-        src.tensor,
-        src.plan,
-    )
+    board, versions, tensor, plan = src.board, src.versions, src.tensor, src.plan
     board_file_sha = _sha256(board.source.read_bytes()) if board.source and board.source.is_file() else None
     return {
         "schema": MANIFEST_SCHEMA,
@@ -875,8 +867,8 @@ def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mappin
             "source_name": src.model_path.name,
             "file": f"{DATA_DIR}/model.tflite",
             "partition_image": MODEL_IMAGE,
-            "bytes": len(model_bytes),
-            "sha256": _sha256(model_bytes),
+            "bytes": len(src.model_bytes),
+            "sha256": _sha256(src.model_bytes),
             "schema_version": src.model.schema_version,
         },
         "input_tensor": {

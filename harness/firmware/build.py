@@ -526,7 +526,7 @@ def _layout(
             ) from None
         pt_off = table_offset
     table = table_rows(files["partition-table"].read_bytes())
-    app_part = variant_app(table, str(job.manifest.get("variant") or "")) or find(table, APP)
+    app_part = variant_app(table, job.variant) or find(table, APP)
     if app_part is None:
         raise BuildError(
             f"the built partition table {files['partition-table']} has no app partition",
@@ -744,7 +744,7 @@ def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: 
     artifacts = sorted(
         Artifact(off, _place(files[role], out_dir / LAYOUT[role]), role) for role, off in offsets.items()
     )
-    _select_own_slot(artifacts, str(manifest.get("variant") or ""))
+    _select_own_slot(artifacts, job.variant)
     elf = _place(files["elf"], out_dir / LAYOUT["elf"]) if "elf" in files else None
     if "sdkconfig_json" in files:
         _place(files["sdkconfig_json"], out_dir / LAYOUT["sdkconfig_json"])
@@ -917,18 +917,18 @@ class _BuildJob:
     key: str
 
     @property
+    def variant(self) -> str:
+        return str(self.manifest.get("variant") or "")
+
+    @property
     def board_def(self) -> dict[str, object]:
         return self.manifest.get("board_def") or {}
 
     @property
     def table_offset(self) -> int | None:
-        return _table_offset(self.manifest)
-
-
-def _table_offset(manifest: Manifest) -> int | None:
-    """The board's partition table offset as the manifest records it (None: not recorded)."""
-    raw = (manifest.get("board_def") or {}).get("partition_table_offset")
-    return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+        """The board's partition table offset as the manifest records it (None: not recorded)."""
+        raw = self.board_def.get("partition_table_offset")
+        return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
 
 
 _SDKCONFIG_KEPT = (
@@ -996,7 +996,7 @@ def _build_native(
     program.chmod(program.stat().st_mode | 0o111)
     versions = {c.name.replace("__", "/"): c.version or "unknown" for c in plan.components}
     _record_resolved(project, {"dependencies_lock": None, "components": versions, "native": True})
-    artifacts = _native_layout(project, manifest, out_dir, program)
+    artifacts = _native_layout(job, program)
     info_path = out_dir / NATIVE_INFO
     sha256 = _sha256_file(program)
     info = {"program": program.name, "sha256": sha256, "cache_hit": hit, **meta["native"]}
@@ -1018,20 +1018,21 @@ def _build_native(
     )
 
 
-def _native_layout(project: Path, manifest: Manifest, out_dir: Path, program: Path) -> list[Artifact]:
+def _native_layout(job: _BuildJob, program: Path) -> list[Artifact]:
     """What a native board's "flash" takes, at the offsets a chip would: the partition table packed from
     the project's partitions.csv, blank otadata, the program in its variant's app slot (the native board
     keeps host programs beside its flash image: one does not fit a chip's slot) and the model image in
     the model partition. A project without a partition table (an older template) is the program alone."""
+    project, out_dir = job.project, job.out_dir
     csv_path = project / "partitions.csv"
     if not csv_path.is_file():
         return [Artifact(0, program, "app")]
     table = read_partitions_csv(csv_path)
-    table_off = _table_offset(manifest) or 0x8000
+    table_off = job.table_offset or 0x8000
     table_path = out_dir / LAYOUT["partition-table"]
     table_path.parent.mkdir(parents=True, exist_ok=True)
     table_path.write_bytes(pack_partition_table(table))
-    app = variant_app(table, str(manifest.get("variant") or ""))
+    app = variant_app(table, job.variant)
     if app is None:
         raise BuildError(f"{csv_path} has no app partition for this variant", hint="regenerate the project")
     out = [Artifact(table_off, table_path, "partition-table"), Artifact(app.offset, program, "app")]

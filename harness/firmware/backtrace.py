@@ -29,8 +29,6 @@ _PIO_PACKAGES = ("toolchain-xtensa-esp-elf", "toolchain-xtensa-esp32", "toolchai
 _IDF_TOOLS = ("xtensa-esp-elf", "xtensa-esp32-elf", "xtensa-esp32s2-elf", "xtensa-esp32s3-elf",
               "riscv32-esp-elf")  # fmt: skip
 _BFD_TARGET = {"xtensa": "elf32-xtensa-le", "riscv": "elf32-littleriscv"}
-# finding kinds whose report carries code addresses
-CRASH_KINDS = ("panic", "abort", "stack_overflow", "interrupt_watchdog", "heap_corruption", "hang")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,15 +18,7 @@ from typing import TYPE_CHECKING, get_args
 
 from harness.chips import CHIPS
 from harness.errors import BoardDefinitionError
-from harness.firmware.board_types import (
-    NAME_PATTERN,
-    Builder,
-    Console,
-    EspnnPath,
-    FlashSize,
-    Psram,
-    ResetStyle,
-)
+from harness.firmware.board_types import NAME_PATTERN, Builder
 from harness.resources import boards_dir, code_digest, idf_support, store_json, user_cache_dir, version_tuple
 
 if TYPE_CHECKING:
@@ -37,13 +29,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-PSRAM_KINDS: tuple[str, ...] = get_args(Psram)
-CONSOLES: tuple[str, ...] = get_args(Console)
-RESET_STYLES: tuple[str, ...] = get_args(ResetStyle)
-ESPNN_PATHS: tuple[str, ...] = get_args(EspnnPath)
 BUILDERS: tuple[str, ...] = get_args(Builder)
-FLASH_SIZES: tuple[str, ...] = get_args(FlashSize)
-NATIVE_BITS = (32, 64)
 
 APP_OFFSET = 0x10000
 MIN_NVS_BYTES = 0x3000  # ESP-IDF's documented minimum for a read-write NVS partition

@@ -27,7 +27,8 @@ from harness.errors import BuildError, PlatformUnreachableError, UsageError
 from harness.firmware.boards import BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, BuildMeta, CacheEntry, default_cache_dir
 from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_ENV, Manifest, read_manifest
-from harness.firmware.native.project import NativeOptions, plan_native_build, run_native_build
+from harness.firmware.native.driver import build_program
+from harness.firmware.native.project import NativeOptions, plan_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import PARTITION_LABEL
@@ -43,6 +44,7 @@ from harness.flashfmt.partitions import (
     variant_app,
 )
 from harness.protocol.app_image import slot_sha256
+from harness.resources import atomic_write
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
 # layout, the ELF and config/sdkconfig.json are cached
@@ -422,13 +424,11 @@ def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dic
     return files, _read_sdkconfig(project / "sdkconfig")
 
 
-def _build_sim(
-    project: Path, log_path: Path, on_output: OutputCallback | None
-) -> tuple[dict[str, Path], dict[str, int]]:
+def _build_sim(job: _BuildJob, on_output: OutputCallback | None) -> tuple[dict[str, Path], dict[str, int]]:
     from harness.sim.image import build_sim_firmware  # the simulator is optional at import time
 
-    sim_dir = project / BUILD_SUBDIR / "sim"
-    pairs = build_sim_firmware(project, sim_dir)
+    sim_dir = job.out_dir / "sim"
+    pairs = build_sim_firmware(job.project, sim_dir)
     files: dict[str, Path] = {}
     offsets: dict[str, int] = {}
     # the model image is the project's own (build._layout adds it): not a product of the packer
@@ -452,8 +452,8 @@ def _build_sim(
     elf = files["app"].with_suffix(".elf")
     if elf.is_file():
         files["elf"] = elf
-    files["sdkconfig_json"] = _sim_sdkconfig_json(project, sim_dir)
-    with log_path.open("a", encoding="utf-8") as log:
+    files["sdkconfig_json"] = _sim_sdkconfig_json(job, sim_dir)
+    with job.log.open("a", encoding="utf-8") as log:
         for offset, path in ordered:
             line = f"sim: packed {Path(path).name} for offset 0x{offset:x}"
             log.write(line + "\n")
@@ -462,25 +462,21 @@ def _build_sim(
     return files, offsets
 
 
-def _sim_sdkconfig_json(project: Path, out: Path) -> Path:
+def _sim_sdkconfig_json(job: _BuildJob, out: Path) -> Path:
     """config/sdkconfig.json for a sim build: the project's sdkconfig.defaults (no Kconfig resolution runs)
     plus the resolved symbols tools look for (target, its architecture, the flash size)."""
     try:
-        text = (project / "sdkconfig.defaults").read_text(encoding="utf-8")
+        text = (job.project / "sdkconfig.defaults").read_text(encoding="utf-8")
     except OSError:
         text = ""
     doc = sdkconfig_json(text)
-    manifest = read_manifest(project)
-    board_def = manifest.get("board_def") or {}
-    chip = str(manifest.get("chip") or board_def.get("chip") or doc.get("IDF_TARGET") or "")
-    doc["IDF_TARGET"] = chip
-    doc[f"IDF_TARGET_{chip.upper()}"] = True
-    arch = "RISCV" if chip in CHIPS and CHIPS[chip].arch == "riscv" else "XTENSA"
-    doc[f"IDF_TARGET_ARCH_{arch}"] = True
+    doc["IDF_TARGET"] = job.chip
+    doc[f"IDF_TARGET_{job.chip.upper()}"] = True
+    doc[f"IDF_TARGET_ARCH_{'RISCV' if CHIPS[job.chip].arch == 'riscv' else 'XTENSA'}"] = True
     sizes = [k.split("_")[-1] for k, v in doc.items() if k.startswith("ESPTOOLPY_FLASHSIZE_") and v is True]
-    size = sizes[0] if sizes else None
-    if size or board_def.get("flash_size"):
-        doc["ESPTOOLPY_FLASHSIZE"] = size or str(board_def["flash_size"])
+    size = sizes[0] if sizes else job.board_def.get("flash_size")
+    if size:
+        doc["ESPTOOLPY_FLASHSIZE"] = str(size)
     path = out / "sdkconfig.json"
     path.write_text(json.dumps(doc, indent=4, sort_keys=True) + "\n", encoding="utf-8")
     return path
@@ -498,22 +494,17 @@ def _read_sdkconfig(path: Path) -> dict[str, str]:
 
 
 def _layout(
-    files: Mapping[str, Path],
-    sdkconfig: Mapping[str, str],
-    chip: str,
-    project: Path,
-    fixed: Mapping[str, int] | None = None,
-    table_offset: int | None = None,
-    variant: str | None = None,
+    job: _BuildJob, files: Mapping[str, Path], sdkconfig: Mapping[str, str], fixed: Mapping[str, int] | None
 ) -> list[tuple[str, int, Path]]:
     """(role, offset, source file) for what must be flashed; checks the app fits its partition.
 
     Offsets come from the resolved sdkconfig and the built partition table (``fixed`` when the
-    builder states them itself, as the sim packer does). ``table_offset`` is the board's partition
-    table offset (manifest), used only when the resolved sdkconfig does not say. The app goes to the
+    builder states them itself, as the sim packer does). The board's partition table offset
+    (manifest) is used only when the resolved sdkconfig does not say. The app goes to the
     factory partition, or to its variant's OTA slot (optimized ``ota_0``, ANSI C ``ota_1``); the
     project's model image to the ``model`` partition.
     """
+    project, table_offset = job.project, job.table_offset
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():
             raise BuildError(
@@ -523,7 +514,7 @@ def _layout(
     try:
         boot_off = int(sdkconfig["CONFIG_BOOTLOADER_OFFSET_IN_FLASH"], 0)
     except (KeyError, ValueError):
-        boot_off = CHIPS[chip].bootloader_offset
+        boot_off = CHIPS[job.chip].bootloader_offset
     try:
         pt_off = int(sdkconfig["CONFIG_PARTITION_TABLE_OFFSET"], 0)
     except (KeyError, ValueError):
@@ -535,7 +526,7 @@ def _layout(
             ) from None
         pt_off = table_offset
     table = table_rows(files["partition-table"].read_bytes())
-    app_part = variant_app(table, variant) or find(table, APP)
+    app_part = variant_app(table, job.variant) or find(table, APP)
     if app_part is None:
         raise BuildError(
             f"the built partition table {files['partition-table']} has no app partition",
@@ -567,6 +558,13 @@ def _layout(
                 hint="this is a bug in the image packer; please report it",
             )
     return layout
+
+
+def _note_cache_hit(log: Path, on_output: OutputCallback | None, key: str, root: Path, tool: str) -> None:
+    with log.open("a", encoding="utf-8") as f:
+        f.write(f"cache hit {key} ({root}): {tool} not run\n")
+    if on_output:
+        on_output(f"cache hit {key[:12]}: {tool} not run")
 
 
 def _cached_files(entry: CacheEntry, project: Path) -> dict[str, Path]:
@@ -646,10 +644,6 @@ def _place(src: Path, dest: Path) -> Path:
     return dest
 
 
-def _fwver(manifest: Manifest) -> str:
-    return str(manifest.get("template_version") or "0.0.0")
-
-
 def project_description(
     project: Path, out_dir: Path, manifest: Manifest, chip: str, elf: Path | None, *, fwver: str
 ) -> dict[str, object]:
@@ -706,11 +700,7 @@ def flasher_args(
 
 
 def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _resolved_components(project: Path) -> dict[str, object] | None:
@@ -743,29 +733,18 @@ def _record_resolved(project: Path, resolved: dict[str, object]) -> None:
     if manifest.get("resolved") == resolved:
         return
     manifest["resolved"] = resolved
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n", durable=False)
 
 
-def _export(
-    project: Path,
-    out_dir: Path,
-    manifest: Manifest,
-    files: Mapping[str, Path],
-    meta: BuildMeta,
-    *,
-    flash_size: str,
-    builder: str,
-) -> BuildResult:
+def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: bool) -> BuildResult:
     """Write the build directory (ESP-IDF's layout, see LAYOUT) from a build's or a cache entry's files."""
-    chip = str(manifest.get("chip") or (manifest.get("board_def") or {}).get("chip") or "")
+    project, out_dir, manifest, chip = job.project, job.out_dir, job.manifest, job.chip
     offsets: dict[str, int] = {str(k): int(v) for k, v in meta["offsets"].items()}
     _clear_layout(out_dir)
     artifacts = sorted(
         Artifact(off, _place(files[role], out_dir / LAYOUT[role]), role) for role, off in offsets.items()
     )
-    _select_own_slot(artifacts, str(manifest.get("variant") or ""))
+    _select_own_slot(artifacts, job.variant)
     elf = _place(files["elf"], out_dir / LAYOUT["elf"]) if "elf" in files else None
     if "sdkconfig_json" in files:
         _place(files["sdkconfig_json"], out_dir / LAYOUT["sdkconfig_json"])
@@ -774,13 +753,15 @@ def _export(
     else:  # the sim builder, or a build that wrote none: ESP-IDF's own file for a non-reproducible build
         (out_dir / "gdbinit").mkdir(exist_ok=True)
         (out_dir / LAYOUT["prefix_map"]).write_text(NO_PREFIX_MAP, encoding="utf-8")
+    flash_size = str(job.board_def.get("flash_size") or "keep")
     args = flasher_args(artifacts, meta.get("sdkconfig", {}), chip, flash_size, out_dir)
     fa_path = out_dir / FLASHER_ARGS
     fa_path.write_text(json.dumps(args, indent=4) + "\n", encoding="utf-8")
     lines = [" ".join(args["write_flash_args"])]
     lines += [f"{_hex(a.offset)} {a.path.relative_to(out_dir).as_posix()}" for a in artifacts]
     (out_dir / FLASH_ARGS).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    description = project_description(project, out_dir, manifest, chip, elf, fwver=_fwver(manifest))
+    fwver = str(manifest.get("template_version") or "0.0.0")
+    description = project_description(project, out_dir, manifest, chip, elf, fwver=fwver)
     (out_dir / PROJECT_DESCRIPTION).write_text(json.dumps(description, indent=4) + "\n", encoding="utf-8")
     resolved = meta.get("resolved")
     if resolved is not None:
@@ -790,13 +771,13 @@ def _export(
     firmware_sha256 = hashlib.sha256(data).hexdigest()
     return BuildResult(
         project_dir=project,
-        builder=builder,
+        builder=job.builder,
         artifacts=tuple(artifacts),
         app_bin=app,
         flasher_args=fa_path,
-        log_path=None,
-        cache_hit=False,
-        cache_key="",
+        log_path=job.log,
+        cache_hit=hit,
+        cache_key=job.key,
         firmware_sha256=firmware_sha256,
         chip=chip,
         elf=elf,
@@ -891,24 +872,14 @@ def build_project(
     log = Path(log_path) if log_path is not None else out_dir / LOG_NAME
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"esp-check {__version__}: building {project} with {chosen}\n", encoding="utf-8")
+    run = _ToolRun(project, dict(os.environ if env is None else env), log, on_output, timeout)
+    cache = BuildCache(cache_dir or default_cache_dir(), max_cache_bytes) if use_cache else None
+    job = _BuildJob(project, manifest, chosen, chip=chip, out_dir=out_dir, log=log, key="")
     if chosen == "native":
-        return _build_native(
-            project, manifest, native or NativeOptions(), log, out_dir,
-            cache_dir=cache_dir, use_cache=use_cache, max_cache_bytes=max_cache_bytes, on_output=on_output,
-            timeout=timeout, env=env,
-        )  # fmt: skip
-    job = _BuildJob(
-        project,
-        manifest,
-        chosen,
-        chip=chip,
-        out_dir=out_dir,
-        log=log,
-        key=cache_key(project, chosen, manifest),
-    )
+        return _build_native(job, run, native or NativeOptions(), cache)
+    job = replace(job, key=cache_key(project, chosen, manifest))
 
     def run_build() -> tuple[dict[str, Path], BuildMeta]:
-        run = _ToolRun(project, dict(os.environ if env is None else env), log, on_output, timeout)
         sdk: dict[str, str] = {}
         fixed: dict[str, int] | None = None
         if chosen == "pio":
@@ -916,19 +887,15 @@ def build_project(
         elif chosen == "idf":
             files, sdk = _build_idf(run, idf_py=idf_py, chip=chip)
         else:
-            files, fixed = _build_sim(project, log, on_output)
+            files, fixed = _build_sim(job, on_output)
         return _build_meta(job, files, sdk, fixed)
 
-    if not use_cache:
+    if cache is None:
         return _finish(job, *run_build(), hit=False)
-    cache = BuildCache(cache_dir or default_cache_dir(), max_cache_bytes)
     with cache.lock(job.key):
         entry = cache.get(job.key)
         if entry is not None:
-            with log.open("a", encoding="utf-8") as f:
-                f.write(f"cache hit {job.key} ({cache.root}): builder not run\n")
-            if on_output:
-                on_output(f"cache hit {job.key[:12]}: builder not run")
+            _note_cache_hit(log, on_output, job.key, cache.root, "builder")
             files = _cached_files(entry, job.project)
             return _finish(job, files, _app_slot_kept(cache, entry, files, job.chip).meta, hit=True)
         files, meta = run_build()
@@ -950,11 +917,16 @@ class _BuildJob:
     key: str
 
     @property
+    def variant(self) -> str:
+        return str(self.manifest.get("variant") or "")
+
+    @property
     def board_def(self) -> dict[str, object]:
         return self.manifest.get("board_def") or {}
 
     @property
     def table_offset(self) -> int | None:
+        """The board's partition table offset as the manifest records it (None: not recorded)."""
         raw = self.board_def.get("partition_table_offset")
         return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
 
@@ -972,16 +944,7 @@ def _build_meta(
     job: _BuildJob, files: Mapping[str, Path], sdk: Mapping[str, str], fixed: dict[str, int] | None
 ) -> tuple[dict[str, Path], BuildMeta]:
     """What the cache keeps beside the images: offsets, the flash-relevant sdkconfig, versions."""
-    variant = str(job.manifest.get("variant") or "")
-    layout = _layout(
-        dict(files),
-        dict(sdk),
-        job.chip,
-        project=job.project,
-        fixed=fixed,
-        table_offset=job.table_offset,
-        variant=variant,
-    )
+    layout = _layout(job, files, sdk, fixed)
     meta: BuildMeta = {
         "offsets": {role: off for role, off, _ in layout},
         "sdkconfig": {k: v for k, v in sdk.items() if k.startswith(_SDKCONFIG_KEPT)},
@@ -996,15 +959,6 @@ def _build_meta(
     return {role: path for role, _, path in layout} | extras, meta
 
 
-def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: bool) -> BuildResult:
-    """Write the build directory (ESP-IDF's layout, see LAYOUT) from a build's or a cache entry's files."""
-    flash_size = str(job.board_def.get("flash_size") or "keep")
-    res = _export(
-        job.project, job.out_dir, job.manifest, files, meta, flash_size=flash_size, builder=job.builder
-    )
-    return replace(res, log_path=job.log, cache_hit=hit, cache_key=job.key)
-
-
 # --------------------------------------------------------------------------------------------
 # native target (docs/native.md): a host program instead of flash images
 
@@ -1013,51 +967,36 @@ NATIVE_INFO = "native.json"
 
 
 def _build_native(
-    project: Path,
-    manifest: Manifest,
-    options: NativeOptions,
-    log: Path,
-    out_dir: Path,
-    *,
-    cache_dir: str | Path | None,
-    use_cache: bool,
-    max_cache_bytes: int,
-    on_output: OutputCallback | None,
-    timeout: float | None,
-    env: Mapping[str, str] | None,
+    job: _BuildJob, run: _ToolRun, options: NativeOptions, cache: BuildCache | None
 ) -> BuildResult:
     """Build a native board's project into ``esp-check/build/native_app`` (cached like the other builders,
     keyed on the project files and the native library key: sources, compiler, flags)."""
-    base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    root = base / "native" if use_cache else out_dir / "native-work"
-    plan = plan_native_build(project, manifest, options, root=root, log_path=log, on_output=on_output,
-                             timeout=timeout, env=env)  # fmt: skip
+    project, manifest, out_dir, log = job.project, job.manifest, job.out_dir, job.log
+    root = cache.root / "native" if cache is not None else out_dir / "native-work"
+    plan = plan_native_build(project, manifest, options, root=root, log_path=log, on_output=run.on_output,
+                             timeout=run.timeout, env=run.env)  # fmt: skip
     files = project_files(project)
     material = {"format": CACHE_FORMAT, "builder": "native", "files": files, "native": plan.key}
     key = hashlib.sha256(json.dumps(material, sort_keys=True).encode("utf-8")).hexdigest()
     program = out_dir / NATIVE_PROGRAM
     meta: BuildMeta = {"offsets": {"app": 0}, "builder": "native", "native": plan.describe()}
-    cache = BuildCache(base, max_cache_bytes) if use_cache else None
     hit = False
     with cache.lock(key) if cache is not None else contextlib.nullcontext():
         entry = cache.get(key) if cache is not None else None
         if entry is not None:
             shutil.copy2(entry.file(NATIVE_PROGRAM), program)
             hit = True
-            with log.open("a", encoding="utf-8") as f:
-                f.write(f"cache hit {key} ({base}): compiler not run\n")
-            if on_output:
-                on_output(f"cache hit {key[:12]}: compiler not run")
+            _note_cache_hit(log, run.on_output, key, root.parent, "compiler")  # root: <cache>/native
         else:
-            built = run_native_build(plan, program, log_path=log, on_output=on_output, timeout=timeout,
-                                     jobs=options.jobs, env=env)  # fmt: skip
+            built = build_program(plan, program, log_path=log, on_output=run.on_output, timeout=run.timeout,
+                                  jobs=options.jobs, env=run.env)  # fmt: skip
             meta["native"]["reused_libraries"] = built.reused_tree
             if cache is not None:
                 cache.put(key, {NATIVE_PROGRAM: program}, meta)
     program.chmod(program.stat().st_mode | 0o111)
     versions = {c.name.replace("__", "/"): c.version or "unknown" for c in plan.components}
     _record_resolved(project, {"dependencies_lock": None, "components": versions, "native": True})
-    artifacts = _native_layout(project, manifest, out_dir, program)
+    artifacts = _native_layout(job, program)
     info_path = out_dir / NATIVE_INFO
     sha256 = _sha256_file(program)
     info = {"program": program.name, "sha256": sha256, "cache_hit": hit, **meta["native"]}
@@ -1074,27 +1013,26 @@ def _build_native(
         cache_hit=hit,
         cache_key=key,
         firmware_sha256=sha256,
-        chip=str(manifest.get("chip") or ""),
+        chip=job.chip,
         app_slot_sha256=sha256,  # a host program, not an ESP image: its stand-in reports the file's hash
     )
 
 
-def _native_layout(project: Path, manifest: Manifest, out_dir: Path, program: Path) -> list[Artifact]:
+def _native_layout(job: _BuildJob, program: Path) -> list[Artifact]:
     """What a native board's "flash" takes, at the offsets a chip would: the partition table packed from
     the project's partitions.csv, blank otadata, the program in its variant's app slot (the native board
     keeps host programs beside its flash image: one does not fit a chip's slot) and the model image in
     the model partition. A project without a partition table (an older template) is the program alone."""
+    project, out_dir = job.project, job.out_dir
     csv_path = project / "partitions.csv"
     if not csv_path.is_file():
         return [Artifact(0, program, "app")]
     table = read_partitions_csv(csv_path)
-    board_def = manifest.get("board_def") or {}
-    raw = board_def.get("partition_table_offset")
-    table_off = raw if isinstance(raw, int) and not isinstance(raw, bool) else 0x8000
+    table_off = job.table_offset or 0x8000
     table_path = out_dir / LAYOUT["partition-table"]
     table_path.parent.mkdir(parents=True, exist_ok=True)
     table_path.write_bytes(pack_partition_table(table))
-    app = variant_app(table, str(manifest.get("variant") or ""))
+    app = variant_app(table, job.variant)
     if app is None:
         raise BuildError(f"{csv_path} has no app partition for this variant", hint="regenerate the project")
     out = [Artifact(table_off, table_path, "partition-table"), Artifact(app.offset, program, "app")]

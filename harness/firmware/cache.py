@@ -20,7 +20,7 @@ from typing import TypedDict
 import filelock
 
 from harness.errors import BuildError
-from harness.resources import user_cache_dir
+from harness.resources import atomic_write, user_cache_dir
 
 DEFAULT_MAX_BYTES = 2 * 1024**3
 ENTRY_META = "meta.json"
@@ -155,14 +155,8 @@ class BuildCache:
         """``entry`` with ``extra`` merged into its metadata, rewritten in place (atomically: a reader sees
         the old or the new file); hold the key's lock. A write that fails leaves the entry as it was."""
         meta: BuildMeta = {**entry.meta, **extra}
-        path = entry.path / ENTRY_META
-        tmp = path.with_name(f".{ENTRY_META}.{uuid.uuid4().hex}")
-        try:
-            tmp.write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
-            tmp.replace(path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        with contextlib.suppress(OSError):
+            atomic_write(entry.path / ENTRY_META, json.dumps(meta, indent=2, sort_keys=True), durable=False)
         return CacheEntry(entry.key, entry.path, meta)
 
     def entries(self) -> list[tuple[str, int, float]]:

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypedDict
 
-import numpy as np
-
 from harness import __version__
 from harness.errors import EspCheckError, GenerateError
 from harness.firmware.boards import Board, load_board
@@ -32,9 +30,10 @@ from harness.firmware.tap_context import tap_firmware_context
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import HEADER_BYTES, pack_model_image
 from harness.flashfmt.partitions import VARIANT_SLOTS
-from harness.model.inputs import InputOptions
+from harness.model.inputs import InputOptions, input_tensor_bytes
 from harness.model.loader import ModelInfo, TensorInfo
 from harness.resources import (
+    atomic_write,
     data_dir,
     installed_versions,
     pinned_versions,
@@ -99,11 +98,6 @@ def c_str(value: object, max_len: int = 64) -> str:
     """
     text = _SAFE_CHARS.sub("_", str(value))[:max_len]
     return text or "-"
-
-
-def c_comment(value: object, max_len: int = 80) -> str:
-    """Text safe inside a ``//`` comment (same character set as :func:`c_str`: no newline, no ``*/``)."""
-    return c_str(value, max_len)
 
 
 def _hex_array(data: bytes, per_line: int = 16) -> str:
@@ -288,34 +282,6 @@ def _refuse_crashing_arena(model_path: Path, arena_kb: int) -> None:
         )
 
 
-def _prepare_inputs(
-    input_paths: Sequence[Path], tensor: TensorInfo, options: InputOptions | None
-) -> list[tuple[Path, bytes]]:
-    from harness.model.inputs import InputOptions, load_input
-
-    opts = options if options is not None else InputOptions()
-    itemsize = np.dtype(tensor.dtype).itemsize
-    expected = tensor.num_elements * itemsize
-    prepared: list[tuple[Path, bytes]] = []
-    for p in input_paths:
-        prep = load_input(p, tensor, opts)
-        q = np.ascontiguousarray(prep.quantized)
-        if str(q.dtype) != tensor.dtype:
-            raise GenerateError(
-                f"input {p} was prepared as {q.dtype}, but the model's input tensor is {tensor.dtype}",
-                hint="this is a bug in input preparation; please report it",
-            )
-        raw = q.astype(q.dtype.newbyteorder("<"), copy=False).tobytes()
-        if len(raw) != expected:
-            raise GenerateError(
-                f"input {p} has {len(raw)} bytes, the model's input tensor {list(tensor.shape)} "
-                f"needs {expected}",
-                hint="give an input with the model's input shape",
-            )
-        prepared.append((Path(p), raw))
-    return prepared
-
-
 # --------------------------------------------------------------------------------------------
 # rendering
 
@@ -350,7 +316,8 @@ def _environment() -> jinja2.Environment:
         autoescape=False,  # noqa: S701 - we generate C/CMake/INI, not HTML; values are sanitized instead
     )
     env.filters["c_str"] = c_str
-    env.filters["c_comment"] = c_comment
+    # text safe inside a ``//`` comment: c_str's character set (no newline, no ``*/``), 80 characters
+    env.filters["c_comment"] = functools.partial(c_str, max_len=80)
     return env
 
 
@@ -362,10 +329,6 @@ def template_version() -> str:
     return text
 
 
-def _template_names(env: jinja2.Environment) -> list[str]:
-    return sorted(n for n in env.list_templates() if n.endswith(".j2"))
-
-
 def _output_name(template_name: str) -> str:
     name = template_name[: -len(".j2")]
     return ".gitignore" if name == "gitignore" else name
@@ -373,28 +336,11 @@ def _output_name(template_name: str) -> str:
 
 def _write_if_changed(path: Path, data: bytes) -> bool:
     """Write ``data``; keep the file (and its mtime) when the content is already the same."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         if path.read_bytes() == data:
             return False
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_bytes(data)
-        tmp.replace(path)
-    except OSError:  # a full disk: no half-written .tmp left behind
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(path, data, durable=False)  # a full disk leaves no half-written file behind
     return True
-
-
-def _check_versions(versions: Mapping[str, str]) -> None:
-    for key, value in versions.items():
-        if not isinstance(value, str) or not _VERSION_RE.match(value):
-            raise GenerateError(
-                f"version {key}={value!r} is not a valid version string", hint="use e.g. 1.3.8"
-            )
 
 
 def load_allowlist() -> dict[str, Any]:
@@ -636,43 +582,29 @@ def generate_projects(
         model, feats.ansi_ops, model_name=c_str(model_path.name), model_sha256=_sha256(model_bytes)
     )
     plan = _plan_arena(model_path, board_def, arena_kb, versions["espnn"])
-    prepared = _prepare_inputs([Path(p) for p in input_paths], tensor, input_options)
+    paths = [Path(p) for p in input_paths]
+    prepared = list(zip(paths, input_tensor_bytes(paths, tensor, input_options), strict=True))
     if not feats.embed_inputs:
         prepared = []  # validated above; the flow streams them
-    ctx = _base_context(
+    src = _Sources(
         board_def,
         versions,
         model_path,
-        model_bytes=model_bytes,
-        prepared=prepared,
+        model_bytes,
+        prepared,
         tensor=tensor,
         model=model,
         resolver=resolver,
         plan=plan,
-        human_max=human_max,
     )
+    ctx = _base_context(src, human_max)
     ctx.update(tap=tap_ctx, hybrid=hybrid_ctx, **_layout_context(layout))
     env = _environment()
     allow = load_allowlist()
     projects = []
     for variant in variants:
-        files = _render_files(env, dict(ctx, variant=variant), board_def, allow, model_bytes, prepared)
-        manifest = _manifest(
-            variant,
-            board_def,
-            versions,
-            tv=ctx["template_version"],
-            model_path=model_path,
-            model_bytes=model_bytes,
-            prepared=prepared,
-            tensor=tensor,
-            model=model,
-            outputs_ctx=ctx["outputs"],
-            resolver=resolver,
-            plan=plan,
-            human_max=human_max,
-            files=files,
-        )
+        files = _render_files(env, dict(ctx, variant=variant), src, allow)
+        manifest = _manifest(variant, src, ctx, files)
         manifest["flash_layout"] = layout.to_dict()
         if tap_ctx is not None:
             manifest["tap"] = tap_ctx["manifest"]
@@ -705,7 +637,11 @@ def _versions(tflm: str | None, espnn: str | None, platform: str | None) -> dict
     for key, value in (("tflm", tflm), ("espnn", espnn), ("platform", platform)):
         if value is not None:
             versions[key] = value
-    _check_versions(versions)
+    for key, value in versions.items():
+        if not isinstance(value, str) or not _VERSION_RE.match(value):
+            raise GenerateError(
+                f"version {key}={value!r} is not a valid version string", hint="use e.g. 1.3.8"
+            )
     return versions
 
 
@@ -739,9 +675,7 @@ def _plan_arena(model_path: Path, board: Board, arena_kb: int | None, espnn_vers
     else:
         est, method, formulas = _estimate_arena_bytes(model_path, board.chip, espnn_version)
         plan = ArenaPlan(-(-est // 1024) * 1024, "", f"estimate ({method})", est, formulas)
-    return ArenaPlan(
-        plan.bytes, place_arena(plan.bytes, board), plan.source, plan.estimate_bytes, plan.espnn_formulas
-    )
+    return dataclasses.replace(plan, mem=place_arena(plan.bytes, board))
 
 
 def _layout_context(layout: FlashLayout) -> dict[str, object]:
@@ -767,34 +701,43 @@ def _layout_context(layout: FlashLayout) -> dict[str, object]:
     }
 
 
-def _base_context(
-    board: Board,
-    versions: Mapping[str, str],
-    model_path: Path,
-    model_bytes: bytes,
-    prepared: Sequence[tuple[Path, bytes]],
-    tensor: TensorInfo,
-    model: ModelInfo,
-    resolver: Sequence[str],
-    plan: ArenaPlan,
-    human_max: int,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Sources:
+    """What one generation renders both variants from."""
+
+    board: Board
+    versions: Mapping[str, str]
+    model_path: Path
+    model_bytes: bytes
+    prepared: Sequence[tuple[Path, bytes]]  # (source, tensor bytes) of each embedded input
+    tensor: TensorInfo  # the model's input tensor
+    model: ModelInfo
+    resolver: Sequence[str]
+    plan: ArenaPlan
+
+
+def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
     """Template context shared by both variants."""
+    board, model, tensor, prepared, plan = src.board, src.model, src.tensor, src.prepared, src.plan
     tv = template_version()
     return {
         "banner": f"Generated by esp-check {__version__} (templates {tv}). "
         "Regenerate with `esp-check generate`.",
         "template_version": tv,
         "board": board,
-        "versions": versions,
+        "versions": src.versions,
         "pio_env": PIO_ENV,
-        "model": {"file_name": model_path.name, "bytes": len(model_bytes), "sha256": _sha256(model_bytes)},
+        "model": {
+            "file_name": src.model_path.name,
+            "bytes": len(src.model_bytes),
+            "sha256": _sha256(src.model_bytes),
+        },
         "inputs": [
             {"source_name": p.name, "sha256": _sha256(raw), "array": _hex_array(raw)} for p, raw in prepared
         ],
         # only embedded inputs need it compiled in: without them the app is the same for every model
         # with these ops (a new model rewrites only the model partition)
-        "input_bytes": tensor.num_elements * np.dtype(tensor.dtype).itemsize if prepared else 0,
+        "input_bytes": tensor.nbytes if prepared else 0,
         "input_dtype": tensor.dtype,
         "outputs": [
             {
@@ -807,7 +750,7 @@ def _base_context(
             }
             for k, o in enumerate(model.outputs)
         ],
-        "resolver": list(resolver),
+        "resolver": list(src.resolver),
         "arena_bytes": plan.bytes,
         "arena_mem": plan.mem,
         "arena_max": _arena_max(board),  # compiled into the app, whatever the model partition asks
@@ -834,14 +777,10 @@ def _idf_context(board: Board) -> dict[str, object]:
 
 
 def _render_files(
-    env: jinja2.Environment,
-    ctx: Mapping[str, Any],
-    board: Board,
-    allow: Mapping[str, Any],
-    model_bytes: bytes,
-    prepared: Sequence[tuple[Path, bytes]],
+    env: jinja2.Environment, ctx: Mapping[str, Any], src: _Sources, allow: Mapping[str, Any]
 ) -> dict[str, bytes]:
     """Every file of one variant's project, relative path -> bytes."""
+    board, model_bytes = src.board, src.model_bytes
     import jinja2  # not at the top: a generation whose projects are kept renders nothing
 
     proto_dir = templates_dir() / "common"
@@ -849,7 +788,7 @@ def _render_files(
         if not (proto_dir / name).is_file():
             raise EspCheckError(f"firmware_templates/common/{name} is missing", hint="reinstall esp-check")
     files: dict[str, bytes] = {}
-    for tname in _template_names(env):
+    for tname in sorted(n for n in env.list_templates() if n.endswith(".j2")):
         rel = _output_name(tname)
         if rel in ("platformio.ini", PIO_EXTRA_SCRIPT, PIO_BOOT_SCRIPT) and not board.pio_board:
             continue  # e.g. ESP32-P4: platform-espressif32 6.13.0 cannot build it
@@ -864,11 +803,11 @@ def _render_files(
     for name in PROTO_FILES:
         files[f"main/{name}"] = (proto_dir / name).read_bytes()
     if ctx.get("hybrid") is not None:
-        files.update(render_hybrid_files(ctx["hybrid"], str(ctx["banner"]), env.filters))
+        files.update(render_hybrid_files(ctx["hybrid"], str(ctx["banner"]), env))
     files[f"{DATA_DIR}/model.tflite"] = model_bytes
     files[MODEL_IMAGE] = pack_model_image(model_bytes, int(ctx["arena_bytes"]), str(ctx["arena_mem"]))
     files[OTADATA_ANSI_IMAGE] = otadata.initial(OTADATA_BYTES, VARIANT_SLOTS["ansi"], len(VARIANT_SLOTS))
-    for k, (_, raw) in enumerate(prepared):
+    for k, (_, raw) in enumerate(src.prepared):
         files[f"{DATA_DIR}/input_{k}.bin"] = raw
     return files
 
@@ -900,27 +839,14 @@ def _previous_files(manifest_path: Path) -> set[str]:
         return set()
 
 
-def _manifest(
-    variant: str,
-    board: Board,
-    versions: Mapping[str, str],
-    tv: str,
-    model_path: Path,
-    model_bytes: bytes,
-    prepared: Sequence[tuple[Path, bytes]],
-    tensor: TensorInfo,
-    model: ModelInfo,
-    outputs_ctx: Sequence[Mapping[str, Any]],
-    resolver: Sequence[str],
-    plan: ArenaPlan,
-    human_max: int,
-    files: Mapping[str, bytes],
-) -> Manifest:
+def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mapping[str, bytes]) -> Manifest:
+    """One variant's esp-check.json (``ctx``: the template context it was rendered with)."""
+    board, versions, tensor, plan = src.board, src.versions, src.tensor, src.plan
     board_file_sha = _sha256(board.source.read_bytes()) if board.source and board.source.is_file() else None
     return {
         "schema": MANIFEST_SCHEMA,
         "esp_check_version": __version__,
-        "template_version": tv,
+        "template_version": ctx["template_version"],
         "variant": variant,
         "nn_config": NN_SYMBOL[variant],
         "nn_expected": NN_REPORTED[variant],
@@ -938,12 +864,12 @@ def _manifest(
             "esp-idf-supported": ">={},<{}".format(*board.idf_range),
         },
         "model": {
-            "source_name": model_path.name,
+            "source_name": src.model_path.name,
             "file": f"{DATA_DIR}/model.tflite",
             "partition_image": MODEL_IMAGE,
-            "bytes": len(model_bytes),
-            "sha256": _sha256(model_bytes),
-            "schema_version": model.schema_version,
+            "bytes": len(src.model_bytes),
+            "sha256": _sha256(src.model_bytes),
+            "schema_version": src.model.schema_version,
         },
         "input_tensor": {
             "name": c_str(tensor.name),
@@ -961,11 +887,11 @@ def _manifest(
                 "bytes": len(raw),
                 "sha256": _sha256(raw),
             }
-            for k, (p, raw) in enumerate(prepared)
+            for k, (p, raw) in enumerate(src.prepared)
         ],
-        "outputs": [dict(o) for o in outputs_ctx],
-        "ops": list(model.distinct_ops),
-        "resolver": list(resolver),
+        "outputs": [dict(o) for o in ctx["outputs"]],
+        "ops": list(src.model.distinct_ops),
+        "resolver": list(src.resolver),
         "arena_bytes": plan.bytes,
         "arena_mem": plan.mem,
         "arena_max": _arena_max(board),  # what the app accepts from a model partition header
@@ -974,7 +900,7 @@ def _manifest(
         "arena_source": plan.source,
         "arena_estimate_bytes": plan.estimate_bytes,
         "arena_espnn_formulas": plan.espnn_formulas,
-        "human_max": human_max,
+        "human_max": ctx["human_max"],
         "files": {rel: _sha256(data) for rel, data in sorted(files.items())},
         "resolved": None,
     }

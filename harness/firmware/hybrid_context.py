@@ -8,13 +8,16 @@ The generated project compiles the very same two files.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import GenerateError
 from harness.model.hybrid_ops import ANSI_KINDS, format_ops, select_ansi_ops
 from harness.model.loader import ModelInfo
 from harness.resources import templates_dir
+
+if TYPE_CHECKING:
+    import jinja2
 
 HEADER = "esp_check_hybrid.h"
 SOURCE = "esp_check_hybrid.cc"
@@ -27,7 +30,7 @@ def hybrid_firmware_context(
     """Template context for the wrapper (None when no op runs ANSI C); GenerateError for bad ops."""
     if not ansi_ops:
         return None
-    if int(getattr(info, "subgraph_count", 1)) > 1:
+    if info.subgraph_count > 1:
         raise GenerateError(
             "hybrid firmware supports models with one subgraph (nodes are identified by execution order)",
             hint="run without --ansi-ops / --ansi-kinds",
@@ -35,7 +38,7 @@ def hybrid_firmware_context(
     chosen = select_ansi_ops(info, ansi_ops)  # UsageError (exit 2) for an op the wrapper cannot switch
     if len(chosen) > MAX_ANSI_OPS:
         raise GenerateError(f"{len(chosen)} ops chosen for ANSI C; the wrapper table holds {MAX_ANSI_OPS}")
-    slots, kinds = [], []
+    slots = []
     states = {"conv": 0, "softmax": 0}
     for k in chosen:
         op = info.main_ops[k]
@@ -54,8 +57,7 @@ def hybrid_firmware_context(
             }
         )
         states[family] += int(stateful)
-        if op.opcode not in kinds:
-            kinds.append(op.opcode)
+    kinds = list(dict.fromkeys(info.main_ops[k].opcode for k in chosen))
     return {
         "ansi_ops": list(chosen),
         "ansi_ops_text": format_ops(chosen),
@@ -70,19 +72,14 @@ def hybrid_firmware_context(
 
 
 def render_hybrid_files(
-    ctx: Mapping[str, Any], banner: str, filters: Mapping[str, Callable[..., str]]
+    ctx: Mapping[str, Any], banner: str, project_env: jinja2.Environment
 ) -> dict[str, bytes]:
-    """``main/esp_check_hybrid.h`` (verbatim) and ``main/esp_check_hybrid.cc`` (rendered table)."""
+    """``main/esp_check_hybrid.h`` (verbatim) and ``main/esp_check_hybrid.cc`` (rendered table), with the
+    project templates' settings and filters (every model-derived string goes through c_comment)."""
     import jinja2  # not at the top: only a hybrid firmware renders this (a kept project renders nothing)
 
     root = templates_dir() / "hybrid"
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(root)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,  # noqa: S701 - C source; every model-derived string goes through c_comment
-    )
-    env.filters.update(filters)
+    env = project_env.overlay(loader=jinja2.FileSystemLoader(str(root)))
     try:
         source = env.get_template(SOURCE + ".j2").render(banner=banner, hybrid=ctx)
     except jinja2.UndefinedError as exc:  # a template bug, never user input

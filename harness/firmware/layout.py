@@ -21,11 +21,9 @@ from harness.firmware.boards import Board
 from harness.flashfmt.model_image import HEADER_BYTES, PARTITION_LABEL, PARTITION_SUBTYPE
 from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, VARIANT_SLOTS, Partition
 
-NVS_MIN_BYTES = 0x3000  # ESP-IDF's minimum for a read-write NVS partition
 OTADATA_OFFSET = 0x10000
 OTADATA_BYTES = 0x2000  # two sectors, as ESP-IDF's otadata always is
 FIRST_APP_OFFSET = 0x20000  # apps start on 64 KB boundaries (MMU page)
-DEFAULT_TABLE_OFFSET = 0x8000
 NVS = 0x02  # data subtype nvs
 
 
@@ -89,15 +87,12 @@ def _row_dict(row: Partition) -> dict[str, object]:
 
 
 def flash_layout(board: Board) -> FlashLayout:
-    """The partition table for ``board`` (GenerateError when its flash cannot hold two apps and a model)."""
-    table = int(getattr(board, "partition_table_offset", DEFAULT_TABLE_OFFSET))
+    """The partition table for ``board`` (GenerateError when its flash cannot hold two apps and a model).
+
+    The board's partition table offset leaves nvs room below otadata (checked when the board file is
+    loaded: :func:`harness.firmware.boards.parse_board`)."""
+    table = board.partition_table_offset
     nvs = table + 0x1000
-    if table % 0x1000 or OTADATA_OFFSET - nvs < NVS_MIN_BYTES:
-        raise GenerateError(
-            f"board {board.name}: partition table offset 0x{table:x} leaves less than "
-            f"{NVS_MIN_BYTES // 1024} KB for nvs below otadata at 0x{OTADATA_OFFSET:x}",
-            hint="use a partition_table_offset of at most 0xC000 (4 KB aligned) in the board file",
-        )
     slot = app_slot_bytes(board.flash_bytes)
     model_off = FIRST_APP_OFFSET + 2 * slot
     model_size = board.flash_bytes - model_off

@@ -28,7 +28,7 @@ def tap_firmware_context(
     if not tap and not dump:
         return None
     ops = list(info.main_ops)
-    if int(getattr(info, "subgraph_count", 1)) > 1:
+    if info.subgraph_count > 1:
         raise GenerateError(
             "--tap supports models with one subgraph (control-flow ops run other subgraphs)",
             hint="run without --tap",
@@ -42,11 +42,7 @@ def tap_firmware_context(
     for op in ops:
         if op.opcode == "CUSTOM" and not op.custom_code:
             raise GenerateError(f"op {op.index} is a custom op without a name: cannot tap it")
-    kinds: list[str] = []
-    for op in ops:
-        key = op.custom_code if op.opcode == "CUSTOM" else op.opcode
-        if key not in kinds:
-            kinds.append(str(key))
+    kinds = list(dict.fromkeys(str(op.custom_code if op.opcode == "CUSTOM" else op.opcode) for op in ops))
     tensors: dict[int, dict[str, Any]] = {}
     op_rows: list[dict[str, Any]] = []
     for op in ops:

@@ -230,32 +230,23 @@ def _none(g: ConvGeometry) -> int:
 
 
 ScratchFn = Callable[[ConvGeometry], int]
+# formula set -> the getters of (esp32s3 CONV_2D, esp32s3 DEPTHWISE_CONV_2D, esp32p4 CONV_2D); the P4
+# depthwise getter requests none in every set
+_GETTERS: dict[str, tuple[ScratchFn, ScratchFn, ScratchFn]] = {
+    "1.1": (_conv_s3_until_1_2_0, lambda g: _dw_s3_until_1_2_0(g, 16), _conv_s3_until_1_2_0),
+    "1.2.0": (_conv_s3_until_1_2_0, lambda g: _dw_s3_until_1_2_0(g, 32), _conv_s3_until_1_2_0),
+    "1.2.1": (lambda g: _conv_s3_im2col(g, 32), _dw_s3_tiled, _conv_s3_until_1_2_0),
+    "1.2.3": (lambda g: _conv_s3_im2col(g, 64), _dw_s3_tiled, _conv_p4_1_2_3),
+}
 # formula set -> (family, op) -> getter; families as opdata.chip_family names them
 FORMULA_SETS: dict[str, dict[tuple[str, str], ScratchFn]] = {
-    "1.1": {
-        ("esp32s3", "CONV_2D"): _conv_s3_until_1_2_0,
-        ("esp32s3", "DEPTHWISE_CONV_2D"): lambda g: _dw_s3_until_1_2_0(g, 16),
-        ("esp32p4", "CONV_2D"): _conv_s3_until_1_2_0,
+    name: {
+        ("esp32s3", "CONV_2D"): s3_conv,
+        ("esp32s3", "DEPTHWISE_CONV_2D"): s3_depthwise,
+        ("esp32p4", "CONV_2D"): p4_conv,
         ("esp32p4", "DEPTHWISE_CONV_2D"): _none,
-    },
-    "1.2.0": {
-        ("esp32s3", "CONV_2D"): _conv_s3_until_1_2_0,
-        ("esp32s3", "DEPTHWISE_CONV_2D"): lambda g: _dw_s3_until_1_2_0(g, 32),
-        ("esp32p4", "CONV_2D"): _conv_s3_until_1_2_0,
-        ("esp32p4", "DEPTHWISE_CONV_2D"): _none,
-    },
-    "1.2.1": {
-        ("esp32s3", "CONV_2D"): lambda g: _conv_s3_im2col(g, 32),
-        ("esp32s3", "DEPTHWISE_CONV_2D"): _dw_s3_tiled,
-        ("esp32p4", "CONV_2D"): _conv_s3_until_1_2_0,
-        ("esp32p4", "DEPTHWISE_CONV_2D"): _none,
-    },
-    "1.2.3": {
-        ("esp32s3", "CONV_2D"): lambda g: _conv_s3_im2col(g, 64),
-        ("esp32s3", "DEPTHWISE_CONV_2D"): _dw_s3_tiled,
-        ("esp32p4", "CONV_2D"): _conv_p4_1_2_3,
-        ("esp32p4", "DEPTHWISE_CONV_2D"): _none,
-    },
+    }
+    for name, (s3_conv, s3_depthwise, p4_conv) in _GETTERS.items()
 }
 
 _ESPNN_VERSION = re.compile(r"^([0-9]{1,4})\.([0-9]{1,4})\.([0-9]{1,4})(?:~[0-9]{1,4})?$")

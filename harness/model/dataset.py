@@ -241,10 +241,6 @@ def _apply_labels(ds: Dataset, path: Path) -> None:
 CLASSES_FILE = "classes.txt"
 
 
-def _is_index(label: str) -> bool:
-    return label.isdigit()
-
-
 def _classes_file(src: Path) -> Path | None:
     """``classes.txt`` in the dataset folder, else beside the dataset (folder or file)."""
     for cand in ((src / CLASSES_FILE) if src.is_dir() else None, src.parent / CLASSES_FILE):
@@ -269,7 +265,7 @@ def read_classes(path: Path) -> list[str]:
 def _index_classes(ds: Dataset, src: Path, classes: Sequence[str] | None) -> None:
     """Which output index each label is: integers are indices; names need the class list."""
     labels = sorted({it.label for it in ds.items if it.label is not None})
-    names = [lb for lb in labels if not _is_index(lb)]
+    names = [lb for lb in labels if not lb.isdigit()]  # the rest are class indices
     if not names:
         return  # integer class indices (a folder per index: 0/, 1/, ...)
     where = _classes_file(src) if classes is None else None
@@ -289,7 +285,7 @@ def _index_classes(ds: Dataset, src: Path, classes: Sequence[str] | None) -> Non
             hint="rename the folder (label) to a class of the list, or add the class to the list "
             "at its output index",
         )
-    bad = [lb for lb in labels if _is_index(lb) and int(lb) >= len(listed)]
+    bad = [lb for lb in labels if lb.isdigit() and int(lb) >= len(listed)]
     if bad:
         raise InputDataError(
             f"--dataset {src}: label {bad[0]} is past the class list's {len(listed)} classes"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import signal
@@ -50,7 +51,7 @@ from harness.model import backends
 from harness.model.backends import ReferenceResult, ReferenceRun, get_backend, tflm_available
 from harness.model.loader import ModelInfo, parse_model_bytes
 from harness.protocol.spec import crc32
-from harness.resources import user_cache_dir
+from harness.resources import atomic_write, user_cache_dir
 
 FORMAT = 1
 DEFAULT_TIMEOUT_S = 120.0
@@ -188,30 +189,19 @@ class _Cache:
         damaged = (OSError, ValueError, TypeError)
         return self._get(key, "json", lambda p: ArenaMeasurement(**json.loads(p.read_bytes())), damaged)
 
-    def _put(self, key: str, ext: str, write: Callable[[Path], object]) -> None:
-        """Write ``<key>.<ext>`` atomically (a temporary file renamed into place)."""
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{key}.", suffix=f".{ext}")
-            os.close(fd)
-        except OSError:  # no writable cache: results are simply not kept
-            return
-        try:
-            write(Path(tmp))
-            os.replace(tmp, self._path(key, ext))
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        self._evict()
+    def _put(self, key: str, ext: str, data: bytes | str) -> None:
+        """Write ``<key>.<ext>`` atomically; a cache that cannot be written only keeps nothing."""
+        with contextlib.suppress(OSError):
+            atomic_write(self._path(key, ext), data, durable=False)
+            self._evict()
 
     def put_arrays(self, key: str, arrays: dict[str, np.ndarray]) -> None:
-        self._put(key, "npz", lambda p: _savez(p, arrays))
+        buf = io.BytesIO()
+        np.savez(buf, **cast("dict[str, Any]", arrays))
+        self._put(key, "npz", buf.getvalue())
 
     def put_arena(self, key: str, measured: ArenaMeasurement) -> None:
-        doc = json.dumps(dataclasses.asdict(measured))
-        self._put(key, "json", lambda p: p.write_text(doc, encoding="utf-8"))
+        self._put(key, "json", json.dumps(dataclasses.asdict(measured)))
 
     def _evict(self) -> None:
         try:
@@ -251,11 +241,8 @@ def _runs_from_arrays(
         outputs = [arrays[f"r{k}_o{o}"] for o in range(len(info.outputs))]
         layers = None
         if per_layer:
-            layers = []
-            for j, (op_index, opcode, t, name) in enumerate(slots):
-                arr = arrays[f"r{k}_l{j}"]
-                crc = crc32(arr)
-                layers.append(backends.LayerTensor(op_index, opcode, t, name, arr, crc))
+            layered = [(slot, arrays[f"r{k}_l{j}"]) for j, slot in enumerate(slots)]
+            layers = [backends.LayerTensor(*slot, arr, crc32(arr)) for slot, arr in layered]
         runs.append(ReferenceRun(outputs=outputs, layers=layers))
     return runs
 

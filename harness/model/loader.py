@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import re
 import struct
 import threading
@@ -173,10 +174,7 @@ def _check_shape(index: int, name: str, shape: tuple[int, ...], dtype: str, is_c
     """Shapes TFLM cannot hold: negative or huge dimensions, too many of them, too many bytes."""
     if len(shape) > MAX_RANK or any(d < 0 for d in shape):
         raise ModelError(f"tensor {index} ({name!r}) has shape {list(shape)}, which TFLM cannot hold")
-    n = 1
-    for d in shape:
-        n *= d
-    nbytes = n * _ITEM_BYTES.get(dtype, 1)
+    nbytes = math.prod(shape) * _ITEM_BYTES.get(dtype, 1)
     if not is_const and nbytes > MAX_TENSOR_BYTES:
         raise ModelError(
             f"tensor {index} ({name!r}) has shape {list(shape)}: {nbytes} bytes, more than any ESP32 "
@@ -187,9 +185,7 @@ def _check_shape(index: int, name: str, shape: tuple[int, ...], dtype: str, is_c
 
 def _check_backing(index: int, name: str, shape: tuple[int, ...], dtype: str, have: int) -> None:
     """A constant tensor's buffer must hold all its elements (TFLM would read past it)."""
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     if dtype == "int4":
         need = (n + 1) // 2
     elif dtype in _ITEM_BYTES:

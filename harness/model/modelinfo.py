@@ -6,6 +6,8 @@ tables in :mod:`harness.model.opdata`) can name these types without an import cy
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,10 +40,7 @@ class TensorInfo:
 
     @property
     def num_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def quantized(self) -> bool:
@@ -106,10 +105,7 @@ class ModelInfo:
     @property
     def distinct_ops(self) -> tuple[str, ...]:
         """Distinct opcodes in first-use order (one resolver registration each)."""
-        seen: dict[str, None] = {}
-        for op in self.ops:
-            seen.setdefault(op.opcode, None)
-        return tuple(seen)
+        return tuple(dict.fromkeys(op.opcode for op in self.ops))
 
     @property
     def main_ops(self) -> tuple[OpInfo, ...]:
@@ -118,10 +114,7 @@ class ModelInfo:
 
     def op_counts(self) -> dict[str, int]:
         """Opcode -> number of uses, in first-use order."""
-        counts: dict[str, int] = {}
-        for op in self.ops:
-            counts[op.opcode] = counts.get(op.opcode, 0) + 1
-        return counts
+        return dict(Counter(op.opcode for op in self.ops))
 
     def tensor(self, index: int) -> TensorInfo:
         """Main-subgraph tensor by index."""

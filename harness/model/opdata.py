@@ -87,10 +87,7 @@ def check_supported(opcode: str, custom_code: str | None = None, *, where: str =
 
 def resolver_methods(model: ModelInfo) -> tuple[str, ...]:
     """Distinct resolver methods the firmware must call for ``model``, in first-use order."""
-    seen: dict[str, None] = {}
-    for op in model.ops:
-        seen.setdefault(resolver_method(op.opcode, op.custom_code), None)
-    return tuple(seen)
+    return tuple(dict.fromkeys(resolver_method(op.opcode, op.custom_code) for op in model.ops))
 
 
 def chip_family(chip: str) -> str:

@@ -21,33 +21,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from harness.errors import HostReferenceError, InputDataError, ModelError, ReferenceRefusedError
-from harness.model.backends import (
-    BACKENDS,
-    LayerTensor,
-    LiteRtBackend,
-    ReferenceBackend,
-    ReferenceResult,
-    ReferenceRun,
-    TflmBackend,
-    get_backend,
-    host_arena_bytes,
-    tflm_available,
-)
+from harness.model.backends import ReferenceResult, get_backend, host_arena_bytes, tflm_available
 from harness.model.hostrun import host_results
-from harness.model.loader import ModelInfo, TensorInfo, parse_model_bytes
+from harness.model.loader import ModelInfo, parse_model_bytes
 
 if TYPE_CHECKING:
     from harness.model.inputs import InputOptions
 
 __all__ = [
-    "BACKENDS",
     "LayerDisagreement",
-    "LayerTensor",
-    "LiteRtBackend",
-    "ReferenceBackend",
     "ReferenceResult",
-    "ReferenceRun",
-    "TflmBackend",
     "compare_backends",
     "get_backend",
     "host_arena_bytes",
@@ -67,23 +50,17 @@ def _check_inputs(info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]]) -> li
                 f"run {k}: {len(run)} input array(s) given, the model has {len(info.inputs)} input(s) "
                 f"({', '.join(t.name for t in info.inputs)})"
             )
-        arrays: list[np.ndarray] = []
-        for arr, tensor in zip(run, info.inputs, strict=True):
-            a = np.asarray(arr)
-            _check_one(a, tensor, k)
-            arrays.append(np.ascontiguousarray(a))
-        checked.append(arrays)
+        arrays = [np.asarray(a) for a in run]
+        for a, tensor in zip(arrays, info.inputs, strict=True):
+            if a.dtype != np.dtype(tensor.dtype) or tuple(a.shape) != tensor.shape:
+                raise InputDataError(
+                    f"run {k}: input for {tensor.name!r} is {a.dtype} {list(a.shape)}, the model needs "
+                    f"{tensor.dtype} {list(tensor.shape)}",
+                    hint="prepare inputs with harness.model.inputs.load_input "
+                    "(it quantizes with the model's scale/zero point)",
+                )
+        checked.append([np.ascontiguousarray(a) for a in arrays])
     return checked
-
-
-def _check_one(a: np.ndarray, tensor: TensorInfo, run: int) -> None:
-    if a.dtype != np.dtype(tensor.dtype) or tuple(a.shape) != tensor.shape:
-        raise InputDataError(
-            f"run {run}: input for {tensor.name!r} is {a.dtype} {list(a.shape)}, the model needs "
-            f"{tensor.dtype} {list(tensor.shape)}",
-            hint="prepare inputs with harness.model.inputs.load_input "
-            "(it quantizes with the model's scale/zero point)",
-        )
 
 
 def run_reference(

@@ -29,7 +29,8 @@ from pydantic import Field, StringConstraints, ValidationError
 from harness.chips import CHIPS
 from harness.device.ports import PortSpec
 from harness.errors import EspCheckError, PlanError, PortError
-from harness.firmware.boards import Board, Console
+from harness.firmware.board_types import Console
+from harness.firmware.boards import Board
 from harness.flows.targets import RealTarget, open_target, target_class
 from harness.runner.plan import NAME_RE, Name
 from harness.userfiles import Loc, UserModel, entry_name, field_path, known_keys, problem, read_toml

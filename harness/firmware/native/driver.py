@@ -45,28 +45,40 @@ _ERROR_LINE = re.compile(
 
 
 @dataclass(frozen=True)
-class NativeProgram:
-    """A built host program and what it was built from."""
+class NativePlan:
+    """Everything a native build is made of: a main component, its component sources, their configuration
+    and the toolchain; ``key`` (:func:`tree_key`) names the compiled libraries."""
 
-    path: Path
-    key: str
-    tree: Path
+    main_dir: Path
+    components: tuple[ComponentSource, ...]  # snapshotted (content-hashed)
+    config: dict[str, str]
     toolchain: Toolchain
-    components: tuple[ComponentSource, ...]
-    reused_tree: bool  # the libraries were already built in this tree (only main/ compiled)
-    seconds: float
+    idf_version: str
+    root: Path  # the cache root its library trees live under
+    key: str
+    warnings: tuple[str, ...] = ()
+    # the component manager's lock the components came from (main's CMakeLists reads versions there first)
+    dependencies_lock: Path | None = None
 
     def describe(self) -> dict[str, Any]:
         """Provenance for manifests and reports."""
         return {
-            "key": self.key,
+            "library_key": self.key,
             "host": self.toolchain.machine,
             "bits": self.toolchain.bits,
             "sanitize": self.toolchain.sanitize_label,
             "compiler": self.toolchain.version,
-            "cxx_flags": self.toolchain.cxx_flags,
             "components": [c.describe() for c in self.components],
+            "warnings": list(self.warnings),
         }
+
+
+@dataclass(frozen=True)
+class NativeProgram:
+    """A built host program."""
+
+    path: Path
+    reused_tree: bool  # the libraries were already built in this tree (only main/ compiled)
 
 
 def standins_sha256() -> str:
@@ -247,34 +259,27 @@ def build_command(tc: Toolchain, tree: Path, jobs: int) -> list[str]:
 
 
 def build_program(
-    main_dir: Path,
-    components: Sequence[ComponentSource],
-    config: Mapping[str, str],
-    toolchain: Toolchain,
-    *,
-    root: Path,
+    plan: NativePlan,
     out: Path,
-    idf_version: str,
+    *,
     log_path: Path,
     on_output: OutputCallback | None = None,
     timeout: float | None = None,
     jobs: int | None = None,
     env: Mapping[str, str] | None = None,
-    dependencies_lock: Path | None = None,
 ) -> NativeProgram:
-    """Build ``main_dir`` (a component directory with ``app_main``) with ``components`` into ``out``.
-
-    ``components`` must come from :func:`~harness.firmware.native.components.snapshot`. BuildError
-    (exit 3) with the compiler's errors and the log path when CMake or the compiler fails.
+    """Build the plan's main component (a directory with ``app_main``) with its components into ``out``
+    (the libraries reused from the plan's tree when built). BuildError (exit 3) with the compiler's
+    errors and the log path when CMake or the compiler fails.
     """
-    t0 = time.monotonic()
+    main_dir, components, config, toolchain = plan.main_dir, plan.components, plan.config, plan.toolchain
+    root, idf_version, key = plan.root, plan.idf_version, plan.key
     for path in (main_dir, root, *(c.path for c in components)):
         if any(ch in str(path) for ch in ';"$'):  # CMake list separator / quoting
             raise BuildError(
                 f"the native build cannot use the path {path}: it contains ';', '\"' or '$'",
                 hint="use --cache-dir / --out / --components-dir paths without those characters",
             )
-    key = tree_key(components, config, idf_version, toolchain)
     tree = root / "trees" / key[:32]
     tree.mkdir(parents=True, exist_ok=True)
     run_env = dict(os.environ if env is None else env)
@@ -304,7 +309,7 @@ def build_program(
             state = "libraries already built, compiling main/" if reused else f"first build: compiling {what}"
             log.write(f"native: tree {tree} ({state})\n")
         configure = configure_command(
-            toolchain, tree, main_dir.resolve(), components, dependencies_lock, standins
+            toolchain, tree, main_dir.resolve(), components, plan.dependencies_lock, standins
         )
         if not (tree / "build" / "CMakeCache.txt").is_file():  # a new tree (an old one keeps its setting)
             configure += compiler_launcher(run_env)
@@ -324,15 +329,7 @@ def build_program(
         tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR)
         tmp.replace(out)
         (tree / "built").write_text(key + "\n", encoding="utf-8")
-    return NativeProgram(
-        out,
-        key,
-        tree,
-        toolchain=toolchain,
-        components=tuple(components),
-        reused_tree=reused,
-        seconds=time.monotonic() - t0,
-    )
+    return NativeProgram(out, reused_tree=reused)
 
 
 def _failed(argv: Sequence[str], rc: int, tail: Sequence[str], log_path: Path) -> BuildError:

@@ -17,14 +17,13 @@ from typing import Any
 from harness.errors import BuildError
 from harness.firmware.native.components import (
     FIRMWARE_COMPONENTS,
-    ComponentSource,
     download_components,
     find_components,
     snapshot,
 )
 from harness.firmware.native.config import parse_defaults, resolve
-from harness.firmware.native.driver import NativeProgram, build_program, tree_key
-from harness.firmware.native.toolchain import Toolchain, find_toolchain
+from harness.firmware.native.driver import NativePlan, tree_key
+from harness.firmware.native.toolchain import find_toolchain
 from harness.firmware.toolrun import OutputCallback, run_streaming
 
 # What a native result means, for reports and the CLI (docs/native.md).
@@ -43,31 +42,6 @@ class NativeOptions:
     components_dir: Path | None = None  # local checkouts / managed_components; None: component manager
     sanitize: bool = False  # AddressSanitizer + UndefinedBehaviorSanitizer
     jobs: int | None = None  # parallel compile jobs (default: CPU count)
-
-
-@dataclass(frozen=True)
-class NativePlan:
-    """Everything a native build of one project is made of; ``key`` names its compiled libraries."""
-
-    main_dir: Path
-    components: tuple[ComponentSource, ...]
-    config: dict[str, str]
-    toolchain: Toolchain
-    idf_version: str
-    root: Path
-    key: str
-    warnings: tuple[str, ...] = ()
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "library_key": self.key,
-            "host": self.toolchain.machine,
-            "bits": self.toolchain.bits,
-            "sanitize": self.toolchain.sanitize_label,
-            "compiler": self.toolchain.version,
-            "components": [c.describe() for c in self.components],
-            "warnings": list(self.warnings),
-        }
 
 
 def plan_native_build(
@@ -137,34 +111,7 @@ def plan_native_build(
         root=root,
         key=key,
         warnings=tuple(warnings),
-    )
-
-
-def run_native_build(
-    plan: NativePlan,
-    out: Path,
-    *,
-    log_path: Path,
-    on_output: OutputCallback | None = None,
-    timeout: float | None = None,
-    jobs: int | None = None,
-    env: Mapping[str, str] | None = None,
-) -> NativeProgram:
-    """Compile the plan's program into ``out`` (libraries reused from the plan's tree when built)."""
-    return build_program(
-        plan.main_dir,
-        plan.components,
-        plan.config,
-        plan.toolchain,
-        root=plan.root,
-        out=out,
-        idf_version=plan.idf_version,
-        log_path=log_path,
-        on_output=on_output,
-        timeout=timeout,
-        jobs=jobs,
-        env=env,
-        dependencies_lock=next((c.lock for c in plan.components if c.lock is not None), None),
+        dependencies_lock=next((c.lock for c in components if c.lock is not None), None),
     )
 
 
@@ -174,5 +121,4 @@ __all__ = [
     "NativeOptions",
     "NativePlan",
     "plan_native_build",
-    "run_native_build",
 ]

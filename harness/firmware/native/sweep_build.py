@@ -20,7 +20,7 @@ from pathlib import Path
 from harness.errors import BuildError
 from harness.firmware.native.components import ComponentSource, find_components, snapshot
 from harness.firmware.native.config import resolve
-from harness.firmware.native.driver import NativeProgram, build_program
+from harness.firmware.native.driver import NativePlan, NativeProgram, build_program, tree_key
 from harness.firmware.native.toolchain import find_toolchain
 from harness.firmware.toolrun import OutputCallback
 from harness.resources import templates_dir
@@ -151,17 +151,8 @@ def build_sweep_driver(
     espnn_s = snap[0]
     tflm_s = snap[1] if tflm is not None else None
     config = resolve({"CONFIG_IDF_TARGET": '"esp32"', "CONFIG_NN_OPTIMIZED": "y"})
-    program = build_program(
-        _main_dir(root, tflm_s),
-        [espnn_s],
-        config,
-        toolchain,
-        root=root,
-        out=out,
-        idf_version=SWEEP_IDF_VERSION,
-        log_path=log_path,
-        on_output=on_output,
-        jobs=jobs,
-        env=env,
-    )
+    key = tree_key([espnn_s], config, SWEEP_IDF_VERSION, toolchain)
+    main = _main_dir(root, tflm_s)
+    plan = NativePlan(main, (espnn_s,), config, toolchain, idf_version=SWEEP_IDF_VERSION, root=root, key=key)
+    program = build_program(plan, out, log_path=log_path, on_output=on_output, jobs=jobs, env=env)
     return program, SweepSources(espnn_s, tflm_s)

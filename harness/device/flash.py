@@ -54,6 +54,8 @@ AFTER_MODES = ("hard-reset", "no-reset", "no-reset-stub", "soft-reset", "watchdo
 
 # Failures that are the user's choice of board or arguments, not the link or the tools: exit 2.
 USAGE_KINDS = ("chip_mismatch", "chip_revision", "usage")
+# Failures a retry cannot help: those, and an image larger than the chip's flash.
+_FINAL_KINDS = (*USAGE_KINDS, "image_too_large")
 
 
 class FlashFailure(FlashError):
@@ -73,7 +75,7 @@ class FlashFailure(FlashError):
     ) -> None:
         super().__init__(message, hint=hint)
         self.kind = kind
-        self.retryable = kind not in USAGE_KINDS if retryable is None else retryable
+        self.retryable = kind not in _FINAL_KINDS if retryable is None else retryable
         self.esptool_message = esptool_message
         if kind in USAGE_KINDS:
             self.exit_code = ExitCode.USAGE
@@ -198,6 +200,37 @@ _TOO_LARGE_HINT = (
 )
 
 
+# esptool's words -> what failed (then "URL: esptool's first line"), kind, hint
+_ESPTOOL_FAILURES = (
+    # esptool's own check of the bootloader image header
+    (
+        ("requires chip revision",),
+        "the image does not suit the chip on",
+        "chip_revision",
+        _WRONG_REVISION_HINT,
+    ),
+    (
+        ("will not fit in",),
+        "image does not fit in the flash of the chip on",
+        "image_too_large",
+        _TOO_LARGE_HINT,
+    ),
+    (
+        ("MD5 of file does not match", "Write failed"),
+        "flash verify failed on",
+        "verify_failed",
+        "the written data did not read back: retry at a lower --flash-baud; persistent failures mean a "
+        "flash or power problem",
+    ),
+    (
+        ("Failed to start stub flasher",),
+        "the flasher stub did not start on",
+        "stub_failed",
+        "retry; if it persists, flash at a lower baud",
+    ),
+)
+
+
 def _transport_hint(ps: PortSpec) -> str:
     if ps.transport == Transport.SOCKET:
         return "esptool cannot reset a board over socket://: " + _BOOT_HINT
@@ -233,13 +266,6 @@ def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log:
             hint=_WRONG_CHIP_HINT,
             esptool_message=msg,
         )
-    if "requires chip revision" in msg:  # esptool's own check of the bootloader image header
-        return FlashFailure(
-            f"the image does not suit the chip on {ps.url}: {first}",
-            kind="chip_revision",
-            hint=_WRONG_REVISION_HINT,
-            esptool_message=msg,
-        )
     if "Wrong boot mode detected" in msg:
         mode = re.search(r"\((0x[0-9a-fA-F]+)\)", msg)
         return FlashFailure(
@@ -249,29 +275,9 @@ def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log:
             hint=_transport_hint(ps),
             esptool_message=msg,
         )
-    if "will not fit in" in msg:
-        return FlashFailure(
-            f"image does not fit in the flash of the chip on {ps.url}: {first}",
-            kind="image_too_large",
-            retryable=False,
-            hint=_TOO_LARGE_HINT,
-            esptool_message=msg,
-        )
-    if "MD5 of file does not match" in msg or "Write failed" in msg:
-        return FlashFailure(
-            f"flash verify failed on {ps.url}: {first}",
-            kind="verify_failed",
-            hint="the written data did not read back: retry at a lower --flash-baud; persistent failures "
-            "mean a flash or power problem",
-            esptool_message=msg,
-        )
-    if "Failed to start stub flasher" in msg:
-        return FlashFailure(
-            f"the flasher stub did not start on {ps.url}: {first}",
-            kind="stub_failed",
-            hint="retry; if it persists, flash at a lower baud",
-            esptool_message=msg,
-        )
+    for needles, what, kind, hint in _ESPTOOL_FAILURES:
+        if any(n in msg for n in needles):
+            return FlashFailure(f"{what} {ps.url}: {first}", kind=kind, hint=hint, esptool_message=msg)
     if stage == "connect":
         detail = ""
         if b"Guru Meditation" in boot_log or "Guru Meditation" in msg:
@@ -655,7 +661,6 @@ def _check_fits(regions: Sequence[RegionResult], flash_size: str | None, ps: Por
                 f"{r.path.name} ({r.size} bytes at {r.offset:#x}) does not fit in the "
                 f"{flash_size} flash of the chip on {ps.url}",
                 kind="image_too_large",
-                retryable=False,
                 hint=_TOO_LARGE_HINT,
             )
 

@@ -211,11 +211,7 @@ class DeviceSession:
                     reply = self._await_frame(hello.key, lambda f: f.type == frames.RSP_BOOT, 5.0, log)
                 self.link_baud = None
                 if reply is not None and frames.decode_boot(reply.payload)[1] != 0:
-                    status = frames.decode_boot(reply.payload)[1]
-                    raise LinkError(
-                        f"the running app refused to boot ota_{slot} next (status 0x{status & 0xFFFFFFFF:x})",
-                        hint="that slot holds no valid image: flash both variants again",
-                    )
+                    raise _refused_boot(slot, reply)
         except (serial.SerialException, OSError) as exc:
             raise LinkError(f"the serial link was lost before the slot switch ({exc})") from exc
 
@@ -229,11 +225,7 @@ class DeviceSession:
             log_path, reset=False, stop_at_end=False, stop_on_frame=refused, frame_key=hello.key, **kwargs
         )
         if cap.stop_frame is not None and cap.stop_frame.type == frames.RSP_BOOT:
-            status = frames.decode_boot(cap.stop_frame.payload)[1]
-            raise LinkError(
-                f"the running app refused to boot ota_{slot} next (status 0x{status & 0xFFFFFFFF:x})",
-                hint="that slot holds no valid image: flash both variants again",
-            )
+            raise _refused_boot(slot, cap.stop_frame)
         return cap
 
     def _await_frame(
@@ -292,10 +284,8 @@ class DeviceSession:
                 self.pending_link.rx_gaps += 1
                 tries = tries[1:2]
             for k, (rate, sseq) in enumerate(tries):
-                if rate != baud:
-                    time.sleep(
-                        frames.BAUD_CONFIRM_S + 0.2
-                    )  # the device goes back to its console baud by itself
+                if rate != baud:  # the device goes back to its console baud by itself
+                    time.sleep(frames.BAUD_CONFIRM_S + 0.2)
                 port.baudrate = rate
                 token = random.getrandbits(32)
                 port.write(
@@ -314,6 +304,15 @@ class DeviceSession:
             f"{self.console_baud}",
             hint="check the USB-UART bridge's top rate; set link_baud in the board file to what it handles",
         )
+
+
+def _refused_boot(slot: int, reply: frames.Frame) -> LinkError:
+    """The app's BOOT reply refused the slot (its status names the ESP-IDF error)."""
+    status = frames.decode_boot(reply.payload)[1]
+    return LinkError(
+        f"the running app refused to boot ota_{slot} next (status 0x{status & 0xFFFFFFFF:x})",
+        hint="that slot holds no valid image: flash both variants again",
+    )
 
 
 @contextlib.contextmanager

@@ -114,17 +114,18 @@ class FlashResult:
     port: str
     chip: str  # normalized target name, e.g. "esp32s3"
     chip_name: str  # esptool's name, e.g. "ESP32-S3"
-    description: str | None
-    revision: str | None  # "v0.2"
-    features: list[str]
-    mac: str | None
-    crystal_mhz: int | None
-    flash_size: str | None  # as detected from the flash ID, e.g. "8MB"
-    stub: bool
+    _: dataclasses.KW_ONLY  # the rest by name; what no ROM loader said (a native board) is left out
+    description: str | None = None
+    revision: str | None = None  # "v0.2"
+    features: list[str] = dataclasses.field(default_factory=list)
+    mac: str | None = None
+    crystal_mhz: int | None = None
+    flash_size: str | None = None  # as detected from the flash ID, e.g. "8MB"
+    stub: bool = False
     baud: int
     before: str
     after: str
-    connect_attempts: int
+    connect_attempts: int = 0
     regions: list[RegionResult]
     duration_s: float
     log_path: Path | None

@@ -1,30 +1,10 @@
 """Boards in a labgrid lab: places reserved, acquired and released through ``labgrid-client``.
 
-labgrid (a coordinator, exporters that own the boards, *places* that group a board's resources) is
-how labs share boards between many hosts. esp-check drives it only through its documented command
-line client, ``labgrid-client`` (``reserve``, ``acquire``, ``set-tags``, ``env``, ``power``,
-``release``, ``cancel-reservation``), never through labgrid's internal Python session API: the CLI
-is labgrid's stable interface, and running it as a subprocess keeps labgrid's grpc/asyncio machinery
-(and its own ``serial`` package, see docs/ci.md) out of esp-check's process.
-
-A :class:`PlaceLease` is the labgrid counterpart of :class:`harness.device.locks.BoardLock`:
-
-- it waits in labgrid's reservation queue (``reserve --wait name=PLACE``: the coordinator hands the
-  place to waiters in order), says who holds the place every few seconds, and gives up after a
-  timeout with :class:`BoardBusyError`, cancelling its reservation;
-- once the reservation is allocated it acquires the place and tags it
-  ``esp_check=<pid>_<process start>_<pid namespace>_<reservation token>``: labgrid acquisitions never
-  expire, so a
-  runner killed with SIGKILL leaves its place acquired, and this tag is how the next esp-check run
-  from the same host and user knows the acquisition for its own, dead, one (the pid is gone or is
-  another process now, and the place is still held under that reservation) and releases it, saying
-  so. Anything else (another user, the same user by hand, a live esp-check process) is waited for;
-  operators release such places with ``labgrid-client -p PLACE release --kick``;
-- ``release`` removes the tag, releases the place and cancels the reservation.
-
-The serial port is the place's ``NetworkSerialPort`` (from ``labgrid-client env``): an RFC 2217
-endpoint (``esp_rfc2217_server`` or ``esp-check sim serve --rfc2217`` on the exporter host) that
-esptool and the console open as ``rfc2217://host:port?ign_set_control``.
+Only through labgrid's documented command-line client (a subprocess: labgrid's grpc/asyncio machinery
+and its own ``serial`` package stay out of esp-check's process). A :class:`PlaceLease` is the labgrid
+counterpart of :class:`harness.device.locks.BoardLock`: waiting in line, acquiring, the ``esp_check``
+tag that tells a dead esp-check run's stale acquisition, releasing, and the place's serial port are
+docs/ci.md, "A lab on labgrid".
 """
 
 from __future__ import annotations

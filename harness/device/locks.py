@@ -1,18 +1,7 @@
 """Exclusive, cross-process board locks (filelock, ``flock`` on POSIX), keyed on the board's identity.
 
-The key is what stays the same when the ``/dev`` name does not: the USB serial number (a
-USB-Serial-JTAG board re-enumerates as ``ttyACM0``, then ``ttyACM1``), the ``host:port`` of a
-remote RFC 2217 / raw TCP server, or the simulated board's name. ``esp-check run`` and
-``esp-check flash-and-compare`` take the same lock for the same board, so two runners, or a runner
-and a person at the bench, never touch one board at once. The OS drops an ``flock`` when the holding
-process dies, so a crashed run cannot leave a board locked.
-
-Remote boards: an RFC 2217 server (``esp_rfc2217_server``) serves one client at a time. The lock key
-for ``rfc2217://host:port`` is ``net-host-port`` on *this* machine: every runner and person on this
-host that reaches the board through that URL serializes on it. Clients on other hosts are kept out by
-the server itself (one client: a second connection waits in the TCP backlog or is refused); put all
-users of a remote board on one CI host or give them a shared lock directory (e.g. NFS is not safe
-for flock: prefer one host).
+The keys (what stays the same when the ``/dev`` name does not), the lock directory, waiting and remote
+boards: docs/ci.md, "Board locks".
 """
 
 from __future__ import annotations
@@ -32,7 +21,7 @@ from urllib.parse import urlsplit
 import filelock
 
 from harness.errors import BoardBusyError
-from harness.resources import user_cache_dir
+from harness.resources import atomic_write, user_cache_dir
 
 if TYPE_CHECKING:
     from harness.device.ports import PortSpec
@@ -166,9 +155,7 @@ class BoardLock:
             "since": self.acquired_at,
         }
         with contextlib.suppress(OSError):
-            tmp = self.info_path.with_name(f".{self.info_path.name}.{os.getpid()}.{threading.get_ident()}")
-            tmp.write_text(json.dumps(doc), encoding="utf-8")
-            os.replace(tmp, self.info_path)
+            atomic_write(self.info_path, json.dumps(doc), durable=False)
 
     def release(self) -> None:
         if not self._lock.is_locked:

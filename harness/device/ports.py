@@ -1,24 +1,8 @@
 """Serial ports: resolve what the user typed (path, ``auto``, pyserial URL) and open it with errors a
 person can act on.
 
-Transports differ in what they can do, and the flash and console layers ask :class:`TransportCaps`
-instead of guessing from the string:
-
-==============  ===========  ================  ========================================================
-transport       DTR/RTS      auto-reset        notes
-==============  ===========  ================  ========================================================
-device (tty)    yes (ioctl)  yes               USB-UART bridge or USB-Serial-JTAG (re-enumerates on reset)
-pty             no (ioctl    no                a pseudo-terminal cannot carry modem lines
-                fails)
-rfc2217://      forwarded    by the *server*   esptool's ``esp_rfc2217_server`` turns DTR/RTS changes
-                             (one client)      into its own bootloader/hard resets; no USB-JTAG reset
-socket://       no           no                raw TCP (ser2net): esptool cannot reset at all; a peer
-                                               close while reading is end of stream
-sim://          yes          yes               in-process simulated board (harness.sim)
-native://       yes          yes               a host program built by the native target (protocol_native):
-                                               reset restarts it, its exit ends the stream
-loop://         no-op        no                pyserial loopback, for tests
-==============  ===========  ================  ========================================================
+Transports differ in what they can do (docs/device.md, "Ports and transports": DTR/RTS, who resets,
+notes): the flash and console layers ask :class:`TransportCaps` instead of guessing from the string.
 """
 
 from __future__ import annotations

@@ -5,15 +5,8 @@ One reader thread owns the port while capturing; it writes every byte to the raw
 arrives (flushed, so a crash of the host loses nothing already received), keeps a bounded copy in
 memory, counts boots, and spots the END line with a cheap line check (the full parser,
 ``harness.protocol.capture.parse_capture``, runs afterwards on the bytes). The main thread only waits
-for a stop condition.
-
-Transport facts handled here:
-
-- USB-Serial-JTAG: the reset makes the port vanish; the reader reopens it (bounded wait) through
-  the ``reopen`` callable and keeps reading.
-- socket://: pyserial's ``read(n)`` discards bytes it already received when the peer closes in the
-  middle of the call; we read exactly what is waiting (socket ``recv``) and treat the close as end
-  of stream (``ended_by="disconnect"``).
+for a stop condition. The transport facts it handles (a USB-Serial-JTAG port reopened after its reset
+through ``reopen``, a ``socket://`` peer's close read as the end of the stream) are docs/device.md's.
 """
 
 from __future__ import annotations

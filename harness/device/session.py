@@ -1,14 +1,8 @@
 """One board, one open serial handle: flash, then capture, without closing in between.
 
-This is the object the flash-and-compare orchestration uses::
-
-    with DeviceSession("auto", board) as dev:            # opens exclusive=True, no reset on open
-        fr = dev.flash(build.artifacts, log_path=out / "flash.log")   # esptool, stays in the stub
-        cap = dev.capture(out / "serial.log", total_timeout=60)      # reset into app, read to END
-        findings = classify(cap.data, ended_by=cap.ended_by)
-
-The handle may be replaced during the capture (USB-Serial-JTAG re-enumerates on reset); the
-session always holds the current one and closes it on exit.
+The flash-and-compare orchestration's object (docs/device.md shows its use). The handle may be replaced
+during the capture (USB-Serial-JTAG re-enumerates on reset); the session always holds the current one
+and closes it on exit.
 """
 
 from __future__ import annotations

@@ -416,9 +416,9 @@ def _print_summary(console: Console, result: FlashAndCompareResult) -> None:
         print_report(result.comparison, console, verdict_label=label, simulated=result.simulated)
     kind = " (SIMULATED BOARD)" if result.simulated else ""
     kind = " (NATIVE: built for this PC)" if result.native else kind
-    table = Table(title="flash-and-compare" + kind)
-    for col in ("variant", "firmware", "flash", "capture", "ESP-NN mode", "findings"):
-        table.add_column(col)
+    table = Table(
+        "variant", "firmware", "flash", "capture", "ESP-NN mode", "findings", title="flash-and-compare" + kind
+    )
     shown: list[tuple[str, FlashFacts]] = []  # both variants are flashed in one esptool session: show it once
     for v, r in result.variants.items():
         flash = "-"
@@ -499,16 +499,15 @@ def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
         return
     counts = ", ".join(f"{k} {v}" for k, v in sorted(section(a.get("verdicts")).items()))
     console.print(f"dataset {safe_markup(str(doc['source']))}: {doc['inputs']} inputs: {counts}")
-    t = Table(title="agreement over the dataset")
-    for col in (
+    columns = (
         "pair",
         "compared",
         "bit-exact",
         "within tolerance",
         "max LSB per output",
         "mean LSB per output",
-    ):
-        t.add_column(col)
+    )
+    t = Table(*columns, title="agreement over the dataset")
     for pair, part in section(a.get("agreement")).items():
         s = section(part)
         mean = ", ".join("-" if m is None else f"{m:.4g}" for m in entries(s.get("mean_lsb_per_output")))
@@ -531,9 +530,8 @@ def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
             console.print(f"  accuracy {leg}: {s['correct']}/{s['labelled']} ({share:.1f}%)")
     bad = entries(a.get("disagreeing"))
     if bad:
-        t = Table(title="inputs that disagree, largest difference first")
-        for col in ("input", "verdict", "opt vs ansi", "opt vs host", "ansi vs host"):
-            t.add_column(col)
+        heads = ("input", "verdict", "opt vs ansi", "opt vs host", "ansi vs host")
+        t = Table(*heads, title="inputs that disagree, largest difference first")
         pairs = ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host")
         for row in bad[:10]:
             r = section(row)

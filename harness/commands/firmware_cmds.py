@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from harness.commands.common import (
     ARENA_KB,
@@ -55,10 +55,8 @@ def boards_cmd(as_json: bool, board_files: tuple[Path, ...]) -> int:
             json.dumps({"schema": "esp-check.boards/1", "boards": [b.to_dict() for b in boards]}, indent=2)
         )
         return int(ExitCode.MATCH)
-    table = Table(title="Boards", expand=False)
     columns = ("name", "chip", "chip rev", "flash", "PSRAM", "console", "reset", "MHz", "ESP-NN", "builder")
-    for col in (*columns, "ESP-IDF"):
-        table.add_column(col, no_wrap=True)
+    table = Table(*(Column(c, no_wrap=True) for c in (*columns, "ESP-IDF")), title="Boards", expand=False)
     for b in boards:
         psram = f"{b.psram} {b.psram_mb}MB" if b.has_psram else "-"
         revs = b.chip_revisions

@@ -157,9 +157,8 @@ def print_hybrid(console: Console, result: HybridResult) -> None:
         how = safe_markup(c["found_by"])
         console.print(f"[bold]op {c['op']} ({c['kind']})[/bold] runs ANSI C (found by {how})")
     if result.runs:
-        t = Table(title="hybrid firmware runs" + (" (SIMULATED BOARD)" if result.simulated else ""))
-        for col in ("run", "ops on ANSI C", "tapped", "result", "why"):
-            t.add_column(col)
+        kind = " (SIMULATED BOARD)" if result.simulated else ""
+        t = Table("run", "ops on ANSI C", "tapped", "result", "why", title="hybrid firmware runs" + kind)
         for r in result.runs:
             t.add_row(r.label, ",".join(map(str, r.ansi_ops)) or "-", "yes" if r.tapped else "no", r.outcome,
                       safe_markup(r.why[:70]))  # fmt: skip

@@ -339,12 +339,8 @@ def _step_summary(result: RunResult, disabled: bool) -> None:
 def _print(console: Console, result: RunResult) -> None:
     from harness.runner.results import BoardStatus, TaskState
 
-    table = Table(
-        title="esp-check run"
-        + (" (SIMULATED BOARDS)" if any(b.bench.simulated for b in result.boards) else "")
-    )
-    for col in ("task", "board", "verdict", "attempts", "detail"):
-        table.add_column(col)
+    kind = " (SIMULATED BOARDS)" if any(b.bench.simulated for b in result.boards) else ""
+    table = Table("task", "board", "verdict", "attempts", "detail", title="esp-check run" + kind)
     colours: dict[Verdict | None, str] = {
         Verdict.MATCH: "green",
         Verdict.MISMATCH: "red",

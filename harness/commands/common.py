@@ -138,15 +138,12 @@ class OpListType(click.ParamType):
 OP_LIST = OpListType()
 
 
-def schema_version_option(f: F) -> F:
+def schema_version_option(
+    help: str = "With --json: write this report schema version (default: the current one; the previous "
+    "one is deprecated and kept for one release).",
+) -> Callable[[F], F]:
     """``--schema-version N``: the JSON report in an older schema version (deprecated, one release)."""
-    return click.option(
-        "--schema-version",
-        type=click.IntRange(min=1),
-        default=None,
-        help="With --json: write this report schema version (default: the current one; the previous "
-        "one is deprecated and kept for one release).",
-    )(f)
+    return click.option("--schema-version", type=click.IntRange(min=1), default=None, help=help)
 
 
 def warning_lines(render: Callable[[], T]) -> T:

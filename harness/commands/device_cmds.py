@@ -127,7 +127,7 @@ _BUILD = (
 HTML_OPTION = path_option("--html", "html_path", help="Write a self-contained HTML report here.")
 _REPORTS = (
     click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout."),
-    schema_version_option,
+    schema_version_option(),
     path_option("--junit", help="Write a JUnit XML report here."),
     HTML_OPTION,
     path_option("--bundle", "bundle_path", help="Write a reproduction bundle (.zip) for a bug report here."),

@@ -24,6 +24,7 @@ from harness.commands.common import (
     native_options,
     out_option,
     path_option,
+    schema_version_option,
     warning_lines,
     with_options,
 )
@@ -140,12 +141,9 @@ _run_options = with_options(
     ),
     # the deprecated `--json PATH` form lands here; removed in the next release
     path_option("--json-file", hidden=True),
-    click.option(
-        "--schema-version",
-        type=click.IntRange(min=1),
-        default=None,
-        help="Write the JSON summaries (stdout, summary.json, result.json) in this schema version "
-        "(default: the current one; 1 is deprecated and kept for one release).",
+    schema_version_option(
+        "Write the JSON summaries (stdout, summary.json, result.json) in this schema version "
+        "(default: the current one; 1 is deprecated and kept for one release)."
     ),
     path_option(
         "--markdown",

@@ -125,10 +125,7 @@ def _read_some(port: serial.SerialBase, wait_s: float) -> bytes:
         if not data:
             raise serial.SerialException("socket disconnected")
         return data
-    waiting = port.in_waiting
-    if waiting:
-        return bytes(port.read(min(waiting, 65536)))
-    return bytes(port.read(1))  # blocks up to port.timeout
+    return bytes(port.read(min(port.in_waiting, 65536) or 1))  # 1: blocks up to port.timeout
 
 
 def _reader(
@@ -173,12 +170,9 @@ def _reader(
                 except OSError as exc:  # a full disk: the capture stops, said as such (not a lost link)
                     st.log_error = write_error(exc, f"the serial log {getattr(log, 'name', '')}".rstrip())
                     break
-            room = max_bytes - len(st.buf)
-            if room >= len(chunk):
-                st.buf += chunk
-            else:
-                st.buf += chunk[: max(room, 0)]
-                st.dropped += len(chunk) - max(room, 0)
+            room = max(max_bytes - len(st.buf), 0)  # bytes beyond it are only in the log
+            st.buf += chunk[:room]
+            st.dropped += max(len(chunk) - room, 0)
             if _scan_lines(st, chunk, stop_at_end, max_boots):
                 break
     finally:

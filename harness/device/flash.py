@@ -352,12 +352,12 @@ def _fmt_mac(mac: object) -> str | None:
 _ROM_BOOT_RE = re.compile(rb"boot:(0x[0-9a-fA-F]+)[^\n]*\n(.*)", re.DOTALL)
 
 
-def _read_rom_banner(ser: serial.SerialBase, wait_s: float = 0.3) -> bytes:
+def _read_rom_banner(ser: serial.SerialBase) -> bytes:
     """What the ROM printed after our bootloader reset: up to the line after ``boot:0x..``
-    (download mode says ``waiting for download`` there), at most ``wait_s`` seconds. esptool's sync
+    (download mode says ``waiting for download`` there), at most 0.3 s. esptool's sync
     discards it, so this is our only chance to tell "wrong boot mode" from "no answer"."""
     got = b""
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + 0.3
     while time.monotonic() < deadline:
         waiting = ser.in_waiting
         got += ser.read(waiting) if waiting else b""

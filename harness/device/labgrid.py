@@ -36,6 +36,7 @@ _INSTALL_HINT = "install labgrid beside esp-check: pip install 'esp-check[labgri
 # at its first poll (later polls come every 1 s): a place not allocated this long after the token is
 # someone else's (acquired, or reserved), and only then is it read and the wait clock started
 ALLOCATION_GRACE_S = 1.5
+REPORT_EVERY_S = 5.0  # how often a wait says who holds the place
 
 
 def _background(
@@ -441,7 +442,6 @@ class PlaceLease:
         *,
         on_wait: Callable[[str], None] | None = None,
         on_note: Callable[[str], None] | None = None,
-        report_every: float = 5.0,
         cancel: threading.Event | None = None,
     ) -> None:
         """Hold the place, or raise :class:`BoardBusyError` (exit 3) once someone else has held it for
@@ -458,7 +458,7 @@ class PlaceLease:
         while True:
             res = _Reservation(self.client, self.place)  # starts while `show` runs
             try:
-                allocated = self._wait_allocated(res, timeout, say, report_every, cancel)
+                allocated = self._wait_allocated(res, timeout, say, cancel)
             finally:
                 res.close()
             if not allocated:
@@ -495,11 +495,10 @@ class PlaceLease:
         res: _Reservation,
         timeout: float,
         say: Callable[[str], None],
-        report_every: float,
         cancel: threading.Event | None,
     ) -> bool:
         """Poll the waiting reservation. A free place is allocated at once and costs no other call;
-        otherwise look at the place once, then report its holder every ``report_every`` s."""
+        otherwise look at the place once, then report its holder every ``REPORT_EVERY_S``."""
         started = time.monotonic()
         answered: float | None = None  # when the coordinator handed out our reservation token
         next_report: float | None = None  # None: not looked at the place yet
@@ -523,7 +522,7 @@ class PlaceLease:
             if next_report is None and answered is not None and now - answered >= ALLOCATION_GRACE_S:
                 self._first_look(res, timeout, say)
                 now = time.monotonic()
-                next_report = now + report_every
+                next_report = now + REPORT_EVERY_S
             if (cancel is not None and cancel.is_set()) or now >= (self._deadline or float("inf")):
                 self._keep(res.stop())
                 return False
@@ -531,7 +530,7 @@ class PlaceLease:
                 info = self._clear_own_stale()
                 if info is not None and info.acquired:
                     say(f"waiting for labgrid place {self.place}: acquired by {info.describe_holder()}")
-                next_report = now + report_every
+                next_report = now + REPORT_EVERY_S
             time.sleep(0.05)
 
     def _busy(self, timeout: float, cancel: threading.Event | None) -> BoardBusyError:

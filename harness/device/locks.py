@@ -114,13 +114,12 @@ class BoardLock:
         timeout: float,
         *,
         on_wait: Callable[[str], None] | None = None,
-        report_every: float = 5.0,
         cancel: threading.Event | None = None,
     ) -> None:
         """Take the lock or raise :class:`BoardBusyError` (exit 3) after ``timeout`` seconds.
 
-        ``on_wait`` is told who holds the board when waiting starts and every ``report_every``
-        seconds after; ``cancel`` (e.g. Ctrl-C) ends the wait early with BoardBusyError too.
+        ``on_wait`` is told who holds the board when waiting starts and every 5 s after; ``cancel``
+        (e.g. Ctrl-C) ends the wait early with BoardBusyError too.
         """
         self.dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
@@ -145,7 +144,7 @@ class BoardLock:
                 )
             if on_wait is not None and now >= next_report:
                 on_wait(f"waiting for board {self.key}: in use by {self.describe_holder()}")
-                next_report = now + report_every
+                next_report = now + 5.0
         self.waited_s = time.monotonic() - t0
         self.acquired_at = time.time()
         doc = {

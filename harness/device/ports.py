@@ -14,7 +14,7 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -218,12 +218,11 @@ class PortSpec:
         return self.url
 
 
-def _by_id_links(by_id_dir: Path | None = None) -> dict[str, str]:
+def _by_id_links() -> dict[str, str]:
     """Map real device path -> /dev/serial/by-id symlink (Linux only; empty elsewhere)."""
-    directory = by_id_dir if by_id_dir is not None else BY_ID_DIR
     links: dict[str, str] = {}
     try:
-        entries = sorted(directory.iterdir())
+        entries = sorted(BY_ID_DIR.iterdir())
     except OSError:
         return links
     for entry in entries:
@@ -405,7 +404,7 @@ def _holders_text(holders: Iterable[tuple[int, str]]) -> str:
     return ", ".join(f"{name} (pid {pid})" for pid, name in holders)
 
 
-def check_present(ps: PortSpec, *, platform: str | None = None, probe_timeout: float = 3.0) -> None:
+def check_present(ps: PortSpec) -> None:
     """PortError now for a port that is not there (before minutes of builds find out).
 
     A local device must exist (Windows COM names are checked against list_ports). A network port
@@ -413,11 +412,11 @@ def check_present(ps: PortSpec, *, platform: str | None = None, probe_timeout: f
     so the server's one client slot is free again before the builds start.
     """
     if ps.caps.lock_by == "net":
-        _probe_network(ps.url, probe_timeout)
+        _probe_network(ps.url)
         return
     if ps.transport not in (Transport.DEVICE, Transport.PTY):
         return
-    plat = platform or sys.platform
+    plat = sys.platform
     if plat.startswith("win"):
         present = any(ps.url.upper() == c.device.upper() for c in list_candidates(plat))
     else:
@@ -431,7 +430,7 @@ def check_present(ps: PortSpec, *, platform: str | None = None, probe_timeout: f
     raise PortError(err.message, hint=f"{err.hint}{listing}")
 
 
-def _probe_network(url: str, timeout: float) -> None:
+def _probe_network(url: str, timeout: float = 3.0) -> None:
     parts = urlsplit(url)
     try:
         with socket.create_connection((parts.hostname or "", parts.port or 0), timeout=timeout):
@@ -550,13 +549,11 @@ def open_port(
     baud: int = 115200,
     *,
     exclusive: bool = True,
-    timeout: float | None = None,
     check_holders: bool = True,
-    opener: Callable[..., serial.SerialBase] | None = None,
 ) -> serial.SerialBase:
     """Open a port for flashing and capture, without resetting the board on open.
 
-    ``timeout`` defaults to 0.05 s; ``rfc2217://`` ports are :class:`Rfc2217Serial`. DTR and RTS are
+    Its read timeout is 0.05 s; ``rfc2217://`` ports are :class:`Rfc2217Serial`. DTR and RTS are
     set inactive *before* opening (both lines equal means "run" on the classic
     auto-reset circuit), and ``exclusive=True`` makes a second opener fail instead of stealing bytes.
     With ``check_holders`` a local device already open in another process (a monitor that took
@@ -564,13 +561,12 @@ def open_port(
     """
     ps = spec if isinstance(spec, PortSpec) else resolve_port(spec)
     url = ps.url
-    make = opener or (_open_rfc2217 if ps.transport == Transport.RFC2217 else serial.serial_for_url)
+    make = _open_rfc2217 if ps.transport == Transport.RFC2217 else serial.serial_for_url
     if ps.caps.installs_program:
         register_native()  # pyserial finds harness.device.protocol_native for native://
-    if timeout is None:
-        timeout = 0.05  # a timeout change costs nothing on rfc2217:// either (Rfc2217Serial)
     try:
-        kwargs: dict[str, object] = {"baudrate": baud, "timeout": timeout, "do_not_open": True}
+        # a timeout change costs nothing on rfc2217:// either (Rfc2217Serial)
+        kwargs: dict[str, object] = {"baudrate": baud, "timeout": 0.05, "do_not_open": True}
         if exclusive and ps.caps.exclusive_lock:
             kwargs["exclusive"] = True
         port = make(url, **kwargs)
@@ -591,14 +587,7 @@ def open_port(
     return port
 
 
-def reopen_after_reenumeration(
-    ps: PortSpec,
-    baud: int,
-    *,
-    wait_s: float = 5.0,
-    poll_s: float = 0.05,
-    opener: Callable[[], serial.SerialBase] | None = None,
-) -> serial.SerialBase:
+def reopen_after_reenumeration(ps: PortSpec, baud: int, *, wait_s: float = 5.0) -> serial.SerialBase:
     """Open the port again after a USB-Serial-JTAG reset made it vanish, waiting at most ``wait_s``.
 
     The device is looked up again each try (by-id path or USB serial number), since it may come
@@ -608,14 +597,12 @@ def reopen_after_reenumeration(
     last: BaseException | None = None
     while True:
         try:
-            if opener is not None:
-                return opener()
             return open_port(dataclasses.replace(ps, url=ps.relocate()), baud, check_holders=False)
         except (PortError, serial.SerialException, OSError) as exc:
             last = exc
         if time.monotonic() >= deadline:
             break
-        time.sleep(poll_s)
+        time.sleep(0.05)
     raise PortError(
         f"{ps.url} did not come back within {wait_s:.1f} s after the board reset ({last})",
         hint="USB-Serial-JTAG boards re-enumerate on reset: check the cable/hub, or use the "

@@ -98,20 +98,15 @@ class DeviceSession:
         self,
         artifacts: Sequence[tuple[int, Path | str]],
         *,
-        after: str = "no-reset-stub",
         progress: ProgressCallback | None = None,
         log_path: Path | None = None,
-        expected_chip: str | None = None,
-        chip_revisions: tuple[int, int] | None = None,
-        baud: int | None = None,
         connect_attempts: int = 7,
         diff_with: Sequence[Path | str | None] | None = None,
         skip_flashed: bool = True,
-        chip: str | None = None,
-        before: str = "auto",
     ) -> FlashResult:
-        """Flash and stay in the stub (default): :meth:`capture` then resets into the app itself,
-        after switching the port to the console baud, so the first line is not lost."""
+        """Flash the board's chip (refusing another chip or revision) and stay in the stub: :meth:`capture`
+        then resets into the app itself, after switching the port to the console baud, so the first line
+        is not lost."""
         self.open()
         assert self.serial is not None
         self.link_baud = None  # esptool resets the chip: its app boots at the console baud again
@@ -120,11 +115,11 @@ class DeviceSession:
         result = flash_artifacts(
             self.serial,
             artifacts,
-            expected_chip=expected_chip or getattr(self.board, "chip", None),
-            chip_revisions=chip_revisions or getattr(self.board, "chip_revisions", None),
-            baud=baud or self.flash_baud,
+            expected_chip=getattr(self.board, "chip", None),
+            chip_revisions=getattr(self.board, "chip_revisions", None),
+            baud=self.flash_baud,
             reset_style=self.reset_style,
-            after=after,
+            after="no-reset-stub",
             console_baud=self.console_baud,
             progress=progress,
             log_path=log_path,
@@ -132,8 +127,6 @@ class DeviceSession:
             connect_attempts=connect_attempts,
             diff_with=diff_with,
             skip_flashed=skip_flashed,
-            chip=chip,
-            before=before,
         )
         if result.serial is not None:
             self.serial = result.serial

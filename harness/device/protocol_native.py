@@ -256,11 +256,7 @@ class Serial(InProcessPort):
             self._start_program()  # EN released with IO0 high: boot the installed program
         self._en_low = en_low
 
-    def _update_rts_state(self) -> None:
-        self._lines_changed()
-
-    def _update_dtr_state(self) -> None:
-        self._lines_changed()
+    _update_rts_state = _update_dtr_state = _lines_changed  # pyserial calls these on a DTR or RTS change
 
     def _start_program(self, keep_output: bool = False) -> None:
         """Boot: the boot stand-in picks the program; ``keep_output`` after a software reset (the

@@ -13,6 +13,7 @@ from typing import Any, TypeVar, cast
 import click
 from rich.console import Console
 
+from harness.errors import Verdict
 from harness.model.inputs import COLOR_MODES, NAMED_RANGES, RESIZE_POLICIES, InputOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,6 +46,14 @@ POSITIVE = FiniteFloat(min=0, min_open=True)  # scales
 FINITE = FiniteFloat()  # offsets
 BAUD = click.IntRange(min=300, max=16_000_000)
 ARENA_KB = click.IntRange(min=1, max=1024 * 1024)
+
+
+# a verdict on the terminal: a match is green, a finding red, anything else (no verdict) yellow
+VERDICT_COLOURS: dict[Verdict | None, str] = {
+    Verdict.MATCH: "green",
+    Verdict.MISMATCH: "red",
+    Verdict.FIRMWARE_FAULT: "red",
+}
 
 
 def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:

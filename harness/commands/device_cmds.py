@@ -23,6 +23,7 @@ from harness.commands.common import (
     FILE,
     OP_LIST,
     SECONDS,
+    VERDICT_COLOURS,
     echo_json,
     input_options,
     lsb_option,
@@ -33,7 +34,7 @@ from harness.commands.common import (
     schema_version_option,
     with_options,
 )
-from harness.errors import ExitCode, UsageError
+from harness.errors import UsageError, Verdict
 from harness.firmware.build import BUILDERS
 from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageTimeouts, entries, section
@@ -468,9 +469,7 @@ def _print_summary(console: Console, result: FlashAndCompareResult) -> None:
 def _print_verdict(console: Console, result: FlashAndCompareResult) -> None:
     """The run's one verdict line, with what it rests on, then where the artifacts are."""
     refused = result.reference_refused
-    color = {ExitCode.MATCH: "green", ExitCode.MISMATCH: "red", ExitCode.FIRMWARE_FAULT: "red"}.get(
-        result.exit_code, "yellow"
-    )
+    color = VERDICT_COLOURS.get(Verdict.from_exit_code(result.exit_code), "yellow")
     console.print(
         f"[bold {color}]verdict: {result.verdict}[/bold {color}] (exit {int(result.exit_code)})"
         + ("  \\[SIMULATED: no real ESP32 was used]" if result.simulated else "")

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from harness.commands.common import (
     FILE,
+    VERDICT_COLOURS,
     WAIT_SECONDS,
     make_console,
     native_options,
@@ -339,14 +340,9 @@ def _print(console: Console, result: RunResult) -> None:
 
     kind = " (SIMULATED BOARDS)" if any(b.bench.simulated for b in result.boards) else ""
     table = Table("task", "board", "verdict", "attempts", "detail", title="esp-check run" + kind)
-    colours: dict[Verdict | None, str] = {
-        Verdict.MATCH: "green",
-        Verdict.MISMATCH: "red",
-        Verdict.FIRMWARE_FAULT: "red",
-    }
     for t in result.tasks:
         board = t.decisive.board if t.decisive else (t.attempts[-1].board if t.attempts else "-")
-        c = colours.get(t.verdict, "yellow")
+        c = VERDICT_COLOURS.get(t.verdict, "yellow")
         shown = str(t.state) if t.state == TaskState.ABORTED else str(t.verdict)
         table.add_row(
             escape(t.id),

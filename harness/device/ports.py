@@ -268,17 +268,12 @@ def list_candidates(
 
 
 def _transport_of(spec: str) -> str:
-    lower = spec.lower()
-    if "://" not in lower:
+    """A URL's transport is named as its scheme (any other scheme: URL); a path is a device."""
+    scheme, sep, _ = spec.lower().partition("://")
+    if not sep:
         return Transport.DEVICE
-    scheme = lower.split("://", 1)[0]
-    return {
-        "rfc2217": Transport.RFC2217,
-        "socket": Transport.SOCKET,
-        "sim": Transport.SIM,
-        "native": Transport.NATIVE,
-        "loop": Transport.LOOP,
-    }.get(scheme, Transport.URL)
+    schemes = (Transport.RFC2217, Transport.SOCKET, Transport.SIM, Transport.NATIVE, Transport.LOOP)
+    return scheme if scheme in schemes else Transport.URL
 
 
 def _is_pty(path: str) -> bool:

@@ -232,10 +232,11 @@ class Serial(InProcessPort):
         table_off, parts = found
         with open(self.flash_path, "rb") as f:
             app = next(iter(boot_order(parts, lambda offset, size: _read_at(f, offset, size)).apps), None)
-        program = self._dir / "apps" / f"0x{app.offset:x}" if app is not None else None
-        if app is None or program is None or not program.is_file():
-            where = f"{app.label} at 0x{app.offset:x}" if app is not None else "the partition table"
-            return None if app is None else (Path(), {}, f"{BOOT_LINE} no app image in {where}\r\n")
+        if app is None:
+            return None
+        program = self._dir / "apps" / f"0x{app.offset:x}"
+        if not program.is_file():
+            return Path(), {}, f"{BOOT_LINE} no app image in {app.label} at 0x{app.offset:x}\r\n"
         env = {
             "ESP_CHECK_NATIVE_FLASH": str(self.flash_path),
             "ESP_CHECK_NATIVE_TABLE_OFFSET": f"0x{table_off:x}",

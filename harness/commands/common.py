@@ -92,10 +92,9 @@ def preprocessing_options(f: F) -> F:
             "--resize",
             type=click.Choice(RESIZE_POLICIES),
             default="error",
-            show_default=True,
             help="Image size policy when it differs from the model's.",
         ),
-        click.option("--input-color", type=click.Choice(COLOR_MODES), default="auto", show_default=True),
+        click.option("--input-color", type=click.Choice(COLOR_MODES), default="auto"),
         click.option(
             "--input-range",
             type=click.Choice(tuple(NAMED_RANGES)),
@@ -182,12 +181,12 @@ def path_option(*decls: str, dir: bool = False, help: str | None = None, **extra
 
 def lsb_option(flag: str, help: str) -> Callable[[F], F]:
     """A tolerance in quantization steps (LSB), 0 (bit-exact) unless given."""
-    return click.option(flag, type=LSB, default=0, show_default=True, help=help)
+    return click.option(flag, type=LSB, default=0, help=help)
 
 
 def out_option(default: str, help: str | None = None) -> Callable[[F], F]:
     """``--out DIR`` (as ``out_dir``): the command's artifact directory."""
-    return click.option("--out", "out_dir", type=DIR, default=default, show_default=True, help=help)
+    return click.option("--out", "out_dir", type=DIR, default=default, help=help)
 
 
 def with_options(*options: Callable[[Any], Any]) -> Callable[[F], F]:

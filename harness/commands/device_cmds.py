@@ -68,30 +68,25 @@ def timeout_options(f: F) -> F:
             "--capture-timeout",
             type=SECONDS,
             default=180.0,
-            show_default=True,
             help="Seconds to wait for one run's END record.",
         ),
         click.option(
             "--silence-timeout",
             type=SECONDS,
             default=30.0,
-            show_default=True,
             help="Seconds without a byte from the board before giving up.",
         ),
         click.option(
             "--build-timeout",
             type=SECONDS,
             default=1800.0,
-            show_default=True,
             help="Seconds a build may print nothing before it is stopped (silence, not total time).",
         ),
     )(cast(F, wrapper))
 
 
 # flash-and-compare's flags as data, grouped by what they are about
-BOARD_OPTION = click.option(
-    "--board", default="sim", show_default=True, help="Board name (esp-check boards) or TOML file."
-)
+BOARD_OPTION = click.option("--board", default="sim", help="Board name (esp-check boards) or TOML file.")
 _BOARD = (
     BOARD_OPTION,
     click.option(
@@ -164,12 +159,11 @@ _DATASET = (
         default=None,
         help="Run N random inputs drawn on the device by its PRNG (no upload; the host replays them).",
     ),
-    click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True),
+    click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0),
     click.option(
         "--results",
         type=click.Choice(["full", "crc"]),
         default="full",
-        show_default=True,
         help="full: every output comes back; crc: CRC-32s only, and the inputs whose CRC differs in full.",
     ),
     path_option("--labels", help="Labels for accuracy: CSV (name,label) or JSON ({name: label})."),
@@ -177,14 +171,12 @@ _DATASET = (
         "--repeat",
         type=click.IntRange(1, 1000),
         default=1,
-        show_default=True,
         help="Invoke each input N times and flag any change (and re-run after a reset).",
     ),
     click.option(
         "--keep-chunks",
         type=click.Choice(["auto", "always", "never"]),
         default="auto",
-        show_default=True,
         help="A dataset larger than the board's kept-input store: run it in chunks of the store's size, so "
         "every input crosses the link once (always), only when that is cheaper on this link (auto), or "
         "upload the inputs beyond the store to each variant (never).",

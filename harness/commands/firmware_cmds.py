@@ -107,7 +107,6 @@ def _project_summary(p: GeneratedProject) -> dict[str, object]:
     "--variant",
     type=click.Choice((*VARIANTS, "both")),
     default="both",
-    show_default=True,
     help="ESP-NN optimized kernels, ANSI C kernels, or both (one project directory each).",
 )
 @click.option("--out", "out_dir", required=True, type=DIR)
@@ -127,7 +126,6 @@ def _project_summary(p: GeneratedProject) -> dict[str, object]:
     "--human-max",
     type=click.IntRange(0, 1024),
     default=HUMAN_MAX,
-    show_default=True,
     help="Dequantized `Output:` lines printed per output tensor.",
 )
 @preprocessing_options
@@ -249,7 +247,7 @@ def run_build_with_progress(
     help="Build cache location (default: $ESP_CHECK_CACHE_DIR/builds or the user cache directory).",
 )
 @click.option("--no-cache", is_flag=True, help="Always run the builder; do not read or write the cache.")
-@click.option("--cache-max-mb", type=click.IntRange(min=1), default=2048, show_default=True)
+@click.option("--cache-max-mb", type=click.IntRange(min=1), default=2048)
 @path_option(
     "--platformio-core-dir",
     dir=True,

@@ -63,14 +63,12 @@ _CHOICE = (
         "--max-rounds",
         type=click.IntRange(1, 32),
         default=4,
-        show_default=True,
         help="At most this many tap rounds / culprits found by bisection.",
     ),
     click.option(
         "--noise-band",
         type=FiniteFloat(min=0.0, max=0.9),
         default=0.10,
-        show_default=True,
         help="ESP-NN audit: a speedup within 1 +- this counts as ANSI C speed.",
     ),
 )

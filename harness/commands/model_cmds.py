@@ -410,7 +410,6 @@ def _print_reference(
     "--backend",
     type=click.Choice(("tflm", "litert", "auto")),
     default="tflm",
-    show_default=True,
     help="tflm: tflite-micro wheel (Linux x86-64); litert: ai-edge-litert BUILTIN_REF kernels.",
 )
 @path_option(

@@ -98,15 +98,12 @@ def preprocessing_options(f: F) -> F:
         click.option(
             "--input-range",
             type=click.Choice(tuple(NAMED_RANGES)),
-            default=None,
             help="Normalise 8-bit data to this real range (default: the range the input tensor's "
             "quantization spans, else 0..1; `inspect` says which).",
         ),
-        click.option("--input-scale", type=POSITIVE, default=None, help="real = value * scale + offset"),
-        click.option("--input-offset", type=FINITE, default=None),
-        click.option(
-            "--input-dtype", default=None, help="Element type of raw binary inputs (int8, float32, ...)."
-        ),
+        click.option("--input-scale", type=POSITIVE, help="real = value * scale + offset"),
+        click.option("--input-offset", type=FINITE),
+        click.option("--input-dtype", help="Element type of raw binary inputs (int8, float32, ...)."),
     ]
     return cast(F, with_options(*opts)(wrapper))
 
@@ -151,7 +148,7 @@ def schema_version_option(
     "one is deprecated and kept for one release).",
 ) -> Callable[[F], F]:
     """``--schema-version N``: the JSON report in an older schema version (deprecated, one release)."""
-    return click.option("--schema-version", type=click.IntRange(min=1), default=None, help=help)
+    return click.option("--schema-version", type=click.IntRange(min=1), help=help)
 
 
 def warning_lines(render: Callable[[], T]) -> T:
@@ -176,7 +173,7 @@ DIR = click.Path(file_okay=False, path_type=Path)
 
 def path_option(*decls: str, dir: bool = False, help: str | None = None, **extra: Any) -> Callable[[F], F]:
     """An optional path flag (default None): a file, or with ``dir`` a directory."""
-    return click.option(*decls, type=DIR if dir else FILE, default=None, help=help, **extra)
+    return click.option(*decls, type=DIR if dir else FILE, help=help, **extra)
 
 
 def lsb_option(flag: str, help: str) -> Callable[[F], F]:
@@ -218,7 +215,6 @@ def native_options(f: F) -> F:
             "--components-dir",
             type=click.Path(file_okay=False, exists=True, path_type=Path),
             envvar="ESP_CHECK_COMPONENTS_DIR",
-            default=None,
             help="Native boards: esp-tflite-micro and esp-nn sources (checkouts or a project's "
             "managed_components/) instead of the ESP-IDF component manager's download "
             "[env: ESP_CHECK_COMPONENTS_DIR].",
@@ -232,7 +228,6 @@ def native_options(f: F) -> F:
         click.option(
             "--jobs",
             type=click.IntRange(min=1, max=256),
-            default=None,
             help="Native boards: parallel compile jobs (default: the number of CPUs).",
         ),
     ]

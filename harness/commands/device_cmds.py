@@ -91,7 +91,6 @@ _BOARD = (
     BOARD_OPTION,
     click.option(
         "--port",
-        default=None,
         help="Serial port: device path, 'auto', rfc2217://host:port, socket://host:port, sim://NAME?... or "
         "native://NAME (default: auto; on a simulated or native board, a fresh one).",
     ),
@@ -111,14 +110,10 @@ _VERDICT = (
     ),
 )
 _BUILD = (
-    click.option(
-        "--builder", type=click.Choice(BUILDERS), default=None, help="Override the board's builder."
-    ),
+    click.option("--builder", type=click.Choice(BUILDERS), help="Override the board's builder."),
     path_option("--cache-dir", dir=True, help="Build cache directory (default: per-user cache)."),
-    click.option("--flash-baud", type=BAUD, default=None, help="Flashing baud rate (default: the board's)."),
-    click.option(
-        "--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: measured + margin)."
-    ),
+    click.option("--flash-baud", type=BAUD, help="Flashing baud rate (default: the board's)."),
+    click.option("--arena-kb", type=ARENA_KB, help="Tensor arena size (default: measured + margin)."),
 )
 HTML_OPTION = path_option("--html", "html_path", help="Write a self-contained HTML report here.")
 _REPORTS = (
@@ -138,7 +133,6 @@ _TAP = (
     click.option(
         "--dump-ops",
         type=OP_LIST,
-        default=None,
         metavar="17,18",
         help="With --tap: also dump these ops' input and output tensors in the second run.",
     ),
@@ -149,14 +143,12 @@ _DATASET = (
     click.option(
         "--dataset",
         type=click.Path(path_type=Path),
-        default=None,
         help="Run a whole dataset instead of --input: a folder of inputs (a sub-folder per class gives "
         "labels), an .npz (x[, y]) or a .txt list of paths. Inputs are streamed to the board.",
     ),
     click.option(
         "--random-inputs",
         type=click.IntRange(1, 100_000),
-        default=None,
         help="Run N random inputs drawn on the device by its PRNG (no upload; the host replays them).",
     ),
     click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0),
@@ -183,7 +175,6 @@ _DATASET = (
     ),
     click.option(
         "--tap-inputs",
-        default=None,
         metavar="3,17,worst",
         help="After the dataset run, run --tap on these inputs: dataset indices (from 0) and/or 'worst' "
         "(the top-ranked disagreeing input). They are written as .npy under OUT/tap-inputs.",

@@ -110,16 +110,11 @@ def _project_summary(p: GeneratedProject) -> dict[str, object]:
     help="ESP-NN optimized kernels, ANSI C kernels, or both (one project directory each).",
 )
 @click.option("--out", "out_dir", required=True, type=DIR)
-@click.option("--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: estimate).")
-@click.option(
-    "--tflm-version", default=None, help=f"espressif/esp-tflite-micro (default {DEFAULT_VERSIONS['tflm']})."
-)
-@click.option(
-    "--esp-nn-version", default=None, help=f"espressif/esp-nn (default {DEFAULT_VERSIONS['espnn']})."
-)
+@click.option("--arena-kb", type=ARENA_KB, help="Tensor arena size (default: estimate).")
+@click.option("--tflm-version", help=f"espressif/esp-tflite-micro (default {DEFAULT_VERSIONS['tflm']}).")
+@click.option("--esp-nn-version", help=f"espressif/esp-nn (default {DEFAULT_VERSIONS['espnn']}).")
 @click.option(
     "--platform-version",
-    default=None,
     help=f"platform-espressif32 for PlatformIO (default {DEFAULT_VERSIONS['platform']}).",
 )
 @click.option(
@@ -138,7 +133,6 @@ def _project_summary(p: GeneratedProject) -> dict[str, object]:
 @click.option(
     "--dump-ops",
     type=OP_LIST,
-    default=None,
     metavar="17,18",
     help="Also dump these ops' tensors (implies --tap).",
 )
@@ -240,7 +234,7 @@ def run_build_with_progress(
 
 @click.command("build")
 @click.argument("project_dirs", nargs=-1, required=True, type=DIR)
-@click.option("--builder", type=click.Choice(BUILDERS), default=None, help="Default: the board's builder.")
+@click.option("--builder", type=click.Choice(BUILDERS), help="Default: the board's builder.")
 @path_option(
     "--cache-dir",
     dir=True,
@@ -253,9 +247,9 @@ def run_build_with_progress(
     dir=True,
     help="PLATFORMIO_CORE_DIR for `pio run` (where PlatformIO keeps platforms and toolchains).",
 )
-@click.option("--pio", "pio_path", default=None, help="PlatformIO executable (default: pio on PATH).")
-@click.option("--idf-py", "idf_py", default=None, help="ESP-IDF idf.py (default: idf.py on PATH).")
-@click.option("--timeout", type=SECONDS, default=None, help="Kill the build after this many seconds.")
+@click.option("--pio", "pio_path", help="PlatformIO executable (default: pio on PATH).")
+@click.option("--idf-py", "idf_py", help="ESP-IDF idf.py (default: idf.py on PATH).")
+@click.option("--timeout", type=SECONDS, help="Kill the build after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result (schema esp-check.build/1).")
 @native_options
 def build_cmd(

@@ -35,7 +35,6 @@ _WHERE = (
     BOARD_OPTION,
     click.option(
         "--port",
-        default=None,
         help="Serial port, as for flash-and-compare (default: auto; a fresh sim:// board if simulated).",
     ),
     out_option(
@@ -44,12 +43,9 @@ _WHERE = (
     click.option("--no-reference", is_flag=True, help="Verify against the ANSI C build only (no host)."),
 )
 _CHOICE = (
-    click.option(
-        "--ansi-ops", type=OP_LIST, default=None, metavar="17,18", help="Run these op instances on ANSI C."
-    ),
+    click.option("--ansi-ops", type=OP_LIST, metavar="17,18", help="Run these op instances on ANSI C."),
     click.option(
         "--ansi-kinds",
-        default=None,
         metavar="CONV_2D,ADD",
         help="Run every op of these kinds on ANSI C.",
     ),

@@ -222,13 +222,10 @@ def _print_arena(console: Console, arena: ArenaEstimate) -> None:
 @click.command("inspect")
 @click.argument("model", type=FILE)
 @input_options
-@click.option(
-    "--chip", default=None, help="Show ESP-NN acceleration and the arena target for this chip only."
-)
+@click.option("--chip", help="Show ESP-NN acceleration and the arena target for this chip only.")
 @click.option("--no-arena", is_flag=True, help="Skip the tensor-arena measurement.")
 @click.option(
     "--esp-nn-version",
-    default=None,
     help="esp-nn version whose scratch-buffer formulas the arena target uses (default: the version "
     "`generate` pins).",
 )

@@ -117,7 +117,6 @@ _run_options = with_options(
         "--inventory",
         "-i",
         "inventory",
-        default=None,
         type=FILE,
         help="Bench inventory TOML (the boards and how to reach them; see docs/ci.md). Required "
         "unless --labgrid is given.",
@@ -126,7 +125,6 @@ _run_options = with_options(
         "--labgrid",
         "coordinator",
         metavar="HOST:PORT",
-        default=None,
         help="labgrid coordinator: boards are labgrid places, reserved and acquired through "
         "labgrid-client. Without --inventory, every place tagged esp_check_type=<board type> is a "
         "board; with it, its `place = ...` boards use this coordinator (docs/ci.md, 'labgrid').",
@@ -161,14 +159,11 @@ _run_options = with_options(
     click.option(
         "--lock-timeout",
         type=WAIT_SECONDS,
-        default=None,
         help="Seconds to wait for a board someone else is using; 0 skips a held board at once "
         "(default: plan [run] lock_timeout_s).",
     ),
     path_option("--cache-dir", dir=True, help="Build cache directory."),
-    click.option(
-        "--builder", type=click.Choice(BUILDERS), default=None, help="Override the boards' builder."
-    ),
+    click.option("--builder", type=click.Choice(BUILDERS), help="Override the boards' builder."),
     click.option(
         "--validate-only", is_flag=True, help="Check the plan and inventory, print the tasks, run nothing."
     ),

@@ -35,13 +35,11 @@ def sim_group() -> None:
 @click.option(
     "--flash",
     type=click.Path(dir_okay=False),
-    default=None,
     help="Keep the flash contents in this file (survives restarts; share it between processes).",
 )
 @click.option(
     "--flash-size",
     type=click.Choice(["1MB", "2MB", "4MB", "8MB", "16MB", "32MB"], case_sensitive=False),
-    default=None,
     help="SPI flash size (default: the simulated board's, boards/sim.toml).",
 )
 @click.option(
@@ -55,10 +53,9 @@ def sim_group() -> None:
 @click.option(
     "--variant-fault",
     type=click.Choice(["optimized", "ansi"]),
-    default=None,
     help="Apply app faults only to images of this variant.",
 )
-@click.option("--throttle", type=BAUD, default=None, help="Limit the board's output to this baud rate.")
+@click.option("--throttle", type=BAUD, help="Limit the board's output to this baud rate.")
 @click.option("--seed", type=int, default=1, help="Seed for deterministic faults.")
 @click.option("--host", default="127.0.0.1")
 @click.option(

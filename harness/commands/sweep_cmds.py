@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 @click.option("--no-sanitize", is_flag=True, help="skip the ASan+UBSan build (faster, blind to overruns)")
 @click.option("--no-shrink", is_flag=True, help="write each finding's example as drawn, not shrunk")
 @click.option("--bits", type=click.Choice(["32", "64"]), default="64")
-@click.option("--jobs", type=click.IntRange(1, 256), default=None, help="parallel compile jobs")
+@click.option("--jobs", type=click.IntRange(1, 256), help="parallel compile jobs")
 @out_option("esp-check-sweep")
 def sweep_cmd(
     components_dir: Path | None,

@@ -179,22 +179,6 @@ def _fmt_rev(rev: int) -> str:
     return f"v{rev // 100}.{rev % 100}"
 
 
-def check_chip_revision(rev: int | None, allowed: tuple[int, int] | None, chip_name: str, url: str) -> None:
-    """Refuse, before anything is written, a chip revision outside the board's image range.
-
-    ``rev`` and ``allowed`` use esptool's ``major * 100 + minor``; nothing is checked when either is
-    unknown (esptool could not read the revision, or the board does not say).
-    """
-    if rev is None or allowed is None or allowed[0] <= rev <= allowed[1]:
-        return
-    raise FlashFailure(
-        f"the chip on {url} is {chip_name} revision {_fmt_rev(rev)}, but the board definition's image "
-        f"accepts revisions {_fmt_rev(allowed[0])} to {_fmt_rev(allowed[1])} only: it would not boot",
-        kind="chip_revision",
-        hint=_WRONG_REVISION_HINT,
-    )
-
-
 _TOO_LARGE_HINT = (
     "the board definition's flash_size is larger than the real flash chip, or the build is too big: "
     "use the matching board file or a smaller partition layout"
@@ -438,7 +422,15 @@ def _identify(
         )
     rev = _try(esp.get_chip_revision)
     rev = rev if isinstance(rev, int) else None
-    check_chip_revision(rev, chip_revisions, esp.CHIP_NAME, ps.url)
+    # esptool's major * 100 + minor; not checked when unknown (unreadable, or the board does not say)
+    if rev is not None and chip_revisions is not None and not chip_revisions[0] <= rev <= chip_revisions[1]:
+        low, high = chip_revisions
+        raise FlashFailure(
+            f"the chip on {ps.url} is {esp.CHIP_NAME} revision {_fmt_rev(rev)}, but the board definition's "
+            f"image accepts revisions {_fmt_rev(low)} to {_fmt_rev(high)} only: it would not boot",
+            kind="chip_revision",
+            hint=_WRONG_REVISION_HINT,
+        )
     crystal = _try(esp.get_crystal_freq)
     return {
         "chip": detected,

@@ -230,7 +230,17 @@ def run_cmd(
         return _validate_only(runner)
     with _stop_on_signals(stop, hard, console):
         result = runner.run()
-    paths = _write(result, json_file, junit, markdown, schema_version)
+    from harness.runner.reports import write_reports  # once the run is over
+
+    paths = warning_lines(  # a deprecation warning (schema version 1) becomes one warning line
+        lambda: write_reports(
+            result,
+            json_path=json_file,
+            junit_path=junit,
+            markdown_path=markdown,
+            schema_version=schema_version,
+        )
+    )
     _step_summary(result, no_step_summary)
     _print(console, result)
     console.print(f"summary: {paths['json']}  junit: {paths['junit']}  markdown: {paths['markdown']}")
@@ -298,27 +308,6 @@ def _validate_only(runner: Runner) -> int:
         f"{len(runner.tasks)} task(s) on {len(runner.inv.boards)} board(s): plan and inventory are valid"
     )
     return int(ExitCode.MATCH)
-
-
-def _write(
-    result: RunResult,
-    json_file: Path | None,
-    junit: Path | None,
-    markdown: Path | None,
-    schema_version: int | None,
-) -> dict[str, Path]:
-    """Write the reports; a deprecation warning (schema version 1) becomes one warning line."""
-    from harness.runner.reports import write_reports
-
-    return warning_lines(
-        lambda: write_reports(
-            result,
-            json_path=json_file,
-            junit_path=junit,
-            markdown_path=markdown,
-            schema_version=schema_version,
-        )
-    )
 
 
 def _step_summary(result: RunResult, disabled: bool) -> None:

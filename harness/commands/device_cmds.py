@@ -289,7 +289,6 @@ def flash_and_compare_cmd(
         data.check()
     if dump_ops and not (tap or tap_inputs):
         raise UsageError("--dump-ops needs --tap (or --tap-inputs in a dataset run)", hint="add --tap")
-    dump_list = list(dump_ops or ())
     console = make_console(stderr=True)
     # A spinner only where one shows: on a pipe or a file a rich Status prints nothing, and importing
     # it (rich.live, rich.spinner's table) costs 0.03 s of a repeat run's CPU.
@@ -300,7 +299,7 @@ def flash_and_compare_cmd(
         options = JobOptions(
             input_options=input_options, tolerance_lsb=tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
             reference=not no_reference, builder=builder, cache_dir=cache_dir, flash_baud=flash_baud,
-            arena_kb=arena_kb, timeouts=timeouts, junit=junit, tap=tap, dump_ops=tuple(dump_list),
+            arena_kb=arena_kb, timeouts=timeouts, junit=junit, tap=tap, dump_ops=tuple(dump_ops or ()),
             html=html_path, bundle=bundle_path, dataset=data, native=native, allow_untested=allow_untested,
         )  # fmt: skip
         result = flash_and_compare(

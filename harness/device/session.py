@@ -155,15 +155,7 @@ class DeviceSession:
 
     def describe(self) -> dict[str, object]:
         """What reports say about the port (transport, caps, USB identity)."""
-        return {
-            "spec": self.spec.spec,
-            "url": self.spec.url,
-            "transport": self.spec.transport,
-            "caps": dataclasses.asdict(self.spec.caps),
-            "usb": dataclasses.asdict(self.spec.usb) if self.spec.usb else None,
-            "note": self.spec.note,
-            "reset_style": self.reset_style,
-        }
+        return {**dataclasses.asdict(self.spec), "reset_style": self.reset_style}
 
     # ---- the resident loop (docs/protocol.md "Resident loop") ---------------------------------------
 

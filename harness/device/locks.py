@@ -30,11 +30,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def default_lock_dir() -> Path:
-    """``$ESP_CHECK_LOCK_DIR``, else a per-user runtime directory.
-
-    Per-user by default: two accounts sharing a bench must point ``--lock-dir`` (or the environment
-    variable) at one directory both can write, e.g. ``/var/lock/esp-check`` with a shared group.
-    """
+    """``$ESP_CHECK_LOCK_DIR``, else a per-user runtime directory (sharing a bench: docs/ci.md)."""
     env = os.environ.get("ESP_CHECK_LOCK_DIR")
     if env:
         return Path(env)
@@ -58,13 +54,8 @@ def _net_host(host: str) -> str:
 
 
 def lock_key(port: PortSpec | str) -> str:
-    """The lock key for a resolved :class:`harness.device.ports.PortSpec` (or a port string).
-
-    - a USB device with a serial number: ``usb-sn-<serial>`` (not the /dev name);
-    - ``rfc2217://`` / ``socket://``: ``net-<host>-<port>`` (one server, one key, whichever scheme);
-    - ``sim://NAME``: ``sim-NAME``; ``native://NAME``: ``native-NAME``;
-    - anything else: the real path of the device.
-    """
+    """The lock key for a resolved :class:`harness.device.ports.PortSpec` (or a port string): the board's
+    identity, never its /dev name (docs/ci.md, "Board locks", has the table)."""
     from harness.device.ports import PortSpec, resolve_port
 
     ps = port if isinstance(port, PortSpec) else resolve_port(str(port))

@@ -236,13 +236,8 @@ def _by_id_links() -> dict[str, str]:
 def list_candidates(
     platform: str | None = None, *, vids: list[int] | None = None, pids: list[int] | None = None
 ) -> list[PortCandidate]:
-    """Serial devices attached now, with stable names where the OS has them.
-
-    The list is esptool's own (``esp_pylib.serial_ports.get_port_list``: the OS's ports minus
-    macOS's built-in virtual ones, Espressif's USB devices first, ``vids`` / ``pids`` filters). Linux:
-    the ``/dev/serial/by-id`` name when present. macOS: only ``/dev/cu.*`` (opening ``/dev/tty.*``
-    waits for carrier detect). Windows: ``COMx`` as listed.
-    """
+    """Serial devices attached now, as esptool lists them (``vids`` / ``pids`` filters), with stable names
+    where the OS has them (docs/device.md, "Ports and transports")."""
     plat = platform or sys.platform
     links = _by_id_links() if plat.startswith("linux") else {}
     out: list[PortCandidate] = []
@@ -287,12 +282,8 @@ def resolve_port(
     *,
     platform: str | None = None,
 ) -> PortSpec:
-    """Turn ``--port`` into a :class:`PortSpec`.
-
-    ``auto`` picks the one attached device that looks like an ESP32 board (known USB-UART bridge or
-    Espressif USB-Serial-JTAG; with ``board``, only the console type the board uses). None or
-    several candidates is a :class:`PortError` listing what was found.
-    """
+    """Turn ``--port`` into a :class:`PortSpec`; ``auto`` picks the one attached ESP32 board (with
+    ``board``: of its console kind), else a :class:`PortError` listing what was found (docs/device.md)."""
     plat = platform or sys.platform
     text = spec.strip()
     if not text:

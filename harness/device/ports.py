@@ -487,12 +487,9 @@ def explain_open_error(url: str, exc: BaseException, *, platform: str | None = N
 class Rfc2217Serial(serial.rfc2217.Serial):
     """pyserial's RFC 2217 client, renegotiating the link only when a setting the server holds changes.
 
-    pyserial sends the baud rate, byte size, parity, stop bits and flow control to the server again,
-    and waits for its answers (at least 50 ms, plus 0.1 s for the flow-control request on
-    ``?ign_set_control``), whenever *any* port setting changes, the read timeout included. A read
-    timeout is this side's own, and esptool changes it around nearly every command (and back): a
-    flash through ``esp_rfc2217_server`` or a labgrid place waited 0.3 s per command for nothing.
-    labgrid's pyserial fork skips it the same way; this works with either ``serial`` package.
+    pyserial renegotiates on *any* setting change, the read timeout included, which is this side's own
+    and which esptool changes around nearly every command (what that cost: docs/device.md, "RFC 2217:
+    what to expect"). labgrid's pyserial fork skips it the same way; this works with either package.
     """
 
     _negotiated: tuple[object, ...] | None = None  # the settings the server last confirmed

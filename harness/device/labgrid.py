@@ -399,10 +399,8 @@ class _Reservation:
 class PlaceLease:
     """Exclusive use of one labgrid place: reserve (waiting visibly), acquire, tag; release.
 
-    Each labgrid-client call costs a process start-up (0.3-5 s), so a free place costs no call beyond
-    the needed ones (no ``show``: the coordinator allocates a free place at once), and calls that need
-    not wait for each other run side by side: ``set-tags`` with ``env`` after ``acquire``, untagging
-    with ``cancel-reservation`` before ``release``. Seven calls per attempt, four one after the other.
+    Each labgrid-client call is a process start-up, so a free place costs only the needed calls (no
+    ``show``) and calls that need not wait for each other run side by side (docs/ci.md counts them).
     """
 
     def __init__(self, client: LabgridClient, place: str, *, port_name: str | None = None) -> None:

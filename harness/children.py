@@ -1,4 +1,4 @@
-"""Child processes esp-check starts that must not outlive it (issue 28 item 2).
+"""Child processes esp-check starts that must not outlive it.
 
 A worker thread of ``esp-check run`` abandoned by a second signal is a daemon thread: the process
 exits under it, and a child it was waiting for (the host reference child, a build tool in its own

@@ -110,7 +110,8 @@ class LazyGroup(click.Group):
 @click.group(
     cls=LazyGroup,
     lazy=LAZY_COMMANDS,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    # every option's default shows in --help (an option without one shows none)
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100, "show_default": True},
 )
 @click.version_option(__version__, prog_name="esp-check")
 def cli() -> None:

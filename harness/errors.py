@@ -54,13 +54,10 @@ class Verdict(StrEnum):
 
     @classmethod
     def from_exit_code(cls, code: ExitCode | int) -> Verdict:
-        if int(code) not in _CODES:
-            return cls.INTERNAL_ERROR
-        return _VERDICT_OF.get(ExitCode(int(code)), cls.INTERNAL_ERROR)
+        return _VERDICT_OF.get(int(code), cls.INTERNAL_ERROR)  # an ExitCode is equal to its int
 
 
-_CODES = {int(c) for c in ExitCode}
-_VERDICT_OF = {
+_VERDICT_OF: dict[int, Verdict] = {
     ExitCode.MATCH: Verdict.MATCH,
     ExitCode.MISMATCH: Verdict.MISMATCH,
     ExitCode.USAGE: Verdict.USAGE_ERROR,
@@ -70,7 +67,7 @@ _VERDICT_OF = {
     ExitCode.TERMINATED: Verdict.INTERRUPTED,
 }
 _EXIT_OF = {
-    **{v: c for c, v in _VERDICT_OF.items() if c != ExitCode.TERMINATED},
+    **{v: ExitCode(c) for c, v in _VERDICT_OF.items() if c != ExitCode.TERMINATED},
     Verdict.INTERNAL_ERROR: ExitCode.INTERNAL,
     Verdict.NONDETERMINISTIC: ExitCode.MISMATCH,
     Verdict.DEVICE_ERROR: ExitCode.FIRMWARE_FAULT,

@@ -1,21 +1,9 @@
 """esp-check inside your pytest suite: a board fixture and ``flash_and_compare`` (pytest11 entry point).
 
-Installed with esp-check, so pytest loads it in every run in the environment; it is inert unless
-used: it adds options (group ``esp-check``) and fixtures, and no hook that changes collection or
-logging. One report hook, for tests that use its fixtures only: labgrid's pytest plugin, installed with
-labgrid, skips every test without ``--lg-env`` once pytest-embedded's fixtures request ``target`` (the
-name both plugins define), so such a test would be "skipped", exit 0; it fails instead, saying so and
-how to fix it (``-p no:labgrid``). Nothing heavy is imported until a fixture runs.
-
-- ``esp_check_board`` (session): the board under test, from ``--esp-check-board TYPE
-  --esp-check-port PORT``, from ``--esp-check-inventory BENCH.toml [--esp-check-board-name NAME]``,
-  or from a labgrid place (``--esp-check-labgrid HOST:PORT --esp-check-place NAME``: reserved,
-  acquired and tagged for the session, released at its end; docs/ci.md). With pytest-embedded, a
-  ``dut``'s port is used instead when the test passes ``dut=`` to ``flash_and_compare``.
-- ``flash_and_compare(model, inputs, **options)``: :func:`harness.api.flash_and_compare` on that
-  board, into a per-test artifact directory; returns the
-  :class:`harness.flows.records.FlashAndCompareResult` and records JUnit properties
-  (``esp_check_verdict``, ``esp_check_exit_code``, ``esp_check_report``, the serial logs, ...).
+Installed with esp-check, so pytest loads it in every run in the environment; it is inert unless used:
+options (group ``esp-check``) and fixtures, no hook that changes collection or logging, nothing heavy
+imported until a fixture runs. Its fixtures, options and the one report hook (a test of its fixtures
+that labgrid's plugin skipped fails instead): docs/ci.md, "esp-check inside your pytest suite".
 """
 
 from __future__ import annotations

@@ -257,6 +257,23 @@ def test_lock_is_exclusive_across_processes_and_names_its_holder(tmp_path: Path)
     assert not (tmp_path / f"{key}.owner.json").exists()
 
 
+def test_a_lock_whose_owner_file_cannot_be_written_leaves_no_temp_file(tmp_path: Path, monkeypatch) -> None:
+    """A full disk while the owner file is written: the lock is still held (the file only names its
+    holder), and the half-written temp file is removed. Faked: ``os.replace``, the disk's refusal."""
+
+    def refuse(*_args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.replace", refuse)
+    lock = BoardLock("sim-full-disk", tmp_path)
+    lock.acquire(1)
+    try:
+        assert lock.is_locked
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["sim-full-disk.lock"]
+    finally:
+        lock.release()
+
+
 # ---- bench detect ------------------------------------------------------------------------------
 
 

@@ -62,9 +62,7 @@ def detect_cmd(probe_chip: bool, show_all: bool, as_json: bool) -> int:
     if not devices:
         console.print("no serial devices that look like ESP32 boards" + ("" if show_all else " (try --all)"))
         return int(ExitCode.MATCH)
-    table = Table(title="serial devices")
-    for col in ("port", "VID:PID", "serial number", "location", "kind", "chip"):
-        table.add_column(col)
+    table = Table("port", "VID:PID", "serial number", "location", "kind", "chip", title="serial devices")
     for d in devices:
         table.add_row(
             escape(d.device),

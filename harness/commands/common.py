@@ -13,6 +13,7 @@ from typing import Any, TypeVar, cast
 import click
 from rich.console import Console
 
+from harness.errors import Verdict
 from harness.model.inputs import COLOR_MODES, NAMED_RANGES, RESIZE_POLICIES, InputOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,6 +46,14 @@ POSITIVE = FiniteFloat(min=0, min_open=True)  # scales
 FINITE = FiniteFloat()  # offsets
 BAUD = click.IntRange(min=300, max=16_000_000)
 ARENA_KB = click.IntRange(min=1, max=1024 * 1024)
+
+
+# a verdict on the terminal: a match is green, a finding red, anything else (no verdict) yellow
+VERDICT_COLOURS: dict[Verdict | None, str] = {
+    Verdict.MATCH: "green",
+    Verdict.MISMATCH: "red",
+    Verdict.FIRMWARE_FAULT: "red",
+}
 
 
 def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:
@@ -83,22 +92,18 @@ def preprocessing_options(f: F) -> F:
             "--resize",
             type=click.Choice(RESIZE_POLICIES),
             default="error",
-            show_default=True,
             help="Image size policy when it differs from the model's.",
         ),
-        click.option("--input-color", type=click.Choice(COLOR_MODES), default="auto", show_default=True),
+        click.option("--input-color", type=click.Choice(COLOR_MODES), default="auto"),
         click.option(
             "--input-range",
             type=click.Choice(tuple(NAMED_RANGES)),
-            default=None,
             help="Normalise 8-bit data to this real range (default: the range the input tensor's "
             "quantization spans, else 0..1; `inspect` says which).",
         ),
-        click.option("--input-scale", type=POSITIVE, default=None, help="real = value * scale + offset"),
-        click.option("--input-offset", type=FINITE, default=None),
-        click.option(
-            "--input-dtype", default=None, help="Element type of raw binary inputs (int8, float32, ...)."
-        ),
+        click.option("--input-scale", type=POSITIVE, help="real = value * scale + offset"),
+        click.option("--input-offset", type=FINITE),
+        click.option("--input-dtype", help="Element type of raw binary inputs (int8, float32, ...)."),
     ]
     return cast(F, with_options(*opts)(wrapper))
 
@@ -138,15 +143,12 @@ class OpListType(click.ParamType):
 OP_LIST = OpListType()
 
 
-def schema_version_option(f: F) -> F:
+def schema_version_option(
+    help: str = "With --json: write this report schema version (default: the current one; the previous "
+    "one is deprecated and kept for one release).",
+) -> Callable[[F], F]:
     """``--schema-version N``: the JSON report in an older schema version (deprecated, one release)."""
-    return click.option(
-        "--schema-version",
-        type=click.IntRange(min=1),
-        default=None,
-        help="With --json: write this report schema version (default: the current one; the previous "
-        "one is deprecated and kept for one release).",
-    )(f)
+    return click.option("--schema-version", type=click.IntRange(min=1), help=help)
 
 
 def warning_lines(render: Callable[[], T]) -> T:
@@ -171,17 +173,17 @@ DIR = click.Path(file_okay=False, path_type=Path)
 
 def path_option(*decls: str, dir: bool = False, help: str | None = None, **extra: Any) -> Callable[[F], F]:
     """An optional path flag (default None): a file, or with ``dir`` a directory."""
-    return click.option(*decls, type=DIR if dir else FILE, default=None, help=help, **extra)
+    return click.option(*decls, type=DIR if dir else FILE, help=help, **extra)
 
 
 def lsb_option(flag: str, help: str) -> Callable[[F], F]:
     """A tolerance in quantization steps (LSB), 0 (bit-exact) unless given."""
-    return click.option(flag, type=LSB, default=0, show_default=True, help=help)
+    return click.option(flag, type=LSB, default=0, help=help)
 
 
 def out_option(default: str, help: str | None = None) -> Callable[[F], F]:
     """``--out DIR`` (as ``out_dir``): the command's artifact directory."""
-    return click.option("--out", "out_dir", type=DIR, default=default, show_default=True, help=help)
+    return click.option("--out", "out_dir", type=DIR, default=default, help=help)
 
 
 def with_options(*options: Callable[[Any], Any]) -> Callable[[F], F]:
@@ -213,7 +215,6 @@ def native_options(f: F) -> F:
             "--components-dir",
             type=click.Path(file_okay=False, exists=True, path_type=Path),
             envvar="ESP_CHECK_COMPONENTS_DIR",
-            default=None,
             help="Native boards: esp-tflite-micro and esp-nn sources (checkouts or a project's "
             "managed_components/) instead of the ESP-IDF component manager's download "
             "[env: ESP_CHECK_COMPONENTS_DIR].",
@@ -227,7 +228,6 @@ def native_options(f: F) -> F:
         click.option(
             "--jobs",
             type=click.IntRange(min=1, max=256),
-            default=None,
             help="Native boards: parallel compile jobs (default: the number of CPUs).",
         ),
     ]

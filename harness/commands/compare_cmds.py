@@ -42,7 +42,7 @@ def _raw(path: str) -> bytes:
 @lsb_option("--tolerance-lsb", "Allowed |A-B| per element (optimized vs ANSI C; ESP-NN promises bit-exact).")
 @lsb_option("--ref-tolerance-lsb", "Allowed difference of each side from the host reference.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report (docs/report-schema.json).")
-@schema_version_option
+@schema_version_option()
 @click.option("--junit", type=click.Path(dir_okay=False), help="Also write a JUnit XML report here.")
 def compare_cmd(
     a: str,

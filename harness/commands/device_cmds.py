@@ -23,6 +23,7 @@ from harness.commands.common import (
     FILE,
     OP_LIST,
     SECONDS,
+    VERDICT_COLOURS,
     echo_json,
     input_options,
     lsb_option,
@@ -33,7 +34,7 @@ from harness.commands.common import (
     schema_version_option,
     with_options,
 )
-from harness.errors import ExitCode, UsageError
+from harness.errors import UsageError, Verdict
 from harness.firmware.build import BUILDERS
 from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageTimeouts, entries, section
@@ -67,35 +68,29 @@ def timeout_options(f: F) -> F:
             "--capture-timeout",
             type=SECONDS,
             default=180.0,
-            show_default=True,
             help="Seconds to wait for one run's END record.",
         ),
         click.option(
             "--silence-timeout",
             type=SECONDS,
             default=30.0,
-            show_default=True,
             help="Seconds without a byte from the board before giving up.",
         ),
         click.option(
             "--build-timeout",
             type=SECONDS,
             default=1800.0,
-            show_default=True,
             help="Seconds a build may print nothing before it is stopped (silence, not total time).",
         ),
     )(cast(F, wrapper))
 
 
 # flash-and-compare's flags as data, grouped by what they are about
-BOARD_OPTION = click.option(
-    "--board", default="sim", show_default=True, help="Board name (esp-check boards) or TOML file."
-)
+BOARD_OPTION = click.option("--board", default="sim", help="Board name (esp-check boards) or TOML file.")
 _BOARD = (
     BOARD_OPTION,
     click.option(
         "--port",
-        default=None,
         help="Serial port: device path, 'auto', rfc2217://host:port, socket://host:port, sim://NAME?... or "
         "native://NAME (default: auto; on a simulated or native board, a fresh one).",
     ),
@@ -115,19 +110,15 @@ _VERDICT = (
     ),
 )
 _BUILD = (
-    click.option(
-        "--builder", type=click.Choice(BUILDERS), default=None, help="Override the board's builder."
-    ),
+    click.option("--builder", type=click.Choice(BUILDERS), help="Override the board's builder."),
     path_option("--cache-dir", dir=True, help="Build cache directory (default: per-user cache)."),
-    click.option("--flash-baud", type=BAUD, default=None, help="Flashing baud rate (default: the board's)."),
-    click.option(
-        "--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: measured + margin)."
-    ),
+    click.option("--flash-baud", type=BAUD, help="Flashing baud rate (default: the board's)."),
+    click.option("--arena-kb", type=ARENA_KB, help="Tensor arena size (default: measured + margin)."),
 )
 HTML_OPTION = path_option("--html", "html_path", help="Write a self-contained HTML report here.")
 _REPORTS = (
     click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout."),
-    schema_version_option,
+    schema_version_option(),
     path_option("--junit", help="Write a JUnit XML report here."),
     HTML_OPTION,
     path_option("--bundle", "bundle_path", help="Write a reproduction bundle (.zip) for a bug report here."),
@@ -142,7 +133,6 @@ _TAP = (
     click.option(
         "--dump-ops",
         type=OP_LIST,
-        default=None,
         metavar="17,18",
         help="With --tap: also dump these ops' input and output tensors in the second run.",
     ),
@@ -153,22 +143,19 @@ _DATASET = (
     click.option(
         "--dataset",
         type=click.Path(path_type=Path),
-        default=None,
         help="Run a whole dataset instead of --input: a folder of inputs (a sub-folder per class gives "
         "labels), an .npz (x[, y]) or a .txt list of paths. Inputs are streamed to the board.",
     ),
     click.option(
         "--random-inputs",
         type=click.IntRange(1, 100_000),
-        default=None,
         help="Run N random inputs drawn on the device by its PRNG (no upload; the host replays them).",
     ),
-    click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True),
+    click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0),
     click.option(
         "--results",
         type=click.Choice(["full", "crc"]),
         default="full",
-        show_default=True,
         help="full: every output comes back; crc: CRC-32s only, and the inputs whose CRC differs in full.",
     ),
     path_option("--labels", help="Labels for accuracy: CSV (name,label) or JSON ({name: label})."),
@@ -176,21 +163,18 @@ _DATASET = (
         "--repeat",
         type=click.IntRange(1, 1000),
         default=1,
-        show_default=True,
         help="Invoke each input N times and flag any change (and re-run after a reset).",
     ),
     click.option(
         "--keep-chunks",
         type=click.Choice(["auto", "always", "never"]),
         default="auto",
-        show_default=True,
         help="A dataset larger than the board's kept-input store: run it in chunks of the store's size, so "
         "every input crosses the link once (always), only when that is cheaper on this link (auto), or "
         "upload the inputs beyond the store to each variant (never).",
     ),
     click.option(
         "--tap-inputs",
-        default=None,
         metavar="3,17,worst",
         help="After the dataset run, run --tap on these inputs: dataset indices (from 0) and/or 'worst' "
         "(the top-ranked disagreeing input). They are written as .npy under OUT/tap-inputs.",
@@ -305,7 +289,6 @@ def flash_and_compare_cmd(
         data.check()
     if dump_ops and not (tap or tap_inputs):
         raise UsageError("--dump-ops needs --tap (or --tap-inputs in a dataset run)", hint="add --tap")
-    dump_list = list(dump_ops or ())
     console = make_console(stderr=True)
     # A spinner only where one shows: on a pipe or a file a rich Status prints nothing, and importing
     # it (rich.live, rich.spinner's table) costs 0.03 s of a repeat run's CPU.
@@ -316,7 +299,7 @@ def flash_and_compare_cmd(
         options = JobOptions(
             input_options=input_options, tolerance_lsb=tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
             reference=not no_reference, builder=builder, cache_dir=cache_dir, flash_baud=flash_baud,
-            arena_kb=arena_kb, timeouts=timeouts, junit=junit, tap=tap, dump_ops=tuple(dump_list),
+            arena_kb=arena_kb, timeouts=timeouts, junit=junit, tap=tap, dump_ops=tuple(dump_ops or ()),
             html=html_path, bundle=bundle_path, dataset=data, native=native, allow_untested=allow_untested,
         )  # fmt: skip
         result = flash_and_compare(
@@ -416,9 +399,9 @@ def _print_summary(console: Console, result: FlashAndCompareResult) -> None:
         print_report(result.comparison, console, verdict_label=label, simulated=result.simulated)
     kind = " (SIMULATED BOARD)" if result.simulated else ""
     kind = " (NATIVE: built for this PC)" if result.native else kind
-    table = Table(title="flash-and-compare" + kind)
-    for col in ("variant", "firmware", "flash", "capture", "ESP-NN mode", "findings"):
-        table.add_column(col)
+    table = Table(
+        "variant", "firmware", "flash", "capture", "ESP-NN mode", "findings", title="flash-and-compare" + kind
+    )
     shown: list[tuple[str, FlashFacts]] = []  # both variants are flashed in one esptool session: show it once
     for v, r in result.variants.items():
         flash = "-"
@@ -468,9 +451,7 @@ def _print_summary(console: Console, result: FlashAndCompareResult) -> None:
 def _print_verdict(console: Console, result: FlashAndCompareResult) -> None:
     """The run's one verdict line, with what it rests on, then where the artifacts are."""
     refused = result.reference_refused
-    color = {ExitCode.MATCH: "green", ExitCode.MISMATCH: "red", ExitCode.FIRMWARE_FAULT: "red"}.get(
-        result.exit_code, "yellow"
-    )
+    color = VERDICT_COLOURS.get(Verdict.from_exit_code(result.exit_code), "yellow")
     console.print(
         f"[bold {color}]verdict: {result.verdict}[/bold {color}] (exit {int(result.exit_code)})"
         + ("  \\[SIMULATED: no real ESP32 was used]" if result.simulated else "")
@@ -499,16 +480,15 @@ def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
         return
     counts = ", ".join(f"{k} {v}" for k, v in sorted(section(a.get("verdicts")).items()))
     console.print(f"dataset {safe_markup(str(doc['source']))}: {doc['inputs']} inputs: {counts}")
-    t = Table(title="agreement over the dataset")
-    for col in (
+    columns = (
         "pair",
         "compared",
         "bit-exact",
         "within tolerance",
         "max LSB per output",
         "mean LSB per output",
-    ):
-        t.add_column(col)
+    )
+    t = Table(*columns, title="agreement over the dataset")
     for pair, part in section(a.get("agreement")).items():
         s = section(part)
         mean = ", ".join("-" if m is None else f"{m:.4g}" for m in entries(s.get("mean_lsb_per_output")))
@@ -531,9 +511,8 @@ def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
             console.print(f"  accuracy {leg}: {s['correct']}/{s['labelled']} ({share:.1f}%)")
     bad = entries(a.get("disagreeing"))
     if bad:
-        t = Table(title="inputs that disagree, largest difference first")
-        for col in ("input", "verdict", "opt vs ansi", "opt vs host", "ansi vs host"):
-            t.add_column(col)
+        heads = ("input", "verdict", "opt vs ansi", "opt vs host", "ansi vs host")
+        t = Table(*heads, title="inputs that disagree, largest difference first")
         pairs = ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host")
         for row in bad[:10]:
             r = section(row)

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from harness.commands.common import (
     ARENA_KB,
@@ -55,10 +55,8 @@ def boards_cmd(as_json: bool, board_files: tuple[Path, ...]) -> int:
             json.dumps({"schema": "esp-check.boards/1", "boards": [b.to_dict() for b in boards]}, indent=2)
         )
         return int(ExitCode.MATCH)
-    table = Table(title="Boards", expand=False)
     columns = ("name", "chip", "chip rev", "flash", "PSRAM", "console", "reset", "MHz", "ESP-NN", "builder")
-    for col in (*columns, "ESP-IDF"):
-        table.add_column(col, no_wrap=True)
+    table = Table(*(Column(c, no_wrap=True) for c in (*columns, "ESP-IDF")), title="Boards", expand=False)
     for b in boards:
         psram = f"{b.psram} {b.psram_mb}MB" if b.has_psram else "-"
         revs = b.chip_revisions
@@ -109,27 +107,20 @@ def _project_summary(p: GeneratedProject) -> dict[str, object]:
     "--variant",
     type=click.Choice((*VARIANTS, "both")),
     default="both",
-    show_default=True,
     help="ESP-NN optimized kernels, ANSI C kernels, or both (one project directory each).",
 )
 @click.option("--out", "out_dir", required=True, type=DIR)
-@click.option("--arena-kb", type=ARENA_KB, default=None, help="Tensor arena size (default: estimate).")
-@click.option(
-    "--tflm-version", default=None, help=f"espressif/esp-tflite-micro (default {DEFAULT_VERSIONS['tflm']})."
-)
-@click.option(
-    "--esp-nn-version", default=None, help=f"espressif/esp-nn (default {DEFAULT_VERSIONS['espnn']})."
-)
+@click.option("--arena-kb", type=ARENA_KB, help="Tensor arena size (default: estimate).")
+@click.option("--tflm-version", help=f"espressif/esp-tflite-micro (default {DEFAULT_VERSIONS['tflm']}).")
+@click.option("--esp-nn-version", help=f"espressif/esp-nn (default {DEFAULT_VERSIONS['espnn']}).")
 @click.option(
     "--platform-version",
-    default=None,
     help=f"platform-espressif32 for PlatformIO (default {DEFAULT_VERSIONS['platform']}).",
 )
 @click.option(
     "--human-max",
     type=click.IntRange(0, 1024),
     default=HUMAN_MAX,
-    show_default=True,
     help="Dequantized `Output:` lines printed per output tensor.",
 )
 @preprocessing_options
@@ -142,7 +133,6 @@ def _project_summary(p: GeneratedProject) -> dict[str, object]:
 @click.option(
     "--dump-ops",
     type=OP_LIST,
-    default=None,
     metavar="17,18",
     help="Also dump these ops' tensors (implies --tap).",
 )
@@ -244,22 +234,22 @@ def run_build_with_progress(
 
 @click.command("build")
 @click.argument("project_dirs", nargs=-1, required=True, type=DIR)
-@click.option("--builder", type=click.Choice(BUILDERS), default=None, help="Default: the board's builder.")
+@click.option("--builder", type=click.Choice(BUILDERS), help="Default: the board's builder.")
 @path_option(
     "--cache-dir",
     dir=True,
     help="Build cache location (default: $ESP_CHECK_CACHE_DIR/builds or the user cache directory).",
 )
 @click.option("--no-cache", is_flag=True, help="Always run the builder; do not read or write the cache.")
-@click.option("--cache-max-mb", type=click.IntRange(min=1), default=2048, show_default=True)
+@click.option("--cache-max-mb", type=click.IntRange(min=1), default=2048)
 @path_option(
     "--platformio-core-dir",
     dir=True,
     help="PLATFORMIO_CORE_DIR for `pio run` (where PlatformIO keeps platforms and toolchains).",
 )
-@click.option("--pio", "pio_path", default=None, help="PlatformIO executable (default: pio on PATH).")
-@click.option("--idf-py", "idf_py", default=None, help="ESP-IDF idf.py (default: idf.py on PATH).")
-@click.option("--timeout", type=SECONDS, default=None, help="Kill the build after this many seconds.")
+@click.option("--pio", "pio_path", help="PlatformIO executable (default: pio on PATH).")
+@click.option("--idf-py", "idf_py", help="ESP-IDF idf.py (default: idf.py on PATH).")
+@click.option("--timeout", type=SECONDS, help="Kill the build after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result (schema esp-check.build/1).")
 @native_options
 def build_cmd(

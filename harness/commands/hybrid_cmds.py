@@ -35,7 +35,6 @@ _WHERE = (
     BOARD_OPTION,
     click.option(
         "--port",
-        default=None,
         help="Serial port, as for flash-and-compare (default: auto; a fresh sim:// board if simulated).",
     ),
     out_option(
@@ -44,12 +43,9 @@ _WHERE = (
     click.option("--no-reference", is_flag=True, help="Verify against the ANSI C build only (no host)."),
 )
 _CHOICE = (
-    click.option(
-        "--ansi-ops", type=OP_LIST, default=None, metavar="17,18", help="Run these op instances on ANSI C."
-    ),
+    click.option("--ansi-ops", type=OP_LIST, metavar="17,18", help="Run these op instances on ANSI C."),
     click.option(
         "--ansi-kinds",
-        default=None,
         metavar="CONV_2D,ADD",
         help="Run every op of these kinds on ANSI C.",
     ),
@@ -63,14 +59,12 @@ _CHOICE = (
         "--max-rounds",
         type=click.IntRange(1, 32),
         default=4,
-        show_default=True,
         help="At most this many tap rounds / culprits found by bisection.",
     ),
     click.option(
         "--noise-band",
         type=FiniteFloat(min=0.0, max=0.9),
         default=0.10,
-        show_default=True,
         help="ESP-NN audit: a speedup within 1 +- this counts as ANSI C speed.",
     ),
 )
@@ -157,9 +151,8 @@ def print_hybrid(console: Console, result: HybridResult) -> None:
         how = safe_markup(c["found_by"])
         console.print(f"[bold]op {c['op']} ({c['kind']})[/bold] runs ANSI C (found by {how})")
     if result.runs:
-        t = Table(title="hybrid firmware runs" + (" (SIMULATED BOARD)" if result.simulated else ""))
-        for col in ("run", "ops on ANSI C", "tapped", "result", "why"):
-            t.add_column(col)
+        kind = " (SIMULATED BOARD)" if result.simulated else ""
+        t = Table("run", "ops on ANSI C", "tapped", "result", "why", title="hybrid firmware runs" + kind)
         for r in result.runs:
             t.add_row(r.label, ",".join(map(str, r.ansi_ops)) or "-", "yes" if r.tapped else "no", r.outcome,
                       safe_markup(r.why[:70]))  # fmt: skip

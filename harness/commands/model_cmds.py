@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 import numpy as np
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from harness.analysis.report import safe_markup
 from harness.commands.common import FILE, input_options, make_console, path_option
@@ -50,10 +50,13 @@ def _fmt_scale(t: TensorInfo) -> str:
     return f"{t.scale:.8g}" + (f" (+{len(t.scales) - 1} ch)" if t.per_channel else "")
 
 
+def _table(title: str, *columns: str) -> Table:
+    """A table titled on the left whose cells fold (names and shapes are shown whole)."""
+    return Table(*(Column(c, overflow="fold") for c in columns), title=title, title_justify="left")
+
+
 def _tensor_table(title: str, tensors: Sequence[TensorInfo]) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col in ("#", "name", "shape", "dtype", "scale", "zero point", "per-channel"):
-        table.add_column(col, overflow="fold")
+    table = _table(title, "#", "name", "shape", "dtype", "scale", "zero point", "per-channel")
     for t in tensors:
         table.add_row(
             str(t.index),
@@ -143,11 +146,8 @@ def _print_inspect(
 
     chips = [chip] if chip else list(opdata.FAMILY_CHIPS)
     accel = {c: {a.index: a for a in opdata.espnn_model_acceleration(info, c)} for c in chips}
-    ops_table = Table(
-        title="Operators (execution order, subgraph 0) and ESP-NN acceleration per chip", title_justify="left"
-    )
-    for col in ("#", "opcode", "output shape", *chips):
-        ops_table.add_column(col, overflow="fold")
+    title = "Operators (execution order, subgraph 0) and ESP-NN acceleration per chip"
+    ops_table = _table(title, "#", "opcode", "output shape", *chips)
     for op in info.main_ops:
         out = info.tensors[op.outputs[0]] if op.outputs and op.outputs[0] >= 0 else None
         cells = []
@@ -162,9 +162,9 @@ def _print_inspect(
         ops_table.add_row(str(op.index), safe_markup(op.opcode), shape, *cells)
     console.print(ops_table)
 
-    counts = Table(title="Op counts, resolver registrations, ESP-NN acceleration", title_justify="left")
-    for col in ("opcode", "count", "resolver", *chips):
-        counts.add_column(col, overflow="fold")
+    counts = _table(
+        "Op counts, resolver registrations, ESP-NN acceleration", "opcode", "count", "resolver", *chips
+    )
     for opcode, n in info.op_counts().items():
         op0 = next(o for o in info.ops if o.opcode == opcode)
         per_chip = []
@@ -222,13 +222,10 @@ def _print_arena(console: Console, arena: ArenaEstimate) -> None:
 @click.command("inspect")
 @click.argument("model", type=FILE)
 @input_options
-@click.option(
-    "--chip", default=None, help="Show ESP-NN acceleration and the arena target for this chip only."
-)
+@click.option("--chip", help="Show ESP-NN acceleration and the arena target for this chip only.")
 @click.option("--no-arena", is_flag=True, help="Skip the tensor-arena measurement.")
 @click.option(
     "--esp-nn-version",
-    default=None,
     help="esp-nn version whose scratch-buffer formulas the arena target uses (default: the version "
     "`generate` pins).",
 )
@@ -350,9 +347,7 @@ def _print_reference(
             f"Run {k}: inputs "
             + ", ".join(f"{safe_markup(p.source.name)} (sha256 {p.sha256[:12]}...)" for p in runs[k])
         )
-        table = Table(title=f"Run {k} outputs", title_justify="left")
-        for col in ("#", "name", "shape", "dtype", "scale", "zp", "crc32", "argmax"):
-            table.add_column(col, overflow="fold")
+        table = _table(f"Run {k} outputs", "#", "name", "shape", "dtype", "scale", "zp", "crc32", "argmax")
         for o, (arr, t) in enumerate(zip(run.outputs, info.outputs, strict=True)):
             table.add_row(
                 str(o),
@@ -371,9 +366,8 @@ def _print_reference(
                 deq = (arr.astype(np.float64) - (t.zero_point or 0)) * t.scale
                 console.print(f"  output {o} dequantized: {_preview(deq)}")
         if run.layers is not None:
-            lt = Table(title=f"Run {k} per layer", title_justify="left")
-            for col in ("op", "opcode", "tensor", "shape", "dtype", "min", "max", "crc32"):
-                lt.add_column(col)
+            columns = ("op", "opcode", "tensor", "shape", "dtype", "min", "max", "crc32")
+            lt = Table(*columns, title=f"Run {k} per layer", title_justify="left")
             for la in run.layers:
                 lt.add_row(
                     str(la.op_index),
@@ -413,7 +407,6 @@ def _print_reference(
     "--backend",
     type=click.Choice(("tflm", "litert", "auto")),
     default="tflm",
-    show_default=True,
     help="tflm: tflite-micro wheel (Linux x86-64); litert: ai-edge-litert BUILTIN_REF kernels.",
 )
 @path_option(

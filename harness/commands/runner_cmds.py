@@ -19,11 +19,13 @@ from rich.table import Table
 
 from harness.commands.common import (
     FILE,
+    VERDICT_COLOURS,
     WAIT_SECONDS,
     make_console,
     native_options,
     out_option,
     path_option,
+    schema_version_option,
     warning_lines,
     with_options,
 )
@@ -115,7 +117,6 @@ _run_options = with_options(
         "--inventory",
         "-i",
         "inventory",
-        default=None,
         type=FILE,
         help="Bench inventory TOML (the boards and how to reach them; see docs/ci.md). Required "
         "unless --labgrid is given.",
@@ -124,7 +125,6 @@ _run_options = with_options(
         "--labgrid",
         "coordinator",
         metavar="HOST:PORT",
-        default=None,
         help="labgrid coordinator: boards are labgrid places, reserved and acquired through "
         "labgrid-client. Without --inventory, every place tagged esp_check_type=<board type> is a "
         "board; with it, its `place = ...` boards use this coordinator (docs/ci.md, 'labgrid').",
@@ -140,12 +140,9 @@ _run_options = with_options(
     ),
     # the deprecated `--json PATH` form lands here; removed in the next release
     path_option("--json-file", hidden=True),
-    click.option(
-        "--schema-version",
-        type=click.IntRange(min=1),
-        default=None,
-        help="Write the JSON summaries (stdout, summary.json, result.json) in this schema version "
-        "(default: the current one; 1 is deprecated and kept for one release).",
+    schema_version_option(
+        "Write the JSON summaries (stdout, summary.json, result.json) in this schema version "
+        "(default: the current one; 1 is deprecated and kept for one release)."
     ),
     path_option(
         "--markdown",
@@ -162,14 +159,11 @@ _run_options = with_options(
     click.option(
         "--lock-timeout",
         type=WAIT_SECONDS,
-        default=None,
         help="Seconds to wait for a board someone else is using; 0 skips a held board at once "
         "(default: plan [run] lock_timeout_s).",
     ),
     path_option("--cache-dir", dir=True, help="Build cache directory."),
-    click.option(
-        "--builder", type=click.Choice(BUILDERS), default=None, help="Override the boards' builder."
-    ),
+    click.option("--builder", type=click.Choice(BUILDERS), help="Override the boards' builder."),
     click.option(
         "--validate-only", is_flag=True, help="Check the plan and inventory, print the tasks, run nothing."
     ),
@@ -236,7 +230,17 @@ def run_cmd(
         return _validate_only(runner)
     with _stop_on_signals(stop, hard, console):
         result = runner.run()
-    paths = _write(result, json_file, junit, markdown, schema_version)
+    from harness.runner.reports import write_reports  # once the run is over
+
+    paths = warning_lines(  # a deprecation warning (schema version 1) becomes one warning line
+        lambda: write_reports(
+            result,
+            json_path=json_file,
+            junit_path=junit,
+            markdown_path=markdown,
+            schema_version=schema_version,
+        )
+    )
     _step_summary(result, no_step_summary)
     _print(console, result)
     console.print(f"summary: {paths['json']}  junit: {paths['junit']}  markdown: {paths['markdown']}")
@@ -306,27 +310,6 @@ def _validate_only(runner: Runner) -> int:
     return int(ExitCode.MATCH)
 
 
-def _write(
-    result: RunResult,
-    json_file: Path | None,
-    junit: Path | None,
-    markdown: Path | None,
-    schema_version: int | None,
-) -> dict[str, Path]:
-    """Write the reports; a deprecation warning (schema version 1) becomes one warning line."""
-    from harness.runner.reports import write_reports
-
-    return warning_lines(
-        lambda: write_reports(
-            result,
-            json_path=json_file,
-            junit_path=junit,
-            markdown_path=markdown,
-            schema_version=schema_version,
-        )
-    )
-
-
 def _step_summary(result: RunResult, disabled: bool) -> None:
     from harness.runner.reports import markdown as render_md
 
@@ -339,20 +322,11 @@ def _step_summary(result: RunResult, disabled: bool) -> None:
 def _print(console: Console, result: RunResult) -> None:
     from harness.runner.results import BoardStatus, TaskState
 
-    table = Table(
-        title="esp-check run"
-        + (" (SIMULATED BOARDS)" if any(b.bench.simulated for b in result.boards) else "")
-    )
-    for col in ("task", "board", "verdict", "attempts", "detail"):
-        table.add_column(col)
-    colours: dict[Verdict | None, str] = {
-        Verdict.MATCH: "green",
-        Verdict.MISMATCH: "red",
-        Verdict.FIRMWARE_FAULT: "red",
-    }
+    kind = " (SIMULATED BOARDS)" if any(b.bench.simulated for b in result.boards) else ""
+    table = Table("task", "board", "verdict", "attempts", "detail", title="esp-check run" + kind)
     for t in result.tasks:
         board = t.decisive.board if t.decisive else (t.attempts[-1].board if t.attempts else "-")
-        c = colours.get(t.verdict, "yellow")
+        c = VERDICT_COLOURS.get(t.verdict, "yellow")
         shown = str(t.state) if t.state == TaskState.ABORTED else str(t.verdict)
         table.add_row(
             escape(t.id),

@@ -23,35 +23,29 @@ def sim_group() -> None:
 
 
 @sim_group.command("serve")
-@click.option("--name", default="sim0", show_default=True, help="Board name (state is kept per name).")
-@click.option(
-    "--chip", type=click.Choice(["esp32", "esp32s3", "esp32c3"]), default="esp32s3", show_default=True
-)
+@click.option("--name", default="sim0", help="Board name (state is kept per name).")
+@click.option("--chip", type=click.Choice(["esp32", "esp32s3", "esp32c3"]), default="esp32s3")
 @click.option(
     "--reset",
     "reset",
     type=click.Choice(["classic", "usb_jtag"]),
     default="classic",
-    show_default=True,
     help="Reset circuit: DTR/RTS auto-reset (UART bridge) or USB-Serial-JTAG.",
 )
 @click.option(
     "--flash",
     type=click.Path(dir_okay=False),
-    default=None,
     help="Keep the flash contents in this file (survives restarts; share it between processes).",
 )
 @click.option(
     "--flash-size",
     type=click.Choice(["1MB", "2MB", "4MB", "8MB", "16MB", "32MB"], case_sensitive=False),
-    default=None,
     help="SPI flash size (default: the simulated board's, boards/sim.toml).",
 )
 @click.option(
     "--boot",
     type=click.Choice(["auto", "download"]),
     default="auto",
-    show_default=True,
     help="auto: IO0 follows the reset circuit; download: strapped into download mode (BOOT held), "
     "powered on at start - what raw TCP clients need, since DTR/RTS cannot travel over a socket.",
 )
@@ -59,18 +53,16 @@ def sim_group() -> None:
 @click.option(
     "--variant-fault",
     type=click.Choice(["optimized", "ansi"]),
-    default=None,
     help="Apply app faults only to images of this variant.",
 )
-@click.option("--throttle", type=BAUD, default=None, help="Limit the board's output to this baud rate.")
-@click.option("--seed", type=int, default=1, show_default=True, help="Seed for deterministic faults.")
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--throttle", type=BAUD, help="Limit the board's output to this baud rate.")
+@click.option("--seed", type=int, default=1, help="Seed for deterministic faults.")
+@click.option("--host", default="127.0.0.1")
 @click.option(
     "--port",
     "tcp_port",
     type=click.IntRange(0, 65535),
     default=0,
-    show_default=True,
     help="TCP port (0: a free one).",
 )
 @click.option("--rfc2217", is_flag=True, help="Speak RFC 2217 (DTR/RTS and baud travel) instead of raw TCP.")

@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     "cases_per_op",
     type=click.IntRange(1, 10_000_000),
     default=200,
-    show_default=True,
     help="cases per op",
 )
 @click.option(
@@ -54,12 +53,12 @@ if TYPE_CHECKING:
     help="sweep this .tflite's own esp-nn op geometries and their neighbours (channels -8..+8, "
     "spatial +-1, each stride and padding) instead of generated ones; --op filters them",
 )
-@click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**31), default=0)
 @click.option("--all", "api_space", is_flag=True, help="the raw API space, not only what TFLite produces")
 @click.option("--no-sanitize", is_flag=True, help="skip the ASan+UBSan build (faster, blind to overruns)")
 @click.option("--no-shrink", is_flag=True, help="write each finding's example as drawn, not shrunk")
-@click.option("--bits", type=click.Choice(["32", "64"]), default="64", show_default=True)
-@click.option("--jobs", type=click.IntRange(1, 256), default=None, help="parallel compile jobs")
+@click.option("--bits", type=click.Choice(["32", "64"]), default="64")
+@click.option("--jobs", type=click.IntRange(1, 256), help="parallel compile jobs")
 @out_option("esp-check-sweep")
 def sweep_cmd(
     components_dir: Path | None,

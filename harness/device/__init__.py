@@ -1,13 +1,6 @@
 """Hardware layer: serial ports, esptool flashing, console capture, crash classification.
 
-Public surface (see docs/device.md):
-
-- :func:`~harness.device.ports.resolve_port`, :func:`~harness.device.ports.open_port`,
-  :class:`~harness.device.ports.PortSpec`
-- :func:`~harness.device.flash.flash_artifacts` -> :class:`~harness.device.flash.FlashResult`
-- :func:`~harness.device.console.capture_run` -> :class:`~harness.device.console.RawCapture`
-- :func:`~harness.analysis.classify.classify` -> list of :class:`~harness.analysis.classify.Finding`
-- :class:`~harness.device.session.DeviceSession`: one open handle for flash then capture
+Its public surface, re-exported here (each loaded on first use): docs/device.md.
 """
 
 from __future__ import annotations

@@ -5,15 +5,8 @@ One reader thread owns the port while capturing; it writes every byte to the raw
 arrives (flushed, so a crash of the host loses nothing already received), keeps a bounded copy in
 memory, counts boots, and spots the END line with a cheap line check (the full parser,
 ``harness.protocol.capture.parse_capture``, runs afterwards on the bytes). The main thread only waits
-for a stop condition.
-
-Transport facts handled here:
-
-- USB-Serial-JTAG: the reset makes the port vanish; the reader reopens it (bounded wait) through
-  the ``reopen`` callable and keeps reading.
-- socket://: pyserial's ``read(n)`` discards bytes it already received when the peer closes in the
-  middle of the call; we read exactly what is waiting (socket ``recv``) and treat the close as end
-  of stream (``ended_by="disconnect"``).
+for a stop condition. The transport facts it handles (a USB-Serial-JTAG port reopened after its reset
+through ``reopen``, a ``socket://`` peer's close read as the end of the stream) are docs/device.md's.
 """
 
 from __future__ import annotations
@@ -132,10 +125,7 @@ def _read_some(port: serial.SerialBase, wait_s: float) -> bytes:
         if not data:
             raise serial.SerialException("socket disconnected")
         return data
-    waiting = port.in_waiting
-    if waiting:
-        return bytes(port.read(min(waiting, 65536)))
-    return bytes(port.read(1))  # blocks up to port.timeout
+    return bytes(port.read(min(port.in_waiting, 65536) or 1))  # 1: blocks up to port.timeout
 
 
 def _reader(
@@ -180,12 +170,9 @@ def _reader(
                 except OSError as exc:  # a full disk: the capture stops, said as such (not a lost link)
                     st.log_error = write_error(exc, f"the serial log {getattr(log, 'name', '')}".rstrip())
                     break
-            room = max_bytes - len(st.buf)
-            if room >= len(chunk):
-                st.buf += chunk
-            else:
-                st.buf += chunk[: max(room, 0)]
-                st.dropped += len(chunk) - max(room, 0)
+            room = max(max_bytes - len(st.buf), 0)  # bytes beyond it are only in the log
+            st.buf += chunk[:room]
+            st.dropped += max(len(chunk) - room, 0)
             if _scan_lines(st, chunk, stop_at_end, max_boots):
                 break
     finally:

@@ -1,13 +1,7 @@
 """Route esptool's log output to a per-flash sink instead of stdout.
 
-esptool 5 logs through one process-wide logger object (``esp_pylib.logger.EspLog.instance``); that
-singleton is the extension point esptool documents for scripting. We install one router there
-(once, idempotently) that hands every call made *on the current thread* to the sink registered
-for that thread, and everything else to the logger that was installed before. So parallel
-flashes in several threads each get their own log, and code that does not flash is unaffected.
-
-Known limit: esptool binds a few one-shot warnings (``PrintOnce(log.warn)``) at import time; those
-go to the previous logger (stdout) whatever we install.
+How (a router in esptool's process-wide logger, one sink per flashing thread) and its known limit:
+docs/device.md, "Ports and transports".
 """
 
 from __future__ import annotations

@@ -54,6 +54,8 @@ AFTER_MODES = ("hard-reset", "no-reset", "no-reset-stub", "soft-reset", "watchdo
 
 # Failures that are the user's choice of board or arguments, not the link or the tools: exit 2.
 USAGE_KINDS = ("chip_mismatch", "chip_revision", "usage")
+# Failures a retry cannot help: those, and an image larger than the chip's flash.
+_FINAL_KINDS = (*USAGE_KINDS, "image_too_large")
 
 
 class FlashFailure(FlashError):
@@ -73,7 +75,7 @@ class FlashFailure(FlashError):
     ) -> None:
         super().__init__(message, hint=hint)
         self.kind = kind
-        self.retryable = kind not in USAGE_KINDS if retryable is None else retryable
+        self.retryable = kind not in _FINAL_KINDS if retryable is None else retryable
         self.esptool_message = esptool_message
         if kind in USAGE_KINDS:
             self.exit_code = ExitCode.USAGE
@@ -112,17 +114,18 @@ class FlashResult:
     port: str
     chip: str  # normalized target name, e.g. "esp32s3"
     chip_name: str  # esptool's name, e.g. "ESP32-S3"
-    description: str | None
-    revision: str | None  # "v0.2"
-    features: list[str]
-    mac: str | None
-    crystal_mhz: int | None
-    flash_size: str | None  # as detected from the flash ID, e.g. "8MB"
-    stub: bool
+    _: dataclasses.KW_ONLY  # the rest by name; what no ROM loader said (a native board) is left out
+    description: str | None = None
+    revision: str | None = None  # "v0.2"
+    features: list[str] = dataclasses.field(default_factory=list)
+    mac: str | None = None
+    crystal_mhz: int | None = None
+    flash_size: str | None = None  # as detected from the flash ID, e.g. "8MB"
+    stub: bool = False
     baud: int
     before: str
     after: str
-    connect_attempts: int
+    connect_attempts: int = 0
     regions: list[RegionResult]
     duration_s: float
     log_path: Path | None
@@ -176,25 +179,40 @@ def _fmt_rev(rev: int) -> str:
     return f"v{rev // 100}.{rev % 100}"
 
 
-def check_chip_revision(rev: int | None, allowed: tuple[int, int] | None, chip_name: str, url: str) -> None:
-    """Refuse, before anything is written, a chip revision outside the board's image range.
-
-    ``rev`` and ``allowed`` use esptool's ``major * 100 + minor``; nothing is checked when either is
-    unknown (esptool could not read the revision, or the board does not say).
-    """
-    if rev is None or allowed is None or allowed[0] <= rev <= allowed[1]:
-        return
-    raise FlashFailure(
-        f"the chip on {url} is {chip_name} revision {_fmt_rev(rev)}, but the board definition's image "
-        f"accepts revisions {_fmt_rev(allowed[0])} to {_fmt_rev(allowed[1])} only: it would not boot",
-        kind="chip_revision",
-        hint=_WRONG_REVISION_HINT,
-    )
-
-
 _TOO_LARGE_HINT = (
     "the board definition's flash_size is larger than the real flash chip, or the build is too big: "
     "use the matching board file or a smaller partition layout"
+)
+
+
+# esptool's words -> what failed (then "URL: esptool's first line"), kind, hint
+_ESPTOOL_FAILURES = (
+    # esptool's own check of the bootloader image header
+    (
+        ("requires chip revision",),
+        "the image does not suit the chip on",
+        "chip_revision",
+        _WRONG_REVISION_HINT,
+    ),
+    (
+        ("will not fit in",),
+        "image does not fit in the flash of the chip on",
+        "image_too_large",
+        _TOO_LARGE_HINT,
+    ),
+    (
+        ("MD5 of file does not match", "Write failed"),
+        "flash verify failed on",
+        "verify_failed",
+        "the written data did not read back: retry at a lower --flash-baud; persistent failures mean a "
+        "flash or power problem",
+    ),
+    (
+        ("Failed to start stub flasher",),
+        "the flasher stub did not start on",
+        "stub_failed",
+        "retry; if it persists, flash at a lower baud",
+    ),
 )
 
 
@@ -233,13 +251,6 @@ def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log:
             hint=_WRONG_CHIP_HINT,
             esptool_message=msg,
         )
-    if "requires chip revision" in msg:  # esptool's own check of the bootloader image header
-        return FlashFailure(
-            f"the image does not suit the chip on {ps.url}: {first}",
-            kind="chip_revision",
-            hint=_WRONG_REVISION_HINT,
-            esptool_message=msg,
-        )
     if "Wrong boot mode detected" in msg:
         mode = re.search(r"\((0x[0-9a-fA-F]+)\)", msg)
         return FlashFailure(
@@ -249,29 +260,9 @@ def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log:
             hint=_transport_hint(ps),
             esptool_message=msg,
         )
-    if "will not fit in" in msg:
-        return FlashFailure(
-            f"image does not fit in the flash of the chip on {ps.url}: {first}",
-            kind="image_too_large",
-            retryable=False,
-            hint=_TOO_LARGE_HINT,
-            esptool_message=msg,
-        )
-    if "MD5 of file does not match" in msg or "Write failed" in msg:
-        return FlashFailure(
-            f"flash verify failed on {ps.url}: {first}",
-            kind="verify_failed",
-            hint="the written data did not read back: retry at a lower --flash-baud; persistent failures "
-            "mean a flash or power problem",
-            esptool_message=msg,
-        )
-    if "Failed to start stub flasher" in msg:
-        return FlashFailure(
-            f"the flasher stub did not start on {ps.url}: {first}",
-            kind="stub_failed",
-            hint="retry; if it persists, flash at a lower baud",
-            esptool_message=msg,
-        )
+    for needles, what, kind, hint in _ESPTOOL_FAILURES:
+        if any(n in msg for n in needles):
+            return FlashFailure(f"{what} {ps.url}: {first}", kind=kind, hint=hint, esptool_message=msg)
     if stage == "connect":
         detail = ""
         if b"Guru Meditation" in boot_log or "Guru Meditation" in msg:
@@ -345,12 +336,12 @@ def _fmt_mac(mac: object) -> str | None:
 _ROM_BOOT_RE = re.compile(rb"boot:(0x[0-9a-fA-F]+)[^\n]*\n(.*)", re.DOTALL)
 
 
-def _read_rom_banner(ser: serial.SerialBase, wait_s: float = 0.3) -> bytes:
+def _read_rom_banner(ser: serial.SerialBase) -> bytes:
     """What the ROM printed after our bootloader reset: up to the line after ``boot:0x..``
-    (download mode says ``waiting for download`` there), at most ``wait_s`` seconds. esptool's sync
+    (download mode says ``waiting for download`` there), at most 0.3 s. esptool's sync
     discards it, so this is our only chance to tell "wrong boot mode" from "no answer"."""
     got = b""
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + 0.3
     while time.monotonic() < deadline:
         waiting = ser.in_waiting
         got += ser.read(waiting) if waiting else b""
@@ -431,7 +422,15 @@ def _identify(
         )
     rev = _try(esp.get_chip_revision)
     rev = rev if isinstance(rev, int) else None
-    check_chip_revision(rev, chip_revisions, esp.CHIP_NAME, ps.url)
+    # esptool's major * 100 + minor; not checked when unknown (unreadable, or the board does not say)
+    if rev is not None and chip_revisions is not None and not chip_revisions[0] <= rev <= chip_revisions[1]:
+        low, high = chip_revisions
+        raise FlashFailure(
+            f"the chip on {ps.url} is {esp.CHIP_NAME} revision {_fmt_rev(rev)}, but the board definition's "
+            f"image accepts revisions {_fmt_rev(low)} to {_fmt_rev(high)} only: it would not boot",
+            kind="chip_revision",
+            hint=_WRONG_REVISION_HINT,
+        )
     crystal = _try(esp.get_crystal_freq)
     return {
         "chip": detected,
@@ -655,7 +654,6 @@ def _check_fits(regions: Sequence[RegionResult], flash_size: str | None, ps: Por
                 f"{r.path.name} ({r.size} bytes at {r.offset:#x}) does not fit in the "
                 f"{flash_size} flash of the chip on {ps.url}",
                 kind="image_too_large",
-                retryable=False,
                 hint=_TOO_LARGE_HINT,
             )
 

@@ -1,30 +1,10 @@
 """Boards in a labgrid lab: places reserved, acquired and released through ``labgrid-client``.
 
-labgrid (a coordinator, exporters that own the boards, *places* that group a board's resources) is
-how labs share boards between many hosts. esp-check drives it only through its documented command
-line client, ``labgrid-client`` (``reserve``, ``acquire``, ``set-tags``, ``env``, ``power``,
-``release``, ``cancel-reservation``), never through labgrid's internal Python session API: the CLI
-is labgrid's stable interface, and running it as a subprocess keeps labgrid's grpc/asyncio machinery
-(and its own ``serial`` package, see docs/ci.md) out of esp-check's process.
-
-A :class:`PlaceLease` is the labgrid counterpart of :class:`harness.device.locks.BoardLock`:
-
-- it waits in labgrid's reservation queue (``reserve --wait name=PLACE``: the coordinator hands the
-  place to waiters in order), says who holds the place every few seconds, and gives up after a
-  timeout with :class:`BoardBusyError`, cancelling its reservation;
-- once the reservation is allocated it acquires the place and tags it
-  ``esp_check=<pid>_<process start>_<pid namespace>_<reservation token>``: labgrid acquisitions never
-  expire, so a
-  runner killed with SIGKILL leaves its place acquired, and this tag is how the next esp-check run
-  from the same host and user knows the acquisition for its own, dead, one (the pid is gone or is
-  another process now, and the place is still held under that reservation) and releases it, saying
-  so. Anything else (another user, the same user by hand, a live esp-check process) is waited for;
-  operators release such places with ``labgrid-client -p PLACE release --kick``;
-- ``release`` removes the tag, releases the place and cancels the reservation.
-
-The serial port is the place's ``NetworkSerialPort`` (from ``labgrid-client env``): an RFC 2217
-endpoint (``esp_rfc2217_server`` or ``esp-check sim serve --rfc2217`` on the exporter host) that
-esptool and the console open as ``rfc2217://host:port?ign_set_control``.
+Only through labgrid's documented command-line client (a subprocess: labgrid's grpc/asyncio machinery
+and its own ``serial`` package stay out of esp-check's process). A :class:`PlaceLease` is the labgrid
+counterpart of :class:`harness.device.locks.BoardLock`: waiting in line, acquiring, the ``esp_check``
+tag that tells a dead esp-check run's stale acquisition, releasing, and the place's serial port are
+docs/ci.md, "A lab on labgrid".
 """
 
 from __future__ import annotations
@@ -56,6 +36,7 @@ _INSTALL_HINT = "install labgrid beside esp-check: pip install 'esp-check[labgri
 # at its first poll (later polls come every 1 s): a place not allocated this long after the token is
 # someone else's (acquired, or reserved), and only then is it read and the wait clock started
 ALLOCATION_GRACE_S = 1.5
+REPORT_EVERY_S = 5.0  # how often a wait says who holds the place
 
 
 def _background(
@@ -418,10 +399,8 @@ class _Reservation:
 class PlaceLease:
     """Exclusive use of one labgrid place: reserve (waiting visibly), acquire, tag; release.
 
-    Each labgrid-client call costs a process start-up (0.3-5 s), so a free place costs no call beyond
-    the needed ones (no ``show``: the coordinator allocates a free place at once), and calls that need
-    not wait for each other run side by side: ``set-tags`` with ``env`` after ``acquire``, untagging
-    with ``cancel-reservation`` before ``release``. Seven calls per attempt, four one after the other.
+    Each labgrid-client call is a process start-up, so a free place costs only the needed calls (no
+    ``show``) and calls that need not wait for each other run side by side (docs/ci.md counts them).
     """
 
     def __init__(self, client: LabgridClient, place: str, *, port_name: str | None = None) -> None:
@@ -461,7 +440,6 @@ class PlaceLease:
         *,
         on_wait: Callable[[str], None] | None = None,
         on_note: Callable[[str], None] | None = None,
-        report_every: float = 5.0,
         cancel: threading.Event | None = None,
     ) -> None:
         """Hold the place, or raise :class:`BoardBusyError` (exit 3) once someone else has held it for
@@ -478,7 +456,7 @@ class PlaceLease:
         while True:
             res = _Reservation(self.client, self.place)  # starts while `show` runs
             try:
-                allocated = self._wait_allocated(res, timeout, say, report_every, cancel)
+                allocated = self._wait_allocated(res, timeout, say, cancel)
             finally:
                 res.close()
             if not allocated:
@@ -515,11 +493,10 @@ class PlaceLease:
         res: _Reservation,
         timeout: float,
         say: Callable[[str], None],
-        report_every: float,
         cancel: threading.Event | None,
     ) -> bool:
         """Poll the waiting reservation. A free place is allocated at once and costs no other call;
-        otherwise look at the place once, then report its holder every ``report_every`` s."""
+        otherwise look at the place once, then report its holder every ``REPORT_EVERY_S``."""
         started = time.monotonic()
         answered: float | None = None  # when the coordinator handed out our reservation token
         next_report: float | None = None  # None: not looked at the place yet
@@ -543,7 +520,7 @@ class PlaceLease:
             if next_report is None and answered is not None and now - answered >= ALLOCATION_GRACE_S:
                 self._first_look(res, timeout, say)
                 now = time.monotonic()
-                next_report = now + report_every
+                next_report = now + REPORT_EVERY_S
             if (cancel is not None and cancel.is_set()) or now >= (self._deadline or float("inf")):
                 self._keep(res.stop())
                 return False
@@ -551,7 +528,7 @@ class PlaceLease:
                 info = self._clear_own_stale()
                 if info is not None and info.acquired:
                     say(f"waiting for labgrid place {self.place}: acquired by {info.describe_holder()}")
-                next_report = now + report_every
+                next_report = now + REPORT_EVERY_S
             time.sleep(0.05)
 
     def _busy(self, timeout: float, cancel: threading.Event | None) -> BoardBusyError:

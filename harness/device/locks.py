@@ -1,18 +1,7 @@
 """Exclusive, cross-process board locks (filelock, ``flock`` on POSIX), keyed on the board's identity.
 
-The key is what stays the same when the ``/dev`` name does not: the USB serial number (a
-USB-Serial-JTAG board re-enumerates as ``ttyACM0``, then ``ttyACM1``), the ``host:port`` of a
-remote RFC 2217 / raw TCP server, or the simulated board's name. ``esp-check run`` and
-``esp-check flash-and-compare`` take the same lock for the same board, so two runners, or a runner
-and a person at the bench, never touch one board at once. The OS drops an ``flock`` when the holding
-process dies, so a crashed run cannot leave a board locked.
-
-Remote boards: an RFC 2217 server (``esp_rfc2217_server``) serves one client at a time. The lock key
-for ``rfc2217://host:port`` is ``net-host-port`` on *this* machine: every runner and person on this
-host that reaches the board through that URL serializes on it. Clients on other hosts are kept out by
-the server itself (one client: a second connection waits in the TCP backlog or is refused); put all
-users of a remote board on one CI host or give them a shared lock directory (e.g. NFS is not safe
-for flock: prefer one host).
+The keys (what stays the same when the ``/dev`` name does not), the lock directory, waiting and remote
+boards: docs/ci.md, "Board locks".
 """
 
 from __future__ import annotations
@@ -32,7 +21,7 @@ from urllib.parse import urlsplit
 import filelock
 
 from harness.errors import BoardBusyError
-from harness.resources import user_cache_dir
+from harness.resources import atomic_write, user_cache_dir
 
 if TYPE_CHECKING:
     from harness.device.ports import PortSpec
@@ -41,11 +30,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def default_lock_dir() -> Path:
-    """``$ESP_CHECK_LOCK_DIR``, else a per-user runtime directory.
-
-    Per-user by default: two accounts sharing a bench must point ``--lock-dir`` (or the environment
-    variable) at one directory both can write, e.g. ``/var/lock/esp-check`` with a shared group.
-    """
+    """``$ESP_CHECK_LOCK_DIR``, else a per-user runtime directory (sharing a bench: docs/ci.md)."""
     env = os.environ.get("ESP_CHECK_LOCK_DIR")
     if env:
         return Path(env)
@@ -69,13 +54,8 @@ def _net_host(host: str) -> str:
 
 
 def lock_key(port: PortSpec | str) -> str:
-    """The lock key for a resolved :class:`harness.device.ports.PortSpec` (or a port string).
-
-    - a USB device with a serial number: ``usb-sn-<serial>`` (not the /dev name);
-    - ``rfc2217://`` / ``socket://``: ``net-<host>-<port>`` (one server, one key, whichever scheme);
-    - ``sim://NAME``: ``sim-NAME``; ``native://NAME``: ``native-NAME``;
-    - anything else: the real path of the device.
-    """
+    """The lock key for a resolved :class:`harness.device.ports.PortSpec` (or a port string): the board's
+    identity, never its /dev name (docs/ci.md, "Board locks", has the table)."""
     from harness.device.ports import PortSpec, resolve_port
 
     ps = port if isinstance(port, PortSpec) else resolve_port(str(port))
@@ -125,13 +105,12 @@ class BoardLock:
         timeout: float,
         *,
         on_wait: Callable[[str], None] | None = None,
-        report_every: float = 5.0,
         cancel: threading.Event | None = None,
     ) -> None:
         """Take the lock or raise :class:`BoardBusyError` (exit 3) after ``timeout`` seconds.
 
-        ``on_wait`` is told who holds the board when waiting starts and every ``report_every``
-        seconds after; ``cancel`` (e.g. Ctrl-C) ends the wait early with BoardBusyError too.
+        ``on_wait`` is told who holds the board when waiting starts and every 5 s after; ``cancel``
+        (e.g. Ctrl-C) ends the wait early with BoardBusyError too.
         """
         self.dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
@@ -156,7 +135,7 @@ class BoardLock:
                 )
             if on_wait is not None and now >= next_report:
                 on_wait(f"waiting for board {self.key}: in use by {self.describe_holder()}")
-                next_report = now + report_every
+                next_report = now + 5.0
         self.waited_s = time.monotonic() - t0
         self.acquired_at = time.time()
         doc = {
@@ -166,9 +145,7 @@ class BoardLock:
             "since": self.acquired_at,
         }
         with contextlib.suppress(OSError):
-            tmp = self.info_path.with_name(f".{self.info_path.name}.{os.getpid()}.{threading.get_ident()}")
-            tmp.write_text(json.dumps(doc), encoding="utf-8")
-            os.replace(tmp, self.info_path)
+            atomic_write(self.info_path, json.dumps(doc), durable=False)
 
     def release(self) -> None:
         if not self._lock.is_locked:

@@ -182,26 +182,17 @@ class LoopClient:
                 self._ingest(read_waiting(port, n))
                 if self.restarted:
                     break
-                n = self._coalesce(deadline)
+                n = gather(port, self.dec.buf, self._byte_s, self._after_text, deadline)
         finally:
-            self._flush_log()
+            self._log_io(lambda log: log.flush())
         return True
-
-    def _coalesce(self, deadline: float) -> int:
-        """Bytes to read next: wait (bounded) until what the decoder holds needs has arrived, or, after
-        text, a short block's worth; 0: nothing worth waiting for."""
-        return gather(self.port, self.dec.buf, self._byte_s, self._after_text, deadline)
 
     def _ingest(self, data: bytes) -> None:
         now = time.monotonic()
         self.last_rx = now
         self.stats.rx_bytes += len(data)
         self.raw += data
-        if self.log is not None:
-            try:
-                self.log.write(data)  # flushed once per pump (_flush_log): a block, not a byte
-            except OSError as exc:  # a full disk is not a lost link (pump's OSError means the link)
-                raise write_error(exc, f"the serial log {getattr(self.log, 'name', '')}".rstrip()) from None
+        self._log_io(lambda log: log.write(data))  # flushed once per pump: a block, not a byte
         bad_before, stale_before = self.dec.stats.bad, self.dec.stats.stale
         for item in self.dec.feed(data):
             self._after_text = not isinstance(item, frames.Frame)
@@ -218,10 +209,11 @@ class LoopClient:
         self.stats.damaged_frames += self.dec.stats.bad - bad_before
         self.stats.stale_frames += self.dec.stats.stale - stale_before
 
-    def _flush_log(self) -> None:
+    def _log_io(self, op: Callable[[IO[bytes]], object]) -> None:
+        """``op`` on the serial log; a full disk is not a lost link (pump's OSError means the link)."""
         if self.log is not None:
             try:
-                self.log.flush()
+                op(self.log)
             except OSError as exc:
                 raise write_error(exc, f"the serial log {getattr(self.log, 'name', '')}".rstrip()) from None
 

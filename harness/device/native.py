@@ -28,11 +28,11 @@ def install_program(
     t0 = time.monotonic()
     if not isinstance(port, NativeSerial):
         raise FlashFailure(
-            "a native build can only be installed on a native:// port", kind="usage", retryable=False,
+            "a native build can only be installed on a native:// port", kind="usage",
             hint="use the native board's port (omit --port, or give native://NAME)",
         )  # fmt: skip
     if not artifacts:
-        raise FlashFailure("nothing to flash", kind="usage", retryable=False, hint="build the project first")
+        raise FlashFailure("nothing to flash", kind="usage", hint="build the project first")
     regions: list[RegionResult] = []
     lines: list[str] = []
     for offset, path in sorted(artifacts, key=lambda a: a[0]):
@@ -47,7 +47,7 @@ def install_program(
         except OSError as exc:
             raise FlashFailure(
                 f"cannot write {file} at 0x{offset:x} on native board {port.name}: {exc.strerror or exc}",
-                kind="usage", retryable=False, hint="rebuild the project",
+                kind="usage", hint="rebuild the project",
             ) from exc  # fmt: skip
         what = "the board already holds it: skipped" if written == 0 else "written"
         lines.append(f"native: installed {file.name} at 0x{offset:x} ({size} B, sha256 {sha[:16]}; {what})\n")
@@ -65,16 +65,9 @@ def install_program(
         chip="native",
         chip_name="host program",
         description="native board: the firmware built for this PC, run as a program",
-        revision=None,
-        features=[],
-        mac=None,
-        crystal_mhz=None,
-        flash_size=None,
-        stub=False,
         baud=0,
         before="none",
         after="none",
-        connect_attempts=0,
         regions=regions,
         duration_s=seconds,
         log_path=log_path,

@@ -1,24 +1,8 @@
 """Serial ports: resolve what the user typed (path, ``auto``, pyserial URL) and open it with errors a
 person can act on.
 
-Transports differ in what they can do, and the flash and console layers ask :class:`TransportCaps`
-instead of guessing from the string:
-
-==============  ===========  ================  ========================================================
-transport       DTR/RTS      auto-reset        notes
-==============  ===========  ================  ========================================================
-device (tty)    yes (ioctl)  yes               USB-UART bridge or USB-Serial-JTAG (re-enumerates on reset)
-pty             no (ioctl    no                a pseudo-terminal cannot carry modem lines
-                fails)
-rfc2217://      forwarded    by the *server*   esptool's ``esp_rfc2217_server`` turns DTR/RTS changes
-                             (one client)      into its own bootloader/hard resets; no USB-JTAG reset
-socket://       no           no                raw TCP (ser2net): esptool cannot reset at all; a peer
-                                               close while reading is end of stream
-sim://          yes          yes               in-process simulated board (harness.sim)
-native://       yes          yes               a host program built by the native target (protocol_native):
-                                               reset restarts it, its exit ends the stream
-loop://         no-op        no                pyserial loopback, for tests
-==============  ===========  ================  ========================================================
+Transports differ in what they can do (docs/device.md, "Ports and transports": DTR/RTS, who resets,
+notes): the flash and console layers ask :class:`TransportCaps` instead of guessing from the string.
 """
 
 from __future__ import annotations
@@ -30,7 +14,7 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -234,12 +218,11 @@ class PortSpec:
         return self.url
 
 
-def _by_id_links(by_id_dir: Path | None = None) -> dict[str, str]:
+def _by_id_links() -> dict[str, str]:
     """Map real device path -> /dev/serial/by-id symlink (Linux only; empty elsewhere)."""
-    directory = by_id_dir if by_id_dir is not None else BY_ID_DIR
     links: dict[str, str] = {}
     try:
-        entries = sorted(directory.iterdir())
+        entries = sorted(BY_ID_DIR.iterdir())
     except OSError:
         return links
     for entry in entries:
@@ -253,13 +236,8 @@ def _by_id_links(by_id_dir: Path | None = None) -> dict[str, str]:
 def list_candidates(
     platform: str | None = None, *, vids: list[int] | None = None, pids: list[int] | None = None
 ) -> list[PortCandidate]:
-    """Serial devices attached now, with stable names where the OS has them.
-
-    The list is esptool's own (``esp_pylib.serial_ports.get_port_list``: the OS's ports minus
-    macOS's built-in virtual ones, Espressif's USB devices first, ``vids`` / ``pids`` filters). Linux:
-    the ``/dev/serial/by-id`` name when present. macOS: only ``/dev/cu.*`` (opening ``/dev/tty.*``
-    waits for carrier detect). Windows: ``COMx`` as listed.
-    """
+    """Serial devices attached now, as esptool lists them (``vids`` / ``pids`` filters), with stable names
+    where the OS has them (docs/device.md, "Ports and transports")."""
     plat = platform or sys.platform
     links = _by_id_links() if plat.startswith("linux") else {}
     out: list[PortCandidate] = []
@@ -285,17 +263,12 @@ def list_candidates(
 
 
 def _transport_of(spec: str) -> str:
-    lower = spec.lower()
-    if "://" not in lower:
+    """A URL's transport is named as its scheme (any other scheme: URL); a path is a device."""
+    scheme, sep, _ = spec.lower().partition("://")
+    if not sep:
         return Transport.DEVICE
-    scheme = lower.split("://", 1)[0]
-    return {
-        "rfc2217": Transport.RFC2217,
-        "socket": Transport.SOCKET,
-        "sim": Transport.SIM,
-        "native": Transport.NATIVE,
-        "loop": Transport.LOOP,
-    }.get(scheme, Transport.URL)
+    schemes = (Transport.RFC2217, Transport.SOCKET, Transport.SIM, Transport.NATIVE, Transport.LOOP)
+    return scheme if scheme in schemes else Transport.URL
 
 
 def _is_pty(path: str) -> bool:
@@ -309,12 +282,8 @@ def resolve_port(
     *,
     platform: str | None = None,
 ) -> PortSpec:
-    """Turn ``--port`` into a :class:`PortSpec`.
-
-    ``auto`` picks the one attached device that looks like an ESP32 board (known USB-UART bridge or
-    Espressif USB-Serial-JTAG; with ``board``, only the console type the board uses). None or
-    several candidates is a :class:`PortError` listing what was found.
-    """
+    """Turn ``--port`` into a :class:`PortSpec`; ``auto`` picks the one attached ESP32 board (with
+    ``board``: of its console kind), else a :class:`PortError` listing what was found (docs/device.md)."""
     plat = platform or sys.platform
     text = spec.strip()
     if not text:
@@ -421,7 +390,7 @@ def _holders_text(holders: Iterable[tuple[int, str]]) -> str:
     return ", ".join(f"{name} (pid {pid})" for pid, name in holders)
 
 
-def check_present(ps: PortSpec, *, platform: str | None = None, probe_timeout: float = 3.0) -> None:
+def check_present(ps: PortSpec) -> None:
     """PortError now for a port that is not there (before minutes of builds find out).
 
     A local device must exist (Windows COM names are checked against list_ports). A network port
@@ -429,11 +398,11 @@ def check_present(ps: PortSpec, *, platform: str | None = None, probe_timeout: f
     so the server's one client slot is free again before the builds start.
     """
     if ps.caps.lock_by == "net":
-        _probe_network(ps.url, probe_timeout)
+        _probe_network(ps.url)
         return
     if ps.transport not in (Transport.DEVICE, Transport.PTY):
         return
-    plat = platform or sys.platform
+    plat = sys.platform
     if plat.startswith("win"):
         present = any(ps.url.upper() == c.device.upper() for c in list_candidates(plat))
     else:
@@ -447,7 +416,7 @@ def check_present(ps: PortSpec, *, platform: str | None = None, probe_timeout: f
     raise PortError(err.message, hint=f"{err.hint}{listing}")
 
 
-def _probe_network(url: str, timeout: float) -> None:
+def _probe_network(url: str, timeout: float = 3.0) -> None:
     parts = urlsplit(url)
     try:
         with socket.create_connection((parts.hostname or "", parts.port or 0), timeout=timeout):
@@ -518,12 +487,9 @@ def explain_open_error(url: str, exc: BaseException, *, platform: str | None = N
 class Rfc2217Serial(serial.rfc2217.Serial):
     """pyserial's RFC 2217 client, renegotiating the link only when a setting the server holds changes.
 
-    pyserial sends the baud rate, byte size, parity, stop bits and flow control to the server again,
-    and waits for its answers (at least 50 ms, plus 0.1 s for the flow-control request on
-    ``?ign_set_control``), whenever *any* port setting changes, the read timeout included. A read
-    timeout is this side's own, and esptool changes it around nearly every command (and back): a
-    flash through ``esp_rfc2217_server`` or a labgrid place waited 0.3 s per command for nothing.
-    labgrid's pyserial fork skips it the same way; this works with either ``serial`` package.
+    pyserial renegotiates on *any* setting change, the read timeout included, which is this side's own
+    and which esptool changes around nearly every command (what that cost: docs/device.md, "RFC 2217:
+    what to expect"). labgrid's pyserial fork skips it the same way; this works with either package.
     """
 
     _negotiated: tuple[object, ...] | None = None  # the settings the server last confirmed
@@ -566,13 +532,11 @@ def open_port(
     baud: int = 115200,
     *,
     exclusive: bool = True,
-    timeout: float | None = None,
     check_holders: bool = True,
-    opener: Callable[..., serial.SerialBase] | None = None,
 ) -> serial.SerialBase:
     """Open a port for flashing and capture, without resetting the board on open.
 
-    ``timeout`` defaults to 0.05 s; ``rfc2217://`` ports are :class:`Rfc2217Serial`. DTR and RTS are
+    Its read timeout is 0.05 s; ``rfc2217://`` ports are :class:`Rfc2217Serial`. DTR and RTS are
     set inactive *before* opening (both lines equal means "run" on the classic
     auto-reset circuit), and ``exclusive=True`` makes a second opener fail instead of stealing bytes.
     With ``check_holders`` a local device already open in another process (a monitor that took
@@ -580,13 +544,12 @@ def open_port(
     """
     ps = spec if isinstance(spec, PortSpec) else resolve_port(spec)
     url = ps.url
-    make = opener or (_open_rfc2217 if ps.transport == Transport.RFC2217 else serial.serial_for_url)
+    make = _open_rfc2217 if ps.transport == Transport.RFC2217 else serial.serial_for_url
     if ps.caps.installs_program:
         register_native()  # pyserial finds harness.device.protocol_native for native://
-    if timeout is None:
-        timeout = 0.05  # a timeout change costs nothing on rfc2217:// either (Rfc2217Serial)
     try:
-        kwargs: dict[str, object] = {"baudrate": baud, "timeout": timeout, "do_not_open": True}
+        # a timeout change costs nothing on rfc2217:// either (Rfc2217Serial)
+        kwargs: dict[str, object] = {"baudrate": baud, "timeout": 0.05, "do_not_open": True}
         if exclusive and ps.caps.exclusive_lock:
             kwargs["exclusive"] = True
         port = make(url, **kwargs)
@@ -607,14 +570,7 @@ def open_port(
     return port
 
 
-def reopen_after_reenumeration(
-    ps: PortSpec,
-    baud: int,
-    *,
-    wait_s: float = 5.0,
-    poll_s: float = 0.05,
-    opener: Callable[[], serial.SerialBase] | None = None,
-) -> serial.SerialBase:
+def reopen_after_reenumeration(ps: PortSpec, baud: int, *, wait_s: float = 5.0) -> serial.SerialBase:
     """Open the port again after a USB-Serial-JTAG reset made it vanish, waiting at most ``wait_s``.
 
     The device is looked up again each try (by-id path or USB serial number), since it may come
@@ -624,14 +580,12 @@ def reopen_after_reenumeration(
     last: BaseException | None = None
     while True:
         try:
-            if opener is not None:
-                return opener()
             return open_port(dataclasses.replace(ps, url=ps.relocate()), baud, check_holders=False)
         except (PortError, serial.SerialException, OSError) as exc:
             last = exc
         if time.monotonic() >= deadline:
             break
-        time.sleep(poll_s)
+        time.sleep(0.05)
     raise PortError(
         f"{ps.url} did not come back within {wait_s:.1f} s after the board reset ({last})",
         hint="USB-Serial-JTAG boards re-enumerate on reset: check the cable/hub, or use the "

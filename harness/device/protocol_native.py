@@ -1,33 +1,12 @@
 """pyserial URL handler ``native://NAME``: a serial port wired to a host program (a native board).
 
-The native target (docs/native.md) builds the generated firmware as a program for this PC. This
-port makes that program behave like a board behind a serial port, so the flash-and-capture path,
-``--tap`` and the runner use it unchanged:
-
-- **flash** (:meth:`Serial.write_region`, called for each (offset, file) by
-  :func:`harness.device.native.install_program`) writes into the board's own directory, which is its
-  flash: one image file (``flash.bin``, the board's flash size, erased to ``FF``) takes every region at
-  its offset, as esptool writes them (partition table, otadata, the model partition); a region at the
-  offset of an app partition of the table there is a host program, kept beside it as
-  ``apps/0x<offset>`` (a host program does not fit a chip's app slot). A region whose bytes the board
-  already holds is skipped (nothing written). A bare program "flashed" at offset 0 (no partition table:
-  the native board has no bootloader there) is :meth:`Serial.install`;
-- **reset**: the classic auto-reset lines (RTS drives EN, DTR drives IO0, as on a DevKit). EN pulled
-  low stops the running program; EN released with IO0 high runs the **boot stand-in**, the native
-  board's second-stage bootloader: it reads the partition table, picks the app slot as ESP-IDF's
-  bootloader does (otadata's valid entry with the highest sequence number, else the factory app or
-  ``ota_0``), says so in one line (``esp-check native boot: Loaded app from partition at offset 0x...``)
-  and starts that slot's program with the flash image, the table and slot offsets and its own directory
-  in the environment (the stand-ins' ``esp_partition_*``, ``esp_ota_*`` use them). A program that calls
-  ``esp_restart()`` (a software reset: the stand-in leaves a marker) is booted again the same way,
-  with its output kept, and with the ``EXT_RAM_NOINIT_ATTR`` memory it saved (``psram_noinit.bin``, the
-  kept-input store of docs/protocol.md "Kept inputs"); any other boot is cold: that file is deleted;
-- **read** returns what the program writes to stdout and stderr (one pipe, so a sanitizer report on
-  stderr lands where the firmware's output stopped), **write** feeds its stdin (bytes beyond what the
-  pipe holds are dropped, like a full UART FIFO);
-- when the program ends before the host stops reading, an abnormal end (a signal, or a non-zero exit
-  status) is reported as one line, ``esp-check native: the program ...``, the native board's crash
-  report; then reads raise :class:`ProgramEnded` (end of stream, like a closed socket).
+The native target (docs/native.md) builds the generated firmware as a program for this PC; this port
+makes it behave like a board behind a serial port, so the flash-and-capture path, ``--tap`` and the
+runner use it unchanged. What its flash (:meth:`Serial.write_region`, :meth:`Serial.install`), reset
+(the boot stand-in), reads, writes and a program's end do: docs/native.md, "The native board". Beyond
+it: a software restart keeps the ``EXT_RAM_NOINIT_ATTR`` memory the program saved (``psram_noinit.bin``,
+docs/protocol.md "Kept inputs"), any other boot deletes it; bytes beyond what the input pipe holds are
+dropped, like a full UART FIFO; after a program's end reads raise :class:`ProgramEnded`.
 
 pyserial finds this module once ``harness.device`` is in ``serial.protocol_handler_packages``
 (:func:`register`, called by :func:`harness.device.ports.open_port` for ``native://`` ports).
@@ -253,10 +232,11 @@ class Serial(InProcessPort):
         table_off, parts = found
         with open(self.flash_path, "rb") as f:
             app = next(iter(boot_order(parts, lambda offset, size: _read_at(f, offset, size)).apps), None)
-        program = self._dir / "apps" / f"0x{app.offset:x}" if app is not None else None
-        if app is None or program is None or not program.is_file():
-            where = f"{app.label} at 0x{app.offset:x}" if app is not None else "the partition table"
-            return None if app is None else (Path(), {}, f"{BOOT_LINE} no app image in {where}\r\n")
+        if app is None:
+            return None
+        program = self._dir / "apps" / f"0x{app.offset:x}"
+        if not program.is_file():
+            return Path(), {}, f"{BOOT_LINE} no app image in {app.label} at 0x{app.offset:x}\r\n"
         env = {
             "ESP_CHECK_NATIVE_FLASH": str(self.flash_path),
             "ESP_CHECK_NATIVE_TABLE_OFFSET": f"0x{table_off:x}",
@@ -277,11 +257,7 @@ class Serial(InProcessPort):
             self._start_program()  # EN released with IO0 high: boot the installed program
         self._en_low = en_low
 
-    def _update_rts_state(self) -> None:
-        self._lines_changed()
-
-    def _update_dtr_state(self) -> None:
-        self._lines_changed()
+    _update_rts_state = _update_dtr_state = _lines_changed  # pyserial calls these on a DTR or RTS change
 
     def _start_program(self, keep_output: bool = False) -> None:
         """Boot: the boot stand-in picks the program; ``keep_output`` after a software reset (the

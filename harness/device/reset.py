@@ -1,15 +1,7 @@
 """Reset sequences by board reset style, on top of esp-pylib's DTR/RTS primitives (the same pulse
 trains esptool and idf.py monitor use).
 
-Two styles (``Board.reset``):
-
-- ``classic``: the DevKit auto-reset circuit (two transistors): RTS drives EN, DTR drives IO0,
-  and equal DTR/RTS means "run". Hard reset into the app = pulse RTS (EN low) with DTR inactive
-  (IO0 high, so the chip boots from flash). Bootloader reset = EN low, then release EN while
-  IO0 is held low.
-- ``usb_serial_jtag``: the chip's own USB-Serial-JTAG peripheral interprets DTR/RTS itself; a
-  reset makes the USB device drop off the bus and re-enumerate (the open handle dies), and the
-  ROM reports ``rst:0x15 (USB_UART_CHIP_RESET)``.
+The two styles (``Board.reset``: ``classic``, ``usb_serial_jtag``): docs/device.md, "Ports and transports".
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Which distribution's files make up the ``serial`` package (pyserial, or labgrid's fork).
 
-labgrid requires ``pyserial-labgrid``, a fork of pyserial 3.5 that installs the *same* ``serial``
-package; esptool (and esp-check) require ``pyserial``. ``pip install 'esp-check[labgrid]'`` installs
-both, and the files on disk are those of whichever was written last (pip: ``pyserial``; uv installs
-in parallel and may mix them). The two differ only in ``serial/__init__.py`` (the version) and
-``serial/rfc2217.py`` (the fork skips unchanged RFC 2217 subnegotiations and does not renegotiate the
-port settings on a timeout change), and esp-check works with either (tested, docs/ci.md). What breaks
-an environment is uninstalling one of them: that deletes the shared files under the other's feet.
-This module reads both distributions' RECORD hashes and says what is really there.
+Both install the same ``serial`` package, and uninstalling one deletes the files under the other's feet
+(docs/ci.md, "labgrid and pyserial"): this module reads both distributions' RECORD hashes and says what
+is really there.
 """
 
 from __future__ import annotations

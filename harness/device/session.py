@@ -1,14 +1,8 @@
 """One board, one open serial handle: flash, then capture, without closing in between.
 
-This is the object the flash-and-compare orchestration uses::
-
-    with DeviceSession("auto", board) as dev:            # opens exclusive=True, no reset on open
-        fr = dev.flash(build.artifacts, log_path=out / "flash.log")   # esptool, stays in the stub
-        cap = dev.capture(out / "serial.log", total_timeout=60)      # reset into app, read to END
-        findings = classify(cap.data, ended_by=cap.ended_by)
-
-The handle may be replaced during the capture (USB-Serial-JTAG re-enumerates on reset); the
-session always holds the current one and closes it on exit.
+The flash-and-compare orchestration's object (docs/device.md shows its use). The handle may be replaced
+during the capture (USB-Serial-JTAG re-enumerates on reset); the session always holds the current one
+and closes it on exit.
 """
 
 from __future__ import annotations
@@ -104,20 +98,15 @@ class DeviceSession:
         self,
         artifacts: Sequence[tuple[int, Path | str]],
         *,
-        after: str = "no-reset-stub",
         progress: ProgressCallback | None = None,
         log_path: Path | None = None,
-        expected_chip: str | None = None,
-        chip_revisions: tuple[int, int] | None = None,
-        baud: int | None = None,
         connect_attempts: int = 7,
         diff_with: Sequence[Path | str | None] | None = None,
         skip_flashed: bool = True,
-        chip: str | None = None,
-        before: str = "auto",
     ) -> FlashResult:
-        """Flash and stay in the stub (default): :meth:`capture` then resets into the app itself,
-        after switching the port to the console baud, so the first line is not lost."""
+        """Flash the board's chip (refusing another chip or revision) and stay in the stub: :meth:`capture`
+        then resets into the app itself, after switching the port to the console baud, so the first line
+        is not lost."""
         self.open()
         assert self.serial is not None
         self.link_baud = None  # esptool resets the chip: its app boots at the console baud again
@@ -126,11 +115,11 @@ class DeviceSession:
         result = flash_artifacts(
             self.serial,
             artifacts,
-            expected_chip=expected_chip or getattr(self.board, "chip", None),
-            chip_revisions=chip_revisions or getattr(self.board, "chip_revisions", None),
-            baud=baud or self.flash_baud,
+            expected_chip=getattr(self.board, "chip", None),
+            chip_revisions=getattr(self.board, "chip_revisions", None),
+            baud=self.flash_baud,
             reset_style=self.reset_style,
-            after=after,
+            after="no-reset-stub",
             console_baud=self.console_baud,
             progress=progress,
             log_path=log_path,
@@ -138,8 +127,6 @@ class DeviceSession:
             connect_attempts=connect_attempts,
             diff_with=diff_with,
             skip_flashed=skip_flashed,
-            chip=chip,
-            before=before,
         )
         if result.serial is not None:
             self.serial = result.serial
@@ -168,15 +155,7 @@ class DeviceSession:
 
     def describe(self) -> dict[str, object]:
         """What reports say about the port (transport, caps, USB identity)."""
-        return {
-            "spec": self.spec.spec,
-            "url": self.spec.url,
-            "transport": self.spec.transport,
-            "caps": dataclasses.asdict(self.spec.caps),
-            "usb": dataclasses.asdict(self.spec.usb) if self.spec.usb else None,
-            "note": self.spec.note,
-            "reset_style": self.reset_style,
-        }
+        return {**dataclasses.asdict(self.spec), "reset_style": self.reset_style}
 
     # ---- the resident loop (docs/protocol.md "Resident loop") ---------------------------------------
 
@@ -211,11 +190,7 @@ class DeviceSession:
                     reply = self._await_frame(hello.key, lambda f: f.type == frames.RSP_BOOT, 5.0, log)
                 self.link_baud = None
                 if reply is not None and frames.decode_boot(reply.payload)[1] != 0:
-                    status = frames.decode_boot(reply.payload)[1]
-                    raise LinkError(
-                        f"the running app refused to boot ota_{slot} next (status 0x{status & 0xFFFFFFFF:x})",
-                        hint="that slot holds no valid image: flash both variants again",
-                    )
+                    raise _refused_boot(slot, reply)
         except (serial.SerialException, OSError) as exc:
             raise LinkError(f"the serial link was lost before the slot switch ({exc})") from exc
 
@@ -229,11 +204,7 @@ class DeviceSession:
             log_path, reset=False, stop_at_end=False, stop_on_frame=refused, frame_key=hello.key, **kwargs
         )
         if cap.stop_frame is not None and cap.stop_frame.type == frames.RSP_BOOT:
-            status = frames.decode_boot(cap.stop_frame.payload)[1]
-            raise LinkError(
-                f"the running app refused to boot ota_{slot} next (status 0x{status & 0xFFFFFFFF:x})",
-                hint="that slot holds no valid image: flash both variants again",
-            )
+            raise _refused_boot(slot, cap.stop_frame)
         return cap
 
     def _await_frame(
@@ -292,10 +263,8 @@ class DeviceSession:
                 self.pending_link.rx_gaps += 1
                 tries = tries[1:2]
             for k, (rate, sseq) in enumerate(tries):
-                if rate != baud:
-                    time.sleep(
-                        frames.BAUD_CONFIRM_S + 0.2
-                    )  # the device goes back to its console baud by itself
+                if rate != baud:  # the device goes back to its console baud by itself
+                    time.sleep(frames.BAUD_CONFIRM_S + 0.2)
                 port.baudrate = rate
                 token = random.getrandbits(32)
                 port.write(
@@ -314,6 +283,15 @@ class DeviceSession:
             f"{self.console_baud}",
             hint="check the USB-UART bridge's top rate; set link_baud in the board file to what it handles",
         )
+
+
+def _refused_boot(slot: int, reply: frames.Frame) -> LinkError:
+    """The app's BOOT reply refused the slot (its status names the ESP-IDF error)."""
+    status = frames.decode_boot(reply.payload)[1]
+    return LinkError(
+        f"the running app refused to boot ota_{slot} next (status 0x{status & 0xFFFFFFFF:x})",
+        hint="that slot holds no valid image: flash both variants again",
+    )
 
 
 @contextlib.contextmanager

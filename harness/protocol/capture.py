@@ -31,21 +31,8 @@ MARKER = b"@EC1 "
 DTYPES: dict[str, str] = {"int8": "<i1", "uint8": "<u1", "int16": "<i2", "int32": "<i4", "float32": "<f4"}
 ITEM_SIZES: dict[str, int] = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "float32": 4}
 REQUIRED_BEGIN = ("proto", "fw", "fwver", "sim")
-REQUIRED_INFO = (
-    "nn",
-    "target",
-    "chip",
-    "rev",
-    "cores",
-    "cpu_mhz",
-    "idf",
-    "tflm",
-    "espnn",
-    "model_sha256",
-    "model_bytes",
-    "inputs",
-    "outputs",
-)
+_BUILD_INFO = ("nn", "target", "chip", "rev", "cores", "cpu_mhz", "idf", "tflm", "espnn")  # board, build
+REQUIRED_INFO = (*_BUILD_INFO, "model_sha256", "model_bytes", "inputs", "outputs")
 ERROR_STAGES = ("schema", "resolver", "alloc", "input", "invoke", "output", "internal", "model")
 
 _RECORD_RE = re.compile(
@@ -461,6 +448,11 @@ class _Builder:
     def problem(self, msg: str) -> None:
         self.cap.problems.append(msg)
 
+    def _cut_short(self, what: str, prec: Record, buf: bytearray) -> None:
+        self.problem(
+            f"{what} at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
+        )
+
     def feed(self, records: Iterable[Record | _Data]) -> None:
         cap = self.cap
         in_boot = False
@@ -505,16 +497,10 @@ class _Builder:
         """Close what a record of another type interrupts, then dispatch on the record type."""
         t = rec.type
         if self.pending is not None and t != "DATA":
-            prec, buf, _ = self.pending
-            self.problem(
-                f"TENSOR at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
-            )
+            self._cut_short("TENSOR", *self.pending[:2])
             self.pending = None
         if self.pending_dump is not None and t != "OPDATA":
-            prec, buf, _ = self.pending_dump
-            self.problem(
-                f"OPDUMP at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
-            )
+            self._cut_short("OPDUMP", *self.pending_dump[:2])
             self.pending_dump = None
         if self.cap.complete:
             self.problem(f"line {rec.line}: {t} record after END")
@@ -718,14 +704,17 @@ class _Builder:
         assert self.pending_dump is not None
         dump = self.pending_dump[2]
         self.pending_dump = None
-        tensor = dump.tensor
-        if crc32_hex(data) != tensor.crc:
-            self.problem(f"OPDUMP at line {prec.line}: data CRC {crc32_hex(data)} != {tensor.crc}")
-            return
-        tensor.data = np.frombuffer(data, dtype=DTYPES[tensor.dtype]).reshape(tensor.shape)
         run = self.run_by_index.get(dump.i)
-        if run is not None:
+        if self._filled("OPDUMP", prec, data, dump.tensor) and run is not None:
             run.dumps.append(dump)
+
+    def _filled(self, what: str, prec: Record, data: bytes, tensor: CapturedTensor) -> bool:
+        """Give ``tensor`` its bytes when their CRC-32 is the one its record announced (else a problem)."""
+        if crc32_hex(data) != tensor.crc:
+            self.problem(f"{what} at line {prec.line}: data CRC {crc32_hex(data)} != {tensor.crc}")
+            return False
+        tensor.data = np.frombuffer(data, dtype=DTYPES[tensor.dtype]).reshape(tensor.shape)
+        return True
 
     def _run(self, rec: Record) -> CapturedRun | None:
         i = _int(rec, "i", unsigned=True)
@@ -780,11 +769,7 @@ class _Builder:
         if self.pending is None:
             self._data_at(rec.line, 0, 0, 0, b"")  # says what is wrong
             return
-        i, o, off = (
-            _int(rec, "i", unsigned=True),
-            _int(rec, "o", unsigned=True),
-            _int(rec, "off", unsigned=True),
-        )
+        i, o, off = (_int(rec, key, unsigned=True) for key in ("i", "o", "off"))
         self._data_at(rec.line, i, o, off, _get(rec, "b64").encode("ascii"))
 
     def _data_at(self, line: int, i: int, o: int, off: int, b64: bytes) -> None:
@@ -817,26 +802,16 @@ class _Builder:
         assert self.pending is not None
         prec, buf, tensor = self.pending
         self.pending = None
-        if crc32_hex(bytes(buf)) != tensor.crc:
-            self.problem(f"TENSOR at line {prec.line}: data CRC {crc32_hex(bytes(buf))} != {tensor.crc}")
-            return
-        tensor.data = np.frombuffer(bytes(buf), dtype=DTYPES[tensor.dtype]).reshape(tensor.shape)
         run = self.run_by_index.get(tensor.i)
-        if run is not None:
+        if self._filled("TENSOR", prec, bytes(buf), tensor) and run is not None:
             run.outputs.append(tensor)
 
     def finish(self) -> None:
         cap = self.cap
         if self.pending is not None:
-            prec, buf, _ = self.pending
-            self.problem(
-                f"TENSOR at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
-            )
+            self._cut_short("TENSOR", *self.pending[:2])
         if self.pending_dump is not None:
-            prec, buf, _ = self.pending_dump
-            self.problem(
-                f"OPDUMP at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
-            )
+            self._cut_short("OPDUMP", *self.pending_dump[:2])
         if not cap.has_records:
             self.problem("no esp-check protocol records (@EC1) in the capture")
             return

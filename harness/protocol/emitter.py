@@ -535,7 +535,6 @@ class CEmitter:
 
     def __init__(self, write: Callable[[bytes], None], library: Path) -> None:
         self.lib = _load_library(library)
-        self._user_write = write
 
         def _cb(_ctx: int | None, buf: ctypes._Pointer[ctypes.c_char], n: int) -> int:
             write(ctypes.string_at(buf, n))

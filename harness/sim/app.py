@@ -9,7 +9,7 @@ or a link event); the board schedules them on its serial line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from harness.flashfmt.model_image import PARTITION_LABEL, ModelImageError, parse_model_image
 from harness.flashfmt.otadata import boot_order
@@ -50,7 +50,6 @@ class BootResult:
     pieces: list[Piece]
     console_baud: int = ROM_BAUD
     variant: str | None = None
-    faults_applied: list[str] = field(default_factory=list)
     app: SimApp | None = None  # the app now running its command loop (None: halted, looping, no app)
     reboot_reason: str | None = None  # one boot: the app restarted the chip (the next boot's reason)
 
@@ -113,7 +112,6 @@ def boot_from_flash(ctx: BootContext, reason: str) -> BootResult:
         base += max(p.at for p in one.pieces) + REBOOT_S
         result.console_baud = one.console_baud if n == 0 else result.console_baud
         result.variant = one.variant
-        result.faults_applied = one.faults_applied
         result.app = one.app
         if one.reboot_reason is None:
             break
@@ -273,4 +271,4 @@ def _boot_once(ctx: BootContext, reason: str) -> BootResult:
     out = [replace(p, at=t_app + p.at) for p in out]
     ctx.log(f"app: {payload.variant} from {part.label}, model {'ok' if model_error is None else model_error}")
     app_running = None if reboot else sim_app
-    return BootResult(pieces + out, console_baud, payload.variant, sim_app.active, app_running, reboot)
+    return BootResult(pieces + out, console_baud, payload.variant, app_running, reboot)

@@ -435,11 +435,6 @@ class SimBoard:
                 "access on port?)"
             )
 
-    def connected(self, ident: int) -> bool:
-        with self._cond:
-            conn = self._conns.get(ident)
-            return conn is not None and conn.epoch == self._epoch
-
     def _drop_link(self) -> None:
         """The USB device leaves the bus (or the cable is pulled): open handles die."""
         self._epoch += 1

@@ -305,14 +305,12 @@ class SimApp:
         detected = len(self.env.flash)  # the flash chip's real size (its RDID answer)
         if detected < header_flash:  # esp_flash_init_default_chip refuses the chip: the core init asserts
             head.append(clock.line("E", "spi_flash", _flash_size_text(detected, header_flash, "smaller"), 10))
-            rng = self.env.faults.rng("flash_size", self.env.boot_index)
-            return head, b"\r\n" + panic_text(chip, "flash_size", rng, self.elf_sha, variant)
+            return head, b"\r\n" + panic_text(chip, "flash_size", elf_sha=self.elf_sha, variant=variant)
         if detected > header_flash:
             head.append(clock.line("W", "spi_flash", _flash_size_text(detected, header_flash, "larger"), 10))
         head.append(clock.line("I", "spi_flash", "detected chip: generic", 10))
         if "bootloop" in self.active:  # no RAM left for the main task's stack: an assert before app_main
-            rng = self.env.faults.rng("bootloop", self.env.boot_index)
-            return head, panic_text(chip, "startup", rng, self.elf_sha, variant)
+            return head, panic_text(chip, "startup", elf_sha=self.elf_sha, variant=variant)
         head += [
             clock.line("I", "main_task", "Started on CPU0", 20),
             clock.line("I", "main_task", "Calling app_main()", 10),
@@ -546,11 +544,12 @@ class SimApp:
         pieces = self._line_faults(pieces)
         reboot = self.reboot
         if self.crash is not None:
-            rng = self.env.faults.rng(self.crash, self.env.boot_index)  # a kernel bug: the same crash
             if self.crash == "brownout":
                 text, reboot = b"\r\nBrownout detector was triggered\r\n\r\n", "brownout"
-            else:
-                text = panic_text(self.env.chip, self.crash, rng, self.elf_sha, self.payload.variant)
+            else:  # a kernel bug: the same crash on every boot
+                text = panic_text(
+                    self.env.chip, self.crash, elf_sha=self.elf_sha, variant=self.payload.variant
+                )
                 reboot = "sw"
             pieces.append(Piece("console", text, busy))
         return pieces, reboot

@@ -22,8 +22,6 @@ from harness.model.loader import ModelInfo, OpInfo
 from harness.model.taps import tapped_inputs
 from harness.sim.cycles import Dispatch, op_cycles
 
-REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")
-
 
 @dataclass(frozen=True)
 class OpFault:

@@ -21,15 +21,11 @@ import numpy as np
 
 from harness.errors import CaptureError
 from harness.protocol.frames import split_stream
-from harness.protocol.spec import TAP_MAX_TENSORS, crc32_hex
+from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, TAP_MAX_TENSORS, crc32_hex
 
 PROTO_VERSION = "1"
-LINE_MAX = 240
-DATA_CHUNK = 96
 MARKER = b"@EC1 "
 
-DTYPES: dict[str, str] = {"int8": "<i1", "uint8": "<u1", "int16": "<i2", "int32": "<i4", "float32": "<f4"}
-ITEM_SIZES: dict[str, int] = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "float32": 4}
 REQUIRED_BEGIN = ("proto", "fw", "fwver", "sim")
 _BUILD_INFO = ("nn", "target", "chip", "rev", "cores", "cpu_mhz", "idf", "tflm", "espnn")  # board, build
 REQUIRED_INFO = (*_BUILD_INFO, "model_sha256", "model_bytes", "inputs", "outputs")

@@ -28,20 +28,15 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from harness.errors import BuildError, UsageError
+from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, TAP_MAX_TENSORS
 from harness.resources import templates_dir, user_cache_dir
 
-LINE_MAX = 240  # bytes per record including \r\n
 BODY_MAX = LINE_MAX - 11  # "*XXXXXXXX\r\n" follows the body
-DATA_CHUNK = 96
 NAME_MAX = 64
 MSG_MAX = 120
 MAX_DIMS = 8
-TAP_MAX_TENSORS = 4  # tensors per side of an OP record
 OPNAME_MAX = 32
-PROTO_VERSION = 1
 
-DTYPE_SIZES: dict[str, int] = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "float32": 4}
-_NP_DTYPES: dict[str, str] = {"int8": "<i1", "uint8": "<u1", "int16": "<i2", "int32": "<i4", "float32": "<f4"}
 _C_FLAGS = ("-std=c99", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra")
 _SANITIZE = bytes(c if 0x21 <= c <= 0x7E and c != 0x2A else 0x5F for c in range(256))
 _OVERFLOW_TAIL = b" ERROR stage=internal code=0 msg=record_overflow "
@@ -110,7 +105,7 @@ def _u64(name: str, v: int) -> int:
 
 def human_value(dtype: str, raw: bytes, scale_bits: int, zp: int) -> float:
     """The value an ``Output:`` line shows for one element (same arithmetic as the C emitter)."""
-    q = np.frombuffer(raw, dtype=_NP_DTYPES[dtype], count=1)[0]
+    q = np.frombuffer(raw, dtype=DTYPES[dtype], count=1)[0]
     if dtype == "float32":
         return float(q)
     scale = struct.unpack("<f", struct.pack("<I", scale_bits))[0]
@@ -136,7 +131,7 @@ def _checked_tensor(
 
 
 def _tensor_problem(dtype: str, shape: Sequence[int], nbytes: int) -> str | None:
-    item = DTYPE_SIZES.get(dtype)
+    item = ITEM_SIZES.get(dtype)
     if item is None:
         return "bad_dtype"
     if len(shape) > MAX_DIMS:
@@ -247,7 +242,7 @@ class PythonEmitter:
             fields.append(("name", sanitize_value(cname, NAME_MAX)))
         if not self._emit("TENSOR", fields) or not self._emit_chunks("DATA", head, data):
             return False
-        item = DTYPE_SIZES[dtype]
+        item = ITEM_SIZES[dtype]
         count = len(data) // item
         for j in range(min(max(human_max, 0), count)):
             self._write(format_human(human_value(dtype, data[j * item : (j + 1) * item], bits, zp)))

@@ -32,7 +32,7 @@ from harness.errors import UsageError
 from harness.inprocess import BOARDS
 from harness.protocol import frames
 from harness.sim.app import ROM_BAUD, BootContext, boot_from_flash, rom_header
-from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec, get_chip
+from harness.sim.chips import FLASH_SIZE_CODES, FLASH_SIZES, ChipSpec, get_chip
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader
 from harness.sim.resident import IDLE_QUIET_S, Piece, SimApp, keep_after_boot
@@ -45,7 +45,6 @@ RESET_STYLES = {
     "usb": "usb_jtag",
 }
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_SIZES = {"1MB": 1 << 20, "2MB": 2 << 20, "4MB": 4 << 20, "8MB": 8 << 20, "16MB": 16 << 20, "32MB": 32 << 20}
 
 
 def _invoke_time(value: str) -> str:
@@ -65,7 +64,7 @@ class SimParams(FaultParams):
     chip: str = Field("esp32s3", description="esp32, esp32s2, esp32s3, esp32c3, esp32c6, esp32p4")
     reset: str = Field("classic", json_schema_extra={"enum": list(RESET_STYLES)})
     flash: str | None = Field(None, description="a file that keeps the board's flash between runs")
-    flash_size: str = Field("4MB", json_schema_extra={"enum": list(_SIZES)})
+    flash_size: str = Field("4MB", json_schema_extra={"enum": list(FLASH_SIZES)})
     throttle: Annotated[Annotated[int, Field(ge=0)] | None, BeforeValidator(blank_is_none)] = Field(
         None, description="line rate in baud, both directions; 0: as fast as the host reads"
     )
@@ -126,8 +125,8 @@ def config_from_params(params: Mapping[str, str | int | float | list[str]]) -> B
             "the ESP32 has no USB-Serial-JTAG peripheral", hint="use reset=classic with chip=esp32"
         )
     size_raw = p.flash_size.upper()
-    if size_raw not in _SIZES:
-        raise UsageError(f"flash_size={size_raw!r} not modelled", hint=f"use one of {', '.join(_SIZES)}")
+    if size_raw not in FLASH_SIZES:
+        raise UsageError(f"flash_size={size_raw!r} not modelled", hint=f"use one of {', '.join(FLASH_SIZES)}")
     boot = p.boot.lower()
     if boot not in ("auto", "download"):
         raise UsageError(
@@ -137,7 +136,7 @@ def config_from_params(params: Mapping[str, str | int | float | list[str]]) -> B
         chip=chip,
         reset=reset,
         flash_path=Path(p.flash) if p.flash else None,
-        flash_size=_SIZES[size_raw],
+        flash_size=FLASH_SIZES[size_raw],
         faults=parse_faults(params),
         throttle=p.throttle or None,
         emitter=p.emitter,
@@ -766,14 +765,8 @@ class SimBoard:
     def set_uart_baud(self, baud: int) -> None:
         self.uart_baud = baud
 
-    def run_user_code(self) -> None:
-        self._boot(download=False, reason="sw", now=time.monotonic())
-
-    def reboot_chip(self) -> None:
-        self._boot(download=False, reason="sw", now=time.monotonic())
-
-    def soft_reset_to_rom(self) -> None:
-        self._boot(download=True, reason="sw", now=time.monotonic())
+    def restart(self, download: bool) -> None:
+        self._boot(download=download, reason="sw", now=time.monotonic())
 
     def flash_changed(self) -> None:
         self._dirty = True

@@ -19,15 +19,10 @@ from esptool.targets import CHIP_DEFS
 from harness.chips import CHIPS as FACTS
 from harness.chips import Chip
 
-# esptool's RDID answer: manufacturer 0xEF (Winbond), memory type 0x40, capacity byte = log2(size).
-FLASH_SIZE_CODES: dict[int, int] = {
-    1 * 1024 * 1024: 0x14,
-    2 * 1024 * 1024: 0x15,
-    4 * 1024 * 1024: 0x16,
-    8 * 1024 * 1024: 0x17,
-    16 * 1024 * 1024: 0x18,
-    32 * 1024 * 1024: 0x19,
-}
+# The flash sizes the simulated board models, by name (an image header's size nibble is the index here),
+# and esptool's RDID answer for each: manufacturer 0xEF (Winbond), memory type 0x40, capacity log2(size).
+FLASH_SIZES: dict[str, int] = {f"{1 << k}MB": (1 << 20) << k for k in range(6)}
+FLASH_SIZE_CODES: dict[int, int] = {size: 0x14 + k for k, size in enumerate(FLASH_SIZES.values())}
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from harness.flashfmt.partitions import (
 )
 from harness.protocol.app_image import APP_DESC_ELF_SHA, APP_DESC_MAGIC
 from harness.sim import elf
-from harness.sim.chips import ChipSpec, get_chip
+from harness.sim.chips import FLASH_SIZES, ChipSpec, get_chip
 
 if TYPE_CHECKING:
     from harness.firmware.generate import Manifest
@@ -57,9 +57,6 @@ _BOOTLOADER_PT_MARKER = b"ESPCHK-PT-OFFSET"  # followed by the offset as a littl
 PAYLOAD_MAGIC = b"ESPCHKSIM1\0\0"
 PAYLOAD_FORMAT = 2  # 2: the model is not in the app but in the model partition (inputs may be none)
 
-# image header byte 3, high nibble: the flash size (esptool's FLASH_SIZES for the ESP32 family); low
-# nibble 0x0 = 40 MHz flash clock
-FLASH_SIZE_CODES = {"1MB": 0x0, "2MB": 0x1, "4MB": 0x2, "8MB": 0x3, "16MB": 0x4, "32MB": 0x5}
 DEFAULT_FLASH_SIZE = "4MB"
 
 
@@ -168,14 +165,14 @@ def _image_class(chip: ChipSpec) -> type[ESP32FirmwareImage]:
 
 
 def flash_size_freq(flash_size: str) -> int:
-    """Image header byte 3 for ``flash_size`` ("4MB") at 40 MHz, as ESP-IDF's build writes it."""
-    try:
-        return FLASH_SIZE_CODES[flash_size.upper()] << 4
-    except KeyError:
+    """Image header byte 3 for ``flash_size`` ("4MB") at 40 MHz, as ESP-IDF's build writes it: the size in
+    the high nibble (esptool's FLASH_SIZES for the ESP32 family: 1MB 0, 2MB 1, ...), 0x0 = 40 MHz below."""
+    if flash_size.upper() not in FLASH_SIZES:
         raise BuildError(
             f"flash size {flash_size!r} is not one the simulated board models",
-            hint=f"use one of {', '.join(FLASH_SIZE_CODES)}",
-        ) from None
+            hint=f"use one of {', '.join(FLASH_SIZES)}",
+        )
+    return list(FLASH_SIZES).index(flash_size.upper()) << 4
 
 
 def header_flash_bytes(image: BaseFirmwareImage) -> int:

@@ -188,9 +188,7 @@ class LoaderHost(Protocol):
 
     def send(self, data: bytes) -> None: ...
     def set_uart_baud(self, baud: int) -> None: ...
-    def run_user_code(self) -> None: ...
-    def reboot_chip(self) -> None: ...
-    def soft_reset_to_rom(self) -> None: ...
+    def restart(self, download: bool) -> None: ...  # a software reset, into the ROM loader or the app
     def flash_changed(self) -> None: ...
     def persist(self) -> None: ...
 
@@ -470,13 +468,10 @@ class Loader:
         self._write = None
         self.host.persist()  # a finished write session is on "flash" (the board's file) before the reply
         self._respond(op)
-        if self.stub:
-            if not stay:
-                self.host.soft_reset_to_rom()
-        elif stay:
-            self.host.run_user_code()  # ROM: "leave download mode and run the app"
-        else:
-            self.host.reboot_chip()
+        # the stub: back to the ROM loader unless told to stay; the ROM: run the app (whether told to
+        # "leave download mode and run the app" or to reboot)
+        if not (self.stub and stay):
+            self.host.restart(download=self.stub)
 
     def _change_baud(self, op: int, data: bytes, chk: int) -> None:
         new, _old = struct.unpack("<II", data)

@@ -9,7 +9,6 @@ loop with their Python twins (:mod:`harness.protocol.frames`, :mod:`harness.prot
 from __future__ import annotations
 
 import ctypes
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -299,10 +298,6 @@ def make_loop(
     return CDeviceLoop(lib, cfg, host, emitter)
 
 
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 __all__ = [
-    "CDeviceLoop", "CFrameDecoder", "c_encode_frame", "c_prng", "load_library", "make_loop", "sha256_hex",
+    "CDeviceLoop", "CFrameDecoder", "c_encode_frame", "c_prng", "load_library", "make_loop",
 ]  # fmt: skip

@@ -31,7 +31,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 from harness.errors import UsageError
 from harness.inprocess import BOARDS
 from harness.protocol import frames
-from harness.sim.app import ROM_BAUD, BootContext, boot_from_flash, rom_header
+from harness.sim.app import ROM_BAUD, AppEnv, boot_from_flash, rom_header
 from harness.sim.chips import FLASH_SIZE_CODES, FLASH_SIZES, ChipSpec, get_chip
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader
@@ -724,7 +724,7 @@ class SimBoard:
         self._log(f"boot: SPI flash ({reason})")
         self.persist()
         keep_after_boot(self.keep, reason, self.config.faults, self.boots)
-        ctx = BootContext(
+        ctx = AppEnv(
             chip=self.chip,
             flash=self.flash,  # the app may write otadata (slot switch)
             parts=[],

@@ -26,7 +26,7 @@ from harness.protocol import frames
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
-from harness.sim.faults import FaultSpec, flip_bits
+from harness.sim.faults import OP_FAULTS, FaultSpec, flip_bits
 from harness.sim.image import PROJECT_NAME, AppPayload, ImageError, load_image
 
 ROM_BAUD = 115200
@@ -211,7 +211,7 @@ class SimApp:
         unopt = faults.fault_kind if "unoptimized_kind" in self.active else None
         init.dispatch = Dispatch(self.payload.variant, frozenset(ansi), unopt)
         init.op_fault = _op_fault(faults, init.dispatch, info)
-        kept = [f for f in self.active if f not in _OP_FAULT_NAMES]
+        kept = [f for f in self.active if f not in OP_FAULTS]
         self.active = sorted(kept + ([init.op_fault.kind] if init.op_fault else []))
         init.cycles = op_cycles(info, self.env.chip.name, init.dispatch, salt=self.payload.variant)
 
@@ -639,16 +639,13 @@ def _busy_seconds(mode: str, invoke_us: int) -> float:
         return 0.0
 
 
-_OP_FAULT_NAMES = ("op_corrupt", "op_clobber", "op_panic", "op_hang")
-
-
 def _op_fault(faults: FaultSpec, dispatch: Any, info: Any) -> Any:
     """The op fault of this image, or None when there is none or it hits no op this image runs."""
     from harness.sim.tap_sim import OpFault
 
     if not faults.fault_ops:
         return None
-    for kind in _OP_FAULT_NAMES:
+    for kind in OP_FAULTS:
         if kind in faults.names:
             fault = OpFault(
                 kind,

@@ -73,18 +73,13 @@ def region_mask(shape: tuple[int, ...], region: str, rng: random.Random, frac: f
         idx[axis] = k
         mask[tuple(idx)] = True
 
-    if region == "last_row":
-        sel(row_ax, -1)
-    elif region == "first_row":
-        sel(row_ax, 0)
-    elif region == "last_col":
-        sel(col_ax, -1)
-    elif region == "first_col":
-        sel(col_ax, 0)
-    elif region == "border":
-        for ax in {row_ax, col_ax} - {None}:
-            sel(ax, 0)
-            sel(ax, -1)
+    # the (axis, index) slices that make each region up
+    picks: dict[str, list[tuple[int | None, int]]] = {"last_row": [(row_ax, -1)], "first_row": [(row_ax, 0)]}
+    picks |= {"last_col": [(col_ax, -1)], "first_col": [(col_ax, 0)]}
+    picks["border"] = [(ax, k) for ax in {row_ax, col_ax} - {None} for k in (0, -1)]
+    if region in picks:
+        for axis, k in picks[region]:
+            sel(axis, k)
     elif region == "all":
         mask[...] = True
     else:  # random

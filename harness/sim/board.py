@@ -13,7 +13,6 @@ Time enters in exactly one place, as on real hardware: after EN rises, IO0 is sa
 from __future__ import annotations
 
 import functools
-import os
 import random
 import re
 import threading
@@ -31,6 +30,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 from harness.errors import UsageError
 from harness.inprocess import BOARDS
 from harness.protocol import frames
+from harness.resources import atomic_write
 from harness.sim.app import ROM_BAUD, AppEnv, boot_from_flash, rom_header
 from harness.sim.chips import FLASH_SIZE_CODES, FLASH_SIZES, ChipSpec, get_chip
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
@@ -279,10 +279,7 @@ class SimBoard:
             path = self.config.flash_path
             if path is None or not self._dirty:
                 return
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(bytes(self.flash))
-            os.replace(tmp, path)
+            atomic_write(path, bytes(self.flash), durable=False)
             self._dirty = False
 
     def program(self, files: list[tuple[int, Path]] | list[tuple[int, bytes]]) -> None:

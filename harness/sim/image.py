@@ -276,15 +276,19 @@ def load_image(chip: ChipSpec, flash: bytes | bytearray, offset: int, max_len: i
     return LoadedImage(img, [(s.addr, bytes(s.data)) for s in img.segments])
 
 
+def _drom_desc(chip: ChipSpec, loaded: LoadedImage) -> bytes | None:
+    """The image's DROM segment that opens with the app description (esp_app_desc_t, 256 bytes)."""
+    for addr, data in loaded.segments:
+        in_drom = chip.drom_map_start <= addr < chip.drom_map_start + 0x400000
+        if in_drom and len(data) >= 256 and struct.unpack_from("<I", data, 0)[0] == APP_DESC_MAGIC:
+            return data
+    return None
+
+
 def app_elf_sha256(chip: ChipSpec, loaded: LoadedImage) -> str | None:
     """The ``app_elf_sha256`` of the image's app description (hex), or None when it is not set."""
-    for addr, data in loaded.segments:
-        if chip.drom_map_start <= addr < chip.drom_map_start + 0x400000 and len(data) >= 256:
-            (magic,) = struct.unpack_from("<I", data, 0)
-            sha = data[APP_DESC_ELF_SHA : APP_DESC_ELF_SHA + 32]
-            if magic == APP_DESC_MAGIC and any(sha):
-                return sha.hex()
-    return None
+    sha = (_drom_desc(chip, loaded) or b"")[APP_DESC_ELF_SHA : APP_DESC_ELF_SHA + 32]
+    return sha.hex() if any(sha) else None
 
 
 def bootloader_max_bytes(chip: ChipSpec) -> int:
@@ -304,12 +308,10 @@ def bootloader_table_offset(loaded: LoadedImage) -> int:
 
 
 def find_payload(chip: ChipSpec, loaded: LoadedImage) -> AppPayload:
-    for addr, data in loaded.segments:
-        if chip.drom_map_start <= addr < chip.drom_map_start + 0x400000 and len(data) > 256:
-            (magic,) = struct.unpack_from("<I", data, 0)
-            if magic == APP_DESC_MAGIC:
-                return unpack_payload(data[256:])
-    raise ImageError("app image has no esp-check payload (not built by the sim builder?)")
+    data = _drom_desc(chip, loaded)
+    if data is None or len(data) == 256:
+        raise ImageError("app image has no esp-check payload (not built by the sim builder?)")
+    return unpack_payload(data[256:])
 
 
 # ---- the "sim" builder -------------------------------------------------------------------------

@@ -485,26 +485,17 @@ def _c_tap_array(ts: Sequence[TapTensor]) -> ctypes.Array[_CTapTensor]:
 
 def _load_library(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
-    vp, cp, i32, i64, u64, sz = (
-        ctypes.c_void_p,
-        ctypes.c_char_p,
-        ctypes.c_int32,
-        ctypes.c_int64,
-        ctypes.c_uint64,
-        ctypes.c_size_t,
-    )
-    cint, dims, taps = ctypes.c_int, ctypes.POINTER(i32), ctypes.POINTER(_CTapTensor)
+    vp, cp, sz, cint = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int
+    i32, i64, u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
+    dims, taps = ctypes.POINTER(i32), ctypes.POINTER(_CTapTensor)
     sigs: dict[str, tuple[object, list[object]]] = {
         "ecp_sizeof": (sz, []),
         "ecp_init": (None, [vp, _WRITE_FN, vp]),
-        "ecp_crc32": (ctypes.c_uint32, [ctypes.c_uint32, cp, sz]),
         "ecp_record_start": (None, [vp, cp]),
         "ecp_kv_str": (None, [vp, cp, cp]),
         "ecp_kv_int": (None, [vp, cp, i64]),
-        "ecp_kv_uint": (None, [vp, cp, u64]),
         "ecp_record_end": (cint, [vp]),
         "ecp_info_str": (cint, [vp, cp, cp]),
-        "ecp_info_int": (cint, [vp, cp, i64]),
         "ecp_begin": (cint, [vp, cp, cint]),
         "ecp_arena": (cint, [vp, u64, u64, cp]),
         "ecp_input": (cint, [vp, cint, u64, cp]),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -107,16 +107,10 @@ class FaultSpec:
     fault_count: int = _P.fault_count
     loops: int = _P.loops
     fault_boots: int | None = _P.fault_boots  # app faults only on the first N app boots (transient)
-    extra: Mapping[str, str] = field(default_factory=dict)
     fault_ops: tuple[int, ...] = ()  # op faults: the op indices (fault_op=17 or fault_op=17,27)
     fault_region: str = _P.fault_region
     frame_every: int = _P.frame_every  # frame_rx / frame_tx: which frames are damaged
     fault_kind: str | None = _P.fault_kind  # unoptimized_kind: the op kind, e.g. CONV_2D
-
-    @property
-    def fault_op(self) -> int | None:
-        """The first faulty op (the only one unless several were given)."""
-        return self.fault_ops[0] if self.fault_ops else None
 
     def for_boot(self, boot_index: int) -> FaultSpec:
         """The faults in force on app boot ``boot_index`` (1-based): none once ``fault_boots`` are used up.

@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 from filelock import FileLock, Timeout
@@ -30,6 +30,9 @@ from filelock import FileLock, Timeout
 from harness.errors import BuildError, UsageError
 from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, TAP_MAX_TENSORS
 from harness.resources import templates_dir, user_cache_dir
+
+if TYPE_CHECKING:
+    from harness.protocol.loop import LoopOutput
 
 BODY_MAX = LINE_MAX - 11  # "*XXXXXXXX\r\n" follows the body
 NAME_MAX = 64
@@ -666,6 +669,13 @@ class TensorSpec:
     name: str = ""
 
 
+def emit_tensor(em: Emitter, i: int, o: int, t: TensorSpec | LoopOutput, data: bytes, human_max: int) -> bool:
+    """Output ``o`` of run ``i`` (``t`` says what it is) as its TENSOR and DATA records: False when the
+    emitter refused it (it printed an ERROR record instead)."""
+    meta = (t.dtype, list(t.shape), t.scale, t.zp)
+    return bool(em.tensor(i, o, *meta, data=data, name=t.name, human_max=human_max))
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One input's run: the quantized input bytes, the invoke time and the outputs."""
@@ -715,15 +725,5 @@ def emit_capture(
         em.input(i, len(run.input_data), hashlib.sha256(run.input_data).hexdigest())
         em.time(i, run.invoke_us)
         for o, t in enumerate(run.outputs):
-            em.tensor(
-                i,
-                o,
-                t.dtype,
-                shape=t.shape,
-                scale=t.scale,
-                zp=t.zp,
-                data=t.data,
-                name=t.name,
-                human_max=human_max,
-            )
+            emit_tensor(em, i, o, t, t.data, human_max)
     em.end(True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from harness.protocol import frames
+from harness.protocol.emitter import emit_tensor
 
 ECL_OK, ECL_HALTED, ECL_REBOOT = 0, 1, 2
 
@@ -452,20 +453,7 @@ class DeviceLoop:
             return
         em.time(r.ident, us)
         for o, (t, data) in enumerate(zip(self.cfg.outputs, self.outputs_now, strict=True)):
-            shape = list(t.shape)
-            human = self.cfg.human_max
-            written = em.tensor(
-                r.ident,
-                o,
-                t.dtype,
-                shape=shape,
-                scale=t.scale,
-                zp=t.zp,
-                data=data,
-                name=t.name,
-                human_max=human,
-            )
-            if not written:
+            if not emit_tensor(em, r.ident, o, t, data, self.cfg.human_max):
                 self.session_error = True
                 return
         self.host.text_extra(em, r.ident)

@@ -112,6 +112,11 @@ class FaultSpec:
     frame_every: int = _P.frame_every  # frame_rx / frame_tx: which frames are damaged
     fault_kind: str | None = _P.fault_kind  # unoptimized_kind: the op kind, e.g. CONV_2D
 
+    @property
+    def fault_op(self) -> int | None:
+        """The first faulty op (the only one unless several were given)."""
+        return self.fault_ops[0] if self.fault_ops else None
+
     def for_boot(self, boot_index: int) -> FaultSpec:
         """The faults in force on app boot ``boot_index`` (1-based): none once ``fault_boots`` are used up.
 

@@ -23,6 +23,7 @@ import numpy as np
 from harness.flashfmt import otadata
 from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, Partition, find
 from harness.protocol import frames
+from harness.protocol.emitter import emit_tensor
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
@@ -336,17 +337,7 @@ class SimApp:
                 return
             em.time(i, us)
             for o, (t, data) in enumerate(zip(self._outputs(), outs, strict=True)):
-                em.tensor(
-                    i,
-                    o,
-                    t.dtype,
-                    shape=list(t.shape),
-                    scale=t.scale,
-                    zp=t.zp,
-                    data=data,
-                    name=t.name,
-                    human_max=self.loop.cfg.human_max,
-                )
+                emit_tensor(em, i, o, t, data, self.loop.cfg.human_max)
             self.text_extra(em, i)
         em.end(True)
 

@@ -160,10 +160,6 @@ def app_sections(
     ]
 
 
-def _image_class(chip: ChipSpec) -> type[ESP32FirmwareImage]:
-    return CHIP_DEFS[chip.name].BOOTLOADER_IMAGE
-
-
 def flash_size_freq(flash_size: str) -> int:
     """Image header byte 3 for ``flash_size`` ("4MB") at 40 MHz, as ESP-IDF's build writes it: the size in
     the high nibble (esptool's FLASH_SIZES for the ESP32 family: 1MB 0, 2MB 1, ...), 0x0 = 40 MHz below."""
@@ -202,18 +198,10 @@ def pack_app_image(
     """An ESP app image of :func:`app_sections` (DROM = app description + payload, IROM and IRAM code);
     ``elf_sha`` goes into the app description, as ``esptool elf2image --elf-sha256-offset`` puts it.
     ``revs``: the chip revisions it accepts (default: the chip's ESP-IDF defaults)."""
-    img = _image_class(chip)()
-    img.flash_mode = 2  # dio
-    img.flash_size_freq = flash_size_freq(flash_size)
-    _set_revisions(img, chip, revs)
-    img.segments = [
-        ELFSection(name.encode(), addr, data, 0)
-        for name, addr, data, _flags in app_sections(chip, payload, version=version, idf=idf, elf_sha=elf_sha)
-    ]
-    img.entrypoint = elf.iram_text_addr(chip)  # call_start_cpu0; the simulated CPU never executes it
-    out = img.save(None)
-    assert out is not None
-    return bytes(out)
+    sections = app_sections(chip, payload, version=version, idf=idf, elf_sha=elf_sha)
+    segments = [ELFSection(name.encode(), addr, data, 0) for name, addr, data, _flags in sections]
+    # the entry point: call_start_cpu0 (the simulated CPU never executes it)
+    return _save_image(chip, flash_size, revs, segments, elf.iram_text_addr(chip))
 
 
 def pack_bootloader_image(
@@ -229,17 +217,25 @@ def pack_bootloader_image(
     checks the detected flash against (esptool's ``write-flash --flash-size`` rewrites it there), and
     its revision range what esptool's write-flash checks the chip against (``revs``, as the app's).
     """
-    img = _image_class(chip)()
-    img.flash_mode = 2
-    img.flash_size_freq = flash_size_freq(flash_size)
-    _set_revisions(img, chip, revs)
     banner = b"esp-check simulated 2nd stage bootloader\0".ljust(48, b"\0")
     banner += _BOOTLOADER_PT_MARKER + struct.pack("<I", table_offset)
-    img.segments = [
+    segments = [
         ELFSection(b".dram0.data", chip.dram_start + 0x10000, banner.ljust(96, b"\0"), 0),
         ELFSection(b".iram_loader.text", chip.iram_start + 0x20000, b"\x00" * 32, 0),
     ]
-    img.entrypoint = chip.iram_start + 0x20000
+    return _save_image(chip, flash_size, revs, segments, chip.iram_start + 0x20000)
+
+
+def _save_image(
+    chip: ChipSpec, flash_size: str, revs: tuple[int, int] | None, segments: list[ELFSection], entry: int
+) -> bytes:
+    """An ESP image of ``segments`` with the header ESP-IDF's build writes: DIO, the flash size at 40 MHz,
+    the chip revisions it accepts (:func:`_set_revisions`)."""
+    img = CHIP_DEFS[chip.name].BOOTLOADER_IMAGE()
+    img.flash_mode = 2  # dio
+    img.flash_size_freq = flash_size_freq(flash_size)
+    _set_revisions(img, chip, revs)
+    img.segments, img.entrypoint = segments, entry
     out = img.save(None)
     assert out is not None
     return bytes(out)

@@ -13,6 +13,7 @@ import base64
 import functools
 import hashlib
 import json
+import operator
 import struct
 import zlib
 from collections.abc import Callable
@@ -117,10 +118,7 @@ class SlipDecoder:
 
 
 def checksum(data: bytes) -> int:
-    state = CHECKSUM_SEED
-    for b in data:
-        state ^= b
-    return state
+    return functools.reduce(operator.xor, data, CHECKSUM_SEED)
 
 
 @functools.lru_cache(maxsize=16)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -648,22 +649,14 @@ class _Builder:
 
     def _opdump(self, rec: Record) -> None:
         run = self._run(rec)
-        # same field checks as TENSOR, through a TENSOR-shaped view of the record
         fields = dict(rec.fields)
         fields.setdefault("o", "0")
         role = _get(rec, "role")
         if role not in ("in", "out"):
             raise _FieldError(f"OPDUMP role {role!r} must be in or out")
         idx, t = _int(rec, "idx", unsigned=True), _int(rec, "t")
-        view = Record(rec.seq, "OPDUMP", fields, rec.line)
-        saved, saved_broken = self.pending, self.broken
-        self.pending = None
-        self._tensor(view, register=False)
-        pend = self.pending
-        self.pending, self.broken = saved, saved_broken
-        if pend is None:  # zero bytes: already finished (nothing to dump)
-            return
-        _, _, tensor = pend
+        # same field checks as TENSOR, through a TENSOR-shaped view of the record
+        _, tensor = self._tensor_meta(Record(rec.seq, "OPDUMP", fields, rec.line))
         if run is not None and any(d.idx == idx and d.t == t and d.role == role for d in run.dumps):
             self.problem(f"line {rec.line}: OPDUMP i={run.index} idx={idx} t={t} role={role} repeated")
         self.pending_dump = (rec, bytearray(), OpDump(tensor.i, idx, t, role, tensor))
@@ -675,12 +668,8 @@ class _Builder:
             self.problem(f"line {rec.line}: OPDATA without an OPDUMP record")
             return
         prec, buf, dump = self.pending_dump
-        key = (
-            _int(rec, "i", unsigned=True),
-            _int(rec, "idx", unsigned=True),
-            _int(rec, "t"),
-            _get(rec, "role"),
-        )
+        i, idx = (_int(rec, name, unsigned=True) for name in ("i", "idx"))
+        key = (i, idx, _int(rec, "t"), _get(rec, "role"))
         off = _int(rec, "off", unsigned=True)
         if key != (dump.i, dump.idx, dump.t, dump.role) or off != len(buf):
             self.problem(f"line {rec.line}: OPDATA off={off} does not continue OPDUMP at line {prec.line}")
@@ -719,7 +708,17 @@ class _Builder:
             self.problem(f"line {rec.line}: {rec.type} for i={i} without its INPUT record")
         return run
 
-    def _tensor(self, rec: Record, register: bool = True) -> None:
+    def _tensor(self, rec: Record) -> None:
+        run, tensor = self._tensor_meta(rec)
+        if run is not None and any(t.o == tensor.o for t in run.outputs):
+            self.problem(f"line {rec.line}: TENSOR i={run.index} o={tensor.o} repeated")
+        self.pending = (rec, bytearray(), tensor)
+        self.broken = False
+        if int(rec.fields["bytes"]) == 0:
+            self._finish()
+
+    def _tensor_meta(self, rec: Record) -> tuple[CapturedRun | None, CapturedTensor]:
+        """A TENSOR record's run and tensor (its bytes still to come), every field checked."""
         run = self._run(rec)
         o = _int(rec, "o", unsigned=True)
         dtype = _get(rec, "dtype")
@@ -737,13 +736,10 @@ class _Builder:
         crc = _get(rec, "crc")
         if not _HEX8_RE.fullmatch(crc):
             raise _FieldError(f"TENSOR crc {crc!r} is not 8 hex digits")
-        count = 1
-        for d in shape:
-            count *= d
-        if count * ITEM_SIZES[dtype] != nbytes:
+        if math.prod(shape) * ITEM_SIZES[dtype] != nbytes:
             raise _FieldError(f"TENSOR bytes={nbytes} does not match shape {shape_s} x {dtype}")
         name = rec.fields.get("name", "")
-        tensor = CapturedTensor(
+        return run, CapturedTensor(
             run.index if run else -1,
             o,
             dtype,
@@ -754,12 +750,6 @@ class _Builder:
             name="" if name == "-" else name,
             crc=crc,
         )
-        if register and run is not None and any(t.o == o for t in run.outputs):
-            self.problem(f"line {rec.line}: TENSOR i={run.index} o={o} repeated")
-        self.pending = (rec, bytearray(), tensor)
-        self.broken = False
-        if nbytes == 0 and register:
-            self._finish()
 
     def _data(self, rec: Record) -> None:
         if self.pending is None:

@@ -13,13 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.protocol import frames
-from harness.protocol.emitter import (
-    MAX_DIMS,
-    CEmitter,
-    PythonEmitter,
-    build_c_library,
-    find_c_compiler,
-)
+from harness.protocol.emitter import MAX_DIMS, CEmitter, PythonEmitter, build_c_library, find_c_compiler
 from harness.protocol.loop import DeviceLoop, LoopConfig, LoopHost
 
 _u8p = ctypes.POINTER(ctypes.c_uint8)

@@ -227,8 +227,6 @@ class SimBoard:
         self._epoch = 0
         self._conns: dict[int, _Conn] = {}
         self._next_conn = 1
-        self.dtr = False
-        self.rts = False
         self._en_low = False
         self._pending: tuple[float, list[tuple[float, bool]]] | None = None
         self._usb_armed = False
@@ -644,20 +642,16 @@ class SimBoard:
 
     def _settle(self, now: float) -> None:
         self._app_settle(now)
-        if self._pending is not None and now >= self._pending[0] + self.config.strap_window:
-            t_rise, history = self._pending
+        sample = self._pending_time()  # IO0 is sampled then: its level at the last change before it counts
+        if self._pending is not None and sample is not None and now >= sample:
+            history = self._pending[1]
             self._pending = None
-            sample = t_rise + self.config.strap_window
-            io0_low = False
-            for t, low in history:
-                if t <= sample:
-                    io0_low = low
+            io0_low = next((low for t, low in reversed(history) if t <= sample), False)
             strapped = self.config.boot == "download"  # IO0 held low (BOOT button, strap): wins
             self._boot(download=io0_low or strapped, reason="poweron", now=now)
 
     def _set_lines(self, dtr: bool, rts: bool, now: float) -> None:
         self._settle(now)
-        self.dtr, self.rts = dtr, rts
         if self.config.reset == "usb_jtag":
             self._set_lines_usb(dtr, rts, now)
             return

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Annotated
 
+import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from harness.errors import UsageError
@@ -224,3 +225,15 @@ def _log1p_neg(x: float) -> float:
     import math
 
     return math.log(1.0 - x) if x < 1.0 else -math.inf
+
+
+def bump_lsb(a: np.ndarray, mask: np.ndarray, lsb: int) -> np.ndarray:
+    """a + lsb where masked (towards the middle of the range when +lsb would saturate)."""
+    out = np.array(a, copy=True)
+    if out.dtype.kind in "iu":
+        lim = np.iinfo(out.dtype)
+        wide = out.astype(np.int64)
+        up = wide + lsb <= lim.max
+        wide = np.where(mask, np.where(up, wide + lsb, wide - lsb), wide)
+        return wide.astype(out.dtype)
+    return np.where(mask, out + lsb, out).astype(out.dtype)

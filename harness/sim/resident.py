@@ -27,7 +27,7 @@ from harness.protocol.emitter import emit_tensor
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
-from harness.sim.faults import OP_FAULTS, FaultSpec, flip_bits
+from harness.sim.faults import OP_FAULTS, FaultSpec, bump_lsb, flip_bits
 from harness.sim.image import PROJECT_NAME, AppPayload, ImageError, load_image
 
 ROM_BAUD = 115200
@@ -703,15 +703,9 @@ def _apply_output_faults(arr: np.ndarray, active: list[str], faults: FaultSpec, 
         rng = faults.rng("corrupt", i * 1000 + o)  # the same elements on every boot: a kernel bug, not noise
         flat = a.reshape(-1)
         k = max(1, round(flat.size * faults.corrupt_frac))
-        idx = sorted(rng.sample(range(flat.size), min(k, flat.size)))
-        if a.dtype.kind in "iu":
-            top = np.iinfo(a.dtype).max
-            for j in idx:
-                v = int(flat[j])
-                flat[j] = v + (faults.corrupt_lsb if v + faults.corrupt_lsb <= top else -faults.corrupt_lsb)
-        else:
-            for j in idx:
-                flat[j] = flat[j] + faults.corrupt_lsb
+        mask = np.zeros(flat.size, dtype=bool)
+        mask[rng.sample(range(flat.size), min(k, flat.size))] = True
+        a = bump_lsb(a, mask.reshape(a.shape), faults.corrupt_lsb)
     return a.tobytes()
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from harness.model.loader import ModelInfo, OpInfo
 from harness.model.taps import tapped_inputs
 from harness.sim.cycles import Dispatch, op_cycles
+from harness.sim.faults import bump_lsb
 
 
 @dataclass(frozen=True)
@@ -89,18 +90,6 @@ def region_mask(shape: tuple[int, ...], region: str, rng: random.Random, frac: f
     return mask
 
 
-def _bump(a: np.ndarray, mask: np.ndarray, lsb: int) -> np.ndarray:
-    """a + lsb where masked (towards the middle of the range when +lsb would saturate)."""
-    out = np.array(a, copy=True)
-    if out.dtype.kind in "iu":
-        lim = np.iinfo(out.dtype)
-        wide = out.astype(np.int64)
-        up = wide + lsb <= lim.max
-        wide = np.where(mask, np.where(up, wide + lsb, wide - lsb), wide)
-        return wide.astype(out.dtype)
-    return np.where(mask, out + lsb, out).astype(out.dtype)
-
-
 def simulate_ops(
     info: ModelInfo,
     model_input: np.ndarray,
@@ -140,7 +129,7 @@ def simulate_ops(
                 arr = layers[t]
             if fault is not None and op.index == fault.op and t == clobbered:
                 rng = random.Random(f"{fault.seed}:op_clobber:{t}")
-                arr = _bump(arr, region_mask(arr.shape, fault.region, rng, fault.frac), fault.lsb)
+                arr = bump_lsb(arr, region_mask(arr.shape, fault.region, rng, fault.frac), fault.lsb)
                 values[t] = arr
                 changed.add(t)
             reads.append((t, arr))
@@ -153,12 +142,12 @@ def simulate_ops(
             arr = ref
             if fault is not None and fault.kind == "op_corrupt" and fault.hits(op.index, dispatch):
                 rng = random.Random(f"{fault.seed}:op_corrupt:{t}")
-                arr = _bump(ref, region_mask(ref.shape, fault.region, rng, fault.frac), fault.lsb)
+                arr = bump_lsb(ref, region_mask(ref.shape, fault.region, rng, fault.frac), fault.lsb)
                 changed.add(t)
             elif tainted:
                 rng = random.Random(f"{fault.seed if fault else 1}:propagate:{t}")
                 mask = region_mask(ref.shape, "random", rng, 0.05)
-                arr = _bump(ref, mask, 1)
+                arr = bump_lsb(ref, mask, 1)
                 changed.add(t)
             values[t] = arr
             writes.append((t, arr))

@@ -36,6 +36,7 @@ _RECORD_RE = re.compile(
     rb"@EC1 (0|[1-9][0-9]{0,9}) ([A-Z][A-Z0-9_]{0,15})"
     rb"((?: [a-z][a-z0-9_]*=[\x21-\x29\x2b-\x7e]+)*) \*([0-9A-F]{8})"
 )
+_MARKER_RE = re.compile(re.escape(MARKER))
 _TRAILING_ANSI_RE = re.compile(rb"(?:\x1b\[[0-9;]*[A-Za-z]|[ \t])+$")
 # An ESP-IDF log line spliced into a record by another task: "E (1234) task_wdt: ..." (maybe coloured).
 _IDF_LOG_RE = re.compile(rb"(?:\x1b\[[0-9;]*m)?[EWIDV] \([0-9:.]{1,16}\) [^:\r\n]{1,64}: ")
@@ -337,11 +338,7 @@ class _Scanner:
                     self._payload(begin, end)
                     yield _Data(m, k)
                     continue
-            positions = [start]
-            nxt = line.find(MARKER, start + 1)
-            while nxt >= 0:
-                positions.append(nxt)
-                nxt = line.find(MARKER, nxt + 1)
+            positions = [m.start() for m in _MARKER_RE.finditer(line, start)]
             for idx, pos in enumerate(positions):
                 last = idx == len(positions) - 1
                 seg = _strip_tail(line[pos : positions[idx + 1]] if not last else line[pos:])

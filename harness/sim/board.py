@@ -321,9 +321,6 @@ class SimBoard:
                 config, chip=old.chip, reset=old.reset, flash_path=old.flash_path, flash_size=old.flash_size
             )
 
-    def _log(self, msg: str) -> None:
-        self.log.append(msg)
-
     # ---- output queue --------------------------------------------------------------------------
 
     def _emit(
@@ -448,7 +445,7 @@ class SimBoard:
                     return self._take(size, now, port_baud)
                 if event:
                     self._chunks.popleft()
-                    self._log("link dropped (fault disconnect)")
+                    self.log.append("link dropped (fault disconnect)")
                     self.mode = "halted"
                     self._drop_link()
                     self._check(ident)
@@ -484,7 +481,7 @@ class SimBoard:
             if self.mode != "rom" or loader is None:
                 return  # nothing reads the console
             if self.config.reset == "classic" and loader.synced and port_baud != self.uart_baud:
-                self._log(f"host writes at {port_baud} baud, chip listens at {self.uart_baud}: garbage")
+                self.log.append(f"host writes at {port_baud} baud, chip listens at {self.uart_baud}: garbage")
                 return
             was_synced = loader.synced
             self._now = self._arrival(now, len(data), port_baud)  # the loader answers once the request is in
@@ -518,11 +515,13 @@ class SimBoard:
         (of real size: what does not fit is lost) while it is busy, and are processed in order."""
         fast = self._baud_revert is not None and now <= self._baud_revert[0]
         if fast and self.config.faults.active("baud_fail"):
-            self._log(f"host writes at {port_baud} baud: the line cannot carry it (fault baud_fail)")
+            self.log.append(f"host writes at {port_baud} baud: the line cannot carry it (fault baud_fail)")
             return
         self._baud_watch(now, port_baud)
         if self.config.reset == "classic" and port_baud != self.console_baud:
-            self._log(f"host writes at {port_baud} baud, the app listens at {self.console_baud}: garbage")
+            self.log.append(
+                f"host writes at {port_baud} baud, the app listens at {self.console_baud}: garbage"
+            )
             return
         step = 256
         rate = self._rate(None if self.config.reset == "usb_jtag" else port_baud)
@@ -535,7 +534,7 @@ class SimBoard:
             room = max(0, self._rx_capacity() - held)
             if len(chunk) > room:
                 self.rx_dropped += len(chunk) - room
-                self._log(f"receive buffer full: {len(chunk) - room} bytes lost")
+                self.log.append(f"receive buffer full: {len(chunk) - room} bytes lost")
                 chunk = chunk[:room]
             if not chunk:
                 continue
@@ -554,7 +553,7 @@ class SimBoard:
             return
         deadline, old = self._baud_revert
         if now > deadline:
-            self._log(f"app: no frame at {self.console_baud} baud in time: back to {old}")
+            self.log.append(f"app: no frame at {self.console_baud} baud in time: back to {old}")
             self.console_baud, self._baud_revert = old, None
         elif port_baud == self.console_baud:
             self._baud_revert = None
@@ -578,13 +577,13 @@ class SimBoard:
                 self._emit(p.data, self.console_baud, now=start, at=p.at)
         self._dev_free = start + busy
         if app.baud_request is not None and reboot is None:  # after the BAUD_OK reply: the UART switches
-            self._log(f"app: console {self.console_baud} -> {app.baud_request} baud")
+            self.log.append(f"app: console {self.console_baud} -> {app.baud_request} baud")
             self._baud_revert = (self._dev_free + frames.BAUD_CONFIRM_S, self.console_baud)
             self.console_baud, app.baud_request = app.baud_request, None
         if reboot is not None:
             self._app = None
             self._idle_at = None
-            self._log(f"app restarts ({reboot})")
+            self.log.append(f"app restarts ({reboot})")
             self._boot(download=False, reason="sw" if reboot == "sw" else reboot, now=self._dev_free)
         elif app.halted:
             self._idle_at = None  # silent from now on (hang, stall, cut output)
@@ -690,7 +689,7 @@ class SimBoard:
         self._inflight.clear()
         self._end_session()
         self.persist()
-        self._log("reset asserted")
+        self.log.append("reset asserted")
 
     def _end_session(self) -> None:
         if self._loader is not None:
@@ -706,13 +705,13 @@ class SimBoard:
             faults = self.config.faults
             ignore = faults.active("sync_fail") and self.download_sessions < faults.fault_count
             self.download_sessions += 1
-            self._loader = Loader(self, ignore_sync=ignore, log=self._log)
-            self._log(f"boot: download mode ({reason})")
+            self._loader = Loader(self, ignore_sync=ignore, log=self.log.append)
+            self.log.append(f"boot: download mode ({reason})")
             self._emit(rom_header(self.chip, reason, True), ROM_BAUD, now=now)
             return
         self.mode = "app"
         self.boots += 1
-        self._log(f"boot: SPI flash ({reason})")
+        self.log.append(f"boot: SPI flash ({reason})")
         self.persist()
         keep_after_boot(self.keep, reason, self.config.faults, self.boots)
         ctx = AppEnv(
@@ -724,7 +723,7 @@ class SimBoard:
             emitter_backend=self.config.emitter,
             cache=self._cache,
             invoke_time=self.config.invoke_time,
-            log=self._log,
+            log=self.log.append,
             keep=self.keep,
         )
         result = boot_from_flash(ctx, reason)

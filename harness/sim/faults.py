@@ -228,12 +228,12 @@ def _log1p_neg(x: float) -> float:
 
 
 def bump_lsb(a: np.ndarray, mask: np.ndarray, lsb: int) -> np.ndarray:
-    """a + lsb where masked (towards the middle of the range when +lsb would saturate)."""
+    """a + lsb where masked (a - lsb, towards the middle of the range, where + lsb would leave it)."""
     out = np.array(a, copy=True)
     if out.dtype.kind in "iu":
         lim = np.iinfo(out.dtype)
         wide = out.astype(np.int64)
-        up = wide + lsb <= lim.max
-        wide = np.where(mask, np.where(up, wide + lsb, wide - lsb), wide)
+        fits = (wide + lsb <= lim.max) & (wide + lsb >= lim.min)
+        wide = np.where(mask, np.where(fits, wide + lsb, wide - lsb), wide)
         return wide.astype(out.dtype)
     return np.where(mask, out + lsb, out).astype(out.dtype)

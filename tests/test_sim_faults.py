@@ -259,3 +259,16 @@ def test_a_crash_hits_the_same_place_on_every_reset(images) -> None:
     for variant, crashes in texts.items():
         assert b"MEPC    : 0x" in crashes[0] and len(set(crashes)) == 1, (variant, crashes)
     assert texts["optimized"][0] != texts["ansi"][0]  # seeded by the image: its own kernel, its own stack
+
+
+def test_a_negative_corrupt_lsb_at_the_dtype_minimum_moves_up_instead_of_raising() -> None:
+    """corrupt with corrupt_lsb=-2: an element that -2 would take below the dtype's minimum moves +2
+    instead, as one that +lsb would take above the maximum moves -lsb (the rule op_corrupt shares); it
+    used to raise OverflowError and stop the simulated board."""
+    from harness.sim.faults import parse_faults
+    from harness.sim.resident import _apply_output_faults
+
+    faults = parse_faults({"fault": "corrupt", "corrupt_lsb": "-2", "corrupt_frac": "1"})
+    arr = np.array([-128, -127, 0, 127], dtype=np.int8)
+    out = np.frombuffer(_apply_output_faults(arr, ["corrupt"], faults, 0, 0), dtype=np.int8)
+    assert out.tolist() == [-126, -125, -2, 125]

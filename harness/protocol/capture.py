@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -21,37 +22,21 @@ import numpy as np
 
 from harness.errors import CaptureError
 from harness.protocol.frames import split_stream
-from harness.protocol.spec import TAP_MAX_TENSORS, crc32_hex
+from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, TAP_MAX_TENSORS, crc32_hex
 
 PROTO_VERSION = "1"
-LINE_MAX = 240
-DATA_CHUNK = 96
 MARKER = b"@EC1 "
 
-DTYPES: dict[str, str] = {"int8": "<i1", "uint8": "<u1", "int16": "<i2", "int32": "<i4", "float32": "<f4"}
-ITEM_SIZES: dict[str, int] = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "float32": 4}
 REQUIRED_BEGIN = ("proto", "fw", "fwver", "sim")
-REQUIRED_INFO = (
-    "nn",
-    "target",
-    "chip",
-    "rev",
-    "cores",
-    "cpu_mhz",
-    "idf",
-    "tflm",
-    "espnn",
-    "model_sha256",
-    "model_bytes",
-    "inputs",
-    "outputs",
-)
+_BUILD_INFO = ("nn", "target", "chip", "rev", "cores", "cpu_mhz", "idf", "tflm", "espnn")  # board, build
+REQUIRED_INFO = (*_BUILD_INFO, "model_sha256", "model_bytes", "inputs", "outputs")
 ERROR_STAGES = ("schema", "resolver", "alloc", "input", "invoke", "output", "internal", "model")
 
 _RECORD_RE = re.compile(
     rb"@EC1 (0|[1-9][0-9]{0,9}) ([A-Z][A-Z0-9_]{0,15})"
     rb"((?: [a-z][a-z0-9_]*=[\x21-\x29\x2b-\x7e]+)*) \*([0-9A-F]{8})"
 )
+_MARKER_RE = re.compile(re.escape(MARKER))
 _TRAILING_ANSI_RE = re.compile(rb"(?:\x1b\[[0-9;]*[A-Za-z]|[ \t])+$")
 # An ESP-IDF log line spliced into a record by another task: "E (1234) task_wdt: ..." (maybe coloured).
 _IDF_LOG_RE = re.compile(rb"(?:\x1b\[[0-9;]*m)?[EWIDV] \([0-9:.]{1,16}\) [^:\r\n]{1,64}: ")
@@ -353,11 +338,7 @@ class _Scanner:
                     self._payload(begin, end)
                     yield _Data(m, k)
                     continue
-            positions = [start]
-            nxt = line.find(MARKER, start + 1)
-            while nxt >= 0:
-                positions.append(nxt)
-                nxt = line.find(MARKER, nxt + 1)
+            positions = [m.start() for m in _MARKER_RE.finditer(line, start)]
             for idx, pos in enumerate(positions):
                 last = idx == len(positions) - 1
                 seg = _strip_tail(line[pos : positions[idx + 1]] if not last else line[pos:])
@@ -461,6 +442,11 @@ class _Builder:
     def problem(self, msg: str) -> None:
         self.cap.problems.append(msg)
 
+    def _cut_short(self, what: str, prec: Record, buf: bytearray) -> None:
+        self.problem(
+            f"{what} at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
+        )
+
     def feed(self, records: Iterable[Record | _Data]) -> None:
         cap = self.cap
         in_boot = False
@@ -505,16 +491,10 @@ class _Builder:
         """Close what a record of another type interrupts, then dispatch on the record type."""
         t = rec.type
         if self.pending is not None and t != "DATA":
-            prec, buf, _ = self.pending
-            self.problem(
-                f"TENSOR at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
-            )
+            self._cut_short("TENSOR", *self.pending[:2])
             self.pending = None
         if self.pending_dump is not None and t != "OPDATA":
-            prec, buf, _ = self.pending_dump
-            self.problem(
-                f"OPDUMP at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
-            )
+            self._cut_short("OPDUMP", *self.pending_dump[:2])
             self.pending_dump = None
         if self.cap.complete:
             self.problem(f"line {rec.line}: {t} record after END")
@@ -666,22 +646,14 @@ class _Builder:
 
     def _opdump(self, rec: Record) -> None:
         run = self._run(rec)
-        # same field checks as TENSOR, through a TENSOR-shaped view of the record
         fields = dict(rec.fields)
         fields.setdefault("o", "0")
         role = _get(rec, "role")
         if role not in ("in", "out"):
             raise _FieldError(f"OPDUMP role {role!r} must be in or out")
         idx, t = _int(rec, "idx", unsigned=True), _int(rec, "t")
-        view = Record(rec.seq, "OPDUMP", fields, rec.line)
-        saved, saved_broken = self.pending, self.broken
-        self.pending = None
-        self._tensor(view, register=False)
-        pend = self.pending
-        self.pending, self.broken = saved, saved_broken
-        if pend is None:  # zero bytes: already finished (nothing to dump)
-            return
-        _, _, tensor = pend
+        # same field checks as TENSOR, through a TENSOR-shaped view of the record
+        _, tensor = self._tensor_meta(Record(rec.seq, "OPDUMP", fields, rec.line))
         if run is not None and any(d.idx == idx and d.t == t and d.role == role for d in run.dumps):
             self.problem(f"line {rec.line}: OPDUMP i={run.index} idx={idx} t={t} role={role} repeated")
         self.pending_dump = (rec, bytearray(), OpDump(tensor.i, idx, t, role, tensor))
@@ -693,12 +665,8 @@ class _Builder:
             self.problem(f"line {rec.line}: OPDATA without an OPDUMP record")
             return
         prec, buf, dump = self.pending_dump
-        key = (
-            _int(rec, "i", unsigned=True),
-            _int(rec, "idx", unsigned=True),
-            _int(rec, "t"),
-            _get(rec, "role"),
-        )
+        i, idx = (_int(rec, name, unsigned=True) for name in ("i", "idx"))
+        key = (i, idx, _int(rec, "t"), _get(rec, "role"))
         off = _int(rec, "off", unsigned=True)
         if key != (dump.i, dump.idx, dump.t, dump.role) or off != len(buf):
             self.problem(f"line {rec.line}: OPDATA off={off} does not continue OPDUMP at line {prec.line}")
@@ -718,14 +686,17 @@ class _Builder:
         assert self.pending_dump is not None
         dump = self.pending_dump[2]
         self.pending_dump = None
-        tensor = dump.tensor
-        if crc32_hex(data) != tensor.crc:
-            self.problem(f"OPDUMP at line {prec.line}: data CRC {crc32_hex(data)} != {tensor.crc}")
-            return
-        tensor.data = np.frombuffer(data, dtype=DTYPES[tensor.dtype]).reshape(tensor.shape)
         run = self.run_by_index.get(dump.i)
-        if run is not None:
+        if self._filled("OPDUMP", prec, data, dump.tensor) and run is not None:
             run.dumps.append(dump)
+
+    def _filled(self, what: str, prec: Record, data: bytes, tensor: CapturedTensor) -> bool:
+        """Give ``tensor`` its bytes when their CRC-32 is the one its record announced (else a problem)."""
+        if crc32_hex(data) != tensor.crc:
+            self.problem(f"{what} at line {prec.line}: data CRC {crc32_hex(data)} != {tensor.crc}")
+            return False
+        tensor.data = np.frombuffer(data, dtype=DTYPES[tensor.dtype]).reshape(tensor.shape)
+        return True
 
     def _run(self, rec: Record) -> CapturedRun | None:
         i = _int(rec, "i", unsigned=True)
@@ -734,7 +705,17 @@ class _Builder:
             self.problem(f"line {rec.line}: {rec.type} for i={i} without its INPUT record")
         return run
 
-    def _tensor(self, rec: Record, register: bool = True) -> None:
+    def _tensor(self, rec: Record) -> None:
+        run, tensor = self._tensor_meta(rec)
+        if run is not None and any(t.o == tensor.o for t in run.outputs):
+            self.problem(f"line {rec.line}: TENSOR i={run.index} o={tensor.o} repeated")
+        self.pending = (rec, bytearray(), tensor)
+        self.broken = False
+        if int(rec.fields["bytes"]) == 0:
+            self._finish()
+
+    def _tensor_meta(self, rec: Record) -> tuple[CapturedRun | None, CapturedTensor]:
+        """A TENSOR record's run and tensor (its bytes still to come), every field checked."""
         run = self._run(rec)
         o = _int(rec, "o", unsigned=True)
         dtype = _get(rec, "dtype")
@@ -752,13 +733,10 @@ class _Builder:
         crc = _get(rec, "crc")
         if not _HEX8_RE.fullmatch(crc):
             raise _FieldError(f"TENSOR crc {crc!r} is not 8 hex digits")
-        count = 1
-        for d in shape:
-            count *= d
-        if count * ITEM_SIZES[dtype] != nbytes:
+        if math.prod(shape) * ITEM_SIZES[dtype] != nbytes:
             raise _FieldError(f"TENSOR bytes={nbytes} does not match shape {shape_s} x {dtype}")
         name = rec.fields.get("name", "")
-        tensor = CapturedTensor(
+        return run, CapturedTensor(
             run.index if run else -1,
             o,
             dtype,
@@ -769,22 +747,12 @@ class _Builder:
             name="" if name == "-" else name,
             crc=crc,
         )
-        if register and run is not None and any(t.o == o for t in run.outputs):
-            self.problem(f"line {rec.line}: TENSOR i={run.index} o={o} repeated")
-        self.pending = (rec, bytearray(), tensor)
-        self.broken = False
-        if nbytes == 0 and register:
-            self._finish()
 
     def _data(self, rec: Record) -> None:
         if self.pending is None:
             self._data_at(rec.line, 0, 0, 0, b"")  # says what is wrong
             return
-        i, o, off = (
-            _int(rec, "i", unsigned=True),
-            _int(rec, "o", unsigned=True),
-            _int(rec, "off", unsigned=True),
-        )
+        i, o, off = (_int(rec, key, unsigned=True) for key in ("i", "o", "off"))
         self._data_at(rec.line, i, o, off, _get(rec, "b64").encode("ascii"))
 
     def _data_at(self, line: int, i: int, o: int, off: int, b64: bytes) -> None:
@@ -817,26 +785,16 @@ class _Builder:
         assert self.pending is not None
         prec, buf, tensor = self.pending
         self.pending = None
-        if crc32_hex(bytes(buf)) != tensor.crc:
-            self.problem(f"TENSOR at line {prec.line}: data CRC {crc32_hex(bytes(buf))} != {tensor.crc}")
-            return
-        tensor.data = np.frombuffer(bytes(buf), dtype=DTYPES[tensor.dtype]).reshape(tensor.shape)
         run = self.run_by_index.get(tensor.i)
-        if run is not None:
+        if self._filled("TENSOR", prec, bytes(buf), tensor) and run is not None:
             run.outputs.append(tensor)
 
     def finish(self) -> None:
         cap = self.cap
         if self.pending is not None:
-            prec, buf, _ = self.pending
-            self.problem(
-                f"TENSOR at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
-            )
+            self._cut_short("TENSOR", *self.pending[:2])
         if self.pending_dump is not None:
-            prec, buf, _ = self.pending_dump
-            self.problem(
-                f"OPDUMP at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
-            )
+            self._cut_short("OPDUMP", *self.pending_dump[:2])
         if not cap.has_records:
             self.problem("no esp-check protocol records (@EC1) in the capture")
             return

@@ -22,26 +22,24 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 from filelock import FileLock, Timeout
 
 from harness.errors import BuildError, UsageError
+from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, TAP_MAX_TENSORS
 from harness.resources import templates_dir, user_cache_dir
 
-LINE_MAX = 240  # bytes per record including \r\n
+if TYPE_CHECKING:
+    from harness.protocol.loop import LoopOutput
+
 BODY_MAX = LINE_MAX - 11  # "*XXXXXXXX\r\n" follows the body
-DATA_CHUNK = 96
 NAME_MAX = 64
 MSG_MAX = 120
 MAX_DIMS = 8
-TAP_MAX_TENSORS = 4  # tensors per side of an OP record
 OPNAME_MAX = 32
-PROTO_VERSION = 1
 
-DTYPE_SIZES: dict[str, int] = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "float32": 4}
-_NP_DTYPES: dict[str, str] = {"int8": "<i1", "uint8": "<u1", "int16": "<i2", "int32": "<i4", "float32": "<f4"}
 _C_FLAGS = ("-std=c99", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra")
 _SANITIZE = bytes(c if 0x21 <= c <= 0x7E and c != 0x2A else 0x5F for c in range(256))
 _OVERFLOW_TAIL = b" ERROR stage=internal code=0 msg=record_overflow "
@@ -61,56 +59,6 @@ class TapTensor:
     t: int
     shape: tuple[int, ...]
     crc: int
-
-
-class Emitter(Protocol):
-    """What firmware-like code calls to print the protocol (same calls as the C API)."""
-
-    backend: str
-
-    def begin(self, fwver: str, sim: bool) -> None: ...
-    def info(self, fields: Sequence[tuple[str, FieldValue]]) -> None: ...
-    def record(self, rtype: str, fields: Sequence[tuple[str, FieldValue]]) -> None: ...
-    def arena(self, size: int, used: int, mem: str) -> None: ...
-    def input(self, i: int, nbytes: int, sha256_hex: str) -> None: ...
-    def time(self, i: int, invoke_us: int) -> None: ...
-    def tensor(
-        self,
-        i: int,
-        o: int,
-        dtype: str,
-        shape: Sequence[int],
-        scale: float,
-        zp: int,
-        data: bytes,
-        name: str = "",
-        human_max: int = 16,
-    ) -> bool: ...
-    def error(self, stage: str, code: int, msg: str, i: int | None = None) -> None: ...
-    def end(self, ok: bool) -> None: ...
-    def op(
-        self,
-        i: int,
-        sub: int,
-        idx: int,
-        opname: str,
-        cycles: int,
-        ins: Sequence[TapTensor],
-        outs: Sequence[TapTensor],
-    ) -> None: ...
-    def op_end(self, i: int, ops: int, dropped: int, ram_bytes: int) -> None: ...
-    def op_dump(
-        self,
-        i: int,
-        idx: int,
-        t: int,
-        role: str,
-        dtype: str,
-        shape: Sequence[int],
-        scale: float,
-        zp: int,
-        data: bytes,
-    ) -> None: ...
 
 
 # ---- shared helpers (both backends) --------------------------------------------------------------
@@ -150,9 +98,17 @@ def _check_int(name: str, v: int, lo: int, hi: int) -> int:
     return int(v)
 
 
+def _i32(name: str, v: int) -> int:
+    return _check_int(name, v, -(2**31), 2**31 - 1)
+
+
+def _u64(name: str, v: int) -> int:
+    return _check_int(name, v, 0, 2**64 - 1)
+
+
 def human_value(dtype: str, raw: bytes, scale_bits: int, zp: int) -> float:
     """The value an ``Output:`` line shows for one element (same arithmetic as the C emitter)."""
-    q = np.frombuffer(raw, dtype=_NP_DTYPES[dtype], count=1)[0]
+    q = np.frombuffer(raw, dtype=DTYPES[dtype], count=1)[0]
     if dtype == "float32":
         return float(q)
     scale = struct.unpack("<f", struct.pack("<I", scale_bits))[0]
@@ -169,8 +125,16 @@ def format_human(v: float) -> bytes:
     return b"Output: %.6f\r\n" % v
 
 
+def _checked_tensor(
+    dtype: str, shape: Sequence[int], scale: float, zp: int, data: bytes
+) -> tuple[int, list[int], int, bytes, str | None]:
+    """A tensor's checked zero point, dims, scale bits and bytes, and what makes it unprintable (or None)."""
+    zp, dims, bits, data = _i32("zp", zp), [_i32("dim", d) for d in shape], _float32_bits(scale), bytes(data)
+    return zp, dims, bits, data, _tensor_problem(dtype, dims, len(data))
+
+
 def _tensor_problem(dtype: str, shape: Sequence[int], nbytes: int) -> str | None:
-    item = DTYPE_SIZES.get(dtype)
+    item = ITEM_SIZES.get(dtype)
     if item is None:
         return "bad_dtype"
     if len(shape) > MAX_DIMS:
@@ -223,15 +187,8 @@ class PythonEmitter:
 
     def begin(self, fwver: str, sim: bool) -> None:
         self.seq = 0
-        self._emit(
-            "BEGIN",
-            [
-                ("proto", b"1"),
-                ("fw", b"esp-check"),
-                ("fwver", sanitize_value(fwver)),
-                ("sim", b"1" if sim else b"0"),
-            ],
-        )
+        fields = [("proto", b"1"), ("fw", b"esp-check"), ("fwver", sanitize_value(fwver))]
+        self._emit("BEGIN", [*fields, ("sim", b"1" if sim else b"0")])
 
     def info(self, fields: Sequence[tuple[str, FieldValue]]) -> None:
         self.record("INFO", fields)
@@ -243,39 +200,19 @@ class PythonEmitter:
         self._emit(rtype, encoded)
 
     def arena(self, size: int, used: int, mem: str) -> None:
-        self._emit(
-            "ARENA",
-            [
-                ("size", b"%d" % _check_int("size", size, 0, 2**64 - 1)),
-                ("used", b"%d" % _check_int("used", used, 0, 2**64 - 1)),
-                ("mem", sanitize_value(mem)),
-            ],
-        )
+        sizes = [("size", b"%d" % _u64("size", size)), ("used", b"%d" % _u64("used", used))]
+        self._emit("ARENA", [*sizes, ("mem", sanitize_value(mem))])
 
     def input(self, i: int, nbytes: int, sha256_hex: str) -> None:
-        self._emit(
-            "INPUT",
-            [
-                ("i", b"%d" % _check_int("i", i, -(2**31), 2**31 - 1)),
-                ("bytes", b"%d" % _check_int("nbytes", nbytes, 0, 2**64 - 1)),
-                ("sha256", sanitize_value(sha256_hex)),
-            ],
-        )
+        head = [("i", b"%d" % _i32("i", i)), ("bytes", b"%d" % _u64("nbytes", nbytes))]
+        self._emit("INPUT", [*head, ("sha256", sanitize_value(sha256_hex))])
 
     def time(self, i: int, invoke_us: int) -> None:
-        self._emit(
-            "TIME",
-            [
-                ("i", b"%d" % _check_int("i", i, -(2**31), 2**31 - 1)),
-                ("invoke_us", b"%d" % _check_int("invoke_us", invoke_us, -(2**63), 2**63 - 1)),
-            ],
-        )
+        us = _check_int("invoke_us", invoke_us, -(2**63), 2**63 - 1)
+        self._emit("TIME", [("i", b"%d" % _i32("i", i)), ("invoke_us", b"%d" % us)])
 
     def error(self, stage: str, code: int, msg: str, i: int | None = None) -> None:
-        fields = [
-            ("stage", sanitize_value(stage)),
-            ("code", b"%d" % _check_int("code", code, -(2**31), 2**31 - 1)),
-        ]
+        fields = [("stage", sanitize_value(stage)), ("code", b"%d" % _i32("code", code))]
         if i is not None and i >= 0:
             fields.append(("i", b"%d" % _check_int("i", i, 0, 2**31 - 1)))
         fields.append(("msg", sanitize_value(msg, MSG_MAX)))
@@ -296,13 +233,8 @@ class PythonEmitter:
         name: str = "",
         human_max: int = 16,
     ) -> bool:
-        i = _check_int("i", i, -(2**31), 2**31 - 1)
-        o = _check_int("o", o, -(2**31), 2**31 - 1)
-        zp = _check_int("zp", zp, -(2**31), 2**31 - 1)
-        dims = [_check_int("dim", d, -(2**31), 2**31 - 1) for d in shape]
-        bits = _float32_bits(scale)
-        data = bytes(data)
-        bad = _tensor_problem(dtype, dims, len(data))
+        i, o = _i32("i", i), _i32("o", o)
+        zp, dims, bits, data, bad = _checked_tensor(dtype, shape, scale, zp, data)
         if bad is not None:
             self.error("internal", 0, bad, i)
             return False
@@ -313,7 +245,7 @@ class PythonEmitter:
             fields.append(("name", sanitize_value(cname, NAME_MAX)))
         if not self._emit("TENSOR", fields) or not self._emit_chunks("DATA", head, data):
             return False
-        item = DTYPE_SIZES[dtype]
+        item = ITEM_SIZES[dtype]
         count = len(data) // item
         for j in range(min(max(human_max, 0), count)):
             self._write(format_human(human_value(dtype, data[j * item : (j + 1) * item], bits, zp)))
@@ -346,11 +278,11 @@ class PythonEmitter:
         _check_tap_tensors(ins, outs)
         lin, lout = self._tap_list(ins), self._tap_list(outs)
         fields = [
-            ("i", b"%d" % _check_int("i", i, -(2**31), 2**31 - 1)),
-            ("sub", b"%d" % _check_int("sub", sub, -(2**31), 2**31 - 1)),
-            ("idx", b"%d" % _check_int("idx", idx, -(2**31), 2**31 - 1)),
+            ("i", b"%d" % _i32("i", i)),
+            ("sub", b"%d" % _i32("sub", sub)),
+            ("idx", b"%d" % _i32("idx", idx)),
             ("op", sanitize_value(opname, OPNAME_MAX)),
-            ("cycles", b"%d" % _check_int("cycles", cycles, 0, 2**64 - 1)),
+            ("cycles", b"%d" % _u64("cycles", cycles)),
         ]
         if lin is None or lout is None:
             fields.append(("-bad", b""))  # invalid key: same overflow ERROR record as the C emitter
@@ -359,15 +291,8 @@ class PythonEmitter:
         self._emit("OP", fields)
 
     def op_end(self, i: int, ops: int, dropped: int, ram_bytes: int) -> None:
-        self._emit(
-            "OPEND",
-            [
-                ("i", b"%d" % _check_int("i", i, -(2**31), 2**31 - 1)),
-                ("ops", b"%d" % _check_int("ops", ops, 0, 2**64 - 1)),
-                ("dropped", b"%d" % _check_int("dropped", dropped, 0, 2**64 - 1)),
-                ("ram", b"%d" % _check_int("ram", ram_bytes, 0, 2**64 - 1)),
-            ],
-        )
+        counts = [("ops", ops), ("dropped", dropped), ("ram", ram_bytes)]
+        self._emit("OPEND", [("i", b"%d" % _i32("i", i)), *((k, b"%d" % _u64(k, v)) for k, v in counts)])
 
     def op_dump(
         self,
@@ -381,14 +306,8 @@ class PythonEmitter:
         zp: int,
         data: bytes,
     ) -> None:
-        i = _check_int("i", i, -(2**31), 2**31 - 1)
-        idx = _check_int("idx", idx, -(2**31), 2**31 - 1)
-        t = _check_int("t", t, -(2**31), 2**31 - 1)
-        zp = _check_int("zp", zp, -(2**31), 2**31 - 1)
-        dims = [_check_int("dim", d, -(2**31), 2**31 - 1) for d in shape]
-        bits = _float32_bits(scale)
-        data = bytes(data)
-        bad = _tensor_problem(dtype, dims, len(data))
+        i, idx, t = _i32("i", i), _i32("idx", idx), _i32("t", t)
+        zp, dims, bits, data, bad = _checked_tensor(dtype, shape, scale, zp, data)
         if bad is None and role not in ("in", "out"):
             bad = "bad_role"
         if bad is not None:
@@ -424,10 +343,10 @@ def _tensor_fields(
 def _check_tap_tensors(*sides: Sequence[TapTensor]) -> None:
     for side in sides:
         for x in side:
-            _check_int("t", x.t, -(2**31), 2**31 - 1)
+            _i32("t", x.t)
             _check_int("crc", x.crc, 0, 2**32 - 1)
             for d in x.shape:
-                _check_int("dim", d, -(2**31), 2**31 - 1)
+                _i32("dim", d)
 
 
 def check_record_fits(seq: int, rtype: str, fields: Sequence[tuple[str, bytes]]) -> None:
@@ -481,11 +400,6 @@ def find_c_compiler() -> str | None:
     return None
 
 
-def default_cache_dir() -> Path:
-    """Where the compiled C emitter is kept: ``emitter/`` in esp-check's cache root."""
-    return user_cache_dir("emitter")
-
-
 def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) -> Path:
     """Compile the portable C files (emitter, frames, loop) into one shared library, cached by source hash
     (safe when concurrent)."""
@@ -507,7 +421,7 @@ def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) 
         digest.update(part)
         digest.update(b"\0")
     suffix = {"darwin": ".dylib", "win32": ".dll"}.get(sys.platform, ".so")
-    out_dir = cache_dir / "emitter" if cache_dir else default_cache_dir()
+    out_dir = cache_dir / "emitter" if cache_dir else user_cache_dir("emitter")
     out = out_dir / f"libesp_check_proto-{digest.hexdigest()[:20]}{suffix}"
     if out.is_file():
         return out
@@ -574,81 +488,27 @@ def _c_tap_array(ts: Sequence[TapTensor]) -> ctypes.Array[_CTapTensor]:
 
 def _load_library(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
-    vp, cp, i32, i64, u64, sz = (
-        ctypes.c_void_p,
-        ctypes.c_char_p,
-        ctypes.c_int32,
-        ctypes.c_int64,
-        ctypes.c_uint64,
-        ctypes.c_size_t,
-    )
+    vp, cp, sz, cint = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int
+    i32, i64, u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
+    dims, taps = ctypes.POINTER(i32), ctypes.POINTER(_CTapTensor)
     sigs: dict[str, tuple[object, list[object]]] = {
         "ecp_sizeof": (sz, []),
         "ecp_init": (None, [vp, _WRITE_FN, vp]),
-        "ecp_crc32": (ctypes.c_uint32, [ctypes.c_uint32, cp, sz]),
         "ecp_record_start": (None, [vp, cp]),
         "ecp_kv_str": (None, [vp, cp, cp]),
         "ecp_kv_int": (None, [vp, cp, i64]),
-        "ecp_kv_uint": (None, [vp, cp, u64]),
-        "ecp_record_end": (ctypes.c_int, [vp]),
-        "ecp_info_str": (ctypes.c_int, [vp, cp, cp]),
-        "ecp_info_int": (ctypes.c_int, [vp, cp, i64]),
-        "ecp_begin": (ctypes.c_int, [vp, cp, ctypes.c_int]),
-        "ecp_arena": (ctypes.c_int, [vp, u64, u64, cp]),
-        "ecp_input": (ctypes.c_int, [vp, ctypes.c_int, u64, cp]),
-        "ecp_time": (ctypes.c_int, [vp, ctypes.c_int, i64]),
-        "ecp_tensor": (
-            ctypes.c_int,
-            [
-                vp,
-                ctypes.c_int,
-                ctypes.c_int,
-                cp,
-                ctypes.POINTER(i32),
-                ctypes.c_int,
-                ctypes.c_float,
-                i32,
-                cp,
-                sz,
-                cp,
-                ctypes.c_int,
-            ],
-        ),
-        "ecp_error": (ctypes.c_int, [vp, cp, i32, ctypes.c_int, cp]),
-        "ecp_end": (ctypes.c_int, [vp, ctypes.c_int]),
-        "ecp_op": (
-            ctypes.c_int,
-            [
-                vp,
-                ctypes.c_int,
-                ctypes.c_int,
-                ctypes.c_int,
-                cp,
-                u64,
-                ctypes.POINTER(_CTapTensor),
-                ctypes.c_int,
-                ctypes.POINTER(_CTapTensor),
-                ctypes.c_int,
-            ],
-        ),
-        "ecp_op_end": (ctypes.c_int, [vp, ctypes.c_int, u64, u64, u64]),
-        "ecp_op_dump": (
-            ctypes.c_int,
-            [
-                vp,
-                ctypes.c_int,
-                ctypes.c_int,
-                ctypes.c_int,
-                cp,
-                cp,
-                ctypes.POINTER(i32),
-                ctypes.c_int,
-                ctypes.c_float,
-                i32,
-                cp,
-                sz,
-            ],
-        ),
+        "ecp_record_end": (cint, [vp]),
+        "ecp_info_str": (cint, [vp, cp, cp]),
+        "ecp_begin": (cint, [vp, cp, cint]),
+        "ecp_arena": (cint, [vp, u64, u64, cp]),
+        "ecp_input": (cint, [vp, cint, u64, cp]),
+        "ecp_time": (cint, [vp, cint, i64]),
+        "ecp_tensor": (cint, [vp, cint, cint, cp, dims, cint, ctypes.c_float, i32, cp, sz, cp, cint]),
+        "ecp_error": (cint, [vp, cp, i32, cint, cp]),
+        "ecp_end": (cint, [vp, cint]),
+        "ecp_op": (cint, [vp, cint, cint, cint, cp, u64, taps, cint, taps, cint]),
+        "ecp_op_end": (cint, [vp, cint, u64, u64, u64]),
+        "ecp_op_dump": (cint, [vp, cint, cint, cint, cp, cp, dims, cint, ctypes.c_float, i32, cp, sz]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)
@@ -664,7 +524,6 @@ class CEmitter:
 
     def __init__(self, write: Callable[[bytes], None], library: Path) -> None:
         self.lib = _load_library(library)
-        self._user_write = write
 
         def _cb(_ctx: int | None, buf: ctypes._Pointer[ctypes.c_char], n: int) -> int:
             write(ctypes.string_at(buf, n))
@@ -675,14 +534,14 @@ class CEmitter:
         self.lib.ecp_init(self.state, self._cb, None)
         self.seq = 0
 
-    def _sync(self) -> None:
-        # seq is the first field of ecp_t after two pointers
+    def _sync(self, rc: int = 0) -> int:
+        """Read the C emitter's seq back (the first field of ecp_t after two pointers); pass ``rc`` on."""
         off = 2 * ctypes.sizeof(ctypes.c_void_p)
         self.seq = int(ctypes.c_uint32.from_buffer(self.state, off).value)
+        return int(rc)
 
     def begin(self, fwver: str, sim: bool) -> None:
-        self.lib.ecp_begin(self.state, _cbytes(fwver), 1 if sim else 0)
-        self._sync()
+        self._sync(self.lib.ecp_begin(self.state, _cbytes(fwver), 1 if sim else 0))
 
     def info(self, fields: Sequence[tuple[str, FieldValue]]) -> None:
         self.record("INFO", fields)
@@ -695,39 +554,22 @@ class CEmitter:
             if isinstance(value, bool):
                 self.lib.ecp_kv_int(self.state, key.encode("ascii"), int(value))
             elif isinstance(value, int | np.integer):
-                self.lib.ecp_kv_int(
-                    self.state, key.encode("ascii"), _check_int(key, int(value), -(2**63), 2**63 - 1)
-                )
+                number = _check_int(key, int(value), -(2**63), 2**63 - 1)
+                self.lib.ecp_kv_int(self.state, key.encode("ascii"), number)
             else:
                 self.lib.ecp_kv_str(self.state, key.encode("ascii"), _cbytes(value))
-        self.lib.ecp_record_end(self.state)
-        self._sync()
+        self._sync(self.lib.ecp_record_end(self.state))
 
     def arena(self, size: int, used: int, mem: str) -> None:
-        self.lib.ecp_arena(
-            self.state,
-            _check_int("size", size, 0, 2**64 - 1),
-            _check_int("used", used, 0, 2**64 - 1),
-            _cbytes(mem),
-        )
-        self._sync()
+        self._sync(self.lib.ecp_arena(self.state, _u64("size", size), _u64("used", used), _cbytes(mem)))
 
     def input(self, i: int, nbytes: int, sha256_hex: str) -> None:
-        self.lib.ecp_input(
-            self.state,
-            _check_int("i", i, -(2**31), 2**31 - 1),
-            _check_int("nbytes", nbytes, 0, 2**64 - 1),
-            _cbytes(sha256_hex),
-        )
-        self._sync()
+        head = (_i32("i", i), _u64("nbytes", nbytes))
+        self._sync(self.lib.ecp_input(self.state, *head, _cbytes(sha256_hex)))
 
     def time(self, i: int, invoke_us: int) -> None:
-        self.lib.ecp_time(
-            self.state,
-            _check_int("i", i, -(2**31), 2**31 - 1),
-            _check_int("invoke_us", invoke_us, -(2**63), 2**63 - 1),
-        )
-        self._sync()
+        us = _check_int("invoke_us", invoke_us, -(2**63), 2**63 - 1)
+        self._sync(self.lib.ecp_time(self.state, _i32("i", i), us))
 
     def tensor(
         self,
@@ -741,40 +583,22 @@ class CEmitter:
         name: str = "",
         human_max: int = 16,
     ) -> bool:
-        dims = [_check_int("dim", d, -(2**31), 2**31 - 1) for d in shape]
+        dims = [_i32("dim", d) for d in shape]
         _float32_bits(scale)  # same validation as the Python twin
         arr = (ctypes.c_int32 * max(len(dims), 1))(*dims)
         data = bytes(data)
-        rc = self.lib.ecp_tensor(
-            self.state,
-            _check_int("i", i, -(2**31), 2**31 - 1),
-            _check_int("o", o, -(2**31), 2**31 - 1),
-            dtype.encode("ascii", "replace"),
-            arr,
-            len(dims),
-            scale,
-            _check_int("zp", zp, -(2**31), 2**31 - 1),
-            data,
-            len(data),
-            _cbytes(name),
-            max(-(2**31), min(int(human_max), 2**31 - 1)),
-        )
-        self._sync()
-        return int(rc) == 0
+        human = max(-(2**31), min(int(human_max), 2**31 - 1))
+        head = (_i32("i", i), _i32("o", o), dtype.encode("ascii", "replace"), arr, len(dims), scale)
+        rc = self.lib.ecp_tensor(self.state, *head, _i32("zp", zp), data, len(data), _cbytes(name), human)
+        return self._sync(rc) == 0
 
     def error(self, stage: str, code: int, msg: str, i: int | None = None) -> None:
-        self.lib.ecp_error(
-            self.state,
-            _cbytes(stage),
-            _check_int("code", code, -(2**31), 2**31 - 1),
-            -1 if i is None else _check_int("i", i, -(2**31), 2**31 - 1),
-            _cbytes(msg),
-        )
-        self._sync()
+        code = _i32("code", code)
+        index = -1 if i is None else _i32("i", i)
+        self._sync(self.lib.ecp_error(self.state, _cbytes(stage), code, index, _cbytes(msg)))
 
     def end(self, ok: bool) -> None:
-        self.lib.ecp_end(self.state, 1 if ok else 0)
-        self._sync()
+        self._sync(self.lib.ecp_end(self.state, 1 if ok else 0))
 
     def op(
         self,
@@ -787,29 +611,13 @@ class CEmitter:
         outs: Sequence[TapTensor],
     ) -> None:
         _check_tap_tensors(ins, outs)
-        self.lib.ecp_op(
-            self.state,
-            _check_int("i", i, -(2**31), 2**31 - 1),
-            _check_int("sub", sub, -(2**31), 2**31 - 1),
-            _check_int("idx", idx, -(2**31), 2**31 - 1),
-            _cbytes(opname),
-            _check_int("cycles", cycles, 0, 2**64 - 1),
-            _c_tap_array(ins),
-            len(ins),
-            _c_tap_array(outs),
-            len(outs),
-        )
-        self._sync()
+        head = (_i32("i", i), _i32("sub", sub), _i32("idx", idx), _cbytes(opname), _u64("cycles", cycles))
+        taps = (_c_tap_array(ins), len(ins), _c_tap_array(outs), len(outs))
+        self._sync(self.lib.ecp_op(self.state, *head, *taps))
 
     def op_end(self, i: int, ops: int, dropped: int, ram_bytes: int) -> None:
-        self.lib.ecp_op_end(
-            self.state,
-            _check_int("i", i, -(2**31), 2**31 - 1),
-            _check_int("ops", ops, 0, 2**64 - 1),
-            _check_int("dropped", dropped, 0, 2**64 - 1),
-            _check_int("ram", ram_bytes, 0, 2**64 - 1),
-        )
-        self._sync()
+        counts = (_u64("ops", ops), _u64("dropped", dropped), _u64("ram", ram_bytes))
+        self._sync(self.lib.ecp_op_end(self.state, _i32("i", i), *counts))
 
     def op_dump(
         self,
@@ -823,25 +631,16 @@ class CEmitter:
         zp: int,
         data: bytes,
     ) -> None:
-        dims = [_check_int("dim", d, -(2**31), 2**31 - 1) for d in shape]
+        dims = [_i32("dim", d) for d in shape]
         _float32_bits(scale)
         arr = (ctypes.c_int32 * max(len(dims), 1))(*dims)
         data = bytes(data)
-        self.lib.ecp_op_dump(
-            self.state,
-            _check_int("i", i, -(2**31), 2**31 - 1),
-            _check_int("idx", idx, -(2**31), 2**31 - 1),
-            _check_int("t", t, -(2**31), 2**31 - 1),
-            _cbytes(role),
-            dtype.encode("ascii", "replace"),
-            arr,
-            len(dims),
-            scale,
-            _check_int("zp", zp, -(2**31), 2**31 - 1),
-            data,
-            len(data),
-        )
-        self._sync()
+        head = (_i32("i", i), _i32("idx", idx), _i32("t", t), _cbytes(role), dtype.encode("ascii", "replace"))
+        tensor = (arr, len(dims), scale, _i32("zp", zp), data, len(data))
+        self._sync(self.lib.ecp_op_dump(self.state, *head, *tensor))
+
+
+Emitter: TypeAlias = PythonEmitter | CEmitter  # what firmware-like code prints the protocol through
 
 
 def make_emitter(
@@ -868,6 +667,13 @@ class TensorSpec:
     zp: int
     data: bytes
     name: str = ""
+
+
+def emit_tensor(em: Emitter, i: int, o: int, t: TensorSpec | LoopOutput, data: bytes, human_max: int) -> bool:
+    """Output ``o`` of run ``i`` (``t`` says what it is) as its TENSOR and DATA records: False when the
+    emitter refused it (it printed an ERROR record instead)."""
+    meta = (t.dtype, list(t.shape), t.scale, t.zp)
+    return bool(em.tensor(i, o, *meta, data=data, name=t.name, human_max=human_max))
 
 
 @dataclass(frozen=True)
@@ -919,15 +725,5 @@ def emit_capture(
         em.input(i, len(run.input_data), hashlib.sha256(run.input_data).hexdigest())
         em.time(i, run.invoke_us)
         for o, t in enumerate(run.outputs):
-            em.tensor(
-                i,
-                o,
-                t.dtype,
-                shape=t.shape,
-                scale=t.scale,
-                zp=t.zp,
-                data=t.data,
-                name=t.name,
-                human_max=human_max,
-            )
+            emit_tensor(em, i, o, t, t.data, human_max)
     em.end(True)

@@ -14,7 +14,7 @@ import binascii
 import re
 import struct
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,7 +27,6 @@ MAX_PAYLOAD = 4096  # host -> device (the device's receive buffer holds one such
 LOAD_CHUNK = MAX_PAYLOAD - 4  # input bytes per LOAD frame: its payload after the u32 offset
 MAX_FRAME = HEADER + MAX_PAYLOAD + TRAILER
 TX_MAX_PAYLOAD = 16384  # device -> host: RESULT and DATA frames (ECF_MAX_TX_PAYLOAD, announced in HELLO)
-TX_MAX_FRAME = HEADER + TX_MAX_PAYLOAD + TRAILER
 
 # host -> device
 CMD_HELLO, CMD_LOAD, CMD_RUN, CMD_SESSION, CMD_END, CMD_SYNC, CMD_BOOT, CMD_BAUD = range(1, 9)
@@ -44,7 +43,6 @@ TYPE_NAMES = {
 
 SRC_LOADED, SRC_PRNG, SRC_KEPT = 0, 1, 2
 RES_CRC, RES_FULL, RES_FULL_IF_DIFFERENT = 0, 1, 2
-RESULTS_MODES = {"crc": RES_CRC, "full": RES_FULL, "auto": RES_FULL_IF_DIFFERENT}
 RUN_FIXED = 20
 REC_FIXED = 13  # u8 head, u32 id, u32 invoke_us, u32 input CRC-32; 9 when the head says HEAD_NEXT_ID
 HEAD_NEXT_ID = 0x40  # the record's id is the previous record's (in the same RESULT payload) + 1: not sent
@@ -702,8 +700,3 @@ def decode_baud(p: bytes) -> tuple[int, int]:
     _need(p, 8, "BAUD_OK")
     baud, status = struct.unpack_from("<Ii", p)
     return int(baud), int(status)
-
-
-def iter_frames(raw: bytes) -> Iterator[Frame]:
-    """Valid frames in a capture (convenience for reports and tests)."""
-    yield from split_stream(raw).frames

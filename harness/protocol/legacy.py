@@ -8,7 +8,6 @@ docs/protocol.md). That format is lossless: the token maps back to the exact flo
 
 from __future__ import annotations
 
-import math
 import re
 import struct
 from collections.abc import Iterator
@@ -152,8 +151,3 @@ def _output_lines(text: str) -> Iterator[tuple[int, str]]:
 def _count_breaks(text: str, start: int, stop: int) -> int:
     """Line breaks (``\r\n``, ``\r`` or ``\n``, as _LINE_RE splits) in ``text[start:stop]``."""
     return text.count("\n", start, stop) + text.count("\r", start, stop) - text.count("\r\n", start, stop)
-
-
-def is_float32_exact(x: float) -> bool:
-    """True when x is exactly a float32 value (what MicroPrintf tokens decode to)."""
-    return math.isnan(x) or math.isinf(x) or _f32_from_bits(_f32_bits(x)) == x

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from harness.protocol import frames
+from harness.protocol.emitter import emit_tensor
 
 ECL_OK, ECL_HALTED, ECL_REBOOT = 0, 1, 2
 
@@ -71,14 +72,15 @@ class LoopConfig:
 
 @dataclass
 class _Run:
+    """A RUN command (docs/protocol.md "RUN"); ``expected``: the host's CRC-32s, one per output, or none."""
+
     ident: int
     source: int
     results: int
-    text: bool
     repeat: int
-    n_expect: int
     seed: int
     expected: tuple[int, ...]
+    text: bool = False
     keep: bool = False
     now: bool = False
 
@@ -234,12 +236,12 @@ class DeviceLoop:
         self._flush()
         raw = msg.encode("utf-8", "replace")[: frames.ERROR_MSG_MAX]
         clean = bytes(c if 0x21 <= c <= 0x7E and c != 0x2A else 0x5F for c in raw)
-        self._send(
-            frames.RSP_ERROR, struct.pack("<IIB", ident & 0xFFFFFFFF, code & 0xFFFFFFFF, stage) + clean
-        )
+        head = struct.pack("<IIB", ident & 0xFFFFFFFF, code & 0xFFFFFFFF, stage)
+        self._send(frames.RSP_ERROR, head + clean)
 
     def hello(self) -> None:
         c = self.cfg
+        fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: frames.FWVER_MAX])
         h = frames.Hello(
             frames.VERSION,
             c.sim,
@@ -253,17 +255,15 @@ class DeviceLoop:
             input_bytes=c.input_bytes,
             output_bytes=tuple(o.bytes for o in c.outputs),
             model_sha256=c.model_sha256,
-            fwver="",
+            fwver=fw.decode("ascii"),
             session=c.session,
             app_sha256=c.app_sha256,
             other_sha256=c.other_sha256,
             keep_capacity=self.store.cap,
             kept=self.store.kept,
         )
-        fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: frames.FWVER_MAX])
-        payload = frames.encode_hello(h)[:-1] + bytes([len(fw)]) + fw
         self._flush()
-        frame = frames.encode_frame(frames.RSP_HELLO, self.tx_seq, payload)
+        frame = frames.encode_frame(frames.RSP_HELLO, self.tx_seq, frames.encode_hello(h))
         self.tx_seq = (self.tx_seq + 1) & 0xFFFF
         self.host.write(frames.hello_line(frame))
 
@@ -386,19 +386,9 @@ class DeviceLoop:
             return None
         if keep > 1 or (keep and source != frames.SRC_LOADED) or (text and source == frames.SRC_KEPT):
             return None
-        expected = struct.unpack_from(f"<{n_expect}I", p, frames.RUN_FIXED)
-        return _Run(
-            ident,
-            source,
-            results,
-            text=bool(text),
-            repeat=repeat,
-            n_expect=n_expect,
-            seed=seed,
-            expected=tuple(expected),
-            keep=bool(keep),
-            now=bool(now),
-        )
+        expected = tuple(struct.unpack_from(f"<{n_expect}I", p, frames.RUN_FIXED))
+        flags = {"text": bool(text), "keep": bool(keep), "now": bool(now)}
+        return _Run(ident, source, results, repeat, seed, expected, **flags)
 
     def _run(self, f: frames.Frame) -> None:
         r = self._parse_run(f)
@@ -463,20 +453,7 @@ class DeviceLoop:
             return
         em.time(r.ident, us)
         for o, (t, data) in enumerate(zip(self.cfg.outputs, self.outputs_now, strict=True)):
-            shape = list(t.shape)
-            human = self.cfg.human_max
-            written = em.tensor(
-                r.ident,
-                o,
-                t.dtype,
-                shape=shape,
-                scale=t.scale,
-                zp=t.zp,
-                data=data,
-                name=t.name,
-                human_max=human,
-            )
-            if not written:
+            if not emit_tensor(em, r.ident, o, t, data, self.cfg.human_max):
                 self.session_error = True
                 return
         self.host.text_extra(em, r.ident)
@@ -521,7 +498,7 @@ class DeviceLoop:
             if r.results == frames.RES_FULL:
                 full = True
             elif r.results == frames.RES_FULL_IF_DIFFERENT:
-                full = r.n_expect == 0 or any(e != c for e, c in zip(r.expected, first, strict=False))
+                full = not r.expected or any(e != c for e, c in zip(r.expected, first, strict=False))
         self.run_busy_us = busy_us
         self._emit_record(rec, crc_at, full)
         # a batch that waited long enough (a slow model's results share frames), or asked for, or the boot's

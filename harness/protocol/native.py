@@ -9,18 +9,11 @@ loop with their Python twins (:mod:`harness.protocol.frames`, :mod:`harness.prot
 from __future__ import annotations
 
 import ctypes
-import hashlib
 from pathlib import Path
 from typing import Any
 
 from harness.protocol import frames
-from harness.protocol.emitter import (
-    MAX_DIMS,
-    CEmitter,
-    PythonEmitter,
-    build_c_library,
-    find_c_compiler,
-)
+from harness.protocol.emitter import MAX_DIMS, CEmitter, PythonEmitter, build_c_library, find_c_compiler
 from harness.protocol.loop import DeviceLoop, LoopConfig, LoopHost
 
 _u8p = ctypes.POINTER(ctypes.c_uint8)
@@ -112,26 +105,21 @@ def load_library(cache_dir: Path | None = None) -> ctypes.CDLL:
     """The compiled portable C (built once per source hash), with the frame and loop signatures set: a
     new handle for the caller to keep (the dynamic loader maps the library once per process)."""
     lib = ctypes.CDLL(str(build_c_library(cache_dir)))
-    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    vp, cp, sz, cint = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int
+    u8, u32, dec = ctypes.c_uint8, ctypes.c_uint32, ctypes.POINTER(_Decoder)
     sigs: dict[str, tuple[Any, list[Any]]] = {
-        "ecf_encode": (sz, [_u8p, sz, ctypes.c_uint8, ctypes.c_uint8, ctypes.c_uint16, ctypes.c_char_p, sz]),
-        "ecf_encode_keyed": (
-            sz,
-            [_u8p, sz, ctypes.c_uint8, ctypes.c_uint8, ctypes.c_uint16, ctypes.c_char_p, sz, ctypes.c_uint32],
-        ),
-        "ecf_key_crc": (ctypes.c_uint32, [ctypes.c_uint32, ctypes.c_uint8]),
-        "ecf_decoder_set_key": (None, [ctypes.POINTER(_Decoder), ctypes.c_uint32]),
-        "ecf_decoder_init": (None, [ctypes.POINTER(_Decoder), sz]),
+        "ecf_encode_keyed": (sz, [_u8p, sz, u8, u8, ctypes.c_uint16, cp, sz, u32]),
+        "ecf_decoder_set_key": (None, [dec, u32]),
+        "ecf_decoder_init": (None, [dec, sz]),
         "ecf_decoder_sizeof": (sz, []),
-        "ecf_decoder_feed": (None, [ctypes.POINTER(_Decoder), ctypes.c_char_p, sz, _FRAME_CB, vp]),
-        "ecf_prng_fill": (None, [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint8, _u8p, sz]),
+        "ecf_decoder_feed": (None, [dec, cp, sz, _FRAME_CB, vp]),
+        "ecf_prng_fill": (None, [ctypes.c_uint64, u32, u8, _u8p, sz]),
         "ecl_sizeof": (sz, []),
-        "ecl_init": (ctypes.c_int, [vp, ctypes.POINTER(_Config)]),
+        "ecl_init": (cint, [vp, ctypes.POINTER(_Config)]),
         "ecl_hello": (None, [vp]),
-        "ecl_rx": (ctypes.c_int, [vp, ctypes.c_char_p, sz]),
-        "ecl_idle": (ctypes.c_int, [vp]),
-        "ecl_error": (None, [vp, ctypes.c_uint32, ctypes.c_uint8, ctypes.c_int32, ctypes.c_char_p]),
-        "ecp_sizeof": (sz, []),
+        "ecl_rx": (cint, [vp, cp, sz]),
+        "ecl_idle": (cint, [vp]),
+        "ecl_error": (None, [vp, u32, u8, ctypes.c_int32, cp]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)
@@ -299,10 +287,6 @@ def make_loop(
     return CDeviceLoop(lib, cfg, host, emitter)
 
 
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 __all__ = [
-    "CDeviceLoop", "CFrameDecoder", "c_encode_frame", "c_prng", "load_library", "make_loop", "sha256_hex",
+    "CDeviceLoop", "CFrameDecoder", "c_encode_frame", "c_prng", "load_library", "make_loop",
 ]  # fmt: skip

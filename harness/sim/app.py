@@ -9,7 +9,7 @@ or a link event); the board schedules them on its serial line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from harness.flashfmt.model_image import PARTITION_LABEL, ModelImageError, parse_model_image
 from harness.flashfmt.otadata import boot_order
@@ -37,7 +37,7 @@ from harness.sim.image import (
 )
 from harness.sim.resident import ROM_BAUD, SIM_BANNER, AppEnv, Clock, Piece, SimApp
 
-__all__ = ["ROM_BAUD", "SIM_BANNER", "BootContext", "BootResult", "Piece", "boot_from_flash", "rom_header"]
+__all__ = ["ROM_BAUD", "SIM_BANNER", "AppEnv", "BootResult", "Piece", "boot_from_flash", "rom_header"]
 
 # When output starts after the reset is released (seconds): the ROM prints its banner at once and its
 # load lines while it reads the bootloader; the later pieces start at their ESP-IDF log timestamps.
@@ -50,7 +50,6 @@ class BootResult:
     pieces: list[Piece]
     console_baud: int = ROM_BAUD
     variant: str | None = None
-    faults_applied: list[str] = field(default_factory=list)
     app: SimApp | None = None  # the app now running its command loop (None: halted, looping, no app)
     reboot_reason: str | None = None  # one boot: the app restarted the chip (the next boot's reason)
 
@@ -98,10 +97,8 @@ def _rom_load_lines(chip: ChipSpec, boot: LoadedImage) -> bytes:
 
 # ---- boot ---------------------------------------------------------------------------------------
 
-BootContext = AppEnv  # everything one boot needs from the board
 
-
-def boot_from_flash(ctx: BootContext, reason: str) -> BootResult:
+def boot_from_flash(ctx: AppEnv, reason: str) -> BootResult:
     """Everything the chip prints from reset release (IO0 high) until its app waits for commands, halts or
     loops (a start-up crash repeats on every boot, ``loops`` boots shown)."""
     loops = max(1, ctx.faults.loops)
@@ -113,7 +110,6 @@ def boot_from_flash(ctx: BootContext, reason: str) -> BootResult:
         base += max(p.at for p in one.pieces) + REBOOT_S
         result.console_baud = one.console_baud if n == 0 else result.console_baud
         result.variant = one.variant
-        result.faults_applied = one.faults_applied
         result.app = one.app
         if one.reboot_reason is None:
             break
@@ -162,7 +158,7 @@ def _boot_order(
 
 
 def _load_app(
-    ctx: BootContext, parts: list[Partition], clock: Clock, boot_log: list[bytes]
+    ctx: AppEnv, parts: list[Partition], clock: Clock, boot_log: list[bytes]
 ) -> tuple[Partition, LoadedImage, AppPayload] | None:
     for part in _boot_order(ctx.flash, parts, clock, boot_log):
         try:
@@ -213,7 +209,7 @@ def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, dict[st
         )
 
 
-def _slot_shas(ctx: BootContext, parts: list[Partition], running: Partition) -> tuple[str, str]:
+def _slot_shas(ctx: AppEnv, parts: list[Partition], running: Partition) -> tuple[str, str]:
     """What the firmware's HELLO reports: ``esp_partition_get_sha256`` of the running app slot and of
     ``esp_ota_get_next_update_partition`` (the next OTA slot after the running one, round robin)."""
     otas = [p for p in parts if p.is_ota_app]
@@ -229,7 +225,7 @@ def _slot_shas(ctx: BootContext, parts: list[Partition], running: Partition) -> 
     return sha(running), sha(nxt)
 
 
-def _boot_once(ctx: BootContext, reason: str) -> BootResult:
+def _boot_once(ctx: AppEnv, reason: str) -> BootResult:
     chip = ctx.chip
     flash = ctx.flash
     pieces: list[Piece] = [Piece("rom", rom_header(chip, reason, False))]
@@ -273,4 +269,4 @@ def _boot_once(ctx: BootContext, reason: str) -> BootResult:
     out = [replace(p, at=t_app + p.at) for p in out]
     ctx.log(f"app: {payload.variant} from {part.label}, model {'ok' if model_error is None else model_error}")
     app_running = None if reboot else sim_app
-    return BootResult(pieces + out, console_baud, payload.variant, sim_app.active, app_running, reboot)
+    return BootResult(pieces + out, console_baud, payload.variant, app_running, reboot)

@@ -13,7 +13,6 @@ Time enters in exactly one place, as on real hardware: after EN rises, IO0 is sa
 from __future__ import annotations
 
 import functools
-import os
 import random
 import re
 import threading
@@ -31,8 +30,9 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 from harness.errors import UsageError
 from harness.inprocess import BOARDS
 from harness.protocol import frames
-from harness.sim.app import ROM_BAUD, BootContext, boot_from_flash, rom_header
-from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec, get_chip
+from harness.resources import atomic_write
+from harness.sim.app import ROM_BAUD, AppEnv, boot_from_flash, rom_header
+from harness.sim.chips import FLASH_SIZE_CODES, FLASH_SIZES, ChipSpec, get_chip
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader
 from harness.sim.resident import IDLE_QUIET_S, Piece, SimApp, keep_after_boot
@@ -45,7 +45,6 @@ RESET_STYLES = {
     "usb": "usb_jtag",
 }
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_SIZES = {"1MB": 1 << 20, "2MB": 2 << 20, "4MB": 4 << 20, "8MB": 8 << 20, "16MB": 16 << 20, "32MB": 32 << 20}
 
 
 def _invoke_time(value: str) -> str:
@@ -65,7 +64,7 @@ class SimParams(FaultParams):
     chip: str = Field("esp32s3", description="esp32, esp32s2, esp32s3, esp32c3, esp32c6, esp32p4")
     reset: str = Field("classic", json_schema_extra={"enum": list(RESET_STYLES)})
     flash: str | None = Field(None, description="a file that keeps the board's flash between runs")
-    flash_size: str = Field("4MB", json_schema_extra={"enum": list(_SIZES)})
+    flash_size: str = Field("4MB", json_schema_extra={"enum": list(FLASH_SIZES)})
     throttle: Annotated[Annotated[int, Field(ge=0)] | None, BeforeValidator(blank_is_none)] = Field(
         None, description="line rate in baud, both directions; 0: as fast as the host reads"
     )
@@ -126,8 +125,8 @@ def config_from_params(params: Mapping[str, str | int | float | list[str]]) -> B
             "the ESP32 has no USB-Serial-JTAG peripheral", hint="use reset=classic with chip=esp32"
         )
     size_raw = p.flash_size.upper()
-    if size_raw not in _SIZES:
-        raise UsageError(f"flash_size={size_raw!r} not modelled", hint=f"use one of {', '.join(_SIZES)}")
+    if size_raw not in FLASH_SIZES:
+        raise UsageError(f"flash_size={size_raw!r} not modelled", hint=f"use one of {', '.join(FLASH_SIZES)}")
     boot = p.boot.lower()
     if boot not in ("auto", "download"):
         raise UsageError(
@@ -137,7 +136,7 @@ def config_from_params(params: Mapping[str, str | int | float | list[str]]) -> B
         chip=chip,
         reset=reset,
         flash_path=Path(p.flash) if p.flash else None,
-        flash_size=_SIZES[size_raw],
+        flash_size=FLASH_SIZES[size_raw],
         faults=parse_faults(params),
         throttle=p.throttle or None,
         emitter=p.emitter,
@@ -228,8 +227,6 @@ class SimBoard:
         self._epoch = 0
         self._conns: dict[int, _Conn] = {}
         self._next_conn = 1
-        self.dtr = False
-        self.rts = False
         self._en_low = False
         self._pending: tuple[float, list[tuple[float, bool]]] | None = None
         self._usb_armed = False
@@ -280,10 +277,7 @@ class SimBoard:
             path = self.config.flash_path
             if path is None or not self._dirty:
                 return
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(bytes(self.flash))
-            os.replace(tmp, path)
+            atomic_write(path, bytes(self.flash), durable=False)
             self._dirty = False
 
     def program(self, files: list[tuple[int, Path]] | list[tuple[int, bytes]]) -> None:
@@ -326,9 +320,6 @@ class SimBoard:
             self.config = replace(
                 config, chip=old.chip, reset=old.reset, flash_path=old.flash_path, flash_size=old.flash_size
             )
-
-    def _log(self, msg: str) -> None:
-        self.log.append(msg)
 
     # ---- output queue --------------------------------------------------------------------------
 
@@ -435,11 +426,6 @@ class SimBoard:
                 "access on port?)"
             )
 
-    def connected(self, ident: int) -> bool:
-        with self._cond:
-            conn = self._conns.get(ident)
-            return conn is not None and conn.epoch == self._epoch
-
     def _drop_link(self) -> None:
         """The USB device leaves the bus (or the cable is pulled): open handles die."""
         self._epoch += 1
@@ -459,7 +445,7 @@ class SimBoard:
                     return self._take(size, now, port_baud)
                 if event:
                     self._chunks.popleft()
-                    self._log("link dropped (fault disconnect)")
+                    self.log.append("link dropped (fault disconnect)")
                     self.mode = "halted"
                     self._drop_link()
                     self._check(ident)
@@ -495,7 +481,7 @@ class SimBoard:
             if self.mode != "rom" or loader is None:
                 return  # nothing reads the console
             if self.config.reset == "classic" and loader.synced and port_baud != self.uart_baud:
-                self._log(f"host writes at {port_baud} baud, chip listens at {self.uart_baud}: garbage")
+                self.log.append(f"host writes at {port_baud} baud, chip listens at {self.uart_baud}: garbage")
                 return
             was_synced = loader.synced
             self._now = self._arrival(now, len(data), port_baud)  # the loader answers once the request is in
@@ -529,11 +515,13 @@ class SimBoard:
         (of real size: what does not fit is lost) while it is busy, and are processed in order."""
         fast = self._baud_revert is not None and now <= self._baud_revert[0]
         if fast and self.config.faults.active("baud_fail"):
-            self._log(f"host writes at {port_baud} baud: the line cannot carry it (fault baud_fail)")
+            self.log.append(f"host writes at {port_baud} baud: the line cannot carry it (fault baud_fail)")
             return
         self._baud_watch(now, port_baud)
         if self.config.reset == "classic" and port_baud != self.console_baud:
-            self._log(f"host writes at {port_baud} baud, the app listens at {self.console_baud}: garbage")
+            self.log.append(
+                f"host writes at {port_baud} baud, the app listens at {self.console_baud}: garbage"
+            )
             return
         step = 256
         rate = self._rate(None if self.config.reset == "usb_jtag" else port_baud)
@@ -546,7 +534,7 @@ class SimBoard:
             room = max(0, self._rx_capacity() - held)
             if len(chunk) > room:
                 self.rx_dropped += len(chunk) - room
-                self._log(f"receive buffer full: {len(chunk) - room} bytes lost")
+                self.log.append(f"receive buffer full: {len(chunk) - room} bytes lost")
                 chunk = chunk[:room]
             if not chunk:
                 continue
@@ -565,7 +553,7 @@ class SimBoard:
             return
         deadline, old = self._baud_revert
         if now > deadline:
-            self._log(f"app: no frame at {self.console_baud} baud in time: back to {old}")
+            self.log.append(f"app: no frame at {self.console_baud} baud in time: back to {old}")
             self.console_baud, self._baud_revert = old, None
         elif port_baud == self.console_baud:
             self._baud_revert = None
@@ -589,13 +577,13 @@ class SimBoard:
                 self._emit(p.data, self.console_baud, now=start, at=p.at)
         self._dev_free = start + busy
         if app.baud_request is not None and reboot is None:  # after the BAUD_OK reply: the UART switches
-            self._log(f"app: console {self.console_baud} -> {app.baud_request} baud")
+            self.log.append(f"app: console {self.console_baud} -> {app.baud_request} baud")
             self._baud_revert = (self._dev_free + frames.BAUD_CONFIRM_S, self.console_baud)
             self.console_baud, app.baud_request = app.baud_request, None
         if reboot is not None:
             self._app = None
             self._idle_at = None
-            self._log(f"app restarts ({reboot})")
+            self.log.append(f"app restarts ({reboot})")
             self._boot(download=False, reason="sw" if reboot == "sw" else reboot, now=self._dev_free)
         elif app.halted:
             self._idle_at = None  # silent from now on (hang, stall, cut output)
@@ -653,20 +641,16 @@ class SimBoard:
 
     def _settle(self, now: float) -> None:
         self._app_settle(now)
-        if self._pending is not None and now >= self._pending[0] + self.config.strap_window:
-            t_rise, history = self._pending
+        sample = self._pending_time()  # IO0 is sampled then: its level at the last change before it counts
+        if self._pending is not None and sample is not None and now >= sample:
+            history = self._pending[1]
             self._pending = None
-            sample = t_rise + self.config.strap_window
-            io0_low = False
-            for t, low in history:
-                if t <= sample:
-                    io0_low = low
+            io0_low = next((low for t, low in reversed(history) if t <= sample), False)
             strapped = self.config.boot == "download"  # IO0 held low (BOOT button, strap): wins
             self._boot(download=io0_low or strapped, reason="poweron", now=now)
 
     def _set_lines(self, dtr: bool, rts: bool, now: float) -> None:
         self._settle(now)
-        self.dtr, self.rts = dtr, rts
         if self.config.reset == "usb_jtag":
             self._set_lines_usb(dtr, rts, now)
             return
@@ -705,7 +689,7 @@ class SimBoard:
         self._inflight.clear()
         self._end_session()
         self.persist()
-        self._log("reset asserted")
+        self.log.append("reset asserted")
 
     def _end_session(self) -> None:
         if self._loader is not None:
@@ -721,16 +705,16 @@ class SimBoard:
             faults = self.config.faults
             ignore = faults.active("sync_fail") and self.download_sessions < faults.fault_count
             self.download_sessions += 1
-            self._loader = Loader(self, ignore_sync=ignore, log=self._log)
-            self._log(f"boot: download mode ({reason})")
+            self._loader = Loader(self, ignore_sync=ignore, log=self.log.append)
+            self.log.append(f"boot: download mode ({reason})")
             self._emit(rom_header(self.chip, reason, True), ROM_BAUD, now=now)
             return
         self.mode = "app"
         self.boots += 1
-        self._log(f"boot: SPI flash ({reason})")
+        self.log.append(f"boot: SPI flash ({reason})")
         self.persist()
         keep_after_boot(self.keep, reason, self.config.faults, self.boots)
-        ctx = BootContext(
+        ctx = AppEnv(
             chip=self.chip,
             flash=self.flash,  # the app may write otadata (slot switch)
             parts=[],
@@ -739,7 +723,7 @@ class SimBoard:
             emitter_backend=self.config.emitter,
             cache=self._cache,
             invoke_time=self.config.invoke_time,
-            log=self._log,
+            log=self.log.append,
             keep=self.keep,
         )
         result = boot_from_flash(ctx, reason)
@@ -771,14 +755,8 @@ class SimBoard:
     def set_uart_baud(self, baud: int) -> None:
         self.uart_baud = baud
 
-    def run_user_code(self) -> None:
-        self._boot(download=False, reason="sw", now=time.monotonic())
-
-    def reboot_chip(self) -> None:
-        self._boot(download=False, reason="sw", now=time.monotonic())
-
-    def soft_reset_to_rom(self) -> None:
-        self._boot(download=True, reason="sw", now=time.monotonic())
+    def restart(self, download: bool) -> None:
+        self._boot(download=download, reason="sw", now=time.monotonic())
 
     def flash_changed(self) -> None:
         self._dirty = True

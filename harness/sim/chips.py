@@ -17,17 +17,11 @@ from typing import Any
 from esptool.targets import CHIP_DEFS
 
 from harness.chips import CHIPS as FACTS
-from harness.chips import Chip
 
-# esptool's RDID answer: manufacturer 0xEF (Winbond), memory type 0x40, capacity byte = log2(size).
-FLASH_SIZE_CODES: dict[int, int] = {
-    1 * 1024 * 1024: 0x14,
-    2 * 1024 * 1024: 0x15,
-    4 * 1024 * 1024: 0x16,
-    8 * 1024 * 1024: 0x17,
-    16 * 1024 * 1024: 0x18,
-    32 * 1024 * 1024: 0x19,
-}
+# The flash sizes the simulated board models, by name (an image header's size nibble is the index here),
+# and esptool's RDID answer for each: manufacturer 0xEF (Winbond), memory type 0x40, capacity log2(size).
+FLASH_SIZES: dict[str, int] = {f"{1 << k}MB": (1 << 20) << k for k in range(6)}
+FLASH_SIZE_CODES: dict[int, int] = {size: 0x14 + k for k, size in enumerate(FLASH_SIZES.values())}
 
 
 @dataclass(frozen=True)
@@ -50,31 +44,15 @@ class ChipSpec:
     rom_banner: tuple[str, ...]  # lines before "rst:" on every ROM boot
     boot_modes: tuple[str, str]  # the ROM's "boot:" text: (SPI flash boot, download mode)
     rev: str  # "major.minor" as esp_chip_info() reports
+    arch: str  # arch, cores, bootloader offset: harness.chips' facts, shared by all of esp-check
+    cores: int
+    bootloader_offset: int
+    cpu_mhz: int  # the chip's highest frequency: the simulated CPU runs at it
     registers: dict[int, int] = field(default_factory=dict)  # eFuse and other read-only words
     xtal_div: int = 1  # esptool's XTAL_CLK_DIVIDER (UART_CLKDIV = xtal * div / baud)
     # the chip revisions an ESP-IDF image for this chip accepts by default (esptool's major * 100 + minor:
     # CONFIG_ESP_REV_MIN_FULL / CONFIG_ESP_REV_MAX_FULL from Kconfig.hw_support, the same in v5.3 ... v5.5.3)
     image_revs: tuple[int, int] = (0, 99)
-
-    @property
-    def facts(self) -> Chip:
-        return FACTS[self.name]
-
-    @property
-    def arch(self) -> str:
-        return self.facts.arch
-
-    @property
-    def cores(self) -> int:
-        return self.facts.cores
-
-    @property
-    def bootloader_offset(self) -> int:
-        return self.facts.bootloader_offset
-
-    @property
-    def cpu_mhz(self) -> int:  # the simulated CPU runs at the chip's highest frequency
-        return self.facts.max_mhz[0]
 
     def mac_registers(self, name: str) -> dict[int, int]:
         """eFuse words holding a MAC derived from the board name (stable per board, unique-ish)."""
@@ -126,18 +104,23 @@ _ESP32C3_REGS = {
 
 def _spec(name: str, **sim: Any) -> ChipSpec:
     """A chip's spec: what esptool's own class for the chip says (its name, image chip id, SPI and UART
-    registers, data window), and ``sim`` (what only the simulated board needs)."""
-    rom = CHIP_DEFS[name]
-    esptool_facts = {
-        "display": rom.CHIP_NAME,
-        "image_chip_id": rom.IMAGE_CHIP_ID,
-        "spi_reg_base": rom.SPI_REG_BASE,
-        "spi_usr2_offs": rom.SPI_USR2_OFFS,
-        "spi_w0_offs": rom.SPI_W0_OFFS,
-        "uart_clkdiv_reg": rom.UART_CLKDIV_REG,
-        "drom_map_start": rom.DROM_MAP_START,
-    }
-    return ChipSpec(name=name, **esptool_facts, **sim)
+    registers, data window), harness.chips' facts, and ``sim`` (what only the simulated board needs)."""
+    rom, facts = CHIP_DEFS[name], FACTS[name]
+    return ChipSpec(
+        name=name,
+        display=rom.CHIP_NAME,
+        image_chip_id=rom.IMAGE_CHIP_ID,
+        spi_reg_base=rom.SPI_REG_BASE,
+        spi_usr2_offs=rom.SPI_USR2_OFFS,
+        spi_w0_offs=rom.SPI_W0_OFFS,
+        uart_clkdiv_reg=rom.UART_CLKDIV_REG,
+        drom_map_start=rom.DROM_MAP_START,
+        arch=facts.arch,
+        cores=facts.cores,
+        bootloader_offset=facts.bootloader_offset,
+        cpu_mhz=facts.max_mhz[0],
+        **sim,
+    )
 
 
 CHIPS: dict[str, ChipSpec] = {

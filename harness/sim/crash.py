@@ -127,24 +127,7 @@ def _riscv_report(chip: ChipSpec, kind: str, frames: list[int], rng: random.Rand
     sp = _stack_ptr(chip, rng)
     # MEPC: where it stopped (an abort stops in panic_abort, in IRAM); RA: the return address
     regs = [("MEPC", frames[0]), ("RA", frames[1]), ("SP", sp), ("GP", chip.dram_start + 0xB400)]
-    names = (
-        "TP",
-        "T0",
-        "T1",
-        "T2",
-        "S0/FP",
-        "S1",
-        "A0",
-        "A1",
-        "A2",
-        "A3",
-        "A4",
-        "A5",
-        "A6",
-        "A7",
-        "S2",
-        "S3",
-    )
+    names = ("TP", "T0", "T1", "T2", "S0/FP", "S1", *(f"A{k}" for k in range(8)), "S2", "S3")
     regs += [(n, rng.getrandbits(32)) for n in names]
     regs += [
         ("MSTATUS", 0x00001881),

@@ -27,6 +27,7 @@ _E_FLAGS = {"xtensa": 0x300, "riscv": 0x1}  # as ESP-IDF's toolchains set them (
 SHF_WRITE, SHF_ALLOC, SHF_EXECINSTR = 0x1, 0x2, 0x4
 SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB = 1, 2, 3
 PT_LOAD = 1
+ET_EXEC = 2
 CODE_OFFSET = 0x20  # .flash.text / .flash.rodata start 0x20 into their 64 KB page, as in ESP-IDF apps
 
 # (section, symbol, size): IRAM first (entry point, panic path), then flash-mapped code
@@ -173,20 +174,8 @@ def write_elf(chip: ChipSpec, sections: list[tuple[str, int, bytes, int]], entry
     for j, blob in ((k + 1, bytes(strtab)), (k + 2, bytes(shstr))):
         shdrs += struct.pack("<IIIIIIIIII", name_off[j], SHT_STRTAB, 0, 0, offsets[j], len(blob), 0, 0, 1, 0)
     ident = b"\x7fELF" + bytes((1, 1, 1, 0)) + b"\0" * 8
-    header = ident + struct.pack(
-        "<HHIIIIIHHHHHH",
-        2,  # ET_EXEC
-        EM_XTENSA if chip.arch == "xtensa" else EM_RISCV,
-        1,
-        entry,
-        phoff,
-        shoff,
-        _E_FLAGS[chip.arch],
-        52,
-        32,
-        len(sections),
-        40,
-        len(all_names) + 1,
-        len(all_names),  # .shstrtab is the last section
-    )
+    machine = EM_XTENSA if chip.arch == "xtensa" else EM_RISCV
+    header = ident + struct.pack("<HHIIIII", ET_EXEC, machine, 1, entry, phoff, shoff, _E_FLAGS[chip.arch])
+    # header, program header and section header sizes, their counts; .shstrtab is the last section
+    header += struct.pack("<HHHHHH", 52, 32, len(sections), 40, len(all_names) + 1, len(all_names))
     return header + bytes(phdrs) + bytes(body) + bytes(shdrs)

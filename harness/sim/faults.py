@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Annotated
 
+import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from harness.errors import UsageError
@@ -107,7 +108,6 @@ class FaultSpec:
     fault_count: int = _P.fault_count
     loops: int = _P.loops
     fault_boots: int | None = _P.fault_boots  # app faults only on the first N app boots (transient)
-    extra: Mapping[str, str] = field(default_factory=dict)
     fault_ops: tuple[int, ...] = ()  # op faults: the op indices (fault_op=17 or fault_op=17,27)
     fault_region: str = _P.fault_region
     frame_every: int = _P.frame_every  # frame_rx / frame_tx: which frames are damaged
@@ -225,3 +225,15 @@ def _log1p_neg(x: float) -> float:
     import math
 
     return math.log(1.0 - x) if x < 1.0 else -math.inf
+
+
+def bump_lsb(a: np.ndarray, mask: np.ndarray, lsb: int) -> np.ndarray:
+    """a + lsb where masked (a - lsb, towards the middle of the range, where + lsb would leave it)."""
+    out = np.array(a, copy=True)
+    if out.dtype.kind in "iu":
+        lim = np.iinfo(out.dtype)
+        wide = out.astype(np.int64)
+        fits = (wide + lsb <= lim.max) & (wide + lsb >= lim.min)
+        wide = np.where(mask, np.where(fits, wide + lsb, wide - lsb), wide)
+        return wide.astype(out.dtype)
+    return np.where(mask, out + lsb, out).astype(out.dtype)

@@ -44,7 +44,7 @@ from harness.flashfmt.partitions import (
 )
 from harness.protocol.app_image import APP_DESC_ELF_SHA, APP_DESC_MAGIC
 from harness.sim import elf
-from harness.sim.chips import ChipSpec, get_chip
+from harness.sim.chips import FLASH_SIZES, ChipSpec, get_chip
 
 if TYPE_CHECKING:
     from harness.firmware.generate import Manifest
@@ -57,9 +57,6 @@ _BOOTLOADER_PT_MARKER = b"ESPCHK-PT-OFFSET"  # followed by the offset as a littl
 PAYLOAD_MAGIC = b"ESPCHKSIM1\0\0"
 PAYLOAD_FORMAT = 2  # 2: the model is not in the app but in the model partition (inputs may be none)
 
-# image header byte 3, high nibble: the flash size (esptool's FLASH_SIZES for the ESP32 family); low
-# nibble 0x0 = 40 MHz flash clock
-FLASH_SIZE_CODES = {"1MB": 0x0, "2MB": 0x1, "4MB": 0x2, "8MB": 0x3, "16MB": 0x4, "32MB": 0x5}
 DEFAULT_FLASH_SIZE = "4MB"
 
 
@@ -163,19 +160,15 @@ def app_sections(
     ]
 
 
-def _image_class(chip: ChipSpec) -> type[ESP32FirmwareImage]:
-    return CHIP_DEFS[chip.name].BOOTLOADER_IMAGE
-
-
 def flash_size_freq(flash_size: str) -> int:
-    """Image header byte 3 for ``flash_size`` ("4MB") at 40 MHz, as ESP-IDF's build writes it."""
-    try:
-        return FLASH_SIZE_CODES[flash_size.upper()] << 4
-    except KeyError:
+    """Image header byte 3 for ``flash_size`` ("4MB") at 40 MHz, as ESP-IDF's build writes it: the size in
+    the high nibble (esptool's FLASH_SIZES for the ESP32 family: 1MB 0, 2MB 1, ...), 0x0 = 40 MHz below."""
+    if flash_size.upper() not in FLASH_SIZES:
         raise BuildError(
             f"flash size {flash_size!r} is not one the simulated board models",
-            hint=f"use one of {', '.join(FLASH_SIZE_CODES)}",
-        ) from None
+            hint=f"use one of {', '.join(FLASH_SIZES)}",
+        )
+    return list(FLASH_SIZES).index(flash_size.upper()) << 4
 
 
 def header_flash_bytes(image: BaseFirmwareImage) -> int:
@@ -205,18 +198,10 @@ def pack_app_image(
     """An ESP app image of :func:`app_sections` (DROM = app description + payload, IROM and IRAM code);
     ``elf_sha`` goes into the app description, as ``esptool elf2image --elf-sha256-offset`` puts it.
     ``revs``: the chip revisions it accepts (default: the chip's ESP-IDF defaults)."""
-    img = _image_class(chip)()
-    img.flash_mode = 2  # dio
-    img.flash_size_freq = flash_size_freq(flash_size)
-    _set_revisions(img, chip, revs)
-    img.segments = [
-        ELFSection(name.encode(), addr, data, 0)
-        for name, addr, data, _flags in app_sections(chip, payload, version=version, idf=idf, elf_sha=elf_sha)
-    ]
-    img.entrypoint = elf.iram_text_addr(chip)  # call_start_cpu0; the simulated CPU never executes it
-    out = img.save(None)
-    assert out is not None
-    return bytes(out)
+    sections = app_sections(chip, payload, version=version, idf=idf, elf_sha=elf_sha)
+    segments = [ELFSection(name.encode(), addr, data, 0) for name, addr, data, _flags in sections]
+    # the entry point: call_start_cpu0 (the simulated CPU never executes it)
+    return _save_image(chip, flash_size, revs, segments, elf.iram_text_addr(chip))
 
 
 def pack_bootloader_image(
@@ -232,17 +217,25 @@ def pack_bootloader_image(
     checks the detected flash against (esptool's ``write-flash --flash-size`` rewrites it there), and
     its revision range what esptool's write-flash checks the chip against (``revs``, as the app's).
     """
-    img = _image_class(chip)()
-    img.flash_mode = 2
-    img.flash_size_freq = flash_size_freq(flash_size)
-    _set_revisions(img, chip, revs)
     banner = b"esp-check simulated 2nd stage bootloader\0".ljust(48, b"\0")
     banner += _BOOTLOADER_PT_MARKER + struct.pack("<I", table_offset)
-    img.segments = [
+    segments = [
         ELFSection(b".dram0.data", chip.dram_start + 0x10000, banner.ljust(96, b"\0"), 0),
         ELFSection(b".iram_loader.text", chip.iram_start + 0x20000, b"\x00" * 32, 0),
     ]
-    img.entrypoint = chip.iram_start + 0x20000
+    return _save_image(chip, flash_size, revs, segments, chip.iram_start + 0x20000)
+
+
+def _save_image(
+    chip: ChipSpec, flash_size: str, revs: tuple[int, int] | None, segments: list[ELFSection], entry: int
+) -> bytes:
+    """An ESP image of ``segments`` with the header ESP-IDF's build writes: DIO, the flash size at 40 MHz,
+    the chip revisions it accepts (:func:`_set_revisions`)."""
+    img = CHIP_DEFS[chip.name].BOOTLOADER_IMAGE()
+    img.flash_mode = 2  # dio
+    img.flash_size_freq = flash_size_freq(flash_size)
+    _set_revisions(img, chip, revs)
+    img.segments, img.entrypoint = segments, entry
     out = img.save(None)
     assert out is not None
     return bytes(out)
@@ -279,15 +272,19 @@ def load_image(chip: ChipSpec, flash: bytes | bytearray, offset: int, max_len: i
     return LoadedImage(img, [(s.addr, bytes(s.data)) for s in img.segments])
 
 
+def _drom_desc(chip: ChipSpec, loaded: LoadedImage) -> bytes | None:
+    """The image's DROM segment that opens with the app description (esp_app_desc_t, 256 bytes)."""
+    for addr, data in loaded.segments:
+        in_drom = chip.drom_map_start <= addr < chip.drom_map_start + 0x400000
+        if in_drom and len(data) >= 256 and struct.unpack_from("<I", data, 0)[0] == APP_DESC_MAGIC:
+            return data
+    return None
+
+
 def app_elf_sha256(chip: ChipSpec, loaded: LoadedImage) -> str | None:
     """The ``app_elf_sha256`` of the image's app description (hex), or None when it is not set."""
-    for addr, data in loaded.segments:
-        if chip.drom_map_start <= addr < chip.drom_map_start + 0x400000 and len(data) >= 256:
-            (magic,) = struct.unpack_from("<I", data, 0)
-            sha = data[APP_DESC_ELF_SHA : APP_DESC_ELF_SHA + 32]
-            if magic == APP_DESC_MAGIC and any(sha):
-                return sha.hex()
-    return None
+    sha = (_drom_desc(chip, loaded) or b"")[APP_DESC_ELF_SHA : APP_DESC_ELF_SHA + 32]
+    return sha.hex() if any(sha) else None
 
 
 def bootloader_max_bytes(chip: ChipSpec) -> int:
@@ -307,12 +304,10 @@ def bootloader_table_offset(loaded: LoadedImage) -> int:
 
 
 def find_payload(chip: ChipSpec, loaded: LoadedImage) -> AppPayload:
-    for addr, data in loaded.segments:
-        if chip.drom_map_start <= addr < chip.drom_map_start + 0x400000 and len(data) > 256:
-            (magic,) = struct.unpack_from("<I", data, 0)
-            if magic == APP_DESC_MAGIC:
-                return unpack_payload(data[256:])
-    raise ImageError("app image has no esp-check payload (not built by the sim builder?)")
+    data = _drom_desc(chip, loaded)
+    if data is None or len(data) == 256:
+        raise ImageError("app image has no esp-check payload (not built by the sim builder?)")
+    return unpack_payload(data[256:])
 
 
 # ---- the "sim" builder -------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import base64
 import functools
 import hashlib
 import json
+import operator
 import struct
 import zlib
 from collections.abc import Callable
@@ -36,7 +37,6 @@ ERR_DEFLATE = 0x0B
 # stub error codes (esptool stub_flasher: 0xC0 + n)
 STUB_ERR_BAD_DATA_LEN = 0xC0
 STUB_ERR_BAD_DATA_CHECKSUM = 0xC1
-STUB_ERR_BAD_BLOCKSIZE = 0xC2
 STUB_ERR_INVALID_COMMAND = 0xC3
 STUB_ERR_FAILED_SPI_OP = 0xC4
 STUB_ERR_NOT_IN_FLASH_MODE = 0xC6
@@ -68,21 +68,6 @@ CMD = {
     "READ_FLASH": 0xD2,
 }
 STUB_ONLY = {CMD["ERASE_FLASH"], CMD["ERASE_REGION"], CMD["READ_FLASH"]}
-# the commands whose payload has one size (any other is the ROM's "invalid message")
-_PAYLOAD_BYTES = {
-    CMD[name]: size
-    for name, size in (
-        ("READ_REG", 4),
-        ("MEM_BEGIN", 16),
-        ("MEM_END", 8),
-        ("FLASH_END", 4),
-        ("FLASH_DEFL_END", 4),
-        ("CHANGE_BAUDRATE", 8),
-        ("SPI_FLASH_MD5", 16),
-        ("ERASE_REGION", 8),
-        ("READ_FLASH", 16),
-    )
-}
 
 
 def slip_encode(packet: bytes) -> bytes:
@@ -133,10 +118,7 @@ class SlipDecoder:
 
 
 def checksum(data: bytes) -> int:
-    state = CHECKSUM_SEED
-    for b in data:
-        state ^= b
-    return state
+    return functools.reduce(operator.xor, data, CHECKSUM_SEED)
 
 
 @functools.lru_cache(maxsize=16)
@@ -152,15 +134,8 @@ def known_stubs(chip: str) -> tuple[tuple[int, bytes, int | None, bytes | None, 
             continue
         stub = json.loads(path.read_text())
         data = base64.b64decode(stub["data"]) if "data" in stub else None
-        out.append(
-            (
-                int(stub["text_start"]),
-                base64.b64decode(stub["text"]),
-                stub.get("data_start"),
-                data,
-                int(stub["entry"]),
-            )
-        )
+        text = base64.b64decode(stub["text"])
+        out.append((int(stub["text_start"]), text, stub.get("data_start"), data, int(stub["entry"])))
     return tuple(out)
 
 
@@ -189,9 +164,7 @@ class LoaderHost(Protocol):
 
     def send(self, data: bytes) -> None: ...
     def set_uart_baud(self, baud: int) -> None: ...
-    def run_user_code(self) -> None: ...
-    def reboot_chip(self) -> None: ...
-    def soft_reset_to_rom(self) -> None: ...
+    def restart(self, download: bool) -> None: ...  # a software reset, into the ROM loader or the app
     def flash_changed(self) -> None: ...
     def persist(self) -> None: ...
 
@@ -244,40 +217,39 @@ class Loader:
             return
         if not self.synced and not self.stub:
             return  # the ROM answers nothing before it has auto-bauded on a SYNC
-        handler = self._handlers().get(op)
-        if handler is None or (op in STUB_ONLY and not self.stub):
+        handler, size = self._handlers().get(op, (None, None))
+        no_security_info = op == CMD["GET_SECURITY_INFO"] and not self.host.chip.security_info
+        if handler is None or (op in STUB_ONLY and not self.stub) or no_security_info:
             self._fail(op, ERR_INVALID_MSG, STUB_ERR_INVALID_COMMAND)
             return
-        if op == CMD["GET_SECURITY_INFO"] and not self.host.chip.security_info:
-            self._fail(op, ERR_INVALID_MSG, STUB_ERR_INVALID_COMMAND)
-            return
-        if len(data) != _PAYLOAD_BYTES.get(op, len(data)):
+        if size is not None and len(data) != size:
             self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
             return
         handler(op, data, chk)
 
-    def _handlers(self) -> dict[int, Callable[[int, bytes, int], None]]:
+    def _handlers(self) -> dict[int, tuple[Callable[[int, bytes, int], None], int | None]]:
+        """op -> (handler, the one payload size the command takes: any other is an invalid message)."""
         return {
-            CMD["READ_REG"]: self._read_reg,
-            CMD["WRITE_REG"]: self._write_reg,
-            CMD["MEM_BEGIN"]: self._mem_begin,
-            CMD["MEM_DATA"]: self._mem_data,
-            CMD["MEM_END"]: self._mem_end,
-            CMD["FLASH_BEGIN"]: self._flash_begin,
-            CMD["FLASH_DATA"]: self._flash_data,
-            CMD["FLASH_END"]: self._flash_end,
-            CMD["FLASH_DEFL_BEGIN"]: self._flash_begin,
-            CMD["FLASH_DEFL_DATA"]: self._flash_data,
-            CMD["FLASH_DEFL_END"]: self._flash_end,
-            CMD["SPI_SET_PARAMS"]: self._ok,
-            CMD["SPI_ATTACH"]: self._ok,
-            CMD["CHANGE_BAUDRATE"]: self._change_baud,
-            CMD["SPI_FLASH_MD5"]: self._md5,
-            CMD["GET_SECURITY_INFO"]: self._security_info,
-            CMD["ERASE_FLASH"]: self._erase_flash,
-            CMD["ERASE_REGION"]: self._erase_region,
-            CMD["READ_FLASH"]: self._read_flash,
-            CMD["READ_FLASH_SLOW"]: self._read_flash_slow,
+            CMD["READ_REG"]: (self._read_reg, 4),
+            CMD["WRITE_REG"]: (self._write_reg, None),
+            CMD["MEM_BEGIN"]: (self._mem_begin, 16),
+            CMD["MEM_DATA"]: (self._mem_data, None),
+            CMD["MEM_END"]: (self._mem_end, 8),
+            CMD["FLASH_BEGIN"]: (self._flash_begin, None),
+            CMD["FLASH_DATA"]: (self._flash_data, None),
+            CMD["FLASH_END"]: (self._flash_end, 4),
+            CMD["FLASH_DEFL_BEGIN"]: (self._flash_begin, None),
+            CMD["FLASH_DEFL_DATA"]: (self._flash_data, None),
+            CMD["FLASH_DEFL_END"]: (self._flash_end, 4),
+            CMD["SPI_SET_PARAMS"]: (self._ok, None),
+            CMD["SPI_ATTACH"]: (self._ok, None),
+            CMD["CHANGE_BAUDRATE"]: (self._change_baud, 8),
+            CMD["SPI_FLASH_MD5"]: (self._md5, 16),
+            CMD["GET_SECURITY_INFO"]: (self._security_info, None),
+            CMD["ERASE_FLASH"]: (self._erase_flash, None),
+            CMD["ERASE_REGION"]: (self._erase_region, 8),
+            CMD["READ_FLASH"]: (self._read_flash, 16),
+            CMD["READ_FLASH_SLOW"]: (self._read_flash_slow, None),
         }
 
     # ---- commands ------------------------------------------------------------------------------
@@ -336,12 +308,10 @@ class Loader:
         regs[addr] = regs[addr] & ~(1 << 18)  # command done
 
     def _mem_begin(self, op: int, data: bytes, chk: int) -> None:
-        self._mem = struct.unpack("<IIII", data)
+        self._mem = struct.unpack("<IIII", data)  # size, blocks, block size, offset
         self._mem_seq = 0
-        size, _blocks, _bs, offset = self._mem
-        self.ram[offset] = bytearray()
+        self.ram[self._mem[3]] = bytearray()
         self._respond(op)
-        del size
 
     def _data_block(self, op: int, data: bytes, chk: int, want_seq: int) -> bytes | None:
         """The payload of a MEM_DATA/FLASH_DATA packet, or None after answering its error as the ROM does."""
@@ -471,13 +441,10 @@ class Loader:
         self._write = None
         self.host.persist()  # a finished write session is on "flash" (the board's file) before the reply
         self._respond(op)
-        if self.stub:
-            if not stay:
-                self.host.soft_reset_to_rom()
-        elif stay:
-            self.host.run_user_code()  # ROM: "leave download mode and run the app"
-        else:
-            self.host.reboot_chip()
+        # the stub: back to the ROM loader unless told to stay; the ROM: run the app (whether told to
+        # "leave download mode and run the app" or to reboot)
+        if not (self.stub and stay):
+            self.host.restart(download=self.stub)
 
     def _change_baud(self, op: int, data: bytes, chk: int) -> None:
         new, _old = struct.unpack("<II", data)

@@ -23,10 +23,11 @@ import numpy as np
 from harness.flashfmt import otadata
 from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, Partition, find
 from harness.protocol import frames
+from harness.protocol.emitter import emit_tensor
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
-from harness.sim.faults import FaultSpec, flip_bits
+from harness.sim.faults import OP_FAULTS, FaultSpec, bump_lsb, flip_bits
 from harness.sim.image import PROJECT_NAME, AppPayload, ImageError, load_image
 
 ROM_BAUD = 115200
@@ -211,7 +212,7 @@ class SimApp:
         unopt = faults.fault_kind if "unoptimized_kind" in self.active else None
         init.dispatch = Dispatch(self.payload.variant, frozenset(ansi), unopt)
         init.op_fault = _op_fault(faults, init.dispatch, info)
-        kept = [f for f in self.active if f not in _OP_FAULT_NAMES]
+        kept = [f for f in self.active if f not in OP_FAULTS]
         self.active = sorted(kept + ([init.op_fault.kind] if init.op_fault else []))
         init.cycles = op_cycles(info, self.env.chip.name, init.dispatch, salt=self.payload.variant)
 
@@ -305,14 +306,12 @@ class SimApp:
         detected = len(self.env.flash)  # the flash chip's real size (its RDID answer)
         if detected < header_flash:  # esp_flash_init_default_chip refuses the chip: the core init asserts
             head.append(clock.line("E", "spi_flash", _flash_size_text(detected, header_flash, "smaller"), 10))
-            rng = self.env.faults.rng("flash_size", self.env.boot_index)
-            return head, b"\r\n" + panic_text(chip, "flash_size", rng, self.elf_sha, variant)
+            return head, b"\r\n" + panic_text(chip, "flash_size", elf_sha=self.elf_sha, variant=variant)
         if detected > header_flash:
             head.append(clock.line("W", "spi_flash", _flash_size_text(detected, header_flash, "larger"), 10))
         head.append(clock.line("I", "spi_flash", "detected chip: generic", 10))
         if "bootloop" in self.active:  # no RAM left for the main task's stack: an assert before app_main
-            rng = self.env.faults.rng("bootloop", self.env.boot_index)
-            return head, panic_text(chip, "startup", rng, self.elf_sha, variant)
+            return head, panic_text(chip, "startup", elf_sha=self.elf_sha, variant=variant)
         head += [
             clock.line("I", "main_task", "Started on CPU0", 20),
             clock.line("I", "main_task", "Calling app_main()", 10),
@@ -338,17 +337,7 @@ class SimApp:
                 return
             em.time(i, us)
             for o, (t, data) in enumerate(zip(self._outputs(), outs, strict=True)):
-                em.tensor(
-                    i,
-                    o,
-                    t.dtype,
-                    shape=list(t.shape),
-                    scale=t.scale,
-                    zp=t.zp,
-                    data=data,
-                    name=t.name,
-                    human_max=self.loop.cfg.human_max,
-                )
+                emit_tensor(em, i, o, t, data, self.loop.cfg.human_max)
             self.text_extra(em, i)
         em.end(True)
 
@@ -546,11 +535,12 @@ class SimApp:
         pieces = self._line_faults(pieces)
         reboot = self.reboot
         if self.crash is not None:
-            rng = self.env.faults.rng(self.crash, self.env.boot_index)  # a kernel bug: the same crash
             if self.crash == "brownout":
                 text, reboot = b"\r\nBrownout detector was triggered\r\n\r\n", "brownout"
-            else:
-                text = panic_text(self.env.chip, self.crash, rng, self.elf_sha, self.payload.variant)
+            else:  # a kernel bug: the same crash on every boot
+                text = panic_text(
+                    self.env.chip, self.crash, elf_sha=self.elf_sha, variant=self.payload.variant
+                )
                 reboot = "sw"
             pieces.append(Piece("console", text, busy))
         return pieces, reboot
@@ -640,16 +630,13 @@ def _busy_seconds(mode: str, invoke_us: int) -> float:
         return 0.0
 
 
-_OP_FAULT_NAMES = ("op_corrupt", "op_clobber", "op_panic", "op_hang")
-
-
 def _op_fault(faults: FaultSpec, dispatch: Any, info: Any) -> Any:
     """The op fault of this image, or None when there is none or it hits no op this image runs."""
     from harness.sim.tap_sim import OpFault
 
     if not faults.fault_ops:
         return None
-    for kind in _OP_FAULT_NAMES:
+    for kind in OP_FAULTS:
         if kind in faults.names:
             fault = OpFault(
                 kind,
@@ -716,15 +703,9 @@ def _apply_output_faults(arr: np.ndarray, active: list[str], faults: FaultSpec, 
         rng = faults.rng("corrupt", i * 1000 + o)  # the same elements on every boot: a kernel bug, not noise
         flat = a.reshape(-1)
         k = max(1, round(flat.size * faults.corrupt_frac))
-        idx = sorted(rng.sample(range(flat.size), min(k, flat.size)))
-        if a.dtype.kind in "iu":
-            top = np.iinfo(a.dtype).max
-            for j in idx:
-                v = int(flat[j])
-                flat[j] = v + (faults.corrupt_lsb if v + faults.corrupt_lsb <= top else -faults.corrupt_lsb)
-        else:
-            for j in idx:
-                flat[j] = flat[j] + faults.corrupt_lsb
+        mask = np.zeros(flat.size, dtype=bool)
+        mask[rng.sample(range(flat.size), min(k, flat.size))] = True
+        a = bump_lsb(a, mask.reshape(a.shape), faults.corrupt_lsb)
     return a.tobytes()
 
 

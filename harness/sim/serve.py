@@ -59,7 +59,7 @@ class SimServer:
         return f"socket://{self.host}:{self.port}"
 
     def start(self) -> SimServer:
-        from harness.sim import register
+        from harness.sim import parse_url, register
 
         register()
         try:
@@ -71,7 +71,7 @@ class SimServer:
         except serial.SerialException as exc:
             raise PortError(f"cannot open {self.url}: {exc}", hint="check the sim:// URL") from exc
         self._ser = ser
-        if _strapped_for_download(self.url):
+        if parse_url(self.url)[1].boot == "download":
             # a board strapped into download mode (BOOT held) is powered on: EN pulse, the ROM waits
             ser.rts = True
             ser.rts = False
@@ -206,12 +206,6 @@ class SimServer:
             with contextlib.suppress(serial.SerialException, OSError):
                 ser.rts = False  # RTS first: (1,1) -> (1,0) -> (0,0) never pulls EN low
                 ser.dtr = False
-
-
-def _strapped_for_download(url: str) -> bool:
-    from harness.sim.board import parse_url
-
-    return parse_url(url)[1].boot == "download"
 
 
 _LINE_CONTROLS = (

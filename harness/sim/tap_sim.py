@@ -21,8 +21,7 @@ import numpy as np
 from harness.model.loader import ModelInfo, OpInfo
 from harness.model.taps import tapped_inputs
 from harness.sim.cycles import Dispatch, op_cycles
-
-REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")
+from harness.sim.faults import bump_lsb
 
 
 @dataclass(frozen=True)
@@ -75,18 +74,13 @@ def region_mask(shape: tuple[int, ...], region: str, rng: random.Random, frac: f
         idx[axis] = k
         mask[tuple(idx)] = True
 
-    if region == "last_row":
-        sel(row_ax, -1)
-    elif region == "first_row":
-        sel(row_ax, 0)
-    elif region == "last_col":
-        sel(col_ax, -1)
-    elif region == "first_col":
-        sel(col_ax, 0)
-    elif region == "border":
-        for ax in {row_ax, col_ax} - {None}:
-            sel(ax, 0)
-            sel(ax, -1)
+    # the (axis, index) slices that make each region up
+    picks: dict[str, list[tuple[int | None, int]]] = {"last_row": [(row_ax, -1)], "first_row": [(row_ax, 0)]}
+    picks |= {"last_col": [(col_ax, -1)], "first_col": [(col_ax, 0)]}
+    picks["border"] = [(ax, k) for ax in {row_ax, col_ax} - {None} for k in (0, -1)]
+    if region in picks:
+        for axis, k in picks[region]:
+            sel(axis, k)
     elif region == "all":
         mask[...] = True
     else:  # random
@@ -94,18 +88,6 @@ def region_mask(shape: tuple[int, ...], region: str, rng: random.Random, frac: f
         k = max(1, round(flat.size * frac))
         flat[rng.sample(range(flat.size), min(k, flat.size))] = True
     return mask
-
-
-def _bump(a: np.ndarray, mask: np.ndarray, lsb: int) -> np.ndarray:
-    """a + lsb where masked (towards the middle of the range when +lsb would saturate)."""
-    out = np.array(a, copy=True)
-    if out.dtype.kind in "iu":
-        lim = np.iinfo(out.dtype)
-        wide = out.astype(np.int64)
-        up = wide + lsb <= lim.max
-        wide = np.where(mask, np.where(up, wide + lsb, wide - lsb), wide)
-        return wide.astype(out.dtype)
-    return np.where(mask, out + lsb, out).astype(out.dtype)
 
 
 def simulate_ops(
@@ -147,7 +129,7 @@ def simulate_ops(
                 arr = layers[t]
             if fault is not None and op.index == fault.op and t == clobbered:
                 rng = random.Random(f"{fault.seed}:op_clobber:{t}")
-                arr = _bump(arr, region_mask(arr.shape, fault.region, rng, fault.frac), fault.lsb)
+                arr = bump_lsb(arr, region_mask(arr.shape, fault.region, rng, fault.frac), fault.lsb)
                 values[t] = arr
                 changed.add(t)
             reads.append((t, arr))
@@ -160,12 +142,12 @@ def simulate_ops(
             arr = ref
             if fault is not None and fault.kind == "op_corrupt" and fault.hits(op.index, dispatch):
                 rng = random.Random(f"{fault.seed}:op_corrupt:{t}")
-                arr = _bump(ref, region_mask(ref.shape, fault.region, rng, fault.frac), fault.lsb)
+                arr = bump_lsb(ref, region_mask(ref.shape, fault.region, rng, fault.frac), fault.lsb)
                 changed.add(t)
             elif tainted:
                 rng = random.Random(f"{fault.seed if fault else 1}:propagate:{t}")
                 mask = region_mask(ref.shape, "random", rng, 0.05)
-                arr = _bump(ref, mask, 1)
+                arr = bump_lsb(ref, mask, 1)
                 changed.add(t)
             values[t] = arr
             writes.append((t, arr))

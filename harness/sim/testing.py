@@ -55,10 +55,8 @@ def make_project(
     model_bytes = model if isinstance(model, bytes) else Path(model).read_bytes()
     (data / "model.tflite").write_bytes(model_bytes)
     (data / "partitions").mkdir(exist_ok=True)
-    arena = manifest.get("arena_bytes")
-    arena = (
-        arena if isinstance(arena, int) and arena else 64 * 1024
-    )  # what the generator writes into the header
+    arena = manifest.get("arena_bytes")  # what the generator writes into the header (default 64 KiB)
+    arena = arena if isinstance(arena, int) and arena else 64 * 1024
     mem = str(manifest.get("arena_mem") or "internal")
     (data / "partitions" / "model.bin").write_bytes(pack_model_image(model_bytes, arena, mem))
     (root / "partitions.csv").write_text(PARTITIONS_4MB)

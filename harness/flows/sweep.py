@@ -82,7 +82,7 @@ class SweepResult:
 
     @property
     def exit_code(self) -> int:
-        """4 for a sanitizer report or a crash, 1 for a wrong value, else 0 (the brief's precedence)."""
+        """4 for a sanitizer report or a crash, 1 for a wrong value, else 0 (a fault outranks a mismatch)."""
         kinds = {f["kind"] for f in self.findings}
         if kinds & {"sanitizer", "crash"}:
             return int(ExitCode.FIRMWARE_FAULT)
@@ -90,7 +90,9 @@ class SweepResult:
 
 
 @dataclass
-class _Run:
+class _DriverRun:
+    """What the sweep driver printed over a list of cases, and the cases that stopped it."""
+
     results: dict[int, Result]
     stopped: dict[int, tuple[int | None, str]]  # case id -> (exit code, None when hung; stderr)
     finished: set[int] = field(default_factory=set)  # cases whose "D" line (buffers freed) came
@@ -130,7 +132,7 @@ def run_driver(
     dump: bool = False,
     sanitized: bool = False,
     variants: str = "oar",
-) -> _Run:
+) -> _DriverRun:
     """Run ``cases`` through the driver; a case that stops it is recorded and the rest run on.
 
     Every death of the driver is a case's: the first case whose buffers were not freed (no ``D`` line),
@@ -143,7 +145,7 @@ def run_driver(
     if dump:
         env["ESP_CHECK_SWEEP_DUMP"] = "1"
     env["ESP_CHECK_SWEEP_VARIANTS"] = variants  # o optimized, a ANSI C, r reference
-    run = _Run({}, {})
+    run = _DriverRun({}, {})
     todo = list(cases)
     while todo:
         code, stdout, stderr = _run_once(program, todo, env)
@@ -195,8 +197,8 @@ VARIANTS = (("optimized", "o"), ("ansi_c", "a"), ("reference", "r"))
 class _Evidence:
     """Everything the runs said about the cases: the values, and who stopped where."""
 
-    plain: _Run
-    sanitized: dict[str, _Run] = field(default_factory=dict)  # variant -> its own sanitized run
+    plain: _DriverRun
+    sanitized: dict[str, _DriverRun] = field(default_factory=dict)  # variant -> its own sanitized run
     crashed: dict[int, list[str]] = field(default_factory=dict)  # case id -> "variant: how it died"
 
 
@@ -347,7 +349,7 @@ def _holding(
 ) -> Case | None:
     """The first of ``cands`` on which every one of ``wants`` still holds (each candidate run for real)."""
     plain = run_driver(programs[False], cands)
-    alone: dict[tuple[bool, str], _Run] = {}
+    alone: dict[tuple[bool, str], _DriverRun] = {}
     for kind, variant, _t, _f in wants:
         if kind in ("sanitizer", "crash") and (kind == "sanitizer", variant) not in alone:
             prog = programs[kind == "sanitizer"]
@@ -446,7 +448,7 @@ def _with_repros(
     case (the groups it stands for share it): case.txt, finding.json, report.md, repro.c, and a .tflite
     where TFLite reaches it."""
     examples = {_example(g).case.id: _example(g).case for g in groups}
-    dumped = run_driver(plain, list(examples.values()), dump=True) if examples else _Run({}, {})
+    dumped = run_driver(plain, list(examples.values()), dump=True) if examples else _DriverRun({}, {})
     findings = [_finding(g, dumped.results.get(_example(g).case.id)) for g in groups]
     by_case: dict[int, list[dict[str, object]]] = {}
     for f, g in zip(findings, groups, strict=True):

@@ -70,7 +70,9 @@ class LoopConfig:
 
 
 @dataclass
-class _Run:
+class _RunRequest:
+    """A RUN command as the device loop parsed it: which inputs to run, how to report them."""
+
     ident: int
     source: int
     results: int
@@ -374,7 +376,7 @@ class DeviceLoop:
         if rc == 0:
             self.host.set_baud(baud)  # after the reply: it leaves at the old baud
 
-    def _parse_run(self, f: frames.Frame) -> _Run | None:
+    def _parse_run(self, f: frames.Frame) -> _RunRequest | None:
         p = f.payload
         if len(p) < frames.RUN_FIXED:
             return None
@@ -387,7 +389,7 @@ class DeviceLoop:
         if keep > 1 or (keep and source != frames.SRC_LOADED) or (text and source == frames.SRC_KEPT):
             return None
         expected = struct.unpack_from(f"<{n_expect}I", p, frames.RUN_FIXED)
-        return _Run(
+        return _RunRequest(
             ident,
             source,
             results,
@@ -450,7 +452,7 @@ class DeviceLoop:
             self.outputs_now = list(outs)
         return rc, us
 
-    def _run_text(self, r: _Run, data: bytes) -> None:
+    def _run_text(self, r: _RunRequest, data: bytes) -> None:
         em = self.emitter
         em.input(r.ident, self.cfg.input_bytes, self.host.sha256_hex(data))
         rc, us = self._invoke(data)
@@ -484,7 +486,7 @@ class DeviceLoop:
     def _crcs(self) -> list[int]:
         return [frames.crc32(b) for b in self.outputs_now]
 
-    def _run_binary(self, r: _Run, data: bytes) -> None:
+    def _run_binary(self, r: _RunRequest, data: bytes) -> None:
         n = len(self.cfg.outputs)
         input_crc = frames.crc32(data)
         done, first_us, status, flags, first_diff, busy_us = 0, 0, frames.ST_OK, 0, 0, 0

@@ -18,7 +18,7 @@ overrides labels by input name (the file name, or the path relative to the datas
 class indices (integers) or class names. Names need the model's class list, in output index order: a
 ``classes.txt`` (one name per line, line 1 = output 0) in the dataset folder or beside the dataset (or
 ``classes=`` from the API). A name the list lacks is refused. Sorting the names would be a guess: a
-``yes``/``no`` folder pair on micro_speech (yes = 2, no = 3) scored 0/2 that way (issue 28).
+``yes``/``no`` folder pair on micro_speech (yes = 2, no = 3) scored 0/2 that way.
 """
 
 from __future__ import annotations

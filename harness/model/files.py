@@ -1,7 +1,7 @@
 """Read a user's file safely: a regular file, under a size cap, checked before a byte is read.
 
 A FIFO blocks a plain ``read_bytes()`` forever, ``/dev/zero`` grows it without end and a 200 MB log
-takes minutes to parse (issue 28, items 3 and 4). :func:`read_regular` opens without blocking, checks
+takes minutes to parse. :func:`read_regular` opens without blocking, checks
 the opened file (so a path swapped between a check and the read is caught too), and reads at most the
 cap.
 """

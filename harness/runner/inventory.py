@@ -246,7 +246,7 @@ def _host_identity(host: str) -> str:
 
 
 def port_identity(port: str) -> str:
-    """What a ``port`` value reaches, spelled one way, for the inventory's duplicate check (issue 28):
+    """What a ``port`` value reaches, spelled one way, for the inventory's duplicate check:
 
     - ``rfc2217://`` / ``socket://``: scheme, host (see :func:`_host_identity`) and port; the query
       (``?ign_set_control``, ``?logging=debug``) sets client options, not the endpoint;

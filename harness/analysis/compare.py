@@ -406,11 +406,11 @@ def _snap(real: np.ndarray, scale: float, zp: int) -> np.ndarray | None:
     return q.astype(np.int64) + int(zp)
 
 
-def _pinned(q: np.ndarray | None, dtype: str | None) -> float | None:
-    if q is None or dtype not in _INT_DTYPES or q.size == 0:
+def _pinned(quantized: np.ndarray | None, dtype: str | None) -> float | None:
+    if quantized is None or dtype not in _INT_DTYPES or quantized.size == 0:
         return None
     lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
-    return float(np.count_nonzero((q == lo) | (q == hi))) / q.size
+    return float(np.count_nonzero((quantized == lo) | (quantized == hi))) / quantized.size
 
 
 def _topk(v: np.ndarray, k: int) -> np.ndarray:
@@ -538,7 +538,7 @@ def _common_quant(
 
 
 def _difference(
-    a: OutputTensor, b: OutputTensor, s: float | None, zp: int | None, tolerance_lsb: float, run: int
+    a: OutputTensor, b: OutputTensor, scale: float | None, zp: int | None, tolerance_lsb: float, run: int
 ) -> _Diff:
     """Integers when both sides have them (exact), else real values (NaN-aware)."""
     va, vb = a.values.reshape(-1), b.values.reshape(-1)
@@ -546,36 +546,36 @@ def _difference(
     def to_int(t: OutputTensor, v: np.ndarray) -> np.ndarray | None:
         if t.raw:
             return v.astype(np.int32 if v.dtype.itemsize <= 2 else np.int64)  # exact, half the memory
-        if s is not None and zp is not None:
-            return _snap(v.astype(np.float64), s, zp)
+        if scale is not None and zp is not None:
+            return _snap(v.astype(np.float64), scale, zp)
         return None
 
     ia, ib = to_int(a, va), to_int(b, vb)
     if ia is not None and ib is not None:
         dl = (ia - ib).astype(np.float64)
         mism = ~(np.abs(dl) <= tolerance_lsb)  # never a match by a NaN tolerance (also refused earlier)
-        if s is not None:
-            ra, rb = (ia - zp).astype(np.float64) * s, (ib - zp).astype(np.float64) * s
+        if scale is not None:
+            ra, rb = (ia - zp).astype(np.float64) * scale, (ib - zp).astype(np.float64) * scale
         else:
             ra, rb = ia.astype(np.float64), ib.astype(np.float64)
-        return _Diff(ra, rb, ia, ib=ib, lsb=dl, mism=mism, units="lsb", real_known=s is not None)
-    if (a.raw or b.raw) and s is None:
+        return _Diff(ra, rb, ia, ib=ib, lsb=dl, mism=mism, units="lsb", real_known=scale is not None)
+    if (a.raw or b.raw) and scale is None:
         raise IncomparableError(
             f"run {run} output {a.index}: one side holds raw quantized integers, the other real values, "
             "and the output scale is unknown",
             hint="pass --scale and --zero-point, or --model",
         )
     ra, rb = va.astype(np.float64), vb.astype(np.float64)
-    if s is not None and zp is not None:  # raw integers beside printed reals: dequantize them
+    if scale is not None and zp is not None:  # raw integers beside printed reals: dequantize them
         if ia is not None and a.raw:
-            ra = (ia - zp).astype(np.float64) * s
+            ra = (ia - zp).astype(np.float64) * scale
         if ib is not None and b.raw:
-            rb = (ib - zp).astype(np.float64) * s
+            rb = (ib - zp).astype(np.float64) * scale
     both_nan = np.isnan(ra) & np.isnan(rb)
     with np.errstate(invalid="ignore"):  # inf - inf is NaN: counted as a mismatch below
         diff = np.where(both_nan | (ra == rb), 0.0, ra - rb)
-    if s is not None:
-        lsb = diff / s
+    if scale is not None:
+        lsb = diff / scale
         return _Diff(
             ra, rb, ia, ib=ib, lsb=lsb, mism=~(np.abs(lsb) <= tolerance_lsb), units="lsb", real_known=True
         )  # NaN: mismatch
@@ -587,18 +587,18 @@ def _difference(
     return _Diff(ra, rb, ia, ib=ib, lsb=None, mism=~((ra == rb) | both_nan), units="real", real_known=True)
 
 
-def _stats(d: _Diff, s: float | None, n: int) -> dict[str, float | None]:
+def _stats(diff: _Diff, scale: float | None, n: int) -> dict[str, float | None]:
     """max/mean LSB and absolute differences, RMSE and cosine similarity."""
-    alsb = np.abs(d.lsb) if d.lsb is not None else None
+    alsb = np.abs(diff.lsb) if diff.lsb is not None else None
     max_lsb: float | None = None
     mean_lsb: float | None = None
-    if alsb is not None and n and (d.int_path or not np.all(np.isnan(alsb))):
+    if alsb is not None and n and (diff.int_path or not np.all(np.isnan(alsb))):
         max_lsb, mean_lsb = float(np.nanmax(alsb)), float(np.nanmean(alsb))
-    ra, rb = d.ra, d.rb
+    ra, rb = diff.ra, diff.rb
     with np.errstate(invalid="ignore", over="ignore"):
         ad: np.ndarray
-        if d.int_path and alsb is not None:  # integers: no NaN/inf to guard against (the fast path)
-            ad = alsb * (s if s is not None else 1.0)
+        if diff.int_path and alsb is not None:  # integers: no NaN/inf to guard against (the fast path)
+            ad = alsb * (scale if scale is not None else 1.0)
             finite = True
         else:
             ad = np.abs(np.where((np.isnan(ra) & np.isnan(rb)) | (ra == rb), 0.0, ra - rb))
@@ -610,8 +610,8 @@ def _stats(d: _Diff, s: float | None, n: int) -> dict[str, float | None]:
         if cosine is None and n and na == 0 and nb == 0:
             cosine = 1.0
         return {
-            "max_abs_diff": float(ad.max()) if n and d.real_known else None,
-            "mean_abs_diff": float(ad.mean()) if n and d.real_known else None,
+            "max_abs_diff": float(ad.max()) if n and diff.real_known else None,
+            "mean_abs_diff": float(ad.mean()) if n and diff.real_known else None,
             "max_diff_lsb": max_lsb,
             "mean_diff_lsb": mean_lsb,
             "rmse": float(np.sqrt(np.mean(ad * ad))) if n and finite else None,
@@ -619,12 +619,12 @@ def _stats(d: _Diff, s: float | None, n: int) -> dict[str, float | None]:
         }
 
 
-def _rank_keys(d: _Diff) -> tuple[np.ndarray, np.ndarray]:
+def _rank_keys(diff: _Diff) -> tuple[np.ndarray, np.ndarray]:
     """Values to rank for argmax/top-k: the integers when known (same order), NaN ranked lowest."""
-    if d.ia is not None and d.ib is not None:
-        return d.ia, d.ib
-    ka = d.ra if not np.any(np.isnan(d.ra)) else np.nan_to_num(d.ra, nan=-np.inf)
-    kb = d.rb if not np.any(np.isnan(d.rb)) else np.nan_to_num(d.rb, nan=-np.inf)
+    if diff.ia is not None and diff.ib is not None:
+        return diff.ia, diff.ib
+    ka = diff.ra if not np.any(np.isnan(diff.ra)) else np.nan_to_num(diff.ra, nan=-np.inf)
+    kb = diff.rb if not np.any(np.isnan(diff.rb)) else np.nan_to_num(diff.rb, nan=-np.inf)
     return ka, kb
 
 
@@ -717,20 +717,21 @@ def _check_identity(a: Source, b: Source) -> None:
             )
 
 
-def _check_reference_identity(s: Source, reference: Source | None) -> None:
-    """IncomparableError when ``s`` ran another model or other inputs than the host reference."""
-    if reference is None or s is reference:
+def _check_reference_identity(source: Source, reference: Source | None) -> None:
+    """IncomparableError when ``source`` ran another model or other inputs than the host reference."""
+    if reference is None or source is reference:
         return
-    if s.model_sha256 and reference.model_sha256 and s.model_sha256 != reference.model_sha256:
+    if source.model_sha256 and reference.model_sha256 and source.model_sha256 != reference.model_sha256:
         raise IncomparableError(
-            f"{s.label} ran model {s.model_sha256[:12]}..., but --model is {reference.model_sha256[:12]}...",
+            f"{source.label} ran model {source.model_sha256[:12]}..., "
+            f"but --model is {reference.model_sha256[:12]}...",
             hint="pass the .tflite the firmware was generated from",
         )
-    for k, sha in enumerate(s.input_sha256):
+    for k, sha in enumerate(source.input_sha256):
         ref_sha = reference.input_sha256[k] if k < len(reference.input_sha256) else None
         if sha and ref_sha and sha != ref_sha:
             raise IncomparableError(
-                f"{s.label} run {k} used input {sha[:12]}..., "
+                f"{source.label} run {k} used input {sha[:12]}..., "
                 f"but --input #{k + 1} quantizes to {ref_sha[:12]}...",
                 hint="pass the inputs (and preprocessing options) the firmware was generated with",
             )

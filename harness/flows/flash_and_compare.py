@@ -318,10 +318,10 @@ def _acquired(run: _JobState) -> Iterator[bool]:
         yield True
 
 
-def _execute(run: _JobState, fw: Firmware, body: Callable[[ResidentBoard, list[str]], None]) -> None:
+def _execute(run: _JobState, firmware: Firmware, body: Callable[[ResidentBoard, list[str]], None]) -> None:
     """execute: flash what differs, boot, ``body``; the variants' exit codes join the run's."""
     run.link = with_board(
-        run.rec, run.variants, fw.builds, target=run.target, out=run.out, limits=run.opts.timeouts,
+        run.rec, run.variants, firmware.builds, target=run.target, out=run.out, limits=run.opts.timeouts,
         flash_baud=run.opts.flash_baud, body=body,
     )  # fmt: skip
     run.codes += [r.exit_code for r in run.variants.values() if r.exit_code is not None]
@@ -489,27 +489,27 @@ def _host_reference(run: _JobState) -> Source | None:
         return None
 
 
-def _record_builds(run: _JobState, fw: Firmware) -> bool:
+def _record_builds(run: _JobState, firmware: Firmware) -> bool:
     """Copy build facts into the variants; False when a build failed (nothing to flash)."""
-    for v, p in fw.projects.items():
+    for v, p in firmware.projects.items():
         run.variants[v].project_dir = p.path
-    for v, b in fw.builds.items():
+    for v, b in firmware.builds.items():
         run.variants[v].firmware_sha256 = b.firmware_sha256
         run.variants[v].build_cache_hit = b.cache_hit
-    for v, exc in fw.failures.items():
+    for v, exc in firmware.failures.items():
         run.failed(f"build {v}", exc)
-    return fw.complete
+    return firmware.complete
 
 
 def _start_host_legs(
-    run: _JobState, ds: Dataset, reference: bool, held: contextlib.ExitStack
+    run: _JobState, dataset: Dataset, reference: bool, held: contextlib.ExitStack
 ) -> HostLegsJob | None:
     """The dataset's host reference, started before the board is locked and flashed: it runs while the
     inputs stream (in full mode it is waited for only before the verdicts). ``held`` kills it if the
     run ends before then."""
     if not reference:
         return None
-    job = HostLegsJob(run.model, run.info, ds, run.rec)
+    job = HostLegsJob(run.model, run.info, dataset, run.rec)
     held.callback(job.cancel)
     return job
 

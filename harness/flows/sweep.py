@@ -202,11 +202,11 @@ class _Evidence:
     crashed: dict[int, list[str]] = field(default_factory=dict)  # case id -> "variant: how it died"
 
 
-def _split_stopped(program: Path, cases: Sequence[Case], ev: _Evidence) -> None:
+def _split_stopped(program: Path, cases: Sequence[Case], evidence: _Evidence) -> None:
     """A case that killed the plain driver is run again one variant at a time: the crash is then that
     variant's, and the values of the variants that survive (run together again) are still compared."""
     for c in cases:
-        if c.id not in ev.plain.stopped:
+        if c.id not in evidence.plain.stopped:
             continue
         dead, alive = [], ""
         for name, letter in VARIANTS:
@@ -216,12 +216,12 @@ def _split_stopped(program: Path, cases: Sequence[Case], ev: _Evidence) -> None:
             else:
                 alive += letter
         if not dead:  # only together (a heap the first one corrupted): the case's, not one variant's
-            dead.append(f"all variants together: {_crash_text(ev.plain.stopped[c.id][0])}")
-        ev.crashed[c.id] = dead
+            dead.append(f"all variants together: {_crash_text(evidence.plain.stopped[c.id][0])}")
+        evidence.crashed[c.id] = dead
         if alive and len(alive) < len(VARIANTS):
             again = run_driver(program, [c], variants=alive)
             if c.id in again.results:
-                ev.plain.results[c.id] = again.results[c.id]
+                evidence.plain.results[c.id] = again.results[c.id]
 
 
 def collect(programs: dict[bool, Path], cases: Sequence[Case], sanitize: bool) -> _Evidence:
@@ -235,13 +235,13 @@ def collect(programs: dict[bool, Path], cases: Sequence[Case], sanitize: bool) -
     return ev
 
 
-def judge_runs(cases: Sequence[Case], ev: _Evidence) -> list[CaseVerdict]:
+def judge_runs(cases: Sequence[Case], evidence: _Evidence) -> list[CaseVerdict]:
     """Verdicts from the plain run's values, each variant's sanitizer reports, and the crashes."""
     out = []
     for c in cases:
         reports: list[SanitizerReport] = []
         crashes: list[str] = []
-        for name, run in ev.sanitized.items():
+        for name, run in evidence.sanitized.items():
             if c.id in run.stopped:
                 code, err = run.stopped[c.id]
                 rep = sanitizer_report(err)
@@ -250,10 +250,10 @@ def judge_runs(cases: Sequence[Case], ev: _Evidence) -> list[CaseVerdict]:
                 else:
                     crashes.append(f"{name} (sanitized): {_crash_text(code)}")
         sanitized_dead = {r["variant"] for r in reports} | {x.split(" ")[0] for x in crashes}
-        for text in ev.crashed.get(c.id, []):
+        for text in evidence.crashed.get(c.id, []):
             if text.split(":")[0] not in sanitized_dead:
                 crashes.append(text)
-        out.append(judge(c, ev.plain.results.get(c.id), reports, crashes))
+        out.append(judge(c, evidence.plain.results.get(c.id), reports, crashes))
     return out
 
 
@@ -325,9 +325,9 @@ SHRINK_ROUNDS = 60
 _LETTER = dict(VARIANTS)
 
 
-def _example(g: Group) -> CaseVerdict:
+def _example(group: Group) -> CaseVerdict:
     """The case a finding group keeps as its example."""
-    example = g["example"]
+    example = group["example"]
     assert isinstance(example, CaseVerdict)
     return example
 
@@ -422,16 +422,20 @@ def native_board_args(espnn: ComponentSource, tflm: ComponentSource | None, out:
     return ["--board", "native-esp32", "--components-dir", str(where)]
 
 
-def _finding(g: Group, r: Result | None) -> dict[str, object]:
+def _finding(group: Group, result: Result | None) -> dict[str, object]:
     """A group as sweep.json keeps it: its example's line, meta, status and differences."""
-    case = _example(g).case
-    f = {key: v for key, v in g.items() if key != "example"}
+    case = _example(group).case
+    f = {key: v for key, v in group.items() if key != "example"}
     example: dict[str, object] = {"line": case.line(), "meta": case.meta, "reachable": case.reachable}
-    if r is not None:
-        example["status"] = list(r.status)
+    if result is not None:
+        example["status"] = list(result.status)
         example["diff"] = {
             name: d.__dict__ if d else None
-            for name, d in (("opt_ansi", r.opt_ansi), ("opt_ref", r.opt_ref), ("ansi_ref", r.ansi_ref))
+            for name, d in (
+                ("opt_ansi", result.opt_ansi),
+                ("opt_ref", result.opt_ref),
+                ("ansi_ref", result.ansi_ref),
+            )
         }
     f["example"] = example
     return f
@@ -481,16 +485,16 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _report(r: SweepResult) -> dict[str, object]:
+def _report(result: SweepResult) -> dict[str, object]:
     return {
         "schema": "esp-check-sweep/1",
         "target": "NATIVE: generic ESP-NN C kernels compiled for this host; no S3/P4 assembly ran",
-        "sources": r.sources,
-        "reference_compiled": r.reference,
-        "cases": r.cases,
-        "seconds": round(r.seconds, 3),
-        "cases_per_second": round(r.cases_per_second, 1),
-        "exit_code": r.exit_code,
-        "findings": r.findings,
-        "coverage": r.coverage,
+        "sources": result.sources,
+        "reference_compiled": result.reference,
+        "cases": result.cases,
+        "seconds": round(result.seconds, 3),
+        "cases_per_second": round(result.cases_per_second, 1),
+        "exit_code": result.exit_code,
+        "findings": result.findings,
+        "coverage": result.coverage,
     }

@@ -342,7 +342,7 @@ def load_source(path: str | Path, label: str) -> Source:
     return _source_from_log(data, label, p)
 
 
-def _source_from_log(data: bytes, label: str, p: Path) -> Source:
+def _source_from_log(data: bytes, label: str, path: Path) -> Source:
     """A serial log: its protocol records (or legacy ``Output:`` lines), read by the same classifier as
     flash-and-compare, so a log that holds a panic, abort or TFLM error is a firmware fault (exit 4),
     never "corrupted capture" (3), whether or not its records completed."""
@@ -350,28 +350,29 @@ def _source_from_log(data: bytes, label: str, p: Path) -> Source:
     crashes = _firmware_faults(data, cap, label)
     if cap is not None:
         if cap.valid or not crashes:
-            src = source_from_capture(cap, label, str(p), data)  # an invalid one without crash: exit 3
+            src = source_from_capture(cap, label, str(path), data)  # an invalid one without crash: exit 3
             src.faults += crashes
             return src
         faults = [Fault(label, e.stage, e.code, e.i, e.msg) for e in cap.errors] + crashes
-        return Source(label, "protocol", [], path=str(p), nn_mode=cap.nn_mode, model_sha256=cap.model_sha256,
-                      simulated=cap.simulated, info=dict(cap.info), faults=faults, raw_log=data,
+        return Source(label, "protocol", [], path=str(path), nn_mode=cap.nn_mode,
+                      model_sha256=cap.model_sha256, simulated=cap.simulated, info=dict(cap.info),
+                      faults=faults, raw_log=data,
                       warnings=[f"{label}: the firmware crashed before its records completed"])  # fmt: skip
     values = parse_legacy_log(data)
     if not values and not crashes and looks_like_device_output(data):
         raise CaptureError(
-            f"{p} is a device's serial output without esp-check records or 'Output:' lines: the capture "
+            f"{path} is a device's serial output without esp-check records or 'Output:' lines: the capture "
             "ended before the first result (truncated)",
             hint="capture again and wait for the END record (or the 'Output:' lines); check the cable, "
             "the baud rate and that the monitor stayed connected",
         )
     if not values and not crashes:
         raise LogFormatError(
-            f"{p} has no 'Output:' lines and no esp-check protocol records: nothing to compare",
+            f"{path} has no 'Output:' lines and no esp-check protocol records: nothing to compare",
             hint="pass the serial log of a run (esp-check firmware or a sketch printing 'Output: <value>')",
         )
     runs = [[OutputTensor(0, np.asarray(values, dtype=np.float64), raw=False)]] if values else []
-    src = Source(label, "legacy", runs, path=str(p), raw_log=data, faults=crashes)
+    src = Source(label, "legacy", runs, path=str(path), raw_log=data, faults=crashes)
     src.warnings.append(f"{label}: legacy log: the ESP-NN mode and model are not proven by the device")
     return src
 

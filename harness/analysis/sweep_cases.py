@@ -271,19 +271,19 @@ def from_scales(meta: CaseMeta) -> bool:
 
 
 def _quant(
-    rng: random.Random, q: Quant | None, n: int, per_channel: bool, api: bool
+    rng: random.Random, quant: Quant | None, n: int, per_channel: bool, api: bool
 ) -> tuple[float, int, int, CaseMeta]:
     """(input scale, input zero point, output zero point, requantization): random, or a model's own
-    ``q`` (--from-model; its weight scales reused cyclically when a neighbour has more channels)."""
-    if q is None:
+    ``quant`` (--from-model; its weight scales reused cyclically when a neighbour has more channels)."""
+    if quant is None:
         in_scale, in_zp = _f32(rng.uniform(0.005, 0.1)), rng.randint(-128, 127)
         out_zp = rng.randint(-128, 127)
         return in_scale, in_zp, out_zp, _requant(rng, in_scale, n, per_channel, api)
-    ws = [_f32(q["w_scales"][i % len(q["w_scales"])]) for i in range(n if per_channel else 1)]
-    ms = [quantize_multiplier(q["in_scale"] * w / q["out_scale"]) for w in ws]
-    rq: CaseMeta = {"w_scales": ws, "out_scale": _f32(q["out_scale"])}
+    ws = [_f32(quant["w_scales"][i % len(quant["w_scales"])]) for i in range(n if per_channel else 1)]
+    ms = [quantize_multiplier(quant["in_scale"] * w / quant["out_scale"]) for w in ws]
+    rq: CaseMeta = {"w_scales": ws, "out_scale": _f32(quant["out_scale"])}
     rq.update({"mult": [m for m, _ in ms], "shift": [t for _, t in ms]})
-    return _f32(q["in_scale"]), int(q["in_zp"]), int(q["out_zp"]), rq
+    return _f32(quant["in_scale"]), int(quant["in_zp"]), int(quant["out_zp"]), rq
 
 
 def _conv(rng: random.Random, api: bool, grouped: bool) -> CaseMeta:

@@ -419,22 +419,22 @@ _parsed: OrderedDict[str, ModelInfo] = OrderedDict()
 _parsed_lock = threading.Lock()
 
 
-def _parse_cached(data: bytes, p: Path) -> ModelInfo:
+def _parse_cached(data: bytes, path: Path) -> ModelInfo:
     digest = hashlib.sha256(data).hexdigest()
     with _parsed_lock:
         hit = _parsed.get(digest)
         if hit is not None:
             _parsed.move_to_end(digest)
     if hit is None:
-        hit = _stored(digest, len(data), p)
+        hit = _stored(digest, len(data), path)
         if hit is None:
-            hit = _parse(data, p, digest)
+            hit = _parse(data, path, digest)
             _store(hit)
         with _parsed_lock:
             _parsed[digest] = hit
             while len(_parsed) > _PARSED_MAX:
                 _parsed.popitem(last=False)
-    return hit if hit.path == p else dataclasses.replace(hit, path=p)
+    return hit if hit.path == path else dataclasses.replace(hit, path=path)
 
 
 # ... and on disk, for the next process: a repeat CLI run needs no `tflite` import (0.035 s) and no parse

@@ -1,6 +1,6 @@
 """Benchmark: compare two 1,000,000-element int8 tensors, parse a ~10 MB protocol capture, and run
-`esp-check compare` on two realistic 25 MB text logs and on a 24 MB protocol capture pair (issue 28:
-goal under 5 s; the text pair took 116 s, the protocol pair 11 s before parse_capture streamed).
+`esp-check compare` on two realistic 25 MB text logs and on a 24 MB protocol capture pair (goal:
+under 5 s; the text pair took 116 s, the protocol pair 11 s before parse_capture streamed).
 
 Prints throughput only (no pass/fail on time). Run: ``python bench/bench_compare.py``.
 """

@@ -1,25 +1,25 @@
-"""Issue 14's figures in one run: the resident loop and dataset mode on the simulated board, throttled
-both ways (serial link and flash writes) to a real UART rate.
+"""The resident loop and dataset mode in figures, in one run on the simulated board, throttled both
+ways (serial link and flash writes) to a real UART rate.
 
 Prints, each measured in this run (nothing here asserts timing):
 - link efficiency (payload / bytes on the wire) of the U-Net 48 dataset stream with ``--results full``:
   device to host (its outputs) and host to device (its streamed inputs);
 - bytes written to flash on an identical repeat run and on an input-only change;
-- an identical repeat with and without the HELLO probe (issue 25 item 3): esptool sessions, boots,
+- an identical repeat with and without the HELLO probe: esptool sessions, boots,
   flash stage and wall seconds, then U-Net 48 -> 64 on the same board: bytes written per region
-  (issue 25 item 4), and a U-Net 48 stream at the console baud vs the fast link (item 1)
+  (only the model region should be written), and a U-Net 48 stream at the console baud vs the fast link
   (``--repeat-only`` stops after these);
 - host overhead per run: wall time outside the link-bound stages (flash, boot, capture, dataset);
 - N inputs as one dataset run vs the baseline "one flash-and-compare per input, each on a board
   that must be written in full" (see BASELINE below), measured on --baseline-runs inputs and scaled;
 - N=1000 random inputs on U-Net 48 and cnn_classifier_11 (wall time, s/input);
 - what esptool's per-packet hex formatting costs (it formats every packet even with tracing off);
-- issue 25 item 2 and the device->host goal (``--keep-only`` prints only these): N uploaded inputs of
-  U-Net 48 and cnn_classifier_11 through a check, host->device bytes per variant (the second runs the
-  inputs the first kept: docs/protocol.md "Kept inputs"), and device->host bytes per input in full mode,
-  measured on the stream and through the firmware's C loop for 2-, 11- and 2,304-byte outputs (and a
-  2,304-byte output at U-Net 48's ANSI C invoke time, 0.97 s: a slow model's results batched by time),
-  and N random inputs of U-Net 48 on the stream (the device holds its inputs: results and ACKs only).
+- each input crossing the link once, and the device->host goal (``--keep-only`` prints only these): N
+  uploaded inputs of U-Net 48 and cnn_classifier_11 through a check, host->device bytes per variant (the
+  second runs the inputs the first kept: docs/protocol.md "Kept inputs"), and device->host bytes per input
+  in full mode, measured on the stream and through the firmware's C loop for 2-, 11- and 2,304-byte outputs
+  (and a 2,304-byte output at U-Net 48's ANSI C invoke time, 0.97 s: a slow model's results batched by
+  time), and N random inputs of U-Net 48 on the stream (the device holds its inputs: results and ACKs only).
 
 Usage: python bench/bench_resident.py [--baud 921600] [--n 100] [--n-big 1000] [--baseline-runs 3]
                                      [--repeat-only] [--keep-only]
@@ -97,7 +97,7 @@ def _repeat_before_after(tmp: Path, model: Path, inputs: list[Path], port: str, 
         rows.append(
             (tag, w, st.get("flash", 0.0), board.download_sessions - s0, board.boots - b0, _written(r), r)
         )
-    print(f"\nidentical repeat, {model.stem}, before / after the HELLO probe (issue 25 item 3):")
+    print(f"\nidentical repeat, {model.stem}, before / after the HELLO probe:")
     for tag, w, fl, sessions, boots, written, r in rows:
         print(f"  {tag:<7} wall {w:6.2f} s  flash stage {fl:5.2f} s  esptool sessions {sessions}  "
               f"boots {boots}  written {written} B  verdict {r.verdict}")  # fmt: skip
@@ -109,7 +109,7 @@ def _repeat_before_after(tmp: Path, model: Path, inputs: list[Path], port: str, 
 
 def _model_change(tmp: Path, port: str, baud: int) -> None:
     """U-Net 48 -> 64 (same ops, another arena) on a board holding the 48 builds: what the flash writes
-    (issue 25 item 4: the arena travels in the model partition's header, so only the model)."""
+    (the arena travels in the model partition's header, so only the model)."""
     model, png = MODELS / "unet_mbv2_035_64.tflite", MODELS / "inputs/unet_mbv2_035_64.png"
     w, r = timed_run(tmp, "model-64", model, [png], port, baud)
     flash = next((x.flash for x in r.variants.values() if x.flash), None) or {"regions": []}
@@ -123,7 +123,7 @@ def _model_change(tmp: Path, port: str, baud: int) -> None:
 def _fast_link_before_after(tmp: Path, baud: int, n: int) -> None:
     """U-Net 48, ``n`` streamed inputs, ``--results full``, on a throttled board whose console is 115200
     (boards/sim.toml): "before" keeps the loop at the console baud (``_fast_link`` made a no-op here),
-    "after" switches to the board's link_baud (921600) after each HELLO (issue 25 item 1)."""
+    "after" switches to the board's link_baud (921600) after each HELLO."""
     from harness.flows.resident import ResidentBoard
 
     npz = tmp / "fast.npz"
@@ -142,7 +142,7 @@ def _fast_link_before_after(tmp: Path, baud: int, n: int) -> None:
             ResidentBoard._fast_link = saved  # type: ignore[method-assign]
         links = [s.detail for s in r.stages if s.stage == "link-baud"]
         rows.append((tag, w, stage_seconds(r).get("dataset", 0.0), links[:1], r.verdict))
-    print(f"\nfast link, U-Net 48, {n} streamed inputs, --results full, console 115200 (issue 25 item 1):")
+    print(f"\nfast link, U-Net 48, {n} streamed inputs, --results full, console 115200:")
     for tag, w, ds, links, verdict in rows:
         print(
             f"  {tag:<7} wall {w:6.2f} s  dataset (link) stage {ds:6.2f} s  "
@@ -153,7 +153,7 @@ def _fast_link_before_after(tmp: Path, baud: int, n: int) -> None:
 
 def _kept_inputs(tmp: Path, baud: int, n: int) -> None:
     """N new inputs through one check: each variant's host->device bytes and device->host bytes per input."""
-    print(f"\n{n} uploaded inputs, --results full, one check (issue 25 item 2: each input crosses once):")
+    print(f"\n{n} uploaded inputs, --results full, one check (each input crosses once):")
     for model, shape, tag in ((UNET, (48, 48, 3), "U-Net 48"), (CNN, (32, 32, 3), "cnn_classifier_11")):
         npz = tmp / f"keep-{model.stem}.npz"
         np.savez(npz, x=np.random.default_rng(25).uniform(-1, 1, (n, *shape)).astype(np.float32))

@@ -3,11 +3,11 @@
 The simulated board counts what a real one would move: the bytes esptool writes (compressed as esptool
 compresses them), the bytes each way on the console link, the number of boots, and each ``Invoke``'s
 time from the firmware's ``TIME`` records (the simulator's documented cycle model, docs/simulator.md).
-This script runs the scenarios of issue #25 on the simulated board, takes those counts, and projects the
-time per stage on a real board with the assumptions below, each stated with its source. It then checks
-the byte-driven parts of the model against the simulator run at the same baud (projected vs measured),
-and prints the issue's goal figures. Nothing here asserts; every number is measured in this run or
-derived from the stated assumptions.
+This script runs the check scenarios (a repeat check, new inputs, a new model) on the simulated board, takes
+those counts, and projects the time per stage on a real board with the assumptions below, each stated with
+its source. It then checks the byte-driven parts of the model against the simulator run at the same baud
+(projected vs measured), and prints the figures against their goals. Nothing here asserts; every number is
+measured in this run or derived from the stated assumptions.
 
 Assumptions (real board; change them with the flags):
 - esptool session (only when something must be flashed or verified): the flasher stub is uploaded at
@@ -34,7 +34,7 @@ Assumptions (real board; change them with the flags):
 - host: the host stages' wall time in this run (generate, build, compare, and the host reference, of
   which a dataset run counts only what the stream did not overlap): this machine.
 - ``--flash-skipped``: the board already holds the right images and HELLO says so (no esptool session,
-  one boot fewer: the flash-skip of issue #25 item 3). Without it, a check opens one esptool session.
+  one boot fewer: the HELLO flash skip). Without it, a check opens one esptool session.
 
 Usage: python bench/bench_time_model.py [--baud 921600] [--n 100] [--link-baud 115200 921600]
        [--memtest-s 1.0] [--boot-s 0.3] [--flash-skipped] [--chunks-only]
@@ -249,7 +249,7 @@ def check_against_sim(c: Counts, baud: int) -> str:
 
 
 def chunks_figures(tmp: Path, baud: int, n: int, a: Assumptions, link_bauds: list[int]) -> None:
-    """Issue 25 item 2: the dataset larger than the kept-input store (U-Net 48: 37 inputs), run with
+    """A dataset larger than the kept-input store (U-Net 48: 37 inputs), run with
     ``--keep-chunks never`` (the inputs beyond the store uploaded to both variants) and ``always`` (in
     chunks of the store: each input uploaded once, one slot switch more per chunk), on the simulator,
     projected onto a real S3 at each link baud. Two projections: the link time added to the inference
@@ -258,7 +258,7 @@ def chunks_figures(tmp: Path, baud: int, n: int, a: Assumptions, link_bauds: lis
     them)."""
     npz = tmp / "chunks.npz"
     np.savez(npz, x=np.random.default_rng(26).uniform(-1, 1, (n, 48, 48, 3)).astype(np.float32))
-    print(f"\n{n} new U-Net 48 inputs, a store of 37 (issue 25 item 2: chunks of the store's size):")
+    print(f"\n{n} new U-Net 48 inputs, a store of 37 (chunks of the store's size):")
     for policy in ("never", "always"):
         port = f"sim://tm-ch-{uuid.uuid4().hex[:6]}?throttle={baud}&invoke_time=model"
         opts = DatasetOptions(source=npz, results="full", chunks=policy)
@@ -303,7 +303,7 @@ def main() -> None:
     ap.add_argument("--boot-s", type=float, default=Assumptions.boot_s)
     ap.add_argument("--no-psram", action="store_true")
     ap.add_argument("--flash-skipped", action="store_true", help="model the HELLO flash skip (no esptool)")
-    ap.add_argument("--chunks-only", action="store_true", help="only the dataset-in-chunks figures (item 2)")
+    ap.add_argument("--chunks-only", action="store_true", help="only the dataset-in-chunks figures")
     args = ap.parse_args()
     a = Assumptions(memtest_s=args.memtest_s, boot_s=args.boot_s, psram=not args.no_psram)
     print(f"host: {os.cpu_count()} CPUs, load {os.getloadavg()}; simulated board at {args.baud} baud")
@@ -331,14 +331,14 @@ def main() -> None:
 
 
 def goals(scenarios: dict[str, Counts], ds: Any, a: Assumptions, args: argparse.Namespace) -> None:
-    print("\nGoals (issue #25):")
+    print("\nGoals:")
     rep = scenarios["repeat check"]
-    after = dataclasses.replace(a, psram=False)  # item 3 turns the PSRAM memory test off
+    after = dataclasses.replace(a, psram=False)  # the same board with the PSRAM memory test off
     for lb, skipped, aa, tag in (
         (115200, False, a, "today: console 115200, esptool session, memory test on"),
         (921600, False, a, "fast link 921600 only"),
         (921600, True, a, "fast link + flash skipped"),
-        (921600, True, after, "fast link + flash skipped + memory test off (items 1 and 3)"),
+        (921600, True, after, "fast link + flash skipped + memory test off"),
     ):
         total = sum(project(rep, aa, lb, skipped).values())
         print(f"  repeat check U-Net 48 on S3, {tag}: {total:.2f} s (goal <= 3 s)")

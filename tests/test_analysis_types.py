@@ -1,4 +1,4 @@
-"""harness/analysis/ stays typed (issue 26): report payloads are TypedDicts or dataclasses, values from a
+"""harness/analysis/ stays typed: report payloads are TypedDicts or dataclasses, values from a
 device or a file are ``object`` narrowed with isinstance. ``Any`` is left only where another package's
 dicts come in, listed here per module; the list only ever shrinks."""
 

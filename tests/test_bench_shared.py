@@ -1,5 +1,5 @@
 """The bench scripts share their helpers (bench/simrun.py) instead of keeping twins that drift apart
-(issue 23: bench_resident.py and bench_time_model.py each had a ``_run`` that differed by two lines).
+(bench_resident.py and bench_time_model.py once each had a ``_run``, differing by two lines).
 
 Reads bench/*.py with :mod:`ast` (nothing runs).
 """

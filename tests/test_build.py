@@ -623,7 +623,7 @@ def test_parse_resolved_sdkconfig() -> None:
     assert b.parse_sdkconfig(text) == expected
 
 
-# ---- ESP-IDF build directory layout (issue 16 item 6) -------------------------------------------------
+# ---- ESP-IDF build directory layout ----------------------------------------------------------------
 
 
 def _top_level(build_dir: Path) -> dict[str, list[str]]:

@@ -1,4 +1,4 @@
-"""Large captures in bounded work (issue 28 item 3): ``parse_capture`` reads a capture one line at a
+"""Large captures in bounded work: ``parse_capture`` reads a capture one line at a
 time and keeps only its results, and the classifier reads only the lines that can hold evidence.
 
 Nothing is faked: the captures come from the project's own emitter (harness/protocol/emitter.py), the

@@ -3,7 +3,7 @@ public serial transcripts of real boards, provenance in PROVENANCE.md, labels in
 
 Nothing here comes from the simulator. Per-file expectations are asserted on the tuning part only; the
 held-out part is measured by bench/bench_classify.py and checked here only as one aggregate figure
-(the issue's goal), so that nobody tunes the classifier file by file against it.
+(the goal: at least 95% right), so that nobody tunes the classifier file by file against it.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_corpus_size_and_split_by_source() -> None:
     assert len(HELDOUT) >= 30
 
 
-# the issue's categories -> how a fixture belongs to it
+# the categories the corpus covers -> how a fixture belongs to it
 CATEGORIES = {
     "damaged panic lines": lambda e: e["category"] == "panic" and e["damaged"],
     "stack overflow, lost characters or |<-CORRUPTED": lambda e: e["category"] == "stack_overflow",
@@ -125,7 +125,7 @@ def test_no_firmware_fault_is_called_infrastructure_and_download_mode_is_never_a
 
 
 def test_heldout_exit_class_accuracy_meets_the_goal() -> None:
-    """The issue's goal, measured once over the whole held-out part (bench/bench_classify.py prints it
+    """The goal, measured once over the whole held-out part (bench/bench_classify.py prints it
     per category). A failure here means: measure, report, and fix the classifier on tuning material."""
     right = sum(_exit(classify(_raw(e))) == e["exit"] for e in HELDOUT)
     assert right / len(HELDOUT) >= 0.95, f"{right}/{len(HELDOUT)}"

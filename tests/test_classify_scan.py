@@ -1,4 +1,4 @@
-"""Issue 28, item 3: the classifier reads only the lines that can start evidence, found in one pass.
+"""The classifier reads only the lines that can start evidence, found in one pass.
 
 `classify` finds the candidate lines of a capture with one scan per anchor over the squeezed text
 (harness.analysis.classify._hot_lines) instead of running every detector on every line. These tests

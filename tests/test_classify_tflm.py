@@ -1,5 +1,5 @@
-"""The classifier's device messages as data (harness/data/device_messages.toml), issue 24's
-"real-world text the classifier still misses": TFLM's own messages, the ROM's boot modes (SPI download
+"""The classifier's device messages as data (harness/data/device_messages.toml), for
+real-world text the classifier used to miss: TFLM's own messages, the ROM's boot modes (SPI download
 boot, a boot-mode name lost), boot loops whose banners lost their first letters, the pre-2017 panic
 wording.
 

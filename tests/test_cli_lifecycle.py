@@ -1,4 +1,4 @@
-"""flash-and-compare's run lifecycle and command line (issue 28): flags that do not apply, stale reports,
+"""flash-and-compare's run lifecycle and command line: flags that do not apply, stale reports,
 full disks, SIGTERM, terminal output.
 
 Nothing is faked unless a test says so: the board is the simulated one (``sim``), the CLI is

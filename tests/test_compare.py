@@ -76,7 +76,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]
     return code, (json.loads(out) if out.strip().startswith("{") else {})
 
 
-# ---- acceptance (issue 2) ------------------------------------------------------------------------
+# ---- acceptance: the two logs of the original ESP-NN bug report ----------------------------------
 
 
 def test_acceptance_report_logs_mismatch(capsys: pytest.CaptureFixture[str]) -> None:
@@ -406,7 +406,7 @@ def test_metrics_equal_a_naive_per_element_computation(
     assert c.diff_lsb == diffs
 
 
-# ---- logs holding a crash report (issue 11, item 5): the same classifier as flash-and-compare ------
+# ---- logs holding a crash report: the same classifier as flash-and-compare ------------------------
 
 
 def _crashed_capture(path: Path, crash: bytes) -> Path:

@@ -46,7 +46,7 @@ def test_folder_per_class_gives_labels(tmp_path: Path, models_dir: Path, tensor)
         (tmp_path / cls).mkdir()
         (tmp_path / cls / name).write_bytes((src / name).read_bytes())
     (tmp_path / "dog" / "notes.md").write_text("not an input")
-    (tmp_path / "classes.txt").write_text("cat\ndog\n")  # issue 28: names need the class list
+    (tmp_path / "classes.txt").write_text("cat\ndog\n")  # class names need the class list
     ds = load_dataset(tmp_path, tensor)
     assert [it.name for it in ds.items] == [
         "cat/cnn_classifier_11.png",
@@ -345,7 +345,7 @@ def test_tap_inputs_usage_errors(
     assert rc == 2 and says in err, err
 
 
-# ---- class names need the model's class list (issue 28, item 5) ---------------------------------------
+# ---- class names need the model's class list ----------------------------------------------------------
 
 
 def _two_class_folders(root: Path, models_dir: Path, names: tuple[str, str]) -> None:

@@ -221,7 +221,7 @@ def test_hostile_input_does_not_crash() -> None:
     assert all(len(line) <= 300 for line in findings[0].evidence)
 
 
-# --- kinds added for real-world text (issue 12) ------------------------------------------------------
+# --- kinds added for real-world text ----------------------------------------------------------------
 
 
 def test_download_mode_names_the_strap_pin_of_each_chip_and_is_never_a_loop_or_fault() -> None:

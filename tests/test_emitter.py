@@ -331,7 +331,7 @@ def test_concurrent_boards_compile_the_library_once(tmp_path: Path) -> None:
     """Four simulated boards starting together ask for the library at once: one compiles, three wait.
 
     The compiler is the real one behind a wrapper that logs each call and is slow to start, so that
-    unlocked callers would all find the library missing (#25 item 7: the runner's cold start)."""
+    unlocked callers would all find the library missing (the runner's cold start)."""
     cc = em_mod.find_c_compiler()
     assert cc is not None
     log = tmp_path / "cc.log"

@@ -1,9 +1,9 @@
 """Bounded, seeded fuzzing of the parsers through the real CLI entry (``harness.cli.main``).
 
-Invariants (issue 11): exit 0 only when both sides' output bytes and identities are equal (checked
-by an independent decoder, tests/fuzzing.py); never exit 70, never a hang; a model that crashes the
-host reference does so in its child process and is exit 2. A signal in this process would end the
-test run itself. ``bench/fuzz.py`` runs the same mutants by the thousand.
+Invariants (no false match, no crash, no lost report): exit 0 only when both sides' output bytes and
+identities are equal (checked by an independent decoder, tests/fuzzing.py); never exit 70, never a hang; a
+model that crashes the host reference does so in its child process and is exit 2. A signal in this process
+would end the test run itself. ``bench/fuzz.py`` runs the same mutants by the thousand.
 
 Nothing is faked: real emitter output, real fixture models, real tflite-micro in the child.
 """

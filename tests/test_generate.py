@@ -587,7 +587,7 @@ def test_board_sdkconfig_outside_allowlist_is_refused(tmp_path: Path) -> None:
 
 def test_symbol_newer_than_the_boards_oldest_idf_is_refused(tmp_path: Path) -> None:
     """An older ESP-IDF ignores a symbol it does not know: a v3 P4 board without idf_min would build a
-    firmware for silicon before v3 on ESP-IDF 5.3 ... 5.5.1 (the situation issue 13 found)."""
+    firmware for silicon before v3 on ESP-IDF 5.3 ... 5.5.1."""
     text = Path(load_board("esp32p4-v3").source or "").read_text()
     assert 'idf_min = "5.5.2"\n' in text
     loose = tmp_path / "p4-loose.toml"

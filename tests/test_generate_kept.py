@@ -1,4 +1,4 @@
-"""A project whose inputs have not changed is kept, not rendered again (issue 25 item 6).
+"""A project whose inputs have not changed is kept, not rendered again.
 
 Generation stores a hash of everything it reads (templates, board, model, inputs, options, esp-check's
 version and code) in each manifest; the next generation into the same folder compares it and every

@@ -1,4 +1,4 @@
-"""Host overhead of one run (issue #25 item 6): each model parsed once, no unused model hex rendering.
+"""Host overhead of one run: each model parsed once, no unused model hex rendering.
 
 Nothing is faked except the board: flash_and_compare runs on the simulated board (``sim://``), the
 build through the simulator's builder, the host reference in its real child process.
@@ -293,7 +293,7 @@ def test_dataset_host_reference_runs_while_the_inputs_stream(
 
 LIST_MODULES = Path(__file__).resolve().parents[1] / "bench" / "list_modules.py"  # writes what a run loaded
 # What a repeat flash-and-compare (cached build, cached host reference, the board holding the images)
-# must not load, and why (issue 25, host CPU per repeat run).
+# must not load, and why (each import costs host CPU on every repeat run).
 NOT_ON_A_REPEAT = {
     "tflite_micro": "the reference cache key reads the wheel's metadata; the runtime only runs a model",
     "tflite": "the model's parse is read from the disk cache",

@@ -240,7 +240,7 @@ def test_fuzz_hybrid_info_never_crashes_the_parser(text: str, ansi: int, fallbac
 
 
 def test_an_unverified_reproducer_says_why_its_dump_run_captured_nothing(tmp_path: Path) -> None:
-    """Issue 28 item 14: "NOT verified: the dump run captured no input of this op" did not say that the
+    """Regression: "NOT verified: the dump run captured no input of this op" did not say that the
     dump run's builds had failed (on a native board they were built without --components-dir); the
     reason now names what the dump run reported."""
     from harness.flows.repro import write_reproducer

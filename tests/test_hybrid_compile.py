@@ -109,7 +109,7 @@ _USE = re.compile(r"\bCONFIG_[A-Z0-9_]+\b")
 def test_the_stand_in_sdkconfig_defines_every_symbol_the_generated_sources_use(
     tmp_path: Path, projects: dict[str, Path]
 ) -> None:
-    # issue 27 defect 8: the hand-written stand-in lacked CONFIG_ESP_CONSOLE_UART_NUM, which app_main.cc
+    # regression: the hand-written stand-in lacked CONFIG_ESP_CONSOLE_UART_NUM, which app_main.cc
     # uses since the resident loop, and nothing noticed (the real-source tests are skipped without sources).
     # Runs without them: every CONFIG_ symbol the generated sources use outside a preprocessor test
     # (#if / #ifdef / defined(...)) must be defined by the stand-in.
@@ -128,7 +128,7 @@ def test_the_stand_in_sdkconfig_defines_every_symbol_the_generated_sources_use(
 
 @pytest.fixture(scope="module")
 def projects(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """op_zoo with every kind the wrapper handles on ANSI C, and the U-Net with the issue's ops."""
+    """op_zoo with every kind the wrapper handles on ANSI C, and the U-Net 48 (docs/hybrid.md's worked example)."""
     tmp = tmp_path_factory.mktemp("hybrid-real")
     zoo = generate_projects(MODELS / "op_zoo.tflite", [MODELS / "inputs" / "op_zoo.npy"], "esp32s3-devkitc-1-n8r8",
                             out_dir=tmp / "zoo", variants=("optimized",), arena_kb=64,

@@ -1,4 +1,4 @@
-"""Acceptance of issue 15 on the simulated board: ``esp-check hybrid`` finds the ops that break, builds
+"""Acceptance on the simulated board: ``esp-check hybrid`` finds the ops that break, builds
 a firmware that keeps ESP-NN everywhere else, and verifies it bit for bit.
 
 Real: the generated projects (the hybrid wrapper's table in main/esp_check_hybrid.cc, which the sim

@@ -262,7 +262,7 @@ def test_image_size_mismatch_refused_before_decoding(models_dir: Path, tmp_path:
         load_input(png, t)
 
 
-# ---- the default image range follows the input tensor's quantization (issue 28, item 9) ----------------
+# ---- the default image range follows the input tensor's quantization ---------------------------------
 
 
 def test_an_image_for_a_minus_one_to_one_model_is_read_as_minus_one_to_one(

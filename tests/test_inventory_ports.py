@@ -1,4 +1,4 @@
-"""Issue 28, item 10: one physical board may not appear twice in an inventory under two spellings of its
+"""One physical board may not appear twice in an inventory under two spellings of its
 port: host names, query strings, `/dev/./`, symlinks. Real files and symlinks in a temporary folder;
 nothing is faked."""
 

@@ -1,4 +1,4 @@
-"""Legacy ``Output:`` logs and the old TFLM MicroPrintf float format (issue 2 grammar)."""
+"""Legacy ``Output:`` logs and the old TFLM MicroPrintf float format (grammar: docs/protocol.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 28, items 3 and 4: a path that is not a regular file, or is absurdly large, is refused (exit 2)
+"""A path that is not a regular file, or is absurdly large, is refused (exit 2)
 before a byte is read, for models (`inspect`, `flash-and-compare`), `compare`'s captures, inputs and
 datasets.
 

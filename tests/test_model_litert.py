@@ -1,4 +1,4 @@
-"""Issue 28, item 12: a model LiteRT rejects is a model problem (exit 2), and the one rejection TFLM's
+"""A model LiteRT rejects is a model problem (exit 2), and the one rejection TFLM's
 stock person_detect hits (1-D bias tensors that carry the filter's quantized_dimension 3) is made valid
 before LiteRT reads the model, so LiteRT-only platforms get a host reference for it.
 

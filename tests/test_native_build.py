@@ -187,7 +187,7 @@ def test_find_components_by_short_name_build_name_or_managed_components(tmp_path
     ]
     (tmp_path / "only" / "esp-nn").mkdir(parents=True)
     (tmp_path / "only" / "esp-nn" / "CMakeLists.txt").write_text("")
-    # a wrong --components-dir is the user's input: exit 2, not 3 (issue 28 item 12)
+    # a wrong --components-dir is the user's input: exit 2, not 3
     with pytest.raises(UsageError, match=r"esp-tflite-micro.*found: esp-nn") as exc:
         comps.find_components(tmp_path / "only")
     assert exc.value.hint and "--components-dir" in exc.value.hint
@@ -294,7 +294,7 @@ def test_download_from_a_local_mirror_gives_the_pinned_components(tmp_path: Path
     assert _download(tmp_path, {"IDF_COMPONENT_LOCAL_STORAGE_URL": "file:///nonexistent"}) == got
 
 
-# --- issue 27 defect 7: the build limit counts silence; a limit kills the whole process group at once;
+# --- native builds: the build limit counts silence; a limit kills the whole process group at once;
 # long builds report ninja's n/N; a build waiting for another's tree lock says on whose. The tools here
 # are small Python scripts run as real subprocesses (standing in for cmake/ninja: nothing is faked in
 # run_streaming itself).
@@ -394,7 +394,7 @@ def test_a_build_waiting_for_the_tree_lock_says_on_whose(tmp_path: Path) -> None
 
 
 def test_ccache_is_the_compiler_launcher_when_present(tmp_path: Path) -> None:
-    # issue 27 defect 7: the optimized and ANSI C trees share most esp-tflite-micro objects through
+    # the optimized and ANSI C trees share most esp-tflite-micro objects through
     # ccache. A directory on PATH with an executable named ccache stands in for an installed one.
     from harness.firmware.native.driver import ccache_env, compiler_launcher
 

@@ -99,7 +99,7 @@ def test_real_components_three_way(model: str, inputs: list[str], tmp_path: Path
 
 
 def test_bisection_on_a_depthwise_fault_gets_a_verified_reproducer(tmp_path: Path) -> None:
-    """Issue 28 item 14: on a native board with a fault in esp-nn's depthwise kernel, ``hybrid --bisect``
+    """Regression: on a native board with a fault in esp-nn's depthwise kernel, ``hybrid --bisect``
     said of its one-op reproducer "NOT verified: the dump run captured no input of this op": the
     reproducer's dump run was built without the run's ``--components-dir`` (so from the component
     manager, offline: no build, no capture). What is faked: the fault, one line injected into a copy of

@@ -111,7 +111,7 @@ def test_the_counting_rules_can_fail() -> None:
 
 
 def test_the_firmware_steps_take_the_job_options_whole() -> None:
-    """Issue 23: generate/build/prepare_firmware took the build options one by one (builder, cache_dir,
+    """Regression: generate/build/prepare_firmware took the build options one by one (builder, cache_dir,
     timeout, native, arena_kb, input_options), so each caller unpacked a JobOptions field by field."""
     from harness.flows.firmware import build_firmware, generate_firmware, prepare_firmware
 

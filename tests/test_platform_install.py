@@ -1,4 +1,4 @@
-"""Dependency resolution for the platforms desk users have (issue: macOS, Windows, ARM Linux).
+"""Dependency resolution for the platforms desk users have (macOS, Windows, ARM Linux).
 
 pip's ``--dry-run --platform`` cannot check this from a Linux x86-64 host: pip evaluates environment
 markers (``sys_platform``, ``platform_machine``) against the *running* interpreter, so it would try to

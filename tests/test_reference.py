@@ -174,7 +174,7 @@ KNOWN_DISAGREEMENTS = {("cnn_classifier_11__ambiguous", 13, "FULLY_CONNECTED", 1
 
 @pytest.mark.slow
 def test_backends_agree_per_layer_on_all_fixtures(models_dir: Path) -> None:
-    """Issue 7: both backends per layer on every fixture; differences listed by op, not hidden."""
+    """Both backends per layer on every fixture; differences listed by op, not hidden."""
     found = set()
     for name, model in CASES:
         q = np.load(models_dir / "inputs" / f"{name}.q.npy")

@@ -133,7 +133,7 @@ def test_probe_works_from_another_directory(
     assert est.method == "measured" and est.host_bytes == README_ARENA["op_zoo"] and est.verified
 
 
-# --- ESP-NN scratch formulas keyed by the esp-nn version (issue 13, item 4) --------------------------------
+# --- ESP-NN scratch formulas keyed by the esp-nn version ------------------------------------------------
 #
 # The expected numbers below are worked out by hand from esp-nn's getters at the named tags (read at the
 # source; the Python formulas were also compared with the C getters compiled from those tags on 6000

@@ -1,4 +1,4 @@
-"""``esp-check run`` prepares the work its tasks share before the board workers start (#25 item 7).
+"""``esp-check run`` prepares the work its tasks share before the board workers start.
 
 What is real: the plan and inventory, the runner and its worker threads, generation and the sim
 builder, esptool over ``sim://`` ports, the TFLM host reference. What is faked: the boards (harness.sim).
@@ -78,7 +78,7 @@ def test_builds_and_references_are_made_once_before_the_boards_start(
 def test_an_attempt_flashes_the_prepared_firmware_without_generating_it_again(
     tmp_path: Path, models_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 23: the warm-up generated and built each firmware, then every attempt's job generated its
+    """Regression: the warm-up generated and built each firmware, then every attempt's job generated its
     projects again (and rebuilt them from the cache). Real: generation, the sim builder, esptool over
     ``sim://``; faked: the boards. ``generate_projects`` is wrapped only to count its calls."""
     generated: list[str] = []

@@ -684,7 +684,7 @@ def test_a_run_killed_with_sigkill_leaves_no_stale_verdict(
 def test_a_hard_stop_kills_the_children_of_the_abandoned_attempt(
     tmp_path: Path, models_dir: Path, inputs_dir: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    """Issue 28 item 2: after a second SIGTERM ("abandoning running attempts") the attempt's host
+    """Regression: after a second SIGTERM ("abandoning running attempts") the attempt's host
     reference child ran on for 22 s and exited 0 to nobody. A hard stop now kills the children of the
     abandoned attempts. What is faked: the board (the simulator) and the host reference child, a
     sleeping interpreter (its process is the outermost edge), so it is surely running at the stop."""

@@ -183,7 +183,7 @@ def test_cli_sim_serve_subprocess(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_esp_rfc2217_server_in_front_of_sim_port(tmp_path: Path, s3_files) -> None:
-    """esptool's own esp_rfc2217_server serving a sim:// port (the remote-board set-up of issue 5).
+    """esptool's own esp_rfc2217_server serving a sim:// port (a remote board, reached over RFC 2217).
 
     esp_rfc2217_server performs its own resets (it does not forward DTR/RTS). On Linux it uses the
     ioctl reset, which a sim:// port (like a pty) cannot take; esptool's documented config option

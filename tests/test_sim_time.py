@@ -1,4 +1,4 @@
-"""The simulated board's time model keeps the firmware's idle-task tick (issue: a tick per invoke cost a
+"""The simulated board's time model keeps the firmware's idle-task tick (a tick per invoke cost a
 chip 10 s per 1,000 inputs; the firmware now sleeps one tick at most once a second of invokes).
 
 Nothing is faked: the pure time-model function, checked against the constant in the generated firmware.

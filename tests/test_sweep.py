@@ -83,7 +83,7 @@ def test_repro_model_reads_back_with_the_case_tensors() -> None:
 
 
 def test_all_space_repro_never_lacks_scales(tmp_path: Path) -> None:
-    # issue 27 defect 2: in --all, a case with a TFLite geometry but raw multipliers (no w_scales) made
+    # regression: in --all, a case with a TFLite geometry but raw multipliers (no w_scales) made
     # the repro writer raise KeyError (exit 70, no sweep.json). Now a case is TFLite-reachable only when
     # its scales give TFLM the very multipliers and shifts the driver passed; every other one is API-only.
     from harness.analysis.sweep_repro import write_repro
@@ -111,7 +111,7 @@ def _tflm_with_conv_glue(tmp: Path, body: str) -> ComponentSource:
 
 
 def test_grouped_conv_is_api_only_when_the_tflm_glue_refuses_it(tmp_path: Path) -> None:
-    # issue 27 defect 6: esp-tflite-micro v1.3.8's conv Eval checks MatchingDim(input, 3, filter, 3),
+    # regression: esp-tflite-micro v1.3.8's conv Eval checks MatchingDim(input, 3, filter, 3),
     # which aborts on a grouped conv: such findings must not be called TFLite-reachable nor get a .tflite.
     # The glue here is a two-line stand-in written by the test (only the check matters).
     from harness.analysis.sweep_findings import CaseVerdict, group
@@ -137,7 +137,7 @@ def test_grouped_conv_is_api_only_when_the_tflm_glue_refuses_it(tmp_path: Path) 
 
 
 def test_the_draw_reaches_the_geometry_it_used_to_miss() -> None:
-    # issue 27 "geometry it never draws": each of these now comes up in a default (TFLite) draw of 400
+    # geometry the draw used to miss: each of these now comes up in a default (TFLite) draw of 400
     # cases per op, or in --all for the API-only padded 1x1 conv
     conv = list(sc.generate(["conv"], 400, seed=0))
     dw = list(sc.generate(["depthwise"], 400, seed=0))
@@ -242,7 +242,7 @@ def _max_pool(case: sc.Case) -> np.ndarray:
 def test_a_one_sided_fault_is_blamed_on_its_own_side(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, side: str
 ) -> None:
-    # issue 27 defect 1: the driver's slot 0 must be the optimized kernel, as sweep.json reads it.
+    # regression: the driver's slot 0 must be the optimized kernel, as sweep.json reads it.
     # The fault (+1 on every element below 127) goes into ONE kernel of the stand-in tree; the right
     # answer is computed here from the case's own tensors, so the test knows which side is wrong.
     monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
@@ -282,7 +282,7 @@ def test_scratch_overrun_is_a_sanitizer_finding(tmp_path: Path, monkeypatch: pyt
 @needs_build
 @pytest.mark.slow
 def test_each_variant_is_sanitized_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # issue 27 defect 3: the first sanitizer report aborted the process, so a variant with UB hid the
+    # regression: the first sanitizer report aborted the process, so a variant with UB hid the
     # other variant's errors in the same case. Here both kernels of the stand-in tree are faulty: ANSI C
     # has a signed overflow (UBSan), the optimized one a scratch overrun (ASan). Both must be reported,
     # in every case, as two groups: one per variant and error type.
@@ -308,7 +308,7 @@ def test_each_variant_is_sanitized_on_its_own(tmp_path: Path, monkeypatch: pytes
 @needs_build
 @pytest.mark.slow
 def test_a_death_after_the_last_result_is_a_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # issue 27 defect 4: a heap overflow that glibc only notices when the driver frees the case's
+    # regression: a heap overflow that glibc only notices when the driver frees the case's
     # buffers (after its result line) ended the sweep with "failed after its last case", exit 70 and
     # no report. Every death is a finding of the case that was running, never an internal error.
     code, report = _run(tmp_path, monkeypatch, "heap_smash", sanitize=False)
@@ -327,7 +327,7 @@ def test_a_death_after_the_last_result_is_a_finding(tmp_path: Path, monkeypatch:
 def test_the_printed_reproduction_runs_on_the_swept_sources(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # issue 27 defect 5: the command lacked --board native-esp32 --components-dir, so it ran on the
+    # regression: the printed command lacked --board native-esp32 --components-dir, so it ran on the
     # simulated board (outputs from the host reference) and said "match". Run it as printed: the
     # native board builds the faulty stand-in tree (nothing faked) and must see the mismatch.
     import shlex
@@ -372,7 +372,7 @@ def _build_c_repro(repro_dir: Path, espnn: Path, work: Path, sanitize: bool) -> 
 def test_each_finding_gets_a_report_and_a_standalone_c_repro(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # issue 27: report.md (kernel, version, geometry, expected against got, frames) and repro.c, which
+    # each example gets report.md (kernel, version, geometry, expected against got, frames) and repro.c, which
     # calls esp-nn's API directly with the data inline, builds with cc alone and exits non-zero; one
     # directory per example case. The faulty stand-in tree is the esp-nn here (nothing faked).
     import subprocess
@@ -416,7 +416,7 @@ def test_each_finding_gets_a_report_and_a_standalone_c_repro(
 def test_examples_are_shrunk_and_two_sweeps_write_the_same_reports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # issue 27: each example is shrunk while its finding holds (here: the off-by-one in the optimized
+    # each example is shrunk while its finding holds (here: the off-by-one in the optimized
     # max pool of the stand-in tree shows on any geometry, so one channel and the smallest input that
     # still has an output are left), and a second sweep writes byte-identical reports.
     reports = []

@@ -1,4 +1,4 @@
-"""Acceptance of issue 6 on the simulated board: ``flash-and-compare --tap`` names the op that goes wrong.
+"""Acceptance on the simulated board: ``flash-and-compare --tap`` names the op that goes wrong.
 
 Real here: generated projects (with the tap tables), the sim builder's app image, esptool flashing over a
 pyserial port, the console capture, the protocol parser (tap records included), the TFLM per-layer host

@@ -116,7 +116,7 @@ def test_the_network_probe_leaves_the_server_free(tmp_path: Path):
 
 
 def test_whether_a_target_is_simulated_is_said_once():
-    """Issue 23: ``Target.simulated`` repeated ``expects_sim`` (two names that could drift apart); a
+    """Regression: ``Target.simulated`` repeated ``expects_sim`` (two names that could drift apart); a
     report's ``simulated`` now reads ``expects_sim``, the one the judge holds the BEGIN record to."""
     for cls in (Target, *TARGETS):
         assert "simulated" not in dir(cls), cls
@@ -124,7 +124,7 @@ def test_whether_a_target_is_simulated_is_said_once():
 
 
 def test_both_simulators_share_their_reach_rules_by_inheritance():
-    """Issue 23: ServedSimTarget borrowed SimTarget's ``refusal``/``check_url`` by assignment, so they ran
+    """Regression: ServedSimTarget borrowed SimTarget's ``refusal``/``check_url`` by assignment, so they ran
     as SimTarget's (``cls`` was the wrong class). Both now inherit them from one base."""
     board = load_board("sim")
     for cls in (SimTarget, ServedSimTarget):
@@ -137,7 +137,7 @@ def test_both_simulators_share_their_reach_rules_by_inheritance():
 
 
 def test_hybrid_opens_its_target_once(models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Issue 23: hybrid's baseline opened the target through run_job, then opened another one to find
+    """Regression: hybrid's baseline opened the target through run_job, then opened another one to find
     the same port again. Real: the job up to its port check (nothing answers, nothing is built); the
     target class's ``make`` is wrapped only to count its calls."""
     made: list[str | None] = []

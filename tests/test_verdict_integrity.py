@@ -1,4 +1,4 @@
-"""Regression tests for issue 11's paths to a false match, a crash or a lost report (CLI and flow).
+"""Regression tests for paths to a false match, a crash or a lost report (CLI and flow).
 
 Real: the CLI (harness.cli.main / a subprocess of it), the protocol emitter and parser, the
 comparison, the generated firmware, esptool against the simulated board. Faked: only the board

@@ -342,7 +342,7 @@ def load_source(path: str | Path, label: str) -> Source:
     return _source_from_log(data, label, p)
 
 
-def _source_from_log(data: bytes, label: str, p: Path) -> Source:
+def _source_from_log(data: bytes, label: str, path: Path) -> Source:
     """A serial log: its protocol records (or legacy ``Output:`` lines), read by the same classifier as
     flash-and-compare, so a log that holds a panic, abort or TFLM error is a firmware fault (exit 4),
     never "corrupted capture" (3), whether or not its records completed."""
@@ -350,28 +350,29 @@ def _source_from_log(data: bytes, label: str, p: Path) -> Source:
     crashes = _firmware_faults(data, cap, label)
     if cap is not None:
         if cap.valid or not crashes:
-            src = source_from_capture(cap, label, str(p), data)  # an invalid one without crash: exit 3
+            src = source_from_capture(cap, label, str(path), data)  # an invalid one without crash: exit 3
             src.faults += crashes
             return src
         faults = [Fault(label, e.stage, e.code, e.i, e.msg) for e in cap.errors] + crashes
-        return Source(label, "protocol", [], path=str(p), nn_mode=cap.nn_mode, model_sha256=cap.model_sha256,
-                      simulated=cap.simulated, info=dict(cap.info), faults=faults, raw_log=data,
+        return Source(label, "protocol", [], path=str(path), nn_mode=cap.nn_mode,
+                      model_sha256=cap.model_sha256, simulated=cap.simulated, info=dict(cap.info),
+                      faults=faults, raw_log=data,
                       warnings=[f"{label}: the firmware crashed before its records completed"])  # fmt: skip
     values = parse_legacy_log(data)
     if not values and not crashes and looks_like_device_output(data):
         raise CaptureError(
-            f"{p} is a device's serial output without esp-check records or 'Output:' lines: the capture "
+            f"{path} is a device's serial output without esp-check records or 'Output:' lines: the capture "
             "ended before the first result (truncated)",
             hint="capture again and wait for the END record (or the 'Output:' lines); check the cable, "
             "the baud rate and that the monitor stayed connected",
         )
     if not values and not crashes:
         raise LogFormatError(
-            f"{p} has no 'Output:' lines and no esp-check protocol records: nothing to compare",
+            f"{path} has no 'Output:' lines and no esp-check protocol records: nothing to compare",
             hint="pass the serial log of a run (esp-check firmware or a sketch printing 'Output: <value>')",
         )
     runs = [[OutputTensor(0, np.asarray(values, dtype=np.float64), raw=False)]] if values else []
-    src = Source(label, "legacy", runs, path=str(p), raw_log=data, faults=crashes)
+    src = Source(label, "legacy", runs, path=str(path), raw_log=data, faults=crashes)
     src.warnings.append(f"{label}: legacy log: the ESP-NN mode and model are not proven by the device")
     return src
 
@@ -406,11 +407,11 @@ def _snap(real: np.ndarray, scale: float, zp: int) -> np.ndarray | None:
     return q.astype(np.int64) + int(zp)
 
 
-def _pinned(q: np.ndarray | None, dtype: str | None) -> float | None:
-    if q is None or dtype not in _INT_DTYPES or q.size == 0:
+def _pinned(quantized: np.ndarray | None, dtype: str | None) -> float | None:
+    if quantized is None or dtype not in _INT_DTYPES or quantized.size == 0:
         return None
     lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
-    return float(np.count_nonzero((q == lo) | (q == hi))) / q.size
+    return float(np.count_nonzero((quantized == lo) | (quantized == hi))) / quantized.size
 
 
 def _topk(v: np.ndarray, k: int) -> np.ndarray:
@@ -428,18 +429,18 @@ def _topk(v: np.ndarray, k: int) -> np.ndarray:
 class _Diff:
     """Element-wise difference of two tensors, in LSB where the scale is known."""
 
-    ra: np.ndarray  # real values of A (dequantized when the scale is known)
-    rb: np.ndarray
-    ia: np.ndarray | None  # quantized integers when known (raw, or snapped from printed reals)
-    ib: np.ndarray | None
+    real_a: np.ndarray  # real values of A (dequantized when the scale is known)
+    real_b: np.ndarray
+    int_a: np.ndarray | None  # quantized integers when known (raw, or snapped from printed reals)
+    int_b: np.ndarray | None
     lsb: np.ndarray | None  # A - B in LSB, None when the scale is unknown
-    mism: np.ndarray  # bool: beyond the tolerance (NaN counts as beyond)
+    beyond: np.ndarray  # bool: beyond the tolerance (NaN counts as beyond)
     units: str  # lsb | real
     real_known: bool
 
     @property
     def int_path(self) -> bool:
-        return self.ia is not None and self.ib is not None
+        return self.int_a is not None and self.int_b is not None
 
 
 def compare_tensors(
@@ -458,18 +459,18 @@ def compare_tensors(
     s, zp = _common_quant(a, b, run, labels, scale, zero_point)
     qdtype = a.dtype or b.dtype or dtype or ("int8" if s is not None and zero_point is not None else None)
     d = _difference(a, b, s, zp, tolerance_lsb, run)
-    n = int(d.ra.size)
+    n = int(d.real_a.size)
     stats = _stats(d, s, n)
     k = min(TOPK, n)
     ka, kb = _rank_keys(d)
     topk_agree = (len(set(_topk(ka, k).tolist()) & set(_topk(kb, k).tolist())) / k) if k else None
-    pf_a, pf_b = _pinned(d.ia, qdtype), _pinned(d.ib, qdtype)
-    bad = np.flatnonzero(d.mism)
+    pf_a, pf_b = _pinned(d.int_a, qdtype), _pinned(d.int_b, qdtype)
+    bad = np.flatnonzero(d.beyond)
     first = [
         {
             "index": int(j),
-            "a": float(d.ra[j]),
-            "b": float(d.rb[j]),
+            "a": float(d.real_a[j]),
+            "b": float(d.real_b[j]),
             **({"diff_lsb": float(d.lsb[j])} if d.lsb is not None else {}),
         }
         for j in bad[:10]
@@ -498,8 +499,8 @@ def compare_tensors(
         pinned_fraction_b=pf_b,
         diff_lsb=[float(x) for x in np.abs(d.lsb)] if small and d.lsb is not None else None,
         first_mismatches=first,
-        values_a=[float(x) for x in d.ra] if small else None,
-        values_b=[float(x) for x in d.rb] if small else None,
+        values_a=[float(x) for x in d.real_a] if small else None,
+        values_b=[float(x) for x in d.real_b] if small else None,
     )
 
 
@@ -538,7 +539,7 @@ def _common_quant(
 
 
 def _difference(
-    a: OutputTensor, b: OutputTensor, s: float | None, zp: int | None, tolerance_lsb: float, run: int
+    a: OutputTensor, b: OutputTensor, scale: float | None, zp: int | None, tolerance_lsb: float, run: int
 ) -> _Diff:
     """Integers when both sides have them (exact), else real values (NaN-aware)."""
     va, vb = a.values.reshape(-1), b.values.reshape(-1)
@@ -546,72 +547,101 @@ def _difference(
     def to_int(t: OutputTensor, v: np.ndarray) -> np.ndarray | None:
         if t.raw:
             return v.astype(np.int32 if v.dtype.itemsize <= 2 else np.int64)  # exact, half the memory
-        if s is not None and zp is not None:
-            return _snap(v.astype(np.float64), s, zp)
+        if scale is not None and zp is not None:
+            return _snap(v.astype(np.float64), scale, zp)
         return None
 
-    ia, ib = to_int(a, va), to_int(b, vb)
-    if ia is not None and ib is not None:
-        dl = (ia - ib).astype(np.float64)
-        mism = ~(np.abs(dl) <= tolerance_lsb)  # never a match by a NaN tolerance (also refused earlier)
-        if s is not None:
-            ra, rb = (ia - zp).astype(np.float64) * s, (ib - zp).astype(np.float64) * s
+    int_a, int_b = to_int(a, va), to_int(b, vb)
+    if int_a is not None and int_b is not None:
+        dl = (int_a - int_b).astype(np.float64)
+        beyond = ~(np.abs(dl) <= tolerance_lsb)  # never a match by a NaN tolerance (also refused earlier)
+        if scale is not None:
+            real_a, real_b = (int_a - zp).astype(np.float64) * scale, (int_b - zp).astype(np.float64) * scale
         else:
-            ra, rb = ia.astype(np.float64), ib.astype(np.float64)
-        return _Diff(ra, rb, ia, ib=ib, lsb=dl, mism=mism, units="lsb", real_known=s is not None)
-    if (a.raw or b.raw) and s is None:
+            real_a, real_b = int_a.astype(np.float64), int_b.astype(np.float64)
+        return _Diff(
+            real_a,
+            real_b,
+            int_a,
+            int_b=int_b,
+            lsb=dl,
+            beyond=beyond,
+            units="lsb",
+            real_known=scale is not None,
+        )
+    if (a.raw or b.raw) and scale is None:
         raise IncomparableError(
             f"run {run} output {a.index}: one side holds raw quantized integers, the other real values, "
             "and the output scale is unknown",
             hint="pass --scale and --zero-point, or --model",
         )
-    ra, rb = va.astype(np.float64), vb.astype(np.float64)
-    if s is not None and zp is not None:  # raw integers beside printed reals: dequantize them
-        if ia is not None and a.raw:
-            ra = (ia - zp).astype(np.float64) * s
-        if ib is not None and b.raw:
-            rb = (ib - zp).astype(np.float64) * s
-    both_nan = np.isnan(ra) & np.isnan(rb)
+    real_a, real_b = va.astype(np.float64), vb.astype(np.float64)
+    if scale is not None and zp is not None:  # raw integers beside printed reals: dequantize them
+        if int_a is not None and a.raw:
+            real_a = (int_a - zp).astype(np.float64) * scale
+        if int_b is not None and b.raw:
+            real_b = (int_b - zp).astype(np.float64) * scale
+    both_nan = np.isnan(real_a) & np.isnan(real_b)
     with np.errstate(invalid="ignore"):  # inf - inf is NaN: counted as a mismatch below
-        diff = np.where(both_nan | (ra == rb), 0.0, ra - rb)
-    if s is not None:
-        lsb = diff / s
+        diff = np.where(both_nan | (real_a == real_b), 0.0, real_a - real_b)
+    if scale is not None:
+        lsb = diff / scale
         return _Diff(
-            ra, rb, ia, ib=ib, lsb=lsb, mism=~(np.abs(lsb) <= tolerance_lsb), units="lsb", real_known=True
+            real_a,
+            real_b,
+            int_a,
+            int_b=int_b,
+            lsb=lsb,
+            beyond=~(np.abs(lsb) <= tolerance_lsb),
+            units="lsb",
+            real_known=True,
         )  # NaN: mismatch
     if tolerance_lsb:
         raise UsageError(
             "--tolerance-lsb needs the output scale for real-valued outputs",
             hint="pass --scale and --zero-point, or --model",
         )
-    return _Diff(ra, rb, ia, ib=ib, lsb=None, mism=~((ra == rb) | both_nan), units="real", real_known=True)
+    return _Diff(
+        real_a,
+        real_b,
+        int_a,
+        int_b=int_b,
+        lsb=None,
+        beyond=~((real_a == real_b) | both_nan),
+        units="real",
+        real_known=True,
+    )
 
 
-def _stats(d: _Diff, s: float | None, n: int) -> dict[str, float | None]:
+def _stats(diff: _Diff, scale: float | None, n: int) -> dict[str, float | None]:
     """max/mean LSB and absolute differences, RMSE and cosine similarity."""
-    alsb = np.abs(d.lsb) if d.lsb is not None else None
+    alsb = np.abs(diff.lsb) if diff.lsb is not None else None
     max_lsb: float | None = None
     mean_lsb: float | None = None
-    if alsb is not None and n and (d.int_path or not np.all(np.isnan(alsb))):
+    if alsb is not None and n and (diff.int_path or not np.all(np.isnan(alsb))):
         max_lsb, mean_lsb = float(np.nanmax(alsb)), float(np.nanmean(alsb))
-    ra, rb = d.ra, d.rb
+    real_a, real_b = diff.real_a, diff.real_b
     with np.errstate(invalid="ignore", over="ignore"):
         ad: np.ndarray
-        if d.int_path and alsb is not None:  # integers: no NaN/inf to guard against (the fast path)
-            ad = alsb * (s if s is not None else 1.0)
+        if diff.int_path and alsb is not None:  # integers: no NaN/inf to guard against (the fast path)
+            ad = alsb * (scale if scale is not None else 1.0)
             finite = True
         else:
-            ad = np.abs(np.where((np.isnan(ra) & np.isnan(rb)) | (ra == rb), 0.0, ra - rb))
+            ad = np.abs(
+                np.where((np.isnan(real_a) & np.isnan(real_b)) | (real_a == real_b), 0.0, real_a - real_b)
+            )
             finite = bool(np.all(np.isfinite(ad))) if n else True
-        na, nb = float(np.linalg.norm(ra)), float(np.linalg.norm(rb))
+        na, nb = float(np.linalg.norm(real_a)), float(np.linalg.norm(real_b))
         cosine = (
-            float(np.dot(ra, rb) / (na * nb)) if n and na > 0 and nb > 0 and math.isfinite(na * nb) else None
+            float(np.dot(real_a, real_b) / (na * nb))
+            if n and na > 0 and nb > 0 and math.isfinite(na * nb)
+            else None
         )
         if cosine is None and n and na == 0 and nb == 0:
             cosine = 1.0
         return {
-            "max_abs_diff": float(ad.max()) if n and d.real_known else None,
-            "mean_abs_diff": float(ad.mean()) if n and d.real_known else None,
+            "max_abs_diff": float(ad.max()) if n and diff.real_known else None,
+            "mean_abs_diff": float(ad.mean()) if n and diff.real_known else None,
             "max_diff_lsb": max_lsb,
             "mean_diff_lsb": mean_lsb,
             "rmse": float(np.sqrt(np.mean(ad * ad))) if n and finite else None,
@@ -619,12 +649,12 @@ def _stats(d: _Diff, s: float | None, n: int) -> dict[str, float | None]:
         }
 
 
-def _rank_keys(d: _Diff) -> tuple[np.ndarray, np.ndarray]:
+def _rank_keys(diff: _Diff) -> tuple[np.ndarray, np.ndarray]:
     """Values to rank for argmax/top-k: the integers when known (same order), NaN ranked lowest."""
-    if d.ia is not None and d.ib is not None:
-        return d.ia, d.ib
-    ka = d.ra if not np.any(np.isnan(d.ra)) else np.nan_to_num(d.ra, nan=-np.inf)
-    kb = d.rb if not np.any(np.isnan(d.rb)) else np.nan_to_num(d.rb, nan=-np.inf)
+    if diff.int_a is not None and diff.int_b is not None:
+        return diff.int_a, diff.int_b
+    ka = diff.real_a if not np.any(np.isnan(diff.real_a)) else np.nan_to_num(diff.real_a, nan=-np.inf)
+    kb = diff.real_b if not np.any(np.isnan(diff.real_b)) else np.nan_to_num(diff.real_b, nan=-np.inf)
     return ka, kb
 
 
@@ -707,9 +737,9 @@ def _check_identity(a: Source, b: Source) -> None:
                 f"{hb} ({b.label}); their outputs say nothing about the kernels",
                 hint="generate both variants from the same inputs (and preprocessing options)",
             )
-    for k, (ra, rb) in enumerate(zip(a.runs, b.runs, strict=False)):
-        sa = {t.index: tuple(t.shape) for t in ra if t.shape is not None}
-        sb = {t.index: tuple(t.shape) for t in rb if t.shape is not None}
+    for k, (run_a, run_b) in enumerate(zip(a.runs, b.runs, strict=False)):
+        sa = {t.index: tuple(t.shape) for t in run_a if t.shape is not None}
+        sb = {t.index: tuple(t.shape) for t in run_b if t.shape is not None}
         if sa and sb and sa != sb:
             raise IncomparableError(
                 f"{a.label} and {b.label} have different outputs in run {k}: {_shapes(sa)} vs {_shapes(sb)}",
@@ -717,20 +747,21 @@ def _check_identity(a: Source, b: Source) -> None:
             )
 
 
-def _check_reference_identity(s: Source, reference: Source | None) -> None:
-    """IncomparableError when ``s`` ran another model or other inputs than the host reference."""
-    if reference is None or s is reference:
+def _check_reference_identity(source: Source, reference: Source | None) -> None:
+    """IncomparableError when ``source`` ran another model or other inputs than the host reference."""
+    if reference is None or source is reference:
         return
-    if s.model_sha256 and reference.model_sha256 and s.model_sha256 != reference.model_sha256:
+    if source.model_sha256 and reference.model_sha256 and source.model_sha256 != reference.model_sha256:
         raise IncomparableError(
-            f"{s.label} ran model {s.model_sha256[:12]}..., but --model is {reference.model_sha256[:12]}...",
+            f"{source.label} ran model {source.model_sha256[:12]}..., "
+            f"but --model is {reference.model_sha256[:12]}...",
             hint="pass the .tflite the firmware was generated from",
         )
-    for k, sha in enumerate(s.input_sha256):
+    for k, sha in enumerate(source.input_sha256):
         ref_sha = reference.input_sha256[k] if k < len(reference.input_sha256) else None
         if sha and ref_sha and sha != ref_sha:
             raise IncomparableError(
-                f"{s.label} run {k} used input {sha[:12]}..., "
+                f"{source.label} run {k} used input {sha[:12]}..., "
                 f"but --input #{k + 1} quantizes to {ref_sha[:12]}...",
                 hint="pass the inputs (and preprocessing options) the firmware was generated with",
             )

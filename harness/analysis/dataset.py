@@ -121,9 +121,9 @@ class DatasetAnalysis:
         """Inputs that disagree anywhere, largest difference first (optimized vs ANSI C, then vs host)."""
         bad = [r for r in self.rows if r.verdict in ("mismatch", "nondeterministic")]
 
-        def key(r: Row) -> tuple[float, float]:
-            oa = r.lsb.get("optimized_vs_ansi") or 0.0
-            host = max((r.lsb.get(p) or 0.0) for p in ("optimized_vs_host", "ansi_vs_host"))
+        def key(row: Row) -> tuple[float, float]:
+            oa = row.lsb.get("optimized_vs_ansi") or 0.0
+            host = max((row.lsb.get(p) or 0.0) for p in ("optimized_vs_host", "ansi_vs_host"))
             return (-oa, -host)
 
         return sorted(bad, key=key)[:limit]

@@ -160,11 +160,11 @@ def audit_view(audit: Audit | None) -> View | None:
 # ---- images ------------------------------------------------------------------------------------------
 
 
-def _png(a: np.ndarray, *, diff: bool = False) -> str:
+def _png(array: np.ndarray, *, diff: bool = False) -> str:
     """A 2-D array as a base64 PNG: values stretched to 0..255 (diff: |d| in red on black)."""
     from PIL import Image
 
-    x = np.asarray(a, dtype=np.float64)
+    x = np.asarray(array, dtype=np.float64)
     if diff:
         mag = np.abs(x)
         top = mag.max() or 1.0
@@ -180,9 +180,9 @@ def _png(a: np.ndarray, *, diff: bool = False) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _plane(a: np.ndarray) -> np.ndarray | None:
+def _plane(array: np.ndarray) -> np.ndarray | None:
     """HxW view of an image-shaped tensor (1,H,W,C): channel 0 if C is small, else mean |.| over C."""
-    x = np.asarray(a)
+    x = np.asarray(array)
     if x.ndim == 4 and x.shape[0] == 1:
         x = x[0]
     if x.ndim == 3 and x.shape[0] > 1 and x.shape[1] > 1:

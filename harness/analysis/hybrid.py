@@ -266,9 +266,9 @@ def cost_report(
     return doc
 
 
-def _percent(p: float) -> str:
+def _percent(percent: float) -> str:
     """98.5% / 99.991%: enough digits that a small cost is not shown as 100%."""
-    return f"{p:.1f}%" if p < 99.9 else f"{p:.3f}%"
+    return f"{percent:.1f}%" if percent < 99.9 else f"{percent:.3f}%"
 
 
 def _cost_head(doc: CostReport) -> str:

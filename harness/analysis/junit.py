@@ -111,30 +111,34 @@ def _counts(cases: Sequence[Case]) -> dict[str, int]:
     }
 
 
-def _case(parent: ET.Element, c: Case) -> None:
+def _case(parent: ET.Element, case: Case) -> None:
     el = ET.SubElement(
-        parent, "testcase", classname=xml_text(c.classname), name=xml_text(c.name), time=f"{c.seconds:.3f}"
+        parent,
+        "testcase",
+        classname=xml_text(case.classname),
+        name=xml_text(case.name),
+        time=f"{case.seconds:.3f}",
     )
-    if c.outcome != "passed":
-        first = (c.message or c.type or c.outcome).splitlines()[0][:MESSAGE_MAX]
-        attrs = {"message": xml_text(first)} | ({"type": c.type} if c.type else {})
-        ET.SubElement(el, c.outcome, attrs).text = xml_text(c.text) if c.text else None
-    if c.out:
-        ET.SubElement(el, "system-out").text = xml_text(c.out)
+    if case.outcome != "passed":
+        first = (case.message or case.type or case.outcome).splitlines()[0][:MESSAGE_MAX]
+        attrs = {"message": xml_text(first)} | ({"type": case.type} if case.type else {})
+        ET.SubElement(el, case.outcome, attrs).text = xml_text(case.text) if case.text else None
+    if case.out:
+        ET.SubElement(el, "system-out").text = xml_text(case.out)
 
 
-def _suite(root: ET.Element, s: Suite) -> tuple[dict[str, int], float]:
-    stamp = s.timestamp or datetime.now(timezone.utc)
-    seconds = s.seconds if s.seconds is not None else sum(c.seconds for c in s.cases)
-    counts = _counts(s.cases)
-    attrs = {"name": xml_text(s.name), **{k: str(v) for k, v in counts.items()}, "time": f"{seconds:.3f}"}
+def _suite(root: ET.Element, suite: Suite) -> tuple[dict[str, int], float]:
+    stamp = suite.timestamp or datetime.now(timezone.utc)
+    seconds = suite.seconds if suite.seconds is not None else sum(c.seconds for c in suite.cases)
+    counts = _counts(suite.cases)
+    attrs = {"name": xml_text(suite.name), **{k: str(v) for k, v in counts.items()}, "time": f"{seconds:.3f}"}
     attrs["timestamp"] = stamp.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
     attrs["hostname"] = socket.gethostname()
     el = ET.SubElement(root, "testsuite", attrs)
     props = ET.SubElement(el, "properties")
-    for k, v in {"esp_check_version": __version__, **s.properties}.items():
+    for k, v in {"esp_check_version": __version__, **suite.properties}.items():
         ET.SubElement(props, "property", name=xml_text(k), value=xml_text(v))
-    for c in s.cases:
+    for c in suite.cases:
         _case(el, c)
     return counts, seconds
 

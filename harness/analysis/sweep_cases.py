@@ -64,11 +64,11 @@ def bias_values(seed: int, n: int, rng: int) -> np.ndarray:
 # TFLite's arithmetic for quantized parameters (tensorflow/lite/kernels/internal/quantization_util.cc)
 
 
-def quantize_multiplier(d: float) -> tuple[int, int]:
-    """(multiplier, shift) of ``d`` as TFLite's QuantizeMultiplier computes them."""
-    if d == 0.0:
+def quantize_multiplier(real_multiplier: float) -> tuple[int, int]:
+    """(multiplier, shift) of ``real_multiplier`` as TFLite's QuantizeMultiplier computes them."""
+    if real_multiplier == 0.0:
         return 0, 0
-    frac, exp = math.frexp(d)
+    frac, exp = math.frexp(real_multiplier)
     q = round(frac * (1 << 31))
     if q == 1 << 31:
         q //= 2
@@ -218,9 +218,9 @@ def _act(rng: random.Random, zp: int, scale: float) -> tuple[str, int, int]:
     return kind, lo, max(lo, hi)
 
 
-def ch_bucket(c: int) -> str:
+def ch_bucket(channels: int) -> str:
     """The channel-count bucket of a geometry class."""
-    return "c<8" if c < 8 else "c8-15" if c < 16 else "c>=16"
+    return "c<8" if channels < 8 else "c8-15" if channels < 16 else "c>=16"
 
 
 def _spatial(rng: random.Random, k: int, stride: int, same: bool, api: bool) -> tuple[int, int, int]:
@@ -265,25 +265,25 @@ def _requant(rng: random.Random, in_scale: float, n: int, per_channel: bool, api
     return {"w_scales": w, "out_scale": out_scale, "mult": [m for m, _ in ms], "shift": [s for _, s in ms]}
 
 
-def from_scales(rq: CaseMeta) -> bool:
+def from_scales(meta: CaseMeta) -> bool:
     """Whether a requantization came from tensor scales (so a .tflite can carry it), not drawn raw."""
-    return "w_scales" in rq and "out_scale" in rq
+    return "w_scales" in meta and "out_scale" in meta
 
 
 def _quant(
-    rng: random.Random, q: Quant | None, n: int, per_channel: bool, api: bool
+    rng: random.Random, quant: Quant | None, n: int, per_channel: bool, api: bool
 ) -> tuple[float, int, int, CaseMeta]:
     """(input scale, input zero point, output zero point, requantization): random, or a model's own
-    ``q`` (--from-model; its weight scales reused cyclically when a neighbour has more channels)."""
-    if q is None:
+    ``quant`` (--from-model; its weight scales reused cyclically when a neighbour has more channels)."""
+    if quant is None:
         in_scale, in_zp = _f32(rng.uniform(0.005, 0.1)), rng.randint(-128, 127)
         out_zp = rng.randint(-128, 127)
         return in_scale, in_zp, out_zp, _requant(rng, in_scale, n, per_channel, api)
-    ws = [_f32(q["w_scales"][i % len(q["w_scales"])]) for i in range(n if per_channel else 1)]
-    ms = [quantize_multiplier(q["in_scale"] * w / q["out_scale"]) for w in ws]
-    rq: CaseMeta = {"w_scales": ws, "out_scale": _f32(q["out_scale"])}
+    ws = [_f32(quant["w_scales"][i % len(quant["w_scales"])]) for i in range(n if per_channel else 1)]
+    ms = [quantize_multiplier(quant["in_scale"] * w / quant["out_scale"]) for w in ws]
+    rq: CaseMeta = {"w_scales": ws, "out_scale": _f32(quant["out_scale"])}
     rq.update({"mult": [m for m, _ in ms], "shift": [t for _, t in ms]})
-    return _f32(q["in_scale"]), int(q["in_zp"]), int(q["out_zp"]), rq
+    return _f32(quant["in_scale"]), int(quant["in_zp"]), int(quant["out_zp"]), rq
 
 
 def _conv(rng: random.Random, api: bool, grouped: bool) -> CaseMeta:
@@ -341,21 +341,28 @@ def depthwise_case(
     return _conv_like_case("depthwise", rng, g, quant, api)
 
 
-def _conv_like_case(op: str, rng: random.Random, g: CaseMeta, quant: Quant | None, api: bool) -> Case:
-    """A conv or depthwise case from its geometry ``g``: quantization, activation and bias drawn (in
-    this order) from ``rng``, params = the geometry keys of ``g`` (``CONV_PARAMS`` or
+def _conv_like_case(op: str, rng: random.Random, geometry: CaseMeta, quant: Quant | None, api: bool) -> Case:
+    """A conv or depthwise case from ``geometry``: quantization, activation and bias drawn (in
+    this order) from ``rng``, params = the geometry keys of ``geometry`` (``CONV_PARAMS`` or
     ``DEPTHWISE_PARAMS``) then the quantization."""
-    if g["oh"] < 1 or g["ow"] < 1:
-        g["ih"], g["iw"], g["oh"], g["ow"], g["ph"], g["pw"] = g["kh"], g["kw"], 1, 1, 0, 0
-    in_scale, in_zp, out_zp, rq = _quant(rng, quant, g["oc"], per_channel=True, api=api)
+    if geometry["oh"] < 1 or geometry["ow"] < 1:
+        geometry["ih"], geometry["iw"], geometry["oh"], geometry["ow"], geometry["ph"], geometry["pw"] = (
+            geometry["kh"],
+            geometry["kw"],
+            1,
+            1,
+            0,
+            0,
+        )
+    in_scale, in_zp, out_zp, rq = _quant(rng, quant, geometry["oc"], per_channel=True, api=api)
     act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
     br = bias_range(rng)
-    geometry = CONV_PARAMS if op == "conv" else DEPTHWISE_PARAMS
-    p = [g[k] for k in geometry] + [-in_zp, out_zp, amin, amax, br, *rq["mult"], *rq["shift"]]
-    klass = geometry_class(op, p, _pad_word(g["same"], api))
-    reach = from_scales(rq) and (not api or _reachable_2d(g))
+    keys = CONV_PARAMS if op == "conv" else DEPTHWISE_PARAMS
+    p = [geometry[k] for k in keys] + [-in_zp, out_zp, amin, amax, br, *rq["mult"], *rq["shift"]]
+    klass = geometry_class(op, p, _pad_word(geometry["same"], api))
+    reach = from_scales(rq) and (not api or _reachable_2d(geometry))
     meta: CaseMeta = {
-        **g,
+        **geometry,
         **rq,
         "in_scale": in_scale,
         "in_zp": in_zp,
@@ -391,12 +398,12 @@ def geometry_class(op: str, p: Sequence[int], word: str = "") -> str:
     return f"size%4={p[0] % 4} {'n<16' if p[0] < 16 else 'n>=16'}"
 
 
-def _reachable_2d(g: CaseMeta) -> bool:
+def _reachable_2d(meta: CaseMeta) -> bool:
     for same in (True, False):
-        oh, ph = tflite_padding(g["ih"], g["kh"], g["sh"], same)
-        ow, pw = tflite_padding(g["iw"], g["kw"], g["sw"], same)
-        if (oh, ph, ow, pw) == (g["oh"], g["ph"], g["ow"], g["pw"]) and oh > 0 and ow > 0:
-            g["same"] = same
+        oh, ph = tflite_padding(meta["ih"], meta["kh"], meta["sh"], same)
+        ow, pw = tflite_padding(meta["iw"], meta["kw"], meta["sw"], same)
+        if (oh, ph, ow, pw) == (meta["oh"], meta["ph"], meta["ow"], meta["pw"]) and oh > 0 and ow > 0:
+            meta["same"] = same
             return True
     return False
 

@@ -188,10 +188,10 @@ class Coverage:
     reference: Counter[tuple[str, str]] = field(default_factory=Counter)
     absent: Counter[tuple[str, str]] = field(default_factory=Counter)
 
-    def add(self, v: CaseVerdict) -> None:
-        key = (v.case.op, v.case.klass)
+    def add(self, verdict: CaseVerdict) -> None:
+        key = (verdict.case.op, verdict.case.klass)
         self.cases[key] += 1
-        r = v.result
+        r = verdict.result
         if r is None:
             return
         if RAN not in r.status[:2]:
@@ -243,23 +243,23 @@ def family(op: str, klass: str) -> str:
     return " ".join(prefix + fam)
 
 
-def _why_api_only(vs: list[CaseVerdict]) -> str:
+def _why_api_only(verdicts: list[CaseVerdict]) -> str:
     """Why a group's cases do not reach esp-nn through TFLite, when one says (grouped conv)."""
-    if any(v.case.reachable for v in vs):
+    if any(v.case.reachable for v in verdicts):
         return ""
-    return next((str(v.case.meta["why_api_only"]) for v in vs if v.case.meta.get("why_api_only")), "")
+    return next((str(v.case.meta["why_api_only"]) for v in verdicts if v.case.meta.get("why_api_only")), "")
 
 
-def _details(v: CaseVerdict, kind: str) -> list[tuple[str, dict[str, object]]]:
+def _details(verdict: CaseVerdict, kind: str) -> list[tuple[str, dict[str, object]]]:
     """(sub-key, what the finding keeps) per distinct error of ``kind`` in one case: a sanitizer report
     per variant and error type (and the function it is in), a crash per variant; one for other kinds."""
-    if kind == "sanitizer" and v.sanitizers:
+    if kind == "sanitizer" and verdict.sanitizers:
         return [
             (f"{r['variant']}: {r['type']} in {r['in']}", {"variant": r["variant"], "sanitizer": r})
-            for r in v.sanitizers
+            for r in verdict.sanitizers
         ]
-    if kind == "crash" and v.crashes:
-        return [(c.split(":")[0], {"variant": c.split(":")[0], "crash": c}) for c in v.crashes]
+    if kind == "crash" and verdict.crashes:
+        return [(c.split(":")[0], {"variant": c.split(":")[0], "crash": c}) for c in verdict.crashes]
     return [("", {})]
 
 

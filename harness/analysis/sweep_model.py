@@ -49,8 +49,8 @@ def _int8(info: ModelInfo, op: OpInfo) -> bool:
     return all(t.dtype == "int8" and t.scale is not None for t in ts)
 
 
-def _nhwc(t: TensorInfo) -> tuple[int, int, int]:
-    shape = (1,) * (4 - len(t.shape)) + tuple(t.shape)
+def _nhwc(tensor: TensorInfo) -> tuple[int, int, int]:
+    shape = (1,) * (4 - len(tensor.shape)) + tuple(tensor.shape)
     return shape[1], shape[2], shape[3]
 
 

@@ -288,11 +288,11 @@ def headline_of(case: Case, findings: Sequence[dict[str, Any]]) -> str:
     return f"{opt} / {ansi} ({case.klass}): " + "; ".join(dict.fromkeys(what))
 
 
-def _value_text(f: dict[str, Any]) -> str:
+def _value_text(finding: dict[str, Any]) -> str:
     """Which variant gives wrong values, from the example's differences (never a guess)."""
-    diff = f.get("example", {}).get("diff") or {}
+    diff = finding.get("example", {}).get("diff") or {}
     o_r, a_r, o_a = diff.get("opt_ref"), diff.get("ansi_ref"), diff.get("opt_ansi")
-    if f["kind"] == "reference_refuses":
+    if finding["kind"] == "reference_refuses":
         return "TFLM's reference refuses (a TFLITE_CHECK aborts) while esp-nn returns values"
     if o_r is not None and a_r is not None:
         parts = []
@@ -303,4 +303,4 @@ def _value_text(f: dict[str, Any]) -> str:
     if o_a is not None and o_a["count"]:
         n, most = o_a["count"], o_a["max_abs"]
         return f"optimized != ANSI C ({n} values, up to {most} LSB; no reference to say which is right)"
-    return str(f["kind"]).replace("_", " ")
+    return str(finding["kind"]).replace("_", " ")

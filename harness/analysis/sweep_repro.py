@@ -81,55 +81,61 @@ class _Writer:
         )
 
 
-def _conv_like(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
+def _conv_like(writer: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
     m = case.meta
     dw = case.op == "depthwise"
     oc = m["oc"]
     fshape = [1, m["kh"], m["kw"], oc] if dw else [oc, m["kh"], m["kw"], m["fc"]]
     filt = int8_values(case.seed, 1, int(np.prod(fshape)), -127, 127).reshape(fshape)
     bias = bias_values(case.seed, oc, m["bias_range"])
-    w.tensor("input", [1, m["ih"], m["iw"], m["ic"]], INT8, [m["in_scale"]], [m["in_zp"]])
-    w.tensor("filter", fshape, INT8, m["w_scales"], [0] * oc, qdim=3 if dw else 0, data=filt)
-    w.tensor("bias", [oc], INT32, [m["in_scale"] * s for s in m["w_scales"]], [0] * oc, qdim=0, data=bias)
-    out = w.tensor("output", [1, m["oh"], m["ow"], oc], INT8, [m["out_scale"]], [m["out_zp"]])
-    pad = w.tfl.Padding.SAME if m["same"] else w.tfl.Padding.VALID
+    writer.tensor("input", [1, m["ih"], m["iw"], m["ic"]], INT8, [m["in_scale"]], [m["in_zp"]])
+    writer.tensor("filter", fshape, INT8, m["w_scales"], [0] * oc, qdim=3 if dw else 0, data=filt)
+    writer.tensor(
+        "bias", [oc], INT32, [m["in_scale"] * s for s in m["w_scales"]], [0] * oc, qdim=0, data=bias
+    )
+    out = writer.tensor("output", [1, m["oh"], m["ow"], oc], INT8, [m["out_scale"]], [m["out_zp"]])
+    pad = writer.tfl.Padding.SAME if m["same"] else writer.tfl.Padding.VALID
     geometry = {"Padding": pad, "StrideW": m["sw"], "StrideH": m["sh"]}
     mult = {"DepthMultiplier": m["mult_ch"]} if dw else {}
     rest = {"FusedActivationFunction": ACT[m["act"]], "DilationWFactor": 1, "DilationHFactor": 1}
     name = "DepthwiseConv2DOptions" if dw else "Conv2DOptions"
-    return [0, 1, 2], out, w.options(name, **geometry, **mult, **rest)
+    return [0, 1, 2], out, writer.options(name, **geometry, **mult, **rest)
 
 
-def _fc(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
+def _fc(writer: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
     m = case.meta
     row, oc = m["row"], m["oc"]
     scales = m["w_scales"] if m["per_channel"] else m["w_scales"][:1]
     filt = int8_values(case.seed, 1, oc * row, -127, 127).reshape(oc, row)
     bias = bias_values(case.seed, oc, m["bias_range"])
-    w.tensor("input", [1, row], INT8, [m["in_scale"]], [m["in_zp"]])
-    w.tensor("filter", [oc, row], INT8, scales, [0] * len(scales), qdim=0, data=filt)
-    w.tensor("bias", [oc], INT32, [m["in_scale"] * s for s in scales], [0] * len(scales), qdim=0, data=bias)
-    out = w.tensor("output", [1, oc], INT8, [m["out_scale"]], [m["out_zp"]])
-    return [0, 1, 2], out, w.options("FullyConnectedOptions", FusedActivationFunction=ACT[m["act"]])
+    writer.tensor("input", [1, row], INT8, [m["in_scale"]], [m["in_zp"]])
+    writer.tensor("filter", [oc, row], INT8, scales, [0] * len(scales), qdim=0, data=filt)
+    writer.tensor(
+        "bias", [oc], INT32, [m["in_scale"] * s for s in scales], [0] * len(scales), qdim=0, data=bias
+    )
+    out = writer.tensor("output", [1, oc], INT8, [m["out_scale"]], [m["out_zp"]])
+    return [0, 1, 2], out, writer.options("FullyConnectedOptions", FusedActivationFunction=ACT[m["act"]])
 
 
-def _binary(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
+def _binary(writer: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
     m = case.meta
     n, (s1, s2, so), (z1, z2, zo) = m["size"], m["scales"], m["zps"]
-    w.tensor("input", [1, n], INT8, [s1], [z1])
-    w.tensor("operand", [1, n], INT8, [s2], [z2], qdim=0, data=int8_values(case.seed, 1, n, case.lo, case.hi))
-    out = w.tensor("output", [1, n], INT8, [so], [zo])
+    writer.tensor("input", [1, n], INT8, [s1], [z1])
+    writer.tensor(
+        "operand", [1, n], INT8, [s2], [z2], qdim=0, data=int8_values(case.seed, 1, n, case.lo, case.hi)
+    )
+    out = writer.tensor("output", [1, n], INT8, [so], [zo])
     name = "AddOptions" if case.op == "add" else "MulOptions"
-    return [0, 1], out, w.options(name, FusedActivationFunction=ACT[m["act"]])
+    return [0, 1], out, writer.options(name, FusedActivationFunction=ACT[m["act"]])
 
 
-def _pool(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
+def _pool(writer: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
     m = case.meta
-    w.tensor("input", [1, m["ih"], m["iw"], m["ch"]], INT8, [m["scale"]], [m["zp"]])
-    out = w.tensor("output", [1, m["oh"], m["ow"], m["ch"]], INT8, [m["scale"]], [m["zp"]])
-    opts = w.options(
+    writer.tensor("input", [1, m["ih"], m["iw"], m["ch"]], INT8, [m["scale"]], [m["zp"]])
+    out = writer.tensor("output", [1, m["oh"], m["ow"], m["ch"]], INT8, [m["scale"]], [m["zp"]])
+    opts = writer.options(
         "Pool2DOptions",
-        Padding=w.tfl.Padding.SAME if m["same"] else w.tfl.Padding.VALID,
+        Padding=writer.tfl.Padding.SAME if m["same"] else writer.tfl.Padding.VALID,
         StrideW=m["sw"],
         StrideH=m["sh"],
         FilterWidth=m["kw"],
@@ -139,11 +145,11 @@ def _pool(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
     return [0], out, opts
 
 
-def _softmax(w: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
+def _softmax(writer: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
     m = case.meta
-    w.tensor("input", [m["rows"], m["depth"]], INT8, [m["in_scale"]], [m["in_zp"]])
-    out = w.tensor("output", [m["rows"], m["depth"]], INT8, [1.0 / 256], [-128])
-    return [0], out, w.options("SoftmaxOptions", Beta=1.0)
+    writer.tensor("input", [m["rows"], m["depth"]], INT8, [m["in_scale"]], [m["in_zp"]])
+    out = writer.tensor("output", [m["rows"], m["depth"]], INT8, [1.0 / 256], [-128])
+    return [0], out, writer.options("SoftmaxOptions", Beta=1.0)
 
 
 _BUILD = {

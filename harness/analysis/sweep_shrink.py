@@ -37,14 +37,14 @@ def _one(key: _Key, value: int) -> CaseMeta:
     return move
 
 
-def _spatial(g: CaseMeta, api: bool) -> None:
-    """Output size and padding of ``g`` after a change, as the case's kind computes them."""
+def _spatial(meta: CaseMeta, api: bool) -> None:
+    """Output size and padding of ``meta`` after a change, as the case's kind computes them."""
     for size, k, s, pad, out in _AXES:
         if api:
-            g[pad] = min(g[pad], g[k] - 1)
-            g[out] = api_out(g[size], g[k], g[s], g[pad])
+            meta[pad] = min(meta[pad], meta[k] - 1)
+            meta[out] = api_out(meta[size], meta[k], meta[s], meta[pad])
         else:
-            g[out], g[pad] = tflite_padding(g[size], g[k], g[s], g["same"])
+            meta[out], meta[pad] = tflite_padding(meta[size], meta[k], meta[s], meta["same"])
 
 
 def _conv_like(case: Case) -> Iterator[Case]:
@@ -71,22 +71,22 @@ def _conv_like(case: Case) -> Iterator[Case]:
         yield _rebuild_conv(case, g)
 
 
-def _rebuild_conv(case: Case, g: CaseMeta) -> Case:
+def _rebuild_conv(case: Case, meta: CaseMeta) -> Case:
     p, dw = case.params, case.op == "depthwise"
-    oc = g["oc"]
+    oc = meta["oc"]
     q = 17 if dw else 18
     old_oc = p[2] * p[5] if dw else p[6]
     mult, shift = p[q : q + old_oc][:oc], p[q + old_oc : q + 2 * old_oc][:oc]
-    if "mult" in g:
-        g["mult"] = g["mult"][:oc]
-    if "shift" in g:
-        g["shift"] = g["shift"][:oc]
-    if "w_scales" in g:
-        g["w_scales"] = g["w_scales"][:oc]
+    if "mult" in meta:
+        meta["mult"] = meta["mult"][:oc]
+    if "shift" in meta:
+        meta["shift"] = meta["shift"][:oc]
+    if "w_scales" in meta:
+        meta["w_scales"] = meta["w_scales"][:oc]
     geometry = sweep_cases.DEPTHWISE_PARAMS if dw else sweep_cases.CONV_PARAMS
     tail = p[len(geometry) : q - 1]  # offsets and activation range, unchanged
-    params = [*(g[k] for k in geometry), *tail, g.get("bias_range", p[q - 1]), *mult, *shift]
-    return replace(case, params=params, meta=g)
+    params = [*(meta[k] for k in geometry), *tail, meta.get("bias_range", p[q - 1]), *mult, *shift]
+    return replace(case, params=params, meta=meta)
 
 
 def _pool(case: Case) -> Iterator[Case]:

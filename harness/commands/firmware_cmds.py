@@ -79,16 +79,16 @@ def boards_cmd(as_json: bool, board_files: tuple[Path, ...]) -> int:
     return int(ExitCode.MATCH)
 
 
-def _project_summary(p: GeneratedProject) -> dict[str, object]:
+def _project_summary(project: GeneratedProject) -> dict[str, object]:
     return {
-        "variant": p.variant,
-        "path": str(p.path),
-        "manifest": str(p.manifest_path),
-        "board": p.board.name,
-        "builder": p.board.builder,
-        "arena_bytes": p.arena_bytes,
-        "arena_mem": p.arena_mem,
-        "files": list(p.files),
+        "variant": project.variant,
+        "path": str(project.path),
+        "manifest": str(project.manifest_path),
+        "board": project.board.name,
+        "builder": project.board.builder,
+        "arena_bytes": project.arena_bytes,
+        "arena_mem": project.arena_mem,
+        "files": list(project.files),
     }
 
 

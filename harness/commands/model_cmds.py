@@ -44,10 +44,10 @@ def prepare_runs(info: ModelInfo, paths: Sequence[Path], options: InputOptions) 
     ]
 
 
-def _fmt_scale(t: TensorInfo) -> str:
-    if t.scale is None:
+def _fmt_scale(tensor: TensorInfo) -> str:
+    if tensor.scale is None:
         return "-"
-    return f"{t.scale:.8g}" + (f" (+{len(t.scales) - 1} ch)" if t.per_channel else "")
+    return f"{tensor.scale:.8g}" + (f" (+{len(tensor.scales) - 1} ch)" if tensor.per_channel else "")
 
 
 def _table(title: str, *columns: str) -> Table:
@@ -256,18 +256,20 @@ def inspect_cmd(
     return int(ExitCode.MATCH)
 
 
-def _tensor_json(arr: np.ndarray, t: TensorInfo) -> dict[str, object]:
+def _tensor_json(arr: np.ndarray, tensor: TensorInfo) -> dict[str, object]:
     d: dict[str, object] = {
-        "name": t.name,
+        "name": tensor.name,
         "shape": list(arr.shape),
         "dtype": str(arr.dtype),
-        "scale": t.scale,
-        "zero_point": t.zero_point,
+        "scale": tensor.scale,
+        "zero_point": tensor.zero_point,
         "crc32": crc32_hex(arr),
         "raw": arr.ravel().tolist(),
     }
-    if t.scale is not None:
-        d["dequantized"] = ((arr.astype(np.float64) - (t.zero_point or 0)) * t.scale).ravel().tolist()
+    if tensor.scale is not None:
+        d["dequantized"] = (
+            ((arr.astype(np.float64) - (tensor.zero_point or 0)) * tensor.scale).ravel().tolist()
+        )
     return d
 
 

@@ -74,7 +74,9 @@ class RawCapture:
         return self.ended_by == "end_record"
 
 
-class _State:
+class _CaptureState:
+    """What the reader thread has captured so far, and the conditions that stop it."""
+
     def __init__(self, port: serial.SerialBase, stop_on_line: Callable[[bytes], bool] | None = None) -> None:
         self.port = port
         self.buf = bytearray()
@@ -93,6 +95,21 @@ class _State:
         self.stop_frame: Frame | None = None
         self.stop_on_line = stop_on_line
         self.log_error: EspCheckError | None = None  # the serial log could not be written
+
+    def closing_notes(self, max_bytes: int) -> list[str]:
+        """What the report says of a closed link and of the bytes beyond the memory bound."""
+        notes = [f"link closed: {self.error}"] if self.error is not None else []
+        if self.dropped:
+            notes.append(
+                f"{self.dropped} bytes beyond the {max_bytes}-byte memory bound are only in the log file"
+            )
+        return notes
+
+    @property
+    def hello(self) -> bytes | None:
+        """The HELLO payload the capture stopped at, if it stopped at one."""
+        frame = self.stop_frame
+        return frame.payload if frame is not None and frame.type == RSP_HELLO else None
 
 
 def _socket_of(port: serial.SerialBase) -> socket.socket | None:
@@ -129,7 +146,7 @@ def _read_some(port: serial.SerialBase, wait_s: float) -> bytes:
 
 
 def _reader(
-    st: _State,
+    capture: _CaptureState,
     log: IO[bytes] | None,
     max_bytes: int,
     stop_at_end: bool,
@@ -138,71 +155,73 @@ def _reader(
     disconnect_is_eof: bool,
 ) -> None:
     try:
-        while not st.stop.is_set():
+        while not capture.stop.is_set():
             try:
-                chunk = _read_some(st.port, 0.05)
+                chunk = _read_some(capture.port, 0.05)
             except (serial.SerialException, OSError) as exc:
-                if st.stop.is_set():
+                if capture.stop.is_set():
                     break
                 if reopen is not None and not disconnect_is_eof:
                     with contextlib.suppress(Exception):  # the handle is dead; closing is best effort
-                        st.port.close()
+                        capture.port.close()
                     try:
-                        st.port = reopen()
-                        st.reopens += 1
+                        capture.port = reopen()
+                        capture.reopens += 1
                         continue
                     except Exception as exc2:
-                        st.error = exc2
+                        capture.error = exc2
                 else:
-                    st.error = exc
-                st.ended_by = "disconnect"
+                    capture.error = exc
+                capture.ended_by = "disconnect"
                 break
             if not chunk:
                 continue
             now = time.monotonic()
-            st.last_data = now
-            if st.first_byte is None:
-                st.first_byte = now
+            capture.last_data = now
+            if capture.first_byte is None:
+                capture.first_byte = now
             if log is not None:
                 try:
                     log.write(chunk)
                     log.flush()
                 except OSError as exc:  # a full disk: the capture stops, said as such (not a lost link)
-                    st.log_error = write_error(exc, f"the serial log {getattr(log, 'name', '')}".rstrip())
+                    capture.log_error = write_error(
+                        exc, f"the serial log {getattr(log, 'name', '')}".rstrip()
+                    )
                     break
-            room = max(max_bytes - len(st.buf), 0)  # bytes beyond it are only in the log
-            st.buf += chunk[:room]
-            st.dropped += max(len(chunk) - room, 0)
-            if _scan_lines(st, chunk, stop_at_end, max_boots):
+            room = max(max_bytes - len(capture.buf), 0)  # bytes beyond it are only in the log
+            capture.buf += chunk[:room]
+            capture.dropped += max(len(chunk) - room, 0)
+            if _scan_lines(capture, chunk, stop_at_end, max_boots):
                 break
     finally:
-        st.done.set()
+        capture.done.set()
 
 
-def _scan_lines(st: _State, chunk: bytes, stop_at_end: bool, max_boots: int | None) -> bool:
+def _scan_lines(capture: _CaptureState, chunk: bytes, stop_at_end: bool, max_boots: int | None) -> bool:
     """Feed complete lines to the END check and the boot counter, and bytes to the HELLO check;
     True = stop now."""
-    if st.frames is not None and st.stop_on_frame is not None:
-        for item in st.frames.feed(chunk):
-            if isinstance(item, Frame) and st.stop_on_frame(item):
-                st.stop_frame = item
-                st.ended_by = "hello" if item.type == RSP_HELLO else "frame"
+    if capture.frames is not None and capture.stop_on_frame is not None:
+        for item in capture.frames.feed(chunk):
+            if isinstance(item, Frame) and capture.stop_on_frame(item):
+                capture.stop_frame = item
+                capture.ended_by = "hello" if item.type == RSP_HELLO else "frame"
                 return True
-    data = bytes(st.line) + chunk
+    data = bytes(capture.line) + chunk
     lines = data.split(b"\n")
     tail = lines.pop()
-    st.line = bytearray(tail[-_MAX_LINE:])
+    capture.line = bytearray(tail[-_MAX_LINE:])
     for raw in lines:
         line = raw[-_MAX_LINE:]
-        st.boots.feed(line)
-        if st.stop_on_line is not None and st.stop_on_line(line):
-            st.ended_by = "line"
+        capture.boots.feed(line)
+        if capture.stop_on_line is not None and capture.stop_on_line(line):
+            capture.ended_by = "line"
             return True
         if stop_at_end and _END_RE.search(line):
-            st.ended_by = "end_record"
+            capture.ended_by = "end_record"
             return True
-        if max_boots is not None and st.boots.count >= max_boots:
-            st.ended_by = "boot_loop"
+        if max_boots is not None and capture.boots.count >= max_boots:
+            capture.ended_by = "boot_loop"
             return True
     return False
 
@@ -253,11 +272,10 @@ def capture_run(
                 if reset != "usb_serial_jtag":
                     raise
                 notes.append(f"port dropped during the USB-Serial-JTAG reset ({exc}); reopening")
-    st = _State(port, stop_on_line)
-    st.last_data = time.monotonic()
+    capture = _CaptureState(port, stop_on_line)  # its clock of the last data starts now
     if stop_at_hello or stop_on_frame is not None:
-        st.frames = FrameDecoder(key=frame_key)  # the running boot's key: its BOOTING reply is keyed
-        st.stop_on_frame = stop_on_frame or (lambda f: f.type == RSP_HELLO)
+        capture.frames = FrameDecoder(key=frame_key)  # the running boot's key: its BOOTING reply is keyed
+        capture.stop_on_frame = stop_on_frame or (lambda f: f.type == RSP_HELLO)
     log: IO[bytes] | None = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -265,45 +283,42 @@ def capture_run(
     disconnect_is_eof = caps.disconnect_is_eof if caps is not None else reopen is None
     thread = threading.Thread(
         target=_reader,
-        args=(st, log, max_bytes, stop_at_end, max_boots, reopen, disconnect_is_eof),
+        args=(capture, log, max_bytes, stop_at_end, max_boots, reopen, disconnect_is_eof),
         name="esp-check-console",
         daemon=True,
     )
     thread.start()
     try:
         deadline = t0 + total_timeout
-        while not st.done.wait(0.02):
+        while not capture.done.wait(0.02):
             now = time.monotonic()
             if now >= deadline:
-                st.ended_by = st.ended_by or "timeout"
+                capture.ended_by = capture.ended_by or "timeout"
                 break
-            if now - st.last_data >= silence_timeout:
-                st.ended_by = st.ended_by or "silence"
+            if now - capture.last_data >= silence_timeout:
+                capture.ended_by = capture.ended_by or "silence"
                 break
     finally:
-        st.stop.set()
+        capture.stop.set()
         thread.join(5.0)
         if log is not None:
             with contextlib.suppress(OSError):  # its buffer is empty, or the error was recorded
                 log.close()
-    if st.log_error is not None:
-        raise st.log_error
-    if st.error is not None:
-        notes.append(f"link closed: {st.error}")
-    if st.dropped:
-        notes.append(f"{st.dropped} bytes beyond the {max_bytes}-byte memory bound are only in the log file")
+    if capture.log_error is not None:
+        raise capture.log_error
+    notes += capture.closing_notes(max_bytes)
     return RawCapture(
-        data=bytes(st.buf),
+        data=bytes(capture.buf),
         log_path=log_path,
-        ended_by=st.ended_by or "timeout",
+        ended_by=capture.ended_by or "timeout",
         duration_s=time.monotonic() - t0,
-        boots=st.boots.count,
+        boots=capture.boots.count,
         resets=resets,
-        reopens=st.reopens,
-        dropped_bytes=st.dropped,
-        first_byte_s=(st.first_byte - t0) if st.first_byte is not None else None,
+        reopens=capture.reopens,
+        dropped_bytes=capture.dropped,
+        first_byte_s=(capture.first_byte - t0) if capture.first_byte is not None else None,
         notes=notes,
-        serial=st.port,
-        hello=st.stop_frame.payload if st.stop_frame and st.stop_frame.type == RSP_HELLO else None,
-        stop_frame=st.stop_frame,
+        serial=capture.port,
+        hello=capture.hello,
+        stop_frame=capture.stop_frame,
     )

@@ -217,30 +217,30 @@ class LoopClient:
             except OSError as exc:
                 raise write_error(exc, f"the serial log {getattr(self.log, 'name', '')}".rstrip()) from None
 
-    def _on_frame(self, f: frames.Frame) -> None:
+    def _on_frame(self, frame: frames.Frame) -> None:
         self.stats.frames_received += 1
-        if self.rx_expected is not None and f.seq != self.rx_expected:
-            self.stats.rx_gaps += (f.seq - self.rx_expected) & 0xFFFF
-        self.rx_expected = (f.seq + 1) & 0xFFFF
-        if f.type == frames.RSP_ACK:
-            self._acked(frames.decode_ack(f.payload))
-        elif f.type == frames.RSP_HELLO:
+        if self.rx_expected is not None and frame.seq != self.rx_expected:
+            self.stats.rx_gaps += (frame.seq - self.rx_expected) & 0xFFFF
+        self.rx_expected = (frame.seq + 1) & 0xFFFF
+        if frame.type == frames.RSP_ACK:
+            self._acked(frames.decode_ack(frame.payload))
+        elif frame.type == frames.RSP_HELLO:
             self.restarted = True  # a new boot: everything in flight is gone
-        elif f.type == frames.RSP_NAK:
-            seq, _reason = frames.decode_nak(f.payload)
+        elif frame.type == frames.RSP_NAK:
+            seq, _reason = frames.decode_nak(frame.payload)
             self.stats.naks += 1
             self._acked(seq)
             self._retransmit(f"the device asked again for frame {seq}")
         else:
-            if f.type == frames.RSP_RESULT:
-                self._on_result_frame(f)
-            self.inbox.append(f)
+            if frame.type == frames.RSP_RESULT:
+                self._on_result_frame(frame)
+            self.inbox.append(frame)
 
-    def _on_result_frame(self, f: frames.Frame) -> None:
+    def _on_result_frame(self, frame: frames.Frame) -> None:
         self._last_result = time.monotonic()
-        if f.ack is not None:  # the ACK folded into the frame
-            self._acked(f.ack)
-        us = frames.first_invoke_us(f.payload)
+        if frame.ack is not None:  # the ACK folded into the frame
+            self._acked(frame.ack)
+        us = frames.first_invoke_us(frame.payload)
         if us is not None:
             self._invoke_s = max(self._invoke_s, us / 1e6)
 

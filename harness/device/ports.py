@@ -390,27 +390,27 @@ def _holders_text(holders: Iterable[tuple[int, str]]) -> str:
     return ", ".join(f"{name} (pid {pid})" for pid, name in holders)
 
 
-def check_present(ps: PortSpec) -> None:
+def check_present(port_spec: PortSpec) -> None:
     """PortError now for a port that is not there (before minutes of builds find out).
 
     A local device must exist (Windows COM names are checked against list_ports). A network port
     (``rfc2217://``, ``socket://``) must accept a TCP connection: the probe connects and closes at once,
     so the server's one client slot is free again before the builds start.
     """
-    if ps.caps.lock_by == "net":
-        _probe_network(ps.url)
+    if port_spec.caps.lock_by == "net":
+        _probe_network(port_spec.url)
         return
-    if ps.transport not in (Transport.DEVICE, Transport.PTY):
+    if port_spec.transport not in (Transport.DEVICE, Transport.PTY):
         return
     plat = sys.platform
     if plat.startswith("win"):
-        present = any(ps.url.upper() == c.device.upper() for c in list_candidates(plat))
+        present = any(port_spec.url.upper() == c.device.upper() for c in list_candidates(plat))
     else:
-        present = os.path.exists(ps.url)
+        present = os.path.exists(port_spec.url)
     if present:
         return
     missing = FileNotFoundError(errno.ENOENT, "No such file or directory")
-    err = explain_open_error(ps.url, missing, platform=plat)
+    err = explain_open_error(port_spec.url, missing, platform=plat)
     attached = [c.label() for c in list_candidates(plat)]
     listing = "; attached now: " + ", ".join(attached) if attached else "; no serial ports are attached now"
     raise PortError(err.message, hint=f"{err.hint}{listing}")
@@ -570,7 +570,7 @@ def open_port(
     return port
 
 
-def reopen_after_reenumeration(ps: PortSpec, baud: int, *, wait_s: float = 5.0) -> serial.SerialBase:
+def reopen_after_reenumeration(port_spec: PortSpec, baud: int, *, wait_s: float = 5.0) -> serial.SerialBase:
     """Open the port again after a USB-Serial-JTAG reset made it vanish, waiting at most ``wait_s``.
 
     The device is looked up again each try (by-id path or USB serial number), since it may come
@@ -580,14 +580,16 @@ def reopen_after_reenumeration(ps: PortSpec, baud: int, *, wait_s: float = 5.0) 
     last: BaseException | None = None
     while True:
         try:
-            return open_port(dataclasses.replace(ps, url=ps.relocate()), baud, check_holders=False)
+            return open_port(
+                dataclasses.replace(port_spec, url=port_spec.relocate()), baud, check_holders=False
+            )
         except (PortError, serial.SerialException, OSError) as exc:
             last = exc
         if time.monotonic() >= deadline:
             break
         time.sleep(0.05)
     raise PortError(
-        f"{ps.url} did not come back within {wait_s:.1f} s after the board reset ({last})",
+        f"{port_spec.url} did not come back within {wait_s:.1f} s after the board reset ({last})",
         hint="USB-Serial-JTAG boards re-enumerate on reset: check the cable/hub, or use the "
         "/dev/serial/by-id/... path so the port is found again under its stable name",
     )

@@ -194,9 +194,9 @@ class DeviceSession:
         except (serial.SerialException, OSError) as exc:
             raise LinkError(f"the serial link was lost before the slot switch ({exc})") from exc
 
-        def refused(f: frames.Frame) -> bool:
-            return f.type == frames.RSP_HELLO or (
-                f.type == frames.RSP_BOOT and frames.decode_boot(f.payload)[1] != 0
+        def refused(frame: frames.Frame) -> bool:
+            return frame.type == frames.RSP_HELLO or (
+                frame.type == frames.RSP_BOOT and frames.decode_boot(frame.payload)[1] != 0
             )
 
         kwargs.setdefault("max_boots", 4)
@@ -271,8 +271,8 @@ class DeviceSession:
                     frames.encode_frame(frames.CMD_SYNC, sseq, struct.pack("<I", token), key=hello.key)
                 )
 
-                def synced(f: frames.Frame, token: int = token) -> bool:
-                    return f.type == frames.RSP_SYNC and f.payload[:4] == struct.pack("<I", token)
+                def synced(frame: frames.Frame, token: int = token) -> bool:
+                    return frame.type == frames.RSP_SYNC and frame.payload[:4] == struct.pack("<I", token)
 
                 if self._await_frame(hello.key, synced, 0.8, log) is not None:
                     self.link_baud = rate if rate != self.console_baud else None

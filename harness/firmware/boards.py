@@ -140,44 +140,44 @@ def _err(path: Path, fieldname: str, msg: str, hint: str | None = None) -> Board
     )
 
 
-def _check_hardware(path: Path, f: BoardFile) -> None:
+def _check_hardware(path: Path, board_file: BoardFile) -> None:
     """Field combinations the chip and the tools cannot have (PSRAM kind, clocks, builder, ESP-NN path)."""
-    chip = f.chip
-    if f.cpu_mhz not in CHIPS[chip].max_mhz:
+    chip = board_file.chip
+    if board_file.cpu_mhz not in CHIPS[chip].max_mhz:
         allowed = ", ".join(str(m) for m in CHIPS[chip].max_mhz)
-        raise _err(path, "cpu_mhz", f"is {f.cpu_mhz}; the maximum for {chip} is {allowed} MHz")
-    if f.psram == "none" and f.psram_mb != 0:
+        raise _err(path, "cpu_mhz", f"is {board_file.cpu_mhz}; the maximum for {chip} is {allowed} MHz")
+    if board_file.psram == "none" and board_file.psram_mb != 0:
         raise _err(path, "psram_mb", 'must be 0 when psram = "none"')
-    if f.psram != "none" and f.psram_mb < 1:
-        raise _err(path, "psram_mb", f"is {f.psram_mb}; expected 1..64 for a board with PSRAM")
-    if f.psram == "octal" and chip != "esp32s3":
+    if board_file.psram != "none" and board_file.psram_mb < 1:
+        raise _err(path, "psram_mb", f"is {board_file.psram_mb}; expected 1..64 for a board with PSRAM")
+    if board_file.psram == "octal" and chip != "esp32s3":
         raise _err(path, "psram", f"octal PSRAM exists only on esp32s3 modules, not {chip}")
-    if f.psram == "hex" and chip != "esp32p4":
+    if board_file.psram == "hex" and chip != "esp32p4":
         raise _err(path, "psram", f"hex PSRAM exists only on esp32p4, not {chip}")
-    if f.psram_memtest and f.psram == "none":
+    if board_file.psram_memtest and board_file.psram == "none":
         raise _err(path, "psram_memtest", 'is true, but the board has no PSRAM (psram = "none")')
-    if f.builder == "pio" and not f.pio_board:
+    if board_file.builder == "pio" and not board_file.pio_board:
         raise _err(path, "pio_board", 'is empty but builder = "pio" needs a PlatformIO board id')
-    if chip == "esp32p4" and f.builder == "pio":
+    if chip == "esp32p4" and board_file.builder == "pio":
         raise _err(
             path,
             "builder",
             'is "pio", but platform-espressif32 6.13.0 cannot build esp32p4',
             hint='use builder = "idf" (ESP-IDF idf.py) for ESP32-P4 boards',
         )
-    if f.espnn_path == "s3" and chip != "esp32s3":
+    if board_file.espnn_path == "s3" and chip != "esp32s3":
         raise _err(
             path, "espnn_path", f'is "s3" but the chip is {chip}: ESP-NN\'s S3 assembly runs only there'
         )
-    if f.espnn_path == "p4" and chip != "esp32p4":
+    if board_file.espnn_path == "p4" and chip != "esp32p4":
         raise _err(path, "espnn_path", f'is "p4" but the chip is {chip}')
-    if chip in ("esp32s3", "esp32p4") and f.espnn_path == "generic":
+    if chip in ("esp32s3", "esp32p4") and board_file.espnn_path == "generic":
         raise _err(path, "espnn_path", f'is "generic" but ESP-NN always builds its {chip} path for {chip}')
-    if f.console == "usb_serial_jtag" and not CHIPS[chip].usb_serial_jtag:
+    if board_file.console == "usb_serial_jtag" and not CHIPS[chip].usb_serial_jtag:
         raise _err(path, "console", f"{chip} has no USB-Serial-JTAG peripheral")
-    if (f.builder == "sim") != f.simulated:
+    if (board_file.builder == "sim") != board_file.simulated:
         raise _err(path, "simulated", 'must be true exactly when builder = "sim"')
-    if f.sim and not f.simulated:
+    if board_file.sim and not board_file.simulated:
         raise _err(path, "sim", 'is only allowed for simulated boards (builder = "sim")')
 
 
@@ -218,20 +218,23 @@ def parse_board(data: dict[str, object], path: Path) -> Board:
     )
 
 
-def _native_table(path: Path, f: BoardFile) -> dict[str, int]:
+def _native_table(path: Path, board_file: BoardFile) -> dict[str, int]:
     """The ``[native]`` table: only for builder = "native", whose ESP-NN path must be the generic C one."""
-    if f.builder != "native":
-        if f.native is not None:
+    if board_file.builder != "native":
+        if board_file.native is not None:
             raise _err(path, "native", 'is only allowed for native boards (builder = "native")')
         return {}
-    if f.espnn_path != "generic":
+    if board_file.espnn_path != "generic":
         raise _err(
             path,
             "espnn_path",
-            f'is "{f.espnn_path}" but a native build runs only ESP-NN\'s generic C kernels on the host',
+            f'is "{board_file.espnn_path}" but a native build runs only ESP-NN\'s generic C kernels'
+            " on the host",
             hint='use espnn_path = "generic" with chip = "esp32", "esp32c3" or "esp32c6"',
         )
-    return {"bits": f.native.bits if f.native is not None else 64}  # (NativeTable's default)
+    return {
+        "bits": board_file.native.bits if board_file.native is not None else 64
+    }  # (NativeTable's default)
 
 
 def _check_idf_min(path: Path, idf_min: str | None) -> None:
@@ -251,9 +254,9 @@ def _check_idf_min(path: Path, idf_min: str | None) -> None:
         )
 
 
-def _chip_revs(path: Path, f: BoardFile) -> tuple[int | None, int | None]:
-    given = {"chip_rev_min": f.chip_rev_min, "chip_rev_max": f.chip_rev_max}
-    if f.chip_rev_min is None and f.chip_rev_max is None:
+def _chip_revs(path: Path, board_file: BoardFile) -> tuple[int | None, int | None]:
+    given = {"chip_rev_min": board_file.chip_rev_min, "chip_rev_max": board_file.chip_rev_max}
+    if board_file.chip_rev_min is None and board_file.chip_rev_max is None:
         return None, None
     revs: list[int] = []
     for key, value in given.items():
@@ -264,13 +267,17 @@ def _chip_revs(path: Path, f: BoardFile) -> tuple[int | None, int | None]:
             raise _err(path, key, f'is {value!r}; expected a chip revision such as "3.0" or "1.99"')
         revs.append(int(m.group(1)) * 100 + int(m.group(2)))
     if revs[0] > revs[1]:
-        raise _err(path, "chip_rev_max", f"is {f.chip_rev_max}, below chip_rev_min {f.chip_rev_min}")
+        raise _err(
+            path,
+            "chip_rev_max",
+            f"is {board_file.chip_rev_max}, below chip_rev_min {board_file.chip_rev_min}",
+        )
     return revs[0], revs[1]
 
 
-def _check_partition_table_offset(path: Path, f: BoardFile) -> None:
-    offset = f.partition_table_offset
-    boot = CHIPS[f.chip].bootloader_offset
+def _check_partition_table_offset(path: Path, board_file: BoardFile) -> None:
+    offset = board_file.partition_table_offset
+    boot = CHIPS[board_file.chip].bootloader_offset
     highest = APP_OFFSET - PARTITION_TABLE_BYTES - MIN_NVS_BYTES
     if offset % 0x1000 or not 0x8000 <= offset <= highest or offset <= boot:
         raise _err(

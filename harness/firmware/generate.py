@@ -446,13 +446,13 @@ _KEY_FORMAT = "esp-check-generation/1"
 _P = ParamSpec("_P")
 
 
-def _hash_tree(h: Any, root: Path, label: str) -> None:
-    """Feed every file under ``root`` (its relative name, then its bytes; sorted) to ``h``."""
+def _hash_tree(digest: Any, root: Path, label: str) -> None:
+    """Feed every file under ``root`` (its relative name, then its bytes; sorted) to ``digest``."""
     paths = sorted(root.rglob("*")) if root.is_dir() else [root]
     for path in paths:
         if path.is_file() and "__pycache__" not in path.parts:
-            h.update(f"\0{label}:{path.relative_to(root.parent).as_posix()}\0".encode())
-            h.update(path.read_bytes())
+            digest.update(f"\0{label}:{path.relative_to(root.parent).as_posix()}\0".encode())
+            digest.update(path.read_bytes())
 
 
 def generation_key(arguments: Mapping[str, Any], board: Board) -> str:

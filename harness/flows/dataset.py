@@ -76,14 +76,14 @@ class _Collector:
             except frames.FrameFormatError as exc:
                 self.problems.append(f"{f.name} frame {f.seq}: {exc}")
 
-    def _frame(self, f: frames.Frame) -> None:
-        if f.type == frames.RSP_RESULT:
-            for rec in frames.decode_results(f.payload, self.sizes):
+    def _frame(self, frame: frames.Frame) -> None:
+        if frame.type == frames.RSP_RESULT:
+            for rec in frames.decode_results(frame.payload, self.sizes):
                 if rec.data is not None:
                     self.payload += sum(len(d) for d in rec.data)
                 self.records[rec.ident] = rec
-        elif f.type == frames.RSP_DATA:
-            chunk = frames.decode_data(f.payload)
+        elif frame.type == frames.RSP_DATA:
+            chunk = frames.decode_data(frame.payload)
             got = self.records.get(chunk.ident)
             if got is None or not got.wants_data_frames or chunk.output >= len(self.sizes):
                 raise frames.FrameFormatError(f"DATA for input {chunk.ident} that announced none")
@@ -94,8 +94,8 @@ class _Collector:
                 )
             buf += chunk.data
             self.payload += len(chunk.data)
-        elif f.type == frames.RSP_ERROR:
-            self.device_errors.append(frames.decode_error(f.payload))
+        elif frame.type == frames.RSP_ERROR:
+            self.device_errors.append(frames.decode_error(frame.payload))
 
     def leg(self, i: int, data: bytes, outputs: Sequence[OutputSpec]) -> Leg:
         """The checked result of input ``i`` (``data``: the input bytes the host meant)."""
@@ -135,7 +135,7 @@ def _crcs(raw: Sequence[bytes]) -> list[int]:
 def _stream(
     resident: ResidentBoard,
     boot: Boot,
-    ds: Dataset,
+    dataset: Dataset,
     ids: Sequence[int],
     outputs: Sequence[OutputSpec],
     log_path: Path,
@@ -163,7 +163,7 @@ def _stream(
             stale_keys=resident.stale_keys(hello),
         )  # fmt: skip
         col = _Collector(hello.output_bytes)
-        sender = _Sender(client, col, ds, hello, kept, now=now, keep_ids=keep_ids)
+        sender = _Sender(client, col, dataset, hello, kept, now=now, keep_ids=keep_ids)
         try:
             sender.send(ids, results=results, repeat=repeat, expected=expected)
             client.sync(len(ids))
@@ -186,7 +186,7 @@ def _stream(
     client.stats.results += len(col.records)
     resident.link.add(client.stats)  # the run's total (report.json "link")
     problems += col.problems + [f"device ERROR {e.stage}: {e.msg}" for e in col.device_errors]
-    legs = {i: col.leg(i, ds.items[i].data, outputs) for i in ids}
+    legs = {i: col.leg(i, dataset.items[i].data, outputs) for i in ids}
     faults = _crashes(resident, hello.nn, bytes(client.raw))
     if faults:  # the device crashed: the input it was running has no result, and that is the finding
         why = "; ".join(f.message for f in faults)
@@ -209,15 +209,15 @@ class _Sender:
         self,
         client: LoopClient,
         col: _Collector,
-        ds: Dataset,
+        dataset: Dataset,
         hello: frames.Hello,
         kept: set[int] | None,
         *,
         now: bool = False,
         keep_ids: frozenset[int] | None = None,
     ) -> None:
-        self.client, self.col, self.ds, self.kept, self.now = client, col, ds, kept, now
-        self.capacity = hello.keep_capacity if kept is not None and not ds.random else 0
+        self.client, self.col, self.ds, self.kept, self.now = client, col, dataset, kept, now
+        self.capacity = hello.keep_capacity if kept is not None and not dataset.random else 0
         # the device stores input i in entry i % capacity: a chunk of at most `capacity` consecutive inputs
         self.keep_ids = frozenset(range(self.capacity)) if keep_ids is None else keep_ids
         self.usable = hello.kept > 0  # this boot found kept inputs (none: a cold boot, another model ...)
@@ -280,11 +280,11 @@ def _record_faults(out: DatasetRun, run: VariantRun, faults: Sequence[Finding]) 
         out.errors.append(f"{run.variant}: firmware fault while streaming the dataset: {faults[0].message}")
 
 
-def _crashes(resident: ResidentBoard, nn: str, raw: bytes) -> list[Finding]:
+def _crashes(resident: ResidentBoard, variant: str, raw: bytes) -> list[Finding]:
     """Firmware faults (a panic, an abort, a watchdog reset, a TFLM error) in what the device printed
     while it streamed, classified like a single run's capture and decoded with the variant's ELF."""
     found = [f for f in classify(raw) if f.severity == Severity.FIRMWARE_FAULT]
-    build = resident.builds.get(VARIANT_OF_NN.get(nn, ""))
+    build = resident.builds.get(VARIANT_OF_NN.get(variant, ""))
     return decode_findings(found, build.elf, build.chip) if found and build is not None else found
 
 
@@ -312,7 +312,7 @@ def run_dataset(
     resident: ResidentBoard,
     runs: Mapping[str, VariantRun],
     order: Sequence[str],
-    ds: Dataset,
+    dataset: Dataset,
     outputs: Sequence[OutputSpec],
     *,
     results: str,
@@ -322,12 +322,12 @@ def run_dataset(
 ) -> DatasetRun:
     """Every variant in ``order`` over the whole dataset (with retries, fetches and the reset check): in one
     part, or in chunks of the kept-input store's capacity (``_Chunks``)."""
-    n = len(ds.items)
+    n = len(dataset.items)
     out = DatasetRun({v: [Leg("missing", detail="not run") for _ in range(n)] for v in runs})
     mode = frames.RES_FULL if results == "full" else frames.RES_FULL_IF_DIFFERENT
     done: list[str] = []
     dead: set[str] = set()
-    plan = _Chunks(n, chunks, random=ds.random, variants=len(order))
+    plan = _Chunks(n, chunks, random=dataset.random, variants=len(order))
     while (turn := plan.next_turn(list(order), resident)) is not None:
         for v in [v for v in turn if v not in dead]:
             t0 = time.monotonic()
@@ -344,8 +344,8 @@ def run_dataset(
                 _expected(host, [out.legs[d] for d in done]) if mode == frames.RES_FULL_IF_DIFFERENT else {}
             )
             _passes(
-                resident, boot, runs[v], out=out, ds=ds, outputs=outputs, ids=ids, mode=mode, repeat=repeat,
-                expected=expected, keep=keep,
+                resident, boot, runs[v], out=out, dataset=dataset, outputs=outputs, ids=ids, mode=mode,
+                repeat=repeat, expected=expected, keep=keep,
             )  # fmt: skip
             plan.ran(v, [out.legs[v][i].invoke_us for i in ids])
             done += [] if v in done else [v]
@@ -353,9 +353,9 @@ def run_dataset(
             break
     out.chunks = plan.summary()
     if mode == frames.RES_FULL_IF_DIFFERENT:
-        _fetch(resident, runs, list(reversed(done)), out=out, ds=ds, outputs=outputs, host=host)
+        _fetch(resident, runs, list(reversed(done)), out=out, dataset=dataset, outputs=outputs, host=host)
     if repeat >= 2 and done:
-        out.after_reset = _after_reset(resident, runs, done[-1], out, ds, outputs)
+        out.after_reset = _after_reset(resident, runs, done[-1], out, dataset, outputs)
     return out
 
 
@@ -490,7 +490,7 @@ def _passes(
     boot: Boot,
     run: VariantRun,
     out: DatasetRun,
-    ds: Dataset,
+    dataset: Dataset,
     outputs: Sequence[OutputSpec],
     ids: Sequence[int],
     mode: int,
@@ -514,7 +514,7 @@ def _passes(
             ids: Sequence[int] = ids, boot: Boot = boot, log: Path = run.serial_log, now: bool = attempt > 1
         ) -> _Streamed:
             return _stream(
-                resident, boot, ds, ids, outputs, log, results=mode, repeat=repeat, expected=expected,
+                resident, boot, dataset, ids, outputs, log, results=mode, repeat=repeat, expected=expected,
                 kept=out.kept, now=now, keep_ids=keep,
             )  # fmt: skip
 
@@ -539,7 +539,7 @@ def _fetch(
     runs: Mapping[str, VariantRun],
     order: Sequence[str],
     out: DatasetRun,
-    ds: Dataset,
+    dataset: Dataset,
     outputs: Sequence[OutputSpec],
     host: Sequence[Leg] | None,
 ) -> None:
@@ -566,7 +566,7 @@ def _fetch(
             boot,
             runs[v],
             out=out,
-            ds=ds,
+            dataset=dataset,
             outputs=outputs,
             ids=need,
             mode=frames.RES_FULL,
@@ -580,18 +580,18 @@ def _after_reset(
     runs: Mapping[str, VariantRun],
     variant: str,
     out: DatasetRun,
-    ds: Dataset,
+    dataset: Dataset,
     outputs: Sequence[OutputSpec],
 ) -> dict[str, Any]:
     """Reset the board, run the first inputs again on ``variant``: a fresh boot must give the same CRCs."""
-    ids = list(range(min(RESET_CHECK_INPUTS, len(ds.items))))
+    ids = list(range(min(RESET_CHECK_INPUTS, len(dataset.items))))
     resident.current = None  # the next boot is a reset
     boot = boot_variant(resident, runs[variant])
     if not isinstance(boot, Boot):
         return {"variant": variant, "inputs": 0, "differing": [], "problem": "the app did not start again"}
     streamed = resident.rec.run(
         "after-reset", variant,
-        lambda: _stream(resident, boot, ds, ids, outputs, runs[variant].serial_log or Path("serial.log"),
+        lambda: _stream(resident, boot, dataset, ids, outputs, runs[variant].serial_log or Path("serial.log"),
                         results=frames.RES_CRC, repeat=1, expected={}),
     )  # fmt: skip
     legs, problems = streamed.legs, streamed.problems
@@ -705,7 +705,7 @@ def pick_tap_inputs(outcome: DatasetOutcome, spec: Sequence[str]) -> list[tuple[
 
 
 def write_tap_inputs(
-    ds: Dataset, picks: Sequence[tuple[int, str]], tensor: TensorInfo, where: Path
+    dataset: Dataset, picks: Sequence[tuple[int, str]], tensor: TensorInfo, where: Path
 ) -> list[dict[str, Any]]:
     """Each chosen input as the exact tensor the device ran, in a .npy of the model's dtype (taken as
     already quantized by --input): the tap run and a bug report reproduce it from this file."""
@@ -714,8 +714,10 @@ def write_tap_inputs(
     out = []
     for i, why in picks:
         path = where / f"input-{i:05d}.npy"
-        np.save(path, np.frombuffer(ds.items[i].data, dtype=dtype).reshape(tensor.shape).astype(tensor.dtype))
-        out.append({"index": i, "name": ds.items[i].name, "chosen_as": why, "file": str(path)})
+        np.save(
+            path, np.frombuffer(dataset.items[i].data, dtype=dtype).reshape(tensor.shape).astype(tensor.dtype)
+        )
+        out.append({"index": i, "name": dataset.items[i].name, "chosen_as": why, "file": str(path)})
     return out
 
 
@@ -735,7 +737,7 @@ HOST_CHUNK = 256  # inputs per host reference child (bounded time and memory per
 
 
 def host_legs(
-    model: Path, info: ModelInfo, ds: Dataset, rec: Recorder, stop: threading.Event | None = None
+    model: Path, info: ModelInfo, dataset: Dataset, rec: Recorder, stop: threading.Event | None = None
 ) -> list[Leg]:
     """The host reference's outputs for every input (cached on disk by the hostrun child)."""
     from harness.model.reference import run_reference
@@ -746,8 +748,8 @@ def host_legs(
 
     def run() -> list[Leg]:
         legs: list[Leg] = []
-        for k in range(0, len(ds.items), HOST_CHUNK):
-            part = ds.items[k : k + HOST_CHUNK]
+        for k in range(0, len(dataset.items), HOST_CHUNK):
+            part = dataset.items[k : k + HOST_CHUNK]
             arrays = [[np.frombuffer(it.data, dt).reshape(tin.shape)] for it in part]
             legs += [host_leg(r.outputs) for r in run_reference(model_bytes, arrays, stop=stop).runs]
         return legs
@@ -761,18 +763,18 @@ class HostLegsJob:
     raises what it raised (the same each time); :meth:`cancel` kills its child, so a run that ends early
     (an error, Ctrl-C, SIGTERM) leaves none behind."""
 
-    def __init__(self, model: Path, info: ModelInfo, ds: Dataset, rec: Recorder) -> None:
+    def __init__(self, model: Path, info: ModelInfo, dataset: Dataset, rec: Recorder) -> None:
         self._stop = threading.Event()
         self._legs: Future[list[Leg]] = Future()
         self.taken = False  # result() was called
         self._thread = threading.Thread(
-            target=self._run, args=(model, info, ds, rec), name="host-reference", daemon=True
+            target=self._run, args=(model, info, dataset, rec), name="host-reference", daemon=True
         )
         self._thread.start()
 
-    def _run(self, model: Path, info: ModelInfo, ds: Dataset, rec: Recorder) -> None:
+    def _run(self, model: Path, info: ModelInfo, dataset: Dataset, rec: Recorder) -> None:
         try:
-            self._legs.set_result(host_legs(model, info, ds, rec, self._stop))
+            self._legs.set_result(host_legs(model, info, dataset, rec, self._stop))
         except BaseException as exc:  # handed to result() in the caller's thread
             self._legs.set_exception(exc)
 

@@ -75,7 +75,7 @@ if TYPE_CHECKING:  # (only --tap runs load the tap analysis: _tap)
 
 
 @dataclass
-class _Run:
+class _JobState:
     """The state of one job while its stages execute."""
 
     spec: JobSpec
@@ -180,7 +180,7 @@ def run_job(spec: JobSpec, progress: ProgressFn | None = None) -> FlashAndCompar
     check_tolerances(spec.options.tolerance_lsb, spec.options.ref_tolerance_lsb)
     out = prepare_out_dir(spec.out_dir)
     discard_report(out)
-    run = _Run(spec, out, Recorder(progress))
+    run = _JobState(spec, out, Recorder(progress))
     _refuse_clobbering(run)
 
     def finish() -> FlashAndCompareResult:
@@ -198,14 +198,14 @@ def run_job(spec: JobSpec, progress: ProgressFn | None = None) -> FlashAndCompar
 class Workload:
     """What one job runs on the board: its inputs, how they stream, and how they are judged."""
 
-    def execute(self, run: _Run) -> None:
+    def execute(self, run: _JobState) -> None:
         raise NotImplementedError
 
 
 class InputsWorkload(Workload):
     """The job's inputs (``--input``), streamed to both variants; ``--tap`` then analyses the runs."""
 
-    def execute(self, run: _Run) -> None:
+    def execute(self, run: _JobState) -> None:
         o = run.opts
         if o.reference:  # ONE host child runs the reference on the inputs and measures the arena;
             # generate, the reference leg and the simulated board read its cached results
@@ -232,7 +232,7 @@ class InputsWorkload(Workload):
 
     ref_source: Source | None = None
 
-    def host(self, run: _Run) -> None:
+    def host(self, run: _JobState) -> None:
         run.streamed = input_tensor_bytes(run.inputs, run.info.inputs[0], run.opts.input_options)
         self.ref_source = _host_reference(run) if run.opts.reference else None
 
@@ -243,7 +243,7 @@ class DatasetWorkload(Workload):
     reference runs on all of it (in ``crc`` mode it is waited for before the stream, which checks the
     device's CRCs against it); every input gets its verdict. ``--tap-inputs`` then taps chosen inputs."""
 
-    def execute(self, run: _Run) -> None:
+    def execute(self, run: _JobState) -> None:
         opts = run.opts.dataset
         assert opts is not None
         ds = load_inputs(opts, run.info.inputs[0], run.opts.input_options)
@@ -276,7 +276,11 @@ class DatasetWorkload(Workload):
 
 
 def _firmware(
-    run: _Run, inputs: Sequence[Path], features: FirmwareFeatures, *, before_build: Callable[[_Run], None]
+    run: _JobState,
+    inputs: Sequence[Path],
+    features: FirmwareFeatures,
+    *,
+    before_build: Callable[[_JobState], None],
 ) -> Firmware | None:
     """Generate both variants, run the host side (``before_build``: it overlaps nothing yet, but it
     must fail before minutes of building), build; None when a build failed (nothing to flash). A spec
@@ -300,7 +304,7 @@ def _firmware(
 
 
 @contextlib.contextmanager
-def _acquired(run: _Run) -> Iterator[bool]:
+def _acquired(run: _JobState) -> Iterator[bool]:
     """acquire: the board's lock held for the ``with`` block (True), or False when it could not be taken."""
     with contextlib.ExitStack() as held:
         try:
@@ -314,17 +318,17 @@ def _acquired(run: _Run) -> Iterator[bool]:
         yield True
 
 
-def _execute(run: _Run, fw: Firmware, body: Callable[[ResidentBoard, list[str]], None]) -> None:
+def _execute(run: _JobState, firmware: Firmware, body: Callable[[ResidentBoard, list[str]], None]) -> None:
     """execute: flash what differs, boot, ``body``; the variants' exit codes join the run's."""
     run.link = with_board(
-        run.rec, run.variants, fw.builds, target=run.target, out=run.out, limits=run.opts.timeouts,
+        run.rec, run.variants, firmware.builds, target=run.target, out=run.out, limits=run.opts.timeouts,
         flash_baud=run.opts.flash_baud, body=body,
     )  # fmt: skip
     run.codes += [r.exit_code for r in run.variants.values() if r.exit_code is not None]
 
 
 @contextlib.contextmanager
-def _stopped(run: _Run, finish: Callable[[], FlashAndCompareResult]) -> Iterator[None]:
+def _stopped(run: _JobState, finish: Callable[[], FlashAndCompareResult]) -> Iterator[None]:
     """A run that stops early still writes its report, saying why: a usage error found before any
     hardware (or any EspCheckError that escaped a stage), Ctrl-C or SIGTERM, a full disk (exit 3)."""
     try:
@@ -347,7 +351,7 @@ def _stopped(run: _Run, finish: Callable[[], FlashAndCompareResult]) -> Iterator
         raise err from None
 
 
-def _refuse_clobbering(run: _Run) -> None:
+def _refuse_clobbering(run: _JobState) -> None:
     """--junit/--html/--bundle must not overwrite report.json, a log or project of this run, the model or
     an input, or each other (``--bundle OUT/report.json`` replaced the report with a zip, exit 0)."""
     mine = {run.out / "report.json": "this run's report.json", run.model.resolve(): "the model"}
@@ -368,7 +372,7 @@ def _refuse_clobbering(run: _Run) -> None:
         taken[path] = f"the {flag} file"
 
 
-def _tap(run: _Run) -> None:
+def _tap(run: _JobState) -> None:
     """``--tap``: the tap flow after the comparison (its dump run rebuilds the same firmware with dumps
     on, and its timing and culprit). Imported here: a run without --tap loads none of the tap analysis."""
     from harness.flows.tap_run import TapRunRequest, run_tap_flow
@@ -381,7 +385,7 @@ def _tap(run: _Run) -> None:
     run.codes.extend(outcome.codes)
 
 
-def _interrupted(run: _Run, exc: KeyboardInterrupt) -> None:
+def _interrupted(run: _JobState, exc: KeyboardInterrupt) -> None:
     """A run stopped by Ctrl-C (exit 130) or SIGTERM (143): its report says so, never a verdict."""
     how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
     run.errors.append(f"interrupted ({how}): the run did not finish")
@@ -407,7 +411,7 @@ def prepare_out_dir(out_dir: str | Path) -> Path:
     return out
 
 
-def _prepare(run: _Run) -> None:
+def _prepare(run: _JobState) -> None:
     """Load the board and model, choose the target and check its port (usage errors raise: nothing has
     been touched yet), and refuse a model ESP-NN does not touch on the board's chip."""
     board = run.loaded_board = load_board(run.spec.board)
@@ -431,7 +435,7 @@ def _prepare(run: _Run) -> None:
     _check_dump_ops(run.opts.dump_ops, run.info)
 
 
-def _port_there(run: _Run) -> bool:
+def _port_there(run: _JobState) -> bool:
     """The target's port is there (a missing device, a server that does not answer): checked before the
     builds, which take minutes on a fresh machine. When it is not, the job ends here with exit 3 and a
     report that says why: an infrastructure finding, as a link lost later would be."""
@@ -465,7 +469,7 @@ def _espnn_coverage(info: ModelInfo, chip: str) -> EspnnCoverage:
     return EspnnCoverage(chip=chip, accelerated_ops=k, ops=len(accel), why=why if k == 0 else "")
 
 
-def _host_reference(run: _Run) -> Source | None:
+def _host_reference(run: _JobState) -> Source | None:
     """The host reference leg; missing it is a loud warning, not a failure (device vs device stands)."""
     try:
         return run.rec.run(
@@ -485,32 +489,32 @@ def _host_reference(run: _Run) -> Source | None:
         return None
 
 
-def _record_builds(run: _Run, fw: Firmware) -> bool:
+def _record_builds(run: _JobState, firmware: Firmware) -> bool:
     """Copy build facts into the variants; False when a build failed (nothing to flash)."""
-    for v, p in fw.projects.items():
+    for v, p in firmware.projects.items():
         run.variants[v].project_dir = p.path
-    for v, b in fw.builds.items():
+    for v, b in firmware.builds.items():
         run.variants[v].firmware_sha256 = b.firmware_sha256
         run.variants[v].build_cache_hit = b.cache_hit
-    for v, exc in fw.failures.items():
+    for v, exc in firmware.failures.items():
         run.failed(f"build {v}", exc)
-    return fw.complete
+    return firmware.complete
 
 
 def _start_host_legs(
-    run: _Run, ds: Dataset, reference: bool, held: contextlib.ExitStack
+    run: _JobState, dataset: Dataset, reference: bool, held: contextlib.ExitStack
 ) -> HostLegsJob | None:
     """The dataset's host reference, started before the board is locked and flashed: it runs while the
     inputs stream (in full mode it is waited for only before the verdicts). ``held`` kills it if the
     run ends before then."""
     if not reference:
         return None
-    job = HostLegsJob(run.model, run.info, ds, run.rec)
+    job = HostLegsJob(run.model, run.info, dataset, run.rec)
     held.callback(job.cancel)
     return job
 
 
-def _join_host_legs(run: _Run, outcome: DatasetOutcome, host: HostLegsJob | None) -> None:
+def _join_host_legs(run: _JobState, outcome: DatasetOutcome, host: HostLegsJob | None) -> None:
     """Wait for the host reference (once): a usage error (the model) ends the run with exit 2; any
     other failure leaves optimized vs ANSI C only, with a warning."""
     if host is None or host.taken:
@@ -523,7 +527,7 @@ def _join_host_legs(run: _Run, outcome: DatasetOutcome, host: HostLegsJob | None
         run.warnings.append(f"host reference unavailable, comparing optimized vs ANSI C only: {exc}")
 
 
-def _dataset_tap(run: _Run, opts: DatasetOptions) -> None:
+def _dataset_tap(run: _JobState, opts: DatasetOptions) -> None:
     """``--tap-inputs``: the chosen dataset inputs, written as .npy files under ``tap-inputs/``, run as a
     job of their own (``--tap --input`` of them, through this same pipeline) under ``tap/``. Its stages
     are labelled ``tap:``; the dataset's verdict stands."""
@@ -536,7 +540,9 @@ def _dataset_tap(run: _Run, opts: DatasetOptions) -> None:
     paths = tuple(Path(d["file"]) for d in outcome.tap_inputs)
     tapped = run.opts.replace(dataset=None, tap=True, input_options=None, junit=None, html=None, bundle=None)
     spec = dataclasses.replace(run.spec, inputs=paths, out_dir=run.out / "tap", options=tapped)
-    sub = _Run(spec, spec.out_dir, Recorder(run.rec.progress), run.loaded_board, run.loaded_model, run.target)
+    sub = _JobState(
+        spec, spec.out_dir, Recorder(run.rec.progress), run.loaded_board, run.loaded_model, run.target
+    )
     try:
         InputsWorkload().execute(sub)
         run.tap = sub.tap
@@ -551,7 +557,7 @@ def _dataset_tap(run: _Run, opts: DatasetOptions) -> None:
         run.codes += [c for c in codes if c != ExitCode.MATCH]
 
 
-def _compare(run: _Run, ref_source: Source | None) -> CompareResult | None:
+def _compare(run: _JobState, ref_source: Source | None) -> CompareResult | None:
     """What the device printed, compared (compare_variants decides which legs there are)."""
     opt, ansi = run.variants["optimized"].source, run.variants["ansi"].source
     if (opt is None or ansi is None) and (ref_source is None or (opt is None and ansi is None)):
@@ -573,7 +579,7 @@ def _compare(run: _Run, ref_source: Source | None) -> CompareResult | None:
     return result
 
 
-def _finish(run: _Run, seconds: float, *, reports: bool = True) -> FlashAndCompareResult:
+def _finish(run: _JobState, seconds: float, *, reports: bool = True) -> FlashAndCompareResult:
     """The result, with report.json always written (and JUnit/HTML/bundle when asked for and ``reports``)."""
     html, bundle, junit = (run.opts.html, run.opts.bundle, run.opts.junit) if reports else (None, None, None)
     refused = None if run.refused is None else refusal_finding(run.refused, run.variants, run.comparison)

@@ -345,22 +345,22 @@ def _iterate(state: _State) -> tuple[list[int], str]:
     return found, ""
 
 
-def _next_op(state: _State, d: Divergence | None, found: list[int]) -> tuple[int | None, str]:
+def _next_op(state: _State, divergence: Divergence | None, found: list[int]) -> tuple[int | None, str]:
     """The op to send to ANSI C next from a divergence, or None and why taps cannot tell."""
-    if d is None or d.op is None:
+    if divergence is None or divergence.op is None:
         return None, "the optimized run printed no departing op checksums (crashed, hung or not tapped)"
-    if d.kind == "clobbered_input":
-        return None, f"{d.message}; the op that overwrote it is not the one that read it"
-    if d.kind != "output" or d.op in found:
-        return None, f"op {d.op}: {d.message}"
-    op = state.info.main_ops[d.op]
+    if divergence.kind == "clobbered_input":
+        return None, f"{divergence.message}; the op that overwrote it is not the one that read it"
+    if divergence.kind != "output" or divergence.op in found:
+        return None, f"op {divergence.op}: {divergence.message}"
+    op = state.info.main_ops[divergence.op]
     if not switchable(op):
         state.res.message = (
-            f"op {d.op} ({op.opcode}) departs first, but it has no ESP-NN kernel: both builds run the same "
-            "TFLM kernel there, so no op can be switched to ANSI C to fix it"
+            f"op {divergence.op} ({op.opcode}) departs first, but it has no ESP-NN kernel: both builds run "
+            "the same TFLM kernel there, so no op can be switched to ANSI C to fix it"
         )
         return None, ""
-    return d.op, ""
+    return divergence.op, ""
 
 
 def _bisect(state: _State, found: list[int]) -> None:
@@ -444,18 +444,21 @@ def _run_hybrid(state: _State, ansi_ops: Sequence[int], *, tap: bool, label: str
     return run
 
 
-def _judge(state: _State, run: HybridRun, vr: VariantRun) -> None:
+def _judge(state: _State, run: HybridRun, variant_run: VariantRun) -> None:
     """good: clean capture, the dispatch it printed is the one asked for, bit-exact vs ANSI C and host."""
-    run.variant, run.exit_code = vr, vr.exit_code
-    run.capture = vr.capture()
-    if vr.exit_code == ExitCode.FIRMWARE_FAULT:
-        run.outcome, run.why = "bad", "crash: " + "; ".join(str(f["message"]) for f in vr.findings[:1])
+    run.variant, run.exit_code = variant_run, variant_run.exit_code
+    run.capture = variant_run.capture()
+    if variant_run.exit_code == ExitCode.FIRMWARE_FAULT:
+        run.outcome, run.why = (
+            "bad",
+            "crash: " + "; ".join(str(f["message"]) for f in variant_run.findings[:1]),
+        )
         return
-    if _hung(run.capture, vr):
+    if _hung(run.capture, variant_run):
         run.outcome, run.why = "bad", "hang: the invoke never returned (INPUT printed, then silence)"
         return
-    if vr.exit_code is not None or vr.source is None or run.capture is None:
-        run.why = "; ".join(vr.problems[:2]) or f"capture failed (exit {vr.exit_code})"
+    if variant_run.exit_code is not None or variant_run.source is None or run.capture is None:
+        run.why = "; ".join(variant_run.problems[:2]) or f"capture failed (exit {variant_run.exit_code})"
         return
     expected = sum(1 for k in run.ansi_ops if ansi_path_applies(state.info, state.info.main_ops[k]))
     # no op on ANSI C: the plain optimized build, which has no wrapper table to account for
@@ -467,7 +470,7 @@ def _judge(state: _State, run: HybridRun, vr: VariantRun) -> None:
     quant = [
         (t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in state.info.outputs
     ]
-    hyb = dataclasses.replace(vr.source, label="hybrid")
+    hyb = dataclasses.replace(variant_run.source, label="hybrid")
     run.comparison = compare_sources(hyb, state.ansi_source, state.ref_source, output_quant=quant)
     bad = [c for c in run.comparison.comparisons if not c.match and "hybrid" in (c.a, c.b)]
     run.outcome = "good" if not bad and not run.comparison.faults else "bad"
@@ -476,9 +479,9 @@ def _judge(state: _State, run: HybridRun, vr: VariantRun) -> None:
         run.divergence = _divergence(state, run.capture)
 
 
-def _hung(cap: Capture | None, vr: VariantRun) -> bool:
+def _hung(cap: Capture | None, variant_run: VariantRun) -> bool:
     """INPUT printed, then silence until the timeout (no END, no crash report): the invoke never returned."""
-    silent = any(f.get("kind") in ("no_end", "hang") for f in vr.findings)
+    silent = any(f.get("kind") in ("no_end", "hang") for f in variant_run.findings)
     return bool(silent and cap is not None and cap.runs and cap.runs[-1].invoke_us is None)
 
 

@@ -24,12 +24,12 @@ EXIT_CODE = ExitCode.MISMATCH
 _SHOWN = 8  # distinct values listed per output
 
 
-def _values(vr: VariantRun) -> list[OutputValues]:
+def _values(variant_run: VariantRun) -> list[OutputValues]:
     """Per run and output of one variant: element count and its distinct values (the first few)."""
     out: list[OutputValues] = []
-    if vr.source is None:
+    if variant_run.source is None:
         return out
-    for k, run in enumerate(vr.source.runs):
+    for k, run in enumerate(variant_run.source.runs):
         for t in run:
             flat = np.asarray(t.values).reshape(-1)
             distinct = np.unique(flat)

@@ -120,26 +120,26 @@ def _replay(
     return out
 
 
-def _readme(model_name: str, info: ModelInfo, op: int, s: Mapping[str, JSONValue], board: str) -> str:
+def _readme(model_name: str, info: ModelInfo, op: int, summary: Mapping[str, JSONValue], board: str) -> str:
     opinfo = info.main_ops[op]
-    tensors = s["input_tensors"]
+    tensors = summary["input_tensors"]
     n_inputs = len(tensors) if isinstance(tensors, list) else 0
     ins = " ".join(f"--input input_{n}.npy" for n in range(n_inputs))
     diff = (
-        f"The optimized build's output differs from ANSI C in {s['optimized_differs']} element(s), "
-        f"at most {s.get('optimized_max_lsb')} LSB."
-        if s.get("optimized_differs")
-        else str(s.get("note", "The optimized build's output equals ANSI C here."))
+        f"The optimized build's output differs from ANSI C in {summary['optimized_differs']} element(s), "
+        f"at most {summary.get('optimized_max_lsb')} LSB."
+        if summary.get("optimized_differs")
+        else str(summary.get("note", "The optimized build's output equals ANSI C here."))
     )
     lines = [
         f"# op {op} ({opinfo.opcode}) of {model_name}, on its own",
         "",
         f"`model.tflite` holds only this op with its real weights; `input_*.npy` are its inputs as the "
-        f"{s['input_from']} build read them on the device; `expected_ansi.npy` is what esp-nn's ANSI C "
+        f"{summary['input_from']} build read them on the device; `expected_ansi.npy` is what esp-nn's ANSI C "
         "kernel wrote.",
         diff,
         "The host reference (TFLM reference kernels) reproduces the ANSI C output: "
-        f"{s.get('host_equals_ansi')}.",
+        f"{summary.get('host_equals_ansi')}.",
         "",
         "```sh",
         f"esp-check reference model.tflite {ins}",

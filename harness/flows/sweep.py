@@ -82,7 +82,7 @@ class SweepResult:
 
     @property
     def exit_code(self) -> int:
-        """4 for a sanitizer report or a crash, 1 for a wrong value, else 0 (the brief's precedence)."""
+        """4 for a sanitizer report or a crash, 1 for a wrong value, else 0 (a fault outranks a mismatch)."""
         kinds = {f["kind"] for f in self.findings}
         if kinds & {"sanitizer", "crash"}:
             return int(ExitCode.FIRMWARE_FAULT)
@@ -90,7 +90,9 @@ class SweepResult:
 
 
 @dataclass
-class _Run:
+class _DriverRun:
+    """What the sweep driver printed over a list of cases, and the cases that stopped it."""
+
     results: dict[int, Result]
     stopped: dict[int, tuple[int | None, str]]  # case id -> (exit code, None when hung; stderr)
     finished: set[int] = field(default_factory=set)  # cases whose "D" line (buffers freed) came
@@ -130,7 +132,7 @@ def run_driver(
     dump: bool = False,
     sanitized: bool = False,
     variants: str = "oar",
-) -> _Run:
+) -> _DriverRun:
     """Run ``cases`` through the driver; a case that stops it is recorded and the rest run on.
 
     Every death of the driver is a case's: the first case whose buffers were not freed (no ``D`` line),
@@ -143,7 +145,7 @@ def run_driver(
     if dump:
         env["ESP_CHECK_SWEEP_DUMP"] = "1"
     env["ESP_CHECK_SWEEP_VARIANTS"] = variants  # o optimized, a ANSI C, r reference
-    run = _Run({}, {})
+    run = _DriverRun({}, {})
     todo = list(cases)
     while todo:
         code, stdout, stderr = _run_once(program, todo, env)
@@ -195,16 +197,16 @@ VARIANTS = (("optimized", "o"), ("ansi_c", "a"), ("reference", "r"))
 class _Evidence:
     """Everything the runs said about the cases: the values, and who stopped where."""
 
-    plain: _Run
-    sanitized: dict[str, _Run] = field(default_factory=dict)  # variant -> its own sanitized run
+    plain: _DriverRun
+    sanitized: dict[str, _DriverRun] = field(default_factory=dict)  # variant -> its own sanitized run
     crashed: dict[int, list[str]] = field(default_factory=dict)  # case id -> "variant: how it died"
 
 
-def _split_stopped(program: Path, cases: Sequence[Case], ev: _Evidence) -> None:
+def _split_stopped(program: Path, cases: Sequence[Case], evidence: _Evidence) -> None:
     """A case that killed the plain driver is run again one variant at a time: the crash is then that
     variant's, and the values of the variants that survive (run together again) are still compared."""
     for c in cases:
-        if c.id not in ev.plain.stopped:
+        if c.id not in evidence.plain.stopped:
             continue
         dead, alive = [], ""
         for name, letter in VARIANTS:
@@ -214,12 +216,12 @@ def _split_stopped(program: Path, cases: Sequence[Case], ev: _Evidence) -> None:
             else:
                 alive += letter
         if not dead:  # only together (a heap the first one corrupted): the case's, not one variant's
-            dead.append(f"all variants together: {_crash_text(ev.plain.stopped[c.id][0])}")
-        ev.crashed[c.id] = dead
+            dead.append(f"all variants together: {_crash_text(evidence.plain.stopped[c.id][0])}")
+        evidence.crashed[c.id] = dead
         if alive and len(alive) < len(VARIANTS):
             again = run_driver(program, [c], variants=alive)
             if c.id in again.results:
-                ev.plain.results[c.id] = again.results[c.id]
+                evidence.plain.results[c.id] = again.results[c.id]
 
 
 def collect(programs: dict[bool, Path], cases: Sequence[Case], sanitize: bool) -> _Evidence:
@@ -233,13 +235,13 @@ def collect(programs: dict[bool, Path], cases: Sequence[Case], sanitize: bool) -
     return ev
 
 
-def judge_runs(cases: Sequence[Case], ev: _Evidence) -> list[CaseVerdict]:
+def judge_runs(cases: Sequence[Case], evidence: _Evidence) -> list[CaseVerdict]:
     """Verdicts from the plain run's values, each variant's sanitizer reports, and the crashes."""
     out = []
     for c in cases:
         reports: list[SanitizerReport] = []
         crashes: list[str] = []
-        for name, run in ev.sanitized.items():
+        for name, run in evidence.sanitized.items():
             if c.id in run.stopped:
                 code, err = run.stopped[c.id]
                 rep = sanitizer_report(err)
@@ -248,10 +250,10 @@ def judge_runs(cases: Sequence[Case], ev: _Evidence) -> list[CaseVerdict]:
                 else:
                     crashes.append(f"{name} (sanitized): {_crash_text(code)}")
         sanitized_dead = {r["variant"] for r in reports} | {x.split(" ")[0] for x in crashes}
-        for text in ev.crashed.get(c.id, []):
+        for text in evidence.crashed.get(c.id, []):
             if text.split(":")[0] not in sanitized_dead:
                 crashes.append(text)
-        out.append(judge(c, ev.plain.results.get(c.id), reports, crashes))
+        out.append(judge(c, evidence.plain.results.get(c.id), reports, crashes))
     return out
 
 
@@ -323,9 +325,9 @@ SHRINK_ROUNDS = 60
 _LETTER = dict(VARIANTS)
 
 
-def _example(g: Group) -> CaseVerdict:
+def _example(group: Group) -> CaseVerdict:
     """The case a finding group keeps as its example."""
-    example = g["example"]
+    example = group["example"]
     assert isinstance(example, CaseVerdict)
     return example
 
@@ -347,7 +349,7 @@ def _holding(
 ) -> Case | None:
     """The first of ``cands`` on which every one of ``wants`` still holds (each candidate run for real)."""
     plain = run_driver(programs[False], cands)
-    alone: dict[tuple[bool, str], _Run] = {}
+    alone: dict[tuple[bool, str], _DriverRun] = {}
     for kind, variant, _t, _f in wants:
         if kind in ("sanitizer", "crash") and (kind == "sanitizer", variant) not in alone:
             prog = programs[kind == "sanitizer"]
@@ -420,16 +422,20 @@ def native_board_args(espnn: ComponentSource, tflm: ComponentSource | None, out:
     return ["--board", "native-esp32", "--components-dir", str(where)]
 
 
-def _finding(g: Group, r: Result | None) -> dict[str, object]:
+def _finding(group: Group, result: Result | None) -> dict[str, object]:
     """A group as sweep.json keeps it: its example's line, meta, status and differences."""
-    case = _example(g).case
-    f = {key: v for key, v in g.items() if key != "example"}
+    case = _example(group).case
+    f = {key: v for key, v in group.items() if key != "example"}
     example: dict[str, object] = {"line": case.line(), "meta": case.meta, "reachable": case.reachable}
-    if r is not None:
-        example["status"] = list(r.status)
+    if result is not None:
+        example["status"] = list(result.status)
         example["diff"] = {
             name: d.__dict__ if d else None
-            for name, d in (("opt_ansi", r.opt_ansi), ("opt_ref", r.opt_ref), ("ansi_ref", r.ansi_ref))
+            for name, d in (
+                ("opt_ansi", result.opt_ansi),
+                ("opt_ref", result.opt_ref),
+                ("ansi_ref", result.ansi_ref),
+            )
         }
     f["example"] = example
     return f
@@ -446,7 +452,7 @@ def _with_repros(
     case (the groups it stands for share it): case.txt, finding.json, report.md, repro.c, and a .tflite
     where TFLite reaches it."""
     examples = {_example(g).case.id: _example(g).case for g in groups}
-    dumped = run_driver(plain, list(examples.values()), dump=True) if examples else _Run({}, {})
+    dumped = run_driver(plain, list(examples.values()), dump=True) if examples else _DriverRun({}, {})
     findings = [_finding(g, dumped.results.get(_example(g).case.id)) for g in groups]
     by_case: dict[int, list[dict[str, object]]] = {}
     for f, g in zip(findings, groups, strict=True):
@@ -479,16 +485,16 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _report(r: SweepResult) -> dict[str, object]:
+def _report(result: SweepResult) -> dict[str, object]:
     return {
         "schema": "esp-check-sweep/1",
         "target": "NATIVE: generic ESP-NN C kernels compiled for this host; no S3/P4 assembly ran",
-        "sources": r.sources,
-        "reference_compiled": r.reference,
-        "cases": r.cases,
-        "seconds": round(r.seconds, 3),
-        "cases_per_second": round(r.cases_per_second, 1),
-        "exit_code": r.exit_code,
-        "findings": r.findings,
-        "coverage": r.coverage,
+        "sources": result.sources,
+        "reference_compiled": result.reference,
+        "cases": result.cases,
+        "seconds": round(result.seconds, 3),
+        "cases_per_second": round(result.cases_per_second, 1),
+        "exit_code": result.exit_code,
+        "findings": result.findings,
+        "coverage": result.coverage,
     }

@@ -105,127 +105,136 @@ class ConvGeometry:
 # [[espnn_scratch]] and FORMULA_SETS.
 
 
-def _pointwise(g: ConvGeometry) -> bool:
+def _pointwise(conv: ConvGeometry) -> bool:
     """A 1x1 filter, no padding, stride 1: the getters' first case."""
-    return g.fh == 1 and g.fw == 1 and g.ph == 0 and g.pw == 0 and g.sh == 1 and g.sw == 1
+    return conv.fh == 1 and conv.fw == 1 and conv.ph == 0 and conv.pw == 0 and conv.sh == 1 and conv.sw == 1
 
 
-def _conv_1x1(g: ConvGeometry, align: int) -> int:
+def _conv_1x1(conv: ConvGeometry, align: int) -> int:
     """The S3 (and P4) conv getters' scratch for a pointwise conv (:func:`_pointwise`)."""
-    c8 = _ceil(g.c, 8)
-    transpose = 0 if g.w * g.h < 8 else 2 * 8 * c8
-    input_scratch = g.w * g.h * c8 if g.c % 8 else 0
-    return input_scratch + c8 * g.oc + transpose + align
+    c8 = _ceil(conv.c, 8)
+    transpose = 0 if conv.w * conv.h < 8 else 2 * 8 * c8
+    input_scratch = conv.w * conv.h * c8 if conv.c % 8 else 0
+    return input_scratch + c8 * conv.oc + transpose + align
 
 
-def _conv_s3_until_1_2_0(g: ConvGeometry) -> int:
+def _conv_s3_until_1_2_0(conv: ConvGeometry) -> int:
     """esp_nn_get_conv_scratch_size_esp32s3 of esp-nn 1.0.0 ... 1.2.0 (also the P4 getter to 1.2.2)."""
     align = 32
-    if _pointwise(g):
-        return _conv_1x1(g, align)
-    input_scratch = 0 if g.ph == 0 and g.pw == 0 else (g.w + 2 * g.pw) * (g.h + 2 * g.ph) * g.c
-    return input_scratch + g.fw * g.fh * _ceil(g.c, 16) * g.oc + align + g.oc * 4
+    if _pointwise(conv):
+        return _conv_1x1(conv, align)
+    input_scratch = (
+        0 if conv.ph == 0 and conv.pw == 0 else (conv.w + 2 * conv.pw) * (conv.h + 2 * conv.ph) * conv.c
+    )
+    return input_scratch + conv.fw * conv.fh * _ceil(conv.c, 16) * conv.oc + align + conv.oc * 4
 
 
-def _conv_s3_im2col(g: ConvGeometry, align: int) -> int:
+def _conv_s3_im2col(conv: ConvGeometry, align: int) -> int:
     """esp_nn_get_conv_scratch_size_esp32s3 from esp-nn 1.2.1 (align 32) and 1.2.3 (align 64)."""
-    if _pointwise(g):
-        return _conv_1x1(g, align)
-    row, window = g.fw * g.c, g.fw * g.fh * g.c
+    if _pointwise(conv):
+        return _conv_1x1(conv, align)
+    row, window = conv.fw * conv.c, conv.fw * conv.fh * conv.c
     if row < 16 <= window:  # im2col path
         wa = _ceil(window, 16)
-        return g.oc * 4 + 16 + g.oc * wa + 16 + wa + align
-    input_scratch = 0 if g.ph == 0 and g.pw == 0 else (g.w + 2 * g.pw) * (g.h + 2 * g.ph) * g.c
-    filter_scratch = g.fw * g.fh * _ceil(g.c, 16) * g.oc
-    filter_align = _ceil(row, 16) * g.fh * g.oc
-    pad_r = max(0, g.ow * g.sw + g.fw - 1 - g.w)
-    pad_b = max(0, g.oh * g.sh + g.fh - 1 - g.h)
-    boundary = (g.w + pad_r) * (g.h + pad_b) * g.c if pad_r or pad_b else 0
-    return input_scratch + filter_scratch + filter_align + boundary + align + g.oc * 4
+        return conv.oc * 4 + 16 + conv.oc * wa + 16 + wa + align
+    input_scratch = (
+        0 if conv.ph == 0 and conv.pw == 0 else (conv.w + 2 * conv.pw) * (conv.h + 2 * conv.ph) * conv.c
+    )
+    filter_scratch = conv.fw * conv.fh * _ceil(conv.c, 16) * conv.oc
+    filter_align = _ceil(row, 16) * conv.fh * conv.oc
+    pad_r = max(0, conv.ow * conv.sw + conv.fw - 1 - conv.w)
+    pad_b = max(0, conv.oh * conv.sh + conv.fh - 1 - conv.h)
+    boundary = (conv.w + pad_r) * (conv.h + pad_b) * conv.c if pad_r or pad_b else 0
+    return input_scratch + filter_scratch + filter_align + boundary + align + conv.oc * 4
 
 
-def _dw_s3_until_1_2_0(g: ConvGeometry, tail: int) -> int:
+def _dw_s3_until_1_2_0(conv: ConvGeometry, tail: int) -> int:
     """esp_nn_get_depthwise_conv_scratch_size_esp32s3 of esp-nn 1.0.0 ... 1.2.0 (s16 tail 16, then 32)."""
-    filter_size = g.fw * g.fh * g.c * g.mult
-    if g.mult == 1 and g.c % 8 == 0 and g.fw == 3 and g.fh == 3:
-        if g.c % 16 == 0:
-            if g.pw or g.ph:
-                tw, th = 2 * g.pw, 2 * g.ph
+    filter_size = conv.fw * conv.fh * conv.c * conv.mult
+    if conv.mult == 1 and conv.c % 8 == 0 and conv.fw == 3 and conv.fh == 3:
+        if conv.c % 16 == 0:
+            if conv.pw or conv.ph:
+                tw, th = 2 * conv.pw, 2 * conv.ph
             else:  # may be negative: the C code does not clamp
-                tw, th = g.ow * g.sw + g.fw - 1 - g.w, g.oh * g.sh + g.fh - 1 - g.h
+                tw, th = conv.ow * conv.sw + conv.fw - 1 - conv.w, conv.oh * conv.sh + conv.fh - 1 - conv.h
             if tw or th:
-                return filter_size + (g.w + tw) * (g.h + th) * g.c + 16
+                return filter_size + (conv.w + tw) * (conv.h + th) * conv.c + 16
             return filter_size + 16
-        return 2 * (filter_size + g.w * g.h * g.c) + tail
-    if g.mult % 4 == 0:
-        return 2 * (filter_size + g.w * g.h * g.c) + tail
+        return 2 * (filter_size + conv.w * conv.h * conv.c) + tail
+    if conv.mult % 4 == 0:
+        return 2 * (filter_size + conv.w * conv.h * conv.c) + tail
     return 32
 
 
-def _dw_s3_tiled(g: ConvGeometry) -> int:
+def _dw_s3_tiled(conv: ConvGeometry) -> int:
     """esp_nn_get_depthwise_conv_scratch_size_esp32s3 from esp-nn 1.2.1 (unchanged in 1.2.3)."""
-    filter_size = g.fw * g.fh * g.c * g.mult
-    if g.mult == 1 and g.c % 8 == 0:
-        if g.fw == 3 and g.fh == 3:
-            if g.c % 16 == 0:
-                if g.pw or g.ph:
-                    tw, th = 2 * g.pw, 2 * g.ph
+    filter_size = conv.fw * conv.fh * conv.c * conv.mult
+    if conv.mult == 1 and conv.c % 8 == 0:
+        if conv.fw == 3 and conv.fh == 3:
+            if conv.c % 16 == 0:
+                if conv.pw or conv.ph:
+                    tw, th = 2 * conv.pw, 2 * conv.ph
                 else:
-                    tw, th = g.ow * g.sw + g.fw - 1 - g.w, g.oh * g.sh + g.fh - 1 - g.h
+                    tw, th = (
+                        conv.ow * conv.sw + conv.fw - 1 - conv.w,
+                        conv.oh * conv.sh + conv.fh - 1 - conv.h,
+                    )
                 if tw or th:
-                    full = (g.w + tw) * (g.h + th) * g.c
-                    return filter_size + (full if full <= 40 * 1024 else (g.w + tw) * g.fh * g.c) + 16
+                    full = (conv.w + tw) * (conv.h + th) * conv.c
+                    return (
+                        filter_size + (full if full <= 40 * 1024 else (conv.w + tw) * conv.fh * conv.c) + 16
+                    )
                 return filter_size + 16
-            if g.c >= 12:
-                c16 = _ceil(g.c, 16)
-                tw = 2 * g.pw + max(0, g.ow * g.sw + 2 - g.w)
-                th = 2 * g.ph + max(0, g.oh * g.sh + 2 - g.h)
-                return 9 * c16 + (g.w + tw) * (g.h + th) * c16 + g.ow * g.oh * c16 + 64
-            return 2 * (filter_size + g.w * g.h * g.c) + 32
-        total = 2 * (filter_size + g.w * g.h * g.c)
-        return total + 32 if total <= 48 * 1024 else 2 * filter_size + 2 * g.w * g.fh * g.c + 32
-    if g.mult == 1 and g.c > 3:
-        c8 = _ceil(g.c, 8)
-        inp = _ceil(2 * g.fw * g.fh * c8, 16)
-        out = _ceil(inp + 2 * g.w * g.h * c8, 16)
-        bias = _ceil(out + g.ow * g.oh * c8, 16)
+            if conv.c >= 12:
+                c16 = _ceil(conv.c, 16)
+                tw = 2 * conv.pw + max(0, conv.ow * conv.sw + 2 - conv.w)
+                th = 2 * conv.ph + max(0, conv.oh * conv.sh + 2 - conv.h)
+                return 9 * c16 + (conv.w + tw) * (conv.h + th) * c16 + conv.ow * conv.oh * c16 + 64
+            return 2 * (filter_size + conv.w * conv.h * conv.c) + 32
+        total = 2 * (filter_size + conv.w * conv.h * conv.c)
+        return total + 32 if total <= 48 * 1024 else 2 * filter_size + 2 * conv.w * conv.fh * conv.c + 32
+    if conv.mult == 1 and conv.c > 3:
+        c8 = _ceil(conv.c, 8)
+        inp = _ceil(2 * conv.fw * conv.fh * c8, 16)
+        out = _ceil(inp + 2 * conv.w * conv.h * c8, 16)
+        bias = _ceil(out + conv.ow * conv.oh * c8, 16)
         return bias + 12 * c8 + 16
-    if g.mult % 4 == 0:
-        return 2 * (filter_size + g.w * g.h * g.c) + 32
+    if conv.mult % 4 == 0:
+        return 2 * (filter_size + conv.w * conv.h * conv.c) + 32
     return 32
 
 
 _P4_L1D_BUDGET = 32768
 
 
-def _conv_p4_1_2_3(g: ConvGeometry) -> int:
+def _conv_p4_1_2_3(conv: ConvGeometry) -> int:
     """esp_nn_get_conv_scratch_size_esp32p4 of esp-nn 1.2.3."""
-    align, acc = 32, g.oc * 4
-    if _pointwise(g):
-        return acc + 16 * g.oc + 32 + align if g.c < 16 else _conv_1x1(g, align)
-    if g.ph == 0 and g.pw == 0 and g.fw * g.c >= 16:
-        return g.fw * g.fh * _ceil(g.c, 16) * g.oc + align + acc
-    if g.fw * g.fh * g.c >= 16:
-        return acc + g.fw * g.fh * g.c + align
-    eff = _ceil(-(-16 // g.fw), 16)
-    if g.ph == 0 and g.pw == 0:
-        return acc + g.fw * g.fh * eff * g.oc + g.w * g.h * eff + align
-    padded_w = g.w + 2 * g.pw
-    full = padded_w * (g.h + 2 * g.ph) * g.c
+    align, acc = 32, conv.oc * 4
+    if _pointwise(conv):
+        return acc + 16 * conv.oc + 32 + align if conv.c < 16 else _conv_1x1(conv, align)
+    if conv.ph == 0 and conv.pw == 0 and conv.fw * conv.c >= 16:
+        return conv.fw * conv.fh * _ceil(conv.c, 16) * conv.oc + align + acc
+    if conv.fw * conv.fh * conv.c >= 16:
+        return acc + conv.fw * conv.fh * conv.c + align
+    eff = _ceil(-(-16 // conv.fw), 16)
+    if conv.ph == 0 and conv.pw == 0:
+        return acc + conv.fw * conv.fh * eff * conv.oc + conv.w * conv.h * eff + align
+    padded_w = conv.w + 2 * conv.pw
+    full = padded_w * (conv.h + 2 * conv.ph) * conv.c
     if full + acc <= _P4_L1D_BUDGET:
-        return full + g.fw * g.fh * _ceil(g.c, 16) * g.oc + align + acc
-    eff_c, filt = (eff, g.fw * g.fh * eff * g.oc) if g.fw * g.c < 16 else (g.c, 0)
+        return full + conv.fw * conv.fh * _ceil(conv.c, 16) * conv.oc + align + acc
+    eff_c, filt = (eff, conv.fw * conv.fh * eff * conv.oc) if conv.fw * conv.c < 16 else (conv.c, 0)
     row = padded_w * eff_c
     budget = _P4_L1D_BUDGET - acc - filt
     tile = 1
-    if budget > 0 and g.fh * row <= budget:
-        tile = min((budget - g.fh * row) // (g.sh * row) + 1, g.oh)
-    return ((tile - 1) * g.sh + g.fh + 2 * g.ph) * row + filt + align + acc
+    if budget > 0 and conv.fh * row <= budget:
+        tile = min((budget - conv.fh * row) // (conv.sh * row) + 1, conv.oh)
+    return ((tile - 1) * conv.sh + conv.fh + 2 * conv.ph) * row + filt + align + acc
 
 
-def _none(g: ConvGeometry) -> int:
+def _none(conv: ConvGeometry) -> int:
     """esp-nn's generic optimized C (and the P4 depthwise) getters: no scratch."""
-    del g
+    del conv
     return 0
 
 

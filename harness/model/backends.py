@@ -224,7 +224,7 @@ def litert_compatible(model_bytes: bytes) -> bytes:
     TFLM's stock person_detect (and other converter output of its time) gives its 1-D bias tensors the
     filter's ``quantized_dimension`` (3); LiteRT refuses a dimension outside the tensor's rank, TFLM never
     reads it. A 1-D tensor has one dimension, so 0 is the only one its per-channel scales can run along:
-    writing 0 there changes no number (issue 28, item 12). Other tensors are left as they are.
+    writing 0 there changes no number. Other tensors are left as they are.
     """
     import tflite
 

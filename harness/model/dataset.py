@@ -18,7 +18,7 @@ overrides labels by input name (the file name, or the path relative to the datas
 class indices (integers) or class names. Names need the model's class list, in output index order: a
 ``classes.txt`` (one name per line, line 1 = output 0) in the dataset folder or beside the dataset (or
 ``classes=`` from the API). A name the list lacks is refused. Sorting the names would be a guess: a
-``yes``/``no`` folder pair on micro_speech (yes = 2, no = 3) scored 0/2 that way (issue 28).
+``yes``/``no`` folder pair on micro_speech (yes = 2, no = 3) scored 0/2 that way.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def _read_text(path: Path, what: str) -> str:
         raise InputDataError(f"{what} {path} is not UTF-8 text ({exc})") from None
 
 
-def _apply_labels(ds: Dataset, path: Path) -> None:
+def _apply_labels(dataset: Dataset, path: Path) -> None:
     """Labels by input name from a CSV (``name,label``) or JSON (``{name: label}``) file."""
     text = _read_text(path, "--labels file")
     mapping: dict[str, str] = {}
@@ -218,21 +218,21 @@ def _apply_labels(ds: Dataset, path: Path) -> None:
             ):
                 mapping[row[0].strip()] = row[1].strip()
     hits = 0
-    for k, item in enumerate(ds.items):
+    for k, item in enumerate(dataset.items):
         label = mapping.get(item.name, mapping.get(Path(item.name).name))
         if label is not None:
-            ds.items[k] = DatasetItem(item.name, item.data, label)
+            dataset.items[k] = DatasetItem(item.name, item.data, label)
             hits += 1
     if hits == 0:
         raise InputDataError(
-            f"--labels {path} names none of the dataset's {len(ds.items)} inputs",
+            f"--labels {path} names none of the dataset's {len(dataset.items)} inputs",
             hint="use the input file names (or paths relative to the dataset directory) as keys",
         )
-    missing = [it.name for it in ds.items if it.label is None]
+    missing = [it.name for it in dataset.items if it.label is None]
     if missing:  # accuracy over the labelled part only would read as the whole dataset's
         shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
         raise InputDataError(
-            f"--labels {path} gives no label for {len(missing)} of the dataset's {len(ds.items)} inputs "
+            f"--labels {path} gives no label for {len(missing)} of the dataset's {len(dataset.items)} inputs "
             f"({shown}): the accuracy would count only the others",
             hint="label every input (by file name, or path relative to the dataset directory)",
         )
@@ -262,9 +262,9 @@ def read_classes(path: Path) -> list[str]:
     return names
 
 
-def _index_classes(ds: Dataset, src: Path, classes: Sequence[str] | None) -> None:
+def _index_classes(dataset: Dataset, src: Path, classes: Sequence[str] | None) -> None:
     """Which output index each label is: integers are indices; names need the class list."""
-    labels = sorted({it.label for it in ds.items if it.label is not None})
+    labels = sorted({it.label for it in dataset.items if it.label is not None})
     names = [lb for lb in labels if not lb.isdigit()]  # the rest are class indices
     if not names:
         return  # integer class indices (a folder per index: 0/, 1/, ...)
@@ -290,4 +290,4 @@ def _index_classes(ds: Dataset, src: Path, classes: Sequence[str] | None) -> Non
         raise InputDataError(
             f"--dataset {src}: label {bad[0]} is past the class list's {len(listed)} classes"
         )
-    ds.classes = listed
+    dataset.classes = listed

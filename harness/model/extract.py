@@ -25,7 +25,7 @@ _SKIP = ("Init", "GetRootAs")
 _VECTOR_SUFFIXES = ("Length", "AsNumpy", "IsNone")
 
 
-def _options(tfl: ModuleType, b: flatbuffers.Builder, op: tflite.Operator) -> tuple[int, int | None]:
+def _options(tfl: ModuleType, builder: flatbuffers.Builder, op: tflite.Operator) -> tuple[int, int | None]:
     """(options type, offset of the copied options table) of operator ``op``."""
     kind = int(op.BuiltinOptionsType())
     if kind == 0:
@@ -48,45 +48,47 @@ def _options(tfl: ModuleType, b: flatbuffers.Builder, op: tflite.Operator) -> tu
                 raise ModelError(f"{name}.{attr} is a vector: this op cannot be extracted on its own")
             continue
         values[attr] = getattr(src, attr)()
-    return kind, write_table(tfl, b, name, **values)
+    return kind, write_table(tfl, builder, name, **values)
 
 
-def write_table(tfl: ModuleType, b: flatbuffers.Builder, name: str, **fields: object) -> int:
+def write_table(tfl: ModuleType, builder: flatbuffers.Builder, name: str, **fields: object) -> int:
     """A ``name`` table (Tensor, Operator, Model, ...) with ``fields`` added in their order (the byte
     layout follows it); a field that is None is left out."""
-    getattr(tfl, f"{name}Start")(b)
+    getattr(tfl, f"{name}Start")(builder)
     for field, value in fields.items():
         if value is not None:
-            getattr(tfl, f"{name}Add{field}")(b, value)
-    return int(getattr(tfl, f"{name}End")(b))
+            getattr(tfl, f"{name}Add{field}")(builder, value)
+    return int(getattr(tfl, f"{name}End")(builder))
 
 
 def _vec(
-    b: flatbuffers.Builder,
+    builder: flatbuffers.Builder,
     start: Callable[[flatbuffers.Builder, int], object],
     values: Sequence[float],
     prepend: Callable[[float], object],
 ) -> int:
-    start(b, len(values))
+    start(builder, len(values))
     for v in reversed(values):
         prepend(v)
-    return int(b.EndVector())
+    return int(builder.EndVector())
 
 
-def _tensor(tfl: ModuleType, b: flatbuffers.Builder, t: tflite.Tensor, buffer: int) -> int:
-    """Copy tensor ``t`` (shape, type, name, quantization) pointing at ``buffer``."""
-    q = t.Quantization()
+def _tensor(tfl: ModuleType, builder: flatbuffers.Builder, tensor: tflite.Tensor, buffer: int) -> int:
+    """Copy ``tensor`` (shape, type, name, quantization) pointing at ``buffer``."""
+    q = tensor.Quantization()
     quant = None
     if q is not None and q.ScaleLength():
         zps = [int(z) for z in q.ZeroPointAsNumpy()] if q.ZeroPointLength() else []
         quant = [float(s) for s in q.ScaleAsNumpy()], zps, int(q.QuantizedDimension())
-    shape = [int(x) for x in t.ShapeAsNumpy()] if t.ShapeLength() else []
-    return write_tensor(tfl, b, t.Name() or b"t", shape, int(t.Type()), buffer=buffer, quant=quant)
+    shape = [int(x) for x in tensor.ShapeAsNumpy()] if tensor.ShapeLength() else []
+    return write_tensor(
+        tfl, builder, tensor.Name() or b"t", shape, int(tensor.Type()), buffer=buffer, quant=quant
+    )
 
 
 def write_tensor(
     tfl: ModuleType,
-    b: flatbuffers.Builder,
+    builder: flatbuffers.Builder,
     name: str | bytes,
     shape: list[int],
     dtype: int,
@@ -95,21 +97,23 @@ def write_tensor(
     quant: tuple[list[float], list[int], int] | None,
 ) -> int:
     """A Tensor table; ``quant`` = (scales, zero points, quantized dimension), None for none."""
-    name_off = b.CreateString(name)
-    shape_off = _vec(b, tfl.TensorStartShapeVector, shape, b.PrependInt32)
+    name_off = builder.CreateString(name)
+    shape_off = _vec(builder, tfl.TensorStartShapeVector, shape, builder.PrependInt32)
     q_off = None
     if quant is not None:
         scales, zps, qdim = quant
-        sv = _vec(b, tfl.QuantizationParametersStartScaleVector, scales, b.PrependFloat32)
-        zv = _vec(b, tfl.QuantizationParametersStartZeroPointVector, zps, b.PrependInt64)
-        q_off = write_table(tfl, b, "QuantizationParameters", Scale=sv, ZeroPoint=zv, QuantizedDimension=qdim)
+        sv = _vec(builder, tfl.QuantizationParametersStartScaleVector, scales, builder.PrependFloat32)
+        zv = _vec(builder, tfl.QuantizationParametersStartZeroPointVector, zps, builder.PrependInt64)
+        q_off = write_table(
+            tfl, builder, "QuantizationParameters", Scale=sv, ZeroPoint=zv, QuantizedDimension=qdim
+        )
     fields = {"Shape": shape_off, "Type": dtype, "Buffer": buffer, "Name": name_off, "Quantization": q_off}
-    return write_table(tfl, b, "Tensor", **fields)
+    return write_table(tfl, builder, "Tensor", **fields)
 
 
 def write_operator(
     tfl: ModuleType,
-    b: flatbuffers.Builder,
+    builder: flatbuffers.Builder,
     code: tuple[int, int, int],
     inputs: list[int],
     outputs: list[int],
@@ -119,10 +123,10 @@ def write_operator(
     version), ``options`` = (builtin options type, offset of the options table) or None."""
     builtin, deprecated, version = code
     code_off = write_table(
-        tfl, b, "OperatorCode", BuiltinCode=builtin, DeprecatedBuiltinCode=deprecated, Version=version
+        tfl, builder, "OperatorCode", BuiltinCode=builtin, DeprecatedBuiltinCode=deprecated, Version=version
     )
-    ins = _vec(b, tfl.OperatorStartInputsVector, inputs, b.PrependInt32)
-    outs = _vec(b, tfl.OperatorStartOutputsVector, outputs, b.PrependInt32)
+    ins = _vec(builder, tfl.OperatorStartInputsVector, inputs, builder.PrependInt32)
+    outs = _vec(builder, tfl.OperatorStartOutputsVector, outputs, builder.PrependInt32)
     kind, table = options if options is not None else (None, None)
     op = {
         "OpcodeIndex": 0,
@@ -131,7 +135,7 @@ def write_operator(
         "BuiltinOptionsType": kind,
         "BuiltinOptions": table,
     }
-    return code_off, write_table(tfl, b, "Operator", **op)
+    return code_off, write_table(tfl, builder, "Operator", **op)
 
 
 def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
@@ -184,13 +188,13 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
     )
 
 
-def _buffer(tfl: ModuleType, b: flatbuffers.Builder, data: bytes | None) -> int:
-    return write_table(tfl, b, "Buffer", Data=b.CreateByteVector(data) if data else None)
+def _buffer(tfl: ModuleType, builder: flatbuffers.Builder, data: bytes | None) -> int:
+    return write_table(tfl, builder, "Buffer", Data=builder.CreateByteVector(data) if data else None)
 
 
 def _finish(
     tfl: ModuleType,
-    b: flatbuffers.Builder,
+    builder: flatbuffers.Builder,
     tensors: list[int],
     op: int,
     code: int,
@@ -198,15 +202,15 @@ def _finish(
     inputs: list[int],
     outputs: list[int],
 ) -> bytes:
-    tv = _vec(b, tfl.SubGraphStartTensorsVector, tensors, b.PrependUOffsetTRelative)
-    ov = _vec(b, tfl.SubGraphStartOperatorsVector, [op], b.PrependUOffsetTRelative)
-    iv = _vec(b, tfl.SubGraphStartInputsVector, inputs, b.PrependInt32)
-    outv = _vec(b, tfl.SubGraphStartOutputsVector, outputs, b.PrependInt32)
-    sg = write_table(tfl, b, "SubGraph", Tensors=tv, Operators=ov, Inputs=iv, Outputs=outv)
-    sgv = _vec(b, tfl.ModelStartSubgraphsVector, [sg], b.PrependUOffsetTRelative)
-    cv = _vec(b, tfl.ModelStartOperatorCodesVector, [code], b.PrependUOffsetTRelative)
-    bv = _vec(b, tfl.ModelStartBuffersVector, buffers, b.PrependUOffsetTRelative)
-    desc = b.CreateString("esp-check: one op extracted from a model, with its real weights")
+    tv = _vec(builder, tfl.SubGraphStartTensorsVector, tensors, builder.PrependUOffsetTRelative)
+    ov = _vec(builder, tfl.SubGraphStartOperatorsVector, [op], builder.PrependUOffsetTRelative)
+    iv = _vec(builder, tfl.SubGraphStartInputsVector, inputs, builder.PrependInt32)
+    outv = _vec(builder, tfl.SubGraphStartOutputsVector, outputs, builder.PrependInt32)
+    sg = write_table(tfl, builder, "SubGraph", Tensors=tv, Operators=ov, Inputs=iv, Outputs=outv)
+    sgv = _vec(builder, tfl.ModelStartSubgraphsVector, [sg], builder.PrependUOffsetTRelative)
+    cv = _vec(builder, tfl.ModelStartOperatorCodesVector, [code], builder.PrependUOffsetTRelative)
+    bv = _vec(builder, tfl.ModelStartBuffersVector, buffers, builder.PrependUOffsetTRelative)
+    desc = builder.CreateString("esp-check: one op extracted from a model, with its real weights")
     fields = {"Version": 3, "OperatorCodes": cv, "Subgraphs": sgv, "Buffers": bv, "Description": desc}
-    b.Finish(write_table(tfl, b, "Model", **fields), file_identifier=b"TFL3")
-    return bytes(b.Output())
+    builder.Finish(write_table(tfl, builder, "Model", **fields), file_identifier=b"TFL3")
+    return bytes(builder.Output())

@@ -1,7 +1,7 @@
 """Read a user's file safely: a regular file, under a size cap, checked before a byte is read.
 
 A FIFO blocks a plain ``read_bytes()`` forever, ``/dev/zero`` grows it without end and a 200 MB log
-takes minutes to parse (issue 28, items 3 and 4). :func:`read_regular` opens without blocking, checks
+takes minutes to parse. :func:`read_regular` opens without blocking, checks
 the opened file (so a path swapped between a check and the read is caught too), and reads at most the
 cap.
 """
@@ -60,13 +60,13 @@ def check_regular(
 
 
 def _check_stat(
-    status: os.stat_result, p: Path, what: str, max_bytes: int, error: type[UsageError], big_hint: str
+    status: os.stat_result, path: Path, what: str, max_bytes: int, error: type[UsageError], big_hint: str
 ) -> None:
     if not stat.S_ISREG(status.st_mode):
         kind = _kind(status.st_mode)
         raise _refuse(
             error,
-            p,
+            path,
             what,
             kind if kind == "not a regular file" else f"{kind}, so it is not a regular file",
             "give the path of a regular file (not a pipe, device or directory)",
@@ -74,7 +74,7 @@ def _check_stat(
     if status.st_size > max_bytes:
         raise _refuse(
             error,
-            p,
+            path,
             what,
             f"{status.st_size / MiB:.1f} MiB, more than the {max_bytes // MiB} MiB esp-check reads",
             big_hint,

@@ -138,8 +138,8 @@ def _digest(*parts: object) -> str:
     return hashlib.sha256(json.dumps([FORMAT, _code_hash(), *parts]).encode()).hexdigest()
 
 
-def _array_id(a: np.ndarray) -> str:
-    c = np.ascontiguousarray(a)
+def _array_id(array: np.ndarray) -> str:
+    c = np.ascontiguousarray(array)
     return f"{c.dtype.str}:{list(c.shape)}:{hashlib.sha256(c.tobytes()).hexdigest()}"
 
 

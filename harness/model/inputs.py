@@ -372,7 +372,7 @@ class DefaultRange:
 def default_image_range(tensor: TensorInfo) -> DefaultRange:
     """The input range that fits ``tensor``: the named range nearest to the real range its int8/int16
     quantization can represent (person_detect: scale 1/127.5, zero point -1 -> -0.996..1.004 -> -1..1).
-    A model trained on -1..1 fed 0..1 gets the wrong class silently (issue 28, item 9)."""
+    A model trained on -1..1 fed 0..1 gets the wrong class silently."""
     dt = np.dtype(tensor.dtype)
     if dt.kind not in "iu" or dt.itemsize > 2 or not tensor.scale or tensor.per_channel:
         return DefaultRange(

@@ -113,21 +113,23 @@ def _read_options(tfl: ModuleType, op: tflite.Operator) -> dict[str, object]:
 
 
 def _tensor_info(
-    tfl: ModuleType, t: tflite.Tensor, index: int, model: tflite.Model, dtype_names: dict[int, str]
+    tfl: ModuleType, tensor: tflite.Tensor, index: int, model: tflite.Model, dtype_names: dict[int, str]
 ) -> TensorInfo:
-    name_raw = t.Name()
+    name_raw = tensor.Name()
     name = name_raw.decode("utf-8", "replace") if name_raw else f"tensor_{index}"
-    shape = tuple(int(x) for x in t.ShapeAsNumpy()) if t.ShapeLength() else ()
+    shape = tuple(int(x) for x in tensor.ShapeAsNumpy()) if tensor.ShapeLength() else ()
     if any(d < -1 for d in shape):
         raise ModelError(f"tensor {index} ({name!r}) has shape {list(shape)}, which TFLM cannot hold")
     if any(d < 0 for d in shape):
-        sig = tuple(int(x) for x in t.ShapeSignatureAsNumpy()) if t.ShapeSignatureLength() else shape
+        sig = (
+            tuple(int(x) for x in tensor.ShapeSignatureAsNumpy()) if tensor.ShapeSignatureLength() else shape
+        )
         shape = tuple(1 if d < 0 else d for d in sig)  # dynamic batch -> 1 (TFLM has no dynamic shapes)
-    type_code = t.Type()
+    type_code = tensor.Type()
     if type_code not in dtype_names:
         raise ModelError(f"tensor {index} ({name!r}) has unknown type code {type_code}")
     dtype = dtype_names[type_code].lower()
-    q = t.Quantization()
+    q = tensor.Quantization()
     scales: tuple[float, ...] = ()
     zps: tuple[int, ...] = ()
     qdim = 0
@@ -137,13 +139,13 @@ def _tensor_info(
         if q.ZeroPointLength():
             zps = tuple(int(z) for z in q.ZeroPointAsNumpy())
         qdim = int(q.QuantizedDimension())
-    buf_index = t.Buffer()
+    buf_index = tensor.Buffer()
     if buf_index < 0 or buf_index >= model.BuffersLength():
         raise ModelError(f"tensor {index} ({name!r}) refers to buffer {buf_index}, which does not exist")
     buf = model.Buffers(buf_index)
     is_const = bool(buf is not None and (buf.DataLength() > 0 or buf.Size() > 0))
     _check_shape(index, name, shape, dtype, is_const)
-    if is_const and t.Sparsity() is None:
+    if is_const and tensor.Sparsity() is None:
         _check_backing(index, name, shape, dtype, max(int(buf.DataLength()), int(buf.Size())))
     return TensorInfo(
         index=index,
@@ -157,7 +159,7 @@ def _tensor_info(
         zero_points=zps,
         quantized_dimension=qdim,
         is_constant=is_const,
-        is_variable=bool(t.IsVariable()),
+        is_variable=bool(tensor.IsVariable()),
     )
 
 
@@ -262,7 +264,7 @@ def _check_buffers(model: tflite.Model, size: int) -> None:
             )
 
 
-def _raw_builtin_code(oc: tflite.OperatorCode) -> int:
+def _raw_builtin_code(opcode: tflite.OperatorCode) -> int:
     """The int32 ``builtin_code`` field itself (vtable slot 10), 0 when absent.
 
     ``tflite``'s ``OperatorCode.BuiltinCode()`` returns ``deprecated_builtin_code`` whenever this
@@ -270,8 +272,8 @@ def _raw_builtin_code(oc: tflite.OperatorCode) -> int:
     non-TensorFlow writers) would read as ADD. The op is max(deprecated, builtin), as in TFLM's
     GetBuiltinCode.
     """
-    o = oc._tab.Offset(10)
-    return int(oc._tab.Get(flatbuffers.number_types.Int32Flags, o + oc._tab.Pos)) if o else 0
+    o = opcode._tab.Offset(10)
+    return int(opcode._tab.Get(flatbuffers.number_types.Int32Flags, o + opcode._tab.Pos)) if o else 0
 
 
 def _describe_non_tflite(head: bytes) -> str:
@@ -322,10 +324,10 @@ def _opcodes(tfl: ModuleType, model: tflite.Model) -> list[tuple[str, str | None
 
 
 def _subgraph(
-    tfl: ModuleType, model: tflite.Model, s: int, opcodes: list[tuple[str, str | None, int]]
+    tfl: ModuleType, model: tflite.Model, index: int, opcodes: list[tuple[str, str | None, int]]
 ) -> tuple[tuple[TensorInfo, ...], list[OpInfo], tuple[int, ...], tuple[int, ...]]:
-    """Tensors, ops, input and output indices of subgraph ``s``, every index checked."""
-    sg = model.Subgraphs(s)
+    """Tensors, ops, input and output indices of subgraph ``index``, every index checked."""
+    sg = model.Subgraphs(index)
     n_tensors = sg.TensorsLength()
     dtype_names = enum_names(tfl.TensorType)
     tensors = tuple(_tensor_info(tfl, sg.Tensors(t), t, model, dtype_names) for t in range(n_tensors))
@@ -334,7 +336,7 @@ def _subgraph(
         idx = tuple(int(v) for v in vec()) if length else ()
         for v in idx:
             if v < -1 or v >= n_tensors:
-                raise ModelError(f"subgraph {s}: {what} refers to tensor {v}, which does not exist")
+                raise ModelError(f"subgraph {index}: {what} refers to tensor {v}, which does not exist")
         return idx
 
     ops: list[OpInfo] = []
@@ -344,7 +346,7 @@ def _subgraph(
         if oc_index >= len(opcodes):
             raise ModelError(f"op {k}: opcode index {oc_index} is out of range ({len(opcodes)} opcodes)")
         opcode, custom, version = opcodes[oc_index]
-        where = f"op {k}" if s == 0 else f"op {k} of subgraph {s}"
+        where = f"op {k}" if index == 0 else f"op {k} of subgraph {index}"
         opdata.check_supported(opcode, custom, where=where)
         options = _read_options(tfl, op)
         _check_subgraph_options(where, options, model.SubgraphsLength())
@@ -358,7 +360,7 @@ def _subgraph(
                 opcode=opcode,
                 inputs=ins,
                 outputs=outs,
-                subgraph=s,
+                subgraph=index,
                 options=MappingProxyType(options),
                 custom_code=custom,
                 version=version,
@@ -417,22 +419,22 @@ _parsed: OrderedDict[str, ModelInfo] = OrderedDict()
 _parsed_lock = threading.Lock()
 
 
-def _parse_cached(data: bytes, p: Path) -> ModelInfo:
+def _parse_cached(data: bytes, path: Path) -> ModelInfo:
     digest = hashlib.sha256(data).hexdigest()
     with _parsed_lock:
         hit = _parsed.get(digest)
         if hit is not None:
             _parsed.move_to_end(digest)
     if hit is None:
-        hit = _stored(digest, len(data), p)
+        hit = _stored(digest, len(data), path)
         if hit is None:
-            hit = _parse(data, p, digest)
+            hit = _parse(data, path, digest)
             _store(hit)
         with _parsed_lock:
             _parsed[digest] = hit
             while len(_parsed) > _PARSED_MAX:
                 _parsed.popitem(last=False)
-    return hit if hit.path == p else dataclasses.replace(hit, path=p)
+    return hit if hit.path == path else dataclasses.replace(hit, path=path)
 
 
 # ... and on disk, for the next process: a repeat CLI run needs no `tflite` import (0.035 s) and no parse
@@ -456,14 +458,14 @@ def _info_path(digest: str) -> Path:
     return user_cache_dir("model-info") / f"{digest}-{_parser_id()}.json"
 
 
-def _tuples(d: dict[str, Any]) -> dict[str, Any]:
+def _tuples(fields: dict[str, Any]) -> dict[str, Any]:
     """JSON's lists back to the tuples the dataclasses hold."""
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
 
 
-def _op_from(d: dict[str, Any]) -> OpInfo:
-    options = MappingProxyType(_tuples(d.pop("options")))
-    return OpInfo(**_tuples(d), options=options)
+def _op_from(fields: dict[str, Any]) -> OpInfo:
+    options = MappingProxyType(_tuples(fields.pop("options")))
+    return OpInfo(**_tuples(fields), options=options)
 
 
 def _stored(digest: str, size: int, path: Path) -> ModelInfo | None:

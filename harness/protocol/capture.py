@@ -885,8 +885,8 @@ def parse_capture(raw: bytes | bytearray | memoryview | str) -> Capture:
     split = split_stream(raw if isinstance(raw, bytes) else bytes(raw))
     cap.frames = len(split.frames)
     cap.text_size = len(split.text)
-    # one pass, one line at a time: the scanner's records go straight to the builder (issue 28: a
-    # 25 MB capture in bounded memory; only the capture's own results are kept)
+    # one pass, one line at a time: the scanner's records go straight to the builder (a
+    # 25 MB capture is parsed in bounded memory; only the capture's own results are kept)
     scanner = _Scanner(cap)
     records = scanner.records(split.text)
     builder = _Builder(cap)

@@ -2,7 +2,7 @@
 
 Reads ESP-IDF log prefixes (``I (123) tag: ``), CR/LF mixes, ANSI colour codes, several values per
 line, decimal / ``%e`` / inf / nan, and the old TFLM ``MicroPrintf`` float format that ESP-IDF
-4.4-era builds print: ``[-] ( "Inf" | "NaN" | "1." D "*2^" E )`` (grammar in issue 2 and
+4.4-era builds print: ``[-] ( "Inf" | "NaN" | "1." D "*2^" E )`` (the grammar is in
 docs/protocol.md). That format is lossless: the token maps back to the exact float32 bits.
 """
 

@@ -71,7 +71,7 @@ class LoopConfig:
 
 
 @dataclass
-class _Run:
+class _RunRequest:
     """A RUN command (docs/protocol.md "RUN"); ``expected``: the host's CRC-32s, one per output, or none."""
 
     ident: int
@@ -374,7 +374,7 @@ class DeviceLoop:
         if rc == 0:
             self.host.set_baud(baud)  # after the reply: it leaves at the old baud
 
-    def _parse_run(self, f: frames.Frame) -> _Run | None:
+    def _parse_run(self, f: frames.Frame) -> _RunRequest | None:
         p = f.payload
         if len(p) < frames.RUN_FIXED:
             return None
@@ -388,7 +388,7 @@ class DeviceLoop:
             return None
         expected = tuple(struct.unpack_from(f"<{n_expect}I", p, frames.RUN_FIXED))
         flags = {"text": bool(text), "keep": bool(keep), "now": bool(now)}
-        return _Run(ident, source, results, repeat, seed, expected, **flags)
+        return _RunRequest(ident, source, results, repeat, seed, expected, **flags)
 
     def _run(self, f: frames.Frame) -> None:
         r = self._parse_run(f)
@@ -440,7 +440,7 @@ class DeviceLoop:
             self.outputs_now = list(outs)
         return rc, us
 
-    def _run_text(self, r: _Run, data: bytes) -> None:
+    def _run_text(self, r: _RunRequest, data: bytes) -> None:
         em = self.emitter
         em.input(r.ident, self.cfg.input_bytes, self.host.sha256_hex(data))
         rc, us = self._invoke(data)
@@ -461,7 +461,7 @@ class DeviceLoop:
     def _crcs(self) -> list[int]:
         return [frames.crc32(b) for b in self.outputs_now]
 
-    def _run_binary(self, r: _Run, data: bytes) -> None:
+    def _run_binary(self, r: _RunRequest, data: bytes) -> None:
         n = len(self.cfg.outputs)
         input_crc = frames.crc32(data)
         done, first_us, status, flags, first_diff, busy_us = 0, 0, frames.ST_OK, 0, 0, 0

@@ -25,9 +25,9 @@ if TYPE_CHECKING:
     from harness.flows.records import FlashAndCompareResult, VariantRun
 
 
-def _variant_outcome(v: str, run: VariantRun, stages: list[StageRecord]) -> VariantOutcome:
+def _variant_outcome(variant: str, run: VariantRun, stages: list[StageRecord]) -> VariantOutcome:
     return VariantOutcome(
-        variant=v,
+        variant=variant,
         exit_code=int(run.exit_code) if run.exit_code is not None else None,
         serial_log=str(run.serial_log) if run.serial_log else None,
         firmware_sha256=run.firmware_sha256,
@@ -41,23 +41,23 @@ def _variant_outcome(v: str, run: VariantRun, stages: list[StageRecord]) -> Vari
     )
 
 
-def judge_inputs(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
+def judge_inputs(task: Task, attempt: Attempt, result: FlashAndCompareResult) -> None:
     """An attempt with inputs: the pipeline judged each capture; the plan's pairs pick the comparisons
     that decide the task, and each input x pair is a testcase."""
     runs = result.variants
-    _attempt_facts(t, a, result)
-    codes, reasons = _variant_problems(a, runs)
-    a.board_fault = bool(codes) and combine_exit_codes(codes) == ExitCode.INFRASTRUCTURE
+    _attempt_facts(task, attempt, result)
+    codes, reasons = _variant_problems(attempt, runs)
+    attempt.board_fault = bool(codes) and combine_exit_codes(codes) == ExitCode.INFRASTRUCTURE
     comp = result.comparison
     missing = [w for w in result.warnings if "host reference unavailable" in w]
     ref_problem = f"host reference: {missing[0]}" if missing else None
-    if t.job.needs_reference and ref_problem is not None:
+    if task.job.needs_reference and ref_problem is not None:
         codes.append(ExitCode.INFRASTRUCTURE)
         reasons.append(ref_problem)
     if result.reference_refused:
         codes.append(ExitCode(result.reference_refused["exit_code"]))
         reasons.append(result.reference_refused["summary"])
-    pairs = set(t.job.pairs)
+    pairs = set(task.job.pairs)
     mismatched = []
     for c in comp.comparisons if comp is not None else []:
         if (c.a, c.b) in pairs and not c.match:
@@ -72,20 +72,20 @@ def judge_inputs(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
         codes.append(ExitCode.MISMATCH)
         reasons = mismatched[:3] + reasons
     code = combine_exit_codes(codes or [ExitCode.MATCH])
-    a.exit_code = int(code)
-    a.reason = "; ".join(dict.fromkeys(reasons)) or ("all compared outputs match" if code == 0 else "")
-    a.comparison = comp
-    a.testcases = _testcases(t, a, runs, comp, ref_problem)
+    attempt.exit_code = int(code)
+    attempt.reason = "; ".join(dict.fromkeys(reasons)) or ("all compared outputs match" if code == 0 else "")
+    attempt.comparison = comp
+    attempt.testcases = _testcases(task, attempt, runs, comp, ref_problem)
 
 
-def _attempt_facts(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
+def _attempt_facts(task: Task, attempt: Attempt, result: FlashAndCompareResult) -> None:
     """What every attempt records from the pipeline's result: each variant's outcome, the builds."""
     # the stages of both variants' session (port, flash, ...) belong to each: a failed flash explains both
-    a.variants = {
+    attempt.variants = {
         v: _variant_outcome(v, r, [s for s in result.stages if s.variant in (v, None)])
         for v, r in result.variants.items()
     }
-    t.builds = {
+    task.builds = {
         v: {
             "firmware_sha256": r.firmware_sha256,
             "cache_hit": r.build_cache_hit,
@@ -96,17 +96,17 @@ def _attempt_facts(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
     }
 
 
-def judge_dataset(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
+def judge_dataset(task: Task, attempt: Attempt, result: FlashAndCompareResult) -> None:
     """A dataset attempt's verdict is flash-and-compare's; its figures go into the run summary."""
     code = ExitCode(result.exit_code)
-    a.exit_code = int(code)
-    a.board_fault = code == ExitCode.INFRASTRUCTURE
-    _attempt_facts(t, a, result)
+    attempt.exit_code = int(code)
+    attempt.board_fault = code == ExitCode.INFRASTRUCTURE
+    _attempt_facts(task, attempt, result)
     doc = result.dataset or {}
     an = section(doc.get("analysis"))
     inputs = doc.get("inputs", 0)
     verdict_counts = {k: n for k, n in section(an.get("verdicts")).items() if isinstance(n, int)}
-    a.dataset = AttemptDataset(
+    attempt.dataset = AttemptDataset(
         source=doc.get("source"),
         random_seed=doc.get("random_seed"),
         inputs=inputs if isinstance(inputs, int) else 0,
@@ -115,9 +115,9 @@ def judge_dataset(t: Task, a: Attempt, result: FlashAndCompareResult) -> None:
         report=str(result.report_path),
     )
     counts = ", ".join(f"{k} {n}" for k, n in sorted(verdict_counts.items()))
-    what = f"dataset of {a.dataset['inputs']} inputs: {counts or 'no verdicts'}"
-    a.reason = "; ".join([what, *result.errors[:3]])
-    a.testcases = [Testcase(0, str(doc.get("source")), "dataset", *_case_of(code), what)]
+    what = f"dataset of {attempt.dataset['inputs']} inputs: {counts or 'no verdicts'}"
+    attempt.reason = "; ".join([what, *result.errors[:3]])
+    attempt.testcases = [Testcase(0, str(doc.get("source")), "dataset", *_case_of(code), what)]
 
 
 def _case_of(code: int) -> tuple[CaseStatus, CaseType]:
@@ -129,7 +129,7 @@ def _case_of(code: int) -> tuple[CaseStatus, CaseType]:
     return CaseStatus.ERROR, CaseType.USAGE if code == ExitCode.USAGE else CaseType.INFRASTRUCTURE
 
 
-def _variant_problems(a: Attempt, runs: Mapping[str, VariantRun]) -> tuple[list[ExitCode], list[str]]:
+def _variant_problems(attempt: Attempt, runs: Mapping[str, VariantRun]) -> tuple[list[ExitCode], list[str]]:
     """Exit codes and reasons of the variants that did not run cleanly (or did not run)."""
     codes: list[ExitCode] = []
     reasons: list[str] = []
@@ -140,7 +140,7 @@ def _variant_problems(a: Attempt, runs: Mapping[str, VariantRun]) -> tuple[list[
             codes.append(ExitCode.INFRASTRUCTURE)
         elif r.exit_code is not None:
             codes.append(ExitCode(r.exit_code))
-            reasons.append(f"{v}: {a.variants[v].failure_detail().splitlines()[0]}")
+            reasons.append(f"{v}: {attempt.variants[v].failure_detail().splitlines()[0]}")
     return codes, reasons
 
 
@@ -150,7 +150,7 @@ _Problem = tuple[CaseStatus, CaseType, str]
 def _side_problem(
     label: str,
     k: int,
-    a: Attempt,
+    attempt: Attempt,
     runs: Mapping[str, VariantRun],
     faults: dict[str, list[Fault]],
     ref_problem: str | None,
@@ -166,12 +166,16 @@ def _side_problem(
     if r is None:
         return CaseStatus.ERROR, CaseType.INFRASTRUCTURE, f"{label} not run: the board link failed before it"
     if r.exit_code is not None and r.source is None:
-        return *_case_of(r.exit_code), f"{label}: {a.variants[label].failure_detail()}"
+        return *_case_of(r.exit_code), f"{label}: {attempt.variants[label].failure_detail()}"
     return None
 
 
 def _testcases(
-    t: Task, a: Attempt, runs: Mapping[str, VariantRun], result: CompareResult | None, ref_problem: str | None
+    task: Task,
+    attempt: Attempt,
+    runs: Mapping[str, VariantRun],
+    result: CompareResult | None,
+    ref_problem: str | None,
 ) -> list[Testcase]:
     """One entry per input x requested comparison: passed / failure (mismatch, fault) / error."""
     out: list[Testcase] = []
@@ -182,12 +186,12 @@ def _testcases(
             by.setdefault((c.a, c.b, c.run), []).append(c)
         for f in result.faults:
             faults.setdefault(f.source, []).append(f)
-    for k, path in enumerate(t.case.inputs):
-        for pa, pb in t.job.pairs:
+    for k, path in enumerate(task.case.inputs):
+        for pa, pb in task.job.pairs:
             comps = by.get((pa, pb, k), [])
             problems = [
                 p
-                for p in (_side_problem(x, k, a, runs, faults, ref_problem) for x in (pa, pb))
+                for p in (_side_problem(x, k, attempt, runs, faults, ref_problem) for x in (pa, pb))
                 if p is not None
             ]
             bad = [c for c in comps if not c.match]
@@ -210,6 +214,10 @@ def _testcases(
                     f"{n} output(s) within {comps[0].tolerance_lsb:g} LSB",
                 )
             else:
-                verdict = (CaseStatus.ERROR, CaseType.INFRASTRUCTURE, a.reason or "nothing was compared")
+                verdict = (
+                    CaseStatus.ERROR,
+                    CaseType.INFRASTRUCTURE,
+                    attempt.reason or "nothing was compared",
+                )
             out.append(Testcase(k, str(path), f"{pa}-vs-{pb}", *verdict))
     return out

@@ -246,7 +246,7 @@ def _host_identity(host: str) -> str:
 
 
 def port_identity(port: str) -> str:
-    """What a ``port`` value reaches, spelled one way, for the inventory's duplicate check (issue 28):
+    """What a ``port`` value reaches, spelled one way, for the inventory's duplicate check:
 
     - ``rfc2217://`` / ``socket://``: scheme, host (see :func:`_host_identity`) and port; the query
       (``?ign_set_control``, ``?logging=debug``) sets client options, not the endpoint;
@@ -323,7 +323,7 @@ _POWER_CYCLE_HINT = 'e.g. power_cycle = ["uhubctl", "-l", "1-1", "-p", "2", "-a"
 
 
 def _inventory_error(
-    p: Path, data: Mapping[str, object], exc: ValidationError, prefix: Loc = ()
+    inventory_path: Path, data: Mapping[str, object], exc: ValidationError, prefix: Loc = ()
 ) -> PlanError:
     """The first problem pydantic found, as "inventory FILE: WHERE: field 'F' ..."."""
     loc, msg = problem(
@@ -336,21 +336,25 @@ def _inventory_error(
         board_name = entry_name(data, "board", loc[1])
         valid = board_name is not None and NAME_RE.match(board_name) and name != "name"
         where = f"board {board_name!r}" if valid else f"board #{int(loc[1]) + 1}"
-        return _err(p, where, name, entry + msg, _POWER_CYCLE_HINT if name == "power_cycle" else hint)
+        return _err(
+            inventory_path, where, name, entry + msg, _POWER_CYCLE_HINT if name == "power_cycle" else hint
+        )
     if loc[0] == "board":
-        return _err(p, "top level", "board", f"{msg}: list the bench's boards as [[board]] tables")
+        return _err(
+            inventory_path, "top level", "board", f"{msg}: list the bench's boards as [[board]] tables"
+        )
     name, entry = field_path(loc)
     where = "[labgrid]" if loc[0] == "labgrid" else "top level"
-    return _err(p, where, name.rpartition(".")[2], entry + msg, hint)
+    return _err(inventory_path, where, name.rpartition(".")[2], entry + msg, hint)
 
 
-def _bench_board(p: Path, entry: BoardEntry, seen: set[str]) -> BenchBoard:
+def _bench_board(inventory_path: Path, entry: BoardEntry, seen: set[str]) -> BenchBoard:
     """One ``[[board]]`` table: board type and console, how to reach it, its power cycle."""
     where = f"board {entry.name!r}"
     if entry.name in seen:
-        raise _err(p, where, "name", "is used twice; board names must be unique")
-    board = _board_type(p, where, entry)
-    key, value = _reach(p, where, entry, board)
+        raise _err(inventory_path, where, "name", "is used twice; board names must be unique")
+    board = _board_type(inventory_path, where, entry)
+    key, value = _reach(inventory_path, where, entry, board)
     return BenchBoard(
         name=entry.name,
         type=entry.type,
@@ -364,51 +368,56 @@ def _bench_board(p: Path, entry: BoardEntry, seen: set[str]) -> BenchBoard:
     )
 
 
-def _board_type(p: Path, where: str, entry: BoardEntry) -> Board:
+def _board_type(inventory_path: Path, where: str, entry: BoardEntry) -> Board:
     """The board type (built-in name or .toml relative to the inventory), with its console applied."""
     from harness.firmware.boards import load_board
 
     btype = type_ref = entry.type
     if btype.endswith(".toml") and not Path(btype).is_absolute():
-        type_ref = str(p.resolve().parent / btype)
+        type_ref = str(inventory_path.resolve().parent / btype)
     try:
         board = load_board(type_ref)
     except EspCheckError as exc:
         raise _err(
-            p, where, "type", f"names an unknown board type {btype!r}: {exc.message}", exc.hint
+            inventory_path, where, "type", f"names an unknown board type {btype!r}: {exc.message}", exc.hint
         ) from None
     console = entry.console or board.console
     if console == "usb_serial_jtag" and not CHIPS[board.chip].usb_serial_jtag:
-        raise _err(p, where, "console", f"is usb_serial_jtag but the {board.chip} has no USB-Serial-JTAG")
+        raise _err(
+            inventory_path,
+            where,
+            "console",
+            f"is usb_serial_jtag but the {board.chip} has no USB-Serial-JTAG",
+        )
     return with_console(board, console)
 
 
-def _reach(p: Path, where: str, entry: BoardEntry, board: Board) -> tuple[str, str]:
+def _reach(inventory_path: Path, where: str, entry: BoardEntry, board: Board) -> tuple[str, str]:
     """Exactly one of port / usb_serial / usb_location / place, checked: (field, value)."""
     reach = {k: v for k in _REACH_KEYS if (v := getattr(entry, k)) is not None}
     if len(reach) != 1:
         raise _err(
-            p,
+            inventory_path,
             where,
             "port",
             f"needs exactly one of port / usb_serial / usb_location / place (got {sorted(reach) or 'none'})",
         )
     key, value = next(iter(reach.items()))
     if key == "port":
-        _check_port_url(p, where, value)
+        _check_port_url(inventory_path, where, value)
     refused = target_class(board).refuse_reach(board, key, value)  # what the kind of board takes
     if refused is not None:
-        raise _err(p, where, key, *refused)
+        raise _err(inventory_path, where, key, *refused)
     return key, value
 
 
-def _check_port_url(p: Path, where: str, value: str) -> None:
+def _check_port_url(inventory_path: Path, where: str, value: str) -> None:
     if value.lower() == "auto":
-        raise _err(p, where, "port", "cannot be 'auto' on a bench: name the board's port")
+        raise _err(inventory_path, where, "port", "cannot be 'auto' on a bench: name the board's port")
     scheme = value.split("://", 1)[0].lower() if "://" in value else ""
     if scheme not in ("", "rfc2217", "socket", "sim", "native"):
         raise _err(
-            p,
+            inventory_path,
             where,
             "port",
             f"uses unsupported URL scheme {scheme}://",

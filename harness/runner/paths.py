@@ -49,12 +49,15 @@ def safe_component(text: str) -> str:
     return f"{safe[: MAX_COMPONENT - 9]}-{digest}" if safe else digest
 
 
-def _ours(d: Path) -> bool:
-    """``d`` was written by ``esp-check run``: its marker, or (before markers) a run summary."""
-    if (d / MARKER).is_file():
+def _ours(directory: Path) -> bool:
+    """``directory`` was written by ``esp-check run``: its marker, or (before markers) a run summary."""
+    if (directory / MARKER).is_file():
         return True
     try:
-        return json.loads((d / "summary.json").read_text(encoding="utf-8")).get("schema") == SUMMARY_SCHEMA
+        return (
+            json.loads((directory / "summary.json").read_text(encoding="utf-8")).get("schema")
+            == SUMMARY_SCHEMA
+        )
     except (OSError, ValueError, AttributeError):
         return False
 

@@ -210,7 +210,7 @@ _UNKNOWN = {
 }
 
 
-def _plan_error(p: Path, data: Mapping[str, object], exc: ValidationError) -> PlanError:
+def _plan_error(plan_path: Path, data: Mapping[str, object], exc: ValidationError) -> PlanError:
     """The first problem pydantic found, as "plan FILE: WHERE: field 'F' ..." (WHERE: a table or job)."""
     loc, msg = problem(exc, PlanFile, _UNKNOWN)
     hint = known_keys(PlanFile, loc) if msg in _UNKNOWN.values() else None
@@ -219,14 +219,14 @@ def _plan_error(p: Path, data: Mapping[str, object], exc: ValidationError) -> Pl
         job_name = entry_name(data, "job", loc[1])
         valid = job_name is not None and NAME_RE.match(job_name) and loc[2] != "name"
         where = f"job {job_name!r}" if valid else f"job #{int(loc[1]) + 1}"
-        return _err(p, where, name, entry + msg, hint)
+        return _err(plan_path, where, name, entry + msg, hint)
     if loc[0] == "job" and len(loc) == 2:
-        return _err(p, f"job #{int(loc[1]) + 1}", "job", "must be a table")
+        return _err(plan_path, f"job #{int(loc[1]) + 1}", "job", "must be a table")
     if loc[0] == "job":
-        return _err(p, "top level", "job", f"{msg}: a plan needs at least one [[job]] table")
+        return _err(plan_path, "top level", "job", f"{msg}: a plan needs at least one [[job]] table")
     if loc[0] in ("run", "defaults") and len(loc) > 1:
-        return _err(p, f"[{loc[0]}]", name, entry + msg, hint)
-    return _err(p, "top level", str(loc[0]), msg, hint)
+        return _err(plan_path, f"[{loc[0]}]", name, entry + msg, hint)
+    return _err(plan_path, "top level", str(loc[0]), msg, hint)
 
 
 def _overlay(defaults: JobSettings, table: JobTable) -> JobSettings:
@@ -275,29 +275,33 @@ def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
     return Plan(path=p, jobs=tuple(jobs), run=plan.run)
 
 
-def _job(p: Path, i: int, table: JobTable, defaults: JobSettings, seen: set[str]) -> Job:
+def _job(plan_path: Path, i: int, table: JobTable, defaults: JobSettings, seen: set[str]) -> Job:
     """One ``[[job]]`` table: its settings over the defaults, board types, models and their inputs."""
     name = table.name
     where = f"job {name!r}"
     if name in seen:
-        raise _err(p, where, "name", "is used by two jobs; job names must be unique")
-    data = _dataset_spec(p, where, table)
+        raise _err(plan_path, where, "name", "is used by two jobs; job names must be unique")
+    data = _dataset_spec(plan_path, where, table)
     if data is None and table.inputs is None:
-        raise _err(p, where, "inputs", "is missing", "give inputs, a dataset or random_inputs (docs/ci.md)")
-    base_dir = p.resolve().parent
+        raise _err(
+            plan_path, where, "inputs", "is missing", "give inputs, a dataset or random_inputs (docs/ci.md)"
+        )
+    base_dir = plan_path.resolve().parent
     s = _overlay(defaults, table)
     boards = tuple(
         str(base_dir / b) if b.endswith(".toml") and not Path(b).is_absolute() else b for b in s.boards
     )
     if not boards:
-        raise _err(p, where, "boards", "is missing (and [defaults] has none): list board types")
-    models = _job_models(p, where, base_dir, table.models)
+        raise _err(plan_path, where, "boards", "is missing (and [defaults] has none): list board types")
+    models = _job_models(plan_path, where, base_dir, table.models)
     if table.inputs is not None:
-        cases = _job_cases(p, where, base_dir, models, list(table.inputs))
+        cases = _job_cases(plan_path, where, base_dir, models, list(table.inputs))
     else:
-        cases = _dataset_cases(p, where, base_dir, models, table)
+        cases = _dataset_cases(plan_path, where, base_dir, models, table)
     if len({c.name for c in cases}) != len(cases):
-        raise _err(p, where, "models", "lists two models with the same file name; split them into two jobs")
+        raise _err(
+            plan_path, where, "models", "lists two models with the same file name; split them into two jobs"
+        )
     settings = {k: getattr(s, k) for k in JobSettings.model_fields if k not in ("boards", "input_options")}
     return Job(
         name=name,
@@ -319,22 +323,27 @@ def _options(table: InputOptionsTable) -> InputOptions | None:
     return InputOptions(**given)
 
 
-def _dataset_spec(p: Path, where: str, table: JobTable) -> DatasetSpec | None:
+def _dataset_spec(plan_path: Path, where: str, table: JobTable) -> DatasetSpec | None:
     """The job's dataset fields, checked as flash-and-compare checks its options (None: no dataset)."""
     given = table.model_fields_set
     has = [k for k in ("dataset", "random_inputs") if k in given]
     if not has:
         extra = [k for k in _DATASET_KEYS if k in given]
         if extra:
-            raise _err(p, where, extra[0], "needs 'dataset' or 'random_inputs' in the same job")
+            raise _err(plan_path, where, extra[0], "needs 'dataset' or 'random_inputs' in the same job")
         return None
     if len(has) == 2:
-        raise _err(p, where, "random_inputs", "and 'dataset' exclude each other", "split them into two jobs")
+        raise _err(
+            plan_path, where, "random_inputs", "and 'dataset' exclude each other", "split them into two jobs"
+        )
     if table.inputs is not None:
-        raise _err(p, where, has[0], "and 'inputs' exclude each other", "split them into two jobs")
+        raise _err(plan_path, where, has[0], "and 'inputs' exclude each other", "split them into two jobs")
     if table.labels is not None and table.random_inputs is not None:
         raise _err(
-            p, where, "labels", "must be a path, and only with 'dataset' (random inputs have no labels)"
+            plan_path,
+            where,
+            "labels",
+            "must be a path, and only with 'dataset' (random inputs have no labels)",
         )
     return DatasetSpec(
         random_inputs=table.random_inputs, seed=table.seed, results=table.results, repeat=table.repeat
@@ -342,28 +351,30 @@ def _dataset_spec(p: Path, where: str, table: JobTable) -> DatasetSpec | None:
 
 
 def _dataset_cases(
-    p: Path, where: str, base_dir: Path, models: list[Path], table: JobTable
+    plan_path: Path, where: str, base_dir: Path, models: list[Path], table: JobTable
 ) -> list[ModelCase]:
     """Each model with its dataset and labels paths ('{model}' = the model's file stem, literally)."""
 
-    def resolve(pattern: str | None, m: Path) -> Path | None:
+    def resolve(pattern: str | None, model: Path) -> Path | None:
         if pattern is None:
             return None
-        if "{model}" in pattern and m.stem in (".", ".."):
-            raise _err(p, where, "models", f"has a model file named {m.name!r}: no stem for '{{model}}'")
-        path = Path(pattern.replace("{model}", m.stem)).expanduser()
+        if "{model}" in pattern and model.stem in (".", ".."):
+            raise _err(
+                plan_path, where, "models", f"has a model file named {model.name!r}: no stem for '{{model}}'"
+            )
+        path = Path(pattern.replace("{model}", model.stem)).expanduser()
         return path if path.is_absolute() else base_dir / path
 
     return [ModelCase(m, (), resolve(table.dataset, m), resolve(table.labels, m)) for m in models]
 
 
-def _job_models(p: Path, where: str, base_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
+def _job_models(plan_path: Path, where: str, base_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
     models: list[Path] = []
     for pattern in patterns:
         found = _expand(base_dir, pattern, None)
         if not found:
             raise _err(
-                p,
+                plan_path,
                 where,
                 "models",
                 f"entry {pattern!r} matches no file",
@@ -374,7 +385,7 @@ def _job_models(p: Path, where: str, base_dir: Path, patterns: tuple[str, ...]) 
 
 
 def _job_cases(
-    p: Path, where: str, base_dir: Path, models: list[Path], input_patterns: list[str]
+    plan_path: Path, where: str, base_dir: Path, models: list[Path], input_patterns: list[str]
 ) -> list[ModelCase]:
     """Each model with its inputs ('{model}' in a pattern = the model's file stem)."""
     from harness.firmware.generate import MAX_INPUTS
@@ -383,7 +394,7 @@ def _job_cases(
     for m in models:
         if m.stem in (".", "..") and any("{model}" in x for x in input_patterns):
             raise _err(
-                p,
+                plan_path,
                 where,
                 "models",
                 f"has a model file named {m.name!r}, whose stem {m.stem!r} cannot stand "
@@ -395,7 +406,7 @@ def _job_cases(
             found = _expand(base_dir, pattern, m.stem)
             if not found:
                 raise _err(
-                    p,
+                    plan_path,
                     where,
                     "inputs",
                     f"entry {pattern!r} matches no file for model {m.name}",
@@ -405,7 +416,10 @@ def _job_cases(
         files = list(dict.fromkeys(files))
         if len(files) > MAX_INPUTS:
             raise _err(
-                p, where, "inputs", f"gives {len(files)} inputs for {m.name}; one firmware holds {MAX_INPUTS}"
+                plan_path,
+                where,
+                "inputs",
+                f"gives {len(files)} inputs for {m.name}; one firmware holds {MAX_INPUTS}",
             )
         cases.append(ModelCase(m, tuple(files)))
     return cases

@@ -50,66 +50,66 @@ _OUTCOME: dict[CaseStatus, junit.Outcome] = {
 }
 
 
-def _task_board(t: Task) -> str | None:
-    return t.reported.board if t.reported is not None else t.pinned
+def _task_board(task: Task) -> str | None:
+    return task.reported.board if task.reported is not None else task.pinned
 
 
-def _variant_doc(o: VariantOutcome) -> dict[str, object]:
-    regions = o.flash["regions"] if o.flash else []
+def _variant_doc(outcome: VariantOutcome) -> dict[str, object]:
+    regions = outcome.flash["regions"] if outcome.flash else []
     return {
-        "exit_code": o.exit_code,
-        "nn_mode": o.nn_mode,
-        "capture_valid": o.capture_valid,
-        "firmware_sha256": o.firmware_sha256,
-        "build_cache_hit": o.build_cache_hit,
-        "serial_log": o.serial_log,
+        "exit_code": outcome.exit_code,
+        "nn_mode": outcome.nn_mode,
+        "capture_valid": outcome.capture_valid,
+        "firmware_sha256": outcome.firmware_sha256,
+        "build_cache_hit": outcome.build_cache_hit,
+        "serial_log": outcome.serial_log,
         "flash_bytes_written": sum(r["bytes_written"] for r in regions) if regions else None,
         "flash_regions_skipped": sum(1 for r in regions if r["skipped"]) if regions else None,
-        "problems": o.problems,
-        "findings": [f.get("kind", f) if isinstance(f, dict) else f for f in o.findings],
+        "problems": outcome.problems,
+        "findings": [f.get("kind", f) if isinstance(f, dict) else f for f in outcome.findings],
     }
 
 
-def _attempt_doc(a: Attempt) -> dict[str, object]:
+def _attempt_doc(attempt: Attempt) -> dict[str, object]:
     return {
-        "n": a.n,
-        **a.where_and_how(),
-        "dir": str(a.dir) if a.dir else None,
-        "variants": {v: _variant_doc(o) for v, o in a.variants.items()},
-        "dataset": a.dataset,
+        "n": attempt.n,
+        **attempt.where_and_how(),
+        "dir": str(attempt.dir) if attempt.dir else None,
+        "variants": {v: _variant_doc(o) for v, o in attempt.variants.items()},
+        "dataset": attempt.dataset,
     }
 
 
-def _task_doc(t: Task) -> dict[str, object]:
+def _task_doc(task: Task) -> dict[str, object]:
     return {
-        "id": t.id,
-        "job": t.job.name,
-        "model": str(t.case.model),
-        "inputs": [str(p) for p in t.case.inputs],
-        "board_type": t.board_type,
-        "placement": t.job.placement,
-        "board": _task_board(t),
-        "state": str(t.state),
-        "verdict": str(_task_verdict(t)),
-        "exit_code": t.exit_code,
-        "reason": t.reason,
-        "artifact_dir": str(t.dir),
-        "firmware_fault_confirmed": (t.fault_attempts >= 2) if t.fault_attempts else None,
-        "builds": t.builds,
-        "decisive_attempt": t.decisive.n if t.decisive is not None else None,
-        "attempts": [_attempt_doc(a) for a in t.attempts],
-        "testcases": [c.to_dict() for c in testcases_of(t)],
-        "dataset": _task_dataset(t),
+        "id": task.id,
+        "job": task.job.name,
+        "model": str(task.case.model),
+        "inputs": [str(p) for p in task.case.inputs],
+        "board_type": task.board_type,
+        "placement": task.job.placement,
+        "board": _task_board(task),
+        "state": str(task.state),
+        "verdict": str(_task_verdict(task)),
+        "exit_code": task.exit_code,
+        "reason": task.reason,
+        "artifact_dir": str(task.dir),
+        "firmware_fault_confirmed": (task.fault_attempts >= 2) if task.fault_attempts else None,
+        "builds": task.builds,
+        "decisive_attempt": task.decisive.n if task.decisive is not None else None,
+        "attempts": [_attempt_doc(a) for a in task.attempts],
+        "testcases": [c.to_dict() for c in testcases_of(task)],
+        "dataset": _task_dataset(task),
     }
 
 
-def _task_dataset(t: Task) -> AttemptDataset | None:
+def _task_dataset(task: Task) -> AttemptDataset | None:
     """A dataset job's figures from its decisive attempt (the last one when none decided)."""
-    return t.reported.dataset if t.job.data is not None and t.reported is not None else None
+    return task.reported.dataset if task.job.data is not None and task.reported is not None else None
 
 
-def _task_verdict(t: Task) -> Verdict:
-    return t.verdict if t.verdict is not None else Verdict.from_exit_code(t.exit_code or 0)
+def _task_verdict(task: Task) -> Verdict:
+    return task.verdict if task.verdict is not None else Verdict.from_exit_code(task.exit_code or 0)
 
 
 def _counts(result: RunResult) -> dict[str, int]:
@@ -195,29 +195,29 @@ def task_result_doc(task: dict[str, object], schema_version: object) -> dict[str
     return {"schema_version": schema_version, **{k: task[k] for k in keys if k in task}}
 
 
-def testcases_of(t: Task) -> list[Testcase]:
+def testcases_of(task: Task) -> list[Testcase]:
     """The task's testcases: from the decisive attempt, or one error per input x comparison."""
-    if t.decisive is not None and t.decisive.testcases and t.state != TaskState.ABORTED:
-        return list(t.decisive.testcases)
-    if t.state == TaskState.ABORTED:
+    if task.decisive is not None and task.decisive.testcases and task.state != TaskState.ABORTED:
+        return list(task.decisive.testcases)
+    if task.state == TaskState.ABORTED:
         kind = CaseType.ABORTED
     else:
         kind = {Verdict.USAGE_ERROR: CaseType.USAGE, Verdict.INTERNAL_ERROR: CaseType.INTERNAL}.get(
-            _task_verdict(t), CaseType.INFRASTRUCTURE
+            _task_verdict(task), CaseType.INFRASTRUCTURE
         )
-    why = t.reason or str(_task_verdict(t))
-    if t.job.data is not None:  # a dataset job is one testcase (its per-input verdicts: its report.json)
-        source = t.case.dataset or f"random inputs (seed {t.job.data.seed})"
+    why = task.reason or str(_task_verdict(task))
+    if task.job.data is not None:  # a dataset job is one testcase (its per-input verdicts: its report.json)
+        source = task.case.dataset or f"random inputs (seed {task.job.data.seed})"
         return [Testcase(0, str(source), "dataset", CaseStatus.ERROR, kind, why)]
     return [
         Testcase(k, str(p), f"{a}-vs-{b}", CaseStatus.ERROR, kind, why)
-        for k, p in enumerate(t.case.inputs)
-        for a, b in t.job.pairs
+        for k, p in enumerate(task.case.inputs)
+        for a, b in task.job.pairs
     ]
 
 
-def _raw_logs(t: Task) -> str:
-    a = t.reported
+def _raw_logs(task: Task) -> str:
+    a = task.reported
     if a is None:
         return ""
     logs: dict[str, bytes | None] = {}
@@ -244,18 +244,18 @@ def junit_tree(result: RunResult) -> ET.ElementTree:
     return junit.tree(suites.values(), name="esp-check run", seconds=result.finished - result.started)
 
 
-def _task_cases(t: Task) -> list[junit.Case]:
-    where = junit.classname(t.job.name, t.case.name, _task_board(t) or t.board_type)
-    out_text = _raw_logs(t)
-    secs = sum((a.ended or 0) - (a.started or 0) for a in t.attempts if a.started and a.ended)
-    cases = testcases_of(t)
+def _task_cases(task: Task) -> list[junit.Case]:
+    where = junit.classname(task.job.name, task.case.name, _task_board(task) or task.board_type)
+    out_text = _raw_logs(task)
+    secs = sum((a.ended or 0) - (a.started or 0) for a in task.attempts if a.started and a.ended)
+    cases = testcases_of(task)
     each = secs / max(1, len(cases))
     found = []
     for c in cases:
         name = f"{junit.input_name(c.input_index, c.input)}.{junit.check_name(c.comparison)}"
-        text = f"task {t.id}: {t.reason}"
+        text = f"task {task.id}: {task.reason}"
         if c.status == CaseStatus.ERROR:
-            text += f"\nartifacts: {t.dir}"
+            text += f"\nartifacts: {task.dir}"
         outcome, kind = _OUTCOME[c.status], c.type.value
         found.append(junit.Case(where, name, outcome, kind, c.message, text, out=out_text, seconds=each))
     return found

@@ -277,5 +277,5 @@ class RunResult:
         return any(b.bench.board.is_native for b in self.boards)
 
 
-def now_iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now_iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -166,7 +166,9 @@ class _Chunk:
 
 
 @dataclass
-class _Conn:
+class _OpenPort:
+    """One ``sim://`` port open on this board."""
+
     ident: int
     epoch: int
     exclusive: bool
@@ -177,7 +179,7 @@ class ReferenceCache(dict[str, object]):
     """The board's cache (the app's model and its reference outputs by input): a dict whose ``out:``
     entries are bounded by their bytes, not their count. The two variants of a dataset run ask for the
     same inputs in the same order, so a count limit below the dataset's size evicted each output just
-    before the second variant needed it (issue 28: 5000 inputs took 85 s, 2500 took 1 s). The oldest
+    before the second variant needed it (measured: 5000 inputs took 85 s, 2500 took 1 s). The oldest
     outputs go first, and only when the outputs pass ``max_bytes``."""
 
     def __init__(self, max_bytes: int = 512 << 20) -> None:
@@ -225,7 +227,7 @@ class SimBoard:
         self._chunks: deque[_Chunk] = deque()
         self._last_end = 0.0
         self._epoch = 0
-        self._conns: dict[int, _Conn] = {}
+        self._conns: dict[int, _OpenPort] = {}
         self._next_conn = 1
         self._en_low = False
         self._pending: tuple[float, list[tuple[float, bool]]] | None = None
@@ -401,7 +403,7 @@ class SimBoard:
                 )
             ident = self._next_conn
             self._next_conn += 1
-            self._conns[ident] = _Conn(ident, self._epoch, exclusive)
+            self._conns[ident] = _OpenPort(ident, self._epoch, exclusive)
             return ident
 
     def detach(self, ident: int) -> None:

@@ -156,12 +156,12 @@ class SimServer:
         alive = threading.Event()
         alive.set()
 
-        class _Conn:
+        class _ClientWriter:
             def write(self, data: bytes) -> None:
                 with lock:
                     client.sendall(data)
 
-        manager = _port_manager(ser, _Conn()) if self.rfc2217 else None
+        manager = _port_manager(ser, _ClientWriter()) if self.rfc2217 else None
         if not self.rfc2217:
             ser.dtr = True  # a terminal opening the port: both lines active, EN stays high
             ser.rts = True
@@ -177,7 +177,7 @@ class SimServer:
                 if not data:
                     continue
                 try:
-                    _Conn().write(b"".join(manager.escape(data)) if manager else data)
+                    _ClientWriter().write(b"".join(manager.escape(data)) if manager else data)
                 except OSError:
                     break
             alive.clear()

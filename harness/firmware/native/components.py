@@ -97,7 +97,7 @@ def find_components(
     directory: str | Path, names: Sequence[str] = tuple(FIRMWARE_COMPONENTS)
 ) -> list[ComponentSource]:
     """The components ``names`` (build names) in ``directory``; UsageError (exit 2: the option names the
-    wrong place, issue 28 item 12) listing what is there."""
+    wrong place: a usage error, not a failure of the tools) listing what is there."""
     base = Path(directory).expanduser().resolve()
     if not base.is_dir():
         raise UsageError(

@@ -123,7 +123,7 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 
 def configure_command(
-    tc: Toolchain,
+    toolchain: Toolchain,
     tree: Path,
     main_dir: Path,
     components: Sequence[ComponentSource],
@@ -137,26 +137,26 @@ def configure_command(
     (:func:`_snapshot_standins`); the installed package's directory when not given."""
     comps = ";".join(f"{c.name}={c.path}" for c in components)
     return [
-        tc.cmake,
+        toolchain.cmake,
         "-S",
         str(standins or STANDINS_DIR),
         "-B",
         str(tree / "build"),
         "-G",
-        tc.generator,
-        f"-DCMAKE_C_COMPILER={tc.cc}",
-        f"-DCMAKE_CXX_COMPILER={tc.cxx}",
-        f"-DCMAKE_C_FLAGS={' '.join(tc.common_flags)}",
-        f"-DCMAKE_CXX_FLAGS={' '.join(tc.cxx_flags)}",
-        f"-DCMAKE_EXE_LINKER_FLAGS={' '.join(tc.common_flags)}",
+        toolchain.generator,
+        f"-DCMAKE_C_COMPILER={toolchain.cc}",
+        f"-DCMAKE_CXX_COMPILER={toolchain.cxx}",
+        f"-DCMAKE_C_FLAGS={' '.join(toolchain.common_flags)}",
+        f"-DCMAKE_CXX_FLAGS={' '.join(toolchain.cxx_flags)}",
+        f"-DCMAKE_EXE_LINKER_FLAGS={' '.join(toolchain.common_flags)}",
         "-DCMAKE_BUILD_TYPE=",
         f"-DESP_CHECK_CONFIG_DIR={tree / 'config'}",
         f"-DESP_CHECK_COMPONENTS={comps}",
         f"-DESP_CHECK_MAIN_DIR={main_dir}",
         f"-DESP_CHECK_PROJECT_DIR={main_dir.parent}",
         f"-DESP_CHECK_DEPENDENCIES_LOCK={dependencies_lock or ''}",
-        f"-DESP_CHECK_NATIVE_HOST={tc.machine}",
-        f"-DESP_CHECK_NATIVE_SANITIZE={tc.sanitize_label}",
+        f"-DESP_CHECK_NATIVE_HOST={toolchain.machine}",
+        f"-DESP_CHECK_NATIVE_SANITIZE={toolchain.sanitize_label}",
     ]
 
 
@@ -254,8 +254,8 @@ def ccache_env(root: Path) -> dict[str, str]:
     return {"CCACHE_BASEDIR": str(root.resolve()), "CCACHE_NOHASHDIR": "1"}
 
 
-def build_command(tc: Toolchain, tree: Path, jobs: int) -> list[str]:
-    return [tc.cmake, "--build", str(tree / "build"), "--target", PROGRAM, "--parallel", str(jobs)]
+def build_command(toolchain: Toolchain, tree: Path, jobs: int) -> list[str]:
+    return [toolchain.cmake, "--build", str(tree / "build"), "--target", PROGRAM, "--parallel", str(jobs)]
 
 
 def build_program(

@@ -371,7 +371,7 @@ def _refuse_clobbering(run: _Run) -> None:
 def _tap(run: _Run) -> None:
     """``--tap``: the tap flow after the comparison (its dump run rebuilds the same firmware with dumps
     on, and its timing and culprit). Imported here: a run without --tap loads none of the tap analysis."""
-    from harness.flows.tap_run import TapRunRequest, run_tap_flow
+    from harness.flows.tap_run import TapRunRequest, run_tap_flow  # lazy: --tap only, not on a repeat run
 
     req = TapRunRequest(spec=run.spec, info=run.info, target=run.target, out=run.out)
     cm = run.lock()
@@ -601,7 +601,7 @@ def _finish(run: _Run, seconds: float, *, reports: bool = True) -> FlashAndCompa
     )
     write_report(result, model=run.model, inputs=run.inputs, seconds=seconds)
     if html is not None or bundle is not None:
-        from harness.analysis.html_report import write_outputs
+        from harness.analysis.html_report import write_outputs  # lazy: jinja2 only for --html/--bundle
 
         tapped = [Path(d["file"]) for d in (run.dataset.tap_inputs or [])] if run.dataset else []
         # a dataset run's bundle carries the inputs it tapped (the dataset itself stays where it is)

@@ -199,7 +199,7 @@ def run_cmd(
     fault (precedence 2, 4, 1, 3, 0).
     """
     # lazy: the runner pulls pyserial and pydantic; `esp-check --help` loads this module without them
-    from harness.runner import RunOptions
+    from harness.runner import RunOptions, write_reports
     from harness.runner.executor import Runner  # lazy: as above
 
     console = make_console(stderr=True)
@@ -232,8 +232,6 @@ def run_cmd(
         return _validate_only(runner)
     with _stop_on_signals(stop, hard, console):
         result = runner.run()
-    from harness.runner.reports import write_reports  # once the run is over
-
     paths = warning_lines(  # a deprecation warning (schema version 1) becomes one warning line
         lambda: write_reports(
             result,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +73,7 @@ def _from_inventory(config: pytest.Config) -> EspCheckBoard | None:
     path = config.getoption("esp_check_inventory")
     if path is None:
         return None
-    from harness.runner.inventory import load_inventory
+    from harness.runner.inventory import load_inventory  # lazy: the plugin loads into every pytest run
 
     inv = load_inventory(path, coordinator=config.getoption("esp_check_labgrid"))
     name = config.getoption("esp_check_board_name")
@@ -88,7 +89,7 @@ def _from_inventory(config: pytest.Config) -> EspCheckBoard | None:
 
 
 def _simulated(board: str) -> bool:
-    from harness.firmware.boards import load_board
+    from harness.firmware.boards import load_board  # lazy: the plugin loads into every pytest run
 
     return bool(load_board(board).simulated)
 
@@ -102,7 +103,7 @@ def _labgrid_board(config: pytest.Config) -> Iterator[EspCheckBoard | None]:
         return
     if not (coordinator and place):
         raise pytest.UsageError("--esp-check-labgrid HOST:PORT and --esp-check-place NAME go together")
-    from harness.device.labgrid import TYPE_TAG, LabgridClient, PlaceLease
+    from harness.device.labgrid import TYPE_TAG, LabgridClient, PlaceLease  # lazy: as _from_inventory
 
     client = LabgridClient(coordinator)
     board = config.getoption("esp_check_board") or client.show(place).tags.get(TYPE_TAG)
@@ -142,8 +143,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _warn(message: str) -> None:
-    import warnings
-
     warnings.warn(message, stacklevel=2)
 
 
@@ -213,7 +212,7 @@ def flash_and_compare(request: pytest.FixtureRequest, tmp_path: Path) -> Callabl
         board_type: str | None = None,
         **options: Any,
     ) -> Any:
-        from harness import api
+        from harness import api  # lazy: numpy, pyserial, the pipeline: only when a test calls this
 
         if dut is not None:
             board = EspCheckBoard.from_dut(dut, board_type or (board.board if board else "sim"))

@@ -111,3 +111,21 @@ def test_every_table_entry_is_a_click_command_of_that_name():
     for name in LAZY_COMMANDS:
         command = cli.get_command(ctx, name)
         assert isinstance(command, click.Command) and command.name == name, name
+
+
+LIST_MODULES = ROOT / "bench" / "list_modules.py"  # writes what a CLI run loaded
+
+
+def test_bench_detect_loads_no_pipeline_and_no_esptool(tmp_path: Path) -> None:
+    """`bench detect` imports the runner (the inventory): the pipeline, esptool (only a chip probe's) and
+    YAML (only a labgrid place's) stay out, as the runner's imports inside functions say."""
+    listed = tmp_path / "modules.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(LIST_MODULES), str(listed), "bench", "detect", "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    loaded = set(listed.read_text().split())
+    assert "harness.runner.inventory" in loaded  # (the list is of a run that used the runner)
+    unused = {"harness.flows.job", "harness.flows.flash_and_compare", "harness.flows.dataset"}
+    unused |= {"harness.device.flash", "esptool", "yaml"}
+    assert loaded & unused == set()

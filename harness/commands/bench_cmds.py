@@ -50,9 +50,9 @@ def check_serial_cmd(as_json: bool) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table and a snippet.")
 def detect_cmd(probe_chip: bool, show_all: bool, as_json: bool) -> int:
     """List attached serial devices (VID:PID, serial number, chip) and print an inventory snippet."""
-    # loaded here, not at the top: the inventory uses pyserial, which check-serial must run without
+    # lazy: check-serial, in this group, must run without pyserial (the inventory's) and numpy (common's)
     from harness.commands.common import make_console
-    from harness.runner.inventory import detect_devices, inventory_snippet
+    from harness.runner.inventory import detect_devices, inventory_snippet  # lazy: pyserial, as above
 
     devices = detect_devices(probe_chip=probe_chip, only_known=not show_all)
     if as_json:

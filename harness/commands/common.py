@@ -205,6 +205,7 @@ def native_options(f: F) -> F:
     def wrapper(
         *args: Any, components_dir: Path | None, sanitize: bool, jobs: int | None, **kwargs: Any
     ) -> Any:
+        # lazy: ~28 ms (filelock, subprocess) that compare, inspect, sim and sweep never need
         from harness.firmware.native.project import NativeOptions
 
         native = NativeOptions(components_dir=components_dir, sanitize=sanitize, jobs=jobs)

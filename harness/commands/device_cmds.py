@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.analysis.report import safe_lines, safe_markup
+from harness.analysis.report import print_report, safe_lines, safe_markup
 from harness.commands.common import (
     ARENA_KB,
     BAUD,
@@ -35,9 +35,11 @@ from harness.commands.common import (
     with_options,
 )
 from harness.errors import UsageError, Verdict
+from harness.firmware.backtrace import describe
 from harness.firmware.build import BUILDERS
 from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageTimeouts, entries, section
+from harness.flows.report import report_as, write_refusal
 from harness.model.inputs import InputOptions
 
 if TYPE_CHECKING:
@@ -219,8 +221,6 @@ def _out_in_args(args: list[str]) -> Path:
 
 
 def _refused(out_dir: Path, message: str) -> None:
-    from harness.flows.report import write_refusal
-
     write_refusal(Path(out_dir), message)
 
 
@@ -268,6 +268,7 @@ def flash_and_compare_cmd(
 
     Exit code: 0 match, 1 mismatch, 2 usage error, 3 infrastructure error, 4 firmware fault.
     """
+    # lazy: the pipeline pulls pyserial; `esp-check --help` loads this module without it
     from harness.flows.flash_and_compare import JobOptions, flash_and_compare
 
     data = _dataset_options(
@@ -307,8 +308,6 @@ def flash_and_compare_cmd(
         )
     if as_json:
         doc = json.loads(result.report_path.read_text(encoding="utf-8"))
-        from harness.flows.report import report_as
-
         echo_json(lambda: report_as(doc, schema_version))
         _print_verdict(console, result)  # stdout holds the JSON; the one verdict line goes to stderr
     else:
@@ -343,7 +342,7 @@ def _dataset_options(
     repeat: int,
 ) -> DatasetOptions | None:
     """The checked DatasetOptions, or None for a run on --input files."""
-    from harness.flows.dataset import DatasetOptions
+    from harness.flows.dataset import DatasetOptions  # lazy: pulls pyserial, as the pipeline does
 
     if dataset is None and random_inputs is None:
         if not has_inputs:
@@ -391,8 +390,6 @@ def _refuse_given(names: tuple[str, ...], why: str, hint: str) -> None:
 
 
 def _print_summary(console: Console, result: FlashAndCompareResult) -> None:
-    from harness.analysis.report import print_report
-
     refused = result.reference_refused
     if result.comparison is not None:  # the run's one verdict line comes last (_print_verdict)
         label = "optimized vs ANSI C only (the host reference refused)" if refused else None
@@ -531,8 +528,6 @@ def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
 
 def _print_backtraces(console: Console, result: FlashAndCompareResult) -> None:
     """Each crash's decoded call chain (or why it was not decoded), under the table."""
-    from harness.firmware.backtrace import describe
-
     for v, r in result.variants.items():
         for f in r.findings:
             line = describe(section(f.get("details")))

@@ -116,8 +116,9 @@ def hybrid_cmd(
     --ansi-kinds, or from --bisect. Exit code: 0 a verified hybrid is offered (or none was needed),
     1 no hybrid verified, 2 usage error, 3 infrastructure error, 4 firmware fault and no fix found.
     """
+    # lazy: the pipeline pulls pyserial; `esp-check --help` loads this module without it
     from harness.flows.hybrid import HybridOptions, hybrid
-    from harness.flows.job import JobOptions
+    from harness.flows.job import JobOptions  # lazy: as above
 
     if not inputs:
         raise UsageError("hybrid needs at least one --input", hint="pass --input FILE (repeatable)")

@@ -16,14 +16,14 @@ from harness.analysis.report import safe_markup
 from harness.commands.common import FILE, input_options, make_console, path_option
 from harness.errors import ExitCode, InputDataError
 from harness.model import opdata
+from harness.model.arena import ArenaEstimate, estimate_arena
 from harness.model.inputs import InputOptions, PreparedInput, default_image_range, load_input
 from harness.model.loader import ModelInfo, TensorInfo, load_model
+from harness.model.reference import LayerDisagreement, compare_backends, run_reference, tflm_available
 from harness.protocol.spec import crc32_hex
 
 if TYPE_CHECKING:
-    from harness.model.arena import ArenaEstimate
     from harness.model.backends import ReferenceResult
-    from harness.model.reference import LayerDisagreement
 
 JSON_SCHEMA_INSPECT = "esp-check.inspect/1"
 JSON_SCHEMA_REFERENCE = "esp-check.reference/1"
@@ -246,8 +246,6 @@ def inspect_cmd(
     runs = prepare_runs(info, inputs, input_options) if inputs else []
     arena = None
     if not no_arena:
-        from harness.model.arena import estimate_arena
-
         arena = estimate_arena(model, chip=chip, espnn_version=esp_nn_version)
     if as_json:
         click.echo(json.dumps(_inspect_data(info, chip, runs, arena), indent=2))
@@ -341,8 +339,6 @@ def _print_reference(
     save_npy: Path | None,
 ) -> None:
     """The terminal view of a reference run: outputs per run, per-layer CRCs, backend cross-check."""
-    from harness.model.reference import tflm_available
-
     console.print(f"[bold]{safe_markup(model)}[/bold] on {result.backend_version} ({result.kernels})")
     for k, run in enumerate(result.runs):
         console.print(
@@ -429,8 +425,6 @@ def reference_cmd(
     as_json: bool,
 ) -> int:
     """Run MODEL on the host reference kernels: raw and dequantized outputs, optionally per layer."""
-    from harness.model.reference import compare_backends, run_reference, tflm_available
-
     info = load_model(model)
     if not inputs:
         raise InputDataError("no --input given", hint="pass --input FILE (one per model input per run)")

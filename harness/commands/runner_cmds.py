@@ -29,7 +29,8 @@ from harness.commands.common import (
     warning_lines,
     with_options,
 )
-from harness.errors import ExitCode, UsageError, Verdict
+from harness.device.serialpkg import inspect_serial_package
+from harness.errors import ExitCode, InfrastructureError, UsageError, Verdict
 from harness.firmware.boards import BUILDERS
 from harness.firmware.native.project import NativeOptions
 
@@ -197,8 +198,9 @@ def run_cmd(
     Exit code: 0 all matched, 1 a mismatch, 2 usage error, 3 infrastructure errors only, 4 a firmware
     fault (precedence 2, 4, 1, 3, 0).
     """
-    from harness.runner import RunOptions
-    from harness.runner.executor import Runner
+    # lazy: the runner pulls pyserial and pydantic; `esp-check --help` loads this module without them
+    from harness.runner import RunOptions, write_reports
+    from harness.runner.executor import Runner  # lazy: as above
 
     console = make_console(stderr=True)
     _check_schema_version(schema_version)
@@ -230,8 +232,6 @@ def run_cmd(
         return _validate_only(runner)
     with _stop_on_signals(stop, hard, console):
         result = runner.run()
-    from harness.runner.reports import write_reports  # once the run is over
-
     paths = warning_lines(  # a deprecation warning (schema version 1) becomes one warning line
         lambda: write_reports(
             result,
@@ -251,9 +251,6 @@ def run_cmd(
 
 def _check_serial_package(progress: Callable[[str], None] | None) -> None:
     """labgrid and esptool share the ``serial`` package (docs/ci.md): say whose it is, refuse a broken one."""
-    from harness.device.serialpkg import inspect_serial_package
-    from harness.errors import InfrastructureError
-
     pkg = inspect_serial_package()
     if not pkg.ok:
         raise InfrastructureError(pkg.describe(), hint=f"repair it: {pkg.fix()} (docs/ci.md, 'labgrid')")
@@ -263,7 +260,7 @@ def _check_serial_package(progress: Callable[[str], None] | None) -> None:
 
 def _check_schema_version(requested: int | None) -> None:
     """Refuse an unknown summary version before anything runs (not after an hour on the bench)."""
-    from harness.runner.reports import SUMMARY_VERSION
+    from harness.runner.reports import SUMMARY_VERSION  # lazy: the runner pulls pyserial (run_cmd)
 
     if requested not in (None, 1, SUMMARY_VERSION):
         raise UsageError(
@@ -274,8 +271,9 @@ def _check_schema_version(requested: int | None) -> None:
 
 
 def _load(plan: Path, inventory: Path | None, coordinator: str | None) -> tuple[Plan, Inventory]:
+    # lazy: the runner pulls pyserial and pydantic; `esp-check --help` loads this module without them
     from harness.runner import load_inventory, load_plan
-    from harness.runner.inventory import discover_inventory
+    from harness.runner.inventory import discover_inventory  # lazy: as above
 
     if inventory is None and coordinator is None:
         raise UsageError(
@@ -311,7 +309,7 @@ def _validate_only(runner: Runner) -> int:
 
 
 def _step_summary(result: RunResult, disabled: bool) -> None:
-    from harness.runner.reports import markdown as render_md
+    from harness.runner.reports import markdown as render_md  # lazy: the runner pulls pyserial (run_cmd)
 
     step = os.environ.get("GITHUB_STEP_SUMMARY")
     if step and not disabled:
@@ -320,7 +318,7 @@ def _step_summary(result: RunResult, disabled: bool) -> None:
 
 
 def _print(console: Console, result: RunResult) -> None:
-    from harness.runner.results import BoardStatus, TaskState
+    from harness.runner.results import BoardStatus, TaskState  # lazy: the runner pulls pyserial (run_cmd)
 
     kind = " (SIMULATED BOARDS)" if any(b.bench.simulated for b in result.boards) else ""
     table = Table("task", "board", "verdict", "attempts", "detail", title="esp-check run" + kind)

@@ -9,6 +9,7 @@ import click
 
 from harness.commands.common import BAUD
 from harness.errors import ExitCode
+from harness.firmware.boards import load_board
 
 
 def _url(name: str, **params: object) -> str:
@@ -87,9 +88,9 @@ def serve_cmd(
     raw socket): use --boot download for esptool over raw TCP. --rfc2217 clients use
     rfc2217://HOST:PORT and can reset it.
     """
-    from harness.firmware.boards import load_board
+    # lazy: the simulator pulls esptool and pydantic; `esp-check --help` loads this module without them
     from harness.sim import parse_url
-    from harness.sim.serve import SimServer
+    from harness.sim.serve import SimServer  # lazy: as above
 
     size = (flash_size or load_board("sim").flash_size).upper()
     params = {"chip": chip, "reset": reset, "seed": seed, "flash_size": size}

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING
 import click
 
 from harness.analysis.sweep_cases import OPS
+from harness.analysis.sweep_model import model_cases
 from harness.commands.common import DIR, make_console, out_option
 from harness.errors import UsageError
 from harness.flows.sweep import SweepOptions, sweep
+from harness.model.loader import load_model
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -124,9 +126,6 @@ def _print_findings(con: Console, findings: Sequence[Mapping[str, object]]) -> N
 
 def _model_cases(con: Console, from_model: Path, seed: int, ops: tuple[str, ...]) -> list[Case]:
     """The cases of ``--from-model``, filtered by ``--op``; the ops it cannot sweep are printed."""
-    from harness.analysis.sweep_model import model_cases
-    from harness.model.loader import load_model
-
     cases, skipped = model_cases(load_model(from_model), seed)
     cases = [c for c in cases if c.op in ops]
     for k, c in enumerate(cases, 1):

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from esp_pylib.logger import EspLog, EspLogBase
+from rich.text import Text
 
 __all__ = ["EsptoolLogSink", "capture_esptool_log"]
 
@@ -24,8 +25,6 @@ def _plain(args: tuple[object, ...]) -> str:
     if "[" not in text:
         return text
     try:
-        from rich.text import Text
-
         return Text.from_markup(text).plain
     except Exception:  # malformed markup: keep the raw text rather than lose the message
         return text

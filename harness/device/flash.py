@@ -364,8 +364,8 @@ def _connect(
     emit: Callable[[FlashProgress], None],
 ) -> tuple[ESPLoader, int]:
     from esptool.cmds import detect_chip  # only when a flash runs (module docstring)
-    from esptool.targets import CHIP_DEFS
-    from esptool.util import FatalError
+    from esptool.targets import CHIP_DEFS  # only when a flash runs
+    from esptool.util import FatalError  # only when a flash runs
 
     last: BaseException | None = None
     boot_log = b""
@@ -471,7 +471,7 @@ def flash_artifacts(
     to after a hard reset, so the app's first line is read at the right rate.
     """
     from esptool.cmds import attach_flash, detect_flash_size, reset_chip, run_stub  # a flash runs
-    from esptool.util import FatalError
+    from esptool.util import FatalError  # only when a flash runs
 
     t0 = time.monotonic()
     items = _checked_items(artifacts, after)

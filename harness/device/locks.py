@@ -15,16 +15,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import filelock
 
+from harness.device.ports import PortSpec, resolve_port
 from harness.errors import BoardBusyError
 from harness.resources import atomic_write, user_cache_dir
-
-if TYPE_CHECKING:
-    from harness.device.ports import PortSpec
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -56,8 +53,6 @@ def _net_host(host: str) -> str:
 def lock_key(port: PortSpec | str) -> str:
     """The lock key for a resolved :class:`harness.device.ports.PortSpec` (or a port string): the board's
     identity, never its /dev name (docs/ci.md, "Board locks", has the table)."""
-    from harness.device.ports import PortSpec, resolve_port
-
     ps = port if isinstance(port, PortSpec) else resolve_port(str(port))
     if ps.usb is not None and ps.usb.serial_number:
         return "usb-sn-" + _safe(ps.usb.serial_number)

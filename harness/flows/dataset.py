@@ -34,6 +34,7 @@ from harness.firmware.backtrace import decode_findings
 from harness.flows.capture import boot_variant, link_verdict
 from harness.flows.records import Recorder, VariantRun
 from harness.flows.resident import VARIANT_OF_NN, Boot, ResidentBoard
+from harness.model import reference
 from harness.model.dataset import Dataset, load_dataset, random_dataset
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, TensorInfo
@@ -740,8 +741,6 @@ def host_legs(
     model: Path, info: ModelInfo, dataset: Dataset, rec: Recorder, stop: threading.Event | None = None
 ) -> list[Leg]:
     """The host reference's outputs for every input (cached on disk by the hostrun child)."""
-    from harness.model.reference import run_reference
-
     tin = info.inputs[0]
     dt = np.dtype(tin.dtype).newbyteorder("<")
     model_bytes = model.read_bytes()
@@ -751,7 +750,9 @@ def host_legs(
         for k in range(0, len(dataset.items), HOST_CHUNK):
             part = dataset.items[k : k + HOST_CHUNK]
             arrays = [[np.frombuffer(it.data, dt).reshape(tin.shape)] for it in part]
-            legs += [host_leg(r.outputs) for r in run_reference(model_bytes, arrays, stop=stop).runs]
+            legs += [
+                host_leg(r.outputs) for r in reference.run_reference(model_bytes, arrays, stop=stop).runs
+            ]
         return legs
 
     return rec.run("reference", None, run)

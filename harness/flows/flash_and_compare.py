@@ -375,7 +375,7 @@ def _refuse_clobbering(run: _JobState) -> None:
 def _tap(run: _JobState) -> None:
     """``--tap``: the tap flow after the comparison (its dump run rebuilds the same firmware with dumps
     on, and its timing and culprit). Imported here: a run without --tap loads none of the tap analysis."""
-    from harness.flows.tap_run import TapRunRequest, run_tap_flow
+    from harness.flows.tap_run import TapRunRequest, run_tap_flow  # lazy: --tap only, not on a repeat run
 
     req = TapRunRequest(spec=run.spec, info=run.info, target=run.target, out=run.out)
     cm = run.lock()
@@ -607,7 +607,7 @@ def _finish(run: _JobState, seconds: float, *, reports: bool = True) -> FlashAnd
     )
     write_report(result, model=run.model, inputs=run.inputs, seconds=seconds)
     if html is not None or bundle is not None:
-        from harness.analysis.html_report import write_outputs
+        from harness.analysis.html_report import write_outputs  # lazy: jinja2 only for --html/--bundle
 
         tapped = [Path(d["file"]) for d in (run.dataset.tap_inputs or [])] if run.dataset else []
         # a dataset run's bundle carries the inputs it tapped (the dataset itself stays where it is)

@@ -42,9 +42,16 @@ from harness.errors import EspCheckError, ExitCode, UsageError, combine_exit_cod
 from harness.firmware.boards import Board, load_board
 from harness.firmware.build import build_project
 from harness.firmware.generate import FirmwareFeatures, generate_projects
-from harness.firmware.hybrid_context import HEADER, SOURCE, hybrid_firmware_context, readme_snippet
+from harness.firmware.hybrid_context import (
+    HEADER,
+    SOURCE,
+    hybrid_firmware_context,
+    readme_snippet,
+    registration_lines,
+)
 from harness.flows.capture import flash_and_capture
 from harness.flows.flash_and_compare import prepare_out_dir, run_job
+from harness.flows.hybrid_report import write_hybrid_outputs
 from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import FlashAndCompareResult, ProgressFn, Recorder, VariantRun
 from harness.flows.tap_run import TapRunRequest, dump_run
@@ -52,6 +59,7 @@ from harness.flows.targets import BoardLockCM, Target, open_target
 from harness.jsontypes import JSONValue
 from harness.model.hybrid_ops import ansi_path_applies, candidate_ops, format_ops, select_ansi_ops, switchable
 from harness.model.loader import ModelInfo, load_model
+from harness.model.opdata import resolver_methods
 from harness.protocol.capture import Capture
 
 
@@ -550,9 +558,6 @@ def _dropin(state: _State, project: Path) -> Dropin:
         state.info, state.res.ansi_ops, model_name=state.spec.model.name, model_sha256=state.info.sha256
     )
     assert ctx is not None
-    from harness.firmware.hybrid_context import registration_lines
-    from harness.model.opdata import resolver_methods
-
     resolver = list(resolver_methods(state.info))
     evidence = f"esp-check: {state.res.message}" + (" (SIMULATED board)" if state.res.simulated else "")
     (dest / "README.md").write_text(readme_snippet(ctx, resolver, evidence=evidence), encoding="utf-8")
@@ -637,8 +642,6 @@ def _reproduce(state: _State, ops: list[int]) -> dict[str, Capture]:
 
 
 def _finish(state: _State) -> None:
-    from harness.flows.hybrid_report import write_hybrid_outputs
-
     res = state.res
     res.exit_code = ExitCode.MATCH if res.offered else combine_exit_codes(state.codes or [ExitCode.MISMATCH])
     res.errors += list(res.baseline.errors if res.baseline else [])

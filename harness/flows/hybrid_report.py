@@ -79,11 +79,13 @@ def write_hybrid_outputs(
     bundle: str | Path | None = None,
 ) -> dict[str, object]:
     """report.json always; the HTML report and the bundle when asked for."""
-    from harness.analysis.html_report import render_hybrid_html
-
     doc = result_doc(res, stages, model=model, inputs=inputs)
     atomic_write(res.report_path, json.dumps(doc, indent=2, default=str) + "\n")
-    text = render_hybrid_html(doc) if html is not None or bundle is not None else None
+    text = None
+    if html is not None or bundle is not None:
+        from harness.analysis.html_report import render_hybrid_html  # lazy: jinja2 only for --html/--bundle
+
+        text = render_hybrid_html(doc)
     if html is not None and text is not None:
         Path(html).parent.mkdir(parents=True, exist_ok=True)
         Path(html).write_text(text, encoding="utf-8")

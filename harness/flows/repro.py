@@ -21,6 +21,7 @@ from harness.errors import EspCheckError
 from harness.jsontypes import JSONValue
 from harness.model.extract import single_op_model
 from harness.model.loader import ModelInfo
+from harness.model.reference import run_reference
 from harness.model.taps import tapped_inputs
 from harness.protocol.capture import Capture
 
@@ -94,8 +95,6 @@ def _replay(
     one: bytes, inputs: list[np.ndarray], expected: np.ndarray | None, observed: np.ndarray | None
 ) -> dict[str, JSONValue]:
     """The host reference on the one-op model: does it give the ANSI C output, and how far is optimized."""
-    from harness.model.reference import run_reference
-
     out: dict[str, JSONValue] = {}
     try:
         got = np.asarray(run_reference(one, [inputs]).runs[0].outputs[0])

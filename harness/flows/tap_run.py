@@ -27,6 +27,7 @@ from harness.flows.capture import stream_inputs, with_board
 from harness.flows.firmware import prepare_firmware
 from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import VARIANT_ORDER, Recorder, VariantRun
+from harness.flows.repro import write_reproducer
 from harness.flows.resident import ResidentBoard
 from harness.flows.targets import BoardLockCM, Target
 from harness.jsontypes import JSONValue
@@ -110,8 +111,6 @@ def reproducers(
 ) -> list[dict[str, JSONValue]]:
     """One-op reproducers (harness.flows.repro) for ``ops`` from a dump run, under ``req.out/repro``;
     ``dump_errors`` (why a build of the dump run has no capture) go into an unverified one's ``why``."""
-    from harness.flows.repro import write_reproducer
-
     return [
         write_reproducer(
             req.spec.model,

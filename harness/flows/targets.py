@@ -149,7 +149,7 @@ class _Simulated(Target):
     def check_url(cls, url: str) -> tuple[str, str] | None:
         if _scheme(url) != "sim":
             return None
-        from harness.sim import parse_url
+        from harness.sim import parse_url  # lazy: the simulator (esptool, pydantic) only for sim:// ports
 
         try:
             parse_url(url)
@@ -194,7 +194,7 @@ class SimTarget(_Simulated):
         """An in-process board is always there."""
 
     def prepare(self) -> None:
-        from harness.sim import register  # the pyserial URL handler for the simulated board
+        from harness.sim import register  # lazy: the simulator (esptool, pydantic) only for sim:// boards
 
         register()
 

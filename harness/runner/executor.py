@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from harness import children
+from harness.analysis.report import report_dict
 from harness.device.labgrid import LabgridClient, PlaceLease
 from harness.device.locks import BoardLock, lock_key
+from harness.device.ports import check_present
 from harness.errors import (
     BoardBusyError,
     BuildError,
@@ -45,13 +47,21 @@ from harness.errors import (
     Verdict,
     combine_exit_codes,
 )
+from harness.firmware.boards import load_board
+from harness.firmware.generate import FirmwareFeatures
 from harness.firmware.native.project import NativeOptions
+from harness.flows import firmware as firmware_flow
+from harness.flows.records import Recorder, StageTimeouts
 from harness.flows.targets import target_class
+from harness.model.loader import load_model
+from harness.model.opdata import espnn_model_acceleration
+from harness.model.reference import prepare_host_results
+from harness.protocol.emitter import build_c_library, find_c_compiler
 from harness.resources import atomic_write
 from harness.runner.attempts import judge_dataset, judge_inputs
 from harness.runner.inventory import BenchBoard, Inventory
 from harness.runner.paths import move_aside, safe_component
-from harness.runner.plan import Plan
+from harness.runner.plan import Plan, dataset_options
 from harness.runner.policy import (
     BoardFacts,
     BoardNext,
@@ -66,6 +76,7 @@ from harness.runner.policy import (
     may_take,
     orphans,
 )
+from harness.runner.reports import write_reports
 from harness.runner.results import (
     Attempt,
     BoardState,
@@ -175,8 +186,6 @@ class Runner:
     # ---- setup ------------------------------------------------------------------------------------
 
     def _make_tasks(self) -> list[Task]:
-        from harness.firmware.boards import load_board
-
         tasks: list[Task] = []
         for job in self.plan.jobs:
             for btype in job.boards:
@@ -370,6 +379,7 @@ class Runner:
         """The firmware built once per key (host side, before the board is locked), then the job on the
         locked board through the one pipeline (:func:`harness.flows.flash_and_compare.run_job`: its
         judge checks every capture); this module turns its result into the attempt's verdict."""
+        # lazy: the pipeline (pyserial's tools, rich: ~70 ms) loads when a task runs, not for `bench detect`
         from harness.flows.flash_and_compare import run_job
 
         assert a.dir is not None
@@ -400,9 +410,7 @@ class Runner:
     def _job_options(self, t: Task) -> JobOptions:
         """How the task's job runs: the plan's settings, the run's build options, no lock (the runner
         holds it)."""
-        from harness.flows.job import JobOptions
-        from harness.flows.records import StageTimeouts
-        from harness.runner.plan import dataset_options
+        from harness.flows.job import JobOptions  # lazy: the pipeline, as in _attempt
 
         limits = t.job.timeouts
         return JobOptions(
@@ -422,7 +430,7 @@ class Runner:
 
     def _job_spec(self, t: Task, bench: BenchBoard, a: Attempt, fw: Firmware | None) -> JobSpec:
         """The task as a job of the pipeline: its board and port, the firmware made for it."""
-        from harness.flows.job import JobSpec
+        from harness.flows.job import JobSpec  # lazy: the pipeline, as in _attempt
 
         assert a.dir is not None
         inputs = () if t.job.data is not None else tuple(Path(p) for p in t.case.inputs)
@@ -531,15 +539,11 @@ class Runner:
         tool = self.opt.builder or board.builder
 
         def build() -> Firmware:
-            from harness.firmware.generate import FirmwareFeatures
-            from harness.flows.firmware import prepare_firmware
-            from harness.flows.records import Recorder
-
             digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
             name = safe_component(f"{t.case.name}__{board.name}__{board.console}__{digest}")
             with self._first_build_of(tool):
                 self._refuse_if_offline(tool)
-                fw = prepare_firmware(
+                fw = firmware_flow.prepare_firmware(
                     t.case.model,
                     [],
                     board,
@@ -592,8 +596,6 @@ class Runner:
         """The host reference the task's jobs read (reference outputs and arena, one child, cached on
         disk), made once per model x inputs x input options: ``runner.prepare`` runs it before the boards
         start, so no attempt waits for it under a board's lock."""
-        from harness.model.reference import prepare_host_results
-
         key = (str(t.case.model), tuple(map(str, t.case.inputs)), t.job.input_options)
         inputs = list(t.case.inputs)
         self.refs.get(
@@ -661,8 +663,6 @@ class Runner:
     def _write_attempt(self, t: Task, a: Attempt) -> None:
         if a.dir is None:
             return
-        from harness.analysis.report import report_dict
-
         doc = {
             "task": t.id,
             "attempt": a.n,
@@ -724,8 +724,6 @@ class Runner:
     def _check_ports(self) -> None:
         """Before any build: a board whose port does not exist now takes no work (its tasks go to the
         other boards of its type, or end at once with "no usable board left")."""
-        from harness.device.ports import check_present
-
         for state in self.boards.values():
             if state.bench.place:  # a labgrid place has a port only once acquired
                 continue
@@ -762,8 +760,6 @@ class Runner:
 
 def _codec_library() -> None:
     """The C library every simulated board's firmware loop runs (compiled once per source hash)."""
-    from harness.protocol.emitter import build_c_library, find_c_compiler
-
     if find_c_compiler() is not None:
         build_c_library()
 
@@ -779,9 +775,6 @@ def _refuse_untested(plan: Path, job: Job, board: Board) -> None:
     """A model in which ESP-NN accelerates no op on the board's chip proves nothing about ESP-NN (both
     builds run the same kernels): refused before anything runs, as flash-and-compare refuses it, unless
     the job says ``allow_untested = true``."""
-    from harness.model.loader import load_model
-    from harness.model.opdata import espnn_model_acceleration
-
     if job.allow_untested:
         return
     for case in job.cases:
@@ -801,8 +794,6 @@ def run_plan(plan: Plan, inventory: Inventory, options: RunOptions) -> RunResult
 
     Raises PlanError before anything runs when a job's board type has no board in the inventory.
     """
-    from harness.runner.reports import write_reports
-
     runner = Runner(plan, inventory, options)
     result = runner.run()
     write_reports(result)

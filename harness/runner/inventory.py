@@ -27,10 +27,12 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints, ValidationError
 
 from harness.chips import CHIPS
-from harness.device.ports import PortSpec
+from harness.device.labgrid import CONSOLE_TAG, TYPE_TAG, LabgridClient
+from harness.device.ports import PortSpec, list_candidates, open_port, resolve_port
+from harness.device.reset import hard_reset_into_app
 from harness.errors import EspCheckError, PlanError, PortError
 from harness.firmware.board_types import Console
-from harness.firmware.boards import Board
+from harness.firmware.boards import Board, list_boards, load_board
 from harness.flows.targets import RealTarget, open_target, target_class
 from harness.runner.plan import NAME_RE, Name
 from harness.userfiles import Loc, UserModel, entry_name, field_path, known_keys, problem, read_toml
@@ -116,8 +118,6 @@ class BenchBoard:
 
         A labgrid place has no port before it is acquired: see :class:`harness.device.labgrid.PlaceLease`.
         """
-        from harness.device.ports import list_candidates, resolve_port
-
         if self.place:
             raise PortError(f"board {self.name} is labgrid place {self.place}: acquire it first")
         if self.port:  # the target's URL (a sim:// one gets the board type's chip, reset and flash)
@@ -277,8 +277,6 @@ def discover_inventory(coordinator: str) -> Inventory:
     ``esp_check_console`` picks the console connector. Places without the type tag are not boards
     for esp-check and are left alone.
     """
-    from harness.device.labgrid import CONSOLE_TAG, TYPE_TAG, LabgridClient
-
     client = LabgridClient(coordinator)
     where = Path(f"labgrid-{coordinator}")
     boards: list[BenchBoard] = []
@@ -370,8 +368,6 @@ def _bench_board(inventory_path: Path, entry: BoardEntry, seen: set[str]) -> Ben
 
 def _board_type(inventory_path: Path, where: str, entry: BoardEntry) -> Board:
     """The board type (built-in name or .toml relative to the inventory), with its console applied."""
-    from harness.firmware.boards import load_board
-
     btype = type_ref = entry.type
     if btype.endswith(".toml") and not Path(btype).is_absolute():
         type_ref = str(inventory_path.resolve().parent / btype)
@@ -459,8 +455,6 @@ def detect_devices(*, probe_chip: bool = False, only_known: bool = False) -> lis
     The chip probe runs esptool's detection (it resets the board into the ROM loader and back);
     a port another program holds is skipped, never stolen.
     """
-    from harness.device.ports import list_candidates
-
     out: list[DetectedDevice] = []
     for c in list_candidates():
         if only_known and c.kind is None:
@@ -473,9 +467,8 @@ def detect_devices(*, probe_chip: bool = False, only_known: bool = False) -> lis
 
 
 def _probe_chip(device: str, usb_jtag: bool) -> tuple[str | None, str | None]:
+    # lazy: device.flash (~13 ms, rich) and esptool below, only for `bench detect --probe-chip`
     from harness.device.flash import normalize_chip
-    from harness.device.ports import open_port, resolve_port
-    from harness.device.reset import hard_reset_into_app
 
     try:
         ser = open_port(resolve_port(device), 115200)
@@ -483,7 +476,7 @@ def _probe_chip(device: str, usb_jtag: bool) -> tuple[str | None, str | None]:
         return None, f"skipped: {exc.message}"
     style = "usb_serial_jtag" if usb_jtag else "classic"
     try:
-        import esptool.cmds
+        import esptool.cmds  # lazy: only a chip probe talks to the ROM loader
 
         esp = esptool.cmds.detect_chip(ser, 115200, "usb-reset" if usb_jtag else "default-reset", False, 3)
         name = normalize_chip(str(getattr(esp, "CHIP_NAME", "")))
@@ -500,8 +493,6 @@ def _probe_chip(device: str, usb_jtag: bool) -> tuple[str | None, str | None]:
 
 def inventory_snippet(devices: Sequence[DetectedDevice], default_type: str = "FILL-ME") -> str:
     """A ``[[board]]`` TOML snippet per device (stable by-id path, else the USB serial number)."""
-    from harness.firmware.boards import list_boards
-
     by_chip: dict[str, str] = {}
     with contextlib.suppress(EspCheckError):
         for b in list_boards():

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
 from harness.errors import EspCheckError, PlanError
+from harness.firmware.boards import load_board
+from harness.firmware.generate import MAX_INPUTS
+from harness.model.inputs import InputOptions, load_input
+from harness.model.loader import ModelInfo, load_model
 
 if TYPE_CHECKING:
     from harness.flows.dataset import DatasetOptions
-    from harness.model.inputs import InputOptions
-    from harness.model.loader import ModelInfo
 
 from harness.userfiles import (
     Strings,
@@ -58,8 +60,6 @@ class Timeouts(UserModel):
 
 
 def _input_options(table: InputOptionsTable) -> InputOptionsTable:
-    from harness.model.inputs import InputOptions  # numpy: only when a plan sets input options
-
     try:
         InputOptions(**table.model_dump(exclude_unset=True))
     except EspCheckError as exc:
@@ -318,8 +318,6 @@ def _options(table: InputOptionsTable) -> InputOptions | None:
     given = table.model_dump(exclude_unset=True)
     if not given:
         return None
-    from harness.model.inputs import InputOptions  # numpy: only when a plan sets input options
-
     return InputOptions(**given)
 
 
@@ -388,8 +386,6 @@ def _job_cases(
     plan_path: Path, where: str, base_dir: Path, models: list[Path], input_patterns: list[str]
 ) -> list[ModelCase]:
     """Each model with its inputs ('{model}' in a pattern = the model's file stem)."""
-    from harness.firmware.generate import MAX_INPUTS
-
     cases: list[ModelCase] = []
     for m in models:
         if m.stem in (".", "..") and any("{model}" in x for x in input_patterns):
@@ -427,10 +423,6 @@ def _job_cases(
 
 def _check_job_files(path: Path, job: Job) -> None:
     """Models parse, inputs fit their model, board types exist: usage errors before any build."""
-    from harness.firmware.boards import load_board
-    from harness.model.inputs import InputOptions, load_input
-    from harness.model.loader import load_model
-
     where = f"job {job.name!r}"
     for b in job.boards:
         try:
@@ -465,6 +457,7 @@ def _check_job_files(path: Path, job: Job) -> None:
 
 def dataset_options(job: Job, case: ModelCase) -> DatasetOptions | None:
     """The flash-and-compare DatasetOptions of a dataset job's case (None for a job of input files)."""
+    # lazy: the pipeline (pyserial's tools, rich: ~50 ms) loads when a task runs, not for `bench detect`
     from harness.flows.dataset import DatasetOptions
 
     d = job.data
@@ -477,7 +470,7 @@ def _check_dataset(
     path: Path, where: str, job: Job, case: ModelCase, info: ModelInfo, options: InputOptions
 ) -> None:
     """The case's dataset loads for its model (missing path, bad files, bad labels: here, not later)."""
-    from harness.flows.dataset import load_inputs
+    from harness.flows.dataset import load_inputs  # lazy: the pipeline, as in dataset_options
 
     for key, f in (("dataset", case.dataset), ("labels", case.labels)):
         if f is not None and not f.exists():

@@ -88,29 +88,10 @@ UNREASONED_IMPORTS_ALLOWED = {
     "harness/analysis/html_report.py",
     "harness/analysis/sweep_repro.py",
     "harness/analysis/tap.py",
-    "harness/commands/bench_cmds.py",
-    "harness/commands/common.py",
-    "harness/commands/device_cmds.py",
-    "harness/commands/hybrid_cmds.py",
-    "harness/commands/model_cmds.py",
-    "harness/commands/runner_cmds.py",
-    "harness/commands/sim_cmds.py",
-    "harness/commands/sweep_cmds.py",
-    "harness/device/esptool_log.py",
-    "harness/device/flash.py",
-    "harness/device/labgrid.py",
-    "harness/device/locks.py",
     "harness/firmware/backtrace.py",
     "harness/firmware/boards.py",
     "harness/firmware/build.py",
     "harness/firmware/generate.py",
-    "harness/flows/dataset.py",
-    "harness/flows/flash_and_compare.py",
-    "harness/flows/hybrid.py",
-    "harness/flows/hybrid_report.py",
-    "harness/flows/repro.py",
-    "harness/flows/tap_run.py",
-    "harness/flows/targets.py",
     "harness/model/backends.py",
     "harness/model/extract.py",
     "harness/model/hostrun.py",
@@ -118,10 +99,6 @@ UNREASONED_IMPORTS_ALLOWED = {
     "harness/model/loader.py",
     "harness/model/reference.py",
     "harness/protocol/app_image.py",
-    "harness/pytest_plugin.py",
-    "harness/runner/executor.py",
-    "harness/runner/inventory.py",
-    "harness/runner/plan.py",
     "harness/sim/chips.py",
     "harness/sim/faults.py",
     "harness/sim/loader.py",
@@ -132,32 +109,43 @@ UNREASONED_IMPORTS_ALLOWED = {
 
 
 def unreasoned_imports(source: str) -> list[tuple[int, str]]:
-    """(line, text) of each import inside a function with no comment on its line(s) or right above."""
+    """(line, text) of each import inside a function with no comment on its line(s), right above it, or right
+    above the run of imports it ends (one comment gives the reason of the imports written under it)."""
     lines = source.splitlines()
     found = []
     for fn in ast.walk(ast.parse(source)):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        for node in ast.walk(fn):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)):
-                continue
+        imports = {
+            node.end_lineno or node.lineno: node
+            for node in ast.walk(fn)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+        }
+        for node in imports.values():
             first, last = lines[node.lineno - 1], lines[(node.end_lineno or node.lineno) - 1]
-            above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+            top = node
+            while (previous := imports.get(top.lineno - 1)) is not None:
+                top = previous
+            above = lines[top.lineno - 2].strip() if top.lineno > 1 else ""
             if "#" not in first and "#" not in last and not above.startswith("#"):
                 found.append((node.lineno, first.strip()))
     return sorted(set(found))
 
 
 def test_import_reason_rule() -> None:
-    """A reason on the import's line, on its closing line or right above it counts; a bare import does not."""
+    """A reason on the import's line, on its closing line, right above it or above its run of imports
+    counts; a bare import does not."""
     bare = "def f():\n    import json\n    return json\n"
     reasoned = [
         "def f():\n    import json  # only the --json path needs it\n    return json\n",
         "def f():\n    # only the --json path needs it\n    import json\n    return json\n",
         "def f():\n    from os import (\n        path,\n    )  # only here\n    return path\n",
+        "def f():\n    # only --json needs them\n    import json\n    import shlex\n    return json, shlex\n",
     ]
+    apart = "def f():\n    # only --json needs them\n    import json\n\n    import shlex\n    return shlex\n"
     assert unreasoned_imports(bare) == [(2, "import json")]
-    assert [unreasoned_imports(s) for s in reasoned] == [[], [], []]
+    assert [unreasoned_imports(s) for s in reasoned] == [[], [], [], []]
+    assert unreasoned_imports(apart) == [(5, "import shlex")]  # a blank line ends the comment's run
 
 
 def test_every_import_inside_a_function_has_a_reason() -> None:

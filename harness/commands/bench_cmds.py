@@ -52,7 +52,7 @@ def detect_cmd(probe_chip: bool, show_all: bool, as_json: bool) -> int:
     """List attached serial devices (VID:PID, serial number, chip) and print an inventory snippet."""
     # lazy: check-serial, in this group, must run without pyserial (the inventory's) and numpy (common's)
     from harness.commands.common import make_console
-    from harness.runner.inventory import detect_devices, inventory_snippet  # lazy: pyserial, as above
+    from harness.runner.inventory import detect_devices, inventory_snippet
 
     devices = detect_devices(probe_chip=probe_chip, only_known=not show_all)
     if as_json:

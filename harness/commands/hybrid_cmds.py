@@ -118,7 +118,7 @@ def hybrid_cmd(
     """
     # lazy: the pipeline pulls pyserial; `esp-check --help` loads this module without it
     from harness.flows.hybrid import HybridOptions, hybrid
-    from harness.flows.job import JobOptions  # lazy: as above
+    from harness.flows.job import JobOptions
 
     if not inputs:
         raise UsageError("hybrid needs at least one --input", hint="pass --input FILE (repeatable)")

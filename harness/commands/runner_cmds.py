@@ -200,7 +200,7 @@ def run_cmd(
     """
     # lazy: the runner pulls pyserial and pydantic; `esp-check --help` loads this module without them
     from harness.runner import RunOptions, write_reports
-    from harness.runner.executor import Runner  # lazy: as above
+    from harness.runner.executor import Runner
 
     console = make_console(stderr=True)
     _check_schema_version(schema_version)
@@ -273,7 +273,7 @@ def _check_schema_version(requested: int | None) -> None:
 def _load(plan: Path, inventory: Path | None, coordinator: str | None) -> tuple[Plan, Inventory]:
     # lazy: the runner pulls pyserial and pydantic; `esp-check --help` loads this module without them
     from harness.runner import load_inventory, load_plan
-    from harness.runner.inventory import discover_inventory  # lazy: as above
+    from harness.runner.inventory import discover_inventory
 
     if inventory is None and coordinator is None:
         raise UsageError(

@@ -90,7 +90,7 @@ def serve_cmd(
     """
     # lazy: the simulator pulls esptool and pydantic; `esp-check --help` loads this module without them
     from harness.sim import parse_url
-    from harness.sim.serve import SimServer  # lazy: as above
+    from harness.sim.serve import SimServer
 
     size = (flash_size or load_board("sim").flash_size).upper()
     params = {"chip": chip, "reset": reset, "seed": seed, "flash_size": size}

@@ -49,14 +49,15 @@ def data_dir(tmp_path: Path, models_dir: Path) -> Path:
 
 
 def test_a_plan_names_datasets_and_random_inputs(tmp_path: Path, models_dir: Path, data_dir: Path) -> None:
-    plan = load_plan(_plan(tmp_path, models_dir, _job("ds", 'dataset = "data/{model}"\nresults = "crc"')
+    ds_body = 'dataset = "data/{model}"\nresults = "crc"\nkeep_chunks = "always"'
+    plan = load_plan(_plan(tmp_path, models_dir, _job("ds", ds_body)
                            + _job("rnd", "random_inputs = 50\nseed = 7\nrepeat = 2")))  # fmt: skip
     ds, rnd = plan.jobs
     assert ds.cases[0].dataset == data_dir and ds.cases[0].inputs == ()
     opts = dataset_options(ds, ds.cases[0])
-    assert (opts.source, opts.random_inputs, opts.results) == (data_dir, None, "crc")
+    assert (opts.source, opts.random_inputs, opts.results, opts.chunks) == (data_dir, None, "crc", "always")
     opts = dataset_options(rnd, rnd.cases[0])
-    assert (opts.source, opts.random_inputs, opts.seed, opts.repeat) == (None, 50, 7, 2)
+    assert (opts.source, opts.random_inputs, opts.seed, opts.repeat, opts.chunks) == (None, 50, 7, 2, "auto")
 
 
 @pytest.mark.parametrize(
@@ -70,6 +71,8 @@ def test_a_plan_names_datasets_and_random_inputs(tmp_path: Path, models_dir: Pat
         ('random_inputs = 3\nlabels = "l.csv"', "labels"),
         ("random_inputs = 0", "random_inputs"),
         ("random_inputs = 3\nrepeat = 0", "repeat"),
+        ('keep_chunks = "always"', "keep_chunks"),  # a dataset setting without a dataset
+        ('random_inputs = 3\nkeep_chunks = "sometimes"', "keep_chunks"),
         ('dataset = "bad.npz"', "dataset"),  # an array of the wrong shape for the model
         ('dataset = "data/{model}"\nlabels = "missing.csv"', "labels"),
     ],
@@ -107,7 +110,8 @@ def test_two_dataset_jobs_on_one_board_reuse_what_is_flashed(
     name = f"rds-{uuid.uuid4().hex[:8]}"
     inv = tmp_path / "bench.toml"
     inv.write_text(f'[[board]]\nname = "b1"\ntype = "sim"\nport = "sim://{name}?emitter=c"\n')
-    plan = _plan(tmp_path, models_dir, _job("first", 'dataset = "data/{model}"\nresults = "crc"')
+    first_body = 'dataset = "data/{model}"\nresults = "crc"\nkeep_chunks = "never"'
+    plan = _plan(tmp_path, models_dir, _job("first", first_body)
                  + _job("second", "random_inputs = 12\nseed = 3"))  # fmt: skip
     out = tmp_path / "out"
     try:
@@ -132,7 +136,10 @@ def test_two_dataset_jobs_on_one_board_reuse_what_is_flashed(
     assert a1["ended"] <= a2["started"]  # one board: the first job ran first
     assert sum(v["flash_bytes_written"] for v in a1["variants"].values()) > 0
     assert [v["flash_bytes_written"] for v in a2["variants"].values()] == [0, 0]
+    first_report = json.loads(Path(first["dataset"]["report"]).read_text())
+    assert first_report["dataset"]["chunks"]["policy"] == "never"  # the plan's keep_chunks reached the job
     report = json.loads(Path(second["dataset"]["report"]).read_text())
+    assert report["dataset"]["chunks"]["policy"] == "auto"
     regions = [r for v in report["variants"].values() for r in v["flash"]["regions"]]
     assert regions and all(r["bytes_written"] == 0 and r["skipped"] for r in regions), regions
     assert first["builds"]["optimized"]["firmware_sha256"] == second["builds"]["optimized"]["firmware_sha256"]

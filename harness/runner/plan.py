@@ -48,7 +48,7 @@ Placement = Literal["any", "each"]
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 Name = Annotated[str, Field(pattern=NAME_RE.pattern, description="letters, digits, '_', '.', '-'")]
 Seconds = Annotated[float, Field(gt=0)]
-_DATASET_KEYS = ("dataset", "random_inputs", "seed", "results", "labels", "repeat")
+_DATASET_KEYS = ("dataset", "random_inputs", "seed", "results", "labels", "repeat", "keep_chunks")
 
 
 class Timeouts(UserModel):
@@ -110,6 +110,9 @@ class JobTable(JobSettings):
     results: Literal["full", "crc"] = "full"
     labels: Annotated[str, Field(min_length=1)] | None = None
     repeat: int = Field(1, ge=1, le=1000)
+    keep_chunks: Literal["auto", "always", "never"] = Field(
+        "auto", description="a dataset larger than the board's kept-input store, as --keep-chunks"
+    )
 
 
 class RunSettings(UserModel):
@@ -155,6 +158,7 @@ class DatasetSpec:
     seed: int
     results: str
     repeat: int
+    keep_chunks: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -344,7 +348,11 @@ def _dataset_spec(plan_path: Path, where: str, table: JobTable) -> DatasetSpec |
             "must be a path, and only with 'dataset' (random inputs have no labels)",
         )
     return DatasetSpec(
-        random_inputs=table.random_inputs, seed=table.seed, results=table.results, repeat=table.repeat
+        random_inputs=table.random_inputs,
+        seed=table.seed,
+        results=table.results,
+        repeat=table.repeat,
+        keep_chunks=table.keep_chunks,
     )
 
 
@@ -463,7 +471,9 @@ def dataset_options(job: Job, case: ModelCase) -> DatasetOptions | None:
     d = job.data
     if d is None:
         return None
-    return DatasetOptions(case.dataset, d.random_inputs, d.seed, d.results, case.labels, d.repeat)
+    return DatasetOptions(
+        case.dataset, d.random_inputs, d.seed, d.results, case.labels, d.repeat, chunks=d.keep_chunks
+    )
 
 
 def _check_dataset(

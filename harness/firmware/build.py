@@ -712,7 +712,7 @@ def _resolved_components(project: Path) -> dict[str, object] | None:
         return None
     versions: dict[str, str] = {}
     try:
-        import yaml
+        import yaml  # lazy: ~10 ms, read only after a fresh ESP-IDF build, never on a cached one
 
         data = yaml.safe_load(text)
         deps = data.get("dependencies", {}) if isinstance(data, dict) else {}

@@ -370,7 +370,7 @@ def test_hostile_names_are_sanitized(tmp_path: Path, monkeypatch: pytest.MonkeyP
         ins = tuple(replace(t, name=HOSTILE[1]) for t in info.inputs)
         return replace(info, outputs=outs, inputs=ins)
 
-    monkeypatch.setattr(model_mod, "load_model", hostile_model)
+    monkeypatch.setattr(gen, "load_model", hostile_model)
     # file names reach C comments too: quotes, '*', backslash and a newline are legal in POSIX file names
     model = tmp_path / 'm*"\n\\.tflite'
     model.write_bytes((MODELS / "op_zoo.tflite").read_bytes())

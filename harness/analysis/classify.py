@@ -37,7 +37,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from harness.chips import strap_pin
-from harness.errors import ExitCode, combine_exit_codes
+from harness.errors import ExitCode, ModelError, combine_exit_codes
+from harness.model.opdata import resolver_method
 from harness.protocol.capture import MARKER, Capture, evidence_text, parse_capture
 from harness.protocol.frames import MAGIC as FRAME_MAGIC
 from harness.protocol.frames import split_stream
@@ -873,9 +874,6 @@ def _missing_op_advice(lines: list[str]) -> Advice:
 
 
 def _resolver_method(op: str) -> str | None:
-    from harness.errors import ModelError
-    from harness.model.opdata import resolver_method
-
     try:
         return resolver_method(op)
     except ModelError:

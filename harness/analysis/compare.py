@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.analysis.classify import Severity, classify
 from harness.errors import (
     CaptureError,
     ExitCode,
@@ -29,8 +30,10 @@ from harness.errors import (
     combine_exit_codes,
 )
 from harness.model.files import LOG_MAX_BYTES, read_regular
-from harness.model.inputs import InputOptions
+from harness.model.inputs import InputOptions, load_input
+from harness.model.loader import load_model
 from harness.model.modelinfo import TensorInfo
+from harness.model.reference import run_reference
 from harness.protocol.capture import MARKER, Capture, looks_like_device_output, parse_capture
 from harness.protocol.legacy import parse_legacy_log
 from harness.protocol.spec import crc32_hex
@@ -381,8 +384,6 @@ def _firmware_faults(data: bytes, cap: Capture | None, label: str) -> list[Fault
     """Firmware faults the log's text shows (crash reports, TFLM errors, ...), as compare Faults.
 
     The device's own ERROR records are left to the capture (they are already Faults)."""
-    from harness.analysis.classify import Severity, classify
-
     return [
         Fault(label, f.kind, 0, None, f.message)
         for f in classify(data, parsed=cap)
@@ -921,10 +922,6 @@ def reference_source(
     ``input_options`` (harness.model.inputs.InputOptions) must be the preprocessing the firmware's inputs
     were made with, or the input hashes will not match and the comparison is refused.
     """
-    from harness.model.inputs import load_input
-    from harness.model.loader import load_model
-    from harness.model.reference import run_reference
-
     info = load_model(model_path)
     if len(info.inputs) != 1:
         raise UsageError(
@@ -986,8 +983,6 @@ def compare_files(
     if model is None:
         _check_legacy_lengths(sa, sb)
     else:
-        from harness.model.loader import load_model
-
         info = load_model(model)
         quant = output_quant(info.outputs)
         sa, sb = (_fit_legacy(s, info.outputs) for s in (sa, sb))

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 import numpy as np
+from PIL import Image
 
+from harness import __version__
 from harness.analysis.hybrid import Audit
 from harness.analysis.tap import TapResult, Timing, divergences
 
@@ -162,8 +164,6 @@ def audit_view(audit: Audit | None) -> View | None:
 
 def _png(array: np.ndarray, *, diff: bool = False) -> str:
     """A 2-D array as a base64 PNG: values stretched to 0..255 (diff: |d| in red on black)."""
-    from PIL import Image
-
     x = np.asarray(array, dtype=np.float64)
     if diff:
         mag = np.abs(x)
@@ -320,8 +320,6 @@ def write_bundle(
     html_text: str | None,
 ) -> Path:
     """A zip with everything needed to reproduce the run (no build products, no caches)."""
-    from harness import __version__
-
     out = result.out_dir
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(dest.suffix + ".tmp")

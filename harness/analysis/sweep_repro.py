@@ -42,7 +42,7 @@ class _Writer:
     """Tensors and buffers of one single-op model."""
 
     def __init__(self, size: int) -> None:
-        import tflite
+        import tflite  # lazy: ~25 ms; only a finding's .tflite needs it, not a sweep with none
 
         self.tfl = tflite
         self.b = flatbuffers.Builder(size + 4096)

@@ -26,6 +26,7 @@ import numpy as np
 from harness.analysis.hybrid import Audit, espnn_audit
 from harness.errors import EspCheckError
 from harness.model.modelinfo import ModelInfo
+from harness.model.reference import run_reference
 from harness.model.taps import tapped_inputs, tapped_outputs
 from harness.protocol.capture import Capture, CapturedRun
 from harness.protocol.spec import crc32_hex
@@ -48,8 +49,6 @@ def host_taps(
     model: ModelInfo, model_bytes: bytes, inputs: Sequence[np.ndarray], backend: str = "tflm"
 ) -> tuple[list[list[TapOp]], list[dict[int, np.ndarray]]]:
     """Per run: the host reference's TapOp list and every tensor (model input + op outputs) by index."""
-    from harness.model.reference import run_reference
-
     res = run_reference(model_bytes, [[a] for a in inputs], per_layer=True, backend=backend)
     all_ops: list[list[TapOp]] = []
     all_tensors: list[dict[int, np.ndarray]] = []

@@ -117,6 +117,7 @@ def addresses(details: Mapping[str, object]) -> list[str]:
 
 def decode(elf: Path, toolchain: Toolchain, addrs: Sequence[str]) -> list[dict[str, str]]:
     """Each address esp-idf-panic-decoder could place: address, function, file, line."""
+    # lazy: pulls pdb and pyelftools (~25 ms); only a crash is decoded, a clean run never is
     from esp_idf_panic_decoder import PcAddressDecoder
 
     decoder = PcAddressDecoder(toolchain.prefix, str(elf))

@@ -183,10 +183,11 @@ def _check_hardware(path: Path, board_file: BoardFile) -> None:
 
 def parse_board(data: dict[str, object], path: Path) -> Board:
     """Validate one decoded board TOML table; ``path`` is only used in error messages."""
+    # lazy: pydantic (~60 ms) validates a board file once; a repeat run reads its stored form
     from pydantic import ValidationError
 
-    from harness.firmware.board_file import BoardFile
-    from harness.userfiles import field_path, known_keys, problem
+    from harness.firmware.board_file import BoardFile  # lazy: imports pydantic
+    from harness.userfiles import field_path, known_keys, problem  # lazy: imports pydantic
 
     try:
         f = BoardFile.model_validate(data)

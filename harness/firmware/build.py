@@ -425,7 +425,8 @@ def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dic
 
 
 def _build_sim(job: _BuildJob, on_output: OutputCallback | None) -> tuple[dict[str, Path], dict[str, int]]:
-    from harness.sim.image import build_sim_firmware  # the simulator is optional at import time
+    # lazy: keeps the simulated board (~180 ms: esptool, pydantic, the resident app) off a real board's build
+    from harness.sim.image import build_sim_firmware
 
     sim_dir = job.out_dir / "sim"
     pairs = build_sim_firmware(job.project, sim_dir)
@@ -712,7 +713,7 @@ def _resolved_components(project: Path) -> dict[str, object] | None:
         return None
     versions: dict[str, str] = {}
     try:
-        import yaml
+        import yaml  # lazy: ~10 ms, read only after a fresh ESP-IDF build, never on a cached one
 
         data = yaml.safe_load(text)
         deps = data.get("dependencies", {}) if isinstance(data, dict) else {}

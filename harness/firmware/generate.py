@@ -31,7 +31,8 @@ from harness.flashfmt import otadata
 from harness.flashfmt.model_image import HEADER_BYTES, pack_model_image
 from harness.flashfmt.partitions import VARIANT_SLOTS
 from harness.model.inputs import InputOptions, input_tensor_bytes
-from harness.model.loader import ModelInfo, TensorInfo
+from harness.model.loader import ModelInfo, TensorInfo, load_model
+from harness.model.opdata import resolver_methods
 from harness.resources import (
     atomic_write,
     data_dir,
@@ -246,13 +247,13 @@ def place_arena(arena_bytes: int, board: Board) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# neighbours' interfaces (imported lazily so `generate` works without the tflite-micro wheel)
+# the arena estimate (harness.model.arena: measured by TFLM in the host child, else a rough estimate)
 
 
 def _estimate_arena_bytes(model_path: Path, chip: str, espnn_version: str) -> tuple[int, str, str]:
     """Recommended arena bytes for ``chip`` with the pinned esp-nn, how they were obtained (``measured``
     or ``rough``) and which esp-nn version's scratch formulas were used."""
-    from harness.model.arena import estimate_arena  # imported lazily: it may probe TFLM in a subprocess
+    from harness.model.arena import estimate_arena  # lazy: ~5 ms; a repeat run keeps its projects
 
     estimate = estimate_arena(model_path, chip=chip, espnn_version=espnn_version)
     return int(estimate.target_bytes), str(estimate.method), estimate.espnn_formulas
@@ -267,7 +268,7 @@ MIN_ARENA_SHARE = 0.5
 
 def _refuse_crashing_arena(model_path: Path, arena_kb: int) -> None:
     """Refuse an --arena-kb so small that TFLM may crash instead of reporting it."""
-    from harness.model.arena import estimate_arena
+    from harness.model.arena import estimate_arena  # lazy: ~5 ms; a repeat run keeps its projects
 
     estimate = estimate_arena(model_path)
     if estimate.method != "measured":
@@ -408,8 +409,6 @@ def check_sdkconfig(
 
 
 def _resolver(model: ModelInfo) -> list[str]:
-    from harness.model.opdata import resolver_methods
-
     methods = list(resolver_methods(model))
     for m in methods:
         if not _METHOD_RE.match(m):
@@ -562,8 +561,6 @@ def generate_projects(
     ``dump_ops`` are shorthands for ``features``. Raises GenerateError (usage, exit 2) before anything
     is built when the model cannot be embedded (several input tensors, an unsupported dtype) or the
     arena fits in no memory of the board."""
-    from harness.model.loader import load_model
-
     board_def = load_board(board)
     model_path = Path(model_path)
     feats = features or FirmwareFeatures(tap=tap, dump_ops=tuple(sorted({int(k) for k in dump_ops})))

@@ -155,6 +155,7 @@ class TflmBackend:
     @staticmethod
     def _runtime() -> ModuleType:
         try:
+            # lazy: optional (Linux x86-64 wheels only), and run only inside the host child
             from tflite_micro.python.tflite_micro import runtime
         except ImportError as exc:
             raise HostReferenceError(
@@ -226,7 +227,7 @@ def litert_compatible(model_bytes: bytes) -> bytes:
     reads it. A 1-D tensor has one dimension, so 0 is the only one its per-channel scales can run along:
     writing 0 there changes no number. Other tensors are left as they are.
     """
-    import tflite
+    import tflite  # lazy: ~25 ms, needed by the LiteRT reference only, not on a repeat run's path
 
     buf = bytearray(model_bytes)
     model = tflite.Model.GetRootAsModel(buf, 0)
@@ -250,6 +251,7 @@ class LiteRtBackend:
     @staticmethod
     def _module() -> ModuleType:
         try:
+            # lazy: optional (where tflite-micro has no wheel), and run only inside the host child
             from ai_edge_litert import interpreter
         except ImportError as exc:
             raise HostReferenceError(

@@ -141,7 +141,7 @@ def write_operator(
 def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
     """A one-subgraph model holding only op ``op_index`` of subgraph 0: its non-constant inputs are the
     model's inputs (in the op's order), its outputs the model's outputs, its constants keep their data."""
-    import tflite
+    import tflite  # lazy: ~25 ms; `hybrid` imports this module, a run writing no reproducer needs none
 
     info = parse_model_bytes(model_bytes)
     if not 0 <= op_index < len(info.main_ops):

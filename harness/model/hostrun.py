@@ -24,6 +24,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -509,7 +510,7 @@ def _say(doc: _Said) -> None:
 def _limit_resources(memory: int) -> None:
     """Address-space limit (MemoryError instead of exhausting the host) and no core files."""
     try:
-        import resource
+        import resource  # not at the top: POSIX only
     except ImportError:  # Windows: only the timeout applies
         return
     for res, value in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_AS, memory)):
@@ -521,8 +522,6 @@ def _limit_resources(memory: int) -> None:
 
 def _allocations(job_dir: Path, model: bytes, info: ModelInfo) -> _Said:
     """TFLM's allocation report, printed by C++ to fd 2: captured into a file, then parsed."""
-    import re
-
     report = job_dir / "allocations.txt"
     sys.stderr.flush()
     saved = os.dup(2)

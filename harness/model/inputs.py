@@ -233,7 +233,7 @@ def _image_geometry(tensor: TensorInfo) -> tuple[int, int, int]:
 
 
 def _read_image(path: Path, tensor: TensorInfo, opts: InputOptions, notes: list[str]) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # lazy: ~8 ms, only an image input needs Pillow
 
     h, w, c = _image_geometry(tensor)
     if c not in (1, 3):
@@ -290,7 +290,7 @@ def _check_image_size(path: Path, width: int, height: int, tensor: TensorInfo, r
 
 
 def _resize(img: object, w: int, h: int, policy: str) -> object:
-    from PIL import Image
+    from PIL import Image  # lazy: ~8 ms, only an image input needs Pillow
 
     assert isinstance(img, Image.Image)
     bilinear = Image.Resampling.BILINEAR

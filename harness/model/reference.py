@@ -16,17 +16,14 @@ import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from harness.errors import HostReferenceError, InputDataError, ModelError, ReferenceRefusedError
 from harness.model.backends import ReferenceResult, get_backend, host_arena_bytes, tflm_available
 from harness.model.hostrun import host_results
+from harness.model.inputs import InputOptions, load_input
 from harness.model.loader import ModelInfo, parse_model_bytes
-
-if TYPE_CHECKING:
-    from harness.model.inputs import InputOptions
 
 __all__ = [
     "LayerDisagreement",
@@ -126,8 +123,6 @@ def prepare_host_results(
     Raises ModelError when the model crashes the interpreter; a missing or failing backend, or a
     reference that refuses the values (ReferenceRefusedError), is left for the stages that need it.
     """
-    from harness.model.inputs import load_input
-
     data, info = _read_model(model)
     runs: list[list[np.ndarray]] = []
     if len(info.inputs) == 1 and input_paths:

@@ -49,7 +49,7 @@ def slot_sha256(data: bytes, chip: str) -> str:
     ESP-IDF would find no valid image there (damaged digest, unreadable header or segments)."""
     if not data or data[0] != ESP_IMAGE_MAGIC:
         return hashlib.sha256(data).hexdigest() if data else ""  # a native board's host program
-    from esptool.bin_image import LoadFirmwareImage
+    from esptool.bin_image import LoadFirmwareImage  # lazy: esptool (~75 ms) is not on a repeat run's path
 
     try:
         cls = type(LoadFirmwareImage(chip, data))  # the chip's image class

@@ -17,6 +17,7 @@ from typing import Any
 from esptool.targets import CHIP_DEFS
 
 from harness.chips import CHIPS as FACTS
+from harness.errors import UsageError
 
 # The flash sizes the simulated board models, by name (an image header's size nibble is the index here),
 # and esptool's RDID answer for each: manufacturer 0xEF (Winbond), memory type 0x40, capacity log2(size).
@@ -171,8 +172,6 @@ def get_chip(name: str) -> ChipSpec:
     try:
         return CHIPS[key]
     except KeyError:
-        from harness.errors import UsageError
-
         raise UsageError(
             f"the simulated board does not model chip {name!r}",
             hint=f"use one of: {', '.join(sorted(CHIPS))}",

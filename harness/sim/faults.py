@@ -6,6 +6,7 @@ which bits flip) come from ``random.Random`` seeded with (seed, fault name, boot
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -222,8 +223,6 @@ def flip_bits(data: bytes, rate: float, rng: random.Random) -> bytes:
 
 
 def _log1p_neg(x: float) -> float:
-    import math
-
     return math.log(1.0 - x) if x < 1.0 else -math.inf
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import esptool
+
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec
 
 SECTOR = 0x1000
@@ -124,8 +126,6 @@ def checksum(data: bytes) -> int:
 @functools.lru_cache(maxsize=16)
 def known_stubs(chip: str) -> tuple[tuple[int, bytes, int | None, bytes | None, int], ...]:
     """esptool's flasher stub images for ``chip``: (text_start, text, data_start, data, entry)."""
-    import esptool
-
     root = Path(esptool.__file__).parent / "targets" / "stub_flasher"
     out = []
     for sub in sorted(root.iterdir()) if root.is_dir() else []:

@@ -22,13 +22,20 @@ import numpy as np
 
 from harness.flashfmt import otadata
 from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, Partition, find
+from harness.model.hybrid_ops import ANSI_KINDS, ansi_path_applies
+from harness.model.loader import parse_model_bytes
+from harness.model.reference import get_backend, host_arena_bytes, run_reference
 from harness.protocol import frames
-from harness.protocol.emitter import emit_tensor
+from harness.protocol.emitter import TapTensor, emit_tensor
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
+from harness.protocol.native import make_loop
+from harness.protocol.spec import TAP_RECORD_BYTES, crc32
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
+from harness.sim.cycles import Dispatch, invoke_us, op_cycles
 from harness.sim.faults import OP_FAULTS, FaultSpec, bump_lsb, flip_bits
 from harness.sim.image import PROJECT_NAME, AppPayload, ImageError, load_image
+from harness.sim.tap_sim import OpFault, simulate_ops
 
 ROM_BAUD = 115200
 SIM_BANNER = "esp-check SIMULATED BOARD"
@@ -85,9 +92,8 @@ class _Model:
     (the model already passed the host reference's isolated child process in any flow that gets here)."""
 
     def __init__(self, model: bytes, info: Any) -> None:
+        # lazy: optional (Linux x86-64 wheels only, ~40 ms); only a booted app that runs a model needs it
         from tflite_micro.python.tflite_micro import runtime
-
-        from harness.model.reference import host_arena_bytes
 
         self.info = info
         self.interp = runtime.Interpreter.from_bytes(model, arena_size=host_arena_bytes(info))
@@ -164,8 +170,6 @@ class SimApp:
     # ---- start-up ---------------------------------------------------------------------------------
 
     def _initialize(self, model_error: str | None) -> _Init:
-        from harness.model.loader import parse_model_bytes
-
         init = _Init()
         if model_error is not None:
             init.stage, init.msg = frames.STAGE_CODES["model"], model_error
@@ -195,9 +199,6 @@ class SimApp:
         """Which kernel each op runs (the image's variant, the hybrid wrapper's table matched to nodes by
         their first output tensor as the C wrapper does, an ``unoptimized_kind`` fault), the op fault
         that fires in this image, and the modelled cycles per op."""
-        from harness.model.hybrid_ops import ANSI_KINDS, ansi_path_applies
-        from harness.sim.cycles import Dispatch, op_cycles
-
         info, faults = init.info, self.env.faults
         by_out = {o.outputs[0]: o for o in info.main_ops if o.outputs and o.outputs[0] >= 0}
         ansi: set[int] = set()
@@ -218,8 +219,6 @@ class SimApp:
 
     @staticmethod
     def _arena_and_version(info: Any) -> tuple[int, str]:
-        from harness.model.reference import get_backend, host_arena_bytes
-
         try:
             version = get_backend("tflm").version().replace(" ", "_")
         except Exception:
@@ -240,8 +239,6 @@ class SimApp:
         ]  # fmt: skip
 
     def _make_loop(self) -> Any:
-        from harness.protocol.native import make_loop
-
         info = self.init.info
         tin = info.inputs[0] if info is not None and info.inputs and not self.init.stage else None
         cfg = LoopConfig(
@@ -440,8 +437,6 @@ class SimApp:
         tin = info.inputs[0]
         arr = np.frombuffer(data, np.dtype(tin.dtype)).reshape(tin.shape)
         outs = self._reference(arr, data)
-        from harness.sim.cycles import invoke_us
-
         us = invoke_us(self.init.cycles, self.env.chip.cpu_mhz)
         busy = _busy_seconds(self.env.invoke_time, us)
         tick, self._since_tick = idle_tick(self._since_tick, busy)
@@ -457,9 +452,6 @@ class SimApp:
         info = self.init.info
         op_fault = self.init.op_fault
         if self.payload.header.get("tap") or op_fault is not None:
-            from harness.model.reference import run_reference
-            from harness.sim.tap_sim import simulate_ops
-
             res = run_reference(self.payload.model, [[arr]], per_layer=True)
             layers = {lt.tensor_index: lt.array for lt in res.runs[0].layers or []}
             sim_ops, values = simulate_ops(info, arr, layers, self.init.dispatch, op_fault, self.init.cycles)
@@ -632,8 +624,6 @@ def _busy_seconds(mode: str, invoke_us: int) -> float:
 
 def _op_fault(faults: FaultSpec, dispatch: Any, info: Any) -> Any:
     """The op fault of this image, or None when there is none or it hits no op this image runs."""
-    from harness.sim.tap_sim import OpFault
-
     if not faults.fault_ops:
         return None
     for kind in OP_FAULTS:
@@ -666,9 +656,6 @@ def _ops_text(ops: list[int], limit: int = 160) -> str:
 
 def _emit_taps(emitter: Any, i: int, info: Any, sim_ops: list[Any], dump_ops: list[int]) -> None:
     """OP records, OPEND and the chosen ops' dumps, as the --tap firmware prints them after Invoke."""
-    from harness.protocol.emitter import TapTensor
-    from harness.protocol.spec import TAP_RECORD_BYTES, crc32
-
     for so in sim_ops:
         emitter.op(
             i, 0, so.op.index, opname=so.op.opcode, cycles=so.cycles,

@@ -30,8 +30,11 @@ from dataclasses import dataclass, field
 
 import serial
 import serial.rfc2217
+from esp_rfc2217_server.esp_port_manager import EspPortManager
+from esptool.reset import DEFAULT_RESET_DELAY, ClassicReset
 
 from harness.errors import PortError
+from harness.sim import parse_url, register
 
 
 @dataclass
@@ -59,8 +62,6 @@ class SimServer:
         return f"socket://{self.host}:{self.port}"
 
     def start(self) -> SimServer:
-        from harness.sim import parse_url, register
-
         register()
         try:
             ser = serial.serial_for_url(self.url, do_not_open=True, exclusive=True)
@@ -225,8 +226,6 @@ def _port_manager(ser: serial.SerialBase, conn: object) -> serial.rfc2217.PortMa
     esptool makes around nearly every command, by changing the timeout). Answering them lets a client
     open plain ``rfc2217://host:port`` and wait only for the answer (pyserial polls every 50 ms).
     """
-    from esp_rfc2217_server.esp_port_manager import EspPortManager
-    from esptool.reset import DEFAULT_RESET_DELAY, ClassicReset
 
     class SimEspPortManager(EspPortManager):
         def _reset_thread(self) -> None:

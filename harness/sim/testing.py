@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import serial
 
+from harness.flashfmt.model_image import pack_model_image
 from harness.resources import boards_dir
 
 if sys.version_info >= (3, 11):
@@ -50,8 +51,6 @@ def make_project(
     root = Path(root)
     data = root / "esp-check"
     data.mkdir(parents=True, exist_ok=True)
-    from harness.flashfmt.model_image import pack_model_image
-
     model_bytes = model if isinstance(model, bytes) else Path(model).read_bytes()
     (data / "model.tflite").write_bytes(model_bytes)
     (data / "partitions").mkdir(exist_ok=True)

@@ -80,34 +80,6 @@ def test_no_unlinked_issue_numbers() -> None:
     assert not found, "say the rule or fact instead of the issue number:\n" + "\n".join(found)
 
 
-# being reasoned this round: modules whose imports inside functions are still getting their reasons
-# (the lead empties this set once that work is merged; an entry that no longer needs it fails below)
-UNREASONED_IMPORTS_ALLOWED = {
-    "harness/analysis/classify.py",
-    "harness/analysis/compare.py",
-    "harness/analysis/html_report.py",
-    "harness/analysis/sweep_repro.py",
-    "harness/analysis/tap.py",
-    "harness/firmware/backtrace.py",
-    "harness/firmware/boards.py",
-    "harness/firmware/build.py",
-    "harness/firmware/generate.py",
-    "harness/model/backends.py",
-    "harness/model/extract.py",
-    "harness/model/hostrun.py",
-    "harness/model/inputs.py",
-    "harness/model/loader.py",
-    "harness/model/reference.py",
-    "harness/protocol/app_image.py",
-    "harness/sim/chips.py",
-    "harness/sim/faults.py",
-    "harness/sim/loader.py",
-    "harness/sim/resident.py",
-    "harness/sim/serve.py",
-    "harness/sim/testing.py",
-}
-
-
 def unreasoned_imports(source: str) -> list[tuple[int, str]]:
     """(line, text) of each import inside a function with no comment on its line(s), right above it, or right
     above the run of imports it ends (one comment gives the reason of the imports written under it)."""
@@ -149,20 +121,12 @@ def test_import_reason_rule() -> None:
 
 
 def test_every_import_inside_a_function_has_a_reason() -> None:
-    found, still_needed = [], set()
+    found = []
     for path in sorted(HARNESS.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        bare = unreasoned_imports(path.read_text(encoding="utf-8"))
-        if bare and rel in UNREASONED_IMPORTS_ALLOWED:
-            still_needed.add(rel)
-        elif bare:
-            found += [f"{rel}:{n}: {line}" for n, line in bare]
+        found += [f"{rel}:{n}: {line}" for n, line in unreasoned_imports(path.read_text(encoding="utf-8"))]
     assert not found, "say in a comment why each of these imports is inside its function:\n" + "\n".join(
         found
-    )
-    stale = UNREASONED_IMPORTS_ALLOWED - still_needed
-    assert not stale, (
-        f"every import of these modules has its reason now: remove them from the set: {sorted(stale)}"
     )
 
 

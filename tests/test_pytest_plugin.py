@@ -6,6 +6,7 @@ flash-and-compare on the simulated board (the only fake, the board), pytest's JU
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -16,6 +17,12 @@ from pathlib import Path
 
 import numpy  # noqa: F401 - imported once here: pytester's in-process runs must not re-import it
 import pytest
+
+# The same for the simulated board's TFLM interpreter: pytester restores sys.modules after each in-process
+# run, and a second import of its compiled extension in one process fails ("already registered"), which
+# broke the tests that share a worker with these (tests/test_host_overhead.py).
+with contextlib.suppress(ImportError):
+    import tflite_micro  # noqa: F401
 
 pytest_plugins = ["pytester"]
 MODEL = "op_zoo"

@@ -15,12 +15,16 @@ import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import numpy  # noqa: F401 - imported once here: pytester's in-process runs must not re-import it
+# pytester restores sys.modules after each in-process run, so what a run imports is imported again by the
+# next: TFLM's compiled extension then fails ("already registered"), and a serial object made by one copy
+# of pyserial is not an instance of the other's classes. Imported here once (numpy, pyserial, esp-check,
+# TFLM), they are kept across runs. The plugin's own inertness is checked in a fresh interpreter below.
+import numpy  # noqa: F401
 import pytest
+import serial  # noqa: F401
 
-# The same for the simulated board's TFLM interpreter: pytester restores sys.modules after each in-process
-# run, and a second import of its compiled extension in one process fails ("already registered"), which
-# broke the tests that share a worker with these (tests/test_host_overhead.py).
+import harness.api  # noqa: F401
+
 with contextlib.suppress(ImportError):
     import tflite_micro  # noqa: F401
 

@@ -116,6 +116,17 @@ def atomic_write(path: Path, data: str | bytes, *, durable: bool = True) -> None
         raise
 
 
+def write_if_changed(path: Path, data: str | bytes) -> bool:
+    """Write ``data`` atomically (:func:`atomic_write`, not flushed to the disk) and return True; keep the
+    file, and its mtime, when its content is already ``data`` (so nothing that depends on it rebuilds)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    with contextlib.suppress(OSError):
+        if path.read_bytes() == raw:
+            return False
+    atomic_write(path, raw, durable=False)  # a full disk leaves no half-written file behind
+    return True
+
+
 def store_json(path: Path, doc: object, keep: int) -> None:
     """Write ``doc`` to the cache file ``path`` atomically (a reader never sees half a file), then keep
     at most ``keep`` JSON files in its folder, the oldest out first. A cache that cannot be written is

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.resources import atomic_write
+from harness.resources import atomic_write, write_if_changed
 from harness.runner import RunOptions, load_inventory, load_plan
 from harness.runner.executor import Runner
 from harness.runner.paths import (
@@ -203,3 +203,30 @@ def test_atomic_write_leaves_the_old_file_when_the_write_fails(tmp_path: Path, m
         atomic_write(p, "{half")
     assert json.loads(p.read_text()) == {"verdict": "match"}
     assert [x.name for x in tmp_path.iterdir()] == ["summary.json"]  # no temp file left behind
+
+
+@pytest.mark.parametrize("content", ["#define X 1\n", b"\x00bin"])
+def test_write_if_changed_keeps_an_unchanged_file_and_replaces_a_changed_one_atomically(
+    tmp_path: Path, monkeypatch, content: str | bytes
+) -> None:
+    """The one write-if-changed both the firmware generator and the native build use (nothing faked but
+    os.replace, to see the new content go through atomic_write's rename)."""
+    p = tmp_path / "sub" / "sdkconfig.h"
+    assert write_if_changed(p, content) is True
+    raw = content.encode() if isinstance(content, str) else content
+    assert p.read_bytes() == raw
+    os.utime(p, ns=(1_000_000_000, 1_000_000_000))
+    assert write_if_changed(p, content) is False
+    assert p.stat().st_mtime_ns == 1_000_000_000  # unchanged: the mtime is kept, nothing rebuilds
+
+    replaced: list[str] = []
+    real_replace = os.replace
+
+    def spy(src, dst) -> None:
+        replaced.append(Path(dst).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    assert write_if_changed(p, raw + b"!") is True
+    assert replaced == ["sdkconfig.h"] and p.read_bytes() == raw + b"!"
+    assert [x.name for x in p.parent.iterdir()] == ["sdkconfig.h"]

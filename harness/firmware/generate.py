@@ -34,13 +34,13 @@ from harness.model.inputs import InputOptions, input_tensor_bytes
 from harness.model.loader import ModelInfo, TensorInfo, load_model
 from harness.model.opdata import resolver_methods
 from harness.resources import (
-    atomic_write,
     data_dir,
     installed_versions,
     pinned_versions,
     templates_dir,
     user_cache_dir,
     version_tuple,
+    write_if_changed,
 )
 
 if TYPE_CHECKING:
@@ -335,15 +335,6 @@ def _output_name(template_name: str) -> str:
     return ".gitignore" if name == "gitignore" else name
 
 
-def _write_if_changed(path: Path, data: bytes) -> bool:
-    """Write ``data``; keep the file (and its mtime) when the content is already the same."""
-    with contextlib.suppress(FileNotFoundError):
-        if path.read_bytes() == data:
-            return False
-    atomic_write(path, data, durable=False)  # a full disk leaves no half-written file behind
-    return True
-
-
 def load_allowlist() -> dict[str, Any]:
     """The sdkconfig allow-list (harness/data/sdkconfig_allowlist.toml)."""
     text = (data_dir() / "sdkconfig_allowlist.toml").read_text(encoding="utf-8")
@@ -531,7 +522,7 @@ def _kept_when_unchanged(
         for p in generate(*bound.args, **bound.kwargs):
             manifest: Manifest = {**p.manifest, GENERATION_KEY: key}  # stored last: a failed one has none
             text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-            _write_if_changed(p.manifest_path, text.encode("utf-8"))
+            write_if_changed(p.manifest_path, text.encode("utf-8"))
             projects.append(dataclasses.replace(p, manifest=manifest))
         return projects
 
@@ -814,7 +805,7 @@ def _write_project(pdir: Path, files: Mapping[str, bytes], manifest: Manifest) -
     old_files = _previous_files(pdir / MANIFEST_NAME)
     defaults_changed = False
     for rel, data in sorted(files.items()):
-        changed = _write_if_changed(pdir / rel, data)
+        changed = write_if_changed(pdir / rel, data)
         defaults_changed |= changed and rel == "sdkconfig.defaults"
     for rel in sorted(old_files - set(files)):
         stale = pdir / rel
@@ -825,7 +816,7 @@ def _write_project(pdir: Path, files: Mapping[str, bytes], manifest: Manifest) -
         for stale_name in ("sdkconfig", f"sdkconfig.{PIO_ENV}", "sdkconfig.old"):
             (pdir / stale_name).unlink(missing_ok=True)
     manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
-    _write_if_changed(pdir / MANIFEST_NAME, manifest_bytes)
+    write_if_changed(pdir / MANIFEST_NAME, manifest_bytes)
 
 
 def _previous_files(manifest_path: Path) -> set[str]:

@@ -34,6 +34,7 @@ from harness.firmware.native.components import ComponentSource, copy_once, tree_
 from harness.firmware.native.config import idf_api_h, sdkconfig_cmake, sdkconfig_h
 from harness.firmware.native.toolchain import Toolchain
 from harness.firmware.toolrun import NOTE, OutputCallback, run_streaming
+from harness.resources import write_if_changed
 
 STANDINS_DIR = Path(__file__).resolve().parent / "standins"
 TREE_FORMAT = 1
@@ -110,16 +111,6 @@ def tree_key(
     }
     blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()
-
-
-def _write_if_changed(path: Path, text: str) -> None:
-    try:
-        if path.read_text(encoding="utf-8") == text:
-            return  # unchanged: keep the mtime, so nothing that includes it rebuilds
-    except OSError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
 
 
 def configure_command(
@@ -230,7 +221,7 @@ def tree_lock(tree: Path, log_path: Path, on_output: OutputCallback | None) -> I
     try:
         owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
         owner["command"] = " ".join(sys.argv)
-        _write_if_changed(tree / "tree.lock.owner", json.dumps(owner) + "\n")
+        write_if_changed(tree / "tree.lock.owner", json.dumps(owner) + "\n")
         yield
     finally:
         lock.release()
@@ -286,10 +277,10 @@ def build_program(
     n_jobs = jobs or os.cpu_count() or 2
     with tree_lock(tree, log_path, on_output):
         reused = (tree / "built").is_file()
-        _write_if_changed(tree / "config" / "sdkconfig.h", sdkconfig_h(config))
-        _write_if_changed(tree / "config" / "sdkconfig.cmake", sdkconfig_cmake(config, idf_version))
-        _write_if_changed(tree / "config" / "esp_check_idf_api.h", idf_api_h(idf_version))
-        _write_if_changed(
+        write_if_changed(tree / "config" / "sdkconfig.h", sdkconfig_h(config))
+        write_if_changed(tree / "config" / "sdkconfig.cmake", sdkconfig_cmake(config, idf_version))
+        write_if_changed(tree / "config" / "esp_check_idf_api.h", idf_api_h(idf_version))
+        write_if_changed(
             tree / "esp-check-tree.json",
             json.dumps(
                 {

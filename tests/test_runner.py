@@ -215,7 +215,7 @@ def test_power_cycle_runs_argv_without_a_shell(tmp_path: Path):
 
 
 def _usb_spec(path: str, serial: str) -> PortSpec:
-    cand = PortCandidate(path, path, 0x303A, 0x1001, serial, "USB JTAG", "1-1.2", "Espressif USB-Serial-JTAG")
+    cand = PortCandidate(path, path, 0x303A, 0x1001, serial, "1-1.2", "USB JTAG", "Espressif USB-Serial-JTAG")
     return PortSpec(path, path, Transport.DEVICE, caps_for(Transport.DEVICE), usb=cand)
 
 
@@ -305,6 +305,31 @@ def test_bench_detect_lists_devices_and_prints_an_inventory_snippet(monkeypatch,
     assert main(["bench", "detect", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [d["serial_number"] for d in doc] == ["F4:12:FA:00:11:22", "0001-ab"]
+
+
+def test_bench_detect_json_keys_order_and_values_are_pinned(monkeypatch, capsys):
+    """`bench detect --json` is read by scripts: its keys, their order and values stay as documented."""
+    import esp_pylib.serial_ports
+
+    ports = [_port("/dev/ttyACM3", 0x303A, 0x1001, "F4:12:FA:00:11:22", "1-1.2")]
+    # FAKED: the OS enumeration behind esptool's port list (esp_pylib.serial_ports), which esp-check uses
+    monkeypatch.setattr(esp_pylib.serial_ports, "_comports", lambda: ports)
+    monkeypatch.setattr(esp_pylib.serial_ports.sys, "platform", "linux")
+    assert main(["bench", "detect", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [list(d.items()) for d in doc] == [
+        [
+            ("device", "/dev/ttyACM3"),
+            ("kernel_device", "/dev/ttyACM3"),
+            ("serial_number", "F4:12:FA:00:11:22"),
+            ("location", "1-1.2"),
+            ("description", "USB device"),
+            ("kind", "Espressif USB-Serial-JTAG"),
+            ("chip", None),
+            ("chip_note", None),
+            ("vid_pid", "303A:1001"),
+        ]
+    ]
 
 
 def test_bench_detect_snippet_is_a_loadable_inventory(tmp_path: Path):

@@ -174,18 +174,21 @@ class PortCandidate:
     vid: int | None
     pid: int | None
     serial_number: str | None
-    description: str
     location: str | None
+    description: str
     kind: str | None  # name from KNOWN_USB_DEVICES, None if unknown
 
     @property
     def is_usb_serial_jtag(self) -> bool:
         return (self.vid, self.pid) == USB_SERIAL_JTAG
 
+    @property
+    def vid_pid(self) -> str | None:
+        return f"{self.vid:04X}:{self.pid:04X}" if self.vid is not None and self.pid is not None else None
+
     def label(self) -> str:
-        ids = f"{self.vid:04X}:{self.pid:04X}" if self.vid is not None and self.pid is not None else "?"
         sn = f" SN={self.serial_number}" if self.serial_number else ""
-        return f"{self.device} [{ids}{sn}] {self.kind or self.description}"
+        return f"{self.device} [{self.vid_pid or '?'}{sn}] {self.kind or self.description}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,8 +257,8 @@ def list_candidates(
                 vid=vid,
                 pid=pid,
                 serial_number=info.serial_number,
-                description=str(info.description or ""),
                 location=getattr(info, "location", None),
+                description=str(info.description or ""),
                 kind=KNOWN_USB_DEVICES.get((vid, pid)) if vid is not None and pid is not None else None,
             )
         )

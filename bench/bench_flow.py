@@ -20,8 +20,9 @@ from pathlib import Path
 
 from simrun import stage_seconds
 
-from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.job import JobOptions
+from harness.flows.records import StageTimeouts
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "models"

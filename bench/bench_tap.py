@@ -20,7 +20,8 @@ from pathlib import Path
 from harness.firmware.boards import load_board
 from harness.firmware.build import build_project
 from harness.firmware.generate import generate_projects
-from harness.flows.flash_and_compare import StageTimeouts, flash_and_capture
+from harness.flows.capture import flash_and_capture
+from harness.flows.records import StageTimeouts
 from harness.flows.targets import open_target
 from harness.model.loader import load_model
 from harness.sim import register

@@ -7,9 +7,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.job import JobOptions
-from harness.flows.records import FlashAndCompareResult
+from harness.flows.records import FlashAndCompareResult, StageTimeouts
 
 
 def timed_run(

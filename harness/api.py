@@ -24,16 +24,11 @@ from harness.errors import EspCheckError, ExitCode, combine_exit_codes
 from harness.firmware.boards import Board, list_boards, load_board
 from harness.firmware.build import BuildResult, build_project
 from harness.firmware.generate import GeneratedProject, generate_projects
-from harness.flows.flash_and_compare import (
-    FlashAndCompareResult,
-    JobOptions,
-    JobSpec,
-    StageTimeouts,
-    flash_and_capture,
-    flash_and_compare,
-    run_job,
-)
+from harness.flows.capture import flash_and_capture
+from harness.flows.flash_and_compare import flash_and_compare, run_job
 from harness.flows.hybrid import HybridOptions, HybridResult, hybrid
+from harness.flows.job import JobOptions, JobSpec
+from harness.flows.records import FlashAndCompareResult, StageTimeouts
 from harness.flows.sweep import SweepOptions, SweepResult, sweep
 from harness.model.arena import ArenaEstimate, estimate_arena
 from harness.model.inputs import InputOptions, PreparedInput, load_input

@@ -54,3 +54,25 @@ def test_each_command_runs_the_apis_own_operation(command: str) -> None:
     for op in OPERATIONS[command]:
         assert op in api.__all__, f"harness.api does not export {op}, which `esp-check {command}` runs"
         assert names.get(op) is getattr(api, op), f"`esp-check {command}` does not run harness.api.{op}"
+
+
+def test_flows_names_are_imported_from_where_they_are_defined() -> None:
+    """harness.flows.flash_and_compare re-exports nothing: what harness/, tests and bench import from it is
+    defined there (a class or function defined elsewhere is imported from its own module)."""
+    root = Path(__file__).resolve().parent.parent
+    home = "harness.flows.flash_and_compare"
+    module = importlib.import_module(home)
+    assert not hasattr(module, "__all__")
+    borrowed = []
+    for path in [
+        *(root / "harness").rglob("*.py"),
+        *(root / "tests").glob("*.py"),
+        *(root / "bench").glob("*.py"),
+    ]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == home:
+                for alias in node.names:
+                    defined_in = getattr(getattr(module, alias.name), "__module__", home)
+                    if defined_in != home:
+                        borrowed.append(f"{path.relative_to(root)}: {alias.name} (from {defined_in})")
+    assert borrowed == []

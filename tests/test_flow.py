@@ -14,8 +14,10 @@ import pytest
 
 from harness.cli import main
 from harness.errors import ExitCode
-from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare, sim_port_for
+from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.job import JobOptions
+from harness.flows.records import StageTimeouts
+from harness.flows.targets import sim_port_for
 
 pytest.importorskip("tflite_micro")
 

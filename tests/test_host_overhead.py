@@ -20,8 +20,9 @@ import pytest
 
 from harness.errors import ModelError
 from harness.firmware import generate
-from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.job import JobOptions
+from harness.flows.records import StageTimeouts
 from harness.model import loader
 
 MODEL = "cnn_classifier_11.tflite"

@@ -181,7 +181,8 @@ def test_flash_and_compare_starts_one_host_child(
     models_dir: Path, children: list[Path], tmp_path: Path
 ) -> None:
     """Arena estimate (generate), reference leg and the simulated board's outputs: one child in all."""
-    from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+    from harness.flows.flash_and_compare import flash_and_compare
+    from harness.flows.records import StageTimeouts
 
     result = flash_and_compare(
         models_dir / MODEL,

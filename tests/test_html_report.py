@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.job import JobOptions
+from harness.flows.records import StageTimeouts
 
 pytest.importorskip("tflite_micro")
 

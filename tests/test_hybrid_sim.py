@@ -18,9 +18,8 @@ from harness.firmware.boards import load_board
 from harness.firmware.build import build_project
 from harness.firmware.generate import FirmwareFeatures, generate_projects
 from harness.flows.capture import flash_and_capture
-from harness.flows.flash_and_compare import sim_port_for
 from harness.flows.records import StageTimeouts
-from harness.flows.targets import open_target
+from harness.flows.targets import open_target, sim_port_for
 from harness.model.hybrid_ops import candidate_ops
 from harness.model.loader import load_model
 from harness.protocol.capture import Capture, parse_capture

@@ -445,7 +445,8 @@ def test_busy_board_waits_visibly_then_gives_up(
 
 def test_flash_and_compare_waits_for_the_runner_lock(tmp_path: Path, models_dir: Path, cache_dir: Path):
     """A person's flash-and-compare takes the same lock as `esp-check run` for the same board."""
-    from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+    from harness.flows.flash_and_compare import flash_and_compare
+    from harness.flows.records import StageTimeouts
 
     name = _uid("fac")
     holder = BoardLock(f"sim-{name}", tmp_path / "locks", owner="esp-check run plan.toml")

@@ -17,8 +17,9 @@ import pytest
 
 from harness.cli import main
 from harness.errors import ExitCode
-from harness.flows.flash_and_compare import StageTimeouts, flash_and_compare
+from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.job import JobOptions
+from harness.flows.records import StageTimeouts
 
 pytest.importorskip("tflite_micro")
 

@@ -269,7 +269,8 @@ def flash_and_compare_cmd(
     Exit code: 0 match, 1 mismatch, 2 usage error, 3 infrastructure error, 4 firmware fault.
     """
     # lazy: the pipeline pulls pyserial; `esp-check --help` loads this module without it
-    from harness.flows.flash_and_compare import JobOptions, flash_and_compare
+    from harness.flows.flash_and_compare import flash_and_compare
+    from harness.flows.job import JobOptions
 
     data = _dataset_options(
         bool(inputs),

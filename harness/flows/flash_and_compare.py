@@ -36,7 +36,7 @@ from harness.errors import (
 )
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
-from harness.flows.capture import flash_and_capture, stream_inputs, with_board
+from harness.flows.capture import stream_inputs, with_board
 from harness.flows.dataset import (
     DatasetOptions,
     DatasetOutcome,
@@ -56,14 +56,12 @@ from harness.flows.records import (
     FlashAndCompareResult,
     ProgressFn,
     Recorder,
-    StageRecord,
-    StageTimeouts,
     VariantRun,
 )
 from harness.flows.refused import refusal_finding
 from harness.flows.report import discard_report, write_junit, write_report
 from harness.flows.resident import ResidentBoard
-from harness.flows.targets import BoardLockCM, Target, open_target, sim_port_for
+from harness.flows.targets import BoardLockCM, Target, open_target
 from harness.model.dataset import Dataset
 from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo, load_model
@@ -615,17 +613,3 @@ def _finish(run: _JobState, seconds: float, *, reports: bool = True) -> FlashAnd
     if junit is not None:
         write_junit(result, Path(junit), model=run.model, inputs=run.inputs)
     return result
-
-
-__all__ = [
-    "FlashAndCompareResult",
-    "JobOptions",
-    "JobSpec",
-    "StageRecord",
-    "StageTimeouts",
-    "VariantRun",
-    "flash_and_capture",
-    "flash_and_compare",
-    "run_job",
-    "sim_port_for",
-]

@@ -52,7 +52,7 @@ _DATASET_KEYS = ("dataset", "random_inputs", "seed", "results", "labels", "repea
 
 
 class Timeouts(UserModel):
-    """Per-stage limits in seconds (mapped onto harness.flows.flash_and_compare.StageTimeouts)."""
+    """Per-stage limits in seconds (mapped onto harness.flows.records.StageTimeouts)."""
 
     build: Seconds = 1800.0
     capture_total: Seconds = 180.0

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from harness.analysis import junit
 from harness.analysis.compare import (
     CompareResult,
     Fault,
@@ -25,7 +26,6 @@ from harness.analysis.report import (
     junit_tree,
     print_report,
     report_dict,
-    write_junit,
 )
 
 ROOT = Path(__file__).parent.parent
@@ -127,7 +127,7 @@ def test_junit_one_testcase_per_output_and_faults(tmp_path: Path) -> None:
     fault = Fault("B", "alloc", 7, None, "AllocateTensors_failed")
     result = compare_sources(src("A", good, "optimized"), src("B", bad, "ansi_c", [fault]))
     path = tmp_path / "junit.xml"
-    write_junit(junit_tree(result), path)
+    junit.write(junit_tree(result), path)
     root = ET.parse(path).getroot()
     assert root.tag == "testsuites"
     suite = root.find("testsuite")

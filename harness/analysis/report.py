@@ -289,7 +289,3 @@ def error_case(
 def junit_error_tree(message: str, kind: str, raw_logs: dict[str, bytes] | None = None) -> ET.ElementTree:
     """JUnit XML for a comparison that could not run (:func:`error_case`)."""
     return junit.tree([compare_suite([error_case(message, kind, raw_logs)])])
-
-
-def write_junit(tree: ET.ElementTree, path: str | Path) -> None:
-    junit.write(tree, path)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
+from harness.analysis import junit as junit_xml
 from harness.analysis.compare import compare_files
-from harness.analysis.report import junit_error_tree, junit_tree, print_report, report_dict, write_junit
+from harness.analysis.report import junit_error_tree, junit_tree, print_report, report_dict
 from harness.commands.common import POSITIVE, echo_json, lsb_option, schema_version_option
 from harness.errors import EspCheckError, InfrastructureError
 from harness.model.files import LOG_MAX_BYTES, read_regular
@@ -73,10 +74,10 @@ def compare_cmd(
     except EspCheckError as exc:
         if junit:
             kind = "infrastructure" if isinstance(exc, InfrastructureError) else type(exc).__name__
-            write_junit(junit_error_tree(str(exc), kind, {a: _raw(a), b: _raw(b)}), junit)
+            junit_xml.write(junit_error_tree(str(exc), kind, {a: _raw(a), b: _raw(b)}), junit)
         raise
     if junit:
-        write_junit(junit_tree(result), junit)
+        junit_xml.write(junit_tree(result), junit)
     if as_json:
         echo_json(lambda: report_dict(result, schema_version))
     else:

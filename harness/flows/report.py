@@ -11,7 +11,6 @@ from harness import __version__
 from harness.analysis import junit
 from harness.analysis.compare import results_document
 from harness.analysis.report import compare_cases, compare_suite, error_case, report_dict
-from harness.analysis.report import write_junit as write_junit_tree
 from harness.analysis.schemas import compare_v1, versioned
 from harness.errors import EspCheckError, ExitCode, write_error
 from harness.flows.records import VARIANT_ORDER, FlashAndCompareResult, StageStatus, VariantRun
@@ -135,7 +134,7 @@ def write_junit(
         cases.append(
             junit.Case(junit.classname(*where), f"{v}.run", outcome, kind, message, text=message, out=out)
         )
-    write_junit_tree(junit.tree([compare_suite(cases, result.comparison)]), path)
+    junit.write(junit.tree([compare_suite(cases, result.comparison)]), path)
 
 
 def _v1(doc: dict[str, object]) -> dict[str, object]:

@@ -45,12 +45,17 @@ def stop_all() -> int:
         if proc.poll() is not None:
             continue
         n += 1
-        if group:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+        kill(proc, group=group)
     return n
+
+
+def kill(proc: subprocess.Popen[Any], *, group: bool = False) -> None:
+    """SIGKILL ``proc`` (``group``: and every process of the group it leads); one already gone is fine."""
+    if group:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
 
 
 def run(argv: Sequence[str], *, timeout: float | None, **popen: Any) -> subprocess.CompletedProcess[Any]:

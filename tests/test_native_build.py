@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from native_fixture import COMPONENTS, make_mirror
 
+from harness import children
 from harness.errors import BuildError, ExitCode, UsageError
 from harness.firmware.native import components as comps
 from harness.firmware.native.config import parse_defaults, resolve, sdkconfig_cmake, sdkconfig_h
@@ -345,6 +347,32 @@ def test_a_silent_build_is_killed_with_its_child_processes(tmp_path: Path) -> No
             break
         time.sleep(0.1)
     assert not _alive(pid), "the tool's child (a compiler, say) outlived the limit"
+
+
+def test_children_kill_takes_the_group_leader_and_its_children(tmp_path: Path) -> None:
+    """The one kill rule of the build tools and of esp-check's exit (harness.children.kill): the group
+    leader and every process of its group, and a process already gone is no error. Real processes."""
+    pidfile = tmp_path / "child.pid"
+    argv = _script(
+        tmp_path,
+        "child = subprocess.Popen(['sleep', '120'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(120)\n",
+    )
+    with subprocess.Popen(argv, start_new_session=True) as proc:
+        for _ in range(100):
+            if pidfile.exists() and pidfile.read_text():
+                break
+            time.sleep(0.05)
+        children.kill(proc, group=True)
+        proc.wait()
+    pid = int(pidfile.read_text())
+    for _ in range(50):  # SIGKILL is delivered asynchronously: let the kernel finish it
+        if not _alive(pid):
+            break
+        time.sleep(0.1)
+    assert proc.returncode == -signal.SIGKILL and not _alive(pid)
+    children.kill(proc, group=True)  # already gone and reaped: nothing to do, nothing raised
 
 
 def test_long_builds_report_ninjas_steps(tmp_path: Path) -> None:

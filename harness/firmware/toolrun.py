@@ -9,10 +9,7 @@ builds report their progress (ninja's ``[n/N]``) as ``esp-check:`` notes through
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
 import subprocess
 import threading
 import time
@@ -36,14 +33,6 @@ def notes_only(callback: Callable[[str], None]) -> OutputCallback:
             callback(line[len(NOTE) :])
 
     return forward
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill ``proc`` and every process of its group (it leads its own session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
 
 
 class _Progress:
@@ -108,7 +97,7 @@ def run_streaming(
             while not finished.wait(min(1.0, timeout / 4)):
                 if time.monotonic() - last_output[0] > timeout:
                     silent.set()
-                    _kill_group(proc)
+                    children.kill(proc, group=True)
                     return
 
         watcher = threading.Thread(target=_watch, daemon=True) if timeout else None
@@ -132,12 +121,13 @@ def run_streaming(
                             on_output(note)
                 rc = proc.wait()
             except BaseException:
-                _kill_group(proc)
+                children.kill(proc, group=True)
                 proc.wait()
                 raise
             finally:
                 finished.set()
-                _kill_group(proc)  # nothing of the group outlives its leader (a compiler left behind)
+                # nothing of the group outlives its leader (a compiler left behind)
+                children.kill(proc, group=True)
         log.write(f"[exit code {rc}]\n")
     if silent.is_set():
         raise BuildError(

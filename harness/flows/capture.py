@@ -2,9 +2,8 @@
 
 The single flash-and-capture path: every job of the pipeline (both variants in one session,
 :func:`with_board`) and the one-variant runs of hybrid and the tap dump run (:func:`flash_and_capture`)
-come through here,
-over one :class:`harness.device.session.DeviceSession` (one open handle from flash to the last capture,
-re-opened after USB re-enumeration and always closed).
+come through here, over one :class:`harness.device.session.DeviceSession` (one open handle from
+flash to the last capture, re-opened after USB re-enumeration and always closed).
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """``flash-and-compare --dataset`` / ``--random-inputs``: many inputs through the resident firmware.
 
-Both variants are flashed once; each is booted once (the running app switches slots) and the whole
-dataset streams through it in binary frames (docs/protocol.md "Resident loop"): uploaded inputs in LOAD
-frames, random inputs drawn by the device itself. With ``--results full`` every output comes back; with
-``crc`` only CRC-32s, plus the full outputs of every input whose CRC differs from the expected one (the
-host reference's, then the first variant's) -- and a last pass fetches whatever a comparison still needs.
-``--repeat R`` invokes each input R times and flags any change; the board is then reset and the first
-inputs are run again, to compare a fresh boot with the first run.
-
-Every result is checked before it counts: its input CRC-32 must be the host's (so the device ran exactly
-those bytes, and its PRNG matched the host's replica), its outputs must have the CRC-32s it reported.
-Inputs whose result was lost on the link are run again (and the run is no longer a clean match).
+How the stream runs and what every result is checked against before it counts: docs/dataset.md
+and docs/protocol.md "Resident loop".
 """
 
 from __future__ import annotations
@@ -379,13 +370,9 @@ def upload_bytes(input_bytes: int) -> int:
 class _Chunks:
     """Which inputs each turn over the variants runs (docs/dataset.md "Datasets larger than the store").
 
-    Each uploaded input crosses the link once per check while the kept-input store holds it: a dataset of
-    at most the store's capacity runs in one part (the first variant uploads and keeps, the next runs from
-    the store). A larger one runs in chunks of the capacity: each chunk is uploaded (and kept) by the
-    variant already running, then run from the store by the other, so the order alternates and each chunk
-    costs one slot switch. ``never``: one part, the inputs beyond the store uploaded to every variant;
-    ``always``: chunks whenever the dataset exceeds the store; ``auto``: the first chunk, then chunks for
-    the rest only when that is cheaper on this link (``pays``), else the rest in one part, uploaded."""
+    ``never``: one part, the inputs beyond the store uploaded to every variant; ``always``: chunks
+    whenever the dataset exceeds the store; ``auto``: the first chunk, then chunks for the rest only
+    when that is cheaper on this link (``pays``), else the rest in one part, uploaded."""
 
     SWITCH_S = 1.0  # a slot switch before one was measured (bench/bench_time_model.py: boot + HELLO + baud)
 

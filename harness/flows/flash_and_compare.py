@@ -163,16 +163,7 @@ def flash_and_compare(
 def run_job(spec: JobSpec, progress: ProgressFn | None = None) -> FlashAndCompareResult:
     """The one pipeline every mode runs: prepare -> acquire -> execute -> judge -> report.
 
-    - **prepare**: the board, the model, the target (its port refused or checked before any build), the
-      ESP-NN coverage (a model in which ESP-NN accelerates no op on the chip is refused, UsageError exit
-      2, unless ``allow_untested``), the workload's inputs;
-    - **acquire**: the board's lock (``esp-check run`` takes the same one; none for a private board),
-      held while flashing and capturing, and a board still busy after ``lock_timeout`` s is exit 3;
-    - **execute**: the workload (single inputs or a dataset, with ``--tap`` after) generates, builds,
-      flashes what differs and streams its inputs to the resident firmware;
-    - **judge**: every capture through :func:`harness.flows.capture.verify_capture` and the frame checks,
-      then the comparison (single) or the per-input verdicts (dataset);
-    - **report**: report.json always, JUnit/HTML/bundle when asked for, even when a stage failed.
+    What each stage does: docs/architecture.md "The pipeline: one job spec, one path".
     """
     t_all = time.monotonic()
     check_tolerances(spec.options.tolerance_lsb, spec.options.ref_tolerance_lsb)

@@ -1,18 +1,6 @@
 """``esp-check hybrid``: from a finding to a fix -- ESP-NN optimized everywhere except the ops that break.
 
-Read as named steps (docs/hybrid.md):
-
-1. **baseline** -- ``flash-and-compare`` of the optimized and the ANSI C build (``--tap`` unless
-   bisecting): the ANSI C run is what every hybrid must equal, the host reference the second witness.
-2. **choose** the ops that run ANSI C: given (``--ansi-ops`` / ``--ansi-kinds``); from the taps (the op
-   where optimized first departs, then a tapped hybrid run with it on ANSI C, again, until the run
-   matches, at most ``max_rounds``); or by **bisection** (:class:`harness.analysis.hybrid.Bisection`)
-   when taps cannot help (a crash or hang, ``--bisect``).
-3. **verify** the plain hybrid firmware (the one a user ships): its own records must show the table
-   and the ANSI C dispatch, and its outputs must equal the ANSI C build and the host reference bit for
-   bit on every input. Otherwise no hybrid is offered.
-4. **deliver** the drop-in pair, resolver lines and README (the files the verified firmware compiled),
-   the cost from per-op cycles, the ESP-NN speedup audit, and one-op reproducers of the culprits.
+Read as the named steps of docs/hybrid.md "How it works": baseline, choose, verify, deliver.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """flash-and-compare when the host reference refuses the model: the variants still decide what is said.
 
-TFLM's reference kernels abort on some values that esp-nn's kernels happily compute (a softmax row of
-512 or more entries near its maximum: the reference's ``0 <= exponent && exponent <= 31`` check aborts,
-while esp-nn v1.2.0 returns 127 everywhere, docs/sweep.md). The host reference runs in a child process
-(harness.model.hostrun), so the abort is a :class:`~harness.errors.ReferenceRefusedError`, not a crash
-of esp-check. Both variants are still built, run and compared with each other; this module turns that
-into the ``reference_refused`` finding of report.json. Its exit code is 1 (no verified match): with no
-reference there is nothing to verify the device against, so it is never 0, and it is not 2 because the
-model and the inputs are valid and run on the device (docs/flash-and-compare.md).
+The host reference runs in a child process (harness.model.hostrun), so its abort is a
+:class:`~harness.errors.ReferenceRefusedError`, not a crash of esp-check; this module turns the
+variants' runs into report.json's ``reference_refused`` finding, exit 1 (docs/sweep.md: when, and why 1).
 """
 
 from __future__ import annotations

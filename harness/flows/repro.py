@@ -1,12 +1,6 @@
 """The minimal failing case for an upstream report: one op, its real weights, the input the device read.
 
-After a ``--tap`` dump run, each culprit op becomes a directory ``repro/op<K>_<KIND>/``: a one-op
-``model.tflite`` (:func:`harness.model.extract.single_op_model`), the op's non-constant inputs as the
-device captured them (``input_<n>.npy``, int8 as stored: esp-check reads such ``.npy`` files as already
-quantized), the ANSI C build's output (``expected_ansi.npy``) and the optimized build's
-(``observed_optimized.npy``, or a note when it crashed), a README with the commands that replay it, and
-``repro.json``. Before it is offered, the host reference runs the one-op model on the captured input and
-must reproduce the ANSI C output bit for bit (so the weights and the input are the real ones).
+What each ``repro/op<K>_<KIND>/`` holds and when it counts as verified: docs/hybrid.md "One-op reproducer".
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """Targets: where a job runs. One class per kind of board, behind one interface, as pytest-embedded's
 ``Dut`` subclasses and labgrid's drivers are; the flows ask the target, they never branch on the kind.
 
-- :class:`RealTarget`: an ESP32 on a serial port (a device path, ``auto``, ``rfc2217://``, ``socket://``);
-- :class:`SimTarget`: the simulated board in this process (``sim://``), a fresh one per job unless named;
-- :class:`ServedSimTarget`: a simulated board served by ``esp-check sim serve --rfc2217``, reached like
-  a remote board;
-- :class:`NativeTarget`: the firmware compiled for this PC against the real kernel sources (``native://``).
-
-Each owns its port choice (and what ports it refuses, before anything is built), its lock policy, what
-must be done before a session opens, and what its results mean in a report (``meaning``). Whether the
-device on the port is a simulator is still decided by what it prints (BEGIN ``sim=1``): ``expects_sim``
-is what the judge holds it to.
+The four targets and what each owns: docs/architecture.md "Targets".
 """
 
 from __future__ import annotations

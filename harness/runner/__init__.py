@@ -1,13 +1,6 @@
 """Hardware-in-the-loop CI runner: ``esp-check run PLAN.toml --inventory BENCH.toml``.
 
-Public surface:
-
-- :func:`load_plan` / :class:`Plan` / :class:`Job` - the test plan (harness.runner.plan)
-- :func:`load_inventory` / :class:`Inventory` / :class:`BenchBoard` - the bench (harness.runner.inventory)
-- :func:`run_plan` / :class:`RunOptions` / :class:`RunResult` - scheduling, retries, quarantine
-- :func:`harness.runner.policy.decide` - the retry / confirm / quarantine rules, a pure function
-- :func:`lock_key` / :class:`BoardLock` / :func:`board_lock` - cross-process board locks
-- :func:`write_reports` / :func:`summary_dict` - JSON summary, JUnit XML, Markdown
+Public surface: ``__all__`` below (docs/architecture.md "Public functions").
 
 Format of the files and of the reports: docs/ci.md.
 """

@@ -1,18 +1,9 @@
 """Run a plan over a bench: one worker thread per board, board locks, retries, quarantine.
 
-Scheduling: every (job, model, board type) is a *task* (``placement = "each"``: one task per
-inventory board of the type). A worker takes a task its board can run, gets the firmware (generated
-and built once per model x board type x console, shared by every board that needs it, before the board
-is locked; the content-addressed build cache does the rest), takes the board's lock, and runs the task
-as a job of the one pipeline (:func:`harness.flows.flash_and_compare.run_job`: flash what differs,
-stream, judge), then releases the lock. :mod:`harness.runner.attempts` turns the job's result into
-the attempt's verdict.
-
-What happens after an attempt (retry, confirmation re-run, final verdict, power cycle, quarantine)
-is decided by the pure function :func:`harness.runner.policy.decide`; this module applies its
-decisions. A stop request (Ctrl-C via ``RunOptions.stop``) lets running attempts finish, marks the rest
-aborted and still writes every report; a hard stop (SIGTERM, or a second signal: ``hard_stop``) abandons
-the running attempts too: what they return afterwards is not recorded.
+Scheduling, firmware sharing, locks and stopping: docs/ci.md "How a run works". Each task runs as a
+job of the one pipeline (:func:`harness.flows.flash_and_compare.run_job`), :mod:`harness.runner.attempts`
+turns the job's result into the attempt's verdict, and the pure function
+:func:`harness.runner.policy.decide` says what happens next; this module applies its decisions.
 """
 
 from __future__ import annotations

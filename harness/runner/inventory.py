@@ -1,12 +1,7 @@
 """Bench inventories (``--inventory BENCH.toml``): the physical boards and how to reach them.
 
-Each ``[[board]]`` has a unique name, a board type (``boards/*.toml``), the console connector in use,
-and exactly one way to reach it: ``port`` (a stable ``/dev/serial/by-id/...`` path, ``rfc2217://``,
-``socket://`` or ``sim://`` URL), ``usb_serial`` (USB serial number), ``usb_location`` (USB
-port path such as ``1-1.2``) or ``place`` (a labgrid place: reserved and acquired through the
-coordinator of ``[labgrid] coordinator`` or ``--labgrid``, its serial port is the place's
-NetworkSerialPort). Optional ``power_cycle`` (an argv list, never a shell string) is tried once before
-the board is quarantined; a labgrid place is power-cycled through labgrid. Format: docs/ci.md.
+Each ``[[board]]`` has a unique name, a board type, its console and exactly one way to reach it (a
+port, a USB serial number or location, or a labgrid place). Fields and format: docs/ci.md.
 """
 
 from __future__ import annotations

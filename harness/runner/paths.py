@@ -1,10 +1,7 @@
 """Artifact paths of a run: every component that comes from a file name or a plan field goes through
 :func:`safe_component`, and :func:`move_aside` keeps a previous run's verdicts from surviving a rerun.
 
-A model file named ``...tflite`` has the stem ``..``: used as a directory name unchanged it would put
-its artifacts one level up, where another job's land. Names are made of ASCII letters, digits and
-``_ . @ + -`` only; a name that had to be changed gets a hash of the original, so two names that
-sanitize alike ("a b" and "a_b") still get two directories.
+The rules ("Names in paths", "No stale verdicts"): docs/ci.md "Reports and artifacts".
 """
 
 from __future__ import annotations
@@ -65,17 +62,8 @@ def _ours(directory: Path) -> bool:
 def move_aside(out_dir: Path, extra: Iterable[Path] = ()) -> tuple[Path | None, list[str]]:
     """Move the previous run's reports out of the way before a run starts, and mark ``out_dir``.
 
-    A run killed with SIGKILL writes no reports; without this, the reports of the run before it
-    (summary.json, junit.xml, summary.md, jobs/*/result.json) would still say "match" next to the
-    new attempts. They go to ``out_dir/previous-run/`` (replacing what an older run left there). What
-    a run that did not finish left (no summary.json: killed) goes to ``previous-run/incomplete-run/``
-    instead, so the last complete run's summary and JUnit stay in ``previous-run/``. Report files at
-    other paths (``--junit``, ``--markdown``, ``--json-file``) are deleted. Returns the directory they
+    Where they go and what is refused: docs/ci.md "No stale verdicts". Returns the directory they
     went to (None when there was nothing) and lines saying what was moved or deleted.
-
-    Only what esp-check wrote is moved or replaced: a directory holding a ``jobs/`` or ``summary.json``
-    that no esp-check run left (no marker file, no run summary) is refused with a UsageError, before
-    anything is touched.
     """
     found = [out_dir / n for n in REPORT_NAMES if (out_dir / n).exists() or (out_dir / n).is_symlink()]
     dest = out_dir / PREVIOUS_DIR

@@ -3,20 +3,7 @@
 Data in, data out: :func:`decide` reads an attempt's outcome, the task's and the board's counters and
 the policy, and returns a :class:`Decision`; the executor applies it (state, counters, events, power
 cycle). Nothing here mutates, sleeps, logs or touches a board, so every rule has a unit test
-(tests/test_runner_policy.py). The rules (docs/ci.md, "How a run works"):
-
-- match / mismatch / usage: final. A mismatch is never retried.
-- firmware fault: a finding, re-run once to confirm; never counted against the board. A re-run that
-  does not reproduce it still ends as a firmware fault ("intermittent").
-- infrastructure: retried after ``backoff_s * 2^(n-1)`` (capped at ``backoff_max_s``) up to the
-  job's ``retries``, on another board of the type when there is one. A failure where the board did
-  not answer counts toward the board's quarantine; any attempt where it answered resets the count.
-- host-side failures (firmware generation, build): not the board's fault, not retried.
-- quarantine: at ``quarantine_after`` consecutive board failures the board's power-cycle command runs
-  once (if it has one) and the board gets one more attempt; the next board failure quarantines it.
-- busy board (lock wait timed out): marked busy for the rest of the run, the task is retried.
-- stop requested: no retry, no confirmation re-run, no power cycle; a task left without a verdict
-  is aborted, a firmware fault already seen stands (unconfirmed).
+(tests/test_runner_policy.py). The rules themselves: docs/ci.md, "How a run works".
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Reports of a run: JSON summary (schema in docs/ci.md), JUnit XML, Markdown for CI step summaries.
 
-JUnit mapping: one ``<testsuite>`` per job, one ``<testcase>`` per task x input x comparison
-(classname ``esp-check.<job>.<model>.<board>``, name ``input<k>[<file>].<a>_vs_<b>``). A mismatch or
-a firmware fault is a ``<failure>``; an infrastructure problem (and an aborted task) is an
-``<error>``; the raw serial logs of the attempt that decided the verdict go to ``<system-out>``.
+The JUnit mapping: docs/ci.md "Reports and artifacts".
 """
 
 from __future__ import annotations

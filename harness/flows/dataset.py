@@ -281,10 +281,8 @@ def _crashes(resident: ResidentBoard, variant: str, raw: bytes) -> list[Finding]
 
 
 def _second_result(first: Leg, again: Leg) -> Leg:
-    """An input run again (a re-fetch in full, a re-run after a lost result) keeps what the first result
-    proved: when both are valid their CRC-32s must be equal. A re-run that differs never replaces the
-    first record: the input is non-deterministic on the device (or a result was altered on the link),
-    a finding either way."""
+    """An input run again keeps what the first result proved (docs/dataset.md: a second result that
+    differs is non-deterministic and never replaces the first)."""
     if not (first.ok and again.ok) or first.crcs is None or again.crcs is None:
         return again if again.ok or not first.ok else first
     if first.crcs == again.crcs:

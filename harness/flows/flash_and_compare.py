@@ -227,10 +227,8 @@ class InputsWorkload(Workload):
 
 
 class DatasetWorkload(Workload):
-    """A dataset (docs/dataset.md): loaded first (usage errors before anything is built), both variants
-    built with nothing compiled in, flashed once, the dataset streamed through each while the host
-    reference runs on all of it (in ``crc`` mode it is waited for before the stream, which checks the
-    device's CRCs against it); every input gets its verdict. ``--tap-inputs`` then taps chosen inputs."""
+    """A dataset (docs/dataset.md): loaded first (usage errors before anything is built), then streamed
+    through both variants while the host reference runs; ``--tap-inputs`` then taps chosen inputs."""
 
     def execute(self, run: _JobState) -> None:
         opts = run.opts.dataset

@@ -1,10 +1,6 @@
 """``esp-check sweep``: hunt ESP-NN kernel bugs on purpose, on the native target (docs/sweep.md).
 
-Builds the sweep driver twice from the same sources (with AddressSanitizer + UndefinedBehaviorSanitizer,
-and without, unless ``sanitize=False``), feeds it generated cases, and judges what it printed. A case
-that stops the sanitized driver is a ``sanitizer`` finding and is run again alone on the plain driver,
-so its values (optimized, ANSI C, reference) are still compared; the sweep then goes on with the next
-case. Findings get a reproduction (a one-op .tflite plus its input, ``harness.model.sweep_repro``).
+How the two drivers (sanitized, plain) share the cases and what makes a finding: docs/sweep.md.
 """
 
 from __future__ import annotations

@@ -618,11 +618,9 @@ class Runner:
         return work
 
     def _prepare_shared(self) -> int:
-        """Make each distinct firmware and host reference once, a few at a time, before the board workers
-        start (else the first task on every board starts at the same moment, and each builds or waits for
-        what another is making); returns how many pieces of work there were. A failure is kept by the
-        memo and reported by the task that needs it, as if the task had met it. A stop starts no more of
-        them; a hard stop stops waiting for the running ones (daemon threads, as the board workers)."""
+        """The prepare phase (docs/ci.md "How a run works"), a few pieces at a time; returns how many
+        pieces of work there were. A stop starts no more of them; a hard stop stops waiting for the
+        running ones (daemon threads, as the board workers)."""
         work = self._shared_work()
         if not work:
             return 0

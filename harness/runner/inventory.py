@@ -241,14 +241,8 @@ def _host_identity(host: str) -> str:
 
 
 def port_identity(port: str) -> str:
-    """What a ``port`` value reaches, spelled one way, for the inventory's duplicate check:
-
-    - ``rfc2217://`` / ``socket://``: scheme, host (see :func:`_host_identity`) and port; the query
-      (``?ign_set_control``, ``?logging=debug``) sets client options, not the endpoint;
-    - ``sim://`` / ``native://``: the board's name (its options are in the query);
-    - a device path: normalized (``/dev/./ttyUSB0``) and its symlinks followed (``/dev/serial/by-id/...``
-      is its ``/dev/ttyUSB0``); a Windows ``COMn`` in upper case.
-    """
+    """What a ``port`` value reaches, spelled one way, for the inventory's duplicate check (which
+    spellings reach one board: docs/ci.md "Inventory file")."""
     if "://" in port:
         parts = urllib.parse.urlsplit(port)
         scheme = parts.scheme.lower()
@@ -268,9 +262,7 @@ def port_identity(port: str) -> str:
 def discover_inventory(coordinator: str) -> Inventory:
     """The boards of a labgrid lab: every place tagged ``esp_check_type=<board type>``.
 
-    ``esp-check run PLAN --labgrid HOST:PORT`` without ``--inventory``. The optional tag
-    ``esp_check_console`` picks the console connector. Places without the type tag are not boards
-    for esp-check and are left alone.
+    ``esp-check run PLAN --labgrid HOST:PORT`` without ``--inventory`` (docs/ci.md "A lab on labgrid").
     """
     client = LabgridClient(coordinator)
     where = Path(f"labgrid-{coordinator}")

@@ -121,10 +121,6 @@ class _JobState:
         assert self.loaded_target is not None, "used before _prepare chose the target"
         return self.loaded_target
 
-    @property
-    def port_url(self) -> str:
-        return self.loaded_target.port_url if self.loaded_target is not None else ""
-
     def failed(self, what: str, exc: EspCheckError) -> None:
         self.errors.append(f"{what}: {exc}")
         self.codes.append(exc.exit_code)
@@ -325,7 +321,9 @@ def _stopped(run: _JobState, finish: Callable[[], FlashAndCompareResult]) -> Ite
         finish()
         raise
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (harness.cli turns it into Terminated)
-        _interrupted(run, exc)
+        how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+        run.errors.append(f"interrupted ({how}): the run did not finish")
+        run.codes.append(ExitCode.TERMINATED if isinstance(exc, Terminated) else ExitCode.INTERRUPTED)
         finish()
         raise
     except OSError as exc:  # writing an artifact (a project, a log) failed: the host's disk, exit 3
@@ -370,13 +368,6 @@ def _tap(run: _JobState) -> None:
     run.tap = outcome.result
     run.errors.extend(outcome.errors)
     run.codes.extend(outcome.codes)
-
-
-def _interrupted(run: _JobState, exc: KeyboardInterrupt) -> None:
-    """A run stopped by Ctrl-C (exit 130) or SIGTERM (143): its report says so, never a verdict."""
-    how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
-    run.errors.append(f"interrupted ({how}): the run did not finish")
-    run.codes.append(ExitCode.TERMINATED if isinstance(exc, Terminated) else ExitCode.INTERRUPTED)
 
 
 def prepare_out_dir(out_dir: str | Path) -> Path:
@@ -576,7 +567,7 @@ def _finish(run: _JobState, seconds: float, *, reports: bool = True) -> FlashAnd
     result = FlashAndCompareResult(
         out_dir=run.out,
         board=run.loaded_board.name if run.loaded_board else "",
-        port=run.port_url,
+        port=run.loaded_target.port_url if run.loaded_target else "",
         simulated=bool(run.loaded_target and run.loaded_target.expects_sim),
         stages=run.rec.stages,
         variants=run.variants,

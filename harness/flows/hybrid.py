@@ -560,7 +560,9 @@ def _dropin(state: _State, project: Path) -> Dropin:
 def _cost(state: _State, dump_caps: dict[str, Capture]) -> CostReport | InvokeCost | None:
     """From per-op cycles of both builds (the tapped baseline, else the tapped reproducer dump run); a
     tapped hybrid run with the same ops measures the hybrid itself."""
-    caps = _baseline_caps(state)
+    base = state.res.baseline
+    runs = base.variants.items() if base is not None else []
+    caps = {v: cap for v, r in runs if (cap := r.capture()) is not None}
     if not (caps.get("ansi") and op_cycles(caps["ansi"])) and dump_caps.get("ansi"):
         caps = {**caps, **{v: c for v, c in dump_caps.items() if op_cycles(c)}}
     if "ansi" not in caps:
@@ -576,12 +578,6 @@ def _cost(state: _State, dump_caps: dict[str, Capture]) -> CostReport | InvokeCo
         native = bool(caps["ansi"].info.get("native"))  # a PC's timing: no cost claim (analysis.hybrid)
         return cost_report(state.info, opt, ansi, state.res.ansi_ops, mhz, measured, native=native)
     return _invoke_cost(state, caps)
-
-
-def _baseline_caps(state: _State) -> dict[str, Capture]:
-    base = state.res.baseline
-    runs = base.variants.items() if base is not None else []
-    return {v: cap for v, r in runs if (cap := r.capture()) is not None}
 
 
 def _invoke_cost(state: _State, caps: dict[str, Capture]) -> InvokeCost:

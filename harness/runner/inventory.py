@@ -32,7 +32,6 @@ from harness.flows.targets import RealTarget, open_target, target_class
 from harness.runner.plan import NAME_RE, Name
 from harness.userfiles import Loc, UserModel, entry_name, field_path, known_keys, problem, read_toml
 
-# chips with a USB-Serial-JTAG peripheral (the ESP32 and ESP32-S2 have none)
 _REACH_KEYS = ("port", "usb_serial", "usb_location", "place")
 Reach = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 

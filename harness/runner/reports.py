@@ -21,7 +21,6 @@ from harness.resources import atomic_write
 from harness.runner.paths import SUMMARY_SCHEMA
 from harness.runner.results import (
     TASK_VERDICTS,
-    AttemptDataset,
     BoardStatus,
     CaseStatus,
     CaseType,
@@ -96,13 +95,8 @@ def _task_doc(task: Task) -> dict[str, object]:
         "decisive_attempt": task.decisive.n if task.decisive is not None else None,
         "attempts": [_attempt_doc(a) for a in task.attempts],
         "testcases": [c.to_dict() for c in testcases_of(task)],
-        "dataset": _task_dataset(task),
+        "dataset": task.reported.dataset if task.job.data is not None and task.reported is not None else None,
     }
-
-
-def _task_dataset(task: Task) -> AttemptDataset | None:
-    """A dataset job's figures from its decisive attempt (the last one when none decided)."""
-    return task.reported.dataset if task.job.data is not None and task.reported is not None else None
 
 
 def _task_verdict(task: Task) -> Verdict:

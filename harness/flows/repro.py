@@ -39,10 +39,8 @@ def write_reproducer(
 ) -> dict[str, JSONValue]:
     """Write ``out_dir/op<K>_<KIND>/`` from the dump captures (``optimized``/``ansi``); returns its summary.
 
-    The captured inputs are the ANSI C run's (what the op reads when every op before it is right), or
-    the optimized run's when the ANSI C run has none. The optimized output is kept only when that run's
-    inputs were the same (an upstream culprit changes them). Raises nothing: a reproducer that cannot be
-    built or does not reproduce is reported as such (``ok: false`` and ``why``, which quotes
+    Which run's captures it takes: docs/hybrid.md "One-op reproducer". Raises nothing: a reproducer that
+    cannot be built or does not reproduce is reported as such (``ok: false`` and ``why``, which quotes
     ``dump_errors``: why the dump run has no capture of a build).
     """
     opinfo = info.main_ops[op]

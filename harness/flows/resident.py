@@ -1,10 +1,9 @@
 """Resident firmware on one board: flash both variants once, boot the slot each run needs, stream the
 inputs (docs/protocol.md "Resident loop", docs/firmware.md "Flash layout").
 
-Both variants live in the board's two app slots and share the model partition, so one esptool session
-writes what differs (every region is skipped when flash already holds it: a repeat run writes 0 bytes)
-and the running app switches slots itself (``BOOT``: it writes otadata on the device). Only when no app
-is running to ask (a variant that never reaches HELLO) does the host select the slot with esptool.
+Why one esptool session writes only what differs and the running app switches slots itself: docs/firmware.md
+"Flash layout". Only when no app is running to ask (a variant that never reaches HELLO) does the host
+select the slot with esptool.
 """
 
 from __future__ import annotations

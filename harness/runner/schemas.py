@@ -2,9 +2,8 @@
 the compare report (docs/report-schema.json, also report.json's ``comparison``).
 
 ``python -m harness.runner.schemas [DIR]`` writes them (default: docs/ of this checkout);
-tests/test_user_schemas.py fails when docs/ holds another text than the models give. An editor that
-reads JSON Schema for TOML (taplo, Even Better TOML) completes and checks a file that starts with
-``#:schema PATH/plan.schema.json``.
+tests/test_user_schemas.py fails when docs/ holds another text than the models give (editor support:
+docs/ci.md "Plan file").
 """
 
 from __future__ import annotations

@@ -72,9 +72,8 @@ class JobSpec:
     port: str | None = None
     out_dir: Path = Path("esp-check-out")
     options: JobOptions = field(default_factory=JobOptions)
-    # what an earlier step already has, so the job does not make it again: the target it opened (hybrid's
-    # runs go to the board its baseline ran on) and both variants' built firmware (the runner's, made
-    # once per model and board type before the board is locked)
+    # what an earlier step already has, so the job does not make it again (docs/architecture.md
+    # "Targets"): the target it opened (hybrid's baseline board) and the runner's built firmware
     target: Target | None = None
     firmware: Firmware | None = None
 

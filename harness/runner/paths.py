@@ -32,10 +32,8 @@ SUMMARY_SCHEMA = "esp-check/run-summary"
 def safe_component(text: str) -> str:
     """``text`` as one portable path component: never ``.``/``..``, a separator, NUL, a reserved name.
 
-    Unchanged when it already is one (``fixtures``, ``cnn_classifier_11``, ``sim@b1``); otherwise
-    unsafe characters become ``_``, leading and trailing dots are replaced, long names are cut, and
-    ``-<8 hex of sha256(text)>`` is appended so distinct inputs stay distinct.
-    """
+    Unchanged when it already is one (``fixtures``, ``cnn_classifier_11``, ``sim@b1``); the rules for
+    the others: docs/ci.md "Names in paths"."""
     safe = _UNSAFE.sub("_", text)
     safe = re.sub(r"^\.|\.$", "_", safe)  # no ".", "..", hidden names, or Windows' dropped trailing dot
     if _RESERVED.match(safe):

@@ -218,11 +218,8 @@ def _fits(task: Task, board: BoardState) -> bool:
 
 
 def may_take(task: Task, board: BoardState, boards: Iterable[BoardState]) -> bool:
-    """Whether ``board`` may run ``task`` now.
-
-    A board that failed this task is used again only when no other usable board of the type is
-    left ("preferably another board").
-    """
+    """Whether ``board`` may run ``task`` now (a board that failed it only when no other usable board
+    of the type is left: docs/ci.md "How a run works")."""
     if not _fits(task, board):
         return False
     if board.bench.name not in task.avoid:

@@ -10,11 +10,9 @@ Target figure (what the firmware should reserve) = host total + ESP-NN scratch +
 
 - 32-bit target: TFLM's persistent structures hold pointers, so the 64-bit host figure is an
   upper bound for them; planned tensor memory is the same. No extra term.
-- ESP-NN scratch buffers (requested in Prepare by the optimized conv/depthwise/softmax kernels)
-  are not allocated by the host's reference kernels. They live only while their op runs, so the
-  largest one is added. Sizes follow esp-nn's own scratch getters *of the esp-nn version the
-  project pins* (they changed between releases: ``FORMULA_SETS``, ops.toml ``[[espnn_scratch]]``);
-  for a version esp-check does not know, the largest of all known formulas.
+- ESP-NN scratch buffers are not allocated by the host's reference kernels. They live only while
+  their op runs, so the largest one is added, by the pinned esp-nn version's formulas
+  (``FORMULA_SETS``; docs/firmware.md "What the firmware does", item 4).
 - Safety margin: ``MARGIN_FRACTION`` of the host total plus ``MARGIN_FIXED`` bytes, rounded up to 1 KiB.
 
 The device's own ``arena_used_bytes()`` report is the authoritative figure.

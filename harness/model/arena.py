@@ -380,20 +380,8 @@ def rough_host_bytes(info: ModelInfo) -> int:
     return peak + persistent
 
 
-def _target(host: int, scratch: int) -> tuple[int, int]:
-    margin = int(host * MARGIN_FRACTION) + MARGIN_FIXED
-    return _ceil(host + scratch + margin, 1024), margin
-
-
 # ---------------------------------------------------------------------------------------------
 # measurement (in the host-reference child process, harness.model.hostrun)
-
-
-def _measure(data: bytes) -> ArenaMeasurement:
-    measured = host_results(data, parse_model_bytes(data), [], reference=False, arena=True).arena
-    if measured is None:
-        raise HostReferenceError("the tflite-micro wheel is not installed: no arena measurement")
-    return measured
 
 
 def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str | None) -> ArenaEstimate:
@@ -404,7 +392,9 @@ def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str
     measured: ArenaMeasurement | None = None
     if tflm_installed():  # its metadata: a cached measurement imports no runtime
         try:
-            measured = _measure(data)
+            measured = host_results(data, parse_model_bytes(data), [], reference=False, arena=True).arena
+            if measured is None:
+                raise HostReferenceError("the tflite-micro wheel is not installed: no arena measurement")
         except HostReferenceError as exc:  # a crash (ModelError) is not caught: the model is refused
             failure = f"TFLM measurement failed ({exc.message}); "
         except ReferenceRefusedError:  # a kernel check aborts on zeros; the model loads: estimate
@@ -429,10 +419,10 @@ def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str
             + ("" if failure else " (tflite-micro not installed here, Linux x86-64 only)")
             + "; expect +/-25%; the device's arena_used_bytes() is authoritative"
         )
-    target, margin = _target(host, scratch)
+    margin = int(host * MARGIN_FRACTION) + MARGIN_FIXED
     return ArenaEstimate(
         host_bytes=host,
-        target_bytes=target,
+        target_bytes=_ceil(host + scratch + margin, 1024),
         method="rough" if measured is None else "measured",
         espnn_scratch_bytes=scratch,
         margin_bytes=margin,

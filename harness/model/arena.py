@@ -443,10 +443,8 @@ def estimate_arena(
     """Arena estimate for ``model_path`` (see module docstring).
 
     ``chip`` selects the ESP-NN scratch term (None: the worst case over esp32/esp32s3/esp32p4) and
-    ``espnn_version`` the esp-nn release whose scratch formulas apply (None: the pinned one; an
-    unknown version gets the largest of all known formulas).
-    The measurement runs in the host-reference child process and is cached on disk by model hash.
-    Raises ModelError when the model crashes TFLM (the device would too).
+    ``espnn_version`` the esp-nn release whose scratch formulas apply (None: the pinned one). Raises
+    ModelError when the model crashes TFLM (the device would too).
     """
     p = Path(model_path)
     info = load_model(p)  # validates before any native code sees the file

@@ -211,12 +211,9 @@ _QDIM_SLOT = 16  # QuantizationParameters.quantized_dimension's vtable offset in
 
 
 def litert_compatible(model_bytes: bytes) -> bytes:
-    """``model_bytes`` with the one quantization detail LiteRT refuses and TFLM ignores made valid.
-
-    TFLM's stock person_detect (and other converter output of its time) gives its 1-D bias tensors the
-    filter's ``quantized_dimension`` (3); LiteRT refuses a dimension outside the tensor's rank, TFLM never
-    reads it. A 1-D tensor has one dimension, so 0 is the only one its per-channel scales can run along:
-    writing 0 there changes no number. Other tensors are left as they are.
+    """``model_bytes`` with the one quantization detail LiteRT refuses and TFLM ignores made valid: a 1-D
+    tensor's ``quantized_dimension`` set to 0, its only dimension (README "Host reference backends and
+    platforms": person_detect's bias tensors say 3); no number changes, other tensors are left as they are.
     """
     import tflite  # lazy: ~25 ms, needed by the LiteRT reference only, not on a repeat run's path
 

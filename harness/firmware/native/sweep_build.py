@@ -53,11 +53,8 @@ CONV_GLUE = Path("tensorflow/lite/micro/kernels/esp_nn/conv.cc")
 
 
 def grouped_conv_refusal(tflm: ComponentSource | None) -> str:
-    """Why a grouped conv does not reach esp-nn through ``tflm``'s conv glue ("" when it does).
-
-    esp-tflite-micro's ``kernels/esp_nn/conv.cc`` (v1.3.8 and others) asks ``MatchingDim(input_shape, 3,
-    filter_shape, 3)``: its TFLITE_DCHECK aborts when the input channels differ from the filter's, so
-    a grouped conv aborts in Eval before esp-nn is called. Read from the sources given, not assumed."""
+    """Why a grouped conv does not reach esp-nn through ``tflm``'s conv glue ("" when it does): read from
+    the sources given, not assumed (the ``MatchingDim`` check, docs/sweep.md "grouped convolutions")."""
     if tflm is None:
         return "no esp-tflite-micro sources were given: whether its conv glue passes groups on is unknown"
     glue = tflm.path / CONV_GLUE

@@ -330,12 +330,10 @@ def load_allowlist() -> dict[str, Any]:
 def check_sdkconfig(
     text: str, chip: str, allow: Mapping[str, Any], where: str, idf_min: str | None = None
 ) -> list[str]:
-    """Symbols of a rendered sdkconfig.defaults; GenerateError for any symbol not allowed for ``chip``.
-
-    ESP-IDF silently ignores unknown symbols, so a typo (or a board file's extra symbol) would not fail
-    the build: it would quietly produce a different firmware. Checking here makes it a clear error. With
-    ``idf_min`` (the oldest ESP-IDF the project allows), a symbol that only newer releases have is refused
-    too, unless the older ones behave as if it had the value written (``absent_means``).
+    """Symbols of a rendered sdkconfig.defaults; GenerateError for any symbol not allowed for ``chip``
+    (why: docs/firmware.md "The sdkconfig allow-list"). With ``idf_min`` (the oldest ESP-IDF the project
+    allows), a symbol that only newer releases have is refused too, unless the older ones behave as if it
+    had the value written (``absent_means``).
     """
     symbols: list[str] = []
     values: dict[str, str] = {}
@@ -432,12 +430,9 @@ def _hash_tree(digest: Any, root: Path, label: str) -> None:
 
 
 def generation_key(arguments: Mapping[str, Any], board: Board) -> str:
-    """SHA-256 of everything :func:`generate_projects` reads: its options, the model's and inputs'
-    names and bytes, the board's definition and file, the templates, esp-check's data files and the
-    generating code itself (an edited install regenerates too), the versions of esp-check and of the
-    wheels generation uses (tflite-micro measures the arena, Jinja renders, numpy quantizes the inputs).
-    Not ``out_dir`` (projects hold no absolute path) nor ``variants`` (each variant's project is made
-    alone; its manifest names its variant). "" when a file cannot be read: nothing is kept then."""
+    """SHA-256 of everything :func:`generate_projects` reads (docs/firmware.md lists it, under "What is in
+    a project"). Not ``out_dir`` (projects hold no absolute path) nor ``variants`` (each variant's project
+    is made alone; its manifest names its variant). "" when a file cannot be read: nothing is kept then."""
     # the arena probe, the rendering, the quantization
     wheels = installed_versions("tflite-micro", "jinja2", "numpy")
     options = {k: repr(v) for k, v in arguments.items() if k not in ("out_dir", "board", "variants")}

@@ -1,11 +1,9 @@
 """Crash addresses -> functions, with the app's ELF, the way ``idf.py monitor`` decodes them.
 
-The decoding itself is Espressif's ``esp-idf-panic-decoder`` (``PcAddressDecoder``: it keeps the
-addresses that fall in the ELF's executable sections and runs the toolchain's ``addr2line`` on them).
-``addr2line`` comes with the toolchain (ESP-IDF's tools, PlatformIO's ``toolchain-*`` packages), not
-from PyPI, so it is looked for where those put it; for RISC-V chips a generic RISC-V binutils (Debian's
-``binutils-riscv64-unknown-elf``) reads the 32-bit ELF as well. When no ELF or no ``addr2line`` is
-found, the finding says that decoding was skipped and why.
+The decoding itself is Espressif's ``esp-idf-panic-decoder`` (``PcAddressDecoder``); ``addr2line`` comes
+with the toolchain, not from PyPI, and is looked for where docs/device.md says (the paragraph on
+``find_addr2line``). When no ELF or no ``addr2line`` is found, the finding says that decoding was skipped
+and why.
 """
 
 from __future__ import annotations

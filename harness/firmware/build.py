@@ -1,10 +1,8 @@
 """Build a generated project with PlatformIO (``pio run``), ESP-IDF (``idf.py build``) or the sim packer.
 
-The driver runs the build tool as an argument list (never a shell), streams its output to a log file
-(and to an optional callback for a progress view), finds the artifacts and their flash offsets from
-the *resolved* configuration (``sdkconfig`` + the built partition table), and writes an ESP-IDF style
-``flasher_args.json`` beside copies of them in ``<project>/esp-check/build/``. Results are cached by
-content (:mod:`harness.firmware.cache`): building the same thing twice runs the tool once.
+The tool runs through :mod:`harness.firmware.toolrun`; the artifacts' flash offsets come from the
+*resolved* configuration (``sdkconfig`` + the built partition table); the export to
+``<project>/esp-check/build/`` and the build cache are docs/firmware.md "esp-check build".
 """
 
 from __future__ import annotations
@@ -64,10 +62,8 @@ ROLE_FILES = {
 }
 EXTRA_FILES = {"elf": "app.elf", "sdkconfig_json": "sdkconfig.json", "prefix_map": "prefix_map.gdbinit"}
 _CACHE_NAMES = {**ROLE_FILES, **EXTRA_FILES}
-# ... and in the exported build directory, which follows ESP-IDF's layout: exactly one .bin at the top
-# (the app: pytest-embedded-idf takes the first *.bin it lists there), the other images in
-# subdirectories, <app>.elf, config/sdkconfig.json, flasher_args.json, flash_args,
-# project_description.json.
+# ... and in the exported build directory, which follows ESP-IDF's layout (docs/firmware.md "esp-check
+# build": exactly one .bin at the top, the app, since pytest-embedded-idf takes the first it lists)
 LAYOUT = {
     "bootloader": "bootloader/bootloader.bin",
     "partition-table": "partition_table/partition-table.bin",

@@ -1,9 +1,8 @@
 """Content-addressed build cache: the same rendered project, versions, board and builder give the same key.
 
-A hit means the builder is not run at all. Entries live in ``<root>/entries/<key>/``; an entry is
-written to a temporary directory and renamed into place, so a reader never sees half an entry. One
-lock per key (``filelock``) serializes concurrent builds of the same thing (the second waits, then
-hits); one index lock serializes eviction. The cache is bounded by total size, least recently used first.
+A hit means the builder is not run at all (docs/firmware.md "esp-check build": key, location, size bound,
+one lock per key). Entries live in ``<root>/entries/<key>/``, written to a temporary directory and renamed
+into place, so a reader never sees half an entry; one index lock serializes eviction.
 """
 
 from __future__ import annotations

@@ -250,15 +250,6 @@ def place_arena(arena_bytes: int, board: Board) -> str:
 # the arena estimate (harness.model.arena: measured by TFLM in the host child, else a rough estimate)
 
 
-def _estimate_arena_bytes(model_path: Path, chip: str, espnn_version: str) -> tuple[int, str, str]:
-    """Recommended arena bytes for ``chip`` with the pinned esp-nn, how they were obtained (``measured``
-    or ``rough``) and which esp-nn version's scratch formulas were used."""
-    from harness.model.arena import estimate_arena  # lazy: ~5 ms; a repeat run keeps its projects
-
-    estimate = estimate_arena(model_path, chip=chip, espnn_version=espnn_version)
-    return int(estimate.target_bytes), str(estimate.method), estimate.espnn_formulas
-
-
 # Below this share of the measured host arena, TFLM can crash inside AllocateTensors (a kernel's Init
 # dereferences a failed persistent allocation, e.g. REDUCE's InitReduce) instead of returning an error,
 # so the firmware would panic rather than print ERROR stage=alloc. Seen on a host build of the generated
@@ -330,11 +321,6 @@ def template_version() -> str:
     return text
 
 
-def _output_name(template_name: str) -> str:
-    name = template_name[: -len(".j2")]
-    return ".gitignore" if name == "gitignore" else name
-
-
 def load_allowlist() -> dict[str, Any]:
     """The sdkconfig allow-list (harness/data/sdkconfig_allowlist.toml)."""
     text = (data_dir() / "sdkconfig_allowlist.toml").read_text(encoding="utf-8")
@@ -344,12 +330,10 @@ def load_allowlist() -> dict[str, Any]:
 def check_sdkconfig(
     text: str, chip: str, allow: Mapping[str, Any], where: str, idf_min: str | None = None
 ) -> list[str]:
-    """Symbols of a rendered sdkconfig.defaults; GenerateError for any symbol not allowed for ``chip``.
-
-    ESP-IDF silently ignores unknown symbols, so a typo (or a board file's extra symbol) would not fail
-    the build: it would quietly produce a different firmware. Checking here makes it a clear error. With
-    ``idf_min`` (the oldest ESP-IDF the project allows), a symbol that only newer releases have is refused
-    too, unless the older ones behave as if it had the value written (``absent_means``).
+    """Symbols of a rendered sdkconfig.defaults; GenerateError for any symbol not allowed for ``chip``
+    (why: docs/firmware.md "The sdkconfig allow-list"). With ``idf_min`` (the oldest ESP-IDF the project
+    allows), a symbol that only newer releases have is refused too, unless the older ones behave as if it
+    had the value written (``absent_means``).
     """
     symbols: list[str] = []
     values: dict[str, str] = {}
@@ -446,12 +430,9 @@ def _hash_tree(digest: Any, root: Path, label: str) -> None:
 
 
 def generation_key(arguments: Mapping[str, Any], board: Board) -> str:
-    """SHA-256 of everything :func:`generate_projects` reads: its options, the model's and inputs'
-    names and bytes, the board's definition and file, the templates, esp-check's data files and the
-    generating code itself (an edited install regenerates too), the versions of esp-check and of the
-    wheels generation uses (tflite-micro measures the arena, Jinja renders, numpy quantizes the inputs).
-    Not ``out_dir`` (projects hold no absolute path) nor ``variants`` (each variant's project is made
-    alone; its manifest names its variant). "" when a file cannot be read: nothing is kept then."""
+    """SHA-256 of everything :func:`generate_projects` reads (docs/firmware.md lists it, under "What is in
+    a project"). Not ``out_dir`` (projects hold no absolute path) nor ``variants`` (each variant's project
+    is made alone; its manifest names its variant). "" when a file cannot be read: nothing is kept then."""
     # the arena probe, the rendering, the quantization
     wheels = installed_versions("tflite-micro", "jinja2", "numpy")
     options = {k: repr(v) for k, v in arguments.items() if k not in ("out_dir", "board", "variants")}
@@ -661,8 +642,11 @@ def _plan_arena(model_path: Path, board: Board, arena_kb: int | None, espnn_vers
         _refuse_crashing_arena(model_path, arena_kb)
         plan = ArenaPlan(arena_kb * 1024, "", "--arena-kb", None)
     else:
-        est, method, formulas = _estimate_arena_bytes(model_path, board.chip, espnn_version)
-        plan = ArenaPlan(-(-est // 1024) * 1024, "", f"estimate ({method})", est, formulas)
+        from harness.model.arena import estimate_arena  # lazy: ~5 ms; a repeat run keeps its projects
+
+        est = estimate_arena(model_path, chip=board.chip, espnn_version=espnn_version)
+        kib = -(-est.target_bytes // 1024) * 1024
+        plan = ArenaPlan(kib, "", f"estimate ({est.method})", est.target_bytes, est.espnn_formulas)
     return dataclasses.replace(plan, mem=place_arena(plan.bytes, board))
 
 
@@ -777,7 +761,8 @@ def _render_files(
             raise EspCheckError(f"firmware_templates/common/{name} is missing", hint="reinstall esp-check")
     files: dict[str, bytes] = {}
     for tname in sorted(n for n in env.list_templates() if n.endswith(".j2")):
-        rel = _output_name(tname)
+        rel = tname.removesuffix(".j2")
+        rel = ".gitignore" if rel == "gitignore" else rel
         if rel in ("platformio.ini", PIO_EXTRA_SCRIPT, PIO_BOOT_SCRIPT) and not board.pio_board:
             continue  # e.g. ESP32-P4: platform-espressif32 6.13.0 cannot build it
         try:

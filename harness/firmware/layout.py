@@ -1,14 +1,8 @@
 """The flash layout of a board, generated from its flash size (docs/firmware.md "Flash layout").
 
-Both variants stay resident: the ESP-NN optimized app in ``ota_0``, the ANSI C app in ``ota_1``, the
-model in its own ``model`` data partition that both map with ``esp_partition_mmap``, and ``otadata`` to
-choose which app boots (the running app switches it on the host's ``BOOT`` command). The table depends on
-the board only, never on the model or the inputs, so changing either rewrites neither the table nor,
-when the generated code is unchanged, an app.
-
-How large a model can be on a board: the model partition (minus the 64-byte image header), and the
-chip's flash data window that ``esp_partition_mmap`` maps into (shared with the app's own read-only
-data, so one app slot of it is kept free).
+The table depends on the board only, never on the model or the inputs, so changing either rewrites
+neither the table nor, when the generated code is unchanged, an app. The partitions and the largest model
+a board takes are in that docs section.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Run a build tool as an argument list (never a shell), teeing its output to a log and a callback.
 
-The time limit is on **silence**, not on total time: a build that keeps printing (ninja prints a line per
-finished step) runs as long as it takes; one that prints nothing for ``timeout`` seconds is stopped.
-The tool runs in its own process group, and the whole group is killed (the compilers cmake and ninja
-started included), so a limit takes effect at once instead of when the last compiler exits. Long
-builds report their progress (ninja's ``[n/N]``) as ``esp-check:`` notes through the callback.
+The time limit is on **silence**, not on total time, and a stop kills the tool's whole process group
+(docs/native.md "Build time and its limit"); ninja's ``[n/N]`` progress goes to the callback as
+``esp-check:`` notes.
 """
 
 from __future__ import annotations

@@ -10,11 +10,9 @@ Target figure (what the firmware should reserve) = host total + ESP-NN scratch +
 
 - 32-bit target: TFLM's persistent structures hold pointers, so the 64-bit host figure is an
   upper bound for them; planned tensor memory is the same. No extra term.
-- ESP-NN scratch buffers (requested in Prepare by the optimized conv/depthwise/softmax kernels)
-  are not allocated by the host's reference kernels. They live only while their op runs, so the
-  largest one is added. Sizes follow esp-nn's own scratch getters *of the esp-nn version the
-  project pins* (they changed between releases: ``FORMULA_SETS``, ops.toml ``[[espnn_scratch]]``);
-  for a version esp-check does not know, the largest of all known formulas.
+- ESP-NN scratch buffers are not allocated by the host's reference kernels. They live only while
+  their op runs, so the largest one is added, by the pinned esp-nn version's formulas
+  (``FORMULA_SETS``; docs/firmware.md "What the firmware does", item 4).
 - Safety margin: ``MARGIN_FRACTION`` of the host total plus ``MARGIN_FIXED`` bytes, rounded up to 1 KiB.
 
 The device's own ``arena_used_bytes()`` report is the authoritative figure.
@@ -382,20 +380,8 @@ def rough_host_bytes(info: ModelInfo) -> int:
     return peak + persistent
 
 
-def _target(host: int, scratch: int) -> tuple[int, int]:
-    margin = int(host * MARGIN_FRACTION) + MARGIN_FIXED
-    return _ceil(host + scratch + margin, 1024), margin
-
-
 # ---------------------------------------------------------------------------------------------
 # measurement (in the host-reference child process, harness.model.hostrun)
-
-
-def _measure(data: bytes) -> ArenaMeasurement:
-    measured = host_results(data, parse_model_bytes(data), [], reference=False, arena=True).arena
-    if measured is None:
-        raise HostReferenceError("the tflite-micro wheel is not installed: no arena measurement")
-    return measured
 
 
 def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str | None) -> ArenaEstimate:
@@ -406,7 +392,9 @@ def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str
     measured: ArenaMeasurement | None = None
     if tflm_installed():  # its metadata: a cached measurement imports no runtime
         try:
-            measured = _measure(data)
+            measured = host_results(data, parse_model_bytes(data), [], reference=False, arena=True).arena
+            if measured is None:
+                raise HostReferenceError("the tflite-micro wheel is not installed: no arena measurement")
         except HostReferenceError as exc:  # a crash (ModelError) is not caught: the model is refused
             failure = f"TFLM measurement failed ({exc.message}); "
         except ReferenceRefusedError:  # a kernel check aborts on zeros; the model loads: estimate
@@ -431,10 +419,10 @@ def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str
             + ("" if failure else " (tflite-micro not installed here, Linux x86-64 only)")
             + "; expect +/-25%; the device's arena_used_bytes() is authoritative"
         )
-    target, margin = _target(host, scratch)
+    margin = int(host * MARGIN_FRACTION) + MARGIN_FIXED
     return ArenaEstimate(
         host_bytes=host,
-        target_bytes=target,
+        target_bytes=_ceil(host + scratch + margin, 1024),
         method="rough" if measured is None else "measured",
         espnn_scratch_bytes=scratch,
         margin_bytes=margin,
@@ -455,10 +443,8 @@ def estimate_arena(
     """Arena estimate for ``model_path`` (see module docstring).
 
     ``chip`` selects the ESP-NN scratch term (None: the worst case over esp32/esp32s3/esp32p4) and
-    ``espnn_version`` the esp-nn release whose scratch formulas apply (None: the pinned one; an
-    unknown version gets the largest of all known formulas).
-    The measurement runs in the host-reference child process and is cached on disk by model hash.
-    Raises ModelError when the model crashes TFLM (the device would too).
+    ``espnn_version`` the esp-nn release whose scratch formulas apply (None: the pinned one). Raises
+    ModelError when the model crashes TFLM (the device would too).
     """
     p = Path(model_path)
     info = load_model(p)  # validates before any native code sees the file

@@ -1,19 +1,10 @@
 """Host reference backends, run in-process: what the host-reference child process executes.
 
 Only :mod:`harness.model.hostrun`'s child calls :meth:`ReferenceBackend.run` and
-:func:`measure_arena`: native interpreters can crash (SIGSEGV, SIGFPE, SIGABRT) or exhaust memory on
-a corrupted model, and that must end a child process with a memory limit, never esp-check itself.
-Everything here may be imported in the parent (availability and version checks import the wheel
-but run no model).
-
-Backends (one small interface, :class:`ReferenceBackend`):
-
-- ``tflm`` (default): the ``tflite-micro`` wheel, i.e. TFLM's own reference kernels, the ones
-  ESP-NN's optimized kernels are supposed to match. Linux x86-64 only.
-- ``litert``: ``ai-edge-litert`` with its *reference* op resolver (``BUILTIN_REF``), which was
-  bit-exact with TFLM on every fixture model; never LiteRT's default optimized kernels or XNNPACK
-  (they differ from TFLM by up to 43 LSB). Wheels exist for macOS, Windows and Linux.
-- ``auto``: ``tflm`` where importable, else ``litert``.
+:func:`measure_arena` (a native interpreter can crash or exhaust memory on a corrupted model); the
+availability and version checks here import the wheel but run no model. The backends behind
+:class:`ReferenceBackend` (``tflm``, ``litert`` with its reference op resolver ``BUILTIN_REF``, ``auto``)
+and where each runs: README "Host reference backends and platforms".
 """
 
 from __future__ import annotations
@@ -220,12 +211,9 @@ _QDIM_SLOT = 16  # QuantizationParameters.quantized_dimension's vtable offset in
 
 
 def litert_compatible(model_bytes: bytes) -> bytes:
-    """``model_bytes`` with the one quantization detail LiteRT refuses and TFLM ignores made valid.
-
-    TFLM's stock person_detect (and other converter output of its time) gives its 1-D bias tensors the
-    filter's ``quantized_dimension`` (3); LiteRT refuses a dimension outside the tensor's rank, TFLM never
-    reads it. A 1-D tensor has one dimension, so 0 is the only one its per-channel scales can run along:
-    writing 0 there changes no number. Other tensors are left as they are.
+    """``model_bytes`` with the one quantization detail LiteRT refuses and TFLM ignores made valid: a 1-D
+    tensor's ``quantized_dimension`` set to 0, its only dimension (README "Host reference backends and
+    platforms": person_detect's bias tensors say 3); no number changes, other tensors are left as they are.
     """
     import tflite  # lazy: ~25 ms, needed by the LiteRT reference only, not on a repeat run's path
 

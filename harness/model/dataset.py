@@ -1,24 +1,8 @@
 """Datasets for ``flash-and-compare --dataset`` / ``--random-inputs`` (docs/dataset.md).
 
 A dataset is a list of inputs, each already in the model's input tensor format (the bytes the host
-streams to the resident firmware), with an optional label. Sources:
-
-- a directory: every input file in it (images, .npy, raw, C arrays; the extensions ``--input`` takes),
-  sorted by path; with sub-directories, each sub-directory is a class and its name the label
-  (folder-per-class, as Keras' ``image_dataset_from_directory`` and torchvision's ``ImageFolder``);
-- an ``.npz``: one array of N inputs (key ``x``, ``inputs``, ``images``, or the only array) and optionally
-  N labels (key ``y`` or ``labels``);
-- a ``.txt`` list: one input path per line (relative to the list), ``#`` comments and blank lines
-  skipped, optionally ``path,label``;
-- ``--random-inputs N --seed S``: N inputs drawn by the device's PRNG (harness.protocol.frames.prng_bytes,
-  docs/protocol.md "Random inputs"), which costs no upload at all.
-
-``--labels FILE`` (CSV ``name,label`` with an optional header, or JSON ``{name: label}``) adds or
-overrides labels by input name (the file name, or the path relative to the dataset directory). Labels are
-class indices (integers) or class names. Names need the model's class list, in output index order: a
-``classes.txt`` (one name per line, line 1 = output 0) in the dataset folder or beside the dataset (or
-``classes=`` from the API). A name the list lacks is refused. Sorting the names would be a guess: a
-``yes``/``no`` folder pair on micro_speech (yes = 2, no = 3) scored 0/2 that way.
+streams to the resident firmware), with an optional label. Its sources, the ``--labels`` file and the
+class list that maps label names to output indices are docs/dataset.md's options table and "Class names".
 """
 
 from __future__ import annotations

@@ -64,21 +64,14 @@ def _check_stat(
 ) -> None:
     if not stat.S_ISREG(status.st_mode):
         kind = _kind(status.st_mode)
-        raise _refuse(
-            error,
-            path,
-            what,
-            kind if kind == "not a regular file" else f"{kind}, so it is not a regular file",
-            "give the path of a regular file (not a pipe, device or directory)",
-        )
-    if status.st_size > max_bytes:
-        raise _refuse(
-            error,
-            path,
-            what,
-            f"{status.st_size / MiB:.1f} MiB, more than the {max_bytes // MiB} MiB esp-check reads",
-            big_hint,
-        )
+        why = kind if kind == "not a regular file" else f"{kind}, so it is not a regular file"
+        hint = "give the path of a regular file (not a pipe, device or directory)"
+    elif status.st_size > max_bytes:
+        why = f"{status.st_size / MiB:.1f} MiB, more than the {max_bytes // MiB} MiB esp-check reads"
+        hint = big_hint
+    else:
+        return
+    raise _refuse(error, path, what, why, hint)
 
 
 def read_regular(

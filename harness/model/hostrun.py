@@ -1,19 +1,12 @@
 """The host reference and the arena probe, in one child process with a memory limit and a timeout.
 
-The native interpreters (``tflite-micro`` and ``ai-edge-litert`` wheels) crash on some corrupted
-models instead of raising (SIGSEGV, SIGFPE, SIGABRT), or allocate until the host runs out of
-memory. So esp-check never runs a model in its own process: one child does everything a command
-needs (reference outputs for the inputs, per layer if asked, and TFLM's arena measurement with a
-confirming run at exactly that size), under ``RLIMIT_AS`` (``ESP_CHECK_REFERENCE_MEMORY_MB``, default
-4096; not enforced on Windows) and a timeout (``ESP_CHECK_REFERENCE_TIMEOUT`` seconds, default 120).
-A child killed by a signal is a :class:`~harness.errors.ModelError` (exit 2): "this model crashes
-TFLM's reference interpreter: signal N". The child announces every Invoke on stdout; a SIGABRT right
-after one is a :class:`~harness.errors.ReferenceRefusedError` (a kernel's check refused the values, the
-model itself loaded), which flash-and-compare turns into its own finding.
-
-Results are cached on disk (``<user cache>/host-reference``) by model hash, input hashes, backend
-version and a hash of the code that computes them, so a repeat run starts no child at all.
-Failures are never cached.
+Why a child, its limits, and what a crash or a refusal becomes: README "Host reference backends and
+platforms" and docs/sweep.md "When the host reference refuses". One child does everything a command
+needs: reference outputs for the inputs, per layer if asked, and TFLM's arena measurement with a
+confirming run at exactly that size. It announces every Invoke on stdout, so a SIGABRT right after one is
+a :class:`~harness.errors.ReferenceRefusedError`; any other death by a signal is a
+:class:`~harness.errors.ModelError`. Results are cached on disk by model hash, input hashes, backend
+version and a hash of the code that computes them; failures are never cached.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Which op instances a hybrid firmware can switch to esp-nn's ANSI C kernels (docs/hybrid.md).
 
-esp-tflite-micro routes exactly seven kernels through ESP-NN (add, conv, depthwise_conv,
-fully_connected, mul, pooling, softmax: ``harness/data/ops.toml``). The generated wrapper
-(``firmware_templates/hybrid/esp_check_hybrid.cc.j2``) can send any node of those kinds to the matching
-``esp_nn_*_ansi`` function; every other op runs the same TFLM reference kernel in the optimized and the
-ANSI C build, so there is nothing to switch. Plain data and pure functions: the firmware generator, the
+The seven kernels esp-tflite-micro routes through ESP-NN (``harness/data/ops.toml``) can be sent, node
+by node, to the matching ``esp_nn_*_ansi`` function by the generated wrapper; every other op runs the
+same TFLM reference kernel in both builds. Plain data and pure functions: the firmware generator, the
 simulator and the hybrid flow share them.
 """
 

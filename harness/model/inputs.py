@@ -1,15 +1,8 @@
 """Model inputs: read images, .npy, raw binary or C-array text and quantize them for the model.
 
-Rules (see README "Inputs"):
-
-- Quantization uses the model's own input scale/zero point: ``q = round_half_away(real / scale) + zp``,
-  clamped to the dtype range (the rounding TFLite's reference ``Quantize`` uses).
-- Shapes are never silently changed. The only accepted differences are (a) data that is exactly
-  the model shape without its leading batch dimension of 1 (e.g. HWC for a 1xHxWxC model): the
-  batch dimension is added and noted, and (b) flat sources (raw binary, C arrays) that have no
-  shape: their element count must equal the tensor's and they are laid out in the tensor's
-  (row-major, NHWC) order. Images are resized only with an explicit ``resize`` policy.
-- Anything else is an :class:`~harness.errors.InputDataError` naming both shapes.
+The rules (quantization with the model's own scale and zero point, rounding half away from zero as
+TFLite's reference ``Quantize`` does; shapes never silently changed) are README "Inputs". A shape
+mismatch is an :class:`~harness.errors.InputDataError` naming both shapes.
 """
 
 from __future__ import annotations

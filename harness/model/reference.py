@@ -1,13 +1,9 @@
 """Host reference: run a model with reference kernels and return raw outputs (and every layer).
 
-The backends (TFLM's reference kernels, or LiteRT's ``BUILTIN_REF``) live in
-:mod:`harness.model.backends`; they run only in the child process of :mod:`harness.model.hostrun`
-(memory limit, timeout, results cached on disk), so a model that crashes an interpreter is an
-error message (exit 2), never a crash of esp-check.
-
-Models are validated with :func:`harness.model.loader.parse_model_bytes` before any native code sees
-them, and the TFLM arena is sized generously from the tensor sizes (a too-small arena can crash the
-wheel).
+The backends live in :mod:`harness.model.backends` and run only in the child process of
+:mod:`harness.model.hostrun`. Models are validated with :func:`harness.model.loader.parse_model_bytes`
+before any native code sees them, and the TFLM arena is sized generously from the tensor sizes (a
+too-small arena can crash the wheel).
 """
 
 from __future__ import annotations

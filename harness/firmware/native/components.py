@@ -1,21 +1,10 @@
 """Component sources for native builds: a directory the user gives, or the ESP-IDF component manager.
 
-The native driver builds whatever sources it is given (nothing upstream ships with esp-check):
-
-- ``--components-dir DIR``: local checkouts or a project's ``managed_components/``. Each component
-  is a sub-directory named by its registry build name (``espressif__esp-nn``) or its short name
-  (``esp-nn``); ``DIR/managed_components`` is searched too, so a project directory works.
-- otherwise the pinned dependencies of the generated ``main/idf_component.yml`` are downloaded by the
-  ESP-IDF component manager (``idf-component-manager`` on PyPI), through the very entry point
-  ESP-IDF's CMake calls (``python -m idf_component_manager.prepare_components ...
-  prepare_dependencies``), into a cache directory. ESP-IDF itself is not needed: the component manager
-  only wants ``IDF_PATH`` (a directory), ``IDF_VERSION`` (the version the project pins) and
-  ``IDF_TARGET``. Offline, it reads a local mirror made with ``compote registry sync`` when
-  ``IDF_COMPONENT_LOCAL_STORAGE_URL=file:///path/to/mirror`` is set (the component manager's own
-  setting).
-
-Before a build, sources are copied by content hash into the cache (:func:`snapshot`), so what was
-hashed is what is compiled and a cached build never points at a checkout that moved or changed.
+The native driver builds whatever sources it is given (nothing upstream ships with esp-check); where they
+come from (``--components-dir``, or the component manager, offline through a local mirror) is
+docs/native.md "Building". Before a build, sources are copied by content hash into the cache
+(:func:`snapshot`), so what was hashed is what is compiled and a cached build never points at a checkout
+that moved or changed.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Build a main component and its component sources into a host program, with the ESP-IDF stand-ins.
 
 The components' own ``CMakeLists.txt`` files are built by real CMake through the build-system
-stand-in (``standins/idf_standins.cmake``), the way ESP-IDF builds them. One CMake build tree per
-**library key** lives in the cache (``<cache>/native/trees/<key>``): the key covers the component
-sources (content hashes), the generated ``sdkconfig.h``, the ESP-IDF version the project pins, the
-stand-ins, the compiler identity and every flag (word size, sanitizers). The main component is
-swapped into that tree per build, so a second model on the same tree compiles only its own
-``main/`` sources (the first build of esp-tflite-micro takes minutes). One lock per tree serializes
-builds that share it.
+stand-in (``standins/idf_standins.cmake``), the way ESP-IDF builds them, in one cached CMake tree per
+library key, with one lock per tree; the main component is swapped into that tree per build
+(docs/native.md "Cache" says what the key covers).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Build the kernel-sweep driver (docs/sweep.md) for the host: esp-nn + TFLM reference kernels.
 
-The driver (``firmware_templates/sweep/``) is a main component for :func:`build_program`: one library
-tree holds esp-nn alone, compiled from the sources given (``CONFIG_NN_OPTIMIZED`` on a generic chip, so
-both the ANSI C and the generic optimized kernels are in it); the driver compiles TFLM's reference
-integer kernels itself, from esp-tflite-micro's ``tensorflow/lite/kernels/internal`` (``common.cc``,
-``runtime_shape.cc`` and the reference headers, with gemmlowp's fixed-point header it vendors). A tree
-without those files gives a driver that reports the reference as not compiled in (the CI fixture).
+The driver (``firmware_templates/sweep/``) is a main component for :func:`build_program`, over one
+library tree that holds esp-nn alone; what it compiles and from which sources is docs/sweep.md. A tree
+without TFLM's reference kernel files gives a driver that reports the reference as not compiled in (the
+CI fixture).
 """
 
 from __future__ import annotations
@@ -55,11 +53,8 @@ CONV_GLUE = Path("tensorflow/lite/micro/kernels/esp_nn/conv.cc")
 
 
 def grouped_conv_refusal(tflm: ComponentSource | None) -> str:
-    """Why a grouped conv does not reach esp-nn through ``tflm``'s conv glue ("" when it does).
-
-    esp-tflite-micro's ``kernels/esp_nn/conv.cc`` (v1.3.8 and others) asks ``MatchingDim(input_shape, 3,
-    filter_shape, 3)``: its TFLITE_DCHECK aborts when the input channels differ from the filter's, so
-    a grouped conv aborts in Eval before esp-nn is called. Read from the sources given, not assumed."""
+    """Why a grouped conv does not reach esp-nn through ``tflm``'s conv glue ("" when it does): read from
+    the sources given, not assumed (the ``MatchingDim`` check, docs/sweep.md "grouped convolutions")."""
     if tflm is None:
         return "no esp-tflite-micro sources were given: whether its conv glue passes groups on is unknown"
     glue = tflm.path / CONV_GLUE

@@ -1,22 +1,9 @@
 """Classify what a board printed: crashes, resets, power, boot-mode and link problems.
 
-``classify(raw)`` reads the raw serial bytes (ESP-IDF logs, ROM banners, panic dumps, TFLM errors,
-protocol records) and returns :class:`Finding` objects. Each finding has a severity that maps to an
-exit code: a crash, abort, watchdog or allocation failure of the firmware is a **firmware fault**
-(exit 4, a finding about the firmware, e.g. an optimized kernel overflowing its scratch buffer); a
-power, flash-content, boot-mode, link or timeout problem is **infrastructure** (exit 3); the task
-watchdog is a **warning** (non-fatal by default). None of them is ever a match. The kinds, their
-evidence and exit codes are tabled in :data:`KIND_TABLE` and in docs/device.md.
-
-The classifier is a table of detectors (:data:`DETECTORS`), each a small function that recognises one
-family of evidence. Real serial text arrives damaged (a lost first character, junk bytes, a lost
-separator, a monitor prefix or another log line spliced in front), so every detector looks for
-*squeezed* anchors: the line lower-cased with everything but letters and digits removed, searched
-anywhere in the line. Details (PC, backtrace, task, numbers) are read leniently from the original text
-and may be missing; the kind never depends on them.
-
-Serial input is hostile: everything here is regex over decoded text with bounded scans; nothing is
-evaluated.
+``classify(raw)`` returns :class:`Finding` objects from a table of detectors (:data:`DETECTORS`). How it
+reads damaged serial text (squeezed anchors, bounded scans: serial input is hostile, nothing is
+evaluated), the kinds, their evidence and exit codes (:data:`KIND_TABLE`): docs/device.md,
+"Classification".
 """
 
 from __future__ import annotations

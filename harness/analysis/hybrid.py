@@ -1,16 +1,9 @@
 """Hybrid firmware, host side: bisection, what the hybrid costs, the ESP-NN speedup audit (docs/hybrid.md).
 
 Pure functions and a small state machine; the runs themselves are :mod:`harness.flows.hybrid`.
-
-- :class:`Bisection` -- which ops to send to ANSI C next when taps cannot name the op (a crash, a hang,
-  no RAM for the tap buffers): optimized only on half of the suspect range, halving it, then one run to
-  verify the culprit; at most ``ceil(log2(N)) + 1`` runs per culprit, repeated until a run is good.
-- :func:`cost_report` -- from per-op cycles: how much of ESP-NN's speedup the hybrid keeps, and what each
-  op sent to ANSI C costs.
-- :func:`espnn_audit` -- per op: ESP-NN expected on this chip (and why not), cycles of both builds,
-  speedup; flags ops expected to be accelerated that run at ANSI C speed (within a noise band) and ops
-  that are slower optimized, and names a whole kind that looks compiled without optimization.
-- :func:`hybrid_evidence` -- what a hybrid capture itself says about its dispatch (INFO and HYBRID).
+:class:`Bisection` (docs/hybrid.md, "Bisection"), :func:`cost_report` ("Cost"), :func:`espnn_audit`
+("ESP-NN speedup audit") and :func:`hybrid_evidence` (what a hybrid capture itself says about its
+dispatch: INFO and HYBRID).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Reports for a comparison: a rich terminal table, versioned JSON (docs/report-schema.json), JUnit XML.
 
-The JSON report is the model :class:`harness.analysis.report_model.CompareReport` (docs/report-schema.json
-is generated from it, ``python -m harness.runner.schemas``); :func:`report_dict` builds it by hand, so a
-run that writes a report does not build the model.
-
-JUnit mapping (what CI systems understand; written by harness.analysis.junit, naming rule in docs/ci.md):
-one testcase per compared output tensor; a mismatch or a firmware fault is a ``<failure>``, an
-infrastructure problem (corrupted capture, port, timeout) is an ``<error>``; the raw serial logs go to
-``<system-out>``.
+The JSON report is the model :class:`harness.analysis.report_model.CompareReport`; :func:`report_dict`
+builds it by hand, so a run that writes a report does not build the model. The JUnit cases (one per
+compared output tensor) are written by harness.analysis.junit (docs/ci.md, "JUnit naming rule").
 """
 
 from __future__ import annotations

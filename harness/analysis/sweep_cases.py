@@ -1,11 +1,9 @@
 """Kernel-sweep cases (docs/sweep.md): geometries and quantization as TFLite produces them, or raw API space.
 
 A case is everything the sweep driver (``firmware_templates/sweep/sweep_driver.cc``) needs to call one
-esp-nn kernel, its ANSI C twin and TFLM's reference: the geometry, offsets, activation range, requant
-multipliers and shifts, and a seed from which the driver derives the tensors (:func:`values`, the
-same function in Python, rebuilds them for a reproduction). Quantized parameters are computed the way
-TFLM's kernels compute them from tensor scales (``QuantizeMultiplier`` and friends), and the scales are
-kept, so a finding can be written back as a one-op .tflite that TFLM turns into the very same numbers.
+esp-nn kernel, its ANSI C twin and TFLM's reference, and a seed from which the driver derives the tensors
+(:func:`values` rebuilds them for a reproduction). Which geometries and quantizations are drawn, and
+when a case is TFLite-reachable: docs/sweep.md, "Geometries".
 """
 
 from __future__ import annotations

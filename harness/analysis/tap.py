@@ -1,18 +1,9 @@
 """``--tap``: find the op that goes wrong, from per-op checksums the device printed.
 
 Pure functions on captures (the firmware tables are :mod:`harness.firmware.tap_context`, the second
-dump run is driven by :mod:`harness.flows.tap_run`):
-
-- :func:`host_taps` -- the same per-op CRCs from the host per-layer reference (TFLM reference kernels).
-- :func:`first_divergence` -- walks two op-record streams (device vs device, or device vs host) in
-  execution order and names the first op whose checksums differ, telling a wrong *output* from an
-  input that was *clobbered* after its producer wrote it (the producer's own output CRC and the reader's
-  input CRC, both printed by the same device, disagree).
-- :func:`analyze_dump` -- element-level differences of a dumped tensor in LSB, the fraction affected
-  and where they sit (last row / last column / border / scattered ...).
-- :func:`timing_table` -- per-op time per variant, speedup and totals per op type.
-- :func:`check_outputs_untouched` -- a tapped run's final-output CRCs equal its last op records'.
-- the ESP-NN speedup audit of both variants' per-op cycles (:func:`harness.analysis.hybrid.espnn_audit`).
+dump run is driven by :mod:`harness.flows.tap_run`): :func:`host_taps`, :func:`first_divergence`,
+:func:`analyze_dump`, :func:`timing_table` and :func:`check_outputs_untouched`, each a step of
+docs/tap.md, "On the host".
 """
 
 from __future__ import annotations

@@ -1578,9 +1578,10 @@ def _whole(kind: str, message: str, details: Details, hint: str | None = None) -
 _HOST_RESET = re.compile(r"POWERON|USB_UART|CHIP_USB|EXT_SYS|EXT_RST|PIN_RST", re.IGNORECASE)
 _END = re.compile(r"@EC1 \d+ END ")
 _PRINTED = re.compile(r"[^\s\x00]")
+_LOOP_BOOTS = 3  # boots in one run that make a loop (KIND_TABLE's boot_loop, docs/device.md)
 
 
-def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None, threshold: int) -> list[Finding]:
+def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None) -> list[Finding]:
     """A run that kept rebooting: its cause, or ``unknown`` when nothing it printed explains it.
 
     Resets the host made (power-on/EN, USB-Serial-JTAG) and resets into download mode are not the
@@ -1598,7 +1599,7 @@ def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None, threshold:
             elif _HOST_RESET.search(m.group(2)):
                 host += 1
     restarts = boots.count - host - download
-    looped = boots.count >= threshold and restarts >= threshold - 1
+    looped = boots.count >= _LOOP_BOOTS and restarts >= _LOOP_BOOTS - 1
     if not looped and ended_by != "boot_loop":
         return []
     kinds = {f.kind for f in found}
@@ -1682,7 +1683,6 @@ def classify(
     *,
     ended_by: str | None = None,
     parsed: Capture | None = None,
-    boot_loop_threshold: int = 3,
 ) -> list[Finding]:
     """Findings in the order their evidence appears (boot loop / end-of-stream findings last).
 
@@ -1711,7 +1711,7 @@ def classify(
         found = [(i, f) for i, f in found if f.kind not in ("abort", "panic", "orphan_crash")]
     out = _merge_repeats(sorted(((i, f) for i, f in found if f.kind != "task_watchdog"), key=lambda x: x[0]))
     out += warnings
-    out += _boot_loop(ctx, out, ended_by, boot_loop_threshold)
+    out += _boot_loop(ctx, out, ended_by)
     out += _end_of_stream(ctx, out, ended_by)
     out += _corrupted(parsed)
     return out

@@ -379,12 +379,11 @@ def espnn_audit(
     noise_band: float = NOISE_BAND,
     *,
     native: bool = False,
-    min_cycles: int = MIN_AUDIT_CYCLES,
 ) -> Audit:
     """Per op: ESP-NN expected on ``chip`` (with the reason when not), cycles of both builds, speedup.
 
-    An op below ``min_cycles`` ANSI C cycles gets no verdict (``no_verdict: below_floor``): its time is
-    mostly per-op overhead. On a native board (``native``) no op gets one: the timing is the PC's.
+    An op below :data:`MIN_AUDIT_CYCLES` ANSI C cycles gets no verdict (``no_verdict: below_floor``): its
+    time is mostly per-op overhead. On a native board (``native``) no op gets one: the timing is the PC's.
 
     Flags an op ``ansi_speed`` when ESP-NN should accelerate it but its speedup is within
     ``1 +- noise_band``, and ``slower`` when it runs slower optimized by more than the band. A kind
@@ -399,7 +398,7 @@ def espnn_audit(
         c_opt, c_ansi = optimized.get(op.index), ansi.get(op.index)
         speedup = (c_ansi / c_opt) if c_opt and c_ansi else None
         flag = None
-        small = c_ansi is not None and c_ansi < min_cycles
+        small = c_ansi is not None and c_ansi < MIN_AUDIT_CYCLES
         no_verdict = "native" if native else ("below_floor" if small else None)
         if no_verdict is not None or speedup is None:
             pass
@@ -423,7 +422,7 @@ def espnn_audit(
     return {
         "chip": chip,
         "noise_band": noise_band,
-        "min_cycles": min_cycles,
+        "min_cycles": MIN_AUDIT_CYCLES,
         "native": native,
         "note": NATIVE_NO_CLAIM if native else "",
         "rows": rows,

@@ -473,11 +473,11 @@ def analyze_captures(
     return res
 
 
-def op_cycles(cap: Capture, run_index: int = 0) -> dict[int, int]:
-    """Op index -> CPU cycles of one tapped run (ops without a cycle count are left out)."""
-    if len(cap.runs) <= run_index:
+def op_cycles(cap: Capture) -> dict[int, int]:
+    """Op index -> CPU cycles of the first tapped run (ops without a cycle count are left out)."""
+    if not cap.runs:
         return {}
-    return {o.idx: int(o.cycles) for o in cap.runs[run_index].ops if o.cycles is not None}
+    return {o.idx: int(o.cycles) for o in cap.runs[0].ops if o.cycles is not None}
 
 
 def audit_captures(model: ModelInfo, caps: Mapping[str, Capture]) -> Audit | None:
@@ -507,12 +507,10 @@ def analyze_dump_captures(
     res: TapResult,
     caps: Mapping[str, Capture],
     host_tensors: Sequence[Mapping[int, np.ndarray]] | None,
-    run_index: int = 0,
 ) -> None:
-    """Element-level comparison of the dump run's tensors: optimized vs ANSI and each vs host."""
-    runs = {v: c.runs[run_index] for v, c in caps.items() if len(c.runs) > run_index}
-    by_key = {v: {(d.idx, d.t, d.role): d for d in r.dumps} for v, r in runs.items()}
-    host = host_tensors[run_index] if host_tensors is not None and len(host_tensors) > run_index else None
+    """Element-level comparison of the dump run's first run: optimized vs ANSI and each vs host."""
+    by_key = {v: {(d.idx, d.t, d.role): d for d in c.runs[0].dumps} for v, c in caps.items() if c.runs}
+    host = host_tensors[0] if host_tensors else None
     for key in sorted(by_key.get("optimized", {})):
         op, t, role = key
         opt = by_key["optimized"][key].tensor

@@ -57,12 +57,8 @@ class BisectStep:
 class Bisection:
     """Find the switchable ops whose optimized kernel makes a run bad (crash, hang or wrong outputs).
 
-    ``switchable`` are the ops the hybrid wrapper can send to ANSI C; the run with all of them
-    optimized is known bad (the baseline). Each search run keeps ESP-NN optimized only on the first
-    half of the suspect range (ANSI C everywhere else, found culprits included): bad -> the culprit is in
-    that half, good -> in the other half. A single op left is a culprit; one more run with only the
-    culprits on ANSI C verifies it. Assumes one faulty op breaks a run on its own (no interaction): a
-    wrong guess shows up as a bad verify run and costs another round, within ``max_culprits``.
+    ``switchable`` are the ops the hybrid wrapper can send to ANSI C; the search and verify runs, and
+    what a wrong guess costs (another round, within ``max_culprits``): docs/hybrid.md, "Bisection".
     """
 
     switchable: list[int]
@@ -208,10 +204,8 @@ def cost_report(
     native: bool = False,
     noise_band: float = NOISE_BAND,
 ) -> CostReport:
-    """What the hybrid costs, from per-op cycles of the optimized and the ANSI C build (and of the hybrid
-    itself when a tapped hybrid run measured them): the share of ESP-NN's speedup it keeps, and per op
-    sent to ANSI C the extra cycles. A share is claimed only from a speedup above the noise band and a
-    hybrid time between the two builds' (within the band); on a native board, none at all."""
+    """What the hybrid costs, from per-op cycles of both builds (and of the hybrid when ``measured_hybrid``):
+    docs/hybrid.md, "Cost", and when a share is claimed ("ESP-NN speedup audit")."""
     ops = sorted(set(optimized) & set(ansi))
     chosen = set(ansi_ops)
     t_opt = sum(optimized[k] for k in ops)
@@ -382,14 +376,8 @@ def espnn_audit(
 ) -> Audit:
     """Per op: ESP-NN expected on ``chip`` (with the reason when not), cycles of both builds, speedup.
 
-    An op below :data:`MIN_AUDIT_CYCLES` ANSI C cycles gets no verdict (``no_verdict: below_floor``): its
-    time is mostly per-op overhead. On a native board (``native``) no op gets one: the timing is the PC's.
-
-    Flags an op ``ansi_speed`` when ESP-NN should accelerate it but its speedup is within
-    ``1 +- noise_band``, and ``slower`` when it runs slower optimized by more than the band. A kind
-    whose every expected-accelerated op runs at ANSI C speed is named: only a measured speedup shows
-    whether the optimization is in effect (e.g. the Kconfig macros not visible where esp_nn.h is
-    included compile the wrapper with the ANSI C functions, silently).
+    The flags (``ansi_speed``, ``slower``), the named kinds and the ops that get no verdict (below
+    :data:`MIN_AUDIT_CYCLES` ANSI C cycles, or ``native``): docs/hybrid.md, "ESP-NN speedup audit".
     """
     accel = {a.index: a for a in espnn_model_acceleration(info, chip)}
     rows: list[AuditRow] = []

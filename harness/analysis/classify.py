@@ -65,143 +65,45 @@ SEVERITY_EXIT: dict[str, ExitCode | None] = {
 
 @dataclasses.dataclass(frozen=True)
 class KindInfo:
-    """One kind of finding: its default severity and what it is recognised by (docs/device.md)."""
+    """One kind of finding and its default severity (what it is recognised by: docs/device.md)."""
 
     kind: str
     severity: str
-    evidence: str
 
 
 _FW, _INFRA = Severity.FIRMWARE_FAULT, Severity.INFRASTRUCTURE
 
-# Pure data: every kind classify() can report. boot_loop's severity follows its cause.
+# Pure data: every kind classify() can report and its severity; what each kind is recognised by is the
+# table in docs/device.md, "Classification". boot_loop's severity follows its cause.
 KIND_TABLE: tuple[KindInfo, ...] = (
-    KindInfo(
-        "panic",
-        _FW,
-        "`Guru Meditation Error: Core N panic'ed (reason)`, also damaged; or a register "
-        "dump / `Backtrace:` whose headline was lost",
-    ),
-    KindInfo(
-        "interrupt_watchdog",
-        _FW,
-        "`panic'ed (Interrupt wdt timeout on CPUn)`, also with the core number or the colons lost",
-    ),
-    KindInfo(
-        "stack_overflow",
-        _FW,
-        "`***ERROR*** A stack overflow in task X`, also with leading characters "
-        "lost; `Stack canary watchpoint triggered (X)`; `Stack protection fault`",
-    ),
-    KindInfo("heap_corruption", _FW, "`CORRUPT HEAP: ...`"),
-    KindInfo(
-        "abort",
-        _FW,
-        "`abort() was called at PC`; `assert failed:`; `Stack smashing protect failure`; "
-        "`task_wdt: Aborting.`",
-    ),
-    KindInfo(
-        "alloc_failure",
-        _FW,
-        "IDF `Mem alloc fail. size 0x.. caps 0x..` (abort on failed allocation); "
-        "`heap_caps_malloc was called but failed to allocate`; application wording (`malloc failed`, "
-        "`failed to allocate`, `out of memory`, `ESP_ERR_NO_MEM`); protocol `ERROR stage=alloc`",
-    ),
-    KindInfo(
-        "arena_too_small",
-        _FW,
-        "TFLM `Failed to resize buffer. Requested: N, available M, missing: K`, "
-        "`Failed to allocate memory. Requested...`, `Arena size is too small for all buffers`",
-    ),
-    KindInfo(
-        "missing_op",
-        _FW,
-        "TFLM `Didn't find op for builtin opcode 'X'`, `Failed to get registration from op code X`",
-    ),
-    KindInfo(
-        "tflm_error",
-        _FW,
-        "TFLM `AllocateTensors() failed`, `Failed starting model allocation`, `failed to prepare/invoke "
-        "with status`, hybrid models, unsupported types, failed checks (harness/data/device_messages.toml) "
-        "with no more specific line",
-    ),
-    KindInfo(
-        "schema_mismatch",
-        _FW,
-        "TFLM `Model provided is schema version X not equal to supported "
-        "version Y`; protocol `ERROR stage=schema`",
-    ),
-    KindInfo(
-        "sanitizer",
-        _FW,
-        "native target built with `--sanitize`: `==PID==ERROR: AddressSanitizer: <error>` (also Leak/Memory/"
-        "ThreadSanitizer) or `file:line:col: runtime error: <what>` (UndefinedBehaviorSanitizer), through "
-        "its `SUMMARY:` line",
-    ),
-    KindInfo(
-        "native_exit",
-        _FW,
-        "native target: `esp-check native: the program was killed by signal N (SIGX)` / `exited with "
-        "status N` (the native board's report of an abnormal end, when no sanitizer report explains it)",
-    ),
-    KindInfo("firmware_error", _FW, "protocol `ERROR` with stage resolver/invoke/output/internal"),
-    KindInfo(
-        "model_partition",
-        _INFRA,
-        "protocol `ERROR stage=model`: the model partition is missing, empty or damaged (not flashed)",
-    ),
-    KindInfo("input_error", Severity.USAGE, "protocol `ERROR stage=input`"),
-    KindInfo("hang", _FW, "no END, capture ended by silence/timeout, the task watchdog fired"),
-    KindInfo(
-        "boot_loop",
-        _FW,
-        "3 or more boots in one run, 2 or more not started by the host; severity "
-        "follows the cause (brownout, boot failure -> 3; a firmware fault -> 4)",
-    ),
-    KindInfo(
-        "unknown",
-        _INFRA,
-        "a boot loop (or a run the console stopped as one) with no evidence of its "
-        "cause: not classified, no evidence",
-    ),
-    KindInfo("brownout", _INFRA, "`Brownout detector was triggered`; `rst:0x.. (..BROWN_OUT..)`"),
-    KindInfo(
-        "boot_failure",
-        _INFRA,
-        "`invalid header: 0x..`, `flash read err`, `csum err`, `Checksum "
-        "failure`, ROM `ets_main.c NNN`, no bootable app, invalid magic byte, image verify failure",
-    ),
-    KindInfo(
-        "flash_size_mismatch",
-        Severity.USAGE,
-        "ESP-IDF start-up `Detected size(NNNNk) smaller than the size in the binary image header(MMMMk)`: "
-        "the board file promises more flash than the chip has (the abort and boot loop that follow are "
-        "its consequence, not a firmware fault)",
-    ),
-    KindInfo(
-        "download_mode",
-        _INFRA,
-        "ROM banner with a DOWNLOAD (or SPI_DOWNLOAD_BOOT) boot mode, `waiting for download`, `wait spi "
-        "download`, `Download boot modes disabled`, or a boot-mode value that is not a flash boot; hint "
-        "names the chip's strap pin and the host reset sequence",
-    ),
-    KindInfo("silence", _INFRA, "capture ended and nothing (or only NULs) was printed"),
-    KindInfo("no_end", _INFRA, "output but no END record and no other evidence (silence/timeout)"),
-    KindInfo("disconnect", _INFRA, "link closed before END"),
-    KindInfo(
-        "link_repair",
-        _INFRA,
-        "the resident loop's link needed repairs (damaged or lost frames, retransmissions): the results "
-        "are kept as evidence, never a clean match",
-    ),
-    KindInfo(
-        "corrupted", _INFRA, "the parsed capture's validation problems (CRC, seq gap, truncated tensor)"
-    ),
-    KindInfo(
-        "task_watchdog",
-        Severity.WARNING,
-        "`Task watchdog got triggered` without `Aborting.` (count and task names aggregated)",
-    ),
+    KindInfo("panic", _FW),
+    KindInfo("interrupt_watchdog", _FW),
+    KindInfo("stack_overflow", _FW),
+    KindInfo("heap_corruption", _FW),
+    KindInfo("abort", _FW),
+    KindInfo("alloc_failure", _FW),
+    KindInfo("arena_too_small", _FW),
+    KindInfo("missing_op", _FW),
+    KindInfo("tflm_error", _FW),
+    KindInfo("schema_mismatch", _FW),
+    KindInfo("sanitizer", _FW),
+    KindInfo("native_exit", _FW),
+    KindInfo("firmware_error", _FW),
+    KindInfo("model_partition", _INFRA),
+    KindInfo("input_error", Severity.USAGE),
+    KindInfo("hang", _FW),
+    KindInfo("boot_loop", _FW),
+    KindInfo("unknown", _INFRA),
+    KindInfo("brownout", _INFRA),
+    KindInfo("boot_failure", _INFRA),
+    KindInfo("flash_size_mismatch", Severity.USAGE),
+    KindInfo("download_mode", _INFRA),
+    KindInfo("silence", _INFRA),
+    KindInfo("no_end", _INFRA),
+    KindInfo("disconnect", _INFRA),
+    KindInfo("link_repair", _INFRA),
+    KindInfo("corrupted", _INFRA),
+    KindInfo("task_watchdog", Severity.WARNING),
 )
 KINDS: dict[str, str] = {k.kind: k.severity for k in KIND_TABLE}
 

@@ -70,9 +70,8 @@ def _comparison(c: TensorComparison) -> dict[str, object]:
 
 
 def report_dict(result: CompareResult, schema_version: int | None = None) -> dict[str, object]:
-    """The JSON report (schema: docs/report-schema.json, the model harness.analysis.report_model.
-    CompareReport); ``schema_version=1`` for the deprecated form. Built by hand, as the model dumps it
-    (tests/test_report.py validates it against the model), so a run need not build the model."""
+    """The JSON report (docs/report-schema.json; built by hand, see the module's doc); ``schema_version=1``
+    for the deprecated form."""
     doc: dict[str, object] = {
         "schema": SCHEMA_ID,
         "schema_version": SCHEMA_VERSION,
@@ -263,9 +262,9 @@ def compare_suite(cases: list[junit.Case], result: CompareResult | None = None) 
     return junit.Suite("esp-check compare", cases, props)
 
 
-def junit_tree(result: CompareResult, where: Sequence[str] = ("compare",)) -> ET.ElementTree:
+def junit_tree(result: CompareResult) -> ET.ElementTree:
     """JUnit XML: one testcase per compared output, plus one per firmware fault."""
-    return junit.tree([compare_suite(compare_cases(result, where), result)])
+    return junit.tree([compare_suite(compare_cases(result), result)])
 
 
 def error_case(

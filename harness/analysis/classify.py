@@ -155,13 +155,8 @@ _BOOTLOADER = re.compile(r"ESP-IDF \S+.* 2nd stage bootloader")
 
 
 class BootCounter:
-    """Counts boot starts from several independent signals and reports the largest count.
-
-    On UART boards the ROM prints at 115200 even when the console runs faster, so its ``rst:``
-    line may be garbage; the second-stage ``boot: ESP-IDF ... 2nd stage bootloader`` banner, the
-    app's start lines and the protocol's ``BEGIN`` record are counted separately, and a boot that
-    garbles one signal is still counted by another.
-    """
+    """Counts boot starts from several independent signals and reports the largest count (why, and
+    which signals: docs/device.md, "Counting boots")."""
 
     SIGNALS: ClassVar[dict[str, re.Pattern[str]]] = {
         "rom_rst": re.compile(r"rst:0x[0-9a-fA-F]+ ?\("),
@@ -1484,11 +1479,8 @@ _LOOP_BOOTS = 3  # boots in one run that make a loop (KIND_TABLE's boot_loop, do
 
 
 def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None) -> list[Finding]:
-    """A run that kept rebooting: its cause, or ``unknown`` when nothing it printed explains it.
-
-    Resets the host made (power-on/EN, USB-Serial-JTAG) and resets into download mode are not the
-    firmware restarting itself and do not make a loop.
-    """
+    """A run that kept rebooting: its cause, or ``unknown`` when nothing it printed explains it (which
+    resets do not count: docs/device.md, "Counting boots")."""
     boots = BootCounter()
     host = download = 0
     for i in ctx.hot:

@@ -741,7 +741,10 @@ def _missing_op_advice(lines: list[str]) -> Advice:
             {"op": None},
             "register every op of the model: esp-check generate does it from the .tflite",
         )
-    method = _resolver_method(op)
+    try:
+        method = resolver_method(op)
+    except ModelError:  # an op TFLite Micro has no kernel for at all
+        method = None
     ver = f" version {version}" if version else ""
     if method:
         hint = (
@@ -755,13 +758,6 @@ def _missing_op_advice(lines: list[str]) -> Advice:
         {"op": op, "version": version, "resolver_method": method},
         hint,
     )
-
-
-def _resolver_method(op: str) -> str | None:
-    try:
-        return resolver_method(op)
-    except ModelError:
-        return None
 
 
 def _arena_advice(lines: list[str]) -> Advice:

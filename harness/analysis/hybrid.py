@@ -19,9 +19,7 @@ from harness.model.opdata import espnn_model_acceleration
 from harness.protocol.capture import Capture
 
 NOISE_BAND = 0.10  # a speedup within 1 +- 10 % is "the same speed" (per-op cycle counts of one run)
-# An op that takes fewer ANSI C cycles than this gets no audit verdict: its time is mostly the fixed
-# per-op cost (TFLM's dispatch, the tap's own records), which no kernel optimization changes, so its
-# "speedup" says nothing about ESP-NN (a 2-element SOFTMAX at 1.03x is not a kernel compiled without it).
+# fewer ANSI C cycles: no audit verdict, the time is mostly the fixed per-op cost (docs/hybrid.md)
 MIN_AUDIT_CYCLES = 4000
 NATIVE_NO_CLAIM = (
     "native board: the timing is this PC's, not a chip's, so no speedup or cost is claimed from it"

@@ -583,33 +583,19 @@ def _difference(
     both_nan = np.isnan(real_a) & np.isnan(real_b)
     with np.errstate(invalid="ignore"):  # inf - inf is NaN: counted as a mismatch below
         diff = np.where(both_nan | (real_a == real_b), 0.0, real_a - real_b)
+    lsb: np.ndarray | None = None
     if scale is not None:
         lsb = diff / scale
-        return _Diff(
-            real_a,
-            real_b,
-            int_a,
-            int_b=int_b,
-            lsb=lsb,
-            beyond=~(np.abs(lsb) <= tolerance_lsb),
-            units="lsb",
-            real_known=True,
-        )  # NaN: mismatch
-    if tolerance_lsb:
+        beyond = ~(np.abs(lsb) <= tolerance_lsb)  # NaN: mismatch
+    elif tolerance_lsb:
         raise UsageError(
             "--tolerance-lsb needs the output scale for real-valued outputs",
             hint="pass --scale and --zero-point, or --model",
         )
-    return _Diff(
-        real_a,
-        real_b,
-        int_a,
-        int_b=int_b,
-        lsb=None,
-        beyond=~((real_a == real_b) | both_nan),
-        units="real",
-        real_known=True,
-    )
+    else:
+        beyond = ~((real_a == real_b) | both_nan)
+    units = "lsb" if lsb is not None else "real"
+    return _Diff(real_a, real_b, int_a, int_b=int_b, lsb=lsb, beyond=beyond, units=units, real_known=True)
 
 
 def _stats(diff: _Diff, scale: float | None, n: int) -> dict[str, float | None]:

@@ -434,12 +434,15 @@ class _Diff:
     int_b: np.ndarray | None
     lsb: np.ndarray | None  # A - B in LSB, None when the scale is unknown
     beyond: np.ndarray  # bool: beyond the tolerance (NaN counts as beyond)
-    units: str  # lsb | real
     real_known: bool
 
     @property
     def int_path(self) -> bool:
         return self.int_a is not None and self.int_b is not None
+
+    @property
+    def units(self) -> str:
+        return "lsb" if self.lsb is not None else "real"
 
 
 def compare_tensors(
@@ -558,16 +561,7 @@ def _difference(
             real_a, real_b = (int_a - zp).astype(np.float64) * scale, (int_b - zp).astype(np.float64) * scale
         else:
             real_a, real_b = int_a.astype(np.float64), int_b.astype(np.float64)
-        return _Diff(
-            real_a,
-            real_b,
-            int_a,
-            int_b=int_b,
-            lsb=dl,
-            beyond=beyond,
-            units="lsb",
-            real_known=scale is not None,
-        )
+        return _Diff(real_a, real_b, int_a, int_b=int_b, lsb=dl, beyond=beyond, real_known=scale is not None)
     if (a.raw or b.raw) and scale is None:
         raise IncomparableError(
             f"run {run} output {a.index}: one side holds raw quantized integers, the other real values, "
@@ -594,8 +588,7 @@ def _difference(
         )
     else:
         beyond = ~((real_a == real_b) | both_nan)
-    units = "lsb" if lsb is not None else "real"
-    return _Diff(real_a, real_b, int_a, int_b=int_b, lsb=lsb, beyond=beyond, units=units, real_known=True)
+    return _Diff(real_a, real_b, int_a, int_b=int_b, lsb=lsb, beyond=beyond, real_known=True)
 
 
 def _stats(diff: _Diff, scale: float | None, n: int) -> dict[str, float | None]:

@@ -41,7 +41,6 @@ class Result:
     opt_ansi: Diff | None
     opt_ref: Diff | None
     ansi_ref: Diff | None
-    scratch: tuple[int, int]
     alias: bool
     outputs: tuple[bytes | None, bytes | None, bytes | None] | None = None
 
@@ -67,8 +66,7 @@ def parse_result(line: str) -> Result | None:
         opt_ansi=_diff(g[8]),
         opt_ref=_diff(g[9]),
         ansi_ref=_diff(g[10]),
-        scratch=(int(g[11]), int(g[12])),
-        alias=g[13] == "1",
+        alias=g[13] == "1",  # g[11], g[12]: the two scratch sizes (checked by the pattern, not used)
     )
 
 

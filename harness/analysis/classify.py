@@ -1151,12 +1151,6 @@ def _sanitizer_head(line: _Line) -> tuple[str, str, str | None] | None:
     return None
 
 
-def _short_frame(frame: str) -> str:
-    """``func /long/path/file.c:12`` -> ``func (file.c:12)`` for the one-line message."""
-    func, _, where = frame.partition(" ")
-    return f"{func} ({where.rsplit('/', 1)[-1]})" if where else func
-
-
 def _detect_sanitizer(ctx: _Ctx) -> Found:
     """A sanitizer report of a native build: the headline, the access, the first frames, the summary."""
     n = len(ctx.lines)
@@ -1179,7 +1173,10 @@ def _detect_sanitizer(ctx: _Ctx) -> Found:
                 access = f"{am.group(1)} of size {am.group(2)}"
         summary = _SAN_SUMMARY.search(ctx.lines[end].text) if end is not None else None
         ctx.claim(i, stop, "sanitizer")
-        top = _short_frame(frames[0]) if frames else where
+        top = where
+        if frames:  # ``func /long/path/file.c:12`` -> ``func (file.c:12)`` for the one-line message
+            func, _, at = frames[0].partition(" ")
+            top = f"{func} ({at.rsplit('/', 1)[-1]})" if at else func
         message = f"{sanitizer}: {error}" + (f" in {top}" if top else "")
         frame_lines = [j for j in range(i + 1, stop + 1) if _SAN_FRAME.search(ctx.lines[j].text)]
         evidence_idx = [i, *frame_lines[:4]]

@@ -520,9 +520,7 @@ def analyze_dump_captures(
             refs.append(("ansi", ansi.tensor.data))
         if host is not None and t in host:
             refs.append(("host", host[t]))
-        for name, ref in refs:
-            dd = analyze_dump(op, t, role, opt.data, ref, name)
-            res.dumps.append(dd)
+        res.dumps += [analyze_dump(op, t, role, opt.data, ref, name) for name, ref in refs]
         if refs and opt.data.ndim == 4 and opt.data.shape[0] == 1:
             name, ref = refs[-1]  # the host reference when there is one
             ref_image = np.asarray(ref).reshape(opt.data.shape)

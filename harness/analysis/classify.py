@@ -1,22 +1,9 @@
 """Classify what a board printed: crashes, resets, power, boot-mode and link problems.
 
-``classify(raw)`` reads the raw serial bytes (ESP-IDF logs, ROM banners, panic dumps, TFLM errors,
-protocol records) and returns :class:`Finding` objects. Each finding has a severity that maps to an
-exit code: a crash, abort, watchdog or allocation failure of the firmware is a **firmware fault**
-(exit 4, a finding about the firmware, e.g. an optimized kernel overflowing its scratch buffer); a
-power, flash-content, boot-mode, link or timeout problem is **infrastructure** (exit 3); the task
-watchdog is a **warning** (non-fatal by default). None of them is ever a match. The kinds, their
-evidence and exit codes are tabled in :data:`KIND_TABLE` and in docs/device.md.
-
-The classifier is a table of detectors (:data:`DETECTORS`), each a small function that recognises one
-family of evidence. Real serial text arrives damaged (a lost first character, junk bytes, a lost
-separator, a monitor prefix or another log line spliced in front), so every detector looks for
-*squeezed* anchors: the line lower-cased with everything but letters and digits removed, searched
-anywhere in the line. Details (PC, backtrace, task, numbers) are read leniently from the original text
-and may be missing; the kind never depends on them.
-
-Serial input is hostile: everything here is regex over decoded text with bounded scans; nothing is
-evaluated.
+``classify(raw)`` returns :class:`Finding` objects from a table of detectors (:data:`DETECTORS`). How it
+reads damaged serial text (squeezed anchors, bounded scans: serial input is hostile, nothing is
+evaluated), the kinds, their evidence and exit codes (:data:`KIND_TABLE`): docs/device.md,
+"Classification".
 """
 
 from __future__ import annotations
@@ -78,143 +65,45 @@ SEVERITY_EXIT: dict[str, ExitCode | None] = {
 
 @dataclasses.dataclass(frozen=True)
 class KindInfo:
-    """One kind of finding: its default severity and what it is recognised by (docs/device.md)."""
+    """One kind of finding and its default severity (what it is recognised by: docs/device.md)."""
 
     kind: str
     severity: str
-    evidence: str
 
 
 _FW, _INFRA = Severity.FIRMWARE_FAULT, Severity.INFRASTRUCTURE
 
-# Pure data: every kind classify() can report. boot_loop's severity follows its cause.
+# Pure data: every kind classify() can report and its severity; what each kind is recognised by is the
+# table in docs/device.md, "Classification". boot_loop's severity follows its cause.
 KIND_TABLE: tuple[KindInfo, ...] = (
-    KindInfo(
-        "panic",
-        _FW,
-        "`Guru Meditation Error: Core N panic'ed (reason)`, also damaged; or a register "
-        "dump / `Backtrace:` whose headline was lost",
-    ),
-    KindInfo(
-        "interrupt_watchdog",
-        _FW,
-        "`panic'ed (Interrupt wdt timeout on CPUn)`, also with the core number or the colons lost",
-    ),
-    KindInfo(
-        "stack_overflow",
-        _FW,
-        "`***ERROR*** A stack overflow in task X`, also with leading characters "
-        "lost; `Stack canary watchpoint triggered (X)`; `Stack protection fault`",
-    ),
-    KindInfo("heap_corruption", _FW, "`CORRUPT HEAP: ...`"),
-    KindInfo(
-        "abort",
-        _FW,
-        "`abort() was called at PC`; `assert failed:`; `Stack smashing protect failure`; "
-        "`task_wdt: Aborting.`",
-    ),
-    KindInfo(
-        "alloc_failure",
-        _FW,
-        "IDF `Mem alloc fail. size 0x.. caps 0x..` (abort on failed allocation); "
-        "`heap_caps_malloc was called but failed to allocate`; application wording (`malloc failed`, "
-        "`failed to allocate`, `out of memory`, `ESP_ERR_NO_MEM`); protocol `ERROR stage=alloc`",
-    ),
-    KindInfo(
-        "arena_too_small",
-        _FW,
-        "TFLM `Failed to resize buffer. Requested: N, available M, missing: K`, "
-        "`Failed to allocate memory. Requested...`, `Arena size is too small for all buffers`",
-    ),
-    KindInfo(
-        "missing_op",
-        _FW,
-        "TFLM `Didn't find op for builtin opcode 'X'`, `Failed to get registration from op code X`",
-    ),
-    KindInfo(
-        "tflm_error",
-        _FW,
-        "TFLM `AllocateTensors() failed`, `Failed starting model allocation`, `failed to prepare/invoke "
-        "with status`, hybrid models, unsupported types, failed checks (harness/data/device_messages.toml) "
-        "with no more specific line",
-    ),
-    KindInfo(
-        "schema_mismatch",
-        _FW,
-        "TFLM `Model provided is schema version X not equal to supported "
-        "version Y`; protocol `ERROR stage=schema`",
-    ),
-    KindInfo(
-        "sanitizer",
-        _FW,
-        "native target built with `--sanitize`: `==PID==ERROR: AddressSanitizer: <error>` (also Leak/Memory/"
-        "ThreadSanitizer) or `file:line:col: runtime error: <what>` (UndefinedBehaviorSanitizer), through "
-        "its `SUMMARY:` line",
-    ),
-    KindInfo(
-        "native_exit",
-        _FW,
-        "native target: `esp-check native: the program was killed by signal N (SIGX)` / `exited with "
-        "status N` (the native board's report of an abnormal end, when no sanitizer report explains it)",
-    ),
-    KindInfo("firmware_error", _FW, "protocol `ERROR` with stage resolver/invoke/output/internal"),
-    KindInfo(
-        "model_partition",
-        _INFRA,
-        "protocol `ERROR stage=model`: the model partition is missing, empty or damaged (not flashed)",
-    ),
-    KindInfo("input_error", Severity.USAGE, "protocol `ERROR stage=input`"),
-    KindInfo("hang", _FW, "no END, capture ended by silence/timeout, the task watchdog fired"),
-    KindInfo(
-        "boot_loop",
-        _FW,
-        "3 or more boots in one run, 2 or more not started by the host; severity "
-        "follows the cause (brownout, boot failure -> 3; a firmware fault -> 4)",
-    ),
-    KindInfo(
-        "unknown",
-        _INFRA,
-        "a boot loop (or a run the console stopped as one) with no evidence of its "
-        "cause: not classified, no evidence",
-    ),
-    KindInfo("brownout", _INFRA, "`Brownout detector was triggered`; `rst:0x.. (..BROWN_OUT..)`"),
-    KindInfo(
-        "boot_failure",
-        _INFRA,
-        "`invalid header: 0x..`, `flash read err`, `csum err`, `Checksum "
-        "failure`, ROM `ets_main.c NNN`, no bootable app, invalid magic byte, image verify failure",
-    ),
-    KindInfo(
-        "flash_size_mismatch",
-        Severity.USAGE,
-        "ESP-IDF start-up `Detected size(NNNNk) smaller than the size in the binary image header(MMMMk)`: "
-        "the board file promises more flash than the chip has (the abort and boot loop that follow are "
-        "its consequence, not a firmware fault)",
-    ),
-    KindInfo(
-        "download_mode",
-        _INFRA,
-        "ROM banner with a DOWNLOAD (or SPI_DOWNLOAD_BOOT) boot mode, `waiting for download`, `wait spi "
-        "download`, `Download boot modes disabled`, or a boot-mode value that is not a flash boot; hint "
-        "names the chip's strap pin and the host reset sequence",
-    ),
-    KindInfo("silence", _INFRA, "capture ended and nothing (or only NULs) was printed"),
-    KindInfo("no_end", _INFRA, "output but no END record and no other evidence (silence/timeout)"),
-    KindInfo("disconnect", _INFRA, "link closed before END"),
-    KindInfo(
-        "link_repair",
-        _INFRA,
-        "the resident loop's link needed repairs (damaged or lost frames, retransmissions): the results "
-        "are kept as evidence, never a clean match",
-    ),
-    KindInfo(
-        "corrupted", _INFRA, "the parsed capture's validation problems (CRC, seq gap, truncated tensor)"
-    ),
-    KindInfo(
-        "task_watchdog",
-        Severity.WARNING,
-        "`Task watchdog got triggered` without `Aborting.` (count and task names aggregated)",
-    ),
+    KindInfo("panic", _FW),
+    KindInfo("interrupt_watchdog", _FW),
+    KindInfo("stack_overflow", _FW),
+    KindInfo("heap_corruption", _FW),
+    KindInfo("abort", _FW),
+    KindInfo("alloc_failure", _FW),
+    KindInfo("arena_too_small", _FW),
+    KindInfo("missing_op", _FW),
+    KindInfo("tflm_error", _FW),
+    KindInfo("schema_mismatch", _FW),
+    KindInfo("sanitizer", _FW),
+    KindInfo("native_exit", _FW),
+    KindInfo("firmware_error", _FW),
+    KindInfo("model_partition", _INFRA),
+    KindInfo("input_error", Severity.USAGE),
+    KindInfo("hang", _FW),
+    KindInfo("boot_loop", _FW),
+    KindInfo("unknown", _INFRA),
+    KindInfo("brownout", _INFRA),
+    KindInfo("boot_failure", _INFRA),
+    KindInfo("flash_size_mismatch", Severity.USAGE),
+    KindInfo("download_mode", _INFRA),
+    KindInfo("silence", _INFRA),
+    KindInfo("no_end", _INFRA),
+    KindInfo("disconnect", _INFRA),
+    KindInfo("link_repair", _INFRA),
+    KindInfo("corrupted", _INFRA),
+    KindInfo("task_watchdog", Severity.WARNING),
 )
 KINDS: dict[str, str] = {k.kind: k.severity for k in KIND_TABLE}
 
@@ -266,13 +155,8 @@ _BOOTLOADER = re.compile(r"ESP-IDF \S+.* 2nd stage bootloader")
 
 
 class BootCounter:
-    """Counts boot starts from several independent signals and reports the largest count.
-
-    On UART boards the ROM prints at 115200 even when the console runs faster, so its ``rst:``
-    line may be garbage; the second-stage ``boot: ESP-IDF ... 2nd stage bootloader`` banner, the
-    app's start lines and the protocol's ``BEGIN`` record are counted separately, and a boot that
-    garbles one signal is still counted by another.
-    """
+    """Counts boot starts from several independent signals and reports the largest count (why, and
+    which signals: docs/device.md, "Counting boots")."""
 
     SIGNALS: ClassVar[dict[str, re.Pattern[str]]] = {
         "rom_rst": re.compile(r"rst:0x[0-9a-fA-F]+ ?\("),
@@ -857,7 +741,10 @@ def _missing_op_advice(lines: list[str]) -> Advice:
             {"op": None},
             "register every op of the model: esp-check generate does it from the .tflite",
         )
-    method = _resolver_method(op)
+    try:
+        method = resolver_method(op)
+    except ModelError:  # an op TFLite Micro has no kernel for at all
+        method = None
     ver = f" version {version}" if version else ""
     if method:
         hint = (
@@ -871,13 +758,6 @@ def _missing_op_advice(lines: list[str]) -> Advice:
         {"op": op, "version": version, "resolver_method": method},
         hint,
     )
-
-
-def _resolver_method(op: str) -> str | None:
-    try:
-        return resolver_method(op)
-    except ModelError:
-        return None
 
 
 def _arena_advice(lines: list[str]) -> Advice:
@@ -1271,12 +1151,6 @@ def _sanitizer_head(line: _Line) -> tuple[str, str, str | None] | None:
     return None
 
 
-def _short_frame(frame: str) -> str:
-    """``func /long/path/file.c:12`` -> ``func (file.c:12)`` for the one-line message."""
-    func, _, where = frame.partition(" ")
-    return f"{func} ({where.rsplit('/', 1)[-1]})" if where else func
-
-
 def _detect_sanitizer(ctx: _Ctx) -> Found:
     """A sanitizer report of a native build: the headline, the access, the first frames, the summary."""
     n = len(ctx.lines)
@@ -1299,7 +1173,10 @@ def _detect_sanitizer(ctx: _Ctx) -> Found:
                 access = f"{am.group(1)} of size {am.group(2)}"
         summary = _SAN_SUMMARY.search(ctx.lines[end].text) if end is not None else None
         ctx.claim(i, stop, "sanitizer")
-        top = _short_frame(frames[0]) if frames else where
+        top = where
+        if frames:  # ``func /long/path/file.c:12`` -> ``func (file.c:12)`` for the one-line message
+            func, _, at = frames[0].partition(" ")
+            top = f"{func} ({at.rsplit('/', 1)[-1]})" if at else func
         message = f"{sanitizer}: {error}" + (f" in {top}" if top else "")
         frame_lines = [j for j in range(i + 1, stop + 1) if _SAN_FRAME.search(ctx.lines[j].text)]
         evidence_idx = [i, *frame_lines[:4]]
@@ -1591,14 +1468,12 @@ def _whole(kind: str, message: str, details: Details, hint: str | None = None) -
 _HOST_RESET = re.compile(r"POWERON|USB_UART|CHIP_USB|EXT_SYS|EXT_RST|PIN_RST", re.IGNORECASE)
 _END = re.compile(r"@EC1 \d+ END ")
 _PRINTED = re.compile(r"[^\s\x00]")
+_LOOP_BOOTS = 3  # boots in one run that make a loop (KIND_TABLE's boot_loop, docs/device.md)
 
 
-def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None, threshold: int) -> list[Finding]:
-    """A run that kept rebooting: its cause, or ``unknown`` when nothing it printed explains it.
-
-    Resets the host made (power-on/EN, USB-Serial-JTAG) and resets into download mode are not the
-    firmware restarting itself and do not make a loop.
-    """
+def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None) -> list[Finding]:
+    """A run that kept rebooting: its cause, or ``unknown`` when nothing it printed explains it (which
+    resets do not count: docs/device.md, "Counting boots")."""
     boots = BootCounter()
     host = download = 0
     for i in ctx.hot:
@@ -1611,7 +1486,7 @@ def _boot_loop(ctx: _Ctx, found: list[Finding], ended_by: str | None, threshold:
             elif _HOST_RESET.search(m.group(2)):
                 host += 1
     restarts = boots.count - host - download
-    looped = boots.count >= threshold and restarts >= threshold - 1
+    looped = boots.count >= _LOOP_BOOTS and restarts >= _LOOP_BOOTS - 1
     if not looped and ended_by != "boot_loop":
         return []
     kinds = {f.kind for f in found}
@@ -1695,7 +1570,6 @@ def classify(
     *,
     ended_by: str | None = None,
     parsed: Capture | None = None,
-    boot_loop_threshold: int = 3,
 ) -> list[Finding]:
     """Findings in the order their evidence appears (boot loop / end-of-stream findings last).
 
@@ -1724,7 +1598,7 @@ def classify(
         found = [(i, f) for i, f in found if f.kind not in ("abort", "panic", "orphan_crash")]
     out = _merge_repeats(sorted(((i, f) for i, f in found if f.kind != "task_watchdog"), key=lambda x: x[0]))
     out += warnings
-    out += _boot_loop(ctx, out, ended_by, boot_loop_threshold)
+    out += _boot_loop(ctx, out, ended_by)
     out += _end_of_stream(ctx, out, ended_by)
     out += _corrupted(parsed)
     return out

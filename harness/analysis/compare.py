@@ -60,6 +60,24 @@ class OutputTensor:
     name: str = ""
 
 
+def _typed_tensor(
+    index: int, values: np.ndarray, dtype: str, scale: float | None, zero_point: int | None, name: str
+) -> OutputTensor:
+    """An output of a known dtype: raw integers and their quantization, or float32 real values."""
+    raw = dtype != "float32"
+    quantized = raw and scale is not None
+    return OutputTensor(
+        index,
+        values,
+        raw=raw,
+        shape=tuple(values.shape),
+        dtype=dtype,
+        scale=scale if quantized else None,
+        zero_point=zero_point if quantized else None,
+        name=name,
+    )
+
+
 @dataclass
 class Fault:
     """A firmware fault (ERROR record) a source reported: a finding, exit 4 (or 2 for stage=input)."""
@@ -178,19 +196,7 @@ def source_from_capture(
     """A Source from a parsed protocol capture; refuses (CaptureError, exit 3) an invalid one."""
     cap.require_valid(path or label)
     runs = [
-        [
-            OutputTensor(
-                index=t.o,
-                values=t.data,
-                raw=t.dtype != "float32",
-                shape=t.shape,
-                dtype=t.dtype,
-                scale=t.scale if (t.dtype != "float32" and t.scale != 0.0) else None,
-                zero_point=t.zero_point if (t.dtype != "float32" and t.scale != 0.0) else None,
-                name=t.name,
-            )
-            for t in run.outputs
-        ]
+        [_typed_tensor(t.o, t.data, t.dtype, t.scale or None, t.zero_point, t.name) for t in run.outputs]
         for run in cap.runs
     ]
     faults = [Fault(label, e.stage, e.code, e.i, e.msg) for e in cap.errors]
@@ -243,17 +249,9 @@ def _source_from_results(doc: object, label: str, path: str) -> Source:
                 shape = tuple(int(d) for d in t["shape"])
                 arr = np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
                 q = dtype != "float32" and t.get("scale") is not None
+                scale, zero_point = (float(t["scale"]), int(t["zero_point"])) if q else (None, None)
                 outs.append(
-                    OutputTensor(
-                        int(t["index"]),
-                        arr,
-                        raw=dtype != "float32",
-                        shape=shape,
-                        dtype=dtype,
-                        scale=float(t["scale"]) if q else None,
-                        zero_point=int(t["zero_point"]) if q else None,
-                        name=str(t.get("name", "")),
-                    )
+                    _typed_tensor(int(t["index"]), arr, dtype, scale, zero_point, str(t.get("name", "")))
                 )
             runs.append(outs)
         return Source(
@@ -436,12 +434,15 @@ class _Diff:
     int_b: np.ndarray | None
     lsb: np.ndarray | None  # A - B in LSB, None when the scale is unknown
     beyond: np.ndarray  # bool: beyond the tolerance (NaN counts as beyond)
-    units: str  # lsb | real
     real_known: bool
 
     @property
     def int_path(self) -> bool:
         return self.int_a is not None and self.int_b is not None
+
+    @property
+    def units(self) -> str:
+        return "lsb" if self.lsb is not None else "real"
 
 
 def compare_tensors(
@@ -560,16 +561,7 @@ def _difference(
             real_a, real_b = (int_a - zp).astype(np.float64) * scale, (int_b - zp).astype(np.float64) * scale
         else:
             real_a, real_b = int_a.astype(np.float64), int_b.astype(np.float64)
-        return _Diff(
-            real_a,
-            real_b,
-            int_a,
-            int_b=int_b,
-            lsb=dl,
-            beyond=beyond,
-            units="lsb",
-            real_known=scale is not None,
-        )
+        return _Diff(real_a, real_b, int_a, int_b=int_b, lsb=dl, beyond=beyond, real_known=scale is not None)
     if (a.raw or b.raw) and scale is None:
         raise IncomparableError(
             f"run {run} output {a.index}: one side holds raw quantized integers, the other real values, "
@@ -585,33 +577,18 @@ def _difference(
     both_nan = np.isnan(real_a) & np.isnan(real_b)
     with np.errstate(invalid="ignore"):  # inf - inf is NaN: counted as a mismatch below
         diff = np.where(both_nan | (real_a == real_b), 0.0, real_a - real_b)
+    lsb: np.ndarray | None = None
     if scale is not None:
         lsb = diff / scale
-        return _Diff(
-            real_a,
-            real_b,
-            int_a,
-            int_b=int_b,
-            lsb=lsb,
-            beyond=~(np.abs(lsb) <= tolerance_lsb),
-            units="lsb",
-            real_known=True,
-        )  # NaN: mismatch
-    if tolerance_lsb:
+        beyond = ~(np.abs(lsb) <= tolerance_lsb)  # NaN: mismatch
+    elif tolerance_lsb:
         raise UsageError(
             "--tolerance-lsb needs the output scale for real-valued outputs",
             hint="pass --scale and --zero-point, or --model",
         )
-    return _Diff(
-        real_a,
-        real_b,
-        int_a,
-        int_b=int_b,
-        lsb=None,
-        beyond=~((real_a == real_b) | both_nan),
-        units="real",
-        real_known=True,
-    )
+    else:
+        beyond = ~((real_a == real_b) | both_nan)
+    return _Diff(real_a, real_b, int_a, int_b=int_b, lsb=lsb, beyond=beyond, real_known=True)
 
 
 def _stats(diff: _Diff, scale: float | None, n: int) -> dict[str, float | None]:
@@ -932,16 +909,7 @@ def reference_source(
     result = run_reference(model_path, [[p.quantized] for p in prepared], backend=backend)
     runs = [
         [
-            OutputTensor(
-                o,
-                arr,
-                raw=t.dtype != "float32",
-                shape=tuple(arr.shape),
-                dtype=t.dtype,
-                scale=t.scale if t.dtype != "float32" else None,
-                zero_point=t.zero_point if t.dtype != "float32" else None,
-                name=t.name,
-            )
+            _typed_tensor(o, arr, t.dtype, t.scale, t.zero_point, t.name)
             for o, (arr, t) in enumerate(zip(run.outputs, info.outputs, strict=True))
         ]
         for run in result.runs

@@ -1,14 +1,7 @@
 """``--html FILE`` and ``--bundle FILE.zip`` for ``flash-and-compare``, and the hybrid report's HTML.
 
-The HTML report is one self-contained file: no scripts, no external assets. Plots are inline SVG
-generated here; image-shaped tensors (e.g. a segmentation mask) are embedded PNGs (Pillow, base64
-``data:`` URIs) showing reference, optimized and their difference side by side. The markup is in Jinja2
-templates (``harness/templates/*.html.j2``, package data) with autoescape: every string that came from
-a model, a device or a path is HTML-escaped there; this module computes what the templates show.
-
-The bundle is what upstream maintainers ask for in a bug report: model, inputs, rendered projects
-(sdkconfig.defaults, idf_component.yml / platformio.ini with the pinned component versions), chip
-info from esptool, raw build/flash/serial logs and the reports.
+This module computes what the Jinja2 templates (``harness/templates/*.html.j2``, autoescaped) show; what
+the report and the bundle hold: docs/tap.md, "HTML report and bundle".
 """
 
 from __future__ import annotations

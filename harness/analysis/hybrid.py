@@ -1,16 +1,9 @@
 """Hybrid firmware, host side: bisection, what the hybrid costs, the ESP-NN speedup audit (docs/hybrid.md).
 
 Pure functions and a small state machine; the runs themselves are :mod:`harness.flows.hybrid`.
-
-- :class:`Bisection` -- which ops to send to ANSI C next when taps cannot name the op (a crash, a hang,
-  no RAM for the tap buffers): optimized only on half of the suspect range, halving it, then one run to
-  verify the culprit; at most ``ceil(log2(N)) + 1`` runs per culprit, repeated until a run is good.
-- :func:`cost_report` -- from per-op cycles: how much of ESP-NN's speedup the hybrid keeps, and what each
-  op sent to ANSI C costs.
-- :func:`espnn_audit` -- per op: ESP-NN expected on this chip (and why not), cycles of both builds,
-  speedup; flags ops expected to be accelerated that run at ANSI C speed (within a noise band) and ops
-  that are slower optimized, and names a whole kind that looks compiled without optimization.
-- :func:`hybrid_evidence` -- what a hybrid capture itself says about its dispatch (INFO and HYBRID).
+:class:`Bisection` (docs/hybrid.md, "Bisection"), :func:`cost_report` ("Cost"), :func:`espnn_audit`
+("ESP-NN speedup audit") and :func:`hybrid_evidence` (what a hybrid capture itself says about its
+dispatch: INFO and HYBRID).
 """
 
 from __future__ import annotations
@@ -26,9 +19,7 @@ from harness.model.opdata import espnn_model_acceleration
 from harness.protocol.capture import Capture
 
 NOISE_BAND = 0.10  # a speedup within 1 +- 10 % is "the same speed" (per-op cycle counts of one run)
-# An op that takes fewer ANSI C cycles than this gets no audit verdict: its time is mostly the fixed
-# per-op cost (TFLM's dispatch, the tap's own records), which no kernel optimization changes, so its
-# "speedup" says nothing about ESP-NN (a 2-element SOFTMAX at 1.03x is not a kernel compiled without it).
+# fewer ANSI C cycles: no audit verdict, the time is mostly the fixed per-op cost (docs/hybrid.md)
 MIN_AUDIT_CYCLES = 4000
 NATIVE_NO_CLAIM = (
     "native board: the timing is this PC's, not a chip's, so no speedup or cost is claimed from it"
@@ -64,12 +55,8 @@ class BisectStep:
 class Bisection:
     """Find the switchable ops whose optimized kernel makes a run bad (crash, hang or wrong outputs).
 
-    ``switchable`` are the ops the hybrid wrapper can send to ANSI C; the run with all of them
-    optimized is known bad (the baseline). Each search run keeps ESP-NN optimized only on the first
-    half of the suspect range (ANSI C everywhere else, found culprits included): bad -> the culprit is in
-    that half, good -> in the other half. A single op left is a culprit; one more run with only the
-    culprits on ANSI C verifies it. Assumes one faulty op breaks a run on its own (no interaction): a
-    wrong guess shows up as a bad verify run and costs another round, within ``max_culprits``.
+    ``switchable`` are the ops the hybrid wrapper can send to ANSI C; the search and verify runs, and
+    what a wrong guess costs (another round, within ``max_culprits``): docs/hybrid.md, "Bisection".
     """
 
     switchable: list[int]
@@ -215,10 +202,8 @@ def cost_report(
     native: bool = False,
     noise_band: float = NOISE_BAND,
 ) -> CostReport:
-    """What the hybrid costs, from per-op cycles of the optimized and the ANSI C build (and of the hybrid
-    itself when a tapped hybrid run measured them): the share of ESP-NN's speedup it keeps, and per op
-    sent to ANSI C the extra cycles. A share is claimed only from a speedup above the noise band and a
-    hybrid time between the two builds' (within the band); on a native board, none at all."""
+    """What the hybrid costs, from per-op cycles of both builds (and of the hybrid when ``measured_hybrid``):
+    docs/hybrid.md, "Cost", and when a share is claimed ("ESP-NN speedup audit")."""
     ops = sorted(set(optimized) & set(ansi))
     chosen = set(ansi_ops)
     t_opt = sum(optimized[k] for k in ops)
@@ -386,18 +371,11 @@ def espnn_audit(
     noise_band: float = NOISE_BAND,
     *,
     native: bool = False,
-    min_cycles: int = MIN_AUDIT_CYCLES,
 ) -> Audit:
     """Per op: ESP-NN expected on ``chip`` (with the reason when not), cycles of both builds, speedup.
 
-    An op below ``min_cycles`` ANSI C cycles gets no verdict (``no_verdict: below_floor``): its time is
-    mostly per-op overhead. On a native board (``native``) no op gets one: the timing is the PC's.
-
-    Flags an op ``ansi_speed`` when ESP-NN should accelerate it but its speedup is within
-    ``1 +- noise_band``, and ``slower`` when it runs slower optimized by more than the band. A kind
-    whose every expected-accelerated op runs at ANSI C speed is named: only a measured speedup shows
-    whether the optimization is in effect (e.g. the Kconfig macros not visible where esp_nn.h is
-    included compile the wrapper with the ANSI C functions, silently).
+    The flags (``ansi_speed``, ``slower``), the named kinds and the ops that get no verdict (below
+    :data:`MIN_AUDIT_CYCLES` ANSI C cycles, or ``native``): docs/hybrid.md, "ESP-NN speedup audit".
     """
     accel = {a.index: a for a in espnn_model_acceleration(info, chip)}
     rows: list[AuditRow] = []
@@ -406,7 +384,7 @@ def espnn_audit(
         c_opt, c_ansi = optimized.get(op.index), ansi.get(op.index)
         speedup = (c_ansi / c_opt) if c_opt and c_ansi else None
         flag = None
-        small = c_ansi is not None and c_ansi < min_cycles
+        small = c_ansi is not None and c_ansi < MIN_AUDIT_CYCLES
         no_verdict = "native" if native else ("below_floor" if small else None)
         if no_verdict is not None or speedup is None:
             pass
@@ -430,7 +408,7 @@ def espnn_audit(
     return {
         "chip": chip,
         "noise_band": noise_band,
-        "min_cycles": min_cycles,
+        "min_cycles": MIN_AUDIT_CYCLES,
         "native": native,
         "note": NATIVE_NO_CLAIM if native else "",
         "rows": rows,

@@ -1,23 +1,8 @@
 """JUnit XML: the one writer for every command (compare, flash-and-compare, run).
 
-The shape is what CI systems read (Jenkins, GitLab, GitHub test-report actions):
-``<testsuites>`` / ``<testsuite>`` / ``<testcase>`` with at most one ``<failure>``, ``<error>`` or
-``<skipped>`` and a ``<system-out>``; ``tests``, ``failures``, ``errors``, ``skipped`` and ``time``
-on every suite and on the root, counted here from the cases (never passed in by a caller).
-
-Naming rule (docs/ci.md, "JUnit XML"):
-
-- ``classname`` says where the case ran: ``esp-check`` and the parts of the run its command knows,
-  dot-joined: ``esp-check.<job>.<model>.<board>`` (run), ``esp-check.<model>.<board>``
-  (flash-and-compare), ``esp-check.compare`` (compare: two capture files, no model or board);
-- ``name`` says what was checked: ``input<k>[<file>].<a>_vs_<b>`` (``input<k>`` when no file name is
-  known), then ``.output<j>[<tensor>]`` for one output tensor; ``<variant>.fault.<stage>`` for a
-  firmware fault, ``<variant>.run`` for a variant that did not run cleanly, ``compare`` for a
-  comparison that could not run.
-
-A mismatch or a firmware fault is a ``<failure>``; an infrastructure, usage or internal problem (and
-an aborted task) is an ``<error>``. Every text is made XML-safe (characters XML 1.0 forbids become
-U+FFFD) so a hostile serial log cannot break the file.
+The XML's shape, the counts on every suite and on the root (counted here from the cases, never passed
+in by a caller), the naming rule, failure vs error and the XML-safe text: docs/ci.md, "JUnit naming
+rule (every command)".
 """
 
 from __future__ import annotations

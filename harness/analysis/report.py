@@ -1,13 +1,8 @@
 """Reports for a comparison: a rich terminal table, versioned JSON (docs/report-schema.json), JUnit XML.
 
-The JSON report is the model :class:`harness.analysis.report_model.CompareReport` (docs/report-schema.json
-is generated from it, ``python -m harness.runner.schemas``); :func:`report_dict` builds it by hand, so a
-run that writes a report does not build the model.
-
-JUnit mapping (what CI systems understand; written by harness.analysis.junit, naming rule in docs/ci.md):
-one testcase per compared output tensor; a mismatch or a firmware fault is a ``<failure>``, an
-infrastructure problem (corrupted capture, port, timeout) is an ``<error>``; the raw serial logs go to
-``<system-out>``.
+The JSON report is the model :class:`harness.analysis.report_model.CompareReport`; :func:`report_dict`
+builds it by hand, so a run that writes a report does not build the model. The JUnit cases (one per
+compared output tensor) are written by harness.analysis.junit (docs/ci.md, "JUnit naming rule").
 """
 
 from __future__ import annotations
@@ -75,9 +70,8 @@ def _comparison(c: TensorComparison) -> dict[str, object]:
 
 
 def report_dict(result: CompareResult, schema_version: int | None = None) -> dict[str, object]:
-    """The JSON report (schema: docs/report-schema.json, the model harness.analysis.report_model.
-    CompareReport); ``schema_version=1`` for the deprecated form. Built by hand, as the model dumps it
-    (tests/test_report.py validates it against the model), so a run need not build the model."""
+    """The JSON report (docs/report-schema.json; built by hand, see the module's doc); ``schema_version=1``
+    for the deprecated form."""
     doc: dict[str, object] = {
         "schema": SCHEMA_ID,
         "schema_version": SCHEMA_VERSION,
@@ -268,9 +262,9 @@ def compare_suite(cases: list[junit.Case], result: CompareResult | None = None) 
     return junit.Suite("esp-check compare", cases, props)
 
 
-def junit_tree(result: CompareResult, where: Sequence[str] = ("compare",)) -> ET.ElementTree:
+def junit_tree(result: CompareResult) -> ET.ElementTree:
     """JUnit XML: one testcase per compared output, plus one per firmware fault."""
-    return junit.tree([compare_suite(compare_cases(result, where), result)])
+    return junit.tree([compare_suite(compare_cases(result), result)])
 
 
 def error_case(

@@ -1,11 +1,9 @@
 """Kernel-sweep cases (docs/sweep.md): geometries and quantization as TFLite produces them, or raw API space.
 
 A case is everything the sweep driver (``firmware_templates/sweep/sweep_driver.cc``) needs to call one
-esp-nn kernel, its ANSI C twin and TFLM's reference: the geometry, offsets, activation range, requant
-multipliers and shifts, and a seed from which the driver derives the tensors (:func:`values`, the
-same function in Python, rebuilds them for a reproduction). Quantized parameters are computed the way
-TFLM's kernels compute them from tensor scales (``QuantizeMultiplier`` and friends), and the scales are
-kept, so a finding can be written back as a one-op .tflite that TFLM turns into the very same numbers.
+esp-nn kernel, its ANSI C twin and TFLM's reference, and a seed from which the driver derives the tensors
+(:func:`values` rebuilds them for a reproduction). Which geometries and quantizations are drawn, and
+when a case is TFLite-reachable: docs/sweep.md, "Geometries".
 """
 
 from __future__ import annotations
@@ -224,9 +222,7 @@ def ch_bucket(channels: int) -> str:
 
 
 def _spatial(rng: random.Random, k: int, stride: int, same: bool, api: bool) -> tuple[int, int, int]:
-    """(input size, output size, pad) along one axis: mostly up to 12, one in eight up to 40. In the
-    API space the leading pad goes up to the filter size minus 1, and to 1 for a 1x1 filter (a padded
-    1x1 conv is API-only, and a path the optimized kernels take)."""
+    """(input size, output size, pad) along one axis, drawn as docs/sweep.md "Geometries" says."""
     lo = 1 if same or api else k
     size = rng.randint(lo, max(lo, 40 if rng.random() < 0.125 else 12))
     if api:
@@ -244,8 +240,7 @@ def _given(value: T | None, drawn: T) -> T:
 
 def _requant(rng: random.Random, in_scale: float, n: int, per_channel: bool, api: bool) -> CaseMeta:
     """Multipliers and shifts: from float32 tensor scales as TFLM computes them (``w_scales`` and
-    ``out_scale`` kept, so a .tflite gives the same numbers), or, for half of the ``--all`` cases, drawn
-    raw (no scales behind them: such a case is API-only whatever its geometry, :func:`from_scales`)."""
+    ``out_scale`` kept), or drawn raw for half of the ``--all`` cases (API-only: :func:`from_scales`)."""
     if api and rng.random() < 0.5:
         return {
             "mult": [rng.randint(1 << 30, (1 << 31) - 1) for _ in range(n)],
@@ -256,8 +251,7 @@ def _requant(rng: random.Random, in_scale: float, n: int, per_channel: bool, api
         if not per_channel
         else [_f32(rng.uniform(0.001, 0.05)) for _ in range(n)]
     )
-    # one in eight: an output scale below input x weight scale, so the effective scale is >= 1 and the
-    # requantization shift positive (a left shift); otherwise 1/4000..1/20 (shift <= -4)
+    # one in eight: an effective scale >= 1, a positive (left) shift; otherwise 1/4000..1/20 (shift <= -4)
     out_scale = _f32(
         in_scale * w[0] * (rng.uniform(0.25, 1.0) if rng.random() < 0.125 else rng.uniform(20, 4000))
     )
@@ -345,15 +339,8 @@ def _conv_like_case(op: str, rng: random.Random, geometry: CaseMeta, quant: Quan
     """A conv or depthwise case from ``geometry``: quantization, activation and bias drawn (in
     this order) from ``rng``, params = the geometry keys of ``geometry`` (``CONV_PARAMS`` or
     ``DEPTHWISE_PARAMS``) then the quantization."""
-    if geometry["oh"] < 1 or geometry["ow"] < 1:
-        geometry["ih"], geometry["iw"], geometry["oh"], geometry["ow"], geometry["ph"], geometry["pw"] = (
-            geometry["kh"],
-            geometry["kw"],
-            1,
-            1,
-            0,
-            0,
-        )
+    if geometry["oh"] < 1 or geometry["ow"] < 1:  # no output: the input the filter just covers
+        geometry.update({"ih": geometry["kh"], "iw": geometry["kw"], "oh": 1, "ow": 1, "ph": 0, "pw": 0})
     in_scale, in_zp, out_zp, rq = _quant(rng, quant, geometry["oc"], per_channel=True, api=api)
     act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
     br = bias_range(rng)

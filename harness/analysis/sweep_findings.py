@@ -1,14 +1,8 @@
 """What the sweep driver printed, judged (docs/sweep.md): results, findings, coverage.
 
 The driver's output is parsed strictly (a line that does not parse is not a result, and a case with no
-result is never counted as passing). Classification per case, every kind that applies:
-
-- ``opt_vs_ansi``: the optimized kernel and the ANSI C kernel differ (only when they are two functions);
-- ``both_vs_reference``: optimized == ANSI C, both != TFLM's reference;
-- ``one_vs_reference``: exactly one esp-nn variant differs from the reference (with ``opt_vs_ansi``);
-- ``reference_refuses``: a TFLM check aborted the reference while esp-nn returned a value;
-- ``sanitizer``: AddressSanitizer / UndefinedBehaviorSanitizer stopped the driver in this case;
-- ``crash``: the driver died in this case without a sanitizer report (a signal or an exit code).
+result is never counted as passing). Each case gets every kind of finding that applies (the kinds:
+docs/sweep.md, "Findings").
 """
 
 from __future__ import annotations
@@ -47,7 +41,6 @@ class Result:
     opt_ansi: Diff | None
     opt_ref: Diff | None
     ansi_ref: Diff | None
-    scratch: tuple[int, int]
     alias: bool
     outputs: tuple[bytes | None, bytes | None, bytes | None] | None = None
 
@@ -73,8 +66,7 @@ def parse_result(line: str) -> Result | None:
         opt_ansi=_diff(g[8]),
         opt_ref=_diff(g[9]),
         ansi_ref=_diff(g[10]),
-        scratch=(int(g[11]), int(g[12])),
-        alias=g[13] == "1",
+        alias=g[13] == "1",  # g[11], g[12]: the two scratch sizes (checked by the pattern, not used)
     )
 
 

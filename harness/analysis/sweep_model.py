@@ -1,11 +1,7 @@
 """``esp-check sweep --from-model M``: the geometries of a user's model, and their neighbours.
 
-Every int8 op of the model that esp-tflite-micro routes to esp-nn (conv, grouped conv, depthwise,
-fully connected, add, mul, average and max pooling, softmax) becomes one case with its real shapes,
-padding, strides and quantization (input/output scales and zero points, the filter's per-channel
-scales). Its neighbours vary one thing at a time: channels -8..+8, each spatial axis -1/+1, and every
-stride (1, 2) with both paddings (SAME, VALID), as TFLite would compute them. Ops the sweep cannot
-call (dilated convolutions, broadcasting ADD/MUL, non-int8 tensors) are listed as skipped, with why.
+Which ops become cases, their neighbours (one change at a time) and the ops listed as skipped with why:
+docs/sweep.md, "``--from-model M``".
 """
 
 from __future__ import annotations

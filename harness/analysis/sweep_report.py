@@ -1,12 +1,7 @@
 """A kernel-sweep finding as a maintainer reads it (docs/sweep.md): ``report.md`` and ``repro.c``.
 
-``repro.c`` calls esp-nn's C API directly, with the case's tensors inline (rebuilt from its seed, the
-driver's own values), both variants (the name ``esp_nn_generic_opt.h`` maps, and ``_ansi``), and, when
-TFLM's reference ran, its output as the expected values. It needs neither esp-check nor TFLM: it builds
-with ``cc repro.c -I esp-nn/include -I esp-nn/src/common esp-nn/src/*/*_ansi.c esp-nn/src/*/*_opt.c``,
-prints the first differing values as rows, and exits 1 when a variant differs. Inputs are allocated
-as the driver allocates them: exactly their size under AddressSanitizer, else followed by a guard of
-0x5A bytes, so an out-of-bounds read gives the same values on every run.
+What ``repro.c`` holds, how it builds without esp-check or TFLM, and how its inputs are allocated:
+docs/sweep.md, "Findings".
 """
 
 from __future__ import annotations

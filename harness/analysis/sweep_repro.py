@@ -2,9 +2,8 @@
 
 The tensors are the driver's own (rebuilt from the case's seed, ``harness.analysis.sweep_cases``), the
 quantization is the case's scales, so TFLM's Prepare computes the same multipliers, shifts and
-activation range the driver passed to esp-nn. A second operand of ADD / MUL is a constant tensor, so
-every reproduction has one input (``input.npy``, int8, the model's input shape). A case from the raw API
-space that TFLite cannot express gets no .tflite: ``case.txt`` (the driver's input line) reproduces it.
+activation range the driver passed to esp-nn. What a reproduction holds (a constant second operand of
+ADD / MUL, ``case.txt`` for an API-only case): docs/sweep.md, "Findings".
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Smaller neighbours of a sweep case, for shrinking a finding's example (docs/sweep.md).
 
-Like a property-based test's shrinker: :func:`smaller` proposes cases one step smaller than ``case``
-(fewer channels, a smaller spatial size or filter, one row, a narrower input range, no bias), each
-with its parameters and meta recomputed as the generator computes them (output size and padding by
-TFLite's rule for a TFLite case, so it stays TFLite-reachable; per-channel multipliers cut to the new
-channel count). The caller keeps the first candidate on which the finding still holds, and repeats.
+:func:`smaller` proposes cases one step smaller than ``case``, each with its parameters and meta
+recomputed as the generator computes them (output size and padding by TFLite's rule for a TFLite case,
+so it stays TFLite-reachable; per-channel multipliers cut to the new channel count). The caller keeps
+the first candidate on which the finding still holds, and repeats.
 """
 
 from __future__ import annotations

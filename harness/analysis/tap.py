@@ -1,18 +1,9 @@
 """``--tap``: find the op that goes wrong, from per-op checksums the device printed.
 
 Pure functions on captures (the firmware tables are :mod:`harness.firmware.tap_context`, the second
-dump run is driven by :mod:`harness.flows.tap_run`):
-
-- :func:`host_taps` -- the same per-op CRCs from the host per-layer reference (TFLM reference kernels).
-- :func:`first_divergence` -- walks two op-record streams (device vs device, or device vs host) in
-  execution order and names the first op whose checksums differ, telling a wrong *output* from an
-  input that was *clobbered* after its producer wrote it (the producer's own output CRC and the reader's
-  input CRC, both printed by the same device, disagree).
-- :func:`analyze_dump` -- element-level differences of a dumped tensor in LSB, the fraction affected
-  and where they sit (last row / last column / border / scattered ...).
-- :func:`timing_table` -- per-op time per variant, speedup and totals per op type.
-- :func:`check_outputs_untouched` -- a tapped run's final-output CRCs equal its last op records'.
-- the ESP-NN speedup audit of both variants' per-op cycles (:func:`harness.analysis.hybrid.espnn_audit`).
+dump run is driven by :mod:`harness.flows.tap_run`): :func:`host_taps`, :func:`first_divergence`,
+:func:`analyze_dump`, :func:`timing_table` and :func:`check_outputs_untouched`, each a step of
+docs/tap.md, "On the host".
 """
 
 from __future__ import annotations
@@ -482,11 +473,11 @@ def analyze_captures(
     return res
 
 
-def op_cycles(cap: Capture, run_index: int = 0) -> dict[int, int]:
-    """Op index -> CPU cycles of one tapped run (ops without a cycle count are left out)."""
-    if len(cap.runs) <= run_index:
+def op_cycles(cap: Capture) -> dict[int, int]:
+    """Op index -> CPU cycles of the first tapped run (ops without a cycle count are left out)."""
+    if not cap.runs:
         return {}
-    return {o.idx: int(o.cycles) for o in cap.runs[run_index].ops if o.cycles is not None}
+    return {o.idx: int(o.cycles) for o in cap.runs[0].ops if o.cycles is not None}
 
 
 def audit_captures(model: ModelInfo, caps: Mapping[str, Capture]) -> Audit | None:
@@ -516,12 +507,10 @@ def analyze_dump_captures(
     res: TapResult,
     caps: Mapping[str, Capture],
     host_tensors: Sequence[Mapping[int, np.ndarray]] | None,
-    run_index: int = 0,
 ) -> None:
-    """Element-level comparison of the dump run's tensors: optimized vs ANSI and each vs host."""
-    runs = {v: c.runs[run_index] for v, c in caps.items() if len(c.runs) > run_index}
-    by_key = {v: {(d.idx, d.t, d.role): d for d in r.dumps} for v, r in runs.items()}
-    host = host_tensors[run_index] if host_tensors is not None and len(host_tensors) > run_index else None
+    """Element-level comparison of the dump run's first run: optimized vs ANSI and each vs host."""
+    by_key = {v: {(d.idx, d.t, d.role): d for d in c.runs[0].dumps} for v, c in caps.items() if c.runs}
+    host = host_tensors[0] if host_tensors else None
     for key in sorted(by_key.get("optimized", {})):
         op, t, role = key
         opt = by_key["optimized"][key].tensor
@@ -531,9 +520,7 @@ def analyze_dump_captures(
             refs.append(("ansi", ansi.tensor.data))
         if host is not None and t in host:
             refs.append(("host", host[t]))
-        for name, ref in refs:
-            dd = analyze_dump(op, t, role, opt.data, ref, name)
-            res.dumps.append(dd)
+        res.dumps += [analyze_dump(op, t, role, opt.data, ref, name) for name, ref in refs]
         if refs and opt.data.ndim == 4 and opt.data.shape[0] == 1:
             name, ref = refs[-1]  # the host reference when there is one
             ref_image = np.asarray(ref).reshape(opt.data.shape)

@@ -110,6 +110,21 @@ def test_taps_name_op_k_alone_and_the_hybrid_verifies(
 
 
 @pytest.mark.slow
+def test_the_noise_band_asked_for_is_the_one_cost_and_audit_use(
+    models_dir: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    """``--noise-band`` reaches the cost report and the ESP-NN speedup audit (they used the 10 % default)."""
+    res = run_hybrid(
+        models_dir, tmp_path / "out", cache_dir, _corrupt("17"), options=HybridOptions(noise_band=0.35)
+    )
+    _check_verified(res, [17])
+    assert res.cost is not None and res.audit is not None
+    assert res.cost.get("noise_band") == 0.35 and res.audit["noise_band"] == 0.35
+    doc = json.loads(res.report_path.read_text())
+    assert doc["cost"]["noise_band"] == 0.35 and doc["audit"]["noise_band"] == 0.35
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [4, 17, 27, 54])
 def test_bisect_finds_the_same_op_within_the_bound(
     models_dir: Path, tmp_path: Path, cache_dir: Path, k: int

@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from harness.analysis.hybrid import Audit, espnn_audit
+from harness.analysis.hybrid import NOISE_BAND, Audit, espnn_audit
 from harness.errors import EspCheckError
 from harness.model.modelinfo import ModelInfo
 from harness.model.reference import run_reference
@@ -480,14 +480,17 @@ def op_cycles(cap: Capture) -> dict[int, int]:
     return {o.idx: int(o.cycles) for o in cap.runs[0].ops if o.cycles is not None}
 
 
-def audit_captures(model: ModelInfo, caps: Mapping[str, Capture]) -> Audit | None:
+def audit_captures(
+    model: ModelInfo, caps: Mapping[str, Capture], noise_band: float = NOISE_BAND
+) -> Audit | None:
     """The ESP-NN speedup audit of tapped optimized and ANSI C runs (None without both, or unknown chip)."""
     if "optimized" not in caps or "ansi" not in caps:
         return None
     chip = caps["optimized"].info.get("chip") or caps["optimized"].info.get("target") or ""
     try:
         native = bool(caps["optimized"].info.get("native"))  # a PC's timing: no audit claim
-        return espnn_audit(model, chip, op_cycles(caps["optimized"]), op_cycles(caps["ansi"]), native=native)
+        cycles = op_cycles(caps["optimized"]), op_cycles(caps["ansi"])
+        return espnn_audit(model, chip, *cycles, noise_band, native=native)
     except EspCheckError:  # a chip the ESP-NN table does not know: no expectation to audit against
         return None
 

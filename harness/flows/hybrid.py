@@ -25,7 +25,7 @@ from harness.analysis.hybrid import (
     hybrid_evidence,
     invoke_cost,
 )
-from harness.analysis.tap import Divergence, device_taps, first_divergence, op_cycles
+from harness.analysis.tap import Divergence, audit_captures, device_taps, first_divergence, op_cycles
 from harness.errors import EspCheckError, ExitCode, UsageError, combine_exit_codes
 from harness.firmware.boards import Board, load_board
 from harness.firmware.build import build_project
@@ -249,6 +249,9 @@ def _baseline(state: _State) -> bool:
     res.baseline, res.board, res.port, res.simulated = base, base.board, base.port, base.simulated
     res.warnings += base.warnings
     res.audit = base.tap.audit if base.tap is not None else None
+    if res.audit is not None and state.opts.noise_band != NOISE_BAND:  # the audit again, at this run's band
+        caps = {v: c for v, run in base.variants.items() if (c := run.capture()) is not None}
+        res.audit = audit_captures(state.info, caps, state.opts.noise_band)
     ansi = base.variants["ansi"]
     if ansi.source is None or ansi.exit_code is not None:
         res.message = "the ANSI C build did not run cleanly: there is nothing to verify a hybrid against"
@@ -576,7 +579,10 @@ def _cost(state: _State, dump_caps: dict[str, Capture]) -> CostReport | InvokeCo
     if "optimized" in caps and op_cycles(caps["optimized"]) and op_cycles(caps["ansi"]):
         opt, ansi = op_cycles(caps["optimized"]), op_cycles(caps["ansi"])
         native = bool(caps["ansi"].info.get("native"))  # a PC's timing: no cost claim (analysis.hybrid)
-        return cost_report(state.info, opt, ansi, state.res.ansi_ops, mhz, measured, native=native)
+        band = state.opts.noise_band
+        return cost_report(
+            state.info, opt, ansi, state.res.ansi_ops, mhz, measured, native=native, noise_band=band
+        )
     return _invoke_cost(state, caps)
 
 
@@ -590,7 +596,7 @@ def _invoke_cost(state: _State, caps: dict[str, Capture]) -> InvokeCost:
     us = {"optimized": first_us(caps.get("optimized")), "ansi": first_us(caps.get("ansi")),
           "hybrid": first_us(ver.capture if ver else None)}  # fmt: skip
     native = any(bool(c.info.get("native")) for c in caps.values())  # a PC's timing: no claim
-    return invoke_cost(us, native=native)
+    return invoke_cost(us, native=native, noise_band=state.opts.noise_band)
 
 
 def _reuse_baseline_repro(state: _State, ops: list[int]) -> bool:

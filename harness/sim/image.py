@@ -3,12 +3,8 @@ ESP-IDF partition table binary (same layout and MD5 row as ``gen_esp32part.py``)
 flash-mapped data segment carries the model, the inputs and the protocol settings.
 
 ``build_sim_firmware`` is the "sim" builder the build step calls; ``read_app_payload`` is what the
-simulated ROM + second-stage bootloader do at power-on: find, parse and validate what is in flash.
-
-Where the partition table sits is board data (``partition_table_offset`` in boards/*.toml, copied
-into the project manifest). As a real second-stage bootloader has ``CONFIG_PARTITION_TABLE_OFFSET``
-compiled in, the simulated one carries the offset in its data segment, and the simulated boot reads
-it from the bootloader image in flash: nothing here assumes ESP-IDF's default 0x8000.
+simulated ROM + second-stage bootloader do at power-on. The images, and where the partition table
+offset comes from: docs/simulator.md "Booting an image".
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The ESP serial bootloader protocol as the ROM and esptool's flasher stub speak it (simulated).
 
-Frames are SLIP-encoded. A request is ``00 op len16 chk32 data``; a response ``01 op len16 val32 data``
-where ``data`` ends with status bytes: 4 from the ROM (status, error, 0, 0), 2 from the stub.
-The stub is "run" only when the RAM uploaded with MEM_BEGIN/MEM_DATA matches one of esptool's own
-stub images for this chip and MEM_END jumps to its entry point; then it greets with ``OHAI``.
-Everything is deterministic and runs synchronously in the writer's thread.
+Frame layout, commands and when the stub "runs": docs/simulator.md "ROM loader protocol". Everything
+is deterministic and runs synchronously in the writer's thread.
 """
 
 from __future__ import annotations

@@ -202,12 +202,8 @@ _LINE_CONTROLS = (
 
 def _port_manager(ser: serial.SerialBase, conn: object) -> serial.rfc2217.PortManager:
     """esp_rfc2217_server's EspPortManager, resetting with ClassicReset (no ioctl on sim:// ports), and
-    acknowledging the DTR/RTS requests it takes over.
-
-    EspPortManager never answers those, so clients must open ``?ign_set_control``, and then pyserial
-    sleeps 0.1 s after every control request: each line change, and each port-settings change (which
-    esptool makes around nearly every command, by changing the timeout). Answering them lets a client
-    open plain ``rfc2217://host:port`` and wait only for the answer (pyserial polls every 50 ms).
+    acknowledging the DTR/RTS requests it takes over (EspPortManager never answers them), so clients
+    open the plain URL (docs/simulator.md "Serving a board": what ``?ign_set_control`` costs instead).
     """
 
     class SimEspPortManager(EspPortManager):

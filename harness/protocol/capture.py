@@ -410,10 +410,6 @@ def _opt_int(rec: Record, key: str) -> int | None:
     return _int(rec, key) if key in rec.fields else None
 
 
-def _b64(rec: Record) -> bytes:
-    return _decode_b64(_get(rec, "b64").encode("ascii"), rec.type)
-
-
 def _decode_b64(text: bytes, what: str) -> bytes:
     """Strict base64 (RFC 4648 with padding, zero pad bits): the one text a chunk encodes to."""
     try:
@@ -672,7 +668,7 @@ class _Builder:
             self.problem(f"line {rec.line}: OPDATA off={off} does not continue OPDUMP at line {prec.line}")
             self.pending_dump = None
             return
-        chunk = _b64(rec)
+        chunk = _decode_b64(_get(rec, "b64").encode("ascii"), rec.type)
         total = int(prec.fields["bytes"])
         if not 0 < len(chunk) <= DATA_CHUNK or len(buf) + len(chunk) > total:
             self.problem(f"line {rec.line}: OPDATA chunk of {len(chunk)} bytes does not fit its OPDUMP")

@@ -1,9 +1,8 @@
 """The firmware's portable C (frames, command loop) driven through ctypes.
 
-The same shared library as the C emitter (:func:`harness.protocol.emitter.build_c_library` compiles
-esp_check_proto.c, esp_check_frame.c and esp_check_loop.c together). The simulated board runs the
-firmware's own command loop through :class:`CDeviceLoop`; contract tests compare the C frame decoder and
-loop with their Python twins (:mod:`harness.protocol.frames`, :mod:`harness.protocol.loop`).
+The same shared library as the C emitter (:func:`harness.protocol.emitter.build_c_library`); the simulated
+board runs the C loop through :class:`CDeviceLoop`, and contract tests compare the C side with its Python
+twins (docs/protocol.md "Binary frames and the resident loop").
 """
 
 from __future__ import annotations

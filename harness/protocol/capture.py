@@ -1,9 +1,8 @@
 """Parser for the esp-check output protocol (docs/protocol.md): serial bytes in, checked results out.
 
-Serial input is hostile: nothing is evaluated, every line is length-checked, and a capture yields
-results only if every validity rule of the spec holds. ``Capture.valid`` is False otherwise, and
-:meth:`Capture.require_valid` turns that into a :class:`~harness.errors.CaptureError` (exit 3), so a
-noisy, truncated or rebooted capture can never be compared as a match.
+Serial input is hostile: nothing is evaluated, every line is length-checked, and ``Capture.valid`` holds
+only if every rule of docs/protocol.md "Validity rules the parser enforces" holds;
+:meth:`Capture.require_valid` turns anything else into a :class:`~harness.errors.CaptureError` (exit 3).
 """
 
 from __future__ import annotations

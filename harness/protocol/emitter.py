@@ -1,9 +1,8 @@
 """Output-protocol emitters (docs/protocol.md): the firmware's C emitter via ctypes, or a Python twin.
 
-The simulated board and the contract tests print the protocol through these. Backend ``"c"`` compiles
-``firmware_templates/common/esp_check_proto.c`` (the very file the firmware builds) with the host C
-compiler into a per-user cache; ``"python"`` is a pure-Python implementation that must stay
-byte-identical to it (a contract test checks this); ``"auto"`` prefers C when a compiler exists.
+Backend ``"c"`` compiles ``firmware_templates/common/esp_check_proto.c`` (the file the firmware builds) with
+the host C compiler into a per-user cache; ``"python"`` must stay byte-identical to it (a contract test
+checks this); ``"auto"`` prefers C when a compiler exists.
 """
 
 from __future__ import annotations

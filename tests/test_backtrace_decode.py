@@ -10,7 +10,6 @@ toolchain, so Xtensa decoding runs only where one is installed (the test says so
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import subprocess
 from pathlib import Path
@@ -127,7 +126,7 @@ def test_simulated_c3_crash_decodes_with_the_sim_elf(tmp_path: Path, models_dir:
                         variant="optimized")  # fmt: skip
     files = build_sim_firmware(proj, tmp_path / "b")
     elf = _sim_elf(files)
-    text = panic_text(get_chip("esp32c3"), kind, random.Random(7), variant="optimized").decode()
+    text = panic_text(get_chip("esp32c3"), kind, variant="optimized").decode()
     (crash,) = [f for f in bt.decode_findings(classify(text), elf, "esp32c3") if f.kind == kind]
     names = [fr["function"] for fr in crash.details["decoded"]]
     if kind == "panic":
@@ -160,7 +159,7 @@ def test_no_addr2line_means_the_finding_says_decoding_was_skipped_and_why(
     x = np.load(models_dir / "inputs" / "op_zoo.q.npy")
     proj = make_project(tmp_path / "p", models_dir / "op_zoo.tflite", [x], chip="esp32s3")
     elf = _sim_elf(build_sim_firmware(proj, tmp_path / "b"))
-    text = panic_text(get_chip("esp32s3"), "panic", random.Random(1)).decode()
+    text = panic_text(get_chip("esp32s3"), "panic").decode()
     (panic,) = bt.decode_findings(classify(text), elf, "esp32s3", _bare_env(tmp_path))
     decode = panic.details["decode"]
     assert decode["status"] == "skipped" and "decoded" not in panic.details
@@ -171,7 +170,7 @@ def test_no_addr2line_means_the_finding_says_decoding_was_skipped_and_why(
     why = "the build left no ELF file (symbols) to decode with"
     assert no_elf.details["decode"] == {"status": "skipped", "why": why}
     (c3,) = bt.decode_findings(
-        classify(panic_text(get_chip("esp32c3"), "panic", random.Random(1)).decode()), elf, "esp32c3",
+        classify(panic_text(get_chip("esp32c3"), "panic").decode()), elf, "esp32c3",
         _bare_env(tmp_path),
     )  # fmt: skip
     assert "binutils-riscv64-unknown-elf" in c3.details["decode"]["why"]  # RISC-V: what also works
@@ -189,7 +188,7 @@ def test_xtensa_backtrace_decodes_where_a_toolchain_exists(tmp_path: Path, model
     proj = make_project(tmp_path / "p", models_dir / "op_zoo.tflite", [x], chip="esp32s3",
                         variant="optimized")  # fmt: skip
     elf = _sim_elf(build_sim_firmware(proj, tmp_path / "b"))
-    text = panic_text(get_chip("esp32s3"), "panic", random.Random(3), variant="optimized").decode()
+    text = panic_text(get_chip("esp32s3"), "panic", variant="optimized").decode()
     (panic,) = bt.decode_findings(classify(text), elf, "esp32s3")
     assert panic.details["decoded"][0]["function"] == "esp_nn_conv_s8_esp32s3"
 

@@ -79,3 +79,14 @@ def test_architecture_lists_every_module() -> None:
     }
     assert modules - names == set(), "add these to docs/architecture.md, 'Every module'"
     assert names - modules == set(), "these are listed but do not exist"
+
+
+def test_simulator_doc_describes_every_fault() -> None:
+    """docs/simulator.md's Faults table is the one description of each fault harness.sim.faults.FAULTS
+    accepts (frame_rx, frame_tx, stall and flaky had a row nowhere but in the code)."""
+    from harness.sim.faults import FAULTS
+
+    text = (DOCS / "simulator.md").read_text(encoding="utf-8")
+    table = text[text.index("## Faults") : text.index("### Hybrid dispatch")]
+    rows = set(re.findall(r"^\| `([a-z_]+)`", table, re.M))
+    assert set(FAULTS) - rows == set(), "add a row for these to docs/simulator.md, Faults"

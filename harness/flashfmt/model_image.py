@@ -1,28 +1,6 @@
 """The model partition image (docs/firmware.md "Flash layout"): a 64-byte header, then the .tflite bytes.
 
-Written by the generator (``esp-check/partitions/model.bin`` in every project, byte-identical for both
-variants), flashed into the ``model`` data partition, memory-mapped by the firmware
-(``esp_partition_mmap``) and read by the simulated board. The firmware checks magic, version, length and
-header CRC before it maps the model, and prints the SHA-256 it computes over the mapped bytes
-(``INFO model_sha256``): the header's SHA-256 is only there so a damaged partition is named as such.
-
-Layout (little-endian)::
-
-    0   8  magic "ECMODEL1"
-    8   4  header bytes (64)
-    12  4  model bytes
-    16  32 SHA-256 of the model bytes
-    48  4  CRC-32 (zlib) of bytes 0..47
-    52  4  arena bytes: the tensor arena the app allocates for this model (0: not given)
-    56  1  arena memory: 0 internal RAM, 1 PSRAM
-    57  3  zero
-    60  4  CRC-32 (zlib) of bytes 0..59 (covers the arena fields)
-    64  .. the model (16-byte aligned: partitions start on 4 KB boundaries)
-
-The arena is the model's, not the app's: it travels with the model, so a model with the same ops and
-another arena size (U-Net 48 -> 64) rewrites only this partition, never the apps. A header whose second
-CRC does not match gives no arena (``arena_bytes`` 0); the firmware then refuses to start
-(``ERROR stage=model``: flash the model again).
+Layout, arena fields and what the firmware checks: docs/firmware.md "Flash layout".
 """
 
 from __future__ import annotations

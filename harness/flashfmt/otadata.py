@@ -2,11 +2,7 @@
 (the simulated board's bootloader and app, and the host when it must select a slot with esptool), and
 the boot rule built on it (:func:`boot_order`).
 
-The otadata partition holds two sectors; each starts with an ``esp_ota_select_entry_t`` (little-endian
-``u32 ota_seq``, 20 bytes ``seq_label``, ``u32 ota_state``, ``u32 crc``), the CRC being ESP-IDF's
-``esp_rom_crc32_le(UINT32_MAX, &ota_seq, 4)`` (= ``zlib.crc32(seq, 0xFFFFFFFF)``). The valid entry with the
-highest sequence number wins; it selects OTA app ``(seq - 1) % number_of_ota_apps``. Erased otadata
-(all ``0xFF``) selects nothing: the bootloader then boots the factory app, or ``ota_0``.
+The entry layout and the selection rule: docs/firmware.md "Flash layout".
 """
 
 from __future__ import annotations

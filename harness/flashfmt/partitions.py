@@ -2,9 +2,7 @@
 partitions.csv, the sim and native builders pack it, the simulated and native boards boot from it), its
 CSV reader, its binary packer and parser, and the rule which app a variant's build goes to.
 
-The binary table, as ``gen_esp32part.py`` writes it and the second-stage bootloader reads it: 32-byte
-rows (magic ``AA 50``, type, subtype, little-endian offset and size, a 16-byte label, flags), then an
-MD5 row (``EB EB``, 14 x ``FF``, the MD5 of the rows), then ``FF`` up to 0xC00 bytes.
+The binary table's layout: docs/firmware.md "Flash layout".
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """The SHA-256 a device reports in HELLO for an app slot (docs/protocol.md "HELLO", app/other-slot hashes).
 
-The firmware asks ESP-IDF's ``esp_partition_get_sha256`` for its running slot and the other one. For an
-app partition ESP-IDF (``bootloader_common_get_sha256_of_partition``, v5.3 ... v5.5) reads the image's
-metadata without checking its checksum byte, and then:
-
-- when the image has a SHA-256 appended (extended header ``hash_appended`` = 1, every ESP-IDF app build):
-  returns that appended digest, after checking that it is the SHA-256 of the image up to it (else the slot
-  holds no valid image: ``ESP_ERR_IMAGE_INVALID``);
-- else the SHA-256 of the image: header, segments and the checksum padding (``image_len``).
-
-:func:`slot_sha256` computes the same from the ``.bin`` the host flashes, with esptool's image parser, so
-the host can tell whether the board already holds a build without reading its flash. A native board's
-app slot holds a host program, not an ESP image; its ESP-IDF stand-in reports the SHA-256 of the whole
-program file, and so does this function for a file that is not an ESP image.
+The rule ESP-IDF follows, and why the host needs it: docs/protocol.md "App slot hashes and the skipped
+flash". :func:`slot_sha256` computes it from the ``.bin`` the host flashes, with esptool's image parser.
 """
 
 from __future__ import annotations

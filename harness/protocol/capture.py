@@ -1,9 +1,8 @@
 """Parser for the esp-check output protocol (docs/protocol.md): serial bytes in, checked results out.
 
-Serial input is hostile: nothing is evaluated, every line is length-checked, and a capture yields
-results only if every validity rule of the spec holds. ``Capture.valid`` is False otherwise, and
-:meth:`Capture.require_valid` turns that into a :class:`~harness.errors.CaptureError` (exit 3), so a
-noisy, truncated or rebooted capture can never be compared as a match.
+Serial input is hostile: nothing is evaluated, every line is length-checked, and ``Capture.valid`` holds
+only if every rule of docs/protocol.md "Validity rules the parser enforces" holds;
+:meth:`Capture.require_valid` turns anything else into a :class:`~harness.errors.CaptureError` (exit 3).
 """
 
 from __future__ import annotations
@@ -410,10 +409,6 @@ def _opt_int(rec: Record, key: str) -> int | None:
     return _int(rec, key) if key in rec.fields else None
 
 
-def _b64(rec: Record) -> bytes:
-    return _decode_b64(_get(rec, "b64").encode("ascii"), rec.type)
-
-
 def _decode_b64(text: bytes, what: str) -> bytes:
     """Strict base64 (RFC 4648 with padding, zero pad bits): the one text a chunk encodes to."""
     try:
@@ -672,7 +667,7 @@ class _Builder:
             self.problem(f"line {rec.line}: OPDATA off={off} does not continue OPDUMP at line {prec.line}")
             self.pending_dump = None
             return
-        chunk = _b64(rec)
+        chunk = _decode_b64(_get(rec, "b64").encode("ascii"), rec.type)
         total = int(prec.fields["bytes"])
         if not 0 < len(chunk) <= DATA_CHUNK or len(buf) + len(chunk) > total:
             self.problem(f"line {rec.line}: OPDATA chunk of {len(chunk)} bytes does not fit its OPDUMP")

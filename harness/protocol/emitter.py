@@ -1,9 +1,8 @@
 """Output-protocol emitters (docs/protocol.md): the firmware's C emitter via ctypes, or a Python twin.
 
-The simulated board and the contract tests print the protocol through these. Backend ``"c"`` compiles
-``firmware_templates/common/esp_check_proto.c`` (the very file the firmware builds) with the host C
-compiler into a per-user cache; ``"python"`` is a pure-Python implementation that must stay
-byte-identical to it (a contract test checks this); ``"auto"`` prefers C when a compiler exists.
+Backend ``"c"`` compiles ``firmware_templates/common/esp_check_proto.c`` (the file the firmware builds) with
+the host C compiler into a per-user cache; ``"python"`` must stay byte-identical to it (a contract test
+checks this); ``"auto"`` prefers C when a compiler exists.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import ctypes
 import hashlib
 import math
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -43,6 +43,7 @@ OPNAME_MAX = 32
 _C_FLAGS = ("-std=c99", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra")
 _SANITIZE = bytes(c if 0x21 <= c <= 0x7E and c != 0x2A else 0x5F for c in range(256))
 _OVERFLOW_TAIL = b" ERROR stage=internal code=0 msg=record_overflow "
+_KEY = re.compile(r"[a-z][a-z0-9_]*")  # a record field's key (ASCII only)
 
 
 class ProtocolOverflowError(UsageError):
@@ -75,14 +76,6 @@ def sanitize_value(value: str | bytes, max_len: int = LINE_MAX) -> bytes:
     """Protocol string value: each byte outside 0x21..0x7E, and '*', becomes '_'; empty is '-'."""
     raw = _cbytes(value)[:max_len]
     return raw.translate(_SANITIZE) if raw else b"-"
-
-
-def _key_ok(key: str) -> bool:
-    return (
-        bool(key)
-        and "a" <= key[0] <= "z"
-        and all(("a" <= c <= "z") or ("0" <= c <= "9") or c == "_" for c in key)
-    )
 
 
 def _float32_bits(x: float) -> int:
@@ -165,7 +158,7 @@ class PythonEmitter:
         body = b"@EC1 %d %s" % (self.seq, rtype.encode("ascii"))
         ok = True
         for key, value in fields:
-            if not _key_ok(key):
+            if not _KEY.fullmatch(key):
                 ok = False
                 break
             body += b" " + key.encode("ascii") + b"=" + value
@@ -354,7 +347,7 @@ def check_record_fits(seq: int, rtype: str, fields: Sequence[tuple[str, bytes]])
     if not (rtype.isascii() and rtype.isalnum() and rtype[:1].isupper() and rtype == rtype.upper()):
         raise ProtocolOverflowError(f"invalid record type {rtype!r}", hint="types are upper-case, e.g. INFO")
     for key, _ in fields:
-        if not _key_ok(key):
+        if not _KEY.fullmatch(key):
             raise ProtocolOverflowError(
                 f"invalid protocol key {key!r}", hint="keys must match [a-z][a-z0-9_]*"
             )

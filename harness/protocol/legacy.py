@@ -1,9 +1,7 @@
 """Legacy logs: ``Output: <value>`` lines from hand-written sketches and old TFLM builds.
 
-Reads ESP-IDF log prefixes (``I (123) tag: ``), CR/LF mixes, ANSI colour codes, several values per
-line, decimal / ``%e`` / inf / nan, and the old TFLM ``MicroPrintf`` float format that ESP-IDF
-4.4-era builds print: ``[-] ( "Inf" | "NaN" | "1." D "*2^" E )`` (the grammar is in
-docs/protocol.md). That format is lossless: the token maps back to the exact float32 bits.
+What it reads, and the old TFLM ``MicroPrintf`` float grammar it maps back to exact float32 bits:
+docs/protocol.md "Human-readable lines".
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The resident command loop's device side, in Python: the twin of esp_check_loop.c.
 
-The simulated board runs the firmware's own C loop through ctypes (:mod:`harness.protocol.native`) when a
-host C compiler exists, and this twin otherwise; a contract test feeds both the same command streams and
-requires byte-identical output. It is written after the C file, decision for decision (sequence numbers,
-ACK/NAK policy, RESULT batching), so the docs/protocol.md rules have two implementations that must agree.
+Written after the C file, decision for decision (sequence numbers, ACK/NAK policy, RESULT batching); the
+simulated board runs it where no host C compiler exists, and a contract test requires byte-identical output
+(docs/protocol.md "Binary frames and the resident loop").
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """The firmware's portable C (frames, command loop) driven through ctypes.
 
-The same shared library as the C emitter (:func:`harness.protocol.emitter.build_c_library` compiles
-esp_check_proto.c, esp_check_frame.c and esp_check_loop.c together). The simulated board runs the
-firmware's own command loop through :class:`CDeviceLoop`; contract tests compare the C frame decoder and
-loop with their Python twins (:mod:`harness.protocol.frames`, :mod:`harness.protocol.loop`).
+The same shared library as the C emitter (:func:`harness.protocol.emitter.build_c_library`); the simulated
+board runs the C loop through :class:`CDeviceLoop`, and contract tests compare the C side with its Python
+twins (docs/protocol.md "Binary frames and the resident loop").
 """
 
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 from typing import Any
 
 from harness.protocol import frames
@@ -101,10 +99,10 @@ class _Config(ctypes.Structure):
     ]
 
 
-def load_library(cache_dir: Path | None = None) -> ctypes.CDLL:
+def load_library() -> ctypes.CDLL:
     """The compiled portable C (built once per source hash), with the frame and loop signatures set: a
     new handle for the caller to keep (the dynamic loader maps the library once per process)."""
-    lib = ctypes.CDLL(str(build_c_library(cache_dir)))
+    lib = ctypes.CDLL(str(build_c_library()))
     vp, cp, sz, cint = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int
     u8, u32, dec = ctypes.c_uint8, ctypes.c_uint32, ctypes.POINTER(_Decoder)
     sigs: dict[str, tuple[Any, list[Any]]] = {
@@ -130,11 +128,10 @@ def load_library(cache_dir: Path | None = None) -> ctypes.CDLL:
     return lib
 
 
-def c_encode_frame(
-    lib: ctypes.CDLL, ftype: int, seq: int, payload: bytes, flags: int = 0, key: int = 0
-) -> bytes:
+def c_encode_frame(lib: ctypes.CDLL, ftype: int, seq: int, payload: bytes) -> bytes:
+    """An unkeyed frame without flags, as esp_check_frame.c encodes it."""
     out = (ctypes.c_uint8 * frames.MAX_FRAME)()
-    n = lib.ecf_encode_keyed(out, len(out), ftype, flags, seq, payload, len(payload), key)
+    n = lib.ecf_encode_keyed(out, len(out), ftype, 0, seq, payload, len(payload), 0)
     return bytes(out[:n])
 
 
@@ -276,15 +273,11 @@ class CDeviceLoop:
         self.lib.ecl_error(self.state, ident & 0xFFFFFFFF, stage, code, msg.encode("utf-8", "replace"))
 
 
-def make_loop(
-    cfg: LoopConfig, host: LoopHost, *, backend: str = "auto", cache_dir: Path | None = None
-) -> DeviceLoop | CDeviceLoop:
+def make_loop(cfg: LoopConfig, host: LoopHost, *, backend: str = "auto") -> DeviceLoop | CDeviceLoop:
     """The device loop for the simulated board: the firmware's C loop, or its Python twin."""
     if backend == "python" or (backend == "auto" and find_c_compiler() is None):
         return DeviceLoop(cfg, host, PythonEmitter(host.write))
-    lib = load_library(cache_dir)
-    emitter = CEmitter(host.write, build_c_library(cache_dir))
-    return CDeviceLoop(lib, cfg, host, emitter)
+    return CDeviceLoop(load_library(), cfg, host, CEmitter(host.write, build_c_library()))
 
 
 __all__ = [

@@ -1,11 +1,7 @@
 """The simulated ESP32-family board (``sim://`` pyserial URLs). See docs/simulator.md.
 
-Public surface:
-
-- :func:`register` - make ``serial.serial_for_url("sim://NAME?...")`` work (idempotent).
-- :func:`get_board` / :func:`remove_board` / :class:`SimBoard` / :class:`BoardConfig` - boards by name.
-- :func:`harness.sim.image.build_sim_firmware` - the "sim" builder.
-- :func:`harness.sim.serve.serve_tcp` / :func:`harness.sim.serve.serve_rfc2217` - a board over TCP.
+Its public names are ``__all__`` below, ``harness.sim.image.build_sim_firmware`` (the "sim" builder) and
+``harness.sim.serve`` (a board over TCP).
 """
 
 from __future__ import annotations

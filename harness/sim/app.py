@@ -1,10 +1,7 @@
 """What the simulated chip prints when it boots from flash: ROM lines, the second-stage bootloader (it
 reads the partition table and otadata, and boots the app otadata selects, as ESP-IDF's does), then hands
 over to the esp-check app (:mod:`harness.sim.resident`), which maps the model partition and stays in its
-command loop.
-
-The result is a list of :class:`Piece` (bytes at the ROM's 115200 baud, bytes at the console baud,
-or a link event); the board schedules them on its serial line.
+command loop. The board schedules the :class:`Piece` list it returns on its serial line.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The simulated board: flash, reset circuit, ROM loader session, and the serial line to the host.
 
-Threading model: every board has one lock (a ``threading.Condition``); all state changes happen
-under it, in the caller's thread (esptool's writes run the loader synchronously; a reset release
-computes the whole boot output at once). Output is a queue of chunks, each with the time its first
-byte is on the wire and a byte rate (unthrottled chunks are available at once). Readers wait on the
-condition with a deadline, so there are no sleeps and no background threads.
-
-Time enters in exactly one place, as on real hardware: after EN rises, IO0 is sampled
-``strap_window`` seconds later (the EN pin's RC delay), from the recorded pin history.
+One lock per board, all work in the caller's thread, output as a timed queue of chunks, no sleeps and no
+background threads: docs/simulator.md "Boards and state". Time enters in one place, as on real
+hardware: IO0 sampled ``strap_window`` after EN rises (docs/simulator.md "Reset styles").
 """
 
 from __future__ import annotations

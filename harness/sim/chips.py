@@ -2,9 +2,8 @@
 (the facts every part of esp-check shares, such as the architecture, cores and bootloader offset, come
 from :mod:`harness.chips`).
 
-Values are chosen so that esptool's own decoding of them (``esptool/targets/*.py``) yields a plausible,
-self-consistent chip: e.g. the ESP32's RTC calibration register and eFuse word 4 make esptool's
-"ROM-calculated crystal" exactly 40 MHz, so its CHANGE_BAUDRATE workaround sends the true baud rate.
+Values are chosen so that esptool's own decoding of them yields a self-consistent chip
+(docs/simulator.md "ROM loader protocol").
 """
 
 from __future__ import annotations

@@ -24,11 +24,7 @@ def _stack_ptr(chip: ChipSpec, rng: random.Random) -> int:
 
 def elf_sha256(chip: ChipSpec, app: LoadedImage) -> str:
     """The app's "ELF file SHA256", as ESP-IDF prints it: the ``app_elf_sha256`` of the image's app
-    description (the SHA-256 of the ELF file the sim builder wrote beside the image).
-
-    An image without one (packed without an ELF) gets a hash derived from its segments and the chip:
-    still fixed per image and per chip, never random per boot.
-    """
+    description; an image packed without one gets a hash of its segments and the chip (fixed per image)."""
     stored = app_elf_sha256(chip, app)
     if stored is not None:
         return stored
@@ -67,27 +63,14 @@ def crash_rng(chip: ChipSpec, kind: str, elf_sha: str, variant: str) -> random.R
     return random.Random(f"crash:{chip.name}:{elf_sha}:{variant}:{kind}")
 
 
-def panic_text(
-    chip: ChipSpec,
-    kind: str,
-    rng: random.Random | None = None,
-    elf_sha: str = "0" * 64,
-    variant: str = "ansi",
-) -> bytes:
+def panic_text(chip: ChipSpec, kind: str, elf_sha: str = "0" * 64, variant: str = "ansi") -> bytes:
     """A crash report in the chip's own form: ``kind`` "panic" (Guru Meditation), "abort" (abort()),
     "startup" (an assert before app_main, e.g. no RAM left for the main task's stack) or "flash_size"
     (the start-up's flash probe failed).
 
-    Code addresses are functions of the app's ELF (harness.sim.elf: the variant's ESP-NN kernel, TFLM,
-    the firmware, ESP-IDF's panic path), so a decoder given that ELF names them; stacks come from the
-    chip's data RAM (an S3 crashes at 0x420xxxxx with stacks at 0x3fcxxxxx, never at the classic ESP32's
-    0x400dxxxx / 0x3ffbxxxx). Xtensa prints registers and a ``Backtrace:``, RISC-V prints
-    MEPC/MCAUSE/MTVAL and ``Stack memory:`` and no backtrace line.
-
-    Every address and register value comes from :func:`crash_rng` (image and fault): ``rng``, the
-    caller's per-boot source, is not used for them (kept for callers that still pass it).
+    Its addresses are functions of the app's ELF in the chip's memory map, and its shape the chip's
+    (docs/simulator.md, crash reports); every value comes from :func:`crash_rng`, the same on every boot.
     """
-    del rng  # a crash is the image's and the fault's, the same on every boot
     rng = crash_rng(chip, kind, elf_sha, variant)
     frames = [a for part in _CHAINS[kind] for a in elf_chain(chip, part, variant, rng)]
     caller = frames[0] if kind == "panic" else frames[3]  # abort(): the PC that called it

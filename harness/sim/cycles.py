@@ -1,12 +1,6 @@
 """The simulated chip's per-op cycle model: a documented stand-in, not a measurement (docs/simulator.md).
 
-Each op costs a fixed invoke overhead plus work x cycles-per-unit of ANSI C, where work is the op's
-multiply-accumulates (CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED), window reads (pools) or output
-elements (everything else). An op that ESP-NN accelerates on the chip (``espnn_model_acceleration``:
-the op table plus its fallbacks, e.g. dilation or broadcasting) runs its work ``SPEEDUP[family][kind]``
-times faster in the optimized build; the overhead is the same in both. A deterministic jitter of at most
-``JITTER`` (seeded by op, kernel and image) stands in for cache and flash wait-state noise, so the audit's
-noise band has something to absorb. The invoke time (``TIME invoke_us``) is the sum over the ops.
+The cost formula, the speed-up table and the jitter: docs/simulator.md "Cycle model".
 """
 
 from __future__ import annotations

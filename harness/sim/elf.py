@@ -1,16 +1,8 @@
 """The simulated app's ELF file: what ESP-IDF leaves beside the app binary, in a form real tools read.
 
-ESP-IDF builds ``<project>.elf`` and converts it to the flashable ``<project>.bin``; tools use the ELF
-for symbols (``idf.py monitor`` and ``esp-idf-panic-decoder`` run ``addr2line`` on crash addresses,
-pytest-embedded compares its SHA-256 with the one in the app description). The simulated app has no
-compiled code, so this module lays out a fixed set of functions per chip (the firmware's own, TFLM's,
-ESP-NN's kernels and ESP-IDF's panic path) and writes a minimal valid ELF32 executable with them:
-ELF header, one PT_LOAD program header per allocated section, the sections of the app image, a
-``.symtab`` of FUNC symbols. There is no DWARF: ``addr2line`` names the function and reports
-``??:?`` for the file and line.
-
-The simulator's crash reports pick their addresses from the same layout (:func:`frame_address`), so
-a backtrace from the simulated board decodes to these functions.
+What it holds and which tools read it: docs/simulator.md "Booting an image". The simulator's crash
+reports pick their addresses from the same layout (:func:`frame_address`), so a backtrace from the
+simulated board decodes to these functions.
 """
 
 from __future__ import annotations

@@ -18,47 +18,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from harness.errors import UsageError
 from harness.userfiles import field_path, problem
 
-# name -> one-line description (docs/simulator.md has the long form)
-FAULTS: dict[str, str] = {
-    "corrupt": "some output elements off by `corrupt_lsb` LSB (like the ESP-NN bug)",
-    "pinned": "every output element pinned at the dtype minimum (-128 for int8)",
-    "panic": "Guru Meditation panic during invoke (Xtensa with Backtrace, RISC-V with MEPC/MTVAL)",
-    "abort": "abort() during invoke, then reboot",
-    "hang": "silence after the INPUT record (invoke never returns)",
-    "bootloop": "the app asserts during start-up (no RAM left for the main task's stack) on every boot",
-    "brownout": "brownout detector triggers during invoke, then reboots",
-    "noise": "bit flips in the console output at rate `noise` per bit",
-    "truncate": "output stops in the middle of the records (no END)",
-    "disconnect": "the port disconnects in the middle of the records",
-    "sync_fail": "the first `fault_count` download-mode sessions do not answer SYNC",
-    "baud_fail": "the line garbles what the host sends above the app's console baud (a USB-UART bridge "
-    "that cannot run the fast link): the BAUD switch must fall back",
-    "wdt": "task watchdog message spliced into a record line",
-    "alloc": "AllocateTensors fails: ERROR stage=alloc",
-    "op_corrupt": "op `fault_op` writes `fault_region` of its output off by `corrupt_lsb` LSB",
-    "op_clobber": "an input of op `fault_op` is overwritten (`fault_region`) after its producer finished, "
-    "as by another op's scratch-buffer overflow",
-    # the resident loop's streaming path (docs/protocol.md "Resident loop")
-    "frame_rx": "every `frame_every`-th command frame the device receives has a damaged byte",
-    "frame_tx": "every `frame_every`-th frame the device sends has a damaged byte",
-    "stall": "the device stops answering after `fault_count` RUN commands (a stalled device)",
-    "flaky": "every second invoke changes one output element by 1 LSB (a non-deterministic kernel)",
-    "op_panic": "Guru Meditation panic inside op `fault_op` (where that op runs the `variant_fault` kernel)",
-    "op_hang": "the invoke never returns once op `fault_op` starts (where it runs the `variant_fault` one)",
-    # the kept-input store (docs/protocol.md "Kept inputs"): what a software restart leaves in PSRAM
-    "keep_cold": "every software restart loses the kept inputs (the memory holds noise, as after a power-on)",
-    "keep_stale": "after each software restart the kept-input store is another model's (its header names "
-    "another model SHA-256, its own CRC valid)",
-    "keep_flip": "after each software restart one byte of every kept input is flipped (entries still valid)",
-    "keep_lost": "the kept inputs are lost (noise) at app boot number `fault_count` only: a store that goes "
-    "cold in the middle of a dataset run in chunks, across one slot switch",
-    "unoptimized_kind": "op kind `fault_kind` compiled without ESP-NN optimization in the optimized build: "
-    "the same outputs at ANSI C speed",
-}
-
 # faults that act on single ops (fault_op=K or K1,K2,...): in a hybrid image only where op K runs the
 # kernel of `variant_fault` (an op sent to ANSI C no longer runs the faulty optimized kernel)
 OP_FAULTS = ("op_corrupt", "op_clobber", "op_panic", "op_hang")
+
+# every fault name a URL or a board file may give, by what it acts on (docs/simulator.md "Faults" says
+# what each one does)
+_APP_FAULTS = ("corrupt", "pinned", "panic", "abort", "hang", "bootloop", "brownout", "alloc", "flaky")
+_SERIAL_FAULTS = ("noise", "truncate", "disconnect", "wdt", "sync_fail", "baud_fail")  # the serial link
+_STREAM_FAULTS = ("frame_rx", "frame_tx", "stall")  # the resident loop's streaming path
+_KEEP_FAULTS = ("keep_cold", "keep_stale", "keep_flip", "keep_lost")  # the kept-input store in PSRAM
+FAULTS = (*_APP_FAULTS, *_SERIAL_FAULTS, *_STREAM_FAULTS, *_KEEP_FAULTS, *OP_FAULTS, "unoptimized_kind")
 
 OP_REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")
 

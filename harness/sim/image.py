@@ -3,12 +3,8 @@ ESP-IDF partition table binary (same layout and MD5 row as ``gen_esp32part.py``)
 flash-mapped data segment carries the model, the inputs and the protocol settings.
 
 ``build_sim_firmware`` is the "sim" builder the build step calls; ``read_app_payload`` is what the
-simulated ROM + second-stage bootloader do at power-on: find, parse and validate what is in flash.
-
-Where the partition table sits is board data (``partition_table_offset`` in boards/*.toml, copied
-into the project manifest). As a real second-stage bootloader has ``CONFIG_PARTITION_TABLE_OFFSET``
-compiled in, the simulated one carries the offset in its data segment, and the simulated boot reads
-it from the bootloader image in flash: nothing here assumes ESP-IDF's default 0x8000.
+simulated ROM + second-stage bootloader do at power-on. The images, and where the partition table
+offset comes from: docs/simulator.md "Booting an image".
 """
 
 from __future__ import annotations
@@ -210,13 +206,8 @@ def pack_bootloader_image(
     flash_size: str = DEFAULT_FLASH_SIZE,
     revs: tuple[int, int] | None = None,
 ) -> bytes:
-    """A second-stage bootloader image (RAM segments only) with the chip id and SHA-256 appended.
-
-    Its data segment holds the partition table offset, as a real bootloader has
-    CONFIG_PARTITION_TABLE_OFFSET compiled in. Its header's flash size is what the app's start-up
-    checks the detected flash against (esptool's ``write-flash --flash-size`` rewrites it there), and
-    its revision range what esptool's write-flash checks the chip against (``revs``, as the app's).
-    """
+    """A second-stage bootloader image (RAM segments only) with the chip id and SHA-256 appended, its
+    data segment holding the partition table offset (docs/simulator.md "Booting an image")."""
     banner = b"esp-check simulated 2nd stage bootloader\0".ljust(48, b"\0")
     banner += _BOOTLOADER_PT_MARKER + struct.pack("<I", table_offset)
     segments = [
@@ -434,13 +425,8 @@ def _board_revisions(board_def: object) -> tuple[int, int] | None:
 
 def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Path]]:
     """Pack a generated project into bootloader / partition table / otadata / app (+ the project's model
-    image) for the simulated board.
-
-    Returns the esptool (offset, file) list. The partition table is the project's own partitions.csv;
-    the app goes to its variant's slot and carries the compiled-in inputs and the variant from the
-    manifest (the simulator prints ``nn=`` from this compiled-in value); the model is not in the app but
-    in the model partition, from ``esp-check/partitions/model.bin``.
-    """
+    image) for the simulated board; returns the esptool (offset, file) list (docs/simulator.md "Booting an
+    image")."""
     project_dir = Path(project_dir)
     build_dir = Path(build_dir)
     manifest = _read_manifest(project_dir)

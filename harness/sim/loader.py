@@ -1,10 +1,7 @@
 """The ESP serial bootloader protocol as the ROM and esptool's flasher stub speak it (simulated).
 
-Frames are SLIP-encoded. A request is ``00 op len16 chk32 data``; a response ``01 op len16 val32 data``
-where ``data`` ends with status bytes: 4 from the ROM (status, error, 0, 0), 2 from the stub.
-The stub is "run" only when the RAM uploaded with MEM_BEGIN/MEM_DATA matches one of esptool's own
-stub images for this chip and MEM_END jumps to its entry point; then it greets with ``OHAI``.
-Everything is deterministic and runs synchronously in the writer's thread.
+Frame layout, commands and when the stub "runs": docs/simulator.md "ROM loader protocol". Everything
+is deterministic and runs synchronously in the writer's thread.
 """
 
 from __future__ import annotations
@@ -22,11 +19,12 @@ from pathlib import Path
 from typing import Protocol
 
 import esptool
+from esptool.loader import ESPLoader
 
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec
 
 SECTOR = 0x1000
-CHECKSUM_SEED = 0xEF
+CHECKSUM_SEED = ESPLoader.ESP_CHECKSUM_MAGIC
 
 # ROM error codes (esptool's ESPLoader "status" byte 2 meanings)
 ERR_INVALID_MSG = 0x05
@@ -46,29 +44,7 @@ STUB_ERR_INFLATE = 0xC7
 STUB_ERR_NOT_ENOUGH_DATA = 0xC8
 STUB_ERR_TOO_MUCH_DATA = 0xC9
 
-CMD = {
-    "FLASH_BEGIN": 0x02,
-    "FLASH_DATA": 0x03,
-    "FLASH_END": 0x04,
-    "MEM_BEGIN": 0x05,
-    "MEM_END": 0x06,
-    "MEM_DATA": 0x07,
-    "SYNC": 0x08,
-    "WRITE_REG": 0x09,
-    "READ_REG": 0x0A,
-    "SPI_SET_PARAMS": 0x0B,
-    "SPI_ATTACH": 0x0D,
-    "READ_FLASH_SLOW": 0x0E,
-    "CHANGE_BAUDRATE": 0x0F,
-    "FLASH_DEFL_BEGIN": 0x10,
-    "FLASH_DEFL_DATA": 0x11,
-    "FLASH_DEFL_END": 0x12,
-    "SPI_FLASH_MD5": 0x13,
-    "GET_SECURITY_INFO": 0x14,
-    "ERASE_FLASH": 0xD0,
-    "ERASE_REGION": 0xD1,
-    "READ_FLASH": 0xD2,
-}
+CMD = ESPLoader.ESP_CMDS  # the opcodes, from esptool itself; what the ROM and stub answer: _handlers
 STUB_ONLY = {CMD["ERASE_FLASH"], CMD["ERASE_REGION"], CMD["READ_FLASH"]}
 
 

@@ -1,11 +1,7 @@
 """pyserial URL handler ``sim://NAME?...``: a serial port wired to a simulated board.
 
-pyserial finds this module as ``<package>.protocol_sim`` once ``harness.sim`` is in
-``serial.protocol_handler_packages`` (see :func:`harness.sim.register`). Everything that talks to a
-port (esptool, the console reader, ``esp_rfc2217_server``) then works on it unchanged.
-
-Like an RFC2217 link or a pty, the port has no file descriptor: esptool's atomic ``TIOCMSET``
-reset (``UnixTightReset``) cannot run on it and falls back to its classic DTR/RTS sequence.
+pyserial finds this module as ``<package>.protocol_sim`` once :func:`harness.sim.register` ran; the
+port has no file descriptor, so esptool resets it with DTR/RTS writes (docs/simulator.md "Reset styles").
 """
 
 from __future__ import annotations

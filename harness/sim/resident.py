@@ -4,11 +4,8 @@ partition, the inputs compiled into the image (text records), then the resident 
 The loop is the firmware's own ``esp_check_loop.c`` through ctypes (or its byte-identical Python twin,
 :func:`harness.protocol.native.make_loop`); this module supplies what app_main.cc supplies on a chip: the
 model run (the host TFLM reference, in process, one interpreter per model), identity records, the app
-slot switch (it writes otadata as ``esp_ota_set_boot_partition`` does), and the injected faults.
-
-Output is returned as :class:`Piece` lists; each piece carries ``at``, the seconds of device time
-(start-up log timestamps, modelled invokes with ``invoke_time=model``) from the start of the call that
-produced it to its first byte on the wire, so the board can queue it.
+slot switch (it writes otadata as ``esp_ota_set_boot_partition`` does), and the injected faults. Its
+output is :class:`Piece` lists, timed in device time (start-up log timestamps, modelled invokes).
 """
 
 from __future__ import annotations

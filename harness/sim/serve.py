@@ -1,24 +1,7 @@
 """Expose a simulated board over TCP, for other processes (``esp-check sim serve``).
 
-Two flavours, one client at a time (like ``esp_rfc2217_server``):
-
-- raw TCP (``socket://host:port`` clients): bytes only. DTR/RTS cannot travel over a raw socket, so
-  nobody can reset the board through it; esptool itself switches to ``no-reset`` on ``socket://``.
-  What a real bench offers instead is a board strapped into download mode (BOOT held, ``boot=download``
-  in the URL, ``sim serve --boot download``): the server powers it on at start and the ROM waits for
-  esptool.
-- RFC 2217 (``rfc2217://host:port``): esptool's own ``EspPortManager`` (the
-  protocol engine of ``esp_rfc2217_server``, built on pyserial's ``PortManager``) handles the link:
-  baud rate travels; DTR/RTS changes are *not* forwarded one by one, the server runs esptool's
-  reset sequences locally instead. That is how Espressif's server works, and the simulator shows
-  why: forwarded line changes arrive ~50 ms apart, so IO0 is sampled high and the chip boots the
-  app instead of the ROM loader. The only change from ``esp_rfc2217_server``: the bootloader reset
-  uses esptool's ``ClassicReset`` (plain DTR/RTS writes) because a sim:// port, like a pty, cannot
-  take the ``TIOCMSET`` ioctl of its default ``UnixTightReset``. Like the real server it has no
-  USB-Serial-JTAG reset.
-
-A USB-Serial-JTAG board's port vanishes when it resets into the app; the server reopens it, as a
-real host re-enumerates the device.
+Raw TCP and RFC 2217, one client at a time: what each carries, why RFC 2217 runs esptool's resets
+locally, and the one change from ``esp_rfc2217_server`` are in docs/simulator.md "Serving a board".
 """
 
 from __future__ import annotations
@@ -219,12 +202,8 @@ _LINE_CONTROLS = (
 
 def _port_manager(ser: serial.SerialBase, conn: object) -> serial.rfc2217.PortManager:
     """esp_rfc2217_server's EspPortManager, resetting with ClassicReset (no ioctl on sim:// ports), and
-    acknowledging the DTR/RTS requests it takes over.
-
-    EspPortManager never answers those, so clients must open ``?ign_set_control``, and then pyserial
-    sleeps 0.1 s after every control request: each line change, and each port-settings change (which
-    esptool makes around nearly every command, by changing the timeout). Answering them lets a client
-    open plain ``rfc2217://host:port`` and wait only for the answer (pyserial polls every 50 ms).
+    acknowledging the DTR/RTS requests it takes over (EspPortManager never answers them), so clients
+    open the plain URL (docs/simulator.md "Serving a board": what ``?ign_set_control`` costs instead).
     """
 
     class SimEspPortManager(EspPortManager):

@@ -1,13 +1,7 @@
 """Per-op behaviour of the simulated chip for ``--tap`` firmware and op-level faults.
 
-The simulated CPU "executes" the model op by op from the host per-layer reference (every intermediate
-tensor of TFLM's reference kernels). An op fault then changes what one op wrote (``op_corrupt``: a
-region of op k's output off by ``corrupt_lsb``) or what it read (``op_clobber``: an input of op k
-overwritten after its producer finished, as by another op's scratch-buffer overflow). The host cannot
-re-run TFLM from the middle of a graph, so ops downstream of a fault are modelled: each op that reads a
-changed tensor writes its reference output with a deterministic sparse +-1 LSB change (what error
-propagation looks like after requantization), consistently for the tap CRCs, the dumps and the final
-outputs. The simulator never prints where the fault is; the host must find it from the records.
+The ops run from the host per-layer reference; how op faults change them and how the change is
+propagated to later ops: docs/simulator.md "Where the runner, tap records and hybrid firmware plug in".
 """
 
 from __future__ import annotations

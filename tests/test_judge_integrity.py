@@ -213,13 +213,27 @@ def _unallocatable_model(workdir: Path) -> tuple[Path, Path]:
     return model, x
 
 
+@pytest.mark.parametrize("loop", ["c", "python"])  # the simulated board's loop: the firmware's C, or its twin
 @pytest.mark.parametrize("mode", ["single", "dataset"])
-def test_a_model_tflm_cannot_allocate_is_a_usage_error(tmp_path: Path, mode: str, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_a_model_tflm_cannot_allocate_is_a_usage_error(tmp_path: Path, mode: str, loop: str, capsys) -> None:  # type: ignore[no-untyped-def]
     from harness.cli import main
 
     model, x = _unallocatable_model(tmp_path)
     how = ["--input", str(x)] if mode == "single" else ["--random-inputs", "3"]
-    rc = main(["flash-and-compare", str(model), *how, "--board", "sim", "--out", str(tmp_path / "o")])
+    port = f"sim://?emitter={loop}"
+    rc = main(
+        [
+            "flash-and-compare",
+            str(model),
+            *how,
+            "--board",
+            "sim",
+            "--port",
+            port,
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == ExitCode.USAGE, err
     assert "allocate" in err and "cannot load this model" in err

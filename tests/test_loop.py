@@ -231,6 +231,25 @@ def test_invoke_failure_is_a_status(backend: str) -> None:
     assert res[0].status == fr.ST_INVOKE_FAILED and res[0].invoke_us == 3 and res[0].data is None
 
 
+class _RaisingApp(App):
+    def invoke(self, data: bytes) -> tuple[int, int, list[bytes]]:
+        raise RuntimeError("the host's model refused")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_exception_in_the_hosts_invoke_leaves_rx_and_no_result_is_sent(backend: str) -> None:
+    """Both loops let the host's exception out of ``rx`` (the C loop's ctypes callback used to swallow it
+    and hand C an undefined status), and nothing is reported for the input."""
+    app = _RaisingApp()
+    loop = make_loop(config(), app, backend=backend)
+    loop.hello()
+    with pytest.raises(RuntimeError, match="refused"):
+        for f in Script().run(0, source=fr.SRC_PRNG, results=fr.RES_FULL).frames:
+            loop.rx(f)
+    _, res, _ = responses(app)
+    assert res == {}
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_corrupted_lost_and_repeated_frames(backend: str) -> None:
     s = Script().run(0, source=fr.SRC_PRNG, results=fr.RES_CRC).run(1, source=fr.SRC_PRNG, results=fr.RES_CRC)

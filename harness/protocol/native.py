@@ -8,6 +8,7 @@ twins (docs/protocol.md "Binary frames and the resident loop").
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 from harness.protocol import frames
@@ -192,6 +193,7 @@ class CDeviceLoop:
             (ctypes.c_uint8 * 32).from_buffer_copy(bytes.fromhex(h) if h else bytes(32))
             for h in (cfg.model_sha256, cfg.app_sha256, cfg.other_sha256)
         )
+        self._raised: BaseException | None = None  # what a callback raised, re-raised when C returns
         self._callbacks = self._make_callbacks()
         c = _Config(*self._callbacks)
         c.ecp = ctypes.cast(emitter.state, ctypes.c_void_p)
@@ -228,6 +230,25 @@ class CDeviceLoop:
         self._keep.append(b)
         return b
 
+    def _guard(self, fn: Callable[..., Any], failed: int | None) -> Callable[..., Any]:
+        """``fn`` as a C callback: an exception is kept and re-raised once the C call returns (as the
+        Python twin's leaves ``rx``); C gets ``failed`` (an invoke halts), not ctypes' undefined value."""
+
+        def call(*args: Any) -> Any:
+            try:
+                return fn(*args)
+            except BaseException as exc:
+                self._raised = self._raised or exc
+                return failed
+
+        return call
+
+    def _checked(self, rc: int) -> int:
+        raised, self._raised = self._raised, None
+        if raised is not None:
+            raise raised
+        return int(rc)
+
     def _make_callbacks(self) -> tuple[Any, ...]:
         host, em = self.host, self.emitter
 
@@ -258,19 +279,30 @@ class CDeviceLoop:
         def boot(_ctx: Any, slot: int) -> int:
             return int(host.boot_slot(int(slot)))
 
-        return (_WRITE(write), _INVOKE(invoke), _SESSION(session), _EXTRA(extra), _SHA(sha), _BOOT(boot))
+        guard = self._guard
+        return (
+            _WRITE(guard(write, -1)),
+            _INVOKE(guard(invoke, -1)),
+            _SESSION(guard(session, None)),
+            _EXTRA(guard(extra, None)),
+            _SHA(guard(sha, None)),
+            _BOOT(guard(boot, -1)),
+        )
 
     def rx(self, data: bytes) -> int:
-        return int(self.lib.ecl_rx(self.state, bytes(data), len(data)))
+        return self._checked(self.lib.ecl_rx(self.state, bytes(data), len(data)))
 
     def idle(self) -> int:
-        return int(self.lib.ecl_idle(self.state))
+        return self._checked(self.lib.ecl_idle(self.state))
 
     def hello(self) -> None:
         self.lib.ecl_hello(self.state)
+        self._checked(0)
 
     def error(self, ident: int, stage: int, code: int, msg: str) -> None:
-        self.lib.ecl_error(self.state, ident & 0xFFFFFFFF, stage, code, msg.encode("utf-8", "replace"))
+        msg_c = msg.encode("utf-8", "replace")
+        self.lib.ecl_error(self.state, ident & 0xFFFFFFFF, stage, code, msg_c)
+        self._checked(0)
 
 
 def make_loop(cfg: LoopConfig, host: LoopHost, *, backend: str = "auto") -> DeviceLoop | CDeviceLoop:

@@ -1,13 +1,8 @@
 """The host side of the resident loop (docs/protocol.md "Resident loop"): frames over an open port.
 
-:class:`LoopClient` sends command frames under the device's flow-control window (never more than
-``HELLO window`` bytes unacknowledged, so the device's receive buffer cannot overflow while it is busy
-in Invoke), retransmits from the sequence number a ``NAK`` names (go-back-N, also after an ACK timeout),
-and reads everything the device sends: every byte goes to the raw serial log as it arrives, frames are
-decoded (ACK/NAK handled here, the rest queued for the caller), text is kept for the caller's checks.
-
-Single-threaded: every wait pumps the port. What the link did (bytes each way, payload bytes, frames,
-retransmissions, NAKs, damaged frames) is counted in :class:`LinkStats` for reports and benchmarks.
+:class:`LoopClient` keeps the flow-control window, go-back-N repair, probes and block reads that
+section states; ACK/NAK are handled here, other frames queued for the caller, text kept for its
+checks. Single-threaded: every wait pumps the port. :class:`LinkStats` counts what the link did.
 """
 
 from __future__ import annotations
@@ -124,7 +119,6 @@ class LoopClient:
         stall_timeout: float = 30.0,
         ack_timeout: float = ACK_TIMEOUT_S,
         respect_window: bool = True,
-        on_text: Callable[[bytes], None] | None = None,
         seq: int = 0,
         stale_keys: Sequence[int] = (),
     ) -> None:
@@ -134,7 +128,6 @@ class LoopClient:
         self.stall_timeout = stall_timeout
         self.ack_timeout = ack_timeout
         self.window = hello.window if respect_window else 1 << 40
-        self.on_text = on_text
         # frames of this boot only: an earlier boot's (stale_keys) are dropped and counted
         self.dec = frames.FrameDecoder(key=hello.key, stale_keys=stale_keys)
         self.key = hello.key
@@ -200,8 +193,6 @@ class LoopClient:
                 self._on_frame(item)
             else:
                 self.text += item
-                if self.on_text is not None:
-                    self.on_text(item)
                 # the device resets: waiting for the silence limit would add nothing
                 tail = self.text[-(len(item) + _RESTART_SPAN) :]
                 if any(line in tail for line in RESTART_LINES):

@@ -26,7 +26,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
 from serial.serialutil import SerialException
@@ -70,11 +69,6 @@ class NativeBoard:
 def register() -> None:
     """Add ``harness.device`` to pyserial's URL handler packages (idempotent)."""
     BOARDS.register_handlers(_PACKAGE)
-
-
-def _read_at(f: BinaryIO, offset: int, size: int) -> bytes:
-    f.seek(offset)
-    return f.read(size)
 
 
 class ProgramEnded(SerialException):
@@ -231,7 +225,8 @@ class Serial(InProcessPort):
             return self._program, {}, ""
         table_off, parts = found
         with open(self.flash_path, "rb") as f:
-            app = next(iter(boot_order(parts, lambda offset, size: _read_at(f, offset, size)).apps), None)
+            order = boot_order(parts, lambda offset, size: os.pread(f.fileno(), size, offset))
+            app = next(iter(order.apps), None)
         if app is None:
             return None
         program = self._dir / "apps" / f"0x{app.offset:x}"

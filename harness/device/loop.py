@@ -36,9 +36,7 @@ MAX_RETRANSMITS = 8
 ACK_TIMEOUT_S = 3.0  # no ACK for this long (and a silent device): probe (plus the batch window, see below)
 SLOW_INVOKE_S = frames.SLOW_RUN_US / 1e6  # this slow per invoke: results batched by time on the device
 PROBE_TOKEN = 0xEC5F0000  # SYNC tokens of probes (low 16 bits count them); sync() waits for its own
-# Reading (LoopClient._pump): a port is read in blocks. After a frame's header the client waits for the
-# rest of that frame (up to READ_BLOCK bytes at a time); after text, for up to TEXT_BLOCK more bytes or
-# TEXT_WAIT_S, whichever comes first; never more than COALESCE_MAX_S in one pump.
+# Reading in blocks (LoopClient._pump): docs/protocol.md "Resident loop", how the host reads.
 READ_BLOCK = 2048  # below a tty's 4 KiB line buffer
 TEXT_BLOCK = 256
 TEXT_WAIT_S = 0.005
@@ -166,9 +164,6 @@ class LoopClient:
         n = port.in_waiting or (wait_readable(port, wait) if wait > 0 else 0)
         if not n:
             return False
-        # read in blocks, not bytes: a frame whose header came is read once its length has arrived, a
-        # text burst after a short wait; each wait is bounded, so a device that stops mid-frame costs at
-        # most COALESCE_MAX_S here (the silence limit and the restart checks run in the caller)
         deadline = time.monotonic() + COALESCE_MAX_S
         try:
             while n:

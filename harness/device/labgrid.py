@@ -442,11 +442,9 @@ class PlaceLease:
         cancel: threading.Event | None = None,
     ) -> None:
         """Hold the place, or raise :class:`BoardBusyError` (exit 3) once someone else has held it for
-        ``timeout`` seconds while we waited (0: a held place is skipped at once).
-
-        The clock runs only while the place is known to be held by someone else: labgrid-client's
-        own start-up never counts, and a free place is always taken. ``on_note`` hears what the
-        lease did beyond the obvious (a stale acquisition of ours released; default ``on_wait``).
+        ``timeout`` seconds while we waited (when the clock runs: docs/ci.md "A lab on labgrid", step 1).
+        ``on_note`` hears what the lease did beyond the obvious (a stale acquisition of ours released;
+        default ``on_wait``).
         """
         say = on_wait or (lambda _m: None)
         self._note = on_note or say
@@ -543,11 +541,9 @@ class PlaceLease:
         )
 
     def _clear_own_stale(self, *, strict: bool = False) -> PlaceInfo | None:
-        """Release the place if esp-check on this host and user left it acquired and died.
-
-        Stale means all of: acquired by this ``host/user``; tagged ``esp_check`` by a process that no
-        longer runs here; still held under the reservation that tag names (so nobody acquired it by
-        hand since). Returns the place as seen (None: could not be read; ``strict``: raise instead).
+        """Release the place if esp-check on this host and user left it acquired and died (what counts
+        as stale: docs/ci.md "A lab on labgrid", step 4). Returns the place as seen (None: unreadable;
+        ``strict``: raise).
         """
         try:
             info = self.client.show(self.place)

@@ -1,12 +1,9 @@
 """pyserial URL handler ``native://NAME``: a serial port wired to a host program (a native board).
 
-The native target (docs/native.md) builds the generated firmware as a program for this PC; this port
-makes it behave like a board behind a serial port, so the flash-and-capture path, ``--tap`` and the
-runner use it unchanged. What its flash (:meth:`Serial.write_region`, :meth:`Serial.install`), reset
-(the boot stand-in), reads, writes and a program's end do: docs/native.md, "The native board". Beyond
-it: a software restart keeps the ``EXT_RAM_NOINIT_ATTR`` memory the program saved (``psram_noinit.bin``,
-docs/protocol.md "Kept inputs"), any other boot deletes it; bytes beyond what the input pipe holds are
-dropped, like a full UART FIFO; after a program's end reads raise :class:`ProgramEnded`.
+It makes the native target's program behave like a board behind a serial port, so the flash-and-capture
+path, ``--tap`` and the runner use it unchanged. Its flash, reset (the boot stand-in), reads, writes and
+a program's end: docs/native.md, "The native board"; the kept PSRAM and the full-FIFO drop: that page's
+stand-in table. After a program's end reads raise :class:`ProgramEnded`.
 
 pyserial finds this module once ``harness.device`` is in ``serial.protocol_handler_packages``
 (:func:`register`, called by :func:`harness.device.ports.open_port` for ``native://`` ports).

@@ -1,14 +1,7 @@
 """The public Python API: what the CLI, the CI runner and Python users call.
 
 Plain functions and dataclasses; errors are :class:`harness.errors.EspCheckError` subclasses that carry
-the exit code the CLI would use. Example::
-
-    from harness import api
-    info = api.load_model("model.tflite")
-    result = api.flash_and_compare("model.tflite", ["img.png"], board="sim", out_dir="out")
-    print(result.verdict, result.exit_code)
-    # options beyond model, inputs, board, port and out_dir go in one JobOptions:
-    api.flash_and_compare("model.tflite", ["img.png"], options=api.JobOptions(tolerance_lsb=1, tap=True))
+the exit code the CLI would use. An example: README.md, "Python API".
 """
 
 from __future__ import annotations

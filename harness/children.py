@@ -1,11 +1,9 @@
 """Child processes esp-check starts that must not outlive it.
 
-A worker thread of ``esp-check run`` abandoned by a second signal is a daemon thread: the process
-exits under it, and a child it was waiting for (the host reference child, a build tool in its own
-process group) used to run on for as long as its work took, then exit 0 to nobody. Every such child is
-registered here while it runs; :func:`stop_all` kills them (a build tool's whole group), and runs at
-interpreter exit. This registry is, beside pyserial's URL handler list, the one piece of process-wide
-state: which children are alive is a fact about the process.
+When (a second signal, SIGTERM, exit) and which: docs/ci.md's signal rules. A worker thread abandoned
+by a second signal is a daemon thread, so the process exits under it and its child (the host reference
+child, a build tool in its own process group) would run on to nobody; every such child is registered
+here while it runs, and :func:`stop_all` kills them (a build tool's whole group), also at exit.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Boards that live inside this process behind a pyserial URL: the simulated board (``sim://NAME``,
 harness.sim) and the native board (``native://NAME``, harness.device.protocol_native).
 
-pyserial's ``serial_for_url`` builds a port from its URL by itself: it imports
-``<package>.protocol_<scheme>`` from each package in ``serial.protocol_handler_packages`` and calls its
-``Serial`` class. Such a port can reach the board its URL names only through something the process
-holds, so this module owns esp-check's one piece of process-wide mutable state, :data:`BOARDS`, which
-also makes the registration that lets pyserial find the handlers. A board stays in the table from the
-first open of its URL (its flash outlives closing the port, as a board's does) until its owner removes
-it or the process ends; a board holding resources outside the process (the native board's directory)
-releases them itself when it is dropped or at exit.
+Why this is process-wide state, and a board's lifetime in it: docs/simulator.md "Boards and state".
+A board holding resources outside the process (the native board's directory) releases them itself
+when it is dropped or at exit.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def _labgrid_board(config: pytest.Config) -> Iterator[EspCheckBoard | None]:
         raise pytest.UsageError(f"place {place} has no {TYPE_TAG} tag: give --esp-check-board TYPE")
     lease = PlaceLease(client, place)
     try:
-        lease.acquire(config.getoption("esp_check_lock_timeout"), on_wait=_warn)
+        lease.acquire(config.getoption("esp_check_lock_timeout"), on_wait=warnings.warn)
         yield EspCheckBoard(board, lease.url, f"labgrid place {place}", _simulated(board))
     finally:
         lease.release()
@@ -140,10 +140,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         "a labgrid environment. This test never ran. Run pytest with `-p no:labgrid` (or give --lg-env), "
         "or uninstall labgrid from this environment (docs/ci.md, 'esp-check inside your pytest suite')."
     )
-
-
-def _warn(message: str) -> None:
-    warnings.warn(message, stacklevel=2)
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,6 @@ from harness.errors import ExitCode
 from harness.firmware.boards import load_board
 
 
-def _url(name: str, **params: object) -> str:
-    """The ``sim://`` URL of board ``name``, with the ``params`` that are given (not None or empty)."""
-    given = {k: str(v) for k, v in params.items() if v is not None and v != ""}
-    return f"sim://{name}?{urllib.parse.urlencode(given)}"
-
-
 @click.group("sim")
 def sim_group() -> None:
     """The simulated ESP32 board: real ROM loader protocol, real image formats, simulated results."""
@@ -95,7 +89,9 @@ def serve_cmd(
     size = (flash_size or load_board("sim").flash_size).upper()
     params = {"chip": chip, "reset": reset, "seed": seed, "flash_size": size}
     params |= {"boot": None if boot == "auto" else boot, "flash": flash, "fault": ",".join(fault)}
-    url = _url(name, **params, variant_fault=variant_fault, throttle=throttle)
+    params |= {"variant_fault": variant_fault, "throttle": throttle}
+    given = {key: str(value) for key, value in params.items() if value is not None and value != ""}
+    url = f"sim://{name}?{urllib.parse.urlencode(given)}"
     parse_url(url)  # validate before binding (raises UsageError, exit 2)
     server = SimServer(url, host, tcp_port, rfc2217=rfc2217).start()
     click.echo(

@@ -1,18 +1,8 @@
 """Flash build artifacts with esptool 5's Python API, on a serial handle the caller keeps open.
 
-Sequence (the same steps as ``esptool write-flash``, as library calls): connect with retries
-(``detect_chip`` or the board's chip class, on the *open* pyserial object), check the chip against
-the board, upload the stub, change baud, ``attach_flash``, refuse images larger than the flash,
-``write_flash`` per region with ``skip_flashed=True`` (esptool compares the MD5 of what is already
-in flash and skips equal regions: a board that holds the image is not written again) or
-``diff_with=`` (rewrite only changed sectors), esptool's own MD5 verify after every write, then the
-requested reset. The serial object is *not* closed: the console capture reads from it next, so
-nothing printed after the reset is lost.
-
-esptool's messages go to a log file and a progress callback, never raw to stdout.
-
-esptool (0.05-0.07 s of imports) is imported inside the functions that talk to the ROM loader, so a run
-whose board already holds its images (the flash skipped from HELLO hashes) never loads it.
+The steps (``esptool write-flash``'s, as library calls) and why the port stays open: docs/device.md
+"Flashing". esptool (0.05-0.07 s of imports) is imported inside the functions that talk to the ROM
+loader, so a run whose board already holds its images (skipped from HELLO hashes) never loads it.
 """
 
 from __future__ import annotations

@@ -243,15 +243,15 @@ def parse_env(text: str) -> list[tuple[str, dict[str, object]]]:
     return out
 
 
-def serial_url_of(place: str, resources: list[tuple[str, dict[str, object]]], name: str | None = None) -> str:
-    """The pyserial URL of the place's NetworkSerialPort (``name``: when the place has several)."""
-    ports = [a for c, a in resources if c == "NetworkSerialPort" and (name is None or a.get("name") == name)]
+def serial_url_of(place: str, resources: list[tuple[str, dict[str, object]]]) -> str:
+    """The pyserial URL of the place's one NetworkSerialPort."""
+    ports = [a for c, a in resources if c == "NetworkSerialPort"]
     if len(ports) != 1:
         what = "no NetworkSerialPort" if not ports else f"{len(ports)} NetworkSerialPorts"
         raise LabgridError(
-            f"labgrid place {place} has {what}" + (f" named {name!r}" if name else ""),
-            hint="export the board's RFC 2217 server (esp_rfc2217_server) as a NetworkSerialPort and "
-            "match it to the place (docs/ci.md, 'labgrid'); name it when a place has several",
+            f"labgrid place {place} has {what}",
+            hint="export the board's RFC 2217 server (esp_rfc2217_server) as the place's one "
+            "NetworkSerialPort and match it to the place (docs/ci.md, 'labgrid')",
         )
     args = ports[0]
     host, port = str(args.get("host", "")), args.get("port")
@@ -312,9 +312,9 @@ class LabgridClient:
     def show(self, place: str) -> PlaceInfo:
         return parse_show(place, self.run("show", place=place))
 
-    def serial_url(self, place: str, name: str | None = None) -> str:
+    def serial_url(self, place: str) -> str:
         """The NetworkSerialPort of a place this process holds, as a pyserial URL."""
-        return serial_url_of(place, parse_env(self.run("env", place=place)), name)
+        return serial_url_of(place, parse_env(self.run("env", place=place)))
 
     def set_tag(self, place: str, key: str, value: str) -> None:
         """Set (empty value: delete) one tag of the place."""
@@ -403,10 +403,9 @@ class PlaceLease:
     ``show``) and calls that need not wait for each other run side by side (docs/ci.md counts them).
     """
 
-    def __init__(self, client: LabgridClient, place: str, *, port_name: str | None = None) -> None:
+    def __init__(self, client: LabgridClient, place: str) -> None:
         self.client = client
         self.place = place
-        self.port_name = port_name
         self.key = f"labgrid-{place}"
         self.me = identity()
         self.token: str | None = None
@@ -443,11 +442,9 @@ class PlaceLease:
         cancel: threading.Event | None = None,
     ) -> None:
         """Hold the place, or raise :class:`BoardBusyError` (exit 3) once someone else has held it for
-        ``timeout`` seconds while we waited (0: a held place is skipped at once).
-
-        The clock runs only while the place is known to be held by someone else: labgrid-client's
-        own start-up never counts, and a free place is always taken. ``on_note`` hears what the
-        lease did beyond the obvious (a stale acquisition of ours released; default ``on_wait``).
+        ``timeout`` seconds while we waited (when the clock runs: docs/ci.md "A lab on labgrid", step 1).
+        ``on_note`` hears what the lease did beyond the obvious (a stale acquisition of ours released;
+        default ``on_wait``).
         """
         say = on_wait or (lambda _m: None)
         self._note = on_note or say
@@ -544,11 +541,9 @@ class PlaceLease:
         )
 
     def _clear_own_stale(self, *, strict: bool = False) -> PlaceInfo | None:
-        """Release the place if esp-check on this host and user left it acquired and died.
-
-        Stale means all of: acquired by this ``host/user``; tagged ``esp_check`` by a process that no
-        longer runs here; still held under the reservation that tag names (so nobody acquired it by
-        hand since). Returns the place as seen (None: could not be read; ``strict``: raise instead).
+        """Release the place if esp-check on this host and user left it acquired and died (what counts
+        as stale: docs/ci.md "A lab on labgrid", step 4). Returns the place as seen (None: unreadable;
+        ``strict``: raise).
         """
         try:
             info = self.client.show(self.place)
@@ -595,7 +590,7 @@ class PlaceLease:
         errors: list[LabgridError] = []
         tagging = _background(self.client.set_tag, self.place, TAG, tag, errors=errors)
         try:
-            self.url = self.client.serial_url(self.place, self.port_name)
+            self.url = self.client.serial_url(self.place)
             tagging.join()
             if errors:
                 raise errors[0]

@@ -1,13 +1,8 @@
 """The host side of the resident loop (docs/protocol.md "Resident loop"): frames over an open port.
 
-:class:`LoopClient` sends command frames under the device's flow-control window (never more than
-``HELLO window`` bytes unacknowledged, so the device's receive buffer cannot overflow while it is busy
-in Invoke), retransmits from the sequence number a ``NAK`` names (go-back-N, also after an ACK timeout),
-and reads everything the device sends: every byte goes to the raw serial log as it arrives, frames are
-decoded (ACK/NAK handled here, the rest queued for the caller), text is kept for the caller's checks.
-
-Single-threaded: every wait pumps the port. What the link did (bytes each way, payload bytes, frames,
-retransmissions, NAKs, damaged frames) is counted in :class:`LinkStats` for reports and benchmarks.
+:class:`LoopClient` keeps the flow-control window, go-back-N repair, probes and block reads that
+section states; ACK/NAK are handled here, other frames queued for the caller, text kept for its
+checks. Single-threaded: every wait pumps the port. :class:`LinkStats` counts what the link did.
 """
 
 from __future__ import annotations
@@ -41,9 +36,7 @@ MAX_RETRANSMITS = 8
 ACK_TIMEOUT_S = 3.0  # no ACK for this long (and a silent device): probe (plus the batch window, see below)
 SLOW_INVOKE_S = frames.SLOW_RUN_US / 1e6  # this slow per invoke: results batched by time on the device
 PROBE_TOKEN = 0xEC5F0000  # SYNC tokens of probes (low 16 bits count them); sync() waits for its own
-# Reading (LoopClient._pump): a port is read in blocks. After a frame's header the client waits for the
-# rest of that frame (up to READ_BLOCK bytes at a time); after text, for up to TEXT_BLOCK more bytes or
-# TEXT_WAIT_S, whichever comes first; never more than COALESCE_MAX_S in one pump.
+# Reading in blocks (LoopClient._pump): docs/protocol.md "Resident loop", how the host reads.
 READ_BLOCK = 2048  # below a tty's 4 KiB line buffer
 TEXT_BLOCK = 256
 TEXT_WAIT_S = 0.005
@@ -124,7 +117,6 @@ class LoopClient:
         stall_timeout: float = 30.0,
         ack_timeout: float = ACK_TIMEOUT_S,
         respect_window: bool = True,
-        on_text: Callable[[bytes], None] | None = None,
         seq: int = 0,
         stale_keys: Sequence[int] = (),
     ) -> None:
@@ -134,7 +126,6 @@ class LoopClient:
         self.stall_timeout = stall_timeout
         self.ack_timeout = ack_timeout
         self.window = hello.window if respect_window else 1 << 40
-        self.on_text = on_text
         # frames of this boot only: an earlier boot's (stale_keys) are dropped and counted
         self.dec = frames.FrameDecoder(key=hello.key, stale_keys=stale_keys)
         self.key = hello.key
@@ -173,9 +164,6 @@ class LoopClient:
         n = port.in_waiting or (wait_readable(port, wait) if wait > 0 else 0)
         if not n:
             return False
-        # read in blocks, not bytes: a frame whose header came is read once its length has arrived, a
-        # text burst after a short wait; each wait is bounded, so a device that stops mid-frame costs at
-        # most COALESCE_MAX_S here (the silence limit and the restart checks run in the caller)
         deadline = time.monotonic() + COALESCE_MAX_S
         try:
             while n:
@@ -200,8 +188,6 @@ class LoopClient:
                 self._on_frame(item)
             else:
                 self.text += item
-                if self.on_text is not None:
-                    self.on_text(item)
                 # the device resets: waiting for the silence limit would add nothing
                 tail = self.text[-(len(item) + _RESTART_SPAN) :]
                 if any(line in tail for line in RESTART_LINES):

@@ -1,12 +1,9 @@
 """pyserial URL handler ``native://NAME``: a serial port wired to a host program (a native board).
 
-The native target (docs/native.md) builds the generated firmware as a program for this PC; this port
-makes it behave like a board behind a serial port, so the flash-and-capture path, ``--tap`` and the
-runner use it unchanged. What its flash (:meth:`Serial.write_region`, :meth:`Serial.install`), reset
-(the boot stand-in), reads, writes and a program's end do: docs/native.md, "The native board". Beyond
-it: a software restart keeps the ``EXT_RAM_NOINIT_ATTR`` memory the program saved (``psram_noinit.bin``,
-docs/protocol.md "Kept inputs"), any other boot deletes it; bytes beyond what the input pipe holds are
-dropped, like a full UART FIFO; after a program's end reads raise :class:`ProgramEnded`.
+It makes the native target's program behave like a board behind a serial port, so the flash-and-capture
+path, ``--tap`` and the runner use it unchanged. Its flash, reset (the boot stand-in), reads, writes and
+a program's end: docs/native.md, "The native board"; the kept PSRAM and the full-FIFO drop: that page's
+stand-in table. After a program's end reads raise :class:`ProgramEnded`.
 
 pyserial finds this module once ``harness.device`` is in ``serial.protocol_handler_packages``
 (:func:`register`, called by :func:`harness.device.ports.open_port` for ``native://`` ports).
@@ -26,7 +23,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
 from serial.serialutil import SerialException
@@ -70,11 +66,6 @@ class NativeBoard:
 def register() -> None:
     """Add ``harness.device`` to pyserial's URL handler packages (idempotent)."""
     BOARDS.register_handlers(_PACKAGE)
-
-
-def _read_at(f: BinaryIO, offset: int, size: int) -> bytes:
-    f.seek(offset)
-    return f.read(size)
 
 
 class ProgramEnded(SerialException):
@@ -231,7 +222,8 @@ class Serial(InProcessPort):
             return self._program, {}, ""
         table_off, parts = found
         with open(self.flash_path, "rb") as f:
-            app = next(iter(boot_order(parts, lambda offset, size: _read_at(f, offset, size)).apps), None)
+            order = boot_order(parts, lambda offset, size: os.pread(f.fileno(), size, offset))
+            app = next(iter(order.apps), None)
         if app is None:
             return None
         program = self._dir / "apps" / f"0x{app.offset:x}"

@@ -54,14 +54,12 @@ class DeviceSession:
         *,
         flash_baud: int | None = None,
         console_baud: int | None = None,
-        reenumerate_wait_s: float = 5.0,
     ) -> None:
         self.spec = port if isinstance(port, PortSpec) else resolve_port(port, board)
         self.board = board
         self.flash_baud = flash_baud or int(getattr(board, "flash_baud", 460800))
         self.console_baud = console_baud or int(getattr(board, "monitor_baud", 115200))
         self.reset_style = str(getattr(board, "reset", "classic"))
-        self.reenumerate_wait_s = reenumerate_wait_s
         self.serial: serial.SerialBase | None = None
         self.link_baud: int | None = None  # the resident loop's switched baud (None: the console baud)
         # damage seen while switching the baud: the next loop client's stats carry it (never a clean run)
@@ -92,7 +90,7 @@ class DeviceSession:
         self.close()
 
     def _reopen(self) -> serial.SerialBase:
-        return reopen_after_reenumeration(self.spec, self.console_baud, wait_s=self.reenumerate_wait_s)
+        return reopen_after_reenumeration(self.spec, self.console_baud)
 
     def flash(
         self,

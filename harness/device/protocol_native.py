@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
 from serial.serialutil import SerialException
@@ -66,6 +67,11 @@ class NativeBoard:
 def register() -> None:
     """Add ``harness.device`` to pyserial's URL handler packages (idempotent)."""
     BOARDS.register_handlers(_PACKAGE)
+
+
+def _read_at(f: BinaryIO, offset: int, size: int) -> bytes:  # portable: os.pread is POSIX-only
+    f.seek(offset)
+    return f.read(size)
 
 
 class ProgramEnded(SerialException):
@@ -222,8 +228,7 @@ class Serial(InProcessPort):
             return self._program, {}, ""
         table_off, parts = found
         with open(self.flash_path, "rb") as f:
-            order = boot_order(parts, lambda offset, size: os.pread(f.fileno(), size, offset))
-            app = next(iter(order.apps), None)
+            app = next(iter(boot_order(parts, lambda offset, size: _read_at(f, offset, size)).apps), None)
         if app is None:
             return None
         program = self._dir / "apps" / f"0x{app.offset:x}"

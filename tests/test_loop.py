@@ -250,6 +250,19 @@ def test_an_exception_in_the_hosts_invoke_leaves_rx_and_no_result_is_sent(backen
     assert res == {}
 
 
+class _RaisingBaudApp(App):
+    def set_baud(self, baud: int) -> None:
+        raise OSError("the UART refused the baud")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_exception_in_the_hosts_baud_switch_leaves_rx(backend: str) -> None:
+    """The BAUD callback is guarded like the others: its exception leaves ``rx`` on both loops."""
+    loop = make_loop(dataclasses.replace(config(), baud_switch=True), _RaisingBaudApp(), backend=backend)
+    with pytest.raises(OSError, match="refused the baud"):
+        loop.rx(Script().add(fr.CMD_BAUD, struct.pack("<I", 921600)).frames[0])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_corrupted_lost_and_repeated_frames(backend: str) -> None:
     s = Script().run(0, source=fr.SRC_PRNG, results=fr.RES_CRC).run(1, source=fr.SRC_PRNG, results=fr.RES_CRC)

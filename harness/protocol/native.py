@@ -213,7 +213,7 @@ class CDeviceLoop:
         c.app_sha256 = ctypes.cast(self._app_sha, _u8p)
         c.other_sha256 = ctypes.cast(self._other_sha, _u8p)
         host_ = self.host
-        self._baud_cb = _BAUD(lambda _ctx, baud: host_.set_baud(int(baud)))
+        self._baud_cb = _BAUD(self._guard(lambda _ctx, baud: host_.set_baud(int(baud)), None))
         c.set_baud = self._baud_cb if cfg.baud_switch else _BAUD()  # NULL: BAUD refused
         if cfg.keep is not None and len(cfg.keep) > 0:  # the store is the board's memory: shared, not copied
             self._keep_mem = (ctypes.c_uint8 * len(cfg.keep)).from_buffer(cfg.keep)

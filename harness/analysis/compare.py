@@ -435,6 +435,7 @@ class _Diff:
     lsb: np.ndarray | None  # A - B in LSB, None when the scale is unknown
     beyond: np.ndarray  # bool: beyond the tolerance (NaN counts as beyond)
     real_known: bool
+    abs_real: np.ndarray  # |A - B| in real units (in LSB when the scale of integers is unknown)
 
     @property
     def int_path(self) -> bool:
@@ -462,7 +463,7 @@ def compare_tensors(
     qdtype = a.dtype or b.dtype or dtype or ("int8" if s is not None and zero_point is not None else None)
     d = _difference(a, b, s, zp, tolerance_lsb, run)
     n = int(d.real_a.size)
-    stats = _stats(d, s, n)
+    stats = _stats(d, n)
     k = min(TOPK, n)
     ka, kb = _rank_keys(d)
     topk_agree = (len(set(_topk(ka, k).tolist()) & set(_topk(kb, k).tolist())) / k) if k else None
@@ -561,7 +562,8 @@ def _difference(
             real_a, real_b = (int_a - zp).astype(np.float64) * scale, (int_b - zp).astype(np.float64) * scale
         else:
             real_a, real_b = int_a.astype(np.float64), int_b.astype(np.float64)
-        return _Diff(real_a, real_b, int_a, int_b=int_b, lsb=dl, beyond=beyond, real_known=scale is not None)
+        ad = np.abs(dl) * (scale if scale is not None else 1.0)
+        return _Diff(real_a, real_b, int_a, int_b, dl, beyond, real_known=scale is not None, abs_real=ad)
     if (a.raw or b.raw) and scale is None:
         raise IncomparableError(
             f"run {run} output {a.index}: one side holds raw quantized integers, the other real values, "
@@ -588,27 +590,19 @@ def _difference(
         )
     else:
         beyond = ~((real_a == real_b) | both_nan)
-    return _Diff(real_a, real_b, int_a, int_b=int_b, lsb=lsb, beyond=beyond, real_known=True)
+    return _Diff(real_a, real_b, int_a, int_b, lsb, beyond, real_known=True, abs_real=np.abs(diff))
 
 
-def _stats(diff: _Diff, scale: float | None, n: int) -> dict[str, float | None]:
+def _stats(diff: _Diff, n: int) -> dict[str, float | None]:
     """max/mean LSB and absolute differences, RMSE and cosine similarity."""
     alsb = np.abs(diff.lsb) if diff.lsb is not None else None
     max_lsb: float | None = None
     mean_lsb: float | None = None
     if alsb is not None and n and (diff.int_path or not np.all(np.isnan(alsb))):
         max_lsb, mean_lsb = float(np.nanmax(alsb)), float(np.nanmean(alsb))
-    real_a, real_b = diff.real_a, diff.real_b
+    real_a, real_b, ad = diff.real_a, diff.real_b, diff.abs_real
+    finite = diff.int_path or not n or bool(np.all(np.isfinite(ad)))  # integers: no NaN/inf to guard against
     with np.errstate(invalid="ignore", over="ignore"):
-        ad: np.ndarray
-        if diff.int_path and alsb is not None:  # integers: no NaN/inf to guard against (the fast path)
-            ad = alsb * (scale if scale is not None else 1.0)
-            finite = True
-        else:
-            ad = np.abs(
-                np.where((np.isnan(real_a) & np.isnan(real_b)) | (real_a == real_b), 0.0, real_a - real_b)
-            )
-            finite = bool(np.all(np.isfinite(ad))) if n else True
         na, nb = float(np.linalg.norm(real_a)), float(np.linalg.norm(real_b))
         cosine = (
             float(np.dot(real_a, real_b) / (na * nb))

@@ -319,32 +319,30 @@ def write_bundle(
     chips = {v: r.get("flash") for v, r in (doc.get("variants") or {}).items()}
     # one directory per position: two inputs of the same file name never collide, and order is kept
     in_arcs = [f"inputs/{k}/{p.name}" for k, p in enumerate(inputs)]
-    readme = (
-        f"esp-check {__version__} reproduction bundle\n\nverdict: {doc.get('verdict')} "
-        f"(exit {doc.get('exit_code')}), board {doc.get('board')}"
-        + (" (SIMULATED)" if doc.get("simulated") else "")
-        + (
-            " (NATIVE: the firmware built for a PC, generic ESP-NN C kernels, no chip)"
-            if doc.get("native")
-            else ""
-        )
-        + "\n\nmodel/        the .tflite\ninputs/K/     the K-th input file as given\n"
+    status = f"verdict: {doc.get('verdict')} (exit {doc.get('exit_code')}), board {doc.get('board')}"
+    if doc.get("simulated"):
+        status += " (SIMULATED)"
+    if doc.get("native"):
+        status += " (NATIVE: the firmware built for a PC, generic ESP-NN C kernels, no chip)"
+    listing = (
+        "model/        the .tflite\ninputs/K/     the K-th input file as given\n"
         "projects/     the rendered firmware projects (sdkconfig.defaults, idf_component.yml /\n"
         "              platformio.ini with the pinned esp-tflite-micro / esp-nn versions, esp-check.json)\n"
         "logs/         raw build, flash (esptool) and serial logs\nchip.json     chip info esptool read\n"
-        "report.json   the full report"
-        + ("\nreport.html   the HTML report" if html_text else "")
-        + "\n"
-        + (
+        "report.json   the full report\n"
+    )
+    if html_text:
+        listing += "report.html   the HTML report\n"
+    if (out / "repro").is_dir():
+        listing += (
             "repro/        the culprit op alone: one-op .tflite, captured input, ANSI C / optimized outputs\n"
-            if (out / "repro").is_dir()
-            else ""
         )
-        + "\nreproduce: esp-check flash-and-compare "
-        + " ".join(
-            [f"model/{model.name}", *(f"--input {arc}" for arc in in_arcs), f"--board {doc.get('board')}"]
-        )
-        + "\n"
+    command = " ".join(
+        [f"model/{model.name}", *(f"--input {arc}" for arc in in_arcs), f"--board {doc.get('board')}"]
+    )
+    readme = (
+        f"esp-check {__version__} reproduction bundle\n\n{status}\n\n{listing}"
+        f"\nreproduce: esp-check flash-and-compare {command}\n"
     )
     skip_dirs = {".pio", "build", "managed_components", "__pycache__"}
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:

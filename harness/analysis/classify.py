@@ -246,7 +246,6 @@ class _Lines(Sequence[_Line]):
 
 
 def _text(raw: bytes | str) -> str:
-    """The capture as text: UTF-8 (damage replaced), ANSI colours stripped, ``\r\n`` made ``\n``."""
     text = raw if isinstance(raw, str) else raw.decode("utf-8", errors="replace")
     if "\x1b" in text:
         text = _ANSI.sub("", text)
@@ -292,10 +291,6 @@ class _Ctx:
         for j in range(start, end + 1):
             self.claimed.setdefault(j, kind)
 
-    def evidence(self, start: int, end: int | None) -> tuple[str, ...]:
-        stop = start if end is None else end
-        return tuple(ln.text[:_EVIDENCE_CAP] for ln in self.lines[start : min(stop + 1, start + 12)])
-
     def finding(
         self,
         i: int,
@@ -306,7 +301,8 @@ class _Ctx:
         end: int | None = None,
     ) -> tuple[int, Finding]:
         """A finding of ``kind`` (its severity from KIND_TABLE) whose evidence is lines ``i`` to ``end``."""
-        evidence = self.evidence(i, end)
+        stop = i if end is None else end
+        evidence = tuple(ln.text[:_EVIDENCE_CAP] for ln in self.lines[i : min(stop + 1, i + 12)])
         return i, Finding(
             kind, KINDS[kind], message, line=i + 1, evidence=evidence, details=details, hint=hint
         )
@@ -606,21 +602,16 @@ _APP_ALLOC = re.compile(
 _BYTES = re.compile(r"(\d+)\s*bytes", re.IGNORECASE)
 
 
-def _caps_names(caps: int) -> str:
-    return "|".join(name for bit, name in _CAPS.items() if caps & bit) or f"0x{caps:x}"
-
-
 def _detect_heap_alloc(ctx: _Ctx) -> Found:
     for i, ln in ctx.unclaimed():
         if ctx.has(i, _MEM_ALLOC):  # heap_caps_alloc_failed -> esp_system_abort: a crash report
             m = _MEM_ALLOC_RE.search(ln.text)
             size = int(m.group(1), 16) if m else None
             caps = int(m.group(2), 16) if m else None
-            what = (
-                f"{size} bytes with caps {_caps_names(caps)}"
-                if m and size is not None and caps is not None
-                else "size lost"
-            )
+            what = "size lost"
+            if size is not None and caps is not None:
+                names = "|".join(name for bit, name in _CAPS.items() if caps & bit) or f"0x{caps:x}"
+                what = f"{size} bytes with caps {names}"
             message = f"heap allocation failed ({what}) and the heap aborted ({_ABORT_ON_FAIL})"
             details: Details = {"source": "idf_heap", "size": size, "caps": caps}
             yield _crash(ctx, i, "alloc_failure", message, details, _ALLOC_HINT)

@@ -131,15 +131,6 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
-# a label and the ESP-NN mode / kind that says the same thing: no "ansi (ansi_c)" in headers
-_SAME_MODE = {("ansi", "ansi_c")}  # besides a label equal to its mode
-
-
-def _source_label(label: str, mode: str) -> str:
-    """``label (mode)``, or just ``label`` where the mode repeats it."""
-    return label if (label, mode) in _SAME_MODE or label == mode else f"{label} ({mode})"
-
-
 # the rows of the terminal table: the metric and its cell in one pair's column
 _METRICS: tuple[tuple[str, Callable[[TensorComparison], str]], ...] = (
     ("elements", lambda c: str(c.count)),
@@ -165,7 +156,11 @@ def print_report(
     """Terminal report: per output, one column per compared pair; mismatches in red. ``verdict_label``
     None: no verdict line (the caller prints the run's one); ``simulated`` overrides the result's flag."""
     con = console or Console()
-    labels = {s.label: safe_markup(_source_label(s.label, s.nn_mode or s.kind)) for s in result.sources}
+    labels = {}  # ``label (mode)``, just ``label`` where the mode repeats it (no "ansi (ansi_c)")
+    for s in result.sources:
+        mode = s.nn_mode or s.kind
+        same = mode == s.label or (s.label, mode) == ("ansi", "ansi_c")
+        labels[s.label] = safe_markup(s.label if same else f"{s.label} ({mode})")
     simulated = result.simulated if simulated is None else simulated
     groups: dict[tuple[int, int], list[TensorComparison]] = {}
     for c in result.comparisons:
@@ -217,17 +212,14 @@ def print_report(
 # ---- JUnit (written by harness.analysis.junit; naming rule there and in docs/ci.md) ---------------
 
 
-def _source_logs(result: CompareResult) -> dict[str, bytes | None]:
-    return {f"{s.label}: {s.path}": s.raw_log for s in result.sources if s.raw_log is not None}
-
-
 def compare_cases(
     result: CompareResult, where: Sequence[str] = ("compare",), inputs: Sequence[str | Path] = ()
 ) -> list[junit.Case]:
     """One testcase per compared output tensor, plus one per firmware fault; ``where`` names the run
     (``classname``: the model and board when known), ``inputs`` the files of runs 0, 1, ..."""
     cls = junit.classname(*where)
-    out = junit.log_text(_source_logs(result), RAW_LOG_MAX)
+    logs = {f"{s.label}: {s.path}": s.raw_log for s in result.sources if s.raw_log is not None}
+    out = junit.log_text(logs, RAW_LOG_MAX)
 
     def input_name(run: int) -> str:
         return junit.input_name(run, inputs[run] if 0 <= run < len(inputs) else None)

@@ -44,34 +44,30 @@ def _tensors(case: Case) -> tuple[dict[str, tuple[str, list[int]]], int]:
         oc = ic * p[5] if dw else p[6]
         oh, ow = (p[6], p[7]) if dw else (p[7], p[8])
         nq = 17 if dw else 18
-        arrays["in"] = ("int8_t", int8_values(case.seed, 0, ih * iw * ic, case.lo, case.hi).tolist())
+        n_in, n_out = ih * iw * ic, oh * ow * oc
         nfilt = kh * kw * oc if dw else oc * kh * kw * p[5]
         arrays["filt"] = ("int8_t", int8_values(case.seed, 1, nfilt, -127, 127).tolist())
         arrays["bias"] = ("int32_t", bias_values(case.seed, oc, p[nq - 1]).tolist())
         arrays["mult"] = ("int32_t", p[nq : nq + oc])
         arrays["shift"] = ("int32_t", p[nq + oc : nq + 2 * oc])
-        return arrays, oh * ow * oc
-    if case.op == "fully_connected":
+    elif case.op == "fully_connected":
         row, oc, per_ch = p[0], p[1], p[8]
         nq = oc if per_ch else 1
-        arrays["in"] = ("int8_t", int8_values(case.seed, 0, row, case.lo, case.hi).tolist())
+        n_in, n_out = row, oc
         arrays["filt"] = ("int8_t", int8_values(case.seed, 1, oc * row, -127, 127).tolist())
         arrays["bias"] = ("int32_t", bias_values(case.seed, oc, p[7]).tolist())
         arrays["mult"] = ("int32_t", p[9 : 9 + nq])
         arrays["shift"] = ("int32_t", p[9 + nq : 9 + 2 * nq])
-        return arrays, oc
-    if case.op in ("add", "mul"):
-        n = p[0]
-        arrays["in"] = ("int8_t", int8_values(case.seed, 0, n, case.lo, case.hi).tolist())
-        arrays["in2"] = ("int8_t", int8_values(case.seed, 1, n, case.lo, case.hi).tolist())
-        return arrays, n
-    if case.op in ("avg_pool", "max_pool"):
+    elif case.op in ("add", "mul"):
+        n_in = n_out = p[0]
+        arrays["in2"] = ("int8_t", int8_values(case.seed, 1, n_in, case.lo, case.hi).tolist())
+    elif case.op in ("avg_pool", "max_pool"):
         ih, iw, ch, oh, ow = p[:5]
-        arrays["in"] = ("int8_t", int8_values(case.seed, 0, ih * iw * ch, case.lo, case.hi).tolist())
-        return arrays, oh * ow * ch
-    rows, depth = p[0], p[1]
-    arrays["in"] = ("int8_t", int8_values(case.seed, 0, rows * depth, case.lo, case.hi).tolist())
-    return arrays, rows * depth
+        n_in, n_out = ih * iw * ch, oh * ow * ch
+    else:
+        n_in = n_out = p[0] * p[1]
+    inputs = ("int8_t", int8_values(case.seed, 0, n_in, case.lo, case.hi).tolist())
+    return {"in": inputs, **arrays}, n_out
 
 
 def _c(fn: str, *args: object) -> str:

@@ -89,9 +89,7 @@ def _conv_like(writer: _Writer, case: Case) -> tuple[list[int], int, tuple[int, 
     bias = bias_values(case.seed, oc, m["bias_range"])
     writer.tensor("input", [1, m["ih"], m["iw"], m["ic"]], INT8, [m["in_scale"]], [m["in_zp"]])
     writer.tensor("filter", fshape, INT8, m["w_scales"], [0] * oc, qdim=3 if dw else 0, data=filt)
-    writer.tensor(
-        "bias", [oc], INT32, [m["in_scale"] * s for s in m["w_scales"]], [0] * oc, qdim=0, data=bias
-    )
+    writer.tensor("bias", [oc], INT32, [m["in_scale"] * s for s in m["w_scales"]], [0] * oc, data=bias)
     out = writer.tensor("output", [1, m["oh"], m["ow"], oc], INT8, [m["out_scale"]], [m["out_zp"]])
     pad = writer.tfl.Padding.SAME if m["same"] else writer.tfl.Padding.VALID
     geometry = {"Padding": pad, "StrideW": m["sw"], "StrideH": m["sh"]}
@@ -108,10 +106,8 @@ def _fc(writer: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int]]:
     filt = int8_values(case.seed, 1, oc * row, -127, 127).reshape(oc, row)
     bias = bias_values(case.seed, oc, m["bias_range"])
     writer.tensor("input", [1, row], INT8, [m["in_scale"]], [m["in_zp"]])
-    writer.tensor("filter", [oc, row], INT8, scales, [0] * len(scales), qdim=0, data=filt)
-    writer.tensor(
-        "bias", [oc], INT32, [m["in_scale"] * s for s in scales], [0] * len(scales), qdim=0, data=bias
-    )
+    writer.tensor("filter", [oc, row], INT8, scales, [0] * len(scales), data=filt)
+    writer.tensor("bias", [oc], INT32, [m["in_scale"] * s for s in scales], [0] * len(scales), data=bias)
     out = writer.tensor("output", [1, oc], INT8, [m["out_scale"]], [m["out_zp"]])
     return [0, 1, 2], out, writer.options("FullyConnectedOptions", FusedActivationFunction=ACT[m["act"]])
 
@@ -120,9 +116,7 @@ def _binary(writer: _Writer, case: Case) -> tuple[list[int], int, tuple[int, int
     m = case.meta
     n, (s1, s2, so), (z1, z2, zo) = m["size"], m["scales"], m["zps"]
     writer.tensor("input", [1, n], INT8, [s1], [z1])
-    writer.tensor(
-        "operand", [1, n], INT8, [s2], [z2], qdim=0, data=int8_values(case.seed, 1, n, case.lo, case.hi)
-    )
+    writer.tensor("operand", [1, n], INT8, [s2], [z2], data=int8_values(case.seed, 1, n, case.lo, case.hi))
     out = writer.tensor("output", [1, n], INT8, [so], [zo])
     name = "AddOptions" if case.op == "add" else "MulOptions"
     return [0, 1], out, writer.options(name, FusedActivationFunction=ACT[m["act"]])

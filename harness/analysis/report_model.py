@@ -24,6 +24,7 @@ Share = Annotated[int, Field(ge=0, le=1)] | Annotated[float, Field(ge=0, le=1)]
 Tolerance = Annotated[int, Field(ge=0)] | Annotated[float, Field(ge=0)]
 Reported = Number | Literal["nan", "inf", "-inf"]  # JSON has no NaN / Infinity
 Metric = Annotated[Reported | None, BeforeValidator(json_number)]
+Value = Annotated[Reported, BeforeValidator(json_number)]
 Values = Annotated[list[Metric] | None, Field(description="for tensors of at most 64 elements, else null")]
 
 
@@ -39,11 +40,9 @@ class Mismatch(_Doc):
     model_config = ConfigDict(json_schema_serialization_defaults_required=False)
 
     index: int
-    a: Annotated[Reported, BeforeValidator(json_number)]
-    b: Annotated[Reported, BeforeValidator(json_number)]
-    diff_lsb: Annotated[Reported, BeforeValidator(json_number)] | None = Field(
-        None, exclude_if=lambda v: v is None
-    )
+    a: Value
+    b: Value
+    diff_lsb: Value | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class ComparisonDoc(_Doc):

@@ -1,9 +1,6 @@
 """Hybrid firmware, host side: bisection, what the hybrid costs, the ESP-NN speedup audit (docs/hybrid.md).
 
 Pure functions and a small state machine; the runs themselves are :mod:`harness.flows.hybrid`.
-:class:`Bisection` (docs/hybrid.md, "Bisection"), :func:`cost_report` ("Cost"), :func:`espnn_audit`
-("ESP-NN speedup audit") and :func:`hybrid_evidence` (what a hybrid capture itself says about its
-dispatch: INFO and HYBRID).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """``--tap``: find the op that goes wrong, from per-op checksums the device printed.
 
-Pure functions on captures (the firmware tables are :mod:`harness.firmware.tap_context`, the second
-dump run is driven by :mod:`harness.flows.tap_run`): :func:`host_taps`, :func:`first_divergence`,
-:func:`analyze_dump`, :func:`timing_table` and :func:`check_outputs_untouched`, each a step of
-docs/tap.md, "On the host".
+Pure functions on captures, each a step of docs/tap.md, "On the host".
 """
 
 from __future__ import annotations

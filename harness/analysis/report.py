@@ -1,8 +1,7 @@
 """Reports for a comparison: a rich terminal table, versioned JSON (docs/report-schema.json), JUnit XML.
 
-The JSON report is the model :class:`harness.analysis.report_model.CompareReport`; :func:`report_dict`
-builds it by hand, so a run that writes a report does not build the model. The JUnit cases (one per
-compared output tensor) are written by harness.analysis.junit (docs/ci.md, "JUnit naming rule").
+The JSON report's model and why it is built by hand: :mod:`harness.analysis.report_model`; the JUnit
+naming rule: docs/ci.md.
 """
 
 from __future__ import annotations
@@ -70,8 +69,7 @@ def _comparison(c: TensorComparison) -> dict[str, object]:
 
 
 def report_dict(result: CompareResult, schema_version: int | None = None) -> dict[str, object]:
-    """The JSON report (docs/report-schema.json; built by hand, see the module's doc); ``schema_version=1``
-    for the deprecated form."""
+    """The JSON report (docs/report-schema.json); ``schema_version=1`` for the deprecated form."""
     doc: dict[str, object] = {
         "schema": SCHEMA_ID,
         "schema_version": SCHEMA_VERSION,
@@ -193,13 +191,12 @@ def print_report(
             detail.add_row(str(j), f"{va:.8g}", f"{vb:.8g}", _fmt(d), style="red" if differs else None)
         con.print(detail)
     for f in result.faults:  # device-provided text: escaped, never interpreted as markup
-        detail_text = f" in {f.source}: stage {f.stage}, code {f.code}" + (
-            f", run {f.run}" if f.run is not None else ""
-        )
-        con.print(
-            "[bold red]firmware fault[/]" + safe_markup(detail_text + (f": {f.msg}" if f.msg else "")),
-            highlight=False,
-        )
+        detail_text = f" in {f.source}: stage {f.stage}, code {f.code}"
+        if f.run is not None:
+            detail_text += f", run {f.run}"
+        if f.msg:
+            detail_text += f": {f.msg}"
+        con.print("[bold red]firmware fault[/]" + safe_markup(detail_text), highlight=False)
     for w in result.warnings:
         con.print("[yellow]warning:[/] " + safe_markup(w), highlight=False)
     if verdict_label is None:

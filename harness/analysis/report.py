@@ -6,6 +6,7 @@ naming rule: docs/ci.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
@@ -82,10 +83,7 @@ def report_dict(result: CompareResult, schema_version: int | None = None) -> dic
         "ref_tolerance_lsb": result.ref_tolerance_lsb,
         "sources": [_source(s) for s in result.sources],
         "comparisons": [_comparison(c) for c in result.comparisons],
-        "faults": [
-            {"source": f.source, "stage": f.stage, "code": f.code, "run": f.run, "msg": f.msg}
-            for f in result.faults
-        ],
+        "faults": [dataclasses.asdict(f) for f in result.faults],  # FaultDoc: Fault's fields, in order
         "warnings": list(result.warnings),
     }
     return versioned(doc, schema_version, what="compare report", downgrades={1: compare_v1})

@@ -215,19 +215,17 @@ def report_md(
     espnn = sources.get("esp-nn") or {}
     tflm = sources.get("esp-tflite-micro") or {}
     headline = headline_of(case, findings)
-    out = [f"# {headline}", ""]
-    out.append(f"- kernel: `{opt}` (as `esp_nn_generic_opt.h` maps it) and `{ansi}`")
-    out.append(
+    shrunk = f" (shrunk from `{shrunk_from}`)" if shrunk_from else ""
+    out = [
+        f"# {headline}",
+        "",
+        f"- kernel: `{opt}` (as `esp_nn_generic_opt.h` maps it) and `{ansi}`",
         f"- esp-nn: {espnn.get('version') or 'version not stated'}"
-        f" (source tree content sha256 {str(espnn.get('sha256', ''))[:16]})"
-    )
-    out.append(
-        f"- reference: TFLM reference kernels of esp-tflite-micro {tflm.get('version') or '(not given)'}"
-    )
-    out.append(f"- geometry and quantization: `{case.klass}`; {_geometry(case)}")
-    out.append(
-        f"- driver case line: `{case.line()}`" + (f" (shrunk from `{shrunk_from}`)" if shrunk_from else "")
-    )
+        f" (source tree content sha256 {str(espnn.get('sha256', ''))[:16]})",
+        f"- reference: TFLM reference kernels of esp-tflite-micro {tflm.get('version') or '(not given)'}",
+        f"- geometry and quantization: `{case.klass}`; {_geometry(case)}",
+        f"- driver case line: `{case.line()}`{shrunk}",
+    ]
     why = next((f["why_api_only"] for f in findings if f.get("why_api_only")), "")
     reach = (
         f"API-only: {why}" if why else "TFLite-reachable" if case.reachable else "API-only (raw API space)"

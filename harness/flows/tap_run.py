@@ -154,53 +154,41 @@ def _dump_run(
 ) -> dict[str, Capture] | None:
     """Rebuild both variants with dumps on, flash and capture each; failures go into ``outcome`` (None:
     the run stopped before any capture, ``what: error``)."""
-    sub = Recorder(rec.progress)
+    o, dump_dir, sub = req.opts, req.out / subdir, Recorder(rec.progress)
+    features = FirmwareFeatures(tap=True, dump_ops=tuple(dump), embed_inputs=False)
     try:
-        return _dump_variants(req, dump, sub, lock_cm or contextlib.nullcontext(), outcome, req.out / subdir)
+        fw = prepare_firmware(
+            req.spec.model, req.spec.inputs, req.target.board, dump_dir, rec=sub, options=o, features=features
+        )
+        streamed = input_tensor_bytes(req.spec.inputs, req.info.inputs[0], o.input_options)
+        for v, exc in fw.failures.items():
+            outcome.errors.append(f"tap dump run [{v}]: build: {exc}")
+            outcome.codes.append(exc.exit_code)
+        runs = {v: VariantRun(v, project_dir=b.project_dir) for v, b in fw.builds.items()}
+
+        def body(resident: ResidentBoard, order: list[str]) -> None:
+            for v in order:
+                runs[v].exit_code = stream_inputs(resident, runs[v], streamed)
+
+        with lock_cm or contextlib.nullcontext():  # both variants over one session, as the job ran them
+            with_board(
+                sub, runs, fw.builds, target=req.target, out=dump_dir, limits=o.timeouts,
+                flash_baud=o.flash_baud, body=body,
+            )  # fmt: skip
+        dump_caps: dict[str, Capture] = {}
+        for v, vr in sorted(runs.items(), key=lambda kv: VARIANT_ORDER.index(kv[0])):
+            if vr.serial_log is None or not vr.capture_valid:
+                outcome.errors.append(f"tap dump run [{v}]: capture failed ({vr.exit_code})")
+                outcome.codes.append(ExitCode(vr.exit_code or ExitCode.INFRASTRUCTURE))
+                continue
+            dump_caps[v] = parse_capture(Path(vr.serial_log).read_bytes())
+        return dump_caps
     except EspCheckError as exc:
         outcome.errors.append(f"{what}: {exc}")
         outcome.codes.append(exc.exit_code)
         return None
     finally:  # the dump run's stages join the report, labelled as such
         rec.adopt(sub.stages, subdir)
-
-
-def _dump_variants(
-    req: TapRunRequest,
-    dump: Sequence[int],
-    rec: Recorder,
-    lock_cm: BoardLockCM,
-    outcome: TapRunOutcome,
-    dump_dir: Path,
-) -> dict[str, Capture]:
-    o = req.opts
-    features = FirmwareFeatures(tap=True, dump_ops=tuple(dump), embed_inputs=False)
-    fw = prepare_firmware(
-        req.spec.model, req.spec.inputs, req.target.board, dump_dir, rec=rec, options=o, features=features
-    )
-    streamed = input_tensor_bytes(req.spec.inputs, req.info.inputs[0], req.opts.input_options)
-    for v, exc in fw.failures.items():
-        outcome.errors.append(f"tap dump run [{v}]: build: {exc}")
-        outcome.codes.append(exc.exit_code)
-    runs = {v: VariantRun(v, project_dir=b.project_dir) for v, b in fw.builds.items()}
-
-    def body(resident: ResidentBoard, order: list[str]) -> None:
-        for v in order:
-            runs[v].exit_code = stream_inputs(resident, runs[v], streamed)
-
-    with lock_cm:  # both variants over one session, as the job itself ran them
-        with_board(
-            rec, runs, fw.builds, target=req.target, out=dump_dir, limits=o.timeouts, flash_baud=o.flash_baud,
-            body=body,
-        )  # fmt: skip
-    dump_caps: dict[str, Capture] = {}
-    for v, vr in sorted(runs.items(), key=lambda kv: VARIANT_ORDER.index(kv[0])):
-        if vr.serial_log is None or not vr.capture_valid:
-            outcome.errors.append(f"tap dump run [{v}]: capture failed ({vr.exit_code})")
-            outcome.codes.append(ExitCode(vr.exit_code or ExitCode.INFRASTRUCTURE))
-            continue
-        dump_caps[v] = parse_capture(Path(vr.serial_log).read_bytes())
-    return dump_caps
 
 
 def _nondeterminism(first: Mapping[str, Capture], second: Mapping[str, Capture]) -> list[str]:

@@ -106,21 +106,15 @@ def _prepare_board(resident: ResidentBoard, runs: Mapping[str, VariantRun], out:
     switch less); None when the flash or the first boot failed (each run's exit code says why)."""
     logs = out / "logs"
     try:
-        result = resident.flash(logs / "flash.log")
-    except EspCheckError as exc:
+        facts = flash_facts(resident.flash(logs / "flash.log"), resident.builds)
         for r in runs.values():
-            r.exit_code = exc.exit_code
-        return None
-    facts = flash_facts(result, resident.builds)
-    for r in runs.values():
-        r.flash = facts
-        log = logs / f"serial-{r.variant}.log"
-        log.unlink(missing_ok=True)
-        r.serial_log = log
-    order = sorted(runs, key=lambda v: VARIANT_ORDER.index(v) if v in VARIANT_ORDER else 9)
-    if resident.current is not None and resident.current.variant in order:  # flash skipped: that app first
-        order.insert(0, order.pop(order.index(resident.current.variant)))
-    try:
+            r.flash = facts
+            log = logs / f"serial-{r.variant}.log"
+            log.unlink(missing_ok=True)
+            r.serial_log = log
+        order = sorted(runs, key=lambda v: VARIANT_ORDER.index(v) if v in VARIANT_ORDER else 9)
+        if resident.current is not None and resident.current.variant in order:
+            order.insert(0, order.pop(order.index(resident.current.variant)))  # flash skipped: that app first
         first = resident.ensure(order[0], runs[order[0]].serial_log or logs / "serial.log")
     except EspCheckError as exc:
         for r in runs.values():

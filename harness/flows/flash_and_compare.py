@@ -62,7 +62,6 @@ from harness.flows.refused import refusal_finding
 from harness.flows.report import discard_report, write_junit, write_report
 from harness.flows.resident import ResidentBoard
 from harness.flows.targets import BoardLockCM, Target, open_target
-from harness.model.dataset import Dataset
 from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo, load_model
 from harness.model.opdata import espnn_model_acceleration
@@ -175,19 +174,12 @@ def run_job(spec: JobSpec, progress: ProgressFn | None = None) -> FlashAndCompar
         _prepare(run)
         if not _port_there(run):
             return finish()
-        workload: Workload = DatasetWorkload() if spec.options.dataset is not None else InputsWorkload()
+        workload = DatasetWorkload() if spec.options.dataset is not None else InputsWorkload()
         workload.execute(run)
     return finish()
 
 
-class Workload:
-    """What one job runs on the board: its inputs, how they stream, and how they are judged."""
-
-    def execute(self, run: _JobState) -> None:
-        raise NotImplementedError
-
-
-class InputsWorkload(Workload):
+class InputsWorkload:
     """The job's inputs (``--input``), streamed to both variants; ``--tap`` then analyses the runs."""
 
     def execute(self, run: _JobState) -> None:
@@ -222,7 +214,7 @@ class InputsWorkload(Workload):
         self.ref_source = _host_reference(run) if run.opts.reference else None
 
 
-class DatasetWorkload(Workload):
+class DatasetWorkload:
     """A dataset (docs/dataset.md): loaded first (usage errors before anything is built), then streamed
     through both variants while the host reference runs; ``--tap-inputs`` then taps chosen inputs."""
 
@@ -243,7 +235,11 @@ class DatasetWorkload(Workload):
             )  # fmt: skip
 
         with contextlib.ExitStack() as held:
-            host = _start_host_legs(run, ds, run.opts.reference, held)
+            # the host reference starts before the board is locked and flashed: it runs while the inputs
+            # stream (in full mode it is waited for only before the verdicts); ``held`` kills it early
+            host = HostLegsJob(run.model, run.info, ds, run.rec) if run.opts.reference else None
+            if host is not None:
+                held.callback(host.cancel)
             if not held.enter_context(_acquired(run)):
                 return
             if opts.results != "full":
@@ -477,19 +473,6 @@ def _record_builds(run: _JobState, firmware: Firmware) -> bool:
     for v, exc in firmware.failures.items():
         run.failed(f"build {v}", exc)
     return firmware.complete
-
-
-def _start_host_legs(
-    run: _JobState, dataset: Dataset, reference: bool, held: contextlib.ExitStack
-) -> HostLegsJob | None:
-    """The dataset's host reference, started before the board is locked and flashed: it runs while the
-    inputs stream (in full mode it is waited for only before the verdicts). ``held`` kills it if the
-    run ends before then."""
-    if not reference:
-        return None
-    job = HostLegsJob(run.model, run.info, dataset, run.rec)
-    held.callback(job.cancel)
-    return job
 
 
 def _join_host_legs(run: _JobState, outcome: DatasetOutcome, host: HostLegsJob | None) -> None:

@@ -255,10 +255,8 @@ class Runner:
         self.cond.notify_all()
 
     def _abort(self, t: Task, reason: str) -> None:
+        self._finish(t, ExitCode.INFRASTRUCTURE, reason)
         t.state = TaskState.ABORTED
-        t.exit_code = int(ExitCode.INFRASTRUCTURE)
-        t.verdict = Verdict.INFRASTRUCTURE_ERROR
-        t.reason = reason
 
     def _orphan_check(self) -> None:
         """Pending tasks that no usable board can take any more become errors (caller holds cond)."""
@@ -378,8 +376,10 @@ class Runner:
         self.say(f"[start] {t.id} attempt {a.n} on {state.bench.name}")
         fw = None
         if t.job.data is None:
-            fw = self._firmware_for(t, state.bench, a)
-            if fw is None:
+            try:
+                fw = self._firmware(t, state.bench.board)
+            except EspCheckError as exc:  # host side, not retried (its builds: attempts._attempt_facts)
+                a.failed("firmware build", exc, host_side=True)
                 return
         held = self._lock_board(state, a)
         if held is None:
@@ -431,15 +431,6 @@ class Runner:
         return JobSpec(
             Path(t.case.model), inputs, bench.board, port, a.dir, self._job_options(t), firmware=fw
         )
-
-    def _firmware_for(self, t: Task, bench: BenchBoard, a: Attempt) -> Firmware | None:
-        """Both builds, or None with the attempt marked as a host-side failure (not retried); the task's
-        builds are recorded from the job's result (``attempts._attempt_facts``), as a dataset job's are."""
-        try:
-            return self._firmware(t, bench.board)
-        except EspCheckError as exc:
-            a.failed("firmware build", exc, host_side=True)
-            return None
 
     def _lock_board(self, state: BoardState, a: Attempt) -> BoardLock | PlaceLease | None:
         """Resolve the board's port and take its lock, or None with the attempt marked failed."""

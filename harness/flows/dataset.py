@@ -298,6 +298,18 @@ def _second_result(first: Leg, again: Leg) -> Leg:
 _TRANSIENT = ("missing", "invalid")  # lost or damaged on the way: worth running again
 
 
+@dataclasses.dataclass
+class _Streams:
+    """What every stream of one dataset run reads (the board, the variants' runs, the dataset and its
+    outputs) and where the results go (``out``)."""
+
+    resident: ResidentBoard
+    runs: Mapping[str, VariantRun]
+    dataset: Dataset
+    outputs: Sequence[OutputSpec]
+    out: DatasetRun
+
+
 def run_dataset(
     resident: ResidentBoard,
     runs: Mapping[str, VariantRun],
@@ -318,6 +330,7 @@ def run_dataset(
     done: list[str] = []
     dead: set[str] = set()
     plan = _Chunks(n, chunks, random=dataset.random, variants=len(order))
+    ctx = _Streams(resident, runs, dataset, outputs, out)
     while (turn := plan.next_turn(list(order), resident)) is not None:
         for v in [v for v in turn if v not in dead]:
             t0 = time.monotonic()
@@ -333,19 +346,16 @@ def run_dataset(
             expected = (
                 _expected(host, [out.legs[d] for d in done]) if mode == frames.RES_FULL_IF_DIFFERENT else {}
             )
-            _passes(
-                resident, boot, runs[v], out=out, dataset=dataset, outputs=outputs, ids=ids, mode=mode,
-                repeat=repeat, expected=expected, keep=keep,
-            )  # fmt: skip
+            _passes(ctx, boot, runs[v], ids=ids, mode=mode, repeat=repeat, expected=expected, keep=keep)
             plan.ran(v, [out.legs[v][i].invoke_us for i in ids])
             done += [] if v in done else [v]
         if not plan.advance(boot_rate(resident)):
             break
     out.chunks = plan.summary()
     if mode == frames.RES_FULL_IF_DIFFERENT:
-        _fetch(resident, runs, list(reversed(done)), out=out, dataset=dataset, outputs=outputs, host=host)
+        _fetch(ctx, list(reversed(done)), host)
     if repeat >= 2 and done:
-        out.after_reset = _after_reset(resident, runs, done[-1], out, dataset, outputs)
+        out.after_reset = _after_reset(ctx, done[-1])
     return out
 
 
@@ -472,12 +482,10 @@ def _expected(host: Sequence[Leg] | None, earlier: Sequence[Sequence[Leg]]) -> d
 
 
 def _passes(
-    resident: ResidentBoard,
+    ctx: _Streams,
     boot: Boot,
     run: VariantRun,
-    out: DatasetRun,
-    dataset: Dataset,
-    outputs: Sequence[OutputSpec],
+    *,
     ids: Sequence[int],
     mode: int,
     repeat: int,
@@ -487,7 +495,7 @@ def _passes(
     """The main pass over ``ids``, then more for inputs whose results were lost or damaged (at most
     ``MAX_PASSES`` in all, and only while a pass still brings some of them back; the first re-run always,
     with every result sent at once: a device that hung lost the results it had batched)."""
-    v = run.variant
+    resident, out, v = ctx.resident, ctx.out, run.variant
     assert run.serial_log is not None
     for attempt in range(1, MAX_PASSES + 1):
         if resident.current is not boot:  # the app restarted or the link dropped: boot it again
@@ -500,8 +508,8 @@ def _passes(
             ids: Sequence[int] = ids, boot: Boot = boot, log: Path = run.serial_log, now: bool = attempt > 1
         ) -> _Streamed:
             return _stream(
-                resident, boot, dataset, ids, outputs, log, results=mode, repeat=repeat, expected=expected,
-                kept=out.kept, now=now, keep_ids=keep,
+                resident, boot, ctx.dataset, ids, ctx.outputs, log, results=mode, repeat=repeat,
+                expected=expected, kept=out.kept, now=now, keep_ids=keep,
             )  # fmt: skip
 
         streamed = resident.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
@@ -520,17 +528,10 @@ def _passes(
         out.link[v].retransmitted_frames += len(ids)  # a re-run is a repair: never a clean match
 
 
-def _fetch(
-    resident: ResidentBoard,
-    runs: Mapping[str, VariantRun],
-    order: Sequence[str],
-    out: DatasetRun,
-    dataset: Dataset,
-    outputs: Sequence[OutputSpec],
-    host: Sequence[Leg] | None,
-) -> None:
+def _fetch(ctx: _Streams, order: Sequence[str], host: Sequence[Leg] | None) -> None:
     """--results crc: fetch in full the outputs a comparison still needs (a CRC differs and no leg with
     the same CRC-32s holds the bytes)."""
+    out = ctx.out
     for v in order:
         need = []
         for i, leg in enumerate(out.legs[v]):
@@ -543,33 +544,16 @@ def _fetch(
                 need.append(i)
         if not need:
             continue
-        boot = boot_variant(resident, runs[v])
+        boot = boot_variant(ctx.resident, ctx.runs[v])
         if not isinstance(boot, Boot):
             out.errors.append(f"{v}: could not boot to fetch {len(need)} input(s) in full")
             continue
-        _passes(
-            resident,
-            boot,
-            runs[v],
-            out=out,
-            dataset=dataset,
-            outputs=outputs,
-            ids=need,
-            mode=frames.RES_FULL,
-            repeat=1,
-            expected={},
-        )
+        _passes(ctx, boot, ctx.runs[v], ids=need, mode=frames.RES_FULL, repeat=1, expected={})
 
 
-def _after_reset(
-    resident: ResidentBoard,
-    runs: Mapping[str, VariantRun],
-    variant: str,
-    out: DatasetRun,
-    dataset: Dataset,
-    outputs: Sequence[OutputSpec],
-) -> dict[str, Any]:
+def _after_reset(ctx: _Streams, variant: str) -> dict[str, Any]:
     """Reset the board, run the first inputs again on ``variant``: a fresh boot must give the same CRCs."""
+    resident, runs, dataset, outputs, out = ctx.resident, ctx.runs, ctx.dataset, ctx.outputs, ctx.out
     ids = list(range(min(RESET_CHECK_INPUTS, len(dataset.items))))
     resident.current = None  # the next boot is a reset
     boot = boot_variant(resident, runs[variant])

@@ -176,7 +176,6 @@ def stream_inputs(resident: ResidentBoard, run: VariantRun, inputs: Sequence[byt
 
 
 def _verify(resident: ResidentBoard, run: VariantRun, raw: RawCapture, log: Path) -> ExitCode | None:
-    """verify_capture with the variant's ELF (crash addresses) and what the board definition says."""
     build = resident.builds[run.variant]
     return verify_capture(
         resident.rec, run, raw, log, elf=build.elf, chip=build.chip, simulated_board=resident.simulated

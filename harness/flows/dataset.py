@@ -256,8 +256,6 @@ class _Sender:
 
 @dataclasses.dataclass
 class _Streamed:
-    """What one stream over the booted app brought back."""
-
     legs: dict[int, Leg]
     stats: LinkStats
     problems: list[str]

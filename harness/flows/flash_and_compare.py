@@ -73,8 +73,6 @@ if TYPE_CHECKING:  # (only --tap runs load the tap analysis: _tap)
 
 @dataclass
 class _JobState:
-    """The state of one job while its stages execute."""
-
     spec: JobSpec
     out: Path
     rec: Recorder
@@ -435,7 +433,6 @@ def _check_dump_ops(dump_ops: Sequence[int], info: ModelInfo) -> None:
 
 
 def _espnn_coverage(info: ModelInfo, chip: str) -> EspnnCoverage:
-    """How many ops ESP-NN accelerates on ``chip``, and why not when none."""
     accel = espnn_model_acceleration(info, chip)
     k = sum(a.accelerated for a in accel)
     reasons = sorted({a.reason for a in accel if not a.accelerated})

@@ -528,7 +528,6 @@ def _verify(state: _State) -> None:
 
 
 def _deliver(state: _State) -> None:
-    """Drop-in files, cost, one-op reproducers."""
     res = state.res
     assert res.verification is not None and res.verification.project_dir is not None
     res.dropin = _dropin(state, res.verification.project_dir)

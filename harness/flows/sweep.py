@@ -322,7 +322,6 @@ _LETTER = dict(VARIANTS)
 
 
 def _example(group: Group) -> CaseVerdict:
-    """The case a finding group keeps as its example."""
     example = group["example"]
     assert isinstance(example, CaseVerdict)
     return example

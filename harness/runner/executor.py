@@ -420,7 +420,6 @@ class Runner:
         )
 
     def _job_spec(self, t: Task, bench: BenchBoard, a: Attempt, fw: Firmware | None) -> JobSpec:
-        """The task as a job of the pipeline: its board and port, the firmware made for it."""
         from harness.flows.job import JobSpec  # lazy: the pipeline, as in _attempt
 
         assert a.dir is not None

@@ -319,7 +319,6 @@ def _job(plan_path: Path, i: int, table: JobTable, defaults: JobSettings, seen: 
 
 
 def _options(table: InputOptionsTable) -> InputOptions | None:
-    """The job's input options, None when the plan sets none."""
     given = table.model_dump(exclude_unset=True)
     if not given:
         return None

@@ -25,7 +25,7 @@ from harness.errors import EspCheckError, ExitCode
 from harness.firmware.generate import FirmwareFeatures
 from harness.flows.capture import stream_inputs, with_board
 from harness.flows.firmware import prepare_firmware
-from harness.flows.job import JobOptions, JobSpec
+from harness.flows.job import JobSpec
 from harness.flows.records import VARIANT_ORDER, Recorder, VariantRun
 from harness.flows.repro import write_reproducer
 from harness.flows.resident import ResidentBoard
@@ -45,10 +45,6 @@ class TapRunRequest:
     target: Target
     out: Path
 
-    @property
-    def opts(self) -> JobOptions:
-        return self.spec.options
-
 
 @dataclass
 class TapRunOutcome:
@@ -64,7 +60,7 @@ def streamed_inputs(req: TapRunRequest) -> list[np.ndarray]:
     dtype = np.dtype(tin.dtype).newbyteorder("<")
     return [
         np.frombuffer(raw, dtype=dtype).reshape(tin.shape)
-        for raw in input_tensor_bytes(req.spec.inputs, tin, req.opts.input_options)
+        for raw in input_tensor_bytes(req.spec.inputs, tin, req.spec.options.input_options)
     ]
 
 
@@ -81,13 +77,13 @@ def run_tap_flow(
         return TapRunOutcome(TapResult(problems=["no valid tapped capture to analyze"]))
     outcome = TapRunOutcome(TapResult())
     host_ops = host_tensors = None
-    if req.opts.reference:
+    if req.spec.options.reference:
         try:
             host_ops, host_tensors = host_taps(req.info, req.spec.model.read_bytes(), streamed_inputs(req))
         except EspCheckError as exc:
             outcome.errors.append(f"tap: host per-layer reference unavailable: {exc.message}")
     outcome.result = res = analyze_captures(req.info, caps, host_ops)
-    dump = sorted(set(ops_to_dump(res)) | set(req.opts.dump_ops))
+    dump = sorted(set(ops_to_dump(res)) | set(req.spec.options.dump_ops))
     if not dump:
         return outcome
     res.dump_ops = dump
@@ -154,7 +150,7 @@ def _dump_run(
 ) -> dict[str, Capture] | None:
     """Rebuild both variants with dumps on, flash and capture each; failures go into ``outcome`` (None:
     the run stopped before any capture, ``what: error``)."""
-    o, dump_dir, sub = req.opts, req.out / subdir, Recorder(rec.progress)
+    o, dump_dir, sub = req.spec.options, req.out / subdir, Recorder(rec.progress)
     features = FirmwareFeatures(tap=True, dump_ops=tuple(dump), embed_inputs=False)
     try:
         fw = prepare_firmware(

@@ -92,14 +92,6 @@ class _JobState:
     refused: ReferenceRefusedError | None = None  # the host reference aborted (flows/refused.py)
 
     @property
-    def model(self) -> Path:
-        return self.spec.model
-
-    @property
-    def inputs(self) -> list[Path]:
-        return list(self.spec.inputs)
-
-    @property
     def opts(self) -> JobOptions:
         return self.spec.options
 
@@ -184,11 +176,13 @@ class InputsWorkload:
         o = run.opts
         if o.reference:  # ONE host child runs the reference on the inputs and measures the arena;
             # generate, the reference leg and the simulated board read its cached results
-            prepare_host_results(run.model, run.inputs, input_options=o.input_options, per_layer=o.tap)
+            prepare_host_results(
+                run.spec.model, run.spec.inputs, input_options=o.input_options, per_layer=o.tap
+            )
         # the inputs are streamed to the resident firmware, never compiled in: a new input rebuilds and
         # reflashes nothing (generate still checks them, before anything is built)
         features = FirmwareFeatures(tap=o.tap, embed_inputs=False)
-        fw = _firmware(run, run.inputs, features, before_build=self.host)
+        fw = _firmware(run, run.spec.inputs, features, before_build=self.host)
         if fw is None:
             return
         streamed = run.streamed
@@ -208,7 +202,7 @@ class InputsWorkload:
     ref_source: Source | None = None
 
     def host(self, run: _JobState) -> None:
-        run.streamed = input_tensor_bytes(run.inputs, run.info.inputs[0], run.opts.input_options)
+        run.streamed = input_tensor_bytes(run.spec.inputs, run.info.inputs[0], run.opts.input_options)
         self.ref_source = _host_reference(run) if run.opts.reference else None
 
 
@@ -235,7 +229,7 @@ class DatasetWorkload:
         with contextlib.ExitStack() as held:
             # the host reference starts before the board is locked and flashed: it runs while the inputs
             # stream (in full mode it is waited for only before the verdicts); ``held`` kills it early
-            host = HostLegsJob(run.model, run.info, ds, run.rec) if run.opts.reference else None
+            host = HostLegsJob(run.spec.model, run.info, ds, run.rec) if run.opts.reference else None
             if host is not None:
                 held.callback(host.cancel)
             if not held.enter_context(_acquired(run)):
@@ -268,7 +262,7 @@ def _firmware(
         before_build(run)
     else:
         fw = prepare_firmware(
-            run.model,
+            run.spec.model,
             inputs,
             run.board,
             run.out,
@@ -333,8 +327,8 @@ def _stopped(run: _JobState, finish: Callable[[], FlashAndCompareResult]) -> Ite
 def _refuse_clobbering(run: _JobState) -> None:
     """--junit/--html/--bundle must not overwrite report.json, a log or project of this run, the model or
     an input, or each other (``--bundle OUT/report.json`` replaced the report with a zip, exit 0)."""
-    mine = {run.out / "report.json": "this run's report.json", run.model.resolve(): "the model"}
-    mine.update({p.resolve(): "an input" for p in run.inputs})
+    mine = {run.out / "report.json": "this run's report.json", run.spec.model.resolve(): "the model"}
+    mine.update({p.resolve(): "an input" for p in run.spec.inputs})
     taken: dict[Path, str] = {}
     flags = (("--junit", run.opts.junit), ("--html", run.opts.html), ("--bundle", run.opts.bundle))
     for flag, given in flags:
@@ -387,7 +381,7 @@ def _prepare(run: _JobState) -> None:
     """Load the board and model, choose the target and check its port (usage errors raise: nothing has
     been touched yet), and refuse a model ESP-NN does not touch on the board's chip."""
     board = run.loaded_board = load_board(run.spec.board)
-    run.loaded_model = load_model(run.model)
+    run.loaded_model = load_model(run.spec.model)
     run.loaded_target = run.spec.target or open_target(board, run.spec.port)
     run.espnn = _espnn_coverage(run.loaded_model, board.chip)
     if run.espnn["accelerated_ops"] == 0:
@@ -447,7 +441,7 @@ def _host_reference(run: _JobState) -> Source | None:
             "reference",
             None,
             lambda: reference_source(
-                run.model, run.inputs, backend="auto", input_options=run.opts.input_options
+                run.spec.model, run.spec.inputs, backend="auto", input_options=run.opts.input_options
             ),
         )
     except ReferenceRefusedError as exc:  # both variants still run; _finish gives the verdict
@@ -563,13 +557,15 @@ def _finish(run: _JobState, seconds: float, *, reports: bool = True) -> FlashAnd
         native=run.loaded_target.facts(run.variants) if run.loaded_target else None,
         reference_refused=refused,
     )
-    write_report(result, model=run.model, inputs=run.inputs, seconds=seconds)
+    write_report(result, model=run.spec.model, inputs=run.spec.inputs, seconds=seconds)
     if html is not None or bundle is not None:
         from harness.analysis.html_report import write_outputs  # lazy: jinja2 only for --html/--bundle
 
         tapped = [Path(d["file"]) for d in (run.dataset.tap_inputs or [])] if run.dataset else []
         # a dataset run's bundle carries the inputs it tapped (the dataset itself stays where it is)
-        write_outputs(result, model=run.model, inputs=run.inputs or tapped, html=html, bundle=bundle)
+        write_outputs(
+            result, model=run.spec.model, inputs=run.spec.inputs or tapped, html=html, bundle=bundle
+        )
     if junit is not None:
-        write_junit(result, Path(junit), model=run.model, inputs=run.inputs)
+        write_junit(result, Path(junit), model=run.spec.model, inputs=run.spec.inputs)
     return result

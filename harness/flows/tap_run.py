@@ -1,8 +1,7 @@
 """``--tap``, after the tapped runs: analyze them, then dump the culprit op in a second run.
 
-Orchestration only; the analysis itself is pure functions in :mod:`harness.analysis.tap`. The dump
-run goes through the same generate/build/flash/capture path as the first run (identical firmware is
-refused there too), and its stage records join the run's report.
+Orchestration only (the analysis: :mod:`harness.analysis.tap`); the dump run's path: docs/architecture.md
+"The pipeline: one job spec, one path".
 """
 
 from __future__ import annotations

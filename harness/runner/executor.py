@@ -1,9 +1,8 @@
 """Run a plan over a bench: one worker thread per board, board locks, retries, quarantine.
 
-Scheduling, firmware sharing, locks and stopping: docs/ci.md "How a run works". Each task runs as a
-job of the one pipeline (:func:`harness.flows.flash_and_compare.run_job`), :mod:`harness.runner.attempts`
-turns the job's result into the attempt's verdict, and the pure function
-:func:`harness.runner.policy.decide` says what happens next; this module applies its decisions.
+Scheduling, firmware sharing, locks and stopping: docs/ci.md "How a run works"; how a task runs as a
+job of the one pipeline: docs/architecture.md. :func:`harness.runner.policy.decide` says what happens
+after an attempt; this module applies its decisions.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
-from harness.analysis.compare import CompareResult, Source, compare_sources
+from harness.analysis.compare import CompareResult, Source, compare_sources, output_quant
 from harness.analysis.hybrid import (
     NOISE_BAND,
     Audit,
@@ -454,10 +454,8 @@ def _judge(state: _State, run: HybridRun, variant_run: VariantRun) -> None:
         run.why = "the firmware's own records do not show the requested dispatch: " + "; ".join(evidence)
         return
     assert state.ansi_source is not None
-    quant = [
-        (t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in state.info.outputs
-    ]
     hyb = dataclasses.replace(variant_run.source, label="hybrid")
+    quant = output_quant(state.info.outputs)
     run.comparison = compare_sources(hyb, state.ansi_source, state.ref_source, output_quant=quant)
     bad = [c for c in run.comparison.comparisons if not c.match and "hybrid" in (c.a, c.b)]
     run.outcome = "good" if not bad and not run.comparison.faults else "bad"

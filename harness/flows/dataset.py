@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -30,6 +29,7 @@ from harness.model.dataset import Dataset, load_dataset, random_dataset
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, TensorInfo
 from harness.protocol import frames
+from harness.protocol.spec import crc32
 
 RESET_CHECK_INPUTS = 16
 MAX_PASSES = 4  # a dataset pass and up to three re-runs of the inputs whose results were lost
@@ -100,7 +100,7 @@ class _Collector:
             return Leg("invalid", detail="the device held no valid kept copy of this input")
         if rec.status != frames.ST_OK:
             return Leg("invalid", detail=f"status {rec.status} (the input did not arrive whole)")
-        if rec.input_crc != zlib.crc32(data) & 0xFFFFFFFF:
+        if rec.input_crc != crc32(data):
             return Leg("invalid", detail="the device ran other input bytes than the host sent or drew")
         raw = rec.data
         if rec.wants_data_frames:
@@ -108,20 +108,16 @@ class _Collector:
                 return Leg("missing", detail="its outputs' DATA frames did not all come back")
             raw = [bytes(rec.pending[o]) for o in range(len(self.sizes))]
         arrays = None
-        if raw is not None and rec.nondeterministic and _crcs(raw) != list(rec.crcs):
+        if raw is not None and rec.nondeterministic and list(map(crc32, raw)) != list(rec.crcs):
             raw = None  # the last repeat's outputs, not the first's: the record's CRC-32s stand alone
         if raw is not None:
-            if _crcs(raw) != list(rec.crcs):
+            if list(map(crc32, raw)) != list(rec.crcs):
                 return Leg("invalid", detail="its outputs do not have the CRC-32s it reported")
             arrays = [
                 np.frombuffer(b, np.dtype(o.dtype).newbyteorder("<")).reshape(o.shape)
                 for b, o in zip(raw, outputs, strict=True)
             ]
         return Leg("ok", rec.crcs, arrays, rec.nondeterministic, rec.invoke_us)
-
-
-def _crcs(raw: Sequence[bytes]) -> list[int]:
-    return [zlib.crc32(b) & 0xFFFFFFFF for b in raw]
 
 
 def _stream(
@@ -232,8 +228,7 @@ class _Sender:
             if ds.random:
                 run = frames.encode_run(i, source=frames.SRC_PRNG, seed=ds.seed or 0, **common)
             elif not upload and self.usable and self.kept is not None and i in self.kept:
-                crc = zlib.crc32(ds.items[i].data) & 0xFFFFFFFF
-                run = frames.encode_run(i, source=frames.SRC_KEPT, seed=crc, **common)
+                run = frames.encode_run(i, source=frames.SRC_KEPT, seed=crc32(ds.items[i].data), **common)
                 client.stats.kept_runs += 1
             else:
                 client.load(ds.items[i].data)

@@ -171,15 +171,6 @@ def _err(path: Path, where: str, fieldname: str, msg: str, hint: str | None = No
     )
 
 
-def with_console(board: Board, console: str) -> Board:
-    """The board type with another console connector (an ESP32-S3-DevKitC-1 has UART and USB-JTAG)."""
-    if console == board.console:
-        return board
-    return dataclasses.replace(
-        board, console=console, reset="usb_serial_jtag" if console == "usb_serial_jtag" else "classic"
-    )
-
-
 def load_inventory(path: str | Path, *, coordinator: str | None = None) -> Inventory:
     """Read and validate an inventory; raises PlanError (exit 2) naming file, board and field.
 
@@ -371,7 +362,12 @@ def _board_type(inventory_path: Path, where: str, entry: BoardEntry) -> Board:
             "console",
             f"is usb_serial_jtag but the {board.chip} has no USB-Serial-JTAG",
         )
-    return with_console(board, console)
+    if console == board.console:
+        return board
+    # another console connector of the same board type (an ESP32-S3-DevKitC-1 has UART and USB-JTAG)
+    return dataclasses.replace(
+        board, console=console, reset="usb_serial_jtag" if console == "usb_serial_jtag" else "classic"
+    )
 
 
 def _reach(inventory_path: Path, where: str, entry: BoardEntry, board: Board) -> tuple[str, str]:

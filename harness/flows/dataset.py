@@ -750,10 +750,6 @@ class HostLegsJob:
         self._thread.join()
 
 
-def output_specs(info: ModelInfo) -> list[OutputSpec]:
-    return [OutputSpec(t.dtype, tuple(t.shape), t.name) for t in info.outputs]
-
-
 def verdicts(
     outcome: DatasetOutcome,
     runs: Mapping[str, VariantRun],

@@ -23,6 +23,7 @@ from harness.analysis.compare import (
     output_quant,
     reference_source,
 )
+from harness.analysis.dataset import OutputSpec
 from harness.device.loop import LinkStats
 from harness.errors import (
     DISK_FULL_ERRNOS,
@@ -42,7 +43,6 @@ from harness.flows.dataset import (
     DatasetOutcome,
     HostLegsJob,
     load_inputs,
-    output_specs,
     pick_tap_inputs,
     run_dataset,
     verdicts,
@@ -218,7 +218,7 @@ class DatasetWorkload:
         fw = _firmware(run, [], FirmwareFeatures(embed_inputs=False), before_build=lambda run: None)
         if fw is None:
             return
-        outputs = output_specs(run.info)
+        outputs = [OutputSpec(t.dtype, tuple(t.shape), t.name) for t in run.info.outputs]
 
         def body(resident: ResidentBoard, order: list[str]) -> None:
             outcome.run = run_dataset(

@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -627,15 +627,10 @@ class Runner:
                 with contextlib.suppress(EspCheckError):  # memoized: the task that needs it reports it
                     job()
 
-        threads = [
+        self._run_threads(
             threading.Thread(target=worker, name=f"prepare-{k}", daemon=True)
             for k in range(min(len(work), 4, os.cpu_count() or 1))
-        ]
-        for th in threads:
-            th.start()
-        for th in threads:
-            while th.is_alive() and not self.hard_stop.is_set():
-                th.join(timeout=0.2)
+        )
         return len(work)
 
     def _write_attempt(self, t: Task, a: Attempt) -> None:
@@ -716,14 +711,17 @@ class Runner:
             self._orphan_check()
 
     def _work(self) -> None:
-        threads = []
-        for state in self.boards.values():
-            th = threading.Thread(
-                target=self.worker, args=(state,), name=f"board-{state.bench.name}", daemon=True
-            )
+        self._run_threads(
+            threading.Thread(target=self.worker, args=(s,), name=f"board-{s.bench.name}", daemon=True)
+            for s in self.boards.values()
+        )
+
+    def _run_threads(self, threads: Iterable[threading.Thread]) -> None:
+        """Start every thread, then wait for each; a hard stop ends the wait (they are daemons)."""
+        started = list(threads)
+        for th in started:
             th.start()
-            threads.append(th)
-        for th in threads:
+        for th in started:
             while th.is_alive() and not self.hard_stop.is_set():
                 th.join(timeout=0.2)
 

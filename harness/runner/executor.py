@@ -402,7 +402,6 @@ class Runner:
         holds it)."""
         from harness.flows.job import JobOptions  # lazy: the pipeline, as in _attempt
 
-        limits = t.job.timeouts
         return JobOptions(
             input_options=t.job.input_options,
             tolerance_lsb=t.job.tolerance_lsb,
@@ -412,8 +411,8 @@ class Runner:
             cache_dir=self.opt.cache_dir,
             arena_kb=t.job.arena_kb,
             lock=False,
-            dataset=dataset_options(t.job, t.case) if t.job.data is not None else None,
-            timeouts=StageTimeouts(limits.build, limits.capture_total, limits.capture_silence),
+            dataset=dataset_options(t.job, t.case),  # None for a job of input files
+            timeouts=StageTimeouts(**t.job.timeouts.model_dump()),  # the same three fields
             native=self.opt.native,
             allow_untested=t.job.allow_untested,
         )

@@ -1,9 +1,7 @@
 """Flash built variants, stream the inputs to the resident firmware, and decide what each capture is worth.
 
-The single flash-and-capture path: every job of the pipeline (both variants in one session,
-:func:`with_board`) and the one-variant runs of hybrid and the tap dump run (:func:`flash_and_capture`)
-come through here, over one :class:`harness.device.session.DeviceSession` (one open handle from
-flash to the last capture, re-opened after USB re-enumeration and always closed).
+The one flash-and-capture path, over one :class:`harness.device.session.DeviceSession`; who comes
+through it: docs/architecture.md "The pipeline: one job spec, one path".
 """
 
 from __future__ import annotations

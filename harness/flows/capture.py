@@ -1,9 +1,7 @@
 """Flash built variants, stream the inputs to the resident firmware, and decide what each capture is worth.
 
-The single flash-and-capture path: every job of the pipeline (both variants in one session,
-:func:`with_board`) and the one-variant runs of hybrid and the tap dump run (:func:`flash_and_capture`)
-come through here, over one :class:`harness.device.session.DeviceSession` (one open handle from
-flash to the last capture, re-opened after USB re-enumeration and always closed).
+The one flash-and-capture path, over one :class:`harness.device.session.DeviceSession`; who comes
+through it: docs/architecture.md "The pipeline: one job spec, one path".
 """
 
 from __future__ import annotations
@@ -106,21 +104,15 @@ def _prepare_board(resident: ResidentBoard, runs: Mapping[str, VariantRun], out:
     switch less); None when the flash or the first boot failed (each run's exit code says why)."""
     logs = out / "logs"
     try:
-        result = resident.flash(logs / "flash.log")
-    except EspCheckError as exc:
+        facts = flash_facts(resident.flash(logs / "flash.log"), resident.builds)
         for r in runs.values():
-            r.exit_code = exc.exit_code
-        return None
-    facts = flash_facts(result, resident.builds)
-    for r in runs.values():
-        r.flash = facts
-        log = logs / f"serial-{r.variant}.log"
-        log.unlink(missing_ok=True)
-        r.serial_log = log
-    order = sorted(runs, key=lambda v: VARIANT_ORDER.index(v) if v in VARIANT_ORDER else 9)
-    if resident.current is not None and resident.current.variant in order:  # flash skipped: that app first
-        order.insert(0, order.pop(order.index(resident.current.variant)))
-    try:
+            r.flash = facts
+            log = logs / f"serial-{r.variant}.log"
+            log.unlink(missing_ok=True)
+            r.serial_log = log
+        order = sorted(runs, key=lambda v: VARIANT_ORDER.index(v) if v in VARIANT_ORDER else 9)
+        if resident.current is not None and resident.current.variant in order:
+            order.insert(0, order.pop(order.index(resident.current.variant)))  # flash skipped: that app first
         first = resident.ensure(order[0], runs[order[0]].serial_log or logs / "serial.log")
     except EspCheckError as exc:
         for r in runs.values():
@@ -182,7 +174,6 @@ def stream_inputs(resident: ResidentBoard, run: VariantRun, inputs: Sequence[byt
 
 
 def _verify(resident: ResidentBoard, run: VariantRun, raw: RawCapture, log: Path) -> ExitCode | None:
-    """verify_capture with the variant's ELF (crash addresses) and what the board definition says."""
     build = resident.builds[run.variant]
     return verify_capture(
         resident.rec, run, raw, log, elf=build.elf, chip=build.chip, simulated_board=resident.simulated

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -30,6 +29,7 @@ from harness.model.dataset import Dataset, load_dataset, random_dataset
 from harness.model.inputs import InputOptions
 from harness.model.loader import ModelInfo, TensorInfo
 from harness.protocol import frames
+from harness.protocol.spec import crc32
 
 RESET_CHECK_INPUTS = 16
 MAX_PASSES = 4  # a dataset pass and up to three re-runs of the inputs whose results were lost
@@ -100,7 +100,7 @@ class _Collector:
             return Leg("invalid", detail="the device held no valid kept copy of this input")
         if rec.status != frames.ST_OK:
             return Leg("invalid", detail=f"status {rec.status} (the input did not arrive whole)")
-        if rec.input_crc != zlib.crc32(data) & 0xFFFFFFFF:
+        if rec.input_crc != crc32(data):
             return Leg("invalid", detail="the device ran other input bytes than the host sent or drew")
         raw = rec.data
         if rec.wants_data_frames:
@@ -108,20 +108,16 @@ class _Collector:
                 return Leg("missing", detail="its outputs' DATA frames did not all come back")
             raw = [bytes(rec.pending[o]) for o in range(len(self.sizes))]
         arrays = None
-        if raw is not None and rec.nondeterministic and _crcs(raw) != list(rec.crcs):
+        if raw is not None and rec.nondeterministic and list(map(crc32, raw)) != list(rec.crcs):
             raw = None  # the last repeat's outputs, not the first's: the record's CRC-32s stand alone
         if raw is not None:
-            if _crcs(raw) != list(rec.crcs):
+            if list(map(crc32, raw)) != list(rec.crcs):
                 return Leg("invalid", detail="its outputs do not have the CRC-32s it reported")
             arrays = [
                 np.frombuffer(b, np.dtype(o.dtype).newbyteorder("<")).reshape(o.shape)
                 for b, o in zip(raw, outputs, strict=True)
             ]
         return Leg("ok", rec.crcs, arrays, rec.nondeterministic, rec.invoke_us)
-
-
-def _crcs(raw: Sequence[bytes]) -> list[int]:
-    return [zlib.crc32(b) & 0xFFFFFFFF for b in raw]
 
 
 def _stream(
@@ -232,8 +228,7 @@ class _Sender:
             if ds.random:
                 run = frames.encode_run(i, source=frames.SRC_PRNG, seed=ds.seed or 0, **common)
             elif not upload and self.usable and self.kept is not None and i in self.kept:
-                crc = zlib.crc32(ds.items[i].data) & 0xFFFFFFFF
-                run = frames.encode_run(i, source=frames.SRC_KEPT, seed=crc, **common)
+                run = frames.encode_run(i, source=frames.SRC_KEPT, seed=crc32(ds.items[i].data), **common)
                 client.stats.kept_runs += 1
             else:
                 client.load(ds.items[i].data)
@@ -256,8 +251,6 @@ class _Sender:
 
 @dataclasses.dataclass
 class _Streamed:
-    """What one stream over the booted app brought back."""
-
     legs: dict[int, Leg]
     stats: LinkStats
     problems: list[str]
@@ -298,6 +291,18 @@ def _second_result(first: Leg, again: Leg) -> Leg:
 _TRANSIENT = ("missing", "invalid")  # lost or damaged on the way: worth running again
 
 
+@dataclasses.dataclass
+class _Streams:
+    """What every stream of one dataset run reads (the board, the variants' runs, the dataset and its
+    outputs) and where the results go (``out``)."""
+
+    resident: ResidentBoard
+    runs: Mapping[str, VariantRun]
+    dataset: Dataset
+    outputs: Sequence[OutputSpec]
+    out: DatasetRun
+
+
 def run_dataset(
     resident: ResidentBoard,
     runs: Mapping[str, VariantRun],
@@ -318,6 +323,7 @@ def run_dataset(
     done: list[str] = []
     dead: set[str] = set()
     plan = _Chunks(n, chunks, random=dataset.random, variants=len(order))
+    ctx = _Streams(resident, runs, dataset, outputs, out)
     while (turn := plan.next_turn(list(order), resident)) is not None:
         for v in [v for v in turn if v not in dead]:
             t0 = time.monotonic()
@@ -333,19 +339,16 @@ def run_dataset(
             expected = (
                 _expected(host, [out.legs[d] for d in done]) if mode == frames.RES_FULL_IF_DIFFERENT else {}
             )
-            _passes(
-                resident, boot, runs[v], out=out, dataset=dataset, outputs=outputs, ids=ids, mode=mode,
-                repeat=repeat, expected=expected, keep=keep,
-            )  # fmt: skip
+            _passes(ctx, boot, runs[v], ids=ids, mode=mode, repeat=repeat, expected=expected, keep=keep)
             plan.ran(v, [out.legs[v][i].invoke_us for i in ids])
             done += [] if v in done else [v]
         if not plan.advance(boot_rate(resident)):
             break
     out.chunks = plan.summary()
     if mode == frames.RES_FULL_IF_DIFFERENT:
-        _fetch(resident, runs, list(reversed(done)), out=out, dataset=dataset, outputs=outputs, host=host)
+        _fetch(ctx, list(reversed(done)), host)
     if repeat >= 2 and done:
-        out.after_reset = _after_reset(resident, runs, done[-1], out, dataset, outputs)
+        out.after_reset = _after_reset(ctx, done[-1])
     return out
 
 
@@ -472,12 +475,10 @@ def _expected(host: Sequence[Leg] | None, earlier: Sequence[Sequence[Leg]]) -> d
 
 
 def _passes(
-    resident: ResidentBoard,
+    ctx: _Streams,
     boot: Boot,
     run: VariantRun,
-    out: DatasetRun,
-    dataset: Dataset,
-    outputs: Sequence[OutputSpec],
+    *,
     ids: Sequence[int],
     mode: int,
     repeat: int,
@@ -487,7 +488,7 @@ def _passes(
     """The main pass over ``ids``, then more for inputs whose results were lost or damaged (at most
     ``MAX_PASSES`` in all, and only while a pass still brings some of them back; the first re-run always,
     with every result sent at once: a device that hung lost the results it had batched)."""
-    v = run.variant
+    resident, out, v = ctx.resident, ctx.out, run.variant
     assert run.serial_log is not None
     for attempt in range(1, MAX_PASSES + 1):
         if resident.current is not boot:  # the app restarted or the link dropped: boot it again
@@ -500,8 +501,8 @@ def _passes(
             ids: Sequence[int] = ids, boot: Boot = boot, log: Path = run.serial_log, now: bool = attempt > 1
         ) -> _Streamed:
             return _stream(
-                resident, boot, dataset, ids, outputs, log, results=mode, repeat=repeat, expected=expected,
-                kept=out.kept, now=now, keep_ids=keep,
+                resident, boot, ctx.dataset, ids, ctx.outputs, log, results=mode, repeat=repeat,
+                expected=expected, kept=out.kept, now=now, keep_ids=keep,
             )  # fmt: skip
 
         streamed = resident.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
@@ -520,17 +521,10 @@ def _passes(
         out.link[v].retransmitted_frames += len(ids)  # a re-run is a repair: never a clean match
 
 
-def _fetch(
-    resident: ResidentBoard,
-    runs: Mapping[str, VariantRun],
-    order: Sequence[str],
-    out: DatasetRun,
-    dataset: Dataset,
-    outputs: Sequence[OutputSpec],
-    host: Sequence[Leg] | None,
-) -> None:
+def _fetch(ctx: _Streams, order: Sequence[str], host: Sequence[Leg] | None) -> None:
     """--results crc: fetch in full the outputs a comparison still needs (a CRC differs and no leg with
     the same CRC-32s holds the bytes)."""
+    out = ctx.out
     for v in order:
         need = []
         for i, leg in enumerate(out.legs[v]):
@@ -543,33 +537,16 @@ def _fetch(
                 need.append(i)
         if not need:
             continue
-        boot = boot_variant(resident, runs[v])
+        boot = boot_variant(ctx.resident, ctx.runs[v])
         if not isinstance(boot, Boot):
             out.errors.append(f"{v}: could not boot to fetch {len(need)} input(s) in full")
             continue
-        _passes(
-            resident,
-            boot,
-            runs[v],
-            out=out,
-            dataset=dataset,
-            outputs=outputs,
-            ids=need,
-            mode=frames.RES_FULL,
-            repeat=1,
-            expected={},
-        )
+        _passes(ctx, boot, ctx.runs[v], ids=need, mode=frames.RES_FULL, repeat=1, expected={})
 
 
-def _after_reset(
-    resident: ResidentBoard,
-    runs: Mapping[str, VariantRun],
-    variant: str,
-    out: DatasetRun,
-    dataset: Dataset,
-    outputs: Sequence[OutputSpec],
-) -> dict[str, Any]:
+def _after_reset(ctx: _Streams, variant: str) -> dict[str, Any]:
     """Reset the board, run the first inputs again on ``variant``: a fresh boot must give the same CRCs."""
+    resident, runs, dataset, outputs, out = ctx.resident, ctx.runs, ctx.dataset, ctx.outputs, ctx.out
     ids = list(range(min(RESET_CHECK_INPUTS, len(dataset.items))))
     resident.current = None  # the next boot is a reset
     boot = boot_variant(resident, runs[variant])
@@ -771,10 +748,6 @@ class HostLegsJob:
     def cancel(self) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def output_specs(info: ModelInfo) -> list[OutputSpec]:
-    return [OutputSpec(t.dtype, tuple(t.shape), t.name) for t in info.outputs]
 
 
 def verdicts(

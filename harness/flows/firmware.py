@@ -1,8 +1,6 @@
 """Generate and build both variants, and refuse firmware that cannot tell the kernels apart.
 
-The one path flash-and-compare, its ``--tap`` dump run and the CI runner share: each variant's build
-is a stage of its own (a failed build does not stop the other), and two byte-identical images are
-refused, since the ESP-NN setting then never reached the build and any "match" would prove nothing.
+Who shares it: docs/architecture.md "The pipeline: one job spec, one path".
 """
 
 from __future__ import annotations

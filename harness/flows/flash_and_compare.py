@@ -23,6 +23,7 @@ from harness.analysis.compare import (
     output_quant,
     reference_source,
 )
+from harness.analysis.dataset import OutputSpec
 from harness.device.loop import LinkStats
 from harness.errors import (
     DISK_FULL_ERRNOS,
@@ -42,7 +43,6 @@ from harness.flows.dataset import (
     DatasetOutcome,
     HostLegsJob,
     load_inputs,
-    output_specs,
     pick_tap_inputs,
     run_dataset,
     verdicts,
@@ -62,7 +62,6 @@ from harness.flows.refused import refusal_finding
 from harness.flows.report import discard_report, write_junit, write_report
 from harness.flows.resident import ResidentBoard
 from harness.flows.targets import BoardLockCM, Target, open_target
-from harness.model.dataset import Dataset
 from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo, load_model
 from harness.model.opdata import espnn_model_acceleration
@@ -74,8 +73,6 @@ if TYPE_CHECKING:  # (only --tap runs load the tap analysis: _tap)
 
 @dataclass
 class _JobState:
-    """The state of one job while its stages execute."""
-
     spec: JobSpec
     out: Path
     rec: Recorder
@@ -93,14 +90,6 @@ class _JobState:
     tap: TapResult | None = None
     espnn: EspnnCoverage | None = None
     refused: ReferenceRefusedError | None = None  # the host reference aborted (flows/refused.py)
-
-    @property
-    def model(self) -> Path:
-        return self.spec.model
-
-    @property
-    def inputs(self) -> list[Path]:
-        return list(self.spec.inputs)
 
     @property
     def opts(self) -> JobOptions:
@@ -175,30 +164,25 @@ def run_job(spec: JobSpec, progress: ProgressFn | None = None) -> FlashAndCompar
         _prepare(run)
         if not _port_there(run):
             return finish()
-        workload: Workload = DatasetWorkload() if spec.options.dataset is not None else InputsWorkload()
+        workload = DatasetWorkload() if spec.options.dataset is not None else InputsWorkload()
         workload.execute(run)
     return finish()
 
 
-class Workload:
-    """What one job runs on the board: its inputs, how they stream, and how they are judged."""
-
-    def execute(self, run: _JobState) -> None:
-        raise NotImplementedError
-
-
-class InputsWorkload(Workload):
+class InputsWorkload:
     """The job's inputs (``--input``), streamed to both variants; ``--tap`` then analyses the runs."""
 
     def execute(self, run: _JobState) -> None:
         o = run.opts
         if o.reference:  # ONE host child runs the reference on the inputs and measures the arena;
             # generate, the reference leg and the simulated board read its cached results
-            prepare_host_results(run.model, run.inputs, input_options=o.input_options, per_layer=o.tap)
+            prepare_host_results(
+                run.spec.model, run.spec.inputs, input_options=o.input_options, per_layer=o.tap
+            )
         # the inputs are streamed to the resident firmware, never compiled in: a new input rebuilds and
         # reflashes nothing (generate still checks them, before anything is built)
         features = FirmwareFeatures(tap=o.tap, embed_inputs=False)
-        fw = _firmware(run, run.inputs, features, before_build=self.host)
+        fw = _firmware(run, run.spec.inputs, features, before_build=self.host)
         if fw is None:
             return
         streamed = run.streamed
@@ -218,11 +202,11 @@ class InputsWorkload(Workload):
     ref_source: Source | None = None
 
     def host(self, run: _JobState) -> None:
-        run.streamed = input_tensor_bytes(run.inputs, run.info.inputs[0], run.opts.input_options)
+        run.streamed = input_tensor_bytes(run.spec.inputs, run.info.inputs[0], run.opts.input_options)
         self.ref_source = _host_reference(run) if run.opts.reference else None
 
 
-class DatasetWorkload(Workload):
+class DatasetWorkload:
     """A dataset (docs/dataset.md): loaded first (usage errors before anything is built), then streamed
     through both variants while the host reference runs; ``--tap-inputs`` then taps chosen inputs."""
 
@@ -234,7 +218,7 @@ class DatasetWorkload(Workload):
         fw = _firmware(run, [], FirmwareFeatures(embed_inputs=False), before_build=lambda run: None)
         if fw is None:
             return
-        outputs = output_specs(run.info)
+        outputs = [OutputSpec(t.dtype, tuple(t.shape), t.name) for t in run.info.outputs]
 
         def body(resident: ResidentBoard, order: list[str]) -> None:
             outcome.run = run_dataset(
@@ -243,7 +227,11 @@ class DatasetWorkload(Workload):
             )  # fmt: skip
 
         with contextlib.ExitStack() as held:
-            host = _start_host_legs(run, ds, run.opts.reference, held)
+            # the host reference starts before the board is locked and flashed: it runs while the inputs
+            # stream (in full mode it is waited for only before the verdicts); ``held`` kills it early
+            host = HostLegsJob(run.spec.model, run.info, ds, run.rec) if run.opts.reference else None
+            if host is not None:
+                held.callback(host.cancel)
             if not held.enter_context(_acquired(run)):
                 return
             if opts.results != "full":
@@ -274,7 +262,7 @@ def _firmware(
         before_build(run)
     else:
         fw = prepare_firmware(
-            run.model,
+            run.spec.model,
             inputs,
             run.board,
             run.out,
@@ -339,8 +327,8 @@ def _stopped(run: _JobState, finish: Callable[[], FlashAndCompareResult]) -> Ite
 def _refuse_clobbering(run: _JobState) -> None:
     """--junit/--html/--bundle must not overwrite report.json, a log or project of this run, the model or
     an input, or each other (``--bundle OUT/report.json`` replaced the report with a zip, exit 0)."""
-    mine = {run.out / "report.json": "this run's report.json", run.model.resolve(): "the model"}
-    mine.update({p.resolve(): "an input" for p in run.inputs})
+    mine = {run.out / "report.json": "this run's report.json", run.spec.model.resolve(): "the model"}
+    mine.update({p.resolve(): "an input" for p in run.spec.inputs})
     taken: dict[Path, str] = {}
     flags = (("--junit", run.opts.junit), ("--html", run.opts.html), ("--bundle", run.opts.bundle))
     for flag, given in flags:
@@ -393,7 +381,7 @@ def _prepare(run: _JobState) -> None:
     """Load the board and model, choose the target and check its port (usage errors raise: nothing has
     been touched yet), and refuse a model ESP-NN does not touch on the board's chip."""
     board = run.loaded_board = load_board(run.spec.board)
-    run.loaded_model = load_model(run.model)
+    run.loaded_model = load_model(run.spec.model)
     run.loaded_target = run.spec.target or open_target(board, run.spec.port)
     run.espnn = _espnn_coverage(run.loaded_model, board.chip)
     if run.espnn["accelerated_ops"] == 0:
@@ -439,7 +427,6 @@ def _check_dump_ops(dump_ops: Sequence[int], info: ModelInfo) -> None:
 
 
 def _espnn_coverage(info: ModelInfo, chip: str) -> EspnnCoverage:
-    """How many ops ESP-NN accelerates on ``chip``, and why not when none."""
     accel = espnn_model_acceleration(info, chip)
     k = sum(a.accelerated for a in accel)
     reasons = sorted({a.reason for a in accel if not a.accelerated})
@@ -454,7 +441,7 @@ def _host_reference(run: _JobState) -> Source | None:
             "reference",
             None,
             lambda: reference_source(
-                run.model, run.inputs, backend="auto", input_options=run.opts.input_options
+                run.spec.model, run.spec.inputs, backend="auto", input_options=run.opts.input_options
             ),
         )
     except ReferenceRefusedError as exc:  # both variants still run; _finish gives the verdict
@@ -477,19 +464,6 @@ def _record_builds(run: _JobState, firmware: Firmware) -> bool:
     for v, exc in firmware.failures.items():
         run.failed(f"build {v}", exc)
     return firmware.complete
-
-
-def _start_host_legs(
-    run: _JobState, dataset: Dataset, reference: bool, held: contextlib.ExitStack
-) -> HostLegsJob | None:
-    """The dataset's host reference, started before the board is locked and flashed: it runs while the
-    inputs stream (in full mode it is waited for only before the verdicts). ``held`` kills it if the
-    run ends before then."""
-    if not reference:
-        return None
-    job = HostLegsJob(run.model, run.info, dataset, run.rec)
-    held.callback(job.cancel)
-    return job
 
 
 def _join_host_legs(run: _JobState, outcome: DatasetOutcome, host: HostLegsJob | None) -> None:
@@ -583,13 +557,15 @@ def _finish(run: _JobState, seconds: float, *, reports: bool = True) -> FlashAnd
         native=run.loaded_target.facts(run.variants) if run.loaded_target else None,
         reference_refused=refused,
     )
-    write_report(result, model=run.model, inputs=run.inputs, seconds=seconds)
+    write_report(result, model=run.spec.model, inputs=run.spec.inputs, seconds=seconds)
     if html is not None or bundle is not None:
         from harness.analysis.html_report import write_outputs  # lazy: jinja2 only for --html/--bundle
 
         tapped = [Path(d["file"]) for d in (run.dataset.tap_inputs or [])] if run.dataset else []
         # a dataset run's bundle carries the inputs it tapped (the dataset itself stays where it is)
-        write_outputs(result, model=run.model, inputs=run.inputs or tapped, html=html, bundle=bundle)
+        write_outputs(
+            result, model=run.spec.model, inputs=run.spec.inputs or tapped, html=html, bundle=bundle
+        )
     if junit is not None:
-        write_junit(result, Path(junit), model=run.model, inputs=run.inputs)
+        write_junit(result, Path(junit), model=run.spec.model, inputs=run.spec.inputs)
     return result

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
-from harness.analysis.compare import CompareResult, Source, compare_sources
+from harness.analysis.compare import CompareResult, Source, compare_sources, output_quant
 from harness.analysis.hybrid import (
     NOISE_BAND,
     Audit,
@@ -160,18 +160,6 @@ class _State:
     ref_source: Source | None = None
     target: Target | None = None  # the baseline's (the hybrid runs go to the same board)
 
-    @property
-    def out(self) -> Path:
-        return self.res.out_dir
-
-    @property
-    def job(self) -> JobOptions:
-        return self.spec.options
-
-    @property
-    def inputs(self) -> list[Path]:
-        return list(self.spec.inputs)
-
 
 def hybrid(
     model: str | Path,
@@ -225,8 +213,8 @@ def _board_lock(state: _State) -> BoardLockCM:
     board made for this command alone."""
     assert state.target is not None
     cm = state.target.lock(
-        lock_dir=state.job.lock_dir,
-        timeout=state.job.lock_timeout,
+        lock_dir=state.spec.options.lock_dir,
+        timeout=state.spec.options.lock_timeout,
         owner="esp-check hybrid",
         on_wait=lambda m: state.rec.say("lock", m),
     )
@@ -239,11 +227,11 @@ def _board_lock(state: _State) -> BoardLockCM:
 def _baseline(state: _State) -> bool:
     """flash-and-compare both builds; False when there is nothing to do or nothing to verify against."""
     res = state.res
-    baseline = state.job.replace(tap=not state.opts.bisect, html=None, bundle=None, junit=None)
+    baseline = state.spec.options.replace(tap=not state.opts.bisect, html=None, bundle=None, junit=None)
     # the hybrid runs go to the board the baseline ran on (a fresh simulated board: the same one)
     state.target = open_target(state.board, state.spec.port)
     spec = dataclasses.replace(
-        state.spec, out_dir=state.out / "baseline", options=baseline, target=state.target
+        state.spec, out_dir=state.res.out_dir / "baseline", options=baseline, target=state.target
     )
     base = run_job(spec, state.rec.progress)
     res.baseline, res.board, res.port, res.simulated = base, base.board, base.port, base.simulated
@@ -410,13 +398,13 @@ def _run_hybrid(state: _State, ansi_ops: Sequence[int], *, tap: bool, label: str
     """Generate, build, flash and capture the optimized build with ``ansi_ops`` on ANSI C; judge it."""
     run = HybridRun(label, sorted(set(ansi_ops)), tap)
     state.res.runs.append(run)
-    d = state.out / "runs" / label
+    d = state.res.out_dir / "runs" / label
     feats = FirmwareFeatures(tap=tap, ansi_ops=tuple(run.ansi_ops))
     rec = Recorder(state.rec.progress)
-    job = state.job
+    job = state.spec.options
     try:
         (project,) = rec.run("generate", label, lambda: generate_projects(
-            state.spec.model, state.inputs, state.board, out_dir=d / "projects", variants=("optimized",),
+            state.spec.model, state.spec.inputs, state.board, out_dir=d / "projects", variants=("optimized",),
             input_options=job.input_options, arena_kb=job.arena_kb, features=feats,
         ))  # fmt: skip
         run.project_dir = project.path
@@ -466,10 +454,8 @@ def _judge(state: _State, run: HybridRun, variant_run: VariantRun) -> None:
         run.why = "the firmware's own records do not show the requested dispatch: " + "; ".join(evidence)
         return
     assert state.ansi_source is not None
-    quant = [
-        (t.scale, t.zero_point, t.dtype) if t.scale else (None, None, t.dtype) for t in state.info.outputs
-    ]
     hyb = dataclasses.replace(variant_run.source, label="hybrid")
+    quant = output_quant(state.info.outputs)
     run.comparison = compare_sources(hyb, state.ansi_source, state.ref_source, output_quant=quant)
     bad = [c for c in run.comparison.comparisons if not c.match and "hybrid" in (c.a, c.b)]
     run.outcome = "good" if not bad and not run.comparison.faults else "bad"
@@ -514,7 +500,7 @@ def _verify(state: _State) -> None:
     res.offered = run.outcome == "good"
     ops = format_ops(res.ansi_ops)
     if res.offered:
-        n = len(state.inputs)
+        n = len(state.spec.inputs)
         res.message = (
             f"hybrid verified: ESP-NN optimized except op(s) {ops} on ANSI C; bit-exact with the ANSI C "
             f"build and the host reference on {'all ' + str(n) + ' inputs' if n > 1 else 'the input'}"
@@ -528,7 +514,6 @@ def _verify(state: _State) -> None:
 
 
 def _deliver(state: _State) -> None:
-    """Drop-in files, cost, one-op reproducers."""
     res = state.res
     assert res.verification is not None and res.verification.project_dir is not None
     res.dropin = _dropin(state, res.verification.project_dir)
@@ -541,7 +526,7 @@ def _deliver(state: _State) -> None:
 
 def _dropin(state: _State, project: Path) -> Dropin:
     """The verified firmware's own esp_check_hybrid.{h,cc}, with the resolver lines and a README."""
-    dest = state.out / "hybrid-dropin"
+    dest = state.res.out_dir / "hybrid-dropin"
     dest.mkdir(parents=True, exist_ok=True)
     for name in (HEADER, SOURCE):
         shutil.copyfile(project / "main" / name, dest / name)
@@ -607,7 +592,7 @@ def _reuse_baseline_repro(state: _State, ops: list[int]) -> bool:
         return False
     for r in made:
         src = Path(r["dir"])
-        dest = state.out / "repro" / src.name
+        dest = state.res.out_dir / "repro" / src.name
         shutil.copytree(src, dest, dirs_exist_ok=True)
         state.res.repro.append({**r, "dir": str(dest)})
     return True
@@ -617,10 +602,10 @@ def _reproduce(state: _State, ops: list[int]) -> dict[str, Capture]:
     """A dump run of both builds for the culprits, then one-op reproducers under ``out/repro``."""
     assert state.target is not None
     req = TapRunRequest(
-        spec=dataclasses.replace(state.spec, options=state.job.replace(dump_ops=())),
+        spec=dataclasses.replace(state.spec, options=state.spec.options.replace(dump_ops=())),
         info=state.info,
         target=state.target,
-        out=state.out,
+        out=state.res.out_dir,
     )
     outcome = dump_run(req, ops, state.rec, contextlib.nullcontext(), subdir="repro-dump")
     state.res.warnings += [f"reproducer: {e}" for e in outcome.errors]
@@ -639,7 +624,7 @@ def _finish(state: _State) -> None:
         res,
         state.rec.stages,
         model=state.spec.model,
-        inputs=state.inputs,
-        html=state.job.html,
-        bundle=state.job.bundle,
+        inputs=state.spec.inputs,
+        html=state.spec.options.html,
+        bundle=state.spec.options.bundle,
     )

@@ -1,10 +1,7 @@
 """The job spec: what one check is (model, inputs or dataset, target, tolerances, build options,
 features, reports). Every mode builds one and hands it to :func:`harness.flows.flash_and_compare.run_job`.
 
-``JobOptions`` holds everything except the four things every call names (model, inputs, board, port)
-and the artifact directory, so ``flash_and_compare(model, inputs, board=..., options=...)`` reads as
-esptool's ``cmds`` do, and the hybrid command, the runner and the pytest plugin pass one object on
-instead of twenty arguments.
+Why the options travel as one object: docs/architecture.md "The pipeline: one job spec, one path".
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""What an orchestrated run records: stages, per-variant outcomes, limits, progress.
-
-Shared by flash-and-compare, its ``--tap`` dump run and the CI runner, so a stage or a variant is
-described (and serialised) one way everywhere.
-"""
+"""What an orchestrated run records: stages, per-variant outcomes, limits, progress."""
 
 from __future__ import annotations
 

@@ -142,7 +142,6 @@ class OtherApp:
 
 
 def flash_facts(flashed: FlashResult, builds: Mapping[str, BuildResult]) -> FlashFacts:
-    """What report.json says about the flash: chip, revision, MAC, bytes written per region."""
     owner = {
         a.offset: (a.role, v if a.role == "app" else None) for v, b in builds.items() for a in b.artifacts
     }

@@ -322,7 +322,6 @@ _LETTER = dict(VARIANTS)
 
 
 def _example(group: Group) -> CaseVerdict:
-    """The case a finding group keeps as its example."""
     example = group["example"]
     assert isinstance(example, CaseVerdict)
     return example
@@ -425,14 +424,8 @@ def _finding(group: Group, result: Result | None) -> dict[str, object]:
     example: dict[str, object] = {"line": case.line(), "meta": case.meta, "reachable": case.reachable}
     if result is not None:
         example["status"] = list(result.status)
-        example["diff"] = {
-            name: d.__dict__ if d else None
-            for name, d in (
-                ("opt_ansi", result.opt_ansi),
-                ("opt_ref", result.opt_ref),
-                ("ansi_ref", result.ansi_ref),
-            )
-        }
+        diffs = {name: getattr(result, name) for name in ("opt_ansi", "opt_ref", "ansi_ref")}
+        example["diff"] = {name: d.__dict__ if d else None for name, d in diffs.items()}
     f["example"] = example
     return f
 

@@ -1,8 +1,7 @@
 """``--tap``, after the tapped runs: analyze them, then dump the culprit op in a second run.
 
-Orchestration only; the analysis itself is pure functions in :mod:`harness.analysis.tap`. The dump
-run goes through the same generate/build/flash/capture path as the first run (identical firmware is
-refused there too), and its stage records join the run's report.
+Orchestration only (the analysis: :mod:`harness.analysis.tap`); the dump run's path: docs/architecture.md
+"The pipeline: one job spec, one path".
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from harness.errors import EspCheckError, ExitCode
 from harness.firmware.generate import FirmwareFeatures
 from harness.flows.capture import stream_inputs, with_board
 from harness.flows.firmware import prepare_firmware
-from harness.flows.job import JobOptions, JobSpec
+from harness.flows.job import JobSpec
 from harness.flows.records import VARIANT_ORDER, Recorder, VariantRun
 from harness.flows.repro import write_reproducer
 from harness.flows.resident import ResidentBoard
@@ -45,10 +44,6 @@ class TapRunRequest:
     target: Target
     out: Path
 
-    @property
-    def opts(self) -> JobOptions:
-        return self.spec.options
-
 
 @dataclass
 class TapRunOutcome:
@@ -64,7 +59,7 @@ def streamed_inputs(req: TapRunRequest) -> list[np.ndarray]:
     dtype = np.dtype(tin.dtype).newbyteorder("<")
     return [
         np.frombuffer(raw, dtype=dtype).reshape(tin.shape)
-        for raw in input_tensor_bytes(req.spec.inputs, tin, req.opts.input_options)
+        for raw in input_tensor_bytes(req.spec.inputs, tin, req.spec.options.input_options)
     ]
 
 
@@ -81,13 +76,13 @@ def run_tap_flow(
         return TapRunOutcome(TapResult(problems=["no valid tapped capture to analyze"]))
     outcome = TapRunOutcome(TapResult())
     host_ops = host_tensors = None
-    if req.opts.reference:
+    if req.spec.options.reference:
         try:
             host_ops, host_tensors = host_taps(req.info, req.spec.model.read_bytes(), streamed_inputs(req))
         except EspCheckError as exc:
             outcome.errors.append(f"tap: host per-layer reference unavailable: {exc.message}")
     outcome.result = res = analyze_captures(req.info, caps, host_ops)
-    dump = sorted(set(ops_to_dump(res)) | set(req.opts.dump_ops))
+    dump = sorted(set(ops_to_dump(res)) | set(req.spec.options.dump_ops))
     if not dump:
         return outcome
     res.dump_ops = dump
@@ -154,53 +149,41 @@ def _dump_run(
 ) -> dict[str, Capture] | None:
     """Rebuild both variants with dumps on, flash and capture each; failures go into ``outcome`` (None:
     the run stopped before any capture, ``what: error``)."""
-    sub = Recorder(rec.progress)
+    o, dump_dir, sub = req.spec.options, req.out / subdir, Recorder(rec.progress)
+    features = FirmwareFeatures(tap=True, dump_ops=tuple(dump), embed_inputs=False)
     try:
-        return _dump_variants(req, dump, sub, lock_cm or contextlib.nullcontext(), outcome, req.out / subdir)
+        fw = prepare_firmware(
+            req.spec.model, req.spec.inputs, req.target.board, dump_dir, rec=sub, options=o, features=features
+        )
+        streamed = input_tensor_bytes(req.spec.inputs, req.info.inputs[0], o.input_options)
+        for v, exc in fw.failures.items():
+            outcome.errors.append(f"tap dump run [{v}]: build: {exc}")
+            outcome.codes.append(exc.exit_code)
+        runs = {v: VariantRun(v, project_dir=b.project_dir) for v, b in fw.builds.items()}
+
+        def body(resident: ResidentBoard, order: list[str]) -> None:
+            for v in order:
+                runs[v].exit_code = stream_inputs(resident, runs[v], streamed)
+
+        with lock_cm or contextlib.nullcontext():  # both variants over one session, as the job ran them
+            with_board(
+                sub, runs, fw.builds, target=req.target, out=dump_dir, limits=o.timeouts,
+                flash_baud=o.flash_baud, body=body,
+            )  # fmt: skip
+        dump_caps: dict[str, Capture] = {}
+        for v, vr in sorted(runs.items(), key=lambda kv: VARIANT_ORDER.index(kv[0])):
+            if vr.serial_log is None or not vr.capture_valid:
+                outcome.errors.append(f"tap dump run [{v}]: capture failed ({vr.exit_code})")
+                outcome.codes.append(ExitCode(vr.exit_code or ExitCode.INFRASTRUCTURE))
+                continue
+            dump_caps[v] = parse_capture(Path(vr.serial_log).read_bytes())
+        return dump_caps
     except EspCheckError as exc:
         outcome.errors.append(f"{what}: {exc}")
         outcome.codes.append(exc.exit_code)
         return None
     finally:  # the dump run's stages join the report, labelled as such
         rec.adopt(sub.stages, subdir)
-
-
-def _dump_variants(
-    req: TapRunRequest,
-    dump: Sequence[int],
-    rec: Recorder,
-    lock_cm: BoardLockCM,
-    outcome: TapRunOutcome,
-    dump_dir: Path,
-) -> dict[str, Capture]:
-    o = req.opts
-    features = FirmwareFeatures(tap=True, dump_ops=tuple(dump), embed_inputs=False)
-    fw = prepare_firmware(
-        req.spec.model, req.spec.inputs, req.target.board, dump_dir, rec=rec, options=o, features=features
-    )
-    streamed = input_tensor_bytes(req.spec.inputs, req.info.inputs[0], req.opts.input_options)
-    for v, exc in fw.failures.items():
-        outcome.errors.append(f"tap dump run [{v}]: build: {exc}")
-        outcome.codes.append(exc.exit_code)
-    runs = {v: VariantRun(v, project_dir=b.project_dir) for v, b in fw.builds.items()}
-
-    def body(resident: ResidentBoard, order: list[str]) -> None:
-        for v in order:
-            runs[v].exit_code = stream_inputs(resident, runs[v], streamed)
-
-    with lock_cm:  # both variants over one session, as the job itself ran them
-        with_board(
-            rec, runs, fw.builds, target=req.target, out=dump_dir, limits=o.timeouts, flash_baud=o.flash_baud,
-            body=body,
-        )  # fmt: skip
-    dump_caps: dict[str, Capture] = {}
-    for v, vr in sorted(runs.items(), key=lambda kv: VARIANT_ORDER.index(kv[0])):
-        if vr.serial_log is None or not vr.capture_valid:
-            outcome.errors.append(f"tap dump run [{v}]: capture failed ({vr.exit_code})")
-            outcome.codes.append(ExitCode(vr.exit_code or ExitCode.INFRASTRUCTURE))
-            continue
-        dump_caps[v] = parse_capture(Path(vr.serial_log).read_bytes())
-    return dump_caps
 
 
 def _nondeterminism(first: Mapping[str, Capture], second: Mapping[str, Capture]) -> list[str]:

@@ -1,9 +1,8 @@
 """Run a plan over a bench: one worker thread per board, board locks, retries, quarantine.
 
-Scheduling, firmware sharing, locks and stopping: docs/ci.md "How a run works". Each task runs as a
-job of the one pipeline (:func:`harness.flows.flash_and_compare.run_job`), :mod:`harness.runner.attempts`
-turns the job's result into the attempt's verdict, and the pure function
-:func:`harness.runner.policy.decide` says what happens next; this module applies its decisions.
+Scheduling, firmware sharing, locks and stopping: docs/ci.md "How a run works"; how a task runs as a
+job of the one pipeline: docs/architecture.md. :func:`harness.runner.policy.decide` says what happens
+after an attempt; this module applies its decisions.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -255,10 +254,8 @@ class Runner:
         self.cond.notify_all()
 
     def _abort(self, t: Task, reason: str) -> None:
+        self._finish(t, ExitCode.INFRASTRUCTURE, reason)
         t.state = TaskState.ABORTED
-        t.exit_code = int(ExitCode.INFRASTRUCTURE)
-        t.verdict = Verdict.INFRASTRUCTURE_ERROR
-        t.reason = reason
 
     def _orphan_check(self) -> None:
         """Pending tasks that no usable board can take any more become errors (caller holds cond)."""
@@ -378,8 +375,10 @@ class Runner:
         self.say(f"[start] {t.id} attempt {a.n} on {state.bench.name}")
         fw = None
         if t.job.data is None:
-            fw = self._firmware_for(t, state.bench, a)
-            if fw is None:
+            try:
+                fw = self._firmware(t, state.bench.board)
+            except EspCheckError as exc:  # host side, not retried (its builds: attempts._attempt_facts)
+                a.failed("firmware build", exc, host_side=True)
                 return
         held = self._lock_board(state, a)
         if held is None:
@@ -403,7 +402,6 @@ class Runner:
         holds it)."""
         from harness.flows.job import JobOptions  # lazy: the pipeline, as in _attempt
 
-        limits = t.job.timeouts
         return JobOptions(
             input_options=t.job.input_options,
             tolerance_lsb=t.job.tolerance_lsb,
@@ -413,14 +411,13 @@ class Runner:
             cache_dir=self.opt.cache_dir,
             arena_kb=t.job.arena_kb,
             lock=False,
-            dataset=dataset_options(t.job, t.case) if t.job.data is not None else None,
-            timeouts=StageTimeouts(limits.build, limits.capture_total, limits.capture_silence),
+            dataset=dataset_options(t.job, t.case),  # None for a job of input files
+            timeouts=StageTimeouts(**t.job.timeouts.model_dump()),  # the same three fields
             native=self.opt.native,
             allow_untested=t.job.allow_untested,
         )
 
     def _job_spec(self, t: Task, bench: BenchBoard, a: Attempt, fw: Firmware | None) -> JobSpec:
-        """The task as a job of the pipeline: its board and port, the firmware made for it."""
         from harness.flows.job import JobSpec  # lazy: the pipeline, as in _attempt
 
         assert a.dir is not None
@@ -431,15 +428,6 @@ class Runner:
         return JobSpec(
             Path(t.case.model), inputs, bench.board, port, a.dir, self._job_options(t), firmware=fw
         )
-
-    def _firmware_for(self, t: Task, bench: BenchBoard, a: Attempt) -> Firmware | None:
-        """Both builds, or None with the attempt marked as a host-side failure (not retried); the task's
-        builds are recorded from the job's result (``attempts._attempt_facts``), as a dataset job's are."""
-        try:
-            return self._firmware(t, bench.board)
-        except EspCheckError as exc:
-            a.failed("firmware build", exc, host_side=True)
-            return None
 
     def _lock_board(self, state: BoardState, a: Attempt) -> BoardLock | PlaceLease | None:
         """Resolve the board's port and take its lock, or None with the attempt marked failed."""
@@ -638,15 +626,10 @@ class Runner:
                 with contextlib.suppress(EspCheckError):  # memoized: the task that needs it reports it
                     job()
 
-        threads = [
+        self._run_threads(
             threading.Thread(target=worker, name=f"prepare-{k}", daemon=True)
             for k in range(min(len(work), 4, os.cpu_count() or 1))
-        ]
-        for th in threads:
-            th.start()
-        for th in threads:
-            while th.is_alive() and not self.hard_stop.is_set():
-                th.join(timeout=0.2)
+        )
         return len(work)
 
     def _write_attempt(self, t: Task, a: Attempt) -> None:
@@ -727,14 +710,17 @@ class Runner:
             self._orphan_check()
 
     def _work(self) -> None:
-        threads = []
-        for state in self.boards.values():
-            th = threading.Thread(
-                target=self.worker, args=(state,), name=f"board-{state.bench.name}", daemon=True
-            )
+        self._run_threads(
+            threading.Thread(target=self.worker, args=(s,), name=f"board-{s.bench.name}", daemon=True)
+            for s in self.boards.values()
+        )
+
+    def _run_threads(self, threads: Iterable[threading.Thread]) -> None:
+        """Start every thread, then wait for each; a hard stop ends the wait (they are daemons)."""
+        started = list(threads)
+        for th in started:
             th.start()
-            threads.append(th)
-        for th in threads:
+        for th in started:
             while th.is_alive() and not self.hard_stop.is_set():
                 th.join(timeout=0.2)
 

@@ -7,6 +7,7 @@ examples: docs/ci.md.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import re
 from collections.abc import Mapping
@@ -318,7 +319,6 @@ def _job(plan_path: Path, i: int, table: JobTable, defaults: JobSettings, seen: 
 
 
 def _options(table: InputOptionsTable) -> InputOptions | None:
-    """The job's input options, None when the plan sets none."""
     given = table.model_dump(exclude_unset=True)
     if not given:
         return None
@@ -347,13 +347,7 @@ def _dataset_spec(plan_path: Path, where: str, table: JobTable) -> DatasetSpec |
             "labels",
             "must be a path, and only with 'dataset' (random inputs have no labels)",
         )
-    return DatasetSpec(
-        random_inputs=table.random_inputs,
-        seed=table.seed,
-        results=table.results,
-        repeat=table.repeat,
-        keep_chunks=table.keep_chunks,
-    )
+    return DatasetSpec(**table.model_dump(include={f.name for f in dataclasses.fields(DatasetSpec)}))
 
 
 def _dataset_cases(

@@ -28,7 +28,6 @@ from harness.runner.results import (
     Task,
     TaskState,
     Testcase,
-    now_iso,
 )
 
 if TYPE_CHECKING:
@@ -44,6 +43,10 @@ _OUTCOME: dict[CaseStatus, junit.Outcome] = {
     CaseStatus.FAILURE: "failure",
     CaseStatus.ERROR: "error",
 }
+
+
+def now_iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _task_board(task: Task) -> str | None:

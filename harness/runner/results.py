@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -275,7 +274,3 @@ class RunResult:
     @property
     def native(self) -> bool:
         return any(b.bench.board.is_native for b in self.boards)
-
-
-def now_iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

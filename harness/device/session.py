@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import random
 import struct
 import time
@@ -20,7 +21,14 @@ from typing import IO, Any
 import serial
 
 from harness.device.console import RawCapture, capture_run
-from harness.device.flash import ROM_BAUD, FlashResult, ProgressCallback, flash_artifacts
+from harness.device.flash import (
+    ROM_BAUD,
+    FlashFailure,
+    FlashResult,
+    ProgressCallback,
+    RegionResult,
+    flash_artifacts,
+)
 from harness.device.loop import (
     COALESCE_MAX_S,
     LinkError,
@@ -31,7 +39,6 @@ from harness.device.loop import (
     read_waiting,
     wait_readable,
 )
-from harness.device.native import install_program
 from harness.device.ports import (
     BoardLike,
     PortSpec,
@@ -39,6 +46,7 @@ from harness.device.ports import (
     reopen_after_reenumeration,
     resolve_port,
 )
+from harness.device.protocol_native import Serial as NativeSerial
 from harness.protocol import frames
 
 __all__ = ["DeviceSession"]
@@ -301,3 +309,60 @@ def _append(path: Path | None) -> Iterator[IO[bytes] | None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as f:
         yield f
+
+
+def install_program(
+    port: serial.SerialBase, artifacts: Sequence[tuple[int, Path | str]], *, log_path: Path | None = None
+) -> FlashResult:
+    """Flash a native board (no ROM loader, no esptool): write a native build's files to the board behind
+    ``port``, each at its flash offset (a bare program at offset 0 alone is installed as it is), skipping
+    regions it already holds. The result has an esptool flash's shape: reports treat both alike."""
+    t0 = time.monotonic()
+    if not isinstance(port, NativeSerial):
+        raise FlashFailure(
+            "a native build can only be installed on a native:// port", kind="usage",
+            hint="use the native board's port (omit --port, or give native://NAME)",
+        )  # fmt: skip
+    if not artifacts:
+        raise FlashFailure("nothing to flash", kind="usage", hint="build the project first")
+    regions: list[RegionResult] = []
+    lines: list[str] = []
+    for offset, path in sorted(artifacts, key=lambda a: a[0]):
+        t1 = time.monotonic()
+        file = Path(path)
+        try:
+            if offset == 0 and len(artifacts) == 1:
+                size, sha = port.install(file)
+                written = size
+            else:
+                size, sha, written = port.write_region(offset, file)
+        except OSError as exc:
+            raise FlashFailure(
+                f"cannot write {file} at 0x{offset:x} on native board {port.name}: {exc.strerror or exc}",
+                kind="usage", hint="rebuild the project",
+            ) from exc  # fmt: skip
+        what = "the board already holds it: skipped" if written == 0 else "written"
+        lines.append(f"native: installed {file.name} at 0x{offset:x} ({size} B, sha256 {sha[:16]}; {what})\n")
+        md5 = hashlib.md5(file.read_bytes(), usedforsecurity=False).hexdigest()
+        region = RegionResult(offset, file, size, md5, skipped=written == 0, bytes_written=written)
+        region.seconds, region.verified = time.monotonic() - t1, True
+        regions.append(region)
+    seconds = time.monotonic() - t0
+    text = "".join(lines) + f"native: native://{port.name} flashed\n"
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(text, encoding="utf-8")
+    return FlashResult(
+        port=f"native://{port.name}",
+        chip="native",
+        chip_name="host program",
+        description="native board: the firmware built for this PC, run as a program",
+        baud=0,
+        before="none",
+        after="none",
+        regions=regions,
+        duration_s=seconds,
+        log_path=log_path,
+        esptool_log=text,
+        serial=port,
+    )

@@ -306,9 +306,7 @@ def build_cmd(
                     "firmware_sha256": r.firmware_sha256,
                     "flasher_args": str(r.flasher_args),
                     "log": str(r.log_path) if r.log_path else None,
-                    "artifacts": [
-                        {"offset": a.offset, "path": str(a.path), "role": a.role} for a in r.artifacts
-                    ],
+                    "artifacts": [{**a._asdict(), "path": str(a.path)} for a in r.artifacts],
                 }
                 for r in results
             ],

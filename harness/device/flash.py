@@ -305,13 +305,11 @@ class _ChipFacts(TypedDict):
 
 
 def _try(fn: Callable[[], _T]) -> _T | None:
-    from esptool.util import FatalError, NotImplementedInROMError  # only when a flash runs
+    from esptool.util import FatalError  # only when a flash runs (NotImplementedInROMError is one)
 
     try:
         return fn()
-    except (FatalError, NotImplementedInROMError, NotImplementedError, AttributeError, KeyError, ValueError):
-        return None
-    except serial.SerialException:
+    except (FatalError, NotImplementedError, AttributeError, KeyError, ValueError, serial.SerialException):
         return None
 
 

@@ -381,14 +381,11 @@ class _Reservation:
             except subprocess.TimeoutExpired:  # it only waits: nothing to lose by killing it
                 self.proc.kill()
                 self.proc.wait()
-        self.poll_token()
+        with contextlib.suppress(LabgridError):  # the token it printed, if any
+            self.poll()
         if not self.token:
             return None
         return _background(self.client.cancel, self.token)
-
-    def poll_token(self) -> None:
-        with contextlib.suppress(LabgridError):
-            self.poll()
 
     def close(self) -> None:
         for fh in (self._out, self._err):

@@ -520,16 +520,6 @@ class Rfc2217Serial(serial.rfc2217.Serial):
         super().close()
 
 
-def _open_rfc2217(url: str, **kwargs: object) -> serial.SerialBase:
-    """``serial_for_url`` for ``rfc2217://`` URLs, with :class:`Rfc2217Serial`."""
-    do_not_open = kwargs.pop("do_not_open", False)
-    port = Rfc2217Serial(None, **kwargs)
-    port.port = url
-    if not do_not_open:
-        port.open()
-    return port
-
-
 def open_port(
     spec: PortSpec | str,
     baud: int = 115200,
@@ -547,15 +537,18 @@ def open_port(
     """
     ps = spec if isinstance(spec, PortSpec) else resolve_port(spec)
     url = ps.url
-    make = _open_rfc2217 if ps.transport == Transport.RFC2217 else serial.serial_for_url
     if ps.caps.installs_program:
         register_native()  # pyserial finds harness.device.protocol_native for native://
     try:
         # a timeout change costs nothing on rfc2217:// either (Rfc2217Serial)
-        kwargs: dict[str, object] = {"baudrate": baud, "timeout": 0.05, "do_not_open": True}
+        kwargs: dict[str, object] = {"baudrate": baud, "timeout": 0.05}
         if exclusive and ps.caps.exclusive_lock:
             kwargs["exclusive"] = True
-        port = make(url, **kwargs)
+        if ps.transport == Transport.RFC2217:
+            port = Rfc2217Serial(None, **kwargs)  # no port given: nothing opens yet
+            port.port = url
+        else:
+            port = serial.serial_for_url(url, do_not_open=True, **kwargs)
         if ps.caps.modem_lines and ps.transport != Transport.RFC2217:
             port.dtr = False
             port.rts = False

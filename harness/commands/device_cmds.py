@@ -530,17 +530,15 @@ def _print_tap(console: Console, tap: TapResult) -> None:
         for col in ("op type", "count", "optimized us", "ansi us", "speedup"):
             t.add_column(col, justify="right" if col != "op type" else "left")
         for name, row in timing["by_type"].items():
-            sp = row.get("speedup")
-            t.add_row(
-                name,
-                str(row["count"]),
-                f"{row['us'].get('optimized', 0.0):.1f}",
-                f"{row['us'].get('ansi', 0.0):.1f}",
-                f"{sp:.2f}x" if sp else "-",
-            )
-        total = timing["total_us"]
-        sp = timing.get("speedup")
-        t.add_row("total", str(len(timing["ops"])), f"{total.get('optimized', 0.0):.1f}",
-                  f"{total.get('ansi', 0.0):.1f}", f"{sp:.2f}x" if sp else "-")  # fmt: skip
+            t.add_row(name, str(row["count"]), *_timing_cells(row["us"], row.get("speedup")))
+        t.add_row("total", str(len(timing["ops"])), *_timing_cells(timing["total_us"], timing.get("speedup")))
         console.print(t)
         console.print("  per-op rows: report.json tap.timing.ops")
+
+
+def _timing_cells(us: dict[str, float], speedup: float | None) -> tuple[str, str, str]:
+    return (
+        f"{us.get('optimized', 0.0):.1f}",
+        f"{us.get('ansi', 0.0):.1f}",
+        f"{speedup:.2f}x" if speedup else "-",
+    )

@@ -394,8 +394,3 @@ class Serial(InProcessPort):
         self._live()
         with self._cond:
             self._buf.clear()
-
-    @property
-    def program(self) -> Path | None:
-        """The installed program (None before the first flash)."""
-        return self._program

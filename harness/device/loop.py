@@ -21,17 +21,6 @@ from harness.device.protocol_native import EXIT_LINE
 from harness.errors import CaptureError, write_error
 from harness.protocol import frames
 
-__all__ = [
-    "DeviceRestarted",
-    "LinkError",
-    "LinkStats",
-    "LoopClient",
-    "byte_seconds",
-    "gather",
-    "read_waiting",
-    "wait_readable",
-]
-
 MAX_RETRANSMITS = 8
 ACK_TIMEOUT_S = 3.0  # no ACK for this long (and a silent device): probe (plus the batch window, see below)
 SLOW_INVOKE_S = frames.SLOW_RUN_US / 1e6  # this slow per invoke: results batched by time on the device

@@ -26,21 +26,6 @@ from esp_pylib.serial_ports import get_port_list
 from harness.device.protocol_native import register as register_native
 from harness.errors import PortError
 
-__all__ = [
-    "BY_ID_DIR",
-    "KNOWN_USB_DEVICES",
-    "BoardLike",
-    "PortCandidate",
-    "PortSpec",
-    "Rfc2217Serial",
-    "Transport",
-    "TransportCaps",
-    "find_port_holders",
-    "list_candidates",
-    "open_port",
-    "resolve_port",
-]
-
 # USB (VID, PID) of the bridges ESP32 dev boards carry, and Espressif's own USB-Serial-JTAG.
 KNOWN_USB_DEVICES: dict[tuple[int, int], str] = {
     (0x10C4, 0xEA60): "CP210x USB-UART bridge",

@@ -49,8 +49,6 @@ from harness.device.ports import (
 from harness.device.protocol_native import Serial as NativeSerial
 from harness.protocol import frames
 
-__all__ = ["DeviceSession"]
-
 
 class DeviceSession:
     """A board on a port: resolve, open once, flash, capture, close."""

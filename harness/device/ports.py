@@ -304,12 +304,10 @@ def _identify(path: str, plat: str) -> PortCandidate | None:
 
 def _resolve_auto(spec: str, board: BoardLike | None, plat: str) -> PortSpec:
     everything = list_candidates(plat)
-    known = [c for c in everything if c.kind is not None]
-    if board is not None:
-        want_jtag = getattr(board, "console", "uart") == "usb_serial_jtag"
-        matching = [c for c in known if c.is_usb_serial_jtag == want_jtag]
-    else:
-        matching = known
+    want_jtag = board is not None and getattr(board, "console", "uart") == "usb_serial_jtag"
+    matching = [
+        c for c in everything if c.kind is not None and (board is None or c.is_usb_serial_jtag == want_jtag)
+    ]
     if len(matching) == 1:
         cand = matching[0]
         return PortSpec(
@@ -323,8 +321,7 @@ def _resolve_auto(spec: str, board: BoardLike | None, plat: str) -> PortSpec:
     listing = "\n".join(f"  {c.label()}" for c in everything) or "  (no serial ports at all)"
     what = "an ESP32 board"
     if board is not None:
-        console = getattr(board, "console", "uart")
-        what = f"a {'USB-Serial-JTAG' if console == 'usb_serial_jtag' else 'USB-UART bridge'} console"
+        what = f"a {'USB-Serial-JTAG' if want_jtag else 'USB-UART bridge'} console"
     if not matching:
         raise PortError(
             f"--port auto found no serial port that looks like {what}. Ports seen:\n{listing}",

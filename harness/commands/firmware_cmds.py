@@ -197,16 +197,13 @@ def _print_generated(projects: list[GeneratedProject]) -> None:
     first = projects[0]
     dirs = " ".join(str(p.path) for p in projects)
     if first.board.builder == "sim":
-        console.print(f"Build with `esp-check build {dirs}` (packs images for the simulated board).")
+        how = "(packs images for the simulated board)."
     elif first.board.is_native:
-        console.print(
-            f"Build with `esp-check build {dirs}` (compiles a program for this PC; docs/native.md)."
-        )
+        how = "(compiles a program for this PC; docs/native.md)."
     else:
-        how = "idf.py build" if first.board.builder == "idf" else "pio run"
-        console.print(
-            f"Build with `esp-check build {dirs}` (or `{how}` in each directory); see docs/firmware.md."
-        )
+        tool = "idf.py build" if first.board.builder == "idf" else "pio run"
+        how = f"(or `{tool}` in each directory); see docs/firmware.md."
+    console.print(f"Build with `esp-check build {dirs}` {how}")
 
 
 def run_build_with_progress(

@@ -147,8 +147,7 @@ class Serial(InProcessPort):
 
     # ---- "flash" and reset -----------------------------------------------------------------------
 
-    def _erase(self) -> None:
-        """A blank board: flash all FF, no programs."""
+    def _erase(self) -> None:  # a blank board
         assert self._dir is not None
         with open(self._dir / "flash.bin", "wb") as f:
             f.write(b"\xff" * self._flash_bytes)

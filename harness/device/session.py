@@ -75,10 +75,11 @@ class DeviceSession:
     def reenumerates(self) -> bool:
         return self.reset_style == "usb_serial_jtag" or self.spec.reenumerates
 
-    def open(self) -> DeviceSession:
+    def open(self) -> serial.SerialBase:
+        """The open handle (opened here, exclusively, when there is none)."""
         if self.serial is None or not self.serial.is_open:
             self.serial = open_port(self.spec, ROM_BAUD, exclusive=True)
-        return self
+        return self.serial
 
     def close(self) -> None:
         if self.serial is not None:
@@ -88,7 +89,8 @@ class DeviceSession:
                 self.serial = None
 
     def __enter__(self) -> DeviceSession:
-        return self.open()
+        self.open()
+        return self
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
@@ -111,13 +113,12 @@ class DeviceSession:
         """Flash the board's chip (refusing another chip or revision) and stay in the stub: :meth:`capture`
         then resets into the app itself, after switching the port to the console baud, so the first line
         is not lost."""
-        self.open()
-        assert self.serial is not None
+        port = self.open()
         self.link_baud = None  # esptool resets the chip: its app boots at the console baud again
         if self.spec.caps.installs_program:  # a native board: install the program, no esptool
-            return install_program(self.serial, artifacts, log_path=log_path)
+            return install_program(port, artifacts, log_path=log_path)
         result = flash_artifacts(
-            self.serial,
+            port,
             artifacts,
             expected_chip=getattr(self.board, "chip", None),
             chip_revisions=getattr(self.board, "chip_revisions", None),
@@ -139,13 +140,12 @@ class DeviceSession:
     def capture(self, log_path: Path | None = None, *, reset: bool = True, **kwargs: Any) -> RawCapture:
         """Reset into the app (board reset style) and read until END / timeout; see
         :func:`harness.device.console.capture_run` for the keyword arguments."""
-        self.open()
-        assert self.serial is not None
+        port = self.open()
         self.pending_link = LinkStats()  # a new boot (or a slot switch's): earlier damage was its own boot's
         if reset:
             self.link_baud = None  # a reset boots the app at the console baud
         cap = capture_run(
-            self.serial,
+            port,
             log_path=log_path,
             reset=self.reset_style if reset else None,
             baud=self.console_baud,
@@ -171,9 +171,7 @@ class DeviceSession:
 
     def client(self, hello: frames.Hello, log: IO[bytes] | None = None, **kwargs: Any) -> LoopClient:
         """A loop client on the open handle (``log``: a binary file every received byte goes to)."""
-        self.open()
-        assert self.serial is not None
-        client = LoopClient(self.serial, hello, log, **kwargs)
+        client = LoopClient(self.open(), hello, log, **kwargs)
         client.stats.add(self.pending_link)
         self.pending_link = LinkStats()
         return client
@@ -185,10 +183,9 @@ class DeviceSession:
         reboot up to the new HELLO.
 
         LinkError when the app refuses (its status names the ESP-IDF error, e.g. an invalid image)."""
-        self.open()
-        assert self.serial is not None
+        port = self.open()
         try:
-            self.serial.write(frames.encode_frame(frames.CMD_BOOT, seq, bytes([slot]), key=hello.key))
+            port.write(frames.encode_frame(frames.CMD_BOOT, seq, bytes([slot]), key=hello.key))
             if self.link_baud is not None:  # the reply comes at the fast baud, the reboot at the console baud
                 with _append(log_path) as log:
                     reply = self._await_frame(hello.key, lambda f: f.type == frames.RSP_BOOT, 5.0, log)
@@ -250,9 +247,7 @@ class DeviceSession:
         after ``BAUD_CONFIRM_S``) and a SYNC there. Returns (the baud the link runs at, next command seq).
 
         LinkError when no round trip works at either baud."""
-        self.open()
-        assert self.serial is not None
-        port = self.serial
+        port = self.open()
         with _append(log_path) as log:
             port.write(frames.encode_frame(frames.CMD_BAUD, seq, struct.pack("<I", baud), key=hello.key))
             reply = self._await_frame(hello.key, lambda f: f.type == frames.RSP_BAUD, 2.0, log)
@@ -300,7 +295,6 @@ def _refused_boot(slot: int, reply: frames.Frame) -> LinkError:
 
 @contextlib.contextmanager
 def _append(path: Path | None) -> Iterator[IO[bytes] | None]:
-    """A binary append handle for an optional log path (None without one)."""
     if path is None:
         yield None
         return

@@ -108,7 +108,6 @@ class DeviceSession:
         log_path: Path | None = None,
         connect_attempts: int = 7,
         diff_with: Sequence[Path | str | None] | None = None,
-        skip_flashed: bool = True,
     ) -> FlashResult:
         """Flash the board's chip (refusing another chip or revision) and stay in the stub: :meth:`capture`
         then resets into the app itself, after switching the port to the console baud, so the first line
@@ -131,7 +130,6 @@ class DeviceSession:
             port_spec=self.spec,
             connect_attempts=connect_attempts,
             diff_with=diff_with,
-            skip_flashed=skip_flashed,
         )
         if result.serial is not None:
             self.serial = result.serial

@@ -93,11 +93,7 @@ def combine_exit_codes(codes: Iterable[ExitCode | int]) -> ExitCode:
 
     An empty iterable is a MATCH only in the trivial sense; callers must not compare nothing.
     """
-    present = {ExitCode(int(c)) for c in codes}
-    for code in EXIT_PRECEDENCE:
-        if code in present:
-            return code
-    return ExitCode.MATCH
+    return min((ExitCode(int(c)) for c in codes), key=EXIT_PRECEDENCE.index, default=ExitCode.MATCH)
 
 
 class Terminated(KeyboardInterrupt):

@@ -194,7 +194,7 @@ class _FlashAndCompareCommand(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
-            _refused(_out_in_args(given), exc.format_message())
+            write_refusal(_out_in_args(given), exc.format_message())
             raise
 
     def invoke(self, ctx: click.Context) -> object:
@@ -202,7 +202,7 @@ class _FlashAndCompareCommand(click.Command):
             return super().invoke(ctx)
         except UsageError as exc:
             if not ctx.meta.get(_FLOW_STARTED):  # the flow writes its own report
-                _refused(ctx.params.get("out_dir") or Path("esp-check-out"), exc.message)
+                write_refusal(ctx.params.get("out_dir") or Path("esp-check-out"), exc.message)
             raise
 
 
@@ -218,10 +218,6 @@ def _out_in_args(args: list[str]) -> Path:
         elif a.startswith("--out="):
             out = a.split("=", 1)[1]
     return Path(out)
-
-
-def _refused(out_dir: Path, message: str) -> None:
-    write_refusal(Path(out_dir), message)
 
 
 @click.command("flash-and-compare", cls=_FlashAndCompareCommand)
@@ -269,26 +265,12 @@ def flash_and_compare_cmd(
     Exit code: 0 match, 1 mismatch, 2 usage error, 3 infrastructure error, 4 firmware fault.
     """
     # lazy: the pipeline pulls pyserial; `esp-check --help` loads this module without it
+    from harness.flows.dataset import DatasetOptions
     from harness.flows.flash_and_compare import flash_and_compare
     from harness.flows.job import JobOptions
 
-    data = _dataset_options(
-        bool(inputs),
-        tap,
-        dataset,
-        random_inputs=random_inputs,
-        seed=seed,
-        results=results,
-        labels=labels,
-        repeat=repeat,
-    )
-    if data is not None:
-        data = dataclasses.replace(data, chunks=keep_chunks)
-    if tap_inputs is not None:
-        if data is None:
-            raise UsageError("--tap-inputs needs --dataset or --random-inputs", hint="with --input: --tap")
-        data = dataclasses.replace(data, tap_inputs=tuple(t.strip() for t in tap_inputs.split(",")))
-        data.check()
+    asked = DatasetOptions(dataset, random_inputs, seed, results, labels, repeat, chunks=keep_chunks)
+    data = _dataset_options(bool(inputs), tap, tap_inputs, asked)
     if dump_ops and not (tap or tap_inputs):
         raise UsageError("--dump-ops needs --tap (or --tap-inputs in a dataset run)", hint="add --tap")
     console = make_console(stderr=True)
@@ -333,19 +315,10 @@ def stage_progress(console: Console, status: Status | None) -> Callable[[str, st
 
 
 def _dataset_options(
-    has_inputs: bool,
-    tap: bool,
-    dataset: Path | None,
-    random_inputs: int | None,
-    seed: int,
-    results: str,
-    labels: Path | None,
-    repeat: int,
+    has_inputs: bool, tap: bool, tap_inputs: str | None, data: DatasetOptions
 ) -> DatasetOptions | None:
     """The checked DatasetOptions, or None for a run on --input files."""
-    from harness.flows.dataset import DatasetOptions  # lazy: pulls pyserial, as the pipeline does
-
-    if dataset is None and random_inputs is None:
+    if data.source is None and data.random_inputs is None:
         if not has_inputs:
             raise UsageError(
                 "flash-and-compare needs at least one --input (or --dataset / --random-inputs)",
@@ -356,17 +329,20 @@ def _dataset_options(
             "only to a dataset run, not to --input files",
             "drop it, or run --dataset DIR / --random-inputs N",
         )
+        if tap_inputs is not None:
+            raise UsageError("--tap-inputs needs --dataset or --random-inputs", hint="with --input: --tap")
         return None
     if has_inputs:
         raise UsageError("--input and --dataset/--random-inputs exclude each other", hint="give one")
-    if dataset is not None:
+    if data.source is not None:
         _refuse_given(("seed",), "only to --random-inputs (a dataset's inputs are given)", hint="drop --seed")
     if tap:
         raise UsageError(
             "--tap runs on --input files; in a dataset run, name the inputs to tap",
             hint="use --tap-inputs 3,17 (dataset indices) or --tap-inputs worst",
         )
-    data = DatasetOptions(dataset, random_inputs, seed, results, labels, repeat)
+    if tap_inputs is not None:
+        data = dataclasses.replace(data, tap_inputs=tuple(t.strip() for t in tap_inputs.split(",")))
     data.check()
     return data
 
@@ -554,17 +530,15 @@ def _print_tap(console: Console, tap: TapResult) -> None:
         for col in ("op type", "count", "optimized us", "ansi us", "speedup"):
             t.add_column(col, justify="right" if col != "op type" else "left")
         for name, row in timing["by_type"].items():
-            sp = row.get("speedup")
-            t.add_row(
-                name,
-                str(row["count"]),
-                f"{row['us'].get('optimized', 0.0):.1f}",
-                f"{row['us'].get('ansi', 0.0):.1f}",
-                f"{sp:.2f}x" if sp else "-",
-            )
-        total = timing["total_us"]
-        sp = timing.get("speedup")
-        t.add_row("total", str(len(timing["ops"])), f"{total.get('optimized', 0.0):.1f}",
-                  f"{total.get('ansi', 0.0):.1f}", f"{sp:.2f}x" if sp else "-")  # fmt: skip
+            t.add_row(name, str(row["count"]), *_timing_cells(row["us"], row.get("speedup")))
+        t.add_row("total", str(len(timing["ops"])), *_timing_cells(timing["total_us"], timing.get("speedup")))
         console.print(t)
         console.print("  per-op rows: report.json tap.timing.ops")
+
+
+def _timing_cells(us: dict[str, float], speedup: float | None) -> tuple[str, str, str]:
+    return (
+        f"{us.get('optimized', 0.0):.1f}",
+        f"{us.get('ansi', 0.0):.1f}",
+        f"{speedup:.2f}x" if speedup else "-",
+    )

@@ -197,16 +197,13 @@ def _print_generated(projects: list[GeneratedProject]) -> None:
     first = projects[0]
     dirs = " ".join(str(p.path) for p in projects)
     if first.board.builder == "sim":
-        console.print(f"Build with `esp-check build {dirs}` (packs images for the simulated board).")
+        how = "(packs images for the simulated board)."
     elif first.board.is_native:
-        console.print(
-            f"Build with `esp-check build {dirs}` (compiles a program for this PC; docs/native.md)."
-        )
+        how = "(compiles a program for this PC; docs/native.md)."
     else:
-        how = "idf.py build" if first.board.builder == "idf" else "pio run"
-        console.print(
-            f"Build with `esp-check build {dirs}` (or `{how}` in each directory); see docs/firmware.md."
-        )
+        tool = "idf.py build" if first.board.builder == "idf" else "pio run"
+        how = f"(or `{tool}` in each directory); see docs/firmware.md."
+    console.print(f"Build with `esp-check build {dirs}` {how}")
 
 
 def run_build_with_progress(
@@ -306,9 +303,7 @@ def build_cmd(
                     "firmware_sha256": r.firmware_sha256,
                     "flasher_args": str(r.flasher_args),
                     "log": str(r.log_path) if r.log_path else None,
-                    "artifacts": [
-                        {"offset": a.offset, "path": str(a.path), "role": a.role} for a in r.artifacts
-                    ],
+                    "artifacts": [{**a._asdict(), "path": str(a.path)} for a in r.artifacts],
                 }
                 for r in results
             ],

@@ -31,8 +31,6 @@ from harness.device.reset import hard_reset_into_app
 from harness.errors import EspCheckError, write_error
 from harness.protocol.frames import RSP_HELLO, Frame, FrameDecoder
 
-__all__ = ["ENDED_BY", "RawCapture", "capture_run"]
-
 # "hello": the resident firmware is ready for commands; "restart": it booted again mid-command
 # "line": the caller's ``stop_on_line`` check found what it was waiting for (or against) in a line
 ENDED_BY = (

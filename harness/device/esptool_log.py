@@ -14,8 +14,6 @@ from typing import TextIO
 from esp_pylib.logger import EspLog, EspLogBase
 from rich.text import Text
 
-__all__ = ["EsptoolLogSink", "capture_esptool_log"]
-
 ProgressFn = Callable[[int, int, str], None]
 
 

@@ -26,17 +26,6 @@ from harness.errors import ExitCode, FlashError
 if TYPE_CHECKING:
     from esptool.loader import ESPLoader
 
-__all__ = [
-    "AFTER_MODES",
-    "BEFORE_MODES",
-    "FlashFailure",
-    "FlashProgress",
-    "FlashResult",
-    "RegionResult",
-    "flash_artifacts",
-    "normalize_chip",
-]
-
 ROM_BAUD = 115200
 BEFORE_MODES = ("auto", "default-reset", "usb-reset", "no-reset", "no-reset-no-sync", "harness-reset")
 AFTER_MODES = ("hard-reset", "no-reset", "no-reset-stub", "soft-reset", "watchdog-reset")
@@ -305,13 +294,11 @@ class _ChipFacts(TypedDict):
 
 
 def _try(fn: Callable[[], _T]) -> _T | None:
-    from esptool.util import FatalError, NotImplementedInROMError  # only when a flash runs
+    from esptool.util import FatalError  # only when a flash runs (NotImplementedInROMError is one)
 
     try:
         return fn()
-    except (FatalError, NotImplementedInROMError, NotImplementedError, AttributeError, KeyError, ValueError):
-        return None
-    except serial.SerialException:
+    except (FatalError, NotImplementedError, AttributeError, KeyError, ValueError, serial.SerialException):
         return None
 
 

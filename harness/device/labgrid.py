@@ -312,10 +312,6 @@ class LabgridClient:
     def show(self, place: str) -> PlaceInfo:
         return parse_show(place, self.run("show", place=place))
 
-    def serial_url(self, place: str) -> str:
-        """The NetworkSerialPort of a place this process holds, as a pyserial URL."""
-        return serial_url_of(place, parse_env(self.run("env", place=place)))
-
     def set_tag(self, place: str, key: str, value: str) -> None:
         """Set (empty value: delete) one tag of the place."""
         self.run("set-tags", f"{key}={value}", place=place)
@@ -381,14 +377,11 @@ class _Reservation:
             except subprocess.TimeoutExpired:  # it only waits: nothing to lose by killing it
                 self.proc.kill()
                 self.proc.wait()
-        self.poll_token()
+        with contextlib.suppress(LabgridError):  # the token it printed, if any
+            self.poll()
         if not self.token:
             return None
         return _background(self.client.cancel, self.token)
-
-    def poll_token(self) -> None:
-        with contextlib.suppress(LabgridError):
-            self.poll()
 
     def close(self) -> None:
         for fh in (self._out, self._err):
@@ -590,7 +583,7 @@ class PlaceLease:
         errors: list[LabgridError] = []
         tagging = _background(self.client.set_tag, self.place, TAG, tag, errors=errors)
         try:
-            self.url = self.client.serial_url(self.place)
+            self.url = serial_url_of(self.place, parse_env(self.client.run("env", place=self.place)))
             tagging.join()
             if errors:
                 raise errors[0]

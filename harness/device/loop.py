@@ -21,17 +21,6 @@ from harness.device.protocol_native import EXIT_LINE
 from harness.errors import CaptureError, write_error
 from harness.protocol import frames
 
-__all__ = [
-    "DeviceRestarted",
-    "LinkError",
-    "LinkStats",
-    "LoopClient",
-    "byte_seconds",
-    "gather",
-    "read_waiting",
-    "wait_readable",
-]
-
 MAX_RETRANSMITS = 8
 ACK_TIMEOUT_S = 3.0  # no ACK for this long (and a silent device): probe (plus the batch window, see below)
 SLOW_INVOKE_S = frames.SLOW_RUN_US / 1e6  # this slow per invoke: results batched by time on the device
@@ -347,11 +336,6 @@ class LoopClient:
                 raise LinkError(f"resident loop: no {what} within {timeout:.0f} s")
             self._wait_progress(what)
 
-    def wait_text(self, marker: bytes, what: str) -> None:
-        """Pump until ``marker`` is in the text received so far (e.g. an END record)."""
-        while marker not in self.text:
-            self._wait_progress(what)
-
     # ---- commands ---------------------------------------------------------------------------------
 
     def load(self, data: bytes) -> None:
@@ -385,7 +369,8 @@ class LoopClient:
             self.load(data)
             self.send(frames.CMD_RUN, frames.encode_run(k, text=True))
         self.send(frames.CMD_END)
-        self.wait_text(b" END status=", "the END record of the text session")
+        while b" END status=" not in self.text:
+            self._wait_progress("the END record of the text session")
         while b"\n" not in self.text[self.text.rindex(b" END status=") :]:
             self._wait_progress("the end of the END record")
         self._finish()

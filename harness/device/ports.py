@@ -26,21 +26,6 @@ from esp_pylib.serial_ports import get_port_list
 from harness.device.protocol_native import register as register_native
 from harness.errors import PortError
 
-__all__ = [
-    "BY_ID_DIR",
-    "KNOWN_USB_DEVICES",
-    "BoardLike",
-    "PortCandidate",
-    "PortSpec",
-    "Rfc2217Serial",
-    "Transport",
-    "TransportCaps",
-    "find_port_holders",
-    "list_candidates",
-    "open_port",
-    "resolve_port",
-]
-
 # USB (VID, PID) of the bridges ESP32 dev boards carry, and Espressif's own USB-Serial-JTAG.
 KNOWN_USB_DEVICES: dict[tuple[int, int], str] = {
     (0x10C4, 0xEA60): "CP210x USB-UART bridge",
@@ -319,12 +304,10 @@ def _identify(path: str, plat: str) -> PortCandidate | None:
 
 def _resolve_auto(spec: str, board: BoardLike | None, plat: str) -> PortSpec:
     everything = list_candidates(plat)
-    known = [c for c in everything if c.kind is not None]
-    if board is not None:
-        want_jtag = getattr(board, "console", "uart") == "usb_serial_jtag"
-        matching = [c for c in known if c.is_usb_serial_jtag == want_jtag]
-    else:
-        matching = known
+    want_jtag = board is not None and getattr(board, "console", "uart") == "usb_serial_jtag"
+    matching = [
+        c for c in everything if c.kind is not None and (board is None or c.is_usb_serial_jtag == want_jtag)
+    ]
     if len(matching) == 1:
         cand = matching[0]
         return PortSpec(
@@ -338,8 +321,7 @@ def _resolve_auto(spec: str, board: BoardLike | None, plat: str) -> PortSpec:
     listing = "\n".join(f"  {c.label()}" for c in everything) or "  (no serial ports at all)"
     what = "an ESP32 board"
     if board is not None:
-        console = getattr(board, "console", "uart")
-        what = f"a {'USB-Serial-JTAG' if console == 'usb_serial_jtag' else 'USB-UART bridge'} console"
+        what = f"a {'USB-Serial-JTAG' if want_jtag else 'USB-UART bridge'} console"
     if not matching:
         raise PortError(
             f"--port auto found no serial port that looks like {what}. Ports seen:\n{listing}",
@@ -520,16 +502,6 @@ class Rfc2217Serial(serial.rfc2217.Serial):
         super().close()
 
 
-def _open_rfc2217(url: str, **kwargs: object) -> serial.SerialBase:
-    """``serial_for_url`` for ``rfc2217://`` URLs, with :class:`Rfc2217Serial`."""
-    do_not_open = kwargs.pop("do_not_open", False)
-    port = Rfc2217Serial(None, **kwargs)
-    port.port = url
-    if not do_not_open:
-        port.open()
-    return port
-
-
 def open_port(
     spec: PortSpec | str,
     baud: int = 115200,
@@ -547,15 +519,18 @@ def open_port(
     """
     ps = spec if isinstance(spec, PortSpec) else resolve_port(spec)
     url = ps.url
-    make = _open_rfc2217 if ps.transport == Transport.RFC2217 else serial.serial_for_url
     if ps.caps.installs_program:
         register_native()  # pyserial finds harness.device.protocol_native for native://
     try:
         # a timeout change costs nothing on rfc2217:// either (Rfc2217Serial)
-        kwargs: dict[str, object] = {"baudrate": baud, "timeout": 0.05, "do_not_open": True}
+        kwargs: dict[str, object] = {"baudrate": baud, "timeout": 0.05}
         if exclusive and ps.caps.exclusive_lock:
             kwargs["exclusive"] = True
-        port = make(url, **kwargs)
+        if ps.transport == Transport.RFC2217:
+            port = Rfc2217Serial(None, **kwargs)  # no port given: nothing opens yet
+            port.port = url
+        else:
+            port = serial.serial_for_url(url, do_not_open=True, **kwargs)
         if ps.caps.modem_lines and ps.transport != Transport.RFC2217:
             port.dtr = False
             port.rts = False

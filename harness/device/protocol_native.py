@@ -147,8 +147,7 @@ class Serial(InProcessPort):
 
     # ---- "flash" and reset -----------------------------------------------------------------------
 
-    def _erase(self) -> None:
-        """A blank board: flash all FF, no programs."""
+    def _erase(self) -> None:  # a blank board
         assert self._dir is not None
         with open(self._dir / "flash.bin", "wb") as f:
             f.write(b"\xff" * self._flash_bytes)
@@ -394,8 +393,3 @@ class Serial(InProcessPort):
         self._live()
         with self._cond:
             self._buf.clear()
-
-    @property
-    def program(self) -> Path | None:
-        """The installed program (None before the first flash)."""
-        return self._program

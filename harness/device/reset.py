@@ -14,8 +14,6 @@ from esp_pylib.serial_reset import (
     usb_jtag_bootloader_reset,
 )
 
-__all__ = ["RESET_STYLES", "bootloader_reset", "hard_reset_into_app"]
-
 RESET_STYLES = ("classic", "usb_serial_jtag")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import random
 import struct
 import time
@@ -20,7 +21,14 @@ from typing import IO, Any
 import serial
 
 from harness.device.console import RawCapture, capture_run
-from harness.device.flash import ROM_BAUD, FlashResult, ProgressCallback, flash_artifacts
+from harness.device.flash import (
+    ROM_BAUD,
+    FlashFailure,
+    FlashResult,
+    ProgressCallback,
+    RegionResult,
+    flash_artifacts,
+)
 from harness.device.loop import (
     COALESCE_MAX_S,
     LinkError,
@@ -31,7 +39,6 @@ from harness.device.loop import (
     read_waiting,
     wait_readable,
 )
-from harness.device.native import install_program
 from harness.device.ports import (
     BoardLike,
     PortSpec,
@@ -39,9 +46,8 @@ from harness.device.ports import (
     reopen_after_reenumeration,
     resolve_port,
 )
+from harness.device.protocol_native import Serial as NativeSerial
 from harness.protocol import frames
-
-__all__ = ["DeviceSession"]
 
 
 class DeviceSession:
@@ -69,10 +75,11 @@ class DeviceSession:
     def reenumerates(self) -> bool:
         return self.reset_style == "usb_serial_jtag" or self.spec.reenumerates
 
-    def open(self) -> DeviceSession:
+    def open(self) -> serial.SerialBase:
+        """The open handle (opened here, exclusively, when there is none)."""
         if self.serial is None or not self.serial.is_open:
             self.serial = open_port(self.spec, ROM_BAUD, exclusive=True)
-        return self
+        return self.serial
 
     def close(self) -> None:
         if self.serial is not None:
@@ -82,7 +89,8 @@ class DeviceSession:
                 self.serial = None
 
     def __enter__(self) -> DeviceSession:
-        return self.open()
+        self.open()
+        return self
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
@@ -100,18 +108,16 @@ class DeviceSession:
         log_path: Path | None = None,
         connect_attempts: int = 7,
         diff_with: Sequence[Path | str | None] | None = None,
-        skip_flashed: bool = True,
     ) -> FlashResult:
         """Flash the board's chip (refusing another chip or revision) and stay in the stub: :meth:`capture`
         then resets into the app itself, after switching the port to the console baud, so the first line
         is not lost."""
-        self.open()
-        assert self.serial is not None
+        port = self.open()
         self.link_baud = None  # esptool resets the chip: its app boots at the console baud again
         if self.spec.caps.installs_program:  # a native board: install the program, no esptool
-            return install_program(self.serial, artifacts, log_path=log_path)
+            return install_program(port, artifacts, log_path=log_path)
         result = flash_artifacts(
-            self.serial,
+            port,
             artifacts,
             expected_chip=getattr(self.board, "chip", None),
             chip_revisions=getattr(self.board, "chip_revisions", None),
@@ -124,7 +130,6 @@ class DeviceSession:
             port_spec=self.spec,
             connect_attempts=connect_attempts,
             diff_with=diff_with,
-            skip_flashed=skip_flashed,
         )
         if result.serial is not None:
             self.serial = result.serial
@@ -133,13 +138,12 @@ class DeviceSession:
     def capture(self, log_path: Path | None = None, *, reset: bool = True, **kwargs: Any) -> RawCapture:
         """Reset into the app (board reset style) and read until END / timeout; see
         :func:`harness.device.console.capture_run` for the keyword arguments."""
-        self.open()
-        assert self.serial is not None
+        port = self.open()
         self.pending_link = LinkStats()  # a new boot (or a slot switch's): earlier damage was its own boot's
         if reset:
             self.link_baud = None  # a reset boots the app at the console baud
         cap = capture_run(
-            self.serial,
+            port,
             log_path=log_path,
             reset=self.reset_style if reset else None,
             baud=self.console_baud,
@@ -165,9 +169,7 @@ class DeviceSession:
 
     def client(self, hello: frames.Hello, log: IO[bytes] | None = None, **kwargs: Any) -> LoopClient:
         """A loop client on the open handle (``log``: a binary file every received byte goes to)."""
-        self.open()
-        assert self.serial is not None
-        client = LoopClient(self.serial, hello, log, **kwargs)
+        client = LoopClient(self.open(), hello, log, **kwargs)
         client.stats.add(self.pending_link)
         self.pending_link = LinkStats()
         return client
@@ -179,10 +181,9 @@ class DeviceSession:
         reboot up to the new HELLO.
 
         LinkError when the app refuses (its status names the ESP-IDF error, e.g. an invalid image)."""
-        self.open()
-        assert self.serial is not None
+        port = self.open()
         try:
-            self.serial.write(frames.encode_frame(frames.CMD_BOOT, seq, bytes([slot]), key=hello.key))
+            port.write(frames.encode_frame(frames.CMD_BOOT, seq, bytes([slot]), key=hello.key))
             if self.link_baud is not None:  # the reply comes at the fast baud, the reboot at the console baud
                 with _append(log_path) as log:
                     reply = self._await_frame(hello.key, lambda f: f.type == frames.RSP_BOOT, 5.0, log)
@@ -244,9 +245,7 @@ class DeviceSession:
         after ``BAUD_CONFIRM_S``) and a SYNC there. Returns (the baud the link runs at, next command seq).
 
         LinkError when no round trip works at either baud."""
-        self.open()
-        assert self.serial is not None
-        port = self.serial
+        port = self.open()
         with _append(log_path) as log:
             port.write(frames.encode_frame(frames.CMD_BAUD, seq, struct.pack("<I", baud), key=hello.key))
             reply = self._await_frame(hello.key, lambda f: f.type == frames.RSP_BAUD, 2.0, log)
@@ -294,10 +293,66 @@ def _refused_boot(slot: int, reply: frames.Frame) -> LinkError:
 
 @contextlib.contextmanager
 def _append(path: Path | None) -> Iterator[IO[bytes] | None]:
-    """A binary append handle for an optional log path (None without one)."""
     if path is None:
         yield None
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as f:
         yield f
+
+
+def install_program(
+    port: serial.SerialBase, artifacts: Sequence[tuple[int, Path | str]], *, log_path: Path | None = None
+) -> FlashResult:
+    """Flash a native board (no ROM loader, no esptool): write a native build's files to the board behind
+    ``port``, each at its flash offset (a bare program at offset 0 alone is installed as it is), skipping
+    regions it already holds. The result has an esptool flash's shape: reports treat both alike."""
+    t0 = time.monotonic()
+    if not isinstance(port, NativeSerial):
+        raise FlashFailure(
+            "a native build can only be installed on a native:// port", kind="usage",
+            hint="use the native board's port (omit --port, or give native://NAME)",
+        )  # fmt: skip
+    if not artifacts:
+        raise FlashFailure("nothing to flash", kind="usage", hint="build the project first")
+    regions: list[RegionResult] = []
+    lines: list[str] = []
+    for offset, path in sorted(artifacts, key=lambda a: a[0]):
+        t1 = time.monotonic()
+        file = Path(path)
+        try:
+            if offset == 0 and len(artifacts) == 1:
+                size, sha = port.install(file)
+                written = size
+            else:
+                size, sha, written = port.write_region(offset, file)
+        except OSError as exc:
+            raise FlashFailure(
+                f"cannot write {file} at 0x{offset:x} on native board {port.name}: {exc.strerror or exc}",
+                kind="usage", hint="rebuild the project",
+            ) from exc  # fmt: skip
+        what = "the board already holds it: skipped" if written == 0 else "written"
+        lines.append(f"native: installed {file.name} at 0x{offset:x} ({size} B, sha256 {sha[:16]}; {what})\n")
+        md5 = hashlib.md5(file.read_bytes(), usedforsecurity=False).hexdigest()
+        region = RegionResult(offset, file, size, md5, skipped=written == 0, bytes_written=written)
+        region.seconds, region.verified = time.monotonic() - t1, True
+        regions.append(region)
+    seconds = time.monotonic() - t0
+    text = "".join(lines) + f"native: native://{port.name} flashed\n"
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(text, encoding="utf-8")
+    return FlashResult(
+        port=f"native://{port.name}",
+        chip="native",
+        chip_name="host program",
+        description="native board: the firmware built for this PC, run as a program",
+        baud=0,
+        before="none",
+        after="none",
+        regions=regions,
+        duration_s=seconds,
+        log_path=log_path,
+        esptool_log=text,
+        serial=port,
+    )

@@ -173,10 +173,6 @@ def sdkconfig_json(text: str) -> dict[str, bool | int | str]:
     return out
 
 
-def _hex(n: int) -> str:
-    return f"0x{n:x}"
-
-
 # --------------------------------------------------------------------------------------------
 # cache key
 
@@ -683,10 +679,10 @@ def flasher_args(
     data: dict[str, Any] = {
         "write_flash_args": ["--flash-mode", mode, "--flash-freq", freq, "--flash-size", size],
         "flash_settings": {"flash_mode": mode, "flash_freq": freq, "flash_size": size},
-        "flash_files": {_hex(a.offset): rel(a.path) for a in sorted(artifacts)},
+        "flash_files": {hex(a.offset): rel(a.path) for a in sorted(artifacts)},
     }
     for a in artifacts:
-        data[a.role] = {"offset": _hex(a.offset), "file": rel(a.path), "encrypted": "false"}
+        data[a.role] = {"offset": hex(a.offset), "file": rel(a.path), "encrypted": "false"}
     data["extra_esptool_args"] = {
         "after": "hard-reset",
         "before": "default-reset",
@@ -755,7 +751,7 @@ def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: 
     fa_path = out_dir / FLASHER_ARGS
     fa_path.write_text(json.dumps(args, indent=4) + "\n", encoding="utf-8")
     lines = [" ".join(args["write_flash_args"])]
-    lines += [f"{_hex(a.offset)} {a.path.relative_to(out_dir).as_posix()}" for a in artifacts]
+    lines += [f"{hex(a.offset)} {a.path.relative_to(out_dir).as_posix()}" for a in artifacts]
     (out_dir / FLASH_ARGS).write_text("\n".join(lines) + "\n", encoding="utf-8")
     fwver = str(manifest.get("template_version") or "0.0.0")
     description = project_description(project, out_dir, manifest, chip, elf, fwver=fwver)
@@ -997,7 +993,7 @@ def _build_native(
     info_path = out_dir / NATIVE_INFO
     sha256 = _sha256_file(program)
     info = {"program": program.name, "sha256": sha256, "cache_hit": hit, **meta["native"]}
-    info["flash"] = {a.role: {"offset": _hex(a.offset), "file": a.path.relative_to(out_dir).as_posix()}
+    info["flash"] = {a.role: {"offset": hex(a.offset), "file": a.path.relative_to(out_dir).as_posix()}
                      for a in artifacts}  # fmt: skip
     info_path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return BuildResult(

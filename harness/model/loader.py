@@ -38,8 +38,6 @@ from harness.resources import code_digest, store_json, user_cache_dir
 if TYPE_CHECKING:
     import tflite
 
-__all__ = ["ModelInfo", "OpInfo", "TensorInfo", "load_model", "parse_model_bytes"]
-
 # --------------------------------------------------------------------------------------------
 # parsing
 

@@ -68,30 +68,33 @@ def _lazy_tflite() -> ModuleType:
 _SKIP_SUFFIXES = ("IsNone", "Length", "AsNumpy", "BufferHasIdentifier")
 
 
-def _read_options(tfl: ModuleType, op: tflite.Operator) -> dict[str, object]:
-    """Builtin options of one operator as a plain dict (snake_case keys, enums as names)."""
-    opt_type = op.BuiltinOptionsType()
-    if opt_type == 0:
-        return {}
-    type_names = enum_names(tfl.BuiltinOptions)
-    cls_name = type_names.get(opt_type)
+def builtin_options(tfl: ModuleType, op: tflite.Operator) -> tuple[str, Any, list[str]] | None:
+    """(class name, table, field accessor names) of an operator's builtin options; None when it has none
+    or of a type the ``tflite`` schema package does not know."""
+    name = enum_names(tfl.BuiltinOptions).get(op.BuiltinOptionsType())
+    cls = getattr(tfl, name, None) if name else None
     table = op.BuiltinOptions()
-    cls = getattr(tfl, cls_name, None) if cls_name else None
-    if cls is None or table is None:
-        return {}
+    if name is None or cls is None or table is None:
+        return None
     obj = cls()
     obj.Init(table.Bytes, table.Pos)
+    accessors = [
+        a for a in dir(cls) if not a.startswith(("_", "GetRootAs")) and not a.endswith(_SKIP_SUFFIXES)
+    ]
+    return name, obj, [a for a in accessors if a != "Init" and callable(getattr(obj, a))]
+
+
+def _read_options(tfl: ModuleType, op: tflite.Operator) -> dict[str, object]:
+    """Builtin options of one operator as a plain dict (snake_case keys, enums as names)."""
+    found = builtin_options(tfl, op)
+    if found is None:
+        return {}
+    _, obj, accessors = found
     padding = enum_names(tfl.Padding)
     activation = enum_names(tfl.ActivationFunctionType)
     out: dict[str, object] = {}
-    for attr in dir(cls):
-        if attr.startswith("_") or attr in ("Init", "GetRootAs") or attr.startswith("GetRootAs"):
-            continue
-        if attr.endswith(_SKIP_SUFFIXES):
-            continue
+    for attr in accessors:
         fn = getattr(obj, attr)
-        if not callable(fn):
-            continue
         if hasattr(obj, attr + "AsNumpy"):  # vector field
             length = getattr(obj, attr + "Length")()
             out[_snake(attr)] = tuple(int(fn(j)) for j in range(length))

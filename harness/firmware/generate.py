@@ -711,17 +711,7 @@ def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
         # with these ops (a new model rewrites only the model partition)
         "input_bytes": tensor.nbytes if prepared else 0,
         "input_dtype": tensor.dtype,
-        "outputs": [
-            {
-                "index": k,
-                "name": c_str(o.name),
-                "dtype": o.dtype,
-                "shape": list(o.shape),
-                "scale": o.scale,
-                "zero_point": o.zero_point,
-            }
-            for k, o in enumerate(model.outputs)
-        ],
+        "outputs": [{"index": k, **_tensor_fields(o)} for k, o in enumerate(model.outputs)],
         "resolver": list(src.resolver),
         "arena_bytes": plan.bytes,
         "arena_mem": plan.mem,
@@ -731,6 +721,16 @@ def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
         "human_max": human_max,
         "main_stack_bytes": MAIN_STACK_BYTES,
         **_idf_context(board),
+    }
+
+
+def _tensor_fields(t: TensorInfo) -> dict[str, object]:
+    return {
+        "name": c_str(t.name),
+        "dtype": t.dtype,
+        "shape": list(t.shape),
+        "scale": t.scale,
+        "zero_point": t.zero_point,
     }
 
 
@@ -844,13 +844,7 @@ def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mappin
             "sha256": _sha256(src.model_bytes),
             "schema_version": src.model.schema_version,
         },
-        "input_tensor": {
-            "name": c_str(tensor.name),
-            "dtype": tensor.dtype,
-            "shape": list(tensor.shape),
-            "scale": tensor.scale,
-            "zero_point": tensor.zero_point,
-        },
+        "input_tensor": _tensor_fields(tensor),
         "inputs": [
             {
                 "index": k,
@@ -865,11 +859,8 @@ def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mappin
         "outputs": [dict(o) for o in ctx["outputs"]],
         "ops": list(src.model.distinct_ops),
         "resolver": list(src.resolver),
-        "arena_bytes": plan.bytes,
-        "arena_mem": plan.mem,
-        "arena_max": _arena_max(board),  # what the app accepts from a model partition header
-        "keep_bytes": keep_store_bytes(board),  # the kept-input store in PSRAM (0: none)
-        "resident": resident_buffers(board),  # the resident loop's buffers and receive window
+        # the arena and where it may go, the kept-input store in PSRAM, the resident loop's buffers
+        **{k: ctx[k] for k in ("arena_bytes", "arena_mem", "arena_max", "keep_bytes", "resident")},
         "arena_source": plan.source,
         "arena_estimate_bytes": plan.estimate_bytes,
         "arena_espnn_formulas": plan.espnn_formulas,

@@ -859,8 +859,11 @@ def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mappin
         "outputs": [dict(o) for o in ctx["outputs"]],
         "ops": list(src.model.distinct_ops),
         "resolver": list(src.resolver),
-        # the arena and where it may go, the kept-input store in PSRAM, the resident loop's buffers
-        **{k: ctx[k] for k in ("arena_bytes", "arena_mem", "arena_max", "keep_bytes", "resident")},
+        "arena_bytes": plan.bytes,
+        "arena_mem": plan.mem,
+        "arena_max": _arena_max(board),  # what the app accepts from a model partition header
+        "keep_bytes": keep_store_bytes(board),  # the kept-input store in PSRAM (0: none)
+        "resident": resident_buffers(board),  # the resident loop's buffers and receive window
         "arena_source": plan.source,
         "arena_estimate_bytes": plan.estimate_bytes,
         "arena_espnn_formulas": plan.espnn_formulas,

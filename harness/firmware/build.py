@@ -760,8 +760,6 @@ def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: 
     if resolved is not None:
         _record_resolved(project, resolved)
     app = out_dir / LAYOUT["app"]
-    data = app.read_bytes()
-    firmware_sha256 = hashlib.sha256(data).hexdigest()
     return BuildResult(
         project_dir=project,
         builder=job.builder,
@@ -771,10 +769,10 @@ def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: 
         log_path=job.log,
         cache_hit=hit,
         cache_key=job.key,
-        firmware_sha256=firmware_sha256,
+        firmware_sha256=meta["app_slot"]["sha256"],  # of these very bytes: see _app_slot_kept, _build_meta
         chip=chip,
         elf=elf,
-        app_slot_sha256=_app_slot_sha256(meta, data, firmware_sha256, chip),
+        app_slot_sha256=meta["app_slot"]["slot_sha256"],
     )
 
 
@@ -793,15 +791,6 @@ def _app_slot_kept(cache: BuildCache, entry: CacheEntry, files: Mapping[str, Pat
     if app is None or (stored.get("slot_sha256") and stored.get("sha256") == _sha256_file(app)):
         return entry
     return cache.update_meta(entry, {"app_slot": _app_slot(app, chip)})
-
-
-def _app_slot_sha256(meta: BuildMeta, data: bytes, file_sha256: str, chip: str) -> str:
-    """The stored slot SHA-256 when it was computed from these very bytes; else computed now (an entry
-    older than the field, or an app that is not the one measured: never a stale hash)."""
-    stored = meta.get("app_slot") or {}
-    if stored.get("sha256") == file_sha256 and stored.get("slot_sha256"):
-        return stored["slot_sha256"]
-    return slot_sha256(data, chip)
 
 
 # --------------------------------------------------------------------------------------------

@@ -638,14 +638,14 @@ def _place(src: Path, dest: Path) -> Path:
 
 
 def project_description(
-    project: Path, out_dir: Path, manifest: Manifest, chip: str, elf: Path | None, *, fwver: str
+    project: Path, out_dir: Path, manifest: Manifest, chip: str, elf: Path | None
 ) -> dict[str, object]:
     """The fields of ESP-IDF's project_description.json that tools read (monitor, test runners), for
     the exported build directory (paths in it, files relative to it)."""
     board_def = manifest.get("board_def") or {}
     return {
         "project_name": APP_NAME,
-        "project_version": fwver,
+        "project_version": str(manifest.get("template_version") or "0.0.0"),
         "project_path": str(project),
         "build_dir": str(out_dir),
         "target": chip,
@@ -753,8 +753,7 @@ def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: 
     lines = [" ".join(args["write_flash_args"])]
     lines += [f"{hex(a.offset)} {a.path.relative_to(out_dir).as_posix()}" for a in artifacts]
     (out_dir / FLASH_ARGS).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    fwver = str(manifest.get("template_version") or "0.0.0")
-    description = project_description(project, out_dir, manifest, chip, elf, fwver=fwver)
+    description = project_description(project, out_dir, manifest, chip, elf)
     (out_dir / PROJECT_DESCRIPTION).write_text(json.dumps(description, indent=4) + "\n", encoding="utf-8")
     resolved = meta.get("resolved")
     if resolved is not None:

@@ -407,10 +407,6 @@ class FirmwareFeatures:
     embed_inputs: bool = True
     ansi_ops: tuple[int, ...] = ()
 
-    @property
-    def tapped(self) -> bool:
-        return self.tap or bool(self.dump_ops)
-
 
 # --------------------------------------------------------------------------------------------
 # keeping projects whose inputs have not changed
@@ -541,8 +537,8 @@ def generate_projects(
     model = load_model(model_path)
     tensor = _check_model(model, model_path)
     resolver = _resolver(model)
-    # per-op checksum wrapper tables (None when off); GenerateError on bad op indices
-    tap_ctx = tap_firmware_context(model, tap=feats.tapped, dump_ops=feats.dump_ops)
+    # per-op checksum wrapper tables (None without tap and dump_ops); GenerateError on bad op indices
+    tap_ctx = tap_firmware_context(model, tap=feats.tap, dump_ops=feats.dump_ops)
     model_bytes = model_path.read_bytes()
     layout = flash_layout(board_def)
     check_model_fits(layout, len(model_bytes), model_path.name)

@@ -1,12 +1,9 @@
 """The host reference and the arena probe, in one child process with a memory limit and a timeout.
 
-Why a child, its limits, and what a crash or a refusal becomes: README "Host reference backends and
-platforms" and docs/sweep.md "When the host reference refuses". One child does everything a command
-needs: reference outputs for the inputs, per layer if asked, and TFLM's arena measurement with a
-confirming run at exactly that size. It announces every Invoke on stdout, so a SIGABRT right after one is
-a :class:`~harness.errors.ReferenceRefusedError`; any other death by a signal is a
-:class:`~harness.errors.ModelError`. Results are cached on disk by model hash, input hashes, backend
-version and a hash of the code that computes them; failures are never cached.
+Why a child, its limits, what a crash or a refusal (SIGABRT after an announced Invoke) becomes and how
+results are cached: README "Host reference backends and platforms" and docs/sweep.md "When the host
+reference refuses". One child does everything a command needs: reference outputs for the inputs, per
+layer if asked, and TFLM's arena measurement with a confirming run at exactly that size.
 """
 
 from __future__ import annotations

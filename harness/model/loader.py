@@ -465,11 +465,6 @@ def _tuples(fields: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
 
 
-def _op_from(fields: dict[str, Any]) -> OpInfo:
-    options = MappingProxyType(_tuples(fields.pop("options")))
-    return OpInfo(**_tuples(fields), options=options)
-
-
 def _stored(digest: str, size: int, path: Path) -> ModelInfo | None:
     """The stored parse of the model with SHA-256 ``digest``, or None (missing, damaged, another one)."""
     try:
@@ -483,7 +478,10 @@ def _stored(digest: str, size: int, path: Path) -> ModelInfo | None:
             sha256=digest,
             inputs=tuple(tensors[i] for i in doc.pop("inputs")),
             outputs=tuple(tensors[i] for i in doc.pop("outputs")),
-            ops=tuple(_op_from(o) for o in doc.pop("ops")),
+            ops=tuple(
+                OpInfo(options=MappingProxyType(_tuples(o.pop("options"))), **_tuples(o))
+                for o in doc.pop("ops")
+            ),
             tensors=tensors,
             **doc,
         )

@@ -339,10 +339,10 @@ def _read_c_array(path: Path) -> tuple[np.ndarray, str]:
         nm = _NUMBER.fullmatch(tok)
         if nm is None:
             raise InputDataError(f"{path}: cannot parse array element {tok!r}")
-        core = (
-            tok.rstrip("fFlLuU") if not tok.lower().startswith(("0x", "-0x", "+0x")) else tok.rstrip("lLuU")
-        )
-        values.append(float(int(core, 16)) if "0x" in core.lower() else float(core))
+        if "0x" in tok.lower():  # hex digits include f: only the integer suffixes are stripped
+            values.append(float(int(tok.rstrip("lLuU"), 16)))
+        else:
+            values.append(float(tok.rstrip("fFlLuU")))
     arr = np.asarray(values, dtype=np.float64)
     if np.dtype(dtype).kind in "iu":
         info = np.iinfo(np.dtype(dtype))
@@ -493,13 +493,8 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
                 f"{src}: {len(blob)} bytes is not a whole number of {raw_dt.name} elements "
                 f"({raw_dt.itemsize} B each)"
             )
-        data = _fit_flat(
-            np.frombuffer(blob, dtype=raw_dt).astype(raw_dt.newbyteorder("=")),
-            tensor,
-            src,
-            f"raw {raw_dt.name}",
-            notes,
-        )
+        values = np.frombuffer(blob, dtype=raw_dt).astype(raw_dt.newbyteorder("="))
+        data = _fit_flat(values, tensor, src, f"raw {raw_dt.name}", notes)
     else:
         values, c_dtype = _read_c_array(src)
         data = _fit_flat(values, tensor, src, f"C array ({c_dtype})", notes)

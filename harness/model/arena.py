@@ -398,15 +398,11 @@ def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str
             failure = "TFLM's reference kernels refuse all-zero inputs, so the arena was not measured; "
     if measured is not None:
         host = measured.total
+        confirmed = "confirmed by a run at exactly" if measured.verified else "NOT confirmed at"
         note = (
-            "host TFLM recording allocator (64-bit, reference kernels)"
-            + (
-                ", confirmed by a run at exactly that size"
-                if measured.verified
-                else ", NOT confirmed at that size"
-            )
-            + f"; target adds the largest ESP-NN scratch ({scratch} B) and {MARGIN_FRACTION:.0%} + "
-            f"{MARGIN_FIXED} B margin; the device's arena_used_bytes() is authoritative"
+            f"host TFLM recording allocator (64-bit, reference kernels), {confirmed} that size; target adds "
+            f"the largest ESP-NN scratch ({scratch} B) and {MARGIN_FRACTION:.0%} + {MARGIN_FIXED} B margin; "
+            "the device's arena_used_bytes() is authoritative"
         )
     else:
         host = rough_host_bytes(info)

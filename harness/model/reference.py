@@ -161,15 +161,8 @@ def compare_backends(
             if la.crc32 == lb.crc32 and np.array_equal(la.array, lb.array):
                 continue
             diff = np.abs(la.array.astype(np.int64) - lb.array.astype(np.int64))
+            mismatched, worst = int(np.count_nonzero(diff)), int(diff.max())
             out.append(
-                LayerDisagreement(
-                    k,
-                    la.op_index,
-                    la.opcode,
-                    tensor_index=la.tensor_index,
-                    name=la.name,
-                    mismatched=int(np.count_nonzero(diff)),
-                    max_abs_diff=int(diff.max()),
-                )
+                LayerDisagreement(k, la.op_index, la.opcode, la.tensor_index, la.name, mismatched, worst)
             )
     return out

@@ -642,7 +642,7 @@ def project_description(
 ) -> dict[str, object]:
     """The fields of ESP-IDF's project_description.json that tools read (monitor, test runners), for
     the exported build directory (paths in it, files relative to it)."""
-    board_def = manifest.get("board_def") or {}
+    baud = (manifest.get("board_def") or {}).get("monitor_baud")
     return {
         "project_name": APP_NAME,
         "project_version": str(manifest.get("template_version") or "0.0.0"),
@@ -653,9 +653,7 @@ def project_description(
         "app_bin": LAYOUT["app"],
         "app_elf": LAYOUT["elf"] if elf is not None else "",
         "config_file": str(out_dir / LAYOUT["sdkconfig_json"]),
-        "monitor_baudrate": baud
-        if isinstance(baud := board_def.get("monitor_baud"), int) and baud
-        else 115200,
+        "monitor_baudrate": baud if isinstance(baud, int) and baud else 115200,
         "monitor_toolprefix": CHIPS[chip].toolprefix if chip in CHIPS else "",
         "generated_by": f"esp-check {__version__} (builder {manifest.get('builder') or 'pio'})",
     }

@@ -349,7 +349,7 @@ def _subgraph(
             raise ModelError(f"op {k}: opcode index {oc_index} is out of range ({len(opcodes)} opcodes)")
         opcode, custom, version = opcodes[oc_index]
         where = f"op {k}" if index == 0 else f"op {k} of subgraph {index}"
-        opdata.check_supported(opcode, custom, where=where)
+        opdata.resolver_method(opcode, custom, where=where)
         options = _read_options(tfl, op)
         _check_subgraph_options(where, options, model.SubgraphsLength())
         indices(op.IntermediatesAsNumpy, op.IntermediatesLength(), f"{where} intermediate")

@@ -701,15 +701,14 @@ def _resolved_components(project: Path) -> dict[str, object] | None:
         text = path.read_text(encoding="utf-8")
     except OSError:
         return None
-    versions: dict[str, str] = {}
     try:
         import yaml  # lazy: ~10 ms, read only after a fresh ESP-IDF build, never on a cached one
 
         data = yaml.safe_load(text)
         deps = data.get("dependencies", {}) if isinstance(data, dict) else {}
-        for name, info in deps.items():
-            if isinstance(info, dict) and "version" in info:
-                versions[str(name)] = str(info["version"])
+        versions = {
+            str(n): str(i["version"]) for n, i in deps.items() if isinstance(i, dict) and "version" in i
+        }
     except Exception:
         versions = {}
     return {"dependencies_lock": text, "components": versions}

@@ -439,12 +439,9 @@ def _normalise(
 
 def _detect_kind(path: Path, opts: InputOptions) -> str:
     suffix = path.suffix.lower()
-    if suffix in IMAGE_SUFFIXES:
-        return "image"
-    if suffix == ".npy":
-        return "npy"
-    if suffix in C_SUFFIXES:
-        return "c-array"
+    for suffixes, kind in ((IMAGE_SUFFIXES, "image"), ((".npy",), "npy"), (C_SUFFIXES, "c-array")):
+        if suffix in suffixes:
+            return kind
     if opts.raw_dtype is not None or suffix in RAW_SUFFIXES:
         return "raw"
     raise InputDataError(

@@ -489,14 +489,9 @@ def _read_sdkconfig(path: Path) -> dict[str, str]:
 def _layout(
     job: _BuildJob, files: Mapping[str, Path], sdkconfig: Mapping[str, str], fixed: Mapping[str, int] | None
 ) -> list[tuple[str, int, Path]]:
-    """(role, offset, source file) for what must be flashed; checks the app fits its partition.
-
-    Offsets come from the resolved sdkconfig and the built partition table (``fixed`` when the
-    builder states them itself, as the sim packer does). The board's partition table offset
-    (manifest) is used only when the resolved sdkconfig does not say. The app goes to the
-    factory partition, or to its variant's OTA slot (optimized ``ota_0``, ANSI C ``ota_1``); the
-    project's model image to the ``model`` partition.
-    """
+    """(role, offset, source file) for what must be flashed; checks the app fits its partition. Where
+    each offset comes from: docs/firmware.md "esp-check build" (``fixed``: offsets the builder states
+    itself, as the sim packer does); the app's partition: :func:`variant_app`."""
     project, table_offset = job.project, job.table_offset
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():

@@ -405,14 +405,12 @@ def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dic
         "sdkconfig": project / "sdkconfig",
     }
     # ESP-IDF's own flasher_args.json names the app file; prefer it when present.
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         idf_args = json.loads((build / FLASHER_ARGS).read_text(encoding="utf-8"))
         app_file = idf_args.get("app", {}).get("file")
         if isinstance(app_file, str) and ".." not in Path(app_file).parts:
             files["app"] = build / app_file
             files["elf"] = (build / app_file).with_suffix(".elf")
-    except (OSError, ValueError, AttributeError):
-        pass
     return files, _read_sdkconfig(project / "sdkconfig")
 
 

@@ -63,11 +63,9 @@ class CacheEntry:
 def _dir_size(path: Path) -> int:
     total = 0
     for p in path.rglob("*"):
-        try:
+        with contextlib.suppress(OSError):
             if p.is_file():
                 total += p.stat().st_size
-        except OSError:
-            pass
     return total
 
 

@@ -223,10 +223,8 @@ CLASSES_FILE = "classes.txt"
 
 def _classes_file(src: Path) -> Path | None:
     """``classes.txt`` in the dataset folder, else beside the dataset (folder or file)."""
-    for cand in ((src / CLASSES_FILE) if src.is_dir() else None, src.parent / CLASSES_FILE):
-        if cand is not None and cand.exists():
-            return cand
-    return None
+    candidates = ((src / CLASSES_FILE) if src.is_dir() else None, src.parent / CLASSES_FILE)
+    return next((c for c in candidates if c is not None and c.exists()), None)
 
 
 def read_classes(path: Path) -> list[str]:

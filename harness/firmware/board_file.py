@@ -24,8 +24,6 @@ from harness.firmware.board_types import (
 )
 from harness.userfiles import UserModel
 
-__all__ = ["BoardFile", "NativeTable"]
-
 
 def _known_chip(chip: str) -> str:
     if chip not in BOARD_CHIPS:

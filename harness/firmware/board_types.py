@@ -6,17 +6,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = [
-    "DEFAULT_PARTITION_TABLE_OFFSET",
-    "NAME_PATTERN",
-    "Builder",
-    "Console",
-    "EspnnPath",
-    "FlashSize",
-    "Psram",
-    "ResetStyle",
-]
-
 Psram = Literal["none", "quad", "octal", "hex"]
 Console = Literal["uart", "usb_serial_jtag"]
 ResetStyle = Literal["classic", "usb_serial_jtag"]

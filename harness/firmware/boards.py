@@ -233,9 +233,8 @@ def _native_table(path: Path, board_file: BoardFile) -> dict[str, int]:
             " on the host",
             hint='use espnn_path = "generic" with chip = "esp32", "esp32c3" or "esp32c6"',
         )
-    return {
-        "bits": board_file.native.bits if board_file.native is not None else 64
-    }  # (NativeTable's default)
+    bits = board_file.native.bits if board_file.native is not None else 64  # NativeTable's default
+    return {"bits": bits}
 
 
 def _check_idf_min(path: Path, idf_min: str | None) -> None:

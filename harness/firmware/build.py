@@ -173,10 +173,6 @@ def sdkconfig_json(text: str) -> dict[str, bool | int | str]:
     return out
 
 
-def _hex(n: int) -> str:
-    return f"0x{n:x}"
-
-
 # --------------------------------------------------------------------------------------------
 # cache key
 
@@ -409,14 +405,12 @@ def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dic
         "sdkconfig": project / "sdkconfig",
     }
     # ESP-IDF's own flasher_args.json names the app file; prefer it when present.
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         idf_args = json.loads((build / FLASHER_ARGS).read_text(encoding="utf-8"))
         app_file = idf_args.get("app", {}).get("file")
         if isinstance(app_file, str) and ".." not in Path(app_file).parts:
             files["app"] = build / app_file
             files["elf"] = (build / app_file).with_suffix(".elf")
-    except (OSError, ValueError, AttributeError):
-        pass
     return files, _read_sdkconfig(project / "sdkconfig")
 
 
@@ -493,14 +487,9 @@ def _read_sdkconfig(path: Path) -> dict[str, str]:
 def _layout(
     job: _BuildJob, files: Mapping[str, Path], sdkconfig: Mapping[str, str], fixed: Mapping[str, int] | None
 ) -> list[tuple[str, int, Path]]:
-    """(role, offset, source file) for what must be flashed; checks the app fits its partition.
-
-    Offsets come from the resolved sdkconfig and the built partition table (``fixed`` when the
-    builder states them itself, as the sim packer does). The board's partition table offset
-    (manifest) is used only when the resolved sdkconfig does not say. The app goes to the
-    factory partition, or to its variant's OTA slot (optimized ``ota_0``, ANSI C ``ota_1``); the
-    project's model image to the ``model`` partition.
-    """
+    """(role, offset, source file) for what must be flashed; checks the app fits its partition. Where
+    each offset comes from: docs/firmware.md "esp-check build" (``fixed``: offsets the builder states
+    itself, as the sim packer does); the app's partition: :func:`variant_app`."""
     project, table_offset = job.project, job.table_offset
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():
@@ -642,14 +631,14 @@ def _place(src: Path, dest: Path) -> Path:
 
 
 def project_description(
-    project: Path, out_dir: Path, manifest: Manifest, chip: str, elf: Path | None, *, fwver: str
+    project: Path, out_dir: Path, manifest: Manifest, chip: str, elf: Path | None
 ) -> dict[str, object]:
     """The fields of ESP-IDF's project_description.json that tools read (monitor, test runners), for
     the exported build directory (paths in it, files relative to it)."""
-    board_def = manifest.get("board_def") or {}
+    baud = (manifest.get("board_def") or {}).get("monitor_baud")
     return {
         "project_name": APP_NAME,
-        "project_version": fwver,
+        "project_version": str(manifest.get("template_version") or "0.0.0"),
         "project_path": str(project),
         "build_dir": str(out_dir),
         "target": chip,
@@ -657,9 +646,7 @@ def project_description(
         "app_bin": LAYOUT["app"],
         "app_elf": LAYOUT["elf"] if elf is not None else "",
         "config_file": str(out_dir / LAYOUT["sdkconfig_json"]),
-        "monitor_baudrate": baud
-        if isinstance(baud := board_def.get("monitor_baud"), int) and baud
-        else 115200,
+        "monitor_baudrate": baud if isinstance(baud, int) and baud else 115200,
         "monitor_toolprefix": CHIPS[chip].toolprefix if chip in CHIPS else "",
         "generated_by": f"esp-check {__version__} (builder {manifest.get('builder') or 'pio'})",
     }
@@ -683,10 +670,10 @@ def flasher_args(
     data: dict[str, Any] = {
         "write_flash_args": ["--flash-mode", mode, "--flash-freq", freq, "--flash-size", size],
         "flash_settings": {"flash_mode": mode, "flash_freq": freq, "flash_size": size},
-        "flash_files": {_hex(a.offset): rel(a.path) for a in sorted(artifacts)},
+        "flash_files": {hex(a.offset): rel(a.path) for a in sorted(artifacts)},
     }
     for a in artifacts:
-        data[a.role] = {"offset": _hex(a.offset), "file": rel(a.path), "encrypted": "false"}
+        data[a.role] = {"offset": hex(a.offset), "file": rel(a.path), "encrypted": "false"}
     data["extra_esptool_args"] = {
         "after": "hard-reset",
         "before": "default-reset",
@@ -707,15 +694,14 @@ def _resolved_components(project: Path) -> dict[str, object] | None:
         text = path.read_text(encoding="utf-8")
     except OSError:
         return None
-    versions: dict[str, str] = {}
     try:
         import yaml  # lazy: ~10 ms, read only after a fresh ESP-IDF build, never on a cached one
 
         data = yaml.safe_load(text)
         deps = data.get("dependencies", {}) if isinstance(data, dict) else {}
-        for name, info in deps.items():
-            if isinstance(info, dict) and "version" in info:
-                versions[str(name)] = str(info["version"])
+        versions = {
+            str(n): str(i["version"]) for n, i in deps.items() if isinstance(i, dict) and "version" in i
+        }
     except Exception:
         versions = {}
     return {"dependencies_lock": text, "components": versions}
@@ -755,17 +741,14 @@ def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: 
     fa_path = out_dir / FLASHER_ARGS
     fa_path.write_text(json.dumps(args, indent=4) + "\n", encoding="utf-8")
     lines = [" ".join(args["write_flash_args"])]
-    lines += [f"{_hex(a.offset)} {a.path.relative_to(out_dir).as_posix()}" for a in artifacts]
+    lines += [f"{hex(a.offset)} {a.path.relative_to(out_dir).as_posix()}" for a in artifacts]
     (out_dir / FLASH_ARGS).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    fwver = str(manifest.get("template_version") or "0.0.0")
-    description = project_description(project, out_dir, manifest, chip, elf, fwver=fwver)
+    description = project_description(project, out_dir, manifest, chip, elf)
     (out_dir / PROJECT_DESCRIPTION).write_text(json.dumps(description, indent=4) + "\n", encoding="utf-8")
     resolved = meta.get("resolved")
     if resolved is not None:
         _record_resolved(project, resolved)
     app = out_dir / LAYOUT["app"]
-    data = app.read_bytes()
-    firmware_sha256 = hashlib.sha256(data).hexdigest()
     return BuildResult(
         project_dir=project,
         builder=job.builder,
@@ -775,10 +758,10 @@ def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: 
         log_path=job.log,
         cache_hit=hit,
         cache_key=job.key,
-        firmware_sha256=firmware_sha256,
+        firmware_sha256=meta["app_slot"]["sha256"],  # of these very bytes: see _app_slot_kept, _build_meta
         chip=chip,
         elf=elf,
-        app_slot_sha256=_app_slot_sha256(meta, data, firmware_sha256, chip),
+        app_slot_sha256=meta["app_slot"]["slot_sha256"],
     )
 
 
@@ -797,15 +780,6 @@ def _app_slot_kept(cache: BuildCache, entry: CacheEntry, files: Mapping[str, Pat
     if app is None or (stored.get("slot_sha256") and stored.get("sha256") == _sha256_file(app)):
         return entry
     return cache.update_meta(entry, {"app_slot": _app_slot(app, chip)})
-
-
-def _app_slot_sha256(meta: BuildMeta, data: bytes, file_sha256: str, chip: str) -> str:
-    """The stored slot SHA-256 when it was computed from these very bytes; else computed now (an entry
-    older than the field, or an app that is not the one measured: never a stale hash)."""
-    stored = meta.get("app_slot") or {}
-    if stored.get("sha256") == file_sha256 and stored.get("slot_sha256"):
-        return stored["slot_sha256"]
-    return slot_sha256(data, chip)
 
 
 # --------------------------------------------------------------------------------------------
@@ -997,7 +971,7 @@ def _build_native(
     info_path = out_dir / NATIVE_INFO
     sha256 = _sha256_file(program)
     info = {"program": program.name, "sha256": sha256, "cache_hit": hit, **meta["native"]}
-    info["flash"] = {a.role: {"offset": _hex(a.offset), "file": a.path.relative_to(out_dir).as_posix()}
+    info["flash"] = {a.role: {"offset": hex(a.offset), "file": a.path.relative_to(out_dir).as_posix()}
                      for a in artifacts}  # fmt: skip
     info_path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return BuildResult(

@@ -63,11 +63,9 @@ class CacheEntry:
 def _dir_size(path: Path) -> int:
     total = 0
     for p in path.rglob("*"):
-        try:
+        with contextlib.suppress(OSError):
             if p.is_file():
                 total += p.stat().st_size
-        except OSError:
-            pass
     return total
 
 
@@ -110,17 +108,11 @@ class BuildCache:
         path = self.entry_dir(key)
         try:
             meta: BuildMeta = json.loads((path / ENTRY_META).read_text(encoding="utf-8"))
+            files = meta.get("files", {})
+            if not isinstance(files, dict) or any((path / n).stat().st_size != s for n, s in files.items()):
+                return None
         except (OSError, ValueError):
             return None
-        files = meta.get("files", {})
-        if not isinstance(files, dict):
-            return None
-        for name, size in files.items():
-            try:
-                if (path / name).stat().st_size != size:
-                    return None
-            except OSError:
-                return None
         with contextlib.suppress(OSError):
             (path / _USED_MARK).touch()
         return CacheEntry(key, path, meta)

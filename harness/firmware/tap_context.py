@@ -55,17 +55,15 @@ def tap_firmware_context(
                     f"only {', '.join(_DTYPE_C)}",
                     hint="run without --tap",
                 )
-            tensors.setdefault(
-                t,
-                {
+            if t not in tensors:
+                tensors[t] = {
                     "t": t,
-                    "shape": list(ti.shape) or [],
+                    "shape": list(ti.shape),
                     "bytes": int(ti.nbytes),
                     "dtype": ti.dtype,
                     "scale": float(ti.scale or 0.0),
                     "zero_point": int(ti.zero_point or 0),
-                },
-            )
+                }
         key = op.custom_code if op.opcode == "CUSTOM" else op.opcode
         op_rows.append(
             {

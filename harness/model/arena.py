@@ -108,6 +108,11 @@ def _pointwise(conv: ConvGeometry) -> bool:
     return conv.fh == 1 and conv.fw == 1 and conv.ph == 0 and conv.pw == 0 and conv.sh == 1 and conv.sw == 1
 
 
+def _padded_input(conv: ConvGeometry) -> int:
+    """The S3 conv getters' copy of the input with its padding (none without padding)."""
+    return 0 if conv.ph == 0 and conv.pw == 0 else (conv.w + 2 * conv.pw) * (conv.h + 2 * conv.ph) * conv.c
+
+
 def _conv_1x1(conv: ConvGeometry, align: int) -> int:
     """The S3 (and P4) conv getters' scratch for a pointwise conv (:func:`_pointwise`)."""
     c8 = _ceil(conv.c, 8)
@@ -121,10 +126,7 @@ def _conv_s3_until_1_2_0(conv: ConvGeometry) -> int:
     align = 32
     if _pointwise(conv):
         return _conv_1x1(conv, align)
-    input_scratch = (
-        0 if conv.ph == 0 and conv.pw == 0 else (conv.w + 2 * conv.pw) * (conv.h + 2 * conv.ph) * conv.c
-    )
-    return input_scratch + conv.fw * conv.fh * _ceil(conv.c, 16) * conv.oc + align + conv.oc * 4
+    return _padded_input(conv) + conv.fw * conv.fh * _ceil(conv.c, 16) * conv.oc + align + conv.oc * 4
 
 
 def _conv_s3_im2col(conv: ConvGeometry, align: int) -> int:
@@ -135,15 +137,19 @@ def _conv_s3_im2col(conv: ConvGeometry, align: int) -> int:
     if row < 16 <= window:  # im2col path
         wa = _ceil(window, 16)
         return conv.oc * 4 + 16 + conv.oc * wa + 16 + wa + align
-    input_scratch = (
-        0 if conv.ph == 0 and conv.pw == 0 else (conv.w + 2 * conv.pw) * (conv.h + 2 * conv.ph) * conv.c
-    )
     filter_scratch = conv.fw * conv.fh * _ceil(conv.c, 16) * conv.oc
     filter_align = _ceil(row, 16) * conv.fh * conv.oc
     pad_r = max(0, conv.ow * conv.sw + conv.fw - 1 - conv.w)
     pad_b = max(0, conv.oh * conv.sh + conv.fh - 1 - conv.h)
     boundary = (conv.w + pad_r) * (conv.h + pad_b) * conv.c if pad_r or pad_b else 0
-    return input_scratch + filter_scratch + filter_align + boundary + align + conv.oc * 4
+    return _padded_input(conv) + filter_scratch + filter_align + boundary + align + conv.oc * 4
+
+
+def _dw_3x3_pad(conv: ConvGeometry) -> tuple[int, int]:
+    """The S3 3x3 depthwise getters' padding of width and height (may be negative: C does not clamp)."""
+    if conv.pw or conv.ph:
+        return 2 * conv.pw, 2 * conv.ph
+    return conv.ow * conv.sw + conv.fw - 1 - conv.w, conv.oh * conv.sh + conv.fh - 1 - conv.h
 
 
 def _dw_s3_until_1_2_0(conv: ConvGeometry, tail: int) -> int:
@@ -151,10 +157,7 @@ def _dw_s3_until_1_2_0(conv: ConvGeometry, tail: int) -> int:
     filter_size = conv.fw * conv.fh * conv.c * conv.mult
     if conv.mult == 1 and conv.c % 8 == 0 and conv.fw == 3 and conv.fh == 3:
         if conv.c % 16 == 0:
-            if conv.pw or conv.ph:
-                tw, th = 2 * conv.pw, 2 * conv.ph
-            else:  # may be negative: the C code does not clamp
-                tw, th = conv.ow * conv.sw + conv.fw - 1 - conv.w, conv.oh * conv.sh + conv.fh - 1 - conv.h
+            tw, th = _dw_3x3_pad(conv)
             if tw or th:
                 return filter_size + (conv.w + tw) * (conv.h + th) * conv.c + 16
             return filter_size + 16
@@ -170,13 +173,7 @@ def _dw_s3_tiled(conv: ConvGeometry) -> int:
     if conv.mult == 1 and conv.c % 8 == 0:
         if conv.fw == 3 and conv.fh == 3:
             if conv.c % 16 == 0:
-                if conv.pw or conv.ph:
-                    tw, th = 2 * conv.pw, 2 * conv.ph
-                else:
-                    tw, th = (
-                        conv.ow * conv.sw + conv.fw - 1 - conv.w,
-                        conv.oh * conv.sh + conv.fh - 1 - conv.h,
-                    )
+                tw, th = _dw_3x3_pad(conv)
                 if tw or th:
                     full = (conv.w + tw) * (conv.h + th) * conv.c
                     return (
@@ -401,15 +398,11 @@ def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str
             failure = "TFLM's reference kernels refuse all-zero inputs, so the arena was not measured; "
     if measured is not None:
         host = measured.total
+        confirmed = "confirmed by a run at exactly" if measured.verified else "NOT confirmed at"
         note = (
-            "host TFLM recording allocator (64-bit, reference kernels)"
-            + (
-                ", confirmed by a run at exactly that size"
-                if measured.verified
-                else ", NOT confirmed at that size"
-            )
-            + f"; target adds the largest ESP-NN scratch ({scratch} B) and {MARGIN_FRACTION:.0%} + "
-            f"{MARGIN_FIXED} B margin; the device's arena_used_bytes() is authoritative"
+            f"host TFLM recording allocator (64-bit, reference kernels), {confirmed} that size; target adds "
+            f"the largest ESP-NN scratch ({scratch} B) and {MARGIN_FRACTION:.0%} + {MARGIN_FIXED} B margin; "
+            "the device's arena_used_bytes() is authoritative"
         )
     else:
         host = rough_host_bytes(info)

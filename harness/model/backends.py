@@ -167,11 +167,8 @@ class TflmBackend:
         self, model_bytes: bytes, info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]], per_layer: bool
     ) -> list[ReferenceRun]:
         rt = self._runtime()
-        config = (
-            rt.InterpreterConfig.kPreserveAllTensors
-            if per_layer
-            else rt.InterpreterConfig.kAllocationRecording
-        )
+        configs = rt.InterpreterConfig
+        config = configs.kPreserveAllTensors if per_layer else configs.kAllocationRecording
         try:
             interp = rt.Interpreter.from_bytes(
                 model_bytes, arena_size=host_arena_bytes(info), intrepreter_config=config

@@ -163,13 +163,11 @@ def _from_list(path: Path, tensor: TensorInfo, options: InputOptions | None) -> 
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        name, _, label = line.partition(",")
-        p = (path.parent / name.strip()).resolve()
+        name, _, label = (part.strip() for part in line.partition(","))
+        p = (path.parent / name).resolve()
         if not p.is_file():
-            raise InputDataError(f"{path} line {n}: {name.strip()} does not exist")
-        items.append(
-            DatasetItem(name.strip(), tensor_bytes(load_input(p, tensor, options)), label.strip() or None)
-        )
+            raise InputDataError(f"{path} line {n}: {name} does not exist")
+        items.append(DatasetItem(name, tensor_bytes(load_input(p, tensor, options)), label or None))
     return Dataset(items, str(path))
 
 
@@ -195,12 +193,10 @@ def _apply_labels(dataset: Dataset, path: Path) -> None:
         mapping = {str(k): str(v) for k, v in doc.items()}
     else:
         for row in csv.reader(text.splitlines()):
-            if (
-                len(row) >= 2
-                and row[0].strip()
-                and not (not mapping and row[0].strip().lower() in ("name", "file"))
-            ):
-                mapping[row[0].strip()] = row[1].strip()
+            key = row[0].strip() if len(row) >= 2 else ""
+            header = not mapping and key.lower() in ("name", "file")  # a first row naming the columns
+            if key and not header:
+                mapping[key] = row[1].strip()
     hits = 0
     for k, item in enumerate(dataset.items):
         label = mapping.get(item.name, mapping.get(Path(item.name).name))
@@ -227,10 +223,8 @@ CLASSES_FILE = "classes.txt"
 
 def _classes_file(src: Path) -> Path | None:
     """``classes.txt`` in the dataset folder, else beside the dataset (folder or file)."""
-    for cand in ((src / CLASSES_FILE) if src.is_dir() else None, src.parent / CLASSES_FILE):
-        if cand is not None and cand.exists():
-            return cand
-    return None
+    candidates = ((src / CLASSES_FILE) if src.is_dir() else None, src.parent / CLASSES_FILE)
+    return next((c for c in candidates if c is not None and c.exists()), None)
 
 
 def read_classes(path: Path) -> list[str]:

@@ -16,13 +16,10 @@ import flatbuffers
 import numpy as np
 
 from harness.errors import ModelError
-from harness.model.loader import enum_names, parse_model_bytes
+from harness.model.loader import builtin_options, parse_model_bytes
 
 if TYPE_CHECKING:
     import tflite
-
-_SKIP = ("Init", "GetRootAs")
-_VECTOR_SUFFIXES = ("Length", "AsNumpy", "IsNone")
 
 
 def _options(tfl: ModuleType, builder: flatbuffers.Builder, op: tflite.Operator) -> tuple[int, int | None]:
@@ -30,18 +27,13 @@ def _options(tfl: ModuleType, builder: flatbuffers.Builder, op: tflite.Operator)
     kind = int(op.BuiltinOptionsType())
     if kind == 0:
         return 0, None
-    name = enum_names(tfl.BuiltinOptions).get(kind)
-    cls = getattr(tfl, name, None) if name else None
-    table = op.BuiltinOptions()
-    if not name or cls is None or table is None:
+    found = builtin_options(tfl, op)
+    if found is None:
         raise ModelError(f"op options type {kind} is unknown to the tflite schema package")
-    src = cls()
-    src.Init(table.Bytes, table.Pos)
+    name, src, accessors = found
     values: dict[str, object] = {}
-    for attr in sorted(dir(cls)):
-        if attr.startswith(("_", *_SKIP)) or attr.endswith(_VECTOR_SUFFIXES):
-            continue
-        if not hasattr(tfl, f"{name}Add{attr}") or not callable(getattr(src, attr)):
+    for attr in accessors:
+        if attr.startswith("Init") or not hasattr(tfl, f"{name}Add{attr}"):
             continue
         if hasattr(src, attr + "Length"):
             if getattr(src, attr + "Length")():

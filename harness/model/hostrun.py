@@ -1,12 +1,9 @@
 """The host reference and the arena probe, in one child process with a memory limit and a timeout.
 
-Why a child, its limits, and what a crash or a refusal becomes: README "Host reference backends and
-platforms" and docs/sweep.md "When the host reference refuses". One child does everything a command
-needs: reference outputs for the inputs, per layer if asked, and TFLM's arena measurement with a
-confirming run at exactly that size. It announces every Invoke on stdout, so a SIGABRT right after one is
-a :class:`~harness.errors.ReferenceRefusedError`; any other death by a signal is a
-:class:`~harness.errors.ModelError`. Results are cached on disk by model hash, input hashes, backend
-version and a hash of the code that computes them; failures are never cached.
+Why a child, its limits, what a crash or a refusal (SIGABRT after an announced Invoke) becomes and how
+results are cached: README "Host reference backends and platforms" and docs/sweep.md "When the host
+reference refuses". One child does everything a command needs: reference outputs for the inputs, per
+layer if asked, and TFLM's arena measurement with a confirming run at exactly that size.
 """
 
 from __future__ import annotations
@@ -153,16 +150,13 @@ def _savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
 class _Cache:
     """Files ``<key>.npz`` (reference outputs) and ``<key>.json`` (arena), written atomically."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def _path(self, key: str, ext: str) -> Path:
-        return self.root / f"{key}.{ext}"
+    def __init__(self) -> None:
+        self.root = user_cache_dir("host-reference")  # $ESP_CHECK_CACHE_DIR or the user cache
 
     def _get(
         self, key: str, ext: str, read: Callable[[Path], _T], damaged: tuple[type[Exception], ...]
     ) -> _T | None:
-        path = self._path(key, ext)
+        path = self.root / f"{key}.{ext}"
         try:
             value = read(path)
         except FileNotFoundError:
@@ -186,7 +180,7 @@ class _Cache:
     def _put(self, key: str, ext: str, data: bytes | str) -> None:
         """Write ``<key>.<ext>`` atomically; a cache that cannot be written only keeps nothing."""
         with contextlib.suppress(OSError):
-            atomic_write(self._path(key, ext), data, durable=False)
+            atomic_write(self.root / f"{key}.{ext}", data, durable=False)
             self._evict()
 
     def put_arrays(self, key: str, arrays: dict[str, np.ndarray]) -> None:
@@ -209,11 +203,6 @@ class _Cache:
             with contextlib.suppress(OSError):
                 path.unlink()
                 total -= size
-
-
-def cache_dir() -> Path:
-    """Where host results are cached (``$ESP_CHECK_CACHE_DIR`` or the user cache, ``host-reference``)."""
-    return user_cache_dir("host-reference")
 
 
 # ---- parent side ------------------------------------------------------------------------------------
@@ -270,7 +259,7 @@ def host_results(
     the memory limit, HostReferenceError when the backend is missing, fails or times out. Setting
     ``stop`` (from another thread) kills the child at once: HostReferenceError "stopped".
     """
-    cache = _Cache(cache_dir())
+    cache = _Cache()
     ref: ReferenceResult | None = None
     ref_key = ""
     impl = None

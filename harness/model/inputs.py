@@ -148,10 +148,12 @@ def _dtype_range(dtype: np.dtype) -> tuple[int, int]:
 def quantize(real: np.ndarray, scale: float, zero_point: int, dtype: str | np.dtype) -> np.ndarray:
     """Quantize with round-half-away-from-zero, then clamp to the dtype range."""
     dt = np.dtype(dtype)
+    return np.clip(_rounded(real, scale, zero_point), *_dtype_range(dt)).astype(dt)
+
+
+def _rounded(real: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
     x = np.asarray(real, dtype=np.float64) / float(scale)
-    q = np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5)) + int(zero_point)
-    lo, hi = _dtype_range(dt)
-    return np.clip(q, lo, hi).astype(dt)
+    return np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5)) + int(zero_point)
 
 
 def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
@@ -165,14 +167,13 @@ def truncation_report(
     """Compare correct quantization with ``(T)(x / scale + zp)`` (truncate toward zero, wrap)."""
     dt = np.dtype(dtype)
     lo, hi = _dtype_range(dt)
-    correct = quantize(real, scale, zero_point, dt).astype(np.int64)
+    rounded = _rounded(real, scale, zero_point)
+    correct = np.clip(rounded, lo, hi).astype(np.int64)
     x32 = np.asarray(real, dtype=np.float32) / np.float32(scale) + np.float32(zero_point)
     finite = np.isfinite(x32)
     naive_wide = np.trunc(np.where(finite, x32, 0)).astype(np.int64)
     span = hi - lo + 1
     naive = (naive_wide - lo) % span + lo  # two's-complement wrap of the narrowing cast
-    exact = np.asarray(real, dtype=np.float64) / float(scale)
-    rounded = np.where(exact >= 0, np.floor(exact + 0.5), np.ceil(exact - 0.5)) + int(zero_point)
     diff = np.abs(naive - correct)
     return QuantizationReport(
         total=int(correct.size),
@@ -338,10 +339,10 @@ def _read_c_array(path: Path) -> tuple[np.ndarray, str]:
         nm = _NUMBER.fullmatch(tok)
         if nm is None:
             raise InputDataError(f"{path}: cannot parse array element {tok!r}")
-        core = (
-            tok.rstrip("fFlLuU") if not tok.lower().startswith(("0x", "-0x", "+0x")) else tok.rstrip("lLuU")
-        )
-        values.append(float(int(core, 16)) if "0x" in core.lower() else float(core))
+        if "0x" in tok.lower():  # hex digits include f: only the integer suffixes are stripped
+            values.append(float(int(tok.rstrip("lLuU"), 16)))
+        else:
+            values.append(float(tok.rstrip("fFlLuU")))
     arr = np.asarray(values, dtype=np.float64)
     if np.dtype(dtype).kind in "iu":
         info = np.iinfo(np.dtype(dtype))
@@ -438,12 +439,9 @@ def _normalise(
 
 def _detect_kind(path: Path, opts: InputOptions) -> str:
     suffix = path.suffix.lower()
-    if suffix in IMAGE_SUFFIXES:
-        return "image"
-    if suffix == ".npy":
-        return "npy"
-    if suffix in C_SUFFIXES:
-        return "c-array"
+    for suffixes, kind in ((IMAGE_SUFFIXES, "image"), ((".npy",), "npy"), (C_SUFFIXES, "c-array")):
+        if suffix in suffixes:
+            return kind
     if opts.raw_dtype is not None or suffix in RAW_SUFFIXES:
         return "raw"
     raise InputDataError(
@@ -492,19 +490,12 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
                 f"{src}: {len(blob)} bytes is not a whole number of {raw_dt.name} elements "
                 f"({raw_dt.itemsize} B each)"
             )
-        data = _fit_flat(
-            np.frombuffer(blob, dtype=raw_dt).astype(raw_dt.newbyteorder("=")),
-            tensor,
-            src,
-            f"raw {raw_dt.name}",
-            notes,
-        )
+        values = np.frombuffer(blob, dtype=raw_dt).astype(raw_dt.newbyteorder("="))
+        data = _fit_flat(values, tensor, src, f"raw {raw_dt.name}", notes)
     else:
         values, c_dtype = _read_c_array(src)
         data = _fit_flat(values, tensor, src, f"C array ({c_dtype})", notes)
-    # 8-bit pixel data: an image, or uint8 values for a model whose input is not uint8
-    pixels = kind == "image" or (data.dtype == np.uint8 and model_dt != np.uint8)
-    return _prepare(src, data, tensor, opts=opts, kind=kind, pixels=pixels, notes=notes)
+    return _prepare(src, data, tensor, opts=opts, kind=kind, notes=notes)
 
 
 def prepare_array(
@@ -517,8 +508,7 @@ def prepare_array(
         raise InputDataError(f"{source}: dtype {data.dtype} is not numeric")
     notes: list[str] = []
     data = _fit_shape(np.asarray(data), tensor, src, notes)
-    pixels = data.dtype == np.uint8 and np.dtype(tensor.dtype) != np.uint8
-    return _prepare(src, data, tensor, opts=options or InputOptions(), kind="npy", pixels=pixels, notes=notes)
+    return _prepare(src, data, tensor, opts=options or InputOptions(), kind="npy", notes=notes)
 
 
 def _prepare(
@@ -527,11 +517,12 @@ def _prepare(
     tensor: TensorInfo,
     opts: InputOptions,
     kind: str,
-    pixels: bool,
     notes: list[str],
 ) -> PreparedInput:
     """Quantize (or take as already quantized) what was read from ``src``."""
     model_dt = np.dtype(tensor.dtype)
+    # 8-bit pixel data: an image, or uint8 values for a model whose input is not uint8
+    pixels = kind == "image" or (data.dtype == np.uint8 and model_dt != np.uint8)
     explicit_norm = opts.scale is not None or opts.offset is not None or opts.value_range is not None
     # Already quantized: the file holds the model's own integer dtype (and no normalisation asked).
     prequantized = model_dt.kind in "iu" and data.dtype == model_dt and not pixels and not explicit_norm

@@ -38,8 +38,6 @@ from harness.resources import code_digest, store_json, user_cache_dir
 if TYPE_CHECKING:
     import tflite
 
-__all__ = ["ModelInfo", "OpInfo", "TensorInfo", "load_model", "parse_model_bytes"]
-
 # --------------------------------------------------------------------------------------------
 # parsing
 
@@ -70,30 +68,33 @@ def _lazy_tflite() -> ModuleType:
 _SKIP_SUFFIXES = ("IsNone", "Length", "AsNumpy", "BufferHasIdentifier")
 
 
-def _read_options(tfl: ModuleType, op: tflite.Operator) -> dict[str, object]:
-    """Builtin options of one operator as a plain dict (snake_case keys, enums as names)."""
-    opt_type = op.BuiltinOptionsType()
-    if opt_type == 0:
-        return {}
-    type_names = enum_names(tfl.BuiltinOptions)
-    cls_name = type_names.get(opt_type)
+def builtin_options(tfl: ModuleType, op: tflite.Operator) -> tuple[str, Any, list[str]] | None:
+    """(class name, table, field accessor names) of an operator's builtin options; None when it has none
+    or of a type the ``tflite`` schema package does not know."""
+    name = enum_names(tfl.BuiltinOptions).get(op.BuiltinOptionsType())
+    cls = getattr(tfl, name, None) if name else None
     table = op.BuiltinOptions()
-    cls = getattr(tfl, cls_name, None) if cls_name else None
-    if cls is None or table is None:
-        return {}
+    if name is None or cls is None or table is None:
+        return None
     obj = cls()
     obj.Init(table.Bytes, table.Pos)
+    accessors = [
+        a for a in dir(cls) if not a.startswith(("_", "GetRootAs")) and not a.endswith(_SKIP_SUFFIXES)
+    ]
+    return name, obj, [a for a in accessors if a != "Init" and callable(getattr(obj, a))]
+
+
+def _read_options(tfl: ModuleType, op: tflite.Operator) -> dict[str, object]:
+    """Builtin options of one operator as a plain dict (snake_case keys, enums as names)."""
+    found = builtin_options(tfl, op)
+    if found is None:
+        return {}
+    _, obj, accessors = found
     padding = enum_names(tfl.Padding)
     activation = enum_names(tfl.ActivationFunctionType)
     out: dict[str, object] = {}
-    for attr in dir(cls):
-        if attr.startswith("_") or attr in ("Init", "GetRootAs") or attr.startswith("GetRootAs"):
-            continue
-        if attr.endswith(_SKIP_SUFFIXES):
-            continue
+    for attr in accessors:
         fn = getattr(obj, attr)
-        if not callable(fn):
-            continue
         if hasattr(obj, attr + "AsNumpy"):  # vector field
             length = getattr(obj, attr + "Length")()
             out[_snake(attr)] = tuple(int(fn(j)) for j in range(length))
@@ -348,7 +349,7 @@ def _subgraph(
             raise ModelError(f"op {k}: opcode index {oc_index} is out of range ({len(opcodes)} opcodes)")
         opcode, custom, version = opcodes[oc_index]
         where = f"op {k}" if index == 0 else f"op {k} of subgraph {index}"
-        opdata.check_supported(opcode, custom, where=where)
+        opdata.resolver_method(opcode, custom, where=where)
         options = _read_options(tfl, op)
         _check_subgraph_options(where, options, model.SubgraphsLength())
         indices(op.IntermediatesAsNumpy, op.IntermediatesLength(), f"{where} intermediate")
@@ -464,11 +465,6 @@ def _tuples(fields: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
 
 
-def _op_from(fields: dict[str, Any]) -> OpInfo:
-    options = MappingProxyType(_tuples(fields.pop("options")))
-    return OpInfo(**_tuples(fields), options=options)
-
-
 def _stored(digest: str, size: int, path: Path) -> ModelInfo | None:
     """The stored parse of the model with SHA-256 ``digest``, or None (missing, damaged, another one)."""
     try:
@@ -482,7 +478,10 @@ def _stored(digest: str, size: int, path: Path) -> ModelInfo | None:
             sha256=digest,
             inputs=tuple(tensors[i] for i in doc.pop("inputs")),
             outputs=tuple(tensors[i] for i in doc.pop("outputs")),
-            ops=tuple(_op_from(o) for o in doc.pop("ops")),
+            ops=tuple(
+                OpInfo(options=MappingProxyType(_tuples(o.pop("options"))), **_tuples(o))
+                for o in doc.pop("ops")
+            ),
             tensors=tensors,
             **doc,
         )

@@ -49,40 +49,30 @@ def espnn_scratch_table() -> list[dict[str, str]]:
     return [{str(k): str(v) for k, v in row.items()} for row in _table()["espnn_scratch"]]
 
 
-def resolver_method(opcode: str, custom_code: str | None = None) -> str:
+def resolver_method(opcode: str, custom_code: str | None = None, *, where: str = "") -> str:
     """``MicroMutableOpResolver`` method registering ``opcode`` (e.g. CONV_2D -> AddConv2D).
 
     For ``opcode == "CUSTOM"`` pass the custom code (e.g. "TFLite_Detection_PostProcess").
-    Raises ModelError when TFLM has no registration for it.
+    Raises ModelError when TFLM has no registration for it, naming the op after ``where`` (e.g. "op 3").
     """
-    table = _table()
-    if opcode == "CUSTOM":
-        method = table["custom"].get(custom_code or "")
-        if method is None:
-            raise ModelError(
-                f"custom op {custom_code!r} has no TFLite Micro registration",
-                hint="TFLM ships only a few custom ops (e.g. TFLite_Detection_PostProcess, Signal*); "
-                "convert the model without custom ops or register your own kernel",
-            )
+    custom = opcode == "CUSTOM"
+    method = _table()["custom"].get(custom_code or "") if custom else _table()["resolver"].get(opcode)
+    if method is not None:
         return str(method)
-    method = table["resolver"].get(opcode)
-    if method is None:
+    name = f"{opcode}({custom_code})" if custom else opcode
+    prefix = f"{where} ({name}): " if where else ""
+    if custom:
         raise ModelError(
-            f"op {opcode} is not supported by TensorFlow Lite Micro (no MicroMutableOpResolver registration)",
-            hint="replace the op before conversion (see the TFLM supported-ops list) or convert with "
-            "builtin int8 ops only",
+            f"{prefix}custom op {custom_code!r} has no TFLite Micro registration",
+            hint="TFLM ships only a few custom ops (e.g. TFLite_Detection_PostProcess, Signal*); "
+            "convert the model without custom ops or register your own kernel",
         )
-    return str(method)
-
-
-def check_supported(opcode: str, custom_code: str | None = None, *, where: str = "") -> None:
-    """Raise ModelError naming the op and its index when TFLM cannot run it."""
-    try:
-        resolver_method(opcode, custom_code)
-    except ModelError as exc:
-        name = f"{opcode}({custom_code})" if opcode == "CUSTOM" else opcode
-        prefix = f"{where} ({name}): " if where else ""
-        raise ModelError(prefix + exc.message, hint=exc.hint) from exc
+    raise ModelError(
+        f"{prefix}op {opcode} is not supported by TensorFlow Lite Micro (no MicroMutableOpResolver "
+        "registration)",
+        hint="replace the op before conversion (see the TFLM supported-ops list) or convert with "
+        "builtin int8 ops only",
+    )
 
 
 def resolver_methods(model: ModelInfo) -> tuple[str, ...]:

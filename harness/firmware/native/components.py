@@ -109,16 +109,9 @@ def find_components(
                 hint=f"put a checkout of {short} there (or point --components-dir at a project's "
                 "managed_components/)",
             )
-        lock = hit.parent.parent / "dependencies.lock" if hit.parent.name == "managed_components" else None
-        found.append(
-            ComponentSource(
-                name,
-                hit,
-                component_version(hit),
-                "components-dir",
-                lock=lock if lock and lock.is_file() else None,
-            )
-        )
+        lock = hit.parent.parent / "dependencies.lock"  # a project's managed_components/: its lock
+        kept = lock if hit.parent.name == "managed_components" and lock.is_file() else None
+        found.append(ComponentSource(name, hit, component_version(hit), "components-dir", lock=kept))
     return found
 
 

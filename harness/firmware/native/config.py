@@ -3,7 +3,7 @@
 ESP-IDF runs Kconfig over every component's Kconfig file to turn ``sdkconfig.defaults`` into
 ``sdkconfig.h``. The native target has no Kconfig; it writes the symbols the defaults set and derives
 the few that the firmware and the components read but the defaults only imply (a **Kconfig
-stand-in**, listed in :data:`DERIVED`). What it writes is part of the native build's cache key.
+stand-in**, :func:`resolve`). What it writes is part of the native build's cache key.
 """
 
 from __future__ import annotations
@@ -13,16 +13,6 @@ from collections.abc import Mapping
 
 from harness.errors import BuildError
 
-# Derived symbols (what Kconfig would compute from the defaults), each with where it comes from.
-DERIVED = {
-    "CONFIG_IDF_TARGET_<TARGET>": "CONFIG_IDF_TARGET (ESP-IDF's Kconfig: one bool per target)",
-    "CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ": "the CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_<N> choice",
-    "CONFIG_NN_OPTIMIZED / CONFIG_NN_ANSI_C": "esp-nn's Kconfig choice (default NN_OPTIMIZED)",
-    "CONFIG_NN_OPTIMIZATIONS": "esp-nn's Kconfig: 1 for NN_OPTIMIZED, 0 for NN_ANSI_C",
-    "CONFIG_FREERTOS_HZ": "the stand-in tick rate (100 Hz, ESP-IDF's default, freertos/FreeRTOS.h)",
-    "CONFIG_ESP_CONSOLE_UART / CONFIG_ESP_CONSOLE_UART_NUM": "Kconfig: CONSOLE_UART_DEFAULT and "
-    "CONSOLE_UART_CUSTOM_NUM_0 are UART0",
-}
 _NAME = re.compile(r"^CONFIG_[A-Z0-9_]{1,100}$")
 _NUMBER = re.compile(r"^(-?[0-9]+|0x[0-9a-fA-F]+)$")
 _TARGET = re.compile(r"^[a-z0-9]{1,16}$")
@@ -53,17 +43,17 @@ def parse_defaults(text: str) -> dict[str, str]:
 
 
 def resolve(defaults: Mapping[str, str]) -> dict[str, str]:
-    """The symbols a native build defines: the defaults plus :data:`DERIVED` (``n`` symbols dropped)."""
+    """The symbols a native build defines: the defaults (``n`` ones dropped) and what Kconfig derives."""
     config = {k: v for k, v in defaults.items() if v != "n"}
     target = _unquote(config.get("CONFIG_IDF_TARGET", ""))
     if not _TARGET.match(target):
         raise BuildError(
             f"sdkconfig.defaults has no usable CONFIG_IDF_TARGET ({target!r})", hint="regenerate the project"
         )
-    config[f"CONFIG_IDF_TARGET_{target.upper()}"] = "y"
+    config[f"CONFIG_IDF_TARGET_{target.upper()}"] = "y"  # ESP-IDF's Kconfig: one bool per target
     freqs = [m.group(1) for k in config if (m := _FREQ.match(k)) and config[k] == "y"]
     if freqs:
-        config["CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ"] = freqs[0]
+        config["CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ"] = freqs[0]  # from the _<N> choice
     optimized = config.get("CONFIG_NN_OPTIMIZED") == "y"
     ansi = config.get("CONFIG_NN_ANSI_C") == "y"
     if optimized and ansi:
@@ -73,8 +63,8 @@ def resolve(defaults: Mapping[str, str]) -> dict[str, str]:
         )
     if not ansi:
         config["CONFIG_NN_OPTIMIZED"] = "y"  # esp-nn's Kconfig default
-    config["CONFIG_NN_OPTIMIZATIONS"] = "0" if ansi else "1"
-    config["CONFIG_FREERTOS_HZ"] = "100"
+    config["CONFIG_NN_OPTIMIZATIONS"] = "0" if ansi else "1"  # esp-nn's Kconfig
+    config["CONFIG_FREERTOS_HZ"] = "100"  # the stand-in tick rate (ESP-IDF's default, freertos/FreeRTOS.h)
     custom0 = (
         config.get("CONFIG_ESP_CONSOLE_UART_CUSTOM") == "y"
         and config.get("CONFIG_ESP_CONSOLE_UART_CUSTOM_NUM_0") == "y"

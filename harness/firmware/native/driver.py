@@ -83,11 +83,9 @@ def standins_sha256() -> str:
     esp-check with different stand-ins gets new trees; their README does not count."""
     h = hashlib.sha256()
     for rel in ("CMakeLists.txt", "idf_standins.cmake", "include", "src"):
-        h.update(
-            rel.encode() + b"\0" + tree_sha256(STANDINS_DIR / rel).encode()
-            if (STANDINS_DIR / rel).is_dir()
-            else rel.encode() + b"\0" + hashlib.sha256((STANDINS_DIR / rel).read_bytes()).digest()
-        )
+        path = STANDINS_DIR / rel
+        digest = tree_sha256(path).encode() if path.is_dir() else hashlib.sha256(path.read_bytes()).digest()
+        h.update(rel.encode() + b"\0" + digest)
     return h.hexdigest()
 
 
@@ -276,19 +274,13 @@ def build_program(
         write_if_changed(tree / "config" / "sdkconfig.h", sdkconfig_h(config))
         write_if_changed(tree / "config" / "sdkconfig.cmake", sdkconfig_cmake(config, idf_version))
         write_if_changed(tree / "config" / "esp_check_idf_api.h", idf_api_h(idf_version))
-        write_if_changed(
-            tree / "esp-check-tree.json",
-            json.dumps(
-                {
-                    "key": key,
-                    "toolchain": toolchain.identity(),
-                    "components": [c.describe() for c in components],
-                    "idf_version": idf_version,
-                },
-                indent=2,
-            )
-            + "\n",
-        )
+        about = {
+            "key": key,
+            "toolchain": toolchain.identity(),
+            "components": [c.describe() for c in components],
+            "idf_version": idf_version,
+        }
+        write_if_changed(tree / "esp-check-tree.json", json.dumps(about, indent=2) + "\n")
         standins = _snapshot_standins(tree)
         _forget_moved_build(tree / "build", standins)
         what = ", ".join(f"{c.name} {c.version or '(no version)'}" for c in components)

@@ -32,7 +32,6 @@ NATIVE_MEANING = (
     "glue and ESP-NN's generic C kernels (what ESP32, C3 and C6 run); ESP-IDF replaced by stand-ins; "
     "the ESP32-S3/P4 assembly kernels were not run and no chip was involved"
 )
-_MANIFEST_KEYS = {"espressif__esp-tflite-micro": "esp-tflite-micro", "espressif__esp-nn": "esp-nn"}
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,7 @@ def plan_native_build(
     components = tuple(snapshot(found, root))
     warnings = []
     for comp in components:
-        pinned = versions.get(_MANIFEST_KEYS.get(comp.name, ""))
+        pinned = versions.get(FIRMWARE_COMPONENTS.get(comp.name, ""))
         if pinned and comp.version != pinned:
             warnings.append(
                 f"{comp.name}: building version {comp.version or '(not stated)'} from {comp.origin}, "
@@ -113,12 +112,3 @@ def plan_native_build(
         warnings=tuple(warnings),
         dependencies_lock=next((c.lock for c in components if c.lock is not None), None),
     )
-
-
-__all__ = [
-    "FIRMWARE_COMPONENTS",
-    "NATIVE_MEANING",
-    "NativeOptions",
-    "NativePlan",
-    "plan_native_build",
-]

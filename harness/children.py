@@ -17,6 +17,13 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+# Sanitizer runtime settings for a native program (set unless the user did, by the native port and the
+# kernel sweep): a report ends the program (a firmware fault); leaks at exit are not faults (firmware
+# never exits on a device).
+SANITIZER_ENV = {
+    "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:halt_on_error=1:print_summary=1",
+    "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:print_summary=1",
+}
 _LOCK = threading.Lock()
 _LIVE: dict[int, tuple[subprocess.Popen[Any], bool]] = {}  # pid -> (process, leads its own group)
 

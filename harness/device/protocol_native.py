@@ -28,18 +28,13 @@ from urllib.parse import parse_qs, urlsplit
 
 from serial.serialutil import SerialException
 
+from harness.children import SANITIZER_ENV
 from harness.flashfmt.otadata import boot_order
 from harness.flashfmt.partitions import APP, TABLE_MAX_BYTES, Partition, table_rows
 from harness.inprocess import BOARDS, InProcessPort
 
 _PACKAGE = "harness.device"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-# Sanitizer runtime settings for a native program (unless the user set them): a report ends the
-# program (a firmware fault); leaks at exit are not faults (firmware never exits on a device).
-SANITIZER_ENV = {
-    "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:halt_on_error=1:print_summary=1",
-    "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:print_summary=1",
-}
 EXIT_LINE = "esp-check native: the program"  # start of the line reporting an abnormal end
 _MAX_BUFFER = 64 * 1024 * 1024
 DEFAULT_FLASH_BYTES = 4 << 20

@@ -31,6 +31,7 @@ from harness.analysis.sweep_findings import (
 from harness.analysis.sweep_report import c_repro, headline_of, report_md
 from harness.analysis.sweep_repro import write_repro
 from harness.analysis.sweep_shrink import smaller
+from harness.children import SANITIZER_ENV
 from harness.errors import EspCheckError, ExitCode, UsageError
 from harness.firmware.native.components import ComponentSource, find_components
 from harness.firmware.native.sweep_build import (
@@ -41,7 +42,6 @@ from harness.firmware.native.sweep_build import (
     grouped_conv_refusal,
     has_reference,
 )
-from harness.firmware.native.toolchain import SANITIZER_ENV
 
 CASE_TIMEOUT_S = 60.0
 # a finding group (analysis.sweep_findings.group): its JSON fields, and its example case ("example")

@@ -22,12 +22,6 @@ from harness.errors import BuildError
 
 SANITIZERS = ("address", "undefined")
 BITS = (32, 64)
-# Sanitizer runtime settings for the native program (the port sets them unless the user did):
-# a report ends the program (a firmware fault), leaks at exit are not faults (a device never exits).
-SANITIZER_ENV = {
-    "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:halt_on_error=1:print_summary=1",
-    "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:print_summary=1",
-}
 
 
 @dataclass(frozen=True)

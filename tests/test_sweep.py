@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -543,3 +544,27 @@ def test_findings_group_by_a_coarse_geometry_family() -> None:
     assert family("depthwise", "op4 3x3 s2 SAME mult2 c<8") == "op4 KxK mult>1"
     assert family("softmax", "depth>=512 near-max") == "depth>=512 near-max"
     assert family("max_pool", "2x2 s2 VALID c<8") == "VALID"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="XDG_CACHE_HOME is the Linux cache root")
+def test_the_sweep_builds_in_the_cache_every_other_build_uses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's driver builds go where flash-and-compare's native builds go (harness.resources'
+    cache root, which honours XDG_CACHE_HOME), not always under ~/.cache. Faked: the component lookup
+    and the build (the outermost edge: a CMake build); the test stops at the build."""
+    import harness.flows.sweep as sweep_flow  # the module whose two edges are replaced
+
+    monkeypatch.delenv("ESP_CHECK_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    roots: list[Path] = []
+
+    def build(*_args: object, root: Path, **_kw: object) -> None:
+        roots.append(root)
+        raise KeyboardInterrupt  # stop here: nothing below the build is under test
+
+    monkeypatch.setattr(sweep_flow, "find_sweep_sources", lambda *_a: (None, None))
+    monkeypatch.setattr(sweep_flow, "build_sweep_driver", build)
+    with pytest.raises(KeyboardInterrupt):
+        sweep(SweepOptions(ops=("add",), sanitize=False), tmp_path / "out")
+    assert roots == [tmp_path / "xdg" / "esp-check" / "builds" / "native"]

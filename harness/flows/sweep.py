@@ -42,6 +42,7 @@ from harness.firmware.native.sweep_build import (
     grouped_conv_refusal,
     has_reference,
 )
+from harness.resources import user_cache_dir
 
 CASE_TIMEOUT_S = 60.0
 # a finding group (analysis.sweep_findings.group): its JSON fields, and its example case ("example")
@@ -263,11 +264,7 @@ def sweep(
         raise UsageError(f"unknown op(s) {', '.join(bad)}", hint=f"choose from {', '.join(OPS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    root = (
-        Path(os.environ.get("ESP_CHECK_CACHE_DIR") or Path.home() / ".cache" / "esp-check")
-        / "builds"
-        / "native"
-    )
+    root = user_cache_dir("builds") / "native"  # where flash-and-compare's native builds go
     espnn, tflm = find_sweep_sources(options.components_dir, options.espnn_dir, options.tflm_dir)
     log = out / "build.log"
     programs = {}

@@ -31,7 +31,6 @@ class ChipSpec:
     name: str  # esptool's lower-case name: esp32, esp32s3, esp32c3
     display: str  # esptool's CHIP_NAME
     image_chip_id: int
-    magic_value: int | None  # CHIP_DETECT_MAGIC_REG value (ESP32 and older chips are detected by it)
     security_info: bool  # ROM answers GET_SECURITY_INFO (ESP32-S2 and later)
     spi_reg_base: int
     spi_usr2_offs: int
@@ -126,7 +125,6 @@ def _spec(name: str, **sim: Any) -> ChipSpec:
 CHIPS: dict[str, ChipSpec] = {
     "esp32": _spec(
         "esp32",
-        magic_value=0x00F01D83,
         security_info=False,
         iram_start=0x40080000,
         dram_start=0x3FFB0000,
@@ -139,7 +137,6 @@ CHIPS: dict[str, ChipSpec] = {
     ),
     "esp32s3": _spec(
         "esp32s3",
-        magic_value=None,
         security_info=True,
         iram_start=0x40378000,
         dram_start=0x3FC88000,
@@ -151,7 +148,6 @@ CHIPS: dict[str, ChipSpec] = {
     ),
     "esp32c3": _spec(
         "esp32c3",
-        magic_value=None,
         security_info=True,
         iram_start=0x4037C000,
         dram_start=0x3FC80000,

@@ -107,11 +107,9 @@ def parse_legacy_log(text: str | bytes) -> list[float]:
     values: list[float] = []
     for line_no, line in _output_lines(text):
         pos = line.find(OUTPUT_TAG)
-        rest = (
-            _ANSI_RE.sub("", line[pos + len(OUTPUT_TAG) :])
-            if "\x1b" in line
-            else line[pos + len(OUTPUT_TAG) :]
-        )
+        rest = line[pos + len(OUTPUT_TAG) :]
+        if "\x1b" in rest:
+            rest = _ANSI_RE.sub("", rest)
         if _PLAIN_RE.fullmatch(rest):  # the common case: plain decimals, read in one go
             values.extend(map(float, rest.split()))
             continue

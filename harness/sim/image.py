@@ -152,7 +152,7 @@ def app_sections(
     return [
         (".flash.rodata", chip.drom_map_start + elf.CODE_OFFSET, drom, elf.SHF_ALLOC),
         (".flash.text", elf.flash_text_addr(chip), elf.code_bytes(chip, text), code),
-        (".iram0.text", elf.iram_text_addr(chip), elf.code_bytes(chip, iram), code),
+        (".iram0.text", chip.iram_start, elf.code_bytes(chip, iram), code),
     ]
 
 
@@ -197,7 +197,7 @@ def pack_app_image(
     sections = app_sections(chip, payload, version=version, idf=idf, elf_sha=elf_sha)
     segments = [ELFSection(name.encode(), addr, data, 0) for name, addr, data, _flags in sections]
     # the entry point: call_start_cpu0 (the simulated CPU never executes it)
-    return _save_image(chip, flash_size, revs, segments, elf.iram_text_addr(chip))
+    return _save_image(chip, flash_size, revs, segments, chip.iram_start)
 
 
 def pack_bootloader_image(
@@ -442,7 +442,7 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     version = str(header["fwver"])
     # ESP-IDF links the ELF with an empty app_elf_sha256, then puts the ELF's SHA-256 into the .bin
     sections = app_sections(chip, payload, version=version, idf=str(header["idf"]))
-    elf_bytes = elf.write_elf(chip, sections, elf.iram_text_addr(chip))
+    elf_bytes = elf.write_elf(chip, sections, chip.iram_start)
     elf_sha = hashlib.sha256(elf_bytes).digest()
     revs = _board_revisions(board_def)
     app = pack_app_image(

@@ -249,13 +249,11 @@ class Loader:
 
     def _read_reg(self, op: int, data: bytes, chk: int) -> None:
         (addr,) = struct.unpack("<I", data)
-        self._respond(op, self.read_register(addr))
-
-    def read_register(self, addr: int) -> int:
         chip = self.host.chip
         if addr == chip.uart_clkdiv_reg:
-            return round(40_000_000 * chip.xtal_div / max(1, self.host.uart_baud)) & 0xFFFFF
-        return self.host.registers.get(addr, 0)
+            self._respond(op, round(40_000_000 * chip.xtal_div / max(1, self.host.uart_baud)) & 0xFFFFF)
+        else:
+            self._respond(op, self.host.registers.get(addr, 0))
 
     def _write_reg(self, op: int, data: bytes, chk: int) -> None:
         if len(data) % 16:

@@ -33,18 +33,10 @@ def _scaled(f: int) -> int:
     return f + sum(f >> s for s in _SHIFTS)
 
 
-def _f32_bits(x: float) -> int:
-    return int(struct.unpack("<I", struct.pack("<f", x))[0])
-
-
-def _f32_from_bits(bits: int) -> float:
-    return float(struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0])
-
-
 def encode_microprintf_float(x: float) -> str:
     """Format like old TFLM ``MicroPrintf("%f")``: the float32 value of ``x`` as ``1.D*2^E``."""
     try:
-        bits = _f32_bits(x)
+        bits = int(struct.unpack("<I", struct.pack("<f", x))[0])
     except OverflowError:
         bits = 0xFF800000 if x < 0 else 0x7F800000
     sign = "-" if bits >> 31 else ""
@@ -84,7 +76,8 @@ def decode_microprintf_bits(token: str) -> int:
 
 def decode_microprintf_float(token: str) -> float:
     """Exact float32 value (as a Python float) of a MicroPrintf token such as ``1.0937498*2^-3``."""
-    return _f32_from_bits(decode_microprintf_bits(token))
+    bits = decode_microprintf_bits(token)
+    return float(struct.unpack("<f", struct.pack("<I", bits))[0])
 
 
 def parse_value(token: str) -> float:

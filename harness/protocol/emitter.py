@@ -99,18 +99,16 @@ def _u64(name: str, v: int) -> int:
     return _check_int(name, v, 0, 2**64 - 1)
 
 
-def human_value(dtype: str, raw: bytes, scale_bits: int, zp: int) -> float:
-    """The value an ``Output:`` line shows for one element (same arithmetic as the C emitter)."""
+def format_human(dtype: str, raw: bytes, scale_bits: int, zp: int) -> bytes:
+    """The ``Output:`` line of one element (same arithmetic and text as the C emitter)."""
     q = np.frombuffer(raw, dtype=DTYPES[dtype], count=1)[0]
-    if dtype == "float32":
-        return float(q)
     scale = struct.unpack("<f", struct.pack("<I", scale_bits))[0]
-    if scale == 0.0:
-        return float(int(q))
-    return float(int(q) - zp) * scale
-
-
-def format_human(v: float) -> bytes:
+    if dtype == "float32":
+        v = float(q)
+    elif scale == 0.0:
+        v = float(int(q))
+    else:
+        v = float(int(q) - zp) * scale
     if math.isnan(v):
         return b"Output: nan\r\n"
     if math.isinf(v):
@@ -241,7 +239,7 @@ class PythonEmitter:
         item = ITEM_SIZES[dtype]
         count = len(data) // item
         for j in range(min(max(human_max, 0), count)):
-            self._write(format_human(human_value(dtype, data[j * item : (j + 1) * item], bits, zp)))
+            self._write(format_human(dtype, data[j * item : (j + 1) * item], bits, zp))
         return True
 
     # ---- tap records ----

@@ -458,11 +458,7 @@ class SimApp:
             self._last_ops = sim_ops
             return [values.get(t.index, a) for t, a in zip(info.outputs, res.runs[0].outputs, strict=True)]
         cache = self.env.cache
-        key = (
-            "out:"
-            + hashlib.sha256(self.payload.model[:4096] + data).hexdigest()
-            + f":{len(self.payload.model)}"
-        )
+        key = f"out:{hashlib.sha256(self.payload.model[:4096] + data).hexdigest()}:{len(self.payload.model)}"
         hit = cache.get(key)
         if hit is None:
             mkey = "model:" + hashlib.sha256(self.payload.model).hexdigest()

@@ -168,9 +168,7 @@ def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSp
         fault_kind=p.fault_kind.strip().upper() if p.fault_kind else None,
         names=frozenset(names),
         variant=variant,
-        **p.model_dump(include={"seed", "corrupt_lsb", "corrupt_frac", "noise", "fault_count", "loops"}),
-        fault_boots=p.fault_boots,
-        frame_every=p.frame_every,
+        **p.model_dump(exclude={"fault", "variant_fault", "fault_op", "fault_region", "fault_kind"}),
     )
 
 

@@ -104,14 +104,14 @@ class FaultSpec:
             return False
         if name in ("sync_fail",) or self.variant is None or image_variant is None:
             return True
-        return _norm_variant(image_variant) == self.variant
+        return norm_variant(image_variant.strip()) == self.variant
 
     def rng(self, name: str, boot: int) -> random.Random:
         return random.Random(f"{self.seed}:{name}:{boot}")
 
 
-def _norm_variant(v: str) -> str:
-    v = v.strip().lower()
+def norm_variant(v: str) -> str:
+    v = v.lower()
     return "ansi" if v in ("ansi", "ansi_c") else v
 
 
@@ -145,7 +145,7 @@ def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSp
                 f"unknown simulator fault {part!r}", hint=f"known faults: {', '.join(sorted(FAULTS))}"
             )
         names.add(part)
-    variant = None if p.variant_fault is None else _norm_variant(p.variant_fault)
+    variant = None if p.variant_fault is None else norm_variant(p.variant_fault.strip())
     if variant is not None and variant not in VARIANTS:
         raise UsageError(f"variant_fault={variant!r} is not a variant", hint="use optimized or ansi")
     parts = [x.strip() for x in (p.fault_op or "").split(",")]

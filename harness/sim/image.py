@@ -41,6 +41,7 @@ from harness.flashfmt.partitions import (
 from harness.protocol.app_image import APP_DESC_ELF_SHA, APP_DESC_MAGIC
 from harness.sim import elf
 from harness.sim.chips import FLASH_SIZES, ChipSpec, get_chip
+from harness.sim.faults import VARIANTS, norm_variant
 
 if TYPE_CHECKING:
     from harness.firmware.generate import Manifest
@@ -333,11 +334,9 @@ def _input_files(project_dir: Path, manifest: Manifest) -> list[Path]:
 
 
 def _variant(manifest: Manifest) -> str:
-    v = str(manifest.get("variant", "")).lower()
-    if v in ("ansi", "ansi_c"):
-        return "ansi"
-    if v == "optimized":
-        return "optimized"
+    v = norm_variant(str(manifest.get("variant", "")))
+    if v in VARIANTS:
+        return v
     raise BuildError(f"manifest variant {v!r} is neither optimized nor ansi", hint="regenerate the project")
 
 

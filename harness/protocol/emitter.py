@@ -29,7 +29,7 @@ from filelock import FileLock, Timeout
 
 from harness.errors import BuildError, UsageError
 from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, TAP_MAX_TENSORS
-from harness.resources import templates_dir, user_cache_dir
+from harness.resources import code_digest, templates_dir, user_cache_dir
 
 if TYPE_CHECKING:
     from harness.protocol.loop import LoopOutput
@@ -397,12 +397,6 @@ def emitter_sources() -> tuple[Path, Path]:
 C_SOURCES = ("esp_check_proto", "esp_check_frame", "esp_check_loop")
 
 
-def c_sources() -> list[Path]:
-    """All portable C sources and headers of firmware_templates/common (.c and .h per name)."""
-    common = templates_dir() / "common"
-    return [common / f"{name}{ext}" for name in C_SOURCES for ext in (".c", ".h")]
-
-
 def find_c_compiler() -> str | None:
     """Host C compiler (``$CC``, cc, gcc, clang) or None."""
     env_cc = os.environ.get("CC")
@@ -422,20 +416,14 @@ def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) 
             "no host C compiler found for the protocol emitter",
             hint="install gcc or clang, set $CC, or use the 'python' emitter backend",
         )
-    sources = c_sources()
+    common = templates_dir() / "common"
+    names = [f"{name}{ext}" for name in C_SOURCES for ext in (".c", ".h")]
+    sources = [common / name for name in names]
     c_files = [str(p) for p in sources if p.suffix == ".c"]
-    digest = hashlib.sha256()
-    for part in (
-        *(p.read_bytes() for p in sources),
-        cc.encode(),
-        " ".join(_C_FLAGS).encode(),
-        sys.platform.encode(),
-    ):
-        digest.update(part)
-        digest.update(b"\0")
+    digest = code_digest("\0".join((cc, *_C_FLAGS, sys.platform)), common, names, ())
     suffix = {"darwin": ".dylib", "win32": ".dll"}.get(sys.platform, ".so")
     out_dir = cache_dir / "emitter" if cache_dir else user_cache_dir("emitter")
-    out = out_dir / f"libesp_check_proto-{digest.hexdigest()[:20]}{suffix}"
+    out = out_dir / f"libesp_check_proto-{digest[:20]}{suffix}"
     if out.is_file():
         return out
     out_dir.mkdir(parents=True, exist_ok=True)

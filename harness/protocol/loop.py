@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from harness.protocol import frames
 from harness.protocol.emitter import emit_tensor
+from harness.protocol.spec import crc32
 
 ECL_OK, ECL_HALTED, ECL_REBOOT = 0, 1, 2
 
@@ -118,10 +119,10 @@ class KeepStore:
         region = c.keep if c.keep is not None else bytearray()
         h = _KEEP_MAGIC + struct.pack("<IIII", c.input_bytes, self.cap, self.nonce, len(region))
         h += bytes.fromhex(c.model_sha256) + struct.pack("<I", c.keep_place & 0xFFFFFFFF)
-        return h + struct.pack("<I", frames.crc32(h))
+        return h + struct.pack("<I", crc32(h))
 
     def _check(self, index: int, crc: int) -> int:
-        return frames.crc32(struct.pack("<III", self.nonce, index, crc))
+        return crc32(struct.pack("<III", self.nonce, index, crc))
 
     def _entry(self, k: int) -> tuple[bool, int]:
         assert self.cfg.keep is not None
@@ -142,7 +143,7 @@ class KeepStore:
         assert self.cfg.keep is not None
         at = self._slot(k)
         data = bytes(self.cfg.keep[at : at + self.cfg.input_bytes])
-        return data if frames.crc32(data) == want else None
+        return data if crc32(data) == want else None
 
     def store(self, ident: int, data: bytes) -> None:
         """Keep input ``ident`` in entry ``ident % cap`` (a chunk of the dataset takes the entries over)."""
@@ -154,7 +155,7 @@ class KeepStore:
         at = self._slot(k)
         self.cfg.keep[e + 4 : e + 8] = bytes(4)  # invalid while the bytes change
         self.cfg.keep[at : at + len(data)] = data
-        crc = frames.crc32(data)
+        crc = crc32(data)
         self.cfg.keep[e : e + 8] = struct.pack("<II", crc, self._check(k, crc))
 
 
@@ -448,11 +449,11 @@ class DeviceLoop:
         self.host.text_extra(em, r.ident)
 
     def _crcs(self) -> list[int]:
-        return [frames.crc32(b) for b in self.outputs_now]
+        return [crc32(b) for b in self.outputs_now]
 
     def _run_binary(self, r: _RunRequest, data: bytes) -> None:
         n = len(self.cfg.outputs)
-        input_crc = frames.crc32(data)
+        input_crc = crc32(data)
         done, first_us, status, flags, first_diff, busy_us = 0, 0, frames.ST_OK, 0, 0, 0
         first: list[int] = [0] * n
         diff: list[int] = []

@@ -584,7 +584,7 @@ def keep_after_boot(mem: bytearray, reason: str, faults: FaultSpec, boot: int) -
         return
     if faults.active("keep_stale") and mem[:6] == b"ECKEEP":  # another model's store: its own CRC is valid
         mem[24:56] = hashlib.sha256(bytes(mem[24:56])).digest()
-        mem[60:64] = frames.crc32(mem[:60]).to_bytes(4, "little")
+        mem[60:64] = crc32(mem[:60]).to_bytes(4, "little")
     if faults.active("keep_flip") and mem[:6] == b"ECKEEP":
         size, cap = int.from_bytes(mem[8:12], "little"), int.from_bytes(mem[12:16], "little")
         first = (frames.KEEP_HEADER + cap * frames.KEEP_ENTRY + 15) // 16 * 16

@@ -459,12 +459,8 @@ class SimBoard:
             return self._ready(now)[0]
 
     def discard_input(self, ident: int) -> None:
-        with self._cond:
-            now = time.monotonic()
-            self._settle(now)
-            self._check(ident)
-            n = self._ready(now)[0]
-            self._take(n, now, 0)
+        with self._cond:  # what in_waiting reports, taken (the lock is re-entrant)
+            self._take(self.in_waiting(ident), time.monotonic(), 0)
 
     def write(self, ident: int, data: bytes, port_baud: int) -> None:
         with self._cond:

@@ -664,17 +664,8 @@ def _emit_taps(emitter: Any, i: int, info: Any, sim_ops: list[Any], dump_ops: li
     emitter.op_end(i, len(sim_ops), 0, ram)
     for so, role, t, a in dumps:
         ti = info.tensors[t]
-        emitter.op_dump(
-            i,
-            so.op.index,
-            t,
-            role=role,
-            dtype=str(a.dtype),
-            shape=list(a.shape),
-            scale=float(ti.scale or 0.0),
-            zp=int(ti.zero_point or 0),
-            data=a.tobytes(),
-        )
+        meta = (str(a.dtype), list(a.shape), float(ti.scale or 0.0), int(ti.zero_point or 0))  # dtype .. zp
+        emitter.op_dump(i, so.op.index, t, role, *meta, a.tobytes())
 
 
 def _apply_output_faults(arr: np.ndarray, active: list[str], faults: FaultSpec, i: int, o: int) -> bytes:

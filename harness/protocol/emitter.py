@@ -62,6 +62,9 @@ class TapTensor:
     crc: int
 
 
+_Taps = Sequence[TapTensor]
+
+
 # ---- shared helpers (both backends) --------------------------------------------------------------
 
 
@@ -188,6 +191,27 @@ class _Emitter:
     def _op_dump(self, head: tuple[int, int, int], role: str, t: _Tensor) -> None:
         raise NotImplementedError
 
+    def op(
+        self,
+        i: int,
+        sub: int,
+        idx: int,
+        opname: str,
+        cycles: int,
+        ins: Sequence[TapTensor],
+        outs: Sequence[TapTensor],
+    ) -> None:
+        for x in (*ins, *outs):
+            _i32("t", x.t)
+            _check_int("crc", x.crc, 0, 2**32 - 1)
+            for d in x.shape:
+                _i32("dim", d)
+        head = (_i32("i", i), _i32("sub", sub), _i32("idx", idx))
+        self._op(head, opname, _u64("cycles", cycles), ins, outs)
+
+    def _op(self, head: tuple[int, int, int], opname: str, cycles: int, ins: _Taps, outs: _Taps) -> None:
+        raise NotImplementedError
+
 
 # ---- pure-Python emitter -------------------------------------------------------------------------
 
@@ -291,25 +315,10 @@ class PythonEmitter(_Emitter):
             parts.append(b"%d:%s:%08X" % (x.t, shape, x.crc & 0xFFFFFFFF))
         return b",".join(parts) if parts else b"-"
 
-    def op(
-        self,
-        i: int,
-        sub: int,
-        idx: int,
-        opname: str,
-        cycles: int,
-        ins: Sequence[TapTensor],
-        outs: Sequence[TapTensor],
-    ) -> None:
-        _check_tap_tensors(ins, outs)
+    def _op(self, head: tuple[int, int, int], opname: str, cycles: int, ins: _Taps, outs: _Taps) -> None:
         lin, lout = self._tap_list(ins), self._tap_list(outs)
-        fields = [
-            ("i", b"%d" % _i32("i", i)),
-            ("sub", b"%d" % _i32("sub", sub)),
-            ("idx", b"%d" % _i32("idx", idx)),
-            ("op", sanitize_value(opname, OPNAME_MAX)),
-            ("cycles", b"%d" % _u64("cycles", cycles)),
-        ]
+        fields = [(k, b"%d" % v) for k, v in zip(("i", "sub", "idx"), head, strict=True)]
+        fields += [("op", sanitize_value(opname, OPNAME_MAX)), ("cycles", b"%d" % cycles)]
         if lin is None or lout is None:
             fields.append(("-bad", b""))  # invalid key: same overflow ERROR record as the C emitter
         else:
@@ -351,15 +360,6 @@ def _tensor_fields(t: _Tensor) -> list[tuple[str, bytes]]:
         ("bytes", b"%d" % len(t.data)),
         ("crc", b"%08X" % zlib.crc32(t.data)),
     ]
-
-
-def _check_tap_tensors(*sides: Sequence[TapTensor]) -> None:
-    for side in sides:
-        for x in side:
-            _i32("t", x.t)
-            _check_int("crc", x.crc, 0, 2**32 - 1)
-            for d in x.shape:
-                _i32("dim", d)
 
 
 def check_record_fits(seq: int, rtype: str, fields: Sequence[tuple[str, bytes]]) -> None:
@@ -587,20 +587,9 @@ class CEmitter(_Emitter):
     def end(self, ok: bool) -> None:
         self._sync(self.lib.ecp_end(self.state, 1 if ok else 0))
 
-    def op(
-        self,
-        i: int,
-        sub: int,
-        idx: int,
-        opname: str,
-        cycles: int,
-        ins: Sequence[TapTensor],
-        outs: Sequence[TapTensor],
-    ) -> None:
-        _check_tap_tensors(ins, outs)
-        head = (_i32("i", i), _i32("sub", sub), _i32("idx", idx), _cbytes(opname), _u64("cycles", cycles))
+    def _op(self, head: tuple[int, int, int], opname: str, cycles: int, ins: _Taps, outs: _Taps) -> None:
         taps = (_c_tap_array(ins), len(ins), _c_tap_array(outs), len(outs))
-        self._sync(self.lib.ecp_op(self.state, *head, *taps))
+        self._sync(self.lib.ecp_op(self.state, *head, _cbytes(opname), cycles, *taps))
 
     def op_end(self, i: int, ops: int, dropped: int, ram_bytes: int) -> None:
         counts = (_u64("ops", ops), _u64("dropped", dropped), _u64("ram", ram_bytes))

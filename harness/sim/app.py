@@ -180,7 +180,7 @@ def _load_app(
 
 def _mapped(chip: ChipSpec, addr: int) -> bool:
     """A segment the cache maps from flash (DROM or IROM) rather than one the bootloader copies to RAM."""
-    drom = chip.drom_map_start <= addr < chip.drom_map_start + 0x400000
+    drom = chip.rom.DROM_MAP_START <= addr < chip.rom.DROM_MAP_START + 0x400000
     return drom or chip.irom_start <= addr < chip.irom_start + 0x2000000
 
 

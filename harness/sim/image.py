@@ -151,7 +151,7 @@ def app_sections(
     text, iram = elf.section_size(chip, ".flash.text"), elf.section_size(chip, ".iram0.text")
     code = elf.SHF_ALLOC | elf.SHF_EXECINSTR
     return [
-        (".flash.rodata", chip.drom_map_start + elf.CODE_OFFSET, drom, elf.SHF_ALLOC),
+        (".flash.rodata", chip.rom.DROM_MAP_START + elf.CODE_OFFSET, drom, elf.SHF_ALLOC),
         (".flash.text", elf.flash_text_addr(chip), elf.code_bytes(chip, text), code),
         (".iram0.text", chip.iram_start, elf.code_bytes(chip, iram), code),
     ]
@@ -267,7 +267,7 @@ def load_image(chip: ChipSpec, flash: bytes | bytearray, offset: int, max_len: i
 def _drom_desc(chip: ChipSpec, loaded: LoadedImage) -> bytes | None:
     """The image's DROM segment that opens with the app description (esp_app_desc_t, 256 bytes)."""
     for addr, data in loaded.segments:
-        in_drom = chip.drom_map_start <= addr < chip.drom_map_start + 0x400000
+        in_drom = chip.rom.DROM_MAP_START <= addr < chip.rom.DROM_MAP_START + 0x400000
         if in_drom and len(data) >= 256 and struct.unpack_from("<I", data, 0)[0] == APP_DESC_MAGIC:
             return data
     return None

@@ -249,11 +249,11 @@ class Loader:
 
     def _read_reg(self, op: int, data: bytes, chk: int) -> None:
         (addr,) = struct.unpack("<I", data)
-        chip = self.host.chip
-        if addr == chip.uart_clkdiv_reg:
-            self._respond(op, round(40_000_000 * chip.xtal_div / max(1, self.host.uart_baud)) & 0xFFFFF)
-        else:
-            self._respond(op, self.host.registers.get(addr, 0))
+        rom = self.host.chip.rom
+        value = self.host.registers.get(addr, 0)
+        if addr == rom.UART_CLKDIV_REG:
+            value = round(40_000_000 * rom.XTAL_CLK_DIVIDER / max(1, self.host.uart_baud)) & 0xFFFFF
+        self._respond(op, value)
 
     def _write_reg(self, op: int, data: bytes, chk: int) -> None:
         if len(data) % 16:
@@ -270,10 +270,10 @@ class Loader:
         """Run a SPI flash 'user command' (esptool's run_spiflash_command) when SPI_CMD_USR is set."""
         chip = self.host.chip
         regs = self.host.registers
-        if addr != chip.spi_reg_base or not regs.get(addr, 0) & (1 << 18):
+        if addr != chip.rom.SPI_REG_BASE or not regs.get(addr, 0) & (1 << 18):
             return
-        command = regs.get(chip.spi_reg_base + chip.spi_usr2_offs, 0) & 0xFF
-        w0 = chip.spi_reg_base + chip.spi_w0_offs
+        command = regs.get(chip.rom.SPI_REG_BASE + chip.rom.SPI_USR2_OFFS, 0) & 0xFF
+        w0 = chip.rom.SPI_REG_BASE + chip.rom.SPI_W0_OFFS
         if command == 0x9F:  # RDID: manufacturer, type, capacity
             code = FLASH_SIZE_CODES.get(self.host.flash_size, 0x16)
             regs[w0] = (code << 16) | (0x40 << 8) | 0xEF

@@ -164,7 +164,6 @@ class _Chunk:
 class _OpenPort:
     """One ``sim://`` port open on this board."""
 
-    ident: int
     epoch: int
     exclusive: bool
     baud: int | None = None  # the host UART's rate (None until the port is configured)
@@ -398,7 +397,7 @@ class SimBoard:
                 )
             ident = self._next_conn
             self._next_conn += 1
-            self._conns[ident] = _OpenPort(ident, self._epoch, exclusive)
+            self._conns[ident] = _OpenPort(self._epoch, exclusive)
             return ident
 
     def detach(self, ident: int) -> None:

@@ -119,7 +119,6 @@ def known_stubs(chip: str) -> tuple[tuple[int, bytes, int | None, bytes | None, 
 class _WriteSession:
     offset: int
     size: int  # bytes to write (stub: uncompressed size; ROM: erase size)
-    blocks: int
     block_size: int
     compressed: bool
     stub: bool
@@ -339,12 +338,12 @@ class Loader:
         if len(data) not in ((16,) if rom_esp32 else (16, 20)):
             self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
             return
-        size, blocks, block_size, offset = struct.unpack_from("<IIII", data)
+        size, _blocks, block_size, offset = struct.unpack_from("<IIII", data)
         end = offset + (size if not compressed or self.stub else 0)
         if end > self.host.flash_size or offset >= self.host.flash_size:
             self._fail(op, ERR_FLASH_WRITE, STUB_ERR_FAILED_SPI_OP)
             return
-        sess = _WriteSession(offset, size, blocks, block_size, compressed, self.stub)
+        sess = _WriteSession(offset, size, block_size, compressed, self.stub)
         if compressed:
             sess.inflater = zlib.decompressobj()
         if not self.stub and size:

@@ -6,6 +6,7 @@ docs/protocol.md "Human-readable lines".
 
 from __future__ import annotations
 
+import bisect
 import re
 import struct
 from collections.abc import Iterator
@@ -62,13 +63,8 @@ def decode_microprintf_bits(token: str) -> int:
     if not -127 <= e <= 127:
         raise ValueError(f"{token!r}: exponent {e} outside -127..127")
     target = int(digits.ljust(7, "0"))
-    lo, hi = 0, _FRACTION_MAX  # _scaled is strictly increasing: binary search for the exact fraction
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _scaled(mid) < target:
-            lo = mid + 1
-        else:
-            hi = mid
+    # _scaled is strictly increasing: binary search for the exact fraction (the last one when none fits)
+    lo = bisect.bisect_left(range(_FRACTION_MAX), target, key=_scaled)
     if _scaled(lo) != target:
         raise ValueError(f"{token!r}: digits {digits} are not ones MicroPrintf prints for any float32")
     return sign | ((e + 127) << 23) | lo

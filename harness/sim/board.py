@@ -32,12 +32,9 @@ from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faul
 from harness.sim.loader import Loader
 from harness.sim.resident import IDLE_QUIET_S, Piece, SimApp, keep_after_boot
 
-RESET_STYLES = {
-    "classic": "classic",
-    "uart": "classic",
-    "usb_jtag": "usb_jtag",
-    "usb_serial_jtag": "usb_jtag",
-    "usb": "usb_jtag",
+RESET_STYLES = {  # the two reset styles by each name they go by
+    **dict.fromkeys(("classic", "uart"), "classic"),
+    **dict.fromkeys(("usb_jtag", "usb_serial_jtag", "usb"), "usb_jtag"),
 }
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 

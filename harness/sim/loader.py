@@ -374,8 +374,7 @@ class Loader:
 
     def _flash_data(self, op: int, data: bytes, chk: int) -> None:
         sess = self._write
-        want = CMD["FLASH_DEFL_DATA"] if op == CMD["FLASH_DEFL_DATA"] else CMD["FLASH_DATA"]
-        if sess is None or sess.compressed != (want == CMD["FLASH_DEFL_DATA"]) or len(data) < 16:
+        if sess is None or sess.compressed != (op == CMD["FLASH_DEFL_DATA"]) or len(data) < 16:
             self._fail(op, ERR_FAILED, STUB_ERR_NOT_IN_FLASH_MODE)
             return
         block = self._data_block(op, data, chk, sess.seq)
@@ -406,12 +405,10 @@ class Loader:
 
     def _flash_end(self, op: int, data: bytes, chk: int) -> None:
         (stay,) = struct.unpack("<I", data)
-        sess = self._write
+        sess, self._write = self._write, None
         if self.stub and sess is not None and sess.size and sess.written < sess.size and sess.compressed:
-            self._write = None
             self._fail(op, ERR_FAILED, STUB_ERR_NOT_ENOUGH_DATA)
             return
-        self._write = None
         self.host.persist()  # a finished write session is on "flash" (the board's file) before the reply
         self._respond(op)
         # the stub: back to the ROM loader unless told to stay; the ROM: run the app (whether told to

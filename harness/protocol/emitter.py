@@ -479,11 +479,9 @@ class _CTapTensor(ctypes.Structure):
 def _c_tap_array(ts: Sequence[TapTensor]) -> ctypes.Array[_CTapTensor]:
     arr = (_CTapTensor * max(1, len(ts)))()
     for k, x in enumerate(ts):
-        arr[k].t = x.t
-        arr[k].crc = x.crc & 0xFFFFFFFF
-        arr[k].ndims = len(x.shape)  # > MAX_DIMS: the C side rejects it (only MAX_DIMS are copied)
-        for d, v in enumerate(x.shape[:MAX_DIMS]):
-            arr[k].dims[d] = v
+        dims = (ctypes.c_int32 * MAX_DIMS)(*x.shape[:MAX_DIMS])
+        # ndims > MAX_DIMS: the C side rejects it (only MAX_DIMS are copied)
+        arr[k] = _CTapTensor(x.t, x.crc & 0xFFFFFFFF, len(x.shape), dims)
     return arr
 
 

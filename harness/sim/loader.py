@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Protocol
 
 import esptool
-from esptool.loader import ESPLoader
 
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec
 
@@ -44,7 +43,29 @@ STUB_ERR_INFLATE = 0xC7
 STUB_ERR_NOT_ENOUGH_DATA = 0xC8
 STUB_ERR_TOO_MUCH_DATA = 0xC9
 
-CMD = ESPLoader.ESP_CMDS  # the ROM and stub command codes, by esptool's names
+CMD = {
+    "FLASH_BEGIN": 0x02,
+    "FLASH_DATA": 0x03,
+    "FLASH_END": 0x04,
+    "MEM_BEGIN": 0x05,
+    "MEM_END": 0x06,
+    "MEM_DATA": 0x07,
+    "SYNC": 0x08,
+    "WRITE_REG": 0x09,
+    "READ_REG": 0x0A,
+    "SPI_SET_PARAMS": 0x0B,
+    "SPI_ATTACH": 0x0D,
+    "READ_FLASH_SLOW": 0x0E,
+    "CHANGE_BAUDRATE": 0x0F,
+    "FLASH_DEFL_BEGIN": 0x10,
+    "FLASH_DEFL_DATA": 0x11,
+    "FLASH_DEFL_END": 0x12,
+    "SPI_FLASH_MD5": 0x13,
+    "GET_SECURITY_INFO": 0x14,
+    "ERASE_FLASH": 0xD0,
+    "ERASE_REGION": 0xD1,
+    "READ_FLASH": 0xD2,
+}
 STUB_ONLY = {CMD["ERASE_FLASH"], CMD["ERASE_REGION"], CMD["READ_FLASH"]}
 
 

@@ -275,23 +275,12 @@ def _strip_tail(seg: bytes) -> bytes:
     return seg
 
 
-def _check_segment(seg: bytes) -> re.Match[bytes] | None:
+def _check_segment(seg: bytes, pattern: re.Pattern[bytes] = _RECORD_RE) -> re.Match[bytes] | None:
+    """``seg`` as a ``pattern`` record within the line limit, its CRC (the last group) good; else None."""
     if len(seg) + 2 > LINE_MAX:
         return None
-    m = _RECORD_RE.fullmatch(seg)
-    if m is None:
-        return None
-    if zlib.crc32(seg[:-9]) != int(m.group(4), 16):
-        return None
-    return m
-
-
-def _fast_data(seg: bytes) -> re.Match[bytes] | None:
-    """``seg`` as a well-formed DATA record with a good CRC, else None (then the general path decides)."""
-    if len(seg) + 2 > LINE_MAX or not seg.startswith(MARKER):
-        return None
-    m = _DATA_LINE_RE.fullmatch(seg)
-    if m is None or zlib.crc32(seg[:-9]) != int(m.group(6), 16):
+    m = pattern.fullmatch(seg)
+    if m is None or zlib.crc32(seg[:-9]) != int(m.group(pattern.groups), 16):
         return None
     return m
 
@@ -332,7 +321,7 @@ class _Scanner:
                 continue
             self.cap.has_records = True
             if start == 0 and line.find(MARKER, 1) < 0:
-                m = _fast_data(_strip_tail(line))
+                m = _check_segment(_strip_tail(line), _DATA_LINE_RE)  # else the general path decides
                 if m is not None:
                     self._payload(begin, end)
                     yield _Data(m, k)

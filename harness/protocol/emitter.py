@@ -22,14 +22,14 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 import numpy as np
 from filelock import FileLock, Timeout
 
 from harness.errors import BuildError, UsageError
 from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, TAP_MAX_TENSORS
-from harness.resources import templates_dir, user_cache_dir
+from harness.resources import code_digest, templates_dir, user_cache_dir
 
 if TYPE_CHECKING:
     from harness.protocol.loop import LoopOutput
@@ -60,6 +60,9 @@ class TapTensor:
     t: int
     shape: tuple[int, ...]
     crc: int
+
+
+_Taps = Sequence[TapTensor]
 
 
 # ---- shared helpers (both backends) --------------------------------------------------------------
@@ -99,18 +102,16 @@ def _u64(name: str, v: int) -> int:
     return _check_int(name, v, 0, 2**64 - 1)
 
 
-def human_value(dtype: str, raw: bytes, scale_bits: int, zp: int) -> float:
-    """The value an ``Output:`` line shows for one element (same arithmetic as the C emitter)."""
+def format_human(dtype: str, raw: bytes, scale_bits: int, zp: int) -> bytes:
+    """The ``Output:`` line of one element (same arithmetic and text as the C emitter)."""
     q = np.frombuffer(raw, dtype=DTYPES[dtype], count=1)[0]
-    if dtype == "float32":
-        return float(q)
     scale = struct.unpack("<f", struct.pack("<I", scale_bits))[0]
-    if scale == 0.0:
-        return float(int(q))
-    return float(int(q) - zp) * scale
-
-
-def format_human(v: float) -> bytes:
+    if dtype == "float32":
+        v = float(q)
+    elif scale == 0.0:
+        v = float(int(q))
+    else:
+        v = float(int(q) - zp) * scale
     if math.isnan(v):
         return b"Output: nan\r\n"
     if math.isinf(v):
@@ -118,12 +119,21 @@ def format_human(v: float) -> bytes:
     return b"Output: %.6f\r\n" % v
 
 
-def _checked_tensor(
-    dtype: str, shape: Sequence[int], scale: float, zp: int, data: bytes
-) -> tuple[int, list[int], int, bytes, str | None]:
-    """A tensor's checked zero point, dims, scale bits and bytes, and what makes it unprintable (or None)."""
+class _Tensor(NamedTuple):
+    """A tensor's arguments after the checks both backends make (the same errors for the same input)."""
+
+    dtype: str
+    dims: list[int]
+    scale: float
+    bits: int  # the scale's float32 bits
+    zp: int
+    data: bytes
+    problem: str | None  # what makes it unprintable (the C emitter's ERROR msg), or None
+
+
+def _checked_tensor(dtype: str, shape: Sequence[int], scale: float, zp: int, data: bytes) -> _Tensor:
     zp, dims, bits, data = _i32("zp", zp), [_i32("dim", d) for d in shape], _float32_bits(scale), bytes(data)
-    return zp, dims, bits, data, _tensor_problem(dtype, dims, len(data))
+    return _Tensor(dtype, dims, scale, bits, zp, data, problem=_tensor_problem(dtype, dims, len(data)))
 
 
 def _tensor_problem(dtype: str, shape: Sequence[int], nbytes: int) -> str | None:
@@ -142,10 +152,71 @@ def _tensor_problem(dtype: str, shape: Sequence[int], nbytes: int) -> str | None
     return None
 
 
+class _Emitter:
+    """TENSOR and OPDUMP as both backends take them: the arguments checked here, printed by the backend."""
+
+    def tensor(
+        self,
+        i: int,
+        o: int,
+        dtype: str,
+        shape: Sequence[int],
+        scale: float,
+        zp: int,
+        data: bytes,
+        name: str = "",
+        human_max: int = 16,
+    ) -> bool:
+        i, o = _i32("i", i), _i32("o", o)
+        return self._tensor(i, o, _checked_tensor(dtype, shape, scale, zp, data), name, human_max)
+
+    def _tensor(self, i: int, o: int, t: _Tensor, name: str, human_max: int) -> bool:
+        raise NotImplementedError
+
+    def op_dump(
+        self,
+        i: int,
+        idx: int,
+        t: int,
+        role: str,
+        dtype: str,
+        shape: Sequence[int],
+        scale: float,
+        zp: int,
+        data: bytes,
+    ) -> None:
+        head = (_i32("i", i), _i32("idx", idx), _i32("t", t))
+        self._op_dump(head, role, _checked_tensor(dtype, shape, scale, zp, data))
+
+    def _op_dump(self, head: tuple[int, int, int], role: str, t: _Tensor) -> None:
+        raise NotImplementedError
+
+    def op(
+        self,
+        i: int,
+        sub: int,
+        idx: int,
+        opname: str,
+        cycles: int,
+        ins: Sequence[TapTensor],
+        outs: Sequence[TapTensor],
+    ) -> None:
+        for x in (*ins, *outs):
+            _i32("t", x.t)
+            _check_int("crc", x.crc, 0, 2**32 - 1)
+            for d in x.shape:
+                _i32("dim", d)
+        head = (_i32("i", i), _i32("sub", sub), _i32("idx", idx))
+        self._op(head, opname, _u64("cycles", cycles), ins, outs)
+
+    def _op(self, head: tuple[int, int, int], opname: str, cycles: int, ins: _Taps, outs: _Taps) -> None:
+        raise NotImplementedError
+
+
 # ---- pure-Python emitter -------------------------------------------------------------------------
 
 
-class PythonEmitter:
+class PythonEmitter(_Emitter):
     """Pure-Python twin of esp_check_proto.c (byte-identical output)."""
 
     backend = "python"
@@ -214,34 +285,20 @@ class PythonEmitter:
     def end(self, ok: bool) -> None:
         self._emit("END", [("status", b"ok" if ok else b"error"), ("records", b"%d" % self.seq)])
 
-    def tensor(
-        self,
-        i: int,
-        o: int,
-        dtype: str,
-        shape: Sequence[int],
-        scale: float,
-        zp: int,
-        data: bytes,
-        name: str = "",
-        human_max: int = 16,
-    ) -> bool:
-        i, o = _i32("i", i), _i32("o", o)
-        zp, dims, bits, data, bad = _checked_tensor(dtype, shape, scale, zp, data)
-        if bad is not None:
-            self.error("internal", 0, bad, i)
+    def _tensor(self, i: int, o: int, t: _Tensor, name: str, human_max: int) -> bool:
+        if t.problem is not None:
+            self.error("internal", 0, t.problem, i)
             return False
         head = [("i", b"%d" % i), ("o", b"%d" % o)]
-        fields = [*head, *_tensor_fields(dtype, dims, bits, zp, data)]
+        fields = [*head, *_tensor_fields(t)]
         cname = _cbytes(name)
         if cname:
             fields.append(("name", sanitize_value(cname, NAME_MAX)))
-        if not self._emit("TENSOR", fields) or not self._emit_chunks("DATA", head, data):
+        if not self._emit("TENSOR", fields) or not self._emit_chunks("DATA", head, t.data):
             return False
-        item = ITEM_SIZES[dtype]
-        count = len(data) // item
-        for j in range(min(max(human_max, 0), count)):
-            self._write(format_human(human_value(dtype, data[j * item : (j + 1) * item], bits, zp)))
+        item = ITEM_SIZES[t.dtype]
+        for j in range(min(max(human_max, 0), len(t.data) // item)):
+            self._write(format_human(t.dtype, t.data[j * item : (j + 1) * item], t.bits, t.zp))
         return True
 
     # ---- tap records ----
@@ -258,25 +315,10 @@ class PythonEmitter:
             parts.append(b"%d:%s:%08X" % (x.t, shape, x.crc & 0xFFFFFFFF))
         return b",".join(parts) if parts else b"-"
 
-    def op(
-        self,
-        i: int,
-        sub: int,
-        idx: int,
-        opname: str,
-        cycles: int,
-        ins: Sequence[TapTensor],
-        outs: Sequence[TapTensor],
-    ) -> None:
-        _check_tap_tensors(ins, outs)
+    def _op(self, head: tuple[int, int, int], opname: str, cycles: int, ins: _Taps, outs: _Taps) -> None:
         lin, lout = self._tap_list(ins), self._tap_list(outs)
-        fields = [
-            ("i", b"%d" % _i32("i", i)),
-            ("sub", b"%d" % _i32("sub", sub)),
-            ("idx", b"%d" % _i32("idx", idx)),
-            ("op", sanitize_value(opname, OPNAME_MAX)),
-            ("cycles", b"%d" % _u64("cycles", cycles)),
-        ]
+        fields = [(k, b"%d" % v) for k, v in zip(("i", "sub", "idx"), head, strict=True)]
+        fields += [("op", sanitize_value(opname, OPNAME_MAX)), ("cycles", b"%d" % cycles)]
         if lin is None or lout is None:
             fields.append(("-bad", b""))  # invalid key: same overflow ERROR record as the C emitter
         else:
@@ -287,28 +329,17 @@ class PythonEmitter:
         counts = [("ops", ops), ("dropped", dropped), ("ram", ram_bytes)]
         self._emit("OPEND", [("i", b"%d" % _i32("i", i)), *((k, b"%d" % _u64(k, v)) for k, v in counts)])
 
-    def op_dump(
-        self,
-        i: int,
-        idx: int,
-        t: int,
-        role: str,
-        dtype: str,
-        shape: Sequence[int],
-        scale: float,
-        zp: int,
-        data: bytes,
-    ) -> None:
-        i, idx, t = _i32("i", i), _i32("idx", idx), _i32("t", t)
-        zp, dims, bits, data, bad = _checked_tensor(dtype, shape, scale, zp, data)
+    def _op_dump(self, head: tuple[int, int, int], role: str, t: _Tensor) -> None:
+        bad = t.problem
         if bad is None and role not in ("in", "out"):
             bad = "bad_role"
         if bad is not None:
-            self.error("internal", 0, bad, i)
+            self.error("internal", 0, bad, head[0])
             return
-        head = [("i", b"%d" % i), ("idx", b"%d" % idx), ("t", b"%d" % t), ("role", role.encode())]
-        if self._emit("OPDUMP", [*head, *_tensor_fields(dtype, dims, bits, zp, data)]):
-            self._emit_chunks("OPDATA", head, data)
+        fields = [(k, b"%d" % v) for k, v in zip(("i", "idx", "t"), head, strict=True)]
+        fields.append(("role", role.encode()))
+        if self._emit("OPDUMP", [*fields, *_tensor_fields(t)]):
+            self._emit_chunks("OPDATA", fields, t.data)
 
     def _emit_chunks(self, rtype: str, head: list[tuple[str, bytes]], data: bytes) -> bool:
         """DATA/OPDATA records: ``head`` fields, then off and up to DATA_CHUNK bytes as base64."""
@@ -319,27 +350,16 @@ class PythonEmitter:
         return True
 
 
-def _tensor_fields(
-    dtype: str, dims: Sequence[int], bits: int, zp: int, data: bytes
-) -> list[tuple[str, bytes]]:
+def _tensor_fields(t: _Tensor) -> list[tuple[str, bytes]]:
     """What TENSOR and OPDUMP both say about a tensor: dtype, shape, scale bits, zp, size, CRC32."""
     return [
-        ("dtype", dtype.encode("ascii")),
-        ("shape", b"x".join(b"%d" % d for d in dims) if dims else b"-"),
-        ("scale", b"0x%08X" % bits),
-        ("zp", b"%d" % zp),
-        ("bytes", b"%d" % len(data)),
-        ("crc", b"%08X" % zlib.crc32(data)),
+        ("dtype", t.dtype.encode("ascii")),
+        ("shape", b"x".join(b"%d" % d for d in t.dims) if t.dims else b"-"),
+        ("scale", b"0x%08X" % t.bits),
+        ("zp", b"%d" % t.zp),
+        ("bytes", b"%d" % len(t.data)),
+        ("crc", b"%08X" % zlib.crc32(t.data)),
     ]
-
-
-def _check_tap_tensors(*sides: Sequence[TapTensor]) -> None:
-    for side in sides:
-        for x in side:
-            _i32("t", x.t)
-            _check_int("crc", x.crc, 0, 2**32 - 1)
-            for d in x.shape:
-                _i32("dim", d)
 
 
 def check_record_fits(seq: int, rtype: str, fields: Sequence[tuple[str, bytes]]) -> None:
@@ -377,12 +397,6 @@ def emitter_sources() -> tuple[Path, Path]:
 C_SOURCES = ("esp_check_proto", "esp_check_frame", "esp_check_loop")
 
 
-def c_sources() -> list[Path]:
-    """All portable C sources and headers of firmware_templates/common (.c and .h per name)."""
-    common = templates_dir() / "common"
-    return [common / f"{name}{ext}" for name in C_SOURCES for ext in (".c", ".h")]
-
-
 def find_c_compiler() -> str | None:
     """Host C compiler (``$CC``, cc, gcc, clang) or None."""
     env_cc = os.environ.get("CC")
@@ -402,20 +416,14 @@ def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) 
             "no host C compiler found for the protocol emitter",
             hint="install gcc or clang, set $CC, or use the 'python' emitter backend",
         )
-    sources = c_sources()
+    common = templates_dir() / "common"
+    names = [f"{name}{ext}" for name in C_SOURCES for ext in (".c", ".h")]
+    sources = [common / name for name in names]
     c_files = [str(p) for p in sources if p.suffix == ".c"]
-    digest = hashlib.sha256()
-    for part in (
-        *(p.read_bytes() for p in sources),
-        cc.encode(),
-        " ".join(_C_FLAGS).encode(),
-        sys.platform.encode(),
-    ):
-        digest.update(part)
-        digest.update(b"\0")
+    digest = code_digest("\0".join((cc, *_C_FLAGS, sys.platform)), common, names, ())
     suffix = {"darwin": ".dylib", "win32": ".dll"}.get(sys.platform, ".so")
     out_dir = cache_dir / "emitter" if cache_dir else user_cache_dir("emitter")
-    out = out_dir / f"libesp_check_proto-{digest.hexdigest()[:20]}{suffix}"
+    out = out_dir / f"libesp_check_proto-{digest[:20]}{suffix}"
     if out.is_file():
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -471,11 +479,9 @@ class _CTapTensor(ctypes.Structure):
 def _c_tap_array(ts: Sequence[TapTensor]) -> ctypes.Array[_CTapTensor]:
     arr = (_CTapTensor * max(1, len(ts)))()
     for k, x in enumerate(ts):
-        arr[k].t = x.t
-        arr[k].crc = x.crc & 0xFFFFFFFF
-        arr[k].ndims = len(x.shape)  # > MAX_DIMS: the C side rejects it (only MAX_DIMS are copied)
-        for d, v in enumerate(x.shape[:MAX_DIMS]):
-            arr[k].dims[d] = v
+        dims = (ctypes.c_int32 * MAX_DIMS)(*x.shape[:MAX_DIMS])
+        # ndims > MAX_DIMS: the C side rejects it (only MAX_DIMS are copied)
+        arr[k] = _CTapTensor(x.t, x.crc & 0xFFFFFFFF, len(x.shape), dims)
     return arr
 
 
@@ -510,7 +516,7 @@ def _load_library(path: Path) -> ctypes.CDLL:
     return lib
 
 
-class CEmitter:
+class CEmitter(_Emitter):
     """The firmware's own emitter (esp_check_proto.c) driven through ctypes."""
 
     backend = "c"
@@ -564,25 +570,11 @@ class CEmitter:
         us = _check_int("invoke_us", invoke_us, -(2**63), 2**63 - 1)
         self._sync(self.lib.ecp_time(self.state, _i32("i", i), us))
 
-    def tensor(
-        self,
-        i: int,
-        o: int,
-        dtype: str,
-        shape: Sequence[int],
-        scale: float,
-        zp: int,
-        data: bytes,
-        name: str = "",
-        human_max: int = 16,
-    ) -> bool:
-        dims = [_i32("dim", d) for d in shape]
-        _float32_bits(scale)  # same validation as the Python twin
-        arr = (ctypes.c_int32 * max(len(dims), 1))(*dims)
-        data = bytes(data)
+    def _tensor(self, i: int, o: int, t: _Tensor, name: str, human_max: int) -> bool:
+        arr = (ctypes.c_int32 * max(len(t.dims), 1))(*t.dims)
         human = max(-(2**31), min(int(human_max), 2**31 - 1))
-        head = (_i32("i", i), _i32("o", o), dtype.encode("ascii", "replace"), arr, len(dims), scale)
-        rc = self.lib.ecp_tensor(self.state, *head, _i32("zp", zp), data, len(data), _cbytes(name), human)
+        head = (i, o, t.dtype.encode("ascii", "replace"), arr, len(t.dims), t.scale)
+        rc = self.lib.ecp_tensor(self.state, *head, t.zp, t.data, len(t.data), _cbytes(name), human)
         return self._sync(rc) == 0
 
     def error(self, stage: str, code: int, msg: str, i: int | None = None) -> None:
@@ -593,44 +585,19 @@ class CEmitter:
     def end(self, ok: bool) -> None:
         self._sync(self.lib.ecp_end(self.state, 1 if ok else 0))
 
-    def op(
-        self,
-        i: int,
-        sub: int,
-        idx: int,
-        opname: str,
-        cycles: int,
-        ins: Sequence[TapTensor],
-        outs: Sequence[TapTensor],
-    ) -> None:
-        _check_tap_tensors(ins, outs)
-        head = (_i32("i", i), _i32("sub", sub), _i32("idx", idx), _cbytes(opname), _u64("cycles", cycles))
+    def _op(self, head: tuple[int, int, int], opname: str, cycles: int, ins: _Taps, outs: _Taps) -> None:
         taps = (_c_tap_array(ins), len(ins), _c_tap_array(outs), len(outs))
-        self._sync(self.lib.ecp_op(self.state, *head, *taps))
+        self._sync(self.lib.ecp_op(self.state, *head, _cbytes(opname), cycles, *taps))
 
     def op_end(self, i: int, ops: int, dropped: int, ram_bytes: int) -> None:
         counts = (_u64("ops", ops), _u64("dropped", dropped), _u64("ram", ram_bytes))
         self._sync(self.lib.ecp_op_end(self.state, _i32("i", i), *counts))
 
-    def op_dump(
-        self,
-        i: int,
-        idx: int,
-        t: int,
-        role: str,
-        dtype: str,
-        shape: Sequence[int],
-        scale: float,
-        zp: int,
-        data: bytes,
-    ) -> None:
-        dims = [_i32("dim", d) for d in shape]
-        _float32_bits(scale)
-        arr = (ctypes.c_int32 * max(len(dims), 1))(*dims)
-        data = bytes(data)
-        head = (_i32("i", i), _i32("idx", idx), _i32("t", t), _cbytes(role), dtype.encode("ascii", "replace"))
-        tensor = (arr, len(dims), scale, _i32("zp", zp), data, len(data))
-        self._sync(self.lib.ecp_op_dump(self.state, *head, *tensor))
+    def _op_dump(self, head: tuple[int, int, int], role: str, t: _Tensor) -> None:
+        arr = (ctypes.c_int32 * max(len(t.dims), 1))(*t.dims)
+        names = (_cbytes(role), t.dtype.encode("ascii", "replace"))
+        tensor = (arr, len(t.dims), t.scale, t.zp, t.data, len(t.data))
+        self._sync(self.lib.ecp_op_dump(self.state, *head, *names, *tensor))
 
 
 Emitter: TypeAlias = PythonEmitter | CEmitter  # what firmware-like code prints the protocol through

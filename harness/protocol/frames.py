@@ -13,11 +13,12 @@ import base64
 import binascii
 import re
 import struct
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from harness.protocol.spec import crc32
 
 VERSION = 4
 MAGIC = b"\xec\xf5"
@@ -76,10 +77,6 @@ NN_CODES = {v: k for k, v in NN_NAMES.items()}
 
 class FrameFormatError(ValueError):
     """A frame passed its CRC but its payload does not have the layout its type requires."""
-
-
-def crc32(data: bytes | bytearray | memoryview, start: int = 0) -> int:
-    return zlib.crc32(data, start) & 0xFFFFFFFF
 
 
 def key_crc(session: int, nn: str | int) -> int:

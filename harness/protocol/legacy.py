@@ -6,6 +6,7 @@ docs/protocol.md "Human-readable lines".
 
 from __future__ import annotations
 
+import bisect
 import re
 import struct
 from collections.abc import Iterator
@@ -33,18 +34,10 @@ def _scaled(f: int) -> int:
     return f + sum(f >> s for s in _SHIFTS)
 
 
-def _f32_bits(x: float) -> int:
-    return int(struct.unpack("<I", struct.pack("<f", x))[0])
-
-
-def _f32_from_bits(bits: int) -> float:
-    return float(struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0])
-
-
 def encode_microprintf_float(x: float) -> str:
     """Format like old TFLM ``MicroPrintf("%f")``: the float32 value of ``x`` as ``1.D*2^E``."""
     try:
-        bits = _f32_bits(x)
+        bits = int(struct.unpack("<I", struct.pack("<f", x))[0])
     except OverflowError:
         bits = 0xFF800000 if x < 0 else 0x7F800000
     sign = "-" if bits >> 31 else ""
@@ -70,13 +63,8 @@ def decode_microprintf_bits(token: str) -> int:
     if not -127 <= e <= 127:
         raise ValueError(f"{token!r}: exponent {e} outside -127..127")
     target = int(digits.ljust(7, "0"))
-    lo, hi = 0, _FRACTION_MAX  # _scaled is strictly increasing: binary search for the exact fraction
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _scaled(mid) < target:
-            lo = mid + 1
-        else:
-            hi = mid
+    # _scaled is strictly increasing: binary search for the exact fraction (the last one when none fits)
+    lo = bisect.bisect_left(range(_FRACTION_MAX), target, key=_scaled)
     if _scaled(lo) != target:
         raise ValueError(f"{token!r}: digits {digits} are not ones MicroPrintf prints for any float32")
     return sign | ((e + 127) << 23) | lo
@@ -84,7 +72,8 @@ def decode_microprintf_bits(token: str) -> int:
 
 def decode_microprintf_float(token: str) -> float:
     """Exact float32 value (as a Python float) of a MicroPrintf token such as ``1.0937498*2^-3``."""
-    return _f32_from_bits(decode_microprintf_bits(token))
+    bits = decode_microprintf_bits(token)
+    return float(struct.unpack("<f", struct.pack("<I", bits))[0])
 
 
 def parse_value(token: str) -> float:
@@ -107,11 +96,9 @@ def parse_legacy_log(text: str | bytes) -> list[float]:
     values: list[float] = []
     for line_no, line in _output_lines(text):
         pos = line.find(OUTPUT_TAG)
-        rest = (
-            _ANSI_RE.sub("", line[pos + len(OUTPUT_TAG) :])
-            if "\x1b" in line
-            else line[pos + len(OUTPUT_TAG) :]
-        )
+        rest = line[pos + len(OUTPUT_TAG) :]
+        if "\x1b" in rest:
+            rest = _ANSI_RE.sub("", rest)
         if _PLAIN_RE.fullmatch(rest):  # the common case: plain decimals, read in one go
             values.extend(map(float, rest.split()))
             continue

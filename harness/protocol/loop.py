@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from harness.protocol import frames
 from harness.protocol.emitter import emit_tensor
+from harness.protocol.spec import crc32
 
 ECL_OK, ECL_HALTED, ECL_REBOOT = 0, 1, 2
 
@@ -118,10 +119,10 @@ class KeepStore:
         region = c.keep if c.keep is not None else bytearray()
         h = _KEEP_MAGIC + struct.pack("<IIII", c.input_bytes, self.cap, self.nonce, len(region))
         h += bytes.fromhex(c.model_sha256) + struct.pack("<I", c.keep_place & 0xFFFFFFFF)
-        return h + struct.pack("<I", frames.crc32(h))
+        return h + struct.pack("<I", crc32(h))
 
     def _check(self, index: int, crc: int) -> int:
-        return frames.crc32(struct.pack("<III", self.nonce, index, crc))
+        return crc32(struct.pack("<III", self.nonce, index, crc))
 
     def _entry(self, k: int) -> tuple[bool, int]:
         assert self.cfg.keep is not None
@@ -142,7 +143,7 @@ class KeepStore:
         assert self.cfg.keep is not None
         at = self._slot(k)
         data = bytes(self.cfg.keep[at : at + self.cfg.input_bytes])
-        return data if frames.crc32(data) == want else None
+        return data if crc32(data) == want else None
 
     def store(self, ident: int, data: bytes) -> None:
         """Keep input ``ident`` in entry ``ident % cap`` (a chunk of the dataset takes the entries over)."""
@@ -154,7 +155,7 @@ class KeepStore:
         at = self._slot(k)
         self.cfg.keep[e + 4 : e + 8] = bytes(4)  # invalid while the bytes change
         self.cfg.keep[at : at + len(data)] = data
-        crc = frames.crc32(data)
+        crc = crc32(data)
         self.cfg.keep[e : e + 8] = struct.pack("<II", crc, self._check(k, crc))
 
 
@@ -241,23 +242,13 @@ class DeviceLoop:
     def hello(self) -> None:
         c = self.cfg
         fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: frames.FWVER_MAX])
+        # what the configuration says under the same name (sim, tap, nn, slot, window, model_sha256, ...)
+        same = {f.name: getattr(c, f.name) for f in fields(frames.Hello) if hasattr(c, f.name)}
         h = frames.Hello(
-            frames.VERSION,
-            c.sim,
-            c.tap,
-            nn=c.nn,
-            slot=c.slot,
-            init_status=c.init_status,
-            input_dtype=c.input_dtype,
+            **{**same, "fwver": fw.decode("ascii")},
+            proto=frames.VERSION,
             max_payload=frames.TX_MAX_PAYLOAD,
-            window=c.window,
-            input_bytes=c.input_bytes,
             output_bytes=tuple(o.bytes for o in c.outputs),
-            model_sha256=c.model_sha256,
-            fwver=fw.decode("ascii"),
-            session=c.session,
-            app_sha256=c.app_sha256,
-            other_sha256=c.other_sha256,
             keep_capacity=self.store.cap,
             kept=self.store.kept,
         )
@@ -458,11 +449,11 @@ class DeviceLoop:
         self.host.text_extra(em, r.ident)
 
     def _crcs(self) -> list[int]:
-        return [frames.crc32(b) for b in self.outputs_now]
+        return [crc32(b) for b in self.outputs_now]
 
     def _run_binary(self, r: _RunRequest, data: bytes) -> None:
         n = len(self.cfg.outputs)
-        input_crc = frames.crc32(data)
+        input_crc = crc32(data)
         done, first_us, status, flags, first_diff, busy_us = 0, 0, frames.ST_OK, 0, 0, 0
         first: list[int] = [0] * n
         diff: list[int] = []

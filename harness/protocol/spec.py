@@ -19,11 +19,11 @@ TAP_MAX_TENSORS = 4  # tensors per side of an OP record
 TAP_RECORD_BYTES = 36  # firmware RAM per tapped op: uint32 cycles + 4 input CRCs + 4 output CRCs
 
 
-def crc32(data: bytes | bytearray | memoryview | np.ndarray) -> int:
-    """CRC-32 (zlib polynomial) of raw bytes or of an array's C-order bytes, as an unsigned int."""
+def crc32(data: bytes | bytearray | memoryview | np.ndarray, start: int = 0) -> int:
+    """CRC-32 (zlib polynomial) of raw bytes or an array's C-order bytes, unsigned, continuing ``start``."""
     if isinstance(data, np.ndarray):
         data = np.ascontiguousarray(data).tobytes()
-    return zlib.crc32(data) & 0xFFFFFFFF
+    return zlib.crc32(data, start) & 0xFFFFFFFF
 
 
 def crc32_hex(data: bytes | bytearray | memoryview | np.ndarray) -> str:

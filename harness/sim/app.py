@@ -180,7 +180,7 @@ def _load_app(
 
 def _mapped(chip: ChipSpec, addr: int) -> bool:
     """A segment the cache maps from flash (DROM or IROM) rather than one the bootloader copies to RAM."""
-    drom = chip.drom_map_start <= addr < chip.drom_map_start + 0x400000
+    drom = chip.rom.DROM_MAP_START <= addr < chip.rom.DROM_MAP_START + 0x400000
     return drom or chip.irom_start <= addr < chip.irom_start + 0x2000000
 
 
@@ -196,14 +196,9 @@ def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, dict[st
             return b"", {}, "model_image_gives_no_arena_size_flash_the_model_again"
         return image.model, {"arena_bytes": image.arena_bytes, "arena_mem": image.arena_mem}, None
     except ModelImageError as exc:
-        damaged = "damaged" in str(exc) or "match" in str(exc)
-        return (
-            b"",
-            {},
-            "model_partition_damaged_sha256_differs"
-            if damaged
-            else "model_partition_holds_no_model_image_flash_it",
-        )
+        if "damaged" in str(exc) or "match" in str(exc):
+            return b"", {}, "model_partition_damaged_sha256_differs"
+        return b"", {}, "model_partition_holds_no_model_image_flash_it"
 
 
 def _slot_shas(ctx: AppEnv, parts: list[Partition], running: Partition) -> tuple[str, str]:

@@ -32,12 +32,9 @@ from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faul
 from harness.sim.loader import Loader
 from harness.sim.resident import IDLE_QUIET_S, Piece, SimApp, keep_after_boot
 
-RESET_STYLES = {
-    "classic": "classic",
-    "uart": "classic",
-    "usb_jtag": "usb_jtag",
-    "usb_serial_jtag": "usb_jtag",
-    "usb": "usb_jtag",
+RESET_STYLES = {  # the two reset styles by each name they go by
+    **dict.fromkeys(("classic", "uart"), "classic"),
+    **dict.fromkeys(("usb_jtag", "usb_serial_jtag", "usb"), "usb_jtag"),
 }
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -164,7 +161,6 @@ class _Chunk:
 class _OpenPort:
     """One ``sim://`` port open on this board."""
 
-    ident: int
     epoch: int
     exclusive: bool
     baud: int | None = None  # the host UART's rate (None until the port is configured)
@@ -398,7 +394,7 @@ class SimBoard:
                 )
             ident = self._next_conn
             self._next_conn += 1
-            self._conns[ident] = _OpenPort(ident, self._epoch, exclusive)
+            self._conns[ident] = _OpenPort(self._epoch, exclusive)
             return ident
 
     def detach(self, ident: int) -> None:
@@ -459,12 +455,8 @@ class SimBoard:
             return self._ready(now)[0]
 
     def discard_input(self, ident: int) -> None:
-        with self._cond:
-            now = time.monotonic()
-            self._settle(now)
-            self._check(ident)
-            n = self._ready(now)[0]
-            self._take(n, now, 0)
+        with self._cond:  # what in_waiting reports, taken (the lock is re-entrant)
+            self._take(self.in_waiting(ident), time.monotonic(), 0)
 
     def write(self, ident: int, data: bytes, port_baud: int) -> None:
         with self._cond:

@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from esptool.loader import ESPLoader
 from esptool.targets import CHIP_DEFS
 
 from harness.chips import CHIPS as FACTS
@@ -31,13 +32,8 @@ class ChipSpec:
     name: str  # esptool's lower-case name: esp32, esp32s3, esp32c3
     display: str  # esptool's CHIP_NAME
     image_chip_id: int
-    magic_value: int | None  # CHIP_DETECT_MAGIC_REG value (ESP32 and older chips are detected by it)
+    rom: type[ESPLoader]  # esptool's class for the chip: SPI and UART registers, DROM window, XTAL divider
     security_info: bool  # ROM answers GET_SECURITY_INFO (ESP32-S2 and later)
-    spi_reg_base: int
-    spi_usr2_offs: int
-    spi_w0_offs: int
-    uart_clkdiv_reg: int
-    drom_map_start: int
     iram_start: int
     dram_start: int
     irom_start: int  # flash-mapped code, where an app's PCs and return addresses point
@@ -49,7 +45,6 @@ class ChipSpec:
     bootloader_offset: int
     cpu_mhz: int  # the chip's highest frequency: the simulated CPU runs at it
     registers: dict[int, int] = field(default_factory=dict)  # eFuse and other read-only words
-    xtal_div: int = 1  # esptool's XTAL_CLK_DIVIDER (UART_CLKDIV = xtal * div / baud)
     # the chip revisions an ESP-IDF image for this chip accepts by default (esptool's major * 100 + minor:
     # CONFIG_ESP_REV_MIN_FULL / CONFIG_ESP_REV_MAX_FULL from Kconfig.hw_support, the same in v5.3 ... v5.5.3)
     image_revs: tuple[int, int] = (0, 99)
@@ -110,11 +105,7 @@ def _spec(name: str, **sim: Any) -> ChipSpec:
         name=name,
         display=rom.CHIP_NAME,
         image_chip_id=rom.IMAGE_CHIP_ID,
-        spi_reg_base=rom.SPI_REG_BASE,
-        spi_usr2_offs=rom.SPI_USR2_OFFS,
-        spi_w0_offs=rom.SPI_W0_OFFS,
-        uart_clkdiv_reg=rom.UART_CLKDIV_REG,
-        drom_map_start=rom.DROM_MAP_START,
+        rom=rom,
         arch=facts.arch,
         cores=facts.cores,
         bootloader_offset=facts.bootloader_offset,
@@ -126,7 +117,6 @@ def _spec(name: str, **sim: Any) -> ChipSpec:
 CHIPS: dict[str, ChipSpec] = {
     "esp32": _spec(
         "esp32",
-        magic_value=0x00F01D83,
         security_info=False,
         iram_start=0x40080000,
         dram_start=0x3FFB0000,
@@ -139,7 +129,6 @@ CHIPS: dict[str, ChipSpec] = {
     ),
     "esp32s3": _spec(
         "esp32s3",
-        magic_value=None,
         security_info=True,
         iram_start=0x40378000,
         dram_start=0x3FC88000,
@@ -151,7 +140,6 @@ CHIPS: dict[str, ChipSpec] = {
     ),
     "esp32c3": _spec(
         "esp32c3",
-        magic_value=None,
         security_info=True,
         iram_start=0x4037C000,
         dram_start=0x3FC80000,

@@ -13,13 +13,9 @@ from harness.sim.image import LoadedImage, app_elf_sha256
 # ---- panics -------------------------------------------------------------------------------------
 
 
-def _hex(rng: random.Random, base: int, span: int = 0x40000) -> int:
-    return (base + rng.randrange(0, span)) & ~0x3
-
-
 def _stack_ptr(chip: ChipSpec, rng: random.Random) -> int:
     """A task stack address in the chip's data RAM."""
-    return _hex(rng, chip.dram_start + 0x10000, 0x20000)
+    return (chip.dram_start + 0x10000 + rng.randrange(0, 0x20000)) & ~0x3
 
 
 def elf_sha256(chip: ChipSpec, app: LoadedImage) -> str:

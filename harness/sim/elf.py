@@ -71,10 +71,6 @@ class Symbol:
     size: int
 
 
-def iram_text_addr(chip: ChipSpec) -> int:
-    return chip.iram_start
-
-
 def flash_text_addr(chip: ChipSpec) -> int:
     return chip.irom_start + CODE_OFFSET
 
@@ -83,7 +79,7 @@ def layout(chip: ChipSpec) -> list[Symbol]:
     """The simulated app's functions for ``chip``: the same addresses in every image for that chip."""
     out: list[Symbol] = []
     for section, base, funcs in (
-        (".iram0.text", iram_text_addr(chip), _IRAM_FUNCS),
+        (".iram0.text", chip.iram_start, _IRAM_FUNCS),
         (".flash.text", flash_text_addr(chip), _FLASH_FUNCS),
     ):
         addr = base
@@ -97,12 +93,6 @@ def section_size(chip: ChipSpec, section: str) -> int:
     return sum(s.size for s in layout(chip) if s.section == section)
 
 
-def kernel_symbol(chip: ChipSpec, variant: str) -> str:
-    """The conv kernel a variant runs: ESP-NN's S3 assembly when optimized on an S3, else its C code."""
-    s3_asm = variant == "optimized" and chip.name == "esp32s3"
-    return "esp_nn_conv_s8_esp32s3" if s3_asm else "esp_nn_conv_s8_ansi"
-
-
 def frame_address(chip: ChipSpec, name: str, rng: random.Random) -> int:
     """A code address inside function ``name`` (4-byte aligned, past its prologue)."""
     sym = next(s for s in layout(chip) if s.name == name)
@@ -110,8 +100,10 @@ def frame_address(chip: ChipSpec, name: str, rng: random.Random) -> int:
 
 
 def chain(chip: ChipSpec, kind: str, variant: str, rng: random.Random) -> list[int]:
-    """Addresses of a call chain (see :data:`CHAINS`), innermost first."""
-    kernel = kernel_symbol(chip, variant)
+    """Addresses of a call chain (see :data:`CHAINS`), innermost first. Its conv kernel: ESP-NN's S3
+    assembly when optimized on an S3, else its C code."""
+    s3_asm = variant == "optimized" and chip.name == "esp32s3"
+    kernel = "esp_nn_conv_s8_esp32s3" if s3_asm else "esp_nn_conv_s8_ansi"
     return [frame_address(chip, kernel if n == "KERNEL" else n, rng) for n in CHAINS[kind]]
 
 

@@ -104,14 +104,14 @@ class FaultSpec:
             return False
         if name in ("sync_fail",) or self.variant is None or image_variant is None:
             return True
-        return _norm_variant(image_variant) == self.variant
+        return norm_variant(image_variant.strip()) == self.variant
 
     def rng(self, name: str, boot: int) -> random.Random:
         return random.Random(f"{self.seed}:{name}:{boot}")
 
 
-def _norm_variant(v: str) -> str:
-    v = v.strip().lower()
+def norm_variant(v: str) -> str:
+    v = v.lower()
     return "ansi" if v in ("ansi", "ansi_c") else v
 
 
@@ -145,7 +145,7 @@ def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSp
                 f"unknown simulator fault {part!r}", hint=f"known faults: {', '.join(sorted(FAULTS))}"
             )
         names.add(part)
-    variant = None if p.variant_fault is None else _norm_variant(p.variant_fault)
+    variant = None if p.variant_fault is None else norm_variant(p.variant_fault.strip())
     if variant is not None and variant not in VARIANTS:
         raise UsageError(f"variant_fault={variant!r} is not a variant", hint="use optimized or ansi")
     parts = [x.strip() for x in (p.fault_op or "").split(",")]
@@ -168,9 +168,7 @@ def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSp
         fault_kind=p.fault_kind.strip().upper() if p.fault_kind else None,
         names=frozenset(names),
         variant=variant,
-        **p.model_dump(include={"seed", "corrupt_lsb", "corrupt_frac", "noise", "fault_count", "loops"}),
-        fault_boots=p.fault_boots,
-        frame_every=p.frame_every,
+        **p.model_dump(exclude={"fault", "variant_fault", "fault_op", "fault_region", "fault_kind"}),
     )
 
 

@@ -41,6 +41,7 @@ from harness.flashfmt.partitions import (
 from harness.protocol.app_image import APP_DESC_ELF_SHA, APP_DESC_MAGIC
 from harness.sim import elf
 from harness.sim.chips import FLASH_SIZES, ChipSpec, get_chip
+from harness.sim.faults import VARIANTS, norm_variant
 
 if TYPE_CHECKING:
     from harness.firmware.generate import Manifest
@@ -150,9 +151,9 @@ def app_sections(
     text, iram = elf.section_size(chip, ".flash.text"), elf.section_size(chip, ".iram0.text")
     code = elf.SHF_ALLOC | elf.SHF_EXECINSTR
     return [
-        (".flash.rodata", chip.drom_map_start + elf.CODE_OFFSET, drom, elf.SHF_ALLOC),
+        (".flash.rodata", chip.rom.DROM_MAP_START + elf.CODE_OFFSET, drom, elf.SHF_ALLOC),
         (".flash.text", elf.flash_text_addr(chip), elf.code_bytes(chip, text), code),
-        (".iram0.text", elf.iram_text_addr(chip), elf.code_bytes(chip, iram), code),
+        (".iram0.text", chip.iram_start, elf.code_bytes(chip, iram), code),
     ]
 
 
@@ -197,7 +198,7 @@ def pack_app_image(
     sections = app_sections(chip, payload, version=version, idf=idf, elf_sha=elf_sha)
     segments = [ELFSection(name.encode(), addr, data, 0) for name, addr, data, _flags in sections]
     # the entry point: call_start_cpu0 (the simulated CPU never executes it)
-    return _save_image(chip, flash_size, revs, segments, elf.iram_text_addr(chip))
+    return _save_image(chip, flash_size, revs, segments, chip.iram_start)
 
 
 def pack_bootloader_image(
@@ -266,7 +267,7 @@ def load_image(chip: ChipSpec, flash: bytes | bytearray, offset: int, max_len: i
 def _drom_desc(chip: ChipSpec, loaded: LoadedImage) -> bytes | None:
     """The image's DROM segment that opens with the app description (esp_app_desc_t, 256 bytes)."""
     for addr, data in loaded.segments:
-        in_drom = chip.drom_map_start <= addr < chip.drom_map_start + 0x400000
+        in_drom = chip.rom.DROM_MAP_START <= addr < chip.rom.DROM_MAP_START + 0x400000
         if in_drom and len(data) >= 256 and struct.unpack_from("<I", data, 0)[0] == APP_DESC_MAGIC:
             return data
     return None
@@ -333,11 +334,9 @@ def _input_files(project_dir: Path, manifest: Manifest) -> list[Path]:
 
 
 def _variant(manifest: Manifest) -> str:
-    v = str(manifest.get("variant", "")).lower()
-    if v in ("ansi", "ansi_c"):
-        return "ansi"
-    if v == "optimized":
-        return "optimized"
+    v = norm_variant(str(manifest.get("variant", "")))
+    if v in VARIANTS:
+        return v
     raise BuildError(f"manifest variant {v!r} is neither optimized nor ansi", hint="regenerate the project")
 
 
@@ -442,7 +441,7 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     version = str(header["fwver"])
     # ESP-IDF links the ELF with an empty app_elf_sha256, then puts the ELF's SHA-256 into the .bin
     sections = app_sections(chip, payload, version=version, idf=str(header["idf"]))
-    elf_bytes = elf.write_elf(chip, sections, elf.iram_text_addr(chip))
+    elf_bytes = elf.write_elf(chip, sections, chip.iram_start)
     elf_sha = hashlib.sha256(elf_bytes).digest()
     revs = _board_revisions(board_def)
     app = pack_app_image(

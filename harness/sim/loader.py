@@ -140,7 +140,6 @@ def known_stubs(chip: str) -> tuple[tuple[int, bytes, int | None, bytes | None, 
 class _WriteSession:
     offset: int
     size: int  # bytes to write (stub: uncompressed size; ROM: erase size)
-    blocks: int
     block_size: int
     compressed: bool
     stub: bool
@@ -270,13 +269,11 @@ class Loader:
 
     def _read_reg(self, op: int, data: bytes, chk: int) -> None:
         (addr,) = struct.unpack("<I", data)
-        self._respond(op, self.read_register(addr))
-
-    def read_register(self, addr: int) -> int:
-        chip = self.host.chip
-        if addr == chip.uart_clkdiv_reg:
-            return round(40_000_000 * chip.xtal_div / max(1, self.host.uart_baud)) & 0xFFFFF
-        return self.host.registers.get(addr, 0)
+        rom = self.host.chip.rom
+        value = self.host.registers.get(addr, 0)
+        if addr == rom.UART_CLKDIV_REG:
+            value = round(40_000_000 * rom.XTAL_CLK_DIVIDER / max(1, self.host.uart_baud)) & 0xFFFFF
+        self._respond(op, value)
 
     def _write_reg(self, op: int, data: bytes, chk: int) -> None:
         if len(data) % 16:
@@ -293,10 +290,10 @@ class Loader:
         """Run a SPI flash 'user command' (esptool's run_spiflash_command) when SPI_CMD_USR is set."""
         chip = self.host.chip
         regs = self.host.registers
-        if addr != chip.spi_reg_base or not regs.get(addr, 0) & (1 << 18):
+        if addr != chip.rom.SPI_REG_BASE or not regs.get(addr, 0) & (1 << 18):
             return
-        command = regs.get(chip.spi_reg_base + chip.spi_usr2_offs, 0) & 0xFF
-        w0 = chip.spi_reg_base + chip.spi_w0_offs
+        command = regs.get(chip.rom.SPI_REG_BASE + chip.rom.SPI_USR2_OFFS, 0) & 0xFF
+        w0 = chip.rom.SPI_REG_BASE + chip.rom.SPI_W0_OFFS
         if command == 0x9F:  # RDID: manufacturer, type, capacity
             code = FLASH_SIZE_CODES.get(self.host.flash_size, 0x16)
             regs[w0] = (code << 16) | (0x40 << 8) | 0xEF
@@ -362,12 +359,12 @@ class Loader:
         if len(data) not in ((16,) if rom_esp32 else (16, 20)):
             self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
             return
-        size, blocks, block_size, offset = struct.unpack_from("<IIII", data)
+        size, _blocks, block_size, offset = struct.unpack_from("<IIII", data)
         end = offset + (size if not compressed or self.stub else 0)
         if end > self.host.flash_size or offset >= self.host.flash_size:
             self._fail(op, ERR_FLASH_WRITE, STUB_ERR_FAILED_SPI_OP)
             return
-        sess = _WriteSession(offset, size, blocks, block_size, compressed, self.stub)
+        sess = _WriteSession(offset, size, block_size, compressed, self.stub)
         if compressed:
             sess.inflater = zlib.decompressobj()
         if not self.stub and size:
@@ -398,8 +395,7 @@ class Loader:
 
     def _flash_data(self, op: int, data: bytes, chk: int) -> None:
         sess = self._write
-        want = CMD["FLASH_DEFL_DATA"] if op == CMD["FLASH_DEFL_DATA"] else CMD["FLASH_DATA"]
-        if sess is None or sess.compressed != (want == CMD["FLASH_DEFL_DATA"]) or len(data) < 16:
+        if sess is None or sess.compressed != (op == CMD["FLASH_DEFL_DATA"]) or len(data) < 16:
             self._fail(op, ERR_FAILED, STUB_ERR_NOT_IN_FLASH_MODE)
             return
         block = self._data_block(op, data, chk, sess.seq)
@@ -430,12 +426,10 @@ class Loader:
 
     def _flash_end(self, op: int, data: bytes, chk: int) -> None:
         (stay,) = struct.unpack("<I", data)
-        sess = self._write
+        sess, self._write = self._write, None
         if self.stub and sess is not None and sess.size and sess.written < sess.size and sess.compressed:
-            self._write = None
             self._fail(op, ERR_FAILED, STUB_ERR_NOT_ENOUGH_DATA)
             return
-        self._write = None
         self.host.persist()  # a finished write session is on "flash" (the board's file) before the reply
         self._respond(op)
         # the stub: back to the ROM loader unless told to stay; the ROM: run the app (whether told to

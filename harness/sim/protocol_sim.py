@@ -85,8 +85,7 @@ class Serial(InProcessPort):
     def _update_rts_state(self) -> None:
         self._live().set_lines(self._conn, bool(self._dtr_state), bool(self._rts_state))
 
-    def _update_dtr_state(self) -> None:
-        self._live().set_lines(self._conn, bool(self._dtr_state), bool(self._rts_state))
+    _update_dtr_state = _update_rts_state  # the board takes both lines at once
 
     @property
     def board(self) -> SimBoard:

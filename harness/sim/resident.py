@@ -458,11 +458,7 @@ class SimApp:
             self._last_ops = sim_ops
             return [values.get(t.index, a) for t, a in zip(info.outputs, res.runs[0].outputs, strict=True)]
         cache = self.env.cache
-        key = (
-            "out:"
-            + hashlib.sha256(self.payload.model[:4096] + data).hexdigest()
-            + f":{len(self.payload.model)}"
-        )
+        key = f"out:{hashlib.sha256(self.payload.model[:4096] + data).hexdigest()}:{len(self.payload.model)}"
         hit = cache.get(key)
         if hit is None:
             mkey = "model:" + hashlib.sha256(self.payload.model).hexdigest()
@@ -588,7 +584,7 @@ def keep_after_boot(mem: bytearray, reason: str, faults: FaultSpec, boot: int) -
         return
     if faults.active("keep_stale") and mem[:6] == b"ECKEEP":  # another model's store: its own CRC is valid
         mem[24:56] = hashlib.sha256(bytes(mem[24:56])).digest()
-        mem[60:64] = frames.crc32(mem[:60]).to_bytes(4, "little")
+        mem[60:64] = crc32(mem[:60]).to_bytes(4, "little")
     if faults.active("keep_flip") and mem[:6] == b"ECKEEP":
         size, cap = int.from_bytes(mem[8:12], "little"), int.from_bytes(mem[12:16], "little")
         first = (frames.KEEP_HEADER + cap * frames.KEEP_ENTRY + 15) // 16 * 16
@@ -668,17 +664,8 @@ def _emit_taps(emitter: Any, i: int, info: Any, sim_ops: list[Any], dump_ops: li
     emitter.op_end(i, len(sim_ops), 0, ram)
     for so, role, t, a in dumps:
         ti = info.tensors[t]
-        emitter.op_dump(
-            i,
-            so.op.index,
-            t,
-            role=role,
-            dtype=str(a.dtype),
-            shape=list(a.shape),
-            scale=float(ti.scale or 0.0),
-            zp=int(ti.zero_point or 0),
-            data=a.tobytes(),
-        )
+        meta = (str(a.dtype), list(a.shape), float(ti.scale or 0.0), int(ti.zero_point or 0))  # dtype .. zp
+        emitter.op_dump(i, so.op.index, t, role, *meta, a.tobytes())
 
 
 def _apply_output_faults(arr: np.ndarray, active: list[str], faults: FaultSpec, i: int, o: int) -> bytes:

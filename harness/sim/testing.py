@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,11 +19,7 @@ import serial
 
 from harness.flashfmt.model_image import pack_model_image
 from harness.resources import boards_dir
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from harness.userfiles import read_toml
 
 END_RE = re.compile(rb"@EC1 \d+ END [^\r\n]*\r?\n")
 # The generator's layout for a 4 MB board with the table at 0xC000 (harness.firmware.layout): two 1 MB
@@ -62,7 +57,7 @@ def make_project(
     raws = [x if isinstance(x, bytes) else np.ascontiguousarray(x).tobytes() for x in inputs]
     for k, raw in enumerate(raws):
         (data / f"input_{k}.bin").write_bytes(raw)
-    sim_board = tomllib.loads((boards_dir() / "sim.toml").read_text(encoding="utf-8"))
+    sim_board = read_toml(boards_dir() / "sim.toml", "board", "boards/sim.toml")
     doc: dict[str, object] = {
         "variant": variant,
         "chip": chip,

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sim_helpers import make_project
 
 from harness.analysis.classify import classify
 from harness.firmware import backtrace as bt
 from harness.sim.chips import get_chip
 from harness.sim.crash import panic_text
 from harness.sim.image import build_sim_firmware
-from harness.sim.testing import make_project
 
 RISCV_TOOLS = ("riscv64-unknown-elf-as", "riscv64-unknown-elf-ld", "riscv64-unknown-elf-addr2line")
 NO_RISCV = (

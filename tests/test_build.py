@@ -605,8 +605,8 @@ def test_spaces_and_non_ascii_in_project_path(tmp_path: Path, fake_tools: dict[s
 
 
 def test_partition_table_parser_reads_the_sim_packers_tables() -> None:
-    image = pytest.importorskip("harness.sim.image")
-    parts = image.default_partitions(0x123456, 0xC000)
+    sim_helpers = pytest.importorskip("sim_helpers")  # it needs harness.sim.image
+    parts = sim_helpers.default_partitions(0x123456, 0xC000)
     parsed = table_rows(pack_partition_table(parts))
     assert [(p.label, p.type, p.subtype, p.offset, p.size) for p in parsed] == [
         (p.label, p.type, p.subtype, p.offset, p.size) for p in parts

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import serial
 from esptool.util import FatalError
+from sim_helpers import make_project
 
 import harness.sim as sim
 from harness.analysis.classify import classify, exit_code_for
@@ -31,7 +32,6 @@ from harness.protocol.capture import parse_capture
 from harness.sim.board import remove_board
 from harness.sim.image import build_sim_firmware
 from harness.sim.serve import serve_rfc2217, serve_tcp
-from harness.sim.testing import make_project
 
 sim.register()
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import serial
 from esp_pylib.serial_reset import hard_reset
+from sim_helpers import PARTITIONS_4MB, make_project, read_until_end
 
 import harness.sim as sim
 from harness.device.protocol_native import BOOT_LINE
@@ -35,7 +36,6 @@ from harness.flashfmt.partitions import (
 from harness.protocol.capture import parse_capture
 from harness.sim.board import remove_board
 from harness.sim.image import build_sim_firmware
-from harness.sim.testing import PARTITIONS_4MB, make_project, read_until_end
 
 # The generator's table with the two OTA apps listed in the other order (same offsets): ESP-IDF's
 # bootloader counts OTA apps by subtype, so otadata's slot 1 is ota_1 wherever its row stands.

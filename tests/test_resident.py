@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import serial
+from sim_helpers import make_project
 
 from harness.device.loop import LinkError, LoopClient
 from harness.device.session import DeviceSession
@@ -34,7 +35,6 @@ from harness.flows.records import StageTimeouts
 from harness.protocol import frames as fr
 from harness.sim.board import get_board, remove_board
 from harness.sim.image import build_sim_firmware
-from harness.sim.testing import make_project
 
 MODEL = "cnn_classifier_11.tflite"
 INPUTS = ["inputs/cnn_classifier_11.png", "inputs/cnn_classifier_11__ambiguous.png"]

@@ -17,11 +17,11 @@ import serial
 from esp_pylib.serial_reset import classic_bootloader_reset, hard_reset, usb_jtag_bootloader_reset
 from esptool import cmds
 from esptool.util import FatalError
+from sim_helpers import make_project, read_until_end
 
 import harness.sim as sim
 from harness.sim.board import SimBoard, remove_board
 from harness.sim.image import build_sim_firmware
-from harness.sim.testing import make_project, read_until_end
 
 sim.register()
 

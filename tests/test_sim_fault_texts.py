@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import serial
 from esp_pylib.serial_reset import hard_reset
+from sim_helpers import make_project, read_until_end
 
 import harness.sim as sim
 from harness.analysis.classify import classify, exit_code_for
 from harness.errors import ExitCode
 from harness.sim.board import remove_board
 from harness.sim.image import build_sim_firmware
-from harness.sim.testing import make_project, read_until_end
 
 sim.register()
 pytestmark = pytest.mark.needs_cc

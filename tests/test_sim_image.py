@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from esptool.bin_image import LoadFirmwareImage
+from sim_helpers import default_partitions, make_project, read_app_payload
 
 from harness.errors import BuildError
 from harness.flashfmt.partitions import (
@@ -18,8 +19,7 @@ from harness.flashfmt.partitions import (
     parse_partition_table,
 )
 from harness.sim.chips import get_chip
-from harness.sim.image import APP_OFFSET, build_sim_firmware, default_partitions, read_app_payload
-from harness.sim.testing import make_project
+from harness.sim.image import APP_OFFSET, build_sim_firmware
 
 
 def _project(tmp_path: Path, models_dir: Path, chip: str = "esp32s3", variant: str = "ansi") -> Path:

@@ -15,12 +15,12 @@ import serial
 from esp_pylib.serial_reset import classic_bootloader_reset
 from esptool import cmds
 from esptool.util import FatalError
+from sim_helpers import make_project, read_until_end
 
 import harness.sim as sim
 from harness.protocol.capture import parse_capture
 from harness.sim.board import get_board, remove_board
 from harness.sim.image import build_sim_firmware
-from harness.sim.testing import make_project, read_until_end
 
 sim.register()
 pytestmark = pytest.mark.needs_cc

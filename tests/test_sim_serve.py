@@ -20,13 +20,13 @@ import pytest
 import serial
 from esp_pylib.serial_reset import classic_bootloader_reset
 from esptool import cmds
+from sim_helpers import make_project, read_until_end
 
 import harness.sim as sim
 from harness.protocol.capture import parse_capture
 from harness.sim.board import get_board, remove_board
 from harness.sim.image import build_sim_firmware
 from harness.sim.serve import serve_rfc2217, serve_tcp
-from harness.sim.testing import make_project, read_until_end
 
 sim.register()
 

@@ -2,8 +2,8 @@
 ESP-IDF partition table binary (same layout and MD5 row as ``gen_esp32part.py``), and an app whose
 flash-mapped data segment carries the model, the inputs and the protocol settings.
 
-``build_sim_firmware`` is the "sim" builder the build step calls; ``read_app_payload`` is what the
-simulated ROM + second-stage bootloader do at power-on. The images, and where the partition table
+``build_sim_firmware`` is the "sim" builder the build step calls; the simulated ROM + second-stage
+bootloader (harness.sim.app) read the images back at power-on. The images, and where the partition table
 offset comes from: docs/simulator.md "Booting an image".
 """
 
@@ -23,18 +23,12 @@ from esptool.targets import CHIP_DEFS
 from harness.errors import BuildError
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import PARTITION_LABEL as MODEL_LABEL
-from harness.flashfmt.model_image import parse_model_image
 from harness.flashfmt.partitions import (
-    APP,
     DATA,
-    FACTORY,
     OTADATA,
-    TABLE_MAX_BYTES,
     TABLE_SECTOR,
-    Partition,
     find,
     pack_partition_table,
-    parse_partition_table,
     read_partitions_csv,
     variant_app,
 )
@@ -48,30 +42,12 @@ if TYPE_CHECKING:
 
 MODEL_IMAGE_FILE = "esp-check/partitions/model.bin"  # where generate writes the model partition image
 
-MIN_NVS_BYTES = 0x3000
 APP_OFFSET = 0x10000
 _BOOTLOADER_PT_MARKER = b"ESPCHK-PT-OFFSET"  # followed by the offset as a little-endian u32
 PAYLOAD_MAGIC = b"ESPCHKSIM1\0\0"
 PAYLOAD_FORMAT = 2  # 2: the model is not in the app but in the model partition (inputs may be none)
 
 DEFAULT_FLASH_SIZE = "4MB"
-
-
-def default_partitions(app_size: int, table_offset: int) -> list[Partition]:
-    """A one-app layout (nvs right after the table, factory app), for tests of images built without a
-    project (generated projects bring their own partitions.csv)."""
-    nvs = table_offset + TABLE_SECTOR
-    if table_offset % TABLE_SECTOR or APP_OFFSET - nvs < MIN_NVS_BYTES:
-        raise BuildError(
-            f"partition table offset {table_offset:#x} leaves no room for nvs before the app at "
-            f"{APP_OFFSET:#x}",
-            hint="fix partition_table_offset in the board file and regenerate the project",
-        )
-    app_size = max(0x100000, (app_size + 0xFFFF) // 0x10000 * 0x10000)
-    return [
-        Partition("nvs", DATA, 0x02, nvs, APP_OFFSET - nvs),
-        Partition("factory", APP, FACTORY, APP_OFFSET, app_size),
-    ]
 
 
 # ---- app payload -------------------------------------------------------------------------------
@@ -477,29 +453,3 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     if model is not None and image.is_file():
         out.append((model.offset, image))
     return sorted(out)
-
-
-def read_app_payload(chip: ChipSpec, flash: bytes | bytearray) -> tuple[Partition, LoadedImage, AppPayload]:
-    """Convenience for tests and tools: bootloader -> partition table -> the app otadata selects -> payload,
-    with the model read from the model partition (raises on any error)."""
-    boot = load_image(chip, flash, chip.bootloader_offset, bootloader_max_bytes(chip))
-    table = bootloader_table_offset(boot)
-    parts = parse_partition_table(bytes(flash[table : table + TABLE_MAX_BYTES]))
-    order = otadata.boot_order(parts, lambda off, size: bytes(flash[off : off + size])).apps
-    if not order:
-        raise ImageError("no app partition in the partition table")
-    errors = []
-    for app in order:
-        try:
-            loaded = load_image(chip, flash, app.offset, app.size)
-            payload = find_payload(chip, loaded)
-            break
-        except ImageError as exc:
-            errors.append(f"{app.label}: {exc}")
-    else:
-        raise ImageError("no bootable app: " + "; ".join(errors))
-    model = find(parts, DATA, label=MODEL_LABEL)
-    if model is not None:
-        image = parse_model_image(flash[model.offset : model.offset + model.size], model.size)
-        payload = AppPayload(payload.header, image.model, payload.inputs)
-    return app, loaded, payload

@@ -1,8 +1,10 @@
-"""Helpers for tests and benchmarks that drive the simulated board (no pytest dependency).
+"""Test helpers for the simulated board: projects to build, consoles to read, flash images to boot.
 
 ``make_project`` writes the minimal generated-project layout the "sim" builder reads (manifest,
 partitions.csv, ``esp-check/model.tflite`` and its partition image, ``esp-check/input_<k>.bin``), for
-tests that do not run the generator.
+tests that do not run the generator. ``default_partitions`` is a one-app layout for images built without a
+project; ``read_app_payload`` reads a flash image back as the simulated ROM and bootloader do
+(harness.sim.app). Only tests use these, so they live here and not in harness/ (no pytest dependency).
 """
 
 from __future__ import annotations
@@ -17,10 +19,35 @@ from pathlib import Path
 import numpy as np
 import serial
 
-from harness.flashfmt.model_image import pack_model_image
+from harness.errors import BuildError
+from harness.flashfmt import otadata
+from harness.flashfmt.model_image import PARTITION_LABEL as MODEL_LABEL
+from harness.flashfmt.model_image import pack_model_image, parse_model_image
+from harness.flashfmt.partitions import (
+    APP,
+    DATA,
+    FACTORY,
+    TABLE_MAX_BYTES,
+    TABLE_SECTOR,
+    Partition,
+    find,
+    parse_partition_table,
+)
 from harness.resources import boards_dir
+from harness.sim.chips import ChipSpec
+from harness.sim.image import (
+    APP_OFFSET,
+    AppPayload,
+    ImageError,
+    LoadedImage,
+    bootloader_max_bytes,
+    bootloader_table_offset,
+    find_payload,
+    load_image,
+)
 from harness.userfiles import read_toml
 
+MIN_NVS_BYTES = 0x3000
 END_RE = re.compile(rb"@EC1 \d+ END [^\r\n]*\r?\n")
 # The generator's layout for a 4 MB board with the table at 0xC000 (harness.firmware.layout): two 1 MB
 # app slots, the model after.
@@ -97,3 +124,46 @@ def read_until_end(port: serial.SerialBase, timeout: float = 10.0, idle: float =
     finally:
         port.timeout = old
     return bytes(out)
+
+
+def default_partitions(app_size: int, table_offset: int) -> list[Partition]:
+    """A one-app layout (nvs right after the table, factory app), for tests of images built without a
+    project (generated projects bring their own partitions.csv)."""
+    nvs = table_offset + TABLE_SECTOR
+    if table_offset % TABLE_SECTOR or APP_OFFSET - nvs < MIN_NVS_BYTES:
+        raise BuildError(
+            f"partition table offset {table_offset:#x} leaves no room for nvs before the app at "
+            f"{APP_OFFSET:#x}",
+            hint="fix partition_table_offset in the board file and regenerate the project",
+        )
+    app_size = max(0x100000, (app_size + 0xFFFF) // 0x10000 * 0x10000)
+    return [
+        Partition("nvs", DATA, 0x02, nvs, APP_OFFSET - nvs),
+        Partition("factory", APP, FACTORY, APP_OFFSET, app_size),
+    ]
+
+
+def read_app_payload(chip: ChipSpec, flash: bytes | bytearray) -> tuple[Partition, LoadedImage, AppPayload]:
+    """Convenience for tests and tools: bootloader -> partition table -> the app otadata selects -> payload,
+    with the model read from the model partition (raises on any error)."""
+    boot = load_image(chip, flash, chip.bootloader_offset, bootloader_max_bytes(chip))
+    table = bootloader_table_offset(boot)
+    parts = parse_partition_table(bytes(flash[table : table + TABLE_MAX_BYTES]))
+    order = otadata.boot_order(parts, lambda off, size: bytes(flash[off : off + size])).apps
+    if not order:
+        raise ImageError("no app partition in the partition table")
+    errors = []
+    for app in order:
+        try:
+            loaded = load_image(chip, flash, app.offset, app.size)
+            payload = find_payload(chip, loaded)
+            break
+        except ImageError as exc:
+            errors.append(f"{app.label}: {exc}")
+    else:
+        raise ImageError("no bootable app: " + "; ".join(errors))
+    model = find(parts, DATA, label=MODEL_LABEL)
+    if model is not None:
+        image = parse_model_image(flash[model.offset : model.offset + model.size], model.size)
+        payload = AppPayload(payload.header, image.model, payload.inputs)
+    return app, loaded, payload

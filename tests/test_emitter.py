@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from c_protocol import emitter_sources
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +31,6 @@ from harness.protocol.emitter import (
     TensorSpec,
     build_c_library,
     emit_capture,
-    emitter_sources,
     make_emitter,
     pack_info,
     sanitize_value,

@@ -14,13 +14,14 @@ import struct
 from pathlib import Path
 
 import pytest
+from c_protocol import CFrameDecoder, c_encode_frame, c_prng
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.protocol import frames as fr
 from harness.protocol.capture import parse_capture
 from harness.protocol.emitter import PythonEmitter, find_c_compiler
-from harness.protocol.native import CFrameDecoder, c_encode_frame, c_prng, load_library
+from harness.protocol.native import load_library
 
 HAVE_CC = find_c_compiler() is not None
 needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no host C compiler: the C side is not testable")

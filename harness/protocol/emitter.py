@@ -386,12 +386,6 @@ def check_record_fits(seq: int, rtype: str, fields: Sequence[tuple[str, bytes]])
 _WRITE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_char), ctypes.c_size_t)
 
 
-def emitter_sources() -> tuple[Path, Path]:
-    """The firmware's emitter sources (.c, .h), from the installed wheel's data or the checkout."""
-    common = templates_dir() / "common"
-    return common / "esp_check_proto.c", common / "esp_check_proto.h"
-
-
 # Every portable C file the firmware compiles next to app_main.cc (emitter, frames, command loop), in
 # the order they are compiled into the host library.
 C_SOURCES = ("esp_check_proto", "esp_check_frame", "esp_check_loop")

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from legacy_log import encode_microprintf_float
 
 from harness.errors import LogFormatError
 from harness.protocol.legacy import (
     decode_microprintf_bits,
     decode_microprintf_float,
-    encode_microprintf_float,
     parse_legacy_log,
 )
 

@@ -34,21 +34,6 @@ def _scaled(f: int) -> int:
     return f + sum(f >> s for s in _SHIFTS)
 
 
-def encode_microprintf_float(x: float) -> str:
-    """Format like old TFLM ``MicroPrintf("%f")``: the float32 value of ``x`` as ``1.D*2^E``."""
-    try:
-        bits = int(struct.unpack("<I", struct.pack("<f", x))[0])
-    except OverflowError:
-        bits = 0xFF800000 if x < 0 else 0x7F800000
-    sign = "-" if bits >> 31 else ""
-    exp = (bits >> 23) & 0xFF
-    frac = bits & _FRACTION_MAX
-    if exp == 0xFF:
-        return sign + ("Inf" if frac == 0 else "NaN")
-    digits = f"{_scaled(frac):07d}".rstrip("0") or "0"
-    return f"{sign}1.{digits}*2^{exp - 127}"
-
-
 def decode_microprintf_bits(token: str) -> int:
     """float32 bits of a MicroPrintf token; ValueError if the token is not one it can print."""
     m = _MICRO_RE.fullmatch(token)

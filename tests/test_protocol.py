@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.errors import CaptureError, ExitCode
-from harness.protocol.capture import parse_capture
+from harness.protocol.capture import Capture, parse_capture
 from harness.protocol.emitter import PythonEmitter, RunSpec, TensorSpec, emit_capture
 from harness.protocol.spec import crc32_hex
 
@@ -246,6 +246,11 @@ def test_duplicate_info_key_is_a_problem() -> None:
     assert any("INFO key 'nn' repeated" in p for p in cap.problems)
 
 
+def firmware_faulted(cap: Capture) -> bool:
+    """The firmware reported a fault: an ERROR record, or END status=error."""
+    return bool(cap.errors) or cap.end_status == "error"
+
+
 def test_firmware_error_run_is_valid_evidence_of_a_fault() -> None:
     cap = parse_capture(_minimal(
         b"INPUT i=0 bytes=5 sha256=" + SHA.encode(), b"ERROR stage=invoke code=1 i=0 msg=Invoke_failed",
@@ -253,7 +258,7 @@ def test_firmware_error_run_is_valid_evidence_of_a_fault() -> None:
     ))  # fmt: skip
     assert cap.valid, cap.problems
     assert (
-        cap.firmware_faulted
+        firmware_faulted(cap)
         and cap.errors[0].stage == "invoke"
         and cap.runs[0].errors[0].msg == "Invoke_failed"
     )

@@ -209,10 +209,6 @@ class Capture:
         parts = [p for p in text.rstrip("+").split(",") if p and p != "-"]
         return tuple(int(p) for p in parts if p.isdigit()), cut
 
-    @property
-    def firmware_faulted(self) -> bool:
-        return bool(self.errors) or self.end_status == "error"
-
     def require_valid(self, source: str = "capture") -> Capture:
         """Return self, or raise CaptureError (exit 3) listing why this capture is not evidence."""
         if not self.valid:

@@ -314,8 +314,6 @@ def write_bundle(
 ) -> Path:
     """A zip with everything needed to reproduce the run (no build products, no caches)."""
     out = result.out_dir
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(dest.suffix + ".tmp")
     chips = {v: r.get("flash") for v, r in (doc.get("variants") or {}).items()}
     # one directory per position: two inputs of the same file name never collide, and order is kept
     in_arcs = [f"inputs/{k}/{p.name}" for k, p in enumerate(inputs)]
@@ -344,27 +342,50 @@ def write_bundle(
         f"esp-check {__version__} reproduction bundle\n\n{status}\n\n{listing}"
         f"\nreproduce: esp-check flash-and-compare {command}\n"
     )
-    skip_dirs = {".pio", "build", "managed_components", "__pycache__"}
+    head: list[tuple[str, str | Path]] = [("README.txt", readme), (f"model/{model.name}", model)]
+    head += [(arc, p) for p, arc in zip(inputs, in_arcs, strict=True)]
+    head += [("report.json", json.dumps(doc, indent=2, default=str) + "\n")]
+    head += [("chip.json", json.dumps(chips, indent=2, default=str) + "\n")]
+    if html_text is not None:
+        head.append(("report.html", html_text))
+    trees = [("projects", "projects"), ("logs", "logs"), ("tap-dump/logs", "logs/tap-dump"),
+             ("tap-dump/projects", "projects/tap-dump"), ("repro", "repro")]  # fmt: skip
+    return write_zip(dest, head, out, trees)
+
+
+BUNDLE_SKIP = frozenset({".pio", "build", "managed_components", "__pycache__"})  # build products, caches
+
+
+def write_zip(
+    dest: Path, head: Sequence[tuple[str, str | Path]], out: Path, trees: Sequence[tuple[str, str]]
+) -> Path:
+    """A bundle (flash-and-compare's and hybrid's): ``head``'s (name, text or file) in order, then per
+    (sub, name) of ``trees`` the file ``out/sub`` as name, or the directory's files, sorted, under name/
+    (none inside :data:`BUNDLE_SKIP`); written to ``dest.tmp`` and renamed."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(dest.suffix + ".tmp")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr("README.txt", readme)
-        z.write(model, f"model/{model.name}")
-        for p, arc in zip(inputs, in_arcs, strict=True):
-            z.write(p, arc)
-        z.writestr("report.json", json.dumps(doc, indent=2, default=str) + "\n")
-        z.writestr("chip.json", json.dumps(chips, indent=2, default=str) + "\n")
-        if html_text is not None:
-            z.writestr("report.html", html_text)
-        for sub, arc in (("projects", "projects"), ("logs", "logs"), ("tap-dump/logs", "logs/tap-dump"),
-                         ("tap-dump/projects", "projects/tap-dump"), ("repro", "repro")):  # fmt: skip
+        for arc, content in head:
+            if isinstance(content, Path):
+                z.write(content, arc)
+            else:
+                z.writestr(arc, content)
+        for sub, arc in trees:
             root = out / sub
-            if not root.is_dir():
-                continue
-            for f in sorted(root.rglob("*")):
+            if root.is_file():
+                z.write(root, arc)
+            for f in sorted(root.rglob("*")) if root.is_dir() else []:
                 rel = f.relative_to(root)
-                if f.is_file() and not (set(rel.parts) & skip_dirs):
+                if f.is_file() and not (set(rel.parts) & BUNDLE_SKIP):
                     z.write(f, f"{arc}/{rel.as_posix()}")
     tmp.replace(dest)
     return dest
+
+
+def write_html(path: Path, text: str) -> None:
+    """An HTML report on disk, its directory made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
 
 
 def write_outputs(
@@ -379,8 +400,6 @@ def write_outputs(
     doc = json.loads(Path(result.report_path).read_text(encoding="utf-8"))
     text = render_html(result, doc)
     if html is not None:
-        path = Path(html)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        write_html(Path(html), text)
     if bundle is not None:
         write_bundle(result, doc, model, inputs, Path(bundle), text)

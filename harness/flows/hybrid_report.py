@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -81,44 +80,28 @@ def write_hybrid_outputs(
     """report.json always; the HTML report and the bundle when asked for."""
     doc = result_doc(res, stages, model=model, inputs=inputs)
     atomic_write(res.report_path, json.dumps(doc, indent=2, default=str) + "\n")
-    text = None
-    if html is not None or bundle is not None:
-        from harness.analysis.html_report import render_hybrid_html  # lazy: jinja2 only for --html/--bundle
+    if html is None and bundle is None:
+        return doc
+    # lazy: jinja2 only for --html/--bundle
+    from harness.analysis.html_report import render_hybrid_html, write_html, write_zip
 
-        text = render_hybrid_html(doc)
-    if html is not None and text is not None:
-        Path(html).parent.mkdir(parents=True, exist_ok=True)
-        Path(html).write_text(text, encoding="utf-8")
+    text = render_hybrid_html(doc)
+    if html is not None:
+        write_html(Path(html), text)
     if bundle is not None:
-        _bundle(res, doc, model, inputs, Path(bundle), text)
+        write_zip(Path(bundle), _bundle_head(doc, model, inputs, text), Path(res.out_dir), _BUNDLE_TREES)
     return doc
 
 
-def _bundle(
-    res: HybridResult,
-    doc: dict[str, object],
-    model: Path,
-    inputs: Sequence[Path],
-    dest: Path,
-    html: str | None,
-) -> None:
-    """A zip for an upstream report: reports, the drop-in files, the one-op reproducers, logs, the model."""
-    out = Path(res.out_dir)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(dest.suffix + ".tmp")
-    skip = {".pio", "build", "managed_components", "__pycache__"}
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr("report.json", json.dumps(doc, indent=2, default=str) + "\n")
-        if html is not None:
-            z.writestr("report.html", html)
-        z.write(model, f"model/{model.name}")
-        for k, p in enumerate(inputs):
-            z.write(p, f"inputs/{k}/{p.name}")
-        for sub in ("hybrid-dropin", "repro", "baseline/report.json", "baseline/logs", "runs"):
-            root = out / sub
-            files = [root] if root.is_file() else sorted(root.rglob("*")) if root.is_dir() else []
-            for f in files:
-                rel = f.relative_to(out)
-                if f.is_file() and not (set(rel.parts) & skip):
-                    z.write(f, rel.as_posix())
-    tmp.replace(dest)
+# what of the output directory a hybrid bundle holds, under the same names
+_BUNDLE_TREES = [(s, s) for s in ("hybrid-dropin", "repro", "baseline/report.json", "baseline/logs", "runs")]
+
+
+def _bundle_head(
+    doc: dict[str, object], model: Path, inputs: Sequence[Path], html: str
+) -> list[tuple[str, str | Path]]:
+    """A zip for an upstream report: the reports, the model and the inputs, then (_BUNDLE_TREES) the drop-in
+    files, the one-op reproducers, logs."""
+    head: list[tuple[str, str | Path]] = [("report.json", json.dumps(doc, indent=2, default=str) + "\n")]
+    head += [("report.html", html), (f"model/{model.name}", model)]
+    return head + [(f"inputs/{k}/{p.name}", p) for k, p in enumerate(inputs)]

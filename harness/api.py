@@ -24,9 +24,10 @@ from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import FlashAndCompareResult, StageTimeouts
 from harness.flows.sweep import SweepOptions, SweepResult, sweep
 from harness.model.arena import ArenaEstimate, estimate_arena
+from harness.model.backends import ReferenceResult
 from harness.model.inputs import InputOptions, PreparedInput, load_input
 from harness.model.loader import ModelInfo, OpInfo, TensorInfo, load_model
-from harness.model.reference import ReferenceResult, run_reference
+from harness.model.reference import run_reference
 from harness.protocol.capture import Capture, parse_capture
 from harness.runner import RunOptions, RunResult, load_inventory, load_plan, run_plan
 from harness.runner.inventory import detect_devices

@@ -18,8 +18,9 @@ import tflite
 from test_model_builder import Op, T, build_model
 
 from harness.model import arena, opdata
+from harness.model.backends import tflm_available
 from harness.model.loader import parse_model_bytes
-from harness.model.reference import run_reference, tflm_available
+from harness.model.reference import run_reference
 
 CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED = 3, 4, 9
 _RNG = np.random.default_rng(11)

@@ -16,8 +16,9 @@ import pytest
 from test_model_builder import float_add_model, int8_broadcast_add_model, int16_add_model
 
 from harness.errors import ExitCode, HostReferenceError, InputDataError, ModelError
+from harness.model.backends import get_backend
 from harness.model.loader import load_model
-from harness.model.reference import compare_backends, get_backend, run_reference
+from harness.model.reference import compare_backends, run_reference
 
 # The tflite-micro wheel exists only for Linux x86-64: skip elsewhere, but never there (a missing
 # wheel on Linux x86-64 is a broken install and must fail).

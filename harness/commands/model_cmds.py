@@ -17,9 +17,10 @@ from harness.commands.common import FILE, input_options, make_console, path_opti
 from harness.errors import ExitCode, InputDataError
 from harness.model import opdata
 from harness.model.arena import ArenaEstimate, estimate_arena
+from harness.model.backends import tflm_available
 from harness.model.inputs import InputOptions, PreparedInput, default_image_range, load_input
 from harness.model.loader import ModelInfo, TensorInfo, load_model
-from harness.model.reference import LayerDisagreement, compare_backends, run_reference, tflm_available
+from harness.model.reference import LayerDisagreement, compare_backends, run_reference
 from harness.protocol.spec import crc32_hex
 
 if TYPE_CHECKING:

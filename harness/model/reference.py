@@ -17,21 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import HostReferenceError, InputDataError, ModelError, ReferenceRefusedError
-from harness.model.backends import ReferenceResult, get_backend, host_arena_bytes, tflm_available
+from harness.model.backends import ReferenceResult, get_backend
 from harness.model.hostrun import host_results
 from harness.model.inputs import InputOptions, load_input
 from harness.model.loader import ModelInfo, parse_model_bytes
-
-__all__ = [
-    "LayerDisagreement",
-    "ReferenceResult",
-    "compare_backends",
-    "get_backend",
-    "host_arena_bytes",
-    "prepare_host_results",
-    "run_reference",
-    "tflm_available",
-]
 
 
 def _check_inputs(info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]]) -> list[list[np.ndarray]]:

@@ -19,9 +19,10 @@ import numpy as np
 
 from harness.flashfmt import otadata
 from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, Partition, find
+from harness.model.backends import get_backend, host_arena_bytes
 from harness.model.hybrid_ops import ANSI_KINDS, ansi_path_applies
 from harness.model.loader import parse_model_bytes
-from harness.model.reference import get_backend, host_arena_bytes, run_reference
+from harness.model.reference import run_reference
 from harness.protocol import frames
 from harness.protocol.emitter import TapTensor, emit_tensor
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput

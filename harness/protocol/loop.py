@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from harness.protocol import frames
@@ -242,13 +242,23 @@ class DeviceLoop:
     def hello(self) -> None:
         c = self.cfg
         fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: frames.FWVER_MAX])
-        # what the configuration says under the same name (sim, tap, nn, slot, window, model_sha256, ...)
-        same = {f.name: getattr(c, f.name) for f in fields(frames.Hello) if hasattr(c, f.name)}
         h = frames.Hello(
-            **{**same, "fwver": fw.decode("ascii")},
-            proto=frames.VERSION,
+            frames.VERSION,
+            c.sim,
+            c.tap,
+            nn=c.nn,
+            slot=c.slot,
+            init_status=c.init_status,
+            input_dtype=c.input_dtype,
             max_payload=frames.TX_MAX_PAYLOAD,
+            window=c.window,
+            input_bytes=c.input_bytes,
             output_bytes=tuple(o.bytes for o in c.outputs),
+            model_sha256=c.model_sha256,
+            fwver=fw.decode("ascii"),
+            session=c.session,
+            app_sha256=c.app_sha256,
+            other_sha256=c.other_sha256,
             keep_capacity=self.store.cap,
             kept=self.store.kept,
         )

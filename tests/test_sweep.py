@@ -559,12 +559,15 @@ def test_the_sweep_builds_in_the_cache_every_other_build_uses(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     roots: list[Path] = []
 
+    class Stop(Exception):
+        """Raised by the faked build: nothing below the build is under test."""
+
     def build(*_args: object, root: Path, **_kw: object) -> None:
         roots.append(root)
-        raise KeyboardInterrupt  # stop here: nothing below the build is under test
+        raise Stop
 
     monkeypatch.setattr(sweep_flow, "find_sweep_sources", lambda *_a: (None, None))
     monkeypatch.setattr(sweep_flow, "build_sweep_driver", build)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Stop):
         sweep(SweepOptions(ops=("add",), sanitize=False), tmp_path / "out")
     assert roots == [tmp_path / "xdg" / "esp-check" / "builds" / "native"]

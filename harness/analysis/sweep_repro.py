@@ -19,7 +19,7 @@ import numpy as np
 from harness.analysis.sweep_cases import Case, bias_values, from_scales, int8_values
 from harness.analysis.sweep_findings import Result
 from harness.errors import ModelError
-from harness.model.extract import _buffer, _finish, write_operator, write_table, write_tensor
+from harness.model.extract import write_buffer, write_model, write_operator, write_table, write_tensor
 from harness.model.loader import parse_model_bytes
 from harness.model.opdata import espnn_model_acceleration
 
@@ -45,7 +45,7 @@ class _Writer:
 
         self.tfl = tflite
         self.b = flatbuffers.Builder(size + 4096)
-        self.buffers = [_buffer(tflite, self.b, None)]
+        self.buffers = [write_buffer(tflite, self.b, None)]
         self.tensors: list[int] = []
         self.shapes: list[list[int]] = []  # per tensor: tensor 0 is the model's input
 
@@ -62,7 +62,7 @@ class _Writer:
         tfl, b = self.tfl, self.b
         buf = 0
         if data is not None:
-            self.buffers.append(_buffer(tfl, b, np.ascontiguousarray(data).tobytes()))
+            self.buffers.append(write_buffer(tfl, b, np.ascontiguousarray(data).tobytes()))
             buf = len(self.buffers) - 1
         self.tensors.append(write_tensor(tfl, b, name, shape, dtype, buffer=buf, quant=(scales, zps, qdim)))
         self.shapes.append(shape)
@@ -75,7 +75,7 @@ class _Writer:
     def finish(self, code: int, inputs: list[int], output: int, options: tuple[int, int] | None) -> bytes:
         tfl, b = self.tfl, self.b
         code_off, op = write_operator(tfl, b, (code, min(code, 127), 1), inputs, [output], options)
-        return _finish(
+        return write_model(
             tfl, b, self.tensors, op=op, code=code_off, buffers=self.buffers, inputs=[0], outputs=[output]
         )
 

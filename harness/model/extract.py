@@ -146,14 +146,14 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
     used = list(dict.fromkeys(t for t in ins + outs if t >= 0))
     new_index = {t: k for k, t in enumerate(used)}
     b = flatbuffers.Builder(1024 + sum(info.tensors[t].nbytes for t in used))
-    buffers = [_buffer(tflite, b, None)]
+    buffers = [write_buffer(tflite, b, None)]
     tensor_offsets = []
     for t in used:
         src = sg.Tensors(t)
         data = model.Buffers(src.Buffer()).DataAsNumpy() if info.tensors[t].is_constant else None
         buf = 0
         if isinstance(data, np.ndarray) and data.size:
-            buffers.append(_buffer(tflite, b, data.tobytes()))
+            buffers.append(write_buffer(tflite, b, data.tobytes()))
             buf = len(buffers) - 1
         tensor_offsets.append(_tensor(tflite, b, src, buf))
     opts_type, opts = _options(tflite, b, op)
@@ -168,7 +168,7 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
     )
     model_ins = [new_index[t] for t in ins if t >= 0 and not info.tensors[t].is_constant]
     model_outs = [new_index[t] for t in outs if t >= 0]
-    return _finish(
+    return write_model(
         tflite,
         b,
         tensor_offsets,
@@ -180,11 +180,12 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
     )
 
 
-def _buffer(tfl: ModuleType, builder: flatbuffers.Builder, data: bytes | None) -> int:
+def write_buffer(tfl: ModuleType, builder: flatbuffers.Builder, data: bytes | None) -> int:
+    """A Buffer table holding ``data`` (an empty one for None): buffer 0 of a model is always empty."""
     return write_table(tfl, builder, "Buffer", Data=builder.CreateByteVector(data) if data else None)
 
 
-def _finish(
+def write_model(
     tfl: ModuleType,
     builder: flatbuffers.Builder,
     tensors: list[int],
@@ -194,6 +195,7 @@ def _finish(
     inputs: list[int],
     outputs: list[int],
 ) -> bytes:
+    """The finished one-subgraph, one-op model (``TFL3``) made of what ``builder`` already holds."""
     tv = _vec(builder, tfl.SubGraphStartTensorsVector, tensors, builder.PrependUOffsetTRelative)
     ov = _vec(builder, tfl.SubGraphStartOperatorsVector, [op], builder.PrependUOffsetTRelative)
     iv = _vec(builder, tfl.SubGraphStartInputsVector, inputs, builder.PrependInt32)

@@ -33,7 +33,6 @@ from harness.protocol.spec import crc32
 
 RESET_CHECK_INPUTS = 16
 MAX_PASSES = 4  # a dataset pass and up to three re-runs of the inputs whose results were lost
-_FETCH = "fetch"
 
 
 @dataclasses.dataclass

@@ -607,7 +607,7 @@ def _reproduce(state: _State, ops: list[int]) -> dict[str, Capture]:
         target=state.target,
         out=state.res.out_dir,
     )
-    outcome = dump_run(req, ops, state.rec, contextlib.nullcontext(), subdir="repro-dump")
+    outcome = dump_run(req, ops, state.rec, "repro-dump")
     state.res.warnings += [f"reproducer: {e}" for e in outcome.errors]
     state.res.repro = outcome.result.repro
     return outcome.captures

@@ -7,6 +7,7 @@ and docs/protocol.md "Resident loop".
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -496,14 +497,10 @@ def _passes(
                 break
             boot = again
 
-        def one(
-            ids: Sequence[int] = ids, boot: Boot = boot, log: Path = run.serial_log, now: bool = attempt > 1
-        ) -> _Streamed:
-            return _stream(
-                resident, boot, ctx.dataset, ids, ctx.outputs, log, results=mode, repeat=repeat,
-                expected=expected, kept=out.kept, now=now, keep_ids=keep,
-            )  # fmt: skip
-
+        one = functools.partial(
+            _stream, resident, boot, ctx.dataset, ids, ctx.outputs, log_path=run.serial_log, results=mode,
+            repeat=repeat, expected=expected, kept=out.kept, now=attempt > 1, keep_ids=keep,
+        )  # fmt: skip
         streamed = resident.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
         legs, stats, problems = streamed.legs, streamed.stats, streamed.problems
         for i, leg in legs.items():

@@ -621,7 +621,6 @@ class DatasetOutcome:
     host: list[Leg] | None = None
     codes: list[ExitCode] = dataclasses.field(default_factory=list)
     errors: list[str] = dataclasses.field(default_factory=list)
-    warnings: list[str] = dataclasses.field(default_factory=list)
     tap_inputs: list[dict[str, Any]] | None = None  # --tap-inputs: the inputs tapped, as written out
     tap_notes: list[str] = dataclasses.field(default_factory=list)
 

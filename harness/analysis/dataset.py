@@ -1,11 +1,8 @@
 """Dataset verdicts: optimized vs ANSI C vs the host reference over many inputs (docs/dataset.md).
 
-Each device leg of each input is what the resident firmware returned: CRC-32s of its outputs, and the
-outputs themselves when they were fetched (always with ``--results full``; with ``--results crc`` only
-where a CRC differed from the expected one). Two legs whose CRC-32s are equal hold equal outputs (a CRC-32
-collision between two different outputs has probability 2^-32: documented, not hidden); otherwise their
-bytes are compared element by element, in LSB (integer outputs) or real units (float32 outputs).
-Nothing unknown is ever counted as agreement: an input with a missing or invalid leg is ``incomplete``.
+What a leg holds and what each verdict rests on: docs/dataset.md. Two legs whose CRC-32s are equal hold
+equal outputs (a CRC-32 collision between two different outputs has probability 2^-32: documented, not
+hidden); otherwise their bytes are compared element by element, in LSB or real units (float32).
 """
 
 from __future__ import annotations

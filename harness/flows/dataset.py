@@ -482,9 +482,8 @@ def _passes(
     expected: Mapping[int, tuple[int, ...]],
     keep: frozenset[int] | None = None,
 ) -> None:
-    """The main pass over ``ids``, then more for inputs whose results were lost or damaged (at most
-    ``MAX_PASSES`` in all, and only while a pass still brings some of them back; the first re-run always,
-    with every result sent at once: a device that hung lost the results it had batched)."""
+    """The main pass over ``ids``, then re-runs (docs/dataset.md) of the inputs whose results were lost
+    or damaged, at most ``MAX_PASSES`` in all and only while a pass still brings some of them back."""
     resident, out, v = ctx.resident, ctx.out, run.variant
     assert run.serial_log is not None
     for attempt in range(1, MAX_PASSES + 1):

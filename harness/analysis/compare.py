@@ -239,7 +239,7 @@ def _source_from_results(doc: object, label: str, path: str) -> Source:
             outs = []
             for t in run["outputs"]:
                 dtype = str(t["dtype"])
-                if dtype not in ("int8", "uint8", "int16", "int32", "float32"):
+                if dtype not in (*_INT_DTYPES, "float32"):
                     raise LogFormatError(f"{path}: dtype {dtype!r} not supported")
                 data = base64.b64decode(t["data_b64"], validate=True)
                 if crc32_hex(data) != t["crc32"]:

@@ -1,16 +1,12 @@
 """Dataset verdicts: optimized vs ANSI C vs the host reference over many inputs (docs/dataset.md).
 
-Each device leg of each input is what the resident firmware returned: CRC-32s of its outputs, and the
-outputs themselves when they were fetched (always with ``--results full``; with ``--results crc`` only
-where a CRC differed from the expected one). Two legs whose CRC-32s are equal hold equal outputs (a CRC-32
-collision between two different outputs has probability 2^-32: documented, not hidden); otherwise their
-bytes are compared element by element, in LSB (integer outputs) or real units (float32 outputs).
-Nothing unknown is ever counted as agreement: an input with a missing or invalid leg is ``incomplete``.
+What a leg holds and what each verdict rests on: docs/dataset.md. Two legs whose CRC-32s are equal hold
+equal outputs (a CRC-32 collision between two different outputs has probability 2^-32: documented, not
+hidden); otherwise their bytes are compared element by element, in LSB or real units (float32).
 """
 
 from __future__ import annotations
 
-import zlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,6 +15,7 @@ import numpy as np
 
 from harness.errors import ExitCode, Verdict, combine_exit_codes
 from harness.jsontypes import json_number
+from harness.protocol.spec import crc32
 
 LEGS = ("optimized", "ansi", "host")
 PAIRS = (("optimized", "ansi"), ("optimized", "host"), ("ansi", "host"))
@@ -42,7 +39,7 @@ class Leg:
 
 def host_leg(outputs: Sequence[np.ndarray]) -> Leg:
     arrays = [np.ascontiguousarray(a) for a in outputs]
-    return Leg("ok", tuple(zlib.crc32(a.tobytes()) & 0xFFFFFFFF for a in arrays), arrays)
+    return Leg("ok", tuple(map(crc32, arrays)), arrays)
 
 
 @dataclass(frozen=True)

@@ -52,9 +52,7 @@ def flash_and_capture(
     says why. Logs go to ``out_dir/logs/{flash,serial}-<variant>.log``.
     """
     rec = Recorder(progress)
-    run = VariantRun(variant, project_dir=build.project_dir)
-    run.firmware_sha256 = build.firmware_sha256
-    run.build_cache_hit = build.cache_hit
+    run = VariantRun(variant, build.project_dir, build.firmware_sha256, build.cache_hit)
 
     def body(resident: ResidentBoard, order: list[str]) -> None:
         run.exit_code = stream_inputs(resident, run, inputs)

@@ -7,6 +7,7 @@ and docs/protocol.md "Resident loop".
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -33,7 +34,6 @@ from harness.protocol.spec import crc32
 
 RESET_CHECK_INPUTS = 16
 MAX_PASSES = 4  # a dataset pass and up to three re-runs of the inputs whose results were lost
-_FETCH = "fetch"
 
 
 @dataclasses.dataclass
@@ -257,9 +257,10 @@ class _Streamed:
     faults: list[Finding]  # firmware faults in what the device printed while it streamed
 
 
-def _record_faults(out: DatasetRun, run: VariantRun, faults: Sequence[Finding]) -> None:
-    """A crash is a finding of this variant, never a link hiccup to retry away."""
-    if faults:
+def _record(out: DatasetRun, run: VariantRun, streamed: _Streamed) -> None:
+    """A stream's link figures join its variant's; a crash is its finding, never a link hiccup to retry."""
+    out.link.setdefault(run.variant, LinkStats()).add(streamed.stats)
+    if faults := streamed.faults:
         run.findings += [f.to_dict() for f in faults]
         out.codes.append(ExitCode.FIRMWARE_FAULT)
         out.errors.append(f"{run.variant}: firmware fault while streaming the dataset: {faults[0].message}")
@@ -369,11 +370,8 @@ def upload_bytes(input_bytes: int) -> int:
 
 
 class _Chunks:
-    """Which inputs each turn over the variants runs (docs/dataset.md "Datasets larger than the store").
-
-    ``never``: one part, the inputs beyond the store uploaded to every variant; ``always``: chunks
-    whenever the dataset exceeds the store; ``auto``: the first chunk, then chunks for the rest only
-    when that is cheaper on this link (``pays``), else the rest in one part, uploaded."""
+    """Which inputs each turn over the variants runs, by policy (docs/dataset.md "Datasets larger than
+    the store", where ``never``, ``always`` and ``auto`` are)."""
 
     SWITCH_S = 1.0  # a slot switch before one was measured (bench/bench_time_model.py: boot + HELLO + baud)
 
@@ -435,9 +433,8 @@ class _Chunks:
         return self.start < self.n
 
     def pays(self, rate: float) -> tuple[bool, str]:
-        """Chunks for the rest cost one slot switch each beyond the one the rest costs anyway; they save
-        the link time of the second upload where the inference of the variant that would run from the
-        store does not hide it (the host streams the next inputs while the device runs the current one)."""
+        """``auto``'s rule for the rest (docs/dataset.md "Datasets larger than the store": whether chunks
+        pay): (chunks, the figures that decided)."""
         rest = self.n - self.start
         if self.cap == 0:
             return False, "no kept-input store"
@@ -485,9 +482,8 @@ def _passes(
     expected: Mapping[int, tuple[int, ...]],
     keep: frozenset[int] | None = None,
 ) -> None:
-    """The main pass over ``ids``, then more for inputs whose results were lost or damaged (at most
-    ``MAX_PASSES`` in all, and only while a pass still brings some of them back; the first re-run always,
-    with every result sent at once: a device that hung lost the results it had batched)."""
+    """The main pass over ``ids``, then re-runs (docs/dataset.md) of the inputs whose results were lost
+    or damaged, at most ``MAX_PASSES`` in all and only while a pass still brings some of them back."""
     resident, out, v = ctx.resident, ctx.out, run.variant
     assert run.serial_log is not None
     for attempt in range(1, MAX_PASSES + 1):
@@ -497,20 +493,15 @@ def _passes(
                 break
             boot = again
 
-        def one(
-            ids: Sequence[int] = ids, boot: Boot = boot, log: Path = run.serial_log, now: bool = attempt > 1
-        ) -> _Streamed:
-            return _stream(
-                resident, boot, ctx.dataset, ids, ctx.outputs, log, results=mode, repeat=repeat,
-                expected=expected, kept=out.kept, now=now, keep_ids=keep,
-            )  # fmt: skip
-
+        one = functools.partial(
+            _stream, resident, boot, ctx.dataset, ids, ctx.outputs, log_path=run.serial_log, results=mode,
+            repeat=repeat, expected=expected, kept=out.kept, now=attempt > 1, keep_ids=keep,
+        )  # fmt: skip
         streamed = resident.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
         legs, stats, problems = streamed.legs, streamed.stats, streamed.problems
         for i, leg in legs.items():
             out.legs[v][i] = _second_result(out.legs[v][i], leg)
-        _record_faults(out, run, streamed.faults)
-        out.link.setdefault(v, LinkStats()).add(stats)
+        _record(out, run, streamed)
         out.passes.setdefault(v, []).append(
             {"inputs": len(ids), "problems": problems, "link": stats.to_dict()}
         )
@@ -558,8 +549,7 @@ def _after_reset(ctx: _Streams, variant: str) -> dict[str, Any]:
                         results=frames.RES_CRC, repeat=1, expected={}),
     )  # fmt: skip
     legs, problems = streamed.legs, streamed.problems
-    out.link.setdefault(variant, LinkStats()).add(streamed.stats)
-    _record_faults(out, runs[variant], streamed.faults)
+    _record(out, runs[variant], streamed)
     first = out.legs[variant]
     differing = [i for i in ids if legs[i].ok and first[i].ok and legs[i].crcs != first[i].crcs]
     lost = [i for i in ids if not legs[i].ok]
@@ -625,7 +615,6 @@ class DatasetOutcome:
     host: list[Leg] | None = None
     codes: list[ExitCode] = dataclasses.field(default_factory=list)
     errors: list[str] = dataclasses.field(default_factory=list)
-    warnings: list[str] = dataclasses.field(default_factory=list)
     tap_inputs: list[dict[str, Any]] | None = None  # --tap-inputs: the inputs tapped, as written out
     tap_notes: list[str] = dataclasses.field(default_factory=list)
 

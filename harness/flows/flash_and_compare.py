@@ -1,8 +1,7 @@
 """``flash-and-compare``: generate both variants, build, flash, capture, compare, report.
 
-Every stage is recorded (status, time, error) and the artifact directory is written even when a stage
-fails, so nothing is lost. The verdict rests only on what the device printed: CRC-checked records,
-its compiled-in ESP-NN mode, and the model/input hashes it computed.
+Its stages, and what a verdict rests on: docs/architecture.md "The pipeline: one job spec, one path"
+and "The judge".
 """
 
 from __future__ import annotations

@@ -159,6 +159,7 @@ class _State:
     ansi_source: Source | None = None
     ref_source: Source | None = None
     target: Target | None = None  # the baseline's (the hybrid runs go to the same board)
+    base_caps: dict[str, Capture] = field(default_factory=dict)  # the baseline's captures, parsed once
 
 
 def hybrid(
@@ -235,11 +236,11 @@ def _baseline(state: _State) -> bool:
     )
     base = run_job(spec, state.rec.progress)
     res.baseline, res.board, res.port, res.simulated = base, base.board, base.port, base.simulated
+    state.base_caps = {v: c for v, run in base.variants.items() if (c := run.capture()) is not None}
     res.warnings += base.warnings
     res.audit = base.tap.audit if base.tap is not None else None
     if res.audit is not None and state.opts.noise_band != NOISE_BAND:  # the audit again, at this run's band
-        caps = {v: c for v, run in base.variants.items() if (c := run.capture()) is not None}
-        res.audit = audit_captures(state.info, caps, state.opts.noise_band)
+        res.audit = audit_captures(state.info, state.base_caps, state.opts.noise_band)
     ansi = base.variants["ansi"]
     if ansi.source is None or ansi.exit_code is not None:
         res.message = "the ANSI C build did not run cleanly: there is nothing to verify a hybrid against"
@@ -262,7 +263,10 @@ def _baseline(state: _State) -> bool:
     if base.exit_code == ExitCode.MATCH and not state.opts.manual:
         res.message = "the optimized build already matches ANSI C and the host reference: no hybrid needed"
         return False
-    evidence = base.exit_code in (ExitCode.MISMATCH, ExitCode.FIRMWARE_FAULT) or _baseline_hung(base)
+    # an optimized build that printed an input and then nothing (an invoke that never returned) is firmware
+    # evidence too, unlike a link that failed (bisection then finds the op that hangs)
+    hung = _hung(state.base_caps.get("optimized"), base.variants["optimized"])
+    evidence = base.exit_code in (ExitCode.MISMATCH, ExitCode.FIRMWARE_FAULT) or hung
     if not evidence and not state.opts.manual:
         # a culprit op is named only from firmware evidence: a baseline that failed on the link, the
         # port or the build proves nothing wrong with the optimized kernels, so there is nothing to find
@@ -273,13 +277,6 @@ def _baseline(state: _State) -> bool:
         )
         return False
     return True
-
-
-def _baseline_hung(base: FlashAndCompareResult) -> bool:
-    """The optimized build printed an input and then nothing (an invoke that never returned): firmware
-    evidence, unlike a link that failed (bisection then finds the op that hangs)."""
-    opt = base.variants.get("optimized")
-    return opt is not None and _hung(opt.capture(), opt)
 
 
 # ---- 2. choose ------------------------------------------------------------------------------------
@@ -472,8 +469,7 @@ def _hung(cap: Capture | None, variant_run: VariantRun) -> bool:
 
 def _divergence(state: _State, cap: Capture) -> Divergence | None:
     """First op where the tapped hybrid departs from the tapped ANSI C baseline (first input that does)."""
-    base = state.res.baseline
-    ansi = base.variants["ansi"].capture() if base is not None else None
+    ansi = state.base_caps.get("ansi")
     if ansi is None:
         return None
     for run, ref in zip(cap.runs, ansi.runs, strict=False):
@@ -548,9 +544,7 @@ def _dropin(state: _State, project: Path) -> Dropin:
 def _cost(state: _State, dump_caps: dict[str, Capture]) -> CostReport | InvokeCost | None:
     """From per-op cycles of both builds (the tapped baseline, else the tapped reproducer dump run); a
     tapped hybrid run with the same ops measures the hybrid itself."""
-    base = state.res.baseline
-    runs = base.variants.items() if base is not None else []
-    caps = {v: cap for v, r in runs if (cap := r.capture()) is not None}
+    caps = state.base_caps
     if not (caps.get("ansi") and op_cycles(caps["ansi"])) and dump_caps.get("ansi"):
         caps = {**caps, **{v: c for v, c in dump_caps.items() if op_cycles(c)}}
     if "ansi" not in caps:
@@ -607,7 +601,7 @@ def _reproduce(state: _State, ops: list[int]) -> dict[str, Capture]:
         target=state.target,
         out=state.res.out_dir,
     )
-    outcome = dump_run(req, ops, state.rec, contextlib.nullcontext(), subdir="repro-dump")
+    outcome = dump_run(req, ops, state.rec, "repro-dump")
     state.res.warnings += [f"reproducer: {e}" for e in outcome.errors]
     state.res.repro = outcome.result.repro
     return outcome.captures

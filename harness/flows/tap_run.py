@@ -32,7 +32,7 @@ from harness.flows.targets import BoardLockCM, Target
 from harness.jsontypes import JSONValue
 from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo
-from harness.protocol.capture import Capture, parse_capture
+from harness.protocol.capture import Capture
 
 
 @dataclass(frozen=True)
@@ -120,16 +120,11 @@ def reproducers(
     ]
 
 
-def dump_run(
-    req: TapRunRequest,
-    ops: Sequence[int],
-    rec: Recorder,
-    lock_cm: BoardLockCM | None = None,
-    subdir: str = "tap-dump",
-) -> TapRunOutcome:
-    """Both variants rebuilt with ``--tap --dump-ops ops`` and run, and reproducers of ``ops`` written."""
+def dump_run(req: TapRunRequest, ops: Sequence[int], rec: Recorder, subdir: str) -> TapRunOutcome:
+    """Both variants rebuilt with ``--tap --dump-ops ops`` and run (no lock: the caller holds it), and
+    reproducers of ``ops`` written."""
     outcome = TapRunOutcome(TapResult(dump_ops=sorted(ops)))
-    caps = _dump_run(req, ops, rec, lock_cm, outcome, subdir, what="dump run")
+    caps = _dump_run(req, ops, rec, None, outcome, subdir, what="dump run")
     if caps is None:
         return outcome
     outcome.captures = caps
@@ -172,11 +167,12 @@ def _dump_run(
             )  # fmt: skip
         dump_caps: dict[str, Capture] = {}
         for v, vr in sorted(runs.items(), key=lambda kv: VARIANT_ORDER.index(kv[0])):
-            if vr.serial_log is None or not vr.capture_valid:
+            cap = vr.capture() if vr.capture_valid else None
+            if cap is None:
                 outcome.errors.append(f"tap dump run [{v}]: capture failed ({vr.exit_code})")
                 outcome.codes.append(ExitCode(vr.exit_code or ExitCode.INFRASTRUCTURE))
                 continue
-            dump_caps[v] = parse_capture(Path(vr.serial_log).read_bytes())
+            dump_caps[v] = cap
         return dump_caps
     except EspCheckError as exc:
         outcome.errors.append(f"{what}: {exc}")

@@ -130,16 +130,14 @@ def _case_of(code: int) -> tuple[CaseStatus, CaseType]:
 
 
 def _variant_problems(attempt: Attempt, runs: Mapping[str, VariantRun]) -> tuple[list[ExitCode], list[str]]:
-    """Exit codes and reasons of the variants that did not run cleanly (or did not run)."""
+    """Exit codes and reasons of the variants that did not run cleanly (the pipeline's result holds every
+    variant, run or not: one that never ran has its stage's exit code)."""
     codes: list[ExitCode] = []
     reasons: list[str] = []
     for v in VARIANT_ORDER:
-        r = runs.get(v)
-        if r is None:
-            reasons.append(f"{v}: not run (previous variant lost the link)")
-            codes.append(ExitCode.INFRASTRUCTURE)
-        elif r.exit_code is not None:
-            codes.append(ExitCode(r.exit_code))
+        code = runs[v].exit_code
+        if code is not None:
+            codes.append(ExitCode(code))
             reasons.append(f"{v}: {attempt.variants[v].failure_detail().splitlines()[0]}")
     return codes, reasons
 
@@ -162,9 +160,7 @@ def _side_problem(
         if f.run is None or f.run == k:
             msg = f"{label}: ERROR stage={f.stage} code={f.code} {f.msg}"
             return CaseStatus.FAILURE, CaseType.FIRMWARE_FAULT, msg
-    r = runs.get(label)
-    if r is None:
-        return CaseStatus.ERROR, CaseType.INFRASTRUCTURE, f"{label} not run: the board link failed before it"
+    r = runs[label]
     if r.exit_code is not None and r.source is None:
         return *_case_of(r.exit_code), f"{label}: {attempt.variants[label].failure_detail()}"
     return None

@@ -38,11 +38,6 @@ if TYPE_CHECKING:
 #    counts.aborted counts tasks in state aborted (also counted under their verdict).
 SUMMARY_VERSION = 2
 RAW_LOG_MAX = 128 * 1024  # per serial log in system-out (head and tail kept)
-_OUTCOME: dict[CaseStatus, junit.Outcome] = {
-    CaseStatus.PASSED: "passed",
-    CaseStatus.FAILURE: "failure",
-    CaseStatus.ERROR: "error",
-}
 
 
 def now_iso(timestamp: float) -> str:
@@ -250,7 +245,8 @@ def _task_cases(task: Task) -> list[junit.Case]:
         text = f"task {task.id}: {task.reason}"
         if c.status == CaseStatus.ERROR:
             text += f"\nartifacts: {task.dir}"
-        outcome, kind = _OUTCOME[c.status], c.type.value
+        outcome: junit.Outcome = c.status.value  # a CaseStatus's value is its JUnit outcome
+        kind = c.type.value
         found.append(junit.Case(where, name, outcome, kind, c.message, text, out=out_text, seconds=each))
     return found
 

@@ -21,11 +21,11 @@ from harness.flashfmt.partitions import (
 )
 from harness.protocol.app_image import slot_sha256
 from harness.sim.chips import ChipSpec
-from harness.sim.crash import elf_sha256
 from harness.sim.image import (
     AppPayload,
     ImageError,
     LoadedImage,
+    app_elf_sha256,
     bootloader_max_bytes,
     bootloader_table_offset,
     find_payload,
@@ -255,7 +255,7 @@ def _boot_once(ctx: AppEnv, reason: str) -> BootResult:
     payload = AppPayload({**payload.header, **arena}, model, payload.inputs)
     slot = part.subtype - OTA_0 if part.is_ota_app else None
     shas = _slot_shas(ctx, parts, part)
-    sim_app = SimApp(ctx, payload, model_error, elf_sha256(chip, app), clock, slot, slot_shas=shas)
+    sim_app = SimApp(ctx, payload, model_error, app_elf_sha256(chip, app), clock, slot, slot_shas=shas)
     t_app = clock.seconds
     out, reboot = sim_app.start(header_flash)
     out = [replace(p, at=t_app + p.at) for p in out]

@@ -158,30 +158,8 @@ def _set_revisions(img: ESP32FirmwareImage, chip: ChipSpec, revs: tuple[int, int
     img.min_rev = low // 100 if chip.name == "esp32" else low % 100 if chip.name == "esp32c3" else 0
 
 
-def pack_app_image(
-    chip: ChipSpec,
-    payload: bytes,
-    *,
-    version: str = "0.1.0",
-    idf: str = "sim",
-    flash_size: str = DEFAULT_FLASH_SIZE,
-    elf_sha: bytes = b"\0" * 32,
-    revs: tuple[int, int] | None = None,
-) -> bytes:
-    """An ESP app image of :func:`app_sections` (DROM = app description + payload, IROM and IRAM code);
-    ``elf_sha`` goes into the app description, as ``esptool elf2image --elf-sha256-offset`` puts it.
-    ``revs``: the chip revisions it accepts (default: the chip's ESP-IDF defaults)."""
-    sections = app_sections(chip, payload, version=version, idf=idf, elf_sha=elf_sha)
-    segments = [ELFSection(name.encode(), addr, data, 0) for name, addr, data, _flags in sections]
-    # the entry point: call_start_cpu0 (the simulated CPU never executes it)
-    return _save_image(chip, flash_size, revs, segments, chip.iram_start)
-
-
 def pack_bootloader_image(
-    chip: ChipSpec,
-    table_offset: int,
-    flash_size: str = DEFAULT_FLASH_SIZE,
-    revs: tuple[int, int] | None = None,
+    chip: ChipSpec, table_offset: int, flash_size: str, revs: tuple[int, int] | None
 ) -> bytes:
     """A second-stage bootloader image (RAM segments only) with the chip id and SHA-256 appended, its
     data segment holding the partition table offset (docs/simulator.md "Booting an image")."""
@@ -249,10 +227,16 @@ def _drom_desc(chip: ChipSpec, loaded: LoadedImage) -> bytes | None:
     return None
 
 
-def app_elf_sha256(chip: ChipSpec, loaded: LoadedImage) -> str | None:
-    """The ``app_elf_sha256`` of the image's app description (hex), or None when it is not set."""
+def app_elf_sha256(chip: ChipSpec, loaded: LoadedImage) -> str:
+    """The app's "ELF file SHA256", as ESP-IDF prints it: the ``app_elf_sha256`` of the image's app
+    description; an image packed without one gets a hash of its segments and the chip (fixed per image)."""
     sha = (_drom_desc(chip, loaded) or b"")[APP_DESC_ELF_SHA : APP_DESC_ELF_SHA + 32]
-    return sha.hex() if any(sha) else None
+    if any(sha):
+        return sha.hex()
+    h = hashlib.sha256(chip.name.encode())
+    for addr, data in loaded.segments:
+        h.update(addr.to_bytes(4, "little") + data)
+    return h.hexdigest()
 
 
 def bootloader_max_bytes(chip: ChipSpec) -> int:
@@ -414,16 +398,15 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     size = board_def.get("flash_size") if isinstance(board_def, dict) else None
     flash_size = str(size or manifest.get("flash_size") or DEFAULT_FLASH_SIZE)
     payload = pack_payload(header, inputs)
-    version = str(header["fwver"])
-    # ESP-IDF links the ELF with an empty app_elf_sha256, then puts the ELF's SHA-256 into the .bin
-    sections = app_sections(chip, payload, version=version, idf=str(header["idf"]))
-    elf_bytes = elf.write_elf(chip, sections, chip.iram_start)
+    version, idf = str(header["fwver"]), str(header["idf"])
+    # ESP-IDF links the ELF with an empty app_elf_sha256, then puts the ELF's SHA-256 into the .bin (as
+    # ``esptool elf2image --elf-sha256-offset`` does); the image's entry point is call_start_cpu0
+    elf_bytes = elf.write_elf(chip, app_sections(chip, payload, version=version, idf=idf), chip.iram_start)
     elf_sha = hashlib.sha256(elf_bytes).digest()
+    sections = app_sections(chip, payload, version=version, idf=idf, elf_sha=elf_sha)
+    segments = [ELFSection(name.encode(), addr, data, 0) for name, addr, data, _flags in sections]
     revs = _board_revisions(board_def)
-    app = pack_app_image(
-        chip, payload, version=version, idf=str(header["idf"]), flash_size=flash_size, elf_sha=elf_sha,
-        revs=revs,
-    )  # fmt: skip
+    app = _save_image(chip, flash_size, revs, segments, chip.iram_start)
     app_part = variant_app(parts, header["variant"])
     if app_part is None:
         raise BuildError(
@@ -432,7 +415,7 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     if len(app) > app_part.size:
         raise BuildError(f"the simulated app ({len(app)} bytes) does not fit {app_part.label}")
     build_dir.mkdir(parents=True, exist_ok=True)
-    boot = pack_bootloader_image(chip, table_offset, flash_size=flash_size, revs=revs)
+    boot = pack_bootloader_image(chip, table_offset, flash_size, revs)
     files = [
         (chip.bootloader_offset, build_dir / "bootloader.bin", boot),
         (table_offset, build_dir / "partition-table.bin", pack_partition_table(parts)),

@@ -167,7 +167,7 @@ def _load_app(
             continue
         pos = part.offset + 0x18
         for i, (addr, data) in enumerate(app.segments):
-            kind = "map" if _mapped(ctx.chip, addr) else "load"
+            kind = "map" if app.image.is_flash_addr(addr) else "load"  # the cache maps it, or it is copied
             size = f"size={len(data):05x}h ({len(data):6d})"
             line = f"segment {i}: paddr={pos + 8:08x} vaddr={addr:08x} {size} {kind}"
             boot_log.append(clock.line("I", "esp_image", line, 2))
@@ -176,12 +176,6 @@ def _load_app(
         return part, app, payload
     boot_log.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
     return None
-
-
-def _mapped(chip: ChipSpec, addr: int) -> bool:
-    """A segment the cache maps from flash (DROM or IROM) rather than one the bootloader copies to RAM."""
-    drom = chip.rom.DROM_MAP_START <= addr < chip.rom.DROM_MAP_START + 0x400000
-    return drom or chip.irom_start <= addr < chip.irom_start + 0x2000000
 
 
 def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, dict[str, int | str], str | None]:

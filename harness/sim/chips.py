@@ -33,11 +33,10 @@ class ChipSpec(Chip):
 
     display: str  # esptool's CHIP_NAME
     image_chip_id: int
-    rom: type[ESPLoader]  # esptool's class for the chip: SPI and UART registers, DROM window, XTAL divider
+    rom: type[ESPLoader]  # esptool's class for the chip: SPI and UART registers, flash windows, XTAL divider
     security_info: bool  # ROM answers GET_SECURITY_INFO (ESP32-S2 and later)
     iram_start: int
     dram_start: int
-    irom_start: int  # flash-mapped code, where an app's PCs and return addresses point
     rom_banner: tuple[str, ...]  # lines before "rst:" on every ROM boot
     boot_modes: tuple[str, str]  # the ROM's "boot:" text: (SPI flash boot, download mode)
     rev: str  # "major.minor" as esp_chip_info() reports
@@ -113,7 +112,6 @@ CHIPS: dict[str, ChipSpec] = {
         security_info=False,
         iram_start=0x40080000,
         dram_start=0x3FFB0000,
-        irom_start=0x400D0000,
         rom_banner=("ets Jun  8 2016 00:22:57",),
         boot_modes=("0x13 (SPI_FAST_FLASH_BOOT)", "0x3 (DOWNLOAD_BOOT(UART0/UART1/SDIO_REI_REO_V2))"),
         rev="3.0",
@@ -125,7 +123,6 @@ CHIPS: dict[str, ChipSpec] = {
         security_info=True,
         iram_start=0x40378000,
         dram_start=0x3FC88000,
-        irom_start=0x42000000,
         rom_banner=("ESP-ROM:esp32s3-20210327", "Build:Mar 27 2021"),
         boot_modes=("0x8 (SPI_FAST_FLASH_BOOT)", "0x0 (DOWNLOAD(USB/UART0))"),
         rev="0.2",
@@ -136,7 +133,6 @@ CHIPS: dict[str, ChipSpec] = {
         security_info=True,
         iram_start=0x4037C000,
         dram_start=0x3FC80000,
-        irom_start=0x42000000,
         rom_banner=("ESP-ROM:esp32c3-api1-20210207", "Build:Feb  7 2021"),
         boot_modes=("0xc (SPI_FAST_FLASH_BOOT)", "0x0 (DOWNLOAD(USB/UART0/1))"),
         rev="0.4",

@@ -72,7 +72,7 @@ class Symbol:
 
 
 def flash_text_addr(chip: ChipSpec) -> int:
-    return chip.irom_start + CODE_OFFSET
+    return chip.rom.IROM_MAP_START + CODE_OFFSET
 
 
 def layout(chip: ChipSpec) -> list[Symbol]:

@@ -221,7 +221,7 @@ def load_image(chip: ChipSpec, flash: bytes | bytearray, offset: int, max_len: i
 def _drom_desc(chip: ChipSpec, loaded: LoadedImage) -> bytes | None:
     """The image's DROM segment that opens with the app description (esp_app_desc_t, 256 bytes)."""
     for addr, data in loaded.segments:
-        in_drom = chip.rom.DROM_MAP_START <= addr < chip.rom.DROM_MAP_START + 0x400000
+        in_drom = chip.rom.DROM_MAP_START <= addr < chip.rom.DROM_MAP_END
         if in_drom and len(data) >= 256 and struct.unpack_from("<I", data, 0)[0] == APP_DESC_MAGIC:
             return data
     return None

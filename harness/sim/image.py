@@ -1,10 +1,7 @@
-"""Flash images for the simulated board, in the real formats: ESP image (esptool's own classes), an
-ESP-IDF partition table binary (same layout and MD5 row as ``gen_esp32part.py``), and an app whose
-flash-mapped data segment carries the model, the inputs and the protocol settings.
-
-``build_sim_firmware`` is the "sim" builder the build step calls; the simulated ROM + second-stage
-bootloader (harness.sim.app) read the images back at power-on. The images, and where the partition table
-offset comes from: docs/simulator.md "Booting an image".
+"""Flash images for the simulated board, in the real formats (ESP images made with esptool's own classes),
+and ``build_sim_firmware``, the "sim" builder: a generated project packed as bootloader, partition table,
+otadata and an app whose flash-mapped data segment carries the inputs and the protocol settings. What the
+images hold and how the simulated board boots them: docs/simulator.md "Booting an image".
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from esptool.bin_image import BaseFirmwareImage, ELFSection, ESP32FirmwareImage, LoadFirmwareImage
+from esptool.bin_image import BaseFirmwareImage, ELFSection, LoadFirmwareImage
 from esptool.targets import CHIP_DEFS
 
 from harness.errors import BuildError
@@ -149,15 +146,6 @@ def header_flash_bytes(image: BaseFirmwareImage) -> int:
     return (1 << 20) << ((int(image.flash_size_freq) >> 4) & 0x7)
 
 
-def _set_revisions(img: ESP32FirmwareImage, chip: ChipSpec, revs: tuple[int, int] | None) -> None:
-    """The chip revisions the image accepts, in its extended header as ESP-IDF's build writes them
-    (``elf2image --min-rev-full/--max-rev-full``, and the legacy ``--min-rev``: the major revision on the
-    ESP32, the minor one on the C3): esptool's write-flash refuses a bootloader for another revision."""
-    low, high = revs if revs is not None else chip.image_revs
-    img.min_rev_full, img.max_rev_full = low, high
-    img.min_rev = low // 100 if chip.name == "esp32" else low % 100 if chip.name == "esp32c3" else 0
-
-
 def pack_bootloader_image(
     chip: ChipSpec, table_offset: int, flash_size: str, revs: tuple[int, int] | None
 ) -> bytes:
@@ -176,11 +164,15 @@ def _save_image(
     chip: ChipSpec, flash_size: str, revs: tuple[int, int] | None, segments: list[ELFSection], entry: int
 ) -> bytes:
     """An ESP image of ``segments`` with the header ESP-IDF's build writes: DIO, the flash size at 40 MHz,
-    the chip revisions it accepts (:func:`_set_revisions`)."""
+    the chip revisions it accepts (``revs``, else the chip's defaults) as ``elf2image --min-rev-full
+    --max-rev-full`` and the legacy ``--min-rev`` (the major revision on the ESP32, the minor one on the C3)
+    write them: esptool's write-flash refuses a bootloader for another revision."""
     img = CHIP_DEFS[chip.name].BOOTLOADER_IMAGE()
     img.flash_mode = 2  # dio
     img.flash_size_freq = flash_size_freq(flash_size)
-    _set_revisions(img, chip, revs)
+    low, high = revs if revs is not None else chip.image_revs
+    img.min_rev_full, img.max_rev_full = low, high
+    img.min_rev = low // 100 if chip.name == "esp32" else low % 100 if chip.name == "esp32c3" else 0
     img.segments, img.entrypoint = segments, entry
     out = img.save(None)
     assert out is not None

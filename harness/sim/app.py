@@ -142,22 +142,16 @@ def _table_lines(parts: list[Partition], clock: Clock) -> list[bytes]:
     return out
 
 
-def _boot_order(
-    flash: bytearray, parts: list[Partition], clock: Clock, boot_log: list[bytes]
-) -> list[Partition]:
-    """The app partitions in the order the bootloader tries them (the boot rule of harness.flashfmt), with
-    the line it logs about otadata."""
-    order = boot_order(parts, lambda offset, size: bytes(flash[offset : offset + size]))
-    if order.read_otadata:
-        slot = "nothing" if order.slot is None else f"ota_{order.slot}"
-        boot_log.append(clock.line("I", "boot", f"OTA data selects {slot}"))
-    return order.apps
-
-
 def _load_app(
     ctx: AppEnv, parts: list[Partition], clock: Clock, boot_log: list[bytes]
 ) -> tuple[Partition, LoadedImage, AppPayload] | None:
-    for part in _boot_order(ctx.flash, parts, clock, boot_log):
+    """The app the bootloader boots (the boot rule of harness.flashfmt), with what it logs about otadata
+    and each app it tries; None: no bootable app."""
+    order = boot_order(parts, lambda offset, size: bytes(ctx.flash[offset : offset + size]))
+    if order.read_otadata:
+        slot = "nothing" if order.slot is None else f"ota_{order.slot}"
+        boot_log.append(clock.line("I", "boot", f"OTA data selects {slot}"))
+    for part in order.apps:
         try:
             app = load_image(ctx.chip, ctx.flash, part.offset, part.size)
             payload = find_payload(ctx.chip, app)

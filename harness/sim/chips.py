@@ -93,8 +93,8 @@ _ESP32C3_REGS = {
 
 
 def _spec(name: str, **sim: Any) -> ChipSpec:
-    """A chip's spec: harness.chips' facts, what esptool's own class for the chip says (its name, image
-    chip id, SPI and UART registers, data window), and ``sim`` (what only the simulated board needs)."""
+    """A chip's spec: harness.chips' facts, what esptool's own class for the chip says (its display name,
+    image chip id, SPI and UART registers, flash windows), and ``sim`` (what only the simulated board has)."""
     rom, facts = CHIP_DEFS[name], FACTS[name]
     return ChipSpec(
         **vars(facts),

@@ -414,24 +414,16 @@ def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dic
     return files, _read_sdkconfig(project / "sdkconfig")
 
 
-# the sim packer's files by role (its model image is the project's own: build._layout adds it)
-_SIM_ROLES = {
-    "bootloader.bin": "bootloader",
-    "partition-table.bin": "partition-table",
-    "ota_data_initial.bin": "otadata",
-    "esp-check-sim.bin": "app",
-}
-
-
 def _build_sim(job: _BuildJob, on_output: OutputCallback | None) -> dict[str, Path]:
     # lazy: keeps the simulated board (~180 ms: esptool, pydantic, the resident app) off a real board's build
-    from harness.sim.image import build_sim_firmware
+    from harness.sim.image import SIM_FILES, build_sim_firmware
 
     sim_dir = job.out_dir / "sim"
+    roles = {name: role for role, name in SIM_FILES.items()}  # the model image is the project's: not in it
     packed = [
-        (offset, path) for offset, path in build_sim_firmware(job.project, sim_dir) if path.name in _SIM_ROLES
+        (offset, path) for offset, path in build_sim_firmware(job.project, sim_dir) if path.name in roles
     ]
-    files = {_SIM_ROLES[path.name]: path for _offset, path in packed}
+    files = {roles[path.name]: path for _offset, path in packed}
     elf = files["app"].with_suffix(".elf")
     if elf.is_file():
         files["elf"] = elf

@@ -45,6 +45,13 @@ PAYLOAD_MAGIC = b"ESPCHKSIM1\0\0"
 PAYLOAD_FORMAT = 2  # 2: the model is not in the app but in the model partition (inputs may be none)
 
 DEFAULT_FLASH_SIZE = "4MB"
+# the files build_sim_firmware writes, by their role in a build (the ELF is the app's name, .elf)
+SIM_FILES = {
+    "bootloader": "bootloader.bin",
+    "partition-table": "partition-table.bin",
+    "otadata": "ota_data_initial.bin",
+    "app": "esp-check-sim.bin",
+}
 
 
 # ---- app payload -------------------------------------------------------------------------------
@@ -409,15 +416,15 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     build_dir.mkdir(parents=True, exist_ok=True)
     boot = pack_bootloader_image(chip, table_offset, flash_size, revs)
     files = [
-        (chip.bootloader_offset, build_dir / "bootloader.bin", boot),
-        (table_offset, build_dir / "partition-table.bin", pack_partition_table(parts)),
-        (app_part.offset, build_dir / "esp-check-sim.bin", app),
+        (chip.bootloader_offset, build_dir / SIM_FILES["bootloader"], boot),
+        (table_offset, build_dir / SIM_FILES["partition-table"], pack_partition_table(parts)),
+        (app_part.offset, build_dir / SIM_FILES["app"], app),
         (-1, build_dir / "esp-check-sim.elf", elf_bytes),  # beside the app, as ESP-IDF leaves <project>.elf
     ]
     ota = find(parts, DATA, OTADATA)
     if ota is not None:
         data = otadata.initial_for(parts, app_part, ota.size)
-        files.append((ota.offset, build_dir / "ota_data_initial.bin", data))
+        files.append((ota.offset, build_dir / SIM_FILES["otadata"], data))
     out = []
     for off, path, data in files:
         path.write_bytes(data)

@@ -14,8 +14,6 @@ from typing import TextIO
 from esp_pylib.logger import EspLog, EspLogBase
 from rich.text import Text
 
-ProgressFn = Callable[[int, int, str], None]
-
 
 def _plain(args: tuple[object, ...]) -> str:
     """Join log arguments and drop rich markup (esptool escapes dynamic text with rich's escape)."""
@@ -29,14 +27,13 @@ def _plain(args: tuple[object, ...]) -> str:
 
 
 class EsptoolLogSink:
-    """Collects one flash run's esptool messages: lines in memory, optionally to a file, and
-    progress-bar updates to a callback (current, total, description)."""
+    """Collects one flash run's esptool messages: lines in memory, optionally to a file (progress-bar
+    updates: :meth:`progress`, for a subclass to use)."""
 
-    def __init__(self, stream: TextIO | None = None, on_progress: ProgressFn | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None) -> None:
         self.lines: list[str] = []
         self._partial = ""
         self._stream = stream
-        self._on_progress = on_progress
 
     def write(self, text: str, end: str = "\n") -> None:
         self._partial += text + end
@@ -52,8 +49,7 @@ class EsptoolLogSink:
             self._stream.flush()
 
     def progress(self, current: int, total: int, prefix: str) -> None:
-        if self._on_progress is not None:
-            self._on_progress(current, total, prefix.strip())
+        """A progress-bar update (current, total, description): not kept here."""
 
     def flush(self) -> None:
         if self._partial:

@@ -464,7 +464,7 @@ def flash_artifacts(
     log = _FlashLog(log_path, progress, [off for off, _ in items])
     stage = "connect"
     try:
-        with capture_esptool_log(log.sink):
+        with capture_esptool_log(log):
             esp, attempts_used = _connect(
                 ser, ps, chip=chip_cls, mode=mode, self_reset=self_reset, reset_style=reset_style,
                 attempts=max(1, connect_attempts), emit=log.emit,
@@ -499,7 +499,7 @@ def flash_artifacts(
                 regions=regions,
                 duration_s=time.monotonic() - t0,
                 log_path=log_path,
-                esptool_log=log.sink.text(),
+                esptool_log=log.text(),
                 serial=ser,
             )
             skipped = sum(r.skipped for r in regions)
@@ -573,35 +573,36 @@ def _chip_class(chip: str | None) -> str | None:
     return key
 
 
-class _FlashLog:
+class _FlashLog(EsptoolLogSink):
     """The flash log file (esptool's output plus our stage lines) and progress events per region."""
 
     def __init__(self, path: Path | None, progress: ProgressCallback | None, offsets: list[int]) -> None:
-        self.file: TextIO | None = None
+        file: TextIO | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self.progress = progress
+            file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        super().__init__(stream=file)
+        self.on_event = progress
         self.offsets = offsets
         self.region: int | None = None
-        self.sink = EsptoolLogSink(stream=self.file, on_progress=self._on_bar)
 
     def emit(self, ev: FlashProgress) -> None:
-        if self.file is not None and ev.stage != "write":
-            self.file.write(f"[esp-check] {ev.stage}: {ev.message}\n")
-            self.file.flush()
-        if self.progress is not None:
-            self.progress(ev)
+        if self._stream is not None and ev.stage != "write":
+            self._stream.write(f"[esp-check] {ev.stage}: {ev.message}\n")
+            self._stream.flush()
+        if self.on_event is not None:
+            self.on_event(ev)
 
-    def _on_bar(self, cur: int, total: int, desc: str) -> None:
+    def progress(self, current: int, total: int, prefix: str) -> None:
         idx = self.region
         off = self.offsets[idx] if idx is not None else None
-        self.emit(FlashProgress("write", desc or "writing", region=idx, offset=off, done=cur, total=total))
+        desc = prefix.strip() or "writing"
+        self.emit(FlashProgress("write", desc, region=idx, offset=off, done=current, total=total))
 
     def close(self) -> None:
-        self.sink.flush()
-        if self.file is not None:
-            self.file.close()
+        self.flush()
+        if self._stream is not None:
+            self._stream.close()
 
 
 def _change_baud(esp: ESPLoader, ps: PortSpec, baud: int, emit: Callable[[FlashProgress], None]) -> None:

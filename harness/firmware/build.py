@@ -52,16 +52,16 @@ LOG_NAME = "build.log"
 FLASHER_ARGS = "flasher_args.json"
 FLASH_ARGS = "flash_args"  # the same as esptool's @file argument list (ESP-IDF writes one too)
 APP_NAME = "esp_check_fw"  # the generated projects' CMake project() name: ESP-IDF names the app after it
-# Names of a build's files inside a cache entry (flat) ...
-ROLE_FILES = {
+# Names of a build's files inside a cache entry (flat; the model image is data, never cached) ...
+_CACHE_NAMES = {
     "bootloader": "bootloader.bin",
     "partition-table": "partition-table.bin",
     "otadata": "ota_data_initial.bin",
     "app": "app.bin",
-    "model": "model.bin",
+    "elf": "app.elf",
+    "sdkconfig_json": "sdkconfig.json",
+    "prefix_map": "prefix_map.gdbinit",
 }
-EXTRA_FILES = {"elf": "app.elf", "sdkconfig_json": "sdkconfig.json", "prefix_map": "prefix_map.gdbinit"}
-_CACHE_NAMES = {**ROLE_FILES, **EXTRA_FILES}
 # ... and in the exported build directory, which follows ESP-IDF's layout (docs/firmware.md "esp-check
 # build": exactly one .bin at the top, the app, since pytest-embedded-idf takes the first it lists)
 LAYOUT = {
@@ -414,43 +414,27 @@ def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dic
     return files, _read_sdkconfig(project / "sdkconfig")
 
 
-def _build_sim(job: _BuildJob, on_output: OutputCallback | None) -> tuple[dict[str, Path], dict[str, int]]:
+def _build_sim(job: _BuildJob, on_output: OutputCallback | None) -> dict[str, Path]:
     # lazy: keeps the simulated board (~180 ms: esptool, pydantic, the resident app) off a real board's build
-    from harness.sim.image import build_sim_firmware
+    from harness.sim.image import SIM_FILES, build_sim_firmware
 
     sim_dir = job.out_dir / "sim"
-    pairs = build_sim_firmware(job.project, sim_dir)
-    files: dict[str, Path] = {}
-    offsets: dict[str, int] = {}
-    # the model image is the project's own (build._layout adds it): not a product of the packer
-    ordered = sorted((int(o), Path(p)) for o, p in pairs if Path(p).name != "model.bin")
-    for offset, path in ordered:
-        name = Path(path).name.lower()
-        if "bootloader" in name:
-            role = "bootloader"
-        elif "partition" in name:
-            role = "partition-table"
-        elif "ota_data" in name or "otadata" in name:
-            role = "otadata"
-        else:
-            role = "app"
-        if role in files:
-            raise BuildError(
-                f"the sim packer returned two {role} files", hint="this is a bug; please report it"
-            )
-        files[role] = Path(path)
-        offsets[role] = offset
+    roles = {name: role for role, name in SIM_FILES.items()}  # the model image is the project's: not in it
+    packed = [
+        (offset, path) for offset, path in build_sim_firmware(job.project, sim_dir) if path.name in roles
+    ]
+    files = {roles[path.name]: path for _offset, path in packed}
     elf = files["app"].with_suffix(".elf")
     if elf.is_file():
         files["elf"] = elf
     files["sdkconfig_json"] = _sim_sdkconfig_json(job, sim_dir)
     with job.log.open("a", encoding="utf-8") as log:
-        for offset, path in ordered:
-            line = f"sim: packed {Path(path).name} for offset 0x{offset:x}"
+        for offset, path in packed:
+            line = f"sim: packed {path.name} for offset 0x{offset:x}"
             log.write(line + "\n")
             if on_output:
                 on_output(line)
-    return files, offsets
+    return files
 
 
 def _sim_sdkconfig_json(job: _BuildJob, out: Path) -> Path:
@@ -485,11 +469,11 @@ def _read_sdkconfig(path: Path) -> dict[str, str]:
 
 
 def _layout(
-    job: _BuildJob, files: Mapping[str, Path], sdkconfig: Mapping[str, str], fixed: Mapping[str, int] | None
+    job: _BuildJob, files: Mapping[str, Path], sdkconfig: Mapping[str, str]
 ) -> list[tuple[str, int, Path]]:
     """(role, offset, source file) for what must be flashed; checks the app fits its partition. Where
-    each offset comes from: docs/firmware.md "esp-check build" (``fixed``: offsets the builder states
-    itself, as the sim packer does); the app's partition: :func:`variant_app`."""
+    each offset comes from: docs/firmware.md "esp-check build" (the sim packer places its files by the same
+    rules); the app's partition: :func:`variant_app`."""
     project, table_offset = job.project, job.table_offset
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():
@@ -535,14 +519,6 @@ def _layout(
         layout.append(("otadata", ota.offset, files["otadata"]))
     layout.append(("app", app_part.offset, files["app"]))
     layout += _model_layout(table, project)
-    if fixed is not None:
-        layout = [(role, fixed.get(role, off), path) for role, off, path in layout]
-        if fixed.get("app", app_part.offset) != app_part.offset:
-            raise BuildError(
-                f"the app is placed at 0x{fixed['app']:x} but the partition table puts it "
-                f"at 0x{app_part.offset:x}",
-                hint="this is a bug in the image packer; please report it",
-            )
     return layout
 
 
@@ -852,14 +828,13 @@ def build_project(
 
     def run_build() -> tuple[dict[str, Path], BuildMeta]:
         sdk: dict[str, str] = {}
-        fixed: dict[str, int] | None = None
         if chosen == "pio":
             files, sdk = _build_pio(run, pio=pio, platformio_core_dir=platformio_core_dir)
         elif chosen == "idf":
             files, sdk = _build_idf(run, idf_py=idf_py, chip=chip)
         else:
-            files, fixed = _build_sim(job, on_output)
-        return _build_meta(job, files, sdk, fixed)
+            files = _build_sim(job, on_output)
+        return _build_meta(job, files, sdk)
 
     if cache is None:
         return _finish(job, *run_build(), hit=False)
@@ -912,10 +887,10 @@ _SDKCONFIG_KEPT = (
 
 
 def _build_meta(
-    job: _BuildJob, files: Mapping[str, Path], sdk: Mapping[str, str], fixed: dict[str, int] | None
+    job: _BuildJob, files: Mapping[str, Path], sdk: Mapping[str, str]
 ) -> tuple[dict[str, Path], BuildMeta]:
     """What the cache keeps beside the images: offsets, the flash-relevant sdkconfig, versions."""
-    layout = _layout(job, files, sdk, fixed)
+    layout = _layout(job, files, sdk)
     meta: BuildMeta = {
         "offsets": {role: off for role, off, _ in layout},
         "sdkconfig": {k: v for k, v in sdk.items() if k.startswith(_SDKCONFIG_KEPT)},

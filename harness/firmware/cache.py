@@ -22,6 +22,7 @@ from harness.errors import BuildError
 from harness.resources import atomic_write, user_cache_dir
 
 DEFAULT_MAX_BYTES = 2 * 1024**3
+LOCK_TIMEOUT_S = 3600.0  # a build of the same key in another process may take this long
 ENTRY_META = "meta.json"
 _USED_MARK = ".used"
 
@@ -72,12 +73,9 @@ def _dir_size(path: Path) -> int:
 class BuildCache:
     """A size-bounded directory of build results keyed by content hash; safe across processes."""
 
-    def __init__(
-        self, root: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, lock_timeout: float = 3600.0
-    ) -> None:
+    def __init__(self, root: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.root = Path(root)
         self.max_bytes = max_bytes
-        self.lock_timeout = lock_timeout
         try:
             (self.root / "entries").mkdir(parents=True, exist_ok=True)
             (self.root / "locks").mkdir(parents=True, exist_ok=True)
@@ -98,10 +96,10 @@ class BuildCache:
     def lock(self, key: str) -> filelock.BaseFileLock:
         """The per-key lock: hold it while checking for and building one key."""
         self._check_key(key)
-        return filelock.FileLock(str(self.root / "locks" / f"{key}.lock"), timeout=self.lock_timeout)
+        return filelock.FileLock(str(self.root / "locks" / f"{key}.lock"), timeout=LOCK_TIMEOUT_S)
 
     def _index_lock(self) -> filelock.BaseFileLock:
-        return filelock.FileLock(str(self.root / "index.lock"), timeout=self.lock_timeout)
+        return filelock.FileLock(str(self.root / "index.lock"), timeout=LOCK_TIMEOUT_S)
 
     def get(self, key: str) -> CacheEntry | None:
         """The entry for ``key`` if complete (every listed file present with its size), else None."""

@@ -13,12 +13,11 @@ from harness.chips import CHIPS
 from harness.errors import GenerateError
 from harness.firmware.boards import Board
 from harness.flashfmt.model_image import HEADER_BYTES, PARTITION_LABEL, PARTITION_SUBTYPE
-from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, VARIANT_SLOTS, Partition
+from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, SUBTYPE_NAMES, VARIANT_SLOTS, Partition
 
 OTADATA_OFFSET = 0x10000
 OTADATA_BYTES = 0x2000  # two sectors, as ESP-IDF's otadata always is
 FIRST_APP_OFFSET = 0x20000  # apps start on 64 KB boundaries (MMU page)
-NVS = 0x02  # data subtype nvs
 
 
 def app_slot_bytes(flash_bytes: int) -> int:
@@ -97,7 +96,7 @@ def flash_layout(board: Board) -> FlashLayout:
             hint="use a board with at least 2 MB of flash",
         )
     rows = (
-        Partition("nvs", DATA, NVS, nvs, OTADATA_OFFSET - nvs),
+        Partition("nvs", DATA, SUBTYPE_NAMES["data"]["nvs"], nvs, OTADATA_OFFSET - nvs),
         Partition("otadata", DATA, OTADATA, OTADATA_OFFSET, OTADATA_BYTES),
         Partition("ota_0", APP, OTA_0, FIRST_APP_OFFSET, slot),
         Partition("ota_1", APP, OTA_0 + 1, FIRST_APP_OFFSET + slot, slot),

@@ -21,11 +21,11 @@ from harness.flashfmt.partitions import (
 )
 from harness.protocol.app_image import slot_sha256
 from harness.sim.chips import ChipSpec
-from harness.sim.crash import elf_sha256
 from harness.sim.image import (
     AppPayload,
     ImageError,
     LoadedImage,
+    app_elf_sha256,
     bootloader_max_bytes,
     bootloader_table_offset,
     find_payload,
@@ -142,22 +142,16 @@ def _table_lines(parts: list[Partition], clock: Clock) -> list[bytes]:
     return out
 
 
-def _boot_order(
-    flash: bytearray, parts: list[Partition], clock: Clock, boot_log: list[bytes]
-) -> list[Partition]:
-    """The app partitions in the order the bootloader tries them (the boot rule of harness.flashfmt), with
-    the line it logs about otadata."""
-    order = boot_order(parts, lambda offset, size: bytes(flash[offset : offset + size]))
-    if order.read_otadata:
-        slot = "nothing" if order.slot is None else f"ota_{order.slot}"
-        boot_log.append(clock.line("I", "boot", f"OTA data selects {slot}"))
-    return order.apps
-
-
 def _load_app(
     ctx: AppEnv, parts: list[Partition], clock: Clock, boot_log: list[bytes]
 ) -> tuple[Partition, LoadedImage, AppPayload] | None:
-    for part in _boot_order(ctx.flash, parts, clock, boot_log):
+    """The app the bootloader boots (the boot rule of harness.flashfmt), with what it logs about otadata
+    and each app it tries; None: no bootable app."""
+    order = boot_order(parts, lambda offset, size: bytes(ctx.flash[offset : offset + size]))
+    if order.read_otadata:
+        slot = "nothing" if order.slot is None else f"ota_{order.slot}"
+        boot_log.append(clock.line("I", "boot", f"OTA data selects {slot}"))
+    for part in order.apps:
         try:
             app = load_image(ctx.chip, ctx.flash, part.offset, part.size)
             payload = find_payload(ctx.chip, app)
@@ -167,7 +161,7 @@ def _load_app(
             continue
         pos = part.offset + 0x18
         for i, (addr, data) in enumerate(app.segments):
-            kind = "map" if _mapped(ctx.chip, addr) else "load"
+            kind = "map" if app.image.is_flash_addr(addr) else "load"  # the cache maps it, or it is copied
             size = f"size={len(data):05x}h ({len(data):6d})"
             line = f"segment {i}: paddr={pos + 8:08x} vaddr={addr:08x} {size} {kind}"
             boot_log.append(clock.line("I", "esp_image", line, 2))
@@ -176,12 +170,6 @@ def _load_app(
         return part, app, payload
     boot_log.append(clock.line("E", "boot", "No bootable app partitions in the partition table"))
     return None
-
-
-def _mapped(chip: ChipSpec, addr: int) -> bool:
-    """A segment the cache maps from flash (DROM or IROM) rather than one the bootloader copies to RAM."""
-    drom = chip.rom.DROM_MAP_START <= addr < chip.rom.DROM_MAP_START + 0x400000
-    return drom or chip.irom_start <= addr < chip.irom_start + 0x2000000
 
 
 def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, dict[str, int | str], str | None]:
@@ -255,7 +243,7 @@ def _boot_once(ctx: AppEnv, reason: str) -> BootResult:
     payload = AppPayload({**payload.header, **arena}, model, payload.inputs)
     slot = part.subtype - OTA_0 if part.is_ota_app else None
     shas = _slot_shas(ctx, parts, part)
-    sim_app = SimApp(ctx, payload, model_error, elf_sha256(chip, app), clock, slot, slot_shas=shas)
+    sim_app = SimApp(ctx, payload, model_error, app_elf_sha256(chip, app), clock, slot, slot_shas=shas)
     t_app = clock.seconds
     out, reboot = sim_app.start(header_flash)
     out = [replace(p, at=t_app + p.at) for p in out]

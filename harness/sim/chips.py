@@ -17,6 +17,7 @@ from esptool.loader import ESPLoader
 from esptool.targets import CHIP_DEFS
 
 from harness.chips import CHIPS as FACTS
+from harness.chips import Chip
 from harness.errors import UsageError
 
 # The flash sizes the simulated board models, by name (an image header's size nibble is the index here),
@@ -26,33 +27,33 @@ FLASH_SIZE_CODES: dict[int, int] = {size: 0x14 + k for k, size in enumerate(FLAS
 
 
 @dataclass(frozen=True)
-class ChipSpec:
-    """What one chip model looks like from the serial port."""
+class ChipSpec(Chip):
+    """What one chip model looks like from the serial port: harness.chips' facts (shared by all of
+    esp-check), and what only the simulated board needs."""
 
-    name: str  # esptool's lower-case name: esp32, esp32s3, esp32c3
     display: str  # esptool's CHIP_NAME
     image_chip_id: int
-    rom: type[ESPLoader]  # esptool's class for the chip: SPI and UART registers, DROM window, XTAL divider
+    rom: type[ESPLoader]  # esptool's class for the chip: SPI and UART registers, flash windows, XTAL divider
     security_info: bool  # ROM answers GET_SECURITY_INFO (ESP32-S2 and later)
     iram_start: int
     dram_start: int
-    irom_start: int  # flash-mapped code, where an app's PCs and return addresses point
     rom_banner: tuple[str, ...]  # lines before "rst:" on every ROM boot
     boot_modes: tuple[str, str]  # the ROM's "boot:" text: (SPI flash boot, download mode)
     rev: str  # "major.minor" as esp_chip_info() reports
-    arch: str  # arch, cores, bootloader offset: harness.chips' facts, shared by all of esp-check
-    cores: int
-    bootloader_offset: int
     cpu_mhz: int  # the chip's highest frequency: the simulated CPU runs at it
     registers: dict[int, int] = field(default_factory=dict)  # eFuse and other read-only words
     # the chip revisions an ESP-IDF image for this chip accepts by default (esptool's major * 100 + minor:
     # CONFIG_ESP_REV_MIN_FULL / CONFIG_ESP_REV_MAX_FULL from Kconfig.hw_support, the same in v5.3 ... v5.5.3)
     image_revs: tuple[int, int] = (0, 99)
 
-    def mac_registers(self, name: str) -> dict[int, int]:
-        """eFuse words holding a MAC derived from the board name (stable per board, unique-ish)."""
+    def _mac_bytes(self, name: str) -> bytes:
+        """A MAC derived from the board name (stable per board, unique-ish)."""
         tail = hashlib.sha256(name.encode()).digest()[:3]
-        mac = bytes((0x24, 0x0A, 0xC4)) + tail if self.name == "esp32" else bytes((0x7C, 0xDF, 0xA1)) + tail
+        return bytes((0x24, 0x0A, 0xC4)) + tail if self.name == "esp32" else bytes((0x7C, 0xDF, 0xA1)) + tail
+
+    def mac_registers(self, name: str) -> dict[int, int]:
+        """The eFuse words holding :meth:`mac`."""
+        mac = self._mac_bytes(name)
         if self.name == "esp32":
             # esptool: words = [efuse(2), efuse(1)], packed big-endian, first 2 bytes (CRC) dropped
             w2 = (0x5A << 16) | (mac[0] << 8) | mac[1]
@@ -64,13 +65,7 @@ class ChipSpec:
         return {base: mac0, base + 4: mac1}
 
     def mac(self, name: str) -> str:
-        regs = self.mac_registers(name)
-        if self.name == "esp32":
-            raw = struct.pack(">II", regs[0x3FF5A008], regs[0x3FF5A004])[2:]
-        else:
-            addrs = sorted(regs)
-            raw = struct.pack(">II", regs[addrs[1]], regs[addrs[0]])[2:]
-        return ":".join(f"{b:02x}" for b in raw)
+        return ":".join(f"{b:02x}" for b in self._mac_bytes(name))
 
 
 _ESP32_REGS = {
@@ -98,17 +93,14 @@ _ESP32C3_REGS = {
 
 
 def _spec(name: str, **sim: Any) -> ChipSpec:
-    """A chip's spec: what esptool's own class for the chip says (its name, image chip id, SPI and UART
-    registers, data window), harness.chips' facts, and ``sim`` (what only the simulated board needs)."""
+    """A chip's spec: harness.chips' facts, what esptool's own class for the chip says (its display name,
+    image chip id, SPI and UART registers, flash windows), and ``sim`` (what only the simulated board has)."""
     rom, facts = CHIP_DEFS[name], FACTS[name]
     return ChipSpec(
-        name=name,
+        **vars(facts),
         display=rom.CHIP_NAME,
         image_chip_id=rom.IMAGE_CHIP_ID,
         rom=rom,
-        arch=facts.arch,
-        cores=facts.cores,
-        bootloader_offset=facts.bootloader_offset,
         cpu_mhz=facts.max_mhz[0],
         **sim,
     )
@@ -120,7 +112,6 @@ CHIPS: dict[str, ChipSpec] = {
         security_info=False,
         iram_start=0x40080000,
         dram_start=0x3FFB0000,
-        irom_start=0x400D0000,
         rom_banner=("ets Jun  8 2016 00:22:57",),
         boot_modes=("0x13 (SPI_FAST_FLASH_BOOT)", "0x3 (DOWNLOAD_BOOT(UART0/UART1/SDIO_REI_REO_V2))"),
         rev="3.0",
@@ -132,7 +123,6 @@ CHIPS: dict[str, ChipSpec] = {
         security_info=True,
         iram_start=0x40378000,
         dram_start=0x3FC88000,
-        irom_start=0x42000000,
         rom_banner=("ESP-ROM:esp32s3-20210327", "Build:Mar 27 2021"),
         boot_modes=("0x8 (SPI_FAST_FLASH_BOOT)", "0x0 (DOWNLOAD(USB/UART0))"),
         rev="0.2",
@@ -143,7 +133,6 @@ CHIPS: dict[str, ChipSpec] = {
         security_info=True,
         iram_start=0x4037C000,
         dram_start=0x3FC80000,
-        irom_start=0x42000000,
         rom_banner=("ESP-ROM:esp32c3-api1-20210207", "Build:Feb  7 2021"),
         boot_modes=("0xc (SPI_FAST_FLASH_BOOT)", "0x0 (DOWNLOAD(USB/UART0/1))"),
         rev="0.4",

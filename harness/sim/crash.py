@@ -1,14 +1,12 @@
 """Crash reports of the simulated chip, in each chip's own shape (Xtensa Guru Meditation with a
-Backtrace, RISC-V with MEPC/MTVAL and a stack dump), and the app's ELF SHA-256 that ESP-IDF prints."""
+Backtrace, RISC-V with MEPC/MTVAL and a stack dump)."""
 
 from __future__ import annotations
 
-import hashlib
 import random
 
 from harness.sim.chips import ChipSpec
 from harness.sim.elf import chain as elf_chain
-from harness.sim.image import LoadedImage, app_elf_sha256
 
 # ---- panics -------------------------------------------------------------------------------------
 
@@ -16,18 +14,6 @@ from harness.sim.image import LoadedImage, app_elf_sha256
 def _stack_ptr(chip: ChipSpec, rng: random.Random) -> int:
     """A task stack address in the chip's data RAM."""
     return (chip.dram_start + 0x10000 + rng.randrange(0, 0x20000)) & ~0x3
-
-
-def elf_sha256(chip: ChipSpec, app: LoadedImage) -> str:
-    """The app's "ELF file SHA256", as ESP-IDF prints it: the ``app_elf_sha256`` of the image's app
-    description; an image packed without one gets a hash of its segments and the chip (fixed per image)."""
-    stored = app_elf_sha256(chip, app)
-    if stored is not None:
-        return stored
-    h = hashlib.sha256(chip.name.encode())
-    for addr, data in app.segments:
-        h.update(addr.to_bytes(4, "little") + data)
-    return h.hexdigest()
 
 
 # ESP-IDF v5 prints CONFIG_APP_RETRIEVE_LEN_ELF_SHA (default 9) characters of it, at boot and on a panic

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 from harness.sim.chips import ChipSpec
 
-EM_XTENSA = 94
-EM_RISCV = 243
-_E_FLAGS = {"xtensa": 0x300, "riscv": 0x1}  # as ESP-IDF's toolchains set them (RVC for the C3)
+# e_machine (EM_XTENSA, EM_RISCV) and e_flags, by arch, as ESP-IDF's toolchains set them (RVC for the C3)
+_MACHINE = {"xtensa": (94, 0x300), "riscv": (243, 0x1)}
 SHF_WRITE, SHF_ALLOC, SHF_EXECINSTR = 0x1, 0x2, 0x4
 SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB = 1, 2, 3
 PT_LOAD = 1
@@ -72,7 +71,7 @@ class Symbol:
 
 
 def flash_text_addr(chip: ChipSpec) -> int:
-    return chip.irom_start + CODE_OFFSET
+    return chip.rom.IROM_MAP_START + CODE_OFFSET
 
 
 def layout(chip: ChipSpec) -> list[Symbol]:
@@ -158,8 +157,8 @@ def write_elf(chip: ChipSpec, sections: list[tuple[str, int, bytes, int]], entry
     for j, blob in ((k + 1, bytes(strtab)), (k + 2, bytes(shstr))):
         shdrs += struct.pack("<IIIIIIIIII", name_off[j], SHT_STRTAB, 0, 0, offsets[j], len(blob), 0, 0, 1, 0)
     ident = b"\x7fELF" + bytes((1, 1, 1, 0)) + b"\0" * 8
-    machine = EM_XTENSA if chip.arch == "xtensa" else EM_RISCV
-    header = ident + struct.pack("<HHIIIII", ET_EXEC, machine, 1, entry, phoff, shoff, _E_FLAGS[chip.arch])
+    machine, flags = _MACHINE[chip.arch]
+    header = ident + struct.pack("<HHIIIII", ET_EXEC, machine, 1, entry, phoff, shoff, flags)
     # header, program header and section header sizes, their counts; .shstrtab is the last section
     header += struct.pack("<HHHHHH", 52, 32, len(sections), 40, len(all_names) + 1, len(all_names))
     return header + bytes(phdrs) + bytes(body) + bytes(shdrs)

@@ -1,10 +1,7 @@
-"""Flash images for the simulated board, in the real formats: ESP image (esptool's own classes), an
-ESP-IDF partition table binary (same layout and MD5 row as ``gen_esp32part.py``), and an app whose
-flash-mapped data segment carries the model, the inputs and the protocol settings.
-
-``build_sim_firmware`` is the "sim" builder the build step calls; the simulated ROM + second-stage
-bootloader (harness.sim.app) read the images back at power-on. The images, and where the partition table
-offset comes from: docs/simulator.md "Booting an image".
+"""Flash images for the simulated board, in the real formats (ESP images made with esptool's own classes),
+and ``build_sim_firmware``, the "sim" builder: a generated project packed as bootloader, partition table,
+otadata and an app whose flash-mapped data segment carries the inputs and the protocol settings. What the
+images hold and how the simulated board boots them: docs/simulator.md "Booting an image".
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from esptool.bin_image import BaseFirmwareImage, ELFSection, ESP32FirmwareImage, LoadFirmwareImage
+from esptool.bin_image import BaseFirmwareImage, ELFSection, LoadFirmwareImage
 from esptool.targets import CHIP_DEFS
 
 from harness.errors import BuildError
@@ -48,6 +45,13 @@ PAYLOAD_MAGIC = b"ESPCHKSIM1\0\0"
 PAYLOAD_FORMAT = 2  # 2: the model is not in the app but in the model partition (inputs may be none)
 
 DEFAULT_FLASH_SIZE = "4MB"
+# the files build_sim_firmware writes, by their role in a build (the ELF is the app's name, .elf)
+SIM_FILES = {
+    "bootloader": "bootloader.bin",
+    "partition-table": "partition-table.bin",
+    "otadata": "ota_data_initial.bin",
+    "app": "esp-check-sim.bin",
+}
 
 
 # ---- app payload -------------------------------------------------------------------------------
@@ -149,39 +153,8 @@ def header_flash_bytes(image: BaseFirmwareImage) -> int:
     return (1 << 20) << ((int(image.flash_size_freq) >> 4) & 0x7)
 
 
-def _set_revisions(img: ESP32FirmwareImage, chip: ChipSpec, revs: tuple[int, int] | None) -> None:
-    """The chip revisions the image accepts, in its extended header as ESP-IDF's build writes them
-    (``elf2image --min-rev-full/--max-rev-full``, and the legacy ``--min-rev``: the major revision on the
-    ESP32, the minor one on the C3): esptool's write-flash refuses a bootloader for another revision."""
-    low, high = revs if revs is not None else chip.image_revs
-    img.min_rev_full, img.max_rev_full = low, high
-    img.min_rev = low // 100 if chip.name == "esp32" else low % 100 if chip.name == "esp32c3" else 0
-
-
-def pack_app_image(
-    chip: ChipSpec,
-    payload: bytes,
-    *,
-    version: str = "0.1.0",
-    idf: str = "sim",
-    flash_size: str = DEFAULT_FLASH_SIZE,
-    elf_sha: bytes = b"\0" * 32,
-    revs: tuple[int, int] | None = None,
-) -> bytes:
-    """An ESP app image of :func:`app_sections` (DROM = app description + payload, IROM and IRAM code);
-    ``elf_sha`` goes into the app description, as ``esptool elf2image --elf-sha256-offset`` puts it.
-    ``revs``: the chip revisions it accepts (default: the chip's ESP-IDF defaults)."""
-    sections = app_sections(chip, payload, version=version, idf=idf, elf_sha=elf_sha)
-    segments = [ELFSection(name.encode(), addr, data, 0) for name, addr, data, _flags in sections]
-    # the entry point: call_start_cpu0 (the simulated CPU never executes it)
-    return _save_image(chip, flash_size, revs, segments, chip.iram_start)
-
-
 def pack_bootloader_image(
-    chip: ChipSpec,
-    table_offset: int,
-    flash_size: str = DEFAULT_FLASH_SIZE,
-    revs: tuple[int, int] | None = None,
+    chip: ChipSpec, table_offset: int, flash_size: str, revs: tuple[int, int] | None
 ) -> bytes:
     """A second-stage bootloader image (RAM segments only) with the chip id and SHA-256 appended, its
     data segment holding the partition table offset (docs/simulator.md "Booting an image")."""
@@ -198,11 +171,15 @@ def _save_image(
     chip: ChipSpec, flash_size: str, revs: tuple[int, int] | None, segments: list[ELFSection], entry: int
 ) -> bytes:
     """An ESP image of ``segments`` with the header ESP-IDF's build writes: DIO, the flash size at 40 MHz,
-    the chip revisions it accepts (:func:`_set_revisions`)."""
+    the chip revisions it accepts (``revs``, else the chip's defaults) as ``elf2image --min-rev-full
+    --max-rev-full`` and the legacy ``--min-rev`` (the major revision on the ESP32, the minor one on the C3)
+    write them: esptool's write-flash refuses a bootloader for another revision."""
     img = CHIP_DEFS[chip.name].BOOTLOADER_IMAGE()
     img.flash_mode = 2  # dio
     img.flash_size_freq = flash_size_freq(flash_size)
-    _set_revisions(img, chip, revs)
+    low, high = revs if revs is not None else chip.image_revs
+    img.min_rev_full, img.max_rev_full = low, high
+    img.min_rev = low // 100 if chip.name == "esp32" else low % 100 if chip.name == "esp32c3" else 0
     img.segments, img.entrypoint = segments, entry
     out = img.save(None)
     assert out is not None
@@ -243,16 +220,22 @@ def load_image(chip: ChipSpec, flash: bytes | bytearray, offset: int, max_len: i
 def _drom_desc(chip: ChipSpec, loaded: LoadedImage) -> bytes | None:
     """The image's DROM segment that opens with the app description (esp_app_desc_t, 256 bytes)."""
     for addr, data in loaded.segments:
-        in_drom = chip.rom.DROM_MAP_START <= addr < chip.rom.DROM_MAP_START + 0x400000
+        in_drom = chip.rom.DROM_MAP_START <= addr < chip.rom.DROM_MAP_END
         if in_drom and len(data) >= 256 and struct.unpack_from("<I", data, 0)[0] == APP_DESC_MAGIC:
             return data
     return None
 
 
-def app_elf_sha256(chip: ChipSpec, loaded: LoadedImage) -> str | None:
-    """The ``app_elf_sha256`` of the image's app description (hex), or None when it is not set."""
+def app_elf_sha256(chip: ChipSpec, loaded: LoadedImage) -> str:
+    """The app's "ELF file SHA256", as ESP-IDF prints it: the ``app_elf_sha256`` of the image's app
+    description; an image packed without one gets a hash of its segments and the chip (fixed per image)."""
     sha = (_drom_desc(chip, loaded) or b"")[APP_DESC_ELF_SHA : APP_DESC_ELF_SHA + 32]
-    return sha.hex() if any(sha) else None
+    if any(sha):
+        return sha.hex()
+    h = hashlib.sha256(chip.name.encode())
+    for addr, data in loaded.segments:
+        h.update(addr.to_bytes(4, "little") + data)
+    return h.hexdigest()
 
 
 def bootloader_max_bytes(chip: ChipSpec) -> int:
@@ -414,16 +397,15 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     size = board_def.get("flash_size") if isinstance(board_def, dict) else None
     flash_size = str(size or manifest.get("flash_size") or DEFAULT_FLASH_SIZE)
     payload = pack_payload(header, inputs)
-    version = str(header["fwver"])
-    # ESP-IDF links the ELF with an empty app_elf_sha256, then puts the ELF's SHA-256 into the .bin
-    sections = app_sections(chip, payload, version=version, idf=str(header["idf"]))
-    elf_bytes = elf.write_elf(chip, sections, chip.iram_start)
+    version, idf = str(header["fwver"]), str(header["idf"])
+    # ESP-IDF links the ELF with an empty app_elf_sha256, then puts the ELF's SHA-256 into the .bin (as
+    # ``esptool elf2image --elf-sha256-offset`` does); the image's entry point is call_start_cpu0
+    elf_bytes = elf.write_elf(chip, app_sections(chip, payload, version=version, idf=idf), chip.iram_start)
     elf_sha = hashlib.sha256(elf_bytes).digest()
+    sections = app_sections(chip, payload, version=version, idf=idf, elf_sha=elf_sha)
+    segments = [ELFSection(name.encode(), addr, data, 0) for name, addr, data, _flags in sections]
     revs = _board_revisions(board_def)
-    app = pack_app_image(
-        chip, payload, version=version, idf=str(header["idf"]), flash_size=flash_size, elf_sha=elf_sha,
-        revs=revs,
-    )  # fmt: skip
+    app = _save_image(chip, flash_size, revs, segments, chip.iram_start)
     app_part = variant_app(parts, header["variant"])
     if app_part is None:
         raise BuildError(
@@ -432,17 +414,17 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     if len(app) > app_part.size:
         raise BuildError(f"the simulated app ({len(app)} bytes) does not fit {app_part.label}")
     build_dir.mkdir(parents=True, exist_ok=True)
-    boot = pack_bootloader_image(chip, table_offset, flash_size=flash_size, revs=revs)
+    boot = pack_bootloader_image(chip, table_offset, flash_size, revs)
     files = [
-        (chip.bootloader_offset, build_dir / "bootloader.bin", boot),
-        (table_offset, build_dir / "partition-table.bin", pack_partition_table(parts)),
-        (app_part.offset, build_dir / "esp-check-sim.bin", app),
+        (chip.bootloader_offset, build_dir / SIM_FILES["bootloader"], boot),
+        (table_offset, build_dir / SIM_FILES["partition-table"], pack_partition_table(parts)),
+        (app_part.offset, build_dir / SIM_FILES["app"], app),
         (-1, build_dir / "esp-check-sim.elf", elf_bytes),  # beside the app, as ESP-IDF leaves <project>.elf
     ]
     ota = find(parts, DATA, OTADATA)
     if ota is not None:
         data = otadata.initial_for(parts, app_part, ota.size)
-        files.append((ota.offset, build_dir / "ota_data_initial.bin", data))
+        files.append((ota.offset, build_dir / SIM_FILES["otadata"], data))
     out = []
     for off, path, data in files:
         path.write_bytes(data)

@@ -470,6 +470,9 @@ class Hello:
         return key_crc(self.session, self.nn)
 
 
+_HELLO = struct.Struct("<BBBBBBHIIHHI32s32s32sII")  # HELLO's fixed part, HELLO_FIXED bytes (docs/protocol.md)
+
+
 def _sha_bytes(hexd: str) -> bytes:
     return bytes.fromhex(hexd) if hexd else b"\0" * 32
 
@@ -480,16 +483,15 @@ def _sha_hex(raw: bytes) -> str:
 
 def encode_hello(h: Hello) -> bytes:
     fw = h.fwver.encode("ascii", "replace")[:FWVER_MAX]
-    head = struct.pack(
-        "<BBBBBBHIIHHI",
+    head = _HELLO.pack(
         h.proto, int(h.sim) | (2 if h.tap else 0), NN_CODES.get(h.nn, 0),
         0xFF if h.slot is None else h.slot, h.init_status, DTYPE_CODES.get(h.input_dtype, 0),
         h.max_payload, h.window, h.input_bytes, len(h.output_bytes), 0, h.session & 0xFFFFFFFF,
+        _sha_bytes(h.model_sha256), _sha_bytes(h.app_sha256), _sha_bytes(h.other_sha256), h.keep_capacity,
+        h.kept,
     )  # fmt: skip
-    shas = _sha_bytes(h.model_sha256) + _sha_bytes(h.app_sha256) + _sha_bytes(h.other_sha256)
-    shas += struct.pack("<II", h.keep_capacity, h.kept)
     outs = b"".join(struct.pack("<I", n) for n in h.output_bytes)
-    return head + shas + outs + bytes([len(fw)]) + fw
+    return head + outs + bytes([len(fw)]) + fw
 
 
 def decode_hello(p: bytes) -> Hello:
@@ -498,8 +500,9 @@ def decode_hello(p: bytes) -> Hello:
         raise FrameFormatError(
             f"HELLO of frame protocol {p[0]}, esp-check speaks {VERSION}: rebuild and flash the firmware"
         )
-    fields = struct.unpack_from("<BBBBBBHIIHHI", p)
-    proto, flags, nn, slot, init, dt, maxp, window, in_bytes, n_out, _, session = fields
+    proto, flags, nn, slot, init, dt, maxp, window, in_bytes, n_out, _, session, *shas, cap, kept = (
+        _HELLO.unpack_from(p)
+    )
     if n_out > MAX_OUTPUTS:
         raise FrameFormatError(f"HELLO announces {n_out} outputs (at most {MAX_OUTPUTS})")
     _need(p, HELLO_FIXED + 4 * n_out + 1, "HELLO")
@@ -521,13 +524,13 @@ def decode_hello(p: bytes) -> Hello:
         window=window,
         input_bytes=in_bytes,
         output_bytes=tuple(outs),
-        model_sha256=p[24:56].hex(),
+        model_sha256=shas[0].hex(),
         fwver=fw,
         session=session,
-        app_sha256=_sha_hex(p[56:88]),
-        other_sha256=_sha_hex(p[88:120]),
-        keep_capacity=int.from_bytes(p[120:124], "little"),
-        kept=int.from_bytes(p[124:128], "little"),
+        app_sha256=_sha_hex(shas[1]),
+        other_sha256=_sha_hex(shas[2]),
+        keep_capacity=cap,
+        kept=kept,
     )
 
 

@@ -331,7 +331,8 @@ class DeviceLoop:
         off = struct.unpack_from("<I", f.payload)[0]
         n = len(f.payload) - 4
         if off > self.cfg.input_bytes or n > self.cfg.input_bytes - off:
-            self.error(frames.NO_ID, frames.STAGE_CODES["input"], _i32(off), "load_beyond_input_tensor")
+            code = int.from_bytes(f.payload[:4], "little", signed=True)  # the offset, as C's int32_t
+            self.error(frames.NO_ID, frames.STAGE_CODES["input"], code, "load_beyond_input_tensor")
             self.loaded = 0
             return
         self.staging[off : off + n] = f.payload[4:]
@@ -549,8 +550,3 @@ class DeviceLoop:
                 self._send(
                     frames.RSP_DATA, struct.pack("<IHI", self.batch_last, o, off) + b[off : off + chunk]
                 )
-
-
-def _i32(v: int) -> int:
-    v &= 0xFFFFFFFF
-    return v - (1 << 32) if v >= 1 << 31 else v

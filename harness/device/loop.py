@@ -271,9 +271,7 @@ class LoopClient:
         size = frames.HEADER + len(payload) + frames.TRAILER
         while self.unacked and self.in_flight() + size > self.window:
             self._wait_progress("room in the device's receive buffer")
-        return self._send_now(
-            frames.encode_frame(ftype, self.seq, payload, key=self.key)
-        )  # seq: after probes
+        return self._send_now(ftype, payload)  # seq: after probes
 
     def _probe(self) -> None:
         """No acknowledgement for ``ack_timeout``: the device may be busy in a long Invoke (our frames
@@ -292,13 +290,14 @@ class LoopClient:
         self.stats.probes += 1
         token = (PROBE_TOKEN | (self.stats.probes & 0xFFFF)).to_bytes(4, "little")
         self._write(filler)
-        self._send_now(frames.encode_frame(frames.CMD_SYNC, self.seq, token, key=self.key))
+        self._send_now(frames.CMD_SYNC, token)
 
-    def _send_now(self, frame: bytes) -> int:
+    def _send_now(self, ftype: int, payload: bytes) -> int:
+        frame = frames.encode_frame(ftype, self.seq, payload, key=self.key)
         self._write(frame)
         self.unacked.append((self.seq, frame))
         self.stats.frames_sent += 1
-        if not self.unacked or len(self.unacked) == 1:
+        if len(self.unacked) == 1:
             self._last_progress = time.monotonic()
         seq = self.seq
         self.seq = (self.seq + 1) & 0xFFFF

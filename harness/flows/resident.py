@@ -187,7 +187,6 @@ class ResidentBoard:
         self.last_link = LinkStats()  # the last session's
         self.keys: list[int] = []  # the boot keys of every boot seen (docs/protocol.md "Boot key")
         self._model_sha: str | None = None
-        self.probe_first = True  # read the app's HELLO before flashing: skip esptool when it holds the builds
         self.probe_notes: list[str] = []  # why the last probe did not skip the flash
         self._probe_raw: RawCapture | None = None  # the probe's boot, until a variant's log takes it
         # the last boot when it left no app ready (a crash, a loop, silence): the next ensure() of the same
@@ -262,8 +261,6 @@ class ResidentBoard:
         else None (flash as before; why is in ``self.probe_notes``)."""
         t0 = time.monotonic()
         self.probe_notes = []
-        if not self.probe_first:
-            return None
         other = OtherApp(self.builds)  # a slot that prints another build's ELF SHA-256: flash, stop here
         try:
             boot = self._booted(
@@ -445,15 +442,7 @@ class ResidentBoard:
         self.link.add(client.stats)
         if not client.stats.clean:
             notes.append(f"link repairs: {client.stats.to_dict()}")
+        # a session on a running app: no boot start, reset, reopen or dropped byte in it
         return RawCapture(
-            bytes(client.raw),
-            log_path,
-            ended_by,
-            duration_s=time.monotonic() - t0,
-            boots=0,
-            resets=0,
-            reopens=0,
-            dropped_bytes=0,
-            first_byte_s=None,
-            notes=notes,
+            bytes(client.raw), log_path, ended_by, time.monotonic() - t0, 0, 0, 0, 0, None, notes
         )

@@ -185,7 +185,6 @@ class DeviceLoop:
     slow_shown: bool = False  # a RUN of SLOW_RUN_US or more had its result sent at once (this boot)
     staging: bytearray = field(default_factory=bytearray)
     outputs_now: list[bytes] = field(default_factory=list)
-    stats: dict[str, int] = field(default_factory=lambda: {"runs": 0, "naks": 0, "dups": 0})
 
     def __post_init__(self) -> None:
         self.cfg.window = max(self.cfg.window, frames.MAX_FRAME)
@@ -230,7 +229,6 @@ class DeviceLoop:
         self._flush()
         self._send(frames.RSP_NAK, struct.pack("<HBB", self.rx_expected, reason, 0))
         self.nak_pending = True
-        self.stats["naks"] += 1
 
     def error(self, ident: int, stage: int, code: int, msg: str) -> None:
         self._flush()
@@ -292,7 +290,6 @@ class DeviceLoop:
             self._nak(frames.NAK_BAD_FRAME)
         d = (f.seq - self.rx_expected) & 0xFFFF
         if d >= 0x8000:
-            self.stats["dups"] += 1
             self._ack()
             return
         if d > 0:
@@ -398,7 +395,6 @@ class DeviceLoop:
             self.error(ident, frames.STAGE_CODES["protocol"], len(f.payload), "bad_run_command")
             self.loaded = 0
             return
-        self.stats["runs"] += 1
         data: bytes | None = None  # the input a kept source names (else the staging buffer's)
         if r.source == frames.SRC_PRNG:
             self.staging[:] = frames.prng_bytes(r.seed, r.ident, self.cfg.input_dtype, self.cfg.input_bytes)

@@ -10,6 +10,7 @@ output is :class:`Piece` lists, timed in device time (start-up log timestamps, m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -190,7 +191,10 @@ class SimApp:
             init.stage, init.code = frames.STAGE_CODES["input"], len(init.info.inputs)
             init.msg = "expected_one_input_tensor"
         else:
-            init.arena_used, init.tflm = self._arena_and_version(init.info)
+            with contextlib.suppress(Exception):
+                init.tflm = get_backend("tflm").version().replace(" ", "_")
+            with contextlib.suppress(Exception):  # an estimate only; never fail the boot over it
+                init.arena_used = int(host_arena_bytes(init.info))
         return init
 
     def _dispatch(self, init: _Init) -> None:
@@ -214,17 +218,6 @@ class SimApp:
         kept = [f for f in self.active if f not in OP_FAULTS]
         self.active = sorted(kept + ([init.op_fault.kind] if init.op_fault else []))
         init.cycles = op_cycles(info, self.env.chip.name, init.dispatch, salt=self.payload.variant)
-
-    @staticmethod
-    def _arena_and_version(info: Any) -> tuple[int, str]:
-        try:
-            version = get_backend("tflm").version().replace(" ", "_")
-        except Exception:
-            version = "sim"
-        try:
-            return int(host_arena_bytes(info)), version
-        except Exception:  # an estimate only; never fail the boot over it
-            return 0, version
 
     def _outputs(self) -> list[LoopOutput]:
         info = self.init.info

@@ -192,7 +192,6 @@ class ResidentBoard:
         # the last boot when it left no app ready (a crash, a loop, silence): the next ensure() of the same
         # variant reads this start-up evidence instead of booting the app into the same failure again
         self._failed_start: Boot | None = None
-        self._app_shas: dict[str, str] = {}
 
     def model_sha256(self) -> str:
         """SHA-256 of the model esp-check flashed (from the model partition image it wrote), or ""."""
@@ -206,18 +205,12 @@ class ResidentBoard:
                     break
         return self._model_sha
 
-    def app_sha256(self, variant: str) -> str:
-        """What HELLO reports for a slot holding ``variant``'s build ("" unknown)."""
-        if variant not in self._app_shas:
-            b = self.builds.get(variant)
-            self._app_shas[variant] = "" if b is None else app_slot_sha256(b)
-        return self._app_shas[variant]
-
     def other_firmware(self, boot: Boot, variant: str) -> str:
         """Why the running app is not ``variant``'s build, from its HELLO's image SHA-256 ("": it is, or
         the firmware does not report it)."""
         got = boot.hello.app_sha256 if boot.hello is not None else ""
-        want = self.app_sha256(variant)
+        build = self.builds.get(variant)
+        want = "" if build is None else app_slot_sha256(build)  # the build's stored figure, as a rule
         if not got or not want or got == want:
             return ""
         return (

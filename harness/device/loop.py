@@ -220,9 +220,7 @@ class LoopClient:
             self._invoke_s = max(self._invoke_s, us / 1e6)
 
     def _ack_wait(self) -> float:
-        """How long to wait for an ACK before probing: a slow model's results (and the ACK folded into
-        them) wait on the device until the oldest waited frames.BATCH_WAIT_US of invokes, and one more RUN
-        ends that batch, so its silence between frames is up to that window plus two invokes."""
+        """How long to wait for an ACK before probing (docs/protocol.md "Flow control and sequence rules")."""
         if self._invoke_s < SLOW_INVOKE_S:
             return self.ack_timeout
         return self.ack_timeout + frames.BATCH_WAIT_US / 1e6 + 2 * self._invoke_s
@@ -274,12 +272,8 @@ class LoopClient:
         return self._send_now(ftype, payload)  # seq: after probes
 
     def _probe(self) -> None:
-        """No acknowledgement for ``ack_timeout``: the device may be busy in a long Invoke (our frames
-        wait in its receive buffer) or a frame may be lost at the tail. A new SYNC frame tells them apart
-        without sending anything twice: behind a busy device it waits its turn; after a lost frame the
-        device sees the gap and NAKs at once, and that NAK starts the go-back-N resend (a repair). When
-        the window has no room for the probe and its filler, the device has not consumed what it holds:
-        it is busy, and nothing is sent."""
+        """No acknowledgement for a while: a new SYNC, nothing sent twice (docs/protocol.md "Flow control
+        and sequence rules"); none when the window has no room for it and its filler (the device is busy)."""
         self._last_probe = time.monotonic()
         # zero bytes first, as many as the largest frame in flight: if the tail of one was lost, the
         # device's decoder holds its start and would swallow a bare probe; the zeros complete it (its CRC
@@ -417,9 +411,7 @@ def gather(
 
 def _wanted(held: bytes | bytearray, byte_s: float, after_text: bool) -> tuple[int, float]:
     """(bytes worth waiting for, the longest to wait for them) given the candidate the decoder holds
-    (``held``): the rest of a frame (its header says how long it is; before that, the header), else, when
-    the last bytes were text, a short block of it; after a whole frame, nothing. A frame's wait allows
-    twice its bytes' time on the line, plus 2 ms."""
+    (``held``), as docs/protocol.md "Flow control and sequence rules" says the host reads."""
     if not held:
         return (TEXT_BLOCK, min(TEXT_WAIT_S, TEXT_BLOCK * byte_s)) if after_text else (0, 0.0)
     need = frames.HEADER - len(held)

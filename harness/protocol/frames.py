@@ -301,8 +301,7 @@ class FrameDecoder:
         """None: wait for more bytes; True: progress without a frame; a Frame."""
         buf = self.buf
         if buf[0] != MAGIC[0]:
-            nxt = buf.find(MAGIC[:1])
-            self._drop(len(buf) if nxt < 0 else nxt, text)
+            self._resync(text)
             return True
         if len(buf) < 2:
             return None

@@ -200,9 +200,9 @@ class DeviceLoop:
         self.host.write(frames.encode_frame(ftype, self.tx_seq, payload, flags, key=self.key))
         self.tx_seq = (self.tx_seq + 1) & 0xFFFF
 
-    def _flush(self) -> None:
+    def _flush(self, flags: int = 0) -> None:
         if self.batch:
-            self._send(frames.RSP_RESULT, bytes(self.batch))
+            self._send(frames.RSP_RESULT, bytes(self.batch), flags)
             self.batch.clear()
         self.batch_wait_us = 0
 
@@ -213,10 +213,8 @@ class DeviceLoop:
     def _flush_ack(self) -> None:
         """The batch, and an ACK of what was consumed: one RESULT frame that carries both when it can."""
         if self.batch and self.consumed_since_ack > 0 and len(self.batch) + 2 <= frames.TX_MAX_PAYLOAD:
-            payload = bytes(self.batch) + struct.pack("<H", self.rx_expected)
-            self._send(frames.RSP_RESULT, payload, frames.FRAME_ACK)
-            self.batch.clear()
-            self.batch_wait_us = 0
+            self.batch += struct.pack("<H", self.rx_expected)
+            self._flush(frames.FRAME_ACK)
             self.consumed_since_ack = 0
             return
         self._flush()
@@ -385,8 +383,7 @@ class DeviceLoop:
         if keep > 1 or (keep and source != frames.SRC_LOADED) or (text and source == frames.SRC_KEPT):
             return None
         expected = tuple(struct.unpack_from(f"<{n_expect}I", p, frames.RUN_FIXED))
-        flags = {"text": bool(text), "keep": bool(keep), "now": bool(now)}
-        return _RunRequest(ident, source, results, repeat, seed, expected, **flags)
+        return _RunRequest(ident, source, results, repeat, seed, expected, bool(text), bool(keep), bool(now))
 
     def _run(self, f: frames.Frame) -> None:
         r = self._parse_run(f)

@@ -138,17 +138,10 @@ class CDeviceLoop:
         self._out_bufs = [(ctypes.c_uint8 * max(o.bytes, 1))() for o in cfg.outputs]
         self._outs = (_Output * max(len(cfg.outputs), 1))()
         self._keep: list[Any] = []
-        for k, o in enumerate(cfg.outputs):
-            x = self._outs[k]
-            x.data = ctypes.cast(self._out_bufs[k], _u8p)
-            x.bytes = o.bytes
-            x.dtype = self._c(o.dtype)
-            x.ndims = len(o.shape)
-            for d, v in enumerate(o.shape[:MAX_DIMS]):
-                x.dims[d] = v
-            x.scale = o.scale
-            x.zp = o.zp
-            x.name = self._c(o.name)
+        for k, (o, buf) in enumerate(zip(cfg.outputs, self._out_bufs, strict=True)):
+            dims = (ctypes.c_int32 * MAX_DIMS)(*o.shape[:MAX_DIMS])
+            data, dtype, name = ctypes.cast(buf, _u8p), self._c(o.dtype), self._c(o.name)
+            self._outs[k] = _Output(data, o.bytes, dtype, dims, len(o.shape), o.scale, o.zp, name)
         self._sha, self._app_sha, self._other_sha = (
             (ctypes.c_uint8 * 32).from_buffer_copy(bytes.fromhex(h) if h else bytes(32))
             for h in (cfg.model_sha256, cfg.app_sha256, cfg.other_sha256)

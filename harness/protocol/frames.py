@@ -1,10 +1,7 @@
-"""Binary frames and resident-loop payloads (docs/protocol.md "Binary frames" and "Resident loop").
+"""Binary frames and resident-loop payloads: the twin of esp_check_frame.c (docs/protocol.md "Frame layout").
 
-The twin of ``firmware_templates/common/esp_check_frame.c``: same layout, same decoder decisions (a
-contract test feeds both the same bytes). Serial input is hostile: a payload length is checked before
-anything is buffered, a frame counts only after its CRC-32 passed, every payload is length-checked before
-it is unpacked (:class:`FrameFormatError` otherwise), and bytes that are not part of a valid frame come
-back as text, in order, so IDF log lines and text records interleaved with frames survive untouched.
+Serial input is hostile: a length is checked before anything is buffered or unpacked (else
+:class:`FrameFormatError`), a frame counts only after its CRC-32 passed, and other bytes are text, in order.
 """
 
 from __future__ import annotations

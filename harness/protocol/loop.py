@@ -1,9 +1,5 @@
-"""The resident command loop's device side, in Python: the twin of esp_check_loop.c.
-
-Written after the C file, decision for decision (sequence numbers, ACK/NAK policy, RESULT batching); the
-simulated board runs it where no host C compiler exists, and a contract test requires byte-identical output
-(docs/protocol.md "Binary frames and the resident loop").
-"""
+"""The resident command loop's device side, in Python: the twin of esp_check_loop.c, decision for decision
+(docs/protocol.md "Binary frames and the resident loop"); the simulated board runs it without a C compiler."""
 
 from __future__ import annotations
 

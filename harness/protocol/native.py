@@ -1,9 +1,5 @@
-"""The firmware's portable C (frames, command loop) driven through ctypes.
-
-The same shared library as the C emitter (:func:`harness.protocol.emitter.build_c_library`); the simulated
-board runs the C loop through :class:`CDeviceLoop`, and contract tests compare the C side with its Python
-twins (docs/protocol.md "Binary frames and the resident loop").
-"""
+"""The firmware's portable C (frames, command loop) driven through ctypes, from the C emitter's library
+(:func:`harness.protocol.emitter.build_c_library`; docs/protocol.md "Binary frames and the resident loop")."""
 
 from __future__ import annotations
 

@@ -89,11 +89,10 @@ class KeepStore:
 
     def __init__(self, cfg: LoopConfig) -> None:
         self.cfg = cfg
+        self.region = cfg.keep or bytearray()  # none: no room for a single entry
         self.cap = self.kept = self.nonce = 0
-        region = cfg.keep
-        if region is None or not cfg.model_sha256 or cfg.input_bytes == 0:
-            return
-        if len(region) < frames.KEEP_HEADER + 16:
+        region = self.region
+        if not cfg.model_sha256 or cfg.input_bytes == 0 or len(region) < frames.KEEP_HEADER + 16:
             return
         cap = min(
             (len(region) - frames.KEEP_HEADER - 16) // (cfg.input_bytes + frames.KEEP_ENTRY), frames.KEEP_MAX
@@ -112,8 +111,7 @@ class KeepStore:
 
     def _header(self) -> bytes:
         c = self.cfg
-        region = c.keep if c.keep is not None else bytearray()
-        h = _KEEP_MAGIC + struct.pack("<IIII", c.input_bytes, self.cap, self.nonce, len(region))
+        h = _KEEP_MAGIC + struct.pack("<IIII", c.input_bytes, self.cap, self.nonce, len(self.region))
         h += bytes.fromhex(c.model_sha256) + struct.pack("<I", c.keep_place & 0xFFFFFFFF)
         return h + struct.pack("<I", crc32(h))
 
@@ -121,8 +119,7 @@ class KeepStore:
         return crc32(struct.pack("<III", self.nonce, index, crc))
 
     def _entry(self, k: int) -> tuple[bool, int]:
-        assert self.cfg.keep is not None
-        crc, check = struct.unpack_from("<II", self.cfg.keep, frames.KEEP_HEADER + k * frames.KEEP_ENTRY)
+        crc, check = struct.unpack_from("<II", self.region, frames.KEEP_HEADER + k * frames.KEEP_ENTRY)
         return check == self._check(k, crc), crc
 
     def _slot(self, k: int) -> int:
@@ -136,23 +133,21 @@ class KeepStore:
         ok, crc = self._entry(k)
         if not ok or crc != want:
             return None
-        assert self.cfg.keep is not None
         at = self._slot(k)
-        data = bytes(self.cfg.keep[at : at + self.cfg.input_bytes])
+        data = bytes(self.region[at : at + self.cfg.input_bytes])
         return data if crc32(data) == want else None
 
     def store(self, ident: int, data: bytes) -> None:
         """Keep input ``ident`` in entry ``ident % cap`` (a chunk of the dataset takes the entries over)."""
         if self.cap == 0:
             return
-        assert self.cfg.keep is not None
         k = ident % self.cap
         e = frames.KEEP_HEADER + k * frames.KEEP_ENTRY
         at = self._slot(k)
-        self.cfg.keep[e + 4 : e + 8] = bytes(4)  # invalid while the bytes change
-        self.cfg.keep[at : at + len(data)] = data
+        self.region[e + 4 : e + 8] = bytes(4)  # invalid while the bytes change
+        self.region[at : at + len(data)] = data
         crc = crc32(data)
-        self.cfg.keep[e : e + 8] = struct.pack("<II", crc, self._check(k, crc))
+        self.region[e : e + 8] = struct.pack("<II", crc, self._check(k, crc))
 
 
 @dataclass

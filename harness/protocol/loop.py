@@ -157,9 +157,6 @@ class DeviceLoop:
     cfg: LoopConfig
     host: LoopHost
     emitter: Any  # harness.protocol.emitter.Emitter with a ``seq`` attribute
-    dec: frames.FrameDecoder = field(
-        default_factory=lambda: frames.FrameDecoder(frames.MAX_PAYLOAD, hello_lines=False)
-    )
     rx_expected: int = 0
     tx_seq: int = 0
     nak_pending: bool = False
@@ -174,13 +171,11 @@ class DeviceLoop:
     batch_wait_us: int = 0  # invoke time of the RUNs after the batch's first record: how long it waited
     run_busy_us: int = 0  # invoke time of the RUN whose record is being added
     slow_shown: bool = False  # a RUN of SLOW_RUN_US or more had its result sent at once (this boot)
-    staging: bytearray = field(default_factory=bytearray)
-    outputs_now: list[bytes] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.cfg.window = max(self.cfg.window, frames.MAX_FRAME)
         self.key = frames.key_crc(self.cfg.session, self.cfg.nn)
-        self.dec.key = self.key
+        self.dec = frames.FrameDecoder(frames.MAX_PAYLOAD, key=self.key, hello_lines=False)
         self.staging = bytearray(self.cfg.input_bytes)
         self.store = KeepStore(self.cfg)
         self.outputs_now = [bytes(o.bytes) for o in self.cfg.outputs]

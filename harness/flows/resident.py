@@ -435,7 +435,15 @@ class ResidentBoard:
         self.link.add(client.stats)
         if not client.stats.clean:
             notes.append(f"link repairs: {client.stats.to_dict()}")
-        # a session on a running app: no boot start, reset, reopen or dropped byte in it
         return RawCapture(
-            bytes(client.raw), log_path, ended_by, time.monotonic() - t0, 0, 0, 0, 0, None, notes
+            bytes(client.raw),
+            log_path,
+            ended_by,
+            duration_s=time.monotonic() - t0,
+            boots=0,
+            resets=0,
+            reopens=0,
+            dropped_bytes=0,
+            first_byte_s=None,
+            notes=notes,
         )

@@ -369,7 +369,8 @@ class DeviceLoop:
         if keep > 1 or (keep and source != frames.SRC_LOADED) or (text and source == frames.SRC_KEPT):
             return None
         expected = tuple(struct.unpack_from(f"<{n_expect}I", p, frames.RUN_FIXED))
-        return _RunRequest(ident, source, results, repeat, seed, expected, bool(text), bool(keep), bool(now))
+        flags = {"text": bool(text), "keep": bool(keep), "now": bool(now)}
+        return _RunRequest(ident, source, results, repeat, seed, expected, **flags)
 
     def _run(self, f: frames.Frame) -> None:
         r = self._parse_run(f)

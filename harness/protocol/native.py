@@ -137,7 +137,7 @@ class CDeviceLoop:
         for k, (o, buf) in enumerate(zip(cfg.outputs, self._out_bufs, strict=True)):
             dims = (ctypes.c_int32 * MAX_DIMS)(*o.shape[:MAX_DIMS])
             data, dtype, name = ctypes.cast(buf, _u8p), self._c(o.dtype), self._c(o.name)
-            self._outs[k] = _Output(data, o.bytes, dtype, dims, len(o.shape), o.scale, o.zp, name)
+            self._outs[k] = _Output(data, o.bytes, dtype, dims, len(o.shape), o.scale, zp=o.zp, name=name)
         self._sha, self._app_sha, self._other_sha = (
             (ctypes.c_uint8 * 32).from_buffer_copy(bytes.fromhex(h) if h else bytes(32))
             for h in (cfg.model_sha256, cfg.app_sha256, cfg.other_sha256)

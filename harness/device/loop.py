@@ -25,7 +25,7 @@ MAX_RETRANSMITS = 8
 ACK_TIMEOUT_S = 3.0  # no ACK for this long (and a silent device): probe (plus the batch window, see below)
 SLOW_INVOKE_S = frames.SLOW_RUN_US / 1e6  # this slow per invoke: results batched by time on the device
 PROBE_TOKEN = 0xEC5F0000  # SYNC tokens of probes (low 16 bits count them); sync() waits for its own
-# Reading in blocks (LoopClient._pump): docs/protocol.md "Resident loop", how the host reads.
+# Reading in blocks (LoopClient.pump): docs/protocol.md "Resident loop", how the host reads.
 READ_BLOCK = 2048  # below a tty's 4 KiB line buffer
 TEXT_BLOCK = 256
 TEXT_WAIT_S = 0.005
@@ -141,27 +141,24 @@ class LoopClient:
 
     def pump(self, wait: float = 0.0) -> bool:
         """Read what the device sent (waiting up to ``wait`` s for the first byte); True if bytes came."""
-        try:
-            return self._pump(wait)
-        except (serial.SerialException, OSError) as exc:
-            raise LinkError(f"resident loop: the serial link was lost ({exc})") from exc
-
-    def _pump(self, wait: float) -> bool:
         # port.timeout stays 0 (set once): pyserial's RFC 2217 client renegotiates every port setting
         # on each timeout change, which fails while the board is busy (an invoke of more than 3 s)
         port = self.port
-        n = port.in_waiting or (wait_readable(port, wait) if wait > 0 else 0)
-        if not n:
-            return False
-        deadline = time.monotonic() + COALESCE_MAX_S
         try:
-            while n:
-                self._ingest(read_waiting(port, n))
-                if self.restarted:
-                    break
-                n = gather(port, self.dec.buf, self._byte_s, self._after_text, deadline)
-        finally:
-            self._log_io(lambda log: log.flush())
+            n = port.in_waiting or (wait_readable(port, wait) if wait > 0 else 0)
+            if not n:
+                return False
+            deadline = time.monotonic() + COALESCE_MAX_S
+            try:
+                while n:
+                    self._ingest(read_waiting(port, n))
+                    if self.restarted:
+                        break
+                    n = gather(port, self.dec.buf, self._byte_s, self._after_text, deadline)
+            finally:
+                self._log_io(lambda log: log.flush())
+        except (serial.SerialException, OSError) as exc:
+            raise LinkError(f"resident loop: the serial link was lost ({exc})") from exc
         return True
 
     def _ingest(self, data: bytes) -> None:

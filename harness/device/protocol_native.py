@@ -256,10 +256,7 @@ class Serial(InProcessPort):
             if choice is None:
                 return
             program, extra, line = choice
-            env = dict(os.environ)
-            for key, value in SANITIZER_ENV.items():
-                env.setdefault(key, value)
-            env.update(extra)
+            env = {**SANITIZER_ENV, **os.environ, **extra}  # the user's sanitizer settings win over ours
             with self._cond:
                 self._generation += 1
                 generation = self._generation
@@ -373,9 +370,9 @@ class Serial(InProcessPort):
         if proc is not None and proc.stdin is not None and proc.poll() is None:
             try:
                 os.write(proc.stdin.fileno(), raw)
-            except (BlockingIOError, BrokenPipeError):
-                pass  # a full input pipe drops bytes, as a full UART FIFO does
-            except OSError as exc:
+            except (
+                OSError
+            ) as exc:  # a full input pipe drops bytes, as a full UART FIFO does; so does a dead one
                 if exc.errno not in (errno.EAGAIN, errno.EPIPE):
                     raise
         return len(raw)

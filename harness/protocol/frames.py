@@ -328,19 +328,13 @@ class FrameDecoder:
             self._resync(text)
             return True
         del body
-        frame = _frame(ftype, seq, bytes(buf[HEADER : HEADER + length]), flags)
+        payload, ack = bytes(buf[HEADER : HEADER + length]), None
+        if ftype == RSP_RESULT and flags & FRAME_ACK and length >= 2:  # a folded ACK, split off the records
+            payload, ack = payload[:-2], int.from_bytes(payload[-2:], "little")
+        frame = Frame(ftype, seq, payload, flags, ack)
         del buf[:total]
         self.stats.frames += 1
         return frame
-
-
-def _frame(ftype: int, seq: int, payload: bytes, flags: int) -> Frame:
-    """A RESULT frame that carries a folded ACK (FRAME_ACK) has it split off its records."""
-    if ftype == RSP_RESULT and flags & FRAME_ACK and len(payload) >= 2:
-        return Frame(
-            ftype, seq, payload[:-2], flags, ack=int(struct.unpack_from("<H", payload, len(payload) - 2)[0])
-        )
-    return Frame(ftype, seq, payload, flags)
 
 
 def _partial_prefix(text: bytes, marker: bytes) -> int:

@@ -143,6 +143,7 @@ class SimApp:
     ) -> None:
         self.env, self.payload, self.elf_sha, self.clock, self.slot = env, payload, elf_sha, clock, slot
         self.slot_shas = slot_shas  # esp_partition_get_sha256 of the running slot and the other one
+        self.model_sha = hashlib.sha256(payload.model).hexdigest() if payload.model else ""  # HELLO's, INFO's
         self.baud_request: int | None = None  # BAUD accepted: the board switches the UART after the reply
         faults = env.faults
         self.active = sorted(
@@ -243,7 +244,7 @@ class SimApp:
             nn=self.payload.nn,
             slot=self.slot,
             init_status=self.init.stage,
-            model_sha256=hashlib.sha256(self.payload.model).hexdigest() if self.payload.model else "",
+            model_sha256=self.model_sha,
             fwver=str(self.payload.header.get("fwver", "0.0.0")),
             # a new one at every boot, as the firmware draws with esp_random() (never 0); seeded by the
             # board's seed, the boot and the image, so a simulated run replays byte for byte
@@ -361,8 +362,7 @@ class SimApp:
         em.info([("idf", str(p.header.get("idf", "sim"))), ("tflm", self.init.tflm),
                  ("espnn", str(p.header.get("espnn", "sim"))), ("model_bytes", len(p.model)),
                  ("inputs", inputs), ("outputs", n_out)])  # fmt: skip
-        sha = hashlib.sha256(p.model).hexdigest() if p.model else "-"
-        em.info([("model_sha256", sha), ("slot", -1 if self.slot is None else self.slot)])
+        em.info([("model_sha256", self.model_sha or "-"), ("slot", -1 if self.slot is None else self.slot)])
         if self.active:
             em.info([("sim_fault", "+".join(self.active))])
         if p.header.get("tap"):
@@ -455,7 +455,7 @@ class SimApp:
         key = f"out:{hashlib.sha256(self.payload.model[:4096] + data).hexdigest()}:{len(self.payload.model)}"
         hit = cache.get(key)
         if hit is None:
-            mkey = "model:" + hashlib.sha256(self.payload.model).hexdigest()
+            mkey = "model:" + self.model_sha
             model = cache.get(mkey)
             if model is None:
                 model = cache[mkey] = _Model(self.payload.model, info)

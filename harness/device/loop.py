@@ -205,16 +205,13 @@ class LoopClient:
             self._retransmit(f"the device asked again for frame {seq}")
         else:
             if frame.type == frames.RSP_RESULT:
-                self._on_result_frame(frame)
+                self._last_result = time.monotonic()
+                if frame.ack is not None:  # the ACK folded into the frame
+                    self._acked(frame.ack)
+                us = frames.first_invoke_us(frame.payload)
+                if us is not None:
+                    self._invoke_s = max(self._invoke_s, us / 1e6)
             self.inbox.append(frame)
-
-    def _on_result_frame(self, frame: frames.Frame) -> None:
-        self._last_result = time.monotonic()
-        if frame.ack is not None:  # the ACK folded into the frame
-            self._acked(frame.ack)
-        us = frames.first_invoke_us(frame.payload)
-        if us is not None:
-            self._invoke_s = max(self._invoke_s, us / 1e6)
 
     def _ack_wait(self) -> float:
         """How long to wait for an ACK before probing (docs/protocol.md "Flow control and sequence rules")."""

@@ -208,9 +208,12 @@ class FrameDecoder:
                     break
                 if isinstance(got, Frame):
                     emit_text()
-                    if host:
-                        self._deliver(got, out)
-                    elif on_frame is not None:
+                    if host and self._line:  # a binary frame ends any held partial line
+                        out.append(bytes(self._line))
+                        self._line.clear()
+                    if host and got.type == RSP_HELLO:  # a HELLO sets the key of what follows
+                        self._follow(got)
+                    if on_frame is not None:  # never on the host side
                         on_frame(got)
                     else:
                         out.append(got)
@@ -218,15 +221,6 @@ class FrameDecoder:
                 break
         emit_text()
         return out
-
-    def _deliver(self, frame: Frame, out: list[Frame | bytes]) -> None:
-        """Host side: a binary frame ends any held partial line; a HELLO sets the key of what follows."""
-        if self._line:
-            out.append(bytes(self._line))
-            self._line.clear()
-        if frame.type == RSP_HELLO:
-            self._follow(frame)
-        out.append(frame)
 
     def _follow(self, frame: Frame) -> None:
         """A HELLO starts (or repeats) a boot: its key is the key of the frames after it."""

@@ -279,14 +279,13 @@ class FrameDecoder:
 
     # ---- binary frames ------------------------------------------------------------------------------
 
-    def _drop(self, k: int, text: bytearray) -> None:
+    def _resync(self, text: bytearray) -> None:
+        """Drop the candidate's first byte and whatever follows up to the next magic byte, as text."""
+        nxt = self.buf.find(MAGIC[:1], 1)
+        k = len(self.buf) if nxt < 0 else nxt
         text += self.buf[:k]
         self.stats.skipped += k
         del self.buf[:k]
-
-    def _resync(self, text: bytearray) -> None:
-        nxt = self.buf.find(MAGIC[:1], 1)
-        self._drop(len(self.buf) if nxt < 0 else nxt, text)
 
     def _step(self, text: bytearray) -> Frame | bool | None:
         """None: wait for more bytes; True: progress without a frame; a Frame."""

@@ -25,7 +25,7 @@ MAX_RETRANSMITS = 8
 ACK_TIMEOUT_S = 3.0  # no ACK for this long (and a silent device): probe (plus the batch window, see below)
 SLOW_INVOKE_S = frames.SLOW_RUN_US / 1e6  # this slow per invoke: results batched by time on the device
 PROBE_TOKEN = 0xEC5F0000  # SYNC tokens of probes (low 16 bits count them); sync() waits for its own
-# Reading in blocks (LoopClient._pump): docs/protocol.md "Resident loop", how the host reads.
+# Reading in blocks (LoopClient.pump): docs/protocol.md "Resident loop", how the host reads.
 READ_BLOCK = 2048  # below a tty's 4 KiB line buffer
 TEXT_BLOCK = 256
 TEXT_WAIT_S = 0.005
@@ -141,27 +141,24 @@ class LoopClient:
 
     def pump(self, wait: float = 0.0) -> bool:
         """Read what the device sent (waiting up to ``wait`` s for the first byte); True if bytes came."""
-        try:
-            return self._pump(wait)
-        except (serial.SerialException, OSError) as exc:
-            raise LinkError(f"resident loop: the serial link was lost ({exc})") from exc
-
-    def _pump(self, wait: float) -> bool:
         # port.timeout stays 0 (set once): pyserial's RFC 2217 client renegotiates every port setting
         # on each timeout change, which fails while the board is busy (an invoke of more than 3 s)
         port = self.port
-        n = port.in_waiting or (wait_readable(port, wait) if wait > 0 else 0)
-        if not n:
-            return False
-        deadline = time.monotonic() + COALESCE_MAX_S
         try:
-            while n:
-                self._ingest(read_waiting(port, n))
-                if self.restarted:
-                    break
-                n = gather(port, self.dec.buf, self._byte_s, self._after_text, deadline)
-        finally:
-            self._log_io(lambda log: log.flush())
+            n = port.in_waiting or (wait_readable(port, wait) if wait > 0 else 0)
+            if not n:
+                return False
+            deadline = time.monotonic() + COALESCE_MAX_S
+            try:
+                while n:
+                    self._ingest(read_waiting(port, n))
+                    if self.restarted:
+                        break
+                    n = gather(port, self.dec.buf, self._byte_s, self._after_text, deadline)
+            finally:
+                self._log_io(lambda log: log.flush())
+        except (serial.SerialException, OSError) as exc:
+            raise LinkError(f"resident loop: the serial link was lost ({exc})") from exc
         return True
 
     def _ingest(self, data: bytes) -> None:
@@ -208,21 +205,16 @@ class LoopClient:
             self._retransmit(f"the device asked again for frame {seq}")
         else:
             if frame.type == frames.RSP_RESULT:
-                self._on_result_frame(frame)
+                self._last_result = time.monotonic()
+                if frame.ack is not None:  # the ACK folded into the frame
+                    self._acked(frame.ack)
+                us = frames.first_invoke_us(frame.payload)
+                if us is not None:
+                    self._invoke_s = max(self._invoke_s, us / 1e6)
             self.inbox.append(frame)
 
-    def _on_result_frame(self, frame: frames.Frame) -> None:
-        self._last_result = time.monotonic()
-        if frame.ack is not None:  # the ACK folded into the frame
-            self._acked(frame.ack)
-        us = frames.first_invoke_us(frame.payload)
-        if us is not None:
-            self._invoke_s = max(self._invoke_s, us / 1e6)
-
     def _ack_wait(self) -> float:
-        """How long to wait for an ACK before probing: a slow model's results (and the ACK folded into
-        them) wait on the device until the oldest waited frames.BATCH_WAIT_US of invokes, and one more RUN
-        ends that batch, so its silence between frames is up to that window plus two invokes."""
+        """How long to wait for an ACK before probing (docs/protocol.md "Flow control and sequence rules")."""
         if self._invoke_s < SLOW_INVOKE_S:
             return self.ack_timeout
         return self.ack_timeout + frames.BATCH_WAIT_US / 1e6 + 2 * self._invoke_s
@@ -271,17 +263,11 @@ class LoopClient:
         size = frames.HEADER + len(payload) + frames.TRAILER
         while self.unacked and self.in_flight() + size > self.window:
             self._wait_progress("room in the device's receive buffer")
-        return self._send_now(
-            frames.encode_frame(ftype, self.seq, payload, key=self.key)
-        )  # seq: after probes
+        return self._send_now(ftype, payload)  # seq: after probes
 
     def _probe(self) -> None:
-        """No acknowledgement for ``ack_timeout``: the device may be busy in a long Invoke (our frames
-        wait in its receive buffer) or a frame may be lost at the tail. A new SYNC frame tells them apart
-        without sending anything twice: behind a busy device it waits its turn; after a lost frame the
-        device sees the gap and NAKs at once, and that NAK starts the go-back-N resend (a repair). When
-        the window has no room for the probe and its filler, the device has not consumed what it holds:
-        it is busy, and nothing is sent."""
+        """No acknowledgement for a while: a new SYNC, nothing sent twice (docs/protocol.md "Flow control
+        and sequence rules"); none when the window has no room for it and its filler (the device is busy)."""
         self._last_probe = time.monotonic()
         # zero bytes first, as many as the largest frame in flight: if the tail of one was lost, the
         # device's decoder holds its start and would swallow a bare probe; the zeros complete it (its CRC
@@ -292,13 +278,14 @@ class LoopClient:
         self.stats.probes += 1
         token = (PROBE_TOKEN | (self.stats.probes & 0xFFFF)).to_bytes(4, "little")
         self._write(filler)
-        self._send_now(frames.encode_frame(frames.CMD_SYNC, self.seq, token, key=self.key))
+        self._send_now(frames.CMD_SYNC, token)
 
-    def _send_now(self, frame: bytes) -> int:
+    def _send_now(self, ftype: int, payload: bytes) -> int:
+        frame = frames.encode_frame(ftype, self.seq, payload, key=self.key)
         self._write(frame)
         self.unacked.append((self.seq, frame))
         self.stats.frames_sent += 1
-        if not self.unacked or len(self.unacked) == 1:
+        if len(self.unacked) == 1:
             self._last_progress = time.monotonic()
         seq = self.seq
         self.seq = (self.seq + 1) & 0xFFFF
@@ -418,9 +405,7 @@ def gather(
 
 def _wanted(held: bytes | bytearray, byte_s: float, after_text: bool) -> tuple[int, float]:
     """(bytes worth waiting for, the longest to wait for them) given the candidate the decoder holds
-    (``held``): the rest of a frame (its header says how long it is; before that, the header), else, when
-    the last bytes were text, a short block of it; after a whole frame, nothing. A frame's wait allows
-    twice its bytes' time on the line, plus 2 ms."""
+    (``held``), as docs/protocol.md "Flow control and sequence rules" says the host reads."""
     if not held:
         return (TEXT_BLOCK, min(TEXT_WAIT_S, TEXT_BLOCK * byte_s)) if after_text else (0, 0.0)
     need = frames.HEADER - len(held)

@@ -143,20 +143,18 @@ class Serial(InProcessPort):
     # ---- "flash" and reset -----------------------------------------------------------------------
 
     def _erase(self) -> None:  # a blank board
-        assert self._dir is not None
-        with open(self._dir / "flash.bin", "wb") as f:
+        with open(self.home / "flash.bin", "wb") as f:
             f.write(b"\xff" * self._flash_bytes)
-        for old in (self._dir / "apps").iterdir():
+        for old in (self.home / "apps").iterdir():
             old.unlink()
 
     def install(self, program: str | Path) -> tuple[int, str]:
         """A bare program at offset 0 (no partition table): erase the board, keep ``program``; returns
         (size, sha256)."""
         self._live()
-        assert self._dir is not None
         self._stop_program()
         self._erase()
-        dest = self._dir / "program"
+        dest = self.home / "program"
         shutil.copy2(program, dest)
         dest.chmod(dest.stat().st_mode | 0o100)
         self._program = dest
@@ -164,13 +162,14 @@ class Serial(InProcessPort):
         return len(data), hashlib.sha256(data).hexdigest()
 
     @property
-    def flash_path(self) -> Path:
+    def home(self) -> Path:
+        """The open board's directory: flash.bin (its flash), apps/ (a program per app slot), program."""
         assert self._dir is not None
-        return self._dir / "flash.bin"
+        return self._dir
 
     def table(self) -> tuple[int, list[Partition]] | None:
         """The partition table in flash (its offset and entries), as the boot stand-in finds it."""
-        with open(self.flash_path, "rb") as f:
+        with open(self.home / "flash.bin", "rb") as f:
             for off in TABLE_OFFSETS:
                 f.seek(off)
                 entries = table_rows(f.read(TABLE_MAX_BYTES))
@@ -183,13 +182,12 @@ class Serial(InProcessPort):
         an app partition of the table in flash, else bytes of the flash image. Returns (size, sha256,
         bytes written); 0 written when the board already holds those bytes."""
         self._live()
-        assert self._dir is not None
         data = Path(path).read_bytes()
         sha = hashlib.sha256(data).hexdigest()
         found = self.table()
         apps = {p.offset for p in found[1] if p.type == APP} if found else set()
         if offset in apps:
-            dest = self._dir / "apps" / f"0x{offset:x}"
+            dest = self.home / "apps" / f"0x{offset:x}"
             if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == sha:
                 return len(data), sha, 0
             self._stop_program()
@@ -203,7 +201,7 @@ class Serial(InProcessPort):
                 errno.EFBIG,
                 f"0x{offset:x}+{len(data)} bytes is beyond the board's {self._flash_bytes >> 20} MB of flash",
             )
-        with open(self.flash_path, "r+b") as f:
+        with open(self.home / "flash.bin", "r+b") as f:
             f.seek(offset)
             if f.read(len(data)) == data:
                 return len(data), sha, 0
@@ -214,25 +212,24 @@ class Serial(InProcessPort):
 
     def _boot_choice(self) -> tuple[Path, dict[str, str], str] | None:
         """The boot stand-in: which program to start, its environment and the line it prints."""
-        assert self._dir is not None
         found = self.table()
         if found is None:
             if self._program is None:  # nothing flashed: the boot stand-in says so and the stream ends
                 return Path(), {}, f"{BOOT_LINE} no partition table: nothing is flashed\r\n"
             return self._program, {}, ""
         table_off, parts = found
-        with open(self.flash_path, "rb") as f:
+        with open(self.home / "flash.bin", "rb") as f:
             app = next(iter(boot_order(parts, lambda offset, size: _read_at(f, offset, size)).apps), None)
         if app is None:
             return None
-        program = self._dir / "apps" / f"0x{app.offset:x}"
+        program = self.home / "apps" / f"0x{app.offset:x}"
         if not program.is_file():
             return Path(), {}, f"{BOOT_LINE} no app image in {app.label} at 0x{app.offset:x}\r\n"
         env = {
-            "ESP_CHECK_NATIVE_FLASH": str(self.flash_path),
+            "ESP_CHECK_NATIVE_FLASH": str(self.home / "flash.bin"),
             "ESP_CHECK_NATIVE_TABLE_OFFSET": f"0x{table_off:x}",
             "ESP_CHECK_NATIVE_APP_OFFSET": f"0x{app.offset:x}",
-            "ESP_CHECK_NATIVE_BOARD_DIR": str(self._dir),
+            "ESP_CHECK_NATIVE_BOARD_DIR": str(self.home),
         }
         line = f"{BOOT_LINE} Loaded app from partition at offset 0x{app.offset:x} ({app.label})\r\n"
         return program, env, line
@@ -259,10 +256,7 @@ class Serial(InProcessPort):
             if choice is None:
                 return
             program, extra, line = choice
-            env = dict(os.environ)
-            for key, value in SANITIZER_ENV.items():
-                env.setdefault(key, value)
-            env.update(extra)
+            env = {**SANITIZER_ENV, **os.environ, **extra}  # the user's sanitizer settings win over ours
             with self._cond:
                 self._generation += 1
                 generation = self._generation
@@ -275,15 +269,14 @@ class Serial(InProcessPort):
                 self._cond.notify_all()
             if not program.name:
                 return
-            assert self._dir is not None
             with contextlib.suppress(FileNotFoundError):
-                (self._dir / SW_RESET_MARKER).unlink()
+                (self.home / SW_RESET_MARKER).unlink()
             if not keep_output:  # a cold boot: PSRAM (EXT_RAM_NOINIT_ATTR, standins/src/noinit.c) is noise
                 with contextlib.suppress(FileNotFoundError):
-                    (self._dir / NOINIT_FILE).unlink()
+                    (self.home / NOINIT_FILE).unlink()
             proc = subprocess.Popen(
                 [str(program)],
-                cwd=str(self._dir),
+                cwd=str(self.home),
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -377,9 +370,9 @@ class Serial(InProcessPort):
         if proc is not None and proc.stdin is not None and proc.poll() is None:
             try:
                 os.write(proc.stdin.fileno(), raw)
-            except (BlockingIOError, BrokenPipeError):
-                pass  # a full input pipe drops bytes, as a full UART FIFO does
-            except OSError as exc:
+            except (
+                OSError
+            ) as exc:  # a full input pipe drops bytes, as a full UART FIFO does; so does a dead one
                 if exc.errno not in (errno.EAGAIN, errno.EPIPE):
                     raise
         return len(raw)

@@ -187,13 +187,11 @@ class ResidentBoard:
         self.last_link = LinkStats()  # the last session's
         self.keys: list[int] = []  # the boot keys of every boot seen (docs/protocol.md "Boot key")
         self._model_sha: str | None = None
-        self.probe_first = True  # read the app's HELLO before flashing: skip esptool when it holds the builds
         self.probe_notes: list[str] = []  # why the last probe did not skip the flash
         self._probe_raw: RawCapture | None = None  # the probe's boot, until a variant's log takes it
         # the last boot when it left no app ready (a crash, a loop, silence): the next ensure() of the same
         # variant reads this start-up evidence instead of booting the app into the same failure again
         self._failed_start: Boot | None = None
-        self._app_shas: dict[str, str] = {}
 
     def model_sha256(self) -> str:
         """SHA-256 of the model esp-check flashed (from the model partition image it wrote), or ""."""
@@ -207,18 +205,12 @@ class ResidentBoard:
                     break
         return self._model_sha
 
-    def app_sha256(self, variant: str) -> str:
-        """What HELLO reports for a slot holding ``variant``'s build ("" unknown)."""
-        if variant not in self._app_shas:
-            b = self.builds.get(variant)
-            self._app_shas[variant] = "" if b is None else app_slot_sha256(b)
-        return self._app_shas[variant]
-
     def other_firmware(self, boot: Boot, variant: str) -> str:
         """Why the running app is not ``variant``'s build, from its HELLO's image SHA-256 ("": it is, or
         the firmware does not report it)."""
         got = boot.hello.app_sha256 if boot.hello is not None else ""
-        want = self.app_sha256(variant)
+        build = self.builds.get(variant)
+        want = "" if build is None else app_slot_sha256(build)  # the build's stored figure, as a rule
         if not got or not want or got == want:
             return ""
         return (
@@ -262,8 +254,6 @@ class ResidentBoard:
         else None (flash as before; why is in ``self.probe_notes``)."""
         t0 = time.monotonic()
         self.probe_notes = []
-        if not self.probe_first:
-            return None
         other = OtherApp(self.builds)  # a slot that prints another build's ELF SHA-256: flash, stop here
         try:
             boot = self._booted(

@@ -407,8 +407,6 @@ def _decode_b64(text: bytes, what: str) -> bytes:
 
 
 class _Builder:
-    _HANDLERS: ClassVar[dict[str, Callable[[_Builder, Record], None]]]  # record type -> handler (below)
-
     def __init__(self, cap: Capture) -> None:
         self.cap = cap
         self.expected_seq = 0
@@ -817,6 +815,23 @@ class _Builder:
         for run in cap.runs:
             run.outputs.sort(key=lambda t: t.o)
 
+    _HANDLERS: ClassVar[dict[str, Callable[[_Builder, Record], None]]] = {  # record type -> handler
+        "BEGIN": _begin,
+        "INFO": _info,
+        "ARENA": _arena,
+        "INPUT": _input,
+        "TIME": _time,
+        "TENSOR": _tensor,
+        "DATA": _data,
+        "ERROR": _error,
+        "END": _end,
+        "OP": _op,
+        "OPEND": _opend,
+        "HYBRID": _hybrid,
+        "OPDUMP": _opdump,
+        "OPDATA": _opdata,
+    }
+
 
 _DEVICE_TEXT_RE = re.compile(
     rb"ESP-ROM:|^ets [A-Z][a-z]{2} |rst:0x[0-9a-f]+ \(|Guru Meditation Error|abort\(\) was called|"
@@ -835,24 +850,6 @@ def looks_like_device_output(raw: bytes) -> bool:
     if any(tail.endswith(MARKER[:k]) for k in range(1, len(MARKER) + 1)):
         return True
     return _DEVICE_TEXT_RE.search(raw[: 1 << 20]) is not None
-
-
-_Builder._HANDLERS = {
-    "BEGIN": _Builder._begin,
-    "INFO": _Builder._info,
-    "ARENA": _Builder._arena,
-    "INPUT": _Builder._input,
-    "TIME": _Builder._time,
-    "TENSOR": _Builder._tensor,
-    "DATA": _Builder._data,
-    "ERROR": _Builder._error,
-    "END": _Builder._end,
-    "OP": _Builder._op,
-    "OPEND": _Builder._opend,
-    "HYBRID": _Builder._hybrid,
-    "OPDUMP": _Builder._opdump,
-    "OPDATA": _Builder._opdata,
-}
 
 
 def parse_capture(raw: bytes | bytearray | memoryview | str) -> Capture:

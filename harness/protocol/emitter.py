@@ -412,8 +412,7 @@ def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) 
         )
     common = templates_dir() / "common"
     names = [f"{name}{ext}" for name in C_SOURCES for ext in (".c", ".h")]
-    sources = [common / name for name in names]
-    c_files = [str(p) for p in sources if p.suffix == ".c"]
+    c_files = [str(common / f"{name}.c") for name in C_SOURCES]
     digest = code_digest("\0".join((cc, *_C_FLAGS, sys.platform)), common, names, ())
     suffix = {"darwin": ".dylib", "win32": ".dll"}.get(sys.platform, ".so")
     out_dir = cache_dir / "emitter" if cache_dir else user_cache_dir("emitter")
@@ -426,7 +425,7 @@ def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) 
     try:
         with FileLock(lock, timeout=300):
             if not out.is_file():  # else another one built it while we waited
-                _compile_library(cc, sources, c_files, out_dir, out)
+                _compile_library(cc, common, c_files, out)
     except Timeout as exc:
         raise BuildError(
             f"waited 300 s for {lock}, held by another esp-check compiling the protocol library",
@@ -435,13 +434,12 @@ def build_c_library(cache_dir: Path | None = None, compiler: str | None = None) 
     return out
 
 
-def _compile_library(cc: str, sources: list[Path], c_files: list[str], out_dir: Path, out: Path) -> None:
-    suffix = out.suffix
-    fd, tmp_name = tempfile.mkstemp(prefix=".build-", suffix=suffix, dir=out_dir)
+def _compile_library(cc: str, include: Path, c_files: list[str], out: Path) -> None:
+    fd, tmp_name = tempfile.mkstemp(prefix=".build-", suffix=out.suffix, dir=out.parent)
     os.close(fd)
     try:
         proc = subprocess.run(
-            [cc, *_C_FLAGS, "-I", str(sources[0].parent), "-o", tmp_name, *c_files],
+            [cc, *_C_FLAGS, "-I", str(include), "-o", tmp_name, *c_files],
             capture_output=True,
             text=True,
             check=False,

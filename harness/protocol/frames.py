@@ -1,10 +1,7 @@
-"""Binary frames and resident-loop payloads (docs/protocol.md "Binary frames" and "Resident loop").
+"""Binary frames and resident-loop payloads: the twin of esp_check_frame.c (docs/protocol.md "Frame layout").
 
-The twin of ``firmware_templates/common/esp_check_frame.c``: same layout, same decoder decisions (a
-contract test feeds both the same bytes). Serial input is hostile: a payload length is checked before
-anything is buffered, a frame counts only after its CRC-32 passed, every payload is length-checked before
-it is unpacked (:class:`FrameFormatError` otherwise), and bytes that are not part of a valid frame come
-back as text, in order, so IDF log lines and text records interleaved with frames survive untouched.
+Serial input is hostile: a length is checked before anything is buffered or unpacked (else
+:class:`FrameFormatError`), a frame counts only after its CRC-32 passed, and other bytes are text, in order.
 """
 
 from __future__ import annotations
@@ -211,9 +208,12 @@ class FrameDecoder:
                     break
                 if isinstance(got, Frame):
                     emit_text()
-                    if host:
-                        self._deliver(got, out)
-                    elif on_frame is not None:
+                    if host and self._line:  # a binary frame ends any held partial line
+                        out.append(bytes(self._line))
+                        self._line.clear()
+                    if host and got.type == RSP_HELLO:  # a HELLO sets the key of what follows
+                        self._follow(got)
+                    if on_frame is not None:  # never on the host side
                         on_frame(got)
                     else:
                         out.append(got)
@@ -221,15 +221,6 @@ class FrameDecoder:
                 break
         emit_text()
         return out
-
-    def _deliver(self, frame: Frame, out: list[Frame | bytes]) -> None:
-        """Host side: a binary frame ends any held partial line; a HELLO sets the key of what follows."""
-        if self._line:
-            out.append(bytes(self._line))
-            self._line.clear()
-        if frame.type == RSP_HELLO:
-            self._follow(frame)
-        out.append(frame)
 
     def _follow(self, frame: Frame) -> None:
         """A HELLO starts (or repeats) a boot: its key is the key of the frames after it."""
@@ -288,21 +279,19 @@ class FrameDecoder:
 
     # ---- binary frames ------------------------------------------------------------------------------
 
-    def _drop(self, k: int, text: bytearray) -> None:
+    def _resync(self, text: bytearray) -> None:
+        """Drop the candidate's first byte and whatever follows up to the next magic byte, as text."""
+        nxt = self.buf.find(MAGIC[:1], 1)
+        k = len(self.buf) if nxt < 0 else nxt
         text += self.buf[:k]
         self.stats.skipped += k
         del self.buf[:k]
-
-    def _resync(self, text: bytearray) -> None:
-        nxt = self.buf.find(MAGIC[:1], 1)
-        self._drop(len(self.buf) if nxt < 0 else nxt, text)
 
     def _step(self, text: bytearray) -> Frame | bool | None:
         """None: wait for more bytes; True: progress without a frame; a Frame."""
         buf = self.buf
         if buf[0] != MAGIC[0]:
-            nxt = buf.find(MAGIC[:1])
-            self._drop(len(buf) if nxt < 0 else nxt, text)
+            self._resync(text)
             return True
         if len(buf) < 2:
             return None
@@ -332,19 +321,13 @@ class FrameDecoder:
             self._resync(text)
             return True
         del body
-        frame = _frame(ftype, seq, bytes(buf[HEADER : HEADER + length]), flags)
+        payload, ack = bytes(buf[HEADER : HEADER + length]), None
+        if ftype == RSP_RESULT and flags & FRAME_ACK and length >= 2:  # a folded ACK, split off the records
+            payload, ack = payload[:-2], int.from_bytes(payload[-2:], "little")
+        frame = Frame(ftype, seq, payload, flags, ack)
         del buf[:total]
         self.stats.frames += 1
         return frame
-
-
-def _frame(ftype: int, seq: int, payload: bytes, flags: int) -> Frame:
-    """A RESULT frame that carries a folded ACK (FRAME_ACK) has it split off its records."""
-    if ftype == RSP_RESULT and flags & FRAME_ACK and len(payload) >= 2:
-        return Frame(
-            ftype, seq, payload[:-2], flags, ack=int(struct.unpack_from("<H", payload, len(payload) - 2)[0])
-        )
-    return Frame(ftype, seq, payload, flags)
 
 
 def _partial_prefix(text: bytes, marker: bytes) -> int:
@@ -470,6 +453,9 @@ class Hello:
         return key_crc(self.session, self.nn)
 
 
+_HELLO = struct.Struct("<BBBBBBHIIHHI32s32s32sII")  # HELLO's fixed part, HELLO_FIXED bytes (docs/protocol.md)
+
+
 def _sha_bytes(hexd: str) -> bytes:
     return bytes.fromhex(hexd) if hexd else b"\0" * 32
 
@@ -480,16 +466,15 @@ def _sha_hex(raw: bytes) -> str:
 
 def encode_hello(h: Hello) -> bytes:
     fw = h.fwver.encode("ascii", "replace")[:FWVER_MAX]
-    head = struct.pack(
-        "<BBBBBBHIIHHI",
+    head = _HELLO.pack(
         h.proto, int(h.sim) | (2 if h.tap else 0), NN_CODES.get(h.nn, 0),
         0xFF if h.slot is None else h.slot, h.init_status, DTYPE_CODES.get(h.input_dtype, 0),
         h.max_payload, h.window, h.input_bytes, len(h.output_bytes), 0, h.session & 0xFFFFFFFF,
+        _sha_bytes(h.model_sha256), _sha_bytes(h.app_sha256), _sha_bytes(h.other_sha256), h.keep_capacity,
+        h.kept,
     )  # fmt: skip
-    shas = _sha_bytes(h.model_sha256) + _sha_bytes(h.app_sha256) + _sha_bytes(h.other_sha256)
-    shas += struct.pack("<II", h.keep_capacity, h.kept)
     outs = b"".join(struct.pack("<I", n) for n in h.output_bytes)
-    return head + shas + outs + bytes([len(fw)]) + fw
+    return head + outs + bytes([len(fw)]) + fw
 
 
 def decode_hello(p: bytes) -> Hello:
@@ -498,8 +483,9 @@ def decode_hello(p: bytes) -> Hello:
         raise FrameFormatError(
             f"HELLO of frame protocol {p[0]}, esp-check speaks {VERSION}: rebuild and flash the firmware"
         )
-    fields = struct.unpack_from("<BBBBBBHIIHHI", p)
-    proto, flags, nn, slot, init, dt, maxp, window, in_bytes, n_out, _, session = fields
+    proto, flags, nn, slot, init, dt, maxp, window, in_bytes, n_out, _, session, *shas, cap, kept = (
+        _HELLO.unpack_from(p)
+    )
     if n_out > MAX_OUTPUTS:
         raise FrameFormatError(f"HELLO announces {n_out} outputs (at most {MAX_OUTPUTS})")
     _need(p, HELLO_FIXED + 4 * n_out + 1, "HELLO")
@@ -521,13 +507,13 @@ def decode_hello(p: bytes) -> Hello:
         window=window,
         input_bytes=in_bytes,
         output_bytes=tuple(outs),
-        model_sha256=p[24:56].hex(),
+        model_sha256=shas[0].hex(),
         fwver=fw,
         session=session,
-        app_sha256=_sha_hex(p[56:88]),
-        other_sha256=_sha_hex(p[88:120]),
-        keep_capacity=int.from_bytes(p[120:124], "little"),
-        kept=int.from_bytes(p[124:128], "little"),
+        app_sha256=_sha_hex(shas[1]),
+        other_sha256=_sha_hex(shas[2]),
+        keep_capacity=cap,
+        kept=kept,
     )
 
 

@@ -1,9 +1,5 @@
-"""The resident command loop's device side, in Python: the twin of esp_check_loop.c.
-
-Written after the C file, decision for decision (sequence numbers, ACK/NAK policy, RESULT batching); the
-simulated board runs it where no host C compiler exists, and a contract test requires byte-identical output
-(docs/protocol.md "Binary frames and the resident loop").
-"""
+"""The resident command loop's device side, in Python: the twin of esp_check_loop.c, decision for decision
+(docs/protocol.md "Binary frames and the resident loop"); the simulated board runs it without a C compiler."""
 
 from __future__ import annotations
 
@@ -93,11 +89,10 @@ class KeepStore:
 
     def __init__(self, cfg: LoopConfig) -> None:
         self.cfg = cfg
+        self.region = cfg.keep or bytearray()  # none: no room for a single entry
         self.cap = self.kept = self.nonce = 0
-        region = cfg.keep
-        if region is None or not cfg.model_sha256 or cfg.input_bytes == 0:
-            return
-        if len(region) < frames.KEEP_HEADER + 16:
+        region = self.region
+        if not cfg.model_sha256 or cfg.input_bytes == 0 or len(region) < frames.KEEP_HEADER + 16:
             return
         cap = min(
             (len(region) - frames.KEEP_HEADER - 16) // (cfg.input_bytes + frames.KEEP_ENTRY), frames.KEEP_MAX
@@ -116,8 +111,7 @@ class KeepStore:
 
     def _header(self) -> bytes:
         c = self.cfg
-        region = c.keep if c.keep is not None else bytearray()
-        h = _KEEP_MAGIC + struct.pack("<IIII", c.input_bytes, self.cap, self.nonce, len(region))
+        h = _KEEP_MAGIC + struct.pack("<IIII", c.input_bytes, self.cap, self.nonce, len(self.region))
         h += bytes.fromhex(c.model_sha256) + struct.pack("<I", c.keep_place & 0xFFFFFFFF)
         return h + struct.pack("<I", crc32(h))
 
@@ -125,8 +119,7 @@ class KeepStore:
         return crc32(struct.pack("<III", self.nonce, index, crc))
 
     def _entry(self, k: int) -> tuple[bool, int]:
-        assert self.cfg.keep is not None
-        crc, check = struct.unpack_from("<II", self.cfg.keep, frames.KEEP_HEADER + k * frames.KEEP_ENTRY)
+        crc, check = struct.unpack_from("<II", self.region, frames.KEEP_HEADER + k * frames.KEEP_ENTRY)
         return check == self._check(k, crc), crc
 
     def _slot(self, k: int) -> int:
@@ -140,23 +133,21 @@ class KeepStore:
         ok, crc = self._entry(k)
         if not ok or crc != want:
             return None
-        assert self.cfg.keep is not None
         at = self._slot(k)
-        data = bytes(self.cfg.keep[at : at + self.cfg.input_bytes])
+        data = bytes(self.region[at : at + self.cfg.input_bytes])
         return data if crc32(data) == want else None
 
     def store(self, ident: int, data: bytes) -> None:
         """Keep input ``ident`` in entry ``ident % cap`` (a chunk of the dataset takes the entries over)."""
         if self.cap == 0:
             return
-        assert self.cfg.keep is not None
         k = ident % self.cap
         e = frames.KEEP_HEADER + k * frames.KEEP_ENTRY
         at = self._slot(k)
-        self.cfg.keep[e + 4 : e + 8] = bytes(4)  # invalid while the bytes change
-        self.cfg.keep[at : at + len(data)] = data
+        self.region[e + 4 : e + 8] = bytes(4)  # invalid while the bytes change
+        self.region[at : at + len(data)] = data
         crc = crc32(data)
-        self.cfg.keep[e : e + 8] = struct.pack("<II", crc, self._check(k, crc))
+        self.region[e : e + 8] = struct.pack("<II", crc, self._check(k, crc))
 
 
 @dataclass
@@ -166,9 +157,6 @@ class DeviceLoop:
     cfg: LoopConfig
     host: LoopHost
     emitter: Any  # harness.protocol.emitter.Emitter with a ``seq`` attribute
-    dec: frames.FrameDecoder = field(
-        default_factory=lambda: frames.FrameDecoder(frames.MAX_PAYLOAD, hello_lines=False)
-    )
     rx_expected: int = 0
     tx_seq: int = 0
     nak_pending: bool = False
@@ -183,14 +171,11 @@ class DeviceLoop:
     batch_wait_us: int = 0  # invoke time of the RUNs after the batch's first record: how long it waited
     run_busy_us: int = 0  # invoke time of the RUN whose record is being added
     slow_shown: bool = False  # a RUN of SLOW_RUN_US or more had its result sent at once (this boot)
-    staging: bytearray = field(default_factory=bytearray)
-    outputs_now: list[bytes] = field(default_factory=list)
-    stats: dict[str, int] = field(default_factory=lambda: {"runs": 0, "naks": 0, "dups": 0})
 
     def __post_init__(self) -> None:
         self.cfg.window = max(self.cfg.window, frames.MAX_FRAME)
         self.key = frames.key_crc(self.cfg.session, self.cfg.nn)
-        self.dec.key = self.key
+        self.dec = frames.FrameDecoder(frames.MAX_PAYLOAD, key=self.key, hello_lines=False)
         self.staging = bytearray(self.cfg.input_bytes)
         self.store = KeepStore(self.cfg)
         self.outputs_now = [bytes(o.bytes) for o in self.cfg.outputs]
@@ -201,9 +186,9 @@ class DeviceLoop:
         self.host.write(frames.encode_frame(ftype, self.tx_seq, payload, flags, key=self.key))
         self.tx_seq = (self.tx_seq + 1) & 0xFFFF
 
-    def _flush(self) -> None:
+    def _flush(self, flags: int = 0) -> None:
         if self.batch:
-            self._send(frames.RSP_RESULT, bytes(self.batch))
+            self._send(frames.RSP_RESULT, bytes(self.batch), flags)
             self.batch.clear()
         self.batch_wait_us = 0
 
@@ -214,10 +199,8 @@ class DeviceLoop:
     def _flush_ack(self) -> None:
         """The batch, and an ACK of what was consumed: one RESULT frame that carries both when it can."""
         if self.batch and self.consumed_since_ack > 0 and len(self.batch) + 2 <= frames.TX_MAX_PAYLOAD:
-            payload = bytes(self.batch) + struct.pack("<H", self.rx_expected)
-            self._send(frames.RSP_RESULT, payload, frames.FRAME_ACK)
-            self.batch.clear()
-            self.batch_wait_us = 0
+            self.batch += struct.pack("<H", self.rx_expected)
+            self._flush(frames.FRAME_ACK)
             self.consumed_since_ack = 0
             return
         self._flush()
@@ -230,7 +213,6 @@ class DeviceLoop:
         self._flush()
         self._send(frames.RSP_NAK, struct.pack("<HBB", self.rx_expected, reason, 0))
         self.nak_pending = True
-        self.stats["naks"] += 1
 
     def error(self, ident: int, stage: int, code: int, msg: str) -> None:
         self._flush()
@@ -292,7 +274,6 @@ class DeviceLoop:
             self._nak(frames.NAK_BAD_FRAME)
         d = (f.seq - self.rx_expected) & 0xFFFF
         if d >= 0x8000:
-            self.stats["dups"] += 1
             self._ack()
             return
         if d > 0:
@@ -331,7 +312,8 @@ class DeviceLoop:
         off = struct.unpack_from("<I", f.payload)[0]
         n = len(f.payload) - 4
         if off > self.cfg.input_bytes or n > self.cfg.input_bytes - off:
-            self.error(frames.NO_ID, frames.STAGE_CODES["input"], _i32(off), "load_beyond_input_tensor")
+            code = int.from_bytes(f.payload[:4], "little", signed=True)  # the offset, as C's int32_t
+            self.error(frames.NO_ID, frames.STAGE_CODES["input"], code, "load_beyond_input_tensor")
             self.loaded = 0
             return
         self.staging[off : off + n] = f.payload[4:]
@@ -397,7 +379,6 @@ class DeviceLoop:
             self.error(ident, frames.STAGE_CODES["protocol"], len(f.payload), "bad_run_command")
             self.loaded = 0
             return
-        self.stats["runs"] += 1
         data: bytes | None = None  # the input a kept source names (else the staging buffer's)
         if r.source == frames.SRC_PRNG:
             self.staging[:] = frames.prng_bytes(r.seed, r.ident, self.cfg.input_dtype, self.cfg.input_bytes)
@@ -549,8 +530,3 @@ class DeviceLoop:
                 self._send(
                     frames.RSP_DATA, struct.pack("<IHI", self.batch_last, o, off) + b[off : off + chunk]
                 )
-
-
-def _i32(v: int) -> int:
-    v &= 0xFFFFFFFF
-    return v - (1 << 32) if v >= 1 << 31 else v

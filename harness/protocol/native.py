@@ -1,9 +1,5 @@
-"""The firmware's portable C (frames, command loop) driven through ctypes.
-
-The same shared library as the C emitter (:func:`harness.protocol.emitter.build_c_library`); the simulated
-board runs the C loop through :class:`CDeviceLoop`, and contract tests compare the C side with its Python
-twins (docs/protocol.md "Binary frames and the resident loop").
-"""
+"""The firmware's portable C (frames, command loop) driven through ctypes, from the C emitter's library
+(:func:`harness.protocol.emitter.build_c_library`; docs/protocol.md "Binary frames and the resident loop")."""
 
 from __future__ import annotations
 
@@ -138,17 +134,10 @@ class CDeviceLoop:
         self._out_bufs = [(ctypes.c_uint8 * max(o.bytes, 1))() for o in cfg.outputs]
         self._outs = (_Output * max(len(cfg.outputs), 1))()
         self._keep: list[Any] = []
-        for k, o in enumerate(cfg.outputs):
-            x = self._outs[k]
-            x.data = ctypes.cast(self._out_bufs[k], _u8p)
-            x.bytes = o.bytes
-            x.dtype = self._c(o.dtype)
-            x.ndims = len(o.shape)
-            for d, v in enumerate(o.shape[:MAX_DIMS]):
-                x.dims[d] = v
-            x.scale = o.scale
-            x.zp = o.zp
-            x.name = self._c(o.name)
+        for k, (o, buf) in enumerate(zip(cfg.outputs, self._out_bufs, strict=True)):
+            dims = (ctypes.c_int32 * MAX_DIMS)(*o.shape[:MAX_DIMS])
+            data, dtype, name = ctypes.cast(buf, _u8p), self._c(o.dtype), self._c(o.name)
+            self._outs[k] = _Output(data, o.bytes, dtype, dims, len(o.shape), o.scale, zp=o.zp, name=name)
         self._sha, self._app_sha, self._other_sha = (
             (ctypes.c_uint8 * 32).from_buffer_copy(bytes.fromhex(h) if h else bytes(32))
             for h in (cfg.model_sha256, cfg.app_sha256, cfg.other_sha256)

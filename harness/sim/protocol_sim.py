@@ -30,7 +30,11 @@ class Serial(InProcessPort):
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def open(self) -> None:
-        board = self.from_url(self._url_to_open())
+        url = self._url_to_open()
+        try:
+            board = get_board(*parse_url(url))
+        except UsageError as exc:
+            raise SerialException(f"could not open {url!r} (form: sim://NAME[?options]): {exc}") from None
         self._conn = board.attach(bool(self._exclusive))
         self._board = board
         self.is_open = True
@@ -42,14 +46,6 @@ class Serial(InProcessPort):
         if self.is_open and self._board is not None:
             self._board.detach(self._conn)
         self.is_open = False
-
-    def from_url(self, url: str) -> SimBoard:
-        """Find (or create) the board named in the URL (:func:`harness.sim.board.get_board`)."""
-        try:
-            name, config = parse_url(url)
-            return get_board(name, config)
-        except UsageError as exc:
-            raise SerialException(f"could not open {url!r} (form: sim://NAME[?options]): {exc}") from None
 
     def _reconfigure_port(self) -> None:
         """Tell the board the host UART's new rate: what was received before stays as received."""

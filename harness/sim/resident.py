@@ -10,6 +10,7 @@ output is :class:`Piece` lists, timed in device time (start-up log timestamps, m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -142,6 +143,7 @@ class SimApp:
     ) -> None:
         self.env, self.payload, self.elf_sha, self.clock, self.slot = env, payload, elf_sha, clock, slot
         self.slot_shas = slot_shas  # esp_partition_get_sha256 of the running slot and the other one
+        self.model_sha = hashlib.sha256(payload.model).hexdigest() if payload.model else ""  # HELLO's, INFO's
         self.baud_request: int | None = None  # BAUD accepted: the board switches the UART after the reply
         faults = env.faults
         self.active = sorted(
@@ -190,7 +192,10 @@ class SimApp:
             init.stage, init.code = frames.STAGE_CODES["input"], len(init.info.inputs)
             init.msg = "expected_one_input_tensor"
         else:
-            init.arena_used, init.tflm = self._arena_and_version(init.info)
+            with contextlib.suppress(Exception):
+                init.tflm = get_backend("tflm").version().replace(" ", "_")
+            with contextlib.suppress(Exception):  # an estimate only; never fail the boot over it
+                init.arena_used = int(host_arena_bytes(init.info))
         return init
 
     def _dispatch(self, init: _Init) -> None:
@@ -214,17 +219,6 @@ class SimApp:
         kept = [f for f in self.active if f not in OP_FAULTS]
         self.active = sorted(kept + ([init.op_fault.kind] if init.op_fault else []))
         init.cycles = op_cycles(info, self.env.chip.name, init.dispatch, salt=self.payload.variant)
-
-    @staticmethod
-    def _arena_and_version(info: Any) -> tuple[int, str]:
-        try:
-            version = get_backend("tflm").version().replace(" ", "_")
-        except Exception:
-            version = "sim"
-        try:
-            return int(host_arena_bytes(info)), version
-        except Exception:  # an estimate only; never fail the boot over it
-            return 0, version
 
     def _outputs(self) -> list[LoopOutput]:
         info = self.init.info
@@ -250,7 +244,7 @@ class SimApp:
             nn=self.payload.nn,
             slot=self.slot,
             init_status=self.init.stage,
-            model_sha256=hashlib.sha256(self.payload.model).hexdigest() if self.payload.model else "",
+            model_sha256=self.model_sha,
             fwver=str(self.payload.header.get("fwver", "0.0.0")),
             # a new one at every boot, as the firmware draws with esp_random() (never 0); seeded by the
             # board's seed, the boot and the image, so a simulated run replays byte for byte
@@ -368,8 +362,7 @@ class SimApp:
         em.info([("idf", str(p.header.get("idf", "sim"))), ("tflm", self.init.tflm),
                  ("espnn", str(p.header.get("espnn", "sim"))), ("model_bytes", len(p.model)),
                  ("inputs", inputs), ("outputs", n_out)])  # fmt: skip
-        sha = hashlib.sha256(p.model).hexdigest() if p.model else "-"
-        em.info([("model_sha256", sha), ("slot", -1 if self.slot is None else self.slot)])
+        em.info([("model_sha256", self.model_sha or "-"), ("slot", -1 if self.slot is None else self.slot)])
         if self.active:
             em.info([("sim_fault", "+".join(self.active))])
         if p.header.get("tap"):
@@ -462,7 +455,7 @@ class SimApp:
         key = f"out:{hashlib.sha256(self.payload.model[:4096] + data).hexdigest()}:{len(self.payload.model)}"
         hit = cache.get(key)
         if hit is None:
-            mkey = "model:" + hashlib.sha256(self.payload.model).hexdigest()
+            mkey = "model:" + self.model_sha
             model = cache.get(mkey)
             if model is None:
                 model = cache[mkey] = _Model(self.payload.model, info)

@@ -33,6 +33,7 @@ from harness.flashfmt.partitions import VARIANT_SLOTS
 from harness.model.inputs import InputOptions, input_tensor_bytes
 from harness.model.loader import ModelInfo, TensorInfo, load_model
 from harness.model.opdata import resolver_methods
+from harness.protocol.spec import DTYPES
 from harness.resources import (
     data_dir,
     installed_versions,
@@ -80,7 +81,6 @@ OTADATA_ANSI_IMAGE = f"{DATA_DIR}/partitions/ota_data_ansi.bin"
 # (docs/protocol.md "Flow control"), out of PSRAM_RESERVE_BYTES beside the kept-input store.
 RESIDENT = {"rx_buffer_bytes": 16384, "tx_buffer_bytes": 8192, "rx_window_bytes": 16384}
 PSRAM_RX_WINDOW_BYTES = 64 * 1024
-SUPPORTED_DTYPES = ("int8", "uint8", "int16", "int32", "float32")
 
 _VERSION_RE = re.compile(r"^[0-9A-Za-z.+~-]{1,32}$")
 _METHOD_RE = re.compile(r"^Add[A-Za-z0-9_]{1,64}$")
@@ -228,15 +228,14 @@ def _arena_max(board: Board) -> dict[str, int]:
 
 def place_arena(arena_bytes: int, board: Board) -> str:
     """``internal`` or ``psram`` for an ``arena_bytes`` arena on ``board``; GenerateError if neither fits."""
-    internal = board.internal_ram_arena_kb * 1024
-    if arena_bytes <= internal:
+    limits = _arena_max(board)
+    if arena_bytes <= limits["internal"]:
         return "internal"
-    psram = _arena_max(board)["psram"]
-    if board.has_psram and arena_bytes <= psram:
+    if board.has_psram and arena_bytes <= limits["psram"]:
         return "psram"
-    where = f"{internal // 1024} KB internal RAM"
+    where = f"{limits['internal'] // 1024} KB internal RAM"
     if board.has_psram:
-        where += f" or {max(psram, 0) // 1024} KB usable {board.psram} PSRAM"
+        where += f" or {limits['psram'] // 1024} KB usable {board.psram} PSRAM"
     else:
         where += " and it has no PSRAM"
     raise GenerateError(
@@ -620,15 +619,12 @@ def _check_model(model: ModelInfo, model_path: Path) -> TensorInfo:
         )
     tensor = model.inputs[0]
     for t in (tensor, *model.outputs):
-        if t.dtype not in SUPPORTED_DTYPES:
+        if t.dtype not in DTYPES:  # what the protocol's records carry
             raise GenerateError(
-                f"tensor {c_str(t.name)} has dtype {t.dtype}; the firmware supports "
-                f"{', '.join(SUPPORTED_DTYPES)}",
+                f"tensor {c_str(t.name)} has dtype {t.dtype}; the firmware supports {', '.join(DTYPES)}",
                 hint="convert the model with integer (int8) inputs and outputs",
             )
-    if not model.outputs:
-        raise GenerateError(f"{model_path.name} has no output tensors")
-    return tensor
+    return tensor  # (a model without outputs never loads: harness.model.loader refuses it)
 
 
 def _plan_arena(model_path: Path, board: Board, arena_kb: int | None, espnn_version: str) -> ArenaPlan:

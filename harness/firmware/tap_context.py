@@ -14,10 +14,7 @@ from typing import Any
 from harness.errors import GenerateError
 from harness.model.loader import ModelInfo
 from harness.model.taps import tapped_inputs, tapped_outputs
-from harness.protocol.spec import TAP_MAX_TENSORS, TAP_RECORD_BYTES
-
-_DTYPE_C = {"int8": "kTfLiteInt8", "uint8": "kTfLiteUInt8", "int16": "kTfLiteInt16",
-            "int32": "kTfLiteInt32", "float32": "kTfLiteFloat32"}  # fmt: skip
+from harness.protocol.spec import DTYPES, TAP_MAX_TENSORS, TAP_RECORD_BYTES
 
 
 def tap_firmware_context(
@@ -49,10 +46,10 @@ def tap_firmware_context(
         ins, outs = tapped_inputs(info, op), tapped_outputs(op)
         for t in ins + outs:
             ti = info.tensors[t]
-            if ti.dtype not in _DTYPE_C:
+            if ti.dtype not in DTYPES:  # what an OPDATA record can carry
                 raise GenerateError(
                     f"op {op.index} ({op.opcode}) uses tensor {t} of dtype {ti.dtype}: --tap can dump "
-                    f"only {', '.join(_DTYPE_C)}",
+                    f"only {', '.join(DTYPES)}",
                     hint="run without --tap",
                 )
             if t not in tensors:
@@ -109,6 +106,5 @@ def tap_firmware_context(
         "slot": slot,
         "dumps": dumps,
         "dump_bytes": offset,
-        "dtype_c": _DTYPE_C,
         "manifest": manifest,
     }

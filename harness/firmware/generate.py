@@ -692,11 +692,6 @@ def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
         "board": board,
         "versions": src.versions,
         "pio_env": PIO_ENV,
-        "model": {
-            "file_name": src.model_path.name,
-            "bytes": len(src.model_bytes),
-            "sha256": _sha256(src.model_bytes),
-        },
         "inputs": [
             {"source_name": p.name, "sha256": _sha256(raw), "array": _hex_array(raw)} for p, raw in prepared
         ],

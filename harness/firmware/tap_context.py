@@ -66,7 +66,6 @@ def tap_firmware_context(
             {
                 "index": op.index,
                 "opcode": op.opcode,
-                "custom": op.custom_code if op.opcode == "CUSTOM" else None,
                 "kind": kinds.index(str(key)),
                 # what OP op= prints: the protocol allows [A-Za-z0-9_-], at most 32 bytes
                 "record_name": re.sub(r"[^A-Za-z0-9_-]", "_", str(key))[:32] or "-",
@@ -103,7 +102,6 @@ def tap_firmware_context(
         ],
         "ops": op_rows,
         "tensors": [tensors[t] for t in order],
-        "slot": slot,
         "dumps": dumps,
         "dump_bytes": offset,
         "manifest": manifest,

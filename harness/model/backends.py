@@ -114,17 +114,21 @@ def _installed_version(dist: str, load: Callable[[], object]) -> str:
         return f"{dist} (version unknown)"
 
 
+def layer_slots(info: ModelInfo) -> list[tuple[int, str, int, str]]:
+    """(op index, opcode, tensor index, name) of every op output: the layers a per-layer run lists."""
+    return [
+        (op.index, op.opcode, t, info.tensors[t].name) for op in info.main_ops for t in op.outputs if t >= 0
+    ]
+
+
 def _layers_from(info: ModelInfo, get: Callable[[int], npt.ArrayLike]) -> list[LayerTensor]:
     layers: list[LayerTensor] = []
-    for op in info.main_ops:
-        for t in op.outputs:
-            if t < 0:
-                continue
-            arr = np.array(get(t), copy=True)
-            tensor = info.tensors[t]
-            if arr.shape != tensor.shape and arr.size == tensor.num_elements:
-                arr = arr.reshape(tensor.shape)
-            layers.append(LayerTensor(op.index, op.opcode, t, tensor.name, arr, crc32(arr)))
+    for op_index, opcode, t, name in layer_slots(info):
+        arr = np.array(get(t), copy=True)
+        tensor = info.tensors[t]
+        if arr.shape != tensor.shape and arr.size == tensor.num_elements:
+            arr = arr.reshape(tensor.shape)
+        layers.append(LayerTensor(op_index, opcode, t, name, arr, crc32(arr)))
     return layers
 
 

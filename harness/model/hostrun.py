@@ -208,18 +208,11 @@ class _Cache:
 # ---- parent side ------------------------------------------------------------------------------------
 
 
-def _layer_slots(info: ModelInfo) -> list[tuple[int, str, int, str]]:
-    """(op index, opcode, tensor index, name) of every op output, the order the backends list layers."""
-    return [
-        (op.index, op.opcode, t, info.tensors[t].name) for op in info.main_ops for t in op.outputs if t >= 0
-    ]
-
-
 def _runs_from_arrays(
     arrays: dict[str, np.ndarray], info: ModelInfo, n_runs: int, per_layer: bool
 ) -> list[ReferenceRun]:
     runs: list[ReferenceRun] = []
-    slots = _layer_slots(info)
+    slots = backends.layer_slots(info)
     for k in range(n_runs):
         outputs = [arrays[f"r{k}_o{o}"] for o in range(len(info.outputs))]
         layers = None
@@ -537,7 +530,7 @@ def _child_job(job_dir: Path, job: _Job) -> None:
             runs = [[z[f"r{k}_i{i}"] for i in range(len(info.inputs))] for k in range(int(job["runs"]))]
         result = get_backend(job["backend"]).run(model, info, runs, bool(job["per_layer"]))
         if len(result) != len(runs) or any(
-            len(r.layers or []) != len(_layer_slots(info)) for r in result if job["per_layer"]
+            len(r.layers or []) != len(backends.layer_slots(info)) for r in result if job["per_layer"]
         ):
             raise HostReferenceError("the backend returned fewer runs or layers than asked for")
         _savez(job_dir / "reference.npz", _arrays_from_runs(result))

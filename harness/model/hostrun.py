@@ -139,9 +139,10 @@ def _loadz(path: Path) -> dict[str, np.ndarray]:
         return {name: z[name] for name in z.files}
 
 
-def _savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    with open(path, "wb") as f:
-        np.savez(f, **cast("dict[str, Any]", arrays))
+def _npz(arrays: dict[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **cast("dict[str, Any]", arrays))
+    return buf.getvalue()
 
 
 # ---- the on-disk cache ----------------------------------------------------------------------------
@@ -153,7 +154,7 @@ class _Cache:
     def __init__(self) -> None:
         self.root = user_cache_dir("host-reference")  # $ESP_CHECK_CACHE_DIR or the user cache
 
-    def _get(
+    def get(
         self, key: str, ext: str, read: Callable[[Path], _T], damaged: tuple[type[Exception], ...]
     ) -> _T | None:
         path = self.root / f"{key}.{ext}"
@@ -169,27 +170,11 @@ class _Cache:
             os.utime(path)  # least recently used goes first
         return value
 
-    def get_arrays(self, key: str) -> dict[str, np.ndarray] | None:
-        return self._get(key, "npz", _loadz, (Exception,))
-
-    def get_arena(self, key: str) -> ArenaMeasurement | None:
-        """The cached measurement; an entry that is not one (damaged, another shape) is a miss."""
-        damaged = (OSError, ValueError, TypeError)
-        return self._get(key, "json", lambda p: ArenaMeasurement(**json.loads(p.read_bytes())), damaged)
-
-    def _put(self, key: str, ext: str, data: bytes | str) -> None:
+    def put(self, key: str, ext: str, data: bytes | str) -> None:
         """Write ``<key>.<ext>`` atomically; a cache that cannot be written only keeps nothing."""
         with contextlib.suppress(OSError):
             atomic_write(self.root / f"{key}.{ext}", data, durable=False)
             self._evict()
-
-    def put_arrays(self, key: str, arrays: dict[str, np.ndarray]) -> None:
-        buf = io.BytesIO()
-        np.savez(buf, **cast("dict[str, Any]", arrays))
-        self._put(key, "npz", buf.getvalue())
-
-    def put_arena(self, key: str, measured: ArenaMeasurement) -> None:
-        self._put(key, "json", json.dumps(dataclasses.asdict(measured)))
 
     def _evict(self) -> None:
         try:
@@ -265,7 +250,7 @@ def host_results(
         if not per_layer:  # a per-layer result holds the outputs too
             keys.append(_digest("reference", info.sha256, ids, impl.name, version, True))
         for key, layered in zip(keys, (per_layer, True), strict=False):
-            arrays = cache.get_arrays(key)
+            arrays = cache.get(key, "npz", _loadz, (Exception,))
             if arrays is not None:
                 try:
                     got = _runs_from_arrays(arrays, info, len(runs), layered)
@@ -280,7 +265,11 @@ def host_results(
     if arena and backends.tflm_installed():
         tflm_version = backends.TflmBackend().version()
         arena_key = _digest("arena", info.sha256, tflm_version)
-        measured = cache.get_arena(arena_key)
+        # an entry that is not a measurement (damaged, another shape) is a miss
+        damaged = (OSError, ValueError, TypeError)
+        measured = cache.get(
+            arena_key, "json", lambda p: ArenaMeasurement(**json.loads(p.read_bytes())), damaged
+        )
     else:
         arena = False
     need_ref = reference and ref is None
@@ -301,10 +290,10 @@ def host_results(
     )
     if need_ref:
         assert impl is not None and child_runs is not None
-        cache.put_arrays(ref_key, _arrays_from_runs(child_runs))
+        cache.put(ref_key, "npz", _npz(_arrays_from_runs(child_runs)))
         ref = ReferenceResult(impl.name, impl.version(), child_runs, info.sha256, impl.kernels)
     if need_arena and child_arena is not None:
-        cache.put_arena(arena_key, child_arena)
+        cache.put(arena_key, "json", json.dumps(dataclasses.asdict(child_arena)))
         measured = child_arena
     return HostResults(ref, measured, 1)
 
@@ -426,7 +415,7 @@ def _run_child(
         (job_dir / "model.tflite").write_bytes(model_bytes)
         if runs is not None:
             arrays = {f"r{k}_i{i}": a for k, run in enumerate(runs) for i, a in enumerate(run)}
-            _savez(job_dir / "inputs.npz", arrays)
+            (job_dir / "inputs.npz").write_bytes(_npz(arrays))
         job: _Job = {
             "backend": backend,
             "per_layer": per_layer,
@@ -533,7 +522,7 @@ def _child_job(job_dir: Path, job: _Job) -> None:
             len(r.layers or []) != len(backends.layer_slots(info)) for r in result if job["per_layer"]
         ):
             raise HostReferenceError("the backend returned fewer runs or layers than asked for")
-        _savez(job_dir / "reference.npz", _arrays_from_runs(result))
+        (job_dir / "reference.npz").write_bytes(_npz(_arrays_from_runs(result)))
         _say({"stage": "reference"})
     if job["arena"]:
         found = _allocations(job_dir, model, info)

@@ -556,7 +556,6 @@ def generate_projects(
         model_path,
         model_bytes,
         prepared,
-        tensor=tensor,
         model=model,
         resolver=resolver,
         plan=plan,
@@ -674,15 +673,14 @@ class _Sources:
     model_path: Path
     model_bytes: bytes
     prepared: Sequence[tuple[Path, bytes]]  # (source, tensor bytes) of each embedded input
-    tensor: TensorInfo  # the model's input tensor
-    model: ModelInfo
+    model: ModelInfo  # its one input tensor, inputs[0], checked by _check_model
     resolver: Sequence[str]
     plan: ArenaPlan
 
 
 def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
     """Template context shared by both variants."""
-    board, model, tensor, prepared, plan = src.board, src.model, src.tensor, src.prepared, src.plan
+    board, model, tensor, prepared, plan = src.board, src.model, src.model.inputs[0], src.prepared, src.plan
     tv = template_version()
     low, below = board.idf_range
     return {
@@ -795,7 +793,7 @@ def _previous_files(manifest_path: Path) -> set[str]:
 
 def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mapping[str, bytes]) -> Manifest:
     """One variant's esp-check.json (``ctx``: the template context it was rendered with)."""
-    board, versions, tensor, plan = src.board, src.versions, src.tensor, src.plan
+    board, versions, plan = src.board, src.versions, src.plan
     board_file_sha = _sha256(board.source.read_bytes()) if board.source and board.source.is_file() else None
     return {
         "schema": MANIFEST_SCHEMA,
@@ -825,7 +823,7 @@ def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mappin
             "sha256": _sha256(src.model_bytes),
             "schema_version": src.model.schema_version,
         },
-        "input_tensor": _tensor_fields(tensor),
+        "input_tensor": _tensor_fields(src.model.inputs[0]),
         "inputs": [
             {
                 "index": k,

@@ -489,20 +489,16 @@ def _stored(digest: str, size: int, path: Path) -> ModelInfo | None:
         return None
 
 
-def _fields(obj: TensorInfo | OpInfo) -> dict[str, Any]:
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-
-
 def _store(info: ModelInfo) -> None:
     """Keep ``info`` for the next process; a cache that cannot be written is only slower."""
-    ops = [{**_fields(o), "options": dict(o.options)} for o in info.ops]
+    ops = [{**vars(o), "options": dict(o.options)} for o in info.ops]  # vars: the fields, in order
     doc = {
         "sha256": info.sha256,
         "size_bytes": info.size_bytes,
         "schema_version": info.schema_version,
         "subgraph_count": info.subgraph_count,
         "description": info.description,
-        "tensors": [_fields(t) for t in info.tensors],
+        "tensors": [vars(t) for t in info.tensors],
         "inputs": [info.tensors.index(t) for t in info.inputs],
         "outputs": [info.tensors.index(t) for t in info.outputs],
         "ops": ops,

@@ -528,7 +528,7 @@ def _child_job(job_dir: Path, job: _Job) -> None:
         found = _allocations(job_dir, model, info)
         _say({**found, "version": backends.TflmBackend().version()})
         try:
-            backends.verify_arena(model, info, (found["total"] + 15) // 16 * 16)
+            backends.run_on_zeros(model, info, (found["total"] + 15) // 16 * 16)
         except (RuntimeError, ValueError) as exc:  # too small after all: the figure stays, unconfirmed
             _say({"stage": "unverified", "message": str(exc)[:200]})
         else:

@@ -706,10 +706,8 @@ def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
         "resident": resident_buffers(board),
         "human_max": human_max,
         "main_stack_bytes": MAIN_STACK_BYTES,
-        # the supported ESP-IDF range (CMake, the C++ version check)
+        # the supported ESP-IDF range (idf_component.yml, the C++ version check, the manifest)
         "idf": {
-            "min": low,
-            "below": below,
             "range": f">={low},<{below}",
             "min_c": ", ".join(str(n) for n in version_tuple(low)),
             "below_c": ", ".join(str(n) for n in version_tuple(below)),
@@ -813,7 +811,7 @@ def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mappin
             "esp-tflite-micro": versions["tflm"],
             "esp-nn": versions["espnn"],
             "esp-idf": versions["idf"],
-            "esp-idf-supported": ">={},<{}".format(*board.idf_range),
+            "esp-idf-supported": ctx["idf"]["range"],
         },
         "model": {
             "source_name": src.model_path.name,

@@ -651,7 +651,6 @@ def _layout_context(layout: FlashLayout) -> dict[str, object]:
             "name": part.name,
             "subtype": f"0x{part.subtype:02x}",
             "offset": part.offset,
-            "size": part.size,
             "header_bytes": HEADER_BYTES,
             "image": MODEL_IMAGE,
         },

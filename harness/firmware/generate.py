@@ -26,6 +26,7 @@ from harness.errors import EspCheckError, GenerateError
 from harness.firmware.boards import Board, load_board
 from harness.firmware.hybrid_context import hybrid_firmware_context, render_hybrid_files
 from harness.firmware.layout import OTADATA_BYTES, FlashLayout, check_model_fits, flash_layout
+from harness.firmware.native.components import tree_sha256
 from harness.firmware.tap_context import tap_firmware_context
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import HEADER_BYTES, pack_model_image
@@ -415,15 +416,6 @@ _KEY_FORMAT = "esp-check-generation/1"
 _P = ParamSpec("_P")
 
 
-def _hash_tree(digest: Any, root: Path, label: str) -> None:
-    """Feed every file under ``root`` (its relative name, then its bytes; sorted) to ``digest``."""
-    paths = sorted(root.rglob("*")) if root.is_dir() else [root]
-    for path in paths:
-        if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(f"\0{label}:{path.relative_to(root.parent).as_posix()}\0".encode())
-            digest.update(path.read_bytes())
-
-
 def generation_key(arguments: Mapping[str, Any], board: Board) -> str:
     """SHA-256 of everything :func:`generate_projects` reads (docs/firmware.md lists it, under "What is in
     a project"). Not ``out_dir`` (projects hold no absolute path) nor ``variants`` (each variant's project
@@ -446,7 +438,8 @@ def generation_key(arguments: Mapping[str, Any], board: Board) -> str:
     package = Path(__file__).resolve().parents[1]
     trees = [templates_dir(), data_dir(), package / "resources.py"]
     for k, root in enumerate([*trees, *(package / d for d in ("firmware", "flashfmt", "model"))]):
-        _hash_tree(h, root, str(k))
+        digest = tree_sha256(root) if root.is_dir() else _sha256(root.read_bytes())
+        h.update(f"\0tree {k}:{root.name}:{digest}\0".encode())
     return h.hexdigest()
 
 

@@ -42,7 +42,7 @@ from harness.model import backends
 from harness.model.backends import ReferenceResult, ReferenceRun, get_backend, tflm_available
 from harness.model.loader import ModelInfo, parse_model_bytes
 from harness.protocol.spec import crc32
-from harness.resources import atomic_write, user_cache_dir
+from harness.resources import atomic_write, code_digest, user_cache_dir
 
 FORMAT = 1
 DEFAULT_TIMEOUT_S = 120.0
@@ -117,16 +117,10 @@ def limits() -> tuple[float, int]:
     return out[0], int(out[1] * 1024 * 1024)
 
 
-def _code_hash() -> str:
-    """Hash of the code that computes cached results: a changed esp-check never reads stale ones."""
-    h = hashlib.sha256()
-    for mod in (backends.__file__, __file__):
-        h.update(Path(mod).read_bytes())
-    return h.hexdigest()[:16]
-
-
 def _digest(*parts: object) -> str:
-    return hashlib.sha256(json.dumps([FORMAT, _code_hash(), *parts]).encode()).hexdigest()
+    """A cache key of ``parts`` and of the code that computes the results: never a stale result."""
+    code = code_digest(f"format {FORMAT}", Path(__file__).parent, ("backends.py", "hostrun.py"), ())
+    return hashlib.sha256(json.dumps([code, *parts]).encode()).hexdigest()
 
 
 def _array_id(array: np.ndarray) -> str:

@@ -207,12 +207,6 @@ class ArenaPlan:
     espnn_formulas: str | None = None  # which esp-nn version's scratch formulas the estimate used
 
 
-def keep_store_bytes(board: Board) -> int:
-    """The kept-input store in PSRAM (docs/protocol.md "Kept inputs"), out of PSRAM_RESERVE_BYTES (so it
-    refuses no arena); 0 without PSRAM."""
-    return KEEP_STORE_BYTES if board.has_psram else 0
-
-
 def resident_buffers(board: Board) -> dict[str, int]:
     """The resident loop's buffers on ``board`` (``RESIDENT``, with the PSRAM window where it has PSRAM)."""
     out = dict(RESIDENT)
@@ -694,7 +688,7 @@ def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
         "arena_bytes": plan.bytes,
         "arena_mem": plan.mem,
         "arena_max": _arena_max(board),  # compiled into the app, whatever the model partition asks
-        "keep_bytes": keep_store_bytes(board),
+        "keep_bytes": KEEP_STORE_BYTES if board.has_psram else 0,  # out of PSRAM_RESERVE_BYTES: 0 without
         "resident": resident_buffers(board),
         "human_max": human_max,
         "main_stack_bytes": MAIN_STACK_BYTES,
@@ -830,9 +824,9 @@ def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mappin
         "resolver": list(src.resolver),
         "arena_bytes": plan.bytes,
         "arena_mem": plan.mem,
-        "arena_max": _arena_max(board),  # what the app accepts from a model partition header
-        "keep_bytes": keep_store_bytes(board),  # the kept-input store in PSRAM (0: none)
-        "resident": resident_buffers(board),  # the resident loop's buffers and receive window
+        "arena_max": ctx["arena_max"],  # what the app accepts from a model partition header
+        "keep_bytes": ctx["keep_bytes"],  # the kept-input store in PSRAM (0: none)
+        "resident": ctx["resident"],  # the resident loop's buffers and receive window
         "arena_source": plan.source,
         "arena_estimate_bytes": plan.estimate_bytes,
         "arena_espnn_formulas": plan.espnn_formulas,

@@ -348,13 +348,6 @@ def _communicate(
             ) from exc
 
 
-def _signal_name(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return "unknown signal"
-
-
 # how the child names the errors it reports (any other EspCheckError: "reference")
 _ERROR_KINDS: dict[str, type[EspCheckError]] = {
     "model": ModelError,
@@ -436,8 +429,12 @@ def _run_child(
             if num == signal.SIGABRT and last == "invoke":
                 raise _refused(said["invoke"].get("run"), interpreter)
             stage = "measuring its tensor arena" if done_ref else "running it"
+            try:
+                name = signal.Signals(num).name
+            except ValueError:
+                name = "unknown signal"
             raise ModelError(
-                f"this model crashes {interpreter} reference interpreter: signal {num} ({_signal_name(num)}) "
+                f"this model crashes {interpreter} reference interpreter: signal {num} ({name}) "
                 f"while {stage}",
                 hint="the device's TFLM would likely crash the same way: check the model file (re-export or "
                 "re-copy it; compare its sha256 with the original)",

@@ -1,9 +1,7 @@
 """Render firmware projects (ESP-NN optimized and ANSI C) from the Jinja templates in ``firmware_templates/``.
 
-Each variant is one directory that is both an ESP-IDF project (``idf.py build``) and a PlatformIO
-project (``pio run``). The two variants differ only in ``CONFIG_NN_OPTIMIZED``/``CONFIG_NN_ANSI_C`` and
-in their manifest, so any difference in their outputs comes from the kernels. Rendering is
-deterministic (no timestamps, no absolute paths) so the build cache can key on file contents.
+What a project holds and why rendering is deterministic: docs/firmware.md "What is in a project". The two
+variants differ only in ``CONFIG_NN_OPTIMIZED``/``CONFIG_NN_ANSI_C`` and in their manifest.
 """
 
 from __future__ import annotations

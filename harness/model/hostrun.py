@@ -90,11 +90,10 @@ class ArenaMeasurement:
 
 @dataclass(frozen=True)
 class HostResults:
-    """What one call obtained; ``children`` is 0 when everything came from the cache."""
+    """What one call obtained (from the cache, or from one child process)."""
 
     reference: ReferenceResult | None
     arena: ArenaMeasurement | None
-    children: int
 
 
 def limits() -> tuple[float, int]:
@@ -269,7 +268,7 @@ def host_results(
     need_ref = reference and ref is None
     need_arena = arena and measured is None and tflm_available()  # a miss: the wheel must import
     if not (need_ref or need_arena):
-        return HostResults(ref, measured, 0)
+        return HostResults(ref, measured)
     if need_ref and impl is not None:
         impl.require()  # the interpreter imports here, or HostReferenceError and no child
     name = impl.name if impl is not None else "tflm"
@@ -289,7 +288,7 @@ def host_results(
     if need_arena and child_arena is not None:
         cache.put(arena_key, "json", json.dumps(dataclasses.asdict(child_arena)))
         measured = child_arena
-    return HostResults(ref, measured, 1)
+    return HostResults(ref, measured)
 
 
 def _child_argv(job_dir: Path) -> list[str]:

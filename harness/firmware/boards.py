@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
@@ -117,13 +117,12 @@ class Board:
         """JSON-friendly view (``esp-check boards --json`` and manifests): every field but ``source``,
         chip revisions written as in the file, and the ESP-IDF range after ``idf_min``."""
         out: dict[str, object] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name.startswith("chip_rev_"):
+        for name, value in vars(self).items():  # the fields, in order
+            if name.startswith("chip_rev_"):
                 value = format_chip_rev(value)
-            if f.name != "source":
-                out[f.name] = dict(value) if isinstance(value, dict) else value
-            if f.name == "idf_min":
+            if name != "source":
+                out[name] = dict(value) if isinstance(value, dict) else value
+            if name == "idf_min":
                 out["idf_range"] = list(self.idf_range)
         return out
 
@@ -343,7 +342,7 @@ def _stored_board(digest: str, path: Path) -> Board | None:
 
 def _store_board(digest: str, board: Board) -> None:
     """Keep ``board`` for the next process; a cache that cannot be written is only slower."""
-    doc = {f.name: getattr(board, f.name) for f in fields(board) if f.name != "source"}
+    doc = {name: value for name, value in vars(board).items() if name != "source"}
     with contextlib.suppress(OSError):  # (the validator's sources unreadable: no store, only slower)
         store_json(_board_entry(digest), {"sha256": digest, **doc}, _BOARD_MAX)
 

@@ -1,9 +1,7 @@
 """Render firmware projects (ESP-NN optimized and ANSI C) from the Jinja templates in ``firmware_templates/``.
 
-Each variant is one directory that is both an ESP-IDF project (``idf.py build``) and a PlatformIO
-project (``pio run``). The two variants differ only in ``CONFIG_NN_OPTIMIZED``/``CONFIG_NN_ANSI_C`` and
-in their manifest, so any difference in their outputs comes from the kernels. Rendering is
-deterministic (no timestamps, no absolute paths) so the build cache can key on file contents.
+What a project holds and why rendering is deterministic: docs/firmware.md "What is in a project". The two
+variants differ only in ``CONFIG_NN_OPTIMIZED``/``CONFIG_NN_ANSI_C`` and in their manifest.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from harness.errors import EspCheckError, GenerateError
 from harness.firmware.boards import Board, load_board
 from harness.firmware.hybrid_context import hybrid_firmware_context, render_hybrid_files
 from harness.firmware.layout import OTADATA_BYTES, FlashLayout, check_model_fits, flash_layout
+from harness.firmware.native.components import tree_sha256
 from harness.firmware.tap_context import tap_firmware_context
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import HEADER_BYTES, pack_model_image
@@ -33,6 +32,7 @@ from harness.flashfmt.partitions import VARIANT_SLOTS
 from harness.model.inputs import InputOptions, input_tensor_bytes
 from harness.model.loader import ModelInfo, TensorInfo, load_model
 from harness.model.opdata import resolver_methods
+from harness.protocol.spec import DTYPES
 from harness.resources import (
     data_dir,
     installed_versions,
@@ -80,7 +80,6 @@ OTADATA_ANSI_IMAGE = f"{DATA_DIR}/partitions/ota_data_ansi.bin"
 # (docs/protocol.md "Flow control"), out of PSRAM_RESERVE_BYTES beside the kept-input store.
 RESIDENT = {"rx_buffer_bytes": 16384, "tx_buffer_bytes": 8192, "rx_window_bytes": 16384}
 PSRAM_RX_WINDOW_BYTES = 64 * 1024
-SUPPORTED_DTYPES = ("int8", "uint8", "int16", "int32", "float32")
 
 _VERSION_RE = re.compile(r"^[0-9A-Za-z.+~-]{1,32}$")
 _METHOD_RE = re.compile(r"^Add[A-Za-z0-9_]{1,64}$")
@@ -206,12 +205,6 @@ class ArenaPlan:
     espnn_formulas: str | None = None  # which esp-nn version's scratch formulas the estimate used
 
 
-def keep_store_bytes(board: Board) -> int:
-    """The kept-input store in PSRAM (docs/protocol.md "Kept inputs"), out of PSRAM_RESERVE_BYTES (so it
-    refuses no arena); 0 without PSRAM."""
-    return KEEP_STORE_BYTES if board.has_psram else 0
-
-
 def resident_buffers(board: Board) -> dict[str, int]:
     """The resident loop's buffers on ``board`` (``RESIDENT``, with the PSRAM window where it has PSRAM)."""
     out = dict(RESIDENT)
@@ -228,15 +221,14 @@ def _arena_max(board: Board) -> dict[str, int]:
 
 def place_arena(arena_bytes: int, board: Board) -> str:
     """``internal`` or ``psram`` for an ``arena_bytes`` arena on ``board``; GenerateError if neither fits."""
-    internal = board.internal_ram_arena_kb * 1024
-    if arena_bytes <= internal:
+    limits = _arena_max(board)
+    if arena_bytes <= limits["internal"]:
         return "internal"
-    psram = _arena_max(board)["psram"]
-    if board.has_psram and arena_bytes <= psram:
+    if board.has_psram and arena_bytes <= limits["psram"]:
         return "psram"
-    where = f"{internal // 1024} KB internal RAM"
+    where = f"{limits['internal'] // 1024} KB internal RAM"
     if board.has_psram:
-        where += f" or {max(psram, 0) // 1024} KB usable {board.psram} PSRAM"
+        where += f" or {limits['psram'] // 1024} KB usable {board.psram} PSRAM"
     else:
         where += " and it has no PSRAM"
     raise GenerateError(
@@ -416,15 +408,6 @@ _KEY_FORMAT = "esp-check-generation/1"
 _P = ParamSpec("_P")
 
 
-def _hash_tree(digest: Any, root: Path, label: str) -> None:
-    """Feed every file under ``root`` (its relative name, then its bytes; sorted) to ``digest``."""
-    paths = sorted(root.rglob("*")) if root.is_dir() else [root]
-    for path in paths:
-        if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(f"\0{label}:{path.relative_to(root.parent).as_posix()}\0".encode())
-            digest.update(path.read_bytes())
-
-
 def generation_key(arguments: Mapping[str, Any], board: Board) -> str:
     """SHA-256 of everything :func:`generate_projects` reads (docs/firmware.md lists it, under "What is in
     a project"). Not ``out_dir`` (projects hold no absolute path) nor ``variants`` (each variant's project
@@ -447,7 +430,8 @@ def generation_key(arguments: Mapping[str, Any], board: Board) -> str:
     package = Path(__file__).resolve().parents[1]
     trees = [templates_dir(), data_dir(), package / "resources.py"]
     for k, root in enumerate([*trees, *(package / d for d in ("firmware", "flashfmt", "model"))]):
-        _hash_tree(h, root, str(k))
+        digest = tree_sha256(root) if root.is_dir() else _sha256(root.read_bytes())
+        h.update(f"\0tree {k}:{root.name}:{digest}\0".encode())
     return h.hexdigest()
 
 
@@ -557,7 +541,6 @@ def generate_projects(
         model_path,
         model_bytes,
         prepared,
-        tensor=tensor,
         model=model,
         resolver=resolver,
         plan=plan,
@@ -620,15 +603,12 @@ def _check_model(model: ModelInfo, model_path: Path) -> TensorInfo:
         )
     tensor = model.inputs[0]
     for t in (tensor, *model.outputs):
-        if t.dtype not in SUPPORTED_DTYPES:
+        if t.dtype not in DTYPES:  # what the protocol's records carry
             raise GenerateError(
-                f"tensor {c_str(t.name)} has dtype {t.dtype}; the firmware supports "
-                f"{', '.join(SUPPORTED_DTYPES)}",
+                f"tensor {c_str(t.name)} has dtype {t.dtype}; the firmware supports {', '.join(DTYPES)}",
                 hint="convert the model with integer (int8) inputs and outputs",
             )
-    if not model.outputs:
-        raise GenerateError(f"{model_path.name} has no output tensors")
-    return tensor
+    return tensor  # (a model without outputs never loads: harness.model.loader refuses it)
 
 
 def _plan_arena(model_path: Path, board: Board, arena_kb: int | None, espnn_version: str) -> ArenaPlan:
@@ -656,7 +636,6 @@ def _layout_context(layout: FlashLayout) -> dict[str, object]:
             "name": part.name,
             "subtype": f"0x{part.subtype:02x}",
             "offset": part.offset,
-            "size": part.size,
             "header_bytes": HEADER_BYTES,
             "image": MODEL_IMAGE,
         },
@@ -678,15 +657,14 @@ class _Sources:
     model_path: Path
     model_bytes: bytes
     prepared: Sequence[tuple[Path, bytes]]  # (source, tensor bytes) of each embedded input
-    tensor: TensorInfo  # the model's input tensor
-    model: ModelInfo
+    model: ModelInfo  # its one input tensor, inputs[0], checked by _check_model
     resolver: Sequence[str]
     plan: ArenaPlan
 
 
 def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
     """Template context shared by both variants."""
-    board, model, tensor, prepared, plan = src.board, src.model, src.tensor, src.prepared, src.plan
+    board, model, tensor, prepared, plan = src.board, src.model, src.model.inputs[0], src.prepared, src.plan
     tv = template_version()
     low, below = board.idf_range
     return {
@@ -696,11 +674,6 @@ def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
         "board": board,
         "versions": src.versions,
         "pio_env": PIO_ENV,
-        "model": {
-            "file_name": src.model_path.name,
-            "bytes": len(src.model_bytes),
-            "sha256": _sha256(src.model_bytes),
-        },
         "inputs": [
             {"source_name": p.name, "sha256": _sha256(raw), "array": _hex_array(raw)} for p, raw in prepared
         ],
@@ -713,14 +686,12 @@ def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
         "arena_bytes": plan.bytes,
         "arena_mem": plan.mem,
         "arena_max": _arena_max(board),  # compiled into the app, whatever the model partition asks
-        "keep_bytes": keep_store_bytes(board),
+        "keep_bytes": KEEP_STORE_BYTES if board.has_psram else 0,  # out of PSRAM_RESERVE_BYTES: 0 without
         "resident": resident_buffers(board),
         "human_max": human_max,
         "main_stack_bytes": MAIN_STACK_BYTES,
-        # the supported ESP-IDF range (CMake, the C++ version check)
+        # the supported ESP-IDF range (idf_component.yml, the C++ version check, the manifest)
         "idf": {
-            "min": low,
-            "below": below,
             "range": f">={low},<{below}",
             "min_c": ", ".join(str(n) for n in version_tuple(low)),
             "below_c": ", ".join(str(n) for n in version_tuple(below)),
@@ -804,7 +775,7 @@ def _previous_files(manifest_path: Path) -> set[str]:
 
 def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mapping[str, bytes]) -> Manifest:
     """One variant's esp-check.json (``ctx``: the template context it was rendered with)."""
-    board, versions, tensor, plan = src.board, src.versions, src.tensor, src.plan
+    board, versions, plan = src.board, src.versions, src.plan
     board_file_sha = _sha256(board.source.read_bytes()) if board.source and board.source.is_file() else None
     return {
         "schema": MANIFEST_SCHEMA,
@@ -824,7 +795,7 @@ def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mappin
             "esp-tflite-micro": versions["tflm"],
             "esp-nn": versions["espnn"],
             "esp-idf": versions["idf"],
-            "esp-idf-supported": ">={},<{}".format(*board.idf_range),
+            "esp-idf-supported": ctx["idf"]["range"],
         },
         "model": {
             "source_name": src.model_path.name,
@@ -834,7 +805,7 @@ def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mappin
             "sha256": _sha256(src.model_bytes),
             "schema_version": src.model.schema_version,
         },
-        "input_tensor": _tensor_fields(tensor),
+        "input_tensor": _tensor_fields(src.model.inputs[0]),
         "inputs": [
             {
                 "index": k,
@@ -851,9 +822,9 @@ def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mappin
         "resolver": list(src.resolver),
         "arena_bytes": plan.bytes,
         "arena_mem": plan.mem,
-        "arena_max": _arena_max(board),  # what the app accepts from a model partition header
-        "keep_bytes": keep_store_bytes(board),  # the kept-input store in PSRAM (0: none)
-        "resident": resident_buffers(board),  # the resident loop's buffers and receive window
+        "arena_max": ctx["arena_max"],  # what the app accepts from a model partition header
+        "keep_bytes": ctx["keep_bytes"],  # the kept-input store in PSRAM (0: none)
+        "resident": ctx["resident"],  # the resident loop's buffers and receive window
         "arena_source": plan.source,
         "arena_estimate_bytes": plan.estimate_bytes,
         "arena_espnn_formulas": plan.espnn_formulas,

@@ -14,10 +14,7 @@ from typing import Any
 from harness.errors import GenerateError
 from harness.model.loader import ModelInfo
 from harness.model.taps import tapped_inputs, tapped_outputs
-from harness.protocol.spec import TAP_MAX_TENSORS, TAP_RECORD_BYTES
-
-_DTYPE_C = {"int8": "kTfLiteInt8", "uint8": "kTfLiteUInt8", "int16": "kTfLiteInt16",
-            "int32": "kTfLiteInt32", "float32": "kTfLiteFloat32"}  # fmt: skip
+from harness.protocol.spec import DTYPES, TAP_MAX_TENSORS, TAP_RECORD_BYTES
 
 
 def tap_firmware_context(
@@ -49,10 +46,10 @@ def tap_firmware_context(
         ins, outs = tapped_inputs(info, op), tapped_outputs(op)
         for t in ins + outs:
             ti = info.tensors[t]
-            if ti.dtype not in _DTYPE_C:
+            if ti.dtype not in DTYPES:  # what an OPDATA record can carry
                 raise GenerateError(
                     f"op {op.index} ({op.opcode}) uses tensor {t} of dtype {ti.dtype}: --tap can dump "
-                    f"only {', '.join(_DTYPE_C)}",
+                    f"only {', '.join(DTYPES)}",
                     hint="run without --tap",
                 )
             if t not in tensors:
@@ -69,7 +66,6 @@ def tap_firmware_context(
             {
                 "index": op.index,
                 "opcode": op.opcode,
-                "custom": op.custom_code if op.opcode == "CUSTOM" else None,
                 "kind": kinds.index(str(key)),
                 # what OP op= prints: the protocol allows [A-Za-z0-9_-], at most 32 bytes
                 "record_name": re.sub(r"[^A-Za-z0-9_-]", "_", str(key))[:32] or "-",
@@ -106,9 +102,7 @@ def tap_firmware_context(
         ],
         "ops": op_rows,
         "tensors": [tensors[t] for t in order],
-        "slot": slot,
         "dumps": dumps,
         "dump_bytes": offset,
-        "dtype_c": _DTYPE_C,
         "manifest": manifest,
     }

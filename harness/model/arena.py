@@ -384,7 +384,6 @@ def rough_host_bytes(info: ModelInfo) -> int:
 def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str | None) -> ArenaEstimate:
     formulas = espnn_formulas(espnn_version)
     scratch = espnn_scratch_bound(info, chip, formulas.espnn_version)
-    ver, used = formulas.espnn_version, formulas.note
     failure = ""
     measured: ArenaMeasurement | None = None
     if tflm_installed():  # its metadata: a cached measurement imports no runtime
@@ -424,8 +423,8 @@ def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str
         tail_bytes=None if measured is None else measured.tail,
         verified=measured is not None and measured.verified,
         backend_version="" if measured is None else measured.backend_version,
-        espnn_version=ver,
-        espnn_formulas=used,
+        espnn_version=formulas.espnn_version,
+        espnn_formulas=formulas.note,
         note=note,
     )
 

@@ -1,7 +1,7 @@
 """Host reference backends, run in-process: what the host-reference child process executes.
 
-Only :mod:`harness.model.hostrun`'s child calls :meth:`ReferenceBackend.run` and
-:func:`measure_arena` (a native interpreter can crash or exhaust memory on a corrupted model); the
+Only :mod:`harness.model.hostrun`'s child calls :meth:`ReferenceBackend.run`, :func:`record_arena` and
+:func:`run_on_zeros` (a native interpreter can crash or exhaust memory on a corrupted model); the
 availability and version checks here import the wheel but run no model. The backends behind
 :class:`ReferenceBackend` (``tflm``, ``litert`` with its reference op resolver ``BUILTIN_REF``, ``auto``)
 and where each runs: README "Host reference backends and platforms".
@@ -114,17 +114,21 @@ def _installed_version(dist: str, load: Callable[[], object]) -> str:
         return f"{dist} (version unknown)"
 
 
+def layer_slots(info: ModelInfo) -> list[tuple[int, str, int, str]]:
+    """(op index, opcode, tensor index, name) of every op output: the layers a per-layer run lists."""
+    return [
+        (op.index, op.opcode, t, info.tensors[t].name) for op in info.main_ops for t in op.outputs if t >= 0
+    ]
+
+
 def _layers_from(info: ModelInfo, get: Callable[[int], npt.ArrayLike]) -> list[LayerTensor]:
     layers: list[LayerTensor] = []
-    for op in info.main_ops:
-        for t in op.outputs:
-            if t < 0:
-                continue
-            arr = np.array(get(t), copy=True)
-            tensor = info.tensors[t]
-            if arr.shape != tensor.shape and arr.size == tensor.num_elements:
-                arr = arr.reshape(tensor.shape)
-            layers.append(LayerTensor(op.index, op.opcode, t, tensor.name, arr, crc32(arr)))
+    for op_index, opcode, t, name in layer_slots(info):
+        arr = np.array(get(t), copy=True)
+        tensor = info.tensors[t]
+        if arr.shape != tensor.shape and arr.size == tensor.num_elements:
+            arr = arr.reshape(tensor.shape)
+        layers.append(LayerTensor(op_index, opcode, t, name, arr, crc32(arr)))
     return layers
 
 
@@ -321,8 +325,9 @@ def get_backend(name: str = "tflm") -> ReferenceBackend:
     raise InputDataError(f"unknown reference backend {name!r}", hint=f"use one of {BACKENDS}")
 
 
-def _zero_run(model_bytes: bytes, info: ModelInfo, arena: int) -> runtime.Interpreter:
-    """Load ``model_bytes`` into a TFLM interpreter with ``arena`` bytes and invoke it on zeros."""
+def run_on_zeros(model_bytes: bytes, info: ModelInfo, arena: int) -> runtime.Interpreter:
+    """Load ``model_bytes`` into a TFLM interpreter with ``arena`` bytes and invoke it on zeros (also the
+    arena probe's confirming run at exactly the measured size)."""
     runtime = TflmBackend._runtime()
     interp = runtime.Interpreter.from_bytes(model_bytes, arena_size=arena)
     for i, t in enumerate(info.inputs):
@@ -339,13 +344,8 @@ def record_arena(model_bytes: bytes, info: ModelInfo) -> None:
     standard error; the parent reads it from there.
     """
     try:
-        interp = _zero_run(model_bytes, info, host_arena_bytes(info))
+        interp = run_on_zeros(model_bytes, info, host_arena_bytes(info))
     except (RuntimeError, ValueError) as exc:
         raise HostReferenceError(f"TFLM could not run the model to measure its arena: {exc}") from exc
     sys.stderr.flush()
     interp.print_allocations()
-
-
-def verify_arena(model_bytes: bytes, info: ModelInfo, arena: int) -> None:
-    """Run again in an arena of exactly ``arena`` bytes (a too-small arena may crash the wheel)."""
-    _zero_run(model_bytes, info, arena)

@@ -42,7 +42,7 @@ from harness.model import backends
 from harness.model.backends import ReferenceResult, ReferenceRun, get_backend, tflm_available
 from harness.model.loader import ModelInfo, parse_model_bytes
 from harness.protocol.spec import crc32
-from harness.resources import atomic_write, user_cache_dir
+from harness.resources import atomic_write, code_digest, user_cache_dir
 
 FORMAT = 1
 DEFAULT_TIMEOUT_S = 120.0
@@ -90,11 +90,10 @@ class ArenaMeasurement:
 
 @dataclass(frozen=True)
 class HostResults:
-    """What one call obtained; ``children`` is 0 when everything came from the cache."""
+    """What one call obtained (from the cache, or from one child process)."""
 
     reference: ReferenceResult | None
     arena: ArenaMeasurement | None
-    children: int
 
 
 def limits() -> tuple[float, int]:
@@ -117,16 +116,10 @@ def limits() -> tuple[float, int]:
     return out[0], int(out[1] * 1024 * 1024)
 
 
-def _code_hash() -> str:
-    """Hash of the code that computes cached results: a changed esp-check never reads stale ones."""
-    h = hashlib.sha256()
-    for mod in (backends.__file__, __file__):
-        h.update(Path(mod).read_bytes())
-    return h.hexdigest()[:16]
-
-
 def _digest(*parts: object) -> str:
-    return hashlib.sha256(json.dumps([FORMAT, _code_hash(), *parts]).encode()).hexdigest()
+    """A cache key of ``parts`` and of the code that computes the results: never a stale result."""
+    code = code_digest(f"format {FORMAT}", Path(__file__).parent, ("backends.py", "hostrun.py"), ())
+    return hashlib.sha256(json.dumps([code, *parts]).encode()).hexdigest()
 
 
 def _array_id(array: np.ndarray) -> str:
@@ -139,9 +132,10 @@ def _loadz(path: Path) -> dict[str, np.ndarray]:
         return {name: z[name] for name in z.files}
 
 
-def _savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    with open(path, "wb") as f:
-        np.savez(f, **cast("dict[str, Any]", arrays))
+def _npz(arrays: dict[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **cast("dict[str, Any]", arrays))
+    return buf.getvalue()
 
 
 # ---- the on-disk cache ----------------------------------------------------------------------------
@@ -153,7 +147,7 @@ class _Cache:
     def __init__(self) -> None:
         self.root = user_cache_dir("host-reference")  # $ESP_CHECK_CACHE_DIR or the user cache
 
-    def _get(
+    def get(
         self, key: str, ext: str, read: Callable[[Path], _T], damaged: tuple[type[Exception], ...]
     ) -> _T | None:
         path = self.root / f"{key}.{ext}"
@@ -169,27 +163,11 @@ class _Cache:
             os.utime(path)  # least recently used goes first
         return value
 
-    def get_arrays(self, key: str) -> dict[str, np.ndarray] | None:
-        return self._get(key, "npz", _loadz, (Exception,))
-
-    def get_arena(self, key: str) -> ArenaMeasurement | None:
-        """The cached measurement; an entry that is not one (damaged, another shape) is a miss."""
-        damaged = (OSError, ValueError, TypeError)
-        return self._get(key, "json", lambda p: ArenaMeasurement(**json.loads(p.read_bytes())), damaged)
-
-    def _put(self, key: str, ext: str, data: bytes | str) -> None:
+    def put(self, key: str, ext: str, data: bytes | str) -> None:
         """Write ``<key>.<ext>`` atomically; a cache that cannot be written only keeps nothing."""
         with contextlib.suppress(OSError):
             atomic_write(self.root / f"{key}.{ext}", data, durable=False)
             self._evict()
-
-    def put_arrays(self, key: str, arrays: dict[str, np.ndarray]) -> None:
-        buf = io.BytesIO()
-        np.savez(buf, **cast("dict[str, Any]", arrays))
-        self._put(key, "npz", buf.getvalue())
-
-    def put_arena(self, key: str, measured: ArenaMeasurement) -> None:
-        self._put(key, "json", json.dumps(dataclasses.asdict(measured)))
 
     def _evict(self) -> None:
         try:
@@ -208,18 +186,11 @@ class _Cache:
 # ---- parent side ------------------------------------------------------------------------------------
 
 
-def _layer_slots(info: ModelInfo) -> list[tuple[int, str, int, str]]:
-    """(op index, opcode, tensor index, name) of every op output, the order the backends list layers."""
-    return [
-        (op.index, op.opcode, t, info.tensors[t].name) for op in info.main_ops for t in op.outputs if t >= 0
-    ]
-
-
 def _runs_from_arrays(
     arrays: dict[str, np.ndarray], info: ModelInfo, n_runs: int, per_layer: bool
 ) -> list[ReferenceRun]:
     runs: list[ReferenceRun] = []
-    slots = _layer_slots(info)
+    slots = backends.layer_slots(info)
     for k in range(n_runs):
         outputs = [arrays[f"r{k}_o{o}"] for o in range(len(info.outputs))]
         layers = None
@@ -272,7 +243,7 @@ def host_results(
         if not per_layer:  # a per-layer result holds the outputs too
             keys.append(_digest("reference", info.sha256, ids, impl.name, version, True))
         for key, layered in zip(keys, (per_layer, True), strict=False):
-            arrays = cache.get_arrays(key)
+            arrays = cache.get(key, "npz", _loadz, (Exception,))
             if arrays is not None:
                 try:
                     got = _runs_from_arrays(arrays, info, len(runs), layered)
@@ -287,13 +258,17 @@ def host_results(
     if arena and backends.tflm_installed():
         tflm_version = backends.TflmBackend().version()
         arena_key = _digest("arena", info.sha256, tflm_version)
-        measured = cache.get_arena(arena_key)
+        # an entry that is not a measurement (damaged, another shape) is a miss
+        damaged = (OSError, ValueError, TypeError)
+        measured = cache.get(
+            arena_key, "json", lambda p: ArenaMeasurement(**json.loads(p.read_bytes())), damaged
+        )
     else:
         arena = False
     need_ref = reference and ref is None
     need_arena = arena and measured is None and tflm_available()  # a miss: the wheel must import
     if not (need_ref or need_arena):
-        return HostResults(ref, measured, 0)
+        return HostResults(ref, measured)
     if need_ref and impl is not None:
         impl.require()  # the interpreter imports here, or HostReferenceError and no child
     name = impl.name if impl is not None else "tflm"
@@ -308,12 +283,12 @@ def host_results(
     )
     if need_ref:
         assert impl is not None and child_runs is not None
-        cache.put_arrays(ref_key, _arrays_from_runs(child_runs))
+        cache.put(ref_key, "npz", _npz(_arrays_from_runs(child_runs)))
         ref = ReferenceResult(impl.name, impl.version(), child_runs, info.sha256, impl.kernels)
     if need_arena and child_arena is not None:
-        cache.put_arena(arena_key, child_arena)
+        cache.put(arena_key, "json", json.dumps(dataclasses.asdict(child_arena)))
         measured = child_arena
-    return HostResults(ref, measured, 1)
+    return HostResults(ref, measured)
 
 
 def _child_argv(job_dir: Path) -> list[str]:
@@ -372,13 +347,6 @@ def _communicate(
             ) from exc
 
 
-def _signal_name(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return "unknown signal"
-
-
 # how the child names the errors it reports (any other EspCheckError: "reference")
 _ERROR_KINDS: dict[str, type[EspCheckError]] = {
     "model": ModelError,
@@ -433,7 +401,7 @@ def _run_child(
         (job_dir / "model.tflite").write_bytes(model_bytes)
         if runs is not None:
             arrays = {f"r{k}_i{i}": a for k, run in enumerate(runs) for i, a in enumerate(run)}
-            _savez(job_dir / "inputs.npz", arrays)
+            (job_dir / "inputs.npz").write_bytes(_npz(arrays))
         job: _Job = {
             "backend": backend,
             "per_layer": per_layer,
@@ -460,8 +428,12 @@ def _run_child(
             if num == signal.SIGABRT and last == "invoke":
                 raise _refused(said["invoke"].get("run"), interpreter)
             stage = "measuring its tensor arena" if done_ref else "running it"
+            try:
+                name = signal.Signals(num).name
+            except ValueError:
+                name = "unknown signal"
             raise ModelError(
-                f"this model crashes {interpreter} reference interpreter: signal {num} ({_signal_name(num)}) "
+                f"this model crashes {interpreter} reference interpreter: signal {num} ({name}) "
                 f"while {stage}",
                 hint="the device's TFLM would likely crash the same way: check the model file (re-export or "
                 "re-copy it; compare its sha256 with the original)",
@@ -537,16 +509,16 @@ def _child_job(job_dir: Path, job: _Job) -> None:
             runs = [[z[f"r{k}_i{i}"] for i in range(len(info.inputs))] for k in range(int(job["runs"]))]
         result = get_backend(job["backend"]).run(model, info, runs, bool(job["per_layer"]))
         if len(result) != len(runs) or any(
-            len(r.layers or []) != len(_layer_slots(info)) for r in result if job["per_layer"]
+            len(r.layers or []) != len(backends.layer_slots(info)) for r in result if job["per_layer"]
         ):
             raise HostReferenceError("the backend returned fewer runs or layers than asked for")
-        _savez(job_dir / "reference.npz", _arrays_from_runs(result))
+        (job_dir / "reference.npz").write_bytes(_npz(_arrays_from_runs(result)))
         _say({"stage": "reference"})
     if job["arena"]:
         found = _allocations(job_dir, model, info)
         _say({**found, "version": backends.TflmBackend().version()})
         try:
-            backends.verify_arena(model, info, (found["total"] + 15) // 16 * 16)
+            backends.run_on_zeros(model, info, (found["total"] + 15) // 16 * 16)
         except (RuntimeError, ValueError) as exc:  # too small after all: the figure stays, unconfirmed
             _say({"stage": "unverified", "message": str(exc)[:200]})
         else:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 
 from harness.errors import UsageError
 from harness.model.loader import ModelInfo, OpInfo
+from harness.model.opdata import DILATED, ELEMENTWISE, POOLS, WEIGHTED
 
 # opcode -> (wrapper kind enumerator in esp_check_hybrid.cc, resolver method, registration function)
 ANSI_KINDS: dict[str, tuple[str, str, str]] = {
@@ -24,8 +25,6 @@ ANSI_KINDS: dict[str, tuple[str, str, str]] = {
     "MAX_POOL_2D": ("kMaxPool", "AddMaxPool2D", "Register_MAX_POOL_2D"),
     "SOFTMAX": ("kSoftmax", "AddSoftmax", "Register_SOFTMAX"),
 }
-
-_WEIGHTED = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 
 
 def switchable(op: OpInfo) -> bool:
@@ -49,14 +48,14 @@ def ansi_path_applies(info: ModelInfo, op: OpInfo) -> bool:
     outs = [o for o in op.outputs if o >= 0]
     if not ins or not outs or t[ins[0]].dtype != "int8" or t[outs[0]].dtype != "int8":
         return False
-    if op.opcode in _WEIGHTED and (len(ins) < 2 or t[ins[1]].dtype != "int8"):
+    if op.opcode in WEIGHTED and (len(ins) < 2 or t[ins[1]].dtype != "int8"):
         return False
-    if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+    if op.opcode in DILATED:
         dh, dw = op.options.get("dilation_h_factor", 1), op.options.get("dilation_w_factor", 1)
         return dh == 1 and dw == 1 and len(t[ins[0]].shape) == 4
-    if op.opcode in ("ADD", "MUL"):
+    if op.opcode in ELEMENTWISE:
         return len(ins) >= 2 and t[ins[1]].dtype == "int8" and t[ins[0]].shape == t[ins[1]].shape
-    if op.opcode in ("AVERAGE_POOL_2D", "MAX_POOL_2D"):
+    if op.opcode in POOLS:
         return len(t[ins[0]].shape) == 4
     return True
 

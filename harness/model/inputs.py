@@ -268,8 +268,7 @@ def _read_image(path: Path, tensor: TensorInfo, opts: InputOptions, notes: list[
 def _check_image_size(path: Path, width: int, height: int, tensor: TensorInfo, resize: str) -> None:
     """Refuse from the header what would be decoded only to be thrown away, or could exhaust memory."""
     h, w, c = _image_geometry(tensor)
-    want = (w, h)
-    if (width, height) != want and resize == "error":
+    if (width, height) != (w, h) and resize == "error":
         raise InputDataError(
             f"{path}: image is {width}x{height} (shape {[height, width, c]}), "
             f"model input {tensor.name!r} shape {list(tensor.shape)} needs {w}x{h}",
@@ -279,7 +278,7 @@ def _check_image_size(path: Path, width: int, height: int, tensor: TensorInfo, r
         raise InputDataError(
             f"{path}: image is {width}x{height} ({width * height / 1e6:.1f} megapixels); esp-check reads "
             f"images of at most {MAX_IMAGE_PIXELS / 1e6:.0f} megapixels",
-            hint=f"scale the image down to the model's input size {want[0]}x{want[1]} first",
+            hint=f"scale the image down to the model's input size {w}x{h} first",
         )
 
 

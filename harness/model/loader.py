@@ -222,13 +222,6 @@ def _check_references(model: tflite.Model, subgraph_tensors: list[int]) -> None:
                                  "which does not exist")  # fmt: skip
 
 
-def _check_subgraph_options(where: str, options: dict[str, object], n_subgraphs: int) -> None:
-    """IF / WHILE / CALL_ONCE name subgraphs by index."""
-    for key, value in options.items():
-        if key.endswith("subgraph_index") and isinstance(value, int) and not 0 <= value < n_subgraphs:
-            raise ModelError(f"{where}: {key}={value} refers to a subgraph that does not exist")
-
-
 _WEIGHTED_RANK = {"CONV_2D": 4, "DEPTHWISE_CONV_2D": 4, "FULLY_CONNECTED": 2}
 
 
@@ -342,6 +335,7 @@ def _subgraph(
         return idx
 
     ops: list[OpInfo] = []
+    n_subgraphs = model.SubgraphsLength()
     for k in range(sg.OperatorsLength()):
         op = sg.Operators(k)
         oc_index = op.OpcodeIndex()
@@ -351,7 +345,9 @@ def _subgraph(
         where = f"op {k}" if index == 0 else f"op {k} of subgraph {index}"
         opdata.resolver_method(opcode, custom, where=where)
         options = _read_options(tfl, op)
-        _check_subgraph_options(where, options, model.SubgraphsLength())
+        for key, value in options.items():  # IF / WHILE / CALL_ONCE name subgraphs by index
+            if key.endswith("subgraph_index") and isinstance(value, int) and not 0 <= value < n_subgraphs:
+                raise ModelError(f"{where}: {key}={value} refers to a subgraph that does not exist")
         indices(op.IntermediatesAsNumpy, op.IntermediatesLength(), f"{where} intermediate")
         ins = indices(op.InputsAsNumpy, op.InputsLength(), f"{where} input")
         outs = indices(op.OutputsAsNumpy, op.OutputsLength(), f"{where} output")
@@ -489,20 +485,16 @@ def _stored(digest: str, size: int, path: Path) -> ModelInfo | None:
         return None
 
 
-def _fields(obj: TensorInfo | OpInfo) -> dict[str, Any]:
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-
-
 def _store(info: ModelInfo) -> None:
     """Keep ``info`` for the next process; a cache that cannot be written is only slower."""
-    ops = [{**_fields(o), "options": dict(o.options)} for o in info.ops]
+    ops = [{**vars(o), "options": dict(o.options)} for o in info.ops]  # vars: the fields, in order
     doc = {
         "sha256": info.sha256,
         "size_bytes": info.size_bytes,
         "schema_version": info.schema_version,
         "subgraph_count": info.subgraph_count,
         "description": info.description,
-        "tensors": [_fields(t) for t in info.tensors],
+        "tensors": [vars(t) for t in info.tensors],
         "inputs": [info.tensors.index(t) for t in info.inputs],
         "outputs": [info.tensors.index(t) for t in info.outputs],
         "ops": ops,

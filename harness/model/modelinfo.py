@@ -43,11 +43,6 @@ class TensorInfo:
         return math.prod(self.shape)
 
     @property
-    def quantized(self) -> bool:
-        """True when the tensor carries a scale (int8/int16/... with quantization parameters)."""
-        return self.scale is not None
-
-    @property
     def nbytes(self) -> int:
         """Size of the raw tensor data (int4 counted as one byte per element, like TFLM unpacked)."""
         try:
@@ -112,13 +107,13 @@ class ModelInfo:
         """Operators of subgraph 0 in execution order (what per-layer comparison walks)."""
         return tuple(op for op in self.ops if op.subgraph == 0)
 
-    def op_counts(self) -> dict[str, int]:
-        """Opcode -> number of uses, in first-use order."""
-        return dict(Counter(op.opcode for op in self.ops))
-
     def tensor(self, index: int) -> TensorInfo:
         """Main-subgraph tensor by index."""
         return self.tensors[index]
+
+    def op_counts(self) -> dict[str, int]:
+        """Opcode -> number of uses, in first-use order."""
+        return dict(Counter(op.opcode for op in self.ops))
 
     @property
     def kind(self) -> str:

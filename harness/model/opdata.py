@@ -26,10 +26,10 @@ if TYPE_CHECKING:
 # Chip families shown by `inspect` (one representative chip each).
 FAMILY_CHIPS: tuple[str, ...] = ("esp32", "esp32s3", "esp32p4")
 
-_DILATED = ("CONV_2D", "DEPTHWISE_CONV_2D")
-_WEIGHTED = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
-_ELEMENTWISE = ("ADD", "MUL")
-_POOLS = ("MAX_POOL_2D", "AVERAGE_POOL_2D")
+DILATED = ("CONV_2D", "DEPTHWISE_CONV_2D")
+WEIGHTED = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
+ELEMENTWISE = ("ADD", "MUL")
+POOLS = ("MAX_POOL_2D", "AVERAGE_POOL_2D")
 
 
 @functools.lru_cache(maxsize=1)
@@ -134,21 +134,21 @@ def _fallback_reason(op: OpInfo, model: ModelInfo) -> tuple[str, str] | None:
     in_dt, out_dt = dtype(0), dtype(0, outputs=True)
     if in_dt != "int8" or out_dt != "int8":
         return f"{in_dt}->{out_dt} tensors (ESP-NN handles int8 only)", f"{in_dt}->{out_dt}"
-    if op.opcode in _WEIGHTED and dtype(1) != "int8":
+    if op.opcode in WEIGHTED and dtype(1) != "int8":
         return f"{dtype(1)} weights (ESP-NN needs int8 filters)", f"{dtype(1)} weights"
-    if op.opcode in _ELEMENTWISE and len(op.inputs) >= 2 and dtype(1) != "int8":
+    if op.opcode in ELEMENTWISE and len(op.inputs) >= 2 and dtype(1) != "int8":
         return f"second input is {dtype(1)}", f"{dtype(1)} input"
-    if op.opcode in _DILATED:
+    if op.opcode in DILATED:
         dh, dw = op.options.get("dilation_h_factor", 1), op.options.get("dilation_w_factor", 1)
         if dh != 1 or dw != 1:
             return f"dilation {dh}x{dw} (ESP-NN needs dilation 1)", f"dilation {dh}x{dw}"
-    if op.opcode in _ELEMENTWISE and len(op.inputs) >= 2:
+    if op.opcode in ELEMENTWISE and len(op.inputs) >= 2:
         a, b = t[op.inputs[0]].shape, t[op.inputs[1]].shape
         n = max(len(a), len(b))
         ea, eb = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
         if ea != eb:
             return f"broadcast {list(a)} vs {list(b)} (ESP-NN handles same-shape inputs only)", "broadcast"
-    if op.opcode in _POOLS:
+    if op.opcode in POOLS:
         shape = t[op.outputs[0]].shape
         depth = shape[-1] if shape else 0
         if depth % 4:

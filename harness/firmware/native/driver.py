@@ -119,7 +119,7 @@ def configure_command(
 
     ``dependencies_lock``: the component manager's lock the components came from (main's CMakeLists
     reads the versions there first, as in ESP-IDF). ``standins``: the tree's own copy of the stand-ins
-    (:func:`_snapshot_standins`); the installed package's directory when not given."""
+    (:func:`build_program` makes it); the installed package's directory when not given."""
     comps = ";".join(f"{c.name}={c.path}" for c in components)
     return [
         toolchain.cmake,
@@ -143,16 +143,6 @@ def configure_command(
         f"-DESP_CHECK_NATIVE_HOST={toolchain.machine}",
         f"-DESP_CHECK_NATIVE_SANITIZE={toolchain.sanitize_label}",
     ]
-
-
-def _snapshot_standins(tree: Path) -> Path:
-    """The tree's own copy of the stand-ins, CMake's source directory.
-
-    CMake remembers its source directory in the build tree, and the tree outlives the esp-check
-    install that made it (a new venv, an upgrade, another checkout with the same stand-ins content
-    has the same key): building from the installed package's path would then fail to configure. The
-    key covers the stand-ins' content, so the copy made once is the right one for the tree."""
-    return copy_once(STANDINS_DIR, tree / "standins")
 
 
 def _forget_moved_build(build: Path, source: Path) -> None:
@@ -281,7 +271,10 @@ def build_program(
             "idf_version": idf_version,
         }
         write_if_changed(tree / "esp-check-tree.json", json.dumps(about, indent=2) + "\n")
-        standins = _snapshot_standins(tree)
+        # CMake's source directory is the tree's own copy of the stand-ins: CMake remembers it in the build
+        # tree, which outlives the esp-check install that made it (a new venv, an upgrade, another checkout
+        # with the same stand-ins content has the same key); the key covers the stand-ins' content
+        standins = copy_once(STANDINS_DIR, tree / "standins")
         _forget_moved_build(tree / "build", standins)
         what = ", ".join(f"{c.name} {c.version or '(no version)'}" for c in components)
         with log_path.open("a", encoding="utf-8") as log:

@@ -25,8 +25,9 @@ from harness.analysis.sweep_findings import parse_outputs, parse_result, sanitiz
 from harness.analysis.sweep_model import CHANNEL_DELTAS, model_cases
 from harness.analysis.sweep_repro import repro_model
 from harness.cli import main
+from harness.errors import UsageError
 from harness.firmware.native.components import ComponentSource
-from harness.firmware.native.sweep_build import CONV_GLUE, grouped_conv_refusal
+from harness.firmware.native.sweep_build import CONV_GLUE, find_sweep_sources, grouped_conv_refusal
 from harness.flows.sweep import SweepOptions, sweep
 from harness.model.loader import load_model
 
@@ -451,6 +452,16 @@ def test_the_components_dir_of_the_command_holds_the_swept_trees(tmp_path: Path)
     assert (where / "esp-nn").resolve() == espnn.path.resolve()
     assert (where / "esp-tflite-micro").resolve() == tflm.path.resolve()
     assert native_board_args(espnn, None, tmp_path / "out") is None  # no TFLM: no firmware, no command
+
+
+def test_a_components_dir_without_esp_tflite_micro_sweeps_without_the_reference(tmp_path: Path) -> None:
+    # esp-tflite-micro is optional (the reference kernels, docs/sweep.md); only esp-nn is required
+    (tmp_path / "esp-nn").mkdir()
+    (tmp_path / "esp-nn" / "CMakeLists.txt").write_text("idf_component_register()\n")
+    espnn, tflm = find_sweep_sources(tmp_path)
+    assert espnn.path == (tmp_path / "esp-nn").resolve() and tflm is None
+    with pytest.raises(UsageError, match="is not a directory"):  # a wrong --components-dir is still an error
+        find_sweep_sources(tmp_path / "missing", espnn_dir=tmp_path / "esp-nn")
 
 
 @needs_build

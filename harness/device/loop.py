@@ -36,6 +36,10 @@ class LinkError(CaptureError):
     """The resident loop's link failed: the device stalled, or frames kept getting lost (exit 3)."""
 
 
+class LinkLost(LinkError):
+    """The serial port itself failed (unplugged, closed, an OS error): not a silent device."""
+
+
 # What ESP-IDF prints last before the chip resets: the panic handler and esp_restart ("Rebooting..."),
 # the brownout interrupt (then esp_restart_noos). The next boot starts at the console baud. A native
 # board's report of its program's abnormal end (EXIT_LINE) is its crash report:
@@ -158,7 +162,7 @@ class LoopClient:
             finally:
                 self._log_io(lambda log: log.flush())
         except (serial.SerialException, OSError) as exc:
-            raise LinkError(f"resident loop: the serial link was lost ({exc})") from exc
+            raise LinkLost(f"resident loop: the serial link was lost ({exc})") from exc
         return True
 
     def _ingest(self, data: bytes) -> None:
@@ -252,7 +256,7 @@ class LoopClient:
         try:
             self.port.write(data)
         except (serial.SerialException, OSError) as exc:
-            raise LinkError(f"resident loop: the serial link was lost ({exc})") from exc
+            raise LinkLost(f"resident loop: the serial link was lost ({exc})") from exc
         self.stats.tx_bytes += len(data)
 
     def in_flight(self) -> int:

@@ -370,9 +370,8 @@ class Serial(InProcessPort):
         if proc is not None and proc.stdin is not None and proc.poll() is None:
             try:
                 os.write(proc.stdin.fileno(), raw)
-            except (
-                OSError
-            ) as exc:  # a full input pipe drops bytes, as a full UART FIFO does; so does a dead one
+            except OSError as exc:
+                # a full input pipe drops bytes, as a full UART FIFO does; so does a dead one
                 if exc.errno not in (errno.EAGAIN, errno.EPIPE):
                     raise
         return len(raw)

@@ -32,6 +32,7 @@ from harness.device.flash import (
 from harness.device.loop import (
     COALESCE_MAX_S,
     LinkError,
+    LinkLost,
     LinkStats,
     LoopClient,
     byte_seconds,
@@ -191,7 +192,7 @@ class DeviceSession:
                 if reply is not None and frames.decode_boot(reply.payload)[1] != 0:
                     raise _refused_boot(slot, reply)
         except (serial.SerialException, OSError) as exc:
-            raise LinkError(f"the serial link was lost before the slot switch ({exc})") from exc
+            raise LinkLost(f"the serial link was lost before the slot switch ({exc})") from exc
 
         def refused(frame: frames.Frame) -> bool:
             return frame.type == frames.RSP_HELLO or (

@@ -19,7 +19,7 @@ import numpy as np
 
 from harness.analysis.classify import Finding, Severity, classify
 from harness.analysis.dataset import DatasetAnalysis, Leg, OutputSpec, analyze, host_leg
-from harness.device.loop import DeviceRestarted, LinkError, LinkStats, LoopClient
+from harness.device.loop import DeviceRestarted, LinkError, LinkLost, LinkStats, LoopClient
 from harness.errors import ExitCode, UsageError
 from harness.firmware.backtrace import decode_findings
 from harness.flows.capture import boot_variant, link_verdict
@@ -165,7 +165,7 @@ def _stream(
             resident.current = None
             problems.append(f"the {hello.nn} app restarted in the middle of the dataset: {exc}")
         except LinkError as exc:
-            resident.current, resident.lost = None, "link was lost" in str(exc)
+            resident.current, resident.lost = None, isinstance(exc, LinkLost)
             problems.append(str(exc))
         col.take(client)
     boot.next_seq = client.seq

@@ -20,7 +20,7 @@ import serial
 
 from harness.device.console import RawCapture
 from harness.device.flash import FlashResult, RegionResult
-from harness.device.loop import DeviceRestarted, LinkError, LinkStats
+from harness.device.loop import DeviceRestarted, LinkError, LinkLost, LinkStats
 from harness.device.session import DeviceSession
 from harness.errors import EspCheckError
 from harness.firmware.build import RUN_ROLES, BuildResult
@@ -346,7 +346,7 @@ class ResidentBoard:
                 boot = go()
             except (serial.SerialException, OSError) as exc:
                 self.lost, self.current = True, None
-                raise LinkError(f"the serial link was lost while booting the {variant} app ({exc})") from exc
+                raise LinkLost(f"the serial link was lost while booting the {variant} app ({exc})") from exc
             self.lost = boot.raw.ended_by == "disconnect"
             return boot
 
@@ -424,7 +424,7 @@ class ResidentBoard:
                 ended_by, self.current = "restart", None
                 notes.append(str(exc))
             except LinkError as exc:
-                ended_by, self.current = ("disconnect" if "link was lost" in str(exc) else "silence"), None
+                ended_by, self.current = ("disconnect" if isinstance(exc, LinkLost) else "silence"), None
                 notes.append(str(exc))
             except EspCheckError as exc:  # a lost port: the capture is what arrived
                 ended_by, self.current = "disconnect", None

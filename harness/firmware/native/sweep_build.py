@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import BuildError
+from harness.errors import BuildError, UsageError
 from harness.firmware.native.components import ComponentSource, find_components, snapshot
 from harness.firmware.native.config import resolve
 from harness.firmware.native.driver import NativePlan, NativeProgram, build_program, tree_key
@@ -89,8 +89,9 @@ def find_sweep_sources(
         if tflm is None:
             try:
                 tflm = find_components(components_dir, [TFLM])[0]
-            except BuildError:
-                tflm = None
+            except UsageError:  # no esp-tflite-micro there: the sweep runs without the reference
+                if not Path(components_dir).expanduser().is_dir():
+                    raise
     if espnn is None:
         raise BuildError(
             "the sweep needs esp-nn sources: none were given",

@@ -170,12 +170,16 @@ def test_ctrl_c_exits_130_and_the_report_says_interrupted(tmp_path: Path) -> Non
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "harness.cli", "flash-and-compare", str(CNN), "--input", str(CNN_IN)]
     cmd += ["--out", str(out), "--cache-dir", str(tmp_path / "cache")]
+    # the simulated board's optimized app hangs after its input (fault=hang), so the run is still waiting
+    # on it whenever the signal lands: a run that had already ended could not be interrupted (a whole
+    # simulated run takes about a second, less than a loaded test machine may take to read a line)
+    cmd += ["--board", "sim", "--port", "sim://ctrl-c?fault=hang&variant_fault=optimized"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     assert proc.stderr is not None
     seen = []
-    for line in proc.stderr:  # the user presses Ctrl-C once the first build is under way
+    for line in proc.stderr:  # the user presses Ctrl-C while the optimized app runs
         seen.append(line)
-        if "build" in line and "optimized" in line:
+        if "boot" in line and "optimized" in line:
             time.sleep(0.2)
             proc.send_signal(signal.SIGINT)
             break

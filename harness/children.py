@@ -28,6 +28,17 @@ _LOCK = threading.Lock()
 _LIVE: dict[int, tuple[subprocess.Popen[Any], bool]] = {}  # pid -> (process, leads its own group)
 
 
+def start(argv: Sequence[str], *, group: bool = False, **popen: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(argv, **popen)``, registered as it starts (``group``: it leads its own process
+    group). Made under the lock :func:`stop_all` takes, so a child that starts while esp-check exits is
+    killed with the others, never missed between its start and its registration; :func:`tracked`
+    unregisters it."""
+    with _LOCK:
+        proc = subprocess.Popen(list(argv), **popen)
+        _LIVE[proc.pid] = (proc, group)
+    return proc
+
+
 @contextlib.contextmanager
 def tracked(proc: subprocess.Popen[Any], *, group: bool = False) -> Iterator[subprocess.Popen[Any]]:
     """Register ``proc`` while the block runs (``group``: it leads its own process group, kill that)."""
@@ -65,7 +76,7 @@ def kill(proc: subprocess.Popen[Any], *, group: bool = False) -> None:
 
 def run(argv: Sequence[str], *, timeout: float | None, **popen: Any) -> subprocess.CompletedProcess[Any]:
     """:func:`subprocess.run` (no ``input``, ``check=False``) with the child registered while it runs."""
-    with subprocess.Popen(list(argv), **popen) as proc, tracked(proc):
+    with start(argv, **popen) as proc, tracked(proc):
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -718,15 +718,29 @@ def test_a_hard_stop_kills_the_children_of_the_abandoned_attempt(
     assert alive == [], f"the abandoned attempt's child still runs: {alive}"
 
 
-def test_children_do_not_outlive_esp_check(tmp_path: Path):
+@pytest.mark.parametrize("slow_start", [False, True])
+def test_children_do_not_outlive_esp_check(tmp_path: Path, slow_start: bool):
     """At exit, esp-check kills the children its threads still wait for: a build tool's whole process
     group (it runs in its own), e.g. a daemon worker thread's build when a run is abandoned. The tool
-    here is sh with a background sleep (a compiler left running by the build)."""
+    here is sh with a background sleep (a compiler left running by the build). ``slow_start``: the
+    worker thread stalls right after the tool has started (as a loaded machine may deschedule it), so
+    esp-check exits before that thread could register the tool: it must be killed all the same."""
     import psutil
 
     pids = tmp_path / "pids"
+    stall = ""
+    if slow_start:  # faked: Popen returns 0.5 s after the child started (the edge of what is real here)
+        stall = """
+import subprocess
+class _Stalled(subprocess.Popen):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        time.sleep(0.5)
+subprocess.Popen = _Stalled
+"""
     script = f"""
 import os, pathlib, threading, time
+{stall}
 from harness.firmware.toolrun import run_streaming
 cmd = "sleep 120 & echo $$ $! > {pids}.tmp && mv {pids}.tmp {pids}; wait"
 def build():

@@ -76,8 +76,9 @@ def run_streaming(
         log.write("$ " + " ".join(argv) + "\n")
         log.flush()
         try:
-            proc = subprocess.Popen(
-                list(argv),
+            proc = children.start(
+                argv,
+                group=True,
                 cwd=str(cwd),
                 env=dict(env),
                 stdout=subprocess.PIPE,

@@ -307,7 +307,7 @@ def _spawn(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     argv = _child_argv(job_dir)
     with (
-        subprocess.Popen(
+        children.start(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

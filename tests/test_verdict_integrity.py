@@ -174,7 +174,16 @@ def test_ctrl_c_exits_130_and_the_report_says_interrupted(tmp_path: Path) -> Non
     # on it whenever the signal lands: a run that had already ended could not be interrupted (a whole
     # simulated run takes about a second, less than a loaded test machine may take to read a line)
     cmd += ["--board", "sim", "--port", "sim://ctrl-c?fault=hang&variant_fault=optimized"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+    # as a terminal's foreground job: SIGINT at its default. A test run started in the background of a
+    # non-interactive shell (`.ci/run &`) has SIGINT ignored, which a child inherits (POSIX), and then Python
+    # rightly installs no Ctrl-C handler: esp-check would not see the signal at all
+    def sigint_default() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=sigint_default
+    )
     assert proc.stderr is not None
     seen = []
     for line in proc.stderr:  # the user presses Ctrl-C while the optimized app runs

@@ -29,21 +29,18 @@ _LIVE: dict[int, tuple[subprocess.Popen[Any], bool]] = {}  # pid -> (process, le
 
 
 def start(argv: Sequence[str], *, group: bool = False, **popen: Any) -> subprocess.Popen[Any]:
-    """``subprocess.Popen(argv, **popen)``, registered as it starts (``group``: it leads its own process
-    group). Made under the lock :func:`stop_all` takes, so a child that starts while esp-check exits is
-    killed with the others, never missed between its start and its registration; :func:`tracked`
-    unregisters it."""
+    """``subprocess.Popen(argv, **popen)``, registered as it starts (``group``: in a process group of its
+    own, killed as a whole). Made under the lock :func:`stop_all` takes, so a child that starts while
+    esp-check exits is killed with the others, never missed between its start and its registration."""
     with _LOCK:
-        proc = subprocess.Popen(list(argv), **popen)
+        proc = subprocess.Popen(list(argv), start_new_session=group, **popen)
         _LIVE[proc.pid] = (proc, group)
     return proc
 
 
 @contextlib.contextmanager
-def tracked(proc: subprocess.Popen[Any], *, group: bool = False) -> Iterator[subprocess.Popen[Any]]:
-    """Register ``proc`` while the block runs (``group``: it leads its own process group, kill that)."""
-    with _LOCK:
-        _LIVE[proc.pid] = (proc, group)
+def tracked(proc: subprocess.Popen[Any]) -> Iterator[subprocess.Popen[Any]]:
+    """Keep ``proc`` (from :func:`start`) registered while the block runs, and forget it after."""
     try:
         yield proc
     finally:
@@ -72,21 +69,6 @@ def kill(proc: subprocess.Popen[Any], *, group: bool = False) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         proc.kill()
-
-
-def run(argv: Sequence[str], *, timeout: float | None, **popen: Any) -> subprocess.CompletedProcess[Any]:
-    """:func:`subprocess.run` (no ``input``, ``check=False``) with the child registered while it runs."""
-    with start(argv, **popen) as proc, tracked(proc):
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise
-        except BaseException:
-            proc.kill()
-            raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 atexit.register(stop_all)

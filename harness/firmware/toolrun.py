@@ -83,7 +83,6 @@ def run_streaming(
                 env=dict(env),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: killed as a whole
             )
         except OSError as exc:
             raise BuildError(
@@ -103,7 +102,7 @@ def run_streaming(
         if watcher:
             watcher.start()
         progress = _Progress(name)
-        with children.tracked(proc, group=True):  # killed, group and all, if esp-check stops
+        with children.tracked(proc):  # killed, group and all, if esp-check stops
             try:
                 assert proc.stdout is not None
                 for raw in proc.stdout:

@@ -195,6 +195,8 @@ class LoopClient:
 
     def _on_frame(self, frame: frames.Frame) -> None:
         self.stats.frames_received += 1
+        if self.restarted:  # after a restart: another boot's frame (its HELLO set the key), never this one's
+            return
         if self.rx_expected is not None and frame.seq != self.rx_expected:
             self.stats.rx_gaps += (frame.seq - self.rx_expected) & 0xFFFF
         self.rx_expected = (frame.seq + 1) & 0xFFFF

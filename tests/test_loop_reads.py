@@ -12,6 +12,7 @@ takes no wall time and counts exactly). Everything else is the real LoopClient a
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 from types import SimpleNamespace
@@ -19,7 +20,8 @@ from types import SimpleNamespace
 import pytest
 
 import harness.device.loop as device_loop
-from harness.device.loop import LoopClient
+from harness.device.loop import DeviceRestarted, LoopClient
+from harness.device.session import DeviceSession
 from harness.protocol import frames as fr
 from tests.test_loop_client import Clock  # the client's clock: advances only when it sleeps
 
@@ -200,8 +202,92 @@ def test_waiting_for_the_slot_switch_reply_sleeps_and_reads_in_blocks(
     dev.serial = port  # type: ignore[assignment]
     port.is_open = True  # type: ignore[attr-defined]
     log = CountingLog()
-    got = dev._await_frame(HELLO.key, lambda f: f.type == fr.RSP_BOOT, 5.0, log)
+    got = dev._await_frame(HELLO, lambda f: f.type == fr.RSP_BOOT, 5.0, log, "the BOOTING reply")
     assert got is not None and fr.decode_boot(got.payload) == (1, 0)
     assert stream.startswith(log.getvalue()) and reply in log.getvalue()
     assert dev.pending_link.damaged_frames == 0
     assert port.reads <= 12, port.reads
+
+
+def _switching_session(monkeypatch: pytest.MonkeyPatch, stream: bytes) -> tuple[DeviceSession, LateUart]:
+    """A session whose resident loop runs at 921600 baud on a fake UART that sends ``stream`` after 0.1 s
+    (the fake clock: the switch's waits take no wall time)."""
+    from harness.device import session as device_session
+
+    clock = TickingClock()
+    fake_time = SimpleNamespace(monotonic=clock.monotonic, sleep=clock.sleep)
+    monkeypatch.setattr(device_loop, "time", fake_time)
+    monkeypatch.setattr(device_session, "time", fake_time)
+    port = LateUart(clock, stream, 921600, quiet=0.1)
+    port.is_open = True  # type: ignore[attr-defined]
+    dev = DeviceSession("loop://")
+    dev.serial = port  # type: ignore[assignment]
+    dev.link_baud = 921600
+    return dev, port
+
+
+OTHER = dataclasses.replace(HELLO, session=0x99)  # another boot of the app: its own boot key
+_BAUD_REFUSED = struct.pack("<Ii", 921600, -1)
+_BOOT_REFUSED = bytes([1, 0, 0, 0]) + struct.pack("<i", 0x1503)
+
+
+def _restart(how: str) -> bytes:
+    """The device booting again, as esp-check sees it: a crash line, or the new boot's HELLO (as its text
+    line, or as a bare binary frame)."""
+    hello = fr.encode_frame(fr.RSP_HELLO, 0, fr.encode_hello(OTHER))
+    text = b"Guru Meditation Error: Core  0 panic'ed\r\nRebooting...\r\n" if how == "reboot" else b""
+    return text + (fr.hello_line(hello) if how != "frame" else hello)
+
+
+@pytest.mark.parametrize("how", ["reboot", "line", "frame"])
+def test_a_switch_reply_of_the_next_boot_is_never_taken_for_this_boots(
+    monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The slot switch's and the baud switch's replies are read through the loop client's decoder path:
+    a reply that comes after the device booted again is another boot's (valid under the new HELLO's key),
+    never the running boot's. The old switch path had its own decoder loop that took a HELLO's key over
+    and then accepted that boot's replies: a refused baud switch of another boot was taken as this boot's
+    answer (esp-check went on at the console baud with a dead boot key), a refused slot switch of another
+    boot made the running app 'refuse'; a crash line was not noticed (waits ran out, then a misleading
+    error). Now each is DeviceRestarted (a link error), and nothing after the restart is used."""
+    restart = _restart(how)
+    dev, _port = _switching_session(
+        monkeypatch, restart + fr.encode_frame(fr.RSP_BAUD, 1, _BAUD_REFUSED, key=OTHER.key)
+    )
+    with pytest.raises(DeviceRestarted, match="restarted while esp-check waited for the BAUD_OK reply"):
+        dev.set_link_baud(HELLO, 921600, seq=3)
+    dev, _port = _switching_session(
+        monkeypatch, restart + fr.encode_frame(fr.RSP_BOOT, 1, _BOOT_REFUSED, key=OTHER.key)
+    )
+    with pytest.raises(DeviceRestarted, match="restarted while esp-check waited for the BOOTING reply"):
+        dev.switch_slot(HELLO, 1, seq=3)
+
+
+def test_an_earlier_boots_replayed_switch_reply_is_dropped_and_counted_as_stale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A whole frame of an earlier boot (stale bytes a UART FIFO kept across a reset) before the switch's
+    reply: dropped and counted stale, as in the loop client, not taken and not counted as damage; the
+    running boot's reply is the one used."""
+    stale = fr.encode_frame(fr.RSP_BAUD, 1, struct.pack("<Ii", 921600, 0), key=OTHER.key)
+    dev, _port = _switching_session(
+        monkeypatch, stale + fr.encode_frame(fr.RSP_BAUD, 1, _BAUD_REFUSED, key=HELLO.key)
+    )
+    dev.link_baud = None
+    assert dev.set_link_baud(HELLO, 921600, seq=3, stale_keys=[OTHER.key]) == (dev.console_baud, 4)
+    assert dev.pending_link.stale_frames == 1 and dev.pending_link.damaged_frames == 0, dev.pending_link
+
+
+@pytest.mark.parametrize("how", ["reboot", "line", "frame"])
+def test_nothing_after_a_restart_reaches_the_clients_inbox(how: str) -> None:
+    """A frame after the device booted again is the next boot's (valid under its HELLO's key, which the
+    decoder follows): a loop client never queues it as this boot's (a dataset collects its inbox even
+    after DeviceRestarted). The frame before the restart is kept."""
+    clock = Clock()
+    before = fr.encode_frame(fr.RSP_SYNC, 5, struct.pack("<I", 1), key=HELLO.key)
+    after = fr.encode_frame(fr.RSP_SYNC, 1, struct.pack("<I", 2), key=OTHER.key)
+    port = Uart(clock, before + _restart(how) + after, 921600)
+    client = LoopClient(port, HELLO)  # type: ignore[arg-type]
+    clock.now += 1.0  # everything has arrived: one pump reads it in one block
+    assert client.pump(0.0)
+    assert client.restarted and [f.payload for f in client.inbox] == [struct.pack("<I", 1)]

@@ -29,17 +29,7 @@ from harness.device.flash import (
     RegionResult,
     flash_artifacts,
 )
-from harness.device.loop import (
-    COALESCE_MAX_S,
-    LinkError,
-    LinkLost,
-    LinkStats,
-    LoopClient,
-    byte_seconds,
-    gather,
-    read_waiting,
-    wait_readable,
-)
+from harness.device.loop import DeviceRestarted, LinkError, LinkLost, LinkStats, LoopClient
 from harness.device.ports import (
     BoardLike,
     PortSpec,
@@ -176,18 +166,28 @@ class DeviceSession:
         return client
 
     def switch_slot(
-        self, hello: frames.Hello, slot: int, log_path: Path | None = None, *, seq: int = 0, **kwargs: Any
+        self,
+        hello: frames.Hello,
+        slot: int,
+        log_path: Path | None = None,
+        *,
+        seq: int = 0,
+        stale_keys: Sequence[int] = (),
+        **kwargs: Any,
     ) -> RawCapture:
         """Ask the running app to boot ``slot`` next (BOOT, command ``seq``), then read its reply and its
-        reboot up to the new HELLO.
+        reboot up to the new HELLO (``stale_keys``: earlier boots' keys, as a loop client's).
 
-        LinkError when the app refuses (its status names the ESP-IDF error, e.g. an invalid image)."""
+        LinkError when the app refuses (its status names the ESP-IDF error, e.g. an invalid image);
+        DeviceRestarted when it booted again before its reply at the fast baud."""
         port = self.open()
         try:
             port.write(frames.encode_frame(frames.CMD_BOOT, seq, bytes([slot]), key=hello.key))
             if self.link_baud is not None:  # the reply comes at the fast baud, the reboot at the console baud
                 with _append(log_path) as log:
-                    reply = self._await_frame(hello.key, lambda f: f.type == frames.RSP_BOOT, 5.0, log)
+                    reply = self._await_frame(
+                        hello, lambda f: f.type == frames.RSP_BOOT, 5.0, log, "the BOOTING reply", stale_keys
+                    )
                 self.link_baud = None
                 if reply is not None and frames.decode_boot(reply.payload)[1] != 0:
                     raise _refused_boot(slot, reply)
@@ -208,48 +208,60 @@ class DeviceSession:
         return cap
 
     def _await_frame(
-        self, key: int, want: Callable[[frames.Frame], bool], timeout: float, log: IO[bytes] | None
+        self,
+        hello: frames.Hello,
+        want: Callable[[frames.Frame], bool],
+        timeout: float,
+        log: IO[bytes] | None,
+        what: str,
+        stale_keys: Sequence[int] = (),
     ) -> frames.Frame | None:
-        """Read until a frame of this boot that ``want`` accepts arrives (None: ``timeout`` passed).
-
-        The port's timeout may be 0 (a loop client set it): the wait sleeps between looks, never spins,
-        and what is waiting is read in one block and decoded once (a streaming decoder, not the whole
-        buffer again per chunk)."""
-        port = self.serial
-        assert port is not None
+        """Read until a frame of this boot that ``want`` accepts arrives (None: ``timeout`` passed), through
+        a loop client: the one decoder path, with each of its checks (this boot's key, earlier boots'
+        frames dropped, damage counted, a lost link). DeviceRestarted when the device booted again
+        before that frame came (``what``: the frame, for the message)."""
+        client = LoopClient(self.open(), hello, log, stale_keys=stale_keys)
         deadline = time.monotonic() + timeout
-        dec = frames.FrameDecoder(key=key)
-        byte_s = byte_seconds(port)
-        while (left := deadline - time.monotonic()) > 0:
-            if not (port.in_waiting or wait_readable(port, min(left, 0.05))):
-                continue
-            burst = time.monotonic() + COALESCE_MAX_S  # bytes came: read them in blocks, not one by one
-            n = gather(port, dec.buf, byte_s, True, burst)
-            while n:
-                chunk = read_waiting(port, n)
-                if log is not None:
-                    log.write(chunk)
-                got = dec.feed(chunk)
-                found = next((f for f in got if isinstance(f, frames.Frame) and want(f)), None)
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                client.pump(min(left, 0.05))
+                found = next((f for f in client.inbox if want(f)), None)
                 if found is not None:
-                    self.pending_link.damaged_frames += dec.stats.bad
                     return found
-                n = gather(port, dec.buf, byte_s, True, burst)
-        self.pending_link.damaged_frames += dec.stats.bad
-        return None
+                if client.restarted:
+                    raise DeviceRestarted(f"the device restarted while esp-check waited for {what}")
+            return None
+        finally:  # its repairs: the next loop client's stats carry them (never a clean run)
+            s = client.stats
+            self.pending_link.add(
+                LinkStats(
+                    damaged_frames=s.damaged_frames,
+                    stale_frames=s.stale_frames,
+                    rx_gaps=s.rx_gaps,
+                    naks=s.naks,
+                )
+            )
 
     def set_link_baud(
-        self, hello: frames.Hello, baud: int, *, seq: int, log_path: Path | None = None
+        self,
+        hello: frames.Hello,
+        baud: int,
+        *,
+        seq: int,
+        log_path: Path | None = None,
+        stale_keys: Sequence[int] = (),
     ) -> tuple[int, int]:
         """Switch the resident loop to ``baud`` (docs/protocol.md "Fast link"): BAUD, then a SYNC round
         trip at the new baud; when that fails, back to the console baud (the device goes back by itself
         after ``BAUD_CONFIRM_S``) and a SYNC there. Returns (the baud the link runs at, next command seq).
 
-        LinkError when no round trip works at either baud."""
+        LinkError when no round trip works at either baud (DeviceRestarted: the device booted again)."""
         port = self.open()
         with _append(log_path) as log:
             port.write(frames.encode_frame(frames.CMD_BAUD, seq, struct.pack("<I", baud), key=hello.key))
-            reply = self._await_frame(hello.key, lambda f: f.type == frames.RSP_BAUD, 2.0, log)
+            reply = self._await_frame(
+                hello, lambda f: f.type == frames.RSP_BAUD, 2.0, log, "the BAUD_OK reply", stale_keys
+            )
             seq += 1
             if reply is not None and frames.decode_baud(reply.payload) != (baud, 0):
                 return self.console_baud, seq  # refused: the console baud it is
@@ -272,7 +284,7 @@ class DeviceSession:
                 def synced(frame: frames.Frame, token: int = token) -> bool:
                     return frame.type == frames.RSP_SYNC and frame.payload[:4] == struct.pack("<I", token)
 
-                if self._await_frame(hello.key, synced, 0.8, log) is not None:
+                if self._await_frame(hello, synced, 0.8, log, "the SYNC_ACK reply", stale_keys) is not None:
                     self.link_baud = rate if rate != self.console_baud else None
                     self.pending_link.rx_gaps += 1 if k == 2 else 0  # its first SYNC_ACK was lost
                     return rate, sseq + 1

@@ -258,13 +258,16 @@ class ResidentBoard:
         try:
             boot = self._booted(
                 self.dev.boot(
-                    log_path, reset=True, total_timeout=min(PROBE_TOTAL_S, self.limits.capture_total),
+                    log_path,
+                    reset=True,
+                    total_timeout=min(PROBE_TOTAL_S, self.limits.capture_total),
                     silence_timeout=min(PROBE_SILENCE_S, self.limits.capture_silence),
                     # a second boot start before a HELLO: this boot never reached the resident app
                     # (blank flash, another firmware, a crash at start-up), so flash it
-                    max_boots=2, stop_on_line=other,
+                    max_boots=2,
+                    stop_on_line=other,
                 )
-            )  # fmt: skip
+            )
         except (EspCheckError, serial.SerialException, OSError) as exc:
             self.current, self.probe_notes = None, [f"no HELLO: {exc}"]
             return None
@@ -338,7 +341,14 @@ class ResidentBoard:
             assert cur.hello is not None
             slot = VARIANT_SLOTS[variant]
             return self._booted(
-                self.dev.switch_slot(cur.hello, slot, log_path, seq=cur.next_seq, **self._timeouts())
+                self.dev.switch_slot(
+                    cur.hello,
+                    slot,
+                    log_path,
+                    seq=cur.next_seq,
+                    stale_keys=self.stale_keys(cur.hello),
+                    **self._timeouts(),
+                )
             )
 
         def guarded() -> Boot:
@@ -347,6 +357,9 @@ class ResidentBoard:
             except (serial.SerialException, OSError) as exc:
                 self.lost, self.current = True, None
                 raise LinkLost(f"the serial link was lost while booting the {variant} app ({exc})") from exc
+            except DeviceRestarted:  # before its slot switch's reply: the running boot is gone
+                self.current = None
+                raise
             self.lost = boot.raw.ended_by == "disconnect"
             return boot
 
@@ -375,7 +388,9 @@ class ResidentBoard:
             return
         t0 = time.monotonic()
         try:
-            rate, boot.next_seq = dev.set_link_baud(boot.hello, want, seq=boot.next_seq, log_path=log_path)
+            rate, boot.next_seq = dev.set_link_baud(
+                boot.hello, want, seq=boot.next_seq, log_path=log_path, stale_keys=self.stale_keys(boot.hello)
+            )
         except LinkError as exc:
             self.current = None
             self.rec.add("link-baud", variant, exc.exit_code, time.monotonic() - t0, str(exc))
@@ -415,9 +430,12 @@ class ResidentBoard:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             client = self.dev.client(
-                hello, log, stall_timeout=self.limits.capture_silence, seq=seq,
+                hello,
+                log,
+                stall_timeout=self.limits.capture_silence,
+                seq=seq,
                 stale_keys=self.stale_keys(hello),
-            )  # fmt: skip
+            )
             try:
                 client.text_session(list(inputs))
             except DeviceRestarted as exc:

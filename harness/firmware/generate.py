@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypedDict
 
 from harness import __version__
 from harness.errors import EspCheckError, GenerateError
+from harness.firmware import sdkconfig
 from harness.firmware.boards import Board, load_board
 from harness.firmware.hybrid_context import hybrid_firmware_context, render_hybrid_files
 from harness.firmware.layout import OTADATA_BYTES, FlashLayout, check_model_fits, flash_layout
@@ -327,14 +328,16 @@ def check_sdkconfig(
     allows), a symbol that only newer releases have is refused too, unless the older ones behave as if it
     had the value written (``absent_means``).
     """
-    symbols: list[str] = []
-    values: dict[str, str] = {}
-    for line in text.splitlines():
-        m = re.match(r"^(?:# )?(CONFIG_[A-Z0-9_]+)(?:=(.*)| is not set)$", line)
-        if not m:
-            continue
-        key, value = m.group(1), ("n" if m.group(2) is None else m.group(2))
-        values[key] = value
+    parsed = sdkconfig.parse(text)
+    if parsed.malformed:
+        raise GenerateError(
+            f"{where}: {parsed.malformed[0]!r} is neither a Kconfig assignment nor a comment "
+            "(ESP-IDF ignores it with a warning)",
+            hint="correct it in the board file's [sdkconfig] table or in "
+            "firmware_templates/project/sdkconfig.defaults.j2",
+        )
+    values = parsed.symbols
+    for key, value in values.items():
         entry = allow["symbols"].get(key)
         if key in allow.get("forbidden", {}):
             raise GenerateError(f"{where}: {key} must never be set ({allow['forbidden'][key]})")
@@ -360,8 +363,7 @@ def check_sdkconfig(
                 f"{idf_min}, which would ignore it silently and build a different firmware",
                 hint=f'set idf_min = "{since}" (or newer) in the board file',
             )
-        symbols.append(key)
-    for key in symbols:
+    for key in values:
         low, high = allow["symbols"][key].get("range", (None, None))
         if low is not None and not (values[key].isdigit() and low <= int(values[key]) <= high):
             raise GenerateError(f"{where}: {key}={values[key]} is outside ESP-IDF's range {low}..{high}")
@@ -372,7 +374,7 @@ def check_sdkconfig(
                 "Kconfig would drop its value silently and build a different firmware",
                 hint=f"set {', '.join(missing)} too (harness/data/sdkconfig_allowlist.toml, `requires`)",
             )
-    return symbols
+    return list(values)
 
 
 def _resolver(model: ModelInfo) -> list[str]:

@@ -225,7 +225,7 @@ class SimApp:
         if info is None or self.init.stage:
             return []
         return [
-            LoopOutput(t.num_elements * np.dtype(t.dtype).itemsize, t.dtype, tuple(t.shape),
+            LoopOutput(t.nbytes, t.dtype, tuple(t.shape),
                        float(t.scale or 0.0), int(t.zero_point or 0), t.name)
             for t in info.outputs
         ]  # fmt: skip
@@ -234,7 +234,7 @@ class SimApp:
         info = self.init.info
         tin = info.inputs[0] if info is not None and info.inputs and not self.init.stage else None
         cfg = LoopConfig(
-            input_bytes=0 if tin is None else tin.num_elements * np.dtype(tin.dtype).itemsize,
+            input_bytes=0 if tin is None else tin.nbytes,
             input_dtype="unknown" if tin is None else tin.dtype,
             outputs=self._outputs(),
             window=int(self.payload.header.get("window", 16384)),

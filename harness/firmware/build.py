@@ -25,12 +25,12 @@ from harness.errors import BuildError, PlatformUnreachableError, UsageError
 from harness.firmware import sdkconfig as sdkconfig_fmt
 from harness.firmware.boards import BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, BuildMeta, CacheEntry, default_cache_dir
-from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_ENV, Manifest, read_manifest
+from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, PIO_ENV, Manifest, read_manifest
 from harness.firmware.native.driver import build_program
 from harness.firmware.native.project import NativeOptions, plan_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
 from harness.flashfmt import otadata
-from harness.flashfmt.model_image import PARTITION_LABEL
+from harness.flashfmt.model_image import MODEL_IMAGE, PARTITION_LABEL
 from harness.flashfmt.partitions import (
     APP,
     DATA,
@@ -42,7 +42,7 @@ from harness.flashfmt.partitions import (
     table_rows,
     variant_app,
 )
-from harness.protocol.app_image import slot_sha256
+from harness.protocol.app_image import APP_NAME, slot_sha256
 from harness.resources import atomic_write
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
@@ -52,7 +52,6 @@ BUILD_SUBDIR = f"{DATA_DIR}/build"
 LOG_NAME = "build.log"
 FLASHER_ARGS = "flasher_args.json"
 FLASH_ARGS = "flash_args"  # the same as esptool's @file argument list (ESP-IDF writes one too)
-APP_NAME = "esp_check_fw"  # the generated projects' CMake project() name: ESP-IDF names the app after it
 # Names of a build's files inside a cache entry (flat; the model image is data, never cached) ...
 _CACHE_NAMES = {
     "bootloader": "bootloader.bin",

@@ -28,11 +28,12 @@ from harness.firmware.layout import OTADATA_BYTES, FlashLayout, check_model_fits
 from harness.firmware.native.components import tree_sha256
 from harness.firmware.tap_context import tap_firmware_context
 from harness.flashfmt import otadata
-from harness.flashfmt.model_image import HEADER_BYTES, pack_model_image
+from harness.flashfmt.model_image import HEADER_BYTES, MODEL_IMAGE, pack_model_image
 from harness.flashfmt.partitions import VARIANT_SLOTS
 from harness.model.inputs import InputOptions, input_tensor_bytes
 from harness.model.loader import ModelInfo, TensorInfo, load_model
 from harness.model.opdata import resolver_methods
+from harness.protocol.app_image import APP_NAME
 from harness.protocol.spec import DTYPES
 from harness.resources import (
     data_dir,
@@ -69,7 +70,6 @@ KEEP_STORE_BYTES = 256 * 1024  # of that reserve: the kept-input store (docs/pro
 MAX_INPUTS = 64
 # The portable C the firmware compiles next to app_main.cc: text emitter, binary frames, command loop.
 PROTO_FILES = tuple(f"esp_check_{name}{ext}" for name in ("proto", "frame", "loop") for ext in (".c", ".h"))
-MODEL_IMAGE = f"{DATA_DIR}/partitions/model.bin"  # the model partition (harness.flashfmt.model_image)
 PIO_EXTRA_SCRIPT = f"{DATA_DIR}/pio_flash_model.py"
 PIO_BOOT_SCRIPT = f"{DATA_DIR}/pio_boot_slot.py"
 # otadata selecting the ANSI C app's slot: what `idf.py flash` / `pio run -t upload` of the ANSI C project
@@ -676,6 +676,7 @@ def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
         "board": board,
         "versions": src.versions,
         "pio_env": PIO_ENV,
+        "app_name": APP_NAME,
         "inputs": [
             {"source_name": p.name, "sha256": _sha256(raw), "array": _hex_array(raw)} for p, raw in prepared
         ],

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 from simrun import stage_seconds, timed_run
 
+from harness.chips import ROM_BAUD
 from harness.flows.dataset import DatasetOptions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +66,6 @@ MODELS = ROOT / "tests" / "data" / "models"
 UNET48 = MODELS / "unet_mbv2_035_48.tflite"
 UNET64 = MODELS / "unet_mbv2_035_64.tflite"
 HOST_STAGES = {"generate", "build", "compare", "report"}  # and "reference", below
-ROM_BAUD = 115200
 TIME_RE = re.compile(rb"TIME i=\d+ invoke_us=(\d+)")
 
 

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The baud every chip's ROM bootloader talks at after reset (its boot messages, esptool's first contact:
+# esptool's ESP_ROM_BAUD); the app's console may use another.
+ROM_BAUD = 115200
+
 
 @dataclass(frozen=True)
 class Chip:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TextIO, TypedDict, TypeVar
 
 import serial
 
+from harness.chips import ROM_BAUD
 from harness.device.esptool_log import EsptoolLogSink, capture_esptool_log
 from harness.device.ports import PortSpec, Transport, open_port, resolve_port
 from harness.device.reset import bootloader_reset
@@ -26,7 +27,6 @@ from harness.errors import ExitCode, FlashError
 if TYPE_CHECKING:
     from esptool.loader import ESPLoader
 
-ROM_BAUD = 115200
 BEFORE_MODES = ("auto", "default-reset", "usb-reset", "no-reset", "no-reset-no-sync", "harness-reset")
 AFTER_MODES = ("hard-reset", "no-reset", "no-reset-stub", "soft-reset", "watchdog-reset")
 

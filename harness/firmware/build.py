@@ -22,14 +22,15 @@ from typing import Any, NamedTuple
 from harness import __version__
 from harness.chips import CHIPS
 from harness.errors import BuildError, PlatformUnreachableError, UsageError
+from harness.firmware import sdkconfig as sdkconfig_fmt
 from harness.firmware.boards import BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, BuildMeta, CacheEntry, default_cache_dir
-from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_ENV, Manifest, read_manifest
+from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, PIO_ENV, Manifest, read_manifest
 from harness.firmware.native.driver import build_program
 from harness.firmware.native.project import NativeOptions, plan_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
 from harness.flashfmt import otadata
-from harness.flashfmt.model_image import PARTITION_LABEL
+from harness.flashfmt.model_image import MODEL_IMAGE, PARTITION_LABEL
 from harness.flashfmt.partitions import (
     APP,
     DATA,
@@ -41,7 +42,7 @@ from harness.flashfmt.partitions import (
     table_rows,
     variant_app,
 )
-from harness.protocol.app_image import slot_sha256
+from harness.protocol.app_image import APP_NAME, slot_sha256
 from harness.resources import atomic_write
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
@@ -51,7 +52,6 @@ BUILD_SUBDIR = f"{DATA_DIR}/build"
 LOG_NAME = "build.log"
 FLASHER_ARGS = "flasher_args.json"
 FLASH_ARGS = "flash_args"  # the same as esptool's @file argument list (ESP-IDF writes one too)
-APP_NAME = "esp_check_fw"  # the generated projects' CMake project() name: ESP-IDF names the app after it
 # Names of a build's files inside a cache entry (flat; the model image is data, never cached) ...
 _CACHE_NAMES = {
     "bootloader": "bootloader.bin",
@@ -133,37 +133,22 @@ class BuildResult:
 
 
 def parse_sdkconfig(text: str) -> dict[str, str]:
-    """``CONFIG_X=value`` lines of a (resolved) sdkconfig; quotes stripped, ``is not set`` lines skipped."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        key, value = line.split("=", 1)
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] == '"':
-            value = value[1:-1]
-        out[key.strip()] = value
-    return out
-
-
-_NOT_SET = re.compile(r"^#\s*CONFIG_([A-Za-z0-9_]+) is not set\s*$")
+    """The symbols a (resolved) sdkconfig defines (:func:`harness.firmware.sdkconfig.defined`), strings
+    without their quotes."""
+    symbols = sdkconfig_fmt.defined(sdkconfig_fmt.parse(text).symbols)
+    return {key: sdkconfig_fmt.unquote(value) for key, value in symbols.items()}
 
 
 def sdkconfig_json(text: str) -> dict[str, bool | int | str]:
     """An sdkconfig as ESP-IDF's ``config/sdkconfig.json`` has it: names without ``CONFIG_``, ``y`` and
-    ``is not set`` as booleans, decimal and hex numbers as integers, the rest as strings."""
+    ``n`` (``is not set``) as booleans, strings as strings, decimal and hex numbers as integers."""
     out: dict[str, bool | int | str] = {}
-    for line in text.splitlines():
-        unset = _NOT_SET.match(line.strip())
-        if unset:
-            out[unset.group(1)] = False
-    for key, value in parse_sdkconfig(text).items():
-        if not key.startswith("CONFIG_"):
-            continue
+    for key, value in sdkconfig_fmt.parse(text).symbols.items():
         name = key[len("CONFIG_") :]
         if value in ("y", "n"):
             out[name] = value == "y"
+        elif sdkconfig_fmt.is_string(value):
+            out[name] = sdkconfig_fmt.unquote(value)
         elif re.fullmatch(r"-?\d+", value):
             out[name] = int(value)
         elif re.fullmatch(r"0[xX][0-9a-fA-F]+", value):

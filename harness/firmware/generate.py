@@ -21,17 +21,19 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypedDict
 
 from harness import __version__
 from harness.errors import EspCheckError, GenerateError
+from harness.firmware import sdkconfig
 from harness.firmware.boards import Board, load_board
 from harness.firmware.hybrid_context import hybrid_firmware_context, render_hybrid_files
 from harness.firmware.layout import OTADATA_BYTES, FlashLayout, check_model_fits, flash_layout
 from harness.firmware.native.components import tree_sha256
 from harness.firmware.tap_context import tap_firmware_context
 from harness.flashfmt import otadata
-from harness.flashfmt.model_image import HEADER_BYTES, pack_model_image
+from harness.flashfmt.model_image import HEADER_BYTES, MODEL_IMAGE, pack_model_image
 from harness.flashfmt.partitions import VARIANT_SLOTS
 from harness.model.inputs import InputOptions, input_tensor_bytes
 from harness.model.loader import ModelInfo, TensorInfo, load_model
 from harness.model.opdata import resolver_methods
+from harness.protocol.app_image import APP_NAME
 from harness.protocol.spec import DTYPES
 from harness.resources import (
     data_dir,
@@ -68,7 +70,6 @@ KEEP_STORE_BYTES = 256 * 1024  # of that reserve: the kept-input store (docs/pro
 MAX_INPUTS = 64
 # The portable C the firmware compiles next to app_main.cc: text emitter, binary frames, command loop.
 PROTO_FILES = tuple(f"esp_check_{name}{ext}" for name in ("proto", "frame", "loop") for ext in (".c", ".h"))
-MODEL_IMAGE = f"{DATA_DIR}/partitions/model.bin"  # the model partition (harness.flashfmt.model_image)
 PIO_EXTRA_SCRIPT = f"{DATA_DIR}/pio_flash_model.py"
 PIO_BOOT_SCRIPT = f"{DATA_DIR}/pio_boot_slot.py"
 # otadata selecting the ANSI C app's slot: what `idf.py flash` / `pio run -t upload` of the ANSI C project
@@ -327,14 +328,16 @@ def check_sdkconfig(
     allows), a symbol that only newer releases have is refused too, unless the older ones behave as if it
     had the value written (``absent_means``).
     """
-    symbols: list[str] = []
-    values: dict[str, str] = {}
-    for line in text.splitlines():
-        m = re.match(r"^(?:# )?(CONFIG_[A-Z0-9_]+)(?:=(.*)| is not set)$", line)
-        if not m:
-            continue
-        key, value = m.group(1), ("n" if m.group(2) is None else m.group(2))
-        values[key] = value
+    parsed = sdkconfig.parse(text)
+    if parsed.malformed:
+        raise GenerateError(
+            f"{where}: {parsed.malformed[0]!r} is neither a Kconfig assignment nor a comment "
+            "(ESP-IDF ignores it with a warning)",
+            hint="correct it in the board file's [sdkconfig] table or in "
+            "firmware_templates/project/sdkconfig.defaults.j2",
+        )
+    values = parsed.symbols
+    for key, value in values.items():
         entry = allow["symbols"].get(key)
         if key in allow.get("forbidden", {}):
             raise GenerateError(f"{where}: {key} must never be set ({allow['forbidden'][key]})")
@@ -360,8 +363,7 @@ def check_sdkconfig(
                 f"{idf_min}, which would ignore it silently and build a different firmware",
                 hint=f'set idf_min = "{since}" (or newer) in the board file',
             )
-        symbols.append(key)
-    for key in symbols:
+    for key in values:
         low, high = allow["symbols"][key].get("range", (None, None))
         if low is not None and not (values[key].isdigit() and low <= int(values[key]) <= high):
             raise GenerateError(f"{where}: {key}={values[key]} is outside ESP-IDF's range {low}..{high}")
@@ -372,7 +374,7 @@ def check_sdkconfig(
                 "Kconfig would drop its value silently and build a different firmware",
                 hint=f"set {', '.join(missing)} too (harness/data/sdkconfig_allowlist.toml, `requires`)",
             )
-    return symbols
+    return list(values)
 
 
 def _resolver(model: ModelInfo) -> list[str]:
@@ -674,6 +676,7 @@ def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
         "board": board,
         "versions": src.versions,
         "pio_env": PIO_ENV,
+        "app_name": APP_NAME,
         "inputs": [
             {"source_name": p.name, "sha256": _sha256(raw), "array": _hex_array(raw)} for p, raw in prepared
         ],

@@ -14,6 +14,9 @@ MAGIC = b"ECMODEL1"
 HEADER_BYTES = 64
 PARTITION_LABEL = "model"
 PARTITION_SUBTYPE = 0x40  # first custom data subtype (ESP-IDF: 0x40..0xFE are free for applications)
+# where a generated project keeps the image (generate writes it; the builders, the sim builder and the
+# project's own flash targets flash it from there), under the project's esp-check/ data directory
+MODEL_IMAGE = "esp-check/partitions/model.bin"
 
 
 class ModelImageError(ValueError):

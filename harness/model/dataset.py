@@ -72,8 +72,7 @@ def random_dataset(n: int, seed: int, tensor: TensorInfo) -> Dataset:
         raise InputDataError(f"--random-inputs {n}: give 1 to {MAX_ITEMS} inputs")
     if not 0 <= seed < 1 << 64:
         raise InputDataError(f"--seed {seed}: give an unsigned 64-bit integer")
-    nbytes = tensor.num_elements * np.dtype(tensor.dtype).itemsize
-    items = [DatasetItem(f"random#{i}", prng_bytes(seed, i, tensor.dtype, nbytes)) for i in range(n)]
+    items = [DatasetItem(f"random#{i}", prng_bytes(seed, i, tensor.dtype, tensor.nbytes)) for i in range(n)]
     return Dataset(items, "random", seed)
 
 

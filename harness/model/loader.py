@@ -31,7 +31,7 @@ import numpy.typing as npt
 from harness.errors import ModelError
 from harness.model import opdata
 from harness.model.files import MODEL_MAX_BYTES, read_regular
-from harness.model.modelinfo import ModelInfo, OpInfo, TensorInfo
+from harness.model.modelinfo import ModelInfo, OpInfo, TensorInfo, tensor_bytes
 from harness.model.verify import verify_structure
 from harness.resources import code_digest, store_json, user_cache_dir
 
@@ -165,10 +165,6 @@ def _tensor_info(
     )
 
 
-# Bytes per element of the dense tensor types (int4 is packed two per byte in the file).
-_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "uint64": 8,
-               "int32": 4, "uint32": 4, "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1,
-               "complex64": 8, "complex128": 16}  # fmt: skip
 MAX_RANK = 8
 # No ESP32 has more than 32 MiB of PSRAM: a non-constant tensor over twice that is a corrupted shape.
 MAX_TENSOR_BYTES = 64 * 1024 * 1024
@@ -178,7 +174,9 @@ def _check_shape(index: int, name: str, shape: tuple[int, ...], dtype: str, is_c
     """Shapes TFLM cannot hold: negative or huge dimensions, too many of them, too many bytes."""
     if len(shape) > MAX_RANK or any(d < 0 for d in shape):
         raise ModelError(f"tensor {index} ({name!r}) has shape {list(shape)}, which TFLM cannot hold")
-    nbytes = math.prod(shape) * _ITEM_BYTES.get(dtype, 1)
+    n = math.prod(shape)
+    nbytes = tensor_bytes(dtype, n)
+    nbytes = n if nbytes is None else nbytes  # string, variant: at least a byte each
     if not is_const and nbytes > MAX_TENSOR_BYTES:
         raise ModelError(
             f"tensor {index} ({name!r}) has shape {list(shape)}: {nbytes} bytes, more than any ESP32 "
@@ -189,12 +187,8 @@ def _check_shape(index: int, name: str, shape: tuple[int, ...], dtype: str, is_c
 
 def _check_backing(index: int, name: str, shape: tuple[int, ...], dtype: str, have: int) -> None:
     """A constant tensor's buffer must hold all its elements (TFLM would read past it)."""
-    n = math.prod(shape)
-    if dtype == "int4":
-        need = (n + 1) // 2
-    elif dtype in _ITEM_BYTES:
-        need = n * _ITEM_BYTES[dtype]
-    else:
+    need = tensor_bytes(dtype, math.prod(shape), packed=True)
+    if need is None:
         return  # strings, resources, variants: no fixed size
     if have < need:
         raise ModelError(

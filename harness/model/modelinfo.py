@@ -13,9 +13,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-import numpy as np
-
 _EMPTY: Mapping[str, object] = MappingProxyType({})
+
+# The TFLite schema's TensorType (tensorflow/compiler/mlir/lite/schema/schema.fbs), by the lower-case name the
+# loader gives a tensor's dtype: bits per element as a flatbuffer buffer stores it. INT4 packs two elements
+# per byte. None: no fixed element size (STRING: a count, offsets, then the bytes; RESOURCE and VARIANT are
+# handles, with no data in a buffer).
+ELEMENT_BITS: Mapping[str, int | None] = MappingProxyType(
+    {"float32": 32, "float16": 16, "int32": 32, "uint8": 8, "int64": 64, "string": None, "bool": 8,
+     "int16": 16, "complex64": 64, "int8": 8, "float64": 64, "complex128": 128, "uint64": 64,
+     "resource": None, "variant": None, "uint32": 32, "uint16": 16, "int4": 4, "bfloat16": 16}
+)  # fmt: skip
+
+
+def tensor_bytes(dtype: str, count: int, *, packed: bool = False) -> int | None:
+    """Bytes that ``count`` elements of ``dtype`` take (:data:`ELEMENT_BITS`): as TFLM holds them in the
+    arena (TfLiteTypeSizeOf: int4 unpacked to a byte each, a resource as its int32 id) or, with ``packed``,
+    as a flatbuffer buffer stores them (int4 two per byte, rounded up). None for a type with no fixed size:
+    string and variant (TFLM's arena refuses them: AllocateTensors fails), a resource in a buffer, and a
+    type the table does not name."""
+    if dtype == "resource" and not packed:
+        return 4 * count
+    bits = ELEMENT_BITS.get(dtype)
+    if bits is None:
+        return None
+    return (count * (bits if packed else max(bits, 8)) + 7) // 8
+
 
 # Dtypes of tensors that hold activations/data (not shapes/indices).
 _ACTIVATION_DTYPES = {"int8", "uint8", "int16", "float32", "float16"}
@@ -44,12 +67,10 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        """Size of the raw tensor data (int4 counted as one byte per element, like TFLM unpacked)."""
-        try:
-            itemsize = np.dtype(self.dtype).itemsize
-        except TypeError:
-            itemsize = 1
-        return self.num_elements * itemsize
+        """Bytes of the tensor in TFLM's arena (:func:`tensor_bytes`: int4 one byte per element); a type
+        with no fixed size (string, variant), which TFLM cannot allocate, counts one byte per element."""
+        nbytes = tensor_bytes(self.dtype, self.num_elements)
+        return self.num_elements if nbytes is None else nbytes
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready description (used by ``inspect --json`` and reports)."""

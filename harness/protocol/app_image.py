@@ -16,6 +16,9 @@ ESP_IMAGE_MAGIC = 0xE9
 APP_DESC_AT = 0x20
 APP_DESC_MAGIC = 0xABCD5432
 APP_DESC_ELF_SHA = 0x90
+# project_name in esp-check's app descriptions: the generated projects' CMake project() name, after which
+# ESP-IDF names the app's .bin and .elf (the builders' outputs, the simulated app's start-up log)
+APP_NAME = "esp_check_fw"
 
 
 def elf_sha256(head: bytes) -> str:

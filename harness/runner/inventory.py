@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, ValidationError
 
-from harness.chips import CHIPS
+from harness.chips import CHIPS, ROM_BAUD
 from harness.device.labgrid import CONSOLE_TAG, TYPE_TAG, LabgridClient
 from harness.device.ports import PortCandidate, PortSpec, list_candidates, open_port, resolve_port
 from harness.device.reset import hard_reset_into_app
@@ -439,14 +439,14 @@ def _probe_chip(device: str, usb_jtag: bool) -> tuple[str | None, str | None]:
     from harness.device.flash import normalize_chip
 
     try:
-        ser = open_port(resolve_port(device), 115200)
+        ser = open_port(resolve_port(device), ROM_BAUD)
     except PortError as exc:
         return None, f"skipped: {exc.message}"
     style = "usb_serial_jtag" if usb_jtag else "classic"
     try:
         import esptool.cmds  # lazy: only a chip probe talks to the ROM loader
 
-        esp = esptool.cmds.detect_chip(ser, 115200, "usb-reset" if usb_jtag else "default-reset", False, 3)
+        esp = esptool.cmds.detect_chip(ser, ROM_BAUD, "usb-reset" if usb_jtag else "default-reset", False, 3)
         name = normalize_chip(str(getattr(esp, "CHIP_NAME", "")))
         with contextlib.suppress(Exception):
             hard_reset_into_app(ser, style)  # leave the board running its app again

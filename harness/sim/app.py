@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from harness.chips import ROM_BAUD
 from harness.flashfmt.model_image import PARTITION_LABEL, ModelImageError, parse_model_image
 from harness.flashfmt.otadata import boot_order
 from harness.flashfmt.partitions import (
@@ -32,9 +33,9 @@ from harness.sim.image import (
     header_flash_bytes,
     load_image,
 )
-from harness.sim.resident import ROM_BAUD, SIM_BANNER, AppEnv, Clock, Piece, SimApp
+from harness.sim.resident import SIM_BANNER, AppEnv, Clock, Piece, SimApp
 
-__all__ = ["ROM_BAUD", "SIM_BANNER", "AppEnv", "BootResult", "Piece", "boot_from_flash", "rom_header"]
+__all__ = ["SIM_BANNER", "AppEnv", "BootResult", "Piece", "boot_from_flash", "rom_header"]
 
 # When output starts after the reset is released (seconds): the ROM prints its banner at once and its
 # load lines while it reads the bootloader; the later pieces start at their ESP-IDF log timestamps.

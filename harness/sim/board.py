@@ -22,11 +22,12 @@ from typing import Annotated, Literal
 import serial
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
+from harness.chips import ROM_BAUD
 from harness.errors import UsageError
 from harness.inprocess import BOARDS
 from harness.protocol import frames
 from harness.resources import atomic_write
-from harness.sim.app import ROM_BAUD, AppEnv, boot_from_flash, rom_header
+from harness.sim.app import AppEnv, boot_from_flash, rom_header
 from harness.sim.chips import FLASH_SIZE_CODES, FLASH_SIZES, ChipSpec, get_chip
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader

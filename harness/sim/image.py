@@ -19,6 +19,7 @@ from esptool.targets import CHIP_DEFS
 
 from harness.errors import BuildError
 from harness.flashfmt import otadata
+from harness.flashfmt.model_image import MODEL_IMAGE
 from harness.flashfmt.model_image import PARTITION_LABEL as MODEL_LABEL
 from harness.flashfmt.partitions import (
     DATA,
@@ -29,15 +30,13 @@ from harness.flashfmt.partitions import (
     read_partitions_csv,
     variant_app,
 )
-from harness.protocol.app_image import APP_DESC_ELF_SHA, APP_DESC_MAGIC
+from harness.protocol.app_image import APP_DESC_ELF_SHA, APP_DESC_MAGIC, APP_NAME
 from harness.sim import elf
 from harness.sim.chips import FLASH_SIZES, ChipSpec, get_chip
 from harness.sim.faults import VARIANTS, norm_variant
 
 if TYPE_CHECKING:
     from harness.firmware.generate import Manifest
-
-MODEL_IMAGE_FILE = "esp-check/partitions/model.bin"  # where generate writes the model partition image
 
 APP_OFFSET = 0x10000
 _BOOTLOADER_PT_MARKER = b"ESPCHK-PT-OFFSET"  # followed by the offset as a little-endian u32
@@ -107,9 +106,6 @@ def unpack_payload(data: bytes) -> AppPayload:
     return AppPayload(header=header, model=model, inputs=tuple(inputs))
 
 
-PROJECT_NAME = "esp_check_fw"  # the generated projects' CMake project() name
-
-
 def _app_desc(project: str, version: str, idf: str, elf_sha: bytes = b"\0" * 32) -> bytes:
     """esp_app_desc_t (256 bytes), as at the start of every IDF app's DROM."""
 
@@ -127,7 +123,7 @@ def app_sections(
 ) -> list[tuple[str, int, bytes, int]]:
     """(name, address, bytes, SHF flags) of the simulated app: the app description + payload (DROM), the
     code laid out by harness.sim.elf (flash-mapped IROM and IRAM). The image and the ELF hold the same."""
-    drom = _app_desc(PROJECT_NAME, version, idf, elf_sha) + payload
+    drom = _app_desc(APP_NAME, version, idf, elf_sha) + payload
     text, iram = elf.section_size(chip, ".flash.text"), elf.section_size(chip, ".iram0.text")
     code = elf.SHF_ALLOC | elf.SHF_EXECINSTR
     return [
@@ -431,7 +427,7 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
         if off >= 0:
             out.append((off, path))
     model = find(parts, DATA, label=MODEL_LABEL)
-    image = project_dir / MODEL_IMAGE_FILE
+    image = project_dir / MODEL_IMAGE
     if model is not None and image.is_file():
         out.append((model.offset, image))
     return sorted(out)

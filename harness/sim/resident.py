@@ -25,6 +25,7 @@ from harness.model.hybrid_ops import ANSI_KINDS, ansi_path_applies
 from harness.model.loader import parse_model_bytes
 from harness.model.reference import run_reference
 from harness.protocol import frames
+from harness.protocol.app_image import APP_NAME
 from harness.protocol.emitter import TapTensor, emit_tensor
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
 from harness.protocol.native import make_loop
@@ -33,10 +34,9 @@ from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
 from harness.sim.cycles import Dispatch, invoke_us, op_cycles
 from harness.sim.faults import OP_FAULTS, FaultSpec, bump_lsb, flip_bits
-from harness.sim.image import PROJECT_NAME, AppPayload, ImageError, load_image
+from harness.sim.image import AppPayload, ImageError, load_image
 from harness.sim.tap_sim import OpFault, simulate_ops
 
-ROM_BAUD = 115200
 SIM_BANNER = "esp-check SIMULATED BOARD"
 # reference outputs kept per board, above the largest dataset (2 x 100,000 inputs): both variants run the
 # same inputs; the board's cache container (board.ReferenceCache) bounds their bytes
@@ -225,7 +225,7 @@ class SimApp:
         if info is None or self.init.stage:
             return []
         return [
-            LoopOutput(t.num_elements * np.dtype(t.dtype).itemsize, t.dtype, tuple(t.shape),
+            LoopOutput(t.nbytes, t.dtype, tuple(t.shape),
                        float(t.scale or 0.0), int(t.zero_point or 0), t.name)
             for t in info.outputs
         ]  # fmt: skip
@@ -234,7 +234,7 @@ class SimApp:
         info = self.init.info
         tin = info.inputs[0] if info is not None and info.inputs and not self.init.stage else None
         cfg = LoopConfig(
-            input_bytes=0 if tin is None else tin.num_elements * np.dtype(tin.dtype).itemsize,
+            input_bytes=0 if tin is None else tin.nbytes,
             input_dtype="unknown" if tin is None else tin.dtype,
             outputs=self._outputs(),
             window=int(self.payload.header.get("window", 16384)),
@@ -285,7 +285,7 @@ class SimApp:
             clock.line("I", "cpu_start", "Pro cpu start user code"),
             clock.line("I", "cpu_start", f"cpu freq: {chip.cpu_mhz * 1000000} Hz"),
             clock.line("I", "app_init", "Application information:"),
-            clock.line("I", "app_init", f"Project name:     {PROJECT_NAME}", 1),
+            clock.line("I", "app_init", f"Project name:     {APP_NAME}", 1),
             clock.line("I", "app_init", f"App version:      {self.payload.header.get('fwver', '0.0.0')}", 1),
             clock.line("I", "app_init", f"ELF file SHA256:  {self.elf_sha[:ELF_SHA_PRINTED]}...", 1),
             clock.line("I", "app_init", f"ESP-IDF:          {self.payload.header.get('idf', 'sim')}", 1),

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 
 from harness.errors import BuildError
+from harness.firmware import sdkconfig
 
 _NAME = re.compile(r"^CONFIG_[A-Z0-9_]{1,100}$")
 _NUMBER = re.compile(r"^(-?[0-9]+|0x[0-9a-fA-F]+)$")
@@ -20,31 +21,27 @@ _FREQ = re.compile(r"^CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_([0-9]{2,4})$")
 
 
 def parse_defaults(text: str) -> dict[str, str]:
-    """``CONFIG_X=value`` lines of an ``sdkconfig.defaults``; ``# CONFIG_X is not set`` gives ``n``.
-
-    Values stay as written (``y``, a number, or a quoted string with its quotes).
+    """The symbols an ``sdkconfig.defaults`` sets, as :func:`harness.firmware.sdkconfig.parse` reads them
+    (values as written, ``# CONFIG_X is not set`` as ``n``); BuildError for a line kconfgen would ignore.
     """
-    out: dict[str, str] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        m = re.match(r"^#\s*(CONFIG_[A-Z0-9_]+) is not set$", line)
-        if m:
-            out[m.group(1)] = "n"
-            continue
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        key, value = (part.strip() for part in line.split("=", 1))
+    parsed = sdkconfig.parse(text)
+    if parsed.malformed:
+        raise BuildError(
+            f"sdkconfig.defaults: {parsed.malformed[0]!r} is not a Kconfig assignment "
+            "(ESP-IDF would ignore it)",
+            hint="regenerate the project",
+        )
+    for key in parsed.symbols:
         if not _NAME.match(key):
             raise BuildError(
                 f"sdkconfig.defaults: {key!r} is not a Kconfig symbol", hint="regenerate the project"
             )
-        out[key] = value
-    return out
+    return parsed.symbols
 
 
 def resolve(defaults: Mapping[str, str]) -> dict[str, str]:
     """The symbols a native build defines: the defaults (``n`` ones dropped) and what Kconfig derives."""
-    config = {k: v for k, v in defaults.items() if v != "n"}
+    config = sdkconfig.defined(defaults)
     target = _unquote(config.get("CONFIG_IDF_TARGET", ""))
     if not _TARGET.match(target):
         raise BuildError(

@@ -24,7 +24,7 @@ from harness.chips import CHIPS
 from harness.errors import BuildError, PlatformUnreachableError, UsageError
 from harness.firmware.boards import BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, BuildMeta, CacheEntry, default_cache_dir
-from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, MODEL_IMAGE, PIO_ENV, Manifest, read_manifest
+from harness.firmware.generate import DATA_DIR, MODEL_IMAGE, PIO_ENV
 from harness.firmware.native.driver import build_program
 from harness.firmware.native.project import NativeOptions, plan_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
@@ -41,8 +41,8 @@ from harness.flashfmt.partitions import (
     table_rows,
     variant_app,
 )
+from harness.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from harness.protocol.app_image import slot_sha256
-from harness.resources import atomic_write
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
 # layout, the ELF and config/sdkconfig.json are cached
@@ -684,15 +684,9 @@ def _resolved_components(project: Path) -> dict[str, object] | None:
 
 
 def _record_resolved(project: Path, resolved: dict[str, object]) -> None:
-    path = project / MANIFEST_NAME
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return
-    if manifest.get("resolved") == resolved:
-        return
-    manifest["resolved"] = resolved
-    atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n", durable=False)
+    """Record what the build resolved in the project's manifest (read again: the generator may have
+    rewritten it since the build began)."""
+    write_manifest(project, {**read_manifest(project), "resolved": resolved})
 
 
 def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: bool) -> BuildResult:
@@ -864,7 +858,7 @@ class _BuildJob:
 
     @property
     def variant(self) -> str:
-        return str(self.manifest.get("variant") or "")
+        return self.manifest["variant"]
 
     @property
     def board_def(self) -> dict[str, object]:

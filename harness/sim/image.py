@@ -12,7 +12,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from esptool.bin_image import BaseFirmwareImage, ELFSection, LoadFirmwareImage
 from esptool.targets import CHIP_DEFS
@@ -29,13 +29,10 @@ from harness.flashfmt.partitions import (
     read_partitions_csv,
     variant_app,
 )
+from harness.manifest import MANIFEST_NAME, Manifest, read_manifest
 from harness.protocol.app_image import APP_DESC_ELF_SHA, APP_DESC_MAGIC
 from harness.sim import elf
 from harness.sim.chips import FLASH_SIZES, ChipSpec, get_chip
-from harness.sim.faults import VARIANTS, norm_variant
-
-if TYPE_CHECKING:
-    from harness.firmware.generate import Manifest
 
 MODEL_IMAGE_FILE = "esp-check/partitions/model.bin"  # where generate writes the model partition image
 
@@ -264,21 +261,6 @@ def find_payload(chip: ChipSpec, loaded: LoadedImage) -> AppPayload:
 # ---- the "sim" builder -------------------------------------------------------------------------
 
 
-def _read_manifest(project_dir: Path) -> Manifest:
-    path = project_dir / "esp-check.json"
-    try:
-        manifest: Manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BuildError(
-            f"{path} missing", hint="generate the project with `esp-check generate` first"
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise BuildError(f"{path} unreadable: {exc}", hint="regenerate the project") from exc
-    if not isinstance(manifest, dict):
-        raise BuildError(f"{path} is not a JSON object", hint="regenerate the project")
-    return manifest
-
-
 def _input_files(project_dir: Path, manifest: Manifest) -> list[Path]:
     data = project_dir / "esp-check"
     files = sorted(data.glob("input_*.bin"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
@@ -290,13 +272,6 @@ def _input_files(project_dir: Path, manifest: Manifest) -> list[Path]:
             hint="regenerate the project",
         )
     return files  # none: a resident firmware that takes every input over the link
-
-
-def _variant(manifest: Manifest) -> str:
-    v = norm_variant(str(manifest.get("variant", "")))
-    if v in VARIANTS:
-        return v
-    raise BuildError(f"manifest variant {v!r} is neither optimized nor ansi", hint="regenerate the project")
 
 
 _HYBRID_ROW = re.compile(r"^\s*\{ (\d+), (\d+), (k[A-Za-z]+), \d+ \},", re.MULTILINE)
@@ -325,7 +300,7 @@ def _table_offset(project_dir: Path, manifest: Manifest) -> int:
     offset = board_def.get("partition_table_offset") if isinstance(board_def, dict) else None
     if not isinstance(offset, int) or isinstance(offset, bool):
         raise BuildError(
-            f"{project_dir / 'esp-check.json'} does not say where the partition table goes "
+            f"{project_dir / MANIFEST_NAME} does not say where the partition table goes "
             "(board_def.partition_table_offset)",
             hint="regenerate the project with this esp-check version",
         )
@@ -337,7 +312,7 @@ def _app_header(manifest: Manifest, chip: ChipSpec, project_dir: Path) -> dict[s
     tap = manifest.get("tap") or {}
     dump_ops = tap.get("dump_ops", [])
     return {
-        "variant": _variant(manifest),
+        "variant": manifest["variant"],
         "chip": chip.name,
         "board": str(manifest.get("board", "sim")),
         "fwver": str(manifest.get("template_version") or manifest.get("fwver") or "0.0.0"),
@@ -387,7 +362,7 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     image")."""
     project_dir = Path(project_dir)
     build_dir = Path(build_dir)
-    manifest = _read_manifest(project_dir)
+    manifest = read_manifest(project_dir)
     chip = get_chip(str(manifest.get("chip") or manifest.get("target") or "esp32s3"))
     table_offset = _table_offset(project_dir, manifest)
     parts = read_partitions_csv(project_dir / "partitions.csv")

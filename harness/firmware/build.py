@@ -31,15 +31,14 @@ from harness.firmware.toolrun import run_streaming as _run_streaming
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import PARTITION_LABEL
 from harness.flashfmt.partitions import (
-    APP,
     DATA,
     OTADATA,
     Partition,
+    app_partition,
     find,
     pack_partition_table,
     read_partitions_csv,
     table_rows,
-    variant_app,
 )
 from harness.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from harness.protocol.app_image import slot_sha256
@@ -473,7 +472,7 @@ def _layout(
 ) -> list[tuple[str, int, Path]]:
     """(role, offset, source file) for what must be flashed; checks the app fits its partition. Where
     each offset comes from: docs/firmware.md "esp-check build" (the sim packer places its files by the same
-    rules); the app's partition: :func:`variant_app`."""
+    rules); the app's partition: :func:`app_partition`."""
     project, table_offset = job.project, job.table_offset
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():
@@ -496,20 +495,8 @@ def _layout(
             ) from None
         pt_off = table_offset
     table = table_rows(files["partition-table"].read_bytes())
-    app_part = variant_app(table, job.variant) or find(table, APP)
-    if app_part is None:
-        raise BuildError(
-            f"the built partition table {files['partition-table']} has no app partition",
-            hint="check partitions.csv in the project",
-        )
-    app_size = files["app"].stat().st_size
-    if app_size > app_part.size:
-        raise BuildError(
-            f"the firmware ({app_size} bytes) is larger than its app partition '{app_part.label}' "
-            f"({app_part.size} bytes)",
-            hint="use fewer inputs per firmware, or larger app partitions in "
-            f"{project / 'partitions.csv'} (the board's flash permitting)",
-        )
+    where = f"the built partition table {files['partition-table']}"
+    app_part = app_partition(table, job.variant, where, app_bytes=files["app"].stat().st_size)
     layout = [
         ("bootloader", boot_off, files["bootloader"]),
         ("partition-table", pt_off, files["partition-table"]),
@@ -586,8 +573,8 @@ def _select_own_slot(artifacts: Sequence[Artifact], variant: str) -> None:
     if ota is None or table is None:
         return
     parts = table_rows(table.path.read_bytes())
-    app = variant_app(parts, variant)
-    if app is not None and app.is_ota_app:  # a factory app boots from the tool's erased otadata
+    app = app_partition(parts, variant, str(table.path))
+    if app.is_ota_app:  # a factory app boots from the tool's erased otadata
         ota.path.write_bytes(otadata.initial_for(parts, app, ota.path.stat().st_size))
 
 
@@ -972,9 +959,7 @@ def _native_layout(job: _BuildJob, program: Path) -> list[Artifact]:
     table_path = out_dir / LAYOUT["partition-table"]
     table_path.parent.mkdir(parents=True, exist_ok=True)
     table_path.write_bytes(pack_partition_table(table))
-    app = variant_app(table, job.variant)
-    if app is None:
-        raise BuildError(f"{csv_path} has no app partition for this variant", hint="regenerate the project")
+    app = app_partition(table, job.variant, str(csv_path))
     out = [Artifact(table_off, table_path, "partition-table"), Artifact(app.offset, program, "app")]
     ota = find(table, DATA, OTADATA)
     if ota is not None:

@@ -24,10 +24,10 @@ from harness.flashfmt.partitions import (
     DATA,
     OTADATA,
     TABLE_SECTOR,
+    app_partition,
     find,
     pack_partition_table,
     read_partitions_csv,
-    variant_app,
 )
 from harness.manifest import MANIFEST_NAME, Manifest, read_manifest
 from harness.protocol.app_image import APP_DESC_ELF_SHA, APP_DESC_MAGIC
@@ -381,13 +381,9 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     segments = [ELFSection(name.encode(), addr, data, 0) for name, addr, data, _flags in sections]
     revs = _board_revisions(board_def)
     app = _save_image(chip, flash_size, revs, segments, chip.iram_start)
-    app_part = variant_app(parts, header["variant"])
-    if app_part is None:
-        raise BuildError(
-            "partitions.csv has no app partition for this variant", hint="regenerate the project"
-        )
-    if len(app) > app_part.size:
-        raise BuildError(f"the simulated app ({len(app)} bytes) does not fit {app_part.label}")
+    app_part = app_partition(
+        parts, header["variant"], str(project_dir / "partitions.csv"), app_bytes=len(app)
+    )
     build_dir.mkdir(parents=True, exist_ok=True)
     boot = pack_bootloader_image(chip, table_offset, flash_size, revs)
     files = [

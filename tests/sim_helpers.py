@@ -33,6 +33,7 @@ from harness.flashfmt.partitions import (
     find,
     parse_partition_table,
 )
+from harness.manifest import MANIFEST_SCHEMA
 from harness.resources import boards_dir
 from harness.sim.chips import ChipSpec
 from harness.sim.image import (
@@ -86,6 +87,7 @@ def make_project(
         (data / f"input_{k}.bin").write_bytes(raw)
     sim_board = read_toml(boards_dir() / "sim.toml", "board", "boards/sim.toml")
     doc: dict[str, object] = {
+        "schema": MANIFEST_SCHEMA,
         "variant": variant,
         "chip": chip,
         "board": f"sim-{chip}",

@@ -398,6 +398,20 @@ def test_binary_larger_than_partition(tmp_path: Path, fake_tools: dict[str, obje
     assert "partitions.csv" in (ei.value.hint or "")
 
 
+def test_app_goes_where_the_bootloader_boots_it_or_the_build_refuses(
+    tmp_path: Path, fake_tools: dict[str, object]
+) -> None:
+    """A partitions.csv without ota_0: the optimized app has no partition ESP-IDF's bootloader boots it
+    from. The sim and native builders refused it; pio/idf put the app in the first app partition (here
+    ota_1, which a one-OTA-app table never boots) and reported a good build."""
+    (opt,) = _project(tmp_path, variants=("optimized",))
+    csv_path = opt / "partitions.csv"
+    csv_path.write_text("".join(ln for ln in csv_path.read_text().splitlines(True) if "ota_0" not in ln))
+    refused = r"built partition table \S+ has no app partition .* the optimized app from"
+    with pytest.raises(BuildError, match=refused):
+        b.build_project(opt, use_cache=False, env=_env(fake_tools))
+
+
 def test_stale_resolved_sdkconfig_is_removed(tmp_path: Path, fake_tools: dict[str, object]) -> None:
     (opt,) = _project(tmp_path, variants=("optimized",))
     stale = opt / "sdkconfig.esp_check"

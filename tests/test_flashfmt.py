@@ -20,6 +20,7 @@ from sim_helpers import PARTITIONS_4MB, make_project, read_until_end
 import harness.sim as sim
 from harness.device.protocol_native import BOOT_LINE
 from harness.device.protocol_native import register as register_native
+from harness.errors import BuildError
 from harness.firmware.boards import list_boards, load_board
 from harness.firmware.layout import flash_layout
 from harness.flashfmt import otadata
@@ -28,6 +29,7 @@ from harness.flashfmt.partitions import (
     OTA_0,
     Partition,
     PartitionTableError,
+    app_partition,
     pack_partition_table,
     parse_partition_table,
     parse_partitions_csv,
@@ -91,6 +93,80 @@ def test_boot_rule_counts_ota_apps_by_subtype() -> None:
     assert erased.slot is None and erased.apps[0].label == "ota_0"  # empty otadata boots ota_0
     factory = [Partition("factory", APP, 0, 0x10000, 0x100000), *parts]
     assert otadata.boot_order(factory, _flash_reader(b"\xff" * (4 << 20))).apps[0].label == "factory"
+
+
+# Tables the generator never writes, as a user's partitions.csv may be: no ota_0 (so ESP-IDF's bootloader,
+# which indexes OTA apps by subtype below their count, reaches ota_1 only as the second of two OTA apps)
+OTA_1_ONLY = "".join(ln for ln in PARTITIONS_4MB.splitlines(keepends=True) if not ln.startswith("ota_0"))
+OTA_1_AND_2 = OTA_1_ONLY.replace("model,    data, 0x40,   0x220000", "ota_2,    app,  ota_2,  0x220000")
+
+
+@pytest.mark.parametrize(
+    ("table", "optimized", "ansi"),
+    [
+        (PARTITIONS_4MB, "ota_0", "ota_1"),
+        ("factory,  app,  factory, 0x300000, 0x100000\n" + PARTITIONS_4MB, "factory", "factory"),
+        (OTA_1_AND_2, None, "ota_1"),  # two OTA apps: otadata selects index 1, ota_1
+        (OTA_1_ONLY, None, None),  # one OTA app: index 0 only, and there is no ota_0
+    ],
+)
+def test_app_partition_is_where_the_bootloader_boots_the_variant_from(
+    table: str, optimized: str | None, ansi: str | None
+) -> None:
+    """One rule for the sim, pio/idf and native builders: the factory app, else the variant's OTA slot
+    when ESP-IDF's bootloader can boot it; a BuildError naming the table and the fix otherwise."""
+    parts = parse_partitions_csv(table)
+    for variant, label in (("optimized", optimized), ("ansi", ansi)):
+        if label is None:
+            with pytest.raises(BuildError, match=rf"^t\.csv has no app partition .* the {variant} app") as ei:
+                app_partition(parts, variant, "t.csv")
+            assert "regenerate the project" in (ei.value.hint or "")
+            continue
+        app = app_partition(parts, variant, "t.csv")
+        assert app.label == label
+        with pytest.raises(BuildError, match=rf"larger than its app partition '{label}'") as ei:
+            app_partition(parts, variant, "t.csv", app_bytes=app.size + 1)
+        assert "partitions.csv" in (ei.value.hint or "")
+
+
+def test_boot_rule_indexes_ota_apps_by_subtype_below_their_count() -> None:
+    """bootloader_utility.c: OTA app N is ``bs->ota[N]``, reached only for N below the number of OTA apps.
+    (The rule took the OTA apps in subtype order: it booted ota_2 for slot 1 of ota_1 + ota_2, and booted
+    an ota_1-only table, which a chip does not boot.)"""
+    parts = parse_partitions_csv(OTA_1_AND_2)
+    ota = next(p for p in parts if p.label == "otadata")
+    flash = bytearray(b"\xff" * (4 << 20))
+    flash[ota.offset : ota.offset + ota.size] = otadata.select(b"\xff" * ota.size, 1, 2)
+    order = otadata.boot_order(parts, _flash_reader(bytes(flash)))
+    assert order.slot == 1 and [p.label for p in order.apps] == ["ota_1"]  # then index 0: no ota_0
+    assert otadata.boot_order(parse_partitions_csv(OTA_1_ONLY), _flash_reader(bytes(flash))).apps == []
+    with pytest.raises(ValueError, match="cannot select ota_1 among 1 OTA apps"):
+        otadata.select(b"\xff" * ota.size, 1, 1)  # no sequence number maps to it (it looped forever)
+
+
+@pytest.mark.parametrize(("table", "variant"), [(OTA_1_ONLY, "ansi"), (OTA_1_AND_2, "optimized")])
+def test_sim_packer_refuses_a_table_the_bootloader_cannot_boot_the_app_from(
+    tmp_path: Path, models_dir: Path, table: str, variant: str
+) -> None:
+    """(It hung writing otadata for ota_1 in an ota_1-only table; the other it packed as told.)"""
+    x = np.load(models_dir / "inputs" / "cnn_classifier_11.q.npy")
+    proj = make_project(tmp_path / "p", models_dir / "cnn_classifier_11.tflite", [x], variant=variant)
+    (proj / "partitions.csv").write_text(table)
+    with pytest.raises(BuildError, match=rf"partitions\.csv has no app partition .* the {variant} app"):
+        build_sim_firmware(proj, tmp_path / "b")
+
+
+def test_sim_packer_says_an_app_too_large_as_the_other_builders(tmp_path: Path, models_dir: Path) -> None:
+    """(It said "the simulated app (N bytes) does not fit ota_1", with no hint.)"""
+    x = np.load(models_dir / "inputs" / "cnn_classifier_11.q.npy")
+    proj = make_project(tmp_path / "p", models_dir / "cnn_classifier_11.tflite", [x], variant="ansi")
+    small = PARTITIONS_4MB.replace("ota_1,  0x120000, 0x100000", "ota_1,  0x120000, 0x001000")
+    (proj / "partitions.csv").write_text(small)
+    with pytest.raises(
+        BuildError, match=r"firmware \(\d+ bytes\) is larger than its app partition 'ota_1'"
+    ) as ei:
+        build_sim_firmware(proj, tmp_path / "b")
+    assert "partitions.csv" in (ei.value.hint or "")
 
 
 def _sim_files(tmp: Path, models_dir: Path, variant: str) -> list[tuple[int, Path]]:

@@ -25,25 +25,24 @@ from harness.errors import BuildError, PlatformUnreachableError, UsageError
 from harness.firmware import sdkconfig as sdkconfig_fmt
 from harness.firmware.boards import BUILDERS
 from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, BuildMeta, CacheEntry, default_cache_dir
-from harness.firmware.generate import DATA_DIR, MANIFEST_NAME, PIO_ENV, Manifest, read_manifest
+from harness.firmware.generate import DATA_DIR, PIO_ENV
 from harness.firmware.native.driver import build_program
 from harness.firmware.native.project import NativeOptions, plan_native_build
 from harness.firmware.toolrun import run_streaming as _run_streaming
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import MODEL_IMAGE, PARTITION_LABEL
 from harness.flashfmt.partitions import (
-    APP,
     DATA,
     OTADATA,
     Partition,
+    app_partition,
     find,
     pack_partition_table,
     read_partitions_csv,
     table_rows,
-    variant_app,
 )
+from harness.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from harness.protocol.app_image import APP_NAME, slot_sha256
-from harness.resources import atomic_write
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
 # layout, the ELF and config/sdkconfig.json are cached
@@ -458,7 +457,7 @@ def _layout(
 ) -> list[tuple[str, int, Path]]:
     """(role, offset, source file) for what must be flashed; checks the app fits its partition. Where
     each offset comes from: docs/firmware.md "esp-check build" (the sim packer places its files by the same
-    rules); the app's partition: :func:`variant_app`."""
+    rules); the app's partition: :func:`app_partition`."""
     project, table_offset = job.project, job.table_offset
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():
@@ -481,20 +480,8 @@ def _layout(
             ) from None
         pt_off = table_offset
     table = table_rows(files["partition-table"].read_bytes())
-    app_part = variant_app(table, job.variant) or find(table, APP)
-    if app_part is None:
-        raise BuildError(
-            f"the built partition table {files['partition-table']} has no app partition",
-            hint="check partitions.csv in the project",
-        )
-    app_size = files["app"].stat().st_size
-    if app_size > app_part.size:
-        raise BuildError(
-            f"the firmware ({app_size} bytes) is larger than its app partition '{app_part.label}' "
-            f"({app_part.size} bytes)",
-            hint="use fewer inputs per firmware, or larger app partitions in "
-            f"{project / 'partitions.csv'} (the board's flash permitting)",
-        )
+    where = f"the built partition table {files['partition-table']}"
+    app_part = app_partition(table, job.variant, where, app_bytes=files["app"].stat().st_size)
     layout = [
         ("bootloader", boot_off, files["bootloader"]),
         ("partition-table", pt_off, files["partition-table"]),
@@ -571,8 +558,8 @@ def _select_own_slot(artifacts: Sequence[Artifact], variant: str) -> None:
     if ota is None or table is None:
         return
     parts = table_rows(table.path.read_bytes())
-    app = variant_app(parts, variant)
-    if app is not None and app.is_ota_app:  # a factory app boots from the tool's erased otadata
+    app = app_partition(parts, variant, str(table.path))
+    if app.is_ota_app:  # a factory app boots from the tool's erased otadata
         ota.path.write_bytes(otadata.initial_for(parts, app, ota.path.stat().st_size))
 
 
@@ -669,15 +656,9 @@ def _resolved_components(project: Path) -> dict[str, object] | None:
 
 
 def _record_resolved(project: Path, resolved: dict[str, object]) -> None:
-    path = project / MANIFEST_NAME
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return
-    if manifest.get("resolved") == resolved:
-        return
-    manifest["resolved"] = resolved
-    atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n", durable=False)
+    """Record what the build resolved in the project's manifest (read again: the generator may have
+    rewritten it since the build began)."""
+    write_manifest(project, {**read_manifest(project), "resolved": resolved})
 
 
 def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: bool) -> BuildResult:
@@ -849,7 +830,7 @@ class _BuildJob:
 
     @property
     def variant(self) -> str:
-        return str(self.manifest.get("variant") or "")
+        return self.manifest["variant"]
 
     @property
     def board_def(self) -> dict[str, object]:
@@ -963,9 +944,7 @@ def _native_layout(job: _BuildJob, program: Path) -> list[Artifact]:
     table_path = out_dir / LAYOUT["partition-table"]
     table_path.parent.mkdir(parents=True, exist_ok=True)
     table_path.write_bytes(pack_partition_table(table))
-    app = variant_app(table, job.variant)
-    if app is None:
-        raise BuildError(f"{csv_path} has no app partition for this variant", hint="regenerate the project")
+    app = app_partition(table, job.variant, str(csv_path))
     out = [Artifact(table_off, table_path, "partition-table"), Artifact(app.offset, program, "app")]
     ota = find(table, DATA, OTADATA)
     if ota is not None:

@@ -17,10 +17,10 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypedDict
+from typing import TYPE_CHECKING, Any, Final, ParamSpec
 
 from harness import __version__
-from harness.errors import EspCheckError, GenerateError
+from harness.errors import BuildError, EspCheckError, GenerateError
 from harness.firmware import sdkconfig
 from harness.firmware.boards import Board, load_board
 from harness.firmware.hybrid_context import hybrid_firmware_context, render_hybrid_files
@@ -30,6 +30,7 @@ from harness.firmware.tap_context import tap_firmware_context
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import HEADER_BYTES, MODEL_IMAGE, pack_model_image
 from harness.flashfmt.partitions import VARIANT_SLOTS
+from harness.manifest import MANIFEST_NAME, MANIFEST_SCHEMA, VARIANTS, Manifest, read_manifest, write_manifest
 from harness.model.inputs import InputOptions, input_tensor_bytes
 from harness.model.loader import ModelInfo, TensorInfo, load_model
 from harness.model.opdata import resolver_methods
@@ -53,15 +54,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-VARIANTS: tuple[str, ...] = ("optimized", "ansi")
 NN_SYMBOL = {"optimized": "CONFIG_NN_OPTIMIZED", "ansi": "CONFIG_NN_ANSI_C"}
 NN_REPORTED = {"optimized": "optimized", "ansi": "ansi_c"}  # INFO nn= value the firmware prints
 
 # Pinned versions: harness/data/versions.toml [pinned] (platform, tflm, espnn, idf).
 DEFAULT_VERSIONS: dict[str, str] = pinned_versions()
 PIO_ENV = "esp_check"
-MANIFEST_NAME = "esp-check.json"
-MANIFEST_SCHEMA = "esp-check-project/1"
 DATA_DIR = "esp-check"  # model.tflite and input_<k>.bin copies, build outputs under esp-check/build
 HUMAN_MAX = 16
 MAIN_STACK_BYTES = 16384
@@ -117,53 +115,6 @@ def _sha256(data: bytes) -> str:
 
 # --------------------------------------------------------------------------------------------
 # results
-
-
-class Manifest(TypedDict, total=False):
-    """A generated project's esp-check.json (docs/firmware.md). Every key is optional to its readers: the
-    simulated builder also reads older and hand-made manifests (tests/), with defaults for what is missing."""
-
-    schema: str
-    esp_check_version: str
-    template_version: str
-    variant: str
-    nn_config: str
-    nn_expected: str
-    board: str
-    chip: str
-    board_def: dict[str, object]  # Board.to_dict() and the board file's file_sha256
-    builder: str
-    pio_env: str
-    console_baud: int
-    versions: dict[str, str]
-    model: dict[str, object]
-    input_tensor: dict[str, object]
-    inputs: list[dict[str, object]]
-    outputs: list[dict[str, object]]
-    ops: list[str]
-    resolver: list[str]
-    arena_bytes: int
-    arena_mem: str
-    arena_max: dict[str, int]
-    arena_source: str
-    arena_estimate_bytes: int | None
-    arena_espnn_formulas: str | None
-    human_max: int
-    files: dict[str, str]
-    resolved: dict[str, object] | None  # what the build resolved (dependencies.lock), written by the build
-    flash_layout: dict[str, object]
-    tap: dict[str, object]
-    hybrid: dict[str, object]
-    keep_bytes: int  # the kept-input store in PSRAM (0: none), docs/protocol.md "Kept inputs"
-    resident: dict[str, int]  # resident_buffers(): driver rings and the receive window (HELLO window)
-    generation_key: str  # GENERATION_KEY: the hash of everything the generation read (kept projects)
-    # only in older or hand-made manifests: the simulated builder's fallbacks
-    fwver: str
-    target: str
-    flash_size: str
-    idf: str
-    tflm: str
-    espnn: str
 
 
 @dataclass(frozen=True)
@@ -448,15 +399,15 @@ def _kept_projects(
     for variant in variants:
         pdir = out_dir / variant
         try:
-            manifest = json.loads((pdir / MANIFEST_NAME).read_text(encoding="utf-8"))
+            manifest = read_manifest(pdir)
             files = manifest["files"] if manifest.get(GENERATION_KEY) == key else None
-            if not isinstance(files, dict) or manifest.get("variant") != variant:
+            if files is None or manifest["variant"] != variant:
                 return None
             for rel, digest in files.items():
                 if ".." in Path(rel).parts or _sha256((pdir / rel).read_bytes()) != digest:
                     return None
             projects.append(GeneratedProject.from_manifest(pdir, board, manifest))
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        except (OSError, BuildError, KeyError):
             return None
     return projects
 
@@ -484,8 +435,7 @@ def _kept_when_unchanged(
         projects = []
         for p in generate(*bound.args, **bound.kwargs):
             manifest: Manifest = {**p.manifest, GENERATION_KEY: key}  # stored last: a failed one has none
-            text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-            write_if_changed(p.manifest_path, text.encode("utf-8"))
+            write_manifest(p.path, manifest)
             projects.append(dataclasses.replace(p, manifest=manifest))
         return projects
 
@@ -751,7 +701,7 @@ def _render_files(
 
 def _write_project(pdir: Path, files: Mapping[str, bytes], manifest: Manifest) -> None:
     """Write what changed (mtimes of unchanged files stay), drop files an older generation wrote."""
-    old_files = _previous_files(pdir / MANIFEST_NAME)
+    old_files = _previous_files(pdir)
     defaults_changed = False
     for rel, data in sorted(files.items()):
         changed = write_if_changed(pdir / rel, data)
@@ -764,15 +714,14 @@ def _write_project(pdir: Path, files: Mapping[str, bytes], manifest: Manifest) -
         # A resolved sdkconfig from an earlier build would override the new defaults.
         for stale_name in ("sdkconfig", f"sdkconfig.{PIO_ENV}", "sdkconfig.old"):
             (pdir / stale_name).unlink(missing_ok=True)
-    manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
-    write_if_changed(pdir / MANIFEST_NAME, manifest_bytes)
+    write_manifest(pdir, manifest)
 
 
-def _previous_files(manifest_path: Path) -> set[str]:
+def _previous_files(pdir: Path) -> set[str]:
+    """The files an earlier generation in ``pdir`` wrote (none when it has no readable manifest)."""
     try:
-        data = json.loads(manifest_path.read_text(encoding="utf-8"))
-        return {str(k) for k in data.get("files", {}) if ".." not in Path(str(k)).parts}
-    except (OSError, ValueError, AttributeError):
+        return {k for k in read_manifest(pdir).get("files", {}) if ".." not in Path(k).parts}
+    except BuildError:
         return set()
 
 
@@ -835,23 +784,3 @@ def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mappin
         "files": {rel: _sha256(data) for rel, data in sorted(files.items())},
         "resolved": None,
     }
-
-
-def read_manifest(project_dir: str | Path) -> Manifest:
-    """The ``esp-check.json`` of a generated project; GenerateError if missing or unreadable."""
-    path = Path(project_dir) / MANIFEST_NAME
-    try:
-        data: Manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise GenerateError(
-            f"{project_dir} is not an esp-check project (no {MANIFEST_NAME})",
-            hint="create it with `esp-check generate`",
-        ) from exc
-    except (OSError, ValueError) as exc:
-        raise GenerateError(f"cannot read {path}: {exc}", hint="regenerate the project") from exc
-    if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
-        raise GenerateError(
-            f"{path} is not an esp-check project manifest ({MANIFEST_SCHEMA})",
-            hint="regenerate the project with this esp-check version",
-        )
-    return data

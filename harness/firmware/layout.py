@@ -13,7 +13,16 @@ from harness.chips import CHIPS
 from harness.errors import GenerateError
 from harness.firmware.boards import Board
 from harness.flashfmt.model_image import HEADER_BYTES, PARTITION_LABEL, PARTITION_SUBTYPE
-from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, SUBTYPE_NAMES, VARIANT_SLOTS, Partition
+from harness.flashfmt.partitions import (
+    APP,
+    DATA,
+    OTA_0,
+    OTADATA,
+    SUBTYPE_NAMES,
+    VARIANT_SLOTS,
+    Partition,
+    app_partition,
+)
 
 OTADATA_OFFSET = 0x10000
 OTADATA_BYTES = 0x2000  # two sectors, as ESP-IDF's otadata always is
@@ -56,7 +65,7 @@ class FlashLayout:
         return max(0, min(by_partition, by_window))
 
     def slot_offset(self, variant: str) -> int:
-        return self.row(f"ota_{VARIANT_SLOTS[variant]}").offset
+        return app_partition(self.rows, variant, f"board {self.board}").offset
 
     def csv(self) -> str:
         return "\n".join(r.csv() for r in self.rows) + "\n"
@@ -70,7 +79,7 @@ class FlashLayout:
             "model_partition_bytes": self.model_partition.size,
             "mmap_window_bytes": self.mmap_window_bytes,
             "model_max_bytes": self.model_max_bytes,
-            "slots": {v: f"ota_{s}" for v, s in VARIANT_SLOTS.items()},
+            "slots": {v: app_partition(self.rows, v, f"board {self.board}").label for v in VARIANT_SLOTS},
         }
 
 

@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from harness.flashfmt.partitions import APP, DATA, FACTORY, OTA_0, OTADATA, Partition, find
+from harness.flashfmt.partitions import APP, DATA, FACTORY, OTA_0, OTADATA, TEST, Partition, find
 
 SECTOR = 0x1000
 ENTRY = 32
@@ -50,7 +50,10 @@ def selected_slot(otadata: bytes, n_slots: int) -> int | None:
 
 def select(otadata: bytes, slot: int, n_slots: int) -> bytes:
     """New otadata contents after ``esp_ota_set_boot_partition(ota_<slot>)``: a new entry in the sector
-    that does not hold the active one, with the next sequence number that maps to ``slot``."""
+    that does not hold the active one, with the next sequence number that maps to ``slot``; ValueError for
+    a slot no sequence number maps to (ESP-IDF refuses it too: ESP_ERR_INVALID_ARG)."""
+    if not 0 <= slot < n_slots:
+        raise ValueError(f"otadata cannot select ota_{slot} among {n_slots} OTA apps")
     entries = _entries(otadata)
     top = max((s for _, s in entries), default=0)
     active = max(entries, key=lambda e: e[1])[0] if entries else 1
@@ -74,24 +77,28 @@ def initial(size: int, slot: int, n_slots: int) -> bytes:
 
 
 class BootOrder(NamedTuple):
-    apps: list[Partition]  # the app partitions in the order the bootloader tries them
+    apps: list[Partition]  # the app partitions the bootloader tries, in its order
     slot: int | None  # the OTA app otadata selects (None: erased, damaged, or no otadata)
     read_otadata: bool  # the table has otadata and OTA apps, so the bootloader read it
 
 
 def boot_order(parts: Sequence[Partition], read: Callable[[int, int], bytes]) -> BootOrder:
     """The boot rule of ESP-IDF's second-stage bootloader, the one both the simulated and the native
-    board follow: the OTA app otadata selects (OTA apps counted by subtype, ``ota_0`` first), else the
-    factory app, else ``ota_0``; then the other apps in table order. ``read(offset, size)`` reads flash."""
+    board follow (bootloader_utility.c). OTA apps are indexed by subtype (``ota_N`` is index N) and only
+    indices below their count are reached. It starts at the OTA app otadata selects (``(seq - 1) % count``),
+    else at the factory app; then tries the lower indices down to the factory app, the higher ones, and
+    last the test app. ``read(offset, size)`` reads flash."""
     apps = [p for p in parts if p.type == APP]
-    otas = sorted((p for p in apps if p.is_ota_app), key=lambda p: p.subtype)
+    ota = {p.subtype - OTA_0: p for p in apps if p.is_ota_app}  # bs->ota[subtype & 0xF]
+    count = sum(1 for p in apps if p.is_ota_app)  # bs->app_count
     otadata = find(parts, DATA, OTADATA)
     slot = None
-    if otadata is not None and otas:
-        slot = selected_slot(read(otadata.offset, otadata.size), len(otas))
-    factory = [p for p in apps if p.subtype == FACTORY]
-    first = [otas[slot]] if slot is not None else factory[:1] or otas[:1]
-    return BootOrder(first + [p for p in apps if p not in first], slot, otadata is not None and bool(otas))
+    if otadata is not None and count:
+        slot = selected_slot(read(otadata.offset, otadata.size), count)
+    start = -1 if slot is None else slot  # -1: FACTORY_INDEX (without one, the next try is ota_0)
+    tries = [find(parts, APP, FACTORY) if i < 0 else ota.get(i) for i in range(start, -2, -1)]
+    tries += [ota.get(i) for i in range(start + 1, count)] + [find(parts, APP, TEST)]
+    return BootOrder([p for p in tries if p is not None], slot, otadata is not None and count > 0)
 
 
 def initial_for(parts: Sequence[Partition], app: Partition, size: int) -> bytes:

@@ -1,6 +1,7 @@
 """ESP-IDF's partition table: the one type every part of esp-check uses (the generator writes it as
 partitions.csv, the sim and native builders pack it, the simulated and native boards boot from it), its
-CSV reader, its binary packer and parser, and the rule which app a variant's build goes to.
+CSV reader, its binary packer and parser, and the rule which app a variant's build goes to
+(:func:`app_partition`).
 
 The binary table's layout: docs/firmware.md "Flash layout".
 """
@@ -172,8 +173,29 @@ def find(
     return next(found, None)
 
 
-def variant_app(parts: Sequence[Partition], variant: str | None) -> Partition | None:
-    """Where a variant's app goes: the factory partition, else its OTA slot (optimized ``ota_0``, ANSI C
-    ``ota_1``; an unknown variant ``ota_0``)."""
-    slot = OTA_0 + VARIANT_SLOTS.get(variant or "", 0)
-    return find(parts, APP, FACTORY) or find(parts, APP, slot)
+def app_partition(
+    parts: Sequence[Partition], variant: str, where: str, *, app_bytes: int | None = None
+) -> Partition:
+    """Where a variant's app goes (``where``: the table, for the message), as ESP-IDF's bootloader boots
+    it: the factory app (booted while otadata selects nothing), else the variant's OTA slot (optimized
+    ``ota_0``, ANSI C ``ota_1``), which otadata selects only when the table has more OTA apps than its
+    number (the bootloader indexes OTA apps by subtype and boots ``(seq - 1) % count``: an ``ota_1``-only
+    table boots no ``ota_1``). BuildError when there is none, or when ``app_bytes`` do not fit it."""
+    slot = VARIANT_SLOTS[variant]
+    otas = sum(1 for p in parts if p.is_ota_app)
+    app = find(parts, APP, FACTORY) or (find(parts, APP, OTA_0 + slot) if slot < otas else None)
+    if app is None:
+        among = f" with at least {slot + 1} OTA apps in the table" if slot else ""
+        raise BuildError(
+            f"{where} has no app partition the bootloader boots the {variant} app from: a factory app, "
+            f"or ota_{slot}{among}",
+            hint="regenerate the project: its partitions.csv has ota_0 and ota_1",
+        )
+    if app_bytes is not None and app_bytes > app.size:
+        raise BuildError(
+            f"the firmware ({app_bytes} bytes) is larger than its app partition '{app.label}' "
+            f"({app.size} bytes) in {where}",
+            hint="use fewer inputs per firmware, or larger app partitions in the project's partitions.csv "
+            "(the board's flash permitting)",
+        )
+    return app

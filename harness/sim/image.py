@@ -12,7 +12,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from esptool.bin_image import BaseFirmwareImage, ELFSection, LoadFirmwareImage
 from esptool.targets import CHIP_DEFS
@@ -25,18 +25,15 @@ from harness.flashfmt.partitions import (
     DATA,
     OTADATA,
     TABLE_SECTOR,
+    app_partition,
     find,
     pack_partition_table,
     read_partitions_csv,
-    variant_app,
 )
+from harness.manifest import MANIFEST_NAME, Manifest, read_manifest
 from harness.protocol.app_image import APP_DESC_ELF_SHA, APP_DESC_MAGIC, APP_NAME
 from harness.sim import elf
 from harness.sim.chips import FLASH_SIZES, ChipSpec, get_chip
-from harness.sim.faults import VARIANTS, norm_variant
-
-if TYPE_CHECKING:
-    from harness.firmware.generate import Manifest
 
 APP_OFFSET = 0x10000
 _BOOTLOADER_PT_MARKER = b"ESPCHK-PT-OFFSET"  # followed by the offset as a little-endian u32
@@ -260,21 +257,6 @@ def find_payload(chip: ChipSpec, loaded: LoadedImage) -> AppPayload:
 # ---- the "sim" builder -------------------------------------------------------------------------
 
 
-def _read_manifest(project_dir: Path) -> Manifest:
-    path = project_dir / "esp-check.json"
-    try:
-        manifest: Manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BuildError(
-            f"{path} missing", hint="generate the project with `esp-check generate` first"
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise BuildError(f"{path} unreadable: {exc}", hint="regenerate the project") from exc
-    if not isinstance(manifest, dict):
-        raise BuildError(f"{path} is not a JSON object", hint="regenerate the project")
-    return manifest
-
-
 def _input_files(project_dir: Path, manifest: Manifest) -> list[Path]:
     data = project_dir / "esp-check"
     files = sorted(data.glob("input_*.bin"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
@@ -286,13 +268,6 @@ def _input_files(project_dir: Path, manifest: Manifest) -> list[Path]:
             hint="regenerate the project",
         )
     return files  # none: a resident firmware that takes every input over the link
-
-
-def _variant(manifest: Manifest) -> str:
-    v = norm_variant(str(manifest.get("variant", "")))
-    if v in VARIANTS:
-        return v
-    raise BuildError(f"manifest variant {v!r} is neither optimized nor ansi", hint="regenerate the project")
 
 
 _HYBRID_ROW = re.compile(r"^\s*\{ (\d+), (\d+), (k[A-Za-z]+), \d+ \},", re.MULTILINE)
@@ -321,7 +296,7 @@ def _table_offset(project_dir: Path, manifest: Manifest) -> int:
     offset = board_def.get("partition_table_offset") if isinstance(board_def, dict) else None
     if not isinstance(offset, int) or isinstance(offset, bool):
         raise BuildError(
-            f"{project_dir / 'esp-check.json'} does not say where the partition table goes "
+            f"{project_dir / MANIFEST_NAME} does not say where the partition table goes "
             "(board_def.partition_table_offset)",
             hint="regenerate the project with this esp-check version",
         )
@@ -333,7 +308,7 @@ def _app_header(manifest: Manifest, chip: ChipSpec, project_dir: Path) -> dict[s
     tap = manifest.get("tap") or {}
     dump_ops = tap.get("dump_ops", [])
     return {
-        "variant": _variant(manifest),
+        "variant": manifest["variant"],
         "chip": chip.name,
         "board": str(manifest.get("board", "sim")),
         "fwver": str(manifest.get("template_version") or manifest.get("fwver") or "0.0.0"),
@@ -383,7 +358,7 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     image")."""
     project_dir = Path(project_dir)
     build_dir = Path(build_dir)
-    manifest = _read_manifest(project_dir)
+    manifest = read_manifest(project_dir)
     chip = get_chip(str(manifest.get("chip") or manifest.get("target") or "esp32s3"))
     table_offset = _table_offset(project_dir, manifest)
     parts = read_partitions_csv(project_dir / "partitions.csv")
@@ -402,13 +377,9 @@ def build_sim_firmware(project_dir: Path, build_dir: Path) -> list[tuple[int, Pa
     segments = [ELFSection(name.encode(), addr, data, 0) for name, addr, data, _flags in sections]
     revs = _board_revisions(board_def)
     app = _save_image(chip, flash_size, revs, segments, chip.iram_start)
-    app_part = variant_app(parts, header["variant"])
-    if app_part is None:
-        raise BuildError(
-            "partitions.csv has no app partition for this variant", hint="regenerate the project"
-        )
-    if len(app) > app_part.size:
-        raise BuildError(f"the simulated app ({len(app)} bytes) does not fit {app_part.label}")
+    app_part = app_partition(
+        parts, header["variant"], str(project_dir / "partitions.csv"), app_bytes=len(app)
+    )
     build_dir.mkdir(parents=True, exist_ok=True)
     boot = pack_bootloader_image(chip, table_offset, flash_size, revs)
     files = [

@@ -27,6 +27,7 @@ from harness.analysis.report import (
     print_report,
     report_dict,
 )
+from harness.errors import ExitCode
 
 ROOT = Path(__file__).parent.parent
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -163,7 +164,9 @@ def test_junit_match_has_no_failure(tmp_path: Path) -> None:
 
 
 def test_junit_error_tree() -> None:
-    tree = junit_error_tree("A: capture is corrupted\nmore", "infrastructure", {"a.log": b"\xff\x01raw"})
+    tree = junit_error_tree(
+        "A: capture is corrupted\nmore", ExitCode.INFRASTRUCTURE, {"a.log": b"\xff\x01raw"}
+    )
     root = tree.getroot()
     err = root.find("./testsuite/testcase/error")
     assert err is not None and err.get("message") == "A: capture is corrupted" and root.get("errors") == "1"
@@ -195,6 +198,6 @@ def test_device_text_is_not_rich_markup() -> None:
 
 
 def test_junit_error_tree_firmware_fault_is_a_failure() -> None:
-    root = junit_error_tree("optimized: Guru Meditation Error", "firmware_fault").getroot()
+    root = junit_error_tree("optimized: Guru Meditation Error", ExitCode.FIRMWARE_FAULT).getroot()
     assert root.get("failures") == "1" and root.get("errors") == "0"
     assert root.find("./testsuite/testcase/failure") is not None

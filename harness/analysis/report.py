@@ -226,12 +226,10 @@ def compare_cases(
         if c.match:
             cases.append(junit.Case(cls, name, out=out))
             continue
-        msg = (
-            f"{c.mismatched} of {c.count} elements differ beyond {_fmt(c.tolerance_lsb)} LSB "
-            f"(max {_fmt(c.max_diff_lsb)} LSB, argmax {c.argmax_a} vs {c.argmax_b})"
-        )
         text = "\n".join(str(m) for m in c.first_mismatches)
-        cases.append(junit.Case(cls, name, "failure", type="mismatch", message=msg, text=text, out=out))
+        cases.append(
+            junit.Case(cls, name, "failure", type="mismatch", message=c.mismatch_text(), text=text, out=out)
+        )
     for f in result.faults:
         at = f"{input_name(f.run)}." if f.run is not None else ""
         msg = f"firmware fault at stage {f.stage} (code {f.code}): {f.msg}"

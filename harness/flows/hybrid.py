@@ -456,7 +456,7 @@ def _judge(state: _State, run: HybridRun, variant_run: VariantRun) -> None:
     run.comparison = compare_sources(hyb, state.ansi_source, state.ref_source, output_quant=quant)
     bad = [c for c in run.comparison.comparisons if not c.match and "hybrid" in (c.a, c.b)]
     run.outcome = "good" if not bad and not run.comparison.faults else "bad"
-    run.why = "; ".join(f"{c.mismatched} of {c.count} elements differ from {c.b}" for c in bad[:2])
+    run.why = "; ".join(c.mismatch_text() for c in bad[:2])
     if run.tapped:
         run.divergence = _divergence(state, run.capture)
 

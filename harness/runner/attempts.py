@@ -62,10 +62,7 @@ def judge_inputs(task: Task, attempt: Attempt, result: FlashAndCompareResult) ->
     mismatched = []
     for c in comp.comparisons if comp is not None else []:
         if (c.a, c.b) in pairs and not c.match:
-            mismatched.append(
-                f"{c.a} vs {c.b} input {c.run} output {c.output}: {c.mismatched}/{c.count} "
-                f"differ (max {c.max_diff_lsb} LSB)"
-            )
+            mismatched.append(c.mismatch_text())
     for f in comp.faults if comp is not None else []:
         codes.append(f.exit_code)
         reasons.append(f"{f.source}: ERROR stage={f.stage} code={f.code} {f.msg}")
@@ -185,13 +182,7 @@ def _testcases(
             bad = [c for c in comps if not c.match]
             if bad:
                 c = bad[0]
-                verdict: _Problem = (
-                    CaseStatus.FAILURE,
-                    CaseType.MISMATCH,
-                    f"{c.mismatched} of {c.count} elements of output {c.output} differ "
-                    f"beyond {c.tolerance_lsb:g} LSB (max {c.max_diff_lsb} LSB, "
-                    f"argmax {c.argmax_a} vs {c.argmax_b})",
-                )
+                verdict: _Problem = (CaseStatus.FAILURE, CaseType.MISMATCH, c.mismatch_text())
             elif problems:
                 verdict = next((p for p in problems if p[0] == CaseStatus.FAILURE), problems[0])
             elif comps:

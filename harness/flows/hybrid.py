@@ -95,7 +95,7 @@ class HybridRun:
             "project_dir": str(self.project_dir) if self.project_dir else None,
             "hybrid_records": h,
             "invoke_us": [r.invoke_us for r in self.capture.runs] if self.capture is not None else [],
-            "next_divergence": self.divergence.to_dict() if self.divergence is not None else None,
+            "next_divergence": dataclasses.asdict(self.divergence) if self.divergence is not None else None,
         }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -89,7 +90,7 @@ def test_inspect_json_quantization_report(models_dir: Path, capsys: pytest.Captu
     )
     (run,) = data["input_files"]
     direct = load_input(png, load_model(models_dir / "cnn_classifier_11.tflite").inputs[0])
-    assert run[0]["truncating_cast"] == direct.report.to_dict()
+    assert run[0]["truncating_cast"] == asdict(direct.report)
     assert run[0]["sha256"] == direct.sha256
     assert data["arena"]["method"] == "measured" and data["arena"]["chip"] == "esp32"
     assert data["arena"]["host_bytes"] == 25_952

@@ -8,13 +8,17 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from harness.analysis import junit
 from harness.analysis.compare import Fault, OutputTensor, Source, compare_sources
 from harness.analysis.report import junit_error_tree, junit_tree
-from harness.errors import ExitCode
+from harness.errors import ExitCode, Verdict
 from harness.flows.records import VARIANT_ORDER, FlashAndCompareResult, StageRecord, StageStatus, VariantRun
 from harness.flows.report import write_junit
+from harness.runner import reports
+from harness.runner.plan import Job, ModelCase
+from harness.runner.results import CaseStatus, CaseType, Task, TaskState, case_of
 from tests.junit_shape import assert_junit_shape
 
 
@@ -56,7 +60,9 @@ def test_every_writer_gives_the_shape_ci_reads(tmp_path: Path) -> None:
     fault = Fault("ansi", "invoke", 3, 0, "Invoke failed")
     result = compare_sources(_source("optimized", [1, 2, 3]), _source("ansi", [1, 2, 9], [fault]))
     assert_junit_shape(junit_tree(result).getroot())
-    assert_junit_shape(junit_error_tree("no capture\nport vanished", "infrastructure", {"a": b"x"}).getroot())
+    assert_junit_shape(
+        junit_error_tree("no capture\nport vanished", ExitCode.INFRASTRUCTURE, {"a": b"x"}).getroot()
+    )
     path = tmp_path / "fc.xml"
     write_junit(_result(tmp_path, None, "optimized", "panic"), path, model=Path("kws.tflite"))
     assert_junit_shape(ET.parse(path).getroot())
@@ -150,3 +156,54 @@ def test_junit_files_are_written_by_junit_write_with_no_forwarder() -> None:
             if isinstance(call, ast.Call) and ast.unparse(call.func).endswith("junit.write"):
                 forwarders.append(f"{path.relative_to(root.parent)}: {node.name}")
     assert forwarders == []
+
+
+def _documented_rule() -> dict[int, tuple[str, str]]:
+    """docs/ci.md's table (section "JUnit XML"): exit code -> a testcase's outcome and type."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "ci.md").read_text(encoding="utf-8")
+    codes_row = next(ln for ln in text.splitlines() if ln.startswith("| exit code |"))
+    outcome_row = text.splitlines()[text.splitlines().index(codes_row) + 2]
+    rule = {}
+    for codes, cell in zip(codes_row.split("|")[2:-1], outcome_row.split("|")[2:-1], strict=True):
+        outcome, kind = (part.strip(" `") for part in cell.split("/"))
+        rule.update({int(c): (outcome, kind) for c in codes.split(",")})
+    return rule
+
+
+RULE = _documented_rule()
+
+
+def _outcome(case: ET.Element) -> tuple[str, str]:
+    for outcome in ("failure", "error", "skipped"):
+        if (el := case.find(outcome)) is not None:
+            return outcome, el.get("type") or ""
+    return "passed", "match"
+
+
+@pytest.mark.parametrize("code", list(ExitCode), ids=lambda c: c.name)
+def test_every_writer_maps_every_exit_code_by_the_one_rule(tmp_path: Path, code: ExitCode) -> None:
+    """compare that could not run, flash-and-compare with no comparison (a dataset run, a stopped run)
+    and with a variant that did not run cleanly, and a run task with no testcase of its attempt: each
+    testcase's outcome and type is ``junit.outcome_of`` of its exit code (the old writers mapped each
+    on their own: a dataset mismatch was an ``<error type="error">``)."""
+    assert set(RULE) == set(ExitCode)
+    assert junit.outcome_of(code) == junit.outcome_of(int(code)) == RULE[code]
+    assert junit.outcome_of(99) == ("error", "internal")  # no ExitCode: esp-check's own fault, never a pass
+    (compare_case,) = junit_error_tree("why", code).getroot().iter("testcase")
+    assert _outcome(compare_case) == RULE[code]
+    fc = _result(tmp_path, None, None)
+    fc.exit_code = code
+    if code != ExitCode.MATCH:  # a variant that ran cleanly has no exit code
+        fc.variants["ansi"].exit_code = code
+    write_junit(fc, tmp_path / "fc.xml")
+    cases = {c.get("name"): c for c in ET.parse(tmp_path / "fc.xml").getroot().iter("testcase")}
+    assert _outcome(cases["compare"]) == RULE[code]
+    assert code == ExitCode.MATCH or _outcome(cases["ansi.run"]) == RULE[code]
+    status, kind = RULE[code]
+    assert case_of(code) == (CaseStatus(status), CaseType(kind))
+    job = Job(name="j", cases=(), boards=("sim",))
+    task = Task("t", 0, job, ModelCase(Path("m.tflite"), (Path("a.npy"),)), "sim", None, tmp_path)
+    task.state, task.verdict, task.exit_code = TaskState.DONE, Verdict.from_exit_code(code), int(code)
+    got = {(c.status, c.type) for c in reports.testcases_of(task)}
+    # a match no testcase shows is never passed: nothing was compared here
+    assert got == ({(CaseStatus.ERROR, CaseType.INFRASTRUCTURE)} if code == 0 else {case_of(code)})

@@ -209,7 +209,7 @@ def test_a_failed_assertion_on_the_result_says_why(pytester: pytest.Pytester, mo
     }
     said = {v: k for k, v in said.items()}  # verdict -> its line
     assert set(said) == {"mismatch", "firmware_fault", "infrastructure_error"}, res.stdout.str()
-    assert "values differ by more than" in said["mismatch"], said
+    assert "elements differ by more than" in said["mismatch"], said
     assert said["firmware_fault"].startswith("firmware_fault (exit 4) on sim [SIMULATED]: optimized: "), said
     assert re.search(r"panic|Guru Meditation", said["firmware_fault"], re.I), said
     assert said["infrastructure_error"].startswith("infrastructure_error (exit 3) on sim [SIMULATED]: "), said

@@ -27,6 +27,7 @@ from harness.analysis.report import (
     print_report,
     report_dict,
 )
+from harness.errors import ExitCode
 
 ROOT = Path(__file__).parent.parent
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -163,7 +164,9 @@ def test_junit_match_has_no_failure(tmp_path: Path) -> None:
 
 
 def test_junit_error_tree() -> None:
-    tree = junit_error_tree("A: capture is corrupted\nmore", "infrastructure", {"a.log": b"\xff\x01raw"})
+    tree = junit_error_tree(
+        "A: capture is corrupted\nmore", ExitCode.INFRASTRUCTURE, {"a.log": b"\xff\x01raw"}
+    )
     root = tree.getroot()
     err = root.find("./testsuite/testcase/error")
     assert err is not None and err.get("message") == "A: capture is corrupted" and root.get("errors") == "1"
@@ -195,6 +198,38 @@ def test_device_text_is_not_rich_markup() -> None:
 
 
 def test_junit_error_tree_firmware_fault_is_a_failure() -> None:
-    root = junit_error_tree("optimized: Guru Meditation Error", "firmware_fault").getroot()
+    root = junit_error_tree("optimized: Guru Meditation Error", ExitCode.FIRMWARE_FAULT).getroot()
     assert root.get("failures") == "1" and root.get("errors") == "0"
     assert root.find("./testsuite/testcase/failure") is not None
+
+
+def test_a_mismatch_is_worded_once_in_every_report(tmp_path: Path) -> None:
+    """TensorComparison.mismatch_text is the wording of the JUnit failure and of flash-and-compare's
+    one-line summary (and of a run's reasons and testcases): where, how many, the tolerance, the worst
+    difference and argmax. Without a scale there are no LSB to count: it says so (the old summary said
+    "by more than 0 LSB")."""
+    from harness.flows.records import VARIANT_ORDER, FlashAndCompareResult, VariantRun
+
+    result = compare_sources(
+        src("A", np.array([1, 2, 3], np.int8), "optimized"), src("B", np.array([1, 2, 9], np.int8), "ansi_c")
+    )
+    (c,) = result.comparisons
+    said = (
+        "A vs B, input 0 output 0 [out]: 1 of 3 elements differ by more than 0 LSB (max 6 LSB, argmax 2 vs 2)"
+    )
+    assert c.mismatch_text() == said
+    (case,) = junit_tree(result).getroot().iter("testcase")
+    assert case.find("failure").get("message") == said  # type: ignore[union-attr]
+    fc = FlashAndCompareResult(
+        out_dir=tmp_path, board="sim", port="sim://x", simulated=True, stages=[],
+        variants={v: VariantRun(v) for v in VARIANT_ORDER}, comparison=result, exit_code=result.exit_code,
+        report_path=tmp_path / "report.json",
+    )  # fmt: skip
+    assert fc.summary == f"mismatch (exit 1) on sim [SIMULATED]: {said}"
+    a = Source("A", "npy", [[OutputTensor(0, np.array([1.0, 2.5]), raw=False)]])
+    b = Source("B", "npy", [[OutputTensor(0, np.array([1.0, 2.0]), raw=False)]])
+    (real,) = compare_sources(a, b).comparisons
+    assert real.mismatch_text() == (
+        "A vs B, input 0 output 0: 1 of 2 elements differ "
+        "(real values, no scale: compared exactly, max |diff| 0.5, argmax 1 vs 1)"
+    )

@@ -159,6 +159,23 @@ class TensorComparison:
             return None
         return self.argmax_a == self.argmax_b
 
+    def mismatch_text(self) -> str:
+        """How this output differs, in the one wording of every report (JUnit, a run's reasons and
+        testcases, flash-and-compare's summary, hybrid's why): ``optimized vs ansi, input 0 output 0
+        [logits]: 83 of 832 elements differ by more than 0 LSB (max 3 LSB, argmax 5 vs 10)``."""
+        where = f"{self.a} vs {self.b}, input {self.run} output {self.output}" + (
+            f" [{self.name}]" if self.name else ""
+        )
+        head = f"{where}: {self.mismatched} of {self.count} elements differ"
+        if self.units == "lsb":
+            head += f" by more than {self.tolerance_lsb:g} LSB"
+            notes = [] if self.max_diff_lsb is None else [f"max {self.max_diff_lsb:g} LSB"]
+        else:  # no scale: real values, compared exactly
+            notes = ["real values, no scale: compared exactly"]
+            notes += [] if self.max_abs_diff is None else [f"max |diff| {self.max_abs_diff:g}"]
+        notes += [] if self.argmax_a is None else [f"argmax {self.argmax_a} vs {self.argmax_b}"]
+        return head + (f" ({', '.join(notes)})" if notes else "")
+
 
 @dataclass
 class CompareResult:

@@ -19,11 +19,33 @@ from pathlib import Path
 from typing import Literal
 
 from harness import __version__
+from harness.errors import ExitCode
 
 Outcome = Literal["passed", "failure", "error", "skipped"]
 MESSAGE_MAX = 500  # a failure's message attribute: its first line, cut here (the whole text is the body)
 # compiled on first use (re's cache), not at import: its ranges cost ~3 ms, and only --junit writes XML
 _XML_ILLEGAL = "[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]"
+
+
+# exit code -> a testcase's outcome and ``type``: a finding (mismatch, firmware fault) is a failure,
+# anything that kept a finding from being made an error (docs/ci.md, "JUnit XML")
+_OUTCOME_OF: dict[int, tuple[Outcome, str]] = {
+    ExitCode.MATCH: ("passed", "match"),
+    ExitCode.MISMATCH: ("failure", "mismatch"),
+    ExitCode.FIRMWARE_FAULT: ("failure", "firmware_fault"),
+    ExitCode.USAGE: ("error", "usage"),
+    ExitCode.INFRASTRUCTURE: ("error", "infrastructure"),
+    ExitCode.INTERNAL: ("error", "internal"),
+    ExitCode.INTERRUPTED: ("error", "aborted"),
+    ExitCode.TERMINATED: ("error", "aborted"),
+}
+
+
+def outcome_of(code: ExitCode | int) -> tuple[Outcome, str]:
+    """The JUnit outcome and ``type`` of a testcase that ended with exit code ``code``: the one rule
+    every writer (compare, flash-and-compare, run) uses. A code that is no ExitCode is esp-check's own
+    fault (``internal``), never a pass."""
+    return _OUTCOME_OF.get(int(code), ("error", "internal"))  # an ExitCode is equal to its int
 
 
 def xml_text(text: str) -> str:

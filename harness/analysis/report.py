@@ -22,6 +22,7 @@ from harness import __version__
 from harness.analysis import junit
 from harness.analysis.compare import CompareResult, Source, TensorComparison
 from harness.analysis.schemas import compare_v1, versioned
+from harness.errors import ExitCode
 from harness.jsontypes import json_number
 
 SCHEMA_ID: Final = "esp-check-compare-report"
@@ -225,12 +226,10 @@ def compare_cases(
         if c.match:
             cases.append(junit.Case(cls, name, out=out))
             continue
-        msg = (
-            f"{c.mismatched} of {c.count} elements differ beyond {_fmt(c.tolerance_lsb)} LSB "
-            f"(max {_fmt(c.max_diff_lsb)} LSB, argmax {c.argmax_a} vs {c.argmax_b})"
-        )
         text = "\n".join(str(m) for m in c.first_mismatches)
-        cases.append(junit.Case(cls, name, "failure", type="mismatch", message=msg, text=text, out=out))
+        cases.append(
+            junit.Case(cls, name, "failure", type="mismatch", message=c.mismatch_text(), text=text, out=out)
+        )
     for f in result.faults:
         at = f"{input_name(f.run)}." if f.run is not None else ""
         msg = f"firmware fault at stage {f.stage} (code {f.code}): {f.msg}"
@@ -255,18 +254,23 @@ def junit_tree(result: CompareResult) -> ET.ElementTree:
 
 
 def error_case(
-    message: str, kind: str, raw_logs: dict[str, bytes] | None = None, where: Sequence[str] = ("compare",)
+    message: str,
+    code: ExitCode | int,
+    raw_logs: dict[str, bytes] | None = None,
+    where: Sequence[str] = ("compare",),
 ) -> junit.Case:
-    """The testcase of a comparison that could not run: ``kind`` "failure" or "firmware_fault" (a
-    finding, e.g. the device crashed) is a ``<failure>``; anything else (infrastructure, usage) an
-    ``<error>``."""
-    outcome: junit.Outcome = "failure" if kind in ("failure", "firmware_fault") else "error"
+    """The testcase of a run that has no comparison to show, ending with exit code ``code``: its outcome
+    and type by :func:`harness.analysis.junit.outcome_of` (a firmware fault is a ``<failure>``, an
+    infrastructure or usage problem an ``<error>``)."""
+    outcome, kind = junit.outcome_of(code)
     out = junit.log_text(dict(raw_logs or {}), RAW_LOG_MAX)
     return junit.Case(
         junit.classname(*where), "compare", outcome, type=kind, message=message or kind, text=message, out=out
     )
 
 
-def junit_error_tree(message: str, kind: str, raw_logs: dict[str, bytes] | None = None) -> ET.ElementTree:
+def junit_error_tree(
+    message: str, code: ExitCode | int, raw_logs: dict[str, bytes] | None = None
+) -> ET.ElementTree:
     """JUnit XML for a comparison that could not run (:func:`error_case`)."""
-    return junit.tree([compare_suite([error_case(message, kind, raw_logs)])])
+    return junit.tree([compare_suite([error_case(message, code, raw_logs)])])

@@ -89,9 +89,6 @@ class Divergence:
     layout_mismatch: list[int] = field(default_factory=list)  # ops whose tensor lists differ (not compared)
     missing: list[int] = field(default_factory=list)  # ops in b without a record in a
 
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
 
 def first_divergence(a_name: str, a: Sequence[TapOp], b_name: str, b: Sequence[TapOp]) -> Divergence:
     """Name the first op (execution order) whose checksums differ between ``a`` and ``b``.
@@ -415,10 +412,9 @@ class TapResult:
     def to_dict(self) -> dict[str, object]:
         return {
             "runs": [
-                {k: (v.to_dict() if isinstance(v, Divergence) else v) for k, v in r.items()}
-                for r in self.runs
+                {k: (asdict(v) if isinstance(v, Divergence) else v) for k, v in r.items()} for r in self.runs
             ],
-            "culprit": self.culprit.to_dict() if self.culprit else None,
+            "culprit": asdict(self.culprit) if self.culprit else None,
             "dump_ops": self.dump_ops,
             "dumps": [d.to_dict() for d in self.dumps],
             "timing": self.timing,

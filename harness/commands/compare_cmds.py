@@ -8,7 +8,7 @@ from harness.analysis import junit as junit_xml
 from harness.analysis.compare import compare_files
 from harness.analysis.report import junit_error_tree, junit_tree, print_report, report_dict
 from harness.commands.common import POSITIVE, echo_json, lsb_option, schema_version_option
-from harness.errors import EspCheckError, InfrastructureError
+from harness.errors import EspCheckError
 from harness.model.files import LOG_MAX_BYTES, read_regular
 
 
@@ -73,8 +73,7 @@ def compare_cmd(
         )
     except EspCheckError as exc:
         if junit:
-            kind = "infrastructure" if isinstance(exc, InfrastructureError) else type(exc).__name__
-            junit_xml.write(junit_error_tree(str(exc), kind, {a: _raw(a), b: _raw(b)}), junit)
+            junit_xml.write(junit_error_tree(str(exc), exc.exit_code, {a: _raw(a), b: _raw(b)}), junit)
         raise
     if junit:
         junit_xml.write(junit_tree(result), junit)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -109,12 +110,12 @@ def _inspect_data(
                     "family": opdata.chip_family(c),
                     "implementation": opdata.family_description(c),
                     "accelerated_ops": sum(a.accelerated for a in accel[c]),
-                    "ops": [a.to_dict() for a in accel[c]],
+                    "ops": [asdict(a) for a in accel[c]],
                 }
                 for c in chips
             },
         },
-        "arena": arena.to_dict() if arena is not None else None,
+        "arena": asdict(arena) if arena is not None else None,
         "input_files": [[p.to_dict() for p in run] for run in runs],
     }
 
@@ -303,7 +304,7 @@ def _reference_data(
         "backend_version": result.backend_version,
         "kernels": result.kernels,
         "authoritative": result.backend == "tflm",
-        "backend_disagreements": [d.to_dict() for d in cross],
+        "backend_disagreements": [asdict(d) for d in cross],
         "runs": [
             {
                 "inputs": [p.to_dict() for p in runs[k]],

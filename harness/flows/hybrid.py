@@ -95,7 +95,7 @@ class HybridRun:
             "project_dir": str(self.project_dir) if self.project_dir else None,
             "hybrid_records": h,
             "invoke_us": [r.invoke_us for r in self.capture.runs] if self.capture is not None else [],
-            "next_divergence": self.divergence.to_dict() if self.divergence is not None else None,
+            "next_divergence": dataclasses.asdict(self.divergence) if self.divergence is not None else None,
         }
 
 
@@ -456,7 +456,7 @@ def _judge(state: _State, run: HybridRun, variant_run: VariantRun) -> None:
     run.comparison = compare_sources(hyb, state.ansi_source, state.ref_source, output_quant=quant)
     bad = [c for c in run.comparison.comparisons if not c.match and "hybrid" in (c.a, c.b)]
     run.outcome = "good" if not bad and not run.comparison.faults else "bad"
-    run.why = "; ".join(f"{c.mismatched} of {c.count} elements differ from {c.b}" for c in bad[:2])
+    run.why = "; ".join(c.mismatch_text() for c in bad[:2])
     if run.tapped:
         run.divergence = _divergence(state, run.capture)
 

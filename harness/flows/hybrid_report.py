@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,7 +60,7 @@ def result_doc(
             "report": str(base.report_path),
             "exit_code": int(base.exit_code),
             "verdict": str(base.verdict),
-            "culprit": base.tap.culprit.to_dict() if base.tap is not None and base.tap.culprit else None,
+            "culprit": asdict(base.tap.culprit) if base.tap is not None and base.tap.culprit else None,
         },
         "errors": res.errors,
         "warnings": res.warnings,

@@ -259,11 +259,7 @@ def _first_reason(result: FlashAndCompareResult) -> str:
             return f"{fault.source} reported an error at stage {fault.stage}: {fault.msg}"
         for c in result.comparison.comparisons:
             if not c.match:
-                worst = f", max {c.max_diff_lsb:g} LSB" if c.max_diff_lsb is not None else ""
-                return (
-                    f"{c.a} vs {c.b}, run {c.run} output {c.name}: {c.mismatched}/{c.count} values differ "
-                    f"by more than {c.tolerance_lsb:g} LSB{worst}"
-                )
+                return c.mismatch_text()
     if result.errors:
         return result.errors[0]
     failed = [s for s in result.stages if s.status == StageStatus.FAILED]

@@ -119,17 +119,13 @@ def write_junit(
     if result.comparison is not None:
         cases = compare_cases(result.comparison, where, inputs)
     else:
-        kind = "failure" if result.exit_code == ExitCode.FIRMWARE_FAULT else "error"
-        cases = [error_case("; ".join(result.errors) or str(result.verdict), kind, logs, where)]
+        cases = [error_case("; ".join(result.errors) or str(result.verdict), result.exit_code, logs, where)]
     for v, r in result.variants.items():
         if r.exit_code is None:
             continue
         failed = [s for s in result.stages if s.variant == v and s.status == StageStatus.FAILED]
         message = "; ".join(s.detail for s in failed) or f"{v} did not run cleanly"
-        outcome: junit.Outcome = "failure" if r.exit_code == ExitCode.FIRMWARE_FAULT else "error"
-        kind = {ExitCode.FIRMWARE_FAULT: "firmware_fault", ExitCode.USAGE: "usage"}.get(
-            r.exit_code, "infrastructure"
-        )
+        outcome, kind = junit.outcome_of(r.exit_code)
         out = logs.get(v, b"").decode("utf-8", "replace")
         cases.append(
             junit.Case(junit.classname(*where), f"{v}.run", outcome, kind, message, text=message, out=out)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HostReferenceError, ReferenceRefusedError
@@ -57,9 +57,6 @@ class ArenaEstimate:
     note: str = ""
     espnn_version: str = ""  # esp-nn version the scratch term is for
     espnn_formulas: str = ""  # which esp-nn version's scratch formulas were used, and why
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def _ceil(n: int, k: int) -> int:

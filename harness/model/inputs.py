@@ -104,9 +104,6 @@ class QuantizationReport:
     clamped: int
     max_abs_diff: int
 
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class PreparedInput:
@@ -132,7 +129,7 @@ class PreparedInput:
             "sha256": self.sha256,
             "prequantized": self.prequantized,
             "notes": list(self.notes),
-            "truncating_cast": self.report.to_dict(),
+            "truncating_cast": asdict(self.report),
         }
 
 

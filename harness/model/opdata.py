@@ -10,7 +10,7 @@ import functools
 import importlib.resources
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import ModelError, UsageError
@@ -118,9 +118,6 @@ class OpAcceleration:
     accelerated: bool
     reason: str
     short: str = ""  # a few words for narrow tables, e.g. "dilation 2x2"
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def _fallback_reason(op: OpInfo, model: ModelInfo) -> tuple[str, str] | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -125,9 +125,6 @@ class LayerDisagreement:
     name: str
     mismatched: int
     max_abs_diff: int
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def compare_backends(

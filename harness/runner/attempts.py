@@ -18,6 +18,7 @@ from harness.runner.results import (
     Task,
     Testcase,
     VariantOutcome,
+    case_of,
 )
 
 if TYPE_CHECKING:
@@ -61,10 +62,7 @@ def judge_inputs(task: Task, attempt: Attempt, result: FlashAndCompareResult) ->
     mismatched = []
     for c in comp.comparisons if comp is not None else []:
         if (c.a, c.b) in pairs and not c.match:
-            mismatched.append(
-                f"{c.a} vs {c.b} input {c.run} output {c.output}: {c.mismatched}/{c.count} "
-                f"differ (max {c.max_diff_lsb} LSB)"
-            )
+            mismatched.append(c.mismatch_text())
     for f in comp.faults if comp is not None else []:
         codes.append(f.exit_code)
         reasons.append(f"{f.source}: ERROR stage={f.stage} code={f.code} {f.msg}")
@@ -117,16 +115,7 @@ def judge_dataset(task: Task, attempt: Attempt, result: FlashAndCompareResult) -
     counts = ", ".join(f"{k} {n}" for k, n in sorted(verdict_counts.items()))
     what = f"dataset of {attempt.dataset['inputs']} inputs: {counts or 'no verdicts'}"
     attempt.reason = "; ".join([what, *result.errors[:3]])
-    attempt.testcases = [Testcase(0, str(doc.get("source")), "dataset", *_case_of(code), what)]
-
-
-def _case_of(code: int) -> tuple[CaseStatus, CaseType]:
-    """A testcase's outcome from an exit code that is not a comparison's (a dataset's, a variant's)."""
-    if code == ExitCode.MATCH:
-        return CaseStatus.PASSED, CaseType.MATCH
-    if code in (ExitCode.MISMATCH, ExitCode.FIRMWARE_FAULT):
-        return CaseStatus.FAILURE, CaseType.MISMATCH if code == ExitCode.MISMATCH else CaseType.FIRMWARE_FAULT
-    return CaseStatus.ERROR, CaseType.USAGE if code == ExitCode.USAGE else CaseType.INFRASTRUCTURE
+    attempt.testcases = [Testcase(0, str(doc.get("source")), "dataset", *case_of(code), what)]
 
 
 def _variant_problems(attempt: Attempt, runs: Mapping[str, VariantRun]) -> tuple[list[ExitCode], list[str]]:
@@ -162,7 +151,7 @@ def _side_problem(
             return CaseStatus.FAILURE, CaseType.FIRMWARE_FAULT, msg
     r = runs[label]
     if r.exit_code is not None and r.source is None:
-        return *_case_of(r.exit_code), f"{label}: {attempt.variants[label].failure_detail()}"
+        return *case_of(r.exit_code), f"{label}: {attempt.variants[label].failure_detail()}"
     return None
 
 
@@ -193,13 +182,7 @@ def _testcases(
             bad = [c for c in comps if not c.match]
             if bad:
                 c = bad[0]
-                verdict: _Problem = (
-                    CaseStatus.FAILURE,
-                    CaseType.MISMATCH,
-                    f"{c.mismatched} of {c.count} elements of output {c.output} differ "
-                    f"beyond {c.tolerance_lsb:g} LSB (max {c.max_diff_lsb} LSB, "
-                    f"argmax {c.argmax_a} vs {c.argmax_b})",
-                )
+                verdict: _Problem = (CaseStatus.FAILURE, CaseType.MISMATCH, c.mismatch_text())
             elif problems:
                 verdict = next((p for p in problems if p[0] == CaseStatus.FAILURE), problems[0])
             elif comps:

@@ -28,6 +28,7 @@ from harness.runner.results import (
     Task,
     TaskState,
     Testcase,
+    case_of,
 )
 
 if TYPE_CHECKING:
@@ -185,21 +186,22 @@ def task_result_doc(task: dict[str, object], schema_version: object) -> dict[str
 
 
 def testcases_of(task: Task) -> list[Testcase]:
-    """The task's testcases: from the decisive attempt, or one error per input x comparison."""
+    """The task's testcases: from the decisive attempt, or, when it has none, one per input x comparison
+    with the task's outcome (docs/ci.md, "JUnit XML": an error unless the verdict is a finding)."""
     if task.decisive is not None and task.decisive.testcases and task.state != TaskState.ABORTED:
         return list(task.decisive.testcases)
     if task.state == TaskState.ABORTED:
-        kind = CaseType.ABORTED
+        status, kind = CaseStatus.ERROR, CaseType.ABORTED
     else:
-        kind = {Verdict.USAGE_ERROR: CaseType.USAGE, Verdict.INTERNAL_ERROR: CaseType.INTERNAL}.get(
-            _task_verdict(task), CaseType.INFRASTRUCTURE
-        )
+        status, kind = case_of(_task_verdict(task).exit_code)
+        if status == CaseStatus.PASSED:  # no testcase of its attempt shows the match: never passed here
+            status, kind = CaseStatus.ERROR, CaseType.INFRASTRUCTURE
     why = task.reason or str(_task_verdict(task))
     if task.job.data is not None:  # a dataset job is one testcase (its per-input verdicts: its report.json)
         source = task.case.dataset or f"random inputs (seed {task.job.data.seed})"
-        return [Testcase(0, str(source), "dataset", CaseStatus.ERROR, kind, why)]
+        return [Testcase(0, str(source), "dataset", status, kind, why)]
     return [
-        Testcase(k, str(p), f"{a}-vs-{b}", CaseStatus.ERROR, kind, why)
+        Testcase(k, str(p), f"{a}-vs-{b}", status, kind, why)
         for k, p in enumerate(task.case.inputs)
         for a, b in task.job.pairs
     ]

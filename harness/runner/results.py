@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+from harness.analysis import junit
 from harness.errors import EspCheckError, ExitCode, StrEnum, Verdict
 from harness.flows.records import StageRecord, StageStatus
 from harness.runner.inventory import BenchBoard, Inventory
@@ -83,6 +84,12 @@ class CaseType(StrEnum):
     USAGE = "usage"
     INTERNAL = "internal"
     ABORTED = "aborted"
+
+
+def case_of(code: ExitCode | int) -> tuple[CaseStatus, CaseType]:
+    """A testcase's status and type from an exit code: :func:`harness.analysis.junit.outcome_of`."""
+    outcome, kind = junit.outcome_of(code)
+    return CaseStatus(outcome), CaseType(kind)
 
 
 class BuildFacts(TypedDict):

@@ -22,6 +22,7 @@ from harness import __version__
 from harness.analysis import junit
 from harness.analysis.compare import CompareResult, Source, TensorComparison
 from harness.analysis.schemas import compare_v1, versioned
+from harness.errors import ExitCode, Verdict
 from harness.jsontypes import json_number
 
 SCHEMA_ID: Final = "esp-check-compare-report"
@@ -194,7 +195,7 @@ def print_report(
             detail_text += f", run {f.run}"
         if f.msg:
             detail_text += f": {f.msg}"
-        con.print("[bold red]firmware fault[/]" + safe_markup(detail_text), highlight=False)
+        con.print(f"[bold red]{f.kind}[/]" + safe_markup(detail_text), highlight=False)
     for w in result.warnings:
         con.print("[yellow]warning:[/] " + safe_markup(w), highlight=False)
     if verdict_label is None:
@@ -233,9 +234,13 @@ def compare_cases(
         cases.append(junit.Case(cls, name, "failure", type="mismatch", message=msg, text=text, out=out))
     for f in result.faults:
         at = f"{input_name(f.run)}." if f.run is not None else ""
-        msg = f"firmware fault at stage {f.stage} (code {f.code}): {f.msg}"
+        msg = f"{f.kind} at stage {f.stage} (code {f.code}): {f.msg}"
         name = f"{at}{f.source}.fault.{f.stage}"
-        cases.append(junit.Case(cls, name, "failure", type="firmware_fault", message=msg, text=msg, out=out))
+        crash = f.exit_code == ExitCode.FIRMWARE_FAULT  # else the fault's own class (a capture: an error)
+        kind = "firmware_fault" if crash else str(Verdict.from_exit_code(f.exit_code))
+        cases.append(
+            junit.Case(cls, name, "failure" if crash else "error", type=kind, message=msg, text=msg, out=out)
+        )
     return cases
 
 

@@ -260,3 +260,36 @@ def test_board_for_other_silicon_revision_is_a_usage_error(models_dir: Path, tmp
     flash = [s for s in doc["stages"] if s["stage"] == "flash"]
     assert flash and all(s["status"] == "failed" and s["exit_code"] == 2 for s in flash)
     assert all("revision v0.2" in s["detail"] and "v3.0 to v3.99" in s["detail"] for s in flash)
+
+
+def test_report_files_in_a_new_folder_keep_the_verdict(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+):
+    """--junit/--html in a folder that does not exist yet: made, as --out is; the crash stays exit 4
+    (was exit 70 with a FileNotFoundError traceback after the whole run, the finding lost)."""
+    import xml.etree.ElementTree as ET
+
+    junit, html = tmp_path / "new" / "r.xml", tmp_path / "other" / "r.html"
+    args = ["flash-and-compare", str(models_dir / MODEL), "--input", str(models_dir / INPUT),
+            "--out", str(tmp_path / "o"), "--cache-dir", str(cache_dir),
+            "--port", "sim://?fault=panic&variant_fault=optimized", "--capture-timeout", "30",
+            "--silence-timeout", "3", "--junit", str(junit), "--html", str(html)]  # fmt: skip
+    assert main(args) == ExitCode.FIRMWARE_FAULT
+    assert ET.parse(junit).getroot().get("failures") != "0" and "<html" in html.read_text()
+
+
+@pytest.mark.parametrize("flag", ["--junit", "--html", "--bundle"])
+def test_a_report_file_that_cannot_be_written_is_refused_before_the_run(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str], flag: str
+):
+    """A report path under a file: a usage error naming the flag before anything is flashed (was exit 70,
+    a traceback, after the whole run)."""
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    out = tmp_path / "o"
+    args = ["flash-and-compare", str(models_dir / MODEL), "--input", str(models_dir / INPUT),
+            "--out", str(out), "--cache-dir", str(cache_dir), flag, str(in_the_way / "report.x")]  # fmt: skip
+    assert main(args) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert flag in err and str(in_the_way) in err
+    assert not (out / "logs").exists()  # nothing was built, flashed or captured

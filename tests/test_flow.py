@@ -293,3 +293,16 @@ def test_a_report_file_that_cannot_be_written_is_refused_before_the_run(
     err = capsys.readouterr().err
     assert flag in err and str(in_the_way) in err
     assert not (out / "logs").exists()  # nothing was built, flashed or captured
+
+
+def test_an_unknown_schema_version_is_refused_before_the_run(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+):
+    """--schema-version 7 was checked only when the JSON was printed: the whole run went by, report.json
+    said "match" and the command exited 2. Now it is refused before anything runs, as `run` does."""
+    out = tmp_path / "o"
+    args = ["flash-and-compare", str(models_dir / MODEL), "--input", str(models_dir / INPUT),
+            "--out", str(out), "--cache-dir", str(cache_dir), "--json", "--schema-version", "7"]  # fmt: skip
+    assert main(args) == ExitCode.USAGE
+    assert "schema_version 7 is not available" in capsys.readouterr().err
+    assert not (out / "logs").exists() and not (out / "report.json").exists()

@@ -306,3 +306,25 @@ def test_an_unknown_schema_version_is_refused_before_the_run(
     assert main(args) == ExitCode.USAGE
     assert "schema_version 7 is not available" in capsys.readouterr().err
     assert not (out / "logs").exists() and not (out / "report.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("query", "named"), [("fault=bogus", "bogus"), ("fault=op_corrupt", "fault_op"), ("noise=2", "noise")]
+)
+def test_a_bad_sim_url_is_a_usage_error_before_the_run(
+    models_dir: Path,
+    tmp_path: Path,
+    cache_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    query: str,
+    named: str,
+):
+    """docs/simulator.md: an unknown key or a value out of range is a usage error naming the parameter.
+    --port sim://...?fault=bogus was found only when the port opened: exit 3, "check the port name and
+    cable" (and in `esp-check run` a retried infrastructure failure)."""
+    out = tmp_path / "o"
+    args = ["flash-and-compare", str(models_dir / MODEL), "--input", str(models_dir / INPUT),
+            "--out", str(out), "--cache-dir", str(cache_dir), "--port", f"sim://bad-url?{query}"]  # fmt: skip
+    assert main(args) == ExitCode.USAGE
+    assert named in capsys.readouterr().err
+    assert not (out / "logs" / "flash.log").exists()

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.errors import EspCheckError
+from harness.errors import EspCheckError, UsageError, write_error
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -114,6 +114,32 @@ def atomic_write(path: Path, data: str | bytes, *, durable: bool = True) -> None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_output(path: Path, data: str | bytes, what: str) -> None:
+    """A report file the user asked for (JUnit, HTML), written atomically, its folder made as --out's is;
+    one that cannot be written is exit 3 naming it (a full disk says so), never a traceback."""
+    try:
+        atomic_write(path, data)
+    except OSError as exc:
+        raise write_error(exc, f"the {what} {path}") from None
+
+
+def check_output_path(path: str | Path, flag: str) -> None:
+    """Refuse (exit 2, before any work) a report destination that cannot become a file: a folder, or a path
+    under a file. Its folder is made here, as --out's is."""
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        why = "it is a directory" if p.is_dir() else None
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        if any(a.exists() and not a.is_dir() for a in p.parents):
+            why = "a file is in the way of its folder"
+    if why is not None:
+        raise UsageError(
+            f"cannot write {flag} {p}: {why}", hint=f"give {flag} a file path in a folder you can write"
+        )
 
 
 def write_if_changed(path: Path, data: str | bytes) -> bool:

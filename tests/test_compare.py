@@ -464,3 +464,25 @@ def test_truncated_log_without_crash_evidence_stays_infrastructure(
     b = write_capture(tmp_path / "b.log", [BASE], nn="ansi_c")
     assert main(["compare", str(a), str(b)]) == 3
     assert "corrupted or incomplete" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("other", ["truncated", "before_first_record"])
+@pytest.mark.parametrize("crashed_side", ["A", "B"])
+def test_a_crash_on_one_side_is_not_hidden_by_an_unusable_capture_on_the_other(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], other: str, crashed_side: str
+) -> None:
+    """One variant crashed, the other's capture is truncated: a firmware fault (4 before 3), as in
+    flash-and-compare; the crash is the finding and the other side's failure is reported beside it."""
+    crash = _crashed_capture(tmp_path / "crash.log", PANIC)
+    full = write_capture(tmp_path / "full.log", [BASE], nn="ansi_c").read_bytes()
+    broken = tmp_path / "broken.log"
+    broken.write_bytes(
+        full[: full.index(b"@EC1 ")] if other == "before_first_record" else full[: full.rindex(b"@EC1 ")]
+    )
+    pair = [str(crash), str(broken)] if crashed_side == "A" else [str(broken), str(crash)]
+    code, rep = run_json(capsys, *pair)
+    assert code == 4 and rep["verdict"] == "firmware_fault"  # was 3: the panic was lost
+    stages = {(f["source"], f["stage"]) for f in rep["faults"]}
+    assert (crashed_side, "panic") in stages
+    other_side = "B" if crashed_side == "A" else "A"
+    assert (other_side, "capture") in stages  # the other side's failure is not dropped either

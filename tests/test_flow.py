@@ -260,3 +260,71 @@ def test_board_for_other_silicon_revision_is_a_usage_error(models_dir: Path, tmp
     flash = [s for s in doc["stages"] if s["stage"] == "flash"]
     assert flash and all(s["status"] == "failed" and s["exit_code"] == 2 for s in flash)
     assert all("revision v0.2" in s["detail"] and "v3.0 to v3.99" in s["detail"] for s in flash)
+
+
+def test_report_files_in_a_new_folder_keep_the_verdict(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+):
+    """--junit/--html in a folder that does not exist yet: made, as --out is; the crash stays exit 4
+    (was exit 70 with a FileNotFoundError traceback after the whole run, the finding lost)."""
+    import xml.etree.ElementTree as ET
+
+    junit, html = tmp_path / "new" / "r.xml", tmp_path / "other" / "r.html"
+    args = ["flash-and-compare", str(models_dir / MODEL), "--input", str(models_dir / INPUT),
+            "--out", str(tmp_path / "o"), "--cache-dir", str(cache_dir),
+            "--port", "sim://?fault=panic&variant_fault=optimized", "--capture-timeout", "30",
+            "--silence-timeout", "3", "--junit", str(junit), "--html", str(html)]  # fmt: skip
+    assert main(args) == ExitCode.FIRMWARE_FAULT
+    assert ET.parse(junit).getroot().get("failures") != "0" and "<html" in html.read_text()
+
+
+@pytest.mark.parametrize("flag", ["--junit", "--html", "--bundle"])
+def test_a_report_file_that_cannot_be_written_is_refused_before_the_run(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str], flag: str
+):
+    """A report path under a file: a usage error naming the flag before anything is flashed (was exit 70,
+    a traceback, after the whole run)."""
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    out = tmp_path / "o"
+    args = ["flash-and-compare", str(models_dir / MODEL), "--input", str(models_dir / INPUT),
+            "--out", str(out), "--cache-dir", str(cache_dir), flag, str(in_the_way / "report.x")]  # fmt: skip
+    assert main(args) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert flag in err and str(in_the_way) in err
+    assert not (out / "logs").exists()  # nothing was built, flashed or captured
+
+
+def test_an_unknown_schema_version_is_refused_before_the_run(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+):
+    """--schema-version 7 was checked only when the JSON was printed: the whole run went by, report.json
+    said "match" and the command exited 2. Now it is refused before anything runs, as `run` does."""
+    out = tmp_path / "o"
+    args = ["flash-and-compare", str(models_dir / MODEL), "--input", str(models_dir / INPUT),
+            "--out", str(out), "--cache-dir", str(cache_dir), "--json", "--schema-version", "7"]  # fmt: skip
+    assert main(args) == ExitCode.USAGE
+    assert "schema_version 7 is not available" in capsys.readouterr().err
+    assert not (out / "logs").exists() and not (out / "report.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("query", "named"), [("fault=bogus", "bogus"), ("fault=op_corrupt", "fault_op"), ("noise=2", "noise")]
+)
+def test_a_bad_sim_url_is_a_usage_error_before_the_run(
+    models_dir: Path,
+    tmp_path: Path,
+    cache_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    query: str,
+    named: str,
+):
+    """docs/simulator.md: an unknown key or a value out of range is a usage error naming the parameter.
+    --port sim://...?fault=bogus was found only when the port opened: exit 3, "check the port name and
+    cable" (and in `esp-check run` a retried infrastructure failure)."""
+    out = tmp_path / "o"
+    args = ["flash-and-compare", str(models_dir / MODEL), "--input", str(models_dir / INPUT),
+            "--out", str(out), "--cache-dir", str(cache_dir), "--port", f"sim://bad-url?{query}"]  # fmt: skip
+    assert main(args) == ExitCode.USAGE
+    assert named in capsys.readouterr().err
+    assert not (out / "logs" / "flash.log").exists()

@@ -90,9 +90,16 @@ class Fault:
 
     @property
     def exit_code(self) -> ExitCode:
-        if self.stage == "model":  # the model partition was not flashed: not the firmware's fault
+        if self.stage in ("model", "capture"):  # no model partition flashed, an unusable capture: exit 3
             return ExitCode.INFRASTRUCTURE
         return ExitCode.USAGE if self.stage == "input" else ExitCode.FIRMWARE_FAULT
+
+    @property
+    def kind(self) -> str:
+        """What the report calls it: a firmware fault, or what else its exit code says it is."""
+        return {ExitCode.INFRASTRUCTURE: "infrastructure error", ExitCode.USAGE: "input error"}.get(
+            self.exit_code, "firmware fault"
+        )
 
 
 @dataclass
@@ -938,6 +945,44 @@ def reference_source(
     )
 
 
+def _load_pair(a: str | Path, b: str | Path) -> tuple[Source, Source]:
+    """Both sides. A side whose capture is unusable (exit 3) does not hide a crash the other side shows
+    (4 before 3, as in flash-and-compare): it becomes a side without runs whose failure is a ``capture``
+    fault; without a crash on the other side its error is raised as it is."""
+    loaded: dict[str, Source | CaptureError] = {}
+    for path, label in ((a, "A"), (b, "B")):
+        try:
+            loaded[label] = load_source(path, label)
+        except CaptureError as exc:
+            loaded[label] = exc
+    crashed = any(
+        isinstance(s, Source) and any(f.exit_code == ExitCode.FIRMWARE_FAULT for f in s.faults)
+        for s in loaded.values()
+    )
+    sides: list[Source] = []
+    for (label, side), path in zip(loaded.items(), (a, b), strict=True):
+        if isinstance(side, CaptureError):
+            if not crashed:
+                raise side
+            side = Source(
+                label,
+                "capture",
+                [],
+                path=str(path),
+                faults=[
+                    Fault(
+                        label,
+                        "capture",
+                        0,
+                        None,
+                        f"{side.message}; {side.hint}" if side.hint else side.message,
+                    )
+                ],
+            )
+        sides.append(side)
+    return sides[0], sides[1]
+
+
 def compare_files(
     a: str | Path,
     b: str | Path,
@@ -956,7 +1001,7 @@ def compare_files(
         raise UsageError("--scale and --zero-point go together")
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         raise UsageError(f"--scale {scale} must be a positive number")
-    sa, sb = load_source(a, "A"), load_source(b, "B")
+    sa, sb = _load_pair(a, b)
     ref = None
     quant: list[Quant] = []
     if model is None:

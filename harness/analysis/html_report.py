@@ -22,6 +22,8 @@ from PIL import Image
 from harness import __version__
 from harness.analysis.hybrid import Audit
 from harness.analysis.tap import TapResult, Timing, divergences
+from harness.errors import write_error
+from harness.resources import write_output
 
 if TYPE_CHECKING:  # annotations only: the flows import this module
     from harness.flows.records import FlashAndCompareResult
@@ -362,8 +364,20 @@ def write_zip(
     """A bundle (flash-and-compare's and hybrid's): ``head``'s (name, text or file) in order, then per
     (sub, name) of ``trees`` the file ``out/sub`` as name, or the directory's files, sorted, under name/
     (none inside :data:`BUNDLE_SKIP`); written to ``dest.tmp`` and renamed."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(dest.suffix + ".tmp")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _zip_into(tmp, head, out, trees)
+        tmp.replace(dest)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise write_error(exc, f"the reproduction bundle {dest}") from None
+    return dest
+
+
+def _zip_into(
+    tmp: Path, head: Sequence[tuple[str, str | Path]], out: Path, trees: Sequence[tuple[str, str]]
+) -> None:
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
         for arc, content in head:
             if isinstance(content, Path):
@@ -378,14 +392,11 @@ def write_zip(
                 rel = f.relative_to(root)
                 if f.is_file() and not (set(rel.parts) & BUNDLE_SKIP):
                     z.write(f, f"{arc}/{rel.as_posix()}")
-    tmp.replace(dest)
-    return dest
 
 
 def write_html(path: Path, text: str) -> None:
     """An HTML report on disk, its directory made."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    write_output(path, text, "HTML report")
 
 
 def write_outputs(

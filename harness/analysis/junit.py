@@ -20,6 +20,7 @@ from typing import Literal
 
 from harness import __version__
 from harness.errors import ExitCode
+from harness.resources import write_output
 
 Outcome = Literal["passed", "failure", "error", "skipped"]
 MESSAGE_MAX = 500  # a failure's message attribute: its first line, cut here (the whole text is the body)
@@ -174,5 +175,5 @@ def to_bytes(doc: ET.ElementTree) -> bytes:
 
 
 def write(doc: ET.ElementTree, path: str | Path) -> None:
-    """Write the document to ``path``."""
-    Path(path).write_bytes(to_bytes(doc))
+    """Write the document to ``path`` (its folder made; exit 3 naming it when it cannot be written)."""
+    write_output(Path(path), to_bytes(doc), "JUnit report")

@@ -195,7 +195,7 @@ def print_report(
             detail_text += f", run {f.run}"
         if f.msg:
             detail_text += f": {f.msg}"
-        con.print("[bold red]firmware fault[/]" + safe_markup(detail_text), highlight=False)
+        con.print(f"[bold red]{f.kind}[/]" + safe_markup(detail_text), highlight=False)
     for w in result.warnings:
         con.print("[yellow]warning:[/] " + safe_markup(w), highlight=False)
     if verdict_label is None:
@@ -232,9 +232,10 @@ def compare_cases(
         )
     for f in result.faults:
         at = f"{input_name(f.run)}." if f.run is not None else ""
-        msg = f"firmware fault at stage {f.stage} (code {f.code}): {f.msg}"
+        msg = f"{f.kind} at stage {f.stage} (code {f.code}): {f.msg}"
         name = f"{at}{f.source}.fault.{f.stage}"
-        cases.append(junit.Case(cls, name, "failure", type="firmware_fault", message=msg, text=msg, out=out))
+        outcome, kind = junit.outcome_of(f.exit_code)  # a crash: a failure; a capture fault: an error
+        cases.append(junit.Case(cls, name, outcome, type=kind, message=msg, text=msg, out=out))
     return cases
 
 

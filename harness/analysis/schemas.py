@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from harness.errors import UsageError
 
@@ -29,20 +29,15 @@ def versioned(
     requested: int | None,
     *,
     what: str,
-    downgrades: dict[int, Callable[[Doc], Doc]],
+    downgrades: Mapping[int, Callable[[Doc], Doc]],
 ) -> Doc:
     """``doc`` (current version) as ``requested``; UsageError for a version that is not offered."""
     current = doc["schema_version"]
     if not isinstance(current, int):
         raise TypeError(f"{what}: schema_version {current!r} is not an integer")
+    check_version(requested, current, downgrades, what=what)
     if requested is None or requested == current:
         return doc
-    if requested not in downgrades:
-        offered = ", ".join(str(v) for v in sorted({current, *downgrades}))
-        raise UsageError(
-            f"{what} schema_version {requested} is not available (this esp-check writes {offered})",
-            hint=f"use --schema-version {current}",
-        )
     warnings.warn(
         f"{what} schema_version {requested} is deprecated and will be removed in the next release; "
         f"read schema_version {current} instead (see the schema in docs/)",
@@ -52,6 +47,18 @@ def versioned(
     old = downgrades[requested](copy.deepcopy(doc))
     old["schema_version"] = requested
     return old
+
+
+def check_version(
+    requested: int | None, current: int, downgrades: Mapping[int, object], *, what: str
+) -> None:
+    """UsageError for a version that is not offered: what a command checks before it runs anything."""
+    if requested is not None and requested != current and requested not in downgrades:
+        offered = ", ".join(str(v) for v in sorted({current, *downgrades}))
+        raise UsageError(
+            f"{what} schema_version {requested} is not available (this esp-check writes {offered})",
+            hint=f"use --schema-version {current}",
+        )
 
 
 def compare_v1(doc: Doc) -> Doc:

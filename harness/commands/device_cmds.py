@@ -39,7 +39,7 @@ from harness.firmware.backtrace import describe
 from harness.firmware.build import BUILDERS
 from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageTimeouts, entries, section
-from harness.flows.report import report_as, write_refusal
+from harness.flows.report import check_report_version, report_as, write_refusal
 from harness.model.inputs import InputOptions
 
 if TYPE_CHECKING:
@@ -271,6 +271,7 @@ def flash_and_compare_cmd(
 
     asked = DatasetOptions(dataset, random_inputs, seed, results, labels, repeat, chunks=keep_chunks)
     data = _dataset_options(bool(inputs), tap, tap_inputs, asked)
+    check_report_version(schema_version)
     if dump_ops and not (tap or tap_inputs):
         raise UsageError("--dump-ops needs --tap (or --tap-inputs in a dataset run)", hint="add --tap")
     console = make_console(stderr=True)

@@ -260,14 +260,9 @@ def _check_serial_package(progress: Callable[[str], None] | None) -> None:
 
 def _check_schema_version(requested: int | None) -> None:
     """Refuse an unknown summary version before anything runs (not after an hour on the bench)."""
-    from harness.runner.reports import SUMMARY_VERSION  # lazy: the runner pulls pyserial (run_cmd)
+    from harness.runner.reports import check_summary_version  # lazy: the runner pulls pyserial (run_cmd)
 
-    if requested not in (None, 1, SUMMARY_VERSION):
-        raise UsageError(
-            f"run summary schema_version {requested} is not available (this esp-check writes 1, "
-            f"{SUMMARY_VERSION})",
-            hint=f"use --schema-version {SUMMARY_VERSION}",
-        )
+    check_summary_version(requested)
 
 
 def _load(plan: Path, inventory: Path | None, coordinator: str | None) -> tuple[Plan, Inventory]:

@@ -65,6 +65,7 @@ from harness.model.inputs import input_tensor_bytes
 from harness.model.loader import ModelInfo, load_model
 from harness.model.opdata import espnn_model_acceleration
 from harness.model.reference import prepare_host_results
+from harness.resources import check_output_path
 
 if TYPE_CHECKING:  # (only --tap runs load the tap analysis: _tap)
     from harness.analysis.tap import TapResult
@@ -152,6 +153,7 @@ def run_job(spec: JobSpec, progress: ProgressFn | None = None) -> FlashAndCompar
     t_all = time.monotonic()
     check_tolerances(spec.options.tolerance_lsb, spec.options.ref_tolerance_lsb)
     out = prepare_out_dir(spec.out_dir)
+    check_report_paths(spec.options)
     discard_report(out)
     run = _JobState(spec, out, Recorder(progress))
     _refuse_clobbering(run)
@@ -355,6 +357,13 @@ def _tap(run: _JobState) -> None:
     run.tap = outcome.result
     run.errors.extend(outcome.errors)
     run.codes.extend(outcome.codes)
+
+
+def check_report_paths(options: JobOptions) -> None:
+    """--junit, --html and --bundle files that cannot be written: refused before any work, not after it."""
+    for flag, path in {"--junit": options.junit, "--html": options.html, "--bundle": options.bundle}.items():
+        if path is not None:
+            check_output_path(path, flag)
 
 
 def prepare_out_dir(out_dir: str | Path) -> Path:

@@ -38,7 +38,7 @@ from harness.firmware.hybrid_context import (
     registration_lines,
 )
 from harness.flows.capture import flash_and_capture
-from harness.flows.flash_and_compare import prepare_out_dir, run_job
+from harness.flows.flash_and_compare import check_report_paths, prepare_out_dir, run_job
 from harness.flows.hybrid_report import write_hybrid_outputs
 from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import FlashAndCompareResult, ProgressFn, Recorder, VariantRun
@@ -183,6 +183,7 @@ def hybrid(
     t0 = time.monotonic()
     opts = options or HybridOptions()
     out = prepare_out_dir(out_dir)
+    check_report_paths(job or JobOptions())
     info = load_model(model)
     if opts.manual:
         select_ansi_ops(info, opts.ansi_ops, opts.ansi_kinds)  # UsageError before anything runs

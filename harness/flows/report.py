@@ -11,7 +11,7 @@ from harness import __version__
 from harness.analysis import junit
 from harness.analysis.compare import results_document
 from harness.analysis.report import compare_cases, compare_suite, error_case, report_dict
-from harness.analysis.schemas import compare_v1, versioned
+from harness.analysis.schemas import check_version, compare_v1, versioned
 from harness.errors import EspCheckError, ExitCode, write_error
 from harness.flows.records import VARIANT_ORDER, FlashAndCompareResult, StageStatus, VariantRun
 from harness.resources import atomic_write
@@ -140,6 +140,14 @@ def _v1(doc: dict[str, object]) -> dict[str, object]:
     return doc
 
 
+_DOWNGRADES = {1: _v1}
+
+
+def check_report_version(schema_version: int | None) -> None:
+    """Refuse an unknown --schema-version before the run, not after it."""
+    check_version(schema_version, SCHEMA_VERSION, _DOWNGRADES, what="flash-and-compare report")
+
+
 def report_as(doc: dict[str, object], schema_version: int | None) -> dict[str, object]:
     """report.json as ``schema_version`` (the previous version is deprecated, for one release)."""
-    return versioned(doc, schema_version, what="flash-and-compare report", downgrades={1: _v1})
+    return versioned(doc, schema_version, what="flash-and-compare report", downgrades=_DOWNGRADES)

@@ -177,9 +177,11 @@ class SimTarget(_Simulated):
         default = board.default_port or ""
         if template is None and _scheme(default) == "sim":
             template = "sim://?" + default.partition("?")[2]
-        return cls(
-            board, sim_port_for(board.chip, board.reset, template, board.flash_size), private=port is None
-        )
+        url = sim_port_for(board.chip, board.reset, template, board.flash_size)
+        refused = cls.check_url(url)  # as an inventory's port is checked: a usage error, not a port failure
+        if refused is not None:
+            raise UsageError(f"--port {url} {refused[0]}", hint=refused[1])
+        return cls(board, url, private=port is None)
 
     def check(self, rec: Recorder) -> None:
         """An in-process board is always there."""

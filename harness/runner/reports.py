@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from harness import __version__
 from harness.analysis import junit
-from harness.analysis.schemas import versioned
+from harness.analysis.schemas import check_version, versioned
 from harness.errors import Verdict
 from harness.resources import atomic_write
 from harness.runner.paths import SUMMARY_SCHEMA
@@ -162,6 +162,11 @@ def summary_dict(result: RunResult, schema_version: int | None = None) -> dict[s
         "events": result.events,
     }
     return versioned(doc, schema_version, what="run summary", downgrades={1: summary_v1})
+
+
+def check_summary_version(schema_version: int | None) -> None:
+    """Refuse an unknown --schema-version before the run, not after it."""
+    check_version(schema_version, SUMMARY_VERSION, {1: summary_v1}, what="run summary")
 
 
 def summary_v1(doc: dict[str, object]) -> dict[str, object]:

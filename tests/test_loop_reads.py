@@ -15,13 +15,16 @@ from __future__ import annotations
 import dataclasses
 import io
 import struct
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import harness.device.loop as device_loop
-from harness.device.loop import DeviceRestarted, LoopClient
+from harness.device.loop import DeviceRestarted, LinkError, LoopClient
 from harness.device.session import DeviceSession
+from harness.flows.records import Recorder, StageTimeouts
+from harness.flows.resident import Boot, ResidentBoard
 from harness.protocol import frames as fr
 from tests.test_loop_client import Clock  # the client's clock: advances only when it sleeps
 
@@ -291,3 +294,62 @@ def test_nothing_after_a_restart_reaches_the_clients_inbox(how: str) -> None:
     clock.now += 1.0  # everything has arrived: one pump reads it in one block
     assert client.pump(0.0)
     assert client.restarted and [f.payload for f in client.inbox] == [struct.pack("<I", 1)]
+
+
+class Device(LateUart):
+    """A resident app behind the UART, as esp_check_loop.c treats commands: in ``seq`` order from
+    ``expected`` (a gap is NAK'd), the first ``damage`` commands arriving damaged (NAK'd, not run);
+    ``answer`` gives each command's reply frames. Records what the host wrote."""
+
+    def __init__(self, clock: Clock, expected: int, damage: int, answer: dict[int, bytes]) -> None:
+        super().__init__(clock, b"", 921600, quiet=0.0)
+        self.expected, self.damage, self.answer = expected, damage, answer
+        self.writes: list[bytes] = []
+        self.out_seq = 7  # the device's own frame sequence
+
+    def _reply(self, ftype: int, payload: bytes) -> None:
+        self.stream += fr.encode_frame(ftype, self.out_seq, payload, key=HELLO.key)
+        self.out_seq += 1
+        self.start = min(self.start, self.clock.now - len(self.stream) * 10 / self.baudrate)  # arrived
+
+    def write(self, data: bytes) -> int:
+        self.writes.append(bytes(data))
+        for f in fr.FrameDecoder(key=HELLO.key).feed(data):
+            if not isinstance(f, fr.Frame):
+                continue
+            if self.damage:
+                self.damage -= 1
+                self._reply(fr.RSP_NAK, struct.pack("<HBB", self.expected, fr.NAK_BAD_FRAME, 0))
+            elif f.seq != self.expected:
+                self._reply(fr.RSP_NAK, struct.pack("<HBB", self.expected, fr.NAK_GAP, 0))
+            else:
+                self.expected += 1
+                reply = self.answer[f.type]
+                self._reply(reply[0], reply[1:] if f.type != fr.CMD_SYNC else f.payload[:4])
+        return len(data)
+
+
+def _device_session(
+    monkeypatch: pytest.MonkeyPatch, expected: int, damage: int, answer: dict[int, bytes]
+) -> tuple[DeviceSession, Device]:
+    dev, _port = _switching_session(monkeypatch, b"")
+    port = Device(_port.clock, expected, damage, answer)
+    port.is_open = True  # type: ignore[attr-defined]
+    dev.serial = port  # type: ignore[assignment]
+    return dev, port
+
+
+def test_a_refused_slot_switch_at_the_fast_baud_leaves_the_link_at_the_fast_baud(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An app that refuses a BOOT (esp_check_loop.c: no ECL_REBOOT) runs on at the baud it answered at:
+    the session's link stays at the fast baud, and the app's next command seq is the BOOT's + 1. The old
+    code set the link back to the console baud: the next switch read its reply at the wrong baud."""
+    refused = bytes([fr.RSP_BOOT]) + _BOOT_REFUSED
+    dev, port = _device_session(monkeypatch, 3, 0, {fr.CMD_BOOT: refused})
+    rb = ResidentBoard(Recorder(), dev, {}, StageTimeouts(capture_total=1, capture_silence=1))
+    rb.current = cur = Boot(None, HELLO, "ansi", next_seq=3, link_baud=921600)  # type: ignore[arg-type]
+    with pytest.raises(LinkError, match="refused to boot ota_0"):
+        rb.ensure("optimized", tmp_path / "serial.log")
+    assert dev.link_baud == 921600 and port.baudrate == 921600
+    assert rb.current is cur and cur.next_seq == 4  # the app took seq 3: the next command is 4

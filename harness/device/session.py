@@ -188,9 +188,9 @@ class DeviceSession:
                     reply = self._await_frame(
                         hello, lambda f: f.type == frames.RSP_BOOT, 5.0, log, "the BOOTING reply", stale_keys
                     )
-                self.link_baud = None
                 if reply is not None and frames.decode_boot(reply.payload)[1] != 0:
-                    raise _refused_boot(slot, reply)
+                    raise _refused_boot(slot, reply)  # the app runs on, at the fast baud
+                self.link_baud = None
         except (serial.SerialException, OSError) as exc:
             raise LinkLost(f"the serial link was lost before the slot switch ({exc})") from exc
 

@@ -340,12 +340,13 @@ class ResidentBoard:
                     return cur  # the wanted app, or a start-up failure (its evidence), or no slots
             assert cur.hello is not None
             slot = VARIANT_SLOTS[variant]
+            seq, cur.next_seq = cur.next_seq, (cur.next_seq + 1) & 0xFFFF  # an app that refuses runs on
             return self._booted(
                 self.dev.switch_slot(
                     cur.hello,
                     slot,
                     log_path,
-                    seq=cur.next_seq,
+                    seq=seq,
                     stale_keys=self.stale_keys(cur.hello),
                     **self._timeouts(),
                 )

@@ -19,9 +19,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import serial
 
 import harness.device.loop as device_loop
-from harness.device.loop import DeviceRestarted, LinkError, LoopClient
+from harness.device.loop import DeviceRestarted, LinkError, LinkLost, LoopClient
 from harness.device.session import DeviceSession
 from harness.flows.records import Recorder, StageTimeouts
 from harness.flows.resident import Boot, ResidentBoard
@@ -353,3 +354,66 @@ def test_a_refused_slot_switch_at_the_fast_baud_leaves_the_link_at_the_fast_baud
         rb.ensure("optimized", tmp_path / "serial.log")
     assert dev.link_baud == 921600 and port.baudrate == 921600
     assert rb.current is cur and cur.next_seq == 4  # the app took seq 3: the next command is 4
+
+
+def test_a_nakd_slot_switch_command_is_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BOOT the device NAKs (it arrived damaged) is sent again, as every NAK'd command is
+    (docs/protocol.md, go-back-N), and counted as a repair; the old code only counted the NAK, waited the
+    5 s out and read the reboot that never came."""
+    refused = bytes([fr.RSP_BOOT]) + _BOOT_REFUSED
+    dev, port = _device_session(monkeypatch, 3, 1, {fr.CMD_BOOT: refused})
+    with pytest.raises(LinkError, match="refused to boot ota_1"):
+        dev.switch_slot(HELLO, 1, seq=3, total_timeout=0.3, silence_timeout=0.3)
+    boot = fr.encode_frame(fr.CMD_BOOT, 3, bytes([1]), key=HELLO.key)
+    assert port.writes == [boot, boot]
+    assert dev.pending_link.naks == 1 and dev.pending_link.retransmitted_frames == 1
+
+
+def test_a_nakd_baud_switch_command_is_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BAUD the device NAKs is sent again: the link switches (a repair, counted). The old code did not
+    resend it: its SYNC at the next seq was a gap to the device, and the switch failed (exit 3)."""
+    ok = bytes([fr.RSP_BAUD]) + struct.pack("<Ii", 921600, 0)
+    dev, port = _device_session(monkeypatch, 3, 1, {fr.CMD_BAUD: ok, fr.CMD_SYNC: bytes([fr.RSP_SYNC])})
+    dev.link_baud = None
+    assert dev.set_link_baud(HELLO, 921600, seq=3) == (921600, 5)
+    assert dev.link_baud == 921600 and port.writes[0] == port.writes[1]
+    assert dev.pending_link.naks == 1 and dev.pending_link.retransmitted_frames == 1
+
+
+class DeadPort(LateUart):
+    """A port that fails (unplugged): on writes, or when its baud rate is set."""
+
+    def __init__(self, clock: Clock, stream: bytes, where: str) -> None:
+        super().__init__(clock, stream, 115200, quiet=0.0)
+        self.where = where
+
+    def write(self, data: bytes) -> int:
+        if self.where == "write":
+            raise OSError(5, "Input/output error")
+        return len(data)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "baudrate" and getattr(self, "where", "") == "baudrate":
+            raise serial.SerialException("could not set the baud rate: device disconnected")
+        super().__setattr__(name, value)
+
+
+@pytest.mark.parametrize("where", ["write", "baudrate"])
+def test_a_port_lost_during_the_baud_switch_is_link_lost_and_the_board_is_marked_lost(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, where: str
+) -> None:
+    """A port that fails while the baud switches (a write, setting its baud rate) is LinkLost, told from
+    a silent device by type (exit 3), and the board is marked lost (reopened before its next boot); the
+    old code let the OSError / SerialException out raw, and did not mark the board."""
+    dev, _port = _switching_session(monkeypatch, b"")
+    ok = fr.encode_frame(fr.RSP_BAUD, 0, struct.pack("<Ii", 921600, 0), key=HELLO.key)
+    port = DeadPort(_port.clock, ok, where)
+    port.is_open = True  # type: ignore[attr-defined]
+    dev.serial = port  # type: ignore[assignment]
+    dev.link_baud = None
+    dev.board = SimpleNamespace(link_baud=921600, console="uart")
+    rb = ResidentBoard(Recorder(), dev, {}, StageTimeouts(capture_total=1, capture_silence=1))
+    rb.current = boot = Boot(None, HELLO, "ansi")  # type: ignore[arg-type]
+    with pytest.raises(LinkLost, match="serial link was lost"):
+        rb._fast_link(boot, "ansi", tmp_path / "serial.log")
+    assert rb.lost and rb.current is None

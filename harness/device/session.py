@@ -181,16 +181,19 @@ class DeviceSession:
         LinkError when the app refuses (its status names the ESP-IDF error, e.g. an invalid image);
         DeviceRestarted when it booted again before its reply at the fast baud."""
         port = self.open()
+        boot = (frames.CMD_BOOT, bytes([slot]))
         try:
-            port.write(frames.encode_frame(frames.CMD_BOOT, seq, bytes([slot]), key=hello.key))
             if self.link_baud is not None:  # the reply comes at the fast baud, the reboot at the console baud
                 with _append(log_path) as log:
                     reply = self._await_frame(
-                        hello, lambda f: f.type == frames.RSP_BOOT, 5.0, log, "the BOOTING reply", stale_keys
-                    )
+                        hello, lambda f: f.type == frames.RSP_BOOT, 5.0, log, "the BOOTING reply", stale_keys,
+                        command=boot, seq=seq,
+                    )  # fmt: skip
                 if reply is not None and frames.decode_boot(reply.payload)[1] != 0:
                     raise _refused_boot(slot, reply)  # the app runs on, at the fast baud
                 self.link_baud = None
+            else:
+                port.write(frames.encode_frame(boot[0], seq, boot[1], key=hello.key))
         except (serial.SerialException, OSError) as exc:
             raise LinkLost(f"the serial link was lost before the slot switch ({exc})") from exc
 
@@ -215,14 +218,20 @@ class DeviceSession:
         log: IO[bytes] | None,
         what: str,
         stale_keys: Sequence[int] = (),
+        *,
+        command: tuple[int, bytes] | None = None,
+        seq: int = 0,
     ) -> frames.Frame | None:
-        """Read until a frame of this boot that ``want`` accepts arrives (None: ``timeout`` passed), through
-        a loop client: the one decoder path, with each of its checks (this boot's key, earlier boots'
-        frames dropped, damage counted, a lost link). DeviceRestarted when the device booted again
-        before that frame came (``what``: the frame, for the message)."""
-        client = LoopClient(self.open(), hello, log, stale_keys=stale_keys)
+        """Send ``command`` (type, payload) as command ``seq``, if given, then read until a frame of this
+        boot that ``want`` accepts arrives (None: ``timeout`` passed), through a loop client: the one
+        decoder path, with each of its checks (this boot's key, earlier boots' frames dropped, damage
+        counted, a NAK'd command sent again, bounded, a lost link). DeviceRestarted when the device booted
+        again before that frame came (``what``: the frame, for the message)."""
+        client = LoopClient(self.open(), hello, log, stale_keys=stale_keys, seq=seq)
         deadline = time.monotonic() + timeout
         try:
+            if command is not None:
+                client.send(*command)
             while (left := deadline - time.monotonic()) > 0:
                 client.pump(min(left, 0.05))
                 found = next((f for f in client.inbox if want(f)), None)
@@ -239,6 +248,7 @@ class DeviceSession:
                     stale_frames=s.stale_frames,
                     rx_gaps=s.rx_gaps,
                     naks=s.naks,
+                    retransmitted_frames=s.retransmitted_frames,
                 )
             )
 
@@ -255,39 +265,49 @@ class DeviceSession:
         trip at the new baud; when that fails, back to the console baud (the device goes back by itself
         after ``BAUD_CONFIRM_S``) and a SYNC there. Returns (the baud the link runs at, next command seq).
 
-        LinkError when no round trip works at either baud (DeviceRestarted: the device booted again)."""
-        port = self.open()
+        LinkError when no round trip works at either baud (DeviceRestarted: the device booted again;
+        LinkLost: the port itself failed)."""
         with _append(log_path) as log:
-            port.write(frames.encode_frame(frames.CMD_BAUD, seq, struct.pack("<I", baud), key=hello.key))
-            reply = self._await_frame(
-                hello, lambda f: f.type == frames.RSP_BAUD, 2.0, log, "the BAUD_OK reply", stale_keys
+            try:
+                return self._switch_baud(hello, baud, seq, log, stale_keys)
+            except (serial.SerialException, OSError) as exc:  # setting the port's baud rate, as a write
+                raise LinkLost(f"the serial link was lost while switching to {baud} baud ({exc})") from exc
+
+    def _switch_baud(
+        self, hello: frames.Hello, baud: int, seq: int, log: IO[bytes] | None, stale_keys: Sequence[int]
+    ) -> tuple[int, int]:
+        port = self.open()
+        reply = self._await_frame(
+            hello, lambda f: f.type == frames.RSP_BAUD, 2.0, log, "the BAUD_OK reply", stale_keys,
+            command=(frames.CMD_BAUD, struct.pack("<I", baud)), seq=seq,
+        )  # fmt: skip
+        seq += 1
+        if reply is not None and frames.decode_baud(reply.payload) != (baud, 0):
+            return self.console_baud, seq  # refused: the console baud it is
+        # (baud, seq of the SYNC): at the new baud; back at the console baud (the device went back: it
+        # never got that SYNC); at the new baud once more with the next seq (it did get the SYNC and
+        # stayed: only its SYNC_ACK was lost, a repair)
+        tries = [(baud, seq), (self.console_baud, seq), (baud, seq + 1)]
+        if reply is None:  # lost on the way: a repair, and the device may have switched: wait it out
+            self.pending_link.rx_gaps += 1
+            tries = tries[1:2]
+        for k, (rate, sseq) in enumerate(tries):
+            if rate != baud:  # the device goes back to its console baud by itself
+                time.sleep(frames.BAUD_CONFIRM_S + 0.2)
+            port.baudrate = rate
+            token = struct.pack("<I", random.getrandbits(32))
+
+            def synced(frame: frames.Frame, token: bytes = token) -> bool:
+                return frame.type == frames.RSP_SYNC and frame.payload[:4] == token
+
+            sync = (frames.CMD_SYNC, token)
+            ack = self._await_frame(
+                hello, synced, 0.8, log, "the SYNC_ACK reply", stale_keys, command=sync, seq=sseq
             )
-            seq += 1
-            if reply is not None and frames.decode_baud(reply.payload) != (baud, 0):
-                return self.console_baud, seq  # refused: the console baud it is
-            # (baud, seq of the SYNC): at the new baud; back at the console baud (the device went back: it
-            # never got that SYNC); at the new baud once more with the next seq (it did get the SYNC and
-            # stayed: only its SYNC_ACK was lost, a repair)
-            tries = [(baud, seq), (self.console_baud, seq), (baud, seq + 1)]
-            if reply is None:  # lost on the way: a repair, and the device may have switched: wait it out
-                self.pending_link.rx_gaps += 1
-                tries = tries[1:2]
-            for k, (rate, sseq) in enumerate(tries):
-                if rate != baud:  # the device goes back to its console baud by itself
-                    time.sleep(frames.BAUD_CONFIRM_S + 0.2)
-                port.baudrate = rate
-                token = random.getrandbits(32)
-                port.write(
-                    frames.encode_frame(frames.CMD_SYNC, sseq, struct.pack("<I", token), key=hello.key)
-                )
-
-                def synced(frame: frames.Frame, token: int = token) -> bool:
-                    return frame.type == frames.RSP_SYNC and frame.payload[:4] == struct.pack("<I", token)
-
-                if self._await_frame(hello, synced, 0.8, log, "the SYNC_ACK reply", stale_keys) is not None:
-                    self.link_baud = rate if rate != self.console_baud else None
-                    self.pending_link.rx_gaps += 1 if k == 2 else 0  # its first SYNC_ACK was lost
-                    return rate, sseq + 1
+            if ack is not None:
+                self.link_baud = rate if rate != self.console_baud else None
+                self.pending_link.rx_gaps += 1 if k == 2 else 0  # its first SYNC_ACK was lost
+                return rate, sseq + 1
         raise LinkError(
             f"no SYNC round trip after the switch to {baud} baud, nor back at the console's "
             f"{self.console_baud}",

@@ -393,7 +393,7 @@ class ResidentBoard:
                 boot.hello, want, seq=boot.next_seq, log_path=log_path, stale_keys=self.stale_keys(boot.hello)
             )
         except LinkError as exc:
-            self.current = None
+            self.current, self.lost = None, isinstance(exc, LinkLost)  # lost: reopen before the next boot
             self.rec.add("link-baud", variant, exc.exit_code, time.monotonic() - t0, str(exc))
             raise
         boot.link_baud = rate

@@ -417,3 +417,24 @@ def test_a_port_lost_during_the_baud_switch_is_link_lost_and_the_board_is_marked
     with pytest.raises(LinkLost, match="serial link was lost"):
         rb._fast_link(boot, "ansi", tmp_path / "serial.log")
     assert rb.lost and rb.current is None
+
+
+def test_an_earlier_boots_replayed_booting_frame_at_the_console_baud_is_dropped_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A slot switch at the console baud reads its BOOTING reply and the reboot in one console capture
+    (its frame check: this boot's key, and now earlier boots' keys): a replayed refusal of an earlier
+    boot is dropped and counted stale (the new boot's first loop client reports it), never taken for this
+    app's refusal; the switch goes on to the new boot's HELLO. The old capture had no earlier keys: the
+    frame went uncounted."""
+    new = dataclasses.replace(HELLO, session=0x55)
+    stale = fr.encode_frame(fr.RSP_BOOT, 1, _BOOT_REFUSED, key=OTHER.key)
+    booting = fr.encode_frame(fr.RSP_BOOT, 0, bytes([1, 0, 0, 0, 0, 0, 0, 0]), key=HELLO.key)
+    reboot = b"ets Jun  8 2016 00:22:57\r\n\r\nrst:0xc (SW_CPU_RESET)\r\n"
+    hello = fr.hello_line(fr.encode_frame(fr.RSP_HELLO, 0, fr.encode_hello(new)))
+    dev, port = _switching_session(monkeypatch, stale + booting + reboot + hello)
+    dev.link_baud = None
+    port.start -= 10.0  # everything has arrived
+    cap = dev.switch_slot(HELLO, 1, seq=3, stale_keys=[OTHER.key], total_timeout=5, silence_timeout=5)
+    assert cap.ended_by == "hello" and cap.hello == fr.encode_hello(new)
+    assert dev.pending_link.stale_frames == 1 and dev.pending_link.damaged_frames == 0

@@ -18,7 +18,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -64,6 +64,7 @@ class RawCapture:
     notes: list[str] = dataclasses.field(default_factory=list)
     hello: bytes | None = None  # the resident firmware's HELLO payload, when the capture stopped at it
     stop_frame: Frame | None = None  # the frame ``stop_on_frame`` accepted (HELLO, or e.g. a refusal)
+    stale_frames: int = 0  # whole frames of an earlier boot (``stale_keys``) its frame check dropped
     serial: serial.SerialBase | None = dataclasses.field(repr=False, compare=False, default=None)
 
     @property
@@ -240,6 +241,7 @@ def capture_run(
     stop_at_hello: bool = False,
     stop_on_frame: Callable[[Frame], bool] | None = None,
     frame_key: int = 0,
+    stale_keys: Sequence[int] = (),
     stop_on_line: Callable[[bytes], bool] | None = None,
 ) -> RawCapture:
     """Reset the board into its app (``reset`` = board reset style, ``None`` = don't) and capture.
@@ -272,7 +274,8 @@ def capture_run(
                 notes.append(f"port dropped during the USB-Serial-JTAG reset ({exc}); reopening")
     capture = _CaptureState(port, stop_on_line)  # its clock of the last data starts now
     if stop_at_hello or stop_on_frame is not None:
-        capture.frames = FrameDecoder(key=frame_key)  # the running boot's key: its BOOTING reply is keyed
+        # the running boot's key (its BOOTING reply is keyed); earlier boots' frames dropped and counted
+        capture.frames = FrameDecoder(key=frame_key, stale_keys=stale_keys)
         capture.stop_on_frame = stop_on_frame or (lambda f: f.type == RSP_HELLO)
     log: IO[bytes] | None = None
     if log_path is not None:
@@ -319,4 +322,5 @@ def capture_run(
         serial=capture.port,
         hello=capture.hello,
         stop_frame=capture.stop_frame,
+        stale_frames=capture.frames.stats.stale if capture.frames is not None else 0,
     )

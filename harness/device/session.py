@@ -204,8 +204,10 @@ class DeviceSession:
 
         kwargs.setdefault("max_boots", 4)
         cap = self.capture(
-            log_path, reset=False, stop_at_end=False, stop_on_frame=refused, frame_key=hello.key, **kwargs
-        )
+            log_path, reset=False, stop_at_end=False, stop_on_frame=refused, frame_key=hello.key,
+            stale_keys=stale_keys, **kwargs,
+        )  # fmt: skip
+        self.pending_link.stale_frames += cap.stale_frames  # the new boot's first client reports them
         if cap.stop_frame is not None and cap.stop_frame.type == frames.RSP_BOOT:
             raise _refused_boot(slot, cap.stop_frame)
         return cap

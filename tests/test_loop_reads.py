@@ -300,18 +300,23 @@ def test_nothing_after_a_restart_reaches_the_clients_inbox(how: str) -> None:
 class Device(LateUart):
     """A resident app behind the UART, as esp_check_loop.c treats commands: in ``seq`` order from
     ``expected`` (a gap is NAK'd), the first ``damage`` commands arriving damaged (NAK'd, not run);
-    ``answer`` gives each command's reply frames. Records what the host wrote."""
+    ``answer`` gives each command's reply frame (type byte, payload), ``after`` what the device prints
+    after it (a reboot). Records what the host wrote."""
 
-    def __init__(self, clock: Clock, expected: int, damage: int, answer: dict[int, bytes]) -> None:
+    def __init__(
+        self, clock: Clock, expected: int, damage: int, answer: dict[int, bytes], after: bytes = b""
+    ) -> None:
         super().__init__(clock, b"", 921600, quiet=0.0)
-        self.expected, self.damage, self.answer = expected, damage, answer
+        self.expected, self.damage, self.answer, self.after = expected, damage, answer, after
         self.writes: list[bytes] = []
         self.out_seq = 7  # the device's own frame sequence
 
-    def _reply(self, ftype: int, payload: bytes) -> None:
-        self.stream += fr.encode_frame(ftype, self.out_seq, payload, key=HELLO.key)
+    def _reply(self, ftype: int, payload: bytes, after: bytes = b"") -> None:
+        self.stream += fr.encode_frame(ftype, self.out_seq, payload, key=HELLO.key) + after
         self.out_seq += 1
-        self.start = min(self.start, self.clock.now - len(self.stream) * 10 / self.baudrate)  # arrived
+
+    def _arrived(self) -> int:  # a reply is there at once (the console capture reads on the real clock)
+        return len(self.stream)
 
     def write(self, data: bytes) -> int:
         self.writes.append(bytes(data))
@@ -326,15 +331,16 @@ class Device(LateUart):
             else:
                 self.expected += 1
                 reply = self.answer[f.type]
-                self._reply(reply[0], reply[1:] if f.type != fr.CMD_SYNC else f.payload[:4])
+                payload = reply[1:] if f.type != fr.CMD_SYNC else f.payload[:4]
+                self._reply(reply[0], payload, self.after if f.type == fr.CMD_BOOT else b"")
         return len(data)
 
 
 def _device_session(
-    monkeypatch: pytest.MonkeyPatch, expected: int, damage: int, answer: dict[int, bytes]
+    monkeypatch: pytest.MonkeyPatch, expected: int, damage: int, answer: dict[int, bytes], after: bytes = b""
 ) -> tuple[DeviceSession, Device]:
     dev, _port = _switching_session(monkeypatch, b"")
-    port = Device(_port.clock, expected, damage, answer)
+    port = Device(_port.clock, expected, damage, answer, after)
     port.is_open = True  # type: ignore[attr-defined]
     dev.serial = port  # type: ignore[assignment]
     return dev, port
@@ -438,3 +444,23 @@ def test_an_earlier_boots_replayed_booting_frame_at_the_console_baud_is_dropped_
     cap = dev.switch_slot(HELLO, 1, seq=3, stale_keys=[OTHER.key], total_timeout=5, silence_timeout=5)
     assert cap.ended_by == "hello" and cap.hello == fr.encode_hello(new)
     assert dev.pending_link.stale_frames == 1 and dev.pending_link.damaged_frames == 0
+
+
+def test_a_nakd_slot_switch_command_at_the_console_baud_is_sent_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At the console baud the BOOTING reply is read by the console capture: a NAK of the BOOT stops it,
+    the BOOT is sent again (bounded) and the switch goes on to the new boot's HELLO, the repair counted for
+    the new boot's first client. The old capture ignored the NAK: the app never switched, and the capture
+    ran into its silence limit without a HELLO (then esptool selected the slot)."""
+    new = dataclasses.replace(HELLO, session=0x55)
+    reboot = b"ets Jun  8 2016 00:22:57\r\n\r\nrst:0xc (SW_CPU_RESET)\r\n"
+    reboot += fr.hello_line(fr.encode_frame(fr.RSP_HELLO, 0, fr.encode_hello(new)))
+    accepted = bytes([fr.RSP_BOOT, 1, 0, 0, 0]) + (0).to_bytes(4, "little")
+    dev, port = _device_session(monkeypatch, 3, 1, {fr.CMD_BOOT: accepted}, reboot)
+    dev.link_baud = None
+    cap = dev.switch_slot(HELLO, 1, seq=3, total_timeout=2, silence_timeout=1)
+    assert cap.ended_by == "hello" and cap.hello == fr.encode_hello(new)
+    boot = fr.encode_frame(fr.CMD_BOOT, 3, bytes([1]), key=HELLO.key)
+    assert port.writes == [boot, boot]
+    assert dev.pending_link.naks == 1 and dev.pending_link.retransmitted_frames == 1

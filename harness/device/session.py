@@ -29,7 +29,14 @@ from harness.device.flash import (
     RegionResult,
     flash_artifacts,
 )
-from harness.device.loop import DeviceRestarted, LinkError, LinkLost, LinkStats, LoopClient
+from harness.device.loop import (
+    MAX_RETRANSMITS,
+    DeviceRestarted,
+    LinkError,
+    LinkLost,
+    LinkStats,
+    LoopClient,
+)
 from harness.device.ports import (
     BoardLike,
     PortSpec,
@@ -182,32 +189,51 @@ class DeviceSession:
         DeviceRestarted when it booted again before its reply at the fast baud."""
         port = self.open()
         boot = (frames.CMD_BOOT, bytes([slot]))
-        try:
-            if self.link_baud is not None:  # the reply comes at the fast baud, the reboot at the console baud
-                with _append(log_path) as log:
-                    reply = self._await_frame(
-                        hello, lambda f: f.type == frames.RSP_BOOT, 5.0, log, "the BOOTING reply", stale_keys,
-                        command=boot, seq=seq,
-                    )  # fmt: skip
-                if reply is not None and frames.decode_boot(reply.payload)[1] != 0:
-                    raise _refused_boot(slot, reply)  # the app runs on, at the fast baud
-                self.link_baud = None
-            else:
-                port.write(frames.encode_frame(boot[0], seq, boot[1], key=hello.key))
-        except (serial.SerialException, OSError) as exc:
-            raise LinkLost(f"the serial link was lost before the slot switch ({exc})") from exc
 
-        def refused(frame: frames.Frame) -> bool:
+        def send_boot() -> None:
+            try:
+                port.write(frames.encode_frame(boot[0], seq, boot[1], key=hello.key))
+            except (serial.SerialException, OSError) as exc:
+                raise LinkLost(f"the serial link was lost before the slot switch ({exc})") from exc
+
+        if self.link_baud is not None:  # the reply comes at the fast baud, the reboot at the console baud
+            with _append(log_path) as log:
+                reply = self._await_frame(
+                    hello, lambda f: f.type == frames.RSP_BOOT, 5.0, log, "the BOOTING reply", stale_keys,
+                    command=boot, seq=seq,
+                )  # fmt: skip
+            if reply is not None and frames.decode_boot(reply.payload)[1] != 0:
+                raise _refused_boot(slot, reply)  # the app runs on, at the fast baud
+            self.link_baud = None
+        else:
+            send_boot()
+
+        def stop(frame: frames.Frame) -> bool:  # the new boot's HELLO, a refusal, a NAK of the BOOT
+            if frame.type == frames.RSP_NAK:
+                return frames.decode_nak(frame.payload)[0] == seq
             return frame.type == frames.RSP_HELLO or (
                 frame.type == frames.RSP_BOOT and frames.decode_boot(frame.payload)[1] != 0
             )
 
         kwargs.setdefault("max_boots", 4)
-        cap = self.capture(
-            log_path, reset=False, stop_at_end=False, stop_on_frame=refused, frame_key=hello.key,
-            stale_keys=stale_keys, **kwargs,
-        )  # fmt: skip
-        self.pending_link.stale_frames += cap.stale_frames  # the new boot's first client reports them
+        repairs = LinkStats()  # the new boot's first client reports them
+        while True:
+            cap = self.capture(
+                log_path, reset=False, stop_at_end=False, stop_on_frame=stop, frame_key=hello.key,
+                stale_keys=stale_keys, **kwargs,
+            )  # fmt: skip
+            repairs.stale_frames += cap.stale_frames
+            if cap.stop_frame is None or cap.stop_frame.type != frames.RSP_NAK:
+                break
+            repairs.naks += 1  # the BOOT arrived damaged: sent again (docs/protocol.md, go-back-N)
+            if repairs.naks > MAX_RETRANSMITS:
+                raise LinkError(
+                    f"the running app NAK'd the slot switch {MAX_RETRANSMITS} times",
+                    hint="check the cable and the baud rate",
+                )
+            repairs.retransmitted_frames += 1
+            send_boot()
+        self.pending_link.add(repairs)
         if cap.stop_frame is not None and cap.stop_frame.type == frames.RSP_BOOT:
             raise _refused_boot(slot, cap.stop_frame)
         return cap

@@ -14,7 +14,8 @@ from harness.analysis import junit
 from harness.analysis.compare import Fault, OutputTensor, Source, compare_sources
 from harness.analysis.report import junit_error_tree, junit_tree
 from harness.errors import ExitCode, Verdict
-from harness.flows.records import VARIANT_ORDER, FlashAndCompareResult, StageRecord, StageStatus, VariantRun
+from harness.flashfmt.partitions import VARIANTS
+from harness.flows.records import FlashAndCompareResult, StageRecord, StageStatus, VariantRun
 from harness.flows.report import write_junit
 from harness.runner import reports
 from harness.runner.plan import Job, ModelCase
@@ -38,7 +39,7 @@ def _source(label: str, values: list[int], faults: list[Fault] | None = None) ->
 def _result(
     tmp_path: Path, comparison: object, crashed: str | None, detail: str = ""
 ) -> FlashAndCompareResult:
-    variants = {v: VariantRun(v) for v in VARIANT_ORDER}
+    variants = {v: VariantRun(v) for v in VARIANTS}
     stages = []
     if crashed is not None:
         log = tmp_path / f"{crashed}.log"

@@ -27,11 +27,11 @@ from harness.firmware.build import RUN_ROLES, BuildResult
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import ModelImageError, parse_model_image
 from harness.flashfmt.partitions import VARIANT_SLOTS
-from harness.flows.records import EXPECTED_NN, FlashFacts, FlashRegion, Recorder, StageTimeouts
+from harness.flows.records import FlashFacts, FlashRegion, Recorder, StageTimeouts
+from harness.manifest import VARIANT_OF_NN
 from harness.protocol import frames
 from harness.protocol.app_image import APP_DESC_AT, APP_DESC_ELF_SHA, elf_sha256, slot_sha256
 
-VARIANT_OF_NN = {nn: v for v, nn in EXPECTED_NN.items()}
 FLASH_SKIPPED = "flash skipped: the board already holds these images (HELLO hashes)"
 # The HELLO probe before flashing: a resident app prints HELLO within a boot; a blank board, or one
 # running something else, costs at most this much before esptool runs as before.

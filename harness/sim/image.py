@@ -30,7 +30,7 @@ from harness.flashfmt.partitions import (
     pack_partition_table,
     read_partitions_csv,
 )
-from harness.manifest import MANIFEST_NAME, Manifest, read_manifest
+from harness.manifest import MANIFEST_NAME, NN_EXPECTED, Manifest, read_manifest
 from harness.protocol.app_image import APP_DESC_ELF_SHA, APP_DESC_MAGIC, APP_NAME
 from harness.sim import elf
 from harness.sim.chips import FLASH_SIZES, ChipSpec, get_chip
@@ -68,7 +68,7 @@ class AppPayload:
 
     @property
     def nn(self) -> str:
-        return "optimized" if self.variant == "optimized" else "ansi_c"
+        return NN_EXPECTED.get(self.variant, NN_EXPECTED["ansi"])
 
 
 def pack_payload(header: dict[str, Any], inputs: list[bytes]) -> bytes:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, ParamSpec
 
 from harness import __version__
+from harness.chips import CONSOLE_BAUD
 from harness.errors import BuildError, EspCheckError, GenerateError
 from harness.firmware import sdkconfig
 from harness.firmware.boards import Board, load_board
@@ -630,6 +631,7 @@ def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
         "Regenerate with `esp-check generate`.",
         "template_version": tv,
         "board": board,
+        "console_baud_default": CONSOLE_BAUD,  # ESP-IDF's default console writes no baud (sdkconfig)
         "versions": src.versions,
         "pio_env": PIO_ENV,
         "app_name": APP_NAME,

@@ -119,8 +119,11 @@ def write_junit(
     }
     if result.comparison is not None:
         cases = compare_cases(result.comparison, where, inputs)
-    else:
-        cases = [error_case("; ".join(result.errors) or str(result.verdict), result.exit_code, logs, where)]
+    else:  # a dataset's one case is named as run names it; a run that compared nothing: "compare"
+        source = (result.dataset or {}).get("source")
+        name = "compare" if result.dataset is None else junit.case_name(0, str(source), "dataset")
+        message = "; ".join(result.errors) or str(result.verdict)
+        cases = [error_case(message, result.exit_code, logs, where, name)]
     for v, r in result.variants.items():
         if r.exit_code is None:
             continue

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 # The baud every chip's ROM bootloader talks at after reset (its boot messages, esptool's first contact:
 # esptool's ESP_ROM_BAUD); the app's console may use another.
 ROM_BAUD = 115200
+# The app's console baud when nothing sets another: ESP-IDF's default console
+# (CONFIG_ESP_CONSOLE_UART_DEFAULT, CONFIG_ESP_CONSOLE_UART_BAUDRATE's default). Board files name theirs
+# (monitor_baud).
+CONSOLE_BAUD = 115200
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import TypedDict
 
 from harness.errors import BuildError
-from harness.flashfmt.partitions import VARIANT_SLOTS
+from harness.flashfmt.partitions import VARIANTS
 from harness.resources import write_if_changed
 
 MANIFEST_NAME = "esp-check.json"
 MANIFEST_SCHEMA = "esp-check-project/1"
-VARIANTS: tuple[str, ...] = tuple(VARIANT_SLOTS)  # ("optimized", "ansi"): each has its app slot
+# variant -> the ESP-NN mode its firmware reports (INFO nn=...), the manifest's nn_expected
+NN_EXPECTED = {"optimized": "optimized", "ansi": "ansi_c"}
+VARIANT_OF_NN = {nn: v for v, nn in NN_EXPECTED.items()}
 _REGENERATE = "regenerate the project with `esp-check generate` (this esp-check version)"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import uuid
 import zipfile
 import zlib
@@ -108,6 +109,53 @@ def test_bad_datasets_are_usage_errors(tmp_path: Path, tensor) -> None:  # type:
     ):
         with pytest.raises(InputDataError, match=msg):
             load_dataset(path, tensor, labels=labels)
+
+
+_INPUT = (1, 32, 32, 3)  # the model's input shape
+_BAD_DATASETS = {  # file -> (what it holds, what the message says, what its hint says)
+    "scalar.npz": (
+        {"x": np.int8(3)},
+        r"x is a single value, not a list of inputs",
+        r"x of shape \(N, 1, 32, 32, 3\)",
+    ),
+    "labels.npz": ({"y": np.array([1, 2])}, r"holds labels \(y\) but no inputs", r"name the inputs one of x"),
+    "nothing.npz": ({}, r"an empty \.npz \(no arrays\)", r"name the inputs one of x"),
+    "zero.npz": (
+        {"x": np.zeros((0, *_INPUT), np.int8)},
+        r"holds no inputs",
+        r"x of shape \(N, 1, 32, 32, 3\)",
+    ),
+    "count.npz": (
+        {"x": np.zeros((2, *_INPUT), np.int8), "y": np.array([1, 2, 3])},
+        r"x holds 2 inputs but y holds 3 labels",
+        r"one label per input \(y of shape \(2,\)\)",
+    ),
+    "nan.npz": (
+        {"x": np.full((2, *_INPUT), np.nan, np.float32)},
+        r"nan\.npz\[0\]: input contains NaN",
+        r"finite",
+    ),
+    "list.txt": (
+        None,
+        r"line 1: missing\.png does not exist \(looked for \S+missing\.png\)",
+        r"list's folder",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_BAD_DATASETS))
+def test_a_bad_dataset_says_what_is_wrong_and_how_to_fix_it(tmp_path: Path, tensor, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Each malformed --dataset is refused with what is wrong and a hint that fixes it (before: a 0-d x
+    read "x and None do not have the same number of entries", an .npz of labels only was taken as the
+    inputs, an empty x got a hint listing image extensions, the rest no hint at all)."""
+    arrays, message, hint = _BAD_DATASETS[name]
+    if arrays is None:
+        (tmp_path / name).write_text("missing.png\n")
+    else:
+        np.savez(tmp_path / name, **arrays)
+    with pytest.raises(InputDataError, match=message) as err:
+        load_dataset(tmp_path / name, tensor)
+    assert err.value.hint is not None and re.search(hint, err.value.hint), err.value.hint
 
 
 def test_random_inputs_are_the_device_prngs(tensor) -> None:  # type: ignore[no-untyped-def]

@@ -14,11 +14,13 @@ from harness.analysis import junit
 from harness.analysis.compare import Fault, OutputTensor, Source, compare_sources
 from harness.analysis.report import junit_error_tree, junit_tree
 from harness.errors import ExitCode, Verdict
-from harness.flows.records import VARIANT_ORDER, FlashAndCompareResult, StageRecord, StageStatus, VariantRun
+from harness.flashfmt.partitions import VARIANTS
+from harness.flows.records import FlashAndCompareResult, StageRecord, StageStatus, VariantRun
 from harness.flows.report import write_junit
 from harness.runner import reports
+from harness.runner.attempts import judge_dataset
 from harness.runner.plan import Job, ModelCase
-from harness.runner.results import CaseStatus, CaseType, Task, TaskState, case_of
+from harness.runner.results import Attempt, CaseStatus, CaseType, Task, TaskState, case_of
 from tests.junit_shape import assert_junit_shape
 
 
@@ -38,7 +40,7 @@ def _source(label: str, values: list[int], faults: list[Fault] | None = None) ->
 def _result(
     tmp_path: Path, comparison: object, crashed: str | None, detail: str = ""
 ) -> FlashAndCompareResult:
-    variants = {v: VariantRun(v) for v in VARIANT_ORDER}
+    variants = {v: VariantRun(v) for v in VARIANTS}
     stages = []
     if crashed is not None:
         log = tmp_path / f"{crashed}.log"
@@ -207,3 +209,22 @@ def test_every_writer_maps_every_exit_code_by_the_one_rule(tmp_path: Path, code:
     got = {(c.status, c.type) for c in reports.testcases_of(task)}
     # a match no testcase shows is never passed: nothing was compared here
     assert got == ({(CaseStatus.ERROR, CaseType.INFRASTRUCTURE)} if code == 0 else {case_of(code)})
+
+
+def test_a_dataset_case_has_one_name_in_run_and_flash_and_compare(tmp_path: Path) -> None:
+    """docs/ci.md "JUnit naming": a dataset's one case is ``input0[<dataset>].dataset`` whichever command
+    wrote it (flash-and-compare named it ``compare``)."""
+    for source in ("digits", "random"):
+        fc = _result(tmp_path, None, None)
+        fc.dataset = {"source": source, "inputs": 3}
+        write_junit(fc, tmp_path / "fc.xml")
+        names = [c.get("name") for c in ET.parse(tmp_path / "fc.xml").getroot().iter("testcase")]
+        job = Job(name="j", cases=(), boards=("sim",))
+        task = Task("t", 0, job, ModelCase(Path("m.tflite"), (Path("a.npy"),)), "sim", None, tmp_path)
+        attempt = Attempt(1, "sim")
+        judge_dataset(task, attempt, fc)
+        task.attempts.append(attempt)
+        task.decisive = attempt
+        task.state, task.exit_code = TaskState.DONE, int(fc.exit_code)
+        run_names = [c.name for c in reports._task_cases(task)]
+        assert names == run_names == [f"input0[{source}].dataset"], (names, run_names)

@@ -208,7 +208,8 @@ def test_a_mismatch_is_worded_once_in_every_report(tmp_path: Path) -> None:
     one-line summary (and of a run's reasons and testcases): where, how many, the tolerance, the worst
     difference and argmax. Without a scale there are no LSB to count: it says so (the old summary said
     "by more than 0 LSB")."""
-    from harness.flows.records import VARIANT_ORDER, FlashAndCompareResult, VariantRun
+    from harness.flashfmt.partitions import VARIANTS
+    from harness.flows.records import FlashAndCompareResult, VariantRun
 
     result = compare_sources(
         src("A", np.array([1, 2, 3], np.int8), "optimized"), src("B", np.array([1, 2, 9], np.int8), "ansi_c")
@@ -222,7 +223,7 @@ def test_a_mismatch_is_worded_once_in_every_report(tmp_path: Path) -> None:
     assert case.find("failure").get("message") == said  # type: ignore[union-attr]
     fc = FlashAndCompareResult(
         out_dir=tmp_path, board="sim", port="sim://x", simulated=True, stages=[],
-        variants={v: VariantRun(v) for v in VARIANT_ORDER}, comparison=result, exit_code=result.exit_code,
+        variants={v: VariantRun(v) for v in VARIANTS}, comparison=result, exit_code=result.exit_code,
         report_path=tmp_path / "report.json",
     )  # fmt: skip
     assert fc.summary == f"mismatch (exit 1) on sim [SIMULATED]: {said}"

@@ -205,6 +205,28 @@ def test_bootloader_follows_otadata_and_the_app_switches_slots(
         )
 
 
+def test_a_slot_beyond_the_ota_apps_is_refused_as_the_firmware_refuses_it(
+    tmp_path: Path, models_dir: Path, board_url
+) -> None:
+    """A table with a factory app and ota_1 only: ota_1 holds a valid image, but no otadata sequence number
+    selects it among one OTA app. ESP-IDF's esp_ota_set_boot_partition answers ESP_ERR_INVALID_ARG (0x102);
+    the app sends a BOOTING with that status and keeps running, and so does the simulated app."""
+    proj = make_project(tmp_path / "p", models_dir / MODEL, [], variant="ansi")
+    table = (proj / "partitions.csv").read_text().replace("ota_0,    app,  ota_0", "factory,  app,  factory")
+    (proj / "partitions.csv").write_text(table)
+    files = build_sim_firmware(proj, tmp_path / "b")
+    app = next(p for off, p in files if off == 0x20000)
+    with DeviceSession(board_url(), load_board("sim")) as dev:
+        board = dev.serial.board  # type: ignore[union-attr]
+        board.program([*files, (0x120000, app)])
+        before = bytes(board.flash[0x10000:0x12000])
+        h = _hello(dev, tmp_path / "a.log")
+        assert h.nn == "ansi_c"
+        with pytest.raises(LinkError, match=r"refused to boot ota_1 next \(status 0x102\)"):
+            dev.switch_slot(h, 1, tmp_path / "b.log", seq=0, total_timeout=10, silence_timeout=5)
+        assert bytes(board.flash[0x10000:0x12000]) == before  # otadata untouched
+
+
 def test_missing_model_partition_is_an_infrastructure_error(
     tmp_path: Path, models_dir: Path, board_url
 ) -> None:

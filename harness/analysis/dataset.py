@@ -7,6 +7,7 @@ hidden); otherwise their bytes are compared element by element, in LSB or real u
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -14,11 +15,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from harness.errors import ExitCode, Verdict, combine_exit_codes
+from harness.flashfmt.partitions import VARIANTS
 from harness.jsontypes import json_number
 from harness.protocol.spec import crc32
 
-LEGS = ("optimized", "ansi", "host")
-PAIRS = (("optimized", "ansi"), ("optimized", "host"), ("ansi", "host"))
+LEGS = (*VARIANTS, "host")
+PAIRS = tuple(itertools.combinations(LEGS, 2))  # optimized-ansi, optimized-host, ansi-host
 
 
 @dataclass
@@ -260,7 +262,7 @@ def analyze(
                     accuracy[leg]["labelled"] += 1
                     accuracy[leg]["correct"] += t1[leg] == labels[i]
         verdict, detail = _verdict(here, lsb, tolerance_lsb, ref_tolerance_lsb, why)
-        invoke: dict[str, int | None] = {v: here[v].invoke_us for v in ("optimized", "ansi") if v in here}
+        invoke: dict[str, int | None] = {v: here[v].invoke_us for v in VARIANTS if v in here}
         rows.append(
             Row(i, name, labels[i], verdict=verdict, lsb=lsb, top1=t1, invoke_us=invoke, detail=detail)
         )
@@ -281,7 +283,7 @@ def _verdict(
 ) -> tuple[Verdict, str]:
     """Findings first (a failed invoke, a non-deterministic input, a difference that was measured), then
     what is unknown: a finding stays a finding when another leg of the same input is missing."""
-    devices = [(v, legs[v]) for v in ("optimized", "ansi") if v in legs]
+    devices = [(v, legs[v]) for v in VARIANTS if v in legs]
     missing = [f"{v}: {leg.status} {leg.detail}".strip() for v, leg in devices if not leg.ok] + why
     unknown = f" (also: {'; '.join(missing)})" if missing else ""
     failed = [

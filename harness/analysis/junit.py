@@ -70,6 +70,12 @@ def check_name(comparison: str) -> str:
     return f"{a}_vs_{b}" if sep else comparison
 
 
+def case_name(index: int, file: str | Path | None, check: str) -> str:
+    """A testcase's ``name``, the one rule (docs/ci.md "JUnit naming"): ``input<k>[<file>].<check>``
+    (a dataset's one case: ``input0[<dataset>].dataset``)."""
+    return f"{input_name(index, file)}.{check_name(check)}"
+
+
 def log_text(logs: Mapping[str, bytes | None], limit: int) -> str:
     """Serial logs for ``<system-out>``: one ``===== <name> =====`` header each, at most ``limit``
     bytes per log (head and tail kept, the middle said to be omitted). A ``None`` log is missing."""

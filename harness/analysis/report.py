@@ -259,6 +259,7 @@ def error_case(
     code: ExitCode | int,
     raw_logs: dict[str, bytes] | None = None,
     where: Sequence[str] = ("compare",),
+    name: str = "compare",
 ) -> junit.Case:
     """The testcase of a run that has no comparison to show, ending with exit code ``code``: its outcome
     and type by :func:`harness.analysis.junit.outcome_of` (a firmware fault is a ``<failure>``, an
@@ -266,7 +267,7 @@ def error_case(
     outcome, kind = junit.outcome_of(code)
     out = junit.log_text(dict(raw_logs or {}), RAW_LOG_MAX)
     return junit.Case(
-        junit.classname(*where), "compare", outcome, type=kind, message=message or kind, text=message, out=out
+        junit.classname(*where), name, outcome, type=kind, message=message or kind, text=message, out=out
     )
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from harness.analysis.hybrid import NOISE_BAND, Audit, espnn_audit
 from harness.errors import EspCheckError
+from harness.flashfmt.partitions import VARIANTS
 from harness.model.modelinfo import ModelInfo
 from harness.model.reference import run_reference
 from harness.model.taps import tapped_inputs, tapped_outputs
@@ -449,7 +450,7 @@ def analyze_captures(
                 "optimized", streams["optimized"], "ansi", streams["ansi"]
             )
         if host_ops is not None and i < len(host_ops):
-            for v in ("optimized", "ansi"):
+            for v in VARIANTS:
                 if v in streams:
                     row[f"{v}_vs_host"] = first_divergence(v, streams[v], "host", host_ops[i])
         res.runs.append(row)

@@ -29,12 +29,12 @@ from harness.firmware.build import BUILDERS, BuildResult, build_project
 from harness.firmware.generate import (
     DEFAULT_VERSIONS,
     HUMAN_MAX,
-    VARIANTS,
     FirmwareFeatures,
     GeneratedProject,
     generate_projects,
 )
 from harness.firmware.native.project import NativeOptions
+from harness.flashfmt.partitions import VARIANTS
 from harness.model.inputs import InputOptions
 
 

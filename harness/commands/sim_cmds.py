@@ -10,6 +10,7 @@ import click
 from harness.commands.common import BAUD
 from harness.errors import ExitCode
 from harness.firmware.boards import load_board
+from harness.flashfmt.partitions import VARIANTS
 
 
 @click.group("sim")
@@ -47,7 +48,7 @@ def sim_group() -> None:
 @click.option("--fault", multiple=True, help="Inject a fault (repeatable); see docs/simulator.md.")
 @click.option(
     "--variant-fault",
-    type=click.Choice(["optimized", "ansi"]),
+    type=click.Choice(VARIANTS),
     help="Apply app faults only to images of this variant.",
 )
 @click.option("--throttle", type=BAUD, help="Limit the board's output to this baud rate.")

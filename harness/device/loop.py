@@ -17,6 +17,7 @@ from typing import IO
 
 import serial
 
+from harness.chips import CONSOLE_BAUD
 from harness.device.protocol_native import EXIT_LINE
 from harness.errors import CaptureError, write_error
 from harness.protocol import frames
@@ -392,9 +393,9 @@ def wait_readable(port: serial.SerialBase, wait: float) -> int:
 
 
 def byte_seconds(port: serial.SerialBase) -> float:
-    """Seconds one byte takes on the port's line (10 bits: 8N1); a port without a baud rate: 115200's."""
+    """Seconds one byte takes on the port's line (10 bits: 8N1); none: the default console baud."""
     baud = getattr(port, "baudrate", None)
-    return 10.0 / (baud if isinstance(baud, int) and baud > 0 else 115200)
+    return 10.0 / (baud if isinstance(baud, int) and baud > 0 else CONSOLE_BAUD)
 
 
 def gather(

@@ -23,6 +23,7 @@ import serial
 import serial.rfc2217
 from esp_pylib.serial_ports import get_port_list
 
+from harness.chips import ROM_BAUD
 from harness.device.protocol_native import register as register_native
 from harness.errors import PortError
 
@@ -504,7 +505,7 @@ class Rfc2217Serial(serial.rfc2217.Serial):
 
 def open_port(
     spec: PortSpec | str,
-    baud: int = 115200,
+    baud: int = ROM_BAUD,
     *,
     exclusive: bool = True,
     check_holders: bool = True,

@@ -20,6 +20,7 @@ from typing import IO, Any
 
 import serial
 
+from harness.chips import CONSOLE_BAUD
 from harness.device.console import RawCapture, capture_run
 from harness.device.flash import (
     ROM_BAUD,
@@ -62,7 +63,7 @@ class DeviceSession:
         self.spec = port if isinstance(port, PortSpec) else resolve_port(port, board)
         self.board = board
         self.flash_baud = flash_baud or int(getattr(board, "flash_baud", 460800))
-        self.console_baud = console_baud or int(getattr(board, "monitor_baud", 115200))
+        self.console_baud = console_baud or int(getattr(board, "monitor_baud", CONSOLE_BAUD))
         self.reset_style = str(getattr(board, "reset", "classic"))
         self.serial: serial.SerialBase | None = None
         self.link_baud: int | None = None  # the resident loop's switched baud (None: the console baud)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness import __version__
-from harness.chips import CHIPS
+from harness.chips import CHIPS, CONSOLE_BAUD
 from harness.errors import BuildError, PlatformUnreachableError, UsageError
 from harness.firmware import sdkconfig as sdkconfig_fmt
 from harness.firmware.boards import BUILDERS
@@ -594,7 +594,7 @@ def project_description(
         "app_bin": LAYOUT["app"],
         "app_elf": LAYOUT["elf"] if elf is not None else "",
         "config_file": str(out_dir / LAYOUT["sdkconfig_json"]),
-        "monitor_baudrate": baud if isinstance(baud, int) and baud else 115200,
+        "monitor_baudrate": baud if isinstance(baud, int) and baud else CONSOLE_BAUD,
         "monitor_toolprefix": CHIPS[chip].toolprefix if chip in CHIPS else "",
         "generated_by": f"esp-check {__version__} (builder {manifest.get('builder') or 'pio'})",
     }

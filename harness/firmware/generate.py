@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, ParamSpec
 
 from harness import __version__
+from harness.chips import CONSOLE_BAUD
 from harness.errors import BuildError, EspCheckError, GenerateError
 from harness.firmware import sdkconfig
 from harness.firmware.boards import Board, load_board
@@ -29,8 +30,15 @@ from harness.firmware.native.components import tree_sha256
 from harness.firmware.tap_context import tap_firmware_context
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import HEADER_BYTES, MODEL_IMAGE, pack_model_image
-from harness.flashfmt.partitions import VARIANT_SLOTS
-from harness.manifest import MANIFEST_NAME, MANIFEST_SCHEMA, VARIANTS, Manifest, read_manifest, write_manifest
+from harness.flashfmt.partitions import OTA_APPS, VARIANT_SLOTS, VARIANTS
+from harness.manifest import (
+    MANIFEST_NAME,
+    MANIFEST_SCHEMA,
+    NN_EXPECTED,
+    Manifest,
+    read_manifest,
+    write_manifest,
+)
 from harness.model.inputs import InputOptions, input_tensor_bytes
 from harness.model.loader import ModelInfo, TensorInfo, load_model
 from harness.model.opdata import resolver_methods
@@ -55,7 +63,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 NN_SYMBOL = {"optimized": "CONFIG_NN_OPTIMIZED", "ansi": "CONFIG_NN_ANSI_C"}
-NN_REPORTED = {"optimized": "optimized", "ansi": "ansi_c"}  # INFO nn= value the firmware prints
 
 # Pinned versions: harness/data/versions.toml [pinned] (platform, tflm, espnn, idf).
 DEFAULT_VERSIONS: dict[str, str] = pinned_versions()
@@ -624,6 +631,7 @@ def _base_context(src: _Sources, human_max: int) -> dict[str, Any]:
         "Regenerate with `esp-check generate`.",
         "template_version": tv,
         "board": board,
+        "console_baud_default": CONSOLE_BAUD,  # ESP-IDF's default console writes no baud (sdkconfig)
         "versions": src.versions,
         "pio_env": PIO_ENV,
         "app_name": APP_NAME,
@@ -693,7 +701,7 @@ def _render_files(
         files.update(render_hybrid_files(ctx["hybrid"], str(ctx["banner"]), env))
     files[f"{DATA_DIR}/model.tflite"] = model_bytes
     files[MODEL_IMAGE] = pack_model_image(model_bytes, int(ctx["arena_bytes"]), str(ctx["arena_mem"]))
-    files[OTADATA_ANSI_IMAGE] = otadata.initial(OTADATA_BYTES, VARIANT_SLOTS["ansi"], len(VARIANT_SLOTS))
+    files[OTADATA_ANSI_IMAGE] = otadata.initial(OTADATA_BYTES, VARIANT_SLOTS["ansi"], OTA_APPS)
     for k, (_, raw) in enumerate(src.prepared):
         files[f"{DATA_DIR}/input_{k}.bin"] = raw
     return files
@@ -735,7 +743,7 @@ def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mappin
         "template_version": ctx["template_version"],
         "variant": variant,
         "nn_config": NN_SYMBOL[variant],
-        "nn_expected": NN_REPORTED[variant],
+        "nn_expected": NN_EXPECTED[variant],
         "board": board.name,
         "chip": board.chip,
         "board_def": {**board.to_dict(), "file_sha256": board_file_sha},

@@ -42,6 +42,8 @@ SUBTYPE_NAMES = {
 # Variant -> OTA app slot. ESP-IDF boots ota_0 while otadata is empty, so a board flashed by hand
 # (`idf.py flash` writes an empty otadata) runs whichever variant was flashed last into ota_0.
 VARIANT_SLOTS = {"optimized": 0, "ansi": 1}
+VARIANTS: tuple[str, ...] = tuple(VARIANT_SLOTS)  # the variant names, in slot order: the one list
+OTA_APPS = len(VARIANT_SLOTS)  # the generated table's OTA apps: one per variant
 
 
 class PartitionTableError(ValueError):

@@ -20,9 +20,8 @@ from harness.device.session import DeviceSession
 from harness.errors import EspCheckError, ExitCode
 from harness.firmware.backtrace import decode_findings
 from harness.firmware.build import BuildResult
+from harness.flashfmt.partitions import VARIANTS
 from harness.flows.records import (
-    EXPECTED_NN,
-    VARIANT_ORDER,
     ProgressFn,
     Recorder,
     StageRecord,
@@ -31,6 +30,7 @@ from harness.flows.records import (
 )
 from harness.flows.resident import Boot, ResidentBoard, flash_facts
 from harness.flows.targets import Target
+from harness.manifest import NN_EXPECTED
 from harness.protocol.capture import Capture, parse_capture
 
 
@@ -108,7 +108,7 @@ def _prepare_board(resident: ResidentBoard, runs: Mapping[str, VariantRun], out:
             log = logs / f"serial-{r.variant}.log"
             log.unlink(missing_ok=True)
             r.serial_log = log
-        order = sorted(runs, key=lambda v: VARIANT_ORDER.index(v) if v in VARIANT_ORDER else 9)
+        order = sorted(runs, key=lambda v: VARIANTS.index(v) if v in VARIANTS else 9)
         if resident.current is not None and resident.current.variant in order:
             order.insert(0, order.pop(order.index(resident.current.variant)))  # flash skipped: that app first
         first = resident.ensure(order[0], runs[order[0]].serial_log or logs / "serial.log")
@@ -265,7 +265,7 @@ def verdict_evidence(
     infra = [f for f in findings if f.severity == Severity.INFRASTRUCTURE]
     if infra:  # records validated, yet the board browned out / rebooted / lost data around them
         return ExitCode.INFRASTRUCTURE, "; ".join(f.message for f in infra), True
-    expected = EXPECTED_NN[variant]
+    expected = NN_EXPECTED[variant]
     if cap.nn_mode != expected:
         return (
             ExitCode.USAGE,

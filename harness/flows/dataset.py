@@ -22,9 +22,11 @@ from harness.analysis.dataset import DatasetAnalysis, Leg, OutputSpec, analyze, 
 from harness.device.loop import DeviceRestarted, LinkError, LinkLost, LinkStats, LoopClient
 from harness.errors import ExitCode, UsageError
 from harness.firmware.backtrace import decode_findings
+from harness.flashfmt.partitions import VARIANTS
 from harness.flows.capture import boot_variant, link_verdict
 from harness.flows.records import Recorder, VariantRun
-from harness.flows.resident import VARIANT_OF_NN, Boot, ResidentBoard
+from harness.flows.resident import Boot, ResidentBoard
+from harness.manifest import VARIANT_OF_NN
 from harness.model import reference
 from harness.model.dataset import Dataset, load_dataset, random_dataset
 from harness.model.inputs import InputOptions
@@ -750,7 +752,7 @@ def verdicts(
     run = outcome.run
     assert run is not None
     ds = outcome.dataset
-    legs: dict[str, Sequence[Leg]] = {v: run.legs[v] for v in ("optimized", "ansi") if v in run.legs}
+    legs: dict[str, Sequence[Leg]] = {v: run.legs[v] for v in VARIANTS if v in run.legs}
     if outcome.host is not None:
         legs["host"] = outcome.host
     labels = [ds.label_index(it) for it in ds.items]

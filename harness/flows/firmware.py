@@ -16,7 +16,8 @@ from harness.firmware.boards import Board
 from harness.firmware.build import BuildResult, build_project
 from harness.firmware.generate import FirmwareFeatures, GeneratedProject, generate_projects
 from harness.firmware.toolrun import notes_only
-from harness.flows.records import VARIANT_ORDER, Recorder
+from harness.flashfmt.partitions import VARIANTS
+from harness.flows.records import Recorder
 
 if TYPE_CHECKING:
     from harness.flows.job import JobOptions
@@ -32,7 +33,7 @@ class Firmware:
 
     @property
     def complete(self) -> bool:
-        return all(v in self.builds for v in VARIANT_ORDER)
+        return all(v in self.builds for v in VARIANTS)
 
 
 def generate_firmware(
@@ -68,7 +69,7 @@ def build_firmware(
     """Build every variant (each its own stage, with ``options``' builder, cache, build timeout and
     native options); IncomparableError for byte-identical images."""
     fw = Firmware(projects)
-    for v in VARIANT_ORDER:
+    for v in VARIANTS:
         project_dir = projects[v].path
 
         def do_build(project_dir: Path = project_dir, v: str = v) -> BuildResult:

@@ -36,6 +36,7 @@ from harness.errors import (
 )
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
+from harness.flashfmt.partitions import VARIANTS
 from harness.flows.capture import stream_inputs, with_board
 from harness.flows.dataset import (
     DatasetOptions,
@@ -50,7 +51,6 @@ from harness.flows.dataset import (
 from harness.flows.firmware import Firmware, prepare_firmware
 from harness.flows.job import JobOptions, JobSpec
 from harness.flows.records import (
-    VARIANT_ORDER,
     EspnnCoverage,
     FlashAndCompareResult,
     ProgressFn,
@@ -79,7 +79,7 @@ class _JobState:
     loaded_board: Board | None = None
     loaded_model: ModelInfo | None = None
     loaded_target: Target | None = None
-    variants: dict[str, VariantRun] = field(default_factory=lambda: {v: VariantRun(v) for v in VARIANT_ORDER})
+    variants: dict[str, VariantRun] = field(default_factory=lambda: {v: VariantRun(v) for v in VARIANTS})
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     codes: list[ExitCode] = field(default_factory=list)

@@ -23,9 +23,6 @@ from harness.protocol.capture import Capture, parse_capture
 if TYPE_CHECKING:  # (only --tap runs load the tap analysis: flash_and_compare._tap)
     from harness.analysis.tap import TapResult
 
-# variant name in generated projects -> the ESP-NN mode the firmware must report (INFO nn=...)
-EXPECTED_NN = {"optimized": "optimized", "ansi": "ansi_c"}
-VARIANT_ORDER = ("optimized", "ansi")
 
 ProgressFn = Callable[[str, str], None]  # (stage, message)
 T = TypeVar("T")

@@ -13,7 +13,8 @@ import numpy as np
 
 from harness.analysis.compare import CompareResult
 from harness.errors import ExitCode, ReferenceRefusedError
-from harness.flows.records import VARIANT_ORDER, OutputValues, RefusalFinding, VariantRun
+from harness.flashfmt.partitions import VARIANTS
+from harness.flows.records import OutputValues, RefusalFinding, VariantRun
 
 EXIT_CODE = ExitCode.MISMATCH
 _SHOWN = 8  # distinct values listed per output
@@ -56,10 +57,10 @@ def refusal_finding(
     ``comparison`` is optimized vs ANSI C (there is no reference leg); None when a variant gave no
     valid capture, in which case ``variants_agree`` is None and the variants' own findings stand.
     """
-    ran = [v for v in VARIANT_ORDER if variants[v].source is not None]
+    ran = [v for v in VARIANTS if variants[v].source is not None]
     agree: bool | None = None
     mismatched = 0
-    if comparison is not None and len(ran) == len(VARIANT_ORDER):
+    if comparison is not None and len(ran) == len(VARIANTS):
         mismatched = sum(c.mismatched for c in comparison.comparisons)
         agree = not comparison.faults and all(c.match for c in comparison.comparisons)
     head = "host reference refused: TFLM's reference aborts on this model (SIGABRT in Invoke"

@@ -13,7 +13,8 @@ from harness.analysis.compare import results_document
 from harness.analysis.report import compare_cases, compare_suite, error_case, report_dict
 from harness.analysis.schemas import check_version, compare_v1, versioned
 from harness.errors import EspCheckError, ExitCode, write_error
-from harness.flows.records import VARIANT_ORDER, FlashAndCompareResult, StageStatus, VariantRun
+from harness.flashfmt.partitions import VARIANTS
+from harness.flows.records import FlashAndCompareResult, StageStatus, VariantRun
 from harness.resources import atomic_write
 
 SCHEMA_VERSION = 2  # 2: stage status ok|failed only; the embedded compare report is version 2
@@ -86,7 +87,7 @@ def write_refusal(out_dir: Path, message: str) -> None:
         return
     result = FlashAndCompareResult(
         out_dir=out_dir, board="", port="", simulated=False, stages=[],
-        variants={v: VariantRun(v) for v in VARIANT_ORDER}, comparison=None, exit_code=ExitCode.USAGE,
+        variants={v: VariantRun(v) for v in VARIANTS}, comparison=None, exit_code=ExitCode.USAGE,
         report_path=report, errors=[f"stopped: {message}"],
     )  # fmt: skip
     with contextlib.suppress(EspCheckError):  # cannot be written: write_report removed the old one
@@ -118,8 +119,11 @@ def write_junit(
     }
     if result.comparison is not None:
         cases = compare_cases(result.comparison, where, inputs)
-    else:
-        cases = [error_case("; ".join(result.errors) or str(result.verdict), result.exit_code, logs, where)]
+    else:  # a dataset's one case is named as run names it; a run that compared nothing: "compare"
+        source = (result.dataset or {}).get("source")
+        name = "compare" if result.dataset is None else junit.case_name(0, str(source), "dataset")
+        message = "; ".join(result.errors) or str(result.verdict)
+        cases = [error_case(message, result.exit_code, logs, where, name)]
     for v, r in result.variants.items():
         if r.exit_code is None:
             continue

@@ -26,12 +26,12 @@ from harness.errors import EspCheckError
 from harness.firmware.build import RUN_ROLES, BuildResult
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import ModelImageError, parse_model_image
-from harness.flashfmt.partitions import VARIANT_SLOTS
-from harness.flows.records import EXPECTED_NN, FlashFacts, FlashRegion, Recorder, StageTimeouts
+from harness.flashfmt.partitions import OTA_APPS, VARIANT_SLOTS
+from harness.flows.records import FlashFacts, FlashRegion, Recorder, StageTimeouts
+from harness.manifest import VARIANT_OF_NN
 from harness.protocol import frames
 from harness.protocol.app_image import APP_DESC_AT, APP_DESC_ELF_SHA, elf_sha256, slot_sha256
 
-VARIANT_OF_NN = {nn: v for v, nn in EXPECTED_NN.items()}
 FLASH_SKIPPED = "flash skipped: the board already holds these images (HELLO hashes)"
 # The HELLO probe before flashing: a resident app prints HELLO within a boot; a blank board, or one
 # running something else, costs at most this much before esptool runs as before.
@@ -87,7 +87,9 @@ def images_differ(hello: frames.Hello | None, builds: Mapping[str, BuildResult],
     if not model_sha or hello.model_sha256 != model_sha:
         why.append("the model partition holds another model")
     running = VARIANT_OF_NN.get(hello.nn)
-    if hello.slot not in (0, 1) or (running in VARIANT_SLOTS and VARIANT_SLOTS[running] != hello.slot):
+    if hello.slot not in range(OTA_APPS) or (
+        running in VARIANT_SLOTS and VARIANT_SLOTS[running] != hello.slot
+    ):
         why.append(f"the {hello.nn} app runs from slot {hello.slot}, not its own")
     for v, b in sorted(builds.items()):
         slot = VARIANT_SLOTS.get(v)
@@ -414,7 +416,7 @@ class ResidentBoard:
         ota = b.artifact("otadata")
         if ota is None or variant not in VARIANT_SLOTS:
             return
-        data = otadata.select(b"\xff" * ota.path.stat().st_size, VARIANT_SLOTS[variant], 2)
+        data = otadata.select(b"\xff" * ota.path.stat().st_size, VARIANT_SLOTS[variant], OTA_APPS)
         path = ota.path.parent / f"select-{variant}.bin"
         path.write_bytes(data)
         self.rec.run("select-slot", variant, lambda: self.dev.flash([(ota.offset, path)], log_path=log_path))

@@ -42,6 +42,7 @@ from harness.firmware.native.sweep_build import (
     grouped_conv_refusal,
     has_reference,
 )
+from harness.manifest import NN_EXPECTED
 from harness.resources import user_cache_dir
 
 CASE_TIMEOUT_S = 60.0
@@ -187,7 +188,9 @@ def _crash_text(code: int | None) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
 
 
-VARIANTS = (("optimized", "o"), ("ansi_c", "a"), ("reference", "r"))
+# the sweep driver's kernels, each esp-nn variant named by its ESP-NN mode, then the reference, with the
+# letter ESP_CHECK_SWEEP_VARIANTS selects it by
+KERNELS = ((NN_EXPECTED["optimized"], "o"), (NN_EXPECTED["ansi"], "a"), ("reference", "r"))
 
 
 @dataclass
@@ -206,7 +209,7 @@ def _split_stopped(program: Path, cases: Sequence[Case], evidence: _Evidence) ->
         if c.id not in evidence.plain.stopped:
             continue
         dead, alive = [], ""
-        for name, letter in VARIANTS:
+        for name, letter in KERNELS:
             alone = run_driver(program, [c], variants=letter)
             if c.id in alone.stopped:
                 dead.append(f"{name}: {_crash_text(alone.stopped[c.id][0])}")
@@ -215,7 +218,7 @@ def _split_stopped(program: Path, cases: Sequence[Case], evidence: _Evidence) ->
         if not dead:  # only together (a heap the first one corrupted): the case's, not one variant's
             dead.append(f"all variants together: {_crash_text(evidence.plain.stopped[c.id][0])}")
         evidence.crashed[c.id] = dead
-        if alive and len(alive) < len(VARIANTS):
+        if alive and len(alive) < len(KERNELS):
             again = run_driver(program, [c], variants=alive)
             if c.id in again.results:
                 evidence.plain.results[c.id] = again.results[c.id]
@@ -227,7 +230,7 @@ def collect(programs: dict[bool, Path], cases: Sequence[Case], sanitize: bool) -
     ev = _Evidence(run_driver(programs[False], cases))
     _split_stopped(programs[False], cases, ev)
     if sanitize:
-        for name, letter in VARIANTS[:2]:
+        for name, letter in KERNELS[:2]:
             ev.sanitized[name] = run_driver(programs[True], cases, sanitized=True, variants=letter)
     return ev
 
@@ -315,7 +318,7 @@ def sweep(
 
 
 SHRINK_ROUNDS = 60
-_LETTER = dict(VARIANTS)
+_LETTER = dict(KERNELS)
 
 
 def _example(group: Group) -> CaseVerdict:

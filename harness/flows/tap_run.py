@@ -22,10 +22,11 @@ from harness.analysis.tap import (
 )
 from harness.errors import EspCheckError, ExitCode
 from harness.firmware.generate import FirmwareFeatures
+from harness.flashfmt.partitions import VARIANTS
 from harness.flows.capture import stream_inputs, with_board
 from harness.flows.firmware import prepare_firmware
 from harness.flows.job import JobSpec
-from harness.flows.records import VARIANT_ORDER, Recorder, VariantRun
+from harness.flows.records import Recorder, VariantRun
 from harness.flows.repro import write_reproducer
 from harness.flows.resident import ResidentBoard
 from harness.flows.targets import BoardLockCM, Target
@@ -166,7 +167,7 @@ def _dump_run(
                 flash_baud=o.flash_baud, body=body,
             )  # fmt: skip
         dump_caps: dict[str, Capture] = {}
-        for v, vr in sorted(runs.items(), key=lambda kv: VARIANT_ORDER.index(kv[0])):
+        for v, vr in sorted(runs.items(), key=lambda kv: VARIANTS.index(kv[0])):
             cap = vr.capture() if vr.capture_valid else None
             if cap is None:
                 outcome.errors.append(f"tap dump run [{v}]: capture failed ({vr.exit_code})")

@@ -101,9 +101,14 @@ def load_dataset(
             hint="give a folder of inputs (a sub-folder per class for labels), an .npz, or a list of paths",
         )
     if not ds.items:
-        raise InputDataError(
-            f"--dataset {src} holds no inputs", hint=f"input files end in {', '.join(INPUT_SUFFIXES)}"
+        hint = (
+            f"input files end in {', '.join(INPUT_SUFFIXES)}"
+            if src.is_dir()
+            else _stack_hint(tensor)
+            if src.suffix.lower() == ".npz"
+            else "list one input file per line (optionally followed by ,<label>)"
         )
+        raise InputDataError(f"--dataset {src} holds no inputs", hint=hint)
     if len(ds.items) > MAX_ITEMS:
         raise InputDataError(f"--dataset {src} holds {len(ds.items)} inputs; at most {MAX_ITEMS}")
     if labels is not None:
@@ -136,24 +141,44 @@ def _from_npz(path: Path, tensor: TensorInfo, options: InputOptions | None) -> D
     except (ValueError, OSError, EOFError) as exc:
         raise InputDataError(f"{path}: not a readable .npz file: {exc}") from exc
     xkey = next((k for k in _X_KEYS if k in arrays), None)
-    if xkey is None and len(arrays) == 1:
+    if xkey is None and len(arrays) == 1 and next(iter(arrays)) not in _Y_KEYS:  # a sole array: the inputs
         xkey = next(iter(arrays))
     if xkey is None:
+        keys = ", ".join(sorted(arrays))
+        labels_only = bool(arrays) and set(arrays) <= set(_Y_KEYS)
         raise InputDataError(
-            f"{path}: which array holds the inputs? keys: {', '.join(sorted(arrays))}",
-            hint=f"name it one of {', '.join(_X_KEYS)} (and the labels {' or '.join(_Y_KEYS)})",
+            f"{path}: holds labels ({keys}) but no inputs"
+            if labels_only
+            else f"{path}: which array holds the inputs? keys: {keys}"
+            if arrays
+            else f"{path}: an empty .npz (no arrays)",
+            hint=f"name the inputs one of {', '.join(_X_KEYS)} (and the labels {' or '.join(_Y_KEYS)})",
         )
     x = arrays[xkey]
+    if x.ndim < 1:
+        raise InputDataError(
+            f"{path}: {xkey} is a single value, not a list of inputs", hint=_stack_hint(tensor, xkey)
+        )
     ykey = next((k for k in _Y_KEYS if k in arrays), None)
     y = arrays[ykey] if ykey is not None else None
-    if x.ndim < 1 or (y is not None and len(y) != len(x)):
-        raise InputDataError(f"{path}: {xkey} and {ykey} do not have the same number of entries")
+    if y is not None and (y.ndim < 1 or len(y) != len(x)):
+        raise InputDataError(
+            f"{path}: {xkey} holds {len(x)} inputs but {ykey} "
+            + (f"holds {len(y)} labels" if y.ndim else "is a single value"),
+            hint=f"give one label per input ({ykey} of shape ({len(x)},)), or leave {ykey} out",
+        )
     items = []
     for i in range(len(x)):
         prep = prepare_array(x[i], tensor, options, source=f"{path.name}[{i}]")
         label = None if y is None else str(y[i].item() if hasattr(y[i], "item") else y[i])
         items.append(DatasetItem(f"{path.name}[{i}]", tensor_bytes(prep), label))
     return Dataset(items, str(path))
+
+
+def _stack_hint(tensor: TensorInfo, key: str = "x") -> str:
+    """How an .npz holds a dataset's inputs, for the model's input shape."""
+    shape = ", ".join(str(n) for n in tensor.shape)
+    return f"stack the inputs along a first axis: {key} of shape (N, {shape}) for N inputs, N >= 1"
 
 
 def _from_list(path: Path, tensor: TensorInfo, options: InputOptions | None) -> Dataset:
@@ -165,7 +190,11 @@ def _from_list(path: Path, tensor: TensorInfo, options: InputOptions | None) -> 
         name, _, label = (part.strip() for part in line.partition(","))
         p = (path.parent / name).resolve()
         if not p.is_file():
-            raise InputDataError(f"{path} line {n}: {name} does not exist")
+            raise InputDataError(
+                f"{path} line {n}: {name} does not exist (looked for {p})",
+                hint=f"a relative path is taken from the list's folder ({path.parent}): correct the path or "
+                "drop the line",
+            )
         items.append(DatasetItem(name, tensor_bytes(load_input(p, tensor, options)), label or None))
     return Dataset(items, str(path))
 

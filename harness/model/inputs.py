@@ -537,7 +537,11 @@ def _prepare(
     else:
         real = _normalise(data, opts, pixels, notes, tensor)
         if not np.all(np.isfinite(real)):
-            raise InputDataError(f"{src}: input contains NaN or infinity")
+            raise InputDataError(
+                f"{src}: input contains NaN or infinity",
+                hint="replace them with finite values (np.isfinite(x).all() must hold): they have no "
+                "quantized value",
+            )
         if model_dt.kind == "f":
             q = np.ascontiguousarray(real.astype(model_dt))
             report = QuantizationReport(total=int(q.size), differing=0, wrapped=0, clamped=0, max_abs_diff=0)

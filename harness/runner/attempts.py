@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from harness.errors import ExitCode, combine_exit_codes
-from harness.flows.records import VARIANT_ORDER, StageRecord, section
+from harness.flashfmt.partitions import VARIANTS
+from harness.flows.records import StageRecord, section
 from harness.runner.results import (
     Attempt,
     AttemptDataset,
@@ -123,7 +124,7 @@ def _variant_problems(attempt: Attempt, runs: Mapping[str, VariantRun]) -> tuple
     variant, run or not: one that never ran has its stage's exit code)."""
     codes: list[ExitCode] = []
     reasons: list[str] = []
-    for v in VARIANT_ORDER:
+    for v in VARIANTS:
         code = runs[v].exit_code
         if code is not None:
             codes.append(ExitCode(code))

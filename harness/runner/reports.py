@@ -248,7 +248,7 @@ def _task_cases(task: Task) -> list[junit.Case]:
     each = secs / max(1, len(cases))
     found = []
     for c in cases:
-        name = f"{junit.input_name(c.input_index, c.input)}.{junit.check_name(c.comparison)}"
+        name = junit.case_name(c.input_index, c.input, c.comparison)
         text = f"task {task.id}: {task.reason}"
         if c.status == CaseStatus.ERROR:
             text += f"\nartifacts: {task.dir}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness.chips import ROM_BAUD
+from harness.chips import CONSOLE_BAUD
 from harness.flashfmt.model_image import PARTITION_LABEL, ModelImageError, parse_model_image
 from harness.flashfmt.otadata import boot_order
 from harness.flashfmt.partitions import (
@@ -46,7 +46,7 @@ REBOOT_S = 0.02  # from "Rebooting..." to the next ROM banner
 @dataclass
 class BootResult:
     pieces: list[Piece]
-    console_baud: int = ROM_BAUD
+    console_baud: int = CONSOLE_BAUD
     variant: str | None = None
     app: SimApp | None = None  # the app now running its command loop (None: halted, looping, no app)
     reboot_reason: str | None = None  # one boot: the app restarted the chip (the next boot's reason)
@@ -237,7 +237,7 @@ def _boot_once(ctx: AppEnv, reason: str) -> BootResult:
         return BootResult([*pieces, Piece("console", b"".join(boot_log), t_boot)])
     part, app, payload = loaded
     boot_log.append(clock.line("I", "boot", "Disabling RNG early entropy source..."))
-    console_baud = int(payload.header.get("console_baud", ROM_BAUD))
+    console_baud = int(payload.header.get("console_baud", CONSOLE_BAUD))
     # the bootloader and the app log at the console baud
     pieces.append(Piece("console", b"".join(boot_log), t_boot))
     model, arena, model_error = _map_model(flash, parts)

@@ -16,6 +16,8 @@ import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from harness.errors import UsageError
+from harness.flashfmt.partitions import VARIANTS
+from harness.manifest import VARIANT_OF_NN
 from harness.userfiles import field_path, problem
 
 # faults that act on single ops (fault_op=K or K1,K2,...): in a hybrid image only where op K runs the
@@ -31,8 +33,6 @@ _KEEP_FAULTS = ("keep_cold", "keep_stale", "keep_flip", "keep_lost")  # the kept
 FAULTS = (*_APP_FAULTS, *_SERIAL_FAULTS, *_STREAM_FAULTS, *_KEEP_FAULTS, *OP_FAULTS, "unoptimized_kind")
 
 OP_REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")
-
-VARIANTS = ("optimized", "ansi")
 
 
 def blank_is_none(value: object) -> object:
@@ -111,8 +111,9 @@ class FaultSpec:
 
 
 def norm_variant(v: str) -> str:
+    """A variant name, or the ESP-NN mode it reports (``ansi_c``), as the variant name."""
     v = v.lower()
-    return "ansi" if v in ("ansi", "ansi_c") else v
+    return VARIANT_OF_NN.get(v, v)
 
 
 def sim_params_error(exc: ValidationError, model: type[BaseModel]) -> UsageError:
@@ -147,7 +148,9 @@ def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSp
         names.add(part)
     variant = None if p.variant_fault is None else norm_variant(p.variant_fault.strip())
     if variant is not None and variant not in VARIANTS:
-        raise UsageError(f"variant_fault={variant!r} is not a variant", hint="use optimized or ansi")
+        raise UsageError(
+            f"variant_fault={variant!r} is not a variant", hint=f"use one of {', '.join(VARIANTS)}"
+        )
     parts = [x.strip() for x in (p.fault_op or "").split(",")]
     if p.fault_op is not None and not all(x.isdigit() for x in parts):
         raise UsageError(

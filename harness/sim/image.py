@@ -17,6 +17,7 @@ from typing import Any
 from esptool.bin_image import BaseFirmwareImage, ELFSection, LoadFirmwareImage
 from esptool.targets import CHIP_DEFS
 
+from harness.chips import CONSOLE_BAUD
 from harness.errors import BuildError
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import MODEL_IMAGE
@@ -30,7 +31,7 @@ from harness.flashfmt.partitions import (
     pack_partition_table,
     read_partitions_csv,
 )
-from harness.manifest import MANIFEST_NAME, Manifest, read_manifest
+from harness.manifest import MANIFEST_NAME, NN_EXPECTED, Manifest, read_manifest
 from harness.protocol.app_image import APP_DESC_ELF_SHA, APP_DESC_MAGIC, APP_NAME
 from harness.sim import elf
 from harness.sim.chips import FLASH_SIZES, ChipSpec, get_chip
@@ -68,7 +69,7 @@ class AppPayload:
 
     @property
     def nn(self) -> str:
-        return "optimized" if self.variant == "optimized" else "ansi_c"
+        return NN_EXPECTED.get(self.variant, NN_EXPECTED["ansi"])
 
 
 def pack_payload(header: dict[str, Any], inputs: list[bytes]) -> bytes:
@@ -316,7 +317,7 @@ def _app_header(manifest: Manifest, chip: ChipSpec, project_dir: Path) -> dict[s
         # the arena comes with the model (its partition header); the app has only the board's limits
         "arena_max": {str(k): int(v) for k, v in dict(manifest.get("arena_max") or {}).items()},
         "keep_bytes": int(manifest.get("keep_bytes", 0)),  # the kept-input store in PSRAM (0: none)
-        "console_baud": int(manifest.get("console_baud", 115200)),
+        "console_baud": int(manifest.get("console_baud", CONSOLE_BAUD)),
         # a UART console can switch its baud (BAUD); USB-Serial-JTAG cannot
         "console": str((manifest.get("board_def") or {}).get("console") or "uart"),
         "idf": str(manifest.get("idf", "sim")),

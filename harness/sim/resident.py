@@ -391,7 +391,8 @@ class SimApp:
         self.baud_request = baud
 
     def boot_slot(self, slot: int) -> int:
-        """esp_ota_set_boot_partition: validate the image in that slot, write the next otadata entry."""
+        """esp_ota_set_boot_partition: validate the image in that slot, write the next otadata entry; a slot
+        no sequence number maps to (at or above the OTA-app count) is ESP_ERR_INVALID_ARG, as ESP-IDF's."""
         apps = [p for p in self.env.parts if p.is_ota_app]
         ota = find(self.env.parts, DATA, OTADATA)
         target = find(apps, APP, OTA_0 + slot)
@@ -401,6 +402,8 @@ class SimApp:
             load_image(self.env.chip, self.env.flash, target.offset, target.size)
         except ImageError:
             return 0x1503  # ESP_ERR_OTA_VALIDATE_FAILED
+        if slot >= len(apps):
+            return 0x102  # ESP_ERR_INVALID_ARG
         flash = self.env.flash
         new = otadata.select(bytes(flash[ota.offset : ota.offset + ota.size]), slot, len(apps))
         flash[ota.offset : ota.offset + len(new)] = new

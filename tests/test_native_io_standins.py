@@ -141,9 +141,9 @@ def test_the_uart_stand_in_is_binary_safe_and_bounded_by_its_ring(driver: Path, 
         assert most == 64  # the ring filled up (the rest waited in the pipe), and nothing was lost
 
 
-def _board(tmp: Path) -> tuple[Path, dict[str, str], bytes]:
+def _board(tmp: Path, csv: str = CSV) -> tuple[Path, dict[str, str], bytes]:
     flash = bytearray(b"\xff" * (4 << 20))
-    flash[0x8000 : 0x8000 + 0xC00] = pack_partition_table(parse_partitions_csv(CSV))
+    flash[0x8000 : 0x8000 + 0xC00] = pack_partition_table(parse_partitions_csv(csv))
     model = bytes((i * 37 + 11) & 0xFF for i in range(4096))
     flash[0x220000 : 0x220000 + len(model)] = model
     (tmp / "flash.bin").write_bytes(bytes(flash))
@@ -193,6 +193,20 @@ def test_boot_partition_writes_otadata_the_bootloaders_read(driver: Path, tmp_pa
         assert selected() == slot
     env["ESP_CHECK_NATIVE_APP_OFFSET"] = "0x120000"
     assert _run(driver, env, "boot", "1")[0] == "running=ota_1"
+
+
+def test_a_slot_no_otadata_sequence_selects_is_refused_not_looped_on(driver: Path, tmp_path: Path) -> None:
+    # ota_1 without ota_0: one OTA app, so no sequence number selects slot 1 (ESP-IDF: ESP_ERR_INVALID_ARG);
+    # the stand-in searched for one forever. The builds refuse such a table; the stand-in must still end.
+    table = CSV.replace(
+        "ota_0,    app,  ota_0,  0x20000,  0x100000", "factory,  app,  factory, 0x20000, 0x100000"
+    )
+    flash, env, _ = _board(tmp_path, table)
+    (tmp_path / "apps" / "0x120000").write_bytes(b"#!/bin/sh\n")
+    (tmp_path / "apps" / "0x120000").chmod(0o700)
+    before = flash.read_bytes()[0x10000:0x12000]
+    assert _run(driver, env, "boot", "1") == ["running=factory", "set=0x102"]
+    assert flash.read_bytes()[0x10000:0x12000] == before  # otadata untouched
 
 
 def test_restart_leaves_the_marker_the_native_board_reboots_on(driver: Path, tmp_path: Path) -> None:

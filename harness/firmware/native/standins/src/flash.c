@@ -261,6 +261,7 @@ esp_err_t esp_ota_set_boot_partition(const esp_partition_t *partition) {
         }
     }
     const uint32_t slot = (uint32_t)partition->subtype - ESP_PARTITION_SUBTYPE_APP_OTA_MIN;
+    if (n_apps != 0 && slot >= n_apps) return ESP_ERR_INVALID_ARG; /* as ESP-IDF: no sequence number selects it */
     int fd = flash_open(O_RDWR);
     if (fd < 0 || n_apps == 0) {
         if (fd >= 0) close(fd);

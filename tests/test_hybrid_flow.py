@@ -216,6 +216,28 @@ def test_given_ops_are_verified_and_a_wrong_choice_is_not_offered(
     assert "not offered" in wrong.message and not (tmp_path / "wrong" / "hybrid-dropin").exists()
 
 
+def test_a_hybrid_that_fails_on_two_inputs_names_each(
+    models_dir: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    """Op 3 is wrong and op 5 is given: the hybrid differs on both inputs. Its why names each input in
+    the one mismatch wording (TensorComparison.mismatch_text), not the same sentence twice."""
+    cnn = models_dir / "cnn_classifier_11.tflite"
+    inputs = [
+        models_dir / "inputs" / "cnn_classifier_11.png",
+        models_dir / "inputs" / "cnn_classifier_11.npy",
+    ]
+    res = hybrid(
+        cnn, inputs, board="sim", port=f"sim://?{_corrupt('3')}", out_dir=tmp_path / "o",
+        options=HybridOptions(ansi_ops=(5,)), job=JobOptions(cache_dir=cache_dir, timeouts=LIMITS),
+    )  # fmt: skip
+    assert not res.offered and res.exit_code == ExitCode.MISMATCH, res.message
+    assert res.verification is not None and res.verification.outcome == "bad"
+    first, second = res.verification.why.split("; ")
+    assert first.startswith("hybrid vs ansi, input 0 output 0 ") and "1 of 11 elements differ" in first
+    assert second.startswith("hybrid vs ansi, input 1 output 0 ") and "1 of 11 elements differ" in second
+    assert "input 0 " in res.message and "input 1 " in res.message
+
+
 @pytest.mark.slow
 def test_no_hybrid_when_ansi_c_itself_is_wrong_or_nothing_is(
     models_dir: Path, tmp_path: Path, cache_dir: Path

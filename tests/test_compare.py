@@ -230,6 +230,22 @@ def test_corrupted_capture_is_infrastructure_error_never_a_result(
     assert root.find("./testsuite/testcase/error").get("type") == "infrastructure"  # type: ignore[union-attr]
 
 
+def test_a_junit_file_that_cannot_be_written_does_not_hide_the_error_before_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A is missing (exit 2) and --junit lies under a regular file, so its error report cannot be written
+    either (exit 3): the first, truer error decides the exit code and is printed; the write's failure is
+    only a warning beside it."""
+    b = write_capture(tmp_path / "b.log", [BASE], nn="ansi_c")
+    in_the_way = tmp_path / "FILE"
+    in_the_way.write_text("a regular file")
+    code = main(["compare", str(tmp_path / "missing.log"), str(b), "--junit", str(in_the_way / "x.xml")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "missing.log" in err and "error:" in err
+    assert "warning:" in err and "x.xml" in err  # the JUnit report was not written, and it says so
+
+
 def test_firmware_fault_exit_4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = write_capture(tmp_path / "a.log", [BASE], nn="optimized", error=True)
     b = write_capture(tmp_path / "b.log", [BASE], nn="ansi_c")

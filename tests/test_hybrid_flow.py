@@ -101,7 +101,11 @@ def test_taps_name_op_k_alone_and_the_hybrid_verifies(
 ) -> None:
     res = run_hybrid(models_dir, tmp_path / "out", cache_dir, _corrupt(str(k)))
     assert res.culprits == [{"op": k, "kind": opcode, "found_by": "tap (round 1)"}]
-    assert [r.label for r in res.runs] == ["tap-1", "verify"] and res.bisection is None
+    # the optimized build ran again first and failed again at op k: the culprit reproduces
+    assert [r.label for r in res.runs] == ["confirm", "tap-1", "verify"] and res.bisection is None
+    confirm = res.runs[0]
+    assert confirm.tapped and confirm.ansi_ops == [] and confirm.outcome == "bad"
+    assert confirm.divergence is not None and confirm.divergence.op == k
     _check_verified(res, [k])
     _check_deliverables(res, [k])
     assert res.cost is not None and res.cost["measured"]  # the tapped hybrid run measured its own cycles
@@ -176,11 +180,13 @@ def test_two_faulty_ops_are_both_found_and_the_hybrid_matches(
 ) -> None:
     res = run_hybrid(models_dir, tmp_path / "taps", cache_dir, _corrupt("17,27"))
     assert [c["op"] for c in res.culprits] == [17, 27] and [r.label for r in res.runs] == [
+        "confirm",
         "tap-1",
         "tap-2",
         "verify",
     ]
-    assert res.runs[0].divergence is not None and res.runs[0].divergence.op == 27  # round 2 named op 27
+    assert res.runs[0].divergence is not None and res.runs[0].divergence.op == 17  # the baseline's, again
+    assert res.runs[1].divergence is not None and res.runs[1].divergence.op == 27  # round 2 named op 27
     _check_verified(res, [17, 27])
     _check_deliverables(res, [17, 27])
     bis = run_hybrid(
@@ -208,6 +214,28 @@ def test_given_ops_are_verified_and_a_wrong_choice_is_not_offered(
     assert not wrong.offered and wrong.exit_code == ExitCode.MISMATCH and wrong.dropin is None
     assert wrong.verification is not None and wrong.verification.outcome == "bad"
     assert "not offered" in wrong.message and not (tmp_path / "wrong" / "hybrid-dropin").exists()
+
+
+def test_a_hybrid_that_fails_on_two_inputs_names_each(
+    models_dir: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    """Op 3 is wrong and op 5 is given: the hybrid differs on both inputs. Its why names each input in
+    the one mismatch wording (TensorComparison.mismatch_text), not the same sentence twice."""
+    cnn = models_dir / "cnn_classifier_11.tflite"
+    inputs = [
+        models_dir / "inputs" / "cnn_classifier_11.png",
+        models_dir / "inputs" / "cnn_classifier_11.npy",
+    ]
+    res = hybrid(
+        cnn, inputs, board="sim", port=f"sim://?{_corrupt('3')}", out_dir=tmp_path / "o",
+        options=HybridOptions(ansi_ops=(5,)), job=JobOptions(cache_dir=cache_dir, timeouts=LIMITS),
+    )  # fmt: skip
+    assert not res.offered and res.exit_code == ExitCode.MISMATCH, res.message
+    assert res.verification is not None and res.verification.outcome == "bad"
+    first, second = res.verification.why.split("; ")
+    assert first.startswith("hybrid vs ansi, input 0 output 0 ") and "1 of 11 elements differ" in first
+    assert second.startswith("hybrid vs ansi, input 1 output 0 ") and "1 of 11 elements differ" in second
+    assert "input 0 " in res.message and "input 1 " in res.message
 
 
 @pytest.mark.slow
@@ -301,7 +329,7 @@ def test_cli_hybrid(
     assert (
         code == 0 and doc["ansi_ops"] == [27] and doc["offered"] and doc["verification"]["outcome"] == "good"
     )
-    assert doc["cost"]["speedup_kept_percent"] > 0 and doc["firmware_runs"] == 2
+    assert doc["cost"]["speedup_kept_percent"] > 0 and doc["firmware_runs"] == 3  # confirm, tap-1, verify
     assert "HYBRID OFFERED" in (tmp_path / "h.html").read_text()
     import zipfile
 

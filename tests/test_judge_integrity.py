@@ -312,6 +312,23 @@ def test_hybrid_names_no_op_for_a_crash_that_does_not_come_back(
     assert "intermittent" in res.message
 
 
+@pytest.mark.parametrize("bisect", [False, True])
+def test_hybrid_offers_nothing_for_a_mismatch_that_does_not_come_back(
+    tmp_path: Path, models_dir: Path, sim_port, bisect: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """Op 3 of the optimized build is wrong on the board's first boot only (fault_boots=1). Every later
+    run is good whatever runs ANSI C, so a tapped hybrid with op 3 on ANSI C "verifies" without proving
+    anything. Taps and bisection alike: the failure must come back first; it does not, so no op is named,
+    nothing is offered, and the vanished mismatch is reported as non-determinism (exit 1)."""
+    port = sim_port("emitter=c&fault=op_corrupt&fault_op=3&variant_fault=optimized&fault_boots=1")
+    res = _hybrid(models_dir, tmp_path, port, bisect=bisect)
+    assert res.exit_code == ExitCode.MISMATCH, res.message
+    assert not res.offered and res.culprits == [] and res.ansi_ops == [] and res.dropin is None
+    assert "non-deterministic" in res.message, res.message
+    doc = _strict_json(res.report_path)
+    assert doc["exit_code"] == 1 and not doc["offered"]
+
+
 def test_an_app_that_is_not_the_build_is_refused_from_its_hello(
     tmp_path: Path, models_dir: Path, sim_port
 ) -> None:  # type: ignore[no-untyped-def]

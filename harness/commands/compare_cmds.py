@@ -20,6 +20,15 @@ def _raw(path: str) -> bytes:
         return b""
 
 
+def _junit_of_error(exc: EspCheckError, junit: str, a: str, b: str) -> None:
+    """The JUnit report of a compare that could not run. When it cannot be written either, the error
+    that came first still decides the exit code: the write's failure is only a warning beside it."""
+    try:
+        junit_xml.write(junit_error_tree(str(exc), exc.exit_code, {a: _raw(a), b: _raw(b)}), junit)
+    except EspCheckError as failed:
+        click.echo(f"warning: no JUnit report: {failed.message}", err=True)
+
+
 @click.command("compare")
 @click.argument("a", type=click.Path(dir_okay=False))
 @click.argument("b", type=click.Path(dir_okay=False))
@@ -73,7 +82,7 @@ def compare_cmd(
         )
     except EspCheckError as exc:
         if junit:
-            junit_xml.write(junit_error_tree(str(exc), exc.exit_code, {a: _raw(a), b: _raw(b)}), junit)
+            _junit_of_error(exc, junit, a, b)
         raise
     if junit:
         junit_xml.write(junit_tree(result), junit)

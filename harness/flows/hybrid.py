@@ -289,10 +289,13 @@ def _choose(state: _State) -> None:
         state.res.ansi_ops = list(select_ansi_ops(state.info, state.opts.ansi_ops, state.opts.ansi_kinds))
         state.res.culprits = [_culprit(state, k, "given") for k in state.res.ansi_ops]
         return
+    again = _failure_reproduces(state)
+    if again is None:
+        return
     if state.opts.bisect:
         _bisect(state, [])
         return
-    found, why = _iterate(state)
+    found, why = _iterate(state, again)
     if why:
         state.res.notes.append(f"taps could not finish the job ({why}): bisecting")
         state.res.mode = "taps+bisect"
@@ -303,11 +306,16 @@ def _culprit(state: _State, op: int, how: str) -> Culprit:
     return Culprit(op=op, kind=state.info.main_ops[op].opcode, found_by=how)
 
 
-def _iterate(state: _State) -> tuple[list[int], str]:
-    """Tap rounds; returns (ops found, why bisection must take over -- empty when done or stopped)."""
+def _iterate(state: _State, again: HybridRun) -> tuple[list[int], str]:
+    """Tap rounds from the baseline's first departing op, named again by ``again`` (the confirming run);
+    returns (ops found, why bisection must take over -- empty when done or stopped)."""
     base = state.res.baseline
     assert base is not None
     d = base.tap.culprit if base.tap is not None else None
+    moved = again.divergence.op if again.divergence is not None else None
+    if d is not None and d.op is not None and moved != d.op:  # the culprit itself must come back too
+        now = "no op" if moved is None else f"op {moved}"
+        return [], f"op {d.op} departed first in the baseline, {now} when the same build ran again"
     found: list[int] = []
     for round_no in range(1, state.opts.max_rounds + 1):
         op, why = _next_op(state, d, found)
@@ -349,9 +357,8 @@ def _next_op(state: _State, divergence: Divergence | None, found: list[int]) -> 
 
 
 def _bisect(state: _State, found: list[int]) -> None:
-    """Bisection over the switchable ops (known bad: optimized everywhere except ``found``)."""
-    if not found and not _failure_reproduces(state):
-        return
+    """Bisection over the switchable ops (known bad: optimized everywhere except ``found``, the
+    failure confirmed by :func:`_failure_reproduces`)."""
     bis = Bisection(candidate_ops(state.info), max_culprits=state.opts.max_rounds, found=list(found))
     state.res.bisection = bis
     while (ansi := bis.next_ansi_ops()) is not None:
@@ -369,24 +376,26 @@ def _bisect(state: _State, found: list[int]) -> None:
         state.res.message = bis.message
 
 
-def _failure_reproduces(state: _State) -> bool:
-    """Bisection stands on one premise: the firmware with every op optimized fails. Run it once more
-    first: a crash that does not come back (an intermittent fault) names no op, it stays a finding."""
-    run = _run_hybrid(state, [], tap=False, label="bisect-confirm")
+def _failure_reproduces(state: _State) -> HybridRun | None:
+    """Every op found from the firmware (taps or bisection) stands on one premise: the optimized build's
+    failure comes back. Run it once more, tapped like the baseline, before naming any op: the run when it
+    is bad again, else None -- a failure that does not come back names no op, it stays a finding
+    (non-determinism), with the baseline's exit code."""
+    run = _run_hybrid(state, [], tap=not state.opts.bisect, label="confirm")
     if run.outcome == "bad":
-        return True
+        return run
     if run.outcome == "error":
         state.res.message = f"the run confirming the baseline's failure failed: {run.why}"
         state.codes.append(run.exit_code or ExitCode.INFRASTRUCTURE)
-        return False
+        return None
     state.res.message = (
         "the optimized build's failure did not come back when it ran again (every op optimized, clean "
-        "this time): an intermittent fault, so no op can be named from it; the baseline's evidence is "
-        "in baseline/report.json"
+        "this time): the optimized build is non-deterministic (an intermittent fault), so no op can be "
+        "named from it and no hybrid is offered; the baseline's evidence is in baseline/report.json"
     )
     base = state.res.baseline
     state.codes.append(base.exit_code if base is not None else ExitCode.FIRMWARE_FAULT)  # the finding stands
-    return False
+    return None
 
 
 # ---- one hybrid firmware run ----------------------------------------------------------------------
@@ -452,10 +461,11 @@ def _judge(state: _State, run: HybridRun, variant_run: VariantRun) -> None:
         run.why = "the firmware's own records do not show the requested dispatch: " + "; ".join(evidence)
         return
     assert state.ansi_source is not None
-    hyb = dataclasses.replace(variant_run.source, label="hybrid")
+    label = "hybrid" if run.ansi_ops else "optimized"  # no op on ANSI C (confirm): the optimized build
+    hyb = dataclasses.replace(variant_run.source, label=label)
     quant = output_quant(state.info.outputs)
     run.comparison = compare_sources(hyb, state.ansi_source, state.ref_source, output_quant=quant)
-    bad = [c for c in run.comparison.comparisons if not c.match and "hybrid" in (c.a, c.b)]
+    bad = [c for c in run.comparison.comparisons if not c.match and label in (c.a, c.b)]
     run.outcome = "good" if not bad and not run.comparison.faults else "bad"
     run.why = "; ".join(c.mismatch_text() for c in bad[:2])
     if run.tapped:

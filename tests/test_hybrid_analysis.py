@@ -250,3 +250,26 @@ def test_an_unverified_reproducer_says_why_its_dump_run_captured_nothing(tmp_pat
     r = write_reproducer(model, load_model(model), 2, {}, tmp_path, "native-esp32", [err])
     assert not r["ok"] and r["why"].startswith("the dump run captured no input of this op")
     assert err in r["why"]
+
+
+def test_the_confirm_runs_divergence_names_the_optimized_build() -> None:
+    """hybrid's confirm run (no op on ANSI C) is the plain optimized build: its comparison says
+    "optimized", and so must its divergence text (the old text said "hybrid vs ansi"); a run with ops on
+    ANSI C is the hybrid."""
+    from types import SimpleNamespace
+
+    from harness.flows.hybrid import HybridRun, _divergence
+    from harness.protocol.capture import Capture, CapturedRun, OpRecord, TapEntry
+
+    def tapped(out_crc: str) -> Capture:
+        op = OpRecord(
+            0, 0, 3, "CONV_2D", 10, (TapEntry(0, (4,), "00000001"),), (TapEntry(5, (4,), out_crc),), 0
+        )
+        return Capture(runs=[CapturedRun(0, 4, "0" * 64, ops=[op])])
+
+    state = SimpleNamespace(base_caps={"ansi": tapped("0000000A")})
+    for ansi_ops, name in (([], "optimized"), ([3], "hybrid")):
+        run = HybridRun("confirm" if not ansi_ops else "tap-1", ansi_ops, True, capture=tapped("0000000B"))
+        d = _divergence(state, run)  # type: ignore[arg-type]
+        assert d is not None and d.op == 3 and d.kind == "output"
+        assert d.a == name and d.message.endswith(f"({name} vs ansi)"), d.message

@@ -82,6 +82,12 @@ class HybridRun:
     exit_code: ExitCode | None = None
     project_dir: Path | None = None
 
+    @property
+    def compared_as(self) -> str:
+        """Its name in its comparison and divergence texts: with no op on ANSI C (confirm) it is the plain
+        optimized build."""
+        return "hybrid" if self.ansi_ops else "optimized"
+
     def to_dict(self) -> dict[str, object]:
         h = [r.hybrid for r in self.capture.runs] if self.capture is not None else []
         return {
@@ -461,7 +467,7 @@ def _judge(state: _State, run: HybridRun, variant_run: VariantRun) -> None:
         run.why = "the firmware's own records do not show the requested dispatch: " + "; ".join(evidence)
         return
     assert state.ansi_source is not None
-    label = "hybrid" if run.ansi_ops else "optimized"  # no op on ANSI C (confirm): the optimized build
+    label = run.compared_as
     hyb = dataclasses.replace(variant_run.source, label=label)
     quant = output_quant(state.info.outputs)
     run.comparison = compare_sources(hyb, state.ansi_source, state.ref_source, output_quant=quant)
@@ -469,7 +475,7 @@ def _judge(state: _State, run: HybridRun, variant_run: VariantRun) -> None:
     run.outcome = "good" if not bad and not run.comparison.faults else "bad"
     run.why = "; ".join(c.mismatch_text() for c in bad[:2])
     if run.tapped:
-        run.divergence = _divergence(state, run.capture)
+        run.divergence = _divergence(state, run)
 
 
 def _hung(cap: Capture | None, variant_run: VariantRun) -> bool:
@@ -478,13 +484,13 @@ def _hung(cap: Capture | None, variant_run: VariantRun) -> bool:
     return bool(silent and cap is not None and cap.runs and cap.runs[-1].invoke_us is None)
 
 
-def _divergence(state: _State, cap: Capture) -> Divergence | None:
-    """First op where the tapped hybrid departs from the tapped ANSI C baseline (first input that does)."""
+def _divergence(state: _State, run: HybridRun) -> Divergence | None:
+    """First op where the tapped run departs from the tapped ANSI C baseline (first input that does)."""
     ansi = state.base_caps.get("ansi")
-    if ansi is None:
+    if ansi is None or run.capture is None:
         return None
-    for run, ref in zip(cap.runs, ansi.runs, strict=False):
-        d = first_divergence("hybrid", device_taps(run), "ansi", device_taps(ref))
+    for one, ref in zip(run.capture.runs, ansi.runs, strict=False):
+        d = first_divergence(run.compared_as, device_taps(one), "ansi", device_taps(ref))
         if d.op is not None:
             return d
     return None

@@ -464,3 +464,53 @@ def test_a_nakd_slot_switch_command_at_the_console_baud_is_sent_again(
     boot = fr.encode_frame(fr.CMD_BOOT, 3, bytes([1]), key=HELLO.key)
     assert port.writes == [boot, boot]
     assert dev.pending_link.naks == 1 and dev.pending_link.retransmitted_frames == 1
+
+
+class RebootingDevice(Device):
+    """A Device whose reboot after its BOOTING reply comes at the console baud, once the host has set its
+    port there (at the fast baud only the BOOTING reply comes)."""
+
+    def __init__(
+        self, clock: Clock, expected: int, damage: int, answer: dict[int, bytes], reboot: bytes
+    ) -> None:
+        super().__init__(clock, expected, damage, answer)
+        self.reboot, self.booting = reboot, False
+
+    def _reply(self, ftype: int, payload: bytes, after: bytes = b"") -> None:
+        super()._reply(ftype, payload, after)
+        self.booting = self.booting or ftype == fr.RSP_BOOT
+
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, value)
+        if name == "baudrate" and value == 115200 and getattr(self, "booting", False) and self.reboot:
+            self.stream += self.reboot
+            self.reboot = b""
+
+
+@pytest.mark.parametrize("link_baud", [921600, None])
+def test_a_slot_switchs_repairs_are_carried_into_the_new_boots_link_stats(
+    monkeypatch: pytest.MonkeyPatch, link_baud: int | None
+) -> None:
+    """One rule on both paths (docs/protocol.md "Fast link"): a repair seen on the way to a boot (here a
+    NAK'd BOOT, sent again) is carried into that boot's first loop client, so its run is never a clean
+    link. At the fast baud the old code counted the NAK while waiting for BOOTING, then the console
+    capture of the reboot reset the session's pending repairs: the new boot's link looked clean. At the
+    console baud it was already counted."""
+    new = dataclasses.replace(HELLO, session=0x55)
+    reboot = b"ets Jun  8 2016 00:22:57\r\n\r\nrst:0xc (SW_CPU_RESET)\r\n"
+    reboot += fr.hello_line(fr.encode_frame(fr.RSP_HELLO, 0, fr.encode_hello(new)))
+    accepted = bytes([fr.RSP_BOOT, 1, 0, 0, 0]) + (0).to_bytes(4, "little")
+    dev, _port = _switching_session(monkeypatch, b"")
+    port = RebootingDevice(_port.clock, 3, 1, {fr.CMD_BOOT: accepted}, reboot)
+    port.is_open = True  # type: ignore[attr-defined]
+    dev.serial = port  # type: ignore[assignment]
+    dev.link_baud = link_baud
+    caps = dataclasses.replace(dev.spec.caps, baud_change=True)  # a UART: the capture sets the console baud
+    dev.spec = dataclasses.replace(dev.spec, caps=caps)
+    cap = dev.switch_slot(HELLO, 1, seq=3, total_timeout=2, silence_timeout=1)
+    assert cap.ended_by == "hello" and cap.hello == fr.encode_hello(new)
+    boot = fr.encode_frame(fr.CMD_BOOT, 3, bytes([1]), key=HELLO.key)
+    assert port.writes == [boot, boot] and dev.link_baud is None
+    stats = dev.client(new).stats
+    assert stats.naks == 1 and stats.retransmitted_frames == 1 and not stats.clean, stats
+    assert dev.client(new).stats.clean  # reported once, by the new boot's first client

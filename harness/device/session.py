@@ -67,7 +67,8 @@ class DeviceSession:
         self.reset_style = str(getattr(board, "reset", "classic"))
         self.serial: serial.SerialBase | None = None
         self.link_baud: int | None = None  # the resident loop's switched baud (None: the console baud)
-        # damage seen while switching the baud: the next loop client's stats carry it (never a clean run)
+        # repairs seen on the way to a boot (switching the baud, a slot switch's BOOT and BOOTING reply):
+        # the next loop client's stats carry them, never dropped (never a clean run; docs/protocol.md)
         self.pending_link = LinkStats()
 
     @property
@@ -138,7 +139,6 @@ class DeviceSession:
         """Reset into the app (board reset style) and read until END / timeout; see
         :func:`harness.device.console.capture_run` for the keyword arguments."""
         port = self.open()
-        self.pending_link = LinkStats()  # a new boot (or a slot switch's): earlier damage was its own boot's
         if reset:
             self.link_baud = None  # a reset boots the app at the console baud
         cap = capture_run(

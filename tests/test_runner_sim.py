@@ -397,6 +397,7 @@ def test_stop_lets_the_running_attempt_finish_and_aborts_the_rest(
     assert doc["interrupted"] is True and doc["verdict"] == "infrastructure_error"
     assert doc["counts"]["aborted"] == 2 and doc["counts"]["infrastructure_error"] == 2
     assert result.exit_code == ExitCode.INFRASTRUCTURE
+    assert result.stopped == "interrupted: the tasks without a verdict were aborted"  # the exit lines say so
     # the deprecated version 1 form: "aborted" and "interrupted" were verdicts there
     with pytest.warns(DeprecationWarning, match="schema_version 1 is deprecated"):
         v1 = summary_dict(result, schema_version=1)
@@ -411,6 +412,42 @@ def test_stop_lets_the_running_attempt_finish_and_aborts_the_rest(
     lk = BoardLock(f"sim-{name}", tmp_path / "locks")
     lk.acquire(0.5)  # released: nobody holds the board any more
     lk.release()
+
+
+def test_a_stop_after_every_verdict_exits_with_the_verdicts_and_says_so(
+    tmp_path: Path, models_dir: Path, inputs_dir: Path, cache_dir: Path
+):
+    """Ctrl-C after the last task had its verdict (docs/ci.md "Ctrl-C"): nothing was cut short, so the
+    exit is the verdicts' (0: every task matched), and the exit lines say why an interrupted run passed;
+    a stop that left a task without its verdict says the tasks were aborted (exit 3, the test above).
+    The old line was a bare "exit 0 (interrupted)", and docs/ci.md said exit 3."""
+    import io
+
+    from rich.console import Console
+
+    from harness.commands.runner_cmds import _print
+    from harness.runner.reports import markdown
+
+    inv = write_inventory(tmp_path / "bench.toml", [("only", "sim", f"sim://{_uid('late')}?emitter=c")])
+    plan = write_plan(tmp_path / "plan.toml", models_dir, inputs_dir, ("op_zoo",), ["sim"])
+    stop = threading.Event()
+
+    def progress(msg: str) -> None:
+        if msg.startswith("[done]"):  # the task has its verdict: the stop comes after it
+            stop.set()
+
+    out = tmp_path / "out"
+    opts = RunOptions(
+        out_dir=out, lock_dir=tmp_path / "locks", cache_dir=cache_dir, progress=progress, stop=stop
+    )
+    result = run_plan(load_plan(plan), load_inventory(inv), opts)
+    doc = summary(out)
+    assert [t["state"] for t in doc["tasks"]] == ["done"] and doc["verdict"] == "match"
+    assert doc["interrupted"] is True and result.exit_code == ExitCode.MATCH
+    text = io.StringIO()
+    _print(Console(file=text, width=200), result)
+    assert "exit 0 (interrupted after every task had its verdict)" in text.getvalue()
+    assert "(exit 0) — **interrupted after every task had its verdict**" in markdown(result)
 
 
 def test_busy_board_waits_visibly_then_gives_up(

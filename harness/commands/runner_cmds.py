@@ -335,5 +335,5 @@ def _print(console: Console, result: RunResult) -> None:
     colour = "green" if result.exit_code == ExitCode.MATCH else "red"
     console.print(
         f"[bold {colour}]exit {int(result.exit_code)}[/bold {colour}]"
-        + (" (interrupted)" if result.interrupted else "")
+        + (f" ({result.stopped})" if result.stopped else "")
     )

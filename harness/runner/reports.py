@@ -278,7 +278,7 @@ def markdown(result: RunResult) -> str:
     c = _counts(result)
     verdict = str(result.verdict)
     seconds = round(result.finished - result.started, 3)
-    stopped = " — **interrupted**" if result.interrupted else ""
+    stopped = f" — **{result.stopped}**" if result.stopped else ""
     lines = [
         f"## esp-check run: {_ICON.get(verdict, '')} {verdict} (exit {int(result.exit_code)}){stopped}",
         "",

@@ -275,6 +275,17 @@ class RunResult:
         return Verdict.from_exit_code(self.exit_code)
 
     @property
+    def stopped(self) -> str:
+        """How a signal stopped the run ("" when none did), for the console's and the Markdown summary's
+        exit line: its exit is its verdicts' as uninterrupted only when every task had its verdict (an
+        aborted task is exit 3; docs/ci.md "Ctrl-C")."""
+        if not self.interrupted:
+            return ""
+        if any(t.state == TaskState.ABORTED for t in self.tasks):
+            return "interrupted: the tasks without a verdict were aborted"
+        return "interrupted after every task had its verdict"
+
+    @property
     def simulated(self) -> bool:
         return any(b.bench.simulated for b in self.boards)
 

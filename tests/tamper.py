@@ -14,6 +14,8 @@ Kinds (device to host unless named ``tx_``):
 - ``replay``: after the second boot's HELLO, a RESULT frame is replaced by a RESULT frame of the first
   boot, renumbered to the replaced frame's seq and given a valid CRC under the first boot's key (stale
   bytes of another boot, as a UART FIFO or a USB buffer keeps them across a reset);
+- ``replay_hello``: as ``replay``, with the first boot's HELLO line (unkeyed: valid as it was) just
+  before the replayed RESULT frame, as if that boot were back;
 - ``forge_hello``: every HELLO's model SHA-256 rewritten to zeros (a valid HELLO frame again);
 - ``forge_nn``: every HELLO's ESP-NN mode rewritten to the other variant's;
 - ``tx_flip`` / ``tx_drop``: a command frame damaged or dropped on its way to the device.
@@ -39,6 +41,7 @@ KINDS = (
     "insert",
     "reorder",
     "replay",
+    "replay_hello",
     "forge_hello",
     "forge_nn",
     "tx_flip",
@@ -194,7 +197,7 @@ class Tamper:
         if not self.hellos:
             return chunk
         spans = _frames_in(chunk)
-        if self.kind == "replay":
+        if self.kind in ("replay", "replay_hello"):
             return self._replay(chunk, spans)
         if self.kind == "reorder":
             if len(spans) >= 2 and self._chance():
@@ -232,6 +235,8 @@ class Tamper:
                 seq = struct.unpack_from("<H", chunk, s + 4)[0]
                 hello, payloads = self.rng.choice(earlier)
                 stale = fr.encode_frame(fr.RSP_RESULT, seq, self.rng.choice(payloads), key=hello.key)
+                if self.kind == "replay_hello":
+                    stale = fr.hello_line(fr.encode_frame(fr.RSP_HELLO, 0, fr.encode_hello(hello))) + stale
                 out = out[:s] + stale + out[e:]
         return out
 

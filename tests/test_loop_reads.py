@@ -22,6 +22,7 @@ import pytest
 import serial
 
 import harness.device.loop as device_loop
+from harness.device.console import RawCapture
 from harness.device.loop import DeviceRestarted, LinkError, LinkLost, LoopClient
 from harness.device.session import DeviceSession
 from harness.flows.records import Recorder, StageTimeouts
@@ -425,6 +426,21 @@ def test_a_port_lost_during_the_baud_switch_is_link_lost_and_the_board_is_marked
     assert rb.lost and rb.current is None
 
 
+def _console_switch(
+    monkeypatch: pytest.MonkeyPatch, new: fr.Hello, stale: bytes, replay: bytes
+) -> tuple[DeviceSession, RawCapture]:
+    """A slot switch at the console baud (HELLO's boot to ``new``) on a fake UART that has sent ``stale``,
+    the BOOTING reply, the reboot, ``replay`` and ``new``'s HELLO line; OTHER's key is an earlier boot's."""
+    booting = fr.encode_frame(fr.RSP_BOOT, 0, bytes([1, 0, 0, 0, 0, 0, 0, 0]), key=HELLO.key)
+    reboot = b"ets Jun  8 2016 00:22:57\r\n\r\nrst:0xc (SW_CPU_RESET)\r\n"
+    hello = fr.hello_line(fr.encode_frame(fr.RSP_HELLO, 0, fr.encode_hello(new)))
+    dev, port = _switching_session(monkeypatch, stale + booting + reboot + replay + hello)
+    dev.link_baud = None
+    port.start -= 10.0  # everything has arrived
+    cap = dev.switch_slot(HELLO, 1, seq=3, stale_keys=[OTHER.key], total_timeout=5, silence_timeout=5)
+    return dev, cap
+
+
 def test_an_earlier_boots_replayed_booting_frame_at_the_console_baud_is_dropped_and_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -435,13 +451,7 @@ def test_an_earlier_boots_replayed_booting_frame_at_the_console_baud_is_dropped_
     frame went uncounted."""
     new = dataclasses.replace(HELLO, session=0x55)
     stale = fr.encode_frame(fr.RSP_BOOT, 1, _BOOT_REFUSED, key=OTHER.key)
-    booting = fr.encode_frame(fr.RSP_BOOT, 0, bytes([1, 0, 0, 0, 0, 0, 0, 0]), key=HELLO.key)
-    reboot = b"ets Jun  8 2016 00:22:57\r\n\r\nrst:0xc (SW_CPU_RESET)\r\n"
-    hello = fr.hello_line(fr.encode_frame(fr.RSP_HELLO, 0, fr.encode_hello(new)))
-    dev, port = _switching_session(monkeypatch, stale + booting + reboot + hello)
-    dev.link_baud = None
-    port.start -= 10.0  # everything has arrived
-    cap = dev.switch_slot(HELLO, 1, seq=3, stale_keys=[OTHER.key], total_timeout=5, silence_timeout=5)
+    dev, cap = _console_switch(monkeypatch, new, stale, b"")
     assert cap.ended_by == "hello" and cap.hello == fr.encode_hello(new)
     assert dev.pending_link.stale_frames == 1 and dev.pending_link.damaged_frames == 0
 
@@ -514,3 +524,69 @@ def test_a_slot_switchs_repairs_are_carried_into_the_new_boots_link_stats(
     stats = dev.client(new).stats
     assert stats.naks == 1 and stats.retransmitted_frames == 1 and not stats.clean, stats
     assert dev.client(new).stats.clean  # reported once, by the new boot's first client
+
+
+def _hello_as(how: str, hello: fr.Hello) -> bytes:
+    """``hello``'s HELLO as the device sends it (its text line) or as a bare binary frame."""
+    frame = fr.encode_frame(fr.RSP_HELLO, 0, fr.encode_hello(hello))
+    return fr.hello_line(frame) if how == "line" else frame
+
+
+@pytest.mark.parametrize("how", ["line", "frame"])
+@pytest.mark.parametrize("which", ["earlier", "running"])
+def test_an_earlier_boots_replayed_hello_during_a_slot_switch_is_stale_and_the_new_boots_is_adopted(
+    monkeypatch: pytest.MonkeyPatch, how: str, which: str
+) -> None:
+    """A slot switch at the console baud reads up to the new boot's HELLO. HELLO frames are not keyed: a
+    replayed HELLO of an earlier boot (stale bytes a UART FIFO kept, a console-baud slot switch), or of
+    the boot being switched away from, stopped the old capture as if it were the new boot's, and the host
+    adopted that boot's key (its replayed frames then passed as current). Now such a HELLO is stale:
+    counted, never adopted; the capture ends at the new boot's real HELLO."""
+    new = dataclasses.replace(HELLO, session=0x55)
+    dev, cap = _console_switch(monkeypatch, new, b"", _hello_as(how, OTHER if which == "earlier" else HELLO))
+    assert cap.ended_by == "hello" and cap.hello == fr.encode_hello(new)
+    assert dev.pending_link.stale_frames == 1 and dev.pending_link.damaged_frames == 0
+
+
+@pytest.mark.parametrize("how", ["line", "frame"])
+def test_an_earlier_boots_replayed_hello_and_results_mid_session_are_never_used(how: str) -> None:
+    """Mid-session, a replayed HELLO of an earlier boot and that boot's RESULT frame (in place of this
+    boot's frame of that seq) is not a restart and sets no key: both are dropped and counted stale, none
+    reaches the inbox; the frame they replaced is a gap, so the session is not clean. The old decoder took
+    the replayed HELLO's key over (the client called it a restart: a false exit 3, and with that key the
+    earlier boot's frames passed its CRC check as current)."""
+    clock = Clock()
+    before = fr.encode_frame(fr.RSP_SYNC, 5, struct.pack("<I", 1), key=HELLO.key)
+    record = struct.pack("<BIII", 0, 0, 967_593, 0x1234) + struct.pack("<I", 0)
+    replayed = fr.encode_frame(fr.RSP_RESULT, 6, record, key=OTHER.key)
+    after = fr.encode_frame(fr.RSP_SYNC, 7, struct.pack("<I", 2), key=HELLO.key)
+    port = Uart(clock, before + _hello_as(how, OTHER) + replayed + after, 921600)
+    client = LoopClient(port, HELLO, stale_keys=[OTHER.key])  # type: ignore[arg-type]
+    clock.now += 1.0  # everything has arrived: one pump reads it in one block
+    assert client.pump(0.0)
+    assert not client.restarted and client.dec.key == HELLO.key
+    assert [f.payload for f in client.inbox] == [struct.pack("<I", 1), struct.pack("<I", 2)]
+    assert client.stats.stale_frames == 2 and client.stats.rx_gaps == 1 and not client.stats.clean
+
+
+def test_after_a_reset_a_replayed_hello_of_any_boot_seen_is_stale(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A reset boot (no boot running) reads up to the new boot's HELLO with every boot key seen so far
+    as an earlier boot's: a HELLO of the boot that just ended, replayed from a FIFO after the reset, is
+    stale, never the new boot. The old reset capture knew no earlier keys and stopped at the replay."""
+    import harness.device.console as device_console
+
+    monkeypatch.setattr(device_console, "hard_reset_into_app", lambda _port, _style: None)
+    new = dataclasses.replace(HELLO, session=0x55)
+    real = fr.hello_line(fr.encode_frame(fr.RSP_HELLO, 0, fr.encode_hello(new)))
+    dev, _port = _switching_session(monkeypatch, b"")
+    port = Device(_port.clock, 0, 0, {}, b"")
+    port.stream = fr.hello_line(fr.encode_frame(fr.RSP_HELLO, 0, fr.encode_hello(HELLO))) + real
+    port.is_open = True  # type: ignore[attr-defined]
+    port.reset_input_buffer = lambda: None  # type: ignore[attr-defined]
+    dev.serial = port  # type: ignore[assignment]
+    rb = ResidentBoard(Recorder(), dev, {}, StageTimeouts(capture_total=2, capture_silence=1))
+    rb.keys = [OTHER.key, HELLO.key]  # the ansi_c boot that was running has ended (it crashed)
+    boot = rb.ensure("ansi", tmp_path / "serial.log")
+    assert boot.hello == new and boot.raw.stale_frames == 1

@@ -37,3 +37,5 @@ def test_tampered_stream_is_never_a_false_match(tmp_path: Path, servers, kind: s
     assert t.code in allowed_exits(kind, board), t
     if kind == "replay" and t.applied:  # another boot's frame, valid under its own key: dropped, counted
         assert t.stale_frames >= 1, t
+    if kind == "replay_hello" and t.applied:  # and that boot's HELLO before it: stale too, never adopted
+        assert t.stale_frames >= 2, t

@@ -212,9 +212,13 @@ class DeviceSession:
         def stop(frame: frames.Frame) -> bool:  # the new boot's HELLO, a refusal, a NAK of the BOOT
             if frame.type == frames.RSP_NAK:
                 return frames.decode_nak(frame.payload)[0] == seq
-            return frame.type == frames.RSP_HELLO or (
-                frame.type == frames.RSP_BOOT and frames.decode_boot(frame.payload)[1] != 0
-            )
+            if frame.type == frames.RSP_HELLO:  # a replay of the running boot's own HELLO is stale
+                with contextlib.suppress(frames.FrameFormatError):
+                    if frames.decode_hello(frame.payload).key == hello.key:
+                        repairs.stale_frames += 1
+                        return False
+                return True
+            return frame.type == frames.RSP_BOOT and frames.decode_boot(frame.payload)[1] != 0
 
         kwargs.setdefault("max_boots", 4)
         repairs = LinkStats()  # the new boot's first client reports them

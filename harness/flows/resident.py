@@ -268,6 +268,7 @@ class ResidentBoard:
                     # (blank flash, another firmware, a crash at start-up), so flash it
                     max_boots=2,
                     stop_on_line=other,
+                    stale_keys=self.keys,  # a reset: every boot seen so far is an earlier one
                 )
             )
         except (EspCheckError, serial.SerialException, OSError) as exc:
@@ -337,7 +338,10 @@ class ResidentBoard:
                 self.dev.open()
                 self.lost = False
             if cur is None:
-                cur = self._booted(self.dev.boot(log_path, reset=True, **self._timeouts()))
+                # a reset: every boot seen so far is an earlier one (a replay of its HELLO is stale)
+                cur = self._booted(
+                    self.dev.boot(log_path, reset=True, stale_keys=self.keys, **self._timeouts())
+                )
                 if cur.variant == variant or self.current is None or variant not in VARIANT_SLOTS:
                     return cur  # the wanted app, or a start-up failure (its evidence), or no slots
             assert cur.hello is not None

@@ -150,8 +150,9 @@ class FrameDecoder:
     ``key`` is the boot key (:func:`key_crc`) keyed frames must carry; ``stale_keys`` are earlier boots'
     keys: a frame that passes under one of them is a whole frame of another boot, dropped and counted
     (``stats.stale``), never delivered. ``hello_lines`` (the host side): a HELLO that arrives as its text
-    line (``@ECH HELLO <base64>``) is delivered as the HELLO frame it encodes. With no stale keys and no
-    HELLO lines the decisions are the C decoder's, byte for byte.
+    line (``@ECH HELLO <base64>``) is delivered as the HELLO frame it encodes; a HELLO (line or frame)
+    that announces an earlier boot's key is stale the same way, and its key is never followed. With no
+    stale keys and no HELLO lines the decisions are the C decoder's, byte for byte.
     """
 
     def __init__(
@@ -211,8 +212,9 @@ class FrameDecoder:
                     if host and self._line:  # a binary frame ends any held partial line
                         out.append(bytes(self._line))
                         self._line.clear()
-                    if host and got.type == RSP_HELLO:  # a HELLO sets the key of what follows
-                        self._follow(got)
+                    if host and got.type == RSP_HELLO and not self._follow(got):
+                        self.stats.frames -= 1  # an earlier boot's HELLO: stale, never a frame
+                        continue
                     if on_frame is not None:  # never on the host side
                         on_frame(got)
                     else:
@@ -222,17 +224,22 @@ class FrameDecoder:
         emit_text()
         return out
 
-    def _follow(self, frame: Frame) -> None:
-        """A HELLO starts (or repeats) a boot: its key is the key of the frames after it."""
+    def _follow(self, frame: Frame) -> bool:
+        """A HELLO starts (or repeats) a boot: its key is the key of the frames after it. One that announces
+        an earlier boot's key (replayed bytes) is stale: counted, and False (dropped, never followed)."""
         try:
             key = decode_hello(frame.payload).key
         except FrameFormatError:
-            return
+            return True
+        if key in self.stale_keys:
+            self.stats.stale += 1
+            return False
         if key != self.key:
             if self.key:
                 self.stale_keys = (*self.stale_keys, self.key)
             self.key = key
             self.stale_keys = tuple(k for k in self.stale_keys if k != key)
+        return True
 
     def flush(self) -> bytes:
         """Bytes of an incomplete candidate at the end of the stream (as text)."""
@@ -270,9 +277,8 @@ class FrameDecoder:
             frame = hello_from_line(text[at + len(HELLO_LINE) : end])
             if frame is None:
                 out.append(text[at : end + 1])
-            else:
+            elif self._follow(frame):  # else an earlier boot's HELLO: stale, neither a frame nor text
                 self.stats.frames += 1
-                self._follow(frame)
                 out.append(frame)
             text = text[end + 1 :]
         return out

@@ -133,7 +133,9 @@ def _records(raw: bytes) -> list[tuple[int, str, dict[str, str]]]:
         pos = line.find(b"@EC1 ")
         if pos < 0:
             continue
-        m = _REC.fullmatch(line[pos:].rstrip(b"\r"))
+        m = _REC.fullmatch(
+            line[pos:].rstrip(b"\r \t")
+        )  # docs/protocol.md: trailing spaces/tabs are no part of it
         if m is None or zlib.crc32(m.group(1)) != int(m.group(5), 16):
             continue
         fields = dict(tok.split("=", 1) for tok in m.group(4).decode("latin-1").split() if "=" in tok)

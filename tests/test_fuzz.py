@@ -50,6 +50,17 @@ def test_unmutated_pair_is_a_match(bases, tmp_path: Path) -> None:  # type: igno
     assert fuzzing.same_evidence(fuzzing.naive_capture(a), fuzzing.naive_capture(b))
 
 
+def test_the_oracle_reads_records_as_the_protocol_defines_them(bases) -> None:  # type: ignore[no-untyped-def]
+    """The oracle follows docs/protocol.md, not esp-check's parser: a record line's trailing spaces and tabs
+    after the CRC are no part of it. (A bit flip that turned a record's \\r into a tab once made the oracle
+    drop an authentic record and call esp-check's correct "match" false: seed 64, capture mutant 1964.)"""
+    (a, _b), _, _ = bases
+    tabbed = a.replace(b"\r\n", b" \t\r\n")
+    assert tabbed != a and fuzzing.same_evidence(fuzzing.naive_capture(tabbed), fuzzing.naive_capture(a))
+    cut = a.replace(b"\r\n", b"x\r\n")  # anything else after the CRC is a broken record
+    assert not fuzzing.same_evidence(fuzzing.naive_capture(cut), fuzzing.naive_capture(a))
+
+
 def test_fuzz_captures(bases, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     codes = _check([fuzzing.capture_mutant(SEED, k, bases[0], tmp_path) for k in range(N_CAPTURES)])
     # the mutants reach every verdict: matches (harmless changes), mismatches (valid changed data

@@ -139,8 +139,9 @@ class DeviceSession:
         """Reset into the app (board reset style) and read until END / timeout; see
         :func:`harness.device.console.capture_run` for the keyword arguments."""
         port = self.open()
-        if reset:
-            self.link_baud = None  # a reset boots the app at the console baud
+        if reset:  # a reset boots the app at the console baud, a boot of its own: repairs still pending
+            self.link_baud = None  # were an earlier boot's (reported with it), never this one's
+            self.pending_link = LinkStats()
         cap = capture_run(
             port,
             log_path=log_path,

@@ -79,6 +79,17 @@ class LinkStats:
         for f in dataclasses.fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
+    def repairs(self) -> LinkStats:
+        """Only the repairs (and earlier boots' frames) of these stats: what a switch hands on to the next
+        boot's client, without the traffic that client counts itself."""
+        return LinkStats(
+            retransmitted_frames=self.retransmitted_frames,
+            naks=self.naks,
+            damaged_frames=self.damaged_frames,
+            rx_gaps=self.rx_gaps,
+            stale_frames=self.stale_frames,
+        )
+
     @property
     def clean(self) -> bool:
         """No repair was needed: nothing damaged, lost or sent twice."""

@@ -275,16 +275,7 @@ class DeviceSession:
                     raise DeviceRestarted(f"the device restarted while esp-check waited for {what}")
             return None
         finally:  # its repairs: the next loop client's stats carry them (never a clean run)
-            s = client.stats
-            self.pending_link.add(
-                LinkStats(
-                    damaged_frames=s.damaged_frames,
-                    stale_frames=s.stale_frames,
-                    rx_gaps=s.rx_gaps,
-                    naks=s.naks,
-                    retransmitted_frames=s.retransmitted_frames,
-                )
-            )
+            self.pending_link.add(client.stats.repairs())
 
     def set_link_baud(
         self,

@@ -237,8 +237,7 @@ class FrameDecoder:
         if key != self.key:
             if self.key:
                 self.stale_keys = (*self.stale_keys, self.key)
-            self.key = key
-            self.stale_keys = tuple(k for k in self.stale_keys if k != key)
+            self.key = key  # never one of the stale keys: those returned above
         return True
 
     def flush(self) -> bytes:

@@ -14,7 +14,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import ClassVar, overload
+from typing import ClassVar
 
 import numpy as np
 
@@ -219,7 +219,7 @@ def _line(raw_line: str) -> _Line:
     return _Line(ln, body, _SQUEEZE.sub("", ln.lower()), bool(_DECODER.search(body)))
 
 
-class _Lines(Sequence[_Line]):
+class _Lines:
     """The capture's lines, each decoded (prefix, squeeze, decoder mark) only when a detector looks at it:
     a 25 MB log has ~700,000 lines, and the detectors read the few near evidence (``_Ctx.hot``)."""
 
@@ -230,13 +230,7 @@ class _Lines(Sequence[_Line]):
     def __len__(self) -> int:
         return len(self._raw)
 
-    @overload
-    def __getitem__(self, i: int) -> _Line: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[_Line]: ...
-    def __getitem__(self, i: int | slice) -> _Line | list[_Line]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self._raw)))]
+    def __getitem__(self, i: int) -> _Line:
         if i < 0:
             i += len(self._raw)
         ln = self._cache.get(i)
@@ -302,7 +296,8 @@ class _Ctx:
     ) -> tuple[int, Finding]:
         """A finding of ``kind`` (its severity from KIND_TABLE) whose evidence is lines ``i`` to ``end``."""
         stop = i if end is None else end
-        evidence = tuple(ln.text[:_EVIDENCE_CAP] for ln in self.lines[i : min(stop + 1, i + 12)])
+        last = min(stop + 1, i + 12, len(self.lines))
+        evidence = tuple(self.lines[j].text[:_EVIDENCE_CAP] for j in range(i, last))
         return i, Finding(
             kind, KINDS[kind], message, line=i + 1, evidence=evidence, details=details, hint=hint
         )
@@ -460,13 +455,11 @@ def _detect_heap_corruption(ctx: _Ctx) -> Found:
         if ctx.has(i, ("corruptheap", "orruptheap")):
             detail = re.split(r"HEAP\s*:?\s*", ln.text, maxsplit=1, flags=re.IGNORECASE)[-1].strip()[:200]
             message = f"heap corruption detected: {detail[:120]}"
-            yield _crash(ctx, i, "heap_corruption", message, {"detail": detail}, _HEAP_HINT)
-
-
-_HEAP_HINT = (
-    "something wrote past a heap buffer (e.g. a kernel's scratch buffer); "
-    "CONFIG_HEAP_POISONING_COMPREHENSIVE narrows it down"
-)
+            hint = (
+                "something wrote past a heap buffer (e.g. a kernel's scratch buffer); "
+                "CONFIG_HEAP_POISONING_COMPREHENSIVE narrows it down"
+            )
+            yield _crash(ctx, i, "heap_corruption", message, {"detail": detail}, hint)
 
 
 _IWDT = ("interruptwdttimeout", "wdttimeoutoncpu", "nterruptwdttime")
@@ -484,10 +477,8 @@ def _detect_interrupt_watchdog(ctx: _Ctx) -> Found:
             "interrupts stayed disabled (or an ISR ran) too long"
         )
         details: Details = {"cpu": cpu, "core": _core(ctx, i), "reason": "Interrupt wdt timeout"}
-        yield _crash(ctx, i, "interrupt_watchdog", message, details, _IWDT_HINT)
-
-
-_IWDT_HINT = "look for a critical section or ISR that never ends (the backtrace shows where the CPU was)"
+        hint = "look for a critical section or ISR that never ends (the backtrace shows where the CPU was)"
+        yield _crash(ctx, i, "interrupt_watchdog", message, details, hint)
 
 
 _ABORT_AT = re.compile(
@@ -872,10 +863,8 @@ def _detect_brownout(ctx: _Ctx) -> Found:
         if ctx.has(i, _BROWNOUT):
             message = "brownout: the supply voltage dropped below the detector threshold"
             details: Details = {"line": ctx.lines[i].text.strip()[:200]}
-            yield ctx.finding(i, "brownout", message, details, _BROWNOUT_HINT)
-
-
-_BROWNOUT_HINT = "use a better USB cable/port or a powered hub, then rerun"
+            hint = "use a better USB cable/port or a powered hub, then rerun"
+            yield ctx.finding(i, "brownout", message, details, hint)
 
 
 _BOOT_FAIL = re.compile(
@@ -910,7 +899,7 @@ def _detect_boot_failure(ctx: _Ctx) -> Found:
         m = _BOOT_FAIL.search(ln.text)
         if not (m or _hit(ln.sq, _BOOT_FAIL_SQ) or any(p.search(ln.sq) for p in _BOOT_FAIL_PATTERNS)):
             continue
-        nxt = " ".join(x.sq for x in ctx.lines[i + 1 : i + 5])
+        nxt = " ".join(ctx.lines[j].sq for j in range(i + 1, min(i + 5, len(ctx.lines))))
         if "attemptingtobootanyway" in nxt:  # the bootloader goes on: a warning, not a failure
             continue
         detail = (m.group(1) if m else ln.body.strip())[:200]
@@ -1182,15 +1171,13 @@ def _detect_sanitizer(ctx: _Ctx) -> Found:
             "summary": summary.group(0).strip() if summary else None,
         }
         details = {k: v for k, v in details.items() if v not in (None, [])}
-        _, f = ctx.finding(i, "sanitizer", message[:300], details, _SANITIZER_HINT)
+        hint = (
+            "the native build found undefined behaviour or an out-of-bounds access in the firmware or a "
+            "kernel (e.g. an ESP-NN scratch buffer too small); the frames name the code"
+        )
+        _, f = ctx.finding(i, "sanitizer", message[:300], details, hint)
         evidence = tuple(ctx.lines[j].text[:_EVIDENCE_CAP] for j in evidence_idx)
         yield i, dataclasses.replace(f, evidence=evidence)
-
-
-_SANITIZER_HINT = (
-    "the native build found undefined behaviour or an out-of-bounds access in the firmware or a kernel "
-    "(e.g. an ESP-NN scratch buffer too small); the frames name the code"
-)
 
 
 def _detect_native_exit(ctx: _Ctx) -> Found:

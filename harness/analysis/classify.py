@@ -508,11 +508,8 @@ def _abort_kind(ctx: _Ctx, i: int) -> tuple[str, Details] | None:
         m = _ABORT_AT.search(ln.text)
         pc = m.group(1).lower() if m else None
         core = m.group(2) if m else None
-        return f"abort() called at PC {pc or '?'} on core {core or '?'}", {
-            "reason": "abort",
-            "pc": pc,
-            "core": core,
-        }
+        details: Details = {"reason": "abort", "pc": pc, "core": core}
+        return f"abort() called at PC {pc or '?'} on core {core or '?'}", details
     return None
 
 
@@ -635,9 +632,7 @@ class _TflmRule:
 
     def hit(self, ctx: _Ctx, i: int) -> bool:
         ln = ctx.lines[i]
-        if ln.decoded:
-            return False
-        return (
+        return not ln.decoded and (
             _hit(ln.sq, self.anchors)
             or any(p.search(ln.sq) for p in self.patterns)
             or any(p.search(ln.text) for p in self.raw)
@@ -664,6 +659,7 @@ _NEEDED = re.compile(r"Needed\s*(\d+)\s*but only\s*(\d+)", re.IGNORECASE)
 _SCHEMA_RE = re.compile(r"schema version\s*(\d+)\s*not equal to supported version\s*(\d+)", re.IGNORECASE)
 _TFLM_BURST = 12  # lines
 Advice = tuple[str, Details, str]  # what happened, the numbers read from the text, what to do
+Burst = list[tuple[str, str, str]]  # (text, kind, family) of each line of a burst of TFLM messages
 
 
 def _tflm_events(ctx: _Ctx) -> list[tuple[int, str, str]]:
@@ -699,20 +695,14 @@ def _detect_tflm(ctx: _Ctx) -> Found:
         )
         first, last = burst[0][0], burst[-1][0]
         ctx.explained.update(i for i, _, _ in burst)
-        lines = [ctx.lines[i].text for i, _, _ in burst]
-        if kind == "tflm_error":
-            message, details, hint = _generic_tflm_advice(
-                [(ctx.lines[i].text, f) for i, k, f in burst if k == "tflm_error"]
-            )
-        else:
-            message, details, hint = _TFLM_ADVICE[kind](lines)
+        message, details, hint = _TFLM_ADVICE[kind]([(ctx.lines[i].text, k, f) for i, k, f in burst])
         details["source"] = "tflm"
         yield ctx.finding(first, kind, message, details, hint, end=last)
 
 
-def _missing_op_advice(lines: list[str]) -> Advice:
+def _missing_op_advice(lines: Burst) -> Advice:
     op, version = None, None
-    for text in lines:
+    for text, _, _ in lines:
         m = _OP_RE.search(text)
         if m:
             op = op or m.group(1) or m.group(3)
@@ -742,8 +732,8 @@ def _missing_op_advice(lines: list[str]) -> Advice:
     )
 
 
-def _arena_advice(lines: list[str]) -> Advice:
-    for text in lines:
+def _arena_advice(lines: Burst) -> Advice:
+    for text, _, _ in lines:
         m = _NUMS.search(text)
         if m:
             requested, available, missing = (int(x) for x in m.groups())
@@ -774,8 +764,8 @@ def _arena_advice(lines: list[str]) -> Advice:
     )
 
 
-def _schema_advice(lines: list[str]) -> Advice:
-    for text in lines:
+def _schema_advice(lines: Burst) -> Advice:
+    for text, _, _ in lines:
         m = _SCHEMA_RE.search(text)
         if m:
             return (
@@ -812,15 +802,17 @@ _FAMILY_TEXT: dict[str, tuple[str, str]] = {  # family -> (what happened, what t
 }
 
 
-def _generic_tflm_advice(lines: list[tuple[str, str]]) -> Advice:
-    """The most specific family of a burst of TFLM error lines ``(text, family)``: what and what to do."""
+def _generic_tflm_advice(burst: Burst) -> Advice:
+    """The most specific family of a burst's ``tflm_error`` lines: what happened and what to do."""
+    lines = [(t, f) for t, k, f in burst if k == "tflm_error"]
     family = next((f for f in _FAMILY_ORDER if any(g == f for _, g in lines)), lines[0][1])
     text = next(t for t, g in lines if g == family)
     what, hint = _FAMILY_TEXT.get(family, _FAMILY_TEXT["prepare"])
     return f"{what}: {text.strip()[:160]}", {"family": family}, hint
 
 
-_TFLM_ADVICE: dict[str, Callable[[list[str]], Advice]] = {  # tflm_error: above
+_TFLM_ADVICE: dict[str, Callable[[Burst], Advice]] = {
+    "tflm_error": _generic_tflm_advice,
     "missing_op": _missing_op_advice,
     "arena_too_small": _arena_advice,
     "schema_mismatch": _schema_advice,
@@ -1238,20 +1230,11 @@ def _merge_repeats(found: Sequence[tuple[int, Finding]]) -> list[Finding]:
     last_at: dict[str, tuple[int, int]] = {}  # kind -> (index in out, last line)
     by_message: dict[tuple[str, str], int] = {}
     for idx, f in found:
-        prev = last_at.get(f.kind)
-        same = by_message.get((f.kind, f.message))
-        near = (
-            prev is not None
-            and f.kind in _MERGEABLE
-            and f.details.get("source") != "protocol"
-            and out[prev[0]].details.get("source") == f.details.get("source")
-            and idx - prev[1] <= _MERGE_WINDOW
-        )
-        target = (
-            same
-            if same is not None and f.details.get("source") != "protocol"
-            else (prev[0] if near and prev else None)
-        )
+        source, prev = f.details.get("source"), last_at.get(f.kind)
+        target = None if source == "protocol" else by_message.get((f.kind, f.message))
+        if target is None and source != "protocol" and prev is not None and f.kind in _MERGEABLE:
+            near = idx - prev[1] <= _MERGE_WINDOW and out[prev[0]].details.get("source") == source
+            target = prev[0] if near else None
         if target is not None:
             first = out[target]
             details = dict(first.details)

@@ -75,35 +75,18 @@ _FW, _INFRA = Severity.FIRMWARE_FAULT, Severity.INFRASTRUCTURE
 
 # Pure data: every kind classify() can report and its severity; what each kind is recognised by is the
 # table in docs/device.md, "Classification". boot_loop's severity follows its cause.
-KIND_TABLE: tuple[KindInfo, ...] = (
-    KindInfo("panic", _FW),
-    KindInfo("interrupt_watchdog", _FW),
-    KindInfo("stack_overflow", _FW),
-    KindInfo("heap_corruption", _FW),
-    KindInfo("abort", _FW),
-    KindInfo("alloc_failure", _FW),
-    KindInfo("arena_too_small", _FW),
-    KindInfo("missing_op", _FW),
-    KindInfo("tflm_error", _FW),
-    KindInfo("schema_mismatch", _FW),
-    KindInfo("sanitizer", _FW),
-    KindInfo("native_exit", _FW),
-    KindInfo("firmware_error", _FW),
-    KindInfo("model_partition", _INFRA),
-    KindInfo("input_error", Severity.USAGE),
-    KindInfo("hang", _FW),
-    KindInfo("boot_loop", _FW),
-    KindInfo("unknown", _INFRA),
-    KindInfo("brownout", _INFRA),
-    KindInfo("boot_failure", _INFRA),
-    KindInfo("flash_size_mismatch", Severity.USAGE),
-    KindInfo("download_mode", _INFRA),
-    KindInfo("silence", _INFRA),
-    KindInfo("no_end", _INFRA),
-    KindInfo("disconnect", _INFRA),
-    KindInfo("link_repair", _INFRA),
-    KindInfo("corrupted", _INFRA),
-    KindInfo("task_watchdog", Severity.WARNING),
+KIND_TABLE: tuple[KindInfo, ...] = tuple(
+    KindInfo(kind, severity)
+    for severity, kinds in (
+        (_FW, ("panic", "interrupt_watchdog", "stack_overflow", "heap_corruption", "abort", "alloc_failure")),
+        (_FW, ("arena_too_small", "missing_op", "tflm_error", "schema_mismatch", "sanitizer", "native_exit")),
+        (_FW, ("firmware_error", "hang", "boot_loop")),
+        (_INFRA, ("model_partition", "unknown", "brownout", "boot_failure", "download_mode", "silence")),
+        (_INFRA, ("no_end", "disconnect", "link_repair", "corrupted")),
+        (Severity.USAGE, ("input_error", "flash_size_mismatch")),
+        (Severity.WARNING, ("task_watchdog",)),
+    )
+    for kind in kinds
 )
 KINDS: dict[str, str] = {k.kind: k.severity for k in KIND_TABLE}
 

@@ -602,17 +602,14 @@ def _difference(
     both_nan = np.isnan(real_a) & np.isnan(real_b)
     with np.errstate(invalid="ignore"):  # inf - inf is NaN: counted as a mismatch below
         diff = np.where(both_nan | (real_a == real_b), 0.0, real_a - real_b)
-    lsb: np.ndarray | None = None
-    if scale is not None:
-        lsb = diff / scale
-        beyond = ~(np.abs(lsb) <= tolerance_lsb)  # NaN: mismatch
-    elif tolerance_lsb:
+    if scale is None and tolerance_lsb:
         raise UsageError(
             "--tolerance-lsb needs the output scale for real-valued outputs",
             hint="pass --scale and --zero-point, or --model",
         )
-    else:
-        beyond = ~((real_a == real_b) | both_nan)
+    lsb = diff / scale if scale is not None else None
+    # NaN is a mismatch; without a scale the tolerance is 0: only equal values (or two NaNs) match
+    beyond = ~(np.abs(diff if lsb is None else lsb) <= tolerance_lsb)
     return _Diff(real_a, real_b, int_a, int_b, lsb, beyond, real_known=True, abs_real=np.abs(diff))
 
 

@@ -1298,7 +1298,7 @@ _HOT_RES: tuple[re.Pattern[bytes], ...] = tuple(
 # look-ups, vectorized). Only candidates are compared with the anchors: one numpy pass for all anchors,
 # where a find per anchor costs ~20 ms per 25 MB each (2.5 s for the ~120 anchors). The last words of
 # an anchor are rarer in a healthy log than its first ("invoke", "arena", "esp-check" are everywhere).
-# Anchors shorter than eight characters are found one by one.
+# Anchors shorter than eight characters are found one by one (a regex each, with the patterns).
 _GRAM = 4
 _SYMBOLS = np.full(256, 36, dtype=np.int32)  # a-z, 0-9 -> 0..35; newline (the only other byte) -> 36
 _SYMBOLS[np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", dtype=np.uint8)] = np.arange(36)
@@ -1319,7 +1319,7 @@ _LAST = np.zeros(37**_GRAM, dtype=bool)  # 4-grams that end an anchor
 _LAST[[_gram_code(g) for g in _BY_SUFFIX]] = True
 _BEFORE = np.zeros(37**_GRAM, dtype=bool)  # 4-grams just before an anchor's last 4-gram
 _BEFORE[[_gram_code(lit[-2 * _GRAM : -_GRAM]) for lits in _BY_SUFFIX.values() for lit in lits]] = True
-_SHORT_LITERALS = tuple(lit for lit in _HOT_LITERALS if len(lit) < 2 * _GRAM)
+_SHORT_RES = tuple(re.compile(re.escape(lit)) for lit in _HOT_LITERALS if len(lit) < 2 * _GRAM)
 
 
 def _gram_candidates(squeezed: bytes) -> list[int]:
@@ -1346,12 +1346,7 @@ def _hot_offsets(squeezed: bytes) -> list[int]:
         for lit in _BY_SUFFIX.get(squeezed[pos : pos + _GRAM], ())
         if pos + _GRAM >= len(lit) and squeezed.startswith(lit, pos + _GRAM - len(lit))
     ]
-    for lit in _SHORT_LITERALS:
-        i = squeezed.find(lit)
-        while i >= 0:
-            found.append(i)
-            i = squeezed.find(lit, i + 1)
-    for pat in _HOT_RES:
+    for pat in (*_SHORT_RES, *_HOT_RES):
         found.extend(m.start() for m in pat.finditer(squeezed))
     return found
 

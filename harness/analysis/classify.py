@@ -14,7 +14,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import ClassVar, overload
+from typing import ClassVar
 
 import numpy as np
 
@@ -75,35 +75,18 @@ _FW, _INFRA = Severity.FIRMWARE_FAULT, Severity.INFRASTRUCTURE
 
 # Pure data: every kind classify() can report and its severity; what each kind is recognised by is the
 # table in docs/device.md, "Classification". boot_loop's severity follows its cause.
-KIND_TABLE: tuple[KindInfo, ...] = (
-    KindInfo("panic", _FW),
-    KindInfo("interrupt_watchdog", _FW),
-    KindInfo("stack_overflow", _FW),
-    KindInfo("heap_corruption", _FW),
-    KindInfo("abort", _FW),
-    KindInfo("alloc_failure", _FW),
-    KindInfo("arena_too_small", _FW),
-    KindInfo("missing_op", _FW),
-    KindInfo("tflm_error", _FW),
-    KindInfo("schema_mismatch", _FW),
-    KindInfo("sanitizer", _FW),
-    KindInfo("native_exit", _FW),
-    KindInfo("firmware_error", _FW),
-    KindInfo("model_partition", _INFRA),
-    KindInfo("input_error", Severity.USAGE),
-    KindInfo("hang", _FW),
-    KindInfo("boot_loop", _FW),
-    KindInfo("unknown", _INFRA),
-    KindInfo("brownout", _INFRA),
-    KindInfo("boot_failure", _INFRA),
-    KindInfo("flash_size_mismatch", Severity.USAGE),
-    KindInfo("download_mode", _INFRA),
-    KindInfo("silence", _INFRA),
-    KindInfo("no_end", _INFRA),
-    KindInfo("disconnect", _INFRA),
-    KindInfo("link_repair", _INFRA),
-    KindInfo("corrupted", _INFRA),
-    KindInfo("task_watchdog", Severity.WARNING),
+KIND_TABLE: tuple[KindInfo, ...] = tuple(
+    KindInfo(kind, severity)
+    for severity, kinds in (
+        (_FW, ("panic", "interrupt_watchdog", "stack_overflow", "heap_corruption", "abort", "alloc_failure")),
+        (_FW, ("arena_too_small", "missing_op", "tflm_error", "schema_mismatch", "sanitizer", "native_exit")),
+        (_FW, ("firmware_error", "hang", "boot_loop")),
+        (_INFRA, ("model_partition", "unknown", "brownout", "boot_failure", "download_mode", "silence")),
+        (_INFRA, ("no_end", "disconnect", "link_repair", "corrupted")),
+        (Severity.USAGE, ("input_error", "flash_size_mismatch")),
+        (Severity.WARNING, ("task_watchdog",)),
+    )
+    for kind in kinds
 )
 KINDS: dict[str, str] = {k.kind: k.severity for k in KIND_TABLE}
 
@@ -219,7 +202,7 @@ def _line(raw_line: str) -> _Line:
     return _Line(ln, body, _SQUEEZE.sub("", ln.lower()), bool(_DECODER.search(body)))
 
 
-class _Lines(Sequence[_Line]):
+class _Lines:
     """The capture's lines, each decoded (prefix, squeeze, decoder mark) only when a detector looks at it:
     a 25 MB log has ~700,000 lines, and the detectors read the few near evidence (``_Ctx.hot``)."""
 
@@ -230,13 +213,7 @@ class _Lines(Sequence[_Line]):
     def __len__(self) -> int:
         return len(self._raw)
 
-    @overload
-    def __getitem__(self, i: int) -> _Line: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[_Line]: ...
-    def __getitem__(self, i: int | slice) -> _Line | list[_Line]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self._raw)))]
+    def __getitem__(self, i: int) -> _Line:
         if i < 0:
             i += len(self._raw)
         ln = self._cache.get(i)
@@ -302,7 +279,8 @@ class _Ctx:
     ) -> tuple[int, Finding]:
         """A finding of ``kind`` (its severity from KIND_TABLE) whose evidence is lines ``i`` to ``end``."""
         stop = i if end is None else end
-        evidence = tuple(ln.text[:_EVIDENCE_CAP] for ln in self.lines[i : min(stop + 1, i + 12)])
+        last = min(stop + 1, i + 12, len(self.lines))
+        evidence = tuple(self.lines[j].text[:_EVIDENCE_CAP] for j in range(i, last))
         return i, Finding(
             kind, KINDS[kind], message, line=i + 1, evidence=evidence, details=details, hint=hint
         )
@@ -460,13 +438,11 @@ def _detect_heap_corruption(ctx: _Ctx) -> Found:
         if ctx.has(i, ("corruptheap", "orruptheap")):
             detail = re.split(r"HEAP\s*:?\s*", ln.text, maxsplit=1, flags=re.IGNORECASE)[-1].strip()[:200]
             message = f"heap corruption detected: {detail[:120]}"
-            yield _crash(ctx, i, "heap_corruption", message, {"detail": detail}, _HEAP_HINT)
-
-
-_HEAP_HINT = (
-    "something wrote past a heap buffer (e.g. a kernel's scratch buffer); "
-    "CONFIG_HEAP_POISONING_COMPREHENSIVE narrows it down"
-)
+            hint = (
+                "something wrote past a heap buffer (e.g. a kernel's scratch buffer); "
+                "CONFIG_HEAP_POISONING_COMPREHENSIVE narrows it down"
+            )
+            yield _crash(ctx, i, "heap_corruption", message, {"detail": detail}, hint)
 
 
 _IWDT = ("interruptwdttimeout", "wdttimeoutoncpu", "nterruptwdttime")
@@ -484,10 +460,8 @@ def _detect_interrupt_watchdog(ctx: _Ctx) -> Found:
             "interrupts stayed disabled (or an ISR ran) too long"
         )
         details: Details = {"cpu": cpu, "core": _core(ctx, i), "reason": "Interrupt wdt timeout"}
-        yield _crash(ctx, i, "interrupt_watchdog", message, details, _IWDT_HINT)
-
-
-_IWDT_HINT = "look for a critical section or ISR that never ends (the backtrace shows where the CPU was)"
+        hint = "look for a critical section or ISR that never ends (the backtrace shows where the CPU was)"
+        yield _crash(ctx, i, "interrupt_watchdog", message, details, hint)
 
 
 _ABORT_AT = re.compile(
@@ -517,11 +491,8 @@ def _abort_kind(ctx: _Ctx, i: int) -> tuple[str, Details] | None:
         m = _ABORT_AT.search(ln.text)
         pc = m.group(1).lower() if m else None
         core = m.group(2) if m else None
-        return f"abort() called at PC {pc or '?'} on core {core or '?'}", {
-            "reason": "abort",
-            "pc": pc,
-            "core": core,
-        }
+        details: Details = {"reason": "abort", "pc": pc, "core": core}
+        return f"abort() called at PC {pc or '?'} on core {core or '?'}", details
     return None
 
 
@@ -644,9 +615,7 @@ class _TflmRule:
 
     def hit(self, ctx: _Ctx, i: int) -> bool:
         ln = ctx.lines[i]
-        if ln.decoded:
-            return False
-        return (
+        return not ln.decoded and (
             _hit(ln.sq, self.anchors)
             or any(p.search(ln.sq) for p in self.patterns)
             or any(p.search(ln.text) for p in self.raw)
@@ -673,6 +642,7 @@ _NEEDED = re.compile(r"Needed\s*(\d+)\s*but only\s*(\d+)", re.IGNORECASE)
 _SCHEMA_RE = re.compile(r"schema version\s*(\d+)\s*not equal to supported version\s*(\d+)", re.IGNORECASE)
 _TFLM_BURST = 12  # lines
 Advice = tuple[str, Details, str]  # what happened, the numbers read from the text, what to do
+Burst = list[tuple[str, str, str]]  # (text, kind, family) of each line of a burst of TFLM messages
 
 
 def _tflm_events(ctx: _Ctx) -> list[tuple[int, str, str]]:
@@ -708,20 +678,14 @@ def _detect_tflm(ctx: _Ctx) -> Found:
         )
         first, last = burst[0][0], burst[-1][0]
         ctx.explained.update(i for i, _, _ in burst)
-        lines = [ctx.lines[i].text for i, _, _ in burst]
-        if kind == "tflm_error":
-            message, details, hint = _generic_tflm_advice(
-                [(ctx.lines[i].text, f) for i, k, f in burst if k == "tflm_error"]
-            )
-        else:
-            message, details, hint = _TFLM_ADVICE[kind](lines)
+        message, details, hint = _TFLM_ADVICE[kind]([(ctx.lines[i].text, k, f) for i, k, f in burst])
         details["source"] = "tflm"
         yield ctx.finding(first, kind, message, details, hint, end=last)
 
 
-def _missing_op_advice(lines: list[str]) -> Advice:
+def _missing_op_advice(lines: Burst) -> Advice:
     op, version = None, None
-    for text in lines:
+    for text, _, _ in lines:
         m = _OP_RE.search(text)
         if m:
             op = op or m.group(1) or m.group(3)
@@ -751,8 +715,8 @@ def _missing_op_advice(lines: list[str]) -> Advice:
     )
 
 
-def _arena_advice(lines: list[str]) -> Advice:
-    for text in lines:
+def _arena_advice(lines: Burst) -> Advice:
+    for text, _, _ in lines:
         m = _NUMS.search(text)
         if m:
             requested, available, missing = (int(x) for x in m.groups())
@@ -783,8 +747,8 @@ def _arena_advice(lines: list[str]) -> Advice:
     )
 
 
-def _schema_advice(lines: list[str]) -> Advice:
-    for text in lines:
+def _schema_advice(lines: Burst) -> Advice:
+    for text, _, _ in lines:
         m = _SCHEMA_RE.search(text)
         if m:
             return (
@@ -821,15 +785,17 @@ _FAMILY_TEXT: dict[str, tuple[str, str]] = {  # family -> (what happened, what t
 }
 
 
-def _generic_tflm_advice(lines: list[tuple[str, str]]) -> Advice:
-    """The most specific family of a burst of TFLM error lines ``(text, family)``: what and what to do."""
+def _generic_tflm_advice(burst: Burst) -> Advice:
+    """The most specific family of a burst's ``tflm_error`` lines: what happened and what to do."""
+    lines = [(t, f) for t, k, f in burst if k == "tflm_error"]
     family = next((f for f in _FAMILY_ORDER if any(g == f for _, g in lines)), lines[0][1])
     text = next(t for t, g in lines if g == family)
     what, hint = _FAMILY_TEXT.get(family, _FAMILY_TEXT["prepare"])
     return f"{what}: {text.strip()[:160]}", {"family": family}, hint
 
 
-_TFLM_ADVICE: dict[str, Callable[[list[str]], Advice]] = {  # tflm_error: above
+_TFLM_ADVICE: dict[str, Callable[[Burst], Advice]] = {
+    "tflm_error": _generic_tflm_advice,
     "missing_op": _missing_op_advice,
     "arena_too_small": _arena_advice,
     "schema_mismatch": _schema_advice,
@@ -872,10 +838,8 @@ def _detect_brownout(ctx: _Ctx) -> Found:
         if ctx.has(i, _BROWNOUT):
             message = "brownout: the supply voltage dropped below the detector threshold"
             details: Details = {"line": ctx.lines[i].text.strip()[:200]}
-            yield ctx.finding(i, "brownout", message, details, _BROWNOUT_HINT)
-
-
-_BROWNOUT_HINT = "use a better USB cable/port or a powered hub, then rerun"
+            hint = "use a better USB cable/port or a powered hub, then rerun"
+            yield ctx.finding(i, "brownout", message, details, hint)
 
 
 _BOOT_FAIL = re.compile(
@@ -910,7 +874,7 @@ def _detect_boot_failure(ctx: _Ctx) -> Found:
         m = _BOOT_FAIL.search(ln.text)
         if not (m or _hit(ln.sq, _BOOT_FAIL_SQ) or any(p.search(ln.sq) for p in _BOOT_FAIL_PATTERNS)):
             continue
-        nxt = " ".join(x.sq for x in ctx.lines[i + 1 : i + 5])
+        nxt = " ".join(ctx.lines[j].sq for j in range(i + 1, min(i + 5, len(ctx.lines))))
         if "attemptingtobootanyway" in nxt:  # the bootloader goes on: a warning, not a failure
             continue
         detail = (m.group(1) if m else ln.body.strip())[:200]
@@ -1182,15 +1146,13 @@ def _detect_sanitizer(ctx: _Ctx) -> Found:
             "summary": summary.group(0).strip() if summary else None,
         }
         details = {k: v for k, v in details.items() if v not in (None, [])}
-        _, f = ctx.finding(i, "sanitizer", message[:300], details, _SANITIZER_HINT)
+        hint = (
+            "the native build found undefined behaviour or an out-of-bounds access in the firmware or a "
+            "kernel (e.g. an ESP-NN scratch buffer too small); the frames name the code"
+        )
+        _, f = ctx.finding(i, "sanitizer", message[:300], details, hint)
         evidence = tuple(ctx.lines[j].text[:_EVIDENCE_CAP] for j in evidence_idx)
         yield i, dataclasses.replace(f, evidence=evidence)
-
-
-_SANITIZER_HINT = (
-    "the native build found undefined behaviour or an out-of-bounds access in the firmware or a kernel "
-    "(e.g. an ESP-NN scratch buffer too small); the frames name the code"
-)
 
 
 def _detect_native_exit(ctx: _Ctx) -> Found:
@@ -1251,20 +1213,11 @@ def _merge_repeats(found: Sequence[tuple[int, Finding]]) -> list[Finding]:
     last_at: dict[str, tuple[int, int]] = {}  # kind -> (index in out, last line)
     by_message: dict[tuple[str, str], int] = {}
     for idx, f in found:
-        prev = last_at.get(f.kind)
-        same = by_message.get((f.kind, f.message))
-        near = (
-            prev is not None
-            and f.kind in _MERGEABLE
-            and f.details.get("source") != "protocol"
-            and out[prev[0]].details.get("source") == f.details.get("source")
-            and idx - prev[1] <= _MERGE_WINDOW
-        )
-        target = (
-            same
-            if same is not None and f.details.get("source") != "protocol"
-            else (prev[0] if near and prev else None)
-        )
+        source, prev = f.details.get("source"), last_at.get(f.kind)
+        target = None if source == "protocol" else by_message.get((f.kind, f.message))
+        if target is None and source != "protocol" and prev is not None and f.kind in _MERGEABLE:
+            near = idx - prev[1] <= _MERGE_WINDOW and out[prev[0]].details.get("source") == source
+            target = prev[0] if near else None
         if target is not None:
             first = out[target]
             details = dict(first.details)
@@ -1345,7 +1298,7 @@ _HOT_RES: tuple[re.Pattern[bytes], ...] = tuple(
 # look-ups, vectorized). Only candidates are compared with the anchors: one numpy pass for all anchors,
 # where a find per anchor costs ~20 ms per 25 MB each (2.5 s for the ~120 anchors). The last words of
 # an anchor are rarer in a healthy log than its first ("invoke", "arena", "esp-check" are everywhere).
-# Anchors shorter than eight characters are found one by one.
+# Anchors shorter than eight characters are found one by one (a regex each, with the patterns).
 _GRAM = 4
 _SYMBOLS = np.full(256, 36, dtype=np.int32)  # a-z, 0-9 -> 0..35; newline (the only other byte) -> 36
 _SYMBOLS[np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", dtype=np.uint8)] = np.arange(36)
@@ -1366,7 +1319,7 @@ _LAST = np.zeros(37**_GRAM, dtype=bool)  # 4-grams that end an anchor
 _LAST[[_gram_code(g) for g in _BY_SUFFIX]] = True
 _BEFORE = np.zeros(37**_GRAM, dtype=bool)  # 4-grams just before an anchor's last 4-gram
 _BEFORE[[_gram_code(lit[-2 * _GRAM : -_GRAM]) for lits in _BY_SUFFIX.values() for lit in lits]] = True
-_SHORT_LITERALS = tuple(lit for lit in _HOT_LITERALS if len(lit) < 2 * _GRAM)
+_SHORT_RES = tuple(re.compile(re.escape(lit)) for lit in _HOT_LITERALS if len(lit) < 2 * _GRAM)
 
 
 def _gram_candidates(squeezed: bytes) -> list[int]:
@@ -1393,12 +1346,7 @@ def _hot_offsets(squeezed: bytes) -> list[int]:
         for lit in _BY_SUFFIX.get(squeezed[pos : pos + _GRAM], ())
         if pos + _GRAM >= len(lit) and squeezed.startswith(lit, pos + _GRAM - len(lit))
     ]
-    for lit in _SHORT_LITERALS:
-        i = squeezed.find(lit)
-        while i >= 0:
-            found.append(i)
-            i = squeezed.find(lit, i + 1)
-    for pat in _HOT_RES:
+    for pat in (*_SHORT_RES, *_HOT_RES):
         found.extend(m.start() for m in pat.finditer(squeezed))
     return found
 

@@ -579,13 +579,18 @@ def _difference(
         return None
 
     int_a, int_b = to_int(a, va), to_int(b, vb)
+    both = int_a is not None and int_b is not None
+
+    def to_real(t: OutputTensor, v: np.ndarray, ints: np.ndarray | None) -> np.ndarray:
+        """Dequantized integers (both sides have them, or ``t`` holds raw ones), else ``v`` as reals."""
+        if ints is None or scale is None or zp is None or not (both or t.raw):
+            return v.astype(np.float64)
+        return (ints - zp).astype(np.float64) * scale
+
+    real_a, real_b = to_real(a, va, int_a), to_real(b, vb, int_b)
     if int_a is not None and int_b is not None:
         dl = (int_a - int_b).astype(np.float64)
         beyond = ~(np.abs(dl) <= tolerance_lsb)  # never a match by a NaN tolerance (also refused earlier)
-        if scale is not None:
-            real_a, real_b = (int_a - zp).astype(np.float64) * scale, (int_b - zp).astype(np.float64) * scale
-        else:
-            real_a, real_b = int_a.astype(np.float64), int_b.astype(np.float64)
         ad = np.abs(dl) * (scale if scale is not None else 1.0)
         return _Diff(real_a, real_b, int_a, int_b, dl, beyond, real_known=scale is not None, abs_real=ad)
     if (a.raw or b.raw) and scale is None:
@@ -594,26 +599,17 @@ def _difference(
             "and the output scale is unknown",
             hint="pass --scale and --zero-point, or --model",
         )
-    real_a, real_b = va.astype(np.float64), vb.astype(np.float64)
-    if scale is not None and zp is not None:  # raw integers beside printed reals: dequantize them
-        if int_a is not None and a.raw:
-            real_a = (int_a - zp).astype(np.float64) * scale
-        if int_b is not None and b.raw:
-            real_b = (int_b - zp).astype(np.float64) * scale
     both_nan = np.isnan(real_a) & np.isnan(real_b)
     with np.errstate(invalid="ignore"):  # inf - inf is NaN: counted as a mismatch below
         diff = np.where(both_nan | (real_a == real_b), 0.0, real_a - real_b)
-    lsb: np.ndarray | None = None
-    if scale is not None:
-        lsb = diff / scale
-        beyond = ~(np.abs(lsb) <= tolerance_lsb)  # NaN: mismatch
-    elif tolerance_lsb:
+    if scale is None and tolerance_lsb:
         raise UsageError(
             "--tolerance-lsb needs the output scale for real-valued outputs",
             hint="pass --scale and --zero-point, or --model",
         )
-    else:
-        beyond = ~((real_a == real_b) | both_nan)
+    lsb = diff / scale if scale is not None else None
+    # NaN is a mismatch; without a scale the tolerance is 0: only equal values (or two NaNs) match
+    beyond = ~(np.abs(diff if lsb is None else lsb) <= tolerance_lsb)
     return _Diff(real_a, real_b, int_a, int_b, lsb, beyond, real_known=True, abs_real=np.abs(diff))
 
 
@@ -861,17 +857,14 @@ def compare_variants(
     """Optimized vs ANSI C (and each vs the host); a lone valid variant is still checked against the
     host; None when nothing can honestly be compared (the variants' failures decide the verdict)."""
     if optimized is not None and ansi is not None:
-        return compare_sources(
-            optimized, ansi, reference, tolerance_lsb=tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
-            output_quant=output_quant,
-        )  # fmt: skip
-    only = optimized if optimized is not None else ansi
-    if only is None or reference is None:
+        a, b, ref, tol = optimized, ansi, reference, tolerance_lsb
+    elif (only := optimized if optimized is not None else ansi) is not None and reference is not None:
+        a, b, ref, tol = only, reference, None, ref_tolerance_lsb
+    else:
         return None
     return compare_sources(
-        only, reference, None, tolerance_lsb=ref_tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
-        output_quant=output_quant,
-    )  # fmt: skip
+        a, b, ref, tolerance_lsb=tol, ref_tolerance_lsb=ref_tolerance_lsb, output_quant=output_quant
+    )
 
 
 def _pinned_warnings(comparisons: Sequence[TensorComparison]) -> list[str]:
@@ -964,20 +957,9 @@ def _load_pair(a: str | Path, b: str | Path) -> tuple[Source, Source]:
         if isinstance(side, CaptureError):
             if not crashed:
                 raise side
+            msg = f"{side.message}; {side.hint}" if side.hint else side.message
             side = Source(
-                label,
-                "capture",
-                [],
-                path=str(path),
-                faults=[
-                    Fault(
-                        label,
-                        "capture",
-                        0,
-                        None,
-                        f"{side.message}; {side.hint}" if side.hint else side.message,
-                    )
-                ],
+                label, "capture", [], path=str(path), faults=[Fault(label, "capture", 0, None, msg)]
             )
         sides.append(side)
     return sides[0], sides[1]

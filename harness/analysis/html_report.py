@@ -367,31 +367,25 @@ def write_zip(
     tmp = dest.with_suffix(dest.suffix + ".tmp")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        _zip_into(tmp, head, out, trees)
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            for arc, content in head:
+                if isinstance(content, Path):
+                    z.write(content, arc)
+                else:
+                    z.writestr(arc, content)
+            for sub, arc in trees:
+                root = out / sub
+                if root.is_file():
+                    z.write(root, arc)
+                for f in sorted(root.rglob("*")) if root.is_dir() else []:
+                    rel = f.relative_to(root)
+                    if f.is_file() and not (set(rel.parts) & BUNDLE_SKIP):
+                        z.write(f, f"{arc}/{rel.as_posix()}")
         tmp.replace(dest)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise write_error(exc, f"the reproduction bundle {dest}") from None
     return dest
-
-
-def _zip_into(
-    tmp: Path, head: Sequence[tuple[str, str | Path]], out: Path, trees: Sequence[tuple[str, str]]
-) -> None:
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        for arc, content in head:
-            if isinstance(content, Path):
-                z.write(content, arc)
-            else:
-                z.writestr(arc, content)
-        for sub, arc in trees:
-            root = out / sub
-            if root.is_file():
-                z.write(root, arc)
-            for f in sorted(root.rglob("*")) if root.is_dir() else []:
-                rel = f.relative_to(root)
-                if f.is_file() and not (set(rel.parts) & BUNDLE_SKIP):
-                    z.write(f, f"{arc}/{rel.as_posix()}")
 
 
 def write_html(path: Path, text: str) -> None:

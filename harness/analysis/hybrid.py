@@ -383,12 +383,11 @@ def espnn_audit(
         flag = None
         small = c_ansi is not None and c_ansi < MIN_AUDIT_CYCLES
         no_verdict = "native" if native else ("below_floor" if small else None)
-        if no_verdict is not None or speedup is None:
-            pass
-        elif speedup < 1.0 - noise_band:
-            flag = "slower"
-        elif a is not None and a.accelerated and speedup <= 1.0 + noise_band:
-            flag = "ansi_speed"
+        if no_verdict is None and speedup is not None:
+            if speedup < 1.0 - noise_band:
+                flag = "slower"
+            elif a is not None and a.accelerated and speedup <= 1.0 + noise_band:
+                flag = "ansi_speed"
         rows.append(
             {
                 "op": op.index,

@@ -90,23 +90,17 @@ def report_dict(result: CompareResult, schema_version: int | None = None) -> dic
     return versioned(doc, schema_version, what="compare report", downgrades={1: compare_v1})
 
 
-_BIDI = frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A))
+# C0 controls, DEL and C1 controls as ``\\xNN``, bidi overrides and isolates as ``\\uNNNN``
+_VISIBLE = {o: f"\\x{o:02x}" for o in (*range(0x20), *range(0x7F, 0xA0))} | {
+    o: f"\\u{o:04x}" for o in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))
+}
 
 
 def sanitize_text(text: object) -> str:
     """Text from a model or a device, made safe for a terminal: control characters (ESC sequences
     such as OSC 52 clipboard writes or title changes, C1 controls, DEL, bidi overrides) are shown
     as visible ``\\xNN``/``\\uNNNN`` escapes instead of reaching the terminal."""
-    out = []
-    for ch in str(text):
-        o = ord(ch)
-        if o < 0x20 or 0x7F <= o <= 0x9F:
-            out.append(f"\\x{o:02x}")
-        elif o in _BIDI:
-            out.append(f"\\u{o:04x}")
-        else:
-            out.append(ch)
-    return "".join(out)
+    return str(text).translate(_VISIBLE)
 
 
 def safe_markup(text: object) -> str:

@@ -213,11 +213,10 @@ def describe_region(mask: np.ndarray) -> tuple[str, list[int], list[int], int]:
     h, w = mask.shape[row_ax], mask.shape[col_ax]
     if mask.all():
         return "everywhere", rows, cols, chans
-    if nd >= 3 or h > 1:
-        if rows == [h - 1] and h > 1:
-            return f"last row only (row {h - 1} of {h})", rows, cols, chans
-        if rows == [0] and h > 1:
-            return f"first row only (row 0 of {h})", rows, cols, chans
+    if rows == [h - 1] and h > 1:
+        return f"last row only (row {h - 1} of {h})", rows, cols, chans
+    if rows == [0] and h > 1:
+        return f"first row only (row 0 of {h})", rows, cols, chans
     if cols == [w - 1] and w > 1:
         return f"last column only (column {w - 1} of {w})", rows, cols, chans
     if cols == [0] and w > 1:

@@ -27,11 +27,11 @@ from harness.errors import UsageError
 from harness.inprocess import BOARDS
 from harness.protocol import frames
 from harness.resources import atomic_write
-from harness.sim.app import AppEnv, boot_from_flash, rom_header
+from harness.sim.app import boot_from_flash, rom_header
 from harness.sim.chips import FLASH_SIZE_CODES, FLASH_SIZES, ChipSpec, get_chip
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader
-from harness.sim.resident import IDLE_QUIET_S, Piece, SimApp, keep_after_boot
+from harness.sim.resident import IDLE_QUIET_S, AppEnv, Piece, SimApp, keep_after_boot
 
 RESET_STYLES = {  # the two reset styles by each name they go by
     **dict.fromkeys(("classic", "uart"), "classic"),

@@ -335,6 +335,14 @@ class SimBoard:
         self._last_end = t0 + (len(data) / rate if rate else 0.0)
         self._cond.notify_all()
 
+    def _emit_pieces(self, pieces: list[Piece], now: float, console_baud: int) -> None:
+        """Queue what a boot or the app printed: ROM text at the ROM's baud, the rest at ``console_baud``."""
+        for p in pieces:
+            if p.kind == "disconnect":
+                self._emit(b"", None, event="disconnect", now=now, at=p.at)
+            else:
+                self._emit(p.data, ROM_BAUD if p.kind == "rom" else console_baud, now=now, at=p.at)
+
     def _rate(self, baud: int | None) -> float | None:
         """Bytes per second on a throttled line: the baud the bytes are sent at (10 bits a byte), or the
         throttle for a line without one (USB); None: not throttled."""
@@ -560,11 +568,7 @@ class SimBoard:
         pieces, reboot = call()
         busy = max([app.last_busy, *(p.at for p in pieces)])
         self._dirty = True  # the app may have written otadata
-        for p in pieces:
-            if p.kind == "disconnect":
-                self._emit(b"", None, event="disconnect", now=start, at=p.at)
-            else:
-                self._emit(p.data, self.console_baud, now=start, at=p.at)
+        self._emit_pieces(pieces, start, self.console_baud)
         self._dev_free = start + busy
         if app.baud_request is not None and reboot is None:  # after the BAUD_OK reply: the UART switches
             self.log.append(f"app: console {self.console_baud} -> {app.baud_request} baud")
@@ -729,12 +733,7 @@ class SimBoard:
             self._chunks.clear()
             self._last_end = now
             self._drop_link()
-        for piece in result.pieces:
-            if piece.kind == "disconnect":
-                self._emit(b"", None, event="disconnect", now=now, at=piece.at)
-            else:
-                baud = ROM_BAUD if piece.kind == "rom" else result.console_baud
-                self._emit(piece.data, baud, now=now, at=piece.at)
+        self._emit_pieces(result.pieces, now, result.console_baud)
         self._dev_free = max((now + p.at for p in result.pieces), default=now)
 
     # ---- LoaderHost ----------------------------------------------------------------------------

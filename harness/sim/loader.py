@@ -187,7 +187,7 @@ class Loader:
         if not self.synced and not self.stub:
             return  # the ROM answers nothing before it has auto-bauded on a SYNC
         handler, size = self._handlers().get(op, (None, None))
-        no_security_info = op == CMD["GET_SECURITY_INFO"] and not self.host.chip.security_info
+        no_security_info = op == CMD["GET_SECURITY_INFO"] and not self.host.chip.rom.SECURITY_INFO_SUPPORTED
         if handler is None or (op in STUB_ONLY and not self.stub) or no_security_info:
             self._fail(op, ERR_INVALID_MSG, STUB_ERR_INVALID_COMMAND)
             return

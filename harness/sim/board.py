@@ -203,7 +203,7 @@ class ReferenceCache(dict[str, object]):
 
 
 class SimBoard:
-    """One simulated ESP32-family board. Create through :class:`BoardRegistry`."""
+    """One simulated ESP32-family board. Create through :func:`get_board`."""
 
     def __init__(self, name: str, config: BoardConfig) -> None:
         self.name = name

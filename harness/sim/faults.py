@@ -29,8 +29,8 @@ OP_FAULTS = ("op_corrupt", "op_clobber", "op_panic", "op_hang")
 _APP_FAULTS = ("corrupt", "pinned", "panic", "abort", "hang", "bootloop", "brownout", "alloc", "flaky")
 _SERIAL_FAULTS = ("noise", "truncate", "disconnect", "wdt", "sync_fail", "baud_fail")  # the serial link
 _STREAM_FAULTS = ("frame_rx", "frame_tx", "stall")  # the resident loop's streaming path
-_KEEP_FAULTS = ("keep_cold", "keep_stale", "keep_flip", "keep_lost")  # the kept-input store in PSRAM
-FAULTS = (*_APP_FAULTS, *_SERIAL_FAULTS, *_STREAM_FAULTS, *_KEEP_FAULTS, *OP_FAULTS, "unoptimized_kind")
+KEEP_FAULTS = ("keep_cold", "keep_stale", "keep_flip", "keep_lost")  # the kept-input store in PSRAM
+FAULTS = (*_APP_FAULTS, *_SERIAL_FAULTS, *_STREAM_FAULTS, *KEEP_FAULTS, *OP_FAULTS, "unoptimized_kind")
 
 OP_REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")
 

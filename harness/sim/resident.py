@@ -33,7 +33,7 @@ from harness.protocol.spec import TAP_RECORD_BYTES, crc32
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
 from harness.sim.cycles import Dispatch, invoke_us, op_cycles
-from harness.sim.faults import OP_FAULTS, FaultSpec, bump_lsb, flip_bits
+from harness.sim.faults import KEEP_FAULTS, OP_FAULTS, FaultSpec, bump_lsb, flip_bits
 from harness.sim.image import AppPayload, ImageError, load_image
 from harness.sim.tap_sim import OpFault, region_mask, simulate_ops
 
@@ -125,7 +125,7 @@ class _Init:
 
 
 # faults of the line / ROM / the board's memory, not of the app image
-LINE_FAULTS = ("sync_fail", "baud_fail", "keep_cold", "keep_stale", "keep_flip", "keep_lost")
+LINE_FAULTS = ("sync_fail", "baud_fail", *KEEP_FAULTS)
 
 
 class SimApp:

@@ -489,7 +489,7 @@ class SimBoard:
                 self._now = None
             if loader.synced and not was_synced:
                 self.uart_baud = port_baud  # the ROM auto-bauds on the SYNC pattern
-            self.flash_bytes_written = self._flash_done + loader.stats["flash_bytes_written"]
+            self.flash_bytes_written = self._flash_done + loader.flash_bytes_written
 
     # ---- the resident app's receive side ------------------------------------------------------------
 
@@ -687,7 +687,7 @@ class SimBoard:
 
     def _end_session(self) -> None:
         if self._loader is not None:
-            self._flash_done += self._loader.stats["flash_bytes_written"]
+            self._flash_done += self._loader.flash_bytes_written
             self.flash_bytes_written = self._flash_done
         self._loader = None
 

@@ -57,10 +57,6 @@ class SlipDecoder:
         self._buf: bytearray | None = None
         self._esc = False
 
-    def reset(self) -> None:
-        self._buf = None
-        self._esc = False
-
     def feed(self, data: bytes) -> list[bytes]:
         frames: list[bytes] = []
         for b in data:
@@ -154,7 +150,7 @@ class Loader:
         self._mem_seq = 0
         self._write: _WriteSession | None = None
         self._log = log or (lambda _m: None)
-        self.stats = {"flash_bytes_written": 0, "commands": 0}
+        self.flash_bytes_written = 0
 
     # ---- framing -------------------------------------------------------------------------------
 
@@ -180,7 +176,6 @@ class Loader:
         if len(data) != length:
             self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
             return
-        self.stats["commands"] += 1
         if op == CMD["SYNC"]:
             self._sync(data)
             return
@@ -362,7 +357,7 @@ class Loader:
         # NOR flash programming can only clear bits
         old = self.host.flash[addr:end]
         self.host.flash[addr:end] = bytes(a & b for a, b in zip(old, payload, strict=True))
-        self.stats["flash_bytes_written"] += len(payload)
+        self.flash_bytes_written += len(payload)
         self.host.flash_changed()
         return True
 

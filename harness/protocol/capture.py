@@ -38,15 +38,16 @@ _RECORD_RE = re.compile(
 _MARKER_RE = re.compile(re.escape(MARKER))
 _TRAILING_ANSI_RE = re.compile(rb"(?:\x1b\[[0-9;]*[A-Za-z]|[ \t])+$")
 # An ESP-IDF log line spliced into a record by another task: "E (1234) task_wdt: ..." (maybe coloured).
-_IDF_LOG_RE = re.compile(rb"(?:\x1b\[[0-9;]*m)?[EWIDV] \([0-9:.]{1,16}\) [^:\r\n]{1,64}: ")
+_IDF_LOG = rb"(?:\x1b\[[0-9;]*m)?[EWIDV] \([0-9:.]{1,16}\) [^:\r\n]{1,64}: "
+_IDF_LOG_RE = re.compile(_IDF_LOG)
 _INT_RE = re.compile(r"-?(0|[1-9][0-9]{0,19})")
 _UINT_RE = re.compile(r"0|[1-9][0-9]{0,19}")
 _HEX8_RE = re.compile(r"[0-9A-F]{8}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-_SHAPE_RE = re.compile(r"-|(0|[1-9][0-9]{0,9})(x(0|[1-9][0-9]{0,9})){0,7}")
-_TAP_ENTRY_RE = re.compile(
-    r"(-?(?:0|[1-9][0-9]{0,9})):(-|(?:0|[1-9][0-9]{0,9})(?:x(?:0|[1-9][0-9]{0,9})){0,7}):([0-9A-F]{8})"
-)
+_DIM = r"(?:0|[1-9][0-9]{0,9})"
+_SHAPE = rf"-|{_DIM}(?:x{_DIM}){{0,7}}"  # a TENSOR's shape, or a tap entry's
+_SHAPE_RE = re.compile(_SHAPE)
+_TAP_ENTRY_RE = re.compile(rf"(-?{_DIM}):({_SHAPE}):([0-9A-F]{{8}})")
 _OPNAME_RE = re.compile(r"[A-Za-z0-9_\-]{1,32}")
 _ANSI_OPS_RE = re.compile(r"-|[0-9]{1,6}(,[0-9]{1,6})*\+?")  # INFO ansi_ops of hybrid firmware
 
@@ -826,8 +827,8 @@ class _Builder:
 
 
 _DEVICE_TEXT_RE = re.compile(
-    rb"ESP-ROM:|^ets [A-Z][a-z]{2} |rst:0x[0-9a-f]+ \(|Guru Meditation Error|abort\(\) was called|"
-    rb"^(?:\x1b\[[0-9;]*m)?[EWIDV] \([0-9:.]{1,16}\) [^:\r\n]{1,64}: ",
+    rb"ESP-ROM:|^ets [A-Z][a-z]{2} |rst:0x[0-9a-f]+ \(|Guru Meditation Error|abort\(\) was called|^"
+    + _IDF_LOG,
     re.MULTILINE,
 )
 

@@ -37,6 +37,7 @@ RESET_STYLES = {  # the two reset styles by each name they go by
     **dict.fromkeys(("classic", "uart"), "classic"),
     **dict.fromkeys(("usb_jtag", "usb_serial_jtag", "usb"), "usb_jtag"),
 }
+KEEP_PSRAM_MAX = 512 * 1024  # PSRAM a simulated board offers the kept-input store (its size: the app's)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -247,7 +248,7 @@ class SimBoard:
         self.rx_dropped = 0  # bytes lost because the receive buffer was full (host ignored flow control)
         self.rx_bytes = 0
         # PSRAM the kept-input store lives in: noise at power-on, left alone by a software restart
-        self.keep = bytearray(random.Random(f"{name}:psram").randbytes(frames.KEEP_PSRAM_MAX))
+        self.keep = bytearray(random.Random(f"{name}:psram").randbytes(KEEP_PSRAM_MAX))
 
     # ---- persistence ---------------------------------------------------------------------------
 

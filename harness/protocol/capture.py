@@ -38,15 +38,16 @@ _RECORD_RE = re.compile(
 _MARKER_RE = re.compile(re.escape(MARKER))
 _TRAILING_ANSI_RE = re.compile(rb"(?:\x1b\[[0-9;]*[A-Za-z]|[ \t])+$")
 # An ESP-IDF log line spliced into a record by another task: "E (1234) task_wdt: ..." (maybe coloured).
-_IDF_LOG_RE = re.compile(rb"(?:\x1b\[[0-9;]*m)?[EWIDV] \([0-9:.]{1,16}\) [^:\r\n]{1,64}: ")
+_IDF_LOG = rb"(?:\x1b\[[0-9;]*m)?[EWIDV] \([0-9:.]{1,16}\) [^:\r\n]{1,64}: "
+_IDF_LOG_RE = re.compile(_IDF_LOG)
 _INT_RE = re.compile(r"-?(0|[1-9][0-9]{0,19})")
 _UINT_RE = re.compile(r"0|[1-9][0-9]{0,19}")
 _HEX8_RE = re.compile(r"[0-9A-F]{8}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-_SHAPE_RE = re.compile(r"-|(0|[1-9][0-9]{0,9})(x(0|[1-9][0-9]{0,9})){0,7}")
-_TAP_ENTRY_RE = re.compile(
-    r"(-?(?:0|[1-9][0-9]{0,9})):(-|(?:0|[1-9][0-9]{0,9})(?:x(?:0|[1-9][0-9]{0,9})){0,7}):([0-9A-F]{8})"
-)
+_DIM = r"(?:0|[1-9][0-9]{0,9})"
+_SHAPE = rf"-|{_DIM}(?:x{_DIM}){{0,7}}"  # a TENSOR's shape, or a tap entry's
+_SHAPE_RE = re.compile(_SHAPE)
+_TAP_ENTRY_RE = re.compile(rf"(-?{_DIM}):({_SHAPE}):([0-9A-F]{{8}})")
 _OPNAME_RE = re.compile(r"[A-Za-z0-9_\-]{1,32}")
 _ANSI_OPS_RE = re.compile(r"-|[0-9]{1,6}(,[0-9]{1,6})*\+?")  # INFO ansi_ops of hybrid firmware
 
@@ -411,18 +412,18 @@ class _Builder:
         self.cap = cap
         self.expected_seq = 0
         self.run_by_index: dict[int, CapturedRun] = {}
-        self.pending: tuple[Record, bytearray, CapturedTensor] | None = None
+        # the TENSOR (or OPDUMP, with its dump) whose DATA (OPDATA) records are to come, and its bytes so far
+        self.pending: tuple[Record, bytearray, CapturedTensor, OpDump | None] | None = None
         self.stale = 0
         self.broken = False
-        self.pending_dump: tuple[Record, bytearray, OpDump] | None = None
         self.ignored_from_line: int | None = None  # a later boot after a complete END starts here
 
     def problem(self, msg: str) -> None:
         self.cap.problems.append(msg)
 
-    def _cut_short(self, what: str, prec: Record, buf: bytearray) -> None:
+    def _cut_short(self, prec: Record, buf: bytearray) -> None:
         self.problem(
-            f"{what} at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
+            f"{prec.type} at line {prec.line}: only {len(buf)} of {prec.fields.get('bytes')} bytes arrived"
         )
 
     def feed(self, records: Iterable[Record | _Data]) -> None:
@@ -468,12 +469,9 @@ class _Builder:
     def handle(self, rec: Record | _Data) -> None:
         """Close what a record of another type interrupts, then dispatch on the record type."""
         t = rec.type
-        if self.pending is not None and t != "DATA":
-            self._cut_short("TENSOR", *self.pending[:2])
+        if self.pending is not None and t != ("DATA" if self.pending[3] is None else "OPDATA"):
+            self._cut_short(*self.pending[:2])
             self.pending = None
-        if self.pending_dump is not None and t != "OPDATA":
-            self._cut_short("OPDUMP", *self.pending_dump[:2])
-            self.pending_dump = None
         if self.cap.complete:
             self.problem(f"line {rec.line}: {t} record after END")
             return
@@ -634,39 +632,24 @@ class _Builder:
         _, tensor = self._tensor_meta(Record(rec.seq, "OPDUMP", fields, rec.line))
         if run is not None and any(d.idx == idx and d.t == t and d.role == role for d in run.dumps):
             self.problem(f"line {rec.line}: OPDUMP i={run.index} idx={idx} t={t} role={role} repeated")
-        self.pending_dump = (rec, bytearray(), OpDump(tensor.i, idx, t, role, tensor))
+        self.pending = (rec, bytearray(), tensor, OpDump(tensor.i, idx, t, role, tensor))
         if int(rec.fields["bytes"]) == 0:
-            self._dump_done(rec, b"")
+            self._finish()
 
     def _opdata(self, rec: Record) -> None:
-        if self.pending_dump is None:
+        if self.pending is None:  # (handle closed a pending TENSOR)
             self.problem(f"line {rec.line}: OPDATA without an OPDUMP record")
             return
-        prec, buf, dump = self.pending_dump
+        prec, buf, _, dump = self.pending
+        assert dump is not None
         i, idx = (_int(rec, name, unsigned=True) for name in ("i", "idx"))
         key = (i, idx, _int(rec, "t"), _get(rec, "role"))
         off = _int(rec, "off", unsigned=True)
         if key != (dump.i, dump.idx, dump.t, dump.role) or off != len(buf):
             self.problem(f"line {rec.line}: OPDATA off={off} does not continue OPDUMP at line {prec.line}")
-            self.pending_dump = None
+            self.pending = None
             return
-        chunk = _decode_b64(_get(rec, "b64").encode("ascii"), rec.type)
-        total = int(prec.fields["bytes"])
-        if not 0 < len(chunk) <= DATA_CHUNK or len(buf) + len(chunk) > total:
-            self.problem(f"line {rec.line}: OPDATA chunk of {len(chunk)} bytes does not fit its OPDUMP")
-            self.pending_dump = None
-            return
-        buf.extend(chunk)
-        if len(buf) == total:
-            self._dump_done(prec, bytes(buf))
-
-    def _dump_done(self, prec: Record, data: bytes) -> None:
-        assert self.pending_dump is not None
-        dump = self.pending_dump[2]
-        self.pending_dump = None
-        run = self.run_by_index.get(dump.i)
-        if self._filled("OPDUMP", prec, data, dump.tensor) and run is not None:
-            run.dumps.append(dump)
+        self._append(rec.line, _get(rec, "b64").encode("ascii"))
 
     def _filled(self, what: str, prec: Record, data: bytes, tensor: CapturedTensor) -> bool:
         """Give ``tensor`` its bytes when their CRC-32 is the one its record announced (else a problem)."""
@@ -687,7 +670,7 @@ class _Builder:
         run, tensor = self._tensor_meta(rec)
         if run is not None and any(t.o == tensor.o for t in run.outputs):
             self.problem(f"line {rec.line}: TENSOR i={run.index} o={tensor.o} repeated")
-        self.pending = (rec, bytearray(), tensor)
+        self.pending = (rec, bytearray(), tensor, None)
         self.broken = False
         if int(rec.fields["bytes"]) == 0:
             self._finish()
@@ -739,7 +722,7 @@ class _Builder:
             if not self.broken:  # the TENSOR this DATA belongs to is already reported broken
                 self.problem(f"line {line}: DATA without a TENSOR record")
             return
-        prec, buf, tensor = self.pending
+        _, buf, tensor, _ = self.pending
         if (i, o) != (tensor.i, tensor.o) or off != len(buf):
             self.problem(
                 f"line {line}: DATA i={i} o={o} off={off} does not continue TENSOR "
@@ -747,32 +730,42 @@ class _Builder:
             )
             self.pending = None
             self.broken = True
-            return
-        chunk = _decode_b64(b64, "DATA")
+        elif not self._append(line, b64):
+            self.broken = True
+
+    def _append(self, line: int, b64: bytes) -> bool:
+        """The next chunk of the pending tensor's bytes (the last one fills it); False (a problem, nothing
+        pending) when it does not fit."""
+        assert self.pending is not None
+        prec, buf = self.pending[:2]
+        what = "DATA" if prec.type == "TENSOR" else "OPDATA"
+        chunk = _decode_b64(b64, what)
         total = int(prec.fields["bytes"])
         if not 0 < len(chunk) <= DATA_CHUNK or len(buf) + len(chunk) > total:
-            self.problem(f"line {line}: DATA chunk of {len(chunk)} bytes does not fit its TENSOR")
+            self.problem(f"line {line}: {what} chunk of {len(chunk)} bytes does not fit its {prec.type}")
             self.pending = None
-            self.broken = True
-            return
+            return False
         buf.extend(chunk)
         if len(buf) == total:
             self._finish()
+        return True
 
     def _finish(self) -> None:
+        """The pending tensor is whole: into its run's outputs (or dumps) when its CRC-32 is right."""
         assert self.pending is not None
-        prec, buf, tensor = self.pending
+        prec, buf, tensor, dump = self.pending
         self.pending = None
         run = self.run_by_index.get(tensor.i)
-        if self._filled("TENSOR", prec, bytes(buf), tensor) and run is not None:
-            run.outputs.append(tensor)
+        if self._filled(prec.type, prec, bytes(buf), tensor) and run is not None:
+            if dump is None:
+                run.outputs.append(tensor)
+            else:
+                run.dumps.append(dump)
 
     def finish(self) -> None:
         cap = self.cap
         if self.pending is not None:
-            self._cut_short("TENSOR", *self.pending[:2])
-        if self.pending_dump is not None:
-            self._cut_short("OPDUMP", *self.pending_dump[:2])
+            self._cut_short(*self.pending[:2])
         if not cap.has_records:
             self.problem("no esp-check protocol records (@EC1) in the capture")
             return
@@ -834,8 +827,8 @@ class _Builder:
 
 
 _DEVICE_TEXT_RE = re.compile(
-    rb"ESP-ROM:|^ets [A-Z][a-z]{2} |rst:0x[0-9a-f]+ \(|Guru Meditation Error|abort\(\) was called|"
-    rb"^(?:\x1b\[[0-9;]*m)?[EWIDV] \([0-9:.]{1,16}\) [^:\r\n]{1,64}: ",
+    rb"ESP-ROM:|^ets [A-Z][a-z]{2} |rst:0x[0-9a-f]+ \(|Guru Meditation Error|abort\(\) was called|^"
+    + _IDF_LOG,
     re.MULTILINE,
 )
 

@@ -41,7 +41,8 @@ MAX_DIMS = 8
 OPNAME_MAX = 32
 
 _C_FLAGS = ("-std=c99", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra")
-_SANITIZE = bytes(c if 0x21 <= c <= 0x7E and c != 0x2A else 0x5F for c in range(256))
+# a protocol value's bytes: those outside 0x21..0x7E, and '*', become '_' (text records, ERROR frames)
+SANITIZE = bytes(c if 0x21 <= c <= 0x7E and c != 0x2A else 0x5F for c in range(256))
 _OVERFLOW_TAIL = b" ERROR stage=internal code=0 msg=record_overflow "
 _KEY = re.compile(r"[a-z][a-z0-9_]*")  # a record field's key (ASCII only)
 
@@ -78,7 +79,7 @@ def _cbytes(value: str | bytes) -> bytes:
 def sanitize_value(value: str | bytes, max_len: int = LINE_MAX) -> bytes:
     """Protocol string value: each byte outside 0x21..0x7E, and '*', becomes '_'; empty is '-'."""
     raw = _cbytes(value)[:max_len]
-    return raw.translate(_SANITIZE) if raw else b"-"
+    return raw.translate(SANITIZE) if raw else b"-"
 
 
 def _float32_bits(x: float) -> int:

@@ -49,7 +49,6 @@ FL_NONDETERMINISTIC, FL_INLINE, FL_DATA_FRAMES, FL_REPEATS = 0x01, 0x02, 0x04, 0
 DATA_FIXED = 10
 HELLO_FIXED = 128
 KEEP_HEADER, KEEP_ENTRY, KEEP_MAX = 64, 8, 0xFFFF  # the kept-input store (docs/protocol.md "Kept inputs")
-KEEP_PSRAM_MAX = 512 * 1024  # PSRAM a simulated board offers the store (its size comes with the app)
 HELLO_LINE = b"@ECH HELLO "  # the HELLO frame travels as one text line: this, base64 of the frame, CRLF
 HELLO_LINE_MAX = 512  # longer than any HELLO line: a longer candidate is text
 NAK_BAD_FRAME, NAK_GAP = 1, 2

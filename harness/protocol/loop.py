@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from harness.protocol import frames
-from harness.protocol.emitter import emit_tensor
+from harness.protocol.emitter import SANITIZE, emit_tensor
 from harness.protocol.spec import crc32
 
 ECL_OK, ECL_HALTED, ECL_REBOOT = 0, 1, 2
@@ -217,7 +217,7 @@ class DeviceLoop:
     def error(self, ident: int, stage: int, code: int, msg: str) -> None:
         self._flush()
         raw = msg.encode("utf-8", "replace")[: frames.ERROR_MSG_MAX]
-        clean = bytes(c if 0x21 <= c <= 0x7E and c != 0x2A else 0x5F for c in raw)
+        clean = raw.translate(SANITIZE)
         head = struct.pack("<IIB", ident & 0xFFFFFFFF, code & 0xFFFFFFFF, stage)
         self._send(frames.RSP_ERROR, head + clean)
 

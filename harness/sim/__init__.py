@@ -10,21 +10,9 @@ import urllib.parse
 from collections.abc import Mapping
 
 from harness.inprocess import BOARDS
-from harness.sim.board import BoardConfig, SimBoard, config_from_params, get_board, parse_url, remove_board
-from harness.sim.faults import FAULTS, FaultSpec
+from harness.sim.board import get_board, parse_url, remove_board
 
-__all__ = [
-    "FAULTS",
-    "BoardConfig",
-    "FaultSpec",
-    "SimBoard",
-    "config_from_params",
-    "get_board",
-    "parse_url",
-    "register",
-    "remove_board",
-    "url_for",
-]
+__all__ = ["get_board", "parse_url", "register", "remove_board", "url_for"]
 
 
 def register() -> None:

@@ -35,8 +35,6 @@ from harness.sim.image import (
 )
 from harness.sim.resident import SIM_BANNER, AppEnv, Clock, Piece, SimApp
 
-__all__ = ["SIM_BANNER", "AppEnv", "BootResult", "Piece", "boot_from_flash", "rom_header"]
-
 # When output starts after the reset is released (seconds): the ROM prints its banner at once and its
 # load lines while it reads the bootloader; the later pieces start at their ESP-IDF log timestamps.
 ROM_LOAD_S = 0.005

@@ -27,16 +27,17 @@ from harness.errors import UsageError
 from harness.inprocess import BOARDS
 from harness.protocol import frames
 from harness.resources import atomic_write
-from harness.sim.app import AppEnv, boot_from_flash, rom_header
+from harness.sim.app import boot_from_flash, rom_header
 from harness.sim.chips import FLASH_SIZE_CODES, FLASH_SIZES, ChipSpec, get_chip
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader
-from harness.sim.resident import IDLE_QUIET_S, Piece, SimApp, keep_after_boot
+from harness.sim.resident import IDLE_QUIET_S, AppEnv, Piece, SimApp, keep_after_boot
 
 RESET_STYLES = {  # the two reset styles by each name they go by
     **dict.fromkeys(("classic", "uart"), "classic"),
     **dict.fromkeys(("usb_jtag", "usb_serial_jtag", "usb"), "usb_jtag"),
 }
+KEEP_PSRAM_MAX = 512 * 1024  # PSRAM a simulated board offers the kept-input store (its size: the app's)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -203,7 +204,7 @@ class ReferenceCache(dict[str, object]):
 
 
 class SimBoard:
-    """One simulated ESP32-family board. Create through :class:`BoardRegistry`."""
+    """One simulated ESP32-family board. Create through :func:`get_board`."""
 
     def __init__(self, name: str, config: BoardConfig) -> None:
         self.name = name
@@ -247,7 +248,7 @@ class SimBoard:
         self.rx_dropped = 0  # bytes lost because the receive buffer was full (host ignored flow control)
         self.rx_bytes = 0
         # PSRAM the kept-input store lives in: noise at power-on, left alone by a software restart
-        self.keep = bytearray(random.Random(f"{name}:psram").randbytes(frames.KEEP_PSRAM_MAX))
+        self.keep = bytearray(random.Random(f"{name}:psram").randbytes(KEEP_PSRAM_MAX))
 
     # ---- persistence ---------------------------------------------------------------------------
 
@@ -334,6 +335,14 @@ class SimBoard:
         self._chunks.append(_Chunk(bytes(data), t0, rate, baud, event))
         self._last_end = t0 + (len(data) / rate if rate else 0.0)
         self._cond.notify_all()
+
+    def _emit_pieces(self, pieces: list[Piece], now: float, console_baud: int) -> None:
+        """Queue what a boot or the app printed: ROM text at the ROM's baud, the rest at ``console_baud``."""
+        for p in pieces:
+            if p.kind == "disconnect":
+                self._emit(b"", None, event="disconnect", now=now, at=p.at)
+            else:
+                self._emit(p.data, ROM_BAUD if p.kind == "rom" else console_baud, now=now, at=p.at)
 
     def _rate(self, baud: int | None) -> float | None:
         """Bytes per second on a throttled line: the baud the bytes are sent at (10 bits a byte), or the
@@ -481,7 +490,7 @@ class SimBoard:
                 self._now = None
             if loader.synced and not was_synced:
                 self.uart_baud = port_baud  # the ROM auto-bauds on the SYNC pattern
-            self.flash_bytes_written = self._flash_done + loader.stats["flash_bytes_written"]
+            self.flash_bytes_written = self._flash_done + loader.flash_bytes_written
 
     # ---- the resident app's receive side ------------------------------------------------------------
 
@@ -560,11 +569,7 @@ class SimBoard:
         pieces, reboot = call()
         busy = max([app.last_busy, *(p.at for p in pieces)])
         self._dirty = True  # the app may have written otadata
-        for p in pieces:
-            if p.kind == "disconnect":
-                self._emit(b"", None, event="disconnect", now=start, at=p.at)
-            else:
-                self._emit(p.data, self.console_baud, now=start, at=p.at)
+        self._emit_pieces(pieces, start, self.console_baud)
         self._dev_free = start + busy
         if app.baud_request is not None and reboot is None:  # after the BAUD_OK reply: the UART switches
             self.log.append(f"app: console {self.console_baud} -> {app.baud_request} baud")
@@ -683,7 +688,7 @@ class SimBoard:
 
     def _end_session(self) -> None:
         if self._loader is not None:
-            self._flash_done += self._loader.stats["flash_bytes_written"]
+            self._flash_done += self._loader.flash_bytes_written
             self.flash_bytes_written = self._flash_done
         self._loader = None
 
@@ -729,12 +734,7 @@ class SimBoard:
             self._chunks.clear()
             self._last_end = now
             self._drop_link()
-        for piece in result.pieces:
-            if piece.kind == "disconnect":
-                self._emit(b"", None, event="disconnect", now=now, at=piece.at)
-            else:
-                baud = ROM_BAUD if piece.kind == "rom" else result.console_baud
-                self._emit(piece.data, baud, now=now, at=piece.at)
+        self._emit_pieces(result.pieces, now, result.console_baud)
         self._dev_free = max((now + p.at for p in result.pieces), default=now)
 
     # ---- LoaderHost ----------------------------------------------------------------------------

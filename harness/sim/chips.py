@@ -34,7 +34,6 @@ class ChipSpec(Chip):
     display: str  # esptool's CHIP_NAME
     image_chip_id: int
     rom: type[ESPLoader]  # esptool's class for the chip: SPI and UART registers, flash windows, XTAL divider
-    security_info: bool  # ROM answers GET_SECURITY_INFO (ESP32-S2 and later)
     iram_start: int
     dram_start: int
     rom_banner: tuple[str, ...]  # lines before "rst:" on every ROM boot
@@ -109,7 +108,6 @@ def _spec(name: str, **sim: Any) -> ChipSpec:
 CHIPS: dict[str, ChipSpec] = {
     "esp32": _spec(
         "esp32",
-        security_info=False,
         iram_start=0x40080000,
         dram_start=0x3FFB0000,
         rom_banner=("ets Jun  8 2016 00:22:57",),
@@ -120,7 +118,6 @@ CHIPS: dict[str, ChipSpec] = {
     ),
     "esp32s3": _spec(
         "esp32s3",
-        security_info=True,
         iram_start=0x40378000,
         dram_start=0x3FC88000,
         rom_banner=("ESP-ROM:esp32s3-20210327", "Build:Mar 27 2021"),
@@ -130,7 +127,6 @@ CHIPS: dict[str, ChipSpec] = {
     ),
     "esp32c3": _spec(
         "esp32c3",
-        security_info=True,
         iram_start=0x4037C000,
         dram_start=0x3FC80000,
         rom_banner=("ESP-ROM:esp32c3-api1-20210207", "Build:Feb  7 2021"),

@@ -134,13 +134,11 @@ def write_elf(chip: ChipSpec, sections: list[tuple[str, int, bytes, int]], entry
     body = bytearray()
     offsets: list[int] = []
     blobs = [s[2] for s in sections] + [bytes(symtab), bytes(strtab), bytes(shstr)]
-    for blob in blobs:
-        pad = (-(pos + len(body))) % 4
-        body += b"\0" * pad
+    for blob in [*blobs, b""]:  # each 4-byte aligned; the section headers after them (b"")
+        body += b"\0" * ((-(pos + len(body))) % 4)
         offsets.append(pos + len(body))
         body += blob
-    shoff = pos + len(body) + (-(pos + len(body))) % 4
-    body += b"\0" * ((-(pos + len(body))) % 4)
+    shoff = offsets.pop()
 
     phdrs = bytearray()
     for (_n, addr, data, flags), off in zip(sections, offsets, strict=False):

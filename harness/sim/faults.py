@@ -29,8 +29,8 @@ OP_FAULTS = ("op_corrupt", "op_clobber", "op_panic", "op_hang")
 _APP_FAULTS = ("corrupt", "pinned", "panic", "abort", "hang", "bootloop", "brownout", "alloc", "flaky")
 _SERIAL_FAULTS = ("noise", "truncate", "disconnect", "wdt", "sync_fail", "baud_fail")  # the serial link
 _STREAM_FAULTS = ("frame_rx", "frame_tx", "stall")  # the resident loop's streaming path
-_KEEP_FAULTS = ("keep_cold", "keep_stale", "keep_flip", "keep_lost")  # the kept-input store in PSRAM
-FAULTS = (*_APP_FAULTS, *_SERIAL_FAULTS, *_STREAM_FAULTS, *_KEEP_FAULTS, *OP_FAULTS, "unoptimized_kind")
+KEEP_FAULTS = ("keep_cold", "keep_stale", "keep_flip", "keep_lost")  # the kept-input store in PSRAM
+FAULTS = (*_APP_FAULTS, *_SERIAL_FAULTS, *_STREAM_FAULTS, *KEEP_FAULTS, *OP_FAULTS, "unoptimized_kind")
 
 OP_REGIONS = ("last_row", "last_col", "first_row", "first_col", "border", "random", "all")
 
@@ -63,26 +63,24 @@ class FaultParams(BaseModel):
     fault_kind: str | None = Field(None, description="unoptimized_kind: the op kind, e.g. CONV_2D")
 
 
-_P = FaultParams()  # FaultSpec's defaults are the parameters'
-
-
 @dataclass(frozen=True)
 class FaultSpec:
-    """Faults to inject. ``variant`` limits app-level faults to images of that variant."""
+    """Faults to inject (:func:`parse_faults` makes one from :class:`FaultParams`). ``variant`` limits
+    app-level faults to images of that variant."""
 
-    names: frozenset[str] = frozenset()
-    variant: str | None = None
-    seed: int = _P.seed
-    corrupt_lsb: int = _P.corrupt_lsb
-    corrupt_frac: float = _P.corrupt_frac
-    noise: float = _P.noise
-    fault_count: int = _P.fault_count
-    loops: int = _P.loops
-    fault_boots: int | None = _P.fault_boots  # app faults only on the first N app boots (transient)
-    fault_ops: tuple[int, ...] = ()  # op faults: the op indices (fault_op=17 or fault_op=17,27)
-    fault_region: str = _P.fault_region
-    frame_every: int = _P.frame_every  # frame_rx / frame_tx: which frames are damaged
-    fault_kind: str | None = _P.fault_kind  # unoptimized_kind: the op kind, e.g. CONV_2D
+    names: frozenset[str]
+    variant: str | None
+    seed: int
+    corrupt_lsb: int
+    corrupt_frac: float
+    noise: float
+    fault_count: int
+    loops: int
+    fault_boots: int | None  # app faults only on the first N app boots (transient)
+    fault_ops: tuple[int, ...]  # op faults: the op indices (fault_op=17 or fault_op=17,27)
+    fault_region: str
+    frame_every: int  # frame_rx / frame_tx: which frames are damaged
+    fault_kind: str | None  # unoptimized_kind: the op kind, e.g. CONV_2D
 
     @property
     def fault_op(self) -> int | None:

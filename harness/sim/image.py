@@ -89,19 +89,15 @@ def unpack_payload(data: bytes) -> AppPayload:
     pos += 4
     header = json.loads(data[pos : pos + hlen].decode())
     pos += hlen
-    if header.get("format") != PAYLOAD_FORMAT:
+    if header.get("format") != PAYLOAD_FORMAT:  # (its model_bytes is 0: the model is mapped at boot)
         raise ValueError(f"payload format {header.get('format')} not understood")
-    model = data[pos : pos + int(header["model_bytes"])]
-    pos += len(model)
     inputs = []
     for n in header["input_bytes"]:
         inputs.append(data[pos : pos + int(n)])
         pos += int(n)
-    if len(model) != header["model_bytes"] or any(
-        len(b) != n for b, n in zip(inputs, header["input_bytes"], strict=True)
-    ):
+    if any(len(b) != n for b, n in zip(inputs, header["input_bytes"], strict=True)):
         raise ValueError("payload truncated")
-    return AppPayload(header=header, model=model, inputs=tuple(inputs))
+    return AppPayload(header=header, model=b"", inputs=tuple(inputs))
 
 
 def _app_desc(project: str, version: str, idf: str, elf_sha: bytes = b"\0" * 32) -> bytes:

@@ -10,7 +10,6 @@ import base64
 import functools
 import hashlib
 import json
-import operator
 import struct
 import zlib
 from collections.abc import Callable
@@ -19,11 +18,11 @@ from pathlib import Path
 from typing import Protocol
 
 import esptool
+from esptool.loader import ESPLoader
 
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec
 
-SECTOR = 0x1000
-CHECKSUM_SEED = 0xEF
+SECTOR = ESPLoader.FLASH_SECTOR_SIZE
 
 # ROM error codes (esptool's ESPLoader "status" byte 2 meanings)
 ERR_INVALID_MSG = 0x05
@@ -43,29 +42,7 @@ STUB_ERR_INFLATE = 0xC7
 STUB_ERR_NOT_ENOUGH_DATA = 0xC8
 STUB_ERR_TOO_MUCH_DATA = 0xC9
 
-CMD = {
-    "FLASH_BEGIN": 0x02,
-    "FLASH_DATA": 0x03,
-    "FLASH_END": 0x04,
-    "MEM_BEGIN": 0x05,
-    "MEM_END": 0x06,
-    "MEM_DATA": 0x07,
-    "SYNC": 0x08,
-    "WRITE_REG": 0x09,
-    "READ_REG": 0x0A,
-    "SPI_SET_PARAMS": 0x0B,
-    "SPI_ATTACH": 0x0D,
-    "READ_FLASH_SLOW": 0x0E,
-    "CHANGE_BAUDRATE": 0x0F,
-    "FLASH_DEFL_BEGIN": 0x10,
-    "FLASH_DEFL_DATA": 0x11,
-    "FLASH_DEFL_END": 0x12,
-    "SPI_FLASH_MD5": 0x13,
-    "GET_SECURITY_INFO": 0x14,
-    "ERASE_FLASH": 0xD0,
-    "ERASE_REGION": 0xD1,
-    "READ_FLASH": 0xD2,
-}
+CMD = ESPLoader.ESP_CMDS  # command name -> opcode (esptool's own table)
 STUB_ONLY = {CMD["ERASE_FLASH"], CMD["ERASE_REGION"], CMD["READ_FLASH"]}
 
 
@@ -78,10 +55,6 @@ class SlipDecoder:
 
     def __init__(self) -> None:
         self._buf: bytearray | None = None
-        self._esc = False
-
-    def reset(self) -> None:
-        self._buf = None
         self._esc = False
 
     def feed(self, data: bytes) -> list[bytes]:
@@ -114,10 +87,6 @@ class SlipDecoder:
                 if len(self._buf) > 0x10000:  # bounded: hostile input never grows memory
                     self._buf = None
         return frames
-
-
-def checksum(data: bytes) -> int:
-    return functools.reduce(operator.xor, data, CHECKSUM_SEED)
 
 
 @functools.lru_cache(maxsize=16)
@@ -181,7 +150,7 @@ class Loader:
         self._mem_seq = 0
         self._write: _WriteSession | None = None
         self._log = log or (lambda _m: None)
-        self.stats = {"flash_bytes_written": 0, "commands": 0}
+        self.flash_bytes_written = 0
 
     # ---- framing -------------------------------------------------------------------------------
 
@@ -207,14 +176,13 @@ class Loader:
         if len(data) != length:
             self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
             return
-        self.stats["commands"] += 1
         if op == CMD["SYNC"]:
             self._sync(data)
             return
         if not self.synced and not self.stub:
             return  # the ROM answers nothing before it has auto-bauded on a SYNC
         handler, size = self._handlers().get(op, (None, None))
-        no_security_info = op == CMD["GET_SECURITY_INFO"] and not self.host.chip.security_info
+        no_security_info = op == CMD["GET_SECURITY_INFO"] and not self.host.chip.rom.SECURITY_INFO_SUPPORTED
         if handler is None or (op in STUB_ONLY and not self.stub) or no_security_info:
             self._fail(op, ERR_INVALID_MSG, STUB_ERR_INVALID_COMMAND)
             return
@@ -314,7 +282,7 @@ class Loader:
         if len(block) != n:
             self._fail(op, ERR_INVALID_MSG, STUB_ERR_BAD_DATA_LEN)
             return None
-        if checksum(block) != chk & 0xFF:
+        if ESPLoader.checksum(block) != chk & 0xFF:
             self._fail(op, ERR_INVALID_CRC, STUB_ERR_BAD_DATA_CHECKSUM)
             return None
         if seq != want_seq:
@@ -389,7 +357,7 @@ class Loader:
         # NOR flash programming can only clear bits
         old = self.host.flash[addr:end]
         self.host.flash[addr:end] = bytes(a & b for a, b in zip(old, payload, strict=True))
-        self.stats["flash_bytes_written"] += len(payload)
+        self.flash_bytes_written += len(payload)
         self.host.flash_changed()
         return True
 

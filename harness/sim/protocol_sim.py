@@ -18,10 +18,6 @@ class Serial(InProcessPort):
 
     SCHEME = "sim"
 
-    # the standard rates (74880: the ROM's boot log rate), then the fast ones esptool uses
-    BAUDRATES: tuple[int, ...] = (300, 1200, 2400, 4800, 9600, 19200, 38400, 57600, 74880, 115200)
-    BAUDRATES += (230400, 460800, 921600, 1500000, 2000000, 3000000)
-
     def __init__(self, *args: object, **kwargs: object) -> None:
         self._board: SimBoard | None = None
         self._conn = 0

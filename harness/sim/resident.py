@@ -33,9 +33,9 @@ from harness.protocol.spec import TAP_RECORD_BYTES, crc32
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
 from harness.sim.cycles import Dispatch, invoke_us, op_cycles
-from harness.sim.faults import OP_FAULTS, FaultSpec, bump_lsb, flip_bits
+from harness.sim.faults import KEEP_FAULTS, OP_FAULTS, FaultSpec, bump_lsb, flip_bits
 from harness.sim.image import AppPayload, ImageError, load_image
-from harness.sim.tap_sim import OpFault, simulate_ops
+from harness.sim.tap_sim import OpFault, region_mask, simulate_ops
 
 SIM_BANNER = "esp-check SIMULATED BOARD"
 # reference outputs kept per board, above the largest dataset (2 x 100,000 inputs): both variants run the
@@ -125,7 +125,7 @@ class _Init:
 
 
 # faults of the line / ROM / the board's memory, not of the app image
-LINE_FAULTS = ("sync_fail", "baud_fail", "keep_cold", "keep_stale", "keep_flip", "keep_lost")
+LINE_FAULTS = ("sync_fail", "baud_fail", *KEEP_FAULTS)
 
 
 class SimApp:
@@ -435,7 +435,8 @@ class SimApp:
         except RuntimeError:  # TFLM (the simulated chip's kernels) refused the model: its Invoke fails
             return 1, 0, []
         us = invoke_us(self.init.cycles, self.env.chip.cpu_mhz)
-        busy = _busy_seconds(self.env.invoke_time, us)
+        mode = self.env.invoke_time  # "model" or seconds >= 0 (harness.sim.board.SimParams checked it)
+        busy = us / 1e6 if mode == "model" else float(mode)
         tick, self._since_tick = idle_tick(self._since_tick, busy)
         self._busy += busy + tick
         raw = [_apply_output_faults(a, self.active, faults, self.runs - 1, o) for o, a in enumerate(outs)]
@@ -606,34 +607,22 @@ def idle_tick(since_tick: float, busy: float) -> tuple[float, float]:
     return 0.0, since
 
 
-def _busy_seconds(mode: str, invoke_us: int) -> float:
-    if mode == "model":
-        return invoke_us / 1e6
-    try:
-        return max(0.0, float(mode))
-    except ValueError:
-        return 0.0
-
-
 def _op_fault(faults: FaultSpec, dispatch: Any, info: Any) -> Any:
     """The op fault of this image, or None when there is none or it hits no op this image runs."""
-    if not faults.fault_ops:
+    kind = next((k for k in OP_FAULTS if k in faults.names), None)
+    if kind is None or not faults.fault_ops:
         return None
-    for kind in OP_FAULTS:
-        if kind in faults.names:
-            fault = OpFault(
-                kind,
-                faults.fault_ops[0],
-                faults.fault_region,
-                lsb=faults.corrupt_lsb,
-                frac=faults.corrupt_frac,
-                seed=faults.seed,
-                more_ops=faults.fault_ops[1:],
-                variant=faults.variant,
-            )
-            hit = any(fault.hits(op.index, dispatch) for op in info.main_ops)
-            return fault if hit else None
-    return None
+    fault = OpFault(
+        kind,
+        faults.fault_ops[0],
+        faults.fault_region,
+        lsb=faults.corrupt_lsb,
+        frac=faults.corrupt_frac,
+        seed=faults.seed,
+        more_ops=faults.fault_ops[1:],
+        variant=faults.variant,
+    )
+    return fault if any(fault.hits(op.index, dispatch) for op in info.main_ops) else None
 
 
 def _ops_text(ops: list[int], limit: int = 160) -> str:
@@ -672,11 +661,7 @@ def _apply_output_faults(arr: np.ndarray, active: list[str], faults: FaultSpec, 
         a[...] = lim.min if lim is not None else 0
     if "corrupt" in active:
         rng = faults.rng("corrupt", i * 1000 + o)  # the same elements on every boot: a kernel bug, not noise
-        flat = a.reshape(-1)
-        k = max(1, round(flat.size * faults.corrupt_frac))
-        mask = np.zeros(flat.size, dtype=bool)
-        mask[rng.sample(range(flat.size), min(k, flat.size))] = True
-        a = bump_lsb(a, mask.reshape(a.shape), faults.corrupt_lsb)
+        a = bump_lsb(a, region_mask(a.shape, "random", rng, faults.corrupt_frac), faults.corrupt_lsb)
     return a.tobytes()
 
 

@@ -54,29 +54,20 @@ def region_mask(shape: tuple[int, ...], region: str, rng: random.Random, frac: f
     """Boolean mask of ``region`` in an NHWC-like tensor (rows = axis -3, columns = axis -2)."""
     mask = np.zeros(shape, dtype=bool)
     nd = len(shape)
-    if nd == 0:
-        mask[...] = True
-        return mask
     row_ax = nd - 3 if nd >= 3 else (0 if nd == 2 else None)
     col_ax = nd - 2 if nd >= 2 else 0
-
-    def sel(axis: int | None, k: int) -> None:
-        if axis is None:
-            mask[...] = True
-            return
-        idx: list[slice | int] = [slice(None)] * nd
-        idx[axis] = k
-        mask[tuple(idx)] = True
-
-    # the (axis, index) slices that make each region up
+    # the (axis, index) slices that make each region up (axis None: the whole tensor)
     picks: dict[str, list[tuple[int | None, int]]] = {"last_row": [(row_ax, -1)], "first_row": [(row_ax, 0)]}
-    picks |= {"last_col": [(col_ax, -1)], "first_col": [(col_ax, 0)]}
+    picks |= {"last_col": [(col_ax, -1)], "first_col": [(col_ax, 0)], "all": [(None, 0)]}
     picks["border"] = [(ax, k) for ax in {row_ax, col_ax} - {None} for k in (0, -1)]
-    if region in picks:
-        for axis, k in picks[region]:
-            sel(axis, k)
-    elif region == "all":
+    if nd == 0:
         mask[...] = True
+    elif region in picks:
+        for axis, k in picks[region]:
+            idx: list[slice | int] = [slice(None)] * nd
+            if axis is not None:
+                idx[axis] = k
+            mask[tuple(idx)] = True
     else:  # random
         flat = mask.reshape(-1)
         k = max(1, round(flat.size * frac))

@@ -298,48 +298,11 @@ def _tool_failed(tool: str, rc: int, tail: list[str], log_path: Path) -> BuildEr
     )
 
 
-@dataclass(frozen=True)
-class _ToolRun:
-    """Where a builder runs: the project, its environment, the build log, progress and time limit."""
-
-    project: Path
-    env: dict[str, str]
-    log_path: Path
-    on_output: OutputCallback | None
-    timeout: float | None
-
-    def find(self, explicit: str | Path | None, names: Sequence[str], missing: str, hint: str) -> str:
-        """The builder's executable (an explicit path or name, else the first of ``names`` on PATH)."""
-        path = self.env.get("PATH")
-        if explicit is not None:
-            given = Path(explicit)  # made absolute: the builder runs in the project, not here
-            exe = str(given.absolute()) if given.is_file() else shutil.which(str(explicit), path=path)
-        else:
-            exe = next((found for name in names if (found := shutil.which(name, path=path))), None)
-        if exe is None:
-            raise BuildError(missing, hint=hint)
-        return exe
-
-    def run(self, tool: str, cmd: list[str]) -> None:
-        """Run a builder in the project, its output streamed to the log; a failure is a BuildError that
-        names what broke (PlatformUnreachableError when the builder could not download)."""
-        rc, tail = _run_streaming(
-            cmd,
-            cwd=self.project,
-            env=self.env,
-            log_path=self.log_path,
-            on_output=self.on_output,
-            timeout=self.timeout,
-        )
-        if rc != 0:
-            raise _tool_failed(tool, rc, tail, self.log_path)
-
-
 def _build_pio(
-    run: _ToolRun, pio: str | Path | None, platformio_core_dir: str | Path | None
+    job: _BuildJob, pio: str | Path | None, platformio_core_dir: str | Path | None
 ) -> tuple[dict[str, Path], dict[str, str]]:
-    project, env = run.project, run.env
-    exe = run.find(
+    project, env = job.project, job.env
+    exe = job.find(
         pio,
         ("pio", "platformio"),
         "PlatformIO (`pio`) is not installed or not on PATH",
@@ -352,7 +315,7 @@ def _build_pio(
     defaults = project / "sdkconfig.defaults"
     if resolved.exists() and defaults.exists() and resolved.stat().st_mtime < defaults.stat().st_mtime:
         resolved.unlink()  # PlatformIO would keep the stale resolved configuration
-    run.run("pio run", [exe, "run", "-d", str(project), "-e", PIO_ENV])
+    job.run("pio run", [exe, "run", "-d", str(project), "-e", PIO_ENV])
     out = project / ".pio" / "build" / PIO_ENV
     files = {
         "app": out / "firmware.bin",
@@ -367,9 +330,9 @@ def _build_pio(
     return files, _read_sdkconfig(resolved)
 
 
-def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dict[str, Path], dict[str, str]]:
-    project = run.project
-    exe = run.find(
+def _build_idf(job: _BuildJob, idf_py: str | Path | None) -> tuple[dict[str, Path], dict[str, str]]:
+    project = job.project
+    exe = job.find(
         idf_py,
         ("idf.py",),
         "ESP-IDF's idf.py is not on PATH",
@@ -377,7 +340,7 @@ def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dic
     )
     check_build_paths(project, None)
     build = project / "build"
-    run.run("idf.py build", [exe, "-C", str(project), "-B", str(build), f"-DIDF_TARGET={chip}", "build"])
+    job.run("idf.py build", [exe, "-C", str(project), "-B", str(build), f"-DIDF_TARGET={job.chip}", "build"])
     files: dict[str, Path] = {
         "bootloader": build / "bootloader" / "bootloader.bin",
         "partition-table": build / "partition_table" / "partition-table.bin",
@@ -398,7 +361,7 @@ def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dic
     return files, _read_sdkconfig(project / "sdkconfig")
 
 
-def _build_sim(job: _BuildJob, on_output: OutputCallback | None) -> dict[str, Path]:
+def _build_sim(job: _BuildJob) -> dict[str, Path]:
     # lazy: keeps the simulated board (~180 ms: esptool, pydantic, the resident app) off a real board's build
     from harness.sim.image import SIM_FILES, build_sim_firmware
 
@@ -416,8 +379,8 @@ def _build_sim(job: _BuildJob, on_output: OutputCallback | None) -> dict[str, Pa
         for offset, path in packed:
             line = f"sim: packed {path.name} for offset 0x{offset:x}"
             log.write(line + "\n")
-            if on_output:
-                on_output(line)
+            if job.on_output:
+                job.on_output(line)
     return files
 
 
@@ -785,21 +748,21 @@ def build_project(
     log = Path(log_path) if log_path is not None else out_dir / LOG_NAME
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"esp-check {__version__}: building {project} with {chosen}\n", encoding="utf-8")
-    run = _ToolRun(project, dict(os.environ if env is None else env), log, on_output, timeout)
     cache = BuildCache(cache_dir or default_cache_dir(), max_cache_bytes) if use_cache else None
-    job = _BuildJob(project, manifest, chosen, chip=chip, out_dir=out_dir, log=log, key="")
+    run_env = dict(os.environ if env is None else env)
+    job = _BuildJob(project, manifest, chosen, chip, out_dir, log, "", run_env, on_output, timeout)
     if chosen == "native":
-        return _build_native(job, run, native or NativeOptions(), cache)
+        return _build_native(job, native or NativeOptions(), cache)
     job = replace(job, key=cache_key(project, chosen, manifest))
 
     def run_build() -> tuple[dict[str, Path], BuildMeta]:
         sdk: dict[str, str] = {}
         if chosen == "pio":
-            files, sdk = _build_pio(run, pio=pio, platformio_core_dir=platformio_core_dir)
+            files, sdk = _build_pio(job, pio=pio, platformio_core_dir=platformio_core_dir)
         elif chosen == "idf":
-            files, sdk = _build_idf(run, idf_py=idf_py, chip=chip)
+            files, sdk = _build_idf(job, idf_py=idf_py)
         else:
-            files = _build_sim(job, on_output)
+            files = _build_sim(job)
         return _build_meta(job, files, sdk)
 
     if cache is None:
@@ -818,7 +781,8 @@ def build_project(
 
 @dataclass(frozen=True)
 class _BuildJob:
-    """One build_project call: the project, its manifest, the builder and where results go."""
+    """One build_project call: the project, its manifest, the builder, where results go and where the
+    builder runs (its environment, the build log, progress and time limit)."""
 
     project: Path
     manifest: Manifest
@@ -827,6 +791,9 @@ class _BuildJob:
     out_dir: Path
     log: Path
     key: str
+    env: dict[str, str]
+    on_output: OutputCallback | None
+    timeout: float | None
 
     @property
     def variant(self) -> str:
@@ -841,6 +808,32 @@ class _BuildJob:
         """The board's partition table offset as the manifest records it (None: not recorded)."""
         raw = self.board_def.get("partition_table_offset")
         return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+
+    def find(self, explicit: str | Path | None, names: Sequence[str], missing: str, hint: str) -> str:
+        """The builder's executable (an explicit path or name, else the first of ``names`` on PATH)."""
+        path = self.env.get("PATH")
+        if explicit is not None:
+            given = Path(explicit)  # made absolute: the builder runs in the project, not here
+            exe = str(given.absolute()) if given.is_file() else shutil.which(str(explicit), path=path)
+        else:
+            exe = next((found for name in names if (found := shutil.which(name, path=path))), None)
+        if exe is None:
+            raise BuildError(missing, hint=hint)
+        return exe
+
+    def run(self, tool: str, cmd: list[str]) -> None:
+        """Run a builder in the project, its output streamed to the log; a failure is a BuildError that
+        names what broke (PlatformUnreachableError when the builder could not download)."""
+        rc, tail = _run_streaming(
+            cmd,
+            cwd=self.project,
+            env=self.env,
+            log_path=self.log,
+            on_output=self.on_output,
+            timeout=self.timeout,
+        )
+        if rc != 0:
+            raise _tool_failed(tool, rc, tail, self.log)
 
 
 _SDKCONFIG_KEPT = (
@@ -878,15 +871,13 @@ NATIVE_PROGRAM = "native_app"
 NATIVE_INFO = "native.json"
 
 
-def _build_native(
-    job: _BuildJob, run: _ToolRun, options: NativeOptions, cache: BuildCache | None
-) -> BuildResult:
+def _build_native(job: _BuildJob, options: NativeOptions, cache: BuildCache | None) -> BuildResult:
     """Build a native board's project into ``esp-check/build/native_app`` (cached like the other builders,
     keyed on the project files and the native library key: sources, compiler, flags)."""
     project, manifest, out_dir, log = job.project, job.manifest, job.out_dir, job.log
     root = cache.root / "native" if cache is not None else out_dir / "native-work"
-    plan = plan_native_build(project, manifest, options, root=root, log_path=log, on_output=run.on_output,
-                             timeout=run.timeout, env=run.env)  # fmt: skip
+    plan = plan_native_build(project, manifest, options, root=root, log_path=log, on_output=job.on_output,
+                             timeout=job.timeout, env=job.env)  # fmt: skip
     files = project_files(project)
     material = {"format": CACHE_FORMAT, "builder": "native", "files": files, "native": plan.key}
     key = hashlib.sha256(json.dumps(material, sort_keys=True).encode("utf-8")).hexdigest()
@@ -898,10 +889,10 @@ def _build_native(
         if entry is not None:
             shutil.copy2(entry.file(NATIVE_PROGRAM), program)
             hit = True
-            _note_cache_hit(log, run.on_output, key, root.parent, "compiler")  # root: <cache>/native
+            _note_cache_hit(log, job.on_output, key, root.parent, "compiler")  # root: <cache>/native
         else:
-            built = build_program(plan, program, log_path=log, on_output=run.on_output, timeout=run.timeout,
-                                  jobs=options.jobs, env=run.env)  # fmt: skip
+            built = build_program(plan, program, log_path=log, on_output=job.on_output, timeout=job.timeout,
+                                  jobs=options.jobs, env=job.env)  # fmt: skip
             meta["native"]["reused_libraries"] = built.reused_tree
             if cache is not None:
                 cache.put(key, {NATIVE_PROGRAM: program}, meta)

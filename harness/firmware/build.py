@@ -564,34 +564,22 @@ def project_description(
 
 
 def flasher_args(
-    artifacts: Sequence[Artifact],
-    sdkconfig: Mapping[str, str],
-    chip: str,
-    flash_size: str,
-    base: Path | None = None,
+    artifacts: Sequence[Artifact], sdkconfig: Mapping[str, str], chip: str, flash_size: str, base: Path
 ) -> dict[str, Any]:
     """An ESP-IDF style flasher_args.json (paths relative to ``base``, the file's directory)."""
-
-    def rel(p: Path) -> str:
-        return p.relative_to(base).as_posix() if base is not None else p.name
-
     mode = sdkconfig.get("CONFIG_ESPTOOLPY_FLASHMODE", "keep") or "keep"
     freq = sdkconfig.get("CONFIG_ESPTOOLPY_FLASHFREQ", "keep") or "keep"
     size = sdkconfig.get("CONFIG_ESPTOOLPY_FLASHSIZE", flash_size) or flash_size
     data: dict[str, Any] = {
         "write_flash_args": ["--flash-mode", mode, "--flash-freq", freq, "--flash-size", size],
         "flash_settings": {"flash_mode": mode, "flash_freq": freq, "flash_size": size},
-        "flash_files": {hex(a.offset): rel(a.path) for a in sorted(artifacts)},
+        "flash_files": {hex(a.offset): a.path.relative_to(base).as_posix() for a in sorted(artifacts)},
     }
     for a in artifacts:
-        data[a.role] = {"offset": hex(a.offset), "file": rel(a.path), "encrypted": "false"}
-    data["extra_esptool_args"] = {
-        "after": "hard-reset",
-        "before": "default-reset",
-        "stub": True,
-        "chip": chip,
-    }
-    return data
+        rel = a.path.relative_to(base).as_posix()
+        data[a.role] = {"offset": hex(a.offset), "file": rel, "encrypted": "false"}
+    esptool = {"after": "hard-reset", "before": "default-reset", "stub": True, "chip": chip}
+    return {**data, "extra_esptool_args": esptool}
 
 
 def _sha256_file(path: Path) -> str:

@@ -494,16 +494,7 @@ def generate_projects(
     prepared = list(zip(paths, input_tensor_bytes(paths, tensor, input_options), strict=True))
     if not feats.embed_inputs:
         prepared = []  # validated above; the flow streams them
-    src = _Sources(
-        board_def,
-        versions,
-        model_path,
-        model_bytes,
-        prepared,
-        model=model,
-        resolver=resolver,
-        plan=plan,
-    )
+    src = _Sources(board_def, versions, model_path, model_bytes, prepared, model, resolver, plan)
     ctx = _base_context(src, human_max)
     ctx.update(tap=tap_ctx, hybrid=hybrid_ctx, **_layout_context(layout))
     env = _environment()
@@ -677,10 +668,6 @@ def _render_files(
     board, model_bytes = src.board, src.model_bytes
     import jinja2  # not at the top: a generation whose projects are kept renders nothing
 
-    proto_dir = templates_dir() / "common"
-    for name in PROTO_FILES:
-        if not (proto_dir / name).is_file():
-            raise EspCheckError(f"firmware_templates/common/{name} is missing", hint="reinstall esp-check")
     files: dict[str, bytes] = {}
     for tname in sorted(n for n in env.list_templates() if n.endswith(".j2")):
         rel = tname.removesuffix(".j2")
@@ -695,7 +682,10 @@ def _render_files(
             where = f"sdkconfig.defaults for board {board.name}"
             check_sdkconfig(text, board.chip, allow, where, idf_min=board.idf_range[0])
         files[rel] = text.encode("utf-8")
+    proto_dir = templates_dir() / "common"
     for name in PROTO_FILES:
+        if not (proto_dir / name).is_file():
+            raise EspCheckError(f"firmware_templates/common/{name} is missing", hint="reinstall esp-check")
         files[f"main/{name}"] = (proto_dir / name).read_bytes()
     if ctx.get("hybrid") is not None:
         files.update(render_hybrid_files(ctx["hybrid"], str(ctx["banner"]), env))

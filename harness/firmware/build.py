@@ -127,10 +127,6 @@ class BuildResult:
         return next((a for a in self.artifacts if a.role == role), None)
 
 
-# --------------------------------------------------------------------------------------------
-# configuration and partition table parsing
-
-
 def parse_sdkconfig(text: str) -> dict[str, str]:
     """The symbols a (resolved) sdkconfig defines (:func:`harness.firmware.sdkconfig.defined`), strings
     without their quotes."""
@@ -155,10 +151,6 @@ def sdkconfig_json(text: str) -> dict[str, bool | int | str]:
         else:
             out[name] = value
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# cache key
 
 
 def project_files(project_dir: Path) -> dict[str, str]:
@@ -195,10 +187,6 @@ def cache_key(project_dir: Path, builder: str, manifest: Manifest) -> str:
     }
     blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()
-
-
-# --------------------------------------------------------------------------------------------
-# failures
 
 
 _OFFLINE = re.compile(
@@ -246,10 +234,6 @@ def _classify_failure(lines: Sequence[str]) -> tuple[str, str, list[str]]:
             keep = sorted({j for i in idx for j in (i - 1, i) if j >= 0 and lines[j].strip()})
             return what, hint, [lines[j] for j in keep][-12:]
     return "the build failed", "see the full log", [ln for ln in lines if ln.strip()][-12:]
-
-
-# --------------------------------------------------------------------------------------------
-# running the tool
 
 
 # ESP-IDF's nested build paths break on Windows past ~260 characters (MAX_PATH) and with spaces or
@@ -409,10 +393,6 @@ def _read_sdkconfig(path: Path) -> dict[str, str]:
         return parse_sdkconfig(path.read_text(encoding="utf-8", errors="replace"))
     except OSError:
         return {}
-
-
-# --------------------------------------------------------------------------------------------
-# artifacts and flasher_args.json
 
 
 def _layout(
@@ -673,10 +653,6 @@ def _app_slot_kept(cache: BuildCache, entry: CacheEntry, files: Mapping[str, Pat
     if app is None or (stored.get("slot_sha256") and stored.get("sha256") == _sha256_file(app)):
         return entry
     return cache.update_meta(entry, {"app_slot": _app_slot(app, chip)})
-
-
-# --------------------------------------------------------------------------------------------
-# public entry point
 
 
 def _chip_and_builder(project: Path, manifest: Manifest, builder: str | None) -> tuple[str, str]:

@@ -131,8 +131,7 @@ class BuildCache:
             (tmp / ENTRY_META).write_text(json.dumps(full_meta, indent=2, sort_keys=True), encoding="utf-8")
             (tmp / _USED_MARK).touch()
             with self._index_lock():
-                if final.exists():
-                    shutil.rmtree(final, ignore_errors=True)
+                shutil.rmtree(final, ignore_errors=True)
                 tmp.rename(final)
         finally:
             if tmp.exists():
@@ -178,15 +177,11 @@ class BuildCache:
                     break
                 if key == keep:
                     continue
-                lock = self.lock(key)
                 try:
-                    lock.acquire(timeout=0)
+                    with self.lock(key).acquire(timeout=0):
+                        shutil.rmtree(self.entry_dir(key), ignore_errors=True)
                 except filelock.Timeout:
                     continue
-                try:
-                    shutil.rmtree(self.entry_dir(key), ignore_errors=True)
-                finally:
-                    lock.release()
                 total -= size
                 removed.append(key)
         return removed

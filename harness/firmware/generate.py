@@ -120,10 +120,6 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-# --------------------------------------------------------------------------------------------
-# results
-
-
 @dataclass(frozen=True)
 class GeneratedProject:
     """One rendered project directory (one variant)."""
@@ -223,10 +219,6 @@ def _refuse_crashing_arena(model_path: Path, arena_kb: int) -> None:
             hint=f"use at least {-(-floor // 1024)} KB (a clean 'ERROR stage=alloc' is expected up to "
             f"{-(-estimate.host_bytes // 1024)} KB), or omit --arena-kb to use the estimate",
         )
-
-
-# --------------------------------------------------------------------------------------------
-# rendering
 
 
 def _template_cache() -> jinja2.BytecodeCache | None:

@@ -87,6 +87,7 @@ _NOT_BUILD_INPUTS = {f"{DATA_DIR}/model.tflite", MODEL_IMAGE}
 _EXCLUDED_DIRS = {".pio", "build", "managed_components", ".git", "__pycache__"}
 _EXCLUDED_FILES = {MANIFEST_NAME, "dependencies.lock", ".gitignore"}
 
+_EXTRAS = ("elf", "prefix_map", "sdkconfig_json")  # the build's files that are not flashed
 OutputCallback = Callable[[str], None]
 
 
@@ -473,17 +474,9 @@ def _model_layout(table: Sequence[Partition], project: Path) -> list[tuple[str, 
 def _extras(files: Mapping[str, Path], out_dir: Path) -> dict[str, Path]:
     """The build's non-flashed outputs tools want: the ELF and config/sdkconfig.json (written from the
     resolved sdkconfig when the builder did not leave one)."""
-    out: dict[str, Path] = {}
-    for role in ("elf", "prefix_map"):
-        path = files.get(role)
-        if path is not None and path.is_file():
-            out[role] = path
-    given = files.get("sdkconfig_json")
-    if given is not None and given.is_file():
-        out["sdkconfig_json"] = given
-        return out
+    out = {role: files[role] for role in _EXTRAS if role in files and files[role].is_file()}
     resolved = files.get("sdkconfig")
-    if resolved is not None and resolved.is_file():
+    if "sdkconfig_json" not in out and resolved is not None and resolved.is_file():
         path = out_dir / LAYOUT["sdkconfig_json"]
         path.parent.mkdir(parents=True, exist_ok=True)
         doc = sdkconfig_json(resolved.read_text(encoding="utf-8", errors="replace"))
@@ -601,13 +594,10 @@ def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: 
         Artifact(off, _place(files[role], out_dir / LAYOUT[role]), role) for role, off in offsets.items()
     )
     _select_own_slot(artifacts, job.variant)
-    elf = _place(files["elf"], out_dir / LAYOUT["elf"]) if "elf" in files else None
-    if "sdkconfig_json" in files:
-        _place(files["sdkconfig_json"], out_dir / LAYOUT["sdkconfig_json"])
-    if "prefix_map" in files:
-        _place(files["prefix_map"], out_dir / LAYOUT["prefix_map"])
-    else:  # the sim builder, or a build that wrote none: ESP-IDF's own file for a non-reproducible build
-        (out_dir / "gdbinit").mkdir(exist_ok=True)
+    extras = {role: _place(files[role], out_dir / LAYOUT[role]) for role in _EXTRAS if role in files}
+    elf = extras.get("elf")
+    if "prefix_map" not in extras:  # the sim builder, or a build that wrote none
+        (out_dir / "gdbinit").mkdir(exist_ok=True)  # ESP-IDF's own file for a non-reproducible build
         (out_dir / LAYOUT["prefix_map"]).write_text(NO_PREFIX_MAP, encoding="utf-8")
     flash_size = str(job.board_def.get("flash_size") or "keep")
     args = flasher_args(artifacts, meta.get("sdkconfig", {}), chip, flash_size, out_dir)

@@ -448,7 +448,7 @@ def _note_cache_hit(log: Path, on_output: OutputCallback | None, key: str, root:
 def _cached_files(entry: CacheEntry, project: Path) -> dict[str, Path]:
     """A cache hit's files by role; the model image is data, not a build product: always the project's."""
     stored = [*entry.meta["offsets"], *entry.meta.get("extras", [])]
-    files = {role: entry.file(_CACHE_NAMES[role]) for role in stored if role != "model"}
+    files = {role: entry.path / _CACHE_NAMES[role] for role in stored if role != "model"}
     if "model" in entry.meta["offsets"]:
         files["model"] = project / MODEL_IMAGE
     return files
@@ -841,7 +841,7 @@ def _build_native(job: _BuildJob, options: NativeOptions, cache: BuildCache | No
     with cache.lock(key) if cache is not None else contextlib.nullcontext():
         entry = cache.get(key) if cache is not None else None
         if entry is not None:
-            shutil.copy2(entry.file(NATIVE_PROGRAM), program)
+            shutil.copy2(entry.path / NATIVE_PROGRAM, program)
             hit = True
             _note_cache_hit(log, job.on_output, key, root.parent, "compiler")  # root: <cache>/native
         else:

@@ -57,9 +57,6 @@ class CacheEntry:
     path: Path
     meta: BuildMeta
 
-    def file(self, name: str) -> Path:
-        return self.path / name
-
 
 def _dir_size(path: Path) -> int:
     total = 0

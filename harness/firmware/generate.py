@@ -110,8 +110,7 @@ def _hex_array(data: bytes, per_line: int = 16) -> str:
     """C initializer body for ``data``: ``0x..,`` values, ``per_line`` per line (deterministic)."""
     if not data:
         return "    0x00,"  # a zero-length array is not valid C++; sizes are checked separately
-    h = data.hex()
-    tokens = ["0x" + h[i : i + 2] + "," for i in range(0, len(h), 2)]
+    tokens = [f"0x{b:02x}," for b in data]
     lines = ["    " + " ".join(tokens[i : i + per_line]) for i in range(0, len(tokens), per_line)]
     return "\n".join(lines)
 

@@ -262,7 +262,7 @@ def _chip_revs(path: Path, board_file: BoardFile) -> tuple[int | None, int | Non
         if value is None:
             raise _err(path, key, "is missing (give both chip_rev_min and chip_rev_max, or neither)")
         m = _CHIP_REV.match(value)
-        if m is None or int(m.group(2)) > 99:
+        if m is None:
             raise _err(path, key, f'is {value!r}; expected a chip revision such as "3.0" or "1.99"')
         revs.append(int(m.group(1)) * 100 + int(m.group(2)))
     if revs[0] > revs[1]:

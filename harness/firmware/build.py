@@ -380,8 +380,8 @@ def _sim_sdkconfig_json(job: _BuildJob, out: Path) -> Path:
     doc["IDF_TARGET"] = job.chip
     doc[f"IDF_TARGET_{job.chip.upper()}"] = True
     doc[f"IDF_TARGET_ARCH_{'RISCV' if CHIPS[job.chip].arch == 'riscv' else 'XTENSA'}"] = True
-    sizes = [k.split("_")[-1] for k, v in doc.items() if k.startswith("ESPTOOLPY_FLASHSIZE_") and v is True]
-    size = sizes[0] if sizes else job.board_def.get("flash_size")
+    chosen = (k.split("_")[-1] for k, v in doc.items() if k.startswith("ESPTOOLPY_FLASHSIZE_") and v is True)
+    size = next(chosen, job.board_def.get("flash_size"))
     if size:
         doc["ESPTOOLPY_FLASHSIZE"] = str(size)
     path = out / "sdkconfig.json"
@@ -402,7 +402,6 @@ def _layout(
     """(role, offset, source file) for what must be flashed; checks the app fits its partition. Where
     each offset comes from: docs/firmware.md "esp-check build" (the sim packer places its files by the same
     rules); the app's partition: :func:`app_partition`."""
-    project, table_offset = job.project, job.table_offset
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():
             raise BuildError(
@@ -416,13 +415,13 @@ def _layout(
     try:
         pt_off = int(sdkconfig["CONFIG_PARTITION_TABLE_OFFSET"], 0)
     except (KeyError, ValueError):
-        if table_offset is None:
+        if job.table_offset is None:
             raise BuildError(
                 "neither the resolved sdkconfig (CONFIG_PARTITION_TABLE_OFFSET) nor the project manifest "
                 "(board_def.partition_table_offset) says where the partition table goes",
                 hint="regenerate the project with this esp-check version and build again",
             ) from None
-        pt_off = table_offset
+        pt_off = job.table_offset
     table = table_rows(files["partition-table"].read_bytes())
     where = f"the built partition table {files['partition-table']}"
     app_part = app_partition(table, job.variant, where, app_bytes=files["app"].stat().st_size)
@@ -434,8 +433,7 @@ def _layout(
     if ota is not None and "otadata" in files and files["otadata"].is_file():
         layout.append(("otadata", ota.offset, files["otadata"]))
     layout.append(("app", app_part.offset, files["app"]))
-    layout += _model_layout(table, project)
-    return layout
+    return layout + _model_layout(table, job.project)
 
 
 def _note_cache_hit(log: Path, on_output: OutputCallback | None, key: str, root: Path, tool: str) -> None:

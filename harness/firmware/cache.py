@@ -131,8 +131,7 @@ class BuildCache:
                 shutil.rmtree(final, ignore_errors=True)
                 tmp.rename(final)
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # (gone already when it became the entry)
         self.evict(keep=key)
         return CacheEntry(key, final, full_meta)
 

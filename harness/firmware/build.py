@@ -15,7 +15,7 @@ import re
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -701,11 +701,13 @@ def build_project(
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"esp-check {__version__}: building {project} with {chosen}\n", encoding="utf-8")
     cache = BuildCache(cache_dir or default_cache_dir(), max_cache_bytes) if use_cache else None
-    run_env = dict(os.environ if env is None else env)
-    job = _BuildJob(project, manifest, chosen, chip, out_dir, log, "", run_env, on_output, timeout)
+    env = dict(os.environ if env is None else env)
+    key = "" if chosen == "native" else cache_key(project, chosen, manifest)  # native: keyed on its plan
+    job = _BuildJob(
+        project, manifest, chosen, chip, out_dir, log, key=key, env=env, on_output=on_output, timeout=timeout
+    )
     if chosen == "native":
         return _build_native(job, native or NativeOptions(), cache)
-    job = replace(job, key=cache_key(project, chosen, manifest))
 
     def run_build() -> tuple[dict[str, Path], BuildMeta]:
         sdk: dict[str, str] = {}

@@ -485,7 +485,9 @@ def generate_projects(
     prepared = list(zip(paths, input_tensor_bytes(paths, tensor, input_options), strict=True))
     if not feats.embed_inputs:
         prepared = []  # validated above; the flow streams them
-    src = _Sources(board_def, versions, model_path, model_bytes, prepared, model, resolver, plan)
+    src = _Sources(
+        board_def, versions, model_path, model_bytes, prepared, model=model, resolver=resolver, plan=plan
+    )
     ctx = _base_context(src, human_max)
     ctx.update(tap=tap_ctx, hybrid=hybrid_ctx, **_layout_context(layout))
     env = _environment()

@@ -43,6 +43,7 @@ from harness.flashfmt.partitions import (
 )
 from harness.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from harness.protocol.app_image import APP_NAME, slot_sha256
+from harness.resources import atomic_write
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
 # layout, the ELF and config/sdkconfig.json are cached
@@ -384,8 +385,12 @@ def _sim_sdkconfig_json(job: _BuildJob, out: Path) -> Path:
     size = next(chosen, job.board_def.get("flash_size"))
     if size:
         doc["ESPTOOLPY_FLASHSIZE"] = str(size)
-    path = out / "sdkconfig.json"
-    path.write_text(json.dumps(doc, indent=4, sort_keys=True) + "\n", encoding="utf-8")
+    return _write_sdkconfig_json(out / "sdkconfig.json", doc)
+
+
+def _write_sdkconfig_json(path: Path, doc: Mapping[str, object]) -> Path:
+    """Write ``doc`` as config/sdkconfig.json (sorted keys, four-space indent)."""
+    atomic_write(path, json.dumps(doc, indent=4, sort_keys=True) + "\n", durable=False)
     return path
 
 
@@ -475,11 +480,8 @@ def _extras(files: Mapping[str, Path], out_dir: Path) -> dict[str, Path]:
     out = {role: files[role] for role in _EXTRAS if role in files and files[role].is_file()}
     resolved = files.get("sdkconfig")
     if "sdkconfig_json" not in out and resolved is not None and resolved.is_file():
-        path = out_dir / LAYOUT["sdkconfig_json"]
-        path.parent.mkdir(parents=True, exist_ok=True)
         doc = sdkconfig_json(resolved.read_text(encoding="utf-8", errors="replace"))
-        path.write_text(json.dumps(doc, indent=4, sort_keys=True) + "\n", encoding="utf-8")
-        out["sdkconfig_json"] = path
+        out["sdkconfig_json"] = _write_sdkconfig_json(out_dir / LAYOUT["sdkconfig_json"], doc)
     return out
 
 
@@ -594,9 +596,8 @@ def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: 
     _select_own_slot(artifacts, job.variant)
     extras = {role: _place(files[role], out_dir / LAYOUT[role]) for role in _EXTRAS if role in files}
     elf = extras.get("elf")
-    if "prefix_map" not in extras:  # the sim builder, or a build that wrote none
-        (out_dir / "gdbinit").mkdir(exist_ok=True)  # ESP-IDF's own file for a non-reproducible build
-        (out_dir / LAYOUT["prefix_map"]).write_text(NO_PREFIX_MAP, encoding="utf-8")
+    if "prefix_map" not in extras:  # sim, or a build that wrote none: ESP-IDF's file for that case
+        atomic_write(out_dir / LAYOUT["prefix_map"], NO_PREFIX_MAP, durable=False)
     flash_size = str(job.board_def.get("flash_size") or "keep")
     args = flasher_args(artifacts, meta.get("sdkconfig", {}), chip, flash_size, out_dir)
     fa_path = out_dir / FLASHER_ARGS
@@ -887,15 +888,13 @@ def _native_layout(job: _BuildJob, program: Path) -> list[Artifact]:
     table = read_partitions_csv(csv_path)
     table_off = job.table_offset or 0x8000
     table_path = out_dir / LAYOUT["partition-table"]
-    table_path.parent.mkdir(parents=True, exist_ok=True)
-    table_path.write_bytes(pack_partition_table(table))
+    atomic_write(table_path, pack_partition_table(table), durable=False)
     app = app_partition(table, job.variant, str(csv_path))
     out = [Artifact(table_off, table_path, "partition-table"), Artifact(app.offset, program, "app")]
     ota = find(table, DATA, OTADATA)
     if ota is not None:
         ota_path = out_dir / LAYOUT["otadata"]
-        ota_path.parent.mkdir(parents=True, exist_ok=True)
-        ota_path.write_bytes(otadata.initial_for(table, app, ota.size))
+        atomic_write(ota_path, otadata.initial_for(table, app, ota.size), durable=False)
         out.append(Artifact(ota.offset, ota_path, "otadata"))
     for _role, offset, image in _model_layout(table, project):
         out.append(Artifact(offset, _place(image, out_dir / LAYOUT["model"]), "model"))

@@ -161,10 +161,7 @@ class ArenaPlan:
 
 def resident_buffers(board: Board) -> dict[str, int]:
     """The resident loop's buffers on ``board`` (``RESIDENT``, with the PSRAM window where it has PSRAM)."""
-    out = dict(RESIDENT)
-    if board.has_psram:
-        out["rx_window_bytes"] = PSRAM_RX_WINDOW_BYTES
-    return out
+    return {**RESIDENT, "rx_window_bytes": PSRAM_RX_WINDOW_BYTES} if board.has_psram else dict(RESIDENT)
 
 
 def _arena_max(board: Board) -> dict[str, int]:

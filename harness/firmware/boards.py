@@ -210,11 +210,7 @@ def parse_board(data: dict[str, object], path: Path) -> Board:
     rev_min, rev_max = _chip_revs(path, f)
     settings = f.model_dump(exclude={"native", "chip_rev_min", "chip_rev_max"})
     return Board(
-        **settings,
-        chip_rev_min=rev_min,
-        chip_rev_max=rev_max,
-        native=_native_table(path, f),
-        source=path,
+        **settings, chip_rev_min=rev_min, chip_rev_max=rev_max, native=_native_table(path, f), source=path
     )
 
 

@@ -279,8 +279,7 @@ def _tool_failed(tool: str, rc: int, tail: list[str], log_path: Path) -> BuildEr
     shown = "\n".join("  " + ln for ln in relevant)
     offline = any(_OFFLINE.search(ln) for ln in relevant)
     return (PlatformUnreachableError if offline else BuildError)(
-        f"{tool} failed (exit code {rc}): {what}\n{shown}\nFull log: {log_path}",
-        hint=hint,
+        f"{tool} failed (exit code {rc}): {what}\n{shown}\nFull log: {log_path}", hint=hint
     )
 
 

@@ -498,14 +498,6 @@ def _select_own_slot(artifacts: Sequence[Artifact], variant: str) -> None:
         ota.path.write_bytes(otadata.initial_for(parts, app, ota.path.stat().st_size))
 
 
-def _clear_layout(out_dir: Path) -> None:
-    """Remove top-level images and ELFs of an earlier build (or an older esp-check's flat layout): tools
-    take the first ``*.bin`` / ``*.elf`` they find at the top of a build directory."""
-    for path in out_dir.iterdir():
-        if path.is_file() and path.suffix in (".bin", ".elf"):
-            path.unlink()
-
-
 def _place(src: Path, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     if src.resolve() != dest.resolve():
@@ -588,7 +580,11 @@ def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: 
     """Write the build directory (ESP-IDF's layout, see LAYOUT) from a build's or a cache entry's files."""
     project, out_dir, manifest, chip = job.project, job.out_dir, job.manifest, job.chip
     offsets: dict[str, int] = {str(k): int(v) for k, v in meta["offsets"].items()}
-    _clear_layout(out_dir)
+    # an earlier build's top-level images and ELFs (or an older esp-check's flat layout) go: tools take the
+    # first *.bin / *.elf they find at the top of a build directory
+    for path in out_dir.iterdir():
+        if path.is_file() and path.suffix in (".bin", ".elf"):
+            path.unlink()
     artifacts = sorted(
         Artifact(off, _place(files[role], out_dir / LAYOUT[role]), role) for role, off in offsets.items()
     )

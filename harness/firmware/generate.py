@@ -689,7 +689,10 @@ def _render_files(
 
 def _write_project(pdir: Path, files: Mapping[str, bytes], manifest: Manifest) -> None:
     """Write what changed (mtimes of unchanged files stay), drop files an older generation wrote."""
-    old_files = _previous_files(pdir)
+    try:  # what an earlier generation in pdir wrote (nothing without a readable manifest)
+        old_files = {k for k in read_manifest(pdir).get("files", {}) if ".." not in Path(k).parts}
+    except BuildError:
+        old_files = set()
     defaults_changed = False
     for rel, data in sorted(files.items()):
         changed = write_if_changed(pdir / rel, data)
@@ -703,14 +706,6 @@ def _write_project(pdir: Path, files: Mapping[str, bytes], manifest: Manifest) -
         for stale_name in ("sdkconfig", f"sdkconfig.{PIO_ENV}", "sdkconfig.old"):
             (pdir / stale_name).unlink(missing_ok=True)
     write_manifest(pdir, manifest)
-
-
-def _previous_files(pdir: Path) -> set[str]:
-    """The files an earlier generation in ``pdir`` wrote (none when it has no readable manifest)."""
-    try:
-        return {k for k in read_manifest(pdir).get("files", {}) if ".." not in Path(k).parts}
-    except BuildError:
-        return set()
 
 
 def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mapping[str, bytes]) -> Manifest:

@@ -521,10 +521,8 @@ def _check_request(
 
 
 def _versions(tflm: str | None, espnn: str | None, platform: str | None) -> dict[str, str]:
-    versions = dict(DEFAULT_VERSIONS)
-    for key, value in (("tflm", tflm), ("espnn", espnn), ("platform", platform)):
-        if value is not None:
-            versions[key] = value
+    given = {"tflm": tflm, "espnn": espnn, "platform": platform}
+    versions = {**DEFAULT_VERSIONS, **{key: value for key, value in given.items() if value is not None}}
     for key, value in versions.items():
         if not isinstance(value, str) or not _VERSION_RE.match(value):
             raise GenerateError(

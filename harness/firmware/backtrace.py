@@ -134,13 +134,9 @@ def decode_findings(
     todo = [f for f in findings if f.severity == Severity.FIRMWARE_FAULT and addresses(f.details)]
     if not todo:
         return list(findings)
-    status: dict[str, str]
-    toolchain: Toolchain | None = None
-    if elf is None or not Path(elf).is_file():
-        status = {"status": "skipped", "why": "the build left no ELF file (symbols) to decode with"}
-    else:
+    toolchain, why = None, "the build left no ELF file (symbols) to decode with"
+    if elf is not None and Path(elf).is_file():
         toolchain, why = find_addr2line(chip, env)
-        status = {"status": "skipped", "why": why} if toolchain is None else {}
     out: list[Finding] = []
     for f in findings:
         if f not in todo:
@@ -160,7 +156,7 @@ def decode_findings(
             except Exception as exc:  # a broken toolchain must not hide the finding itself
                 details["decode"] = {"status": "skipped", "why": f"{toolchain.prefix}addr2line failed: {exc}"}
         else:
-            details["decode"] = status
+            details["decode"] = {"status": "skipped", "why": why}
         out.append(dataclasses.replace(f, details=details))
     return out
 

@@ -210,11 +210,7 @@ def parse_board(data: dict[str, object], path: Path) -> Board:
     rev_min, rev_max = _chip_revs(path, f)
     settings = f.model_dump(exclude={"native", "chip_rev_min", "chip_rev_max"})
     return Board(
-        **settings,
-        chip_rev_min=rev_min,
-        chip_rev_max=rev_max,
-        native=_native_table(path, f),
-        source=path,
+        **settings, chip_rev_min=rev_min, chip_rev_max=rev_max, native=_native_table(path, f), source=path
     )
 
 
@@ -262,7 +258,7 @@ def _chip_revs(path: Path, board_file: BoardFile) -> tuple[int | None, int | Non
         if value is None:
             raise _err(path, key, "is missing (give both chip_rev_min and chip_rev_max, or neither)")
         m = _CHIP_REV.match(value)
-        if m is None or int(m.group(2)) > 99:
+        if m is None:
             raise _err(path, key, f'is {value!r}; expected a chip revision such as "3.0" or "1.99"')
         revs.append(int(m.group(1)) * 100 + int(m.group(2)))
     if revs[0] > revs[1]:

@@ -15,7 +15,7 @@ import re
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -43,6 +43,7 @@ from harness.flashfmt.partitions import (
 )
 from harness.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from harness.protocol.app_image import APP_NAME, slot_sha256
+from harness.resources import atomic_write
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
 # layout, the ELF and config/sdkconfig.json are cached
@@ -87,6 +88,7 @@ _NOT_BUILD_INPUTS = {f"{DATA_DIR}/model.tflite", MODEL_IMAGE}
 _EXCLUDED_DIRS = {".pio", "build", "managed_components", ".git", "__pycache__"}
 _EXCLUDED_FILES = {MANIFEST_NAME, "dependencies.lock", ".gitignore"}
 
+_EXTRAS = ("elf", "prefix_map", "sdkconfig_json")  # the build's files that are not flashed
 OutputCallback = Callable[[str], None]
 
 
@@ -127,10 +129,6 @@ class BuildResult:
         return next((a for a in self.artifacts if a.role == role), None)
 
 
-# --------------------------------------------------------------------------------------------
-# configuration and partition table parsing
-
-
 def parse_sdkconfig(text: str) -> dict[str, str]:
     """The symbols a (resolved) sdkconfig defines (:func:`harness.firmware.sdkconfig.defined`), strings
     without their quotes."""
@@ -155,10 +153,6 @@ def sdkconfig_json(text: str) -> dict[str, bool | int | str]:
         else:
             out[name] = value
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# cache key
 
 
 def project_files(project_dir: Path) -> dict[str, str]:
@@ -195,10 +189,6 @@ def cache_key(project_dir: Path, builder: str, manifest: Manifest) -> str:
     }
     blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()
-
-
-# --------------------------------------------------------------------------------------------
-# failures
 
 
 _OFFLINE = re.compile(
@@ -248,10 +238,6 @@ def _classify_failure(lines: Sequence[str]) -> tuple[str, str, list[str]]:
     return "the build failed", "see the full log", [ln for ln in lines if ln.strip()][-12:]
 
 
-# --------------------------------------------------------------------------------------------
-# running the tool
-
-
 # ESP-IDF's nested build paths break on Windows past ~260 characters (MAX_PATH) and with spaces or
 # non-ASCII characters in the project or PlatformIO core paths (known limitation of the IDF tooling).
 WINDOWS_MAX_BASE_PATH = 80
@@ -293,53 +279,15 @@ def _tool_failed(tool: str, rc: int, tail: list[str], log_path: Path) -> BuildEr
     shown = "\n".join("  " + ln for ln in relevant)
     offline = any(_OFFLINE.search(ln) for ln in relevant)
     return (PlatformUnreachableError if offline else BuildError)(
-        f"{tool} failed (exit code {rc}): {what}\n{shown}\nFull log: {log_path}",
-        hint=hint,
+        f"{tool} failed (exit code {rc}): {what}\n{shown}\nFull log: {log_path}", hint=hint
     )
 
 
-@dataclass(frozen=True)
-class _ToolRun:
-    """Where a builder runs: the project, its environment, the build log, progress and time limit."""
-
-    project: Path
-    env: dict[str, str]
-    log_path: Path
-    on_output: OutputCallback | None
-    timeout: float | None
-
-    def find(self, explicit: str | Path | None, names: Sequence[str], missing: str, hint: str) -> str:
-        """The builder's executable (an explicit path or name, else the first of ``names`` on PATH)."""
-        path = self.env.get("PATH")
-        if explicit is not None:
-            given = Path(explicit)  # made absolute: the builder runs in the project, not here
-            exe = str(given.absolute()) if given.is_file() else shutil.which(str(explicit), path=path)
-        else:
-            exe = next((found for name in names if (found := shutil.which(name, path=path))), None)
-        if exe is None:
-            raise BuildError(missing, hint=hint)
-        return exe
-
-    def run(self, tool: str, cmd: list[str]) -> None:
-        """Run a builder in the project, its output streamed to the log; a failure is a BuildError that
-        names what broke (PlatformUnreachableError when the builder could not download)."""
-        rc, tail = _run_streaming(
-            cmd,
-            cwd=self.project,
-            env=self.env,
-            log_path=self.log_path,
-            on_output=self.on_output,
-            timeout=self.timeout,
-        )
-        if rc != 0:
-            raise _tool_failed(tool, rc, tail, self.log_path)
-
-
 def _build_pio(
-    run: _ToolRun, pio: str | Path | None, platformio_core_dir: str | Path | None
+    job: _BuildJob, pio: str | Path | None, platformio_core_dir: str | Path | None
 ) -> tuple[dict[str, Path], dict[str, str]]:
-    project, env = run.project, run.env
-    exe = run.find(
+    project, env = job.project, job.env
+    exe = job.find(
         pio,
         ("pio", "platformio"),
         "PlatformIO (`pio`) is not installed or not on PATH",
@@ -352,7 +300,7 @@ def _build_pio(
     defaults = project / "sdkconfig.defaults"
     if resolved.exists() and defaults.exists() and resolved.stat().st_mtime < defaults.stat().st_mtime:
         resolved.unlink()  # PlatformIO would keep the stale resolved configuration
-    run.run("pio run", [exe, "run", "-d", str(project), "-e", PIO_ENV])
+    job.run("pio run", [exe, "run", "-d", str(project), "-e", PIO_ENV])
     out = project / ".pio" / "build" / PIO_ENV
     files = {
         "app": out / "firmware.bin",
@@ -367,9 +315,9 @@ def _build_pio(
     return files, _read_sdkconfig(resolved)
 
 
-def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dict[str, Path], dict[str, str]]:
-    project = run.project
-    exe = run.find(
+def _build_idf(job: _BuildJob, idf_py: str | Path | None) -> tuple[dict[str, Path], dict[str, str]]:
+    project = job.project
+    exe = job.find(
         idf_py,
         ("idf.py",),
         "ESP-IDF's idf.py is not on PATH",
@@ -377,7 +325,7 @@ def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dic
     )
     check_build_paths(project, None)
     build = project / "build"
-    run.run("idf.py build", [exe, "-C", str(project), "-B", str(build), f"-DIDF_TARGET={chip}", "build"])
+    job.run("idf.py build", [exe, "-C", str(project), "-B", str(build), f"-DIDF_TARGET={job.chip}", "build"])
     files: dict[str, Path] = {
         "bootloader": build / "bootloader" / "bootloader.bin",
         "partition-table": build / "partition_table" / "partition-table.bin",
@@ -398,7 +346,7 @@ def _build_idf(run: _ToolRun, idf_py: str | Path | None, chip: str) -> tuple[dic
     return files, _read_sdkconfig(project / "sdkconfig")
 
 
-def _build_sim(job: _BuildJob, on_output: OutputCallback | None) -> dict[str, Path]:
+def _build_sim(job: _BuildJob) -> dict[str, Path]:
     # lazy: keeps the simulated board (~180 ms: esptool, pydantic, the resident app) off a real board's build
     from harness.sim.image import SIM_FILES, build_sim_firmware
 
@@ -416,8 +364,8 @@ def _build_sim(job: _BuildJob, on_output: OutputCallback | None) -> dict[str, Pa
         for offset, path in packed:
             line = f"sim: packed {path.name} for offset 0x{offset:x}"
             log.write(line + "\n")
-            if on_output:
-                on_output(line)
+            if job.on_output:
+                job.on_output(line)
     return files
 
 
@@ -432,12 +380,16 @@ def _sim_sdkconfig_json(job: _BuildJob, out: Path) -> Path:
     doc["IDF_TARGET"] = job.chip
     doc[f"IDF_TARGET_{job.chip.upper()}"] = True
     doc[f"IDF_TARGET_ARCH_{'RISCV' if CHIPS[job.chip].arch == 'riscv' else 'XTENSA'}"] = True
-    sizes = [k.split("_")[-1] for k, v in doc.items() if k.startswith("ESPTOOLPY_FLASHSIZE_") and v is True]
-    size = sizes[0] if sizes else job.board_def.get("flash_size")
+    chosen = (k.split("_")[-1] for k, v in doc.items() if k.startswith("ESPTOOLPY_FLASHSIZE_") and v is True)
+    size = next(chosen, job.board_def.get("flash_size"))
     if size:
         doc["ESPTOOLPY_FLASHSIZE"] = str(size)
-    path = out / "sdkconfig.json"
-    path.write_text(json.dumps(doc, indent=4, sort_keys=True) + "\n", encoding="utf-8")
+    return _write_sdkconfig_json(out / "sdkconfig.json", doc)
+
+
+def _write_sdkconfig_json(path: Path, doc: Mapping[str, object]) -> Path:
+    """Write ``doc`` as config/sdkconfig.json (sorted keys, four-space indent)."""
+    atomic_write(path, json.dumps(doc, indent=4, sort_keys=True) + "\n", durable=False)
     return path
 
 
@@ -448,17 +400,12 @@ def _read_sdkconfig(path: Path) -> dict[str, str]:
         return {}
 
 
-# --------------------------------------------------------------------------------------------
-# artifacts and flasher_args.json
-
-
 def _layout(
     job: _BuildJob, files: Mapping[str, Path], sdkconfig: Mapping[str, str]
 ) -> list[tuple[str, int, Path]]:
     """(role, offset, source file) for what must be flashed; checks the app fits its partition. Where
     each offset comes from: docs/firmware.md "esp-check build" (the sim packer places its files by the same
     rules); the app's partition: :func:`app_partition`."""
-    project, table_offset = job.project, job.table_offset
     for role in ("app", "bootloader", "partition-table"):
         if role not in files or not files[role].is_file():
             raise BuildError(
@@ -472,13 +419,13 @@ def _layout(
     try:
         pt_off = int(sdkconfig["CONFIG_PARTITION_TABLE_OFFSET"], 0)
     except (KeyError, ValueError):
-        if table_offset is None:
+        if job.table_offset is None:
             raise BuildError(
                 "neither the resolved sdkconfig (CONFIG_PARTITION_TABLE_OFFSET) nor the project manifest "
                 "(board_def.partition_table_offset) says where the partition table goes",
                 hint="regenerate the project with this esp-check version and build again",
             ) from None
-        pt_off = table_offset
+        pt_off = job.table_offset
     table = table_rows(files["partition-table"].read_bytes())
     where = f"the built partition table {files['partition-table']}"
     app_part = app_partition(table, job.variant, where, app_bytes=files["app"].stat().st_size)
@@ -490,8 +437,7 @@ def _layout(
     if ota is not None and "otadata" in files and files["otadata"].is_file():
         layout.append(("otadata", ota.offset, files["otadata"]))
     layout.append(("app", app_part.offset, files["app"]))
-    layout += _model_layout(table, project)
-    return layout
+    return layout + _model_layout(table, job.project)
 
 
 def _note_cache_hit(log: Path, on_output: OutputCallback | None, key: str, root: Path, tool: str) -> None:
@@ -504,7 +450,7 @@ def _note_cache_hit(log: Path, on_output: OutputCallback | None, key: str, root:
 def _cached_files(entry: CacheEntry, project: Path) -> dict[str, Path]:
     """A cache hit's files by role; the model image is data, not a build product: always the project's."""
     stored = [*entry.meta["offsets"], *entry.meta.get("extras", [])]
-    files = {role: entry.file(_CACHE_NAMES[role]) for role in stored if role != "model"}
+    files = {role: entry.path / _CACHE_NAMES[role] for role in stored if role != "model"}
     if "model" in entry.meta["offsets"]:
         files["model"] = project / MODEL_IMAGE
     return files
@@ -530,22 +476,11 @@ def _model_layout(table: Sequence[Partition], project: Path) -> list[tuple[str, 
 def _extras(files: Mapping[str, Path], out_dir: Path) -> dict[str, Path]:
     """The build's non-flashed outputs tools want: the ELF and config/sdkconfig.json (written from the
     resolved sdkconfig when the builder did not leave one)."""
-    out: dict[str, Path] = {}
-    for role in ("elf", "prefix_map"):
-        path = files.get(role)
-        if path is not None and path.is_file():
-            out[role] = path
-    given = files.get("sdkconfig_json")
-    if given is not None and given.is_file():
-        out["sdkconfig_json"] = given
-        return out
+    out = {role: files[role] for role in _EXTRAS if role in files and files[role].is_file()}
     resolved = files.get("sdkconfig")
-    if resolved is not None and resolved.is_file():
-        path = out_dir / LAYOUT["sdkconfig_json"]
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if "sdkconfig_json" not in out and resolved is not None and resolved.is_file():
         doc = sdkconfig_json(resolved.read_text(encoding="utf-8", errors="replace"))
-        path.write_text(json.dumps(doc, indent=4, sort_keys=True) + "\n", encoding="utf-8")
-        out["sdkconfig_json"] = path
+        out["sdkconfig_json"] = _write_sdkconfig_json(out_dir / LAYOUT["sdkconfig_json"], doc)
     return out
 
 
@@ -561,14 +496,6 @@ def _select_own_slot(artifacts: Sequence[Artifact], variant: str) -> None:
     app = app_partition(parts, variant, str(table.path))
     if app.is_ota_app:  # a factory app boots from the tool's erased otadata
         ota.path.write_bytes(otadata.initial_for(parts, app, ota.path.stat().st_size))
-
-
-def _clear_layout(out_dir: Path) -> None:
-    """Remove top-level images and ELFs of an earlier build (or an older esp-check's flat layout): tools
-    take the first ``*.bin`` / ``*.elf`` they find at the top of a build directory."""
-    for path in out_dir.iterdir():
-        if path.is_file() and path.suffix in (".bin", ".elf"):
-            path.unlink()
 
 
 def _place(src: Path, dest: Path) -> Path:
@@ -601,34 +528,22 @@ def project_description(
 
 
 def flasher_args(
-    artifacts: Sequence[Artifact],
-    sdkconfig: Mapping[str, str],
-    chip: str,
-    flash_size: str,
-    base: Path | None = None,
+    artifacts: Sequence[Artifact], sdkconfig: Mapping[str, str], chip: str, flash_size: str, base: Path
 ) -> dict[str, Any]:
     """An ESP-IDF style flasher_args.json (paths relative to ``base``, the file's directory)."""
-
-    def rel(p: Path) -> str:
-        return p.relative_to(base).as_posix() if base is not None else p.name
-
     mode = sdkconfig.get("CONFIG_ESPTOOLPY_FLASHMODE", "keep") or "keep"
     freq = sdkconfig.get("CONFIG_ESPTOOLPY_FLASHFREQ", "keep") or "keep"
     size = sdkconfig.get("CONFIG_ESPTOOLPY_FLASHSIZE", flash_size) or flash_size
     data: dict[str, Any] = {
         "write_flash_args": ["--flash-mode", mode, "--flash-freq", freq, "--flash-size", size],
         "flash_settings": {"flash_mode": mode, "flash_freq": freq, "flash_size": size},
-        "flash_files": {hex(a.offset): rel(a.path) for a in sorted(artifacts)},
+        "flash_files": {hex(a.offset): a.path.relative_to(base).as_posix() for a in sorted(artifacts)},
     }
     for a in artifacts:
-        data[a.role] = {"offset": hex(a.offset), "file": rel(a.path), "encrypted": "false"}
-    data["extra_esptool_args"] = {
-        "after": "hard-reset",
-        "before": "default-reset",
-        "stub": True,
-        "chip": chip,
-    }
-    return data
+        rel = a.path.relative_to(base).as_posix()
+        data[a.role] = {"offset": hex(a.offset), "file": rel, "encrypted": "false"}
+    esptool = {"after": "hard-reset", "before": "default-reset", "stub": True, "chip": chip}
+    return {**data, "extra_esptool_args": esptool}
 
 
 def _sha256_file(path: Path) -> str:
@@ -665,19 +580,19 @@ def _finish(job: _BuildJob, files: Mapping[str, Path], meta: BuildMeta, *, hit: 
     """Write the build directory (ESP-IDF's layout, see LAYOUT) from a build's or a cache entry's files."""
     project, out_dir, manifest, chip = job.project, job.out_dir, job.manifest, job.chip
     offsets: dict[str, int] = {str(k): int(v) for k, v in meta["offsets"].items()}
-    _clear_layout(out_dir)
+    # an earlier build's top-level images and ELFs (or an older esp-check's flat layout) go: tools take the
+    # first *.bin / *.elf they find at the top of a build directory
+    for path in out_dir.iterdir():
+        if path.is_file() and path.suffix in (".bin", ".elf"):
+            path.unlink()
     artifacts = sorted(
         Artifact(off, _place(files[role], out_dir / LAYOUT[role]), role) for role, off in offsets.items()
     )
     _select_own_slot(artifacts, job.variant)
-    elf = _place(files["elf"], out_dir / LAYOUT["elf"]) if "elf" in files else None
-    if "sdkconfig_json" in files:
-        _place(files["sdkconfig_json"], out_dir / LAYOUT["sdkconfig_json"])
-    if "prefix_map" in files:
-        _place(files["prefix_map"], out_dir / LAYOUT["prefix_map"])
-    else:  # the sim builder, or a build that wrote none: ESP-IDF's own file for a non-reproducible build
-        (out_dir / "gdbinit").mkdir(exist_ok=True)
-        (out_dir / LAYOUT["prefix_map"]).write_text(NO_PREFIX_MAP, encoding="utf-8")
+    extras = {role: _place(files[role], out_dir / LAYOUT[role]) for role in _EXTRAS if role in files}
+    elf = extras.get("elf")
+    if "prefix_map" not in extras:  # sim, or a build that wrote none: ESP-IDF's file for that case
+        atomic_write(out_dir / LAYOUT["prefix_map"], NO_PREFIX_MAP, durable=False)
     flash_size = str(job.board_def.get("flash_size") or "keep")
     args = flasher_args(artifacts, meta.get("sdkconfig", {}), chip, flash_size, out_dir)
     fa_path = out_dir / FLASHER_ARGS
@@ -722,10 +637,6 @@ def _app_slot_kept(cache: BuildCache, entry: CacheEntry, files: Mapping[str, Pat
     if app is None or (stored.get("slot_sha256") and stored.get("sha256") == _sha256_file(app)):
         return entry
     return cache.update_meta(entry, {"app_slot": _app_slot(app, chip)})
-
-
-# --------------------------------------------------------------------------------------------
-# public entry point
 
 
 def _chip_and_builder(project: Path, manifest: Manifest, builder: str | None) -> tuple[str, str]:
@@ -785,21 +696,23 @@ def build_project(
     log = Path(log_path) if log_path is not None else out_dir / LOG_NAME
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"esp-check {__version__}: building {project} with {chosen}\n", encoding="utf-8")
-    run = _ToolRun(project, dict(os.environ if env is None else env), log, on_output, timeout)
     cache = BuildCache(cache_dir or default_cache_dir(), max_cache_bytes) if use_cache else None
-    job = _BuildJob(project, manifest, chosen, chip=chip, out_dir=out_dir, log=log, key="")
+    env = dict(os.environ if env is None else env)
+    key = "" if chosen == "native" else cache_key(project, chosen, manifest)  # native: keyed on its plan
+    job = _BuildJob(
+        project, manifest, chosen, chip, out_dir, log, key=key, env=env, on_output=on_output, timeout=timeout
+    )
     if chosen == "native":
-        return _build_native(job, run, native or NativeOptions(), cache)
-    job = replace(job, key=cache_key(project, chosen, manifest))
+        return _build_native(job, native or NativeOptions(), cache)
 
     def run_build() -> tuple[dict[str, Path], BuildMeta]:
         sdk: dict[str, str] = {}
         if chosen == "pio":
-            files, sdk = _build_pio(run, pio=pio, platformio_core_dir=platformio_core_dir)
+            files, sdk = _build_pio(job, pio=pio, platformio_core_dir=platformio_core_dir)
         elif chosen == "idf":
-            files, sdk = _build_idf(run, idf_py=idf_py, chip=chip)
+            files, sdk = _build_idf(job, idf_py=idf_py)
         else:
-            files = _build_sim(job, on_output)
+            files = _build_sim(job)
         return _build_meta(job, files, sdk)
 
     if cache is None:
@@ -818,7 +731,8 @@ def build_project(
 
 @dataclass(frozen=True)
 class _BuildJob:
-    """One build_project call: the project, its manifest, the builder and where results go."""
+    """One build_project call: the project, its manifest, the builder, where results go and where the
+    builder runs (its environment, the build log, progress and time limit)."""
 
     project: Path
     manifest: Manifest
@@ -827,6 +741,9 @@ class _BuildJob:
     out_dir: Path
     log: Path
     key: str
+    env: dict[str, str]
+    on_output: OutputCallback | None
+    timeout: float | None
 
     @property
     def variant(self) -> str:
@@ -841,6 +758,32 @@ class _BuildJob:
         """The board's partition table offset as the manifest records it (None: not recorded)."""
         raw = self.board_def.get("partition_table_offset")
         return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+
+    def find(self, explicit: str | Path | None, names: Sequence[str], missing: str, hint: str) -> str:
+        """The builder's executable (an explicit path or name, else the first of ``names`` on PATH)."""
+        path = self.env.get("PATH")
+        if explicit is not None:
+            given = Path(explicit)  # made absolute: the builder runs in the project, not here
+            exe = str(given.absolute()) if given.is_file() else shutil.which(str(explicit), path=path)
+        else:
+            exe = next((found for name in names if (found := shutil.which(name, path=path))), None)
+        if exe is None:
+            raise BuildError(missing, hint=hint)
+        return exe
+
+    def run(self, tool: str, cmd: list[str]) -> None:
+        """Run a builder in the project, its output streamed to the log; a failure is a BuildError that
+        names what broke (PlatformUnreachableError when the builder could not download)."""
+        rc, tail = _run_streaming(
+            cmd,
+            cwd=self.project,
+            env=self.env,
+            log_path=self.log,
+            on_output=self.on_output,
+            timeout=self.timeout,
+        )
+        if rc != 0:
+            raise _tool_failed(tool, rc, tail, self.log)
 
 
 _SDKCONFIG_KEPT = (
@@ -878,15 +821,13 @@ NATIVE_PROGRAM = "native_app"
 NATIVE_INFO = "native.json"
 
 
-def _build_native(
-    job: _BuildJob, run: _ToolRun, options: NativeOptions, cache: BuildCache | None
-) -> BuildResult:
+def _build_native(job: _BuildJob, options: NativeOptions, cache: BuildCache | None) -> BuildResult:
     """Build a native board's project into ``esp-check/build/native_app`` (cached like the other builders,
     keyed on the project files and the native library key: sources, compiler, flags)."""
     project, manifest, out_dir, log = job.project, job.manifest, job.out_dir, job.log
     root = cache.root / "native" if cache is not None else out_dir / "native-work"
-    plan = plan_native_build(project, manifest, options, root=root, log_path=log, on_output=run.on_output,
-                             timeout=run.timeout, env=run.env)  # fmt: skip
+    plan = plan_native_build(project, manifest, options, root=root, log_path=log, on_output=job.on_output,
+                             timeout=job.timeout, env=job.env)  # fmt: skip
     files = project_files(project)
     material = {"format": CACHE_FORMAT, "builder": "native", "files": files, "native": plan.key}
     key = hashlib.sha256(json.dumps(material, sort_keys=True).encode("utf-8")).hexdigest()
@@ -896,12 +837,12 @@ def _build_native(
     with cache.lock(key) if cache is not None else contextlib.nullcontext():
         entry = cache.get(key) if cache is not None else None
         if entry is not None:
-            shutil.copy2(entry.file(NATIVE_PROGRAM), program)
+            shutil.copy2(entry.path / NATIVE_PROGRAM, program)
             hit = True
-            _note_cache_hit(log, run.on_output, key, root.parent, "compiler")  # root: <cache>/native
+            _note_cache_hit(log, job.on_output, key, root.parent, "compiler")  # root: <cache>/native
         else:
-            built = build_program(plan, program, log_path=log, on_output=run.on_output, timeout=run.timeout,
-                                  jobs=options.jobs, env=run.env)  # fmt: skip
+            built = build_program(plan, program, log_path=log, on_output=job.on_output, timeout=job.timeout,
+                                  jobs=options.jobs, env=job.env)  # fmt: skip
             meta["native"]["reused_libraries"] = built.reused_tree
             if cache is not None:
                 cache.put(key, {NATIVE_PROGRAM: program}, meta)
@@ -942,15 +883,13 @@ def _native_layout(job: _BuildJob, program: Path) -> list[Artifact]:
     table = read_partitions_csv(csv_path)
     table_off = job.table_offset or 0x8000
     table_path = out_dir / LAYOUT["partition-table"]
-    table_path.parent.mkdir(parents=True, exist_ok=True)
-    table_path.write_bytes(pack_partition_table(table))
+    atomic_write(table_path, pack_partition_table(table), durable=False)
     app = app_partition(table, job.variant, str(csv_path))
     out = [Artifact(table_off, table_path, "partition-table"), Artifact(app.offset, program, "app")]
     ota = find(table, DATA, OTADATA)
     if ota is not None:
         ota_path = out_dir / LAYOUT["otadata"]
-        ota_path.parent.mkdir(parents=True, exist_ok=True)
-        ota_path.write_bytes(otadata.initial_for(table, app, ota.size))
+        atomic_write(ota_path, otadata.initial_for(table, app, ota.size), durable=False)
         out.append(Artifact(ota.offset, ota_path, "otadata"))
     for _role, offset, image in _model_layout(table, project):
         out.append(Artifact(offset, _place(image, out_dir / LAYOUT["model"]), "model"))

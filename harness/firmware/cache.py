@@ -57,9 +57,6 @@ class CacheEntry:
     path: Path
     meta: BuildMeta
 
-    def file(self, name: str) -> Path:
-        return self.path / name
-
 
 def _dir_size(path: Path) -> int:
     total = 0
@@ -131,12 +128,10 @@ class BuildCache:
             (tmp / ENTRY_META).write_text(json.dumps(full_meta, indent=2, sort_keys=True), encoding="utf-8")
             (tmp / _USED_MARK).touch()
             with self._index_lock():
-                if final.exists():
-                    shutil.rmtree(final, ignore_errors=True)
+                shutil.rmtree(final, ignore_errors=True)
                 tmp.rename(final)
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # (gone already when it became the entry)
         self.evict(keep=key)
         return CacheEntry(key, final, full_meta)
 
@@ -178,15 +173,11 @@ class BuildCache:
                     break
                 if key == keep:
                     continue
-                lock = self.lock(key)
                 try:
-                    lock.acquire(timeout=0)
+                    with self.lock(key).acquire(timeout=0):
+                        shutil.rmtree(self.entry_dir(key), ignore_errors=True)
                 except filelock.Timeout:
                     continue
-                try:
-                    shutil.rmtree(self.entry_dir(key), ignore_errors=True)
-                finally:
-                    lock.release()
                 total -= size
                 removed.append(key)
         return removed

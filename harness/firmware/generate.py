@@ -110,18 +110,13 @@ def _hex_array(data: bytes, per_line: int = 16) -> str:
     """C initializer body for ``data``: ``0x..,`` values, ``per_line`` per line (deterministic)."""
     if not data:
         return "    0x00,"  # a zero-length array is not valid C++; sizes are checked separately
-    h = data.hex()
-    tokens = ["0x" + h[i : i + 2] + "," for i in range(0, len(h), 2)]
+    tokens = [f"0x{b:02x}," for b in data]
     lines = ["    " + " ".join(tokens[i : i + per_line]) for i in range(0, len(tokens), per_line)]
     return "\n".join(lines)
 
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-# --------------------------------------------------------------------------------------------
-# results
 
 
 @dataclass(frozen=True)
@@ -166,10 +161,7 @@ class ArenaPlan:
 
 def resident_buffers(board: Board) -> dict[str, int]:
     """The resident loop's buffers on ``board`` (``RESIDENT``, with the PSRAM window where it has PSRAM)."""
-    out = dict(RESIDENT)
-    if board.has_psram:
-        out["rx_window_bytes"] = PSRAM_RX_WINDOW_BYTES
-    return out
+    return {**RESIDENT, "rx_window_bytes": PSRAM_RX_WINDOW_BYTES} if board.has_psram else dict(RESIDENT)
 
 
 def _arena_max(board: Board) -> dict[str, int]:
@@ -223,10 +215,6 @@ def _refuse_crashing_arena(model_path: Path, arena_kb: int) -> None:
             hint=f"use at least {-(-floor // 1024)} KB (a clean 'ERROR stage=alloc' is expected up to "
             f"{-(-estimate.host_bytes // 1024)} KB), or omit --arena-kb to use the estimate",
         )
-
-
-# --------------------------------------------------------------------------------------------
-# rendering
 
 
 def _template_cache() -> jinja2.BytecodeCache | None:
@@ -495,14 +483,7 @@ def generate_projects(
     if not feats.embed_inputs:
         prepared = []  # validated above; the flow streams them
     src = _Sources(
-        board_def,
-        versions,
-        model_path,
-        model_bytes,
-        prepared,
-        model=model,
-        resolver=resolver,
-        plan=plan,
+        board_def, versions, model_path, model_bytes, prepared, model=model, resolver=resolver, plan=plan
     )
     ctx = _base_context(src, human_max)
     ctx.update(tap=tap_ctx, hybrid=hybrid_ctx, **_layout_context(layout))
@@ -540,10 +521,8 @@ def _check_request(
 
 
 def _versions(tflm: str | None, espnn: str | None, platform: str | None) -> dict[str, str]:
-    versions = dict(DEFAULT_VERSIONS)
-    for key, value in (("tflm", tflm), ("espnn", espnn), ("platform", platform)):
-        if value is not None:
-            versions[key] = value
+    given = {"tflm": tflm, "espnn": espnn, "platform": platform}
+    versions = {**DEFAULT_VERSIONS, **{key: value for key, value in given.items() if value is not None}}
     for key, value in versions.items():
         if not isinstance(value, str) or not _VERSION_RE.match(value):
             raise GenerateError(
@@ -677,10 +656,6 @@ def _render_files(
     board, model_bytes = src.board, src.model_bytes
     import jinja2  # not at the top: a generation whose projects are kept renders nothing
 
-    proto_dir = templates_dir() / "common"
-    for name in PROTO_FILES:
-        if not (proto_dir / name).is_file():
-            raise EspCheckError(f"firmware_templates/common/{name} is missing", hint="reinstall esp-check")
     files: dict[str, bytes] = {}
     for tname in sorted(n for n in env.list_templates() if n.endswith(".j2")):
         rel = tname.removesuffix(".j2")
@@ -695,7 +670,10 @@ def _render_files(
             where = f"sdkconfig.defaults for board {board.name}"
             check_sdkconfig(text, board.chip, allow, where, idf_min=board.idf_range[0])
         files[rel] = text.encode("utf-8")
+    proto_dir = templates_dir() / "common"
     for name in PROTO_FILES:
+        if not (proto_dir / name).is_file():
+            raise EspCheckError(f"firmware_templates/common/{name} is missing", hint="reinstall esp-check")
         files[f"main/{name}"] = (proto_dir / name).read_bytes()
     if ctx.get("hybrid") is not None:
         files.update(render_hybrid_files(ctx["hybrid"], str(ctx["banner"]), env))
@@ -709,7 +687,10 @@ def _render_files(
 
 def _write_project(pdir: Path, files: Mapping[str, bytes], manifest: Manifest) -> None:
     """Write what changed (mtimes of unchanged files stay), drop files an older generation wrote."""
-    old_files = _previous_files(pdir)
+    try:  # what an earlier generation in pdir wrote (nothing without a readable manifest)
+        old_files = {k for k in read_manifest(pdir).get("files", {}) if ".." not in Path(k).parts}
+    except BuildError:
+        old_files = set()
     defaults_changed = False
     for rel, data in sorted(files.items()):
         changed = write_if_changed(pdir / rel, data)
@@ -723,14 +704,6 @@ def _write_project(pdir: Path, files: Mapping[str, bytes], manifest: Manifest) -
         for stale_name in ("sdkconfig", f"sdkconfig.{PIO_ENV}", "sdkconfig.old"):
             (pdir / stale_name).unlink(missing_ok=True)
     write_manifest(pdir, manifest)
-
-
-def _previous_files(pdir: Path) -> set[str]:
-    """The files an earlier generation in ``pdir`` wrote (none when it has no readable manifest)."""
-    try:
-        return {k for k in read_manifest(pdir).get("files", {}) if ".." not in Path(k).parts}
-    except BuildError:
-        return set()
 
 
 def _manifest(variant: str, src: _Sources, ctx: Mapping[str, Any], files: Mapping[str, bytes]) -> Manifest:

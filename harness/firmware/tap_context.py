@@ -39,10 +39,11 @@ def tap_firmware_context(
     for op in ops:
         if op.opcode == "CUSTOM" and not op.custom_code:
             raise GenerateError(f"op {op.index} is a custom op without a name: cannot tap it")
-    kinds = list(dict.fromkeys(str(op.custom_code if op.opcode == "CUSTOM" else op.opcode) for op in ops))
+    keys = [str(op.custom_code if op.opcode == "CUSTOM" else op.opcode) for op in ops]
+    kinds = list(dict.fromkeys(keys))
     tensors: dict[int, dict[str, Any]] = {}
     op_rows: list[dict[str, Any]] = []
-    for op in ops:
+    for op, key in zip(ops, keys, strict=True):
         ins, outs = tapped_inputs(info, op), tapped_outputs(op)
         for t in ins + outs:
             ti = info.tensors[t]
@@ -61,14 +62,13 @@ def tap_firmware_context(
                     "scale": float(ti.scale or 0.0),
                     "zero_point": int(ti.zero_point or 0),
                 }
-        key = op.custom_code if op.opcode == "CUSTOM" else op.opcode
         op_rows.append(
             {
                 "index": op.index,
                 "opcode": op.opcode,
-                "kind": kinds.index(str(key)),
+                "kind": kinds.index(key),
                 # what OP op= prints: the protocol allows [A-Za-z0-9_-], at most 32 bytes
-                "record_name": re.sub(r"[^A-Za-z0-9_-]", "_", str(key))[:32] or "-",
+                "record_name": re.sub(r"[^A-Za-z0-9_-]", "_", key)[:32] or "-",
                 "ins": ins,
                 "outs": outs,
             }

@@ -11,6 +11,7 @@ import re
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def run_streaming(
 
     ``timeout``: seconds without a line of output before the tool and its children are killed
     (BuildError, exit 3); None for no limit."""
-    tail: list[str] = []
+    tail: deque[str] = deque(maxlen=400)  # the last lines, for the failure message
     silent = threading.Event()
     finished = threading.Event()
     last_output = [time.monotonic()]
@@ -98,9 +99,8 @@ def run_streaming(
                     children.kill(proc, group=True)
                     return
 
-        watcher = threading.Thread(target=_watch, daemon=True) if timeout else None
-        if watcher:
-            watcher.start()
+        if timeout:
+            threading.Thread(target=_watch, daemon=True).start()
         progress = _Progress(name)
         with children.tracked(proc):  # killed, group and all, if esp-check stops
             try:
@@ -110,8 +110,6 @@ def run_streaming(
                     line = raw.decode("utf-8", "replace").rstrip("\r\n")
                     log.write(line + "\n")
                     tail.append(line)
-                    if len(tail) > 400:
-                        del tail[:100]
                     if on_output is not None:
                         on_output(line)
                         note = progress.note(line)
@@ -134,4 +132,4 @@ def run_streaming(
             hint=f"see {log_path}; a build that prints nothing that long is stuck, or the machine is "
             "overloaded: raise the build time-out (it counts silence, not total time)",
         )
-    return rc, tail
+    return rc, list(tail)

@@ -140,10 +140,6 @@ def copy_once(src: Path, dest: Path) -> Path:
     return dest
 
 
-# --------------------------------------------------------------------------------------------
-# the ESP-IDF component manager
-
-
 def component_manager_command(project: Path, build_dir: Path) -> list[str]:
     """The command ESP-IDF's CMake runs to solve and download a project's dependencies."""
     return [

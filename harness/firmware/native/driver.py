@@ -115,11 +115,9 @@ def configure_command(
     dependencies_lock: Path | None = None,
     standins: Path | None = None,
 ) -> list[str]:
-    """The ``cmake`` configure argument list for one tree (no shell; lists joined with ``;``).
-
-    ``dependencies_lock``: the component manager's lock the components came from (main's CMakeLists
-    reads the versions there first, as in ESP-IDF). ``standins``: the tree's own copy of the stand-ins
-    (:func:`build_program` makes it); the installed package's directory when not given."""
+    """The ``cmake`` configure argument list for one tree (no shell; lists joined with ``;``);
+    ``dependencies_lock`` as :attr:`NativePlan.dependencies_lock`. ``standins``: the tree's own copy of
+    the stand-ins (:func:`build_program` makes it); the installed package's directory when not given."""
     comps = ";".join(f"{c.name}={c.path}" for c in components)
     return [
         toolchain.cmake,

@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import BuildError, UsageError
-from harness.firmware.native.components import ComponentSource, find_components, snapshot
+from harness.firmware.native.components import (
+    ComponentSource,
+    copy_once,
+    find_components,
+    snapshot,
+    tree_sha256,
+)
 from harness.firmware.native.config import resolve
 from harness.firmware.native.driver import NativePlan, NativeProgram, build_program, tree_key
 from harness.firmware.native.toolchain import find_toolchain
 from harness.firmware.toolrun import OutputCallback
-from harness.resources import templates_dir
+from harness.resources import templates_dir, write_if_changed
 
 SWEEP_IDF_VERSION = "5.5.3"  # the API level the stand-ins present; no ESP-IDF code is compiled
-DRIVER_FILES = ("CMakeLists.txt", "sweep_driver.cc")
 ESPNN = "espressif__esp-nn"
 TFLM = "espressif__esp-tflite-micro"
 
@@ -104,27 +108,11 @@ def find_sweep_sources(
 def _main_dir(root: Path, tflm: ComponentSource | None) -> Path:
     """The driver's main component, made once per driver source + reference tree."""
     src = templates_dir() / "sweep"
-    h = hashlib.sha256()
-    for name in DRIVER_FILES:
-        h.update(name.encode() + b"\0" + (src / name).read_bytes())
     tflm_path = str(tflm.path) if has_reference(tflm) and tflm is not None else ""
-    h.update(tflm_path.encode())
-    main = root / "sweep-main" / h.hexdigest()[:20]
-    if not (main / "sweep_paths.cmake").is_file():
-        tmp = main.with_name(main.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name in DRIVER_FILES:
-            shutil.copy2(src / name, tmp / name)
-        (tmp / "sweep_paths.cmake").write_text(
-            "# written by esp-check (harness/firmware/native/sweep_build.py)\n"
-            f'set(ESP_CHECK_SWEEP_TFLM "{tflm_path}")\n',
-            encoding="utf-8",
-        )
-        try:
-            tmp.rename(main)
-        except OSError:  # made by another process meanwhile
-            shutil.rmtree(tmp, ignore_errors=True)
+    digest = hashlib.sha256(f"{tree_sha256(src)}\0{tflm_path}".encode()).hexdigest()
+    main = copy_once(src, root / "sweep-main" / digest[:20])
+    header = "# written by esp-check (harness/firmware/native/sweep_build.py)\n"
+    write_if_changed(main / "sweep_paths.cmake", f'{header}set(ESP_CHECK_SWEEP_TFLM "{tflm_path}")\n')
     return main
 
 

@@ -379,11 +379,8 @@ def install_program(
         t1 = time.monotonic()
         file = Path(path)
         try:
-            if offset == 0 and len(artifacts) == 1:
-                size, sha = port.install(file)
-                written = size
-            else:
-                size, sha, written = port.write_region(offset, file)
+            bare = offset == 0 and len(artifacts) == 1
+            size, sha, written = port.install(file) if bare else port.write_region(offset, file)
         except OSError as exc:
             raise FlashFailure(
                 f"cannot write {file} at 0x{offset:x} on native board {port.name}: {exc.strerror or exc}",
@@ -395,7 +392,6 @@ def install_program(
         region = RegionResult(offset, file, size, md5, skipped=written == 0, bytes_written=written)
         region.seconds, region.verified = time.monotonic() - t1, True
         regions.append(region)
-    seconds = time.monotonic() - t0
     text = "".join(lines) + f"native: native://{port.name} flashed\n"
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -409,7 +405,7 @@ def install_program(
         before="none",
         after="none",
         regions=regions,
-        duration_s=seconds,
+        duration_s=time.monotonic() - t0,
         log_path=log_path,
         esptool_log=text,
         serial=port,

@@ -108,8 +108,7 @@ class _Router(EspLogBase):
         self._tagged("Hint: ", args, self._fallback.hint)
 
     def debug(self, *args: object) -> None:
-        sink = self._local.sink
-        if sink is None:
+        if self._local.sink is None:
             self._fallback.debug(*args)
 
     def stage(self, finish: bool = False) -> None:

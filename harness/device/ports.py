@@ -206,16 +206,13 @@ class PortSpec:
 
 def _by_id_links() -> dict[str, str]:
     """Map real device path -> /dev/serial/by-id symlink (Linux only; empty elsewhere)."""
-    links: dict[str, str] = {}
     try:
         entries = sorted(BY_ID_DIR.iterdir())
     except OSError:
-        return links
+        return {}
+    links: dict[str, str] = {}
     for entry in entries:
-        try:
-            links.setdefault(os.path.realpath(entry), str(entry))
-        except OSError:
-            continue
+        links.setdefault(os.path.realpath(entry), str(entry))  # non-strict realpath raises no OSError
     return links
 
 

@@ -15,7 +15,6 @@ import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 import serial
@@ -82,19 +81,15 @@ class DeviceSession:
         return self.serial
 
     def close(self) -> None:
-        if self.serial is not None:
-            try:
-                self.serial.close()
-            finally:
-                self.serial = None
+        port, self.serial = self.serial, None
+        if port is not None:
+            port.close()
 
     def __enter__(self) -> DeviceSession:
         self.open()
         return self
 
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _reopen(self) -> serial.SerialBase:

@@ -54,7 +54,8 @@ class DeviceRestarted(LinkError):
     already in the log, says why."""
 
 
-_REPAIRS = ("retransmitted_frames", "naks", "damaged_frames", "rx_gaps")  # LinkStats fields: not clean
+# the LinkStats fields that count repairs: any of them makes a link not clean
+_REPAIRS = ("retransmitted_frames", "naks", "damaged_frames", "rx_gaps")
 
 
 @dataclasses.dataclass

@@ -60,21 +60,19 @@ class EsptoolLogSink:
         return "\n".join(self.lines + ([self._partial] if self._partial else []))
 
 
+class _ThreadSink(threading.local):
+    sink: EsptoolLogSink | None = None  # this thread's
+
+
 class _Router(EspLogBase):
     """The one logger installed into esptool: per-thread sink, else the previous logger."""
 
     def __init__(self, fallback: EspLogBase | None) -> None:
         self._fallback = fallback if fallback is not None else EspLog()
-        self._local = threading.local()
-
-    def _sink(self) -> EsptoolLogSink | None:
-        return getattr(self._local, "sink", None)
-
-    def _set_sink(self, sink: EsptoolLogSink | None) -> None:
-        self._local.sink = sink
+        self._local = _ThreadSink()
 
     def print(self, *args: object, **kwargs: object) -> None:
-        sink = self._sink()
+        sink = self._local.sink
         if sink is None:
             self._fallback.print(*args, **kwargs)
             return
@@ -83,7 +81,7 @@ class _Router(EspLogBase):
     def _tagged(
         self, tag: str, args: tuple[object, ...], fallback: Callable[..., None], **kw: object
     ) -> None:
-        sink = self._sink()
+        sink = self._local.sink
         if sink is None:
             fallback(*args, **kw)
             return
@@ -110,12 +108,11 @@ class _Router(EspLogBase):
         self._tagged("Hint: ", args, self._fallback.hint)
 
     def debug(self, *args: object) -> None:
-        sink = self._sink()
-        if sink is None:
+        if self._local.sink is None:
             self._fallback.debug(*args)
 
     def stage(self, finish: bool = False) -> None:
-        if self._sink() is None:
+        if self._local.sink is None:
             self._fallback.stage(finish=finish)
 
     def set_verbosity(self, mode: int | str) -> None:
@@ -127,14 +124,14 @@ class _Router(EspLogBase):
     def progress_bar(
         self, cur_iter: int, total_iters: int, prefix: str = "", suffix: str = "", bar_length: int = 30
     ) -> None:
-        sink = self._sink()
+        sink = self._local.sink
         if sink is None:
             self._fallback.progress_bar(cur_iter, total_iters, prefix, suffix, bar_length)
             return
         sink.progress(cur_iter, total_iters, prefix)
 
     def counter_line(self, prefix: str, suffix: str, *, final: bool = False) -> None:
-        if self._sink() is None:
+        if self._local.sink is None:
             self._fallback.counter_line(prefix, suffix, final=final)
 
 
@@ -155,10 +152,9 @@ def _router() -> _Router:
 def capture_esptool_log(sink: EsptoolLogSink) -> Iterator[EsptoolLogSink]:
     """Send esptool's messages from this thread to ``sink`` for the duration of the block."""
     router = _router()
-    previous = router._sink()
-    router._set_sink(sink)
+    previous, router._local.sink = router._local.sink, sink
     try:
         yield sink
     finally:
         sink.flush()
-        router._set_sink(previous)
+        router._local.sink = previous

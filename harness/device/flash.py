@@ -35,13 +35,28 @@ AFTER_MODES = ("hard-reset", "no-reset", "no-reset-stub", "soft-reset", "watchdo
 USAGE_KINDS = ("chip_mismatch", "chip_revision", "usage")
 # Failures a retry cannot help: those, and an image larger than the chip's flash.
 _FINAL_KINDS = (*USAGE_KINDS, "image_too_large")
+# A kind's hint, where it does not depend on the port (FlashFailure's default)
+_KIND_HINTS = {
+    "chip_mismatch": "wrong board on this port, or wrong --board: pick the board definition for the "
+    "attached chip",
+    "chip_revision": "pick the board definition built for this silicon (`esp-check boards`; e.g. esp32p4 "
+    "for ESP32-P4 before v3, esp32p4-v3 for v3.x): ESP-IDF builds an image for one range of revisions and "
+    "the bootloader refuses to start it on another",
+    "image_too_large": "the board definition's flash_size is larger than the real flash chip, or the build "
+    "is too big: use the matching board file or a smaller partition layout",
+    "verify_failed": "the written data did not read back: retry at a lower --flash-baud; persistent "
+    "failures mean a flash or power problem",
+    "stub_failed": "retry; if it persists, flash at a lower baud",
+    "link_lost": "check the USB cable and hub; a board that resets itself under load may have a power "
+    "problem",
+}
 
 
 class FlashFailure(FlashError):
     """A flash step failed. ``kind`` says which (table in docs/device.md); ``retryable`` is False
     when trying again cannot help (wrong chip, image too large). A wrong board for the chip (another
     chip, or a revision the board's image does not accept) and bad arguments are usage errors (exit 2),
-    never retryable; every other kind is infrastructure (exit 3)."""
+    never retryable; every other kind is infrastructure (exit 3). ``hint`` defaults to the kind's."""
 
     def __init__(
         self,
@@ -52,7 +67,7 @@ class FlashFailure(FlashError):
         retryable: bool | None = None,
         esptool_message: str | None = None,
     ) -> None:
-        super().__init__(message, hint=hint)
+        super().__init__(message, hint=_KIND_HINTS.get(kind) if hint is None else hint)
         self.kind = kind
         self.retryable = kind not in _FINAL_KINDS if retryable is None else retryable
         self.esptool_message = esptool_message
@@ -144,54 +159,16 @@ _BOOT_HINT = (
 )
 
 
-_WRONG_CHIP_HINT = (
-    "wrong board on this port, or wrong --board: pick the board definition for the attached chip"
-)
-_WRONG_REVISION_HINT = (
-    "pick the board definition built for this silicon (`esp-check boards`; e.g. esp32p4 for ESP32-P4 "
-    "before v3, esp32p4-v3 for v3.x): ESP-IDF builds an image for one range of revisions and the "
-    "bootloader refuses to start it on another"
-)
-
-
 def _fmt_rev(rev: int) -> str:
     return f"v{rev // 100}.{rev % 100}"
 
 
-_TOO_LARGE_HINT = (
-    "the board definition's flash_size is larger than the real flash chip, or the build is too big: "
-    "use the matching board file or a smaller partition layout"
-)
-
-
-# esptool's words -> what failed (then "URL: esptool's first line"), kind, hint
+# esptool's words -> what failed (then "URL: esptool's first line"), kind
 _ESPTOOL_FAILURES = (
-    # esptool's own check of the bootloader image header
-    (
-        ("requires chip revision",),
-        "the image does not suit the chip on",
-        "chip_revision",
-        _WRONG_REVISION_HINT,
-    ),
-    (
-        ("will not fit in",),
-        "image does not fit in the flash of the chip on",
-        "image_too_large",
-        _TOO_LARGE_HINT,
-    ),
-    (
-        ("MD5 of file does not match", "Write failed"),
-        "flash verify failed on",
-        "verify_failed",
-        "the written data did not read back: retry at a lower --flash-baud; persistent failures mean a "
-        "flash or power problem",
-    ),
-    (
-        ("Failed to start stub flasher",),
-        "the flasher stub did not start on",
-        "stub_failed",
-        "retry; if it persists, flash at a lower baud",
-    ),
+    (("requires chip revision",), "the image does not suit the chip on", "chip_revision"),  # image header
+    (("will not fit in",), "image does not fit in the flash of the chip on", "image_too_large"),
+    (("MD5 of file does not match", "Write failed"), "flash verify failed on", "verify_failed"),
+    (("Failed to start stub flasher",), "the flasher stub did not start on", "stub_failed"),
 )
 
 
@@ -216,18 +193,13 @@ def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log:
     first = msg.splitlines()[0] if msg else type(exc).__name__
     if isinstance(exc, (serial.SerialException, OSError)) and not isinstance(exc, FatalError):
         return FlashFailure(
-            f"serial link to {ps.url} lost during {stage}: {first}",
-            kind="link_lost",
-            hint="check the USB cable and hub; a board that resets itself under load may have a power "
-            "problem",
-            esptool_message=msg,
+            f"serial link to {ps.url} lost during {stage}: {first}", kind="link_lost", esptool_message=msg
         )
     m = re.search(r"This chip is (\S+), not (\S+)\.", msg)
     if m:
         return FlashFailure(
             f"the chip on {ps.url} is {m.group(1)}, but {m.group(2)} was expected",
             kind="chip_mismatch",
-            hint=_WRONG_CHIP_HINT,
             esptool_message=msg,
         )
     if "Wrong boot mode detected" in msg:
@@ -239,9 +211,9 @@ def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log:
             hint=_transport_hint(ps),
             esptool_message=msg,
         )
-    for needles, what, kind, hint in _ESPTOOL_FAILURES:
+    for needles, what, kind in _ESPTOOL_FAILURES:
         if any(n in msg for n in needles):
-            return FlashFailure(f"{what} {ps.url}: {first}", kind=kind, hint=hint, esptool_message=msg)
+            return FlashFailure(f"{what} {ps.url}: {first}", kind=kind, esptool_message=msg)
     if stage == "connect":
         detail = ""
         if b"Guru Meditation" in boot_log or "Guru Meditation" in msg:
@@ -263,11 +235,7 @@ def map_esptool_error(exc: BaseException, *, stage: str, ps: PortSpec, boot_log:
 def _resolve_before(before: str, ps: PortSpec, reset_style: str) -> tuple[str, bool]:
     """-> (esptool connect mode, whether we perform the bootloader reset ourselves first)."""
     if before not in BEFORE_MODES:
-        raise FlashFailure(
-            f"unknown before-mode {before!r}",
-            kind="usage",
-            hint=f"use one of {BEFORE_MODES}",
-        )
+        raise FlashFailure(f"unknown before-mode {before!r}", kind="usage", hint=f"use one of {BEFORE_MODES}")
     if before == "harness-reset":
         return "no-reset", True
     if before != "auto":
@@ -395,7 +363,6 @@ def _identify(
         raise FlashFailure(
             f"the chip on {ps.url} is {esp.CHIP_NAME}, but the board definition says {expected_chip}",
             kind="chip_mismatch",
-            hint=_WRONG_CHIP_HINT,
         )
     rev = _try(esp.get_chip_revision)
     rev = rev if isinstance(rev, int) else None
@@ -406,7 +373,6 @@ def _identify(
             f"the chip on {ps.url} is {esp.CHIP_NAME} revision {_fmt_rev(rev)}, but the board definition's "
             f"image accepts revisions {_fmt_rev(low)} to {_fmt_rev(high)} only: it would not boot",
             kind="chip_revision",
-            hint=_WRONG_REVISION_HINT,
         )
     crystal = _try(esp.get_crystal_freq)
     return {
@@ -451,7 +417,7 @@ def flash_artifacts(
     from esptool.util import FatalError  # only when a flash runs
 
     t0 = time.monotonic()
-    items = _checked_items(artifacts, after)
+    regions = _regions(artifacts, after)
     if isinstance(port, serial.SerialBase):
         ser = port
         ps = port_spec or resolve_port(str(port.port))
@@ -460,8 +426,7 @@ def flash_artifacts(
         ser = open_port(ps, ROM_BAUD, exclusive=True)
     chip_cls = _chip_class(chip)
     mode, self_reset = _resolve_before(before, ps, reset_style)
-    regions = _regions(items)
-    log = _FlashLog(log_path, progress, [off for off, _ in items])
+    log = _FlashLog(log_path, progress, [r.offset for r in regions])
     stage = "connect"
     try:
         with capture_esptool_log(log):
@@ -480,7 +445,12 @@ def flash_artifacts(
             flash_size = _try(lambda: detect_flash_size(esp))
             _check_fits(regions, flash_size, ps)
             stage = "write"
-            _write_regions(esp, regions, log, skip_flashed=skip_flashed, diff_with=diff_with)
+            diffs = list(diff_with or ())  # rewrite only changed sectors; without them, MD5-skip
+            for i, r in enumerate(regions):
+                log.region = i
+                diff = diffs[i] if i < len(diffs) else None
+                _write_region(esp, r, skip_flashed=skip_flashed and not diffs, diff=diff)
+            log.region = None
             stage = "reset"
             log.emit(FlashProgress("reset", f"after flashing: {after}"))
             reset_chip(esp, after)
@@ -514,25 +484,9 @@ def flash_artifacts(
     return result
 
 
-def _write_regions(
-    esp: ESPLoader,
-    regions: Sequence[RegionResult],
-    log: _FlashLog,
-    *,
-    skip_flashed: bool,
-    diff_with: Sequence[Path | str | None] | None,
-) -> None:
-    """Each region in offset order (``diff_with``: rewrite only changed sectors; else MD5-skip)."""
-    diffs = list(diff_with) if diff_with else []
-    for i, r in enumerate(regions):
-        log.region = i
-        diff = diffs[i] if i < len(diffs) else None
-        _write_region(esp, r, skip_flashed=skip_flashed and not diffs, diff=diff)
-    log.region = None
-
-
-def _checked_items(artifacts: Sequence[tuple[int, Path | str]], after: str) -> list[tuple[int, Path]]:
-    """(offset, file) pairs that exist; FlashFailure(usage) for anything a flash cannot start with."""
+def _regions(artifacts: Sequence[tuple[int, Path | str]], after: str) -> list[RegionResult]:
+    """One result per file to write, with the MD5 esptool's skip check compares; FlashFailure(usage) for
+    anything a flash cannot start with."""
     if after not in AFTER_MODES:
         raise FlashFailure(f"unknown after-mode {after!r}", kind="usage", hint=f"use {AFTER_MODES}")
     items = [(int(off), Path(p)) for off, p in artifacts]
@@ -545,11 +499,6 @@ def _checked_items(artifacts: Sequence[tuple[int, Path | str]], after: str) -> l
                 kind="usage",
                 hint="build the project first (esp-check build)",
             )
-    return items
-
-
-def _regions(items: Sequence[tuple[int, Path]]) -> list[RegionResult]:
-    """One result per file to write, with the MD5 esptool's skip check compares."""
     return [
         RegionResult(
             offset=off,
@@ -632,7 +581,6 @@ def _check_fits(regions: Sequence[RegionResult], flash_size: str | None, ps: Por
                 f"{r.path.name} ({r.size} bytes at {r.offset:#x}) does not fit in the "
                 f"{flash_size} flash of the chip on {ps.url}",
                 kind="image_too_large",
-                hint=_TOO_LARGE_HINT,
             )
 
 

@@ -445,9 +445,12 @@ class PlaceLease:
         self._deadline = None
         while True:
             res = _Reservation(self.client, self.place)  # starts while `show` runs
+            allocated = False
             try:
                 allocated = self._wait_allocated(res, timeout, say, cancel)
             finally:
+                if not allocated:  # failed, cancelled or timed out: end the waiting client
+                    self._keep(res.stop())
                 res.close()
             if not allocated:
                 raise self._busy(timeout, cancel)
@@ -464,14 +467,10 @@ class PlaceLease:
         if self._deadline is None:
             self._deadline = time.monotonic() + max(timeout, 0.0)
 
-    def _first_look(self, res: _Reservation, timeout: float, say: Callable[[str], None]) -> None:
+    def _first_look(self, timeout: float, say: Callable[[str], None]) -> None:
         """The place was not allocated to us at once: read it (an unknown place or a dead coordinator
         raises now), release our own stale acquisition, else start the clock and say who holds it."""
-        try:
-            info = self._clear_own_stale(strict=True)
-        except LabgridError:
-            self._keep(res.stop())
-            raise
+        info = self._clear_own_stale(strict=True)
         if info is not None and info.acquired is None and info.reservation is None:
             return  # free now (a stale acquisition of ours was released): ours at the next poll
         self._held(timeout)  # acquired, or allocated to someone else's reservation
@@ -491,28 +490,22 @@ class PlaceLease:
         answered: float | None = None  # when the coordinator handed out our reservation token
         next_report: float | None = None  # None: not looked at the place yet
         while True:
-            try:
-                if res.poll():
-                    return True
-            except LabgridError:
-                self._keep(res.stop())
-                raise
+            if res.poll():
+                return True
             now = time.monotonic()
             if answered is None and res.token:
                 answered = now
             if answered is None and now - started >= self.client.timeout:
-                self._keep(res.stop())
                 raise LabgridError(
                     f"labgrid-client reserve got no reservation from {self.client.coordinator} within "
                     f"{self.client.timeout:.0f} s",
                     hint="is labgrid-coordinator running and reachable at that address?",
                 )
             if next_report is None and answered is not None and now - answered >= ALLOCATION_GRACE_S:
-                self._first_look(res, timeout, say)
+                self._first_look(timeout, say)
                 now = time.monotonic()
                 next_report = now + REPORT_EVERY_S
             if (cancel is not None and cancel.is_set()) or now >= (self._deadline or float("inf")):
-                self._keep(res.stop())
                 return False
             if next_report is not None and now >= next_report:
                 info = self._clear_own_stale()

@@ -54,6 +54,10 @@ class DeviceRestarted(LinkError):
     already in the log, says why."""
 
 
+# the LinkStats fields that count repairs: any of them makes a link not clean
+_REPAIRS = ("retransmitted_frames", "naks", "damaged_frames", "rx_gaps")
+
+
 @dataclasses.dataclass
 class LinkStats:
     """What crossed the link (each direction: all bytes, and the payload bytes among them)."""
@@ -82,18 +86,12 @@ class LinkStats:
     def repairs(self) -> LinkStats:
         """Only the repairs (and earlier boots' frames) of these stats: what a switch hands on to the next
         boot's client, without the traffic that client counts itself."""
-        return LinkStats(
-            retransmitted_frames=self.retransmitted_frames,
-            naks=self.naks,
-            damaged_frames=self.damaged_frames,
-            rx_gaps=self.rx_gaps,
-            stale_frames=self.stale_frames,
-        )
+        return LinkStats(**{f: getattr(self, f) for f in (*_REPAIRS, "stale_frames")})
 
     @property
     def clean(self) -> bool:
         """No repair was needed: nothing damaged, lost or sent twice."""
-        return not (self.retransmitted_frames or self.naks or self.damaged_frames or self.rx_gaps)
+        return not any(getattr(self, f) for f in _REPAIRS)
 
     def to_dict(self) -> dict[str, float | int | None]:
         d: dict[str, float | int | None] = dataclasses.asdict(self)
@@ -418,7 +416,13 @@ def gather(
     want, limit = _wanted(held, byte_s, after_text)
     if not want:
         return 0
-    return _wait_count(port, want, min(deadline, time.monotonic() + limit), byte_s)
+    deadline = min(deadline, time.monotonic() + limit)
+    while True:  # between looks, sleep the time the missing bytes take on the line (at least 0.5 ms):
+        n = int(port.in_waiting)  # a block costs a few polls, not one per byte
+        left = deadline - time.monotonic()
+        if n >= want or left <= 0:
+            return n
+        time.sleep(min(left, max(0.0005, (want - n) * byte_s)))
 
 
 def _wanted(held: bytes | bytearray, byte_s: float, after_text: bool) -> tuple[int, float]:
@@ -448,14 +452,3 @@ def read_waiting(port: serial.SerialBase, n: int) -> bytes:
             break
         data += more
     return data
-
-
-def _wait_count(port: serial.SerialBase, want: int, deadline: float, byte_s: float) -> int:
-    """Bytes waiting once ``want`` have arrived or ``deadline`` passed: sleeps the time the missing bytes
-    take on the line (at least 0.5 ms) between looks, so a block costs a few polls, not one per byte."""
-    while True:
-        n = int(port.in_waiting)
-        left = deadline - time.monotonic()
-        if n >= want or left <= 0:
-            return n
-        time.sleep(min(left, max(0.0005, (want - n) * byte_s)))

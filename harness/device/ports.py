@@ -140,10 +140,7 @@ _CAPS: dict[str, TransportCaps] = {
         lock_by="name",
         installs_program=True,
     ),
-    Transport.LOOP: TransportCaps(
-        disconnect_is_eof=True,
-        notes="pyserial loopback (tests only)",
-    ),
+    Transport.LOOP: TransportCaps(disconnect_is_eof=True, notes="pyserial loopback (tests only)"),
     Transport.URL: TransportCaps(
         disconnect_is_eof=True,
         notes="other pyserial URL handler: capabilities unknown, treated as reset-less",
@@ -209,16 +206,13 @@ class PortSpec:
 
 def _by_id_links() -> dict[str, str]:
     """Map real device path -> /dev/serial/by-id symlink (Linux only; empty elsewhere)."""
-    links: dict[str, str] = {}
     try:
         entries = sorted(BY_ID_DIR.iterdir())
     except OSError:
-        return links
+        return {}
+    links: dict[str, str] = {}
     for entry in entries:
-        try:
-            links.setdefault(os.path.realpath(entry), str(entry))
-        except OSError:
-            continue
+        links.setdefault(os.path.realpath(entry), str(entry))  # non-strict realpath raises no OSError
     return links
 
 
@@ -281,17 +275,14 @@ def resolve_port(
         return _resolve_auto(text, board, plat)
     transport = _transport_of(text)
     if transport != Transport.DEVICE:
-        return PortSpec(spec=text, url=text, transport=transport, caps=_CAPS[transport])
+        return PortSpec(text, text, transport, _CAPS[transport])
     path, note = text, None
     if plat == "darwin" and text.startswith("/dev/tty."):
         twin = "/dev/cu." + text[len("/dev/tty.") :]
         path, note = twin, f"using {twin} instead of {text} (tty.* waits for carrier detect on macOS)"
     if plat.startswith("linux") and _is_pty(path):
-        return PortSpec(spec=text, url=path, transport=Transport.PTY, caps=_CAPS[Transport.PTY], note=note)
-    usb = _identify(path, plat)
-    return PortSpec(
-        spec=text, url=path, transport=Transport.DEVICE, caps=_CAPS[Transport.DEVICE], usb=usb, note=note
-    )
+        return PortSpec(text, path, Transport.PTY, _CAPS[Transport.PTY], note=note)
+    return PortSpec(text, path, transport, _CAPS[transport], usb=_identify(path, plat), note=note)
 
 
 def _identify(path: str, plat: str) -> PortCandidate | None:
@@ -311,14 +302,8 @@ def _resolve_auto(spec: str, board: BoardLike | None, plat: str) -> PortSpec:
     ]
     if len(matching) == 1:
         cand = matching[0]
-        return PortSpec(
-            spec=spec,
-            url=cand.device,
-            transport=Transport.DEVICE,
-            caps=_CAPS[Transport.DEVICE],
-            usb=cand,
-            note=f"--port auto chose {cand.label()}",
-        )
+        note = f"--port auto chose {cand.label()}"
+        return PortSpec(spec, cand.device, Transport.DEVICE, _CAPS[Transport.DEVICE], usb=cand, note=note)
     listing = "\n".join(f"  {c.label()}" for c in everything) or "  (no serial ports at all)"
     what = "an ESP32 board"
     if board is not None:

@@ -148,9 +148,9 @@ class Serial(InProcessPort):
         for old in (self.home / "apps").iterdir():
             old.unlink()
 
-    def install(self, program: str | Path) -> tuple[int, str]:
+    def install(self, program: str | Path) -> tuple[int, str, int]:
         """A bare program at offset 0 (no partition table): erase the board, keep ``program``; returns
-        (size, sha256)."""
+        (size, sha256, bytes written: all of them), as :meth:`write_region`."""
         self._live()
         self._stop_program()
         self._erase()
@@ -159,7 +159,7 @@ class Serial(InProcessPort):
         dest.chmod(dest.stat().st_mode | 0o100)
         self._program = dest
         data = dest.read_bytes()
-        return len(data), hashlib.sha256(data).hexdigest()
+        return len(data), hashlib.sha256(data).hexdigest(), len(data)
 
     @property
     def home(self) -> Path:

@@ -15,7 +15,6 @@ import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 import serial
@@ -82,19 +81,15 @@ class DeviceSession:
         return self.serial
 
     def close(self) -> None:
-        if self.serial is not None:
-            try:
-                self.serial.close()
-            finally:
-                self.serial = None
+        port, self.serial = self.serial, None
+        if port is not None:
+            port.close()
 
     def __enter__(self) -> DeviceSession:
         self.open()
         return self
 
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _reopen(self) -> serial.SerialBase:
@@ -379,11 +374,8 @@ def install_program(
         t1 = time.monotonic()
         file = Path(path)
         try:
-            if offset == 0 and len(artifacts) == 1:
-                size, sha = port.install(file)
-                written = size
-            else:
-                size, sha, written = port.write_region(offset, file)
+            bare = offset == 0 and len(artifacts) == 1
+            size, sha, written = port.install(file) if bare else port.write_region(offset, file)
         except OSError as exc:
             raise FlashFailure(
                 f"cannot write {file} at 0x{offset:x} on native board {port.name}: {exc.strerror or exc}",
@@ -395,7 +387,6 @@ def install_program(
         region = RegionResult(offset, file, size, md5, skipped=written == 0, bytes_written=written)
         region.seconds, region.verified = time.monotonic() - t1, True
         regions.append(region)
-    seconds = time.monotonic() - t0
     text = "".join(lines) + f"native: native://{port.name} flashed\n"
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -409,7 +400,7 @@ def install_program(
         before="none",
         after="none",
         regions=regions,
-        duration_s=seconds,
+        duration_s=time.monotonic() - t0,
         log_path=log_path,
         esptool_log=text,
         serial=port,

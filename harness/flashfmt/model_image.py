@@ -1,7 +1,5 @@
-"""The model partition image (docs/firmware.md "Flash layout"): a 64-byte header, then the .tflite bytes.
-
-Layout, arena fields and what the firmware checks: docs/firmware.md "Flash layout".
-"""
+"""The model partition image: a 64-byte header, then the .tflite bytes (layout, arena fields and what the
+firmware checks: docs/firmware.md "Flash layout")."""
 
 from __future__ import annotations
 

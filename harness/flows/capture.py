@@ -33,6 +33,8 @@ from harness.flows.targets import Target
 from harness.manifest import NN_EXPECTED
 from harness.protocol.capture import Capture, parse_capture
 
+Body = Callable[[ResidentBoard, list[str]], None]  # what runs on the board once it is flashed and booted
+
 
 def flash_and_capture(
     build: BuildResult,
@@ -53,13 +55,9 @@ def flash_and_capture(
     """
     rec = Recorder(progress)
     run = VariantRun(variant, build.project_dir, build.firmware_sha256, build.cache_hit)
-
-    def body(resident: ResidentBoard, order: list[str]) -> None:
-        run.exit_code = stream_inputs(resident, run, inputs)
-
     with_board(
         rec, {variant: run}, {variant: build}, target=target, out=Path(out_dir), limits=timeouts,
-        flash_baud=flash_baud, body=body,
+        flash_baud=flash_baud, body=streaming({variant: run}, inputs),
     )  # fmt: skip
     return run, rec.stages
 
@@ -73,7 +71,7 @@ def with_board(
     out: Path,
     limits: StageTimeouts | None,
     flash_baud: int | None,
-    body: Callable[[ResidentBoard, list[str]], None],
+    body: Body,
 ) -> LinkStats | None:
     """Open the board, flash what differs, boot once, then ``body(board, variants in run order)``."""
     limits = limits or StageTimeouts()
@@ -153,6 +151,16 @@ def boot_variant(resident: ResidentBoard, run: VariantRun) -> Boot | ExitCode | 
         resident.rec.add("verify", v, ExitCode.USAGE, 0.0, wrong)
         return ExitCode.USAGE
     return boot
+
+
+def streaming(runs: Mapping[str, VariantRun], inputs: Sequence[bytes]) -> Body:
+    """:func:`with_board`'s body that streams ``inputs`` to each variant in run order."""
+
+    def body(resident: ResidentBoard, order: list[str]) -> None:
+        for v in order:
+            runs[v].exit_code = stream_inputs(resident, runs[v], inputs)
+
+    return body
 
 
 def stream_inputs(resident: ResidentBoard, run: VariantRun, inputs: Sequence[bytes]) -> ExitCode | None:

@@ -138,7 +138,7 @@ class _Ask:
 
 
 def _stream(
-    ctx: _Streams, boot: Boot, ids: Sequence[int], log_path: Path, ask: _Ask, kept: set[int] | None
+    ctx: _Streams, boot: Boot, ids: Sequence[int], log_path: Path, ask: _Ask, *, kept: set[int] | None = None
 ) -> _Streamed:
     """Run ``ids`` of the dataset on the booted app as ``ask`` says: their checked legs, the link's
     figures, problems and the firmware faults the device printed. ``kept``: the inputs an earlier variant
@@ -470,7 +470,7 @@ def _passes(ctx: _Streams, boot: Boot, run: VariantRun, ids: Sequence[int], ask:
                 break
             boot = again
         asked = dataclasses.replace(ask, now=attempt > 1)
-        one = functools.partial(_stream, ctx, boot, ids, run.serial_log, asked, out.kept)
+        one = functools.partial(_stream, ctx, boot, ids, run.serial_log, asked, kept=out.kept)
         streamed = resident.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
         legs, stats, problems = streamed.legs, streamed.stats, streamed.problems
         for i, leg in legs.items():
@@ -518,7 +518,7 @@ def _after_reset(ctx: _Streams, variant: str) -> dict[str, Any]:
     if not isinstance(boot, Boot):
         return {"variant": variant, "inputs": 0, "differing": [], "problem": "the app did not start again"}
     log = runs[variant].serial_log or Path("serial.log")
-    one = functools.partial(_stream, ctx, boot, ids, log, _Ask(frames.RES_CRC), None)
+    one = functools.partial(_stream, ctx, boot, ids, log, _Ask(frames.RES_CRC))
     streamed = resident.rec.run("after-reset", variant, one)
     legs, problems = streamed.legs, streamed.problems
     _record(out, runs[variant], streamed)

@@ -37,7 +37,7 @@ from harness.errors import (
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
 from harness.flashfmt.partitions import VARIANTS
-from harness.flows.capture import stream_inputs, with_board
+from harness.flows.capture import Body, streaming, with_board
 from harness.flows.dataset import (
     DatasetOptions,
     DatasetOutcome,
@@ -118,12 +118,7 @@ class _JobState:
         """The board's lock while it is flashed and captured (None: not asked for, or a private board)."""
         if not self.opts.lock:
             return None
-        return self.target.lock(
-            lock_dir=self.opts.lock_dir,
-            timeout=self.opts.lock_timeout,
-            owner="esp-check flash-and-compare",
-            on_wait=lambda msg: self.rec.say("lock", msg),
-        )
+        return self.target.job_lock(self.opts, "esp-check flash-and-compare", self.rec)
 
 
 def flash_and_compare(
@@ -186,16 +181,10 @@ class InputsWorkload:
         fw = _firmware(run, run.spec.inputs, features, before_build=self.host)
         if fw is None:
             return
-        streamed = run.streamed
-
-        def body(resident: ResidentBoard, order: list[str]) -> None:
-            for v in order:
-                run.variants[v].exit_code = stream_inputs(resident, run.variants[v], streamed)
-
         with _acquired(run) as locked:
             if not locked:
                 return
-            _execute(run, fw, body)
+            _execute(run, fw, streaming(run.variants, run.streamed))
         run.comparison = _compare(run, self.ref_source)
         if o.tap:
             _tap(run)
@@ -290,7 +279,7 @@ def _acquired(run: _JobState) -> Iterator[bool]:
         yield True
 
 
-def _execute(run: _JobState, firmware: Firmware, body: Callable[[ResidentBoard, list[str]], None]) -> None:
+def _execute(run: _JobState, firmware: Firmware, body: Body) -> None:
     """execute: flash what differs, boot, ``body``; the variants' exit codes join the run's."""
     run.link = with_board(
         run.rec, run.variants, firmware.builds, target=run.target, out=run.out, limits=run.opts.timeouts,

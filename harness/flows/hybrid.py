@@ -220,13 +220,8 @@ def _board_lock(state: _State) -> BoardLockCM:
     """The board's lock for the hybrid runs (the baseline took and released its own); none for a
     board made for this command alone."""
     assert state.target is not None
-    cm = state.target.lock(
-        lock_dir=state.spec.options.lock_dir,
-        timeout=state.spec.options.lock_timeout,
-        owner="esp-check hybrid",
-        on_wait=lambda m: state.rec.say("lock", m),
-    )
-    return cm or contextlib.nullcontext()
+    lock = state.target.job_lock(state.spec.options, "esp-check hybrid", state.rec)
+    return lock or contextlib.nullcontext()
 
 
 # ---- 1. baseline ----------------------------------------------------------------------------------

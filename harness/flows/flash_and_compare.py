@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -178,7 +179,7 @@ class InputsWorkload:
         # the inputs are streamed to the resident firmware, never compiled in: a new input rebuilds and
         # reflashes nothing (generate still checks them, before anything is built)
         features = FirmwareFeatures(tap=o.tap, embed_inputs=False)
-        fw = _firmware(run, run.spec.inputs, features, before_build=self.host)
+        fw = _firmware(run, run.spec.inputs, features, functools.partial(self.host, run))
         if fw is None:
             return
         with _acquired(run) as locked:
@@ -205,7 +206,7 @@ class DatasetWorkload:
         assert opts is not None
         ds = load_inputs(opts, run.info.inputs[0], run.opts.input_options)
         outcome = run.dataset = DatasetOutcome(ds)
-        fw = _firmware(run, [], FirmwareFeatures(embed_inputs=False), before_build=lambda run: None)
+        fw = _firmware(run, [], FirmwareFeatures(embed_inputs=False))
         if fw is None:
             return
         outputs = [OutputSpec(t.dtype, tuple(t.shape), t.name) for t in run.info.outputs]
@@ -240,8 +241,7 @@ def _firmware(
     run: _JobState,
     inputs: Sequence[Path],
     features: FirmwareFeatures,
-    *,
-    before_build: Callable[[_JobState], None],
+    before_build: Callable[[], None] = lambda: None,
 ) -> Firmware | None:
     """Generate both variants, run the host side (``before_build``: it overlaps nothing yet, but it
     must fail before minutes of building), build; None when a build failed (nothing to flash). A spec
@@ -249,7 +249,7 @@ def _firmware(
     or built again: the host side still runs and checks the inputs."""
     fw = run.spec.firmware
     if fw is not None:
-        before_build(run)
+        before_build()
     else:
         fw = prepare_firmware(
             run.spec.model,
@@ -259,7 +259,7 @@ def _firmware(
             rec=run.rec,
             options=run.opts,
             features=features,
-            before_build=lambda: before_build(run),
+            before_build=before_build,
         )
     return fw if _record_builds(run, fw) else None
 

@@ -135,7 +135,7 @@ def boot_variant(resident: ResidentBoard, run: VariantRun) -> Boot | ExitCode | 
     except EspCheckError as exc:
         return exc.exit_code
     if boot.hello is None or boot.hello.init_status != 0 or boot.variant != v:
-        return _verify(resident, run, boot.raw, log)  # start-up evidence: a fault, a loop, silence
+        return verify_capture(resident, run, boot.raw, log)  # start-up evidence: a fault, a loop, silence
     run.nn_mode = boot.hello.nn  # compiled in (sdkconfig.h), as INFO nn in a text capture
     want = resident.model_sha256()
     wrong = ""
@@ -175,15 +175,8 @@ def stream_inputs(resident: ResidentBoard, run: VariantRun, inputs: Sequence[byt
     whole = dataclasses.replace(
         raw, data=boot.raw.data + raw.data, boots=boot.raw.boots, resets=boot.raw.resets
     )
-    code = _verify(resident, run, whole, log)
+    code = verify_capture(resident, run, whole, log)
     return link_verdict(run, resident.last_link, code)
-
-
-def _verify(resident: ResidentBoard, run: VariantRun, raw: RawCapture, log: Path) -> ExitCode | None:
-    build = resident.builds[run.variant]
-    return verify_capture(
-        resident.rec, run, raw, log, elf=build.elf, chip=build.chip, simulated_board=resident.simulated
-    )
 
 
 def link_verdict(run: VariantRun, stats: LinkStats, code: ExitCode | None) -> ExitCode | None:
@@ -209,14 +202,7 @@ def link_verdict(run: VariantRun, stats: LinkStats, code: ExitCode | None) -> Ex
 
 
 def verify_capture(
-    rec: Recorder,
-    run: VariantRun,
-    raw: RawCapture,
-    log_path: Path,
-    *,
-    elf: Path | None = None,
-    chip: str = "",
-    simulated_board: bool | None = None,
+    resident: ResidentBoard, run: VariantRun, raw: RawCapture, log_path: Path
 ) -> ExitCode | None:
     """Parse and classify what the device printed; keep its outputs only when they are evidence.
 
@@ -224,15 +210,16 @@ def verify_capture(
     """
     t0 = time.monotonic()
     cap = parse_capture(raw.data)
-    findings = decode_findings(classify(raw.data, ended_by=raw.ended_by, parsed=cap), elf, chip)
+    build = resident.builds[run.variant]
+    findings = decode_findings(classify(raw.data, ended_by=raw.ended_by, parsed=cap), build.elf, build.chip)
     run.findings = [f.to_dict() for f in findings]
     run.nn_mode = cap.nn_mode
     run.problems = list(cap.problems)
-    code, detail, keep = verdict_evidence(run.variant, cap, findings, raw.ended_by, simulated_board)
+    code, detail, keep = verdict_evidence(run.variant, cap, findings, raw.ended_by, resident.simulated)
     if keep:
         run.source = source_from_capture(cap, run.variant, str(log_path), raw.data)
         run.capture_valid = True
-    rec.add("verify", run.variant, code, time.monotonic() - t0, detail)
+    resident.rec.add("verify", run.variant, code, time.monotonic() - t0, detail)
     return code
 
 

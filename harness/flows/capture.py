@@ -137,7 +137,7 @@ def boot_variant(resident: ResidentBoard, run: VariantRun) -> Boot | ExitCode | 
     if boot.hello is None or boot.hello.init_status != 0 or boot.variant != v:
         return verify_capture(resident, run, boot.raw, log)  # start-up evidence: a fault, a loop, silence
     run.nn_mode = boot.hello.nn  # compiled in (sdkconfig.h), as INFO nn in a text capture
-    want = resident.model_sha256()
+    want = resident.model_sha256
     wrong = ""
     if want and boot.hello.model_sha256 != want:  # identity: the device runs the model it was given
         wrong = (

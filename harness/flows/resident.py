@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import re
 import time
@@ -188,24 +189,22 @@ class ResidentBoard:
         self.lost = False  # the link dropped: reopen the port before the next boot
         self.last_link = LinkStats()  # the last session's
         self.keys: list[int] = []  # the boot keys of every boot seen (docs/protocol.md "Boot key")
-        self._model_sha: str | None = None
         self.probe_notes: list[str] = []  # why the last probe did not skip the flash
         self._probe_raw: RawCapture | None = None  # the probe's boot, until a variant's log takes it
         # the last boot when it left no app ready (a crash, a loop, silence): the next ensure() of the same
         # variant reads this start-up evidence instead of booting the app into the same failure again
         self._failed_start: Boot | None = None
 
+    @functools.cached_property
     def model_sha256(self) -> str:
         """SHA-256 of the model esp-check flashed (from the model partition image it wrote), or ""."""
-        if self._model_sha is None:
-            self._model_sha = ""
-            for b in self.builds.values():
-                art = b.artifact("model")
-                if art is not None and art.path.is_file():
-                    with contextlib.suppress(ModelImageError, OSError):
-                        self._model_sha = parse_model_image(art.path.read_bytes()).sha256
-                    break
-        return self._model_sha
+        for b in self.builds.values():
+            art = b.artifact("model")
+            if art is not None and art.path.is_file():
+                with contextlib.suppress(ModelImageError, OSError):
+                    return parse_model_image(art.path.read_bytes()).sha256
+                break
+        return ""
 
     def other_firmware(self, boot: Boot, variant: str) -> str:
         """Why the running app is not ``variant``'s build, from its HELLO's image SHA-256 ("": it is, or
@@ -274,7 +273,7 @@ class ResidentBoard:
         except (EspCheckError, serial.SerialException, OSError) as exc:
             self.current, self.probe_notes = None, [f"no HELLO: {exc}"]
             return None
-        self.probe_notes = images_differ(boot.hello, self.builds, self.model_sha256())
+        self.probe_notes = images_differ(boot.hello, self.builds, self.model_sha256)
         if other.why:
             self.probe_notes = [other.why]
         elif boot.hello is None:

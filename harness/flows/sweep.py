@@ -346,11 +346,10 @@ def _holding(
     plain = run_driver(programs[False], cands)
     alone: dict[tuple[bool, str], _DriverRun] = {}
     for kind, variant, _t, _f in wants:
-        if kind in ("sanitizer", "crash") and (kind == "sanitizer", variant) not in alone:
-            prog = programs[kind == "sanitizer"]
-            letter = _LETTER.get(variant, "oar")
-            alone[(kind == "sanitizer", variant)] = run_driver(
-                prog, cands, sanitized=kind == "sanitizer", variants=letter
+        san = kind == "sanitizer"
+        if kind in ("sanitizer", "crash") and (san, variant) not in alone:
+            alone[(san, variant)] = run_driver(
+                programs[san], cands, sanitized=san, variants=_LETTER.get(variant, "oar")
             )
     for c in cands:
         ok = True

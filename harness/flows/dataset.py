@@ -297,20 +297,18 @@ def run_dataset(
     order: Sequence[str],
     dataset: Dataset,
     outputs: Sequence[OutputSpec],
+    opts: DatasetOptions,
     *,
-    results: str,
-    repeat: int,
     host: Sequence[Leg] | None,
-    chunks: str = "auto",
 ) -> DatasetRun:
     """Every variant in ``order`` over the whole dataset (with retries, fetches and the reset check): in one
     part, or in chunks of the kept-input store's capacity (``_Chunks``)."""
     n = len(dataset.items)
     out = DatasetRun({v: [Leg("missing", detail="not run") for _ in range(n)] for v in runs})
-    mode = frames.RES_FULL if results == "full" else frames.RES_FULL_IF_DIFFERENT
+    mode = frames.RES_FULL if opts.results == "full" else frames.RES_FULL_IF_DIFFERENT
     done: list[str] = []
     dead: set[str] = set()
-    plan = _Chunks(n, chunks, random=dataset.random, variants=len(order))
+    plan = _Chunks(n, opts.chunks, random=dataset.random, variants=len(order))
     ctx = _Streams(resident, runs, dataset, outputs, out)
     while (turn := plan.next_turn(list(order), resident)) is not None:
         for v in [v for v in turn if v not in dead]:
@@ -327,7 +325,7 @@ def run_dataset(
             expected = (
                 _expected(host, [out.legs[d] for d in done]) if mode == frames.RES_FULL_IF_DIFFERENT else {}
             )
-            _passes(ctx, boot, runs[v], ids, _Ask(mode, repeat, expected, keep=keep))
+            _passes(ctx, boot, runs[v], ids, _Ask(mode, opts.repeat, expected, keep=keep))
             plan.ran(v, [out.legs[v][i].invoke_us for i in ids])
             done += [] if v in done else [v]
         if not plan.advance(boot_rate(resident)):
@@ -335,7 +333,7 @@ def run_dataset(
     out.chunks = plan.summary()
     if mode == frames.RES_FULL_IF_DIFFERENT:
         _fetch(ctx, list(reversed(done)), host)
-    if repeat >= 2 and done:
+    if opts.repeat >= 2 and done:
         out.after_reset = _after_reset(ctx, done[-1])
     return out
 
@@ -569,15 +567,6 @@ class DatasetOptions:
                     "and/or 'worst' (the top-ranked disagreeing input), e.g. --tap-inputs 3,17,worst",
                 )
 
-    def check_tap_indices(self, n: int) -> None:
-        """Every index of ``tap_inputs`` is one of the dataset's ``n`` inputs (before anything is built)."""
-        bad = [t for t in self.tap_inputs if t != "worst" and int(t) >= n]
-        if bad:
-            raise UsageError(
-                f"--tap-inputs {bad[0]}: the dataset has {n} input(s), indices 0..{n - 1}",
-                hint="indices count from 0 in the dataset's order (report.json dataset.analysis.rows)",
-            )
-
 
 @dataclasses.dataclass
 class DatasetOutcome:
@@ -646,14 +635,21 @@ def write_tap_inputs(
 
 
 def load_inputs(opts: DatasetOptions, tensor: TensorInfo, input_options: InputOptions | None) -> Dataset:
-    """The dataset the options name (usage errors before any hardware)."""
+    """The dataset the options name, every --tap-inputs index one of its inputs (usage errors before any
+    hardware)."""
     opts.check()
     if opts.random_inputs is not None:
         ds = random_dataset(opts.random_inputs, opts.seed, tensor)
     else:
         assert opts.source is not None
         ds = load_dataset(opts.source, tensor, input_options, opts.labels)
-    opts.check_tap_indices(len(ds))
+    n = len(ds)
+    bad = [t for t in opts.tap_inputs if t != "worst" and int(t) >= n]
+    if bad:
+        raise UsageError(
+            f"--tap-inputs {bad[0]}: the dataset has {n} input(s), indices 0..{n - 1}",
+            hint="indices count from 0 in the dataset's order (report.json dataset.analysis.rows)",
+        )
     return ds
 
 

@@ -212,10 +212,7 @@ class DatasetWorkload:
         outputs = [OutputSpec(t.dtype, tuple(t.shape), t.name) for t in run.info.outputs]
 
         def body(resident: ResidentBoard, order: list[str]) -> None:
-            outcome.run = run_dataset(
-                resident, run.variants, order, ds, outputs, results=opts.results, repeat=opts.repeat,
-                host=outcome.host, chunks=opts.chunks,
-            )  # fmt: skip
+            outcome.run = run_dataset(resident, run.variants, order, ds, outputs, opts, host=outcome.host)
 
         with contextlib.ExitStack() as held:
             # the host reference starts before the board is locked and flashed: it runs while the inputs

@@ -574,8 +574,6 @@ class DatasetOutcome:
     analysis: DatasetAnalysis | None = None
     run: DatasetRun | None = None
     host: list[Leg] | None = None
-    codes: list[ExitCode] = dataclasses.field(default_factory=list)
-    errors: list[str] = dataclasses.field(default_factory=list)
     tap_inputs: list[dict[str, Any]] | None = None  # --tap-inputs: the inputs tapped, as written out
     tap_notes: list[str] = dataclasses.field(default_factory=list)
 
@@ -714,7 +712,8 @@ def verdicts(
     tolerance_lsb: float,
     ref_tolerance_lsb: float,
 ) -> None:
-    """Per-input verdicts and the exit codes they, the link and the reset check imply."""
+    """Per-input verdicts, and the exit codes and errors they, the link and the reset check imply (added
+    to the run's own)."""
     run = outcome.run
     assert run is not None
     ds = outcome.dataset
@@ -726,20 +725,17 @@ def verdicts(
         [it.name for it in ds.items], labels, outputs, legs,
         tolerance_lsb=tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
     )  # fmt: skip
-    outcome.codes.append(outcome.analysis.exit_code)
+    run.codes.append(outcome.analysis.exit_code)
     for v, legs_v in run.legs.items():
         if v in runs:
             runs[v].capture_valid = all(leg.ok for leg in legs_v)
-    outcome.codes += run.codes
-    outcome.errors += run.errors
     for v, stats in run.link.items():
         if not stats.clean and v in runs:
-            code = link_verdict(runs[v], stats, None)
-            outcome.codes.append(code or ExitCode.INFRASTRUCTURE)
+            run.codes.append(link_verdict(runs[v], stats, None) or ExitCode.INFRASTRUCTURE)
     reset = run.after_reset
     if reset is not None and reset.get("differing"):
-        outcome.codes.append(ExitCode.MISMATCH)
-        outcome.errors.append(
+        run.codes.append(ExitCode.MISMATCH)
+        run.errors.append(
             f"after a reset, the {reset['variant']} app gave other outputs for input(s) "
             f"{reset['differing'][:10]}: it is not deterministic across boots"
         )

@@ -226,11 +226,12 @@ class DatasetWorkload:
                 _join_host_legs(run, outcome, host)
             _execute(run, fw, body)
             _join_host_legs(run, outcome, host)
-        if outcome.run is not None:
-            verdicts(outcome, run.variants, outputs, run.opts.tolerance_lsb, run.opts.ref_tolerance_lsb)
-        run.codes += outcome.codes
-        run.errors += outcome.errors
-        if opts.tap_inputs and outcome.run is not None:
+        if outcome.run is None:
+            return
+        verdicts(outcome, run.variants, outputs, run.opts.tolerance_lsb, run.opts.ref_tolerance_lsb)
+        run.codes += outcome.run.codes
+        run.errors += outcome.run.errors
+        if opts.tap_inputs:
             _dataset_tap(run, opts)
 
 

@@ -607,12 +607,8 @@ def _reuse_baseline_repro(state: _State, ops: list[int]) -> bool:
 def _reproduce(state: _State, ops: list[int]) -> dict[str, Capture]:
     """A dump run of both builds for the culprits, then one-op reproducers under ``out/repro``."""
     assert state.target is not None
-    req = TapRunRequest(
-        spec=dataclasses.replace(state.spec, options=state.spec.options.replace(dump_ops=())),
-        info=state.info,
-        target=state.target,
-        out=state.res.out_dir,
-    )
+    spec = dataclasses.replace(state.spec, options=state.spec.options.replace(dump_ops=()))
+    req = TapRunRequest(spec, state.info, state.target, state.res.out_dir)
     outcome = dump_run(req, ops, state.rec, "repro-dump")
     state.res.warnings += [f"reproducer: {e}" for e in outcome.errors]
     state.res.repro = outcome.result.repro

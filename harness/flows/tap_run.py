@@ -106,15 +106,10 @@ def reproducers(
 ) -> list[dict[str, JSONValue]]:
     """One-op reproducers (harness.flows.repro) for ``ops`` from a dump run, under ``req.out/repro``;
     ``dump_errors`` (why a build of the dump run has no capture) go into an unverified one's ``why``."""
+    board = req.target.board.name
     return [
         write_reproducer(
-            req.spec.model,
-            req.info,
-            k,
-            caps=dump_caps,
-            out_dir=req.out / "repro",
-            board=req.target.board.name,
-            dump_errors=dump_errors,
+            req.spec.model, req.info, k, dump_caps, req.out / "repro", board, dump_errors=dump_errors
         )
         for k in ops
     ]

@@ -148,10 +148,7 @@ def _stream(
     hello, resident, dataset = boot.hello, ctx.resident, ctx.dataset
     problems: list[str] = []
     with open(log_path, "ab") as log:
-        client = resident.dev.client(
-            hello, log, stall_timeout=resident.limits.capture_silence, seq=boot.next_seq,
-            stale_keys=resident.stale_keys(hello),
-        )  # fmt: skip
+        client = resident.client(boot, log)
         col = _Collector(hello.output_bytes)
         sender = _Sender(client, col, dataset, kept, ask)
         try:

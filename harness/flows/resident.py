@@ -16,12 +16,13 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 import serial
 
 from harness.device.console import RawCapture
 from harness.device.flash import FlashResult, RegionResult
-from harness.device.loop import DeviceRestarted, LinkError, LinkLost, LinkStats
+from harness.device.loop import DeviceRestarted, LinkError, LinkLost, LinkStats, LoopClient
 from harness.device.session import DeviceSession
 from harness.errors import EspCheckError
 from harness.firmware.build import RUN_ROLES, BuildResult
@@ -230,6 +231,14 @@ class ResidentBoard:
         """Earlier boots' keys: their frames are dropped and counted, never used."""
         return [k for k in self.keys if k != hello.key]
 
+    def client(self, boot: Boot, log: IO[bytes]) -> LoopClient:
+        """A loop client on ``boot``'s app (every byte received goes to ``log``), earlier boots' frames
+        dropped."""
+        assert boot.hello is not None
+        keys = self.stale_keys(boot.hello)
+        stall = self.limits.capture_silence
+        return self.dev.client(boot.hello, log, stall_timeout=stall, seq=boot.next_seq, stale_keys=keys)
+
     def _timeouts(self) -> dict[str, float]:
         return {"total_timeout": self.limits.capture_total, "silence_timeout": self.limits.capture_silence}
 
@@ -344,18 +353,12 @@ class ResidentBoard:
                 if cur.variant == variant or self.current is None or variant not in VARIANT_SLOTS:
                     return cur  # the wanted app, or a start-up failure (its evidence), or no slots
             assert cur.hello is not None
-            slot = VARIANT_SLOTS[variant]
             seq, cur.next_seq = cur.next_seq, (cur.next_seq + 1) & 0xFFFF  # an app that refuses runs on
-            return self._booted(
-                self.dev.switch_slot(
-                    cur.hello,
-                    slot,
-                    log_path,
-                    seq=seq,
-                    stale_keys=self.stale_keys(cur.hello),
-                    **self._timeouts(),
-                )
+            stale = self.stale_keys(cur.hello)
+            switched = self.dev.switch_slot(
+                cur.hello, VARIANT_SLOTS[variant], log_path, seq=seq, stale_keys=stale, **self._timeouts()
             )
+            return self._booted(switched)
 
         def guarded() -> Boot:
             try:
@@ -429,19 +432,11 @@ class ResidentBoard:
         """Stream ``inputs`` in a text session; the device's text capture (with the boot before it in the
         log) is what the protocol parser then checks."""
         t0 = time.monotonic()
-        assert boot.hello is not None
-        hello, seq = boot.hello, boot.next_seq
         ended_by = "end_record"
         notes: list[str] = []
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
-            client = self.dev.client(
-                hello,
-                log,
-                stall_timeout=self.limits.capture_silence,
-                seq=seq,
-                stale_keys=self.stale_keys(hello),
-            )
+            client = self.client(boot, log)
             try:
                 client.text_session(list(inputs))
             except DeviceRestarted as exc:

@@ -116,8 +116,7 @@ def _prepare_board(resident: ResidentBoard, runs: Mapping[str, VariantRun], out:
         return None
     booted = first.variant
     if booted is not None and booted in runs and booted != order[0]:
-        order.remove(booted)
-        order.insert(0, booted)
+        order.insert(0, order.pop(order.index(booted)))
         Path(runs[order[1]].serial_log or "").replace(runs[booted].serial_log or "")
     return order
 

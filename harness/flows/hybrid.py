@@ -444,10 +444,8 @@ def _judge(state: _State, run: HybridRun, variant_run: VariantRun) -> None:
     run.variant, run.exit_code = variant_run, variant_run.exit_code
     run.capture = variant_run.capture()
     if variant_run.exit_code == ExitCode.FIRMWARE_FAULT:
-        run.outcome, run.why = (
-            "bad",
-            "crash: " + "; ".join(str(f["message"]) for f in variant_run.findings[:1]),
-        )
+        crash = "; ".join(str(f["message"]) for f in variant_run.findings[:1])
+        run.outcome, run.why = "bad", f"crash: {crash}"
         return
     if _hung(run.capture, variant_run):
         run.outcome, run.why = "bad", "hang: the invoke never returned (INPUT printed, then silence)"

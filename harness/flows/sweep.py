@@ -148,14 +148,11 @@ def run_driver(
     while todo:
         code, stdout, stderr = _run_once(program, todo, env)
         for line in stdout.splitlines():
-            r = parse_result(line)
-            if r is not None:
+            if (r := parse_result(line)) is not None:
                 run.results[r.id] = r
-            o = parse_outputs(line)
-            if o is not None and o[0] in run.results:
+            if (o := parse_outputs(line)) is not None and o[0] in run.results:
                 run.results[o[0]].outputs = (o[1][0], o[1][1], o[1][2])
-            d = _DONE.match(line.strip())
-            if d:
+            if d := _DONE.match(line.strip()):
                 run.finished.add(int(d.group(1)))
         if code == 2 and "esp-check sweep:" in stderr:
             raise EspCheckError(f"the sweep driver refused its input: {stderr.strip()[-300:]}")

@@ -353,10 +353,10 @@ class ResidentBoard:
                 if cur.variant == variant or self.current is None or variant not in VARIANT_SLOTS:
                     return cur  # the wanted app, or a start-up failure (its evidence), or no slots
             assert cur.hello is not None
+            slot, stale = VARIANT_SLOTS[variant], self.stale_keys(cur.hello)
             seq, cur.next_seq = cur.next_seq, (cur.next_seq + 1) & 0xFFFF  # an app that refuses runs on
-            stale = self.stale_keys(cur.hello)
             switched = self.dev.switch_slot(
-                cur.hello, VARIANT_SLOTS[variant], log_path, seq=seq, stale_keys=stale, **self._timeouts()
+                cur.hello, slot, log_path, seq=seq, stale_keys=stale, **self._timeouts()
             )
             return self._booted(switched)
 

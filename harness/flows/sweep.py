@@ -407,8 +407,7 @@ def native_board_args(espnn: ComponentSource, tflm: ComponentSource | None, out:
         where.mkdir(parents=True, exist_ok=True)
         for src, name in ((espnn, "esp-nn"), (tflm, "esp-tflite-micro")):
             link = where / name
-            if link.is_symlink() or link.exists():
-                link.unlink()
+            link.unlink(missing_ok=True)
             link.symlink_to(src.path.resolve(), target_is_directory=True)
     return ["--board", "native-esp32", "--components-dir", str(where)]
 

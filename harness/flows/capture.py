@@ -33,6 +33,8 @@ from harness.flows.targets import Target
 from harness.manifest import NN_EXPECTED
 from harness.protocol.capture import Capture, parse_capture
 
+Body = Callable[[ResidentBoard, list[str]], None]  # what runs on the board once it is flashed and booted
+
 
 def flash_and_capture(
     build: BuildResult,
@@ -53,13 +55,9 @@ def flash_and_capture(
     """
     rec = Recorder(progress)
     run = VariantRun(variant, build.project_dir, build.firmware_sha256, build.cache_hit)
-
-    def body(resident: ResidentBoard, order: list[str]) -> None:
-        run.exit_code = stream_inputs(resident, run, inputs)
-
     with_board(
         rec, {variant: run}, {variant: build}, target=target, out=Path(out_dir), limits=timeouts,
-        flash_baud=flash_baud, body=body,
+        flash_baud=flash_baud, body=streaming({variant: run}, inputs),
     )  # fmt: skip
     return run, rec.stages
 
@@ -73,7 +71,7 @@ def with_board(
     out: Path,
     limits: StageTimeouts | None,
     flash_baud: int | None,
-    body: Callable[[ResidentBoard, list[str]], None],
+    body: Body,
 ) -> LinkStats | None:
     """Open the board, flash what differs, boot once, then ``body(board, variants in run order)``."""
     limits = limits or StageTimeouts()
@@ -118,8 +116,7 @@ def _prepare_board(resident: ResidentBoard, runs: Mapping[str, VariantRun], out:
         return None
     booted = first.variant
     if booted is not None and booted in runs and booted != order[0]:
-        order.remove(booted)
-        order.insert(0, booted)
+        order.insert(0, order.pop(order.index(booted)))
         Path(runs[order[1]].serial_log or "").replace(runs[booted].serial_log or "")
     return order
 
@@ -137,9 +134,9 @@ def boot_variant(resident: ResidentBoard, run: VariantRun) -> Boot | ExitCode | 
     except EspCheckError as exc:
         return exc.exit_code
     if boot.hello is None or boot.hello.init_status != 0 or boot.variant != v:
-        return _verify(resident, run, boot.raw, log)  # start-up evidence: a fault, a loop, silence
+        return verify_capture(resident, run, boot.raw, log)  # start-up evidence: a fault, a loop, silence
     run.nn_mode = boot.hello.nn  # compiled in (sdkconfig.h), as INFO nn in a text capture
-    want = resident.model_sha256()
+    want = resident.model_sha256
     wrong = ""
     if want and boot.hello.model_sha256 != want:  # identity: the device runs the model it was given
         wrong = (
@@ -155,6 +152,16 @@ def boot_variant(resident: ResidentBoard, run: VariantRun) -> Boot | ExitCode | 
     return boot
 
 
+def streaming(runs: Mapping[str, VariantRun], inputs: Sequence[bytes]) -> Body:
+    """:func:`with_board`'s body that streams ``inputs`` to each variant in run order."""
+
+    def body(resident: ResidentBoard, order: list[str]) -> None:
+        for v in order:
+            runs[v].exit_code = stream_inputs(resident, runs[v], inputs)
+
+    return body
+
+
 def stream_inputs(resident: ResidentBoard, run: VariantRun, inputs: Sequence[bytes]) -> ExitCode | None:
     """Boot ``run.variant`` and stream the inputs in a text session; verify what it printed."""
     v = run.variant
@@ -167,15 +174,8 @@ def stream_inputs(resident: ResidentBoard, run: VariantRun, inputs: Sequence[byt
     whole = dataclasses.replace(
         raw, data=boot.raw.data + raw.data, boots=boot.raw.boots, resets=boot.raw.resets
     )
-    code = _verify(resident, run, whole, log)
+    code = verify_capture(resident, run, whole, log)
     return link_verdict(run, resident.last_link, code)
-
-
-def _verify(resident: ResidentBoard, run: VariantRun, raw: RawCapture, log: Path) -> ExitCode | None:
-    build = resident.builds[run.variant]
-    return verify_capture(
-        resident.rec, run, raw, log, elf=build.elf, chip=build.chip, simulated_board=resident.simulated
-    )
 
 
 def link_verdict(run: VariantRun, stats: LinkStats, code: ExitCode | None) -> ExitCode | None:
@@ -201,14 +201,7 @@ def link_verdict(run: VariantRun, stats: LinkStats, code: ExitCode | None) -> Ex
 
 
 def verify_capture(
-    rec: Recorder,
-    run: VariantRun,
-    raw: RawCapture,
-    log_path: Path,
-    *,
-    elf: Path | None = None,
-    chip: str = "",
-    simulated_board: bool | None = None,
+    resident: ResidentBoard, run: VariantRun, raw: RawCapture, log_path: Path
 ) -> ExitCode | None:
     """Parse and classify what the device printed; keep its outputs only when they are evidence.
 
@@ -216,15 +209,16 @@ def verify_capture(
     """
     t0 = time.monotonic()
     cap = parse_capture(raw.data)
-    findings = decode_findings(classify(raw.data, ended_by=raw.ended_by, parsed=cap), elf, chip)
+    build = resident.builds[run.variant]
+    findings = decode_findings(classify(raw.data, ended_by=raw.ended_by, parsed=cap), build.elf, build.chip)
     run.findings = [f.to_dict() for f in findings]
     run.nn_mode = cap.nn_mode
     run.problems = list(cap.problems)
-    code, detail, keep = verdict_evidence(run.variant, cap, findings, raw.ended_by, simulated_board)
+    code, detail, keep = verdict_evidence(run.variant, cap, findings, raw.ended_by, resident.simulated)
     if keep:
         run.source = source_from_capture(cap, run.variant, str(log_path), raw.data)
         run.capture_valid = True
-    rec.add("verify", run.variant, code, time.monotonic() - t0, detail)
+    resident.rec.add("verify", run.variant, code, time.monotonic() - t0, detail)
     return code
 
 

@@ -122,46 +122,43 @@ class _Collector:
         return Leg("ok", rec.crcs, arrays, rec.nondeterministic, rec.invoke_us)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Ask:
+    """What every RUN of one stream asks: ``results`` (a ``frames.RES_*`` mode), ``repeat``, the CRC-32s
+    ``expected`` per input; ``now``: every result comes back at once, not batched (a re-run after lost
+    results: a device that hangs on one input loses only that input's result); ``keep``: the uploaded
+    inputs to store (the chunk being kept, docs/dataset.md "Datasets larger than the store"); None: those
+    below the store's capacity."""
+
+    results: int
+    repeat: int = 1
+    expected: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    now: bool = False
+    keep: frozenset[int] | None = None
+
+
 def _stream(
-    resident: ResidentBoard,
-    boot: Boot,
-    dataset: Dataset,
-    ids: Sequence[int],
-    outputs: Sequence[OutputSpec],
-    log_path: Path,
-    *,
-    results: int,
-    repeat: int,
-    expected: Mapping[int, tuple[int, ...]],
-    kept: set[int] | None = None,
-    now: bool = False,
-    keep_ids: frozenset[int] | None = None,
+    ctx: _Streams, boot: Boot, ids: Sequence[int], log_path: Path, ask: _Ask, *, kept: set[int] | None = None
 ) -> _Streamed:
-    """Run ``ids`` of the dataset on the booted app: their checked legs, the link's figures, problems and
-    the firmware faults the device printed. ``kept``: the inputs an earlier variant of this check left in
-    the device's kept-input store (updated with what this stream stores); None: upload every input.
-    ``now``: every result comes back at once, not batched (a re-run after lost results: a device that
-    hangs on one input loses only that input's result). ``keep_ids``: the uploaded inputs to store (the
-    chunk being kept, docs/dataset.md "Datasets larger than the store"); None: those below the store's
-    capacity."""
+    """Run ``ids`` of the dataset on the booted app as ``ask`` says: their checked legs, the link's
+    figures, problems and the firmware faults the device printed. ``kept``: the inputs an earlier variant
+    of this check left in the device's kept-input store (updated with what this stream stores); None:
+    upload every input."""
     assert boot.hello is not None
-    hello = boot.hello
+    hello, resident, dataset = boot.hello, ctx.resident, ctx.dataset
     problems: list[str] = []
     with open(log_path, "ab") as log:
-        client = resident.dev.client(
-            hello, log, stall_timeout=resident.limits.capture_silence, seq=boot.next_seq,
-            stale_keys=resident.stale_keys(hello),
-        )  # fmt: skip
+        client = resident.client(boot, log)
         col = _Collector(hello.output_bytes)
-        sender = _Sender(client, col, dataset, hello, kept, now=now, keep_ids=keep_ids)
+        sender = _Sender(client, col, dataset, kept, ask)
         try:
-            sender.send(ids, results=results, repeat=repeat, expected=expected)
+            sender.send(ids)
             client.sync(len(ids))
             col.take(client)
             again = [i for i in ids if i in col.records and col.records[i].status == frames.ST_NOT_KEPT]
             if again:  # not kept after all (a cold boot, another model's store, a damaged copy): upload them
                 client.stats.kept_fallbacks += len(again)
-                sender.send(again, results=results, repeat=repeat, expected=expected, upload=True)
+                sender.send(again, upload=True)
                 client.sync(len(ids) + 1)
         except DeviceRestarted as exc:
             resident.current = None
@@ -176,7 +173,7 @@ def _stream(
     client.stats.results += len(col.records)
     resident.link.add(client.stats)  # the run's total (report.json "link")
     problems += col.problems + [f"device ERROR {e.stage}: {e.msg}" for e in col.device_errors]
-    legs = {i: col.leg(i, dataset.items[i].data, outputs) for i in ids}
+    legs = {i: col.leg(i, dataset.items[i].data, ctx.outputs) for i in ids}
     faults = _crashes(resident, hello.nn, bytes(client.raw))
     if faults:  # the device crashed: the input it was running has no result, and that is the finding
         why = "; ".join(f.message for f in faults)
@@ -196,37 +193,22 @@ class _Sender:
     store has room, for the variants after this one)."""
 
     def __init__(
-        self,
-        client: LoopClient,
-        col: _Collector,
-        dataset: Dataset,
-        hello: frames.Hello,
-        kept: set[int] | None,
-        *,
-        now: bool = False,
-        keep_ids: frozenset[int] | None = None,
+        self, client: LoopClient, col: _Collector, dataset: Dataset, kept: set[int] | None, ask: _Ask
     ) -> None:
-        self.client, self.col, self.ds, self.kept, self.now = client, col, dataset, kept, now
+        self.client, self.col, self.ds, self.kept, self.ask = client, col, dataset, kept, ask
+        hello = client.hello
         self.capacity = hello.keep_capacity if kept is not None and not dataset.random else 0
         # the device stores input i in entry i % capacity: a chunk of at most `capacity` consecutive inputs
-        self.keep_ids = frozenset(range(self.capacity)) if keep_ids is None else keep_ids
+        self.keep_ids = frozenset(range(self.capacity)) if ask.keep is None else ask.keep
         self.usable = hello.kept > 0  # this boot found kept inputs (none: a cold boot, another model ...)
         self.stored: list[int] = []
 
-    def send(
-        self,
-        ids: Sequence[int],
-        *,
-        results: int,
-        repeat: int,
-        expected: Mapping[int, tuple[int, ...]],
-        upload: bool = False,
-    ) -> None:
-        client, ds = self.client, self.ds
+    def send(self, ids: Sequence[int], *, upload: bool = False) -> None:
+        client, ds, ask = self.client, self.ds, self.ask
         for i in ids:
-            exp = expected.get(i, ())
-            mode = results if (results != frames.RES_FULL_IF_DIFFERENT or exp) else frames.RES_CRC
-            common: dict[str, Any] = {"results": mode, "repeat": repeat, "expected": exp, "now": self.now}
+            exp = ask.expected.get(i, ())
+            mode = ask.results if (ask.results != frames.RES_FULL_IF_DIFFERENT or exp) else frames.RES_CRC
+            common: dict[str, Any] = {"results": mode, "repeat": ask.repeat, "expected": exp, "now": ask.now}
             if ds.random:
                 run = frames.encode_run(i, source=frames.SRC_PRNG, seed=ds.seed or 0, **common)
             elif not upload and self.usable and self.kept is not None and i in self.kept:
@@ -312,20 +294,18 @@ def run_dataset(
     order: Sequence[str],
     dataset: Dataset,
     outputs: Sequence[OutputSpec],
+    opts: DatasetOptions,
     *,
-    results: str,
-    repeat: int,
     host: Sequence[Leg] | None,
-    chunks: str = "auto",
 ) -> DatasetRun:
     """Every variant in ``order`` over the whole dataset (with retries, fetches and the reset check): in one
     part, or in chunks of the kept-input store's capacity (``_Chunks``)."""
     n = len(dataset.items)
     out = DatasetRun({v: [Leg("missing", detail="not run") for _ in range(n)] for v in runs})
-    mode = frames.RES_FULL if results == "full" else frames.RES_FULL_IF_DIFFERENT
+    mode = frames.RES_FULL if opts.results == "full" else frames.RES_FULL_IF_DIFFERENT
     done: list[str] = []
     dead: set[str] = set()
-    plan = _Chunks(n, chunks, random=dataset.random, variants=len(order))
+    plan = _Chunks(n, opts.chunks, random=dataset.random, variants=len(order))
     ctx = _Streams(resident, runs, dataset, outputs, out)
     while (turn := plan.next_turn(list(order), resident)) is not None:
         for v in [v for v in turn if v not in dead]:
@@ -342,7 +322,7 @@ def run_dataset(
             expected = (
                 _expected(host, [out.legs[d] for d in done]) if mode == frames.RES_FULL_IF_DIFFERENT else {}
             )
-            _passes(ctx, boot, runs[v], ids=ids, mode=mode, repeat=repeat, expected=expected, keep=keep)
+            _passes(ctx, boot, runs[v], ids, _Ask(mode, opts.repeat, expected, keep=keep))
             plan.ran(v, [out.legs[v][i].invoke_us for i in ids])
             done += [] if v in done else [v]
         if not plan.advance(boot_rate(resident)):
@@ -350,7 +330,7 @@ def run_dataset(
     out.chunks = plan.summary()
     if mode == frames.RES_FULL_IF_DIFFERENT:
         _fetch(ctx, list(reversed(done)), host)
-    if repeat >= 2 and done:
+    if opts.repeat >= 2 and done:
         out.after_reset = _after_reset(ctx, done[-1])
     return out
 
@@ -473,17 +453,7 @@ def _expected(host: Sequence[Leg] | None, earlier: Sequence[Sequence[Leg]]) -> d
     return exp
 
 
-def _passes(
-    ctx: _Streams,
-    boot: Boot,
-    run: VariantRun,
-    *,
-    ids: Sequence[int],
-    mode: int,
-    repeat: int,
-    expected: Mapping[int, tuple[int, ...]],
-    keep: frozenset[int] | None = None,
-) -> None:
+def _passes(ctx: _Streams, boot: Boot, run: VariantRun, ids: Sequence[int], ask: _Ask) -> None:
     """The main pass over ``ids``, then re-runs (docs/dataset.md) of the inputs whose results were lost
     or damaged, at most ``MAX_PASSES`` in all and only while a pass still brings some of them back."""
     resident, out, v = ctx.resident, ctx.out, run.variant
@@ -494,11 +464,8 @@ def _passes(
             if not isinstance(again, Boot):
                 break
             boot = again
-
-        one = functools.partial(
-            _stream, resident, boot, ctx.dataset, ids, ctx.outputs, log_path=run.serial_log, results=mode,
-            repeat=repeat, expected=expected, kept=out.kept, now=attempt > 1, keep_ids=keep,
-        )  # fmt: skip
+        asked = dataclasses.replace(ask, now=attempt > 1)
+        one = functools.partial(_stream, ctx, boot, ids, run.serial_log, asked, kept=out.kept)
         streamed = resident.rec.run("dataset" if attempt == 1 else "dataset-retry", v, one)
         legs, stats, problems = streamed.legs, streamed.stats, streamed.problems
         for i, leg in legs.items():
@@ -534,22 +501,20 @@ def _fetch(ctx: _Streams, order: Sequence[str], host: Sequence[Leg] | None) -> N
         if not isinstance(boot, Boot):
             out.errors.append(f"{v}: could not boot to fetch {len(need)} input(s) in full")
             continue
-        _passes(ctx, boot, ctx.runs[v], ids=need, mode=frames.RES_FULL, repeat=1, expected={})
+        _passes(ctx, boot, ctx.runs[v], need, _Ask(frames.RES_FULL))
 
 
 def _after_reset(ctx: _Streams, variant: str) -> dict[str, Any]:
     """Reset the board, run the first inputs again on ``variant``: a fresh boot must give the same CRCs."""
-    resident, runs, dataset, outputs, out = ctx.resident, ctx.runs, ctx.dataset, ctx.outputs, ctx.out
-    ids = list(range(min(RESET_CHECK_INPUTS, len(dataset.items))))
+    resident, runs, out = ctx.resident, ctx.runs, ctx.out
+    ids = list(range(min(RESET_CHECK_INPUTS, len(ctx.dataset.items))))
     resident.current = None  # the next boot is a reset
     boot = boot_variant(resident, runs[variant])
     if not isinstance(boot, Boot):
         return {"variant": variant, "inputs": 0, "differing": [], "problem": "the app did not start again"}
-    streamed = resident.rec.run(
-        "after-reset", variant,
-        lambda: _stream(resident, boot, dataset, ids, outputs, runs[variant].serial_log or Path("serial.log"),
-                        results=frames.RES_CRC, repeat=1, expected={}),
-    )  # fmt: skip
+    log = runs[variant].serial_log or Path("serial.log")
+    one = functools.partial(_stream, ctx, boot, ids, log, _Ask(frames.RES_CRC))
+    streamed = resident.rec.run("after-reset", variant, one)
     legs, problems = streamed.legs, streamed.problems
     _record(out, runs[variant], streamed)
     first = out.legs[variant]
@@ -599,15 +564,6 @@ class DatasetOptions:
                     "and/or 'worst' (the top-ranked disagreeing input), e.g. --tap-inputs 3,17,worst",
                 )
 
-    def check_tap_indices(self, n: int) -> None:
-        """Every index of ``tap_inputs`` is one of the dataset's ``n`` inputs (before anything is built)."""
-        bad = [t for t in self.tap_inputs if t != "worst" and int(t) >= n]
-        if bad:
-            raise UsageError(
-                f"--tap-inputs {bad[0]}: the dataset has {n} input(s), indices 0..{n - 1}",
-                hint="indices count from 0 in the dataset's order (report.json dataset.analysis.rows)",
-            )
-
 
 @dataclasses.dataclass
 class DatasetOutcome:
@@ -615,8 +571,6 @@ class DatasetOutcome:
     analysis: DatasetAnalysis | None = None
     run: DatasetRun | None = None
     host: list[Leg] | None = None
-    codes: list[ExitCode] = dataclasses.field(default_factory=list)
-    errors: list[str] = dataclasses.field(default_factory=list)
     tap_inputs: list[dict[str, Any]] | None = None  # --tap-inputs: the inputs tapped, as written out
     tap_notes: list[str] = dataclasses.field(default_factory=list)
 
@@ -676,14 +630,21 @@ def write_tap_inputs(
 
 
 def load_inputs(opts: DatasetOptions, tensor: TensorInfo, input_options: InputOptions | None) -> Dataset:
-    """The dataset the options name (usage errors before any hardware)."""
+    """The dataset the options name, every --tap-inputs index one of its inputs (usage errors before any
+    hardware)."""
     opts.check()
     if opts.random_inputs is not None:
         ds = random_dataset(opts.random_inputs, opts.seed, tensor)
     else:
         assert opts.source is not None
         ds = load_dataset(opts.source, tensor, input_options, opts.labels)
-    opts.check_tap_indices(len(ds))
+    n = len(ds)
+    bad = [t for t in opts.tap_inputs if t != "worst" and int(t) >= n]
+    if bad:
+        raise UsageError(
+            f"--tap-inputs {bad[0]}: the dataset has {n} input(s), indices 0..{n - 1}",
+            hint="indices count from 0 in the dataset's order (report.json dataset.analysis.rows)",
+        )
     return ds
 
 
@@ -748,7 +709,8 @@ def verdicts(
     tolerance_lsb: float,
     ref_tolerance_lsb: float,
 ) -> None:
-    """Per-input verdicts and the exit codes they, the link and the reset check imply."""
+    """Per-input verdicts, and the exit codes and errors they, the link and the reset check imply (added
+    to the run's own)."""
     run = outcome.run
     assert run is not None
     ds = outcome.dataset
@@ -760,20 +722,17 @@ def verdicts(
         [it.name for it in ds.items], labels, outputs, legs,
         tolerance_lsb=tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
     )  # fmt: skip
-    outcome.codes.append(outcome.analysis.exit_code)
+    run.codes.append(outcome.analysis.exit_code)
     for v, legs_v in run.legs.items():
         if v in runs:
             runs[v].capture_valid = all(leg.ok for leg in legs_v)
-    outcome.codes += run.codes
-    outcome.errors += run.errors
     for v, stats in run.link.items():
         if not stats.clean and v in runs:
-            code = link_verdict(runs[v], stats, None)
-            outcome.codes.append(code or ExitCode.INFRASTRUCTURE)
+            run.codes.append(link_verdict(runs[v], stats, None) or ExitCode.INFRASTRUCTURE)
     reset = run.after_reset
     if reset is not None and reset.get("differing"):
-        outcome.codes.append(ExitCode.MISMATCH)
-        outcome.errors.append(
+        run.codes.append(ExitCode.MISMATCH)
+        run.errors.append(
             f"after a reset, the {reset['variant']} app gave other outputs for input(s) "
             f"{reset['differing'][:10]}: it is not deterministic across boots"
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from harness.errors import (
 from harness.firmware.boards import Board, load_board
 from harness.firmware.generate import FirmwareFeatures
 from harness.flashfmt.partitions import VARIANTS
-from harness.flows.capture import stream_inputs, with_board
+from harness.flows.capture import Body, streaming, with_board
 from harness.flows.dataset import (
     DatasetOptions,
     DatasetOutcome,
@@ -118,12 +119,7 @@ class _JobState:
         """The board's lock while it is flashed and captured (None: not asked for, or a private board)."""
         if not self.opts.lock:
             return None
-        return self.target.lock(
-            lock_dir=self.opts.lock_dir,
-            timeout=self.opts.lock_timeout,
-            owner="esp-check flash-and-compare",
-            on_wait=lambda msg: self.rec.say("lock", msg),
-        )
+        return self.target.job_lock(self.opts, "esp-check flash-and-compare", self.rec)
 
 
 def flash_and_compare(
@@ -183,19 +179,13 @@ class InputsWorkload:
         # the inputs are streamed to the resident firmware, never compiled in: a new input rebuilds and
         # reflashes nothing (generate still checks them, before anything is built)
         features = FirmwareFeatures(tap=o.tap, embed_inputs=False)
-        fw = _firmware(run, run.spec.inputs, features, before_build=self.host)
+        fw = _firmware(run, run.spec.inputs, features, functools.partial(self.host, run))
         if fw is None:
             return
-        streamed = run.streamed
-
-        def body(resident: ResidentBoard, order: list[str]) -> None:
-            for v in order:
-                run.variants[v].exit_code = stream_inputs(resident, run.variants[v], streamed)
-
         with _acquired(run) as locked:
             if not locked:
                 return
-            _execute(run, fw, body)
+            _execute(run, fw, streaming(run.variants, run.streamed))
         run.comparison = _compare(run, self.ref_source)
         if o.tap:
             _tap(run)
@@ -216,16 +206,13 @@ class DatasetWorkload:
         assert opts is not None
         ds = load_inputs(opts, run.info.inputs[0], run.opts.input_options)
         outcome = run.dataset = DatasetOutcome(ds)
-        fw = _firmware(run, [], FirmwareFeatures(embed_inputs=False), before_build=lambda run: None)
+        fw = _firmware(run, [], FirmwareFeatures(embed_inputs=False))
         if fw is None:
             return
         outputs = [OutputSpec(t.dtype, tuple(t.shape), t.name) for t in run.info.outputs]
 
         def body(resident: ResidentBoard, order: list[str]) -> None:
-            outcome.run = run_dataset(
-                resident, run.variants, order, ds, outputs, results=opts.results, repeat=opts.repeat,
-                host=outcome.host, chunks=opts.chunks,
-            )  # fmt: skip
+            outcome.run = run_dataset(resident, run.variants, order, ds, outputs, opts, host=outcome.host)
 
         with contextlib.ExitStack() as held:
             # the host reference starts before the board is locked and flashed: it runs while the inputs
@@ -239,11 +226,12 @@ class DatasetWorkload:
                 _join_host_legs(run, outcome, host)
             _execute(run, fw, body)
             _join_host_legs(run, outcome, host)
-        if outcome.run is not None:
-            verdicts(outcome, run.variants, outputs, run.opts.tolerance_lsb, run.opts.ref_tolerance_lsb)
-        run.codes += outcome.codes
-        run.errors += outcome.errors
-        if opts.tap_inputs and outcome.run is not None:
+        if outcome.run is None:
+            return
+        verdicts(outcome, run.variants, outputs, run.opts.tolerance_lsb, run.opts.ref_tolerance_lsb)
+        run.codes += outcome.run.codes
+        run.errors += outcome.run.errors
+        if opts.tap_inputs:
             _dataset_tap(run, opts)
 
 
@@ -251,8 +239,7 @@ def _firmware(
     run: _JobState,
     inputs: Sequence[Path],
     features: FirmwareFeatures,
-    *,
-    before_build: Callable[[_JobState], None],
+    before_build: Callable[[], None] = lambda: None,
 ) -> Firmware | None:
     """Generate both variants, run the host side (``before_build``: it overlaps nothing yet, but it
     must fail before minutes of building), build; None when a build failed (nothing to flash). A spec
@@ -260,7 +247,7 @@ def _firmware(
     or built again: the host side still runs and checks the inputs."""
     fw = run.spec.firmware
     if fw is not None:
-        before_build(run)
+        before_build()
     else:
         fw = prepare_firmware(
             run.spec.model,
@@ -270,7 +257,7 @@ def _firmware(
             rec=run.rec,
             options=run.opts,
             features=features,
-            before_build=lambda: before_build(run),
+            before_build=before_build,
         )
     return fw if _record_builds(run, fw) else None
 
@@ -290,7 +277,7 @@ def _acquired(run: _JobState) -> Iterator[bool]:
         yield True
 
 
-def _execute(run: _JobState, firmware: Firmware, body: Callable[[ResidentBoard, list[str]], None]) -> None:
+def _execute(run: _JobState, firmware: Firmware, body: Body) -> None:
     """execute: flash what differs, boot, ``body``; the variants' exit codes join the run's."""
     run.link = with_board(
         run.rec, run.variants, firmware.builds, target=run.target, out=run.out, limits=run.opts.timeouts,

@@ -220,13 +220,8 @@ def _board_lock(state: _State) -> BoardLockCM:
     """The board's lock for the hybrid runs (the baseline took and released its own); none for a
     board made for this command alone."""
     assert state.target is not None
-    cm = state.target.lock(
-        lock_dir=state.spec.options.lock_dir,
-        timeout=state.spec.options.lock_timeout,
-        owner="esp-check hybrid",
-        on_wait=lambda m: state.rec.say("lock", m),
-    )
-    return cm or contextlib.nullcontext()
+    lock = state.target.job_lock(state.spec.options, "esp-check hybrid", state.rec)
+    return lock or contextlib.nullcontext()
 
 
 # ---- 1. baseline ----------------------------------------------------------------------------------
@@ -449,10 +444,8 @@ def _judge(state: _State, run: HybridRun, variant_run: VariantRun) -> None:
     run.variant, run.exit_code = variant_run, variant_run.exit_code
     run.capture = variant_run.capture()
     if variant_run.exit_code == ExitCode.FIRMWARE_FAULT:
-        run.outcome, run.why = (
-            "bad",
-            "crash: " + "; ".join(str(f["message"]) for f in variant_run.findings[:1]),
-        )
+        crash = "; ".join(str(f["message"]) for f in variant_run.findings[:1])
+        run.outcome, run.why = "bad", f"crash: {crash}"
         return
     if _hung(run.capture, variant_run):
         run.outcome, run.why = "bad", "hang: the invoke never returned (INPUT printed, then silence)"
@@ -612,12 +605,8 @@ def _reuse_baseline_repro(state: _State, ops: list[int]) -> bool:
 def _reproduce(state: _State, ops: list[int]) -> dict[str, Capture]:
     """A dump run of both builds for the culprits, then one-op reproducers under ``out/repro``."""
     assert state.target is not None
-    req = TapRunRequest(
-        spec=dataclasses.replace(state.spec, options=state.spec.options.replace(dump_ops=())),
-        info=state.info,
-        target=state.target,
-        out=state.res.out_dir,
-    )
+    spec = dataclasses.replace(state.spec, options=state.spec.options.replace(dump_ops=()))
+    req = TapRunRequest(spec, state.info, state.target, state.res.out_dir)
     outcome = dump_run(req, ops, state.rec, "repro-dump")
     state.res.warnings += [f"reproducer: {e}" for e in outcome.errors]
     state.res.repro = outcome.result.repro

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 import serial
 
 from harness.device.console import RawCapture
 from harness.device.flash import FlashResult, RegionResult
-from harness.device.loop import DeviceRestarted, LinkError, LinkLost, LinkStats
+from harness.device.loop import DeviceRestarted, LinkError, LinkLost, LinkStats, LoopClient
 from harness.device.session import DeviceSession
 from harness.errors import EspCheckError
 from harness.firmware.build import RUN_ROLES, BuildResult
@@ -188,24 +190,22 @@ class ResidentBoard:
         self.lost = False  # the link dropped: reopen the port before the next boot
         self.last_link = LinkStats()  # the last session's
         self.keys: list[int] = []  # the boot keys of every boot seen (docs/protocol.md "Boot key")
-        self._model_sha: str | None = None
         self.probe_notes: list[str] = []  # why the last probe did not skip the flash
         self._probe_raw: RawCapture | None = None  # the probe's boot, until a variant's log takes it
         # the last boot when it left no app ready (a crash, a loop, silence): the next ensure() of the same
         # variant reads this start-up evidence instead of booting the app into the same failure again
         self._failed_start: Boot | None = None
 
+    @functools.cached_property
     def model_sha256(self) -> str:
         """SHA-256 of the model esp-check flashed (from the model partition image it wrote), or ""."""
-        if self._model_sha is None:
-            self._model_sha = ""
-            for b in self.builds.values():
-                art = b.artifact("model")
-                if art is not None and art.path.is_file():
-                    with contextlib.suppress(ModelImageError, OSError):
-                        self._model_sha = parse_model_image(art.path.read_bytes()).sha256
-                    break
-        return self._model_sha
+        for b in self.builds.values():
+            art = b.artifact("model")
+            if art is not None and art.path.is_file():
+                with contextlib.suppress(ModelImageError, OSError):
+                    return parse_model_image(art.path.read_bytes()).sha256
+                break
+        return ""
 
     def other_firmware(self, boot: Boot, variant: str) -> str:
         """Why the running app is not ``variant``'s build, from its HELLO's image SHA-256 ("": it is, or
@@ -230,6 +230,14 @@ class ResidentBoard:
     def stale_keys(self, hello: frames.Hello) -> list[int]:
         """Earlier boots' keys: their frames are dropped and counted, never used."""
         return [k for k in self.keys if k != hello.key]
+
+    def client(self, boot: Boot, log: IO[bytes]) -> LoopClient:
+        """A loop client on ``boot``'s app (every byte received goes to ``log``), earlier boots' frames
+        dropped."""
+        assert boot.hello is not None
+        keys = self.stale_keys(boot.hello)
+        stall = self.limits.capture_silence
+        return self.dev.client(boot.hello, log, stall_timeout=stall, seq=boot.next_seq, stale_keys=keys)
 
     def _timeouts(self) -> dict[str, float]:
         return {"total_timeout": self.limits.capture_total, "silence_timeout": self.limits.capture_silence}
@@ -274,7 +282,7 @@ class ResidentBoard:
         except (EspCheckError, serial.SerialException, OSError) as exc:
             self.current, self.probe_notes = None, [f"no HELLO: {exc}"]
             return None
-        self.probe_notes = images_differ(boot.hello, self.builds, self.model_sha256())
+        self.probe_notes = images_differ(boot.hello, self.builds, self.model_sha256)
         if other.why:
             self.probe_notes = [other.why]
         elif boot.hello is None:
@@ -345,18 +353,12 @@ class ResidentBoard:
                 if cur.variant == variant or self.current is None or variant not in VARIANT_SLOTS:
                     return cur  # the wanted app, or a start-up failure (its evidence), or no slots
             assert cur.hello is not None
-            slot = VARIANT_SLOTS[variant]
+            slot, stale = VARIANT_SLOTS[variant], self.stale_keys(cur.hello)
             seq, cur.next_seq = cur.next_seq, (cur.next_seq + 1) & 0xFFFF  # an app that refuses runs on
-            return self._booted(
-                self.dev.switch_slot(
-                    cur.hello,
-                    slot,
-                    log_path,
-                    seq=seq,
-                    stale_keys=self.stale_keys(cur.hello),
-                    **self._timeouts(),
-                )
+            switched = self.dev.switch_slot(
+                cur.hello, slot, log_path, seq=seq, stale_keys=stale, **self._timeouts()
             )
+            return self._booted(switched)
 
         def guarded() -> Boot:
             try:
@@ -430,19 +432,11 @@ class ResidentBoard:
         """Stream ``inputs`` in a text session; the device's text capture (with the boot before it in the
         log) is what the protocol parser then checks."""
         t0 = time.monotonic()
-        assert boot.hello is not None
-        hello, seq = boot.hello, boot.next_seq
         ended_by = "end_record"
         notes: list[str] = []
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
-            client = self.dev.client(
-                hello,
-                log,
-                stall_timeout=self.limits.capture_silence,
-                seq=seq,
-                stale_keys=self.stale_keys(hello),
-            )
+            client = self.client(boot, log)
             try:
                 client.text_session(list(inputs))
             except DeviceRestarted as exc:

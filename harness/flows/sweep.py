@@ -148,14 +148,11 @@ def run_driver(
     while todo:
         code, stdout, stderr = _run_once(program, todo, env)
         for line in stdout.splitlines():
-            r = parse_result(line)
-            if r is not None:
+            if (r := parse_result(line)) is not None:
                 run.results[r.id] = r
-            o = parse_outputs(line)
-            if o is not None and o[0] in run.results:
+            if (o := parse_outputs(line)) is not None and o[0] in run.results:
                 run.results[o[0]].outputs = (o[1][0], o[1][1], o[1][2])
-            d = _DONE.match(line.strip())
-            if d:
+            if d := _DONE.match(line.strip()):
                 run.finished.add(int(d.group(1)))
         if code == 2 and "esp-check sweep:" in stderr:
             raise EspCheckError(f"the sweep driver refused its input: {stderr.strip()[-300:]}")
@@ -346,11 +343,10 @@ def _holding(
     plain = run_driver(programs[False], cands)
     alone: dict[tuple[bool, str], _DriverRun] = {}
     for kind, variant, _t, _f in wants:
-        if kind in ("sanitizer", "crash") and (kind == "sanitizer", variant) not in alone:
-            prog = programs[kind == "sanitizer"]
-            letter = _LETTER.get(variant, "oar")
-            alone[(kind == "sanitizer", variant)] = run_driver(
-                prog, cands, sanitized=kind == "sanitizer", variants=letter
+        san = kind == "sanitizer"
+        if kind in ("sanitizer", "crash") and (san, variant) not in alone:
+            alone[(san, variant)] = run_driver(
+                programs[san], cands, sanitized=san, variants=_LETTER.get(variant, "oar")
             )
     for c in cands:
         ok = True
@@ -411,8 +407,7 @@ def native_board_args(espnn: ComponentSource, tflm: ComponentSource | None, out:
         where.mkdir(parents=True, exist_ok=True)
         for src, name in ((espnn, "esp-nn"), (tflm, "esp-tflite-micro")):
             link = where / name
-            if link.is_symlink() or link.exists():
-                link.unlink()
+            link.unlink(missing_ok=True)
             link.symlink_to(src.path.resolve(), target_is_directory=True)
     return ["--board", "native-esp32", "--components-dir", str(where)]
 

@@ -23,12 +23,11 @@ from harness.analysis.tap import (
 from harness.errors import EspCheckError, ExitCode
 from harness.firmware.generate import FirmwareFeatures
 from harness.flashfmt.partitions import VARIANTS
-from harness.flows.capture import stream_inputs, with_board
+from harness.flows.capture import streaming, with_board
 from harness.flows.firmware import prepare_firmware
 from harness.flows.job import JobSpec
 from harness.flows.records import Recorder, VariantRun
 from harness.flows.repro import write_reproducer
-from harness.flows.resident import ResidentBoard
 from harness.flows.targets import BoardLockCM, Target
 from harness.jsontypes import JSONValue
 from harness.model.inputs import input_tensor_bytes
@@ -107,15 +106,10 @@ def reproducers(
 ) -> list[dict[str, JSONValue]]:
     """One-op reproducers (harness.flows.repro) for ``ops`` from a dump run, under ``req.out/repro``;
     ``dump_errors`` (why a build of the dump run has no capture) go into an unverified one's ``why``."""
+    board = req.target.board.name
     return [
         write_reproducer(
-            req.spec.model,
-            req.info,
-            k,
-            caps=dump_caps,
-            out_dir=req.out / "repro",
-            board=req.target.board.name,
-            dump_errors=dump_errors,
+            req.spec.model, req.info, k, dump_caps, req.out / "repro", board, dump_errors=dump_errors
         )
         for k in ops
     ]
@@ -156,15 +150,10 @@ def _dump_run(
             outcome.errors.append(f"tap dump run [{v}]: build: {exc}")
             outcome.codes.append(exc.exit_code)
         runs = {v: VariantRun(v, project_dir=b.project_dir) for v, b in fw.builds.items()}
-
-        def body(resident: ResidentBoard, order: list[str]) -> None:
-            for v in order:
-                runs[v].exit_code = stream_inputs(resident, runs[v], streamed)
-
         with lock_cm or contextlib.nullcontext():  # both variants over one session, as the job ran them
             with_board(
                 sub, runs, fw.builds, target=req.target, out=dump_dir, limits=o.timeouts,
-                flash_baud=o.flash_baud, body=body,
+                flash_baud=o.flash_baud, body=streaming(runs, streamed),
             )  # fmt: skip
         dump_caps: dict[str, Capture] = {}
         for v, vr in sorted(runs.items(), key=lambda kv: VARIANTS.index(kv[0])):

@@ -7,10 +7,11 @@ The four targets and what each owns: docs/architecture.md "Targets".
 from __future__ import annotations
 
 import contextlib
+import functools
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 from harness.device.locks import board_lock
@@ -19,6 +20,9 @@ from harness.errors import EspCheckError, UsageError
 from harness.firmware.boards import Board
 from harness.firmware.native.project import NATIVE_MEANING
 from harness.flows.records import NativeFacts, Recorder, VariantRun
+
+if TYPE_CHECKING:
+    from harness.flows.job import JobOptions
 
 # a board's lock, held for a ``with`` block (what it yields is nobody's business)
 BoardLockCM = contextlib.AbstractContextManager[object]
@@ -92,6 +96,11 @@ class Target:
         except EspCheckError:
             return contextlib.nullcontext()  # the port stage reports it
         return board_lock(ps, lock_dir=lock_dir, timeout=timeout, owner=owner, on_wait=on_wait)
+
+    def job_lock(self, options: JobOptions, owner: str, rec: Recorder) -> BoardLockCM | None:
+        """:meth:`lock` in ``options``' lock directory and time, its waits said as stage ``lock``."""
+        wait = functools.partial(rec.say, "lock")
+        return self.lock(lock_dir=options.lock_dir, timeout=options.lock_timeout, owner=owner, on_wait=wait)
 
     def facts(self, variants: Mapping[str, VariantRun]) -> NativeFacts | None:
         """What report.json says about the target beyond its name (None: nothing)."""

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 from rich.console import Console
@@ -25,6 +24,7 @@ from harness.commands.common import (
     SECONDS,
     VERDICT_COLOURS,
     echo_json,
+    grouped_options,
     input_options,
     lsb_option,
     make_console,
@@ -53,38 +53,32 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., object])
 
 
-def timeout_options(f: F) -> F:
-    """``--capture-timeout``, ``--silence-timeout``, ``--build-timeout`` as one ``timeouts`` argument."""
-
-    @functools.wraps(f)
-    def wrapper(
-        *args: object, capture_timeout: float, silence_timeout: float, build_timeout: float, **kw: object
-    ) -> object:
-        limits = StageTimeouts(
-            build=build_timeout, capture_total=capture_timeout, capture_silence=silence_timeout
-        )
-        return f(*args, timeouts=limits, **kw)
-
-    return with_options(
-        click.option(
-            "--capture-timeout",
-            type=SECONDS,
-            default=180.0,
-            help="Seconds to wait for one run's END record.",
-        ),
-        click.option(
-            "--silence-timeout",
-            type=SECONDS,
-            default=30.0,
-            help="Seconds without a byte from the board before giving up.",
-        ),
-        click.option(
-            "--build-timeout",
-            type=SECONDS,
-            default=1800.0,
-            help="Seconds a build may print nothing before it is stopped (silence, not total time).",
-        ),
-    )(cast(F, wrapper))
+# ``--capture-timeout``, ``--silence-timeout``, ``--build-timeout`` as one ``timeouts`` argument
+timeout_options = grouped_options(
+    "timeouts",
+    StageTimeouts,
+    click.option(
+        "--capture-timeout",
+        "capture_total",
+        type=SECONDS,
+        default=180.0,
+        help="Seconds to wait for one run's END record.",
+    ),
+    click.option(
+        "--silence-timeout",
+        "capture_silence",
+        type=SECONDS,
+        default=30.0,
+        help="Seconds without a byte from the board before giving up.",
+    ),
+    click.option(
+        "--build-timeout",
+        "build",
+        type=SECONDS,
+        default=1800.0,
+        help="Seconds a build may print nothing before it is stopped (silence, not total time).",
+    ),
+)
 
 
 # flash-and-compare's flags as data, grouped by what they are about

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
@@ -198,17 +198,18 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class _At:
-    """Where in a plan a problem is: ``where`` is top level, [run], [defaults] or job 'J'."""
+class At:
+    """Where in a user's file a problem is: ``where`` is top level, a [table], job 'J', board 'B'."""
 
     path: Path
     where: str
+    kind: ClassVar[str] = "plan"
+    hint: ClassVar[str] = "see docs/ci.md ('Plan file') for every field"
 
     def err(self, fieldname: str, msg: str, hint: str | None = None) -> PlanError:
-        """A PlanError: "plan FILE: WHERE: field 'F' MSG"."""
+        """A PlanError: "KIND FILE: WHERE: field 'F' MSG" (KIND: plan, inventory)."""
         return PlanError(
-            f"plan {self.path}: {self.where}: field '{fieldname}' {msg}",
-            hint=hint or "see docs/ci.md ('Plan file') for every field",
+            f"{self.kind} {self.path}: {self.where}: field '{fieldname}' {msg}", hint=hint or self.hint
         )
 
 
@@ -231,14 +232,14 @@ def _plan_error(plan_path: Path, data: Mapping[str, object], exc: ValidationErro
         job_name = entry_name(data, "job", loc[1])
         valid = job_name is not None and NAME_RE.match(job_name) and loc[2] != "name"
         where = f"job {job_name!r}" if valid else f"job #{int(loc[1]) + 1}"
-        return _At(plan_path, where).err(name, entry + msg, hint)
+        return At(plan_path, where).err(name, entry + msg, hint)
     if loc[0] == "job" and len(loc) == 2:
-        return _At(plan_path, f"job #{int(loc[1]) + 1}").err("job", "must be a table")
+        return At(plan_path, f"job #{int(loc[1]) + 1}").err("job", "must be a table")
     if loc[0] == "job":
-        return _At(plan_path, "top level").err("job", f"{msg}: a plan needs at least one [[job]] table")
+        return At(plan_path, "top level").err("job", f"{msg}: a plan needs at least one [[job]] table")
     if loc[0] in ("run", "defaults") and len(loc) > 1:
-        return _At(plan_path, f"[{loc[0]}]").err(name, entry + msg, hint)
-    return _At(plan_path, "top level").err(str(loc[0]), msg, hint)
+        return At(plan_path, f"[{loc[0]}]").err(name, entry + msg, hint)
+    return At(plan_path, "top level").err(str(loc[0]), msg, hint)
 
 
 def _overlay(defaults: JobSettings, table: JobTable) -> JobSettings:
@@ -289,7 +290,7 @@ def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
 
 def _job(plan_path: Path, table: JobTable, defaults: JobSettings, seen: set[str]) -> Job:
     """One ``[[job]]`` table: its settings over the defaults, board types, models and their inputs."""
-    at = _At(plan_path, f"job {table.name!r}")
+    at = At(plan_path, f"job {table.name!r}")
     if table.name in seen:
         raise at.err("name", "is used by two jobs; job names must be unique")
     data = _dataset_spec(at, table)
@@ -321,7 +322,7 @@ def _job(plan_path: Path, table: JobTable, defaults: JobSettings, seen: set[str]
     )
 
 
-def _dataset_spec(at: _At, table: JobTable) -> DatasetSpec | None:
+def _dataset_spec(at: At, table: JobTable) -> DatasetSpec | None:
     """The job's dataset fields, checked as flash-and-compare checks its options (None: no dataset)."""
     given = table.model_fields_set
     has = [k for k in ("dataset", "random_inputs") if k in given]
@@ -343,7 +344,7 @@ _NO_STEM = "has a model file named {!r}, whose stem {!r} cannot stand for '{{mod
 _RELATIVE = "paths are relative to the plan file; '{model}' stands for the model's file stem"
 
 
-def _dataset_cases(at: _At, base_dir: Path, models: list[Path], table: JobTable) -> list[ModelCase]:
+def _dataset_cases(at: At, base_dir: Path, models: list[Path], table: JobTable) -> list[ModelCase]:
     """Each model with its dataset and labels paths ('{model}' = the model's file stem, literally)."""
 
     def resolve(pattern: str | None, model: Path) -> Path | None:
@@ -357,7 +358,7 @@ def _dataset_cases(at: _At, base_dir: Path, models: list[Path], table: JobTable)
     return [ModelCase(m, (), resolve(table.dataset, m), resolve(table.labels, m)) for m in models]
 
 
-def _job_models(at: _At, base_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
+def _job_models(at: At, base_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
     models: list[Path] = []
     for pattern in patterns:
         found = _expand(base_dir, pattern, None)
@@ -369,7 +370,7 @@ def _job_models(at: _At, base_dir: Path, patterns: tuple[str, ...]) -> list[Path
     return list(dict.fromkeys(models))
 
 
-def _job_cases(at: _At, base_dir: Path, models: list[Path], input_patterns: list[str]) -> list[ModelCase]:
+def _job_cases(at: At, base_dir: Path, models: list[Path], input_patterns: list[str]) -> list[ModelCase]:
     """Each model with its inputs ('{model}' in a pattern = the model's file stem)."""
     cases: list[ModelCase] = []
     for m in models:
@@ -390,7 +391,7 @@ def _job_cases(at: _At, base_dir: Path, models: list[Path], input_patterns: list
 
 def _check_job_files(path: Path, job: Job) -> None:
     """Models parse, inputs fit their model, board types exist: usage errors before any build."""
-    at = _At(path, f"job {job.name!r}")
+    at = At(path, f"job {job.name!r}")
     for b in job.boards:
         try:
             load_board(b)
@@ -429,7 +430,7 @@ def dataset_options(job: Job, case: ModelCase) -> DatasetOptions | None:
     )
 
 
-def _check_dataset(at: _At, job: Job, case: ModelCase, info: ModelInfo, options: InputOptions) -> None:
+def _check_dataset(at: At, job: Job, case: ModelCase, info: ModelInfo, options: InputOptions) -> None:
     """The case's dataset loads for its model (missing path, bad files, bad labels: here, not later)."""
     from harness.flows.dataset import load_inputs  # lazy: the pipeline, as in dataset_options
 

@@ -46,6 +46,9 @@ POSITIVE = FiniteFloat(min=0, min_open=True)  # scales
 FINITE = FiniteFloat()  # offsets
 BAUD = click.IntRange(min=300, max=16_000_000)
 ARENA_KB = click.IntRange(min=1, max=1024 * 1024)
+# Path flags: a file, or a directory (neither needs to exist yet unless the command says so)
+FILE = click.Path(dir_okay=False, path_type=Path)
+DIR = click.Path(file_okay=False, path_type=Path)
 
 
 # a verdict on the terminal: a match is green, a finding red, anything else (no verdict) yellow
@@ -118,17 +121,18 @@ preprocessing_options = grouped_options(
 )
 
 
-def input_options(f: F) -> F:
-    """``--input`` (repeatable, as ``inputs``) plus the shared preprocessing flags (``input_options``)."""
-    f = preprocessing_options(f)
-    return click.option(
+# ``--input`` (repeatable, as ``inputs``) plus the shared preprocessing flags (``input_options``)
+input_options = with_options(
+    click.option(
         "--input",
         "inputs",
         multiple=True,
         type=FILE,
         help="Input file (PNG/JPEG/BMP, .npy, raw with --input-dtype, C array). Repeat for "
         "several runs; a model with N inputs takes N files per run, in input order.",
-    )(f)
+    ),
+    preprocessing_options,
+)
 
 
 class OpListType(click.ParamType):
@@ -174,11 +178,6 @@ def warning_lines(render: Callable[[], T]) -> T:
 def echo_json(render: Callable[[], dict[str, Any]]) -> None:
     """Print ``render()``'s document; deprecation warnings it raises go to stderr as warning lines."""
     click.echo(json.dumps(warning_lines(render), indent=2))
-
-
-# Path flags: a file, or a directory (neither needs to exist yet unless the command says so)
-FILE = click.Path(dir_okay=False, path_type=Path)
-DIR = click.Path(file_okay=False, path_type=Path)
 
 
 def path_option(*decls: str, dir: bool = False, help: str | None = None, **extra: Any) -> Callable[[F], F]:

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import hashlib
 import ipaddress
+import json
 import os
 import re
 import subprocess
@@ -452,13 +453,10 @@ def inventory_snippet(devices: Sequence[DetectedDevice], default_type: str = "FI
         note = "" if d.chip else "  # chip not probed: pick a type from `esp-check boards`"
         lines.append(f'type = "{btype}"{note}')
         lines.append(f'console = "{"usb_serial_jtag" if d.is_usb_serial_jtag else "uart"}"')
+        # a JSON string (its non-ASCII characters as they are) is a TOML basic string
         if d.device.startswith("/dev/serial/by-id/") or not d.serial_number:
-            lines.append(f"port = {_toml_str(d.device)}")
+            lines.append(f"port = {json.dumps(d.device, ensure_ascii=False)}")
         else:
-            lines.append(f"usb_serial = {_toml_str(d.serial_number)}")
+            lines.append(f"usb_serial = {json.dumps(d.serial_number, ensure_ascii=False)}")
         lines.append(f"# {d.kind or d.description}; location {d.location or '?'}")
     return "\n".join(lines) + "\n"
-
-
-def _toml_str(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'

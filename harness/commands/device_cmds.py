@@ -349,9 +349,7 @@ DATASET_ONLY = ("repeat", "labels", "results", "seed", "keep_chunks")
 def _refuse_given(names: tuple[str, ...], why: str, hint: str) -> None:
     """Refuse the flags among ``names`` the user gave (not defaults): a flag that does not apply would
     otherwise be ignored silently (e.g. --repeat 3 on --input files checks no determinism)."""
-    ctx = click.get_current_context(silent=True)
-    if ctx is None:
-        return
+    ctx = click.get_current_context()  # called by the command only
     given = [
         n for n in names if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)
     ]

@@ -92,11 +92,11 @@ class BenchBoard:
         return bool(self.power_cycle) or self.place is not None
 
     def reach(self) -> tuple[str, str]:
-        """(``field=value``, value) of how the board is reached; two boards may not share one."""
+        """(field, value) of how the board is reached; two boards may not share one."""
         for key in _REACH_KEYS:
             value = getattr(self, key)
             if value:
-                return f"{key}={value}", value
+                return key, value
         raise ValueError(f"board {self.name} has no port")
 
     def describe_port(self) -> str:
@@ -185,22 +185,13 @@ def load_inventory(path: str | Path, *, coordinator: str | None = None) -> Inven
     boards: list[BenchBoard] = []
     reach_seen: dict[str, str] = {}
     for entry in file.board:
-        board = _bench_board(p, entry, {b.name for b in boards})
-        if board.place:
-            if not coordinator:
-                raise _At(p, f"board {board.name!r}").err(
-                    "place",
-                    "needs a labgrid coordinator",
-                    'give `--labgrid HOST:PORT` or `[labgrid] coordinator = "HOST:PORT"` in the inventory',
-                )
-            board = dataclasses.replace(board, coordinator=coordinator)
-        ident, value = board.reach()
-        if board.port:
-            ident = f"port={port_identity(board.port)}"
+        board = _bench_board(p, entry, {b.name for b in boards}, coordinator)
+        key, value = board.reach()
+        ident = f"{key}={port_identity(value) if key == 'port' else value}"
         if ident in reach_seen:
-            same = "" if board.port is None else f" (both are {ident.split('=', 1)[1]})"
+            same = f" (both are {ident.split('=', 1)[1]})" if key == "port" else ""
             raise _At(p, f"board {board.name!r}").err(
-                ident.split("=")[0],
+                key,
                 f"{value!r} is also used by board {reach_seen[ident]!r}{same}",
                 "one physical board appears once in an inventory",
             )
@@ -267,8 +258,7 @@ def discover_inventory(coordinator: str) -> Inventory:
             entry = BoardEntry.model_validate(tab)
         except ValidationError as exc:
             raise _inventory_error(where, {"board": [tab]}, exc, ("board", 0)) from None
-        board = _bench_board(where, entry, {b.name for b in boards})
-        boards.append(dataclasses.replace(board, coordinator=coordinator))
+        boards.append(_bench_board(where, entry, {b.name for b in boards}, coordinator))
     if not boards:
         raise PlanError(
             f"labgrid coordinator {coordinator} has no place tagged {TYPE_TAG}=<board type>",
@@ -321,13 +311,22 @@ def _inventory_error(
     return _At(inventory_path, where).err(name.rpartition(".")[2], entry + msg, hint)
 
 
-def _bench_board(inventory_path: Path, entry: BoardEntry, seen: set[str]) -> BenchBoard:
-    """One ``[[board]]`` table: board type and console, how to reach it, its power cycle."""
+def _bench_board(
+    inventory_path: Path, entry: BoardEntry, seen: set[str], coordinator: str | None
+) -> BenchBoard:
+    """One ``[[board]]`` table: board type and console, how to reach it (a labgrid place on
+    ``coordinator``), its power cycle."""
     at = _At(inventory_path, f"board {entry.name!r}")
     if entry.name in seen:
         raise at.err("name", "is used twice; board names must be unique")
     board = _board_type(at, entry)
     key, value = _reach(at, entry, board)
+    if key == "place" and not coordinator:
+        raise at.err(
+            "place",
+            "needs a labgrid coordinator",
+            'give `--labgrid HOST:PORT` or `[labgrid] coordinator = "HOST:PORT"` in the inventory',
+        )
     return BenchBoard(
         name=entry.name,
         type=entry.type,
@@ -336,6 +335,7 @@ def _bench_board(inventory_path: Path, entry: BoardEntry, seen: set[str]) -> Ben
         usb_serial=value if key == "usb_serial" else None,
         usb_location=value if key == "usb_location" else None,
         place=value if key == "place" else None,
+        coordinator=coordinator if key == "place" else None,
         power_cycle=entry.power_cycle,
         power_cycle_timeout_s=entry.power_cycle_timeout_s,
     )

@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -49,8 +49,6 @@ if TYPE_CHECKING:
     from harness.flows.dataset import DatasetOptions
     from harness.flows.records import FlashAndCompareResult, FlashFacts
     from harness.jsontypes import JSONValue
-
-F = TypeVar("F", bound=Callable[..., object])
 
 
 # ``--capture-timeout``, ``--silence-timeout``, ``--build-timeout`` as one ``timeouts`` argument

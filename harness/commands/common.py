@@ -46,6 +46,9 @@ POSITIVE = FiniteFloat(min=0, min_open=True)  # scales
 FINITE = FiniteFloat()  # offsets
 BAUD = click.IntRange(min=300, max=16_000_000)
 ARENA_KB = click.IntRange(min=1, max=1024 * 1024)
+# Path flags: a file, or a directory (neither needs to exist yet unless the command says so)
+FILE = click.Path(dir_okay=False, path_type=Path)
+DIR = click.Path(file_okay=False, path_type=Path)
 
 
 # a verdict on the terminal: a match is green, a finding red, anything else (no verdict) yellow
@@ -62,63 +65,74 @@ def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:
     return con if con.is_terminal else Console(stderr=stderr, highlight=highlight, width=160)
 
 
-def preprocessing_options(f: F) -> F:
-    """``--resize``, ``--input-color``, ``--input-range``, ``--input-scale/-offset``, ``--input-dtype``,
-    handed to the command as one ``input_options: InputOptions`` argument."""
+def with_options(*options: Callable[[Any], Any]) -> Callable[[F], F]:
+    """Apply a table of click options (listed in the order --help shows them)."""
 
-    @functools.wraps(f)
-    def wrapper(
-        *args: Any,
-        resize: str,
-        input_color: str,
-        input_range: str | None,
-        input_scale: float | None,
-        input_offset: float | None,
-        input_dtype: str | None,
-        **kwargs: Any,
-    ) -> Any:
-        opts = InputOptions(
-            resize=resize,
-            color=input_color,
-            scale=input_scale,
-            offset=input_offset,
-            value_range=input_range,
-            raw_dtype=input_dtype,
-        )
-        return f(*args, input_options=opts, **kwargs)
+    def apply(f: F) -> F:
+        for opt in reversed(options):
+            f = opt(f)
+        return f
 
-    opts = [
-        click.option(
-            "--resize",
-            type=click.Choice(RESIZE_POLICIES),
-            default="error",
-            help="Image size policy when it differs from the model's.",
-        ),
-        click.option("--input-color", type=click.Choice(COLOR_MODES), default="auto"),
-        click.option(
-            "--input-range",
-            type=click.Choice(tuple(NAMED_RANGES)),
-            help="Normalise 8-bit data to this real range (default: the range the input tensor's "
-            "quantization spans, else 0..1; `inspect` says which).",
-        ),
-        click.option("--input-scale", type=POSITIVE, help="real = value * scale + offset"),
-        click.option("--input-offset", type=FINITE),
-        click.option("--input-dtype", help="Element type of raw binary inputs (int8, float32, ...)."),
-    ]
-    return cast(F, with_options(*opts)(wrapper))
+    return apply
 
 
-def input_options(f: F) -> F:
-    """``--input`` (repeatable, as ``inputs``) plus the shared preprocessing flags (``input_options``)."""
-    f = preprocessing_options(f)
-    return click.option(
+def grouped_options(
+    name: str, make: Callable[..., object], *options: Callable[[Any], Any]
+) -> Callable[[F], F]:
+    """A table of click options handed to the command as one argument, ``name=make(**their values)``
+    (each option's parameter name is ``make``'s keyword)."""
+
+    keys = [p.name for p in with_options(*options)(click.Command("probe")).params]
+
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            given = {k: kwargs.pop(k) for k in keys}
+            return f(*args, **kwargs, **{name: make(**given)})
+
+        return cast(F, with_options(*options)(wrapper))
+
+    return decorate
+
+
+# ``--resize``, ``--input-color``, ``--input-range``, ``--input-scale/-offset``, ``--input-dtype``
+preprocessing_options = grouped_options(
+    "input_options",
+    InputOptions,
+    click.option(
+        "--resize",
+        type=click.Choice(RESIZE_POLICIES),
+        default="error",
+        help="Image size policy when it differs from the model's.",
+    ),
+    click.option("--input-color", "color", type=click.Choice(COLOR_MODES), default="auto"),
+    click.option(
+        "--input-range",
+        "value_range",
+        type=click.Choice(tuple(NAMED_RANGES)),
+        help="Normalise 8-bit data to this real range (default: the range the input tensor's "
+        "quantization spans, else 0..1; `inspect` says which).",
+    ),
+    click.option("--input-scale", "scale", type=POSITIVE, help="real = value * scale + offset"),
+    click.option("--input-offset", "offset", type=FINITE),
+    click.option(
+        "--input-dtype", "raw_dtype", help="Element type of raw binary inputs (int8, float32, ...)."
+    ),
+)
+
+
+# ``--input`` (repeatable, as ``inputs``) plus the shared preprocessing flags (``input_options``)
+input_options = with_options(
+    click.option(
         "--input",
         "inputs",
         multiple=True,
         type=FILE,
         help="Input file (PNG/JPEG/BMP, .npy, raw with --input-dtype, C array). Repeat for "
         "several runs; a model with N inputs takes N files per run, in input order.",
-    )(f)
+    ),
+    preprocessing_options,
+)
 
 
 class OpListType(click.ParamType):
@@ -166,11 +180,6 @@ def echo_json(render: Callable[[], dict[str, Any]]) -> None:
     click.echo(json.dumps(warning_lines(render), indent=2))
 
 
-# Path flags: a file, or a directory (neither needs to exist yet unless the command says so)
-FILE = click.Path(dir_okay=False, path_type=Path)
-DIR = click.Path(file_okay=False, path_type=Path)
-
-
 def path_option(*decls: str, dir: bool = False, help: str | None = None, **extra: Any) -> Callable[[F], F]:
     """An optional path flag (default None): a file, or with ``dir`` a directory."""
     return click.option(*decls, type=DIR if dir else FILE, help=help, **extra)
@@ -186,50 +195,34 @@ def out_option(default: str, help: str | None = None) -> Callable[[F], F]:
     return click.option("--out", "out_dir", type=DIR, default=default, help=help)
 
 
-def with_options(*options: Callable[[Any], Any]) -> Callable[[F], F]:
-    """Apply a table of click options (listed in the order --help shows them)."""
+def _native_options(**given: Any) -> object:
+    # lazy: ~28 ms (filelock, subprocess) that compare, inspect, sim and sweep never need
+    from harness.firmware.native.project import NativeOptions
 
-    def apply(f: F) -> F:
-        for opt in reversed(options):
-            f = opt(f)
-        return f
-
-    return apply
+    return NativeOptions(**given)
 
 
-def native_options(f: F) -> F:
-    """``--components-dir``, ``--sanitize``, ``--jobs`` (how native boards build, docs/native.md), handed
-    to the command as one ``native: NativeOptions`` argument."""
-
-    @functools.wraps(f)
-    def wrapper(
-        *args: Any, components_dir: Path | None, sanitize: bool, jobs: int | None, **kwargs: Any
-    ) -> Any:
-        # lazy: ~28 ms (filelock, subprocess) that compare, inspect, sim and sweep never need
-        from harness.firmware.native.project import NativeOptions
-
-        native = NativeOptions(components_dir=components_dir, sanitize=sanitize, jobs=jobs)
-        return f(*args, native=native, **kwargs)
-
-    opts = [
-        click.option(
-            "--components-dir",
-            type=click.Path(file_okay=False, exists=True, path_type=Path),
-            envvar="ESP_CHECK_COMPONENTS_DIR",
-            help="Native boards: esp-tflite-micro and esp-nn sources (checkouts or a project's "
-            "managed_components/) instead of the ESP-IDF component manager's download "
-            "[env: ESP_CHECK_COMPONENTS_DIR].",
-        ),
-        click.option(
-            "--sanitize",
-            is_flag=True,
-            help="Native boards: build with AddressSanitizer and UndefinedBehaviorSanitizer; a sanitizer "
-            "report is a firmware fault (exit 4).",
-        ),
-        click.option(
-            "--jobs",
-            type=click.IntRange(min=1, max=256),
-            help="Native boards: parallel compile jobs (default: the number of CPUs).",
-        ),
-    ]
-    return cast(F, with_options(*opts)(wrapper))
+# how native boards build (docs/native.md)
+native_options = grouped_options(
+    "native",
+    _native_options,
+    click.option(
+        "--components-dir",
+        type=click.Path(file_okay=False, exists=True, path_type=Path),
+        envvar="ESP_CHECK_COMPONENTS_DIR",
+        help="Native boards: esp-tflite-micro and esp-nn sources (checkouts or a project's "
+        "managed_components/) instead of the ESP-IDF component manager's download "
+        "[env: ESP_CHECK_COMPONENTS_DIR].",
+    ),
+    click.option(
+        "--sanitize",
+        is_flag=True,
+        help="Native boards: build with AddressSanitizer and UndefinedBehaviorSanitizer; a sanitizer "
+        "report is a firmware fault (exit 4).",
+    ),
+    click.option(
+        "--jobs",
+        type=click.IntRange(min=1, max=256),
+        help="Native boards: parallel compile jobs (default: the number of CPUs).",
+    ),
+)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -25,6 +24,7 @@ from harness.commands.common import (
     SECONDS,
     VERDICT_COLOURS,
     echo_json,
+    grouped_options,
     input_options,
     lsb_option,
     make_console,
@@ -50,41 +50,33 @@ if TYPE_CHECKING:
     from harness.flows.records import FlashAndCompareResult, FlashFacts
     from harness.jsontypes import JSONValue
 
-F = TypeVar("F", bound=Callable[..., object])
 
-
-def timeout_options(f: F) -> F:
-    """``--capture-timeout``, ``--silence-timeout``, ``--build-timeout`` as one ``timeouts`` argument."""
-
-    @functools.wraps(f)
-    def wrapper(
-        *args: object, capture_timeout: float, silence_timeout: float, build_timeout: float, **kw: object
-    ) -> object:
-        limits = StageTimeouts(
-            build=build_timeout, capture_total=capture_timeout, capture_silence=silence_timeout
-        )
-        return f(*args, timeouts=limits, **kw)
-
-    return with_options(
-        click.option(
-            "--capture-timeout",
-            type=SECONDS,
-            default=180.0,
-            help="Seconds to wait for one run's END record.",
-        ),
-        click.option(
-            "--silence-timeout",
-            type=SECONDS,
-            default=30.0,
-            help="Seconds without a byte from the board before giving up.",
-        ),
-        click.option(
-            "--build-timeout",
-            type=SECONDS,
-            default=1800.0,
-            help="Seconds a build may print nothing before it is stopped (silence, not total time).",
-        ),
-    )(cast(F, wrapper))
+# ``--capture-timeout``, ``--silence-timeout``, ``--build-timeout`` as one ``timeouts`` argument
+timeout_options = grouped_options(
+    "timeouts",
+    StageTimeouts,
+    click.option(
+        "--capture-timeout",
+        "capture_total",
+        type=SECONDS,
+        default=180.0,
+        help="Seconds to wait for one run's END record.",
+    ),
+    click.option(
+        "--silence-timeout",
+        "capture_silence",
+        type=SECONDS,
+        default=30.0,
+        help="Seconds without a byte from the board before giving up.",
+    ),
+    click.option(
+        "--build-timeout",
+        "build",
+        type=SECONDS,
+        default=1800.0,
+        help="Seconds a build may print nothing before it is stopped (silence, not total time).",
+    ),
+)
 
 
 # flash-and-compare's flags as data, grouped by what they are about
@@ -355,9 +347,7 @@ DATASET_ONLY = ("repeat", "labels", "results", "seed", "keep_chunks")
 def _refuse_given(names: tuple[str, ...], why: str, hint: str) -> None:
     """Refuse the flags among ``names`` the user gave (not defaults): a flag that does not apply would
     otherwise be ignored silently (e.g. --repeat 3 on --input files checks no determinism)."""
-    ctx = click.get_current_context(silent=True)
-    if ctx is None:
-        return
+    ctx = click.get_current_context()  # called by the command only
     given = [
         n for n in names if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)
     ]

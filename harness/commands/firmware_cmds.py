@@ -175,8 +175,8 @@ def generate_cmd(
     if as_json:
         data = {"schema": "esp-check.generate/1", "projects": [_project_summary(p) for p in projects]}
         click.echo(json.dumps(data, indent=2))
-        return int(ExitCode.MATCH)
-    _print_generated(projects)
+    else:
+        _print_generated(projects)
     return int(ExitCode.MATCH)
 
 

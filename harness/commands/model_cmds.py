@@ -19,7 +19,7 @@ from harness.errors import ExitCode, InputDataError
 from harness.model import opdata
 from harness.model.arena import ArenaEstimate, estimate_arena
 from harness.model.backends import tflm_available
-from harness.model.inputs import InputOptions, PreparedInput, default_image_range, load_input
+from harness.model.inputs import InputOptions, PreparedInput, default_image_range, dequantize, load_input
 from harness.model.loader import ModelInfo, TensorInfo, load_model
 from harness.model.reference import LayerDisagreement, compare_backends, run_reference
 from harness.protocol.spec import crc32_hex
@@ -267,9 +267,7 @@ def _tensor_json(arr: np.ndarray, tensor: TensorInfo) -> dict[str, object]:
         "raw": arr.ravel().tolist(),
     }
     if tensor.scale is not None:
-        d["dequantized"] = (
-            ((arr.astype(np.float64) - (tensor.zero_point or 0)) * tensor.scale).ravel().tolist()
-        )
+        d["dequantized"] = dequantize(arr, tensor.scale, tensor.zero_point or 0).ravel().tolist()
     return d
 
 
@@ -363,8 +361,8 @@ def _print_reference(
         for o, (arr, t) in enumerate(zip(run.outputs, info.outputs, strict=True)):
             console.print(f"  output {o} raw:         {_preview(arr)}")
             if t.scale is not None:
-                deq = (arr.astype(np.float64) - (t.zero_point or 0)) * t.scale
-                console.print(f"  output {o} dequantized: {_preview(deq)}")
+                real = dequantize(arr, t.scale, t.zero_point or 0)
+                console.print(f"  output {o} dequantized: {_preview(real)}")
         if run.layers is not None:
             columns = ("op", "opcode", "tensor", "shape", "dtype", "min", "max", "crc32")
             lt = Table(*columns, title=f"Run {k} per layer", title_justify="left")
@@ -431,16 +429,16 @@ def reference_cmd(
     if not inputs:
         raise InputDataError("no --input given", hint="pass --input FILE (one per model input per run)")
     runs = prepare_runs(info, inputs, input_options)
-    result = run_reference(
-        model, [[p.quantized for p in run] for run in runs], per_layer=per_layer, backend=backend
-    )
+    quantized = [[p.quantized for p in run] for run in runs]
+    result = run_reference(model, quantized, per_layer=per_layer, backend=backend)
     cross: list[LayerDisagreement] = []
     if result.backend == "litert" and per_layer and tflm_available():
-        cross = compare_backends(model, [[p.quantized for p in run] for run in runs])
+        cross = compare_backends(model, quantized)
     if save_npy is not None:
         _save_npy(save_npy, result)
     if as_json:
         click.echo(json.dumps(_reference_data(model, info, runs, result, cross), indent=2))
-        return int(ExitCode.MATCH)
-    _print_reference(make_console(), model, info, runs, result, cross, per_layer=per_layer, save_npy=save_npy)
+    else:
+        console = make_console()
+        _print_reference(console, model, info, runs, result, cross, per_layer=per_layer, save_npy=save_npy)
     return int(ExitCode.MATCH)

@@ -201,9 +201,10 @@ def run_cmd(
     # lazy: the runner pulls pyserial and pydantic; `esp-check --help` loads this module without them
     from harness.runner import RunOptions, write_reports
     from harness.runner.executor import Runner
+    from harness.runner.reports import check_summary_version
 
     console = make_console(stderr=True)
-    _check_schema_version(schema_version)
+    check_summary_version(schema_version)  # an unknown version is refused before anything runs
     if json_file is not None:
         click.echo(
             "warning: `run --json PATH` is deprecated and will be removed in the next release: --json is "
@@ -211,6 +212,7 @@ def run_cmd(
             err=True,
         )
     the_plan, inv = _load(plan, inventory, coordinator)
+    progress = _progress(console)
     stop, hard = threading.Event(), threading.Event()
     opts = RunOptions(
         out_dir=out_dir,
@@ -220,14 +222,14 @@ def run_cmd(
         builder=builder,
         native=native,
         owner=f"esp-check run {plan.name} (user {os.environ.get('USER', '?')})",
-        progress=_progress(console),
+        progress=progress,
         stop=stop,
         hard_stop=hard,
         report_paths=[p for p in (junit, json_file, markdown) if p is not None],
     )
     runner = Runner(the_plan, inv, opts)  # PlanError here: a job's board type is not on the bench
     if any(b.place for b in inv.boards):
-        _check_serial_package(opts.progress)
+        _check_serial_package(progress)
     if validate_only:
         return _validate_only(runner)
     with _stop_on_signals(stop, hard, console):
@@ -249,20 +251,12 @@ def run_cmd(
     return int(result.exit_code)
 
 
-def _check_serial_package(progress: Callable[[str], None] | None) -> None:
+def _check_serial_package(progress: Callable[[str], None]) -> None:
     """labgrid and esptool share the ``serial`` package (docs/ci.md): say whose it is, refuse a broken one."""
     pkg = inspect_serial_package()
     if not pkg.ok:
         raise InfrastructureError(pkg.describe(), hint=f"repair it: {pkg.fix()} (docs/ci.md, 'labgrid')")
-    if progress is not None:
-        progress(f"[labgrid] {pkg.describe()}")
-
-
-def _check_schema_version(requested: int | None) -> None:
-    """Refuse an unknown summary version before anything runs (not after an hour on the bench)."""
-    from harness.runner.reports import check_summary_version  # lazy: the runner pulls pyserial (run_cmd)
-
-    check_summary_version(requested)
+    progress(f"[labgrid] {pkg.describe()}")
 
 
 def _load(plan: Path, inventory: Path | None, coordinator: str | None) -> tuple[Plan, Inventory]:
@@ -270,16 +264,14 @@ def _load(plan: Path, inventory: Path | None, coordinator: str | None) -> tuple[
     from harness.runner import load_inventory, load_plan
     from harness.runner.inventory import discover_inventory
 
-    if inventory is None and coordinator is None:
+    if inventory is not None:
+        return load_plan(plan), load_inventory(inventory, coordinator=coordinator)
+    if coordinator is None:
         raise UsageError(
             "run needs the boards: --inventory BENCH.toml, or --labgrid HOST:PORT (a labgrid coordinator)",
             hint="see docs/ci.md",
         )
-    the_plan = load_plan(plan)
-    if inventory is None:
-        assert coordinator is not None
-        return the_plan, discover_inventory(coordinator)
-    return the_plan, load_inventory(inventory, coordinator=coordinator)
+    return load_plan(plan), discover_inventory(coordinator)
 
 
 def _progress(console: Console) -> Callable[[str], None]:

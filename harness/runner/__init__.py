@@ -7,7 +7,6 @@ Format of the files and of the reports: docs/ci.md.
 
 from __future__ import annotations
 
-from harness.device.locks import BoardLock, board_lock, default_lock_dir, lock_key
 from harness.runner.executor import RunOptions, RunResult, run_plan
 from harness.runner.inventory import BenchBoard, Inventory, detect_devices, inventory_snippet, load_inventory
 from harness.runner.plan import Job, Plan, load_plan
@@ -15,19 +14,15 @@ from harness.runner.reports import summary_dict, write_reports
 
 __all__ = [
     "BenchBoard",
-    "BoardLock",
     "Inventory",
     "Job",
     "Plan",
     "RunOptions",
     "RunResult",
-    "board_lock",
-    "default_lock_dir",
     "detect_devices",
     "inventory_snippet",
     "load_inventory",
     "load_plan",
-    "lock_key",
     "run_plan",
     "summary_dict",
     "write_reports",

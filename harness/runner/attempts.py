@@ -60,10 +60,8 @@ def judge_inputs(task: Task, attempt: Attempt, result: FlashAndCompareResult) ->
         codes.append(ExitCode(result.reference_refused["exit_code"]))
         reasons.append(result.reference_refused["summary"])
     pairs = set(task.job.pairs)
-    mismatched = []
-    for c in comp.comparisons if comp is not None else []:
-        if (c.a, c.b) in pairs and not c.match:
-            mismatched.append(c.mismatch_text())
+    compared = comp.comparisons if comp is not None else []
+    mismatched = [c.mismatch_text() for c in compared if (c.a, c.b) in pairs and not c.match]
     for f in comp.faults if comp is not None else []:
         codes.append(f.exit_code)
         reasons.append(f"{f.source}: ERROR stage={f.stage} code={f.code} {f.msg}")
@@ -175,29 +173,18 @@ def _testcases(
     for k, path in enumerate(task.case.inputs):
         for pa, pb in task.job.pairs:
             comps = by.get((pa, pb, k), [])
-            problems = [
-                p
-                for p in (_side_problem(x, k, attempt, runs, faults, ref_problem) for x in (pa, pb))
-                if p is not None
-            ]
+            sides = (_side_problem(x, k, attempt, runs, faults, ref_problem) for x in (pa, pb))
+            problems = [p for p in sides if p is not None]
             bad = [c for c in comps if not c.match]
             if bad:
-                c = bad[0]
-                verdict: _Problem = (CaseStatus.FAILURE, CaseType.MISMATCH, c.mismatch_text())
+                verdict: _Problem = (CaseStatus.FAILURE, CaseType.MISMATCH, bad[0].mismatch_text())
             elif problems:
                 verdict = next((p for p in problems if p[0] == CaseStatus.FAILURE), problems[0])
             elif comps:
-                n = len(comps)
-                verdict = (
-                    CaseStatus.PASSED,
-                    CaseType.MATCH,
-                    f"{n} output(s) within {comps[0].tolerance_lsb:g} LSB",
-                )
+                within = f"{len(comps)} output(s) within {comps[0].tolerance_lsb:g} LSB"
+                verdict = (CaseStatus.PASSED, CaseType.MATCH, within)
             else:
-                verdict = (
-                    CaseStatus.ERROR,
-                    CaseType.INFRASTRUCTURE,
-                    attempt.reason or "nothing was compared",
-                )
+                why = attempt.reason or "nothing was compared"
+                verdict = (CaseStatus.ERROR, CaseType.INFRASTRUCTURE, why)
             out.append(Testcase(k, str(path), f"{pa}-vs-{pb}", *verdict))
     return out

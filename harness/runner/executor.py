@@ -547,15 +547,11 @@ class Runner:
         Once one build of the tool has ended, ok or not, the others run side by side."""
         with self.cond:
             gate = self.tool_gates.setdefault(tool, threading.Lock())
-        with gate:
-            with self.cond:
-                proven = tool in self.tools_tried
-            if not proven:
-                try:
-                    yield
-                finally:
-                    with self.cond:
-                        self.tools_tried.add(tool)
+        with gate:  # tools_tried is read and written under the tool's gate only
+            first = tool not in self.tools_tried
+            self.tools_tried.add(tool)
+            if first:
+                yield
                 return
         yield
 
@@ -605,13 +601,13 @@ class Runner:
                 work.append(functools.partial(self._reference, t))
         return work
 
-    def _prepare_shared(self) -> int:
-        """The prepare phase (docs/ci.md "How a run works"), a few pieces at a time; returns how many
-        pieces of work there were. A stop starts no more of them; a hard stop stops waiting for the
-        running ones (daemon threads, as the board workers)."""
+    def _prepare_shared(self) -> None:
+        """The prepare phase (docs/ci.md "How a run works"), a few pieces at a time. A stop starts no
+        more of them; a hard stop stops waiting for the running ones (daemon threads, as the board
+        workers)."""
         work = self._shared_work()
         if not work:
-            return 0
+            return
         self.say(f"[prepare] {len(work)} shared build(s) and reference(s) before the boards start")
         todo: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
         for job in work:
@@ -630,7 +626,6 @@ class Runner:
             threading.Thread(target=worker, name=f"prepare-{k}", daemon=True)
             for k in range(min(len(work), 4, os.cpu_count() or 1))
         )
-        return len(work)
 
     def _write_attempt(self, t: Task, a: Attempt) -> None:
         if a.dir is None:
@@ -655,7 +650,10 @@ class Runner:
         self._check_ports()
         try:
             self._prepare_shared()
-            self._work()
+            self._run_threads(
+                threading.Thread(target=self.worker, args=(s,), name=f"board-{s.bench.name}", daemon=True)
+                for s in self.boards.values()
+            )
         finally:  # also on a crash or a second Ctrl-C: no labgrid place stays acquired by us
             if self.hard_stop.is_set():  # abandoned attempts: their children (host reference, builds) too
                 children.stop_all()
@@ -708,12 +706,6 @@ class Runner:
                 self.event(EventKind.QUARANTINE, state.reason, board=state.bench.name)
         with self.cond:
             self._orphan_check()
-
-    def _work(self) -> None:
-        self._run_threads(
-            threading.Thread(target=self.worker, args=(s,), name=f"board-{s.bench.name}", daemon=True)
-            for s in self.boards.values()
-        )
 
     def _run_threads(self, threads: Iterable[threading.Thread]) -> None:
         """Start every thread, then wait for each; a hard stop ends the wait (they are daemons)."""

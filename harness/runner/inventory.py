@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import hashlib
 import ipaddress
+import json
 import os
 import re
 import subprocess
@@ -29,7 +30,7 @@ from harness.errors import EspCheckError, PlanError, PortError
 from harness.firmware.board_types import Console
 from harness.firmware.boards import Board, list_boards, load_board
 from harness.flows.targets import RealTarget, open_target, target_class
-from harness.runner.plan import NAME_RE, Name
+from harness.runner.plan import NAME_RE, At, Name
 from harness.userfiles import Loc, UserModel, entry_name, field_path, known_keys, problem, read_toml
 
 _REACH_KEYS = ("port", "usb_serial", "usb_location", "place")
@@ -91,11 +92,11 @@ class BenchBoard:
         return bool(self.power_cycle) or self.place is not None
 
     def reach(self) -> tuple[str, str]:
-        """(``field=value``, value) of how the board is reached; two boards may not share one."""
+        """(field, value) of how the board is reached; two boards may not share one."""
         for key in _REACH_KEYS:
             value = getattr(self, key)
             if value:
-                return f"{key}={value}", value
+                return key, value
         raise ValueError(f"board {self.name} has no port")
 
     def describe_port(self) -> str:
@@ -164,11 +165,9 @@ class Inventory:
         raise KeyError(name)
 
 
-def _err(path: Path, where: str, fieldname: str, msg: str, hint: str | None = None) -> PlanError:
-    return PlanError(
-        f"inventory {path}: {where}: field '{fieldname}' {msg}",
-        hint=hint or "see docs/ci.md ('Inventory file'); `esp-check bench detect` prints a starting point",
-    )
+class _At(At):
+    kind = "inventory"
+    hint = "see docs/ci.md ('Inventory file'); `esp-check bench detect` prints a starting point"
 
 
 def load_inventory(path: str | Path, *, coordinator: str | None = None) -> Inventory:
@@ -186,23 +185,13 @@ def load_inventory(path: str | Path, *, coordinator: str | None = None) -> Inven
     boards: list[BenchBoard] = []
     reach_seen: dict[str, str] = {}
     for entry in file.board:
-        board = _bench_board(p, entry, {b.name for b in boards})
-        if board.place:
-            if not coordinator:
-                raise _err(
-                    p, f"board {board.name!r}", "place", "needs a labgrid coordinator",
-                    "give `--labgrid HOST:PORT` or `[labgrid] coordinator = \"HOST:PORT\"` in the inventory",
-                )  # fmt: skip
-            board = dataclasses.replace(board, coordinator=coordinator)
-        ident, value = board.reach()
-        if board.port:
-            ident = f"port={port_identity(board.port)}"
+        board = _bench_board(p, entry, {b.name for b in boards}, coordinator)
+        key, value = board.reach()
+        ident = f"{key}={port_identity(value) if key == 'port' else value}"
         if ident in reach_seen:
-            same = "" if board.port is None else f" (both are {ident.split('=', 1)[1]})"
-            raise _err(
-                p,
-                f"board {board.name!r}",
-                ident.split("=")[0],
+            same = f" (both are {ident.split('=', 1)[1]})" if key == "port" else ""
+            raise _At(p, f"board {board.name!r}").err(
+                key,
                 f"{value!r} is also used by board {reach_seen[ident]!r}{same}",
                 "one physical board appears once in an inventory",
             )
@@ -269,8 +258,7 @@ def discover_inventory(coordinator: str) -> Inventory:
             entry = BoardEntry.model_validate(tab)
         except ValidationError as exc:
             raise _inventory_error(where, {"board": [tab]}, exc, ("board", 0)) from None
-        board = _bench_board(where, entry, {b.name for b in boards})
-        boards.append(dataclasses.replace(board, coordinator=coordinator))
+        boards.append(_bench_board(where, entry, {b.name for b in boards}, coordinator))
     if not boards:
         raise PlanError(
             f"labgrid coordinator {coordinator} has no place tagged {TYPE_TAG}=<board type>",
@@ -311,25 +299,34 @@ def _inventory_error(
         board_name = entry_name(data, "board", loc[1])
         valid = board_name is not None and NAME_RE.match(board_name) and name != "name"
         where = f"board {board_name!r}" if valid else f"board #{int(loc[1]) + 1}"
-        return _err(
-            inventory_path, where, name, entry + msg, _POWER_CYCLE_HINT if name == "power_cycle" else hint
+        return _At(inventory_path, where).err(
+            name, entry + msg, _POWER_CYCLE_HINT if name == "power_cycle" else hint
         )
     if loc[0] == "board":
-        return _err(
-            inventory_path, "top level", "board", f"{msg}: list the bench's boards as [[board]] tables"
+        return _At(inventory_path, "top level").err(
+            "board", f"{msg}: list the bench's boards as [[board]] tables"
         )
     name, entry = field_path(loc)
     where = "[labgrid]" if loc[0] == "labgrid" else "top level"
-    return _err(inventory_path, where, name.rpartition(".")[2], entry + msg, hint)
+    return _At(inventory_path, where).err(name.rpartition(".")[2], entry + msg, hint)
 
 
-def _bench_board(inventory_path: Path, entry: BoardEntry, seen: set[str]) -> BenchBoard:
-    """One ``[[board]]`` table: board type and console, how to reach it, its power cycle."""
-    where = f"board {entry.name!r}"
+def _bench_board(
+    inventory_path: Path, entry: BoardEntry, seen: set[str], coordinator: str | None
+) -> BenchBoard:
+    """One ``[[board]]`` table: board type and console, how to reach it (a labgrid place on
+    ``coordinator``), its power cycle."""
+    at = _At(inventory_path, f"board {entry.name!r}")
     if entry.name in seen:
-        raise _err(inventory_path, where, "name", "is used twice; board names must be unique")
-    board = _board_type(inventory_path, where, entry)
-    key, value = _reach(inventory_path, where, entry, board)
+        raise at.err("name", "is used twice; board names must be unique")
+    board = _board_type(at, entry)
+    key, value = _reach(at, entry, board)
+    if key == "place" and not coordinator:
+        raise at.err(
+            "place",
+            "needs a labgrid coordinator",
+            'give `--labgrid HOST:PORT` or `[labgrid] coordinator = "HOST:PORT"` in the inventory',
+        )
     return BenchBoard(
         name=entry.name,
         type=entry.type,
@@ -338,30 +335,24 @@ def _bench_board(inventory_path: Path, entry: BoardEntry, seen: set[str]) -> Ben
         usb_serial=value if key == "usb_serial" else None,
         usb_location=value if key == "usb_location" else None,
         place=value if key == "place" else None,
+        coordinator=coordinator if key == "place" else None,
         power_cycle=entry.power_cycle,
         power_cycle_timeout_s=entry.power_cycle_timeout_s,
     )
 
 
-def _board_type(inventory_path: Path, where: str, entry: BoardEntry) -> Board:
+def _board_type(at: At, entry: BoardEntry) -> Board:
     """The board type (built-in name or .toml relative to the inventory), with its console applied."""
     btype = type_ref = entry.type
     if btype.endswith(".toml") and not Path(btype).is_absolute():
-        type_ref = str(inventory_path.resolve().parent / btype)
+        type_ref = str(at.path.resolve().parent / btype)
     try:
         board = load_board(type_ref)
     except EspCheckError as exc:
-        raise _err(
-            inventory_path, where, "type", f"names an unknown board type {btype!r}: {exc.message}", exc.hint
-        ) from None
+        raise at.err("type", f"names an unknown board type {btype!r}: {exc.message}", exc.hint) from None
     console = entry.console or board.console
     if console == "usb_serial_jtag" and not CHIPS[board.chip].usb_serial_jtag:
-        raise _err(
-            inventory_path,
-            where,
-            "console",
-            f"is usb_serial_jtag but the {board.chip} has no USB-Serial-JTAG",
-        )
+        raise at.err("console", f"is usb_serial_jtag but the {board.chip} has no USB-Serial-JTAG")
     if console == board.console:
         return board
     # another console connector of the same board type (an ESP32-S3-DevKitC-1 has UART and USB-JTAG)
@@ -370,37 +361,26 @@ def _board_type(inventory_path: Path, where: str, entry: BoardEntry) -> Board:
     )
 
 
-def _reach(inventory_path: Path, where: str, entry: BoardEntry, board: Board) -> tuple[str, str]:
+def _reach(at: At, entry: BoardEntry, board: Board) -> tuple[str, str]:
     """Exactly one of port / usb_serial / usb_location / place, checked: (field, value)."""
     reach = {k: v for k in _REACH_KEYS if (v := getattr(entry, k)) is not None}
     if len(reach) != 1:
-        raise _err(
-            inventory_path,
-            where,
-            "port",
-            f"needs exactly one of port / usb_serial / usb_location / place (got {sorted(reach) or 'none'})",
-        )
+        got = sorted(reach) or "none"
+        raise at.err("port", f"needs exactly one of port / usb_serial / usb_location / place (got {got})")
     key, value = next(iter(reach.items()))
-    if key == "port":
-        _check_port_url(inventory_path, where, value)
-    refused = target_class(board).refuse_reach(board, key, value)  # what the kind of board takes
-    if refused is not None:
-        raise _err(inventory_path, where, key, *refused)
-    return key, value
-
-
-def _check_port_url(inventory_path: Path, where: str, value: str) -> None:
-    if value.lower() == "auto":
-        raise _err(inventory_path, where, "port", "cannot be 'auto' on a bench: name the board's port")
     scheme = value.split("://", 1)[0].lower() if "://" in value else ""
-    if scheme not in ("", "rfc2217", "socket", "sim", "native"):
-        raise _err(
-            inventory_path,
-            where,
+    if key == "port" and value.lower() == "auto":
+        raise at.err("port", "cannot be 'auto' on a bench: name the board's port")
+    if key == "port" and scheme not in ("", "rfc2217", "socket", "sim", "native"):
+        raise at.err(
             "port",
             f"uses unsupported URL scheme {scheme}://",
             "use rfc2217://, socket://, sim:// or native://",
         )
+    refused = target_class(board).refuse_reach(board, key, value)  # what the kind of board takes
+    if refused is not None:
+        raise at.err(key, *refused)
+    return key, value
 
 
 # ---- bench detect ---------------------------------------------------------------------------------
@@ -473,13 +453,10 @@ def inventory_snippet(devices: Sequence[DetectedDevice], default_type: str = "FI
         note = "" if d.chip else "  # chip not probed: pick a type from `esp-check boards`"
         lines.append(f'type = "{btype}"{note}')
         lines.append(f'console = "{"usb_serial_jtag" if d.is_usb_serial_jtag else "uart"}"')
+        # a JSON string (its non-ASCII characters as they are) is a TOML basic string
         if d.device.startswith("/dev/serial/by-id/") or not d.serial_number:
-            lines.append(f"port = {_toml_str(d.device)}")
+            lines.append(f"port = {json.dumps(d.device, ensure_ascii=False)}")
         else:
-            lines.append(f"usb_serial = {_toml_str(d.serial_number)}")
+            lines.append(f"usb_serial = {json.dumps(d.serial_number, ensure_ascii=False)}")
         lines.append(f"# {d.kind or d.description}; location {d.location or '?'}")
     return "\n".join(lines) + "\n"
-
-
-def _toml_str(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
@@ -197,12 +197,20 @@ class Plan:
     run: RunSettings = field(default_factory=RunSettings)
 
 
-def _err(path: Path, where: str, fieldname: str, msg: str, hint: str | None = None) -> PlanError:
-    """A PlanError: "plan FILE: WHERE: field 'F' MSG" (WHERE: top level, [run], [defaults], job 'J')."""
-    return PlanError(
-        f"plan {path}: {where}: field '{fieldname}' {msg}",
-        hint=hint or "see docs/ci.md ('Plan file') for every field",
-    )
+@dataclass(frozen=True)
+class At:
+    """Where in a user's file a problem is: ``where`` is top level, a [table], job 'J', board 'B'."""
+
+    path: Path
+    where: str
+    kind: ClassVar[str] = "plan"
+    hint: ClassVar[str] = "see docs/ci.md ('Plan file') for every field"
+
+    def err(self, fieldname: str, msg: str, hint: str | None = None) -> PlanError:
+        """A PlanError: "KIND FILE: WHERE: field 'F' MSG" (KIND: plan, inventory)."""
+        return PlanError(
+            f"{self.kind} {self.path}: {self.where}: field '{fieldname}' {msg}", hint=hint or self.hint
+        )
 
 
 _UNKNOWN = {
@@ -224,14 +232,14 @@ def _plan_error(plan_path: Path, data: Mapping[str, object], exc: ValidationErro
         job_name = entry_name(data, "job", loc[1])
         valid = job_name is not None and NAME_RE.match(job_name) and loc[2] != "name"
         where = f"job {job_name!r}" if valid else f"job #{int(loc[1]) + 1}"
-        return _err(plan_path, where, name, entry + msg, hint)
+        return At(plan_path, where).err(name, entry + msg, hint)
     if loc[0] == "job" and len(loc) == 2:
-        return _err(plan_path, f"job #{int(loc[1]) + 1}", "job", "must be a table")
+        return At(plan_path, f"job #{int(loc[1]) + 1}").err("job", "must be a table")
     if loc[0] == "job":
-        return _err(plan_path, "top level", "job", f"{msg}: a plan needs at least one [[job]] table")
+        return At(plan_path, "top level").err("job", f"{msg}: a plan needs at least one [[job]] table")
     if loc[0] in ("run", "defaults") and len(loc) > 1:
-        return _err(plan_path, f"[{loc[0]}]", name, entry + msg, hint)
-    return _err(plan_path, "top level", str(loc[0]), msg, hint)
+        return At(plan_path, f"[{loc[0]}]").err(name, entry + msg, hint)
+    return At(plan_path, "top level").err(str(loc[0]), msg, hint)
 
 
 def _overlay(defaults: JobSettings, table: JobTable) -> JobSettings:
@@ -272,189 +280,141 @@ def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
     except ValidationError as exc:
         raise _plan_error(p, data, exc) from None
     jobs: list[Job] = []
-    for i, table in enumerate(plan.job):
-        job = _job(p, i, table, plan.defaults, {j.name for j in jobs})
+    for table in plan.job:
+        job = _job(p, table, plan.defaults, {j.name for j in jobs})
         if check_files:
             _check_job_files(p, job)
         jobs.append(job)
     return Plan(path=p, jobs=tuple(jobs), run=plan.run)
 
 
-def _job(plan_path: Path, i: int, table: JobTable, defaults: JobSettings, seen: set[str]) -> Job:
+def _job(plan_path: Path, table: JobTable, defaults: JobSettings, seen: set[str]) -> Job:
     """One ``[[job]]`` table: its settings over the defaults, board types, models and their inputs."""
-    name = table.name
-    where = f"job {name!r}"
-    if name in seen:
-        raise _err(plan_path, where, "name", "is used by two jobs; job names must be unique")
-    data = _dataset_spec(plan_path, where, table)
+    at = At(plan_path, f"job {table.name!r}")
+    if table.name in seen:
+        raise at.err("name", "is used by two jobs; job names must be unique")
+    data = _dataset_spec(at, table)
     if data is None and table.inputs is None:
-        raise _err(
-            plan_path, where, "inputs", "is missing", "give inputs, a dataset or random_inputs (docs/ci.md)"
-        )
+        raise at.err("inputs", "is missing", "give inputs, a dataset or random_inputs (docs/ci.md)")
     base_dir = plan_path.resolve().parent
     s = _overlay(defaults, table)
     boards = tuple(
         str(base_dir / b) if b.endswith(".toml") and not Path(b).is_absolute() else b for b in s.boards
     )
     if not boards:
-        raise _err(plan_path, where, "boards", "is missing (and [defaults] has none): list board types")
-    models = _job_models(plan_path, where, base_dir, table.models)
+        raise at.err("boards", "is missing (and [defaults] has none): list board types")
+    models = _job_models(at, base_dir, table.models)
     if table.inputs is not None:
-        cases = _job_cases(plan_path, where, base_dir, models, list(table.inputs))
+        cases = _job_cases(at, base_dir, models, list(table.inputs))
     else:
-        cases = _dataset_cases(plan_path, where, base_dir, models, table)
+        cases = _dataset_cases(at, base_dir, models, table)
     if len({c.name for c in cases}) != len(cases):
-        raise _err(
-            plan_path, where, "models", "lists two models with the same file name; split them into two jobs"
-        )
+        raise at.err("models", "lists two models with the same file name; split them into two jobs")
     settings = {k: getattr(s, k) for k in JobSettings.model_fields if k not in ("boards", "input_options")}
+    given = s.input_options.model_dump(exclude_unset=True)
     return Job(
-        name=name,
+        name=table.name,
         cases=tuple(cases),
         boards=boards,
-        input_options=_options(s.input_options),
+        input_options=InputOptions(**given) if given else None,
         data=data,
         **settings,
     )
 
 
-def _options(table: InputOptionsTable) -> InputOptions | None:
-    given = table.model_dump(exclude_unset=True)
-    if not given:
-        return None
-    return InputOptions(**given)
-
-
-def _dataset_spec(plan_path: Path, where: str, table: JobTable) -> DatasetSpec | None:
+def _dataset_spec(at: At, table: JobTable) -> DatasetSpec | None:
     """The job's dataset fields, checked as flash-and-compare checks its options (None: no dataset)."""
     given = table.model_fields_set
     has = [k for k in ("dataset", "random_inputs") if k in given]
     if not has:
         extra = [k for k in _DATASET_KEYS if k in given]
         if extra:
-            raise _err(plan_path, where, extra[0], "needs 'dataset' or 'random_inputs' in the same job")
+            raise at.err(extra[0], "needs 'dataset' or 'random_inputs' in the same job")
         return None
     if len(has) == 2:
-        raise _err(
-            plan_path, where, "random_inputs", "and 'dataset' exclude each other", "split them into two jobs"
-        )
+        raise at.err("random_inputs", "and 'dataset' exclude each other", "split them into two jobs")
     if table.inputs is not None:
-        raise _err(plan_path, where, has[0], "and 'inputs' exclude each other", "split them into two jobs")
+        raise at.err(has[0], "and 'inputs' exclude each other", "split them into two jobs")
     if table.labels is not None and table.random_inputs is not None:
-        raise _err(
-            plan_path,
-            where,
-            "labels",
-            "must be a path, and only with 'dataset' (random inputs have no labels)",
-        )
+        raise at.err("labels", "must be a path, and only with 'dataset' (random inputs have no labels)")
     return DatasetSpec(**table.model_dump(include={f.name for f in dataclasses.fields(DatasetSpec)}))
 
 
-def _dataset_cases(
-    plan_path: Path, where: str, base_dir: Path, models: list[Path], table: JobTable
-) -> list[ModelCase]:
+_NO_STEM = "has a model file named {!r}, whose stem {!r} cannot stand for '{{model}}' in a path"
+_RELATIVE = "paths are relative to the plan file; '{model}' stands for the model's file stem"
+
+
+def _dataset_cases(at: At, base_dir: Path, models: list[Path], table: JobTable) -> list[ModelCase]:
     """Each model with its dataset and labels paths ('{model}' = the model's file stem, literally)."""
 
     def resolve(pattern: str | None, model: Path) -> Path | None:
         if pattern is None:
             return None
         if "{model}" in pattern and model.stem in (".", ".."):
-            raise _err(
-                plan_path, where, "models", f"has a model file named {model.name!r}: no stem for '{{model}}'"
-            )
+            raise at.err("models", f"has a model file named {model.name!r}: no stem for '{{model}}'")
         path = Path(pattern.replace("{model}", model.stem)).expanduser()
         return path if path.is_absolute() else base_dir / path
 
     return [ModelCase(m, (), resolve(table.dataset, m), resolve(table.labels, m)) for m in models]
 
 
-def _job_models(plan_path: Path, where: str, base_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
+def _job_models(at: At, base_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
     models: list[Path] = []
     for pattern in patterns:
         found = _expand(base_dir, pattern, None)
         if not found:
-            raise _err(
-                plan_path,
-                where,
-                "models",
-                f"entry {pattern!r} matches no file",
-                "paths are relative to the plan file",
+            raise at.err(
+                "models", f"entry {pattern!r} matches no file", "paths are relative to the plan file"
             )
         models.extend(found)
     return list(dict.fromkeys(models))
 
 
-def _job_cases(
-    plan_path: Path, where: str, base_dir: Path, models: list[Path], input_patterns: list[str]
-) -> list[ModelCase]:
+def _job_cases(at: At, base_dir: Path, models: list[Path], input_patterns: list[str]) -> list[ModelCase]:
     """Each model with its inputs ('{model}' in a pattern = the model's file stem)."""
     cases: list[ModelCase] = []
     for m in models:
         if m.stem in (".", "..") and any("{model}" in x for x in input_patterns):
-            raise _err(
-                plan_path,
-                where,
-                "models",
-                f"has a model file named {m.name!r}, whose stem {m.stem!r} cannot stand "
-                "for '{model}' in a path",
-                "rename the model file",
-            )
+            raise at.err("models", _NO_STEM.format(m.name, m.stem), "rename the model file")
         files: list[Path] = []
         for pattern in input_patterns:
             found = _expand(base_dir, pattern, m.stem)
             if not found:
-                raise _err(
-                    plan_path,
-                    where,
-                    "inputs",
-                    f"entry {pattern!r} matches no file for model {m.name}",
-                    "paths are relative to the plan file; '{model}' stands for the model's file stem",
-                )
+                raise at.err("inputs", f"entry {pattern!r} matches no file for model {m.name}", _RELATIVE)
             files.extend(found)
         files = list(dict.fromkeys(files))
         if len(files) > MAX_INPUTS:
-            raise _err(
-                plan_path,
-                where,
-                "inputs",
-                f"gives {len(files)} inputs for {m.name}; one firmware holds {MAX_INPUTS}",
-            )
+            raise at.err("inputs", f"gives {len(files)} inputs for {m.name}; one firmware holds {MAX_INPUTS}")
         cases.append(ModelCase(m, tuple(files)))
     return cases
 
 
 def _check_job_files(path: Path, job: Job) -> None:
     """Models parse, inputs fit their model, board types exist: usage errors before any build."""
-    where = f"job {job.name!r}"
+    at = At(path, f"job {job.name!r}")
     for b in job.boards:
         try:
             load_board(b)
         except EspCheckError as exc:
-            raise _err(
-                path, where, "boards", f"names an unknown board type {b!r}: {exc.message}", exc.hint
-            ) from None
+            raise at.err("boards", f"names an unknown board type {b!r}: {exc.message}", exc.hint) from None
     options = job.input_options or InputOptions()
     for case in job.cases:
         try:
             info = load_model(case.model)
         except EspCheckError as exc:
-            raise _err(path, where, "models", f"has an unusable model: {exc.message}", exc.hint) from None
+            raise at.err("models", f"has an unusable model: {exc.message}", exc.hint) from None
         if len(info.inputs) != 1:
-            raise _err(
-                path,
-                where,
-                "models",
-                f"{case.model.name} has {len(info.inputs)} input tensors; one is supported",
+            raise at.err(
+                "models", f"{case.model.name} has {len(info.inputs)} input tensors; one is supported"
             )
         if job.data is not None:
-            _check_dataset(path, where, job, case, info, options)
+            _check_dataset(at, job, case, info, options)
         for f in case.inputs:
             try:
                 load_input(f, info.inputs[0], options)
             except EspCheckError as exc:
-                raise _err(
-                    path, where, "inputs", f"{f.name} does not fit {case.model.name}: {exc.message}", exc.hint
-                ) from None
+                msg = f"{f.name} does not fit {case.model.name}: {exc.message}"
+                raise at.err("inputs", msg, exc.hint) from None
 
 
 def dataset_options(job: Job, case: ModelCase) -> DatasetOptions | None:
@@ -470,24 +430,17 @@ def dataset_options(job: Job, case: ModelCase) -> DatasetOptions | None:
     )
 
 
-def _check_dataset(
-    path: Path, where: str, job: Job, case: ModelCase, info: ModelInfo, options: InputOptions
-) -> None:
+def _check_dataset(at: At, job: Job, case: ModelCase, info: ModelInfo, options: InputOptions) -> None:
     """The case's dataset loads for its model (missing path, bad files, bad labels: here, not later)."""
     from harness.flows.dataset import load_inputs  # lazy: the pipeline, as in dataset_options
 
     for key, f in (("dataset", case.dataset), ("labels", case.labels)):
         if f is not None and not f.exists():
-            raise _err(
-                path, where, key, f"{f} does not exist (for model {case.model.name})",
-                "paths are relative to the plan file; '{model}' stands for the model's file stem",
-            )  # fmt: skip
+            raise at.err(key, f"{f} does not exist (for model {case.model.name})", _RELATIVE)
     field_name = "dataset" if case.dataset is not None else "random_inputs"
     data = dataset_options(job, case)
     assert data is not None  # called for dataset jobs only
     try:
         load_inputs(data, info.inputs[0], options)
     except EspCheckError as exc:
-        raise _err(
-            path, where, field_name, f"does not fit {case.model.name}: {exc.message}", exc.hint
-        ) from None
+        raise at.err(field_name, f"does not fit {case.model.name}: {exc.message}", exc.hint) from None

@@ -184,12 +184,6 @@ def summary_v1(doc: dict[str, object]) -> dict[str, object]:
     return doc
 
 
-def task_result_doc(task: dict[str, object], schema_version: object) -> dict[str, object]:
-    """``result.json`` of a task: its entry of the summary (same schema version)."""
-    keys = ("id", "state", "verdict", "exit_code", "reason", "testcases")
-    return {"schema_version": schema_version, **{k: task[k] for k in keys if k in task}}
-
-
 def testcases_of(task: Task) -> list[Testcase]:
     """The task's testcases: from the decisive attempt, or, when it has none, one per input x comparison
     with the task's outcome (docs/ci.md, "JUnit XML": an error unless the verdict is a finding)."""
@@ -336,9 +330,13 @@ def write_reports(
     doc = summary_dict(result, schema_version)
     task_docs = doc["tasks"]
     assert isinstance(task_docs, list)
-    for t, task_doc in zip(result.tasks, task_docs, strict=True):  # per-task result next to its attempts
-        text = json.dumps(task_result_doc(task_doc, doc["schema_version"]), indent=1) + "\n"
-        atomic_write(t.dir / "result.json", text)
+    keys = ("id", "state", "verdict", "exit_code", "reason", "testcases")
+    for t, task_doc in zip(result.tasks, task_docs, strict=True):  # its summary entry, next to its attempts
+        task_result = {
+            "schema_version": doc["schema_version"],
+            **{k: task_doc[k] for k in keys if k in task_doc},
+        }
+        atomic_write(t.dir / "result.json", json.dumps(task_result, indent=1) + "\n")
     atomic_write(paths["json"], json.dumps(doc, indent=1, default=str) + "\n")
     atomic_write(paths["junit"], junit.to_bytes(junit_tree(result)))
     atomic_write(paths["markdown"], markdown(result))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -116,10 +117,15 @@ def limits() -> tuple[float, int]:
     return out[0], int(out[1] * 1024 * 1024)
 
 
+@functools.cache
+def _code_id() -> str:
+    """A digest of the code that computes the results (read once per process)."""
+    return code_digest(f"format {FORMAT}", Path(__file__).parent, ("backends.py", "hostrun.py"), ())
+
+
 def _digest(*parts: object) -> str:
     """A cache key of ``parts`` and of the code that computes the results: never a stale result."""
-    code = code_digest(f"format {FORMAT}", Path(__file__).parent, ("backends.py", "hostrun.py"), ())
-    return hashlib.sha256(json.dumps([code, *parts]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([_code_id(), *parts]).encode()).hexdigest()
 
 
 def _array_id(array: np.ndarray) -> str:
@@ -147,15 +153,13 @@ class _Cache:
     def __init__(self) -> None:
         self.root = user_cache_dir("host-reference")  # $ESP_CHECK_CACHE_DIR or the user cache
 
-    def get(
-        self, key: str, ext: str, read: Callable[[Path], _T], damaged: tuple[type[Exception], ...]
-    ) -> _T | None:
+    def get(self, key: str, ext: str, read: Callable[[Path], _T]) -> _T | None:
         path = self.root / f"{key}.{ext}"
         try:
             value = read(path)
         except FileNotFoundError:
             return None
-        except damaged:  # a damaged entry is a miss (and is replaced)
+        except Exception:  # an entry that does not read as one (damaged, another shape) is a miss, replaced
             with contextlib.suppress(OSError):
                 path.unlink()
             return None
@@ -232,39 +236,26 @@ def host_results(
     """
     cache = _Cache()
     ref: ReferenceResult | None = None
-    ref_key = ""
+    measured: ArenaMeasurement | None = None
+    ref_key = arena_key = version = ""
     impl = None
     if reference:
         impl = get_backend(backend)
         version = impl.version()  # from the wheel's metadata: missing -> HostReferenceError, no child
         ids = [[_array_id(a) for a in run] for run in runs]
-        ref_key = _digest("reference", info.sha256, ids, impl.name, version, per_layer)
-        keys = [ref_key]
-        if not per_layer:  # a per-layer result holds the outputs too
-            keys.append(_digest("reference", info.sha256, ids, impl.name, version, True))
-        for key, layered in zip(keys, (per_layer, True), strict=False):
-            arrays = cache.get(key, "npz", _loadz, (Exception,))
-            if arrays is not None:
-                try:
-                    got = _runs_from_arrays(arrays, info, len(runs), layered)
-                except KeyError:
-                    continue
-                if not per_layer:
-                    got = [ReferenceRun(outputs=r.outputs) for r in got]
-                ref = ReferenceResult(impl.name, version, got, info.sha256, impl.kernels)
-                break
-    measured: ArenaMeasurement | None = None
-    arena_key = ""
-    if arena and backends.tflm_installed():
-        tflm_version = backends.TflmBackend().version()
-        arena_key = _digest("arena", info.sha256, tflm_version)
-        # an entry that is not a measurement (damaged, another shape) is a miss
-        damaged = (OSError, ValueError, TypeError)
-        measured = cache.get(
-            arena_key, "json", lambda p: ArenaMeasurement(**json.loads(p.read_bytes())), damaged
-        )
-    else:
-        arena = False
+        keys = [_digest("reference", info.sha256, ids, impl.name, version, lay) for lay in (per_layer, True)]
+        ref_key = keys[0]
+        for key in dict.fromkeys(keys):  # a per-layer entry holds the outputs too
+            arrays = cache.get(key, "npz", _loadz)
+            with contextlib.suppress(KeyError):  # (an entry without the layers asked for)
+                if arrays is not None:
+                    got = _runs_from_arrays(arrays, info, len(runs), per_layer)
+                    ref = ReferenceResult(impl.name, version, got, info.sha256, impl.kernels)
+                    break
+    arena = arena and backends.tflm_installed()
+    if arena:
+        arena_key = _digest("arena", info.sha256, backends.TflmBackend().version())
+        measured = cache.get(arena_key, "json", lambda p: ArenaMeasurement(**json.loads(p.read_bytes())))
     need_ref = reference and ref is None
     need_arena = arena and measured is None and tflm_available()  # a miss: the wheel must import
     if not (need_ref or need_arena):
@@ -284,7 +275,7 @@ def host_results(
     if need_ref:
         assert impl is not None and child_runs is not None
         cache.put(ref_key, "npz", _npz(_arrays_from_runs(child_runs)))
-        ref = ReferenceResult(impl.name, impl.version(), child_runs, info.sha256, impl.kernels)
+        ref = ReferenceResult(impl.name, version, child_runs, info.sha256, impl.kernels)
     if need_arena and child_arena is not None:
         cache.put(arena_key, "json", json.dumps(dataclasses.asdict(child_arena)))
         measured = child_arena
@@ -402,13 +393,8 @@ def _run_child(
         if runs is not None:
             arrays = {f"r{k}_i{i}": a for k, run in enumerate(runs) for i, a in enumerate(run)}
             (job_dir / "inputs.npz").write_bytes(_npz(arrays))
-        job: _Job = {
-            "backend": backend,
-            "per_layer": per_layer,
-            "runs": None if runs is None else len(runs),
-            "arena": arena,
-            "memory_bytes": memory,
-        }
+        n_runs = None if runs is None else len(runs)
+        job = _Job(backend=backend, per_layer=per_layer, runs=n_runs, arena=arena, memory_bytes=memory)
         (job_dir / "job.json").write_text(json.dumps(job), encoding="utf-8")
         proc = _spawn(job_dir, timeout, stop)
         said: dict[str, _Said] = {}
@@ -421,24 +407,21 @@ def _run_child(
                     said[last] = doc
         if "error" in said:
             raise _child_error(said["error"], interpreter, memory)
-        crashed = proc.returncode < 0
         done_ref = runs is None or "reference" in said
-        if crashed and not (done_ref and (not arena or "measured" in said)):
+        complete = done_ref and (not arena or "measured" in said)
+        if proc.returncode < 0 and not complete:
             num = -proc.returncode
             if num == signal.SIGABRT and last == "invoke":
                 raise _refused(said["invoke"].get("run"), interpreter)
             stage = "measuring its tensor arena" if done_ref else "running it"
-            try:
-                name = signal.Signals(num).name
-            except ValueError:
-                name = "unknown signal"
+            name = next((s.name for s in signal.Signals if s == num), "unknown signal")
             raise ModelError(
                 f"this model crashes {interpreter} reference interpreter: signal {num} ({name}) "
                 f"while {stage}",
                 hint="the device's TFLM would likely crash the same way: check the model file (re-export or "
                 "re-copy it; compare its sha256 with the original)",
             )
-        if not crashed and (proc.returncode != 0 or not done_ref or (arena and "measured" not in said)):
+        if proc.returncode >= 0 and (proc.returncode != 0 or not complete):
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "no output"
             raise HostReferenceError(f"the host reference child failed (exit {proc.returncode}): {tail}")
         ref_runs = None

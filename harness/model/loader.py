@@ -514,14 +514,15 @@ def parse_model_bytes(data: bytes, path: str | Path = "<bytes>") -> ModelInfo:
         ) from exc
 
 
-def load_model(path: str | Path) -> ModelInfo:
-    """Read and validate a .tflite file; raises ModelError for unreadable, corrupt or unsupported models."""
+def read_model(path: str | Path) -> tuple[bytes, ModelInfo]:
+    """The bytes of a .tflite file, read once, and their parse; ModelError for unreadable, corrupt or
+    unsupported models."""
     p = Path(path)
-    data = read_regular(
-        p,
-        what="model file",
-        max_bytes=MODEL_MAX_BYTES,
-        error=ModelError,
-        big_hint="a TFLite Micro model for an ESP32 fits in its flash: check the path",
-    )
-    return parse_model_bytes(data, p)
+    hint = "a TFLite Micro model for an ESP32 fits in its flash: check the path"
+    data = read_regular(p, what="model file", max_bytes=MODEL_MAX_BYTES, error=ModelError, big_hint=hint)
+    return data, parse_model_bytes(data, p)
+
+
+def load_model(path: str | Path) -> ModelInfo:
+    """Read and validate a .tflite file (:func:`read_model`)."""
+    return read_model(path)[1]

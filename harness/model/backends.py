@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -65,24 +65,32 @@ class ReferenceResult:
     kernels: str = ""  # e.g. "TFLM reference kernels"
 
 
-class ReferenceBackend(Protocol):
-    """What a host reference implementation provides."""
+class ReferenceBackend:
+    """A host reference implementation: the package ``dist`` whose interpreter :meth:`load` imports."""
 
     name: str
     kernels: str
+    dist: str
+
+    @staticmethod
+    def load() -> ModuleType:
+        """Import the interpreter: HostReferenceError when it cannot be (before a child is started)."""
+        raise NotImplementedError
 
     def version(self) -> str:
-        """The installed package's version, from its metadata: importing the interpreter is not needed
-        for a cache key (HostReferenceError when the backend is missing)."""
-        ...
-
-    def require(self) -> None:
-        """Import the interpreter: HostReferenceError when it cannot be (before a child is started)."""
-        ...
+        """``dist``'s version from its metadata, without importing it (the TFLM runtime costs 0.04 s of
+        CPU, the whole host-reference cost of a cache hit); :meth:`load` (HostReferenceError when the
+        backend is missing) only where no metadata says it is installed."""
+        try:
+            return f"{self.dist} {importlib.metadata.version(self.dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            self.load()
+            return f"{self.dist} (version unknown)"
 
     def run(
         self, model_bytes: bytes, info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]], per_layer: bool
-    ) -> list[ReferenceRun]: ...
+    ) -> list[ReferenceRun]:
+        raise NotImplementedError
 
 
 _invoke_hook: Callable[[int | None], None] | None = None
@@ -101,17 +109,6 @@ def set_invoke_hook(hook: Callable[[int | None], None] | None) -> None:
 def _before_invoke(run: int | None) -> None:
     if _invoke_hook is not None:
         _invoke_hook(run)
-
-
-def _installed_version(dist: str, load: Callable[[], object]) -> str:
-    """``dist``'s version from its metadata, without importing it (the TFLM runtime costs 0.04 s of
-    CPU, the whole host-reference cost of a cache hit); ``load`` (which raises HostReferenceError when
-    the backend cannot be imported) only where no metadata says it is installed."""
-    try:
-        return f"{dist} {importlib.metadata.version(dist)}"
-    except importlib.metadata.PackageNotFoundError:
-        load()
-        return f"{dist} (version unknown)"
 
 
 def layer_slots(info: ModelInfo) -> list[tuple[int, str, int, str]]:
@@ -141,14 +138,15 @@ def host_arena_bytes(info: ModelInfo) -> int:
     return 2 * tensors + 16 * 1024 * max(1, len(info.ops)) + 1024 * 1024
 
 
-class TflmBackend:
+class TflmBackend(ReferenceBackend):
     """The ``tflite-micro`` wheel (TFLM reference kernels)."""
 
     name = "tflm"
     kernels = "TFLM reference kernels"
+    dist = "tflite-micro"
 
     @staticmethod
-    def _runtime() -> ModuleType:
+    def load() -> ModuleType:
         try:
             # lazy: optional (Linux x86-64 wheels only), and run only inside the host child
             from tflite_micro.python.tflite_micro import runtime
@@ -161,16 +159,10 @@ class TflmBackend:
             ) from exc
         return runtime
 
-    def version(self) -> str:
-        return _installed_version("tflite-micro", self._runtime)
-
-    def require(self) -> None:
-        self._runtime()
-
     def run(
         self, model_bytes: bytes, info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]], per_layer: bool
     ) -> list[ReferenceRun]:
-        rt = self._runtime()
+        rt = self.load()
         configs = rt.InterpreterConfig
         config = configs.kPreserveAllTensors if per_layer else configs.kAllocationRecording
         try:
@@ -231,14 +223,15 @@ def litert_compatible(model_bytes: bytes) -> bytes:
     return bytes(buf)
 
 
-class LiteRtBackend:
+class LiteRtBackend(ReferenceBackend):
     """``ai-edge-litert`` with the BUILTIN_REF op resolver (reference kernels, no delegates)."""
 
     name = "litert"
     kernels = "LiteRT reference kernels (BUILTIN_REF)"
+    dist = "ai-edge-litert"
 
     @staticmethod
-    def _module() -> ModuleType:
+    def load() -> ModuleType:
         try:
             # lazy: optional (where tflite-micro has no wheel), and run only inside the host child
             from ai_edge_litert import interpreter
@@ -249,16 +242,10 @@ class LiteRtBackend:
             ) from exc
         return interpreter
 
-    def version(self) -> str:
-        return _installed_version("ai-edge-litert", self._module)
-
-    def require(self) -> None:
-        self._module()
-
     def run(
         self, model_bytes: bytes, info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]], per_layer: bool
     ) -> list[ReferenceRun]:
-        mod = self._module()
+        mod = self.load()
         model_bytes = litert_compatible(model_bytes)
         runs: list[ReferenceRun] = []
         for k, run_inputs in enumerate(inputs):
@@ -304,7 +291,7 @@ def tflm_installed() -> bool:
 def tflm_available() -> bool:
     """Whether the tflite-micro wheel imports here."""
     try:
-        TflmBackend._runtime()
+        TflmBackend.load()
     except HostReferenceError:
         return False
     return True
@@ -328,7 +315,7 @@ def get_backend(name: str = "tflm") -> ReferenceBackend:
 def run_on_zeros(model_bytes: bytes, info: ModelInfo, arena: int) -> runtime.Interpreter:
     """Load ``model_bytes`` into a TFLM interpreter with ``arena`` bytes and invoke it on zeros (also the
     arena probe's confirming run at exactly the measured size)."""
-    runtime = TflmBackend._runtime()
+    runtime = TflmBackend.load()
     interp = runtime.Interpreter.from_bytes(model_bytes, arena_size=arena)
     for i, t in enumerate(info.inputs):
         interp.set_input(np.zeros(t.shape, dtype=np.dtype(t.dtype)), i)

@@ -261,7 +261,7 @@ def host_results(
     if not (need_ref or need_arena):
         return HostResults(ref, measured)
     if need_ref and impl is not None:
-        impl.require()  # the interpreter imports here, or HostReferenceError and no child
+        impl.load()  # the interpreter imports here, or HostReferenceError and no child
     name = impl.name if impl is not None else "tflm"
     child_runs, child_arena = _run_child(
         model_bytes,

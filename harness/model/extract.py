@@ -16,7 +16,7 @@ import flatbuffers
 import numpy as np
 
 from harness.errors import ModelError
-from harness.model.loader import builtin_options, parse_model_bytes
+from harness.model.loader import builtin_options, parse_model_bytes, vector
 
 if TYPE_CHECKING:
     import tflite
@@ -70,9 +70,8 @@ def _tensor(tfl: ModuleType, builder: flatbuffers.Builder, tensor: tflite.Tensor
     q = tensor.Quantization()
     quant = None
     if q is not None and q.ScaleLength():
-        zps = [int(z) for z in q.ZeroPointAsNumpy()] if q.ZeroPointLength() else []
-        quant = [float(s) for s in q.ScaleAsNumpy()], zps, int(q.QuantizedDimension())
-    shape = [int(x) for x in tensor.ShapeAsNumpy()] if tensor.ShapeLength() else []
+        quant = list(vector(q, "Scale", float)), list(vector(q, "ZeroPoint")), int(q.QuantizedDimension())
+    shape = list(vector(tensor, "Shape"))
     return write_tensor(
         tfl, builder, tensor.Name() or b"t", shape, int(tensor.Type()), buffer=buffer, quant=quant
     )
@@ -141,8 +140,7 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
     model = tflite.Model.GetRootAsModel(model_bytes, 0)
     sg = model.Subgraphs(0)
     op = sg.Operators(op_index)
-    ins = [int(x) for x in op.InputsAsNumpy()] if op.InputsLength() else []
-    outs = [int(x) for x in op.OutputsAsNumpy()] if op.OutputsLength() else []
+    ins, outs = list(vector(op, "Inputs")), list(vector(op, "Outputs"))
     used = list(dict.fromkeys(t for t in ins + outs if t >= 0))
     new_index = {t: k for k, t in enumerate(used)}
     b = flatbuffers.Builder(1024 + sum(info.tensors[t].nbytes for t in used))

@@ -22,11 +22,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import flatbuffers
 import numpy as np
-import numpy.typing as npt
 
 from harness.errors import ModelError
 from harness.model import opdata
@@ -66,6 +65,15 @@ def _lazy_tflite() -> ModuleType:
 
 
 _SKIP_SUFFIXES = ("IsNone", "Length", "AsNumpy", "BufferHasIdentifier")
+_N = TypeVar("_N", int, float)
+
+
+def vector(table: object, field: str, kind: Callable[[Any], _N] = int) -> tuple[_N, ...]:
+    """A flatbuffer table's scalar vector ``field`` (``Shape``: ShapeLength, ShapeAsNumpy) as a tuple of
+    ``kind``, empty when the table has none."""
+    if not getattr(table, f"{field}Length")():
+        return ()
+    return tuple(kind(x) for x in getattr(table, f"{field}AsNumpy")())
 
 
 def builtin_options(tfl: ModuleType, op: tflite.Operator) -> tuple[str, Any, list[str]] | None:
@@ -119,28 +127,20 @@ def _tensor_info(
 ) -> TensorInfo:
     name_raw = tensor.Name()
     name = name_raw.decode("utf-8", "replace") if name_raw else f"tensor_{index}"
-    shape = tuple(int(x) for x in tensor.ShapeAsNumpy()) if tensor.ShapeLength() else ()
+    shape = vector(tensor, "Shape")
     if any(d < -1 for d in shape):
         raise ModelError(f"tensor {index} ({name!r}) has shape {list(shape)}, which TFLM cannot hold")
     if any(d < 0 for d in shape):
-        sig = (
-            tuple(int(x) for x in tensor.ShapeSignatureAsNumpy()) if tensor.ShapeSignatureLength() else shape
-        )
+        sig = vector(tensor, "ShapeSignature") or shape
         shape = tuple(1 if d < 0 else d for d in sig)  # dynamic batch -> 1 (TFLM has no dynamic shapes)
     type_code = tensor.Type()
     if type_code not in dtype_names:
         raise ModelError(f"tensor {index} ({name!r}) has unknown type code {type_code}")
     dtype = dtype_names[type_code].lower()
     q = tensor.Quantization()
-    scales: tuple[float, ...] = ()
-    zps: tuple[int, ...] = ()
-    qdim = 0
-    if q is not None:
-        if q.ScaleLength():
-            scales = tuple(float(s) for s in q.ScaleAsNumpy())
-        if q.ZeroPointLength():
-            zps = tuple(int(z) for z in q.ZeroPointAsNumpy())
-        qdim = int(q.QuantizedDimension())
+    scales = vector(q, "Scale", float) if q is not None else ()
+    zps = vector(q, "ZeroPoint") if q is not None else ()
+    qdim = int(q.QuantizedDimension()) if q is not None else 0
     buf_index = tensor.Buffer()
     if buf_index < 0 or buf_index >= model.BuffersLength():
         raise ModelError(f"tensor {index} ({name!r}) refers to buffer {buf_index}, which does not exist")
@@ -321,8 +321,8 @@ def _subgraph(
     dtype_names = enum_names(tfl.TensorType)
     tensors = tuple(_tensor_info(tfl, sg.Tensors(t), t, model, dtype_names) for t in range(n_tensors))
 
-    def indices(vec: Callable[[], npt.NDArray[np.int32]], length: int, what: str) -> tuple[int, ...]:
-        idx = tuple(int(v) for v in vec()) if length else ()
+    def indices(table: object, field: str, what: str) -> tuple[int, ...]:
+        idx = vector(table, field)
         for v in idx:
             if v < -1 or v >= n_tensors:
                 raise ModelError(f"subgraph {index}: {what} refers to tensor {v}, which does not exist")
@@ -342,9 +342,9 @@ def _subgraph(
         for key, value in options.items():  # IF / WHILE / CALL_ONCE name subgraphs by index
             if key.endswith("subgraph_index") and isinstance(value, int) and not 0 <= value < n_subgraphs:
                 raise ModelError(f"{where}: {key}={value} refers to a subgraph that does not exist")
-        indices(op.IntermediatesAsNumpy, op.IntermediatesLength(), f"{where} intermediate")
-        ins = indices(op.InputsAsNumpy, op.InputsLength(), f"{where} input")
-        outs = indices(op.OutputsAsNumpy, op.OutputsLength(), f"{where} output")
+        indices(op, "Intermediates", f"{where} intermediate")
+        ins = indices(op, "Inputs", f"{where} input")
+        outs = indices(op, "Outputs", f"{where} output")
         _check_weighted_op(where, opcode, ins, outs, tensors)
         ops.append(
             OpInfo(
@@ -358,9 +358,7 @@ def _subgraph(
                 version=version,
             )
         )
-    model_ins = indices(sg.InputsAsNumpy, sg.InputsLength(), "model input")
-    model_outs = indices(sg.OutputsAsNumpy, sg.OutputsLength(), "model output")
-    return tensors, ops, model_ins, model_outs
+    return tensors, ops, indices(sg, "Inputs", "model input"), indices(sg, "Outputs", "model output")
 
 
 def _parse(data: bytes, path: Path, sha256: str) -> ModelInfo:
@@ -374,17 +372,10 @@ def _parse(data: bytes, path: Path, sha256: str) -> ModelInfo:
     _check_buffers(model, size)
     _check_references(model, [model.Subgraphs(s).TensorsLength() for s in range(model.SubgraphsLength())])
     opcodes = _opcodes(tfl, model)
-    ops: list[OpInfo] = []
-    main_tensors: tuple[TensorInfo, ...] = ()
-    main_inputs: tuple[TensorInfo, ...] = ()
-    main_outputs: tuple[TensorInfo, ...] = ()
-    for s in range(model.SubgraphsLength()):
-        tensors, sub_ops, ins, outs = _subgraph(tfl, model, s, opcodes)
-        ops.extend(sub_ops)
-        if s == 0:
-            main_tensors = tensors
-            main_inputs = tuple(tensors[i] for i in ins if i >= 0)
-            main_outputs = tuple(tensors[i] for i in outs if i >= 0)
+    subgraphs = [_subgraph(tfl, model, s, opcodes) for s in range(model.SubgraphsLength())]
+    main_tensors, _, ins, outs = subgraphs[0]
+    main_inputs = tuple(main_tensors[i] for i in ins if i >= 0)
+    main_outputs = tuple(main_tensors[i] for i in outs if i >= 0)
     if not main_inputs or not main_outputs:
         raise ModelError(f"{path}: the main subgraph has no inputs or no outputs")
     desc = model.Description()
@@ -395,7 +386,7 @@ def _parse(data: bytes, path: Path, sha256: str) -> ModelInfo:
         schema_version=int(model.Version()),
         inputs=main_inputs,
         outputs=main_outputs,
-        ops=tuple(ops),
+        ops=tuple(op for _, sub_ops, _, _ in subgraphs for op in sub_ops),
         tensors=main_tensors,
         subgraph_count=int(model.SubgraphsLength()),
         description=desc.decode("utf-8", "replace") if desc else "",

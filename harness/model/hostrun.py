@@ -144,45 +144,36 @@ def _npz(arrays: dict[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
-# ---- the on-disk cache ----------------------------------------------------------------------------
+# ---- the on-disk cache: files <key>.npz (reference outputs) and <key>.json (arena) ------------------
 
 
-class _Cache:
-    """Files ``<key>.npz`` (reference outputs) and ``<key>.json`` (arena), written atomically."""
-
-    def __init__(self) -> None:
-        self.root = user_cache_dir("host-reference")  # $ESP_CHECK_CACHE_DIR or the user cache
-
-    def get(self, key: str, ext: str, read: Callable[[Path], _T]) -> _T | None:
-        path = self.root / f"{key}.{ext}"
-        try:
-            value = read(path)
-        except FileNotFoundError:
-            return None
-        except Exception:  # an entry that does not read as one (damaged, another shape) is a miss, replaced
-            with contextlib.suppress(OSError):
-                path.unlink()
-            return None
+def _cache_get(key: str, ext: str, read: Callable[[Path], _T]) -> _T | None:
+    path = user_cache_dir("host-reference") / f"{key}.{ext}"  # $ESP_CHECK_CACHE_DIR or the user cache
+    try:
+        value = read(path)
+    except FileNotFoundError:
+        return None
+    except Exception:  # an entry that does not read as one (damaged, another shape) is a miss, replaced
         with contextlib.suppress(OSError):
-            os.utime(path)  # least recently used goes first
-        return value
+            path.unlink()
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # least recently used goes first
+    return value
 
-    def put(self, key: str, ext: str, data: bytes | str) -> None:
-        """Write ``<key>.<ext>`` atomically; a cache that cannot be written only keeps nothing."""
-        with contextlib.suppress(OSError):
-            atomic_write(self.root / f"{key}.{ext}", data, durable=False)
-            self._evict()
 
-    def _evict(self) -> None:
-        try:
-            entries = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.root.iterdir() if p.is_file()]
-        except OSError:
-            return
+def _cache_put(key: str, ext: str, data: bytes | str) -> None:
+    """Write ``<key>.<ext>`` atomically, then evict the least recently used entries over the cap; a cache
+    that cannot be written only keeps nothing."""
+    root = user_cache_dir("host-reference")
+    with contextlib.suppress(OSError):
+        atomic_write(root / f"{key}.{ext}", data, durable=False)
+        entries = [(p.stat().st_mtime, p.stat().st_size, p) for p in root.iterdir() if p.is_file()]
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):
             if total <= CACHE_MAX_BYTES * 0.8:
                 break
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # (another process's eviction took it)
                 path.unlink()
                 total -= size
 
@@ -234,7 +225,6 @@ def host_results(
     the memory limit, HostReferenceError when the backend is missing, fails or times out. Setting
     ``stop`` (from another thread) kills the child at once: HostReferenceError "stopped".
     """
-    cache = _Cache()
     ref: ReferenceResult | None = None
     measured: ArenaMeasurement | None = None
     ref_key = arena_key = version = ""
@@ -246,7 +236,7 @@ def host_results(
         keys = [_digest("reference", info.sha256, ids, impl.name, version, lay) for lay in (per_layer, True)]
         ref_key = keys[0]
         for key in dict.fromkeys(keys):  # a per-layer entry holds the outputs too
-            arrays = cache.get(key, "npz", _loadz)
+            arrays = _cache_get(key, "npz", _loadz)
             with contextlib.suppress(KeyError):  # (an entry without the layers asked for)
                 if arrays is not None:
                     got = _runs_from_arrays(arrays, info, len(runs), per_layer)
@@ -255,7 +245,7 @@ def host_results(
     arena = arena and backends.tflm_installed()
     if arena:
         arena_key = _digest("arena", info.sha256, backends.TflmBackend().version())
-        measured = cache.get(arena_key, "json", lambda p: ArenaMeasurement(**json.loads(p.read_bytes())))
+        measured = _cache_get(arena_key, "json", lambda p: ArenaMeasurement(**json.loads(p.read_bytes())))
     need_ref = reference and ref is None
     need_arena = arena and measured is None and tflm_available()  # a miss: the wheel must import
     if not (need_ref or need_arena):
@@ -274,10 +264,10 @@ def host_results(
     )
     if need_ref:
         assert impl is not None and child_runs is not None
-        cache.put(ref_key, "npz", _npz(_arrays_from_runs(child_runs)))
+        _cache_put(ref_key, "npz", _npz(_arrays_from_runs(child_runs)))
         ref = ReferenceResult(impl.name, version, child_runs, info.sha256, impl.kernels)
     if need_arena and child_arena is not None:
-        cache.put(arena_key, "json", json.dumps(dataclasses.asdict(child_arena)))
+        _cache_put(arena_key, "json", json.dumps(dataclasses.asdict(child_arena)))
         measured = child_arena
     return HostResults(ref, measured)
 

@@ -461,17 +461,12 @@ def _stored(digest: str, size: int, path: Path) -> ModelInfo | None:
 
 def _store(info: ModelInfo) -> None:
     """Keep ``info`` for the next process; a cache that cannot be written is only slower."""
-    ops = [{**vars(o), "options": dict(o.options)} for o in info.ops]  # vars: the fields, in order
-    doc = {
-        "sha256": info.sha256,
-        "size_bytes": info.size_bytes,
-        "schema_version": info.schema_version,
-        "subgraph_count": info.subgraph_count,
-        "description": info.description,
+    doc = {  # vars: the fields, in order; the path is the caller's
+        **{k: v for k, v in vars(info).items() if k != "path"},
         "tensors": [vars(t) for t in info.tensors],
         "inputs": [info.tensors.index(t) for t in info.inputs],
         "outputs": [info.tensors.index(t) for t in info.outputs],
-        "ops": ops,
+        "ops": [{**vars(o), "options": dict(o.options)} for o in info.ops],
     }
     with contextlib.suppress(OSError):  # (the parser's sources unreadable: no store, only slower)
         store_json(_info_path(info.sha256), doc, _INFO_MAX)  # a sweep writes one per generated model
@@ -484,8 +479,6 @@ def parse_model_bytes(data: bytes, path: str | Path = "<bytes>") -> ModelInfo:
     p = Path(path)
     try:
         return _parse_cached(bytes(data), p)
-    except ModelError:
-        raise
     except (struct.error, IndexError, ValueError, TypeError, UnicodeDecodeError, OverflowError) as exc:
         raise ModelError(
             f"{p}: the .tflite flatbuffer is corrupted or truncated "

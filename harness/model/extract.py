@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     import tflite
 
 
-def _options(tfl: ModuleType, builder: flatbuffers.Builder, op: tflite.Operator) -> tuple[int, int | None]:
-    """(options type, offset of the copied options table) of operator ``op``."""
+def _options(tfl: ModuleType, builder: flatbuffers.Builder, op: tflite.Operator) -> tuple[int, int] | None:
+    """(options type, offset of the copied options table) of operator ``op``, None when it has none."""
     kind = int(op.BuiltinOptionsType())
     if kind == 0:
-        return 0, None
+        return None
     found = builtin_options(tfl, op)
     if found is None:
         raise ModelError(f"op options type {kind} is unknown to the tflite schema package")
@@ -140,8 +140,8 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
     model = tflite.Model.GetRootAsModel(model_bytes, 0)
     sg = model.Subgraphs(0)
     op = sg.Operators(op_index)
-    ins, outs = list(vector(op, "Inputs")), list(vector(op, "Outputs"))
-    used = list(dict.fromkeys(t for t in ins + outs if t >= 0))
+    ins, outs = info.main_ops[op_index].inputs, info.main_ops[op_index].outputs
+    used = list(dict.fromkeys(t for t in (*ins, *outs) if t >= 0))
     new_index = {t: k for k, t in enumerate(used)}
     b = flatbuffers.Builder(1024 + sum(info.tensors[t].nbytes for t in used))
     buffers = [write_buffer(tflite, b, None)]
@@ -154,7 +154,6 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
             buffers.append(write_buffer(tflite, b, data.tobytes()))
             buf = len(buffers) - 1
         tensor_offsets.append(_tensor(tflite, b, src, buf))
-    opts_type, opts = _options(tflite, b, op)
     code = model.OperatorCodes(op.OpcodeIndex())
     code_off, op_off = write_operator(
         tflite,
@@ -162,20 +161,11 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
         (int(code.BuiltinCode()), int(code.DeprecatedBuiltinCode()), int(code.Version())),
         [new_index.get(t, -1) for t in ins],
         [new_index[t] for t in outs if t >= 0],
-        (opts_type, opts) if opts is not None else None,
+        _options(tflite, b, op),
     )
     model_ins = [new_index[t] for t in ins if t >= 0 and not info.tensors[t].is_constant]
     model_outs = [new_index[t] for t in outs if t >= 0]
-    return write_model(
-        tflite,
-        b,
-        tensor_offsets,
-        op=op_off,
-        code=code_off,
-        buffers=buffers,
-        inputs=model_ins,
-        outputs=model_outs,
-    )
+    return write_model(tflite, b, tensor_offsets, op_off, code_off, buffers, model_ins, model_outs)
 
 
 def write_buffer(tfl: ModuleType, builder: flatbuffers.Builder, data: bytes | None) -> int:

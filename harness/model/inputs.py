@@ -326,12 +326,9 @@ def _read_c_array(path: Path) -> tuple[np.ndarray, str]:
     words = re.sub(r"alignas\s*\(\s*\d+\s*\)", " ", m.group("type")).split()
     base = " ".join(w for w in words if w not in ("const", "static", "volatile"))
     dtype = _C_TYPES[base]
-    body = m.group("body")
-    tokens = [t for t in re.split(r"[\s,]+", body) if t]
     values: list[float] = []
-    for tok in tokens:
-        nm = _NUMBER.fullmatch(tok)
-        if nm is None:
+    for tok in (t for t in re.split(r"[\s,]+", m.group("body")) if t):
+        if _NUMBER.fullmatch(tok) is None:
             raise InputDataError(f"{path}: cannot parse array element {tok!r}")
         if "0x" in tok.lower():  # hex digits include f: only the integer suffixes are stripped
             values.append(float(int(tok.rstrip("lLuU"), 16)))

@@ -505,19 +505,17 @@ def child_main(job_dir: Path) -> int:  # pragma: no cover - runs in the child pr
     backends.set_invoke_hook(lambda run: _say({"stage": "invoke", "run": run}))
     try:
         _child_job(job_dir, job)
+        return 0
     except MemoryError as exc:
-        _say({"stage": "error", "kind": "memory", "message": f"MemoryError: {exc}"[:300]})
-        return 1
+        error: _Said = {"kind": "memory", "message": f"MemoryError: {exc}"[:300]}
     except EspCheckError as exc:
         kind = next((k for k, cls in _ERROR_KINDS.items() if isinstance(exc, cls)), "reference")
-        _say({"stage": "error", "kind": kind, "message": exc.message, "hint": exc.hint})
-        return 1
+        error = {"kind": kind, "message": exc.message, "hint": exc.hint}
     except Exception as exc:
         tb = traceback.format_exc().strip().splitlines()[-3:]
-        message = f"{type(exc).__name__}: {exc} ({' | '.join(tb)})"
-        _say({"stage": "error", "kind": "unexpected", "message": message})
-        return 1
-    return 0
+        error = {"kind": "unexpected", "message": f"{type(exc).__name__}: {exc} ({' | '.join(tb)})"}
+    _say({"stage": "error", **error})
+    return 1
 
 
 if __name__ == "__main__":  # pragma: no cover - child process entry

@@ -9,6 +9,7 @@ and where each runs: README "Host reference backends and platforms".
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import struct
 import sys
@@ -71,11 +72,18 @@ class ReferenceBackend:
     name: str
     kernels: str
     dist: str
+    module: str  # the interpreter's module
+    missing: tuple[str, str]  # (what is missing, how to install it), when it cannot be imported
 
-    @staticmethod
-    def load() -> ModuleType:
+    def load(self) -> ModuleType:
         """Import the interpreter: HostReferenceError when it cannot be (before a child is started)."""
-        raise NotImplementedError
+        try:
+            # lazy: optional (tflite-micro: Linux x86-64 wheels only), and run only inside the host child;
+            # its package first, as `from package import module` does (a package that fails fails it too)
+            importlib.import_module(self.module.rpartition(".")[0])
+            return importlib.import_module(self.module)
+        except ImportError as exc:
+            raise HostReferenceError(f"{self.missing[0]} ({exc})", hint=self.missing[1]) from exc
 
     def version(self) -> str:
         """``dist``'s version from its metadata, without importing it (the TFLM runtime costs 0.04 s of
@@ -144,20 +152,12 @@ class TflmBackend(ReferenceBackend):
     name = "tflm"
     kernels = "TFLM reference kernels"
     dist = "tflite-micro"
-
-    @staticmethod
-    def load() -> ModuleType:
-        try:
-            # lazy: optional (Linux x86-64 wheels only), and run only inside the host child
-            from tflite_micro.python.tflite_micro import runtime
-        except ImportError as exc:
-            raise HostReferenceError(
-                "the TFLM host reference (`tflite-micro` wheel) is not installed or cannot be imported"
-                f" ({exc})",
-                hint="tflite-micro publishes wheels only for Linux x86-64 (CPython 3.10-3.14): "
-                "pip install 'esp-check' there, or use --backend litert (ai-edge-litert reference kernels)",
-            ) from exc
-        return runtime
+    module = "tflite_micro.python.tflite_micro.runtime"
+    missing = (
+        "the TFLM host reference (`tflite-micro` wheel) is not installed or cannot be imported",
+        "tflite-micro publishes wheels only for Linux x86-64 (CPython 3.10-3.14): pip install 'esp-check' "
+        "there, or use --backend litert (ai-edge-litert reference kernels)",
+    )
 
     def run(
         self, model_bytes: bytes, info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]], per_layer: bool
@@ -229,18 +229,11 @@ class LiteRtBackend(ReferenceBackend):
     name = "litert"
     kernels = "LiteRT reference kernels (BUILTIN_REF)"
     dist = "ai-edge-litert"
-
-    @staticmethod
-    def load() -> ModuleType:
-        try:
-            # lazy: optional (where tflite-micro has no wheel), and run only inside the host child
-            from ai_edge_litert import interpreter
-        except ImportError as exc:
-            raise HostReferenceError(
-                f"the LiteRT host reference (`ai-edge-litert`) is not installed ({exc})",
-                hint="pip install ai-edge-litert (wheels for Linux, macOS arm64, Windows)",
-            ) from exc
-        return interpreter
+    module = "ai_edge_litert.interpreter"
+    missing = (
+        "the LiteRT host reference (`ai-edge-litert`) is not installed",
+        "pip install ai-edge-litert (wheels for Linux, macOS arm64, Windows)",
+    )
 
     def run(
         self, model_bytes: bytes, info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]], per_layer: bool
@@ -291,7 +284,7 @@ def tflm_installed() -> bool:
 def tflm_available() -> bool:
     """Whether the tflite-micro wheel imports here."""
     try:
-        TflmBackend.load()
+        TflmBackend().load()
     except HostReferenceError:
         return False
     return True
@@ -315,7 +308,7 @@ def get_backend(name: str = "tflm") -> ReferenceBackend:
 def run_on_zeros(model_bytes: bytes, info: ModelInfo, arena: int) -> runtime.Interpreter:
     """Load ``model_bytes`` into a TFLM interpreter with ``arena`` bytes and invoke it on zeros (also the
     arena probe's confirming run at exactly the measured size)."""
-    runtime = TflmBackend.load()
+    runtime = TflmBackend().load()
     interp = runtime.Interpreter.from_bytes(model_bytes, arena_size=arena)
     for i, t in enumerate(info.inputs):
         interp.set_input(np.zeros(t.shape, dtype=np.dtype(t.dtype)), i)

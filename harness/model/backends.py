@@ -318,11 +318,8 @@ def run_on_zeros(model_bytes: bytes, info: ModelInfo, arena: int) -> runtime.Int
 
 
 def record_arena(model_bytes: bytes, info: ModelInfo) -> None:
-    """Run once in a generous arena and let TFLM's recording allocator print its report to fd 2.
-
-    The report (``Arena allocation total/head/tail N bytes``) is written by C++ to the process's
-    standard error; the parent reads it from there.
-    """
+    """Run once in a generous arena and let TFLM's recording allocator print its report
+    (``Arena allocation total/head/tail N bytes``), from C++, to the process's fd 2."""
     try:
         interp = run_on_zeros(model_bytes, info, host_arena_bytes(info))
     except (RuntimeError, ValueError) as exc:

@@ -254,10 +254,7 @@ def _read_image(path: Path, tensor: TensorInfo, opts: InputOptions, notes: list[
     if (img.width, img.height) != (w, h):  # resize == "error" was refused from the header
         img = _resize(img, w, h, opts.resize)
         notes.append(f"resized to {w}x{h} ({opts.resize}, bilinear)")
-    arr = np.asarray(img, dtype=np.uint8)
-    if c == 1:
-        arr = arr[..., None]
-    return arr.reshape(tensor.shape)
+    return np.asarray(img, dtype=np.uint8).reshape(tensor.shape)  # (a grayscale image's channel added)
 
 
 def _check_image_size(path: Path, width: int, height: int, tensor: TensorInfo, resize: str) -> None:

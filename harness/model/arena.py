@@ -332,13 +332,8 @@ def espnn_scratch_bound(info: ModelInfo, chip: str | None = None, espnn_version:
     """Largest ESP-NN scratch buffer any op of ``info`` requests on ``chip`` (None: any chip) with the
     given esp-nn version (None: the pinned one)."""
     sets = espnn_formulas(espnn_version).sets
-    chips = [chip] if chip else list(opdata.FAMILY_CHIPS)
-    best = 0
-    for c in chips:
-        family = opdata.chip_family(c)
-        for op in info.main_ops:
-            best = max(best, _op_scratch(op, info, family, sets))
-    return best
+    families = [opdata.chip_family(c) for c in ([chip] if chip else opdata.FAMILY_CHIPS)]
+    return max((_op_scratch(op, info, f, sets) for f in families for op in info.main_ops), default=0)
 
 
 def rough_host_bytes(info: ModelInfo) -> int:

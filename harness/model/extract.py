@@ -165,7 +165,16 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
     )
     model_ins = [new_index[t] for t in ins if t >= 0 and not info.tensors[t].is_constant]
     model_outs = [new_index[t] for t in outs if t >= 0]
-    return write_model(tflite, b, tensor_offsets, op_off, code_off, buffers, model_ins, model_outs)
+    return write_model(
+        tflite,
+        b,
+        tensor_offsets,
+        op=op_off,
+        code=code_off,
+        buffers=buffers,
+        inputs=model_ins,
+        outputs=model_outs,
+    )
 
 
 def write_buffer(tfl: ModuleType, builder: flatbuffers.Builder, data: bytes | None) -> int:

@@ -137,7 +137,8 @@ def compare_backends(
                 continue
             diff = np.abs(la.array.astype(np.int64) - lb.array.astype(np.int64))
             mismatched, worst = int(np.count_nonzero(diff)), int(diff.max())
-            out.append(
-                LayerDisagreement(k, la.op_index, la.opcode, la.tensor_index, la.name, mismatched, worst)
+            row = LayerDisagreement(
+                k, la.op_index, la.opcode, la.tensor_index, la.name, mismatched, max_abs_diff=worst
             )
+            out.append(row)
     return out

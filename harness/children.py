@@ -53,13 +53,10 @@ def stop_all() -> int:
     returns how many were running."""
     with _LOCK:
         live = list(_LIVE.values())
-    n = 0
-    for proc, group in live:
-        if proc.poll() is not None:
-            continue
-        n += 1
+    running = [(proc, group) for proc, group in live if proc.poll() is None]
+    for proc, group in running:
         kill(proc, group=group)
-    return n
+    return len(running)
 
 
 def kill(proc: subprocess.Popen[Any], *, group: bool = False) -> None:

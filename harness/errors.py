@@ -242,6 +242,4 @@ class FirmwareFaultError(EspCheckError):
 
 def exit_code_for(exc: BaseException) -> ExitCode:
     """Exit code for an exception reaching ``main``: unknown exceptions are internal errors (70)."""
-    if isinstance(exc, EspCheckError):
-        return exc.exit_code
-    return ExitCode.INTERNAL
+    return exc.exit_code if isinstance(exc, EspCheckError) else ExitCode.INTERNAL

@@ -57,12 +57,8 @@ def data_dir() -> Path:
 
 
 def user_cache_dir(kind: str) -> Path:
-    """``<root>/<kind>``: one cache root for builds, the compiled emitter, reference results, ...
-
-    The root is ``$ESP_CHECK_CACHE_DIR`` when set, else the platform's user cache directory
-    (``$XDG_CACHE_HOME`` or ``~/.cache`` on Linux, ``~/Library/Caches`` on macOS, ``%LOCALAPPDATA%``
-    on Windows) plus ``esp-check``.
-    """
+    """``<root>/<kind>``: one cache root for builds, the compiled emitter, reference results, ...: the
+    root is ``$ESP_CHECK_CACHE_DIR`` when set, else the platform's user cache directory plus ``esp-check``."""
     env = os.environ.get("ESP_CHECK_CACHE_DIR")
     if env:
         return Path(env) / kind

@@ -32,7 +32,7 @@ from harness.errors import HostReferenceError, ReferenceRefusedError
 from harness.model import opdata
 from harness.model.backends import tflm_installed
 from harness.model.hostrun import ArenaMeasurement, host_results
-from harness.model.loader import ModelInfo, OpInfo, load_model, parse_model_bytes
+from harness.model.loader import ModelInfo, OpInfo, read_model
 from harness.resources import pinned_versions, version_tuple
 
 MARGIN_FRACTION = 0.05
@@ -332,13 +332,8 @@ def espnn_scratch_bound(info: ModelInfo, chip: str | None = None, espnn_version:
     """Largest ESP-NN scratch buffer any op of ``info`` requests on ``chip`` (None: any chip) with the
     given esp-nn version (None: the pinned one)."""
     sets = espnn_formulas(espnn_version).sets
-    chips = [chip] if chip else list(opdata.FAMILY_CHIPS)
-    best = 0
-    for c in chips:
-        family = opdata.chip_family(c)
-        for op in info.main_ops:
-            best = max(best, _op_scratch(op, info, family, sets))
-    return best
+    families = [opdata.chip_family(c) for c in ([chip] if chip else opdata.FAMILY_CHIPS)]
+    return max((_op_scratch(op, info, f, sets) for f in families for op in info.main_ops), default=0)
 
 
 def rough_host_bytes(info: ModelInfo) -> int:
@@ -378,14 +373,23 @@ def rough_host_bytes(info: ModelInfo) -> int:
 # measurement (in the host-reference child process, harness.model.hostrun)
 
 
-def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str | None) -> ArenaEstimate:
+def estimate_arena(
+    model_path: Path, chip: str | None = None, espnn_version: str | None = None
+) -> ArenaEstimate:
+    """Arena estimate for ``model_path`` (see module docstring).
+
+    ``chip`` selects the ESP-NN scratch term (None: the worst case over esp32/esp32s3/esp32p4) and
+    ``espnn_version`` the esp-nn release whose scratch formulas apply (None: the pinned one). Raises
+    ModelError when the model crashes TFLM (the device would too).
+    """
+    data, info = read_model(model_path)  # validates before any native code sees the file
     formulas = espnn_formulas(espnn_version)
     scratch = espnn_scratch_bound(info, chip, formulas.espnn_version)
     failure = ""
     measured: ArenaMeasurement | None = None
     if tflm_installed():  # its metadata: a cached measurement imports no runtime
         try:
-            measured = host_results(data, parse_model_bytes(data), [], reference=False, arena=True).arena
+            measured = host_results(data, info, [], reference=False, arena=True).arena
             if measured is None:
                 raise HostReferenceError("the tflite-micro wheel is not installed: no arena measurement")
         except HostReferenceError as exc:  # a crash (ModelError) is not caught: the model is refused
@@ -424,17 +428,3 @@ def _estimate(data: bytes, info: ModelInfo, chip: str | None, espnn_version: str
         espnn_formulas=formulas.note,
         note=note,
     )
-
-
-def estimate_arena(
-    model_path: Path, chip: str | None = None, espnn_version: str | None = None
-) -> ArenaEstimate:
-    """Arena estimate for ``model_path`` (see module docstring).
-
-    ``chip`` selects the ESP-NN scratch term (None: the worst case over esp32/esp32s3/esp32p4) and
-    ``espnn_version`` the esp-nn release whose scratch formulas apply (None: the pinned one). Raises
-    ModelError when the model crashes TFLM (the device would too).
-    """
-    p = Path(model_path)
-    info = load_model(p)  # validates before any native code sees the file
-    return _estimate(p.read_bytes(), info, chip, espnn_version)

@@ -9,13 +9,14 @@ and where each runs: README "Host reference backends and platforms".
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import struct
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -65,24 +66,39 @@ class ReferenceResult:
     kernels: str = ""  # e.g. "TFLM reference kernels"
 
 
-class ReferenceBackend(Protocol):
-    """What a host reference implementation provides."""
+class ReferenceBackend:
+    """A host reference implementation: the package ``dist`` whose interpreter :meth:`load` imports."""
 
     name: str
     kernels: str
+    dist: str
+    module: str  # the interpreter's module
+    missing: tuple[str, str]  # (what is missing, how to install it), when it cannot be imported
+
+    def load(self) -> ModuleType:
+        """Import the interpreter: HostReferenceError when it cannot be (before a child is started)."""
+        try:
+            # lazy: optional (tflite-micro: Linux x86-64 wheels only), and run only inside the host child;
+            # its package first, as `from package import module` does (a package that fails fails it too)
+            importlib.import_module(self.module.rpartition(".")[0])
+            return importlib.import_module(self.module)
+        except ImportError as exc:
+            raise HostReferenceError(f"{self.missing[0]} ({exc})", hint=self.missing[1]) from exc
 
     def version(self) -> str:
-        """The installed package's version, from its metadata: importing the interpreter is not needed
-        for a cache key (HostReferenceError when the backend is missing)."""
-        ...
-
-    def require(self) -> None:
-        """Import the interpreter: HostReferenceError when it cannot be (before a child is started)."""
-        ...
+        """``dist``'s version from its metadata, without importing it (the TFLM runtime costs 0.04 s of
+        CPU, the whole host-reference cost of a cache hit); :meth:`load` (HostReferenceError when the
+        backend is missing) only where no metadata says it is installed."""
+        try:
+            return f"{self.dist} {importlib.metadata.version(self.dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            self.load()
+            return f"{self.dist} (version unknown)"
 
     def run(
         self, model_bytes: bytes, info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]], per_layer: bool
-    ) -> list[ReferenceRun]: ...
+    ) -> list[ReferenceRun]:
+        raise NotImplementedError
 
 
 _invoke_hook: Callable[[int | None], None] | None = None
@@ -101,17 +117,6 @@ def set_invoke_hook(hook: Callable[[int | None], None] | None) -> None:
 def _before_invoke(run: int | None) -> None:
     if _invoke_hook is not None:
         _invoke_hook(run)
-
-
-def _installed_version(dist: str, load: Callable[[], object]) -> str:
-    """``dist``'s version from its metadata, without importing it (the TFLM runtime costs 0.04 s of
-    CPU, the whole host-reference cost of a cache hit); ``load`` (which raises HostReferenceError when
-    the backend cannot be imported) only where no metadata says it is installed."""
-    try:
-        return f"{dist} {importlib.metadata.version(dist)}"
-    except importlib.metadata.PackageNotFoundError:
-        load()
-        return f"{dist} (version unknown)"
 
 
 def layer_slots(info: ModelInfo) -> list[tuple[int, str, int, str]]:
@@ -141,36 +146,23 @@ def host_arena_bytes(info: ModelInfo) -> int:
     return 2 * tensors + 16 * 1024 * max(1, len(info.ops)) + 1024 * 1024
 
 
-class TflmBackend:
+class TflmBackend(ReferenceBackend):
     """The ``tflite-micro`` wheel (TFLM reference kernels)."""
 
     name = "tflm"
     kernels = "TFLM reference kernels"
-
-    @staticmethod
-    def _runtime() -> ModuleType:
-        try:
-            # lazy: optional (Linux x86-64 wheels only), and run only inside the host child
-            from tflite_micro.python.tflite_micro import runtime
-        except ImportError as exc:
-            raise HostReferenceError(
-                "the TFLM host reference (`tflite-micro` wheel) is not installed or cannot be imported"
-                f" ({exc})",
-                hint="tflite-micro publishes wheels only for Linux x86-64 (CPython 3.10-3.14): "
-                "pip install 'esp-check' there, or use --backend litert (ai-edge-litert reference kernels)",
-            ) from exc
-        return runtime
-
-    def version(self) -> str:
-        return _installed_version("tflite-micro", self._runtime)
-
-    def require(self) -> None:
-        self._runtime()
+    dist = "tflite-micro"
+    module = "tflite_micro.python.tflite_micro.runtime"
+    missing = (
+        "the TFLM host reference (`tflite-micro` wheel) is not installed or cannot be imported",
+        "tflite-micro publishes wheels only for Linux x86-64 (CPython 3.10-3.14): pip install 'esp-check' "
+        "there, or use --backend litert (ai-edge-litert reference kernels)",
+    )
 
     def run(
         self, model_bytes: bytes, info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]], per_layer: bool
     ) -> list[ReferenceRun]:
-        rt = self._runtime()
+        rt = self.load()
         configs = rt.InterpreterConfig
         config = configs.kPreserveAllTensors if per_layer else configs.kAllocationRecording
         try:
@@ -231,34 +223,22 @@ def litert_compatible(model_bytes: bytes) -> bytes:
     return bytes(buf)
 
 
-class LiteRtBackend:
+class LiteRtBackend(ReferenceBackend):
     """``ai-edge-litert`` with the BUILTIN_REF op resolver (reference kernels, no delegates)."""
 
     name = "litert"
     kernels = "LiteRT reference kernels (BUILTIN_REF)"
-
-    @staticmethod
-    def _module() -> ModuleType:
-        try:
-            # lazy: optional (where tflite-micro has no wheel), and run only inside the host child
-            from ai_edge_litert import interpreter
-        except ImportError as exc:
-            raise HostReferenceError(
-                f"the LiteRT host reference (`ai-edge-litert`) is not installed ({exc})",
-                hint="pip install ai-edge-litert (wheels for Linux, macOS arm64, Windows)",
-            ) from exc
-        return interpreter
-
-    def version(self) -> str:
-        return _installed_version("ai-edge-litert", self._module)
-
-    def require(self) -> None:
-        self._module()
+    dist = "ai-edge-litert"
+    module = "ai_edge_litert.interpreter"
+    missing = (
+        "the LiteRT host reference (`ai-edge-litert`) is not installed",
+        "pip install ai-edge-litert (wheels for Linux, macOS arm64, Windows)",
+    )
 
     def run(
         self, model_bytes: bytes, info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]], per_layer: bool
     ) -> list[ReferenceRun]:
-        mod = self._module()
+        mod = self.load()
         model_bytes = litert_compatible(model_bytes)
         runs: list[ReferenceRun] = []
         for k, run_inputs in enumerate(inputs):
@@ -304,7 +284,7 @@ def tflm_installed() -> bool:
 def tflm_available() -> bool:
     """Whether the tflite-micro wheel imports here."""
     try:
-        TflmBackend._runtime()
+        TflmBackend().load()
     except HostReferenceError:
         return False
     return True
@@ -328,7 +308,7 @@ def get_backend(name: str = "tflm") -> ReferenceBackend:
 def run_on_zeros(model_bytes: bytes, info: ModelInfo, arena: int) -> runtime.Interpreter:
     """Load ``model_bytes`` into a TFLM interpreter with ``arena`` bytes and invoke it on zeros (also the
     arena probe's confirming run at exactly the measured size)."""
-    runtime = TflmBackend._runtime()
+    runtime = TflmBackend().load()
     interp = runtime.Interpreter.from_bytes(model_bytes, arena_size=arena)
     for i, t in enumerate(info.inputs):
         interp.set_input(np.zeros(t.shape, dtype=np.dtype(t.dtype)), i)
@@ -338,11 +318,8 @@ def run_on_zeros(model_bytes: bytes, info: ModelInfo, arena: int) -> runtime.Int
 
 
 def record_arena(model_bytes: bytes, info: ModelInfo) -> None:
-    """Run once in a generous arena and let TFLM's recording allocator print its report to fd 2.
-
-    The report (``Arena allocation total/head/tail N bytes``) is written by C++ to the process's
-    standard error; the parent reads it from there.
-    """
+    """Run once in a generous arena and let TFLM's recording allocator print its report
+    (``Arena allocation total/head/tail N bytes``), from C++, to the process's fd 2."""
     try:
         interp = run_on_zeros(model_bytes, info, host_arena_bytes(info))
     except (RuntimeError, ValueError) as exc:

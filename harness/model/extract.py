@@ -16,17 +16,17 @@ import flatbuffers
 import numpy as np
 
 from harness.errors import ModelError
-from harness.model.loader import builtin_options, parse_model_bytes
+from harness.model.loader import builtin_options, parse_model_bytes, vector
 
 if TYPE_CHECKING:
     import tflite
 
 
-def _options(tfl: ModuleType, builder: flatbuffers.Builder, op: tflite.Operator) -> tuple[int, int | None]:
-    """(options type, offset of the copied options table) of operator ``op``."""
+def _options(tfl: ModuleType, builder: flatbuffers.Builder, op: tflite.Operator) -> tuple[int, int] | None:
+    """(options type, offset of the copied options table) of operator ``op``, None when it has none."""
     kind = int(op.BuiltinOptionsType())
     if kind == 0:
-        return 0, None
+        return None
     found = builtin_options(tfl, op)
     if found is None:
         raise ModelError(f"op options type {kind} is unknown to the tflite schema package")
@@ -70,9 +70,8 @@ def _tensor(tfl: ModuleType, builder: flatbuffers.Builder, tensor: tflite.Tensor
     q = tensor.Quantization()
     quant = None
     if q is not None and q.ScaleLength():
-        zps = [int(z) for z in q.ZeroPointAsNumpy()] if q.ZeroPointLength() else []
-        quant = [float(s) for s in q.ScaleAsNumpy()], zps, int(q.QuantizedDimension())
-    shape = [int(x) for x in tensor.ShapeAsNumpy()] if tensor.ShapeLength() else []
+        quant = list(vector(q, "Scale", float)), list(vector(q, "ZeroPoint")), int(q.QuantizedDimension())
+    shape = list(vector(tensor, "Shape"))
     return write_tensor(
         tfl, builder, tensor.Name() or b"t", shape, int(tensor.Type()), buffer=buffer, quant=quant
     )
@@ -141,9 +140,8 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
     model = tflite.Model.GetRootAsModel(model_bytes, 0)
     sg = model.Subgraphs(0)
     op = sg.Operators(op_index)
-    ins = [int(x) for x in op.InputsAsNumpy()] if op.InputsLength() else []
-    outs = [int(x) for x in op.OutputsAsNumpy()] if op.OutputsLength() else []
-    used = list(dict.fromkeys(t for t in ins + outs if t >= 0))
+    ins, outs = info.main_ops[op_index].inputs, info.main_ops[op_index].outputs
+    used = list(dict.fromkeys(t for t in (*ins, *outs) if t >= 0))
     new_index = {t: k for k, t in enumerate(used)}
     b = flatbuffers.Builder(1024 + sum(info.tensors[t].nbytes for t in used))
     buffers = [write_buffer(tflite, b, None)]
@@ -156,7 +154,6 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
             buffers.append(write_buffer(tflite, b, data.tobytes()))
             buf = len(buffers) - 1
         tensor_offsets.append(_tensor(tflite, b, src, buf))
-    opts_type, opts = _options(tflite, b, op)
     code = model.OperatorCodes(op.OpcodeIndex())
     code_off, op_off = write_operator(
         tflite,
@@ -164,7 +161,7 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
         (int(code.BuiltinCode()), int(code.DeprecatedBuiltinCode()), int(code.Version())),
         [new_index.get(t, -1) for t in ins],
         [new_index[t] for t in outs if t >= 0],
-        (opts_type, opts) if opts is not None else None,
+        _options(tflite, b, op),
     )
     model_ins = [new_index[t] for t in ins if t >= 0 and not info.tensors[t].is_constant]
     model_outs = [new_index[t] for t in outs if t >= 0]

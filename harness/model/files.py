@@ -21,17 +21,13 @@ INPUT_MAX_BYTES = 64 * MiB  # one input or dataset file
 _BIG_HINT = "check that this is the right file"
 
 
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
+_KINDS = {  # by stat.S_IFMT; any other file that is not regular: "not a regular file"
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 def _refuse(error: type[UsageError], path: Path, what: str, why: str, hint: str) -> UsageError:
@@ -63,8 +59,8 @@ def _check_stat(
     status: os.stat_result, path: Path, what: str, max_bytes: int, error: type[UsageError], big_hint: str
 ) -> None:
     if not stat.S_ISREG(status.st_mode):
-        kind = _kind(status.st_mode)
-        why = kind if kind == "not a regular file" else f"{kind}, so it is not a regular file"
+        kind = _KINDS.get(stat.S_IFMT(status.st_mode))
+        why = f"{kind}, so it is not a regular file" if kind else "not a regular file"
         hint = "give the path of a regular file (not a pipe, device or directory)"
     elif status.st_size > max_bytes:
         why = f"{status.st_size / MiB:.1f} MiB, more than the {max_bytes // MiB} MiB esp-check reads"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -116,10 +117,15 @@ def limits() -> tuple[float, int]:
     return out[0], int(out[1] * 1024 * 1024)
 
 
+@functools.cache
+def _code_id() -> str:
+    """A digest of the code that computes the results (read once per process)."""
+    return code_digest(f"format {FORMAT}", Path(__file__).parent, ("backends.py", "hostrun.py"), ())
+
+
 def _digest(*parts: object) -> str:
     """A cache key of ``parts`` and of the code that computes the results: never a stale result."""
-    code = code_digest(f"format {FORMAT}", Path(__file__).parent, ("backends.py", "hostrun.py"), ())
-    return hashlib.sha256(json.dumps([code, *parts]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([_code_id(), *parts]).encode()).hexdigest()
 
 
 def _array_id(array: np.ndarray) -> str:
@@ -138,47 +144,36 @@ def _npz(arrays: dict[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
-# ---- the on-disk cache ----------------------------------------------------------------------------
+# ---- the on-disk cache: files <key>.npz (reference outputs) and <key>.json (arena) ------------------
 
 
-class _Cache:
-    """Files ``<key>.npz`` (reference outputs) and ``<key>.json`` (arena), written atomically."""
-
-    def __init__(self) -> None:
-        self.root = user_cache_dir("host-reference")  # $ESP_CHECK_CACHE_DIR or the user cache
-
-    def get(
-        self, key: str, ext: str, read: Callable[[Path], _T], damaged: tuple[type[Exception], ...]
-    ) -> _T | None:
-        path = self.root / f"{key}.{ext}"
-        try:
-            value = read(path)
-        except FileNotFoundError:
-            return None
-        except damaged:  # a damaged entry is a miss (and is replaced)
-            with contextlib.suppress(OSError):
-                path.unlink()
-            return None
+def _cache_get(key: str, ext: str, read: Callable[[Path], _T]) -> _T | None:
+    path = user_cache_dir("host-reference") / f"{key}.{ext}"  # $ESP_CHECK_CACHE_DIR or the user cache
+    try:
+        value = read(path)
+    except FileNotFoundError:
+        return None
+    except Exception:  # an entry that does not read as one (damaged, another shape) is a miss, replaced
         with contextlib.suppress(OSError):
-            os.utime(path)  # least recently used goes first
-        return value
+            path.unlink()
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # least recently used goes first
+    return value
 
-    def put(self, key: str, ext: str, data: bytes | str) -> None:
-        """Write ``<key>.<ext>`` atomically; a cache that cannot be written only keeps nothing."""
-        with contextlib.suppress(OSError):
-            atomic_write(self.root / f"{key}.{ext}", data, durable=False)
-            self._evict()
 
-    def _evict(self) -> None:
-        try:
-            entries = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.root.iterdir() if p.is_file()]
-        except OSError:
-            return
+def _cache_put(key: str, ext: str, data: bytes | str) -> None:
+    """Write ``<key>.<ext>`` atomically, then evict the least recently used entries over the cap; a cache
+    that cannot be written only keeps nothing."""
+    root = user_cache_dir("host-reference")
+    with contextlib.suppress(OSError):
+        atomic_write(root / f"{key}.{ext}", data, durable=False)
+        entries = [(p.stat().st_mtime, p.stat().st_size, p) for p in root.iterdir() if p.is_file()]
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):
             if total <= CACHE_MAX_BYTES * 0.8:
                 break
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # (another process's eviction took it)
                 path.unlink()
                 total -= size
 
@@ -230,47 +225,33 @@ def host_results(
     the memory limit, HostReferenceError when the backend is missing, fails or times out. Setting
     ``stop`` (from another thread) kills the child at once: HostReferenceError "stopped".
     """
-    cache = _Cache()
     ref: ReferenceResult | None = None
-    ref_key = ""
+    measured: ArenaMeasurement | None = None
+    ref_key = arena_key = version = ""
     impl = None
     if reference:
         impl = get_backend(backend)
         version = impl.version()  # from the wheel's metadata: missing -> HostReferenceError, no child
         ids = [[_array_id(a) for a in run] for run in runs]
-        ref_key = _digest("reference", info.sha256, ids, impl.name, version, per_layer)
-        keys = [ref_key]
-        if not per_layer:  # a per-layer result holds the outputs too
-            keys.append(_digest("reference", info.sha256, ids, impl.name, version, True))
-        for key, layered in zip(keys, (per_layer, True), strict=False):
-            arrays = cache.get(key, "npz", _loadz, (Exception,))
-            if arrays is not None:
-                try:
-                    got = _runs_from_arrays(arrays, info, len(runs), layered)
-                except KeyError:
-                    continue
-                if not per_layer:
-                    got = [ReferenceRun(outputs=r.outputs) for r in got]
-                ref = ReferenceResult(impl.name, version, got, info.sha256, impl.kernels)
-                break
-    measured: ArenaMeasurement | None = None
-    arena_key = ""
-    if arena and backends.tflm_installed():
-        tflm_version = backends.TflmBackend().version()
-        arena_key = _digest("arena", info.sha256, tflm_version)
-        # an entry that is not a measurement (damaged, another shape) is a miss
-        damaged = (OSError, ValueError, TypeError)
-        measured = cache.get(
-            arena_key, "json", lambda p: ArenaMeasurement(**json.loads(p.read_bytes())), damaged
-        )
-    else:
-        arena = False
+        keys = [_digest("reference", info.sha256, ids, impl.name, version, lay) for lay in (per_layer, True)]
+        ref_key = keys[0]
+        for key in dict.fromkeys(keys):  # a per-layer entry holds the outputs too
+            arrays = _cache_get(key, "npz", _loadz)
+            with contextlib.suppress(KeyError):  # (an entry without the layers asked for)
+                if arrays is not None:
+                    got = _runs_from_arrays(arrays, info, len(runs), per_layer)
+                    ref = ReferenceResult(impl.name, version, got, info.sha256, impl.kernels)
+                    break
+    arena = arena and backends.tflm_installed()
+    if arena:
+        arena_key = _digest("arena", info.sha256, backends.TflmBackend().version())
+        measured = _cache_get(arena_key, "json", lambda p: ArenaMeasurement(**json.loads(p.read_bytes())))
     need_ref = reference and ref is None
     need_arena = arena and measured is None and tflm_available()  # a miss: the wheel must import
     if not (need_ref or need_arena):
         return HostResults(ref, measured)
     if need_ref and impl is not None:
-        impl.require()  # the interpreter imports here, or HostReferenceError and no child
+        impl.load()  # the interpreter imports here, or HostReferenceError and no child
     name = impl.name if impl is not None else "tflm"
     child_runs, child_arena = _run_child(
         model_bytes,
@@ -283,10 +264,10 @@ def host_results(
     )
     if need_ref:
         assert impl is not None and child_runs is not None
-        cache.put(ref_key, "npz", _npz(_arrays_from_runs(child_runs)))
-        ref = ReferenceResult(impl.name, impl.version(), child_runs, info.sha256, impl.kernels)
+        _cache_put(ref_key, "npz", _npz(_arrays_from_runs(child_runs)))
+        ref = ReferenceResult(impl.name, version, child_runs, info.sha256, impl.kernels)
     if need_arena and child_arena is not None:
-        cache.put(arena_key, "json", json.dumps(dataclasses.asdict(child_arena)))
+        _cache_put(arena_key, "json", json.dumps(dataclasses.asdict(child_arena)))
         measured = child_arena
     return HostResults(ref, measured)
 
@@ -402,13 +383,8 @@ def _run_child(
         if runs is not None:
             arrays = {f"r{k}_i{i}": a for k, run in enumerate(runs) for i, a in enumerate(run)}
             (job_dir / "inputs.npz").write_bytes(_npz(arrays))
-        job: _Job = {
-            "backend": backend,
-            "per_layer": per_layer,
-            "runs": None if runs is None else len(runs),
-            "arena": arena,
-            "memory_bytes": memory,
-        }
+        n_runs = None if runs is None else len(runs)
+        job = _Job(backend=backend, per_layer=per_layer, runs=n_runs, arena=arena, memory_bytes=memory)
         (job_dir / "job.json").write_text(json.dumps(job), encoding="utf-8")
         proc = _spawn(job_dir, timeout, stop)
         said: dict[str, _Said] = {}
@@ -421,24 +397,21 @@ def _run_child(
                     said[last] = doc
         if "error" in said:
             raise _child_error(said["error"], interpreter, memory)
-        crashed = proc.returncode < 0
         done_ref = runs is None or "reference" in said
-        if crashed and not (done_ref and (not arena or "measured" in said)):
+        complete = done_ref and (not arena or "measured" in said)
+        if proc.returncode < 0 and not complete:
             num = -proc.returncode
             if num == signal.SIGABRT and last == "invoke":
                 raise _refused(said["invoke"].get("run"), interpreter)
             stage = "measuring its tensor arena" if done_ref else "running it"
-            try:
-                name = signal.Signals(num).name
-            except ValueError:
-                name = "unknown signal"
+            name = next((s.name for s in signal.Signals if s == num), "unknown signal")
             raise ModelError(
                 f"this model crashes {interpreter} reference interpreter: signal {num} ({name}) "
                 f"while {stage}",
                 hint="the device's TFLM would likely crash the same way: check the model file (re-export or "
                 "re-copy it; compare its sha256 with the original)",
             )
-        if not crashed and (proc.returncode != 0 or not done_ref or (arena and "measured" not in said)):
+        if proc.returncode >= 0 and (proc.returncode != 0 or not complete):
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "no output"
             raise HostReferenceError(f"the host reference child failed (exit {proc.returncode}): {tail}")
         ref_runs = None
@@ -532,19 +505,17 @@ def child_main(job_dir: Path) -> int:  # pragma: no cover - runs in the child pr
     backends.set_invoke_hook(lambda run: _say({"stage": "invoke", "run": run}))
     try:
         _child_job(job_dir, job)
+        return 0
     except MemoryError as exc:
-        _say({"stage": "error", "kind": "memory", "message": f"MemoryError: {exc}"[:300]})
-        return 1
+        error: _Said = {"kind": "memory", "message": f"MemoryError: {exc}"[:300]}
     except EspCheckError as exc:
         kind = next((k for k, cls in _ERROR_KINDS.items() if isinstance(exc, cls)), "reference")
-        _say({"stage": "error", "kind": kind, "message": exc.message, "hint": exc.hint})
-        return 1
+        error = {"kind": kind, "message": exc.message, "hint": exc.hint}
     except Exception as exc:
         tb = traceback.format_exc().strip().splitlines()[-3:]
-        message = f"{type(exc).__name__}: {exc} ({' | '.join(tb)})"
-        _say({"stage": "error", "kind": "unexpected", "message": message})
-        return 1
-    return 0
+        error = {"kind": "unexpected", "message": f"{type(exc).__name__}: {exc} ({' | '.join(tb)})"}
+    _say({"stage": "error", **error})
+    return 1
 
 
 if __name__ == "__main__":  # pragma: no cover - child process entry

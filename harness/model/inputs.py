@@ -74,16 +74,14 @@ class InputOptions:
     raw_dtype: str | None = None
 
     def __post_init__(self) -> None:
-        if self.resize not in RESIZE_POLICIES:
-            raise InputDataError(
-                f"unknown resize policy {self.resize!r}", hint=f"use one of {RESIZE_POLICIES}"
-            )
-        if self.color not in COLOR_MODES:
-            raise InputDataError(f"unknown color mode {self.color!r}", hint=f"use one of {COLOR_MODES}")
-        if self.value_range is not None and self.value_range not in NAMED_RANGES:
-            raise InputDataError(
-                f"unknown input range {self.value_range!r}", hint=f"use one of {tuple(NAMED_RANGES)}"
-            )
+        given_range = DEFAULT_IMAGE_RANGE if self.value_range is None else self.value_range  # None: valid
+        for what, value, choices in (
+            ("resize policy", self.resize, RESIZE_POLICIES),
+            ("color mode", self.color, COLOR_MODES),
+            ("input range", given_range, tuple(NAMED_RANGES)),
+        ):
+            if value not in choices:
+                raise InputDataError(f"unknown {what} {value!r}", hint=f"use one of {choices}")
         if self.value_range is not None and (self.scale is not None or self.offset is not None):
             raise InputDataError("give either a named input range or --input-scale/--input-offset, not both")
 
@@ -99,10 +97,10 @@ class QuantizationReport:
     """
 
     total: int
-    differing: int
-    wrapped: int
-    clamped: int
-    max_abs_diff: int
+    differing: int = 0
+    wrapped: int = 0
+    clamped: int = 0
+    max_abs_diff: int = 0
 
 
 @dataclass(frozen=True)
@@ -256,10 +254,7 @@ def _read_image(path: Path, tensor: TensorInfo, opts: InputOptions, notes: list[
     if (img.width, img.height) != (w, h):  # resize == "error" was refused from the header
         img = _resize(img, w, h, opts.resize)
         notes.append(f"resized to {w}x{h} ({opts.resize}, bilinear)")
-    arr = np.asarray(img, dtype=np.uint8)
-    if c == 1:
-        arr = arr[..., None]
-    return arr.reshape(tensor.shape)
+    return np.asarray(img, dtype=np.uint8).reshape(tensor.shape)  # (a grayscale image's channel added)
 
 
 def _check_image_size(path: Path, width: int, height: int, tensor: TensorInfo, resize: str) -> None:
@@ -328,12 +323,9 @@ def _read_c_array(path: Path) -> tuple[np.ndarray, str]:
     words = re.sub(r"alignas\s*\(\s*\d+\s*\)", " ", m.group("type")).split()
     base = " ".join(w for w in words if w not in ("const", "static", "volatile"))
     dtype = _C_TYPES[base]
-    body = m.group("body")
-    tokens = [t for t in re.split(r"[\s,]+", body) if t]
     values: list[float] = []
-    for tok in tokens:
-        nm = _NUMBER.fullmatch(tok)
-        if nm is None:
+    for tok in (t for t in re.split(r"[\s,]+", m.group("body")) if t):
+        if _NUMBER.fullmatch(tok) is None:
             raise InputDataError(f"{path}: cannot parse array element {tok!r}")
         if "0x" in tok.lower():  # hex digits include f: only the integer suffixes are stripped
             values.append(float(int(tok.rstrip("lLuU"), 16)))
@@ -451,11 +443,7 @@ def load_input(path: str | Path, tensor: TensorInfo, options: InputOptions | Non
     src = Path(path)
     opts = options or InputOptions()
     check_regular(src, what="input file", max_bytes=INPUT_MAX_BYTES, error=InputDataError)
-    try:
-        model_dt = np.dtype(tensor.dtype)
-    except TypeError as exc:
-        raise InputDataError(f"model input {tensor.name!r} has dtype {tensor.dtype}, not supported") from exc
-    if model_dt.kind not in "iuf":
+    if tensor.dtype not in np.sctypeDict or np.dtype(tensor.dtype).kind not in "iuf":
         raise InputDataError(f"model input {tensor.name!r} has dtype {tensor.dtype}, not supported")
     kind = _detect_kind(src, opts)
     notes: list[str] = []
@@ -520,14 +508,15 @@ def _prepare(
     # 8-bit pixel data: an image, or uint8 values for a model whose input is not uint8
     pixels = kind == "image" or (data.dtype == np.uint8 and model_dt != np.uint8)
     explicit_norm = opts.scale is not None or opts.offset is not None or opts.value_range is not None
+    integers = data.dtype.kind in "iu" and model_dt.kind in "iu" and not pixels and not explicit_norm
     # Already quantized: the file holds the model's own integer dtype (and no normalisation asked).
-    prequantized = model_dt.kind in "iu" and data.dtype == model_dt and not pixels and not explicit_norm
+    prequantized = integers and data.dtype == model_dt
+    report = None  # nothing quantized here: no element a truncating cast could get wrong
     if prequantized:
         q = np.ascontiguousarray(data.astype(model_dt))
         notes.append(f"already {model_dt.name}: used as quantized values")
         real = dequantize(q, tensor.scale, tensor.zero_point or 0) if tensor.scale is not None else None
-        report = QuantizationReport(total=int(q.size), differing=0, wrapped=0, clamped=0, max_abs_diff=0)
-    elif data.dtype.kind in "iu" and model_dt.kind in "iu" and not pixels and not explicit_norm:
+    elif integers:
         raise InputDataError(
             f"{src}: integer data of dtype {data.dtype} for model input {tensor.name!r} "
             f"of dtype {model_dt.name}",
@@ -544,7 +533,6 @@ def _prepare(
             )
         if model_dt.kind == "f":
             q = np.ascontiguousarray(real.astype(model_dt))
-            report = QuantizationReport(total=int(q.size), differing=0, wrapped=0, clamped=0, max_abs_diff=0)
             notes.append("float model input: no quantization")
         elif tensor.scale is None or tensor.scale == 0:
             raise InputDataError(
@@ -563,7 +551,7 @@ def _prepare(
         real,
         q,
         sha256=hashlib.sha256(q.tobytes()).hexdigest(),
-        report=report,
+        report=report or QuantizationReport(total=int(q.size)),
         tensor=tensor,
         kind=kind,
         prequantized=prequantized,

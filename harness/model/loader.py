@@ -22,11 +22,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import flatbuffers
-import numpy as np
-import numpy.typing as npt
 
 from harness.errors import ModelError
 from harness.model import opdata
@@ -66,6 +64,15 @@ def _lazy_tflite() -> ModuleType:
 
 
 _SKIP_SUFFIXES = ("IsNone", "Length", "AsNumpy", "BufferHasIdentifier")
+_N = TypeVar("_N", int, float)
+
+
+def vector(table: object, field: str, kind: Callable[[Any], _N] = int) -> tuple[_N, ...]:
+    """A flatbuffer table's scalar vector ``field`` (``Shape``: ShapeLength, ShapeAsNumpy) as a tuple of
+    ``kind``, empty when the table has none."""
+    if not getattr(table, f"{field}Length")():
+        return ()
+    return tuple(kind(x) for x in getattr(table, f"{field}AsNumpy")())
 
 
 def builtin_options(tfl: ModuleType, op: tflite.Operator) -> tuple[str, Any, list[str]] | None:
@@ -90,25 +97,20 @@ def _read_options(tfl: ModuleType, op: tflite.Operator) -> dict[str, object]:
     if found is None:
         return {}
     _, obj, accessors = found
-    padding = enum_names(tfl.Padding)
-    activation = enum_names(tfl.ActivationFunctionType)
+    enums = {"Padding": tfl.Padding, "FusedActivationFunction": tfl.ActivationFunctionType}
     out: dict[str, object] = {}
     for attr in accessors:
-        fn = getattr(obj, attr)
         if hasattr(obj, attr + "AsNumpy"):  # vector field
-            length = getattr(obj, attr + "Length")()
-            out[_snake(attr)] = tuple(int(fn(j)) for j in range(length))
+            out[_snake(attr)] = vector(obj, attr)
             continue
         try:
-            value = fn()
+            value = getattr(obj, attr)()
         except TypeError:
             continue  # accessor needs arguments (nested table): not needed here
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
-        if attr == "Padding" and isinstance(value, int):
-            value = padding.get(value, value)
-        elif attr == "FusedActivationFunction" and isinstance(value, int):
-            value = activation.get(value, value)
+        if attr in enums and isinstance(value, int):
+            value = enum_names(enums[attr]).get(value, value)
         if isinstance(value, (int, float, bool, str)):
             out[_snake(attr)] = value
     return out
@@ -119,28 +121,20 @@ def _tensor_info(
 ) -> TensorInfo:
     name_raw = tensor.Name()
     name = name_raw.decode("utf-8", "replace") if name_raw else f"tensor_{index}"
-    shape = tuple(int(x) for x in tensor.ShapeAsNumpy()) if tensor.ShapeLength() else ()
+    shape = vector(tensor, "Shape")
     if any(d < -1 for d in shape):
         raise ModelError(f"tensor {index} ({name!r}) has shape {list(shape)}, which TFLM cannot hold")
     if any(d < 0 for d in shape):
-        sig = (
-            tuple(int(x) for x in tensor.ShapeSignatureAsNumpy()) if tensor.ShapeSignatureLength() else shape
-        )
+        sig = vector(tensor, "ShapeSignature") or shape
         shape = tuple(1 if d < 0 else d for d in sig)  # dynamic batch -> 1 (TFLM has no dynamic shapes)
     type_code = tensor.Type()
     if type_code not in dtype_names:
         raise ModelError(f"tensor {index} ({name!r}) has unknown type code {type_code}")
     dtype = dtype_names[type_code].lower()
     q = tensor.Quantization()
-    scales: tuple[float, ...] = ()
-    zps: tuple[int, ...] = ()
-    qdim = 0
-    if q is not None:
-        if q.ScaleLength():
-            scales = tuple(float(s) for s in q.ScaleAsNumpy())
-        if q.ZeroPointLength():
-            zps = tuple(int(z) for z in q.ZeroPointAsNumpy())
-        qdim = int(q.QuantizedDimension())
+    scales = vector(q, "Scale", float) if q is not None else ()
+    zps = vector(q, "ZeroPoint") if q is not None else ()
+    qdim = int(q.QuantizedDimension()) if q is not None else 0
     buf_index = tensor.Buffer()
     if buf_index < 0 or buf_index >= model.BuffersLength():
         raise ModelError(f"tensor {index} ({name!r}) refers to buffer {buf_index}, which does not exist")
@@ -237,17 +231,12 @@ def _check_weighted_op(where: str, opcode: str, ins: tuple[int, ...], outs: tupl
 
 
 def _check_buffers(model: tflite.Model, size: int) -> None:
-    """Every constant buffer must lie inside the file (catches truncation of the weights)."""
+    """Every constant buffer must lie inside the file (catches truncation of the weights): an inline
+    one :func:`verify_structure` has read, an external one (offset/size: large-model layout) here."""
     for i in range(model.BuffersLength()):
         buf = model.Buffers(i)
-        if buf is None:
-            continue
-        if buf.DataLength():
-            data = buf.DataAsNumpy()  # np.frombuffer: raises if the vector runs past the end
-            if not isinstance(data, np.ndarray):
-                raise ModelError(f"buffer {i} is unreadable")
         off, n = int(buf.Offset()), int(buf.Size())
-        if off > 1 and off + n > size:  # external buffers (offset/size): large-model layout
+        if off > 1 and off + n > size:
             raise ModelError(
                 f"buffer {i} lies at bytes {off}..{off + n}, beyond the end of the file ({size} B)"
             )
@@ -321,8 +310,8 @@ def _subgraph(
     dtype_names = enum_names(tfl.TensorType)
     tensors = tuple(_tensor_info(tfl, sg.Tensors(t), t, model, dtype_names) for t in range(n_tensors))
 
-    def indices(vec: Callable[[], npt.NDArray[np.int32]], length: int, what: str) -> tuple[int, ...]:
-        idx = tuple(int(v) for v in vec()) if length else ()
+    def indices(table: object, field: str, what: str) -> tuple[int, ...]:
+        idx = vector(table, field)
         for v in idx:
             if v < -1 or v >= n_tensors:
                 raise ModelError(f"subgraph {index}: {what} refers to tensor {v}, which does not exist")
@@ -342,9 +331,9 @@ def _subgraph(
         for key, value in options.items():  # IF / WHILE / CALL_ONCE name subgraphs by index
             if key.endswith("subgraph_index") and isinstance(value, int) and not 0 <= value < n_subgraphs:
                 raise ModelError(f"{where}: {key}={value} refers to a subgraph that does not exist")
-        indices(op.IntermediatesAsNumpy, op.IntermediatesLength(), f"{where} intermediate")
-        ins = indices(op.InputsAsNumpy, op.InputsLength(), f"{where} input")
-        outs = indices(op.OutputsAsNumpy, op.OutputsLength(), f"{where} output")
+        indices(op, "Intermediates", f"{where} intermediate")
+        ins = indices(op, "Inputs", f"{where} input")
+        outs = indices(op, "Outputs", f"{where} output")
         _check_weighted_op(where, opcode, ins, outs, tensors)
         ops.append(
             OpInfo(
@@ -358,9 +347,7 @@ def _subgraph(
                 version=version,
             )
         )
-    model_ins = indices(sg.InputsAsNumpy, sg.InputsLength(), "model input")
-    model_outs = indices(sg.OutputsAsNumpy, sg.OutputsLength(), "model output")
-    return tensors, ops, model_ins, model_outs
+    return tensors, ops, indices(sg, "Inputs", "model input"), indices(sg, "Outputs", "model output")
 
 
 def _parse(data: bytes, path: Path, sha256: str) -> ModelInfo:
@@ -374,17 +361,10 @@ def _parse(data: bytes, path: Path, sha256: str) -> ModelInfo:
     _check_buffers(model, size)
     _check_references(model, [model.Subgraphs(s).TensorsLength() for s in range(model.SubgraphsLength())])
     opcodes = _opcodes(tfl, model)
-    ops: list[OpInfo] = []
-    main_tensors: tuple[TensorInfo, ...] = ()
-    main_inputs: tuple[TensorInfo, ...] = ()
-    main_outputs: tuple[TensorInfo, ...] = ()
-    for s in range(model.SubgraphsLength()):
-        tensors, sub_ops, ins, outs = _subgraph(tfl, model, s, opcodes)
-        ops.extend(sub_ops)
-        if s == 0:
-            main_tensors = tensors
-            main_inputs = tuple(tensors[i] for i in ins if i >= 0)
-            main_outputs = tuple(tensors[i] for i in outs if i >= 0)
+    subgraphs = [_subgraph(tfl, model, s, opcodes) for s in range(model.SubgraphsLength())]
+    main_tensors, _, ins, outs = subgraphs[0]
+    main_inputs = tuple(main_tensors[i] for i in ins if i >= 0)
+    main_outputs = tuple(main_tensors[i] for i in outs if i >= 0)
     if not main_inputs or not main_outputs:
         raise ModelError(f"{path}: the main subgraph has no inputs or no outputs")
     desc = model.Description()
@@ -395,7 +375,7 @@ def _parse(data: bytes, path: Path, sha256: str) -> ModelInfo:
         schema_version=int(model.Version()),
         inputs=main_inputs,
         outputs=main_outputs,
-        ops=tuple(ops),
+        ops=tuple(op for _, sub_ops, _, _ in subgraphs for op in sub_ops),
         tensors=main_tensors,
         subgraph_count=int(model.SubgraphsLength()),
         description=desc.decode("utf-8", "replace") if desc else "",
@@ -481,17 +461,12 @@ def _stored(digest: str, size: int, path: Path) -> ModelInfo | None:
 
 def _store(info: ModelInfo) -> None:
     """Keep ``info`` for the next process; a cache that cannot be written is only slower."""
-    ops = [{**vars(o), "options": dict(o.options)} for o in info.ops]  # vars: the fields, in order
-    doc = {
-        "sha256": info.sha256,
-        "size_bytes": info.size_bytes,
-        "schema_version": info.schema_version,
-        "subgraph_count": info.subgraph_count,
-        "description": info.description,
+    doc = {  # vars: the fields, in order; the path is the caller's
+        **{k: v for k, v in vars(info).items() if k != "path"},
         "tensors": [vars(t) for t in info.tensors],
         "inputs": [info.tensors.index(t) for t in info.inputs],
         "outputs": [info.tensors.index(t) for t in info.outputs],
-        "ops": ops,
+        "ops": [{**vars(o), "options": dict(o.options)} for o in info.ops],
     }
     with contextlib.suppress(OSError):  # (the parser's sources unreadable: no store, only slower)
         store_json(_info_path(info.sha256), doc, _INFO_MAX)  # a sweep writes one per generated model
@@ -504,8 +479,6 @@ def parse_model_bytes(data: bytes, path: str | Path = "<bytes>") -> ModelInfo:
     p = Path(path)
     try:
         return _parse_cached(bytes(data), p)
-    except ModelError:
-        raise
     except (struct.error, IndexError, ValueError, TypeError, UnicodeDecodeError, OverflowError) as exc:
         raise ModelError(
             f"{p}: the .tflite flatbuffer is corrupted or truncated "
@@ -514,14 +487,15 @@ def parse_model_bytes(data: bytes, path: str | Path = "<bytes>") -> ModelInfo:
         ) from exc
 
 
-def load_model(path: str | Path) -> ModelInfo:
-    """Read and validate a .tflite file; raises ModelError for unreadable, corrupt or unsupported models."""
+def read_model(path: str | Path) -> tuple[bytes, ModelInfo]:
+    """The bytes of a .tflite file, read once, and their parse; ModelError for unreadable, corrupt or
+    unsupported models."""
     p = Path(path)
-    data = read_regular(
-        p,
-        what="model file",
-        max_bytes=MODEL_MAX_BYTES,
-        error=ModelError,
-        big_hint="a TFLite Micro model for an ESP32 fits in its flash: check the path",
-    )
-    return parse_model_bytes(data, p)
+    hint = "a TFLite Micro model for an ESP32 fits in its flash: check the path"
+    data = read_regular(p, what="model file", max_bytes=MODEL_MAX_BYTES, error=ModelError, big_hint=hint)
+    return data, parse_model_bytes(data, p)
+
+
+def load_model(path: str | Path) -> ModelInfo:
+    """Read and validate a .tflite file (:func:`read_model`)."""
+    return read_model(path)[1]

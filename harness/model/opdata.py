@@ -163,14 +163,12 @@ def espnn_model_acceleration(model: ModelInfo, chip: str) -> list[OpAcceleration
     desc = family_description(chip)
     out: list[OpAcceleration] = []
     for op in model.main_ops:
+        reason = _fallback_reason(op, model) if op.opcode in listed else None
         if op.opcode not in listed:
-            out.append(OpAcceleration(op.index, op.opcode, False, "no ESP-NN kernel (TFLM reference)", "-"))
-            continue
-        reason = _fallback_reason(op, model)
-        if reason is None:
-            out.append(OpAcceleration(op.index, op.opcode, True, desc, "yes"))
+            row = (False, "no ESP-NN kernel (TFLM reference)", "-")
+        elif reason is None:
+            row = (True, desc, "yes")
         else:
-            out.append(
-                OpAcceleration(op.index, op.opcode, False, "fallback: " + reason[0], "no: " + reason[1])
-            )
+            row = (False, "fallback: " + reason[0], "no: " + reason[1])
+        out.append(OpAcceleration(op.index, op.opcode, *row))
     return out

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.errors import HostReferenceError, InputDataError, ModelError, ReferenceRefusedError
+from harness.errors import HostReferenceError, InputDataError, ReferenceRefusedError
 from harness.model.backends import ReferenceResult, get_backend
 from harness.model.hostrun import host_results
 from harness.model.inputs import InputOptions, load_input
-from harness.model.loader import ModelInfo, parse_model_bytes
+from harness.model.loader import ModelInfo, parse_model_bytes, read_model
 
 
 def _check_inputs(info: ModelInfo, inputs: Sequence[Sequence[np.ndarray]]) -> list[list[np.ndarray]]:
@@ -80,14 +80,8 @@ def run_reference(
 
 def _read_model(model: Path | str | bytes) -> tuple[bytes, ModelInfo]:
     if isinstance(model, (bytes, bytearray)):
-        data = bytes(model)
-        return data, parse_model_bytes(data)
-    p = Path(model)
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise ModelError(f"cannot read model file {p}: {exc.strerror or exc}") from exc
-    return data, parse_model_bytes(data, p)
+        return bytes(model), parse_model_bytes(bytes(model))
+    return read_model(model)
 
 
 def prepare_host_results(

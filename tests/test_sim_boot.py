@@ -284,3 +284,46 @@ def test_boot_output_takes_time_and_is_received_at_the_hosts_baud_of_that_moment
     # a slow reader: nothing read until after the switch; the banner still arrived at 921600
     _, late = _reset_then_switch(port, read_early=False)
     assert b"ESP-ROM" not in late and parse_capture(late).valid
+
+
+def _gather_out_of_range_model() -> bytes:
+    """input int8 [1,4] -> GATHER axis 1 at constant indices [1, 9]: it allocates, and TFLM's Invoke
+    fails on every input (index 9 is past the axis: the kernel returns an error, it does not abort)."""
+    import tflite
+    from test_model_builder import Op, T, build_model
+
+    def axis_1(b: object) -> int:
+        tflite.GatherOptionsStart(b)
+        tflite.GatherOptionsAddAxis(b, 1)
+        return int(tflite.GatherOptionsEnd(b))
+
+    q = {"scale": 0.05, "zero_point": 0}
+    tensors = [
+        T("input", (1, 4), "int8", **q),
+        T("indices", (2,), "int32", data=np.array([1, 9], dtype=np.int32)),
+        T("output", (1, 2), "int8", **q),
+    ]
+    options = (tflite.BuiltinOptions.GatherOptions, axis_1)
+    return build_model(tensors, [Op(tflite.BuiltinOperator.GATHER, [0, 1], [2], options=options)], [0], [2])
+
+
+@pytest.mark.parametrize(
+    ("input_bytes", "stage", "code", "i", "msg"),
+    [
+        (4, "invoke", 1, 0, "Invoke_failed"),  # TFLM's Invoke fails on the compiled-in input
+        (6, "input", 4, None, "input_tensor_size_differs_from_embedded_input"),  # refused at start-up
+    ],
+)
+def test_a_compiled_in_input_the_app_cannot_run_prints_the_firmwares_error_record(
+    tmp_path: Path, board_port, input_bytes: int, stage: str, code: int, i: int | None, msg: str
+) -> None:
+    """app_main.cc's BootText: an Invoke that fails prints ERROR stage=invoke for that input and END
+    status=error; Setup refuses an embedded input whose size is not the model's input tensor's (stage
+    input, code: the tensor's bytes). The simulated app prints the same records instead of raising."""
+    proj = make_project(tmp_path / "proj", _gather_out_of_range_model(), [bytes(input_bytes)])
+    port = board_port("esp32s3")
+    port.board.program(build_sim_firmware(proj, tmp_path / "build"))
+    cap = parse_capture(boot(port, timeout=5))
+    assert cap.end_status == "error" and all(not run.outputs for run in cap.runs)
+    assert [(e.stage, e.code, e.i, e.msg) for e in cap.errors] == [(stage, code, i, msg)]
+    assert port.board.mode == "app"  # the board still runs its app: nothing was raised inside it

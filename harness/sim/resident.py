@@ -191,6 +191,9 @@ class SimApp:
         elif len(init.info.inputs) != 1:
             init.stage, init.code = frames.STAGE_CODES["input"], len(init.info.inputs)
             init.msg = "expected_one_input_tensor"
+        elif any(len(raw) != init.info.inputs[0].nbytes for raw in self.payload.inputs):
+            init.stage, init.code = frames.STAGE_CODES["input"], init.info.inputs[0].nbytes
+            init.msg = "input_tensor_size_differs_from_embedded_input"
         else:
             with contextlib.suppress(Exception):
                 init.tflm = get_backend("tflm").version().replace(" ", "_")
@@ -322,7 +325,10 @@ class SimApp:
         for i, raw in enumerate(inputs):
             em.input(i, len(raw), self.sha256_hex(raw))
             rc, us, outs = self.invoke(raw)
-            if rc < 0:
+            if rc:  # < 0: the device stopped (its crash text follows); > 0: app_main.cc's record of it
+                if rc > 0:
+                    em.error("invoke", rc, "Invoke_failed", i)
+                    em.end(False)
                 return
             em.time(i, us)
             for o, (t, data) in enumerate(zip(self._outputs(), outs, strict=True)):

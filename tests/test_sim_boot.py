@@ -327,3 +327,21 @@ def test_a_compiled_in_input_the_app_cannot_run_prints_the_firmwares_error_recor
     assert cap.end_status == "error" and all(not run.outputs for run in cap.runs)
     assert [(e.stage, e.code, e.i, e.msg) for e in cap.errors] == [(stage, code, i, msg)]
     assert port.board.mode == "app"  # the board still runs its app: nothing was raised inside it
+
+
+def test_a_kernel_that_aborts_is_the_simulated_chips_abort_not_the_end_of_the_process(
+    tmp_path: Path, board_port
+) -> None:
+    """TFLM's softmax aborts (TFLITE_CHECK -> SIGABRT) on a long row near its maximum: on a chip that is
+    abort(), a crash report and a reboot. The simulated chip runs TFLM's kernels in a child process, so
+    it prints the same and boots again; the process serving the board (here: pytest) lives on."""
+    from native_fixture import write_refused_input, write_refused_model
+
+    pytest.importorskip("tflite_micro")
+    model = write_refused_model(tmp_path / "softmax.tflite")
+    proj = make_project(tmp_path / "proj", model, [np.load(write_refused_input(tmp_path / "flat.npy"))])
+    port = board_port("esp32s3")
+    port.board.program(build_sim_firmware(proj, tmp_path / "build"))
+    raw = boot(port, timeout=3)
+    assert raw.count(b"abort() was called at PC") >= 2 and b"Rebooting..." in raw  # on every boot
+    assert b" INPUT i=0 " in raw and b" TENSOR " not in raw

@@ -18,9 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from harness.errors import HostReferenceError, ModelError, ReferenceRefusedError
 from harness.flashfmt import otadata
 from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, Partition, find
 from harness.model.backends import get_backend, host_arena_bytes
+from harness.model.hostrun import InvokeChild
 from harness.model.hybrid_ops import ANSI_KINDS, ansi_path_applies
 from harness.model.loader import parse_model_bytes
 from harness.model.reference import run_reference
@@ -84,30 +86,6 @@ class AppEnv:
     invoke_time: str = "0"  # "model": busy for the modelled invoke time; else seconds (float)
     log: Callable[[str], None] = lambda _m: None
     keep: bytearray | None = None  # PSRAM a software restart leaves alone (the kept-input store's memory)
-
-
-class _Model:
-    """The model running on the simulated CPU: the TFLM reference, one interpreter per model, in process
-    (the model already passed the host reference's isolated child process in any flow that gets here)."""
-
-    def __init__(self, model: bytes, info: Any) -> None:
-        # lazy: optional (Linux x86-64 wheels only, ~40 ms); only a booted app that runs a model needs it
-        from tflite_micro.python.tflite_micro import runtime
-
-        self.info = info
-        self.interp = runtime.Interpreter.from_bytes(model, arena_size=host_arena_bytes(info))
-        self.runs = 0
-
-    def run(self, arr: np.ndarray) -> list[np.ndarray]:
-        if self.runs:
-            self.interp.reset()
-        self.runs += 1
-        self.interp.set_input(arr, 0)
-        self.interp.invoke()
-        return [
-            np.array(self.interp.get_output(i), copy=True).reshape(t.shape)
-            for i, t in enumerate(self.info.outputs)
-        ]
 
 
 @dataclass
@@ -438,7 +416,10 @@ class SimApp:
         arr = np.frombuffer(data, np.dtype(tin.dtype)).reshape(tin.shape)
         try:
             outs = self._reference(arr, data)
-        except RuntimeError:  # TFLM (the simulated chip's kernels) refused the model: its Invoke fails
+        except ModelError as exc:  # TFLM (the simulated chip's kernels) crashed: a TFLITE_CHECK's abort()
+            self.crash = "abort" if isinstance(exc, ReferenceRefusedError) else "panic"
+            return -1, 0, []
+        except (RuntimeError, HostReferenceError):  # its Invoke returned an error: so does the app's
             return 1, 0, []
         us = invoke_us(self.init.cycles, self.env.chip.cpu_mhz)
         mode = self.env.invoke_time  # "model" or seconds >= 0 (harness.sim.board.SimParams checked it)
@@ -468,7 +449,7 @@ class SimApp:
             mkey = "model:" + self.model_sha
             model = cache.get(mkey)
             if model is None:
-                model = cache[mkey] = _Model(self.payload.model, info)
+                model = cache[mkey] = InvokeChild(self.payload.model, info)
             hit = model.run(arr)
             if len(cache) > _CACHE_LIMIT:
                 for k in [k for k in cache if k.startswith("out:")][: _CACHE_LIMIT // 4]:

@@ -26,7 +26,7 @@ from harness.model.hostrun import InvokeChild
 from harness.model.hybrid_ops import ANSI_KINDS, ansi_path_applies
 from harness.model.loader import parse_model_bytes
 from harness.model.reference import run_reference
-from harness.protocol import frames
+from harness.protocol import frames, loop
 from harness.protocol.app_image import APP_NAME
 from harness.protocol.emitter import TapTensor, emit_tensor
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
@@ -567,14 +567,15 @@ def keep_after_boot(mem: bytearray, reason: str, faults: FaultSpec, boot: int) -
     if reason in COLD_BOOTS or faults.active("keep_cold") or lost:
         mem[:] = faults.rng("keep_cold", boot).randbytes(len(mem))
         return
-    if faults.active("keep_stale") and mem[:6] == b"ECKEEP":  # another model's store: its own CRC is valid
-        mem[24:56] = hashlib.sha256(bytes(mem[24:56])).digest()
-        mem[60:64] = crc32(mem[:60]).to_bytes(4, "little")
-    if faults.active("keep_flip") and mem[:6] == b"ECKEEP":
-        size, cap = int.from_bytes(mem[8:12], "little"), int.from_bytes(mem[12:16], "little")
-        first = (frames.KEEP_HEADER + cap * frames.KEEP_ENTRY + 15) // 16 * 16
+    magic, size, cap, nonce, region, sha, place = loop.KEEP_HEAD.unpack_from(mem)
+    if magic[:6] != b"ECKEEP":
+        return
+    if faults.active("keep_stale"):  # another model's store: its own CRC is valid
+        other = hashlib.sha256(sha).digest()
+        mem[: frames.KEEP_HEADER] = loop.keep_header(size, cap, nonce, region, other, place)
+    if faults.active("keep_flip"):
         for k in range(cap):
-            at = first + k * size + (k * 7919) % max(size, 1)
+            at = loop.keep_slot(size, cap, k) + (k * 7919) % max(size, 1)
             if at < len(mem):
                 mem[at] ^= 0x01
 

@@ -309,6 +309,8 @@ class InvokeChild:
                 argv = [sys.executable, "-m", "harness.model.hostrun", "--invoke"]
                 pipe, quiet = subprocess.PIPE, subprocess.DEVNULL  # TFLM's own messages are not the console
                 self.proc = subprocess.Popen(argv, stdin=pipe, stdout=pipe, stderr=quiet, env=_child_env())
+                # reaped as it leaves (idle, its input's end, a crash): no zombie in a long-lived process
+                threading.Thread(target=self.proc.wait, name="esp-check-sim-cpu", daemon=True).start()
                 head = struct.pack("<QQ", backends.host_arena_bytes(self.info), limits()[1])
                 _put(self.proc.stdin, head + self.model)
             _put(self.proc.stdin, np.ascontiguousarray(arr).tobytes())

@@ -218,3 +218,23 @@ def test_flash_and_compare_refuses_a_crashing_model_and_writes_the_report(
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
     assert "crashes TFLM's reference interpreter: signal 11" in json.dumps(doc)
     assert not (tmp_path / "out" / "logs").exists() or not list((tmp_path / "out" / "logs").glob("build-*"))
+
+
+def test_the_simulated_cpus_child_gives_the_reference_outputs_and_outlives_an_idle_exit(
+    models_dir: Path,
+) -> None:
+    """InvokeChild (the simulated board's CPU): the same outputs as the host reference, input by input;
+    a child that left (here: SIGALRM, as its idle timer ends it) is replaced by the next run."""
+    import os
+    import signal
+
+    x = _q(models_dir)
+    want = reference.run_reference(models_dir / MODEL, [[x]]).runs[0].outputs
+    info = load_model(models_dir / MODEL)
+    child = hostrun.InvokeChild((models_dir / MODEL).read_bytes(), info)
+    for _ in range(2):
+        got = child.run(x)
+        assert [np.array_equal(g, w.reshape(g.shape)) for g, w in zip(got, want, strict=True)] == [True]
+        assert child.proc is not None
+        os.kill(child.proc.pid, signal.SIGALRM)
+        child.proc.wait()

@@ -69,3 +69,20 @@ def test_only_an_abort_after_an_announced_invoke_is_a_refusal(
     assert isinstance(err.value, ReferenceRefusedError) is refusal
     if not refusal:
         assert f"({sig})" in err.value.message
+
+
+def test_flash_and_compare_of_a_refused_model_on_the_simulated_board_ends_in_a_verdict(
+    refused: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The simulated chip runs TFLM's kernels, so it aborts where the reference does (abort(), reboot):
+    the run ends with the firmware fault's exit code and a report, not with esp-check killed by the
+    abort. Faked: the board (``sim://``)."""
+    import json
+
+    model, inp = refused
+    out = tmp_path / "out"
+    args = ["flash-and-compare", str(model), "--input", str(inp), "--board", "sim", "--out", str(out)]
+    assert main([*args, "--port", "sim://refused-softmax", "--allow-untested"]) == ExitCode.FIRMWARE_FAULT
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["exit_code"] == ExitCode.FIRMWARE_FAULT and doc["reference_refused"] is not None
+    assert "firmware fault: abort() called" in " ".join(capsys.readouterr())

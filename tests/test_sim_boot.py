@@ -284,3 +284,64 @@ def test_boot_output_takes_time_and_is_received_at_the_hosts_baud_of_that_moment
     # a slow reader: nothing read until after the switch; the banner still arrived at 921600
     _, late = _reset_then_switch(port, read_early=False)
     assert b"ESP-ROM" not in late and parse_capture(late).valid
+
+
+def _gather_out_of_range_model() -> bytes:
+    """input int8 [1,4] -> GATHER axis 1 at constant indices [1, 9]: it allocates, and TFLM's Invoke
+    fails on every input (index 9 is past the axis: the kernel returns an error, it does not abort)."""
+    import tflite
+    from test_model_builder import Op, T, build_model
+
+    def axis_1(b: object) -> int:
+        tflite.GatherOptionsStart(b)
+        tflite.GatherOptionsAddAxis(b, 1)
+        return int(tflite.GatherOptionsEnd(b))
+
+    q = {"scale": 0.05, "zero_point": 0}
+    tensors = [
+        T("input", (1, 4), "int8", **q),
+        T("indices", (2,), "int32", data=np.array([1, 9], dtype=np.int32)),
+        T("output", (1, 2), "int8", **q),
+    ]
+    options = (tflite.BuiltinOptions.GatherOptions, axis_1)
+    return build_model(tensors, [Op(tflite.BuiltinOperator.GATHER, [0, 1], [2], options=options)], [0], [2])
+
+
+@pytest.mark.parametrize(
+    ("input_bytes", "stage", "code", "i", "msg"),
+    [
+        (4, "invoke", 1, 0, "Invoke_failed"),  # TFLM's Invoke fails on the compiled-in input
+        (6, "input", 4, None, "input_tensor_size_differs_from_embedded_input"),  # refused at start-up
+    ],
+)
+def test_a_compiled_in_input_the_app_cannot_run_prints_the_firmwares_error_record(
+    tmp_path: Path, board_port, input_bytes: int, stage: str, code: int, i: int | None, msg: str
+) -> None:
+    """app_main.cc's BootText: an Invoke that fails prints ERROR stage=invoke for that input and END
+    status=error; Setup refuses an embedded input whose size is not the model's input tensor's (stage
+    input, code: the tensor's bytes). The simulated app prints the same records instead of raising."""
+    proj = make_project(tmp_path / "proj", _gather_out_of_range_model(), [bytes(input_bytes)])
+    port = board_port("esp32s3")
+    port.board.program(build_sim_firmware(proj, tmp_path / "build"))
+    cap = parse_capture(boot(port, timeout=5))
+    assert cap.end_status == "error" and all(not run.outputs for run in cap.runs)
+    assert [(e.stage, e.code, e.i, e.msg) for e in cap.errors] == [(stage, code, i, msg)]
+    assert port.board.mode == "app"  # the board still runs its app: nothing was raised inside it
+
+
+def test_a_kernel_that_aborts_is_the_simulated_chips_abort_not_the_end_of_the_process(
+    tmp_path: Path, board_port
+) -> None:
+    """TFLM's softmax aborts (TFLITE_CHECK -> SIGABRT) on a long row near its maximum: on a chip that is
+    abort(), a crash report and a reboot. The simulated chip runs TFLM's kernels in a child process, so
+    it prints the same and boots again; the process serving the board (here: pytest) lives on."""
+    from native_fixture import write_refused_input, write_refused_model
+
+    pytest.importorskip("tflite_micro")
+    model = write_refused_model(tmp_path / "softmax.tflite")
+    proj = make_project(tmp_path / "proj", model, [np.load(write_refused_input(tmp_path / "flat.npy"))])
+    port = board_port("esp32s3")
+    port.board.program(build_sim_firmware(proj, tmp_path / "build"))
+    raw = boot(port, timeout=3)
+    assert raw.count(b"abort() was called at PC") >= 2 and b"Rebooting..." in raw  # on every boot
+    assert b" INPUT i=0 " in raw and b" TENSOR " not in raw

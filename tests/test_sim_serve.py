@@ -26,7 +26,7 @@ import harness.sim as sim
 from harness.protocol.capture import parse_capture
 from harness.sim.board import get_board, remove_board
 from harness.sim.image import build_sim_firmware
-from harness.sim.serve import serve_rfc2217, serve_tcp
+from harness.sim.serve import SimServer, serve_rfc2217, serve_tcp
 
 sim.register()
 
@@ -237,6 +237,15 @@ def test_cli_sim_serve_rejects_bad_board_before_binding() -> None:
     assert main(["sim", "serve", "--flash-size", "3MB", "--port", "0"]) == 2
 
 
+def _esptool_gets_the_board(server: SimServer) -> None:
+    """The server thread lives, and a real client (pyserial + esptool) gets the board."""
+    assert server._thread is not None and server._thread.is_alive()
+    client = serial.serial_for_url(server.address, timeout=3)
+    esp = cmds.detect_chip(client, 115200, "default-reset", connect_attempts=3)
+    assert esp.CHIP_NAME == "ESP32-S3"
+    client.close()
+
+
 def test_a_client_that_vanishes_mid_handshake_does_not_take_the_board_away(s3_files) -> None:
     """Clients connect and reset the connection at once (SO_LINGER 0: the server's telnet
     negotiation hits a dead socket); the next real client (pyserial + esptool) still gets the board."""
@@ -248,12 +257,28 @@ def test_a_client_that_vanishes_mid_handshake_does_not_take_the_board_away(s3_fi
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             s.close()
             time.sleep(0.3)
-        assert server._thread is not None and server._thread.is_alive()
-        client = serial.serial_for_url(server.address, timeout=3)
-        esp = cmds.detect_chip(client, 115200, "default-reset", connect_attempts=3)
-        assert esp.CHIP_NAME == "ESP32-S3"
-        client.close()
+        _esptool_gets_the_board(server)
         assert server.clients_served == 4 and server.sessions_failed >= 1, server.last_error
+    finally:
+        server.stop()
+        remove_board(name)
+
+
+def test_a_malformed_rfc2217_request_is_ignored_and_the_board_stays_served(s3_files) -> None:
+    """A client's SET-BAUDRATE with a one-byte value (pyserial's port manager unpacks four bytes and
+    raises struct.error, which it does not catch) is ignored: the server thread lives on, and the next
+    client (pyserial + esptool) gets the board."""
+    from serial import rfc2217 as r
+
+    name = f"rfc-{uuid.uuid4().hex[:8]}"
+    server = serve_rfc2217(f"sim://{name}?chip=esp32s3&emitter=c")
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(r.IAC + r.SB + r.COM_PORT_OPTION + r.SET_BAUDRATE + b"\x01" + r.IAC + r.SE)
+            time.sleep(0.5)
+        time.sleep(0.3)
+        _esptool_gets_the_board(server)
+        assert server.sessions_failed == 0, server.last_error
     finally:
         server.stop()
         remove_board(name)

@@ -3,7 +3,8 @@
 Why a child, its limits, what a crash or a refusal (SIGABRT after an announced Invoke) becomes and how
 results are cached: README "Host reference backends and platforms" and docs/sweep.md "When the host
 reference refuses". One child does everything a command needs: reference outputs for the inputs, per
-layer if asked, and TFLM's arena measurement with a confirming run at exactly that size.
+layer if asked, and TFLM's arena measurement with a confirming run at exactly that size. The simulated
+board's CPU is a child of its own (:class:`InvokeChild`: one model kept loaded, invoked input by input).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -277,15 +279,115 @@ def _child_argv(job_dir: Path) -> list[str]:
     return [sys.executable, "-m", "harness.model.hostrun", str(job_dir)]
 
 
+def _child_env() -> dict[str, str]:
+    """The environment of a child: it must import this very package, also from a checkout not installed."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+INVOKE_IDLE_S = 10  # an InvokeChild's child leaves after this long without an input (a new one follows)
+
+
+class InvokeChild:
+    """One model in TFLM's reference interpreter in a child process of its own, invoked input by input:
+    the simulated board's CPU. A kernel that aborts (a TFLITE_CHECK) or crashes ends the child, not the
+    process serving the board; the next run starts a new one. The child leaves by itself when its input
+    ends (this object or its process gone) or after :data:`INVOKE_IDLE_S` without one, so it is not
+    registered with :mod:`harness.children` and never outlives esp-check."""
+
+    def __init__(self, model: bytes, info: ModelInfo) -> None:
+        self.model, self.info = model, info
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _send(self, arr: np.ndarray) -> tuple[bytes | None, int]:
+        """``arr`` to a running child (one is started if there is none): its answer (None: it ended) and
+        its exit status (0 while it runs)."""
+        with contextlib.suppress(BrokenPipeError):  # a child gone already: no answer
+            if self.proc is None or self.proc.poll() is not None:
+                argv = [sys.executable, "-m", "harness.model.hostrun", "--invoke"]
+                pipe, quiet = subprocess.PIPE, subprocess.DEVNULL  # TFLM's own messages are not the console
+                self.proc = subprocess.Popen(argv, stdin=pipe, stdout=pipe, stderr=quiet, env=_child_env())
+                # reaped as it leaves (idle, its input's end, a crash): no zombie in a long-lived process
+                threading.Thread(target=self.proc.wait, name="esp-check-sim-cpu", daemon=True).start()
+                head = struct.pack("<QQ", backends.host_arena_bytes(self.info), limits()[1])
+                _put(self.proc.stdin, head + self.model)
+            _put(self.proc.stdin, np.ascontiguousarray(arr).tobytes())
+        assert self.proc is not None
+        said = _get(self.proc.stdout)
+        return said, 0 if said is not None else self.proc.wait()
+
+    def run(self, arr: np.ndarray) -> list[np.ndarray]:
+        """The outputs of one Invoke; RuntimeError: TFLM's Invoke returned an error or the interpreter
+        refused the model; ReferenceRefusedError: the child aborted (SIGABRT); ModelError: a signal
+        killed it."""
+        said, code = self._send(arr)
+        if code == -signal.SIGALRM:  # it left, idle, as the input came: a new one runs it
+            said, code = self._send(arr)
+        if code == -signal.SIGABRT:
+            raise ReferenceRefusedError("TFLM's reference interpreter aborted (SIGABRT) inside Invoke")
+        if code < 0:
+            raise ModelError(f"TFLM's reference interpreter was killed by signal {-code} inside Invoke")
+        if said is None or said[:1] != b"\0":
+            raise RuntimeError(f"TFLM's reference interpreter failed (exit {code}) or its Invoke did")
+        out, at = [], 1
+        for t in self.info.outputs:
+            dtype = np.dtype(t.dtype)
+            out.append(np.frombuffer(said, dtype, t.nbytes // dtype.itemsize, at).reshape(t.shape))
+            at += t.nbytes
+        return out
+
+
+def _put(stream: Any, data: bytes) -> None:
+    stream.write(struct.pack("<I", len(data)) + data)
+    stream.flush()
+
+
+def _get(stream: Any) -> bytes | None:
+    """One message from ``stream``, or None at its end (the other side is gone)."""
+    head = stream.read(4)
+    size = struct.unpack("<I", head)[0] if len(head) == 4 else -1
+    data = stream.read(size) if size >= 0 else b""
+    return data if len(data) == size else None
+
+
+def invoke_main() -> int:  # pragma: no cover - runs in the child process
+    """Entry of an :class:`InvokeChild`: the model, then each input in, its outputs out (a status byte
+    first: 1 when TFLM's Invoke returned an error)."""
+    head = _get(sys.stdin.buffer)
+    if head is None:
+        return 2
+    arena, memory = struct.unpack_from("<QQ", head)
+    _limit_resources(memory)
+    model = head[16:]
+    info = parse_model_bytes(model)
+    rt = get_backend("tflm").load()
+    interp, runs, tin = rt.Interpreter.from_bytes(model, arena_size=arena), 0, info.inputs[0]
+    while True:
+        signal.alarm(INVOKE_IDLE_S)  # SIGALRM ends the child: idle too long
+        data = _get(sys.stdin.buffer)
+        signal.alarm(0)
+        if data is None:
+            return 0
+        if runs:
+            interp.reset()
+        runs += 1
+        try:
+            interp.set_input(np.frombuffer(data, np.dtype(tin.dtype)).reshape(tin.shape), 0)
+            interp.invoke()
+        except RuntimeError:
+            _put(sys.stdout.buffer, b"\1")
+            continue
+        outs = [np.ascontiguousarray(interp.get_output(i)).tobytes() for i in range(len(info.outputs))]
+        _put(sys.stdout.buffer, b"\0" + b"".join(outs))
+
+
 def _spawn(
     job_dir: Path, timeout: float, stop: threading.Event | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run the child to its end; kill it on the timeout, when ``stop`` is set, or on any exception here
     (Ctrl-C, SIGTERM), as ``subprocess.run`` does."""
-    # The child must import this very package, also from a checkout that is not installed.
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     argv = _child_argv(job_dir)
     with (
         children.start(
@@ -295,7 +397,7 @@ def _spawn(
             stderr=subprocess.PIPE,
             text=True,
             errors="replace",
-            env=env,
+            env=_child_env(),
         ) as proc,
         children.tracked(proc),
     ):  # registered: a run abandoned by a second signal does not leave it
@@ -519,4 +621,6 @@ def child_main(job_dir: Path) -> int:  # pragma: no cover - runs in the child pr
 
 
 if __name__ == "__main__":  # pragma: no cover - child process entry
+    if sys.argv[1:] == ["--invoke"]:
+        sys.exit(invoke_main())
     sys.exit(child_main(Path(sys.argv[1])) if len(sys.argv) == 2 else 2)

@@ -82,6 +82,20 @@ class _RunRequest:
 
 
 _KEEP_MAGIC = b"ECKEEP\x00\x03"
+# the store's header before its CRC-32 (docs/protocol.md "Kept inputs", Layout): magic, input bytes,
+# capacity, nonce, store bytes, the model's SHA-256, placement
+KEEP_HEAD = struct.Struct("<8sIIII32sI")
+
+
+def keep_header(input_bytes: int, cap: int, nonce: int, size: int, model_sha: bytes, place: int) -> bytes:
+    """The kept-input store's header: :data:`KEEP_HEAD`'s fields, then their CRC-32."""
+    head = KEEP_HEAD.pack(_KEEP_MAGIC, input_bytes, cap, nonce, size, model_sha, place & 0xFFFFFFFF)
+    return head + struct.pack("<I", crc32(head))
+
+
+def keep_slot(input_bytes: int, cap: int, k: int) -> int:
+    """Where the store keeps the bytes of entry ``k``: after the entries, from a 16-byte boundary."""
+    return (frames.KEEP_HEADER + cap * frames.KEEP_ENTRY + 15) // 16 * 16 + k * input_bytes
 
 
 class KeepStore:
@@ -111,9 +125,8 @@ class KeepStore:
 
     def _header(self) -> bytes:
         c = self.cfg
-        h = _KEEP_MAGIC + struct.pack("<IIII", c.input_bytes, self.cap, self.nonce, len(self.region))
-        h += bytes.fromhex(c.model_sha256) + struct.pack("<I", c.keep_place & 0xFFFFFFFF)
-        return h + struct.pack("<I", crc32(h))
+        sha = bytes.fromhex(c.model_sha256)
+        return keep_header(c.input_bytes, self.cap, self.nonce, len(self.region), sha, c.keep_place)
 
     def _check(self, index: int, crc: int) -> int:
         return crc32(struct.pack("<III", self.nonce, index, crc))
@@ -123,7 +136,7 @@ class KeepStore:
         return check == self._check(k, crc), crc
 
     def _slot(self, k: int) -> int:
-        return (frames.KEEP_HEADER + self.cap * frames.KEEP_ENTRY + 15) // 16 * 16 + k * self.cfg.input_bytes
+        return keep_slot(self.cfg.input_bytes, self.cap, k)
 
     def find(self, ident: int, want: int) -> bytes | None:
         """The kept copy of input ``ident`` (entry ``ident % cap``) whose CRC-32 is ``want``, or None."""

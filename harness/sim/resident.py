@@ -18,13 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from harness.errors import HostReferenceError, ModelError, ReferenceRefusedError
 from harness.flashfmt import otadata
 from harness.flashfmt.partitions import APP, DATA, OTA_0, OTADATA, Partition, find
 from harness.model.backends import get_backend, host_arena_bytes
+from harness.model.hostrun import InvokeChild
 from harness.model.hybrid_ops import ANSI_KINDS, ansi_path_applies
 from harness.model.loader import parse_model_bytes
 from harness.model.reference import run_reference
-from harness.protocol import frames
+from harness.protocol import frames, loop
 from harness.protocol.app_image import APP_NAME
 from harness.protocol.emitter import TapTensor, emit_tensor
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
@@ -84,30 +86,6 @@ class AppEnv:
     invoke_time: str = "0"  # "model": busy for the modelled invoke time; else seconds (float)
     log: Callable[[str], None] = lambda _m: None
     keep: bytearray | None = None  # PSRAM a software restart leaves alone (the kept-input store's memory)
-
-
-class _Model:
-    """The model running on the simulated CPU: the TFLM reference, one interpreter per model, in process
-    (the model already passed the host reference's isolated child process in any flow that gets here)."""
-
-    def __init__(self, model: bytes, info: Any) -> None:
-        # lazy: optional (Linux x86-64 wheels only, ~40 ms); only a booted app that runs a model needs it
-        from tflite_micro.python.tflite_micro import runtime
-
-        self.info = info
-        self.interp = runtime.Interpreter.from_bytes(model, arena_size=host_arena_bytes(info))
-        self.runs = 0
-
-    def run(self, arr: np.ndarray) -> list[np.ndarray]:
-        if self.runs:
-            self.interp.reset()
-        self.runs += 1
-        self.interp.set_input(arr, 0)
-        self.interp.invoke()
-        return [
-            np.array(self.interp.get_output(i), copy=True).reshape(t.shape)
-            for i, t in enumerate(self.info.outputs)
-        ]
 
 
 @dataclass
@@ -191,6 +169,9 @@ class SimApp:
         elif len(init.info.inputs) != 1:
             init.stage, init.code = frames.STAGE_CODES["input"], len(init.info.inputs)
             init.msg = "expected_one_input_tensor"
+        elif any(len(raw) != init.info.inputs[0].nbytes for raw in self.payload.inputs):
+            init.stage, init.code = frames.STAGE_CODES["input"], init.info.inputs[0].nbytes
+            init.msg = "input_tensor_size_differs_from_embedded_input"
         else:
             with contextlib.suppress(Exception):
                 init.tflm = get_backend("tflm").version().replace(" ", "_")
@@ -322,7 +303,10 @@ class SimApp:
         for i, raw in enumerate(inputs):
             em.input(i, len(raw), self.sha256_hex(raw))
             rc, us, outs = self.invoke(raw)
-            if rc < 0:
+            if rc:  # < 0: the device stopped (its crash text follows); > 0: app_main.cc's record of it
+                if rc > 0:
+                    em.error("invoke", rc, "Invoke_failed", i)
+                    em.end(False)
                 return
             em.time(i, us)
             for o, (t, data) in enumerate(zip(self._outputs(), outs, strict=True)):
@@ -432,7 +416,10 @@ class SimApp:
         arr = np.frombuffer(data, np.dtype(tin.dtype)).reshape(tin.shape)
         try:
             outs = self._reference(arr, data)
-        except RuntimeError:  # TFLM (the simulated chip's kernels) refused the model: its Invoke fails
+        except ModelError as exc:  # TFLM (the simulated chip's kernels) crashed: a TFLITE_CHECK's abort()
+            self.crash = "abort" if isinstance(exc, ReferenceRefusedError) else "panic"
+            return -1, 0, []
+        except (RuntimeError, HostReferenceError):  # its Invoke returned an error: so does the app's
             return 1, 0, []
         us = invoke_us(self.init.cycles, self.env.chip.cpu_mhz)
         mode = self.env.invoke_time  # "model" or seconds >= 0 (harness.sim.board.SimParams checked it)
@@ -462,7 +449,7 @@ class SimApp:
             mkey = "model:" + self.model_sha
             model = cache.get(mkey)
             if model is None:
-                model = cache[mkey] = _Model(self.payload.model, info)
+                model = cache[mkey] = InvokeChild(self.payload.model, info)
             hit = model.run(arr)
             if len(cache) > _CACHE_LIMIT:
                 for k in [k for k in cache if k.startswith("out:")][: _CACHE_LIMIT // 4]:
@@ -580,14 +567,15 @@ def keep_after_boot(mem: bytearray, reason: str, faults: FaultSpec, boot: int) -
     if reason in COLD_BOOTS or faults.active("keep_cold") or lost:
         mem[:] = faults.rng("keep_cold", boot).randbytes(len(mem))
         return
-    if faults.active("keep_stale") and mem[:6] == b"ECKEEP":  # another model's store: its own CRC is valid
-        mem[24:56] = hashlib.sha256(bytes(mem[24:56])).digest()
-        mem[60:64] = crc32(mem[:60]).to_bytes(4, "little")
-    if faults.active("keep_flip") and mem[:6] == b"ECKEEP":
-        size, cap = int.from_bytes(mem[8:12], "little"), int.from_bytes(mem[12:16], "little")
-        first = (frames.KEEP_HEADER + cap * frames.KEEP_ENTRY + 15) // 16 * 16
+    magic, size, cap, nonce, region, sha, place = loop.KEEP_HEAD.unpack_from(mem)
+    if magic[:6] != b"ECKEEP":
+        return
+    if faults.active("keep_stale"):  # another model's store: its own CRC is valid
+        other = hashlib.sha256(sha).digest()
+        mem[: frames.KEEP_HEADER] = loop.keep_header(size, cap, nonce, region, other, place)
+    if faults.active("keep_flip"):
         for k in range(cap):
-            at = first + k * size + (k * 7919) % max(size, 1)
+            at = loop.keep_slot(size, cap, k) + (k * 7919) % max(size, 1)
             if at < len(mem):
                 mem[at] ^= 0x01
 

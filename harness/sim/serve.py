@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
 from dataclasses import dataclass, field
 
@@ -211,7 +212,10 @@ def _port_manager(ser: serial.SerialBase, conn: object) -> serial.rfc2217.PortMa
             ClassicReset(self.serial, DEFAULT_RESET_DELAY)()
 
         def _telnet_process_subnegotiation(self, suboption: bytes) -> None:
-            super()._telnet_process_subnegotiation(suboption)
+            try:
+                super()._telnet_process_subnegotiation(suboption)
+            except struct.error:  # a value shorter than its option's (pyserial unpacks it unchecked)
+                return  # ignored, as the malformed request it is: the server and its board carry on
             if (
                 suboption[0:1] == serial.rfc2217.COM_PORT_OPTION
                 and suboption[1:2] == serial.rfc2217.SET_CONTROL

@@ -313,8 +313,7 @@ def timing_table(per_variant: Mapping[str, Sequence[TapOp]], cpu_mhz: Mapping[st
 
 
 def _speedup(rows: Sequence[OpTime]) -> float | None:
-    """ansi / optimized time over the ops timed above zero in both; None (unknown), never a fake 0.0x or a
-    ratio of sums over different ops."""
+    """ANSI C / optimized time over the ops timed above zero in both; None: unknown (never a fake 0.0x)."""
     both = [r["us"] for r in rows if r["us"].get("ansi") and r["us"].get("optimized")]
     return sum(u["ansi"] for u in both) / sum(u["optimized"] for u in both) if both else None
 

@@ -14,9 +14,8 @@ from harness.errors import UsageError
 from harness.model.loader import ModelInfo, OpInfo
 from harness.model.opdata import DILATED, ELEMENTWISE, POOLS, WEIGHTED
 
-# opcode -> the wrapper's kind enumerator (enum Kind in firmware_templates/hybrid/esp_check_hybrid.cc.j2):
-# every kernel ESP-NN accelerates on some chip (ops.toml [espnn.*], tests/test_hybrid_firmware.py). Its
-# resolver method is ops.toml's (opdata.resolver_method); its wrapped registration is Register_<opcode>.
+# ESP-NN's kernels (ops.toml) -> enum Kind of the wrapper (firmware_templates/hybrid/esp_check_hybrid.cc.j2),
+# which registers each as Register_<opcode> (tests/test_hybrid_firmware.py checks both)
 ANSI_KINDS: dict[str, str] = {
     "CONV_2D": "kConv",
     "DEPTHWISE_CONV_2D": "kDepthwise",

@@ -187,6 +187,18 @@ def test_cost_claims_need_a_speedup_above_the_noise_and_a_chip(unet) -> None:  #
     assert near["speedup_kept_percent"] is None and "no speedup above the noise" in near["summary"]
 
 
+def test_invoke_times_and_cycles_keep_the_same_share_under_one_rule(unet) -> None:  # type: ignore[no-untyped-def]
+    """A hybrid 1 us slower than the optimized build (of 100 ms) keeps 99.999% of the speedup: from
+    invoke times it was rounded to 2 digits and printed as "keeps 100.0%", a cost shown as none."""
+    tiny = invoke_cost({"optimized": 100_000, "ansi": 200_000, "hybrid": 100_001})
+    assert tiny["speedup_kept_percent"] == 99.999 and "keeps 99.999%" in tiny["summary"], tiny
+    n = len(unet.main_ops)
+    opt, ansi = {k: 1000 for k in range(n)}, {k: 4000 for k in range(n)}
+    cycles = cost_report(unet, opt, ansi, [17], 240, measured_hybrid={**opt, 17: 1001})
+    total = {"optimized": 1000 * n, "ansi": 4000 * n, "hybrid": 1000 * n + 1}
+    assert cycles["speedup_kept_percent"] == invoke_cost(total)["speedup_kept_percent"]
+
+
 def _capture(info_fields: list[tuple[str, object]], hybrid_records: list[tuple[int, int]]) -> bytes:
     out = bytearray()
     em = PythonEmitter(out.extend)

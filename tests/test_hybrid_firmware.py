@@ -18,7 +18,10 @@ import pytest
 from harness.errors import UsageError
 from harness.firmware.generate import FirmwareFeatures, generate_projects
 from harness.firmware.hybrid_context import readme_snippet, registration_lines
+from harness.model.hybrid_ops import ANSI_KINDS
 from harness.model.loader import load_model
+from harness.model.opdata import FAMILY_CHIPS, espnn_ops
+from harness.resources import templates_dir
 from harness.sim.image import hybrid_table
 
 MODELS = Path(__file__).parent / "data" / "models"
@@ -57,6 +60,19 @@ def test_wrapper_table_maps_each_node_to_its_output_tensor(tmp_path: Path) -> No
     assert "resolver.AddConcatenation()" in app  # kinds without an ANSI C op keep the plain registration
     assert '"esp_check_hybrid.cc"' in (main / "CMakeLists.txt").read_text()
     assert hybrid_table(p.path) == [[4, 107, "kDepthwise"], [17, 120, "kConv"], [27, 130, "kAdd"]]
+
+
+def test_the_switchable_kinds_are_esp_nns_kernels_each_wrapped_once() -> None:
+    """ANSI_KINDS holds only what ops.toml does not, the wrapper's kind enumerators: its kinds are the
+    kernels ESP-NN accelerates on some chip (ops.toml), each declared in the header and wrapped under
+    its enumerator in the source, the Register_<opcode> that register_args names."""
+    assert set(ANSI_KINDS) == {op for chip in FAMILY_CHIPS for op in espnn_ops(chip)}
+    root = templates_dir() / "hybrid"
+    header, source = (root / "esp_check_hybrid.h").read_text(), (root / "esp_check_hybrid.cc.j2").read_text()
+    for opcode, enum in ANSI_KINDS.items():
+        assert f"TFLMRegistration Register_{opcode}();" in header
+        assert f"Register_{opcode}() {{ return Wrap<{enum}>(tflite::Register_{opcode}()); }}" in source
+        assert re.search(rf"^    {enum}\b", source, re.MULTILINE), enum  # an enumerator of enum Kind
 
 
 def test_plain_firmware_has_no_wrapper_and_variants_differ_only_in_the_nn_setting(tmp_path: Path) -> None:

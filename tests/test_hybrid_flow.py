@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from held_lock import held_elsewhere
 
 from harness.cli import main
+from harness.device.locks import lock_key
 from harness.errors import ExitCode
 from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.hybrid import HybridOptions, HybridResult, hybrid
@@ -339,3 +342,26 @@ def test_cli_hybrid(
     assert main(["hybrid", *base, "--ansi-ops", "48", "--out", str(tmp_path / "u1")]) == 2
     assert main(["hybrid", *base, "--ansi-ops", "17", "--bisect", "--out", str(tmp_path / "u2")]) == 2
     assert main(["hybrid", *base, "--ansi-kinds", "LOGISTIC", "--out", str(tmp_path / "u3")]) == 2
+
+
+def test_lock_false_takes_no_board_lock_in_the_hybrid_runs_either(
+    models_dir: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    """``JobOptions(lock=False)`` (docs/ci.md, "Board locks"): no lock in the baseline nor in the hybrid
+    runs. Another process holds the board's lock (a real flock); with ``lock_timeout=0`` any lock taken
+    would fail at once with BoardBusyError, so a hybrid that runs to its verdict took none."""
+    port = f"sim://nolock{time.monotonic_ns()}?{_corrupt('3')}"  # named: the lock key is known
+    job = JobOptions(
+        cache_dir=cache_dir, timeouts=LIMITS, lock=False, lock_dir=tmp_path / "locks", lock_timeout=0
+    )
+    with held_elsewhere(tmp_path / "locks" / f"{lock_key(port)}.lock"):
+        res = hybrid(
+            models_dir / "cnn_classifier_11.tflite",
+            [models_dir / "inputs" / "cnn_classifier_11.png"],
+            board="sim",
+            port=port,
+            out_dir=tmp_path / "o",
+            options=HybridOptions(ansi_ops=(3,)),
+            job=job,
+        )
+    assert res.offered and res.exit_code == ExitCode.MATCH, (res.message, res.errors)

@@ -6,12 +6,11 @@ the same rule runs against a real lab in tests/test_labgrid_e2e.py. Nothing is f
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from held_lock import held_elsewhere
 
 from harness.commands.runner_cmds import run_cmd
 from harness.device.locks import BoardLock
@@ -50,16 +49,5 @@ def test_a_board_lock_with_timeout_0_takes_a_free_board_and_skips_a_held_one(tmp
     free.acquire(0)
     assert free.acquired_at is not None
     free.release()
-    # another process holds the lock (flock is per open file description: a real second holder)
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, filelock; l = filelock.FileLock(sys.argv[1]); l.acquire(); print('held', flush=True); "
-         "sys.stdin.read()", str(tmp_path / "sim-held.lock")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        with pytest.raises(BoardBusyError, match="still in use"):
-            BoardLock("sim-held", tmp_path).acquire(0)
-    finally:
-        holder.communicate("")
+    with held_elsewhere(tmp_path / "sim-held.lock"), pytest.raises(BoardBusyError, match="still in use"):
+        BoardLock("sim-held", tmp_path).acquire(0)

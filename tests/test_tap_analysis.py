@@ -102,6 +102,20 @@ def test_timing_table_speedups_and_totals() -> None:
     assert t["by_type"]["OP0"]["count"] == 1
 
 
+def test_timing_table_gives_no_speedup_it_cannot_know() -> None:
+    """ANSI C timed at 0 cycles gave its op a 0.0x speedup but its type None; ops timed in one variant
+    only (the rest of the records dropped) gave the type and the total a speedup from different sets of
+    ops. One rule: ansi / optimized over the ops timed above zero in both, else None (unknown)."""
+    conv = [TapOp(k, "CONV_2D", (), (), c) for k, c in ((0, 240), (1, 480), (2, 240))]
+    ansi = [TapOp(0, "CONV_2D", (), (), 0), TapOp(1, "CONV_2D", (), (), 960)]
+    t = timing_table({"optimized": conv, "ansi": ansi}, {"optimized": 240, "ansi": 240})
+    assert [r["speedup"] for r in t["ops"]] == [None, 2.0, None]
+    assert t["by_type"]["CONV_2D"]["speedup"] == 2.0 and t["speedup"] == 2.0  # op 1 alone
+    assert t["total_us"] == {"optimized": 4.0, "ansi": 4.0}  # the times themselves stay as measured
+    alone = timing_table({"optimized": conv}, {"optimized": 240})
+    assert alone["speedup"] is None and alone["by_type"]["CONV_2D"]["speedup"] is None
+
+
 def test_op_list_flag_is_checked_when_parsed() -> None:
     import click
 

@@ -188,6 +188,15 @@ class InvokeCost(TypedDict):
     native: bool
 
 
+def _kept(opt: int | None, ansi: int | None, hyb: int | None, native: bool, band: float) -> float | None:
+    """The % of ESP-NN's speedup the hybrid keeps, from cycles or invoke times (docs/hybrid.md, "Cost");
+    None: no claim (a native board, no speedup above the noise band, a hybrid outside the builds' range)."""
+    if native or not (opt and ansi and hyb) or ansi <= opt * (1.0 + band):
+        return None
+    comparable = opt * (1.0 - band) <= hyb <= ansi * (1.0 + band)
+    return round(100.0 * (ansi - hyb) / (ansi - opt), 4) if comparable else None  # 4 digits: _percent
+
+
 def cost_report(
     info: ModelInfo,
     optimized: Mapping[int, int],
@@ -207,13 +216,6 @@ def cost_report(
     t_ansi = sum(ansi[k] for k in ops)
     t_est = sum(ansi[k] if k in chosen else optimized[k] for k in ops)
     t_hyb = sum(measured_hybrid[k] for k in ops) if measured_hybrid else t_est
-
-    def kept(t: int) -> float | None:
-        if native or t_opt <= 0 or t_ansi <= t_opt * (1.0 + noise_band):  # no speedup above the noise
-            return None
-        if not t_opt * (1.0 - noise_band) <= t <= t_ansi * (1.0 + noise_band):
-            return None  # the hybrid timed outside the two builds' range: not comparable, no claim
-        return round(100.0 * (t_ansi - t) / (t_ansi - t_opt), 4)
 
     per_op: list[OpCost] = [
         {
@@ -236,7 +238,7 @@ def cost_report(
             "optimized": round(t_ansi / t_opt, 3) if t_opt else None,
             "hybrid": round(t_ansi / t_hyb, 3) if t_hyb else None,
         },
-        "speedup_kept_percent": kept(t_hyb),
+        "speedup_kept_percent": _kept(t_opt, t_ansi, t_hyb, native, noise_band),
         "measured": measured_hybrid is not None,
         "per_op": per_op,
         "cpu_mhz": mhz,
@@ -292,18 +294,16 @@ def invoke_cost(
     """Without per-op cycles (a bisection without taps): the cost from the three builds' measured invoke
     times (``optimized``, ``ansi``, ``hybrid``, in us), under the same rules as :func:`cost_report`."""
     opt, ansi, hyb = us.get("optimized"), us.get("ansi"), us.get("hybrid")
-    kept = None
+    kept = _kept(opt, ansi, hyb, native, noise_band)
     if native:
         summary = NATIVE_NO_CLAIM + f" (invoke times: {dict(us)})"
+    elif kept is not None:
+        summary = f"the hybrid keeps {_percent(kept)} of ESP-NN's speedup (invoke times: {dict(us)})"
     elif opt and ansi and hyb and ansi > opt * (1.0 + noise_band):
-        if opt * (1.0 - noise_band) <= hyb <= ansi * (1.0 + noise_band):
-            kept = round(100.0 * (ansi - hyb) / (ansi - opt), 2)
-            summary = f"the hybrid keeps {kept:.1f}% of ESP-NN's speedup (invoke times: {dict(us)})"
-        else:
-            summary = (
-                f"the hybrid's invoke ({hyb} us) is outside the optimized and ANSI C builds' "
-                f"({opt} and {ansi} us): not comparable, no share of the speedup is claimed"
-            )
+        summary = (
+            f"the hybrid's invoke ({hyb} us) is outside the optimized and ANSI C builds' "
+            f"({opt} and {ansi} us): not comparable, no share of the speedup is claimed"
+        )
     elif opt is None and hyb and ansi:
         summary = (
             f"the optimized build never finished an invoke; the hybrid takes {hyb} us, ANSI C "

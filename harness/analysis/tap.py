@@ -297,24 +297,25 @@ def timing_table(per_variant: Mapping[str, Sequence[TapOp]], cpu_mhz: Mapping[st
     rows = [by_idx[k] for k in sorted(by_idx)]
     totals: dict[str, TypeTime] = {}
     for row in rows:
-        a, b = row["us"].get("ansi"), row["us"].get("optimized")
-        row["speedup"] = (a / b) if a is not None and b else None
+        row["speedup"] = _speedup([row])
         tot = totals.setdefault(row["opcode"], {"count": 0, "us": {v: 0.0 for v in names}, "speedup": None})
         tot["count"] += 1
         for v in names:
             tot["us"][v] += row["us"].get(v, 0.0)
-    for tot in totals.values():
-        a, b = tot["us"].get("ansi"), tot["us"].get("optimized")
-        tot["speedup"] = (a / b) if a and b else None
-    grand = {v: sum(r["us"].get(v, 0.0) for r in rows) for v in names}
+    for name, tot in totals.items():
+        tot["speedup"] = _speedup([r for r in rows if r["opcode"] == name])
     return {
         "ops": rows,
         "by_type": dict(sorted(totals.items(), key=lambda kv: -max(kv[1]["us"].values() or [0]))),
-        "total_us": grand,
-        "speedup": (grand["ansi"] / grand["optimized"])
-        if grand.get("ansi") and grand.get("optimized")
-        else None,
+        "total_us": {v: sum(r["us"].get(v, 0.0) for r in rows) for v in names},
+        "speedup": _speedup(rows),
     }
+
+
+def _speedup(rows: Sequence[OpTime]) -> float | None:
+    """ANSI C / optimized time over the ops timed above zero in both; None: unknown (never a fake 0.0x)."""
+    both = [r["us"] for r in rows if r["us"].get("ansi") and r["us"].get("optimized")]
+    return sum(u["ansi"] for u in both) / sum(u["optimized"] for u in both) if both else None
 
 
 # ---- consistency ----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from harness.errors import GenerateError
 from harness.model.hybrid_ops import ANSI_KINDS, format_ops, select_ansi_ops
 from harness.model.loader import ModelInfo
+from harness.model.opdata import resolver_method
 from harness.resources import templates_dir
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def hybrid_firmware_context(
                 "op": k,
                 "opcode": op.opcode,
                 "out_tensor": outs[0],
-                "kind_enum": ANSI_KINDS[op.opcode][0],
+                "kind_enum": ANSI_KINDS[op.opcode],
                 "state": states[family] if stateful else 0,
             }
         )
@@ -65,7 +66,7 @@ def hybrid_firmware_context(
         "kinds": kinds,
         "conv_states": states["conv"],
         "softmax_states": states["softmax"],
-        "register_args": {ANSI_KINDS[k][1]: f"esp_check_hybrid::{ANSI_KINDS[k][2]}()" for k in kinds},
+        "register_args": {resolver_method(k): f"esp_check_hybrid::Register_{k}()" for k in kinds},
         "model_name": model_name,
         "model_sha256": model_sha256,
     }

@@ -117,8 +117,6 @@ class _JobState:
 
     def lock(self) -> BoardLockCM | None:
         """The board's lock while it is flashed and captured (None: not asked for, or a private board)."""
-        if not self.opts.lock:
-            return None
         return self.target.job_lock(self.opts, "esp-check flash-and-compare", self.rec)
 
 

@@ -218,7 +218,7 @@ def hybrid(
 
 def _board_lock(state: _State) -> BoardLockCM:
     """The board's lock for the hybrid runs (the baseline took and released its own); none for a
-    board made for this command alone."""
+    board made for this command alone, or with ``lock=False``."""
     assert state.target is not None
     lock = state.target.job_lock(state.spec.options, "esp-check hybrid", state.rec)
     return lock or contextlib.nullcontext()

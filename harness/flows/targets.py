@@ -98,7 +98,10 @@ class Target:
         return board_lock(ps, lock_dir=lock_dir, timeout=timeout, owner=owner, on_wait=on_wait)
 
     def job_lock(self, options: JobOptions, owner: str, rec: Recorder) -> BoardLockCM | None:
-        """:meth:`lock` in ``options``' lock directory and time, its waits said as stage ``lock``."""
+        """:meth:`lock` in ``options``' lock directory and time, its waits said as stage ``lock``; None
+        when ``options.lock`` is False (the caller holds the lock, or wants none: every mode, one rule)."""
+        if not options.lock:
+            return None
         wait = functools.partial(rec.say, "lock")
         return self.lock(lock_dir=options.lock_dir, timeout=options.lock_timeout, owner=owner, on_wait=wait)
 

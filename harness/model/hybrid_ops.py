@@ -14,16 +14,17 @@ from harness.errors import UsageError
 from harness.model.loader import ModelInfo, OpInfo
 from harness.model.opdata import DILATED, ELEMENTWISE, POOLS, WEIGHTED
 
-# opcode -> (wrapper kind enumerator in esp_check_hybrid.cc, resolver method, registration function)
-ANSI_KINDS: dict[str, tuple[str, str, str]] = {
-    "CONV_2D": ("kConv", "AddConv2D", "Register_CONV_2D"),
-    "DEPTHWISE_CONV_2D": ("kDepthwise", "AddDepthwiseConv2D", "Register_DEPTHWISE_CONV_2D"),
-    "ADD": ("kAdd", "AddAdd", "Register_ADD"),
-    "MUL": ("kMul", "AddMul", "Register_MUL"),
-    "FULLY_CONNECTED": ("kFullyConnected", "AddFullyConnected", "Register_FULLY_CONNECTED"),
-    "AVERAGE_POOL_2D": ("kAvgPool", "AddAveragePool2D", "Register_AVERAGE_POOL_2D"),
-    "MAX_POOL_2D": ("kMaxPool", "AddMaxPool2D", "Register_MAX_POOL_2D"),
-    "SOFTMAX": ("kSoftmax", "AddSoftmax", "Register_SOFTMAX"),
+# ESP-NN's kernels (ops.toml) -> enum Kind of the wrapper (firmware_templates/hybrid/esp_check_hybrid.cc.j2),
+# which registers each as Register_<opcode> (tests/test_hybrid_firmware.py checks both)
+ANSI_KINDS: dict[str, str] = {
+    "CONV_2D": "kConv",
+    "DEPTHWISE_CONV_2D": "kDepthwise",
+    "ADD": "kAdd",
+    "MUL": "kMul",
+    "FULLY_CONNECTED": "kFullyConnected",
+    "AVERAGE_POOL_2D": "kAvgPool",
+    "MAX_POOL_2D": "kMaxPool",
+    "SOFTMAX": "kSoftmax",
 }
 
 

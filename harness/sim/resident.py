@@ -188,7 +188,7 @@ class SimApp:
         ansi: set[int] = set()
         for _op, out_t, kind in self.payload.header.get("hybrid") or []:
             op = by_out.get(int(out_t))
-            if op is None or ANSI_KINDS.get(op.opcode, ("",))[0] != kind:
+            if op is None or ANSI_KINDS.get(op.opcode) != kind:
                 continue  # the C wrapper never recognises this row
             if ansi_path_applies(info, op):
                 ansi.add(op.index)

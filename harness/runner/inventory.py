@@ -9,12 +9,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import ipaddress
 import json
-import os
-import re
 import subprocess
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +20,7 @@ from pydantic import Field, StringConstraints, ValidationError
 
 from harness.chips import CHIPS, ROM_BAUD
 from harness.device.labgrid import CONSOLE_TAG, TYPE_TAG, LabgridClient
+from harness.device.locks import lock_key
 from harness.device.ports import PortCandidate, PortSpec, list_candidates, open_port, resolve_port
 from harness.device.reset import hard_reset_into_app
 from harness.errors import EspCheckError, PlanError, PortError
@@ -187,9 +184,9 @@ def load_inventory(path: str | Path, *, coordinator: str | None = None) -> Inven
     for entry in file.board:
         board = _bench_board(p, entry, {b.name for b in boards}, coordinator)
         key, value = board.reach()
-        ident = f"{key}={port_identity(value) if key == 'port' else value}"
+        ident = f"{key}={lock_key(value) if key == 'port' else value}"
         if ident in reach_seen:
-            same = f" (both are {ident.split('=', 1)[1]})" if key == "port" else ""
+            same = f" (both are board lock {ident.split('=', 1)[1]})" if key == "port" else ""
             raise _At(p, f"board {board.name!r}").err(
                 key,
                 f"{value!r} is also used by board {reach_seen[ident]!r}{same}",
@@ -198,44 +195,6 @@ def load_inventory(path: str | Path, *, coordinator: str | None = None) -> Inven
         reach_seen[ident] = board.name
         boards.append(board)
     return Inventory(path=p, boards=tuple(boards))
-
-
-_LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
-
-
-def _host_identity(host: str) -> str:
-    """A host name or address as one spelling: case and a trailing dot dropped, addresses in their
-    canonical form, every loopback name and address as ``loopback``. Other names are not resolved (no
-    network look-up while reading an inventory)."""
-    host = host.strip("[]").rstrip(".").lower()
-    if host in _LOOPBACK:
-        return "loopback"
-    try:
-        addr = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
-    return "loopback" if addr.is_loopback else str(addr)
-
-
-def port_identity(port: str) -> str:
-    """What a ``port`` value reaches, spelled one way, for the inventory's duplicate check (which
-    spellings reach one board: docs/ci.md "Inventory file")."""
-    if "://" in port:
-        parts = urllib.parse.urlsplit(port)
-        scheme = parts.scheme.lower()
-        if scheme in ("sim", "native"):
-            return f"{scheme}://{parts.netloc.lower() or parts.path.strip('/').lower()}"
-        try:
-            port_no = parts.port
-        except ValueError:
-            port_no = None
-        host = _host_identity(parts.hostname or "")
-        return f"{scheme}://{host}:{port_no if port_no is not None else parts.netloc.rsplit(':', 1)[-1]}"
-    if re.fullmatch(r"(?i)com\d+", port):
-        return port.upper()
-    return os.path.realpath(os.path.normpath(port))
 
 
 def discover_inventory(coordinator: str) -> Inventory:

@@ -27,8 +27,9 @@ from harness.errors import EspCheckError, PlanError, PortError
 from harness.firmware.board_types import Console
 from harness.firmware.boards import Board, list_boards, load_board
 from harness.flows.targets import RealTarget, open_target, target_class
+from harness.resources import read_toml
 from harness.runner.plan import NAME_RE, At, Name
-from harness.userfiles import Loc, UserModel, entry_name, field_path, known_keys, problem, read_toml
+from harness.userfiles import Loc, UserModel, entry_name, field_path, known_keys, problem
 
 _REACH_KEYS = ("port", "usb_serial", "usb_location", "place")
 Reach = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]

@@ -20,12 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.errors import EspCheckError, UsageError, write_error
+from harness.errors import EspCheckError, PlanError, UsageError, write_error
 
+# the one choice of TOML parser: Python 3.11's tomllib, else its backport tomli (pyproject.toml supports
+# 3.10); ``parse_toml(text)`` raises TOMLDecodeError, a ValueError, on text that is not TOML
 if sys.version_info >= (3, 11):
-    import tomllib
+    from tomllib import loads as parse_toml
 else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+    from tomli import loads as parse_toml
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -49,6 +51,19 @@ def templates_dir() -> Path:
 def boards_dir() -> Path:
     """Directory holding the built-in board definitions (``boards/*.toml``)."""
     return _locate("boards")
+
+
+def read_toml(path: Path, what: str, example: str) -> dict[str, object]:
+    """The TOML file ``path`` (a ``what``: plan, inventory); PlanError naming it when it is missing,
+    unreadable or not TOML (``example``: the file to look at)."""
+    try:
+        return parse_toml(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanError(f"{what} file not found: {path}", hint="check the path") from None
+    except OSError as exc:
+        raise PlanError(f"cannot read {what} {path}: {exc}") from None
+    except ValueError as exc:  # TOMLDecodeError, or UnicodeDecodeError
+        raise PlanError(f"{what} {path} is not valid TOML: {exc}", hint=f"see {example}") from None
 
 
 def data_dir() -> Path:
@@ -171,7 +186,7 @@ def version_tuple(text: str) -> tuple[int, int, int]:
 
 @functools.lru_cache(maxsize=1)
 def _versions_table() -> dict[str, Any]:
-    return dict(tomllib.loads((data_dir() / "versions.toml").read_text(encoding="utf-8")))
+    return dict(parse_toml((data_dir() / "versions.toml").read_text(encoding="utf-8")))
 
 
 def pinned_versions() -> dict[str, str]:

@@ -9,19 +9,11 @@ field path and a sentence, for the loader's own error that names the file and wh
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Annotated, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
-
-from harness.errors import PlanError
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 
 class UserModel(BaseModel):
@@ -45,19 +37,6 @@ Strings = Annotated[
 
 
 Loc = tuple[int | str, ...]
-
-
-def read_toml(path: Path, what: str, example: str) -> dict[str, object]:
-    """The TOML file ``path`` (a ``what``: plan, inventory); PlanError naming it when it is missing,
-    unreadable or not TOML (``example``: the file to look at)."""
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PlanError(f"{what} file not found: {path}", hint="check the path") from None
-    except OSError as exc:
-        raise PlanError(f"cannot read {what} {path}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PlanError(f"{what} {path} is not valid TOML: {exc}", hint=f"see {example}") from None
 
 
 def entry_name(data: Mapping[str, object], table: str, index: int | str) -> str | None:

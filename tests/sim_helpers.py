@@ -34,7 +34,7 @@ from harness.flashfmt.partitions import (
     parse_partition_table,
 )
 from harness.manifest import MANIFEST_SCHEMA
-from harness.resources import boards_dir
+from harness.resources import boards_dir, read_toml
 from harness.sim.chips import ChipSpec
 from harness.sim.image import (
     APP_OFFSET,
@@ -46,7 +46,6 @@ from harness.sim.image import (
     find_payload,
     load_image,
 )
-from harness.userfiles import read_toml
 
 MIN_NVS_BYTES = 0x3000
 END_RE = re.compile(rb"@EC1 \d+ END [^\r\n]*\r?\n")

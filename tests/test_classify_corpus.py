@@ -15,16 +15,12 @@ from typing import Any
 
 import pytest
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from harness.analysis.classify import KINDS, classify, exit_code_for
 from harness.errors import ExitCode
+from harness.resources import parse_toml
 
 CORPUS = Path(__file__).parent / "data" / "transcripts"
-MANIFEST: list[dict[str, Any]] = tomllib.loads((CORPUS / "manifest.toml").read_text(encoding="utf-8"))[
+MANIFEST: list[dict[str, Any]] = parse_toml((CORPUS / "manifest.toml").read_text(encoding="utf-8"))[
     "transcript"
 ]
 TUNING = [e for e in MANIFEST if e["split"] == "tuning"]

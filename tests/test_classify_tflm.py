@@ -10,21 +10,15 @@ in, the ROM's reset line). Nothing is faked.
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
 
 from harness.analysis import classify as cl
 from harness.analysis.classify import KINDS, classify, exit_code_for
 from harness.errors import ExitCode
-from harness.resources import data_dir
+from harness.resources import data_dir, parse_toml
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-DATA = tomllib.loads((data_dir() / "device_messages.toml").read_text(encoding="utf-8"))
+DATA = parse_toml((data_dir() / "device_messages.toml").read_text(encoding="utf-8"))
 RULES = DATA["tflm"]
 
 

@@ -11,7 +11,6 @@ import csv
 import filecmp
 import json
 import re
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,12 +28,7 @@ from harness.flashfmt.model_image import parse_model_image
 from harness.model.inputs import load_input
 from harness.model.loader import load_model
 from harness.model.opdata import resolver_methods
-from harness.resources import data_dir, templates_dir
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from harness.resources import data_dir, parse_toml, templates_dir
 
 MODELS = Path(__file__).parent / "data" / "models"
 INPUTS = MODELS / "inputs"
@@ -48,7 +42,7 @@ FIXTURES = {
     "unet_mbv2_035_128": 1300,
 }
 BOARDS = [b.name for b in list_boards()]
-ALLOW = tomllib.loads((data_dir() / "sdkconfig_allowlist.toml").read_text(encoding="utf-8"))
+ALLOW = parse_toml((data_dir() / "sdkconfig_allowlist.toml").read_text(encoding="utf-8"))
 
 
 def _input(model: str) -> Path:

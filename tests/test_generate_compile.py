@@ -14,18 +14,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.firmware.boards import load_board
 from harness.firmware.generate import generate_projects
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from harness.resources import parse_toml
 
 MODELS = Path(__file__).parent / "data" / "models"
 INPUTS = MODELS / "inputs"
@@ -337,7 +332,7 @@ class MicroInterpreter {
 
 def _resolver_header() -> str:
     """MicroMutableOpResolver stub with every method in harness/data/ops.toml (the pinned TFLM's list)."""
-    table = tomllib.loads((Path(__file__).resolve().parents[1] / "harness" / "data" / "ops.toml").read_text())
+    table = parse_toml((Path(__file__).resolve().parents[1] / "harness" / "data" / "ops.toml").read_text())
     methods = sorted(set(table["resolver"].values()) | set(table.get("custom", {}).values()))
     body = "\n".join(f"  TfLiteStatus {m}() {{ return kTfLiteOk; }}" for m in methods)
     return (

@@ -204,7 +204,7 @@ def test_every_writer_maps_every_exit_code_by_the_one_rule(tmp_path: Path, code:
     status, kind = RULE[code]
     assert case_of(code) == (CaseStatus(status), CaseType(kind))
     job = Job(name="j", cases=(), boards=("sim",))
-    task = Task("t", 0, job, ModelCase(Path("m.tflite"), (Path("a.npy"),)), "sim", None, tmp_path)
+    task = Task("t", job, ModelCase(Path("m.tflite"), (Path("a.npy"),)), "sim", None, tmp_path)
     task.state, task.verdict, task.exit_code = TaskState.DONE, Verdict.from_exit_code(code), int(code)
     got = {(c.status, c.type) for c in reports.testcases_of(task)}
     # a match no testcase shows is never passed: nothing was compared here
@@ -220,7 +220,7 @@ def test_a_dataset_case_has_one_name_in_run_and_flash_and_compare(tmp_path: Path
         write_junit(fc, tmp_path / "fc.xml")
         names = [c.get("name") for c in ET.parse(tmp_path / "fc.xml").getroot().iter("testcase")]
         job = Job(name="j", cases=(), boards=("sim",))
-        task = Task("t", 0, job, ModelCase(Path("m.tflite"), (Path("a.npy"),)), "sim", None, tmp_path)
+        task = Task("t", job, ModelCase(Path("m.tflite"), (Path("a.npy"),)), "sim", None, tmp_path)
         attempt = Attempt(1, "sim")
         judge_dataset(task, attempt, fc)
         task.attempts.append(attempt)

@@ -7,7 +7,6 @@ native board's projects, PlatformIO not involved. Nothing is faked.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,8 @@ from harness.errors import BoardDefinitionError, UsageError
 from harness.firmware.boards import load_board, load_board_file
 from harness.firmware.build import build_project
 from harness.firmware.generate import generate_projects
+from harness.resources import parse_toml
 from harness.runner import load_inventory
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "models"
@@ -44,7 +39,7 @@ def _value(v: object) -> str:
 
 def _write(tmp_path: Path, **changes: object) -> Path:
     """native-esp32.toml with some fields changed (None: removed), written back as TOML."""
-    data = {**tomllib.loads((ROOT / "boards" / "native-esp32.toml").read_text()), **changes}
+    data = {**parse_toml((ROOT / "boards" / "native-esp32.toml").read_text()), **changes}
     lines = [f"{k} = {_value(v)}" for k, v in data.items() if v is not None and not isinstance(v, dict)]
     for k, v in data.items():
         if isinstance(v, dict):

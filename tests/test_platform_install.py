@@ -59,3 +59,17 @@ def test_dependencies_resolve_on_every_platform(target: str, python: str) -> Non
     for name in ("esptool", "pyserial", "tflite", "jinja2", "numpy", "click", "rich", "pillow"):
         assert name in pins, f"{name} missing for {target}"
     assert pins["esptool"].startswith("5.")
+
+
+def test_the_toml_backport_is_chosen_in_one_place() -> None:
+    """pyproject.toml supports Python 3.10, which has no ``tomllib`` (3.11's), so tomli stands in there:
+    that choice is made once, by harness.resources (``parse_toml``), and everything else takes it from
+    there, tests included."""
+    assert re.search(r'^requires-python = ">=3\.10"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    switches = sorted(
+        str(p.relative_to(ROOT))
+        for folder in ("harness", "tests")
+        for p in (ROOT / folder).rglob("*.py")
+        if re.search(r"^\s*(import|from) tomli\b", p.read_text(encoding="utf-8"), re.M)
+    )
+    assert switches == ["harness/resources.py"]

@@ -225,7 +225,7 @@ def _board(name: str, status: BoardStatus = BoardStatus.OK, btype: str = "sim") 
 
 def _task(pinned: str | None = None, btype: str = "sim") -> Task:
     job = Job(name="j", cases=(), boards=(btype,))
-    return Task("t", 0, job, ModelCase(Path("m.tflite"), ()), btype, pinned, Path("x"))
+    return Task("t", job, ModelCase(Path("m.tflite"), ()), btype, pinned, Path("x"))
 
 
 def test_a_failed_task_prefers_another_board_and_comes_back_only_when_none_is_left() -> None:

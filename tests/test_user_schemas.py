@@ -7,7 +7,6 @@ Nothing is faked: real files, real TOML, real jsonschema.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -16,15 +15,11 @@ import pytest
 from harness.errors import ExitCode, PlanError, UsageError
 from harness.firmware.board_file import BoardFile
 from harness.firmware.boards import load_board
+from harness.resources import parse_toml
 from harness.runner import load_inventory, load_plan
 from harness.runner.plan import Job, JobSettings, Timeouts
 from harness.runner.schemas import SCHEMAS, schema_text, write_schemas
 from harness.sim import parse_url
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -58,7 +53,7 @@ def test_every_shipped_file_is_valid_against_its_schema(schema: str, files: list
     validator = jsonschema.Draft202012Validator(jsonschema.validators.json.loads(schema_text(schema)))
     assert files
     for f in files:
-        errors = [e.message for e in validator.iter_errors(tomllib.loads(f.read_text()))]
+        errors = [e.message for e in validator.iter_errors(parse_toml(f.read_text()))]
         assert not errors, f"{f}: {errors}"
         first = f.read_text().splitlines()[0]
         if first.startswith("#:schema "):  # the editor directive points at this very schema
@@ -69,7 +64,7 @@ def test_the_schemas_refuse_what_the_loaders_refuse() -> None:
     board = jsonschema.Draft202012Validator(
         jsonschema.validators.json.loads(schema_text("schemas/board.schema.json"))
     )
-    good = tomllib.loads((ROOT / "boards" / "esp32-devkitc.toml").read_text())
+    good = parse_toml((ROOT / "boards" / "esp32-devkitc.toml").read_text())
     assert board.is_valid(good)
     for bad in ({"colour": "blue"}, {"chip": "esp8266"}, {"monitor_baud": 12}, {"psram_mb": "8"}):
         assert not board.is_valid({**good, **bad}), bad

@@ -12,16 +12,10 @@ import dataclasses
 import enum
 import math
 import re
-import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import ClassVar
 
 import numpy as np
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 from harness.chips import strap_pin
 from harness.errors import ExitCode, ModelError, combine_exit_codes
@@ -29,7 +23,7 @@ from harness.model.opdata import resolver_method
 from harness.protocol.capture import MARKER, Capture, evidence_text, parse_capture
 from harness.protocol.frames import MAGIC as FRAME_MAGIC
 from harness.protocol.frames import split_stream
-from harness.resources import data_dir
+from harness.resources import data_dir, parse_toml
 
 __all__ = [
     "DETECTORS",
@@ -622,7 +616,7 @@ class _TflmRule:
         )
 
 
-_MESSAGES = tomllib.loads((data_dir() / "device_messages.toml").read_text(encoding="utf-8"))
+_MESSAGES = parse_toml((data_dir() / "device_messages.toml").read_text(encoding="utf-8"))
 _TFLM_RULES: tuple[_TflmRule, ...] = tuple(
     _TflmRule(
         r["kind"],

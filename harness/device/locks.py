@@ -7,6 +7,7 @@ boards: docs/ci.md, "Board locks".
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from harness.errors import BoardBusyError
 from harness.resources import atomic_write, user_cache_dir
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_COM = re.compile(r"(?i)com\d+")  # a Windows port name, any case
 
 
 def default_lock_dir() -> Path:
@@ -41,28 +43,40 @@ def _safe(text: str) -> str:
     return _UNSAFE.sub("_", text).strip("_")[:120] or "board"
 
 
+_LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+
+
 def _net_host(host: str) -> str:
-    h = host.strip("[]").lower()
-    if h in ("localhost", "::1", "0.0.0.0"):  # noqa: S104 - a name, not a bind
+    """A host as one spelling, never looked up (a resolver's answer differs between machines and over
+    time, and so would one board's key): a trailing dot dropped, an address in its canonical form, every
+    loopback name and address and 0.0.0.0 / :: (they reach this host too) as ``127.0.0.1``."""
+    host = host.rstrip(".")
+    if host in _LOOPBACK:
         return "127.0.0.1"
-    with contextlib.suppress(OSError, UnicodeError):
-        return socket.gethostbyname(h)
-    return h
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return "127.0.0.1" if addr.is_loopback or addr.is_unspecified else str(addr)
 
 
 def lock_key(port: PortSpec | str) -> str:
-    """The lock key for a resolved :class:`harness.device.ports.PortSpec` (or a port string): the board's
-    identity, never its /dev name (docs/ci.md, "Board locks", has the table)."""
+    """The board's identity behind a resolved :class:`harness.device.ports.PortSpec` (or a port string),
+    never its /dev name: the one rule of the board locks and of the inventory's duplicate check (which
+    spellings reach one board: docs/ci.md, "Board locks", has the table)."""
     ps = port if isinstance(port, PortSpec) else resolve_port(str(port))
     if ps.usb is not None and ps.usb.serial_number:
         return "usb-sn-" + _safe(ps.usb.serial_number)
     parts = urlsplit(ps.url)
     if ps.caps.lock_by == "net":
-        return f"net-{_safe(_net_host(parts.hostname or ''))}-{parts.port or 0}"
+        with contextlib.suppress(ValueError):  # a port that is not a number: the URL's own key below
+            return f"net-{_safe(_net_host(parts.hostname or ''))}-{parts.port or 0}"
     if ps.caps.lock_by == "name":
         return f"{ps.transport}-" + _safe(parts.netloc or parts.path.lstrip("/"))
     if ps.caps.lock_by == "path":
-        return "dev-" + _safe(os.path.realpath(ps.url))
+        return "dev-" + _safe(ps.url.upper() if _COM.fullmatch(ps.url) else os.path.realpath(ps.url))
     return "url-" + _safe(ps.url)
 
 

@@ -11,7 +11,6 @@ import functools
 import hashlib
 import json
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
@@ -19,15 +18,18 @@ from typing import TYPE_CHECKING, get_args
 from harness.chips import CHIPS
 from harness.errors import BoardDefinitionError
 from harness.firmware.board_types import NAME_PATTERN, Builder
-from harness.resources import boards_dir, code_digest, idf_support, store_json, user_cache_dir, version_tuple
+from harness.resources import (
+    boards_dir,
+    code_digest,
+    idf_support,
+    parse_toml,
+    store_json,
+    user_cache_dir,
+    version_tuple,
+)
 
 if TYPE_CHECKING:
     from harness.firmware.board_file import BoardFile
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 BUILDERS: tuple[str, ...] = get_args(Builder)
 
@@ -296,8 +298,8 @@ def load_board_file(path: Path) -> Board:
     if stored is not None:
         return stored
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        data = parse_toml(raw.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError or TOMLDecodeError
         raise BoardDefinitionError(
             f"board file {path} is not valid TOML: {exc}", hint="fix the TOML syntax"
         ) from exc

@@ -13,7 +13,6 @@ import hashlib
 import inspect
 import json
 import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +46,7 @@ from harness.protocol.spec import DTYPES
 from harness.resources import (
     data_dir,
     installed_versions,
+    parse_toml,
     pinned_versions,
     templates_dir,
     user_cache_dir,
@@ -56,11 +56,6 @@ from harness.resources import (
 
 if TYPE_CHECKING:
     import jinja2
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 NN_SYMBOL = {"optimized": "CONFIG_NN_OPTIMIZED", "ansi": "CONFIG_NN_ANSI_C"}
 
@@ -263,7 +258,7 @@ def template_version() -> str:
 def load_allowlist() -> dict[str, Any]:
     """The sdkconfig allow-list (harness/data/sdkconfig_allowlist.toml)."""
     text = (data_dir() / "sdkconfig_allowlist.toml").read_text(encoding="utf-8")
-    return dict(tomllib.loads(text))
+    return dict(parse_toml(text))
 
 
 def check_sdkconfig(

@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import ModelError, UsageError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from harness.resources import parse_toml
 
 if TYPE_CHECKING:
     from harness.model.modelinfo import ModelInfo, OpInfo
@@ -36,7 +31,7 @@ POOLS = ("MAX_POOL_2D", "AVERAGE_POOL_2D")
 def _table() -> Mapping[str, Any]:
     """The parsed ops.toml (immutable after load; cached because it never changes in a process)."""
     text = importlib.resources.files("harness").joinpath("data/ops.toml").read_text(encoding="utf-8")
-    return tomllib.loads(text)
+    return parse_toml(text)
 
 
 def sources() -> dict[str, str]:

@@ -196,7 +196,6 @@ class Runner:
                         tasks.append(
                             Task(
                                 id="/".join(parts),
-                                index=len(tasks),
                                 job=job,
                                 case=case,
                                 board_type=canon,

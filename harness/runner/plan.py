@@ -22,6 +22,7 @@ from harness.firmware.boards import load_board
 from harness.firmware.generate import MAX_INPUTS
 from harness.model.inputs import InputOptions, load_input
 from harness.model.loader import ModelInfo, load_model
+from harness.resources import read_toml
 
 if TYPE_CHECKING:
     from harness.flows.dataset import DatasetOptions
@@ -34,7 +35,6 @@ from harness.userfiles import (
     known_keys,
     one_or_many,
     problem,
-    read_toml,
 )
 
 # comparison names in the plan -> (a, b) source-label pairs of harness.analysis.compare

@@ -215,7 +215,6 @@ class Attempt:
 @dataclass
 class Task:
     id: str
-    index: int
     job: Job
     case: ModelCase
     board_type: str  # canonical Board.name

@@ -80,6 +80,25 @@ def test_generated_cases_are_reproducible_and_reachable() -> None:
     assert grouped and all(c.meta["ic"] == c.meta["fc"] * c.meta["groups"] for c in grouped)
 
 
+def test_one_param_layout_packs_and_reads_every_op() -> None:
+    """sweep_cases.LAYOUT is the one definition of the driver's params (sweep_driver.cc's order): the
+    generator packs by it and the shrinker, the geometry class and repro.c read by it. Every generated
+    case reads back by name to the values it was made from (its meta), and packs to the same params."""
+    for api in (False, True):
+        for case in sc.generate(list(sc.OPS), 30, seed=5, api=api):
+            named = case.named()
+            assert list(named) == list(sc.LAYOUT[case.op])
+            for key, value in named.items():
+                made = case.meta.get(key)
+                if isinstance(made, int):  # a bool (per_channel) too
+                    assert value == int(made), (case.op, key)
+            if "in_off" in named and case.op in ("conv", "depthwise", "fully_connected"):
+                assert named["in_off"] == -case.meta["in_zp"]
+            mult, shift = case.requant()
+            assert (mult, shift) == (case.meta.get("mult", []), case.meta.get("shift", []))
+            assert sc.pack(case.op, named, mult, shift) == case.params
+
+
 def test_repro_model_reads_back_with_the_case_tensors() -> None:
     import random
 

@@ -195,10 +195,7 @@ def repack(case: Case, meta: CaseMeta, channels: int | None = None) -> list[int]
     """``case``'s params with each one ``meta`` holds (by name) taken from it, the multipliers and shifts
     cut to the first ``channels`` (a shrunk case)."""
     named = case.named()
-    for key in named:
-        made = meta.get(key)
-        if isinstance(made, int):
-            named[key] = int(made)
+    named |= {key: int(made) for key in named if isinstance(made := meta.get(key), int)}
     mult, shift = case.requant()
     return pack(case.op, named, mult[:channels], shift[:channels])
 

@@ -64,7 +64,7 @@ def libpath(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_both(libpath: Path, script) -> tuple[bytes, bytes]:  # type: ignore[no-untyped-def]
     outs: list[bytes] = []
-    for em_factory in (lambda w: CEmitter(w, libpath), PythonEmitter):
+    for em_factory in (lambda w: CEmitter(w, em_mod.load_c_library(libpath)), PythonEmitter):
         chunks: list[bytes] = []
         script(em_factory(chunks.append))
         outs.append(b"".join(chunks))
@@ -256,7 +256,7 @@ def test_hostile_names_are_sanitized(libpath: Path) -> None:
 @needs_cc
 def test_overflow_behaviour(libpath: Path) -> None:
     # Python API: an INFO that does not fit raises before anything is written, on both backends.
-    for factory in (lambda w: CEmitter(w, libpath), PythonEmitter):
+    for factory in (lambda w: CEmitter(w, em_mod.load_c_library(libpath)), PythonEmitter):
         out: list[bytes] = []
         e = factory(out.append)
         e.begin("v", False)
@@ -274,7 +274,7 @@ def test_overflow_behaviour(libpath: Path) -> None:
         assert b"ERROR stage=internal code=0 i=0 msg=tensor_size" in text
         assert b"ERROR stage=internal code=0 i=0 msg=bad_dtype" in text
     # C API directly (as the firmware calls it): an overflowing record becomes an ERROR with the same seq.
-    lib = CEmitter(lambda b: None, libpath).lib
+    lib = em_mod.load_c_library(libpath)
     got: list[bytes] = []
     cb = em_mod._WRITE_FN(lambda _c, buf, n: (got.append(ctypes.string_at(buf, n)), n)[1])
     state = ctypes.create_string_buffer(int(lib.ecp_sizeof()))

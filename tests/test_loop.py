@@ -22,7 +22,7 @@ from harness.protocol import frames as fr
 from harness.protocol.capture import parse_capture
 from harness.protocol.emitter import find_c_compiler
 from harness.protocol.loop import LoopConfig, LoopOutput
-from harness.protocol.native import make_loop
+from harness.protocol.native import CDeviceLoop, make_loop
 
 HAVE_CC = find_c_compiler() is not None
 BACKENDS = ["python", pytest.param("c", marks=pytest.mark.skipif(not HAVE_CC, reason="no host C compiler"))]
@@ -708,3 +708,15 @@ def test_uploaded_inputs_pay_an_ack_per_half_window(backend: str, window: int, i
     hello = bytes(app.out).index(b"\r\n", 4) + 2  # the HELLO line is not per-input traffic
     per_input = (len(app.out) - hello) / n
     assert (per_input <= size + 16) == (window == 65536), per_input
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no host C compiler")
+def test_the_c_loop_and_its_emitter_call_one_library_handle() -> None:
+    """make_loop loads the protocol library once: the C loop and the C emitter it prints through call the
+    same handle (the loop owns it), with the emitter's and the loop's signatures both set on it."""
+    import ctypes  # the handle's declared types
+
+    loop = make_loop(config(), App(), backend="c")
+    assert isinstance(loop, CDeviceLoop)
+    assert loop.emitter.lib is loop.lib
+    assert loop.lib.ecp_sizeof.restype is ctypes.c_size_t and loop.lib.ecl_sizeof.restype is ctypes.c_size_t

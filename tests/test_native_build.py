@@ -70,11 +70,17 @@ def test_esp_nn_default_choice_is_optimized_and_both_is_refused() -> None:
         resolve({"CONFIG_NN_OPTIMIZED": "y"})
 
 
-def test_string_values_are_escaped_for_c_and_cmake() -> None:
-    cfg = {"CONFIG_IDF_TARGET": '"esp32"', "CONFIG_X": '"a\\"b;$c"'}
-    cfg = resolve(cfg)
-    assert '#define CONFIG_X "a\\\\\\"b;$c"' in sdkconfig_h(cfg)  # backslash and quote escaped in C
-    assert 'set(CONFIG_X "a\\\\\\"b\\;\\$c")' in sdkconfig_cmake(cfg, "5.1")  # and ; $ for CMake
+def test_string_values_are_unescaped_as_kconfgen_reads_them_and_escaped_for_c_and_cmake() -> None:
+    # kconfgen writes a string escaped (\" and \\) and reads it back unescaped (kconfiglib's unescape):
+    # CONFIG_X's value is a"b;$c and CONFIG_W's is c:\w, so sdkconfig.h has the literals kconfgen writes
+    cfg = resolve({"CONFIG_IDF_TARGET": '"esp32"', "CONFIG_X": '"a\\"b;$c"', "CONFIG_W": '"c:\\\\w"'})
+    h = sdkconfig_h(cfg)
+    assert '#define CONFIG_X "a\\"b;$c"\n' in h and '#define CONFIG_W "c:\\\\w"\n' in h
+    cm = sdkconfig_cmake(cfg, "5.1")
+    assert 'set(CONFIG_X "a\\"b\\;\\$c")' in cm  # ; $ escaped too for CMake
+    assert 'set(CONFIG_W "c:\\\\w")' in cm
+    with pytest.raises(BuildError, match="malformed string"):
+        parse_defaults('CONFIG_IDF_TARGET="esp32"\nCONFIG_X="a"b"\n')  # kconfgen ignores this assignment
     with pytest.raises(BuildError, match="printable"):
         sdkconfig_h({"CONFIG_Y": '"\x01"'})
 

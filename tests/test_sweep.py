@@ -18,15 +18,24 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from native_fixture import COMPONENTS, FAULT_MARK, OPT_KERNEL, faulty_components, inject, write_model
+from native_fixture import (
+    COMPONENTS,
+    FAULT_MARK,
+    OPT_KERNEL,
+    faulty_components,
+    inject,
+    write_input,
+    write_model,
+)
 
 from harness.analysis import sweep_cases as sc
 from harness.analysis.sweep_findings import parse_outputs, parse_result, sanitizer_report
 from harness.analysis.sweep_model import CHANNEL_DELTAS, model_cases
 from harness.analysis.sweep_repro import repro_model
 from harness.cli import main
-from harness.errors import UsageError
+from harness.errors import BuildError, UsageError
 from harness.firmware.native.components import ComponentSource
+from harness.firmware.native.driver import NativePlan
 from harness.firmware.native.sweep_build import CONV_GLUE, find_sweep_sources, grouped_conv_refusal
 from harness.flows.sweep import SweepOptions, sweep
 from harness.model.loader import load_model
@@ -69,6 +78,25 @@ def test_generated_cases_are_reproducible_and_reachable() -> None:
         assert c.reachable and c.params[0] > 0
     grouped = [c for c in sc.generate(["conv"], 40, seed=1) if c.meta["groups"] > 1]
     assert grouped and all(c.meta["ic"] == c.meta["fc"] * c.meta["groups"] for c in grouped)
+
+
+def test_one_param_layout_packs_and_reads_every_op() -> None:
+    """sweep_cases.LAYOUT is the one definition of the driver's params (sweep_driver.cc's order): the
+    generator packs by it and the shrinker, the geometry class and repro.c read by it. Every generated
+    case reads back by name to the values it was made from (its meta), and packs to the same params."""
+    for api in (False, True):
+        for case in sc.generate(list(sc.OPS), 30, seed=5, api=api):
+            named = case.named()
+            assert list(named) == list(sc.LAYOUT[case.op])
+            for key, value in named.items():
+                made = case.meta.get(key)
+                if isinstance(made, int):  # a bool (per_channel) too
+                    assert value == int(made), (case.op, key)
+            if "in_off" in named and case.op in ("conv", "depthwise", "fully_connected"):
+                assert named["in_off"] == -case.meta["in_zp"]
+            mult, shift = case.requant()
+            assert (mult, shift) == (case.meta.get("mult", []), case.meta.get("shift", []))
+            assert sc.pack(case.op, named, mult, shift) == case.params
 
 
 def test_repro_model_reads_back_with_the_case_tensors() -> None:
@@ -582,3 +610,38 @@ def test_the_sweep_builds_in_the_cache_every_other_build_uses(
     with pytest.raises(Stop):
         sweep(SweepOptions(ops=("add",), sanitize=False), tmp_path / "out")
     assert roots == [tmp_path / "xdg" / "esp-check" / "builds" / "native"]
+
+
+@needs_build
+@pytest.mark.parametrize("how", ["--cache-dir", "ESP_CHECK_CACHE_DIR"])
+def test_sweep_and_flash_and_compare_put_native_builds_in_one_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """``esp-check sweep`` and ``esp-check flash-and-compare`` on a native board build their library trees
+    under the same ``<cache>/native``, whether the cache is given by ``--cache-dir`` or by
+    $ESP_CHECK_CACHE_DIR. Faked: the two CMake builds (the outermost edge), which record their cache root
+    and fail; everything before them (the CLI, the job, the native build plan) is real."""
+    import harness.firmware.build as build_mod  # the modules whose CMake builds are replaced
+    import harness.flows.sweep as sweep_flow
+
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "env"))
+    cache = tmp_path / "flag" if how == "--cache-dir" else tmp_path / "env" / "builds"
+    flag = ["--cache-dir", str(cache)] if how == "--cache-dir" else []
+    roots: dict[str, Path] = {}
+
+    def sweep_build(*_args: object, root: Path, **_kw: object) -> None:
+        roots["sweep"] = root
+        raise BuildError("faked sweep build")
+
+    def job_build(plan: NativePlan, *_args: object, **_kw: object) -> None:
+        roots["flash-and-compare"] = plan.root
+        raise BuildError("faked native build")
+
+    monkeypatch.setattr(sweep_flow, "build_sweep_driver", sweep_build)
+    monkeypatch.setattr(build_mod, "build_program", job_build)
+    model, given = write_model(tmp_path / "pool.tflite"), write_input(tmp_path / "in0.npy")
+    common = ["--components-dir", str(COMPONENTS), *flag]
+    assert main(["sweep", "--op", "max_pool", "--no-sanitize", *common, "--out", str(tmp_path / "s")]) == 3
+    fc = ["flash-and-compare", str(model), "--input", str(given), "--board", "native-esp32", "--no-reference"]
+    assert main([*fc, "--allow-untested", *common, "--out", str(tmp_path / "f")]) == 3
+    assert roots == {"sweep": cache / "native", "flash-and-compare": cache / "native"}

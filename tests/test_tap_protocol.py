@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from harness.protocol import emitter as em_mod
 from harness.protocol.capture import Record, parse_capture
-from harness.protocol.emitter import CEmitter, PythonEmitter, TapTensor, build_c_library
+from harness.protocol.emitter import CEmitter, PythonEmitter, TapTensor, build_c_library, load_c_library
 
 HAVE_CC = em_mod.find_c_compiler() is not None
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="no host C compiler: C emitter contract not testable")
@@ -65,7 +65,7 @@ def _tapped_capture(
 def _both(libpath: Path, fn) -> bytes:  # type: ignore[no-untyped-def]
     c_out: list[bytes] = []
     p_out: list[bytes] = []
-    fn(CEmitter(c_out.append, libpath))
+    fn(CEmitter(c_out.append, load_c_library(libpath)))
     fn(PythonEmitter(p_out.append))
     c, p = b"".join(c_out), b"".join(p_out)
     assert c == p

@@ -2,15 +2,17 @@
 
 A case is everything the sweep driver (``firmware_templates/sweep/sweep_driver.cc``) needs to call one
 esp-nn kernel, its ANSI C twin and TFLM's reference, and a seed from which the driver derives the tensors
-(:func:`values` rebuilds them for a reproduction). Which geometries and quantizations are drawn, and
-when a case is TFLite-reachable: docs/sweep.md, "Geometries".
+(:func:`values` rebuilds them for a reproduction). Its params are named once, in the driver's order, by
+:data:`LAYOUT`: the generator packs by it, the shrinker, the geometry class and ``repro.c`` read by it.
+Which geometries and quantizations are drawn, and when a case is TFLite-reachable: docs/sweep.md,
+"Geometries".
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, TypedDict, TypeVar, get_args
 
@@ -156,10 +158,46 @@ class Quant(TypedDict):
     w_scales: list[float]
 
 
-# in the driver's order of a conv / depthwise case's geometry params
+# a conv / depthwise case's geometry (CaseMeta keys), in the driver's order
 GeometryKey = Literal["ih", "iw", "ic", "kh", "kw", "fc", "oc", "mult_ch", "oh", "ow", "sh", "sw", "ph", "pw"]
 CONV_PARAMS: tuple[GeometryKey, ...] = tuple(k for k in get_args(GeometryKey) if k != "mult_ch")
 DEPTHWISE_PARAMS: tuple[GeometryKey, ...] = tuple(k for k in get_args(GeometryKey) if k not in ("fc", "oc"))
+_Quant = Literal["in_off", "out_zp", "amin", "amax", "bias_range"]  # after a conv's or depthwise's geometry
+_AddMul = Literal["size", "in1_off", "in2_off", "mult1", "mult2", "shift1", "shift2", "left_shift"]
+_Rest = Literal["out_mult", "out_shift", "row", "w_off", "per_channel", "ch", "rows", "depth", "in_mult"]
+Param = GeometryKey | _Quant | _AddMul | _Rest | Literal["in_shift", "diff_min"]  # LAYOUT's names
+_QUANT: tuple[_Quant, ...] = get_args(_Quant)
+_POOL: tuple[Param, ...] = ("ih", "iw", "ch", "oh", "ow", "sh", "sw", "kh", "kw", "ph", "pw", "amin", "amax")
+_OUT: tuple[Param, ...] = ("out_zp", "out_mult", "out_shift", "amin", "amax")
+# The one definition of a case's params: per op, the names of the ints the driver reads from a case line,
+# in its order (sweep_driver.cc); a conv, depthwise or fully connected case's multipliers, then its
+# shifts, follow them (one per output channel; one for a per-tensor fully connected case).
+LAYOUT: dict[str, tuple[Param, ...]] = {
+    "conv": (*CONV_PARAMS, *_QUANT),
+    "depthwise": (*DEPTHWISE_PARAMS, *_QUANT),
+    "fully_connected": ("row", "oc", "in_off", "w_off", *_QUANT[1:], "per_channel"),
+    "add": ("size", "in1_off", "in2_off", "mult1", "mult2", "shift1", "shift2", "left_shift", *_OUT),
+    "mul": ("size", "in1_off", "in2_off", *_OUT),
+    "avg_pool": _POOL,
+    "max_pool": _POOL,
+    "softmax": ("rows", "depth", "in_mult", "in_shift", "diff_min"),
+}
+
+
+def pack(
+    op: str, values: Mapping[Param, int], mult: Sequence[int] = (), shift: Sequence[int] = ()
+) -> list[int]:
+    """A case's params: ``values`` by :data:`LAYOUT` (other keys ignored), then ``mult`` and ``shift``."""
+    return [values[k] for k in LAYOUT[op]] + [*mult, *shift]
+
+
+def repack(case: Case, meta: CaseMeta, channels: int | None = None) -> list[int]:
+    """``case``'s params with each one ``meta`` holds (by name) taken from it, the multipliers and shifts
+    cut to the first ``channels`` (a shrunk case)."""
+    named = case.named()
+    named |= {key: int(made) for key in named if isinstance(made := meta.get(key), int)}
+    mult, shift = case.requant()
+    return pack(case.op, named, mult[:channels], shift[:channels])
 
 
 @dataclass
@@ -179,21 +217,33 @@ class Case:
     def line(self) -> str:
         return " ".join(str(x) for x in (self.id, OPS[self.op], self.seed, self.lo, self.hi, *self.params))
 
+    def named(self) -> dict[Param, int]:
+        """The params by name (:data:`LAYOUT`), without the multipliers and shifts."""
+        return dict(zip(LAYOUT[self.op], self.params, strict=False))
+
+    def requant(self) -> tuple[list[int], list[int]]:
+        """(multipliers, shifts): the params after the named ones (none for the other ops)."""
+        tail = self.params[len(LAYOUT[self.op]) :]
+        return tail[: len(tail) // 2], tail[len(tail) // 2 :]
+
 
 def _drawn(
     op: str,
     rng: random.Random,
     params: list[int],
-    klass: str,
+    word: str,
     reachable: bool,
     meta: CaseMeta,
     *,
     lo: int = -128,
     hi: int = 127,
 ) -> Case:
-    """A case whose seed is the last draw from ``rng`` (after everything it is made of)."""
+    """A case whose seed is the last draw from ``rng`` (after everything it is made of); its class is
+    :func:`geometry_class` with ``word``."""
     seed = rng.randint(0, 0x0FFFFFFF)
-    return Case(op, seed, lo, hi, params=params, klass=klass, reachable=reachable, meta=meta)
+    case = Case(op, seed, lo, hi, params=params, klass="", reachable=reachable, meta=meta)
+    case.klass = geometry_class(case, word)
+    return case
 
 
 def bias_range(rng: random.Random) -> int:
@@ -345,8 +395,9 @@ def _conv_like_case(op: str, rng: random.Random, geometry: CaseMeta, quant: Quan
     act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
     br = bias_range(rng)
     keys = CONV_PARAMS if op == "conv" else DEPTHWISE_PARAMS
-    p = [geometry[k] for k in keys] + [-in_zp, out_zp, amin, amax, br, *rq["mult"], *rq["shift"]]
-    klass = geometry_class(op, p, _pad_word(geometry["same"], api))
+    named: dict[Param, int] = {k: geometry[k] for k in keys}
+    named |= {"in_off": -in_zp, "out_zp": out_zp, "amin": amin, "amax": amax, "bias_range": br}
+    p = pack(op, named, rq["mult"], rq["shift"])
     reach = from_scales(rq) and (not api or _reachable_2d(geometry))
     meta: CaseMeta = {
         **geometry,
@@ -357,7 +408,7 @@ def _conv_like_case(op: str, rng: random.Random, geometry: CaseMeta, quant: Quan
         "act": act,
         "bias_range": br,
     }
-    return _drawn(op, rng, p, klass, reach, meta)
+    return _drawn(op, rng, p, _pad_word(geometry["same"], api), reach, meta)
 
 
 def _pad_word(same: bool, api: bool) -> str:
@@ -368,21 +419,24 @@ def _strides(sh: int, sw: int) -> str:
     return f"s{sh}" if sh == sw else f"s{sh}x{sw}"
 
 
-def geometry_class(op: str, p: Sequence[int], word: str = "") -> str:
+def geometry_class(case: Case, word: str = "") -> str:
     """A case's geometry class, from its params; ``word`` is the padding (SAME, VALID or pad*) of a conv,
     depthwise or pooling case, the input range (near-max or spread) of a softmax case."""
-    if op == "conv":
-        grouped = "grouped " if p[2] != p[5] else ""  # in channels != filter channels
-        return f"{p[3]}x{p[4]} {_strides(p[9], p[10])} {word} {grouped}{ch_bucket(p[5])}"
-    if op == "depthwise":
-        return f"{p[3]}x{p[4]} {_strides(p[8], p[9])} {word} mult{p[5]} {ch_bucket(p[2])}"
-    if op in ("avg_pool", "max_pool"):
-        return f"{p[7]}x{p[8]} {_strides(p[5], p[6])} {word} {ch_bucket(p[2])}"
-    if op == "softmax":
-        return f"depth{'>=512' if p[1] >= 512 else '<512'} {word}"
-    if op == "fully_connected":
-        return f"{'per-channel' if p[8] else 'per-tensor'} row%4={p[0] % 4} {ch_bucket(p[0])}"
-    return f"size%4={p[0] % 4} {'n<16' if p[0] < 16 else 'n>=16'}"
+    p = case.named()
+    if case.op in ("conv", "depthwise", "avg_pool", "max_pool"):
+        kernel = f"{p['kh']}x{p['kw']} {_strides(p['sh'], p['sw'])} {word}"
+        if case.op == "conv":
+            grouped = "grouped " if p["ic"] != p["fc"] else ""  # in channels != filter channels
+            return f"{kernel} {grouped}{ch_bucket(p['fc'])}"
+        if case.op == "depthwise":
+            return f"{kernel} mult{p['mult_ch']} {ch_bucket(p['ic'])}"
+        return f"{kernel} {ch_bucket(p['ch'])}"
+    if case.op == "softmax":
+        return f"depth{'>=512' if p['depth'] >= 512 else '<512'} {word}"
+    if case.op == "fully_connected":
+        per = "per-channel" if p["per_channel"] else "per-tensor"
+        return f"{per} row%4={p['row'] % 4} {ch_bucket(p['row'])}"
+    return f"size%4={p['size'] % 4} {'n<16' if p['size'] < 16 else 'n>=16'}"
 
 
 def _reachable_2d(meta: CaseMeta) -> bool:
@@ -411,7 +465,9 @@ def fc_case(
     act, amin, amax = _act(rng, out_zp, rq.get("out_scale", 0.05))
     w_off = rng.randint(-127, 127) if api else 0  # TFLM: int8 weights are symmetric (zero point 0)
     br = bias_range(rng)
-    p = [row, oc, -in_zp, w_off, out_zp, amin, amax, br, int(per_ch), *rq["mult"], *rq["shift"]]
+    named: dict[Param, int] = {"row": row, "oc": oc, "in_off": -in_zp, "w_off": w_off, "out_zp": out_zp}
+    named |= {"amin": amin, "amax": amax, "bias_range": br, "per_channel": int(per_ch)}
+    p = pack("fully_connected", named, rq["mult"], rq["shift"])
     meta: CaseMeta = {
         "row": row,
         "oc": oc,
@@ -424,7 +480,7 @@ def fc_case(
         "bias_range": br,
     }
     reach = from_scales(rq) and (not api or w_off == 0)
-    return _drawn("fully_connected", rng, p, geometry_class("fully_connected", p), reach, meta)
+    return _drawn("fully_connected", rng, p, "", reach, meta)
 
 
 def add_mul_case(rng: random.Random, op: str, api: bool = False, *, size: int | None = None) -> Case:
@@ -433,15 +489,16 @@ def add_mul_case(rng: random.Random, op: str, api: bool = False, *, size: int | 
     z1, z2, zo = (rng.randint(-128, 127) for _ in range(3))
     act, amin, amax = _act(rng, zo, so)
     meta: CaseMeta = {"size": n, "scales": [s1, s2, so], "zps": [z1, z2, zo], "act": act}
+    named: dict[Param, int] = {"size": n, "in1_off": -z1, "in2_off": -z2, "out_zp": zo}
     if op == "add":
         twice = 2 * max(s1, s2)
         (m1, sh1), (m2, sh2) = quantize_multiplier(s1 / twice), quantize_multiplier(s2 / twice)
+        named |= {"mult1": m1, "mult2": m2, "shift1": sh1, "shift2": sh2, "left_shift": 20}
         mo, sho = quantize_multiplier(twice / ((1 << 20) * so))
-        p = [n, -z1, -z2, m1, m2, sh1, sh2, 20, zo, mo, sho, amin, amax]
     else:
         mo, sho = quantize_multiplier(s1 * s2 / so)
-        p = [n, -z1, -z2, zo, mo, sho, amin, amax]
-    return _drawn(op, rng, p, geometry_class(op, p), True, meta)
+    named |= {"out_mult": mo, "out_shift": sho, "amin": amin, "amax": amax}
+    return _drawn(op, rng, pack(op, named), "", True, meta)
 
 
 class PoolShape(NamedTuple):
@@ -487,11 +544,11 @@ def pool_case(rng: random.Random, op: str, api: bool = False, *, shape: PoolShap
         "same": same,
         "ch": ch,
     }
-    p = [ih, iw, ch, oh, ow, stride, stride_w, k, k, ph, pw, amin, amax]
-    klass = geometry_class(op, p, _pad_word(same, api))
+    named: dict[Param, int] = {"ih": ih, "iw": iw, "ch": ch, "oh": oh, "ow": ow, "sh": stride, "sw": stride_w}
+    named |= {"kh": k, "kw": k, "ph": ph, "pw": pw, "amin": amin, "amax": amax}
     reach = not api or _reachable_2d(g)
     meta: CaseMeta = {**g, "scale": 0.05, "zp": zp, "act": act}
-    return _drawn(op, rng, p, klass, reach, meta)
+    return _drawn(op, rng, pack(op, named), _pad_word(same, api), reach, meta)
 
 
 def softmax_case(
@@ -519,9 +576,9 @@ def softmax_case(
         "in_scale": scale,
         "in_zp": rng.randint(-128, 127) if api else 0,
     }
-    params = [rows, depth, mult, shift, diff_min]
-    klass = geometry_class("softmax", params, "near-max" if near else "spread")
-    return _drawn("softmax", rng, params, klass, True, meta, lo=max(-128, lo), hi=hi)
+    params = [rows, depth, mult, shift, diff_min]  # LAYOUT["softmax"]
+    word = "near-max" if near else "spread"
+    return _drawn("softmax", rng, params, word, True, meta, lo=max(-128, lo), hi=hi)
 
 
 def generate(ops: Sequence[str], per_op: int, seed: int = 0, api: bool = False) -> Iterator[Case]:

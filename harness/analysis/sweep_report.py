@@ -36,36 +36,25 @@ def _array(ctype: str, name: str, values: Sequence[int]) -> str:
 
 def _tensors(case: Case) -> tuple[dict[str, tuple[str, list[int]]], int]:
     """The case's inline arrays (the driver's own values) and its output length."""
-    p = case.params
+    p, (mult, shift) = case.named(), case.requant()
     arrays: dict[str, tuple[str, list[int]]] = {}
-    if case.op in ("conv", "depthwise"):
-        ih, iw, ic, kh, kw = p[:5]
-        dw = case.op == "depthwise"
-        oc = ic * p[5] if dw else p[6]
-        oh, ow = (p[6], p[7]) if dw else (p[7], p[8])
-        nq = 17 if dw else 18
-        n_in, n_out = ih * iw * ic, oh * ow * oc
-        nfilt = kh * kw * oc if dw else oc * kh * kw * p[5]
+    if case.op in ("conv", "depthwise", "fully_connected"):
+        oc = len(mult) if case.op != "fully_connected" else p["oc"]  # conv-like: one multiplier per output
+        if case.op == "fully_connected":
+            n_in, n_out, nfilt = p["row"], oc, oc * p["row"]
+        else:
+            n_in, n_out = p["ih"] * p["iw"] * p["ic"], p["oh"] * p["ow"] * oc
+            nfilt = p["kh"] * p["kw"] * oc * (1 if case.op == "depthwise" else p["fc"])
         arrays["filt"] = ("int8_t", int8_values(case.seed, 1, nfilt, -127, 127).tolist())
-        arrays["bias"] = ("int32_t", bias_values(case.seed, oc, p[nq - 1]).tolist())
-        arrays["mult"] = ("int32_t", p[nq : nq + oc])
-        arrays["shift"] = ("int32_t", p[nq + oc : nq + 2 * oc])
-    elif case.op == "fully_connected":
-        row, oc, per_ch = p[0], p[1], p[8]
-        nq = oc if per_ch else 1
-        n_in, n_out = row, oc
-        arrays["filt"] = ("int8_t", int8_values(case.seed, 1, oc * row, -127, 127).tolist())
-        arrays["bias"] = ("int32_t", bias_values(case.seed, oc, p[7]).tolist())
-        arrays["mult"] = ("int32_t", p[9 : 9 + nq])
-        arrays["shift"] = ("int32_t", p[9 + nq : 9 + 2 * nq])
+        arrays["bias"] = ("int32_t", bias_values(case.seed, oc, p["bias_range"]).tolist())
+        arrays["mult"], arrays["shift"] = ("int32_t", mult), ("int32_t", shift)
     elif case.op in ("add", "mul"):
-        n_in = n_out = p[0]
+        n_in = n_out = p["size"]
         arrays["in2"] = ("int8_t", int8_values(case.seed, 1, n_in, case.lo, case.hi).tolist())
     elif case.op in ("avg_pool", "max_pool"):
-        ih, iw, ch, oh, ow = p[:5]
-        n_in, n_out = ih * iw * ch, oh * ow * ch
+        n_in, n_out = p["ih"] * p["iw"] * p["ch"], p["oh"] * p["ow"] * p["ch"]
     else:
-        n_in = n_out = p[0] * p[1]
+        n_in = n_out = p["rows"] * p["depth"]
     inputs = ("int8_t", int8_values(case.seed, 0, n_in, case.lo, case.hi).tolist())
     return {"in": inputs, **arrays}, n_out
 
@@ -89,40 +78,38 @@ def _scratch_call(kind: str, sfx: str, size_args: str, call: str) -> str:
 
 def _call(case: Case, fn: str, out: str) -> str:
     """One variant's call (``fn``: the generic name or its ``_ansi`` twin), as the sweep driver makes it."""
-    p = case.params
+    p = case.named()
     sfx = "_ansi" if fn.endswith("_ansi") else ""
     if case.op in ("conv", "depthwise"):
-        dw = case.op == "depthwise"
-        ih, iw, ic, kh, kw = p[:5]
+        dw, oc = case.op == "depthwise", len(case.requant()[0])  # one multiplier per output channel
+        rest = (_braced(p["sw"], p["sh"]), _braced(p["pw"], p["ph"]), "{0, 0}", _braced(p["amin"], p["amax"]))
         if dw:
-            cm, oh, ow, oc = p[5], p[6], p[7], ic * p[5]
-            f_d = _braced(kw, kh, oc, 1)
-            cp = "dw_conv_params_t cp = " + _braced(
-                p[12], p[13], cm, _braced(p[9], p[8]), _braced(p[11], p[10]), "{0, 0}", _braced(p[14], p[15])
-            )
+            f_d = _braced(p["kw"], p["kh"], oc, 1)
+            cp = "dw_conv_params_t cp = " + _braced(p["in_off"], p["out_zp"], p["mult_ch"], *rest)
         else:
-            fc, oc, oh, ow = p[5], p[6], p[7], p[8]
-            f_d = _braced(kw, kh, fc, 0)
-            cp = "conv_params_t cp = " + _braced(
-                p[13], p[14], _braced(p[10], p[9]), _braced(p[12], p[11]), "{0, 0}", _braced(p[15], p[16])
-            )
-        dims = f"data_dims_t in_d = {_braced(iw, ih, ic, 1)}, f_d = {f_d}, o_d = {_braced(ow, oh, oc, 1)}"
+            f_d = _braced(p["kw"], p["kh"], p["fc"], 0)
+            cp = "conv_params_t cp = " + _braced(p["in_off"], p["out_zp"], *rest)
+        in_d, o_d = _braced(p["iw"], p["ih"], p["ic"], 1), _braced(p["ow"], p["oh"], oc, 1)
+        dims = f"data_dims_t in_d = {in_d}, f_d = {f_d}, o_d = {o_d}"
         call = _c(fn, "&in_d", "in", "&f_d", "filt", "bias", "&o_d", out, "&cp", "&q")
         body = _scratch_call("depthwise_conv" if dw else "conv", sfx, "&in_d, &f_d, &o_d, &cp", call)
         return f"  {{\n  {dims};\n  {cp};\n  quant_data_t q = {{shift, mult}};\n{body}  }}\n"
     if case.op == "fully_connected":
-        sm = ("shift", "mult") if p[8] else ("shift[0]", "mult[0]")
-        return "  " + _c(fn, "in", p[2], p[0], "filt", p[3], "bias", out, p[1], p[4], *sm, p[5], p[6]) + ";\n"
-    if case.op == "add":
-        return "  " + _c(fn, "in", "in2", *p[1:8], out, *p[8:13], p[0]) + ";\n"
-    if case.op == "mul":
-        return "  " + _c(fn, "in", "in2", p[1], p[2], out, *p[3:8], p[0]) + ";\n"
+        sm = ("shift", "mult") if p["per_channel"] else ("shift[0]", "mult[0]")
+        args = ("in", p["in_off"], p["row"], "filt", p["w_off"], "bias", out, p["oc"], p["out_zp"], *sm)
+        return "  " + _c(fn, *args, p["amin"], p["amax"]) + ";\n"
+    if case.op in ("add", "mul"):
+        ins = ("in", "in2", p["in1_off"], p["in2_off"])
+        outs = (p["out_zp"], p["out_mult"], p["out_shift"], p["amin"], p["amax"])
+        if case.op == "add":
+            shifts = (p["mult1"], p["mult2"], p["shift1"], p["shift2"], p["left_shift"])
+            return "  " + _c(fn, *ins, *shifts, out, *outs, p["size"]) + ";\n"
+        return "  " + _c(fn, *ins, out, *outs, p["size"]) + ";\n"
     if case.op in ("avg_pool", "max_pool"):
-        ih, iw, ch, oh, ow, sh, sw, kh, kw, ph, pw, amin, amax = p[:13]
-        return "  " + _c(fn, "in", iw, ih, out, ow, oh, sw, sh, kw, kh, pw, ph, amin, amax, ch) + ";\n"
-    rows, depth, mult, shift, diff_min = p[:5]
-    call = _c(fn, "in", rows, depth, mult, shift, diff_min, out)
-    return _scratch_call("softmax", sfx, f"{depth}, {rows}", call)
+        shape = (p["ow"], p["oh"], p["sw"], p["sh"], p["kw"], p["kh"], p["pw"], p["ph"])
+        return "  " + _c(fn, "in", p["iw"], p["ih"], out, *shape, p["amin"], p["amax"], p["ch"]) + ";\n"
+    call = _c(fn, "in", p["rows"], p["depth"], p["in_mult"], p["in_shift"], p["diff_min"], out)
+    return _scratch_call("softmax", sfx, f"{p['depth']}, {p['rows']}", call)
 
 
 GENERIC = {
@@ -140,7 +127,7 @@ GENERIC = {
 def kernel_names(case: Case) -> tuple[str, str]:
     """(the generic name esp_nn_generic_opt.h maps, its ANSI C function) for ``case``."""
     name = GENERIC[case.op]
-    if case.op == "fully_connected" and case.params[8]:
+    if case.op == "fully_connected" and case.named()["per_channel"]:
         name = "esp_nn_fully_connected_per_ch_s8"
     return name, name + "_ansi"
 
@@ -173,13 +160,12 @@ def c_repro(case: Case, expected: bytes | None, sanitize: bool) -> str:
 
 
 def _coords(case: Case, i: int) -> str:
-    p = case.params
+    p = case.named()
     if case.op in ("conv", "depthwise", "avg_pool", "max_pool"):
-        oc = p[2] * p[5] if case.op == "depthwise" else p[6] if case.op == "conv" else p[2]
-        ow = p[7] if case.op == "depthwise" else p[8] if case.op == "conv" else p[4]
-        return f"y={i // (ow * oc)} x={i // oc % ow} c={i % oc}"
+        oc = p["ch"] if "ch" in p else len(case.requant()[0])  # conv-like: one multiplier per output
+        return f"y={i // (p['ow'] * oc)} x={i // oc % p['ow']} c={i % oc}"
     if case.op == "softmax":
-        return f"row={i // p[1]} i={i % p[1]}"
+        return f"row={i // p['depth']} i={i % p['depth']}"
     return f"i={i}"
 
 

@@ -14,10 +14,10 @@ from dataclasses import replace
 from typing import Literal
 
 from harness.analysis import sweep_cases
-from harness.analysis.sweep_cases import Case, CaseMeta, GeometryKey, api_out, tflite_padding
+from harness.analysis.sweep_cases import Case, CaseMeta, GeometryKey, api_out, repack, tflite_padding
 
 # the sizes a step makes smaller
-_Key = Literal["ih", "iw", "kh", "kw", "ic", "fc", "oc", "mult_ch", "ch", "row", "rows", "depth"]
+_Key = Literal["ih", "iw", "kh", "kw", "ic", "fc", "oc", "mult_ch", "ch", "row", "rows", "depth", "size"]
 _AXES: tuple[tuple[GeometryKey, GeometryKey, GeometryKey, GeometryKey, GeometryKey], ...] = (
     ("ih", "kh", "sh", "ph", "oh"),
     ("iw", "kw", "sw", "pw", "ow"),
@@ -47,16 +47,17 @@ def _spatial(meta: CaseMeta, api: bool) -> None:
 
 
 def _conv_like(case: Case) -> Iterator[Case]:
-    m, p, dw = case.meta, case.params, case.op == "depthwise"
+    m, p, dw = case.meta, case.named(), case.op == "depthwise"
     api = "pad*" in case.klass
     moves: list[CaseMeta] = []
     if dw:
-        moves += [_one("ic", v) for v in _fewer(p[2])] + [_one("mult_ch", v) for v in _fewer(p[5])]
+        moves += [_one("ic", v) for v in _fewer(p["ic"])] + [_one("mult_ch", v) for v in _fewer(p["mult_ch"])]
     else:
         groups = m.get("groups", 1)
-        moves += [_one("oc", v) for v in _fewer(p[6], groups, groups)] + [_one("fc", v) for v in _fewer(p[5])]
+        moves += [_one("oc", v) for v in _fewer(p["oc"], groups, groups)]
+        moves += [_one("fc", v) for v in _fewer(p["fc"])]
     moves += [_one(key, v) for key in ("ih", "iw", "kh", "kw") for v in _fewer(m[key])]
-    if p[16 if dw else 17] != 0:
+    if p["bias_range"] != 0:
         moves.append({"bias_range": 0})
     for move in moves:
         g: CaseMeta = {**copy.deepcopy(m), **move}
@@ -67,25 +68,18 @@ def _conv_like(case: Case) -> Iterator[Case]:
         _spatial(g, api)
         if g["oh"] < 1 or g["ow"] < 1:
             continue
-        yield _rebuild_conv(case, g)
+        yield replace(case, params=repack(case, _cut(g, g["oc"]), g["oc"]), meta=g)
 
 
-def _rebuild_conv(case: Case, meta: CaseMeta) -> Case:
-    p, dw = case.params, case.op == "depthwise"
-    oc = meta["oc"]
-    q = 17 if dw else 18
-    old_oc = p[2] * p[5] if dw else p[6]
-    mult, shift = p[q : q + old_oc][:oc], p[q + old_oc : q + 2 * old_oc][:oc]
+def _cut(meta: CaseMeta, channels: int) -> CaseMeta:
+    """``meta`` with its per-channel lists cut to the first ``channels``."""
     if "mult" in meta:
-        meta["mult"] = meta["mult"][:oc]
+        meta["mult"] = meta["mult"][:channels]
     if "shift" in meta:
-        meta["shift"] = meta["shift"][:oc]
+        meta["shift"] = meta["shift"][:channels]
     if "w_scales" in meta:
-        meta["w_scales"] = meta["w_scales"][:oc]
-    geometry = sweep_cases.DEPTHWISE_PARAMS if dw else sweep_cases.CONV_PARAMS
-    tail = p[len(geometry) : q - 1]  # offsets and activation range, unchanged
-    params = [*(meta[k] for k in geometry), *tail, meta.get("bias_range", p[q - 1]), *mult, *shift]
-    return replace(case, params=params, meta=meta)
+        meta["w_scales"] = meta["w_scales"][:channels]
+    return meta
 
 
 def _pool(case: Case) -> Iterator[Case]:
@@ -97,39 +91,25 @@ def _pool(case: Case) -> Iterator[Case]:
         _spatial(g, api)
         if g["oh"] < 1 or g["ow"] < 1:
             continue
-        p = case.params
-        params = [g["ih"], g["iw"], g["ch"], g["oh"], g["ow"], g["sh"], g["sw"], g["kh"], g["kw"]]
-        params += [g["ph"], g["pw"], *p[11:13]]
-        yield replace(case, params=params, meta=g)
+        yield replace(case, params=repack(case, g), meta=g)
 
 
-_SOFTMAX_SIZES: tuple[_Key, _Key] = ("rows", "depth")  # params 0 and 1
-_FC_SIZES: tuple[_Key, _Key] = ("row", "oc")
+_SIZES: dict[str, tuple[_Key, ...]] = {
+    "softmax": ("rows", "depth"),
+    "fully_connected": ("row", "oc"),
+    "add": ("size",),
+    "mul": ("size",),
+}
 
 
 def _flat(case: Case) -> Iterator[Case]:
     """Fully connected (row length, outputs), add/mul (size), softmax (rows, row length)."""
-    p, m = case.params, case.meta
-    if case.op == "softmax":
-        for idx, key in enumerate(_SOFTMAX_SIZES):
-            for v in _fewer(p[idx]):
-                params = list(p)
-                params[idx] = v
-                yield replace(case, params=params, reachable=True, meta={**m, **_one(key, v)})
-    elif case.op == "fully_connected":
-        nq = p[1] if p[8] else 1
-        for idx, key in enumerate(_FC_SIZES):
-            for v in _fewer(p[idx]):
-                params = list(p)
-                params[idx] = v
-                g: CaseMeta = {**copy.deepcopy(m), **_one(key, v)}
-                if idx == 1 and p[8]:
-                    params = params[:9] + p[9 : 9 + v] + p[9 + nq : 9 + nq + v]
-                    g["w_scales"] = m.get("w_scales", [])[:v]
-                yield replace(case, params=params, meta=g)
-    else:
-        for v in _fewer(p[0]):
-            yield replace(case, params=[v, *p[1:]], reachable=True, meta={**m, "size": v})
+    p, m = case.named(), case.meta
+    for key in _SIZES[case.op]:
+        for v in _fewer(p[key]):
+            g: CaseMeta = {**copy.deepcopy(m), **_one(key, v)}
+            cut = key == "oc" and p["per_channel"]  # one multiplier and shift per output
+            yield replace(case, params=repack(case, _cut(g, v) if cut else g, v if cut else None), meta=g)
 
 
 def klass_of(case: Case) -> str:
@@ -137,7 +117,7 @@ def klass_of(case: Case) -> str:
     words = case.klass.split()
     prefix = words[0] + " " if words and words[0].startswith("op") and words[0][2:].isdigit() else ""
     word = next((w for w in words if w in ("SAME", "VALID", "pad*")), words[-1] if words else "")
-    return prefix + sweep_cases.geometry_class(case.op, case.params, word)
+    return prefix + sweep_cases.geometry_class(case, word)
 
 
 def smaller(case: Case) -> Iterator[Case]:

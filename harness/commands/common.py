@@ -185,6 +185,12 @@ def path_option(*decls: str, dir: bool = False, help: str | None = None, **extra
     return click.option(*decls, type=DIR if dir else FILE, help=help, **extra)
 
 
+# --cache-dir of every command that builds (flash-and-compare, build, run, hybrid, sweep)
+CACHE_DIR_OPTION = path_option(
+    "--cache-dir", dir=True, help="Build cache directory (default: $ESP_CHECK_CACHE_DIR/builds or per-user)."
+)
+
+
 def lsb_option(flag: str, help: str) -> Callable[[F], F]:
     """A tolerance in quantization steps (LSB), 0 (bit-exact) unless given."""
     return click.option(flag, type=LSB, default=0, help=help)

@@ -19,6 +19,7 @@ from harness.analysis.report import print_report, safe_lines, safe_markup
 from harness.commands.common import (
     ARENA_KB,
     BAUD,
+    CACHE_DIR_OPTION,
     FILE,
     OP_LIST,
     SECONDS,
@@ -105,7 +106,7 @@ _VERDICT = (
 )
 _BUILD = (
     click.option("--builder", type=click.Choice(BUILDERS), help="Override the board's builder."),
-    path_option("--cache-dir", dir=True, help="Build cache directory (default: per-user cache)."),
+    CACHE_DIR_OPTION,
     click.option("--flash-baud", type=BAUD, help="Flashing baud rate (default: the board's)."),
     click.option("--arena-kb", type=ARENA_KB, help="Tensor arena size (default: measured + margin)."),
 )

@@ -14,6 +14,7 @@ from rich.table import Column, Table
 
 from harness.commands.common import (
     ARENA_KB,
+    CACHE_DIR_OPTION,
     DIR,
     FILE,
     OP_LIST,
@@ -232,11 +233,7 @@ def run_build_with_progress(
 @click.command("build")
 @click.argument("project_dirs", nargs=-1, required=True, type=DIR)
 @click.option("--builder", type=click.Choice(BUILDERS), help="Default: the board's builder.")
-@path_option(
-    "--cache-dir",
-    dir=True,
-    help="Build cache location (default: $ESP_CHECK_CACHE_DIR/builds or the user cache directory).",
-)
+@CACHE_DIR_OPTION
 @click.option("--no-cache", is_flag=True, help="Always run the builder; do not read or write the cache.")
 @click.option("--cache-max-mb", type=click.IntRange(min=1), default=2048)
 @path_option(

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.commands.common import (
+    CACHE_DIR_OPTION,
     FILE,
     VERDICT_COLOURS,
     WAIT_SECONDS,
@@ -163,7 +164,7 @@ _run_options = with_options(
         help="Seconds to wait for a board someone else is using; 0 skips a held board at once "
         "(default: plan [run] lock_timeout_s).",
     ),
-    path_option("--cache-dir", dir=True, help="Build cache directory."),
+    CACHE_DIR_OPTION,
     click.option("--builder", type=click.Choice(BUILDERS), help="Override the boards' builder."),
     click.option(
         "--validate-only", is_flag=True, help="Check the plan and inventory, print the tasks, run nothing."

@@ -10,7 +10,7 @@ import click
 
 from harness.analysis.sweep_cases import OPS
 from harness.analysis.sweep_model import model_cases
-from harness.commands.common import DIR, make_console, out_option
+from harness.commands.common import CACHE_DIR_OPTION, DIR, make_console, out_option
 from harness.errors import UsageError
 from harness.flows.sweep import SweepOptions, sweep
 from harness.model.loader import load_model
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 @click.option("--no-shrink", is_flag=True, help="write each finding's example as drawn, not shrunk")
 @click.option("--bits", type=click.Choice(["32", "64"]), default="64")
 @click.option("--jobs", type=click.IntRange(1, 256), help="parallel compile jobs")
+@CACHE_DIR_OPTION
 @out_option("esp-check-sweep")
 def sweep_cmd(
     components_dir: Path | None,
@@ -75,6 +76,7 @@ def sweep_cmd(
     no_shrink: bool,
     bits: str,
     jobs: int | None,
+    cache_dir: Path | None,
     out_dir: Path,
 ) -> int:
     """Call esp-nn's kernels directly (optimized vs ANSI C vs TFLM's reference) over generated geometries."""
@@ -91,6 +93,7 @@ def sweep_cmd(
         tflm_dir=tflm_dir,
         bits=int(bits),
         jobs=jobs,
+        cache_dir=cache_dir,
     )
     if from_model is not None:
         options.cases = _model_cases(con, from_model, seed, options.ops)

@@ -24,7 +24,14 @@ from harness.chips import CHIPS, CONSOLE_BAUD
 from harness.errors import BuildError, PlatformUnreachableError, UsageError
 from harness.firmware import sdkconfig as sdkconfig_fmt
 from harness.firmware.boards import BUILDERS
-from harness.firmware.cache import DEFAULT_MAX_BYTES, BuildCache, BuildMeta, CacheEntry, default_cache_dir
+from harness.firmware.cache import (
+    DEFAULT_MAX_BYTES,
+    BuildCache,
+    BuildMeta,
+    CacheEntry,
+    default_cache_dir,
+    native_root,
+)
 from harness.firmware.generate import DATA_DIR, PIO_ENV
 from harness.firmware.native.driver import build_program
 from harness.firmware.native.project import NativeOptions, plan_native_build
@@ -825,7 +832,7 @@ def _build_native(job: _BuildJob, options: NativeOptions, cache: BuildCache | No
     """Build a native board's project into ``esp-check/build/native_app`` (cached like the other builders,
     keyed on the project files and the native library key: sources, compiler, flags)."""
     project, manifest, out_dir, log = job.project, job.manifest, job.out_dir, job.log
-    root = cache.root / "native" if cache is not None else out_dir / "native-work"
+    root = native_root(cache.root) if cache is not None else out_dir / "native-work"
     plan = plan_native_build(project, manifest, options, root=root, log_path=log, on_output=job.on_output,
                              timeout=job.timeout, env=job.env)  # fmt: skip
     files = project_files(project)

@@ -32,6 +32,12 @@ def default_cache_dir() -> Path:
     return user_cache_dir("builds")
 
 
+def native_root(cache_dir: str | Path | None = None) -> Path:
+    """``native/`` in the build cache (``cache_dir``, else :func:`default_cache_dir`): the native target's
+    source snapshots and library trees, flash-and-compare's and the sweep's (docs/native.md "Cache")."""
+    return Path(cache_dir or default_cache_dir()) / "native"
+
+
 class BuildMeta(TypedDict, total=False):
     """What an entry keeps beside its files (meta.json): what the build says about them, then what the
     cache adds (``files``: name -> size, ``key``, ``stored_at``)."""

@@ -33,6 +33,7 @@ from harness.analysis.sweep_repro import write_repro
 from harness.analysis.sweep_shrink import smaller
 from harness.children import SANITIZER_ENV
 from harness.errors import EspCheckError, ExitCode, UsageError
+from harness.firmware.cache import native_root
 from harness.firmware.native.components import ComponentSource, find_components
 from harness.firmware.native.sweep_build import (
     ESPNN,
@@ -43,7 +44,6 @@ from harness.firmware.native.sweep_build import (
     has_reference,
 )
 from harness.manifest import NN_EXPECTED
-from harness.resources import user_cache_dir
 
 CASE_TIMEOUT_S = 60.0
 # a finding group (analysis.sweep_findings.group): its JSON fields, and its example case ("example")
@@ -62,6 +62,7 @@ class SweepOptions:
     tflm_dir: Path | None = None
     bits: int = 64
     jobs: int | None = None
+    cache_dir: Path | None = None  # the build cache (--cache-dir); None: firmware.cache.default_cache_dir()
     cases: list[Case] | None = None  # given cases (--from-model), instead of generated ones
     shrink: bool = True  # shrink each finding's example before writing it
 
@@ -264,7 +265,7 @@ def sweep(
         raise UsageError(f"unknown op(s) {', '.join(bad)}", hint=f"choose from {', '.join(OPS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    root = user_cache_dir("builds") / "native"  # where flash-and-compare's native builds go
+    root = native_root(options.cache_dir)
     espnn, tflm = find_sweep_sources(options.components_dir, options.espnn_dir, options.tflm_dir)
     log = out / "build.log"
     programs = {}

@@ -478,8 +478,11 @@ def _c_tap_array(ts: Sequence[TapTensor]) -> ctypes.Array[_CTapTensor]:
     return arr
 
 
-def _load_library(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
+def load_c_library(path: Path | None = None) -> ctypes.CDLL:
+    """The library :func:`build_c_library` made (``path``, else the default build), loaded with the
+    emitter's signatures: one handle for its caller to own and pass to each :class:`CEmitter`
+    (harness.protocol.native adds the loop's)."""
+    lib = ctypes.CDLL(str(path or build_c_library()))
     vp, cp, sz, cint = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int
     i32, i64, u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
     dims, taps = ctypes.POINTER(i32), ctypes.POINTER(_CTapTensor)
@@ -514,8 +517,8 @@ class CEmitter(_Emitter):
 
     backend = "c"
 
-    def __init__(self, write: Callable[[bytes], None], library: Path) -> None:
-        self.lib = _load_library(library)
+    def __init__(self, write: Callable[[bytes], None], lib: ctypes.CDLL) -> None:
+        self.lib = lib  # from load_c_library, owned by the caller
 
         def _cb(_ctx: int | None, buf: ctypes._Pointer[ctypes.c_char], n: int) -> int:
             write(ctypes.string_at(buf, n))
@@ -604,7 +607,7 @@ def make_emitter(
         raise UsageError(f"unknown emitter backend {backend!r}", hint="use 'auto', 'c' or 'python'")
     if backend == "python" or (backend == "auto" and find_c_compiler() is None):
         return PythonEmitter(write)
-    return CEmitter(write, build_c_library(cache_dir))
+    return CEmitter(write, load_c_library(build_c_library(cache_dir)))
 
 
 # ---- whole-capture helper (simulator, tests) -----------------------------------------------------

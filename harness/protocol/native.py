@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.protocol import frames
-from harness.protocol.emitter import MAX_DIMS, CEmitter, PythonEmitter, build_c_library, find_c_compiler
+from harness.protocol.emitter import MAX_DIMS, CEmitter, PythonEmitter, find_c_compiler, load_c_library
 from harness.protocol.loop import DeviceLoop, LoopConfig, LoopHost
 
 _u8p = ctypes.POINTER(ctypes.c_uint8)
@@ -97,9 +97,9 @@ class _Config(ctypes.Structure):
 
 
 def load_library() -> ctypes.CDLL:
-    """The compiled portable C (built once per source hash), with the frame and loop signatures set: a
-    new handle for the caller to keep (the dynamic loader maps the library once per process)."""
-    lib = ctypes.CDLL(str(build_c_library()))
+    """The compiled portable C (built once per source hash), with the emitter's, the frame and the loop
+    signatures set: one handle for the caller to own (a loop and its emitter share it)."""
+    lib = load_c_library()
     vp, cp, sz, cint = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int
     u8, u32, dec = ctypes.c_uint8, ctypes.c_uint32, ctypes.POINTER(_Decoder)
     sigs: dict[str, tuple[Any, list[Any]]] = {
@@ -258,7 +258,8 @@ def make_loop(cfg: LoopConfig, host: LoopHost, *, backend: str = "auto") -> Devi
     """The device loop for the simulated board: the firmware's C loop, or its Python twin."""
     if backend == "python" or (backend == "auto" and find_c_compiler() is None):
         return DeviceLoop(cfg, host, PythonEmitter(host.write))
-    return CDeviceLoop(load_library(), cfg, host, CEmitter(host.write, build_c_library()))
+    lib = load_library()
+    return CDeviceLoop(lib, cfg, host, CEmitter(host.write, lib))
 
 
 __all__ = ["CDeviceLoop", "load_library", "make_loop"]

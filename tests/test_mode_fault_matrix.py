@@ -11,6 +11,8 @@ here (a bisection over a crash: tests/test_hybrid_flow.py).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import uuid
 from pathlib import Path
 
@@ -131,7 +133,6 @@ KEEP_CELLS = [
 def test_kept_inputs_by_fault(tmp_path: Path, models_dir: Path, port, query: str, results: str) -> None:  # type: ignore[no-untyped-def]
     """Lost, stale or damaged kept inputs fall back to uploads: always the clean match the board earned,
     and the second variant uploads nothing only when its store was intact."""
-    import json
 
     import numpy as np
 
@@ -195,7 +196,6 @@ def test_mode_with_the_flash_skipped(
 ) -> None:  # type: ignore[no-untyped-def]
     """The second run finds the builds on the board from its app's HELLO (model, running and other slot
     SHA-256) and runs no esptool session; the faulty variant is judged exactly as after a flash."""
-    import json
 
     from harness.flows.resident import FLASH_SKIPPED
 
@@ -208,3 +208,35 @@ def test_mode_with_the_flash_skipped(
     doc = json.loads((tmp_path / "b" / "report.json").read_text())
     assert {v["flash"]["skipped"] for v in doc["variants"].values()} == {FLASH_SKIPPED}
     assert board.download_sessions == sessions
+
+
+def test_runner_job_whose_served_board_is_gone_is_never_a_match(tmp_path: Path, models_dir: Path) -> None:
+    """The served board answers when the run starts (no quarantine) and is gone when the task runs: the
+    pipeline ends at its port check with exit 3 and no variant ran; the runner must not judge that as a
+    match. Faked: the board (a served ``sim://``), stopped from the runner's port hook."""
+    from harness.runner import RunOptions, load_inventory, load_plan, run_plan
+    from harness.sim.serve import serve_rfc2217
+
+    name = f"mxg-{uuid.uuid4().hex[:8]}"
+    server = serve_rfc2217(f"sim://{name}?emitter=c&flash_size=8MB")
+    inv = tmp_path / "bench.toml"
+    inv.write_text(f'[[board]]\nname = "b1"\ntype = "sim"\nport = "{server.address}"\n')
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        '[defaults]\nboards = ["sim"]\nretries = 0\n'
+        f'\n[[job]]\nname = "one"\nmodels = ["{models_dir / MODEL}"]\ninputs = ["{models_dir / IMAGE}"]\n'
+    )
+
+    def gone(*_: object) -> None:
+        server.stop()  # the board's server died between the run's start and this attempt
+
+    out = tmp_path / "out"
+    try:
+        opts = RunOptions(out_dir=out, lock_dir=tmp_path / "locks", cache_dir=tmp_path / "cache")
+        result = run_plan(load_plan(plan), load_inventory(inv), dataclasses.replace(opts, port_override=gone))
+    finally:
+        server.stop()
+        remove_board(name)
+    assert result.exit_code == INF
+    (task,) = json.loads((out / "summary.json").read_text())["tasks"]
+    assert "port" in task["reason"], task["reason"]

@@ -152,6 +152,9 @@ OPTION_CELLS = [
     *[("float", "", m, OK) for m in ("single", "tap")],
     # the fast link's baud switch refused by the bridge: the run falls back to the console baud
     *[("cnn", "fault=corrupt,baud_fail&variant_fault=optimized", m, M) for m in ("single", "ds_crc")],
+    # a 4 MB chip behind the sim board file's 8 MB: the start-up probe fails and the app boot-loops; the
+    # board file is wrong (docs/device.md flash_size_mismatch: 2), not the firmware or the link
+    *[("cnn", "flash_size=4MB", m, ExitCode.USAGE) for m in ("single", "tap", "ds_crc", "ds_full")],
 ]
 
 

@@ -129,7 +129,7 @@ _WDT_LINE = b"E (5123) task_wdt: Task watchdog got triggered\r\n"  # what the sp
 def _records(raw: bytes) -> list[tuple[int, str, dict[str, str]]]:
     recs = []
     raw = raw.replace(_WDT_LINE, b"")  # the true content of a spliced record is the record without it
-    for line in raw.split(b"\n"):
+    for line in re.split(rb"\n|\r(?=@EC1 )", raw):  # a record holds no CR: its CR ends it, LF or not
         pos = line.find(b"@EC1 ")
         if pos < 0:
             continue

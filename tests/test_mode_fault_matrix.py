@@ -6,11 +6,15 @@ loop). Real: esptool flashing, the resident loop's frames, the host TFLM referen
 runner. A fault that cannot act in a mode (text-record faults in a dataset stream, faults that need a
 second invoke or a second RUN in a one-input run) must give the honest answer for what the board did,
 which is a match: the table says so cell by cell. Cells marked ``None`` are covered elsewhere and too slow
-here (a bisection over a crash: tests/test_hybrid_flow.py).
+here (a bisection over a crash: tests/test_hybrid_flow.py). Then the options that change who judges or
+what is judged (no host reference, two outputs, a float output with NaN and -inf, the fast link's baud
+switch refused), the board served over RFC 2217, the runner, and a repeat run that skips the flash.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import uuid
 from pathlib import Path
 
@@ -37,6 +41,9 @@ MATRIX: dict[str, tuple[ExitCode | None, ...]] = {
     "": (OK, OK, OK, OK, OK),
     "fault=corrupt&variant_fault=optimized": (M, M, M, M, M),
     "fault=pinned&variant_fault=optimized": (M, M, M, M, None),
+    "fault=corrupt": (M, M, M, M, M),  # both variants alike: the host says so (hybrid: the baseline)
+    "fault=corrupt&variant_fault=ansi": (M, M, M, M, M),
+    "fault=op_corrupt&fault_op=3&variant_fault=optimized": (M, M, M, M, OK),  # hybrid: op 3 on ANSI C
     "fault=panic&variant_fault=optimized": (F, F, F, F, None),
     "fault=abort&variant_fault=ansi": (F, F, F, F, F),  # hybrid: the ANSI C baseline itself is broken
     "fault=alloc&variant_fault=optimized": (F, F, F, F, None),
@@ -77,8 +84,13 @@ def port():  # type: ignore[no-untyped-def]
         remove_board(n)
 
 
-def _run(mode: str, url: str, models_dir: Path, out: Path) -> ExitCode:
-    model, image = models_dir / MODEL, models_dir / IMAGE
+def _run(
+    mode: str, url: str, models_dir: Path, out: Path, *, model: str | Path = MODEL, reference: bool = True
+) -> ExitCode:
+    """One cell; ``model`` (a fixture name, or a path) takes its sample input from ``inputs/``."""
+    model = models_dir / model
+    image = models_dir / (IMAGE if model.name == MODEL else f"inputs/{model.stem}.q.npy")
+    job = JobOptions(timeouts=LIMITS, reference=reference)
     if mode == "hybrid":
         res = hybrid(
             model,
@@ -87,7 +99,7 @@ def _run(mode: str, url: str, models_dir: Path, out: Path) -> ExitCode:
             port=url,
             out_dir=out,
             options=HybridOptions(bisect=True),
-            job=JobOptions(timeouts=LIMITS),
+            job=job,
         )
         assert res.exit_code == OK or not res.offered, res.message  # a hybrid is offered only as a match
         return res.exit_code
@@ -98,14 +110,12 @@ def _run(mode: str, url: str, models_dir: Path, out: Path) -> ExitCode:
             board="sim",
             port=url,
             out_dir=out,
-            options=JobOptions(timeouts=LIMITS, tap=mode == "tap"),
+            options=job.replace(tap=mode == "tap"),
         )
     else:
         results = "crc" if mode == "ds_crc" else "full"
         ds = DatasetOptions(random_inputs=4, seed=3, results=results)
-        r = flash_and_compare(
-            model, [], board="sim", port=url, out_dir=out, options=JobOptions(timeouts=LIMITS, dataset=ds)
-        )
+        r = flash_and_compare(model, [], board="sim", port=url, out_dir=out, options=job.replace(dataset=ds))
     assert r.report_path.is_file()  # nothing lost: the report is written whatever happened
     return r.exit_code
 
@@ -120,6 +130,73 @@ def test_mode_by_fault(
     assert got == expected, f"{mode} with {query or 'no fault'}: exit {int(got)}, expected {int(expected)}"
 
 
+# ---- options that change who judges or what is judged: no host reference, two outputs, float outputs ----
+
+ONE_MODES = ("single", "tap", "ds_crc", "ds_full")
+NO_TAP = ("single", "ds_crc", "ds_full")
+CORRUPT = "fault=corrupt&variant_fault=optimized"
+OPTION_CELLS = [
+    # without the host reference optimized vs ANSI C is the only witness: it still sees one corrupt side
+    *[("no_reference", CORRUPT, m, M) for m in NO_TAP],
+    *[("no_reference", "fault=pinned&variant_fault=ansi", m, M) for m in NO_TAP],
+    *[
+        ("no_reference", "fault=panic&variant_fault=optimized&fault_boots=1", m, F)
+        for m in ("single", "ds_full")
+    ],
+    ("no_reference", CORRUPT, "hybrid", M),
+    # op_zoo: two outputs; only some elements of each are corrupt
+    *[("op_zoo", CORRUPT, m, M) for m in ONE_MODES],
+    *[("op_zoo", "fault=panic&variant_fault=ansi", m, F) for m in ("single", "ds_crc")],
+    # a float32 output with NaN and -inf in it (tests/test_judge_integrity.py log_model): one input
+    *[("float", CORRUPT, m, M) for m in ("single", "tap")],
+    *[("float", "", m, OK) for m in ("single", "tap")],
+    # the fast link's baud switch refused by the bridge: the run falls back to the console baud
+    *[("cnn", "fault=corrupt,baud_fail&variant_fault=optimized", m, M) for m in ("single", "ds_crc")],
+    # a 4 MB chip behind the sim board file's 8 MB: the start-up probe fails and the app boot-loops; the
+    # board file is wrong (docs/device.md flash_size_mismatch: 2), not the firmware or the link
+    *[("cnn", "flash_size=4MB", m, ExitCode.USAGE) for m in ("single", "tap", "ds_crc", "ds_full")],
+]
+
+
+@pytest.mark.parametrize(
+    ("option", "query", "mode", "expected"),
+    OPTION_CELLS,
+    ids=[f"{o}-{m}-{q or 'clean'}" for o, q, m, _ in OPTION_CELLS],
+)
+def test_mode_by_fault_with_options(
+    tmp_path: Path, models_dir: Path, port, option: str, query: str, mode: str, expected: ExitCode
+) -> None:  # type: ignore[no-untyped-def]
+    model: str | Path = {"op_zoo": "op_zoo.tflite", "float": tmp_path / "log.tflite"}.get(option, MODEL)
+    if option == "float":
+        import numpy as np
+        from test_judge_integrity import log_model
+
+        Path(model).write_bytes(log_model())
+        (tmp_path / "inputs").mkdir()
+        np.save(tmp_path / "inputs/log.q.npy", np.arange(-64, 64, 8, dtype=np.int8).reshape(1, 16))
+        models_dir = tmp_path
+    got = _run(mode, port(query), models_dir, tmp_path / "o", model=model, reference=option != "no_reference")
+    assert got == expected, f"{option} {mode} with {query or 'no fault'}: exit {int(got)}"
+
+
+def test_served_board_by_fault(tmp_path: Path, models_dir: Path) -> None:
+    """The board served over RFC 2217 (``esp-check sim serve --rfc2217``, another process's view of it):
+    the same verdicts as in-process. Faked: the board (a served ``sim://``)."""
+    from harness.sim.serve import serve_rfc2217
+
+    cells = [("fault=corrupt&variant_fault=optimized", m, M) for m in ("single", "ds_crc")]
+    cells += [("fault=panic&variant_fault=optimized", m, F) for m in ("single", "ds_full")]
+    for k, (query, mode, expected) in enumerate(cells):
+        name = f"mxs-{uuid.uuid4().hex[:8]}"
+        server = serve_rfc2217(f"sim://{name}?emitter=c&flash_size=8MB&{query}")
+        try:
+            got = _run(mode, server.address, models_dir, tmp_path / str(k))
+        finally:
+            server.stop()
+            remove_board(name)
+        assert got == expected, f"served {mode} with {query}: exit {int(got)}, expected {int(expected)}"
+
+
 # ---- a dataset of files: the second variant runs the inputs the first one kept (docs/protocol.md) ------
 
 KEEP_CELLS = [
@@ -131,7 +208,6 @@ KEEP_CELLS = [
 def test_kept_inputs_by_fault(tmp_path: Path, models_dir: Path, port, query: str, results: str) -> None:  # type: ignore[no-untyped-def]
     """Lost, stale or damaged kept inputs fall back to uploads: always the clean match the board earned,
     and the second variant uploads nothing only when its store was intact."""
-    import json
 
     import numpy as np
 
@@ -195,7 +271,6 @@ def test_mode_with_the_flash_skipped(
 ) -> None:  # type: ignore[no-untyped-def]
     """The second run finds the builds on the board from its app's HELLO (model, running and other slot
     SHA-256) and runs no esptool session; the faulty variant is judged exactly as after a flash."""
-    import json
 
     from harness.flows.resident import FLASH_SKIPPED
 
@@ -208,3 +283,35 @@ def test_mode_with_the_flash_skipped(
     doc = json.loads((tmp_path / "b" / "report.json").read_text())
     assert {v["flash"]["skipped"] for v in doc["variants"].values()} == {FLASH_SKIPPED}
     assert board.download_sessions == sessions
+
+
+def test_runner_job_whose_served_board_is_gone_is_never_a_match(tmp_path: Path, models_dir: Path) -> None:
+    """The served board answers when the run starts (no quarantine) and is gone when the task runs: the
+    pipeline ends at its port check with exit 3 and no variant ran; the runner must not judge that as a
+    match. Faked: the board (a served ``sim://``), stopped from the runner's port hook."""
+    from harness.runner import RunOptions, load_inventory, load_plan, run_plan
+    from harness.sim.serve import serve_rfc2217
+
+    name = f"mxg-{uuid.uuid4().hex[:8]}"
+    server = serve_rfc2217(f"sim://{name}?emitter=c&flash_size=8MB")
+    inv = tmp_path / "bench.toml"
+    inv.write_text(f'[[board]]\nname = "b1"\ntype = "sim"\nport = "{server.address}"\n')
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        '[defaults]\nboards = ["sim"]\nretries = 0\n'
+        f'\n[[job]]\nname = "one"\nmodels = ["{models_dir / MODEL}"]\ninputs = ["{models_dir / IMAGE}"]\n'
+    )
+
+    def gone(*_: object) -> None:
+        server.stop()  # the board's server died between the run's start and this attempt
+
+    out = tmp_path / "out"
+    try:
+        opts = RunOptions(out_dir=out, lock_dir=tmp_path / "locks", cache_dir=tmp_path / "cache")
+        result = run_plan(load_plan(plan), load_inventory(inv), dataclasses.replace(opts, port_override=gone))
+    finally:
+        server.stop()
+        remove_board(name)
+    assert result.exit_code == INF
+    (task,) = json.loads((out / "summary.json").read_text())["tasks"]
+    assert "port" in task["reason"], task["reason"]

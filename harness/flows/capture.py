@@ -233,9 +233,11 @@ def verdict_evidence(
 
     Order matters: a device that says it is not what the board definition is (a simulator behind a
     real board's name, or real hardware behind a simulated board's: BEGIN ``sim=``) is a usage error
-    whatever else it printed; a firmware fault is a finding even in a broken capture; an invalid
-    capture is never a result; a valid one beside an infrastructure finding is kept as evidence but is
-    never a clean match; a firmware that does not report the ESP-NN mode it was built for proves nothing.
+    whatever else it printed, and so is a usage finding (a board file that promises more flash than the
+    chip has: the start-up abort and boot loop that follow are its consequence); a firmware fault is a
+    finding even in a broken capture; an invalid capture is never a result; a valid one beside an
+    infrastructure finding is kept as evidence but is never a clean match; a firmware that does not
+    report the ESP-NN mode it was built for proves nothing.
     """
     if simulated_board is not None and cap.begin and cap.simulated != simulated_board:
         said = "a simulator (BEGIN sim=1)" if cap.simulated else "real hardware (BEGIN without sim=1)"
@@ -246,6 +248,8 @@ def verdict_evidence(
             "not what the report would call them",
             False,
         )
+    if usage := [f for f in findings if f.severity == Severity.USAGE]:  # e.g. a board file's flash size
+        return ExitCode.USAGE, "; ".join(f.message for f in usage), False
     faults = [f for f in findings if f.severity == Severity.FIRMWARE_FAULT]
     if cap.errors and not faults and all(e.stage == "model" for e in cap.errors):
         msg = "; ".join(f.message for f in findings if f.kind == "model_partition")

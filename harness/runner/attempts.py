@@ -49,8 +49,11 @@ def judge_inputs(task: Task, attempt: Attempt, result: FlashAndCompareResult) ->
     runs = result.variants
     _attempt_facts(task, attempt, result)
     codes, reasons = _variant_problems(attempt, runs)
-    attempt.board_fault = bool(codes) and combine_exit_codes(codes) == ExitCode.INFRASTRUCTURE
     comp = result.comparison
+    if comp is None:  # nothing compared (a port gone, incomparable captures): the pipeline's verdict
+        codes.append(ExitCode(result.exit_code))
+        reasons += result.errors
+    attempt.board_fault = bool(codes) and combine_exit_codes(codes) == ExitCode.INFRASTRUCTURE
     missing = [w for w in result.warnings if "host reference unavailable" in w]
     ref_problem = f"host reference: {missing[0]}" if missing else None
     if task.job.needs_reference and ref_problem is not None:

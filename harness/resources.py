@@ -171,8 +171,7 @@ def cache_entry(kind: str, digest: str, code_id: str) -> Path:
 
 
 def load_stored(path: Path, build: Callable[[dict[str, Any]], _T], **key: object) -> _T | None:
-    """``build`` of the JSON object :func:`store_json` kept at ``path`` when its fields ``key`` hold those
-    values (taken out before ``build`` sees the rest); None when it is missing, damaged or another's."""
+    """``build`` of the JSON kept at ``path`` if its ``key`` fields (popped) match; None if not or damaged."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         return None if any(doc.pop(k) != v for k, v in key.items()) else build(doc)

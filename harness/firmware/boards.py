@@ -294,7 +294,7 @@ def load_board_file(path: Path) -> Board:
             f"cannot read board file {path}: {exc.strerror or exc}", hint="check the path"
         ) from exc
     digest = hashlib.sha256(raw).hexdigest()
-    stored = _stored_board(digest, path)
+    stored = load_stored(_board_entry(digest), lambda doc: Board(**doc, source=path), sha256=digest)
     if stored is not None:
         return stored
     try:
@@ -326,10 +326,6 @@ def _validator_id() -> str:
 
 def _board_entry(digest: str) -> Path:
     return cache_entry("board-files", digest, _validator_id())
-
-
-def _stored_board(digest: str, path: Path) -> Board | None:
-    return load_stored(_board_entry(digest), lambda doc: Board(**doc, source=path), sha256=digest)
 
 
 def _store_board(digest: str, board: Board) -> None:

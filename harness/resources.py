@@ -16,9 +16,9 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.errors import EspCheckError, PlanError, UsageError, write_error
 
@@ -30,6 +30,7 @@ else:  # pragma: no cover - Python 3.10
     from tomli import loads as parse_toml
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+_T = TypeVar("_T")
 
 
 def _locate(name: str) -> Path:
@@ -162,6 +163,20 @@ def write_if_changed(path: Path, data: str | bytes) -> bool:
             return False
     atomic_write(path, raw, durable=False)  # a full disk leaves no half-written file behind
     return True
+
+
+def cache_entry(kind: str, digest: str, code_id: str) -> Path:
+    """The cache file of the result for SHA-256 ``digest`` by the code ``code_id`` (:func:`code_digest`)."""
+    return user_cache_dir(kind) / f"{digest}-{code_id}.json"
+
+
+def load_stored(path: Path, build: Callable[[dict[str, Any]], _T], **key: object) -> _T | None:
+    """``build`` of the JSON kept at ``path`` if its ``key`` fields (popped) match; None if not or damaged."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        return None if any(doc.pop(k) != v for k, v in key.items()) else build(doc)
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
 
 
 def store_json(path: Path, doc: object, keep: int) -> None:

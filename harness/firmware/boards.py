@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +19,12 @@ from harness.errors import BoardDefinitionError
 from harness.firmware.board_types import NAME_PATTERN, Builder
 from harness.resources import (
     boards_dir,
+    cache_entry,
     code_digest,
     idf_support,
+    load_stored,
     parse_toml,
     store_json,
-    user_cache_dir,
     version_tuple,
 )
 
@@ -294,7 +294,7 @@ def load_board_file(path: Path) -> Board:
             f"cannot read board file {path}: {exc.strerror or exc}", hint="check the path"
         ) from exc
     digest = hashlib.sha256(raw).hexdigest()
-    stored = _stored_board(digest, path)
+    stored = load_stored(_board_entry(digest), lambda doc: Board(**doc, source=path), sha256=digest)
     if stored is not None:
         return stored
     try:
@@ -325,17 +325,7 @@ def _validator_id() -> str:
 
 
 def _board_entry(digest: str) -> Path:
-    return user_cache_dir("board-files") / f"{digest}-{_validator_id()}.json"
-
-
-def _stored_board(digest: str, path: Path) -> Board | None:
-    try:
-        doc = json.loads(_board_entry(digest).read_text(encoding="utf-8"))
-        if doc.pop("sha256") != digest:
-            return None
-        return Board(**doc, source=path)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return None
+    return cache_entry("board-files", digest, _validator_id())
 
 
 def _store_board(digest: str, board: Board) -> None:

@@ -84,15 +84,11 @@ def read_regular(
     check_regular(p, what=what, max_bytes=max_bytes, error=error, big_hint=big_hint)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        fd = os.open(p, flags)
+        with os.fdopen(os.open(p, flags), "rb") as fh:
+            _check_stat(os.fstat(fh.fileno()), p, what, max_bytes, error, big_hint)  # the opened file
+            data = fh.read(max_bytes + 1)
     except OSError as exc:
         raise error(f"cannot read {what} {p}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as fh:
-        _check_stat(os.fstat(fh.fileno()), p, what, max_bytes, error, big_hint)  # the file that was opened
-        try:
-            data = fh.read(max_bytes + 1)
-        except OSError as exc:
-            raise error(f"cannot read {what} {p}: {exc.strerror or exc}") from None
     if len(data) > max_bytes:  # it grew after the check
         raise _refuse(error, p, what, f"larger than the {max_bytes // MiB} MiB esp-check reads", big_hint)
     return data

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-import json
 import math
 import re
 import struct
@@ -31,7 +30,7 @@ from harness.model import opdata
 from harness.model.files import MODEL_MAX_BYTES, read_regular
 from harness.model.modelinfo import ModelInfo, OpInfo, TensorInfo, tensor_bytes
 from harness.model.verify import verify_structure
-from harness.resources import code_digest, store_json, user_cache_dir
+from harness.resources import cache_entry, code_digest, load_stored, store_json
 
 if TYPE_CHECKING:
     import tflite
@@ -427,7 +426,7 @@ def _parser_id() -> str:
 
 
 def _info_path(digest: str) -> Path:
-    return user_cache_dir("model-info") / f"{digest}-{_parser_id()}.json"
+    return cache_entry("model-info", digest, _parser_id())
 
 
 def _tuples(fields: dict[str, Any]) -> dict[str, Any]:
@@ -437,10 +436,8 @@ def _tuples(fields: dict[str, Any]) -> dict[str, Any]:
 
 def _stored(digest: str, size: int, path: Path) -> ModelInfo | None:
     """The stored parse of the model with SHA-256 ``digest``, or None (missing, damaged, another one)."""
-    try:
-        doc = json.loads(_info_path(digest).read_text(encoding="utf-8"))
-        if doc.pop("sha256") != digest or doc.pop("size_bytes") != size:
-            return None
+
+    def build(doc: dict[str, Any]) -> ModelInfo:
         tensors = tuple(TensorInfo(**_tuples(t)) for t in doc.pop("tensors"))
         return ModelInfo(
             path=path,
@@ -455,8 +452,8 @@ def _stored(digest: str, size: int, path: Path) -> ModelInfo | None:
             tensors=tensors,
             **doc,
         )
-    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
-        return None
+
+    return load_stored(_info_path(digest), build, sha256=digest, size_bytes=size)
 
 
 def _store(info: ModelInfo) -> None:

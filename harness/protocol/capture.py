@@ -526,10 +526,8 @@ class _Builder:
         self.cap.runs.append(new_run)
 
     def _time(self, rec: Record) -> None:
-        run = self._run(rec)
+        run = self._run(rec, once="invoke_us")
         if run is not None:
-            if run.invoke_us is not None:
-                self.problem(f"line {rec.line}: TIME for i={run.index} repeated")
             run.invoke_us = _int(rec, "invoke_us")
             run.cycles = _opt_int(rec, "cycles")
 
@@ -552,11 +550,9 @@ class _Builder:
         self.cap.end_status = status
 
     def _opend(self, rec: Record) -> None:
-        run = self._run(rec)
+        run = self._run(rec, once="ops_end")
         if run is None:
             return
-        if run.ops_end is not None:
-            self.problem(f"line {rec.line}: OPEND for i={run.index} repeated")
         end = {k: _int(rec, k, unsigned=True) for k in ("ops", "dropped", "ram")}
         if end["ops"] != len(run.ops):
             self.problem(
@@ -572,11 +568,9 @@ class _Builder:
 
     def _hybrid(self, rec: Record) -> None:
         """HYBRID i= ansi= fallback=: how many invokes the hybrid wrapper sent to ANSI C in run i."""
-        run = self._run(rec)
+        run = self._run(rec, once="hybrid")
         if run is None:
             return
-        if run.hybrid is not None:
-            self.problem(f"line {rec.line}: HYBRID for i={run.index} repeated")
         run.hybrid = {k: _int(rec, k, unsigned=True) for k in ("ansi", "fallback")}
 
     @staticmethod
@@ -659,11 +653,15 @@ class _Builder:
         tensor.data = np.frombuffer(data, dtype=DTYPES[tensor.dtype]).reshape(tensor.shape)
         return True
 
-    def _run(self, rec: Record) -> CapturedRun | None:
+    def _run(self, rec: Record, once: str | None = None) -> CapturedRun | None:
+        """The run ``rec`` is about; a problem when there is none, or when its field ``once`` (one record
+        of this type per run) is set already."""
         i = _int(rec, "i", unsigned=True)
         run = self.run_by_index.get(i)
         if run is None:
             self.problem(f"line {rec.line}: {rec.type} for i={i} without its INPUT record")
+        elif once is not None and getattr(run, once) is not None:
+            self.problem(f"line {rec.line}: {rec.type} for i={i} repeated")
         return run
 
     def _tensor(self, rec: Record) -> None:

@@ -285,3 +285,18 @@ def test_the_confirm_runs_divergence_names_the_optimized_build() -> None:
         d = _divergence(state, run)  # type: ignore[arg-type]
         assert d is not None and d.op == 3 and d.kind == "output"
         assert d.a == name and d.message.endswith(f"({name} vs ansi)"), d.message
+
+
+def test_cost_report_gives_no_speedup_from_a_zero_ansi_time(unet) -> None:  # type: ignore[no-untyped-def]
+    """ANSI C per-op cycles of 0 (a cycle counter that did not run) gave ``speedup`` 0.0 in report.json,
+    op 17 "costs -1,000 cycles more", and the claim that ESP-NN gives no speedup. A time of zero is
+    unknown (as in the tap timing): the speedup and the extra cycles are null, the summary says why."""
+    n = len(unet.main_ops)
+    opt = {k: 1000 for k in range(n)}
+    doc = cost_report(unet, opt, {k: 0 for k in range(n)}, [17], 240)
+    assert doc["speedup"] == {"optimized": None, "hybrid": None}, doc["speedup"]
+    assert doc["per_op"][0]["extra_cycles"] is None and "-1,000" not in doc["summary"]
+    assert doc["speedup_kept_percent"] is None and "unknown" in doc["summary"], doc["summary"]
+    assert "no speedup above the noise" not in doc["summary"]
+    blank = cost_report(unet, {k: 0 for k in range(n)}, {k: 4000 for k in range(n)}, [17], 240)
+    assert blank["speedup"] == {"optimized": None, "hybrid": None} and "unknown" in blank["summary"]

@@ -460,6 +460,29 @@ def test_usb_boards_are_found_by_serial_number_or_location(tmp_path: Path, monke
         gone.resolve()
 
 
+@pytest.mark.parametrize("reach", ['usb_serial = "F4:12:FA:00:11:22"', 'usb_location = "1-1.2"'])
+def test_one_usb_board_by_port_and_by_usb_is_refused(tmp_path: Path, monkeypatch, reach: str):
+    """One board as `port = "/dev/ttyACM3"` and as its USB serial number or location was two bench
+    boards, so two workers could take it (both resolve to lock usb-sn-...): the inventory refuses it,
+    naming the file and both entries."""
+    import esp_pylib.serial_ports
+
+    ports = [_port("/dev/ttyACM3", 0x303A, 0x1001, "F4:12:FA:00:11:22", "1-1.2:1.0")]
+    # FAKED: the OS enumeration behind esptool's port list (esp_pylib.serial_ports), which esp-check uses
+    monkeypatch.setattr(esp_pylib.serial_ports, "_comports", lambda: ports)
+    board = 'type = "esp32s3-devkitc-1-n8"\nconsole = "usb_serial_jtag"'
+    text = (
+        f'[[board]]\nname = "a"\n{board}\nport = "/dev/ttyACM3"\n\n[[board]]\nname = "b"\n{board}\n{reach}\n'
+    )
+    inv = write(tmp_path, "bench.toml", text)
+    with pytest.raises(PlanError) as err:
+        load_inventory(inv)
+    assert str(inv) in err.value.message and "board 'b'" in err.value.message, err.value.message
+    assert (
+        "is also used by board 'a'" in err.value.message and "usb-sn-F4_12_FA_00_11_22" in err.value.message
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [

@@ -187,3 +187,45 @@ def test_missing_or_different_records_are_never_agreement() -> None:
     other = [_op(0, [(0, "A")], [(1, "B")]), _op(1, [(5, "B")], [(2, "C")])]
     d = first_divergence("opt", other, "host", good)
     assert d.layout_mismatch == [1] and d.ops_compared == 1 and "NOT checked" in d.message
+
+
+def test_a_time_the_device_did_not_give_is_unknown_in_json_text_and_html() -> None:
+    """An ANSI C run without OP records (its firmware built without --tap) got a total and a per-type
+    time of 0.0 in report.json, "0.0" in the terminal table and "ANSI C 0 us" in the HTML report, and a
+    comparison without a mean |diff| showed 0.0000 in HTML: numbers the device never gave. One rule for
+    unknown: absent or null in JSON, "-" in text and HTML (as the text compare report already does)."""
+    import re
+    from io import StringIO
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from harness.analysis.html_report import render_html
+    from harness.commands.device_cmds import _print_tap
+
+    conv = [TapOp(0, "CONV_2D", (), (), 240), TapOp(1, "CONV_2D", (), (), 480)]
+    res = TapResult()
+    res.timing = timing_table({"optimized": conv, "ansi": []}, {"optimized": 240, "ansi": 240})
+    assert res.timing["total_us"] == {"optimized": 3.0}, res.timing["total_us"]
+    assert res.timing["by_type"]["CONV_2D"]["us"] == {"optimized": 3.0}
+    out = StringIO()
+    _print_tap(Console(file=out, width=200), res)
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.getvalue().splitlines() if "│" in line]
+    assert ["CONV_2D", "2", "3.0", "-", "-"] in rows and ["total", "2", "3.0", "-", "-"] in rows, rows
+    comparison = {
+        "a": "optimized",
+        "b": "ansi",
+        "run": 0,
+        "output": 0,
+        "verdict": "mismatch",
+        "mismatched": 1,
+        "count": 2,
+        "max_diff_lsb": None,
+        "mean_diff_lsb": None,
+    }
+    doc = {"verdict": "mismatch", "comparison": {"comparisons": [comparison]}, "tap": {}}
+    html = render_html(SimpleNamespace(comparison=None, tap=res), doc)  # type: ignore[arg-type]
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", html)
+    assert "ANSI C 0" not in html and "None" not in cells and "0.0000" not in cells, cells
+    at = cells.index("CONV_2D")
+    assert cells[at : at + 5] == ["CONV_2D", "2", "3.0", "-", "-"] and "ANSI C -" in html, cells

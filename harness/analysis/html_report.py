@@ -21,7 +21,7 @@ from PIL import Image
 
 from harness import __version__
 from harness.analysis.hybrid import Audit
-from harness.analysis.tap import TapResult, Timing, divergences
+from harness.analysis.tap import TapResult, Timing, divergences, timing_cells
 from harness.errors import write_error
 from harness.resources import write_output
 
@@ -246,14 +246,12 @@ def _devices(doc: ReportDoc) -> list[View]:
 def _timing_view(timing: Timing | None) -> View | None:
     if not timing:
         return None
-    tot = timing["total_us"]
     by_type = [
-        {"name": name, "count": r["count"], "optimized": r["us"].get("optimized", 0),
-         "ansi": r["us"].get("ansi", 0), "speedup": r["speedup"]}
-        for name, r in timing["by_type"].items()
-    ]  # fmt: skip
-    total = {"optimized": tot.get("optimized", 0), "ansi": tot.get("ansi", 0)}
-    return {"total": total, "speedup": timing["speedup"], "by_type": by_type, "bars": _bars(timing)}
+        {"name": k, "count": r["count"], "cells": timing_cells(r["us"], r["speedup"])}
+        for k, r in timing["by_type"].items()
+    ]
+    total = timing_cells(timing["total_us"], timing["speedup"])
+    return {"total": total, "by_type": by_type, "bars": _bars(timing)}
 
 
 def _tap_view(tap: TapResult | None) -> View | None:
@@ -277,10 +275,7 @@ def render_html(result: FlashAndCompareResult, doc: ReportDoc) -> str:
     """The whole report as one HTML string (harness/templates/flash_and_compare.html.j2)."""
     verdict = str(doc.get("verdict"))
     comp = doc.get("comparison") or {}
-    comparisons = [
-        {"name": "", **c, "mean_diff_lsb": float(c.get("mean_diff_lsb") or 0)}
-        for c in comp.get("comparisons") or []
-    ]
+    comparisons = [{"name": "", **c} for c in comp.get("comparisons") or []]
     view = {
         "verdict": verdict,
         "cls": {"match": "match", "mismatch": "mismatch"}.get(verdict, "other"),

@@ -165,8 +165,8 @@ class OpCost(TypedDict):
 class CostReport(TypedDict):
     """What the hybrid costs, from per-op cycles (:func:`cost_report`)."""
 
-    cycles: dict[str, int]
-    ms: dict[str, float]
+    cycles: dict[str, int | None]  # None: unknown (no op timed above zero in both builds)
+    ms: dict[str, float | None]
     speedup: dict[str, float | None]
     speedup_kept_percent: float | None
     measured: bool
@@ -210,12 +210,12 @@ def cost_report(
 ) -> CostReport:
     """What the hybrid costs, from per-op cycles of both builds (and of the hybrid when ``measured_hybrid``):
     docs/hybrid.md, "Cost", and when a share is claimed ("ESP-NN speedup audit")."""
-    ops = sorted(set(optimized) & set(ansi))
+    ops = [k for k in sorted(set(optimized) & set(ansi)) if optimized[k] > 0 and ansi[k] > 0]  # 0: unknown
     chosen = set(ansi_ops)
-    t_opt = sum(optimized[k] for k in ops)
-    t_ansi = sum(ansi[k] for k in ops)
-    t_est = sum(ansi[k] if k in chosen else optimized[k] for k in ops)
-    t_hyb = sum(measured_hybrid[k] for k in ops) if measured_hybrid else t_est
+    t_opt = sum(optimized[k] for k in ops) or None  # None: no op timed above zero in both (unknown)
+    t_ansi = sum(ansi[k] for k in ops) or None
+    t_est = sum(ansi[k] if k in chosen else optimized[k] for k in ops) or None
+    t_hyb = (sum(measured_hybrid[k] for k in ops) or None) if measured_hybrid else t_est
 
     per_op: list[OpCost] = [
         {
@@ -223,7 +223,7 @@ def cost_report(
             "kind": info.main_ops[k].opcode if k < len(info.main_ops) else "?",
             "cycles_optimized": optimized.get(k),
             "cycles_ansi": ansi.get(k),
-            "extra_cycles": (ansi[k] - optimized[k]) if k in ansi and k in optimized else None,
+            "extra_cycles": (ansi[k] - optimized[k]) if ansi.get(k) and optimized.get(k) else None,
         }
         for k in sorted(chosen)
     ]
@@ -231,12 +231,12 @@ def cost_report(
     doc: CostReport = {
         "cycles": {"optimized": t_opt, "ansi": t_ansi, "hybrid": t_hyb, "hybrid_estimate": t_est},
         "ms": {
-            k: round(v / mhz / 1000.0, 3)
+            k: round(v / mhz / 1000.0, 3) if v else None
             for k, v in (("optimized", t_opt), ("ansi", t_ansi), ("hybrid", t_hyb))
         },
         "speedup": {
-            "optimized": round(t_ansi / t_opt, 3) if t_opt else None,
-            "hybrid": round(t_ansi / t_hyb, 3) if t_hyb else None,
+            "optimized": round(t_ansi / t_opt, 3) if t_opt and t_ansi else None,
+            "hybrid": round(t_ansi / t_hyb, 3) if t_hyb and t_ansi else None,
         },
         "speedup_kept_percent": _kept(t_opt, t_ansi, t_hyb, native, noise_band),
         "measured": measured_hybrid is not None,
@@ -266,9 +266,11 @@ def _cost_head(doc: CostReport) -> str:
             f"the hybrid keeps {_percent(kept)} of ESP-NN's speedup ({sp['optimized']:.2f}x -> "
             f"{sp['hybrid']:.2f}x over ANSI C, {how})"
         )
-    if not sp["optimized"] or sp["optimized"] <= 1.0 + doc["noise_band"]:
-        got = f" ({sp['optimized']:.2f}x)" if sp["optimized"] else ""
-        return f"ESP-NN gives no speedup above the noise on this model{got}: no cost is claimed"
+    if sp["optimized"] is None or sp["hybrid"] is None:
+        return "the per-op cycles leave the speedup unknown (no time above zero): no cost is claimed"
+    if sp["optimized"] <= 1.0 + doc["noise_band"]:
+        got = sp["optimized"]
+        return f"ESP-NN gives no speedup above the noise on this model ({got:.2f}x): no cost is claimed"
     return (
         f"the hybrid's time ({c['hybrid']:,} cycles, {how}) is outside the optimized and ANSI C builds' "
         f"({c['optimized']:,} and {c['ansi']:,}): not comparable, no share of the speedup is claimed"

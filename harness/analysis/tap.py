@@ -296,20 +296,28 @@ def timing_table(per_variant: Mapping[str, Sequence[TapOp]], cpu_mhz: Mapping[st
                 row["us"][v] = o.cycles / mhz
     rows = [by_idx[k] for k in sorted(by_idx)]
     totals: dict[str, TypeTime] = {}
+    total: dict[str, float] = {}
     for row in rows:
         row["speedup"] = _speedup([row])
-        tot = totals.setdefault(row["opcode"], {"count": 0, "us": {v: 0.0 for v in names}, "speedup": None})
+        tot = totals.setdefault(row["opcode"], {"count": 0, "us": {}, "speedup": None})
         tot["count"] += 1
-        for v in names:
-            tot["us"][v] += row["us"].get(v, 0.0)
+        for v, us in row["us"].items():  # a variant without a timed op has no total (unknown), never 0
+            tot["us"][v] = tot["us"].get(v, 0.0) + us
+            total[v] = total.get(v, 0.0) + us
     for name, tot in totals.items():
         tot["speedup"] = _speedup([r for r in rows if r["opcode"] == name])
     return {
         "ops": rows,
         "by_type": dict(sorted(totals.items(), key=lambda kv: -max(kv[1]["us"].values() or [0]))),
-        "total_us": {v: sum(r["us"].get(v, 0.0) for r in rows) for v in names},
+        "total_us": total,
         "speedup": _speedup(rows),
     }
+
+
+def timing_cells(us: Mapping[str, float], speedup: float | None) -> tuple[str, str, str]:
+    """Optimized us, ANSI C us and the speedup as the text and HTML reports print them; "-": unknown."""
+    opt, ansi = (f"{us[v]:.1f}" if v in us else "-" for v in ("optimized", "ansi"))
+    return opt, ansi, f"{speedup:.2f}x" if speedup is not None else "-"
 
 
 def _speedup(rows: Sequence[OpTime]) -> float | None:

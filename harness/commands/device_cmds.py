@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.analysis.report import print_report, safe_lines, safe_markup
+from harness.analysis.tap import timing_cells
 from harness.commands.common import (
     ARENA_KB,
     BAUD,
@@ -522,15 +523,7 @@ def _print_tap(console: Console, tap: TapResult) -> None:
         for col in ("op type", "count", "optimized us", "ansi us", "speedup"):
             t.add_column(col, justify="right" if col != "op type" else "left")
         for name, row in timing["by_type"].items():
-            t.add_row(name, str(row["count"]), *_timing_cells(row["us"], row.get("speedup")))
-        t.add_row("total", str(len(timing["ops"])), *_timing_cells(timing["total_us"], timing.get("speedup")))
+            t.add_row(name, str(row["count"]), *timing_cells(row["us"], row.get("speedup")))
+        t.add_row("total", str(len(timing["ops"])), *timing_cells(timing["total_us"], timing.get("speedup")))
         console.print(t)
         console.print("  per-op rows: report.json tap.timing.ops")
-
-
-def _timing_cells(us: dict[str, float], speedup: float | None) -> tuple[str, str, str]:
-    return (
-        f"{us.get('optimized', 0.0):.1f}",
-        f"{us.get('ansi', 0.0):.1f}",
-        f"{speedup:.2f}x" if speedup else "-",
-    )

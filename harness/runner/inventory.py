@@ -180,22 +180,34 @@ def load_inventory(path: str | Path, *, coordinator: str | None = None) -> Inven
     except ValidationError as exc:
         raise _inventory_error(p, data, exc) from None
     coordinator = coordinator or (file.labgrid.coordinator if file.labgrid else None)
-    boards: list[BenchBoard] = []
-    reach_seen: dict[str, str] = {}
+    boards: dict[str, BenchBoard] = {}  # by the board lock each takes
     for entry in file.board:
-        board = _bench_board(p, entry, {b.name for b in boards}, coordinator)
+        board = _bench_board(p, entry, {b.name for b in boards.values()}, coordinator)
         key, value = board.reach()
-        ident = f"{key}={lock_key(value) if key == 'port' else value}"
-        if ident in reach_seen:
-            same = f" (both are board lock {ident.split('=', 1)[1]})" if key == "port" else ""
+        ident = _identity(board)
+        if ident in boards:
+            other = boards[ident]
             raise _At(p, f"board {board.name!r}").err(
                 key,
-                f"{value!r} is also used by board {reach_seen[ident]!r}{same}",
+                f"{value!r} is also used by board {other.name!r} ({'='.join(other.reach())}): both are "
+                f"board lock {ident}",
                 "one physical board appears once in an inventory",
             )
-        reach_seen[ident] = board.name
-        boards.append(board)
-    return Inventory(path=p, boards=tuple(boards))
+        boards[ident] = board
+    return Inventory(path=p, boards=tuple(boards.values()))
+
+
+def _identity(board: BenchBoard) -> str:
+    """The board lock an entry takes (``lock_key``, docs/ci.md "Board locks"), as far as the attached
+    USB devices show now; a USB board not attached now is its field and value."""
+    key, value = board.reach()
+    if key == "place":
+        return f"labgrid-{value}"  # the key of its lease (device.labgrid.PlaceLease)
+    if key == "port":
+        return lock_key(value)
+    with contextlib.suppress(PortError):  # not attached: no identity to compare but the value
+        return lock_key(board.resolve())
+    return f"{key}={value}"
 
 
 def discover_inventory(coordinator: str) -> Inventory:

@@ -10,6 +10,7 @@ says so); the three-way comparison against real sources is recorded in docs/swee
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import sys
 from pathlib import Path
@@ -583,6 +584,20 @@ def test_findings_group_by_a_coarse_geometry_family() -> None:
     assert family("depthwise", "op4 3x3 s2 SAME mult2 c<8") == "op4 KxK mult>1"
     assert family("softmax", "depth>=512 near-max") == "depth>=512 near-max"
     assert family("max_pool", "2x2 s2 VALID c<8") == "VALID"
+
+
+def test_a_findings_example_is_its_smallest_case_by_size() -> None:
+    """A group's example is the case whose sizes (sc.SIZES, by name) are smallest, whatever its other
+    params hold: here a 1-input fully connected case with a wide bias range beats a 257-input one."""
+    from harness.analysis.sweep_findings import CaseVerdict, group
+
+    def fc(row: int, bias: int) -> CaseVerdict:
+        case = sc.fc_case(random.Random(row), row=row, oc=2, per_channel=True)
+        case.params = sc.repack(case, {"bias_range": bias})
+        return CaseVerdict(case, None, ["sanitizer"])
+
+    (found,) = group([fc(257, 1 << 12), fc(1, 1 << 20)])
+    assert found["cases"] == 2 and found["example"].case.named()["row"] == 1
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="XDG_CACHE_HOME is the Linux cache root")

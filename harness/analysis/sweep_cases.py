@@ -182,6 +182,13 @@ LAYOUT: dict[str, tuple[Param, ...]] = {
     "max_pool": _POOL,
     "softmax": ("rows", "depth", "in_mult", "in_shift", "diff_min"),
 }
+# the params that are sizes; per op, the ones it has (the order the shrinker tries them in)
+Size = Literal[
+    "ih", "iw", "ic", "kh", "kw", "fc", "row", "oc", "mult_ch", "oh", "ow", "ch", "rows", "depth", "size"
+]
+SIZES: dict[str, tuple[Size, ...]] = {
+    op: tuple(k for k in get_args(Size) if k in names) for op, names in LAYOUT.items()
+}
 
 
 def pack(
@@ -220,6 +227,11 @@ class Case:
     def named(self) -> dict[Param, int]:
         """The params by name (:data:`LAYOUT`), without the multipliers and shifts."""
         return dict(zip(LAYOUT[self.op], self.params, strict=False))
+
+    def size(self) -> int:
+        """The sum of its sizes (:data:`SIZES`): how big a finding's example is."""
+        named = self.named()
+        return sum(named[k] for k in SIZES[self.op])
 
     def requant(self) -> tuple[list[int], list[int]]:
         """(multipliers, shifts): the params after the named ones (none for the other ops)."""

@@ -13,6 +13,7 @@ import json
 import random
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -34,11 +35,16 @@ from harness.analysis.sweep_findings import parse_outputs, parse_result, sanitiz
 from harness.analysis.sweep_model import CHANNEL_DELTAS, model_cases
 from harness.analysis.sweep_repro import repro_model
 from harness.cli import main
-from harness.errors import BuildError, UsageError
+from harness.errors import BuildError, EspCheckError, UsageError
 from harness.firmware.native.components import ComponentSource
 from harness.firmware.native.driver import NativePlan
-from harness.firmware.native.sweep_build import CONV_GLUE, find_sweep_sources, grouped_conv_refusal
-from harness.flows.sweep import SweepOptions, sweep
+from harness.firmware.native.sweep_build import (
+    CONV_GLUE,
+    build_sweep_driver,
+    find_sweep_sources,
+    grouped_conv_refusal,
+)
+from harness.flows.sweep import SweepOptions, run_driver, sweep
 from harness.model.loader import load_model
 
 needs_build = pytest.mark.skipif(
@@ -255,7 +261,9 @@ def test_injected_value_fault_is_caught(tmp_path: Path, monkeypatch: pytest.Monk
 
 def _max_pool(case: sc.Case) -> np.ndarray:
     """What max pooling must give for ``case`` (the driver's own input, rebuilt from its seed)."""
-    ih, iw, ch, oh, ow, sh, sw, kh, kw, ph, pw, amin, amax = case.params
+    p = case.named()
+    ih, iw, ch, oh, ow, sh, sw = (p[k] for k in ("ih", "iw", "ch", "oh", "ow", "sh", "sw"))
+    kh, kw, ph, pw, amin, amax = (p[k] for k in ("kh", "kw", "ph", "pw", "amin", "amax"))
     x = sc.int8_values(case.seed, 0, ih * iw * ch, case.lo, case.hi).astype(np.int32).reshape(ih, iw, ch)
     out = np.full((oh, ow, ch), -128, dtype=np.int32)
     for oy in range(oh):
@@ -298,6 +306,27 @@ def test_a_one_sided_fault_is_blamed_on_its_own_side(
         assert not np.array_equal(outs[side], right), f"{side} carries the fault, yet its output is right"
         wrong = outs[side] != right
         assert np.array_equal(outs[side][wrong].astype(np.int32), right[wrong].astype(np.int32) + 1)
+
+
+@needs_build
+@pytest.mark.slow
+def test_the_driver_reads_each_param_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sweep_driver.cc indexes a case's params by the names sc.LAYOUT gives them (a header written from
+    it), not by positions written a second time in C: with the pooling layout reversed here, the driver
+    still pools as the params say by name; a case with a param too many is refused, not misread."""
+    for op in ("avg_pool", "max_pool"):
+        monkeypatch.setitem(sc.LAYOUT, op, sc.LAYOUT[op][::-1])
+    espnn, _ = find_sweep_sources(None, COMPONENTS / "esp-nn")
+    where = {"root": tmp_path / "native", "out": tmp_path / "sweep", "log_path": tmp_path / "log"}
+    program, _ = build_sweep_driver(espnn, None, sanitize=False, **where)
+    cases = list(sc.generate(["max_pool"], 8, seed=3))
+    run = run_driver(program.path, cases, dump=True, variants="o")
+    for case in cases:
+        outputs = run.results[case.id].outputs
+        assert outputs is not None and outputs[0] is not None
+        assert np.array_equal(np.frombuffer(outputs[0], dtype=np.int8), _max_pool(case))
+    with pytest.raises(EspCheckError, match="parameters"):
+        run_driver(program.path, [replace(cases[0], params=[*cases[0].params, 0])])
 
 
 @needs_build

@@ -598,6 +598,17 @@ def test_cli_from_model_catches_a_fault_in_the_models_own_geometry(
     assert main([*args, "--op", "conv", "--espnn", str(COMPONENTS / "esp-nn")]) == 2  # nothing left to sweep
 
 
+@pytest.mark.parametrize("given", [{"cases_per_op": 0}, {"cases": []}])
+def test_a_sweep_of_no_case_is_refused_not_clean(tmp_path: Path, given: dict) -> None:
+    """Zero cases per op (the API allows it) used to give a clean sweep.json and exit 0 over nothing;
+    an empty list of given cases used to be replaced by 200 generated ones. Both are refused (exit 2)."""
+    opts = SweepOptions(ops=("max_pool",), espnn_dir=COMPONENTS / "esp-nn", sanitize=False, **given)
+    opts.cache_dir = tmp_path / "cache"
+    with pytest.raises(UsageError, match="no case to sweep"):
+        sweep(opts, tmp_path / "out")
+    assert not (tmp_path / "out" / "sweep.json").exists()
+
+
 def test_findings_group_by_a_coarse_geometry_family() -> None:
     from harness.analysis.sweep_findings import CaseVerdict, family, group
 

@@ -263,6 +263,16 @@ def sweep(
     bad = [op for op in options.ops if op not in OPS]
     if bad:
         raise UsageError(f"unknown op(s) {', '.join(bad)}", hint=f"choose from {', '.join(OPS)}")
+    cases = options.cases
+    if cases is None:
+        cases = list(generate(options.ops, options.cases_per_op, options.seed, options.api_space))
+    if not cases:
+        raise UsageError(
+            "there is no case to sweep: none generated (0 per op) or given (--from-model: no int8 op "
+            "esp-nn runs, of those asked for with --op)",
+            hint="ask for 1 or more cases per op (--cases), or give a model with an int8 conv, depthwise, "
+            "fully connected, add, mul, pooling or softmax",
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     root = native_root(options.cache_dir)
@@ -282,9 +292,6 @@ def sweep(
             jobs=options.jobs,
         )
         programs[sanitized] = prog.path
-    cases = options.cases or list(
-        generate(options.ops, options.cases_per_op, options.seed, options.api_space)
-    )
     mark_grouped_conv(cases, grouped_conv_refusal(tflm))
     say(f"running {len(cases)} cases")
     t0 = time.monotonic()

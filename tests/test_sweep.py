@@ -545,6 +545,20 @@ def test_cli_sweep_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert main(["sweep", "--op", "nope"]) == 2
 
 
+@needs_build
+def test_an_op_that_compared_nothing_is_said_and_alone_is_never_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stand-in esp-nn has max pool kernels only: its conv cases are all absent, and with no
+    # reference compiled nothing about conv was compared. Alone, that used to be "no finding", exit 0.
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["sweep", "--espnn", str(COMPONENTS / "esp-nn"), "--cases", "4", "--no-sanitize", "--op", "conv"]
+    assert main([*args, "--out", str(tmp_path / "conv")]) == 2
+    assert json.loads((tmp_path / "conv" / "sweep.json").read_text())["not_compared"] == ["conv"]
+    assert main([*args, "--op", "max_pool", "--out", str(tmp_path / "both")]) == 0
+    assert json.loads((tmp_path / "both" / "sweep.json").read_text())["not_compared"] == ["conv"]
+
+
 MODELS = Path(__file__).parent / "data" / "models"
 
 

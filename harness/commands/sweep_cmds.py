@@ -102,7 +102,17 @@ def sweep_cmd(
         f"reference {'compiled' if result.reference else 'NOT available (opt vs ANSI only)'}"
     )
     _print_findings(con, result.findings)
-    verdict = {0: "no finding", 1: "findings (wrong values)", 4: "findings (sanitizer report or crash)"}
+    if result.not_compared:
+        nothing = ", ".join(result.not_compared)
+        con.print(
+            f"[yellow]compared nothing[/yellow] (kernels absent or ANSI C twice, no reference): {nothing}"
+        )
+    verdict = {
+        0: "no finding",
+        1: "findings (wrong values)",
+        2: "nothing compared (see above)",
+        4: "findings (sanitizer report or crash)",
+    }
     con.print(f"{verdict[result.exit_code]}; report: {out_dir / 'sweep.json'}")
     return result.exit_code
 

@@ -280,10 +280,8 @@ def sweep(
         cases = list(generate(options.ops, options.cases_per_op, options.seed, options.api_space))
     if not cases:
         raise UsageError(
-            "there is no case to sweep: none generated (0 per op) or given (--from-model: no int8 op "
-            "esp-nn runs, of those asked for with --op)",
-            hint="ask for 1 or more cases per op (--cases), or give a model with an int8 conv, depthwise, "
-            "fully connected, add, mul, pooling or softmax",
+            "there is no case to sweep (0 per op, or --from-model: no int8 op esp-nn runs among --op)",
+            hint="ask for 1 or more cases per op (--cases), or give a model with an op esp-nn runs",
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

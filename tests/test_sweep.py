@@ -10,8 +10,10 @@ says so); the three-way comparison against real sources is recorded in docs/swee
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +35,16 @@ from harness.analysis.sweep_findings import parse_outputs, parse_result, sanitiz
 from harness.analysis.sweep_model import CHANNEL_DELTAS, model_cases
 from harness.analysis.sweep_repro import repro_model
 from harness.cli import main
-from harness.errors import BuildError, UsageError
+from harness.errors import BuildError, EspCheckError, UsageError
 from harness.firmware.native.components import ComponentSource
 from harness.firmware.native.driver import NativePlan
-from harness.firmware.native.sweep_build import CONV_GLUE, find_sweep_sources, grouped_conv_refusal
-from harness.flows.sweep import SweepOptions, sweep
+from harness.firmware.native.sweep_build import (
+    CONV_GLUE,
+    build_sweep_driver,
+    find_sweep_sources,
+    grouped_conv_refusal,
+)
+from harness.flows.sweep import SweepOptions, run_driver, sweep
 from harness.model.loader import load_model
 
 needs_build = pytest.mark.skipif(
@@ -254,7 +261,9 @@ def test_injected_value_fault_is_caught(tmp_path: Path, monkeypatch: pytest.Monk
 
 def _max_pool(case: sc.Case) -> np.ndarray:
     """What max pooling must give for ``case`` (the driver's own input, rebuilt from its seed)."""
-    ih, iw, ch, oh, ow, sh, sw, kh, kw, ph, pw, amin, amax = case.params
+    p = case.named()
+    ih, iw, ch, oh, ow, sh, sw = (p[k] for k in ("ih", "iw", "ch", "oh", "ow", "sh", "sw"))
+    kh, kw, ph, pw, amin, amax = (p[k] for k in ("kh", "kw", "ph", "pw", "amin", "amax"))
     x = sc.int8_values(case.seed, 0, ih * iw * ch, case.lo, case.hi).astype(np.int32).reshape(ih, iw, ch)
     out = np.full((oh, ow, ch), -128, dtype=np.int32)
     for oy in range(oh):
@@ -297,6 +306,27 @@ def test_a_one_sided_fault_is_blamed_on_its_own_side(
         assert not np.array_equal(outs[side], right), f"{side} carries the fault, yet its output is right"
         wrong = outs[side] != right
         assert np.array_equal(outs[side][wrong].astype(np.int32), right[wrong].astype(np.int32) + 1)
+
+
+@needs_build
+@pytest.mark.slow
+def test_the_driver_reads_each_param_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sweep_driver.cc indexes a case's params by the names sc.LAYOUT gives them (a header written from
+    it), not by positions written a second time in C: with the pooling layout reversed here, the driver
+    still pools as the params say by name; a case with a param too many is refused, not misread."""
+    for op in ("avg_pool", "max_pool"):
+        monkeypatch.setitem(sc.LAYOUT, op, sc.LAYOUT[op][::-1])
+    espnn, _ = find_sweep_sources(None, COMPONENTS / "esp-nn")
+    where = {"root": tmp_path / "native", "out": tmp_path / "sweep", "log_path": tmp_path / "log"}
+    program, _ = build_sweep_driver(espnn, None, sanitize=False, **where)
+    cases = list(sc.generate(["max_pool"], 8, seed=3))
+    run = run_driver(program.path, cases, dump=True, variants="o")
+    for case in cases:
+        outputs = run.results[case.id].outputs
+        assert outputs is not None and outputs[0] is not None
+        assert np.array_equal(np.frombuffer(outputs[0], dtype=np.int8), _max_pool(case))
+    with pytest.raises(EspCheckError, match="parameters"):
+        run_driver(program.path, [replace(cases[0], params=[*cases[0].params, 0])])
 
 
 @needs_build
@@ -515,6 +545,20 @@ def test_cli_sweep_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert main(["sweep", "--op", "nope"]) == 2
 
 
+@needs_build
+def test_an_op_that_compared_nothing_is_said_and_alone_is_never_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stand-in esp-nn has max pool kernels only: its conv cases are all absent, and with no
+    # reference compiled nothing about conv was compared. Alone, that used to be "no finding", exit 0.
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["sweep", "--espnn", str(COMPONENTS / "esp-nn"), "--cases", "4", "--no-sanitize", "--op", "conv"]
+    assert main([*args, "--out", str(tmp_path / "conv")]) == 2
+    assert json.loads((tmp_path / "conv" / "sweep.json").read_text())["not_compared"] == ["conv"]
+    assert main([*args, "--op", "max_pool", "--out", str(tmp_path / "both")]) == 0
+    assert json.loads((tmp_path / "both" / "sweep.json").read_text())["not_compared"] == ["conv"]
+
+
 MODELS = Path(__file__).parent / "data" / "models"
 
 
@@ -568,6 +612,17 @@ def test_cli_from_model_catches_a_fault_in_the_models_own_geometry(
     assert main([*args, "--op", "conv", "--espnn", str(COMPONENTS / "esp-nn")]) == 2  # nothing left to sweep
 
 
+@pytest.mark.parametrize("given", [{"cases_per_op": 0}, {"cases": []}])
+def test_a_sweep_of_no_case_is_refused_not_clean(tmp_path: Path, given: dict) -> None:
+    """Zero cases per op (the API allows it) used to give a clean sweep.json and exit 0 over nothing;
+    an empty list of given cases used to be replaced by 200 generated ones. Both are refused (exit 2)."""
+    opts = SweepOptions(ops=("max_pool",), espnn_dir=COMPONENTS / "esp-nn", sanitize=False, **given)
+    opts.cache_dir = tmp_path / "cache"
+    with pytest.raises(UsageError, match="no case to sweep"):
+        sweep(opts, tmp_path / "out")
+    assert not (tmp_path / "out" / "sweep.json").exists()
+
+
 def test_findings_group_by_a_coarse_geometry_family() -> None:
     from harness.analysis.sweep_findings import CaseVerdict, family, group
 
@@ -583,6 +638,20 @@ def test_findings_group_by_a_coarse_geometry_family() -> None:
     assert family("depthwise", "op4 3x3 s2 SAME mult2 c<8") == "op4 KxK mult>1"
     assert family("softmax", "depth>=512 near-max") == "depth>=512 near-max"
     assert family("max_pool", "2x2 s2 VALID c<8") == "VALID"
+
+
+def test_a_findings_example_is_its_smallest_case_by_size() -> None:
+    """A group's example is the case whose sizes (sc.SIZES, by name) are smallest, whatever its other
+    params hold: here a 1-input fully connected case with a wide bias range beats a 257-input one."""
+    from harness.analysis.sweep_findings import CaseVerdict, group
+
+    def fc(row: int, bias: int) -> CaseVerdict:
+        case = sc.fc_case(random.Random(row), row=row, oc=2, per_channel=True)
+        case.params = sc.repack(case, {"bias_range": bias})
+        return CaseVerdict(case, None, ["sanitizer"])
+
+    (found,) = group([fc(257, 1 << 12), fc(1, 1 << 20)])
+    assert found["cases"] == 2 and found["example"].case.named()["row"] == 1
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="XDG_CACHE_HOME is the Linux cache root")

@@ -2,7 +2,9 @@
  * target against the esp-nn sources under test (and esp-tflite-micro's reference kernels).
  *
  * stdin: one case per line, integers only: ID OP SEED LO HI PARAMS... (harness/analysis/sweep_cases.py
- * writes them; the parameter order per op is in the run_* functions below). Data comes from SEED
+ * writes them). The op codes and each param's index per op (OP_CONV, CONV_IH, ..., CONV_N params then a
+ * multiplier and a shift per output channel) are sweep_layout.h, which esp-check writes from the one
+ * definition (sweep_cases.OPS and LAYOUT), so the two cannot disagree. Data comes from SEED
  * (sweep_value()), so esp-check can rebuild any case's tensors in Python for a reproduction.
  * stdout: one line per case, written after all three kernels returned:
  *   R ID OPT ANSI REF N CRC_OPT CRC_ANSI CRC_REF D_OA D_OR D_AR SCR_OPT SCR_ANSI ALIAS
@@ -25,6 +27,7 @@
 
 #include "sdkconfig.h"
 #include "esp_nn.h"
+#include "sweep_layout.h"
 #if __has_include("esp_nn_defs.h")
 #include "esp_nn_defs.h"
 #define SWEEP_HAVE_DEFS 1
@@ -48,7 +51,6 @@ extern "C" void app_main(void);
 namespace {
 
 enum { RAN = 0, ABSENT = 1, REFUSED = 2, NO_REF = 3 };
-enum { OP_CONV = 1, OP_DW = 2, OP_FC = 3, OP_ADD = 4, OP_MUL = 5, OP_AVG = 6, OP_MAX = 7, OP_SOFTMAX = 8 };
 const int kMaxParams = 4200;
 const int32_t kMaxElems = 1 << 24;
 
@@ -200,14 +202,6 @@ const Names kSoftmax = {{SWEEP_XSTR(esp_nn_softmax_s8), "esp_nn_softmax_s8_ansi"
                         {SWEEP_XSTR(esp_nn_get_softmax_scratch_size), "esp_nn_get_softmax_scratch_size_ansi"},
                         {SWEEP_XSTR(esp_nn_set_softmax_scratch_buf), "esp_nn_set_softmax_scratch_buf_ansi"}};
 
-bool need(const Case &c, int n) {
-  if (c.np < n) {
-    fprintf(stderr, "esp-check sweep: case %ld has %d parameters, op %d needs %d\n", c.id, c.np, c.op, n);
-    exit(2);
-  }
-  return true;
-}
-
 void start(Result &r, int32_t n) {
   r.n = n;
   r.out[0] = out_buf(n, 0x55);
@@ -231,38 +225,36 @@ void start(Result &r, int32_t n) {
     g_in_reference = 0;                        \
   } while (0)
 
-/* CONV: in_h in_w in_c f_h f_w f_c out_c out_h out_w stride_h stride_w pad_h pad_w in_off out_off
- * act_min act_max bias_range mult[out_c] shift[out_c] */
 void run_conv(const Case &c, Result &r) {
-  need(c, 18);
   const int32_t *p = c.p;
-  int32_t ih = p[0], iw = p[1], ic = p[2], fh = p[3], fw = p[4], fc = p[5], oc = p[6], oh = p[7], ow = p[8];
-  need(c, 18 + 2 * oc);
+  int32_t ih = p[CONV_IH], iw = p[CONV_IW], ic = p[CONV_IC], fh = p[CONV_KH], fw = p[CONV_KW], fc = p[CONV_FC];
+  int32_t oc = p[CONV_OC], oh = p[CONV_OH], ow = p[CONV_OW];
   start(r, oh * ow * oc);
   int8_t *in = fill_s8(c.seed, 0, ih * iw * ic, c.lo, c.hi);
   int8_t *filt = fill_s8(c.seed, 1, oc * fh * fw * fc, -127, 127);
-  int32_t *bias = fill_s32(c.seed, oc, p[17]);
+  int32_t *bias = fill_s32(c.seed, oc, p[CONV_BIAS_RANGE]);
   int32_t *mult = static_cast<int32_t *>(input_alloc(sizeof(int32_t) * oc));
   int32_t *shift = static_cast<int32_t *>(input_alloc(sizeof(int32_t) * oc));
-  memcpy(mult, p + 18, sizeof(int32_t) * oc);
-  memcpy(shift, p + 18 + oc, sizeof(int32_t) * oc);
+  memcpy(mult, p + CONV_N, sizeof(int32_t) * oc);
+  memcpy(shift, p + CONV_N + oc, sizeof(int32_t) * oc);
 #if defined(SWEEP_HAVE_DEFS)
   data_dims_t in_d = {iw, ih, ic, 1}, f_d = {fw, fh, fc, 0}, o_d = {ow, oh, oc, 1};
-  conv_params_t cp = {p[13], p[14], {p[10], p[9]}, {p[12], p[11]}, {0, 0}, {p[15], p[16]}};
+  conv_params_t cp = {p[CONV_IN_OFF], p[CONV_OUT_ZP], {p[CONV_SW], p[CONV_SH]},
+                      {p[CONV_PW], p[CONV_PH]}, {0, 0}, {p[CONV_AMIN], p[CONV_AMAX]}};
   quant_data_t q = {shift, mult};
   run_conv_variants(kConv, r, in_d, in, f_d, filt, bias, o_d, cp, q);
 #endif
 #if defined(ESP_CHECK_SWEEP_REFERENCE)
   tflite::ConvParams rp = {};
-  rp.padding_values.width = p[12];
-  rp.padding_values.height = p[11];
-  rp.stride_width = p[10];
-  rp.stride_height = p[9];
+  rp.padding_values.width = p[CONV_PW];
+  rp.padding_values.height = p[CONV_PH];
+  rp.stride_width = p[CONV_SW];
+  rp.stride_height = p[CONV_SH];
   rp.dilation_width_factor = rp.dilation_height_factor = 1;
-  rp.input_offset = p[13];
-  rp.output_offset = p[14];
-  rp.quantized_activation_min = p[15];
-  rp.quantized_activation_max = p[16];
+  rp.input_offset = p[CONV_IN_OFF];
+  rp.output_offset = p[CONV_OUT_ZP];
+  rp.quantized_activation_min = p[CONV_AMIN];
+  rp.quantized_activation_max = p[CONV_AMAX];
   int32_t is[4] = {1, ih, iw, ic}, fs[4] = {oc, fh, fw, fc}, bs[1] = {oc}, os[4] = {1, oh, ow, oc};
   REFERENCE(tflite::reference_integer_ops::ConvPerChannel(
       rp, mult, shift, tflite::RuntimeShape(4, is), in, tflite::RuntimeShape(4, fs), filt, tflite::RuntimeShape(1, bs),
@@ -271,39 +263,38 @@ void run_conv(const Case &c, Result &r) {
   free(in), free(filt), free(bias), free(mult), free(shift);
 }
 
-/* DEPTHWISE: in_h in_w in_c f_h f_w ch_mult out_h out_w stride_h stride_w pad_h pad_w in_off out_off
- * act_min act_max bias_range mult[out_c] shift[out_c] (out_c = in_c * ch_mult) */
+/* out_c = in_c * mult_ch */
 void run_dw(const Case &c, Result &r) {
-  need(c, 17);
   const int32_t *p = c.p;
-  int32_t ih = p[0], iw = p[1], ic = p[2], fh = p[3], fw = p[4], cm = p[5], oh = p[6], ow = p[7], oc = ic * cm;
-  need(c, 17 + 2 * oc);
+  int32_t ih = p[DEPTHWISE_IH], iw = p[DEPTHWISE_IW], ic = p[DEPTHWISE_IC], fh = p[DEPTHWISE_KH];
+  int32_t fw = p[DEPTHWISE_KW], cm = p[DEPTHWISE_MULT_CH], oh = p[DEPTHWISE_OH], ow = p[DEPTHWISE_OW], oc = ic * cm;
   start(r, oh * ow * oc);
   int8_t *in = fill_s8(c.seed, 0, ih * iw * ic, c.lo, c.hi);
   int8_t *filt = fill_s8(c.seed, 1, fh * fw * oc, -127, 127);
-  int32_t *bias = fill_s32(c.seed, oc, p[16]);
+  int32_t *bias = fill_s32(c.seed, oc, p[DEPTHWISE_BIAS_RANGE]);
   int32_t *mult = static_cast<int32_t *>(input_alloc(sizeof(int32_t) * oc));
   int32_t *shift = static_cast<int32_t *>(input_alloc(sizeof(int32_t) * oc));
-  memcpy(mult, p + 17, sizeof(int32_t) * oc);
-  memcpy(shift, p + 17 + oc, sizeof(int32_t) * oc);
+  memcpy(mult, p + DEPTHWISE_N, sizeof(int32_t) * oc);
+  memcpy(shift, p + DEPTHWISE_N + oc, sizeof(int32_t) * oc);
 #if defined(SWEEP_HAVE_DEFS)
   data_dims_t in_d = {iw, ih, ic, 1}, f_d = {fw, fh, oc, 1}, o_d = {ow, oh, oc, 1};
-  dw_conv_params_t cp = {p[12], p[13], cm, {p[9], p[8]}, {p[11], p[10]}, {0, 0}, {p[14], p[15]}};
+  dw_conv_params_t cp = {p[DEPTHWISE_IN_OFF], p[DEPTHWISE_OUT_ZP], cm, {p[DEPTHWISE_SW], p[DEPTHWISE_SH]},
+                         {p[DEPTHWISE_PW], p[DEPTHWISE_PH]}, {0, 0}, {p[DEPTHWISE_AMIN], p[DEPTHWISE_AMAX]}};
   quant_data_t q = {shift, mult};
   run_conv_variants(kDw, r, in_d, in, f_d, filt, bias, o_d, cp, q);
 #endif
 #if defined(ESP_CHECK_SWEEP_REFERENCE)
   tflite::DepthwiseParams rp = {};
-  rp.padding_values.width = p[11];
-  rp.padding_values.height = p[10];
-  rp.stride_width = p[9];
-  rp.stride_height = p[8];
+  rp.padding_values.width = p[DEPTHWISE_PW];
+  rp.padding_values.height = p[DEPTHWISE_PH];
+  rp.stride_width = p[DEPTHWISE_SW];
+  rp.stride_height = p[DEPTHWISE_SH];
   rp.dilation_width_factor = rp.dilation_height_factor = 1;
   rp.depth_multiplier = cm;
-  rp.input_offset = p[12];
-  rp.output_offset = p[13];
-  rp.quantized_activation_min = p[14];
-  rp.quantized_activation_max = p[15];
+  rp.input_offset = p[DEPTHWISE_IN_OFF];
+  rp.output_offset = p[DEPTHWISE_OUT_ZP];
+  rp.quantized_activation_min = p[DEPTHWISE_AMIN];
+  rp.quantized_activation_max = p[DEPTHWISE_AMAX];
   int32_t is[4] = {1, ih, iw, ic}, fs[4] = {1, fh, fw, oc}, bs[1] = {oc}, os[4] = {1, oh, ow, oc};
   REFERENCE(tflite::reference_integer_ops::DepthwiseConvPerChannel(
       rp, mult, shift, tflite::RuntimeShape(4, is), in, tflite::RuntimeShape(4, fs), filt, tflite::RuntimeShape(1, bs),
@@ -312,45 +303,44 @@ void run_dw(const Case &c, Result &r) {
   free(in), free(filt), free(bias), free(mult), free(shift);
 }
 
-/* FULLY_CONNECTED: row_len out_c in_off filter_off out_off act_min act_max bias_range per_channel
- * mult[per_channel ? out_c : 1] shift[...] */
+/* mult[per_channel ? out_c : 1] shift[...] */
 void run_fc(const Case &c, Result &r) {
-  need(c, 9);
   const int32_t *p = c.p;
-  int32_t row = p[0], oc = p[1], per_ch = p[8], nq = per_ch ? oc : 1;
-  need(c, 9 + 2 * nq);
+  int32_t row = p[FULLY_CONNECTED_ROW], oc = p[FULLY_CONNECTED_OC], per_ch = p[FULLY_CONNECTED_PER_CHANNEL];
+  int32_t nq = per_ch ? oc : 1, in_off = p[FULLY_CONNECTED_IN_OFF], w_off = p[FULLY_CONNECTED_W_OFF];
+  int32_t out_zp = p[FULLY_CONNECTED_OUT_ZP], amin = p[FULLY_CONNECTED_AMIN], amax = p[FULLY_CONNECTED_AMAX];
   start(r, oc);
   int8_t *in = fill_s8(c.seed, 0, row, c.lo, c.hi);
   int8_t *filt = fill_s8(c.seed, 1, oc * row, -127, 127);
-  int32_t *bias = fill_s32(c.seed, oc, p[7]);
+  int32_t *bias = fill_s32(c.seed, oc, p[FULLY_CONNECTED_BIAS_RANGE]);
   int32_t *mult = static_cast<int32_t *>(input_alloc(sizeof(int32_t) * nq));
   int32_t *shift = static_cast<int32_t *>(input_alloc(sizeof(int32_t) * nq));
-  memcpy(mult, p + 9, sizeof(int32_t) * nq);
-  memcpy(shift, p + 9 + nq, sizeof(int32_t) * nq);
+  memcpy(mult, p + FULLY_CONNECTED_N, sizeof(int32_t) * nq);
+  memcpy(shift, p + FULLY_CONNECTED_N + nq, sizeof(int32_t) * nq);
   for (int v = 0; v < 2; ++v) {
     if (!g_run[v]) continue;
     if (per_ch) {
       fc_ch_fn fn = reinterpret_cast<fc_ch_fn>(sym(kFcCh[v]));
       if (!fn) continue;
-      fn(in, p[2], static_cast<uint16_t>(row), filt, p[3], bias, r.out[v], static_cast<uint16_t>(oc), p[4], shift, mult,
-         p[5], p[6]);
+      fn(in, in_off, static_cast<uint16_t>(row), filt, w_off, bias, r.out[v], static_cast<uint16_t>(oc), out_zp, shift,
+         mult, amin, amax);
     } else {
       fc_fn fn = reinterpret_cast<fc_fn>(sym(kFc[v]));
       if (!fn) continue;
-      fn(in, p[2], static_cast<uint16_t>(row), filt, p[3], bias, r.out[v], static_cast<uint16_t>(oc), p[4], shift[0],
-         mult[0], p[5], p[6]);
+      fn(in, in_off, static_cast<uint16_t>(row), filt, w_off, bias, r.out[v], static_cast<uint16_t>(oc), out_zp,
+         shift[0], mult[0], amin, amax);
     }
     r.status[v] = RAN;
   }
 #if defined(ESP_CHECK_SWEEP_REFERENCE)
   tflite::FullyConnectedParams rp = {};
-  rp.input_offset = p[2];
-  rp.weights_offset = p[3];
-  rp.output_offset = p[4];
+  rp.input_offset = in_off;
+  rp.weights_offset = w_off;
+  rp.output_offset = out_zp;
   rp.output_multiplier = mult[0];
   rp.output_shift = shift[0];
-  rp.quantized_activation_min = p[5];
-  rp.quantized_activation_max = p[6];
+  rp.quantized_activation_min = amin;
+  rp.quantized_activation_max = amax;
   int32_t is[2] = {1, row}, fs[2] = {oc, row}, bs[1] = {oc}, os[2] = {1, oc};
   if (per_ch) {
     int *ishift = static_cast<int *>(malloc(sizeof(int) * nq));
@@ -368,13 +358,13 @@ void run_fc(const Case &c, Result &r) {
   free(in), free(filt), free(bias), free(mult), free(shift);
 }
 
-/* ADD: size in1_off in2_off in1_mult in2_mult in1_shift in2_shift left_shift out_off out_mult out_shift
- * act_min act_max.  MUL: size in1_off in2_off out_off out_mult out_shift act_min act_max */
 void run_add_mul(const Case &c, Result &r) {
   const bool add = c.op == OP_ADD;
-  need(c, add ? 13 : 8);
   const int32_t *p = c.p;
-  int32_t n = p[0];
+  int32_t n = p[add ? ADD_SIZE : MUL_SIZE], off1 = p[add ? ADD_IN1_OFF : MUL_IN1_OFF];
+  int32_t off2 = p[add ? ADD_IN2_OFF : MUL_IN2_OFF], out_zp = p[add ? ADD_OUT_ZP : MUL_OUT_ZP];
+  int32_t out_mult = p[add ? ADD_OUT_MULT : MUL_OUT_MULT], out_shift = p[add ? ADD_OUT_SHIFT : MUL_OUT_SHIFT];
+  int32_t amin = p[add ? ADD_AMIN : MUL_AMIN], amax = p[add ? ADD_AMAX : MUL_AMAX];
   start(r, n);
   int8_t *a = fill_s8(c.seed, 0, n, c.lo, c.hi);
   int8_t *b = fill_s8(c.seed, 1, n, c.lo, c.hi);
@@ -383,72 +373,67 @@ void run_add_mul(const Case &c, Result &r) {
     if (add) {
       add_fn fn = reinterpret_cast<add_fn>(sym(kAdd[v]));
       if (!fn) continue;
-      fn(a, b, p[1], p[2], p[3], p[4], p[5], p[6], p[7], r.out[v], p[8], p[9], p[10], p[11], p[12], n);
+      fn(a, b, off1, off2, p[ADD_MULT1], p[ADD_MULT2], p[ADD_SHIFT1], p[ADD_SHIFT2], p[ADD_LEFT_SHIFT], r.out[v],
+         out_zp, out_mult, out_shift, amin, amax, n);
     } else {
       mul_fn fn = reinterpret_cast<mul_fn>(sym(kMul[v]));
       if (!fn) continue;
-      fn(a, b, p[1], p[2], r.out[v], p[3], p[4], p[5], p[6], p[7], n);
+      fn(a, b, off1, off2, r.out[v], out_zp, out_mult, out_shift, amin, amax, n);
     }
     r.status[v] = RAN;
   }
 #if defined(ESP_CHECK_SWEEP_REFERENCE)
   tflite::ArithmeticParams rp = {};
-  rp.input1_offset = p[1];
-  rp.input2_offset = p[2];
+  rp.input1_offset = off1;
+  rp.input2_offset = off2;
+  rp.output_offset = out_zp;
+  rp.output_multiplier = out_mult;
+  rp.output_shift = out_shift;
+  rp.quantized_activation_min = amin;
+  rp.quantized_activation_max = amax;
   int32_t s[1] = {n};
   tflite::RuntimeShape sh(1, s);
   if (add) {
-    rp.input1_multiplier = p[3];
-    rp.input2_multiplier = p[4];
-    rp.input1_shift = p[5];
-    rp.input2_shift = p[6];
-    rp.left_shift = p[7];
-    rp.output_offset = p[8];
-    rp.output_multiplier = p[9];
-    rp.output_shift = p[10];
-    rp.quantized_activation_min = p[11];
-    rp.quantized_activation_max = p[12];
+    rp.input1_multiplier = p[ADD_MULT1];
+    rp.input2_multiplier = p[ADD_MULT2];
+    rp.input1_shift = p[ADD_SHIFT1];
+    rp.input2_shift = p[ADD_SHIFT2];
+    rp.left_shift = p[ADD_LEFT_SHIFT];
     REFERENCE(tflite::reference_integer_ops::Add(rp, sh, a, sh, b, sh, r.out[2]));
   } else {
-    rp.output_offset = p[3];
-    rp.output_multiplier = p[4];
-    rp.output_shift = p[5];
-    rp.quantized_activation_min = p[6];
-    rp.quantized_activation_max = p[7];
     REFERENCE(tflite::reference_integer_ops::Mul(rp, sh, a, sh, b, sh, r.out[2]));
   }
 #endif
   free(a), free(b);
 }
 
-/* AVERAGE_POOL_2D / MAX_POOL_2D: in_h in_w ch out_h out_w stride_h stride_w f_h f_w pad_h pad_w
- * act_min act_max */
+/* AVERAGE_POOL_2D / MAX_POOL_2D (one layout: sweep_layout.h has it once, as POOL_*) */
 void run_pool(const Case &c, Result &r) {
-  need(c, 13);
   const int32_t *p = c.p;
-  int32_t ih = p[0], iw = p[1], ch = p[2], oh = p[3], ow = p[4];
+  int32_t ih = p[POOL_IH], iw = p[POOL_IW], ch = p[POOL_CH], oh = p[POOL_OH], ow = p[POOL_OW];
   start(r, oh * ow * ch);
   int8_t *in = fill_s8(c.seed, 0, ih * iw * ch, c.lo, c.hi);
-  const char *const *names = c.op == OP_AVG ? kAvg : kMax;
+  const char *const *names = c.op == OP_AVG_POOL ? kAvg : kMax;
   for (int v = 0; v < 2; ++v) {
     if (!g_run[v]) continue;
     pool_fn fn = reinterpret_cast<pool_fn>(sym(names[v]));
     if (!fn) continue;
-    fn(in, iw, ih, r.out[v], ow, oh, p[6], p[5], p[8], p[7], p[10], p[9], p[11], p[12], ch);
+    fn(in, iw, ih, r.out[v], ow, oh, p[POOL_SW], p[POOL_SH], p[POOL_KW], p[POOL_KH], p[POOL_PW], p[POOL_PH],
+       p[POOL_AMIN], p[POOL_AMAX], ch);
     r.status[v] = RAN;
   }
 #if defined(ESP_CHECK_SWEEP_REFERENCE)
   tflite::PoolParams rp = {};
-  rp.stride_height = p[5];
-  rp.stride_width = p[6];
-  rp.filter_height = p[7];
-  rp.filter_width = p[8];
-  rp.padding_values.height = p[9];
-  rp.padding_values.width = p[10];
-  rp.quantized_activation_min = p[11];
-  rp.quantized_activation_max = p[12];
+  rp.stride_height = p[POOL_SH];
+  rp.stride_width = p[POOL_SW];
+  rp.filter_height = p[POOL_KH];
+  rp.filter_width = p[POOL_KW];
+  rp.padding_values.height = p[POOL_PH];
+  rp.padding_values.width = p[POOL_PW];
+  rp.quantized_activation_min = p[POOL_AMIN];
+  rp.quantized_activation_max = p[POOL_AMAX];
   int32_t is[4] = {1, ih, iw, ch}, os[4] = {1, oh, ow, ch};
-  if (c.op == OP_AVG) {
+  if (c.op == OP_AVG_POOL) {
     bool ok = true;
     REFERENCE(ok = tflite::reference_integer_ops::AveragePool(rp, tflite::RuntimeShape(4, is), in,
                                                               tflite::RuntimeShape(4, os), r.out[2]));
@@ -461,11 +446,9 @@ void run_pool(const Case &c, Result &r) {
   free(in);
 }
 
-/* SOFTMAX: rows depth mult left_shift diff_min */
 void run_softmax(const Case &c, Result &r) {
-  need(c, 5);
   const int32_t *p = c.p;
-  int32_t rows = p[0], depth = p[1];
+  int32_t rows = p[SOFTMAX_ROWS], depth = p[SOFTMAX_DEPTH];
   start(r, rows * depth);
   int8_t *in = fill_s8(c.seed, 0, rows * depth, c.lo, c.hi);
   for (int v = 0; v < 2; ++v) {
@@ -477,16 +460,16 @@ void run_softmax(const Case &c, Result &r) {
     r.scratch[v] = sz ? sz(depth, rows) : 0;
     void *scratch = scratch_alloc(r.scratch[v]);
     if (set) set(scratch);
-    fn(in, rows, depth, p[2], p[3], p[4], r.out[v]);
+    fn(in, rows, depth, p[SOFTMAX_IN_MULT], p[SOFTMAX_IN_SHIFT], p[SOFTMAX_DIFF_MIN], r.out[v]);
     if (set) set(nullptr);
     free(scratch);
     r.status[v] = RAN;
   }
 #if defined(ESP_CHECK_SWEEP_REFERENCE)
   tflite::SoftmaxParams rp = {};
-  rp.input_multiplier = p[2];
-  rp.input_left_shift = p[3];
-  rp.diff_min = p[4];
+  rp.input_multiplier = p[SOFTMAX_IN_MULT];
+  rp.input_left_shift = p[SOFTMAX_IN_SHIFT];
+  rp.diff_min = p[SOFTMAX_DIFF_MIN];
   int32_t s[2] = {rows, depth};
   REFERENCE((tflite::reference_ops::Softmax<int8_t, int8_t>(rp, tflite::RuntimeShape(2, s), in,
                                                             tflite::RuntimeShape(2, s), r.out[2])));
@@ -498,12 +481,12 @@ int alias_of(int op) {
   const char *const *pair = nullptr;
   switch (op) {
     case OP_CONV: pair = kConv.fn; break;
-    case OP_DW: pair = kDw.fn; break;
-    case OP_FC: pair = kFc; break;
+    case OP_DEPTHWISE: pair = kDw.fn; break;
+    case OP_FULLY_CONNECTED: pair = kFc; break;
     case OP_ADD: pair = kAdd; break;
     case OP_MUL: pair = kMul; break;
-    case OP_AVG: pair = kAvg; break;
-    case OP_MAX: pair = kMax; break;
+    case OP_AVG_POOL: pair = kAvg; break;
+    case OP_MAX_POOL: pair = kMax; break;
     case OP_SOFTMAX: pair = kSoftmax.fn; break;
     default: return 0;
   }
@@ -576,33 +559,50 @@ bool read_case(Case &c) {
   return true;
 }
 
-/* Sizes a case asks for, bounded before anything is allocated (the input is not trusted). */
-bool sane(const Case &c) {
-  int dims = 0, minimum = 0;
+/* Why a case cannot run (nullptr when it can), checked before any param is read past LAYOUT's or anything is
+ * allocated (the input is not trusted): exactly LAYOUT's params then a multiplier and a shift per output
+ * channel (one for a per-tensor fully connected case), sizes bounded. */
+const char *invalid(const Case &c) {
+  int dims = 0, named = 0;  // params 0..dims-1 are sizes, strides or padding: 0..65535
   switch (c.op) {
-    case OP_CONV: dims = 13, minimum = 18; break;
-    case OP_DW: dims = 12, minimum = 17; break;
-    case OP_FC: dims = 2, minimum = 9; break;
-    case OP_ADD: dims = 1, minimum = 13; break;
-    case OP_MUL: dims = 1, minimum = 8; break;
-    case OP_AVG: case OP_MAX: dims = 11, minimum = 13; break;
-    case OP_SOFTMAX: dims = 2, minimum = 5; break;
-    default: return false;
+    case OP_CONV: dims = CONV_IN_OFF, named = CONV_N; break;
+    case OP_DEPTHWISE: dims = DEPTHWISE_IN_OFF, named = DEPTHWISE_N; break;
+    case OP_FULLY_CONNECTED: dims = FULLY_CONNECTED_IN_OFF, named = FULLY_CONNECTED_N; break;
+    case OP_ADD: dims = ADD_IN1_OFF, named = ADD_N; break;
+    case OP_MUL: dims = MUL_IN1_OFF, named = MUL_N; break;
+    case OP_AVG_POOL: case OP_MAX_POOL: dims = POOL_AMIN, named = POOL_N; break;
+    case OP_SOFTMAX: dims = SOFTMAX_IN_MULT, named = SOFTMAX_N; break;
+    default: return "unknown op";
   }
-  if (c.np < minimum) return false;
+  if (c.np < named) return "too few parameters for its op";
   for (int k = 0; k < dims; ++k)
-    if (c.p[k] < 0 || c.p[k] > 65535) return false;
-  long long n = 0;
+    if (c.p[k] < 0 || c.p[k] > 65535) return "geometry out of bounds";
+  long long n = 0, channels = 0;
   const int32_t *p = c.p;
   switch (c.op) {
-    case OP_CONV: n = 1LL * p[6] * p[3] * p[4] * p[5] + 1LL * p[0] * p[1] * p[2] + 1LL * p[6] * p[7] * p[8]; break;
-    case OP_DW: n = 1LL * p[2] * p[5] * (1LL * p[3] * p[4] + 1LL * p[6] * p[7]) + 1LL * p[0] * p[1] * p[2]; break;
-    case OP_FC: n = 1LL * p[0] * p[1]; break;
-    case OP_ADD: case OP_MUL: n = p[0]; break;
-    case OP_AVG: case OP_MAX: n = 1LL * p[0] * p[1] * p[2] + 1LL * p[3] * p[4] * p[2]; break;
-    default: n = 1LL * p[0] * p[1]; break;
+    case OP_CONV:
+      channels = p[CONV_OC];
+      n = channels * (1LL * p[CONV_KH] * p[CONV_KW] * p[CONV_FC] + 1LL * p[CONV_OH] * p[CONV_OW]) +
+          1LL * p[CONV_IH] * p[CONV_IW] * p[CONV_IC];
+      break;
+    case OP_DEPTHWISE:
+      channels = 1LL * p[DEPTHWISE_IC] * p[DEPTHWISE_MULT_CH];
+      n = channels * (1LL * p[DEPTHWISE_KH] * p[DEPTHWISE_KW] + 1LL * p[DEPTHWISE_OH] * p[DEPTHWISE_OW]) +
+          1LL * p[DEPTHWISE_IH] * p[DEPTHWISE_IW] * p[DEPTHWISE_IC];
+      break;
+    case OP_FULLY_CONNECTED:
+      channels = p[FULLY_CONNECTED_PER_CHANNEL] ? p[FULLY_CONNECTED_OC] : 1;
+      n = 1LL * p[FULLY_CONNECTED_ROW] * p[FULLY_CONNECTED_OC];
+      break;
+    case OP_ADD: n = p[ADD_SIZE]; break;
+    case OP_MUL: n = p[MUL_SIZE]; break;
+    case OP_AVG_POOL: case OP_MAX_POOL:
+      n = 1LL * p[POOL_CH] * (1LL * p[POOL_IH] * p[POOL_IW] + 1LL * p[POOL_OH] * p[POOL_OW]);
+      break;
+    default: n = 1LL * p[SOFTMAX_ROWS] * p[SOFTMAX_DEPTH]; break;
   }
-  return n <= kMaxElems;
+  if (c.np != named + 2 * channels) return "wrong number of parameters for its op and channels";
+  return n <= kMaxElems ? nullptr : "geometry out of bounds";
 }
 
 void hex(const Result &r, int v) {
@@ -635,19 +635,18 @@ extern "C" void app_main(void) {
 #endif
   );
   while (read_case(c)) {
-    if (!sane(c)) {
-      fprintf(stderr, "esp-check sweep: case %ld (op %d): geometry out of bounds\n", c.id, c.op);
+    if (const char *why = invalid(c)) {
+      fprintf(stderr, "esp-check sweep: case %ld (op %d, %d parameters): %s\n", c.id, c.op, c.np, why);
       exit(2);
     }
     Result r = {};
     switch (c.op) {
       case OP_CONV: run_conv(c, r); break;
-      case OP_DW: run_dw(c, r); break;
-      case OP_FC: run_fc(c, r); break;
+      case OP_DEPTHWISE: run_dw(c, r); break;
+      case OP_FULLY_CONNECTED: run_fc(c, r); break;
       case OP_ADD: case OP_MUL: run_add_mul(c, r); break;
-      case OP_AVG: case OP_MAX: run_pool(c, r); break;
+      case OP_AVG_POOL: case OP_MAX_POOL: run_pool(c, r); break;
       case OP_SOFTMAX: run_softmax(c, r); break;
-      default: fprintf(stderr, "esp-check sweep: unknown op %d\n", c.op); exit(2);
     }
     char oa[64], orf[64], ar[64];
     diff(r, 0, 1, oa, sizeof oa);

@@ -170,8 +170,9 @@ _QUANT: tuple[_Quant, ...] = get_args(_Quant)
 _POOL: tuple[Param, ...] = ("ih", "iw", "ch", "oh", "ow", "sh", "sw", "kh", "kw", "ph", "pw", "amin", "amax")
 _OUT: tuple[Param, ...] = ("out_zp", "out_mult", "out_shift", "amin", "amax")
 # The one definition of a case's params: per op, the names of the ints the driver reads from a case line,
-# in its order (sweep_driver.cc); a conv, depthwise or fully connected case's multipliers, then its
-# shifts, follow them (one per output channel; one for a per-tensor fully connected case).
+# in order (the driver's indices, sweep_layout.h, are written from it and OPS); a conv, depthwise or
+# fully connected case's multipliers, then its shifts, follow them (one per output channel; one for a
+# per-tensor fully connected case).
 LAYOUT: dict[str, tuple[Param, ...]] = {
     "conv": (*CONV_PARAMS, *_QUANT),
     "depthwise": (*DEPTHWISE_PARAMS, *_QUANT),
@@ -181,6 +182,13 @@ LAYOUT: dict[str, tuple[Param, ...]] = {
     "avg_pool": _POOL,
     "max_pool": _POOL,
     "softmax": ("rows", "depth", "in_mult", "in_shift", "diff_min"),
+}
+# the params that are sizes; per op, the ones it has (the order the shrinker tries them in)
+Size = Literal[
+    "ih", "iw", "ic", "kh", "kw", "fc", "row", "oc", "mult_ch", "oh", "ow", "ch", "rows", "depth", "size"
+]
+SIZES: dict[str, tuple[Size, ...]] = {
+    op: tuple(k for k in get_args(Size) if k in names) for op, names in LAYOUT.items()
 }
 
 
@@ -220,6 +228,11 @@ class Case:
     def named(self) -> dict[Param, int]:
         """The params by name (:data:`LAYOUT`), without the multipliers and shifts."""
         return dict(zip(LAYOUT[self.op], self.params, strict=False))
+
+    def size(self) -> int:
+        """The sum of its sizes (:data:`SIZES`): how big a finding's example is."""
+        named = self.named()
+        return sum(named[k] for k in SIZES[self.op])
 
     def requant(self) -> tuple[list[int], list[int]]:
         """(multipliers, shifts): the params after the named ones (none for the other ops)."""
@@ -576,7 +589,9 @@ def softmax_case(
         "in_scale": scale,
         "in_zp": rng.randint(-128, 127) if api else 0,
     }
-    params = [rows, depth, mult, shift, diff_min]  # LAYOUT["softmax"]
+    params = pack(
+        "softmax", {"rows": rows, "depth": depth, "in_mult": mult, "in_shift": shift, "diff_min": diff_min}
+    )
     word = "near-max" if near else "spread"
     return _drawn("softmax", rng, params, word, True, meta, lo=max(-128, lo), hi=hi)
 

@@ -268,9 +268,7 @@ def group(verdicts: list[CaseVerdict]) -> list[dict[str, object]]:
     order = sorted(groups.items(), key=lambda kv: (KINDS.index(kv[0][2]), kv[0][:2], kv[0][3]))
     for (op, fam, kind, sub), items in order:
         vs = [v for v, _ in items]
-        smallest, detail = min(
-            items, key=lambda it: (len(it[0].case.params), sum(abs(x) for x in it[0].case.params[:9]))
-        )
+        smallest, detail = min(items, key=lambda it: it[0].case.size())
         classes = Counter(v.case.klass for v in vs)
         out.append(
             {

@@ -11,13 +11,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Literal
 
 from harness.analysis import sweep_cases
 from harness.analysis.sweep_cases import Case, CaseMeta, GeometryKey, api_out, repack, tflite_padding
 
-# the sizes a step makes smaller
-_Key = Literal["ih", "iw", "kh", "kw", "ic", "fc", "oc", "mult_ch", "ch", "row", "rows", "depth", "size"]
 _AXES: tuple[tuple[GeometryKey, GeometryKey, GeometryKey, GeometryKey, GeometryKey], ...] = (
     ("ih", "kh", "sh", "ph", "oh"),
     ("iw", "kw", "sw", "pw", "ow"),
@@ -30,7 +27,7 @@ def _fewer(n: int, step: int = 1, floor: int = 1) -> list[int]:
     return sorted(v for v in out if floor <= v < n and v % step == 0)
 
 
-def _one(key: _Key, value: int) -> CaseMeta:
+def _one(key: sweep_cases.Size, value: int) -> CaseMeta:
     move: CaseMeta = {}
     move[key] = value
     return move
@@ -94,18 +91,10 @@ def _pool(case: Case) -> Iterator[Case]:
         yield replace(case, params=repack(case, g), meta=g)
 
 
-_SIZES: dict[str, tuple[_Key, ...]] = {
-    "softmax": ("rows", "depth"),
-    "fully_connected": ("row", "oc"),
-    "add": ("size",),
-    "mul": ("size",),
-}
-
-
 def _flat(case: Case) -> Iterator[Case]:
     """Fully connected (row length, outputs), add/mul (size), softmax (rows, row length)."""
     p, m = case.named(), case.meta
-    for key in _SIZES[case.op]:
+    for key in sweep_cases.SIZES[case.op]:
         for v in _fewer(p[key]):
             g: CaseMeta = {**copy.deepcopy(m), **_one(key, v)}
             cut = key == "oc" and p["per_channel"]  # one multiplier and shift per output

@@ -80,12 +80,24 @@ class SweepResult:
     verdicts: list[CaseVerdict] = field(default_factory=list)
 
     @property
+    def not_compared(self) -> list[str]:
+        """The ops none of whose cases compared two computations: their kernels absent from the sources,
+        or ANSI C aliased to itself, with no reference compiled."""
+        ops = dict.fromkeys(str(r["op"]) for r in self.coverage)
+        compared = {r["op"] for r in self.coverage if r["opt_vs_ansi"] or r["vs_reference"]}
+        return [op for op in ops if op not in compared]
+
+    @property
     def exit_code(self) -> int:
-        """4 for a sanitizer report or a crash, 1 for a wrong value, else 0 (a fault outranks a mismatch)."""
+        """4 for a sanitizer report or a crash, 1 for a wrong value (a fault outranks a mismatch), else 0;
+        2 when nothing at all was compared (never a clean sweep over nothing)."""
         kinds = {f["kind"] for f in self.findings}
         if kinds & {"sanitizer", "crash"}:
             return int(ExitCode.FIRMWARE_FAULT)
-        return int(ExitCode.MISMATCH) if kinds else int(ExitCode.MATCH)
+        if kinds:
+            return int(ExitCode.MISMATCH)
+        ops = {r["op"] for r in self.coverage}
+        return int(ExitCode.USAGE) if len(self.not_compared) == len(ops) else int(ExitCode.MATCH)
 
 
 @dataclass
@@ -263,6 +275,14 @@ def sweep(
     bad = [op for op in options.ops if op not in OPS]
     if bad:
         raise UsageError(f"unknown op(s) {', '.join(bad)}", hint=f"choose from {', '.join(OPS)}")
+    cases = options.cases
+    if cases is None:
+        cases = list(generate(options.ops, options.cases_per_op, options.seed, options.api_space))
+    if not cases:
+        raise UsageError(
+            "there is no case to sweep (0 per op, or --from-model: no int8 op esp-nn runs among --op)",
+            hint="ask for 1 or more cases per op (--cases), or give a model with an op esp-nn runs",
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     root = native_root(options.cache_dir)
@@ -282,9 +302,6 @@ def sweep(
             jobs=options.jobs,
         )
         programs[sanitized] = prog.path
-    cases = options.cases or list(
-        generate(options.ops, options.cases_per_op, options.seed, options.api_space)
-    )
     mark_grouped_conv(cases, grouped_conv_refusal(tflm))
     say(f"running {len(cases)} cases")
     t0 = time.monotonic()
@@ -482,4 +499,5 @@ def _report(result: SweepResult) -> dict[str, object]:
         "exit_code": result.exit_code,
         "findings": result.findings,
         "coverage": result.coverage,
+        "not_compared": result.not_compared,
     }

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.analysis.sweep_cases import LAYOUT, OPS
 from harness.errors import BuildError, UsageError
 from harness.firmware.native.components import (
     ComponentSource,
@@ -105,14 +106,27 @@ def find_sweep_sources(
     return espnn, tflm
 
 
+def layout_header() -> str:
+    """sweep_layout.h: the driver's op codes (``OP_CONV``) and each param's index (``CONV_IH``, ...,
+    ``CONV_N`` the count) from sweep_cases.OPS and LAYOUT. The two pools share the driver's code and one
+    POOL_* line: layouts that differed would declare POOL_* twice, and the driver would not compile."""
+    lines = [f"enum {{ {', '.join(f'OP_{op.upper()} = {code}' for op, code in OPS.items())} }};"]
+    for op, names in LAYOUT.items():
+        prefix = "POOL" if op.endswith("_pool") else op.upper()
+        lines.append(f"enum {{ {', '.join(f'{prefix}_{n.upper()}' for n in (*names, 'n'))} }};")
+    return "/* written by esp-check (sweep_build.py) */\n" + "\n".join(dict.fromkeys(lines)) + "\n"
+
+
 def _main_dir(root: Path, tflm: ComponentSource | None) -> Path:
-    """The driver's main component, made once per driver source + reference tree."""
+    """The driver's main component, made once per driver source + layout + reference tree."""
     src = templates_dir() / "sweep"
     tflm_path = str(tflm.path) if has_reference(tflm) and tflm is not None else ""
-    digest = hashlib.sha256(f"{tree_sha256(src)}\0{tflm_path}".encode()).hexdigest()
+    layout = layout_header()
+    digest = hashlib.sha256(f"{tree_sha256(src)}\0{layout}\0{tflm_path}".encode()).hexdigest()
     main = copy_once(src, root / "sweep-main" / digest[:20])
     header = "# written by esp-check (harness/firmware/native/sweep_build.py)\n"
     write_if_changed(main / "sweep_paths.cmake", f'{header}set(ESP_CHECK_SWEEP_TFLM "{tflm_path}")\n')
+    write_if_changed(main / "sweep_layout.h", layout)
     return main
 
 

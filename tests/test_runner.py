@@ -647,3 +647,17 @@ def test_a_model_espnn_does_not_touch_is_refused_before_the_run_unless_allowed(t
     (tmp_path / "plan.toml").write_text(job + "allow_untested = true\n")
     runner = Runner(load_plan(tmp_path / "plan.toml"), load_inventory(inv), opts)
     assert [t.job.allow_untested for t in runner.tasks] == [True]
+
+
+def test_a_task_left_without_a_verdict_or_exit_code_is_never_reported_as_a_match(tmp_path: Path):
+    """A task that no attempt finished (no verdict, no exit code) was reported as "match" (its missing
+    exit code read as 0). What is real: the docs' example plan's job and case; nothing ran."""
+    from harness.runner.reports import _task_verdict
+    from harness.runner.results import Task
+
+    plan = load_plan(ROOT / "docs" / "examples" / "plan.toml", check_files=False)
+    job = plan.jobs[0]
+    task = Task(id="t0", job=job, case=job.cases[0], board_type="sim", pinned=None, dir=tmp_path)
+    assert str(_task_verdict(task)) == "infrastructure_error"
+    task.exit_code = int(ExitCode.MISMATCH)
+    assert str(_task_verdict(task)) == "mismatch"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from harness import __version__
 from harness.analysis import junit
 from harness.analysis.schemas import check_version, versioned
-from harness.errors import Verdict
+from harness.errors import ExitCode, Verdict
 from harness.resources import atomic_write
 from harness.runner.paths import SUMMARY_SCHEMA
 from harness.runner.results import (
@@ -99,7 +99,10 @@ def _task_doc(task: Task) -> dict[str, object]:
 
 
 def _task_verdict(task: Task) -> Verdict:
-    return task.verdict if task.verdict is not None else Verdict.from_exit_code(task.exit_code or 0)
+    """A task with neither a verdict nor an exit code ended without one: never a match."""
+    if task.verdict is not None:
+        return task.verdict
+    return Verdict.from_exit_code(task.exit_code if task.exit_code is not None else ExitCode.INFRASTRUCTURE)
 
 
 def _counts(result: RunResult) -> dict[str, int]:

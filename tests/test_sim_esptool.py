@@ -269,3 +269,25 @@ def test_stub_sync_reply_count() -> None:
     frames = SlipDecoder().feed(b"".join(host.sent))
     assert len(frames) == 8
     assert all(f[:2] == b"\x01\x08" and f[4:8] == b"\0\0\0\0" for f in frames)  # value 0: the stub
+
+
+def test_mem_data_beyond_the_declared_size_is_refused(open_port) -> None:
+    """A client that sends more RAM data than its MEM_BEGIN declared gets the loader's error status (as
+    Espressif's stub answers ESP_TOO_MUCH_DATA), and the simulated RAM does not grow; a MEM_BEGIN for
+    more RAM than the chip has is refused too. esptool's own mem_begin/mem_block send the packets."""
+    port = open_port("esp32s3")
+    esp = connect(port)
+    loader = _board(port)._loader
+    assert loader is not None
+    dram = 0x3FC90000
+    esp.mem_begin(0x100, 1, 0x100, dram)
+    esp.mem_block(b"\x01" * 0x100, 0)
+    with pytest.raises(FatalError, match="write to target RAM"):
+        esp.mem_block(b"\x02" * 0x100, 1)  # one block more than declared
+    esp.mem_begin(0x100, 1, 0x100, dram)
+    with pytest.raises(FatalError, match="write to target RAM"):
+        esp.mem_block(b"\x03" * 0x200, 0)  # one block larger than the whole declared size
+    assert bytes(loader.ram[dram]) == b""
+    with pytest.raises(FatalError, match="enter RAM download mode"):
+        esp.mem_begin(0xFFFFFF00, 1, 0x4000, dram)  # more than any chip's RAM
+    assert esp.read_reg(0x40001000) == 9  # the loader still answers

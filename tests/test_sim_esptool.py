@@ -291,3 +291,34 @@ def test_mem_data_beyond_the_declared_size_is_refused(open_port) -> None:
     with pytest.raises(FatalError, match="enter RAM download mode"):
         esp.mem_begin(0xFFFFFF00, 1, 0x4000, dram)  # more than any chip's RAM
     assert esp.read_reg(0x40001000) == 9  # the loader still answers
+
+
+def test_read_flash_with_a_hostile_block_size_stays_bounded(open_port) -> None:
+    """esptool reads flash a sector (0x1000) a packet; a client asking for 1-byte packets gets them, but
+    the simulator holds at most 16 bytes per byte read (it queued an object per packet: ~190 bytes per
+    byte, 6 GB for a 32 MB flash); a block larger than the stub's one-sector buffer gets what Espressif's
+    stub sends then: the OK reply and nothing more. The packets go over a sim:// port."""
+    import struct
+    import tracemalloc
+
+    from harness.sim.loader import SlipDecoder, slip_encode
+
+    port = open_port("esp32s3")
+    cmds.run_stub(connect(port))
+    board = _board(port)
+    board.flash[0:0x20000] = bytes(range(256)) * 0x200
+    port.timeout = 0.5
+
+    def read_flash(length: int, block: int) -> list[bytes]:
+        tracemalloc.start()
+        port.write(slip_encode(struct.pack("<BBHIIIII", 0, 0xD2, 16, 0, 0, length, block, 64)))
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 16 * length + 0x10000, f"{peak} bytes held for a {length}-byte read"
+        return SlipDecoder().feed(read_until_end(port, timeout=30, idle=0.5))
+
+    frames = read_flash(0x20000, 1)
+    assert frames[0][:2] == b"\x01\xd2" and frames[0][-2:] == b"\0\0"  # the stub's OK
+    assert len(frames) == 0x20000 + 2 and b"".join(frames[1:-1]) == bytes(board.flash[:0x20000])
+    assert frames[-1] == hashlib.md5(bytes(board.flash[:0x20000])).digest()
+    assert read_flash(0x2000, 0x2000)[1:] == []

@@ -455,12 +455,17 @@ class Loader:
             self._fail(op, ERR_FLASH_READ, STUB_ERR_FAILED_SPI_OP)
             return
         self._respond(op)
+        if block > SECTOR:
+            return  # the stub reads into a one-sector buffer: it sends nothing more for a larger block
         blob = bytes(self.host.flash[offset : offset + length])
         # The real stub waits for ACKs to keep <inflight> packets in flight; the host's ACKs arrive as
-        # short frames that the decoder ignores, so sending everything at once is equivalent here.
+        # short frames that the decoder ignores, so sending everything at once is equivalent here. One
+        # send: a hostile 1-byte block costs a few bytes per byte read, not a queued chunk per packet.
+        packets = bytearray()
         for i in range(0, length, block):
-            self.host.send(slip_encode(blob[i : i + block]))
-        self.host.send(slip_encode(hashlib.md5(blob, usedforsecurity=False).digest()))
+            packets += slip_encode(blob[i : i + block])
+        packets += slip_encode(hashlib.md5(blob, usedforsecurity=False).digest())
+        self.host.send(bytes(packets))
 
     def _read_flash_slow(self, op: int, data: bytes, chk: int) -> None:
         if self.stub or len(data) != 8:

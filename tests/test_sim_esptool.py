@@ -322,3 +322,24 @@ def test_read_flash_with_a_hostile_block_size_stays_bounded(open_port) -> None:
     assert len(frames) == 0x20000 + 2 and b"".join(frames[1:-1]) == bytes(board.flash[:0x20000])
     assert frames[-1] == hashlib.md5(bytes(board.flash[:0x20000])).digest()
     assert read_flash(0x2000, 0x2000)[1:] == []
+
+
+def test_a_deflate_bomb_is_refused_without_inflating_it(open_port) -> None:
+    """A FLASH_DEFL_DATA block that inflates far past what FLASH_DEFL_BEGIN declared is the stub's
+    ESP_TOO_MUCH_DATA; the simulator stops inflating at the declared size instead of holding the whole
+    output (16 MiB from one 16 KiB packet here). esptool sends the packets (one attempt at the block)."""
+    import struct
+    import tracemalloc
+    import zlib
+
+    port = open_port("esp32s3")
+    esp = cmds.run_stub(connect(port))
+    bomb = zlib.compress(b"\0" * (16 << 20), 9)
+    esp.flash_defl_begin(0x1000, len(bomb), 0)
+    tracemalloc.start()
+    with pytest.raises(FatalError, match="write compressed data"):
+        data = struct.pack("<IIII", len(bomb), 0, 0, 0) + bomb
+        esp.check_command("write compressed data", esp.ESP_CMDS["FLASH_DEFL_DATA"], data, esp.checksum(bomb))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4 << 20, f"{peak} bytes held while refusing the block"

@@ -380,12 +380,14 @@ class Loader:
             return
         if sess.compressed:
             assert sess.inflater is not None
+            addr = sess.offset + sess.written
+            # one byte past what may still be written is enough to refuse the block: never inflate more
+            room = (sess.size if sess.stub else self.host.flash_size - sess.offset) - sess.written
             try:
-                payload = sess.inflater.decompress(block)
+                payload = sess.inflater.decompress(block, max(0, room) + 1)
             except zlib.error:
                 self._fail(op, ERR_DEFLATE, STUB_ERR_INFLATE)
                 return
-            addr = sess.offset + sess.written
         else:
             payload = block
             addr = sess.offset + sess.seq * sess.block_size

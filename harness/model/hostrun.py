@@ -379,12 +379,9 @@ def invoke_main() -> int:  # pragma: no cover - runs in the child process
         except RuntimeError:
             _put(sys.stdout.buffer, b"\1")
             continue
-        # each output as the firmware prints it: its TfLiteTensor's bytes, the size the flatbuffer declares
-        # (TFLM's reshape makes a declared shape [0] a scalar: one byte more at run time)
-        outs = [
-            np.ascontiguousarray(interp.get_output(i)).tobytes()[: t.nbytes]
-            for i, t in enumerate(info.outputs)
-        ]
+        # each output at its declared size, as the firmware prints its TfLiteTensor (TFLM's reshape makes a
+        # declared shape [0] a scalar: a byte more at run time, which must not shift the next outputs)
+        outs = [interp.get_output(i).tobytes()[: t.nbytes] for i, t in enumerate(info.outputs)]
         _put(sys.stdout.buffer, b"\0" + b"".join(outs))
 
 

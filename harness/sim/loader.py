@@ -461,8 +461,8 @@ class Loader:
             return  # the stub reads into a one-sector buffer: it sends nothing more for a larger block
         blob = bytes(self.host.flash[offset : offset + length])
         # The real stub waits for ACKs to keep <inflight> packets in flight; the host's ACKs arrive as
-        # short frames that the decoder ignores, so sending everything at once is equivalent here. One
-        # send: a hostile 1-byte block costs a few bytes per byte read, not a queued chunk per packet.
+        # short frames that the decoder ignores, so sending everything at once (one send: a few bytes per
+        # byte read even for a hostile 1-byte block) is equivalent here.
         packets = bytearray()
         for i in range(0, length, block):
             packets += slip_encode(blob[i : i + block])

@@ -345,3 +345,36 @@ def test_a_kernel_that_aborts_is_the_simulated_chips_abort_not_the_end_of_the_pr
     raw = boot(port, timeout=3)
     assert raw.count(b"abort() was called at PC") >= 2 and b"Rebooting..." in raw  # on every boot
     assert b" INPUT i=0 " in raw and b" TENSOR " not in raw
+
+
+def _reshape_to_scalar_model() -> bytes:
+    """input int8 [1] -> RESHAPE -> "scalar" declared [0], and QUANTIZE (scale 0.05 -> 0.1) -> "half" [1].
+    TFLM's reshape turns a declared shape [0] into a scalar (one element) at AllocateTensors, so the first
+    output holds one byte at run time where the flatbuffer declares none."""
+    import tflite
+    from test_model_builder import Op, T, build_model
+
+    tensors = [
+        T("input", (1,), "int8", scale=0.05),
+        T("scalar", (0,), "int8", scale=0.05),
+        T("half", (1,), "int8", scale=0.1),
+    ]
+    ops = [Op(tflite.BuiltinOperator.RESHAPE, [0], [1]), Op(tflite.BuiltinOperator.QUANTIZE, [0], [2])]
+    return build_model(tensors, ops, [0], [1, 2])
+
+
+def test_an_output_larger_at_run_time_than_declared_leaves_the_next_outputs_alone(
+    tmp_path: Path, board_port
+) -> None:
+    """The firmware prints each output tensor from its own buffer, ``bytes`` of them as TFLM's TfLiteTensor
+    says (the flatbuffer's declared size): an output TFLM made larger at run time does not shift the ones
+    after it. The simulated CPU (TFLM in a child process) must keep each output to its declared size too.
+    Faked: the board (``sim://``)."""
+    pytest.importorskip("tflite_micro")
+    proj = make_project(tmp_path / "proj", _reshape_to_scalar_model(), [np.array([40], np.int8)])
+    port = board_port("esp32s3")
+    port.board.program(build_sim_firmware(proj, tmp_path / "build"))
+    cap = parse_capture(boot(port, timeout=5))
+    assert cap.end_status == "ok" and not cap.errors
+    scalar, half = cap.runs[0].outputs
+    assert scalar.data.size == 0 and half.data.tolist() == [20]  # 40 * 0.05 / 0.1

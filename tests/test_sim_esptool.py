@@ -269,3 +269,77 @@ def test_stub_sync_reply_count() -> None:
     frames = SlipDecoder().feed(b"".join(host.sent))
     assert len(frames) == 8
     assert all(f[:2] == b"\x01\x08" and f[4:8] == b"\0\0\0\0" for f in frames)  # value 0: the stub
+
+
+def test_mem_data_beyond_the_declared_size_is_refused(open_port) -> None:
+    """A client that sends more RAM data than its MEM_BEGIN declared gets the loader's error status (as
+    Espressif's stub answers ESP_TOO_MUCH_DATA), and the simulated RAM does not grow; a MEM_BEGIN for
+    more RAM than the chip has is refused too. esptool's own mem_begin/mem_block send the packets."""
+    port = open_port("esp32s3")
+    esp = connect(port)
+    loader = _board(port)._loader
+    assert loader is not None
+    dram = 0x3FC90000
+    esp.mem_begin(0x100, 1, 0x100, dram)
+    esp.mem_block(b"\x01" * 0x100, 0)
+    with pytest.raises(FatalError, match="write to target RAM"):
+        esp.mem_block(b"\x02" * 0x100, 1)  # one block more than declared
+    esp.mem_begin(0x100, 1, 0x100, dram)
+    with pytest.raises(FatalError, match="write to target RAM"):
+        esp.mem_block(b"\x03" * 0x200, 0)  # one block larger than the whole declared size
+    assert bytes(loader.ram[dram]) == b""
+    with pytest.raises(FatalError, match="enter RAM download mode"):
+        esp.mem_begin(0xFFFFFF00, 1, 0x4000, dram)  # more than any chip's RAM
+    assert esp.read_reg(0x40001000) == 9  # the loader still answers
+
+
+def test_read_flash_with_a_hostile_block_size_stays_bounded(open_port) -> None:
+    """esptool reads flash a sector (0x1000) a packet; a client asking for 1-byte packets gets them, but
+    the simulator holds at most 16 bytes per byte read (it queued an object per packet: ~190 bytes per
+    byte, 6 GB for a 32 MB flash); a block larger than the stub's one-sector buffer gets what Espressif's
+    stub sends then: the OK reply and nothing more. The packets go over a sim:// port."""
+    import struct
+    import tracemalloc
+
+    from harness.sim.loader import SlipDecoder, slip_encode
+
+    port = open_port("esp32s3")
+    cmds.run_stub(connect(port))
+    board = _board(port)
+    board.flash[0:0x20000] = bytes(range(256)) * 0x200
+    port.timeout = 0.5
+
+    def read_flash(length: int, block: int) -> list[bytes]:
+        tracemalloc.start()
+        port.write(slip_encode(struct.pack("<BBHIIIII", 0, 0xD2, 16, 0, 0, length, block, 64)))
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 16 * length + 0x10000, f"{peak} bytes held for a {length}-byte read"
+        return SlipDecoder().feed(read_until_end(port, timeout=30, idle=0.5))
+
+    frames = read_flash(0x20000, 1)
+    assert frames[0][:2] == b"\x01\xd2" and frames[0][-2:] == b"\0\0"  # the stub's OK
+    assert len(frames) == 0x20000 + 2 and b"".join(frames[1:-1]) == bytes(board.flash[:0x20000])
+    assert frames[-1] == hashlib.md5(bytes(board.flash[:0x20000])).digest()
+    assert read_flash(0x2000, 0x2000)[1:] == []
+
+
+def test_a_deflate_bomb_is_refused_without_inflating_it(open_port) -> None:
+    """A FLASH_DEFL_DATA block that inflates far past what FLASH_DEFL_BEGIN declared is the stub's
+    ESP_TOO_MUCH_DATA; the simulator stops inflating at the declared size instead of holding the whole
+    output (16 MiB from one 16 KiB packet here). esptool sends the packets (one attempt at the block)."""
+    import struct
+    import tracemalloc
+    import zlib
+
+    port = open_port("esp32s3")
+    esp = cmds.run_stub(connect(port))
+    bomb = zlib.compress(b"\0" * (16 << 20), 9)
+    esp.flash_defl_begin(0x1000, len(bomb), 0)
+    tracemalloc.start()
+    with pytest.raises(FatalError, match="write compressed data"):
+        data = struct.pack("<IIII", len(bomb), 0, 0, 0) + bomb
+        esp.check_command("write compressed data", esp.ESP_CMDS["FLASH_DEFL_DATA"], data, esp.checksum(bomb))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4 << 20, f"{peak} bytes held while refusing the block"

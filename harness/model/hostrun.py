@@ -329,8 +329,8 @@ class InvokeChild:
             raise ReferenceRefusedError("TFLM's reference interpreter aborted (SIGABRT) inside Invoke")
         if code < 0:
             raise ModelError(f"TFLM's reference interpreter was killed by signal {-code} inside Invoke")
-        if said is None or said[:1] != b"\0":
-            raise RuntimeError(f"TFLM's reference interpreter failed (exit {code}) or its Invoke did")
+        if said is None or said[:1] != b"\0" or len(said) != 1 + sum(t.nbytes for t in self.info.outputs):
+            raise RuntimeError(f"TFLM's reference interpreter, its Invoke or outputs failed (exit {code})")
         out, at = [], 1
         for t in self.info.outputs:
             dtype = np.dtype(t.dtype)
@@ -379,7 +379,9 @@ def invoke_main() -> int:  # pragma: no cover - runs in the child process
         except RuntimeError:
             _put(sys.stdout.buffer, b"\1")
             continue
-        outs = [np.ascontiguousarray(interp.get_output(i)).tobytes() for i in range(len(info.outputs))]
+        # each output at its declared size, as the firmware prints its TfLiteTensor (TFLM's reshape makes a
+        # declared shape [0] a scalar: a byte more at run time, which must not shift the next outputs)
+        outs = [interp.get_output(i).tobytes()[: t.nbytes] for i, t in enumerate(info.outputs)]
         _put(sys.stdout.buffer, b"\0" + b"".join(outs))
 
 

@@ -23,6 +23,7 @@ from esptool.loader import ESPLoader
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec
 
 SECTOR = ESPLoader.FLASH_SECTOR_SIZE
+RAM_SIZE = 520 * 1024  # the most on-chip SRAM of any simulated chip (ESP32): MEM_BEGIN loads fit in it
 
 # ROM error codes (esptool's ESPLoader "status" byte 2 meanings)
 ERR_INVALID_MSG = 0x05
@@ -146,7 +147,7 @@ class Loader:
         self.ignore_sync = ignore_sync
         self.decoder = SlipDecoder()
         self.ram: dict[int, bytearray] = {}
-        self._mem: tuple[int, int, int, int] | None = None  # size, blocks, blocksize, offset
+        self._mem: tuple[int, int] | None = None  # offset, declared size
         self._mem_seq = 0
         self._write: _WriteSession | None = None
         self._log = log or (lambda _m: None)
@@ -270,9 +271,13 @@ class Loader:
         regs[addr] = regs[addr] & ~(1 << 18)  # command done
 
     def _mem_begin(self, op: int, data: bytes, chk: int) -> None:
-        self._mem = struct.unpack("<IIII", data)  # size, blocks, block size, offset
-        self._mem_seq = 0
-        self.ram[self._mem[3]] = bytearray()
+        size, _blocks, _block_size, offset = struct.unpack("<IIII", data)
+        self._mem, self._mem_seq = None, 0
+        self.ram[offset] = bytearray()
+        if size + sum(map(len, self.ram.values())) > RAM_SIZE:
+            self._fail(op, ERR_FAILED, STUB_ERR_TOO_MUCH_DATA)
+            return
+        self._mem = (offset, size)
         self._respond(op)
 
     def _data_block(self, op: int, data: bytes, chk: int, want_seq: int) -> bytes | None:
@@ -295,10 +300,14 @@ class Loader:
             self._fail(op, ERR_FAILED, STUB_ERR_NOT_IN_FLASH_MODE)
             return
         block = self._data_block(op, data, chk, self._mem_seq)
+        offset, size = self._mem
         if block is None:
             return
+        if len(self.ram[offset]) + len(block) > size:  # as Espressif's stub: never past the declared size
+            self._fail(op, ERR_FAILED, STUB_ERR_TOO_MUCH_DATA)
+            return
         self._mem_seq += 1
-        self.ram[self._mem[3]] += block
+        self.ram[offset] += block
         self._respond(op)
 
     def _mem_end(self, op: int, data: bytes, chk: int) -> None:
@@ -371,12 +380,14 @@ class Loader:
             return
         if sess.compressed:
             assert sess.inflater is not None
+            addr = sess.offset + sess.written
+            # one byte past what may still be written is enough to refuse the block: never inflate more
+            room = (sess.size if sess.stub else self.host.flash_size - sess.offset) - sess.written
             try:
-                payload = sess.inflater.decompress(block)
+                payload = sess.inflater.decompress(block, max(0, room) + 1)
             except zlib.error:
                 self._fail(op, ERR_DEFLATE, STUB_ERR_INFLATE)
                 return
-            addr = sess.offset + sess.written
         else:
             payload = block
             addr = sess.offset + sess.seq * sess.block_size
@@ -446,12 +457,17 @@ class Loader:
             self._fail(op, ERR_FLASH_READ, STUB_ERR_FAILED_SPI_OP)
             return
         self._respond(op)
+        if block > SECTOR:
+            return  # the stub reads into a one-sector buffer: it sends nothing more for a larger block
         blob = bytes(self.host.flash[offset : offset + length])
         # The real stub waits for ACKs to keep <inflight> packets in flight; the host's ACKs arrive as
-        # short frames that the decoder ignores, so sending everything at once is equivalent here.
+        # short frames that the decoder ignores, so sending everything at once (one send: a few bytes per
+        # byte read even for a hostile 1-byte block) is equivalent here.
+        packets = bytearray()
         for i in range(0, length, block):
-            self.host.send(slip_encode(blob[i : i + block]))
-        self.host.send(slip_encode(hashlib.md5(blob, usedforsecurity=False).digest()))
+            packets += slip_encode(blob[i : i + block])
+        packets += slip_encode(hashlib.md5(blob, usedforsecurity=False).digest())
+        self.host.send(bytes(packets))
 
     def _read_flash_slow(self, op: int, data: bytes, chk: int) -> None:
         if self.stub or len(data) != 8:

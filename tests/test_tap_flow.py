@@ -63,7 +63,7 @@ def test_tap_names_op_opcode_and_region(
     result = run_tap(models_dir, tmp_path / "out", cache_dir, q)
     assert result.exit_code == ExitCode.MISMATCH  # the final outputs differ too
     tap = result.tap
-    assert tap is not None and not tap.problems, tap.problems
+    assert tap is not None and not tap.problems and not tap.findings, (tap.problems, tap.findings)
     culprit = tap.culprit
     assert culprit is not None
     assert (culprit.a, culprit.b) == ("optimized", "ansi")
@@ -110,7 +110,7 @@ def test_clean_tapped_run_via_cli_matches_and_times_ops(
     assert code == ExitCode.MATCH
     doc = json.loads((out / "report.json").read_text())
     tap = doc["tap"]
-    assert tap["culprit"] is None and tap["problems"] == [] and tap["dump_ops"] == []
+    assert tap["culprit"] is None and tap["problems"] == tap["findings"] == [] and tap["dump_ops"] == []
     assert all(r[k]["op"] is None for r in tap["runs"] for k in ("optimized_vs_ansi", "optimized_vs_host"))
     assert len(tap["timing"]["ops"]) == 66
     conv = tap["timing"]["by_type"]["CONV_2D"]

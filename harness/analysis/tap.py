@@ -374,7 +374,8 @@ class TapResult:
     audit: Audit | None = None  # ESP-NN speedup audit (analysis.hybrid.espnn_audit)
     repro: list[dict[str, Any]] = field(default_factory=list)  # one-op reproducers (flows.repro)
     ram_bytes: dict[str, int] = field(default_factory=dict)  # per variant, from OPEND
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # why the analysis is incomplete
+    findings: list[str] = field(default_factory=list)  # the device's own evidence of wrong outputs: exit 1
     notes: list[str] = field(default_factory=list)
     images: list[DumpImage] = field(default_factory=list)  # for the HTML report (not in JSON)
 
@@ -408,7 +409,17 @@ class TapResult:
             lines += [f"ESP-NN audit: {k['message']}" for k in self.audit["kinds"]]
         lines += self.notes
         lines += [f"tap problem: {p}" for p in self.problems]
-        return lines
+        return lines + [f"tap finding: {f}" for f in self.findings]
+
+    @property
+    def headline(self) -> str:
+        """The first divergent op, else the device's own evidence, else what agrees on every op."""
+        if self.culprit is not None:
+            return self.culprit.message
+        if self.findings:
+            return "no op diverged, but the printed outputs are not what the ops wrote (tap findings)"
+        host = any(k.endswith("_vs_host") for run in self.runs for k in run)
+        return f"optimized, ANSI C{' and host' if host else ''} agree on every op checksum"
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -423,6 +434,8 @@ class TapResult:
             "repro": self.repro,
             "ram_bytes": self.ram_bytes,
             "problems": self.problems,
+            "findings": self.findings,
+            "headline": self.headline,
             "notes": self.notes,
             "summary": self.summary_lines(),
         }
@@ -438,7 +451,7 @@ def analyze_captures(
         if not cap.tapped:
             res.problems.append(f"the {v} firmware did not report INFO tap=1: it was not built with --tap")
         for run in cap.runs:
-            res.problems += [f"{v}: {p}" for p in check_outputs_untouched(run, outs)]
+            res.findings += [f"{v}: {p}" for p in check_outputs_untouched(run, outs)]
             if run.ops_end is not None:
                 res.ram_bytes[v] = int(run.ops_end["ram"])
     n = max((len(c.runs) for c in caps.values()), default=0)

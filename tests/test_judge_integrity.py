@@ -334,6 +334,23 @@ def test_hybrid_names_no_op_for_a_crash_that_does_not_come_back(
     assert "intermittent" in res.message
 
 
+def test_hybrid_does_not_verify_against_an_ansi_build_whose_outputs_its_ops_did_not_write(
+    tmp_path: Path, models_dir: Path, sim_port
+) -> None:  # type: ignore[no-untyped-def]
+    """Both builds print the same corrupt outputs and no host reference runs: the tapped baseline's own
+    records say ANSI C's printed output is not what its ops wrote (a tap finding, exit 1). Then ANSI C
+    is no reference to verify a hybrid against (every candidate would "match" it), and the fault, which
+    comes back on every boot, is not non-determinism."""
+    from harness.flows.hybrid import hybrid
+
+    job = JobOptions(reference=False, timeouts=StageTimeouts(capture_total=60, capture_silence=4))
+    image = models_dir / "inputs" / "cnn_classifier_11.png"
+    port = sim_port("emitter=c&fault=corrupt")
+    res = hybrid(models_dir / CNN, [image], board="sim", port=port, out_dir=tmp_path / "o", job=job)
+    assert res.exit_code == ExitCode.MISMATCH and not res.offered, res.message
+    assert "nothing to verify a hybrid against" in res.message and "intermittent" not in res.message
+
+
 @pytest.mark.parametrize("bisect", [False, True])
 def test_hybrid_offers_nothing_for_a_mismatch_that_does_not_come_back(
     tmp_path: Path, models_dir: Path, sim_port, bisect: bool

@@ -322,12 +322,20 @@ def _speedup(rows: Sequence[OpTime]) -> float | None:
 
 
 def check_outputs_untouched(run: CapturedRun, output_tensors: Sequence[int]) -> list[str]:
-    """Problems if a tapped run's final outputs are not what its last op records say it wrote."""
+    """Where a tapped run's own records contradict each other: an op read a tensor with another CRC than
+    the op that wrote it printed, or a final output is not what its last op record says it wrote."""
     problems = []
     last: dict[int, str] = {}
+    by: dict[int, int] = {}  # tensor -> the op that wrote it last
     for o in run.ops:
+        problems += [
+            f"run i={run.index}: op {o.idx} read tensor {e.t} with CRC {e.crc} but op {by[e.t]} wrote "
+            f"{last[e.t]}: the tensor was overwritten between the two ops (e.g. a scratch-buffer overflow)"
+            for e in o.inputs
+            if e.t in last and last[e.t] != e.crc
+        ]
         for e in o.outputs:
-            last[e.t] = e.crc
+            last[e.t], by[e.t] = e.crc, o.idx
     for k, t in enumerate(output_tensors):
         out = next((x for x in run.outputs if x.o == k), None)
         if out is None:

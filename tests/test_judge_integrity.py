@@ -141,6 +141,28 @@ def test_crc_mode_refetch_that_differs_is_nondeterminism_not_a_replacement(
     assert bad and "run again" in bad[0]["detail"]
 
 
+def test_tap_evidence_of_wrong_outputs_is_a_mismatch_even_when_the_variants_agree(
+    tmp_path: Path, models_dir: Path, sim_port
+) -> None:  # type: ignore[no-untyped-def]
+    """Both variants print the same corrupt outputs and no host reference runs: optimized and ANSI C
+    agree, but each tapped device's own records say its printed output is not what the op that wrote it
+    checksummed (docs/tap.md). That evidence is a finding in the verdict, report.json and JUnit."""
+    junit = tmp_path / "j.xml"
+    opts = JobOptions(reference=False, tap=True, junit=junit, timeouts=StageTimeouts(capture_total=40))
+    image = models_dir / "inputs/cnn_classifier_11.png"
+    port = sim_port("fault=corrupt")
+    r = flash_and_compare(
+        models_dir / CNN, [image], board="sim", port=port, out_dir=tmp_path / "o", options=opts
+    )
+    assert r.comparison is not None and r.comparison.exit_code == ExitCode.MATCH  # the variants agree
+    assert r.exit_code == ExitCode.MISMATCH, r.errors
+    doc = _strict_json(r.report_path)
+    assert doc["verdict"] == "mismatch"
+    assert [f.split(":")[0] for f in doc["tap"]["findings"]] == ["optimized", "ansi"]
+    assert "changed after its op ran" in doc["tap"]["findings"][0]
+    assert 'failures="1"' in junit.read_text()
+
+
 # ---- a crash in a stream is a firmware fault, in flash-and-compare and in the runner ---------------
 
 
@@ -310,6 +332,23 @@ def test_hybrid_names_no_op_for_a_crash_that_does_not_come_back(
     assert res.exit_code == ExitCode.FIRMWARE_FAULT, res.message
     assert not res.offered and res.culprits == [] and res.ansi_ops == []
     assert "intermittent" in res.message
+
+
+def test_hybrid_does_not_verify_against_an_ansi_build_whose_outputs_its_ops_did_not_write(
+    tmp_path: Path, models_dir: Path, sim_port
+) -> None:  # type: ignore[no-untyped-def]
+    """Both builds print the same corrupt outputs and no host reference runs: the tapped baseline's own
+    records say ANSI C's printed output is not what its ops wrote (a tap finding, exit 1). Then ANSI C
+    is no reference to verify a hybrid against (every candidate would "match" it), and the fault, which
+    comes back on every boot, is not non-determinism."""
+    from harness.flows.hybrid import hybrid
+
+    job = JobOptions(reference=False, timeouts=StageTimeouts(capture_total=60, capture_silence=4))
+    image = models_dir / "inputs" / "cnn_classifier_11.png"
+    port = sim_port("emitter=c&fault=corrupt")
+    res = hybrid(models_dir / CNN, [image], board="sim", port=port, out_dir=tmp_path / "o", job=job)
+    assert res.exit_code == ExitCode.MISMATCH and not res.offered, res.message
+    assert "nothing to verify a hybrid against" in res.message and "intermittent" not in res.message
 
 
 @pytest.mark.parametrize("bisect", [False, True])

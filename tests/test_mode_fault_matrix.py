@@ -144,6 +144,11 @@ OPTION_CELLS = [
         for m in ("single", "ds_full")
     ],
     ("no_reference", CORRUPT, "hybrid", M),
+    # both variants alike and no host: they agree, but the tapped device's own records say each printed
+    # output differs from what the op that wrote it checksummed (docs/tap.md): a finding, never a match
+    ("no_reference", "fault=corrupt", "tap", M),
+    # an input of op 5 overwritten after its producer printed its CRC, alike in both: the same evidence
+    ("no_reference", "fault=op_clobber&fault_op=5", "tap", M),
     # op_zoo: two outputs; only some elements of each are corrupt
     *[("op_zoo", CORRUPT, m, M) for m in ONE_MODES],
     *[("op_zoo", "fault=panic&variant_fault=ansi", m, F) for m in ("single", "ds_crc")],

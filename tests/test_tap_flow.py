@@ -63,7 +63,7 @@ def test_tap_names_op_opcode_and_region(
     result = run_tap(models_dir, tmp_path / "out", cache_dir, q)
     assert result.exit_code == ExitCode.MISMATCH  # the final outputs differ too
     tap = result.tap
-    assert tap is not None and not tap.problems, tap.problems
+    assert tap is not None and not tap.problems and not tap.findings, (tap.problems, tap.findings)
     culprit = tap.culprit
     assert culprit is not None
     assert (culprit.a, culprit.b) == ("optimized", "ansi")
@@ -110,7 +110,7 @@ def test_clean_tapped_run_via_cli_matches_and_times_ops(
     assert code == ExitCode.MATCH
     doc = json.loads((out / "report.json").read_text())
     tap = doc["tap"]
-    assert tap["culprit"] is None and tap["problems"] == [] and tap["dump_ops"] == []
+    assert tap["culprit"] is None and tap["problems"] == tap["findings"] == [] and tap["dump_ops"] == []
     assert all(r[k]["op"] is None for r in tap["runs"] for k in ("optimized_vs_ansi", "optimized_vs_host"))
     assert len(tap["timing"]["ops"]) == 66
     conv = tap["timing"]["by_type"]["CONV_2D"]
@@ -171,3 +171,21 @@ def test_cli_prints_op_opcode_region_and_report_fits_schema(
     schema = json.loads((Path(__file__).parents[1] / "docs" / "flash-and-compare-schema.json").read_text())
     jsonschema.validate(doc, schema)
     assert doc["tap"]["culprit"]["op"] == 17
+
+
+def test_an_untapped_capture_is_a_problem_of_the_analysis_not_a_finding(
+    models_dir: Path, tmp_path: Path
+) -> None:
+    """A firmware built without --tap prints no OP records: the tap analysis cannot run on it (a problem),
+    which says nothing about its outputs (never a finding, which would make the run a mismatch). Faked:
+    the board (sim://)."""
+    from harness.analysis.tap import analyze_captures
+    from harness.model.loader import load_model
+
+    model = models_dir / "cnn_classifier_11.tflite"
+    r = flash_and_compare(model, [models_dir / "inputs/cnn_classifier_11.png"], out_dir=tmp_path / "o")
+    caps = {v: c for v, run in r.variants.items() if (c := run.capture()) is not None}
+    assert set(caps) == {"optimized", "ansi"}, r.errors
+    res = analyze_captures(load_model(model), caps, None)
+    assert res.findings == [], res.findings
+    assert len([p for p in res.problems if "not built with --tap" in p]) == 2

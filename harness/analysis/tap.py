@@ -330,12 +330,20 @@ def _speedup(rows: Sequence[OpTime]) -> float | None:
 
 
 def check_outputs_untouched(run: CapturedRun, output_tensors: Sequence[int]) -> list[str]:
-    """Problems if a tapped run's final outputs are not what its last op records say it wrote."""
+    """Where a tapped run's own records contradict each other: an op read a tensor with another CRC than
+    the op that wrote it printed, or a final output is not what its last op record says it wrote."""
     problems = []
     last: dict[int, str] = {}
+    by: dict[int, int] = {}  # tensor -> the op that wrote it last
     for o in run.ops:
+        problems += [
+            f"run i={run.index}: op {o.idx} read tensor {e.t} with CRC {e.crc} but op {by[e.t]} wrote "
+            f"{last[e.t]}: the tensor was overwritten between the two ops (e.g. a scratch-buffer overflow)"
+            for e in o.inputs
+            if e.t in last and last[e.t] != e.crc
+        ]
         for e in o.outputs:
-            last[e.t] = e.crc
+            last[e.t], by[e.t] = e.crc, o.idx
     for k, t in enumerate(output_tensors):
         out = next((x for x in run.outputs if x.o == k), None)
         if out is None:
@@ -382,7 +390,8 @@ class TapResult:
     audit: Audit | None = None  # ESP-NN speedup audit (analysis.hybrid.espnn_audit)
     repro: list[dict[str, Any]] = field(default_factory=list)  # one-op reproducers (flows.repro)
     ram_bytes: dict[str, int] = field(default_factory=dict)  # per variant, from OPEND
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # why the analysis is incomplete
+    findings: list[str] = field(default_factory=list)  # the device's own evidence of wrong outputs: exit 1
     notes: list[str] = field(default_factory=list)
     images: list[DumpImage] = field(default_factory=list)  # for the HTML report (not in JSON)
 
@@ -416,7 +425,17 @@ class TapResult:
             lines += [f"ESP-NN audit: {k['message']}" for k in self.audit["kinds"]]
         lines += self.notes
         lines += [f"tap problem: {p}" for p in self.problems]
-        return lines
+        return lines + [f"tap finding: {f}" for f in self.findings]
+
+    @property
+    def headline(self) -> str:
+        """The first divergent op, else the device's own evidence, else what agrees on every op."""
+        if self.culprit is not None:
+            return self.culprit.message
+        if self.findings:
+            return "no op diverged, but the printed outputs are not what the ops wrote (tap findings)"
+        host = any(k.endswith("_vs_host") for run in self.runs for k in run)
+        return f"optimized, ANSI C{' and host' if host else ''} agree on every op checksum"
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -431,6 +450,8 @@ class TapResult:
             "repro": self.repro,
             "ram_bytes": self.ram_bytes,
             "problems": self.problems,
+            "findings": self.findings,
+            "headline": self.headline,
             "notes": self.notes,
             "summary": self.summary_lines(),
         }
@@ -445,8 +466,9 @@ def analyze_captures(
     for v, cap in caps.items():
         if not cap.tapped:
             res.problems.append(f"the {v} firmware did not report INFO tap=1: it was not built with --tap")
+            continue  # no OP records: nothing to check its outputs against
         for run in cap.runs:
-            res.problems += [f"{v}: {p}" for p in check_outputs_untouched(run, outs)]
+            res.findings += [f"{v}: {p}" for p in check_outputs_untouched(run, outs)]
             if run.ops_end is not None:
                 res.ram_bytes[v] = int(run.ops_end["ram"])
     n = max((len(c.runs) for c in caps.values()), default=0)

@@ -507,11 +507,8 @@ def _print_backtraces(console: Console, result: FlashAndCompareResult) -> None:
 
 def _print_tap(console: Console, tap: TapResult) -> None:
     """First divergent op, dump analysis and the per-op timing table of a --tap run."""
-    culprit = tap.culprit
-    if culprit is not None:
-        console.print(f"[bold red]tap: {safe_markup(culprit.message)}[/bold red]")
-    else:
-        console.print("[green]tap: optimized, ANSI C and host agree on every op checksum[/green]")
+    style = "bold red" if tap.culprit is not None or tap.findings else "green"
+    console.print(f"[{style}]tap: {safe_markup(tap.headline)}[/{style}]")
     for line in tap.summary_lines():
         console.print(f"  {safe_markup(line)}")
     if tap.ram_bytes:

@@ -177,7 +177,6 @@ def _stream(
     faults = _crashes(resident, hello.nn, bytes(client.raw))
     if faults:  # the device crashed: the input it was running has no result, and that is the finding
         why = "; ".join(f.message for f in faults)
-        problems.append(f"firmware fault while streaming: {why}")
         crashed = next((i for i in ids if legs[i].status == "missing"), None)
         if crashed is not None:
             legs[crashed] = Leg(
@@ -242,7 +241,8 @@ class _Streamed:
 
 
 def _record(out: DatasetRun, run: VariantRun, streamed: _Streamed) -> None:
-    """A stream's link figures join its variant's; a crash is its finding, never a link hiccup to retry."""
+    """A stream's link figures join its variant's; a crash is its finding (exit 4), never a link hiccup to
+    retry, also in a fetch or the after-reset check, whose crashes no per-input verdict sees."""
     out.link.setdefault(run.variant, LinkStats()).add(streamed.stats)
     if faults := streamed.faults:
         run.findings += [f.to_dict() for f in faults]

@@ -342,6 +342,9 @@ def _tap(run: _JobState) -> None:
     run.tap = outcome.result
     run.errors.extend(outcome.errors)
     run.codes.extend(outcome.codes)
+    if run.tap.findings:  # the device's own evidence that its outputs are wrong: a mismatch (docs/tap.md)
+        run.errors += [f"tap: {f}" for f in run.tap.findings]
+        run.codes.append(ExitCode.MISMATCH)
 
 
 def check_report_paths(options: JobOptions) -> None:

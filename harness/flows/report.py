@@ -134,6 +134,9 @@ def write_junit(
         cases.append(
             junit.Case(junit.classname(*where), f"{v}.run", outcome, kind, message, text=message, out=out)
         )
+    if result.exit_code != ExitCode.MATCH and all(c.outcome == "passed" for c in cases):
+        # what failed is no comparison and no variant's run (a tap finding, the tap dump run): still a case
+        cases.append(error_case("; ".join(result.errors), result.exit_code, logs, where, "run"))
     junit.write(junit.tree([compare_suite(cases, result.comparison)]), path)
 
 

@@ -16,7 +16,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.analysis.report import print_report, safe_lines, safe_markup
-from harness.analysis.tap import timing_cells
 from harness.commands.common import (
     ARENA_KB,
     BAUD,
@@ -507,6 +506,8 @@ def _print_backtraces(console: Console, result: FlashAndCompareResult) -> None:
 
 def _print_tap(console: Console, tap: TapResult) -> None:
     """First divergent op, dump analysis and the per-op timing table of a --tap run."""
+    from harness.analysis.tap import timing_cells  # lazy: a run without --tap never loads the tap analysis
+
     style = "bold red" if tap.culprit is not None or tap.findings else "green"
     console.print(f"[{style}]tap: {safe_markup(tap.headline)}[/{style}]")
     for line in tap.summary_lines():

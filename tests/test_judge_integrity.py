@@ -261,6 +261,86 @@ def test_a_model_tflm_cannot_allocate_is_a_usage_error(tmp_path: Path, mode: str
     assert "allocate" in err and "cannot load this model" in err
 
 
+# ---- a verdict rests on compared elements: an output with none is no evidence ----------------------
+
+RESHAPE = 22
+
+
+def _empty_output_model(workdir: Path, outputs: list[int]) -> tuple[Path, Path]:
+    """int8 ADD (ESP-NN accelerates it) -> "s" [1], then RESHAPE -> "empty", declared [0]: the firmware
+    prints each output's declared bytes, so "empty" comes back with zero elements on every variant (and
+    the host TFLM, which makes a declared [0] a scalar, refuses the model: no reference leg)."""
+    tensors = [
+        T("x", (1,), "int8", 0.05, 0),
+        T("c", (1,), "int8", 0.05, 0, np.array([3], np.int8)),
+        T("s", (1,), "int8", 0.1, 0),
+        T("empty", (0,), "int8", 0.1, 0),
+    ]
+    ops = [Op(ADD, [0, 1], [2], add_options=True), Op(RESHAPE, [2], [3])]
+    model, x = workdir / "m.tflite", workdir / "x0.npy"
+    model.write_bytes(build_model(tensors, ops, [0], outputs))
+    np.save(x, np.array([40], np.int8))
+    return model, x
+
+
+def _cli(model: Path, x: Path, mode: str, out: Path, capsys) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+    from harness.cli import main
+
+    how = ["--input", str(x)] if mode != "dataset" else ["--random-inputs", "3"]
+    rc = main(
+        ["flash-and-compare", str(model), *how, "--board", "sim", "--port", "sim://", "--out", str(out)]
+    )
+    if mode == "compare":  # the two captures the run kept, compared by ``esp-check compare``
+        capsys.readouterr()
+        rc = main(["compare", str(out / "logs/serial-optimized.log"), str(out / "logs/serial-ansi.log")])
+    captured = capsys.readouterr()
+    return rc, captured.out + captured.err
+
+
+@pytest.mark.parametrize("mode", ["single", "dataset", "compare"])
+def test_outputs_with_no_elements_are_never_a_match(tmp_path: Path, mode: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Every output has zero elements: nothing was compared, so the run cannot be a match (exit 2, as
+    for runs that cannot honestly be compared). Faked: the board (``sim://``)."""
+    model, x = _empty_output_model(tmp_path, outputs=[3])
+    rc, text = _cli(model, x, mode, tmp_path / "o", capsys)
+    assert rc == ExitCode.USAGE, text
+    assert "nothing to compare" in text and "output 0 [empty] has zero elements" in text
+
+
+@pytest.mark.parametrize("mode", ["single", "dataset", "compare"])
+def test_an_output_with_no_elements_is_said_not_compared(tmp_path: Path, mode: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    """One normal output and one with zero elements: the normal one decides the verdict, and the run says
+    the empty one was not compared. Faked: the board (``sim://``)."""
+    model, x = _empty_output_model(tmp_path, outputs=[2, 3])
+    rc, text = _cli(model, x, mode, tmp_path / "o", capsys)
+    assert rc == ExitCode.MATCH, text
+    assert "output 1 [empty] has zero elements: not compared" in " ".join(text.split())
+
+
+def test_runner_task_whose_outputs_have_no_elements_is_not_a_match(tmp_path: Path) -> None:
+    """The runner's task judges the pipeline's result: nothing compared is exit 2, never a match.
+    Faked: the board (``sim://``)."""
+    from harness.runner import RunOptions, load_inventory, load_plan, run_plan
+
+    model, x = _empty_output_model(tmp_path, outputs=[3])
+    name = f"judge-run-{uuid.uuid4().hex[:8]}"
+    inv = tmp_path / "bench.toml"
+    inv.write_text(f'[[board]]\nname = "b1"\ntype = "sim"\nport = "sim://{name}"\n')
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        f'[run]\nbackoff_s = 0.05\n\n[[job]]\nname = "empty"\nmodels = ["{model}"]\ninputs = ["{x}"]\n'
+        'boards = ["sim"]\ncomparisons = ["optimized-vs-ansi"]\n'  # the host refuses the model
+    )
+    try:
+        opts = RunOptions(out_dir=tmp_path / "out", lock_dir=tmp_path / "locks", cache_dir=tmp_path / "cache")
+        result = run_plan(load_plan(plan), load_inventory(inv), opts)
+    finally:
+        remove_board(name)
+    (task,) = _strict_json(tmp_path / "out" / "summary.json")["tasks"]
+    assert result.exit_code == ExitCode.USAGE, task["reason"]
+    assert "zero elements" in task["reason"]
+
+
 # ---- hybrid: a culprit op only from firmware evidence ----------------------------------------------
 
 

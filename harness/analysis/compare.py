@@ -13,7 +13,8 @@ import base64
 import io
 import json
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -823,8 +824,11 @@ def compare_sources(
                         raise
                     continue  # a crashed side's partial outputs: its fault is the finding
                 comparisons.append(compared)
-    if not comparisons and not faults:
-        raise IncomparableError("nothing to compare: no run has outputs on both sides")
+    try:
+        warnings += empty_outputs((c.output, c.name, c.count) for c in comparisons)
+    except IncomparableError:
+        if not faults:  # a crash is the finding, compared or not
+            raise
     warnings += _pinned_warnings(comparisons)
     return CompareResult(
         sources,
@@ -835,6 +839,26 @@ def compare_sources(
         ref_tolerance_lsb=ref_tolerance_lsb,
         reference_backend=reference.backend_version if reference is not None else None,
     )
+
+
+def empty_outputs(outputs: Iterable[tuple[int, str, int]]) -> list[str]:
+    """The one rule for outputs without elements, as (index, name, elements compared) of every run: a
+    comparison of none is no evidence, so each such output is said not compared (the verdict rests on the
+    others), and when no output has any, nothing was compared: IncomparableError (exit 2), never a match."""
+    sizes: Counter[tuple[int, str]] = Counter()
+    for o, name, n in outputs:
+        sizes[o, name] += n
+    empty = [
+        f"output {o}" + (f" [{name}]" if name else "") for (o, name), n in sorted(sizes.items()) if not n
+    ]
+    if len(empty) == len(sizes):
+        raise IncomparableError(
+            "nothing to compare: "
+            + ("; ".join(f"{e} has zero elements" for e in empty) or "no run has outputs on both sides"),
+            hint="a verdict needs elements compared on both sides: check that both ran the same model "
+            "and inputs, and the model's output shapes (esp-check inspect MODEL)",
+        )
+    return [f"{e} has zero elements: not compared, the verdict rests on the other outputs" for e in empty]
 
 
 Quant = tuple[float | None, int | None, str | None]

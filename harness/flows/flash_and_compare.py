@@ -20,6 +20,7 @@ from harness.analysis.compare import (
     Source,
     check_tolerances,
     compare_variants,
+    empty_outputs,
     output_quant,
     reference_source,
 )
@@ -203,6 +204,7 @@ class DatasetWorkload:
         opts = run.opts.dataset
         assert opts is not None
         ds = load_inputs(opts, run.info.inputs[0], run.opts.input_options)
+        run.warnings += empty_outputs((o, t.name, t.num_elements) for o, t in enumerate(run.info.outputs))
         outcome = run.dataset = DatasetOutcome(ds)
         fw = _firmware(run, [], FirmwareFeatures(embed_inputs=False))
         if fw is None:

@@ -366,9 +366,9 @@ def _reshape_to_scalar_model() -> bytes:
 def test_an_output_larger_at_run_time_than_declared_leaves_the_next_outputs_alone(
     tmp_path: Path, board_port
 ) -> None:
-    """The firmware prints each output tensor from its own buffer, ``bytes`` of them as TFLM's TfLiteTensor
-    says (the flatbuffer's declared size): an output TFLM made larger at run time does not shift the ones
-    after it. The simulated CPU (TFLM in a child process) must keep each output to its declared size too.
+    """The simulated CPU (TFLM in a child process) cuts each output to its declared size, so an output TFLM
+    made larger at run time never shifts the ones after it. (The real firmware does not run this model:
+    TFLM's reshape writes into the read-only mapped model; docs/simulator.md, "Not reproduced".)
     Faked: the board (``sim://``)."""
     pytest.importorskip("tflite_micro")
     proj = make_project(tmp_path / "proj", _reshape_to_scalar_model(), [np.array([40], np.int8)])

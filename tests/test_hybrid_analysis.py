@@ -300,3 +300,14 @@ def test_cost_report_gives_no_speedup_from_a_zero_ansi_time(unet) -> None:  # ty
     assert "no speedup above the noise" not in doc["summary"]
     blank = cost_report(unet, {k: 0 for k in range(n)}, {k: 4000 for k in range(n)}, [17], 240)
     assert blank["speedup"] == {"optimized": None, "hybrid": None} and "unknown" in blank["summary"]
+
+
+def test_a_measured_hybrid_missing_an_op_leaves_its_time_unknown(unet) -> None:  # type: ignore[no-untyped-def]
+    """A tapped hybrid run that did not time an op both builds timed (op_cycles leaves it out, or says 0):
+    its total is unknown (null), never a KeyError, never a sum that is short by that op (docs/hybrid.md)."""
+    n = len(unet.main_ops)
+    opt, ansi = {k: 1000 for k in range(n)}, {k: 4000 for k in range(n)}
+    for hybrid in ({k: 1100 for k in range(1, n)}, {**opt, 5: 0}, {}):
+        doc = cost_report(unet, opt, ansi, [17], 240, measured_hybrid=hybrid)
+        assert doc["measured"] and doc["cycles"]["hybrid"] is None and doc["speedup"]["hybrid"] is None
+        assert doc["speedup_kept_percent"] is None and "unknown" in doc["summary"]

@@ -215,7 +215,9 @@ def cost_report(
     t_opt = sum(optimized[k] for k in ops) or None  # None: no op timed above zero in both (unknown)
     t_ansi = sum(ansi[k] for k in ops) or None
     t_est = sum(ansi[k] if k in chosen else optimized[k] for k in ops) or None
-    t_hyb = (sum(measured_hybrid[k] for k in ops) or None) if measured_hybrid else t_est
+    t_hyb = t_est if measured_hybrid is None else None  # measured: unknown unless it timed every op of T
+    if measured_hybrid is not None and all(measured_hybrid.get(k) for k in ops):
+        t_hyb = sum(measured_hybrid[k] for k in ops) or None
 
     per_op: list[OpCost] = [
         {

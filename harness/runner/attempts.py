@@ -65,6 +65,9 @@ def judge_inputs(task: Task, attempt: Attempt, result: FlashAndCompareResult) ->
     pairs = set(task.job.pairs)
     compared = comp.comparisons if comp is not None else []
     mismatched = [c.mismatch_text() for c in compared if (c.a, c.b) in pairs and not c.match]
+    if comp is not None and len(mismatched) == sum(not c.match for c in compared):  # nothing narrowed:
+        codes.append(ExitCode(result.exit_code))  # the pipeline's verdict (and its findings) stands
+        reasons += result.errors
     for f in comp.faults if comp is not None else []:
         codes.append(f.exit_code)
         reasons.append(f"{f.source}: ERROR stage={f.stage} code={f.code} {f.msg}")

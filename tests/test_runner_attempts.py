@@ -1,0 +1,56 @@
+"""The runner's verdict of an attempt is the pipeline's (harness.runner.attempts.judge_inputs): the plan's
+comparisons narrow which comparisons decide it (docs/ci.md), nothing else. Nothing is faked but the
+pipeline's result, built here as run_job builds it, with a finding the runner does not rebuild itself
+(a tap finding) in its exit code and errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from harness.analysis.compare import OutputTensor, Source, compare_sources
+from harness.errors import ExitCode
+from harness.flashfmt.partitions import VARIANTS
+from harness.flows.records import FlashAndCompareResult, VariantRun
+from harness.runner.attempts import judge_inputs
+from harness.runner.plan import Job, ModelCase
+from harness.runner.results import Attempt, Task
+
+
+def _source(label: str, values: list[int]) -> Source:
+    arr = np.array(values, dtype=np.int8)
+    t = OutputTensor(0, arr, raw=True, shape=arr.shape, dtype="int8", scale=0.5, zero_point=0, name="out")
+    return Source(label, "protocol", [[t]], nn_mode="optimized" if label == "optimized" else "ansi_c")
+
+
+def _judged(
+    tmp_path: Path, ansi: list[int], exit_code: ExitCode, errors: list[str], comparisons: tuple[str, ...]
+) -> Attempt:
+    comp = compare_sources(_source("optimized", [1, 2, 3]), _source("ansi", ansi))
+    result = FlashAndCompareResult(
+        out_dir=tmp_path, board="sim", port="sim://x", simulated=True, stages=[],
+        variants={v: VariantRun(v) for v in VARIANTS}, comparison=comp, exit_code=exit_code,
+        report_path=tmp_path / "report.json", errors=errors,
+    )  # fmt: skip
+    job = Job(name="j", cases=(), boards=("sim",), comparisons=comparisons)
+    task = Task("t", job, ModelCase(Path("m.tflite"), (Path("a.npy"),)), "sim", None, tmp_path)
+    attempt = Attempt(1, "sim")
+    judge_inputs(task, attempt, result)
+    return attempt
+
+
+def test_a_finding_the_pipeline_adds_is_never_dropped_by_the_runner(tmp_path: Path) -> None:
+    """Every comparison matches, but the pipeline's verdict is a mismatch from a finding of its own (a
+    tap finding): the runner's attempt keeps it (it rebuilt a match from the comparison before)."""
+    finding = "tap: op 3 output differs from the host reference"
+    a = _judged(tmp_path, [1, 2, 3], ExitCode.MISMATCH, [finding], ("optimized-vs-ansi",))
+    assert a.exit_code == ExitCode.MISMATCH, a.reason
+    assert finding in a.reason
+
+
+def test_the_plans_comparisons_still_narrow_the_verdict(tmp_path: Path) -> None:
+    """docs/ci.md: the plan's comparisons pick which comparisons decide the task: an optimized-vs-ANSI C
+    mismatch the plan did not ask about leaves the pipeline's exit 1 out of the task's verdict."""
+    a = _judged(tmp_path, [1, 2, 9], ExitCode.MISMATCH, [], ("ansi-vs-host",))
+    assert a.exit_code == ExitCode.MATCH, a.reason

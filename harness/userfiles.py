@@ -8,8 +8,8 @@ field path and a sentence, for the loader's own error that names the file and wh
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Annotated, get_args
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, TypeVar, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
@@ -37,6 +37,15 @@ Strings = Annotated[
 
 
 Loc = tuple[int | str, ...]
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], data: object, error: Callable[[ValidationError], Exception]) -> M:
+    """``data`` as ``model``; else ``error`` of pydantic's report: the loader's own, naming the file."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise error(exc) from None
 
 
 def entry_name(data: Mapping[str, object], table: str, index: int | str) -> str | None:

@@ -13,6 +13,7 @@ import json
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -29,7 +30,7 @@ from harness.firmware.boards import Board, list_boards, load_board
 from harness.flows.targets import RealTarget, open_target, target_class
 from harness.resources import read_toml
 from harness.runner.plan import NAME_RE, At, Name
-from harness.userfiles import Loc, UserModel, entry_name, field_path, known_keys, problem
+from harness.userfiles import Loc, UserModel, entry_name, field_path, known_keys, problem, validated
 
 _REACH_KEYS = ("port", "usb_serial", "usb_location", "place")
 Reach = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
@@ -175,10 +176,7 @@ def load_inventory(path: str | Path, *, coordinator: str | None = None) -> Inven
     """
     p = Path(path)
     data = read_toml(p, "inventory", "docs/examples/bench.toml")
-    try:
-        file = InventoryFile.model_validate(data)
-    except ValidationError as exc:
-        raise _inventory_error(p, data, exc) from None
+    file = validated(InventoryFile, data, lambda exc: _inventory_error(p, data, exc))
     coordinator = coordinator or (file.labgrid.coordinator if file.labgrid else None)
     boards: dict[str, BenchBoard] = {}  # by the board lock each takes
     for entry in file.board:
@@ -226,10 +224,8 @@ def discover_inventory(coordinator: str) -> Inventory:
         tab = {"name": _place_board_name(name), "type": btype, "place": name}
         if CONSOLE_TAG in info.tags:
             tab["console"] = info.tags[CONSOLE_TAG]
-        try:
-            entry = BoardEntry.model_validate(tab)
-        except ValidationError as exc:
-            raise _inventory_error(where, {"board": [tab]}, exc, ("board", 0)) from None
+        on_error = partial(_inventory_error, where, {"board": [tab]}, prefix=("board", 0))
+        entry = validated(BoardEntry, tab, on_error)
         boards.append(_bench_board(where, entry, {b.name for b in boards}, coordinator))
     if not boards:
         raise PlanError(

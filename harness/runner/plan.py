@@ -35,6 +35,7 @@ from harness.userfiles import (
     known_keys,
     one_or_many,
     problem,
+    validated,
 )
 
 # comparison names in the plan -> (a, b) source-label pairs of harness.analysis.compare
@@ -275,10 +276,7 @@ def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
     """
     p = Path(path)
     data = read_toml(p, "plan", "docs/examples/plan.toml")
-    try:
-        plan = PlanFile.model_validate(data)
-    except ValidationError as exc:
-        raise _plan_error(p, data, exc) from None
+    plan = validated(PlanFile, data, lambda exc: _plan_error(p, data, exc))
     jobs: list[Job] = []
     for table in plan.job:
         job = _job(p, table, plan.defaults, {j.name for j in jobs})

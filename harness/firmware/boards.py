@@ -188,14 +188,14 @@ def parse_board(data: dict[str, object], path: Path) -> Board:
     """Validate one decoded board TOML table; ``path`` is only used in error messages."""
     # lazy: pydantic (~60 ms) validates a board file once; a repeat run reads its stored form
     from harness.firmware.board_file import BoardFile  # lazy: imports pydantic
-    from harness.userfiles import field_path, known_keys, problem, validated  # lazy: imports pydantic
+    from harness.userfiles import field_path, problem, validated  # lazy: imports pydantic
 
     def error(exc: ValidationError) -> BoardDefinitionError:
-        loc, msg = problem(
+        loc, msg, hint = problem(
             exc, BoardFile, {"": "is not a known board field", "native": "is not a native setting"}
         )
         name, entry = field_path(loc)
-        return _err(path, name, entry + msg, known_keys(BoardFile, loc) if "not a" in msg else None)
+        return _err(path, name, entry + msg, hint)
 
     f = validated(BoardFile, data, error)
     _check_hardware(path, f)

@@ -30,7 +30,7 @@ from harness.firmware.boards import Board, list_boards, load_board
 from harness.flows.targets import RealTarget, open_target, target_class
 from harness.resources import read_toml
 from harness.runner.plan import NAME_RE, At, Name
-from harness.userfiles import Loc, UserModel, entry_name, field_path, known_keys, problem, validated
+from harness.userfiles import UserModel, entry_name, field_path, problem, validated
 
 _REACH_KEYS = ("port", "usb_serial", "usb_location", "place")
 Reach = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
@@ -224,8 +224,8 @@ def discover_inventory(coordinator: str) -> Inventory:
         tab = {"name": _place_board_name(name), "type": btype, "place": name}
         if CONSOLE_TAG in info.tags:
             tab["console"] = info.tags[CONSOLE_TAG]
-        on_error = partial(_inventory_error, where, {"board": [tab]}, prefix=("board", 0))
-        entry = validated(BoardEntry, tab, on_error)
+        data = {"board": [tab]}
+        entry = validated(InventoryFile, data, partial(_inventory_error, where, data)).board[0]
         boards.append(_bench_board(where, entry, {b.name for b in boards}, coordinator))
     if not boards:
         raise PlanError(
@@ -253,15 +253,9 @@ _UNKNOWN = {
 _POWER_CYCLE_HINT = 'e.g. power_cycle = ["uhubctl", "-l", "1-1", "-p", "2", "-a", "cycle"]'
 
 
-def _inventory_error(
-    inventory_path: Path, data: Mapping[str, object], exc: ValidationError, prefix: Loc = ()
-) -> PlanError:
+def _inventory_error(inventory_path: Path, data: Mapping[str, object], exc: ValidationError) -> PlanError:
     """The first problem pydantic found, as "inventory FILE: WHERE: field 'F' ..."."""
-    loc, msg = problem(
-        exc, BoardEntry if prefix else InventoryFile, {"": _UNKNOWN["board"]} if prefix else _UNKNOWN
-    )
-    loc = prefix + loc
-    hint = known_keys(InventoryFile, loc) if msg in _UNKNOWN.values() else None
+    loc, msg, hint = problem(exc, InventoryFile, _UNKNOWN)
     if loc[0] == "board" and len(loc) > 2:
         name, entry = field_path(loc[2:])
         board_name = entry_name(data, "board", loc[1])

@@ -32,7 +32,6 @@ from harness.userfiles import (
     UserModel,
     entry_name,
     field_path,
-    known_keys,
     one_or_many,
     problem,
     validated,
@@ -226,8 +225,7 @@ _UNKNOWN = {
 
 def _plan_error(plan_path: Path, data: Mapping[str, object], exc: ValidationError) -> PlanError:
     """The first problem pydantic found, as "plan FILE: WHERE: field 'F' ..." (WHERE: a table or job)."""
-    loc, msg = problem(exc, PlanFile, _UNKNOWN)
-    hint = known_keys(PlanFile, loc) if msg in _UNKNOWN.values() else None
+    loc, msg, hint = problem(exc, PlanFile, _UNKNOWN)
     name, entry = field_path(loc[2:] if loc[0] == "job" and len(loc) > 2 else loc[1:])
     if loc[0] == "job" and len(loc) > 2:
         job_name = entry_name(data, "job", loc[1])

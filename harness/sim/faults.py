@@ -123,7 +123,7 @@ def sim_params_error(model: type[BaseModel], exc: ValidationError) -> UsageError
             f"unknown simulator parameter(s): {', '.join(sorted(unknown))}",
             hint=f"known: {', '.join(sorted(model.model_fields))}",
         )
-    loc, msg = problem(exc, model)
+    loc, msg, _ = problem(exc, model)
     name = field_path(loc)[0]
     return UsageError(f"simulator parameter {name} {msg}", hint="see docs/simulator.md for every parameter")
 

@@ -308,10 +308,8 @@ def _board_type(at: At, entry: BoardEntry) -> Board:
     btype = type_ref = entry.type
     if btype.endswith(".toml") and not Path(btype).is_absolute():
         type_ref = str(at.path.resolve().parent / btype)
-    try:
+    with at.wrap("type", f"names an unknown board type {btype!r}"):
         board = load_board(type_ref)
-    except EspCheckError as exc:
-        raise at.err("type", f"names an unknown board type {btype!r}: {exc.message}", exc.hint) from None
     console = entry.console or board.console
     if console == "usb_serial_jtag" and not CHIPS[board.chip].usb_serial_jtag:
         raise at.err("console", f"is usb_serial_jtag but the {board.chip} has no USB-Serial-JTAG")

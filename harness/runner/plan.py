@@ -7,10 +7,11 @@ examples: docs/ci.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
@@ -212,6 +213,14 @@ class At:
             f"{self.kind} {self.path}: {self.where}: field '{fieldname}' {msg}", hint=hint or self.hint
         )
 
+    @contextlib.contextmanager
+    def wrap(self, fieldname: str, what: str) -> Iterator[None]:
+        """An EspCheckError in the block as this error: "field 'F' WHAT: ITS MESSAGE", with its hint."""
+        try:
+            yield
+        except EspCheckError as exc:
+            raise self.err(fieldname, f"{what}: {exc.message}", exc.hint) from None
+
 
 _UNKNOWN = {
     "": "is not a plan field",
@@ -389,16 +398,12 @@ def _check_job_files(path: Path, job: Job) -> None:
     """Models parse, inputs fit their model, board types exist: usage errors before any build."""
     at = At(path, f"job {job.name!r}")
     for b in job.boards:
-        try:
+        with at.wrap("boards", f"names an unknown board type {b!r}"):
             load_board(b)
-        except EspCheckError as exc:
-            raise at.err("boards", f"names an unknown board type {b!r}: {exc.message}", exc.hint) from None
     options = job.input_options or InputOptions()
     for case in job.cases:
-        try:
+        with at.wrap("models", "has an unusable model"):
             info = load_model(case.model)
-        except EspCheckError as exc:
-            raise at.err("models", f"has an unusable model: {exc.message}", exc.hint) from None
         if len(info.inputs) != 1:
             raise at.err(
                 "models", f"{case.model.name} has {len(info.inputs)} input tensors; one is supported"
@@ -406,11 +411,8 @@ def _check_job_files(path: Path, job: Job) -> None:
         if job.data is not None:
             _check_dataset(at, job, case, info, options)
         for f in case.inputs:
-            try:
+            with at.wrap("inputs", f"{f.name} does not fit {case.model.name}"):
                 load_input(f, info.inputs[0], options)
-            except EspCheckError as exc:
-                msg = f"{f.name} does not fit {case.model.name}: {exc.message}"
-                raise at.err("inputs", msg, exc.hint) from None
 
 
 def dataset_options(job: Job, case: ModelCase) -> DatasetOptions | None:
@@ -436,7 +438,5 @@ def _check_dataset(at: At, job: Job, case: ModelCase, info: ModelInfo, options: 
     field_name = "dataset" if case.dataset is not None else "random_inputs"
     data = dataset_options(job, case)
     assert data is not None  # called for dataset jobs only
-    try:
+    with at.wrap(field_name, f"does not fit {case.model.name}"):
         load_inputs(data, info.inputs[0], options)
-    except EspCheckError as exc:
-        raise at.err(field_name, f"does not fit {case.model.name}: {exc.message}", exc.hint) from None

@@ -48,16 +48,6 @@ def validated(model: type[M], data: object, error: Callable[[ValidationError], E
         raise error(exc) from None
 
 
-def entry_name(data: Mapping[str, object], table: str, index: int | str) -> str | None:
-    """The ``name`` of entry ``index`` of the array of tables ``table`` as written, when it is a string."""
-    entries = data.get(table)
-    if not isinstance(entries, list) or not isinstance(index, int) or not 0 <= index < len(entries):
-        return None
-    entry = entries[index]
-    name = entry.get("name") if isinstance(entry, dict) else None
-    return name if isinstance(name, str) else None
-
-
 def problem(
     exc: ValidationError, model: type[BaseModel], unknown: Mapping[str, str] | None = None
 ) -> tuple[Loc, str, str | None]:

@@ -30,7 +30,7 @@ from harness.firmware.boards import Board, list_boards, load_board
 from harness.flows.targets import RealTarget, open_target, target_class
 from harness.resources import read_toml
 from harness.runner.plan import NAME_RE, At, Name
-from harness.userfiles import UserModel, entry_name, field_path, problem, validated
+from harness.userfiles import UserModel, field_path, problem, validated
 
 _REACH_KEYS = ("port", "usb_serial", "usb_location", "place")
 Reach = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
@@ -258,10 +258,7 @@ def _inventory_error(inventory_path: Path, data: Mapping[str, object], exc: Vali
     loc, msg, hint = problem(exc, InventoryFile, _UNKNOWN)
     if loc[0] == "board" and len(loc) > 2:
         name, entry = field_path(loc[2:])
-        board_name = entry_name(data, "board", loc[1])
-        valid = board_name is not None and NAME_RE.match(board_name) and name != "name"
-        where = f"board {board_name!r}" if valid else f"board #{int(loc[1]) + 1}"
-        return _At(inventory_path, where).err(
+        return _At.entry(inventory_path, data, loc).err(
             name, entry + msg, _POWER_CYCLE_HINT if name == "power_cycle" else hint
         )
     if loc[0] == "board":

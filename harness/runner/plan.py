@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from harness.flows.dataset import DatasetOptions
 
 from harness.userfiles import (
+    Loc,
     Strings,
     UserModel,
-    entry_name,
     field_path,
     one_or_many,
     problem,
@@ -213,6 +213,17 @@ class At:
             f"{self.kind} {self.path}: {self.where}: field '{fieldname}' {msg}", hint=hint or self.hint
         )
 
+    @classmethod
+    def entry(cls, path: Path, data: Mapping[str, object], loc: Loc) -> At:
+        """Entry ``loc[1]`` of the array of tables ``loc[0]`` (job, board): by the name written in it when
+        that is a valid name and not the field at fault, else by its number."""
+        table, i = str(loc[0]), int(loc[1])
+        entries = data.get(table)
+        entry = entries[i] if isinstance(entries, list) and 0 <= i < len(entries) else None
+        name = entry.get("name") if isinstance(entry, dict) else None
+        valid = isinstance(name, str) and NAME_RE.match(name) and loc[2] != "name"
+        return cls(path, f"{table} {name!r}" if valid else f"{table} #{i + 1}")
+
     @contextlib.contextmanager
     def wrap(self, fieldname: str, what: str) -> Iterator[None]:
         """An EspCheckError in the block as this error: "field 'F' WHAT: ITS MESSAGE", with its hint."""
@@ -237,10 +248,7 @@ def _plan_error(plan_path: Path, data: Mapping[str, object], exc: ValidationErro
     loc, msg, hint = problem(exc, PlanFile, _UNKNOWN)
     name, entry = field_path(loc[2:] if loc[0] == "job" and len(loc) > 2 else loc[1:])
     if loc[0] == "job" and len(loc) > 2:
-        job_name = entry_name(data, "job", loc[1])
-        valid = job_name is not None and NAME_RE.match(job_name) and loc[2] != "name"
-        where = f"job {job_name!r}" if valid else f"job #{int(loc[1]) + 1}"
-        return At(plan_path, where).err(name, entry + msg, hint)
+        return At.entry(plan_path, data, loc).err(name, entry + msg, hint)
     if loc[0] == "job" and len(loc) == 2:
         return At(plan_path, f"job #{int(loc[1]) + 1}").err("job", "must be a table")
     if loc[0] == "job":

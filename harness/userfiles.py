@@ -8,8 +8,8 @@ field path and a sentence, for the loader's own error that names the file and wh
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Annotated, get_args
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, TypeVar, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
@@ -37,41 +37,41 @@ Strings = Annotated[
 
 
 Loc = tuple[int | str, ...]
+M = TypeVar("M", bound=BaseModel)
 
 
-def entry_name(data: Mapping[str, object], table: str, index: int | str) -> str | None:
-    """The ``name`` of entry ``index`` of the array of tables ``table`` as written, when it is a string."""
-    entries = data.get(table)
-    if not isinstance(entries, list) or not isinstance(index, int) or not 0 <= index < len(entries):
-        return None
-    entry = entries[index]
-    name = entry.get("name") if isinstance(entry, dict) else None
-    return name if isinstance(name, str) else None
+def validated(model: type[M], data: object, error: Callable[[ValidationError], Exception]) -> M:
+    """``data`` as ``model``; else ``error`` of pydantic's report: the loader's own, naming the file."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise error(exc) from None
 
 
 def problem(
     exc: ValidationError, model: type[BaseModel], unknown: Mapping[str, str] | None = None
-) -> tuple[Loc, str]:
-    """(where, what is wrong) of the first problem pydantic found in ``model``.
+) -> tuple[Loc, str, str | None]:
+    """(where, what is wrong, hint) of the first problem pydantic found in ``model``.
 
     An unknown key comes first (a misspelt key explains the missing one). ``unknown`` words it by its
-    table's :func:`field_path` (``""``: the top level), e.g. ``{"": "is not a board field"}``. A range
-    or pattern error names what the field's description says it is.
+    table's :func:`field_path` (``""``: the top level), e.g. ``{"": "is not a board field"}``; its hint
+    lists the keys the table knows. A range or pattern error names what the field's description says
+    it is (and has no hint).
     """
     errors = exc.errors(include_url=False)
     err = min(errors, key=lambda e: (e["type"] != "extra_forbidden", e["type"] == "too_short"))
     loc: Loc = tuple(err["loc"])
     if err["type"] == "extra_forbidden":
         parent = field_path(loc[:-1])[0]
-        return loc, (unknown or {}).get(parent, "is not a known field")
+        return loc, (unknown or {}).get(parent, "is not a known field"), _known_keys(model, loc)
     text = explain(err)
     info = _field_info(model, loc)
     if info is not None and info.description and err["type"] in _RANGE_ERRORS:
         text += f" ({info.description})"
-    return loc, text
+    return loc, text, None
 
 
-def known_keys(model: type[BaseModel], loc: Loc) -> str:
+def _known_keys(model: type[BaseModel], loc: Loc) -> str:
     """The keys the table holding ``loc`` knows, for a hint after an unknown key."""
     parent = _field_info(model, loc[:-1]) if [x for x in loc[:-1] if isinstance(x, str)] else None
     table = _table(parent) if parent is not None else model

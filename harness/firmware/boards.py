@@ -29,6 +29,8 @@ from harness.resources import (
 )
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from harness.firmware.board_file import BoardFile
 
 BUILDERS: tuple[str, ...] = get_args(Builder)
@@ -185,20 +187,17 @@ def _check_hardware(path: Path, board_file: BoardFile) -> None:
 def parse_board(data: dict[str, object], path: Path) -> Board:
     """Validate one decoded board TOML table; ``path`` is only used in error messages."""
     # lazy: pydantic (~60 ms) validates a board file once; a repeat run reads its stored form
-    from pydantic import ValidationError
-
     from harness.firmware.board_file import BoardFile  # lazy: imports pydantic
-    from harness.userfiles import field_path, known_keys, problem  # lazy: imports pydantic
+    from harness.userfiles import field_path, problem, validated  # lazy: imports pydantic
 
-    try:
-        f = BoardFile.model_validate(data)
-    except ValidationError as exc:
-        loc, msg = problem(
+    def error(exc: ValidationError) -> BoardDefinitionError:
+        loc, msg, hint = problem(
             exc, BoardFile, {"": "is not a known board field", "native": "is not a native setting"}
         )
         name, entry = field_path(loc)
-        hint = known_keys(BoardFile, loc) if "not a" in msg else None
-        raise _err(path, name, entry + msg, hint) from None
+        return _err(path, name, entry + msg, hint)
+
+    f = validated(BoardFile, data, error)
     _check_hardware(path, f)
     for key, value in f.sdkconfig.items():
         if not _SDKCONFIG_NAME.match(key):

@@ -13,6 +13,7 @@ import json
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -29,7 +30,7 @@ from harness.firmware.boards import Board, list_boards, load_board
 from harness.flows.targets import RealTarget, open_target, target_class
 from harness.resources import read_toml
 from harness.runner.plan import NAME_RE, At, Name
-from harness.userfiles import Loc, UserModel, entry_name, field_path, known_keys, problem
+from harness.userfiles import UserModel, field_path, problem, validated
 
 _REACH_KEYS = ("port", "usb_serial", "usb_location", "place")
 Reach = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
@@ -175,10 +176,7 @@ def load_inventory(path: str | Path, *, coordinator: str | None = None) -> Inven
     """
     p = Path(path)
     data = read_toml(p, "inventory", "docs/examples/bench.toml")
-    try:
-        file = InventoryFile.model_validate(data)
-    except ValidationError as exc:
-        raise _inventory_error(p, data, exc) from None
+    file = validated(InventoryFile, data, lambda exc: _inventory_error(p, data, exc))
     coordinator = coordinator or (file.labgrid.coordinator if file.labgrid else None)
     boards: dict[str, BenchBoard] = {}  # by the board lock each takes
     for entry in file.board:
@@ -226,10 +224,8 @@ def discover_inventory(coordinator: str) -> Inventory:
         tab = {"name": _place_board_name(name), "type": btype, "place": name}
         if CONSOLE_TAG in info.tags:
             tab["console"] = info.tags[CONSOLE_TAG]
-        try:
-            entry = BoardEntry.model_validate(tab)
-        except ValidationError as exc:
-            raise _inventory_error(where, {"board": [tab]}, exc, ("board", 0)) from None
+        data = {"board": [tab]}
+        entry = validated(InventoryFile, data, partial(_inventory_error, where, data)).board[0]
         boards.append(_bench_board(where, entry, {b.name for b in boards}, coordinator))
     if not boards:
         raise PlanError(
@@ -257,21 +253,12 @@ _UNKNOWN = {
 _POWER_CYCLE_HINT = 'e.g. power_cycle = ["uhubctl", "-l", "1-1", "-p", "2", "-a", "cycle"]'
 
 
-def _inventory_error(
-    inventory_path: Path, data: Mapping[str, object], exc: ValidationError, prefix: Loc = ()
-) -> PlanError:
+def _inventory_error(inventory_path: Path, data: Mapping[str, object], exc: ValidationError) -> PlanError:
     """The first problem pydantic found, as "inventory FILE: WHERE: field 'F' ..."."""
-    loc, msg = problem(
-        exc, BoardEntry if prefix else InventoryFile, {"": _UNKNOWN["board"]} if prefix else _UNKNOWN
-    )
-    loc = prefix + loc
-    hint = known_keys(InventoryFile, loc) if msg in _UNKNOWN.values() else None
+    loc, msg, hint = problem(exc, InventoryFile, _UNKNOWN)
     if loc[0] == "board" and len(loc) > 2:
         name, entry = field_path(loc[2:])
-        board_name = entry_name(data, "board", loc[1])
-        valid = board_name is not None and NAME_RE.match(board_name) and name != "name"
-        where = f"board {board_name!r}" if valid else f"board #{int(loc[1]) + 1}"
-        return _At(inventory_path, where).err(
+        return _At.entry(inventory_path, data, loc).err(
             name, entry + msg, _POWER_CYCLE_HINT if name == "power_cycle" else hint
         )
     if loc[0] == "board":
@@ -318,10 +305,8 @@ def _board_type(at: At, entry: BoardEntry) -> Board:
     btype = type_ref = entry.type
     if btype.endswith(".toml") and not Path(btype).is_absolute():
         type_ref = str(at.path.resolve().parent / btype)
-    try:
+    with at.wrap("type", f"names an unknown board type {btype!r}"):
         board = load_board(type_ref)
-    except EspCheckError as exc:
-        raise at.err("type", f"names an unknown board type {btype!r}: {exc.message}", exc.hint) from None
     console = entry.console or board.console
     if console == "usb_serial_jtag" and not CHIPS[board.chip].usb_serial_jtag:
         raise at.err("console", f"is usb_serial_jtag but the {board.chip} has no USB-Serial-JTAG")

@@ -7,10 +7,11 @@ examples: docs/ci.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
@@ -28,13 +29,13 @@ if TYPE_CHECKING:
     from harness.flows.dataset import DatasetOptions
 
 from harness.userfiles import (
+    Loc,
     Strings,
     UserModel,
-    entry_name,
     field_path,
-    known_keys,
     one_or_many,
     problem,
+    validated,
 )
 
 # comparison names in the plan -> (a, b) source-label pairs of harness.analysis.compare
@@ -212,6 +213,25 @@ class At:
             f"{self.kind} {self.path}: {self.where}: field '{fieldname}' {msg}", hint=hint or self.hint
         )
 
+    @classmethod
+    def entry(cls, path: Path, data: Mapping[str, object], loc: Loc) -> At:
+        """Entry ``loc[1]`` of the array of tables ``loc[0]`` (job, board): by the name written in it when
+        that is a valid name and not the field at fault, else by its number."""
+        table, i = str(loc[0]), int(loc[1])
+        entries = data.get(table)
+        entry = entries[i] if isinstance(entries, list) and 0 <= i < len(entries) else None
+        name = entry.get("name") if isinstance(entry, dict) else None
+        valid = isinstance(name, str) and NAME_RE.match(name) and loc[2] != "name"
+        return cls(path, f"{table} {name!r}" if valid else f"{table} #{i + 1}")
+
+    @contextlib.contextmanager
+    def wrap(self, fieldname: str, what: str) -> Iterator[None]:
+        """An EspCheckError in the block as this error: "field 'F' WHAT: ITS MESSAGE", with its hint."""
+        try:
+            yield
+        except EspCheckError as exc:
+            raise self.err(fieldname, f"{what}: {exc.message}", exc.hint) from None
+
 
 _UNKNOWN = {
     "": "is not a plan field",
@@ -225,14 +245,10 @@ _UNKNOWN = {
 
 def _plan_error(plan_path: Path, data: Mapping[str, object], exc: ValidationError) -> PlanError:
     """The first problem pydantic found, as "plan FILE: WHERE: field 'F' ..." (WHERE: a table or job)."""
-    loc, msg = problem(exc, PlanFile, _UNKNOWN)
-    hint = known_keys(PlanFile, loc) if msg in _UNKNOWN.values() else None
+    loc, msg, hint = problem(exc, PlanFile, _UNKNOWN)
     name, entry = field_path(loc[2:] if loc[0] == "job" and len(loc) > 2 else loc[1:])
     if loc[0] == "job" and len(loc) > 2:
-        job_name = entry_name(data, "job", loc[1])
-        valid = job_name is not None and NAME_RE.match(job_name) and loc[2] != "name"
-        where = f"job {job_name!r}" if valid else f"job #{int(loc[1]) + 1}"
-        return At(plan_path, where).err(name, entry + msg, hint)
+        return At.entry(plan_path, data, loc).err(name, entry + msg, hint)
     if loc[0] == "job" and len(loc) == 2:
         return At(plan_path, f"job #{int(loc[1]) + 1}").err("job", "must be a table")
     if loc[0] == "job":
@@ -275,10 +291,7 @@ def load_plan(path: str | Path, *, check_files: bool = True) -> Plan:
     """
     p = Path(path)
     data = read_toml(p, "plan", "docs/examples/plan.toml")
-    try:
-        plan = PlanFile.model_validate(data)
-    except ValidationError as exc:
-        raise _plan_error(p, data, exc) from None
+    plan = validated(PlanFile, data, lambda exc: _plan_error(p, data, exc))
     jobs: list[Job] = []
     for table in plan.job:
         job = _job(p, table, plan.defaults, {j.name for j in jobs})
@@ -393,16 +406,12 @@ def _check_job_files(path: Path, job: Job) -> None:
     """Models parse, inputs fit their model, board types exist: usage errors before any build."""
     at = At(path, f"job {job.name!r}")
     for b in job.boards:
-        try:
+        with at.wrap("boards", f"names an unknown board type {b!r}"):
             load_board(b)
-        except EspCheckError as exc:
-            raise at.err("boards", f"names an unknown board type {b!r}: {exc.message}", exc.hint) from None
     options = job.input_options or InputOptions()
     for case in job.cases:
-        try:
+        with at.wrap("models", "has an unusable model"):
             info = load_model(case.model)
-        except EspCheckError as exc:
-            raise at.err("models", f"has an unusable model: {exc.message}", exc.hint) from None
         if len(info.inputs) != 1:
             raise at.err(
                 "models", f"{case.model.name} has {len(info.inputs)} input tensors; one is supported"
@@ -410,11 +419,8 @@ def _check_job_files(path: Path, job: Job) -> None:
         if job.data is not None:
             _check_dataset(at, job, case, info, options)
         for f in case.inputs:
-            try:
+            with at.wrap("inputs", f"{f.name} does not fit {case.model.name}"):
                 load_input(f, info.inputs[0], options)
-            except EspCheckError as exc:
-                msg = f"{f.name} does not fit {case.model.name}: {exc.message}"
-                raise at.err("inputs", msg, exc.hint) from None
 
 
 def dataset_options(job: Job, case: ModelCase) -> DatasetOptions | None:
@@ -440,7 +446,5 @@ def _check_dataset(at: At, job: Job, case: ModelCase, info: ModelInfo, options: 
     field_name = "dataset" if case.dataset is not None else "random_inputs"
     data = dataset_options(job, case)
     assert data is not None  # called for dataset jobs only
-    try:
+    with at.wrap(field_name, f"does not fit {case.model.name}"):
         load_inputs(data, info.inputs[0], options)
-    except EspCheckError as exc:
-        raise at.err(field_name, f"does not fit {case.model.name}: {exc.message}", exc.hint) from None

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import serial
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from harness.chips import ROM_BAUD
 from harness.errors import UsageError
@@ -32,6 +32,7 @@ from harness.sim.chips import FLASH_SIZE_CODES, FLASH_SIZES, ChipSpec, get_chip
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader
 from harness.sim.resident import IDLE_QUIET_S, AppEnv, Piece, SimApp, keep_after_boot
+from harness.userfiles import validated
 
 RESET_STYLES = {  # the two reset styles by each name they go by
     **dict.fromkeys(("classic", "uart"), "classic"),
@@ -106,10 +107,7 @@ def parse_url(url: str) -> tuple[str, BoardConfig]:
 
 def config_from_params(params: Mapping[str, str | int | float | list[str]]) -> BoardConfig:
     """Board config from URL query parameters or a board file's ``[sim]`` table (same keys)."""
-    try:
-        p = SimParams.model_validate(params)
-    except ValidationError as exc:
-        raise sim_params_error(exc, SimParams) from None
+    p = validated(SimParams, params, functools.partial(sim_params_error, SimParams))
     chip = get_chip(p.chip)
     reset = RESET_STYLES.get(p.reset.lower())
     if reset is None:

@@ -10,6 +10,7 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Annotated
 
 import numpy as np
@@ -18,7 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from harness.errors import UsageError
 from harness.flashfmt.partitions import VARIANTS
 from harness.manifest import VARIANT_OF_NN
-from harness.userfiles import field_path, problem
+from harness.userfiles import field_path, problem, validated
 
 # faults that act on single ops (fault_op=K or K1,K2,...): in a hybrid image only where op K runs the
 # kernel of `variant_fault` (an op sent to ANSI C no longer runs the faulty optimized kernel)
@@ -114,7 +115,7 @@ def norm_variant(v: str) -> str:
     return VARIANT_OF_NN.get(v, v)
 
 
-def sim_params_error(exc: ValidationError, model: type[BaseModel]) -> UsageError:
+def sim_params_error(model: type[BaseModel], exc: ValidationError) -> UsageError:
     """A sim:// URL's or [sim] table's first bad parameter, named, as a UsageError (exit 2)."""
     unknown = [str(e["loc"][0]) for e in exc.errors() if e["type"] == "extra_forbidden"]
     if unknown:
@@ -122,18 +123,16 @@ def sim_params_error(exc: ValidationError, model: type[BaseModel]) -> UsageError
             f"unknown simulator parameter(s): {', '.join(sorted(unknown))}",
             hint=f"known: {', '.join(sorted(model.model_fields))}",
         )
-    loc, msg = problem(exc, model)
+    loc, msg, _ = problem(exc, model)
     name = field_path(loc)[0]
     return UsageError(f"simulator parameter {name} {msg}", hint="see docs/simulator.md for every parameter")
 
 
 def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSpec:
     """Build a :class:`FaultSpec` from URL query parameters or a board file's ``[sim]`` table."""
-    given = {k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in params.items()}
-    try:
-        p = FaultParams.model_validate({k: v for k, v in given.items() if k in FaultParams.model_fields})
-    except ValidationError as exc:
-        raise sim_params_error(exc, FaultParams) from None
+    fields = FaultParams.model_fields
+    given = {k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in params.items() if k in fields}
+    p = validated(FaultParams, given, partial(sim_params_error, FaultParams))
     names: set[str] = set()
     for part in (p.fault or "").replace("+", ",").split(","):
         part = part.strip().lower()

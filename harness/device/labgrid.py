@@ -389,6 +389,12 @@ class _Reservation:
                 fh.close()
 
 
+def place_key(place: str) -> str:
+    """The key of a labgrid place's lease (:class:`PlaceLease`): its board lock, which the inventory's
+    duplicate check compares with the other boards' ``lock_key``."""
+    return f"labgrid-{place}"
+
+
 class PlaceLease:
     """Exclusive use of one labgrid place: reserve (waiting visibly), acquire, tag; release.
 
@@ -399,7 +405,7 @@ class PlaceLease:
     def __init__(self, client: LabgridClient, place: str) -> None:
         self.client = client
         self.place = place
-        self.key = f"labgrid-{place}"
+        self.key = place_key(place)
         self.me = identity()
         self.token: str | None = None
         self.url: str | None = None

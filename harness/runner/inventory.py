@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints, ValidationError
 
 from harness.chips import CHIPS, ROM_BAUD
-from harness.device.labgrid import CONSOLE_TAG, TYPE_TAG, LabgridClient
+from harness.device.labgrid import CONSOLE_TAG, TYPE_TAG, LabgridClient, place_key
 from harness.device.locks import lock_key
 from harness.device.ports import PortCandidate, PortSpec, list_candidates, open_port, resolve_port
 from harness.device.reset import hard_reset_into_app
@@ -200,7 +200,7 @@ def _identity(board: BenchBoard) -> str:
     USB devices show now; a USB board not attached now is its field and value."""
     key, value = board.reach()
     if key == "place":
-        return f"labgrid-{value}"  # the key of its lease (device.labgrid.PlaceLease)
+        return place_key(value)
     if key == "port":
         return lock_key(value)
     with contextlib.suppress(PortError):  # not attached: no identity to compare but the value

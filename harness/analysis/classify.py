@@ -226,16 +226,20 @@ def _text(raw: bytes | str) -> str:
 class _Ctx:
     """The decoded capture plus which lines a finding already explains."""
 
-    def __init__(self, lines: _Lines, parsed: Capture | None, hot: Sequence[int]) -> None:
-        self.lines = lines
+    def __init__(self, raw: bytes | str, parsed: Capture | None) -> None:
+        text = _text(raw)
+        self.lines = _Lines(text.split("\n"))
         self.parsed = parsed
         # the lines that may start evidence (a superset of every detector's anchors, see _hot_lines):
         # the detectors look only at these and the lines near them
-        self.hot = hot
+        self.hot: Sequence[int] = _hot_lines(text)
         self.claimed: dict[int, str] = {}  # line index -> kind of the crash report it belongs to
         self.explained: set[int] = set()  # lines of non-crash findings (TFLM, alloc texts, watchdog dumps)
-        self.has_end = False  # an END record in the text (set by _context)
-        self.printed = True  # anything but blanks and NULs (set by _context)
+        self.has_end = _has_end(text)  # an END record in the text
+        # anything but blanks and NULs (the exact per-line rule when the quick search finds nothing)
+        self.printed = bool(_PRINTED.search(text)) or any(
+            self.lines[i].text.strip().strip("\x00") for i in range(min(len(self.lines), 100_000))
+        )
 
     def unclaimed(self) -> Iterator[tuple[int, _Line]]:
         """The hot lines (index, line) that no crash report has claimed when the loop reaches them."""
@@ -654,9 +658,6 @@ def _tflm_events(ctx: _Ctx) -> list[tuple[int, str, str]]:
     return events
 
 
-_FAMILY_ORDER = ("hybrid_model", "dynamic_tensor", "unsupported_type", "check_failed", "prepare", "invoke")
-
-
 def _detect_tflm(ctx: _Ctx) -> Found:
     """TFLM's error texts, one finding per burst, the most specific kind winning; numbers become advice."""
     bursts: list[list[tuple[int, str, str]]] = []
@@ -753,7 +754,8 @@ def _schema_advice(lines: Burst) -> Advice:
     return "model schema version mismatch", {}, "convert the model with a matching TFLite converter"
 
 
-_FAMILY_TEXT: dict[str, tuple[str, str]] = {  # family -> (what happened, what to do)
+# family -> (what happened, what to do), the most specific family first
+_FAMILY_TEXT: dict[str, tuple[str, str]] = {
     "hybrid_model": (
         "the model is a hybrid model (float activations, int8 weights), which TFLite Micro does not run",
         "convert with full integer quantization (a representative dataset; int8 inputs and outputs)",
@@ -782,7 +784,7 @@ _FAMILY_TEXT: dict[str, tuple[str, str]] = {  # family -> (what happened, what t
 def _generic_tflm_advice(burst: Burst) -> Advice:
     """The most specific family of a burst's ``tflm_error`` lines: what happened and what to do."""
     lines = [(t, f) for t, k, f in burst if k == "tflm_error"]
-    family = next((f for f in _FAMILY_ORDER if any(g == f for _, g in lines)), lines[0][1])
+    family = next((f for f in _FAMILY_TEXT if any(g == f for _, g in lines)), lines[0][1])
     text = next(t for t, g in lines if g == family)
     what, hint = _FAMILY_TEXT.get(family, _FAMILY_TEXT["prepare"])
     return f"{what}: {text.strip()[:160]}", {"family": family}, hint
@@ -1487,17 +1489,6 @@ def _has_end(text: str) -> bool:
     return any(m.end() - (text.rfind("\n", 0, m.start()) + 1) <= _LINE_CAP for m in _END.finditer(text))
 
 
-def _context(raw: bytes | str, parsed: Capture | None) -> _Ctx:
-    text = _text(raw)
-    lines = _Lines(text.split("\n"))
-    ctx = _Ctx(lines, parsed, _hot_lines(text))
-    ctx.has_end = _has_end(text)
-    ctx.printed = bool(_PRINTED.search(text)) or any(  # only NULs and blanks: the exact per-line rule
-        lines[i].text.strip().strip("\x00") for i in range(min(len(lines), 100_000))
-    )
-    return ctx
-
-
 def classify(
     raw: bytes | str,
     *,
@@ -1521,7 +1512,7 @@ def classify(
     if isinstance(records_from, Capture):  # lines that are only valid DATA records hold no evidence
         blanked = evidence_text(data, records_from)
         text = text if blanked is data else blanked
-    ctx = _context(text, records_from)
+    ctx = _Ctx(text, records_from)
     found: list[tuple[int, Finding]] = []
     for detector in DETECTORS:
         found.extend(detector.run(ctx))

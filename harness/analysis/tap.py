@@ -205,22 +205,18 @@ def describe_region(mask: np.ndarray) -> tuple[str, list[int], list[int], int]:
         return ("everywhere" if idx.size == n else f"{idx.size} of {n} elements"), [], idx.tolist()[:64], 0
     row_ax = nd - 3 if nd >= 3 else nd - 2
     col_ax = nd - 2 if nd >= 3 else nd - 1
-    other = tuple(a for a in range(nd) if a != row_ax)
-    rows = np.nonzero(mask.any(axis=other))[0].tolist()
-    other = tuple(a for a in range(nd) if a != col_ax)
-    cols = np.nonzero(mask.any(axis=other))[0].tolist()
+    rows, cols = (
+        np.nonzero(mask.any(axis=tuple(a for a in range(nd) if a != ax)))[0].tolist()
+        for ax in (row_ax, col_ax)
+    )
     chans = int(np.count_nonzero(mask.any(axis=tuple(range(nd - 1))))) if nd >= 3 else 0
     h, w = mask.shape[row_ax], mask.shape[col_ax]
     if mask.all():
         return "everywhere", rows, cols, chans
-    if rows == [h - 1] and h > 1:
-        return f"last row only (row {h - 1} of {h})", rows, cols, chans
-    if rows == [0] and h > 1:
-        return f"first row only (row 0 of {h})", rows, cols, chans
-    if cols == [w - 1] and w > 1:
-        return f"last column only (column {w - 1} of {w})", rows, cols, chans
-    if cols == [0] and w > 1:
-        return f"first column only (column 0 of {w})", rows, cols, chans
+    for hit, n, what in ((rows, h, "row"), (cols, w, "column")):
+        for k, which in ((n - 1, "last"), (0, "first")):
+            if hit == [k] and n > 1:
+                return f"{which} {what} only ({what} {k} of {n})", rows, cols, chans
     border = np.zeros(mask.shape, dtype=bool)
     for ax, k in ((row_ax, 0), (row_ax, -1), (col_ax, 0), (col_ax, -1)):
         index: list[slice | int] = [slice(None)] * nd

@@ -555,12 +555,8 @@ def _common_quant(
             f"run {run} output {a.index}: quantization differs: scale/zp {qa} ({la}) vs {qb} ({lb})",
             hint="the two runs used different models",
         )
-    q = qa or qb
-    s = q[0] if q is not None else scale
-    zp = (q[1] if q is not None else zero_point) if s is not None else None
-    if s is not None and zp is None:
-        zp = 0
-    return s, zp
+    s, zp = qa or qb or (scale, zero_point)
+    return s, (zp or 0) if s is not None else None
 
 
 def _difference(

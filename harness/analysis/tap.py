@@ -105,25 +105,20 @@ def first_divergence(a_name: str, a: Sequence[TapOp], b_name: str, b: Sequence[T
         if other is None:
             continue
         res.ops_compared += 1
-        b_in = dict(other.inputs)
-        b_out = dict(other.outputs)
+        b_in, b_out = dict(other.inputs), dict(other.outputs)
         if [t for t, _ in op.inputs] != list(b_in) or [t for t, _ in op.outputs] != list(b_out):
             res.layout_mismatch.append(op.idx)  # never counted as agreement
             continue
         found: tuple[str, int, int | None] | None = None
-        for t, crc in op.inputs:
-            if b_in.get(t, crc) != crc:
-                prod = produced.get(t)
-                if prod is not None and prod[1] != crc:
-                    found = ("clobbered_input", t, prod[0])
-                else:
-                    found = ("input", t, prod[0] if prod else None)
-                break
-        if found is None:
-            for t, crc in op.outputs:
-                if b_out.get(t, crc) != crc:
-                    found = ("output", t, None)
-                    break
+        bad_in = next(((t, crc) for t, crc in op.inputs if b_in[t] != crc), None)
+        bad_out = next((t for t, crc in op.outputs if b_out[t] != crc), None)
+        if bad_in is not None:
+            t, crc = bad_in
+            prod = produced.get(t)
+            clobbered = prod is not None and prod[1] != crc
+            found = ("clobbered_input" if clobbered else "input", t, prod[0] if prod else None)
+        elif bad_out is not None:
+            found = ("output", bad_out, None)
         for t, crc in op.outputs:
             produced[t] = (op.idx, crc)
         if found is not None:

@@ -1347,26 +1347,15 @@ def _hot_offsets(squeezed: bytes) -> list[int]:
     return found
 
 
-_HOT_RAW = ("!=", " not near ")  # TF_LITE_ENSURE_EQ / _NEAR ([[tflm]] raw patterns)
+_HOT_RAW = (b"!=", b" not near ")  # TF_LITE_ENSURE_EQ / _NEAR ([[tflm]] raw patterns)
 
 
-def _find_all(text: str, lit: str) -> list[int]:
+def _find_all(data: bytes, lit: bytes) -> list[int]:
     out: list[int] = []
-    i = text.find(lit)
+    i = data.find(lit)
     while i >= 0 and len(out) < _HOT_CAP:
         out.append(i)
-        i = text.find(lit, i + 1)
-    return out
-
-
-def _text_lines(text: str, offsets: list[int]) -> list[int]:
-    """The 0-based line of each character offset in ``text``, counted in one forward pass."""
-    out: list[int] = []
-    line, prev = 0, 0
-    for pos in sorted(offsets):
-        line += text.count("\n", prev, pos)
-        prev = pos
-        out.append(line)
+        i = data.find(lit, i + 1)
     return out
 
 
@@ -1384,8 +1373,11 @@ def _hot_lines(text: str) -> list[int]:
     """Indices of the lines (``text.split("\n")``) that hold an anchor of some detector, found in one
     pass per anchor over the squeezed text instead of line by line (a 25 MB log must be read in seconds)."""
     sq = text.lower().encode("ascii", "ignore").translate(None, _DROP)
-    found: list[Iterable[int]] = [_line_numbers(sq, _hot_offsets(sq))]
-    found.append(_text_lines(text, [i for lit in _HOT_RAW for i in _find_all(text, lit)]))  # punctuation
+    data = text.encode("utf-8", "surrogatepass")  # the punctuation of the raw patterns, line for line
+    found = [
+        _line_numbers(sq, _hot_offsets(sq)),
+        _line_numbers(data, [i for lit in _HOT_RAW for i in _find_all(data, lit)]),
+    ]
     out = sorted({int(x) for lines in found for x in lines})
     if len(out) > _HOT_CAP:
         out = out[: _HOT_CAP // 2] + out[-_HOT_CAP // 2 :]

@@ -11,9 +11,9 @@ from typing import Any, TypedDict
 
 import numpy as np
 
+from harness.analysis.dataset import PAIRS
 from harness.analysis.hybrid import NOISE_BAND, Audit, espnn_audit
 from harness.errors import EspCheckError
-from harness.flashfmt.partitions import VARIANTS
 from harness.model.modelinfo import ModelInfo
 from harness.model.reference import run_reference
 from harness.model.taps import tapped_inputs, tapped_outputs
@@ -366,7 +366,7 @@ class DumpImage(TypedDict):
 
 def divergences(run: Mapping[str, int | Divergence]) -> list[tuple[str, Divergence]]:
     """The divergences found for one input: optimized vs ANSI C, then each variant vs the host."""
-    keys = ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host")
+    keys = (f"{a}_vs_{b}" for a, b in PAIRS)
     return [(k, d) for k in keys if isinstance(d := run.get(k), Divergence)]
 
 
@@ -465,15 +465,14 @@ def analyze_captures(
     n = max((len(c.runs) for c in caps.values()), default=0)
     for i in range(n):
         row: dict[str, int | Divergence] = {"i": i}
-        streams = {v: device_taps(c.runs[i]) for v, c in caps.items() if i < len(c.runs)}
-        if "optimized" in streams and "ansi" in streams:
-            row["optimized_vs_ansi"] = first_divergence(
-                "optimized", streams["optimized"], "ansi", streams["ansi"]
-            )
+        streams: dict[str, Sequence[TapOp]] = {
+            v: device_taps(c.runs[i]) for v, c in caps.items() if i < len(c.runs)
+        }
         if host_ops is not None and i < len(host_ops):
-            for v in VARIANTS:
-                if v in streams:
-                    row[f"{v}_vs_host"] = first_divergence(v, streams[v], "host", host_ops[i])
+            streams["host"] = host_ops[i]
+        for x, y in PAIRS:  # optimized vs ANSI C, then each variant vs the host
+            if x in streams and y in streams:
+                row[f"{x}_vs_{y}"] = first_divergence(x, streams[x], y, streams[y])
         res.runs.append(row)
         for key, d in row.items():
             if isinstance(d, Divergence) and (d.missing or d.layout_mismatch):

@@ -743,8 +743,7 @@ def _check_reference_identity(source: Source, reference: Source | None) -> None:
             f"but --model is {reference.model_sha256[:12]}...",
             hint="pass the .tflite the firmware was generated from",
         )
-    for k, sha in enumerate(source.input_sha256):
-        ref_sha = reference.input_sha256[k] if k < len(reference.input_sha256) else None
+    for k, (sha, ref_sha) in enumerate(zip(source.input_sha256, reference.input_sha256, strict=False)):
         if sha and ref_sha and sha != ref_sha:
             raise IncomparableError(
                 f"{source.label} run {k} used input {sha[:12]}..., "

@@ -277,9 +277,8 @@ class Timing(TypedDict):
 
 def timing_table(per_variant: Mapping[str, Sequence[TapOp]], cpu_mhz: Mapping[str, int]) -> Timing:
     """Per op: microseconds per variant and the speedup (ansi / optimized); totals per op type."""
-    names = list(per_variant)
     by_idx: dict[int, OpTime] = {}
-    for v in names:
+    for v in per_variant:
         mhz = max(1, int(cpu_mhz.get(v, 240)))
         for o in per_variant[v]:
             row = by_idx.setdefault(o.idx, {"op": o.idx, "opcode": o.opcode, "us": {}, "speedup": None})

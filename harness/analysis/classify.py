@@ -208,8 +208,6 @@ class _Lines:
         return len(self._raw)
 
     def __getitem__(self, i: int) -> _Line:
-        if i < 0:
-            i += len(self._raw)
         ln = self._cache.get(i)
         if ln is None:
             ln = self._cache[i] = _line(self._raw[i])

@@ -796,6 +796,15 @@ _TFLM_ADVICE: dict[str, Callable[[Burst], Advice]] = {
 }
 
 
+# the protocol ERROR stage -> kind (any other stage: firmware_error)
+_STAGE_KIND = {
+    "alloc": "alloc_failure",
+    "schema": "schema_mismatch",
+    "input": "input_error",
+    "model": "model_partition",
+}
+
+
 def _detect_protocol_errors(ctx: _Ctx) -> Found:
     """The parsed capture's own ERROR records (CRC already checked by harness.protocol.capture)."""
     for rec in ctx.parsed.records if ctx.parsed is not None else []:
@@ -803,12 +812,7 @@ def _detect_protocol_errors(ctx: _Ctx) -> Found:
             continue
         stage = rec.fields.get("stage", "internal")
         msg = rec.fields.get("msg")
-        kind = {
-            "alloc": "alloc_failure",
-            "schema": "schema_mismatch",
-            "input": "input_error",
-            "model": "model_partition",
-        }.get(stage, "firmware_error")
+        kind = _STAGE_KIND.get(stage, "firmware_error")
         i = max(0, min(len(ctx.lines) - 1, rec.line - 1))
         ctx.explained.add(i)
         text = f"the firmware reported an error at stage {stage!r}{' (' + msg + ')' if msg else ''}"
@@ -1175,11 +1179,7 @@ def _detect_native_exit(ctx: _Ctx) -> Found:
 # Order matters: a detector skips lines an earlier one claimed (a stack overflow's abort line is part
 # of the overflow's report, not a second crash).
 DETECTORS: tuple[Detector, ...] = (
-    Detector(
-        "protocol_errors",
-        ("alloc_failure", "schema_mismatch", "firmware_error", "input_error"),
-        _detect_protocol_errors,
-    ),
+    Detector("protocol_errors", (*_STAGE_KIND.values(), "firmware_error"), _detect_protocol_errors),
     Detector("sanitizer", ("sanitizer",), _detect_sanitizer),
     Detector("task_watchdog", ("task_watchdog",), _detect_task_watchdog),
     Detector("stack_overflow", ("stack_overflow",), _detect_stack_overflow),

@@ -208,8 +208,6 @@ class _Lines:
         return len(self._raw)
 
     def __getitem__(self, i: int) -> _Line:
-        if i < 0:
-            i += len(self._raw)
         ln = self._cache.get(i)
         if ln is None:
             ln = self._cache[i] = _line(self._raw[i])
@@ -226,16 +224,20 @@ def _text(raw: bytes | str) -> str:
 class _Ctx:
     """The decoded capture plus which lines a finding already explains."""
 
-    def __init__(self, lines: _Lines, parsed: Capture | None, hot: Sequence[int]) -> None:
-        self.lines = lines
+    def __init__(self, raw: bytes | str, parsed: Capture | None) -> None:
+        text = _text(raw)
+        self.lines = _Lines(text.split("\n"))
         self.parsed = parsed
         # the lines that may start evidence (a superset of every detector's anchors, see _hot_lines):
         # the detectors look only at these and the lines near them
-        self.hot = hot
+        self.hot: Sequence[int] = _hot_lines(text)
         self.claimed: dict[int, str] = {}  # line index -> kind of the crash report it belongs to
         self.explained: set[int] = set()  # lines of non-crash findings (TFLM, alloc texts, watchdog dumps)
-        self.has_end = False  # an END record in the text (set by _context)
-        self.printed = True  # anything but blanks and NULs (set by _context)
+        self.has_end = _has_end(text)  # an END record in the text
+        # anything but blanks and NULs (the exact per-line rule when the quick search finds nothing)
+        self.printed = bool(_PRINTED.search(text)) or any(
+            self.lines[i].text.strip().strip("\x00") for i in range(min(len(self.lines), 100_000))
+        )
 
     def unclaimed(self) -> Iterator[tuple[int, _Line]]:
         """The hot lines (index, line) that no crash report has claimed when the loop reaches them."""
@@ -654,9 +656,6 @@ def _tflm_events(ctx: _Ctx) -> list[tuple[int, str, str]]:
     return events
 
 
-_FAMILY_ORDER = ("hybrid_model", "dynamic_tensor", "unsupported_type", "check_failed", "prepare", "invoke")
-
-
 def _detect_tflm(ctx: _Ctx) -> Found:
     """TFLM's error texts, one finding per burst, the most specific kind winning; numbers become advice."""
     bursts: list[list[tuple[int, str, str]]] = []
@@ -753,7 +752,8 @@ def _schema_advice(lines: Burst) -> Advice:
     return "model schema version mismatch", {}, "convert the model with a matching TFLite converter"
 
 
-_FAMILY_TEXT: dict[str, tuple[str, str]] = {  # family -> (what happened, what to do)
+# family -> (what happened, what to do), the most specific family first
+_FAMILY_TEXT: dict[str, tuple[str, str]] = {
     "hybrid_model": (
         "the model is a hybrid model (float activations, int8 weights), which TFLite Micro does not run",
         "convert with full integer quantization (a representative dataset; int8 inputs and outputs)",
@@ -782,7 +782,7 @@ _FAMILY_TEXT: dict[str, tuple[str, str]] = {  # family -> (what happened, what t
 def _generic_tflm_advice(burst: Burst) -> Advice:
     """The most specific family of a burst's ``tflm_error`` lines: what happened and what to do."""
     lines = [(t, f) for t, k, f in burst if k == "tflm_error"]
-    family = next((f for f in _FAMILY_ORDER if any(g == f for _, g in lines)), lines[0][1])
+    family = next((f for f in _FAMILY_TEXT if any(g == f for _, g in lines)), lines[0][1])
     text = next(t for t, g in lines if g == family)
     what, hint = _FAMILY_TEXT.get(family, _FAMILY_TEXT["prepare"])
     return f"{what}: {text.strip()[:160]}", {"family": family}, hint
@@ -796,6 +796,15 @@ _TFLM_ADVICE: dict[str, Callable[[Burst], Advice]] = {
 }
 
 
+# the protocol ERROR stage -> kind (any other stage: firmware_error)
+_STAGE_KIND = {
+    "alloc": "alloc_failure",
+    "schema": "schema_mismatch",
+    "input": "input_error",
+    "model": "model_partition",
+}
+
+
 def _detect_protocol_errors(ctx: _Ctx) -> Found:
     """The parsed capture's own ERROR records (CRC already checked by harness.protocol.capture)."""
     for rec in ctx.parsed.records if ctx.parsed is not None else []:
@@ -803,12 +812,7 @@ def _detect_protocol_errors(ctx: _Ctx) -> Found:
             continue
         stage = rec.fields.get("stage", "internal")
         msg = rec.fields.get("msg")
-        kind = {
-            "alloc": "alloc_failure",
-            "schema": "schema_mismatch",
-            "input": "input_error",
-            "model": "model_partition",
-        }.get(stage, "firmware_error")
+        kind = _STAGE_KIND.get(stage, "firmware_error")
         i = max(0, min(len(ctx.lines) - 1, rec.line - 1))
         ctx.explained.add(i)
         text = f"the firmware reported an error at stage {stage!r}{' (' + msg + ')' if msg else ''}"
@@ -1175,11 +1179,7 @@ def _detect_native_exit(ctx: _Ctx) -> Found:
 # Order matters: a detector skips lines an earlier one claimed (a stack overflow's abort line is part
 # of the overflow's report, not a second crash).
 DETECTORS: tuple[Detector, ...] = (
-    Detector(
-        "protocol_errors",
-        ("alloc_failure", "schema_mismatch", "firmware_error", "input_error"),
-        _detect_protocol_errors,
-    ),
+    Detector("protocol_errors", (*_STAGE_KIND.values(), "firmware_error"), _detect_protocol_errors),
     Detector("sanitizer", ("sanitizer",), _detect_sanitizer),
     Detector("task_watchdog", ("task_watchdog",), _detect_task_watchdog),
     Detector("stack_overflow", ("stack_overflow",), _detect_stack_overflow),
@@ -1345,26 +1345,15 @@ def _hot_offsets(squeezed: bytes) -> list[int]:
     return found
 
 
-_HOT_RAW = ("!=", " not near ")  # TF_LITE_ENSURE_EQ / _NEAR ([[tflm]] raw patterns)
+_HOT_RAW = (b"!=", b" not near ")  # TF_LITE_ENSURE_EQ / _NEAR ([[tflm]] raw patterns)
 
 
-def _find_all(text: str, lit: str) -> list[int]:
+def _find_all(data: bytes, lit: bytes) -> list[int]:
     out: list[int] = []
-    i = text.find(lit)
+    i = data.find(lit)
     while i >= 0 and len(out) < _HOT_CAP:
         out.append(i)
-        i = text.find(lit, i + 1)
-    return out
-
-
-def _text_lines(text: str, offsets: list[int]) -> list[int]:
-    """The 0-based line of each character offset in ``text``, counted in one forward pass."""
-    out: list[int] = []
-    line, prev = 0, 0
-    for pos in sorted(offsets):
-        line += text.count("\n", prev, pos)
-        prev = pos
-        out.append(line)
+        i = data.find(lit, i + 1)
     return out
 
 
@@ -1382,8 +1371,11 @@ def _hot_lines(text: str) -> list[int]:
     """Indices of the lines (``text.split("\n")``) that hold an anchor of some detector, found in one
     pass per anchor over the squeezed text instead of line by line (a 25 MB log must be read in seconds)."""
     sq = text.lower().encode("ascii", "ignore").translate(None, _DROP)
-    found: list[Iterable[int]] = [_line_numbers(sq, _hot_offsets(sq))]
-    found.append(_text_lines(text, [i for lit in _HOT_RAW for i in _find_all(text, lit)]))  # punctuation
+    data = text.encode("utf-8", "surrogatepass")  # the punctuation of the raw patterns, line for line
+    found = [
+        _line_numbers(sq, _hot_offsets(sq)),
+        _line_numbers(data, [i for lit in _HOT_RAW for i in _find_all(data, lit)]),
+    ]
     out = sorted({int(x) for lines in found for x in lines})
     if len(out) > _HOT_CAP:
         out = out[: _HOT_CAP // 2] + out[-_HOT_CAP // 2 :]
@@ -1487,17 +1479,6 @@ def _has_end(text: str) -> bool:
     return any(m.end() - (text.rfind("\n", 0, m.start()) + 1) <= _LINE_CAP for m in _END.finditer(text))
 
 
-def _context(raw: bytes | str, parsed: Capture | None) -> _Ctx:
-    text = _text(raw)
-    lines = _Lines(text.split("\n"))
-    ctx = _Ctx(lines, parsed, _hot_lines(text))
-    ctx.has_end = _has_end(text)
-    ctx.printed = bool(_PRINTED.search(text)) or any(  # only NULs and blanks: the exact per-line rule
-        lines[i].text.strip().strip("\x00") for i in range(min(len(lines), 100_000))
-    )
-    return ctx
-
-
 def classify(
     raw: bytes | str,
     *,
@@ -1521,7 +1502,7 @@ def classify(
     if isinstance(records_from, Capture):  # lines that are only valid DATA records hold no evidence
         blanked = evidence_text(data, records_from)
         text = text if blanked is data else blanked
-    ctx = _context(text, records_from)
+    ctx = _Ctx(text, records_from)
     found: list[tuple[int, Finding]] = []
     for detector in DETECTORS:
         found.extend(detector.run(ctx))

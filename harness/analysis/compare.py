@@ -216,29 +216,34 @@ class CompareResult:
 
 
 def source_from_capture(
-    cap: Capture, label: str, path: str | None = None, raw: bytes | None = None
+    cap: Capture, label: str, path: str | None = None, raw: bytes | None = None, crashes: Sequence[Fault] = ()
 ) -> Source:
-    """A Source from a parsed protocol capture; refuses (CaptureError, exit 3) an invalid one."""
-    cap.require_valid(path or label)
-    runs = [
-        [_typed_tensor(t.o, t.data, t.dtype, t.scale or None, t.zero_point, t.name) for t in run.outputs]
-        for run in cap.runs
-    ]
-    faults = [Fault(label, e.stage, e.code, e.i, e.msg) for e in cap.errors]
+    """A Source from a parsed protocol capture; refuses (CaptureError, exit 3) an invalid one, unless the
+    log's text shows a crash (``crashes``): then a Source without runs, its faults the finding."""
+    complete = cap.valid or not crashes
+    if complete:
+        cap.require_valid(path or label)
+    runs = cap.runs if complete else []
+    warnings = (
+        list(cap.warnings) if complete else [f"{label}: the firmware crashed before its records completed"]
+    )
     return Source(
         label=label,
         kind="protocol",
-        runs=runs,
+        runs=[
+            [_typed_tensor(t.o, t.data, t.dtype, t.scale or None, t.zero_point, t.name) for t in run.outputs]
+            for run in runs
+        ],
         path=path,
         nn_mode=cap.nn_mode,
         model_sha256=cap.model_sha256,
-        input_sha256=[r.input_sha256 for r in cap.runs],
+        input_sha256=[r.input_sha256 for r in runs],
         simulated=cap.simulated,
         info=dict(cap.info),
-        faults=faults,
-        warnings=list(cap.warnings),
+        faults=[Fault(label, e.stage, e.code, e.i, e.msg) for e in cap.errors] + list(crashes),
+        warnings=warnings,
         raw_log=raw,
-        invoke_us=[r.invoke_us for r in cap.runs],
+        invoke_us=[r.invoke_us for r in runs],
     )
 
 
@@ -375,15 +380,7 @@ def _source_from_log(data: bytes, label: str, path: Path) -> Source:
     cap = parse_capture(data) if MARKER in data else None
     crashes = _firmware_faults(data, cap, label)
     if cap is not None:
-        if cap.valid or not crashes:
-            src = source_from_capture(cap, label, str(path), data)  # an invalid one without crash: exit 3
-            src.faults += crashes
-            return src
-        faults = [Fault(label, e.stage, e.code, e.i, e.msg) for e in cap.errors] + crashes
-        return Source(label, "protocol", [], path=str(path), nn_mode=cap.nn_mode,
-                      model_sha256=cap.model_sha256, simulated=cap.simulated, info=dict(cap.info),
-                      faults=faults, raw_log=data,
-                      warnings=[f"{label}: the firmware crashed before its records completed"])  # fmt: skip
+        return source_from_capture(cap, label, str(path), data, crashes)
     values = parse_legacy_log(data)
     if not values and not crashes and looks_like_device_output(data):
         raise CaptureError(
@@ -558,12 +555,8 @@ def _common_quant(
             f"run {run} output {a.index}: quantization differs: scale/zp {qa} ({la}) vs {qb} ({lb})",
             hint="the two runs used different models",
         )
-    q = qa or qb
-    s = q[0] if q is not None else scale
-    zp = (q[1] if q is not None else zero_point) if s is not None else None
-    if s is not None and zp is None:
-        zp = 0
-    return s, zp
+    s, zp = qa or qb or (scale, zero_point)
+    return s, (zp or 0) if s is not None else None
 
 
 def _difference(
@@ -750,8 +743,7 @@ def _check_reference_identity(source: Source, reference: Source | None) -> None:
             f"but --model is {reference.model_sha256[:12]}...",
             hint="pass the .tflite the firmware was generated from",
         )
-    for k, sha in enumerate(source.input_sha256):
-        ref_sha = reference.input_sha256[k] if k < len(reference.input_sha256) else None
+    for k, (sha, ref_sha) in enumerate(zip(source.input_sha256, reference.input_sha256, strict=False)):
         if sha and ref_sha and sha != ref_sha:
             raise IncomparableError(
                 f"{source.label} run {k} used input {sha[:12]}..., "

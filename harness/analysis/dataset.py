@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -202,7 +202,7 @@ def _infer(here: Mapping[str, Leg]) -> dict[str, Leg]:
                 break
             data.append(src)
         if len(data) == len(leg.crcs):
-            out[name] = Leg(leg.status, leg.crcs, data, leg.nondeterministic, leg.invoke_us, leg.detail)
+            out[name] = replace(leg, data=data)
     return out
 
 
@@ -283,15 +283,14 @@ def _verdict(
 ) -> tuple[Verdict, str]:
     """Findings first (a failed invoke, a non-deterministic input, a difference that was measured), then
     what is unknown: a finding stays a finding when another leg of the same input is missing."""
-    devices = [(v, legs[v]) for v in VARIANTS if v in legs]
-    missing = [f"{v}: {leg.status} {leg.detail}".strip() for v, leg in devices if not leg.ok] + why
+    devices = {v: legs[v] for v in VARIANTS if v in legs}
+    said = {v: f"{v}: {leg.status} {leg.detail}".strip() for v, leg in devices.items() if not leg.ok}
+    missing = [*said.values(), *why]
     unknown = f" (also: {'; '.join(missing)})" if missing else ""
-    failed = [
-        f"{v}: {leg.status} {leg.detail}".strip() for v, leg in devices if leg.status == "invoke_failed"
-    ]
+    failed = [said[v] for v in said if devices[v].status == "invoke_failed"]
     if failed:
         return Verdict.DEVICE_ERROR, "; ".join(failed)
-    nondet = [v for v, leg in devices if leg.ok and leg.nondeterministic]
+    nondet = [v for v, leg in devices.items() if leg.ok and leg.nondeterministic]
     if nondet:
         return Verdict.NONDETERMINISTIC, "; ".join(
             f"{v}: {legs[v].detail or 'the same input gave different outputs across repeats'}" for v in nondet

@@ -66,7 +66,6 @@ def _timeline(tap: TapResult | None) -> View | None:
     if n == 0:
         return None
     cell, left, top = max(4, min(14, 900 // n)), 150, 18
-    height = top + len(found) * (cell + 6) + 24
     rows = []
     for j, (k, d) in enumerate(found):
         bad = set(d.differing_ops)
@@ -80,14 +79,13 @@ def _timeline(tap: TapResult | None) -> View | None:
             for idx in range(n)
         ]
         rows.append({"y": top + j * (cell + 6), "label": k.replace("_", " "), "cells": cells})
-    ticks = [(left + idx * cell, idx) for idx in range(0, n, 10)]
     return {
         "width": left + n * cell + 10,
-        "height": height,
+        "height": top + len(found) * (cell + 6) + 24,
         "cell": cell,
         "left": left,
         "rows": rows,
-        "ticks": ticks,
+        "ticks": [(left + idx * cell, idx) for idx in range(0, n, 10)],
     }
 
 
@@ -120,10 +118,9 @@ def _bars(timing: Timing | None) -> View | None:
         label = f"{r['op']} {r['opcode']}"
         rows.append({"y": 20 + k * (2 * bar + 3), "label": label, "op": r["op"], "opcode": r["opcode"],
                      "bars": bars, "speedup": r["speedup"]})  # fmt: skip
-    height = 20 + len(ops) * (2 * bar + 3) + 10
     return {
         "width": left + plot_w + 90,
-        "height": height,
+        "height": 20 + len(ops) * (2 * bar + 3) + 10,
         "bar": bar,
         "left": left,
         "plot_w": plot_w,

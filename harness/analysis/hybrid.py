@@ -419,14 +419,13 @@ def espnn_audit(
 
 def _kind_findings(rows: Sequence[AuditRow]) -> list[AuditKind]:
     out: list[AuditKind] = []
-    for kind in dict.fromkeys(r["kind"] for r in rows):
-        expected = [
-            r
-            for r in rows
-            if r["kind"] == kind and r["espnn"] and r["speedup"] is not None and not r["no_verdict"]
-        ]
+    by_kind: dict[str, list[AuditRow]] = {}
+    for row in rows:
+        by_kind.setdefault(row["kind"], []).append(row)
+    for kind, group in by_kind.items():
+        expected = [r for r in group if r["espnn"] and r["speedup"] is not None and not r["no_verdict"]]
         at_ansi = [r for r in expected if r["flag"] == "ansi_speed"]
-        slower = [r for r in rows if r["kind"] == kind and r["flag"] == "slower"]
+        slower = [r for r in group if r["flag"] == "slower"]
         if expected and len(at_ansi) == len(expected):
             out.append(
                 {

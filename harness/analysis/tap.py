@@ -11,9 +11,9 @@ from typing import Any, TypedDict
 
 import numpy as np
 
+from harness.analysis.dataset import PAIRS
 from harness.analysis.hybrid import NOISE_BAND, Audit, espnn_audit
 from harness.errors import EspCheckError
-from harness.flashfmt.partitions import VARIANTS
 from harness.model.modelinfo import ModelInfo
 from harness.model.reference import run_reference
 from harness.model.taps import tapped_inputs, tapped_outputs
@@ -105,25 +105,20 @@ def first_divergence(a_name: str, a: Sequence[TapOp], b_name: str, b: Sequence[T
         if other is None:
             continue
         res.ops_compared += 1
-        b_in = dict(other.inputs)
-        b_out = dict(other.outputs)
+        b_in, b_out = dict(other.inputs), dict(other.outputs)
         if [t for t, _ in op.inputs] != list(b_in) or [t for t, _ in op.outputs] != list(b_out):
             res.layout_mismatch.append(op.idx)  # never counted as agreement
             continue
         found: tuple[str, int, int | None] | None = None
-        for t, crc in op.inputs:
-            if b_in.get(t, crc) != crc:
-                prod = produced.get(t)
-                if prod is not None and prod[1] != crc:
-                    found = ("clobbered_input", t, prod[0])
-                else:
-                    found = ("input", t, prod[0] if prod else None)
-                break
-        if found is None:
-            for t, crc in op.outputs:
-                if b_out.get(t, crc) != crc:
-                    found = ("output", t, None)
-                    break
+        bad_in = next(((t, crc) for t, crc in op.inputs if b_in[t] != crc), None)
+        bad_out = next((t for t, crc in op.outputs if b_out[t] != crc), None)
+        if bad_in is not None:
+            t, crc = bad_in
+            prod = produced.get(t)
+            clobbered = prod is not None and prod[1] != crc
+            found = ("clobbered_input" if clobbered else "input", t, prod[0] if prod else None)
+        elif bad_out is not None:
+            found = ("output", bad_out, None)
         for t, crc in op.outputs:
             produced[t] = (op.idx, crc)
         if found is not None:
@@ -205,22 +200,18 @@ def describe_region(mask: np.ndarray) -> tuple[str, list[int], list[int], int]:
         return ("everywhere" if idx.size == n else f"{idx.size} of {n} elements"), [], idx.tolist()[:64], 0
     row_ax = nd - 3 if nd >= 3 else nd - 2
     col_ax = nd - 2 if nd >= 3 else nd - 1
-    other = tuple(a for a in range(nd) if a != row_ax)
-    rows = np.nonzero(mask.any(axis=other))[0].tolist()
-    other = tuple(a for a in range(nd) if a != col_ax)
-    cols = np.nonzero(mask.any(axis=other))[0].tolist()
+    rows, cols = (
+        np.nonzero(mask.any(axis=tuple(a for a in range(nd) if a != ax)))[0].tolist()
+        for ax in (row_ax, col_ax)
+    )
     chans = int(np.count_nonzero(mask.any(axis=tuple(range(nd - 1))))) if nd >= 3 else 0
     h, w = mask.shape[row_ax], mask.shape[col_ax]
     if mask.all():
         return "everywhere", rows, cols, chans
-    if rows == [h - 1] and h > 1:
-        return f"last row only (row {h - 1} of {h})", rows, cols, chans
-    if rows == [0] and h > 1:
-        return f"first row only (row 0 of {h})", rows, cols, chans
-    if cols == [w - 1] and w > 1:
-        return f"last column only (column {w - 1} of {w})", rows, cols, chans
-    if cols == [0] and w > 1:
-        return f"first column only (column 0 of {w})", rows, cols, chans
+    for hit, n, what in ((rows, h, "row"), (cols, w, "column")):
+        for k, which in ((n - 1, "last"), (0, "first")):
+            if hit == [k] and n > 1:
+                return f"{which} {what} only ({what} {k} of {n})", rows, cols, chans
     border = np.zeros(mask.shape, dtype=bool)
     for ax, k in ((row_ax, 0), (row_ax, -1), (col_ax, 0), (col_ax, -1)):
         index: list[slice | int] = [slice(None)] * nd
@@ -286,9 +277,8 @@ class Timing(TypedDict):
 
 def timing_table(per_variant: Mapping[str, Sequence[TapOp]], cpu_mhz: Mapping[str, int]) -> Timing:
     """Per op: microseconds per variant and the speedup (ansi / optimized); totals per op type."""
-    names = list(per_variant)
     by_idx: dict[int, OpTime] = {}
-    for v in names:
+    for v in per_variant:
         mhz = max(1, int(cpu_mhz.get(v, 240)))
         for o in per_variant[v]:
             row = by_idx.setdefault(o.idx, {"op": o.idx, "opcode": o.opcode, "us": {}, "speedup": None})
@@ -375,7 +365,7 @@ class DumpImage(TypedDict):
 
 def divergences(run: Mapping[str, int | Divergence]) -> list[tuple[str, Divergence]]:
     """The divergences found for one input: optimized vs ANSI C, then each variant vs the host."""
-    keys = ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host")
+    keys = (f"{a}_vs_{b}" for a, b in PAIRS)
     return [(k, d) for k in keys if isinstance(d := run.get(k), Divergence)]
 
 
@@ -474,15 +464,14 @@ def analyze_captures(
     n = max((len(c.runs) for c in caps.values()), default=0)
     for i in range(n):
         row: dict[str, int | Divergence] = {"i": i}
-        streams = {v: device_taps(c.runs[i]) for v, c in caps.items() if i < len(c.runs)}
-        if "optimized" in streams and "ansi" in streams:
-            row["optimized_vs_ansi"] = first_divergence(
-                "optimized", streams["optimized"], "ansi", streams["ansi"]
-            )
+        streams: dict[str, Sequence[TapOp]] = {
+            v: device_taps(c.runs[i]) for v, c in caps.items() if i < len(c.runs)
+        }
         if host_ops is not None and i < len(host_ops):
-            for v in VARIANTS:
-                if v in streams:
-                    row[f"{v}_vs_host"] = first_divergence(v, streams[v], "host", host_ops[i])
+            streams["host"] = host_ops[i]
+        for x, y in PAIRS:  # optimized vs ANSI C, then each variant vs the host
+            if x in streams and y in streams:
+                row[f"{x}_vs_{y}"] = first_divergence(x, streams[x], y, streams[y])
         res.runs.append(row)
         for key, d in row.items():
             if isinstance(d, Divergence) and (d.missing or d.layout_mismatch):

@@ -333,16 +333,9 @@ def _build_idf(job: _BuildJob, idf_py: str | Path | None) -> tuple[dict[str, Pat
     check_build_paths(project, None)
     build = project / "build"
     job.run("idf.py build", [exe, "-C", str(project), "-B", str(build), f"-DIDF_TARGET={job.chip}", "build"])
-    files: dict[str, Path] = {
-        "bootloader": build / "bootloader" / "bootloader.bin",
-        "partition-table": build / "partition_table" / "partition-table.bin",
-        "otadata": build / "ota_data_initial.bin",
-        "app": build / f"{APP_NAME}.bin",
-        "elf": build / f"{APP_NAME}.elf",
-        "sdkconfig_json": build / "config" / "sdkconfig.json",
-        "prefix_map": build / "gdbinit" / "prefix_map",
-        "sdkconfig": project / "sdkconfig",
-    }
+    # ESP-IDF's build directory is what the export copies (LAYOUT), but for otadata at its top
+    files = {role: build / rel for role, rel in LAYOUT.items() if role not in ("otadata", "model")}
+    files |= {"otadata": build / "ota_data_initial.bin", "sdkconfig": project / "sdkconfig"}
     # ESP-IDF's own flasher_args.json names the app file; prefer it when present.
     with contextlib.suppress(OSError, ValueError, AttributeError):
         idf_args = json.loads((build / FLASHER_ARGS).read_text(encoding="utf-8"))
@@ -386,7 +379,7 @@ def _sim_sdkconfig_json(job: _BuildJob, out: Path) -> Path:
     doc = sdkconfig_json(text)
     doc["IDF_TARGET"] = job.chip
     doc[f"IDF_TARGET_{job.chip.upper()}"] = True
-    doc[f"IDF_TARGET_ARCH_{'RISCV' if CHIPS[job.chip].arch == 'riscv' else 'XTENSA'}"] = True
+    doc[f"IDF_TARGET_ARCH_{CHIPS[job.chip].arch.upper()}"] = True
     chosen = (k.split("_")[-1] for k, v in doc.items() if k.startswith("ESPTOOLPY_FLASHSIZE_") and v is True)
     size = next(chosen, job.board_def.get("flash_size"))
     if size:

@@ -53,24 +53,16 @@ from harness.protocol.app_image import APP_NAME, slot_sha256
 from harness.resources import atomic_write
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
-# layout, the ELF and config/sdkconfig.json are cached
-CACHE_FORMAT = 4  # 4: the model image is data (never cached, not in the key); apps go to their OTA slot
+# layout, the ELF and config/sdkconfig.json are cached; 4: the model image is data (never cached, not in
+# the key), apps go to their OTA slot
+CACHE_FORMAT = 5  # 5: a cache entry names its files as the build directory does (LAYOUT's file names)
 BUILD_SUBDIR = f"{DATA_DIR}/build"
 LOG_NAME = "build.log"
 FLASHER_ARGS = "flasher_args.json"
 FLASH_ARGS = "flash_args"  # the same as esptool's @file argument list (ESP-IDF writes one too)
-# Names of a build's files inside a cache entry (flat; the model image is data, never cached) ...
-_CACHE_NAMES = {
-    "bootloader": "bootloader.bin",
-    "partition-table": "partition-table.bin",
-    "otadata": "ota_data_initial.bin",
-    "app": "app.bin",
-    "elf": "app.elf",
-    "sdkconfig_json": "sdkconfig.json",
-    "prefix_map": "prefix_map.gdbinit",
-}
-# ... and in the exported build directory, which follows ESP-IDF's layout (docs/firmware.md "esp-check
-# build": exactly one .bin at the top, the app, since pytest-embedded-idf takes the first it lists)
+# A build's files in the exported build directory, which follows ESP-IDF's layout (docs/firmware.md
+# "esp-check build": exactly one .bin at the top, the app, since pytest-embedded-idf takes the first it
+# lists); a cache entry holds them flat, by their file names (the model image is data, never cached)
 LAYOUT = {
     "bootloader": "bootloader/bootloader.bin",
     "partition-table": "partition_table/partition-table.bin",
@@ -450,7 +442,7 @@ def _note_cache_hit(log: Path, on_output: OutputCallback | None, key: str, root:
 def _cached_files(entry: CacheEntry, project: Path) -> dict[str, Path]:
     """A cache hit's files by role; the model image is data, not a build product: always the project's."""
     stored = [*entry.meta["offsets"], *entry.meta.get("extras", [])]
-    files = {role: entry.path / _CACHE_NAMES[role] for role in stored if role != "model"}
+    files = {role: entry.path / Path(LAYOUT[role]).name for role in stored if role != "model"}
     if "model" in entry.meta["offsets"]:
         files["model"] = project / MODEL_IMAGE
     return files
@@ -724,7 +716,7 @@ def build_project(
             files = _cached_files(entry, job.project)
             return _finish(job, files, _app_slot_kept(cache, entry, files, job.chip).meta, hit=True)
         files, meta = run_build()
-        products = {_CACHE_NAMES[role]: path for role, path in files.items() if role != "model"}
+        products = {Path(LAYOUT[role]).name: path for role, path in files.items() if role != "model"}
         cache.put(job.key, products, meta)
         return _finish(job, files, meta, hit=False)
 

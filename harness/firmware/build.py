@@ -697,27 +697,23 @@ def build_project(
     if chosen == "native":
         return _build_native(job, native or NativeOptions(), cache)
 
-    def run_build() -> tuple[dict[str, Path], BuildMeta]:
-        sdk: dict[str, str] = {}
-        if chosen == "pio":
-            files, sdk = _build_pio(job, pio=pio, platformio_core_dir=platformio_core_dir)
-        elif chosen == "idf":
-            files, sdk = _build_idf(job, idf_py=idf_py)
-        else:
-            files = _build_sim(job)
-        return _build_meta(job, files, sdk)
-
-    if cache is None:
-        return _finish(job, *run_build(), hit=False)
-    with cache.lock(job.key):
-        entry = cache.get(job.key)
-        if entry is not None:
+    with cache.lock(job.key) if cache is not None else contextlib.nullcontext():
+        entry = cache.get(job.key) if cache is not None else None
+        if cache is not None and entry is not None:
             _note_cache_hit(log, on_output, job.key, cache.root, "builder")
             files = _cached_files(entry, job.project)
             return _finish(job, files, _app_slot_kept(cache, entry, files, job.chip).meta, hit=True)
-        files, meta = run_build()
-        products = {Path(LAYOUT[role]).name: path for role, path in files.items() if role != "model"}
-        cache.put(job.key, products, meta)
+        sdk: dict[str, str] = {}
+        if chosen == "pio":
+            built, sdk = _build_pio(job, pio=pio, platformio_core_dir=platformio_core_dir)
+        elif chosen == "idf":
+            built, sdk = _build_idf(job, idf_py=idf_py)
+        else:
+            built = _build_sim(job)
+        files, meta = _build_meta(job, built, sdk)
+        if cache is not None:
+            products = {Path(LAYOUT[role]).name: path for role, path in files.items() if role != "model"}
+            cache.put(job.key, products, meta)
         return _finish(job, files, meta, hit=False)
 
 

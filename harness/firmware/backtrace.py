@@ -24,8 +24,8 @@ _RISCV_PREFIXES = ("riscv32-esp-elf-",)  # a chip not in harness.chips: every ne
 _GENERIC_RISCV = ("riscv64-unknown-elf-", "riscv32-unknown-elf-", "riscv64-linux-gnu-")
 _PIO_PACKAGES = ("toolchain-xtensa-esp-elf", "toolchain-xtensa-esp32", "toolchain-xtensa-esp32s2",
                  "toolchain-xtensa-esp32s3", "toolchain-riscv32-esp")  # fmt: skip
-_IDF_TOOLS = ("xtensa-esp-elf", "xtensa-esp32-elf", "xtensa-esp32s2-elf", "xtensa-esp32s3-elf",
-              "riscv32-esp-elf")  # fmt: skip
+# ESP-IDF's tool directories are named as the toolchain prefixes the chip table gives
+_IDF_TOOLS = sorted({prefix.rstrip("-") for chip in CHIPS.values() for prefix in chip.toolchain_prefixes})
 _BFD_TARGET = {"xtensa": "elf32-xtensa-le", "riscv": "elf32-littleriscv"}
 
 
@@ -119,11 +119,10 @@ def decode(elf: Path, toolchain: Toolchain, addrs: Sequence[str]) -> list[dict[s
     from esp_idf_panic_decoder import PcAddressDecoder
 
     decoder = PcAddressDecoder(toolchain.prefix, str(elf))
-    out: list[dict[str, str]] = []
-    for addr, trace in decoder.translate_addresses(" ".join(addrs)):
-        loc = trace[0]
-        out.append({"address": addr, "function": loc.func, "file": loc.path, "line": loc.line})
-    return out
+    return [
+        {"address": addr, "function": trace[0].func, "file": trace[0].path, "line": trace[0].line}
+        for addr, trace in decoder.translate_addresses(" ".join(addrs))
+    ]
 
 
 def decode_findings(

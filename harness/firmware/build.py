@@ -53,24 +53,16 @@ from harness.protocol.app_image import APP_NAME, slot_sha256
 from harness.resources import atomic_write
 
 # 2: the sim packer's bootloader carries the partition table offset; 3: ESP-IDF build directory
-# layout, the ELF and config/sdkconfig.json are cached
-CACHE_FORMAT = 4  # 4: the model image is data (never cached, not in the key); apps go to their OTA slot
+# layout, the ELF and config/sdkconfig.json are cached; 4: the model image is data (never cached, not in
+# the key), apps go to their OTA slot
+CACHE_FORMAT = 5  # 5: a cache entry names its files as the build directory does (LAYOUT's file names)
 BUILD_SUBDIR = f"{DATA_DIR}/build"
 LOG_NAME = "build.log"
 FLASHER_ARGS = "flasher_args.json"
 FLASH_ARGS = "flash_args"  # the same as esptool's @file argument list (ESP-IDF writes one too)
-# Names of a build's files inside a cache entry (flat; the model image is data, never cached) ...
-_CACHE_NAMES = {
-    "bootloader": "bootloader.bin",
-    "partition-table": "partition-table.bin",
-    "otadata": "ota_data_initial.bin",
-    "app": "app.bin",
-    "elf": "app.elf",
-    "sdkconfig_json": "sdkconfig.json",
-    "prefix_map": "prefix_map.gdbinit",
-}
-# ... and in the exported build directory, which follows ESP-IDF's layout (docs/firmware.md "esp-check
-# build": exactly one .bin at the top, the app, since pytest-embedded-idf takes the first it lists)
+# A build's files in the exported build directory, which follows ESP-IDF's layout (docs/firmware.md
+# "esp-check build": exactly one .bin at the top, the app, since pytest-embedded-idf takes the first it
+# lists); a cache entry holds them flat, by their file names (the model image is data, never cached)
 LAYOUT = {
     "bootloader": "bootloader/bootloader.bin",
     "partition-table": "partition_table/partition-table.bin",
@@ -333,16 +325,9 @@ def _build_idf(job: _BuildJob, idf_py: str | Path | None) -> tuple[dict[str, Pat
     check_build_paths(project, None)
     build = project / "build"
     job.run("idf.py build", [exe, "-C", str(project), "-B", str(build), f"-DIDF_TARGET={job.chip}", "build"])
-    files: dict[str, Path] = {
-        "bootloader": build / "bootloader" / "bootloader.bin",
-        "partition-table": build / "partition_table" / "partition-table.bin",
-        "otadata": build / "ota_data_initial.bin",
-        "app": build / f"{APP_NAME}.bin",
-        "elf": build / f"{APP_NAME}.elf",
-        "sdkconfig_json": build / "config" / "sdkconfig.json",
-        "prefix_map": build / "gdbinit" / "prefix_map",
-        "sdkconfig": project / "sdkconfig",
-    }
+    # ESP-IDF's build directory is what the export copies (LAYOUT), but for otadata at its top
+    files = {role: build / rel for role, rel in LAYOUT.items() if role not in ("otadata", "model")}
+    files |= {"otadata": build / "ota_data_initial.bin", "sdkconfig": project / "sdkconfig"}
     # ESP-IDF's own flasher_args.json names the app file; prefer it when present.
     with contextlib.suppress(OSError, ValueError, AttributeError):
         idf_args = json.loads((build / FLASHER_ARGS).read_text(encoding="utf-8"))
@@ -386,7 +371,7 @@ def _sim_sdkconfig_json(job: _BuildJob, out: Path) -> Path:
     doc = sdkconfig_json(text)
     doc["IDF_TARGET"] = job.chip
     doc[f"IDF_TARGET_{job.chip.upper()}"] = True
-    doc[f"IDF_TARGET_ARCH_{'RISCV' if CHIPS[job.chip].arch == 'riscv' else 'XTENSA'}"] = True
+    doc[f"IDF_TARGET_ARCH_{CHIPS[job.chip].arch.upper()}"] = True
     chosen = (k.split("_")[-1] for k, v in doc.items() if k.startswith("ESPTOOLPY_FLASHSIZE_") and v is True)
     size = next(chosen, job.board_def.get("flash_size"))
     if size:
@@ -457,7 +442,7 @@ def _note_cache_hit(log: Path, on_output: OutputCallback | None, key: str, root:
 def _cached_files(entry: CacheEntry, project: Path) -> dict[str, Path]:
     """A cache hit's files by role; the model image is data, not a build product: always the project's."""
     stored = [*entry.meta["offsets"], *entry.meta.get("extras", [])]
-    files = {role: entry.path / _CACHE_NAMES[role] for role in stored if role != "model"}
+    files = {role: entry.path / Path(LAYOUT[role]).name for role in stored if role != "model"}
     if "model" in entry.meta["offsets"]:
         files["model"] = project / MODEL_IMAGE
     return files
@@ -712,27 +697,23 @@ def build_project(
     if chosen == "native":
         return _build_native(job, native or NativeOptions(), cache)
 
-    def run_build() -> tuple[dict[str, Path], BuildMeta]:
-        sdk: dict[str, str] = {}
-        if chosen == "pio":
-            files, sdk = _build_pio(job, pio=pio, platformio_core_dir=platformio_core_dir)
-        elif chosen == "idf":
-            files, sdk = _build_idf(job, idf_py=idf_py)
-        else:
-            files = _build_sim(job)
-        return _build_meta(job, files, sdk)
-
-    if cache is None:
-        return _finish(job, *run_build(), hit=False)
-    with cache.lock(job.key):
-        entry = cache.get(job.key)
-        if entry is not None:
+    with cache.lock(job.key) if cache is not None else contextlib.nullcontext():
+        entry = cache.get(job.key) if cache is not None else None
+        if cache is not None and entry is not None:
             _note_cache_hit(log, on_output, job.key, cache.root, "builder")
             files = _cached_files(entry, job.project)
             return _finish(job, files, _app_slot_kept(cache, entry, files, job.chip).meta, hit=True)
-        files, meta = run_build()
-        products = {_CACHE_NAMES[role]: path for role, path in files.items() if role != "model"}
-        cache.put(job.key, products, meta)
+        sdk: dict[str, str] = {}
+        if chosen == "pio":
+            built, sdk = _build_pio(job, pio=pio, platformio_core_dir=platformio_core_dir)
+        elif chosen == "idf":
+            built, sdk = _build_idf(job, idf_py=idf_py)
+        else:
+            built = _build_sim(job)
+        files, meta = _build_meta(job, built, sdk)
+        if cache is not None:
+            products = {Path(LAYOUT[role]).name: path for role, path in files.items() if role != "model"}
+            cache.put(job.key, products, meta)
         return _finish(job, files, meta, hit=False)
 
 

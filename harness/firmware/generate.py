@@ -549,14 +549,14 @@ def _plan_arena(model_path: Path, board: Board, arena_kb: int | None, espnn_vers
         if arena_kb <= 0:
             raise GenerateError(f"--arena-kb {arena_kb} must be positive")
         _refuse_crashing_arena(model_path, arena_kb)
-        plan = ArenaPlan(arena_kb * 1024, "", "--arena-kb", None)
-    else:
-        from harness.model.arena import estimate_arena  # lazy: ~5 ms; a repeat run keeps its projects
+        return ArenaPlan(arena_kb * 1024, place_arena(arena_kb * 1024, board), "--arena-kb", None)
+    from harness.model.arena import estimate_arena  # lazy: ~5 ms; a repeat run keeps its projects
 
-        est = estimate_arena(model_path, chip=board.chip, espnn_version=espnn_version)
-        kib = -(-est.target_bytes // 1024) * 1024
-        plan = ArenaPlan(kib, "", f"estimate ({est.method})", est.target_bytes, est.espnn_formulas)
-    return dataclasses.replace(plan, mem=place_arena(plan.bytes, board))
+    est = estimate_arena(model_path, chip=board.chip, espnn_version=espnn_version)
+    kib = -(-est.target_bytes // 1024) * 1024
+    return ArenaPlan(
+        kib, place_arena(kib, board), f"estimate ({est.method})", est.target_bytes, est.espnn_formulas
+    )
 
 
 def _layout_context(layout: FlashLayout) -> dict[str, object]:

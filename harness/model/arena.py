@@ -397,7 +397,6 @@ def estimate_arena(
         except ReferenceRefusedError:  # a kernel check aborts on zeros; the model loads: estimate
             failure = "TFLM's reference kernels refuse all-zero inputs, so the arena was not measured; "
     if measured is not None:
-        host = measured.total
         confirmed = "confirmed by a run at exactly" if measured.verified else "NOT confirmed at"
         note = (
             f"host TFLM recording allocator (64-bit, reference kernels), {confirmed} that size; target adds "
@@ -405,25 +404,25 @@ def estimate_arena(
             "the device's arena_used_bytes() is authoritative"
         )
     else:
-        host = rough_host_bytes(info)
         note = (
             failure
             + "ROUGH estimate from tensor lifetimes"
             + ("" if failure else " (tflite-micro not installed here, Linux x86-64 only)")
             + "; expect +/-25%; the device's arena_used_bytes() is authoritative"
         )
-    margin = int(host * MARGIN_FRACTION) + MARGIN_FIXED
+    m = measured or ArenaMeasurement(rough_host_bytes(info), None, None, False, "")  # rough: no details
+    margin = int(m.total * MARGIN_FRACTION) + MARGIN_FIXED
     return ArenaEstimate(
-        host_bytes=host,
-        target_bytes=_ceil(host + scratch + margin, 1024),
+        host_bytes=m.total,
+        target_bytes=_ceil(m.total + scratch + margin, 1024),
         method="rough" if measured is None else "measured",
         espnn_scratch_bytes=scratch,
         margin_bytes=margin,
         chip=chip,
-        head_bytes=None if measured is None else measured.head,
-        tail_bytes=None if measured is None else measured.tail,
-        verified=measured is not None and measured.verified,
-        backend_version="" if measured is None else measured.backend_version,
+        head_bytes=m.head,
+        tail_bytes=m.tail,
+        verified=m.verified,
+        backend_version=m.backend_version,
         espnn_version=formulas.espnn_version,
         espnn_formulas=formulas.note,
         note=note,

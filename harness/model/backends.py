@@ -298,10 +298,8 @@ def get_backend(name: str = "tflm") -> ReferenceBackend:
     says so when the interpreter is needed, not a silent switch to litert."""
     if name == "auto":
         return TflmBackend() if tflm_installed() else LiteRtBackend()
-    if name == "tflm":
-        return TflmBackend()
-    if name == "litert":
-        return LiteRtBackend()
+    if name in BACKENDS:
+        return {"tflm": TflmBackend, "litert": LiteRtBackend}[name]()
     raise InputDataError(f"unknown reference backend {name!r}", hint=f"use one of {BACKENDS}")
 
 

@@ -184,7 +184,6 @@ def download_components(
     target: str,
     run: Runner,
     env: Mapping[str, str] | None = None,
-    names: Sequence[str] = tuple(FIRMWARE_COMPONENTS),
 ) -> list[ComponentSource]:
     """Download the dependencies of ``manifest`` (a ``main/idf_component.yml``) with the component
     manager into ``cache_root/downloads/<hash>/`` (once per manifest + IDF version + target).
@@ -215,7 +214,7 @@ def download_components(
             if rc != 0:
                 raise _download_failed(rc, tail)
             done.write_text("ok\n", encoding="utf-8")
-    comps = find_components(project / "managed_components", names)
+    comps = find_components(project / "managed_components")
     return [replace(c, origin="component-manager", lock=project / "dependencies.lock") for c in comps]
 
 

@@ -368,7 +368,7 @@ class DeviceLoop:
         p = f.payload
         if len(p) < frames.RUN_FIXED:
             return None
-        ident, source, results, text, keep, repeat, n_expect, seed = struct.unpack_from("<IBBBBHHQ", p)
+        ident, source, results, text, keep, repeat, n_expect, seed = frames.RUN_HEAD.unpack_from(p)
         if len(p) != frames.RUN_FIXED + 4 * n_expect or n_expect not in (0, len(self.cfg.outputs)):
             return None
         text, now = text & 1, text >> 1  # byte 6: bit 0 text, bit 1 send the result at once
@@ -415,7 +415,7 @@ class DeviceLoop:
             self._run_binary(r, data)
 
     def _not_run(self, ident: int, status: int) -> None:
-        rec = struct.pack("<BIII", status << 4, ident, 0, 0)
+        rec = frames.REC_HEAD.pack(status << 4, ident, 0, 0)
         self.run_busy_us = 0
         self._emit_record(bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), frames.REC_FIXED, full=False)
 
@@ -475,7 +475,7 @@ class DeviceLoop:
             done += 1
         if r.repeat > 1:
             flags |= frames.FL_REPEATS
-        rec = bytearray(struct.pack("<BIII", flags | status << 4, r.ident, first_us & 0xFFFFFFFF, input_crc))
+        rec = bytearray(frames.REC_HEAD.pack(flags | status << 4, r.ident, first_us & 0xFFFFFFFF, input_crc))
         if flags & frames.FL_REPEATS:
             rec += struct.pack("<HH", done, first_diff)
         crc_at = len(rec)

@@ -99,7 +99,6 @@ class _Config(ctypes.Structure):
 def load_library() -> ctypes.CDLL:
     """The compiled portable C (built once per source hash), with the emitter's, the frame and the loop
     signatures set: one handle for the caller to own (a loop and its emitter share it)."""
-    lib = load_c_library()
     vp, cp, sz, cint = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int
     u8, u32, dec = ctypes.c_uint8, ctypes.c_uint32, ctypes.POINTER(_Decoder)
     sigs: dict[str, tuple[Any, list[Any]]] = {
@@ -116,10 +115,7 @@ def load_library() -> ctypes.CDLL:
         "ecl_idle": (cint, [vp]),
         "ecl_error": (None, [vp, u32, u8, ctypes.c_int32, cp]),
     }
-    for name, (restype, argtypes) in sigs.items():
-        fn = getattr(lib, name)
-        fn.restype = restype
-        fn.argtypes = argtypes
+    lib = load_c_library(more=sigs)
     if lib.ecf_decoder_sizeof() != ctypes.sizeof(_Decoder):
         raise RuntimeError("ecf_decoder_t layout differs from harness.protocol.native's mirror")
     return lib

@@ -478,10 +478,12 @@ def _c_tap_array(ts: Sequence[TapTensor]) -> ctypes.Array[_CTapTensor]:
     return arr
 
 
-def load_c_library(path: Path | None = None) -> ctypes.CDLL:
+def load_c_library(
+    path: Path | None = None, more: dict[str, tuple[object, list[object]]] | None = None
+) -> ctypes.CDLL:
     """The library :func:`build_c_library` made (``path``, else the default build), loaded with the
-    emitter's signatures: one handle for its caller to own and pass to each :class:`CEmitter`
-    (harness.protocol.native adds the loop's)."""
+    emitter's signatures and ``more`` (harness.protocol.native's, the loop's): one handle for its caller to
+    own and pass to each :class:`CEmitter`."""
     lib = ctypes.CDLL(str(path or build_c_library()))
     vp, cp, sz, cint = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int
     i32, i64, u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
@@ -505,7 +507,7 @@ def load_c_library(path: Path | None = None) -> ctypes.CDLL:
         "ecp_op_end": (cint, [vp, cint, u64, u64, u64]),
         "ecp_op_dump": (cint, [vp, cint, cint, cint, cp, cp, dims, cint, ctypes.c_float, i32, cp, sz]),
     }
-    for name, (restype, argtypes) in sigs.items():
+    for name, (restype, argtypes) in {**sigs, **(more or {})}.items():
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes

@@ -41,8 +41,10 @@ TYPE_NAMES = {
 
 SRC_LOADED, SRC_PRNG, SRC_KEPT = 0, 1, 2
 RES_CRC, RES_FULL, RES_FULL_IF_DIFFERENT = 0, 1, 2
-RUN_FIXED = 20
-REC_FIXED = 13  # u8 head, u32 id, u32 invoke_us, u32 input CRC-32; 9 when the head says HEAD_NEXT_ID
+RUN_HEAD = struct.Struct("<IBBBBHHQ")  # RUN: id, source, results, flags, keep, repeat, expected CRCs, seed
+RUN_FIXED = RUN_HEAD.size
+REC_HEAD = struct.Struct("<BIII")  # head, id, invoke_us, input CRC-32; without the id when HEAD_NEXT_ID
+REC_FIXED = REC_HEAD.size
 HEAD_NEXT_ID = 0x40  # the record's id is the previous record's (in the same RESULT payload) + 1: not sent
 ST_OK, ST_INVOKE_FAILED, ST_INPUT_INCOMPLETE, ST_NOT_KEPT = 0, 1, 2, 3
 FL_NONDETERMINISTIC, FL_INLINE, FL_DATA_FRAMES, FL_REPEATS = 0x01, 0x02, 0x04, 0x08
@@ -539,7 +541,7 @@ def encode_run(
     if not 1 <= repeat <= 0xFFFF:
         raise ValueError(f"repeat {repeat} out of range 1..65535")
     flags = int(text) | (2 if now else 0)
-    head = struct.pack("<IBBBBHHQ", ident, source, results, flags, int(keep), repeat, len(expected), seed)
+    head = RUN_HEAD.pack(ident, source, results, flags, int(keep), repeat, len(expected), seed)
     return head + b"".join(struct.pack("<I", c & 0xFFFFFFFF) for c in expected)
 
 

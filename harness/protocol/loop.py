@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from harness.protocol import frames
@@ -64,6 +64,13 @@ class LoopConfig:
     baud_switch: bool = False  # the console can change its baud (a UART): BAUD is served, else refused
     keep: bytearray | memoryview | None = None  # the kept-input store (survives a restart); None: none
     keep_place: int = 0  # where the app placed the store (its address on a chip): its header records it
+
+
+# what HELLO reports as configured: the fields LoopConfig and Hello share (the same name means the same
+# value), but the firmware version, which is sanitized first
+HELLO_AS_CONFIGURED = sorted(
+    {f.name for f in fields(frames.Hello)} & {f.name for f in fields(LoopConfig)} - {"fwver"}
+)
 
 
 @dataclass
@@ -196,7 +203,8 @@ class DeviceLoop:
     # ---- sending ----------------------------------------------------------------------------------
 
     def _send(self, ftype: int, payload: bytes, flags: int = 0) -> None:
-        self.host.write(frames.encode_frame(ftype, self.tx_seq, payload, flags, key=self.key))
+        frame = frames.encode_frame(ftype, self.tx_seq, payload, flags, key=self.key)
+        self.host.write(frames.hello_line(frame) if ftype == frames.RSP_HELLO else frame)
         self.tx_seq = (self.tx_seq + 1) & 0xFFFF
 
     def _flush(self, flags: int = 0) -> None:
@@ -239,28 +247,15 @@ class DeviceLoop:
         fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: frames.FWVER_MAX])
         h = frames.Hello(
             frames.VERSION,
-            c.sim,
-            c.tap,
-            nn=c.nn,
-            slot=c.slot,
-            init_status=c.init_status,
-            input_dtype=c.input_dtype,
             max_payload=frames.TX_MAX_PAYLOAD,
-            window=c.window,
-            input_bytes=c.input_bytes,
             output_bytes=tuple(o.bytes for o in c.outputs),
-            model_sha256=c.model_sha256,
             fwver=fw.decode("ascii"),
-            session=c.session,
-            app_sha256=c.app_sha256,
-            other_sha256=c.other_sha256,
             keep_capacity=self.store.cap,
             kept=self.store.kept,
+            **{k: getattr(c, k) for k in HELLO_AS_CONFIGURED},
         )
         self._flush()
-        frame = frames.encode_frame(frames.RSP_HELLO, self.tx_seq, frames.encode_hello(h))
-        self.tx_seq = (self.tx_seq + 1) & 0xFFFF
-        self.host.write(frames.hello_line(frame))
+        self._send(frames.RSP_HELLO, frames.encode_hello(h))
 
     # ---- receiving --------------------------------------------------------------------------------
 
@@ -373,7 +368,7 @@ class DeviceLoop:
         p = f.payload
         if len(p) < frames.RUN_FIXED:
             return None
-        ident, source, results, text, keep, repeat, n_expect, seed = struct.unpack_from("<IBBBBHHQ", p)
+        ident, source, results, text, keep, repeat, n_expect, seed = frames.RUN_HEAD.unpack_from(p)
         if len(p) != frames.RUN_FIXED + 4 * n_expect or n_expect not in (0, len(self.cfg.outputs)):
             return None
         text, now = text & 1, text >> 1  # byte 6: bit 0 text, bit 1 send the result at once
@@ -420,7 +415,7 @@ class DeviceLoop:
             self._run_binary(r, data)
 
     def _not_run(self, ident: int, status: int) -> None:
-        rec = struct.pack("<BIII", status << 4, ident, 0, 0)
+        rec = frames.REC_HEAD.pack(status << 4, ident, 0, 0)
         self.run_busy_us = 0
         self._emit_record(bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), frames.REC_FIXED, full=False)
 
@@ -480,7 +475,7 @@ class DeviceLoop:
             done += 1
         if r.repeat > 1:
             flags |= frames.FL_REPEATS
-        rec = bytearray(struct.pack("<BIII", flags | status << 4, r.ident, first_us & 0xFFFFFFFF, input_crc))
+        rec = bytearray(frames.REC_HEAD.pack(flags | status << 4, r.ident, first_us & 0xFFFFFFFF, input_crc))
         if flags & frames.FL_REPEATS:
             rec += struct.pack("<HH", done, first_diff)
         crc_at = len(rec)

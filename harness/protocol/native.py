@@ -99,7 +99,6 @@ class _Config(ctypes.Structure):
 def load_library() -> ctypes.CDLL:
     """The compiled portable C (built once per source hash), with the emitter's, the frame and the loop
     signatures set: one handle for the caller to own (a loop and its emitter share it)."""
-    lib = load_c_library()
     vp, cp, sz, cint = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int
     u8, u32, dec = ctypes.c_uint8, ctypes.c_uint32, ctypes.POINTER(_Decoder)
     sigs: dict[str, tuple[Any, list[Any]]] = {
@@ -116,10 +115,7 @@ def load_library() -> ctypes.CDLL:
         "ecl_idle": (cint, [vp]),
         "ecl_error": (None, [vp, u32, u8, ctypes.c_int32, cp]),
     }
-    for name, (restype, argtypes) in sigs.items():
-        fn = getattr(lib, name)
-        fn.restype = restype
-        fn.argtypes = argtypes
+    lib = load_c_library(more=sigs)
     if lib.ecf_decoder_sizeof() != ctypes.sizeof(_Decoder):
         raise RuntimeError("ecf_decoder_t layout differs from harness.protocol.native's mirror")
     return lib
@@ -138,29 +134,25 @@ class CDeviceLoop:
             dims = (ctypes.c_int32 * MAX_DIMS)(*o.shape[:MAX_DIMS])
             data, dtype, name = ctypes.cast(buf, _u8p), self._c(o.dtype), self._c(o.name)
             self._outs[k] = _Output(data, o.bytes, dtype, dims, len(o.shape), o.scale, zp=o.zp, name=name)
-        self._sha, self._app_sha, self._other_sha = (
-            (ctypes.c_uint8 * 32).from_buffer_copy(bytes.fromhex(h) if h else bytes(32))
-            for h in (cfg.model_sha256, cfg.app_sha256, cfg.other_sha256)
-        )
+        shas = (cfg.model_sha256, cfg.app_sha256, cfg.other_sha256)
+        self._shas = [
+            (ctypes.c_uint8 * 32).from_buffer_copy(bytes.fromhex(h) if h else bytes(32)) for h in shas
+        ]
         self._raised: BaseException | None = None  # what a callback raised, re-raised when C returns
         self._callbacks = self._make_callbacks()
         c = _Config(*self._callbacks)
+        for key in ("input_bytes", "window", "human_max", "sim", "tap", "init_status"):
+            setattr(c, key, getattr(cfg, key))  # the C field of that name means the same
         c.ecp = ctypes.cast(emitter.state, ctypes.c_void_p)
         c.staging = ctypes.cast(self.staging, _u8p)
-        c.input_bytes = cfg.input_bytes
         c.input_dtype = frames.DTYPE_CODES.get(cfg.input_dtype, 0)
         c.outputs = self._outs
         c.n_outputs = len(cfg.outputs)
-        c.window = cfg.window
-        c.human_max = cfg.human_max
-        c.sim, c.tap, c.nn = int(cfg.sim), int(cfg.tap), frames.NN_CODES.get(cfg.nn, 0)
+        c.nn = frames.NN_CODES.get(cfg.nn, 0)
         c.slot = 0xFF if cfg.slot is None else cfg.slot
-        c.init_status = cfg.init_status
-        c.model_sha256 = ctypes.cast(self._sha, _u8p)
+        c.model_sha256, c.app_sha256, c.other_sha256 = (ctypes.cast(b, _u8p) for b in self._shas)
         c.fwver = self._c(cfg.fwver)
         c.session = cfg.session & 0xFFFFFFFF
-        c.app_sha256 = ctypes.cast(self._app_sha, _u8p)
-        c.other_sha256 = ctypes.cast(self._other_sha, _u8p)
         host_ = self.host
         self._baud_cb = _BAUD(self._guard(lambda _ctx, baud: host_.set_baud(int(baud)), None))
         c.set_baud = self._baud_cb if cfg.baud_switch else _BAUD()  # NULL: BAUD refused

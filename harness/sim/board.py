@@ -8,13 +8,14 @@ hardware: IO0 sampled ``strap_window`` after EN rises (docs/simulator.md "Reset 
 from __future__ import annotations
 
 import functools
+import operator
 import random
 import re
 import threading
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Literal
@@ -102,11 +103,6 @@ def parse_url(url: str) -> tuple[str, BoardConfig]:
             hint="use letters, digits, '.', '_' and '-' (max 64)",
         )
     params = {k: v[-1] for k, v in urllib.parse.parse_qs(parts.query, keep_blank_values=True).items()}
-    return name, config_from_params(params)
-
-
-def config_from_params(params: Mapping[str, str | int | float | list[str]]) -> BoardConfig:
-    """Board config from URL query parameters or a board file's ``[sim]`` table (same keys)."""
     p = validated(SimParams, params, functools.partial(sim_params_error, SimParams))
     chip = get_chip(p.chip)
     reset = RESET_STYLES.get(p.reset.lower())
@@ -124,7 +120,7 @@ def config_from_params(params: Mapping[str, str | int | float | list[str]]) -> B
         raise UsageError(
             f"boot={boot!r}", hint="use auto (IO0 from the reset circuit) or download (strapped low)"
         )
-    return BoardConfig(
+    return name, BoardConfig(
         chip=chip,
         reset=reset,
         flash_path=Path(p.flash) if p.flash else None,
@@ -539,7 +535,7 @@ class SimBoard:
             start = max(arrival, self._dev_free)
             if self._idle_at is not None and first <= self._idle_at:
                 self._idle_at = None  # the device finds these bytes before it goes idle
-            self._run_app_call(start, functools.partial(self._app_rx, chunk))
+            self._run_app_call(start, operator.methodcaller("rx", chunk))
             self._inflight.append((arrival, start, len(chunk)))
             self.rx_bytes += len(chunk)
 
@@ -555,16 +551,13 @@ class SimBoard:
         elif port_baud == self.console_baud:
             self._baud_revert = None
 
-    def _app_rx(self, chunk: bytes) -> tuple[list[Piece], str | None]:
-        assert self._app is not None
-        return self._app.rx(chunk)
-
-    def _run_app_call(self, start: float, call: Callable[[], tuple[list[Piece], str | None]]) -> None:
-        """Run one app step that starts at device time ``start``; queue its output; reboot if it says so."""
+    def _run_app_call(self, start: float, call: Callable[[SimApp], tuple[list[Piece], str | None]]) -> None:
+        """Run one step of the app (``call(app)``) that starts at device time ``start``; queue its output;
+        reboot if it says so."""
         app = self._app
         if app is None:
             return
-        pieces, reboot = call()
+        pieces, reboot = call(app)
         busy = max([app.last_busy, *(p.at for p in pieces)])
         self._dirty = True  # the app may have written otadata
         self._emit_pieces(pieces, start, self.console_baud)
@@ -588,8 +581,7 @@ class SimBoard:
         if self._idle_at is None or now < self._idle_at or self._app is None:
             return
         at, self._idle_at = self._idle_at, None
-        app = self._app
-        self._run_app_call(at, lambda: (app.idle(), None))
+        self._run_app_call(at, lambda app: (app.idle(), None))
         self._idle_at = None
 
     def set_port_baud(self, ident: int, baud: int) -> None:

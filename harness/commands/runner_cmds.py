@@ -210,16 +210,15 @@ def run_cmd(
     the_plan, inv = _load(plan, inventory, coordinator)
     progress = _progress(console)
     stop, hard = threading.Event(), threading.Event()
-    opts = (
-        RunOptions(  # ``given``: the other flags, RunOptions fields of their names (out_dir, lock_dir, ...)
-            lock_timeout_s=lock_timeout,
-            owner=f"esp-check run {plan.name} (user {os.environ.get('USER', '?')})",
-            progress=progress,
-            stop=stop,
-            hard_stop=hard,
-            report_paths=[p for p in (junit, json_file, markdown) if p is not None],
-            **given,
-        )
+    # ``given``: the other flags, RunOptions fields of their names (out_dir, lock_dir, cache_dir, ...)
+    opts = RunOptions(
+        lock_timeout_s=lock_timeout,
+        owner=f"esp-check run {plan.name} (user {os.environ.get('USER', '?')})",
+        progress=progress,
+        stop=stop,
+        hard_stop=hard,
+        report_paths=[p for p in (junit, json_file, markdown) if p is not None],
+        **given,
     )
     runner = Runner(the_plan, inv, opts)  # PlanError here: a job's board type is not on the bench
     if any(b.place for b in inv.boards):

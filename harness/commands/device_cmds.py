@@ -426,15 +426,8 @@ def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
         return
     counts = ", ".join(f"{k} {v}" for k, v in sorted(section(a.get("verdicts")).items()))
     console.print(f"dataset {safe_markup(str(doc['source']))}: {doc['inputs']} inputs: {counts}")
-    columns = (
-        "pair",
-        "compared",
-        "bit-exact",
-        "within tolerance",
-        "max LSB per output",
-        "mean LSB per output",
-    )
-    t = Table(*columns, title="agreement over the dataset")
+    cols = ("pair", "compared", "bit-exact", "within tolerance", "max LSB per output", "mean LSB per output")
+    t = Table(*cols, title="agreement over the dataset")
     for pair, part in section(a.get("agreement")).items():
         s = section(part)
         mean = ", ".join("-" if m is None else f"{m:.4g}" for m in entries(s.get("mean_lsb_per_output")))

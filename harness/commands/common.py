@@ -6,15 +6,18 @@ import functools
 import json
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 from rich.console import Console
 
 from harness.errors import Verdict
 from harness.model.inputs import COLOR_MODES, NAMED_RANGES, RESIZE_POLICIES, InputOptions
+
+if TYPE_CHECKING:
+    from harness.flows.job import JobOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -76,21 +79,29 @@ def with_options(*options: Callable[[Any], Any]) -> Callable[[F], F]:
     return apply
 
 
-def grouped_options(
-    name: str, make: Callable[..., object], *options: Callable[[Any], Any]
-) -> Callable[[F], F]:
-    """A table of click options handed to the command as one argument, ``name=make(**their values)``
-    (each option's parameter name is ``make``'s keyword)."""
-
-    keys = [p.name for p in with_options(*options)(click.Command("probe")).params]
+def gathered(name: str, make: Callable[..., object], keys: Sequence[str]) -> Callable[[F], F]:
+    """The command's parameters among ``keys`` handed to it as one argument, ``name=make(**their values)``
+    (each parameter's name is ``make``'s keyword)."""
 
     def decorate(f: F) -> F:
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            given = {k: kwargs.pop(k) for k in keys}
+            given = {k: kwargs.pop(k) for k in keys if k in kwargs}
             return f(*args, **kwargs, **{name: make(**given)})
 
-        return cast(F, with_options(*options)(wrapper))
+        return cast(F, wrapper)
+
+    return decorate
+
+
+def grouped_options(
+    name: str, make: Callable[..., object], *options: Callable[[Any], Any]
+) -> Callable[[F], F]:
+    """A table of click options handed to the command as one argument (:func:`gathered`)."""
+    keys = [p.name for p in with_options(*options)(click.Command("probe")).params if p.name]
+
+    def decorate(f: F) -> F:
+        return with_options(*options)(gathered(name, make, keys)(f))
 
     return decorate
 
@@ -206,6 +217,22 @@ def _native_options(**given: Any) -> object:
     from harness.firmware.native.project import NativeOptions
 
     return NativeOptions(**given)
+
+
+def _job_options(no_reference: bool = False, dump_ops: list[int] | None = None, **given: Any) -> JobOptions:
+    from harness.flows.job import JobOptions  # lazy: the pipeline pulls pyserial; `--help` loads no pipeline
+
+    return JobOptions(reference=not no_reference, dump_ops=tuple(dump_ops or ()), **given)
+
+
+# the flags that say how the job runs, handed to flash-and-compare and hybrid as one ``job: JobOptions``
+# (each flag's parameter is the field of its name; ``--no-reference`` is ``reference``, inverted)
+_JOB_FLAGS = (
+    *("input_options", "tolerance_lsb", "ref_tolerance_lsb", "no_reference", "allow_untested"),  # judging
+    *("builder", "cache_dir", "flash_baud", "arena_kb", "timeouts", "native"),  # building, flashing
+    *("junit", "html", "bundle", "tap", "dump_ops"),  # reports, features
+)
+job_options = gathered("job", _job_options, _JOB_FLAGS)
 
 
 # how native boards build (docs/native.md)

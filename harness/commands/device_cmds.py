@@ -27,6 +27,7 @@ from harness.commands.common import (
     echo_json,
     grouped_options,
     input_options,
+    job_options,
     lsb_option,
     make_console,
     native_options,
@@ -38,16 +39,15 @@ from harness.commands.common import (
 from harness.errors import UsageError, Verdict
 from harness.firmware.backtrace import describe
 from harness.firmware.build import BUILDERS
-from harness.firmware.native.project import NativeOptions
 from harness.flows.records import StageTimeouts, entries, section
 from harness.flows.report import check_report_version, report_as, write_refusal
-from harness.model.inputs import InputOptions
 
 if TYPE_CHECKING:
     from rich.status import Status
 
     from harness.analysis.tap import TapResult
     from harness.flows.dataset import DatasetOptions
+    from harness.flows.job import JobOptions
     from harness.flows.records import FlashAndCompareResult, FlashFacts
     from harness.jsontypes import JSONValue
 
@@ -110,13 +110,13 @@ _BUILD = (
     click.option("--flash-baud", type=BAUD, help="Flashing baud rate (default: the board's)."),
     click.option("--arena-kb", type=ARENA_KB, help="Tensor arena size (default: measured + margin)."),
 )
-HTML_OPTION = path_option("--html", "html_path", help="Write a self-contained HTML report here.")
+HTML_OPTION = path_option("--html", help="Write a self-contained HTML report here.")
 _REPORTS = (
     click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout."),
     schema_version_option(),
     path_option("--junit", help="Write a JUnit XML report here."),
     HTML_OPTION,
-    path_option("--bundle", "bundle_path", help="Write a reproduction bundle (.zip) for a bug report here."),
+    path_option("--bundle", help="Write a reproduction bundle (.zip) for a bug report here."),
 )
 _TAP = (
     click.option(
@@ -220,29 +220,16 @@ def _out_in_args(args: list[str]) -> Path:
 @timeout_options
 @with_options(*_REPORTS, *_TAP, *_DATASET)
 @native_options
+@job_options
 def flash_and_compare_cmd(
     model: Path,
     inputs: tuple[Path, ...],
-    input_options: InputOptions,
     board: str,
     port: str | None,
     out_dir: Path,
-    tolerance_lsb: float,
-    ref_tolerance_lsb: float,
-    no_reference: bool,
-    allow_untested: bool,
-    builder: str | None,
-    cache_dir: Path | None,
-    flash_baud: int | None,
-    arena_kb: int | None,
-    timeouts: StageTimeouts,
+    job: JobOptions,
     as_json: bool,
     schema_version: int | None,
-    junit: Path | None,
-    tap: bool = False,
-    dump_ops: list[int] | None = None,
-    html_path: Path | None = None,
-    bundle_path: Path | None = None,
     dataset: Path | None = None,
     random_inputs: int | None = None,
     seed: int = 0,
@@ -251,7 +238,6 @@ def flash_and_compare_cmd(
     repeat: int = 1,
     tap_inputs: str | None = None,
     keep_chunks: str = "auto",
-    native: NativeOptions | None = None,
 ) -> int:
     """Build MODEL with ESP-NN optimized and ANSI C kernels, run both on the board, compare.
 
@@ -260,12 +246,11 @@ def flash_and_compare_cmd(
     # lazy: the pipeline pulls pyserial; `esp-check --help` loads this module without it
     from harness.flows.dataset import DatasetOptions
     from harness.flows.flash_and_compare import flash_and_compare
-    from harness.flows.job import JobOptions
 
     asked = DatasetOptions(dataset, random_inputs, seed, results, labels, repeat, chunks=keep_chunks)
-    data = _dataset_options(bool(inputs), tap, tap_inputs, asked)
+    data = _dataset_options(bool(inputs), job.tap, tap_inputs, asked)
     check_report_version(schema_version)
-    if dump_ops and not (tap or tap_inputs):
+    if job.dump_ops and not (job.tap or tap_inputs):
         raise UsageError("--dump-ops needs --tap (or --tap-inputs in a dataset run)", hint="add --tap")
     console = make_console(stderr=True)
     # A spinner only where one shows: on a pipe or a file a rich Status prints nothing, and importing
@@ -274,12 +259,7 @@ def flash_and_compare_cmd(
     progress = stage_progress(console, status)
     click.get_current_context().meta[_FLOW_STARTED] = True
     with status if status is not None else contextlib.nullcontext():
-        options = JobOptions(
-            input_options=input_options, tolerance_lsb=tolerance_lsb, ref_tolerance_lsb=ref_tolerance_lsb,
-            reference=not no_reference, builder=builder, cache_dir=cache_dir, flash_baud=flash_baud,
-            arena_kb=arena_kb, timeouts=timeouts, junit=junit, tap=tap, dump_ops=tuple(dump_ops or ()),
-            html=html_path, bundle=bundle_path, dataset=data, native=native, allow_untested=allow_untested,
-        )  # fmt: skip
+        options = job.replace(dataset=data)
         result = flash_and_compare(
             model, list(inputs), board=board, port=port, out_dir=out_dir, options=options, progress=progress
         )
@@ -446,15 +426,8 @@ def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
         return
     counts = ", ".join(f"{k} {v}" for k, v in sorted(section(a.get("verdicts")).items()))
     console.print(f"dataset {safe_markup(str(doc['source']))}: {doc['inputs']} inputs: {counts}")
-    columns = (
-        "pair",
-        "compared",
-        "bit-exact",
-        "within tolerance",
-        "max LSB per output",
-        "mean LSB per output",
-    )
-    t = Table(*columns, title="agreement over the dataset")
+    cols = ("pair", "compared", "bit-exact", "within tolerance", "max LSB per output", "mean LSB per output")
+    t = Table(*cols, title="agreement over the dataset")
     for pair, part in section(a.get("agreement")).items():
         s = section(part)
         mean = ", ".join("-" if m is None else f"{m:.4g}" for m in entries(s.get("mean_lsb_per_output")))

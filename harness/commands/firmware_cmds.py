@@ -6,6 +6,7 @@ import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -34,9 +35,7 @@ from harness.firmware.generate import (
     GeneratedProject,
     generate_projects,
 )
-from harness.firmware.native.project import NativeOptions
 from harness.flashfmt.partitions import VARIANTS
-from harness.model.inputs import InputOptions
 
 
 @click.command("boards")
@@ -113,7 +112,9 @@ def _project_summary(project: GeneratedProject) -> dict[str, object]:
 @click.option("--out", "out_dir", required=True, type=DIR)
 @click.option("--arena-kb", type=ARENA_KB, help="Tensor arena size (default: estimate).")
 @click.option("--tflm-version", help=f"espressif/esp-tflite-micro (default {DEFAULT_VERSIONS['tflm']}).")
-@click.option("--esp-nn-version", help=f"espressif/esp-nn (default {DEFAULT_VERSIONS['espnn']}).")
+@click.option(
+    "--esp-nn-version", "espnn_version", help=f"espressif/esp-nn (default {DEFAULT_VERSIONS['espnn']})."
+)
 @click.option(
     "--platform-version",
     help=f"platform-espressif32 for PlatformIO (default {DEFAULT_VERSIONS['platform']}).",
@@ -143,35 +144,21 @@ def generate_cmd(
     board: str,
     variant: str,
     out_dir: Path,
-    arena_kb: int | None,
-    tflm_version: str | None,
-    esp_nn_version: str | None,
-    platform_version: str | None,
-    human_max: int,
-    input_options: InputOptions,
     as_json: bool,
     tap: bool = False,
     dump_ops: list[int] | None = None,
+    **given: Any,
 ) -> int:
     """Write firmware projects for MODEL and its inputs: OUT/optimized and OUT/ansi.
 
     Each is an ESP-IDF project (`idf.py build`) and a PlatformIO project (`pio run`); they differ
     only in CONFIG_NN_OPTIMIZED / CONFIG_NN_ANSI_C and in their manifest (esp-check.json).
     """
+    # ``given``: the other flags, generate_projects' keywords of their names (arena, versions, inputs)
     variants = VARIANTS if variant == "both" else (variant,)
+    feats = FirmwareFeatures(tap=tap or bool(dump_ops), dump_ops=tuple(dump_ops or ()))
     projects = generate_projects(
-        model,
-        list(inputs),
-        board,
-        out_dir=out_dir,
-        variants=variants,
-        input_options=input_options,
-        arena_kb=arena_kb,
-        tflm_version=tflm_version,
-        espnn_version=esp_nn_version,
-        platform_version=platform_version,
-        human_max=human_max,
-        features=FirmwareFeatures(tap=tap or bool(dump_ops), dump_ops=tuple(dump_ops or ())),
+        model, list(inputs), board, out_dir=out_dir, variants=variants, features=feats, **given
     )
     if as_json:
         data = {"schema": "esp-check.generate/1", "projects": [_project_summary(p) for p in projects]}
@@ -241,41 +228,23 @@ def run_build_with_progress(
     dir=True,
     help="PLATFORMIO_CORE_DIR for `pio run` (where PlatformIO keeps platforms and toolchains).",
 )
-@click.option("--pio", "pio_path", help="PlatformIO executable (default: pio on PATH).")
+@click.option("--pio", help="PlatformIO executable (default: pio on PATH).")
 @click.option("--idf-py", "idf_py", help="ESP-IDF idf.py (default: idf.py on PATH).")
 @click.option("--timeout", type=SECONDS, help="Kill the build after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result (schema esp-check.build/1).")
 @native_options
 def build_cmd(
-    project_dirs: tuple[Path, ...],
-    builder: str | None,
-    cache_dir: Path | None,
-    no_cache: bool,
-    cache_max_mb: int,
-    platformio_core_dir: Path | None,
-    pio_path: str | None,
-    idf_py: str | None,
-    timeout: float | None,
-    as_json: bool,
-    native: NativeOptions | None = None,
+    project_dirs: tuple[Path, ...], no_cache: bool, cache_max_mb: int, as_json: bool, **given: Any
 ) -> int:
     """Build generated project directories (e.g. OUT/optimized OUT/ansi), with a content-addressed cache."""
+    # ``given``: the other flags, build_project's keywords of their names (builder, tools, timeout, native)
     progress_console = make_console(stderr=True, highlight=False)
     console = make_console(highlight=False)
     results: list[BuildResult] = []
     for project in project_dirs:
+        size = cache_max_mb * 1024 * 1024
         build = functools.partial(
-            build_project,
-            project,
-            builder=builder,
-            cache_dir=cache_dir,
-            use_cache=not no_cache,
-            max_cache_bytes=cache_max_mb * 1024 * 1024,
-            platformio_core_dir=platformio_core_dir,
-            pio=pio_path,
-            idf_py=idf_py,
-            timeout=timeout,
-            native=native,
+            build_project, project, use_cache=not no_cache, max_cache_bytes=size, **given
         )
         result = run_build_with_progress(project, progress_console, build)
         results.append(result)

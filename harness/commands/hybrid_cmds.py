@@ -16,6 +16,7 @@ from harness.commands.common import (
     OP_LIST,
     FiniteFloat,
     input_options,
+    job_options,
     make_console,
     native_options,
     out_option,
@@ -24,12 +25,10 @@ from harness.commands.common import (
 )
 from harness.commands.device_cmds import _BUILD, BOARD_OPTION, HTML_OPTION, stage_progress, timeout_options
 from harness.errors import ExitCode, UsageError
-from harness.firmware.native.project import NativeOptions
-from harness.flows.records import StageTimeouts
-from harness.model.inputs import InputOptions
 
 if TYPE_CHECKING:
     from harness.flows.hybrid import HybridResult
+    from harness.flows.job import JobOptions
 
 _WHERE = (
     BOARD_OPTION,
@@ -73,7 +72,6 @@ _OUTPUT = (
     HTML_OPTION,
     path_option(
         "--bundle",
-        "bundle_path",
         help="Write a zip for an upstream report (drop-in files, one-op reproducers, logs).",
     ),
 )
@@ -86,28 +84,20 @@ _OUTPUT = (
 @timeout_options
 @with_options(*_CHOICE, *_OUTPUT)
 @native_options
+@job_options
 def hybrid_cmd(
     model: Path,
     inputs: tuple[Path, ...],
-    input_options: InputOptions,
     board: str,
     port: str | None,
     out_dir: Path,
-    no_reference: bool,
-    builder: str | None,
-    cache_dir: Path | None,
-    flash_baud: int | None,
-    arena_kb: int | None,
-    timeouts: StageTimeouts,
+    job: JobOptions,
     ansi_ops: list[int] | None,
     ansi_kinds: str | None,
     bisect: bool,
     max_rounds: int,
     noise_band: float,
     as_json: bool,
-    html_path: Path | None,
-    bundle_path: Path | None,
-    native: NativeOptions | None = None,
 ) -> int:
     """Build MODEL's firmware with ESP-NN optimized kernels except the ops that break, which run esp-nn's
     ANSI C kernels; verify it bit for bit against the ANSI C build and the host reference.
@@ -118,7 +108,6 @@ def hybrid_cmd(
     """
     # lazy: the pipeline pulls pyserial; `esp-check --help` loads this module without it
     from harness.flows.hybrid import HybridOptions, hybrid
-    from harness.flows.job import JobOptions
 
     if not inputs:
         raise UsageError("hybrid needs at least one --input", hint="pass --input FILE (repeatable)")
@@ -131,11 +120,6 @@ def hybrid_cmd(
     )  # fmt: skip
     console = make_console(stderr=True)
     progress = stage_progress(console, None)
-    job = JobOptions(
-        input_options=input_options, arena_kb=arena_kb, builder=builder, cache_dir=cache_dir,
-        flash_baud=flash_baud, timeouts=timeouts, reference=not no_reference, html=html_path,
-        bundle=bundle_path, native=native,
-    )  # fmt: skip
     result = hybrid(
         model, list(inputs), board=board, port=port, out_dir=out_dir, options=opts, job=job, progress=progress
     )

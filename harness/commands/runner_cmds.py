@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -33,7 +33,6 @@ from harness.commands.common import (
 from harness.device.serialpkg import inspect_serial_package
 from harness.errors import ExitCode, InfrastructureError, UsageError, Verdict
 from harness.firmware.boards import BUILDERS
-from harness.firmware.native.project import NativeOptions
 
 if TYPE_CHECKING:
     from harness.runner import Inventory, Plan, RunResult
@@ -180,19 +179,15 @@ def run_cmd(
     plan: Path,
     inventory: Path | None,
     coordinator: str | None,
-    out_dir: Path,
     junit: Path | None,
     as_json: bool,
     json_file: Path | None,
     schema_version: int | None,
     markdown: Path | None,
     no_step_summary: bool,
-    lock_dir: Path | None,
     lock_timeout: float | None,
-    cache_dir: Path | None,
-    builder: str | None,
     validate_only: bool,
-    native: NativeOptions | None = None,
+    **given: Any,
 ) -> int:
     """Run every model x input x board x variant of PLAN on the boards of the inventory.
 
@@ -215,18 +210,15 @@ def run_cmd(
     the_plan, inv = _load(plan, inventory, coordinator)
     progress = _progress(console)
     stop, hard = threading.Event(), threading.Event()
+    # ``given``: the other flags, RunOptions fields of their names (out_dir, lock_dir, cache_dir, ...)
     opts = RunOptions(
-        out_dir=out_dir,
-        lock_dir=lock_dir,
         lock_timeout_s=lock_timeout,
-        cache_dir=cache_dir,
-        builder=builder,
-        native=native,
         owner=f"esp-check run {plan.name} (user {os.environ.get('USER', '?')})",
         progress=progress,
         stop=stop,
         hard_stop=hard,
         report_paths=[p for p in (junit, json_file, markdown) if p is not None],
+        **given,
     )
     runner = Runner(the_plan, inv, opts)  # PlanError here: a job's board type is not on the bench
     if any(b.place for b in inv.boards):

@@ -56,11 +56,12 @@ class RawCapture:
     log_path: Path | None
     ended_by: str  # one of ENDED_BY
     duration_s: float
-    boots: int  # boot starts seen in the stream (see classify.BootCounter)
-    resets: int  # resets into the app this capture performed
-    reopens: int  # times the port was reopened after it vanished (USB-Serial-JTAG)
-    dropped_bytes: int  # bytes beyond the in-memory bound (still in the log file)
-    first_byte_s: float | None  # seconds from start to the first byte
+    # what a console capture counts (none in a resident loop session, which boots nothing itself)
+    boots: int = 0  # boot starts seen in the stream (see classify.BootCounter)
+    resets: int = 0  # resets into the app this capture performed
+    reopens: int = 0  # times the port was reopened after it vanished (USB-Serial-JTAG)
+    dropped_bytes: int = 0  # bytes beyond the in-memory bound (still in the log file)
+    first_byte_s: float | None = None  # seconds from start to the first byte
     notes: list[str] = dataclasses.field(default_factory=list)
     hello: bytes | None = None  # the resident firmware's HELLO payload, when the capture stopped at it
     stop_frame: Frame | None = None  # the frame ``stop_on_frame`` accepted (HELLO, or e.g. a refusal)

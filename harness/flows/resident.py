@@ -454,15 +454,4 @@ class ResidentBoard:
         self.link.add(client.stats)
         if not client.stats.clean:
             notes.append(f"link repairs: {client.stats.to_dict()}")
-        return RawCapture(
-            bytes(client.raw),
-            log_path,
-            ended_by,
-            duration_s=time.monotonic() - t0,
-            boots=0,
-            resets=0,
-            reopens=0,
-            dropped_bytes=0,
-            first_byte_s=None,
-            notes=notes,
-        )
+        return RawCapture(bytes(client.raw), log_path, ended_by, time.monotonic() - t0, notes=notes)

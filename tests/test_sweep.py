@@ -741,6 +741,7 @@ def _interrupt_the_driver(monkeypatch: pytest.MonkeyPatch, bin_dir: Path, nth: i
     ("fault", "cases", "nth", "how", "rc"),
     [
         (None, 150, 1, "ctrl-c", 130),  # in the first driver process, on a clean tree: never "no finding"
+        ("off_by_one", 150, 2, "ctrl-c", 130),  # in the second batch: the first batch's findings kept
         ("off_by_one", 20, 2, "ctrl-c", 130),  # every case ran: while shrinking the examples
         ("off_by_one", 150, 1, "silent", 70),
         (None, 150, 1, "sigterm", 143),  # the driver exits 0 without a result: an error that raises
@@ -768,7 +769,23 @@ def test_a_stopped_sweep_writes_what_it_judged_marked_partial(
     assert report["exit_code"] == rc and report["cases"] == cases
     assert report["partial"] and 0 <= report["cases_run"] <= cases
     assert sum(row["cases"] for row in report["coverage"]) == report["cases_run"]
-    if nth == 2:  # every case was judged before the shrinking: its findings are kept
-        assert report["cases_run"] == cases and "shrinking" in report["partial"]
+    if nth == 2:  # the findings of the cases judged before are kept
         assert {f["kind"] for f in report["findings"]} == {"opt_vs_ansi"}
+    if nth == 2 and cases == 20:  # one batch: every case was judged before the shrinking
+        assert report["cases_run"] == cases and "shrinking" in report["partial"]
+    elif nth == 2:
+        assert 0 < report["cases_run"] < cases and "running the cases" in report["partial"]
     assert f"{report['cases_run']} of {cases} cases" in capsys.readouterr().out
+
+
+@needs_build
+def test_the_sweep_says_how_many_cases_ran_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # regression: one blocking driver process ran every case, and nothing was said until the end
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    said: list[str] = []
+    opts = SweepOptions(ops=("max_pool",), cases_per_op=150, espnn_dir=_espnn(tmp_path, None), sanitize=False)
+    assert sweep(opts, tmp_path / "out", progress=said.append).exit_code == 0
+    ran = [m for m in said if m.startswith("ran ")]
+    assert len(ran) >= 2 and ran[-1] == "ran 150/150 cases" and ran[0] != ran[-1]

@@ -46,6 +46,9 @@ from harness.firmware.native.sweep_build import (
 from harness.manifest import NN_EXPECTED
 
 CASE_TIMEOUT_S = 60.0
+# the cases of the drivers' first run; each next run takes about BATCH_SECONDS at the rate so far. The
+# progress said, and what a stopped sweep loses at most (docs/sweep.md "Progress and stops")
+BATCH, BATCH_SECONDS = 100, 5.0
 # a finding group (analysis.sweep_findings.group): its JSON fields, and its example case ("example")
 Group = dict[str, object]
 
@@ -74,7 +77,7 @@ class SweepResult:
     reference: bool
     sources: dict[str, object]
     findings: list[dict[str, object]] = field(default_factory=list)
-    seconds: float = 0.0  # running the cases (not the builds, the shrinking, the reproductions)
+    seconds: float = 0.0  # running the cases judged (not the builds, the shrinking, the reproductions)
     verdicts: list[CaseVerdict] = field(default_factory=list)  # the cases judged, in order
     partial: str | None = None  # why the sweep stopped before its end; None: it ran to the end
     stop_code: int = 0  # the exit code of that stop: 130 Ctrl-C, 143 SIGTERM, an error's own
@@ -327,8 +330,13 @@ def sweep(
     stage, t0 = "running the cases", time.monotonic()
     try:
         say(f"running {len(cases)} cases")
-        result.verdicts = judge_runs(cases, collect(programs, cases, options.sanitize))
-        result.seconds = time.monotonic() - t0
+        size = BATCH
+        while result.cases_run < len(cases):
+            batch = cases[result.cases_run : result.cases_run + size]
+            result.verdicts += judge_runs(batch, collect(programs, batch, options.sanitize))
+            result.seconds = time.monotonic() - t0
+            say(f"ran {result.cases_run}/{len(cases)} cases")
+            size = max(BATCH, int(result.cases_per_second * BATCH_SECONDS))
         groups = group(result.verdicts)
         if options.shrink and groups:
             stage = "shrinking the examples"
@@ -338,16 +346,14 @@ def sweep(
         board = native_board_args(espnn, tflm, out)
         result.findings = _with_repros(groups, programs[False], out, board, result.sources)
     except (KeyboardInterrupt, EspCheckError) as exc:
-        _stopped(result, exc, stage, groups or group(result.verdicts), time.monotonic() - t0)
+        _stopped(result, exc, stage, groups or group(result.verdicts))
         say(f"{result.cases_run} of {len(cases)} cases ran ({result.partial}): {out}/sweep.json is partial")
         raise
     _write(result)
     return result
 
 
-def _stopped(
-    result: SweepResult, exc: BaseException, stage: str, groups: list[Group], seconds: float
-) -> None:
+def _stopped(result: SweepResult, exc: BaseException, stage: str, groups: list[Group]) -> None:
     """A sweep stopped early: its findings so far (without reproductions), why and its exit code."""
     if isinstance(exc, EspCheckError):
         result.partial, result.stop_code = f"stopped by an error while {stage}: {exc.message}", exc.exit_code
@@ -356,7 +362,6 @@ def _stopped(
     else:
         result.partial, result.stop_code = f"interrupted (Ctrl-C) while {stage}", ExitCode.INTERRUPTED
     result.findings = [_finding(g, None) for g in groups]
-    result.seconds = result.seconds or seconds
     _write(result)
 
 

@@ -365,10 +365,6 @@ def _stopped(result: SweepResult, exc: BaseException, stage: str, groups: list[G
     _write(result)
 
 
-def _write(result: SweepResult) -> None:
-    (result.out_dir / "sweep.json").write_text(json.dumps(_report(result), indent=2) + "\n", encoding="utf-8")
-
-
 SHRINK_ROUNDS = 60
 _LETTER = dict(KERNELS)
 
@@ -524,8 +520,9 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _report(result: SweepResult) -> dict[str, object]:
-    return {
+def _write(result: SweepResult) -> None:
+    """``sweep.json`` (docs/sweep.md)."""
+    report = {
         "schema": "esp-check-sweep/1",
         "target": "NATIVE: generic ESP-NN C kernels compiled for this host; no S3/P4 assembly ran",
         "sources": result.sources,
@@ -540,3 +537,4 @@ def _report(result: SweepResult) -> dict[str, object]:
         "coverage": result.coverage,
         "not_compared": result.not_compared,
     }
+    (result.out_dir / "sweep.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -35,7 +35,7 @@ from harness.analysis.sweep_findings import parse_outputs, parse_result, sanitiz
 from harness.analysis.sweep_model import CHANNEL_DELTAS, model_cases
 from harness.analysis.sweep_repro import repro_model
 from harness.cli import main
-from harness.errors import BuildError, EspCheckError, UsageError
+from harness.errors import BuildError, EspCheckError, Terminated, UsageError
 from harness.firmware.native.components import ComponentSource
 from harness.firmware.native.driver import NativePlan
 from harness.firmware.native.sweep_build import (
@@ -714,3 +714,78 @@ def test_sweep_and_flash_and_compare_put_native_builds_in_one_cache(
     fc = ["flash-and-compare", str(model), "--input", str(given), "--board", "native-esp32", "--no-reference"]
     assert main([*fc, "--allow-untested", *common, "--out", str(tmp_path / "f")]) == 3
     assert roots == {"sweep": cache / "native", "flash-and-compare": cache / "native"}
+
+
+def _interrupt_the_driver(monkeypatch: pytest.MonkeyPatch, bin_dir: Path, nth: int, how: str) -> None:
+    """Faked: the sweep driver's ``nth`` process (the outermost edge, a subprocess of the built driver
+    under ``bin_dir``) gets Ctrl-C (``how="ctrl-c"``), SIGTERM (as harness.cli raises it), or exits 0
+    having printed nothing; the others and every build run for real."""
+    import subprocess
+
+    real, calls = subprocess.run, []
+
+    def run(cmd: list[str], *args: object, **kw: object) -> object:
+        if str(cmd[0]).startswith(str(bin_dir)):
+            calls.append(cmd)
+            if len(calls) == nth and how != "silent":
+                raise KeyboardInterrupt if how == "ctrl-c" else Terminated("signal 15")
+            if len(calls) == nth:
+                return subprocess.CompletedProcess(cmd, 0, "", "")
+        return real(cmd, *args, **kw)
+
+    monkeypatch.setattr(subprocess, "run", run)
+
+
+@needs_build
+@pytest.mark.parametrize(
+    ("fault", "cases", "nth", "how", "rc"),
+    [
+        (None, 150, 1, "ctrl-c", 130),  # in the first driver process, on a clean tree: never "no finding"
+        ("off_by_one", 150, 2, "ctrl-c", 130),  # in the second batch: the first batch's findings kept
+        ("off_by_one", 20, 2, "ctrl-c", 130),  # every case ran: while shrinking the examples
+        ("off_by_one", 150, 1, "silent", 70),
+        (None, 150, 1, "sigterm", 143),  # the driver exits 0 without a result: an error that raises
+    ],
+)
+def test_a_stopped_sweep_writes_what_it_judged_marked_partial(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    fault: str | None,
+    cases: int,
+    nth: int,
+    how: str,
+    rc: int,
+) -> None:
+    # regression: Ctrl-C (or a driver error) during the run or the shrinking left no sweep.json at all.
+    # Now the cases judged so far are written, marked partial, with the exit code of the stop (130 as the
+    # CLI maps Ctrl-C; an error's own), never 0 or 1.
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    espnn, out = _espnn(tmp_path, fault), tmp_path / "out"
+    _interrupt_the_driver(monkeypatch, out / "bin", nth, how)
+    args = ["sweep", "--espnn", str(espnn), "--op", "max_pool", "--cases", str(cases), "--no-sanitize"]
+    assert main([*args, "--out", str(out)]) == rc
+    report = json.loads((out / "sweep.json").read_text())
+    assert report["exit_code"] == rc and report["cases"] == cases
+    assert report["partial"] and 0 <= report["cases_run"] <= cases
+    assert sum(row["cases"] for row in report["coverage"]) == report["cases_run"]
+    if nth == 2:  # the findings of the cases judged before are kept
+        assert {f["kind"] for f in report["findings"]} == {"opt_vs_ansi"}
+    if nth == 2 and cases == 20:  # one batch: every case was judged before the shrinking
+        assert report["cases_run"] == cases and "shrinking" in report["partial"]
+    elif nth == 2:
+        assert 0 < report["cases_run"] < cases and "running the cases" in report["partial"]
+    assert f"{report['cases_run']} of {cases} cases" in capsys.readouterr().out
+
+
+@needs_build
+def test_the_sweep_says_how_many_cases_ran_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # regression: one blocking driver process ran every case, and nothing was said until the end
+    monkeypatch.setenv("ESP_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    said: list[str] = []
+    opts = SweepOptions(ops=("max_pool",), cases_per_op=150, espnn_dir=_espnn(tmp_path, None), sanitize=False)
+    assert sweep(opts, tmp_path / "out", progress=said.append).exit_code == 0
+    ran = [m for m in said if m.startswith("ran ")]
+    assert len(ran) >= 2 and ran[-1] == "ran 150/150 cases" and ran[0] != ran[-1]

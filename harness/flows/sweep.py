@@ -32,7 +32,7 @@ from harness.analysis.sweep_report import c_repro, headline_of, report_md
 from harness.analysis.sweep_repro import write_repro
 from harness.analysis.sweep_shrink import smaller
 from harness.children import SANITIZER_ENV
-from harness.errors import EspCheckError, ExitCode, UsageError
+from harness.errors import EspCheckError, ExitCode, Terminated, UsageError
 from harness.firmware.cache import native_root
 from harness.firmware.native.components import ComponentSource, find_components
 from harness.firmware.native.sweep_build import (
@@ -46,6 +46,9 @@ from harness.firmware.native.sweep_build import (
 from harness.manifest import NN_EXPECTED
 
 CASE_TIMEOUT_S = 60.0
+# the cases of the drivers' first run; each next run takes about BATCH_SECONDS at the rate so far. The
+# progress said, and what a stopped sweep loses at most (docs/sweep.md "Progress and stops")
+BATCH, BATCH_SECONDS = 100, 5.0
 # a finding group (analysis.sweep_findings.group): its JSON fields, and its example case ("example")
 Group = dict[str, object]
 
@@ -70,27 +73,45 @@ class SweepOptions:
 @dataclass
 class SweepResult:
     out_dir: Path
-    findings: list[dict[str, object]]
-    coverage: list[dict[str, object]]
-    cases: int
-    seconds: float
-    cases_per_second: float
+    cases: int  # the cases planned
     reference: bool
     sources: dict[str, object]
-    verdicts: list[CaseVerdict] = field(default_factory=list)
+    findings: list[dict[str, object]] = field(default_factory=list)
+    seconds: float = 0.0  # running the cases judged (not the builds, the shrinking, the reproductions)
+    verdicts: list[CaseVerdict] = field(default_factory=list)  # the cases judged, in order
+    partial: str | None = None  # why the sweep stopped before its end; None: it ran to the end
+    stop_code: int = 0  # the exit code of that stop: 130 Ctrl-C, 143 SIGTERM, an error's own
+
+    @property
+    def cases_run(self) -> int:
+        return len(self.verdicts)
+
+    @property
+    def cases_per_second(self) -> float:
+        return self.cases_run / max(self.seconds, 1e-9)
+
+    @property
+    def coverage(self) -> list[dict[str, object]]:
+        coverage = Coverage()
+        for v in self.verdicts:
+            coverage.add(v)
+        return coverage.rows()
 
     @property
     def not_compared(self) -> list[str]:
         """The ops none of whose cases compared two computations: their kernels absent from the sources,
         or ANSI C aliased to itself, with no reference compiled."""
-        ops = dict.fromkeys(str(r["op"]) for r in self.coverage)
-        compared = {r["op"] for r in self.coverage if r["opt_vs_ansi"] or r["vs_reference"]}
+        rows = self.coverage
+        ops = dict.fromkeys(str(r["op"]) for r in rows)
+        compared = {r["op"] for r in rows if r["opt_vs_ansi"] or r["vs_reference"]}
         return [op for op in ops if op not in compared]
 
     @property
     def exit_code(self) -> int:
         """4 for a sanitizer report or a crash, 1 for a wrong value (a fault outranks a mismatch), else 0;
-        2 when nothing at all was compared (never a clean sweep over nothing)."""
+        2 when nothing at all was compared (never a clean sweep over nothing); a partial sweep's stop code."""
+        if self.partial is not None:
+            return self.stop_code
         kinds = {f["kind"] for f in self.findings}
         if kinds & {"sanitizer", "crash"}:
             return int(ExitCode.FIRMWARE_FAULT)
@@ -270,7 +291,8 @@ def judge_runs(cases: Sequence[Case], evidence: _Evidence) -> list[CaseVerdict]:
 def sweep(
     options: SweepOptions, out_dir: str | Path, *, progress: Callable[[str], None] | None = None
 ) -> SweepResult:
-    """Build, run, judge and write ``sweep.json`` plus one reproduction per finding group."""
+    """Build, run, judge and write ``sweep.json`` plus one reproduction per finding group. Stopped early
+    (Ctrl-C, SIGTERM, an error), it still writes the cases judged so far, marked partial, and re-raises."""
     say = progress or (lambda _m: None)
     bad = [op for op in options.ops if op not in OPS]
     if bad:
@@ -303,33 +325,44 @@ def sweep(
         )
         programs[sanitized] = prog.path
     mark_grouped_conv(cases, grouped_conv_refusal(tflm))
-    say(f"running {len(cases)} cases")
-    t0 = time.monotonic()
-    verdicts = judge_runs(cases, collect(programs, cases, options.sanitize))
-    seconds = time.monotonic() - t0
-    coverage = Coverage()
-    for v in verdicts:
-        coverage.add(v)
-    groups = group(verdicts)
-    if options.shrink and groups:
-        say(f"shrinking the examples of {len(groups)} finding group(s)")
-        shrink_examples(groups, programs, max(c.id for c in cases) + 1)
-    findings = _with_repros(
-        groups, programs[False], out, native_board_args(espnn, tflm, out), sources.describe()
-    )
-    result = SweepResult(
-        out,
-        findings,
-        coverage.rows(),
-        cases=len(cases),
-        seconds=seconds,
-        cases_per_second=len(cases) / max(seconds, 1e-9),
-        reference=has_reference(sources.tflm),
-        sources=sources.describe(),
-        verdicts=verdicts,
-    )
-    (out / "sweep.json").write_text(json.dumps(_report(result), indent=2) + "\n", encoding="utf-8")
+    result = SweepResult(out, len(cases), has_reference(sources.tflm), sources.describe())
+    groups: list[Group] = []
+    stage, t0 = "running the cases", time.monotonic()
+    try:
+        say(f"running {len(cases)} cases")
+        size = BATCH
+        while result.cases_run < len(cases):
+            batch = cases[result.cases_run : result.cases_run + size]
+            result.verdicts += judge_runs(batch, collect(programs, batch, options.sanitize))
+            result.seconds = time.monotonic() - t0
+            say(f"ran {result.cases_run}/{len(cases)} cases")
+            size = max(BATCH, int(result.cases_per_second * BATCH_SECONDS))
+        groups = group(result.verdicts)
+        if options.shrink and groups:
+            stage = "shrinking the examples"
+            say(f"shrinking the examples of {len(groups)} finding group(s)")
+            shrink_examples(groups, programs, max(c.id for c in cases) + 1)
+        stage = "writing the reproductions"
+        board = native_board_args(espnn, tflm, out)
+        result.findings = _with_repros(groups, programs[False], out, board, result.sources)
+    except (KeyboardInterrupt, EspCheckError) as exc:
+        _stopped(result, exc, stage, groups or group(result.verdicts))
+        say(f"{result.cases_run} of {len(cases)} cases ran ({result.partial}): {out}/sweep.json is partial")
+        raise
+    _write(result)
     return result
+
+
+def _stopped(result: SweepResult, exc: BaseException, stage: str, groups: list[Group]) -> None:
+    """A sweep stopped early: its findings so far (without reproductions), why and its exit code."""
+    if isinstance(exc, EspCheckError):
+        result.partial, result.stop_code = f"stopped by an error while {stage}: {exc.message}", exc.exit_code
+    elif isinstance(exc, Terminated):
+        result.partial, result.stop_code = f"terminated (SIGTERM) while {stage}", ExitCode.TERMINATED
+    else:
+        result.partial, result.stop_code = f"interrupted (Ctrl-C) while {stage}", ExitCode.INTERRUPTED
+    result.findings = [_finding(g, None) for g in groups]
+    _write(result)
 
 
 SHRINK_ROUNDS = 60
@@ -487,13 +520,16 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _report(result: SweepResult) -> dict[str, object]:
-    return {
+def _write(result: SweepResult) -> None:
+    """``sweep.json`` (docs/sweep.md)."""
+    report = {
         "schema": "esp-check-sweep/1",
         "target": "NATIVE: generic ESP-NN C kernels compiled for this host; no S3/P4 assembly ran",
         "sources": result.sources,
         "reference_compiled": result.reference,
         "cases": result.cases,
+        "cases_run": result.cases_run,
+        "partial": result.partial,
         "seconds": round(result.seconds, 3),
         "cases_per_second": round(result.cases_per_second, 1),
         "exit_code": result.exit_code,
@@ -501,3 +537,4 @@ def _report(result: SweepResult) -> dict[str, object]:
         "coverage": result.coverage,
         "not_compared": result.not_compared,
     }
+    (result.out_dir / "sweep.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -19,6 +19,7 @@ from test_model_builder import Op, T, build_model
 
 from harness.model import arena, opdata
 from harness.model.backends import tflm_available
+from harness.model.extract import single_op_model as single_op_model_of
 from harness.model.loader import parse_model_bytes
 from harness.model.reference import run_reference
 
@@ -121,3 +122,12 @@ def test_tflm_runs_both_encodings_alike(code: int, name: str, method: str) -> No
     b = run_reference(single_op_model(code, builtin_only=True), [[x]]).runs[0].outputs[0]
     assert a.shape == _SHAPES[code][2]
     assert np.array_equal(a, b) and len(np.unique(a)) > 1
+
+
+@pytest.mark.parametrize(("code", "name", "method"), CASES)
+def test_an_extracted_op_keeps_its_code_written_either_way(code: int, name: str, method: str) -> None:
+    """The one-op reproducer of a model_editor-style file is the same op, not ADD (tflite's accessor
+    answers 0 there, so the extractor must copy the raw fields)."""
+    for builtin_only in (False, True):
+        one = single_op_model_of(single_op_model(code, builtin_only=builtin_only), 0)
+        assert [op.opcode for op in parse_model_bytes(one).ops] == [name]

@@ -16,7 +16,7 @@ import flatbuffers
 import numpy as np
 
 from harness.errors import ModelError
-from harness.model.loader import builtin_options, parse_model_bytes, vector
+from harness.model.loader import builtin_options, parse_model_bytes, raw_builtin_code, vector
 
 if TYPE_CHECKING:
     import tflite
@@ -158,7 +158,7 @@ def single_op_model(model_bytes: bytes, op_index: int) -> bytes:
     code_off, op_off = write_operator(
         tflite,
         b,
-        (int(code.BuiltinCode()), int(code.DeprecatedBuiltinCode()), int(code.Version())),
+        (raw_builtin_code(code), int(code.DeprecatedBuiltinCode()), int(code.Version())),
         [new_index.get(t, -1) for t in ins],
         [new_index[t] for t in outs if t >= 0],
         _options(tflite, b, op),

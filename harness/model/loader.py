@@ -241,7 +241,7 @@ def _check_buffers(model: tflite.Model, size: int) -> None:
             )
 
 
-def _raw_builtin_code(opcode: tflite.OperatorCode) -> int:
+def raw_builtin_code(opcode: tflite.OperatorCode) -> int:
     """The int32 ``builtin_code`` field itself (vtable slot 10), 0 when absent.
 
     ``tflite``'s ``OperatorCode.BuiltinCode()`` returns ``deprecated_builtin_code`` whenever this
@@ -293,7 +293,7 @@ def _opcodes(tfl: ModuleType, model: tflite.Model) -> list[tuple[str, str | None
     opcodes: list[tuple[str, str | None, int]] = []
     for i in range(model.OperatorCodesLength()):
         oc = model.OperatorCodes(i)
-        code = max(_raw_builtin_code(oc), int(oc.DeprecatedBuiltinCode()))
+        code = max(raw_builtin_code(oc), int(oc.DeprecatedBuiltinCode()))
         name = builtin_names.get(code) or f"BUILTIN_{code}"
         custom = oc.CustomCode()
         opcodes.append((name, custom.decode("utf-8", "replace") if custom else None, int(oc.Version())))

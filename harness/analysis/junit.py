@@ -112,7 +112,7 @@ def with_run_case(cases: list[Case], code: int, where: str, message: str, out: s
     if int(code) == ExitCode.MATCH or any(c.outcome != "passed" for c in cases):
         return cases
     outcome, kind = outcome_of(code)
-    return [*cases, Case(where, "run", outcome, kind, message or kind, message, out)]
+    return [*cases, Case(where, "run", outcome, kind, message or kind, text=message, out=out)]
 
 
 @dataclass

@@ -18,7 +18,7 @@ from harness.flashfmt.partitions import VARIANTS
 from harness.flows.records import FlashAndCompareResult, StageRecord, StageStatus, VariantRun
 from harness.flows.report import write_junit
 from harness.runner import reports
-from harness.runner.attempts import judge_dataset
+from harness.runner.attempts import judge_dataset, judge_inputs
 from harness.runner.plan import Job, ModelCase
 from harness.runner.results import Attempt, CaseStatus, CaseType, Task, TaskState, case_of
 from tests.junit_shape import assert_junit_shape
@@ -228,3 +228,39 @@ def test_a_dataset_case_has_one_name_in_run_and_flash_and_compare(tmp_path: Path
         task.state, task.exit_code = TaskState.DONE, int(fc.exit_code)
         run_names = [c.name for c in reports._task_cases(task)]
         assert names == run_names == [f"input0[{source}].dataset"], (names, run_names)
+
+
+def _not_passed(root: ET.Element) -> list[tuple[str | None, tuple[str, str]]]:
+    return [(c.get("name"), _outcome(c)) for c in root.iter("testcase") if _outcome(c)[0] != "passed"]
+
+
+def test_a_flash_and_compare_that_is_no_match_never_shows_only_passed_cases(tmp_path: Path) -> None:
+    """Every comparison matches and every variant ran cleanly, but the run's exit code is a mismatch (a tap
+    finding): the JUnit still has a case that fails with that exit code (docs/ci.md, "JUnit XML")."""
+    result = compare_sources(_source("optimized", [1, 2, 3]), _source("ansi", [1, 2, 3]))
+    fc = _result(tmp_path, result, None)
+    fc.errors = ["tap: op 3 output changed after its op ran"]
+    write_junit(fc, tmp_path / "fc.xml")
+    assert _not_passed(ET.parse(tmp_path / "fc.xml").getroot()) == [("run", RULE[ExitCode.MISMATCH])]
+
+
+def test_a_run_task_that_is_no_match_never_shows_only_passed_cases(tmp_path: Path) -> None:
+    """A run task whose decisive attempt compared everything within tolerance but ended exit 3 (the
+    optimized capture validated beside an infrastructure finding, a brownout: kept as evidence, never a
+    clean match): its JUnit has a case that says the exit code, as flash-and-compare's does. Faked: the
+    pipeline's result, built as run_job builds it."""
+    comp = compare_sources(_source("optimized", [1, 2, 3]), _source("ansi", [1, 2, 3]))
+    fc = _result(tmp_path, comp, None)
+    fc.exit_code = ExitCode.INFRASTRUCTURE
+    fc.variants["optimized"] = VariantRun("optimized", source=comp.sources[0], exit_code=fc.exit_code)
+    fc.errors = ["optimized: brownout detector was triggered after the END record"]
+    job = Job(name="j", cases=(), boards=("sim",), comparisons=("optimized-vs-ansi",))
+    task = Task("t", job, ModelCase(Path("m.tflite"), (Path("a.npy"),)), "sim", None, tmp_path)
+    attempt = Attempt(1, "sim")
+    judge_inputs(task, attempt, fc)
+    task.attempts.append(attempt)
+    task.decisive, task.state, task.exit_code = attempt, TaskState.DONE, attempt.exit_code
+    assert attempt.exit_code == ExitCode.INFRASTRUCTURE, attempt.reason
+    assert {c.status for c in attempt.testcases} == {CaseStatus.PASSED}  # what the attempt compared
+    shown = [(c.name, (c.outcome, c.type)) for c in reports._task_cases(task) if c.outcome != "passed"]
+    assert shown == [("run", RULE[ExitCode.INFRASTRUCTURE])]

@@ -1,7 +1,8 @@
 """The runner's verdict of an attempt is the pipeline's (harness.runner.attempts.judge_inputs): the plan's
 comparisons narrow which comparisons decide it (docs/ci.md), nothing else. Nothing is faked but the
 pipeline's result, built here as run_job builds it, with a finding the runner does not rebuild itself
-(a tap finding) in its exit code and errors."""
+(a tap finding) in its exit code and errors; or the board (``sim://`` with a fault injected), with the
+pipeline run for real."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import numpy as np
 from harness.analysis.compare import OutputTensor, Source, compare_sources
 from harness.errors import ExitCode
 from harness.flashfmt.partitions import VARIANTS
-from harness.flows.records import FlashAndCompareResult, VariantRun
+from harness.flows.flash_and_compare import flash_and_compare
+from harness.flows.job import JobOptions
+from harness.flows.records import FlashAndCompareResult, StageTimeouts, VariantRun
 from harness.runner.attempts import judge_inputs
 from harness.runner.plan import Job, ModelCase
-from harness.runner.results import Attempt, Task
+from harness.runner.results import Attempt, CaseStatus, CaseType, Task
 
 
 def _source(label: str, values: list[int]) -> Source:
@@ -54,3 +57,22 @@ def test_the_plans_comparisons_still_narrow_the_verdict(tmp_path: Path) -> None:
     mismatch the plan did not ask about leaves the pipeline's exit 1 out of the task's verdict."""
     a = _judged(tmp_path, [1, 2, 9], ExitCode.MISMATCH, [], ("ansi-vs-host",))
     assert a.exit_code == ExitCode.MATCH, a.reason
+
+
+def test_a_fault_is_stated_once_in_the_attempts_reason(tmp_path: Path, models_dir: Path) -> None:
+    """The optimized firmware reports ``ERROR stage=alloc``: the attempt's reason says so once (it said it
+    in the variant's words and again as the comparison's fault), with the same verdict, board_fault and
+    testcases. Faked: the board (sim://, the fault injected); the pipeline runs for real."""
+    model, image = models_dir / "cnn_classifier_11.tflite", models_dir / "inputs" / "cnn_classifier_11.png"
+    limits = StageTimeouts(capture_total=30, capture_silence=3)
+    port = "sim://?emitter=c&fault=alloc&variant_fault=optimized"
+    options = JobOptions(cache_dir=tmp_path / "cache", timeouts=limits, reference=False)
+    result = flash_and_compare(model, [image], port=port, out_dir=tmp_path / "out", options=options)
+    job = Job(name="j", cases=(), boards=("sim",), comparisons=("optimized-vs-ansi",))
+    task = Task("t", job, ModelCase(model, (image,)), "sim", None, tmp_path)
+    attempt = Attempt(1, "sim")
+    judge_inputs(task, attempt, result)
+    said = [part for part in attempt.reason.split("; ") if part.startswith("optimized:")]
+    assert len(said) == 1 and "AllocateTensors_failed" in said[0], attempt.reason
+    assert (attempt.exit_code, attempt.board_fault) == (ExitCode.FIRMWARE_FAULT, False)
+    assert [(c.status, c.type) for c in attempt.testcases] == [(CaseStatus.FAILURE, CaseType.FIRMWARE_FAULT)]

@@ -105,6 +105,16 @@ class Case:
     seconds: float = 0.0
 
 
+def with_run_case(cases: list[Case], code: int, where: str, message: str, out: str = "") -> list[Case]:
+    """``cases``, plus a case ``run`` with ``code``'s outcome when ``code`` is not a match and every case
+    passed (what failed was no comparison: a tap finding, a capture kept beside a brownout): a run whose
+    exit code is not a match never shows only passed cases (docs/ci.md). The one rule of every writer."""
+    if int(code) == ExitCode.MATCH or any(c.outcome != "passed" for c in cases):
+        return cases
+    outcome, kind = outcome_of(code)
+    return [*cases, Case(where, "run", outcome, kind, message or kind, text=message, out=out)]
+
+
 @dataclass
 class Suite:
     """One ``<testsuite>``: its cases and properties (``esp_check_version`` is always added first)."""

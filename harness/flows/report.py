@@ -10,7 +10,7 @@ from pathlib import Path
 from harness import __version__
 from harness.analysis import junit
 from harness.analysis.compare import results_document
-from harness.analysis.report import compare_cases, compare_suite, error_case, report_dict
+from harness.analysis.report import RAW_LOG_MAX, compare_cases, compare_suite, error_case, report_dict
 from harness.analysis.schemas import check_version, compare_v1, versioned
 from harness.errors import EspCheckError, ExitCode, write_error
 from harness.flashfmt.partitions import VARIANTS
@@ -112,6 +112,7 @@ def write_junit(
     """The comparison's testcases plus one per variant that did not run cleanly (crash, no capture);
     ``classname`` ``esp-check.<model>.<board>`` (harness.analysis.junit)."""
     where = (model.stem if model is not None else "", result.board)
+    cls = junit.classname(*where)
     logs = {
         v: r.serial_log.read_bytes()
         for v, r in result.variants.items()
@@ -131,12 +132,9 @@ def write_junit(
         message = "; ".join(s.detail for s in failed) or f"{v} did not run cleanly"
         outcome, kind = junit.outcome_of(r.exit_code)
         out = logs.get(v, b"").decode("utf-8", "replace")
-        cases.append(
-            junit.Case(junit.classname(*where), f"{v}.run", outcome, kind, message, text=message, out=out)
-        )
-    if result.exit_code != ExitCode.MATCH and all(c.outcome == "passed" for c in cases):
-        # what failed is no comparison and no variant's run (a tap finding, the tap dump run): still a case
-        cases.append(error_case("; ".join(result.errors), result.exit_code, logs, where, "run"))
+        cases.append(junit.Case(cls, f"{v}.run", outcome, kind, message, text=message, out=out))
+    out = junit.log_text(logs, RAW_LOG_MAX)  # a "run" case's: no comparison or variant showed the verdict
+    cases = junit.with_run_case(cases, result.exit_code, cls, "; ".join(result.errors), out)
     junit.write(junit.tree([compare_suite(cases, result.comparison)]), path)
 
 

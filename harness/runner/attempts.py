@@ -70,7 +70,8 @@ def judge_inputs(task: Task, attempt: Attempt, result: FlashAndCompareResult) ->
         reasons += result.errors
     for f in comp.faults if comp is not None else []:
         codes.append(f.exit_code)
-        reasons.append(f"{f.source}: ERROR stage={f.stage} code={f.code} {f.msg}")
+        if (run := runs.get(f.source)) is None or run.exit_code != f.exit_code:  # else its variant said it
+            reasons.append(f"{f.source}: ERROR stage={f.stage} code={f.code} {f.msg}")
     if mismatched:
         codes.append(ExitCode.MISMATCH)
         reasons = mismatched[:3] + reasons

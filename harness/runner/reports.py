@@ -252,7 +252,8 @@ def _task_cases(task: Task) -> list[junit.Case]:
         outcome: junit.Outcome = c.status.value  # a CaseStatus's value is its JUnit outcome
         kind = c.type.value
         found.append(junit.Case(where, name, outcome, kind, c.message, text, out=out_text, seconds=each))
-    return found
+    why = f"task {task.id}: {task.reason}\nartifacts: {task.dir}"
+    return junit.with_run_case(found, _task_verdict(task).exit_code, where, why, out_text)
 
 
 def _md(text: str) -> str:

@@ -189,7 +189,11 @@ def run_driver(
             if d := _DONE.match(line.strip()):
                 run.finished.add(int(d.group(1)))
         if code == 2 and "esp-check sweep:" in stderr:
-            raise EspCheckError(f"the sweep driver refused its input: {stderr.strip()[-300:]}")
+            raise EspCheckError(
+                f"the sweep driver refused its input: {stderr.strip()[-300:]}",
+                hint="esp-check wrote a case its own driver does not accept (a bug in esp-check, exit 70): "
+                "report it with the command line and the esp-nn/TFLM versions",
+            )
         if code == 0:
             missing = [c.id for c in todo if c.id not in run.finished]
             if missing:

@@ -102,6 +102,13 @@ class Terminated(KeyboardInterrupt):
     error of esp-check's: like KeyboardInterrupt, it is outside the ``EspCheckError`` family."""
 
 
+def stopped_by(exc: KeyboardInterrupt) -> tuple[ExitCode, str]:
+    """A run stopped by Ctrl-C or SIGTERM: its exit code (130 / 143) and how reports say it."""
+    if isinstance(exc, Terminated):
+        return ExitCode.TERMINATED, "interrupted (SIGTERM)"
+    return ExitCode.INTERRUPTED, "interrupted (Ctrl-C)"
+
+
 class EspCheckError(Exception):
     """Root of every error esp-check raises on purpose."""
 

@@ -22,7 +22,7 @@ from held_lock import held_elsewhere
 
 from harness.cli import main
 from harness.device.locks import lock_key
-from harness.errors import ExitCode
+from harness.errors import ExitCode, Terminated
 from harness.flows.flash_and_compare import flash_and_compare
 from harness.flows.hybrid import HybridOptions, HybridResult, hybrid
 from harness.flows.job import JobOptions
@@ -365,3 +365,23 @@ def test_lock_false_takes_no_board_lock_in_the_hybrid_runs_either(
             job=job,
         )
     assert res.offered and res.exit_code == ExitCode.MATCH, (res.message, res.errors)
+
+
+@pytest.mark.parametrize(
+    ("stop", "code", "how"), [(KeyboardInterrupt, 130, "Ctrl-C"), (Terminated, 143, "SIGTERM")]
+)
+def test_a_stopped_hybrid_reports_how_it_was_stopped(
+    models_dir: Path, tmp_path: Path, cache_dir: Path, stop: type[KeyboardInterrupt], code: int, how: str
+) -> None:
+    """Ctrl-C and SIGTERM (harness.cli raises Terminated for it) stop hybrid as they stop flash-and-compare:
+    the report says which one, with its exit code (130 / 143). Faked: the stop itself, raised from the
+    progress callback on its first message; the run is the real one up to there."""
+
+    def progress(*_: object) -> None:
+        raise stop
+
+    with pytest.raises(stop):
+        run_hybrid(models_dir, tmp_path / "out", cache_dir, "", progress=progress)
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert doc["exit_code"] == code, doc
+    assert any(f"interrupted ({how})" in e for e in doc["errors"]), doc["errors"]

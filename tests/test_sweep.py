@@ -718,8 +718,9 @@ def test_sweep_and_flash_and_compare_put_native_builds_in_one_cache(
 
 def _interrupt_the_driver(monkeypatch: pytest.MonkeyPatch, bin_dir: Path, nth: int, how: str) -> None:
     """Faked: the sweep driver's ``nth`` process (the outermost edge, a subprocess of the built driver
-    under ``bin_dir``) gets Ctrl-C (``how="ctrl-c"``), SIGTERM (as harness.cli raises it), or exits 0
-    having printed nothing; the others and every build run for real."""
+    under ``bin_dir``) gets Ctrl-C (``how="ctrl-c"``), SIGTERM (as harness.cli raises it), exits 0
+    having printed nothing, or refuses its input as the driver does (exit 2, "esp-check sweep: ..." on
+    stderr); the others and every build run for real."""
     import subprocess
 
     real, calls = subprocess.run, []
@@ -727,6 +728,9 @@ def _interrupt_the_driver(monkeypatch: pytest.MonkeyPatch, bin_dir: Path, nth: i
     def run(cmd: list[str], *args: object, **kw: object) -> object:
         if str(cmd[0]).startswith(str(bin_dir)):
             calls.append(cmd)
+            if len(calls) == nth and how == "refuses":
+                refusal = "esp-check sweep: case 0: 7 params, expected 9"
+                return subprocess.CompletedProcess(cmd, 2, "", refusal)
             if len(calls) == nth and how != "silent":
                 raise KeyboardInterrupt if how == "ctrl-c" else Terminated("signal 15")
             if len(calls) == nth:
@@ -745,6 +749,7 @@ def _interrupt_the_driver(monkeypatch: pytest.MonkeyPatch, bin_dir: Path, nth: i
         ("off_by_one", 20, 2, "ctrl-c", 130),  # every case ran: while shrinking the examples
         ("off_by_one", 150, 1, "silent", 70),
         (None, 150, 1, "sigterm", 143),  # the driver exits 0 without a result: an error that raises
+        (None, 150, 1, "refuses", 70),  # a case line esp-check wrote that the driver refuses: esp-check's bug
     ],
 )
 def test_a_stopped_sweep_writes_what_it_judged_marked_partial(
@@ -775,7 +780,11 @@ def test_a_stopped_sweep_writes_what_it_judged_marked_partial(
         assert report["cases_run"] == cases and "shrinking" in report["partial"]
     elif nth == 2:
         assert 0 < report["cases_run"] < cases and "running the cases" in report["partial"]
-    assert f"{report['cases_run']} of {cases} cases" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert f"{report['cases_run']} of {cases} cases" in said.out
+    if how == "refuses":
+        assert "the sweep driver refused its input" in report["partial"]
+        assert "report it" in " ".join(said.err.split()), said.err
 
 
 @needs_build

@@ -31,9 +31,9 @@ from harness.errors import (
     EspCheckError,
     ExitCode,
     ReferenceRefusedError,
-    Terminated,
     UsageError,
     combine_exit_codes,
+    stopped_by,
     write_error,
 )
 from harness.firmware.boards import Board, load_board
@@ -297,9 +297,9 @@ def _stopped(run: _JobState, finish: Callable[[], FlashAndCompareResult]) -> Ite
         finish()
         raise
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (harness.cli turns it into Terminated)
-        how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
-        run.errors.append(f"interrupted ({how}): the run did not finish")
-        run.codes.append(ExitCode.TERMINATED if isinstance(exc, Terminated) else ExitCode.INTERRUPTED)
+        code, how = stopped_by(exc)
+        run.errors.append(f"{how}: the run did not finish")
+        run.codes.append(code)
         finish()
         raise
     except OSError as exc:  # writing an artifact (a project, a log) failed: the host's disk, exit 3

@@ -26,7 +26,7 @@ from harness.analysis.hybrid import (
     invoke_cost,
 )
 from harness.analysis.tap import Divergence, audit_captures, device_taps, first_divergence, op_cycles
-from harness.errors import EspCheckError, ExitCode, UsageError, combine_exit_codes
+from harness.errors import EspCheckError, ExitCode, UsageError, combine_exit_codes, stopped_by
 from harness.firmware.boards import Board, load_board
 from harness.firmware.build import build_project
 from harness.firmware.generate import FirmwareFeatures, generate_projects
@@ -206,9 +206,10 @@ def hybrid(
                 _verify(state)
                 if res.offered:
                     _deliver(state)
-    except KeyboardInterrupt:
-        res.errors.append("interrupted (Ctrl-C): the run did not finish")
-        state.codes.append(ExitCode.INTERRUPTED)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (harness.cli turns it into Terminated)
+        code, how = stopped_by(exc)
+        res.errors.append(f"{how}: the run did not finish")
+        state.codes.append(code)
         raise
     finally:
         res.seconds = time.monotonic() - t0

@@ -32,7 +32,7 @@ from harness.analysis.sweep_report import c_repro, headline_of, report_md
 from harness.analysis.sweep_repro import write_repro
 from harness.analysis.sweep_shrink import smaller
 from harness.children import SANITIZER_ENV
-from harness.errors import EspCheckError, ExitCode, Terminated, UsageError
+from harness.errors import EspCheckError, ExitCode, UsageError, stopped_by
 from harness.firmware.cache import native_root
 from harness.firmware.native.components import ComponentSource, find_components
 from harness.firmware.native.sweep_build import (
@@ -189,7 +189,11 @@ def run_driver(
             if d := _DONE.match(line.strip()):
                 run.finished.add(int(d.group(1)))
         if code == 2 and "esp-check sweep:" in stderr:
-            raise EspCheckError(f"the sweep driver refused its input: {stderr.strip()[-300:]}")
+            raise EspCheckError(
+                f"the sweep driver refused its input: {stderr.strip()[-300:]}",
+                hint="esp-check wrote a case its own driver does not accept (a bug in esp-check, exit 70): "
+                "report it with the command line and the esp-nn/TFLM versions",
+            )
         if code == 0:
             missing = [c.id for c in todo if c.id not in run.finished]
             if missing:
@@ -353,14 +357,15 @@ def sweep(
     return result
 
 
-def _stopped(result: SweepResult, exc: BaseException, stage: str, groups: list[Group]) -> None:
+def _stopped(
+    result: SweepResult, exc: KeyboardInterrupt | EspCheckError, stage: str, groups: list[Group]
+) -> None:
     """A sweep stopped early: its findings so far (without reproductions), why and its exit code."""
     if isinstance(exc, EspCheckError):
         result.partial, result.stop_code = f"stopped by an error while {stage}: {exc.message}", exc.exit_code
-    elif isinstance(exc, Terminated):
-        result.partial, result.stop_code = f"terminated (SIGTERM) while {stage}", ExitCode.TERMINATED
     else:
-        result.partial, result.stop_code = f"interrupted (Ctrl-C) while {stage}", ExitCode.INTERRUPTED
+        result.stop_code, how = stopped_by(exc)
+        result.partial = f"{how} while {stage}"
     result.findings = [_finding(g, None) for g in groups]
     _write(result)
 

@@ -411,7 +411,6 @@ class PlaceLease:
         self.url: str | None = None
         self.waited_s = 0.0
         self.acquired_at: float | None = None
-        self.notes: list[str] = []  # what the lease did beyond the obvious (a stale acquisition released)
         self._mutex = threading.Lock()
         # held for a whole release: a second caller (the run's final release_places while a board worker
         # is still releasing) waits for the one in flight instead of returning before the place is free
@@ -555,12 +554,10 @@ class PlaceLease:
             self._note(f"labgrid place {self.place}: could not release a stale acquisition: {exc.message}")
             return info
         self._keep(_background(self.client.cancel, tag.token))
-        note = (
+        self._note(
             f"labgrid place {self.place}: released a stale acquisition by esp-check pid {tag.pid} "
             f"on {self.me} (that process is gone: killed or crashed)"
         )
-        self.notes.append(note)
-        self._note(note)
         info.acquired = None
         return info
 

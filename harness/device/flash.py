@@ -475,9 +475,7 @@ def flash_artifacts(
             skipped = sum(r.skipped for r in regions)
             done = f"{result.bytes_written} bytes written, {skipped}/{len(regions)} regions already in flash"
             log.emit(FlashProgress("done", done))
-    except FlashFailure:
-        raise
-    except (FatalError, serial.SerialException, OSError) as exc:
+    except (FatalError, serial.SerialException, OSError) as exc:  # a FlashFailure is none of them
         raise map_esptool_error(exc, stage=stage, ps=ps) from exc
     finally:
         log.close()

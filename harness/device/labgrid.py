@@ -316,11 +316,10 @@ class LabgridClient:
         """Set (empty value: delete) one tag of the place."""
         self.run("set-tags", f"{key}={value}", place=place)
 
-    def power_cycle(self, place: str, delay: float | None = None) -> tuple[bool, str]:
+    def power_cycle(self, place: str) -> tuple[bool, str]:
         """``labgrid-client power cycle`` through the place's power resource (the place is held)."""
-        args = ["power", "cycle", *(("-t", f"{delay:g}") if delay is not None else ())]
         try:
-            out = self.run(*args, place=place)
+            out = self.run("power", "cycle", place=place)
         except LabgridError as exc:
             return False, exc.message
         return True, out.strip() or f"power cycled place {place} through labgrid"
@@ -616,6 +615,3 @@ class PlaceLease:
         if thread is not None:
             with self._mutex:
                 self._background.append(thread)
-
-    def power_cycle(self, delay: float | None = None) -> tuple[bool, str]:
-        return self.client.power_cycle(self.place, delay)

@@ -354,7 +354,7 @@ class Runner:
         lease = self._lease(bench)
         try:
             self._take_place(bench, lease)
-            return lease.power_cycle()
+            return lease.client.power_cycle(lease.place)
         except EspCheckError as exc:
             return False, f"labgrid: {exc.message}"
         finally:

@@ -31,6 +31,7 @@ TAG = "esp_check"  # the tag key esp-check puts on a place it holds
 TYPE_TAG = "esp_check_type"  # the board type of a place, for `esp-check run --labgrid` without inventory
 CONSOLE_TAG = "esp_check_console"  # optional: uart | usb_serial_jtag
 _TOKEN = re.compile(r"^[A-Z0-9]{4,64}$")
+_TAG_VALUE = re.compile(r"([0-9]+)_([0-9]+)_([0-9]+)_([A-Za-z0-9]{4,64})(?:_([0-9]+))?")  # HolderTag.value
 _INSTALL_HINT = "install labgrid beside esp-check: pip install 'esp-check[labgrid]' (docs/ci.md)"
 # The coordinator allocates a free place when the reservation is made, and `reserve --wait` sees it
 # at its first poll (later polls come every 1 s): a place not allocated this long after the token is
@@ -138,15 +139,11 @@ class HolderTag:
 
     @classmethod
     def parse(cls, value: str) -> HolderTag | None:
-        parts = value.strip().split("_")
-        numbers = parts[:3] + parts[4:]
-        if len(parts) not in (4, 5) or not all(p.isascii() and p.isdigit() for p in numbers):
+        m = _TAG_VALUE.fullmatch(value.strip())
+        if m is None:
             return None
-        token = parts[3].upper()
-        if not _TOKEN.match(token):
-            return None
-        since = int(parts[4]) if len(parts) == 5 else 0
-        return cls(int(parts[0]), int(parts[1]), int(parts[2]), token, since)
+        pid, start, ns, token, since = m.groups()
+        return cls(int(pid), int(start), int(ns), token.upper(), int(since or 0))
 
     @classmethod
     def mine(cls, token: str) -> HolderTag:

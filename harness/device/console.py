@@ -207,9 +207,7 @@ def _scan_lines(capture: _CaptureState, chunk: bytes, stop_at_end: bool, max_boo
                 capture.stop_frame = item
                 capture.ended_by = "hello" if item.type == RSP_HELLO else "frame"
                 return True
-    data = bytes(capture.line) + chunk
-    lines = data.split(b"\n")
-    tail = lines.pop()
+    *lines, tail = (bytes(capture.line) + chunk).split(b"\n")
     capture.line = bytearray(tail[-_MAX_LINE:])
     for raw in lines:
         line = raw[-_MAX_LINE:]

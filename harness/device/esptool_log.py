@@ -36,9 +36,8 @@ class EsptoolLogSink:
         self._stream = stream
 
     def write(self, text: str, end: str = "\n") -> None:
-        self._partial += text + end
-        while "\n" in self._partial:
-            line, self._partial = self._partial.split("\n", 1)
+        *lines, self._partial = (self._partial + text + end).split("\n")
+        for line in lines:
             self._emit(line)
 
     def _emit(self, line: str) -> None:

@@ -240,9 +240,7 @@ def _resolve_before(before: str, ps: PortSpec, reset_style: str) -> tuple[str, b
         return "no-reset", True
     if before != "auto":
         return before, False
-    if ps.transport == Transport.DEVICE and (
-        reset_style == "usb_serial_jtag" or (ps.usb is not None and ps.usb.is_usb_serial_jtag)
-    ):
+    if ps.transport == Transport.DEVICE and (reset_style == "usb_serial_jtag" or ps.reenumerates):
         return "usb-reset", False
     return ps.caps.esptool_before, ps.caps.harness_reset  # socket://, pty, loop://: nothing can reset
 
@@ -475,9 +473,7 @@ def flash_artifacts(
             skipped = sum(r.skipped for r in regions)
             done = f"{result.bytes_written} bytes written, {skipped}/{len(regions)} regions already in flash"
             log.emit(FlashProgress("done", done))
-    except FlashFailure:
-        raise
-    except (FatalError, serial.SerialException, OSError) as exc:
+    except (FatalError, serial.SerialException, OSError) as exc:  # a FlashFailure is none of them
         raise map_esptool_error(exc, stage=stage, ps=ps) from exc
     finally:
         log.close()

@@ -31,6 +31,7 @@ TAG = "esp_check"  # the tag key esp-check puts on a place it holds
 TYPE_TAG = "esp_check_type"  # the board type of a place, for `esp-check run --labgrid` without inventory
 CONSOLE_TAG = "esp_check_console"  # optional: uart | usb_serial_jtag
 _TOKEN = re.compile(r"^[A-Z0-9]{4,64}$")
+_TAG_VALUE = re.compile(r"([0-9]+)_([0-9]+)_([0-9]+)_([A-Za-z0-9]{4,64})(?:_([0-9]+))?")  # HolderTag.value
 _INSTALL_HINT = "install labgrid beside esp-check: pip install 'esp-check[labgrid]' (docs/ci.md)"
 # The coordinator allocates a free place when the reservation is made, and `reserve --wait` sees it
 # at its first poll (later polls come every 1 s): a place not allocated this long after the token is
@@ -138,15 +139,11 @@ class HolderTag:
 
     @classmethod
     def parse(cls, value: str) -> HolderTag | None:
-        parts = value.strip().split("_")
-        numbers = parts[:3] + parts[4:]
-        if len(parts) not in (4, 5) or not all(p.isascii() and p.isdigit() for p in numbers):
+        m = _TAG_VALUE.fullmatch(value.strip())
+        if m is None:
             return None
-        token = parts[3].upper()
-        if not _TOKEN.match(token):
-            return None
-        since = int(parts[4]) if len(parts) == 5 else 0
-        return cls(int(parts[0]), int(parts[1]), int(parts[2]), token, since)
+        pid, start, ns, token, since = m.groups()
+        return cls(int(pid), int(start), int(ns), token.upper(), int(since or 0))
 
     @classmethod
     def mine(cls, token: str) -> HolderTag:
@@ -316,11 +313,10 @@ class LabgridClient:
         """Set (empty value: delete) one tag of the place."""
         self.run("set-tags", f"{key}={value}", place=place)
 
-    def power_cycle(self, place: str, delay: float | None = None) -> tuple[bool, str]:
+    def power_cycle(self, place: str) -> tuple[bool, str]:
         """``labgrid-client power cycle`` through the place's power resource (the place is held)."""
-        args = ["power", "cycle", *(("-t", f"{delay:g}") if delay is not None else ())]
         try:
-            out = self.run(*args, place=place)
+            out = self.run("power", "cycle", place=place)
         except LabgridError as exc:
             return False, exc.message
         return True, out.strip() or f"power cycled place {place} through labgrid"
@@ -411,7 +407,6 @@ class PlaceLease:
         self.url: str | None = None
         self.waited_s = 0.0
         self.acquired_at: float | None = None
-        self.notes: list[str] = []  # what the lease did beyond the obvious (a stale acquisition released)
         self._mutex = threading.Lock()
         # held for a whole release: a second caller (the run's final release_places while a board worker
         # is still releasing) waits for the one in flight instead of returning before the place is free
@@ -555,12 +550,10 @@ class PlaceLease:
             self._note(f"labgrid place {self.place}: could not release a stale acquisition: {exc.message}")
             return info
         self._keep(_background(self.client.cancel, tag.token))
-        note = (
+        self._note(
             f"labgrid place {self.place}: released a stale acquisition by esp-check pid {tag.pid} "
             f"on {self.me} (that process is gone: killed or crashed)"
         )
-        self.notes.append(note)
-        self._note(note)
         info.acquired = None
         return info
 
@@ -619,6 +612,3 @@ class PlaceLease:
         if thread is not None:
             with self._mutex:
                 self._background.append(thread)
-
-    def power_cycle(self, delay: float | None = None) -> tuple[bool, str]:
-        return self.client.power_cycle(self.place, delay)

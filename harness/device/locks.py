@@ -179,11 +179,10 @@ def board_lock(
     timeout: float = 600.0,
     owner: str = "",
     on_wait: Callable[[str], None] | None = None,
-    cancel: threading.Event | None = None,
 ) -> Iterator[BoardLock]:
     """Hold the lock of the board behind ``port`` (PortSpec or port string) for a ``with`` block."""
     lock = BoardLock(lock_key(port), lock_dir, owner=owner)
-    lock.acquire(timeout, on_wait=on_wait, cancel=cancel)
+    lock.acquire(timeout, on_wait=on_wait)
     try:
         yield lock
     finally:

@@ -238,9 +238,7 @@ class LoopClient:
     def _acked(self, next_seq: int) -> None:
         """Everything before ``next_seq`` left the device's receive buffer."""
         progressed = False
-        while self.unacked and ((next_seq - self.unacked[0][0]) & 0xFFFF) - 1 < 0x8000:
-            if self.unacked[0][0] == next_seq:
-                break
+        while self.unacked and 0 < ((next_seq - self.unacked[0][0]) & 0xFFFF) <= 0x8000:  # modulo 2^16
             self.unacked.popleft()
             progressed = True
         if progressed:

@@ -207,13 +207,10 @@ class PortSpec:
 def _by_id_links() -> dict[str, str]:
     """Map real device path -> /dev/serial/by-id symlink (Linux only; empty elsewhere)."""
     try:
-        entries = sorted(BY_ID_DIR.iterdir())
+        entries = sorted(BY_ID_DIR.iterdir(), reverse=True)  # a device's first name is written last: it wins
     except OSError:
         return {}
-    links: dict[str, str] = {}
-    for entry in entries:
-        links.setdefault(os.path.realpath(entry), str(entry))  # non-strict realpath raises no OSError
-    return links
+    return {os.path.realpath(entry): str(entry) for entry in entries}  # non-strict realpath: no OSError
 
 
 def list_candidates(
@@ -463,21 +460,11 @@ class Rfc2217Serial(serial.rfc2217.Serial):
     what to expect"). labgrid's pyserial fork skips it the same way; this works with either package.
     """
 
-    _negotiated: tuple[object, ...] | None = None  # the settings the server last confirmed
-
-    def _remote_settings(self) -> tuple[object, ...]:
-        return (
-            self._baudrate,
-            self._bytesize,
-            self._parity,
-            self._stopbits,
-            self._rtscts,
-            self._xonxoff,
-            self._write_timeout,  # pyserial refuses one (NotImplementedError): keep that
-        )
+    _negotiated: dict[str, object] | None = None  # the settings the server last confirmed
 
     def _reconfigure_port(self) -> None:
-        wanted = self._remote_settings()
+        wanted = self.get_settings()  # write_timeout stays in: pyserial refuses one (NotImplementedError)
+        del wanted["timeout"], wanted["inter_byte_timeout"]  # this side's own, never the server's
         if wanted == self._negotiated and self._socket is not None:
             return  # only a timeout changed: nothing for the server
         super()._reconfigure_port()

@@ -32,6 +32,7 @@ from harness.children import SANITIZER_ENV
 from harness.flashfmt.otadata import boot_order
 from harness.flashfmt.partitions import APP, TABLE_MAX_BYTES, Partition, table_rows
 from harness.inprocess import BOARDS, InProcessPort
+from harness.resources import atomic_write
 
 _PACKAGE = "harness.device"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -191,10 +192,8 @@ class Serial(InProcessPort):
             if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == sha:
                 return len(data), sha, 0
             self._stop_program()
-            tmp = dest.with_suffix(".new")
-            tmp.write_bytes(data)
-            tmp.chmod(0o700)
-            tmp.replace(dest)
+            atomic_write(dest, data, durable=False)  # a board of this process: gone at exit anyway
+            dest.chmod(0o700)
             return len(data), sha, len(data)
         if offset < 0 or offset + len(data) > self._flash_bytes:
             raise OSError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -61,11 +61,8 @@ class SerialPackage:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "installed": dict(self.installed),
-            "provider": self.provider,
+            **asdict(self),  # installed, provider, missing, mixed
             "ok": self.ok,
-            "missing": list(self.missing),
-            "mixed": list(self.mixed),
             "unmet": self.unmet,
             "summary": self.describe(),
             "fix": None if self.ok and self.provider else self.fix(),

@@ -19,16 +19,9 @@ from typing import IO, Any
 
 import serial
 
-from harness.chips import CONSOLE_BAUD
+from harness.chips import CONSOLE_BAUD, ROM_BAUD
 from harness.device.console import RawCapture, capture_run
-from harness.device.flash import (
-    ROM_BAUD,
-    FlashFailure,
-    FlashResult,
-    ProgressCallback,
-    RegionResult,
-    flash_artifacts,
-)
+from harness.device.flash import FlashFailure, FlashResult, ProgressCallback, RegionResult, flash_artifacts
 from harness.device.loop import (
     MAX_RETRANSMITS,
     DeviceRestarted,

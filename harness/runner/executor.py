@@ -7,13 +7,13 @@ after an attempt; this module applies its decisions.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
 import os
-import queue
 import threading
 import time
 import traceback
@@ -354,7 +354,7 @@ class Runner:
         lease = self._lease(bench)
         try:
             self._take_place(bench, lease)
-            return lease.power_cycle()
+            return lease.client.power_cycle(lease.place)
         except EspCheckError as exc:
             return False, f"labgrid: {exc.message}"
         finally:
@@ -429,31 +429,34 @@ class Runner:
         )
 
     def _lock_board(self, state: BoardState, a: Attempt) -> BoardLock | PlaceLease | None:
-        """Resolve the board's port and take its lock, or None with the attempt marked failed."""
+        """Take the board's lock (a labgrid place: reserve and acquire it), or None with the attempt
+        marked failed."""
         bench = state.bench
-        if bench.place:
-            return self._lease_place(state, a)
         try:
-            ps = bench.resolve()
-        except EspCheckError as exc:
-            a.failed("port", exc, board_fault=exc.exit_code == ExitCode.INFRASTRUCTURE)
+            held = self._lease_place(state, a) if bench.place else self._board_lock(state, a)
+        except BoardBusyError as exc:  # held past the wait (or a stop request): no attempt, no lock
+            a.exit_code, a.reason, a.board_busy = int(ExitCode.INFRASTRUCTURE), exc.message, True
             return None
-        a.port = ps.url
-        a.lock_key = state.lock_key = lock_key(ps)
-        held = BoardLock(
-            a.lock_key, self.opt.lock_dir, owner=self.opt.owner or f"esp-check run {self.plan.path.name}"
-        )
-        try:
-            held.acquire(
-                self.lock_timeout,
-                on_wait=lambda m: self.say(f"[lock] {bench.name}: {m}"),
-                cancel=self.stop,  # a stop request ends the wait: no new work on any board
-            )
-        except BoardBusyError as exc:
-            _busy(a, exc)
+        except EspCheckError as exc:  # the port; or the coordinator, the place or its serial port resource
+            infra = exc.exit_code == ExitCode.INFRASTRUCTURE
+            a.failed("labgrid" if bench.place else "port", exc, board_fault=infra and not bench.place)
             return None
         a.lock_wait_s = held.waited_s
         a.started = time.time()
+        return held
+
+    def _board_lock(self, state: BoardState, a: Attempt) -> BoardLock:
+        """Resolve the board's port and take its board lock."""
+        ps = state.bench.resolve()
+        a.port = ps.url
+        a.lock_key = state.lock_key = lock_key(ps)
+        owner = self.opt.owner or f"esp-check run {self.plan.path.name}"
+        held = BoardLock(a.lock_key, self.opt.lock_dir, owner=owner)
+        held.acquire(
+            self.lock_timeout,
+            on_wait=lambda m: self.say(f"[lock] {state.bench.name}: {m}"),
+            cancel=self.stop,  # a stop request ends the wait: no new work on any board
+        )
         return held
 
     def _lease(self, bench: BenchBoard) -> PlaceLease:
@@ -473,24 +476,15 @@ class Runner:
             cancel=self.stop,
         )
 
-    def _lease_place(self, state: BoardState, a: Attempt) -> PlaceLease | None:
+    def _lease_place(self, state: BoardState, a: Attempt) -> PlaceLease:
         """Reserve and acquire the board's labgrid place; its NetworkSerialPort is the port."""
         bench = state.bench
         lease = self._lease(bench)
         a.lock_key = state.lock_key = lease.key
-        try:
-            self._take_place(bench, lease)
-        except BoardBusyError as exc:
-            _busy(a, exc)
-            return None
-        except EspCheckError as exc:  # the coordinator, the place or its serial port resource
-            a.failed("labgrid", exc)
-            return None
+        self._take_place(bench, lease)
         assert lease.url is not None
         self.say(f"[labgrid] {bench.name}: acquired place {lease.place} (serial port {lease.url})")
         a.port = lease.url
-        a.lock_wait_s = lease.waited_s
-        a.started = time.time()
         return lease
 
     def _release(self, t: Task, bench: BenchBoard, a: Attempt, held: BoardLock | PlaceLease) -> None:
@@ -513,7 +507,7 @@ class Runner:
         """Generate + build both variants once per (model, board type, console, options): the inputs are
         streamed, so jobs with other inputs reuse the same firmware (and what is already flashed), and
         the attempts' jobs flash it as it is (they generate and build nothing)."""
-        key = (str(t.case.model), board.name, board.console, t.job.arena_kb, t.job.input_options)
+        key = _firmware_key(t, board)
         tool = self.opt.builder or board.builder
 
         def build() -> Firmware:
@@ -570,35 +564,28 @@ class Runner:
         """The host reference the task's jobs read (reference outputs and arena, one child, cached on
         disk), made once per model x inputs x input options: ``runner.prepare`` runs it before the boards
         start, so no attempt waits for it under a board's lock."""
-        key = (str(t.case.model), tuple(map(str, t.case.inputs)), t.job.input_options)
         inputs = list(t.case.inputs)
         self.refs.get(
-            key, lambda: prepare_host_results(t.case.model, inputs, input_options=t.job.input_options)
+            _reference_key(t),
+            lambda: prepare_host_results(t.case.model, inputs, input_options=t.job.input_options),
         )
 
     def _shared_work(self) -> list[Callable[[], object]]:
         """One callable per distinct piece of shared work of the tasks that can run on a usable board."""
-        work: list[Callable[[], object]] = []
-        seen: set[Hashable] = set()
+        work: dict[Hashable, Callable[[], object]] = {}  # by the key its result is kept under
         usable = {
             b.bench.board.name: b.bench.board for b in self.boards.values() if b.status == BoardStatus.OK
         }
         if any(target_class(board).expects_sim for board in usable.values()):  # their loop runs the C codec
-            work.append(_codec_library)
+            work["codec"] = _codec_library
         for t in self.tasks:
             board = usable.get(t.board_type)
             if board is None or t.job.data is not None:  # dataset jobs build inside their flow
                 continue
-            options = t.job.input_options
-            key = ("fw", str(t.case.model), t.board_type, options, t.job.arena_kb, board.console)
-            if key not in seen:
-                seen.add(key)
-                work.append(functools.partial(self._firmware, t, board))
-            ref_key = ("ref", str(t.case.model), tuple(map(str, t.case.inputs)), options)
-            if t.job.needs_reference and ref_key not in seen:
-                seen.add(ref_key)
-                work.append(functools.partial(self._reference, t))
-        return work
+            work.setdefault(_firmware_key(t, board), functools.partial(self._firmware, t, board))
+            if t.job.needs_reference:
+                work.setdefault(_reference_key(t), functools.partial(self._reference, t))
+        return list(work.values())
 
     def _prepare_shared(self) -> None:
         """The prepare phase (docs/ci.md "How a run works"), a few pieces at a time. A stop starts no
@@ -608,15 +595,13 @@ class Runner:
         if not work:
             return
         self.say(f"[prepare] {len(work)} shared build(s) and reference(s) before the boards start")
-        todo: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
-        for job in work:
-            todo.put(job)
+        todo = collections.deque(work)  # its pops are thread-safe
 
         def worker() -> None:
             while not self.stop.is_set():
                 try:
-                    job = todo.get_nowait()
-                except queue.Empty:
+                    job = todo.popleft()
+                except IndexError:
                     return
                 with contextlib.suppress(EspCheckError):  # memoized: the task that needs it reports it
                     job()
@@ -724,17 +709,20 @@ class Runner:
             return self.stop.is_set() or self.hard_stop.is_set()
 
 
+def _firmware_key(t: Task, board: Board) -> Hashable:
+    """What a task's firmware is built from (:meth:`Runner._firmware`: built once per key)."""
+    return (str(t.case.model), board.name, board.console, t.job.arena_kb, t.job.input_options)
+
+
+def _reference_key(t: Task) -> Hashable:
+    """What a task's host reference is made from (:meth:`Runner._reference`: made once per key)."""
+    return (str(t.case.model), tuple(map(str, t.case.inputs)), t.job.input_options)
+
+
 def _codec_library() -> None:
     """The C library every simulated board's firmware loop runs (compiled once per source hash)."""
     if find_c_compiler() is not None:
         build_c_library()
-
-
-def _busy(a: Attempt, exc: BoardBusyError) -> None:
-    """The attempt found its board's lock (or labgrid place) held past the wait: no attempt, no lock."""
-    a.exit_code = int(ExitCode.INFRASTRUCTURE)
-    a.reason = exc.message
-    a.board_busy = True
 
 
 def _refuse_untested(plan: Path, job: Job, board: Board) -> None:

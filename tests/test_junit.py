@@ -264,3 +264,6 @@ def test_a_run_task_that_is_no_match_never_shows_only_passed_cases(tmp_path: Pat
     assert {c.status for c in attempt.testcases} == {CaseStatus.PASSED}  # what the attempt compared
     shown = [(c.name, (c.outcome, c.type)) for c in reports._task_cases(task) if c.outcome != "passed"]
     assert shown == [("run", RULE[ExitCode.INFRASTRUCTURE])]
+    # summary.json's testcases[] (and its counts) say the same as junit.xml: not 0 failures and 0 errors
+    listed = [(c.comparison, (c.status.value, c.type.value)) for c in reports.testcases_of(task)]
+    assert [x for x in listed if x[1][0] != "passed"] == [("run", RULE[ExitCode.INFRASTRUCTURE])]

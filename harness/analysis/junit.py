@@ -105,11 +105,17 @@ class Case:
     seconds: float = 0.0
 
 
+def needs_run_case(code: int, outcomes: Iterable[str]) -> bool:
+    """A run whose exit code is not a match never shows only passed cases (docs/ci.md): true when
+    ``code`` is not a match and every outcome passed (what failed was no comparison: a tap finding, a
+    capture kept beside a brownout), so one more case ``run`` must take ``code``'s outcome. The one rule
+    of every writer (JUnit, and summary.json's testcases[])."""
+    return int(code) != ExitCode.MATCH and all(o == "passed" for o in outcomes)
+
+
 def with_run_case(cases: list[Case], code: int, where: str, message: str, out: str = "") -> list[Case]:
-    """``cases``, plus a case ``run`` with ``code``'s outcome when ``code`` is not a match and every case
-    passed (what failed was no comparison: a tap finding, a capture kept beside a brownout): a run whose
-    exit code is not a match never shows only passed cases (docs/ci.md). The one rule of every writer."""
-    if int(code) == ExitCode.MATCH or any(c.outcome != "passed" for c in cases):
+    """``cases``, plus the case ``run`` with ``code``'s outcome when :func:`needs_run_case`."""
+    if not needs_run_case(code, (c.outcome for c in cases)):
         return cases
     outcome, kind = outcome_of(code)
     return [*cases, Case(where, "run", outcome, kind, message or kind, text=message, out=out)]

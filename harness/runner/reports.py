@@ -191,7 +191,11 @@ def testcases_of(task: Task) -> list[Testcase]:
     """The task's testcases: from the decisive attempt, or, when it has none, one per input x comparison
     with the task's outcome (docs/ci.md, "JUnit XML": an error unless the verdict is a finding)."""
     if task.decisive is not None and task.decisive.testcases and task.state != TaskState.ABORTED:
-        return list(task.decisive.testcases)
+        cases = list(task.decisive.testcases)
+        code = _task_verdict(task).exit_code
+        if junit.needs_run_case(code, (c.status.value for c in cases)):
+            cases.append(Testcase(0, "", "run", *case_of(code), task.reason or str(_task_verdict(task))))
+        return cases
     if task.state == TaskState.ABORTED:
         status, kind = CaseStatus.ERROR, CaseType.ABORTED
     else:
@@ -245,15 +249,14 @@ def _task_cases(task: Task) -> list[junit.Case]:
     each = secs / max(1, len(cases))
     found = []
     for c in cases:
-        name = junit.case_name(c.input_index, c.input, c.comparison)
+        name = "run" if c.comparison == "run" else junit.case_name(c.input_index, c.input, c.comparison)
         text = f"task {task.id}: {task.reason}"
         if c.status == CaseStatus.ERROR:
             text += f"\nartifacts: {task.dir}"
         outcome: junit.Outcome = c.status.value  # a CaseStatus's value is its JUnit outcome
         kind = c.type.value
         found.append(junit.Case(where, name, outcome, kind, c.message, text, out=out_text, seconds=each))
-    why = f"task {task.id}: {task.reason}\nartifacts: {task.dir}"
-    return junit.with_run_case(found, _task_verdict(task).exit_code, where, why, out_text)
+    return found
 
 
 def _md(text: str) -> str:

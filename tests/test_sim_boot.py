@@ -19,6 +19,7 @@ from sim_helpers import make_project, read_until_end
 
 import harness.sim as sim
 from harness.errors import UsageError
+from harness.flashfmt.model_image import pack_model_image
 from harness.protocol.capture import parse_capture
 from harness.sim.board import SimBoard, remove_board
 from harness.sim.image import build_sim_firmware
@@ -327,6 +328,54 @@ def test_a_compiled_in_input_the_app_cannot_run_prints_the_firmwares_error_recor
     assert cap.end_status == "error" and all(not run.outputs for run in cap.runs)
     assert [(e.stage, e.code, e.i, e.msg) for e in cap.errors] == [(stage, code, i, msg)]
     assert port.board.mode == "app"  # the board still runs its app: nothing was raised inside it
+
+
+def test_an_output_the_emitter_refuses_ends_the_boot_records_with_status_error(
+    tmp_path: Path, board_port
+) -> None:
+    """app_main.cc's BootText stops at the first output ecp_tensor refuses (its ERROR record printed) and
+    ends with END status=error. The simulated app does the same: here a CAST whose bool output no protocol
+    record carries (a project the generator would refuse; made by hand). Faked: the board (``sim://``)."""
+    import tflite
+    from test_model_builder import Op, T, build_model
+
+    pytest.importorskip("tflite_micro")
+    tensors = [T("input", (1, 4), "int8", scale=0.05), T("nonzero", (1, 4), "bool")]
+    model = build_model(tensors, [Op(tflite.BuiltinOperator.CAST, [0], [1])], [0], [1])
+    proj = make_project(tmp_path / "proj", model, [np.array([[1, 7, 3, 2]], np.int8)] * 2)
+    port = board_port("esp32s3")
+    port.board.program(build_sim_firmware(proj, tmp_path / "build"))
+    cap = parse_capture(boot(port, timeout=5))
+    assert cap.end_status == "error", cap.problems
+    assert [(e.stage, e.i, e.msg) for e in cap.errors] == [("internal", 0, "bad_dtype")]  # not again for i=1
+    assert cap.valid, cap.problems
+
+
+_MODEL_AT, _MODEL_SIZE = 0x220000, 0x1E0000  # the model partition of sim_helpers.PARTITIONS_4MB
+_NO_IMAGE = "model_partition_holds_no_model_image_flash_it"
+_DAMAGED = "model_partition_damaged_sha256_differs"
+
+
+@pytest.mark.parametrize(
+    ("at", "data", "msg"),
+    [
+        (0, b"\xff" * 64, _NO_IMAGE),  # erased: no magic
+        (48, b"\0\0\0\0", _NO_IMAGE),  # the header's CRC: MapModel's first check, as a missing magic
+        (0, pack_model_image(bytes(_MODEL_SIZE))[:64], _NO_IMAGE),  # announces more than the partition
+        (64 + 100, b"\x55", _DAMAGED),  # a model byte: the SHA-256 differs
+    ],
+)
+def test_a_bad_model_partition_prints_the_firmwares_model_error(
+    tmp_path: Path, models_dir: Path, board_port, at: int, data: bytes, msg: str
+) -> None:
+    """app_main.cc's MapModel: a header that fails its checks (magic, size field, CRC, length) is no model
+    image; model bytes whose SHA-256 is not the header's are a damaged partition. Faked: the board."""
+    port = board_port("esp32s3")
+    port.board.program(_files(tmp_path, models_dir, "optimized"))
+    port.board.flash[_MODEL_AT + at : _MODEL_AT + at + len(data)] = data
+    cap = parse_capture(boot(port, timeout=5))
+    assert [(e.stage, e.msg) for e in cap.errors] == [("model", msg)]
+    assert cap.end_status == "error" and cap.valid, cap.problems
 
 
 def test_a_kernel_that_aborts_is_the_simulated_chips_abort_not_the_end_of_the_process(

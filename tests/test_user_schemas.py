@@ -70,6 +70,17 @@ def test_the_schemas_refuse_what_the_loaders_refuse() -> None:
         assert not board.is_valid({**good, **bad}), bad
 
 
+def test_the_sim_schema_offers_the_chips_the_simulator_models_and_no_other() -> None:
+    """sim-params.schema.json's `chip` lists what parse_url builds a board for; a chip it does not model
+    (esp32c6: a real target of the generator) is refused, named."""
+    sim = jsonschema.validators.json.loads(schema_text("schemas/sim-params.schema.json"))
+    offered = sim["properties"]["chip"].get("enum")
+    assert offered == ["esp32", "esp32s3", "esp32c3"], sim["properties"]["chip"]
+    assert [parse_url(f"sim://b?chip={c}")[1].chip.name for c in offered] == offered
+    with pytest.raises(UsageError, match="does not model chip 'esp32c6'"):
+        parse_url("sim://b?chip=esp32c6")
+
+
 def test_job_defaults_are_the_plans_defaults(tmp_path: Path, models_dir: Path) -> None:
     """A job built in code and a job of a plan without [defaults] get the same settings (written once)."""
     p = tmp_path / "plan.toml"

@@ -21,6 +21,10 @@ class ModelImageError(ValueError):
     """The bytes in the model partition are not a model image (or not a complete one)."""
 
 
+class ModelDamagedError(ModelImageError):
+    """A sound header, but the model bytes after it are not the ones its SHA-256 names."""
+
+
 ARENA_MEM = {"internal": 0, "psram": 1}
 
 
@@ -58,7 +62,7 @@ def parse_model_image(data: bytes | bytearray | memoryview, partition_bytes: int
     model = data[HEADER_BYTES : HEADER_BYTES + n]
     sha = data[16:48].hex()
     if hashlib.sha256(model).hexdigest() != sha:
-        raise ModelImageError("model bytes do not match the image's SHA-256 (partly written or damaged)")
+        raise ModelDamagedError("model bytes do not match the image's SHA-256 (partly written or damaged)")
     arena, mem = struct.unpack_from("<IB", data, 52)
     (crc2,) = struct.unpack_from("<I", data, 60)
     if crc2 != zlib.crc32(data[:60]) & 0xFFFFFFFF or mem not in ARENA_MEM.values():

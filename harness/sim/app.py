@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from harness.chips import CONSOLE_BAUD
-from harness.flashfmt.model_image import PARTITION_LABEL, ModelImageError, parse_model_image
+from harness.flashfmt import model_image
 from harness.flashfmt.otadata import boot_order
 from harness.flashfmt.partitions import (
     DATA,
@@ -174,17 +174,17 @@ def _load_app(
 def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, dict[str, int | str], str | None]:
     """What the app's esp_partition_mmap of the model partition finds: (model, arena, None) or
     (b"", {}, why not); arena: the header's ``arena_bytes`` and ``arena_mem``."""
-    part = find(parts, DATA, label=PARTITION_LABEL)
+    part = find(parts, DATA, label=model_image.PARTITION_LABEL)
     if part is None:
         return b"", {}, "no_model_partition_in_the_partition_table"
     try:
-        image = parse_model_image(flash[part.offset : part.offset + part.size], part.size)
+        image = model_image.parse_model_image(flash[part.offset : part.offset + part.size], part.size)
         if image.arena_bytes == 0:
             return b"", {}, "model_image_gives_no_arena_size_flash_the_model_again"
         return image.model, {"arena_bytes": image.arena_bytes, "arena_mem": image.arena_mem}, None
-    except ModelImageError as exc:
-        if "damaged" in str(exc) or "match" in str(exc):
-            return b"", {}, "model_partition_damaged_sha256_differs"
+    except model_image.ModelDamagedError:
+        return b"", {}, "model_partition_damaged_sha256_differs"
+    except model_image.ModelImageError:  # as MapModel: a header failing any check (its CRC too)
         return b"", {}, "model_partition_holds_no_model_image_flash_it"
 
 

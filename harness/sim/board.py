@@ -29,7 +29,7 @@ from harness.inprocess import BOARDS
 from harness.protocol import frames
 from harness.resources import atomic_write
 from harness.sim.app import boot_from_flash, rom_header
-from harness.sim.chips import FLASH_SIZE_CODES, FLASH_SIZES, ChipSpec, get_chip
+from harness.sim.chips import CHIPS, FLASH_SIZE_CODES, FLASH_SIZES, ChipSpec, get_chip
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader
 from harness.sim.resident import IDLE_QUIET_S, AppEnv, Piece, SimApp, keep_after_boot
@@ -57,7 +57,7 @@ def _invoke_time(value: str) -> str:
 class SimParams(FaultParams):
     """Every parameter of a ``sim://`` URL or a board file's ``[sim]`` table, with its default."""
 
-    chip: str = Field("esp32s3", description="esp32, esp32s2, esp32s3, esp32c3, esp32c6, esp32p4")
+    chip: str = Field("esp32s3", json_schema_extra={"enum": list(CHIPS)})  # (get_chip refuses another)
     reset: str = Field("classic", json_schema_extra={"enum": list(RESET_STYLES)})
     flash: str | None = Field(None, description="a file that keeps the board's flash between runs")
     flash_size: str = Field("4MB", json_schema_extra={"enum": list(FLASH_SIZES)})

@@ -128,10 +128,10 @@ def sim_params_error(model: type[BaseModel], exc: ValidationError) -> UsageError
     return UsageError(f"simulator parameter {name} {msg}", hint="see docs/simulator.md for every parameter")
 
 
-def parse_faults(params: Mapping[str, str | int | float | list[str]]) -> FaultSpec:
-    """Build a :class:`FaultSpec` from URL query parameters or a board file's ``[sim]`` table."""
-    fields = FaultParams.model_fields
-    given = {k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in params.items() if k in fields}
+def parse_faults(params: Mapping[str, str]) -> FaultSpec:
+    """Build a :class:`FaultSpec` from a ``sim://`` URL's query (a board file's ``[sim]`` table becomes one:
+    :func:`harness.sim.url_for`)."""
+    given = {k: v for k, v in params.items() if k in FaultParams.model_fields}
     p = validated(FaultParams, given, partial(sim_params_error, FaultParams))
     names: set[str] = set()
     for part in (p.fault or "").replace("+", ",").split(","):

@@ -310,7 +310,9 @@ class SimApp:
                 return
             em.time(i, us)
             for o, (t, data) in enumerate(zip(self._outputs(), outs, strict=True)):
-                emit_tensor(em, i, o, t, data, self.loop.cfg.human_max)
+                if not emit_tensor(em, i, o, t, data, self.loop.cfg.human_max):  # its ERROR record printed
+                    em.end(False)
+                    return
             self.text_extra(em, i)
         em.end(True)
 

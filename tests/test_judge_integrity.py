@@ -431,6 +431,28 @@ def test_hybrid_does_not_verify_against_an_ansi_build_whose_outputs_its_ops_did_
     assert "nothing to verify a hybrid against" in res.message and "intermittent" not in res.message
 
 
+def test_hybrid_takes_an_optimized_tap_finding_for_the_optimized_builds_not_ansi_cs(
+    tmp_path: Path, models_dir: Path, sim_port
+) -> None:  # type: ignore[no-untyped-def]
+    """Only the optimized build prints corrupt outputs (no host reference): the tapped baseline's only
+    tap findings are the optimized build's. The variant is the finding's field, never read from its
+    text: ANSI C stays the reference a hybrid is verified against, and the finding is the optimized
+    build's exit 1. Faked: the board (sim://, the fault injected)."""
+    from harness.analysis.tap import TapFinding
+    from harness.flows.hybrid import hybrid
+
+    job = JobOptions(reference=False, timeouts=StageTimeouts(capture_total=60, capture_silence=4))
+    image = models_dir / "inputs" / "cnn_classifier_11.png"
+    port = sim_port("emitter=c&fault=corrupt&variant_fault=optimized")
+    res = hybrid(models_dir / CNN, [image], board="sim", port=port, out_dir=tmp_path / "o", job=job)
+    tap = res.baseline.tap if res.baseline is not None else None
+    assert tap is not None and tap.findings, res.message
+    assert {f.variant for f in tap.findings} == {"optimized"}
+    assert str(TapFinding("optimized", "ansi: x")) == "optimized: ansi: x"  # the text says its variant first
+    assert "nothing to verify a hybrid against" not in res.message, res.message
+    assert res.exit_code == ExitCode.MISMATCH and not res.offered, res.message
+
+
 @pytest.mark.parametrize("bisect", [False, True])
 def test_hybrid_offers_nothing_for_a_mismatch_that_does_not_come_back(
     tmp_path: Path, models_dir: Path, sim_port, bisect: bool

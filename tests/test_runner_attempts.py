@@ -43,6 +43,20 @@ def _judged(
     return attempt
 
 
+def _judged_on_sim(tmp_path: Path, models_dir: Path, faults: str) -> Attempt:
+    """The runner's judgement of flash-and-compare run for real on a ``sim://`` board with ``faults``."""
+    model, image = models_dir / "cnn_classifier_11.tflite", models_dir / "inputs" / "cnn_classifier_11.png"
+    limits = StageTimeouts(capture_total=30, capture_silence=3)
+    port = f"sim://?emitter=c&{faults}"
+    options = JobOptions(cache_dir=tmp_path / "cache", timeouts=limits, reference=False)
+    result = flash_and_compare(model, [image], port=port, out_dir=tmp_path / "out", options=options)
+    job = Job(name="j", cases=(), boards=("sim",), comparisons=("optimized-vs-ansi",))
+    task = Task("t", job, ModelCase(model, (image,)), "sim", None, tmp_path)
+    attempt = Attempt(1, "sim")
+    judge_inputs(task, attempt, result)
+    return attempt
+
+
 def test_a_finding_the_pipeline_adds_is_never_dropped_by_the_runner(tmp_path: Path) -> None:
     """Every comparison matches, but the pipeline's verdict is a mismatch from a finding of its own (a
     tap finding): the runner's attempt keeps it (it rebuilt a match from the comparison before)."""
@@ -63,16 +77,20 @@ def test_a_fault_is_stated_once_in_the_attempts_reason(tmp_path: Path, models_di
     """The optimized firmware reports ``ERROR stage=alloc``: the attempt's reason says so once (it said it
     in the variant's words and again as the comparison's fault), with the same verdict, board_fault and
     testcases. Faked: the board (sim://, the fault injected); the pipeline runs for real."""
-    model, image = models_dir / "cnn_classifier_11.tflite", models_dir / "inputs" / "cnn_classifier_11.png"
-    limits = StageTimeouts(capture_total=30, capture_silence=3)
-    port = "sim://?emitter=c&fault=alloc&variant_fault=optimized"
-    options = JobOptions(cache_dir=tmp_path / "cache", timeouts=limits, reference=False)
-    result = flash_and_compare(model, [image], port=port, out_dir=tmp_path / "out", options=options)
-    job = Job(name="j", cases=(), boards=("sim",), comparisons=("optimized-vs-ansi",))
-    task = Task("t", job, ModelCase(model, (image,)), "sim", None, tmp_path)
-    attempt = Attempt(1, "sim")
-    judge_inputs(task, attempt, result)
+    attempt = _judged_on_sim(tmp_path, models_dir, "fault=alloc&variant_fault=optimized")
     said = [part for part in attempt.reason.split("; ") if part.startswith("optimized:")]
     assert len(said) == 1 and "AllocateTensors_failed" in said[0], attempt.reason
     assert (attempt.exit_code, attempt.board_fault) == (ExitCode.FIRMWARE_FAULT, False)
     assert [(c.status, c.type) for c in attempt.testcases] == [(CaseStatus.FAILURE, CaseType.FIRMWARE_FAULT)]
+
+
+def test_an_attempts_reason_says_why_a_damaged_link_failed_it(tmp_path: Path, models_dir: Path) -> None:
+    """Every 4th frame the board receives is damaged: both variants' links need repairs, so each is an
+    infrastructure failure (exit 3, a board fault) though no stage failed. The reason says so in the
+    pipeline's words (the link_repair finding), not just "failed". Faked: the board (sim://, the fault
+    injected); the pipeline runs for real."""
+    attempt = _judged_on_sim(tmp_path, models_dir, "fault=frame_rx&frame_every=4")
+    assert (attempt.exit_code, attempt.board_fault) == (ExitCode.INFRASTRUCTURE, True), attempt.reason
+    said = attempt.reason.split("; ")
+    for v in VARIANTS:
+        assert any(p.startswith(f"{v}: the serial link needed repairs: ") for p in said), attempt.reason

@@ -15,13 +15,15 @@ import numpy as np
 import pytest
 import serial
 from esp_pylib.serial_reset import hard_reset
+from pydantic import TypeAdapter, ValidationError
 from sim_helpers import make_project, read_until_end
 
 import harness.sim as sim
 from harness.errors import UsageError
 from harness.flashfmt.model_image import pack_model_image
 from harness.protocol.capture import parse_capture
-from harness.sim.board import SimBoard, remove_board
+from harness.runner.plan import Name
+from harness.sim.board import SimBoard, parse_url, remove_board
 from harness.sim.image import build_sim_firmware
 
 sim.register()
@@ -427,3 +429,20 @@ def test_an_output_larger_at_run_time_than_declared_leaves_the_next_outputs_alon
     assert cap.end_status == "ok" and not cap.errors
     scalar, half = cap.runs[0].outputs
     assert scalar.data.size == 0 and half.data.tolist() == [20]  # 40 * 0.05 / 0.1
+
+
+@pytest.mark.parametrize("name", ["a", "a" * 64, "a" * 65, "-a", ".a", "_a", "a.b-c_D9", "a b", "a!b", "é"])
+def test_a_simulated_boards_name_follows_the_plans_name_rule(name: str) -> None:
+    """``sim://NAME`` and a plan's job and board names are one rule (harness.userfiles.NAME_RE): a name
+    one accepts the other does too, and the sim's refusal keeps its message."""
+    plan_ok = True
+    try:
+        TypeAdapter(Name).validate_python(name)
+    except ValidationError:
+        plan_ok = False
+    if plan_ok:
+        assert parse_url(f"sim://{name}")[0] == name
+    else:
+        with pytest.raises(UsageError, match="bad simulated board name") as err:
+            parse_url(f"sim://{name}")
+        assert err.value.hint == "use letters, digits, '.', '_' and '-' (max 64)"

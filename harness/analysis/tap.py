@@ -352,6 +352,17 @@ def check_outputs_untouched(run: CapturedRun, output_tensors: Sequence[int]) -> 
 # ---- flash-and-compare --tap ----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class TapFinding:
+    """One variant's own evidence that its printed outputs are wrong (:func:`check_outputs_untouched`)."""
+
+    variant: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.variant}: {self.text}"
+
+
 class DumpImage(TypedDict):
     """An image-shaped dumped tensor and its reference, for the HTML report."""
 
@@ -381,7 +392,7 @@ class TapResult:
     repro: list[dict[str, Any]] = field(default_factory=list)  # one-op reproducers (flows.repro)
     ram_bytes: dict[str, int] = field(default_factory=dict)  # per variant, from OPEND
     problems: list[str] = field(default_factory=list)  # why the analysis is incomplete
-    findings: list[str] = field(default_factory=list)  # the device's own evidence of wrong outputs: exit 1
+    findings: list[TapFinding] = field(default_factory=list)  # the device's evidence of wrong outputs: exit 1
     notes: list[str] = field(default_factory=list)
     images: list[DumpImage] = field(default_factory=list)  # for the HTML report (not in JSON)
 
@@ -440,7 +451,7 @@ class TapResult:
             "repro": self.repro,
             "ram_bytes": self.ram_bytes,
             "problems": self.problems,
-            "findings": self.findings,
+            "findings": [str(f) for f in self.findings],
             "headline": self.headline,
             "notes": self.notes,
             "summary": self.summary_lines(),
@@ -458,7 +469,7 @@ def analyze_captures(
             res.problems.append(f"the {v} firmware did not report INFO tap=1: it was not built with --tap")
             continue  # no OP records: nothing to check its outputs against
         for run in cap.runs:
-            res.findings += [f"{v}: {p}" for p in check_outputs_untouched(run, outs)]
+            res.findings += [TapFinding(v, p) for p in check_outputs_untouched(run, outs)]
             if run.ops_end is not None:
                 res.ram_bytes[v] = int(run.ops_end["ram"])
     n = max((len(c.runs) for c in caps.values()), default=0)

@@ -245,8 +245,8 @@ def _baseline(state: _State) -> bool:
     if res.audit is not None and state.opts.noise_band != NOISE_BAND:  # the audit again, at this run's band
         res.audit = audit_captures(state.info, state.base_caps, state.opts.noise_band)
     ansi = base.variants["ansi"]
-    # a tap finding of ANSI C (analysis.tap: "ansi: ..."): its printed outputs are not what its ops wrote
-    wrong = base.tap is not None and any(f.startswith("ansi: ") for f in base.tap.findings)
+    # a tap finding of ANSI C: its printed outputs are not what its ops wrote
+    wrong = base.tap is not None and any(f.variant == "ansi" for f in base.tap.findings)
     if ansi.source is None or ansi.exit_code is not None or wrong:
         res.message = "the ANSI C build did not run cleanly: there is nothing to verify a hybrid against"
         state.codes.append(ansi.exit_code or (base.exit_code if wrong else ExitCode.INFRASTRUCTURE))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from harness.flows.dataset import DatasetOptions
 
 from harness.userfiles import (
+    NAME_RE,
     Loc,
     Strings,
     UserModel,
@@ -47,7 +47,6 @@ COMPARISONS: dict[str, tuple[tuple[str, str], ...]] = {
     "each-vs-host": (("optimized", "reference"), ("ansi", "reference")),
 }
 Placement = Literal["any", "each"]
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 Name = Annotated[str, Field(pattern=NAME_RE.pattern, description="letters, digits, '_', '.', '-'")]
 Seconds = Annotated[float, Field(gt=0)]
 _DATASET_KEYS = ("dataset", "random_inputs", "seed", "results", "labels", "repeat", "keep_chunks")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import operator
 import random
-import re
 import threading
 import time
 import urllib.parse
@@ -33,14 +32,13 @@ from harness.sim.chips import CHIPS, FLASH_SIZE_CODES, FLASH_SIZES, ChipSpec, ge
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader
 from harness.sim.resident import IDLE_QUIET_S, AppEnv, Piece, SimApp, keep_after_boot
-from harness.userfiles import validated
+from harness.userfiles import NAME_RE, validated
 
 RESET_STYLES = {  # the two reset styles by each name they go by
     **dict.fromkeys(("classic", "uart"), "classic"),
     **dict.fromkeys(("usb_jtag", "usb_serial_jtag", "usb"), "usb_jtag"),
 }
 KEEP_PSRAM_MAX = 512 * 1024  # PSRAM a simulated board offers the kept-input store (its size: the app's)
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def _invoke_time(value: str) -> str:
@@ -97,7 +95,7 @@ def parse_url(url: str) -> tuple[str, BoardConfig]:
     if parts.scheme != "sim":
         raise UsageError(f"not a sim:// URL: {url!r}", hint="use sim://NAME?chip=esp32s3")
     name = parts.netloc or parts.path.lstrip("/")
-    if not _NAME_RE.match(name):
+    if not NAME_RE.match(name):
         raise UsageError(
             f"bad simulated board name {name!r} in {url!r}",
             hint="use letters, digits, '.', '_' and '-' (max 64)",

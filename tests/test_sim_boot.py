@@ -365,6 +365,7 @@ def test_an_output_no_record_carries_fails_the_start_up_as_the_firmwares_setup(
 _MODEL_AT, _MODEL_SIZE = 0x220000, 0x1E0000  # the model partition of sim_helpers.PARTITIONS_4MB
 _NO_IMAGE = "model_partition_holds_no_model_image_flash_it"
 _DAMAGED = "model_partition_damaged_sha256_differs"
+_NO_ARENA = "model_image_gives_no_arena_size_flash_the_model_again"
 
 
 @pytest.mark.parametrize(
@@ -374,13 +375,17 @@ _DAMAGED = "model_partition_damaged_sha256_differs"
         (48, b"\0\0\0\0", _NO_IMAGE),  # the header's CRC: MapModel's first check, as a missing magic
         (0, pack_model_image(bytes(_MODEL_SIZE))[:64], _NO_IMAGE),  # announces more than the partition
         (64 + 100, b"\x55", _DAMAGED),  # a model byte: the SHA-256 differs
+        (60, b"\0\0\0\0", _NO_ARENA),  # the arena fields' CRC
+        # that CRC and model bytes, both bad: MapModel checks the arena before the SHA-256
+        (60, b"\0" * 105, _NO_ARENA),
     ],
 )
 def test_a_bad_model_partition_prints_the_firmwares_model_error(
     tmp_path: Path, models_dir: Path, board_port, at: int, data: bytes, msg: str
 ) -> None:
     """app_main.cc's MapModel: a header that fails its checks (magic, size field, CRC, length) is no model
-    image; model bytes whose SHA-256 is not the header's are a damaged partition. Faked: the board."""
+    image; then a bad arena CRC gives no arena; then model bytes whose SHA-256 is not the header's are a
+    damaged partition. Faked: the board."""
     port = board_port("esp32s3")
     port.board.program(_files(tmp_path, models_dir, "optimized"))
     port.board.flash[_MODEL_AT + at : _MODEL_AT + at + len(data)] = data

@@ -16,7 +16,7 @@ import tflite
 
 from harness.model.loader import parse_model_bytes
 
-TYPE = {"float32": 0, "int32": 2, "uint8": 3, "bool": 6, "int16": 7, "int8": 9}
+TYPE = {"float32": 0, "float16": 1, "int32": 2, "uint8": 3, "int64": 4, "bool": 6, "int16": 7, "int8": 9}
 
 
 @dataclass

@@ -332,30 +332,40 @@ def test_a_compiled_in_input_the_app_cannot_run_prints_the_firmwares_error_recor
     assert port.board.mode == "app"  # the board still runs its app: nothing was raised inside it
 
 
-def test_an_output_the_emitter_refuses_ends_the_boot_records_with_status_error(
-    tmp_path: Path, board_port
+@pytest.mark.parametrize(
+    ("dtype", "shape", "code"),
+    [
+        ("bool", (1, 4), 6),
+        ("float16", (1, 4), 10),
+        ("int64", (4,), 4),
+    ],  # TfLiteType: float16 is 1 in the schema
+)
+def test_an_output_no_record_carries_fails_the_start_up_as_the_firmwares_setup(
+    tmp_path: Path, board_port, dtype: str, shape: tuple[int, ...], code: int
 ) -> None:
-    """app_main.cc's BootText stops at the first output ecp_tensor refuses (its ERROR record printed) and
-    ends with END status=error. The simulated app does the same: here a CAST whose bool output no protocol
-    record carries (a project the generator would refuse; made by hand). Faked: the board (``sim://``)."""
+    """app_main.cc's Setup checks every output before any input runs: a type no TENSOR record carries is
+    ``ERROR stage=output code=<TfLiteType> msg=unsupported_output_tensor`` and END status=error, with no
+    INPUT (a project the generator would refuse; made by hand). Faked: the board (``sim://``)."""
     import tflite
     from test_model_builder import Op, T, build_model
 
-    pytest.importorskip("tflite_micro")
-    tensors = [T("input", (1, 4), "int8", scale=0.05), T("nonzero", (1, 4), "bool")]
+    tensors = [T("input", (1, 4), "int8", scale=0.05), T("out", shape, dtype)]
     model = build_model(tensors, [Op(tflite.BuiltinOperator.CAST, [0], [1])], [0], [1])
     proj = make_project(tmp_path / "proj", model, [np.array([[1, 7, 3, 2]], np.int8)] * 2)
     port = board_port("esp32s3")
     port.board.program(build_sim_firmware(proj, tmp_path / "build"))
     cap = parse_capture(boot(port, timeout=5))
-    assert cap.end_status == "error", cap.problems
-    assert [(e.stage, e.i, e.msg) for e in cap.errors] == [("internal", 0, "bad_dtype")]  # not again for i=1
+    assert cap.end_status == "error" and not cap.runs, cap.problems
+    assert [(e.stage, e.code, e.i, e.msg) for e in cap.errors] == [
+        ("output", code, None, "unsupported_output_tensor")
+    ]
     assert cap.valid, cap.problems
 
 
 _MODEL_AT, _MODEL_SIZE = 0x220000, 0x1E0000  # the model partition of sim_helpers.PARTITIONS_4MB
 _NO_IMAGE = "model_partition_holds_no_model_image_flash_it"
 _DAMAGED = "model_partition_damaged_sha256_differs"
+_NO_ARENA = "model_image_gives_no_arena_size_flash_the_model_again"
 
 
 @pytest.mark.parametrize(
@@ -365,13 +375,17 @@ _DAMAGED = "model_partition_damaged_sha256_differs"
         (48, b"\0\0\0\0", _NO_IMAGE),  # the header's CRC: MapModel's first check, as a missing magic
         (0, pack_model_image(bytes(_MODEL_SIZE))[:64], _NO_IMAGE),  # announces more than the partition
         (64 + 100, b"\x55", _DAMAGED),  # a model byte: the SHA-256 differs
+        (60, b"\0\0\0\0", _NO_ARENA),  # the arena fields' CRC
+        # that CRC and model bytes, both bad: MapModel checks the arena before the SHA-256
+        (60, b"\0" * 105, _NO_ARENA),
     ],
 )
 def test_a_bad_model_partition_prints_the_firmwares_model_error(
     tmp_path: Path, models_dir: Path, board_port, at: int, data: bytes, msg: str
 ) -> None:
     """app_main.cc's MapModel: a header that fails its checks (magic, size field, CRC, length) is no model
-    image; model bytes whose SHA-256 is not the header's are a damaged partition. Faked: the board."""
+    image; then a bad arena CRC gives no arena; then model bytes whose SHA-256 is not the header's are a
+    damaged partition. Faked: the board."""
     port = board_port("esp32s3")
     port.board.program(_files(tmp_path, models_dir, "optimized"))
     port.board.flash[_MODEL_AT + at : _MODEL_AT + at + len(data)] = data

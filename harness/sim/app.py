@@ -6,6 +6,8 @@ command loop. The board schedules the :class:`Piece` list it returns on its seri
 
 from __future__ import annotations
 
+import struct
+import zlib
 from dataclasses import dataclass, replace
 
 from harness.chips import CONSOLE_BAUD
@@ -171,21 +173,28 @@ def _load_app(
     return None
 
 
+_NO_ARENA = "model_image_gives_no_arena_size_flash_the_model_again"
+
+
 def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, dict[str, int | str], str | None]:
     """What the app's esp_partition_mmap of the model partition finds: (model, arena, None) or
     (b"", {}, why not); arena: the header's ``arena_bytes`` and ``arena_mem``."""
     part = find(parts, DATA, label=model_image.PARTITION_LABEL)
     if part is None:
         return b"", {}, "no_model_partition_in_the_partition_table"
+    data = flash[part.offset : part.offset + part.size]
     try:
-        image = model_image.parse_model_image(flash[part.offset : part.offset + part.size], part.size)
-        if image.arena_bytes == 0:
-            return b"", {}, "model_image_gives_no_arena_size_flash_the_model_again"
-        return image.model, {"arena_bytes": image.arena_bytes, "arena_mem": image.arena_mem}, None
+        image = model_image.parse_model_image(data, part.size)
     except model_image.ModelDamagedError:
-        return b"", {}, "model_partition_damaged_sha256_differs"
+        # MapModel checks the arena fields (bytes 52..63, their CRC too) before the SHA-256
+        arena, mem, crc = struct.unpack_from("<IB3xI", data, 52)
+        sound = arena and mem <= 1 and crc == zlib.crc32(data[:60])
+        return b"", {}, "model_partition_damaged_sha256_differs" if sound else _NO_ARENA
     except model_image.ModelImageError:  # as MapModel: a header failing any check (its CRC too)
         return b"", {}, "model_partition_holds_no_model_image_flash_it"
+    if image.arena_bytes == 0:
+        return b"", {}, _NO_ARENA
+    return image.model, {"arena_bytes": image.arena_bytes, "arena_mem": image.arena_mem}, None
 
 
 def _slot_shas(ctx: AppEnv, parts: list[Partition], running: Partition) -> tuple[str, str]:

@@ -31,7 +31,7 @@ from harness.protocol.app_image import APP_NAME
 from harness.protocol.emitter import TapTensor, emit_tensor
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
 from harness.protocol.native import make_loop
-from harness.protocol.spec import TAP_RECORD_BYTES, crc32
+from harness.protocol.spec import DTYPES, TAP_RECORD_BYTES, crc32
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
 from harness.sim.cycles import Dispatch, invoke_us, op_cycles
@@ -43,6 +43,11 @@ SIM_BANNER = "esp-check SIMULATED BOARD"
 # reference outputs kept per board, above the largest dataset (2 x 100,000 inputs): both variants run the
 # same inputs; the board's cache container (board.ReferenceCache) bounds their bytes
 _CACHE_LIMIT = 1 << 18
+# TFLM's TfLiteType codes 1 .. 19 (tflite_types.h: kTfLiteFloat32 = 1 .. kTfLiteBFloat16), by dtype name
+_TFLITE_TYPES = (
+    "float32 int32 uint8 int64 string bool int16 complex64 int8 float16 float64 complex128 uint64 resource "
+    "variant uint32 uint16 int4 bfloat16"
+)
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,9 @@ class SimApp:
         elif any(len(raw) != init.info.inputs[0].nbytes for raw in self.payload.inputs):
             init.stage, init.code = frames.STAGE_CODES["input"], init.info.inputs[0].nbytes
             init.msg = "input_tensor_size_differs_from_embedded_input"
+        elif bad := [t.dtype for t in init.info.outputs if t.dtype not in DTYPES]:  # Setup's output check
+            init.stage, init.code = frames.STAGE_CODES["output"], _TFLITE_TYPES.split().index(bad[0]) + 1
+            init.msg = "unsupported_output_tensor"
         else:
             with contextlib.suppress(Exception):
                 init.tflm = get_backend("tflm").version().replace(" ", "_")

@@ -121,15 +121,32 @@ def test_model_placeholder_is_matched_literally(tmp_path: Path, models_dir: Path
     assert [p.name for p in plan.jobs[0].cases[0].inputs] == ["net[1]_a.npy"]
 
 
-def test_a_dotdot_stem_cannot_stand_for_model_in_a_path(tmp_path: Path, models_dir: Path) -> None:
+@pytest.mark.parametrize(
+    "fields",
+    [
+        'inputs = ["in/{model}/x.npy"]',
+        'dataset = "data/{model}"\nresults = "crc"',
+        'dataset = "data"\nlabels = "{model}.csv"\nresults = "crc"',
+    ],
+    ids=["inputs", "dataset", "labels"],
+)
+def test_a_dotdot_stem_cannot_stand_for_model_in_a_path(
+    fields: str, tmp_path: Path, models_dir: Path
+) -> None:
+    """One rule, one message: the inputs path and the dataset/labels path refuse the stem alike."""
     from harness.errors import PlanError
 
     shutil.copy(models_dir / "op_zoo.tflite", tmp_path / "...tflite")
     (tmp_path / "plan.toml").write_text(
-        '[[job]]\nname = "j"\nmodels = ["...tflite"]\ninputs = ["in/{model}/x.npy"]\nboards = ["sim"]\n'
+        f'[[job]]\nname = "j"\nmodels = ["...tflite"]\n{fields}\nboards = ["sim"]\n'
     )
-    with pytest.raises(PlanError, match=r"stem '\.\.' cannot stand for '\{model\}'"):
+    with pytest.raises(PlanError) as exc:
         load_plan(tmp_path / "plan.toml")
+    assert exc.value.message == (
+        f"plan {tmp_path / 'plan.toml'}: job 'j': field 'models' has a model file named '...tflite', "
+        "whose stem '..' cannot stand for '{model}' in a path"
+    )
+    assert exc.value.hint == "rename the model file"
 
 
 def test_move_aside_keeps_the_previous_reports_and_deletes_outside_ones(tmp_path: Path) -> None:

@@ -352,7 +352,6 @@ def _dataset_spec(at: At, table: JobTable) -> DatasetSpec | None:
     return DatasetSpec(**table.model_dump(include={f.name for f in dataclasses.fields(DatasetSpec)}))
 
 
-_NO_STEM = "has a model file named {!r}, whose stem {!r} cannot stand for '{{model}}' in a path"
 _RELATIVE = "paths are relative to the plan file; '{model}' stands for the model's file stem"
 
 
@@ -362,12 +361,18 @@ def _dataset_cases(at: At, base_dir: Path, models: list[Path], table: JobTable) 
     def resolve(pattern: str | None, model: Path) -> Path | None:
         if pattern is None:
             return None
-        if "{model}" in pattern and model.stem in (".", ".."):
-            raise at.err("models", f"has a model file named {model.name!r}: no stem for '{{model}}'")
+        _check_stem(at, model, [pattern])
         path = Path(pattern.replace("{model}", model.stem)).expanduser()
         return path if path.is_absolute() else base_dir / path
 
     return [ModelCase(m, (), resolve(table.dataset, m), resolve(table.labels, m)) for m in models]
+
+
+def _check_stem(at: At, model: Path, patterns: list[str]) -> None:
+    """A stem '.' or '..' would name a directory: it cannot stand for '{model}' in any path pattern."""
+    if model.stem in (".", "..") and any("{model}" in p for p in patterns):
+        msg = f"has a model file named {model.name!r}, whose stem {model.stem!r} cannot stand for '{{model}}'"
+        raise at.err("models", f"{msg} in a path", "rename the model file")
 
 
 def _job_models(at: At, base_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
@@ -386,8 +391,7 @@ def _job_cases(at: At, base_dir: Path, models: list[Path], input_patterns: list[
     """Each model with its inputs ('{model}' in a pattern = the model's file stem)."""
     cases: list[ModelCase] = []
     for m in models:
-        if m.stem in (".", "..") and any("{model}" in x for x in input_patterns):
-            raise at.err("models", _NO_STEM.format(m.name, m.stem), "rename the model file")
+        _check_stem(at, m, input_patterns)
         files: list[Path] = []
         for pattern in input_patterns:
             found = _expand(base_dir, pattern, m.stem)

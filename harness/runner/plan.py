@@ -223,6 +223,11 @@ class At:
         valid = isinstance(name, str) and NAME_RE.match(name) and loc[2] != "name"
         return cls(path, f"{table} {name!r}" if valid else f"{table} #{i + 1}")
 
+    def board_ref(self, ref: str) -> str:
+        """A board type as this file names it: a built-in name, or a .toml path relative to the file."""
+        relative = ref.endswith(".toml") and not Path(ref).is_absolute()
+        return str(self.path.resolve().parent / ref) if relative else ref
+
     @contextlib.contextmanager
     def wrap(self, fieldname: str, what: str) -> Iterator[None]:
         """An EspCheckError in the block as this error: "field 'F' WHAT: ITS MESSAGE", with its hint."""
@@ -310,9 +315,7 @@ def _job(plan_path: Path, table: JobTable, defaults: JobSettings, seen: set[str]
         raise at.err("inputs", "is missing", "give inputs, a dataset or random_inputs (docs/ci.md)")
     base_dir = plan_path.resolve().parent
     s = _overlay(defaults, table)
-    boards = tuple(
-        str(base_dir / b) if b.endswith(".toml") and not Path(b).is_absolute() else b for b in s.boards
-    )
+    boards = tuple(at.board_ref(b) for b in s.boards)
     if not boards:
         raise at.err("boards", "is missing (and [defaults] has none): list board types")
     models = _job_models(at, base_dir, table.models)

@@ -420,6 +420,8 @@ def _number(value: JSONValue) -> float:
 
 def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
     """Verdict counts, agreement, LSB per output, top-1 / accuracy and the worst inputs of a dataset run."""
+    from harness.analysis.dataset import PAIRS  # lazy: as the dataset pipeline, loaded by a dataset run only
+
     a = doc.get("analysis")
     if not isinstance(a, dict):
         console.print("[yellow]dataset: no results to analyse[/yellow]")
@@ -452,11 +454,10 @@ def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
     if bad:
         heads = ("input", "verdict", "opt vs ansi", "opt vs host", "ansi vs host")
         t = Table(*heads, title="inputs that disagree, largest difference first")
-        pairs = ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host")
         for row in bad[:10]:
             r = section(row)
             lsb = section(r.get("max_lsb"))
-            cells = [str(lsb.get(p, "-")) for p in pairs]
+            cells = [str(lsb.get(f"{a}_vs_{b}", "-")) for a, b in PAIRS]
             t.add_row(safe_markup(f"{r['index']} {r['name']}"), str(r["verdict"]), *cells)
         console.print(t)
     reset = section(doc.get("after_reset"))

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.analysis.dataset import PAIRS
 from harness.analysis.report import print_report, safe_lines, safe_markup
 from harness.commands.common import (
     ARENA_KB,
@@ -420,8 +421,6 @@ def _number(value: JSONValue) -> float:
 
 def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
     """Verdict counts, agreement, LSB per output, top-1 / accuracy and the worst inputs of a dataset run."""
-    from harness.analysis.dataset import PAIRS  # lazy: as the dataset pipeline, loaded by a dataset run only
-
     a = doc.get("analysis")
     if not isinstance(a, dict):
         console.print("[yellow]dataset: no results to analyse[/yellow]")

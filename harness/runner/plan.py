@@ -355,6 +355,7 @@ def _dataset_spec(at: At, table: JobTable) -> DatasetSpec | None:
     return DatasetSpec(**table.model_dump(include={f.name for f in dataclasses.fields(DatasetSpec)}))
 
 
+_NO_STEM = "has a model file named {!r}, whose stem {!r} cannot stand for '{{model}}' in a path"
 _RELATIVE = "paths are relative to the plan file; '{model}' stands for the model's file stem"
 
 
@@ -372,10 +373,8 @@ def _dataset_cases(at: At, base_dir: Path, models: list[Path], table: JobTable) 
 
 
 def _check_stem(at: At, model: Path, patterns: list[str]) -> None:
-    """A stem '.' or '..' would name a directory: it cannot stand for '{model}' in any path pattern."""
-    if model.stem in (".", "..") and any("{model}" in p for p in patterns):
-        msg = f"has a model file named {model.name!r}, whose stem {model.stem!r} cannot stand for '{{model}}'"
-        raise at.err("models", f"{msg} in a path", "rename the model file")
+    if model.stem in (".", "..") and any("{model}" in p for p in patterns):  # it would name a directory
+        raise at.err("models", _NO_STEM.format(model.name, model.stem), "rename the model file")
 
 
 def _job_models(at: At, base_dir: Path, patterns: tuple[str, ...]) -> list[Path]:

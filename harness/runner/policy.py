@@ -19,8 +19,7 @@ from harness.runner.results import BoardState, BoardStatus, EventKind, Task, Tas
 
 @dataclass(frozen=True)
 class Policy:
-    """The knobs of the rules: the job's ``retries`` and the plan's ``[run]`` settings (no defaults
-    here: theirs are JobSettings' and RunSettings')."""
+    """The knobs of the rules: the job's ``retries`` and the plan's ``[run]`` settings (their defaults)."""
 
     retries: int
     quarantine_after: int

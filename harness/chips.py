@@ -18,6 +18,8 @@ ROM_BAUD = 115200
 # (CONFIG_ESP_CONSOLE_UART_DEFAULT, CONFIG_ESP_CONSOLE_UART_BAUDRATE's default). Board files name theirs
 # (monitor_baud).
 CONSOLE_BAUD = 115200
+# The baud esptool writes flash at when no board file (flash_baud) or option sets another.
+FLASH_BAUD = 460800
 
 
 @dataclass(frozen=True)

@@ -874,3 +874,19 @@ def test_flash_and_compare_refuses_a_sim_port_for_a_real_board(
     assert _calls(fake_tools) == []
     doc = json.loads((tmp_path / "o" / "report.json").read_text())
     assert "is a real board, but --port sim://x is a simulated board's" in " ".join(doc["errors"])
+
+
+def test_a_project_naming_an_unknown_chip_is_refused_before_any_build(
+    tmp_path: Path, fake_tools: dict[str, object]
+) -> None:
+    """build_project refuses a manifest chip without a CHIPS row before any tool runs: what lets
+    project_description (and the rest of the build) index CHIPS without a fallback. Faked: pio."""
+    from harness.manifest import read_manifest, write_manifest
+
+    opt, _ = _project(tmp_path)
+    manifest = read_manifest(opt)
+    board_def = {**manifest["board_def"], "chip": "esp99"}
+    write_manifest(opt, {**manifest, "chip": "esp99", "board_def": board_def})
+    with pytest.raises(UsageError, match="unknown chip 'esp99'"):
+        b.build_project(opt, cache_dir=tmp_path / "cache", env=_env(fake_tools))
+    assert _calls(fake_tools) == []

@@ -202,6 +202,27 @@ def test_crc_equality_data_differences_and_unknowns() -> None:
     assert pairs["optimized_vs_ansi"]["mean_lsb_per_output"] == [3.0 / 8]  # 2 inputs x 4 elements
 
 
+def test_the_disagreeing_inputs_table_prints_each_pair_under_its_heading() -> None:
+    """flash-and-compare --dataset's table of the worst inputs: one column per pair of PAIRS, in its
+    order (opt vs ansi, opt vs host, ansi vs host). Faked: nothing (the console records its text)."""
+    from rich.console import Console
+
+    from harness.commands.device_cmds import _print_dataset
+
+    host = [host_leg([np.array([[1, 2, 9, 4]], np.int8)]) for _ in range(2)]
+    opt = [_leg([1, 2, 9, 7]), _leg([1, 2, 9, 4], nondeterministic=True)]
+    ansi = [_leg([1, 2, 9, 4], data=False), Leg("missing")]
+    a = analyze(["in0", "in1"], [None, None], OUT, {"optimized": opt, "ansi": ansi, "host": host})
+    console = Console(record=True, width=120)
+    _print_dataset(console, {"source": "ds", "inputs": 2, "analysis": a.to_dict()})
+    lines = console.export_text().splitlines()
+    head = lines.index("┃ input ┃ verdict          ┃ opt vs ansi ┃ opt vs host ┃ ansi vs host ┃")
+    assert lines[head + 2 : head + 4] == [
+        "│ 0 in0 │ mismatch         │ 3.0         │ 3.0         │ 0.0          │",
+        "│ 1 in1 │ nondeterministic │ None        │ 0.0         │ None         │",
+    ]
+
+
 def test_nondeterminism_is_a_mismatch() -> None:
     legs = {"optimized": [_leg([1, 2, 3, 4], nondeterministic=True)], "ansi": [_leg([1, 2, 3, 4])]}
     a = analyze(["x"], [None], OUT, legs)

@@ -372,3 +372,14 @@ def test_a_usage_kind_is_never_retryable_unless_said(kind: str, retryable: bool,
     err = FlashFailure("x", kind=kind)
     assert (err.retryable, int(err.exit_code)) == (retryable, exit_code)
     assert FlashFailure("x", kind="image_too_large", retryable=False).retryable is False
+
+
+def test_the_default_flash_baud_has_one_home() -> None:
+    """Without a board's flash_baud or an option, a session and flash_artifacts both use
+    harness.chips.FLASH_BAUD itself (the same object, not an equal copy)."""
+    import inspect
+
+    from harness.chips import FLASH_BAUD
+
+    assert inspect.signature(flash_artifacts).parameters["baud"].default is FLASH_BAUD
+    assert DeviceSession("sim://one-baud", None).flash_baud is FLASH_BAUD

@@ -828,3 +828,14 @@ def test_models_with_the_same_ops_give_the_same_app_sources(tmp_path: Path) -> N
     assert sdk["CONFIG_APP_REPRODUCIBLE_BUILD"] == "y"
     arenas = [parse_model_image(trees[m]["esp-check/partitions/model.bin"]).arena_bytes for m in ("48", "64")]
     assert arenas[0] < arenas[1]
+
+
+def test_a_board_object_with_an_unknown_chip_is_a_usage_error_not_a_crash(tmp_path: Path) -> None:
+    """harness.api exports Board, a plain dataclass: an API caller can make one naming a chip no board file
+    may name (board-file validation never sees it). The flash layout then has no chip row for its data
+    window; generation must still end in a usage error (exit 2), never a KeyError."""
+    from harness.errors import UsageError
+
+    board = replace(load_board("esp32s3-devkitc-1-n8r8"), chip="esp99")
+    with pytest.raises(UsageError, match="unknown chip 'esp99'"):
+        gen.generate_projects(MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"], board, out_dir=tmp_path)

@@ -167,3 +167,21 @@ def test_exit_lines_name_the_signal() -> None:
     assert exit_line(-6) == f"{EXIT_LINE} was killed by signal 6 (SIGABRT)\r\n"
     assert exit_line(1) == f"{EXIT_LINE} exited with status 1\r\n"
     assert "unknown signal" in str(exit_line(-200))
+
+
+def test_a_port_without_flash_has_4mb_and_one_place_says_so(tmp_path: Path) -> None:
+    """native://NAME without flash= is a 4 MB board: 16 bytes end at 4 MB, one byte further does not fit.
+    The default is written once, in the URL's parse (protocol_native has no second constant for it).
+    Faked: nothing (a native board of this process)."""
+    import harness.device.protocol_native as native
+
+    assert not hasattr(native, "DEFAULT_FLASH_BYTES")
+    blob = tmp_path / "b.bin"
+    blob.write_bytes(bytes(16))
+    port = open_port(resolve_port("native://t-default-flash"))
+    try:
+        assert port.write_region((4 << 20) - 16, blob)[0] == 16
+        with pytest.raises(OSError, match="beyond the board's 4 MB of flash"):
+            port.write_region((4 << 20) - 15, blob)
+    finally:
+        port.close()

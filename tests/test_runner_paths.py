@@ -121,15 +121,32 @@ def test_model_placeholder_is_matched_literally(tmp_path: Path, models_dir: Path
     assert [p.name for p in plan.jobs[0].cases[0].inputs] == ["net[1]_a.npy"]
 
 
-def test_a_dotdot_stem_cannot_stand_for_model_in_a_path(tmp_path: Path, models_dir: Path) -> None:
+@pytest.mark.parametrize(
+    "fields",
+    [
+        'inputs = ["in/{model}/x.npy"]',
+        'dataset = "data/{model}"\nresults = "crc"',
+        'dataset = "data"\nlabels = "{model}.csv"\nresults = "crc"',
+    ],
+    ids=["inputs", "dataset", "labels"],
+)
+def test_a_dotdot_stem_cannot_stand_for_model_in_a_path(
+    fields: str, tmp_path: Path, models_dir: Path
+) -> None:
+    """One rule, one message: the inputs path and the dataset/labels path refuse the stem alike."""
     from harness.errors import PlanError
 
     shutil.copy(models_dir / "op_zoo.tflite", tmp_path / "...tflite")
     (tmp_path / "plan.toml").write_text(
-        '[[job]]\nname = "j"\nmodels = ["...tflite"]\ninputs = ["in/{model}/x.npy"]\nboards = ["sim"]\n'
+        f'[[job]]\nname = "j"\nmodels = ["...tflite"]\n{fields}\nboards = ["sim"]\n'
     )
-    with pytest.raises(PlanError, match=r"stem '\.\.' cannot stand for '\{model\}'"):
+    with pytest.raises(PlanError) as exc:
         load_plan(tmp_path / "plan.toml")
+    assert exc.value.message == (
+        f"plan {tmp_path / 'plan.toml'}: job 'j': field 'models' has a model file named '...tflite', "
+        "whose stem '..' cannot stand for '{model}' in a path"
+    )
+    assert exc.value.hint == "rename the model file"
 
 
 def test_move_aside_keeps_the_previous_reports_and_deletes_outside_ones(tmp_path: Path) -> None:
@@ -230,3 +247,29 @@ def test_write_if_changed_keeps_an_unchanged_file_and_replaces_a_changed_one_ato
     assert write_if_changed(p, raw + b"!") is True
     assert replaced == ["sdkconfig.h"] and p.read_bytes() == raw + b"!"
     assert [x.name for x in p.parent.iterdir()] == ["sdkconfig.h"]
+
+
+def test_a_relative_board_file_is_relative_to_the_file_naming_it(
+    tmp_path: Path, models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan and an inventory in other directories than the cwd both find '../boards/mine.toml' next
+    to themselves (one rule, At.board_ref), not next to the cwd."""
+    from harness.resources import boards_dir
+
+    for d in ("plans", "bench", "boards", "cwd/deeper"):
+        (tmp_path / d).mkdir(parents=True)
+    board_file = tmp_path / "boards" / "mine.toml"
+    shutil.copy(boards_dir() / "sim-usbjtag.toml", board_file)
+    shutil.copy(models_dir / "op_zoo.tflite", tmp_path / "plans" / "m.tflite")
+    shutil.copy(models_dir / "inputs" / "op_zoo.npy", tmp_path / "plans" / "in.npy")
+    (tmp_path / "plans" / "plan.toml").write_text(
+        '[[job]]\nname = "j"\nmodels = ["m.tflite"]\ninputs = ["in.npy"]\nboards = ["../boards/mine.toml"]\n'
+    )
+    (tmp_path / "bench" / "bench.toml").write_text(
+        '[[board]]\nname = "b1"\ntype = "../boards/mine.toml"\nport = "sim://paths-rel"\n'
+    )
+    monkeypatch.chdir(tmp_path / "cwd" / "deeper")  # where ../boards/mine.toml does not exist
+    plan = load_plan(tmp_path / "plans" / "plan.toml")
+    assert [Path(b).resolve() for b in plan.jobs[0].boards] == [board_file.resolve()]
+    inventory = load_inventory(tmp_path / "bench" / "bench.toml")
+    assert inventory.boards[0].board.source.resolve() == board_file.resolve()

@@ -6,6 +6,7 @@ the decision. The end-to-end behaviour on simulated boards is in tests/test_runn
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,7 @@ def test_infrastructure_gives_up_after_the_retries() -> None:
 
 
 def test_zero_retries_means_one_attempt() -> None:
-    d = decide(LINK_LOST, FRESH, OK_BOARD, Policy(retries=0), stopping=False)
+    d = decide(LINK_LOST, FRESH, OK_BOARD, dataclasses.replace(POLICY, retries=0), stopping=False)
     assert d.next == Next.FINISH
 
 
@@ -262,3 +263,9 @@ def test_abort_reasons_say_where_the_task_was() -> None:
     assert abort_reason(t) == "run stopped before a retry (last attempt: no sync)"
     t.state = TaskState.RUNNING
     assert abort_reason(t) == "run stopped while this task was running"
+
+
+def test_the_policy_has_no_defaults_of_its_own() -> None:
+    """Its knobs come from the plan (JobSettings.retries, RunSettings) or the options, whose defaults
+    are the only ones: a second set here could drift from them."""
+    assert [f.name for f in dataclasses.fields(Policy) if f.default is not dataclasses.MISSING] == []

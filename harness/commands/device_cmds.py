@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.analysis.dataset import PAIRS
 from harness.analysis.report import print_report, safe_lines, safe_markup
 from harness.commands.common import (
     ARENA_KB,
@@ -452,11 +453,10 @@ def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
     if bad:
         heads = ("input", "verdict", "opt vs ansi", "opt vs host", "ansi vs host")
         t = Table(*heads, title="inputs that disagree, largest difference first")
-        pairs = ("optimized_vs_ansi", "optimized_vs_host", "ansi_vs_host")
         for row in bad[:10]:
             r = section(row)
             lsb = section(r.get("max_lsb"))
-            cells = [str(lsb.get(p, "-")) for p in pairs]
+            cells = [str(lsb.get(f"{a}_vs_{b}", "-")) for a, b in PAIRS]
             t.add_row(safe_markup(f"{r['index']} {r['name']}"), str(r["verdict"]), *cells)
         console.print(t)
     reset = section(doc.get("after_reset"))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TextIO, TypedDict, TypeVar
 
 import serial
 
-from harness.chips import ROM_BAUD
+from harness.chips import FLASH_BAUD, ROM_BAUD
 from harness.device.esptool_log import EsptoolLogSink, capture_esptool_log
 from harness.device.ports import PortSpec, Transport, open_port, resolve_port
 from harness.device.reset import bootloader_reset
@@ -390,7 +390,7 @@ def flash_artifacts(
     chip: str | None = None,
     expected_chip: str | None = None,
     chip_revisions: tuple[int, int] | None = None,
-    baud: int = 460800,
+    baud: int = FLASH_BAUD,
     before: str = "auto",
     after: str = "hard-reset",
     reset_style: str = "classic",

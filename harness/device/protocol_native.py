@@ -38,7 +38,6 @@ _PACKAGE = "harness.device"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 EXIT_LINE = "esp-check native: the program"  # start of the line reporting an abnormal end
 _MAX_BUFFER = 64 * 1024 * 1024
-DEFAULT_FLASH_BYTES = 4 << 20
 _MAX_FLASH_BYTES = 128 << 20
 # Where the boot stand-in looks for the partition table (CONFIG_PARTITION_TABLE_OFFSET: ESP-IDF's
 # default first, then the other 4 KB boundaries a board file may choose below otadata).
@@ -101,7 +100,7 @@ class Serial(InProcessPort):
         self._dir: Path | None = None
         self._program: Path | None = None
         self._en_low = False
-        self._flash_bytes = DEFAULT_FLASH_BYTES
+        self._flash_bytes = 0  # open() sets it: the URL's flash=, else 4MB
         self._life = threading.RLock()  # program start/stop: the reader thread restarts on esp_restart()
         self.name = ""
         super().__init__(*args, **kwargs)

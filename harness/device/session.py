@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import serial
 
-from harness.chips import CONSOLE_BAUD, ROM_BAUD
+from harness.chips import CONSOLE_BAUD, FLASH_BAUD, ROM_BAUD
 from harness.device.console import RawCapture, capture_run
 from harness.device.flash import FlashFailure, FlashResult, ProgressCallback, RegionResult, flash_artifacts
 from harness.device.loop import (
@@ -54,7 +54,7 @@ class DeviceSession:
     ) -> None:
         self.spec = port if isinstance(port, PortSpec) else resolve_port(port, board)
         self.board = board
-        self.flash_baud = flash_baud or int(getattr(board, "flash_baud", 460800))
+        self.flash_baud = flash_baud or int(getattr(board, "flash_baud", FLASH_BAUD))
         self.console_baud = console_baud or int(getattr(board, "monitor_baud", CONSOLE_BAUD))
         self.reset_style = str(getattr(board, "reset", "classic"))
         self.serial: serial.SerialBase | None = None

@@ -514,7 +514,7 @@ def project_description(
         "app_elf": LAYOUT["elf"] if elf is not None else "",
         "config_file": str(out_dir / LAYOUT["sdkconfig_json"]),
         "monitor_baudrate": baud if isinstance(baud, int) and baud else CONSOLE_BAUD,
-        "monitor_toolprefix": CHIPS[chip].toolprefix if chip in CHIPS else "",
+        "monitor_toolprefix": CHIPS[chip].toolprefix,
         "generated_by": f"esp-check {__version__} (builder {manifest.get('builder') or 'pio'})",
     }
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import json
@@ -161,7 +160,8 @@ class Runner:
         self.lock_timeout = (
             options.lock_timeout_s if options.lock_timeout_s is not None else plan.run.lock_timeout_s
         )
-        self.rules = Policy(  # the job's retries go in per task
+        self.rules = functools.partial(  # the job's retries go in per task
+            Policy,
             quarantine_after=options.quarantine_after or plan.run.quarantine_after,
             backoff_s=options.backoff_s if options.backoff_s is not None else plan.run.backoff_s,
             backoff_max_s=plan.run.backoff_max_s,
@@ -275,7 +275,7 @@ class Runner:
             BoardFacts(
                 state.status, state.consecutive_infra, state.bench.can_power_cycle, state.power_cycled
             ),
-            dataclasses.replace(self.rules, retries=t.job.retries),
+            self.rules(retries=t.job.retries),
             stopping=self.stop.is_set(),
         )
 

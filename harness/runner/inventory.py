@@ -302,11 +302,8 @@ def _bench_board(
 
 def _board_type(at: At, entry: BoardEntry) -> Board:
     """The board type (built-in name or .toml relative to the inventory), with its console applied."""
-    btype = type_ref = entry.type
-    if btype.endswith(".toml") and not Path(btype).is_absolute():
-        type_ref = str(at.path.resolve().parent / btype)
-    with at.wrap("type", f"names an unknown board type {btype!r}"):
-        board = load_board(type_ref)
+    with at.wrap("type", f"names an unknown board type {entry.type!r}"):
+        board = load_board(at.board_ref(entry.type))
     console = entry.console or board.console
     if console == "usb_serial_jtag" and not CHIPS[board.chip].usb_serial_jtag:
         raise at.err("console", f"is usb_serial_jtag but the {board.chip} has no USB-Serial-JTAG")

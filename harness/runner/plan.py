@@ -223,6 +223,11 @@ class At:
         valid = isinstance(name, str) and NAME_RE.match(name) and loc[2] != "name"
         return cls(path, f"{table} {name!r}" if valid else f"{table} #{i + 1}")
 
+    def board_ref(self, ref: str) -> str:
+        """A board type as this file names it: a built-in name, or a .toml path relative to the file."""
+        relative = ref.endswith(".toml") and not Path(ref).is_absolute()
+        return str(self.path.resolve().parent / ref) if relative else ref
+
     @contextlib.contextmanager
     def wrap(self, fieldname: str, what: str) -> Iterator[None]:
         """An EspCheckError in the block as this error: "field 'F' WHAT: ITS MESSAGE", with its hint."""
@@ -310,9 +315,7 @@ def _job(plan_path: Path, table: JobTable, defaults: JobSettings, seen: set[str]
         raise at.err("inputs", "is missing", "give inputs, a dataset or random_inputs (docs/ci.md)")
     base_dir = plan_path.resolve().parent
     s = _overlay(defaults, table)
-    boards = tuple(
-        str(base_dir / b) if b.endswith(".toml") and not Path(b).is_absolute() else b for b in s.boards
-    )
+    boards = tuple(at.board_ref(b) for b in s.boards)
     if not boards:
         raise at.err("boards", "is missing (and [defaults] has none): list board types")
     models = _job_models(at, base_dir, table.models)
@@ -362,12 +365,16 @@ def _dataset_cases(at: At, base_dir: Path, models: list[Path], table: JobTable) 
     def resolve(pattern: str | None, model: Path) -> Path | None:
         if pattern is None:
             return None
-        if "{model}" in pattern and model.stem in (".", ".."):
-            raise at.err("models", f"has a model file named {model.name!r}: no stem for '{{model}}'")
+        _check_stem(at, model, [pattern])
         path = Path(pattern.replace("{model}", model.stem)).expanduser()
         return path if path.is_absolute() else base_dir / path
 
     return [ModelCase(m, (), resolve(table.dataset, m), resolve(table.labels, m)) for m in models]
+
+
+def _check_stem(at: At, model: Path, patterns: list[str]) -> None:
+    if model.stem in (".", "..") and any("{model}" in p for p in patterns):  # it would name a directory
+        raise at.err("models", _NO_STEM.format(model.name, model.stem), "rename the model file")
 
 
 def _job_models(at: At, base_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
@@ -386,8 +393,7 @@ def _job_cases(at: At, base_dir: Path, models: list[Path], input_patterns: list[
     """Each model with its inputs ('{model}' in a pattern = the model's file stem)."""
     cases: list[ModelCase] = []
     for m in models:
-        if m.stem in (".", "..") and any("{model}" in x for x in input_patterns):
-            raise at.err("models", _NO_STEM.format(m.name, m.stem), "rename the model file")
+        _check_stem(at, m, input_patterns)
         files: list[Path] = []
         for pattern in input_patterns:
             found = _expand(base_dir, pattern, m.stem)

@@ -19,12 +19,12 @@ from harness.runner.results import BoardState, BoardStatus, EventKind, Task, Tas
 
 @dataclass(frozen=True)
 class Policy:
-    """The knobs of the rules: the job's ``retries`` and the plan's ``[run]`` settings."""
+    """The knobs of the rules: the job's ``retries`` and the plan's ``[run]`` settings (their defaults)."""
 
-    retries: int = 2
-    quarantine_after: int = 3
-    backoff_s: float = 1.0
-    backoff_max_s: float = 30.0
+    retries: int
+    quarantine_after: int
+    backoff_s: float
+    backoff_max_s: float
 
 
 @dataclass(frozen=True)

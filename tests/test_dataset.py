@@ -219,7 +219,7 @@ def test_the_disagreeing_inputs_table_prints_each_pair_under_its_heading() -> No
     head = lines.index("┃ input ┃ verdict          ┃ opt vs ansi ┃ opt vs host ┃ ansi vs host ┃")
     assert lines[head + 2 : head + 4] == [
         "│ 0 in0 │ mismatch         │ 3.0         │ 3.0         │ 0.0          │",
-        "│ 1 in1 │ nondeterministic │ None        │ 0.0         │ None         │",
+        "│ 1 in1 │ nondeterministic │ -           │ 0.0         │ -            │",
     ]
 
 

@@ -16,7 +16,7 @@ import pytest
 import serial
 from esp_pylib.serial_reset import hard_reset
 from pydantic import TypeAdapter, ValidationError
-from sim_helpers import HANG_S, make_project, read_until_end
+from sim_helpers import make_project, read_until_end
 
 import harness.sim as sim
 from harness.errors import UsageError
@@ -62,10 +62,10 @@ def board_port() -> Iterator:
 
 def boot(port: serial.SerialBase) -> bytes:
     """Reset the board and read its console until END or silence (the simulated board's output is finite:
-    ``loops`` boots of a boot loop); ``HANG_S`` bounds only a hang."""
+    ``loops`` boots of a boot loop); read_until_end's bound, sim_helpers.HANG_S, only catches a hang."""
     port.dtr = False  # IO0 high (with DTR and RTS both active, EN cannot be pulled low)
     hard_reset(port, hold_delay=0.01)
-    return read_until_end(port, timeout=HANG_S)
+    return read_until_end(port)
 
 
 @pytest.mark.parametrize(("variant", "nn"), [("optimized", "optimized"), ("ansi", "ansi_c")])
@@ -264,7 +264,7 @@ def _reset_then_switch(port, read_early: bool) -> tuple[bytes, bytes]:
         early = port.read(port.in_waiting) if read_early else b""  # a reader thread at 921600
         port.baudrate = 115200
         switched_after = time.monotonic() - reset_at
-        rest = read_until_end(port, timeout=HANG_S)
+        rest = read_until_end(port)
         if switched_after < _APP_STARTS_AFTER:
             return early, rest
     pytest.skip(f"the host never switched baud within {_APP_STARTS_AFTER} s of the reset (machine loaded)")

@@ -49,6 +49,9 @@ from harness.sim.image import (
 
 MIN_NVS_BYTES = 0x3000
 END_RE = re.compile(rb"@EC1 \d+ END [^\r\n]*\r?\n")
+# read_until_end's bound, which only a hung board reaches: reads end at END or silence first. Not a
+# guess at boot time: with the cores busy, TFLM's child process took 5 s to print its first byte.
+HANG_S = 60.0
 # The generator's layout for a 4 MB board with the table at 0xC000 (harness.firmware.layout): two 1 MB
 # app slots, the model after.
 PARTITIONS_4MB = """\
@@ -104,7 +107,7 @@ def make_project(
     return root
 
 
-def read_until_end(port: serial.SerialBase, timeout: float = 10.0, idle: float = 0.5) -> bytes:
+def read_until_end(port: serial.SerialBase, timeout: float = HANG_S, idle: float = 0.5) -> bytes:
     """Read a console until the protocol's END record, ``idle`` seconds of silence, or ``timeout``."""
     out = bytearray()
     deadline = time.monotonic() + timeout

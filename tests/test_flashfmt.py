@@ -198,7 +198,7 @@ def test_simulated_board_boots_the_slot_otadata_selects_with_ota_rows_swapped(
         port.board.program([(ota.offset, blank if slot is None else otadata.select(blank, slot, 2))])
         port.dtr = False
         hard_reset(port, hold_delay=0.01)
-        cap = parse_capture(read_until_end(port, timeout=15))
+        cap = parse_capture(read_until_end(port))
         assert cap.valid, cap.problems
         assert cap.nn_mode == nn
     finally:

@@ -60,10 +60,12 @@ def board_port() -> Iterator:
         remove_board(name)
 
 
-def boot(port: serial.SerialBase, timeout: float = 15) -> bytes:
+def boot(port: serial.SerialBase) -> bytes:
+    """Reset the board and read its console until END or silence (the simulated board's output is finite:
+    ``loops`` boots of a boot loop); read_until_end's bound, sim_helpers.HANG_S, only catches a hang."""
     port.dtr = False  # IO0 high (with DTR and RTS both active, EN cannot be pulled low)
     hard_reset(port, hold_delay=0.01)
-    return read_until_end(port, timeout=timeout)
+    return read_until_end(port)
 
 
 @pytest.mark.parametrize(("variant", "nn"), [("optimized", "optimized"), ("ansi", "ansi_c")])
@@ -103,7 +105,7 @@ def test_bootloader_finds_the_table_where_the_board_put_it(
     assert b"Partition Table:" in raw and parse_capture(raw).valid
     # a bootloader that looks for its table where there is none stops like ESP-IDF's does
     port.board.program([(0x9000, _erased(tmp_path))])
-    raw = boot(port, timeout=3)
+    raw = boot(port)
     assert b"load partition table error!" in raw and b"@EC1" not in raw
 
 
@@ -131,7 +133,7 @@ def test_rom_banner_at_115200_console_faster(tmp_path: Path, models_dir: Path, b
 
 def test_empty_flash_boot_loops_on_invalid_header(board_port) -> None:
     port = board_port("esp32s3")
-    raw = boot(port, timeout=2)
+    raw = boot(port)
     assert raw.count(b"invalid header: 0xffffffff") >= 2
     assert b"@EC1" not in raw
 
@@ -159,7 +161,7 @@ def test_two_names_are_two_boards(tmp_path: Path, models_dir: Path, board_port) 
     b = board_port("esp32s3")
     a.board.program(_files(tmp_path, models_dir, "optimized"))
     assert parse_capture(boot(a)).valid
-    assert b"invalid header" in boot(b, timeout=2)
+    assert b"invalid header" in boot(b)
 
 
 def test_bad_urls_are_rejected() -> None:
@@ -217,7 +219,7 @@ def test_flash_size_in_the_image_header_is_checked_at_start_up(
     files = _files(tmp_path, models_dir, "optimized", board_def=board_def)
     port = board_port("esp32s3", extra=f"&flash_size={board_mb}MB")
     port.board.program(files)
-    raw = boot(port, timeout=5)
+    raw = boot(port)
     assert b"SPI Flash Size : 8MB" in raw  # the 2nd-stage bootloader reads its own header
     if outcome == "probe_failed":
         assert raw.count(b"E (") >= 3 and b"@EC1" not in raw
@@ -262,7 +264,7 @@ def _reset_then_switch(port, read_early: bool) -> tuple[bytes, bytes]:
         early = port.read(port.in_waiting) if read_early else b""  # a reader thread at 921600
         port.baudrate = 115200
         switched_after = time.monotonic() - reset_at
-        rest = read_until_end(port, timeout=15)
+        rest = read_until_end(port)
         if switched_after < _APP_STARTS_AFTER:
             return early, rest
     pytest.skip(f"the host never switched baud within {_APP_STARTS_AFTER} s of the reset (machine loaded)")
@@ -326,7 +328,7 @@ def test_a_compiled_in_input_the_app_cannot_run_prints_the_firmwares_error_recor
     proj = make_project(tmp_path / "proj", _gather_out_of_range_model(), [bytes(input_bytes)])
     port = board_port("esp32s3")
     port.board.program(build_sim_firmware(proj, tmp_path / "build"))
-    cap = parse_capture(boot(port, timeout=5))
+    cap = parse_capture(boot(port))
     assert cap.end_status == "error" and all(not run.outputs for run in cap.runs)
     assert [(e.stage, e.code, e.i, e.msg) for e in cap.errors] == [(stage, code, i, msg)]
     assert port.board.mode == "app"  # the board still runs its app: nothing was raised inside it
@@ -354,7 +356,7 @@ def test_an_output_no_record_carries_fails_the_start_up_as_the_firmwares_setup(
     proj = make_project(tmp_path / "proj", model, [np.array([[1, 7, 3, 2]], np.int8)] * 2)
     port = board_port("esp32s3")
     port.board.program(build_sim_firmware(proj, tmp_path / "build"))
-    cap = parse_capture(boot(port, timeout=5))
+    cap = parse_capture(boot(port))
     assert cap.end_status == "error" and not cap.runs, cap.problems
     assert [(e.stage, e.code, e.i, e.msg) for e in cap.errors] == [
         ("output", code, None, "unsupported_output_tensor")
@@ -389,7 +391,7 @@ def test_a_bad_model_partition_prints_the_firmwares_model_error(
     port = board_port("esp32s3")
     port.board.program(_files(tmp_path, models_dir, "optimized"))
     port.board.flash[_MODEL_AT + at : _MODEL_AT + at + len(data)] = data
-    cap = parse_capture(boot(port, timeout=5))
+    cap = parse_capture(boot(port))
     assert [(e.stage, e.msg) for e in cap.errors] == [("model", msg)]
     assert cap.end_status == "error" and cap.valid, cap.problems
 
@@ -407,7 +409,7 @@ def test_a_kernel_that_aborts_is_the_simulated_chips_abort_not_the_end_of_the_pr
     proj = make_project(tmp_path / "proj", model, [np.load(write_refused_input(tmp_path / "flat.npy"))])
     port = board_port("esp32s3")
     port.board.program(build_sim_firmware(proj, tmp_path / "build"))
-    raw = boot(port, timeout=3)
+    raw = boot(port)
     assert raw.count(b"abort() was called at PC") >= 2 and b"Rebooting..." in raw  # on every boot
     assert b" INPUT i=0 " in raw and b" TENSOR " not in raw
 
@@ -439,7 +441,7 @@ def test_an_output_larger_at_run_time_than_declared_leaves_the_next_outputs_alon
     proj = make_project(tmp_path / "proj", _reshape_to_scalar_model(), [np.array([40], np.int8)])
     port = board_port("esp32s3")
     port.board.program(build_sim_firmware(proj, tmp_path / "build"))
-    cap = parse_capture(boot(port, timeout=5))
+    cap = parse_capture(boot(port))
     assert cap.end_status == "ok" and not cap.errors
     scalar, half = cap.runs[0].outputs
     assert scalar.data.size == 0 and half.data.tolist() == [20]  # 40 * 0.05 / 0.1

@@ -182,11 +182,11 @@ def test_classic_reset_selects_boot_mode(open_port, firmware) -> None:
     port.baudrate = 115200  # the ROM and this app's console both print at 115200
     port.timeout = 0.2
     classic_bootloader_reset(port, enter_boot_delay=0.05, reset_delay=0.05)
-    rom = read_until_end(port, timeout=2, idle=0.3)
+    rom = read_until_end(port, idle=0.3)
     assert b"rst:0x1 (POWERON_RESET),boot:0x3 (DOWNLOAD_BOOT" in rom and b"waiting for download" in rom
     assert b"@EC1" not in rom
     hard_reset(port, hold_delay=0.05)  # EN pulse with IO0 high: boot from flash
-    app = read_until_end(port, timeout=10)
+    app = read_until_end(port)
     assert b"ets Jun  8 2016 00:22:57" in app
     assert b"rst:0x1 (POWERON_RESET),boot:0x13 (SPI_FAST_FLASH_BOOT)" in app
     assert b"@EC1 0 BEGIN" in app and b" END status=ok" in app
@@ -206,7 +206,7 @@ def test_usb_serial_jtag_reset_and_vanishing_port(open_port, firmware) -> None:
     port.close()
     port.open()  # ... and came back
     port.baudrate = 2000000  # USB-Serial-JTAG has no baud rate: any setting reads the same bytes
-    out = read_until_end(port, timeout=10)
+    out = read_until_end(port)
     assert b"rst:0x15 (USB_UART_CHIP_RESET),boot:0x8 (SPI_FAST_FLASH_BOOT)" in out
     assert b" END status=ok" in out
     assert board.boots == 1
@@ -216,7 +216,7 @@ def test_usb_download_reset_prints_usb_reason(open_port) -> None:
     port = open_port("esp32c3", reset="usb_jtag")
     port.timeout = 0.2  # port left at pyserial's 9600 baud: USB-Serial-JTAG has no baud rate
     usb_jtag_bootloader_reset(port, settle_delay=0.02)
-    out = read_until_end(port, timeout=2, idle=0.3)
+    out = read_until_end(port, idle=0.3)
     assert b"ESP-ROM:esp32c3" in out
     assert b"rst:0x15 (USB_UART_CHIP_RESET),boot:0x0 (DOWNLOAD" in out and b"waiting for download" in out
 
@@ -315,7 +315,7 @@ def test_read_flash_with_a_hostile_block_size_stays_bounded(open_port) -> None:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert peak < 16 * length + 0x10000, f"{peak} bytes held for a {length}-byte read"
-        return SlipDecoder().feed(read_until_end(port, timeout=30, idle=0.5))
+        return SlipDecoder().feed(read_until_end(port))
 
     frames = read_flash(0x20000, 1)
     assert frames[0][:2] == b"\x01\xd2" and frames[0][-2:] == b"\0\0"  # the stub's OK

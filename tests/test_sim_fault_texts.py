@@ -80,7 +80,7 @@ def run(images) -> Iterator:
         port.board.program(images[(chip, variant)])
         port.dtr = False
         hard_reset(port, hold_delay=0.01)
-        return read_until_end(port, timeout=10, idle=0.4)
+        return read_until_end(port, idle=0.4)
 
     yield _run
     for port, name in opened:

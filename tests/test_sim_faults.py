@@ -46,7 +46,6 @@ def run(images) -> Iterator:
         query: str,
         chip: str = "esp32s3",
         variant: str = "optimized",
-        timeout: float = 10,
         name: str | None = None,
     ) -> bytes:
         name = name or f"f-{uuid.uuid4().hex[:12]}"
@@ -56,7 +55,7 @@ def run(images) -> Iterator:
         port.board.program(images[(chip, variant)])
         port.dtr = False
         hard_reset(port, hold_delay=0.01)
-        return read_until_end(port, timeout=timeout, idle=0.4)
+        return read_until_end(port, idle=0.4)
 
     yield _run
     for port, name in names:
@@ -196,7 +195,7 @@ def test_throttle_delivers_at_line_rate_and_intact(images) -> None:
         port.timeout = 0
         first = port.read(1 << 20)  # what is on the wire right after the boot started
         port.timeout = 0.2
-        rest = read_until_end(port, timeout=10)
+        rest = read_until_end(port)
         total = first + rest
         assert len(first) < len(total) // 2  # ~7 kB at 11.5 kB/s cannot all be there yet
         assert parse_capture(total).valid
@@ -222,11 +221,11 @@ def test_fault_boots_makes_a_fault_transient(images) -> None:
         port.board.program(images[("esp32s3", "optimized")])
         port.dtr = False
         hard_reset(port, hold_delay=0.01)
-        first = read_until_end(port, timeout=10, idle=0.4)
+        first = read_until_end(port, idle=0.4)
         assert b"Guru Meditation" in first
         assert not parse_capture(first).valid
         hard_reset(port, hold_delay=0.01)
-        second = read_until_end(port, timeout=10, idle=0.4)
+        second = read_until_end(port, idle=0.4)
         assert b"Guru Meditation" not in second
         cap = parse_capture(second)
         assert cap.valid and cap.nn_mode == "optimized"
@@ -250,7 +249,7 @@ def test_a_crash_hits_the_same_place_on_every_reset(images) -> None:
             port.dtr = False
             for _ in range(3):
                 hard_reset(port, hold_delay=0.01)
-                raw = read_until_end(port, timeout=10, idle=0.4)
+                raw = read_until_end(port, idle=0.4)
                 start = raw.index(b"Guru Meditation")
                 texts.setdefault(variant, []).append(raw[start : raw.index(b"Rebooting...", start)])
         finally:

@@ -58,7 +58,7 @@ def test_three_boards_in_parallel_threads(tmp_path: Path, models_dir: Path) -> N
             cmds.write_flash(esp, [(o, str(p)) for o, p in files[chip]], skip_flashed=True)
             esp.hard_reset()
             port.baudrate = 115200
-            results[chip] = read_until_end(port, timeout=20)
+            results[chip] = read_until_end(port)
             port.close()
         except BaseException as exc:  # collected and re-raised in the main thread
             errors.append(exc)

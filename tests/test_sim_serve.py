@@ -89,7 +89,7 @@ def test_strap_wins_over_the_reset_circuit() -> None:
         port.dtr = False
         port.rts = True  # EN low with IO0 released by the circuit: a plain hard reset ...
         port.rts = False
-        out = read_until_end(port, timeout=2, idle=0.3)
+        out = read_until_end(port, idle=0.3)
         assert b"waiting for download" in out  # ... but BOOT is held: the ROM waits for a host
         assert get_board(name).boots == 0
     finally:

@@ -20,6 +20,8 @@ ROM_BAUD = 115200
 CONSOLE_BAUD = 115200
 # The baud esptool writes flash at when no board file (flash_baud) or option sets another.
 FLASH_BAUD = 460800
+# the flash of a simulated or native board whose URL or board file names no size
+DEFAULT_FLASH_SIZE = "4MB"
 
 
 @dataclass(frozen=True)

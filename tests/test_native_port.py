@@ -185,3 +185,24 @@ def test_a_port_without_flash_has_4mb_and_one_place_says_so(tmp_path: Path) -> N
             port.write_region((4 << 20) - 15, blob)
     finally:
         port.close()
+
+
+@pytest.mark.parametrize("name", ["a", "a" * 64, "a" * 65, "-a", ".a", "_a", "a.b-c_D9", "a b", "a!b", "é"])
+def test_a_native_boards_name_follows_the_plans_name_rule(name: str) -> None:
+    """``native://NAME``, ``sim://NAME`` and a plan's names are one rule (harness.userfiles.NAME_RE): a name
+    the plan accepts opens, one it refuses is refused with the native port's own message. Faked: nothing (a
+    native board of this process, no program)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from harness.runner.plan import Name
+
+    register()  # native:// in pyserial's URL handlers, as opening a port through harness.device does
+    try:
+        TypeAdapter(Name).validate_python(name)
+    except ValidationError:
+        with pytest.raises(serial.SerialException, match="expected native://NAME"):
+            serial.serial_for_url(f"native://{name}", do_not_open=True).open()
+        return
+    port = serial.serial_for_url(f"native://{name}", do_not_open=True)
+    port.open()
+    port.close()

@@ -29,13 +29,14 @@ from urllib.parse import parse_qs, urlsplit
 from serial.serialutil import SerialException
 
 from harness.children import SANITIZER_ENV
+from harness.chips import DEFAULT_FLASH_SIZE
 from harness.flashfmt.otadata import boot_order
 from harness.flashfmt.partitions import APP, TABLE_MAX_BYTES, Partition, table_rows
 from harness.inprocess import BOARDS, InProcessPort
 from harness.resources import atomic_write
+from harness.userfiles import NAME_RE
 
 _PACKAGE = "harness.device"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 EXIT_LINE = "esp-check native: the program"  # start of the line reporting an abnormal end
 _MAX_BUFFER = 64 * 1024 * 1024
 _MAX_FLASH_BYTES = 128 << 20
@@ -110,10 +111,10 @@ class Serial(InProcessPort):
     def open(self) -> None:
         url = self._url_to_open()
         name = url[len("native://") :].split("?", 1)[0].strip("/") if url.startswith("native://") else ""
-        if not _NAME.match(name):
+        if not NAME_RE.match(name):
             raise SerialException(f"could not open {url!r}: expected native://NAME (letters, digits, . _ -)")
         query = parse_qs(urlsplit(url).query)
-        size_text = (query.get("flash") or ["4MB"])[0]
+        size_text = (query.get("flash") or [DEFAULT_FLASH_SIZE])[0]
         m = _SIZE.match(size_text)
         if m is None or not 0 < (int(m.group(1)) << 20) <= _MAX_FLASH_BYTES:
             raise SerialException(f"could not open {url!r}: flash={size_text} is not a flash size like 4MB")

@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 import serial
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from harness.chips import ROM_BAUD
+from harness.chips import DEFAULT_FLASH_SIZE, ROM_BAUD
 from harness.errors import UsageError
 from harness.inprocess import BOARDS
 from harness.protocol import frames
@@ -58,7 +58,7 @@ class SimParams(FaultParams):
     chip: str = Field("esp32s3", json_schema_extra={"enum": list(CHIPS)})  # (get_chip refuses another)
     reset: str = Field("classic", json_schema_extra={"enum": list(RESET_STYLES)})
     flash: str | None = Field(None, description="a file that keeps the board's flash between runs")
-    flash_size: str = Field("4MB", json_schema_extra={"enum": list(FLASH_SIZES)})
+    flash_size: str = Field(DEFAULT_FLASH_SIZE, json_schema_extra={"enum": list(FLASH_SIZES)})
     throttle: Annotated[Annotated[int, Field(ge=0)] | None, BeforeValidator(blank_is_none)] = Field(
         None, description="line rate in baud, both directions; 0: as fast as the host reads"
     )

@@ -17,7 +17,7 @@ from typing import Any
 from esptool.bin_image import BaseFirmwareImage, ELFSection, LoadFirmwareImage
 from esptool.targets import CHIP_DEFS
 
-from harness.chips import CONSOLE_BAUD
+from harness.chips import CONSOLE_BAUD, DEFAULT_FLASH_SIZE
 from harness.errors import BuildError
 from harness.flashfmt import otadata
 from harness.flashfmt.model_image import MODEL_IMAGE
@@ -41,7 +41,6 @@ _BOOTLOADER_PT_MARKER = b"ESPCHK-PT-OFFSET"  # followed by the offset as a littl
 PAYLOAD_MAGIC = b"ESPCHKSIM1\0\0"
 PAYLOAD_FORMAT = 2  # 2: the model is not in the app but in the model partition (inputs may be none)
 
-DEFAULT_FLASH_SIZE = "4MB"
 # the files build_sim_firmware writes, by their role in a build (the ELF is the app's name, .elf)
 SIM_FILES = {
     "bootloader": "bootloader.bin",

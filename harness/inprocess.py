@@ -9,6 +9,7 @@ when it is dropped or at exit.
 from __future__ import annotations
 
 import errno
+import re
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -17,6 +18,9 @@ import serial
 from serial.serialutil import PortNotOpenError, SerialBase, SerialException
 
 B = TypeVar("B")
+# a name users give: a job or a board in a plan or an inventory, a sim://NAME or native://NAME board. Here,
+# not beside the user-file models (harness.userfiles), so that opening a port never loads pydantic.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class InProcessBoards:

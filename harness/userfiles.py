@@ -8,7 +8,6 @@ field path and a sentence, for the loader's own error that names the file and wh
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, TypeVar, get_args
 
@@ -27,9 +26,6 @@ def one_or_many(value: object) -> object:
     """A single string as the list of it (``boards = "sim"`` is ``boards = ["sim"]``)."""
     return [value] if isinstance(value, str) else value
 
-
-# a name users give a job, a board or a simulated board (sim://NAME)
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 # a non-empty list of non-empty strings; one string stands for a list of one
 _Text = Annotated[str, Field(min_length=1)]

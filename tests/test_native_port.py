@@ -189,7 +189,7 @@ def test_a_port_without_flash_has_4mb_and_one_place_says_so(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("name", ["a", "a" * 64, "a" * 65, "-a", ".a", "_a", "a.b-c_D9", "a b", "a!b", "é"])
 def test_a_native_boards_name_follows_the_plans_name_rule(name: str) -> None:
-    """``native://NAME``, ``sim://NAME`` and a plan's names are one rule (harness.userfiles.NAME_RE): a name
+    """``native://NAME``, ``sim://NAME`` and a plan's names are one rule (harness.inprocess.NAME_RE): a name
     the plan accepts opens, one it refuses is refused with the native port's own message. Faked: nothing (a
     native board of this process, no program)."""
     from pydantic import TypeAdapter, ValidationError

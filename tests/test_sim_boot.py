@@ -449,7 +449,7 @@ def test_an_output_larger_at_run_time_than_declared_leaves_the_next_outputs_alon
 
 @pytest.mark.parametrize("name", ["a", "a" * 64, "a" * 65, "-a", ".a", "_a", "a.b-c_D9", "a b", "a!b", "é"])
 def test_a_simulated_boards_name_follows_the_plans_name_rule(name: str) -> None:
-    """``sim://NAME`` and a plan's job and board names are one rule (harness.userfiles.NAME_RE): a name
+    """``sim://NAME`` and a plan's job and board names are one rule (harness.inprocess.NAME_RE): a name
     one accepts the other does too, and the sim's refusal keeps its message."""
     plan_ok = True
     try:

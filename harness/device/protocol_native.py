@@ -32,15 +32,12 @@ from harness.children import SANITIZER_ENV
 from harness.chips import DEFAULT_FLASH_SIZE
 from harness.flashfmt.otadata import boot_order
 from harness.flashfmt.partitions import APP, TABLE_MAX_BYTES, Partition, table_rows
-from harness.inprocess import BOARDS, InProcessPort
+from harness.inprocess import BOARDS, NAME_RE, InProcessPort
 from harness.resources import atomic_write
 
 _PACKAGE = "harness.device"
 EXIT_LINE = "esp-check native: the program"  # start of the line reporting an abnormal end
 _MAX_BUFFER = 64 * 1024 * 1024
-# userfiles.NAME_RE's rule, written again: userfiles loads pydantic, which a repeat run must not
-# (tests/test_host_overhead.py); tests/test_native_port.py pins the two to the plan's names
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _MAX_FLASH_BYTES = 128 << 20
 # Where the boot stand-in looks for the partition table (CONFIG_PARTITION_TABLE_OFFSET: ESP-IDF's
 # default first, then the other 4 KB boundaries a board file may choose below otadata).
@@ -113,7 +110,7 @@ class Serial(InProcessPort):
     def open(self) -> None:
         url = self._url_to_open()
         name = url[len("native://") :].split("?", 1)[0].strip("/") if url.startswith("native://") else ""
-        if not _NAME.match(name):
+        if not NAME_RE.match(name):
             raise SerialException(f"could not open {url!r}: expected native://NAME (letters, digits, . _ -)")
         query = parse_qs(urlsplit(url).query)
         size_text = (query.get("flash") or [DEFAULT_FLASH_SIZE])[0]

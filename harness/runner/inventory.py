@@ -28,9 +28,10 @@ from harness.errors import EspCheckError, PlanError, PortError
 from harness.firmware.board_types import Console
 from harness.firmware.boards import Board, list_boards, load_board
 from harness.flows.targets import RealTarget, open_target, target_class
+from harness.inprocess import NAME_RE
 from harness.resources import read_toml
 from harness.runner.plan import At, Name
-from harness.userfiles import NAME_RE, UserModel, field_path, problem, validated
+from harness.userfiles import UserModel, field_path, problem, validated
 
 _REACH_KEYS = ("port", "usb_serial", "usb_location", "place")
 Reach = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]

@@ -27,8 +27,8 @@ from harness.resources import read_toml
 if TYPE_CHECKING:
     from harness.flows.dataset import DatasetOptions
 
+from harness.inprocess import NAME_RE
 from harness.userfiles import (
-    NAME_RE,
     Loc,
     Strings,
     UserModel,

@@ -24,7 +24,7 @@ from pydantic import AfterValidator, BeforeValidator, Field
 
 from harness.chips import DEFAULT_FLASH_SIZE, ROM_BAUD
 from harness.errors import UsageError
-from harness.inprocess import BOARDS
+from harness.inprocess import BOARDS, NAME_RE
 from harness.protocol import frames
 from harness.resources import atomic_write
 from harness.sim.app import boot_from_flash, rom_header
@@ -32,7 +32,7 @@ from harness.sim.chips import CHIPS, FLASH_SIZE_CODES, FLASH_SIZES, ChipSpec, ge
 from harness.sim.faults import FaultParams, FaultSpec, blank_is_none, parse_faults, sim_params_error
 from harness.sim.loader import Loader
 from harness.sim.resident import IDLE_QUIET_S, AppEnv, Piece, SimApp, keep_after_boot
-from harness.userfiles import NAME_RE, validated
+from harness.userfiles import validated
 
 RESET_STYLES = {  # the two reset styles by each name they go by
     **dict.fromkeys(("classic", "uart"), "classic"),

@@ -117,8 +117,8 @@ class SweepResult:
             return int(ExitCode.FIRMWARE_FAULT)
         if kinds:
             return int(ExitCode.MISMATCH)
-        ops = {r["op"] for r in self.coverage}
-        return int(ExitCode.USAGE) if len(self.not_compared) == len(ops) else int(ExitCode.MATCH)
+        compared = any(r["opt_vs_ansi"] or r["vs_reference"] for r in self.coverage)
+        return int(ExitCode.MATCH) if compared else int(ExitCode.USAGE)
 
 
 @dataclass

@@ -54,3 +54,8 @@ def test_sweep_overrides_do_not_shift_the_draws_after_them() -> None:
             assert given.op == name and given.seed == drawn.seed and given.params != drawn.params, name
     own = sc.softmax_case(random.Random(0), depth=7, rows=2)
     assert (own.meta["depth"], own.meta["rows"]) == (7, 2)
+
+
+def test_the_reference_childs_pipe_is_typed() -> None:
+    """model/hostrun.py's message pipe (_put, _get) takes byte streams (IO[bytes]), not ``Any``."""
+    assert _any_uses(ANALYSIS.parent / "model" / "hostrun.py") == 0

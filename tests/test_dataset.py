@@ -202,6 +202,24 @@ def test_crc_equality_data_differences_and_unknowns() -> None:
     assert pairs["optimized_vs_ansi"]["mean_lsb_per_output"] == [3.0 / 8]  # 2 inputs x 4 elements
 
 
+def test_the_pair_keys_are_one_table() -> None:
+    """dataset.PAIRS spells each comparison pair's report key once, with its two legs; analyze's rows and
+    agreement (and the tap's divergences, the dataset table) take the keys from it."""
+    from harness.analysis.dataset import PAIRS
+
+    assert PAIRS == {
+        "optimized_vs_ansi": ("optimized", "ansi"),
+        "optimized_vs_host": ("optimized", "host"),
+        "ansi_vs_host": ("ansi", "host"),
+    }
+    host = [host_leg([np.array([[1, 2, 9, 4]], np.int8)])]
+    a = analyze(
+        ["in0"], [None], OUT, {"optimized": [_leg([1, 2, 9, 7])], "ansi": [_leg([1, 2, 9, 4])], "host": host}
+    )
+    assert list(a.pairs) == list(a.rows[0].lsb) == list(PAIRS)
+    assert a.rows[0].detail == "optimized vs ANSI C differ by 3; optimized_vs_host differ by 3"
+
+
 def test_the_disagreeing_inputs_table_prints_each_pair_under_its_heading() -> None:
     """flash-and-compare --dataset's table of the worst inputs: one column per pair of PAIRS, in its
     order (opt vs ansi, opt vs host, ansi vs host). Faked: nothing (the console records its text)."""

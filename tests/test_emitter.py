@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from c_protocol import emitter_sources
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.errors import ModelError
 from harness.protocol import emitter as em_mod
 from harness.protocol.capture import parse_capture
 from harness.protocol.emitter import (
@@ -382,3 +384,27 @@ def test_compile_error_is_a_clear_build_error(tmp_path: Path) -> None:
     with pytest.raises(BuildError, match="fakecc: error: nope"):
         build_c_library(tmp_path, compiler=str(fake_cc))
     assert not list((tmp_path / "emitter").glob(".build-*"))
+
+
+def test_the_c_header_bounds_are_the_python_sides() -> None:
+    """esp_check_proto.h's ``ECP_*`` numbers and harness.protocol's are one fact in two languages, and the
+    model loader refuses the ranks the firmware cannot emit by the same bound (not a copy of it)."""
+    from harness.model import loader
+    from harness.protocol import spec
+
+    header = emitter_sources()[1].read_text(encoding="utf-8")
+    c_side = {k: int(v) for k, v in re.findall(r"#define ECP_(\w+) (\d+)", header)}
+    py_side = {
+        "LINE_MAX": spec.LINE_MAX,
+        "DATA_CHUNK": spec.DATA_CHUNK,
+        "NAME_MAX": em_mod.NAME_MAX,
+        "MSG_MAX": em_mod.MSG_MAX,
+        "MAX_DIMS": spec.MAX_DIMS,
+        "TAP_MAX_TENSORS": spec.TAP_MAX_TENSORS,
+        "OPNAME_MAX": em_mod.OPNAME_MAX,
+    }
+    assert {k: c_side.get(k) for k in py_side} == py_side
+    assert em_mod.MAX_DIMS is spec.MAX_DIMS and not hasattr(loader, "MAX_RANK")
+    loader._check_shape(0, "t", (1,) * spec.MAX_DIMS, "int8", False)
+    with pytest.raises(ModelError, match="TFLM cannot hold"):
+        loader._check_shape(0, "t", (1,) * (spec.MAX_DIMS + 1), "int8", False)

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.analysis.classify import classify, exit_code_for
+from harness.analysis.sweep_findings import sanitizer_report
 from harness.errors import ExitCode
 
 ASAN = """@EC1 6 INPUT i=0 bytes=192 sha256=ab *00000000
@@ -66,6 +67,32 @@ def test_ubsan_report() -> None:
     assert f.details["error"] == "shift exponent 32 is too large for 32-bit type 'int'"
     assert f.details["location"].endswith("softmax_opt.c:88")
     assert "esp_nn_softmax_s8_opt (softmax_opt.c:88)" in f.message
+
+
+UBSAN_SEGV = """UndefinedBehaviorSanitizer:DEADLYSIGNAL
+==1234==ERROR: UndefinedBehaviorSanitizer: SEGV on unknown address 0x000000000000 (pc 0x55f0 bp 0x7ffd T0)
+==1234==The signal is caused by a READ memory access.
+==1234==Hint: address points to the zero page.
+    #0 0x55f0 in esp_nn_add_elementwise_s8_opt /cache/sources/esp-nn/src/add/add_opt.c:40:12
+    #1 0x5600 in main /out/driver.c:99:5
+
+UndefinedBehaviorSanitizer can not provide additional info.
+SUMMARY: UndefinedBehaviorSanitizer: SEGV /cache/sources/esp-nn/src/add/add_opt.c:40:12 in esp_nn_add
+==1234==ABORTING
+"""
+
+
+def test_the_classifier_and_the_sweep_read_a_report_alike() -> None:
+    """One parser (harness.analysis.sanitizer) under both: the same error, top frame and summary."""
+    for text in (ASAN, UBSAN, UBSAN_SEGV):
+        (f,) = (f for f in classify(text) if f.kind == "sanitizer")
+        rep = sanitizer_report(text)
+        assert rep is not None
+        assert rep["type"].startswith(f.details["error"].replace("32", "N"))
+        assert rep["frames"][0] == f.details["frames"][0].split()[0]
+        assert rep["summary"] == f.details["summary"]
+    assert f.message == "UndefinedBehaviorSanitizer: SEGV in esp_nn_add_elementwise_s8_opt (add_opt.c:40:12)"
+    assert rep["at"][0] == "esp_nn_add_elementwise_s8_opt add_opt.c:40"
 
 
 def test_exit_line_alone_is_the_finding_and_a_clean_capture_has_none() -> None:

@@ -6,6 +6,7 @@ pipeline run for real."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -94,3 +95,24 @@ def test_an_attempts_reason_says_why_a_damaged_link_failed_it(tmp_path: Path, mo
     said = attempt.reason.split("; ")
     for v in VARIANTS:
         assert any(p.startswith(f"{v}: the serial link needed repairs: ") for p in said), attempt.reason
+
+
+def test_a_variants_failure_is_worded_in_one_place() -> None:
+    """VariantOutcome.failure_detail words why a variant did not run cleanly, for the attempt's reason and
+    its testcases: the last failed stage's detail, else its findings (not the warnings) and problems, else
+    "failed". Nothing is faked: the outcomes are built as the runner builds them."""
+    from harness.flows.records import StageRecord, StageStatus
+    from harness.runner.results import VariantOutcome
+
+    def outcome(stages: list[StageRecord]) -> VariantOutcome:
+        findings: list[dict[str, object]] = [
+            {"severity": "warning", "message": "task watchdog"},
+            {"severity": "error", "message": "the serial link needed repairs: 3 naks"},
+        ]
+        return VariantOutcome("ansi", 3, None, None, None, None, None, True, ["no END"], findings, stages)
+
+    flash = StageRecord("flash", "ansi", StageStatus.FAILED, 1.0, "port gone\nretry later")
+    assert outcome([flash]).failure_detail() == "port gone\nretry later"
+    ok = StageRecord("flash", "ansi", StageStatus.OK, 1.0)
+    assert outcome([ok]).failure_detail() == "the serial link needed repairs: 3 naks; no END"
+    assert dataclasses.replace(outcome([]), findings=[], problems=[]).failure_detail() == "failed"

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from harness.analysis import sanitizer as san
 from harness.chips import strap_pin
 from harness.errors import ExitCode, ModelError, combine_exit_codes
 from harness.model.opdata import resolver_method
@@ -1083,60 +1084,44 @@ def _dump_end(ctx: _Ctx, start: int) -> int:
 
 # --- detectors: native target (host program) -------------------------------------------------------
 
-_SAN_HEAD = re.compile(r"ERROR:\s*(Address|Leak|Memory|Thread)Sanitizer:?\s*([\w-]*)")
-_UBSAN_HEAD = re.compile(r"(\S+?):(\d+):(?:\d+:)?\s*runtime error:\s*(.{0,200})")
-_SAN_SUMMARY = re.compile(r"SUMMARY:\s*(\w+Sanitizer):?\s*(.{0,240})")
-_SAN_FRAME = re.compile(r"#(\d+)\s+0x[0-9a-fA-F]+\s+in\s+(\S+)\s*(\S*)")
-_SAN_ACCESS = re.compile(r"^(READ|WRITE) of size (\d+)")
 _NATIVE_EXIT = re.compile(
     r"esp-check native: the program (?:was killed by signal (\d+) \((\w+)\)|exited with status (-?\d+))"
 )
-
-
-def _sanitizer_head(line: _Line) -> tuple[str, str, str | None] | None:
-    """(sanitizer, error, location) when the line starts a sanitizer report."""
-    m = _SAN_HEAD.search(line.text)
-    if m:
-        return f"{m.group(1)}Sanitizer", m.group(2) or "error", None
-    u = _UBSAN_HEAD.search(line.text)
-    if u:
-        return "UndefinedBehaviorSanitizer", u.group(3).strip(), f"{u.group(1)}:{u.group(2)}"
-    return None
 
 
 def _detect_sanitizer(ctx: _Ctx) -> Found:
     """A sanitizer report of a native build: the headline, the access, the first frames, the summary."""
     n = len(ctx.lines)
     for i, ln in ctx.unclaimed():
-        head = _sanitizer_head(ln)
+        head = san.head(ln.text)
         if head is None:
             continue
-        sanitizer, error, where = head
-        end = next((j for j in range(i, min(n, i + 400)) if _SAN_SUMMARY.search(ctx.lines[j].text)), None)
+        error, where = head.error[:200], head.location
+        end = next((j for j in range(i, min(n, i + 400)) if san.SUMMARY.search(ctx.lines[j].text)), None)
         stop = end if end is not None else min(n - 1, i + 60)
         frames: list[str] = []
         access = None
         for j in range(i, stop + 1):
             text = ctx.lines[j].text.strip()
-            fm = _SAN_FRAME.search(text)
+            fm = san.frame(text)
             if fm and len(frames) < 8:
-                frames.append(f"{fm.group(2)} {fm.group(3)}".strip())
-            am = _SAN_ACCESS.search(text)
+                frames.append(f"{fm.func} {fm.where}".strip())
+            am = san.ACCESS.search(text)
             if am and access is None:
                 access = f"{am.group(1)} of size {am.group(2)}"
-        summary = _SAN_SUMMARY.search(ctx.lines[end].text) if end is not None else None
+        summary = san.SUMMARY.search(ctx.lines[end].text) if end is not None else None
         ctx.claim(i, stop, "sanitizer")
         top = where
         if frames:  # ``func /long/path/file.c:12`` -> ``func (file.c:12)`` for the one-line message
             func, _, at = frames[0].partition(" ")
             top = f"{func} ({at.rsplit('/', 1)[-1]})" if at else func
-        message = f"{sanitizer}: {error}" + (f" in {top}" if top else "")
-        frame_lines = [j for j in range(i + 1, stop + 1) if _SAN_FRAME.search(ctx.lines[j].text)]
+        message = f"{head.sanitizer}: {error}" + (f" in {top}" if top else "")
+        frame_lines = [j for j in range(i + 1, stop + 1) if san.frame(ctx.lines[j].text)]
         evidence_idx = [i, *frame_lines[:4]]
         if end is not None and end not in evidence_idx:
             evidence_idx.append(end)
         details: Details = {
-            "sanitizer": sanitizer,
+            "sanitizer": head.sanitizer,
             "error": error,
             "access": access,
             "location": where,

@@ -20,7 +20,9 @@ from harness.jsontypes import json_number
 from harness.protocol.spec import crc32
 
 LEGS = (*VARIANTS, "host")
-PAIRS = tuple(itertools.combinations(LEGS, 2))  # optimized-ansi, optimized-host, ansi-host
+# the comparison pairs by their report key: optimized_vs_ansi, then optimized_vs_host and ansi_vs_host
+PAIRS = {f"{a}_vs_{b}": (a, b) for a, b in itertools.combinations(LEGS, 2)}
+OPT_ANSI, *VS_HOST = PAIRS
 
 
 @dataclass
@@ -85,7 +87,7 @@ class Row:
     name: str
     label: int | None
     verdict: Verdict
-    lsb: dict[str, float | None]  # pair "a_vs_b" -> max |diff| over outputs (None: not compared)
+    lsb: dict[str, float | None]  # pair (a key of PAIRS) -> max |diff| over outputs (None: not compared)
     top1: dict[str, int | None]
     invoke_us: dict[str, int | None]
     detail: str = ""
@@ -121,8 +123,8 @@ class DatasetAnalysis:
         bad = [r for r in self.rows if r.verdict in ("mismatch", "nondeterministic")]
 
         def key(row: Row) -> tuple[float, float]:
-            oa = row.lsb.get("optimized_vs_ansi") or 0.0
-            host = max((row.lsb.get(p) or 0.0) for p in ("optimized_vs_host", "ansi_vs_host"))
+            oa = row.lsb.get(OPT_ANSI) or 0.0
+            host = max((row.lsb.get(p) or 0.0) for p in VS_HOST)
             return (-oa, -host)
 
         return sorted(bad, key=key)[:limit]
@@ -236,7 +238,7 @@ def analyze(
     """Per-input verdicts and the dataset's agreement, LSB, top-1 and accuracy figures."""
     sizes = [int(np.prod(o.shape)) for o in outputs]
     classifier = is_classifier(outputs)
-    pairs = {f"{a}_vs_{b}": PairStats() for a, b in PAIRS if a in legs and b in legs}
+    pairs = {key: PairStats() for key, (a, b) in PAIRS.items() if a in legs and b in legs}
     top1 = {p: {"compared": 0, "agree": 0} for p in pairs} if classifier else {}
     accuracy = {leg: {"labelled": 0, "correct": 0} for leg in LEGS if leg in legs} if classifier else {}
     rows = []
@@ -245,14 +247,14 @@ def analyze(
         lsb: dict[str, float | None] = {}
         why = []
         for key, stats in pairs.items():
-            a, b = key.split("_vs_")
-            tol = tolerance_lsb if key == "optimized_vs_ansi" else ref_tolerance_lsb
+            a, b = PAIRS[key]
+            tol = tolerance_lsb if key == OPT_ANSI else ref_tolerance_lsb
             lsb[key], reason = _compare(here[a], here[b], stats, sizes, tol)
             if reason and here[a].ok and here[b].ok:
                 why.append(f"{key}: {reason}")
         t1 = {leg: _top1(here[leg], here.get("host")) for leg in legs} if classifier else {}
         for key in top1:
-            a, b = key.split("_vs_")
+            a, b = PAIRS[key]
             if t1.get(a) is not None and t1.get(b) is not None:
                 top1[key]["compared"] += 1
                 top1[key]["agree"] += t1[a] == t1[b]
@@ -296,13 +298,11 @@ def _verdict(
             f"{v}: {legs[v].detail or 'the same input gave different outputs across repeats'}" for v in nondet
         )
     found = []
-    oa = lsb.get("optimized_vs_ansi")
+    oa = lsb.get(OPT_ANSI)
     if oa is not None and oa > tol:
         found.append(f"optimized vs ANSI C differ by {oa:g}")
     found += [
-        f"{k} differ by {x:g}"
-        for k, x in lsb.items()
-        if k.endswith("_vs_host") and x is not None and x > ref_tol
+        f"{k} differ by {x:g}" for k, x in lsb.items() if k in VS_HOST and x is not None and x > ref_tol
     ]
     if found:
         return Verdict.MISMATCH, "; ".join(found) + unknown

@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import TypedDict
 
+from harness.analysis import sanitizer
 from harness.analysis.sweep_cases import Case
 
 RAN, ABSENT, REFUSED, NO_REF = 0, 1, 2, 3
@@ -79,23 +80,7 @@ def parse_outputs(line: str) -> tuple[int, tuple[bytes | None, ...]] | None:
     return int(m.group(1)), outs
 
 
-_SAN_ERROR = re.compile(r"(ERROR: (?:Address|Undefined\w*|Leak)Sanitizer: .*|runtime error: .*)")
-_FRAME = re.compile(r"#\d+ 0x[0-9a-f]+ in (\S+)(?: (\S+?:\d+)(?::\d+)?)?")
-_UB_AT = re.compile(r"(\S+?:\d+):\d+: runtime error:")
 _NUMBER = re.compile(r"0x[0-9a-fA-F]+|-?\d+")
-
-
-def error_type(error: str) -> str:
-    """What kind of error a sanitizer reported, without its numbers: the grouping key.
-
-    ``ERROR: AddressSanitizer: heap-buffer-overflow on address 0x...`` -> ``heap-buffer-overflow``;
-    ``runtime error: shift exponent 32 is too large for 32-bit type 'int'`` -> ``shift exponent N is too
-    large for N-bit type 'int'``."""
-    if error.startswith("ERROR:"):
-        words = error.split("Sanitizer:", 1)[-1].split()
-        return words[0] if words else error[:60]
-    text = error.split("runtime error:", 1)[-1].strip().split(": ")[0]
-    return _NUMBER.sub("N", text)[:120]
 
 
 _Report = TypedDict(  # "in" is a keyword: the functional form
@@ -112,20 +97,22 @@ class SanitizerReport(_Report, total=False):
 def sanitizer_report(text: str) -> SanitizerReport | None:
     """The error line, its type, the first frames (with file:line where the report gives them) and
     the summary of a sanitizer report in ``text``."""
-    m = _SAN_ERROR.search(text)
-    if not m:
+    lines = text.splitlines()
+    i, head = next(((i, h) for i, ln in enumerate(lines) if (h := sanitizer.head(ln))), (0, None))
+    if head is None:
         return None
-    found = _FRAME.findall(text[m.start() :])[:6]
-    frames = [f for f, _ in found]
-    at = [f"{f} {where.rsplit('/', 1)[-1]}" if where else f for f, where in found]
-    ub = _UB_AT.search(text)
-    if ub:
-        at.insert(0, f"reported at {ub.group(1).rsplit('/', 1)[-1]}")
-    summary = next((ln.strip() for ln in text.splitlines() if ln.startswith("SUMMARY:")), "")
+    found = [f for ln in lines[i:] if (f := sanitizer.frame(ln))][:6]
+    frames = [f.func for f in found]
+    at = [f"{f.func} {f.at}" if f.at else f.func for f in found]
+    if head.location:
+        at.insert(0, f"reported at {head.location.rsplit('/', 1)[-1]}")
+    summary = next((ln.strip() for ln in lines[i:] if sanitizer.SUMMARY.match(ln)), "")
     where = next((f for f in frames if f.startswith("esp_nn")), frames[0] if frames else "")
+    # the grouping key: the error's name, or what UBSan says without its numbers
+    kind = head.error if head.line.startswith("ERROR:") else _NUMBER.sub("N", head.error.split(": ")[0])
     return {
-        "error": m.group(1)[:300],
-        "type": error_type(m.group(1)),
+        "error": head.line[:300],
+        "type": kind[:120],
         "frames": frames,
         "at": at,
         "summary": summary[:300],

@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from harness.analysis.dataset import PAIRS
+from harness.analysis.dataset import PAIRS, VS_HOST
 from harness.analysis.hybrid import NOISE_BAND, Audit, espnn_audit
 from harness.errors import EspCheckError
 from harness.model.modelinfo import ModelInfo
@@ -376,8 +376,7 @@ class DumpImage(TypedDict):
 
 def divergences(run: Mapping[str, int | Divergence]) -> list[tuple[str, Divergence]]:
     """The divergences found for one input: optimized vs ANSI C, then each variant vs the host."""
-    keys = (f"{a}_vs_{b}" for a, b in PAIRS)
-    return [(k, d) for k in keys if isinstance(d := run.get(k), Divergence)]
+    return [(k, d) for k in PAIRS if isinstance(d := run.get(k), Divergence)]
 
 
 @dataclass
@@ -435,7 +434,7 @@ class TapResult:
             return self.culprit.message
         if self.findings:
             return "no op diverged, but the printed outputs are not what the ops wrote (tap findings)"
-        host = any(k.endswith("_vs_host") for run in self.runs for k in run)
+        host = any(k in VS_HOST for run in self.runs for k in run)
         return f"optimized, ANSI C{' and host' if host else ''} agree on every op checksum"
 
     def to_dict(self) -> dict[str, object]:
@@ -480,9 +479,9 @@ def analyze_captures(
         }
         if host_ops is not None and i < len(host_ops):
             streams["host"] = host_ops[i]
-        for x, y in PAIRS:  # optimized vs ANSI C, then each variant vs the host
+        for key, (x, y) in PAIRS.items():  # optimized vs ANSI C, then each variant vs the host
             if x in streams and y in streams:
-                row[f"{x}_vs_{y}"] = first_divergence(x, streams[x], y, streams[y])
+                row[key] = first_divergence(x, streams[x], y, streams[y])
         res.runs.append(row)
         for key, d in row.items():
             if isinstance(d, Divergence) and (d.missing or d.layout_mismatch):

@@ -456,7 +456,7 @@ def _print_dataset(console: Console, doc: dict[str, JSONValue]) -> None:
         for row in bad[:10]:
             r = section(row)
             lsb = section(r.get("max_lsb"))
-            cells = [str(v) if (v := lsb.get(f"{a}_vs_{b}")) is not None else "-" for a, b in PAIRS]
+            cells = [str(v) if (v := lsb.get(key)) is not None else "-" for key in PAIRS]
             t.add_row(safe_markup(f"{r['index']} {r['name']}"), str(r["verdict"]), *cells)
         console.print(t)
     reset = section(doc.get("after_reset"))

@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar, cast
+from typing import IO, Any, TypedDict, TypeVar, cast
 
 import numpy as np
 
@@ -304,19 +304,22 @@ class InvokeChild:
     def _send(self, arr: np.ndarray) -> tuple[bytes | None, int]:
         """``arr`` to a running child (one is started if there is none): its answer (None: it ended) and
         its exit status (0 while it runs)."""
+        hello = b""
+        if self.proc is None or self.proc.poll() is not None:
+            argv = [sys.executable, "-m", "harness.model.hostrun", "--invoke"]
+            pipe, quiet = subprocess.PIPE, subprocess.DEVNULL  # TFLM's own messages are not the console
+            self.proc = subprocess.Popen(argv, stdin=pipe, stdout=pipe, stderr=quiet, env=_child_env())
+            # reaped as it leaves (idle, its input's end, a crash): no zombie in a long-lived process
+            threading.Thread(target=self.proc.wait, name="esp-check-sim-cpu", daemon=True).start()
+            hello = struct.pack("<QQ", backends.host_arena_bytes(self.info), limits()[1]) + self.model
+        proc = self.proc
+        assert proc.stdin is not None and proc.stdout is not None  # both are pipes
         with contextlib.suppress(BrokenPipeError):  # a child gone already: no answer
-            if self.proc is None or self.proc.poll() is not None:
-                argv = [sys.executable, "-m", "harness.model.hostrun", "--invoke"]
-                pipe, quiet = subprocess.PIPE, subprocess.DEVNULL  # TFLM's own messages are not the console
-                self.proc = subprocess.Popen(argv, stdin=pipe, stdout=pipe, stderr=quiet, env=_child_env())
-                # reaped as it leaves (idle, its input's end, a crash): no zombie in a long-lived process
-                threading.Thread(target=self.proc.wait, name="esp-check-sim-cpu", daemon=True).start()
-                head = struct.pack("<QQ", backends.host_arena_bytes(self.info), limits()[1])
-                _put(self.proc.stdin, head + self.model)
-            _put(self.proc.stdin, np.ascontiguousarray(arr).tobytes())
-        assert self.proc is not None
-        said = _get(self.proc.stdout)
-        return said, 0 if said is not None else self.proc.wait()
+            if hello:
+                _put(proc.stdin, hello)
+            _put(proc.stdin, np.ascontiguousarray(arr).tobytes())
+        said = _get(proc.stdout)
+        return said, 0 if said is not None else proc.wait()
 
     def run(self, arr: np.ndarray) -> list[np.ndarray]:
         """The outputs of one Invoke; RuntimeError: TFLM's Invoke returned an error or the interpreter
@@ -339,12 +342,12 @@ class InvokeChild:
         return out
 
 
-def _put(stream: Any, data: bytes) -> None:
+def _put(stream: IO[bytes], data: bytes) -> None:
     stream.write(struct.pack("<I", len(data)) + data)
     stream.flush()
 
 
-def _get(stream: Any) -> bytes | None:
+def _get(stream: IO[bytes]) -> bytes | None:
     """One message from ``stream``, or None at its end (the other side is gone)."""
     head = stream.read(4)
     size = struct.unpack("<I", head)[0] if len(head) == 4 else -1

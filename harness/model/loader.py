@@ -30,6 +30,7 @@ from harness.model import opdata
 from harness.model.files import MODEL_MAX_BYTES, read_regular
 from harness.model.modelinfo import ModelInfo, OpInfo, TensorInfo, tensor_bytes
 from harness.model.verify import verify_structure
+from harness.protocol.spec import MAX_DIMS
 from harness.resources import cache_entry, code_digest, load_stored, store_json
 
 if TYPE_CHECKING:
@@ -158,14 +159,13 @@ def _tensor_info(
     )
 
 
-MAX_RANK = 8
 # No ESP32 has more than 32 MiB of PSRAM: a non-constant tensor over twice that is a corrupted shape.
 MAX_TENSOR_BYTES = 64 * 1024 * 1024
 
 
 def _check_shape(index: int, name: str, shape: tuple[int, ...], dtype: str, is_const: bool) -> None:
     """Shapes TFLM cannot hold: negative or huge dimensions, too many of them, too many bytes."""
-    if len(shape) > MAX_RANK or any(d < 0 for d in shape):
+    if len(shape) > MAX_DIMS or any(d < 0 for d in shape):
         raise ModelError(f"tensor {index} ({name!r}) has shape {list(shape)}, which TFLM cannot hold")
     n = math.prod(shape)
     nbytes = tensor_bytes(dtype, n)

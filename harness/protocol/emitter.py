@@ -28,7 +28,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from harness.errors import BuildError, UsageError
-from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, TAP_MAX_TENSORS
+from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, MAX_DIMS, TAP_MAX_TENSORS
 from harness.resources import code_digest, templates_dir, user_cache_dir
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 BODY_MAX = LINE_MAX - 11  # "*XXXXXXXX\r\n" follows the body
 NAME_MAX = 64
 MSG_MAX = 120
-MAX_DIMS = 8
 OPNAME_MAX = 32
 
 _C_FLAGS = ("-std=c99", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra")

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from harness.analysis.classify import Severity
 from harness.errors import ExitCode, combine_exit_codes
 from harness.flashfmt.partitions import VARIANTS
 from harness.flows.records import StageRecord, section
@@ -134,17 +133,8 @@ def _variant_problems(attempt: Attempt, runs: Mapping[str, VariantRun]) -> tuple
         code = runs[v].exit_code
         if code is not None:
             codes.append(ExitCode(code))
-            reasons.append(f"{v}: {_why(attempt.variants[v]).splitlines()[0]}")
+            reasons.append(f"{v}: {attempt.variants[v].failure_detail().splitlines()[0]}")
     return codes, reasons
-
-
-def _why(outcome: VariantOutcome) -> str:
-    """Why a variant did not run cleanly: its last failed stage's detail, else what its findings (e.g. a
-    link that needed repairs: no stage failed) and its capture's problems say."""
-    detail = outcome.failure_detail()
-    said = [str(f["message"]) for f in outcome.findings if f.get("severity") != Severity.WARNING]
-    said += outcome.problems
-    return "; ".join(said) if detail == "failed" and said else detail
 
 
 _Problem = tuple[CaseStatus, CaseType, str]
@@ -167,7 +157,7 @@ def _side_problem(
             return CaseStatus.FAILURE, CaseType.FIRMWARE_FAULT, msg
     r = runs[label]
     if r.exit_code is not None and r.source is None:
-        return *case_of(r.exit_code), f"{label}: {_why(attempt.variants[label])}"
+        return *case_of(r.exit_code), f"{label}: {attempt.variants[label].failure_detail()}"
     return None
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from harness.analysis import junit
+from harness.analysis.classify import Severity
 from harness.errors import EspCheckError, ExitCode, StrEnum, Verdict
 from harness.flows.records import StageRecord, StageStatus
 from harness.runner.inventory import BenchBoard, Inventory
@@ -165,9 +166,13 @@ class VariantOutcome:
     stages: list[StageRecord]
 
     def failure_detail(self) -> str:
-        """The detail of the last failed stage ("failed" when no stage says more)."""
+        """Why the variant did not run cleanly: its last failed stage's detail, else what its findings (e.g.
+        a link that needed repairs: no stage failed) and its capture's problems say, else "failed"."""
         failed = [s for s in self.stages if s.status == StageStatus.FAILED]
-        return failed[-1].detail if failed else "failed"
+        detail = failed[-1].detail if failed else "failed"
+        said = [str(f["message"]) for f in self.findings if f.get("severity") != Severity.WARNING]
+        said += self.problems
+        return "; ".join(said) if detail == "failed" and said else detail
 
     def to_dict(self) -> dict[str, object]:
         stages = [{k: v for k, v in s.to_dict().items() if k != "variant"} for s in self.stages]

@@ -348,21 +348,18 @@ def list_boards(directory: Path | None = None) -> list[Board]:
 
 
 def load_board(name_or_path: str | Path | Board) -> Board:
-    """A board by built-in name (``esp32s3-devkitc-1-n8r8``) or by path to a ``.toml`` file."""
+    """A board by built-in name (``esp32s3-devkitc-1-n8r8``) or by path to a ``.toml`` file: a board file's
+    name ends in .toml, so a bare name is never a file of that name in the working directory."""
     if isinstance(name_or_path, Board):  # convenience for API callers passing a Board through
         return name_or_path
     text = str(name_or_path)
-    path = Path(text)
-    if text.endswith(".toml") or path.is_file():
-        return load_board_file(path)
-    if not _NAME.match(text):
-        raise BoardDefinitionError(
-            f"{text!r} is not a board name or a .toml file", hint="see `esp-check boards`"
-        )
+    if text.endswith(".toml"):
+        return load_board_file(Path(text))
     candidate = boards_dir() / f"{text}.toml"
-    if not candidate.is_file():
-        known = ", ".join(b.stem for b in sorted(boards_dir().glob("*.toml")))
-        raise BoardDefinitionError(
-            f"unknown board {text!r}", hint=f"known boards: {known}; or pass a path to a board .toml file"
-        )
-    return load_board_file(candidate)
+    if _NAME.match(text) and candidate.is_file():
+        return load_board_file(candidate)
+    known = ", ".join(b.stem for b in sorted(boards_dir().glob("*.toml")))
+    what = f"{text!r} is a file, but a board file's name must end in .toml" if Path(text).is_file() else ""
+    raise BoardDefinitionError(
+        what or f"unknown board {text!r}", hint=f"known boards: {known}; or pass a path to a board .toml file"
+    )

@@ -77,6 +77,13 @@ class Board:
     link_baud: int  # the resident loop switches to this after HELLO (UART consoles only)
     source: Path | None = None
 
+    def __post_init__(self) -> None:  # a Board made through the API never met the board-file validation
+        if self.chip not in CHIPS:
+            raise BoardDefinitionError(
+                f"board {self.name!r}: unknown chip {self.chip!r}; known chips: {', '.join(CHIPS)}",
+                hint="name an ESP-IDF target esp-check knows (see docs/firmware.md, 'Board definitions')",
+            )
+
     @property
     def is_native(self) -> bool:
         """Built for the host PC and run as a program (docs/native.md), not flashed to a chip."""

@@ -177,6 +177,11 @@ def test_sdkconfig_table_is_validated(tmp_path: Path) -> None:
         load_board(_write(tmp_path, GOOD + '[sdkconfig]\nCONFIG_FOO = "y\\nCONFIG_NN_ANSI_C=y"\n'))
     with pytest.raises(BoardDefinitionError, match="not a Kconfig symbol"):
         load_board(_write(tmp_path, GOOD + '[sdkconfig]\nNN_OPT = "y"\n'))
+    # Python's `$` matches before a final newline: a key or a value ending in one is still refused
+    with pytest.raises(BoardDefinitionError, match="not a Kconfig symbol"):
+        load_board(_write(tmp_path, GOOD + '[sdkconfig]\n"CONFIG_FOO\\n" = "y"\n'))
+    with pytest.raises(BoardDefinitionError, match="unsupported value"):
+        load_board(_write(tmp_path, GOOD + '[sdkconfig]\nCONFIG_FOO = "y\\n"\n'))
 
 
 def test_invalid_toml_and_name_mismatch(tmp_path: Path) -> None:

@@ -207,9 +207,9 @@ def parse_board(data: dict[str, object], path: Path) -> Board:
     f = validated(BoardFile, data, error)
     _check_hardware(path, f)
     for key, value in f.sdkconfig.items():
-        if not _SDKCONFIG_NAME.match(key):
+        if not _SDKCONFIG_NAME.fullmatch(key):
             raise _err(path, f"sdkconfig.{key}", "is not a Kconfig symbol name (CONFIG_[A-Z0-9_]+)")
-        if not _SDKCONFIG_VALUE.match(value):
+        if not _SDKCONFIG_VALUE.fullmatch(value):
             raise _err(
                 path, f"sdkconfig.{key}", f'has an unsupported value {value!r} (y, n, a number or "text")'
             )
@@ -265,7 +265,7 @@ def _chip_revs(path: Path, board_file: BoardFile) -> tuple[int | None, int | Non
     for key, value in given.items():
         if value is None:
             raise _err(path, key, "is missing (give both chip_rev_min and chip_rev_max, or neither)")
-        m = _CHIP_REV.match(value)
+        m = _CHIP_REV.fullmatch(value)
         if m is None:
             raise _err(path, key, f'is {value!r}; expected a chip revision such as "3.0" or "1.99"')
         revs.append(int(m.group(1)) * 100 + int(m.group(2)))
@@ -363,7 +363,7 @@ def load_board(name_or_path: str | Path | Board) -> Board:
     if text.endswith(".toml"):
         return load_board_file(Path(text))
     candidate = boards_dir() / f"{text}.toml"
-    if _NAME.match(text) and candidate.is_file():
+    if _NAME.fullmatch(text) and candidate.is_file():
         return load_board_file(candidate)
     known = ", ".join(b.stem for b in sorted(boards_dir().glob("*.toml")))
     what = f"{text!r} is a file, but a board file's name must end in .toml" if Path(text).is_file() else ""

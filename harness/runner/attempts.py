@@ -139,8 +139,8 @@ def _variant_problems(attempt: Attempt, runs: Mapping[str, VariantRun]) -> tuple
 
 
 def _why(outcome: VariantOutcome) -> str:
-    """Why a variant did not run cleanly: its last failed stage's detail, else what its findings (e.g. a
-    link that needed repairs: no stage failed) and its capture's problems say."""
+    """Why a variant did not run cleanly: its last failed stage's detail (a link that needed repairs is
+    the ``link`` stage), else what its findings and its capture's problems say."""
     detail = outcome.failure_detail()
     said = [str(f["message"]) for f in outcome.findings if f.get("severity") != Severity.WARNING]
     said += outcome.problems

@@ -177,6 +177,11 @@ def test_sdkconfig_table_is_validated(tmp_path: Path) -> None:
         load_board(_write(tmp_path, GOOD + '[sdkconfig]\nCONFIG_FOO = "y\\nCONFIG_NN_ANSI_C=y"\n'))
     with pytest.raises(BoardDefinitionError, match="not a Kconfig symbol"):
         load_board(_write(tmp_path, GOOD + '[sdkconfig]\nNN_OPT = "y"\n'))
+    # Python's `$` matches before a final newline: a key or a value ending in one is still refused
+    with pytest.raises(BoardDefinitionError, match="not a Kconfig symbol"):
+        load_board(_write(tmp_path, GOOD + '[sdkconfig]\n"CONFIG_FOO\\n" = "y"\n'))
+    with pytest.raises(BoardDefinitionError, match="unsupported value"):
+        load_board(_write(tmp_path, GOOD + '[sdkconfig]\nCONFIG_FOO = "y\\n"\n'))
 
 
 def test_invalid_toml_and_name_mismatch(tmp_path: Path) -> None:
@@ -330,3 +335,21 @@ def test_a_damaged_or_foreign_stored_board_is_not_used(
     doc["sha256"] = "f" * 64
     entry.write_text(json.dumps(doc))
     assert load_board(path) == want
+
+
+def test_a_bare_board_name_is_never_a_file_in_the_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--board NAME` is the built-in board even when the cwd holds a file called NAME (a script, a build
+    output); an existing file whose name does not end in .toml is refused, saying so."""
+    models = REPO / "tests" / "data" / "models"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "esp32c3-devkitm-1").write_text("#!/bin/sh\necho built\n", encoding="utf-8")
+    _write(tmp_path, GOOD, name="my-board")  # a valid board file, but not named *.toml
+    generate = ["generate", str(models / "op_zoo.tflite"), "--input", str(models / "inputs" / "op_zoo.npy")]
+    assert main([*generate, "--board", "esp32c3-devkitm-1", "--out", "out", "--json"]) == 0
+    assert {p["board"] for p in json.loads(capsys.readouterr().out)["projects"]} == {"esp32c3-devkitm-1"}
+    for ref in ("my-board", "./my-board", str(tmp_path / "my-board")):
+        assert main([*generate, "--board", ref, "--out", "out2"]) == ExitCode.USAGE
+        err = capsys.readouterr().err
+        assert f"{ref!r} is a file, but a board file's name must end in .toml" in err, err

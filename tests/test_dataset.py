@@ -340,6 +340,20 @@ def test_streaming_faults_in_a_dataset_never_match(
     assert any(f["kind"] == "link_repair" for f in r.variants["optimized"].findings)
 
 
+def test_a_dataset_link_that_needed_repairs_is_a_failed_stage(
+    tmp_path: Path, models_dir: Path, sim_port
+) -> None:
+    """The dataset path judges the link after the per-input verdicts: a link that needed repairs is
+    exit 3 and report.json names the stage that failed (``link``). Faked: the board (sim://)."""
+    r = _run(models_dir, tmp_path / "o", sim_port("&fault=frame_rx&frame_every=4&variant_fault=optimized"),
+             random_inputs=4, seed=5)  # fmt: skip
+    assert r.exit_code == ExitCode.INFRASTRUCTURE, r.errors
+    failed = [
+        (s["stage"], s["variant"], s["exit_code"]) for s in _doc(r)["stages"] if s["status"] == "failed"
+    ]
+    assert ("link", "optimized", ExitCode.INFRASTRUCTURE) in failed, failed
+
+
 def test_cli_dataset_run_with_labels(tmp_path: Path, models_dir: Path, sim_port, capsys) -> None:  # type: ignore[no-untyped-def]
     src = models_dir / "inputs"
     data = tmp_path / "data"

@@ -830,12 +830,21 @@ def test_models_with_the_same_ops_give_the_same_app_sources(tmp_path: Path) -> N
     assert arenas[0] < arenas[1]
 
 
-def test_a_board_object_with_an_unknown_chip_is_a_usage_error_not_a_crash(tmp_path: Path) -> None:
+def test_a_board_object_with_an_unknown_chip_is_refused_when_made() -> None:
     """harness.api exports Board, a plain dataclass: an API caller can make one naming a chip no board file
-    may name (board-file validation never sees it). The flash layout then has no chip row for its data
-    window; generation must still end in a usage error (exit 2), never a KeyError."""
-    from harness.errors import UsageError
+    may name (board-file validation never sees it). It is refused when made, naming the chips there are,
+    so no later layer meets a chip without a CHIPS row: before, generation failed late (an unknown chip in
+    the arena estimate), the flash layout fell back to a 4 MB data window, Board.cores was a KeyError,
+    and flash-and-compare blamed the sim:// URL it had made itself."""
+    from harness import api
+    from harness.errors import BoardDefinitionError
 
-    board = replace(load_board("esp32s3-devkitc-1-n8r8"), chip="esp99")
-    with pytest.raises(UsageError, match="unknown chip 'esp99'"):
-        gen.generate_projects(MODELS / "op_zoo.tflite", [INPUTS / "op_zoo.npy"], board, out_dir=tmp_path)
+    board = load_board("esp32s3-devkitc-1-n8r8")
+    known = "esp32, esp32s2, esp32s3, esp32c3, esp32c6, esp32p4"
+    with pytest.raises(
+        BoardDefinitionError, match=f"board 'esp32s3-devkitc-1-n8r8': unknown chip 'esp99'.*{known}"
+    ):
+        replace(board, chip="esp99")
+    with pytest.raises(BoardDefinitionError, match="unknown chip 'esp32x'"):
+        api.Board(**{**vars(board), "chip": "esp32x"})
+    assert replace(board, chip="esp32").cores == 2  # a known chip is still a Board

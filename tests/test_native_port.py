@@ -18,6 +18,7 @@ from harness.analysis.classify import classify
 from harness.device.ports import Transport, open_port, resolve_port
 from harness.device.protocol_native import EXIT_LINE, ProgramEnded, exit_line, register
 from harness.device.session import DeviceSession
+from harness.errors import PortError
 
 CC = shutil.which("cc") or shutil.which("gcc")
 pytestmark = [pytest.mark.needs_cc, pytest.mark.skipif(CC is None, reason="no host C compiler")]
@@ -73,6 +74,14 @@ def test_url_resolves_to_the_native_transport_and_opens_through_pyserial() -> No
     register()
     with pytest.raises(serial.SerialException, match="native://NAME"):
         serial.serial_for_url("native://bad name!")
+
+
+def test_a_native_name_ending_in_a_newline_is_refused() -> None:
+    """``--port`` (or an inventory's ``port``) as esp-check opens it: resolve_port strips only the URL's
+    ends, so before a query the name kept its newline ('bench\\n'), which ``^...$`` with ``.match`` let
+    through (``$`` matches before a final newline) into the board's directory, lock and log lines."""
+    with pytest.raises(PortError, match="native://NAME"):
+        open_port(resolve_port("native://bench\n?flash=4MB")).close()
 
 
 def test_a_reset_blank_board_says_so_and_its_stream_ends(tmp_path: Path) -> None:

@@ -336,6 +336,25 @@ def test_streaming_faults_never_match(tmp_path: Path, models_dir: Path, board_ur
     assert result.variants["optimized"].exit_code is None  # the clean variant stays clean
 
 
+def _link_stages(report: Path, variant: str) -> list[dict]:  # type: ignore[type-arg]
+    """The failed ``link`` stages report.json records for ``variant``."""
+    stages = json.loads(report.read_text())["stages"]
+    return [s for s in stages if (s["stage"], s["variant"], s["status"]) == ("link", variant, "failed")]
+
+
+def test_a_link_that_needed_repairs_is_a_failed_stage(tmp_path: Path, models_dir: Path, board_url) -> None:
+    """Every 4th frame the ansi app receives is damaged: the link needs repairs, so the variant is an
+    infrastructure error (exit 3) though every other stage passed. The report names the stage that
+    failed it (``link``, with the repairs), as every other failure does. Faked: the board (sim://)."""
+    result = _fc(models_dir, tmp_path / "out", board_url("&fault=frame_rx&frame_every=4&variant_fault=ansi"))
+    assert result.exit_code == ExitCode.INFRASTRUCTURE, result.errors
+    assert any(f["kind"] == "link_repair" for f in result.variants["ansi"].findings)
+    (link,) = _link_stages(result.report_path, "ansi")
+    assert link["exit_code"] == ExitCode.INFRASTRUCTURE, link
+    assert link["detail"].startswith("the serial link needed repairs: "), link
+    assert not _link_stages(result.report_path, "optimized")
+
+
 @pytest.mark.slow
 def test_repeat_run_and_new_inputs_write_nothing(tmp_path: Path, models_dir: Path, board_url) -> None:
     url = board_url("&flash_size=8MB")

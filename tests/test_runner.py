@@ -89,6 +89,7 @@ def test_plan_defaults_globs_and_model_placeholder(tmp_path: Path, models_dir: P
         ({"colour": '"red"'}, "", "colour"),
         ({"input_options": '{ resize = "squash" }'}, "", "input_options"),
         ({"name": '"bad name!"'}, "", "name"),
+        ({"name": '"j1\\n"'}, "", "name"),  # pydantic-core's `$` is the end of the text (Python's is not)
         ({}, "[run]\nquarantine_after = 0\n", "quarantine_after"),
     ],
 )

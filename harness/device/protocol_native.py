@@ -110,7 +110,7 @@ class Serial(InProcessPort):
     def open(self) -> None:
         url = self._url_to_open()
         name = url[len("native://") :].split("?", 1)[0].strip("/") if url.startswith("native://") else ""
-        if not NAME_RE.match(name):
+        if not NAME_RE.fullmatch(name):
             raise SerialException(f"could not open {url!r}: expected native://NAME (letters, digits, . _ -)")
         query = parse_qs(urlsplit(url).query)
         size_text = (query.get("flash") or [DEFAULT_FLASH_SIZE])[0]

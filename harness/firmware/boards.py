@@ -77,6 +77,13 @@ class Board:
     link_baud: int  # the resident loop switches to this after HELLO (UART consoles only)
     source: Path | None = None
 
+    def __post_init__(self) -> None:  # a Board made through the API never met the board-file validation
+        if self.chip not in CHIPS:
+            raise BoardDefinitionError(
+                f"board {self.name!r}: unknown chip {self.chip!r}; known chips: {', '.join(CHIPS)}",
+                hint="name an ESP-IDF target esp-check knows (see docs/firmware.md, 'Board definitions')",
+            )
+
     @property
     def is_native(self) -> bool:
         """Built for the host PC and run as a program (docs/native.md), not flashed to a chip."""
@@ -200,9 +207,9 @@ def parse_board(data: dict[str, object], path: Path) -> Board:
     f = validated(BoardFile, data, error)
     _check_hardware(path, f)
     for key, value in f.sdkconfig.items():
-        if not _SDKCONFIG_NAME.match(key):
+        if not _SDKCONFIG_NAME.fullmatch(key):
             raise _err(path, f"sdkconfig.{key}", "is not a Kconfig symbol name (CONFIG_[A-Z0-9_]+)")
-        if not _SDKCONFIG_VALUE.match(value):
+        if not _SDKCONFIG_VALUE.fullmatch(value):
             raise _err(
                 path, f"sdkconfig.{key}", f'has an unsupported value {value!r} (y, n, a number or "text")'
             )
@@ -258,7 +265,7 @@ def _chip_revs(path: Path, board_file: BoardFile) -> tuple[int | None, int | Non
     for key, value in given.items():
         if value is None:
             raise _err(path, key, "is missing (give both chip_rev_min and chip_rev_max, or neither)")
-        m = _CHIP_REV.match(value)
+        m = _CHIP_REV.fullmatch(value)
         if m is None:
             raise _err(path, key, f'is {value!r}; expected a chip revision such as "3.0" or "1.99"')
         revs.append(int(m.group(1)) * 100 + int(m.group(2)))
@@ -348,21 +355,18 @@ def list_boards(directory: Path | None = None) -> list[Board]:
 
 
 def load_board(name_or_path: str | Path | Board) -> Board:
-    """A board by built-in name (``esp32s3-devkitc-1-n8r8``) or by path to a ``.toml`` file."""
+    """A board by built-in name (``esp32s3-devkitc-1-n8r8``) or by path to a ``.toml`` file: a board file's
+    name ends in .toml, so a bare name is never a file of that name in the working directory."""
     if isinstance(name_or_path, Board):  # convenience for API callers passing a Board through
         return name_or_path
     text = str(name_or_path)
-    path = Path(text)
-    if text.endswith(".toml") or path.is_file():
-        return load_board_file(path)
-    if not _NAME.match(text):
-        raise BoardDefinitionError(
-            f"{text!r} is not a board name or a .toml file", hint="see `esp-check boards`"
-        )
+    if text.endswith(".toml"):
+        return load_board_file(Path(text))
     candidate = boards_dir() / f"{text}.toml"
-    if not candidate.is_file():
-        known = ", ".join(b.stem for b in sorted(boards_dir().glob("*.toml")))
-        raise BoardDefinitionError(
-            f"unknown board {text!r}", hint=f"known boards: {known}; or pass a path to a board .toml file"
-        )
-    return load_board_file(candidate)
+    if _NAME.fullmatch(text) and candidate.is_file():
+        return load_board_file(candidate)
+    known = ", ".join(b.stem for b in sorted(boards_dir().glob("*.toml")))
+    what = f"{text!r} is a file, but a board file's name must end in .toml" if Path(text).is_file() else ""
+    raise BoardDefinitionError(
+        what or f"unknown board {text!r}", hint=f"known boards: {known}; or pass a path to a board .toml file"
+    )

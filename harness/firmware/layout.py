@@ -55,8 +55,7 @@ class FlashLayout:
 
     @property
     def mmap_window_bytes(self) -> int:
-        # a Board made through the API may name any chip: generation then fails later, as a usage error
-        return CHIPS[self.chip].mmap_window_bytes if self.chip in CHIPS else 4 << 20
+        return CHIPS[self.chip].mmap_window_bytes  # (a Board naming another chip is refused when made)
 
     @property
     def model_max_bytes(self) -> int:

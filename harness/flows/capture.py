@@ -175,11 +175,12 @@ def stream_inputs(resident: ResidentBoard, run: VariantRun, inputs: Sequence[byt
         raw, data=boot.raw.data + raw.data, boots=boot.raw.boots, resets=boot.raw.resets
     )
     code = verify_capture(resident, run, whole, log)
-    return link_verdict(run, resident.last_link, code)
+    return link_verdict(run, resident.last_link, code, resident.rec)
 
 
-def link_verdict(run: VariantRun, stats: LinkStats, code: ExitCode | None) -> ExitCode | None:
-    """A session whose link needed repairs is kept as evidence but is never a clean match (exit 3)."""
+def link_verdict(run: VariantRun, stats: LinkStats, code: ExitCode | None, rec: Recorder) -> ExitCode | None:
+    """A session whose link needed repairs is kept as evidence but is never a clean match: exit 3, a
+    failed ``link`` stage, unless another stage (``code``) failed the variant already."""
     if stats.clean:
         return code
     what = (
@@ -197,7 +198,10 @@ def link_verdict(run: VariantRun, stats: LinkStats, code: ExitCode | None) -> Ex
         "over a lossy link is never reported as a clean match",
     )
     run.findings.append(finding.to_dict())
-    return code if code is not None else ExitCode.INFRASTRUCTURE
+    if code is None:
+        code = ExitCode.INFRASTRUCTURE
+        rec.add("link", run.variant, code, 0.0, finding.message)
+    return code
 
 
 def verify_capture(

@@ -708,9 +708,10 @@ def verdicts(
     outputs: Sequence[OutputSpec],
     tolerance_lsb: float,
     ref_tolerance_lsb: float,
+    rec: Recorder,
 ) -> None:
-    """Per-input verdicts, and the exit codes and errors they, the link and the reset check imply (added
-    to the run's own)."""
+    """Per-input verdicts, and the exit codes and errors they, the link (a failed ``link`` stage in
+    ``rec``) and the reset check imply (added to the run's own)."""
     run = outcome.run
     assert run is not None
     ds = outcome.dataset
@@ -728,7 +729,7 @@ def verdicts(
             runs[v].capture_valid = all(leg.ok for leg in legs_v)
     for v, stats in run.link.items():
         if not stats.clean and v in runs:
-            run.codes.append(link_verdict(runs[v], stats, None) or ExitCode.INFRASTRUCTURE)
+            run.codes.append(link_verdict(runs[v], stats, None, rec) or ExitCode.INFRASTRUCTURE)
     reset = run.after_reset
     if reset is not None and reset.get("differing"):
         run.codes.append(ExitCode.MISMATCH)

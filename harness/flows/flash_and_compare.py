@@ -228,7 +228,7 @@ class DatasetWorkload:
             _join_host_legs(run, outcome, host)
         if outcome.run is None:
             return
-        verdicts(outcome, run.variants, outputs, run.opts.tolerance_lsb, run.opts.ref_tolerance_lsb)
+        verdicts(outcome, run.variants, outputs, run.opts.tolerance_lsb, run.opts.ref_tolerance_lsb, run.rec)
         run.codes += outcome.run.codes
         run.errors += outcome.run.errors
         if opts.tap_inputs:

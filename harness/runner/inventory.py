@@ -240,7 +240,7 @@ def discover_inventory(coordinator: str) -> Inventory:
 def _place_board_name(place: str) -> str:
     """The inventory name of a discovered place: the place name, made a valid board name."""
     name = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in place)[:64]
-    if NAME_RE.match(name) and name == place:
+    if NAME_RE.fullmatch(name) and name == place:
         return name
     digest = hashlib.sha256(place.encode()).hexdigest()[:8]
     return f"place-{name.strip('._-')[:40]}-{digest}".replace("--", "-")

@@ -220,7 +220,7 @@ class At:
         entries = data.get(table)
         entry = entries[i] if isinstance(entries, list) and 0 <= i < len(entries) else None
         name = entry.get("name") if isinstance(entry, dict) else None
-        valid = isinstance(name, str) and NAME_RE.match(name) and loc[2] != "name"
+        valid = isinstance(name, str) and NAME_RE.fullmatch(name) and loc[2] != "name"
         return cls(path, f"{table} {name!r}" if valid else f"{table} #{i + 1}")
 
     def board_ref(self, ref: str) -> str:

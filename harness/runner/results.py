@@ -166,8 +166,8 @@ class VariantOutcome:
     stages: list[StageRecord]
 
     def failure_detail(self) -> str:
-        """Why the variant did not run cleanly: its last failed stage's detail, else what its findings (e.g.
-        a link that needed repairs: no stage failed) and its capture's problems say, else "failed"."""
+        """Why the variant did not run cleanly: its last failed stage's detail (a link that needed repairs
+        is the ``link`` stage), else what its findings and its capture's problems say, else "failed"."""
         failed = [s for s in self.stages if s.status == StageStatus.FAILED]
         detail = failed[-1].detail if failed else "failed"
         said = [str(f["message"]) for f in self.findings if f.get("severity") != Severity.WARNING]

@@ -95,7 +95,7 @@ def parse_url(url: str) -> tuple[str, BoardConfig]:
     if parts.scheme != "sim":
         raise UsageError(f"not a sim:// URL: {url!r}", hint="use sim://NAME?chip=esp32s3")
     name = parts.netloc or parts.path.lstrip("/")
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise UsageError(
             f"bad simulated board name {name!r} in {url!r}",
             hint="use letters, digits, '.', '_' and '-' (max 64)",

@@ -33,7 +33,7 @@ def parse_defaults(text: str) -> dict[str, str]:
             hint="regenerate the project",
         )
     for key, value in parsed.symbols.items():
-        if not _NAME.match(key):
+        if not _NAME.fullmatch(key):
             raise BuildError(
                 f"sdkconfig.defaults: {key!r} is not a Kconfig symbol", hint="regenerate the project"
             )

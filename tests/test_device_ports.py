@@ -306,7 +306,7 @@ def test_empty_spec() -> None:
 
 
 def test_open_loop_url_roundtrip() -> None:
-    p = open_port(PortSpec("loop://", "loop://", Transport.LOOP, ports.caps_for(Transport.LOOP)), 115200)
+    p = open_port(PortSpec("loop://", "loop://", Transport.LOOP, ports.CAPS[Transport.LOOP]), 115200)
     try:
         p.write(b"abc")
         assert p.read(3) == b"abc"

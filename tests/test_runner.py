@@ -20,7 +20,7 @@ from serial.tools.list_ports_common import ListPortInfo
 
 from harness.cli import main
 from harness.device.locks import BoardLock, board_lock, lock_key
-from harness.device.ports import PortCandidate, PortSpec, Transport, caps_for
+from harness.device.ports import CAPS, PortCandidate, PortSpec, Transport
 from harness.errors import BoardBusyError, ExitCode, PlanError
 from harness.runner import load_inventory, load_plan
 from harness.runner.inventory import detect_devices, inventory_snippet
@@ -216,7 +216,7 @@ def test_power_cycle_runs_argv_without_a_shell(tmp_path: Path):
 
 def _usb_spec(path: str, serial: str) -> PortSpec:
     cand = PortCandidate(path, path, 0x303A, 0x1001, serial, "1-1.2", "USB JTAG", "Espressif USB-Serial-JTAG")
-    return PortSpec(path, path, Transport.DEVICE, caps_for(Transport.DEVICE), usb=cand)
+    return PortSpec(path, path, Transport.DEVICE, CAPS[Transport.DEVICE], usb=cand)
 
 
 def test_lock_key_follows_the_board_not_the_dev_path():

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from serial.tools.list_ports_common import ListPortInfo
+from sim_helpers import HANG_S
 
 from harness.cli import main
 from harness.device.locks import BoardLock, board_lock, lock_key
@@ -251,7 +252,7 @@ def test_lock_is_exclusive_across_processes_and_names_its_holder(tmp_path: Path)
         assert proc.stdin is not None
         proc.stdin.write("\n")
         proc.stdin.flush()
-        proc.wait(timeout=10)
+        proc.wait(timeout=HANG_S)
     with board_lock(f"sim://{key[4:]}", lock_dir=tmp_path, timeout=1) as lk:  # free again
         assert lk.is_locked and lk.holder() is not None
     assert not (tmp_path / f"{key}.owner.json").exists()

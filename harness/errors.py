@@ -238,15 +238,6 @@ class LabgridError(InfrastructureError):
     """labgrid-client failed: coordinator unreachable, place unknown, resource missing."""
 
 
-# --- firmware faults (exit 4): findings, not hiccups ------------------------------------------
-
-
-class FirmwareFaultError(EspCheckError):
-    """The firmware crashed, aborted or failed to allocate on the device: a finding."""
-
-    exit_code = ExitCode.FIRMWARE_FAULT
-
-
 def exit_code_for(exc: BaseException) -> ExitCode:
     """Exit code for an exception reaching ``main``: unknown exceptions are internal errors (70)."""
     return exc.exit_code if isinstance(exc, EspCheckError) else ExitCode.INTERNAL

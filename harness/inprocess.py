@@ -77,9 +77,6 @@ class InProcessPort(SerialBase):
     # nothing is held on the way out, and a break does nothing: only an open port is checked
     flush = reset_output_buffer = _update_break_state = _live
 
-    def send_break(self, duration: float = 0.25) -> None:
-        self._live()
-
     def _line(self, level: bool) -> bool:
         self._live()
         return level

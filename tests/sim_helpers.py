@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import selectors
+import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -127,6 +130,23 @@ def read_until_end(port: serial.SerialBase, timeout: float = HANG_S, idle: float
                 break
     finally:
         port.timeout = old
+    return bytes(out)
+
+
+def read_until_line(proc: subprocess.Popen[bytes], needle: bytes, timeout: float = HANG_S) -> bytes:
+    """A process's stdout until a whole line holds ``needle``, the output ends, or ``timeout`` (which only a
+    hung process reaches); a child still holding the pipe cannot stretch the bound. POSIX pipes."""
+    assert proc.stdout is not None
+    fd, out = proc.stdout.fileno(), bytearray()
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while not any(needle in line for line in out.split(b"\n")[:-1]):  # whole lines only
+            left = deadline - time.monotonic()
+            chunk = os.read(fd, 65536) if left > 0 and sel.select(left) else b""
+            if not chunk:
+                break
+            out += chunk
     return bytes(out)
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from sim_helpers import HANG_S
 
 from harness.firmware.build import BuildResult, build_project
 from harness.firmware.generate import generate_projects
@@ -98,7 +99,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[str, str]]]:
     yield start
     for proc in procs:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=HANG_S)
 
 
 def esptool(port: str | None, *args: str, cwd: Path | None = None, timeout: float = 300) -> str:
@@ -331,7 +332,7 @@ def test_esp_idf_monitor_resets_and_shows_boot_log_and_records(
                     break
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=HANG_S)
         os.close(master)
     assert b"--- esp-idf-monitor" in seen and b"ESP-ROM:esp32s3" in seen, seen[-2000:]
     assert b"2nd stage bootloader" in seen and b"main_task: Calling app_main()" in seen

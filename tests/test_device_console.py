@@ -15,7 +15,7 @@ import serial
 from serial.urlhandler.protocol_loop import Serial as LoopSerial
 
 from harness.device.console import capture_run
-from harness.device.ports import Transport, caps_for
+from harness.device.ports import CAPS, Transport
 
 
 def record(seq: int, body: str) -> bytes:
@@ -76,7 +76,7 @@ def test_socket_peer_close_mid_stream_loses_nothing(stream: bytes, tmp_path: Pat
     board = TcpBoard(script)
     port = open_ready(board.url)
     log = tmp_path / "serial.log"
-    cap = capture_run(port, log_path=log, reset=None, caps=caps_for(Transport.SOCKET), silence_timeout=10)
+    cap = capture_run(port, log_path=log, reset=None, caps=CAPS[Transport.SOCKET], silence_timeout=10)
     board.join()
     port.close()
     assert cap.ended_by == "disconnect"
@@ -100,7 +100,7 @@ def test_socket_stops_at_end_record(tmp_path: Path) -> None:
     board = TcpBoard(script)
     port = open_ready(board.url)
     t = time.monotonic()
-    cap = capture_run(port, reset=None, caps=caps_for(Transport.SOCKET), silence_timeout=30, total_timeout=30)
+    cap = capture_run(port, reset=None, caps=CAPS[Transport.SOCKET], silence_timeout=30, total_timeout=30)
     elapsed = time.monotonic() - t
     hold.set()
     board.join()
@@ -120,9 +120,7 @@ def test_socket_silence_timeout() -> None:
 
     board = TcpBoard(script)
     port = open_ready(board.url)
-    cap = capture_run(
-        port, reset=None, caps=caps_for(Transport.SOCKET), silence_timeout=0.3, total_timeout=10
-    )
+    cap = capture_run(port, reset=None, caps=CAPS[Transport.SOCKET], silence_timeout=0.3, total_timeout=10)
     hold.set()
     board.join()
     port.close()
@@ -141,7 +139,7 @@ def test_socket_total_timeout_with_steady_output() -> None:
 
     board = TcpBoard(script)
     port = open_ready(board.url)
-    cap = capture_run(port, reset=None, caps=caps_for(Transport.SOCKET), silence_timeout=5, total_timeout=0.5)
+    cap = capture_run(port, reset=None, caps=CAPS[Transport.SOCKET], silence_timeout=5, total_timeout=0.5)
     stop.set()
     board.join()
     port.close()
@@ -166,7 +164,7 @@ def test_boot_loop_stops_capture() -> None:
 
     board = TcpBoard(script)
     port = open_ready(board.url)
-    cap = capture_run(port, reset=None, caps=caps_for(Transport.SOCKET), silence_timeout=5, max_boots=3)
+    cap = capture_run(port, reset=None, caps=CAPS[Transport.SOCKET], silence_timeout=5, max_boots=3)
     hold.set()
     board.join()
     port.close()
@@ -199,7 +197,7 @@ def test_reopen_after_port_vanishes_keeps_all_bytes() -> None:
         opened.append(p)
         return p
 
-    cap = capture_run(port, reset=None, caps=caps_for(Transport.DEVICE), reopen=reopen, silence_timeout=5)
+    cap = capture_run(port, reset=None, caps=CAPS[Transport.DEVICE], reopen=reopen, silence_timeout=5)
     hold.set()
     first.join()
     second.join()
@@ -275,7 +273,7 @@ def test_loop_memory_bound_keeps_everything_in_the_log(tmp_path: Path) -> None:
     writer.start()
     log = tmp_path / "big.log"
     cap = capture_run(
-        port, log_path=log, reset=None, caps=caps_for(Transport.LOOP), silence_timeout=0.3, max_bytes=1000
+        port, log_path=log, reset=None, caps=CAPS[Transport.LOOP], silence_timeout=0.3, max_bytes=1000
     )
     writer.join(5)
     port.close()
@@ -289,7 +287,7 @@ def test_loop_memory_bound_keeps_everything_in_the_log(tmp_path: Path) -> None:
 def test_transport_without_reset_is_noted() -> None:
     port = serial.serial_for_url("loop://", timeout=0.05)
     port.write(b"x\r\n")
-    cap = capture_run(port, reset="classic", caps=caps_for(Transport.SOCKET), silence_timeout=0.2)
+    cap = capture_run(port, reset="classic", caps=CAPS[Transport.SOCKET], silence_timeout=0.2)
     port.close()
     assert cap.resets == 0
     assert any("cannot reset" in n for n in cap.notes)

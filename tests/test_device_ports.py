@@ -21,6 +21,7 @@ import esp_pylib.serial_ports
 import pytest
 import serial
 from serial.tools.list_ports_common import ListPortInfo
+from sim_helpers import HANG_S
 
 from harness.device import ports
 from harness.device.ports import (
@@ -246,7 +247,7 @@ def test_open_busy_held_by_a_monitor_without_lock() -> None:
         child.kill()
         child.wait()
         # once the monitor is gone, the port is free again
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + HANG_S
         while find_port_holders(name) and time.monotonic() < deadline:
             time.sleep(0.05)
         open_port(name, 115200).close()
@@ -306,7 +307,7 @@ def test_empty_spec() -> None:
 
 
 def test_open_loop_url_roundtrip() -> None:
-    p = open_port(PortSpec("loop://", "loop://", Transport.LOOP, ports.caps_for(Transport.LOOP)), 115200)
+    p = open_port(PortSpec("loop://", "loop://", Transport.LOOP, ports.CAPS[Transport.LOOP]), 115200)
     try:
         p.write(b"abc")
         assert p.read(3) == b"abc"

@@ -2,8 +2,8 @@ from harness.cli import main
 from harness.errors import (
     CaptureError,
     ExitCode,
-    FirmwareFaultError,
     InputDataError,
+    Verdict,
     combine_exit_codes,
     exit_code_for,
 )
@@ -21,9 +21,15 @@ def test_precedence_usage_then_fault_then_mismatch_then_infra() -> None:
 def test_exception_exit_codes_and_hint() -> None:
     assert exit_code_for(InputDataError("x")) == ExitCode.USAGE
     assert exit_code_for(CaptureError("x")) == ExitCode.INFRASTRUCTURE
-    assert exit_code_for(FirmwareFaultError("x")) == ExitCode.FIRMWARE_FAULT
     assert exit_code_for(ValueError("x")) == ExitCode.INTERNAL
     assert "Hint: do y" in str(InputDataError("x failed", hint="do y"))
+
+
+def test_firmware_faults_are_verdicts_with_exit_4() -> None:
+    """No exception stands for a firmware fault: it is a finding, reported as a verdict (a crash, or a
+    dataset input the device reported an error for), and exits 4."""
+    assert Verdict.FIRMWARE_FAULT.exit_code == Verdict.DEVICE_ERROR.exit_code == ExitCode.FIRMWARE_FAULT == 4
+    assert Verdict.from_exit_code(4) == Verdict.FIRMWARE_FAULT
 
 
 def test_main_unknown_command_is_usage_error() -> None:

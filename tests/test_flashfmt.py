@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import serial
 from esp_pylib.serial_reset import hard_reset
-from sim_helpers import PARTITIONS_4MB, make_project, read_until_end
+from sim_helpers import HANG_S, PARTITIONS_4MB, make_project, read_until_end
 
 import harness.sim as sim
 from harness.device.protocol_native import BOOT_LINE
@@ -218,7 +218,7 @@ def test_native_board_boots_the_slot_otadata_selects_with_ota_rows_swapped(
     (tmp_path / "table.bin").write_bytes(pack_partition_table(parts))
     (tmp_path / "ota.bin").write_bytes(blank if slot is None else otadata.select(blank, slot, 2))
     register_native()
-    port = serial.serial_for_url(f"native://ff-{uuid.uuid4().hex[:10]}", timeout=2)
+    port = serial.serial_for_url(f"native://ff-{uuid.uuid4().hex[:10]}", timeout=HANG_S)
     try:
         port.write_region(0xC000, tmp_path / "table.bin")
         port.write_region(ota.offset, tmp_path / "ota.bin")

@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 import numpy as np
 import pytest
+from sim_helpers import HANG_S
 
 from harness.errors import ModelError
 from harness.firmware import generate
@@ -342,7 +343,7 @@ def test_a_repeat_cli_run_loads_only_what_it_uses(models_dir: Path, tmp_path: Pa
                 assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-2000:]
         finally:
             server.terminate()
-            server.wait(10)
+            server.wait(HANG_S)
     report = (tmp_path / "out" / "report.json").read_text()
     assert "flash skipped" in report  # the repeat run is the one described above
     loaded = set(listed.read_text().split())

@@ -27,6 +27,7 @@ from native_fixture import (
     write_refused_input,
     write_refused_model,
 )
+from sim_helpers import read_until_line
 
 from harness.cli import main
 from harness.errors import ExitCode
@@ -339,13 +340,14 @@ def test_default_sources_come_from_the_component_manager(
     assert info["warnings"] == []  # exactly the pinned versions
     # main/CMakeLists.txt read them from the component manager's dependencies.lock, as in ESP-IDF
     # run by hand (no native board: no flash image, so no model partition), the resident firmware prints
-    # its identity and the start-up error record, then waits for commands: stop it after that
+    # its identity and the start-up error record, then waits for commands: stop it after that record
+    # (read until it comes, not for a fixed time a loaded machine can overrun)
     proc = subprocess.Popen([str(res.app_bin)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        out, _ = proc.communicate(timeout=5)
-    except subprocess.TimeoutExpired:
+        out = read_until_line(proc, b" ERROR ")
+    finally:
         proc.kill()
-        out, _ = proc.communicate()
+        proc.communicate()
     cap = parse_capture(out)
     assert [e.stage for e in cap.errors] == ["model"]  # the model partition is missing, and said
     assert cap.info["tflm"] == "0.0.1" and cap.info["tflm_from"] == "lock:service"

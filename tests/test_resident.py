@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import serial
-from sim_helpers import make_project
+from sim_helpers import HANG_S, make_project
 
 from harness.device.loop import LinkError, LoopClient
 from harness.device.session import DeviceSession
@@ -178,7 +178,7 @@ def _program_both(port: serial.SerialBase, images: dict) -> None:
 
 
 def _hello(dev: DeviceSession, log: Path, reset: bool = True) -> fr.Hello:
-    cap = dev.boot(log, reset=reset, total_timeout=10, silence_timeout=5)
+    cap = dev.boot(log, reset=reset, total_timeout=HANG_S, silence_timeout=HANG_S)
     assert cap.hello is not None, cap.data[-400:]
     return fr.decode_hello(cap.hello)
 
@@ -192,13 +192,13 @@ def test_bootloader_follows_otadata_and_the_app_switches_slots(
         _program_both(dev.serial, images)
         h = _hello(dev, tmp_path / "a.log")
         assert (h.nn, h.slot) == ("optimized", 0)  # empty otadata: ota_0
-        cap = dev.switch_slot(h, 1, tmp_path / "b.log", seq=0, total_timeout=10, silence_timeout=5)
+        cap = dev.switch_slot(h, 1, tmp_path / "b.log", seq=0, total_timeout=HANG_S, silence_timeout=HANG_S)
         h2 = fr.decode_hello(cap.hello or b"")
         assert (h2.nn, h2.slot) == ("ansi_c", 1) and b"OTA data selects ota_1" in cap.data
         assert _hello(dev, tmp_path / "c.log").nn == "ansi_c"  # a reset keeps the selection: it is in flash
         board = dev.serial.board  # type: ignore[union-attr]
         board.flash[0x120000:0x120010] = b"\xff" * 16  # the selected image damaged: the bootloader falls back
-        cap = dev.boot(tmp_path / "d.log", reset=True, total_timeout=10, silence_timeout=5)
+        cap = dev.boot(tmp_path / "d.log", reset=True, total_timeout=HANG_S, silence_timeout=HANG_S)
         assert (
             fr.decode_hello(cap.hello or b"").nn == "optimized"
             and b"ota_1 app partition is not bootable" in cap.data
@@ -223,7 +223,7 @@ def test_a_slot_beyond_the_ota_apps_is_refused_as_the_firmware_refuses_it(
         h = _hello(dev, tmp_path / "a.log")
         assert h.nn == "ansi_c"
         with pytest.raises(LinkError, match=r"refused to boot ota_1 next \(status 0x102\)"):
-            dev.switch_slot(h, 1, tmp_path / "b.log", seq=0, total_timeout=10, silence_timeout=5)
+            dev.switch_slot(h, 1, tmp_path / "b.log", seq=0, total_timeout=HANG_S, silence_timeout=HANG_S)
         assert bytes(board.flash[0x10000:0x12000]) == before  # otadata untouched
 
 
@@ -235,7 +235,7 @@ def test_missing_model_partition_is_an_infrastructure_error(
     with DeviceSession(url, load_board("sim")) as dev:
         _program_both(dev.serial, images)
         dev.serial.board.flash[0x220000:0x220040] = b"\xff" * 64  # type: ignore[union-attr]
-        cap = dev.boot(tmp_path / "a.log", reset=True, total_timeout=10, silence_timeout=5)
+        cap = dev.boot(tmp_path / "a.log", reset=True, total_timeout=HANG_S, silence_timeout=HANG_S)
     h = fr.decode_hello(cap.hello or b"")
     assert h.init_stage == "model"
     from harness.analysis.classify import classify
@@ -579,7 +579,7 @@ def test_an_arena_the_board_cannot_give_is_refused_at_start_up(
     with DeviceSession(board_url(), load_board("sim")) as dev:
         _program_both(dev.serial, images)
         dev.serial.board.program([(0x220000, big)])  # type: ignore[union-attr]
-        cap = dev.boot(tmp_path / "a.log", reset=True, total_timeout=10, silence_timeout=5)
+        cap = dev.boot(tmp_path / "a.log", reset=True, total_timeout=HANG_S, silence_timeout=HANG_S)
     h = fr.decode_hello(cap.hello or b"")
     assert h.init_stage == "alloc"
     from harness.protocol.capture import parse_capture

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 from serial.tools.list_ports_common import ListPortInfo
+from sim_helpers import HANG_S
 
 from harness.cli import main
 from harness.device.locks import BoardLock, board_lock, lock_key
-from harness.device.ports import PortCandidate, PortSpec, Transport, caps_for
+from harness.device.ports import CAPS, PortCandidate, PortSpec, Transport
 from harness.errors import BoardBusyError, ExitCode, PlanError
 from harness.runner import load_inventory, load_plan
 from harness.runner.inventory import detect_devices, inventory_snippet
@@ -217,7 +218,7 @@ def test_power_cycle_runs_argv_without_a_shell(tmp_path: Path):
 
 def _usb_spec(path: str, serial: str) -> PortSpec:
     cand = PortCandidate(path, path, 0x303A, 0x1001, serial, "1-1.2", "USB JTAG", "Espressif USB-Serial-JTAG")
-    return PortSpec(path, path, Transport.DEVICE, caps_for(Transport.DEVICE), usb=cand)
+    return PortSpec(path, path, Transport.DEVICE, CAPS[Transport.DEVICE], usb=cand)
 
 
 def test_lock_key_follows_the_board_not_the_dev_path():
@@ -252,7 +253,7 @@ def test_lock_is_exclusive_across_processes_and_names_its_holder(tmp_path: Path)
         assert proc.stdin is not None
         proc.stdin.write("\n")
         proc.stdin.flush()
-        proc.wait(timeout=10)
+        proc.wait(timeout=HANG_S)
     with board_lock(f"sim://{key[4:]}", lock_dir=tmp_path, timeout=1) as lk:  # free again
         assert lk.is_locked and lk.holder() is not None
     assert not (tmp_path / f"{key}.owner.json").exists()

@@ -15,7 +15,7 @@ import serial
 from esp_pylib.serial_reset import classic_bootloader_reset
 from esptool import cmds
 from esptool.util import FatalError
-from sim_helpers import make_project, read_until_end
+from sim_helpers import HANG_S, make_project, read_until_end
 
 import harness.sim as sim
 from harness.protocol.capture import parse_capture
@@ -42,7 +42,7 @@ def test_three_boards_in_parallel_threads(tmp_path: Path, models_dir: Path) -> N
     def worker(chip: str) -> None:
         try:
             port = serial.serial_for_url(f"sim://{names[chip]}?chip={chip}&emitter=c", exclusive=True)
-            barrier.wait(timeout=10)
+            barrier.wait(timeout=HANG_S)
             for attempt in range(3):  # re-reset on a failed sync, as esptool's connect loop does
                 classic_bootloader_reset(port, enter_boot_delay=0.02, reset_delay=0.05)
                 try:

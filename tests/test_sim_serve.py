@@ -20,7 +20,7 @@ import pytest
 import serial
 from esp_pylib.serial_reset import classic_bootloader_reset
 from esptool import cmds
-from sim_helpers import make_project, read_until_end
+from sim_helpers import HANG_S, make_project, read_until_end
 
 import harness.sim as sim
 from harness.protocol.capture import parse_capture
@@ -178,7 +178,7 @@ def test_cli_sim_serve_subprocess(tmp_path: Path) -> None:
         client.close()
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=HANG_S)
 
 
 @pytest.mark.slow
@@ -221,7 +221,7 @@ def test_esp_rfc2217_server_in_front_of_sim_port(tmp_path: Path, s3_files) -> No
         client.close()
     finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=10)
+        out, _ = proc.communicate(timeout=HANG_S)
     data = flash.read_bytes()
     for off, path in s3_files:
         blob = path.read_bytes()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.analysis.html_report import checksum_timeline_svg, image_triptych, timing_bars_svg
 from harness.analysis.tap import (
     TapOp,
     TapResult,
@@ -126,22 +125,29 @@ def test_op_list_flag_is_checked_when_parsed() -> None:
         OP_LIST.convert("17,x", None, None)
 
 
-def test_html_pieces_escape_hostile_text_and_draw() -> None:
+def test_html_report_draws_the_tap_pictures_escaped() -> None:
+    """The real flash-and-compare HTML report (render_html; only the result object is a stand-in) draws
+    the checksum timeline, the timing bars and the dump run's image triptych, hostile names escaped."""
+    from types import SimpleNamespace
+
+    from harness.analysis.html_report import render_html
+
     res = TapResult()
     good = [_op(0, [(0, "A")], [(1, "B")]), _op(1, [(1, "B")], [(2, "C")])]
     bad = [_op(0, [(0, "A")], [(1, "B")]), _op(1, [(1, "B")], [(2, "X")])]
     res.runs.append({"i": 0, "optimized_vs_ansi": first_divergence("optimized", bad, "ansi", good)})
-    svg = checksum_timeline_svg(res)
-    assert svg.count("<rect") == 2 and 'fill="#7f0000"><title>op 1: differs' in svg
-    timing = timing_table({"optimized": [TapOp(0, "<script>", (), (), 10)]}, {"optimized": 1})
-    bars = timing_bars_svg(timing)
-    assert "<script>" not in bars and "&lt;script&gt;" in bars
+    res.timing = timing_table({"optimized": [TapOp(0, "<script>", (), (), 10)]}, {"optimized": 1})
     ref = np.zeros((1, 8, 8, 1), np.int8)
     got = ref.copy()
     got[0, 7] = 3
-    html = image_triptych("<b>t</b>", "host", ref, got)
-    assert "&lt;b&gt;t&lt;/b&gt;" in html and html.count("data:image/png;base64,") == 3
-    assert "8 elements differ" in html
+    res.images.append({"op": 4, "t": 2, "role": "out", "ref_name": "<b>host</b>", "got": got, "ref": ref})
+    html = render_html(SimpleNamespace(comparison=None, tap=res), {"verdict": "mismatch", "tap": {}})  # type: ignore[arg-type]
+    timeline = html[html.index("<svg") : html.index("</svg>")]
+    assert timeline.count("<rect") == 2 and 'fill="#7f0000"><title>op 1: differs' in timeline
+    assert "<script>" not in html and "<title>op 0 &lt;script&gt; optimized: 10.0 us</title>" in html
+    assert html.count("data:image/png;base64,") == 3 and "8 elements differ" in html
+    assert "<h3>op 4 output tensor 2 (dump run)</h3>" in html
+    assert "&lt;b&gt;host&lt;/b&gt; (reference)" in html
 
 
 def test_sim_op_fault_parameters_are_checked() -> None:

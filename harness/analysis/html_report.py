@@ -49,16 +49,12 @@ def render(template: str, **context: object) -> str:
     return _env().get_template(template).render(**context)
 
 
-def _macro(name: str, *args: object) -> str:
-    """One macro of ``macros.html.j2`` (the pieces the reports share), rendered."""
-    return str(getattr(_env().get_template("macros.html.j2").module, name)(*args))
-
-
 # ---- SVG plots --------------------------------------------------------------------------------------
 
 
 def _timeline(tap: TapResult | None) -> View | None:
-    """Geometry of the checksum timeline: one cell per op and comparison."""
+    """Geometry of the checksum timeline: one cell per op and comparison (green = same checksum, red =
+    differs, dark red = the first)."""
     if tap is None or not tap.runs:
         return None
     found = divergences(tap.runs[0])
@@ -87,12 +83,6 @@ def _timeline(tap: TapResult | None) -> View | None:
         "rows": rows,
         "ticks": [(left + idx * cell, idx) for idx in range(0, n, 10)],
     }
-
-
-def checksum_timeline_svg(tap: TapResult | None) -> str:
-    """One cell per op and comparison: green = same checksum, red = differs, dark red = first."""
-    geometry = _timeline(tap)
-    return _macro("timeline", geometry) if geometry is not None else ""
 
 
 def _bars(timing: Timing | None) -> View | None:
@@ -126,12 +116,6 @@ def _bars(timing: Timing | None) -> View | None:
         "plot_w": plot_w,
         "rows": rows,
     }
-
-
-def timing_bars_svg(timing: Timing | None) -> str:
-    """Horizontal bars per op: optimized and ANSI C time (microseconds)."""
-    geometry = _bars(timing)
-    return _macro("timing_bars", geometry) if geometry is not None else ""
 
 
 def audit_view(audit: Audit | None) -> View | None:
@@ -197,12 +181,6 @@ def _triptych(title: str, ref_name: str, ref: np.ndarray, got: np.ndarray) -> Vi
         (f"difference ({n_diff} elements differ)", _png(d if d is not None else pg * 0, diff=True)),
     ]
     return {"title": title, "figs": figs}
-
-
-def image_triptych(title: str, ref_name: str, ref: np.ndarray, got: np.ndarray) -> str:
-    """Reference, optimized and difference of one image-shaped tensor, side by side."""
-    tri = _triptych(title, ref_name, ref, got)
-    return _macro("triptych", tri["title"], tri["figs"]) if tri is not None else ""
 
 
 # ---- document ---------------------------------------------------------------------------------------

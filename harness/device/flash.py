@@ -132,10 +132,6 @@ class FlashResult:
     def bytes_written(self) -> int:
         return sum(r.bytes_written for r in self.regions)
 
-    @property
-    def all_skipped(self) -> bool:
-        return all(r.skipped for r in self.regions)
-
     def to_dict(self) -> dict[str, object]:
         skip = {"serial", "esptool_log", "regions"}
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}

@@ -88,7 +88,7 @@ class TransportCaps:
     installs_program: bool = False  # "flashing" installs a host program (a native board), not esptool
 
 
-_CAPS: dict[str, TransportCaps] = {
+CAPS: dict[str, TransportCaps] = {  # per transport name; every PortSpec resolve_port makes gets its row
     Transport.DEVICE: TransportCaps(
         modem_lines=True,
         atomic_modem_lines=os.name != "nt",
@@ -272,14 +272,14 @@ def resolve_port(
         return _resolve_auto(text, board, plat)
     transport = _transport_of(text)
     if transport != Transport.DEVICE:
-        return PortSpec(text, text, transport, _CAPS[transport])
+        return PortSpec(text, text, transport, CAPS[transport])
     path, note = text, None
     if plat == "darwin" and text.startswith("/dev/tty."):
         twin = "/dev/cu." + text[len("/dev/tty.") :]
         path, note = twin, f"using {twin} instead of {text} (tty.* waits for carrier detect on macOS)"
     if plat.startswith("linux") and _is_pty(path):
-        return PortSpec(text, path, Transport.PTY, _CAPS[Transport.PTY], note=note)
-    return PortSpec(text, path, transport, _CAPS[transport], usb=_identify(path, plat), note=note)
+        return PortSpec(text, path, Transport.PTY, CAPS[Transport.PTY], note=note)
+    return PortSpec(text, path, transport, CAPS[transport], usb=_identify(path, plat), note=note)
 
 
 def _identify(path: str, plat: str) -> PortCandidate | None:
@@ -300,7 +300,7 @@ def _resolve_auto(spec: str, board: BoardLike | None, plat: str) -> PortSpec:
     if len(matching) == 1:
         cand = matching[0]
         note = f"--port auto chose {cand.label()}"
-        return PortSpec(spec, cand.device, Transport.DEVICE, _CAPS[Transport.DEVICE], usb=cand, note=note)
+        return PortSpec(spec, cand.device, Transport.DEVICE, CAPS[Transport.DEVICE], usb=cand, note=note)
     listing = "\n".join(f"  {c.label()}" for c in everything) or "  (no serial ports at all)"
     what = "an ESP32 board"
     if board is not None:
@@ -554,8 +554,3 @@ RAW_TCP_SIMULATOR_HINT = (
     "serve the board with `esp-check sim serve --rfc2217` (or esp_rfc2217_server in front of its sim:// "
     "port) and give that rfc2217://HOST:PORT URL"
 )
-
-
-def caps_for(transport: str) -> TransportCaps:
-    """Capabilities of a transport name (for docs and callers that build a PortSpec by hand)."""
-    return _CAPS[transport]

@@ -162,9 +162,6 @@ class BuildCache:
             out.append((path.name, _dir_size(path), used))
         return out
 
-    def total_bytes(self) -> int:
-        return sum(size for _, size, _ in self.entries())
-
     def evict(self, keep: str | None = None) -> list[str]:
         """Delete least recently used entries until the cache fits ``max_bytes``; returns deleted keys.
 

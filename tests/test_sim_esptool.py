@@ -21,6 +21,7 @@ from sim_helpers import make_project, read_until_end
 
 import harness.sim as sim
 from harness.sim.board import SimBoard, remove_board
+from harness.sim.chips import CHIPS
 from harness.sim.image import build_sim_firmware
 
 sim.register()
@@ -376,3 +377,15 @@ def test_a_failed_compressed_block_fails_the_rest_of_that_write(open_port) -> No
     block(stream, 0)
     esp.flash_defl_finish(False)
     assert esp.flash_md5sum(0x10000, len(raw)) == hashlib.md5(raw).hexdigest()
+
+
+@pytest.mark.parametrize(("chip", "sram_kib"), [("esp32", 520), ("esp32s3", 512), ("esp32c3", 400)])
+def test_mem_begin_accepts_the_chips_own_sram_and_no_more(open_port, chip: str, sram_kib: int) -> None:
+    """The RAM a MEM_BEGIN may declare is the chip's on-chip SRAM (harness.chips' ``sram_bytes``, from
+    Espressif's datasheets), not the ESP32's 520 KiB for every chip. esptool sends the packets."""
+    esp = connect(open_port(chip))
+    dram = CHIPS[chip].dram_start
+    esp.mem_begin(sram_kib * 1024, 1, 0x4000, dram)  # all of it: accepted
+    with pytest.raises(FatalError, match="enter RAM download mode"):
+        esp.mem_begin(sram_kib * 1024 + 1, 1, 0x4000, dram)
+    assert CHIPS[chip].sram_bytes == sram_kib * 1024

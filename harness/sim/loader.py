@@ -23,7 +23,6 @@ from esptool.loader import ESPLoader
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec
 
 SECTOR = ESPLoader.FLASH_SECTOR_SIZE
-RAM_SIZE = 520 * 1024  # the most on-chip SRAM of any simulated chip (ESP32): MEM_BEGIN loads fit in it
 
 # ROM error codes (esptool's ESPLoader "status" byte 2 meanings)
 ERR_INVALID_MSG = 0x05
@@ -275,7 +274,7 @@ class Loader:
         size, _blocks, _block_size, offset = struct.unpack("<IIII", data)
         self._mem, self._mem_seq = None, 0
         self.ram[offset] = bytearray()
-        if size + sum(map(len, self.ram.values())) > RAM_SIZE:
+        if size + sum(map(len, self.ram.values())) > self.host.chip.sram_bytes:  # the chip's SRAM
             self._fail(op, ERR_FAILED, STUB_ERR_TOO_MUCH_DATA)
             return
         self._mem = (offset, size)

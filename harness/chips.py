@@ -44,6 +44,10 @@ class Chip:
     # flash a chip can memory-map for data (ESP-IDF soc.h, SOC_DROM_LOW..SOC_DROM_HIGH); the app's own
     # rodata shares the window. ESP32-S2 is taken as its DROM0 bus only (conservative, not measured)
     mmap_window_bytes: int
+    # on-chip SRAM (the most a ROM loader's RAM download may fill): Espressif's datasheets / SoC pages
+    # (espressif.com/en/products/socs): ESP32 520 KB, S2 320 KB, S3 512 KB, C3 400 KB, C6 512 KB HP SRAM,
+    # P4 768 KB HP L2MEM
+    sram_bytes: int
 
     @property
     def toolchain_prefixes(self) -> tuple[str, ...]:
@@ -55,13 +59,14 @@ class Chip:
 # One row per chip, in Chip's field order. The data windows: ESP32 0x3F400000..0x3F800000, S3
 # 0x3C000000..0x3E000000, P4 0x40000000..0x44000000.
 _ROWS = (
-    # name, arch, cores, max_mhz, bootloader_offset, toolprefix, strap_pin, usb_serial_jtag, mmap_window_bytes
-    ("esp32", "xtensa", 2, (240,), 0x1000, "xtensa-esp32-elf-", "GPIO0", False, 4 << 20),
-    ("esp32s2", "xtensa", 1, (240,), 0x1000, "xtensa-esp32s2-elf-", "GPIO0", False, 4 << 20),
-    ("esp32s3", "xtensa", 2, (240,), 0x0, "xtensa-esp32s3-elf-", "GPIO0", True, 32 << 20),
-    ("esp32c3", "riscv", 1, (160,), 0x0, "riscv32-esp-elf-", "GPIO9", True, 8 << 20),
-    ("esp32c6", "riscv", 1, (160,), 0x0, "riscv32-esp-elf-", "GPIO9", True, 16 << 20),
-    ("esp32p4", "riscv", 2, (360, 400), 0x2000, "riscv32-esp-elf-", "GPIO35", True, 64 << 20),
+    # name, arch, cores, max_mhz, bootloader_offset, toolprefix, strap_pin, usb_serial_jtag,
+    # mmap_window_bytes, sram_bytes
+    ("esp32", "xtensa", 2, (240,), 0x1000, "xtensa-esp32-elf-", "GPIO0", False, 4 << 20, 520 << 10),
+    ("esp32s2", "xtensa", 1, (240,), 0x1000, "xtensa-esp32s2-elf-", "GPIO0", False, 4 << 20, 320 << 10),
+    ("esp32s3", "xtensa", 2, (240,), 0x0, "xtensa-esp32s3-elf-", "GPIO0", True, 32 << 20, 512 << 10),
+    ("esp32c3", "riscv", 1, (160,), 0x0, "riscv32-esp-elf-", "GPIO9", True, 8 << 20, 400 << 10),
+    ("esp32c6", "riscv", 1, (160,), 0x0, "riscv32-esp-elf-", "GPIO9", True, 16 << 20, 512 << 10),
+    ("esp32p4", "riscv", 2, (360, 400), 0x2000, "riscv32-esp-elf-", "GPIO35", True, 64 << 20, 768 << 10),
 )
 CHIPS: dict[str, Chip] = {row[0]: Chip(*row) for row in _ROWS}
 BOARD_CHIPS = tuple(CHIPS)  # the chips a board file may name

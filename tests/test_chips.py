@@ -30,6 +30,7 @@ def test_every_chip_a_board_names_has_every_fact(chip: str) -> None:
     assert row.toolprefix.startswith(row.arch.replace("riscv", "riscv32"))
     assert re.fullmatch(r"GPIO\d+", row.strap_pin) and strap_pin(chip) == row.strap_pin
     assert row.mmap_window_bytes >= 4 << 20 and row.mmap_window_bytes % (1 << 20) == 0
+    assert 256 << 10 <= row.sram_bytes <= 1 << 20 and row.sram_bytes % 1024 == 0
     assert arch_of(chip) == row.arch
 
 

@@ -462,3 +462,31 @@ def test_a_simulated_boards_name_follows_the_plans_name_rule(name: str) -> None:
         with pytest.raises(UsageError, match="bad simulated board name") as err:
             parse_url(f"sim://{name}")
         assert err.value.hint == "use letters, digits, '.', '_' and '-' (max 64)"
+
+
+def test_a_model_tflm_cannot_allocate_fails_the_start_up_as_the_firmwares_setup(
+    tmp_path: Path, board_port
+) -> None:
+    """input int8 [1] -> RESHAPE with a shape tensor [0] -> output declared [0]: TFLM's reshape Prepare
+    finds 0 output elements for 1 input element, so on a chip AllocateTensors fails and app_main.cc's
+    Setup prints ``ERROR stage=alloc code=1 msg=AllocateTensors_failed`` (1: kTfLiteError) and END
+    status=error, with no INPUT; the simulated app asks its TFLM child (the same kernels) and prints the
+    same, not an Invoke of a model that never allocated. Faked: the board (``sim://``)."""
+    import tflite
+    from test_model_builder import Op, T, build_model
+
+    tensors = [
+        T("input", (1,), "int8", scale=0.05),
+        T("empty", (0,), "int8", scale=0.05),
+        T("shape", (1,), "int32", data=np.array([0], np.int32)),
+    ]
+    model = build_model(tensors, [Op(tflite.BuiltinOperator.RESHAPE, [0, 2], [1])], [0], [1])
+    proj = make_project(tmp_path / "proj", model, [bytes(1)])
+    port = board_port("esp32s3")
+    port.board.program(build_sim_firmware(proj, tmp_path / "build"))
+    cap = parse_capture(boot(port))
+    assert [(e.stage, e.code, e.i, e.msg) for e in cap.errors] == [
+        ("alloc", 1, None, "AllocateTensors_failed")
+    ]
+    assert cap.end_status == "error" and not cap.runs, cap.problems
+    assert cap.valid, cap.problems

@@ -21,6 +21,7 @@ from sim_helpers import make_project, read_until_end
 
 import harness.sim as sim
 from harness.sim.board import SimBoard, remove_board
+from harness.sim.chips import CHIPS
 from harness.sim.image import build_sim_firmware
 
 sim.register()
@@ -343,3 +344,48 @@ def test_a_deflate_bomb_is_refused_without_inflating_it(open_port) -> None:
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 4 << 20, f"{peak} bytes held while refusing the block"
+
+
+def test_a_failed_compressed_block_fails_the_rest_of_that_write(open_port) -> None:
+    """After a FLASH_DEFL_DATA block has failed inside the inflater (here the stub's ESP_TOO_MUCH_DATA),
+    Espressif's stub keeps that error (``fs.last_error``) for every later block and FLASH_DEFL_END of the
+    write, so no client gets a good write out of it; a new FLASH_DEFL_BEGIN starts clean. esptool sends the
+    packets; the stream is stored blocks (incompressible data), so the inflater itself never errs."""
+    import os
+    import struct
+    import zlib
+
+    port = open_port("esp32s3")
+    esp = cmds.run_stub(connect(port))
+    raw = os.urandom(0x2000)
+    stream = zlib.compress(raw, 0)
+
+    def block(data: bytes, seq: int) -> None:
+        packet = struct.pack("<IIII", len(data), seq, 0, 0) + data
+        op = esp.ESP_CMDS["FLASH_DEFL_DATA"]
+        esp.check_command("write compressed data", op, packet, esp.checksum(data))
+
+    esp.flash_defl_begin(0x1000, len(stream), 0x10000)
+    with pytest.raises(FatalError, match="write compressed data"):
+        block(stream, 0)  # inflates past the 0x1000 bytes declared
+    with pytest.raises(FatalError, match="write compressed data"):
+        block(stream[0x1100:0x1200], 0)  # more stored bytes: the inflater would take them
+    with pytest.raises(FatalError, match="leave compressed flash mode"):
+        esp.flash_defl_finish(False)
+    assert bytes(_board(port).flash[0x10000:0x10100]) == b"\xff" * 0x100  # nothing of it was written
+    esp.flash_defl_begin(len(raw), len(stream), 0x10000)  # a new write starts clean
+    block(stream, 0)
+    esp.flash_defl_finish(False)
+    assert esp.flash_md5sum(0x10000, len(raw)) == hashlib.md5(raw).hexdigest()
+
+
+@pytest.mark.parametrize(("chip", "sram_kib"), [("esp32", 520), ("esp32s3", 512), ("esp32c3", 400)])
+def test_mem_begin_accepts_the_chips_own_sram_and_no_more(open_port, chip: str, sram_kib: int) -> None:
+    """The RAM a MEM_BEGIN may declare is the chip's on-chip SRAM (harness.chips' ``sram_bytes``, from
+    Espressif's datasheets), not the ESP32's 520 KiB for every chip. esptool sends the packets."""
+    esp = connect(open_port(chip))
+    dram = CHIPS[chip].dram_start
+    esp.mem_begin(sram_kib * 1024, 1, 0x4000, dram)  # all of it: accepted
+    with pytest.raises(FatalError, match="enter RAM download mode"):
+        esp.mem_begin(sram_kib * 1024 + 1, 1, 0x4000, dram)
+    assert CHIPS[chip].sram_bytes == sram_kib * 1024

@@ -300,23 +300,39 @@ class InvokeChild:
     def __init__(self, model: bytes, info: ModelInfo) -> None:
         self.model, self.info = model, info
         self.proc: subprocess.Popen[bytes] | None = None
+        self.ready: bytes | None = None  # what the running child said once it had the model
 
-    def _send(self, arr: np.ndarray) -> tuple[bytes | None, int]:
-        """``arr`` to a running child (one is started if there is none): its answer (None: it ended) and
-        its exit status (0 while it runs)."""
-        hello = b""
+    def allocates(self) -> bool:
+        """Whether TFLM's AllocateTensors accepts the model (what the firmware's Setup checks); starts the
+        child if none runs."""
+        return self._start() != b"\2"
+
+    def _start(self) -> bytes | None:
+        """A running child (started if there is none): what it said once it had the model (``\\0``:
+        allocated, ``\\2``: AllocateTensors failed; None: it ended)."""
         if self.proc is None or self.proc.poll() is not None:
             argv = [sys.executable, "-m", "harness.model.hostrun", "--invoke"]
             pipe, quiet = subprocess.PIPE, subprocess.DEVNULL  # TFLM's own messages are not the console
             self.proc = subprocess.Popen(argv, stdin=pipe, stdout=pipe, stderr=quiet, env=_child_env())
             # reaped as it leaves (idle, its input's end, a crash): no zombie in a long-lived process
             threading.Thread(target=self.proc.wait, name="esp-check-sim-cpu", daemon=True).start()
-            hello = struct.pack("<QQ", backends.host_arena_bytes(self.info), limits()[1]) + self.model
+            head = struct.pack("<QQ", backends.host_arena_bytes(self.info), limits()[1])
+            proc = self.proc
+            assert proc.stdin is not None and proc.stdout is not None  # both are pipes
+            with contextlib.suppress(BrokenPipeError):
+                _put(proc.stdin, head + self.model)
+            self.ready = _get(proc.stdout)
+        return self.ready
+
+    def _send(self, arr: np.ndarray) -> tuple[bytes | None, int]:
+        """``arr`` to a running child (one is started if there is none): its answer (None: it ended) and
+        its exit status (0 while it runs)."""
+        ready = self._start()
         proc = self.proc
-        assert proc.stdin is not None and proc.stdout is not None  # both are pipes
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None  # both are pipes
+        if ready != b"\0":
+            return ready, 0 if ready is not None else proc.wait()
         with contextlib.suppress(BrokenPipeError):  # a child gone already: no answer
-            if hello:
-                _put(proc.stdin, hello)
             _put(proc.stdin, np.ascontiguousarray(arr).tobytes())
         said = _get(proc.stdout)
         return said, 0 if said is not None else proc.wait()
@@ -356,8 +372,9 @@ def _get(stream: IO[bytes]) -> bytes | None:
 
 
 def invoke_main() -> int:  # pragma: no cover - runs in the child process
-    """Entry of an :class:`InvokeChild`: the model, then each input in, its outputs out (a status byte
-    first: 1 when TFLM's Invoke returned an error)."""
+    """Entry of an :class:`InvokeChild`: the model in, a status byte out (2: AllocateTensors failed, the
+    child ends), then each input in, its outputs out (a status byte first: 1 when TFLM's Invoke returned
+    an error)."""
     head = _get(sys.stdin.buffer)
     if head is None:
         return 2
@@ -366,7 +383,12 @@ def invoke_main() -> int:  # pragma: no cover - runs in the child process
     model = head[16:]
     info = parse_model_bytes(model)
     rt = get_backend("tflm").load()
-    interp, runs, tin = rt.Interpreter.from_bytes(model, arena_size=arena), 0, info.inputs[0]
+    try:
+        interp, runs, tin = rt.Interpreter.from_bytes(model, arena_size=arena), 0, info.inputs[0]
+    except (RuntimeError, ValueError):  # AllocateTensors failed (a kernel's Prepare refused the model)
+        _put(sys.stdout.buffer, b"\2")
+        return 0
+    _put(sys.stdout.buffer, b"\0")
     while True:
         signal.alarm(INVOKE_IDLE_S)  # SIGALRM ends the child: idle too long
         data = _get(sys.stdin.buffer)

@@ -23,7 +23,6 @@ from esptool.loader import ESPLoader
 from harness.sim.chips import FLASH_SIZE_CODES, ChipSpec
 
 SECTOR = ESPLoader.FLASH_SECTOR_SIZE
-RAM_SIZE = 520 * 1024  # the most on-chip SRAM of any simulated chip (ESP32): MEM_BEGIN loads fit in it
 
 # ROM error codes (esptool's ESPLoader "status" byte 2 meanings)
 ERR_INVALID_MSG = 0x05
@@ -117,6 +116,7 @@ class _WriteSession:
     written: int = 0
     inflater: zlib._Decompress | None = None
     erased: set[int] = field(default_factory=set)
+    failed: tuple[int, int] | None = None  # (ROM, stub) error of a block that reached the inflater/flash
 
 
 class LoaderHost(Protocol):
@@ -274,7 +274,7 @@ class Loader:
         size, _blocks, _block_size, offset = struct.unpack("<IIII", data)
         self._mem, self._mem_seq = None, 0
         self.ram[offset] = bytearray()
-        if size + sum(map(len, self.ram.values())) > RAM_SIZE:
+        if size + sum(map(len, self.ram.values())) > self.host.chip.sram_bytes:  # the chip's SRAM
             self._fail(op, ERR_FAILED, STUB_ERR_TOO_MUCH_DATA)
             return
         self._mem = (offset, size)
@@ -376,7 +376,10 @@ class Loader:
             self._fail(op, ERR_FAILED, STUB_ERR_NOT_IN_FLASH_MODE)
             return
         block = self._data_block(op, data, chk, sess.seq)
-        if block is None:
+        if block is None:  # refused before it reached the inflater: a retry of the block may pass
+            return
+        if sess.failed is not None:  # the inflater's / flash's state is broken: the whole write fails
+            self._fail(op, *sess.failed)
             return
         if sess.compressed:
             assert sess.inflater is not None
@@ -386,7 +389,7 @@ class Loader:
             try:
                 payload = sess.inflater.decompress(block, max(0, room) + 1)
             except zlib.error:
-                self._fail(op, ERR_DEFLATE, STUB_ERR_INFLATE)
+                self._fail_write(sess, op, ERR_DEFLATE, STUB_ERR_INFLATE)
                 return
         else:
             payload = block
@@ -394,18 +397,27 @@ class Loader:
             if sess.stub:
                 payload = payload[: max(0, sess.size - sess.written)]
         if sess.stub and sess.compressed and sess.written + len(payload) > sess.size:
-            self._fail(op, ERR_FAILED, STUB_ERR_TOO_MUCH_DATA)
+            self._fail_write(sess, op, ERR_FAILED, STUB_ERR_TOO_MUCH_DATA)
             return
         if not self._program(sess, addr, payload):
-            self._fail(op, ERR_FLASH_WRITE, STUB_ERR_FAILED_SPI_OP)
+            self._fail_write(sess, op, ERR_FLASH_WRITE, STUB_ERR_FAILED_SPI_OP)
             return
         sess.seq += 1
         sess.written += len(payload)
         self._respond(op)
 
+    def _fail_write(self, sess: _WriteSession, op: int, rom_err: int, stub_err: int) -> None:
+        """A block failed after it reached the inflater or the flash: as Espressif's stub keeps its
+        ``last_error``, every later block and the END of this write fail with it."""
+        sess.failed = (rom_err, stub_err)
+        self._fail(op, rom_err, stub_err)
+
     def _flash_end(self, op: int, data: bytes, chk: int) -> None:
         (stay,) = struct.unpack("<I", data)
         sess, self._write = self._write, None
+        if sess is not None and sess.failed is not None:
+            self._fail(op, *sess.failed)
+            return
         if self.stub and sess is not None and sess.size and sess.written < sess.size and sess.compressed:
             self._fail(op, ERR_FAILED, STUB_ERR_NOT_ENOUGH_DATA)
             return

@@ -169,7 +169,7 @@ class SimApp:
         if arena > limit:  # the model partition asks for more than the app allows: refused before allocating
             init.stage, init.code = frames.STAGE_CODES["alloc"], arena
             init.msg = f"arena_{arena}_bytes_above_the_boards_{limit}_{mem}"
-        elif "alloc" in self.active:
+        elif "alloc" in self.active or not self._cpu(init.info).allocates():  # code 1: kTfLiteError
             init.stage, init.code, init.msg = frames.STAGE_CODES["alloc"], 1, "AllocateTensors_failed"
         elif len(init.info.inputs) != 1:
             init.stage, init.code = frames.STAGE_CODES["input"], len(init.info.inputs)
@@ -456,16 +456,19 @@ class SimApp:
         key = f"out:{hashlib.sha256(self.payload.model[:4096] + data).hexdigest()}:{len(self.payload.model)}"
         hit = cache.get(key)
         if hit is None:
-            mkey = "model:" + self.model_sha
-            model = cache.get(mkey)
-            if model is None:
-                model = cache[mkey] = InvokeChild(self.payload.model, info)
-            hit = model.run(arr)
+            hit = self._cpu(info).run(arr)
             if len(cache) > _CACHE_LIMIT:
                 for k in [k for k in cache if k.startswith("out:")][: _CACHE_LIMIT // 4]:
                     del cache[k]
             cache[key] = hit
         return list(hit)
+
+    def _cpu(self, info: Any) -> InvokeChild:
+        """The board's TFLM interpreter for this model (one per model, kept in the board's cache)."""
+        model = self.env.cache.get("model:" + self.model_sha)
+        if not isinstance(model, InvokeChild):
+            model = self.env.cache["model:" + self.model_sha] = InvokeChild(self.payload.model, info)
+        return model
 
     # ---- the link ---------------------------------------------------------------------------------
 

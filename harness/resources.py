@@ -87,7 +87,7 @@ def user_cache_dir(kind: str) -> Path:
     return base / "esp-check" / kind
 
 
-_IDF_VERSION = re.compile(r"^([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})$")
+_IDF_VERSION = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})")
 
 
 def installed_versions(*dists: str) -> dict[str, str]:
@@ -193,7 +193,7 @@ def store_json(path: Path, doc: object, keep: int) -> None:
 
 def version_tuple(text: str) -> tuple[int, int, int]:
     """``"5.5.2"`` -> ``(5, 5, 2)``; ValueError for anything that is not MAJOR.MINOR.PATCH."""
-    m = _IDF_VERSION.match(text)
+    m = _IDF_VERSION.fullmatch(text)
     if m is None:
         raise ValueError(f"{text!r} is not a MAJOR.MINOR.PATCH version")
     return int(m.group(1)), int(m.group(2)), int(m.group(3))

@@ -118,6 +118,8 @@ def test_unknown_board_lists_known_ones() -> None:
         (("flash_size", '"8MB"', '"7MB"'), "flash_size", "expected one of"),
         (("monitor_baud", "115200", "12"), "monitor_baud", "baud"),
         (("builder", '"pio"\n', '"pio"\nidf_min = "5.5"\n'), "idf_min", "MAJOR.MINOR.PATCH"),
+        # `$` matched before a final newline: "5.4.1\n" passed and reached app_main.cc's `#error` line
+        (("builder", '"pio"\n', '"pio"\nidf_min = "5.4.1\\n"\n'), "idf_min", "MAJOR.MINOR.PATCH"),
         (("builder", '"pio"\n', '"pio"\nidf_min = "6.0.0"\n'), "idf_min", "below 6.0.0 only"),
         (("builder", '"pio"\n', '"pio"\nchip_rev_min = "3.0"\n'), "chip_rev_max", "is missing"),
         (

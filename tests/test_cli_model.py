@@ -111,6 +111,10 @@ def test_inspect_says_which_espnn_scratch_formulas(
     assert "set 1.2.3" in data["arena"]["espnn_formulas"]
     data = _json(capsys, ["inspect", str(model), "--chip", "esp32s3", "--esp-nn-version", "2.0.0", "--json"])
     assert data["arena"]["espnn_scratch_bytes"] == 31212 and "largest" in data["arena"]["espnn_formulas"]
+    # `$` matched before a final newline: "1.2.3\\n" took set 1.2.3's formulas, as if it were 1.2.3
+    args = ["inspect", str(model), "--chip", "esp32s3", "--json"]
+    data = _json(capsys, [*args, "--esp-nn-version", "1.2.3\n"])
+    assert data["arena"]["espnn_scratch_bytes"] == 31212 and "largest" in data["arena"]["espnn_formulas"]
     # the user's version string reaches the console literally, never as rich markup
     assert main(["inspect", str(model), "--chip", "esp32s3", "--esp-nn-version", "[red]9[/red]"]) == 0
     assert "esp-nn [red]9[/red] is not a version" in " ".join(capsys.readouterr().out.split())

@@ -387,23 +387,26 @@ def test_compile_error_is_a_clear_build_error(tmp_path: Path) -> None:
 
 
 def test_the_c_header_bounds_are_the_python_sides() -> None:
-    """esp_check_proto.h's ``ECP_*`` numbers and harness.protocol's are one fact in two languages, and the
-    model loader refuses the ranks the firmware cannot emit by the same bound (not a copy of it)."""
+    """esp_check_proto.h's ``ECP_*`` numbers and harness.protocol.spec's are one fact in two languages:
+    every ``#define ECP_`` of the header has its Python constant (a bound added or changed on one side
+    alone fails here), the protocol version too; and the model loader refuses the ranks the firmware
+    cannot emit by the same bound (not a copy of it)."""
     from harness.model import loader
     from harness.protocol import spec
 
     header = emitter_sources()[1].read_text(encoding="utf-8")
-    c_side = {k: int(v) for k, v in re.findall(r"#define ECP_(\w+) (\d+)", header)}
+    c_side = dict(re.findall(r"#define ECP_(\w+)[ \t]+(\S+)", header))
     py_side = {
+        "PROTO_VERSION": spec.PROTO_VERSION,
         "LINE_MAX": spec.LINE_MAX,
         "DATA_CHUNK": spec.DATA_CHUNK,
-        "NAME_MAX": em_mod.NAME_MAX,
-        "MSG_MAX": em_mod.MSG_MAX,
+        "NAME_MAX": spec.NAME_MAX,
+        "MSG_MAX": spec.MSG_MAX,
         "MAX_DIMS": spec.MAX_DIMS,
         "TAP_MAX_TENSORS": spec.TAP_MAX_TENSORS,
-        "OPNAME_MAX": em_mod.OPNAME_MAX,
+        "OPNAME_MAX": spec.OPNAME_MAX,
     }
-    assert {k: c_side.get(k) for k in py_side} == py_side
+    assert c_side == {k: str(v) for k, v in py_side.items()}
     assert em_mod.MAX_DIMS is spec.MAX_DIMS and not hasattr(loader, "MAX_RANK")
     loader._check_shape(0, "t", (1,) * spec.MAX_DIMS, "int8", False)
     with pytest.raises(ModelError, match="TFLM cannot hold"):

@@ -546,6 +546,20 @@ def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "tensor arena" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option", ["--tflm-version", "--esp-nn-version", "--platform-version"])
+def test_cli_generate_refuses_a_version_ending_in_a_newline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    """A version is written into idf_component.yml, platformio.ini and esp-check.json as given: with
+    ``^...$`` and ``.match`` (``$`` matches before a final newline) "1.1.3\\n" passed and a project was
+    written with a version that is not the one any registry has."""
+    model, npy = str(MODELS / "op_zoo.tflite"), str(INPUTS / "op_zoo.npy")
+    args = ["generate", model, "--input", npy, "--board", "esp32-devkitc", "--arena-kb", "16"]
+    assert main([*args, "--out", str(tmp_path), option, "1.1.3\n"]) == ExitCode.USAGE
+    assert "is not a valid version string" in capsys.readouterr().err
+    assert not (tmp_path / "optimized").exists()
+
+
 def test_board_sdkconfig_outside_allowlist_is_refused(tmp_path: Path) -> None:
     text = (Path(load_board("esp32-devkitc").source or "")).read_text()
     typo = tmp_path / "typo-board.toml"

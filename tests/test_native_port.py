@@ -84,6 +84,15 @@ def test_a_native_name_ending_in_a_newline_is_refused() -> None:
         open_port(resolve_port("native://bench\n?flash=4MB")).close()
 
 
+@pytest.mark.parametrize("query", ["flash=4MB%0A", "flash=4M\nB"])
+def test_a_flash_size_with_a_newline_is_refused(query: str) -> None:
+    """``flash=`` is one size like 4MB: ``^...MB$`` with ``.match`` let ``4MB%0A`` (decoded: a final
+    newline) through, and urlsplit dropped a newline typed inside the query, so a size that is not the
+    one written opened as 4MB. Faked: nothing (a native board of this process)."""
+    with pytest.raises(PortError, match="is not a flash size like 4MB"):
+        open_port(resolve_port(f"native://t-flash-nl?{query}")).close()
+
+
 def test_a_reset_blank_board_says_so_and_its_stream_ends(tmp_path: Path) -> None:
     """Reset into the app with nothing flashed: the boot stand-in prints why nothing starts and the stream
     ends (a capture, the HELLO probe before a flash among them, ends there instead of at its silence

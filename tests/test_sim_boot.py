@@ -19,7 +19,8 @@ from pydantic import TypeAdapter, ValidationError
 from sim_helpers import make_project, read_until_end
 
 import harness.sim as sim
-from harness.errors import UsageError
+from harness.device.ports import open_port, resolve_port
+from harness.errors import PortError, UsageError
 from harness.flashfmt.model_image import pack_model_image
 from harness.protocol.capture import parse_capture
 from harness.runner.plan import Name
@@ -462,6 +463,17 @@ def test_a_simulated_boards_name_follows_the_plans_name_rule(name: str) -> None:
         with pytest.raises(UsageError, match="bad simulated board name") as err:
             parse_url(f"sim://{name}")
         assert err.value.hint == "use letters, digits, '.', '_' and '-' (max 64)"
+
+
+@pytest.mark.parametrize("url", ["sim://be\nnch", "sim://bench\n?chip=esp32", "sim://bench?chip=es\tp32"])
+def test_a_sim_url_with_a_line_break_or_tab_is_refused(url: str) -> None:
+    """urlsplit drops tabs and line breaks anywhere in a URL, so ``sim://be\\nnch`` opened the board
+    ``bench``: a name the user did not type. ``--port`` as esp-check opens it (resolve_port strips only
+    the URL's ends). Faked: nothing (a simulated board of this process)."""
+    with pytest.raises(UsageError, match="tab or line break"):
+        parse_url(url)
+    with pytest.raises(PortError, match="tab or line break"):
+        open_port(resolve_port(url)).close()
 
 
 def test_a_model_tflm_cannot_allocate_fails_the_start_up_as_the_firmwares_setup(

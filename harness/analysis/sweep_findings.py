@@ -17,10 +17,10 @@ from harness.analysis.sweep_cases import Case
 
 RAN, ABSENT, REFUSED, NO_REF = 0, 1, 2, 3
 _R = re.compile(
-    r"^R (\d+) ([0-3]) ([0-3]) ([0-3]) (\d+) ([0-9a-f]{8}) ([0-9a-f]{8}) ([0-9a-f]{8}) "
-    r"(-|\d+:\d+:-?\d+) (-|\d+:\d+:-?\d+) (-|\d+:\d+:-?\d+) (-?\d+) (-?\d+) ([01])$"
+    r"R (\d+) ([0-3]) ([0-3]) ([0-3]) (\d+) ([0-9a-f]{8}) ([0-9a-f]{8}) ([0-9a-f]{8}) "
+    r"(-|\d+:\d+:-?\d+) (-|\d+:\d+:-?\d+) (-|\d+:\d+:-?\d+) (-?\d+) (-?\d+) ([01])"
 )
-_O = re.compile(r"^O (\d+) (-|[0-9a-f]*) (-|[0-9a-f]*) (-|[0-9a-f]*)$")
+_O = re.compile(r"O (\d+) (-|[0-9a-f]*) (-|[0-9a-f]*) (-|[0-9a-f]*)")
 KINDS = ("sanitizer", "crash", "reference_refuses", "opt_vs_ansi", "both_vs_reference", "one_vs_reference")
 
 
@@ -55,7 +55,7 @@ def _diff(text: str) -> Diff | None:
 
 def parse_result(line: str) -> Result | None:
     """A ``R`` line, or None when ``line`` is not one (never a guess)."""
-    m = _R.match(line.strip())
+    m = _R.fullmatch(line.strip())
     if not m:
         return None
     g = m.groups()
@@ -73,7 +73,7 @@ def parse_result(line: str) -> Result | None:
 
 def parse_outputs(line: str) -> tuple[int, tuple[bytes | None, ...]] | None:
     """An ``O`` line (ESP_CHECK_SWEEP_DUMP=1): the case id and the three output tensors."""
-    m = _O.match(line.strip())
+    m = _O.fullmatch(line.strip())
     if not m:
         return None
     outs = tuple(None if h == "-" else bytes.fromhex(h) for h in m.groups()[1:])

@@ -30,7 +30,7 @@ from harness.errors import BoardBusyError, LabgridError
 TAG = "esp_check"  # the tag key esp-check puts on a place it holds
 TYPE_TAG = "esp_check_type"  # the board type of a place, for `esp-check run --labgrid` without inventory
 CONSOLE_TAG = "esp_check_console"  # optional: uart | usb_serial_jtag
-_TOKEN = re.compile(r"^[A-Z0-9]{4,64}$")
+_TOKEN = re.compile(r"[A-Z0-9]{4,64}")
 _TAG_VALUE = re.compile(r"([0-9]+)_([0-9]+)_([0-9]+)_([A-Za-z0-9]{4,64})(?:_([0-9]+))?")  # HolderTag.value
 _INSTALL_HINT = "install labgrid beside esp-check: pip install 'esp-check[labgrid]' (docs/ci.md)"
 # The coordinator allocates a free place when the reservation is made, and `reserve --wait` sees it
@@ -218,7 +218,7 @@ def parse_show(name: str, text: str) -> PlaceInfo:
         elif key == "changed":
             info.changed = value[:40]
         elif key == "reservation":
-            info.reservation = value if _TOKEN.match(value) else None
+            info.reservation = value if _TOKEN.fullmatch(value) else None
     return info
 
 

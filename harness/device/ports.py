@@ -253,7 +253,7 @@ def _transport_of(spec: str) -> str:
 
 def _is_pty(path: str) -> bool:
     real = os.path.realpath(path)
-    return real.startswith("/dev/pts/") or bool(re.match(r"/dev/tty[p-za-e][0-9a-f]$", real))
+    return real.startswith("/dev/pts/") or bool(re.fullmatch(r"/dev/tty[p-za-e][0-9a-f]", real))
 
 
 def resolve_port(

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 from typing import BinaryIO
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 from serial.serialutil import SerialException
 
@@ -45,7 +45,7 @@ TABLE_OFFSETS = (0x8000, *range(0x9000, 0x10000, 0x1000))
 SW_RESET_MARKER = "sw_reset"  # left by the esp_restart() stand-in (standins/src/flash.c)
 NOINIT_FILE = "psram_noinit.bin"  # EXT_RAM_NOINIT_ATTR memory a software restart kept (standins/src/noinit.c)
 BOOT_LINE = "esp-check native boot:"
-_SIZE = re.compile(r"^([0-9]{1,3})MB$")
+_SIZE = re.compile(r"([0-9]{1,3})MB")
 
 
 class NativeBoard:
@@ -112,9 +112,9 @@ class Serial(InProcessPort):
         name = url[len("native://") :].split("?", 1)[0].strip("/") if url.startswith("native://") else ""
         if not NAME_RE.fullmatch(name):
             raise SerialException(f"could not open {url!r}: expected native://NAME (letters, digits, . _ -)")
-        query = parse_qs(urlsplit(url).query)
+        query = parse_qs(url.partition("?")[2])  # as typed: urlsplit would drop a newline in it
         size_text = (query.get("flash") or [DEFAULT_FLASH_SIZE])[0]
-        m = _SIZE.match(size_text)
+        m = _SIZE.fullmatch(size_text)
         if m is None or not 0 < (int(m.group(1)) << 20) <= _MAX_FLASH_BYTES:
             raise SerialException(f"could not open {url!r}: flash={size_text} is not a flash size like 4MB")
         self.name = name

@@ -39,10 +39,10 @@ APP_OFFSET = 0x10000
 MIN_NVS_BYTES = 0x3000  # ESP-IDF's documented minimum for a read-write NVS partition
 PARTITION_TABLE_BYTES = 0x1000  # one sector (the table itself is at most 0xC00 bytes)
 # What a board may add to sdkconfig.defaults: Kconfig names only, values restricted to y/n/ints/quoted.
-_SDKCONFIG_NAME = re.compile(r"^CONFIG_[A-Z0-9_]+$")
+_SDKCONFIG_NAME = re.compile(r"CONFIG_[A-Z0-9_]+")
 _SDKCONFIG_VALUE = re.compile(r'^(y|n|-?[0-9]+|0x[0-9a-fA-F]+|"[A-Za-z0-9_.:/ -]*")$')
 _NAME = re.compile(NAME_PATTERN)
-_CHIP_REV = re.compile(r"^([0-9]{1,2})\.([0-9]{1,2})$")
+_CHIP_REV = re.compile(r"([0-9]{1,2})\.([0-9]{1,2})")
 
 
 @dataclass(frozen=True)

@@ -82,8 +82,8 @@ OTADATA_ANSI_IMAGE = f"{DATA_DIR}/partitions/ota_data_ansi.bin"
 RESIDENT = {"rx_buffer_bytes": 16384, "tx_buffer_bytes": 8192, "rx_window_bytes": 16384}
 PSRAM_RX_WINDOW_BYTES = 64 * 1024
 
-_VERSION_RE = re.compile(r"^[0-9A-Za-z.+~-]{1,32}$")
-_METHOD_RE = re.compile(r"^Add[A-Za-z0-9_]{1,64}$")
+_VERSION_RE = re.compile(r"[0-9A-Za-z.+~-]{1,32}")
+_METHOD_RE = re.compile(r"Add[A-Za-z0-9_]{1,64}")
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9_.:/-]")
 
 
@@ -250,7 +250,7 @@ def _environment() -> jinja2.Environment:
 def template_version() -> str:
     """Version of the firmware templates (printed by the firmware as ``fwver``)."""
     text = (templates_dir() / "VERSION").read_text(encoding="utf-8").strip()
-    if not _VERSION_RE.match(text):
+    if not _VERSION_RE.fullmatch(text):
         raise EspCheckError(f"firmware_templates/VERSION holds an invalid version {text!r}")
     return text
 
@@ -321,7 +321,7 @@ def check_sdkconfig(
 def _resolver(model: ModelInfo) -> list[str]:
     methods = list(resolver_methods(model))
     for m in methods:
-        if not _METHOD_RE.match(m):
+        if not _METHOD_RE.fullmatch(m):
             raise GenerateError(f"op table gives an invalid resolver method name {m!r}")
     return methods
 
@@ -519,7 +519,7 @@ def _versions(tflm: str | None, espnn: str | None, platform: str | None) -> dict
     given = {"tflm": tflm, "espnn": espnn, "platform": platform}
     versions = {**DEFAULT_VERSIONS, **{key: value for key, value in given.items() if value is not None}}
     for key, value in versions.items():
-        if not isinstance(value, str) or not _VERSION_RE.match(value):
+        if not isinstance(value, str) or not _VERSION_RE.fullmatch(value):
             raise GenerateError(
                 f"version {key}={value!r} is not a valid version string", hint="use e.g. 1.3.8"
             )

@@ -130,7 +130,7 @@ class _DriverRun:
     finished: set[int] = field(default_factory=set)  # cases whose "D" line (buffers freed) came
 
 
-_DONE = re.compile(r"^D (\d+)$")
+_DONE = re.compile(r"D (\d+)")
 
 
 def _run_once(program: Path, todo: Sequence[Case], env: dict[str, str]) -> tuple[int | None, str, str]:
@@ -186,7 +186,7 @@ def run_driver(
                 run.results[r.id] = r
             if (o := parse_outputs(line)) is not None and o[0] in run.results:
                 run.results[o[0]].outputs = (o[1][0], o[1][1], o[1][2])
-            if d := _DONE.match(line.strip()):
+            if d := _DONE.fullmatch(line.strip()):
                 run.finished.add(int(d.group(1)))
         if code == 2 and "esp-check sweep:" in stderr:
             raise EspCheckError(

@@ -250,7 +250,7 @@ FORMULA_SETS: dict[str, dict[tuple[str, str], ScratchFn]] = {
     for name, (s3_conv, s3_depthwise, p4_conv) in _GETTERS.items()
 }
 
-_ESPNN_VERSION = re.compile(r"^([0-9]{1,4})\.([0-9]{1,4})\.([0-9]{1,4})(?:~[0-9]{1,4})?$")
+_ESPNN_VERSION = re.compile(r"([0-9]{1,4})\.([0-9]{1,4})\.([0-9]{1,4})(?:~[0-9]{1,4})?")
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ def espnn_formulas(espnn_version: str | None = None) -> ScratchFormulas:
     """
     version = espnn_version if espnn_version is not None else pinned_versions()["espnn"]
     rows = opdata.espnn_scratch_table()
-    m = _ESPNN_VERSION.match(version)
+    m = _ESPNN_VERSION.fullmatch(version)
     if m is not None:
         v = tuple(int(x) for x in m.groups())
         for row in rows:

@@ -20,10 +20,10 @@ from typing import ClassVar
 import numpy as np
 
 from harness.errors import CaptureError
+from harness.protocol import spec
 from harness.protocol.frames import split_stream
 from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, TAP_MAX_TENSORS, crc32_hex
 
-PROTO_VERSION = "1"
 MARKER = b"@EC1 "
 
 REQUIRED_BEGIN = ("proto", "fw", "fwver", "sim")
@@ -489,10 +489,10 @@ class _Builder:
             _get(rec, key)
         if rec.seq != 0:
             self.problem(f"line {rec.line}: BEGIN has seq {rec.seq}, expected 0")
-        if rec.fields["proto"] != PROTO_VERSION:
+        if rec.fields["proto"] != spec.PROTO_VERSION:
             self.problem(
                 f"line {rec.line}: protocol version {rec.fields['proto']!r} is not supported "
-                f"(this esp-check reads version {PROTO_VERSION})"
+                f"(this esp-check reads version {spec.PROTO_VERSION})"
             )
         if rec.fields["fw"] != "esp-check":
             self.problem(f"line {rec.line}: firmware {rec.fields['fw']!r} is not esp-check firmware")

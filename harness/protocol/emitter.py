@@ -28,6 +28,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from harness.errors import BuildError, UsageError
+from harness.protocol import spec
 from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, MAX_DIMS, TAP_MAX_TENSORS
 from harness.resources import code_digest, templates_dir, user_cache_dir
 
@@ -35,9 +36,6 @@ if TYPE_CHECKING:
     from harness.protocol.loop import LoopOutput
 
 BODY_MAX = LINE_MAX - 11  # "*XXXXXXXX\r\n" follows the body
-NAME_MAX = 64
-MSG_MAX = 120
-OPNAME_MAX = 32
 
 _C_FLAGS = ("-std=c99", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra")
 # a protocol value's bytes: those outside 0x21..0x7E, and '*', become '_' (text records, ERROR frames)
@@ -251,8 +249,8 @@ class PythonEmitter(_Emitter):
 
     def begin(self, fwver: str, sim: bool) -> None:
         self.seq = 0
-        fields = [("proto", b"1"), ("fw", b"esp-check"), ("fwver", sanitize_value(fwver))]
-        self._emit("BEGIN", [*fields, ("sim", b"1" if sim else b"0")])
+        fields = [("proto", spec.PROTO_VERSION.encode()), ("fw", b"esp-check")]
+        self._emit("BEGIN", [*fields, ("fwver", sanitize_value(fwver)), ("sim", b"1" if sim else b"0")])
 
     def info(self, fields: Sequence[tuple[str, FieldValue]]) -> None:
         self.record("INFO", fields)
@@ -279,7 +277,7 @@ class PythonEmitter(_Emitter):
         fields = [("stage", sanitize_value(stage)), ("code", b"%d" % _i32("code", code))]
         if i is not None and i >= 0:
             fields.append(("i", b"%d" % _check_int("i", i, 0, 2**31 - 1)))
-        fields.append(("msg", sanitize_value(msg, MSG_MAX)))
+        fields.append(("msg", sanitize_value(msg, spec.MSG_MAX)))
         self._emit("ERROR", fields)
 
     def end(self, ok: bool) -> None:
@@ -293,7 +291,7 @@ class PythonEmitter(_Emitter):
         fields = [*head, *_tensor_fields(t)]
         cname = _cbytes(name)
         if cname:
-            fields.append(("name", sanitize_value(cname, NAME_MAX)))
+            fields.append(("name", sanitize_value(cname, spec.NAME_MAX)))
         if not self._emit("TENSOR", fields) or not self._emit_chunks("DATA", head, t.data):
             return False
         item = ITEM_SIZES[t.dtype]
@@ -318,7 +316,7 @@ class PythonEmitter(_Emitter):
     def _op(self, head: tuple[int, int, int], opname: str, cycles: int, ins: _Taps, outs: _Taps) -> None:
         lin, lout = self._tap_list(ins), self._tap_list(outs)
         fields = [(k, b"%d" % v) for k, v in zip(("i", "sub", "idx"), head, strict=True)]
-        fields += [("op", sanitize_value(opname, OPNAME_MAX)), ("cycles", b"%d" % cycles)]
+        fields += [("op", sanitize_value(opname, spec.OPNAME_MAX)), ("cycles", b"%d" % cycles)]
         if lin is None or lout is None:
             fields.append(("-bad", b""))  # invalid key: same overflow ERROR record as the C emitter
         else:

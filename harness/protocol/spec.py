@@ -13,10 +13,14 @@ import numpy as np
 # the tensor types the protocol carries: numpy's little-endian dtype of each, and its item size
 DTYPES: dict[str, str] = {"int8": "<i1", "uint8": "<u1", "int16": "<i2", "int32": "<i4", "float32": "<f4"}
 ITEM_SIZES: dict[str, int] = {name: np.dtype(np_dtype).itemsize for name, np_dtype in DTYPES.items()}
+PROTO_VERSION = "1"  # BEGIN proto=
 LINE_MAX = 240  # bytes per record line, including its \r\n
 DATA_CHUNK = 96  # tensor bytes per DATA / OPDATA record
 TAP_MAX_TENSORS = 4  # tensors per side of an OP record
 MAX_DIMS = 8  # dimensions of a tensor the firmware records (more: record_overflow); the loader's rank bound
+NAME_MAX = 64  # TENSOR name= is cut to this many bytes
+MSG_MAX = 120  # ERROR msg= is cut to this many bytes
+OPNAME_MAX = 32  # OP op= is cut to this many bytes
 TAP_RECORD_BYTES = 36  # firmware RAM per tapped op: uint32 cycles + 4 input CRCs + 4 output CRCs
 
 

@@ -19,7 +19,7 @@ from harness.errors import UsageError
 MAX_COMPONENT = 80  # characters; well below every file system's 255-byte limit, hash included
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.@+-]")
 # Windows refuses these as file names, with any extension ("con.tflite" too), in any case
-_RESERVED = re.compile(r"^(con|prn|aux|nul|com[0-9¹²³]|lpt[0-9¹²³]|conin\$|conout\$)(\..*)?$", re.IGNORECASE)
+_RESERVED = re.compile(r"(con|prn|aux|nul|com[0-9¹²³]|lpt[0-9¹²³]|conin\$|conout\$)(\..*)?", re.IGNORECASE)
 
 # what a run writes at the top of its out_dir, besides firmware/ (reusable builds, not verdicts)
 REPORT_NAMES = ("summary.json", "junit.xml", "summary.md", "jobs")
@@ -36,7 +36,7 @@ def safe_component(text: str) -> str:
     the others: docs/ci.md "Names in paths"."""
     safe = _UNSAFE.sub("_", text)
     safe = re.sub(r"^\.|\.$", "_", safe)  # no ".", "..", hidden names, or Windows' dropped trailing dot
-    if _RESERVED.match(safe):
+    if _RESERVED.fullmatch(safe):
         safe = "_" + safe
     if safe == text and 0 < len(safe) <= MAX_COMPONENT:
         return safe

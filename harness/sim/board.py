@@ -91,6 +91,8 @@ class BoardConfig:
 
 def parse_url(url: str) -> tuple[str, BoardConfig]:
     """``sim://NAME?chip=..&reset=..&flash=..&fault=..`` -> (name, config)."""
+    if any(c in url for c in "\t\r\n"):  # urlsplit would drop them: a name or value not as typed
+        raise UsageError(f"{url!r} has a tab or line break", hint="write the URL on one line, without tabs")
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "sim":
         raise UsageError(f"not a sim:// URL: {url!r}", hint="use sim://NAME?chip=esp32s3")

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from harness.errors import BuildError
 from harness.firmware import sdkconfig
 
-_NAME = re.compile(r"^CONFIG_[A-Z0-9_]{1,100}$")
-_NUMBER = re.compile(r"^(-?[0-9]+|0x[0-9a-fA-F]+)$")
-_TARGET = re.compile(r"^[a-z0-9]{1,16}$")
-_FREQ = re.compile(r"^CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_([0-9]{2,4})$")
+_NAME = re.compile(r"CONFIG_[A-Z0-9_]{1,100}")
+_NUMBER = re.compile(r"-?[0-9]+|0x[0-9a-fA-F]+")
+_TARGET = re.compile(r"[a-z0-9]{1,16}")
+_FREQ = re.compile(r"CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_([0-9]{2,4})")
 
 
 def parse_defaults(text: str) -> dict[str, str]:
@@ -49,12 +49,12 @@ def resolve(defaults: Mapping[str, str]) -> dict[str, str]:
     """The symbols a native build defines: the defaults (``n`` ones dropped) and what Kconfig derives."""
     config = sdkconfig.defined(defaults)
     target = sdkconfig.unquote(config.get("CONFIG_IDF_TARGET", ""))
-    if not _TARGET.match(target):
+    if not _TARGET.fullmatch(target):
         raise BuildError(
             f"sdkconfig.defaults has no usable CONFIG_IDF_TARGET ({target!r})", hint="regenerate the project"
         )
     config[f"CONFIG_IDF_TARGET_{target.upper()}"] = "y"  # ESP-IDF's Kconfig: one bool per target
-    freqs = [m.group(1) for k in config if (m := _FREQ.match(k)) and config[k] == "y"]
+    freqs = [m.group(1) for k in config if (m := _FREQ.fullmatch(k)) and config[k] == "y"]
     if freqs:
         config["CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ"] = freqs[0]  # from the _<N> choice
     optimized = config.get("CONFIG_NN_OPTIMIZED") == "y"
@@ -94,7 +94,7 @@ def sdkconfig_h(config: Mapping[str, str]) -> str:
     for key, value in config.items():
         if value == "y":
             lines.append(f"#define {key} 1")
-        elif _NUMBER.match(value):
+        elif _NUMBER.fullmatch(value):
             lines.append(f"#define {key} {value}")
         else:
             lines.append(f"#define {key} {_quoted(sdkconfig.unquote(value))}")

@@ -16,7 +16,7 @@ ITEM_SIZES: dict[str, int] = {name: np.dtype(np_dtype).itemsize for name, np_dty
 LINE_MAX = 240  # bytes per record line, including its \r\n
 DATA_CHUNK = 96  # tensor bytes per DATA / OPDATA record
 TAP_MAX_TENSORS = 4  # tensors per side of an OP record
-MAX_DIMS = 8  # dimensions of a tensor the firmware records (more: record_overflow); the loader's rank bound
+MAX_DIMS = 8  # dims the firmware records (more: record_overflow); TFLM kernels': loader.TFLM_MAX_DIMS
 TAP_RECORD_BYTES = 36  # firmware RAM per tapped op: uint32 cycles + 4 input CRCs + 4 output CRCs
 
 

@@ -113,6 +113,36 @@ def test_negative_dimension() -> None:
         parse_model_bytes(model)
 
 
+def _rank7(opcode: int, inputs: list[T]) -> bytes:
+    """``inputs`` -> one op -> a rank-7 int8 output (an ADD of x with itself, or a RESHAPE)."""
+    shape = (1, 1, 1, 1, 2, 2, 3)
+    ins = [0, 0] if opcode == 0 else list(range(len(inputs)))
+    return build_model(
+        [*inputs, T("y", shape, "int8", 0.1, 0)],
+        [Op(opcode, ins, [len(inputs)], add_options=opcode == 0)],
+        inputs=[0],
+        outputs=[len(inputs)],
+    )
+
+
+def test_rank_over_tflm_runtime_shape_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """TFLM's kernels copy shapes into a RuntimeShape of 6 dimensions: a rank-7 ADD overflows it
+    (the host wheel ran it silently; the native firmware under ASan: stack-buffer-overflow)."""
+    model = tmp_path / "add7.tflite"
+    model.write_bytes(_rank7(0, [T("x", (1, 1, 1, 1, 2, 2, 3), "int8", 0.05, 0)]))
+    assert main(["inspect", str(model)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "op 0 (ADD): tensor 0 ('x') has rank 7" in err
+    assert "at most 6 dimensions" in err and "runtime_shape.h" in err
+
+
+def test_rank_7_reshape_output_accepted() -> None:
+    """RESHAPE only reads the dims array (no RuntimeShape): TFLM runs it at rank 7, so it stays allowed."""
+    shape_t = T("shape", (7,), "int32", data=np.array((1, 1, 1, 1, 2, 2, 3), np.int32))
+    info = parse_model_bytes(_rank7(22, [T("x", (1, 12), "int8", 0.1, 0), shape_t]))
+    assert info.tensors[2].shape == (1, 1, 1, 1, 2, 2, 3)
+
+
 def _call_once(b: flatbuffers.Builder) -> int:
     tflite.CallOnceOptionsStart(b)
     tflite.CallOnceOptionsAddInitSubgraphIndex(b, 3)

@@ -209,6 +209,23 @@ def _check_references(model: tflite.Model, subgraph_tensors: list[int]) -> None:
                                  "which does not exist")  # fmt: skip
 
 
+# TFLM's kernels copy a tensor's shape into a RuntimeShape, which holds at most this many dimensions
+# (kMaxSmallSize, tensorflow/lite/kernels/internal/runtime_shape.h): more overflow it (only a DCHECK
+# guards it). RESHAPE and SQUEEZE read the dims array itself. The protocol's own bound: spec.MAX_DIMS.
+TFLM_MAX_DIMS = 6
+
+
+def _check_rank(where: str, opcode: str, used: tuple[int, ...], tensors: tuple[TensorInfo, ...]) -> None:
+    for t in (tensors[i] for i in used if i >= 0 and opcode not in ("RESHAPE", "SQUEEZE")):
+        if len(t.shape) > TFLM_MAX_DIMS:
+            raise ModelError(
+                f"{where} ({opcode}): tensor {t.index} ({t.name!r}) has rank {len(t.shape)}; TFLM's kernels "
+                f"hold at most {TFLM_MAX_DIMS} dimensions (kMaxSmallSize in "
+                "tensorflow/lite/kernels/internal/runtime_shape.h) and write past that",
+                hint=f"re-export it so that only RESHAPE and SQUEEZE see over {TFLM_MAX_DIMS} dimensions",
+            )
+
+
 _WEIGHTED_RANK = {"CONV_2D": 4, "DEPTHWISE_CONV_2D": 4, "FULLY_CONNECTED": 2}
 
 
@@ -334,6 +351,7 @@ def _subgraph(
         ins = indices(op, "Inputs", f"{where} input")
         outs = indices(op, "Outputs", f"{where} output")
         _check_weighted_op(where, opcode, ins, outs, tensors)
+        _check_rank(where, opcode, ins + outs, tensors)
         ops.append(
             OpInfo(
                 index=k,

@@ -17,7 +17,7 @@ PROTO_VERSION = "1"  # BEGIN proto=
 LINE_MAX = 240  # bytes per record line, including its \r\n
 DATA_CHUNK = 96  # tensor bytes per DATA / OPDATA record
 TAP_MAX_TENSORS = 4  # tensors per side of an OP record
-MAX_DIMS = 8  # dimensions of a tensor the firmware records (more: record_overflow); the loader's rank bound
+MAX_DIMS = 8  # dims the firmware records (more: record_overflow); TFLM kernels': loader.TFLM_MAX_DIMS
 NAME_MAX = 64  # TENSOR name= is cut to this many bytes
 MSG_MAX = 120  # ERROR msg= is cut to this many bytes
 OPNAME_MAX = 32  # OP op= is cut to this many bytes

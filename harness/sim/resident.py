@@ -581,7 +581,7 @@ def keep_after_boot(mem: bytearray, reason: str, faults: FaultSpec, boot: int) -
         mem[:] = faults.rng("keep_cold", boot).randbytes(len(mem))
         return
     magic, size, cap, nonce, region, sha, place = loop.KEEP_HEAD.unpack_from(mem)
-    if magic[:6] != b"ECKEEP":
+    if magic != frames.KEEP_MAGIC:
         return
     if faults.active("keep_stale"):  # another model's store: its own CRC is valid
         other = hashlib.sha256(sha).digest()

@@ -411,3 +411,35 @@ def test_the_c_header_bounds_are_the_python_sides() -> None:
     loader._check_shape(0, "t", (1,) * spec.MAX_DIMS, "int8", False)
     with pytest.raises(ModelError, match="TFLM cannot hold"):
         loader._check_shape(0, "t", (1,) * (spec.MAX_DIMS + 1), "int8", False)
+
+
+@needs_cc
+def test_the_record_marker_is_built_from_the_protocol_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``@EC1 `` is the protocol version (docs/protocol.md): each side builds it from its version constant,
+    never a copy. The Python side: spec.MARKER, the only spelling in harness/. The C side: a scratch copy of
+    the firmware templates whose header says version 7 marks its records ``@EC7 ``."""
+    from harness.protocol import spec
+    from harness.resources import templates_dir
+
+    assert f"@EC{spec.PROTO_VERSION} ".encode() == spec.MARKER
+    harness_dir = Path(em_mod.__file__).parents[1]
+    spelled = [
+        p.name for p in harness_dir.rglob("*.py") if re.search(r"@EC\d", p.read_text(encoding="utf-8"))
+    ]
+    assert spelled == []
+    pkg = tmp_path / "site" / "harness"
+    shutil.copytree(templates_dir(), pkg / "_data" / "firmware_templates")
+    header = pkg / "_data" / "firmware_templates" / "common" / "esp_check_proto.h"
+    text = header.read_text(encoding="utf-8")
+    assert f"#define ECP_PROTO_VERSION {spec.PROTO_VERSION}\n" in text
+    header.write_text(text.replace("#define ECP_PROTO_VERSION 1\n", "#define ECP_PROTO_VERSION 7\n"))
+    monkeypatch.setattr("harness.resources._PACKAGE_DIR", pkg)
+    out: list[bytes] = []
+    e = CEmitter(out.append, em_mod.load_c_library(build_c_library(tmp_path / "cache")))
+    e.begin("v", False)
+    e.lib.ecp_record_start(e.state, b"INFO")
+    e.lib.ecp_kv_str(e.state, b"nn", b"x" * 300)  # too long: the overflow ERROR record, marked the same way
+    e.lib.ecp_record_end(e.state)
+    assert out[0].startswith(b"@EC7 0 BEGIN proto=7 ") and out[1].startswith(b"@EC7 1 ERROR ")

@@ -8,8 +8,10 @@ and UndefinedBehaviorSanitizer on seeded hostile input.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import random
+import re
 import struct
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.protocol import frames as fr
+from harness.protocol import loop as py_loop
 from harness.protocol.capture import parse_capture
 from harness.protocol.emitter import PythonEmitter, find_c_compiler
 from harness.protocol.native import load_library
@@ -188,3 +191,72 @@ def test_a_record_whose_id_follows_nothing_is_refused() -> None:
     for bad in (struct.pack("<BII", fr.HEAD_NEXT_ID, 1, 2), struct.pack("<BIII", 0x80, 1, 2, 3)):
         with pytest.raises(fr.FrameFormatError):
             fr.decode_results(bad, [])
+
+
+# ---- the C headers' numbers are frames.py's ---------------------------------------------------------
+
+# frames.py constants the device has no define for: the host's own bounds and what it derives
+_HOST_ONLY = {"LOAD_CHUNK", "HELLO_LINE_MAX"}
+# C names whose Python twin is spelled or stored another way (any other ECF_X / ECL_X is frames.X)
+_OTHER_NAMES = {
+    "ECF_MAGIC0": ("MAGIC", fr.MAGIC[0]),
+    "ECF_MAGIC1": ("MAGIC", fr.MAGIC[1]),
+    "ECF_MAX_TX_PAYLOAD": ("TX_MAX_PAYLOAD", fr.TX_MAX_PAYLOAD),
+    "ECF_TYPE_HELLO_Q": ("CMD_HELLO", fr.CMD_HELLO),
+    "ECF_TYPE_HELLO": ("RSP_HELLO", fr.RSP_HELLO),
+    "ECF_HELLO_LINE_PREFIX": ("HELLO_LINE", b"\r\n" + fr.HELLO_LINE),
+    "ECL_BAUD_CONFIRM_US": ("BAUD_CONFIRM_S", round(fr.BAUD_CONFIRM_S * 1_000_000)),
+    "ECL_OK": ("", py_loop.ECL_OK),
+    "ECL_HALTED": ("", py_loop.ECL_HALTED),
+    "ECL_REBOOT": ("", py_loop.ECL_REBOOT),
+}
+_FAMILIES = {"ECF_DT_": fr.DTYPE_CODES, "ECL_STAGE_": fr.STAGE_CODES, "ECL_NN_": fr.NN_CODES}
+
+
+def _c_defines(common: Path) -> dict[str, int | bytes]:
+    """Every ``#define ECF_`` / ``ECL_`` of esp_check_frame.h and esp_check_loop.h, evaluated: a number, a
+    string (as bytes), or a sum of earlier defines in parentheses."""
+    raw: dict[str, str] = {}
+    for header in ("esp_check_frame.h", "esp_check_loop.h"):
+        text = (common / header).read_text(encoding="utf-8")
+        raw.update(re.findall(r'^#define (EC[FL]_\w+)[ \t]+(\([^)]*\)|"[^"]*"|\S+)', text, re.MULTILINE))
+    out: dict[str, int | bytes] = {}
+    for name, value in raw.items():
+        if value.startswith('"'):
+            out[name] = ast.literal_eval("b" + value)
+        elif value.startswith("("):
+            out[name] = sum(int(out[term.strip()]) for term in value.strip("()").split("+"))
+        else:
+            out[name] = int(value.rstrip("uU"), 0)
+    return out
+
+
+def _python_twin(name: str) -> int | bytes:
+    """frames.py's value of the C define ``name``: a missing one raises (a define on the C side only)."""
+    if name in _OTHER_NAMES:
+        return _OTHER_NAMES[name][1]
+    for prefix, table in _FAMILIES.items():
+        if name.startswith(prefix):
+            return table[name[len(prefix) :].lower()]
+    value = getattr(fr, name[4:])
+    assert isinstance(value, int | bytes), name
+    return value
+
+
+def test_the_c_frame_and_loop_defines_are_frames_py() -> None:
+    """esp_check_frame.h's and esp_check_loop.h's numbers (frame layout, types, codes, bounds, flags, the
+    kept-input store) and frames.py's are one fact in two languages: every C define has its equal Python
+    twin, every frames.py constant (and code table entry) its define, but the host's own two
+    (``_HOST_ONLY``). A define added or changed on one side alone fails here."""
+    c_side = _c_defines(COMMON)
+    assert c_side == {name: _python_twin(name) for name in c_side}
+    twins = {name[4:] for name in c_side} | {python for python, _ in _OTHER_NAMES.values()}
+    # (the private ones are the PRNG's: test_device_prng_replicated_bit_exactly ties them by its bytes)
+    constants = {
+        n for n, v in vars(fr).items() if n.isupper() and n[0] != "_" and isinstance(v, int | float | bytes)
+    }
+    assert constants - _HOST_ONLY - twins == set()
+    for prefix, table in _FAMILIES.items():
+        assert {prefix + key.upper() for key in table} <= set(c_side), prefix
+    # the largest HELLO payload fits the device's control-frame buffer
+    assert fr.HELLO_FIXED + 4 * fr.MAX_OUTPUTS + 1 + fr.FWVER_MAX <= fr.CTRL_MAX

@@ -3,10 +3,6 @@
 
 #include <string.h>
 
-#define HELLO_FIXED 128
-#define FWVER_MAX 32
-#define ERROR_MSG_MAX 120
-
 size_t ecl_sizeof(void) { return sizeof(ecl_t); }
 
 static void send_in(ecl_t *l, uint8_t *buf, size_t cap, uint8_t type, const uint8_t *payload, size_t len) {
@@ -69,13 +65,13 @@ static void send_nak(ecl_t *l, uint8_t reason) {
 }
 
 void ecl_error(ecl_t *l, uint32_t id, uint8_t stage, int32_t code, const char *msg) {
-    uint8_t p[9 + ERROR_MSG_MAX];
+    uint8_t p[9 + ECL_ERROR_MSG_MAX];
     size_t n = 0;
     flush_batch(l);
     ecf_put_u32(p, id);
     ecf_put_u32(p + 4, (uint32_t)code);
     p[8] = stage;
-    while (msg != NULL && msg[n] != '\0' && n < ERROR_MSG_MAX) {
+    while (msg != NULL && msg[n] != '\0' && n < ECL_ERROR_MSG_MAX) {
         unsigned char c = (unsigned char)msg[n];
         p[9 + n] = (c >= 0x21 && c <= 0x7E && c != '*') ? c : '_';
         n++;
@@ -84,7 +80,7 @@ void ecl_error(ecl_t *l, uint32_t id, uint8_t stage, int32_t code, const char *m
 }
 
 void ecl_hello(ecl_t *l) {
-    uint8_t p[HELLO_FIXED + 4 * ECL_MAX_OUTPUTS + 1 + FWVER_MAX];
+    uint8_t p[ECL_HELLO_FIXED + 4 * ECL_MAX_OUTPUTS + 1 + ECL_FWVER_MAX];
     /* "\r\n@ECH HELLO " + base64 of the whole frame + "\r\n": one line of text in a serial monitor */
     char line[sizeof(ECF_HELLO_LINE_PREFIX) + 4 * ((ECF_HEADER + sizeof(p) + ECF_TRAILER + 2) / 3) + 2];
     const ecl_config_t *c = &l->cfg;
@@ -106,9 +102,9 @@ void ecl_hello(ecl_t *l) {
     if (c->other_sha256 != NULL) memcpy(p + 88, c->other_sha256, 32);
     ecf_put_u32(p + 120, l->keep_cap);
     ecf_put_u32(p + 124, l->kept);
-    pos = HELLO_FIXED;
+    pos = ECL_HELLO_FIXED;
     for (k = 0; k < c->n_outputs; k++, pos += 4) ecf_put_u32(p + pos, (uint32_t)c->outputs[k].bytes);
-    while (c->fwver != NULL && c->fwver[vlen] != '\0' && vlen < FWVER_MAX) vlen++;
+    while (c->fwver != NULL && c->fwver[vlen] != '\0' && vlen < ECL_FWVER_MAX) vlen++;
     p[pos++] = (uint8_t)vlen;
     for (k = 0; k < vlen; k++) {
         unsigned char ch = (unsigned char)c->fwver[k];
@@ -151,8 +147,6 @@ int ecl_init(ecl_t *l, const ecl_config_t *cfg) {
  * A header written by another model, another layout, another address, or never written (a cold boot leaves
  * noise) fails its checks and is replaced by an empty one: the host then uploads. */
 
-static const uint8_t kKeepMagic[8] = {'E', 'C', 'K', 'E', 'E', 'P', 0, 3};
-
 static size_t keep_slots_at(uint32_t cap) { return (ECL_KEEP_HEADER + (size_t)cap * ECL_KEEP_ENTRY + 15u) & ~(size_t)15u; }
 
 static uint32_t keep_check(uint32_t nonce, uint32_t index, uint32_t crc) {
@@ -166,7 +160,7 @@ static uint32_t keep_check(uint32_t nonce, uint32_t index, uint32_t crc) {
 static void keep_header(const ecl_t *l, uint8_t *h) {
     const ecl_config_t *c = &l->cfg;
     memset(h, 0, ECL_KEEP_HEADER);
-    memcpy(h, kKeepMagic, sizeof(kKeepMagic));
+    memcpy(h, ECL_KEEP_MAGIC, sizeof(ECL_KEEP_MAGIC) - 1);
     ecf_put_u32(h + 8, (uint32_t)c->input_bytes);
     ecf_put_u32(h + 12, l->keep_cap);
     ecf_put_u32(h + 16, l->keep_nonce);

@@ -22,6 +22,9 @@ extern "C" {
 #endif
 
 #define ECL_MAX_OUTPUTS 16
+#define ECL_HELLO_FIXED 128 /* HELLO's payload before the output sizes */
+#define ECL_FWVER_MAX 32     /* HELLO's firmware version is cut to this many bytes */
+#define ECL_ERROR_MSG_MAX 120 /* an ERROR frame's message is cut to this many bytes */
 
 /* host -> device */
 #define ECL_CMD_HELLO 0x01
@@ -44,6 +47,7 @@ extern "C" {
 #define ECL_RSP_BAUD 0x88
 #define ECL_BAUD_MIN 9600u
 #define ECL_BAUD_MAX 5000000u
+#define ECL_BAUD_CONFIRM_US 1000000u /* no command frame at the new baud within this: back to the console's */
 
 /* RUN fields */
 #define ECL_SRC_LOADED 0
@@ -80,6 +84,7 @@ extern "C" {
 #define ECL_KEEP_HEADER 64
 #define ECL_KEEP_ENTRY 8
 #define ECL_KEEP_MAX 0xFFFFu /* at most this many inputs */
+#define ECL_KEEP_MAGIC "ECKEEP\0\3" /* the header's first 8 bytes: the store's layout, version 3 */
 
 /* NAK reasons */
 #define ECL_NAK_BAD_FRAME 1
@@ -96,6 +101,11 @@ extern "C" {
 #define ECL_STAGE_MODEL 8
 #define ECL_STAGE_PROTOCOL 9
 #define ECL_NO_ID 0xFFFFFFFFu
+
+/* HELLO nn: the ESP-NN mode the firmware was built with */
+#define ECL_NN_UNKNOWN 0
+#define ECL_NN_OPTIMIZED 1
+#define ECL_NN_ANSI_C 2
 
 /* ecl_rx / ecl_idle results */
 #define ECL_OK 0

@@ -12,6 +12,10 @@
 
 #define ECP_TAIL 11 /* "*XXXXXXXX\r\n" after the body (the body ends with the space before '*') */
 #define ECP_BODY_MAX (ECP_LINE_MAX - ECP_TAIL)
+#define ECP_STR_(x) #x
+#define ECP_STR(x) ECP_STR_(x)
+/* every record line's marker, "@EC1 ": the protocol version, then a space (docs/protocol.md) */
+#define ECP_MARKER "@EC" ECP_STR(ECP_PROTO_VERSION) " "
 
 static const char HEX_UP[] = "0123456789ABCDEF";
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -177,7 +181,7 @@ void ecp_record_start(ecp_t *e, const char *type) {
     e->len = 0;
     e->overflow = 0;
     e->open = 1;
-    put(e, "@EC1 ", 5);
+    put(e, ECP_MARKER, sizeof ECP_MARKER - 1);
     put_u64(e, e->seq);
     put(e, " ", 1);
     put_cstr(e, type);
@@ -221,7 +225,7 @@ int ecp_record_end(ecp_t *e) {
         /* Replace the unusable record by an ERROR record with the same sequence number. */
         e->len = 0;
         e->overflow = 0;
-        put(e, "@EC1 ", 5);
+        put(e, ECP_MARKER, sizeof ECP_MARKER - 1);
         put_u64(e, e->seq);
         put_cstr(e, " ERROR stage=internal code=0 msg=record_overflow ");
         finish_and_write(e);

@@ -144,7 +144,7 @@ class BootCounter:
         "bootloader": _BOOTLOADER,
         "app_start": re.compile(r"ro cpu start user code"),
         "main_task": re.compile(r"ain_task: Started on CPU0"),
-        "begin": re.compile(r"@EC1 0 BEGIN "),
+        "begin": re.compile(re.escape(MARKER.decode()) + "0 BEGIN "),
     }
 
     def __init__(self) -> None:
@@ -1376,7 +1376,7 @@ def _whole(kind: str, message: str, details: Details, hint: str | None = None) -
 
 
 _HOST_RESET = re.compile(r"POWERON|USB_UART|CHIP_USB|EXT_SYS|EXT_RST|PIN_RST", re.IGNORECASE)
-_END = re.compile(r"@EC1 \d+ END ")
+_END = re.compile(re.escape(MARKER.decode()) + r"\d+ END ")
 _PRINTED = re.compile(r"[^\s\x00]")
 _LOOP_BOOTS = 3  # boots in one run that make a loop (KIND_TABLE's boot_loop, docs/device.md)
 

@@ -30,6 +30,7 @@ from harness.device.ports import TransportCaps
 from harness.device.reset import hard_reset_into_app
 from harness.errors import EspCheckError, write_error
 from harness.protocol.frames import RSP_HELLO, Frame, FrameDecoder
+from harness.protocol.spec import MARKER
 
 # "hello": the resident firmware is ready for commands; "restart": it booted again mid-command
 # "line": the caller's ``stop_on_line`` check found what it was waiting for (or against) in a line
@@ -44,7 +45,7 @@ ENDED_BY = (
     "restart",
     "line",
 )
-_END_RE = re.compile(rb"@EC1 \d+ END(?: |\r|\n|$)")
+_END_RE = re.compile(re.escape(MARKER) + rb"\d+ END(?: |\r|\n|$)")
 _MAX_LINE = 4096  # longer "lines" (binary noise) are cut for the line checks; the log keeps all bytes
 
 

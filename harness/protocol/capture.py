@@ -22,9 +22,7 @@ import numpy as np
 from harness.errors import CaptureError
 from harness.protocol import spec
 from harness.protocol.frames import split_stream
-from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, TAP_MAX_TENSORS, crc32_hex
-
-MARKER = b"@EC1 "
+from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, MARKER, TAP_MAX_TENSORS, crc32_hex
 
 REQUIRED_BEGIN = ("proto", "fw", "fwver", "sim")
 _BUILD_INFO = ("nn", "target", "chip", "rev", "cores", "cpu_mhz", "idf", "tflm", "espnn")  # board, build
@@ -32,7 +30,7 @@ REQUIRED_INFO = (*_BUILD_INFO, "model_sha256", "model_bytes", "inputs", "outputs
 ERROR_STAGES = ("schema", "resolver", "alloc", "input", "invoke", "output", "internal", "model")
 
 _RECORD_RE = re.compile(
-    rb"@EC1 (0|[1-9][0-9]{0,9}) ([A-Z][A-Z0-9_]{0,15})"
+    re.escape(MARKER) + rb"(0|[1-9][0-9]{0,9}) ([A-Z][A-Z0-9_]{0,15})"
     rb"((?: [a-z][a-z0-9_]*=[\x21-\x29\x2b-\x7e]+)*) \*([0-9A-F]{8})"
 )
 _MARKER_RE = re.compile(re.escape(MARKER))
@@ -163,7 +161,7 @@ class Capture:
     warnings: list[str] = field(default_factory=list)
     end_status: str | None = None
     boots: int = 0
-    has_records: bool = False  # any line carried the @EC1 marker
+    has_records: bool = False  # any line carried the record marker
     frames: int = 0  # binary frames (docs/protocol.md "Binary frames") removed before the text was parsed
     payload_records: int = 0  # DATA / OPDATA records: counted, their bytes kept in the tensors only
     # byte spans of the parsed text (frames removed, ``text_size`` bytes) that hold nothing but valid
@@ -231,7 +229,7 @@ class Capture:
 # the bulk of a large capture. Any other shape of DATA line takes the general path, which decides the
 # same way (this pattern only accepts what the general one accepts, with the field checks _data makes).
 _DATA_LINE_RE = re.compile(
-    rb"@EC1 (0|[1-9][0-9]{0,9}) DATA i=(0|[1-9][0-9]{0,19}) o=(0|[1-9][0-9]{0,19}) "
+    re.escape(MARKER) + rb"(0|[1-9][0-9]{0,9}) DATA i=(0|[1-9][0-9]{0,19}) o=(0|[1-9][0-9]{0,19}) "
     rb"off=(0|[1-9][0-9]{0,19}) b64=([A-Za-z0-9+/]+={0,2}) \*([0-9A-F]{8})"
 )
 _PAYLOAD_SPANS_MAX = 1 << 16
@@ -765,7 +763,7 @@ class _Builder:
         if self.pending is not None:
             self._cut_short(*self.pending[:2])
         if not cap.has_records:
-            self.problem("no esp-check protocol records (@EC1) in the capture")
+            self.problem(f"no esp-check protocol records ({MARKER.decode().strip()}) in the capture")
             return
         if not cap.begin:
             self.problem("no BEGIN record: the capture missed the start of the run")

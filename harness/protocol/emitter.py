@@ -29,7 +29,7 @@ from filelock import FileLock, Timeout
 
 from harness.errors import BuildError, UsageError
 from harness.protocol import spec
-from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, MAX_DIMS, TAP_MAX_TENSORS
+from harness.protocol.spec import DATA_CHUNK, DTYPES, ITEM_SIZES, LINE_MAX, MARKER, MAX_DIMS, TAP_MAX_TENSORS
 from harness.resources import code_digest, templates_dir, user_cache_dir
 
 if TYPE_CHECKING:
@@ -224,7 +224,7 @@ class PythonEmitter(_Emitter):
         self.seq = 0
 
     def _emit(self, rtype: str, fields: Sequence[tuple[str, bytes]]) -> bool:
-        body = b"@EC1 %d %s" % (self.seq, rtype.encode("ascii"))
+        body = MARKER + b"%d %s" % (self.seq, rtype.encode("ascii"))
         ok = True
         for key, value in fields:
             if not _KEY.fullmatch(key):
@@ -233,7 +233,7 @@ class PythonEmitter(_Emitter):
             body += b" " + key.encode("ascii") + b"=" + value
         body += b" "
         if not ok or len(body) > BODY_MAX:
-            body = b"@EC1 %d" % self.seq + _OVERFLOW_TAIL
+            body = MARKER + b"%d" % self.seq + _OVERFLOW_TAIL
             ok = False
         self._write(body + b"*%08X\r\n" % zlib.crc32(body))
         self.seq = (self.seq + 1) & 0xFFFFFFFF
@@ -370,7 +370,9 @@ def check_record_fits(seq: int, rtype: str, fields: Sequence[tuple[str, bytes]])
                 f"invalid protocol key {key!r}", hint="keys must match [a-z][a-z0-9_]*"
             )
     length = (
-        len(b"@EC1 %d %s" % (seq, rtype.encode("ascii"))) + sum(2 + len(k) + len(v) for k, v in fields) + 1
+        len(MARKER + b"%d %s" % (seq, rtype.encode("ascii")))
+        + sum(2 + len(k) + len(v) for k, v in fields)
+        + 1
     )
     if length > BODY_MAX:
         raise ProtocolOverflowError(

@@ -88,7 +88,6 @@ class _RunRequest:
     now: bool = False
 
 
-_KEEP_MAGIC = b"ECKEEP\x00\x03"
 # the store's header before its CRC-32 (docs/protocol.md "Kept inputs", Layout): magic, input bytes,
 # capacity, nonce, store bytes, the model's SHA-256, placement
 KEEP_HEAD = struct.Struct("<8sIIII32sI")
@@ -96,7 +95,7 @@ KEEP_HEAD = struct.Struct("<8sIIII32sI")
 
 def keep_header(input_bytes: int, cap: int, nonce: int, size: int, model_sha: bytes, place: int) -> bytes:
     """The kept-input store's header: :data:`KEEP_HEAD`'s fields, then their CRC-32."""
-    head = KEEP_HEAD.pack(_KEEP_MAGIC, input_bytes, cap, nonce, size, model_sha, place & 0xFFFFFFFF)
+    head = KEEP_HEAD.pack(frames.KEEP_MAGIC, input_bytes, cap, nonce, size, model_sha, place & 0xFFFFFFFF)
     return head + struct.pack("<I", crc32(head))
 
 

@@ -14,6 +14,7 @@ import numpy as np
 DTYPES: dict[str, str] = {"int8": "<i1", "uint8": "<u1", "int16": "<i2", "int32": "<i4", "float32": "<f4"}
 ITEM_SIZES: dict[str, int] = {name: np.dtype(np_dtype).itemsize for name, np_dtype in DTYPES.items()}
 PROTO_VERSION = "1"  # BEGIN proto=
+MARKER = f"@EC{PROTO_VERSION} ".encode()  # every record line's marker: the version, then a space
 LINE_MAX = 240  # bytes per record line, including its \r\n
 DATA_CHUNK = 96  # tensor bytes per DATA / OPDATA record
 TAP_MAX_TENSORS = 4  # tensors per side of an OP record

@@ -31,7 +31,7 @@ from harness.protocol.app_image import APP_NAME
 from harness.protocol.emitter import TapTensor, emit_tensor
 from harness.protocol.loop import ECL_HALTED, ECL_REBOOT, LoopConfig, LoopOutput
 from harness.protocol.native import make_loop
-from harness.protocol.spec import DTYPES, TAP_RECORD_BYTES, crc32
+from harness.protocol.spec import DTYPES, MARKER, TAP_RECORD_BYTES, crc32
 from harness.sim.chips import ChipSpec
 from harness.sim.crash import ELF_SHA_PRINTED, panic_text
 from harness.sim.cycles import Dispatch, invoke_us, op_cycles
@@ -537,11 +537,11 @@ class SimApp:
         active = self.active
         out: list[Piece] = []
         wanted = {"wdt", "truncate", "disconnect"} & set(active)
-        if wanted and not self._line_fault_done and sum(p.data.count(b"@EC1 ") for p in pieces) > 2:
+        if wanted and not self._line_fault_done and sum(p.data.count(MARKER) for p in pieces) > 2:
             pieces = [Piece("console", b"".join(p.data for p in pieces), pieces[0].at)]  # one stretch
         for p in pieces:
             data = p.data
-            if not self._line_fault_done and data.count(b"@EC1 ") > 2:
+            if not self._line_fault_done and data.count(MARKER) > 2:
                 data, event = _text_faults(data, active, self.env.faults, self.env.boot_index)
                 if data is not p.data or event is not None:
                     self._line_fault_done = True
@@ -581,7 +581,7 @@ def keep_after_boot(mem: bytearray, reason: str, faults: FaultSpec, boot: int) -
         mem[:] = faults.rng("keep_cold", boot).randbytes(len(mem))
         return
     magic, size, cap, nonce, region, sha, place = loop.KEEP_HEAD.unpack_from(mem)
-    if magic[:6] != b"ECKEEP":
+    if magic != frames.KEEP_MAGIC:
         return
     if faults.active("keep_stale"):  # another model's store: its own CRC is valid
         other = hashlib.sha256(sha).digest()
@@ -671,12 +671,12 @@ def _text_faults(data: bytes, active: list[str], faults: FaultSpec, boot: int) -
     records (the event, if any, is returned)."""
     if "wdt" in active:
         lines = data.split(b"\n")
-        cands = [k for k, ln in enumerate(lines) if b"@EC1 " in ln and (b" DATA " in ln or b" TENSOR " in ln)]
+        cands = [k for k, ln in enumerate(lines) if MARKER in ln and (b" DATA " in ln or b" TENSOR " in ln)]
         if cands:
             rng = faults.rng("wdt", boot)
             k = rng.choice(cands)
             ln = lines[k]
-            cut = rng.randrange(ln.index(b"@EC1 ") + 6, len(ln) - 2)
+            cut = rng.randrange(ln.index(MARKER) + len(MARKER) + 1, len(ln) - 2)
             msg = (
                 b"E (5312) task_wdt: Task watchdog got triggered. The following tasks/users did not "
                 b"reset the watchdog in time:\r\n"
@@ -686,9 +686,9 @@ def _text_faults(data: bytes, active: list[str], faults: FaultSpec, boot: int) -
             data = b"\n".join(lines)
     for name in ("truncate", "disconnect"):
         if name in active:
-            marks = [m for m in range(len(data)) if data.startswith(b"@EC1 ", m)]
+            marks = [m for m in range(len(data)) if data.startswith(MARKER, m)]
             rng = faults.rng(name, boot)
             k = rng.randrange(len(marks) // 2, len(marks) - 1)
-            cut = rng.randrange(marks[k] + 5, marks[k + 1])
+            cut = rng.randrange(marks[k] + len(MARKER), marks[k + 1])
             return data[:cut], name
     return data, None

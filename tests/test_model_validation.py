@@ -136,6 +136,27 @@ def test_rank_over_tflm_runtime_shape_refused(tmp_path: Path, capsys: pytest.Cap
     assert "at most 6 dimensions" in err and "runtime_shape.h" in err
 
 
+def _slice(rank: int) -> bytes:
+    """SLICE of an int8 tensor of ``rank`` dimensions, whole (begin 0, size = its shape)."""
+    shape = (1,) * (rank - 3) + (2, 2, 3)
+    begin = T("begin", (rank,), "int32", data=np.zeros(rank, np.int32))
+    size = T("size", (rank,), "int32", data=np.array(shape, np.int32))
+    tensors = [T("x", shape, "int8", 0.05, 0), begin, size, T("y", shape, "int8", 0.05, 0)]
+    return build_model(tensors, [Op(65, [0, 1, 2], [3])], inputs=[0], outputs=[3])
+
+
+def test_rank_over_slice_kernel_limit_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """TFLM's SLICE kernel handles 5 dimensions and only DCHECKs that (slice.cc): at rank 6, within
+    RuntimeShape's 6, it writes begins[-1] and sizes[-1], before its SliceParams arrays."""
+    assert parse_model_bytes(_slice(5)).ops[0].opcode == "SLICE"
+    model = tmp_path / "slice6.tflite"
+    model.write_bytes(_slice(6))
+    assert main(["inspect", str(model)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "op 0 (SLICE): tensor 0 ('x') has rank 6" in err
+    assert "at most 5 dimensions" in err and "slice.cc" in err
+
+
 def test_rank_7_reshape_output_accepted() -> None:
     """RESHAPE only reads the dims array (no RuntimeShape): TFLM runs it at rank 7, so it stays allowed."""
     shape_t = T("shape", (7,), "int32", data=np.array((1, 1, 1, 1, 2, 2, 3), np.int32))

@@ -213,16 +213,20 @@ def _check_references(model: tflite.Model, subgraph_tensors: list[int]) -> None:
 # (kMaxSmallSize, tensorflow/lite/kernels/internal/runtime_shape.h): more overflow it (only a DCHECK
 # guards it). RESHAPE and SQUEEZE read the dims array itself. The protocol's own bound: spec.MAX_DIMS.
 TFLM_MAX_DIMS = 6
+_RUNTIME_SHAPE = (TFLM_MAX_DIMS, "kMaxSmallSize in tensorflow/lite/kernels/internal/runtime_shape.h")
 
 
 def _check_rank(where: str, opcode: str, used: tuple[int, ...], tensors: tuple[TensorInfo, ...]) -> None:
-    for t in (tensors[i] for i in used if i >= 0 and opcode not in ("RESHAPE", "SQUEEZE")):
-        if len(t.shape) > TFLM_MAX_DIMS:
+    if opcode in ("RESHAPE", "SQUEEZE"):
+        return
+    limit, source = opdata.rank_limit(opcode) or _RUNTIME_SHAPE  # smaller per-op limits: ops.toml
+    for t in (tensors[i] for i in used if i >= 0):
+        if len(t.shape) > limit:
             raise ModelError(
-                f"{where} ({opcode}): tensor {t.index} ({t.name!r}) has rank {len(t.shape)}; TFLM's kernels "
-                f"hold at most {TFLM_MAX_DIMS} dimensions (kMaxSmallSize in "
-                "tensorflow/lite/kernels/internal/runtime_shape.h) and write past that",
-                hint=f"re-export it so that only RESHAPE and SQUEEZE see over {TFLM_MAX_DIMS} dimensions",
+                f"{where} ({opcode}): tensor {t.index} ({t.name!r}) has rank {len(t.shape)}; TFLM's kernel "
+                f"holds at most {limit} dimensions ({source}) and writes past that",
+                hint=f"re-export it so that {opcode} sees at most {limit} dimensions "
+                "(only RESHAPE and SQUEEZE take any rank)",
             )
 
 

@@ -44,6 +44,12 @@ def espnn_scratch_table() -> list[dict[str, str]]:
     return [{str(k): str(v) for k, v in row.items()} for row in _table()["espnn_scratch"]]
 
 
+def rank_limit(opcode: str) -> tuple[int, str] | None:
+    """ops.toml ``[max_rank]``: the most dimensions ``opcode``'s kernel holds, under RuntimeShape's; where."""
+    row = _table()["max_rank"].get(opcode)
+    return None if row is None else (int(row["rank"]), str(row["source"]))
+
+
 def resolver_method(opcode: str, custom_code: str | None = None, *, where: str = "") -> str:
     """``MicroMutableOpResolver`` method registering ``opcode`` (e.g. CONV_2D -> AddConv2D).
 

@@ -212,3 +212,33 @@ def test_weighted_op_without_usable_weights(inputs: list[int], w_shape: tuple[in
     )
     with pytest.raises(ModelError, match=needle):
         parse_model_bytes(model)
+
+
+def _mean(dtype: str, axes: int) -> bytes:
+    """MEAN of a rank-5 ``dtype`` tensor over a constant axis tensor of ``axes`` entries."""
+    scale = None if dtype == "float32" else 0.05
+    return build_model(
+        [
+            T("x", (1, 2, 2, 2, 3), dtype, scale),
+            T("axis", (axes,), "int32", data=np.arange(axes, dtype=np.int32)),
+            T("y", (1, 1, 1, 1, 1), dtype, scale),
+        ],
+        [Op(40, [0, 1], [2])],
+        inputs=[0],
+        outputs=[2],
+    )
+
+
+def test_float_mean_over_axis_params_limit_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TFLM's float MEAN copies the axis entries into MeanParams.axis[4] unbounded (reduce_common.cc
+    ResolveAxis): a fifth entry writes past it on the stack. The int8 path does not use it."""
+    assert parse_model_bytes(_mean("int8", 5)).ops[0].opcode == "MEAN"
+    assert parse_model_bytes(_mean("float32", 4)).ops[0].opcode == "MEAN"
+    model = tmp_path / "mean5.tflite"
+    model.write_bytes(_mean("float32", 5))
+    assert main(["inspect", str(model)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "op 0 (MEAN): axis tensor 1 ('axis') has 5 entries" in err
+    assert "at most 4" in err and "MeanParams" in err

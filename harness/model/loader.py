@@ -230,6 +230,26 @@ def _check_rank(where: str, opcode: str, used: tuple[int, ...], tensors: tuple[T
             )
 
 
+# TFLM's float MEAN copies its axis entries into MeanParams.axis[4] with no bound (ResolveAxis,
+# tensorflow/lite/micro/kernels/reduce_common.cc:66-75, called at :307 for float32 only; types.h:897).
+# Their count is the axis tensor's element count (reduce_common.cc:298), fixed by its shape whether the
+# tensor is constant or not. SUM, REDUCE_MAX/MIN/ALL and integer MEAN size a scratch buffer by it instead.
+_MEAN_AXES = 4
+
+
+def _check_mean_axes(where: str, opcode: str, ins: tuple[int, ...], tensors: tuple[TensorInfo, ...]) -> None:
+    if opcode != "MEAN" or len(ins) < 2 or min(ins[:2]) < 0 or tensors[ins[0]].dtype != "float32":
+        return
+    axis = tensors[ins[1]]
+    if (n := math.prod(axis.shape)) > _MEAN_AXES:
+        raise ModelError(
+            f"{where} (MEAN): axis tensor {axis.index} ({axis.name!r}) has {n} entries; TFLM's float MEAN "
+            f"holds at most {_MEAN_AXES} (MeanParams.axis in tensorflow/lite/kernels/internal/types.h) "
+            "and writes past that",
+            hint=f"re-export it to reduce over at most {_MEAN_AXES} axes (a RESHAPE can merge adjacent ones)",
+        )
+
+
 _WEIGHTED_RANK = {"CONV_2D": 4, "DEPTHWISE_CONV_2D": 4, "FULLY_CONNECTED": 2}
 
 
@@ -356,6 +376,7 @@ def _subgraph(
         outs = indices(op, "Outputs", f"{where} output")
         _check_weighted_op(where, opcode, ins, outs, tensors)
         _check_rank(where, opcode, ins + outs, tensors)
+        _check_mean_axes(where, opcode, ins, tensors)
         ops.append(
             OpInfo(
                 index=k,

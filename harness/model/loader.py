@@ -253,6 +253,29 @@ def _check_mean_axes(where: str, opcode: str, ins: tuple[int, ...], tensors: tup
 _WEIGHTED_RANK = {"CONV_2D": 4, "DEPTHWISE_CONV_2D": 4, "FULLY_CONNECTED": 2}
 
 
+# The activation input of these ops: their kernels read it and the output as NHWC (input->dims->data[3],
+# esp_nn/conv.cc:72; RuntimeShape.Dims(3) in reference conv, depthwise, pooling, transpose conv) with
+# at most a TFLITE_DCHECK of rank 4 (esp_nn/pooling.cc:51-52); only ESP-NN's depthwise Prepare checks it.
+_NHWC_INPUT = {
+    "CONV_2D": 0,
+    "DEPTHWISE_CONV_2D": 0,
+    "AVERAGE_POOL_2D": 0,
+    "MAX_POOL_2D": 0,
+    "TRANSPOSE_CONV": 2,
+}
+
+
+def _check_nhwc(where: str, opcode: str, used: tuple[int, ...], tensors: tuple[TensorInfo, ...]) -> None:
+    """``used``: the op's activation input and output (-1: absent)."""
+    for t in (tensors[i] for i in used if i >= 0):
+        if len(t.shape) != 4:
+            raise ModelError(
+                f"{where} ({opcode}): tensor {t.index} ({t.name!r}) has rank {len(t.shape)}; TFLM's kernel "
+                "needs rank 4 (batch, height, width, channels) and reads past a shorter shape",
+                hint="re-export the model with 4-dimensional activations for this op (batch first)",
+            )
+
+
 def _check_weighted_op(where: str, opcode: str, ins: tuple[int, ...], outs: tuple[int, ...],
                        tensors: tuple[TensorInfo, ...]) -> None:  # fmt: skip
     """The ops ESP-NN accelerates (and esp-check's scratch arithmetic reads): input, weights, output
@@ -377,6 +400,8 @@ def _subgraph(
         _check_weighted_op(where, opcode, ins, outs, tensors)
         _check_rank(where, opcode, ins + outs, tensors)
         _check_mean_axes(where, opcode, ins, tensors)
+        if (first := _NHWC_INPUT.get(opcode)) is not None:
+            _check_nhwc(where, opcode, ins[first : first + 1] + outs[:1], tensors)
         ops.append(
             OpInfo(
                 index=k,

@@ -215,14 +215,16 @@ def test_runner_keeps_a_dataset_crash_that_a_retry_does_not_reproduce(
 
 
 def _unallocatable_model(workdir: Path) -> tuple[Path, Path]:
-    """Fuzz mutant 110 of seed 4242 (tests/fuzzing.py, as ``bench/fuzz.py --replay model 110 --seed
-    4242`` keeps it): a cnn_classifier_11 whose flatbuffer still verifies but which TFLM cannot allocate."""
+    """Fuzz mutant 421 of seed 4242 (tests/fuzzing.py, as ``bench/fuzz.py --replay model 421 --seed
+    4242`` keeps it): a cnn_classifier_11 whose flatbuffer still verifies but which TFLM cannot allocate
+    (a smashed word makes FULLY_CONNECTED's input int32: fully_connected.cc:57 refuses it in Prepare).
+    Mutant 110, used before, now stops at the loader: it feeds a rank-1 tensor to a CONV_2D."""
     import random
 
     from fuzzing import MODEL_MUTATIONS, load_bases, mutate
 
     _, _, bases = load_bases()
-    rng = random.Random("4242:model:110")
+    rng = random.Random("4242:model:421")
     name = rng.choice(sorted(bases))
     data, _how = mutate(bases[name], rng, MODEL_MUTATIONS)
     model = workdir / "m.tflite"

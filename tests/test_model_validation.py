@@ -18,7 +18,7 @@ import flatbuffers
 import numpy as np
 import pytest
 import tflite
-from test_model_builder import Op, T, build_model
+from test_model_builder import CONV_2D, Op, T, build_model, conv2d_options
 
 from harness.cli import main
 from harness.errors import ExitCode, ModelError
@@ -211,4 +211,85 @@ def test_weighted_op_without_usable_weights(inputs: list[int], w_shape: tuple[in
         outputs=[2],
     )
     with pytest.raises(ModelError, match=needle):
+        parse_model_bytes(model)
+
+
+def _mean(dtype: str, axes: int) -> bytes:
+    """MEAN of a rank-5 ``dtype`` tensor over a constant axis tensor of ``axes`` entries."""
+    scale = None if dtype == "float32" else 0.05
+    return build_model(
+        [
+            T("x", (1, 2, 2, 2, 3), dtype, scale),
+            T("axis", (axes,), "int32", data=np.arange(axes, dtype=np.int32)),
+            T("y", (1, 1, 1, 1, 1), dtype, scale),
+        ],
+        [Op(40, [0, 1], [2])],
+        inputs=[0],
+        outputs=[2],
+    )
+
+
+def test_float_mean_over_axis_params_limit_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TFLM's float MEAN copies the axis entries into MeanParams.axis[4] unbounded (reduce_common.cc
+    ResolveAxis): a fifth entry writes past it on the stack. The int8 path does not use it."""
+    assert parse_model_bytes(_mean("int8", 5)).ops[0].opcode == "MEAN"
+    assert parse_model_bytes(_mean("float32", 4)).ops[0].opcode == "MEAN"
+    model = tmp_path / "mean5.tflite"
+    model.write_bytes(_mean("float32", 5))
+    assert main(["inspect", str(model)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "op 0 (MEAN): axis tensor 1 ('axis') has 5 entries" in err
+    assert "at most 4" in err and "MeanParams" in err
+
+
+def _conv3(out_shape: tuple[int, ...] = (4, 4, 8)) -> bytes:
+    """int8 3x3 CONV_2D with a rank-3 input [4,4,3] (no batch dimension) -> ``out_shape``."""
+    rng = np.random.default_rng(0)
+    return build_model(
+        [
+            T("image", (4, 4, 3), "int8", 1 / 128, -1),
+            T("filter", (8, 3, 3, 3), "int8", 0.02, 0, rng.integers(-127, 128, (8, 3, 3, 3))),
+            T("bias", (8,), "int32", 0.02 / 128, 0, rng.integers(-2000, 2000, (8,))),
+            T("features", out_shape, "int8", 0.05, 3),
+        ],
+        [Op(CONV_2D, [0, 1, 2], [3], options=conv2d_options())],
+        inputs=[0],
+        outputs=[3],
+    )
+
+
+def test_conv_input_not_rank_4_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ESP-NN's CONV_2D Prepare reads input->dims->data[3] (esp_nn/conv.cc:72) and the reference
+    kernels RuntimeShape.Dims(3) with only a DCHECK of rank 4: on a rank-3 input both read past the
+    shape (the host wheel happened to die of SIGFPE on what it found there)."""
+    model = tmp_path / "conv3.tflite"
+    model.write_bytes(_conv3())
+    assert main(["inspect", str(model)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "op 0 (CONV_2D): tensor 0 ('image') has rank 3" in err and "needs rank 4" in err
+
+
+_RANK3_POOL = [T("x", (4, 4, 8), "int8", 0.05, 0), T("y", (2, 2, 8), "int8", 0.05, 0)]
+_RANK3_TRANSPOSE_CONV = [
+    T("x", (4, 4, 8), "int8", 0.05, 0),
+    T("y", (8, 8, 8), "int8", 0.05, 0),
+    T("shape", (3,), "int32", data=np.array((8, 8, 8), np.int32)),
+    T("w", (8, 3, 3, 8), "int8", 0.02, 0, np.ones((8, 3, 3, 8))),
+]
+
+
+@pytest.mark.parametrize(
+    ("builtin", "ins", "tensors"),
+    [
+        (17, [0], _RANK3_POOL),  # MAX_POOL_2D
+        (1, [0], [T("x", (1, 4, 4, 8), "int8", 0.05, 0), _RANK3_POOL[1]]),  # AVERAGE_POOL_2D, rank-3 output
+        (67, [2, 3, 0], _RANK3_TRANSPOSE_CONV),  # TRANSPOSE_CONV: output shape, weights, input
+    ],
+)
+def test_pool_and_transpose_conv_not_rank_4_refused(builtin: int, ins: list[int], tensors: list[T]) -> None:
+    """Pooling (pooling_common.cc, esp_nn/pooling.cc:51-52) and TRANSPOSE_CONV only DCHECK rank 4."""
+    model = build_model(tensors, [Op(builtin, ins, [1])], inputs=[0], outputs=[1])
+    with pytest.raises(ModelError, match=r"has rank 3; .* needs rank 4"):
         parse_model_bytes(model)

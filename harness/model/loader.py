@@ -230,7 +230,50 @@ def _check_rank(where: str, opcode: str, used: tuple[int, ...], tensors: tuple[T
             )
 
 
+# TFLM's float MEAN copies its axis entries into MeanParams.axis[4] with no bound (ResolveAxis,
+# tensorflow/lite/micro/kernels/reduce_common.cc:66-75, called at :307 for float32 only; types.h:897).
+# Their count is the axis tensor's element count (reduce_common.cc:298), fixed by its shape whether the
+# tensor is constant or not. SUM, REDUCE_MAX/MIN/ALL and integer MEAN size a scratch buffer by it instead.
+_MEAN_AXES = 4
+
+
+def _check_mean_axes(where: str, opcode: str, ins: tuple[int, ...], tensors: tuple[TensorInfo, ...]) -> None:
+    if opcode != "MEAN" or len(ins) < 2 or min(ins[:2]) < 0 or tensors[ins[0]].dtype != "float32":
+        return
+    axis = tensors[ins[1]]
+    if (n := math.prod(axis.shape)) > _MEAN_AXES:
+        raise ModelError(
+            f"{where} (MEAN): axis tensor {axis.index} ({axis.name!r}) has {n} entries; TFLM's float MEAN "
+            f"holds at most {_MEAN_AXES} (MeanParams.axis in tensorflow/lite/kernels/internal/types.h) "
+            "and writes past that",
+            hint=f"re-export it to reduce over at most {_MEAN_AXES} axes (a RESHAPE can merge adjacent ones)",
+        )
+
+
 _WEIGHTED_RANK = {"CONV_2D": 4, "DEPTHWISE_CONV_2D": 4, "FULLY_CONNECTED": 2}
+
+
+# The activation input of these ops: their kernels read it and the output as NHWC (input->dims->data[3],
+# esp_nn/conv.cc:72; RuntimeShape.Dims(3) in reference conv, depthwise, pooling, transpose conv) with
+# at most a TFLITE_DCHECK of rank 4 (esp_nn/pooling.cc:51-52); only ESP-NN's depthwise Prepare checks it.
+_NHWC_INPUT = {
+    "CONV_2D": 0,
+    "DEPTHWISE_CONV_2D": 0,
+    "AVERAGE_POOL_2D": 0,
+    "MAX_POOL_2D": 0,
+    "TRANSPOSE_CONV": 2,
+}
+
+
+def _check_nhwc(where: str, opcode: str, used: tuple[int, ...], tensors: tuple[TensorInfo, ...]) -> None:
+    """``used``: the op's activation input and output (-1: absent)."""
+    for t in (tensors[i] for i in used if i >= 0):
+        if len(t.shape) != 4:
+            raise ModelError(
+                f"{where} ({opcode}): tensor {t.index} ({t.name!r}) has rank {len(t.shape)}; TFLM's kernel "
+                "needs rank 4 (batch, height, width, channels) and reads past a shorter shape",
+                hint="re-export the model with 4-dimensional activations for this op (batch first)",
+            )
 
 
 def _check_weighted_op(where: str, opcode: str, ins: tuple[int, ...], outs: tuple[int, ...],
@@ -356,6 +399,9 @@ def _subgraph(
         outs = indices(op, "Outputs", f"{where} output")
         _check_weighted_op(where, opcode, ins, outs, tensors)
         _check_rank(where, opcode, ins + outs, tensors)
+        _check_mean_axes(where, opcode, ins, tensors)
+        if (first := _NHWC_INPUT.get(opcode)) is not None:
+            _check_nhwc(where, opcode, ins[first : first + 1] + outs[:1], tensors)
         ops.append(
             OpInfo(
                 index=k,

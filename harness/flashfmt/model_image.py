@@ -22,7 +22,12 @@ class ModelImageError(ValueError):
 
 
 class ModelDamagedError(ModelImageError):
-    """A sound header, but the model bytes after it are not the ones its SHA-256 names."""
+    """A sound header, but the model bytes after it are not the ones its SHA-256 names. ``arena_bytes``:
+    the header's arena size (0: its arena fields give none), which the firmware checks first."""
+
+    def __init__(self, message: str, arena_bytes: int) -> None:
+        super().__init__(message)
+        self.arena_bytes = arena_bytes
 
 
 ARENA_MEM = {"internal": 0, "psram": 1}
@@ -61,10 +66,17 @@ def parse_model_image(data: bytes | bytearray | memoryview, partition_bytes: int
         raise ModelImageError(f"model image announces {n} model bytes, more than the partition holds")
     model = data[HEADER_BYTES : HEADER_BYTES + n]
     sha = data[16:48].hex()
+    arena, mem = _arena(data)
     if hashlib.sha256(model).hexdigest() != sha:
-        raise ModelDamagedError("model bytes do not match the image's SHA-256 (partly written or damaged)")
+        message = "model bytes do not match the image's SHA-256 (partly written or damaged)"
+        raise ModelDamagedError(message, arena)
+    return ModelImage(model, sha, arena, mem)
+
+
+def _arena(data: bytes) -> tuple[int, str]:
+    """The header's arena fields (bytes 52..63, their own CRC): (0, "internal") when they give none."""
     arena, mem = struct.unpack_from("<IB", data, 52)
     (crc2,) = struct.unpack_from("<I", data, 60)
     if crc2 != zlib.crc32(data[:60]) & 0xFFFFFFFF or mem not in ARENA_MEM.values():
-        return ModelImage(model, sha)
-    return ModelImage(model, sha, arena, "psram" if mem == 1 else "internal")
+        return 0, "internal"
+    return arena, "psram" if mem == 1 else "internal"

@@ -6,8 +6,6 @@ command loop. The board schedules the :class:`Piece` list it returns on its seri
 
 from __future__ import annotations
 
-import struct
-import zlib
 from dataclasses import dataclass, replace
 
 from harness.chips import CONSOLE_BAUD
@@ -185,11 +183,8 @@ def _map_model(flash: bytearray, parts: list[Partition]) -> tuple[bytes, dict[st
     data = flash[part.offset : part.offset + part.size]
     try:
         image = model_image.parse_model_image(data, part.size)
-    except model_image.ModelDamagedError:
-        # MapModel checks the arena fields (bytes 52..63, their CRC too) before the SHA-256
-        arena, mem, crc = struct.unpack_from("<IB3xI", data, 52)
-        sound = arena and mem <= 1 and crc == zlib.crc32(data[:60])
-        return b"", {}, "model_partition_damaged_sha256_differs" if sound else _NO_ARENA
+    except model_image.ModelDamagedError as exc:  # MapModel checks the arena fields before the SHA-256
+        return b"", {}, "model_partition_damaged_sha256_differs" if exc.arena_bytes else _NO_ARENA
     except model_image.ModelImageError:  # as MapModel: a header failing any check (its CRC too)
         return b"", {}, "model_partition_holds_no_model_image_flash_it"
     if image.arena_bytes == 0:

@@ -256,10 +256,9 @@ def _check_mean_axes(where: str, opcode: str, ins: tuple[int, ...], tensors: tup
 _WEIGHTED_RANK = {"CONV_2D": 4, "DEPTHWISE_CONV_2D": 4, "FULLY_CONNECTED": 2, "TRANSPOSE_CONV": 4}
 
 
-# The activation input of these ops (any other op's: input 0): their kernels read it and the output as
-# NHWC (input->dims->data[3], esp_nn/conv.cc:72; RuntimeShape.Dims(3) in reference conv, depthwise,
-# pooling, transpose conv) with at most a TFLITE_DCHECK of rank 4 (esp_nn/pooling.cc:51-52); only
-# ESP-NN's depthwise Prepare checks it.
+# The activation input of these ops (other ops: 0): read with the output as NHWC (input->dims->data[3],
+# esp_nn/conv.cc:72; RuntimeShape.Dims(3) in reference conv, depthwise, pooling, transpose conv) with
+# at most a TFLITE_DCHECK of rank 4 (esp_nn/pooling.cc:51-52); only ESP-NN's depthwise Prepare checks it.
 _NHWC_INPUT = {
     "CONV_2D": 0,
     "DEPTHWISE_CONV_2D": 0,
@@ -282,8 +281,8 @@ def _check_nhwc(where: str, opcode: str, used: tuple[int, ...], tensors: tuple[T
 
 def _check_weighted_op(where: str, opcode: str, ins: tuple[int, ...], outs: tuple[int, ...],
                        tensors: tuple[TensorInfo, ...]) -> None:  # fmt: skip
-    """The ops ESP-NN accelerates (and esp-check's scratch arithmetic reads), and TRANSPOSE_CONV: input,
-    weights, output present, weights of the right rank and no empty dimension (TFLM divides by them: SIGFPE)."""
+    """The ops ESP-NN accelerates (and esp-check's scratch arithmetic reads), TRANSPOSE_CONV: input, weights,
+    output present, weights of the right rank and no empty dimension (TFLM divides by them: SIGFPE)."""
     rank, act = _WEIGHTED_RANK.get(opcode), _NHWC_INPUT.get(opcode, 0)
     if rank is None:
         return

@@ -293,3 +293,33 @@ def test_pool_and_transpose_conv_not_rank_4_refused(builtin: int, ins: list[int]
     model = build_model(tensors, [Op(builtin, ins, [1])], inputs=[0], outputs=[1])
     with pytest.raises(ModelError, match=r"has rank 3; .* needs rank 4"):
         parse_model_bytes(model)
+
+
+def _transpose_conv(w_shape: tuple[int, ...]) -> bytes:
+    """int8 TRANSPOSE_CONV [1,4,4,8] -> [1,8,8,8]; inputs (output_shape, weights, activation)."""
+    return build_model(
+        [
+            T("x", (1, 4, 4, 8), "int8", 0.05, 0),
+            T("y", (1, 8, 8, 8), "int8", 0.05, 0),
+            T("shape", (4,), "int32", data=np.array((1, 8, 8, 8), np.int32)),
+            T("w", w_shape, "int8", 0.02, 0, np.ones(w_shape, np.int8)),
+        ],
+        [Op(67, [2, 3, 0], [1])],
+        inputs=[0],
+        outputs=[1],
+    )
+
+
+@pytest.mark.parametrize(("w_shape", "needle"), [((8, 3, 3), "rank 4"), ((8, 3, 3, 8, 0), "rank 4")])
+def test_transpose_conv_weights_not_rank_4_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], w_shape: tuple[int, ...], needle: str
+) -> None:
+    """TRANSPOSE_CONV's Eval reads filter dims 0..3 (Offset, reference/integer_ops/transpose_conv.h:45-53,
+    88) with only a DCHECK of rank 4: past a rank-3 shape; a rank-5 one with an empty dimension holds no
+    element to read. Its weights are input 1, its activation input 2 (not 0, as for CONV_2D)."""
+    assert parse_model_bytes(_transpose_conv((8, 3, 3, 8))).ops[0].opcode == "TRANSPOSE_CONV"
+    model = tmp_path / "tconv.tflite"
+    model.write_bytes(_transpose_conv(w_shape))
+    assert main(["inspect", str(model)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert f"op 0 (TRANSPOSE_CONV): weights of shape {list(w_shape)}" in err and needle in err

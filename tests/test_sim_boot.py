@@ -365,6 +365,19 @@ def test_an_output_no_record_carries_fails_the_start_up_as_the_firmwares_setup(
     assert cap.valid, cap.problems
 
 
+def test_every_dtype_the_loader_can_name_has_a_tflite_type_code() -> None:
+    """The board's Setup refusal above looks the output's TfLiteType code up by dtype name; the loader
+    names a tensor's dtype from the ``tflite`` package's TensorType and refuses any other code (loader
+    ``_tensor_info``). A ``tflite`` release with a newer schema type (INT2: TensorType 19, kTfLiteInt2 = 20)
+    would reach that lookup with a name it lacks: this says so before the board raises ValueError."""
+    import tflite
+
+    from harness.model.loader import enum_names
+    from harness.sim.resident import _TFLITE_TYPES
+
+    assert {n.lower() for n in enum_names(tflite.TensorType).values()} <= set(_TFLITE_TYPES.split())
+
+
 _MODEL_AT, _MODEL_SIZE = 0x220000, 0x1E0000  # the model partition of sim_helpers.PARTITIONS_4MB
 _NO_IMAGE = "model_partition_holds_no_model_image_flash_it"
 _DAMAGED = "model_partition_damaged_sha256_differs"

@@ -250,10 +250,13 @@ def _check_mean_axes(where: str, opcode: str, ins: tuple[int, ...], tensors: tup
         )
 
 
-_WEIGHTED_RANK = {"CONV_2D": 4, "DEPTHWISE_CONV_2D": 4, "FULLY_CONNECTED": 2}
+# TRANSPOSE_CONV's weights: Prepare reads dims 0..2 unchecked (micro/kernels/transpose_conv.cc:181-185),
+# Eval dims 0..3 with only a DCHECK of rank 4 (reference/integer_ops/transpose_conv.h:39-53, 88). TFLM
+# ignores its output_shape input (micro/kernels/transpose_conv.h:26-29).
+_WEIGHTED_RANK = {"CONV_2D": 4, "DEPTHWISE_CONV_2D": 4, "FULLY_CONNECTED": 2, "TRANSPOSE_CONV": 4}
 
 
-# The activation input of these ops: their kernels read it and the output as NHWC (input->dims->data[3],
+# The activation input of these ops (other ops: 0): read with the output as NHWC (input->dims->data[3],
 # esp_nn/conv.cc:72; RuntimeShape.Dims(3) in reference conv, depthwise, pooling, transpose conv) with
 # at most a TFLITE_DCHECK of rank 4 (esp_nn/pooling.cc:51-52); only ESP-NN's depthwise Prepare checks it.
 _NHWC_INPUT = {
@@ -278,18 +281,18 @@ def _check_nhwc(where: str, opcode: str, used: tuple[int, ...], tensors: tuple[T
 
 def _check_weighted_op(where: str, opcode: str, ins: tuple[int, ...], outs: tuple[int, ...],
                        tensors: tuple[TensorInfo, ...]) -> None:  # fmt: skip
-    """The ops ESP-NN accelerates (and esp-check's scratch arithmetic reads): input, weights, output
-    present, weights of the right rank and no empty dimension (TFLM divides by them: SIGFPE)."""
-    rank = _WEIGHTED_RANK.get(opcode)
+    """The ops ESP-NN accelerates (and esp-check's scratch arithmetic reads), TRANSPOSE_CONV: input, weights,
+    output present, weights of the right rank and no empty dimension (TFLM divides by them: SIGFPE)."""
+    rank, act = _WEIGHTED_RANK.get(opcode), _NHWC_INPUT.get(opcode, 0)
     if rank is None:
         return
-    if len(ins) < 2 or min(ins[:2]) < 0 or not outs or outs[0] < 0:
+    if len(ins) <= max(act, 1) or min(ins[act], ins[1]) < 0 or not outs or outs[0] < 0:
         raise ModelError(f"{where} ({opcode}) needs an input, weights and an output; it has {ins} -> {outs}")
     weights = tensors[ins[1]]
-    if len(weights.shape) != rank or 0 in weights.shape or 0 in tensors[ins[0]].shape:
+    if len(weights.shape) != rank or 0 in weights.shape or 0 in tensors[ins[act]].shape:
         raise ModelError(
             f"{where} ({opcode}): weights of shape {list(weights.shape)} for input "
-            f"{list(tensors[ins[0]].shape)} (TFLM needs rank {rank} and no empty dimension)"
+            f"{list(tensors[ins[act]].shape)} (TFLM needs rank {rank} and no empty dimension)"
         )
 
 

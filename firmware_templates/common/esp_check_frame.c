@@ -176,15 +176,15 @@ void ecf_decoder_feed(ecf_decoder_t *d, const uint8_t *data, size_t len, ecf_fra
 /* SplitMix64 (Steele, Lea, Flood 2014): the generator docs/protocol.md specifies for random inputs. */
 static uint64_t splitmix_next(uint64_t *state) {
     uint64_t z;
-    *state += 0x9E3779B97F4A7C15ull;
+    *state += ECF_PRNG_GOLDEN;
     z = *state;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z = (z ^ (z >> 30)) * ECF_PRNG_MIX1;
+    z = (z ^ (z >> 27)) * ECF_PRNG_MIX2;
     return z ^ (z >> 31);
 }
 
 void ecf_prng_fill(uint64_t seed, uint32_t index, uint8_t dtype, uint8_t *out, size_t n) {
-    uint64_t state = seed ^ ((uint64_t)index * 0xD1B54A32D192ED03ull);
+    uint64_t state = seed ^ ((uint64_t)index * ECF_PRNG_INDEX_MIX);
     size_t pos = 0;
     while (pos < n) {
         uint64_t z = splitmix_next(&state);

@@ -48,6 +48,13 @@ extern "C" {
 #define ECF_TYPE_HELLO 0x80u
 #define ECF_HELLO_LINE_PREFIX "\r\n@ECH HELLO "
 
+/* the input PRNG (SplitMix64, docs/protocol.md "Random inputs"): its increment and two multipliers, and the
+ * multiplier that spreads the input index over the seed */
+#define ECF_PRNG_GOLDEN 0x9E3779B97F4A7C15ull
+#define ECF_PRNG_MIX1 0xBF58476D1CE4E5B9ull
+#define ECF_PRNG_MIX2 0x94D049BB133111EBull
+#define ECF_PRNG_INDEX_MIX 0xD1B54A32D192ED03ull
+
 /* dtype codes (HELLO input_dtype, random inputs) */
 #define ECF_DT_UNKNOWN 0
 #define ECF_DT_INT8 1

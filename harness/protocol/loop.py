@@ -370,7 +370,7 @@ class DeviceLoop:
         ident, source, results, text, keep, repeat, n_expect, seed = frames.RUN_HEAD.unpack_from(p)
         if len(p) != frames.RUN_FIXED + 4 * n_expect or n_expect not in (0, len(self.cfg.outputs)):
             return None
-        text, now = text & 1, text >> 1  # byte 6: bit 0 text, bit 1 send the result at once
+        text, now = text & frames.RUN_TEXT, text // frames.RUN_NOW  # flags: RUN_NOW and any bit above it
         if source > frames.SRC_KEPT or results > frames.RES_FULL_IF_DIFFERENT or now > 1 or repeat == 0:
             return None
         if keep > 1 or (keep and source != frames.SRC_LOADED) or (text and source == frames.SRC_KEPT):
@@ -414,7 +414,7 @@ class DeviceLoop:
             self._run_binary(r, data)
 
     def _not_run(self, ident: int, status: int) -> None:
-        rec = frames.REC_HEAD.pack(status << 4, ident, 0, 0)
+        rec = frames.REC_HEAD.pack(status << frames.HEAD_STATUS_SHIFT, ident, 0, 0)
         self.run_busy_us = 0
         self._emit_record(bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), frames.REC_FIXED, full=False)
 
@@ -474,7 +474,8 @@ class DeviceLoop:
             done += 1
         if r.repeat > 1:
             flags |= frames.FL_REPEATS
-        rec = bytearray(frames.REC_HEAD.pack(flags | status << 4, r.ident, first_us & 0xFFFFFFFF, input_crc))
+        head = flags | status << frames.HEAD_STATUS_SHIFT
+        rec = bytearray(frames.REC_HEAD.pack(head, r.ident, first_us & 0xFFFFFFFF, input_crc))
         if flags & frames.FL_REPEATS:
             rec += struct.pack("<HH", done, first_diff)
         crc_at = len(rec)
@@ -535,5 +536,5 @@ class DeviceLoop:
         for o, b in enumerate(self.outputs_now):
             for off in range(0, len(b), chunk):
                 self._send(
-                    frames.RSP_DATA, struct.pack("<IHI", self.batch_last, o, off) + b[off : off + chunk]
+                    frames.RSP_DATA, frames.DATA_HEAD.pack(self.batch_last, o, off) + b[off : off + chunk]
                 )

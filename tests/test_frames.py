@@ -217,6 +217,7 @@ _LAYOUTS = {
     "ECL_RUN_AT_": _fields(fr.RUN_HEAD, "id source results flags keep repeat expected seed"),
     "ECL_REC_AT_": _fields(fr.REC_HEAD, "head id invoke_us input_crc"),
     "ECL_DATA_AT_": _fields(fr.DATA_HEAD, "id output offset"),
+    "ECL_KEEP_AT_": _fields(py_loop.KEEP_HEAD, "magic input_bytes capacity nonce bytes model_sha256 place"),
 }
 # frames.py constants the device has no define for: the host's own bounds and what it derives
 _HOST_ONLY = {"LOAD_CHUNK", "HELLO_LINE_MAX"}
@@ -230,6 +231,7 @@ _OTHER_NAMES = {
     "ECF_HELLO_LINE_PREFIX": ("HELLO_LINE", b"\r\n" + fr.HELLO_LINE),
     "ECL_BAUD_CONFIRM_US": ("BAUD_CONFIRM_S", round(fr.BAUD_CONFIRM_S * 1_000_000)),
     "ECL_HELLO_SHA256": ("HELLO_HEAD", _LAYOUTS["ECL_HELLO_AT_"]["model_sha256"][1]),
+    "ECL_KEEP_AT_CRC": ("KEEP_HEAD", py_loop.KEEP_HEAD.size),  # the header's CRC-32 follows its fields
     "ECL_OK": ("", py_loop.ECL_OK),
     "ECL_HALTED": ("", py_loop.ECL_HALTED),
     "ECL_REBOOT": ("", py_loop.ECL_REBOOT),

@@ -147,7 +147,9 @@ int ecl_init(ecl_t *l, const ecl_config_t *cfg) {
  * A header written by another model, another layout, another address, or never written (a cold boot leaves
  * noise) fails its checks and is replaced by an empty one: the host then uploads. */
 
-static size_t keep_slots_at(uint32_t cap) { return (ECL_KEEP_HEADER + (size_t)cap * ECL_KEEP_ENTRY + 15u) & ~(size_t)15u; }
+static size_t keep_slots_at(uint32_t cap) {
+    return (ECL_KEEP_HEADER + (size_t)cap * ECL_KEEP_ENTRY + (ECL_KEEP_ALIGN - 1u)) & ~(size_t)(ECL_KEEP_ALIGN - 1u);
+}
 
 static uint32_t keep_check(uint32_t nonce, uint32_t index, uint32_t crc) {
     uint8_t b[12];
@@ -160,14 +162,14 @@ static uint32_t keep_check(uint32_t nonce, uint32_t index, uint32_t crc) {
 static void keep_header(const ecl_t *l, uint8_t *h) {
     const ecl_config_t *c = &l->cfg;
     memset(h, 0, ECL_KEEP_HEADER);
-    memcpy(h, ECL_KEEP_MAGIC, sizeof(ECL_KEEP_MAGIC) - 1);
-    ecf_put_u32(h + 8, (uint32_t)c->input_bytes);
-    ecf_put_u32(h + 12, l->keep_cap);
-    ecf_put_u32(h + 16, l->keep_nonce);
-    ecf_put_u32(h + 20, (uint32_t)c->keep_bytes);
-    memcpy(h + 24, c->model_sha256, 32);
-    ecf_put_u32(h + 56, c->keep_place);
-    ecf_put_u32(h + 60, ecf_crc32(0u, h, 60));
+    memcpy(h + ECL_KEEP_AT_MAGIC, ECL_KEEP_MAGIC, sizeof(ECL_KEEP_MAGIC) - 1);
+    ecf_put_u32(h + ECL_KEEP_AT_INPUT_BYTES, (uint32_t)c->input_bytes);
+    ecf_put_u32(h + ECL_KEEP_AT_CAPACITY, l->keep_cap);
+    ecf_put_u32(h + ECL_KEEP_AT_NONCE, l->keep_nonce);
+    ecf_put_u32(h + ECL_KEEP_AT_BYTES, (uint32_t)c->keep_bytes);
+    memcpy(h + ECL_KEEP_AT_MODEL_SHA256, c->model_sha256, ECL_HELLO_SHA256);
+    ecf_put_u32(h + ECL_KEEP_AT_PLACE, c->keep_place);
+    ecf_put_u32(h + ECL_KEEP_AT_CRC, ecf_crc32(0u, h, ECL_KEEP_AT_CRC));
 }
 
 static int keep_entry_valid(const ecl_t *l, uint32_t k, uint32_t *crc) {
@@ -183,15 +185,15 @@ uint32_t ecl_keep_open(ecl_t *l) {
     uint32_t k, crc;
     l->keep_cap = 0;
     l->kept = 0;
-    if (c->keep == NULL || c->model_sha256 == NULL || c->input_bytes == 0 || c->keep_bytes < ECL_KEEP_HEADER + 16u) {
+    if (c->keep == NULL || c->model_sha256 == NULL || c->input_bytes == 0 || c->keep_bytes < ECL_KEEP_HEADER + ECL_KEEP_ALIGN) {
         return 0;
     }
     per = c->input_bytes + ECL_KEEP_ENTRY;
-    cap = (c->keep_bytes - ECL_KEEP_HEADER - 16u) / per;
+    cap = (c->keep_bytes - ECL_KEEP_HEADER - ECL_KEEP_ALIGN) / per;
     if (cap > ECL_KEEP_MAX) cap = ECL_KEEP_MAX;
     if (cap == 0) return 0;
     l->keep_cap = (uint32_t)cap;
-    l->keep_nonce = ecf_get_u32(c->keep + 16); /* the header's own: it must match in the comparison below */
+    l->keep_nonce = ecf_get_u32(c->keep + ECL_KEEP_AT_NONCE); /* the header's own: it must match in the comparison below */
     keep_header(l, want);
     if (memcmp(want, c->keep, ECL_KEEP_HEADER) != 0) { /* not ours: a fresh, empty store */
         l->keep_nonce = c->session;

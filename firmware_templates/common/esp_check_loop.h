@@ -126,6 +126,17 @@ extern "C" {
 #define ECL_KEEP_ENTRY 8
 #define ECL_KEEP_MAX 0xFFFFu /* at most this many inputs */
 #define ECL_KEEP_MAGIC "ECKEEP\0\3" /* the header's first 8 bytes: the store's layout, version 3 */
+#define ECL_KEEP_ALIGN 16 /* the inputs start on a boundary of this many bytes from the region's start */
+/* where each header field starts: the magic, input bytes, capacity, nonce, region bytes, the model's
+ * SHA-256, the region's own address, then the CRC-32 of the bytes before it */
+#define ECL_KEEP_AT_MAGIC 0
+#define ECL_KEEP_AT_INPUT_BYTES 8
+#define ECL_KEEP_AT_CAPACITY 12
+#define ECL_KEEP_AT_NONCE 16
+#define ECL_KEEP_AT_BYTES 20
+#define ECL_KEEP_AT_MODEL_SHA256 24
+#define ECL_KEEP_AT_PLACE 56
+#define ECL_KEEP_AT_CRC 60
 
 /* NAK reasons */
 #define ECL_NAK_BAD_FRAME 1

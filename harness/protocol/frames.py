@@ -58,6 +58,7 @@ HELLO_SIM, HELLO_TAP = 0x01, 0x02  # HELLO flags: the simulated board; tap firmw
 SLOT_UNKNOWN = 0xFF  # HELLO slot: the running app slot is not known
 KEEP_HEADER, KEEP_ENTRY, KEEP_MAX = 64, 8, 0xFFFF  # the kept-input store (docs/protocol.md "Kept inputs")
 KEEP_MAGIC = b"ECKEEP\x00\x03"  # its header's first bytes: the store's layout, version 3
+KEEP_ALIGN = 16  # its inputs start on a boundary of this many bytes from its start
 HELLO_LINE = b"@ECH HELLO "  # the HELLO frame travels as one text line: this, base64 of the frame, CRLF
 HELLO_LINE_MAX = 512  # longer than any HELLO line: a longer candidate is text
 NAK_BAD_FRAME, NAK_GAP = 1, 2

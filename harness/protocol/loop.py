@@ -91,6 +91,7 @@ class _RunRequest:
 # the store's header before its CRC-32 (docs/protocol.md "Kept inputs", Layout): magic, input bytes,
 # capacity, nonce, store bytes, the model's SHA-256, placement
 KEEP_HEAD = struct.Struct("<8sIIII32sI")
+_KEEP_MIN = frames.KEEP_HEADER + frames.KEEP_ALIGN  # the header, and room to align the inputs
 
 
 def keep_header(input_bytes: int, cap: int, nonce: int, size: int, model_sha: bytes, place: int) -> bytes:
@@ -100,8 +101,9 @@ def keep_header(input_bytes: int, cap: int, nonce: int, size: int, model_sha: by
 
 
 def keep_slot(input_bytes: int, cap: int, k: int) -> int:
-    """Where the store keeps the bytes of entry ``k``: after the entries, from a 16-byte boundary."""
-    return (frames.KEEP_HEADER + cap * frames.KEEP_ENTRY + 15) // 16 * 16 + k * input_bytes
+    """Where the store keeps the bytes of entry ``k``: after the entries, from a KEEP_ALIGN boundary."""
+    end = frames.KEEP_HEADER + cap * frames.KEEP_ENTRY
+    return end + -end % frames.KEEP_ALIGN + k * input_bytes
 
 
 class KeepStore:
@@ -112,15 +114,13 @@ class KeepStore:
         self.region = cfg.keep or bytearray()  # none: no room for a single entry
         self.cap = self.kept = self.nonce = 0
         region = self.region
-        if not cfg.model_sha256 or cfg.input_bytes == 0 or len(region) < frames.KEEP_HEADER + 16:
+        if not cfg.model_sha256 or cfg.input_bytes == 0 or len(region) < _KEEP_MIN:
             return
-        cap = min(
-            (len(region) - frames.KEEP_HEADER - 16) // (cfg.input_bytes + frames.KEEP_ENTRY), frames.KEEP_MAX
-        )
+        cap = min((len(region) - _KEEP_MIN) // (cfg.input_bytes + frames.KEEP_ENTRY), frames.KEEP_MAX)
         if cap == 0:
             return
         self.cap = cap
-        self.nonce = struct.unpack_from("<I", region, 16)[0]
+        self.nonce = KEEP_HEAD.unpack_from(region)[3]  # the header's own: it must match in the comparison
         if self._header() != bytes(region[: frames.KEEP_HEADER]):  # not ours: a fresh, empty store
             self.nonce = cfg.session
             region[: frames.KEEP_HEADER] = self._header()

@@ -207,8 +207,10 @@ def _fields(layout: struct.Struct, names: str) -> dict[str, tuple[int, int]]:
     return out
 
 
-# where the C writes or reads each field of a payload (ECL_<payload>_AT_<field>): frames.py's layouts
+# where the C writes or reads each field of the frame header (ECF_AT_<field>) and of a payload
+# (ECL_<payload>_AT_<field>): frames.py's layouts
 _LAYOUTS = {
+    "ECF_AT_": _fields(fr.FRAME_HEAD, "magic type flags seq len len_check"),
     "ECL_HELLO_AT_": _fields(
         fr.HELLO_HEAD,
         "proto flags nn slot init dtype max_payload window input_bytes outputs _ session model_sha256"

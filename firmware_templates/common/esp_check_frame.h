@@ -38,6 +38,12 @@ extern "C" {
 #define ECF_MAGIC0 0xECu
 #define ECF_MAGIC1 0xF5u
 #define ECF_HEADER 10
+#define ECF_AT_MAGIC 0 /* where each header field starts (the layout above) */
+#define ECF_AT_TYPE 2
+#define ECF_AT_FLAGS 3
+#define ECF_AT_SEQ 4
+#define ECF_AT_LEN 6
+#define ECF_AT_LEN_CHECK 8 /* len ^ 0xFFFF */
 #define ECF_TRAILER 4
 #define ECF_MAX_PAYLOAD 4096
 #define ECF_MAX_FRAME (ECF_HEADER + ECF_MAX_PAYLOAD + ECF_TRAILER)

@@ -19,7 +19,8 @@ from harness.protocol.spec import crc32
 
 VERSION = 4
 MAGIC = b"\xec\xf5"
-HEADER = 10
+FRAME_HEAD = struct.Struct("<2sBBHHH")  # magic, type, flags, seq, len, len ^ 0xFFFF
+HEADER = FRAME_HEAD.size
 TRAILER = 4
 MAX_PAYLOAD = 4096  # host -> device (the device's receive buffer holds one such frame)
 CTRL_MAX = 256  # device -> host: the payload of a frame but RESULT and DATA (the largest HELLO fits)
@@ -127,7 +128,7 @@ def encode_frame(ftype: int, seq: int, payload: bytes = b"", flags: int = 0, key
     if len(payload) > TX_MAX_PAYLOAD:
         raise ValueError(f"frame payload of {len(payload)} bytes exceeds {TX_MAX_PAYLOAD}")
     n = len(payload)
-    head = MAGIC + struct.pack("<BBHHH", ftype & 0xFF, flags & 0xFF, seq & 0xFFFF, n, n ^ 0xFFFF)
+    head = FRAME_HEAD.pack(MAGIC, ftype & 0xFF, flags & 0xFF, seq & 0xFFFF, n, n ^ 0xFFFF)
     body = head + bytes(payload)
     return body + struct.pack("<I", crc32(body, key if keyed(ftype) else 0))
 
@@ -315,7 +316,7 @@ class FrameDecoder:
             return True
         if len(buf) < HEADER:
             return None
-        ftype, flags, seq, length, length_x = struct.unpack_from("<BBHHH", buf, 2)
+        _, ftype, flags, seq, length, length_x = FRAME_HEAD.unpack_from(buf)
         if length + length_x != 0xFFFF or length > self.max_payload:
             self.stats.bad_headers += 1
             self._resync(text)

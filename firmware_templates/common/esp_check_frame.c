@@ -68,13 +68,13 @@ size_t ecf_encode_keyed(uint8_t *out, size_t cap, uint8_t type, uint8_t flags, u
     if (out == NULL || len > ECF_MAX_TX_PAYLOAD || (len > 0 && payload == NULL)) return 0;
     total = ECF_HEADER + len + ECF_TRAILER;
     if (cap < total) return 0;
-    out[0] = (uint8_t)ECF_MAGIC0;
-    out[1] = (uint8_t)ECF_MAGIC1;
-    out[2] = type;
-    out[3] = flags;
-    ecf_put_u16(out + 4, seq);
-    ecf_put_u16(out + 6, (uint16_t)len);
-    ecf_put_u16(out + 8, (uint16_t)(len ^ 0xFFFFu));
+    out[ECF_AT_MAGIC] = (uint8_t)ECF_MAGIC0;
+    out[ECF_AT_MAGIC + 1] = (uint8_t)ECF_MAGIC1;
+    out[ECF_AT_TYPE] = type;
+    out[ECF_AT_FLAGS] = flags;
+    ecf_put_u16(out + ECF_AT_SEQ, seq);
+    ecf_put_u16(out + ECF_AT_LEN, (uint16_t)len);
+    ecf_put_u16(out + ECF_AT_LEN_CHECK, (uint16_t)(len ^ 0xFFFFu));
     if (len > 0) memmove(out + ECF_HEADER, payload, len);
     crc = ecf_crc32(ecf_keyed(type) ? key : 0u, out, ECF_HEADER + len);
     ecf_put_u32(out + ECF_HEADER + len, crc);
@@ -115,30 +115,30 @@ static int step(ecf_decoder_t *d, ecf_frame_cb cb, void *ctx) {
         d->have -= k;
         return 0;
     }
-    if (d->have < 2) return 1;
-    if (d->buf[1] != ECF_MAGIC1) {
+    if (d->have < ECF_AT_MAGIC + 2) return 1;
+    if (d->buf[ECF_AT_MAGIC + 1] != ECF_MAGIC1) {
         resync(d);
         return 0;
     }
     if (d->have < ECF_HEADER) return 1;
-    len = ecf_get_u16(d->buf + 6);
-    /* bytes 8..9 hold len ^ 0xFFFF, i.e. the two fields add up to 0xFFFF */
-    if ((uint32_t)len + (uint32_t)ecf_get_u16(d->buf + 8) != 0xFFFFu || len > d->max_payload) {
+    len = ecf_get_u16(d->buf + ECF_AT_LEN);
+    /* the check field holds len ^ 0xFFFF, i.e. the two fields add up to 0xFFFF */
+    if ((uint32_t)len + (uint32_t)ecf_get_u16(d->buf + ECF_AT_LEN_CHECK) != 0xFFFFu || len > d->max_payload) {
         d->bad_headers++;
         resync(d);
         return 0;
     }
     total = ECF_HEADER + (size_t)len + ECF_TRAILER;
     if (d->have < total) return 1;
-    if (ecf_crc32(ecf_keyed(d->buf[2]) ? d->key : 0u, d->buf, ECF_HEADER + len) !=
+    if (ecf_crc32(ecf_keyed(d->buf[ECF_AT_TYPE]) ? d->key : 0u, d->buf, ECF_HEADER + len) !=
         ecf_get_u32(d->buf + ECF_HEADER + len)) {
         d->bad_crc++;
         resync(d);
         return 0;
     }
-    f.type = d->buf[2];
-    f.flags = d->buf[3];
-    f.seq = ecf_get_u16(d->buf + 4);
+    f.type = d->buf[ECF_AT_TYPE];
+    f.flags = d->buf[ECF_AT_FLAGS];
+    f.seq = ecf_get_u16(d->buf + ECF_AT_SEQ);
     f.len = len;
     f.payload = d->buf + ECF_HEADER;
     d->frames++;
@@ -176,15 +176,15 @@ void ecf_decoder_feed(ecf_decoder_t *d, const uint8_t *data, size_t len, ecf_fra
 /* SplitMix64 (Steele, Lea, Flood 2014): the generator docs/protocol.md specifies for random inputs. */
 static uint64_t splitmix_next(uint64_t *state) {
     uint64_t z;
-    *state += 0x9E3779B97F4A7C15ull;
+    *state += ECF_PRNG_GOLDEN;
     z = *state;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z = (z ^ (z >> 30)) * ECF_PRNG_MIX1;
+    z = (z ^ (z >> 27)) * ECF_PRNG_MIX2;
     return z ^ (z >> 31);
 }
 
 void ecf_prng_fill(uint64_t seed, uint32_t index, uint8_t dtype, uint8_t *out, size_t n) {
-    uint64_t state = seed ^ ((uint64_t)index * 0xD1B54A32D192ED03ull);
+    uint64_t state = seed ^ ((uint64_t)index * ECF_PRNG_INDEX_MIX);
     size_t pos = 0;
     while (pos < n) {
         uint64_t z = splitmix_next(&state);

@@ -38,6 +38,12 @@ extern "C" {
 #define ECF_MAGIC0 0xECu
 #define ECF_MAGIC1 0xF5u
 #define ECF_HEADER 10
+#define ECF_AT_MAGIC 0 /* where each header field starts (the layout above) */
+#define ECF_AT_TYPE 2
+#define ECF_AT_FLAGS 3
+#define ECF_AT_SEQ 4
+#define ECF_AT_LEN 6
+#define ECF_AT_LEN_CHECK 8 /* len ^ 0xFFFF */
 #define ECF_TRAILER 4
 #define ECF_MAX_PAYLOAD 4096
 #define ECF_MAX_FRAME (ECF_HEADER + ECF_MAX_PAYLOAD + ECF_TRAILER)
@@ -47,6 +53,13 @@ extern "C" {
 #define ECF_TYPE_HELLO_Q 0x01u /* the two frame types whose CRC is not keyed (they set up the session) */
 #define ECF_TYPE_HELLO 0x80u
 #define ECF_HELLO_LINE_PREFIX "\r\n@ECH HELLO "
+
+/* the input PRNG (SplitMix64, docs/protocol.md "Random inputs"): its increment and two multipliers, and the
+ * multiplier that spreads the input index over the seed */
+#define ECF_PRNG_GOLDEN 0x9E3779B97F4A7C15ull
+#define ECF_PRNG_MIX1 0xBF58476D1CE4E5B9ull
+#define ECF_PRNG_MIX2 0x94D049BB133111EBull
+#define ECF_PRNG_INDEX_MIX 0xD1B54A32D192ED03ull
 
 /* dtype codes (HELLO input_dtype, random inputs) */
 #define ECF_DT_UNKNOWN 0

@@ -65,7 +65,7 @@ static void send_nak(ecl_t *l, uint8_t reason) {
 }
 
 void ecl_error(ecl_t *l, uint32_t id, uint8_t stage, int32_t code, const char *msg) {
-    uint8_t p[9 + ECL_ERROR_MSG_MAX];
+    uint8_t p[ECL_ERROR_FIXED + ECL_ERROR_MSG_MAX];
     size_t n = 0;
     flush_batch(l);
     ecf_put_u32(p, id);
@@ -73,10 +73,10 @@ void ecl_error(ecl_t *l, uint32_t id, uint8_t stage, int32_t code, const char *m
     p[8] = stage;
     while (msg != NULL && msg[n] != '\0' && n < ECL_ERROR_MSG_MAX) {
         unsigned char c = (unsigned char)msg[n];
-        p[9 + n] = (c >= 0x21 && c <= 0x7E && c != '*') ? c : '_';
+        p[ECL_ERROR_FIXED + n] = (c >= 0x21 && c <= 0x7E && c != '*') ? c : '_';
         n++;
     }
-    send_frame(l, ECL_RSP_ERROR, p, 9 + n);
+    send_frame(l, ECL_RSP_ERROR, p, ECL_ERROR_FIXED + n);
 }
 
 void ecl_hello(ecl_t *l) {
@@ -86,22 +86,22 @@ void ecl_hello(ecl_t *l) {
     const ecl_config_t *c = &l->cfg;
     size_t k, pos, vlen = 0, n, w;
     memset(p, 0, sizeof(p));
-    p[0] = ECF_VERSION;
-    p[1] = (uint8_t)((c->sim ? 1u : 0u) | (c->tap ? 2u : 0u));
-    p[2] = c->nn;
-    p[3] = c->slot;
-    p[4] = c->init_status;
-    p[5] = c->input_dtype;
-    ecf_put_u16(p + 6, ECF_MAX_TX_PAYLOAD);
-    ecf_put_u32(p + 8, c->window);
-    ecf_put_u32(p + 12, (uint32_t)c->input_bytes);
-    ecf_put_u16(p + 16, (uint16_t)c->n_outputs);
-    ecf_put_u32(p + 20, c->session);
-    if (c->model_sha256 != NULL) memcpy(p + 24, c->model_sha256, 32);
-    if (c->app_sha256 != NULL) memcpy(p + 56, c->app_sha256, 32);
-    if (c->other_sha256 != NULL) memcpy(p + 88, c->other_sha256, 32);
-    ecf_put_u32(p + 120, l->keep_cap);
-    ecf_put_u32(p + 124, l->kept);
+    p[ECL_HELLO_AT_PROTO] = ECF_VERSION;
+    p[ECL_HELLO_AT_FLAGS] = (uint8_t)((c->sim ? ECL_HELLO_SIM : 0u) | (c->tap ? ECL_HELLO_TAP : 0u));
+    p[ECL_HELLO_AT_NN] = c->nn;
+    p[ECL_HELLO_AT_SLOT] = c->slot;
+    p[ECL_HELLO_AT_INIT] = c->init_status;
+    p[ECL_HELLO_AT_DTYPE] = c->input_dtype;
+    ecf_put_u16(p + ECL_HELLO_AT_MAX_PAYLOAD, ECF_MAX_TX_PAYLOAD);
+    ecf_put_u32(p + ECL_HELLO_AT_WINDOW, c->window);
+    ecf_put_u32(p + ECL_HELLO_AT_INPUT_BYTES, (uint32_t)c->input_bytes);
+    ecf_put_u16(p + ECL_HELLO_AT_OUTPUTS, (uint16_t)c->n_outputs);
+    ecf_put_u32(p + ECL_HELLO_AT_SESSION, c->session);
+    if (c->model_sha256 != NULL) memcpy(p + ECL_HELLO_AT_MODEL_SHA256, c->model_sha256, ECL_HELLO_SHA256);
+    if (c->app_sha256 != NULL) memcpy(p + ECL_HELLO_AT_APP_SHA256, c->app_sha256, ECL_HELLO_SHA256);
+    if (c->other_sha256 != NULL) memcpy(p + ECL_HELLO_AT_OTHER_SHA256, c->other_sha256, ECL_HELLO_SHA256);
+    ecf_put_u32(p + ECL_HELLO_AT_KEEP_CAPACITY, l->keep_cap);
+    ecf_put_u32(p + ECL_HELLO_AT_KEPT, l->kept);
     pos = ECL_HELLO_FIXED;
     for (k = 0; k < c->n_outputs; k++, pos += 4) ecf_put_u32(p + pos, (uint32_t)c->outputs[k].bytes);
     while (c->fwver != NULL && c->fwver[vlen] != '\0' && vlen < ECL_FWVER_MAX) vlen++;
@@ -147,7 +147,9 @@ int ecl_init(ecl_t *l, const ecl_config_t *cfg) {
  * A header written by another model, another layout, another address, or never written (a cold boot leaves
  * noise) fails its checks and is replaced by an empty one: the host then uploads. */
 
-static size_t keep_slots_at(uint32_t cap) { return (ECL_KEEP_HEADER + (size_t)cap * ECL_KEEP_ENTRY + 15u) & ~(size_t)15u; }
+static size_t keep_slots_at(uint32_t cap) {
+    return (ECL_KEEP_HEADER + (size_t)cap * ECL_KEEP_ENTRY + (ECL_KEEP_ALIGN - 1u)) & ~(size_t)(ECL_KEEP_ALIGN - 1u);
+}
 
 static uint32_t keep_check(uint32_t nonce, uint32_t index, uint32_t crc) {
     uint8_t b[12];
@@ -160,14 +162,14 @@ static uint32_t keep_check(uint32_t nonce, uint32_t index, uint32_t crc) {
 static void keep_header(const ecl_t *l, uint8_t *h) {
     const ecl_config_t *c = &l->cfg;
     memset(h, 0, ECL_KEEP_HEADER);
-    memcpy(h, ECL_KEEP_MAGIC, sizeof(ECL_KEEP_MAGIC) - 1);
-    ecf_put_u32(h + 8, (uint32_t)c->input_bytes);
-    ecf_put_u32(h + 12, l->keep_cap);
-    ecf_put_u32(h + 16, l->keep_nonce);
-    ecf_put_u32(h + 20, (uint32_t)c->keep_bytes);
-    memcpy(h + 24, c->model_sha256, 32);
-    ecf_put_u32(h + 56, c->keep_place);
-    ecf_put_u32(h + 60, ecf_crc32(0u, h, 60));
+    memcpy(h + ECL_KEEP_AT_MAGIC, ECL_KEEP_MAGIC, sizeof(ECL_KEEP_MAGIC) - 1);
+    ecf_put_u32(h + ECL_KEEP_AT_INPUT_BYTES, (uint32_t)c->input_bytes);
+    ecf_put_u32(h + ECL_KEEP_AT_CAPACITY, l->keep_cap);
+    ecf_put_u32(h + ECL_KEEP_AT_NONCE, l->keep_nonce);
+    ecf_put_u32(h + ECL_KEEP_AT_BYTES, (uint32_t)c->keep_bytes);
+    memcpy(h + ECL_KEEP_AT_MODEL_SHA256, c->model_sha256, ECL_HELLO_SHA256);
+    ecf_put_u32(h + ECL_KEEP_AT_PLACE, c->keep_place);
+    ecf_put_u32(h + ECL_KEEP_AT_CRC, ecf_crc32(0u, h, ECL_KEEP_AT_CRC));
 }
 
 static int keep_entry_valid(const ecl_t *l, uint32_t k, uint32_t *crc) {
@@ -183,15 +185,15 @@ uint32_t ecl_keep_open(ecl_t *l) {
     uint32_t k, crc;
     l->keep_cap = 0;
     l->kept = 0;
-    if (c->keep == NULL || c->model_sha256 == NULL || c->input_bytes == 0 || c->keep_bytes < ECL_KEEP_HEADER + 16u) {
+    if (c->keep == NULL || c->model_sha256 == NULL || c->input_bytes == 0 || c->keep_bytes < ECL_KEEP_HEADER + ECL_KEEP_ALIGN) {
         return 0;
     }
     per = c->input_bytes + ECL_KEEP_ENTRY;
-    cap = (c->keep_bytes - ECL_KEEP_HEADER - 16u) / per;
+    cap = (c->keep_bytes - ECL_KEEP_HEADER - ECL_KEEP_ALIGN) / per;
     if (cap > ECL_KEEP_MAX) cap = ECL_KEEP_MAX;
     if (cap == 0) return 0;
     l->keep_cap = (uint32_t)cap;
-    l->keep_nonce = ecf_get_u32(c->keep + 16); /* the header's own: it must match in the comparison below */
+    l->keep_nonce = ecf_get_u32(c->keep + ECL_KEEP_AT_NONCE); /* the header's own: it must match in the comparison below */
     keep_header(l, want);
     if (memcmp(want, c->keep, ECL_KEEP_HEADER) != 0) { /* not ours: a fresh, empty store */
         l->keep_nonce = c->session;
@@ -244,15 +246,15 @@ typedef struct {
 
 static int parse_run(const ecl_t *l, const ecf_frame_t *f, run_cmd_t *r) {
     if (f->len < ECL_RUN_FIXED) return 0;
-    r->id = ecf_get_u32(f->payload);
-    r->source = f->payload[4];
-    r->results = f->payload[5];
-    r->text = f->payload[6] & 1u;
-    r->now = (uint8_t)(f->payload[6] >> 1); /* bit 1: send this result at once, not batched */
-    r->keep = f->payload[7];
-    r->repeat = ecf_get_u16(f->payload + 8);
-    r->n_expect = ecf_get_u16(f->payload + 10);
-    r->seed = ecf_get_u64(f->payload + 12);
+    r->id = ecf_get_u32(f->payload + ECL_RUN_AT_ID);
+    r->source = f->payload[ECL_RUN_AT_SOURCE];
+    r->results = f->payload[ECL_RUN_AT_RESULTS];
+    r->text = f->payload[ECL_RUN_AT_FLAGS] & ECL_RUN_TEXT;
+    r->now = (uint8_t)(f->payload[ECL_RUN_AT_FLAGS] / ECL_RUN_NOW); /* ECL_RUN_NOW and any bit above it */
+    r->keep = f->payload[ECL_RUN_AT_KEEP];
+    r->repeat = ecf_get_u16(f->payload + ECL_RUN_AT_REPEAT);
+    r->n_expect = ecf_get_u16(f->payload + ECL_RUN_AT_EXPECTED);
+    r->seed = ecf_get_u64(f->payload + ECL_RUN_AT_SEED);
     r->expected = f->payload + ECL_RUN_FIXED;
     if ((size_t)f->len != ECL_RUN_FIXED + 4u * r->n_expect) return 0;
     if (r->n_expect != 0 && r->n_expect != l->cfg.n_outputs) return 0;
@@ -312,9 +314,9 @@ static void send_data_frames(ecl_t *l, uint32_t id) { /* the batch is empty: its
         size_t off = 0;
         while (off < t->bytes) {
             size_t n = t->bytes - off < chunk ? t->bytes - off : chunk;
-            ecf_put_u32(p, id);
-            ecf_put_u16(p + 4, (uint16_t)o);
-            ecf_put_u32(p + 6, (uint32_t)off);
+            ecf_put_u32(p + ECL_DATA_AT_ID, id);
+            ecf_put_u16(p + ECL_DATA_AT_OUTPUT, (uint16_t)o);
+            ecf_put_u32(p + ECL_DATA_AT_OFFSET, (uint32_t)off);
             memcpy(p + ECL_DATA_FIXED, t->data + off, n);
             send_in(l, l->txb, sizeof(l->txb), ECL_RSP_DATA, p, ECL_DATA_FIXED + n);
             off += n;
@@ -325,15 +327,15 @@ static void send_data_frames(ecl_t *l, uint32_t id) { /* the batch is empty: its
 /* Append a record to the batch (the room for its full size was made): an id that follows the previous
  * record's is not sent (ECL_HEAD_NEXT_ID). */
 static void append_record(ecl_t *l, uint8_t *rec, size_t rec_len) {
-    const uint32_t id = ecf_get_u32(rec + 1);
+    const uint32_t id = ecf_get_u32(rec + ECL_REC_AT_ID);
     if (l->batch_len > 0) { /* the batch's first record waited this RUN's invokes too */
         uint32_t sum = l->batch_wait_us + l->run_busy_us;
         l->batch_wait_us = sum < l->run_busy_us ? 0xFFFFFFFFu : sum;
     }
     if (l->batch_len > 0 && id == l->batch_last + 1u) {
         rec[0] |= ECL_HEAD_NEXT_ID;
-        append(l, rec, 1);
-        append(l, rec + 5, rec_len - 5);
+        append(l, rec, ECL_REC_AT_ID);
+        append(l, rec + ECL_REC_AT_INVOKE_US, rec_len - ECL_REC_AT_INVOKE_US);
     } else {
         append(l, rec, rec_len);
     }
@@ -408,10 +410,10 @@ static void run_binary(ecl_t *l, const run_cmd_t *r, const uint8_t *in) {
         done++;
     }
     if (r->repeat > 1) flags |= ECL_FL_REPEATS;
-    rec[0] = (uint8_t)(flags | (status << 4));
-    ecf_put_u32(rec + 1, r->id);
-    ecf_put_u32(rec + 5, first_us);
-    ecf_put_u32(rec + 9, input_crc);
+    rec[ECL_REC_AT_HEAD] = (uint8_t)(flags | (status << ECL_HEAD_STATUS_SHIFT));
+    ecf_put_u32(rec + ECL_REC_AT_ID, r->id);
+    ecf_put_u32(rec + ECL_REC_AT_INVOKE_US, first_us);
+    ecf_put_u32(rec + ECL_REC_AT_INPUT_CRC, input_crc);
     pos = ECL_REC_FIXED;
     if (flags & ECL_FL_REPEATS) {
         ecf_put_u16(rec + pos, done);
@@ -443,8 +445,8 @@ static void run_binary(ecl_t *l, const run_cmd_t *r, const uint8_t *in) {
 static void not_run(ecl_t *l, uint32_t id, uint8_t status) {
     uint8_t rec[ECL_REC_FIXED + 4 * ECL_MAX_OUTPUTS];
     memset(rec, 0, sizeof(rec));
-    rec[0] = (uint8_t)(status << 4);
-    ecf_put_u32(rec + 1, id);
+    rec[ECL_REC_AT_HEAD] = (uint8_t)(status << ECL_HEAD_STATUS_SHIFT);
+    ecf_put_u32(rec + ECL_REC_AT_ID, id);
     l->run_busy_us = 0;
     emit_record(l, rec, ECL_REC_FIXED + 4 * l->cfg.n_outputs, ECL_REC_FIXED, 0);
 }

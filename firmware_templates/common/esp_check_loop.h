@@ -25,6 +25,29 @@ extern "C" {
 #define ECL_HELLO_FIXED 128 /* HELLO's payload before the output sizes */
 #define ECL_FWVER_MAX 32     /* HELLO's firmware version is cut to this many bytes */
 #define ECL_ERROR_MSG_MAX 120 /* an ERROR frame's message is cut to this many bytes */
+#define ECL_ERROR_FIXED 9 /* ERROR payload before the message: u32 id, i32 code, u8 stage */
+
+/* HELLO payload: where each field of its fixed part starts (docs/protocol.md "HELLO") */
+#define ECL_HELLO_AT_PROTO 0
+#define ECL_HELLO_AT_FLAGS 1 /* ECL_HELLO_SIM | ECL_HELLO_TAP */
+#define ECL_HELLO_AT_NN 2
+#define ECL_HELLO_AT_SLOT 3
+#define ECL_HELLO_AT_INIT 4
+#define ECL_HELLO_AT_DTYPE 5
+#define ECL_HELLO_AT_MAX_PAYLOAD 6
+#define ECL_HELLO_AT_WINDOW 8
+#define ECL_HELLO_AT_INPUT_BYTES 12
+#define ECL_HELLO_AT_OUTPUTS 16
+#define ECL_HELLO_AT_SESSION 20
+#define ECL_HELLO_AT_MODEL_SHA256 24
+#define ECL_HELLO_AT_APP_SHA256 56
+#define ECL_HELLO_AT_OTHER_SHA256 88
+#define ECL_HELLO_AT_KEEP_CAPACITY 120
+#define ECL_HELLO_AT_KEPT 124
+#define ECL_HELLO_SHA256 32 /* bytes of each SHA-256 field */
+#define ECL_HELLO_SIM 0x01u
+#define ECL_HELLO_TAP 0x02u
+#define ECL_SLOT_UNKNOWN 0xFFu /* HELLO slot: the running app slot is not known */
 
 /* host -> device */
 #define ECL_CMD_HELLO 0x01
@@ -57,10 +80,25 @@ extern "C" {
 #define ECL_RES_FULL 1
 #define ECL_RES_FULL_IF_DIFFERENT 2
 #define ECL_RUN_FIXED 20 /* bytes before the expected CRCs */
+#define ECL_RUN_AT_ID 0
+#define ECL_RUN_AT_SOURCE 4
+#define ECL_RUN_AT_RESULTS 5
+#define ECL_RUN_AT_FLAGS 6
+#define ECL_RUN_AT_KEEP 7
+#define ECL_RUN_AT_REPEAT 8
+#define ECL_RUN_AT_EXPECTED 10 /* how many expected CRCs follow */
+#define ECL_RUN_AT_SEED 12
+#define ECL_RUN_TEXT 0x01u /* RUN flags: print text records */
+#define ECL_RUN_NOW 0x02u  /* send this result at once, not batched */
 
 /* RESULT record: u8 head (flags, status << 4, ECL_HEAD_NEXT_ID), u32 id unless ECL_HEAD_NEXT_ID, u32
  * invoke_us, u32 input_crc */
 #define ECL_REC_FIXED 13
+#define ECL_REC_AT_HEAD 0
+#define ECL_REC_AT_ID 1
+#define ECL_REC_AT_INVOKE_US 5
+#define ECL_REC_AT_INPUT_CRC 9
+#define ECL_HEAD_STATUS_SHIFT 4 /* the head: flags in bits 0..3, status in bits 4..5 */
 #define ECL_HEAD_NEXT_ID 0x40 /* the id is the previous record's (in this RESULT payload) + 1: not sent */
 #define ECL_CTRL_MAX 256      /* payload of the frames other than RESULT and DATA (HELLO is the largest) */
 #define ECL_ST_OK 0
@@ -72,6 +110,9 @@ extern "C" {
 #define ECL_FL_DATA_FRAMES 0x04
 #define ECL_FL_REPEATS 0x08 /* u16 invokes done + u16 first differing repeat follow (RUN repeat > 1) */
 #define ECL_DATA_FIXED 10 /* DATA payload: u32 id, u16 o, u32 offset */
+#define ECL_DATA_AT_ID 0
+#define ECL_DATA_AT_OUTPUT 4
+#define ECL_DATA_AT_OFFSET 6
 /* A batch whose oldest result waited this much invoke time (the RUNs after it) is sent at once, with the
  * ACK folded in: a slow model's results share frames, and no result waits longer than this plus one RUN. */
 #define ECL_BATCH_WAIT_US 2500000u
@@ -85,6 +126,17 @@ extern "C" {
 #define ECL_KEEP_ENTRY 8
 #define ECL_KEEP_MAX 0xFFFFu /* at most this many inputs */
 #define ECL_KEEP_MAGIC "ECKEEP\0\3" /* the header's first 8 bytes: the store's layout, version 3 */
+#define ECL_KEEP_ALIGN 16 /* the inputs start on a boundary of this many bytes from the region's start */
+/* where each header field starts: the magic, input bytes, capacity, nonce, region bytes, the model's
+ * SHA-256, the region's own address, then the CRC-32 of the bytes before it */
+#define ECL_KEEP_AT_MAGIC 0
+#define ECL_KEEP_AT_INPUT_BYTES 8
+#define ECL_KEEP_AT_CAPACITY 12
+#define ECL_KEEP_AT_NONCE 16
+#define ECL_KEEP_AT_BYTES 20
+#define ECL_KEEP_AT_MODEL_SHA256 24
+#define ECL_KEEP_AT_PLACE 56
+#define ECL_KEEP_AT_CRC 60
 
 /* NAK reasons */
 #define ECL_NAK_BAD_FRAME 1

@@ -19,7 +19,8 @@ from harness.protocol.spec import crc32
 
 VERSION = 4
 MAGIC = b"\xec\xf5"
-HEADER = 10
+FRAME_HEAD = struct.Struct("<2sBBHHH")  # magic, type, flags, seq, len, len ^ 0xFFFF
+HEADER = FRAME_HEAD.size
 TRAILER = 4
 MAX_PAYLOAD = 4096  # host -> device (the device's receive buffer holds one such frame)
 CTRL_MAX = 256  # device -> host: the payload of a frame but RESULT and DATA (the largest HELLO fits)
@@ -44,15 +45,21 @@ SRC_LOADED, SRC_PRNG, SRC_KEPT = 0, 1, 2
 RES_CRC, RES_FULL, RES_FULL_IF_DIFFERENT = 0, 1, 2
 RUN_HEAD = struct.Struct("<IBBBBHHQ")  # RUN: id, source, results, flags, keep, repeat, expected CRCs, seed
 RUN_FIXED = RUN_HEAD.size
+RUN_TEXT, RUN_NOW = 0x01, 0x02  # RUN flags: print text records; send this result at once
 REC_HEAD = struct.Struct("<BIII")  # head, id, invoke_us, input CRC-32; without the id when HEAD_NEXT_ID
 REC_FIXED = REC_HEAD.size
+HEAD_STATUS_SHIFT = 4  # a RESULT record head: flags in bits 0..3, status in bits 4..5
 HEAD_NEXT_ID = 0x40  # the record's id is the previous record's (in the same RESULT payload) + 1: not sent
 ST_OK, ST_INVOKE_FAILED, ST_INPUT_INCOMPLETE, ST_NOT_KEPT = 0, 1, 2, 3
 FL_NONDETERMINISTIC, FL_INLINE, FL_DATA_FRAMES, FL_REPEATS = 0x01, 0x02, 0x04, 0x08
-DATA_FIXED = 10
+DATA_HEAD = struct.Struct("<IHI")  # DATA: id, output, offset
+DATA_FIXED = DATA_HEAD.size
 HELLO_FIXED = 128
+HELLO_SIM, HELLO_TAP = 0x01, 0x02  # HELLO flags: the simulated board; tap firmware
+SLOT_UNKNOWN = 0xFF  # HELLO slot: the running app slot is not known
 KEEP_HEADER, KEEP_ENTRY, KEEP_MAX = 64, 8, 0xFFFF  # the kept-input store (docs/protocol.md "Kept inputs")
 KEEP_MAGIC = b"ECKEEP\x00\x03"  # its header's first bytes: the store's layout, version 3
+KEEP_ALIGN = 16  # its inputs start on a boundary of this many bytes from its start
 HELLO_LINE = b"@ECH HELLO "  # the HELLO frame travels as one text line: this, base64 of the frame, CRLF
 HELLO_LINE_MAX = 512  # longer than any HELLO line: a longer candidate is text
 NAK_BAD_FRAME, NAK_GAP = 1, 2
@@ -60,6 +67,7 @@ NO_ID = 0xFFFFFFFF
 MAX_OUTPUTS = 16
 FWVER_MAX = 32
 ERROR_MSG_MAX = 120
+ERROR_FIXED = 9  # ERROR: u32 id, i32 code, u8 stage, then the message
 # a batch whose oldest result waited this much invoke time (the RUNs after it) is sent, with the ACK folded
 # in (ECL_BATCH_WAIT_US): a slow model's results share frames; none waits longer than this plus one RUN
 BATCH_WAIT_US = 2_500_000
@@ -120,7 +128,7 @@ def encode_frame(ftype: int, seq: int, payload: bytes = b"", flags: int = 0, key
     if len(payload) > TX_MAX_PAYLOAD:
         raise ValueError(f"frame payload of {len(payload)} bytes exceeds {TX_MAX_PAYLOAD}")
     n = len(payload)
-    head = MAGIC + struct.pack("<BBHHH", ftype & 0xFF, flags & 0xFF, seq & 0xFFFF, n, n ^ 0xFFFF)
+    head = FRAME_HEAD.pack(MAGIC, ftype & 0xFF, flags & 0xFF, seq & 0xFFFF, n, n ^ 0xFFFF)
     body = head + bytes(payload)
     return body + struct.pack("<I", crc32(body, key if keyed(ftype) else 0))
 
@@ -308,7 +316,7 @@ class FrameDecoder:
             return True
         if len(buf) < HEADER:
             return None
-        ftype, flags, seq, length, length_x = struct.unpack_from("<BBHHH", buf, 2)
+        _, ftype, flags, seq, length, length_x = FRAME_HEAD.unpack_from(buf)
         if length + length_x != 0xFFFF or length > self.max_payload:
             self.stats.bad_headers += 1
             self._resync(text)
@@ -395,8 +403,8 @@ def split_stream(raw: bytes, key: int = 0) -> SplitStream:
 
 # ---- random inputs (docs/protocol.md "Random inputs") ---------------------------------------------
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_INDEX_MIX = 0xD1B54A32D192ED03
+PRNG_GOLDEN, PRNG_INDEX_MIX = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03  # SplitMix64's increment; index spread
+PRNG_MIX1, PRNG_MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # SplitMix64's two multipliers
 _M64 = (1 << 64) - 1
 
 
@@ -404,13 +412,13 @@ def prng_bytes(seed: int, index: int, dtype: str, nbytes: int) -> bytes:
     """The bytes the device's ``ecf_prng_fill`` writes for input ``index`` of ``seed`` (SplitMix64)."""
     if not 0 <= seed <= _M64 or not 0 <= index <= 0xFFFFFFFF:
         raise ValueError("seed must be a u64 and index a u32")
-    state0 = (seed ^ ((index * _INDEX_MIX) & _M64)) & _M64
+    state0 = (seed ^ ((index * PRNG_INDEX_MIX) & _M64)) & _M64
     per_draw = 8
     draws = -(-nbytes // per_draw)
     with np.errstate(over="ignore"):
-        z = np.uint64(state0) + _GOLDEN * np.arange(1, draws + 1, dtype=np.uint64)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = np.uint64(state0) + np.uint64(PRNG_GOLDEN) * np.arange(1, draws + 1, dtype=np.uint64)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(PRNG_MIX1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(PRNG_MIX2)
         z = z ^ (z >> np.uint64(31))
     stream = z.astype("<u8").tobytes()
     if dtype == "float32":
@@ -461,7 +469,7 @@ class Hello:
         return key_crc(self.session, self.nn)
 
 
-_HELLO = struct.Struct("<BBBBBBHIIHHI32s32s32sII")  # HELLO's fixed part, HELLO_FIXED bytes (docs/protocol.md)
+HELLO_HEAD = struct.Struct("<BBBBBBHIIHHI32s32s32sII")  # HELLO's fixed part: HELLO_FIXED bytes
 
 
 def _sha_bytes(hexd: str) -> bytes:
@@ -474,9 +482,9 @@ def _sha_hex(raw: bytes) -> str:
 
 def encode_hello(h: Hello) -> bytes:
     fw = h.fwver.encode("ascii", "replace")[:FWVER_MAX]
-    head = _HELLO.pack(
-        h.proto, int(h.sim) | (2 if h.tap else 0), NN_CODES.get(h.nn, 0),
-        0xFF if h.slot is None else h.slot, h.init_status, DTYPE_CODES.get(h.input_dtype, 0),
+    head = HELLO_HEAD.pack(
+        h.proto, (HELLO_SIM if h.sim else 0) | (HELLO_TAP if h.tap else 0), NN_CODES.get(h.nn, 0),
+        SLOT_UNKNOWN if h.slot is None else h.slot, h.init_status, DTYPE_CODES.get(h.input_dtype, 0),
         h.max_payload, h.window, h.input_bytes, len(h.output_bytes), 0, h.session & 0xFFFFFFFF,
         _sha_bytes(h.model_sha256), _sha_bytes(h.app_sha256), _sha_bytes(h.other_sha256), h.keep_capacity,
         h.kept,
@@ -492,7 +500,7 @@ def decode_hello(p: bytes) -> Hello:
             f"HELLO of frame protocol {p[0]}, esp-check speaks {VERSION}: rebuild and flash the firmware"
         )
     proto, flags, nn, slot, init, dt, maxp, window, in_bytes, n_out, _, session, *shas, cap, kept = (
-        _HELLO.unpack_from(p)
+        HELLO_HEAD.unpack_from(p)
     )
     if n_out > MAX_OUTPUTS:
         raise FrameFormatError(f"HELLO announces {n_out} outputs (at most {MAX_OUTPUTS})")
@@ -505,10 +513,10 @@ def decode_hello(p: bytes) -> Hello:
     fw = p[pos + 1 : pos + 1 + vlen].decode("ascii", "replace")
     return Hello(
         proto,
-        bool(flags & 1),
-        bool(flags & 2),
+        bool(flags & HELLO_SIM),
+        bool(flags & HELLO_TAP),
         nn=NN_NAMES.get(nn, "unknown"),
-        slot=None if slot == 0xFF else slot,
+        slot=None if slot == SLOT_UNKNOWN else slot,
         init_status=init,
         input_dtype=DTYPE_NAMES.get(dt, "unknown"),
         max_payload=maxp,
@@ -542,7 +550,7 @@ def encode_run(
     result at once (with an ACK), not batched with the next ones."""
     if not 1 <= repeat <= 0xFFFF:
         raise ValueError(f"repeat {repeat} out of range 1..65535")
-    flags = int(text) | (2 if now else 0)
+    flags = (RUN_TEXT if text else 0) | (RUN_NOW if now else 0)
     head = RUN_HEAD.pack(ident, source, results, flags, int(keep), repeat, len(expected), seed)
     return head + b"".join(struct.pack("<I", c & 0xFFFFFFFF) for c in expected)
 
@@ -579,7 +587,7 @@ class ResultRecord:
 def first_invoke_us(p: bytes) -> int | None:
     """The ``invoke_us`` of a RESULT payload's first record (which always sends its id), read without
     decoding the rest; None when that input did not run ok or the payload is too short for it."""
-    if len(p) < 1 + 8 or (p[0] >> 4) & 0x03:
+    if len(p) < 1 + 8 or (p[0] >> HEAD_STATUS_SHIFT) & 0x03:
         return None
     return int(struct.unpack_from("<I", p, 1 + 4)[0])
 
@@ -596,7 +604,7 @@ def decode_results(p: bytes, output_bytes: Sequence[int]) -> list[ResultRecord]:
     known = FL_NONDETERMINISTIC | FL_INLINE | FL_DATA_FRAMES | FL_REPEATS
     while pos < len(p):
         head = p[pos]
-        flags, status = head & 0x0F, (head >> 4) & 0x03
+        flags, status = head & 0x0F, (head >> HEAD_STATUS_SHIFT) & 0x03
         if head & 0x80 or (head & HEAD_NEXT_ID and not recs):
             raise FrameFormatError(f"RESULT record head 0x{head:02x} is invalid")
         if head & HEAD_NEXT_ID:
@@ -650,7 +658,7 @@ class DataChunk:
 
 def decode_data(p: bytes) -> DataChunk:
     _need(p, DATA_FIXED + 1, "DATA")
-    ident, o, off = struct.unpack_from("<IHI", p)
+    ident, o, off = DATA_HEAD.unpack_from(p)
     return DataChunk(ident, o, off, p[DATA_FIXED:])
 
 
@@ -663,10 +671,10 @@ class DeviceError:
 
 
 def decode_error(p: bytes) -> DeviceError:
-    _need(p, 9, "ERROR")
+    _need(p, ERROR_FIXED, "ERROR")
     ident, code = struct.unpack_from("<Ii", p)
     stage = STAGES.get(p[8], f"code{p[8]}")
-    msg = p[9 : 9 + ERROR_MSG_MAX].decode("ascii", "replace")
+    msg = p[ERROR_FIXED : ERROR_FIXED + ERROR_MSG_MAX].decode("ascii", "replace")
     return DeviceError(None if ident == NO_ID else ident, code, stage, msg)
 
 

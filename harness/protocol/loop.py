@@ -91,6 +91,7 @@ class _RunRequest:
 # the store's header before its CRC-32 (docs/protocol.md "Kept inputs", Layout): magic, input bytes,
 # capacity, nonce, store bytes, the model's SHA-256, placement
 KEEP_HEAD = struct.Struct("<8sIIII32sI")
+_KEEP_MIN = frames.KEEP_HEADER + frames.KEEP_ALIGN  # the header, and room to align the inputs
 
 
 def keep_header(input_bytes: int, cap: int, nonce: int, size: int, model_sha: bytes, place: int) -> bytes:
@@ -100,8 +101,9 @@ def keep_header(input_bytes: int, cap: int, nonce: int, size: int, model_sha: by
 
 
 def keep_slot(input_bytes: int, cap: int, k: int) -> int:
-    """Where the store keeps the bytes of entry ``k``: after the entries, from a 16-byte boundary."""
-    return (frames.KEEP_HEADER + cap * frames.KEEP_ENTRY + 15) // 16 * 16 + k * input_bytes
+    """Where the store keeps the bytes of entry ``k``: after the entries, from a KEEP_ALIGN boundary."""
+    end = frames.KEEP_HEADER + cap * frames.KEEP_ENTRY
+    return end + -end % frames.KEEP_ALIGN + k * input_bytes
 
 
 class KeepStore:
@@ -112,15 +114,13 @@ class KeepStore:
         self.region = cfg.keep or bytearray()  # none: no room for a single entry
         self.cap = self.kept = self.nonce = 0
         region = self.region
-        if not cfg.model_sha256 or cfg.input_bytes == 0 or len(region) < frames.KEEP_HEADER + 16:
+        if not cfg.model_sha256 or cfg.input_bytes == 0 or len(region) < _KEEP_MIN:
             return
-        cap = min(
-            (len(region) - frames.KEEP_HEADER - 16) // (cfg.input_bytes + frames.KEEP_ENTRY), frames.KEEP_MAX
-        )
+        cap = min((len(region) - _KEEP_MIN) // (cfg.input_bytes + frames.KEEP_ENTRY), frames.KEEP_MAX)
         if cap == 0:
             return
         self.cap = cap
-        self.nonce = struct.unpack_from("<I", region, 16)[0]
+        self.nonce = KEEP_HEAD.unpack_from(region)[3]  # the header's own: it must match in the comparison
         if self._header() != bytes(region[: frames.KEEP_HEADER]):  # not ours: a fresh, empty store
             self.nonce = cfg.session
             region[: frames.KEEP_HEADER] = self._header()
@@ -370,7 +370,7 @@ class DeviceLoop:
         ident, source, results, text, keep, repeat, n_expect, seed = frames.RUN_HEAD.unpack_from(p)
         if len(p) != frames.RUN_FIXED + 4 * n_expect or n_expect not in (0, len(self.cfg.outputs)):
             return None
-        text, now = text & 1, text >> 1  # byte 6: bit 0 text, bit 1 send the result at once
+        text, now = text & frames.RUN_TEXT, text // frames.RUN_NOW  # flags: RUN_NOW and any bit above it
         if source > frames.SRC_KEPT or results > frames.RES_FULL_IF_DIFFERENT or now > 1 or repeat == 0:
             return None
         if keep > 1 or (keep and source != frames.SRC_LOADED) or (text and source == frames.SRC_KEPT):
@@ -414,7 +414,7 @@ class DeviceLoop:
             self._run_binary(r, data)
 
     def _not_run(self, ident: int, status: int) -> None:
-        rec = frames.REC_HEAD.pack(status << 4, ident, 0, 0)
+        rec = frames.REC_HEAD.pack(status << frames.HEAD_STATUS_SHIFT, ident, 0, 0)
         self.run_busy_us = 0
         self._emit_record(bytearray(rec + b"\0" * (4 * len(self.cfg.outputs))), frames.REC_FIXED, full=False)
 
@@ -474,7 +474,8 @@ class DeviceLoop:
             done += 1
         if r.repeat > 1:
             flags |= frames.FL_REPEATS
-        rec = bytearray(frames.REC_HEAD.pack(flags | status << 4, r.ident, first_us & 0xFFFFFFFF, input_crc))
+        head = flags | status << frames.HEAD_STATUS_SHIFT
+        rec = bytearray(frames.REC_HEAD.pack(head, r.ident, first_us & 0xFFFFFFFF, input_crc))
         if flags & frames.FL_REPEATS:
             rec += struct.pack("<HH", done, first_diff)
         crc_at = len(rec)
@@ -535,5 +536,5 @@ class DeviceLoop:
         for o, b in enumerate(self.outputs_now):
             for off in range(0, len(b), chunk):
                 self._send(
-                    frames.RSP_DATA, struct.pack("<IHI", self.batch_last, o, off) + b[off : off + chunk]
+                    frames.RSP_DATA, frames.DATA_HEAD.pack(self.batch_last, o, off) + b[off : off + chunk]
                 )

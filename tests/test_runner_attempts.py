@@ -99,8 +99,9 @@ def test_an_attempts_reason_says_why_a_damaged_link_failed_it(tmp_path: Path, mo
 
 def test_a_variants_failure_is_worded_in_one_place() -> None:
     """VariantOutcome.failure_detail words why a variant did not run cleanly, for the attempt's reason and
-    its testcases: the last failed stage's detail, else its findings (not the warnings) and problems, else
-    "failed". Nothing is faked: the outcomes are built as the runner builds them."""
+    its testcases: its failed stages' details, else its findings (not the warnings) and problems, else
+    "did not run cleanly" (was "failed", which said nothing the verdict did not). Nothing is faked: the
+    outcomes are built as the runner builds them."""
     from harness.flows.records import StageRecord, StageStatus
     from harness.runner.results import VariantOutcome
 
@@ -115,4 +116,6 @@ def test_a_variants_failure_is_worded_in_one_place() -> None:
     assert outcome([flash]).failure_detail() == "port gone\nretry later"
     ok = StageRecord("flash", "ansi", StageStatus.OK, 1.0)
     assert outcome([ok]).failure_detail() == "the serial link needed repairs: 3 naks; no END"
-    assert dataclasses.replace(outcome([]), findings=[], problems=[]).failure_detail() == "failed"
+    assert (
+        dataclasses.replace(outcome([]), findings=[], problems=[]).failure_detail() == "did not run cleanly"
+    )

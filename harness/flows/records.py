@@ -15,6 +15,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 (typing_extensions costs a repeat run ~10 ms to import)
     from typing_extensions import NotRequired
 
+from harness.analysis.classify import Severity
 from harness.analysis.compare import CompareResult, Source
 from harness.errors import EspCheckError, ExitCode, StrEnum, Verdict
 from harness.jsontypes import JSONValue
@@ -127,6 +128,15 @@ def section(value: object) -> dict[str, JSONValue]:
 def entries(value: object) -> list[JSONValue]:
     """An array of a report section read back: empty when it is missing or not an array."""
     return value if isinstance(value, list) else []
+
+
+def variant_failure(stages: list[StageRecord], findings: list[dict[str, object]], problems: list[str]) -> str:
+    """Why a variant did not run cleanly, for its JUnit ``<variant>.run`` case and the run's reason: its
+    failed stages' details (a link that needed repairs is the ``link`` stage), else what its findings (not
+    the warnings) and its capture's problems say, else "did not run cleanly"."""
+    said = [s.detail for s in stages if s.status == StageStatus.FAILED and s.detail]
+    said = said or [str(f["message"]) for f in findings if f.get("severity") != Severity.WARNING] + problems
+    return "; ".join(said) or "did not run cleanly"
 
 
 @dataclass

@@ -297,3 +297,23 @@ def test_a_variants_failure_has_one_wording_in_junit_and_the_run(tmp_path: Path,
     judge_inputs(task, attempt, fc)
     assert attempt.variants["ansi"].failure_detail() == want
     assert f"ansi: {want}" in attempt.reason, attempt.reason
+
+
+@pytest.mark.parametrize("stage", ["invoke", "input", "capture"])
+def test_a_device_fault_has_one_outcome_in_compare_and_run(tmp_path: Path, stage: str) -> None:
+    """A fault a variant reported is a testcase by ``junit.outcome_of`` of its exit code in both the
+    compare JUnit and the run's testcases (the run called every fault a firmware_fault failure, where
+    compare called a bad input a usage error and an unusable capture an infrastructure error)."""
+    fault = Fault("ansi", stage, 3, 0, "it failed")
+    comparison = compare_sources(_source("optimized", [1, 2, 3]), _source("ansi", [1, 2, 3], [fault]))
+    (compare_case,) = [
+        c for c in junit_tree(comparison).getroot().iter("testcase") if ".fault." in (c.get("name") or "")
+    ]
+    fc = _result(tmp_path, comparison, None)
+    fc.exit_code = fault.exit_code
+    job = Job(name="j", cases=(), boards=("sim",), comparisons=("optimized-vs-ansi",))
+    task = Task("t", job, ModelCase(Path("m.tflite"), (Path("a.npy"),)), "sim", None, tmp_path)
+    attempt = Attempt(1, "sim")
+    judge_inputs(task, attempt, fc)
+    (case,) = attempt.testcases
+    assert (case.status.value, case.type.value) == _outcome(compare_case) == junit.outcome_of(fault.exit_code)

@@ -23,7 +23,6 @@ from harness.runner.results import (
     TASK_VERDICTS,
     BoardStatus,
     CaseStatus,
-    CaseType,
     RunResult,
     Task,
     TaskState,
@@ -197,11 +196,11 @@ def testcases_of(task: Task) -> list[Testcase]:
             cases.append(Testcase(0, "", "run", *case_of(code), task.reason or str(_task_verdict(task))))
         return cases
     if task.state == TaskState.ABORTED:
-        status, kind = CaseStatus.ERROR, CaseType.ABORTED
+        status, kind = case_of(ExitCode.INTERRUPTED)
     else:
         status, kind = case_of(_task_verdict(task).exit_code)
         if status == CaseStatus.PASSED:  # no testcase of its attempt shows the match: never passed here
-            status, kind = CaseStatus.ERROR, CaseType.INFRASTRUCTURE
+            status, kind = case_of(ExitCode.INFRASTRUCTURE)
     why = task.reason or str(_task_verdict(task))
     if task.job.data is not None:  # a dataset job is one testcase (its per-input verdicts: its report.json)
         source = task.case.dataset or f"random inputs (seed {task.job.data.seed})"

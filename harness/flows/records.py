@@ -57,7 +57,7 @@ class StageRecord:
     exit_code: int | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {**dataclasses.asdict(self), "status": str(self.status), "seconds": round(self.seconds, 3)}
+        return {**dataclasses.asdict(self), "seconds": round(self.seconds, 3)}  # a StrEnum is its value
 
 
 class FlashRegion(TypedDict):

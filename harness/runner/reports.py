@@ -5,6 +5,7 @@ The JUnit mapping: docs/ci.md "Reports and artifacts".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import xml.etree.ElementTree as ET
@@ -92,7 +93,7 @@ def _task_doc(task: Task) -> dict[str, object]:
         "builds": task.builds,
         "decisive_attempt": task.decisive.n if task.decisive is not None else None,
         "attempts": [_attempt_doc(a) for a in task.attempts],
-        "testcases": [c.to_dict() for c in testcases_of(task)],
+        "testcases": [dataclasses.asdict(c) for c in testcases_of(task)],  # a StrEnum is its value
         "dataset": task.reported.dataset if task.job.data is not None and task.reported is not None else None,
     }
 

@@ -146,9 +146,6 @@ class Testcase:
     type: CaseType
     message: str
 
-    def to_dict(self) -> dict[str, object]:
-        return {**dataclasses.asdict(self), "status": self.status.value, "type": self.type.value}
-
 
 @dataclass
 class VariantOutcome:

@@ -267,3 +267,53 @@ def test_a_run_task_that_is_no_match_never_shows_only_passed_cases(tmp_path: Pat
     # summary.json's testcases[] (and its counts) say the same as junit.xml: not 0 failures and 0 errors
     listed = [(c.comparison, (c.status.value, c.type.value)) for c in reports.testcases_of(task)]
     assert [x for x in listed if x[1][0] != "passed"] == [("run", RULE[ExitCode.INFRASTRUCTURE])]
+
+
+@pytest.mark.parametrize("failed", [0, 1, 2], ids=["findings-only", "one-stage", "two-stages"])
+def test_a_variants_failure_has_one_wording_in_junit_and_the_run(tmp_path: Path, failed: int) -> None:
+    """A variant that did not run cleanly is worded by ``records.variant_failure`` for both the JUnit
+    ``<variant>.run`` case and the run's attempt reason (the JUnit writer used to say "ansi did not run
+    cleanly" where the run quoted the variant's findings, and the run kept only the last failed stage)."""
+    fc = _result(tmp_path, None, None)
+    run = fc.variants["ansi"]
+    run.exit_code = ExitCode.INFRASTRUCTURE
+    run.findings = [
+        {"severity": "warning", "message": "task watchdog"},
+        {"severity": "infrastructure", "message": "the serial link needed repairs: 3 naks"},
+    ]
+    run.problems = ["no END"]
+    details = ["dataset: input 2 lost", "dataset-retry: input 2 lost again"][:failed]
+    fc.stages = [StageRecord("dataset", "ansi", StageStatus.FAILED, 1.0, d) for d in details]
+    fc.exit_code = ExitCode.INFRASTRUCTURE
+    write_junit(fc, tmp_path / "fc.xml")
+    cases = {c.get("name"): c for c in ET.parse(tmp_path / "fc.xml").getroot().iter("testcase")}
+    error = cases["ansi.run"].find("error")
+    assert error is not None
+    want = "; ".join(details) or "the serial link needed repairs: 3 naks; no END"
+    assert error.text == want
+    job = Job(name="j", cases=(), boards=("sim",), comparisons=("optimized-vs-ansi",))
+    task = Task("t", job, ModelCase(Path("m.tflite"), (Path("a.npy"),)), "sim", None, tmp_path)
+    attempt = Attempt(1, "sim")
+    judge_inputs(task, attempt, fc)
+    assert attempt.variants["ansi"].failure_detail() == want
+    assert f"ansi: {want}" in attempt.reason, attempt.reason
+
+
+@pytest.mark.parametrize("stage", ["invoke", "input", "capture"])
+def test_a_device_fault_has_one_outcome_in_compare_and_run(tmp_path: Path, stage: str) -> None:
+    """A fault a variant reported is a testcase by ``junit.outcome_of`` of its exit code in both the
+    compare JUnit and the run's testcases (the run called every fault a firmware_fault failure, where
+    compare called a bad input a usage error and an unusable capture an infrastructure error)."""
+    fault = Fault("ansi", stage, 3, 0, "it failed")
+    comparison = compare_sources(_source("optimized", [1, 2, 3]), _source("ansi", [1, 2, 3], [fault]))
+    (compare_case,) = [
+        c for c in junit_tree(comparison).getroot().iter("testcase") if ".fault." in (c.get("name") or "")
+    ]
+    fc = _result(tmp_path, comparison, None)
+    fc.exit_code = fault.exit_code
+    job = Job(name="j", cases=(), boards=("sim",), comparisons=("optimized-vs-ansi",))
+    task = Task("t", job, ModelCase(Path("m.tflite"), (Path("a.npy"),)), "sim", None, tmp_path)
+    attempt = Attempt(1, "sim")
+    judge_inputs(task, attempt, fc)
+    (case,) = attempt.testcases
+    assert (case.status.value, case.type.value) == _outcome(compare_case) == junit.outcome_of(fault.exit_code)

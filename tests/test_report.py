@@ -234,3 +234,32 @@ def test_a_mismatch_is_worded_once_in_every_report(tmp_path: Path) -> None:
         "A vs B, input 0 output 0: 1 of 2 elements differ "
         "(real values, no scale: compared exactly, max |diff| 0.5, argmax 1 vs 1)"
     )
+
+
+def test_the_headline_words_a_failed_variant_as_every_report_does(tmp_path: Path) -> None:
+    """flash-and-compare's one-line summary says a variant's failure in ``records.variant_failure``'s words
+    (its JUnit case and the run's reason say the same), never a warning that came first in its findings
+    (the old headline quoted the first finding, whatever its severity). Nothing is faked."""
+    from harness.flashfmt.partitions import VARIANTS
+    from harness.flows.records import FlashAndCompareResult, StageRecord, StageStatus, VariantRun
+
+    crash = "firmware fault: Guru Meditation Error: Core 0 panic'ed"
+    runs = {v: VariantRun(v) for v in VARIANTS}
+    runs["optimized"].exit_code = ExitCode.FIRMWARE_FAULT
+    runs["optimized"].findings = [
+        {"severity": "warning", "message": "task watchdog got triggered"},
+        {"severity": "firmware_fault", "message": "Guru Meditation Error: Core 0 panic'ed"},
+    ]
+    stage = StageRecord("verify", "optimized", StageStatus.FAILED, 0.1, f"{crash}\nsee the serial log")
+    fc = FlashAndCompareResult(
+        out_dir=tmp_path,
+        board="sim",
+        port="sim://x",
+        simulated=True,
+        stages=[stage],
+        variants=runs,
+        comparison=None,
+        exit_code=ExitCode.FIRMWARE_FAULT,
+        report_path=tmp_path / "report.json",
+    )
+    assert fc.summary == f"firmware_fault (exit 4) on sim [SIMULATED]: optimized: {crash}"

@@ -7,6 +7,7 @@ pipeline run for real."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -99,8 +100,9 @@ def test_an_attempts_reason_says_why_a_damaged_link_failed_it(tmp_path: Path, mo
 
 def test_a_variants_failure_is_worded_in_one_place() -> None:
     """VariantOutcome.failure_detail words why a variant did not run cleanly, for the attempt's reason and
-    its testcases: the last failed stage's detail, else its findings (not the warnings) and problems, else
-    "failed". Nothing is faked: the outcomes are built as the runner builds them."""
+    its testcases: its failed stages' details, else its findings (not the warnings) and problems, else
+    "did not run cleanly" (was "failed", which said nothing the verdict did not). Nothing is faked: the
+    outcomes are built as the runner builds them."""
     from harness.flows.records import StageRecord, StageStatus
     from harness.runner.results import VariantOutcome
 
@@ -115,4 +117,24 @@ def test_a_variants_failure_is_worded_in_one_place() -> None:
     assert outcome([flash]).failure_detail() == "port gone\nretry later"
     ok = StageRecord("flash", "ansi", StageStatus.OK, 1.0)
     assert outcome([ok]).failure_detail() == "the serial link needed repairs: 3 naks; no END"
-    assert dataclasses.replace(outcome([]), findings=[], problems=[]).failure_detail() == "failed"
+    assert (
+        dataclasses.replace(outcome([]), findings=[], problems=[]).failure_detail() == "did not run cleanly"
+    )
+
+
+def test_report_records_are_written_as_plain_json() -> None:
+    """report.json's stages and summary.json's testcases are ``dataclasses.asdict`` of their records (a
+    StrEnum is its value in JSON; the to_dict methods that converted each enum by hand are gone): the text
+    is exactly what the writers wrote before. Nothing is faked."""
+    from harness.flows.records import StageRecord, StageStatus
+    from harness.runner.results import CaseStatus, CaseType, Testcase
+
+    stage = StageRecord("flash", "ansi", StageStatus.FAILED, 1.23456, "port gone", 3)
+    assert json.dumps(stage.to_dict()) == (
+        '{"stage": "flash", "variant": "ansi", "status": "failed", "seconds": 1.235, "detail": "port gone", '
+        '"exit_code": 3}'
+    )
+    case = Testcase(0, "a.npy", "optimized-vs-ansi", CaseStatus.FAILURE, CaseType.MISMATCH, "1 LSB")
+    want = {"input_index": 0, "input": "a.npy", "comparison": "optimized-vs-ansi", "status": "failure"}
+    want |= {"type": "mismatch", "message": "1 LSB"}
+    assert json.dumps(dataclasses.asdict(case), indent=1, default=str) == json.dumps(want, indent=1)

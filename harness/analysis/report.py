@@ -221,9 +221,8 @@ def compare_cases(
             cases.append(junit.Case(cls, name, out=out))
             continue
         text = "\n".join(str(m) for m in c.first_mismatches)
-        cases.append(
-            junit.Case(cls, name, "failure", type="mismatch", message=c.mismatch_text(), text=text, out=out)
-        )
+        outcome, kind = junit.outcome_of(ExitCode.MISMATCH)
+        cases.append(junit.Case(cls, name, outcome, type=kind, message=c.mismatch_text(), text=text, out=out))
     for f in result.faults:
         at = f"{input_name(f.run)}." if f.run is not None else ""
         msg = f"{f.kind} at stage {f.stage} (code {f.code}): {f.msg}"

@@ -15,6 +15,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 (typing_extensions costs a repeat run ~10 ms to import)
     from typing_extensions import NotRequired
 
+from harness.analysis.classify import Severity
 from harness.analysis.compare import CompareResult, Source
 from harness.errors import EspCheckError, ExitCode, StrEnum, Verdict
 from harness.jsontypes import JSONValue
@@ -56,7 +57,7 @@ class StageRecord:
     exit_code: int | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {**dataclasses.asdict(self), "status": str(self.status), "seconds": round(self.seconds, 3)}
+        return {**dataclasses.asdict(self), "seconds": round(self.seconds, 3)}  # a StrEnum is its value
 
 
 class FlashRegion(TypedDict):
@@ -127,6 +128,20 @@ def section(value: object) -> dict[str, JSONValue]:
 def entries(value: object) -> list[JSONValue]:
     """An array of a report section read back: empty when it is missing or not an array."""
     return value if isinstance(value, list) else []
+
+
+def variant_failure(
+    stages: list[StageRecord],
+    findings: list[dict[str, object]],
+    problems: list[str],
+    otherwise: str = "did not run cleanly",
+) -> str:
+    """Why a variant did not run cleanly, for its JUnit ``<variant>.run`` case, the run's reason and the
+    headline: its failed stages' details (a link that needed repairs is the ``link`` stage), else what its
+    findings (not the warnings) and its capture's problems say, else ``otherwise``."""
+    said = [s.detail for s in stages if s.status == StageStatus.FAILED and s.detail]
+    said = said or [str(f["message"]) for f in findings if f.get("severity") != Severity.WARNING] + problems
+    return "; ".join(said) or otherwise
 
 
 @dataclass
@@ -247,10 +262,9 @@ def _first_reason(result: FlashAndCompareResult) -> str:
         return f"{n} output comparison(s) agree within {cmp.tolerance_lsb:g} LSB"
     for run in result.variants.values():  # a crash, a timeout, a lost link, as the device showed it
         if run.exit_code is not None and run.exit_code != ExitCode.MATCH:
-            said = next((str(f.get("message")) for f in run.findings if f.get("message")), "")
-            said = said or (run.problems[0] if run.problems else "")
-            if said:
-                return f"{run.variant}: {said}"
+            stages = [s for s in result.stages if s.variant == run.variant]
+            if said := variant_failure(stages, run.findings, run.problems, otherwise=""):
+                return f"{run.variant}: {said.splitlines()[0]}"
     if result.comparison is not None:
         for fault in result.comparison.faults:
             return f"{fault.source} reported an error at stage {fault.stage}: {fault.msg}"

@@ -14,7 +14,7 @@ from harness.analysis.report import RAW_LOG_MAX, compare_cases, compare_suite, e
 from harness.analysis.schemas import check_version, compare_v1, versioned
 from harness.errors import EspCheckError, ExitCode, write_error
 from harness.flashfmt.partitions import VARIANTS
-from harness.flows.records import FlashAndCompareResult, StageStatus, VariantRun
+from harness.flows.records import FlashAndCompareResult, VariantRun, variant_failure
 from harness.resources import atomic_write
 
 SCHEMA_VERSION = 2  # 2: stage status ok|failed only; the embedded compare report is version 2
@@ -128,8 +128,7 @@ def write_junit(
     for v, r in result.variants.items():
         if r.exit_code is None:
             continue
-        failed = [s for s in result.stages if s.variant == v and s.status == StageStatus.FAILED]
-        message = "; ".join(s.detail for s in failed) or f"{v} did not run cleanly"
+        message = variant_failure([s for s in result.stages if s.variant == v], r.findings, r.problems)
         outcome, kind = junit.outcome_of(r.exit_code)
         out = logs.get(v, b"").decode("utf-8", "replace")
         cases.append(junit.Case(cls, f"{v}.run", outcome, kind, message, text=message, out=out))

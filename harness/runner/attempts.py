@@ -150,11 +150,11 @@ def _side_problem(
 ) -> _Problem | None:
     """Why one side of a comparison (a variant or the host reference) has nothing valid for input k."""
     if label == "reference":
-        return (CaseStatus.ERROR, CaseType.INFRASTRUCTURE, ref_problem) if ref_problem else None
+        return (*case_of(ExitCode.INFRASTRUCTURE), ref_problem) if ref_problem else None
     for f in faults.get(label, []):
         if f.run is None or f.run == k:
             msg = f"{label}: ERROR stage={f.stage} code={f.code} {f.msg}"
-            return CaseStatus.FAILURE, CaseType.FIRMWARE_FAULT, msg
+            return *case_of(f.exit_code), msg  # a crash: a failure; a bad input or capture: an error
     r = runs[label]
     if r.exit_code is not None and r.source is None:
         return *case_of(r.exit_code), f"{label}: {attempt.variants[label].failure_detail()}"
@@ -184,14 +184,14 @@ def _testcases(
             problems = [p for p in sides if p is not None]
             bad = [c for c in comps if not c.match]
             if bad:
-                verdict: _Problem = (CaseStatus.FAILURE, CaseType.MISMATCH, bad[0].mismatch_text())
+                verdict: _Problem = (*case_of(ExitCode.MISMATCH), bad[0].mismatch_text())
             elif problems:
                 verdict = next((p for p in problems if p[0] == CaseStatus.FAILURE), problems[0])
             elif comps:
                 within = f"{len(comps)} output(s) within {comps[0].tolerance_lsb:g} LSB"
-                verdict = (CaseStatus.PASSED, CaseType.MATCH, within)
+                verdict = (*case_of(ExitCode.MATCH), within)
             else:
                 why = attempt.reason or "nothing was compared"
-                verdict = (CaseStatus.ERROR, CaseType.INFRASTRUCTURE, why)
+                verdict = (*case_of(ExitCode.INFRASTRUCTURE), why)
             out.append(Testcase(k, str(path), f"{pa}-vs-{pb}", *verdict))
     return out

@@ -5,6 +5,7 @@ The JUnit mapping: docs/ci.md "Reports and artifacts".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import xml.etree.ElementTree as ET
@@ -23,7 +24,6 @@ from harness.runner.results import (
     TASK_VERDICTS,
     BoardStatus,
     CaseStatus,
-    CaseType,
     RunResult,
     Task,
     TaskState,
@@ -93,7 +93,7 @@ def _task_doc(task: Task) -> dict[str, object]:
         "builds": task.builds,
         "decisive_attempt": task.decisive.n if task.decisive is not None else None,
         "attempts": [_attempt_doc(a) for a in task.attempts],
-        "testcases": [c.to_dict() for c in testcases_of(task)],
+        "testcases": [dataclasses.asdict(c) for c in testcases_of(task)],  # a StrEnum is its value
         "dataset": task.reported.dataset if task.job.data is not None and task.reported is not None else None,
     }
 
@@ -197,11 +197,11 @@ def testcases_of(task: Task) -> list[Testcase]:
             cases.append(Testcase(0, "", "run", *case_of(code), task.reason or str(_task_verdict(task))))
         return cases
     if task.state == TaskState.ABORTED:
-        status, kind = CaseStatus.ERROR, CaseType.ABORTED
+        status, kind = case_of(ExitCode.INTERRUPTED)
     else:
         status, kind = case_of(_task_verdict(task).exit_code)
         if status == CaseStatus.PASSED:  # no testcase of its attempt shows the match: never passed here
-            status, kind = CaseStatus.ERROR, CaseType.INFRASTRUCTURE
+            status, kind = case_of(ExitCode.INFRASTRUCTURE)
     why = task.reason or str(_task_verdict(task))
     if task.job.data is not None:  # a dataset job is one testcase (its per-input verdicts: its report.json)
         source = task.case.dataset or f"random inputs (seed {task.job.data.seed})"

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from harness.analysis import junit
-from harness.analysis.classify import Severity
 from harness.errors import EspCheckError, ExitCode, StrEnum, Verdict
-from harness.flows.records import StageRecord, StageStatus
+from harness.flows.records import StageRecord, variant_failure
 from harness.runner.inventory import BenchBoard, Inventory
 from harness.runner.plan import Job, ModelCase, Plan
 
@@ -147,9 +146,6 @@ class Testcase:
     type: CaseType
     message: str
 
-    def to_dict(self) -> dict[str, object]:
-        return {**dataclasses.asdict(self), "status": self.status.value, "type": self.type.value}
-
 
 @dataclass
 class VariantOutcome:
@@ -166,13 +162,8 @@ class VariantOutcome:
     stages: list[StageRecord]
 
     def failure_detail(self) -> str:
-        """Why the variant did not run cleanly: its last failed stage's detail (a link that needed repairs
-        is the ``link`` stage), else what its findings and its capture's problems say, else "failed"."""
-        failed = [s for s in self.stages if s.status == StageStatus.FAILED]
-        detail = failed[-1].detail if failed else "failed"
-        said = [str(f["message"]) for f in self.findings if f.get("severity") != Severity.WARNING]
-        said += self.problems
-        return "; ".join(said) if detail == "failed" and said else detail
+        """Why the variant did not run cleanly (:func:`harness.flows.records.variant_failure`)."""
+        return variant_failure(self.stages, self.findings, self.problems)
 
     def to_dict(self) -> dict[str, object]:
         stages = [{k: v for k, v in s.to_dict().items() if k != "variant"} for s in self.stages]

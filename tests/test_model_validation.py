@@ -334,10 +334,14 @@ _WEIGHTED_OPS = {
 }
 
 
-def _weighted(opcode: str, bias: T, act: str = "int8", scales: int = 0, qdim: int | None = None) -> bytes:
+def _weighted(
+    opcode: str, bias: T, act: str = "int8", scales: int = 0, qdim: int | None = None, out_channels: int = 8
+) -> bytes:
     """``opcode`` with ``act`` activations, int8 weights (``scales`` per-channel scales along ``qdim``,
-    else one) and ``bias``; TRANSPOSE_CONV's inputs are (output shape, weights, activation, bias)."""
+    else one), ``bias`` and ``out_channels`` output channels; TRANSPOSE_CONV's inputs are (output shape,
+    weights, activation, bias)."""
     builtin, x_shape, w_shape, y_shape = _WEIGHTED_OPS[opcode]
+    y_shape = (*y_shape[:-1], out_channels)
     per_channel = (0.02,) * scales if scales else None
     tensors = [
         T("x", x_shape, act, 0.05, 0),
@@ -415,3 +419,19 @@ def test_per_channel_scales_not_along_the_output_channels_refused(
         f"op 0 ({opcode}): weights tensor 1 ('w') has {scales} per-channel scales along dimension {qdim}"
         in err
     )
+
+
+@pytest.mark.parametrize("opcode", sorted(_WEIGHTED_OPS))
+def test_output_channels_other_than_the_weights_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], opcode: str
+) -> None:
+    """FULLY_CONNECTED's Eval takes its output channels from the output's last dimension with only a
+    DCHECK_LE against the weights' rows (esp_nn/fully_connected.cc:166-167, reference/integer_ops/
+    fully_connected.h:54-55): 16 output channels from [8,12] weights read 8 rows past the weights (the host
+    wheel printed them). The convolutions take min(weights, output) channels (MatchingDim, types.h:302-306,
+    its DCHECK compiled out) and leave the output's other channels unwritten."""
+    model = tmp_path / "out16.tflite"
+    model.write_bytes(_weighted(opcode, _bias(16), out_channels=16))
+    assert main(["inspect", str(model)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert f"op 0 ({opcode}): output tensor 3 ('y') has 16 channels; the weights have 8" in err

@@ -315,16 +315,29 @@ def _check_weighted_op(where: str, opcode: str, ins: tuple[int, ...], outs: tupl
             f"{list(tensors[ins[act]].shape)} (TFLM needs rank {rank} and no empty dimension)"
         )
     bias_t = tensors[ins[bias]] if len(ins) > bias and ins[bias] >= 0 else None
-    _check_channels(f"{where} ({opcode})", opcode, weights, tensors[ins[act]].dtype, bias_t)
+    _check_channels(
+        f"{where} ({opcode})", opcode, (weights, tensors[outs[0]]), tensors[ins[act]].dtype, bias_t
+    )
 
 
-def _check_channels(where: str, opcode: str, weights: TensorInfo, act: str, bias: TensorInfo | None) -> None:
-    """Per output channel the kernels read a multiplier made from a weights scale (FULLY_CONNECTED's Prepare
-    bounds the scales by their quantized_dimension, not the channels: fully_connected_common.cc:104-109) and
-    a bias entry, bounded at most by a DCHECK (reference/integer_ops/conv.h:54-56, 123; transpose_conv.h:48).
-    """
+def _check_channels(
+    where: str, opcode: str, weights_out: tuple[TensorInfo, TensorInfo], act: str, bias: TensorInfo | None
+) -> None:
+    """Per output channel the kernels read a weights row (FULLY_CONNECTED: as many as the output's last
+    dimension, only DCHECK_LE'd: esp_nn/fully_connected.cc:166-167), a multiplier made from a weights scale
+    (FULLY_CONNECTED's Prepare bounds the scales by their quantized_dimension, not the channels:
+    fully_connected_common.cc:104-109) and a bias entry, bounded at most by a DCHECK
+    (reference/integer_ops/conv.h:54-56, 123; transpose_conv.h:48)."""
+    weights, out = weights_out
     dim = _WEIGHTED[opcode][1]
     channels = weights.shape[dim]
+    if (have := out.shape[-1] if out.shape else 0) != channels:
+        raise ModelError(
+            f"{where}: output tensor {out.index} ({out.name!r}) has {have} channels; the weights have "
+            f"{channels} (dimension {dim} of {list(weights.shape)}); TFLM's kernel needs them equal "
+            "(FULLY_CONNECTED reads past the weights, the convolutions leave channels unwritten)",
+            hint="re-export the model: the output's last dimension is the weights' output channels",
+        )
     n = len(weights.scales)
     if n > 1 and (n != channels or weights.quantized_dimension != dim):
         raise ModelError(

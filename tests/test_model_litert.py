@@ -26,9 +26,9 @@ needs_tflm = pytest.mark.skipif(
 )
 
 
-def _conv(bias_qdim: int, filter_qdim: int = 0) -> bytes:
+def _conv(bias_qdim: int, out_qdim: int | None = None) -> bytes:
     """int8 1x1 CONV_2D with per-channel filter and bias scales, as the converter writes them; the bias
-    (1-D) carries ``bias_qdim``."""
+    (1-D) carries ``bias_qdim``, the output ``out_qdim`` if given."""
     rng = np.random.default_rng(3)
     oc, c, s_in = 4, 3, 1 / 128
     fs = (0.02, 0.03, 0.01, 0.04)
@@ -36,10 +36,10 @@ def _conv(bias_qdim: int, filter_qdim: int = 0) -> bytes:
         [
             T("image", (1, 5, 5, c), "int8", s_in, -1),
             T("filter", (oc, 1, 1, c), "int8", data=rng.integers(-127, 128, (oc, 1, 1, c)), scales=fs,
-              qdim=filter_qdim),
+              qdim=0),
             T("bias", (oc,), "int32", data=rng.integers(-900, 900, (oc,)),
               scales=tuple(s_in * f for f in fs), qdim=bias_qdim),
-            T("out", (1, 5, 5, oc), "int8", 0.05, 2),
+            T("out", (1, 5, 5, oc), "int8", 0.05, 2, qdim=out_qdim),
         ],
         [Op(CONV_2D, [0, 1, 2], [3], options=conv2d_options())],
         inputs=[0],
@@ -66,7 +66,9 @@ def test_litert_gives_a_reference_for_person_detect_style_biases_equal_to_tflm()
 
 @needs_litert
 def test_a_model_litert_still_rejects_is_exit_2() -> None:
-    model = _conv(bias_qdim=0, filter_qdim=7)  # a 4-D filter's dimension 7: no rewrite can guess
+    # a 4-D output's dimension 7 (TFLM never reads it): no rewrite can guess. Not the filter's: TFLM
+    # reads filter->dims->data[7] (kernel_util.cc:246), so the loader refuses that before LiteRT runs
+    model = _conv(bias_qdim=0, out_qdim=7)
     x = np.zeros((1, 5, 5, 3), np.int8)
     with pytest.raises(ModelError, match="LiteRT rejected the model") as exc:
         run_reference(model, [[x]], backend="litert")

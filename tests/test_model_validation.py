@@ -323,3 +323,115 @@ def test_transpose_conv_weights_not_rank_4_refused(
     assert main(["inspect", str(model)]) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert f"op 0 (TRANSPOSE_CONV): weights of shape {list(w_shape)}" in err and needle in err
+
+
+# (builtin, activation shape, weights shape, output shape): 8 output channels each
+_WEIGHTED_OPS = {
+    "CONV_2D": (CONV_2D, (1, 4, 4, 3), (8, 3, 3, 3), (1, 4, 4, 8)),
+    "DEPTHWISE_CONV_2D": (4, (1, 4, 4, 8), (1, 3, 3, 8), (1, 4, 4, 8)),
+    "FULLY_CONNECTED": (9, (1, 12), (8, 12), (1, 8)),
+    "TRANSPOSE_CONV": (67, (1, 4, 4, 8), (8, 3, 3, 8), (1, 8, 8, 8)),
+}
+
+
+def _weighted(
+    opcode: str, bias: T, act: str = "int8", scales: int = 0, qdim: int | None = None, out_channels: int = 8
+) -> bytes:
+    """``opcode`` with ``act`` activations, int8 weights (``scales`` per-channel scales along ``qdim``,
+    else one), ``bias`` and ``out_channels`` output channels; TRANSPOSE_CONV's inputs are (output shape,
+    weights, activation, bias)."""
+    builtin, x_shape, w_shape, y_shape = _WEIGHTED_OPS[opcode]
+    y_shape = (*y_shape[:-1], out_channels)
+    per_channel = (0.02,) * scales if scales else None
+    tensors = [
+        T("x", x_shape, act, 0.05, 0),
+        T("w", w_shape, "int8", 0.02, 0, np.ones(w_shape, np.int8), scales=per_channel, qdim=qdim),
+        bias,
+        T("y", y_shape, act, 0.4, 0),
+        T("shape", (len(y_shape),), "int32", data=np.array(y_shape, np.int32)),
+    ]
+    ins = [4, 1, 0, 2] if builtin == 67 else [0, 1, 2]
+    return build_model(tensors, [Op(builtin, ins, [3])], inputs=[0], outputs=[3])
+
+
+def _bias(n: int, dtype: str = "int32") -> T:
+    return T("bias", (n,), dtype, 0.001, 0, np.ones(n, np.dtype(dtype)))
+
+
+@pytest.mark.parametrize("opcode", sorted(_WEIGHTED_OPS))
+def test_bias_shorter_than_the_output_channels_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], opcode: str
+) -> None:
+    """No Prepare checks the bias's length; Eval adds bias_data[out_channel] for every output channel
+    (reference/integer_ops/conv.h:123, transpose_conv.h:109, esp-nn's conv and depthwise) with only a
+    DCHECK: a 3-entry bias for 8 channels is read past its end (the host wheel ran it, channels 3-4: 127)."""
+    assert parse_model_bytes(_weighted(opcode, _bias(8))).ops[0].opcode == opcode
+    model = tmp_path / "bias3.tflite"
+    model.write_bytes(_weighted(opcode, _bias(3)))
+    assert main(["inspect", str(model)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert f"op 0 ({opcode}): bias tensor 2 ('bias') has 3 entries; the kernel reads 8" in err
+    assert "one per output channel" in err
+
+
+@pytest.mark.parametrize(
+    ("opcode", "act", "bias", "ok"),
+    [
+        ("CONV_2D", "int8", "int64", False),  # read as int32: every other entry is a high word
+        ("FULLY_CONNECTED", "int8", "int16", False),  # read as int32: past the end
+        ("DEPTHWISE_CONV_2D", "int16", "int32", False),  # read as int64 (esp_nn/depthwise_conv.cc:392)
+        ("FULLY_CONNECTED", "int16", "int64", True),
+        ("CONV_2D", "int16", "int32", True),  # conv's Eval picks int32 or int64 (esp_nn/conv.cc:314-327)
+        ("TRANSPOSE_CONV", "int16", "int16", True),  # widened to int64 first (transpose_conv.cc:128)
+    ],
+)
+def test_bias_of_a_type_the_kernel_does_not_read_refused(opcode: str, act: str, bias: str, ok: bool) -> None:
+    """No Prepare checks the bias's type; Eval casts the data to the type it expects."""
+    model = _weighted(opcode, _bias(8, bias), act=act)
+    if ok:
+        assert parse_model_bytes(model).ops[0].opcode == opcode
+        return
+    with pytest.raises(ModelError) as err:
+        parse_model_bytes(model)
+    assert (
+        f"op 0 ({opcode}): bias tensor 2 ('bias') is {bias}; for {act} activations the kernel reads"
+        in str(err.value)
+    )
+
+
+@pytest.mark.parametrize(
+    ("opcode", "scales", "qdim"),
+    [("FULLY_CONNECTED", 12, 1), ("CONV_2D", 3, 3), ("DEPTHWISE_CONV_2D", 8, 0)],
+)
+def test_per_channel_scales_not_along_the_output_channels_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], opcode: str, scales: int, qdim: int
+) -> None:
+    """FULLY_CONNECTED's Prepare checks the scales against the weights' quantized_dimension, not the
+    output channels (fully_connected_common.cc:104-109): 12 scales along dimension 1 of [8,12] weights pass;
+    TFLM then applies scale i to output channel i. The others check the count (kernel_util.cc:243-246)."""
+    for good, dim in ((8, 3 if opcode == "DEPTHWISE_CONV_2D" else 0), (1, None)):
+        assert parse_model_bytes(_weighted(opcode, _bias(8), scales=good, qdim=dim)).ops[0].opcode == opcode
+    model = tmp_path / "scales.tflite"
+    model.write_bytes(_weighted(opcode, _bias(8), scales=scales, qdim=qdim))
+    assert main(["inspect", str(model)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert (
+        f"op 0 ({opcode}): weights tensor 1 ('w') has {scales} per-channel scales along dimension {qdim}"
+        in err
+    )
+
+
+@pytest.mark.parametrize("opcode", sorted(_WEIGHTED_OPS))
+def test_output_channels_other_than_the_weights_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], opcode: str
+) -> None:
+    """FULLY_CONNECTED's Eval takes its output channels from the output's last dimension with only a
+    DCHECK_LE against the weights' rows (esp_nn/fully_connected.cc:166-167, reference/integer_ops/
+    fully_connected.h:54-55): 16 output channels from [8,12] weights read 8 rows past the weights (the host
+    wheel printed them). The convolutions take min(weights, output) channels (MatchingDim, types.h:302-306,
+    its DCHECK compiled out) and leave the output's other channels unwritten."""
+    model = tmp_path / "out16.tflite"
+    model.write_bytes(_weighted(opcode, _bias(16), out_channels=16))
+    assert main(["inspect", str(model)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert f"op 0 ({opcode}): output tensor 3 ('y') has 16 channels; the weights have 8" in err

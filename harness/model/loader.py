@@ -250,10 +250,29 @@ def _check_mean_axes(where: str, opcode: str, ins: tuple[int, ...], tensors: tup
         )
 
 
-# TRANSPOSE_CONV's weights: Prepare reads dims 0..2 unchecked (micro/kernels/transpose_conv.cc:181-185),
-# Eval dims 0..3 with only a DCHECK of rank 4 (reference/integer_ops/transpose_conv.h:39-53, 88). TFLM
-# ignores its output_shape input (micro/kernels/transpose_conv.h:26-29).
-_WEIGHTED_RANK = {"CONV_2D": 4, "DEPTHWISE_CONV_2D": 4, "FULLY_CONNECTED": 2, "TRANSPOSE_CONV": 4}
+# The weighted ops: (weights' rank, their output-channel dimension, bias input); the weights are input 1,
+# the activation _NHWC_INPUT's. TRANSPOSE_CONV's weights: Prepare reads dims 0..2 unchecked
+# (micro/kernels/transpose_conv.cc:181-185), Eval dims 0..3 with only a DCHECK of rank 4
+# (reference/integer_ops/transpose_conv.h:39-53, 88). TFLM ignores its output_shape input
+# (transpose_conv.h:26-32). Output channels: kConvQuantizedDimension (conv_common.cc:34),
+# depthwise_conv_common.cc:38, transpose_conv.h:37.
+_WEIGHTED = {
+    "CONV_2D": (4, 0, 2),
+    "DEPTHWISE_CONV_2D": (4, 3, 2),
+    "FULLY_CONNECTED": (2, 0, 2),
+    "TRANSPOSE_CONV": (4, 0, 3),
+}
+# The bias type Eval reads, by activation type (GetTensorData<int32_t>(bias) for int8: esp_nn/conv.cc:258,
+# esp_nn/depthwise_conv.cc:142, esp_nn/fully_connected.cc:171, transpose_conv.cc:335; int64 for int16:
+# esp_nn/depthwise_conv.cc:392, esp_nn/fully_connected.cc:270); no Prepare checks it. For int16 CONV_2D's
+# Eval also takes int32 (esp_nn/conv.cc:314), TRANSPOSE_CONV int16 (widened, transpose_conv.cc:128).
+_BIAS_TYPE = {
+    "float32": "float32",
+    "int8": "int32",
+    "int16": "int64",
+    "int16 CONV_2D": "int32",
+    "int16 TRANSPOSE_CONV": "int16",
+}
 
 
 # The activation input of these ops (other ops: 0): read with the output as NHWC (input->dims->data[3],
@@ -283,7 +302,8 @@ def _check_weighted_op(where: str, opcode: str, ins: tuple[int, ...], outs: tupl
                        tensors: tuple[TensorInfo, ...]) -> None:  # fmt: skip
     """The ops ESP-NN accelerates (and esp-check's scratch arithmetic reads), TRANSPOSE_CONV: input, weights,
     output present, weights of the right rank and no empty dimension (TFLM divides by them: SIGFPE)."""
-    rank, act = _WEIGHTED_RANK.get(opcode), _NHWC_INPUT.get(opcode, 0)
+    rank, _, bias = _WEIGHTED.get(opcode, (None, 0, 0))
+    act = _NHWC_INPUT.get(opcode, 0)
     if rank is None:
         return
     if len(ins) <= max(act, 1) or min(ins[act], ins[1]) < 0 or not outs or outs[0] < 0:
@@ -293,6 +313,53 @@ def _check_weighted_op(where: str, opcode: str, ins: tuple[int, ...], outs: tupl
         raise ModelError(
             f"{where} ({opcode}): weights of shape {list(weights.shape)} for input "
             f"{list(tensors[ins[act]].shape)} (TFLM needs rank {rank} and no empty dimension)"
+        )
+    bias_t = tensors[ins[bias]] if len(ins) > bias and ins[bias] >= 0 else None
+    _check_channels(
+        f"{where} ({opcode})", opcode, (weights, tensors[outs[0]]), tensors[ins[act]].dtype, bias_t
+    )
+
+
+def _check_channels(
+    where: str, opcode: str, weights_out: tuple[TensorInfo, TensorInfo], act: str, bias: TensorInfo | None
+) -> None:
+    """Per output channel the kernels read a weights row (FULLY_CONNECTED: as many as the output's last
+    dimension, only DCHECK_LE'd: esp_nn/fully_connected.cc:166-167), a multiplier made from a weights scale
+    (FULLY_CONNECTED's Prepare bounds the scales by their quantized_dimension, not the channels:
+    fully_connected_common.cc:104-109) and a bias entry, bounded at most by a DCHECK
+    (reference/integer_ops/conv.h:54-56, 123; transpose_conv.h:48)."""
+    weights, out = weights_out
+    dim = _WEIGHTED[opcode][1]
+    channels = weights.shape[dim]
+    if (have := out.shape[-1] if out.shape else 0) != channels:
+        raise ModelError(
+            f"{where}: output tensor {out.index} ({out.name!r}) has {have} channels; the weights have "
+            f"{channels} (dimension {dim} of {list(weights.shape)}); TFLM's kernel needs them equal "
+            "(FULLY_CONNECTED reads past the weights, the convolutions leave channels unwritten)",
+            hint="re-export the model: the output's last dimension is the weights' output channels",
+        )
+    n = len(weights.scales)
+    if n > 1 and (n != channels or weights.quantized_dimension != dim):
+        raise ModelError(
+            f"{where}: weights tensor {weights.index} ({weights.name!r}) has {n} per-channel scales along "
+            f"dimension {weights.quantized_dimension}; TFLM applies one per output channel: {channels} "
+            f"(dimension {dim} of {list(weights.shape)})",
+            hint=f"re-quantize the weights per output channel (quantized_dimension {dim}) or per tensor",
+        )
+    if bias is None:
+        return
+    if (size := math.prod(bias.shape)) < channels:
+        raise ModelError(
+            f"{where}: bias tensor {bias.index} ({bias.name!r}) has {size} entries; the kernel reads "
+            f"{channels}, one per output channel, past its end",
+            hint=f"re-export the model with a bias of {channels} entries (or none)",
+        )
+    allowed = [t for key in (act, f"{act} {opcode}") if (t := _BIAS_TYPE.get(key))]
+    if allowed and bias.dtype not in allowed:
+        raise ModelError(
+            f"{where}: bias tensor {bias.index} ({bias.name!r}) is {bias.dtype}; for {act} activations the "
+            f"kernel reads {' or '.join(allowed)}",
+            hint="re-export (re-quantize) the model: the converter writes the bias as the kernel reads it",
         )
 
 

@@ -5,8 +5,9 @@ directory with esp-nn and esp-tflite-micro as local components (the component ma
 here), configures it with ESP-IDF's CMake (``cmake -G Ninja -DIDF_TARGET=<chip>``: kconfgen over the
 real Kconfig tree with the project's ``sdkconfig.defaults``) and compiles the ``main`` component's
 objects with ``ninja`` (``--components``: esp-nn's and esp-tflite-micro's too). Nothing is linked.
-Prints every warning and error in the generated files, and the count of those in the components.
-Exit status: 0 clean (or skipped), 1 a diagnostic in our files, a failed object or a failed configure.
+Prints kconfgen's notes on ``sdkconfig.defaults`` (unknown symbols: the build would ignore them), every
+warning and error in the generated files, and the count of those in the components. Exit status: 0 clean
+(or skipped), 1 a kconfgen note, a diagnostic in our files, a failed object or a failed configure.
 
 Needs, else it says what is missing and exits 0 (skipped):
 
@@ -24,7 +25,7 @@ Optional: ``ESP_CHECK_IDF_STUBS``, a directory of stand-in components passed as
 ``EXTRA_COMPONENT_DIRS`` (they override ESP-IDF's of the same name).
 
 Run: ``python bench/idf_compile_check.py [--board esp32c3-devkitm-1] [--components] [--work DIR]``
-(``--tap``, ``--streamed``, ``--ansi-ops 0,1`` for the other firmwares).
+(``--tap [--dump-ops 0,1]``, ``--streamed``, ``--ansi-ops 0,1`` for the other firmwares).
 """
 
 from __future__ import annotations
@@ -103,6 +104,13 @@ def check_project(proj: Path, chip: str, args: argparse.Namespace, env: dict[str
     if _run(cmake, proj, env, proj / "configure.log") != 0:
         print(f"  configure FAILED: see {proj / 'configure.log'}")
         return 1
+    conf = (proj / "configure.log").read_text(errors="replace")
+    notes = [
+        ln for ln in conf.splitlines() if ln.startswith("warning: ")
+    ]  # kconfgen's, on sdkconfig.defaults
+    print(f"  configured; kconfgen notes (e.g. an unknown symbol, which the build ignores): {len(notes)}")
+    for ln in notes:
+        print(f"    {ln}")
     listed = subprocess.run(
         ["ninja", "-C", str(build), "-t", "targets", "all"],
         env=env,
@@ -120,13 +128,13 @@ def check_project(proj: Path, chip: str, args: argparse.Namespace, env: dict[str
     failed = [ln for ln in log.splitlines() if ln.startswith("FAILED:")]
     ours = [d for d in _diagnostics(proj / "compile.log") if d[0].startswith(str(proj / "main"))]
     theirs = [d for d in _diagnostics(proj / "compile.log") if not d[0].startswith(str(proj / "main"))]
-    print(f"  configured; {len(objs)} objects, ninja exit {rc}, {len(failed)} failed")
+    print(f"  {len(objs)} objects, ninja exit {rc}, {len(failed)} failed")
     print(f"  in the generated files: {len(ours)} diagnostics; elsewhere: {len(theirs)}")
     for _path, _kind, text in sorted(set(ours)):
         print(f"    {text}")
     for ln in failed:
         print(f"    {ln}")
-    return len(ours) + len(failed)
+    return len(notes) + len(ours) + len(failed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--components", action="store_true", help="also compile esp-nn and esp-tflite-micro")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--tap", action="store_true", help="the per-op checksum firmware (docs/tap.md)")
+    ap.add_argument("--dump-ops", default="", help="with --tap: ops whose tensors are dumped, e.g. 0,1")
     ap.add_argument("--streamed", action="store_true", help="no compiled-in inputs, as the flows build it")
     ap.add_argument("--ansi-ops", default="", help="hybrid firmware: op indices on ANSI C kernels, e.g. 0,1")
     args = ap.parse_args(argv)
@@ -162,8 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         tflm_copy = _scratch_tflm(tflm, work)
         findings = 0
-        ansi_ops = tuple(int(i) for i in args.ansi_ops.split(",") if i.strip())
-        features = FirmwareFeatures(tap=args.tap, embed_inputs=not args.streamed, ansi_ops=ansi_ops)
+        ansi_ops, dump_ops = (
+            tuple(int(i) for i in s.split(",") if i.strip()) for s in (args.ansi_ops, args.dump_ops)
+        )
+        features = FirmwareFeatures(
+            tap=args.tap, dump_ops=dump_ops, embed_inputs=not args.streamed, ansi_ops=ansi_ops
+        )
         inputs = [] if args.streamed else [args.input]
         variants = ("optimized",) if ansi_ops else ("optimized", "ansi")
         generated = generate_projects(

@@ -73,7 +73,7 @@ void ecl_error(ecl_t *l, uint32_t id, uint8_t stage, int32_t code, const char *m
     p[ECL_ERROR_AT_STAGE] = stage;
     while (msg != NULL && msg[n] != '\0' && n < ECL_ERROR_MSG_MAX) {
         unsigned char c = (unsigned char)msg[n];
-        p[ECL_ERROR_FIXED + n] = (c >= 0x21 && c <= 0x7E && c != '*') ? c : '_';
+        p[ECL_ERROR_FIXED + n] = (c >= ECP_PRINTABLE_MIN && c <= ECP_PRINTABLE_MAX && c != '*') ? c : '_';
         n++;
     }
     send_frame(l, ECL_RSP_ERROR, p, ECL_ERROR_FIXED + n);
@@ -108,7 +108,7 @@ void ecl_hello(ecl_t *l) {
     p[pos++] = (uint8_t)vlen;
     for (k = 0; k < vlen; k++) {
         unsigned char ch = (unsigned char)c->fwver[k];
-        p[pos++] = (ch >= 0x21 && ch <= 0x7E) ? ch : '_';
+        p[pos++] = (ch >= ECP_PRINTABLE_MIN && ch <= ECP_PRINTABLE_MAX) ? ch : '_';
     }
     flush_batch(l);
     n = ecf_encode_keyed(l->tx, sizeof(l->tx), ECL_RSP_HELLO, 0, l->tx_seq, p, pos, l->key);

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from harness.protocol import frames
 from harness.protocol.emitter import SANITIZE, emit_tensor
-from harness.protocol.spec import crc32
+from harness.protocol.spec import PRINTABLE, crc32
 
 ECL_OK, ECL_HALTED, ECL_REBOOT = 0, 1, 2
 
@@ -243,7 +243,7 @@ class DeviceLoop:
 
     def hello(self) -> None:
         c = self.cfg
-        fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: frames.FWVER_MAX])
+        fw = bytes(ch if ch in PRINTABLE else 0x5F for ch in c.fwver.encode("utf-8")[: frames.FWVER_MAX])
         h = frames.Hello(
             frames.VERSION,
             max_payload=frames.TX_MAX_PAYLOAD,

@@ -405,8 +405,10 @@ def test_the_c_header_bounds_are_the_python_sides() -> None:
         "MAX_DIMS": spec.MAX_DIMS,
         "TAP_MAX_TENSORS": spec.TAP_MAX_TENSORS,
         "OPNAME_MAX": spec.OPNAME_MAX,
+        "PRINTABLE_MIN": spec.PRINTABLE[0],
+        "PRINTABLE_MAX": spec.PRINTABLE[-1],
     }
-    assert c_side == {k: str(v) for k, v in py_side.items()}
+    assert {k: int(v, 0) for k, v in c_side.items()} == {k: int(v) for k, v in py_side.items()}
     assert em_mod.MAX_DIMS is spec.MAX_DIMS and not hasattr(loader, "MAX_RANK")
     loader._check_shape(0, "t", (1,) * spec.MAX_DIMS, "int8", False)
     with pytest.raises(ModelError, match="TFLM cannot hold"):

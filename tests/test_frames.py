@@ -197,10 +197,12 @@ def test_a_record_whose_id_follows_nothing_is_refused() -> None:
 
 
 def _fields(layout: struct.Struct, names: str) -> dict[str, tuple[int, int]]:
-    """A frames.py payload layout's fields by name (``_``: a reserved one): (offset, size) of each."""
+    """A frames.py payload layout's fields by name (``_``: a reserved one; ``zero``: pad bytes, and only
+    they): (offset, size) of each."""
     codes = re.findall(r"\d*[a-zA-Z]", layout.format.lstrip("<"))
     out, at = {}, 0
     for name, code in zip(names.split(), codes, strict=True):
+        assert (name == "zero") == code.endswith("x"), f"{layout.format}: {name} is {code}"
         if name != "_":
             out[name] = (at, struct.calcsize("<" + code))
         at += struct.calcsize("<" + code)
@@ -208,19 +210,26 @@ def _fields(layout: struct.Struct, names: str) -> dict[str, tuple[int, int]]:
 
 
 # where the C writes or reads each field of the frame header (ECF_AT_<field>) and of a payload
-# (ECL_<payload>_AT_<field>): frames.py's layouts
+# (ECL_<payload>_AT_<field>; ECL_<payload>_BYTES: its size): frames.py's layouts, field names (``_``: none)
 _LAYOUTS = {
-    "ECF_AT_": _fields(fr.FRAME_HEAD, "magic type flags seq len len_check"),
-    "ECL_HELLO_AT_": _fields(
+    "ECF_AT_": (fr.FRAME_HEAD, "magic type flags seq len len_check"),
+    "ECL_HELLO_AT_": (
         fr.HELLO_HEAD,
         "proto flags nn slot init dtype max_payload window input_bytes outputs _ session model_sha256"
         " app_sha256 other_sha256 keep_capacity kept",
     ),
-    "ECL_RUN_AT_": _fields(fr.RUN_HEAD, "id source results flags keep repeat expected seed"),
-    "ECL_REC_AT_": _fields(fr.REC_HEAD, "head id invoke_us input_crc"),
-    "ECL_DATA_AT_": _fields(fr.DATA_HEAD, "id output offset"),
-    "ECL_KEEP_AT_": _fields(py_loop.KEEP_HEAD, "magic input_bytes capacity nonce bytes model_sha256 place"),
+    "ECL_RUN_AT_": (fr.RUN_HEAD, "id source results flags keep repeat expected seed"),
+    "ECL_REC_AT_": (fr.REC_HEAD, "head id invoke_us input_crc"),
+    "ECL_DATA_AT_": (fr.DATA_HEAD, "id output offset"),
+    "ECL_ERROR_AT_": (fr.ERROR_HEAD, "id code stage"),
+    "ECL_ACK_AT_": (fr.ACK_BODY, "next_seq zero"),
+    "ECL_NAK_AT_": (fr.NAK_BODY, "next_seq reason zero"),
+    "ECL_SYNC_AT_": (fr.SYNC_BODY, "token"),
+    "ECL_BOOT_AT_": (fr.BOOT_BODY, "slot zero status"),
+    "ECL_BAUD_AT_": (fr.BAUD_BODY, "baud status"),
+    "ECL_KEEP_AT_": (py_loop.KEEP_HEAD, "magic input_bytes capacity nonce bytes model_sha256 place"),
 }
+_FIELDS = {prefix: _fields(*layout) for prefix, layout in _LAYOUTS.items()}
 # frames.py constants the device has no define for: the host's own bounds and what it derives
 _HOST_ONLY = {"LOAD_CHUNK", "HELLO_LINE_MAX"}
 # C names whose Python twin is spelled or stored another way (any other ECF_X / ECL_X is frames.X)
@@ -232,7 +241,7 @@ _OTHER_NAMES = {
     "ECF_TYPE_HELLO": ("RSP_HELLO", fr.RSP_HELLO),
     "ECF_HELLO_LINE_PREFIX": ("HELLO_LINE", b"\r\n" + fr.HELLO_LINE),
     "ECL_BAUD_CONFIRM_US": ("BAUD_CONFIRM_S", round(fr.BAUD_CONFIRM_S * 1_000_000)),
-    "ECL_HELLO_SHA256": ("HELLO_HEAD", _LAYOUTS["ECL_HELLO_AT_"]["model_sha256"][1]),
+    "ECL_HELLO_SHA256": ("HELLO_HEAD", _FIELDS["ECL_HELLO_AT_"]["model_sha256"][1]),
     "ECL_KEEP_AT_CRC": ("KEEP_HEAD", py_loop.KEEP_HEAD.size),  # the header's CRC-32 follows its fields
     "ECL_OK": ("", py_loop.ECL_OK),
     "ECL_HALTED": ("", py_loop.ECL_HALTED),
@@ -266,9 +275,11 @@ def _python_twin(name: str) -> int | bytes:
     for prefix, table in _FAMILIES.items():
         if name.startswith(prefix):
             return table[name[len(prefix) :].lower()]
-    for prefix, fields in _LAYOUTS.items():
+    for prefix, fields in _FIELDS.items():
         if name.startswith(prefix):
             return fields[name[len(prefix) :].lower()][0]
+    if name.endswith("_BYTES") and name[: -len("BYTES")] + "AT_" in _LAYOUTS:
+        return _LAYOUTS[name[: -len("BYTES")] + "AT_"][0].size
     value = getattr(fr, name[4:])
     assert isinstance(value, int | bytes), name
     return value
@@ -276,10 +287,10 @@ def _python_twin(name: str) -> int | bytes:
 
 def test_the_c_frame_and_loop_defines_are_frames_py() -> None:
     """esp_check_frame.h's and esp_check_loop.h's numbers (frame layout, types, codes, bounds, flags, the
-    payloads' field offsets, the input PRNG's constants, the kept-input store) and frames.py's are one fact
-    in two languages: every C define has its equal Python twin, every frames.py constant (and code table
-    entry, and payload field) its define, but the host's own two (``_HOST_ONLY``). A define added or
-    changed on one side alone fails here."""
+    payloads' field offsets and sizes, the input PRNG's constants, the kept-input store) and frames.py's
+    are one fact in two languages: every C define has its equal Python twin, every frames.py constant (and
+    code table entry, payload layout and its fields) its define, but the host's own two (``_HOST_ONLY``).
+    A define added or changed on one side alone fails here."""
     c_side = _c_defines(COMMON)
     assert c_side == {name: _python_twin(name) for name in c_side}
     twins = {name[4:] for name in c_side} | {python for python, _ in _OTHER_NAMES.values()}
@@ -287,7 +298,9 @@ def test_the_c_frame_and_loop_defines_are_frames_py() -> None:
         n for n, v in vars(fr).items() if n.isupper() and n[0] != "_" and isinstance(v, int | float | bytes)
     }
     assert constants - _HOST_ONLY - twins == set()
-    for prefix, table in (_FAMILIES | _LAYOUTS).items():
+    for prefix, table in (_FAMILIES | _FIELDS).items():
         assert {prefix + key.upper() for key in table} <= set(c_side), prefix
+    layouts = [layout for layout, _ in _LAYOUTS.values()]  # every frames.py layout has its defines
+    assert [n for n, v in vars(fr).items() if isinstance(v, struct.Struct) and v not in layouts] == []
     # the largest HELLO payload fits the device's control-frame buffer
     assert fr.HELLO_FIXED + 4 * fr.MAX_OUTPUTS + 1 + fr.FWVER_MAX <= fr.CTRL_MAX

@@ -25,9 +25,9 @@ static void flush_batch(ecl_t *l) {
 }
 
 static void send_ack(ecl_t *l) {
-    uint8_t p[4];
-    ecf_put_u16(p, l->rx_expected);
-    ecf_put_u16(p + 2, 0);
+    uint8_t p[ECL_ACK_BYTES];
+    ecf_put_u16(p + ECL_ACK_AT_NEXT_SEQ, l->rx_expected);
+    ecf_put_u16(p + ECL_ACK_AT_ZERO, 0);
     send_frame(l, ECL_RSP_ACK, p, sizeof(p));
     l->consumed_since_ack = 0;
 }
@@ -53,11 +53,11 @@ static void flush_ack(ecl_t *l) {
 }
 
 static void send_nak(ecl_t *l, uint8_t reason) {
-    uint8_t p[4];
+    uint8_t p[ECL_NAK_BYTES];
     if (l->nak_pending) return;
-    ecf_put_u16(p, l->rx_expected);
-    p[2] = reason;
-    p[3] = 0;
+    ecf_put_u16(p + ECL_NAK_AT_NEXT_SEQ, l->rx_expected);
+    p[ECL_NAK_AT_REASON] = reason;
+    p[ECL_NAK_AT_ZERO] = 0;
     flush_batch(l);
     send_frame(l, ECL_RSP_NAK, p, sizeof(p));
     l->nak_pending = 1;
@@ -68,12 +68,12 @@ void ecl_error(ecl_t *l, uint32_t id, uint8_t stage, int32_t code, const char *m
     uint8_t p[ECL_ERROR_FIXED + ECL_ERROR_MSG_MAX];
     size_t n = 0;
     flush_batch(l);
-    ecf_put_u32(p, id);
-    ecf_put_u32(p + 4, (uint32_t)code);
-    p[8] = stage;
+    ecf_put_u32(p + ECL_ERROR_AT_ID, id);
+    ecf_put_u32(p + ECL_ERROR_AT_CODE, (uint32_t)code);
+    p[ECL_ERROR_AT_STAGE] = stage;
     while (msg != NULL && msg[n] != '\0' && n < ECL_ERROR_MSG_MAX) {
         unsigned char c = (unsigned char)msg[n];
-        p[ECL_ERROR_FIXED + n] = (c >= 0x21 && c <= 0x7E && c != '*') ? c : '_';
+        p[ECL_ERROR_FIXED + n] = (c >= ECP_PRINTABLE_MIN && c <= ECP_PRINTABLE_MAX && c != '*') ? c : '_';
         n++;
     }
     send_frame(l, ECL_RSP_ERROR, p, ECL_ERROR_FIXED + n);
@@ -108,7 +108,7 @@ void ecl_hello(ecl_t *l) {
     p[pos++] = (uint8_t)vlen;
     for (k = 0; k < vlen; k++) {
         unsigned char ch = (unsigned char)c->fwver[k];
-        p[pos++] = (ch >= 0x21 && ch <= 0x7E) ? ch : '_';
+        p[pos++] = (ch >= ECP_PRINTABLE_MIN && ch <= ECP_PRINTABLE_MAX) ? ch : '_';
     }
     flush_batch(l);
     n = ecf_encode_keyed(l->tx, sizeof(l->tx), ECL_RSP_HELLO, 0, l->tx_seq, p, pos, l->key);
@@ -512,7 +512,7 @@ static void do_load(ecl_t *l, const ecf_frame_t *f) {
 }
 
 static void dispatch(ecl_t *l, const ecf_frame_t *f) {
-    uint8_t p[8];
+    uint8_t p[ECL_BOOT_BYTES]; /* the largest reply here (BAUD_OK's is as large) */
     switch (f->type) {
         case ECL_CMD_HELLO: ecl_hello(l); break;
         case ECL_CMD_LOAD: do_load(l, f); break;
@@ -540,18 +540,18 @@ static void dispatch(ecl_t *l, const ecf_frame_t *f) {
         case ECL_CMD_SYNC:
             flush_batch(l);
             memset(p, 0, sizeof(p));
-            if (f->len >= 4) memcpy(p, f->payload, 4);
-            send_frame(l, ECL_RSP_SYNC, p, 4);
+            if (f->len >= ECL_SYNC_BYTES) memcpy(p + ECL_SYNC_AT_TOKEN, f->payload, ECL_SYNC_BYTES);
+            send_frame(l, ECL_RSP_SYNC, p, ECL_SYNC_BYTES);
             break;
         case ECL_CMD_BOOT: {
             int rc = f->len >= 1 && f->payload[0] <= 1 && l->cfg.boot_slot != NULL
                          ? l->cfg.boot_slot(l->cfg.ctx, f->payload[0])
                          : -1;
             flush_batch(l);
-            p[0] = f->len >= 1 ? f->payload[0] : 0xFF;
-            p[1] = p[2] = p[3] = 0;
-            ecf_put_u32(p + 4, (uint32_t)rc);
-            send_frame(l, ECL_RSP_BOOT, p, 8);
+            p[ECL_BOOT_AT_SLOT] = f->len >= 1 ? f->payload[0] : 0xFF;
+            memset(p + ECL_BOOT_AT_ZERO, 0, ECL_BOOT_AT_STATUS - ECL_BOOT_AT_ZERO);
+            ecf_put_u32(p + ECL_BOOT_AT_STATUS, (uint32_t)rc);
+            send_frame(l, ECL_RSP_BOOT, p, ECL_BOOT_BYTES);
             if (rc == 0) l->status = ECL_REBOOT;
             break;
         }
@@ -559,9 +559,9 @@ static void dispatch(ecl_t *l, const ecf_frame_t *f) {
             uint32_t baud = f->len >= 4 ? ecf_get_u32(f->payload) : 0u;
             int32_t rc = l->cfg.set_baud != NULL && baud >= ECL_BAUD_MIN && baud <= ECL_BAUD_MAX ? 0 : -1;
             flush_batch(l);
-            ecf_put_u32(p, baud);
-            ecf_put_u32(p + 4, (uint32_t)rc);
-            send_frame(l, ECL_RSP_BAUD, p, 8);
+            ecf_put_u32(p + ECL_BAUD_AT_BAUD, baud);
+            ecf_put_u32(p + ECL_BAUD_AT_STATUS, (uint32_t)rc);
+            send_frame(l, ECL_RSP_BAUD, p, ECL_BAUD_BYTES);
             if (rc == 0) l->cfg.set_baud(l->cfg.ctx, baud); /* after the reply: it leaves at the old baud */
             break;
         }
@@ -590,7 +590,7 @@ static void on_frame(void *ctx, const ecf_frame_t *f) {
     l->nak_pending = 0;
     l->rx_expected++;
     l->consumed_since_ack += (uint32_t)(ECF_HEADER + f->len + ECF_TRAILER);
-    if (l->consumed_since_ack >= l->cfg.window / 2) send_ack(l);
+    if (l->consumed_since_ack >= l->cfg.window / ECL_ACK_PER_WINDOW) send_ack(l);
     dispatch(l, f);
 }
 

@@ -26,6 +26,28 @@ extern "C" {
 #define ECL_FWVER_MAX 32     /* HELLO's firmware version is cut to this many bytes */
 #define ECL_ERROR_MSG_MAX 120 /* an ERROR frame's message is cut to this many bytes */
 #define ECL_ERROR_FIXED 9 /* ERROR payload before the message: u32 id, i32 code, u8 stage */
+#define ECL_ERROR_AT_ID 0
+#define ECL_ERROR_AT_CODE 4
+#define ECL_ERROR_AT_STAGE 8
+
+/* the other small payloads (docs/protocol.md "Device to host"): their bytes, where each field starts */
+#define ECL_ACK_BYTES 4 /* u16 next_seq, u16 0 */
+#define ECL_ACK_AT_NEXT_SEQ 0
+#define ECL_ACK_AT_ZERO 2
+#define ECL_NAK_BYTES 4 /* u16 next_seq, u8 reason, u8 0 */
+#define ECL_NAK_AT_NEXT_SEQ 0
+#define ECL_NAK_AT_REASON 2
+#define ECL_NAK_AT_ZERO 3
+#define ECL_SYNC_BYTES 4 /* SYNC and SYNC_ACK: the host's u32 token */
+#define ECL_SYNC_AT_TOKEN 0
+#define ECL_BOOT_BYTES 8 /* BOOTING: u8 slot, 3 bytes 0, i32 status */
+#define ECL_BOOT_AT_SLOT 0
+#define ECL_BOOT_AT_ZERO 1
+#define ECL_BOOT_AT_STATUS 4
+#define ECL_BAUD_BYTES 8 /* BAUD_OK: u32 baud, i32 status */
+#define ECL_BAUD_AT_BAUD 0
+#define ECL_BAUD_AT_STATUS 4
+#define ECL_ACK_PER_WINDOW 2 /* an ACK once window / this many bytes were taken in since the last one */
 
 /* HELLO payload: where each field of its fixed part starts (docs/protocol.md "HELLO") */
 #define ECL_HELLO_AT_PROTO 0

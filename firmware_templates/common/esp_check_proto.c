@@ -117,7 +117,7 @@ static int key_ok(const char *key) {
     return 1;
 }
 
-/* Sanitized string value: bytes outside 0x21..0x7E and '*' become '_'; empty/NULL is '-'. */
+/* Sanitized string value: bytes outside ECP_PRINTABLE_MIN..MAX and '*' become '_'; empty/NULL is '-'. */
 static void put_value(ecp_t *e, const char *s, size_t max_len) {
     size_t k;
     if (s == NULL || s[0] == '\0') {
@@ -126,7 +126,7 @@ static void put_value(ecp_t *e, const char *s, size_t max_len) {
     }
     for (k = 0; s[k] != '\0' && k < max_len; k++) {
         unsigned char c = (unsigned char)s[k];
-        char out = (c < 0x21u || c > 0x7Eu || c == '*') ? '_' : (char)c;
+        char out = (c < ECP_PRINTABLE_MIN || c > ECP_PRINTABLE_MAX || c == '*') ? '_' : (char)c;
         put(e, &out, 1);
     }
 }

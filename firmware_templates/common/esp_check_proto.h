@@ -37,6 +37,8 @@ extern "C" {
 #define ECP_MAX_DIMS 8     /* more dimensions: record_overflow */
 #define ECP_TAP_MAX_TENSORS 4 /* tensors per OP record side (in=/out=); the firmware taps at most this many */
 #define ECP_OPNAME_MAX 32     /* OP op= is truncated to this many bytes */
+#define ECP_PRINTABLE_MIN 0x21 /* a value's bytes: those outside MIN..MAX (and '*') become '_' */
+#define ECP_PRINTABLE_MAX 0x7E
 
 /* Returns the number of bytes written or a negative value on failure. */
 typedef int (*ecp_write_fn)(void *ctx, const char *buf, size_t len);

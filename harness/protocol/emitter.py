@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 BODY_MAX = LINE_MAX - 11  # "*XXXXXXXX\r\n" follows the body
 
 _C_FLAGS = ("-std=c99", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra")
-# a protocol value's bytes: those outside 0x21..0x7E, and '*', become '_' (text records, ERROR frames)
-SANITIZE = bytes(c if 0x21 <= c <= 0x7E and c != 0x2A else 0x5F for c in range(256))
+# a protocol value's bytes: those outside spec.PRINTABLE, and '*', become '_' (text records, ERROR frames)
+SANITIZE = bytes(c if c in spec.PRINTABLE and c != 0x2A else 0x5F for c in range(256))
 _OVERFLOW_TAIL = b" ERROR stage=internal code=0 msg=record_overflow "
 _KEY = re.compile(r"[a-z][a-z0-9_]*")  # a record field's key (ASCII only)
 
@@ -74,7 +74,7 @@ def _cbytes(value: str | bytes) -> bytes:
 
 
 def sanitize_value(value: str | bytes, max_len: int = LINE_MAX) -> bytes:
-    """Protocol string value: each byte outside 0x21..0x7E, and '*', becomes '_'; empty is '-'."""
+    """Protocol string value: each byte outside spec.PRINTABLE, and '*', becomes '_'; empty is '-'."""
     raw = _cbytes(value)[:max_len]
     return raw.translate(SANITIZE) if raw else b"-"
 

@@ -67,7 +67,14 @@ NO_ID = 0xFFFFFFFF
 MAX_OUTPUTS = 16
 FWVER_MAX = 32
 ERROR_MSG_MAX = 120
-ERROR_FIXED = 9  # ERROR: u32 id, i32 code, u8 stage, then the message
+ERROR_HEAD = struct.Struct("<IiB")  # ERROR: id, code, stage, then the message
+ERROR_FIXED = ERROR_HEAD.size
+ACK_BODY = struct.Struct("<H2x")  # ACK: next_seq, u16 0
+NAK_BODY = struct.Struct("<HBx")  # NAK: next_seq, reason, u8 0
+SYNC_BODY = struct.Struct("<4s")  # SYNC and SYNC_ACK: the host's token
+BOOT_BODY = struct.Struct("<B3xi")  # BOOTING: slot, 3 bytes 0, status
+BAUD_BODY = struct.Struct("<Ii")  # BAUD_OK: baud, status
+ACK_PER_WINDOW = 2  # the device ACKs once window / this many bytes were taken in since its last ACK
 # a batch whose oldest result waited this much invoke time (the RUNs after it) is sent, with the ACK folded
 # in (ECL_BATCH_WAIT_US): a slow model's results share frames; none waits longer than this plus one RUN
 BATCH_WAIT_US = 2_500_000
@@ -672,30 +679,28 @@ class DeviceError:
 
 def decode_error(p: bytes) -> DeviceError:
     _need(p, ERROR_FIXED, "ERROR")
-    ident, code = struct.unpack_from("<Ii", p)
-    stage = STAGES.get(p[8], f"code{p[8]}")
+    ident, code, at = ERROR_HEAD.unpack_from(p)
+    stage = STAGES.get(at, f"code{at}")
     msg = p[ERROR_FIXED : ERROR_FIXED + ERROR_MSG_MAX].decode("ascii", "replace")
     return DeviceError(None if ident == NO_ID else ident, code, stage, msg)
 
 
 def decode_ack(p: bytes) -> int:
-    _need(p, 2, "ACK")
-    return int(struct.unpack_from("<H", p)[0])
+    _need(p, ACK_BODY.size, "ACK")
+    return int(ACK_BODY.unpack_from(p)[0])
 
 
 def decode_nak(p: bytes) -> tuple[int, int]:
-    _need(p, 3, "NAK")
-    seq = struct.unpack_from("<H", p)[0]
-    return int(seq), p[2]
+    _need(p, NAK_BODY.size, "NAK")
+    return NAK_BODY.unpack_from(p)
 
 
 def decode_boot(p: bytes) -> tuple[int, int]:
-    _need(p, 8, "BOOTING")
-    return p[0], int(struct.unpack_from("<i", p, 4)[0])
+    _need(p, BOOT_BODY.size, "BOOTING")
+    return BOOT_BODY.unpack_from(p)
 
 
 def decode_baud(p: bytes) -> tuple[int, int]:
     """BAUD_OK: (baud, status); status 0: the device switches to ``baud`` right after this frame."""
-    _need(p, 8, "BAUD_OK")
-    baud, status = struct.unpack_from("<Ii", p)
-    return int(baud), int(status)
+    _need(p, BAUD_BODY.size, "BAUD_OK")
+    return BAUD_BODY.unpack_from(p)

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from harness.protocol import frames
 from harness.protocol.emitter import SANITIZE, emit_tensor
-from harness.protocol.spec import crc32
+from harness.protocol.spec import PRINTABLE, crc32
 
 ECL_OK, ECL_HALTED, ECL_REBOOT = 0, 1, 2
 
@@ -213,7 +213,7 @@ class DeviceLoop:
         self.batch_wait_us = 0
 
     def _ack(self) -> None:
-        self._send(frames.RSP_ACK, struct.pack("<HH", self.rx_expected, 0))
+        self._send(frames.RSP_ACK, frames.ACK_BODY.pack(self.rx_expected))
         self.consumed_since_ack = 0
 
     def _flush_ack(self) -> None:
@@ -231,19 +231,19 @@ class DeviceLoop:
         if self.nak_pending:
             return
         self._flush()
-        self._send(frames.RSP_NAK, struct.pack("<HBB", self.rx_expected, reason, 0))
+        self._send(frames.RSP_NAK, frames.NAK_BODY.pack(self.rx_expected, reason))
         self.nak_pending = True
 
     def error(self, ident: int, stage: int, code: int, msg: str) -> None:
         self._flush()
         raw = msg.encode("utf-8", "replace")[: frames.ERROR_MSG_MAX]
         clean = raw.translate(SANITIZE)
-        head = struct.pack("<IIB", ident & 0xFFFFFFFF, code & 0xFFFFFFFF, stage)
+        head = frames.ERROR_HEAD.pack(ident & 0xFFFFFFFF, code, stage)  # code: the C's int32_t
         self._send(frames.RSP_ERROR, head + clean)
 
     def hello(self) -> None:
         c = self.cfg
-        fw = bytes(ch if 0x21 <= ch <= 0x7E else 0x5F for ch in c.fwver.encode("utf-8")[: frames.FWVER_MAX])
+        fw = bytes(ch if ch in PRINTABLE else 0x5F for ch in c.fwver.encode("utf-8")[: frames.FWVER_MAX])
         h = frames.Hello(
             frames.VERSION,
             max_payload=frames.TX_MAX_PAYLOAD,
@@ -289,7 +289,7 @@ class DeviceLoop:
         self.nak_pending = False
         self.rx_expected = (self.rx_expected + 1) & 0xFFFF
         self.consumed_since_ack += f.size
-        if self.consumed_since_ack >= self.cfg.window // 2:
+        if self.consumed_since_ack >= self.cfg.window // frames.ACK_PER_WINDOW:
             self._ack()
         self._dispatch(f)
 
@@ -344,14 +344,16 @@ class DeviceLoop:
 
     def _sync(self, f: frames.Frame) -> None:
         self._flush()
-        token = (f.payload[:4] if len(f.payload) >= 4 else b"").ljust(4, b"\0")
-        self._send(frames.RSP_SYNC, token)
+        token = (
+            f.payload if len(f.payload) >= frames.SYNC_BODY.size else b""
+        )  # pack: its first 4 bytes, or 0s
+        self._send(frames.RSP_SYNC, frames.SYNC_BODY.pack(token))
 
     def _boot(self, f: frames.Frame) -> None:
         slot = f.payload[0] if f.payload else 0xFF
         rc = self.host.boot_slot(slot) if f.payload and slot <= 1 else -1
         self._flush()
-        self._send(frames.RSP_BOOT, bytes([slot, 0, 0, 0]) + struct.pack("<i", rc))
+        self._send(frames.RSP_BOOT, frames.BOOT_BODY.pack(slot, rc))
         if rc == 0:
             self.status = ECL_REBOOT
 
@@ -359,7 +361,7 @@ class DeviceLoop:
         baud = struct.unpack_from("<I", f.payload)[0] if len(f.payload) >= 4 else 0
         rc = 0 if self.cfg.baud_switch and frames.BAUD_MIN <= baud <= frames.BAUD_MAX else -1
         self._flush()
-        self._send(frames.RSP_BAUD, struct.pack("<Ii", baud, rc))
+        self._send(frames.RSP_BAUD, frames.BAUD_BODY.pack(baud, rc))
         if rc == 0:
             self.host.set_baud(baud)  # after the reply: it leaves at the old baud
 

@@ -22,6 +22,7 @@ MAX_DIMS = 8  # dims the firmware records (more: record_overflow); TFLM kernels'
 NAME_MAX = 64  # TENSOR name= is cut to this many bytes
 MSG_MAX = 120  # ERROR msg= is cut to this many bytes
 OPNAME_MAX = 32  # OP op= is cut to this many bytes
+PRINTABLE = range(0x21, 0x7E + 1)  # a value's bytes outside it (and '*') become '_' (ECP_PRINTABLE_MIN..MAX)
 TAP_RECORD_BYTES = 36  # firmware RAM per tapped op: uint32 cycles + 4 input CRCs + 4 output CRCs
 
 

@@ -250,8 +250,8 @@ def _check_mean_axes(where: str, opcode: str, ins: tuple[int, ...], tensors: tup
         )
 
 
-# Constant parameter tensors whose size and type no Prepare checks, read by Eval as the types listed (esp-
-# tflite-micro 1.3.8 micro/kernels): per op, those types, then per parameter input (index, entries per
+# Parameter tensors whose size and type Prepare checks less than Eval reads them (esp-tflite-micro 1.3.8
+# micro/kernels): per op, the types Eval reads them as, then per parameter input (index, entries per
 # dimension of input 0, dimensions not counted). PAD reads 2 per input dimension, Prepare counts the
 # output's (pad_common.cc:66, 94-97); MIRROR_PAD checks only its first dimension (mirror_pad.cc:182,
 # 36-37); TRANSPOSE reads int32 (transpose_common.cc:41, transpose.cc:29); SLICE reads size as begin's

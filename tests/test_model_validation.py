@@ -544,6 +544,8 @@ def test_constant_parameters_the_kernel_reads_out_of_bounds_refused(
             (1, 3),
         ),
         (100, (2, 3), [T("pads", (2, 2), "int64", data=_i("int64", 1, 1, 2, 2))], (4, 7)),
+        # no MirrorPadOptions: TFLM's mode is unknown, mirrored as SYMMETRIC (left padding up to 3 here)
+        (100, (2, 3), [T("pads", (2, 2), "int32", data=_i("int32", 0, 0, 3, 0))], (2, 6)),
         (37, (4, 1, 1, 2), [T("block", (2,), "int32", data=_i("int32", 2, 2)), _ZERO_CROPS], (1, 2, 2, 2)),
     ],
 )

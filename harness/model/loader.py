@@ -302,8 +302,9 @@ def _block_values(x: TensorInfo, y: TensorInfo, v: _Values, _: dict[str, object]
 def _mirror_values(
     x: TensorInfo, y: TensorInfo, v: _Values, opt: dict[str, object]
 ) -> tuple[int, str] | None:
-    """A left padding past the input (REFLECT: its size - 1) mirrors outside it (mirror_pad.cc:43-46)."""
-    offset = 1 if opt.get("mode", 0) == 0 else 0  # MirrorPadMode.REFLECT
+    """A left padding past the input (REFLECT: its size - 1) mirrors outside it (mirror_pad.cc:43-46); no
+    options leave the mode unknown, mirrored as SYMMETRIC (core/api/flatbuffer_conversions.cc:1864-1870)."""
+    offset = 1 if opt.get("mode") == 0 else 0  # MirrorPadMode.REFLECT
     for k, (d, lo) in enumerate(zip(x.shape, v[0][::2], strict=True)):
         if lo > d - offset:
             return 0, f"has left padding {lo} for dimension {k} of size {d} (at most {d - offset})"

@@ -435,3 +435,121 @@ def test_output_channels_other_than_the_weights_refused(
     assert main(["inspect", str(model)]) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert f"op 0 ({opcode}): output tensor 3 ('y') has 16 channels; the weights have 8" in err
+
+
+def _i(dtype: str, *values: int) -> np.ndarray:
+    return np.array(values, np.dtype(dtype))
+
+
+def _with_params(builtin: int, x: tuple[int, ...], params: list[T], y: tuple[int, ...]) -> bytes:
+    """int8 ``x`` and constant ``params`` -> one op ``builtin`` -> int8 ``y``."""
+    tensors = [T("x", x, "int8", 0.1, 0), *params, T("y", y, "int8", 0.1, 0)]
+    n = len(tensors) - 1
+    return build_model(tensors, [Op(builtin, list(range(n)), [n])], inputs=[0], outputs=[n])
+
+
+_ZERO_CROPS = T("crops", (2, 2), "int32", data=np.zeros((2, 2), np.int32))
+# (builtin, input shape, parameter tensors, output shape, the refusal): what the host wheel did
+_BAD_PARAMS = {
+    "transpose_repeated": (
+        39,
+        (2, 3),
+        [T("perm", (2,), "int32", data=_i("int32", 0, 0))],
+        (2, 2),
+        "tensor 1 ('perm') is [0, 0], not a permutation of 0..1",
+    ),  # read x[6]
+    "transpose_int64": (
+        39,
+        (2, 3, 1),
+        [T("perm", (3,), "int64", data=_i("int64", 2, 1, 0))],
+        (1, 3, 2),
+        "tensor 1 ('perm') is int64; the kernel reads it as int32",
+    ),  # read as [2, 0, 1]: [[1, 2], [4, 5], [0, 0]], past x
+    "slice_past_input": (
+        65,
+        (2, 3),
+        [T("begin", (2,), "int32", data=_i("int32", 1, 1)), T("size", (2,), "int32", data=_i("int32", 1, 5))],
+        (1, 5),
+        "begin 1 and size 5 for dimension 1 of size 3",
+    ),  # [5, 6, 0, 0, -128]
+    "slice_mixed_types": (
+        65,
+        (2, 3),
+        [T("begin", (2,), "int64", data=_i("int64", 0, 0)), T("size", (2,), "int32", data=_i("int32", 2, 3))],
+        (2, 3),
+        "tensor 2 ('size') is int32; the kernel reads it as int64",
+    ),  # SIGSEGV
+    **{
+        f"{name}_block_0": (
+            code,
+            (1, 2, 2, 2),
+            [T("block", (2,), "int32", data=_i("int32", 1, 0)), _ZERO_CROPS],
+            (1, 2, 2, 2),
+            "tensor 1 ('block') has block size 0",
+        )  # SIGFPE
+        for name, code in (("batch_to_space", 37), ("space_to_batch", 38))
+    },
+    "mirror_pad_past_input": (
+        100,
+        (2, 3),
+        [T("pads", (2, 2), "int32", data=_i("int32", 0, 0, 4, 0))],
+        (2, 7),
+        "left padding 4 for dimension 1 of size 3",
+    ),  # row 1: [0, 6, ..]
+    "mirror_pad_one_column": (
+        100,
+        (2, 3),
+        [T("pads", (2, 1), "int32", data=_i("int32", 0, 1))],
+        (2, 4),
+        "tensor 1 ('pads') has 2 entries; the kernel reads 4",
+    ),  # SIGSEGV
+    "pad_for_another_rank": (
+        34,
+        (2, 3),
+        [T("pads", (1, 2), "int32", data=_i("int32", 0, 0))],
+        (2,),
+        "tensor 1 ('pads') has 2 entries; the kernel reads 4",
+    ),  # [0, 0]
+    "strided_slice_short": (
+        45,
+        (2, 3),
+        [T(n, (1,), "int32", data=_i("int32", v)) for n, v in (("begin", 0), ("end", 1), ("strides", 1))],
+        (1,),
+        "tensor 1 ('begin') has 1 entries; the kernel reads 2",
+    ),  # Prepare read begin[1] etc. past their ends (and refused the garbage)
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_PARAMS))
+def test_constant_parameters_the_kernel_reads_out_of_bounds_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """These ops' Prepare leaves their constant parameter tensors unchecked (or checks less than Eval
+    reads): the host wheel ran each model above to the outcome noted: garbage, a SIGSEGV or a SIGFPE."""
+    builtin, x, params, y, needle = _BAD_PARAMS[case]
+    model = tmp_path / f"{case}.tflite"
+    model.write_bytes(_with_params(builtin, x, params, y))
+    assert main(["inspect", str(model)]) == ExitCode.USAGE
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("builtin", "x", "params", "y"),
+    [
+        (39, (2, 3), [T("perm", (2,), "int32", data=_i("int32", 1, 0))], (3, 2)),
+        (
+            65,
+            (2, 3),
+            [T("b", (2,), "int64", data=_i("int64", 1, 0)), T("s", (2,), "int64", data=_i("int64", 1, -1))],
+            (1, 3),
+        ),
+        (100, (2, 3), [T("pads", (2, 2), "int64", data=_i("int64", 1, 1, 2, 2))], (4, 7)),
+        # no MirrorPadOptions: TFLM's mode is unknown, mirrored as SYMMETRIC (left padding up to 3 here)
+        (100, (2, 3), [T("pads", (2, 2), "int32", data=_i("int32", 0, 0, 3, 0))], (2, 6)),
+        (37, (4, 1, 1, 2), [T("block", (2,), "int32", data=_i("int32", 2, 2)), _ZERO_CROPS], (1, 2, 2, 2)),
+    ],
+)
+def test_constant_parameters_in_bounds_accepted(
+    builtin: int, x: tuple[int, ...], params: list[T], y: tuple[int, ...]
+) -> None:
+    assert parse_model_bytes(_with_params(builtin, x, params, y)).ops

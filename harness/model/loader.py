@@ -250,6 +250,127 @@ def _check_mean_axes(where: str, opcode: str, ins: tuple[int, ...], tensors: tup
         )
 
 
+# Parameter tensors whose size and type Prepare checks less than Eval reads them (esp-tflite-micro 1.3.8
+# micro/kernels): per op, the types Eval reads them as, then per parameter input (index, entries per
+# dimension of input 0, dimensions not counted). PAD reads 2 per input dimension, Prepare counts the
+# output's (pad_common.cc:66, 94-97); MIRROR_PAD checks only its first dimension (mirror_pad.cc:182,
+# 36-37); TRANSPOSE reads int32 (transpose_common.cc:41, transpose.cc:29); SLICE reads size as begin's
+# type (slice.cc:42-43, 101-106); STRIDED_SLICE int32 (strided_slice_common.cc:76-78); BATCH_TO_SPACE_ND,
+# SPACE_TO_BATCH_ND one block entry and two crops/paddings per spatial dimension (batch_to_space_nd.cc:81-83).
+_PARAMS: dict[str, tuple[tuple[str, ...], tuple[tuple[int, int, int], ...]]] = {
+    "PAD": (("int32",), ((1, 2, 0),)),
+    "PADV2": (("int32",), ((1, 2, 0),)),
+    "MIRROR_PAD": (("int32", "int64"), ((1, 2, 0),)),
+    "TRANSPOSE": (("int32",), ((1, 1, 0),)),
+    "SLICE": (("int32", "int64"), ((1, 1, 0), (2, 1, 0))),
+    "STRIDED_SLICE": (("int32",), ((1, 1, 0), (2, 1, 0), (3, 1, 0))),
+    "BATCH_TO_SPACE_ND": (("int32",), ((1, 1, 2), (2, 2, 2))),
+    "SPACE_TO_BATCH_ND": (("int32",), ((1, 1, 2), (2, 2, 2))),
+}
+_Values = tuple[tuple[int, ...], ...]
+
+
+def _transpose_values(
+    x: TensorInfo, y: TensorInfo, v: _Values, _: dict[str, object]
+) -> tuple[int, str] | None:
+    """Prepare checks each entry's range, not repeats (transpose_common.cc:45-48); Eval walks the input by
+    the output's dims (reference/transpose.h:102-112)."""
+    if sorted(v[0]) != list(range(len(x.shape))) or y.shape != tuple(x.shape[p] for p in v[0]):
+        return 0, f"is {list(v[0])}, not a permutation of 0..{len(x.shape) - 1} giving output {list(y.shape)}"
+    return None
+
+
+def _slice_values(x: TensorInfo, y: TensorInfo, v: _Values, _: dict[str, object]) -> tuple[int, str] | None:
+    """Eval copies begin..begin+size (-1: to the end) of each dimension, unchecked, into the output
+    (reference/slice.h:93-107)."""
+    stops = [d if s == -1 else b + s for d, b, s in zip(x.shape, *v, strict=True)]
+    for k, (d, b, s, stop) in enumerate(zip(x.shape, *v, stops, strict=True)):
+        if not 0 <= b <= stop <= d:
+            return 1, f"begin {b} and size {s} for dimension {k} of size {d} run outside the input"
+    if (n := math.prod(e - b for e, b in zip(stops, v[0], strict=True))) > math.prod(y.shape):
+        return 1, f"selects {n} elements, more than output {list(y.shape)} holds"
+    return None
+
+
+def _block_values(x: TensorInfo, y: TensorInfo, v: _Values, _: dict[str, object]) -> tuple[int, str] | None:
+    """Eval divides by the width's block size (reference/batch_to_space_nd.h:78, space_to_batch_nd.h:81)."""
+    return (
+        (0, f"has block size {min(v[0])} (at least 1), the kernel divides by it") if min(v[0]) < 1 else None
+    )
+
+
+def _mirror_values(
+    x: TensorInfo, y: TensorInfo, v: _Values, opt: dict[str, object]
+) -> tuple[int, str] | None:
+    """A left padding past the input (REFLECT: its size - 1) mirrors outside it (mirror_pad.cc:43-46); no
+    options leave the mode unknown, mirrored as SYMMETRIC (core/api/flatbuffer_conversions.cc:1864-1870)."""
+    offset = 1 if opt.get("mode") == 0 else 0  # MirrorPadMode.REFLECT
+    for k, (d, lo) in enumerate(zip(x.shape, v[0][::2], strict=True)):
+        if lo > d - offset:
+            return 0, f"has left padding {lo} for dimension {k} of size {d} (at most {d - offset})"
+    return None
+
+
+_PARAM_VALUES = {
+    "TRANSPOSE": _transpose_values,
+    "SLICE": _slice_values,
+    "BATCH_TO_SPACE_ND": _block_values,
+    "SPACE_TO_BATCH_ND": _block_values,
+    "MIRROR_PAD": _mirror_values,
+}
+
+
+def _param_problem(
+    op: tuple[str, tuple[int, ...], tuple[int, ...], dict[str, object]],
+    tensors: tuple[TensorInfo, ...],
+    values: Callable[[TensorInfo], tuple[int, ...]],
+) -> tuple[TensorInfo, str] | None:
+    """``op``: opcode, inputs, outputs, options. Sizes and types of the parameter tensors always; their
+    values when all are constant (a computed one: SLICE, MIRROR_PAD, *_SPACE_ND; the rest refuse it)."""
+    opcode, ins, outs, options = op
+    types, params = _PARAMS.get(opcode, ((), ()))
+    if not params or len(ins) <= params[-1][0] or min(ins[: len(params) + 1]) < 0 or not outs or outs[0] < 0:
+        return None  # Prepare refuses missing inputs
+    x, ps = tensors[ins[0]], [tensors[ins[i]] for i, _, _ in params]
+    reads = ps[0].dtype if ps[0].dtype in types else types[0]
+    for t, (_, per, skip) in zip(ps, params, strict=True):
+        need, n = per * max(len(x.shape) - skip, 0), math.prod(t.shape)
+        if t.dtype != reads:
+            return t, f"is {t.dtype}; the kernel reads it as {reads}"
+        if n != need:
+            return (
+                t,
+                f"has {n} entries; the kernel reads {need}, {per} per dimension of input {list(x.shape)}",
+            )
+    check = _PARAM_VALUES.get(opcode)
+    if check is None or not all(t.is_constant for t in ps):
+        return None
+    found = check(x, tensors[outs[0]], tuple(values(t) for t in ps), options)
+    return None if found is None else (ps[found[0]], found[1])
+
+
+def _check_params(
+    where: str,
+    op: tuple[str, tuple[int, ...], tuple[int, ...], dict[str, object]],
+    tensors: tuple[TensorInfo, ...],
+    values: Callable[[TensorInfo], tuple[int, ...]],
+) -> None:
+    if bad := _param_problem(op, tensors, values):
+        raise ModelError(
+            f"{where} ({op[0]}): tensor {bad[0].index} ({bad[0].name!r}) {bad[1]} "
+            "(no TFLM check before its Eval)",
+            hint="re-export the model: a converter writes these parameters as the kernel reads them "
+            "(or re-copy a damaged file)",
+        )
+
+
+def _const_ints(model: tflite.Model, sg: tflite.SubGraph, t: TensorInfo) -> tuple[int, ...]:
+    """The values of constant int32/int64 tensor ``t`` (its buffer inline or at an offset in the file)."""
+    buf = model.Buffers(sg.Tensors(t.index).Buffer())
+    raw = buf.DataAsNumpy().tobytes() if buf.DataLength() else model._tab.Bytes[buf.Offset() :]
+    return struct.unpack_from(f"<{math.prod(t.shape)}{'i' if t.dtype == 'int32' else 'q'}", raw)
+
+
 # The weighted ops: (weights' rank, their output-channel dimension, bias input); the weights are input 1,
 # the activation _NHWC_INPUT's. TRANSPOSE_CONV's weights: Prepare reads dims 0..2 unchecked
 # (micro/kernels/transpose_conv.cc:181-185), Eval dims 0..3 with only a DCHECK of rank 4
@@ -470,6 +591,7 @@ def _subgraph(
         _check_weighted_op(where, opcode, ins, outs, tensors)
         _check_rank(where, opcode, ins + outs, tensors)
         _check_mean_axes(where, opcode, ins, tensors)
+        _check_params(where, (opcode, ins, outs, options), tensors, lambda t: _const_ints(model, sg, t))
         if (first := _NHWC_INPUT.get(opcode)) is not None:
             _check_nhwc(where, opcode, ins[first : first + 1] + outs[:1], tensors)
         ops.append(

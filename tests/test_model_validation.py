@@ -553,3 +553,115 @@ def test_constant_parameters_in_bounds_accepted(
     builtin: int, x: tuple[int, ...], params: list[T], y: tuple[int, ...]
 ) -> None:
     assert parse_model_bytes(_with_params(builtin, x, params, y)).ops
+
+
+def _opts(name: str, **fields: int) -> tuple[int, Callable[[flatbuffers.Builder], int]]:
+    """``Op.options`` of builtin options table ``name`` (GatherOptions, ...) with ``fields`` set."""
+
+    def write(b: flatbuffers.Builder) -> int:
+        getattr(tflite, f"{name}Start")(b)
+        for key, value in fields.items():
+            getattr(tflite, f"{name}Add{key}")(b, value)
+        return int(getattr(tflite, f"{name}End")(b))
+
+    return getattr(tflite.BuiltinOptions, name), write
+
+
+def _param_op(builtin: int, ins: list[T], outs: list[T], options: str = "", **fields: int) -> bytes:
+    """One op from ``ins`` (the non-constant ones are the model's inputs) to ``outs``, int8 scale 0.05."""
+    n = len(ins)
+    return build_model(
+        [*ins, *outs],
+        [Op(builtin, list(range(n)), list(range(n, n + len(outs))),
+            options=_opts(options, **fields) if options else None)],
+        inputs=[i for i, t in enumerate(ins) if t.data is None],
+        outputs=list(range(n, n + len(outs))),
+    )  # fmt: skip
+
+
+def _x(*shape: int, name: str = "x") -> T:
+    return T(name, shape, "int8", 0.05, 0)
+
+
+def _gather(idx: np.ndarray, out: tuple[int, ...], builtin: int = 36, x: tuple[int, ...] = (4, 3)) -> bytes:
+    return _param_op(builtin, [_x(*x), T("idx", idx.shape, "int32", data=idx)], [_x(*out, name="y")])
+
+
+def _split(builtin: int, outs: list[tuple[int, ...]]) -> bytes:
+    axis = T("axis", (1,), "int32", data=_i("int32", 1))
+    if builtin == 49:  # SPLIT: axis, input
+        return _param_op(49, [axis, _x(2, 6)], [_x(*s, name=f"y{k}") for k, s in enumerate(outs)])
+    sizes = T("sizes", (len(outs),), "int32", data=_i("int32", *(s[1] for s in outs)))
+    return _param_op(102, [_x(2, 6), sizes, axis], [_x(*s, name=f"y{k}") for k, s in enumerate(outs)])
+
+
+# (model, what the refusal names); each model's accepted twin is in PARAMS_OK
+PARAMS_BAD = {
+    "gather index past the axis": (_gather(_i("int32", 1, 4), (2, 3)), "index 4 of tensor 1 ('idx')"),
+    "gather negative index": (_gather(_i("int32", -1), (1, 3)), "index -1 of tensor 1 ('idx')"),
+    "gather output shape": (_gather(_i("int32", 1, 3), (1, 3)), "tensor 2 ('y') has shape [1, 3]"),
+    "gather_nd index past a dim": (
+        _gather(np.array([[0, 5]], np.int32), (1,), 107, (2, 3)),
+        "index 5 of tensor 1 ('idx')",
+    ),
+    "concat axis": (
+        _param_op(2, [_x(1, 3), _x(1, 2, name="z")], [_x(1, 5, name="y")], "ConcatenationOptions", Axis=2),
+        "axis 2",
+    ),
+    "concat output too small": (
+        _param_op(2, [_x(1, 3), _x(1, 2, name="z")], [_x(1, 4, name="y")], "ConcatenationOptions", Axis=1),
+        "tensor 1 ('z') has shape [1, 2]; from its other",
+    ),
+    "concat other dim": (
+        _param_op(2, [_x(2, 3), _x(1, 2, name="z")], [_x(2, 5, name="y")], "ConcatenationOptions", Axis=1),
+        "tensor 1 ('z') has shape [1, 2]",
+    ),
+    "split unequal": (_split(49, [(2, 4), (2, 2)]), "tensor 2 ('y0') has shape [2, 4]"),
+    "split_v sum": (_split(102, [(2, 4), (2, 3)]), "tensor 4 ('y1') has shape [2, 3]"),
+    "pack values_count": (
+        _param_op(83, [_x(2), _x(2, name="z")], [_x(2, 2, name="y")], "PackOptions", ValuesCount=3),
+        "values_count=3",
+    ),
+    "pack axis": (
+        _param_op(83, [_x(2), _x(2, name="z")], [_x(2, 2, name="y")], "PackOptions", ValuesCount=2, Axis=-3),
+        "axis -3",
+    ),
+    "unpack num": (
+        _param_op(88, [_x(2, 3)], [_x(3, name="y0"), _x(3, name="y1")], "UnpackOptions", Num=3),
+        "num=3",
+    ),
+    "arg_max axis": (
+        _param_op(56, [_x(2, 3), T("axis", (1,), "int32", data=_i("int32", 2))], [T("y", (2,), "int32")]),
+        "axis 2",
+    ),
+}
+PARAMS_OK = [
+    _gather(_i("int32", 1, 3), (2, 3)),
+    _gather(np.array([[1, 2]], np.int32), (1,), 107, (2, 3)),
+    _param_op(2, [_x(1, 3), _x(1, 2, name="z")], [_x(1, 5, name="y")], "ConcatenationOptions", Axis=-1),
+    _split(49, [(2, 3), (2, 3)]),
+    _split(102, [(2, 4), (2, 2)]),
+    _param_op(83, [_x(2), _x(2, name="z")], [_x(2, 2, name="y")], "PackOptions", ValuesCount=2, Axis=1),
+    _param_op(88, [_x(2, 3)], [_x(3, name="y0"), _x(3, name="y1")], "UnpackOptions", Num=2),
+    _param_op(56, [_x(2, 3), T("axis", (1,), "int32", data=_i("int32", -1))], [T("y", (2,), "int32")]),
+]
+
+
+@pytest.mark.parametrize("case", PARAMS_BAD)
+def test_constant_parameters_the_kernels_trust_refused(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Indices, axes, counts and the shapes these ops copy between: TFLM's 1.3.8 kernels only DCHECK them
+    (gather.cc:85-93, concatenation.h:39-51, split.cc:39-44, pack.cc:113 has no Prepare, ...) and read or
+    write past the tensors; the host wheel's newer GATHER fails the invoke, the firmware's does not."""
+    model, needle = PARAMS_BAD[case]
+    path = tmp_path / "m.tflite"
+    path.write_bytes(model)
+    assert main(["inspect", str(path)]) == ExitCode.USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert needle in err, err
+
+
+@pytest.mark.parametrize("k", range(len(PARAMS_OK)))
+def test_constant_parameters_in_range_accepted(k: int) -> None:
+    assert parse_model_bytes(PARAMS_OK[k]).ops

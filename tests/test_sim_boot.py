@@ -292,25 +292,21 @@ def test_boot_output_takes_time_and_is_received_at_the_hosts_baud_of_that_moment
     assert b"ESP-ROM" not in late and parse_capture(late).valid
 
 
-def _gather_out_of_range_model() -> bytes:
-    """input int8 [1,4] -> GATHER axis 1 at constant indices [1, 9]: it allocates, and TFLM's Invoke
-    fails on every input (index 9 is past the axis: the kernel returns an error, it does not abort)."""
+def _split_axis_out_of_range_model() -> bytes:
+    """input int8 [1,4] -> SPLIT along constant axis 5 -> [1,4]: it allocates, and TFLM's Invoke fails on
+    every input (SplitEval TF_LITE_ENSUREs the axis, split.cc:94-95: it returns an error, it does not
+    abort). A GATHER index past its axis did this before; esp-tflite-micro 1.3.8 reads past the input
+    there instead (gather.cc:85-93) and the loader refuses it."""
     import tflite
     from test_model_builder import Op, T, build_model
 
-    def axis_1(b: object) -> int:
-        tflite.GatherOptionsStart(b)
-        tflite.GatherOptionsAddAxis(b, 1)
-        return int(tflite.GatherOptionsEnd(b))
-
     q = {"scale": 0.05, "zero_point": 0}
     tensors = [
+        T("axis", (1,), "int32", data=np.array([5], dtype=np.int32)),
         T("input", (1, 4), "int8", **q),
-        T("indices", (2,), "int32", data=np.array([1, 9], dtype=np.int32)),
-        T("output", (1, 2), "int8", **q),
+        T("output", (1, 4), "int8", **q),
     ]
-    options = (tflite.BuiltinOptions.GatherOptions, axis_1)
-    return build_model(tensors, [Op(tflite.BuiltinOperator.GATHER, [0, 1], [2], options=options)], [0], [2])
+    return build_model(tensors, [Op(tflite.BuiltinOperator.SPLIT, [0, 1], [2])], [1], [2])
 
 
 @pytest.mark.parametrize(
@@ -326,7 +322,7 @@ def test_a_compiled_in_input_the_app_cannot_run_prints_the_firmwares_error_recor
     """app_main.cc's BootText: an Invoke that fails prints ERROR stage=invoke for that input and END
     status=error; Setup refuses an embedded input whose size is not the model's input tensor's (stage
     input, code: the tensor's bytes). The simulated app prints the same records instead of raising."""
-    proj = make_project(tmp_path / "proj", _gather_out_of_range_model(), [bytes(input_bytes)])
+    proj = make_project(tmp_path / "proj", _split_axis_out_of_range_model(), [bytes(input_bytes)])
     port = board_port("esp32s3")
     port.board.program(build_sim_firmware(proj, tmp_path / "build"))
     cap = parse_capture(boot(port))

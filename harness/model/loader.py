@@ -484,6 +484,122 @@ def _check_channels(
         )
 
 
+# Ops whose Eval trusts an axis (an option, or the first entry of a constant input) and the shapes of
+# the tensors it copies between, which their Prepare checks at most with a DCHECK: CONCATENATION
+# (concatenation.cc:46-51, reference/concatenation.h:39-51), SPLIT / SPLIT_V (split.cc:39-44: every
+# output as long as the first; split_v.cc:37-46, size_splits unread; both check only the axis, at Eval),
+# PACK / UNPACK (no Prepare: pack.cc:38-66, unpack.cc:39-69), ARG_MAX / ARG_MIN (no Prepare:
+# reference/arg_min_max.h:39-57). Past a shape, their loops copy past the tensors. opcode -> (the axis:
+# option or input, the tensor it indexes: an input or "out", how the other side's shapes follow).
+_JOINS: dict[str, tuple[str | int, int | str, str]] = {
+    "CONCATENATION": ("axis", "out", "concat"),
+    "SPLIT": (0, 1, "split"),
+    "SPLIT_V": (2, 0, "concat"),
+    "PACK": ("axis", "out", "stack"),
+    "UNPACK": ("axis", 0, "stack"),
+    "ARG_MAX": (1, 0, "drop"),
+    "ARG_MIN": (1, 0, "drop"),
+}
+_CONSISTENT = "re-export the model: the TF converter writes these consistently (the file is corrupted)"
+
+
+def _check_joins(
+    where: str,
+    opcode: str,
+    io: tuple[tuple[int, ...], tuple[int, ...]],
+    tensors: tuple[TensorInfo, ...],
+    options: dict[str, object],
+    values: Callable[[TensorInfo], tuple[int, ...]],
+) -> None:
+    """Axis in range, PACK's values_count / UNPACK's num, and the parts' shapes of the ops in _JOINS;
+    GATHER's and GATHER_ND's indices and output."""
+    ins, outs = io
+
+    def const(i: int) -> tuple[int, ...]:  # a constant int32 / int64 input's values, else ()
+        t = tensors[i]
+        return values(t) if t.is_constant and t.dtype in ("int32", "int64") else ()
+
+    if opcode in ("GATHER", "GATHER_ND") and len(ins) > 1 and outs and min(ins[:2] + outs[:1]) >= 0:
+        used = (tensors[ins[0]], tensors[ins[1]], tensors[outs[0]])
+        return _check_gather(f"{where} ({opcode})", opcode == "GATHER_ND", used, options, const(ins[1]))
+    source, side, kind = _JOINS.get(opcode, ("", 0, ""))
+    needed = max(v for v in (source, side, 0) if isinstance(v, int))  # the inputs it reads
+    if not kind or not outs or len(ins) <= needed or min(ins + outs) < 0:
+        return
+    whole = tensors[outs[0] if side == "out" else ins[int(side)]]
+    parts = [tensors[i] for i in (ins if side == "out" else outs)]
+    s, n = whole.shape, len(parts)
+    axis = options.get(source, 0) if isinstance(source, str) else (const(ins[source]) or (None,))[0]
+    if not isinstance(axis, int):
+        return  # an axis computed at run time (ARG_MAX, ARG_MIN): TFLM uses it unchecked
+    if not -len(s) <= axis < len(s):
+        if opcode.startswith("SPLIT"):
+            return  # TF_LITE_ENSURE'd in Eval: an invoke error (split.cc:94-95, split_v.cc:97-98)
+        raise ModelError(
+            f"{where} ({opcode}): axis {axis} is outside [-{len(s)}, {len(s)}) of tensor {whole.index} "
+            f"({whole.name!r}) of shape {list(s)}; TFLM's kernel reads that shape past its end",
+            hint=_CONSISTENT,
+        )
+    axis %= len(s)
+    key = next((k for k in ("values_count", "num") if k in options), "")
+    count = options.get(key, n)
+    if count != n or (kind == "stack" and s[axis] != n) or (kind == "split" and s[axis] % n):
+        counted = f" ({key}={count})" if key else ""
+        raise ModelError(
+            f"{where} ({opcode}): {n} tensors{counted} to join along axis {axis} of tensor {whole.index} "
+            f"({whole.name!r}) of shape {list(s)}; TFLM's kernel copies past them",
+            hint=_CONSISTENT,
+        )
+    along = [p.shape[axis] if len(p.shape) > axis else -1 for p in parts]
+    along = [s[axis] // n] * n if kind == "split" else [*along[:-1], s[axis] - sum(along[:-1])]
+    kept = [()] * n if kind in ("stack", "drop") else [(d,) for d in along]
+    _check_parts(f"{where} ({opcode})", parts, [s[:axis] + d + s[axis + 1 :] for d in kept])
+
+
+def _check_parts(where: str, parts: list[TensorInfo], wants: list[tuple[int, ...]]) -> None:
+    for part, want in zip(parts, wants, strict=True):
+        if part.shape != want:
+            raise ModelError(
+                f"{where}: tensor {part.index} ({part.name!r}) has shape {list(part.shape)}; "
+                f"from its other tensors' shapes and its axis TFLM's kernel copies it as {list(want)}, "
+                "past the smaller of the two",
+                hint=_CONSISTENT,
+            )
+
+
+def _check_gather(
+    where: str,
+    nd: bool,
+    used: tuple[TensorInfo, TensorInfo, TensorInfo],
+    options: dict[str, object],
+    values: tuple[int, ...],
+) -> None:
+    """GATHER reads its indices unchecked (only DCHECKs, gather.cc:85-93) and writes the output in the
+    shape Prepare computes into the file's dims (gather.cc:170-182); GATHER_ND bounds only the flat
+    position (gather_nd.cc:148-157), so an index past its dimension reads another element."""
+    x, idx = used[0].shape, used[1].shape
+    axis, batch = options.get("axis", 0), options.get("batch_dims", 0)
+    if nd:
+        if not idx or not 0 < idx[-1] <= len(x):
+            return  # refused by Prepare (gather_nd.cc:68-84)
+        want, limits = idx[:-1] + x[idx[-1] :], x[: idx[-1]]
+    else:
+        if not isinstance(axis, int) or not isinstance(batch, int) or not -len(x) <= axis < len(x):
+            return  # refused by Prepare (gather.cc:147)
+        axis, batch = axis % len(x), batch + len(idx) * (batch < 0)
+        if not 0 <= batch <= min(axis, len(idx)):
+            return  # refused by Prepare (gather.cc:155-157)
+        want, limits = x[:axis] + idx[batch:] + x[axis + 1 :], (x[axis],)
+    for k, v in enumerate(values):
+        if not 0 <= v < limits[k % len(limits)]:
+            raise ModelError(
+                f"{where}: index {v} of tensor {used[1].index} ({used[1].name!r}) is outside "
+                f"[0, {limits[k % len(limits)]}) of input {list(x)}; TFLM's kernel reads there unchecked",
+                hint="re-export the model with indices inside the gathered dimensions",
+            )
+    _check_parts(where, [used[2]], [want])
+
+
 def _check_buffers(model: tflite.Model, size: int) -> None:
     """Every constant buffer must lie inside the file (catches truncation of the weights): an inline
     one :func:`verify_structure` has read, an external one (offset/size: large-model layout) here."""
@@ -592,6 +708,7 @@ def _subgraph(
         _check_rank(where, opcode, ins + outs, tensors)
         _check_mean_axes(where, opcode, ins, tensors)
         _check_params(where, (opcode, ins, outs, options), tensors, lambda t: _const_ints(model, sg, t))
+        _check_joins(where, opcode, (ins, outs), tensors, options, lambda t: _const_ints(model, sg, t))
         if (first := _NHWC_INPUT.get(opcode)) is not None:
             _check_nhwc(where, opcode, ins[first : first + 1] + outs[:1], tensors)
         ops.append(

@@ -689,6 +689,7 @@ def _subgraph(
 
     ops: list[OpInfo] = []
     n_subgraphs = model.SubgraphsLength()
+    values = functools.partial(_const_ints, model, sg)  # a constant parameter tensor's ints
     for k in range(sg.OperatorsLength()):
         op = sg.Operators(k)
         oc_index = op.OpcodeIndex()
@@ -707,8 +708,8 @@ def _subgraph(
         _check_weighted_op(where, opcode, ins, outs, tensors)
         _check_rank(where, opcode, ins + outs, tensors)
         _check_mean_axes(where, opcode, ins, tensors)
-        _check_params(where, (opcode, ins, outs, options), tensors, lambda t: _const_ints(model, sg, t))
-        _check_joins(where, opcode, (ins, outs), tensors, options, lambda t: _const_ints(model, sg, t))
+        _check_params(where, (opcode, ins, outs, options), tensors, values)
+        _check_joins(where, opcode, (ins, outs), tensors, options, values)
         if (first := _NHWC_INPUT.get(opcode)) is not None:
             _check_nhwc(where, opcode, ins[first : first + 1] + outs[:1], tensors)
         ops.append(
